@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Installs every Debian package that building, running and testing hgemm-serve needs.
+# Idempotent: apt runs only when a package is missing. Used by the README's commands, .ci/run
+# and deploy/docker/Dockerfile, so there is one install path.
+set -euo pipefail
+
+packages=(
+  bazel-bootstrap bazel-platforms          # Bazel 4.2.3, offline
+  g++ ca-certificates
+  protobuf-compiler libprotobuf-dev        # protoc
+  protobuf-compiler-grpc libgrpc++-dev     # grpc_cpp_plugin, gRPC C++ (health, reflection)
+  grpc-proto                               # health.proto, reflection.proto
+  libspdlog-dev libfmt-dev                 # logging
+  libcli11-dev                             # flag parsing
+  libopenblas-dev                          # CPU backend
+  libgtest-dev libgmock-dev                # tests
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "bootstrap: installing ${missing[*]}" >&2
+  sudo=; ((EUID == 0)) || sudo=sudo
+  $sudo apt-get update -q
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi
+
+if [[ ! -x /usr/local/cuda/bin/nvcc ]]; then
+  echo "bootstrap: /usr/local/cuda/bin/nvcc not found; the CUDA toolkit (13.x) must be installed" >&2
+  exit 1
+fi
