@@ -1,0 +1,157 @@
+// "auto": per-shape-bucket choice among the project's kernels, by measurement, cached
+// process-wide.
+#include <algorithm>
+#include <map>
+#include <mutex>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include <cuda_fp16.h>
+
+#include "kernels/fill.h"
+#include "kernels/registry.h"
+
+namespace hgemm::kernels {
+namespace {
+
+// Tuning runs on scratch copies of the problem's shape; above this it takes the default.
+constexpr size_t kMaxTuneScratchBytes = size_t{3} << 30;
+constexpr int kTimedRuns = 3;
+
+// Shapes in one bucket share a choice: each extent rounded up to a power of two (at least 16),
+// plus whether the 16-byte path applies and the accumulation.
+struct BucketKey {
+  int m, n, k;
+  bool vec16;
+  Accumulation acc;
+  bool operator<(const BucketKey& o) const {
+    return std::tie(m, n, k, vec16, acc) < std::tie(o.m, o.n, o.k, o.vec16, o.acc);
+  }
+};
+
+int RoundUpPow2(int x) {
+  int p = 16;
+  while (p < x && p < (1 << 30)) p <<= 1;
+  return p;
+}
+
+BucketKey KeyFor(int m, int n, int k, Accumulation acc) {
+  return {RoundUpPow2(m), RoundUpPow2(n), RoundUpPow2(k), n % 8 == 0 && k % 8 == 0, acc};
+}
+
+std::mutex& CacheMutex() {
+  static std::mutex* mu = new std::mutex;
+  return *mu;
+}
+
+std::map<BucketKey, const VariantInfo*>& Cache() {  // guarded by CacheMutex()
+  static auto* cache = new std::map<BucketKey, const VariantInfo*>;
+  return *cache;
+}
+
+std::vector<const VariantInfo*> Candidates(int m, int n, int k, Accumulation acc) {
+  std::vector<const VariantInfo*> out;
+  for (const VariantInfo& v : Variants())
+    if (v.kind == VariantKind::kKernel && !v.is_fallback && v.Supports(acc) &&
+        v.can_implement(m, n, k))
+      out.push_back(&v);
+  return out;
+}
+
+size_t AlignUp(size_t x) { return (x + 255) & ~size_t{255}; }
+
+// Times each candidate on ctx's stream; nullptr if tuning could not run.
+const VariantInfo* Tune(int m, int n, int k, Accumulation acc, LaunchContext& ctx,
+                        const std::vector<const VariantInfo*>& candidates) {
+  const size_t a_bytes = AlignUp(size_t(m) * k * sizeof(__half));
+  const size_t b_bytes = AlignUp(size_t(k) * n * sizeof(__half));
+  const size_t c_bytes = AlignUp(size_t(m) * n * sizeof(__half));
+  if (a_bytes + b_bytes + c_bytes > kMaxTuneScratchBytes) return nullptr;
+  std::string error;
+  auto* base = static_cast<unsigned char*>(ctx.Scratch(a_bytes + b_bytes + c_bytes, &error));
+  if (base == nullptr) return nullptr;
+  GemmProblem p{reinterpret_cast<const __half*>(base),
+                reinterpret_cast<const __half*>(base + a_bytes),
+                reinterpret_cast<__half*>(base + a_bytes + b_bytes), m, n, k, acc};
+  cudaStream_t stream = ctx.stream();
+  // Random data: zeros run faster than real inputs and would skew the choice.
+  if (FillUniform(const_cast<__half*>(p.a), size_t(m) * k, 1, -1.f, 1.f, stream) != cudaSuccess ||
+      FillUniform(const_cast<__half*>(p.b), size_t(k) * n, 2, -1.f, 1.f, stream) != cudaSuccess)
+    return nullptr;
+
+  cudaEvent_t start, stop;
+  if (cudaEventCreate(&start) != cudaSuccess) return nullptr;
+  if (cudaEventCreate(&stop) != cudaSuccess) {
+    cudaEventDestroy(start);
+    return nullptr;
+  }
+  const VariantInfo* best = nullptr;
+  float best_ms = 0;
+  for (const VariantInfo* v : candidates) {
+    if (!Launch(*v, p, ctx).empty()) continue;  // warm-up (and the dynamic-smem opt-in)
+    float ms[kTimedRuns];
+    bool ok = true;
+    for (int r = 0; r < kTimedRuns && ok; ++r) {
+      ok = cudaEventRecord(start, stream) == cudaSuccess && Launch(*v, p, ctx).empty() &&
+           cudaEventRecord(stop, stream) == cudaSuccess &&
+           cudaEventSynchronize(stop) == cudaSuccess &&
+           cudaEventElapsedTime(&ms[r], start, stop) == cudaSuccess;
+    }
+    if (!ok) continue;
+    std::sort(ms, ms + kTimedRuns);
+    const float median = ms[kTimedRuns / 2];
+    if (best == nullptr || median < best_ms) {
+      best = v;
+      best_ms = median;
+    }
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  if (cudaStreamSynchronize(stream) != cudaSuccess) return nullptr;
+  return best;
+}
+
+}  // namespace
+
+const VariantInfo& DefaultVariant(int m, int n, int k, Accumulation acc) {
+  // Measured on the H200 (docs/kernels_notes.md): the mma.sync family first, then WMMA; large
+  // fp16 outputs prefer the bigger tile once it fills the 132 SMs.
+  static const char* const kPreferred[] = {
+      "mma_128x256_bk32_s4_swz",        "mma_128x128_bk32_s4_swz",
+      "wmma_256x256_s3_dsmem_swz",      "wmma_128x128_bk32_s4_dsmem_swz",
+  };
+  const std::vector<const VariantInfo*> candidates = Candidates(m, n, k, acc);
+  for (const char* name : kPreferred)
+    for (const VariantInfo* v : candidates)
+      if (v->name == name) {
+        const bool big_tile = v->block_m * v->block_n >= 256 * 256 || v->block_n >= 256;
+        const long long tiles = (long long)((m + v->block_m - 1) / v->block_m) *
+                                ((n + v->block_n - 1) / v->block_n);
+        if (!big_tile || tiles >= 132) return *v;
+      }
+  return candidates.empty() ? FallbackVariant() : *candidates.front();
+}
+
+const VariantInfo* CachedAutoChoice(int m, int n, int k, Accumulation acc) {
+  std::lock_guard<std::mutex> lock(CacheMutex());
+  auto it = Cache().find(KeyFor(m, n, k, acc));
+  if (it == Cache().end()) return nullptr;
+  // A bucket holds shapes the tuned kernel may not take (e.g. m past its grid limit).
+  return it->second->can_implement(m, n, k) ? it->second : nullptr;
+}
+
+const VariantInfo& ChooseAuto(int m, int n, int k, Accumulation acc, LaunchContext& ctx) {
+  if (const VariantInfo* cached = CachedAutoChoice(m, n, k, acc)) return *cached;
+  const std::vector<const VariantInfo*> candidates = Candidates(m, n, k, acc);
+  if (candidates.empty()) return FallbackVariant();
+  const VariantInfo* best = candidates.size() == 1 ? candidates.front()
+                                                   : Tune(m, n, k, acc, ctx, candidates);
+  if (best == nullptr) return DefaultVariant(m, n, k, acc);  // not cached: retry next time
+  std::lock_guard<std::mutex> lock(CacheMutex());
+  // Another thread may have tuned the same bucket meanwhile; the first choice stays.
+  auto [it, inserted] = Cache().emplace(KeyFor(m, n, k, acc), best);
+  return it->second->can_implement(m, n, k) ? *it->second : *best;
+}
+
+}  // namespace hgemm::kernels

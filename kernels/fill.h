@@ -1,0 +1,26 @@
+// Device-side fills for fp16 buffers: seeded uniform random values (tests, benchmarks, tuning
+// scratch) and a constant bit pattern (poisoning outputs before a check).
+//
+// Thread safety: stateless; each call enqueues one kernel on `stream` and returns its launch error.
+#ifndef HGEMM_KERNELS_FILL_H_
+#define HGEMM_KERNELS_FILL_H_
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+struct __half;  // cuda_fp16.h; host callers need only cuda_runtime.h
+
+namespace hgemm::kernels {
+
+// Fills data[0..count) with values uniform in [lo, hi), a pure function of (seed, index).
+cudaError_t FillUniform(__half* data, size_t count, uint64_t seed, float lo, float hi,
+                        cudaStream_t stream);
+
+// Sets every element of data[0..count) to the fp16 bit pattern `bits` (0x7E00 is a quiet NaN).
+cudaError_t FillBits(__half* data, size_t count, uint16_t bits, cudaStream_t stream);
+
+}  // namespace hgemm::kernels
+
+#endif  // HGEMM_KERNELS_FILL_H_

@@ -1,0 +1,172 @@
+// Every registered variant, both accumulations, on odd and large shapes, against an fp32
+// reference GEMM. Fresh random inputs per case, output poisoned with NaN before each launch.
+// Skips without a GPU. The Small suites are the ones compute-sanitizer runs.
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "kernels/fill.h"
+#include "kernels/registry.h"
+#include "kernels/testing.h"
+
+namespace hgemm::kernels {
+namespace {
+
+#define ASSERT_CUDA(expr)                                                       \
+  do {                                                                          \
+    const cudaError_t e_ = (expr);                                              \
+    ASSERT_EQ(e_, cudaSuccess) << #expr << ": " << cudaGetErrorString(e_);      \
+  } while (0)
+
+struct Shape {
+  int m, n, k;
+};
+
+struct Case {
+  std::string variant;
+  Accumulation acc;
+  Shape shape;
+};
+
+// The shapes, plus aligned neighbours so that the 16-byte kernels see every edge too.
+const Shape kSmallShapes[] = {
+    {1, 1, 1},     {7, 5, 3},      {33, 65, 17},   {255, 257, 100}, {1, 8, 8},
+    {7, 8, 16},    {33, 72, 24},   {255, 264, 104}, {129, 136, 40}, {300, 256, 8},
+    {64, 64, 64},  {130, 520, 72},
+};
+const Shape kLargeShapes[] = {
+    {1000, 1000, 1000}, {4097, 4096, 4095}, {4097, 4096, 4096}, {8192, 64, 4096},
+    {2048, 2048, 2048}, {520, 1032, 2056},  {8, 4096, 1024},
+};
+
+std::vector<Case> Cases(const Shape* begin, const Shape* end) {
+  std::vector<Case> cases;
+  for (const VariantInfo& v : Variants())
+    for (Accumulation acc : {Accumulation::kFp16, Accumulation::kFp32})
+      if (v.Supports(acc))
+        for (const Shape* s = begin; s != end; ++s) cases.push_back({v.name, acc, *s});
+  return cases;
+}
+
+std::string CaseName(const ::testing::TestParamInfo<Case>& info) {
+  const Case& c = info.param;
+  return c.variant + "_" + AccumulationName(c.acc) + "_" + std::to_string(c.shape.m) + "x" +
+         std::to_string(c.shape.n) + "x" + std::to_string(c.shape.k);
+}
+
+bool HaveGpu(int* cc) {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+    cudaGetLastError();
+    return false;
+  }
+  cudaDeviceProp prop{};
+  if (cudaGetDeviceProperties(&prop, 0) != cudaSuccess) return false;
+  *cc = prop.major * 10 + prop.minor;
+  return true;
+}
+
+uint64_t NextSeed() {
+  static uint64_t seed = 0x5eed;
+  return ++seed;
+}
+
+class GemmCorrectness : public ::testing::TestWithParam<Case> {
+ protected:
+  void SetUp() override {
+    if (!HaveGpu(&cc_)) GTEST_SKIP() << "no CUDA device";
+    ASSERT_CUDA(cudaStreamCreate(&stream_));
+  }
+  void TearDown() override {
+    for (void* p : buffers_) cudaFree(p);
+    if (stream_ != nullptr) cudaStreamDestroy(stream_);
+  }
+  template <typename T>
+  T* Alloc(size_t count) {
+    void* p = nullptr;
+    EXPECT_EQ(cudaMalloc(&p, count * sizeof(T)), cudaSuccess);
+    buffers_.push_back(p);
+    return static_cast<T*>(p);
+  }
+
+  int cc_ = 0;
+  cudaStream_t stream_ = nullptr;
+  std::vector<void*> buffers_;
+};
+
+TEST_P(GemmCorrectness, MatchesFp32Reference) {
+  const Case& c = GetParam();
+  const VariantInfo* v = FindVariant(c.variant);
+  ASSERT_NE(v, nullptr);
+  if (v->min_sm > cc_) GTEST_SKIP() << v->name << " needs sm_" << v->min_sm;
+  const int m = c.shape.m, n = c.shape.n, k = c.shape.k;
+
+  auto* a = reinterpret_cast<__half*>(Alloc<uint16_t>(size_t(m) * k));
+  auto* b = reinterpret_cast<__half*>(Alloc<uint16_t>(size_t(k) * n));
+  auto* out = reinterpret_cast<__half*>(Alloc<uint16_t>(size_t(m) * n));
+  float* ref = Alloc<float>(size_t(m) * n);
+  ASSERT_FALSE(HasFailure());
+  ASSERT_CUDA(FillUniform(a, size_t(m) * k, NextSeed(), -1.f, 1.f, stream_));
+  ASSERT_CUDA(FillUniform(b, size_t(k) * n, NextSeed(), -1.f, 1.f, stream_));
+  ASSERT_CUDA(FillBits(out, size_t(m) * n, 0x7E00, stream_));  // NaN: unwritten outputs fail
+  ASSERT_CUDA(testing::ReferenceGemm(a, b, ref, m, n, k, stream_));
+
+  LaunchContext ctx(stream_);
+  const GemmProblem p{a, b, out, m, n, k, c.acc};
+  const std::string error = Launch(*v, p, ctx);
+  if (!v->can_implement(m, n, k)) {
+    EXPECT_NE(error, "") << v->name << " accepted a shape it cannot take";
+    return;
+  }
+  ASSERT_EQ(error, "");
+  ASSERT_CUDA(cudaGetLastError());
+  ASSERT_CUDA(cudaStreamSynchronize(stream_));
+
+  std::vector<uint16_t> host_out(size_t(m) * n);  // fp16 bits
+  std::vector<float> host_ref(size_t(m) * n);
+  ASSERT_CUDA(cudaMemcpy(host_out.data(), out, host_out.size() * sizeof(uint16_t),
+                         cudaMemcpyDeviceToHost));
+  ASSERT_CUDA(cudaMemcpy(host_ref.data(), ref, host_ref.size() * sizeof(float),
+                         cudaMemcpyDeviceToHost));
+  const testing::ErrorStats s = testing::Compare(host_out, host_ref);
+  const double bar = c.acc == Accumulation::kFp16 ? 5e-3 : 5e-4;
+  const std::string where =
+      s.first_bad == SIZE_MAX
+          ? std::string("-")
+          : std::to_string(s.first_bad / n) + "," + std::to_string(s.first_bad % n);
+  EXPECT_EQ(s.nan_count, 0u) << testing::ToString(s) << " first bad (row,col)=" << where;
+  EXPECT_LE(s.rel_frobenius, bar) << testing::ToString(s) << " worst (row,col)=" << where;
+  std::printf("[ result ] %-34s %s %5dx%5dx%5d %s\n", v->name.c_str(), AccumulationName(c.acc), m,
+              n, k, testing::ToString(s).c_str());
+}
+
+const std::vector<Case> kSmall = Cases(std::begin(kSmallShapes), std::end(kSmallShapes));
+const std::vector<Case> kLarge = Cases(std::begin(kLargeShapes), std::end(kLargeShapes));
+INSTANTIATE_TEST_SUITE_P(Small, GemmCorrectness, ::testing::ValuesIn(kSmall), CaseName);
+INSTANTIATE_TEST_SUITE_P(Large, GemmCorrectness, ::testing::ValuesIn(kLarge), CaseName);
+
+// A second launch of the same bucket must reuse the tuned choice.
+TEST(AutoTune, CachesTheChoicePerBucket) {
+  int cc = 0;
+  if (!HaveGpu(&cc)) GTEST_SKIP() << "no CUDA device";
+  cudaStream_t stream;
+  ASSERT_CUDA(cudaStreamCreate(&stream));
+  {
+    LaunchContext ctx(stream);
+    const VariantInfo& first = ChooseAuto(1024, 1024, 1024, Accumulation::kFp32, ctx);
+    EXPECT_EQ(first.kind, VariantKind::kKernel);
+    EXPECT_TRUE(first.fp32_acc);
+    EXPECT_EQ(CachedAutoChoice(1000, 1000, 1000, Accumulation::kFp32), &first);
+    EXPECT_EQ(&ChooseAuto(1000, 1000, 1000, Accumulation::kFp32, ctx), &first);
+    EXPECT_TRUE(ChooseAuto(1000, 1000, 999, Accumulation::kFp32, ctx).is_fallback);
+    std::printf("[ auto   ] 1024^3 fp32 -> %s\n", first.name.c_str());
+  }
+  ASSERT_CUDA(cudaStreamDestroy(stream));
+}
+
+}  // namespace
+}  // namespace hgemm::kernels

@@ -1,0 +1,102 @@
+// Registry contracts that need no GPU: names, lookup, constraints and the fallback.
+#include "kernels/registry.h"
+
+#include <cstdint>
+#include <set>
+#include <string>
+
+#include <gtest/gtest.h>
+
+namespace hgemm::kernels {
+namespace {
+
+TEST(Registry, NamesAreUniqueAndFindable) {
+  std::set<std::string> names;
+  for (const VariantInfo& v : Variants()) {
+    EXPECT_TRUE(names.insert(v.name).second) << "duplicate " << v.name;
+    EXPECT_EQ(FindVariant(v.name), &v);
+    EXPECT_FALSE(v.description.empty()) << v.name;
+    EXPECT_TRUE(v.fp16_acc || v.fp32_acc) << v.name;
+    EXPECT_NE(v.can_implement, nullptr) << v.name;
+    if (v.kind == VariantKind::kKernel) {
+      EXPECT_NE(v.launch, nullptr) << v.name;
+      EXPECT_GT(v.smem_bytes, 0u) << v.name;
+      EXPECT_LE(v.smem_bytes, 227u * 1024) << v.name;
+      EXPECT_GT(v.stages, 1) << v.name;
+    }
+  }
+  EXPECT_EQ(FindVariant("no_such_variant"), nullptr);
+}
+
+TEST(Registry, CublasAutoAndFallbackAreRegistered) {
+  const VariantInfo* cublas = FindVariant("cublas");
+  ASSERT_NE(cublas, nullptr);
+  EXPECT_EQ(cublas->kind, VariantKind::kCublas);
+  const VariantInfo* automatic = FindVariant("auto");
+  ASSERT_NE(automatic, nullptr);
+  EXPECT_EQ(automatic->kind, VariantKind::kAuto);
+  const VariantInfo& fallback = FallbackVariant();
+  EXPECT_TRUE(fallback.is_fallback);
+  EXPECT_TRUE(fallback.fp16_acc && fallback.fp32_acc);
+  EXPECT_TRUE(fallback.can_implement(7, 5, 3));
+  EXPECT_TRUE(fallback.can_implement(1, 1, 1));
+}
+
+TEST(Registry, VariantNamedInTheIssueExists) {
+  EXPECT_NE(FindVariant("wmma_128x128_s4_dsmem_swz"), nullptr);
+  EXPECT_NE(FindVariant("wmma_256x256_s3_dsmem_swz"), nullptr);
+}
+
+TEST(Registry, FastKernelsRejectNOrKNotMultipleOf8) {
+  for (const VariantInfo& v : Variants()) {
+    if (v.kind != VariantKind::kKernel || v.is_fallback) continue;
+    EXPECT_TRUE(v.can_implement(1000, 1000, 1000)) << v.name;
+    EXPECT_TRUE(v.can_implement(1, 8, 8)) << v.name;
+    EXPECT_FALSE(v.can_implement(64, 65, 64)) << v.name;
+    EXPECT_FALSE(v.can_implement(64, 64, 17)) << v.name;
+    EXPECT_FALSE(v.can_implement(0, 64, 64)) << v.name;
+  }
+}
+
+TEST(Registry, PicksFallbackWhenNNotMultipleOf8) {
+  EXPECT_TRUE(DefaultVariant(128, 130, 128, Accumulation::kFp32).is_fallback);
+  EXPECT_TRUE(DefaultVariant(4097, 4096, 4095, Accumulation::kFp16).is_fallback);
+  EXPECT_FALSE(DefaultVariant(4096, 4096, 4096, Accumulation::kFp16).is_fallback);
+  EXPECT_FALSE(DefaultVariant(4096, 4096, 4096, Accumulation::kFp32).is_fallback);
+}
+
+TEST(Registry, DefaultSupportsAccumulationAndShape) {
+  for (Accumulation acc : {Accumulation::kFp16, Accumulation::kFp32})
+    for (int m : {1, 33, 1000, 8192})
+      for (int n : {8, 64, 1000, 4096})
+        for (int k : {8, 24, 4096}) {
+          const VariantInfo& v = DefaultVariant(m, n, k, acc);
+          EXPECT_TRUE(v.Supports(acc)) << v.name;
+          EXPECT_TRUE(v.can_implement(m, n, k)) << v.name;
+          EXPECT_EQ(v.kind, VariantKind::kKernel) << v.name;
+        }
+}
+
+TEST(Registry, CheckProblemExplainsRejections) {
+  auto* fake = reinterpret_cast<__half*>(uintptr_t{256});  // never dereferenced
+  const VariantInfo* v256 = FindVariant("wmma_256x256_s3_dsmem_swz");
+  ASSERT_NE(v256, nullptr);
+  GemmProblem p{fake, fake, fake, 64, 64, 64, Accumulation::kFp32};
+  EXPECT_NE(CheckProblem(*v256, p).find("does not support fp32"), std::string::npos);
+  p.accumulation = Accumulation::kFp16;
+  EXPECT_EQ(CheckProblem(*v256, p), "");
+  p.n = 65;
+  EXPECT_NE(CheckProblem(*v256, p).find("cannot take"), std::string::npos);
+  EXPECT_EQ(CheckProblem(FallbackVariant(), p), "");
+  p.n = 64;
+  p.k = 0;
+  EXPECT_NE(CheckProblem(FallbackVariant(), p).find(">= 1"), std::string::npos);
+  p.k = 64;
+  p.b = reinterpret_cast<const __half*>(uintptr_t{258});
+  EXPECT_NE(CheckProblem(*v256, p).find("aligned"), std::string::npos);
+  EXPECT_EQ(CheckProblem(FallbackVariant(), p), "");
+  EXPECT_EQ(CheckProblem(*FindVariant("cublas"), p), "");
+}
+
+}  // namespace
+}  // namespace hgemm::kernels
