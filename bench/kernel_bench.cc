@@ -1,0 +1,276 @@
+// Kernel benchmark: every registered variant (or a chosen few) on a set of shapes, both
+// accumulations, timed with CUDA events (median of --repeats launches after --warmup), and
+// reported as TFLOP/s and as a ratio to cuBLAS with the same accumulation, measured in the same
+// run. Each variant's output is checked against an fp32 reference before it is timed. Inputs
+// rotate among enough buffer sets to exceed L2, so no launch reads operands the previous one
+// left in cache.
+//
+//   kernel_bench [--csv out.csv] [--variants a,b] [--shapes 4096x4096x4096,...] [--acc fp16|fp32|both]
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+#include "kernels/fill.h"
+#include "kernels/registry.h"
+#include "kernels/testing.h"
+
+namespace hgemm::kernels {
+namespace {
+
+#define CHECK_CUDA(expr)                                                                  \
+  do {                                                                                    \
+    const cudaError_t e_ = (expr);                                                        \
+    if (e_ != cudaSuccess) {                                                              \
+      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #expr,                   \
+                   cudaGetErrorString(e_));                                               \
+      std::exit(1);                                                                       \
+    }                                                                                     \
+  } while (0)
+
+struct Shape {
+  int m, n, k;
+};
+
+std::vector<std::string> Split(const std::string& s, char sep) {
+  std::vector<std::string> out;
+  std::stringstream in(s);
+  for (std::string item; std::getline(in, item, sep);)
+    if (!item.empty()) out.push_back(item);
+  return out;
+}
+
+struct Buffers {
+  __half* a;
+  __half* b;
+  __half* c;
+};
+
+struct Result {
+  std::string variant;
+  Accumulation acc;
+  Shape shape;
+  double median_ms = 0, tflops = 0, rel_err = 0;
+  bool ok = false;
+  std::string note;
+};
+
+class Bench {
+ public:
+  // Launches and events go to `stream`, the LaunchContext's stream; the caller owns it.
+  Bench(cudaStream_t stream, int warmup, int repeats, bool check)
+      : warmup_(warmup), repeats_(repeats), check_(check), stream_(stream) {
+    CHECK_CUDA(cudaEventCreate(&start_));
+    CHECK_CUDA(cudaEventCreate(&stop_));
+    int dev = 0;
+    CHECK_CUDA(cudaGetDevice(&dev));
+    CHECK_CUDA(cudaGetDeviceProperties(&prop_, dev));
+  }
+  ~Bench() {
+    Free();
+    cudaEventDestroy(start_);
+    cudaEventDestroy(stop_);
+  }
+  const cudaDeviceProp& prop() const { return prop_; }
+
+  // Allocates and fills rotating buffer sets for `s`, and computes the fp32 reference of set 0.
+  void Prepare(const Shape& s) {
+    Free();
+    shape_ = s;
+    const size_t a = size_t(s.m) * s.k, b = size_t(s.k) * s.n, c = size_t(s.m) * s.n;
+    const size_t set_bytes = (a + b + c) * 2;
+    const size_t want = 4 * size_t(prop_.l2CacheSize);
+    const int sets = int(std::min<size_t>(8, std::max<size_t>(1, (want + set_bytes - 1) / set_bytes)));
+    for (int i = 0; i < sets; ++i) {
+      Buffers buf;
+      CHECK_CUDA(cudaMalloc(&buf.a, a * 2));
+      CHECK_CUDA(cudaMalloc(&buf.b, b * 2));
+      CHECK_CUDA(cudaMalloc(&buf.c, c * 2));
+      CHECK_CUDA(FillUniform(buf.a, a, 100 + 2 * i, -1.f, 1.f, stream_));
+      CHECK_CUDA(FillUniform(buf.b, b, 101 + 2 * i, -1.f, 1.f, stream_));
+      sets_.push_back(buf);
+    }
+    if (check_) {
+      CHECK_CUDA(cudaMalloc(&ref_, c * sizeof(float)));
+      CHECK_CUDA(testing::ReferenceGemm(sets_[0].a, sets_[0].b, ref_, s.m, s.n, s.k, stream_));
+      host_ref_.resize(c);
+      CHECK_CUDA(cudaMemcpyAsync(host_ref_.data(), ref_, c * sizeof(float), cudaMemcpyDeviceToHost,
+                                 stream_));
+    }
+    CHECK_CUDA(cudaStreamSynchronize(stream_));
+  }
+
+  Result Run(const VariantInfo& v, Accumulation acc, LaunchContext& ctx) {
+    Result r{v.name, acc, shape_};
+    const Shape& s = shape_;
+    const size_t c_elems = size_t(s.m) * s.n;
+    auto problem = [&](int i) {
+      const Buffers& b = sets_[i % sets_.size()];
+      return GemmProblem{b.a, b.b, b.c, s.m, s.n, s.k, acc};
+    };
+    // Correctness first (this also warms up, tunes "auto" and creates the cuBLAS handle).
+    CHECK_CUDA(FillBits(sets_[0].c, c_elems, 0x7E00, stream_));
+    if (std::string e = Launch(v, problem(0), ctx); !e.empty()) {
+      r.note = e;
+      return r;
+    }
+    CHECK_CUDA(cudaStreamSynchronize(stream_));
+    if (check_) {
+      std::vector<uint16_t> out(c_elems);
+      CHECK_CUDA(cudaMemcpy(out.data(), sets_[0].c, c_elems * 2, cudaMemcpyDeviceToHost));
+      const testing::ErrorStats st = testing::Compare(out, host_ref_);
+      r.rel_err = st.rel_frobenius;
+      const double bar = acc == Accumulation::kFp16 ? 5e-3 : 5e-4;
+      if (st.nan_count > 0) {
+        r.note = "WRONG " + testing::ToString(st);
+        return r;
+      }
+      if (!(st.rel_frobenius <= bar)) r.note = "WRONG (over the error bar, timed anyway) " +
+                                               testing::ToString(st);
+    }
+    for (int i = 0; i < warmup_; ++i) Launch(v, problem(i), ctx);
+    std::vector<float> ms(repeats_);
+    for (int i = 0; i < repeats_; ++i) {
+      CHECK_CUDA(cudaEventRecord(start_, stream_));
+      if (std::string e = Launch(v, problem(i + 1), ctx); !e.empty()) {
+        r.note = e;
+        return r;
+      }
+      CHECK_CUDA(cudaEventRecord(stop_, stream_));
+      CHECK_CUDA(cudaEventSynchronize(stop_));
+      CHECK_CUDA(cudaEventElapsedTime(&ms[i], start_, stop_));
+    }
+    std::sort(ms.begin(), ms.end());
+    r.median_ms = ms[ms.size() / 2];
+    r.tflops = 2.0 * s.m * s.n * double(s.k) / (r.median_ms * 1e-3) / 1e12;
+    r.ok = true;
+    return r;
+  }
+
+ private:
+  void Free() {
+    for (Buffers& b : sets_) {
+      cudaFree(b.a);
+      cudaFree(b.b);
+      cudaFree(b.c);
+    }
+    sets_.clear();
+    if (ref_ != nullptr) cudaFree(ref_);
+    ref_ = nullptr;
+  }
+
+  int warmup_, repeats_;
+  bool check_;
+  cudaStream_t stream_ = nullptr;
+  cudaEvent_t start_ = nullptr, stop_ = nullptr;
+  cudaDeviceProp prop_{};
+  Shape shape_{};
+  std::vector<Buffers> sets_;
+  float* ref_ = nullptr;
+  std::vector<float> host_ref_;
+};
+
+int Main(int argc, char** argv) {
+  CLI::App app{"hgemm kernel benchmark"};
+  std::string csv_path, variants_arg, acc_arg = "both";
+  std::string shapes_arg =
+      "2048x2048x2048,4096x4096x4096,8192x8192x8192,4096x8192x2048,8192x2048x8192,"
+      "16384x1024x4096,8192x64x4096,1000x1000x1000";
+  int warmup = 5, repeats = 20;
+  bool no_check = false;
+  app.add_option("--csv", csv_path, "write results as CSV to this path");
+  app.add_option("--variants", variants_arg,
+                 "comma-separated variant names (default: every kernel and cublas)");
+  app.add_option("--shapes", shapes_arg, "comma-separated MxNxK");
+  app.add_option("--acc", acc_arg, "fp16, fp32 or both");
+  app.add_option("--warmup", warmup, "untimed launches per variant and shape");
+  app.add_option("--repeats", repeats, "timed launches per variant and shape (median taken)");
+  app.add_flag("--no-check", no_check, "skip the correctness check before timing");
+  CLI11_PARSE(app, argc, argv);
+
+  std::vector<const VariantInfo*> variants;
+  if (variants_arg.empty()) {
+    for (const VariantInfo& v : Variants())
+      if (v.kind != VariantKind::kAuto) variants.push_back(&v);
+  } else {
+    for (const std::string& name : Split(variants_arg, ',')) {
+      const VariantInfo* v = FindVariant(name);
+      if (v == nullptr) {
+        std::fprintf(stderr, "unknown variant %s\n", name.c_str());
+        return 2;
+      }
+      variants.push_back(v);
+    }
+  }
+  // cuBLAS first in every shape, so that each ratio has its denominator.
+  std::stable_partition(variants.begin(), variants.end(),
+                        [](const VariantInfo* v) { return v->kind == VariantKind::kCublas; });
+  std::vector<Shape> shapes;
+  for (const std::string& s : Split(shapes_arg, ',')) {
+    Shape sh{};
+    if (std::sscanf(s.c_str(), "%dx%dx%d", &sh.m, &sh.n, &sh.k) != 3) {
+      std::fprintf(stderr, "bad shape %s\n", s.c_str());
+      return 2;
+    }
+    shapes.push_back(sh);
+  }
+  std::vector<Accumulation> accs;
+  if (acc_arg != "fp32") accs.push_back(Accumulation::kFp16);
+  if (acc_arg != "fp16") accs.push_back(Accumulation::kFp32);
+
+  cudaStream_t stream;
+  CHECK_CUDA(cudaStreamCreate(&stream));
+  Bench bench(stream, warmup, repeats, !no_check);
+  const cudaDeviceProp& prop = bench.prop();
+  std::printf("device: %s, %d SMs, sm_%d%d, L2 %d MB\n", prop.name, prop.multiProcessorCount,
+              prop.major, prop.minor, prop.l2CacheSize >> 20);
+  FILE* csv = csv_path.empty() ? nullptr : std::fopen(csv_path.c_str(), "w");
+  if (!csv_path.empty() && csv == nullptr) {
+    std::fprintf(stderr, "cannot write %s\n", csv_path.c_str());
+    return 2;
+  }
+  if (csv)
+    std::fprintf(csv, "device,variant,acc,m,n,k,median_ms,tflops,ratio_to_cublas,rel_err,status\n");
+
+  int wrong = 0;
+  {
+    LaunchContext ctx(stream);
+    for (const Shape& s : shapes) {
+      bench.Prepare(s);
+      for (Accumulation acc : accs) {
+        double cublas_tflops = 0;
+        for (const VariantInfo* v : variants) {
+          if (!v->Supports(acc) || !v->can_implement(s.m, s.n, s.k)) continue;
+          if (v->min_sm > prop.major * 10 + prop.minor) continue;
+          Result r = bench.Run(*v, acc, ctx);
+          if (v->kind == VariantKind::kCublas && r.ok) cublas_tflops = r.tflops;
+          const double ratio = cublas_tflops > 0 && r.ok ? r.tflops / cublas_tflops : 0;
+          if (r.note.rfind("WRONG", 0) == 0) ++wrong;
+          std::printf("%-34s %s %5dx%5dx%5d %9.4f ms %7.1f TFLOP/s %5.3fx cublas err %.2e %s\n",
+                      v->name.c_str(), AccumulationName(acc), s.m, s.n, s.k, r.median_ms,
+                      r.tflops, ratio, r.rel_err, r.note.c_str());
+          std::fflush(stdout);
+          if (csv)
+            std::fprintf(csv, "%s,%s,%s,%d,%d,%d,%.5f,%.2f,%.4f,%.3e,%s\n", prop.name,
+                         v->name.c_str(), AccumulationName(acc), s.m, s.n, s.k, r.median_ms,
+                         r.tflops, ratio, r.rel_err, r.note.empty() ? "ok" : r.note.c_str());
+        }
+      }
+    }
+  }
+  if (csv) std::fclose(csv);
+  std::printf("%d wrong results\n", wrong);
+  return wrong == 0 ? 0 : 1;
+}
+
+}  // namespace
+}  // namespace hgemm::kernels
+
+int main(int argc, char** argv) { return hgemm::kernels::Main(argc, argv); }

@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# One device call: correctness sweep, compute-sanitizer (memcheck, racecheck) on odd shapes, and
+# the kernel benchmark with its plot. Run from the repository root on the GPU machine after
+#   ../shared/tools/gpu-bundle.sh [--out $GPU_DIR] bazel-bin/kernels/gemm_correctness_test \
+#       bazel-bin/kernels/registry_test bazel-bin/bench/kernel_bench
+# usage: bench/kernel_bench_device.sh OUT_DIR [SANITIZER_TIMEOUT_S] [BENCH_ARGS...]
+set -uo pipefail
+out=${1:?out dir}; shift
+san_timeout=${1:-120}; shift || true
+gpu=${GPU_DIR:-.gpu}
+source "$gpu/env.sh"
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu,power.draw \
+  --format=csv | tee "$out/device.txt"
+
+echo "== correctness"
+t0=$SECONDS
+"$gpu"/bin/registry_test --gtest_brief=1 > "$out/correctness.log" 2>&1; echo "registry_test rc=$?"
+"$gpu"/bin/gemm_correctness_test --gtest_brief=1 >> "$out/correctness.log" 2>&1
+echo "gemm_correctness_test rc=$? ($((SECONDS - t0)) s)"
+python3 - "$out/correctness.log" <<'PY'
+import re, sys
+worst = {}
+fails = []
+for line in open(sys.argv[1]):
+    m = re.match(r"\[ result \] (\S+)\s+(fp16|fp32)\s+(\d+)x\s*(\d+)x\s*(\d+) rel_frob=(\S+) max_abs=(\S+) nan=(\d+)", line)
+    if m:
+        key = (m.group(1), m.group(2)); err = float(m.group(6))
+        n, w = worst.get(key, (0, 0.0)); worst[key] = (n + 1, max(w, err))
+    if "[  FAILED  ]" in line and "listed below" not in line:
+        fails.append(line.strip())
+print("%-34s %-4s %5s %s" % ("variant", "acc", "cases", "worst rel_frob"))
+for (v, a), (n, w) in sorted(worst.items()):
+    print("%-34s %-4s %5d %.2e" % (v, a, n, w))
+print("failed:", len(fails)); [print(" ", f) for f in fails[:20]]
+PY
+
+echo "== sanitizers (timeout ${san_timeout}s each)"
+small='Small/*:-*cublas*:*auto*'
+odd='Small/*_33x72x24:Small/*_7x5x3:Small/*_255x264x104:Small/*_129x136x40:-*cublas*:*auto*'
+t0=$SECONDS
+timeout "$san_timeout" compute-sanitizer --tool memcheck --error-exitcode 9 \
+  "$gpu"/bin/gemm_correctness_test --gtest_brief=1 --gtest_filter="$small" > "$out/memcheck.log" 2>&1
+echo "memcheck rc=$? ($((SECONDS - t0)) s): $(grep -E 'ERROR SUMMARY' "$out/memcheck.log" | tail -1)"
+t0=$SECONDS
+timeout "$san_timeout" compute-sanitizer --tool racecheck --racecheck-report all --error-exitcode 9 \
+  "$gpu"/bin/gemm_correctness_test --gtest_brief=1 --gtest_filter="$odd" > "$out/racecheck.log" 2>&1
+echo "racecheck rc=$? ($((SECONDS - t0)) s): $(grep -E 'RACECHECK SUMMARY|ERROR SUMMARY' "$out/racecheck.log" | tail -1)"
+
+echo "== benchmark"
+t0=$SECONDS
+"$gpu"/bin/kernel_bench --csv "$out/kernel_bench.csv" "$@" > "$out/bench.log" 2>&1
+echo "kernel_bench rc=$? ($((SECONDS - t0)) s)"
+python3 bench/kernel_bench_plot.py "$out/kernel_bench.csv" "$out/kernel_bench.png" || echo "plot failed"
+grep -E '^device|cublas|2048x 2048x 2048|4096x 4096x 4096|8192x 8192x 8192' "$out/bench.log" | \
+  sort -t' ' -k1,1 -s | awk '{print}' | grep -E 'device|x 2048x 2048|x 4096x 4096|x 8192x 8192' | head -80
