@@ -1,0 +1,138 @@
+#include "client/gemm_client.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <thread>
+
+namespace hgemm {
+namespace {
+
+void ApplyDeadline(const CallOptions& options, grpc::ClientContext* context) {
+  if (options.timeout.count() > 0) {
+    context->set_deadline(std::chrono::system_clock::now() + options.timeout);
+  }
+}
+
+// Writes every request's header and chunks; stops early if the stream breaks.
+void WriteRequests(const std::vector<const v1::GemmRequest*>& requests, int64_t chunk_bytes,
+                   grpc::ClientReaderWriter<v1::GemmStreamRequest, v1::GemmStreamResponse>* stream) {
+  v1::GemmStreamRequest message;
+  for (size_t id = 0; id < requests.size(); ++id) {
+    const v1::GemmRequest& request = *requests[id];
+    v1::GemmHeader* header = message.mutable_header();
+    header->set_gemm_id(id);
+    header->set_m(request.m());
+    header->set_n(request.n());
+    header->set_k(request.k());
+    *header->mutable_options() = request.options();
+    if (!stream->Write(message)) return;
+    for (auto [operand, bytes] : {std::pair{v1::OPERAND_A, &request.a()},
+                                  std::pair{v1::OPERAND_B, &request.b()}}) {
+      for (size_t offset = 0; offset < bytes->size(); offset += chunk_bytes) {
+        v1::MatrixChunk* chunk = message.mutable_chunk();
+        chunk->set_gemm_id(id);
+        chunk->set_operand(operand);
+        chunk->set_offset(offset);
+        chunk->set_data(bytes->data() + offset,
+                        std::min<size_t>(chunk_bytes, bytes->size() - offset));
+        if (!stream->Write(message)) return;
+      }
+    }
+  }
+  stream->WritesDone();
+}
+
+}  // namespace
+
+std::shared_ptr<grpc::Channel> Connect(const std::string& target) {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(-1);
+  args.SetMaxSendMessageSize(-1);
+  return grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
+}
+
+GemmClient::GemmClient(std::shared_ptr<grpc::Channel> channel)
+    : stub_(v1::GemmService::NewStub(std::move(channel))) {}
+
+grpc::Status GemmClient::Gemm(const v1::GemmRequest& request, v1::GemmResponse* response,
+                              const CallOptions& options) const {
+  grpc::ClientContext context;
+  ApplyDeadline(options, &context);
+  return stub_->Gemm(&context, request, response);
+}
+
+grpc::Status GemmClient::GemmStream(const std::vector<const v1::GemmRequest*>& requests,
+                                    std::vector<StreamedGemm>* results,
+                                    const CallOptions& options) const {
+  results->assign(requests.size(), StreamedGemm{});
+  for (size_t id = 0; id < requests.size(); ++id) {
+    v1::GemmResponse& r = (*results)[id].response;
+    r.set_m(requests[id]->m());
+    r.set_n(requests[id]->n());
+    r.mutable_c()->resize(2 * int64_t(requests[id]->m()) * requests[id]->n());
+    (*results)[id].status = grpc::Status(grpc::StatusCode::UNKNOWN, "no answer from the server");
+  }
+  grpc::ClientContext context;
+  ApplyDeadline(options, &context);
+  auto stream = stub_->GemmStream(&context);
+  // Writing and reading run at once: the server answers early GEMMs while later ones upload.
+  std::thread writer(WriteRequests, std::cref(requests), options.chunk_bytes, stream.get());
+  v1::GemmStreamResponse message;
+  grpc::Status protocol_error;
+  while (stream->Read(&message)) {
+    if (message.gemm_id() >= results->size()) {
+      protocol_error = grpc::Status(grpc::StatusCode::INTERNAL,
+                                    fmt::format("server answered unknown gemm_id {}", message.gemm_id()));
+      continue;
+    }
+    StreamedGemm& result = (*results)[message.gemm_id()];
+    if (message.has_chunk()) {
+      const v1::ResultChunk& chunk = message.chunk();
+      std::string* c = result.response.mutable_c();
+      if (chunk.offset() + chunk.data().size() > c->size()) {
+        protocol_error = grpc::Status(grpc::StatusCode::INTERNAL, "result chunk past the end of C");
+        continue;
+      }
+      std::copy(chunk.data().begin(), chunk.data().end(), c->begin() + chunk.offset());
+    } else if (message.has_done()) {
+      const v1::GemmDone& done = message.done();
+      result.status = grpc::Status(static_cast<grpc::StatusCode>(done.status_code()),
+                                   done.status_message());
+      if (!result.status.ok()) result.response.clear_c();
+      *result.response.mutable_timing() = done.timing();
+      *result.response.mutable_execution() = done.execution();
+      result.response.set_request_id(done.request_id());
+    }
+  }
+  writer.join();
+  grpc::Status status = stream->Finish();
+  return status.ok() ? protocol_error : status;
+}
+
+bool GemmClient::ShouldStream(const v1::GemmRequest& request, const CallOptions& options) {
+  return int64_t(request.a().size() + request.b().size()) > options.unary_limit_bytes ||
+         2 * int64_t(request.m()) * request.n() > options.unary_limit_bytes;
+}
+
+grpc::Status GemmClient::Run(const v1::GemmRequest& request, v1::GemmResponse* response,
+                             const CallOptions& options) const {
+  if (!ShouldStream(request, options)) return Gemm(request, response, options);
+  std::vector<StreamedGemm> results;
+  grpc::Status status = GemmStream({&request}, &results, options);
+  if (!status.ok()) return status;
+  *response = std::move(results[0].response);
+  return results[0].status;
+}
+
+grpc::Status GemmClient::ListKernels(v1::ListKernelsResponse* response) const {
+  grpc::ClientContext context;
+  return stub_->ListKernels(&context, v1::ListKernelsRequest(), response);
+}
+
+grpc::Status GemmClient::GetServerInfo(v1::ServerInfo* response) const {
+  grpc::ClientContext context;
+  return stub_->GetServerInfo(&context, v1::GetServerInfoRequest(), response);
+}
+
+}  // namespace hgemm

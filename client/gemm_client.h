@@ -1,0 +1,71 @@
+// GemmClient: a synchronous C++ client of hgemm.v1.GemmService.
+//
+// Unary Gemm for small matrices, GemmStream (chunked, many GEMMs on one call) for large ones;
+// Run() picks by size. Thread safety: a GemmClient may be used from many threads at once
+// (gRPC stubs are thread-safe); each call is independent.
+#ifndef HGEMM_CLIENT_GEMM_CLIENT_H_
+#define HGEMM_CLIENT_GEMM_CLIENT_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "proto/hgemm.grpc.pb.h"
+
+namespace hgemm {
+
+// A channel to `target` (e.g. "127.0.0.1:50051", "dns:///svc:50051") with no limit on the
+// size of received messages (C of a large unary GEMM exceeds gRPC's 4 MiB default).
+std::shared_ptr<grpc::Channel> Connect(const std::string& target);
+
+// The outcome of one GEMM sent on a stream.
+struct StreamedGemm {
+  grpc::Status status;         // from the GEMM's `done` message
+  v1::GemmResponse response;   // c, timing, execution, request_id (when status is OK)
+};
+
+struct CallOptions {
+  // 0 means no deadline.
+  std::chrono::milliseconds timeout{0};
+  // Chunk size for GemmStream operands.
+  int64_t chunk_bytes = int64_t{1} << 20;
+  // Run(): payloads (A + B bytes) above this go through GemmStream.
+  int64_t unary_limit_bytes = int64_t{3} << 20;
+};
+
+class GemmClient {
+ public:
+  explicit GemmClient(std::shared_ptr<grpc::Channel> channel);
+
+  // One unary Gemm call.
+  grpc::Status Gemm(const v1::GemmRequest& request, v1::GemmResponse* response,
+                    const CallOptions& options = {}) const;
+
+  // All `requests` on one GemmStream call (gemm_id = index). On return, results[i] belongs to
+  // requests[i]. The returned status is the stream's: a GEMM can fail on its own (its
+  // results[i].status) while the stream succeeds.
+  grpc::Status GemmStream(const std::vector<const v1::GemmRequest*>& requests,
+                          std::vector<StreamedGemm>* results,
+                          const CallOptions& options = {}) const;
+
+  // Gemm for small payloads, a one-GEMM GemmStream for large ones; returns that GEMM's status.
+  grpc::Status Run(const v1::GemmRequest& request, v1::GemmResponse* response,
+                   const CallOptions& options = {}) const;
+
+  grpc::Status ListKernels(v1::ListKernelsResponse* response) const;
+  grpc::Status GetServerInfo(v1::ServerInfo* response) const;
+
+  // True if Run() would stream this request.
+  static bool ShouldStream(const v1::GemmRequest& request, const CallOptions& options);
+
+ private:
+  std::unique_ptr<v1::GemmService::Stub> stub_;
+};
+
+}  // namespace hgemm
+
+#endif  // HGEMM_CLIENT_GEMM_CLIENT_H_

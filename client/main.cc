@@ -1,0 +1,188 @@
+// hgemm_client: multiplies matrices on an hgemm-serve server and prints where the time went.
+//
+//   hgemm_client --server=127.0.0.1:50051 --shape=1024x1024x1024 --check
+//   hgemm_client --a=a.npy --b=b.npy --out=c.npy
+//   hgemm_client --info
+// Random fp16 inputs in [-1, 1) unless --a/--b give .npy files. Exits non-zero on any error,
+// including a failed --check.
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include <chrono>
+#include <cstdio>
+#include <random>
+#include <regex>
+
+#include "client/gemm_client.h"
+#include "client/npy.h"
+#include "kernels/host/cpu_gemm.h"
+
+namespace {
+
+using hgemm::v1::GemmRequest;
+using hgemm::v1::GemmResponse;
+
+int Fail(const std::string& message) {
+  std::fprintf(stderr, "hgemm_client: %s\n", message.c_str());
+  return 1;
+}
+
+int Fail(const grpc::Status& status) {
+  return Fail(fmt::format("{} (gRPC status {})", status.error_message(),
+                          static_cast<int>(status.error_code())));
+}
+
+const char* AccumulationName(hgemm::v1::Accumulation a) {
+  return a == hgemm::v1::ACCUMULATION_FP16 ? "fp16" : "fp32";
+}
+
+void PrintServerInfo(const hgemm::GemmClient& client) {
+  hgemm::v1::ServerInfo info;
+  hgemm::v1::ListKernelsResponse kernels;
+  if (grpc::Status s = client.GetServerInfo(&info); !s.ok()) return;
+  std::printf("server %s, backend %s\n", info.version().c_str(), info.backend().c_str());
+  for (const auto& d : info.devices()) {
+    std::printf("  device %d: %s, %llu MiB, %d streams\n", d.id(), d.name().c_str(),
+                static_cast<unsigned long long>(d.memory_bytes() >> 20), d.streams());
+  }
+  const auto& l = info.limits();
+  std::printf("  limits: %llu elements/matrix, %llu queued GEMMs, %llu queued bytes, %llu bytes/message\n",
+              (unsigned long long)l.max_elements_per_matrix(), (unsigned long long)l.max_queued_requests(),
+              (unsigned long long)l.max_queued_bytes(), (unsigned long long)l.max_message_bytes());
+  if (client.ListKernels(&kernels).ok()) {
+    std::printf("kernels:\n");
+    for (const auto& k : kernels.kernels()) {
+      std::printf("  %-34s %s\n", k.name().c_str(), k.description().c_str());
+    }
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string server = "127.0.0.1:50051", shape, a_path, b_path, out_path, kernel = "auto";
+  std::string accumulation = "fp32", mode = "auto";
+  int repeat = 1;
+  uint64_t seed = std::random_device{}();
+  double timeout_s = 0, tolerance = 0;
+  bool check = false, info = false;
+
+  CLI::App app{"hgemm_client: fp16 GEMM on an hgemm-serve server"};
+  app.add_option("--server", server, "server address (HOST:PORT or a gRPC target)")
+      ->envname("HGEMM_SERVER")->capture_default_str();
+  app.add_option("--shape", shape, "MxNxK of random inputs, e.g. 512x256x1024")
+      ->check(CLI::Validator(
+          [](std::string& s) {
+            return std::regex_match(s, std::regex(R"(\d+x\d+x\d+)")) ? "" : "expected MxNxK";
+          },
+          "MxNxK"));
+  app.add_option("--a", a_path, "A as an m x k float16 .npy file");
+  app.add_option("--b", b_path, "B as a k x n float16 .npy file");
+  app.add_option("--out", out_path, "write C to this .npy file");
+  app.add_option("--kernel", kernel, "kernel variant (see --info) or auto")->capture_default_str();
+  app.add_option("--accumulation", accumulation, "fp16 or fp32")
+      ->check(CLI::IsMember({"fp16", "fp32"}))->capture_default_str();
+  app.add_option("--mode", mode, "unary, stream, or auto (stream when over 3 MiB)")
+      ->check(CLI::IsMember({"auto", "unary", "stream"}))->capture_default_str();
+  app.add_option("--repeat", repeat, "send the GEMM this many times")->check(CLI::Range(1, 100000));
+  app.add_option("--seed", seed, "seed of the random inputs");
+  app.add_option("--timeout_s", timeout_s, "deadline of each call in seconds (0: none)");
+  app.add_flag("--check", check, "compare C with a local fp32-accumulate reference");
+  app.add_option("--tolerance", tolerance,
+                 "largest relative Frobenius error --check accepts (default 1e-3 for fp32, 2e-2 for fp16)");
+  app.add_flag("--info", info, "print the server's backend, devices, limits and kernels");
+  CLI11_PARSE(app, argc, argv);
+
+  hgemm::GemmClient client(hgemm::Connect(server));
+  if (info) {
+    hgemm::v1::ServerInfo server_info;
+    if (grpc::Status s = client.GetServerInfo(&server_info); !s.ok()) return Fail(s);
+    PrintServerInfo(client);
+    if (shape.empty() && a_path.empty()) return 0;
+  }
+
+  GemmRequest request;
+  if (!a_path.empty() || !b_path.empty()) {
+    hgemm::HalfMatrix a, b;
+    if (a_path.empty() || b_path.empty()) return Fail("--a and --b go together");
+    if (std::string e = hgemm::ReadNpy(a_path, &a); !e.empty()) return Fail(e);
+    if (std::string e = hgemm::ReadNpy(b_path, &b); !e.empty()) return Fail(e);
+    if (a.cols != b.rows) {
+      return Fail(fmt::format("A is {}x{} and B is {}x{}: inner dimensions differ", a.rows, a.cols,
+                              b.rows, b.cols));
+    }
+    request.set_m(a.rows);
+    request.set_k(a.cols);
+    request.set_n(b.cols);
+    request.set_a(std::move(a.data));
+    request.set_b(std::move(b.data));
+  } else {
+    long long m = 256, n = 256, k = 256;
+    if (!shape.empty()) std::sscanf(shape.c_str(), "%lldx%lldx%lld", &m, &n, &k);
+    std::mt19937_64 rng(seed);
+    auto a = hgemm::RandomHalfMatrix(m * k, rng), b = hgemm::RandomHalfMatrix(k * n, rng);
+    request.set_m(m);
+    request.set_n(n);
+    request.set_k(k);
+    request.set_a(reinterpret_cast<const char*>(a.data()), 2 * a.size());
+    request.set_b(reinterpret_cast<const char*>(b.data()), 2 * b.size());
+  }
+  request.mutable_options()->set_kernel(kernel);
+  request.mutable_options()->set_accumulation(accumulation == "fp16" ? hgemm::v1::ACCUMULATION_FP16
+                                                                     : hgemm::v1::ACCUMULATION_FP32);
+
+  hgemm::CallOptions call;
+  call.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
+  const bool stream = mode == "stream" || (mode == "auto" && hgemm::GemmClient::ShouldStream(request, call));
+  std::printf("GEMM %ux%ux%u (m x n x k) via %s, kernel %s, accumulation %s, %.1f MiB up, %.1f MiB down\n",
+              request.m(), request.n(), request.k(), stream ? "GemmStream" : "unary Gemm",
+              kernel.c_str(), accumulation.c_str(),
+              (request.a().size() + request.b().size()) / 1048576.0,
+              2.0 * request.m() * request.n() / 1048576.0);
+  std::printf("%5s %10s %9s %10s %9s %10s %10s %8s  %s\n", "run", "queue_ms", "h2d_ms", "kernel_ms",
+              "d2h_ms", "server_ms", "client_ms", "TFLOP/s", "kernel@device");
+
+  GemmResponse response;
+  for (int run = 1; run <= repeat; ++run) {
+    const auto start = std::chrono::steady_clock::now();
+    grpc::Status status;
+    if (stream) {
+      std::vector<hgemm::StreamedGemm> results;
+      status = client.GemmStream({&request}, &results, call);
+      if (status.ok()) {
+        status = results[0].status;
+        response = std::move(results[0].response);
+      }
+    } else {
+      status = client.Gemm(request, &response, call);
+    }
+    const double client_ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+    if (!status.ok()) return Fail(status);
+    const auto& t = response.timing();
+    const auto& e = response.execution();
+    std::printf("%5d %10.3f %9.3f %10.3f %9.3f %10.3f %10.3f %8.2f  %s (%s) @ %s stream %d\n", run,
+                t.queue_wait_ms(), t.host_to_device_ms(), t.kernel_ms(), t.device_to_host_ms(),
+                t.server_total_ms(), client_ms, t.tflops(), e.kernel().c_str(),
+                AccumulationName(e.accumulation()), e.device_name().c_str(), e.stream_id());
+  }
+
+  if (check) {
+    const auto* a = reinterpret_cast<const uint16_t*>(request.a().data());
+    const auto* b = reinterpret_cast<const uint16_t*>(request.b().data());
+    std::vector<float> reference = hgemm::ReferenceGemm(a, b, request.m(), request.n(), request.k());
+    const double error = hgemm::RelativeFrobeniusError(
+        reinterpret_cast<const uint16_t*>(response.c().data()), reference.data(), reference.size());
+    if (tolerance <= 0) tolerance = response.execution().accumulation() == hgemm::v1::ACCUMULATION_FP16 ? 2e-2 : 1e-3;
+    const bool ok = error <= tolerance;
+    std::printf("check: relative Frobenius error vs fp32 reference %.3e (tolerance %.0e): %s\n", error,
+                tolerance, ok ? "OK" : "FAILED");
+    if (!ok) return 1;
+  }
+  if (!out_path.empty()) {
+    hgemm::HalfMatrix c{.rows = request.m(), .cols = request.n(), .data = response.c()};
+    if (std::string e = hgemm::WriteNpy(out_path, c); !e.empty()) return Fail(e);
+    std::printf("wrote C (%ux%u) to %s\n", request.m(), request.n(), out_path.c_str());
+  }
+  return 0;
+}

@@ -1,0 +1,48 @@
+#include "kernels/host/cpu_gemm.h"
+
+#include <cblas.h>
+
+#include <cmath>
+#include <limits>
+
+#include "kernels/host/fp16.h"
+
+namespace hgemm {
+
+std::vector<float> ReferenceGemm(const uint16_t* a, const uint16_t* b, int64_t m, int64_t n,
+                                 int64_t k) {
+  std::vector<float> a32(m * k), b32(k * n), c32(m * n);
+  HalfToFloat(a, a32.data(), a32.size());
+  HalfToFloat(b, b32.data(), b32.size());
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, n, k, 1.0f, a32.data(), k,
+              b32.data(), n, 0.0f, c32.data(), n);
+  return c32;
+}
+
+void CpuGemm(const uint16_t* a, const uint16_t* b, uint16_t* c, int64_t m, int64_t n, int64_t k) {
+  std::vector<float> c32 = ReferenceGemm(a, b, m, n, k);
+  FloatToHalf(c32.data(), c, c32.size());
+}
+
+double RelativeFrobeniusError(const uint16_t* c, const float* reference, int64_t count) {
+  double diff = 0, norm = 0;
+  for (int64_t i = 0; i < count; ++i) {
+    double got = HalfToFloat(c[i]);
+    if (!std::isfinite(got)) return std::numeric_limits<double>::infinity();
+    double want = reference[i];
+    diff += (got - want) * (got - want);
+    norm += want * want;
+  }
+  return std::sqrt(diff / norm);
+}
+
+std::vector<uint16_t> RandomHalfMatrix(int64_t count, std::mt19937_64& rng) {
+  std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+  std::vector<float> values(count);
+  for (float& v : values) v = uniform(rng);
+  std::vector<uint16_t> half(count);
+  FloatToHalf(values.data(), half.data(), count);
+  return half;
+}
+
+}  // namespace hgemm

@@ -1,0 +1,65 @@
+// Backend: where GEMMs run (the CPU through OpenBLAS, or CUDA devices).
+//
+// A backend exposes a fixed set of execution slots (a CUDA stream with its buffers, or a CPU
+// worker). The scheduler runs one thread per slot and never calls Run for one slot from two
+// threads at once; different slots run concurrently. All other methods are thread-safe.
+#ifndef HGEMM_SERVER_BACKEND_BACKEND_H_
+#define HGEMM_SERVER_BACKEND_BACKEND_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <grpcpp/support/status.h>
+
+#include "server/scheduler/job.h"
+
+namespace hgemm {
+
+struct DeviceDescription {
+  int id = -1;
+  std::string name;
+  uint64_t memory_bytes = 0;
+  int slots = 0;
+  std::string compute_capability;
+};
+
+struct KernelDescription {
+  std::string name;
+  std::string description;
+  bool fp16_accumulation = false;
+  bool fp32_accumulation = false;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  Backend(const Backend&) = delete;
+  Backend& operator=(const Backend&) = delete;
+
+  virtual std::string Name() const = 0;  // "cpu" or "cuda"
+  virtual std::vector<DeviceDescription> Devices() const = 0;
+  virtual std::vector<KernelDescription> Kernels() const = 0;
+
+  // Execution slots; slot s belongs to device SlotDevice(s) (an index into Devices()).
+  virtual int NumSlots() const = 0;
+  virtual int SlotDevice(int slot) const = 0;
+
+  // Largest GEMM (operand + result bytes) one slot can take; larger → RESOURCE_EXHAUSTED.
+  virtual int64_t MaxJobBytes() const = 0;
+
+  // Runs `job` to completion on `slot`: job.c holds C when it returns OK. `job.kernel` is a
+  // name from Kernels() or "auto" (validated before). Fills everything in `report` but
+  // queue_wait_ms and server_total_ms. REQUIRES: one caller per slot at a time.
+  virtual grpc::Status Run(int slot, const GemmJob& job, GemmReport* report) = 0;
+
+  // False once a device fault has made the backend unusable (health turns NOT_SERVING).
+  virtual bool Healthy() const { return true; }
+
+ protected:
+  Backend() = default;
+};
+
+}  // namespace hgemm
+
+#endif  // HGEMM_SERVER_BACKEND_BACKEND_H_

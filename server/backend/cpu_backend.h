@@ -1,0 +1,23 @@
+// The CPU backend: fp16 → fp32, OpenBLAS sgemm (multi-threaded), → fp16. Always fp32
+// accumulation. Used when no GPU is present, and as the backend of the server's tests.
+#ifndef HGEMM_SERVER_BACKEND_CPU_BACKEND_H_
+#define HGEMM_SERVER_BACKEND_CPU_BACKEND_H_
+
+#include <memory>
+
+#include "server/backend/backend.h"
+
+namespace hgemm {
+
+struct CpuBackendOptions {
+  // Concurrent GEMMs; each one is itself parallelised by OpenBLAS.
+  int workers = 2;
+  // Largest GEMM one worker takes (operand + result bytes; fp32 temporaries come on top).
+  int64_t max_job_bytes = int64_t{8} << 30;
+};
+
+std::unique_ptr<Backend> MakeCpuBackend(const CpuBackendOptions& options);
+
+}  // namespace hgemm
+
+#endif  // HGEMM_SERVER_BACKEND_CPU_BACKEND_H_

@@ -1,0 +1,403 @@
+#include "server/backend/cuda_backend.h"
+
+#include <cuda_runtime.h>
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+
+#include "kernels/registry.h"
+#include "server/status_util.h"
+
+namespace hgemm {
+namespace {
+
+namespace k = ::hgemm::kernels;
+
+// Errors after which the CUDA context is unusable: every later call on the device fails.
+bool IsStickyError(cudaError_t e) {
+  switch (e) {
+    case cudaErrorIllegalAddress:
+    case cudaErrorLaunchFailure:
+    case cudaErrorHardwareStackError:
+    case cudaErrorIllegalInstruction:
+    case cudaErrorMisalignedAddress:
+    case cudaErrorInvalidAddressSpace:
+    case cudaErrorInvalidPc:
+    case cudaErrorECCUncorrectable:
+    case cudaErrorLaunchTimeout:
+    case cudaErrorAssert:
+      return true;
+    default:
+      return false;
+  }
+}
+
+constexpr size_t kAlignment = 256;
+size_t AlignUp(size_t bytes) { return (bytes + kAlignment - 1) / kAlignment * kAlignment; }
+
+double Milliseconds(Clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); }
+
+struct Device {
+  int ordinal = 0;
+  cudaDeviceProp props{};
+  int64_t slot_budget_bytes = 0;  // device memory one slot's buffers may take
+  std::atomic<bool> healthy{true};
+};
+
+// One execution slot: a stream with its buffers. Used by one scheduler worker at a time.
+struct Slot {
+  Device* device = nullptr;
+  int stream_id = 0;
+  cudaStream_t stream = nullptr;
+  std::unique_ptr<k::LaunchContext> launch_context;
+  char* device_buffer = nullptr;  // A | B | C, each 256-byte aligned
+  size_t device_capacity = 0;
+  std::vector<char*> staging;              // pinned host pieces
+  std::vector<cudaEvent_t> staging_free;   // recorded after each piece's copy
+  size_t next_staging = 0;
+  cudaEvent_t start = nullptr, h2d_done = nullptr, kernel_done = nullptr, d2h_done = nullptr;
+};
+
+class CudaBackend final : public Backend {
+ public:
+  explicit CudaBackend(const CudaBackendOptions& options) : options_(options) {}
+
+  ~CudaBackend() override {
+    for (auto& slot : slots_) {
+      cudaSetDevice(slot->device->ordinal);
+      cudaStreamSynchronize(slot->stream);
+      slot->launch_context.reset();
+      cudaFree(slot->device_buffer);
+      for (char* p : slot->staging) cudaFreeHost(p);
+      for (cudaEvent_t e : slot->staging_free) cudaEventDestroy(e);
+      for (cudaEvent_t e : {slot->start, slot->h2d_done, slot->kernel_done, slot->d2h_done}) {
+        cudaEventDestroy(e);
+      }
+      cudaStreamDestroy(slot->stream);
+    }
+  }
+
+  // Sets up every device and slot; returns the first failure.
+  std::string Init(const std::vector<int>& ordinals) {
+    for (int ordinal : ordinals) {
+      auto device = std::make_unique<Device>();
+      device->ordinal = ordinal;
+      if (cudaError_t e = cudaGetDeviceProperties(&device->props, ordinal); e != cudaSuccess) {
+        return fmt::format("cudaGetDeviceProperties({}): {}", ordinal, cudaGetErrorString(e));
+      }
+      const cudaDeviceProp& p = device->props;
+      if (p.major != 9 || p.minor != 0) {
+        return fmt::format("device {} ({}) is sm_{}{}; the kernels are built for sm_90a", ordinal,
+                           p.name, p.major, p.minor);
+      }
+      cudaSetDevice(ordinal);
+      // Waiting threads sleep instead of spinning: completion costs no CPU.
+      if (cudaError_t e = cudaSetDeviceFlags(cudaDeviceScheduleBlockingSync);
+          e != cudaSuccess && e != cudaErrorSetOnActiveProcess) {
+        return fmt::format("cudaSetDeviceFlags({}): {}", ordinal, cudaGetErrorString(e));
+      }
+      size_t free_bytes = 0, total_bytes = 0;
+      if (cudaError_t e = cudaMemGetInfo(&free_bytes, &total_bytes); e != cudaSuccess) {
+        return fmt::format("cudaMemGetInfo({}): {}", ordinal, cudaGetErrorString(e));
+      }
+      device->slot_budget_bytes =
+          int64_t(free_bytes * options_.device_memory_fraction) / options_.streams_per_device;
+      for (int s = 0; s < options_.streams_per_device; ++s) {
+        auto slot = std::make_unique<Slot>();
+        slot->device = device.get();
+        slot->stream_id = s;
+        if (std::string error = InitSlot(*slot); !error.empty()) return error;
+        slot_device_index_.push_back(int(devices_.size()));
+        slots_.push_back(std::move(slot));
+      }
+      devices_.push_back(std::move(device));
+    }
+    return "";
+  }
+
+  std::string Name() const override { return "cuda"; }
+
+  std::vector<DeviceDescription> Devices() const override {
+    std::vector<DeviceDescription> out;
+    for (const auto& d : devices_) {
+      out.push_back({.id = d->ordinal,
+                     .name = d->props.name,
+                     .memory_bytes = d->props.totalGlobalMem,
+                     .slots = options_.streams_per_device,
+                     .compute_capability = fmt::format("{}.{}", d->props.major, d->props.minor)});
+    }
+    return out;
+  }
+
+  std::vector<KernelDescription> Kernels() const override {
+    std::vector<KernelDescription> out;
+    for (const k::VariantInfo& v : k::Variants()) {
+      if (v.kind == k::VariantKind::kAuto) continue;  // the service lists "auto" itself
+      out.push_back({.name = v.name,
+                     .description = v.description,
+                     .fp16_accumulation = v.fp16_acc,
+                     .fp32_accumulation = v.fp32_acc});
+    }
+    return out;
+  }
+
+  int NumSlots() const override { return int(slots_.size()); }
+  int SlotDevice(int slot) const override { return slot_device_index_[slot]; }
+
+  int64_t MaxJobBytes() const override {
+    int64_t smallest = INT64_MAX;
+    for (const auto& d : devices_) smallest = std::min(smallest, d->slot_budget_bytes);
+    return smallest - 2 * int64_t(kAlignment);  // room for aligning B and C
+  }
+
+  bool Healthy() const override {
+    return std::all_of(devices_.begin(), devices_.end(),
+                       [](const auto& d) { return d->healthy.load(); });
+  }
+
+  grpc::Status Run(int slot_index, const GemmJob& job, GemmReport* report) override;
+
+ private:
+  std::string InitSlot(Slot& slot);
+  grpc::Status Fail(Slot& slot, cudaError_t e, const std::string& what);
+  grpc::Status EnsureCapacity(Slot& slot, size_t bytes);
+  grpc::Status CopyToDevice(Slot& slot, char* dst, const char* src, size_t bytes);
+  grpc::Status CopyToHost(Slot& slot, char* dst, const char* src, size_t bytes,
+                          double* d2h_ms);
+
+  const CudaBackendOptions options_;
+  std::vector<std::unique_ptr<Device>> devices_;
+  std::vector<std::unique_ptr<Slot>> slots_;
+  std::vector<int> slot_device_index_;
+};
+
+#define CUDA_TRY(slot, expr)                                    \
+  do {                                                          \
+    if (cudaError_t e_ = (expr); e_ != cudaSuccess) {           \
+      return Fail(slot, e_, #expr);                             \
+    }                                                           \
+  } while (0)
+
+std::string CudaBackend::InitSlot(Slot& slot) {
+  auto check = [&](cudaError_t e, const char* what) {
+    return e == cudaSuccess ? std::string()
+                            : fmt::format("device {}: {}: {}", slot.device->ordinal, what,
+                                          cudaGetErrorString(e));
+  };
+  std::string error = check(cudaStreamCreateWithFlags(&slot.stream, cudaStreamNonBlocking),
+                            "cudaStreamCreate");
+  for (cudaEvent_t* e : {&slot.start, &slot.h2d_done, &slot.kernel_done, &slot.d2h_done}) {
+    if (error.empty()) error = check(cudaEventCreateWithFlags(e, cudaEventBlockingSync), "cudaEventCreate");
+  }
+  for (int i = 0; i < options_.staging_buffers && error.empty(); ++i) {
+    void* pinned = nullptr;
+    cudaEvent_t free_event = nullptr;
+    error = check(cudaHostAlloc(&pinned, options_.staging_piece_bytes, cudaHostAllocDefault),
+                  "cudaHostAlloc");
+    if (error.empty()) {
+      error = check(cudaEventCreateWithFlags(&free_event,
+                                             cudaEventDisableTiming | cudaEventBlockingSync),
+                    "cudaEventCreate");
+    }
+    slot.staging.push_back(static_cast<char*>(pinned));
+    slot.staging_free.push_back(free_event);
+    if (error.empty()) error = check(cudaEventRecord(free_event, slot.stream), "cudaEventRecord");
+  }
+  if (error.empty()) {
+    error = check(cudaMalloc(&slot.device_buffer, options_.preallocate_bytes_per_stream),
+                  "cudaMalloc");
+    if (error.empty()) slot.device_capacity = options_.preallocate_bytes_per_stream;
+  }
+  if (error.empty()) slot.launch_context = std::make_unique<k::LaunchContext>(slot.stream);
+  return error;
+}
+
+grpc::Status CudaBackend::Fail(Slot& slot, cudaError_t e, const std::string& what) {
+  cudaGetLastError();  // clear a non-sticky error so the slot stays usable
+  std::string message = fmt::format("device {} stream {}: {}: {}", slot.device->ordinal,
+                                    slot.stream_id, what, cudaGetErrorString(e));
+  if (IsStickyError(e)) {
+    slot.device->healthy = false;
+    message += " (the device is unusable until the server restarts)";
+  }
+  spdlog::error("{}", message);
+  if (e == cudaErrorMemoryAllocation) return status::OverLimit(message);
+  return status::BackendFailure(message);
+}
+
+grpc::Status CudaBackend::EnsureCapacity(Slot& slot, size_t bytes) {
+  if (bytes <= slot.device_capacity) return grpc::Status::OK;
+  if (int64_t(bytes) > slot.device->slot_budget_bytes) {
+    return status::OverLimit(fmt::format("the GEMM needs {} bytes on the device; a stream has {}",
+                                         bytes, slot.device->slot_budget_bytes));
+  }
+  CUDA_TRY(slot, cudaStreamSynchronize(slot.stream));
+  CUDA_TRY(slot, cudaFree(slot.device_buffer));
+  slot.device_buffer = nullptr;
+  slot.device_capacity = 0;
+  void* buffer = nullptr;
+  CUDA_TRY(slot, cudaMalloc(&buffer, bytes));
+  slot.device_buffer = static_cast<char*>(buffer);
+  slot.device_capacity = bytes;
+  spdlog::debug("device {} stream {}: buffers grown to {} bytes", slot.device->ordinal,
+                slot.stream_id, bytes);
+  return grpc::Status::OK;
+}
+
+// Host → pinned piece → device, piece by piece: copying piece i+1 on the host overlaps the
+// DMA of piece i. A piece is reused once the event recorded after its last copy has fired.
+grpc::Status CudaBackend::CopyToDevice(Slot& slot, char* dst, const char* src, size_t bytes) {
+  const size_t piece = options_.staging_piece_bytes;
+  for (size_t offset = 0; offset < bytes; offset += piece) {
+    const size_t n = std::min(piece, bytes - offset);
+    const size_t r = slot.next_staging++ % slot.staging.size();
+    CUDA_TRY(slot, cudaEventSynchronize(slot.staging_free[r]));
+    std::memcpy(slot.staging[r], src + offset, n);
+    CUDA_TRY(slot, cudaMemcpyAsync(dst + offset, slot.staging[r], n, cudaMemcpyHostToDevice,
+                                   slot.stream));
+    CUDA_TRY(slot, cudaEventRecord(slot.staging_free[r], slot.stream));
+  }
+  return grpc::Status::OK;
+}
+
+// Device → pinned piece → host: up to staging_buffers pieces in flight; the host copies out
+// the oldest while later ones are still on the wire.
+grpc::Status CudaBackend::CopyToHost(Slot& slot, char* dst, const char* src, size_t bytes,
+                                     double* d2h_ms) {
+  const size_t piece = options_.staging_piece_bytes;
+  const size_t ring = slot.staging.size();
+  const size_t pieces = (bytes + piece - 1) / piece;
+  auto drain = [&](size_t i) -> grpc::Status {
+    const size_t r = (slot.next_staging + i) % ring;
+    CUDA_TRY(slot, cudaEventSynchronize(slot.staging_free[r]));
+    std::memcpy(dst + i * piece, slot.staging[r], std::min(piece, bytes - i * piece));
+    return grpc::Status::OK;
+  };
+  for (size_t i = 0; i < pieces; ++i) {
+    if (i >= ring) {
+      if (grpc::Status s = drain(i - ring); !s.ok()) return s;
+    }
+    const size_t r = (slot.next_staging + i) % ring;
+    CUDA_TRY(slot, cudaEventSynchronize(slot.staging_free[r]));  // its H2D use is done
+    CUDA_TRY(slot, cudaMemcpyAsync(slot.staging[r], src + i * piece,
+                                   std::min(piece, bytes - i * piece), cudaMemcpyDeviceToHost,
+                                   slot.stream));
+    CUDA_TRY(slot, cudaEventRecord(slot.staging_free[r], slot.stream));
+  }
+  CUDA_TRY(slot, cudaEventRecord(slot.d2h_done, slot.stream));
+  CUDA_TRY(slot, cudaEventSynchronize(slot.d2h_done));
+  const auto tail_start = Clock::now();
+  for (size_t i = pieces > ring ? pieces - ring : 0; i < pieces; ++i) {
+    if (grpc::Status s = drain(i); !s.ok()) return s;
+  }
+  float device_ms = 0;
+  CUDA_TRY(slot, cudaEventElapsedTime(&device_ms, slot.kernel_done, slot.d2h_done));
+  *d2h_ms = device_ms + Milliseconds(Clock::now() - tail_start);
+  slot.next_staging += pieces;
+  return grpc::Status::OK;
+}
+
+grpc::Status CudaBackend::Run(int slot_index, const GemmJob& job, GemmReport* report) {
+  Slot& slot = *slots_[slot_index];
+  Device& device = *slot.device;
+  if (!device.healthy) {
+    return status::BackendFailure(
+        fmt::format("device {} is unusable after an earlier fault", device.ordinal));
+  }
+  CUDA_TRY(slot, cudaSetDevice(device.ordinal));
+
+  const GemmShape& shape = job.shape;
+  const size_t a_bytes = 2 * shape.m * shape.k, b_bytes = 2 * shape.k * shape.n,
+               c_bytes = 2 * shape.m * shape.n;
+  if (grpc::Status s = EnsureCapacity(slot, AlignUp(a_bytes) + AlignUp(b_bytes) + c_bytes);
+      !s.ok()) {
+    return s;
+  }
+  char* d_a = slot.device_buffer;
+  char* d_b = d_a + AlignUp(a_bytes);
+  char* d_c = d_b + AlignUp(b_bytes);
+
+  const k::Accumulation acc =
+      job.accumulation == Accumulation::kFp16 ? k::Accumulation::kFp16 : k::Accumulation::kFp32;
+  const int m = int(shape.m), n = int(shape.n), kk = int(shape.k);
+  const k::VariantInfo* variant = job.kernel == "auto"
+                                      ? &k::ChooseAuto(m, n, kk, acc, *slot.launch_context)
+                                      : k::FindVariant(job.kernel);
+  if (variant == nullptr) return status::InvalidArgument("options.kernel", "unknown: " + job.kernel);
+  const k::GemmProblem problem{.a = reinterpret_cast<const __half*>(d_a),
+                               .b = reinterpret_cast<const __half*>(d_b),
+                               .c = reinterpret_cast<__half*>(d_c),
+                               .m = m,
+                               .n = n,
+                               .k = kk,
+                               .accumulation = acc};
+  if (std::string why = k::CheckProblem(*variant, problem); !why.empty()) {
+    return status::InvalidArgument("options.kernel", variant->name + ": " + why);
+  }
+
+  CUDA_TRY(slot, cudaEventRecord(slot.start, slot.stream));
+  if (grpc::Status s = CopyToDevice(slot, d_a, reinterpret_cast<const char*>(job.a), a_bytes);
+      !s.ok()) {
+    return s;
+  }
+  if (grpc::Status s = CopyToDevice(slot, d_b, reinterpret_cast<const char*>(job.b), b_bytes);
+      !s.ok()) {
+    return s;
+  }
+  CUDA_TRY(slot, cudaEventRecord(slot.h2d_done, slot.stream));
+  if (std::string error = k::Launch(*variant, problem, *slot.launch_context); !error.empty()) {
+    cudaError_t e = cudaPeekAtLastError();
+    return Fail(slot, e == cudaSuccess ? cudaErrorUnknown : e,
+                fmt::format("kernel {}: {}", variant->name, error));
+  }
+  CUDA_TRY(slot, cudaEventRecord(slot.kernel_done, slot.stream));
+  double d2h_ms = 0;
+  if (grpc::Status s = CopyToHost(slot, reinterpret_cast<char*>(job.c), d_c, c_bytes, &d2h_ms);
+      !s.ok()) {
+    return s;
+  }
+  float h2d_ms = 0, kernel_ms = 0;
+  CUDA_TRY(slot, cudaEventElapsedTime(&h2d_ms, slot.start, slot.h2d_done));
+  CUDA_TRY(slot, cudaEventElapsedTime(&kernel_ms, slot.h2d_done, slot.kernel_done));
+  report->host_to_device_ms = h2d_ms;
+  report->kernel_ms = kernel_ms;
+  report->device_to_host_ms = d2h_ms;
+  report->kernel = variant->name;
+  report->accumulation = job.accumulation;
+  report->device_id = device.ordinal;
+  report->device_name = device.props.name;
+  report->stream_id = slot.stream_id;
+  return grpc::Status::OK;
+}
+
+}  // namespace
+
+std::unique_ptr<Backend> MakeCudaBackend(const CudaBackendOptions& options, std::string* error) {
+  int count = 0;
+  if (cudaError_t e = cudaGetDeviceCount(&count); e != cudaSuccess || count == 0) {
+    *error = e != cudaSuccess ? fmt::format("cudaGetDeviceCount: {}", cudaGetErrorString(e))
+                              : "no CUDA device";
+    return nullptr;
+  }
+  std::vector<int> ordinals = options.devices;
+  if (ordinals.empty()) {
+    for (int i = 0; i < count; ++i) ordinals.push_back(i);
+  }
+  for (int ordinal : ordinals) {
+    if (ordinal < 0 || ordinal >= count) {
+      *error = fmt::format("device {} does not exist ({} visible)", ordinal, count);
+      return nullptr;
+    }
+  }
+  auto backend = std::make_unique<CudaBackend>(options);
+  if (std::string init_error = backend->Init(ordinals); !init_error.empty()) {
+    *error = init_error;
+    return nullptr;
+  }
+  return backend;
+}
+
+}  // namespace hgemm

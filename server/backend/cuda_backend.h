@@ -1,0 +1,41 @@
+// The CUDA backend: GEMMs on NVIDIA GPUs with the kernels of //kernels.
+//
+// Each device gets `streams_per_device` execution slots. A slot owns a CUDA stream, device
+// buffers for A, B and C (grown on demand, never shrunk: a steady stream of shapes allocates
+// nothing), a small ring of pinned host buffers through which operands and results are
+// staged piece by piece (host copies overlap the DMA), and timing events. Slots of one device
+// run concurrently, so one request's copies overlap another's kernel.
+#ifndef HGEMM_SERVER_BACKEND_CUDA_BACKEND_H_
+#define HGEMM_SERVER_BACKEND_CUDA_BACKEND_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "server/backend/backend.h"
+
+namespace hgemm {
+
+struct CudaBackendOptions {
+  // CUDA device ordinals to use; empty means every visible device.
+  std::vector<int> devices;
+  // Execution slots (CUDA streams) per device.
+  int streams_per_device = 4;
+  // Device bytes each stream allocates at start for A, B and C together (grown on demand).
+  int64_t preallocate_bytes_per_stream = int64_t{96} << 20;
+  // Share of each device's free memory (at start) that the streams' buffers may use; each
+  // stream gets an equal part, which bounds the largest GEMM (RESOURCE_EXHAUSTED beyond).
+  double device_memory_fraction = 0.8;
+  // Size of each pinned staging buffer; `staging_buffers` of them per stream and direction.
+  int64_t staging_piece_bytes = int64_t{8} << 20;
+  int staging_buffers = 3;
+};
+
+// Returns nullptr and sets *error when no usable device is present (no driver, no GPU, or a
+// GPU the kernels were not built for).
+std::unique_ptr<Backend> MakeCudaBackend(const CudaBackendOptions& options, std::string* error);
+
+}  // namespace hgemm
+
+#endif  // HGEMM_SERVER_BACKEND_CUDA_BACKEND_H_

@@ -1,0 +1,111 @@
+// hgemm_server: serves hgemm.v1.GemmService. Every flag can also be set through the
+// environment variable named in its help (e.g. HGEMM_LISTEN), for containers.
+#include <CLI/CLI.hpp>
+#include <signal.h>
+#include <spdlog/spdlog.h>
+
+#include <cstdlib>
+#include <sstream>
+
+#include "server/backend/backend_factory.h"
+#include "server/server.h"
+
+namespace {
+
+std::vector<int> ParseDeviceList(const std::string& list) {
+  std::vector<int> devices;
+  std::stringstream in(list);
+  for (std::string item; std::getline(in, item, ',');) {
+    if (!item.empty()) devices.push_back(std::stoi(item));
+  }
+  return devices;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  hgemm::ServerOptions server_options;
+  hgemm::BackendOptions backend_options;
+  std::string devices, log_level = "info";
+  int64_t drain_deadline_s = 20;
+
+  CLI::App app{"hgemm-serve: fp16 GEMM over gRPC (hgemm.v1.GemmService)"};
+  app.add_option("--listen", server_options.listen_address, "HOST:PORT to serve on")
+      ->envname("HGEMM_LISTEN")->capture_default_str();
+  app.add_option("--backend", backend_options.kind, "auto (CUDA if a GPU is usable, else CPU), cuda or cpu")
+      ->envname("HGEMM_BACKEND")->check(CLI::IsMember({"auto", "cuda", "cpu"}))->capture_default_str();
+  app.add_option("--devices", devices, "CUDA devices to use, e.g. 0,1 (default: all visible)")
+      ->envname("HGEMM_DEVICES");
+  app.add_option("--streams_per_device", backend_options.cuda.streams_per_device,
+                 "CUDA streams (concurrent GEMMs) per device")
+      ->envname("HGEMM_STREAMS_PER_DEVICE")->check(CLI::Range(1, 64))->capture_default_str();
+  app.add_option("--preallocate_bytes_per_stream", backend_options.cuda.preallocate_bytes_per_stream,
+                 "device buffer bytes each stream allocates at start (grown on demand)")
+      ->envname("HGEMM_PREALLOCATE_BYTES_PER_STREAM")->capture_default_str();
+  app.add_option("--device_memory_fraction", backend_options.cuda.device_memory_fraction,
+                 "share of each device's free memory the streams' buffers may use")
+      ->envname("HGEMM_DEVICE_MEMORY_FRACTION")->check(CLI::Range(0.05, 0.98))->capture_default_str();
+  app.add_option("--cpu_workers", backend_options.cpu.workers, "concurrent GEMMs on the CPU backend")
+      ->envname("HGEMM_CPU_WORKERS")->check(CLI::Range(1, 256))->capture_default_str();
+  app.add_option("--max_elements_per_matrix", server_options.service.rules.max_elements_per_matrix,
+                 "largest A, B or C accepted, in elements")
+      ->envname("HGEMM_MAX_ELEMENTS_PER_MATRIX")->capture_default_str();
+  app.add_option("--max_queued_requests", server_options.service.scheduler.max_queued_requests,
+                 "GEMMs waiting for a stream; more get UNAVAILABLE")
+      ->envname("HGEMM_MAX_QUEUED_REQUESTS")->capture_default_str();
+  app.add_option("--max_queued_bytes", server_options.service.scheduler.max_queued_bytes,
+                 "operand+result bytes of admitted GEMMs; more get UNAVAILABLE")
+      ->envname("HGEMM_MAX_QUEUED_BYTES")->capture_default_str();
+  app.add_option("--max_message_bytes", server_options.max_message_bytes,
+                 "largest gRPC message accepted (unary Gemm)")
+      ->envname("HGEMM_MAX_MESSAGE_BYTES")->check(CLI::Range(int64_t{4} << 20, int64_t{INT32_MAX}))
+      ->capture_default_str();
+  app.add_option("--drain_deadline_s", drain_deadline_s,
+                 "on SIGTERM/SIGINT, seconds in-flight calls get before they are cancelled")
+      ->envname("HGEMM_DRAIN_DEADLINE_S")->check(CLI::Range(0, 3600))->capture_default_str();
+  app.add_option("--log_level", log_level, "trace, debug (one line per GEMM), info, warn, error")
+      ->envname("HGEMM_LOG_LEVEL")->check(CLI::IsMember({"trace", "debug", "info", "warn", "error"}))
+      ->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+
+  spdlog::set_level(spdlog::level::from_str(log_level));
+  backend_options.cuda.devices = ParseDeviceList(devices);
+  server_options.drain_deadline = std::chrono::seconds(drain_deadline_s);
+
+  // Signals are taken by sigwait below, never by a handler: block them before any thread starts.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  std::string error;
+  std::unique_ptr<hgemm::Backend> backend = hgemm::CreateBackend(backend_options, &error);
+  if (!backend) {
+    spdlog::critical("no backend: {}", error);
+    return 1;
+  }
+  std::unique_ptr<hgemm::HgemmServer> server =
+      hgemm::HgemmServer::Start(server_options, std::move(backend));
+  if (!server) return 1;
+
+  const hgemm::Backend& b = server->backend();
+  spdlog::info("hgemm-serve {} listening on {} (port {})", hgemm::kVersion,
+               server_options.listen_address, server->port());
+  spdlog::info("backend {}: {} execution slots, largest GEMM {} bytes", b.Name(), b.NumSlots(),
+               b.MaxJobBytes());
+  for (const hgemm::DeviceDescription& d : b.Devices()) {
+    spdlog::info("  device {}: {} (cc {}, {} MiB, {} slots)", d.id, d.name, d.compute_capability,
+                 d.memory_bytes >> 20, d.slots);
+  }
+  spdlog::info("limits: {} elements per matrix, {} queued GEMMs, {} queued bytes, {} bytes per message",
+               server_options.service.rules.max_elements_per_matrix,
+               server_options.service.scheduler.max_queued_requests,
+               server_options.service.scheduler.max_queued_bytes, server_options.max_message_bytes);
+
+  int signal_number = 0;
+  sigwait(&signals, &signal_number);
+  spdlog::info("received {}; shutting down", strsignal(signal_number));
+  server->Shutdown();
+  return 0;
+}

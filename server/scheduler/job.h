@@ -1,0 +1,64 @@
+// A GEMM as the scheduler and the backends see it: no protobuf, no gRPC transport.
+#ifndef HGEMM_SERVER_SCHEDULER_JOB_H_
+#define HGEMM_SERVER_SCHEDULER_JOB_H_
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include <grpcpp/support/status.h>
+
+namespace hgemm {
+
+using Clock = std::chrono::steady_clock;
+
+enum class Accumulation { kFp16, kFp32 };
+
+struct GemmShape {
+  int64_t m = 0, n = 0, k = 0;
+
+  int64_t Flops() const { return 2 * m * n * k; }
+  // Operand and result bytes (fp16).
+  int64_t Bytes() const { return 2 * (m * k + k * n + m * n); }
+};
+
+// Where the time of one GEMM went (milliseconds) and what ran it.
+struct GemmReport {
+  double queue_wait_ms = 0;
+  double host_to_device_ms = 0;
+  double kernel_ms = 0;
+  double device_to_host_ms = 0;
+  double server_total_ms = 0;
+  std::string kernel;
+  Accumulation accumulation = Accumulation::kFp32;
+  int device_id = -1;
+  std::string device_name;
+  int stream_id = 0;
+
+  double Tflops(const GemmShape& shape) const {
+    return kernel_ms > 0 ? shape.Flops() / (kernel_ms * 1e9) : 0;
+  }
+};
+
+// One GEMM to run. The buffers belong to the transport, which keeps them alive until the
+// job's completion callback has run.
+struct GemmJob {
+  GemmShape shape;
+  std::string kernel = "auto";  // a backend variant name, or "auto"
+  Accumulation accumulation = Accumulation::kFp32;
+  std::string request_id;
+  const uint16_t* a = nullptr;  // m×k fp16, row-major
+  const uint16_t* b = nullptr;  // k×n fp16, row-major
+  uint16_t* c = nullptr;        // m×n fp16, row-major; written by the backend
+  Clock::time_point deadline = Clock::time_point::max();
+  // True once the client has gone away; checked before the job runs. May be empty.
+  std::function<bool()> is_cancelled;
+};
+
+// Called exactly once per admitted job, on a scheduler worker thread.
+using GemmDone = std::function<void(const grpc::Status&, const GemmReport&)>;
+
+}  // namespace hgemm
+
+#endif  // HGEMM_SERVER_SCHEDULER_JOB_H_

@@ -1,0 +1,120 @@
+#include "server/scheduler/scheduler.h"
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+
+#include "server/status_util.h"
+
+namespace hgemm {
+
+int PickLeastLoaded(const std::vector<double>& loads) {
+  return static_cast<int>(std::min_element(loads.begin(), loads.end()) - loads.begin());
+}
+
+Scheduler::Scheduler(Backend* backend, const SchedulerOptions& options)
+    : backend_(backend), options_(options), devices_(backend->Devices().size()) {
+  for (int slot = 0; slot < backend_->NumSlots(); ++slot) {
+    devices_[backend_->SlotDevice(slot)].slots++;
+  }
+  for (int slot = 0; slot < backend_->NumSlots(); ++slot) {
+    workers_.emplace_back([this, slot] { WorkerLoop(slot); });
+  }
+}
+
+Scheduler::~Scheduler() { Shutdown(); }
+
+grpc::Status Scheduler::Enqueue(GemmJob job, GemmDone done) {
+  const int64_t bytes = job.shape.Bytes();
+  if (bytes > options_.max_queued_bytes || bytes > backend_->MaxJobBytes()) {
+    return status::OverLimit(fmt::format(
+        "the GEMM needs {} bytes of operands and result; this server takes at most {} per GEMM",
+        bytes, std::min(options_.max_queued_bytes, backend_->MaxJobBytes())));
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_) return status::ShuttingDown();
+    if (queued_ >= options_.max_queued_requests) {
+      return status::QueueFull(fmt::format("queue full: {} GEMMs waiting", queued_));
+    }
+    if (admitted_bytes_ + bytes > options_.max_queued_bytes) {
+      return status::QueueFull(fmt::format("queue full: {} of {} bytes admitted", admitted_bytes_,
+                                           options_.max_queued_bytes));
+    }
+    std::vector<double> loads;
+    for (const DeviceQueue& d : devices_) {
+      loads.push_back(double(d.entries.size() + d.running) / std::max(d.slots, 1));
+    }
+    DeviceQueue& device = devices_[PickLeastLoaded(loads)];
+    device.entries.push_back({std::move(job), std::move(done), Clock::now()});
+    queued_++;
+    admitted_bytes_ += bytes;
+  }
+  work_available_.notify_all();
+  return grpc::Status::OK;
+}
+
+void Scheduler::Shutdown() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  work_available_.notify_all();
+  for (std::thread& worker : workers_) {
+    if (worker.joinable()) worker.join();
+  }
+}
+
+Scheduler::Stats Scheduler::GetStats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  Stats stats{.queued = queued_, .admitted_bytes = admitted_bytes_};
+  for (const DeviceQueue& d : devices_) stats.running += d.running;
+  return stats;
+}
+
+void Scheduler::WorkerLoop(int slot) {
+  DeviceQueue& device = devices_[backend_->SlotDevice(slot)];
+  while (true) {
+    Entry entry;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      work_available_.wait(lock, [&] { return stopping_ || !device.entries.empty(); });
+      if (device.entries.empty()) return;  // stopping, and nothing left to drain
+      entry = std::move(device.entries.front());
+      device.entries.pop_front();
+      queued_--;
+      device.running++;
+    }
+    RunEntry(slot, entry);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      device.running--;
+      admitted_bytes_ -= entry.job.shape.Bytes();
+    }
+  }
+}
+
+void Scheduler::RunEntry(int slot, Entry& entry) {
+  const GemmJob& job = entry.job;
+  const auto started = Clock::now();
+  GemmReport report;
+  report.queue_wait_ms = std::chrono::duration<double, std::milli>(started - entry.admitted).count();
+  grpc::Status result;
+  if (job.is_cancelled && job.is_cancelled()) {
+    result = status::Cancelled();
+  } else if (started > job.deadline) {
+    result = status::DeadlineExpired(report.queue_wait_ms);
+  } else {
+    result = backend_->Run(slot, job, &report);
+  }
+  report.server_total_ms =
+      std::chrono::duration<double, std::milli>(Clock::now() - entry.admitted).count();
+  spdlog::debug("gemm id='{}' {}x{}x{} kernel={} slot={} status={} queue={:.3f}ms kernel={:.3f}ms total={:.3f}ms",
+               job.request_id, job.shape.m, job.shape.n, job.shape.k, report.kernel, slot,
+               int(result.error_code()), report.queue_wait_ms, report.kernel_ms,
+               report.server_total_ms);
+  entry.done(result, report);
+}
+
+}  // namespace hgemm

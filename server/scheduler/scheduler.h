@@ -1,0 +1,86 @@
+// Scheduler: admission control and the queue between the transport and a Backend.
+//
+// Each backend device has a FIFO queue; a new job goes to the device with the fewest
+// outstanding (queued + running) jobs per slot. One worker thread per backend slot pulls from
+// its device's queue and runs jobs to completion, so the jobs of different slots (CUDA
+// streams) overlap. Admission is bounded by queued jobs and by bytes of admitted jobs.
+// Thread safety: all methods are thread-safe.
+#ifndef HGEMM_SERVER_SCHEDULER_SCHEDULER_H_
+#define HGEMM_SERVER_SCHEDULER_SCHEDULER_H_
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "server/backend/backend.h"
+#include "server/scheduler/job.h"
+
+namespace hgemm {
+
+struct SchedulerOptions {
+  // Jobs admitted but not yet running, over all devices; more → UNAVAILABLE.
+  int64_t max_queued_requests = 256;
+  // Operand + result bytes of all admitted (queued or running) jobs; a job that would pass it
+  // → UNAVAILABLE, a job larger than it on its own → RESOURCE_EXHAUSTED.
+  int64_t max_queued_bytes = int64_t{16} << 30;
+};
+
+// The index of the smallest load; ties go to the lowest index. REQUIRES: !loads.empty().
+int PickLeastLoaded(const std::vector<double>& loads);
+
+class Scheduler {
+ public:
+  // Starts one worker per backend slot. `backend` must outlive the scheduler.
+  Scheduler(Backend* backend, const SchedulerOptions& options);
+  ~Scheduler();  // Shutdown()
+  Scheduler(const Scheduler&) = delete;
+  Scheduler& operator=(const Scheduler&) = delete;
+
+  // Admits `job` or says why not: RESOURCE_EXHAUSTED (larger than a limit), UNAVAILABLE (queue
+  // full now, or shutting down). On OK, `done` runs exactly once, later, on a worker thread:
+  // with the backend's status, DEADLINE_EXCEEDED or CANCELLED. Never calls `done` inline.
+  grpc::Status Enqueue(GemmJob job, GemmDone done);
+
+  // Stops admitting, runs every admitted job, and joins the workers. Idempotent.
+  void Shutdown();
+
+  struct Stats {
+    int64_t queued = 0;
+    int64_t running = 0;
+    int64_t admitted_bytes = 0;
+  };
+  Stats GetStats() const;
+
+ private:
+  struct Entry {
+    GemmJob job;
+    GemmDone done;
+    Clock::time_point admitted;
+  };
+  struct DeviceQueue {
+    std::deque<Entry> entries;
+    int64_t running = 0;
+    int slots = 0;
+  };
+
+  void WorkerLoop(int slot);
+  void RunEntry(int slot, Entry& entry);
+
+  Backend* const backend_;
+  const SchedulerOptions options_;
+
+  mutable std::mutex mu_;
+  std::condition_variable work_available_;
+  std::vector<DeviceQueue> devices_;  // guarded by mu_
+  int64_t queued_ = 0;                // guarded by mu_
+  int64_t admitted_bytes_ = 0;        // guarded by mu_
+  bool stopping_ = false;             // guarded by mu_
+  std::vector<std::thread> workers_;
+};
+
+}  // namespace hgemm
+
+#endif  // HGEMM_SERVER_SCHEDULER_SCHEDULER_H_

@@ -1,0 +1,204 @@
+#include "server/scheduler/scheduler.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <future>
+#include <mutex>
+#include <set>
+
+namespace hgemm {
+namespace {
+
+// A backend whose Run blocks until released, and records which device each job ran on.
+class GatedBackend final : public Backend {
+ public:
+  GatedBackend(int devices, int slots_per_device) : devices_(devices), slots_(slots_per_device) {}
+
+  std::string Name() const override { return "gated"; }
+  std::vector<DeviceDescription> Devices() const override {
+    std::vector<DeviceDescription> out;
+    for (int d = 0; d < devices_; ++d) out.push_back({.id = d, .name = "fake", .slots = slots_});
+    return out;
+  }
+  std::vector<KernelDescription> Kernels() const override { return {}; }
+  int NumSlots() const override { return devices_ * slots_; }
+  int SlotDevice(int slot) const override { return slot / slots_; }
+  int64_t MaxJobBytes() const override { return 1 << 20; }
+
+  grpc::Status Run(int slot, const GemmJob& job, GemmReport* report) override {
+    std::unique_lock<std::mutex> lock(mu_);
+    running_++;
+    changed_.notify_all();
+    changed_.wait(lock, [&] { return open_; });
+    running_--;
+    report->device_id = SlotDevice(slot);
+    report->kernel = "gated";
+    return grpc::Status::OK;
+  }
+
+  void Open() {
+    std::lock_guard<std::mutex> lock(mu_);
+    open_ = true;
+    changed_.notify_all();
+  }
+  void WaitRunning(int n) {
+    std::unique_lock<std::mutex> lock(mu_);
+    changed_.wait(lock, [&] { return running_ == n; });
+  }
+
+ private:
+  const int devices_, slots_;
+  std::mutex mu_;
+  std::condition_variable changed_;
+  bool open_ = false;
+  int running_ = 0;
+};
+
+GemmJob Job(int64_t m = 8) {
+  GemmJob job;
+  job.shape = {.m = m, .n = 8, .k = 8};
+  return job;
+}
+
+// Collects completions.
+struct Results {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<std::pair<grpc::StatusCode, GemmReport>> done;
+
+  GemmDone Callback() {
+    return [this](const grpc::Status& s, const GemmReport& r) {
+      std::lock_guard<std::mutex> lock(mu);
+      done.emplace_back(s.error_code(), r);
+      cv.notify_all();
+    };
+  }
+  void WaitFor(size_t n) {
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return done.size() >= n; });
+  }
+};
+
+TEST(PickLeastLoaded, PicksSmallestAndBreaksTiesLow) {
+  EXPECT_EQ(PickLeastLoaded({3, 1, 2}), 1);
+  EXPECT_EQ(PickLeastLoaded({1, 1, 0.5, 0.5}), 2);
+  EXPECT_EQ(PickLeastLoaded({0}), 0);
+}
+
+TEST(Scheduler, RunsJobsAndReportsQueueWait) {
+  GatedBackend backend(1, 2);
+  Scheduler scheduler(&backend, {});
+  Results results;
+  backend.Open();
+  for (int i = 0; i < 5; ++i) ASSERT_TRUE(scheduler.Enqueue(Job(), results.Callback()).ok());
+  results.WaitFor(5);
+  for (auto& [code, report] : results.done) {
+    EXPECT_EQ(code, grpc::StatusCode::OK);
+    EXPECT_EQ(report.kernel, "gated");
+    EXPECT_GE(report.server_total_ms, report.queue_wait_ms);
+  }
+}
+
+TEST(Scheduler, FullQueueIsUnavailableAndRecovers) {
+  GatedBackend backend(1, 1);
+  Scheduler scheduler(&backend, {.max_queued_requests = 2});
+  Results results;
+  ASSERT_TRUE(scheduler.Enqueue(Job(), results.Callback()).ok());
+  backend.WaitRunning(1);  // one running, the queue empty
+  ASSERT_TRUE(scheduler.Enqueue(Job(), results.Callback()).ok());
+  ASSERT_TRUE(scheduler.Enqueue(Job(), results.Callback()).ok());
+  grpc::Status full = scheduler.Enqueue(Job(), results.Callback());
+  EXPECT_EQ(full.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_NE(full.error_message().find("queue full"), std::string::npos);
+  backend.Open();
+  results.WaitFor(3);
+  EXPECT_TRUE(scheduler.Enqueue(Job(), results.Callback()).ok());
+  results.WaitFor(4);
+}
+
+TEST(Scheduler, ByteBudget) {
+  GatedBackend backend(1, 1);
+  const int64_t one_job = Job().shape.Bytes();
+  Scheduler scheduler(&backend, {.max_queued_bytes = 2 * one_job});
+  Results results;
+  // Larger than the whole budget: never admissible.
+  EXPECT_EQ(scheduler.Enqueue(Job(64), results.Callback()).error_code(),
+            grpc::StatusCode::RESOURCE_EXHAUSTED);
+  ASSERT_TRUE(scheduler.Enqueue(Job(), results.Callback()).ok());
+  ASSERT_TRUE(scheduler.Enqueue(Job(), results.Callback()).ok());
+  // Fits the budget, but not now.
+  EXPECT_EQ(scheduler.Enqueue(Job(), results.Callback()).error_code(), grpc::StatusCode::UNAVAILABLE);
+  backend.Open();
+  results.WaitFor(2);
+}
+
+TEST(Scheduler, LargerThanBackendTakesIsResourceExhausted) {
+  GatedBackend backend(1, 1);
+  Scheduler scheduler(&backend, {});
+  GemmJob job;
+  job.shape = {.m = 1024, .n = 1024, .k = 1024};  // 6 MiB > 1 MiB
+  EXPECT_EQ(scheduler.Enqueue(job, [](auto&, auto&) {}).error_code(),
+            grpc::StatusCode::RESOURCE_EXHAUSTED);
+}
+
+TEST(Scheduler, ExpiredDeadlineIsNotRun) {
+  GatedBackend backend(1, 1);
+  Scheduler scheduler(&backend, {});
+  Results results;
+  ASSERT_TRUE(scheduler.Enqueue(Job(), results.Callback()).ok());
+  backend.WaitRunning(1);
+  GemmJob late = Job();
+  late.deadline = Clock::now();  // passes while the first job holds the only slot
+  ASSERT_TRUE(scheduler.Enqueue(late, results.Callback()).ok());
+  backend.Open();
+  results.WaitFor(2);
+  EXPECT_EQ(results.done[1].first, grpc::StatusCode::DEADLINE_EXCEEDED);
+  EXPECT_TRUE(results.done[1].second.kernel.empty());  // never reached the backend
+}
+
+TEST(Scheduler, CancelledJobIsNotRun) {
+  GatedBackend backend(1, 1);
+  Scheduler scheduler(&backend, {});
+  Results results;
+  ASSERT_TRUE(scheduler.Enqueue(Job(), results.Callback()).ok());
+  backend.WaitRunning(1);
+  std::atomic<bool> cancelled{false};
+  GemmJob job = Job();
+  job.is_cancelled = [&] { return cancelled.load(); };
+  ASSERT_TRUE(scheduler.Enqueue(job, results.Callback()).ok());
+  cancelled = true;
+  backend.Open();
+  results.WaitFor(2);
+  EXPECT_EQ(results.done[1].first, grpc::StatusCode::CANCELLED);
+  EXPECT_EQ(scheduler.GetStats().admitted_bytes, 0);
+}
+
+TEST(Scheduler, SpreadsJobsOverDevices) {
+  GatedBackend backend(2, 2);
+  Scheduler scheduler(&backend, {});
+  Results results;
+  for (int i = 0; i < 8; ++i) ASSERT_TRUE(scheduler.Enqueue(Job(), results.Callback()).ok());
+  backend.WaitRunning(4);  // every slot of both devices busy
+  backend.Open();
+  results.WaitFor(8);
+  int per_device[2] = {0, 0};
+  for (auto& [code, report] : results.done) per_device[report.device_id]++;
+  EXPECT_EQ(per_device[0], 4);
+  EXPECT_EQ(per_device[1], 4);
+}
+
+TEST(Scheduler, ShutdownRunsAdmittedJobsThenRefuses) {
+  GatedBackend backend(1, 1);
+  Scheduler scheduler(&backend, {});
+  Results results;
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(scheduler.Enqueue(Job(), results.Callback()).ok());
+  auto shutdown = std::async(std::launch::async, [&] { scheduler.Shutdown(); });
+  backend.Open();
+  shutdown.wait();
+  EXPECT_EQ(results.done.size(), 3u);
+  EXPECT_EQ(scheduler.Enqueue(Job(), results.Callback()).error_code(), grpc::StatusCode::UNAVAILABLE);
+}
+
+}  // namespace
+}  // namespace hgemm

@@ -1,0 +1,78 @@
+#include "server/server.h"
+
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/health_check_service_interface.h>
+#include <spdlog/spdlog.h>
+
+namespace hgemm {
+namespace {
+
+constexpr char kServiceName[] = "hgemm.v1.GemmService";
+
+}  // namespace
+
+HgemmServer::HgemmServer(ServerOptions options, std::unique_ptr<Backend> backend)
+    : options_(std::move(options)), backend_(std::move(backend)) {}
+
+std::unique_ptr<HgemmServer> HgemmServer::Start(ServerOptions options,
+                                                std::unique_ptr<Backend> backend) {
+  options.service.rules.kernels = backend->Kernels();
+  options.service.max_message_bytes = options.max_message_bytes;
+  std::unique_ptr<HgemmServer> server(new HgemmServer(std::move(options), std::move(backend)));
+  const ServerOptions& opts = server->options_;
+  server->scheduler_ = std::make_unique<Scheduler>(server->backend_.get(), opts.service.scheduler);
+  server->service_ = std::make_unique<GemmServiceImpl>(server->scheduler_.get(),
+                                                       server->backend_.get(), opts.service);
+
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(opts.listen_address, grpc::InsecureServerCredentials(), &server->port_);
+  builder.RegisterService(server->service_.get());
+  const int max_message = static_cast<int>(std::min<int64_t>(opts.max_message_bytes, INT32_MAX));
+  builder.SetMaxReceiveMessageSize(max_message);
+  builder.SetMaxSendMessageSize(max_message);
+  server->server_ = builder.BuildAndStart();
+  if (!server->server_ || server->port_ == 0) {
+    spdlog::error("cannot listen on {}", opts.listen_address);
+    server->scheduler_->Shutdown();
+    return nullptr;
+  }
+  server->health_watcher_ = std::thread([s = server.get()] { s->WatchHealth(); });
+  return server;
+}
+
+HgemmServer::~HgemmServer() { Shutdown(); }
+
+void HgemmServer::WatchHealth() {
+  grpc::HealthCheckServiceInterface* health = server_->GetHealthCheckService();
+  std::unique_lock<std::mutex> lock(mu_);
+  bool serving = !backend_->Healthy();  // differs, so the first pass always publishes
+  while (!shutting_down_) {
+    if (bool healthy = backend_->Healthy(); healthy != serving) {
+      serving = healthy;
+      health->SetServingStatus("", serving);
+      health->SetServingStatus(kServiceName, serving);
+      if (!serving) spdlog::error("backend unhealthy: health is NOT_SERVING");
+    }
+    stop_watching_.wait_for(lock, std::chrono::milliseconds(500));
+  }
+}
+
+void HgemmServer::Shutdown() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (shutting_down_) return;
+    shutting_down_ = true;
+  }
+  stop_watching_.notify_all();
+  if (health_watcher_.joinable()) health_watcher_.join();
+  server_->GetHealthCheckService()->SetServingStatus(false);  // every service, and stays so
+  spdlog::info("draining: in-flight calls have {} ms", options_.drain_deadline.count());
+  server_->Shutdown(std::chrono::system_clock::now() + options_.drain_deadline);
+  scheduler_->Shutdown();
+  server_->Wait();
+  spdlog::info("stopped");
+}
+
+}  // namespace hgemm

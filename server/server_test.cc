@@ -1,0 +1,294 @@
+// End to end: a real HgemmServer on 127.0.0.1 (CPU backend) and the real client library.
+#include "server/server.h"
+
+#include <gtest/gtest.h>
+
+#include <random>
+
+#include "client/gemm_client.h"
+#include "kernels/host/cpu_gemm.h"
+#include "kernels/host/fp16.h"
+#include "server/backend/cpu_backend.h"
+
+namespace hgemm {
+namespace {
+
+v1::GemmRequest RandomRequest(uint32_t m, uint32_t n, uint32_t k, std::mt19937_64& rng) {
+  v1::GemmRequest r;
+  r.set_m(m);
+  r.set_n(n);
+  r.set_k(k);
+  auto a = RandomHalfMatrix(int64_t(m) * k, rng), b = RandomHalfMatrix(int64_t(k) * n, rng);
+  r.set_a(reinterpret_cast<const char*>(a.data()), 2 * a.size());
+  r.set_b(reinterpret_cast<const char*>(b.data()), 2 * b.size());
+  return r;
+}
+
+double ErrorAgainstReference(const v1::GemmRequest& r, const std::string& c) {
+  EXPECT_EQ(c.size(), 2 * size_t(r.m()) * r.n());
+  if (c.size() != 2 * size_t(r.m()) * r.n()) return 1;
+  std::vector<float> reference =
+      ReferenceGemm(reinterpret_cast<const uint16_t*>(r.a().data()),
+                    reinterpret_cast<const uint16_t*>(r.b().data()), r.m(), r.n(), r.k());
+  return RelativeFrobeniusError(reinterpret_cast<const uint16_t*>(c.data()), reference.data(),
+                                reference.size());
+}
+
+class ServerTest : public ::testing::Test {
+ protected:
+  void SetUp() override { StartServer({}); }
+
+  void StartServer(ServerOptions options) {
+    server_.reset();
+    options.listen_address = "127.0.0.1:0";
+    options.service.stream_chunk_bytes = 256 << 10;
+    server_ = HgemmServer::Start(options, MakeCpuBackend({.workers = 2}));
+    ASSERT_NE(server_, nullptr);
+    client_ = std::make_unique<GemmClient>(Connect("127.0.0.1:" + std::to_string(server_->port())));
+  }
+
+  // A small good request still works (the server keeps serving after errors).
+  void ExpectStillServing() {
+    v1::GemmRequest r = RandomRequest(17, 9, 33, rng_);
+    v1::GemmResponse response;
+    ASSERT_TRUE(client_->Gemm(r, &response).ok());
+    EXPECT_LT(ErrorAgainstReference(r, response.c()), 1e-3);
+  }
+
+  std::mt19937_64 rng_{20261203};
+  std::unique_ptr<HgemmServer> server_;
+  std::unique_ptr<GemmClient> client_;
+};
+
+TEST_F(ServerTest, UnaryTwoByTwo) {
+  v1::GemmRequest r;
+  r.set_m(2);
+  r.set_n(2);
+  r.set_k(2);
+  std::vector<uint16_t> a = {FloatToHalf(1), FloatToHalf(2), FloatToHalf(3), FloatToHalf(4)};
+  r.set_a(reinterpret_cast<const char*>(a.data()), 8);
+  r.set_b(reinterpret_cast<const char*>(a.data()), 8);
+  r.mutable_options()->set_request_id("two-by-two");
+  v1::GemmResponse response;
+  ASSERT_TRUE(client_->Gemm(r, &response).ok());
+  const auto* c = reinterpret_cast<const uint16_t*>(response.c().data());
+  EXPECT_EQ(HalfToFloat(c[0]), 7);
+  EXPECT_EQ(HalfToFloat(c[1]), 10);
+  EXPECT_EQ(HalfToFloat(c[2]), 15);
+  EXPECT_EQ(HalfToFloat(c[3]), 22);
+  EXPECT_EQ(response.request_id(), "two-by-two");
+  EXPECT_EQ(response.execution().backend(), "cpu");
+  EXPECT_EQ(response.execution().kernel(), "openblas_sgemm");
+  EXPECT_EQ(response.execution().accumulation(), v1::ACCUMULATION_FP32);
+  EXPECT_GE(response.timing().server_total_ms(), response.timing().kernel_ms());
+}
+
+TEST_F(ServerTest, UnaryOddShapesMatchReference) {
+  for (auto [m, n, k] : {std::tuple{1u, 1u, 1u}, {7u, 5u, 3u}, {33u, 65u, 17u}, {255u, 257u, 100u}}) {
+    v1::GemmRequest r = RandomRequest(m, n, k, rng_);
+    v1::GemmResponse response;
+    ASSERT_TRUE(client_->Gemm(r, &response).ok());
+    EXPECT_LT(ErrorAgainstReference(r, response.c()), 1e-3) << m << "x" << n << "x" << k;
+  }
+}
+
+TEST_F(ServerTest, StreamedLargeMatrices) {
+  // 8 MiB per operand: far past gRPC's 4 MiB message default.
+  v1::GemmRequest r = RandomRequest(2048, 2048, 2048, rng_);
+  std::vector<StreamedGemm> results;
+  ASSERT_TRUE(client_->GemmStream({&r}, &results).ok());
+  ASSERT_TRUE(results[0].status.ok()) << results[0].status.error_message();
+  EXPECT_LT(ErrorAgainstReference(r, results[0].response.c()), 1e-3);
+  EXPECT_GT(results[0].response.timing().tflops(), 0);
+}
+
+TEST_F(ServerTest, ManyGemmsOnOneStream) {
+  std::vector<v1::GemmRequest> requests;
+  for (uint32_t i = 0; i < 12; ++i) requests.push_back(RandomRequest(30 + 37 * i, 200 - 11 * i, 1 + 53 * i, rng_));
+  std::vector<const v1::GemmRequest*> pointers;
+  for (auto& r : requests) pointers.push_back(&r);
+  std::vector<StreamedGemm> results;
+  CallOptions options;
+  options.chunk_bytes = 4096;  // many chunks per operand
+  ASSERT_TRUE(client_->GemmStream(pointers, &results, options).ok());
+  for (size_t i = 0; i < requests.size(); ++i) {
+    ASSERT_TRUE(results[i].status.ok()) << i << ": " << results[i].status.error_message();
+    EXPECT_LT(ErrorAgainstReference(requests[i], results[i].response.c()), 1e-3) << i;
+  }
+}
+
+TEST_F(ServerTest, RunPicksUnaryOrStreamBySize) {
+  for (uint32_t size : {64u, 1200u}) {
+    v1::GemmRequest r = RandomRequest(size, size, size, rng_);
+    v1::GemmResponse response;
+    ASSERT_TRUE(client_->Run(r, &response).ok());
+    EXPECT_LT(ErrorAgainstReference(r, response.c()), 1e-3);
+  }
+}
+
+TEST_F(ServerTest, BadUnaryRequestsGetInvalidArgument) {
+  v1::GemmResponse response;
+  v1::GemmRequest wrong_length = RandomRequest(4, 4, 4, rng_);
+  wrong_length.mutable_a()->resize(30);
+  grpc::Status s = client_->Gemm(wrong_length, &response);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(s.error_message().find("a: 30 bytes"), std::string::npos) << s.error_message();
+
+  v1::GemmRequest zero = RandomRequest(4, 4, 4, rng_);
+  zero.set_n(0);
+  EXPECT_EQ(client_->Gemm(zero, &response).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+
+  v1::GemmRequest unknown = RandomRequest(4, 4, 4, rng_);
+  unknown.mutable_options()->set_kernel("warp_drive");
+  s = client_->Gemm(unknown, &response);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(s.error_message().find("warp_drive"), std::string::npos);
+  ExpectStillServing();
+}
+
+TEST_F(ServerTest, OverLimitIsResourceExhausted) {
+  ServerOptions options;
+  options.service.rules.max_elements_per_matrix = 1000;
+  StartServer(options);
+  v1::GemmResponse response;
+  EXPECT_EQ(client_->Gemm(RandomRequest(40, 40, 40, rng_), &response).error_code(),
+            grpc::StatusCode::RESOURCE_EXHAUSTED);
+  ExpectStillServing();
+}
+
+// Sends raw stream messages, then reads until the server ends the call.
+grpc::Status RawStream(GemmClient&, v1::GemmService::Stub& stub,
+                       const std::vector<v1::GemmStreamRequest>& messages, bool writes_done,
+                       std::vector<v1::GemmStreamResponse>* answers = nullptr) {
+  grpc::ClientContext context;
+  auto stream = stub.GemmStream(&context);
+  for (const auto& m : messages) {
+    if (!stream->Write(m)) break;
+  }
+  if (writes_done) stream->WritesDone();
+  v1::GemmStreamResponse response;
+  while (stream->Read(&response)) {
+    if (answers) answers->push_back(response);
+  }
+  return stream->Finish();
+}
+
+v1::GemmStreamRequest Header(uint64_t id, uint32_t m, uint32_t n, uint32_t k) {
+  v1::GemmStreamRequest message;
+  auto* h = message.mutable_header();
+  h->set_gemm_id(id);
+  h->set_m(m);
+  h->set_n(n);
+  h->set_k(k);
+  return message;
+}
+
+v1::GemmStreamRequest Chunk(uint64_t id, v1::Operand operand, uint64_t offset, size_t bytes) {
+  v1::GemmStreamRequest message;
+  auto* c = message.mutable_chunk();
+  c->set_gemm_id(id);
+  c->set_operand(operand);
+  c->set_offset(offset);
+  c->set_data(std::string(bytes, '\x3c'));
+  return message;
+}
+
+TEST_F(ServerTest, StreamChunkOutOfOrderEndsStreamWithInvalidArgument) {
+  auto stub = v1::GemmService::NewStub(Connect("127.0.0.1:" + std::to_string(server_->port())));
+  grpc::Status s = RawStream(*client_, *stub,
+                             {Header(1, 4, 4, 4), Chunk(1, v1::OPERAND_A, 0, 16),
+                              Chunk(1, v1::OPERAND_A, 24, 8)},
+                             true);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(s.error_message().find("chunk.offset"), std::string::npos) << s.error_message();
+  ExpectStillServing();
+}
+
+TEST_F(ServerTest, StreamClosedMidMatrixAnswersFinishedGemmsThenFails) {
+  auto stub = v1::GemmService::NewStub(Connect("127.0.0.1:" + std::to_string(server_->port())));
+  std::vector<v1::GemmStreamResponse> answers;
+  grpc::Status s = RawStream(*client_, *stub,
+                             {Header(1, 2, 2, 2), Chunk(1, v1::OPERAND_A, 0, 8),
+                              Chunk(1, v1::OPERAND_B, 0, 8), Header(2, 4, 4, 4),
+                              Chunk(2, v1::OPERAND_A, 0, 10)},
+                             true, &answers);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(s.error_message().find("gemm_id 2 was incomplete"), std::string::npos)
+      << s.error_message();
+  ASSERT_FALSE(answers.empty());
+  EXPECT_TRUE(answers.back().has_done());
+  EXPECT_EQ(answers.back().gemm_id(), 1u);
+  EXPECT_EQ(answers.back().done().status_code(), 0);
+  ExpectStillServing();
+}
+
+TEST_F(ServerTest, StreamBadHeaderIsInvalidArgument) {
+  auto stub = v1::GemmService::NewStub(Connect("127.0.0.1:" + std::to_string(server_->port())));
+  v1::GemmStreamRequest header = Header(3, 4, 4, 4);
+  header.mutable_header()->mutable_options()->set_kernel("nope");
+  grpc::Status s = RawStream(*client_, *stub, {header}, true);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(s.error_message().find("gemm_id 3: header.options.kernel"), std::string::npos)
+      << s.error_message();
+  ExpectStillServing();
+}
+
+TEST_F(ServerTest, ClientCancelMidStreamLeavesServerServing) {
+  auto stub = v1::GemmService::NewStub(Connect("127.0.0.1:" + std::to_string(server_->port())));
+  {
+    grpc::ClientContext context;
+    auto stream = stub->GemmStream(&context);
+    ASSERT_TRUE(stream->Write(Header(1, 512, 512, 512)));
+    ASSERT_TRUE(stream->Write(Chunk(1, v1::OPERAND_A, 0, 4096)));
+    context.TryCancel();
+    EXPECT_EQ(stream->Finish().error_code(), grpc::StatusCode::CANCELLED);
+  }
+  ExpectStillServing();
+}
+
+TEST_F(ServerTest, ExpiredDeadlineIsDeadlineExceeded) {
+  v1::GemmRequest r = RandomRequest(1024, 1024, 1024, rng_);
+  v1::GemmResponse response;
+  CallOptions options;
+  options.timeout = std::chrono::milliseconds(1);
+  EXPECT_EQ(client_->Gemm(r, &response, options).error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  ExpectStillServing();
+}
+
+TEST_F(ServerTest, ListKernelsAndServerInfo) {
+  v1::ListKernelsResponse kernels;
+  ASSERT_TRUE(client_->ListKernels(&kernels).ok());
+  ASSERT_EQ(kernels.kernels_size(), 2);
+  EXPECT_EQ(kernels.kernels(0).name(), "auto");
+  EXPECT_EQ(kernels.kernels(1).name(), "openblas_sgemm");
+  v1::ServerInfo info;
+  ASSERT_TRUE(client_->GetServerInfo(&info).ok());
+  EXPECT_EQ(info.backend(), "cpu");
+  EXPECT_EQ(info.version(), kVersion);
+  EXPECT_GT(info.limits().max_message_bytes(), 4u << 20);
+  EXPECT_EQ(info.limits().stream_chunk_bytes(), 256u << 10);
+  ASSERT_EQ(info.devices_size(), 1);
+  EXPECT_EQ(info.devices(0).streams(), 2);
+}
+
+TEST_F(ServerTest, ConcurrentClientsAllGetCorrectAnswers) {
+  std::vector<std::thread> threads;
+  std::atomic<int> failures{0};
+  for (int t = 0; t < 8; ++t) {
+    threads.emplace_back([&, t] {
+      std::mt19937_64 rng(t);
+      for (int i = 0; i < 5; ++i) {
+        v1::GemmRequest r = RandomRequest(64 + t, 96, 128 + i, rng);
+        v1::GemmResponse response;
+        if (!client_->Gemm(r, &response).ok() || ErrorAgainstReference(r, response.c()) > 1e-3) {
+          failures++;
+        }
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(failures, 0);
+}
+
+}  // namespace
+}  // namespace hgemm

@@ -1,0 +1,124 @@
+#include "server/stream_assembler.h"
+
+#include <gtest/gtest.h>
+
+namespace hgemm {
+namespace {
+
+class StreamAssemblerTest : public ::testing::Test {
+ protected:
+  StreamAssemblerTest() : assembler_(rules_, 1 << 20) { rules_.max_elements_per_matrix = 1 << 16; }
+
+  grpc::Status Header(uint64_t id, uint32_t m, uint32_t n, uint32_t k) {
+    v1::GemmStreamRequest message;
+    v1::GemmHeader* h = message.mutable_header();
+    h->set_gemm_id(id);
+    h->set_m(m);
+    h->set_n(n);
+    h->set_k(k);
+    return assembler_.Consume(message, &complete_);
+  }
+
+  grpc::Status Chunk(uint64_t id, v1::Operand operand, uint64_t offset, std::string data) {
+    v1::GemmStreamRequest message;
+    v1::MatrixChunk* c = message.mutable_chunk();
+    c->set_gemm_id(id);
+    c->set_operand(operand);
+    c->set_offset(offset);
+    c->set_data(std::move(data));
+    return assembler_.Consume(message, &complete_);
+  }
+
+  RequestRules rules_;
+  StreamAssembler assembler_;
+  std::unique_ptr<AssembledGemm> complete_;
+};
+
+TEST_F(StreamAssemblerTest, AssemblesChunksInOrder) {
+  ASSERT_TRUE(Header(7, 2, 3, 2).ok());  // A: 8 bytes, B: 12 bytes
+  ASSERT_TRUE(Chunk(7, v1::OPERAND_A, 0, "abc").ok());
+  ASSERT_TRUE(Chunk(7, v1::OPERAND_A, 3, "defgh").ok());
+  ASSERT_TRUE(Chunk(7, v1::OPERAND_B, 0, "0123456789").ok());
+  EXPECT_EQ(complete_, nullptr);
+  EXPECT_EQ(assembler_.Incomplete(), std::vector<uint64_t>{7});
+  ASSERT_TRUE(Chunk(7, v1::OPERAND_B, 10, "AB").ok());
+  ASSERT_NE(complete_, nullptr);
+  EXPECT_EQ(complete_->gemm_id, 7u);
+  EXPECT_EQ(complete_->a, "abcdefgh");
+  EXPECT_EQ(complete_->b, "0123456789AB");
+  EXPECT_EQ(complete_->job.shape.n, 3);
+  EXPECT_TRUE(assembler_.Incomplete().empty());
+}
+
+TEST_F(StreamAssemblerTest, InterleavedGemmsAssembleIndependently) {
+  ASSERT_TRUE(Header(1, 1, 1, 1).ok());
+  ASSERT_TRUE(Header(2, 1, 1, 1).ok());
+  ASSERT_TRUE(Chunk(2, v1::OPERAND_A, 0, "aa").ok());
+  ASSERT_TRUE(Chunk(1, v1::OPERAND_A, 0, "xx").ok());
+  ASSERT_TRUE(Chunk(2, v1::OPERAND_B, 0, "bb").ok());
+  ASSERT_NE(complete_, nullptr);
+  EXPECT_EQ(complete_->gemm_id, 2u);
+  ASSERT_TRUE(Chunk(1, v1::OPERAND_B, 0, "yy").ok());
+  ASSERT_NE(complete_, nullptr);
+  EXPECT_EQ(complete_->gemm_id, 1u);
+}
+
+TEST_F(StreamAssemblerTest, ChunkOutOfOrderIsRejected) {
+  ASSERT_TRUE(Header(1, 2, 2, 2).ok());
+  grpc::Status s = Chunk(1, v1::OPERAND_A, 4, "abcd");
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(s.error_message().find("chunk.offset"), std::string::npos) << s.error_message();
+}
+
+TEST_F(StreamAssemblerTest, BBeforeAIsRejected) {
+  ASSERT_TRUE(Header(1, 2, 2, 2).ok());
+  grpc::Status s = Chunk(1, v1::OPERAND_B, 0, "abcd");
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(s.error_message().find("B chunk before all of A"), std::string::npos);
+}
+
+TEST_F(StreamAssemblerTest, ChunkPastTheEndIsRejected) {
+  ASSERT_TRUE(Header(1, 1, 1, 2).ok());  // A: 4 bytes
+  EXPECT_EQ(Chunk(1, v1::OPERAND_A, 0, "abcde").error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+}
+
+TEST_F(StreamAssemblerTest, ChunkWithoutHeaderIsRejected) {
+  grpc::Status s = Chunk(9, v1::OPERAND_A, 0, "ab");
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(s.error_message().find("no header"), std::string::npos);
+}
+
+TEST_F(StreamAssemblerTest, EmptyChunkAndMissingOperandAreRejected) {
+  ASSERT_TRUE(Header(1, 1, 1, 1).ok());
+  EXPECT_EQ(Chunk(1, v1::OPERAND_A, 0, "").error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(Chunk(1, v1::OPERAND_UNSPECIFIED, 0, "ab").error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+}
+
+TEST_F(StreamAssemblerTest, DuplicateIdInFlightIsRejectedUntilReleased) {
+  ASSERT_TRUE(Header(1, 1, 1, 1).ok());
+  EXPECT_EQ(Header(1, 1, 1, 1).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  ASSERT_TRUE(Chunk(1, v1::OPERAND_A, 0, "aa").ok());
+  ASSERT_TRUE(Chunk(1, v1::OPERAND_B, 0, "bb").ok());
+  EXPECT_EQ(Header(1, 1, 1, 1).error_code(), grpc::StatusCode::INVALID_ARGUMENT);  // still running
+  assembler_.Release(1);
+  EXPECT_TRUE(Header(1, 1, 1, 1).ok());
+}
+
+TEST_F(StreamAssemblerTest, BadHeaderNamesTheGemm) {
+  grpc::Status s = Header(5, 0, 1, 1);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(s.error_message(), "gemm_id 5: m: must be at least 1");
+}
+
+TEST_F(StreamAssemblerTest, PendingBytesAreBounded) {
+  ASSERT_TRUE(Header(1, 256, 1, 256).ok());  // 128 KiB of A, 512 B of B
+  // 2 more of 256x256 (128 KiB each side) pass 1 MiB of pending operands on the fourth.
+  ASSERT_TRUE(Header(2, 256, 256, 256).ok());
+  ASSERT_TRUE(Header(3, 256, 256, 256).ok());
+  ASSERT_TRUE(Header(4, 256, 256, 256).ok());
+  EXPECT_EQ(Header(5, 256, 256, 256).error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+}
+
+}  // namespace
+}  // namespace hgemm

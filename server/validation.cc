@@ -1,0 +1,104 @@
+#include "server/validation.h"
+
+#include <fmt/format.h>
+
+#include "server/status_util.h"
+
+namespace hgemm {
+namespace {
+
+grpc::Status CheckElements(const char* matrix, int64_t rows, int64_t cols,
+                           const RequestRules& rules) {
+  if (rows * cols > rules.max_elements_per_matrix) {
+    return status::OverLimit(fmt::format("{} has {}x{} = {} elements; this server takes at most {}",
+                                         matrix, rows, cols, rows * cols,
+                                         rules.max_elements_per_matrix));
+  }
+  return grpc::Status::OK;
+}
+
+}  // namespace
+
+grpc::Status ValidateShape(uint32_t m, uint32_t n, uint32_t k, const RequestRules& rules,
+                           GemmShape* shape) {
+  if (m == 0) return status::InvalidArgument("m", "must be at least 1");
+  if (n == 0) return status::InvalidArgument("n", "must be at least 1");
+  if (k == 0) return status::InvalidArgument("k", "must be at least 1");
+  *shape = {.m = m, .n = n, .k = k};
+  for (grpc::Status s : {CheckElements("A (m x k)", m, k, rules),
+                         CheckElements("B (k x n)", k, n, rules),
+                         CheckElements("C (m x n)", m, n, rules)}) {
+    if (!s.ok()) return s;
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status ValidateOptions(const v1::GemmOptions& options, const RequestRules& rules,
+                             const std::string& field, GemmJob* job) {
+  switch (options.accumulation()) {
+    case v1::ACCUMULATION_FP16:
+      job->accumulation = Accumulation::kFp16;
+      break;
+    case v1::ACCUMULATION_UNSPECIFIED:
+    case v1::ACCUMULATION_FP32:
+      job->accumulation = Accumulation::kFp32;
+      break;
+    default:
+      return status::InvalidArgument(field + ".accumulation",
+                                     fmt::format("unknown value {}", int(options.accumulation())));
+  }
+  const std::string& name = options.kernel();
+  if (name.empty() || name == "auto") {
+    job->kernel = "auto";
+  } else {
+    auto it = std::find_if(rules.kernels.begin(), rules.kernels.end(),
+                           [&](const KernelDescription& k) { return k.name == name; });
+    if (it == rules.kernels.end()) {
+      return status::InvalidArgument(
+          field + ".kernel", fmt::format("unknown kernel '{}'; ListKernels names the kernels of "
+                                         "this server, or use 'auto'",
+                                         name));
+    }
+    bool fp16 = job->accumulation == Accumulation::kFp16;
+    if (fp16 ? !it->fp16_accumulation : !it->fp32_accumulation) {
+      return status::InvalidArgument(
+          field + ".accumulation",
+          fmt::format("kernel '{}' has no {} accumulation", name, fp16 ? "FP16" : "FP32"));
+    }
+    job->kernel = name;
+  }
+  if (options.request_id().size() > kMaxRequestIdBytes) {
+    return status::InvalidArgument(field + ".request_id",
+                                   fmt::format("{} bytes; at most {}", options.request_id().size(),
+                                               kMaxRequestIdBytes));
+  }
+  job->request_id = options.request_id();
+  return grpc::Status::OK;
+}
+
+grpc::Status ValidateGemmRequest(const v1::GemmRequest& request, const RequestRules& rules,
+                                 GemmJob* job) {
+  grpc::Status s = ValidateShape(request.m(), request.n(), request.k(), rules, &job->shape);
+  if (!s.ok()) return s;
+  const GemmShape& shape = job->shape;
+  if (int64_t want = 2 * shape.m * shape.k; int64_t(request.a().size()) != want) {
+    return status::InvalidArgument(
+        "a", fmt::format("{} bytes; an {}x{} fp16 matrix (m x k) takes exactly {}",
+                         request.a().size(), shape.m, shape.k, want));
+  }
+  if (int64_t want = 2 * shape.k * shape.n; int64_t(request.b().size()) != want) {
+    return status::InvalidArgument(
+        "b", fmt::format("{} bytes; a {}x{} fp16 matrix (k x n) takes exactly {}",
+                         request.b().size(), shape.k, shape.n, want));
+  }
+  return ValidateOptions(request.options(), rules, "options", job);
+}
+
+grpc::Status ValidateGemmHeader(const v1::GemmHeader& header, const RequestRules& rules,
+                                GemmJob* job) {
+  grpc::Status s = ValidateShape(header.m(), header.n(), header.k(), rules, &job->shape);
+  if (!s.ok()) return s;
+  return ValidateOptions(header.options(), rules, "header.options", job);
+}
+
+}  // namespace hgemm

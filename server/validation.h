@@ -1,0 +1,46 @@
+// Validation of requests before any work: pure functions from protobuf messages to either a
+// GemmJob's fields or an INVALID_ARGUMENT / RESOURCE_EXHAUSTED status naming the field.
+#ifndef HGEMM_SERVER_VALIDATION_H_
+#define HGEMM_SERVER_VALIDATION_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <grpcpp/support/status.h>
+
+#include "proto/hgemm.pb.h"
+#include "server/backend/backend.h"
+#include "server/scheduler/job.h"
+
+namespace hgemm {
+
+// What requests are checked against.
+struct RequestRules {
+  int64_t max_elements_per_matrix = int64_t{1} << 28;
+  std::vector<KernelDescription> kernels;  // the backend's; "auto" is always accepted
+};
+
+inline constexpr size_t kMaxRequestIdBytes = 128;
+
+// m, n, k ≥ 1 and A, B, C each within max_elements_per_matrix.
+grpc::Status ValidateShape(uint32_t m, uint32_t n, uint32_t k, const RequestRules& rules,
+                           GemmShape* shape);
+
+// Kernel name, accumulation and request id. `field` prefixes field names ("options",
+// "header.options"). Fills job->kernel, job->accumulation, job->request_id.
+grpc::Status ValidateOptions(const v1::GemmOptions& options, const RequestRules& rules,
+                             const std::string& field, GemmJob* job);
+
+// A whole unary request: shape, options, and a/b of exactly 2·m·k and 2·k·n bytes. Fills
+// everything of `job` but the buffers and callbacks.
+grpc::Status ValidateGemmRequest(const v1::GemmRequest& request, const RequestRules& rules,
+                                 GemmJob* job);
+
+// A stream header: shape and options (its operands arrive later in chunks).
+grpc::Status ValidateGemmHeader(const v1::GemmHeader& header, const RequestRules& rules,
+                                GemmJob* job);
+
+}  // namespace hgemm
+
+#endif  // HGEMM_SERVER_VALIDATION_H_
