@@ -23,7 +23,7 @@ def main(src, dst):
         if s not in shapes:
             shapes.append(s)
     accs = [a for a in ("fp16", "fp32") if any(r["acc"] == a for r in rows)]
-    fig, axes = plt.subplots(len(accs), 1, figsize=(max(10, 1.6 * len(shapes)), 5 * len(accs)),
+    fig, axes = plt.subplots(len(accs), 1, figsize=(max(12, 1.8 * len(shapes)), 5 * len(accs)),
                              squeeze=False)
     for ax, acc in zip(axes[:, 0], accs):
         table = defaultdict(dict)
@@ -44,7 +44,7 @@ def main(src, dst):
         ax.set_xticklabels(shapes, rotation=20)
         ax.set_ylabel("TFLOP/s")
         ax.set_title(f"{acc} accumulation on {device} (black line: cuBLAS, same run)")
-        ax.legend(fontsize=7, ncol=3)
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
         ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
     fig.savefig(dst, dpi=110)

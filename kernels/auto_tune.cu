@@ -50,10 +50,17 @@ std::map<BucketKey, const VariantInfo*>& Cache() {  // guarded by CacheMutex()
   return *cache;
 }
 
+// The kernels that can take the shape; for shapes the 16-byte kernels cannot take, the padded
+// wrappers and the fallback compete instead.
 std::vector<const VariantInfo*> Candidates(int m, int n, int k, Accumulation acc) {
   std::vector<const VariantInfo*> out;
   for (const VariantInfo& v : Variants())
     if (v.kind == VariantKind::kKernel && !v.is_fallback && v.Supports(acc) &&
+        v.can_implement(m, n, k))
+      out.push_back(&v);
+  if (!out.empty()) return out;
+  for (const VariantInfo& v : Variants())
+    if ((v.kind == VariantKind::kPadded || v.is_fallback) && v.Supports(acc) &&
         v.can_implement(m, n, k))
       out.push_back(&v);
   return out;
@@ -69,7 +76,8 @@ const VariantInfo* Tune(int m, int n, int k, Accumulation acc, LaunchContext& ct
   const size_t c_bytes = AlignUp(size_t(m) * n * sizeof(__half));
   if (a_bytes + b_bytes + c_bytes > kMaxTuneScratchBytes) return nullptr;
   std::string error;
-  auto* base = static_cast<unsigned char*>(ctx.Scratch(a_bytes + b_bytes + c_bytes, &error));
+  auto* base = static_cast<unsigned char*>(
+      ctx.Scratch(LaunchContext::kTuningScratch, a_bytes + b_bytes + c_bytes, &error));
   if (base == nullptr) return nullptr;
   GemmProblem p{reinterpret_cast<const __half*>(base),
                 reinterpret_cast<const __half*>(base + a_bytes),
@@ -115,22 +123,20 @@ const VariantInfo* Tune(int m, int n, int k, Accumulation acc, LaunchContext& ct
 }  // namespace
 
 const VariantInfo& DefaultVariant(int m, int n, int k, Accumulation acc) {
-  // Measured on the H200 (docs/kernels_notes.md): the mma.sync family first, then WMMA; large
-  // fp16 outputs prefer the bigger tile once it fills the 132 SMs.
+  // Unaligned shapes: the fallback, which needs no scratch memory.
+  if (n % 8 != 0 || k % 8 != 0) return FallbackVariant();
+  // The fastest kernels of the H200 runs (docs/kernels_notes.md), in order.
   static const char* const kPreferred[] = {
-      "mma_128x256_bk32_s4_swz",        "mma_128x128_bk32_s4_swz",
-      "wmma_256x256_s3_dsmem_swz",      "wmma_128x128_bk32_s4_dsmem_swz",
+      "mma_128x128_bk32_s4_swz",
+      "wmma_128x128_bk32_s4_dsmem_swz",
   };
-  const std::vector<const VariantInfo*> candidates = Candidates(m, n, k, acc);
-  for (const char* name : kPreferred)
-    for (const VariantInfo* v : candidates)
-      if (v->name == name) {
-        const bool big_tile = v->block_m * v->block_n >= 256 * 256 || v->block_n >= 256;
-        const long long tiles = (long long)((m + v->block_m - 1) / v->block_m) *
-                                ((n + v->block_n - 1) / v->block_n);
-        if (!big_tile || tiles >= 132) return *v;
-      }
-  return candidates.empty() ? FallbackVariant() : *candidates.front();
+  for (const char* name : kPreferred) {
+    const VariantInfo* v = FindVariant(name);
+    if (v != nullptr && v->Supports(acc) && v->can_implement(m, n, k)) return *v;
+  }
+  for (const VariantInfo* v : Candidates(m, n, k, acc))
+    if (v->kind == VariantKind::kKernel) return *v;
+  return FallbackVariant();
 }
 
 const VariantInfo* CachedAutoChoice(int m, int n, int k, Accumulation acc) {

@@ -27,9 +27,19 @@ __global__ void FillBitsKernel(__half* data, size_t count, uint16_t bits) {
     data[i] = __ushort_as_half(bits);
 }
 
+__global__ void CopyPaddedKernel(__half* __restrict__ dst, int dst_rows, int dst_cols,
+                                 const __half* __restrict__ src, int src_rows, int src_cols) {
+  const size_t count = size_t(dst_rows) * dst_cols;
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < count;
+       i += size_t(gridDim.x) * blockDim.x) {
+    const int r = int(i / dst_cols), c = int(i % dst_cols);
+    dst[i] = (r < src_rows && c < src_cols) ? src[size_t(r) * src_cols + c] : __float2half(0.f);
+  }
+}
+
 unsigned GridFor(size_t count) {
   const size_t blocks = (count + 255) / 256;
-  return static_cast<unsigned>(blocks < 4096 ? (blocks ? blocks : 1) : 4096);
+  return static_cast<unsigned>(blocks < 16384 ? (blocks ? blocks : 1) : 16384);
 }
 
 }  // namespace
@@ -37,6 +47,14 @@ unsigned GridFor(size_t count) {
 cudaError_t FillUniform(__half* data, size_t count, uint64_t seed, float lo, float hi,
                         cudaStream_t stream) {
   FillUniformKernel<<<GridFor(count), 256, 0, stream>>>(data, count, seed, lo, hi - lo);
+  return cudaGetLastError();
+}
+
+cudaError_t CopyPadded(__half* dst, int dst_rows, int dst_cols, const __half* src, int src_rows,
+                       int src_cols, cudaStream_t stream) {
+  const size_t count = size_t(dst_rows) * dst_cols;
+  CopyPaddedKernel<<<GridFor(count), 256, 0, stream>>>(dst, dst_rows, dst_cols, src, src_rows,
+                                                       src_cols);
   return cudaGetLastError();
 }
 

@@ -1,5 +1,5 @@
 // Device-side fills for fp16 buffers: seeded uniform random values (tests, benchmarks, tuning
-// scratch) and a constant bit pattern (poisoning outputs before a check).
+// scratch), a constant bit pattern (poisoning outputs before a check), and a zero-padding copy.
 //
 // Thread safety: stateless; each call enqueues one kernel on `stream` and returns its launch error.
 #ifndef HGEMM_KERNELS_FILL_H_
@@ -20,6 +20,11 @@ cudaError_t FillUniform(__half* data, size_t count, uint64_t seed, float lo, flo
 
 // Sets every element of data[0..count) to the fp16 bit pattern `bits` (0x7E00 is a quiet NaN).
 cudaError_t FillBits(__half* data, size_t count, uint16_t bits, cudaStream_t stream);
+
+// Copies the row-major src (src_rows × src_cols) into the row-major dst (dst_rows × dst_cols):
+// dst[r][c] = src[r][c] where both exist, 0 elsewhere in dst.
+cudaError_t CopyPadded(__half* dst, int dst_rows, int dst_cols, const __half* src, int src_rows,
+                       int src_cols, cudaStream_t stream);
 
 }  // namespace hgemm::kernels
 

@@ -162,7 +162,9 @@ TEST(AutoTune, CachesTheChoicePerBucket) {
     EXPECT_TRUE(first.fp32_acc);
     EXPECT_EQ(CachedAutoChoice(1000, 1000, 1000, Accumulation::kFp32), &first);
     EXPECT_EQ(&ChooseAuto(1000, 1000, 1000, Accumulation::kFp32, ctx), &first);
-    EXPECT_TRUE(ChooseAuto(1000, 1000, 999, Accumulation::kFp32, ctx).is_fallback);
+    const VariantInfo& odd = ChooseAuto(1000, 1000, 999, Accumulation::kFp32, ctx);
+    EXPECT_TRUE(odd.is_fallback || odd.kind == VariantKind::kPadded) << odd.name;
+    std::printf("[ auto   ] 1000x1000x999 fp32 -> %s\n", odd.name.c_str());
     std::printf("[ auto   ] 1024^3 fp32 -> %s\n", first.name.c_str());
   }
   ASSERT_CUDA(cudaStreamDestroy(stream));

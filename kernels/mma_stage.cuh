@@ -35,8 +35,9 @@ namespace hgemm::kernels::detail {
 // @tparam K_STAGE  pipeline depth (2..6).
 // @tparam BLOCK_SWIZZLE  map blocks to N bands for L2 reuse (see BlockTileN).
 // @tparam AccT  half or float accumulators.
+// @tparam MIN_BLOCKS  blocks per SM the register allocation must allow (__launch_bounds__).
 template <int BM, int BN, int BK, int WARPS_M, int WARPS_N, int K_STAGE, bool BLOCK_SWIZZLE,
-          typename AccT>
+          typename AccT, int MIN_BLOCKS = 1>
 struct MmaStage {
   static_assert(K_STAGE >= 2 && K_STAGE <= 6, "the pipeline needs 2..6 stages");
   static_assert(BK % 16 == 0, "a K tile must hold whole k16 MMA steps");
@@ -64,6 +65,8 @@ struct MmaStage {
   static constexpr int kLoadsB = BK * kChunksRowB / kThreads;
   static constexpr size_t kSmemBytes = size_t(K_STAGE) * (kStageA + kStageB) * sizeof(half);
   static_assert(kSmemBytes <= 227 * 1024, "an sm_90 block gets at most 227 KB of shared memory");
+  static_assert(MIN_BLOCKS * (kSmemBytes + 1024) <= 228 * 1024,
+                "MIN_BLOCKS blocks must fit the SM's 228 KB of shared memory");
 };
 
 // Index (in 16-byte chunks) of logical chunk `chunk` of row `row` in a swizzled tile with
@@ -160,11 +163,11 @@ __device__ __forceinline__ void MmaLoadStage(const half* __restrict__ A,
 }
 
 template <int BM, int BN, int BK, int WARPS_M, int WARPS_N, int K_STAGE, bool BLOCK_SWIZZLE,
-          typename AccT>
-__global__ void __launch_bounds__(WARPS_M* WARPS_N* kWarpSize, 1)
+          typename AccT, int MIN_BLOCKS>
+__global__ void __launch_bounds__(WARPS_M* WARPS_N* kWarpSize, MIN_BLOCKS)
     hgemm_mma_stage_kernel(const half* __restrict__ A, const half* __restrict__ B,
                            half* __restrict__ C, int M, int N, int K) {
-  using Cfg = MmaStage<BM, BN, BK, WARPS_M, WARPS_N, K_STAGE, BLOCK_SWIZZLE, AccT>;
+  using Cfg = MmaStage<BM, BN, BK, WARPS_M, WARPS_N, K_STAGE, BLOCK_SWIZZLE, AccT, MIN_BLOCKS>;
   constexpr int MI = Cfg::MI;
   constexpr int NI = Cfg::NI;
 
@@ -266,11 +269,12 @@ __global__ void __launch_bounds__(WARPS_M* WARPS_N* kWarpSize, 1)
 // REQUIRES: M, N, K >= 1, N % 8 == 0, K % 8 == 0, 16-byte aligned pointers; with BLOCK_SWIZZLE,
 //           swizzle_stride a positive multiple of BN.
 template <int BM, int BN, int BK, int WARPS_M, int WARPS_N, int K_STAGE, bool BLOCK_SWIZZLE,
-          typename AccT>
+          typename AccT, int MIN_BLOCKS>
 cudaError_t LaunchMmaStage(const half* A, const half* B, half* C, int M, int N, int K,
                            int swizzle_stride, cudaStream_t stream) {
-  using Cfg = MmaStage<BM, BN, BK, WARPS_M, WARPS_N, K_STAGE, BLOCK_SWIZZLE, AccT>;
-  auto* kernel = &hgemm_mma_stage_kernel<BM, BN, BK, WARPS_M, WARPS_N, K_STAGE, BLOCK_SWIZZLE, AccT>;
+  using Cfg = MmaStage<BM, BN, BK, WARPS_M, WARPS_N, K_STAGE, BLOCK_SWIZZLE, AccT, MIN_BLOCKS>;
+  auto* kernel = &hgemm_mma_stage_kernel<BM, BN, BK, WARPS_M, WARPS_N, K_STAGE, BLOCK_SWIZZLE,
+                                         AccT, MIN_BLOCKS>;
   static std::atomic<uint64_t> opted_in{0};  // devices with the > 48 KB opt-in done
   int device = 0;
   if (cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return e;

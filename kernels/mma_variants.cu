@@ -1,6 +1,7 @@
 // The instantiated members of the ldmatrix + mma.sync family, one line per variant. Names read
 // mma_<BM>x<BN>_bk<BK>_s<K_STAGE>[_swz]; shared memory is always dynamic and XOR-swizzled.
 #include <algorithm>
+#include <type_traits>
 
 #include "kernels/mma_stage.cuh"
 #include "kernels/variant_lists.h"
@@ -10,17 +11,21 @@ namespace {
 
 constexpr int kSwizzleStride = 2048;  // columns per swizzle band (a multiple of every BN here)
 
-template <int BM, int BN, int BK, int WARPS_M, int WARPS_N, int K_STAGE, bool BLOCK_SWIZZLE>
+// One registered configuration; MIN_BLOCKS_FP16/FP32 are the blocks per SM each accumulator
+// type's register allocation must allow (fp16 accumulators need half the registers).
+template <int BM, int BN, int BK, int WARPS_M, int WARPS_N, int K_STAGE, bool BLOCK_SWIZZLE,
+          int MIN_BLOCKS_FP16, int MIN_BLOCKS_FP32>
 struct Mma {
   template <typename AccT>
-  using Cfg = detail::MmaStage<BM, BN, BK, WARPS_M, WARPS_N, K_STAGE, BLOCK_SWIZZLE, AccT>;
+  using Cfg = detail::MmaStage<BM, BN, BK, WARPS_M, WARPS_N, K_STAGE, BLOCK_SWIZZLE, AccT,
+                               std::is_same_v<AccT, half> ? MIN_BLOCKS_FP16 : MIN_BLOCKS_FP32>;
 
   static cudaError_t Launch(const GemmProblem& p, int stride, cudaStream_t stream) {
     if (p.accumulation == Accumulation::kFp32)
-      return detail::LaunchMmaStage<BM, BN, BK, WARPS_M, WARPS_N, K_STAGE, BLOCK_SWIZZLE, float>(
-          p.a, p.b, p.c, p.m, p.n, p.k, stride, stream);
-    return detail::LaunchMmaStage<BM, BN, BK, WARPS_M, WARPS_N, K_STAGE, BLOCK_SWIZZLE, half>(
-        p.a, p.b, p.c, p.m, p.n, p.k, stride, stream);
+      return detail::LaunchMmaStage<BM, BN, BK, WARPS_M, WARPS_N, K_STAGE, BLOCK_SWIZZLE, float,
+                                    MIN_BLOCKS_FP32>(p.a, p.b, p.c, p.m, p.n, p.k, stride, stream);
+    return detail::LaunchMmaStage<BM, BN, BK, WARPS_M, WARPS_N, K_STAGE, BLOCK_SWIZZLE, half,
+                                  MIN_BLOCKS_FP16>(p.a, p.b, p.c, p.m, p.n, p.k, stride, stream);
   }
 
   static bool CanImplement(int m, int n, int k) { return Vec16Shape(m, n, k, BM); }
@@ -40,24 +45,31 @@ struct Mma {
                        BM,
                        BN,
                        K_STAGE,
+                       /*inner=*/"",
                        &Launch};
   }
 };
 
-//                     BM   BN   BK warps stages swz
-using M128x256S4 = Mma<128, 256, 32, 2, 4, 4, true>;
-using M128x256S3 = Mma<128, 256, 32, 2, 4, 3, true>;
-using M128x128S4 = Mma<128, 128, 32, 2, 2, 4, true>;
-using M256x128S3 = Mma<256, 128, 32, 4, 2, 3, true>;
+// Run 1 (H200): 4-warp 128x128 blocks at 2 per SM beat 8-warp 128x256/256x128 blocks at 1 per
+// SM by ~25%, so the list explores blocks per SM, stage depth and BK around the 128x128 tile.
+//                          BM   BN   BK warps stages swz  blocks/SM fp16 fp32
+using M128S4          = Mma<128, 128, 32, 2, 2, 4, true, 1, 1>;
+using M128S4Occ       = Mma<128, 128, 32, 2, 2, 4, true, 3, 2>;
+using M128S6          = Mma<128, 128, 32, 2, 2, 6, true, 2, 2>;
+using M128Bk64S3      = Mma<128, 128, 64, 2, 2, 3, true, 2, 2>;
+using M128W8S4        = Mma<128, 128, 32, 4, 2, 4, true, 2, 2>;
+using M128x256S3      = Mma<128, 256, 32, 2, 4, 3, true, 1, 1>;
 
 }  // namespace
 
 std::vector<VariantInfo> MmaVariants() {
   return {
-      M128x256S4::Info("mma_128x256_bk32_s4_swz", "ldmatrix+mma.sync 128x256x32, 8 warps of 64x64, 4 stages"),
+      M128S4Occ::Info("mma_128x128_bk32_s4_occ_swz", "ldmatrix+mma.sync 128x128x32, 4 warps of 64x64, 4 stages, registers capped for 3 (fp16) / 2 (fp32) blocks per SM"),
+      M128S4::Info("mma_128x128_bk32_s4_swz", "ldmatrix+mma.sync 128x128x32, 4 warps of 64x64, 4 stages"),
+      M128S6::Info("mma_128x128_bk32_s6_swz", "ldmatrix+mma.sync 128x128x32, 4 warps of 64x64, 6 stages"),
+      M128Bk64S3::Info("mma_128x128_bk64_s3_swz", "ldmatrix+mma.sync 128x128x64, 4 warps of 64x64, 3 stages"),
+      M128W8S4::Info("mma_128x128_w8_bk32_s4_swz", "ldmatrix+mma.sync 128x128x32, 8 warps of 32x64, 4 stages"),
       M128x256S3::Info("mma_128x256_bk32_s3_swz", "ldmatrix+mma.sync 128x256x32, 8 warps of 64x64, 3 stages"),
-      M256x128S3::Info("mma_256x128_bk32_s3_swz", "ldmatrix+mma.sync 256x128x32, 8 warps of 64x64, 3 stages"),
-      M128x128S4::Info("mma_128x128_bk32_s4_swz", "ldmatrix+mma.sync 128x128x32, 4 warps of 64x64, 4 stages"),
   };
 }
 

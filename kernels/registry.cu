@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "kernels/fill.h"
 #include "kernels/variant_lists.h"
 
 namespace hgemm::kernels {
@@ -23,18 +24,33 @@ namespace {
 
 bool AnyShape(int m, int n, int k) { return m >= 1 && n >= 1 && k >= 1; }
 
+bool PaddedShape(int m, int n, int k) {
+  return internal::ShapeFitsGrid(m, n, k, 128) && n <= (1 << 30) && k <= (1 << 30);
+}
+
 std::vector<VariantInfo> BuildVariants() {
   std::vector<VariantInfo> all = internal::MmaVariants();
   std::vector<VariantInfo> wmma = internal::WmmaVariants();
   all.insert(all.end(), wmma.begin(), wmma.end());
   // Fallbacks after the fast kernels, keeping each family's order.
   std::stable_partition(all.begin(), all.end(), [](const VariantInfo& v) { return !v.is_fallback; });
+  // Padded wrappers, for shapes only the fallback could take otherwise.
+  all.push_back(VariantInfo{"pad8_mma_128x128_bk32_s4_swz",
+                            "copies unaligned operands to zero-padded scratch, then "
+                            "mma_128x128_bk32_s4_swz",
+                            true, true, 0, 90, &PaddedShape, "any m, n, k >= 1 (uses scratch)",
+                            VariantKind::kPadded, false, 0, 128, 128, 4,
+                            "mma_128x128_bk32_s4_swz", nullptr});
+  for (VariantInfo& v : all)
+    if (v.kind == VariantKind::kPadded)
+      for (const VariantInfo& inner : all)
+        if (inner.name == v.inner) v.smem_bytes = inner.smem_bytes;
   all.push_back(VariantInfo{"cublas", "cublasGemmEx (fp32 compute for fp32 acc, fp16 for fp16 acc)",
                             true, true, 0, 50, &AnyShape, "any m, n, k >= 1",
-                            VariantKind::kCublas, false, 0, 0, 0, 0, nullptr});
+                            VariantKind::kCublas, false, 0, 0, 0, 0, "", nullptr});
   all.push_back(VariantInfo{"auto", "tuned per shape bucket among the project's kernels", true,
                             true, 0, 90, &AnyShape, "any m, n, k >= 1", VariantKind::kAuto,
-                            false, 0, 0, 0, 0, nullptr});
+                            false, 0, 0, 0, 0, "", nullptr});
   return all;
 }
 
@@ -69,6 +85,55 @@ std::string LaunchCublas(const GemmProblem& p, LaunchContext& ctx) {
   return "";
 }
 
+size_t AlignUp256(size_t x) { return (x + 255) & ~size_t{255}; }
+
+// pad8_<inner>: copies whichever operands the 16-byte kernel cannot read in place (K or N not a
+// multiple of 8, or a pointer not 16-byte aligned) into zero-padded scratch, runs the inner
+// kernel on (m, n8, k8), and copies C back. Zero columns of A and rows of B add nothing.
+std::string LaunchPadded(const VariantInfo& v, const GemmProblem& p, LaunchContext& ctx) {
+  const VariantInfo* inner = FindVariant(v.inner);
+  if (inner == nullptr || inner->kind != VariantKind::kKernel) return "bad inner variant " + v.inner;
+  const int k8 = (p.k + 7) / 8 * 8, n8 = (p.n + 7) / 8 * 8;
+  const bool pad_a = k8 != p.k || !Aligned16(p.a);
+  const bool pad_b = k8 != p.k || n8 != p.n || !Aligned16(p.b);
+  const bool pad_c = n8 != p.n || !Aligned16(p.c);
+  const size_t a_bytes = pad_a ? AlignUp256(size_t(p.m) * k8 * 2) : 0;
+  const size_t b_bytes = pad_b ? AlignUp256(size_t(k8) * n8 * 2) : 0;
+  const size_t c_bytes = pad_c ? AlignUp256(size_t(p.m) * n8 * 2) : 0;
+  unsigned char* base = nullptr;
+  if (a_bytes + b_bytes + c_bytes > 0) {
+    std::string error;
+    base = static_cast<unsigned char*>(
+        ctx.Scratch(LaunchContext::kPaddingScratch, a_bytes + b_bytes + c_bytes, &error));
+    if (base == nullptr) return error;
+  }
+  cudaStream_t stream = ctx.stream();
+  GemmProblem q = p;
+  q.n = n8;
+  q.k = k8;
+  if (pad_a) {
+    auto* a = reinterpret_cast<__half*>(base);
+    if (cudaError_t e = CopyPadded(a, p.m, k8, p.a, p.m, p.k, stream); e != cudaSuccess)
+      return CudaError("padding a", e);
+    q.a = a;
+  }
+  if (pad_b) {
+    auto* b = reinterpret_cast<__half*>(base + a_bytes);
+    if (cudaError_t e = CopyPadded(b, k8, n8, p.b, p.k, p.n, stream); e != cudaSuccess)
+      return CudaError("padding b", e);
+    q.b = b;
+  }
+  if (pad_c) q.c = reinterpret_cast<__half*>(base + a_bytes + b_bytes);
+  if (std::string why = CheckProblem(*inner, q); !why.empty()) return why;
+  if (cudaError_t e = inner->launch(q, inner->swizzle_stride, stream); e != cudaSuccess)
+    return CudaError(("launch of " + inner->name).c_str(), e);
+  if (pad_c) {
+    if (cudaError_t e = CopyPadded(p.c, p.m, p.n, q.c, p.m, n8, stream); e != cudaSuccess)
+      return CudaError("unpadding c", e);
+  }
+  return "";
+}
+
 }  // namespace
 
 const char* AccumulationName(Accumulation acc) {
@@ -97,10 +162,9 @@ LaunchContext::LaunchContext(cudaStream_t stream) : stream_(stream) {}
 
 LaunchContext::~LaunchContext() {
   if (cublas_ != nullptr) cublasDestroy(cublas_);
-  if (scratch_ != nullptr) {
-    cudaStreamSynchronize(stream_);
-    cudaFree(scratch_);
-  }
+  if (scratch_[0] != nullptr || scratch_[1] != nullptr) cudaStreamSynchronize(stream_);
+  for (void* p : scratch_)
+    if (p != nullptr) cudaFree(p);
 }
 
 cublasHandle_t LaunchContext::cublas(std::string* error) {
@@ -119,21 +183,25 @@ cublasHandle_t LaunchContext::cublas(std::string* error) {
   return cublas_;
 }
 
-void* LaunchContext::Scratch(size_t bytes, std::string* error) {
-  if (bytes <= scratch_bytes_) return scratch_;
-  if (scratch_ != nullptr) {
-    cudaStreamSynchronize(stream_);
-    cudaFree(scratch_);
-    scratch_ = nullptr;
-    scratch_bytes_ = 0;
-  }
-  if (cudaError_t e = cudaMalloc(&scratch_, bytes); e != cudaSuccess) {
-    scratch_ = nullptr;
-    *error = CudaError("cudaMalloc of tuning scratch", e);
+void* LaunchContext::Scratch(int slot, size_t bytes, std::string* error) {
+  if (slot != kTuningScratch && slot != kPaddingScratch) {
+    *error = "no scratch slot " + std::to_string(slot);
     return nullptr;
   }
-  scratch_bytes_ = bytes;
-  return scratch_;
+  if (bytes <= scratch_bytes_[slot]) return scratch_[slot];
+  if (scratch_[slot] != nullptr) {
+    cudaStreamSynchronize(stream_);  // work in flight may still use the old buffer
+    cudaFree(scratch_[slot]);
+    scratch_[slot] = nullptr;
+    scratch_bytes_[slot] = 0;
+  }
+  if (cudaError_t e = cudaMalloc(&scratch_[slot], bytes); e != cudaSuccess) {
+    scratch_[slot] = nullptr;
+    *error = CudaError("cudaMalloc of scratch", e);
+    return nullptr;
+  }
+  scratch_bytes_[slot] = bytes;
+  return scratch_[slot];
 }
 
 std::string CheckProblem(const VariantInfo& v, const GemmProblem& p) {
@@ -164,6 +232,8 @@ std::string Launch(const VariantInfo& v, const GemmProblem& p, LaunchContext& ct
       std::string why = CheckProblem(chosen, p);  // alignment is not part of the bucket
       return Launch(why.empty() ? chosen : FallbackVariant(), p, ctx);
     }
+    case VariantKind::kPadded:
+      return LaunchPadded(v, p, ctx);
     case VariantKind::kKernel:
       if (cudaError_t e = v.launch(p, v.swizzle_stride, ctx.stream()); e != cudaSuccess)
         return CudaError(("launch of " + v.name).c_str(), e);

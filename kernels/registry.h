@@ -1,8 +1,9 @@
 // The kernel registry: every GEMM implementation the service can run, by name.
 //
 // A variant is one instantiated kernel configuration (e.g. "wmma_128x128_s3_dsmem_swz"), the
-// guarded fallback for shapes the 16-byte path cannot take ("wmma_64x64_s2_ssmem_unaligned"),
-// cuBLAS ("cublas") or "auto" (resolved per shape bucket by ChooseAuto). All compute
+// guarded fallback for shapes the 16-byte path cannot take ("wmma_64x64_s2_ssmem_unaligned"), a
+// padded wrapper that copies unaligned operands into zero-padded scratch and runs a 16-byte
+// kernel ("pad8_<kernel>"), cuBLAS ("cublas") or "auto" (resolved per shape bucket by ChooseAuto). All compute
 // C = A·B with row-major fp16 A (m×k), B (k×n) and C (m×n), accumulating in fp16 or fp32.
 //
 // Thread safety: Variants(), FindVariant(), Launch() and ChooseAuto() may be called from any
@@ -46,6 +47,7 @@ class LaunchContext;
 
 enum class VariantKind {
   kKernel,  // one of the project's kernels
+  kPadded,  // pads K and N to multiples of 8 in LaunchContext scratch, then runs `inner`
   kCublas,  // cublasGemmEx
   kAuto,    // resolved through ChooseAuto at launch
 };
@@ -66,6 +68,7 @@ struct VariantInfo {
   int swizzle_stride;       // block swizzle band in columns; 0 = no swizzle
   int block_m, block_n;     // block tile (0 for cublas/auto)
   int stages;               // cp.async pipeline depth (0 for cublas/auto)
+  std::string inner;        // kPadded: the 16-byte kernel it runs on the padded copies
   // Enqueues the kernel on `stream`; nullptr for cublas/auto. REQUIRES: can_implement and the
   // accumulation checked; returns the CUDA launch error.
   cudaError_t (*launch)(const GemmProblem& problem, int swizzle_stride, cudaStream_t stream);
@@ -99,15 +102,19 @@ class LaunchContext {
   // if creation fails.
   cublasHandle_t cublas(std::string* error);
 
-  // Device scratch of at least `bytes`, owned by the context and grown on demand (the old
-  // buffer is freed after synchronizing the stream). Returns nullptr and sets *error on failure.
-  void* Scratch(size_t bytes, std::string* error);
+  // Device scratch of at least `bytes` in one of two slots (kTuningScratch for ChooseAuto's
+  // operands, kPaddingScratch for pad8_ variants), owned by the context and grown on demand (the
+  // old buffer is freed after synchronizing the stream). Work enqueued on stream() may use it
+  // until the next call for the same slot. Returns nullptr and sets *error on failure.
+  static constexpr int kTuningScratch = 0;
+  static constexpr int kPaddingScratch = 1;
+  void* Scratch(int slot, size_t bytes, std::string* error);
 
  private:
   cudaStream_t stream_;
   cublasHandle_t cublas_ = nullptr;
-  void* scratch_ = nullptr;
-  size_t scratch_bytes_ = 0;
+  void* scratch_[2] = {nullptr, nullptr};
+  size_t scratch_bytes_[2] = {0, 0};
 };
 
 // Why `variant` cannot run `problem`, or an empty string if it can (shape, accumulation,

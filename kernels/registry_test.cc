@@ -58,6 +58,21 @@ TEST(Registry, FastKernelsRejectNOrKNotMultipleOf8) {
   }
 }
 
+TEST(Registry, PaddedVariantsWrapAnAlignedKernel) {
+  int padded = 0;
+  for (const VariantInfo& v : Variants()) {
+    if (v.kind != VariantKind::kPadded) continue;
+    ++padded;
+    const VariantInfo* inner = FindVariant(v.inner);
+    ASSERT_NE(inner, nullptr) << v.name;
+    EXPECT_EQ(inner->kind, VariantKind::kKernel) << v.name;
+    EXPECT_FALSE(inner->is_fallback) << v.name;
+    EXPECT_TRUE(v.can_implement(4097, 4096, 4095)) << v.name;
+    EXPECT_TRUE(v.can_implement(7, 5, 3)) << v.name;
+  }
+  EXPECT_GE(padded, 1);
+}
+
 TEST(Registry, PicksFallbackWhenNNotMultipleOf8) {
   EXPECT_TRUE(DefaultVariant(128, 130, 128, Accumulation::kFp32).is_fallback);
   EXPECT_TRUE(DefaultVariant(4097, 4096, 4095, Accumulation::kFp16).is_fallback);

@@ -58,6 +58,7 @@ struct Wmma {
                        Cfg<half>::BM,
                        Cfg<half>::BN,
                        K_STAGE,
+                       /*inner=*/"",
                        &Launch};
   }
 };
@@ -73,6 +74,8 @@ using W128Bk32S4   = Wmma<4, 2, 2, 4, 32, 8, 8, 4, true,  true,  true,  true>;
 using W128Bk32S6   = Wmma<4, 2, 2, 4, 32, 8, 8, 6, true,  true,  true,  true>;
 using W256S3       = Wmma<4, 4, 4, 4, 16, 8, 8, 3, true,  true,  true,  false>;
 using W256S5       = Wmma<4, 4, 4, 4, 16, 8, 8, 5, true,  true,  true,  false>;
+using W256Bk32S3   = Wmma<4, 4, 4, 4, 32, 8, 8, 3, true,  true,  true,  false>;
+using W128x256S3   = Wmma<2, 4, 4, 4, 32, 8, 8, 3, true,  true,  true,  true>;
 using W64Unaligned = Wmma<2, 2, 2, 2, 16, 8, 8, 2, false, false, false, true>;
 
 }  // namespace
@@ -87,6 +90,8 @@ std::vector<VariantInfo> WmmaVariants() {
       W128S3::Info("wmma_128x128_s3_ssmem_swz", "WMMA 128x128x16 tile, 3 stages, static smem, swizzled"),
       W128S3Nopad::Info("wmma_128x128_s3_ssmem_nopad_swz", "as s3_ssmem_swz without smem padding"),
       W128S2::Info("wmma_128x128_s2_ssmem", "WMMA 128x128x16 tile, double buffer, static smem"),
+      W128x256S3::Info("wmma_128x256_bk32_s3_dsmem_swz", "WMMA 128x256x32 tile, 8 warps of 64x64, 3 stages"),
+      W256Bk32S3::Info("wmma_256x256_bk32_s3_dsmem_swz", "WMMA 256x256x32 tile, 16 warps, 3 stages (fp16 acc)"),
       W256S3::Info("wmma_256x256_s3_dsmem_swz", "WMMA 256x256x16 tile, 16 warps, 3 stages (fp16 acc)"),
       W256S5::Info("wmma_256x256_s5_dsmem_swz", "WMMA 256x256x16 tile, 16 warps, 5 stages (fp16 acc)"),
       W64Unaligned::Info("wmma_64x64_s2_ssmem_unaligned",
