@@ -59,6 +59,8 @@ using M128S6          = Mma<128, 128, 32, 2, 2, 6, true, 2, 2>;
 using M128Bk64S3      = Mma<128, 128, 64, 2, 2, 3, true, 2, 2>;
 using M128W8S4        = Mma<128, 128, 32, 4, 2, 4, true, 2, 2>;
 using M128x256S3      = Mma<128, 256, 32, 2, 4, 3, true, 1, 1>;
+using M128x256S3Occ   = Mma<128, 256, 32, 2, 4, 3, true, 2, 1>;
+using M128S4NoSwz     = Mma<128, 128, 32, 2, 2, 4, false, 1, 1>;
 
 }  // namespace
 
@@ -69,6 +71,8 @@ std::vector<VariantInfo> MmaVariants() {
       M128S6::Info("mma_128x128_bk32_s6_swz", "ldmatrix+mma.sync 128x128x32, 4 warps of 64x64, 6 stages"),
       M128Bk64S3::Info("mma_128x128_bk64_s3_swz", "ldmatrix+mma.sync 128x128x64, 4 warps of 64x64, 3 stages"),
       M128W8S4::Info("mma_128x128_w8_bk32_s4_swz", "ldmatrix+mma.sync 128x128x32, 8 warps of 32x64, 4 stages"),
+      M128x256S3Occ::Info("mma_128x256_bk32_s3_occ_swz", "as mma_128x256_bk32_s3_swz, registers capped for 2 blocks per SM with fp16 accumulators"),
+      M128S4NoSwz::Info("mma_128x128_bk32_s4", "as mma_128x128_bk32_s4_swz without block swizzle"),
       M128x256S3::Info("mma_128x256_bk32_s3_swz", "ldmatrix+mma.sync 128x256x32, 8 warps of 64x64, 3 stages"),
   };
 }
