@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Static checks of deploy/ for CI: no Docker engine and no cluster needed. Exits non-zero on any
-# problem. Takes well under a minute once the npm packages are cached.
+# problem. About a minute (15 s with --no-self-test) once the npm packages are cached.
 #
 #   1. yamllint (strict, deploy/.yamllint.yaml) over every YAML file under deploy/.
 #   2. npm ci of deploy/package-lock.json into a cache outside the work tree (Bazel must not see
@@ -9,11 +9,14 @@
 #      validates every manifest, patch and rendered object against the Kubernetes schema
 #      (kubernetes-models, plus TypeScript for unknown fields) and the service's own rules
 #      (see the header of check.js).
+#   4. Self-test: copies of deploy/ broken in eleven ways must each fail step 3 with the expected
+#      message, so that the checks cannot pass vacuously.
 #
 # Needs: yamllint (Debian package yamllint; installed here when missing and running as root),
 # node >= 18 and npm, and the npm registry the first time.
 # Environment: HGEMM_DEPLOY_CHECK_CACHE (default ~/.cache/hgemm-serve/deploy-check),
-# KEEP_WORK=1 to keep the rendered output and generated files.
+# KEEP_WORK=1 to keep the rendered output and generated files, HGEMM_DEPLOY_CHECK_KUBECTL=0
+# to skip the second rendering with kubectl's kustomize.
 set -euo pipefail
 
 deploy=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
