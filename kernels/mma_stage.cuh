@@ -36,8 +36,11 @@ namespace hgemm::kernels::detail {
 // @tparam BLOCK_SWIZZLE  map blocks to N bands for L2 reuse (see BlockTileN).
 // @tparam AccT  half or float accumulators.
 // @tparam MIN_BLOCKS  blocks per SM the register allocation must allow (__launch_bounds__).
+// @tparam FRAG_DB  double-buffer the ldmatrix fragments: load step kk+1 (or step 0 of the next K
+//                  tile, right after that tile's barrier) before issuing step kk's MMAs, so that
+//                  no MMA waits on a shared-memory load (the CUTLASS multistage main loop).
 template <int BM, int BN, int BK, int WARPS_M, int WARPS_N, int K_STAGE, bool BLOCK_SWIZZLE,
-          typename AccT, int MIN_BLOCKS = 1>
+          typename AccT, int MIN_BLOCKS = 1, bool FRAG_DB = false>
 struct MmaStage {
   static_assert(K_STAGE >= 2 && K_STAGE <= 6, "the pipeline needs 2..6 stages");
   static_assert(BK % 16 == 0, "a K tile must hold whole k16 MMA steps");
@@ -67,6 +70,9 @@ struct MmaStage {
   static_assert(kSmemBytes <= 227 * 1024, "an sm_90 block gets at most 227 KB of shared memory");
   static_assert(MIN_BLOCKS * (kSmemBytes + 1024) <= 228 * 1024,
                 "MIN_BLOCKS blocks must fit the SM's 228 KB of shared memory");
+  static_assert(!FRAG_DB || BK >= 32,
+                "fragment double buffering refills a stage one k16 step after the barrier; with "
+                "a single step per tile that stage could still be read");
 };
 
 // Index (in 16-byte chunks) of logical chunk `chunk` of row `row` in a swizzled tile with
@@ -133,6 +139,23 @@ __device__ __forceinline__ half2 AccPair(const MmaAcc<half>& c, int h) {
   return *reinterpret_cast<half2*>(&w);
 }
 
+// Loads the A and B fragments of k16 step `kk` of the stage at shared addresses sa, sb.
+template <typename Cfg>
+__device__ __forceinline__ void MmaLoadFrags(uint32_t (&a_frag)[Cfg::MI][4],
+                                             uint32_t (&b_frag)[Cfg::NI][2], uint32_t sa,
+                                             uint32_t sb, int kk, int a_row, int a_chunk,
+                                             int b_row, int b_chunk) {
+#pragma unroll
+  for (int i = 0; i < Cfg::MI; ++i)
+    LdMatrixX4(a_frag[i],
+               sa + SwizzledChunk<Cfg::kChunksRowA>(a_row + i * 16, kk * 2 + a_chunk) * 16);
+#pragma unroll
+  for (int j = 0; j < Cfg::NI / 2; ++j)
+    LdMatrixX4Trans(b_frag[2 * j][0], b_frag[2 * j][1], b_frag[2 * j + 1][0],
+                    b_frag[2 * j + 1][1],
+                    sb + SwizzledChunk<Cfg::kChunksRowB>(kk * 16 + b_row, b_chunk + 2 * j) * 16);
+}
+
 template <typename Cfg>
 __device__ __forceinline__ void MmaLoadStage(const half* __restrict__ A,
                                              const half* __restrict__ B, half* sA, half* sB,
@@ -163,11 +186,12 @@ __device__ __forceinline__ void MmaLoadStage(const half* __restrict__ A,
 }
 
 template <int BM, int BN, int BK, int WARPS_M, int WARPS_N, int K_STAGE, bool BLOCK_SWIZZLE,
-          typename AccT, int MIN_BLOCKS>
+          typename AccT, int MIN_BLOCKS, bool FRAG_DB>
 __global__ void __launch_bounds__(WARPS_M* WARPS_N* kWarpSize, MIN_BLOCKS)
     hgemm_mma_stage_kernel(const half* __restrict__ A, const half* __restrict__ B,
                            half* __restrict__ C, int M, int N, int K) {
-  using Cfg = MmaStage<BM, BN, BK, WARPS_M, WARPS_N, K_STAGE, BLOCK_SWIZZLE, AccT, MIN_BLOCKS>;
+  using Cfg = MmaStage<BM, BN, BK, WARPS_M, WARPS_N, K_STAGE, BLOCK_SWIZZLE, AccT, MIN_BLOCKS,
+                       FRAG_DB>;
   constexpr int MI = Cfg::MI;
   constexpr int NI = Cfg::NI;
 
@@ -210,37 +234,74 @@ __global__ void __launch_bounds__(WARPS_M* WARPS_N* kWarpSize, MIN_BLOCKS)
   const int b_row = (lane % 8) + ((lane >> 3) & 1) * 8;
   const int b_chunk = (warp_n * Cfg::WN) / 8 + (lane >> 4);
 
-  for (int kt = 0; kt < num_k_tiles; ++kt) {
-    CpAsyncWait<K_STAGE - 2>();
-    __syncthreads();  // tile kt visible; tile kt-1's stage free for the refill below
+  if constexpr (!FRAG_DB) {
+    for (int kt = 0; kt < num_k_tiles; ++kt) {
+      CpAsyncWait<K_STAGE - 2>();
+      __syncthreads();  // tile kt visible; tile kt-1's stage free for the refill below
 
-    const int next = kt + K_STAGE - 1;
-    if (next < num_k_tiles) {
-      const int s = next % K_STAGE;
-      MmaLoadStage<Cfg>(A, B, s_a + s * Cfg::kStageA, s_b + s * Cfg::kStageB, m0, n0, next * BK,
-                        M, N, K, tid);
+      const int next = kt + K_STAGE - 1;
+      if (next < num_k_tiles) {
+        const int s = next % K_STAGE;
+        MmaLoadStage<Cfg>(A, B, s_a + s * Cfg::kStageA, s_b + s * Cfg::kStageB, m0, n0,
+                          next * BK, M, N, K, tid);
+      }
+      CpAsyncCommit();
+
+      const uint32_t sa = SmemAddr(s_a + (kt % K_STAGE) * Cfg::kStageA);
+      const uint32_t sb = SmemAddr(s_b + (kt % K_STAGE) * Cfg::kStageB);
+#pragma unroll
+      for (int kk = 0; kk < BK / 16; ++kk) {
+        uint32_t a_frag[MI][4];
+        uint32_t b_frag[NI][2];
+        MmaLoadFrags<Cfg>(a_frag, b_frag, sa, sb, kk, a_row, a_chunk, b_row, b_chunk);
+#pragma unroll
+        for (int i = 0; i < MI; ++i)
+#pragma unroll
+          for (int j = 0; j < NI; ++j) Mma16816(acc[i][j], a_frag[i], b_frag[j]);
+      }
     }
-    CpAsyncCommit();
-
-    const uint32_t sa = SmemAddr(s_a + (kt % K_STAGE) * Cfg::kStageA);
-    const uint32_t sb = SmemAddr(s_b + (kt % K_STAGE) * Cfg::kStageB);
+  } else {
+    // Fragments of step kk+1 are in flight while step kk multiplies. The barrier moves to the
+    // last step of each tile, just before the first fragments of the next tile are read; the
+    // stage of tile kt-1 is refilled at step 0 of tile kt, after every warp has passed the
+    // barrier that followed its last read of that stage.
+    constexpr int KK = BK / 16;
+    uint32_t a_frag[2][MI][4];
+    uint32_t b_frag[2][NI][2];
+    CpAsyncWait<K_STAGE - 2>();
+    __syncthreads();  // tile 0 visible
+    int read_stage = 0;
+    int write_stage = K_STAGE - 1;
+    uint32_t sa = SmemAddr(s_a);
+    uint32_t sb = SmemAddr(s_b);
+    MmaLoadFrags<Cfg>(a_frag[0], b_frag[0], sa, sb, 0, a_row, a_chunk, b_row, b_chunk);
+    for (int kt = 0; kt < num_k_tiles; ++kt) {
 #pragma unroll
-    for (int kk = 0; kk < BK / 16; ++kk) {
-      uint32_t a_frag[MI][4];
-      uint32_t b_frag[NI][2];
+      for (int kk = 0; kk < KK; ++kk) {
+        if (kk == KK - 1) {
+          CpAsyncWait<K_STAGE - 2>();
+          __syncthreads();  // tile kt+1 visible; every warp is done reading tile kt-1's stage
+          read_stage = read_stage + 1 == K_STAGE ? 0 : read_stage + 1;
+          sa = SmemAddr(s_a + read_stage * Cfg::kStageA);
+          sb = SmemAddr(s_b + read_stage * Cfg::kStageB);
+        }
+        // Step kk+1 of this tile, or step 0 of the next (past the last tile this reads a stage
+        // nothing uses any more; the fragments are dropped).
+        MmaLoadFrags<Cfg>(a_frag[(kk + 1) % 2], b_frag[(kk + 1) % 2], sa, sb, (kk + 1) % KK,
+                          a_row, a_chunk, b_row, b_chunk);
+        if (kk == 0) {
+          const int next = kt + K_STAGE - 1;
+          if (next < num_k_tiles)
+            MmaLoadStage<Cfg>(A, B, s_a + write_stage * Cfg::kStageA,
+                              s_b + write_stage * Cfg::kStageB, m0, n0, next * BK, M, N, K, tid);
+          CpAsyncCommit();
+          write_stage = write_stage + 1 == K_STAGE ? 0 : write_stage + 1;
+        }
 #pragma unroll
-      for (int i = 0; i < MI; ++i)
-        LdMatrixX4(a_frag[i],
-                   sa + SwizzledChunk<Cfg::kChunksRowA>(a_row + i * 16, kk * 2 + a_chunk) * 16);
+        for (int i = 0; i < MI; ++i)
 #pragma unroll
-      for (int j = 0; j < NI / 2; ++j)
-        LdMatrixX4Trans(b_frag[2 * j][0], b_frag[2 * j][1], b_frag[2 * j + 1][0],
-                        b_frag[2 * j + 1][1],
-                        sb + SwizzledChunk<Cfg::kChunksRowB>(kk * 16 + b_row, b_chunk + 2 * j) * 16);
-#pragma unroll
-      for (int i = 0; i < MI; ++i)
-#pragma unroll
-        for (int j = 0; j < NI; ++j) Mma16816(acc[i][j], a_frag[i], b_frag[j]);
+          for (int j = 0; j < NI; ++j) Mma16816(acc[i][j], a_frag[kk % 2][i], b_frag[kk % 2][j]);
+      }
     }
   }
   CpAsyncWait<0>();  // only empty groups remain; leave none in flight at exit
@@ -269,12 +330,13 @@ __global__ void __launch_bounds__(WARPS_M* WARPS_N* kWarpSize, MIN_BLOCKS)
 // REQUIRES: M, N, K >= 1, N % 8 == 0, K % 8 == 0, 16-byte aligned pointers; with BLOCK_SWIZZLE,
 //           swizzle_stride a positive multiple of BN.
 template <int BM, int BN, int BK, int WARPS_M, int WARPS_N, int K_STAGE, bool BLOCK_SWIZZLE,
-          typename AccT, int MIN_BLOCKS>
+          typename AccT, int MIN_BLOCKS, bool FRAG_DB>
 cudaError_t LaunchMmaStage(const half* A, const half* B, half* C, int M, int N, int K,
                            int swizzle_stride, cudaStream_t stream) {
-  using Cfg = MmaStage<BM, BN, BK, WARPS_M, WARPS_N, K_STAGE, BLOCK_SWIZZLE, AccT, MIN_BLOCKS>;
+  using Cfg = MmaStage<BM, BN, BK, WARPS_M, WARPS_N, K_STAGE, BLOCK_SWIZZLE, AccT, MIN_BLOCKS,
+                       FRAG_DB>;
   auto* kernel = &hgemm_mma_stage_kernel<BM, BN, BK, WARPS_M, WARPS_N, K_STAGE, BLOCK_SWIZZLE,
-                                         AccT, MIN_BLOCKS>;
+                                         AccT, MIN_BLOCKS, FRAG_DB>;
   static std::atomic<uint64_t> opted_in{0};  // devices with the > 48 KB opt-in done
   int device = 0;
   if (cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return e;

@@ -16,24 +16,25 @@ constexpr int kSwizzleStride = 2048;  // columns per swizzle band (a multiple of
 // MIN_BLOCKS_FP32 == 0 registers the configuration for fp16 accumulation only (its fp32
 // accumulators would not fit in registers).
 template <int BM, int BN, int BK, int WARPS_M, int WARPS_N, int K_STAGE, bool BLOCK_SWIZZLE,
-          int MIN_BLOCKS_FP16, int MIN_BLOCKS_FP32>
+          int MIN_BLOCKS_FP16, int MIN_BLOCKS_FP32, bool FRAG_DB = false>
 struct Mma {
   static constexpr bool kFp32 = MIN_BLOCKS_FP32 > 0;
   template <typename AccT>
   using Cfg = detail::MmaStage<BM, BN, BK, WARPS_M, WARPS_N, K_STAGE, BLOCK_SWIZZLE, AccT,
                                std::is_same_v<AccT, half> ? MIN_BLOCKS_FP16
-                                                          : (kFp32 ? MIN_BLOCKS_FP32 : 1)>;
+                                                          : (kFp32 ? MIN_BLOCKS_FP32 : 1),
+                               FRAG_DB>;
 
   static cudaError_t Launch(const GemmProblem& p, int stride, cudaStream_t stream) {
     if (p.accumulation == Accumulation::kFp32) {
       if constexpr (kFp32)
         return detail::LaunchMmaStage<BM, BN, BK, WARPS_M, WARPS_N, K_STAGE, BLOCK_SWIZZLE, float,
-                                      MIN_BLOCKS_FP32>(p.a, p.b, p.c, p.m, p.n, p.k, stride,
+                                      MIN_BLOCKS_FP32, FRAG_DB>(p.a, p.b, p.c, p.m, p.n, p.k, stride,
                                                        stream);
       return cudaErrorInvalidValue;
     }
     return detail::LaunchMmaStage<BM, BN, BK, WARPS_M, WARPS_N, K_STAGE, BLOCK_SWIZZLE, half,
-                                  MIN_BLOCKS_FP16>(p.a, p.b, p.c, p.m, p.n, p.k, stride, stream);
+                                  MIN_BLOCKS_FP16, FRAG_DB>(p.a, p.b, p.c, p.m, p.n, p.k, stride, stream);
   }
 
   static bool CanImplement(int m, int n, int k) { return Vec16Shape(m, n, k, BM); }
@@ -71,11 +72,16 @@ using M128x256S3Occ   = Mma<128, 256, 32, 2, 4, 3, true, 2, 1>;
 using M128S4NoSwz     = Mma<128, 128, 32, 2, 2, 4, false, 1, 1>;
 // fp16 only: 4 warps of 64x128 read 25% fewer shared bytes per MMA than 64x64 warp tiles.
 using M128x256W4S4    = Mma<128, 256, 32, 2, 2, 4, true, 2, 0>;
+// Double-buffered fragments (_db): ldmatrix of step kk+1 overlaps the MMAs of step kk.
+// (With a 168-register cap, BK=64 fp32 or 64x128 warp tiles the second fragment buffer spills,
+// so only this configuration is registered.)
+using M128S4Db        = Mma<128, 128, 32, 2, 2, 4, true, 2, 2, true>;
 
 }  // namespace
 
 std::vector<VariantInfo> MmaVariants() {
   return {
+      M128S4Db::Info("mma_128x128_bk32_s4_db_swz", "ldmatrix+mma.sync 128x128x32, 4 warps of 64x64, 4 stages, double-buffered fragments"),
       M128x256W4S4::Info("mma_128x256_w4_bk32_s4_swz", "ldmatrix+mma.sync 128x256x32, 4 warps of 64x128, 4 stages (fp16 acc)"),
       M128S4Occ::Info("mma_128x128_bk32_s4_occ_swz", "ldmatrix+mma.sync 128x128x32, 4 warps of 64x64, 4 stages, registers capped for 3 (fp16) / 2 (fp32) blocks per SM"),
       M128S4::Info("mma_128x128_bk32_s4_swz", "ldmatrix+mma.sync 128x128x32, 4 warps of 64x64, 4 stages"),
