@@ -1,0 +1,244 @@
+// The real hgemm_server binary as a child process, seen from outside:
+//   * grpc.health.v1 reports SERVING for "" and hgemm.v1.GemmService;
+//   * a client that knows the service only through server reflection (no generated hgemm code:
+//     descriptors fetched at run time, dynamic messages, a generic stub) multiplies 2x2 matrices;
+//   * SIGTERM while GEMMs are in flight: every one of them is answered, and the process exits 0
+//     within the drain deadline the Kubernetes manifests assume (20 s).
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <google/protobuf/descriptor.h>
+#include <google/protobuf/descriptor.pb.h>
+#include <google/protobuf/dynamic_message.h>
+#include <grpcpp/generic/generic_stub.h>
+#include <grpcpp/grpcpp.h>
+
+#include <chrono>
+#include <random>
+#include <thread>
+
+#include "client/gemm_client.h"
+#include "grpc/health/v1/health.grpc.pb.h"
+#include "grpc/reflection/v1alpha/reflection.grpc.pb.h"
+#include "kernels/host/cpu_gemm.h"
+#include "kernels/host/fp16.h"
+
+namespace hgemm {
+namespace {
+
+using namespace std::chrono_literals;
+namespace reflection = grpc::reflection::v1alpha;
+namespace pb = google::protobuf;
+
+constexpr int kDrainDeadlineSeconds = 20;
+
+int FreePort() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
+  socklen_t len = sizeof addr;
+  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  close(fd);
+  return ntohs(addr.sin_port);
+}
+
+class ServerProcessTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const std::string binary = std::string(std::getenv("TEST_SRCDIR")) + "/hgemm_serve/server/hgemm_server";
+    target_ = "127.0.0.1:" + std::to_string(FreePort());
+    pid_ = fork();
+    ASSERT_GE(pid_, 0);
+    if (pid_ == 0) {
+      const std::string listen = "--listen=" + target_;
+      const std::string drain = "--drain_deadline_s=" + std::to_string(kDrainDeadlineSeconds);
+      execl(binary.c_str(), binary.c_str(), "--backend=cpu", listen.c_str(), drain.c_str(),
+            "--log_level=debug", static_cast<char*>(nullptr));
+      _exit(127);
+    }
+    channel_ = Connect(target_);
+    ASSERT_TRUE(channel_->WaitForConnected(std::chrono::system_clock::now() + 30s))
+        << "server did not come up on " << target_;
+  }
+
+  void TearDown() override {
+    if (pid_ > 0 && waitpid(pid_, nullptr, WNOHANG) == 0) {
+      kill(pid_, SIGKILL);
+      waitpid(pid_, nullptr, 0);
+    }
+  }
+
+  grpc::health::v1::HealthCheckResponse::ServingStatus Health(const std::string& service) {
+    auto stub = grpc::health::v1::Health::NewStub(channel_);
+    grpc::ClientContext context;
+    grpc::health::v1::HealthCheckRequest request;
+    request.set_service(service);
+    grpc::health::v1::HealthCheckResponse response;
+    grpc::Status s = stub->Check(&context, request, &response);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    return response.status();
+  }
+
+  std::string target_;
+  pid_t pid_ = -1;
+  std::shared_ptr<grpc::Channel> channel_;
+};
+
+TEST_F(ServerProcessTest, HealthIsServing) {
+  EXPECT_EQ(Health(""), grpc::health::v1::HealthCheckResponse::SERVING);
+  EXPECT_EQ(Health("hgemm.v1.GemmService"), grpc::health::v1::HealthCheckResponse::SERVING);
+}
+
+// One request/response exchange on the reflection stream.
+reflection::ServerReflectionResponse Reflect(std::shared_ptr<grpc::Channel> channel,
+                                             const reflection::ServerReflectionRequest& request) {
+  auto stub = reflection::ServerReflection::NewStub(channel);
+  grpc::ClientContext context;
+  auto stream = stub->ServerReflectionInfo(&context);
+  EXPECT_TRUE(stream->Write(request));
+  stream->WritesDone();
+  reflection::ServerReflectionResponse response;
+  EXPECT_TRUE(stream->Read(&response));
+  EXPECT_TRUE(stream->Finish().ok());
+  return response;
+}
+
+TEST_F(ServerProcessTest, ReflectionOnlyClientMultiplies) {
+  reflection::ServerReflectionRequest list;
+  list.set_list_services("*");
+  std::vector<std::string> services;
+  const reflection::ServerReflectionResponse listed = Reflect(channel_, list);
+  for (const auto& s : listed.list_services_response().service()) {
+    services.push_back(s.name());
+  }
+  EXPECT_NE(std::find(services.begin(), services.end(), "hgemm.v1.GemmService"), services.end());
+  EXPECT_NE(std::find(services.begin(), services.end(), "grpc.health.v1.Health"), services.end());
+
+  // Descriptors of the service, as the server sends them.
+  reflection::ServerReflectionRequest symbol;
+  symbol.set_file_containing_symbol("hgemm.v1.GemmService");
+  pb::DescriptorPool pool;
+  const reflection::ServerReflectionResponse files = Reflect(channel_, symbol);
+  for (const std::string& bytes : files.file_descriptor_response().file_descriptor_proto()) {
+    pb::FileDescriptorProto file;
+    ASSERT_TRUE(file.ParseFromString(bytes));
+    ASSERT_NE(pool.BuildFile(file), nullptr) << file.name();
+  }
+  const pb::MethodDescriptor* gemm = pool.FindMethodByName("hgemm.v1.GemmService.Gemm");
+  ASSERT_NE(gemm, nullptr);
+
+  pb::DynamicMessageFactory factory(&pool);
+  std::unique_ptr<pb::Message> request(factory.GetPrototype(gemm->input_type())->New());
+  const pb::Descriptor* d = gemm->input_type();
+  const pb::Reflection* r = request->GetReflection();
+  r->SetUInt32(request.get(), d->FindFieldByName("m"), 2);
+  r->SetUInt32(request.get(), d->FindFieldByName("n"), 2);
+  r->SetUInt32(request.get(), d->FindFieldByName("k"), 2);
+  const std::string matrix("\x00\x3c\x00\x40\x00\x42\x00\x44", 8);  // [[1,2],[3,4]] in fp16
+  r->SetString(request.get(), d->FindFieldByName("a"), matrix);
+  r->SetString(request.get(), d->FindFieldByName("b"), matrix);
+
+  grpc::GenericStub stub(channel_);
+  grpc::ClientContext context;
+  std::string serialized = request->SerializeAsString();
+  grpc::Slice slice(serialized);
+  grpc::ByteBuffer request_bytes(&slice, 1), response_bytes;
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  grpc::Status status;
+  stub.UnaryCall(&context, "/hgemm.v1.GemmService/Gemm", grpc::StubOptions(), &request_bytes,
+                 &response_bytes, [&](grpc::Status s) {
+                   std::lock_guard<std::mutex> lock(mu);
+                   status = s;
+                   done = true;
+                   cv.notify_all();
+                 });
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return done; });
+  }
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  std::vector<grpc::Slice> slices;
+  ASSERT_TRUE(response_bytes.Dump(&slices).ok());
+  std::string reply_bytes;
+  for (const auto& s : slices) reply_bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  std::unique_ptr<pb::Message> reply(factory.GetPrototype(gemm->output_type())->New());
+  ASSERT_TRUE(reply->ParseFromString(reply_bytes));
+  const std::string c = reply->GetReflection()->GetString(*reply, gemm->output_type()->FindFieldByName("c"));
+  ASSERT_EQ(c.size(), 8u);
+  const auto* half = reinterpret_cast<const uint16_t*>(c.data());
+  EXPECT_EQ(HalfToFloat(half[0]), 7);
+  EXPECT_EQ(HalfToFloat(half[1]), 10);
+  EXPECT_EQ(HalfToFloat(half[2]), 15);
+  EXPECT_EQ(HalfToFloat(half[3]), 22);
+}
+
+TEST_F(ServerProcessTest, SigtermDrainsInFlightGemmsAndExitsZero) {
+  GemmClient client(channel_);
+  std::mt19937_64 rng(5);
+  // Enough CPU work (10 × 2·1500³ FLOP) that most of it is still queued when SIGTERM arrives.
+  constexpr uint32_t kSize = 1500;
+  std::vector<v1::GemmRequest> requests(6);
+  std::vector<const v1::GemmRequest*> pointers;
+  for (auto& r : requests) {
+    r.set_m(kSize);
+    r.set_n(kSize);
+    r.set_k(kSize);
+    auto a = RandomHalfMatrix(kSize * kSize, rng), b = RandomHalfMatrix(kSize * kSize, rng);
+    r.set_a(reinterpret_cast<const char*>(a.data()), 2 * a.size());
+    r.set_b(reinterpret_cast<const char*>(b.data()), 2 * b.size());
+    pointers.push_back(&r);
+  }
+  std::vector<StreamedGemm> results;
+  grpc::Status stream_status;
+  std::chrono::steady_clock::time_point stream_done;
+  std::thread caller([&] {
+    stream_status = client.GemmStream(pointers, &results);
+    stream_done = std::chrono::steady_clock::now();
+  });
+  // Unary calls in flight too.
+  std::vector<grpc::Status> unary(4);
+  std::vector<std::thread> unary_callers;
+  for (int i = 0; i < 4; ++i) {
+    unary_callers.emplace_back([&, i] {
+      v1::GemmResponse response;
+      unary[i] = client.Gemm(requests[i], &response);
+    });
+  }
+  std::this_thread::sleep_for(100ms);  // the calls are under way
+  const auto signalled = std::chrono::steady_clock::now();
+  ASSERT_EQ(kill(pid_, SIGTERM), 0);
+  caller.join();
+  for (auto& t : unary_callers) t.join();
+
+  int wstatus = 0;
+  ASSERT_EQ(waitpid(pid_, &wstatus, 0), pid_);
+  const auto exited = std::chrono::steady_clock::now();
+  pid_ = -1;
+  EXPECT_TRUE(WIFEXITED(wstatus));
+  EXPECT_EQ(WEXITSTATUS(wstatus), 0);
+  EXPECT_LT(exited - signalled, std::chrono::seconds(kDrainDeadlineSeconds));
+  EXPECT_GT(stream_done, signalled) << "the stream ended before SIGTERM: nothing was drained";
+  ASSERT_TRUE(stream_status.ok()) << stream_status.error_message();
+  for (size_t i = 0; i < results.size(); ++i) {
+    ASSERT_TRUE(results[i].status.ok()) << i << ": " << results[i].status.error_message();
+    std::vector<float> reference = ReferenceGemm(
+        reinterpret_cast<const uint16_t*>(requests[i].a().data()),
+        reinterpret_cast<const uint16_t*>(requests[i].b().data()), kSize, kSize, kSize);
+    EXPECT_LT(RelativeFrobeniusError(reinterpret_cast<const uint16_t*>(results[i].response.c().data()),
+                                     reference.data(), reference.size()),
+              1e-3);
+  }
+  for (const grpc::Status& s : unary) EXPECT_TRUE(s.ok()) << s.error_message();
+}
+
+}  // namespace
+}  // namespace hgemm

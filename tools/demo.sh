@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# The main job, end to end: install what is missing, build, start hgemm_server on 127.0.0.1
+# (CUDA backend when a usable GPU is present, CPU otherwise), push demo GEMMs through
+# hgemm_client (unary and streamed, checked against a local fp32 reference), stop the server.
+#   tools/demo.sh [--port=50051] [--keep]   (--keep leaves the server running in the foreground)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+port=50051 keep=0
+for arg in "$@"; do
+  case $arg in
+    --port=*) port=${arg#--port=} ;;
+    --keep) keep=1 ;;
+    *) echo "usage: tools/demo.sh [--port=N] [--keep]" >&2; exit 2 ;;
+  esac
+done
+
+tools/bootstrap.sh
+bazel build -c opt //server:hgemm_server //client:hgemm_client
+server=bazel-bin/server/hgemm_server client=bazel-bin/client/hgemm_client
+address=127.0.0.1:$port
+
+if ((keep)); then
+  echo "demo: serving on $address until Ctrl-C"
+  exec "$server" --listen="$address"
+fi
+
+"$server" --listen="$address" --log_level=debug &
+server_pid=$!
+trap 'kill -TERM $server_pid 2>/dev/null; wait $server_pid 2>/dev/null || true' EXIT
+for _ in $(seq 100); do
+  "$client" --server="$address" --info >/dev/null 2>&1 && break
+  kill -0 $server_pid 2>/dev/null || { echo "demo: the server exited" >&2; exit 1; }
+  sleep 0.2
+done
+
+set -x
+"$client" --server="$address" --info
+"$client" --server="$address" --shape=1000x1000x1000 --check --repeat=3
+"$client" --server="$address" --shape=2048x2048x2048 --check
+"$client" --server="$address" --shape=255x257x100 --accumulation=fp16 --check
