@@ -182,7 +182,7 @@ int Main(int argc, char** argv) {
   std::string csv_path, variants_arg, acc_arg = "both";
   std::string shapes_arg =
       "2048x2048x2048,4096x4096x4096,8192x8192x8192,4096x8192x2048,8192x2048x8192,"
-      "16384x1024x4096,8192x64x4096,1000x1000x1000,4097x4096x4095";
+      "16384x1024x4096,8192x64x4096,1000x1000x1000,4097x4096x4095,4096x4096x4096";  // 4096^3 twice: run-to-run spread
   int warmup = 5, repeats = 20;
   bool no_check = false;
   app.add_option("--csv", csv_path, "write results as CSV to this path");

@@ -59,38 +59,26 @@ struct Mma {
   }
 };
 
-// Run 1 (H200): 4-warp 128x128 blocks at 2 per SM beat 8-warp 128x256/256x128 blocks at 1 per
-// SM by ~25%, so the list explores blocks per SM, stage depth and BK around the 128x128 tile.
+// Kept after two H200 runs (docs/kernels_notes.md has the variants that lost and why):
+// 4-warp 128x128 blocks at 2 per SM beat 8-warp 128x256 blocks at 1 per SM by ~25%; capping
+// registers for more blocks, 6 stages, 8 warps of 32x64 all lost 5-10%.
 //                          BM   BN   BK warps stages swz  blocks/SM fp16 fp32
 using M128S4          = Mma<128, 128, 32, 2, 2, 4, true, 1, 1>;
-using M128S4Occ       = Mma<128, 128, 32, 2, 2, 4, true, 3, 2>;
-using M128S6          = Mma<128, 128, 32, 2, 2, 6, true, 2, 2>;
 using M128Bk64S3      = Mma<128, 128, 64, 2, 2, 3, true, 2, 2>;
-using M128W8S4        = Mma<128, 128, 32, 4, 2, 4, true, 2, 2>;
-using M128x256S3      = Mma<128, 256, 32, 2, 4, 3, true, 1, 1>;
-using M128x256S3Occ   = Mma<128, 256, 32, 2, 4, 3, true, 2, 1>;
-using M128S4NoSwz     = Mma<128, 128, 32, 2, 2, 4, false, 1, 1>;
 // fp16 only: 4 warps of 64x128 read 25% fewer shared bytes per MMA than 64x64 warp tiles.
 using M128x256W4S4    = Mma<128, 256, 32, 2, 2, 4, true, 2, 0>;
-// Double-buffered fragments (_db): ldmatrix of step kk+1 overlaps the MMAs of step kk.
-// (With a 168-register cap, BK=64 fp32 or 64x128 warp tiles the second fragment buffer spills,
-// so only this configuration is registered.)
+// Double-buffered fragments (_db): ldmatrix of step kk+1 overlaps the MMAs of step kk. (BK=64
+// fp32 and 64x128 warp tiles spill with a second fragment buffer, so only this one.)
 using M128S4Db        = Mma<128, 128, 32, 2, 2, 4, true, 2, 2, true>;
 
 }  // namespace
 
 std::vector<VariantInfo> MmaVariants() {
   return {
-      M128S4Db::Info("mma_128x128_bk32_s4_db_swz", "ldmatrix+mma.sync 128x128x32, 4 warps of 64x64, 4 stages, double-buffered fragments"),
       M128x256W4S4::Info("mma_128x256_w4_bk32_s4_swz", "ldmatrix+mma.sync 128x256x32, 4 warps of 64x128, 4 stages (fp16 acc)"),
-      M128S4Occ::Info("mma_128x128_bk32_s4_occ_swz", "ldmatrix+mma.sync 128x128x32, 4 warps of 64x64, 4 stages, registers capped for 3 (fp16) / 2 (fp32) blocks per SM"),
       M128S4::Info("mma_128x128_bk32_s4_swz", "ldmatrix+mma.sync 128x128x32, 4 warps of 64x64, 4 stages"),
-      M128S6::Info("mma_128x128_bk32_s6_swz", "ldmatrix+mma.sync 128x128x32, 4 warps of 64x64, 6 stages"),
+      M128S4Db::Info("mma_128x128_bk32_s4_db_swz", "ldmatrix+mma.sync 128x128x32, 4 warps of 64x64, 4 stages, double-buffered fragments"),
       M128Bk64S3::Info("mma_128x128_bk64_s3_swz", "ldmatrix+mma.sync 128x128x64, 4 warps of 64x64, 3 stages"),
-      M128W8S4::Info("mma_128x128_w8_bk32_s4_swz", "ldmatrix+mma.sync 128x128x32, 8 warps of 32x64, 4 stages"),
-      M128x256S3Occ::Info("mma_128x256_bk32_s3_occ_swz", "as mma_128x256_bk32_s3_swz, registers capped for 2 blocks per SM with fp16 accumulators"),
-      M128S4NoSwz::Info("mma_128x128_bk32_s4", "as mma_128x128_bk32_s4_swz without block swizzle"),
-      M128x256S3::Info("mma_128x256_bk32_s3_swz", "ldmatrix+mma.sync 128x256x32, 8 warps of 64x64, 3 stages"),
   };
 }
 
