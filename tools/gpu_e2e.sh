@@ -3,20 +3,26 @@
 # 127.0.0.1 driven by hgemm_client: correctness for odd shapes and a streamed 8192³, the timing
 # metadata, and aggregate throughput with 1 vs 4 CUDA streams at the same client concurrency.
 #
-# Here:   tools/gpu_e2e.sh --bundle     (builds -c opt and gathers binaries into .gpu/)
-# There:  tools/gpu_e2e.sh              (from the repository root; logs under $OUT or ./out)
+# Here:   tools/gpu_e2e.sh --bundle     (builds -c opt, gathers the binaries into .gpu-serve/ and
+#                                        packs them into .gpu-pack/serve.tar.xz, small enough to carry)
+# There:  tar xJf .gpu-pack/serve.tar.xz && tools/gpu_e2e.sh   (logs under $OUT or ./out)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 if [[ ${1:-} == --bundle ]]; then
   bazel build -c opt //server:hgemm_server //client:hgemm_client //server/backend:cuda_backend_test
-  exec ../shared/tools/gpu-bundle.sh bazel-bin/server/hgemm_server bazel-bin/client/hgemm_client \
-    bazel-bin/server/backend/cuda_backend_test
+  ../shared/tools/gpu-bundle.sh --out .gpu-serve bazel-bin/server/hgemm_server \
+    bazel-bin/client/hgemm_client bazel-bin/server/backend/cuda_backend_test
+  mkdir -p .gpu-pack
+  grep -qx "/.gpu-pack/" .git/info/exclude || echo "/.gpu-pack/" >> .git/info/exclude
+  tar -cJf .gpu-pack/serve.tar.xz .gpu-serve
+  ls -la .gpu-pack
+  exit 0
 fi
 
 out=${OUT:-out}
 mkdir -p "$out"
-source .gpu/env.sh
+source .gpu-serve/env.sh
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/gpu.txt"
 
 echo "== cuda_backend_test"
@@ -55,8 +61,12 @@ echo "== aggregate throughput: 8 concurrent clients x 10 GEMMs of 2048^3, 1 vs 4
 for streams in 1 4; do
   ((streams == 4)) || { stop_server; start_server "$streams"; }
   start=$(date +%s.%N)
-  for c in $(seq 8); do client --shape=2048x2048x2048 --repeat=10 --seed=$c >"$out/load_s${streams}_$c.log" & done
-  wait $(jobs -p | grep -v "^$server_pid$") 2>/dev/null || true
+  clients=()
+  for c in $(seq 8); do
+    client --shape=2048x2048x2048 --repeat=10 --seed=$c >"$out/load_s${streams}_$c.log" &
+    clients+=($!)
+  done
+  wait "${clients[@]}" || echo "FAILED: a load client"
   end=$(date +%s.%N)
   python3 - "$streams" "$start" "$end" "$out" <<'PY'
 import sys, glob, statistics
