@@ -284,6 +284,13 @@ grpc::ServerUnaryReactor* GemmServiceImpl::GetServerInfo(grpc::CallbackServerCon
   limits->set_max_queued_bytes(options_.scheduler.max_queued_bytes);
   limits->set_max_message_bytes(options_.max_message_bytes);
   limits->set_stream_chunk_bytes(options_.stream_chunk_bytes);
+  const Scheduler::Stats stats = scheduler_->GetStats();
+  v1::Load* load = response->mutable_load();
+  load->set_queued(stats.queued);
+  load->set_running(stats.running);
+  load->set_admitted_bytes(stats.admitted_bytes);
+  load->set_admitted_total(stats.admitted_total);
+  load->set_completed_total(stats.completed_total);
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   reactor->Finish(grpc::Status::OK);
   return reactor;

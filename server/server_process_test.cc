@@ -213,7 +213,11 @@ TEST_F(ServerProcessTest, SigtermDrainsInFlightGemmsAndExitsZero) {
       unary[i] = client.Gemm(requests[i], &response);
     });
   }
-  std::this_thread::sleep_for(100ms);  // the calls are under way
+  // SIGTERM once all 10 GEMMs are admitted (their requests fully received), most still queued.
+  for (v1::ServerInfo info; info.load().admitted_total() < 10;) {
+    std::this_thread::sleep_for(5ms);
+    ASSERT_TRUE(client.GetServerInfo(&info).ok());
+  }
   const auto signalled = std::chrono::steady_clock::now();
   ASSERT_EQ(kill(pid_, SIGTERM), 0);
   caller.join();

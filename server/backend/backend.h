@@ -48,10 +48,21 @@ class Backend {
   // Largest GEMM (operand + result bytes) one slot can take; larger → RESOURCE_EXHAUSTED.
   virtual int64_t MaxJobBytes() const = 0;
 
-  // Runs `job` to completion on `slot`: job.c holds C when it returns OK. `job.kernel` is a
-  // name from Kernels() or "auto" (validated before). Fills everything in `report` but
-  // queue_wait_ms and server_total_ms. REQUIRES: one caller per slot at a time.
+  // Runs `job` to completion on `slot`: job.c holds C when it returns OK (or, with job.keep_c,
+  // report->c_resident does). `job.kernel` is a name from Kernels() or "auto" (validated
+  // before). Fills everything in `report` but queue_wait_ms and server_total_ms.
+  // REQUIRES: one caller per slot at a time; resident operands live on SlotDevice(slot).
   virtual grpc::Status Run(int slot, const GemmJob& job, GemmReport* report) = 0;
+
+  // A buffer of `bytes` on device `device_index` (Devices() index) for a resident matrix.
+  // RESOURCE_EXHAUSTED when the device's memory budget (shared with the slots' buffers) would
+  // be passed. Thread-safe.
+  virtual grpc::Status AllocateResident(int device_index, int64_t bytes,
+                                        std::shared_ptr<ResidentBuffer>* buffer) = 0;
+  // Copies host bytes into / out of a resident buffer; blocks until done. Thread-safe.
+  // REQUIRES: `host` holds buffer.bytes bytes.
+  virtual grpc::Status WriteResident(ResidentBuffer& buffer, const void* host) = 0;
+  virtual grpc::Status ReadResident(const ResidentBuffer& buffer, void* host) = 0;
 
   // False once a device fault has made the backend unusable (health turns NOT_SERVING).
   virtual bool Healthy() const { return true; }

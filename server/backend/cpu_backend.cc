@@ -1,6 +1,12 @@
 #include "server/backend/cpu_backend.h"
 
+#include <fmt/format.h>
+
+#include <atomic>
+#include <cstring>
+
 #include "kernels/host/cpu_gemm.h"
+#include "server/status_util.h"
 
 namespace hgemm {
 namespace {
@@ -28,9 +34,44 @@ class CpuBackend final : public Backend {
   int SlotDevice(int) const override { return 0; }
   int64_t MaxJobBytes() const override { return options_.max_job_bytes; }
 
+  grpc::Status AllocateResident(int device_index, int64_t bytes,
+                                std::shared_ptr<ResidentBuffer>* buffer) override {
+    if (resident_bytes_.fetch_add(bytes) + bytes > options_.resident_budget_bytes) {
+      resident_bytes_ -= bytes;
+      return status::OverLimit(fmt::format(
+          "resident matrices would pass the CPU backend's budget of {} bytes ({} in use)",
+          options_.resident_budget_bytes, resident_bytes_.load()));
+    }
+    *buffer = std::make_shared<ResidentBuffer>(device_index, bytes, new char[bytes],
+                                               [this, bytes](void* p) {
+                                                 delete[] static_cast<char*>(p);
+                                                 resident_bytes_ -= bytes;
+                                               });
+    return grpc::Status::OK;
+  }
+
+  grpc::Status WriteResident(ResidentBuffer& buffer, const void* host) override {
+    std::memcpy(buffer.data, host, buffer.bytes);
+    return grpc::Status::OK;
+  }
+
+  grpc::Status ReadResident(const ResidentBuffer& buffer, void* host) override {
+    std::memcpy(host, buffer.data, buffer.bytes);
+    return grpc::Status::OK;
+  }
+
   grpc::Status Run(int slot, const GemmJob& job, GemmReport* report) override {
+    const GemmShape& shape = job.shape;
+    uint16_t* c = job.c;
+    if (job.keep_c) {
+      grpc::Status s = AllocateResident(0, 2 * shape.m * shape.n, &report->c_resident);
+      if (!s.ok()) return s;
+      c = static_cast<uint16_t*>(report->c_resident->data);
+    }
+    const auto* a = job.a_resident ? static_cast<const uint16_t*>(job.a_resident->data) : job.a;
+    const auto* b = job.b_resident ? static_cast<const uint16_t*>(job.b_resident->data) : job.b;
     auto start = Clock::now();
-    CpuGemm(job.a, job.b, job.c, job.shape.m, job.shape.n, job.shape.k);
+    CpuGemm(a, b, c, shape.m, shape.n, shape.k);
     report->kernel_ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
     report->kernel = kKernelName;
     report->accumulation = Accumulation::kFp32;
@@ -42,6 +83,7 @@ class CpuBackend final : public Backend {
 
  private:
   const CpuBackendOptions options_;
+  std::atomic<int64_t> resident_bytes_{0};
 };
 
 }  // namespace

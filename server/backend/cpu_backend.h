@@ -14,6 +14,8 @@ struct CpuBackendOptions {
   int workers = 2;
   // Largest GEMM one worker takes (operand + result bytes; fp32 temporaries come on top).
   int64_t max_job_bytes = int64_t{8} << 30;
+  // Host memory resident matrices may take in all.
+  int64_t resident_budget_bytes = int64_t{8} << 30;
 };
 
 std::unique_ptr<Backend> MakeCpuBackend(const CpuBackendOptions& options);

@@ -43,8 +43,17 @@ double Milliseconds(Clock::duration d) { return std::chrono::duration<double, st
 struct Device {
   int ordinal = 0;
   cudaDeviceProp props{};
-  int64_t slot_budget_bytes = 0;  // device memory one slot's buffers may take
+  // Device memory the slots' buffers and resident matrices may take together.
+  int64_t budget_bytes = 0;
+  std::atomic<int64_t> used_bytes{0};
   std::atomic<bool> healthy{true};
+
+  // Claims `bytes` of the budget; false (and nothing claimed) if it would be passed.
+  bool Reserve(int64_t bytes) {
+    if (used_bytes.fetch_add(bytes) + bytes <= budget_bytes) return true;
+    used_bytes -= bytes;
+    return false;
+  }
 };
 
 // One execution slot: a stream with its buffers. Used by one scheduler worker at a time.
@@ -103,8 +112,7 @@ class CudaBackend final : public Backend {
       if (cudaError_t e = cudaMemGetInfo(&free_bytes, &total_bytes); e != cudaSuccess) {
         return fmt::format("cudaMemGetInfo({}): {}", ordinal, cudaGetErrorString(e));
       }
-      device->slot_budget_bytes =
-          int64_t(free_bytes * options_.device_memory_fraction) / options_.streams_per_device;
+      device->budget_bytes = int64_t(free_bytes * options_.device_memory_fraction);
       for (int s = 0; s < options_.streams_per_device; ++s) {
         auto slot = std::make_unique<Slot>();
         slot->device = device.get();
@@ -149,9 +157,18 @@ class CudaBackend final : public Backend {
 
   int64_t MaxJobBytes() const override {
     int64_t smallest = INT64_MAX;
-    for (const auto& d : devices_) smallest = std::min(smallest, d->slot_budget_bytes);
+    for (const auto& d : devices_) {
+      // One slot may grow to the budget less what the other slots hold at least.
+      smallest = std::min(smallest, d->budget_bytes - (options_.streams_per_device - 1) *
+                                                          options_.preallocate_bytes_per_stream);
+    }
     return smallest - 2 * int64_t(kAlignment);  // room for aligning B and C
   }
+
+  grpc::Status AllocateResident(int device_index, int64_t bytes,
+                                std::shared_ptr<ResidentBuffer>* buffer) override;
+  grpc::Status WriteResident(ResidentBuffer& buffer, const void* host) override;
+  grpc::Status ReadResident(const ResidentBuffer& buffer, void* host) override;
 
   bool Healthy() const override {
     return std::all_of(devices_.begin(), devices_.end(),
@@ -206,6 +223,10 @@ std::string CudaBackend::InitSlot(Slot& slot) {
     slot.staging_free.push_back(free_event);
     if (error.empty()) error = check(cudaEventRecord(free_event, slot.stream), "cudaEventRecord");
   }
+  if (error.empty() && !slot.device->Reserve(options_.preallocate_bytes_per_stream)) {
+    error = fmt::format("device {}: --preallocate_bytes_per_stream passes the memory budget",
+                        slot.device->ordinal);
+  }
   if (error.empty()) {
     error = check(cudaMalloc(&slot.device_buffer, options_.preallocate_bytes_per_stream),
                   "cudaMalloc");
@@ -230,20 +251,79 @@ grpc::Status CudaBackend::Fail(Slot& slot, cudaError_t e, const std::string& wha
 
 grpc::Status CudaBackend::EnsureCapacity(Slot& slot, size_t bytes) {
   if (bytes <= slot.device_capacity) return grpc::Status::OK;
-  if (int64_t(bytes) > slot.device->slot_budget_bytes) {
-    return status::OverLimit(fmt::format("the GEMM needs {} bytes on the device; a stream has {}",
-                                         bytes, slot.device->slot_budget_bytes));
+  Device& device = *slot.device;
+  if (!device.Reserve(bytes - slot.device_capacity)) {
+    return status::OverLimit(fmt::format(
+        "the GEMM needs {} bytes on device {}; {} of its {}-byte budget are in use by streams "
+        "and resident matrices",
+        bytes, device.ordinal, device.used_bytes.load(), device.budget_bytes));
   }
-  CUDA_TRY(slot, cudaStreamSynchronize(slot.stream));
-  CUDA_TRY(slot, cudaFree(slot.device_buffer));
+  // From here the slot's claim on the budget is `bytes`, whatever it holds.
+  cudaError_t e = cudaStreamSynchronize(slot.stream);
+  if (e == cudaSuccess) e = cudaFree(slot.device_buffer);
   slot.device_buffer = nullptr;
-  slot.device_capacity = 0;
   void* buffer = nullptr;
-  CUDA_TRY(slot, cudaMalloc(&buffer, bytes));
+  if (e == cudaSuccess) e = cudaMalloc(&buffer, bytes);
+  if (e != cudaSuccess) {
+    device.used_bytes -= bytes;
+    slot.device_capacity = 0;
+    return Fail(slot, e, fmt::format("growing the stream's buffers to {} bytes", bytes));
+  }
   slot.device_buffer = static_cast<char*>(buffer);
   slot.device_capacity = bytes;
-  spdlog::debug("device {} stream {}: buffers grown to {} bytes", slot.device->ordinal,
-                slot.stream_id, bytes);
+  spdlog::debug("device {} stream {}: buffers grown to {} bytes", device.ordinal, slot.stream_id,
+                bytes);
+  return grpc::Status::OK;
+}
+
+grpc::Status CudaBackend::AllocateResident(int device_index, int64_t bytes,
+                                           std::shared_ptr<ResidentBuffer>* buffer) {
+  Device& device = *devices_[device_index];
+  if (!device.healthy) {
+    return status::BackendFailure(fmt::format("device {} is unusable", device.ordinal));
+  }
+  if (!device.Reserve(bytes)) {
+    return status::OverLimit(fmt::format(
+        "{} more bytes would pass device {}'s memory budget ({} of {} in use by streams and "
+        "resident matrices)",
+        bytes, device.ordinal, device.used_bytes.load(), device.budget_bytes));
+  }
+  void* data = nullptr;
+  cudaSetDevice(device.ordinal);
+  if (cudaError_t e = cudaMalloc(&data, bytes); e != cudaSuccess) {
+    device.used_bytes -= bytes;
+    cudaGetLastError();
+    return status::OverLimit(fmt::format("device {}: cudaMalloc({}): {}", device.ordinal, bytes,
+                                         cudaGetErrorString(e)));
+  }
+  *buffer = std::make_shared<ResidentBuffer>(device_index, bytes, data,
+                                             [&device, bytes](void* p) {
+                                               cudaSetDevice(device.ordinal);
+                                               cudaFree(p);
+                                               device.used_bytes -= bytes;
+                                             });
+  return grpc::Status::OK;
+}
+
+grpc::Status CudaBackend::WriteResident(ResidentBuffer& buffer, const void* host) {
+  const Device& device = *devices_[buffer.device_index];
+  cudaSetDevice(device.ordinal);
+  if (cudaError_t e = cudaMemcpy(buffer.data, host, buffer.bytes, cudaMemcpyHostToDevice);
+      e != cudaSuccess) {
+    return status::BackendFailure(fmt::format("device {}: upload: {}", device.ordinal,
+                                              cudaGetErrorString(e)));
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status CudaBackend::ReadResident(const ResidentBuffer& buffer, void* host) {
+  const Device& device = *devices_[buffer.device_index];
+  cudaSetDevice(device.ordinal);
+  if (cudaError_t e = cudaMemcpy(host, buffer.data, buffer.bytes, cudaMemcpyDeviceToHost);
+      e != cudaSuccess) {
+    return status::BackendFailure(fmt::format("device {}: download: {}", device.ordinal,
+                                              cudaGetErrorString(e)));
+  }
   return grpc::Status::OK;
 }
 
@@ -312,13 +392,22 @@ grpc::Status CudaBackend::Run(int slot_index, const GemmJob& job, GemmReport* re
   const GemmShape& shape = job.shape;
   const size_t a_bytes = 2 * shape.m * shape.k, b_bytes = 2 * shape.k * shape.n,
                c_bytes = 2 * shape.m * shape.n;
-  if (grpc::Status s = EnsureCapacity(slot, AlignUp(a_bytes) + AlignUp(b_bytes) + c_bytes);
+  // The slot's buffers hold only what is not resident.
+  const size_t a_space = job.a_resident ? 0 : AlignUp(a_bytes);
+  const size_t b_space = job.b_resident ? 0 : AlignUp(b_bytes);
+  if (grpc::Status s = EnsureCapacity(slot, a_space + b_space + (job.keep_c ? 0 : c_bytes));
       !s.ok()) {
     return s;
   }
-  char* d_a = slot.device_buffer;
-  char* d_b = d_a + AlignUp(a_bytes);
-  char* d_c = d_b + AlignUp(b_bytes);
+  if (job.keep_c) {
+    grpc::Status s = AllocateResident(SlotDevice(slot_index), c_bytes, &report->c_resident);
+    if (!s.ok()) return s;
+  }
+  char* d_a = job.a_resident ? static_cast<char*>(job.a_resident->data) : slot.device_buffer;
+  char* d_b = job.b_resident ? static_cast<char*>(job.b_resident->data)
+                             : slot.device_buffer + a_space;
+  char* d_c = job.keep_c ? static_cast<char*>(report->c_resident->data)
+                         : slot.device_buffer + a_space + b_space;
 
   const k::Accumulation acc =
       job.accumulation == Accumulation::kFp16 ? k::Accumulation::kFp16 : k::Accumulation::kFp32;
@@ -339,13 +428,13 @@ grpc::Status CudaBackend::Run(int slot_index, const GemmJob& job, GemmReport* re
   }
 
   CUDA_TRY(slot, cudaEventRecord(slot.start, slot.stream));
-  if (grpc::Status s = CopyToDevice(slot, d_a, reinterpret_cast<const char*>(job.a), a_bytes);
-      !s.ok()) {
-    return s;
+  if (!job.a_resident) {
+    grpc::Status s = CopyToDevice(slot, d_a, reinterpret_cast<const char*>(job.a), a_bytes);
+    if (!s.ok()) return s;
   }
-  if (grpc::Status s = CopyToDevice(slot, d_b, reinterpret_cast<const char*>(job.b), b_bytes);
-      !s.ok()) {
-    return s;
+  if (!job.b_resident) {
+    grpc::Status s = CopyToDevice(slot, d_b, reinterpret_cast<const char*>(job.b), b_bytes);
+    if (!s.ok()) return s;
   }
   CUDA_TRY(slot, cudaEventRecord(slot.h2d_done, slot.stream));
   if (std::string error = k::Launch(*variant, problem, *slot.launch_context); !error.empty()) {
@@ -355,9 +444,11 @@ grpc::Status CudaBackend::Run(int slot_index, const GemmJob& job, GemmReport* re
   }
   CUDA_TRY(slot, cudaEventRecord(slot.kernel_done, slot.stream));
   double d2h_ms = 0;
-  if (grpc::Status s = CopyToHost(slot, reinterpret_cast<char*>(job.c), d_c, c_bytes, &d2h_ms);
-      !s.ok()) {
-    return s;
+  if (job.keep_c) {
+    CUDA_TRY(slot, cudaEventSynchronize(slot.kernel_done));
+  } else {
+    grpc::Status s = CopyToHost(slot, reinterpret_cast<char*>(job.c), d_c, c_bytes, &d2h_ms);
+    if (!s.ok()) return s;
   }
   float h2d_ms = 0, kernel_ms = 0;
   CUDA_TRY(slot, cudaEventElapsedTime(&h2d_ms, slot.start, slot.h2d_done));

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 
 #include <grpcpp/support/status.h>
@@ -23,6 +24,23 @@ struct GemmShape {
   int64_t Bytes() const { return 2 * (m * k + k * n + m * n); }
 };
 
+// A matrix a backend keeps between calls (device memory on CUDA, host memory on the CPU).
+// Freed when the last reference goes: a GEMM holding one keeps it alive past its release.
+struct ResidentBuffer {
+  ResidentBuffer(int device_index, int64_t bytes, void* data, std::function<void(void*)> free)
+      : device_index(device_index), bytes(bytes), data(data), free_(std::move(free)) {}
+  ~ResidentBuffer() { free_(data); }
+  ResidentBuffer(const ResidentBuffer&) = delete;
+  ResidentBuffer& operator=(const ResidentBuffer&) = delete;
+
+  const int device_index;  // index into Backend::Devices()
+  const int64_t bytes;
+  void* const data;
+
+ private:
+  std::function<void(void*)> free_;
+};
+
 // Where the time of one GEMM went (milliseconds) and what ran it.
 struct GemmReport {
   double queue_wait_ms = 0;
@@ -35,6 +53,7 @@ struct GemmReport {
   int device_id = -1;
   std::string device_name;
   int stream_id = 0;
+  std::shared_ptr<ResidentBuffer> c_resident;  // C, when the job asked to keep it
 
   double Tflops(const GemmShape& shape) const {
     return kernel_ms > 0 ? shape.Flops() / (kernel_ms * 1e9) : 0;
@@ -48,9 +67,15 @@ struct GemmJob {
   std::string kernel = "auto";  // a backend variant name, or "auto"
   Accumulation accumulation = Accumulation::kFp32;
   std::string request_id;
-  const uint16_t* a = nullptr;  // m×k fp16, row-major
-  const uint16_t* b = nullptr;  // k×n fp16, row-major
-  uint16_t* c = nullptr;        // m×n fp16, row-major; written by the backend
+  const uint16_t* a = nullptr;  // m×k fp16, row-major (unused when a_resident is set)
+  const uint16_t* b = nullptr;  // k×n fp16, row-major (unused when b_resident is set)
+  uint16_t* c = nullptr;        // m×n fp16, row-major; written by the backend unless keep_c
+  std::shared_ptr<ResidentBuffer> a_resident;
+  std::shared_ptr<ResidentBuffer> b_resident;
+  // Leave C on the backend: Run allocates it and returns it in GemmReport::c_resident.
+  bool keep_c = false;
+  // The device the job must run on (where its resident operands are); -1: any.
+  int device_index = -1;
   Clock::time_point deadline = Clock::time_point::max();
   // True once the client has gone away; checked before the job runs. May be empty.
   std::function<bool()> is_cancelled;

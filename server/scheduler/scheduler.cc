@@ -42,13 +42,18 @@ grpc::Status Scheduler::Enqueue(GemmJob job, GemmDone done) {
       return status::QueueFull(fmt::format("queue full: {} of {} bytes admitted", admitted_bytes_,
                                            options_.max_queued_bytes));
     }
-    std::vector<double> loads;
-    for (const DeviceQueue& d : devices_) {
-      loads.push_back(double(d.entries.size() + d.running) / std::max(d.slots, 1));
+    int device_index = job.device_index;
+    if (device_index < 0) {
+      std::vector<double> loads;
+      for (const DeviceQueue& d : devices_) {
+        loads.push_back(double(d.entries.size() + d.running) / std::max(d.slots, 1));
+      }
+      device_index = PickLeastLoaded(loads);
     }
-    DeviceQueue& device = devices_[PickLeastLoaded(loads)];
+    DeviceQueue& device = devices_[device_index];
     device.entries.push_back({std::move(job), std::move(done), Clock::now()});
     queued_++;
+    admitted_total_++;
     admitted_bytes_ += bytes;
   }
   work_available_.notify_all();
@@ -68,7 +73,10 @@ void Scheduler::Shutdown() {
 
 Scheduler::Stats Scheduler::GetStats() const {
   std::lock_guard<std::mutex> lock(mu_);
-  Stats stats{.queued = queued_, .admitted_bytes = admitted_bytes_};
+  Stats stats{.queued = queued_,
+              .admitted_bytes = admitted_bytes_,
+              .admitted_total = admitted_total_,
+              .completed_total = completed_total_};
   for (const DeviceQueue& d : devices_) stats.running += d.running;
   return stats;
 }
@@ -90,6 +98,7 @@ void Scheduler::WorkerLoop(int slot) {
     {
       std::lock_guard<std::mutex> lock(mu_);
       device.running--;
+      completed_total_++;
       admitted_bytes_ -= entry.job.shape.Bytes();
     }
   }

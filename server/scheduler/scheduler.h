@@ -1,7 +1,8 @@
 // Scheduler: admission control and the queue between the transport and a Backend.
 //
-// Each backend device has a FIFO queue; a new job goes to the device with the fewest
-// outstanding (queued + running) jobs per slot. One worker thread per backend slot pulls from
+// Each backend device has a FIFO queue; a new job goes to the device it is pinned to (where its
+// resident operands live) or else to the one with the fewest outstanding (queued + running)
+// jobs per slot. One worker thread per backend slot pulls from
 // its device's queue and runs jobs to completion, so the jobs of different slots (CUDA
 // streams) overlap. Admission is bounded by queued jobs and by bytes of admitted jobs.
 // Thread safety: all methods are thread-safe.
@@ -51,6 +52,8 @@ class Scheduler {
     int64_t queued = 0;
     int64_t running = 0;
     int64_t admitted_bytes = 0;
+    int64_t admitted_total = 0;   // since start
+    int64_t completed_total = 0;  // since start, whatever the outcome
   };
   Stats GetStats() const;
 
@@ -77,6 +80,8 @@ class Scheduler {
   std::vector<DeviceQueue> devices_;  // guarded by mu_
   int64_t queued_ = 0;                // guarded by mu_
   int64_t admitted_bytes_ = 0;        // guarded by mu_
+  int64_t admitted_total_ = 0;        // guarded by mu_
+  int64_t completed_total_ = 0;       // guarded by mu_
   bool stopping_ = false;             // guarded by mu_
   std::vector<std::thread> workers_;
 };

@@ -25,6 +25,11 @@ class GatedBackend final : public Backend {
   int NumSlots() const override { return devices_ * slots_; }
   int SlotDevice(int slot) const override { return slot / slots_; }
   int64_t MaxJobBytes() const override { return 1 << 20; }
+  grpc::Status AllocateResident(int, int64_t, std::shared_ptr<ResidentBuffer>*) override {
+    return grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "");
+  }
+  grpc::Status WriteResident(ResidentBuffer&, const void*) override { return grpc::Status::OK; }
+  grpc::Status ReadResident(const ResidentBuffer&, void*) override { return grpc::Status::OK; }
 
   grpc::Status Run(int slot, const GemmJob& job, GemmReport* report) override {
     std::unique_lock<std::mutex> lock(mu_);
@@ -186,6 +191,20 @@ TEST(Scheduler, SpreadsJobsOverDevices) {
   for (auto& [code, report] : results.done) per_device[report.device_id]++;
   EXPECT_EQ(per_device[0], 4);
   EXPECT_EQ(per_device[1], 4);
+}
+
+TEST(Scheduler, JobPinnedToADeviceRunsThere) {
+  GatedBackend backend(2, 1);
+  Scheduler scheduler(&backend, {});
+  Results results;
+  backend.Open();
+  for (int i = 0; i < 6; ++i) {
+    GemmJob job = Job();
+    job.device_index = 1;  // e.g. its operands are resident there
+    ASSERT_TRUE(scheduler.Enqueue(job, results.Callback()).ok());
+  }
+  results.WaitFor(6);
+  for (auto& [code, report] : results.done) EXPECT_EQ(report.device_id, 1);
 }
 
 TEST(Scheduler, ShutdownRunsAdmittedJobsThenRefuses) {

@@ -1,0 +1,155 @@
+#include "server/resident/matrix_store.h"
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include <random>
+
+#include "server/status_util.h"
+
+namespace hgemm {
+namespace {
+
+constexpr size_t kRememberedGoneHandles = 100000;
+
+}  // namespace
+
+MatrixStore::MatrixStore(Backend* backend, const MatrixStoreOptions& options)
+    : backend_(backend), options_(options) {}
+
+std::string MatrixStore::NewHandle() {
+  static std::mutex mu;
+  static std::random_device entropy;
+  std::lock_guard<std::mutex> lock(mu);
+  return fmt::format("m-{:08x}{:08x}{:08x}{:08x}", entropy(), entropy(), entropy(), entropy());
+}
+
+grpc::Status MatrixStore::Allocate(const std::string& owner, int device_index, uint32_t rows,
+                                   uint32_t cols, std::shared_ptr<ResidentBuffer>* buffer) {
+  const int64_t bytes = 2 * int64_t(rows) * cols;
+  std::lock_guard<std::mutex> lock(mu_);
+  ExpireLocked(Clock::now());
+  if (client_bytes_[owner] + bytes > options_.quota_bytes_per_client) {
+    return status::OverLimit(fmt::format(
+        "client '{}' holds {} resident bytes; {} more would pass its quota of {}", owner,
+        client_bytes_[owner], bytes, options_.quota_bytes_per_client));
+  }
+  if (device_index < 0) {  // the device with the least resident data
+    std::vector<double> loads(backend_->Devices().size(), 0);
+    for (const auto& [handle, m] : matrices_) loads[m.buffer->device_index] += m.buffer->bytes;
+    device_index = int(std::min_element(loads.begin(), loads.end()) - loads.begin());
+  }
+  while (true) {
+    grpc::Status s = backend_->AllocateResident(device_index, bytes, buffer);
+    if (s.ok() || s.error_code() != grpc::StatusCode::RESOURCE_EXHAUSTED ||
+        !options_.lru_eviction || !EvictOneLocked(device_index)) {
+      return s;
+    }
+  }
+}
+
+ResidentMatrix MatrixStore::Add(const std::string& owner, uint32_t rows, uint32_t cols,
+                                std::shared_ptr<ResidentBuffer> buffer, std::chrono::seconds ttl,
+                                const std::string& label) {
+  ResidentMatrix m;
+  m.handle = NewHandle();
+  m.owner = owner;
+  m.rows = rows;
+  m.cols = cols;
+  m.buffer = std::move(buffer);
+  m.label = label;
+  m.created = m.last_used = Clock::now();
+  m.ttl = ttl.count() > 0 ? ttl : options_.default_ttl;
+  std::lock_guard<std::mutex> lock(mu_);
+  client_bytes_[owner] += m.buffer->bytes;
+  matrices_[m.handle] = m;
+  spdlog::debug("resident {} {}x{} on device {} for '{}'", m.handle, rows, cols,
+                m.buffer->device_index, owner);
+  return m;
+}
+
+grpc::Status MatrixStore::Lookup(const std::string& owner, const std::string& handle,
+                                 const std::string& field, ResidentMatrix* matrix) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const Clock::time_point now = Clock::now();
+  ExpireLocked(now);
+  auto it = matrices_.find(handle);
+  if (it == matrices_.end()) {
+    auto gone = gone_.find(handle);
+    return grpc::Status(grpc::StatusCode::NOT_FOUND,
+                        fmt::format("{}: matrix '{}' {}; upload it again", field, handle,
+                                    gone == gone_.end() ? "does not exist" : gone->second));
+  }
+  if (it->second.owner != owner) {
+    return grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
+                        fmt::format("{}: matrix '{}' belongs to another client", field, handle));
+  }
+  it->second.last_used = now;
+  *matrix = it->second;
+  return grpc::Status::OK;
+}
+
+grpc::Status MatrixStore::Release(const std::string& owner, const std::string& handle,
+                                  int64_t* freed_bytes) {
+  ResidentMatrix m;
+  if (grpc::Status s = Lookup(owner, handle, "handle", &m); !s.ok()) return s;
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = matrices_.find(handle);
+  if (it == matrices_.end()) return grpc::Status(grpc::StatusCode::NOT_FOUND, "handle: already released");
+  *freed_bytes = it->second.buffer->bytes;
+  ForgetLocked(it, "was released");
+  return grpc::Status::OK;
+}
+
+std::vector<ResidentMatrix> MatrixStore::List(const std::string& owner) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ExpireLocked(Clock::now());
+  std::vector<ResidentMatrix> out;
+  for (const auto& [handle, m] : matrices_) {
+    if (m.owner == owner) out.push_back(m);
+  }
+  return out;
+}
+
+int64_t MatrixStore::ClientBytes(const std::string& owner) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ExpireLocked(Clock::now());
+  auto it = client_bytes_.find(owner);
+  return it == client_bytes_.end() ? 0 : it->second;
+}
+
+void MatrixStore::ExpireLocked(Clock::time_point now) {
+  for (auto it = matrices_.begin(); it != matrices_.end();) {
+    auto next = std::next(it);
+    const ResidentMatrix& m = it->second;
+    if (m.ttl.count() > 0 && now - m.last_used > m.ttl) ForgetLocked(it, "expired (time to live)");
+    it = next;
+  }
+}
+
+bool MatrixStore::EvictOneLocked(int device_index) {
+  auto victim = matrices_.end();
+  for (auto it = matrices_.begin(); it != matrices_.end(); ++it) {
+    if (it->second.buffer->device_index != device_index) continue;
+    if (victim == matrices_.end() || it->second.last_used < victim->second.last_used) victim = it;
+  }
+  if (victim == matrices_.end()) return false;
+  spdlog::info("evicting resident matrix {} ({} bytes) of '{}'", victim->first,
+               victim->second.buffer->bytes, victim->second.owner);
+  ForgetLocked(victim, "was evicted (device memory full)");
+  return true;
+}
+
+void MatrixStore::ForgetLocked(std::map<std::string, ResidentMatrix>::iterator it,
+                               const char* why) {
+  client_bytes_[it->second.owner] -= it->second.buffer->bytes;
+  gone_[it->first] = why;
+  gone_order_.push_back(it->first);
+  if (gone_order_.size() > kRememberedGoneHandles) {
+    gone_.erase(gone_order_.front());
+    gone_order_.pop_front();
+  }
+  matrices_.erase(it);
+}
+
+}  // namespace hgemm
