@@ -1,0 +1,816 @@
+#include "bench/hgemm_load.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <condition_variable>
+#include <cstring>
+#include <mutex>
+#include <random>
+#include <regex>
+#include <sstream>
+#include <thread>
+
+#include "client/gemm_client.h"
+#include "kernels/host/cpu_gemm.h"
+
+namespace hgemm::bench {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+constexpr int kWrongReplySize = -1;  // a "status code" for a reply whose C has the wrong size
+
+// One completed call.
+struct Sample {
+  double end_s = 0;       // since the point started
+  double latency_ms = 0;  // send (or scheduled send) → reply complete
+  int shape = 0;
+  int code = 0;           // 0: OK; a gRPC status code; kWrongReplySize
+  double queue_ms = 0, h2d_ms = 0, kernel_ms = 0, d2h_ms = 0, total_ms = 0;
+};
+
+void CopyTiming(const v1::Timing& t, Sample* s) {
+  s->queue_ms = t.queue_wait_ms();
+  s->h2d_ms = t.host_to_device_ms();
+  s->kernel_ms = t.kernel_ms();
+  s->d2h_ms = t.device_to_host_ms();
+  s->total_ms = t.server_total_ms();
+}
+
+}  // namespace
+
+std::string Shape::Name() const { return fmt::format("{}x{}x{}", m, n, k); }
+
+std::string ParseShapes(const std::string& text, std::vector<Shape>* shapes) {
+  shapes->clear();
+  static const std::regex kShape(R"((\d+)x(\d+)x(\d+)(?::(\d+))?)");
+  std::stringstream in(text);
+  for (std::string item; std::getline(in, item, ',');) {
+    std::smatch match;
+    if (!std::regex_match(item, match, kShape)) {
+      return fmt::format("shape '{}': expected MxNxK or MxNxK:WEIGHT", item);
+    }
+    Shape s;
+    const unsigned long long m = std::stoull(match[1]), n = std::stoull(match[2]),
+                             k = std::stoull(match[3]);
+    if (m == 0 || n == 0 || k == 0 || m > UINT32_MAX || n > UINT32_MAX || k > UINT32_MAX) {
+      return fmt::format("shape '{}': dimensions must be in [1, 2^32)", item);
+    }
+    s.m = m, s.n = n, s.k = k;
+    if (match[4].matched) s.weight = std::stoi(match[4]);
+    if (s.weight < 1) return fmt::format("shape '{}': weight must be ≥ 1", item);
+    shapes->push_back(s);
+  }
+  return shapes->empty() ? "no shapes" : "";
+}
+
+std::string ParseIntList(const std::string& text, std::vector<int>* values) {
+  values->clear();
+  std::stringstream in(text);
+  for (std::string item; std::getline(in, item, ',');) {
+    if (!std::regex_match(item, std::regex(R"(\d+)")) || std::stoll(item) < 1 ||
+        std::stoll(item) > 100000) {
+      return fmt::format("'{}': expected a whole number in [1, 100000]", item);
+    }
+    values->push_back(std::stoi(item));
+  }
+  return values->empty() ? "empty list" : "";
+}
+
+std::string ParseDoubleList(const std::string& text, std::vector<double>* values) {
+  values->clear();
+  std::stringstream in(text);
+  for (std::string item; std::getline(in, item, ',');) {
+    char* end = nullptr;
+    const double v = std::strtod(item.c_str(), &end);
+    if (item.empty() || *end != '\0' || !(v > 0)) {
+      return fmt::format("'{}': expected a positive number", item);
+    }
+    values->push_back(v);
+  }
+  return values->empty() ? "empty list" : "";
+}
+
+const char* ModeName(Mode mode) { return mode == Mode::kUnary ? "unary" : "stream"; }
+const char* TargetName(Target target) { return target == Target::kService ? "service" : "echo"; }
+
+double Percentile(const std::vector<double>& sorted, double p) {
+  const double rank = std::ceil(p / 100.0 * sorted.size());
+  const size_t index = std::clamp<size_t>(rank < 1 ? 0 : size_t(rank) - 1, 0, sorted.size() - 1);
+  return sorted[index];
+}
+
+namespace load_internal {
+
+// The operands of one shape, in the message forms the callers send.
+struct Payload {
+  Shape shape;
+  v1::GemmRequest gemm;  // m, n, k, a, b, options
+  EchoRequest echo;      // payload = A then B, reply_bytes = C
+};
+
+}  // namespace load_internal
+
+// All samples of a point, in completion order. Thread-safe.
+class LoadGenerator::Recorder {
+ public:
+  void Add(const Sample& s, const std::string& error) {
+    std::lock_guard<std::mutex> lock(mu_);
+    samples_.push_back(s);
+    if (s.code != 0 && first_error_.empty()) first_error_ = error;
+  }
+  size_t size() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return samples_.size();
+  }
+  std::vector<Sample> Slice(size_t begin, size_t end) const {
+    std::lock_guard<std::mutex> lock(mu_);
+    end = std::min(end, samples_.size());
+    return std::vector<Sample>(samples_.begin() + std::min(begin, end), samples_.begin() + end);
+  }
+  std::string first_error() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return first_error_;
+  }
+
+ private:
+  mutable std::mutex mu_;
+  std::vector<Sample> samples_;  // guarded by mu_
+  std::string first_error_;      // guarded by mu_
+};
+
+namespace load_internal {
+
+// Makes one call at a time for one worker: fills a Sample's code and server timing.
+class Caller {
+ public:
+  virtual ~Caller() = default;
+  virtual void Call(const Payload& p, Sample* s) = 0;
+  // After a successful service call: C and where it ran.
+  const std::string& reply() const { return reply_; }
+  const v1::Execution& execution() const { return execution_; }
+  const std::string& error() const { return error_; }
+
+ protected:
+  void SetError(int code, const std::string& message, Sample* s) {
+    s->code = code;
+    error_ = fmt::format("{} (code {})", message, code);
+  }
+  void SetStatus(const grpc::Status& status, Sample* s) {
+    if (status.ok()) {
+      s->code = 0;
+    } else {
+      SetError(int(status.error_code()), status.error_message(), s);
+    }
+  }
+  void CheckSize(const Payload& p, size_t got, Sample* s) {
+    if (s->code == 0 && int64_t(got) != p.shape.ReplyBytes()) {
+      SetError(kWrongReplySize, fmt::format("reply of {} bytes, expected {}", got, p.shape.ReplyBytes()), s);
+    }
+  }
+
+  std::string reply_;
+  v1::Execution execution_;
+  std::string error_;
+};
+
+}  // namespace load_internal
+
+namespace {
+
+using load_internal::Caller;
+using load_internal::Payload;
+
+// GemmService.Gemm through the client library.
+class ServiceUnaryCaller final : public Caller {
+ public:
+  ServiceUnaryCaller(std::shared_ptr<grpc::Channel> channel, double timeout_s)
+      : client_(std::move(channel)) {
+    options_.timeout = std::chrono::milliseconds(int64_t(timeout_s * 1000));
+  }
+  void Call(const Payload& p, Sample* s) override {
+    SetStatus(client_.Gemm(p.gemm, &response_, options_), s);
+    if (s->code != 0) return;
+    CheckSize(p, response_.c().size(), s);
+    CopyTiming(response_.timing(), s);
+    reply_.swap(*response_.mutable_c());
+    execution_ = response_.execution();
+  }
+
+ private:
+  GemmClient client_;
+  CallOptions options_;
+  v1::GemmResponse response_;
+};
+
+// EchoService.Echo with the same payload sizes.
+class EchoUnaryCaller final : public Caller {
+ public:
+  EchoUnaryCaller(std::shared_ptr<grpc::Channel> channel, double timeout_s)
+      : stub_(EchoService::NewStub(std::move(channel))), timeout_s_(timeout_s) {}
+  void Call(const Payload& p, Sample* s) override {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() +
+                         std::chrono::milliseconds(int64_t(timeout_s_ * 1000)));
+    SetStatus(stub_->Echo(&context, p.echo, &response_), s);
+    CheckSize(p, response_.payload().size(), s);
+  }
+
+ private:
+  std::unique_ptr<EchoService::Stub> stub_;
+  const double timeout_s_;
+  EchoReply response_;
+};
+
+// Operand bytes as the stream sends them: A in chunks, then B in chunks.
+template <typename WriteChunk>
+bool WriteOperands(const v1::GemmRequest& r, int64_t chunk_bytes, WriteChunk write) {
+  for (auto [operand, bytes] :
+       {std::pair{v1::OPERAND_A, &r.a()}, std::pair{v1::OPERAND_B, &r.b()}}) {
+    for (size_t offset = 0; offset < bytes->size(); offset += chunk_bytes) {
+      const size_t n = std::min<size_t>(chunk_bytes, bytes->size() - offset);
+      if (!write(operand, offset, bytes->data() + offset, n)) return false;
+    }
+  }
+  return true;
+}
+
+// One GemmStream per worker, open for the whole point; one GEMM in flight on it. A broken
+// stream is finished (its status is the call's) and the next call opens a new one.
+class ServiceStreamCaller final : public Caller {
+ public:
+  ServiceStreamCaller(std::shared_ptr<grpc::Channel> channel,
+                      std::chrono::system_clock::time_point deadline, int64_t chunk_bytes)
+      : stub_(v1::GemmService::NewStub(std::move(channel))),
+        deadline_(deadline),
+        chunk_bytes_(chunk_bytes) {}
+  ~ServiceStreamCaller() override {
+    if (!stream_) return;
+    stream_->WritesDone();
+    Drain();
+  }
+
+  void Call(const Payload& p, Sample* s) override {
+    if (!stream_) {
+      context_ = std::make_unique<grpc::ClientContext>();
+      context_->set_deadline(deadline_);
+      stream_ = stub_->GemmStream(context_.get());
+    }
+    const uint64_t id = next_id_++;
+    v1::GemmStreamRequest message;
+    v1::GemmHeader* header = message.mutable_header();
+    header->set_gemm_id(id);
+    header->set_m(p.gemm.m());
+    header->set_n(p.gemm.n());
+    header->set_k(p.gemm.k());
+    *header->mutable_options() = p.gemm.options();
+    bool ok = stream_->Write(message);
+    ok = ok && WriteOperands(p.gemm, chunk_bytes_,
+                             [&](v1::Operand operand, size_t offset, const char* data, size_t n) {
+                               v1::MatrixChunk* chunk = message.mutable_chunk();
+                               chunk->set_gemm_id(id);
+                               chunk->set_operand(operand);
+                               chunk->set_offset(offset);
+                               chunk->set_data(data, n);
+                               return stream_->Write(message);
+                             });
+    if (!ok) return Broken(s);
+    reply_.resize(p.shape.ReplyBytes());
+    size_t received = 0;
+    while (stream_->Read(&response_)) {
+      if (response_.gemm_id() != id) {
+        return ProtocolError(int(grpc::StatusCode::INTERNAL),
+                             fmt::format("answer for gemm_id {}, expected {}", response_.gemm_id(), id), s);
+      }
+      if (response_.has_chunk()) {
+        const std::string& data = response_.chunk().data();
+        if (response_.chunk().offset() + data.size() > reply_.size()) {
+          return ProtocolError(kWrongReplySize, "result chunk past the end of C", s);
+        }
+        std::memcpy(reply_.data() + response_.chunk().offset(), data.data(), data.size());
+        received += data.size();
+      } else if (response_.has_done()) {
+        const v1::GemmDone& done = response_.done();
+        SetStatus(grpc::Status(grpc::StatusCode(done.status_code()), done.status_message()), s);
+        CheckSize(p, received, s);
+        CopyTiming(done.timing(), s);
+        execution_ = done.execution();
+        return;
+      }
+    }
+    Broken(s);
+  }
+
+ private:
+  void Drain() {
+    while (stream_->Read(&response_)) {
+    }
+    status_ = stream_->Finish();
+    stream_.reset();
+    context_.reset();
+  }
+  void Broken(Sample* s) {
+    Drain();
+    SetStatus(status_.ok() ? grpc::Status(grpc::StatusCode::UNKNOWN, "stream ended early") : status_, s);
+  }
+  // An answer that does not fit the call: the stream can't be trusted any more; cancel it and
+  // let the next call open a new one.
+  void ProtocolError(int code, const std::string& message, Sample* s) {
+    context_->TryCancel();
+    Drain();
+    SetError(code, message, s);
+  }
+
+  std::unique_ptr<v1::GemmService::Stub> stub_;
+  const std::chrono::system_clock::time_point deadline_;
+  const int64_t chunk_bytes_;
+  std::unique_ptr<grpc::ClientContext> context_;
+  std::unique_ptr<grpc::ClientReaderWriter<v1::GemmStreamRequest, v1::GemmStreamResponse>> stream_;
+  v1::GemmStreamResponse response_;
+  grpc::Status status_;
+  uint64_t next_id_ = 0;
+};
+
+// EchoService.EchoStream, the same shape of traffic as ServiceStreamCaller: the same chunks up,
+// replies in the server's chunk size down, reassembled into one buffer as C is.
+class EchoStreamCaller final : public Caller {
+ public:
+  EchoStreamCaller(std::shared_ptr<grpc::Channel> channel,
+                   std::chrono::system_clock::time_point deadline, int64_t chunk_bytes,
+                   int64_t reply_chunk_bytes)
+      : stub_(EchoService::NewStub(std::move(channel))),
+        deadline_(deadline),
+        chunk_bytes_(chunk_bytes),
+        reply_chunk_bytes_(reply_chunk_bytes) {}
+  ~EchoStreamCaller() override {
+    if (!stream_) return;
+    stream_->WritesDone();
+    Drain();
+  }
+
+  void Call(const Payload& p, Sample* s) override {
+    if (!stream_) {
+      context_ = std::make_unique<grpc::ClientContext>();
+      context_->set_deadline(deadline_);
+      stream_ = stub_->EchoStream(context_.get());
+    }
+    const uint64_t id = next_id_++;
+    EchoStreamRequest message;
+    EchoHeader* header = message.mutable_header();
+    header->set_call_id(id);
+    header->set_request_bytes(p.shape.RequestBytes());
+    header->set_reply_bytes(p.shape.ReplyBytes());
+    header->set_reply_chunk_bytes(reply_chunk_bytes_);
+    bool ok = stream_->Write(message);
+    ok = ok && WriteOperands(p.gemm, chunk_bytes_,
+                             [&](v1::Operand, size_t, const char* data, size_t n) {
+                               message.set_data(data, n);
+                               return stream_->Write(message);
+                             });
+    if (!ok) return Broken(s);
+    reply_.resize(p.shape.ReplyBytes());
+    size_t received = 0;
+    while (stream_->Read(&response_)) {
+      if (response_.call_id() != id) {
+        return ProtocolError(int(grpc::StatusCode::INTERNAL), "answer for another call", s);
+      }
+      const std::string& data = response_.data();
+      if (received + data.size() > reply_.size()) {
+        return ProtocolError(kWrongReplySize, "reply past the end", s);
+      }
+      std::memcpy(reply_.data() + received, data.data(), data.size());
+      received += data.size();
+      if (response_.done()) {
+        s->code = 0;
+        CheckSize(p, received, s);
+        return;
+      }
+    }
+    Broken(s);
+  }
+
+ private:
+  void Drain() {
+    while (stream_->Read(&response_)) {
+    }
+    status_ = stream_->Finish();
+    stream_.reset();
+    context_.reset();
+  }
+  void Broken(Sample* s) {
+    Drain();
+    SetStatus(status_.ok() ? grpc::Status(grpc::StatusCode::UNKNOWN, "stream ended early") : status_, s);
+  }
+  // An answer that does not fit the call: the stream can't be trusted any more; cancel it and
+  // let the next call open a new one.
+  void ProtocolError(int code, const std::string& message, Sample* s) {
+    context_->TryCancel();
+    Drain();
+    SetError(code, message, s);
+  }
+
+  std::unique_ptr<EchoService::Stub> stub_;
+  const std::chrono::system_clock::time_point deadline_;
+  const int64_t chunk_bytes_;
+  const int64_t reply_chunk_bytes_;
+  std::unique_ptr<grpc::ClientContext> context_;
+  std::unique_ptr<grpc::ClientReaderWriter<EchoStreamRequest, EchoStreamReply>> stream_;
+  EchoStreamReply response_;
+  grpc::Status status_;
+  uint64_t next_id_ = 0;
+};
+
+// Statistics of the successful samples among `samples` (of one shape, or all if shape < 0).
+// The server breakdown only for `kind` kService (the echo reports no timing).
+PointStats Summarize(const std::vector<Sample>& samples, int shape, double seconds,
+                     const std::vector<Shape>& shapes, Target kind) {
+  PointStats st;
+  st.shape = shape >= 0 ? shapes[shape].Name() : shapes.size() == 1 ? shapes[0].Name() : "mix";
+  st.seconds = seconds;
+  std::vector<double> latencies;
+  double flops = 0, bytes = 0, sum = 0;
+  for (const Sample& s : samples) {
+    if (shape >= 0 && s.shape != shape) continue;
+    if (s.code != 0) {
+      ++st.errors;
+      continue;
+    }
+    latencies.push_back(s.latency_ms);
+    sum += s.latency_ms;
+    bytes += double(shapes[s.shape].PayloadBytes());
+    if (kind != Target::kService) continue;
+    flops += shapes[s.shape].Flops();
+    ServerBreakdown& b = st.server;
+    ++b.count;
+    b.queue_ms += s.queue_ms;
+    b.h2d_ms += s.h2d_ms;
+    b.kernel_ms += s.kernel_ms;
+    b.d2h_ms += s.d2h_ms;
+    b.total_ms += s.total_ms;
+  }
+  st.requests = int64_t(latencies.size());
+  if (st.requests == 0) return st;
+  ServerBreakdown& b = st.server;
+  if (b.count > 0) {
+    for (double* v : {&b.queue_ms, &b.h2d_ms, &b.kernel_ms, &b.d2h_ms, &b.total_ms}) *v /= b.count;
+  }
+  std::sort(latencies.begin(), latencies.end());
+  st.p50_ms = Percentile(latencies, 50);
+  st.p90_ms = Percentile(latencies, 90);
+  st.p99_ms = Percentile(latencies, 99);
+  st.min_ms = latencies.front();
+  st.max_ms = latencies.back();
+  st.mean_ms = sum / st.requests;
+  if (seconds > 0) {
+    st.requests_per_s = st.requests / seconds;
+    st.gflops = flops / seconds / 1e9;
+    st.payload_gb_per_s = bytes / seconds / 1e9;
+  }
+  return st;
+}
+
+}  // namespace
+
+LoadGenerator::LoadGenerator(LoadOptions options) : options_(std::move(options)) {
+  std::mt19937_64 rng(options_.seed);
+  for (const Shape& shape : options_.shapes) {
+    auto p = std::make_unique<Payload>();
+    p->shape = shape;
+    const std::vector<uint16_t> a = RandomHalfMatrix(int64_t(shape.m) * shape.k, rng);
+    const std::vector<uint16_t> b = RandomHalfMatrix(int64_t(shape.k) * shape.n, rng);
+    p->gemm.set_m(shape.m);
+    p->gemm.set_n(shape.n);
+    p->gemm.set_k(shape.k);
+    p->gemm.set_a(reinterpret_cast<const char*>(a.data()), 2 * a.size());
+    p->gemm.set_b(reinterpret_cast<const char*>(b.data()), 2 * b.size());
+    p->gemm.mutable_options()->set_kernel(options_.kernel);
+    p->gemm.mutable_options()->set_accumulation(options_.accumulation);
+    std::string* payload = p->echo.mutable_payload();
+    payload->reserve(shape.RequestBytes());
+    payload->append(p->gemm.a()).append(p->gemm.b());
+    p->echo.set_reply_bytes(shape.ReplyBytes());
+    payloads_.push_back(std::move(p));
+  }
+}
+
+LoadGenerator::~LoadGenerator() = default;
+
+std::shared_ptr<grpc::Channel> LoadGenerator::MakeChannel(const std::string& target) {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(-1);
+  args.SetMaxSendMessageSize(-1);
+  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  return grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
+}
+
+std::unique_ptr<load_internal::Caller> LoadGenerator::MakeCaller(
+    Target kind, const std::shared_ptr<grpc::Channel>& channel,
+    std::chrono::system_clock::time_point stream_deadline) const {
+  const LoadOptions& o = options_;
+  if (kind == Target::kService) {
+    if (o.mode == Mode::kUnary) return std::make_unique<ServiceUnaryCaller>(channel, o.call_timeout_s);
+    return std::make_unique<ServiceStreamCaller>(channel, stream_deadline, o.chunk_bytes);
+  }
+  if (o.mode == Mode::kUnary) return std::make_unique<EchoUnaryCaller>(channel, o.call_timeout_s);
+  return std::make_unique<EchoStreamCaller>(channel, stream_deadline, o.chunk_bytes,
+                                            o.reply_chunk_bytes);
+}
+
+VerifyResult LoadGenerator::Verify(const std::string& target, int per_shape) {
+  VerifyResult result;
+  const auto deadline = std::chrono::system_clock::now() +
+                        std::chrono::milliseconds(int64_t(options_.call_timeout_s * 1000)) *
+                            (per_shape * payloads_.size() + 1);
+  std::unique_ptr<Caller> caller = MakeCaller(Target::kService, MakeChannel(target), deadline);
+  std::mt19937_64 rng(options_.seed ^ 0x5eed);
+  for (const auto& p : payloads_) {
+    const Shape& shape = p->shape;
+    for (int i = 0; i < per_shape; ++i) {
+      ++result.checked;
+      Sample s;
+      caller->Call(*p, &s);
+      if (s.code != 0) {
+        ++result.failed;
+        result.lines.push_back(fmt::format("{}: call failed: {}", shape.Name(), caller->error()));
+        continue;
+      }
+      int64_t rows = shape.m, row0 = 0;
+      if (shape.Flops() / 2 > double(int64_t{1} << 27)) {
+        rows = std::min<int64_t>(shape.m, 16);
+        row0 = int64_t(rng() % uint64_t(shape.m - rows + 1));
+      }
+      const auto* a = reinterpret_cast<const uint16_t*>(p->gemm.a().data());
+      const auto* b = reinterpret_cast<const uint16_t*>(p->gemm.b().data());
+      const auto* c = reinterpret_cast<const uint16_t*>(caller->reply().data());
+      const std::vector<float> reference =
+          ReferenceGemm(a + row0 * shape.k, b, rows, shape.n, shape.k);
+      const double error =
+          RelativeFrobeniusError(c + row0 * shape.n, reference.data(), rows * int64_t(shape.n));
+      const v1::Execution& e = caller->execution();
+      const double tolerance = e.accumulation() == v1::ACCUMULATION_FP16 ? 2e-2 : 1e-3;
+      const bool ok = error <= tolerance;
+      if (!ok) ++result.failed;
+      result.max_error = std::max(result.max_error, error);
+      result.lines.push_back(fmt::format(
+          "{} rows {}..{}: kernel {} ({}) on {} [{}], relative error {:.2e} (tolerance {:.0e}): {}",
+          shape.Name(), row0, row0 + rows - 1, e.kernel(),
+          e.accumulation() == v1::ACCUMULATION_FP16 ? "fp16" : "fp32",
+          e.device_name().empty() ? "-" : e.device_name(), e.backend().empty() ? "-" : e.backend(),
+          error, tolerance, ok ? "OK" : "FAILED"));
+    }
+  }
+  return result;
+}
+
+PointResult LoadGenerator::RunPoint(Target kind, const std::string& target, int concurrency,
+                                    double rate_per_s) {
+  const LoadOptions& o = options_;
+  PointResult result;
+  result.target = kind;
+  result.mode = o.mode;
+  result.concurrency = concurrency;
+  result.rate_per_s = rate_per_s;
+  for (const Shape& shape : o.shapes) {
+    result.shapes += (result.shapes.empty() ? "" : ",") + shape.Name() +
+                     (o.shapes.size() > 1 ? fmt::format(":{}", shape.weight) : "");
+  }
+
+  const int per_channel = o.workers_per_channel <= 0 ? concurrency : o.workers_per_channel;
+  std::vector<std::shared_ptr<grpc::Channel>> channels;
+  for (int i = 0; i < (concurrency + per_channel - 1) / per_channel; ++i) {
+    channels.push_back(MakeChannel(target));
+  }
+  std::vector<int> weights;
+  for (const auto& p : payloads_) weights.push_back(p->shape.weight);
+
+  const auto stream_deadline =
+      std::chrono::system_clock::now() +
+      std::chrono::milliseconds(int64_t((o.max_point_s + o.call_timeout_s) * 1000));
+  const Clock::time_point start = Clock::now();
+  const Clock::time_point hard_end = start + std::chrono::milliseconds(int64_t(o.max_point_s * 1000));
+  Recorder recorder;
+  std::atomic<bool> stop{false};
+  std::atomic<int> warm_workers{0};
+  std::atomic<int64_t> next_ticket{0};
+  std::mutex stop_mu;
+  std::condition_variable stop_cv;
+
+  auto worker = [&](int index) {
+    std::unique_ptr<Caller> caller = MakeCaller(kind, channels[index / per_channel], stream_deadline);
+    std::mt19937_64 rng(o.seed + 7919 * (index + 1));
+    std::discrete_distribution<int> pick(weights.begin(), weights.end());
+    bool warm = false;
+    while (!stop.load()) {
+      Clock::time_point begin = Clock::now();
+      if (rate_per_s > 0) {
+        const int64_t ticket = next_ticket++;
+        begin = start + std::chrono::nanoseconds(int64_t(ticket * 1e9 / rate_per_s));
+        if (begin >= hard_end) break;
+        std::unique_lock<std::mutex> lock(stop_mu);
+        if (stop_cv.wait_until(lock, begin, [&] { return stop.load(); })) break;
+      }
+      Sample s;
+      s.shape = pick(rng);
+      caller->Call(*payloads_[s.shape], &s);
+      const Clock::time_point end = Clock::now();
+      s.end_s = Seconds(end - start);
+      s.latency_ms = Seconds(end - begin) * 1e3;
+      recorder.Add(s, caller->error());
+      if (!warm) {
+        warm = true;
+        ++warm_workers;
+      }
+      // The server says "not now" (queue full): back off a little instead of spinning.
+      if (s.code == int(grpc::StatusCode::UNAVAILABLE) ||
+          s.code == int(grpc::StatusCode::RESOURCE_EXHAUSTED)) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+    }
+  };
+  std::vector<std::thread> threads;
+  for (int i = 0; i < concurrency; ++i) threads.emplace_back(worker, i);
+
+  auto elapsed = [&] { return Seconds(Clock::now() - start); };
+  const auto poll = std::chrono::milliseconds(5);
+  // Warm-up: connections, streams, the server's per-shape kernel choice and buffers.
+  while (elapsed() < o.max_point_s) {
+    const bool all_warm = rate_per_s > 0 ? recorder.size() > 0 : warm_workers.load() >= concurrency;
+    if (elapsed() >= o.warmup_s && all_warm) break;
+    std::this_thread::sleep_for(poll);
+  }
+  result.warmup_requests = int64_t(recorder.size());
+
+  struct Window {
+    size_t begin = 0, end = 0;
+    double t0 = 0, t1 = 0;
+    double requests_per_s = 0, p50_ms = 0;
+    int64_t ok = 0;
+  };
+  std::vector<Window> windows;
+  auto within = [&](auto get) {
+    const size_t k = o.stable_windows;
+    if (windows.size() < k) return false;
+    double mean = 0;
+    for (size_t i = windows.size() - k; i < windows.size(); ++i) mean += get(windows[i]) / k;
+    for (size_t i = windows.size() - k; i < windows.size(); ++i) {
+      if (windows[i].ok == 0 || std::abs(get(windows[i]) - mean) > o.stable_tolerance * mean) return false;
+    }
+    return mean > 0;
+  };
+  while (elapsed() < o.max_point_s) {
+    Window w;
+    w.begin = recorder.size();
+    w.t0 = elapsed();
+    while (elapsed() < o.max_point_s) {
+      if (elapsed() - w.t0 >= o.window_s &&
+          recorder.size() - w.begin >= size_t(o.min_window_requests)) {
+        break;
+      }
+      std::this_thread::sleep_for(poll);
+    }
+    w.t1 = elapsed();
+    w.end = recorder.size();
+    std::vector<double> latencies;
+    for (const Sample& s : recorder.Slice(w.begin, w.end)) {
+      if (s.code == 0) latencies.push_back(s.latency_ms);
+    }
+    w.ok = int64_t(latencies.size());
+    if (!latencies.empty()) {
+      std::sort(latencies.begin(), latencies.end());
+      w.p50_ms = Percentile(latencies, 50);
+      w.requests_per_s = w.ok / std::max(w.t1 - w.t0, 1e-9);
+    }
+    windows.push_back(w);
+    if (within([](const Window& x) { return x.requests_per_s; }) &&
+        within([](const Window& x) { return x.p50_ms; })) {
+      result.stable = true;
+      break;
+    }
+    if (int(windows.size()) >= o.max_windows) break;
+  }
+  stop = true;
+  {
+    std::lock_guard<std::mutex> lock(stop_mu);
+    stop_cv.notify_all();
+  }
+  for (std::thread& t : threads) t.join();
+  result.elapsed_s = elapsed();
+  result.windows = int(windows.size());
+  result.first_error = recorder.first_error();
+  for (const Sample& s : recorder.Slice(0, recorder.size())) {
+    if (s.code != 0) ++result.error_codes[s.code];
+  }
+
+  // Statistics over the stable windows, or over all of them when it never settled.
+  std::vector<Sample> measured;
+  double seconds = 0;
+  if (!windows.empty()) {
+    const size_t first = result.stable ? windows.size() - o.stable_windows : 0;
+    measured = recorder.Slice(windows[first].begin, windows.back().end);
+    seconds = windows.back().t1 - windows[first].t0;
+  }
+  result.stats.push_back(Summarize(measured, -1, seconds, o.shapes, kind));
+  if (o.shapes.size() > 1) {
+    for (size_t i = 0; i < o.shapes.size(); ++i) {
+      result.stats.push_back(Summarize(measured, int(i), seconds, o.shapes, kind));
+    }
+  }
+  return result;
+}
+
+namespace {
+
+const PointStats* Match(const PointResult* echo, const std::string& shape) {
+  if (echo == nullptr) return nullptr;
+  for (const PointStats& s : echo->stats) {
+    if (s.shape == shape) return &s;
+  }
+  return nullptr;
+}
+
+std::string ErrorCodes(const PointResult& p) {
+  std::string out;
+  for (auto [code, count] : p.error_codes) {
+    out += fmt::format("{}{}:{}", out.empty() ? "" : " ", code, count);
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string FormatTableHeader() {
+  return fmt::format(
+      "{:<7} {:<6} {:>4} {:>6} {:<16} {:>7} {:>5} {:>9} {:>9} {:>9} {:>9} {:>9} {:>8} {:>7} | "
+      "{:>8} {:>7} {:>9} {:>7} {:>9} | {:>3} {:<6}\n",
+      "target", "mode", "conc", "rate", "shape", "reqs", "err", "req/s", "p50_ms", "p90_ms",
+      "p99_ms", "GFLOP/s", "GB/s", "vs_echo", "queue_ms", "h2d_ms", "kernel_ms", "d2h_ms",
+      "server_ms", "win", "stable");
+}
+
+std::string FormatTableRows(const PointResult& p, const PointResult* echo) {
+  std::string out;
+  const std::string rate = p.rate_per_s > 0 ? fmt::format("{:.0f}", p.rate_per_s) : "-";
+  for (const PointStats& s : p.stats) {
+    const PointStats* e = p.target == Target::kService ? Match(echo, s.shape) : nullptr;
+    const std::string ratio =
+        e && e->payload_gb_per_s > 0 ? fmt::format("{:.2f}", s.payload_gb_per_s / e->payload_gb_per_s) : "-";
+    std::string server;
+    if (p.target == Target::kService && s.server.count > 0) {
+      server = fmt::format("{:>8.3f} {:>7.3f} {:>9.3f} {:>7.3f} {:>9.3f}", s.server.queue_ms,
+                           s.server.h2d_ms, s.server.kernel_ms, s.server.d2h_ms, s.server.total_ms);
+    } else {
+      server = fmt::format("{:>8} {:>7} {:>9} {:>7} {:>9}", "-", "-", "-", "-", "-");
+    }
+    const std::string gflops = p.target == Target::kService ? fmt::format("{:.1f}", s.gflops) : "-";
+    out += fmt::format(
+        "{:<7} {:<6} {:>4} {:>6} {:<16} {:>7} {:>5} {:>9.1f} {:>9.3f} {:>9.3f} {:>9.3f} {:>9} "
+        "{:>8.3f} {:>7} | {} | {:>3} {:<6}\n",
+        TargetName(p.target), ModeName(p.mode), p.concurrency, rate, s.shape, s.requests, s.errors,
+        s.requests_per_s, s.p50_ms, s.p90_ms, s.p99_ms, gflops, s.payload_gb_per_s, ratio, server,
+        p.windows, p.stable ? "yes" : "no");
+  }
+  if (!p.error_codes.empty()) {
+    out += fmt::format("  errors (code:count) {}; first: {}\n", ErrorCodes(p), p.first_error);
+  }
+  return out;
+}
+
+void WriteCsvHeader(std::ostream& out) {
+  out << "device,backend,target,mode,concurrency,rate_per_s,shape,requests,errors,seconds,"
+         "requests_per_s,p50_ms,p90_ms,p99_ms,mean_ms,min_ms,max_ms,gflops,payload_gb_per_s,"
+         "echo_payload_gb_per_s,ratio_to_echo,server_queue_ms,server_h2d_ms,server_kernel_ms,"
+         "server_d2h_ms,server_total_ms,windows,stable,warmup_requests,error_codes,shapes\n";
+}
+
+void WriteCsvRows(std::ostream& out, const PointResult& p, const PointResult* echo,
+                  const std::string& device, const std::string& backend) {
+  auto quote = [](std::string s) {
+    std::replace(s.begin(), s.end(), '"', '\'');
+    return "\"" + s + "\"";
+  };
+  for (const PointStats& s : p.stats) {
+    const PointStats* e = p.target == Target::kService ? Match(echo, s.shape) : nullptr;
+    const bool server = p.target == Target::kService;
+    out << fmt::format(
+        "{},{},{},{},{},{},{},{},{},{:.4f},{:.6g},{:.6g},{:.6g},{:.6g},{:.6g},{:.6g},{:.6g},{:.6g},"
+        "{:.6g},{},{},{},{},{},{},{},{},{},{},{},{}\n",
+        quote(device), backend, TargetName(p.target), ModeName(p.mode), p.concurrency, p.rate_per_s,
+        s.shape, s.requests, s.errors, s.seconds, s.requests_per_s, s.p50_ms, s.p90_ms, s.p99_ms,
+        s.mean_ms, s.min_ms, s.max_ms, s.gflops, s.payload_gb_per_s,
+        e ? fmt::format("{:.6g}", e->payload_gb_per_s) : "",
+        e && e->payload_gb_per_s > 0 ? fmt::format("{:.4f}", s.payload_gb_per_s / e->payload_gb_per_s) : "",
+        server ? fmt::format("{:.6g}", s.server.queue_ms) : "",
+        server ? fmt::format("{:.6g}", s.server.h2d_ms) : "",
+        server ? fmt::format("{:.6g}", s.server.kernel_ms) : "",
+        server ? fmt::format("{:.6g}", s.server.d2h_ms) : "",
+        server ? fmt::format("{:.6g}", s.server.total_ms) : "", p.windows, p.stable ? 1 : 0,
+        p.warmup_requests, quote(ErrorCodes(p)), quote(p.shapes));
+  }
+}
+
+}  // namespace hgemm::bench

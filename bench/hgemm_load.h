@@ -1,0 +1,182 @@
+// LoadGenerator: the core of hgemm_load. Drives an hgemm.v1.GemmService, or the EchoService
+// transport baseline (bench/echo.proto) with the same payload sizes, from a number of worker
+// threads, and measures what a client sees: latency percentiles, requests/s, GFLOP/s and payload
+// bytes/s (A + B + C), next to the server's own timing (queue, H2D, kernel, D2H).
+//
+// A sweep point runs `concurrency` workers. Closed loop (rate 0): each worker has one call in
+// flight and sends the next as soon as one returns. Open loop (rate > 0): calls are scheduled at
+// fixed intervals over all workers, `concurrency` caps the calls in flight, and latency runs from
+// the scheduled send time (a late send counts against the server, no coordinated omission).
+// A point is a warm-up (results dropped), then measurement windows until `stable_windows`
+// consecutive windows agree within `stable_tolerance` on requests/s and p50 latency, or until
+// `max_windows` or `max_point_s`, so a point always ends.
+//
+// Operands are random fp16 in [-1, 1), generated once per shape and reused by every call.
+// Thread safety: one thread uses a LoadGenerator at a time; RunPoint starts and joins its own
+// worker threads.
+#ifndef HGEMM_BENCH_HGEMM_LOAD_H_
+#define HGEMM_BENCH_HGEMM_LOAD_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "bench/echo.grpc.pb.h"
+#include "proto/hgemm.grpc.pb.h"
+
+namespace hgemm::bench {
+
+namespace load_internal {
+struct Payload;  // the operands of one shape, in the forms the callers send
+class Caller;    // one worker's calls of one kind (service or echo, unary or stream)
+}  // namespace load_internal
+
+// One GEMM shape of the mix; `weight` is its share of the calls.
+struct Shape {
+  uint32_t m = 0, n = 0, k = 0;
+  int weight = 1;
+
+  int64_t RequestBytes() const { return 2 * (int64_t(m) * k + int64_t(k) * n); }  // A + B
+  int64_t ReplyBytes() const { return 2 * int64_t(m) * n; }                        // C
+  int64_t PayloadBytes() const { return RequestBytes() + ReplyBytes(); }
+  double Flops() const { return 2.0 * m * n * k; }
+  std::string Name() const;  // "256x256x256"
+};
+
+// Parses "256x256x256,2048x2048x2048:3" (MxNxK, optional ":weight", default 1).
+// Returns "" or what is wrong.
+std::string ParseShapes(const std::string& text, std::vector<Shape>* shapes);
+// Parses "1,2,4" into positive numbers. Returns "" or what is wrong.
+std::string ParseIntList(const std::string& text, std::vector<int>* values);
+std::string ParseDoubleList(const std::string& text, std::vector<double>* values);
+
+enum class Mode { kUnary, kStream };
+enum class Target { kService, kEcho };
+const char* ModeName(Mode mode);
+const char* TargetName(Target target);
+
+struct LoadOptions {
+  std::vector<Shape> shapes;
+  // unary: one Gemm (Echo) call per GEMM. stream: one GemmStream (EchoStream) per worker, kept
+  // open for the whole point, one GEMM in flight on it at a time.
+  Mode mode = Mode::kUnary;
+  std::string kernel = "auto";
+  v1::Accumulation accumulation = v1::ACCUMULATION_UNSPECIFIED;
+  // Workers per gRPC channel (each channel is its own TCP connection); 0: one channel for all.
+  int workers_per_channel = 1;
+  // Warm-up: at least this long and until every worker has completed a call.
+  double warmup_s = 1.0;
+  // A window lasts at least window_s and until it holds min_window_requests completions.
+  double window_s = 1.0;
+  int min_window_requests = 10;
+  int stable_windows = 3;
+  double stable_tolerance = 0.10;  // each window within ±10 % of the windows' mean
+  int max_windows = 10;
+  // Hard bound on one point (warm-up + windows); in-flight calls still finish after it.
+  double max_point_s = 30;
+  // Deadline of one call (unary) or of a point's streams on top of max_point_s.
+  double call_timeout_s = 120;
+  // Operand chunk size of stream mode (both targets).
+  int64_t chunk_bytes = int64_t{1} << 20;
+  // Reply chunk size the echo stream uses: set it to the server's stream_chunk_bytes.
+  int64_t reply_chunk_bytes = int64_t{1} << 20;
+  uint64_t seed = 20261203;
+};
+
+// Means of the server-reported timing of successful calls, in milliseconds.
+struct ServerBreakdown {
+  int64_t count = 0;
+  double queue_ms = 0, h2d_ms = 0, kernel_ms = 0, d2h_ms = 0, total_ms = 0;
+};
+
+// The measured windows of one point, for all shapes together or for one shape of the mix.
+struct PointStats {
+  std::string shape;          // "256x256x256", or "mix" for all shapes of a mix together
+  int64_t requests = 0;       // successful calls
+  int64_t errors = 0;         // failed calls (any status but OK, or a C of the wrong size)
+  double seconds = 0;         // length of the measured windows
+  double requests_per_s = 0;  // successful calls / seconds
+  double gflops = 0;          // 2·m·n·k of successful calls / seconds / 1e9 (0 for the echo)
+  double payload_gb_per_s = 0;  // (A + B + C) bytes of successful calls / seconds / 1e9
+  double p50_ms = 0, p90_ms = 0, p99_ms = 0, mean_ms = 0, min_ms = 0, max_ms = 0;
+  ServerBreakdown server;     // all zeros for the echo target
+};
+
+struct PointResult {
+  Target target = Target::kService;
+  Mode mode = Mode::kUnary;
+  int concurrency = 0;
+  double rate_per_s = 0;
+  std::string shapes;   // the mix: "256x256x256", or "64x64x64:3,128x96x160"
+  int windows = 0;      // measurement windows run
+  bool stable = false;  // the last stable_windows windows agreed; stats are over them
+  double elapsed_s = 0; // warm-up + windows
+  int64_t warmup_requests = 0;
+  std::map<int, int64_t> error_codes;  // gRPC code (-1: wrong C size) → count, whole point
+  std::string first_error;
+  std::vector<PointStats> stats;  // [0]: all shapes; then one per shape if the mix has > 1
+};
+
+struct VerifyResult {
+  int checked = 0;
+  int failed = 0;
+  double max_error = 0;
+  std::vector<std::string> lines;  // one per call: shape, kernel, device, error
+};
+
+// Percentile (0 < p ≤ 100) by nearest rank. REQUIRES: `sorted` ascending, non-empty.
+double Percentile(const std::vector<double>& sorted, double p);
+
+class LoadGenerator {
+ public:
+  // Generates the operands of every shape. REQUIRES: !options.shapes.empty().
+  explicit LoadGenerator(LoadOptions options);
+  ~LoadGenerator();
+
+  const LoadOptions& options() const { return options_; }
+
+  // A channel to `target` with hgemm::Connect's settings (no message size limits) and its own
+  // TCP connection (a local subchannel pool), for both targets alike.
+  static std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target);
+
+  // Sends `per_shape` GEMMs of each shape to the service at `target` in options().mode and
+  // compares C with ReferenceGemm: all of C when m·n·k ≤ 2^27, else 16 random rows. The
+  // tolerance is 1e-3 (fp32 accumulation) or 2e-2 (fp16), as in hgemm_client --check.
+  VerifyResult Verify(const std::string& target, int per_shape);
+
+  // One point of a sweep against `target` (an hgemm server for kService, an echo server for
+  // kEcho): `concurrency` workers, closed loop (rate_per_s 0) or open loop at rate_per_s calls/s
+  // over all workers.
+  PointResult RunPoint(Target kind, const std::string& target, int concurrency,
+                       double rate_per_s = 0);
+
+ private:
+  using Payload = load_internal::Payload;
+  using Caller = load_internal::Caller;
+  class Recorder;
+  std::unique_ptr<Caller> MakeCaller(Target kind, const std::shared_ptr<grpc::Channel>& channel,
+                                     std::chrono::system_clock::time_point stream_deadline) const;
+
+  const LoadOptions options_;
+  std::vector<std::unique_ptr<Payload>> payloads_;  // one per shape
+};
+
+// The readable table: a header, and rows for a point (with `echo`, the same point of the
+// baseline, for the service row's "vs echo" column; may be null).
+std::string FormatTableHeader();
+std::string FormatTableRows(const PointResult& point, const PointResult* echo);
+
+// CSV with the same columns; `device` and `backend` name where the service ran.
+void WriteCsvHeader(std::ostream& out);
+void WriteCsvRows(std::ostream& out, const PointResult& point, const PointResult* echo,
+                  const std::string& device, const std::string& backend);
+
+}  // namespace hgemm::bench
+
+#endif  // HGEMM_BENCH_HGEMM_LOAD_H_

@@ -1,0 +1,186 @@
+// hgemm_load: load generator for hgemm-serve (docs/load_generator.md).
+//
+//   hgemm_load --server=127.0.0.1:50051 --shapes=256x256x256 --concurrency=1,4,16,64 --baseline
+//   hgemm_load --server=... --shapes=2048x2048x2048 --mode=stream --rate=50,100,200 --csv=out.csv
+// Exit status: 0; 1 bad flags or no server; 3 the correctness guard failed (nothing measured);
+// 4 a point completed no successful call.
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include <cstdio>
+#include <algorithm>
+#include <fstream>
+#include <optional>
+#include <thread>
+
+#include "bench/echo_service.h"
+#include "bench/hgemm_load.h"
+
+namespace {
+
+using hgemm::bench::LoadGenerator;
+using hgemm::bench::LoadOptions;
+using hgemm::bench::PointResult;
+using hgemm::bench::Target;
+
+int Fail(const std::string& message) {
+  std::fprintf(stderr, "hgemm_load: %s\n", message.c_str());
+  return 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  LoadOptions o;
+  std::string server = "127.0.0.1:50051", shapes = "256x256x256", concurrency = "1,2,4,8,16,32,64";
+  std::string rates, mode = "unary", accumulation = "default", csv_path, echo_server;
+  double stable_percent = 10, wait_for_server_s = 30;
+  int verify = 2;
+  bool baseline = false, csv_append = false;
+
+  CLI::App app{"hgemm_load: throughput and latency of an hgemm-serve server under load"};
+  app.add_option("--server", server, "hgemm server (HOST:PORT or a gRPC target)")->capture_default_str();
+  app.add_option("--shapes", shapes, "shape mix: MxNxK[:weight],...")->capture_default_str();
+  app.add_option("--mode", mode, "unary (Gemm per call) or stream (one GemmStream per worker)")
+      ->check(CLI::IsMember({"unary", "stream"}))->capture_default_str();
+  app.add_option("--concurrency", concurrency,
+                 "closed loop: sweep of workers, one call in flight each; with --rate: the largest "
+                 "value caps calls in flight")->capture_default_str();
+  app.add_option("--rate", rates, "open loop: sweep of calls/s over all workers (e.g. 50,100,200)");
+  app.add_option("--kernel", o.kernel, "kernel variant (GemmOptions.kernel)")->capture_default_str();
+  app.add_option("--accumulation", accumulation, "default (server's), fp32 or fp16")
+      ->check(CLI::IsMember({"default", "fp32", "fp16"}))->capture_default_str();
+  app.add_option("--workers_per_channel", o.workers_per_channel,
+                 "workers sharing one channel (= one TCP connection); 0: one channel for all")
+      ->check(CLI::Range(0, 100000))->capture_default_str();
+  app.add_option("--warmup_s", o.warmup_s, "warm-up of each point (and until each worker has a reply)")
+      ->capture_default_str();
+  app.add_option("--window_s", o.window_s, "measurement window length")->capture_default_str();
+  app.add_option("--min_window_requests", o.min_window_requests, "a window lasts until it has this many replies")
+      ->check(CLI::Range(1, 1000000))->capture_default_str();
+  app.add_option("--stable_windows", o.stable_windows, "consecutive windows that must agree")
+      ->check(CLI::Range(1, 100))->capture_default_str();
+  app.add_option("--stable_percent", stable_percent, "how close (req/s and p50) they must be, in %")
+      ->capture_default_str();
+  app.add_option("--max_windows", o.max_windows, "windows per point at most")
+      ->check(CLI::Range(1, 1000))->capture_default_str();
+  app.add_option("--max_point_s", o.max_point_s, "seconds per point at most (warm-up + windows)")
+      ->capture_default_str();
+  app.add_option("--timeout_s", o.call_timeout_s, "deadline of one call")->capture_default_str();
+  app.add_option("--chunk_bytes", o.chunk_bytes, "operand chunk size in stream mode")
+      ->check(CLI::Range(int64_t{1} << 10, int64_t{64} << 20))->capture_default_str();
+  app.add_flag("--baseline", baseline, "also run every point against a gRPC byte echo (bench/echo.proto)");
+  app.add_option("--echo_server", echo_server,
+                 "address of a running echo_server for --baseline (default: one in this process)");
+  app.add_option("--verify", verify, "correctness guard: GEMMs per shape checked against the CPU "
+                 "reference before measuring (0: skip)")->check(CLI::Range(0, 100))->capture_default_str();
+  app.add_option("--csv", csv_path, "write the results as CSV to this file");
+  app.add_flag("--csv_append", csv_append, "append to --csv (header only if the file is empty)");
+  app.add_option("--wait_for_server_s", wait_for_server_s, "how long to wait for the server to answer")
+      ->capture_default_str();
+  app.add_option("--seed", o.seed, "seed of the random operands")->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+
+  if (std::string e = hgemm::bench::ParseShapes(shapes, &o.shapes); !e.empty()) return Fail("--shapes: " + e);
+  std::vector<int> levels;
+  if (std::string e = hgemm::bench::ParseIntList(concurrency, &levels); !e.empty()) {
+    return Fail("--concurrency: " + e);
+  }
+  std::vector<double> rate_list;
+  if (!rates.empty()) {
+    if (std::string e = hgemm::bench::ParseDoubleList(rates, &rate_list); !e.empty()) return Fail("--rate: " + e);
+  }
+  o.mode = mode == "stream" ? hgemm::bench::Mode::kStream : hgemm::bench::Mode::kUnary;
+  o.accumulation = accumulation == "fp16"   ? hgemm::v1::ACCUMULATION_FP16
+                   : accumulation == "fp32" ? hgemm::v1::ACCUMULATION_FP32
+                                            : hgemm::v1::ACCUMULATION_UNSPECIFIED;
+  o.stable_tolerance = stable_percent / 100.0;
+
+  // Where the service runs (and its reply chunk size, which the echo stream copies).
+  hgemm::v1::ServerInfo info;
+  {
+    auto stub = hgemm::v1::GemmService::NewStub(LoadGenerator::MakeChannel(server));
+    grpc::ClientContext context;
+    context.set_wait_for_ready(true);
+    context.set_deadline(std::chrono::system_clock::now() +
+                         std::chrono::milliseconds(int64_t(wait_for_server_s * 1000)));
+    grpc::Status s = stub->GetServerInfo(&context, hgemm::v1::GetServerInfoRequest(), &info);
+    if (!s.ok()) return Fail(fmt::format("no answer from {}: {}", server, s.error_message()));
+  }
+  std::string device = info.devices_size() > 0 ? info.devices(0).name() : "unknown";
+  if (info.backend() == "cpu") device = fmt::format("CPU ({} hardware threads)", std::thread::hardware_concurrency());
+  if (info.limits().stream_chunk_bytes() > 0) o.reply_chunk_bytes = int64_t(info.limits().stream_chunk_bytes());
+  std::printf("server %s: hgemm-serve %s, backend %s, %d device(s)\n", server.c_str(),
+              info.version().c_str(), info.backend().c_str(), info.devices_size());
+  for (const auto& d : info.devices()) {
+    std::printf("  device %d: %s, %d streams/workers\n", d.id(), d.name().c_str(), d.streams());
+  }
+  std::printf("shapes %s, mode %s, %s, warm-up %.1f s, windows %.1f s (≥ %d replies), stable: %d "
+              "within %.0f %% (at most %d windows, %.0f s per point), %s\n",
+              shapes.c_str(), mode.c_str(),
+              rate_list.empty() ? "closed loop" : "open loop (fixed rate)", o.warmup_s, o.window_s,
+              o.min_window_requests, o.stable_windows, stable_percent, o.max_windows, o.max_point_s,
+              o.workers_per_channel == 0
+                  ? "one channel for all workers"
+                  : fmt::format("one channel per {} worker(s)", o.workers_per_channel).c_str());
+
+  LoadGenerator generator(o);
+
+  std::unique_ptr<hgemm::bench::EchoServer> local_echo;
+  if (baseline && echo_server.empty()) {
+    local_echo = hgemm::bench::EchoServer::Start({.listen_address = "127.0.0.1:0"});
+    if (!local_echo) return Fail("cannot start the in-process echo server");
+    echo_server = fmt::format("127.0.0.1:{}", local_echo->port());
+  }
+  if (baseline) {
+    std::printf("baseline: gRPC byte echo at %s (%s)\n", echo_server.c_str(),
+                local_echo ? "in this process" : "separate process");
+  }
+
+  if (verify > 0) {
+    hgemm::bench::VerifyResult v = generator.Verify(server, verify);
+    for (const std::string& line : v.lines) std::printf("verify: %s\n", line.c_str());
+    std::printf("verify: %d of %d GEMMs correct, largest relative error %.2e\n",
+                v.checked - v.failed, v.checked, v.max_error);
+    if (v.failed > 0) {
+      std::fprintf(stderr, "hgemm_load: the correctness guard failed; nothing measured\n");
+      return 3;
+    }
+  }
+
+  std::ofstream csv;
+  if (!csv_path.empty()) {
+    bool header = true;
+    if (csv_append) {
+      std::ifstream existing(csv_path);
+      header = !existing || existing.peek() == std::ifstream::traits_type::eof();
+    }
+    csv.open(csv_path, csv_append ? std::ios::app : std::ios::trunc);
+    if (!csv) return Fail("cannot write " + csv_path);
+    if (header) hgemm::bench::WriteCsvHeader(csv);
+  }
+
+  std::printf("\n%s", hgemm::bench::FormatTableHeader().c_str());
+  std::fflush(stdout);
+  int status = 0;
+  const size_t points = rate_list.empty() ? levels.size() : rate_list.size();
+  for (size_t i = 0; i < points; ++i) {
+    const double rate = rate_list.empty() ? 0 : rate_list[i];
+    const int workers = rate_list.empty() ? levels[i] : *std::max_element(levels.begin(), levels.end());
+    PointResult service = generator.RunPoint(Target::kService, server, workers, rate);
+    std::optional<PointResult> echo;
+    if (baseline) echo = generator.RunPoint(Target::kEcho, echo_server, workers, rate);
+    const PointResult* echo_ptr = echo ? &*echo : nullptr;
+    std::printf("%s", hgemm::bench::FormatTableRows(service, echo_ptr).c_str());
+    if (echo) std::printf("%s", hgemm::bench::FormatTableRows(*echo, nullptr).c_str());
+    std::fflush(stdout);
+    if (csv.is_open()) {
+      hgemm::bench::WriteCsvRows(csv, service, echo_ptr, device, info.backend());
+      if (echo) hgemm::bench::WriteCsvRows(csv, *echo, nullptr, device, info.backend());
+      csv.flush();
+    }
+    if (service.stats[0].requests == 0 || (echo && echo->stats[0].requests == 0)) status = 4;
+  }
+  if (!csv_path.empty()) std::printf("wrote %s\n", csv_path.c_str());
+  return status;
+}

@@ -1,0 +1,200 @@
+// The load generator's core against a real HgemmServer (CPU backend) and EchoServer on
+// 127.0.0.1: short bounded runs whose counts and percentiles must be consistent. No timing
+// thresholds: only relations that hold on any machine.
+#include "bench/hgemm_load.h"
+
+#include <gtest/gtest.h>
+
+#include <sstream>
+
+#include "bench/echo_service.h"
+#include "server/backend/cpu_backend.h"
+#include "server/server.h"
+
+namespace hgemm::bench {
+namespace {
+
+TEST(HgemmLoad, ParsesShapesWithWeights) {
+  std::vector<Shape> shapes;
+  ASSERT_EQ(ParseShapes("256x128x64,8x8x8:3", &shapes), "");
+  ASSERT_EQ(shapes.size(), 2u);
+  EXPECT_EQ(shapes[0].Name(), "256x128x64");
+  EXPECT_EQ(shapes[0].RequestBytes(), 2 * (256 * 64 + 64 * 128));
+  EXPECT_EQ(shapes[0].ReplyBytes(), 2 * 256 * 128);
+  EXPECT_EQ(shapes[1].weight, 3);
+  EXPECT_NE(ParseShapes("256x256", &shapes), "");
+  EXPECT_NE(ParseShapes("0x1x1", &shapes), "");
+  EXPECT_NE(ParseShapes("", &shapes), "");
+  std::vector<int> levels;
+  EXPECT_EQ(ParseIntList("1,2,64", &levels), "");
+  EXPECT_EQ(levels, (std::vector<int>{1, 2, 64}));
+  EXPECT_NE(ParseIntList("1,x", &levels), "");
+  EXPECT_NE(ParseIntList("0", &levels), "");
+}
+
+TEST(HgemmLoad, PercentileIsNearestRank) {
+  std::vector<double> v;
+  for (int i = 1; i <= 100; ++i) v.push_back(i);
+  EXPECT_EQ(Percentile(v, 50), 50);
+  EXPECT_EQ(Percentile(v, 99), 99);
+  EXPECT_EQ(Percentile(v, 100), 100);
+  EXPECT_EQ(Percentile({7}, 50), 7);
+  EXPECT_EQ(Percentile({1, 2}, 1), 1);
+}
+
+// Relations every PointStats must satisfy.
+void ExpectConsistent(const PointStats& s, Target target = Target::kService) {
+  SCOPED_TRACE(s.shape);
+  if (s.requests == 0) return;
+  EXPECT_LE(s.min_ms, s.p50_ms);
+  EXPECT_LE(s.p50_ms, s.p90_ms);
+  EXPECT_LE(s.p90_ms, s.p99_ms);
+  EXPECT_LE(s.p99_ms, s.max_ms);
+  EXPECT_LE(s.min_ms, s.mean_ms);
+  EXPECT_LE(s.mean_ms, s.max_ms);
+  EXPECT_GT(s.seconds, 0);
+  EXPECT_NEAR(s.requests_per_s * s.seconds, s.requests, 1e-6 * s.requests);
+  if (target == Target::kService) {
+    EXPECT_GT(s.gflops, 0);
+  } else {
+    EXPECT_EQ(s.gflops, 0);
+  }
+  EXPECT_GT(s.payload_gb_per_s, 0);
+}
+
+class HgemmLoadTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ServerOptions options;
+    options.listen_address = "127.0.0.1:0";
+    options.service.stream_chunk_bytes = 4 << 10;  // several result chunks per GEMM
+    server_ = HgemmServer::Start(options, MakeCpuBackend({.workers = 2}));
+    ASSERT_NE(server_, nullptr);
+    echo_ = EchoServer::Start({.listen_address = "127.0.0.1:0"});
+    ASSERT_NE(echo_, nullptr);
+    service_target_ = "127.0.0.1:" + std::to_string(server_->port());
+    echo_target_ = "127.0.0.1:" + std::to_string(echo_->port());
+  }
+
+  static LoadOptions ShortRun(Mode mode) {
+    LoadOptions o;
+    EXPECT_EQ(ParseShapes("32x24x40,64x64x64:2", &o.shapes), "");
+    o.mode = mode;
+    o.warmup_s = 0.1;
+    o.window_s = 0.2;
+    o.min_window_requests = 3;
+    o.max_windows = 4;
+    o.max_point_s = 5;
+    o.call_timeout_s = 20;
+    o.chunk_bytes = 2 << 10;  // several operand chunks per GEMM
+    o.reply_chunk_bytes = 4 << 10;
+    return o;
+  }
+
+  // Runs one point per target and checks counts, percentiles and the shape breakdown.
+  void RunBothTargets(LoadGenerator& generator, int concurrency) {
+    for (Target target : {Target::kService, Target::kEcho}) {
+      SCOPED_TRACE(TargetName(target));
+      const std::string address = target == Target::kService ? service_target_ : echo_target_;
+      PointResult p = generator.RunPoint(target, address, concurrency);
+      EXPECT_EQ(p.concurrency, concurrency);
+      EXPECT_GE(p.windows, 1);
+      EXPECT_LE(p.windows, generator.options().max_windows);
+      EXPECT_TRUE(p.error_codes.empty()) << p.first_error;
+      ASSERT_EQ(p.stats.size(), 3u);  // the mix, then each shape
+      EXPECT_EQ(p.stats[0].shape, "mix");
+      EXPECT_GT(p.stats[0].requests, 0);
+      EXPECT_EQ(p.stats[0].errors, 0);
+      EXPECT_EQ(p.stats[1].requests + p.stats[2].requests, p.stats[0].requests);
+      for (const PointStats& s : p.stats) ExpectConsistent(s, target);
+      if (target == Target::kService) {
+        EXPECT_EQ(p.stats[0].server.count, p.stats[0].requests);
+        EXPECT_GE(p.stats[0].server.total_ms, 0);
+      } else {
+        EXPECT_EQ(p.stats[0].server.count, 0);
+      }
+      echo_result_ = target == Target::kEcho ? p : echo_result_;
+      service_result_ = target == Target::kService ? p : service_result_;
+    }
+  }
+
+  std::unique_ptr<HgemmServer> server_;
+  std::unique_ptr<EchoServer> echo_;
+  std::string service_target_, echo_target_;
+  PointResult service_result_, echo_result_;
+};
+
+TEST_F(HgemmLoadTest, VerifyPassesAgainstTheCpuBackend) {
+  for (Mode mode : {Mode::kUnary, Mode::kStream}) {
+    LoadGenerator generator(ShortRun(mode));
+    VerifyResult v = generator.Verify(service_target_, 2);
+    EXPECT_EQ(v.checked, 4);
+    EXPECT_EQ(v.failed, 0) << testing::PrintToString(v.lines);
+    EXPECT_EQ(v.lines.size(), 4u);
+  }
+}
+
+TEST_F(HgemmLoadTest, UnaryClosedLoopWithBaseline) {
+  LoadGenerator generator(ShortRun(Mode::kUnary));
+  RunBothTargets(generator, 2);
+
+  std::ostringstream csv;
+  WriteCsvHeader(csv);
+  WriteCsvRows(csv, service_result_, &echo_result_, "test device", "cpu");
+  WriteCsvRows(csv, echo_result_, nullptr, "test device", "cpu");
+  std::vector<std::string> lines;
+  std::istringstream in(csv.str());
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  ASSERT_EQ(lines.size(), 1u + 3u + 3u);
+  auto columns = [](const std::string& line) {
+    int n = 1;
+    bool quoted = false;
+    for (char c : line) {
+      if (c == '"') quoted = !quoted;
+      if (c == ',' && !quoted) ++n;
+    }
+    return n;
+  };
+  for (const std::string& line : lines) EXPECT_EQ(columns(line), columns(lines[0])) << line;
+  // The service rows carry the ratio to the echo baseline.
+  EXPECT_NE(lines[1].find(",service,unary,2,"), std::string::npos);
+  EXPECT_NE(FormatTableRows(service_result_, &echo_result_).find("mix"), std::string::npos);
+}
+
+TEST_F(HgemmLoadTest, StreamClosedLoopSharesChannels) {
+  LoadOptions o = ShortRun(Mode::kStream);
+  o.workers_per_channel = 2;  // 3 workers → 2 channels
+  LoadGenerator generator(o);
+  RunBothTargets(generator, 3);
+}
+
+TEST_F(HgemmLoadTest, OpenLoopRateIsBounded) {
+  LoadOptions o = ShortRun(Mode::kUnary);
+  LoadGenerator generator(o);
+  PointResult p = generator.RunPoint(Target::kService, service_target_, 4, /*rate_per_s=*/40);
+  EXPECT_EQ(p.rate_per_s, 40);
+  EXPECT_TRUE(p.error_codes.empty()) << p.first_error;
+  ASSERT_FALSE(p.stats.empty());
+  EXPECT_GT(p.stats[0].requests, 0);
+  // Calls are scheduled at 40/s from the start: never more than that were sent.
+  EXPECT_LE(p.warmup_requests + p.stats[0].requests, int64_t(40 * p.elapsed_s) + 1);
+  ExpectConsistent(p.stats[0]);
+}
+
+TEST_F(HgemmLoadTest, NoServerEndsWithErrorsCounted) {
+  LoadOptions o = ShortRun(Mode::kUnary);
+  o.max_point_s = 1;
+  o.call_timeout_s = 1;
+  LoadGenerator generator(o);
+  const std::string nowhere = "127.0.0.1:" + std::to_string(echo_->port());
+  echo_->Shutdown();
+  PointResult p = generator.RunPoint(Target::kEcho, nowhere, 2);
+  ASSERT_FALSE(p.stats.empty());
+  EXPECT_EQ(p.stats[0].requests, 0);
+  EXPECT_FALSE(p.error_codes.empty());
+  EXPECT_FALSE(p.first_error.empty());
+  EXPECT_FALSE(p.stable);
+}
+
+}  // namespace
+}  // namespace hgemm::bench
