@@ -55,7 +55,8 @@ const SERVER_DEFAULT_DRAIN_DEADLINE_S = 20;
 const SERVER_DEFAULT_PORT = 50051;
 const HEALTH_SERVICES = ["", "hgemm.v1.GemmService"];
 const K8S_DEFAULT_GRACE_S = 30;
-// Seconds left between the end of the drain and SIGKILL, for the process to exit.
+// Seconds left between the end of the drain and SIGKILL, for the process to exit after its
+// "stopped" log line (teardown of gRPC, the scheduler and the CUDA backend).
 const EXIT_SLACK_S = 5;
 
 function intIn(lo, hi) {
