@@ -56,9 +56,12 @@ load_bin=$(find_bin hgemm_load)
 echo_bin=$(find_bin echo_server)
 bin=$(dirname "$load_bin")
 
-pids=()
+pids=()     # the servers (their `timeout` wrappers, which pass TERM on)
+current=""  # the sweep running now
+# shellcheck disable=SC2317  # invoked by the trap
 cleanup() {
   local rc=$?
+  [[ -n $current ]] && kill -TERM "$current" 2>/dev/null
   for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
   for pid in "${pids[@]}"; do
     for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
@@ -80,12 +83,14 @@ wait_port() {  # port seconds: until something accepts connections there
   echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
   echo "commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
   echo "host: $(uname -srm), $(nproc) CPUs"
-  command -v nvidia-smi >/dev/null && timeout 20 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
+  if command -v nvidia-smi >/dev/null; then
+    timeout 20 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
+  fi
   echo "backend: $backend, binaries: $bin"
 } > "$out/load_device.txt" 2>&1
 cat "$out/load_device.txt"
 
-server_flags=(--listen="127.0.0.1:$port" --backend="$backend" --log_level=warn)
+server_flags=(--listen="127.0.0.1:$port" --backend="$backend" --log_level=warn --drain_deadline_s=2)
 [[ $backend == cpu ]] && server_flags+=(--cpu_workers=2)
 # shellcheck disable=SC2206
 server_flags+=(${SERVER_ARGS:-})
@@ -101,15 +106,23 @@ rm -f "$csv"
 failed=0
 # run NAME SECONDS hgemm_load-flags...: one sweep, bounded by SECONDS; a failure is noted and
 # the next sweep still runs. CSV rows are written point by point, so a cut-off sweep keeps its
-# finished points.
+# finished points. It runs in the background so that a TERM to this script is handled at once.
 run() {
-  local name=$1 limit=$2
+  local name=$1 limit=$2 rc=0
   shift 2
   echo "== $name (at most ${limit} s)"
   # shellcheck disable=SC2086
   timeout -s TERM -k 10 "$limit" "$load_bin" --server="127.0.0.1:$port" --baseline \
       --echo_server="127.0.0.1:$((port + 1))" --csv="$csv" --csv_append "$@" ${LOAD_ARGS:-} \
-      2>&1 | tee "$out/load_$name.log" || { echo "load_run.sh: $name failed (${PIPESTATUS[0]})"; failed=1; }
+      > "$out/load_$name.log" 2>&1 &
+  current=$!
+  wait "$current" || rc=$?
+  current=""
+  cat "$out/load_$name.log"
+  if ((rc != 0)); then
+    echo "load_run.sh: $name failed (exit status $rc; 124: timed out)"
+    failed=1
+  fi
 }
 
 if [[ $quick == 1 ]]; then
@@ -118,12 +131,12 @@ if [[ $quick == 1 ]]; then
   run 256_stream 60 --shapes=256x256x256 --mode=stream --concurrency=1,2 "${window[@]}"
   run mix_unary 60 --shapes=64x64x64:3,128x96x160 --mode=unary --concurrency=2 "${window[@]}"
 else
-  window=(--warmup_s=0.5 --window_s=1 --min_window_requests=20 --max_windows=5 --max_point_s=6)
-  run 256_unary 110 --shapes=256x256x256 --mode=unary --concurrency=1,2,4,8,16,32,64 "${window[@]}"
-  run 2048_stream 110 --shapes=2048x2048x2048 --mode=stream --concurrency=1,2,4,8,16,32,64 "${window[@]}"
-  run 2048_unary 70 --shapes=2048x2048x2048 --mode=unary --concurrency=1,4,16,64 "${window[@]}"
+  window=(--warmup_s=0.5 --window_s=1 --min_window_requests=20 --max_windows=5 --max_point_s=5)
+  run 256_unary 100 --shapes=256x256x256 --mode=unary --concurrency=1,2,4,8,16,32,64 "${window[@]}"
+  run 2048_stream 100 --shapes=2048x2048x2048 --mode=stream --concurrency=1,2,4,8,16,32,64 "${window[@]}"
+  run 2048_unary 60 --shapes=2048x2048x2048 --mode=unary --concurrency=1,4,16,64 "${window[@]}"
   # 384 MiB per call: fewer points, longer windows with fewer calls each.
-  run 8192_stream 110 --shapes=8192x8192x8192 --mode=stream --concurrency=1,2,4,8 --verify=1 \
+  run 8192_stream 100 --shapes=8192x8192x8192 --mode=stream --concurrency=1,2,4,8 --verify=1 \
       --warmup_s=1 --window_s=1.5 --min_window_requests=4 --max_windows=4 --max_point_s=8
 fi
 
