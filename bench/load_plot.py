@@ -4,7 +4,9 @@ concurrency (or rate), one colour per shape and mode; the service solid, the ech
 
 usage: load_plot.py LOAD.csv [MORE.csv ...] OUT.png [--summary OUT.md]
 --summary writes a Markdown table per series: best service GB/s and its ratio to the echo,
-p50/p99 at the lowest and highest load, and the server's queue vs kernel time at the lowest.
+p50/p99 at the lowest and highest load, the server's queue vs kernel time at the lowest, and at
+the best point the share of the client's mean latency spent inside the server (server_total_ms;
+the rest is transport: serialization, copies, the network stack).
 """
 import argparse
 import csv
@@ -15,6 +17,9 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter  # noqa: E402
+
+PLAIN = FuncFormatter(lambda v, _: f"{v:g}")
 
 
 def load(paths):
@@ -24,7 +29,7 @@ def load(paths):
             for r in csv.DictReader(f):
                 for key in ("concurrency", "requests", "errors", "windows", "stable"):
                     r[key] = int(r[key] or 0)
-                for key in ("rate_per_s", "requests_per_s", "p50_ms", "p90_ms", "p99_ms", "gflops",
+                for key in ("rate_per_s", "requests_per_s", "mean_ms", "p50_ms", "p90_ms", "p99_ms", "gflops",
                             "payload_gb_per_s", "server_queue_ms", "server_kernel_ms",
                             "server_h2d_ms", "server_d2h_ms", "server_total_ms", "ratio_to_echo"):
                     r[key] = float(r[key]) if r.get(key) not in (None, "") else None
@@ -75,14 +80,19 @@ def plot(rows, png):
     xlabel = "offered rate (calls/s)" if open_loop else "concurrency (calls in flight)"
     for ax in axes:
         ax.set_xscale("log", base=2)
+        ax.xaxis.set_major_formatter(PLAIN)
         ax.set_xlabel(xlabel)
         ax.grid(True, which="both", alpha=0.3)
+    for ax in (axes[0], axes[2]):  # shapes differ by orders of magnitude
+        ax.set_yscale("log")
+        ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+        ax.yaxis.set_major_formatter(PLAIN)
+        ax.yaxis.set_minor_formatter(NullFormatter())
     axes[0].set_ylabel("payload GB/s (A+B+C bytes)")
     axes[0].set_title("throughput: service (solid) vs gRPC echo (dashed)")
     axes[1].set_ylabel("service GB/s / echo GB/s")
     axes[1].axhline(0.8, color="grey", linestyle=":", label="target 0.8")
     axes[1].set_title("ratio to the transport baseline")
-    axes[2].set_yscale("log")
     axes[2].set_ylabel("p99 latency (ms, client side)")
     axes[2].set_title("p99 latency")
     for ax in axes:
@@ -100,8 +110,8 @@ def summary(rows, path):
     lines = [f"Device: {device} ({rows[0]['backend'] if rows else '?'} backend); client, server and "
              "echo on 127.0.0.1.", "",
              "| shape | mode | best GB/s (conc) | echo GB/s there | ratio | p50/p99 ms, lowest load | "
-             "p50/p99 ms, highest load | queue / kernel ms, lowest load | errors |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "p50/p99 ms, highest load | queue / kernel ms, lowest load | server share of latency at best | errors |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for (shape, mode), by_target in sorted(s.items()):
         svc = [r for r in by_target.get("service", []) if r["requests"] > 0]
         if not svc:
@@ -110,15 +120,14 @@ def summary(rows, path):
         lo, hi = svc[0], svc[-1]
         echo = {x_of(r): r for r in by_target.get("echo", [])}.get(x_of(best))
         errors = sum(r["errors"] for r in by_target.get("service", []))
+        # server_total / client mean: the rest is transport (serialization, copies, network stack)
+        share = (best["server_total_ms"] or 0) / best["mean_ms"] if best["mean_ms"] else 0
+        echo_cols = (f"{echo['payload_gb_per_s']:.3f} | {best['ratio_to_echo'] or 0:.2f}" if echo
+                     else "- | -")
         lines.append(
-            f"| {shape} | {mode} | {best['payload_gb_per_s']:.3f} ({x_of(best):g}) | "
-            f"{echo['payload_gb_per_s']:.3f} | {best['ratio_to_echo'] or 0:.2f} | "
+            f"| {shape} | {mode} | {best['payload_gb_per_s']:.3f} ({x_of(best):g}) | {echo_cols} | "
             f"{lo['p50_ms']:.3f} / {lo['p99_ms']:.3f} | {hi['p50_ms']:.3f} / {hi['p99_ms']:.3f} | "
-            f"{lo['server_queue_ms'] or 0:.3f} / {lo['server_kernel_ms'] or 0:.3f} | {errors} |"
-            if echo else
-            f"| {shape} | {mode} | {best['payload_gb_per_s']:.3f} ({x_of(best):g}) | - | - | "
-            f"{lo['p50_ms']:.3f} / {lo['p99_ms']:.3f} | {hi['p50_ms']:.3f} / {hi['p99_ms']:.3f} | "
-            f"{lo['server_queue_ms'] or 0:.3f} / {lo['server_kernel_ms'] or 0:.3f} | {errors} |")
+            f"{lo['server_queue_ms'] or 0:.3f} / {lo['server_kernel_ms'] or 0:.3f} | {share:.0%} | {errors} |")
     with open(path, "w") as f:
         f.write("\n".join(lines) + "\n")
 
