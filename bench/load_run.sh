@@ -71,9 +71,14 @@ cleanup() {
 }
 trap cleanup EXIT INT TERM
 
-wait_port() {  # port seconds: until something accepts connections there
+wait_port() {  # port seconds pid log: until something accepts connections there
   local deadline=$((SECONDS + $2))
   until (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; do
+    if ! kill -0 "$3" 2>/dev/null; then
+      echo "load_run.sh: the process for port $1 exited; $4 says:" >&2
+      tail -20 "$4" >&2
+      return 1
+    fi
     ((SECONDS < deadline)) || { echo "load_run.sh: nothing listening on port $1 after $2 s" >&2; return 1; }
     sleep 0.2
   done
@@ -98,8 +103,8 @@ timeout -s TERM 900 "$server_bin" "${server_flags[@]}" > "$out/load_server.log" 
 pids+=($!)
 timeout -s TERM 900 "$echo_bin" --listen="127.0.0.1:$((port + 1))" > "$out/load_echo.log" 2>&1 &
 pids+=($!)
-wait_port "$port" 120
-wait_port "$((port + 1))" 30
+wait_port "$port" 120 "${pids[0]}" "$out/load_server.log"
+wait_port "$((port + 1))" 30 "${pids[1]}" "$out/load_echo.log"
 
 csv=$out/load.csv
 rm -f "$csv"
@@ -149,6 +154,10 @@ if [[ -n $py ]]; then
       || { echo "load_run.sh: plot failed"; failed=1; }
 else
   echo "load_run.sh: no matplotlib; skipped the plot (python3 bench/load_plot.py $csv out.png)"
+fi
+if [[ -s $out/load_server.log ]]; then
+  echo "hgemm_server log (warnings and errors), last lines:"
+  tail -5 "$out/load_server.log"
 fi
 echo "load_run.sh: results in $out (failed=$failed)"
 exit "$failed"
