@@ -12,6 +12,7 @@ void ApplyDeadline(const CallOptions& options, grpc::ClientContext* context) {
   if (options.timeout.count() > 0) {
     context->set_deadline(std::chrono::system_clock::now() + options.timeout);
   }
+  if (!options.client_id.empty()) context->AddMetadata("x-client-id", options.client_id);
 }
 
 // Writes every request's header and chunks; stops early if the stream breaks.
@@ -26,9 +27,14 @@ void WriteRequests(const std::vector<const v1::GemmRequest*>& requests, int64_t 
     header->set_n(request.n());
     header->set_k(request.k());
     *header->mutable_options() = request.options();
+    header->set_a_handle(request.a_handle());
+    header->set_b_handle(request.b_handle());
+    header->set_keep_c_resident(request.keep_c_resident());
+    header->set_c_ttl_seconds(request.c_ttl_seconds());
     if (!stream->Write(message)) return;
     for (auto [operand, bytes] : {std::pair{v1::OPERAND_A, &request.a()},
                                   std::pair{v1::OPERAND_B, &request.b()}}) {
+      // An operand given by handle has no bytes here (a() of an unset oneof is empty).
       for (size_t offset = 0; offset < bytes->size(); offset += chunk_bytes) {
         v1::MatrixChunk* chunk = message.mutable_chunk();
         chunk->set_gemm_id(id);
@@ -70,7 +76,9 @@ grpc::Status GemmClient::GemmStream(const std::vector<const v1::GemmRequest*>& r
     v1::GemmResponse& r = (*results)[id].response;
     r.set_m(requests[id]->m());
     r.set_n(requests[id]->n());
-    r.mutable_c()->resize(2 * int64_t(requests[id]->m()) * requests[id]->n());
+    if (!requests[id]->keep_c_resident()) {
+      r.mutable_c()->resize(2 * int64_t(requests[id]->m()) * requests[id]->n());
+    }
     (*results)[id].status = grpc::Status(grpc::StatusCode::UNKNOWN, "no answer from the server");
   }
   grpc::ClientContext context;
@@ -103,6 +111,7 @@ grpc::Status GemmClient::GemmStream(const std::vector<const v1::GemmRequest*>& r
       *result.response.mutable_timing() = done.timing();
       *result.response.mutable_execution() = done.execution();
       result.response.set_request_id(done.request_id());
+      if (done.has_c_matrix()) *result.response.mutable_c_matrix() = done.c_matrix();
     }
   }
   writer.join();
@@ -123,6 +132,61 @@ grpc::Status GemmClient::Run(const v1::GemmRequest& request, v1::GemmResponse* r
   if (!status.ok()) return status;
   *response = std::move(results[0].response);
   return results[0].status;
+}
+
+grpc::Status GemmClient::UploadMatrix(uint32_t rows, uint32_t cols, const std::string& data,
+                                      v1::MatrixInfo* info, uint32_t ttl_seconds,
+                                      const std::string& label, const CallOptions& options) const {
+  grpc::ClientContext context;
+  ApplyDeadline(options, &context);
+  auto stream = stub_->UploadMatrix(&context, info);
+  v1::UploadMatrixRequest message;
+  v1::MatrixHeader* header = message.mutable_header();
+  header->set_rows(rows);
+  header->set_cols(cols);
+  header->set_ttl_seconds(ttl_seconds);
+  header->set_label(label);
+  bool ok = stream->Write(message);
+  for (size_t offset = 0; ok && offset < data.size(); offset += options.chunk_bytes) {
+    message.set_chunk(data.data() + offset, std::min<size_t>(options.chunk_bytes, data.size() - offset));
+    ok = stream->Write(message);
+  }
+  stream->WritesDone();
+  return stream->Finish();
+}
+
+grpc::Status GemmClient::ReleaseMatrix(const std::string& handle, const CallOptions& options) const {
+  grpc::ClientContext context;
+  ApplyDeadline(options, &context);
+  v1::ReleaseMatrixRequest request;
+  request.set_handle(handle);
+  v1::ReleaseMatrixResponse response;
+  return stub_->ReleaseMatrix(&context, request, &response);
+}
+
+grpc::Status GemmClient::ListMatrices(v1::ListMatricesResponse* response,
+                                      const CallOptions& options) const {
+  grpc::ClientContext context;
+  ApplyDeadline(options, &context);
+  return stub_->ListMatrices(&context, v1::ListMatricesRequest(), response);
+}
+
+grpc::Status GemmClient::DownloadMatrix(const std::string& handle, std::string* data,
+                                        const CallOptions& options) const {
+  grpc::ClientContext context;
+  ApplyDeadline(options, &context);
+  v1::DownloadMatrixRequest request;
+  request.set_handle(handle);
+  auto stream = stub_->DownloadMatrix(&context, request);
+  data->clear();
+  v1::ResultChunk chunk;
+  while (stream->Read(&chunk)) {
+    if (chunk.offset() != data->size()) {
+      return grpc::Status(grpc::StatusCode::INTERNAL, "download chunks out of order");
+    }
+    data->append(chunk.data());
+  }
+  return stream->Finish();
 }
 
 grpc::Status GemmClient::ListKernels(v1::ListKernelsResponse* response) const {

@@ -35,6 +35,8 @@ struct CallOptions {
   int64_t chunk_bytes = int64_t{1} << 20;
   // Run(): payloads (A + B bytes) above this go through GemmStream.
   int64_t unary_limit_bytes = int64_t{3} << 20;
+  // Sent as "x-client-id" metadata: the owner of resident matrices (default: the peer address).
+  std::string client_id;
 };
 
 class GemmClient {
@@ -58,6 +60,16 @@ class GemmClient {
 
   grpc::Status ListKernels(v1::ListKernelsResponse* response) const;
   grpc::Status GetServerInfo(v1::ServerInfo* response) const;
+
+  // Resident matrices. `data` holds rows·cols fp16 values (2·rows·cols bytes).
+  grpc::Status UploadMatrix(uint32_t rows, uint32_t cols, const std::string& data,
+                            v1::MatrixInfo* info, uint32_t ttl_seconds = 0,
+                            const std::string& label = "", const CallOptions& options = {}) const;
+  grpc::Status ReleaseMatrix(const std::string& handle, const CallOptions& options = {}) const;
+  grpc::Status ListMatrices(v1::ListMatricesResponse* response,
+                            const CallOptions& options = {}) const;
+  grpc::Status DownloadMatrix(const std::string& handle, std::string* data,
+                              const CallOptions& options = {}) const;
 
   // True if Run() would stream this request.
   static bool ShouldStream(const v1::GemmRequest& request, const CallOptions& options);

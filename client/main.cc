@@ -2,6 +2,7 @@
 //
 //   hgemm_client --server=127.0.0.1:50051 --shape=1024x1024x1024 --check
 //   hgemm_client --a=a.npy --b=b.npy --out=c.npy
+//   hgemm_client --shape=8192x8192x8192 --resident=all --repeat=20   # operands stay on the GPU
 //   hgemm_client --info
 // Random fp16 inputs in [-1, 1) unless --a/--b give .npy files. Exits non-zero on any error,
 // including a failed --check.
@@ -61,7 +62,7 @@ void PrintServerInfo(const hgemm::GemmClient& client) {
 
 int main(int argc, char** argv) {
   std::string server = "127.0.0.1:50051", shape, a_path, b_path, out_path, kernel = "auto";
-  std::string accumulation = "fp32", mode = "auto";
+  std::string accumulation = "fp32", mode = "auto", resident = "none", client_id;
   int repeat = 1;
   uint64_t seed = std::random_device{}();
   double timeout_s = 0, tolerance = 0;
@@ -85,6 +86,11 @@ int main(int argc, char** argv) {
   app.add_option("--mode", mode, "unary, stream, or auto (stream when over 3 MiB)")
       ->check(CLI::IsMember({"auto", "unary", "stream"}))->capture_default_str();
   app.add_option("--repeat", repeat, "send the GEMM this many times")->check(CLI::Range(1, 100000));
+  app.add_option("--resident", resident,
+                 "none; b: upload B once, send only A per call; all: upload A and B once and keep "
+                 "C on the server (fetched once at the end for --check/--out)")
+      ->check(CLI::IsMember({"none", "b", "all"}))->capture_default_str();
+  app.add_option("--client_id", client_id, "x-client-id for resident matrices (default: peer address)");
   app.add_option("--seed", seed, "seed of the random inputs");
   app.add_option("--timeout_s", timeout_s, "deadline of each call in seconds (0: none)");
   app.add_flag("--check", check, "compare C with a local fp32-accumulate reference");
@@ -133,6 +139,29 @@ int main(int argc, char** argv) {
 
   hgemm::CallOptions call;
   call.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
+  call.client_id = client_id;
+
+  // Host copies of the operands, for --check, whatever travels.
+  const std::string a_bytes = request.a(), b_bytes = request.b();
+  std::vector<std::string> uploaded;
+  if (resident != "none") {
+    const auto start = std::chrono::steady_clock::now();
+    for (bool is_a : {false, true}) {
+      if (is_a && resident != "all") continue;
+      hgemm::v1::MatrixInfo info;
+      grpc::Status s = is_a ? client.UploadMatrix(request.m(), request.k(), a_bytes, &info, 0, "A", call)
+                            : client.UploadMatrix(request.k(), request.n(), b_bytes, &info, 0, "B", call);
+      if (!s.ok()) return Fail(s);
+      uploaded.push_back(info.handle());
+      if (is_a) request.set_a_handle(info.handle());
+      else request.set_b_handle(info.handle());
+    }
+    request.set_keep_c_resident(resident == "all");
+    std::printf("uploaded %s once in %.1f ms; each call sends %.1f MiB\n",
+                resident == "all" ? "A and B" : "B",
+                std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count(),
+                request.a().size() / 1048576.0);
+  }
   const bool stream = mode == "stream" || (mode == "auto" && hgemm::GemmClient::ShouldStream(request, call));
   std::printf("GEMM %ux%ux%u (m x n x k) via %s, kernel %s, accumulation %s, %.1f MiB up, %.1f MiB down\n",
               request.m(), request.n(), request.k(), stream ? "GemmStream" : "unary Gemm",
@@ -159,6 +188,13 @@ int main(int argc, char** argv) {
     const double client_ms =
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
     if (!status.ok()) return Fail(status);
+    if (response.has_c_matrix()) {  // a kept C: release the previous run's
+      if (!uploaded.empty() && uploaded.back().rfind("C:", 0) == 0) {
+        client.ReleaseMatrix(uploaded.back().substr(2), call);
+        uploaded.pop_back();
+      }
+      uploaded.push_back("C:" + response.c_matrix().handle());
+    }
     const auto& t = response.timing();
     const auto& e = response.execution();
     std::printf("%5d %10.3f %9.3f %10.3f %9.3f %10.3f %10.3f %8.2f  %s (%s) @ %s stream %d\n", run,
@@ -167,9 +203,22 @@ int main(int argc, char** argv) {
                 AccumulationName(e.accumulation()), e.device_name().c_str(), e.stream_id());
   }
 
+  if (response.has_c_matrix() && (check || !out_path.empty())) {
+    const auto start = std::chrono::steady_clock::now();
+    if (grpc::Status s = client.DownloadMatrix(response.c_matrix().handle(), response.mutable_c(), call);
+        !s.ok()) {
+      return Fail(s);
+    }
+    std::printf("downloaded the kept C in %.1f ms\n",
+                std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
+  }
+  for (const std::string& handle : uploaded) {
+    client.ReleaseMatrix(handle.rfind("C:", 0) == 0 ? handle.substr(2) : handle, call);
+  }
+
   if (check) {
-    const auto* a = reinterpret_cast<const uint16_t*>(request.a().data());
-    const auto* b = reinterpret_cast<const uint16_t*>(request.b().data());
+    const auto* a = reinterpret_cast<const uint16_t*>(a_bytes.data());
+    const auto* b = reinterpret_cast<const uint16_t*>(b_bytes.data());
     std::vector<float> reference = hgemm::ReferenceGemm(a, b, request.m(), request.n(), request.k());
     const double error = hgemm::RelativeFrobeniusError(
         reinterpret_cast<const uint16_t*>(response.c().data()), reference.data(), reference.size());

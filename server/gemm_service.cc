@@ -3,9 +3,11 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include <cstring>
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <thread>
 
 #include "server/status_util.h"
 #include "server/stream_assembler.h"
@@ -45,9 +47,79 @@ void ToProto(const GemmShape& shape, const GemmReport& report, v1::Timing* timin
   execution->set_stream_id(report.stream_id);
 }
 
-GemmServiceImpl::GemmServiceImpl(Scheduler* scheduler, const Backend* backend,
+std::string ClientIdentity(const grpc::CallbackServerContext* context) {
+  const auto& metadata = context->client_metadata();
+  if (auto it = metadata.find("x-client-id"); it != metadata.end()) {
+    return "id:" + std::string(it->second.data(), it->second.size());
+  }
+  std::string peer = context->peer();  // e.g. "ipv4:10.0.0.7:53172"
+  return peer.substr(0, peer.rfind(':'));
+}
+
+GemmServiceImpl::GemmServiceImpl(Scheduler* scheduler, Backend* backend, MatrixStore* store,
                                  ServiceOptions options)
-    : scheduler_(scheduler), backend_(backend), options_(std::move(options)) {}
+    : scheduler_(scheduler), backend_(backend), store_(store), options_(std::move(options)) {}
+
+grpc::Status GemmServiceImpl::ResolveResident(const std::string& owner,
+                                              const std::string& a_handle,
+                                              const std::string& b_handle, bool keep_c,
+                                              GemmJob* job) const {
+  const GemmShape& shape = job->shape;
+  struct Operand {
+    const std::string& handle;
+    const char* field;
+    int64_t rows, cols;
+    std::shared_ptr<ResidentBuffer>* slot;
+  };
+  for (const Operand& o : {Operand{a_handle, "a_handle", shape.m, shape.k, &job->a_resident},
+                           Operand{b_handle, "b_handle", shape.k, shape.n, &job->b_resident}}) {
+    if (o.handle.empty()) continue;
+    ResidentMatrix m;
+    if (grpc::Status s = store_->Lookup(owner, o.handle, o.field, &m); !s.ok()) return s;
+    if (m.rows != o.rows || m.cols != o.cols) {
+      return status::InvalidArgument(
+          o.field, fmt::format("matrix '{}' is {}x{}; this GEMM needs {}x{}", o.handle, m.rows,
+                               m.cols, o.rows, o.cols));
+    }
+    if (job->device_index >= 0 && job->device_index != m.buffer->device_index) {
+      return status::InvalidArgument(
+          o.field, "a_handle and b_handle live on different devices; upload both to one device");
+    }
+    job->device_index = m.buffer->device_index;
+    *o.slot = m.buffer;
+  }
+  if (keep_c) {
+    const int64_t c_bytes = 2 * shape.m * shape.n;
+    if (store_->ClientBytes(owner) + c_bytes > options_.resident.quota_bytes_per_client) {
+      return status::OverLimit(fmt::format(
+          "keep_c_resident: C ({} bytes) would pass this client's resident quota of {}", c_bytes,
+          options_.resident.quota_bytes_per_client));
+    }
+    job->keep_c = true;
+  }
+  return grpc::Status::OK;
+}
+
+void GemmServiceImpl::Describe(const ResidentMatrix& m, v1::MatrixInfo* info) const {
+  const auto now = Clock::now();
+  info->set_handle(m.handle);
+  info->set_rows(m.rows);
+  info->set_cols(m.cols);
+  info->set_bytes(m.buffer->bytes);
+  info->set_device_id(backend_->Devices()[m.buffer->device_index].id);
+  info->set_age_seconds(std::chrono::duration<double>(now - m.created).count());
+  info->set_idle_seconds(std::chrono::duration<double>(now - m.last_used).count());
+  info->set_ttl_seconds(m.ttl.count());
+  info->set_label(m.label);
+}
+
+void GemmServiceImpl::KeepResult(const std::string& owner, const GemmShape& shape,
+                                 const GemmReport& report, uint32_t ttl_seconds,
+                                 v1::MatrixInfo* info) const {
+  ResidentMatrix m = store_->Add(owner, shape.m, shape.n, report.c_resident,
+                                 std::chrono::seconds(ttl_seconds), "C of " + report.kernel);
+  Describe(m, info);
+}
 
 grpc::ServerUnaryReactor* GemmServiceImpl::Gemm(grpc::CallbackServerContext* context,
                                                 const v1::GemmRequest* request,
@@ -60,22 +132,32 @@ grpc::ServerUnaryReactor* GemmServiceImpl::Gemm(grpc::CallbackServerContext* con
     reactor->Finish(s);
     return reactor;
   }
+  const std::string owner = ClientIdentity(context);
+  s = ResolveResident(owner, request->a_handle(), request->b_handle(), request->keep_c_resident(),
+                      &job);
+  if (!s.ok()) {
+    reactor->Finish(s);
+    return reactor;
+  }
   const GemmShape shape = job.shape;
   response->set_m(shape.m);
   response->set_n(shape.n);
   response->set_request_id(job.request_id);
-  response->mutable_c()->resize(2 * shape.m * shape.n);
+  if (!job.keep_c) {
+    response->mutable_c()->resize(2 * shape.m * shape.n);
+    job.c = reinterpret_cast<uint16_t*>(response->mutable_c()->data());
+  }
   job.a = HalfData(request->a());
   job.b = HalfData(request->b());
-  job.c = reinterpret_cast<uint16_t*>(response->mutable_c()->data());
   job.deadline = SteadyDeadline(context);
   job.is_cancelled = [context] { return context->IsCancelled(); };
-  const std::string backend_name = backend_->Name();
-  s = scheduler_->Enqueue(std::move(job), [reactor, response, shape, backend_name](
+  const uint32_t c_ttl = request->c_ttl_seconds();
+  s = scheduler_->Enqueue(std::move(job), [this, reactor, response, shape, owner, c_ttl](
                                               const grpc::Status& status, const GemmReport& report) {
     if (status.ok()) {
       ToProto(shape, report, response->mutable_timing(), response->mutable_execution());
-      response->mutable_execution()->set_backend(backend_name);
+      response->mutable_execution()->set_backend(backend_->Name());
+      if (report.c_resident) KeepResult(owner, shape, report, c_ttl, response->mutable_c_matrix());
     }
     reactor->Finish(status);
   });
@@ -92,6 +174,7 @@ class GemmStreamReactor final
   GemmStreamReactor(const GemmServiceImpl& service, grpc::CallbackServerContext* context)
       : service_(service),
         context_(context),
+        owner_(ClientIdentity(context)),
         assembler_(service.options_.rules, service.options_.max_stream_pending_bytes) {
     StartRead(&request_);
   }
@@ -146,24 +229,30 @@ class GemmStreamReactor final
     grpc::Status status;
     GemmReport report;
     int64_t next_offset = 0;
+    v1::MatrixInfo c_matrix;  // a kept C
   };
 
   void Dispatch(std::unique_ptr<AssembledGemm> complete) {
     auto gemm = std::shared_ptr<AssembledGemm>(std::move(complete));
     auto out = std::make_shared<Outgoing>();
     out->gemm = gemm;
-    out->c.resize(2 * gemm->job.shape.m * gemm->job.shape.n);
     GemmJob job = gemm->job;
-    job.a = HalfData(gemm->a);
-    job.b = HalfData(gemm->b);
-    job.c = reinterpret_cast<uint16_t*>(out->c.data());
-    job.deadline = SteadyDeadline(context_);
-    job.is_cancelled = [this] { return context_->IsCancelled(); };
     {
       std::lock_guard<std::mutex> lock(mu_);
       in_flight_++;
     }
-    grpc::Status s = service_.scheduler_->Enqueue(
+    grpc::Status s = service_.ResolveResident(owner_, gemm->a_handle, gemm->b_handle,
+                                              gemm->keep_c, &job);
+    if (!s.ok()) return Complete(out, s, GemmReport{});
+    if (!job.keep_c) {
+      out->c.resize(2 * gemm->job.shape.m * gemm->job.shape.n);
+      job.c = reinterpret_cast<uint16_t*>(out->c.data());
+    }
+    job.a = HalfData(gemm->a);
+    job.b = HalfData(gemm->b);
+    job.deadline = SteadyDeadline(context_);
+    job.is_cancelled = [this] { return context_->IsCancelled(); };
+    s = service_.scheduler_->Enqueue(
         std::move(job), [this, out](const grpc::Status& status, const GemmReport& report) {
           Complete(out, status, report);
         });
@@ -175,6 +264,11 @@ class GemmStreamReactor final
     out->status = status;
     out->report = report;
     if (!status.ok()) out->c.clear();
+    if (status.ok() && report.c_resident) {
+      service_.KeepResult(owner_, out->gemm->job.shape, report, out->gemm->c_ttl_seconds,
+                          &out->c_matrix);
+      out->report.c_resident.reset();  // the store holds it now
+    }
     out->gemm->a.clear();  // operands are no longer needed; free them before C is written
     out->gemm->a.shrink_to_fit();
     out->gemm->b.clear();
@@ -206,6 +300,7 @@ class GemmStreamReactor final
       if (out.status.ok()) {
         ToProto(out.gemm->job.shape, out.report, done->mutable_timing(), done->mutable_execution());
         done->mutable_execution()->set_backend(service_.backend_->Name());
+        if (out.gemm->keep_c) *done->mutable_c_matrix() = out.c_matrix;
       }
       assembler_.Release(out.gemm->gemm_id);
       outgoing_.pop_front();
@@ -226,6 +321,7 @@ class GemmStreamReactor final
 
   const GemmServiceImpl& service_;
   grpc::CallbackServerContext* const context_;
+  const std::string owner_;
   v1::GemmStreamRequest request_;  // the read in flight
 
   std::mutex mu_;
@@ -284,6 +380,9 @@ grpc::ServerUnaryReactor* GemmServiceImpl::GetServerInfo(grpc::CallbackServerCon
   limits->set_max_queued_bytes(options_.scheduler.max_queued_bytes);
   limits->set_max_message_bytes(options_.max_message_bytes);
   limits->set_stream_chunk_bytes(options_.stream_chunk_bytes);
+  limits->set_resident_quota_bytes(options_.resident.quota_bytes_per_client);
+  limits->set_resident_default_ttl_seconds(options_.resident.default_ttl.count());
+  limits->set_resident_lru_eviction(options_.resident.lru_eviction);
   const Scheduler::Stats stats = scheduler_->GetStats();
   v1::Load* load = response->mutable_load();
   load->set_queued(stats.queued);
@@ -294,6 +393,187 @@ grpc::ServerUnaryReactor* GemmServiceImpl::GetServerInfo(grpc::CallbackServerCon
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   reactor->Finish(grpc::Status::OK);
   return reactor;
+}
+
+// UploadMatrix: the header, then the bytes into host memory; the device copy runs on its own
+// thread so that no reaction blocks on it.
+class UploadMatrixReactor final : public grpc::ServerReadReactor<v1::UploadMatrixRequest> {
+ public:
+  UploadMatrixReactor(const GemmServiceImpl& service, grpc::CallbackServerContext* context,
+                      v1::MatrixInfo* response)
+      : service_(service), owner_(ClientIdentity(context)), response_(response) {
+    StartRead(&request_);
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {  // the client has sent everything (or went away)
+      if (!header_seen_) return Finish(status::InvalidArgument("header", "no header was sent"));
+      if (received_ != int64_t(data_.size())) {
+        return Finish(status::InvalidArgument(
+            "chunk", fmt::format("the stream ended after {} of the matrix's {} bytes", received_,
+                                 data_.size())));
+      }
+      std::thread([this] { Store(); }).detach();
+      return;
+    }
+    grpc::Status s = header_seen_ ? ConsumeChunk() : ConsumeHeader();
+    if (!s.ok()) return Finish(s);
+    StartRead(&request_);
+  }
+
+  void OnDone() override { delete this; }
+
+ private:
+  grpc::Status ConsumeHeader() {
+    if (!request_.has_header()) {
+      return status::InvalidArgument("header", "the first message must be a header");
+    }
+    header_ = request_.header();
+    GemmShape shape;  // validate rows x cols as the m x k of a GEMM
+    if (header_.rows() == 0) return status::InvalidArgument("header.rows", "must be at least 1");
+    if (header_.cols() == 0) return status::InvalidArgument("header.cols", "must be at least 1");
+    if (grpc::Status s = ValidateShape(header_.rows(), 1, header_.cols(), service_.options_.rules,
+                                       &shape);
+        !s.ok()) {
+      return s;
+    }
+    if (header_.label().size() > kMaxRequestIdBytes) {
+      return status::InvalidArgument("header.label", "at most 128 bytes");
+    }
+    if (header_.has_device_id()) {
+      const auto devices = service_.backend_->Devices();
+      auto it = std::find_if(devices.begin(), devices.end(),
+                             [&](const DeviceDescription& d) { return d.id == header_.device_id(); });
+      if (it == devices.end()) {
+        return status::InvalidArgument("header.device_id",
+                                       fmt::format("no device {} on this server", header_.device_id()));
+      }
+      device_index_ = int(it - devices.begin());
+    }
+    const int64_t bytes = 2 * int64_t(header_.rows()) * header_.cols();
+    if (service_.store_->ClientBytes(owner_) + bytes >
+        service_.options_.resident.quota_bytes_per_client) {
+      return status::OverLimit(fmt::format("{} more resident bytes would pass this client's quota of {}",
+                                           bytes, service_.options_.resident.quota_bytes_per_client));
+    }
+    data_.resize(bytes);
+    header_seen_ = true;
+    return grpc::Status::OK;
+  }
+
+  grpc::Status ConsumeChunk() {
+    if (!request_.has_chunk()) return status::InvalidArgument("header", "sent twice");
+    const std::string& chunk = request_.chunk();
+    if (received_ + int64_t(chunk.size()) > int64_t(data_.size())) {
+      return status::InvalidArgument(
+          "chunk", fmt::format("past the end: {} + {} bytes of a {}-byte matrix", received_,
+                               chunk.size(), data_.size()));
+    }
+    std::memcpy(data_.data() + received_, chunk.data(), chunk.size());
+    received_ += chunk.size();
+    return grpc::Status::OK;
+  }
+
+  void Store() {
+    std::shared_ptr<ResidentBuffer> buffer;
+    grpc::Status s = service_.store_->Allocate(owner_, device_index_, header_.rows(),
+                                               header_.cols(), &buffer);
+    if (s.ok()) s = service_.backend_->WriteResident(*buffer, data_.data());
+    if (s.ok()) {
+      ResidentMatrix m = service_.store_->Add(owner_, header_.rows(), header_.cols(),
+                                              std::move(buffer),
+                                              std::chrono::seconds(header_.ttl_seconds()),
+                                              header_.label());
+      service_.Describe(m, response_);
+    }
+    Finish(s);  // last: OnDone may delete this right away
+  }
+
+  const GemmServiceImpl& service_;
+  const std::string owner_;
+  v1::MatrixInfo* const response_;
+  v1::UploadMatrixRequest request_;
+  v1::MatrixHeader header_;
+  bool header_seen_ = false;
+  int device_index_ = -1;
+  std::string data_;
+  int64_t received_ = 0;
+};
+
+grpc::ServerReadReactor<v1::UploadMatrixRequest>* GemmServiceImpl::UploadMatrix(
+    grpc::CallbackServerContext* context, v1::MatrixInfo* response) {
+  return new UploadMatrixReactor(*this, context, response);
+}
+
+grpc::ServerUnaryReactor* GemmServiceImpl::ReleaseMatrix(grpc::CallbackServerContext* context,
+                                                         const v1::ReleaseMatrixRequest* request,
+                                                         v1::ReleaseMatrixResponse* response) {
+  int64_t freed = 0;
+  grpc::Status s = store_->Release(ClientIdentity(context), request->handle(), &freed);
+  response->set_freed_bytes(freed);
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  reactor->Finish(s);
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* GemmServiceImpl::ListMatrices(grpc::CallbackServerContext* context,
+                                                        const v1::ListMatricesRequest*,
+                                                        v1::ListMatricesResponse* response) {
+  const std::string owner = ClientIdentity(context);
+  for (const ResidentMatrix& m : store_->List(owner)) Describe(m, response->add_matrices());
+  response->set_client_bytes(store_->ClientBytes(owner));
+  response->set_quota_bytes(options_.resident.quota_bytes_per_client);
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  reactor->Finish(grpc::Status::OK);
+  return reactor;
+}
+
+// DownloadMatrix: the device copy runs on its own thread, then the chunks go out one by one.
+class DownloadMatrixReactor final : public grpc::ServerWriteReactor<v1::ResultChunk> {
+ public:
+  DownloadMatrixReactor(const GemmServiceImpl& service, grpc::CallbackServerContext* context,
+                        const v1::DownloadMatrixRequest& request)
+      : chunk_bytes_(service.options_.stream_chunk_bytes) {
+    ResidentMatrix m;
+    grpc::Status s = service.store_->Lookup(ClientIdentity(context), request.handle(), "handle", &m);
+    if (!s.ok()) {
+      Finish(s);
+      return;
+    }
+    std::thread([this, &service, buffer = m.buffer] {
+      data_.resize(buffer->bytes);
+      grpc::Status read = service.backend_->ReadResident(*buffer, data_.data());
+      if (!read.ok()) return Finish(read);
+      NextWrite();
+    }).detach();
+  }
+
+  void OnWriteDone(bool ok) override {
+    if (!ok) return Finish(status::Cancelled());
+    NextWrite();
+  }
+
+  void OnDone() override { delete this; }
+
+ private:
+  void NextWrite() {
+    if (offset_ >= int64_t(data_.size())) return Finish(grpc::Status::OK);
+    const int64_t size = std::min<int64_t>(chunk_bytes_, data_.size() - offset_);
+    chunk_.set_offset(offset_);
+    chunk_.set_data(data_.data() + offset_, size);
+    offset_ += size;
+    StartWrite(&chunk_);
+  }
+
+  const int64_t chunk_bytes_;
+  std::string data_;
+  int64_t offset_ = 0;
+  v1::ResultChunk chunk_;
+};
+
+grpc::ServerWriteReactor<v1::ResultChunk>* GemmServiceImpl::DownloadMatrix(
+    grpc::CallbackServerContext* context, const v1::DownloadMatrixRequest* request) {
+  return new DownloadMatrixReactor(*this, context, *request);
 }
 
 }  // namespace hgemm

@@ -11,6 +11,7 @@
 
 #include "proto/hgemm.grpc.pb.h"
 #include "server/backend/backend.h"
+#include "server/resident/matrix_store.h"
 #include "server/scheduler/scheduler.h"
 #include "server/validation.h"
 
@@ -27,12 +28,18 @@ struct ServiceOptions {
   // Reported in GetServerInfo.limits.
   int64_t max_message_bytes = 0;
   SchedulerOptions scheduler;
+  MatrixStoreOptions resident;
 };
+
+// Who is calling, for resident-matrix ownership and quotas: the "x-client-id" metadata value,
+// else the peer's address without its port.
+std::string ClientIdentity(const grpc::CallbackServerContext* context);
 
 class GemmServiceImpl final : public v1::GemmService::CallbackService {
  public:
-  // `scheduler` and `backend` must outlive the service.
-  GemmServiceImpl(Scheduler* scheduler, const Backend* backend, ServiceOptions options);
+  // `scheduler`, `backend` and `store` must outlive the service.
+  GemmServiceImpl(Scheduler* scheduler, Backend* backend, MatrixStore* store,
+                  ServiceOptions options);
 
   grpc::ServerUnaryReactor* Gemm(grpc::CallbackServerContext* context,
                                  const v1::GemmRequest* request,
@@ -45,12 +52,34 @@ class GemmServiceImpl final : public v1::GemmService::CallbackService {
   grpc::ServerUnaryReactor* GetServerInfo(grpc::CallbackServerContext* context,
                                           const v1::GetServerInfoRequest* request,
                                           v1::ServerInfo* response) override;
+  grpc::ServerReadReactor<v1::UploadMatrixRequest>* UploadMatrix(
+      grpc::CallbackServerContext* context, v1::MatrixInfo* response) override;
+  grpc::ServerUnaryReactor* ReleaseMatrix(grpc::CallbackServerContext* context,
+                                          const v1::ReleaseMatrixRequest* request,
+                                          v1::ReleaseMatrixResponse* response) override;
+  grpc::ServerUnaryReactor* ListMatrices(grpc::CallbackServerContext* context,
+                                         const v1::ListMatricesRequest* request,
+                                         v1::ListMatricesResponse* response) override;
+  grpc::ServerWriteReactor<v1::ResultChunk>* DownloadMatrix(
+      grpc::CallbackServerContext* context, const v1::DownloadMatrixRequest* request) override;
 
  private:
   friend class GemmStreamReactor;
+  friend class UploadMatrixReactor;
+  friend class DownloadMatrixReactor;
+
+  // Puts the resident operands named by handle into `job` (their shapes must match, and both
+  // must live on one device, where the job is then pinned) and checks the quota for a kept C.
+  grpc::Status ResolveResident(const std::string& owner, const std::string& a_handle,
+                               const std::string& b_handle, bool keep_c, GemmJob* job) const;
+  // Registers a kept C and describes it.
+  void KeepResult(const std::string& owner, const GemmShape& shape, const GemmReport& report,
+                  uint32_t ttl_seconds, v1::MatrixInfo* info) const;
+  void Describe(const ResidentMatrix& matrix, v1::MatrixInfo* info) const;
 
   Scheduler* const scheduler_;
-  const Backend* const backend_;
+  Backend* const backend_;
+  MatrixStore* const store_;
   const ServiceOptions options_;
 };
 

@@ -20,9 +20,10 @@ std::unique_ptr<HgemmServer> HgemmServer::Start(ServerOptions options,
   options.service.max_message_bytes = options.max_message_bytes;
   std::unique_ptr<HgemmServer> server(new HgemmServer(std::move(options), std::move(backend)));
   const ServerOptions& opts = server->options_;
+  server->store_ = std::make_unique<MatrixStore>(server->backend_.get(), opts.service.resident);
   server->scheduler_ = std::make_unique<Scheduler>(server->backend_.get(), opts.service.scheduler);
-  server->service_ = std::make_unique<GemmServiceImpl>(server->scheduler_.get(),
-                                                       server->backend_.get(), opts.service);
+  server->service_ = std::make_unique<GemmServiceImpl>(
+      server->scheduler_.get(), server->backend_.get(), server->store_.get(), opts.service);
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();

@@ -16,6 +16,7 @@
 
 #include "server/backend/backend.h"
 #include "server/gemm_service.h"
+#include "server/resident/matrix_store.h"
 #include "server/scheduler/scheduler.h"
 
 namespace hgemm {
@@ -50,6 +51,7 @@ class HgemmServer {
 
   const ServerOptions options_;
   std::unique_ptr<Backend> backend_;
+  std::unique_ptr<MatrixStore> store_;  // after backend_: its buffers go back to the backend
   std::unique_ptr<Scheduler> scheduler_;
   std::unique_ptr<GemmServiceImpl> service_;
   std::unique_ptr<grpc::Server> server_;

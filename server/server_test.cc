@@ -290,5 +290,175 @@ TEST_F(ServerTest, ConcurrentClientsAllGetCorrectAnswers) {
   EXPECT_EQ(failures, 0);
 }
 
+std::string Bytes(const std::vector<uint16_t>& half) {
+  return std::string(reinterpret_cast<const char*>(half.data()), 2 * half.size());
+}
+
+TEST_F(ServerTest, ResidentLifecycleChainingAndRelease) {
+  std::mt19937_64 rng(3);
+  const uint32_t m = 70, k = 90, n = 50, p = 30;
+  std::string a = Bytes(RandomHalfMatrix(m * k, rng)), b = Bytes(RandomHalfMatrix(k * n, rng)),
+              b2 = Bytes(RandomHalfMatrix(n * p, rng));
+  v1::MatrixInfo a_info, b_info, b2_info;
+  ASSERT_TRUE(client_->UploadMatrix(m, k, a, &a_info, 0, "A").ok());
+  ASSERT_TRUE(client_->UploadMatrix(k, n, b, &b_info).ok());
+  ASSERT_TRUE(client_->UploadMatrix(n, p, b2, &b2_info).ok());
+  EXPECT_EQ(a_info.rows(), m);
+  EXPECT_EQ(a_info.bytes(), 2u * m * k);
+  EXPECT_EQ(a_info.label(), "A");
+  EXPECT_NE(a_info.handle(), b_info.handle());
+
+  // C = A·B stays resident, then C·B2 chains it as the next A.
+  v1::GemmRequest first;
+  first.set_m(m);
+  first.set_n(n);
+  first.set_k(k);
+  first.set_a_handle(a_info.handle());
+  first.set_b_handle(b_info.handle());
+  first.set_keep_c_resident(true);
+  v1::GemmResponse c_response;
+  ASSERT_TRUE(client_->Gemm(first, &c_response).ok());
+  EXPECT_TRUE(c_response.c().empty());
+  ASSERT_TRUE(c_response.has_c_matrix());
+  EXPECT_EQ(c_response.c_matrix().rows(), m);
+  EXPECT_EQ(c_response.c_matrix().cols(), n);
+
+  std::string c;
+  ASSERT_TRUE(client_->DownloadMatrix(c_response.c_matrix().handle(), &c).ok());
+  v1::GemmRequest plain;
+  plain.set_m(m);
+  plain.set_n(n);
+  plain.set_k(k);
+  plain.set_a(a);
+  plain.set_b(b);
+  EXPECT_LT(ErrorAgainstReference(plain, c), 1e-3);
+
+  v1::GemmRequest chained;
+  chained.set_m(m);
+  chained.set_n(p);
+  chained.set_k(n);
+  chained.set_a_handle(c_response.c_matrix().handle());
+  chained.set_b_handle(b2_info.handle());
+  v1::GemmResponse chained_response;
+  ASSERT_TRUE(client_->Gemm(chained, &chained_response).ok());
+  v1::GemmRequest chained_plain;
+  chained_plain.set_m(m);
+  chained_plain.set_n(p);
+  chained_plain.set_k(n);
+  chained_plain.set_a(c);
+  chained_plain.set_b(b2);
+  EXPECT_LT(ErrorAgainstReference(chained_plain, chained_response.c()), 1e-3);
+
+  v1::ListMatricesResponse listed;
+  ASSERT_TRUE(client_->ListMatrices(&listed).ok());
+  EXPECT_EQ(listed.matrices_size(), 4);  // A, B, B2, C
+  EXPECT_EQ(listed.client_bytes(), 2u * (m * k + k * n + n * p + m * n));
+
+  ASSERT_TRUE(client_->ReleaseMatrix(a_info.handle()).ok());
+  v1::GemmResponse response;
+  grpc::Status s = client_->Gemm(first, &response);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_NE(s.error_message().find("a_handle"), std::string::npos) << s.error_message();
+  EXPECT_NE(s.error_message().find("released"), std::string::npos) << s.error_message();
+  EXPECT_EQ(client_->ReleaseMatrix(a_info.handle()).error_code(), grpc::StatusCode::NOT_FOUND);
+  ExpectStillServing();
+}
+
+TEST_F(ServerTest, ResidentMixedWithBytesConcurrentlyAndOnStreams) {
+  std::mt19937_64 rng(4);
+  const uint32_t m = 64, k = 128, n = 96;
+  std::string b = Bytes(RandomHalfMatrix(k * n, rng));
+  v1::MatrixInfo b_info;
+  ASSERT_TRUE(client_->UploadMatrix(k, n, b, &b_info).ok());
+  std::atomic<int> failures{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 6; ++t) {
+    threads.emplace_back([&, t] {
+      std::mt19937_64 local(t);
+      v1::GemmRequest r;
+      r.set_m(m);
+      r.set_n(n);
+      r.set_k(k);
+      r.set_a(Bytes(RandomHalfMatrix(m * k, local)));
+      r.set_b_handle(b_info.handle());
+      v1::GemmResponse response;
+      v1::GemmRequest plain = r;
+      plain.set_b(b);
+      for (int i = 0; i < 4; ++i) {
+        if (!client_->Gemm(r, &response).ok() || ErrorAgainstReference(plain, response.c()) > 1e-3) {
+          failures++;
+        }
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(failures, 0);
+
+  // On a stream: one GEMM with B by handle, one with both by handle and C kept.
+  v1::MatrixInfo a_info;
+  std::string a = Bytes(RandomHalfMatrix(m * k, rng));
+  ASSERT_TRUE(client_->UploadMatrix(m, k, a, &a_info).ok());
+  v1::GemmRequest with_b, with_both;
+  for (v1::GemmRequest* r : {&with_b, &with_both}) {
+    r->set_m(m);
+    r->set_n(n);
+    r->set_k(k);
+    r->set_b_handle(b_info.handle());
+  }
+  with_b.set_a(a);
+  with_both.set_a_handle(a_info.handle());
+  with_both.set_keep_c_resident(true);
+  std::vector<StreamedGemm> results;
+  CallOptions options;
+  options.chunk_bytes = 1000;
+  ASSERT_TRUE(client_->GemmStream({&with_b, &with_both}, &results, options).ok());
+  ASSERT_TRUE(results[0].status.ok()) << results[0].status.error_message();
+  ASSERT_TRUE(results[1].status.ok()) << results[1].status.error_message();
+  v1::GemmRequest plain = with_b;
+  plain.set_b(b);
+  EXPECT_LT(ErrorAgainstReference(plain, results[0].response.c()), 1e-3);
+  std::string c;
+  ASSERT_TRUE(client_->DownloadMatrix(results[1].response.c_matrix().handle(), &c).ok());
+  EXPECT_EQ(c, results[0].response.c());  // same inputs, same kernel
+}
+
+TEST_F(ServerTest, ResidentErrors) {
+  ServerOptions options;
+  options.service.resident.quota_bytes_per_client = 4096;
+  StartServer(options);
+  std::mt19937_64 rng(5);
+  v1::MatrixInfo info;
+  ASSERT_TRUE(client_->UploadMatrix(16, 16, Bytes(RandomHalfMatrix(256, rng)), &info).ok());
+  // Over the quota (512 B used of 4 KiB; 8 KiB more).
+  EXPECT_EQ(client_->UploadMatrix(64, 64, Bytes(RandomHalfMatrix(4096, rng)), &info).error_code(),
+            grpc::StatusCode::RESOURCE_EXHAUSTED);
+  // Short upload.
+  EXPECT_EQ(client_->UploadMatrix(16, 16, Bytes(RandomHalfMatrix(100, rng)), &info).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+  ASSERT_TRUE(client_->UploadMatrix(16, 16, Bytes(RandomHalfMatrix(256, rng)), &info).ok());
+  // Wrong shape for its place.
+  v1::GemmRequest r = RandomRequest(16, 8, 16, rng_);
+  r.set_b_handle(info.handle());
+  v1::GemmResponse response;
+  grpc::Status s = client_->Gemm(r, &response);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(s.error_message().find("b_handle: matrix"), std::string::npos) << s.error_message();
+  // Another client's handle, and one that never existed.
+  r = RandomRequest(16, 16, 16, rng_);
+  r.set_b_handle(info.handle());
+  CallOptions other;
+  other.client_id = "someone-else";
+  EXPECT_EQ(client_->Gemm(r, &response, other).error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  r.set_b_handle("m-00000000000000000000000000000000");
+  EXPECT_EQ(client_->Gemm(r, &response).error_code(), grpc::StatusCode::NOT_FOUND);
+  // A kept C over the quota.
+  r.set_b_handle(info.handle());
+  r.set_keep_c_resident(true);
+  r.set_m(200);
+  r.set_a(Bytes(RandomHalfMatrix(200 * 16, rng)));
+  EXPECT_EQ(client_->Gemm(r, &response).error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  ExpectStillServing();
+}
+
 }  // namespace
 }  // namespace hgemm

@@ -16,7 +16,7 @@ grpc::Status StreamAssembler::Consume(v1::GemmStreamRequest& message,
   complete->reset();
   switch (message.message_case()) {
     case v1::GemmStreamRequest::kHeader:
-      return ConsumeHeader(message.header());
+      return ConsumeHeader(message.header(), complete);
     case v1::GemmStreamRequest::kChunk:
       return ConsumeChunk(*message.mutable_chunk(), complete);
     default:
@@ -24,7 +24,8 @@ grpc::Status StreamAssembler::Consume(v1::GemmStreamRequest& message,
   }
 }
 
-grpc::Status StreamAssembler::ConsumeHeader(const v1::GemmHeader& header) {
+grpc::Status StreamAssembler::ConsumeHeader(const v1::GemmHeader& header,
+                                            std::unique_ptr<AssembledGemm>* complete) {
   const uint64_t id = header.gemm_id();
   if (in_use_.count(id)) {
     return status::InvalidArgument(
@@ -36,16 +37,29 @@ grpc::Status StreamAssembler::ConsumeHeader(const v1::GemmHeader& header) {
   if (!s.ok()) {
     return grpc::Status(s.error_code(), fmt::format("gemm_id {}: {}", id, s.error_message()));
   }
+  gemm->a_handle = header.a_handle();
+  gemm->b_handle = header.b_handle();
+  gemm->keep_c = header.keep_c_resident();
+  gemm->c_ttl_seconds = header.c_ttl_seconds();
   const GemmShape& shape = gemm->job.shape;
-  const int64_t operand_bytes = 2 * (shape.m * shape.k + shape.k * shape.n);
+  const int64_t operand_bytes = (gemm->a_handle.empty() ? 2 * shape.m * shape.k : 0) +
+                                (gemm->b_handle.empty() ? 2 * shape.k * shape.n : 0);
   if (pending_bytes_ + operand_bytes > max_pending_bytes_) {
     return status::OverLimit(fmt::format(
         "gemm_id {}: its operands ({} bytes) would put this stream's incomplete GEMMs over {} bytes",
         id, operand_bytes, max_pending_bytes_));
   }
-  pending_bytes_ += operand_bytes;
   in_use_.insert(id);
-  pending_[id].gemm = std::move(gemm);
+  if (operand_bytes == 0) {  // both operands resident: nothing to wait for
+    *complete = std::move(gemm);
+    return grpc::Status::OK;
+  }
+  pending_bytes_ += operand_bytes;
+  Pending& p = pending_[id];
+  // An operand given by handle counts as received.
+  if (!gemm->a_handle.empty()) p.a_received = 2 * shape.m * shape.k;
+  if (!gemm->b_handle.empty()) p.b_received = 2 * shape.k * shape.n;
+  p.gemm = std::move(gemm);
   return grpc::Status::OK;
 }
 
@@ -68,6 +82,10 @@ grpc::Status StreamAssembler::ConsumeChunk(v1::MatrixChunk& chunk,
   const char* name;
   switch (chunk.operand()) {
     case v1::OPERAND_A:
+      if (!gemm.a_handle.empty()) {
+        return status::InvalidArgument(
+            "chunk.operand", fmt::format("gemm_id {}: A chunk for an A given by handle", id));
+      }
       operand = &gemm.a, received = &p.a_received, total = a_bytes, name = "A";
       break;
     case v1::OPERAND_B:
@@ -75,6 +93,10 @@ grpc::Status StreamAssembler::ConsumeChunk(v1::MatrixChunk& chunk,
         return status::InvalidArgument(
             "chunk.operand", fmt::format("gemm_id {}: B chunk before all of A ({} of {} bytes)", id,
                                          p.a_received, a_bytes));
+      }
+      if (!gemm.b_handle.empty()) {
+        return status::InvalidArgument(
+            "chunk.operand", fmt::format("gemm_id {}: B chunk for a B given by handle", id));
       }
       operand = &gemm.b, received = &p.b_received, total = b_bytes, name = "B";
       break;
@@ -107,7 +129,7 @@ grpc::Status StreamAssembler::ConsumeChunk(v1::MatrixChunk& chunk,
   *received += size;
 
   if (p.a_received == a_bytes && p.b_received == b_bytes) {
-    pending_bytes_ -= a_bytes + b_bytes;
+    pending_bytes_ -= int64_t(gemm.a.size() + gemm.b.size());
     *complete = std::move(p.gemm);
     pending_.erase(it);
   }

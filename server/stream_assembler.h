@@ -22,7 +22,10 @@ namespace hgemm {
 struct AssembledGemm {
   uint64_t gemm_id = 0;
   GemmJob job;
-  std::string a, b;  // fp16 bytes, exactly 2·m·k and 2·k·n
+  std::string a, b;  // fp16 bytes, exactly 2·m·k and 2·k·n; empty for an operand by handle
+  std::string a_handle, b_handle;  // resident operands, resolved by the caller
+  bool keep_c = false;
+  uint32_t c_ttl_seconds = 0;
 };
 
 class StreamAssembler {
@@ -32,7 +35,8 @@ class StreamAssembler {
 
   // Consumes one message (its chunk data may be moved out). Returns INVALID_ARGUMENT or
   // RESOURCE_EXHAUSTED on a broken rule; then the stream must end. On OK, `complete` is set
-  // when this message finished a GEMM, and left empty otherwise.
+  // when this message finished a GEMM (a header whose operands are both handles does), and
+  // left empty otherwise.
   grpc::Status Consume(v1::GemmStreamRequest& message, std::unique_ptr<AssembledGemm>* complete);
 
   // The caller is done with `gemm_id` (answered): the id may be used again.
@@ -48,7 +52,7 @@ class StreamAssembler {
     int64_t b_received = 0;
   };
 
-  grpc::Status ConsumeHeader(const v1::GemmHeader& header);
+  grpc::Status ConsumeHeader(const v1::GemmHeader& header, std::unique_ptr<AssembledGemm>* complete);
   grpc::Status ConsumeChunk(v1::MatrixChunk& chunk, std::unique_ptr<AssembledGemm>* complete);
 
   const RequestRules& rules_;

@@ -111,6 +111,30 @@ TEST_F(StreamAssemblerTest, BadHeaderNamesTheGemm) {
   EXPECT_EQ(s.error_message(), "gemm_id 5: m: must be at least 1");
 }
 
+TEST_F(StreamAssemblerTest, OperandsByHandleNeedNoChunks) {
+  v1::GemmStreamRequest message;
+  v1::GemmHeader* h = message.mutable_header();
+  h->set_gemm_id(4);
+  h->set_m(2);
+  h->set_n(2);
+  h->set_k(2);
+  h->set_a_handle("m-a");
+  ASSERT_TRUE(assembler_.Consume(message, &complete_).ok());
+  EXPECT_EQ(complete_, nullptr);
+  EXPECT_EQ(Chunk(4, v1::OPERAND_A, 0, "abcdefgh").error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  ASSERT_TRUE(Chunk(4, v1::OPERAND_B, 0, "01234567").ok());
+  ASSERT_NE(complete_, nullptr);
+  EXPECT_EQ(complete_->a_handle, "m-a");
+  EXPECT_EQ(complete_->b, "01234567");
+
+  h->set_gemm_id(5);
+  h->set_b_handle("m-b");
+  h->set_keep_c_resident(true);
+  ASSERT_TRUE(assembler_.Consume(message, &complete_).ok());
+  ASSERT_NE(complete_, nullptr);  // both resident: complete at the header
+  EXPECT_TRUE(complete_->keep_c);
+}
+
 TEST_F(StreamAssemblerTest, PendingBytesAreBounded) {
   ASSERT_TRUE(Header(1, 256, 1, 256).ok());  // 128 KiB of A, 512 B of B
   // 2 more of 256x256 (128 KiB each side) pass 1 MiB of pending operands on the fourth.

@@ -81,14 +81,17 @@ grpc::Status ValidateGemmRequest(const v1::GemmRequest& request, const RequestRu
   grpc::Status s = ValidateShape(request.m(), request.n(), request.k(), rules, &job->shape);
   if (!s.ok()) return s;
   const GemmShape& shape = job->shape;
-  if (int64_t want = 2 * shape.m * shape.k; int64_t(request.a().size()) != want) {
+  // Operands given by handle are checked when the handle is resolved.
+  if (int64_t want = 2 * shape.m * shape.k;
+      !request.has_a_handle() && int64_t(request.a().size()) != want) {
     return status::InvalidArgument(
-        "a", fmt::format("{} bytes; an {}x{} fp16 matrix (m x k) takes exactly {}",
+        "a", fmt::format("{} bytes; an {}x{} fp16 matrix (m x k) takes exactly {} (or give a_handle)",
                          request.a().size(), shape.m, shape.k, want));
   }
-  if (int64_t want = 2 * shape.k * shape.n; int64_t(request.b().size()) != want) {
+  if (int64_t want = 2 * shape.k * shape.n;
+      !request.has_b_handle() && int64_t(request.b().size()) != want) {
     return status::InvalidArgument(
-        "b", fmt::format("{} bytes; a {}x{} fp16 matrix (k x n) takes exactly {}",
+        "b", fmt::format("{} bytes; a {}x{} fp16 matrix (k x n) takes exactly {} (or give b_handle)",
                          request.b().size(), shape.k, shape.n, want));
   }
   return ValidateOptions(request.options(), rules, "options", job);

@@ -28,9 +28,11 @@ class CudaBackendTest : public ::testing::Test {
   }
 
   // Runs m×n×k on `slot` with fresh random inputs and a poisoned C; returns the relative
-  // Frobenius error against the fp32 reference (or fails the test).
+  // Frobenius error against the fp32 reference (or fails the test). A kernel named explicitly
+  // may refuse a shape it cannot take: then *refused is set (if given) and 0 returned.
   double RunAndCompare(int slot, int64_t m, int64_t n, int64_t k, const std::string& kernel,
-                       Accumulation acc, GemmReport* report, uint64_t seed) {
+                       Accumulation acc, GemmReport* report, uint64_t seed,
+                       bool* refused = nullptr) {
     std::mt19937_64 rng(seed);
     std::vector<uint16_t> a = RandomHalfMatrix(m * k, rng), b = RandomHalfMatrix(k * n, rng);
     std::vector<uint16_t> c(m * n, 0xFFFF);  // NaN: an unwritten element fails the check
@@ -42,6 +44,11 @@ class CudaBackendTest : public ::testing::Test {
     job.b = b.data();
     job.c = c.data();
     grpc::Status s = backend_->Run(slot, job, report);
+    if (refused && s.error_code() == grpc::StatusCode::INVALID_ARGUMENT &&
+        s.error_message().find("cannot take") != std::string::npos) {
+      *refused = true;
+      return 0;
+    }
     EXPECT_TRUE(s.ok()) << kernel << " " << m << "x" << n << "x" << k << ": " << s.error_message();
     if (!s.ok()) return 1;
     std::vector<float> reference = ReferenceGemm(a.data(), b.data(), m, n, k);
@@ -70,7 +77,13 @@ TEST_F(CudaBackendTest, EveryKernelBothAccumulationsOddShapes) {
       }
       for (auto [m, n, k] : shapes) {
         GemmReport report;
-        double error = RunAndCompare(0, m, n, k, kernel, acc, &report, seed++);
+        bool refused = false;
+        double error = RunAndCompare(0, m, n, k, kernel, acc, &report, seed++, &refused);
+        if (refused) {  // only aligned-shape kernels may refuse, and never an aligned shape
+          EXPECT_TRUE(kernel != "auto" && kernel != "cublas" && n % 8 != 0) << kernel << " " << m
+                                                                          << "x" << n << "x" << k;
+          continue;
+        }
         const double bar = acc == Accumulation::kFp16 ? 5e-3 : 5e-4;
         EXPECT_LE(error, bar) << kernel << " ran as " << report.kernel << " acc "
                               << (acc == Accumulation::kFp16 ? "fp16" : "fp32") << " " << m << "x"
@@ -104,6 +117,33 @@ TEST_F(CudaBackendTest, BuffersGrowAndShapesShrinkBack) {
         << size;
     EXPECT_GT(report.host_to_device_ms, 0);
     EXPECT_GT(report.device_to_host_ms, 0);
+  }
+}
+
+TEST_F(CudaBackendTest, ResidentOperandsAndKeptResult) {
+  const int64_t m = 300, n = 256, k = 520;
+  std::mt19937_64 rng(11);
+  std::vector<uint16_t> a = RandomHalfMatrix(m * k, rng), b = RandomHalfMatrix(k * n, rng);
+  std::shared_ptr<ResidentBuffer> a_dev, b_dev;
+  ASSERT_TRUE(backend_->AllocateResident(0, 2 * m * k, &a_dev).ok());
+  ASSERT_TRUE(backend_->AllocateResident(0, 2 * k * n, &b_dev).ok());
+  ASSERT_TRUE(backend_->WriteResident(*a_dev, a.data()).ok());
+  ASSERT_TRUE(backend_->WriteResident(*b_dev, b.data()).ok());
+  std::vector<float> reference = ReferenceGemm(a.data(), b.data(), m, n, k);
+  for (bool a_resident : {false, true}) {
+    GemmJob job;
+    job.shape = {.m = m, .n = n, .k = k};
+    job.a = a.data();
+    if (a_resident) job.a_resident = a_dev;
+    job.b_resident = b_dev;
+    job.keep_c = true;
+    GemmReport report;
+    ASSERT_TRUE(backend_->Run(2, job, &report).ok());
+    ASSERT_NE(report.c_resident, nullptr);
+    std::vector<uint16_t> c(m * n, 0xFFFF);
+    ASSERT_TRUE(backend_->ReadResident(*report.c_resident, c.data()).ok());
+    EXPECT_LE(RelativeFrobeniusError(c.data(), reference.data(), m * n), 5e-4);
+    EXPECT_EQ(report.device_to_host_ms, 0);
   }
 }
 
