@@ -701,6 +701,7 @@ PointResult LoadGenerator::RunPoint(Target kind, const std::string& target, int 
   for (std::thread& t : threads) t.join();
   result.elapsed_s = elapsed();
   result.windows = int(windows.size());
+  for (const Window& w : windows) result.window_requests_per_s.push_back(w.requests_per_s);
   result.first_error = recorder.first_error();
   for (const Sample& s : recorder.Slice(0, recorder.size())) {
     if (s.code != 0) ++result.error_codes[s.code];
@@ -773,6 +774,11 @@ std::string FormatTableRows(const PointResult& p, const PointResult* echo) {
         TargetName(p.target), ModeName(p.mode), p.concurrency, rate, s.shape, s.requests, s.errors,
         s.requests_per_s, s.p50_ms, s.p90_ms, s.p99_ms, gflops, s.payload_gb_per_s, ratio, server,
         p.windows, p.stable ? "yes" : "no");
+  }
+  if (!p.stable && !p.window_requests_per_s.empty()) {
+    std::string windows;
+    for (double r : p.window_requests_per_s) windows += fmt::format(" {:.1f}", r);
+    out += fmt::format("  not stable: req/s per window{}\n", windows);
   }
   if (!p.error_codes.empty()) {
     out += fmt::format("  errors (code:count) {}; first: {}\n", ErrorCodes(p), p.first_error);

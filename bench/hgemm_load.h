@@ -118,6 +118,7 @@ struct PointResult {
   bool stable = false;  // the last stable_windows windows agreed; stats are over them
   double elapsed_s = 0; // warm-up + windows
   int64_t warmup_requests = 0;
+  std::vector<double> window_requests_per_s;  // each window's successful calls/s, in order
   std::map<int, int64_t> error_codes;  // gRPC code (-1: wrong C size) → count, whole point
   std::string first_error;
   std::vector<PointStats> stats;  // [0]: all shapes; then one per shape if the mix has > 1
