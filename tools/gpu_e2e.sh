@@ -1,7 +1,12 @@
 #!/usr/bin/env bash
-# End to end on a GPU machine: the CUDA backend's tests, then hgemm_server (CUDA backend) on
-# 127.0.0.1 driven by hgemm_client: correctness for odd shapes and a streamed 8192³, the timing
-# metadata, and aggregate throughput with 1 vs 4 CUDA streams at the same client concurrency.
+# End to end on a GPU machine, in sections (default: all but load):
+#   tests     the CUDA backend's GoogleTests
+#   e2e       hgemm_server (CUDA) on 127.0.0.1 driven by hgemm_client: odd shapes, both
+#             accumulations, cuBLAS, a streamed 8192³, all checked against a CPU reference
+#   overlap   aggregate throughput with 1 vs 4 CUDA streams at the same client concurrency
+#   resident  operands kept on the GPU: B resident vs both sent (128x8192 by 8192x8192), and
+#             A, B, C resident at 4096³ and 8192³ (client-visible time vs kernel time)
+#   load      bench/load_run.sh (the load generator's sweep), when its binaries are bundled
 #
 # Here:   tools/gpu_e2e.sh --bundle     (builds -c opt, gathers the binaries into .gpu-serve/ and
 #                                        packs them into .gpu-pack/serve.tar.xz, small enough to carry)
@@ -10,9 +15,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 if [[ ${1:-} == --bundle ]]; then
-  bazel build -c opt //server:hgemm_server //client:hgemm_client //server/backend:cuda_backend_test
+  bazel build -c opt //server:hgemm_server //client:hgemm_client //server/backend:cuda_backend_test \
+    //bench:hgemm_load //bench:echo_server
   ../shared/tools/gpu-bundle.sh --out .gpu-serve bazel-bin/server/hgemm_server \
-    bazel-bin/client/hgemm_client bazel-bin/server/backend/cuda_backend_test
+    bazel-bin/client/hgemm_client bazel-bin/server/backend/cuda_backend_test \
+    bazel-bin/bench/hgemm_load bazel-bin/bench/echo_server
   mkdir -p .gpu-pack
   grep -qx "/.gpu-pack/" .git/info/exclude || echo "/.gpu-pack/" >> .git/info/exclude
   tar -cJf .gpu-pack/serve.tar.xz .gpu-serve
@@ -20,13 +27,18 @@ if [[ ${1:-} == --bundle ]]; then
   exit 0
 fi
 
+sections=${*:-tests e2e overlap resident}
+want() { [[ " $sections " == *" $1 "* ]]; }
 out=${OUT:-out}
 mkdir -p "$out"
 source .gpu-serve/env.sh
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/gpu.txt"
 
-echo "== cuda_backend_test"
-timeout 300 cuda_backend_test 2>&1 | tee "$out/cuda_backend_test.log" | grep -E "^\[ +(OK|FAILED|SKIPPED|PASSED) |Failure|error" || true
+if want tests; then
+  echo "== cuda_backend_test"
+  timeout 300 cuda_backend_test 2>&1 | tee "$out/cuda_backend_test.log" |
+    grep -E "^\[ +(OK|FAILED|SKIPPED|PASSED) |Failure|error" | head -40 || true
+fi
 
 port=50151
 server_pid=
@@ -45,8 +57,21 @@ trap '[[ -n $server_pid ]] && kill -9 $server_pid 2>/dev/null || true' EXIT
 
 client() { timeout 120 hgemm_client --server=127.0.0.1:$port "$@"; }
 
-echo "== correctness and timing (4 streams)"
+# Medians of the client table's columns in a log: "client_ms kernel_ms server_ms h2d_ms".
+medians() {
+  python3 - "$1" <<'PY'
+import sys, statistics
+rows = [l.split() for l in open(sys.argv[1]) if l.split() and l.split()[0].isdigit() and len(l.split()) > 8]
+rows = rows[1:] if len(rows) > 2 else rows  # the first run pays for tuning and warm-up
+col = lambda i: statistics.median(float(r[i]) for r in rows)
+print(f"n={len(rows)} median client {col(6):.3f} ms, server {col(5):.3f} ms, kernel {col(3):.3f} ms, "
+      f"h2d {col(2):.3f} ms, d2h {col(4):.3f} ms, queue {col(1):.3f} ms")
+PY
+}
+
 start_server 4
+if want e2e; then
+echo "== correctness and timing (4 streams)"
 client --info
 for shape in 1x1x1 7x5x3 33x65x17 255x257x100 1000x1000x1000 8192x64x4096; do
   for acc in fp16 fp32; do
@@ -57,9 +82,29 @@ client --shape=4096x4096x4096 --kernel=cublas --check --repeat=3 || echo "FAILED
 client --shape=4097x4096x4095 --check --repeat=2 || echo "FAILED: 4097x4096x4095"
 client --shape=8192x8192x8192 --mode=stream --check --repeat=2 || echo "FAILED: streamed 8192"
 
+fi
+
+if want resident; then
+  echo "== resident operands"
+  for mode in none b; do
+    client --shape=128x8192x8192 --resident=$mode --repeat=11 --check >"$out/resident_b_$mode.log" ||
+      echo "FAILED: resident $mode"
+    grep -E "uploaded|check" "$out/resident_b_$mode.log" || true
+    echo "128x8192x8192 resident=$mode: $(medians "$out/resident_b_$mode.log")"
+  done
+  for size in 4096 8192; do
+    client --shape=${size}x${size}x${size} --resident=all --repeat=21 --check \
+      >"$out/resident_all_$size.log" || echo "FAILED: resident all $size"
+    grep -E "uploaded|downloaded|check" "$out/resident_all_$size.log" || true
+    echo "${size}^3 resident=all: $(medians "$out/resident_all_$size.log")"
+  done
+  tail -4 "$out/resident_all_8192.log"
+fi
+
+if want overlap; then
 echo "== aggregate throughput: 8 concurrent clients x 10 GEMMs of 2048^3, 1 vs 4 streams"
 for streams in 1 4; do
-  ((streams == 4)) || { stop_server; start_server "$streams"; }
+  stop_server; start_server "$streams"
   start=$(date +%s.%N)
   clients=()
   for c in $(seq 8); do
@@ -86,5 +131,11 @@ print(f"streams={streams}: {n} GEMMs in {wall:.2f} s = {n/wall:.1f} GEMM/s, "
       f"total {statistics.mean(r[4] for r in rows):.2f}; client ms {statistics.mean(r[5] for r in rows):.1f}")
 PY
 done
+fi
 stop_server
 grep -c "status=0" "$out"/server_s*.log || true
+
+if want load; then
+  echo "== load generator sweep"
+  timeout 260 bench/load_run.sh --bin "$PWD/.gpu-serve/bin" || echo "FAILED: load_run.sh"
+fi
