@@ -14,12 +14,14 @@ packages=(
   libcli11-dev                             # flag parsing
   libopenblas-dev                          # CPU backend
   libgtest-dev libgmock-dev                # tests
+  yamllint                                 # deploy/check.sh
 )
 
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
+command -v npm >/dev/null || missing+=(nodejs npm)  # deploy/check.sh (the image ships Node)
 if ((${#missing[@]})); then
   echo "bootstrap: installing ${missing[*]}" >&2
   sudo=; ((EUID == 0)) || sudo=sudo
