@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <map>
+#include <mutex>
 
 #include "kernels/registry.h"
 #include "server/status_util.h"
@@ -38,6 +40,10 @@ bool IsStickyError(cudaError_t e) {
 constexpr size_t kAlignment = 256;
 size_t AlignUp(size_t bytes) { return (bytes + kAlignment - 1) / kAlignment * kAlignment; }
 
+// Resident buffers are allocated in multiples of the driver's 2 MiB granularity, so that a
+// cached buffer fits every later request of its size class.
+constexpr int64_t kResidentGranularity = int64_t{2} << 20;
+
 double Milliseconds(Clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); }
 
 struct Device {
@@ -48,8 +54,46 @@ struct Device {
   std::atomic<int64_t> used_bytes{0};
   std::atomic<bool> healthy{true};
 
-  // Claims `bytes` of the budget; false (and nothing claimed) if it would be passed.
+  // Resident buffers given back, by size, kept for the next request of that size: a steady
+  // flow of kept results then allocates nothing (and cudaFree, which synchronizes the device,
+  // runs only when the budget needs the memory). Cached bytes stay counted in used_bytes.
+  std::mutex cache_mu;
+  std::multimap<int64_t, void*> cache;  // guarded by cache_mu
+
+  // Claims `bytes` of the budget, returning cached buffers to the driver if that is what it
+  // takes; false (and nothing claimed) if it would still be passed.
   bool Reserve(int64_t bytes) {
+    if (TryReserve(bytes)) return true;
+    ReleaseCache();
+    return TryReserve(bytes);
+  }
+
+  void* TakeCached(int64_t size) {
+    std::lock_guard<std::mutex> lock(cache_mu);
+    auto it = cache.find(size);
+    if (it == cache.end()) return nullptr;
+    void* p = it->second;
+    cache.erase(it);
+    return p;
+  }
+
+  void Cache(int64_t size, void* p) {
+    std::lock_guard<std::mutex> lock(cache_mu);
+    cache.emplace(size, p);
+  }
+
+  void ReleaseCache() {
+    std::lock_guard<std::mutex> lock(cache_mu);
+    cudaSetDevice(ordinal);
+    for (auto [size, p] : cache) {
+      cudaFree(p);
+      used_bytes -= size;
+    }
+    cache.clear();
+  }
+
+ private:
+  bool TryReserve(int64_t bytes) {
     if (used_bytes.fetch_add(bytes) + bytes <= budget_bytes) return true;
     used_bytes -= bytes;
     return false;
@@ -87,6 +131,7 @@ class CudaBackend final : public Backend {
       }
       cudaStreamDestroy(slot->stream);
     }
+    for (auto& device : devices_) device->ReleaseCache();
   }
 
   // Sets up every device and slot; returns the first failure.
@@ -282,26 +327,25 @@ grpc::Status CudaBackend::AllocateResident(int device_index, int64_t bytes,
   if (!device.healthy) {
     return status::BackendFailure(fmt::format("device {} is unusable", device.ordinal));
   }
-  if (!device.Reserve(bytes)) {
-    return status::OverLimit(fmt::format(
-        "{} more bytes would pass device {}'s memory budget ({} of {} in use by streams and "
-        "resident matrices)",
-        bytes, device.ordinal, device.used_bytes.load(), device.budget_bytes));
-  }
-  void* data = nullptr;
-  cudaSetDevice(device.ordinal);
-  if (cudaError_t e = cudaMalloc(&data, bytes); e != cudaSuccess) {
-    device.used_bytes -= bytes;
-    cudaGetLastError();
-    return status::OverLimit(fmt::format("device {}: cudaMalloc({}): {}", device.ordinal, bytes,
-                                         cudaGetErrorString(e)));
+  const int64_t size = (bytes + kResidentGranularity - 1) / kResidentGranularity * kResidentGranularity;
+  void* data = device.TakeCached(size);
+  if (data == nullptr) {
+    if (!device.Reserve(size)) {
+      return status::OverLimit(fmt::format(
+          "{} more bytes would pass device {}'s memory budget ({} of {} in use by streams and "
+          "resident matrices)",
+          size, device.ordinal, device.used_bytes.load(), device.budget_bytes));
+    }
+    cudaSetDevice(device.ordinal);
+    if (cudaError_t e = cudaMalloc(&data, size); e != cudaSuccess) {
+      device.used_bytes -= size;
+      cudaGetLastError();
+      return status::OverLimit(fmt::format("device {}: cudaMalloc({}): {}", device.ordinal, size,
+                                           cudaGetErrorString(e)));
+    }
   }
   *buffer = std::make_shared<ResidentBuffer>(device_index, bytes, data,
-                                             [&device, bytes](void* p) {
-                                               cudaSetDevice(device.ordinal);
-                                               cudaFree(p);
-                                               device.used_bytes -= bytes;
-                                             });
+                                             [&device, size](void* p) { device.Cache(size, p); });
   return grpc::Status::OK;
 }
 

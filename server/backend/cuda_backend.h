@@ -2,7 +2,7 @@
 //
 // Each device gets `streams_per_device` execution slots. A slot owns a CUDA stream, device
 // buffers for A, B and C (grown on demand, never shrunk: a steady stream of shapes allocates
-// nothing), a small ring of pinned host buffers through which operands and results are
+// nothing; resident matrices and kept results come from a per-device cache of freed buffers), a small ring of pinned host buffers through which operands and results are
 // staged piece by piece (host copies overlap the DMA), and timing events. Slots of one device
 // run concurrently, so one request's copies overlap another's kernel.
 #ifndef HGEMM_SERVER_BACKEND_CUDA_BACKEND_H_

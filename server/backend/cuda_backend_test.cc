@@ -147,6 +147,16 @@ TEST_F(CudaBackendTest, ResidentOperandsAndKeptResult) {
   }
 }
 
+TEST_F(CudaBackendTest, FreedResidentBuffersAreReusedWithoutAllocating) {
+  std::shared_ptr<ResidentBuffer> first, second;
+  ASSERT_TRUE(backend_->AllocateResident(0, 10'000'000, &first).ok());
+  void* const address = first->data;
+  first.reset();  // back to the device's cache
+  ASSERT_TRUE(backend_->AllocateResident(0, 9'500'000, &second).ok());  // same 2 MiB class
+  EXPECT_EQ(second->data, address);
+  EXPECT_EQ(second->bytes, 9'500'000);
+}
+
 TEST_F(CudaBackendTest, TooLargeForAStreamIsResourceExhausted) {
   GemmJob job;
   job.shape = {.m = 1 << 20, .n = 1 << 20, .k = 1};  // C alone is 2 TiB
