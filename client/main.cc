@@ -43,8 +43,13 @@ void PrintServerInfo(const hgemm::GemmClient& client) {
   if (grpc::Status s = client.GetServerInfo(&info); !s.ok()) return;
   std::printf("server %s, backend %s\n", info.version().c_str(), info.backend().c_str());
   for (const auto& d : info.devices()) {
-    std::printf("  device %d: %s, %llu MiB, %d streams\n", d.id(), d.name().c_str(),
-                static_cast<unsigned long long>(d.memory_bytes() >> 20), d.streams());
+    if (d.compute_capability().empty()) {
+      std::printf("  %s: %d workers\n", d.name().c_str(), d.streams());
+    } else {
+      std::printf("  device %d: %s (cc %s), %llu MiB, %d streams\n", d.id(), d.name().c_str(),
+                  d.compute_capability().c_str(),
+                  static_cast<unsigned long long>(d.memory_bytes() >> 20), d.streams());
+    }
   }
   const auto& l = info.limits();
   std::printf("  limits: %llu elements/matrix, %llu queued GEMMs, %llu queued bytes, %llu bytes/message\n",

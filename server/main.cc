@@ -105,8 +105,12 @@ int main(int argc, char** argv) {
   spdlog::info("backend {}: {} execution slots, largest GEMM {} bytes", b.Name(), b.NumSlots(),
                b.MaxJobBytes());
   for (const hgemm::DeviceDescription& d : b.Devices()) {
-    spdlog::info("  device {}: {} (cc {}, {} MiB, {} slots)", d.id, d.name, d.compute_capability,
-                 d.memory_bytes >> 20, d.slots);
+    if (d.compute_capability.empty()) {
+      spdlog::info("  {}: {} workers", d.name, d.slots);
+    } else {
+      spdlog::info("  device {}: {} (cc {}, {} MiB, {} streams)", d.id, d.name,
+                   d.compute_capability, d.memory_bytes >> 20, d.slots);
+    }
   }
   spdlog::info("limits: {} elements per matrix, {} queued GEMMs, {} queued bytes, {} bytes per message",
                server_options.service.rules.max_elements_per_matrix,

@@ -1,5 +1,8 @@
 """cuda_library: compile .cu files with the machine's nvcc and wrap the objects in a cc_library.
 
+`bazel build --define=ptxas_verbose=1 //kernels/...` prints every kernel's registers, shared
+memory and spills (-Xptxas -v); the default build stays quiet.
+
 Bazel 4 has no CUDA rules and nothing may be downloaded, so each .cu file becomes one genrule
 that runs /usr/local/cuda/bin/nvcc. Headers the .cu files include must be listed in `hdrs`
 (this package's) or `textual_hdrs` (other packages'), so that they exist in the sandbox.
@@ -35,11 +38,15 @@ def cuda_library(name, srcs, hdrs = [], textual_hdrs = [], deps = [], nvcc_flags
     for src in srcs:
         stem = src.replace("/", "_").rsplit(".", 1)[0]
         obj = "_objs/%s/%s.o" % (name, stem)
+        cmd = "/usr/local/cuda/bin/nvcc %s %s -c $(location %s) -o $@" % (NVCC_FLAGS, nvcc_flags, src)
         native.genrule(
             name = "%s_%s_nvcc" % (name, stem),
             srcs = [src] + hdrs + textual_hdrs,
             outs = [obj],
-            cmd = "/usr/local/cuda/bin/nvcc %s %s -c $(location %s) -o $@" % (NVCC_FLAGS, nvcc_flags, src),
+            cmd = select({
+                "//tools:ptxas_verbose": cmd + " -Xptxas -v",
+                "//conditions:default": cmd,
+            }),
             message = "nvcc %s" % src,
         )
         objs.append(obj)
