@@ -13,6 +13,8 @@
 #include <sstream>
 #include <thread>
 
+#include <unistd.h>
+
 #include "client/gemm_client.h"
 #include "kernels/host/cpu_gemm.h"
 
@@ -99,6 +101,34 @@ std::string ParseDoubleList(const std::string& text, std::vector<double>* values
 const char* ModeName(Mode mode) { return mode == Mode::kUnary ? "unary" : "stream"; }
 const char* TargetName(Target target) { return target == Target::kService ? "service" : "echo"; }
 
+const char* ResidentName(Resident resident) {
+  switch (resident) {
+    case Resident::kB: return "b";
+    case Resident::kAll: return "all";
+    default: return "none";
+  }
+}
+
+bool ParseResident(const std::string& text, Resident* resident) {
+  if (text == "none") *resident = Resident::kNone;
+  else if (text == "b") *resident = Resident::kB;
+  else if (text == "all") *resident = Resident::kAll;
+  else return false;
+  return true;
+}
+
+int64_t SentBytes(const Shape& shape, Resident resident) {
+  switch (resident) {
+    case Resident::kB: return shape.ABytes();
+    case Resident::kAll: return 0;
+    default: return shape.RequestBytes();
+  }
+}
+
+int64_t ReceivedBytes(const Shape& shape, Resident resident) {
+  return resident == Resident::kAll ? 0 : shape.ReplyBytes();
+}
+
 double Percentile(const std::vector<double>& sorted, double p) {
   const double rank = std::ceil(p / 100.0 * sorted.size());
   const size_t index = std::clamp<size_t>(rank < 1 ? 0 : size_t(rank) - 1, 0, sorted.size() - 1);
@@ -110,8 +140,8 @@ namespace load_internal {
 // The operands of one shape, in the message forms the callers send.
 struct Payload {
   Shape shape;
-  v1::GemmRequest gemm;  // m, n, k, a, b, options
-  EchoRequest echo;      // payload = A then B, reply_bytes = C
+  v1::GemmRequest gemm;  // m, n, k, a, b, options: all bytes (also the Verify reference)
+  EchoRequest echo;      // payload = the operand bytes the service calls send, reply_bytes = C's
 };
 
 }  // namespace load_internal
@@ -149,12 +179,22 @@ namespace load_internal {
 // Makes one call at a time for one worker: fills a Sample's code and server timing.
 class Caller {
  public:
-  virtual ~Caller() = default;
-  virtual void Call(const Payload& p, Sample* s) = 0;
-  // After a successful service call: C and where it ran.
+  // Releases the kept Cs still held.
+  virtual ~Caller() {
+    Tidy();
+    Release(&kept_c_);
+  }
+  // One GEMM: `request` is what goes on the wire (bytes or handles), `p` its shape and echo form.
+  virtual void Call(const Payload& p, const v1::GemmRequest& request, Sample* s) = 0;
+  // After a successful service call: C (unless kept) and where it ran.
   const std::string& reply() const { return reply_; }
   const v1::Execution& execution() const { return execution_; }
   const std::string& error() const { return error_; }
+  // The handle of the last call's kept C (keep_c_resident), until the next kept C replaces it.
+  const std::string& kept_c() const { return kept_c_; }
+  // Between calls, outside the measured latency: releases the kept C that the last call's
+  // replaced (a ring of one per worker: at most two kept Cs per worker exist at any time).
+  void Tidy() { Release(&previous_c_); }
 
  protected:
   void SetError(int code, const std::string& message, Sample* s) {
@@ -168,15 +208,46 @@ class Caller {
       SetError(int(status.error_code()), status.error_message(), s);
     }
   }
-  void CheckSize(const Payload& p, size_t got, Sample* s) {
-    if (s->code == 0 && int64_t(got) != p.shape.ReplyBytes()) {
-      SetError(kWrongReplySize, fmt::format("reply of {} bytes, expected {}", got, p.shape.ReplyBytes()), s);
+  // C's bytes when it comes back; none (and a kept C of m×n) when keep_c_resident.
+  void CheckSize(const Payload& p, const v1::GemmRequest& r, size_t got, Sample* s) {
+    const int64_t expected = r.keep_c_resident() ? 0 : p.shape.ReplyBytes();
+    if (s->code == 0 && int64_t(got) != expected) {
+      SetError(kWrongReplySize, fmt::format("reply of {} bytes, expected {}", got, expected), s);
     }
+  }
+  void CheckKept(const Payload& p, const v1::GemmRequest& r, const v1::MatrixInfo& c, Sample* s) {
+    if (s->code != 0 || !r.keep_c_resident()) return;
+    if (c.handle().empty() || c.rows() != p.shape.m || c.cols() != p.shape.n) {
+      return SetError(kWrongReplySize,
+                      fmt::format("kept C '{}' of {}x{}, expected {}x{}", c.handle(), c.rows(),
+                                  c.cols(), p.shape.m, p.shape.n), s);
+    }
+    if (!previous_c_.empty()) Release(&previous_c_);  // only if Tidy was skipped
+    previous_c_.swap(kept_c_);
+    kept_c_ = c.handle();
+  }
+  // Service callers: where kept Cs are released, as client `client_id`.
+  void EnableRelease(std::shared_ptr<grpc::Channel> channel, const std::string& client_id,
+                     double timeout_s) {
+    releaser_ = std::make_unique<GemmClient>(std::move(channel));
+    release_options_.client_id = client_id;
+    release_options_.timeout = std::chrono::milliseconds(int64_t(timeout_s * 1000));
   }
 
   std::string reply_;
   v1::Execution execution_;
   std::string error_;
+
+ private:
+  void Release(std::string* handle) {
+    if (handle->empty()) return;
+    if (releaser_) releaser_->ReleaseMatrix(*handle, release_options_);  // best effort (TTL)
+    handle->clear();
+  }
+
+  std::unique_ptr<GemmClient> releaser_;
+  CallOptions release_options_;
+  std::string kept_c_, previous_c_;
 };
 
 }  // namespace load_internal
@@ -189,14 +260,18 @@ using load_internal::Payload;
 // GemmService.Gemm through the client library.
 class ServiceUnaryCaller final : public Caller {
  public:
-  ServiceUnaryCaller(std::shared_ptr<grpc::Channel> channel, double timeout_s)
-      : client_(std::move(channel)) {
+  ServiceUnaryCaller(std::shared_ptr<grpc::Channel> channel, double timeout_s,
+                     const std::string& client_id)
+      : client_(channel) {
     options_.timeout = std::chrono::milliseconds(int64_t(timeout_s * 1000));
+    options_.client_id = client_id;
+    EnableRelease(std::move(channel), client_id, timeout_s);
   }
-  void Call(const Payload& p, Sample* s) override {
-    SetStatus(client_.Gemm(p.gemm, &response_, options_), s);
+  void Call(const Payload& p, const v1::GemmRequest& request, Sample* s) override {
+    SetStatus(client_.Gemm(request, &response_, options_), s);
     if (s->code != 0) return;
-    CheckSize(p, response_.c().size(), s);
+    CheckSize(p, request, response_.c().size(), s);
+    CheckKept(p, request, response_.c_matrix(), s);
     CopyTiming(response_.timing(), s);
     reply_.swap(*response_.mutable_c());
     execution_ = response_.execution();
@@ -213,12 +288,12 @@ class EchoUnaryCaller final : public Caller {
  public:
   EchoUnaryCaller(std::shared_ptr<grpc::Channel> channel, double timeout_s)
       : stub_(EchoService::NewStub(std::move(channel))), timeout_s_(timeout_s) {}
-  void Call(const Payload& p, Sample* s) override {
+  void Call(const Payload& p, const v1::GemmRequest& request, Sample* s) override {
     grpc::ClientContext context;
     context.set_deadline(std::chrono::system_clock::now() +
                          std::chrono::milliseconds(int64_t(timeout_s_ * 1000)));
     SetStatus(stub_->Echo(&context, p.echo, &response_), s);
-    CheckSize(p, response_.payload().size(), s);
+    CheckSize(p, request, response_.payload().size(), s);
   }
 
  private:
@@ -227,7 +302,11 @@ class EchoUnaryCaller final : public Caller {
   EchoReply response_;
 };
 
-// Operand bytes as the stream sends them: A in chunks, then B in chunks.
+// Operand bytes as the stream sends them: A in chunks, then B in chunks; none for an operand
+// given by handle.
+int64_t OperandBytes(const v1::GemmRequest& r) {
+  return int64_t(r.a().size() + r.b().size());  // a handle leaves its oneof's bytes empty
+}
 template <typename WriteChunk>
 bool WriteOperands(const v1::GemmRequest& r, int64_t chunk_bytes, WriteChunk write) {
   for (auto [operand, bytes] :
@@ -245,32 +324,41 @@ bool WriteOperands(const v1::GemmRequest& r, int64_t chunk_bytes, WriteChunk wri
 class ServiceStreamCaller final : public Caller {
  public:
   ServiceStreamCaller(std::shared_ptr<grpc::Channel> channel,
-                      std::chrono::system_clock::time_point deadline, int64_t chunk_bytes)
-      : stub_(v1::GemmService::NewStub(std::move(channel))),
+                      std::chrono::system_clock::time_point deadline, int64_t chunk_bytes,
+                      const std::string& client_id, double timeout_s)
+      : stub_(v1::GemmService::NewStub(channel)),
         deadline_(deadline),
-        chunk_bytes_(chunk_bytes) {}
+        chunk_bytes_(chunk_bytes),
+        client_id_(client_id) {
+    EnableRelease(std::move(channel), client_id, timeout_s);
+  }
   ~ServiceStreamCaller() override {
     if (!stream_) return;
     stream_->WritesDone();
     Drain();
   }
 
-  void Call(const Payload& p, Sample* s) override {
+  void Call(const Payload& p, const v1::GemmRequest& request, Sample* s) override {
     if (!stream_) {
       context_ = std::make_unique<grpc::ClientContext>();
       context_->set_deadline(deadline_);
+      if (!client_id_.empty()) context_->AddMetadata("x-client-id", client_id_);
       stream_ = stub_->GemmStream(context_.get());
     }
     const uint64_t id = next_id_++;
     v1::GemmStreamRequest message;
     v1::GemmHeader* header = message.mutable_header();
     header->set_gemm_id(id);
-    header->set_m(p.gemm.m());
-    header->set_n(p.gemm.n());
-    header->set_k(p.gemm.k());
-    *header->mutable_options() = p.gemm.options();
+    header->set_m(request.m());
+    header->set_n(request.n());
+    header->set_k(request.k());
+    *header->mutable_options() = request.options();
+    header->set_a_handle(request.a_handle());
+    header->set_b_handle(request.b_handle());
+    header->set_keep_c_resident(request.keep_c_resident());
+    header->set_c_ttl_seconds(request.c_ttl_seconds());
     bool ok = stream_->Write(message);
-    ok = ok && WriteOperands(p.gemm, chunk_bytes_,
+    ok = ok && WriteOperands(request, chunk_bytes_,
                              [&](v1::Operand operand, size_t offset, const char* data, size_t n) {
                                v1::MatrixChunk* chunk = message.mutable_chunk();
                                chunk->set_gemm_id(id);
@@ -280,7 +368,7 @@ class ServiceStreamCaller final : public Caller {
                                return stream_->Write(message);
                              });
     if (!ok) return Broken(s);
-    reply_.resize(p.shape.ReplyBytes());
+    reply_.resize(request.keep_c_resident() ? 0 : p.shape.ReplyBytes());
     size_t received = 0;
     while (stream_->Read(&response_)) {
       if (response_.gemm_id() != id) {
@@ -297,7 +385,8 @@ class ServiceStreamCaller final : public Caller {
       } else if (response_.has_done()) {
         const v1::GemmDone& done = response_.done();
         SetStatus(grpc::Status(grpc::StatusCode(done.status_code()), done.status_message()), s);
-        CheckSize(p, received, s);
+        CheckSize(p, request, received, s);
+        CheckKept(p, request, done.c_matrix(), s);
         CopyTiming(done.timing(), s);
         execution_ = done.execution();
         return;
@@ -329,6 +418,7 @@ class ServiceStreamCaller final : public Caller {
   std::unique_ptr<v1::GemmService::Stub> stub_;
   const std::chrono::system_clock::time_point deadline_;
   const int64_t chunk_bytes_;
+  const std::string client_id_;
   std::unique_ptr<grpc::ClientContext> context_;
   std::unique_ptr<grpc::ClientReaderWriter<v1::GemmStreamRequest, v1::GemmStreamResponse>> stream_;
   v1::GemmStreamResponse response_;
@@ -353,7 +443,7 @@ class EchoStreamCaller final : public Caller {
     Drain();
   }
 
-  void Call(const Payload& p, Sample* s) override {
+  void Call(const Payload& p, const v1::GemmRequest& request, Sample* s) override {
     if (!stream_) {
       context_ = std::make_unique<grpc::ClientContext>();
       context_->set_deadline(deadline_);
@@ -363,17 +453,18 @@ class EchoStreamCaller final : public Caller {
     EchoStreamRequest message;
     EchoHeader* header = message.mutable_header();
     header->set_call_id(id);
-    header->set_request_bytes(p.shape.RequestBytes());
-    header->set_reply_bytes(p.shape.ReplyBytes());
+    const int64_t reply_bytes = request.keep_c_resident() ? 0 : p.shape.ReplyBytes();
+    header->set_request_bytes(OperandBytes(request));
+    header->set_reply_bytes(reply_bytes);
     header->set_reply_chunk_bytes(reply_chunk_bytes_);
     bool ok = stream_->Write(message);
-    ok = ok && WriteOperands(p.gemm, chunk_bytes_,
+    ok = ok && WriteOperands(request, chunk_bytes_,
                              [&](v1::Operand, size_t, const char* data, size_t n) {
                                message.set_data(data, n);
                                return stream_->Write(message);
                              });
     if (!ok) return Broken(s);
-    reply_.resize(p.shape.ReplyBytes());
+    reply_.resize(reply_bytes);
     size_t received = 0;
     while (stream_->Read(&response_)) {
       if (response_.call_id() != id) {
@@ -387,7 +478,7 @@ class EchoStreamCaller final : public Caller {
       received += data.size();
       if (response_.done()) {
         s->code = 0;
-        CheckSize(p, received, s);
+        CheckSize(p, request, received, s);
         return;
       }
     }
@@ -428,7 +519,7 @@ class EchoStreamCaller final : public Caller {
 // Statistics of the successful samples among `samples` (of one shape, or all if shape < 0).
 // The server breakdown only for `kind` kService (the echo reports no timing).
 PointStats Summarize(const std::vector<Sample>& samples, int shape, double seconds,
-                     const std::vector<Shape>& shapes, Target kind) {
+                     const std::vector<Shape>& shapes, Target kind, Resident resident) {
   PointStats st;
   st.shape = shape >= 0 ? shapes[shape].Name() : shapes.size() == 1 ? shapes[0].Name() : "mix";
   st.seconds = seconds;
@@ -442,7 +533,7 @@ PointStats Summarize(const std::vector<Sample>& samples, int shape, double secon
     }
     latencies.push_back(s.latency_ms);
     sum += s.latency_ms;
-    bytes += double(shapes[s.shape].PayloadBytes());
+    bytes += double(SentBytes(shapes[s.shape], resident) + ReceivedBytes(shapes[s.shape], resident));
     if (kind != Target::kService) continue;
     flops += shapes[s.shape].Flops();
     ServerBreakdown& b = st.server;
@@ -477,6 +568,7 @@ PointStats Summarize(const std::vector<Sample>& samples, int shape, double secon
 }  // namespace
 
 LoadGenerator::LoadGenerator(LoadOptions options) : options_(std::move(options)) {
+  if (options_.client_id.empty()) options_.client_id = fmt::format("hgemm_load-{}", ::getpid());
   std::mt19937_64 rng(options_.seed);
   for (const Shape& shape : options_.shapes) {
     auto p = std::make_unique<Payload>();
@@ -491,9 +583,10 @@ LoadGenerator::LoadGenerator(LoadOptions options) : options_(std::move(options))
     p->gemm.mutable_options()->set_kernel(options_.kernel);
     p->gemm.mutable_options()->set_accumulation(options_.accumulation);
     std::string* payload = p->echo.mutable_payload();
-    payload->reserve(shape.RequestBytes());
-    payload->append(p->gemm.a()).append(p->gemm.b());
-    p->echo.set_reply_bytes(shape.ReplyBytes());
+    payload->reserve(SentBytes(shape, options_.resident));
+    if (options_.resident != Resident::kAll) payload->append(p->gemm.a());
+    if (options_.resident == Resident::kNone) payload->append(p->gemm.b());
+    p->echo.set_reply_bytes(ReceivedBytes(shape, options_.resident));
     payloads_.push_back(std::move(p));
   }
 }
@@ -513,12 +606,82 @@ std::unique_ptr<load_internal::Caller> LoadGenerator::MakeCaller(
     std::chrono::system_clock::time_point stream_deadline) const {
   const LoadOptions& o = options_;
   if (kind == Target::kService) {
-    if (o.mode == Mode::kUnary) return std::make_unique<ServiceUnaryCaller>(channel, o.call_timeout_s);
-    return std::make_unique<ServiceStreamCaller>(channel, stream_deadline, o.chunk_bytes);
+    if (o.mode == Mode::kUnary) {
+      return std::make_unique<ServiceUnaryCaller>(channel, o.call_timeout_s, o.client_id);
+    }
+    return std::make_unique<ServiceStreamCaller>(channel, stream_deadline, o.chunk_bytes,
+                                                 o.client_id, o.call_timeout_s);
   }
   if (o.mode == Mode::kUnary) return std::make_unique<EchoUnaryCaller>(channel, o.call_timeout_s);
   return std::make_unique<EchoStreamCaller>(channel, stream_deadline, o.chunk_bytes,
                                             o.reply_chunk_bytes);
+}
+
+std::string LoadGenerator::PrepareRequests(Target kind,
+                                           const std::shared_ptr<grpc::Channel>& channel,
+                                           std::vector<const v1::GemmRequest*>* requests,
+                                           std::vector<std::unique_ptr<v1::GemmRequest>>* owned,
+                                           std::vector<std::string>* uploaded, int* code) const {
+  const Resident resident = options_.resident;
+  requests->clear();
+  if (resident == Resident::kNone) {
+    for (const auto& p : payloads_) requests->push_back(&p->gemm);
+    return "";
+  }
+  GemmClient client(channel);
+  CallOptions call;
+  call.client_id = options_.client_id;
+  call.timeout = std::chrono::milliseconds(int64_t(options_.call_timeout_s * 1000));
+  // A handle for one operand: uploaded (service), or a placeholder the echo never sends.
+  auto handle = [&](const Shape& shape, const char* which, uint32_t rows, uint32_t cols,
+                    const std::string& data, std::string* out) -> std::string {
+    if (kind == Target::kEcho) {
+      *out = "echo-placeholder";
+      return "";
+    }
+    v1::MatrixInfo info;
+    const grpc::Status status = client.UploadMatrix(
+        rows, cols, data, &info, /*ttl_seconds=*/0,
+        fmt::format("hgemm_load {} of {}", which, shape.Name()), call);
+    if (!status.ok()) {
+      *code = int(status.error_code());
+      return fmt::format("UploadMatrix {} of {}: {} (code {})", which, shape.Name(),
+                         status.error_message(), *code);
+    }
+    uploaded->push_back(info.handle());
+    *out = info.handle();
+    return "";
+  };
+  for (const auto& p : payloads_) {
+    const Shape& shape = p->shape;
+    auto r = std::make_unique<v1::GemmRequest>();
+    r->set_m(shape.m);
+    r->set_n(shape.n);
+    r->set_k(shape.k);
+    *r->mutable_options() = p->gemm.options();
+    std::string e;
+    if (resident == Resident::kAll) {
+      e = handle(shape, "A", shape.m, shape.k, p->gemm.a(), r->mutable_a_handle());
+      r->set_keep_c_resident(true);
+    } else {
+      r->set_a(p->gemm.a());
+    }
+    if (e.empty()) e = handle(shape, "B", shape.k, shape.n, p->gemm.b(), r->mutable_b_handle());
+    if (!e.empty()) return e;
+    requests->push_back(r.get());
+    owned->push_back(std::move(r));
+  }
+  return "";
+}
+
+void LoadGenerator::ReleaseUploads(const std::shared_ptr<grpc::Channel>& channel,
+                                   const std::vector<std::string>& handles) const {
+  if (handles.empty()) return;
+  GemmClient client(channel);
+  CallOptions call;
+  call.client_id = options_.client_id;
+  call.timeout = std::chrono::milliseconds(int64_t(options_.call_timeout_s * 1000));
+  for (const std::string& h : handles) client.ReleaseMatrix(h, call);  // best effort
 }
 
 VerifyResult LoadGenerator::Verify(const std::string& target, int per_shape) {
@@ -526,18 +689,51 @@ VerifyResult LoadGenerator::Verify(const std::string& target, int per_shape) {
   const auto deadline = std::chrono::system_clock::now() +
                         std::chrono::milliseconds(int64_t(options_.call_timeout_s * 1000)) *
                             (per_shape * payloads_.size() + 1);
-  std::unique_ptr<Caller> caller = MakeCaller(Target::kService, MakeChannel(target), deadline);
+  const std::shared_ptr<grpc::Channel> channel = MakeChannel(target);
+  std::vector<const v1::GemmRequest*> requests;
+  std::vector<std::unique_ptr<v1::GemmRequest>> owned;
+  std::vector<std::string> uploaded;
+  int code = 0;
+  if (std::string e = PrepareRequests(Target::kService, channel, &requests, &owned, &uploaded, &code);
+      !e.empty()) {
+    ReleaseUploads(channel, uploaded);
+    result.checked = result.failed = 1;
+    result.lines.push_back(e);
+    return result;
+  }
+  GemmClient downloader(channel);
+  CallOptions download_options;
+  download_options.client_id = options_.client_id;
+  download_options.timeout = std::chrono::milliseconds(int64_t(options_.call_timeout_s * 1000));
+  std::string kept_c;
+  std::unique_ptr<Caller> caller = MakeCaller(Target::kService, channel, deadline);
   std::mt19937_64 rng(options_.seed ^ 0x5eed);
-  for (const auto& p : payloads_) {
+  for (size_t shape_index = 0; shape_index < payloads_.size(); ++shape_index) {
+    const auto& p = payloads_[shape_index];
     const Shape& shape = p->shape;
     for (int i = 0; i < per_shape; ++i) {
       ++result.checked;
       Sample s;
-      caller->Call(*p, &s);
+      caller->Call(*p, *requests[shape_index], &s);
+      caller->Tidy();
       if (s.code != 0) {
         ++result.failed;
         result.lines.push_back(fmt::format("{}: call failed: {}", shape.Name(), caller->error()));
         continue;
+      }
+      const std::string* c_bytes = &caller->reply();
+      if (requests[shape_index]->keep_c_resident()) {
+        // C stayed on the server: fetch it (as a chain's last step would).
+        const grpc::Status status =
+            downloader.DownloadMatrix(caller->kept_c(), &kept_c, download_options);
+        if (!status.ok() || int64_t(kept_c.size()) != shape.ReplyBytes()) {
+          ++result.failed;
+          result.lines.push_back(fmt::format(
+              "{}: DownloadMatrix of the kept C failed: {} (code {}), {} bytes", shape.Name(),
+              status.error_message(), int(status.error_code()), kept_c.size()));
+          continue;
+        }
+        c_bytes = &kept_c;
       }
       int64_t rows = shape.m, row0 = 0;
       if (shape.Flops() / 2 > double(int64_t{1} << 27)) {
@@ -546,7 +742,7 @@ VerifyResult LoadGenerator::Verify(const std::string& target, int per_shape) {
       }
       const auto* a = reinterpret_cast<const uint16_t*>(p->gemm.a().data());
       const auto* b = reinterpret_cast<const uint16_t*>(p->gemm.b().data());
-      const auto* c = reinterpret_cast<const uint16_t*>(caller->reply().data());
+      const auto* c = reinterpret_cast<const uint16_t*>(c_bytes->data());
       const std::vector<float> reference =
           ReferenceGemm(a + row0 * shape.k, b, rows, shape.n, shape.k);
       const double error =
@@ -557,13 +753,19 @@ VerifyResult LoadGenerator::Verify(const std::string& target, int per_shape) {
       if (!ok) ++result.failed;
       result.max_error = std::max(result.max_error, error);
       result.lines.push_back(fmt::format(
-          "{} rows {}..{}: kernel {} ({}) on {} [{}], relative error {:.2e} (tolerance {:.0e}): {}",
-          shape.Name(), row0, row0 + rows - 1, e.kernel(),
+          "{} rows {}..{}{}: kernel {} ({}) on {} [{}], relative error {:.2e} (tolerance {:.0e}): {}",
+          shape.Name(), row0, row0 + rows - 1,
+          options_.resident == Resident::kNone ? ""
+          : options_.resident == Resident::kB  ? " (B resident)"
+                                               : " (A, B resident; kept C downloaded)",
+          e.kernel(),
           e.accumulation() == v1::ACCUMULATION_FP16 ? "fp16" : "fp32",
           e.device_name().empty() ? "-" : e.device_name(), e.backend().empty() ? "-" : e.backend(),
           error, tolerance, ok ? "OK" : "FAILED"));
     }
   }
+  caller.reset();  // releases its kept C
+  ReleaseUploads(channel, uploaded);
   return result;
 }
 
@@ -573,6 +775,7 @@ PointResult LoadGenerator::RunPoint(Target kind, const std::string& target, int 
   PointResult result;
   result.target = kind;
   result.mode = o.mode;
+  result.resident = o.resident;
   result.concurrency = concurrency;
   result.rate_per_s = rate_per_s;
   for (const Shape& shape : o.shapes) {
@@ -587,6 +790,24 @@ PointResult LoadGenerator::RunPoint(Target kind, const std::string& target, int 
   }
   std::vector<int> weights;
   for (const auto& p : payloads_) weights.push_back(p->shape.weight);
+
+  // Resident operands: uploaded once per shape for all workers, before the warm-up.
+  std::vector<const v1::GemmRequest*> requests;
+  std::vector<std::unique_ptr<v1::GemmRequest>> owned;
+  std::vector<std::string> uploaded;
+  {
+    const Clock::time_point upload_start = Clock::now();
+    int code = 0;
+    std::string e = PrepareRequests(kind, channels[0], &requests, &owned, &uploaded, &code);
+    result.upload_s = Seconds(Clock::now() - upload_start);
+    if (!e.empty()) {
+      ReleaseUploads(channels[0], uploaded);
+      result.first_error = e;
+      result.error_codes[code] = 1;
+      result.stats.push_back(Summarize({}, -1, 0, o.shapes, kind, o.resident));
+      return result;
+    }
+  }
 
   const auto stream_deadline =
       std::chrono::system_clock::now() +
@@ -616,11 +837,12 @@ PointResult LoadGenerator::RunPoint(Target kind, const std::string& target, int 
       }
       Sample s;
       s.shape = pick(rng);
-      caller->Call(*payloads_[s.shape], &s);
+      caller->Call(*payloads_[s.shape], *requests[s.shape], &s);
       const Clock::time_point end = Clock::now();
       s.end_s = Seconds(end - start);
       s.latency_ms = Seconds(end - begin) * 1e3;
       recorder.Add(s, caller->error());
+      caller->Tidy();  // releases the previous kept C, outside the measured latency
       if (!warm) {
         warm = true;
         ++warm_workers;
@@ -698,8 +920,9 @@ PointResult LoadGenerator::RunPoint(Target kind, const std::string& target, int 
     std::lock_guard<std::mutex> lock(stop_mu);
     stop_cv.notify_all();
   }
-  for (std::thread& t : threads) t.join();
+  for (std::thread& t : threads) t.join();  // the callers have released their kept Cs
   result.elapsed_s = elapsed();
+  ReleaseUploads(channels[0], uploaded);
   result.windows = int(windows.size());
   for (const Window& w : windows) result.window_requests_per_s.push_back(w.requests_per_s);
   result.first_error = recorder.first_error();
@@ -715,10 +938,10 @@ PointResult LoadGenerator::RunPoint(Target kind, const std::string& target, int 
     measured = recorder.Slice(windows[first].begin, windows.back().end);
     seconds = windows.back().t1 - windows[first].t0;
   }
-  result.stats.push_back(Summarize(measured, -1, seconds, o.shapes, kind));
+  result.stats.push_back(Summarize(measured, -1, seconds, o.shapes, kind, o.resident));
   if (o.shapes.size() > 1) {
     for (size_t i = 0; i < o.shapes.size(); ++i) {
-      result.stats.push_back(Summarize(measured, int(i), seconds, o.shapes, kind));
+      result.stats.push_back(Summarize(measured, int(i), seconds, o.shapes, kind, o.resident));
     }
   }
   return result;
@@ -746,9 +969,9 @@ std::string ErrorCodes(const PointResult& p) {
 
 std::string FormatTableHeader() {
   return fmt::format(
-      "{:<7} {:<6} {:>4} {:>6} {:<16} {:>7} {:>5} {:>9} {:>9} {:>9} {:>9} {:>9} {:>8} {:>7} | "
+      "{:<7} {:<6} {:<4} {:>4} {:>6} {:<16} {:>7} {:>5} {:>9} {:>9} {:>9} {:>9} {:>9} {:>8} {:>7} | "
       "{:>8} {:>7} {:>9} {:>7} {:>9} | {:>3} {:<6}\n",
-      "target", "mode", "conc", "rate", "shape", "reqs", "err", "req/s", "p50_ms", "p90_ms",
+      "target", "mode", "res", "conc", "rate", "shape", "reqs", "err", "req/s", "p50_ms", "p90_ms",
       "p99_ms", "GFLOP/s", "GB/s", "vs_echo", "queue_ms", "h2d_ms", "kernel_ms", "d2h_ms",
       "server_ms", "win", "stable");
 }
@@ -769,11 +992,15 @@ std::string FormatTableRows(const PointResult& p, const PointResult* echo) {
     }
     const std::string gflops = p.target == Target::kService ? fmt::format("{:.1f}", s.gflops) : "-";
     out += fmt::format(
-        "{:<7} {:<6} {:>4} {:>6} {:<16} {:>7} {:>5} {:>9.1f} {:>9.3f} {:>9.3f} {:>9.3f} {:>9} "
+        "{:<7} {:<6} {:<4} {:>4} {:>6} {:<16} {:>7} {:>5} {:>9.1f} {:>9.3f} {:>9.3f} {:>9.3f} {:>9} "
         "{:>8.3f} {:>7} | {} | {:>3} {:<6}\n",
-        TargetName(p.target), ModeName(p.mode), p.concurrency, rate, s.shape, s.requests, s.errors,
+        TargetName(p.target), ModeName(p.mode), ResidentName(p.resident), p.concurrency, rate, s.shape, s.requests, s.errors,
         s.requests_per_s, s.p50_ms, s.p90_ms, s.p99_ms, gflops, s.payload_gb_per_s, ratio, server,
         p.windows, p.stable ? "yes" : "no");
+  }
+  if (p.target == Target::kService && p.resident != Resident::kNone && p.upload_s > 0) {
+    out += fmt::format("  resident operands uploaded in {:.3f} s before the warm-up (not measured)\n",
+                       p.upload_s);
   }
   if (!p.stable && !p.window_requests_per_s.empty()) {
     std::string windows;
@@ -787,7 +1014,7 @@ std::string FormatTableRows(const PointResult& p, const PointResult* echo) {
 }
 
 void WriteCsvHeader(std::ostream& out) {
-  out << "device,backend,target,mode,concurrency,rate_per_s,shape,requests,errors,seconds,"
+  out << "device,backend,target,mode,resident,concurrency,rate_per_s,shape,requests,errors,seconds,"
          "requests_per_s,p50_ms,p90_ms,p99_ms,mean_ms,min_ms,max_ms,gflops,payload_gb_per_s,"
          "echo_payload_gb_per_s,ratio_to_echo,server_queue_ms,server_h2d_ms,server_kernel_ms,"
          "server_d2h_ms,server_total_ms,windows,stable,warmup_requests,error_codes,shapes\n";
@@ -803,9 +1030,10 @@ void WriteCsvRows(std::ostream& out, const PointResult& p, const PointResult* ec
     const PointStats* e = p.target == Target::kService ? Match(echo, s.shape) : nullptr;
     const bool server = p.target == Target::kService;
     out << fmt::format(
-        "{},{},{},{},{},{},{},{},{},{:.4f},{:.6g},{:.6g},{:.6g},{:.6g},{:.6g},{:.6g},{:.6g},{:.6g},"
+        "{},{},{},{},{},{},{},{},{},{},{:.4f},{:.6g},{:.6g},{:.6g},{:.6g},{:.6g},{:.6g},{:.6g},{:.6g},"
         "{:.6g},{},{},{},{},{},{},{},{},{},{},{},{}\n",
-        quote(device), backend, TargetName(p.target), ModeName(p.mode), p.concurrency, p.rate_per_s,
+        quote(device), backend, TargetName(p.target), ModeName(p.mode), ResidentName(p.resident),
+        p.concurrency, p.rate_per_s,
         s.shape, s.requests, s.errors, s.seconds, s.requests_per_s, s.p50_ms, s.p90_ms, s.p99_ms,
         s.mean_ms, s.min_ms, s.max_ms, s.gflops, s.payload_gb_per_s,
         e ? fmt::format("{:.6g}", e->payload_gb_per_s) : "",

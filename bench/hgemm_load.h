@@ -12,6 +12,11 @@
 // `max_windows` or `max_point_s`, so a point always ends.
 //
 // Operands are random fp16 in [-1, 1), generated once per shape and reused by every call.
+// Resident operands (LoadOptions::resident): before a service point's warm-up, B (or A and B) of
+// each shape is uploaded once (UploadMatrix, shared by all workers) and calls name it by handle;
+// with kAll, C stays on the server too (keep_c_resident) and each worker releases its previous
+// kept C after the next reply, outside the measured latency. The uploads are released when the
+// point ends. All calls carry LoadOptions::client_id as "x-client-id" (the owner of handles).
 // Thread safety: one thread uses a LoadGenerator at a time; RunPoint starts and joins its own
 // worker threads.
 #ifndef HGEMM_BENCH_HGEMM_LOAD_H_
@@ -42,8 +47,10 @@ struct Shape {
   uint32_t m = 0, n = 0, k = 0;
   int weight = 1;
 
-  int64_t RequestBytes() const { return 2 * (int64_t(m) * k + int64_t(k) * n); }  // A + B
-  int64_t ReplyBytes() const { return 2 * int64_t(m) * n; }                        // C
+  int64_t ABytes() const { return 2 * int64_t(m) * k; }
+  int64_t BBytes() const { return 2 * int64_t(k) * n; }
+  int64_t RequestBytes() const { return ABytes() + BBytes(); }  // A + B
+  int64_t ReplyBytes() const { return 2 * int64_t(m) * n; }     // C
   int64_t PayloadBytes() const { return RequestBytes() + ReplyBytes(); }
   double Flops() const { return 2.0 * m * n * k; }
   std::string Name() const;  // "256x256x256"
@@ -58,8 +65,18 @@ std::string ParseDoubleList(const std::string& text, std::vector<double>* values
 
 enum class Mode { kUnary, kStream };
 enum class Target { kService, kEcho };
+// Which operands live on the server: none (A and B sent, C returned), B (A sent, C returned),
+// all (A and B by handle, C kept on the server: only handles cross the wire).
+enum class Resident { kNone, kB, kAll };
 const char* ModeName(Mode mode);
 const char* TargetName(Target target);
+const char* ResidentName(Resident resident);  // "none", "b", "all"
+// Parses "none", "b" or "all". Returns false for anything else.
+bool ParseResident(const std::string& text, Resident* resident);
+
+// Operand bytes that actually cross the wire per GEMM with `resident` (handles not counted).
+int64_t SentBytes(const Shape& shape, Resident resident);      // A + B, A, or 0
+int64_t ReceivedBytes(const Shape& shape, Resident resident);  // C, C, or 0
 
 struct LoadOptions {
   std::vector<Shape> shapes;
@@ -87,6 +104,11 @@ struct LoadOptions {
   // Reply chunk size the echo stream uses: set it to the server's stream_chunk_bytes.
   int64_t reply_chunk_bytes = int64_t{1} << 20;
   uint64_t seed = 20261203;
+  // Resident operands (service target; the echo baseline then carries only the bytes the
+  // service calls send and receive).
+  Resident resident = Resident::kNone;
+  // "x-client-id" of every service call (owner of the uploaded matrices); "" → "hgemm_load-<pid>".
+  std::string client_id;
 };
 
 // Means of the server-reported timing of successful calls, in milliseconds.
@@ -103,7 +125,9 @@ struct PointStats {
   double seconds = 0;         // length of the measured windows
   double requests_per_s = 0;  // successful calls / seconds
   double gflops = 0;          // 2·m·n·k of successful calls / seconds / 1e9 (0 for the echo)
-  double payload_gb_per_s = 0;  // (A + B + C) bytes of successful calls / seconds / 1e9
+  // Operand bytes sent and received (A + B + C less the resident ones) of successful calls /
+  // seconds / 1e9; 0 when everything is resident.
+  double payload_gb_per_s = 0;
   double p50_ms = 0, p90_ms = 0, p99_ms = 0, mean_ms = 0, min_ms = 0, max_ms = 0;
   ServerBreakdown server;     // all zeros for the echo target
 };
@@ -111,6 +135,7 @@ struct PointStats {
 struct PointResult {
   Target target = Target::kService;
   Mode mode = Mode::kUnary;
+  Resident resident = Resident::kNone;
   int concurrency = 0;
   double rate_per_s = 0;
   std::string shapes;   // the mix: "256x256x256", or "64x64x64:3,128x96x160"
@@ -121,6 +146,7 @@ struct PointResult {
   std::vector<double> window_requests_per_s;  // each window's successful calls/s, in order
   std::map<int, int64_t> error_codes;  // gRPC code (-1: wrong C size) → count, whole point
   std::string first_error;
+  double upload_s = 0;  // uploading the resident operands before the warm-up (not measured)
   std::vector<PointStats> stats;  // [0]: all shapes; then one per shape if the mix has > 1
 };
 
@@ -149,6 +175,8 @@ class LoadGenerator {
   // Sends `per_shape` GEMMs of each shape to the service at `target` in options().mode and
   // compares C with ReferenceGemm: all of C when m·n·k ≤ 2^27, else 16 random rows. The
   // tolerance is 1e-3 (fp32 accumulation) or 2e-2 (fp16), as in hgemm_client --check.
+  // Resident modes upload the operands as RunPoint does; with kAll the kept C is downloaded
+  // (DownloadMatrix) for the check. Everything uploaded or kept is released again.
   VerifyResult Verify(const std::string& target, int per_shape);
 
   // One point of a sweep against `target` (an hgemm server for kService, an echo server for
@@ -163,8 +191,18 @@ class LoadGenerator {
   class Recorder;
   std::unique_ptr<Caller> MakeCaller(Target kind, const std::shared_ptr<grpc::Channel>& channel,
                                      std::chrono::system_clock::time_point stream_deadline) const;
+  // The request each shape's calls send (*requests, one per shape): the payload's own (bytes),
+  // or one in *owned naming operands by handle: uploaded now for the service target (`uploaded`
+  // collects them for ReleaseUploads), placeholders for the echo (which sends what remains).
+  // Returns "" or what failed (and the gRPC code in *code).
+  std::string PrepareRequests(Target kind, const std::shared_ptr<grpc::Channel>& channel,
+                              std::vector<const v1::GemmRequest*>* requests,
+                              std::vector<std::unique_ptr<v1::GemmRequest>>* owned,
+                              std::vector<std::string>* uploaded, int* code) const;
+  void ReleaseUploads(const std::shared_ptr<grpc::Channel>& channel,
+                      const std::vector<std::string>& handles) const;
 
-  const LoadOptions options_;
+  LoadOptions options_;  // client_id filled in
   std::vector<std::unique_ptr<Payload>> payloads_;  // one per shape
 };
 

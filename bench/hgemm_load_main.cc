@@ -2,6 +2,8 @@
 //
 //   hgemm_load --server=127.0.0.1:50051 --shapes=256x256x256 --concurrency=1,4,16,64 --baseline
 //   hgemm_load --server=... --shapes=2048x2048x2048 --mode=stream --rate=50,100,200 --csv=out.csv
+//   hgemm_load --server=... --shapes=128x8192x8192 --resident=b     (B uploaded once, A sent)
+//   hgemm_load --server=... --shapes=4096x4096x4096 --resident=all  (only handles on the wire)
 // Exit status: 0; 1 bad flags or no server; 3 the correctness guard failed (nothing measured);
 // 4 a point completed no successful call.
 #include <CLI/CLI.hpp>
@@ -37,6 +39,8 @@ int main(int argc, char** argv) {
   double stable_percent = 10, wait_for_server_s = 30;
   int verify = 2;
   bool baseline = false, csv_append = false;
+  std::string resident = "none";
+  bool resident_b = false, resident_all = false;
 
   CLI::App app{"hgemm_load: throughput and latency of an hgemm-serve server under load"};
   app.add_option("--server", server, "hgemm server (HOST:PORT or a gRPC target)")->capture_default_str();
@@ -47,6 +51,18 @@ int main(int argc, char** argv) {
                  "closed loop: sweep of workers, one call in flight each; with --rate: the largest "
                  "value caps calls in flight")->capture_default_str();
   app.add_option("--rate", rates, "open loop: sweep of calls/s over all workers (e.g. 50,100,200)");
+  auto* resident_option =
+      app.add_option("--resident", resident,
+                     "operands kept on the server: none; b (B uploaded once per shape, A sent, C "
+                     "returned); all (A and B uploaded, C kept and released after the next reply)")
+          ->check(CLI::IsMember({"none", "b", "all"}))->capture_default_str();
+  auto* resident_b_flag = app.add_flag("--resident-b", resident_b, "same as --resident=b");
+  auto* resident_all_flag = app.add_flag("--resident-all", resident_all, "same as --resident=all");
+  resident_b_flag->excludes(resident_option)->excludes(resident_all_flag);
+  resident_all_flag->excludes(resident_option);
+  app.add_option("--client_id", o.client_id,
+                 "x-client-id of every call (owner of the resident matrices; default "
+                 "hgemm_load-<pid>)");
   app.add_option("--kernel", o.kernel, "kernel variant (GemmOptions.kernel)")->capture_default_str();
   app.add_option("--accumulation", accumulation, "default (server's), fp32 or fp16")
       ->check(CLI::IsMember({"default", "fp32", "fp16"}))->capture_default_str();
@@ -90,6 +106,9 @@ int main(int argc, char** argv) {
   if (!rates.empty()) {
     if (std::string e = hgemm::bench::ParseDoubleList(rates, &rate_list); !e.empty()) return Fail("--rate: " + e);
   }
+  if (resident_b) resident = "b";
+  if (resident_all) resident = "all";
+  hgemm::bench::ParseResident(resident, &o.resident);
   o.mode = mode == "stream" ? hgemm::bench::Mode::kStream : hgemm::bench::Mode::kUnary;
   o.accumulation = accumulation == "fp16"   ? hgemm::v1::ACCUMULATION_FP16
                    : accumulation == "fp32" ? hgemm::v1::ACCUMULATION_FP32
@@ -115,9 +134,9 @@ int main(int argc, char** argv) {
   for (const auto& d : info.devices()) {
     std::printf("  device %d: %s, %d streams/workers\n", d.id(), d.name().c_str(), d.streams());
   }
-  std::printf("shapes %s, mode %s, %s, warm-up %.1f s, windows %.1f s (≥ %d replies), stable: %d "
+  std::printf("shapes %s, mode %s, resident %s, %s, warm-up %.1f s, windows %.1f s (≥ %d replies), stable: %d "
               "within %.0f %% (at most %d windows, %.0f s per point), %s\n",
-              shapes.c_str(), mode.c_str(),
+              shapes.c_str(), mode.c_str(), resident.c_str(),
               rate_list.empty() ? "closed loop" : "open loop (fixed rate)", o.warmup_s, o.window_s,
               o.min_window_requests, o.stable_windows, stable_percent, o.max_windows, o.max_point_s,
               o.workers_per_channel == 0
@@ -125,6 +144,16 @@ int main(int argc, char** argv) {
                   : fmt::format("one channel per {} worker(s)", o.workers_per_channel).c_str());
 
   LoadGenerator generator(o);
+  if (o.resident != hgemm::bench::Resident::kNone) {
+    std::printf("resident operands (%s) owned by client id %s; quota %.1f GiB per client, "
+                "default TTL %u s, LRU eviction %s\n",
+                o.resident == hgemm::bench::Resident::kB ? "B uploaded per point, A sent"
+                                                         : "A and B uploaded per point, C kept",
+                generator.options().client_id.c_str(),
+                double(info.limits().resident_quota_bytes()) / (1 << 30),
+                info.limits().resident_default_ttl_seconds(),
+                info.limits().resident_lru_eviction() ? "on" : "off");
+  }
 
   std::unique_ptr<hgemm::bench::EchoServer> local_echo;
   if (baseline && echo_server.empty()) {

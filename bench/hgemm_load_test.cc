@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "bench/echo_service.h"
+#include "client/gemm_client.h"
 #include "server/backend/cpu_backend.h"
 #include "server/server.h"
 
@@ -32,6 +33,25 @@ TEST(HgemmLoad, ParsesShapesWithWeights) {
   EXPECT_NE(ParseIntList("0", &levels), "");
 }
 
+TEST(HgemmLoad, ResidentModesCountOnlyTheBytesOnTheWire) {
+  Resident r = Resident::kNone;
+  EXPECT_TRUE(ParseResident("b", &r));
+  EXPECT_EQ(r, Resident::kB);
+  EXPECT_TRUE(ParseResident("all", &r));
+  EXPECT_EQ(r, Resident::kAll);
+  EXPECT_TRUE(ParseResident("none", &r));
+  EXPECT_EQ(r, Resident::kNone);
+  EXPECT_FALSE(ParseResident("a", &r));
+  EXPECT_STREQ(ResidentName(Resident::kAll), "all");
+  const Shape s{.m = 128, .n = 64, .k = 32};
+  EXPECT_EQ(SentBytes(s, Resident::kNone), s.RequestBytes());
+  EXPECT_EQ(ReceivedBytes(s, Resident::kNone), s.ReplyBytes());
+  EXPECT_EQ(SentBytes(s, Resident::kB), 2 * 128 * 32);
+  EXPECT_EQ(ReceivedBytes(s, Resident::kB), 2 * 128 * 64);
+  EXPECT_EQ(SentBytes(s, Resident::kAll), 0);
+  EXPECT_EQ(ReceivedBytes(s, Resident::kAll), 0);
+}
+
 TEST(HgemmLoad, PercentileIsNearestRank) {
   std::vector<double> v;
   for (int i = 1; i <= 100; ++i) v.push_back(i);
@@ -43,7 +63,8 @@ TEST(HgemmLoad, PercentileIsNearestRank) {
 }
 
 // Relations every PointStats must satisfy.
-void ExpectConsistent(const PointStats& s, Target target = Target::kService) {
+void ExpectConsistent(const PointStats& s, Target target = Target::kService,
+                      Resident resident = Resident::kNone) {
   SCOPED_TRACE(s.shape);
   if (s.requests == 0) return;
   EXPECT_LE(s.min_ms, s.p50_ms);
@@ -59,7 +80,11 @@ void ExpectConsistent(const PointStats& s, Target target = Target::kService) {
   } else {
     EXPECT_EQ(s.gflops, 0);
   }
-  EXPECT_GT(s.payload_gb_per_s, 0);
+  if (resident == Resident::kAll) {
+    EXPECT_EQ(s.payload_gb_per_s, 0);  // only handles cross the wire
+  } else {
+    EXPECT_GT(s.payload_gb_per_s, 0);
+  }
 }
 
 class HgemmLoadTest : public ::testing::Test {
@@ -157,7 +182,7 @@ TEST_F(HgemmLoadTest, UnaryClosedLoopWithBaseline) {
   };
   for (const std::string& line : lines) EXPECT_EQ(columns(line), columns(lines[0])) << line;
   // The service rows carry the ratio to the echo baseline.
-  EXPECT_NE(lines[1].find(",service,unary,2,"), std::string::npos);
+  EXPECT_NE(lines[1].find(",service,unary,none,2,"), std::string::npos);
   EXPECT_NE(FormatTableRows(service_result_, &echo_result_).find("mix"), std::string::npos);
 }
 
@@ -179,6 +204,91 @@ TEST_F(HgemmLoadTest, OpenLoopRateIsBounded) {
   // Calls are scheduled at 40/s from the start: never more than that were sent.
   EXPECT_LE(p.warmup_requests + p.stats[0].requests, int64_t(40 * p.elapsed_s) + 1);
   ExpectConsistent(p.stats[0]);
+}
+
+// Resident B (A sent, C returned) and resident A, B and C (only handles on the wire), unary and
+// stream: the guard checks C (downloaded for kept Cs), points run without errors, the payload
+// counts only the bytes sent and received, and nothing stays resident afterwards.
+TEST_F(HgemmLoadTest, ResidentOperandsUnaryAndStream) {
+  for (Mode mode : {Mode::kUnary, Mode::kStream}) {
+    for (Resident resident : {Resident::kB, Resident::kAll}) {
+      SCOPED_TRACE(std::string(ModeName(mode)) + " resident " + ResidentName(resident));
+      LoadOptions o = ShortRun(mode);
+      o.resident = resident;
+      o.client_id = std::string("hgemm_load_test-") + ModeName(mode) + "-" + ResidentName(resident);
+      o.max_windows = 2;
+      LoadGenerator generator(o);
+      EXPECT_EQ(generator.options().client_id, o.client_id);
+
+      VerifyResult v = generator.Verify(service_target_, 1);
+      EXPECT_EQ(v.checked, 2);
+      EXPECT_EQ(v.failed, 0) << testing::PrintToString(v.lines);
+      EXPECT_LE(v.max_error, 1e-3);
+
+      PointResult p = generator.RunPoint(Target::kService, service_target_, 2);
+      EXPECT_EQ(p.resident, resident);
+      EXPECT_TRUE(p.error_codes.empty()) << p.first_error;
+      ASSERT_EQ(p.stats.size(), 3u);
+      EXPECT_GT(p.stats[0].requests, 0);
+      EXPECT_EQ(p.stats[0].server.count, p.stats[0].requests);
+      for (size_t i = 0; i < p.stats.size(); ++i) {
+        const PointStats& s = p.stats[i];
+        ExpectConsistent(s, Target::kService, resident);
+        if (i == 0) continue;
+        const Shape& shape = o.shapes[i - 1];
+        const double bytes = double(s.requests) *
+                             double(SentBytes(shape, resident) + ReceivedBytes(shape, resident));
+        EXPECT_NEAR(s.payload_gb_per_s * s.seconds * 1e9, bytes, 1e-6 * bytes + 1e-9);
+      }
+      const std::string table = FormatTableRows(p, nullptr);
+      EXPECT_NE(table.find(std::string(" ") + ResidentName(resident) + " "), std::string::npos)
+          << table;
+
+      // The echo baseline carries the same bytes: A only, or nothing at all.
+      PointResult e = generator.RunPoint(Target::kEcho, echo_target_, 2);
+      EXPECT_TRUE(e.error_codes.empty()) << e.first_error;
+      ASSERT_FALSE(e.stats.empty());
+      EXPECT_GT(e.stats[0].requests, 0);
+      for (const PointStats& s : e.stats) ExpectConsistent(s, Target::kEcho, resident);
+
+      std::ostringstream csv;
+      WriteCsvHeader(csv);
+      WriteCsvRows(csv, p, &e, "test device", "cpu");
+      EXPECT_NE(csv.str().find(",resident,"), std::string::npos);
+      const std::string row = std::string(",service,") + ModeName(mode) + "," + ResidentName(resident) + ",2,";
+      EXPECT_NE(csv.str().find(row), std::string::npos) << csv.str();
+
+      // Uploaded operands and kept Cs were all released.
+      GemmClient client(LoadGenerator::MakeChannel(service_target_));
+      CallOptions call;
+      call.client_id = o.client_id;
+      v1::ListMatricesResponse listed;
+      ASSERT_TRUE(client.ListMatrices(&listed, call).ok());
+      EXPECT_EQ(listed.matrices_size(), 0) << listed.DebugString();
+      EXPECT_EQ(listed.client_bytes(), 0u);
+    }
+  }
+}
+
+// An upload the server refuses (over the client's quota): the point and the guard report it as
+// an error and measure nothing.
+TEST_F(HgemmLoadTest, ResidentUploadFailureIsReported) {
+  ServerOptions options;
+  options.listen_address = "127.0.0.1:0";
+  options.service.resident.quota_bytes_per_client = 1024;  // less than any B of the mix
+  auto small = HgemmServer::Start(options, MakeCpuBackend({.workers = 1}));
+  ASSERT_NE(small, nullptr);
+  LoadOptions o = ShortRun(Mode::kUnary);
+  o.resident = Resident::kB;
+  LoadGenerator generator(o);
+  const std::string address = "127.0.0.1:" + std::to_string(small->port());
+  PointResult p = generator.RunPoint(Target::kService, address, 1);
+  EXPECT_FALSE(p.error_codes.empty());
+  EXPECT_NE(p.first_error.find("UploadMatrix"), std::string::npos) << p.first_error;
+  ASSERT_FALSE(p.stats.empty());
+  EXPECT_EQ(p.stats[0].requests, 0);
+  VerifyResult v = generator.Verify(address, 1);
+  EXPECT_GT(v.failed, 0);
 }
 
 TEST_F(HgemmLoadTest, NoServerEndsWithErrorsCounted) {
