@@ -302,8 +302,8 @@ class EchoUnaryCaller final : public Caller {
   EchoReply response_;
 };
 
-// Operand bytes as the stream sends them: A in chunks, then B in chunks; none for an operand
-// given by handle.
+// Operand bytes as GemmStream sends them (WriteStreamedGemm): A in chunks, then B in chunks;
+// none for an operand given by handle. The echo stream moves the same chunks.
 int64_t OperandBytes(const v1::GemmRequest& r) {
   return int64_t(r.a().size() + r.b().size());  // a handle leaves its oneof's bytes empty
 }
@@ -346,28 +346,7 @@ class ServiceStreamCaller final : public Caller {
       stream_ = stub_->GemmStream(context_.get());
     }
     const uint64_t id = next_id_++;
-    v1::GemmStreamRequest message;
-    v1::GemmHeader* header = message.mutable_header();
-    header->set_gemm_id(id);
-    header->set_m(request.m());
-    header->set_n(request.n());
-    header->set_k(request.k());
-    *header->mutable_options() = request.options();
-    header->set_a_handle(request.a_handle());
-    header->set_b_handle(request.b_handle());
-    header->set_keep_c_resident(request.keep_c_resident());
-    header->set_c_ttl_seconds(request.c_ttl_seconds());
-    bool ok = stream_->Write(message);
-    ok = ok && WriteOperands(request, chunk_bytes_,
-                             [&](v1::Operand operand, size_t offset, const char* data, size_t n) {
-                               v1::MatrixChunk* chunk = message.mutable_chunk();
-                               chunk->set_gemm_id(id);
-                               chunk->set_operand(operand);
-                               chunk->set_offset(offset);
-                               chunk->set_data(data, n);
-                               return stream_->Write(message);
-                             });
-    if (!ok) return Broken(s);
+    if (!WriteStreamedGemm(request, id, chunk_bytes_, stream_.get())) return Broken(s);
     reply_.resize(request.keep_c_resident() ? 0 : p.shape.ReplyBytes());
     size_t received = 0;
     while (stream_->Read(&response_)) {

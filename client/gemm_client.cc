@@ -17,39 +17,43 @@ void ApplyDeadline(const CallOptions& options, grpc::ClientContext* context) {
 
 // Writes every request's header and chunks; stops early if the stream breaks.
 void WriteRequests(const std::vector<const v1::GemmRequest*>& requests, int64_t chunk_bytes,
-                   grpc::ClientReaderWriter<v1::GemmStreamRequest, v1::GemmStreamResponse>* stream) {
-  v1::GemmStreamRequest message;
+                   GemmStreamWriter* stream) {
   for (size_t id = 0; id < requests.size(); ++id) {
-    const v1::GemmRequest& request = *requests[id];
-    v1::GemmHeader* header = message.mutable_header();
-    header->set_gemm_id(id);
-    header->set_m(request.m());
-    header->set_n(request.n());
-    header->set_k(request.k());
-    *header->mutable_options() = request.options();
-    header->set_a_handle(request.a_handle());
-    header->set_b_handle(request.b_handle());
-    header->set_keep_c_resident(request.keep_c_resident());
-    header->set_c_ttl_seconds(request.c_ttl_seconds());
-    if (!stream->Write(message)) return;
-    for (auto [operand, bytes] : {std::pair{v1::OPERAND_A, &request.a()},
-                                  std::pair{v1::OPERAND_B, &request.b()}}) {
-      // An operand given by handle has no bytes here (a() of an unset oneof is empty).
-      for (size_t offset = 0; offset < bytes->size(); offset += chunk_bytes) {
-        v1::MatrixChunk* chunk = message.mutable_chunk();
-        chunk->set_gemm_id(id);
-        chunk->set_operand(operand);
-        chunk->set_offset(offset);
-        chunk->set_data(bytes->data() + offset,
-                        std::min<size_t>(chunk_bytes, bytes->size() - offset));
-        if (!stream->Write(message)) return;
-      }
-    }
+    if (!WriteStreamedGemm(*requests[id], id, chunk_bytes, stream)) return;
   }
   stream->WritesDone();
 }
 
 }  // namespace
+
+bool WriteStreamedGemm(const v1::GemmRequest& request, uint64_t gemm_id, int64_t chunk_bytes,
+                       GemmStreamWriter* stream) {
+  v1::GemmStreamRequest message;
+  v1::GemmHeader* header = message.mutable_header();
+  header->set_gemm_id(gemm_id);
+  header->set_m(request.m());
+  header->set_n(request.n());
+  header->set_k(request.k());
+  *header->mutable_options() = request.options();
+  header->set_a_handle(request.a_handle());
+  header->set_b_handle(request.b_handle());
+  header->set_keep_c_resident(request.keep_c_resident());
+  header->set_c_ttl_seconds(request.c_ttl_seconds());
+  if (!stream->Write(message)) return false;
+  for (auto [operand, bytes] : {std::pair{v1::OPERAND_A, &request.a()},
+                                std::pair{v1::OPERAND_B, &request.b()}}) {
+    // An operand given by handle has no bytes here (a() of an unset oneof is empty).
+    for (size_t offset = 0; offset < bytes->size(); offset += chunk_bytes) {
+      v1::MatrixChunk* chunk = message.mutable_chunk();
+      chunk->set_gemm_id(gemm_id);
+      chunk->set_operand(operand);
+      chunk->set_offset(offset);
+      chunk->set_data(bytes->data() + offset, std::min<size_t>(chunk_bytes, bytes->size() - offset));
+      if (!stream->Write(message)) return false;
+    }
+  }
+  return true;
+}
 
 std::shared_ptr<grpc::Channel> Connect(const std::string& target) {
   grpc::ChannelArguments args;

@@ -39,6 +39,13 @@ struct CallOptions {
   std::string client_id;
 };
 
+using GemmStreamWriter = grpc::ClientReaderWriter<v1::GemmStreamRequest, v1::GemmStreamResponse>;
+
+// Writes one GEMM onto an open GemmStream: its header (tagged `gemm_id`), then A and B in chunks
+// of `chunk_bytes` (none for an operand given by handle). False once the stream is broken.
+bool WriteStreamedGemm(const v1::GemmRequest& request, uint64_t gemm_id, int64_t chunk_bytes,
+                       GemmStreamWriter* stream);
+
 class GemmClient {
  public:
   explicit GemmClient(std::shared_ptr<grpc::Channel> channel);
