@@ -3,11 +3,14 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
-#include <cstring>
+#include <algorithm>
 #include <deque>
+#include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <thread>
+#include <tuple>
 
 #include "server/status_util.h"
 #include "server/stream_assembler.h"
@@ -57,8 +60,12 @@ std::string ClientIdentity(const grpc::CallbackServerContext* context) {
 }
 
 GemmServiceImpl::GemmServiceImpl(Scheduler* scheduler, Backend* backend, MatrixStore* store,
-                                 ServiceOptions options)
-    : scheduler_(scheduler), backend_(backend), store_(store), options_(std::move(options)) {}
+                                 UploadQueue* uploads, ServiceOptions options)
+    : scheduler_(scheduler),
+      backend_(backend),
+      store_(store),
+      uploads_(uploads),
+      options_(std::move(options)) {}
 
 grpc::Status GemmServiceImpl::ResolveResident(const std::string& owner,
                                               const std::string& a_handle,
@@ -165,9 +172,12 @@ grpc::ServerUnaryReactor* GemmServiceImpl::Gemm(grpc::CallbackServerContext* con
   return reactor;
 }
 
-// One GemmStream call. Reads are sequential; completions arrive on scheduler threads; the
-// write queue is drained one message at a time. Finish happens once the client has stopped
-// sending (or broke a rule), every admitted GEMM has completed and every answer is written.
+// One GemmStream call. Reads are sequential; each chunk is handed to the upload queue as it
+// arrives, so operands reach the device while the rest of the stream is still on the wire; a
+// GEMM is enqueued when its last chunk has been copied. Completions arrive on scheduler threads;
+// the write queue is drained one message at a time. Finish happens once the client has stopped
+// sending (or broke a rule), every copy and every admitted GEMM is done and every answer is
+// written.
 class GemmStreamReactor final
     : public grpc::ServerBidiReactor<v1::GemmStreamRequest, v1::GemmStreamResponse> {
  public:
@@ -191,11 +201,10 @@ class GemmStreamReactor final
       MaybeFinishLocked();
       return;
     }
-    std::unique_ptr<AssembledGemm> complete;
-    grpc::Status s;
+    StreamEvent event;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      s = assembler_.Consume(request_, &complete);
+      grpc::Status s = assembler_.Consume(request_, &event);
       if (!s.ok()) {
         spdlog::debug("GemmStream broken: {}", s.error_message());
         error_ = s;
@@ -204,7 +213,8 @@ class GemmStreamReactor final
         return;
       }
     }
-    if (complete) Dispatch(std::move(complete));
+    if (event.header) Start(std::move(*event.header));
+    if (event.chunk) Place(std::move(*event.chunk));
     StartRead(&request_);
   }
 
@@ -219,12 +229,20 @@ class GemmStreamReactor final
     MaybeFinishLocked();
   }
 
-  void OnDone() override { delete this; }
+  void OnDone() override {
+    { std::lock_guard<std::mutex> lock(mu_); }  // whoever called Finish has let go of mu_
+    delete this;
+  }
 
  private:
-  // A finished GEMM waiting to be written: C chunk by chunk, then its `done` message.
-  struct Outgoing {
-    std::shared_ptr<AssembledGemm> gemm;
+  // One GEMM of the stream, from its header until its answer is written.
+  struct Call {
+    explicit Call(StreamedGemm header)
+        : streamed(std::move(header)), tally(streamed.ChunkedBytes()) {}
+    StreamedGemm streamed;  // its job gets the resident operands and the chunks' buffers
+    grpc::Status refused;   // set at the header: its chunks are dropped, then it is answered
+    WriteTally tally;       // guarded by mu_
+    // The answer:
     std::string c;
     grpc::Status status;
     GemmReport report;
@@ -232,59 +250,118 @@ class GemmStreamReactor final
     v1::MatrixInfo c_matrix;  // a kept C
   };
 
-  void Dispatch(std::unique_ptr<AssembledGemm> complete) {
-    auto gemm = std::shared_ptr<AssembledGemm>(std::move(complete));
-    auto out = std::make_shared<Outgoing>();
-    out->gemm = gemm;
-    GemmJob job = gemm->job;
+  void Start(StreamedGemm header) {
+    auto call = std::make_shared<Call>(std::move(header));
+    call->refused = Prepare(call->streamed);
+    if (call->streamed.ChunkedBytes() == 0) return Submit(call);
+    std::lock_guard<std::mutex> lock(mu_);
+    receiving_[call->streamed.gemm_id] = call;
+  }
+
+  // Resolves handles and allocates where the chunked operands go, on the device the GEMM will
+  // run on: the device of its resident operands, else the least loaded one.
+  grpc::Status Prepare(StreamedGemm& gemm) {
+    GemmJob& job = gemm.job;
+    if (grpc::Status s = service_.scheduler_->CheckSize(job.shape); !s.ok()) return s;
+    if (grpc::Status s = service_.ResolveResident(owner_, gemm.a_handle, gemm.b_handle,
+                                                  gemm.keep_c, &job);
+        !s.ok()) {
+      return s;
+    }
+    if (gemm.ChunkedBytes() == 0) return grpc::Status::OK;
+    if (job.device_index < 0) job.device_index = service_.scheduler_->LeastLoadedDevice();
+    for (auto [chunked, bytes, buffer] : {std::tuple{gemm.a_handle.empty(), gemm.ABytes(), &job.a_resident},
+                                          std::tuple{gemm.b_handle.empty(), gemm.BBytes(), &job.b_resident}}) {
+      if (!chunked) continue;
+      grpc::Status s = service_.backend_->AllocateResident(job.device_index, bytes, buffer);
+      if (s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED) {
+        // The GEMM fits the limits (CheckSize): the memory is taken by other work for now.
+        return status::QueueFull("device memory is busy: " + s.error_message());
+      }
+      if (!s.ok()) return s;
+    }
+    return grpc::Status::OK;
+  }
+
+  void Place(OperandChunk chunk) {
+    std::shared_ptr<Call> call;
+    bool refused;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = receiving_.find(chunk.gemm_id);
+      call = it->second;
+      if (chunk.last) receiving_.erase(it);
+      refused = !call->refused.ok();
+      if (!refused) writes_in_flight_++;
+    }
+    if (refused) {  // dropped; the GEMM is answered once all of it has arrived
+      if (chunk.last) Submit(call);
+      return;
+    }
+    const GemmJob& job = call->streamed.job;
+    const int64_t size = chunk.data.size();
+    service_.uploads_->Write(
+        chunk.operand == v1::OPERAND_A ? job.a_resident : job.b_resident, chunk.offset,
+        std::move(chunk.data), [this, call, size](const grpc::Status& s, double copy_ms) {
+          bool written;
+          {
+            std::lock_guard<std::mutex> lock(mu_);
+            written = call->tally.Add(s, size, copy_ms);
+            if (written) call->refused = call->tally.error();
+          }
+          if (written) Submit(call);
+          std::lock_guard<std::mutex> lock(mu_);
+          writes_in_flight_--;
+          MaybeFinishLocked();
+        });
+  }
+
+  // Enqueues the GEMM, or answers it with the reason it was refused.
+  void Submit(std::shared_ptr<Call> call) {
     {
       std::lock_guard<std::mutex> lock(mu_);
       in_flight_++;
     }
-    grpc::Status s = service_.ResolveResident(owner_, gemm->a_handle, gemm->b_handle,
-                                              gemm->keep_c, &job);
-    if (!s.ok()) return Complete(out, s, GemmReport{});
+    GemmJob job = call->streamed.job;
+    call->streamed.job.a_resident.reset();  // the job holds the operands until it has run
+    call->streamed.job.b_resident.reset();
+    if (!call->refused.ok()) return Complete(call, call->refused, GemmReport{});
     if (!job.keep_c) {
-      out->c.resize(2 * gemm->job.shape.m * gemm->job.shape.n);
-      job.c = reinterpret_cast<uint16_t*>(out->c.data());
+      call->c.resize(2 * job.shape.m * job.shape.n);
+      job.c = reinterpret_cast<uint16_t*>(call->c.data());
     }
-    job.a = HalfData(gemm->a);
-    job.b = HalfData(gemm->b);
     job.deadline = SteadyDeadline(context_);
     job.is_cancelled = [this] { return context_->IsCancelled(); };
-    s = service_.scheduler_->Enqueue(
-        std::move(job), [this, out](const grpc::Status& status, const GemmReport& report) {
-          Complete(out, status, report);
+    grpc::Status s = service_.scheduler_->Enqueue(
+        std::move(job), [this, call](const grpc::Status& status, const GemmReport& report) {
+          Complete(call, status, report);
         });
-    if (!s.ok()) Complete(out, s, GemmReport{});
+    if (!s.ok()) Complete(call, s, GemmReport{});
   }
 
-  void Complete(std::shared_ptr<Outgoing> out, const grpc::Status& status,
-                const GemmReport& report) {
-    out->status = status;
-    out->report = report;
-    if (!status.ok()) out->c.clear();
+  void Complete(std::shared_ptr<Call> call, const grpc::Status& status, const GemmReport& report) {
+    call->status = status;
+    call->report = report;
+    if (!status.ok()) call->c.clear();
     if (status.ok() && report.c_resident) {
-      service_.KeepResult(owner_, out->gemm->job.shape, report, out->gemm->c_ttl_seconds,
-                          &out->c_matrix);
-      out->report.c_resident.reset();  // the store holds it now
+      service_.KeepResult(owner_, call->streamed.job.shape, report, call->streamed.c_ttl_seconds,
+                          &call->c_matrix);
+      call->report.c_resident.reset();  // the store holds it now
     }
-    out->gemm->a.clear();  // operands are no longer needed; free them before C is written
-    out->gemm->a.shrink_to_fit();
-    out->gemm->b.clear();
-    out->gemm->b.shrink_to_fit();
     std::lock_guard<std::mutex> lock(mu_);
+    call->report.host_to_device_ms += call->tally.copy_ms();
     in_flight_--;
-    if (!broken_) outgoing_.push_back(std::move(out));
+    if (!broken_) outgoing_.push_back(std::move(call));
     NextWriteLocked();
     MaybeFinishLocked();
   }
 
   void NextWriteLocked() {
     if (writing_ || outgoing_.empty()) return;
-    Outgoing& out = *outgoing_.front();
+    Call& out = *outgoing_.front();
+    const StreamedGemm& gemm = out.streamed;
     response_.Clear();
-    response_.set_gemm_id(out.gemm->gemm_id);
+    response_.set_gemm_id(gemm.gemm_id);
     const int64_t c_bytes = out.c.size();
     if (out.next_offset < c_bytes) {
       const int64_t size = std::min(service_.options_.stream_chunk_bytes, c_bytes - out.next_offset);
@@ -296,13 +373,13 @@ class GemmStreamReactor final
       v1::GemmDone* done = response_.mutable_done();
       done->set_status_code(out.status.error_code());
       done->set_status_message(out.status.error_message());
-      done->set_request_id(out.gemm->job.request_id);
+      done->set_request_id(gemm.job.request_id);
       if (out.status.ok()) {
-        ToProto(out.gemm->job.shape, out.report, done->mutable_timing(), done->mutable_execution());
+        ToProto(gemm.job.shape, out.report, done->mutable_timing(), done->mutable_execution());
         done->mutable_execution()->set_backend(service_.backend_->Name());
-        if (out.gemm->keep_c) *done->mutable_c_matrix() = out.c_matrix;
+        if (gemm.keep_c) *done->mutable_c_matrix() = out.c_matrix;
       }
-      assembler_.Release(out.gemm->gemm_id);
+      assembler_.Release(gemm.gemm_id);
       outgoing_.pop_front();
     }
     writing_ = true;
@@ -310,7 +387,10 @@ class GemmStreamReactor final
   }
 
   void MaybeFinishLocked() {
-    if (finished_ || !reads_done_ || in_flight_ > 0 || writing_ || !outgoing_.empty()) return;
+    if (finished_ || !reads_done_ || in_flight_ > 0 || writes_in_flight_ > 0 || writing_ ||
+        !outgoing_.empty()) {
+      return;
+    }
     finished_ = true;
     if (broken_ || context_->IsCancelled()) {
       Finish(status::Cancelled());
@@ -325,15 +405,17 @@ class GemmStreamReactor final
   v1::GemmStreamRequest request_;  // the read in flight
 
   std::mutex mu_;
-  StreamAssembler assembler_;                       // guarded by mu_
-  grpc::Status error_;                              // guarded by mu_; the call's final status
-  bool reads_done_ = false;                         // guarded by mu_
-  int64_t in_flight_ = 0;                           // guarded by mu_; admitted, not completed
-  std::deque<std::shared_ptr<Outgoing>> outgoing_;  // guarded by mu_
-  v1::GemmStreamResponse response_;                 // guarded by mu_; the write in flight
-  bool writing_ = false;                            // guarded by mu_
-  bool broken_ = false;                             // guarded by mu_; a write failed
-  bool finished_ = false;                           // guarded by mu_
+  StreamAssembler assembler_;                             // guarded by mu_
+  grpc::Status error_;                                    // guarded by mu_; the call's final status
+  bool reads_done_ = false;                               // guarded by mu_
+  std::map<uint64_t, std::shared_ptr<Call>> receiving_;  // guarded by mu_; chunks still to come
+  int64_t writes_in_flight_ = 0;                          // guarded by mu_; chunks being copied
+  int64_t in_flight_ = 0;                                 // guarded by mu_; submitted, not completed
+  std::deque<std::shared_ptr<Call>> outgoing_;            // guarded by mu_
+  v1::GemmStreamResponse response_;                       // guarded by mu_; the write in flight
+  bool writing_ = false;                                  // guarded by mu_
+  bool broken_ = false;                                   // guarded by mu_; a write failed
+  bool finished_ = false;                                 // guarded by mu_
 };
 
 grpc::ServerBidiReactor<v1::GemmStreamRequest, v1::GemmStreamResponse>*
@@ -395,8 +477,9 @@ grpc::ServerUnaryReactor* GemmServiceImpl::GetServerInfo(grpc::CallbackServerCon
   return reactor;
 }
 
-// UploadMatrix: the header, then the bytes into host memory; the device copy runs on its own
-// thread so that no reaction blocks on it.
+// UploadMatrix: the header allocates the matrix where it will live; each chunk is handed to the
+// upload queue as it arrives; the matrix is registered once the client is done and every copy
+// has landed.
 class UploadMatrixReactor final : public grpc::ServerReadReactor<v1::UploadMatrixRequest> {
  public:
   UploadMatrixReactor(const GemmServiceImpl& service, grpc::CallbackServerContext* context,
@@ -406,22 +489,28 @@ class UploadMatrixReactor final : public grpc::ServerReadReactor<v1::UploadMatri
   }
 
   void OnReadDone(bool ok) override {
+    grpc::Status s;
     if (!ok) {  // the client has sent everything (or went away)
-      if (!header_seen_) return Finish(status::InvalidArgument("header", "no header was sent"));
-      if (received_ != int64_t(data_.size())) {
-        return Finish(status::InvalidArgument(
-            "chunk", fmt::format("the stream ended after {} of the matrix's {} bytes", received_,
-                                 data_.size())));
+      if (!buffer_) {
+        s = status::InvalidArgument("header", "no header was sent");
+      } else if (received_ != buffer_->bytes) {
+        s = status::InvalidArgument("chunk", fmt::format("the stream ended after {} of the matrix's {} bytes",
+                                                         received_, buffer_->bytes));
       }
-      std::thread([this] { Store(); }).detach();
-      return;
+    } else {
+      s = buffer_ ? ConsumeChunk() : ConsumeHeader();
+      if (s.ok()) return StartRead(&request_);
     }
-    grpc::Status s = header_seen_ ? ConsumeChunk() : ConsumeHeader();
-    if (!s.ok()) return Finish(s);
-    StartRead(&request_);
+    std::lock_guard<std::mutex> lock(mu_);
+    error_ = s;
+    reads_done_ = true;
+    MaybeFinishLocked();
   }
 
-  void OnDone() override { delete this; }
+  void OnDone() override {
+    { std::lock_guard<std::mutex> lock(mu_); }  // whoever called Finish has let go of mu_
+    delete this;
+  }
 
  private:
   grpc::Status ConsumeHeader() {
@@ -440,6 +529,7 @@ class UploadMatrixReactor final : public grpc::ServerReadReactor<v1::UploadMatri
     if (header_.label().size() > kMaxRequestIdBytes) {
       return status::InvalidArgument("header.label", "at most 128 bytes");
     }
+    int device_index = -1;
     if (header_.has_device_id()) {
       const auto devices = service_.backend_->Devices();
       auto it = std::find_if(devices.begin(), devices.end(),
@@ -448,7 +538,7 @@ class UploadMatrixReactor final : public grpc::ServerReadReactor<v1::UploadMatri
         return status::InvalidArgument("header.device_id",
                                        fmt::format("no device {} on this server", header_.device_id()));
       }
-      device_index_ = int(it - devices.begin());
+      device_index = int(it - devices.begin());
     }
     const int64_t bytes = 2 * int64_t(header_.rows()) * header_.cols();
     if (service_.store_->ClientBytes(owner_) + bytes >
@@ -456,48 +546,70 @@ class UploadMatrixReactor final : public grpc::ServerReadReactor<v1::UploadMatri
       return status::OverLimit(fmt::format("{} more resident bytes would pass this client's quota of {}",
                                            bytes, service_.options_.resident.quota_bytes_per_client));
     }
-    data_.resize(bytes);
-    header_seen_ = true;
+    std::shared_ptr<ResidentBuffer> buffer;
+    if (grpc::Status s = service_.store_->Allocate(owner_, device_index, header_.rows(),
+                                                   header_.cols(), &buffer);
+        !s.ok()) {
+      return s;
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    buffer_ = std::move(buffer);
+    tally_.emplace(bytes);
     return grpc::Status::OK;
   }
 
   grpc::Status ConsumeChunk() {
     if (!request_.has_chunk()) return status::InvalidArgument("header", "sent twice");
-    const std::string& chunk = request_.chunk();
-    if (received_ + int64_t(chunk.size()) > int64_t(data_.size())) {
+    const int64_t size = request_.chunk().size();
+    if (received_ + size > buffer_->bytes) {
       return status::InvalidArgument(
-          "chunk", fmt::format("past the end: {} + {} bytes of a {}-byte matrix", received_,
-                               chunk.size(), data_.size()));
+          "chunk", fmt::format("past the end: {} + {} bytes of a {}-byte matrix", received_, size,
+                               buffer_->bytes));
     }
-    std::memcpy(data_.data() + received_, chunk.data(), chunk.size());
-    received_ += chunk.size();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      writes_in_flight_++;
+    }
+    service_.uploads_->Write(buffer_, received_, std::move(*request_.mutable_chunk()),
+                             [this, size](const grpc::Status& s, double copy_ms) {
+                               std::lock_guard<std::mutex> lock(mu_);
+                               tally_->Add(s, size, copy_ms);
+                               writes_in_flight_--;
+                               MaybeFinishLocked();
+                             });
+    received_ += size;
     return grpc::Status::OK;
   }
 
-  void Store() {
-    std::shared_ptr<ResidentBuffer> buffer;
-    grpc::Status s = service_.store_->Allocate(owner_, device_index_, header_.rows(),
-                                               header_.cols(), &buffer);
-    if (s.ok()) s = service_.backend_->WriteResident(*buffer, data_.data());
+  void MaybeFinishLocked() {
+    if (finished_ || !reads_done_ || writes_in_flight_ > 0) return;
+    finished_ = true;
+    grpc::Status s = error_.ok() ? tally_->error() : error_;
     if (s.ok()) {
       ResidentMatrix m = service_.store_->Add(owner_, header_.rows(), header_.cols(),
-                                              std::move(buffer),
+                                              std::move(buffer_),
                                               std::chrono::seconds(header_.ttl_seconds()),
                                               header_.label());
       service_.Describe(m, response_);
     }
-    Finish(s);  // last: OnDone may delete this right away
+    Finish(s);
   }
 
   const GemmServiceImpl& service_;
   const std::string owner_;
   v1::MatrixInfo* const response_;
-  v1::UploadMatrixRequest request_;
+  v1::UploadMatrixRequest request_;  // the read in flight
   v1::MatrixHeader header_;
-  bool header_seen_ = false;
-  int device_index_ = -1;
-  std::string data_;
   int64_t received_ = 0;
+
+  std::mutex mu_;
+  // Where the matrix goes: set by the header, moved into the store once the reads are done.
+  std::shared_ptr<ResidentBuffer> buffer_;
+  std::optional<WriteTally> tally_;         // guarded by mu_
+  int64_t writes_in_flight_ = 0;            // guarded by mu_
+  grpc::Status error_;                      // guarded by mu_; a broken rule
+  bool reads_done_ = false;                 // guarded by mu_
+  bool finished_ = false;                   // guarded by mu_
 };
 
 grpc::ServerReadReactor<v1::UploadMatrixRequest>* GemmServiceImpl::UploadMatrix(

@@ -1,8 +1,9 @@
 // GemmServiceImpl: the gRPC transport of hgemm.v1.GemmService (callback API).
 //
 // Handlers only translate: validate a message into a GemmJob, hand it to the Scheduler with a
-// completion callback, and return. No handler blocks or touches a device; completion
-// callbacks (on scheduler workers) finish the RPC or queue the stream's next writes.
+// completion callback (and streamed bytes to the UploadQueue), and return. No handler waits
+// for a device; completion callbacks (on scheduler and upload threads) finish the RPC or queue
+// the stream's next writes.
 #ifndef HGEMM_SERVER_GEMM_SERVICE_H_
 #define HGEMM_SERVER_GEMM_SERVICE_H_
 
@@ -13,6 +14,7 @@
 #include "server/backend/backend.h"
 #include "server/resident/matrix_store.h"
 #include "server/scheduler/scheduler.h"
+#include "server/scheduler/upload_queue.h"
 #include "server/validation.h"
 
 namespace hgemm {
@@ -37,9 +39,9 @@ std::string ClientIdentity(const grpc::CallbackServerContext* context);
 
 class GemmServiceImpl final : public v1::GemmService::CallbackService {
  public:
-  // `scheduler`, `backend` and `store` must outlive the service.
+  // `scheduler`, `backend`, `store` and `uploads` must outlive the service.
   GemmServiceImpl(Scheduler* scheduler, Backend* backend, MatrixStore* store,
-                  ServiceOptions options);
+                  UploadQueue* uploads, ServiceOptions options);
 
   grpc::ServerUnaryReactor* Gemm(grpc::CallbackServerContext* context,
                                  const v1::GemmRequest* request,
@@ -80,6 +82,7 @@ class GemmServiceImpl final : public v1::GemmService::CallbackService {
   Scheduler* const scheduler_;
   Backend* const backend_;
   MatrixStore* const store_;
+  UploadQueue* const uploads_;
   const ServiceOptions options_;
 };
 

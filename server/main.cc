@@ -45,6 +45,9 @@ int main(int argc, char** argv) {
   app.add_option("--device_memory_fraction", backend_options.cuda.device_memory_fraction,
                  "share of each device's free memory the streams' buffers may use")
       ->envname("HGEMM_DEVICE_MEMORY_FRACTION")->check(CLI::Range(0.05, 0.98))->capture_default_str();
+  app.add_option("--upload_threads", server_options.upload_threads,
+                 "threads copying streamed chunks to the device as they arrive")
+      ->envname("HGEMM_UPLOAD_THREADS")->check(CLI::Range(1, 64))->capture_default_str();
   app.add_option("--cpu_workers", backend_options.cpu.workers, "concurrent GEMMs on the CPU backend")
       ->envname("HGEMM_CPU_WORKERS")->check(CLI::Range(1, 256))->capture_default_str();
   app.add_option("--max_elements_per_matrix", server_options.service.rules.max_elements_per_matrix,

@@ -22,8 +22,10 @@ std::unique_ptr<HgemmServer> HgemmServer::Start(ServerOptions options,
   const ServerOptions& opts = server->options_;
   server->store_ = std::make_unique<MatrixStore>(server->backend_.get(), opts.service.resident);
   server->scheduler_ = std::make_unique<Scheduler>(server->backend_.get(), opts.service.scheduler);
-  server->service_ = std::make_unique<GemmServiceImpl>(
-      server->scheduler_.get(), server->backend_.get(), server->store_.get(), opts.service);
+  server->uploads_ = std::make_unique<UploadQueue>(server->backend_.get(), opts.upload_threads);
+  server->service_ = std::make_unique<GemmServiceImpl>(server->scheduler_.get(),
+                                                       server->backend_.get(), server->store_.get(),
+                                                       server->uploads_.get(), opts.service);
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();

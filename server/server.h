@@ -18,6 +18,7 @@
 #include "server/gemm_service.h"
 #include "server/resident/matrix_store.h"
 #include "server/scheduler/scheduler.h"
+#include "server/scheduler/upload_queue.h"
 
 namespace hgemm {
 
@@ -28,6 +29,8 @@ struct ServerOptions {
   int64_t max_message_bytes = int64_t{1} << 30;
   // On Shutdown(): how long in-flight calls may take before they are cancelled.
   std::chrono::milliseconds drain_deadline{20000};
+  // Threads copying streamed operands and uploaded matrices to the device as chunks arrive.
+  int upload_threads = 4;
   ServiceOptions service;
 };
 
@@ -53,6 +56,7 @@ class HgemmServer {
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<MatrixStore> store_;  // after backend_: its buffers go back to the backend
   std::unique_ptr<Scheduler> scheduler_;
+  std::unique_ptr<UploadQueue> uploads_;
   std::unique_ptr<GemmServiceImpl> service_;
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;

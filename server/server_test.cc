@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include <map>
 #include <random>
 
 #include "client/gemm_client.h"
@@ -230,6 +231,35 @@ TEST_F(ServerTest, StreamBadHeaderIsInvalidArgument) {
   EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_NE(s.error_message().find("gemm_id 3: header.options.kernel"), std::string::npos)
       << s.error_message();
+  ExpectStillServing();
+}
+
+// A GEMM refused at its header (too large, unknown handle) still has its chunks coming: they
+// are dropped, the GEMM is answered with the reason, and the stream goes on.
+TEST_F(ServerTest, StreamGemmRefusedAtHeaderIsAnsweredAndTheStreamGoesOn) {
+  ServerOptions options;
+  options.service.scheduler.max_queued_bytes = 1 << 20;
+  StartServer(options);
+  auto stub = v1::GemmService::NewStub(Connect("127.0.0.1:" + std::to_string(server_->port())));
+  v1::GemmStreamRequest by_handle = Header(2, 4, 4, 4);
+  by_handle.mutable_header()->set_a_handle("m-00000000000000000000000000000000");
+  std::vector<v1::GemmStreamResponse> answers;
+  grpc::Status s = RawStream(
+      *client_, *stub,
+      {Header(1, 512, 512, 512), Chunk(1, v1::OPERAND_A, 0, 256 << 10),  // 1.5 MiB in all
+       Chunk(1, v1::OPERAND_A, 256 << 10, 256 << 10), Chunk(1, v1::OPERAND_B, 0, 512 << 10),
+       by_handle, Chunk(2, v1::OPERAND_B, 0, 32), Header(3, 2, 2, 2), Chunk(3, v1::OPERAND_A, 0, 8),
+       Chunk(3, v1::OPERAND_B, 0, 8)},
+      true, &answers);
+  EXPECT_TRUE(s.ok()) << s.error_message();
+  std::map<uint64_t, v1::GemmDone> done;
+  for (const v1::GemmStreamResponse& a : answers) {
+    if (a.has_done()) done[a.gemm_id()] = a.done();
+  }
+  ASSERT_EQ(done.size(), 3u);
+  EXPECT_EQ(done[1].status_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << done[1].status_message();
+  EXPECT_EQ(done[2].status_code(), grpc::StatusCode::NOT_FOUND) << done[2].status_message();
+  EXPECT_EQ(done[3].status_code(), grpc::StatusCode::OK) << done[3].status_message();
   ExpectStillServing();
 }
 

@@ -2,8 +2,6 @@
 
 #include <fmt/format.h>
 
-#include <cstring>
-
 #include "server/status_util.h"
 
 namespace hgemm {
@@ -11,27 +9,25 @@ namespace hgemm {
 StreamAssembler::StreamAssembler(const RequestRules& rules, int64_t max_pending_bytes)
     : rules_(rules), max_pending_bytes_(max_pending_bytes) {}
 
-grpc::Status StreamAssembler::Consume(v1::GemmStreamRequest& message,
-                                      std::unique_ptr<AssembledGemm>* complete) {
-  complete->reset();
+grpc::Status StreamAssembler::Consume(v1::GemmStreamRequest& message, StreamEvent* event) {
+  *event = StreamEvent{};
   switch (message.message_case()) {
     case v1::GemmStreamRequest::kHeader:
-      return ConsumeHeader(message.header(), complete);
+      return ConsumeHeader(message.header(), event);
     case v1::GemmStreamRequest::kChunk:
-      return ConsumeChunk(*message.mutable_chunk(), complete);
+      return ConsumeChunk(*message.mutable_chunk(), event);
     default:
       return status::InvalidArgument("message", "neither a header nor a chunk");
   }
 }
 
-grpc::Status StreamAssembler::ConsumeHeader(const v1::GemmHeader& header,
-                                            std::unique_ptr<AssembledGemm>* complete) {
+grpc::Status StreamAssembler::ConsumeHeader(const v1::GemmHeader& header, StreamEvent* event) {
   const uint64_t id = header.gemm_id();
   if (in_use_.count(id)) {
     return status::InvalidArgument(
         "header.gemm_id", fmt::format("{} is already in flight on this stream", id));
   }
-  auto gemm = std::make_unique<AssembledGemm>();
+  auto gemm = std::make_unique<StreamedGemm>();
   gemm->gemm_id = id;
   grpc::Status s = ValidateGemmHeader(header, rules_, &gemm->job);
   if (!s.ok()) {
@@ -41,30 +37,28 @@ grpc::Status StreamAssembler::ConsumeHeader(const v1::GemmHeader& header,
   gemm->b_handle = header.b_handle();
   gemm->keep_c = header.keep_c_resident();
   gemm->c_ttl_seconds = header.c_ttl_seconds();
-  const GemmShape& shape = gemm->job.shape;
-  const int64_t operand_bytes = (gemm->a_handle.empty() ? 2 * shape.m * shape.k : 0) +
-                                (gemm->b_handle.empty() ? 2 * shape.k * shape.n : 0);
-  if (pending_bytes_ + operand_bytes > max_pending_bytes_) {
+  const int64_t chunked_bytes = gemm->ChunkedBytes();
+  if (pending_bytes_ + chunked_bytes > max_pending_bytes_) {
     return status::OverLimit(fmt::format(
         "gemm_id {}: its operands ({} bytes) would put this stream's incomplete GEMMs over {} bytes",
-        id, operand_bytes, max_pending_bytes_));
+        id, chunked_bytes, max_pending_bytes_));
   }
   in_use_.insert(id);
-  if (operand_bytes == 0) {  // both operands resident: nothing to wait for
-    *complete = std::move(gemm);
-    return grpc::Status::OK;
+  if (chunked_bytes > 0) {
+    pending_bytes_ += chunked_bytes;
+    Pending& p = pending_[id];
+    p.a_bytes = gemm->ABytes();
+    p.b_bytes = gemm->BBytes();
+    p.a_by_handle = !gemm->a_handle.empty();
+    p.b_by_handle = !gemm->b_handle.empty();
+    if (p.a_by_handle) p.a_received = p.a_bytes;
+    if (p.b_by_handle) p.b_received = p.b_bytes;
   }
-  pending_bytes_ += operand_bytes;
-  Pending& p = pending_[id];
-  // An operand given by handle counts as received.
-  if (!gemm->a_handle.empty()) p.a_received = 2 * shape.m * shape.k;
-  if (!gemm->b_handle.empty()) p.b_received = 2 * shape.k * shape.n;
-  p.gemm = std::move(gemm);
+  event->header = std::move(gemm);
   return grpc::Status::OK;
 }
 
-grpc::Status StreamAssembler::ConsumeChunk(v1::MatrixChunk& chunk,
-                                           std::unique_ptr<AssembledGemm>* complete) {
+grpc::Status StreamAssembler::ConsumeChunk(v1::MatrixChunk& chunk, StreamEvent* event) {
   const uint64_t id = chunk.gemm_id();
   auto it = pending_.find(id);
   if (it == pending_.end()) {
@@ -72,40 +66,34 @@ grpc::Status StreamAssembler::ConsumeChunk(v1::MatrixChunk& chunk,
         "chunk.gemm_id", fmt::format("{} has no header on this stream (or is already complete)", id));
   }
   Pending& p = it->second;
-  AssembledGemm& gemm = *p.gemm;
-  const GemmShape& shape = gemm.job.shape;
-  const int64_t a_bytes = 2 * shape.m * shape.k, b_bytes = 2 * shape.k * shape.n;
-
-  std::string* operand;
   int64_t* received;
   int64_t total;
   const char* name;
   switch (chunk.operand()) {
     case v1::OPERAND_A:
-      if (!gemm.a_handle.empty()) {
+      if (p.a_by_handle) {
         return status::InvalidArgument(
             "chunk.operand", fmt::format("gemm_id {}: A chunk for an A given by handle", id));
       }
-      operand = &gemm.a, received = &p.a_received, total = a_bytes, name = "A";
+      received = &p.a_received, total = p.a_bytes, name = "A";
       break;
     case v1::OPERAND_B:
-      if (p.a_received < a_bytes) {
+      if (p.a_received < p.a_bytes) {
         return status::InvalidArgument(
             "chunk.operand", fmt::format("gemm_id {}: B chunk before all of A ({} of {} bytes)", id,
-                                         p.a_received, a_bytes));
+                                         p.a_received, p.a_bytes));
       }
-      if (!gemm.b_handle.empty()) {
+      if (p.b_by_handle) {
         return status::InvalidArgument(
             "chunk.operand", fmt::format("gemm_id {}: B chunk for a B given by handle", id));
       }
-      operand = &gemm.b, received = &p.b_received, total = b_bytes, name = "B";
+      received = &p.b_received, total = p.b_bytes, name = "B";
       break;
     default:
       return status::InvalidArgument("chunk.operand",
                                      fmt::format("gemm_id {}: must be OPERAND_A or OPERAND_B", id));
   }
-  const std::string& data = chunk.data();
-  const int64_t size = data.size();
+  const int64_t size = chunk.data().size();
   if (size == 0) {
     return status::InvalidArgument("chunk.data", fmt::format("gemm_id {}: empty chunk", id));
   }
@@ -120,19 +108,18 @@ grpc::Status StreamAssembler::ConsumeChunk(v1::MatrixChunk& chunk,
         "chunk.data", fmt::format("gemm_id {}: {} chunk ends at byte {}, past the operand's {} bytes",
                                   id, name, *received + size, total));
   }
-  if (*received == 0 && size == total) {
-    *operand = std::move(*chunk.mutable_data());  // one chunk holds it all: no copy
-  } else {
-    if (*received == 0) operand->resize(total);
-    std::memcpy(operand->data() + *received, data.data(), size);
-  }
+  auto out = std::make_unique<OperandChunk>();
+  out->gemm_id = id;
+  out->operand = chunk.operand();
+  out->offset = *received;
+  out->data = std::move(*chunk.mutable_data());
   *received += size;
-
-  if (p.a_received == a_bytes && p.b_received == b_bytes) {
-    pending_bytes_ -= int64_t(gemm.a.size() + gemm.b.size());
-    *complete = std::move(p.gemm);
+  if (p.a_received == p.a_bytes && p.b_received == p.b_bytes) {
+    out->last = true;
+    pending_bytes_ -= (p.a_by_handle ? 0 : p.a_bytes) + (p.b_by_handle ? 0 : p.b_bytes);
     pending_.erase(it);
   }
+  event->chunk = std::move(out);
   return grpc::Status::OK;
 }
 

@@ -1,5 +1,7 @@
-// StreamAssembler: rebuilds whole GEMMs from the messages of one GemmStream call and enforces
-// the stream's order rules (see MatrixChunk in proto/hgemm.proto).
+// StreamAssembler: follows the GEMMs of one GemmStream call through their messages and enforces
+// the stream's order rules (see MatrixChunk in proto/hgemm.proto). It holds no operand bytes:
+// each chunk comes back out, checked and with its place in the operand, for the caller to copy
+// where the operand will live (the device) while later chunks are still arriving.
 // Thread safety: none; one per stream, fed by the stream's (serialised) read path.
 #ifndef HGEMM_SERVER_STREAM_ASSEMBLER_H_
 #define HGEMM_SERVER_STREAM_ASSEMBLER_H_
@@ -18,14 +20,35 @@
 
 namespace hgemm {
 
-// A GEMM whose operands have all arrived. job's buffer pointers are not set yet.
-struct AssembledGemm {
+// A GEMM announced by a header. job's buffer pointers are not set.
+struct StreamedGemm {
   uint64_t gemm_id = 0;
   GemmJob job;
-  std::string a, b;  // fp16 bytes, exactly 2·m·k and 2·k·n; empty for an operand by handle
   std::string a_handle, b_handle;  // resident operands, resolved by the caller
   bool keep_c = false;
   uint32_t c_ttl_seconds = 0;
+
+  int64_t ABytes() const { return 2 * job.shape.m * job.shape.k; }
+  int64_t BBytes() const { return 2 * job.shape.k * job.shape.n; }
+  // Operand bytes that come as chunks (those not given by handle).
+  int64_t ChunkedBytes() const {
+    return (a_handle.empty() ? ABytes() : 0) + (b_handle.empty() ? BBytes() : 0);
+  }
+};
+
+// Bytes of one operand, in order: `data` belongs at byte `offset` of the operand.
+struct OperandChunk {
+  uint64_t gemm_id = 0;
+  v1::Operand operand = v1::OPERAND_UNSPECIFIED;
+  int64_t offset = 0;
+  std::string data;
+  bool last = false;  // the GEMM's operands have all arrived with this chunk
+};
+
+// What one message was: a header or a chunk.
+struct StreamEvent {
+  std::unique_ptr<StreamedGemm> header;
+  std::unique_ptr<OperandChunk> chunk;
 };
 
 class StreamAssembler {
@@ -33,11 +56,9 @@ class StreamAssembler {
   // `max_pending_bytes` bounds the operand bytes of this stream's incomplete GEMMs.
   StreamAssembler(const RequestRules& rules, int64_t max_pending_bytes);
 
-  // Consumes one message (its chunk data may be moved out). Returns INVALID_ARGUMENT or
-  // RESOURCE_EXHAUSTED on a broken rule; then the stream must end. On OK, `complete` is set
-  // when this message finished a GEMM (a header whose operands are both handles does), and
-  // left empty otherwise.
-  grpc::Status Consume(v1::GemmStreamRequest& message, std::unique_ptr<AssembledGemm>* complete);
+  // Consumes one message (its chunk data is moved into the event). Returns INVALID_ARGUMENT or
+  // RESOURCE_EXHAUSTED on a broken rule; then the stream must end.
+  grpc::Status Consume(v1::GemmStreamRequest& message, StreamEvent* event);
 
   // The caller is done with `gemm_id` (answered): the id may be used again.
   void Release(uint64_t gemm_id);
@@ -47,13 +68,13 @@ class StreamAssembler {
 
  private:
   struct Pending {
-    std::unique_ptr<AssembledGemm> gemm;
-    int64_t a_received = 0;
-    int64_t b_received = 0;
+    int64_t a_bytes = 0, b_bytes = 0;
+    int64_t a_received = 0, b_received = 0;  // an operand by handle counts as received
+    bool a_by_handle = false, b_by_handle = false;
   };
 
-  grpc::Status ConsumeHeader(const v1::GemmHeader& header, std::unique_ptr<AssembledGemm>* complete);
-  grpc::Status ConsumeChunk(v1::MatrixChunk& chunk, std::unique_ptr<AssembledGemm>* complete);
+  grpc::Status ConsumeHeader(const v1::GemmHeader& header, StreamEvent* event);
+  grpc::Status ConsumeChunk(v1::MatrixChunk& chunk, StreamEvent* event);
 
   const RequestRules& rules_;
   const int64_t max_pending_bytes_;

@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <map>
+
 namespace hgemm {
 namespace {
 
@@ -16,7 +18,7 @@ class StreamAssemblerTest : public ::testing::Test {
     h->set_m(m);
     h->set_n(n);
     h->set_k(k);
-    return assembler_.Consume(message, &complete_);
+    return Consume(message);
   }
 
   grpc::Status Chunk(uint64_t id, v1::Operand operand, uint64_t offset, std::string data) {
@@ -26,27 +28,47 @@ class StreamAssemblerTest : public ::testing::Test {
     c->set_operand(operand);
     c->set_offset(offset);
     c->set_data(std::move(data));
-    return assembler_.Consume(message, &complete_);
+    return Consume(message);
   }
 
   RequestRules rules_;
   StreamAssembler assembler_;
-  std::unique_ptr<AssembledGemm> complete_;
+  // The operand bytes the chunks delivered so far, by gemm_id.
+  std::string Delivered(uint64_t id, v1::Operand operand) { return delivered_[{id, operand}]; }
+
+  grpc::Status Consume(v1::GemmStreamRequest& message) {
+    grpc::Status s = assembler_.Consume(message, &event_);
+    if (s.ok() && event_.chunk) {
+      std::string& bytes = delivered_[{event_.chunk->gemm_id, event_.chunk->operand}];
+      EXPECT_EQ(event_.chunk->offset, int64_t(bytes.size()));
+      bytes += event_.chunk->data;
+    }
+    return s;
+  }
+
+  bool Last() const { return event_.chunk && event_.chunk->last; }
+
+  StreamEvent event_;
+  std::map<std::pair<uint64_t, v1::Operand>, std::string> delivered_;
 };
 
-TEST_F(StreamAssemblerTest, AssemblesChunksInOrder) {
+TEST_F(StreamAssemblerTest, HandsOutChunksInOrderWithTheirOffsets) {
   ASSERT_TRUE(Header(7, 2, 3, 2).ok());  // A: 8 bytes, B: 12 bytes
+  ASSERT_NE(event_.header, nullptr);
+  EXPECT_EQ(event_.header->gemm_id, 7u);
+  EXPECT_EQ(event_.header->job.shape.n, 3);
+  EXPECT_EQ(event_.header->ChunkedBytes(), 20);
   ASSERT_TRUE(Chunk(7, v1::OPERAND_A, 0, "abc").ok());
   ASSERT_TRUE(Chunk(7, v1::OPERAND_A, 3, "defgh").ok());
   ASSERT_TRUE(Chunk(7, v1::OPERAND_B, 0, "0123456789").ok());
-  EXPECT_EQ(complete_, nullptr);
+  EXPECT_EQ(event_.header, nullptr);
+  EXPECT_FALSE(Last());
   EXPECT_EQ(assembler_.Incomplete(), std::vector<uint64_t>{7});
   ASSERT_TRUE(Chunk(7, v1::OPERAND_B, 10, "AB").ok());
-  ASSERT_NE(complete_, nullptr);
-  EXPECT_EQ(complete_->gemm_id, 7u);
-  EXPECT_EQ(complete_->a, "abcdefgh");
-  EXPECT_EQ(complete_->b, "0123456789AB");
-  EXPECT_EQ(complete_->job.shape.n, 3);
+  EXPECT_TRUE(Last());
+  EXPECT_EQ(event_.chunk->offset, 10);
+  EXPECT_EQ(Delivered(7, v1::OPERAND_A), "abcdefgh");
+  EXPECT_EQ(Delivered(7, v1::OPERAND_B), "0123456789AB");
   EXPECT_TRUE(assembler_.Incomplete().empty());
 }
 
@@ -56,11 +78,13 @@ TEST_F(StreamAssemblerTest, InterleavedGemmsAssembleIndependently) {
   ASSERT_TRUE(Chunk(2, v1::OPERAND_A, 0, "aa").ok());
   ASSERT_TRUE(Chunk(1, v1::OPERAND_A, 0, "xx").ok());
   ASSERT_TRUE(Chunk(2, v1::OPERAND_B, 0, "bb").ok());
-  ASSERT_NE(complete_, nullptr);
-  EXPECT_EQ(complete_->gemm_id, 2u);
+  EXPECT_TRUE(Last());
+  EXPECT_EQ(event_.chunk->gemm_id, 2u);
   ASSERT_TRUE(Chunk(1, v1::OPERAND_B, 0, "yy").ok());
-  ASSERT_NE(complete_, nullptr);
-  EXPECT_EQ(complete_->gemm_id, 1u);
+  EXPECT_TRUE(Last());
+  EXPECT_EQ(event_.chunk->gemm_id, 1u);
+  EXPECT_EQ(Delivered(1, v1::OPERAND_A), "xx");
+  EXPECT_EQ(Delivered(2, v1::OPERAND_A), "aa");
 }
 
 TEST_F(StreamAssemblerTest, ChunkOutOfOrderIsRejected) {
@@ -119,20 +143,23 @@ TEST_F(StreamAssemblerTest, OperandsByHandleNeedNoChunks) {
   h->set_n(2);
   h->set_k(2);
   h->set_a_handle("m-a");
-  ASSERT_TRUE(assembler_.Consume(message, &complete_).ok());
-  EXPECT_EQ(complete_, nullptr);
+  ASSERT_TRUE(Consume(message).ok());
+  ASSERT_NE(event_.header, nullptr);
+  EXPECT_EQ(event_.header->a_handle, "m-a");
+  EXPECT_EQ(event_.header->ChunkedBytes(), 8);  // B only
   EXPECT_EQ(Chunk(4, v1::OPERAND_A, 0, "abcdefgh").error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   ASSERT_TRUE(Chunk(4, v1::OPERAND_B, 0, "01234567").ok());
-  ASSERT_NE(complete_, nullptr);
-  EXPECT_EQ(complete_->a_handle, "m-a");
-  EXPECT_EQ(complete_->b, "01234567");
+  EXPECT_TRUE(Last());
+  EXPECT_EQ(Delivered(4, v1::OPERAND_B), "01234567");
 
   h->set_gemm_id(5);
   h->set_b_handle("m-b");
   h->set_keep_c_resident(true);
-  ASSERT_TRUE(assembler_.Consume(message, &complete_).ok());
-  ASSERT_NE(complete_, nullptr);  // both resident: complete at the header
-  EXPECT_TRUE(complete_->keep_c);
+  ASSERT_TRUE(Consume(message).ok());
+  ASSERT_NE(event_.header, nullptr);
+  EXPECT_EQ(event_.header->ChunkedBytes(), 0);  // both resident: no chunks to wait for
+  EXPECT_TRUE(event_.header->keep_c);
+  EXPECT_TRUE(assembler_.Incomplete().empty());
 }
 
 TEST_F(StreamAssemblerTest, PendingBytesAreBounded) {

@@ -59,9 +59,12 @@ class Backend {
   // be passed. Thread-safe.
   virtual grpc::Status AllocateResident(int device_index, int64_t bytes,
                                         std::shared_ptr<ResidentBuffer>* buffer) = 0;
-  // Copies host bytes into / out of a resident buffer; blocks until done. Thread-safe.
-  // REQUIRES: `host` holds buffer.bytes bytes.
-  virtual grpc::Status WriteResident(ResidentBuffer& buffer, const void* host) = 0;
+  // Copies `bytes` host bytes to `offset` in a resident buffer; blocks until done. Calls for
+  // disjoint ranges may run concurrently (streamed operands are written chunk by chunk).
+  // REQUIRES: offset + bytes <= buffer.bytes.
+  virtual grpc::Status WriteResident(ResidentBuffer& buffer, int64_t offset, const void* host,
+                                     int64_t bytes) = 0;
+  // Copies the whole buffer to `host` (buffer.bytes bytes); blocks until done. Thread-safe.
   virtual grpc::Status ReadResident(const ResidentBuffer& buffer, void* host) = 0;
 
   // False once a device fault has made the backend unusable (health turns NOT_SERVING).

@@ -50,8 +50,9 @@ class CpuBackend final : public Backend {
     return grpc::Status::OK;
   }
 
-  grpc::Status WriteResident(ResidentBuffer& buffer, const void* host) override {
-    std::memcpy(buffer.data, host, buffer.bytes);
+  grpc::Status WriteResident(ResidentBuffer& buffer, int64_t offset, const void* host,
+                             int64_t bytes) override {
+    std::memcpy(static_cast<char*>(buffer.data) + offset, host, bytes);
     return grpc::Status::OK;
   }
 

@@ -212,7 +212,8 @@ class CudaBackend final : public Backend {
 
   grpc::Status AllocateResident(int device_index, int64_t bytes,
                                 std::shared_ptr<ResidentBuffer>* buffer) override;
-  grpc::Status WriteResident(ResidentBuffer& buffer, const void* host) override;
+  grpc::Status WriteResident(ResidentBuffer& buffer, int64_t offset, const void* host,
+                             int64_t bytes) override;
   grpc::Status ReadResident(const ResidentBuffer& buffer, void* host) override;
 
   bool Healthy() const override {
@@ -226,6 +227,8 @@ class CudaBackend final : public Backend {
   std::string InitSlot(Slot& slot);
   grpc::Status Fail(Slot& slot, cudaError_t e, const std::string& what);
   grpc::Status EnsureCapacity(Slot& slot, size_t bytes);
+  grpc::Status CopyResident(Device& device, void* dst, const void* src, int64_t bytes,
+                            cudaMemcpyKind kind);
   grpc::Status CopyToDevice(Slot& slot, char* dst, const char* src, size_t bytes);
   grpc::Status CopyToHost(Slot& slot, char* dst, const char* src, size_t bytes,
                           double* d2h_ms);
@@ -349,26 +352,35 @@ grpc::Status CudaBackend::AllocateResident(int device_index, int64_t bytes,
   return grpc::Status::OK;
 }
 
-grpc::Status CudaBackend::WriteResident(ResidentBuffer& buffer, const void* host) {
-  const Device& device = *devices_[buffer.device_index];
-  cudaSetDevice(device.ordinal);
-  if (cudaError_t e = cudaMemcpy(buffer.data, host, buffer.bytes, cudaMemcpyHostToDevice);
-      e != cudaSuccess) {
-    return status::BackendFailure(fmt::format("device {}: upload: {}", device.ordinal,
-                                              cudaGetErrorString(e)));
-  }
-  return grpc::Status::OK;
+grpc::Status CudaBackend::WriteResident(ResidentBuffer& buffer, int64_t offset, const void* host,
+                                        int64_t bytes) {
+  return CopyResident(*devices_[buffer.device_index], static_cast<char*>(buffer.data) + offset,
+                      host, bytes, cudaMemcpyHostToDevice);
 }
 
 grpc::Status CudaBackend::ReadResident(const ResidentBuffer& buffer, void* host) {
-  const Device& device = *devices_[buffer.device_index];
+  return CopyResident(*devices_[buffer.device_index], host, buffer.data, buffer.bytes,
+                      cudaMemcpyDeviceToHost);
+}
+
+// Runs on the calling thread's own default stream (cudaStreamPerThread), so that copies from
+// several threads, and the slots' streams, do not wait for each other.
+grpc::Status CudaBackend::CopyResident(Device& device, void* dst, const void* src, int64_t bytes,
+                                       cudaMemcpyKind kind) {
   cudaSetDevice(device.ordinal);
-  if (cudaError_t e = cudaMemcpy(host, buffer.data, buffer.bytes, cudaMemcpyDeviceToHost);
-      e != cudaSuccess) {
-    return status::BackendFailure(fmt::format("device {}: download: {}", device.ordinal,
-                                              cudaGetErrorString(e)));
+  cudaError_t e = cudaMemcpyAsync(dst, src, bytes, kind, cudaStreamPerThread);
+  if (e == cudaSuccess) e = cudaStreamSynchronize(cudaStreamPerThread);
+  if (e == cudaSuccess) return grpc::Status::OK;
+  cudaGetLastError();
+  std::string message = fmt::format(
+      "device {}: {} of a resident matrix: {}", device.ordinal,
+      kind == cudaMemcpyHostToDevice ? "upload" : "download", cudaGetErrorString(e));
+  if (IsStickyError(e)) {
+    device.healthy = false;
+    message += " (the device is unusable until the server restarts)";
   }
-  return grpc::Status::OK;
+  spdlog::error("{}", message);
+  return status::BackendFailure(message);
 }
 
 // Host → pinned piece → device, piece by piece: copying piece i+1 on the host overlaps the

@@ -127,8 +127,8 @@ TEST_F(CudaBackendTest, ResidentOperandsAndKeptResult) {
   std::shared_ptr<ResidentBuffer> a_dev, b_dev;
   ASSERT_TRUE(backend_->AllocateResident(0, 2 * m * k, &a_dev).ok());
   ASSERT_TRUE(backend_->AllocateResident(0, 2 * k * n, &b_dev).ok());
-  ASSERT_TRUE(backend_->WriteResident(*a_dev, a.data()).ok());
-  ASSERT_TRUE(backend_->WriteResident(*b_dev, b.data()).ok());
+  ASSERT_TRUE(backend_->WriteResident(*a_dev, 0, a.data(), a_dev->bytes).ok());
+  ASSERT_TRUE(backend_->WriteResident(*b_dev, 0, b.data(), b_dev->bytes).ok());
   std::vector<float> reference = ReferenceGemm(a.data(), b.data(), m, n, k);
   for (bool a_resident : {false, true}) {
     GemmJob job;

@@ -25,13 +25,32 @@ Scheduler::Scheduler(Backend* backend, const SchedulerOptions& options)
 
 Scheduler::~Scheduler() { Shutdown(); }
 
-grpc::Status Scheduler::Enqueue(GemmJob job, GemmDone done) {
-  const int64_t bytes = job.shape.Bytes();
+grpc::Status Scheduler::CheckSize(const GemmShape& shape) const {
+  const int64_t bytes = shape.Bytes();
   if (bytes > options_.max_queued_bytes || bytes > backend_->MaxJobBytes()) {
     return status::OverLimit(fmt::format(
         "the GEMM needs {} bytes of operands and result; this server takes at most {} per GEMM",
         bytes, std::min(options_.max_queued_bytes, backend_->MaxJobBytes())));
   }
+  return grpc::Status::OK;
+}
+
+int Scheduler::LeastLoadedDevice() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return LeastLoadedDeviceLocked();
+}
+
+int Scheduler::LeastLoadedDeviceLocked() const {
+  std::vector<double> loads;
+  for (const DeviceQueue& d : devices_) {
+    loads.push_back(double(d.entries.size() + d.running) / std::max(d.slots, 1));
+  }
+  return PickLeastLoaded(loads);
+}
+
+grpc::Status Scheduler::Enqueue(GemmJob job, GemmDone done) {
+  if (grpc::Status s = CheckSize(job.shape); !s.ok()) return s;
+  const int64_t bytes = job.shape.Bytes();
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (stopping_) return status::ShuttingDown();
@@ -42,15 +61,8 @@ grpc::Status Scheduler::Enqueue(GemmJob job, GemmDone done) {
       return status::QueueFull(fmt::format("queue full: {} of {} bytes admitted", admitted_bytes_,
                                            options_.max_queued_bytes));
     }
-    int device_index = job.device_index;
-    if (device_index < 0) {
-      std::vector<double> loads;
-      for (const DeviceQueue& d : devices_) {
-        loads.push_back(double(d.entries.size() + d.running) / std::max(d.slots, 1));
-      }
-      device_index = PickLeastLoaded(loads);
-    }
-    DeviceQueue& device = devices_[device_index];
+    DeviceQueue& device =
+        devices_[job.device_index >= 0 ? job.device_index : LeastLoadedDeviceLocked()];
     device.entries.push_back({std::move(job), std::move(done), Clock::now()});
     queued_++;
     admitted_total_++;

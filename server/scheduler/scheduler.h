@@ -45,6 +45,13 @@ class Scheduler {
   // with the backend's status, DEADLINE_EXCEEDED or CANCELLED. Never calls `done` inline.
   grpc::Status Enqueue(GemmJob job, GemmDone done);
 
+  // RESOURCE_EXHAUSTED if a GEMM of `shape` is larger than one job may be (Enqueue says the
+  // same); lets a stream refuse a GEMM before its operands arrive.
+  grpc::Status CheckSize(const GemmShape& shape) const;
+
+  // The device (Backend::Devices() index) a job that is not pinned would go to now.
+  int LeastLoadedDevice() const;
+
   // Stops admitting, runs every admitted job, and joins the workers. Idempotent.
   void Shutdown();
 
@@ -69,6 +76,7 @@ class Scheduler {
     int slots = 0;
   };
 
+  int LeastLoadedDeviceLocked() const;
   void WorkerLoop(int slot);
   void RunEntry(int slot, Entry& entry);
 

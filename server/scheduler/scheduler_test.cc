@@ -28,7 +28,7 @@ class GatedBackend final : public Backend {
   grpc::Status AllocateResident(int, int64_t, std::shared_ptr<ResidentBuffer>*) override {
     return grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "");
   }
-  grpc::Status WriteResident(ResidentBuffer&, const void*) override { return grpc::Status::OK; }
+  grpc::Status WriteResident(ResidentBuffer&, int64_t, const void*, int64_t) override { return grpc::Status::OK; }
   grpc::Status ReadResident(const ResidentBuffer&, void*) override { return grpc::Status::OK; }
 
   grpc::Status Run(int slot, const GemmJob& job, GemmReport* report) override {

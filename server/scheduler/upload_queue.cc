@@ -1,0 +1,49 @@
+#include "server/scheduler/upload_queue.h"
+
+#include "server/scheduler/job.h"
+
+namespace hgemm {
+
+UploadQueue::UploadQueue(Backend* backend, int threads) : backend_(backend) {
+  for (int i = 0; i < threads; ++i) workers_.emplace_back([this] { WorkerLoop(); });
+}
+
+UploadQueue::~UploadQueue() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  work_available_.notify_all();
+  for (std::thread& worker : workers_) worker.join();
+}
+
+void UploadQueue::Write(std::shared_ptr<ResidentBuffer> buffer, int64_t offset, std::string data,
+                        WriteDone done) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    tasks_.push_back({std::move(buffer), offset, std::move(data), std::move(done)});
+  }
+  work_available_.notify_one();
+}
+
+void UploadQueue::WorkerLoop() {
+  while (true) {
+    Task task;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      work_available_.wait(lock, [&] { return stopping_ || !tasks_.empty(); });
+      if (tasks_.empty()) return;  // stopping, and nothing left
+      task = std::move(tasks_.front());
+      tasks_.pop_front();
+    }
+    const auto start = Clock::now();
+    grpc::Status s = backend_->WriteResident(*task.buffer, task.offset, task.data.data(),
+                                             int64_t(task.data.size()));
+    const double copy_ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+    task.data = std::string();  // free the chunk before the callback runs
+    task.buffer.reset();
+    task.done(s, copy_ms);
+  }
+}
+
+}  // namespace hgemm
