@@ -6,7 +6,10 @@
 #   overlap   aggregate throughput with 1 vs 4 CUDA streams at the same client concurrency
 #   resident  operands kept on the GPU: B resident vs both sent (128x8192 by 8192x8192), and
 #             A, B, C resident at 4096³ and 8192³ (client-visible time vs kernel time)
+#   latency   bench/completion_latency: how soon a waiting host thread sees a kernel end, and
+#             cudaMalloc/cudaFree costs (the fixed costs of a resident GEMM)
 #   load      bench/load_run.sh (the load generator's sweep), when its binaries are bundled
+#   load-resident  bench/load_run.sh --resident-only (all-resident latency vs the RPC floor)
 #
 # Here:   tools/gpu_e2e.sh --bundle     (builds -c opt, gathers the binaries into .gpu-serve/ and
 #                                        packs them into .gpu-pack/serve.tar.xz, small enough to carry)
@@ -16,10 +19,10 @@ cd "$(dirname "$0")/.."
 
 if [[ ${1:-} == --bundle ]]; then
   bazel build -c opt //server:hgemm_server //client:hgemm_client //server/backend:cuda_backend_test \
-    //bench:hgemm_load //bench:echo_server
+    //bench:hgemm_load //bench:echo_server //bench:completion_latency
   ../shared/tools/gpu-bundle.sh --out .gpu-serve bazel-bin/server/hgemm_server \
     bazel-bin/client/hgemm_client bazel-bin/server/backend/cuda_backend_test \
-    bazel-bin/bench/hgemm_load bazel-bin/bench/echo_server
+    bazel-bin/bench/hgemm_load bazel-bin/bench/echo_server bazel-bin/bench/completion_latency
   mkdir -p .gpu-pack
   grep -qx "/.gpu-pack/" .git/info/exclude || echo "/.gpu-pack/" >> .git/info/exclude
   tar -cJf .gpu-pack/serve.tar.xz .gpu-serve
@@ -38,6 +41,11 @@ if want tests; then
   echo "== cuda_backend_test"
   timeout 300 cuda_backend_test 2>&1 | tee "$out/cuda_backend_test.log" |
     grep -E "^\[ +(OK|FAILED|SKIPPED|PASSED) |Failure|error" | head -40 || true
+fi
+
+if want latency; then
+  echo "== completion latency"
+  timeout 120 completion_latency 2>&1 | tee "$out/completion_latency.log"
 fi
 
 port=50151
@@ -138,4 +146,8 @@ grep -c "status=0" "$out"/server_s*.log || true
 if want load; then
   echo "== load generator sweep"
   timeout 260 bench/load_run.sh --bin "$PWD/.gpu-serve/bin" || echo "FAILED: load_run.sh"
+fi
+if want load-resident; then
+  echo "== load generator: resident operands"
+  timeout 400 bench/load_run.sh --resident-only --bin "$PWD/.gpu-serve/bin" || echo "FAILED: load_run.sh"
 fi
