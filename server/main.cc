@@ -69,6 +69,11 @@ int main(int argc, char** argv) {
   app.add_option("--resident_ttl_s", resident_ttl_s,
                  "default time to live of resident matrices after their last use (0: none)")
       ->envname("HGEMM_RESIDENT_TTL_S")->check(CLI::NonNegativeNumber)->capture_default_str();
+  app.add_flag("--resident_copy_to_idle_device",
+               server_options.service.scheduler.copy_resident_to_idle_device,
+               "run a GEMM whose resident operands live on a saturated GPU on an idle one, copying "
+               "the operands over")
+      ->envname("HGEMM_RESIDENT_COPY_TO_IDLE_DEVICE")->capture_default_str();
   app.add_flag("--resident_lru_eviction", server_options.service.resident.lru_eviction,
                "when device memory is full, evict least recently used resident matrices")
       ->envname("HGEMM_RESIDENT_LRU_EVICTION");

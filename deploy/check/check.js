@@ -41,6 +41,7 @@ const SERVER_ENV = {
   HGEMM_PREALLOCATE_BYTES_PER_STREAM: intIn(0, Number.MAX_SAFE_INTEGER),
   HGEMM_DEVICE_MEMORY_FRACTION: (v) => (/^\d*\.?\d+$/.test(v) && Number(v) >= 0.05 && Number(v) <= 0.98) || "a number in [0.05, 0.98]",
   HGEMM_UPLOAD_THREADS: intIn(1, 64),
+  HGEMM_RESIDENT_COPY_TO_IDLE_DEVICE: (v) => ["true", "false", "1", "0"].includes(v) || "true|false",
   HGEMM_CPU_WORKERS: intIn(1, 256),
   HGEMM_MAX_ELEMENTS_PER_MATRIX: intIn(1, Number.MAX_SAFE_INTEGER),
   HGEMM_MAX_QUEUED_REQUESTS: intIn(1, Number.MAX_SAFE_INTEGER),

@@ -51,7 +51,8 @@ class Backend {
   // Runs `job` to completion on `slot`: job.c holds C when it returns OK (or, with job.keep_c,
   // report->c_resident does). `job.kernel` is a name from Kernels() or "auto" (validated
   // before). Fills everything in `report` but queue_wait_ms and server_total_ms.
-  // REQUIRES: one caller per slot at a time; resident operands live on SlotDevice(slot).
+  // Resident operands on another device than SlotDevice(slot) are copied over for this run.
+  // REQUIRES: one caller per slot at a time.
   virtual grpc::Status Run(int slot, const GemmJob& job, GemmReport* report) = 0;
 
   // A buffer of `bytes` on device `device_index` (Devices() index) for a resident matrix.

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <tuple>
 
 #include "kernels/registry.h"
 #include "server/status_util.h"
@@ -168,6 +169,7 @@ class CudaBackend final : public Backend {
       }
       devices_.push_back(std::move(device));
     }
+    EnablePeerAccess();
     return "";
   }
 
@@ -225,6 +227,9 @@ class CudaBackend final : public Backend {
 
  private:
   std::string InitSlot(Slot& slot);
+  // Direct device-to-device copies where the hardware allows them (NVLink, PCIe P2P); resident
+  // operands copied to an idle device otherwise go through the host.
+  void EnablePeerAccess();
   grpc::Status Fail(Slot& slot, cudaError_t e, const std::string& what);
   grpc::Status EnsureCapacity(Slot& slot, size_t bytes);
   grpc::Status CopyResident(Device& device, void* dst, const void* src, int64_t bytes,
@@ -282,6 +287,25 @@ std::string CudaBackend::InitSlot(Slot& slot) {
   }
   if (error.empty()) slot.launch_context = std::make_unique<k::LaunchContext>(slot.stream);
   return error;
+}
+
+void CudaBackend::EnablePeerAccess() {
+  for (const auto& from : devices_) {
+    for (const auto& to : devices_) {
+      int can = 0;
+      if (from == to || cudaDeviceCanAccessPeer(&can, from->ordinal, to->ordinal) != cudaSuccess ||
+          !can) {
+        continue;
+      }
+      cudaSetDevice(from->ordinal);
+      if (cudaError_t e = cudaDeviceEnablePeerAccess(to->ordinal, 0);
+          e != cudaSuccess && e != cudaErrorPeerAccessAlreadyEnabled) {
+        spdlog::warn("device {} → {}: no peer access ({})", from->ordinal, to->ordinal,
+                     cudaGetErrorString(e));
+      }
+      cudaGetLastError();
+    }
+  }
 }
 
 grpc::Status CudaBackend::Fail(Slot& slot, cudaError_t e, const std::string& what) {
@@ -448,9 +472,13 @@ grpc::Status CudaBackend::Run(int slot_index, const GemmJob& job, GemmReport* re
   const GemmShape& shape = job.shape;
   const size_t a_bytes = 2 * shape.m * shape.k, b_bytes = 2 * shape.k * shape.n,
                c_bytes = 2 * shape.m * shape.n;
-  // The slot's buffers hold only what is not resident.
-  const size_t a_space = job.a_resident ? 0 : AlignUp(a_bytes);
-  const size_t b_space = job.b_resident ? 0 : AlignUp(b_bytes);
+  // The slot's buffers hold what is not resident here: operands sent as bytes, and resident
+  // operands of another device (the scheduler moved the job), copied over for this run.
+  const int here = SlotDevice(slot_index);
+  const bool a_here = job.a_resident && job.a_resident->device_index == here;
+  const bool b_here = job.b_resident && job.b_resident->device_index == here;
+  const size_t a_space = a_here ? 0 : AlignUp(a_bytes);
+  const size_t b_space = b_here ? 0 : AlignUp(b_bytes);
   if (grpc::Status s = EnsureCapacity(slot, a_space + b_space + (job.keep_c ? 0 : c_bytes));
       !s.ok()) {
     return s;
@@ -459,9 +487,8 @@ grpc::Status CudaBackend::Run(int slot_index, const GemmJob& job, GemmReport* re
     grpc::Status s = AllocateResident(SlotDevice(slot_index), c_bytes, &report->c_resident);
     if (!s.ok()) return s;
   }
-  char* d_a = job.a_resident ? static_cast<char*>(job.a_resident->data) : slot.device_buffer;
-  char* d_b = job.b_resident ? static_cast<char*>(job.b_resident->data)
-                             : slot.device_buffer + a_space;
+  char* d_a = a_here ? static_cast<char*>(job.a_resident->data) : slot.device_buffer;
+  char* d_b = b_here ? static_cast<char*>(job.b_resident->data) : slot.device_buffer + a_space;
   char* d_c = job.keep_c ? static_cast<char*>(report->c_resident->data)
                          : slot.device_buffer + a_space + b_space;
 
@@ -484,13 +511,18 @@ grpc::Status CudaBackend::Run(int slot_index, const GemmJob& job, GemmReport* re
   }
 
   CUDA_TRY(slot, cudaEventRecord(slot.start, slot.stream));
-  if (!job.a_resident) {
-    grpc::Status s = CopyToDevice(slot, d_a, reinterpret_cast<const char*>(job.a), a_bytes);
-    if (!s.ok()) return s;
-  }
-  if (!job.b_resident) {
-    grpc::Status s = CopyToDevice(slot, d_b, reinterpret_cast<const char*>(job.b), b_bytes);
-    if (!s.ok()) return s;
+  for (auto [resident, here_already, dst, host, bytes] :
+       {std::tuple{job.a_resident.get(), a_here, d_a, job.a, a_bytes},
+        std::tuple{job.b_resident.get(), b_here, d_b, job.b, b_bytes}}) {
+    if (here_already) continue;
+    if (resident != nullptr) {
+      CUDA_TRY(slot, cudaMemcpyPeerAsync(dst, device.ordinal, resident->data,
+                                         devices_[resident->device_index]->ordinal, bytes,
+                                         slot.stream));
+    } else if (grpc::Status s = CopyToDevice(slot, dst, reinterpret_cast<const char*>(host), bytes);
+               !s.ok()) {
+      return s;
+    }
   }
   CUDA_TRY(slot, cudaEventRecord(slot.h2d_done, slot.stream));
   if (std::string error = k::Launch(*variant, problem, *slot.launch_context); !error.empty()) {

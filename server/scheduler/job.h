@@ -74,7 +74,8 @@ struct GemmJob {
   std::shared_ptr<ResidentBuffer> b_resident;
   // Leave C on the backend: Run allocates it and returns it in GemmReport::c_resident.
   bool keep_c = false;
-  // The device the job must run on (where its resident operands are); -1: any.
+  // The device holding the job's resident operands, where it runs (unless the scheduler moves
+  // it to an idle device: SchedulerOptions::copy_resident_to_idle_device); -1: any.
   int device_index = -1;
   Clock::time_point deadline = Clock::time_point::max();
   // True once the client has gone away; checked before the job runs. May be empty.

@@ -61,23 +61,36 @@ grpc::Status Scheduler::Enqueue(GemmJob job, GemmDone done) {
       return status::QueueFull(fmt::format("queue full: {} of {} bytes admitted", admitted_bytes_,
                                            options_.max_queued_bytes));
     }
-    DeviceQueue& device =
-        devices_[job.device_index >= 0 ? job.device_index : LeastLoadedDeviceLocked()];
+    DeviceQueue& device = devices_[PlaceLocked(job)];
     device.entries.push_back({std::move(job), std::move(done), Clock::now()});
     queued_++;
     admitted_total_++;
     admitted_bytes_ += bytes;
+    device.work_available.notify_one();
   }
-  work_available_.notify_all();
   return grpc::Status::OK;
+}
+
+int Scheduler::PlaceLocked(const GemmJob& job) const {
+  if (job.device_index < 0) return LeastLoadedDeviceLocked();
+  const DeviceQueue& home = devices_[job.device_index];
+  if (!options_.copy_resident_to_idle_device ||
+      int64_t(home.entries.size()) + home.running < home.slots) {
+    return job.device_index;
+  }
+  // Home is saturated: an idle device is quicker, even after copying the operands over.
+  for (size_t d = 0; d < devices_.size(); ++d) {
+    if (devices_[d].entries.empty() && devices_[d].running == 0) return int(d);
+  }
+  return job.device_index;
 }
 
 void Scheduler::Shutdown() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     stopping_ = true;
+    for (DeviceQueue& d : devices_) d.work_available.notify_all();
   }
-  work_available_.notify_all();
   for (std::thread& worker : workers_) {
     if (worker.joinable()) worker.join();
   }
@@ -99,7 +112,7 @@ void Scheduler::WorkerLoop(int slot) {
     Entry entry;
     {
       std::unique_lock<std::mutex> lock(mu_);
-      work_available_.wait(lock, [&] { return stopping_ || !device.entries.empty(); });
+      device.work_available.wait(lock, [&] { return stopping_ || !device.entries.empty(); });
       if (device.entries.empty()) return;  // stopping, and nothing left to drain
       entry = std::move(device.entries.front());
       device.entries.pop_front();

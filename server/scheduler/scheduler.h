@@ -1,8 +1,8 @@
 // Scheduler: admission control and the queue between the transport and a Backend.
 //
 // Each backend device has a FIFO queue; a new job goes to the device it is pinned to (where its
-// resident operands live) or else to the one with the fewest outstanding (queued + running)
-// jobs per slot. One worker thread per backend slot pulls from
+// resident operands live; optionally an idle device when that one is saturated) or else to the
+// one with the fewest outstanding (queued + running) jobs per slot. One worker thread per backend slot pulls from
 // its device's queue and runs jobs to completion, so the jobs of different slots (CUDA
 // streams) overlap. Admission is bounded by queued jobs and by bytes of admitted jobs.
 // Thread safety: all methods are thread-safe.
@@ -27,6 +27,9 @@ struct SchedulerOptions {
   // Operand + result bytes of all admitted (queued or running) jobs; a job that would pass it
   // → UNAVAILABLE, a job larger than it on its own → RESOURCE_EXHAUSTED.
   int64_t max_queued_bytes = int64_t{16} << 30;
+  // A job whose resident operands live on a device with every slot busy runs on an idle
+  // device instead, which copies the operands over (device to device) for that run.
+  bool copy_resident_to_idle_device = false;
 };
 
 // The index of the smallest load; ties go to the lowest index. REQUIRES: !loads.empty().
@@ -74,9 +77,12 @@ class Scheduler {
     std::deque<Entry> entries;
     int64_t running = 0;
     int slots = 0;
+    std::condition_variable work_available;  // wakes one of this device's workers
   };
 
   int LeastLoadedDeviceLocked() const;
+  // The device whose queue `job` joins.
+  int PlaceLocked(const GemmJob& job) const;
   void WorkerLoop(int slot);
   void RunEntry(int slot, Entry& entry);
 
@@ -84,7 +90,6 @@ class Scheduler {
   const SchedulerOptions options_;
 
   mutable std::mutex mu_;
-  std::condition_variable work_available_;
   std::vector<DeviceQueue> devices_;  // guarded by mu_
   int64_t queued_ = 0;                // guarded by mu_
   int64_t admitted_bytes_ = 0;        // guarded by mu_

@@ -207,6 +207,24 @@ TEST(Scheduler, JobPinnedToADeviceRunsThere) {
   for (auto& [code, report] : results.done) EXPECT_EQ(report.device_id, 1);
 }
 
+TEST(Scheduler, SaturatedHomeDeviceHandsResidentJobToAnIdleOneOnlyWhenAllowed) {
+  for (bool allowed : {false, true}) {
+    GatedBackend backend(2, 1);
+    Scheduler scheduler(&backend, {.copy_resident_to_idle_device = allowed});
+    Results results;
+    GemmJob job = Job();
+    job.device_index = 0;
+    ASSERT_TRUE(scheduler.Enqueue(job, results.Callback()).ok());
+    backend.WaitRunning(1);  // device 0's only slot is busy, device 1 idle
+    ASSERT_TRUE(scheduler.Enqueue(job, results.Callback()).ok());
+    if (allowed) backend.WaitRunning(2);
+    backend.Open();
+    results.WaitFor(2);
+    EXPECT_EQ(results.done[0].second.device_id + results.done[1].second.device_id, allowed ? 1 : 0)
+        << "allowed=" << allowed;
+  }
+}
+
 TEST(Scheduler, ShutdownRunsAdmittedJobsThenRefuses) {
   GatedBackend backend(1, 1);
   Scheduler scheduler(&backend, {});
