@@ -188,6 +188,8 @@ grpc::Status GemmClient::DownloadMatrix(const std::string& handle, std::string* 
     if (chunk.offset() != data->size()) {
       return grpc::Status(grpc::StatusCode::INTERNAL, "download chunks out of order");
     }
+    // Growing the buffer mid-download would stall the reads (and so the server's writes).
+    if (chunk.offset() == 0) data->reserve(chunk.total_bytes());
     data->append(chunk.data());
   }
   return stream->Finish();

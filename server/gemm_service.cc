@@ -673,6 +673,7 @@ class DownloadMatrixReactor final : public grpc::ServerWriteReactor<v1::ResultCh
     const int64_t size = std::min<int64_t>(chunk_bytes_, data_.size() - offset_);
     chunk_.set_offset(offset_);
     chunk_.set_data(data_.data() + offset_, size);
+    chunk_.set_total_bytes(offset_ == 0 ? data_.size() : 0);
     offset_ += size;
     StartWrite(&chunk_);
   }
