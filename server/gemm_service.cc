@@ -327,6 +327,10 @@ class GemmStreamReactor final
     call->streamed.job.b_resident.reset();
     if (!call->refused.ok()) return Complete(call, call->refused, GemmReport{});
     if (!job.keep_c) {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        call->c = std::move(spare_c_);
+      }
       call->c.resize(2 * job.shape.m * job.shape.n);
       job.c = reinterpret_cast<uint16_t*>(call->c.data());
     }
@@ -360,30 +364,38 @@ class GemmStreamReactor final
     if (writing_ || outgoing_.empty()) return;
     Call& out = *outgoing_.front();
     const StreamedGemm& gemm = out.streamed;
-    response_.Clear();
-    response_.set_gemm_id(gemm.gemm_id);
     const int64_t c_bytes = out.c.size();
     if (out.next_offset < c_bytes) {
+      // chunk_message_ stays a chunk, so its 1 MiB buffer is reused: reallocating it per
+      // message (as Clear() on the oneof would) cost more than the copy itself.
       const int64_t size = std::min(service_.options_.stream_chunk_bytes, c_bytes - out.next_offset);
-      v1::ResultChunk* chunk = response_.mutable_chunk();
+      chunk_message_.set_gemm_id(gemm.gemm_id);
+      v1::ResultChunk* chunk = chunk_message_.mutable_chunk();
       chunk->set_offset(out.next_offset);
       chunk->set_data(out.c.data() + out.next_offset, size);
       out.next_offset += size;
-    } else {
-      v1::GemmDone* done = response_.mutable_done();
-      done->set_status_code(out.status.error_code());
-      done->set_status_message(out.status.error_message());
-      done->set_request_id(gemm.job.request_id);
-      if (out.status.ok()) {
-        ToProto(gemm.job.shape, out.report, done->mutable_timing(), done->mutable_execution());
-        done->mutable_execution()->set_backend(service_.backend_->Name());
-        if (gemm.keep_c) *done->mutable_c_matrix() = out.c_matrix;
-      }
-      assembler_.Release(gemm.gemm_id);
-      outgoing_.pop_front();
+      writing_ = true;
+      StartWrite(&chunk_message_);
+      return;
     }
+    done_message_.Clear();
+    done_message_.set_gemm_id(gemm.gemm_id);
+    v1::GemmDone* done = done_message_.mutable_done();
+    done->set_status_code(out.status.error_code());
+    done->set_status_message(out.status.error_message());
+    done->set_request_id(gemm.job.request_id);
+    if (out.status.ok()) {
+      ToProto(gemm.job.shape, out.report, done->mutable_timing(), done->mutable_execution());
+      done->mutable_execution()->set_backend(service_.backend_->Name());
+      if (gemm.keep_c) *done->mutable_c_matrix() = out.c_matrix;
+    }
+    assembler_.Release(gemm.gemm_id);
+    // The next GEMM's C reuses this one's buffer: a fresh one per GEMM cost page faults that
+    // showed up as transport time on the H200 (128 MiB: tens of ms).
+    if (out.c.capacity() > spare_c_.capacity()) spare_c_ = std::move(out.c);
+    outgoing_.pop_front();
     writing_ = true;
-    StartWrite(&response_);
+    StartWrite(&done_message_);
   }
 
   void MaybeFinishLocked() {
@@ -412,7 +424,9 @@ class GemmStreamReactor final
   int64_t writes_in_flight_ = 0;                          // guarded by mu_; chunks being copied
   int64_t in_flight_ = 0;                                 // guarded by mu_; submitted, not completed
   std::deque<std::shared_ptr<Call>> outgoing_;            // guarded by mu_
-  v1::GemmStreamResponse response_;                       // guarded by mu_; the write in flight
+  std::string spare_c_;                                   // guarded by mu_; an answered C's buffer
+  v1::GemmStreamResponse chunk_message_;                  // guarded by mu_; written C chunks
+  v1::GemmStreamResponse done_message_;                   // guarded by mu_; written GemmDones
   bool writing_ = false;                                  // guarded by mu_
   bool broken_ = false;                                   // guarded by mu_; a write failed
   bool finished_ = false;                                 // guarded by mu_
