@@ -7,6 +7,7 @@
 #include <cmath>
 #include <condition_variable>
 #include <cstring>
+#include <functional>
 #include <mutex>
 #include <random>
 #include <regex>
@@ -319,37 +320,86 @@ bool WriteOperands(const v1::GemmRequest& r, int64_t chunk_bytes, WriteChunk wri
   return true;
 }
 
-// One GemmStream per worker, open for the whole point; one GEMM in flight on it. A broken
-// stream is finished (its status is the call's) and the next call opens a new one.
-class ServiceStreamCaller final : public Caller {
- public:
-  ServiceStreamCaller(std::shared_ptr<grpc::Channel> channel,
-                      std::chrono::system_clock::time_point deadline, int64_t chunk_bytes,
-                      const std::string& client_id, double timeout_s)
-      : stub_(v1::GemmService::NewStub(channel)),
-        deadline_(deadline),
-        chunk_bytes_(chunk_bytes),
-        client_id_(client_id) {
-    EnableRelease(std::move(channel), client_id, timeout_s);
-  }
-  ~ServiceStreamCaller() override {
+// What the stream callers share: one stream per worker, open for the whole point, one call in
+// flight on it. A broken stream is finished (its status is the call's) and the next call opens
+// a new one.
+template <typename Request, typename Reply>
+class StreamCaller : public Caller {
+ protected:
+  using Stream = grpc::ClientReaderWriter<Request, Reply>;
+  using Open = std::function<std::unique_ptr<Stream>(grpc::ClientContext*)>;
+
+  StreamCaller(std::chrono::system_clock::time_point deadline, std::string client_id, Open open)
+      : deadline_(deadline), client_id_(std::move(client_id)), open_(std::move(open)) {}
+  ~StreamCaller() override {
     if (!stream_) return;
     stream_->WritesDone();
     Drain();
   }
 
-  void Call(const Payload& p, const v1::GemmRequest& request, Sample* s) override {
+  // The open stream (opened now if there is none) and the id of the next call on it.
+  Stream* Next(uint64_t* id) {
     if (!stream_) {
       context_ = std::make_unique<grpc::ClientContext>();
       context_->set_deadline(deadline_);
       if (!client_id_.empty()) context_->AddMetadata("x-client-id", client_id_);
-      stream_ = stub_->GemmStream(context_.get());
+      stream_ = open_(context_.get());
     }
-    const uint64_t id = next_id_++;
-    if (!WriteStreamedGemm(request, id, chunk_bytes_, stream_.get())) return Broken(s);
+    *id = next_id_++;
+    return stream_.get();
+  }
+  void Drain() {
+    while (stream_->Read(&response_)) {
+    }
+    status_ = stream_->Finish();
+    stream_.reset();
+    context_.reset();
+  }
+  void Broken(Sample* s) {
+    Drain();
+    SetStatus(status_.ok() ? grpc::Status(grpc::StatusCode::UNKNOWN, "stream ended early") : status_, s);
+  }
+  // An answer that does not fit the call: the stream can't be trusted any more; cancel it and
+  // let the next call open a new one.
+  void ProtocolError(int code, const std::string& message, Sample* s) {
+    context_->TryCancel();
+    Drain();
+    SetError(code, message, s);
+  }
+
+  Reply response_;
+
+ private:
+  const std::chrono::system_clock::time_point deadline_;
+  const std::string client_id_;
+  const Open open_;
+  std::unique_ptr<grpc::ClientContext> context_;
+  std::unique_ptr<Stream> stream_;
+  grpc::Status status_;
+  uint64_t next_id_ = 0;
+};
+
+// GemmService.GemmStream: each call writes one GEMM and reads its C chunks and done.
+class ServiceStreamCaller final
+    : public StreamCaller<v1::GemmStreamRequest, v1::GemmStreamResponse> {
+ public:
+  ServiceStreamCaller(std::shared_ptr<grpc::Channel> channel,
+                      std::chrono::system_clock::time_point deadline, int64_t chunk_bytes,
+                      const std::string& client_id, double timeout_s)
+      : StreamCaller(deadline, client_id,
+                     [stub = std::shared_ptr(v1::GemmService::NewStub(channel))](
+                         grpc::ClientContext* context) { return stub->GemmStream(context); }),
+        chunk_bytes_(chunk_bytes) {
+    EnableRelease(std::move(channel), client_id, timeout_s);
+  }
+
+  void Call(const Payload& p, const v1::GemmRequest& request, Sample* s) override {
+    uint64_t id;
+    Stream* stream = Next(&id);
+    if (!WriteStreamedGemm(request, id, chunk_bytes_, stream)) return Broken(s);
     reply_.resize(request.keep_c_resident() ? 0 : p.shape.ReplyBytes());
     size_t received = 0;
-    while (stream_->Read(&response_)) {
+    while (stream->Read(&response_)) {
       if (response_.gemm_id() != id) {
         return ProtocolError(int(grpc::StatusCode::INTERNAL),
                              fmt::format("answer for gemm_id {}, expected {}", response_.gemm_id(), id), s);
@@ -375,60 +425,25 @@ class ServiceStreamCaller final : public Caller {
   }
 
  private:
-  void Drain() {
-    while (stream_->Read(&response_)) {
-    }
-    status_ = stream_->Finish();
-    stream_.reset();
-    context_.reset();
-  }
-  void Broken(Sample* s) {
-    Drain();
-    SetStatus(status_.ok() ? grpc::Status(grpc::StatusCode::UNKNOWN, "stream ended early") : status_, s);
-  }
-  // An answer that does not fit the call: the stream can't be trusted any more; cancel it and
-  // let the next call open a new one.
-  void ProtocolError(int code, const std::string& message, Sample* s) {
-    context_->TryCancel();
-    Drain();
-    SetError(code, message, s);
-  }
-
-  std::unique_ptr<v1::GemmService::Stub> stub_;
-  const std::chrono::system_clock::time_point deadline_;
   const int64_t chunk_bytes_;
-  const std::string client_id_;
-  std::unique_ptr<grpc::ClientContext> context_;
-  std::unique_ptr<grpc::ClientReaderWriter<v1::GemmStreamRequest, v1::GemmStreamResponse>> stream_;
-  v1::GemmStreamResponse response_;
-  grpc::Status status_;
-  uint64_t next_id_ = 0;
 };
 
 // EchoService.EchoStream, the same shape of traffic as ServiceStreamCaller: the same chunks up,
 // replies in the server's chunk size down, reassembled into one buffer as C is.
-class EchoStreamCaller final : public Caller {
+class EchoStreamCaller final : public StreamCaller<EchoStreamRequest, EchoStreamReply> {
  public:
   EchoStreamCaller(std::shared_ptr<grpc::Channel> channel,
                    std::chrono::system_clock::time_point deadline, int64_t chunk_bytes,
                    int64_t reply_chunk_bytes)
-      : stub_(EchoService::NewStub(std::move(channel))),
-        deadline_(deadline),
+      : StreamCaller(deadline, "",
+                     [stub = std::shared_ptr(EchoService::NewStub(std::move(channel)))](
+                         grpc::ClientContext* context) { return stub->EchoStream(context); }),
         chunk_bytes_(chunk_bytes),
         reply_chunk_bytes_(reply_chunk_bytes) {}
-  ~EchoStreamCaller() override {
-    if (!stream_) return;
-    stream_->WritesDone();
-    Drain();
-  }
 
   void Call(const Payload& p, const v1::GemmRequest& request, Sample* s) override {
-    if (!stream_) {
-      context_ = std::make_unique<grpc::ClientContext>();
-      context_->set_deadline(deadline_);
-      stream_ = stub_->EchoStream(context_.get());
-    }
-    const uint64_t id = next_id_++;
+    uint64_t id;
+    Stream* stream = Next(&id);
     EchoStreamRequest message;
     EchoHeader* header = message.mutable_header();
     header->set_call_id(id);
@@ -436,16 +451,16 @@ class EchoStreamCaller final : public Caller {
     header->set_request_bytes(OperandBytes(request));
     header->set_reply_bytes(reply_bytes);
     header->set_reply_chunk_bytes(reply_chunk_bytes_);
-    bool ok = stream_->Write(message);
+    bool ok = stream->Write(message);
     ok = ok && WriteOperands(request, chunk_bytes_,
                              [&](v1::Operand, size_t, const char* data, size_t n) {
                                message.set_data(data, n);
-                               return stream_->Write(message);
+                               return stream->Write(message);
                              });
     if (!ok) return Broken(s);
     reply_.resize(reply_bytes);
     size_t received = 0;
-    while (stream_->Read(&response_)) {
+    while (stream->Read(&response_)) {
       if (response_.call_id() != id) {
         return ProtocolError(int(grpc::StatusCode::INTERNAL), "answer for another call", s);
       }
@@ -465,34 +480,8 @@ class EchoStreamCaller final : public Caller {
   }
 
  private:
-  void Drain() {
-    while (stream_->Read(&response_)) {
-    }
-    status_ = stream_->Finish();
-    stream_.reset();
-    context_.reset();
-  }
-  void Broken(Sample* s) {
-    Drain();
-    SetStatus(status_.ok() ? grpc::Status(grpc::StatusCode::UNKNOWN, "stream ended early") : status_, s);
-  }
-  // An answer that does not fit the call: the stream can't be trusted any more; cancel it and
-  // let the next call open a new one.
-  void ProtocolError(int code, const std::string& message, Sample* s) {
-    context_->TryCancel();
-    Drain();
-    SetError(code, message, s);
-  }
-
-  std::unique_ptr<EchoService::Stub> stub_;
-  const std::chrono::system_clock::time_point deadline_;
   const int64_t chunk_bytes_;
   const int64_t reply_chunk_bytes_;
-  std::unique_ptr<grpc::ClientContext> context_;
-  std::unique_ptr<grpc::ClientReaderWriter<EchoStreamRequest, EchoStreamReply>> stream_;
-  EchoStreamReply response_;
-  grpc::Status status_;
-  uint64_t next_id_ = 0;
 };
 
 // Statistics of the successful samples among `samples` (of one shape, or all if shape < 0).
