@@ -3,7 +3,9 @@
 #   tests     the CUDA backend's GoogleTests
 #   e2e       hgemm_server (CUDA) on 127.0.0.1 driven by hgemm_client: odd shapes, both
 #             accumulations, cuBLAS, a streamed 8192³, all checked against a CPU reference
-#   overlap   aggregate throughput with 1 vs 4 CUDA streams at the same client concurrency
+#   overlap   aggregate throughput with 1 vs 4 CUDA streams at the same client concurrency:
+#             8 hgemm_client processes sending 2048³ operands (transport-bound), and hgemm_load
+#             with B resident (128x8192x8192, 16 workers: bound by the server's copies and kernels)
 #   resident  operands kept on the GPU: B resident vs both sent (128x8192 by 8192x8192), and
 #             A, B, C resident at 4096³ and 8192³ (client-visible time vs kernel time)
 #   latency   bench/completion_latency: how soon a waiting host thread sees a kernel end, and
@@ -138,6 +140,10 @@ print(f"streams={streams}: {n} GEMMs in {wall:.2f} s = {n/wall:.1f} GEMM/s, "
       f"kernel {statistics.mean(r[2] for r in rows):.3f} d2h {statistics.mean(r[3] for r in rows):.2f} "
       f"total {statistics.mean(r[4] for r in rows):.2f}; client ms {statistics.mean(r[5] for r in rows):.1f}")
 PY
+  # The same with little transport: B resident, A sent (2 MiB each way), so that the server's
+  # copies and kernels, not gRPC, bound the rate.
+  timeout 60 hgemm_load --server=127.0.0.1:$port --shapes=128x8192x8192 --resident=b --concurrency=16 \
+    --verify=1 --max_point_s=6 2>&1 | grep -E "^target|^service" | sed "s/^/streams=$streams: /"
 done
 fi
 stop_server
