@@ -88,11 +88,11 @@ grpc::Status GemmServiceImpl::ResolveResident(const std::string& owner,
           o.field, fmt::format("matrix '{}' is {}x{}; this GEMM needs {}x{}", o.handle, m.rows,
                                m.cols, o.rows, o.cols));
     }
-    if (job->device_index >= 0 && job->device_index != m.buffer->device_index) {
-      return status::InvalidArgument(
-          o.field, "a_handle and b_handle live on different devices; upload both to one device");
+    // A and B on different devices: run where the larger one lives; the backend copies the
+    // other one over for the run.
+    if (job->device_index < 0 || m.buffer->bytes > job->a_resident->bytes) {
+      job->device_index = m.buffer->device_index;
     }
-    job->device_index = m.buffer->device_index;
     *o.slot = m.buffer;
   }
   if (keep_c) {

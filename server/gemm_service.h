@@ -70,8 +70,9 @@ class GemmServiceImpl final : public v1::GemmService::CallbackService {
   friend class UploadMatrixReactor;
   friend class DownloadMatrixReactor;
 
-  // Puts the resident operands named by handle into `job` (their shapes must match, and both
-  // must live on one device, where the job is then pinned) and checks the quota for a kept C.
+  // Puts the resident operands named by handle into `job` (their shapes must match) and pins
+  // the job to their device (that of the larger one, if A and B live on different devices) and
+  // checks the quota for a kept C.
   grpc::Status ResolveResident(const std::string& owner, const std::string& a_handle,
                                const std::string& b_handle, bool keep_c, GemmJob* job) const;
   // Registers a kept C and describes it.

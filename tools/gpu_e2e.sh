@@ -10,6 +10,7 @@
 #             A, B, C resident at 4096³ and 8192³ (client-visible time vs kernel time)
 #   latency   bench/completion_latency: how soon a waiting host thread sees a kernel end, and
 #             cudaMalloc/cudaFree costs (the fixed costs of a resident GEMM)
+#   copy      --resident_copy_to_idle_device on one GPU posing as two devices (--devices=0,0)
 #   load      bench/load_run.sh (the load generator's sweep), when its binaries are bundled
 #   load-resident  bench/load_run.sh --resident-only (all-resident latency vs the RPC floor)
 #
@@ -148,6 +149,19 @@ done
 fi
 stop_server
 grep -c "status=0" "$out"/server_s*.log || true
+
+if want copy; then
+  echo "== resident operands copied to an idle device (--devices=0,0: two schedulers' devices on one GPU)"
+  for flag in "" --resident_copy_to_idle_device; do
+    hgemm_server --listen=127.0.0.1:$((port + 2)) --backend=cuda --devices=0,0 --streams_per_device=1 \
+      --device_memory_fraction=0.4 $flag >"$out/server_copy.log" 2>&1 &
+    copy_pid=$!
+    timeout 60 hgemm_load --server=127.0.0.1:$((port + 2)) --shapes=2048x2048x2048 --resident=all \
+      --concurrency=4 --verify=2 --max_point_s=5 2>&1 | grep -E "^verify|^target|^service" |
+      sed "s/^/${flag:-no copy}: /"
+    kill -TERM $copy_pid; wait $copy_pid || true
+  done
+fi
 
 if want load; then
   echo "== load generator sweep"

@@ -293,7 +293,8 @@ void CudaBackend::EnablePeerAccess() {
   for (const auto& from : devices_) {
     for (const auto& to : devices_) {
       int can = 0;
-      if (from == to || cudaDeviceCanAccessPeer(&can, from->ordinal, to->ordinal) != cudaSuccess ||
+      if (from->ordinal == to->ordinal ||
+          cudaDeviceCanAccessPeer(&can, from->ordinal, to->ordinal) != cudaSuccess ||
           !can) {
         continue;
       }

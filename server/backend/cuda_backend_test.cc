@@ -2,6 +2,8 @@
 // slots, buffer growth. Skips when no usable GPU is present.
 #include "server/backend/cuda_backend.h"
 
+#include <cuda_runtime.h>
+
 #include <gtest/gtest.h>
 
 #include <random>
@@ -145,6 +147,41 @@ TEST_F(CudaBackendTest, ResidentOperandsAndKeptResult) {
     EXPECT_LE(RelativeFrobeniusError(c.data(), reference.data(), m * n), 5e-4);
     EXPECT_EQ(report.device_to_host_ms, 0);
   }
+}
+
+// A job the scheduler moved off the device of its resident operands: the slot copies them over
+// (peer to peer between GPUs; with one GPU, both "devices" are that GPU and it is a device copy).
+TEST_F(CudaBackendTest, ResidentOperandsOfAnotherDeviceAreCopiedOver) {
+  int count = 0;
+  ASSERT_EQ(cudaGetDeviceCount(&count), cudaSuccess);
+  std::string error;
+  std::unique_ptr<Backend> two = MakeCudaBackend({.devices = {0, count > 1 ? 1 : 0},
+                                                  .streams_per_device = 1,
+                                                  .preallocate_bytes_per_stream = 1 << 20,
+                                                  .device_memory_fraction = 0.1},
+                                                 &error);
+  ASSERT_NE(two, nullptr) << error;
+  ASSERT_EQ(two->SlotDevice(1), 1);
+  const int64_t m = 260, n = 200, k = 300;
+  std::mt19937_64 rng(12);
+  std::vector<uint16_t> a = RandomHalfMatrix(m * k, rng), b = RandomHalfMatrix(k * n, rng);
+  std::shared_ptr<ResidentBuffer> a_dev, b_dev;
+  ASSERT_TRUE(two->AllocateResident(0, 2 * m * k, &a_dev).ok());
+  ASSERT_TRUE(two->AllocateResident(0, 2 * k * n, &b_dev).ok());
+  ASSERT_TRUE(two->WriteResident(*a_dev, 0, a.data(), a_dev->bytes).ok());
+  ASSERT_TRUE(two->WriteResident(*b_dev, 0, b.data(), b_dev->bytes).ok());
+  GemmJob job;
+  job.shape = {.m = m, .n = n, .k = k};
+  job.a_resident = a_dev;
+  job.b_resident = b_dev;
+  job.device_index = 0;
+  std::vector<uint16_t> c(m * n, 0xFFFF);
+  job.c = c.data();
+  GemmReport report;
+  ASSERT_TRUE(two->Run(1, job, &report).ok());  // slot 1 is device index 1
+  std::vector<float> reference = ReferenceGemm(a.data(), b.data(), m, n, k);
+  EXPECT_LE(RelativeFrobeniusError(c.data(), reference.data(), m * n), 5e-4);
+  EXPECT_GT(report.host_to_device_ms, 0);  // the copy of A and B
 }
 
 TEST_F(CudaBackendTest, FreedResidentBuffersAreReusedWithoutAllocating) {
