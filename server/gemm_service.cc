@@ -11,6 +11,7 @@
 #include <optional>
 #include <thread>
 #include <tuple>
+#include <utility>
 
 #include "server/status_util.h"
 #include "server/stream_assembler.h"
@@ -327,11 +328,7 @@ class GemmStreamReactor final
     call->streamed.job.b_resident.reset();
     if (!call->refused.ok()) return Complete(call, call->refused, GemmReport{});
     if (!job.keep_c) {
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        call->c = std::move(spare_c_);
-      }
-      call->c.resize(2 * job.shape.m * job.shape.n);
+      call->c = service_.result_buffers_.Take(2 * job.shape.m * job.shape.n);
       job.c = reinterpret_cast<uint16_t*>(call->c.data());
     }
     job.deadline = SteadyDeadline(context_);
@@ -346,7 +343,7 @@ class GemmStreamReactor final
   void Complete(std::shared_ptr<Call> call, const grpc::Status& status, const GemmReport& report) {
     call->status = status;
     call->report = report;
-    if (!status.ok()) call->c.clear();
+    if (!status.ok()) service_.result_buffers_.Give(std::exchange(call->c, {}));
     if (status.ok() && report.c_resident) {
       service_.KeepResult(owner_, call->streamed.job.shape, report, call->streamed.c_ttl_seconds,
                           &call->c_matrix);
@@ -390,9 +387,7 @@ class GemmStreamReactor final
       if (gemm.keep_c) *done->mutable_c_matrix() = out.c_matrix;
     }
     assembler_.Release(gemm.gemm_id);
-    // The next GEMM's C reuses this one's buffer: a fresh one per GEMM cost page faults that
-    // showed up as transport time on the H200 (128 MiB: tens of ms).
-    if (out.c.capacity() > spare_c_.capacity()) spare_c_ = std::move(out.c);
+    service_.result_buffers_.Give(std::move(out.c));
     outgoing_.pop_front();
     writing_ = true;
     StartWrite(&done_message_);
@@ -424,7 +419,6 @@ class GemmStreamReactor final
   int64_t writes_in_flight_ = 0;                          // guarded by mu_; chunks being copied
   int64_t in_flight_ = 0;                                 // guarded by mu_; submitted, not completed
   std::deque<std::shared_ptr<Call>> outgoing_;            // guarded by mu_
-  std::string spare_c_;                                   // guarded by mu_; an answered C's buffer
   v1::GemmStreamResponse chunk_message_;                  // guarded by mu_; written C chunks
   v1::GemmStreamResponse done_message_;                   // guarded by mu_; written GemmDones
   bool writing_ = false;                                  // guarded by mu_
@@ -659,7 +653,7 @@ class DownloadMatrixReactor final : public grpc::ServerWriteReactor<v1::ResultCh
  public:
   DownloadMatrixReactor(const GemmServiceImpl& service, grpc::CallbackServerContext* context,
                         const v1::DownloadMatrixRequest& request)
-      : chunk_bytes_(service.options_.stream_chunk_bytes) {
+      : chunk_bytes_(service.options_.stream_chunk_bytes), buffers_(service.result_buffers_) {
     ResidentMatrix m;
     grpc::Status s = service.store_->Lookup(ClientIdentity(context), request.handle(), "handle", &m);
     if (!s.ok()) {
@@ -667,7 +661,7 @@ class DownloadMatrixReactor final : public grpc::ServerWriteReactor<v1::ResultCh
       return;
     }
     std::thread([this, &service, buffer = m.buffer] {
-      data_.resize(buffer->bytes);
+      data_ = buffers_.Take(buffer->bytes);
       grpc::Status read = service.backend_->ReadResident(*buffer, data_.data());
       if (!read.ok()) return Finish(read);
       NextWrite();
@@ -679,7 +673,10 @@ class DownloadMatrixReactor final : public grpc::ServerWriteReactor<v1::ResultCh
     NextWrite();
   }
 
-  void OnDone() override { delete this; }
+  void OnDone() override {
+    buffers_.Give(std::move(data_));
+    delete this;
+  }
 
  private:
   void NextWrite() {
@@ -693,6 +690,7 @@ class DownloadMatrixReactor final : public grpc::ServerWriteReactor<v1::ResultCh
   }
 
   const int64_t chunk_bytes_;
+  HostBufferPool& buffers_;
   std::string data_;
   int64_t offset_ = 0;
   v1::ResultChunk chunk_;

@@ -12,6 +12,7 @@
 
 #include "proto/hgemm.grpc.pb.h"
 #include "server/backend/backend.h"
+#include "server/host_buffer_pool.h"
 #include "server/resident/matrix_store.h"
 #include "server/scheduler/scheduler.h"
 #include "server/scheduler/upload_queue.h"
@@ -27,6 +28,8 @@ struct ServiceOptions {
   int64_t stream_chunk_bytes = int64_t{1} << 20;
   // Operand bytes one stream may hold for GEMMs whose chunks are still arriving.
   int64_t max_stream_pending_bytes = int64_t{8} << 30;
+  // Idle host buffers kept for the next streamed C or download (see HostBufferPool).
+  int64_t result_buffer_pool_bytes = int64_t{1} << 30;
   // Reported in GetServerInfo.limits.
   int64_t max_message_bytes = 0;
   SchedulerOptions scheduler;
@@ -85,6 +88,7 @@ class GemmServiceImpl final : public v1::GemmService::CallbackService {
   MatrixStore* const store_;
   UploadQueue* const uploads_;
   const ServiceOptions options_;
+  mutable HostBufferPool result_buffers_{options_.result_buffer_pool_bytes};
 };
 
 // Fills the proto's timing and execution from a backend's report.
