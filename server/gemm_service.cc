@@ -243,11 +243,14 @@ class GemmStreamReactor final
     StreamedGemm streamed;  // its job gets the resident operands and the chunks' buffers
     grpc::Status refused;   // set at the header: its chunks are dropped, then it is answered
     WriteTally tally;       // guarded by mu_
-    // The answer:
+    // The answer (guarded by mu_ once the GEMM is submitted):
     std::string c;
+    int64_t c_ready = 0;     // C's bytes [0, c_ready) are final: they may be written out
+    int64_t next_offset = 0;  // C's bytes before it are written out
+    bool queued = false;      // in outgoing_
+    bool completed = false;   // status, report and c_matrix are set
     grpc::Status status;
     GemmReport report;
-    int64_t next_offset = 0;
     v1::MatrixInfo c_matrix;  // a kept C
   };
 
@@ -333,6 +336,13 @@ class GemmStreamReactor final
     }
     job.deadline = SteadyDeadline(context_);
     job.is_cancelled = [this] { return context_->IsCancelled(); };
+    // C goes out chunk by chunk while the rest of it is still coming off the device.
+    job.c_progress = [this, call](int64_t ready) {
+      std::lock_guard<std::mutex> lock(mu_);
+      call->c_ready = ready;
+      QueueLocked(call);
+      NextWriteLocked();
+    };
     grpc::Status s = service_.scheduler_->Enqueue(
         std::move(job), [this, call](const grpc::Status& status, const GemmReport& report) {
           Complete(call, status, report);
@@ -341,31 +351,47 @@ class GemmStreamReactor final
   }
 
   void Complete(std::shared_ptr<Call> call, const grpc::Status& status, const GemmReport& report) {
-    call->status = status;
-    call->report = report;
-    if (!status.ok()) service_.result_buffers_.Give(std::exchange(call->c, {}));
+    v1::MatrixInfo c_matrix;
     if (status.ok() && report.c_resident) {
       service_.KeepResult(owner_, call->streamed.job.shape, report, call->streamed.c_ttl_seconds,
-                          &call->c_matrix);
-      call->report.c_resident.reset();  // the store holds it now
+                          &c_matrix);
     }
     std::lock_guard<std::mutex> lock(mu_);
+    call->status = status;
+    call->report = report;
+    call->report.c_resident.reset();  // the store holds a kept C now
     call->report.host_to_device_ms += call->tally.copy_ms();
+    call->c_matrix = std::move(c_matrix);
+    if (status.ok()) {
+      call->c_ready = call->c.size();
+    } else {  // chunks already sent are void: the client drops C on an error
+      service_.result_buffers_.Give(std::exchange(call->c, {}));
+      call->c_ready = 0;
+    }
+    call->completed = true;
     in_flight_--;
-    if (!broken_) outgoing_.push_back(std::move(call));
+    QueueLocked(call);
     NextWriteLocked();
     MaybeFinishLocked();
+  }
+
+  void QueueLocked(const std::shared_ptr<Call>& call) {
+    if (call->queued || broken_) return;
+    call->queued = true;
+    outgoing_.push_back(call);
   }
 
   void NextWriteLocked() {
     if (writing_ || outgoing_.empty()) return;
     Call& out = *outgoing_.front();
     const StreamedGemm& gemm = out.streamed;
-    const int64_t c_bytes = out.c.size();
-    if (out.next_offset < c_bytes) {
+    const int64_t chunk_bytes = service_.options_.stream_chunk_bytes;
+    const int64_t ready = out.c_ready - out.next_offset;
+    // Whole chunks while C is still coming off the device; the rest once it is all there.
+    if (ready >= chunk_bytes || (ready > 0 && out.c_ready == int64_t(out.c.size()))) {
       // chunk_message_ stays a chunk, so its 1 MiB buffer is reused: reallocating it per
       // message (as Clear() on the oneof would) cost more than the copy itself.
-      const int64_t size = std::min(service_.options_.stream_chunk_bytes, c_bytes - out.next_offset);
+      const int64_t size = std::min(chunk_bytes, ready);
       chunk_message_.set_gemm_id(gemm.gemm_id);
       v1::ResultChunk* chunk = chunk_message_.mutable_chunk();
       chunk->set_offset(out.next_offset);
@@ -375,6 +401,7 @@ class GemmStreamReactor final
       StartWrite(&chunk_message_);
       return;
     }
+    if (!out.completed) return;  // more of C, or the answer, is still to come
     done_message_.Clear();
     done_message_.set_gemm_id(gemm.gemm_id);
     v1::GemmDone* done = done_message_.mutable_done();

@@ -5,6 +5,7 @@
 
 #include <map>
 #include <random>
+#include <thread>
 
 #include "client/gemm_client.h"
 #include "kernels/host/cpu_gemm.h"
@@ -101,6 +102,62 @@ TEST_F(ServerTest, StreamedLargeMatrices) {
   ASSERT_TRUE(results[0].status.ok()) << results[0].status.error_message();
   EXPECT_LT(ErrorAgainstReference(r, results[0].response.c()), 1e-3);
   EXPECT_GT(results[0].response.timing().tflops(), 0);
+}
+
+// A backend that hands C over in pieces, as the CUDA backend does while C comes off the GPU:
+// the stream sends chunks of C before the GEMM is complete.
+class PiecewiseBackend final : public Backend {
+ public:
+  explicit PiecewiseBackend(std::unique_ptr<Backend> inner) : inner_(std::move(inner)) {}
+  std::string Name() const override { return inner_->Name(); }
+  std::vector<DeviceDescription> Devices() const override { return inner_->Devices(); }
+  std::vector<KernelDescription> Kernels() const override { return inner_->Kernels(); }
+  int NumSlots() const override { return inner_->NumSlots(); }
+  int SlotDevice(int slot) const override { return inner_->SlotDevice(slot); }
+  int64_t MaxJobBytes() const override { return inner_->MaxJobBytes(); }
+  grpc::Status AllocateResident(int device, int64_t bytes,
+                                std::shared_ptr<ResidentBuffer>* buffer) override {
+    return inner_->AllocateResident(device, bytes, buffer);
+  }
+  grpc::Status WriteResident(ResidentBuffer& buffer, int64_t offset, const void* host,
+                             int64_t bytes) override {
+    return inner_->WriteResident(buffer, offset, host, bytes);
+  }
+  grpc::Status ReadResident(const ResidentBuffer& buffer, void* host) override {
+    return inner_->ReadResident(buffer, host);
+  }
+  grpc::Status Run(int slot, const GemmJob& job, GemmReport* report) override {
+    grpc::Status s = inner_->Run(slot, job, report);
+    const int64_t c_bytes = 2 * job.shape.m * job.shape.n;
+    if (s.ok() && job.c_progress) {
+      for (int64_t ready : {c_bytes / 3, c_bytes / 3 + 1, c_bytes * 2 / 3, c_bytes}) {
+        job.c_progress(ready);
+        std::this_thread::sleep_for(std::chrono::milliseconds(2));  // let the writer catch up
+      }
+    }
+    return s;
+  }
+
+ private:
+  std::unique_ptr<Backend> inner_;
+};
+
+TEST_F(ServerTest, StreamSendsCWhileItIsStillArriving) {
+  ServerOptions options;
+  options.listen_address = "127.0.0.1:0";
+  options.service.stream_chunk_bytes = 100'000;  // not a divisor of the pieces
+  server_ = HgemmServer::Start(
+      options, std::make_unique<PiecewiseBackend>(MakeCpuBackend({.workers = 2})));
+  ASSERT_NE(server_, nullptr);
+  client_ = std::make_unique<GemmClient>(Connect("127.0.0.1:" + std::to_string(server_->port())));
+  std::vector<v1::GemmRequest> requests;
+  for (uint32_t m : {777u, 300u, 1024u}) requests.push_back(RandomRequest(m, 513, 129, rng_));
+  std::vector<StreamedGemm> results;
+  ASSERT_TRUE(client_->GemmStream({&requests[0], &requests[1], &requests[2]}, &results).ok());
+  for (size_t i = 0; i < requests.size(); ++i) {
+    ASSERT_TRUE(results[i].status.ok()) << results[i].status.error_message();
+    EXPECT_LT(ErrorAgainstReference(requests[i], results[i].response.c()), 1e-3) << i;
+  }
 }
 
 TEST_F(ServerTest, ManyGemmsOnOneStream) {

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <tuple>
@@ -236,7 +237,7 @@ class CudaBackend final : public Backend {
                             cudaMemcpyKind kind);
   grpc::Status CopyToDevice(Slot& slot, char* dst, const char* src, size_t bytes);
   grpc::Status CopyToHost(Slot& slot, char* dst, const char* src, size_t bytes,
-                          double* d2h_ms);
+                          const std::function<void(int64_t)>& progress, double* d2h_ms);
 
   const CudaBackendOptions options_;
   std::vector<std::unique_ptr<Device>> devices_;
@@ -425,8 +426,9 @@ grpc::Status CudaBackend::CopyToDevice(Slot& slot, char* dst, const char* src, s
 }
 
 // Device → pinned piece → host: up to staging_buffers pieces in flight; the host copies out
-// the oldest while later ones are still on the wire.
+// the oldest while later ones are still on the wire, and reports each landed piece.
 grpc::Status CudaBackend::CopyToHost(Slot& slot, char* dst, const char* src, size_t bytes,
+                                     const std::function<void(int64_t)>& progress,
                                      double* d2h_ms) {
   const size_t piece = options_.staging_piece_bytes;
   const size_t ring = slot.staging.size();
@@ -435,6 +437,7 @@ grpc::Status CudaBackend::CopyToHost(Slot& slot, char* dst, const char* src, siz
     const size_t r = (slot.next_staging + i) % ring;
     CUDA_TRY(slot, cudaEventSynchronize(slot.staging_free[r]));
     std::memcpy(dst + i * piece, slot.staging[r], std::min(piece, bytes - i * piece));
+    if (progress) progress(int64_t(std::min((i + 1) * piece, bytes)));
     return grpc::Status::OK;
   };
   for (size_t i = 0; i < pieces; ++i) {
@@ -536,7 +539,8 @@ grpc::Status CudaBackend::Run(int slot_index, const GemmJob& job, GemmReport* re
   if (job.keep_c) {
     CUDA_TRY(slot, cudaEventSynchronize(slot.kernel_done));
   } else {
-    grpc::Status s = CopyToHost(slot, reinterpret_cast<char*>(job.c), d_c, c_bytes, &d2h_ms);
+    grpc::Status s = CopyToHost(slot, reinterpret_cast<char*>(job.c), d_c, c_bytes, job.c_progress,
+                                &d2h_ms);
     if (!s.ok()) return s;
   }
   float h2d_ms = 0, kernel_ms = 0;

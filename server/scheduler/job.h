@@ -78,6 +78,9 @@ struct GemmJob {
   // it to an idle device: SchedulerOptions::copy_resident_to_idle_device); -1: any.
   int device_index = -1;
   Clock::time_point deadline = Clock::time_point::max();
+  // Called by the backend as C reaches `c`, from the thread running the job: bytes [0, ready)
+  // are final. Lets the transport send C while the rest is still being copied. May be empty.
+  std::function<void(int64_t ready)> c_progress;
   // True once the client has gone away; checked before the job runs. May be empty.
   std::function<bool()> is_cancelled;
 };
