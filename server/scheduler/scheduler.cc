@@ -119,17 +119,20 @@ void Scheduler::WorkerLoop(int slot) {
       queued_--;
       device.running++;
     }
-    RunEntry(slot, entry);
+    GemmReport report;
+    const grpc::Status result = RunEntry(slot, entry, &report);
     {
+      // Before `done`: whoever sees the answer sees the load without this job.
       std::lock_guard<std::mutex> lock(mu_);
       device.running--;
       completed_total_++;
       admitted_bytes_ -= entry.job.shape.Bytes();
     }
+    entry.done(result, report);
   }
 }
 
-void Scheduler::RunEntry(int slot, Entry& entry) {
+grpc::Status Scheduler::RunEntry(int slot, const Entry& entry, GemmReport* out) {
   const GemmJob& job = entry.job;
   const auto started = Clock::now();
   GemmReport report;
@@ -148,7 +151,8 @@ void Scheduler::RunEntry(int slot, Entry& entry) {
                job.request_id, job.shape.m, job.shape.n, job.shape.k, report.kernel, slot,
                int(result.error_code()), report.queue_wait_ms, report.kernel_ms,
                report.server_total_ms);
-  entry.done(result, report);
+  *out = std::move(report);
+  return result;
 }
 
 }  // namespace hgemm

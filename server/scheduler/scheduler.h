@@ -84,7 +84,8 @@ class Scheduler {
   // The device whose queue `job` joins.
   int PlaceLocked(const GemmJob& job) const;
   void WorkerLoop(int slot);
-  void RunEntry(int slot, Entry& entry);
+  // Runs (or, if cancelled or expired, skips) one job; does not call its `done`.
+  grpc::Status RunEntry(int slot, const Entry& entry, GemmReport* report);
 
   Backend* const backend_;
   const SchedulerOptions options_;
