@@ -97,7 +97,7 @@ grpc::Status GemmServiceImpl::ResolveResident(const std::string& owner,
     *o.slot = m.buffer;
   }
   if (keep_c) {
-    const int64_t c_bytes = 2 * shape.m * shape.n;
+    const int64_t c_bytes = shape.CBytes();
     if (store_->ClientBytes(owner) + c_bytes > options_.resident.quota_bytes_per_client) {
       return status::OverLimit(fmt::format(
           "keep_c_resident: C ({} bytes) would pass this client's resident quota of {}", c_bytes,
@@ -152,7 +152,7 @@ grpc::ServerUnaryReactor* GemmServiceImpl::Gemm(grpc::CallbackServerContext* con
   response->set_n(shape.n);
   response->set_request_id(job.request_id);
   if (!job.keep_c) {
-    response->mutable_c()->resize(2 * shape.m * shape.n);
+    response->mutable_c()->resize(shape.CBytes());
     job.c = reinterpret_cast<uint16_t*>(response->mutable_c()->data());
   }
   job.a = HalfData(request->a());
@@ -274,8 +274,9 @@ class GemmStreamReactor final
     }
     if (gemm.ChunkedBytes() == 0) return grpc::Status::OK;
     if (job.device_index < 0) job.device_index = service_.scheduler_->LeastLoadedDevice();
-    for (auto [chunked, bytes, buffer] : {std::tuple{gemm.a_handle.empty(), gemm.ABytes(), &job.a_resident},
-                                          std::tuple{gemm.b_handle.empty(), gemm.BBytes(), &job.b_resident}}) {
+    for (auto [chunked, bytes, buffer] :
+         {std::tuple{gemm.a_handle.empty(), job.shape.ABytes(), &job.a_resident},
+          std::tuple{gemm.b_handle.empty(), job.shape.BBytes(), &job.b_resident}}) {
       if (!chunked) continue;
       grpc::Status s = service_.backend_->AllocateResident(job.device_index, bytes, buffer);
       if (s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED) {
@@ -331,7 +332,7 @@ class GemmStreamReactor final
     call->streamed.job.b_resident.reset();
     if (!call->refused.ok()) return Complete(call, call->refused, GemmReport{});
     if (!job.keep_c) {
-      call->c = service_.result_buffers_.Take(2 * job.shape.m * job.shape.n);
+      call->c = service_.result_buffers_.Take(job.shape.CBytes());
       job.c = reinterpret_cast<uint16_t*>(call->c.data());
     }
     job.deadline = SteadyDeadline(context_);
@@ -575,21 +576,15 @@ class UploadMatrixReactor final : public grpc::ServerReadReactor<v1::UploadMatri
       }
       device_index = int(it - devices.begin());
     }
-    const int64_t bytes = 2 * int64_t(header_.rows()) * header_.cols();
-    if (service_.store_->ClientBytes(owner_) + bytes >
-        service_.options_.resident.quota_bytes_per_client) {
-      return status::OverLimit(fmt::format("{} more resident bytes would pass this client's quota of {}",
-                                           bytes, service_.options_.resident.quota_bytes_per_client));
-    }
-    std::shared_ptr<ResidentBuffer> buffer;
+    std::shared_ptr<ResidentBuffer> buffer;  // after the client's quota check
     if (grpc::Status s = service_.store_->Allocate(owner_, device_index, header_.rows(),
                                                    header_.cols(), &buffer);
         !s.ok()) {
       return s;
     }
     std::lock_guard<std::mutex> lock(mu_);
+    tally_.emplace(buffer->bytes);
     buffer_ = std::move(buffer);
-    tally_.emplace(bytes);
     return grpc::Status::OK;
   }
 

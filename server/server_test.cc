@@ -128,7 +128,7 @@ class PiecewiseBackend final : public Backend {
   }
   grpc::Status Run(int slot, const GemmJob& job, GemmReport* report) override {
     grpc::Status s = inner_->Run(slot, job, report);
-    const int64_t c_bytes = 2 * job.shape.m * job.shape.n;
+    const int64_t c_bytes = job.shape.CBytes();
     if (s.ok() && job.c_progress) {
       for (int64_t ready : {c_bytes / 3, c_bytes / 3 + 1, c_bytes * 2 / 3, c_bytes}) {
         job.c_progress(ready);

@@ -47,8 +47,8 @@ grpc::Status StreamAssembler::ConsumeHeader(const v1::GemmHeader& header, Stream
   if (chunked_bytes > 0) {
     pending_bytes_ += chunked_bytes;
     Pending& p = pending_[id];
-    p.a_bytes = gemm->ABytes();
-    p.b_bytes = gemm->BBytes();
+    p.a_bytes = gemm->job.shape.ABytes();
+    p.b_bytes = gemm->job.shape.BBytes();
     p.a_by_handle = !gemm->a_handle.empty();
     p.b_by_handle = !gemm->b_handle.empty();
     if (p.a_by_handle) p.a_received = p.a_bytes;

@@ -28,11 +28,9 @@ struct StreamedGemm {
   bool keep_c = false;
   uint32_t c_ttl_seconds = 0;
 
-  int64_t ABytes() const { return 2 * job.shape.m * job.shape.k; }
-  int64_t BBytes() const { return 2 * job.shape.k * job.shape.n; }
   // Operand bytes that come as chunks (those not given by handle).
   int64_t ChunkedBytes() const {
-    return (a_handle.empty() ? ABytes() : 0) + (b_handle.empty() ? BBytes() : 0);
+    return (a_handle.empty() ? job.shape.ABytes() : 0) + (b_handle.empty() ? job.shape.BBytes() : 0);
   }
 };
 

@@ -82,13 +82,13 @@ grpc::Status ValidateGemmRequest(const v1::GemmRequest& request, const RequestRu
   if (!s.ok()) return s;
   const GemmShape& shape = job->shape;
   // Operands given by handle are checked when the handle is resolved.
-  if (int64_t want = 2 * shape.m * shape.k;
+  if (int64_t want = shape.ABytes();
       !request.has_a_handle() && int64_t(request.a().size()) != want) {
     return status::InvalidArgument(
         "a", fmt::format("{} bytes; an {}x{} fp16 matrix (m x k) takes exactly {} (or give a_handle)",
                          request.a().size(), shape.m, shape.k, want));
   }
-  if (int64_t want = 2 * shape.k * shape.n;
+  if (int64_t want = shape.BBytes();
       !request.has_b_handle() && int64_t(request.b().size()) != want) {
     return status::InvalidArgument(
         "b", fmt::format("{} bytes; a {}x{} fp16 matrix (k x n) takes exactly {} (or give b_handle)",

@@ -65,7 +65,7 @@ class CpuBackend final : public Backend {
     const GemmShape& shape = job.shape;
     uint16_t* c = job.c;
     if (job.keep_c) {
-      grpc::Status s = AllocateResident(0, 2 * shape.m * shape.n, &report->c_resident);
+      grpc::Status s = AllocateResident(0, shape.CBytes(), &report->c_resident);
       if (!s.ok()) return s;
       c = static_cast<uint16_t*>(report->c_resident->data);
     }

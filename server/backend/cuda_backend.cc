@@ -474,8 +474,7 @@ grpc::Status CudaBackend::Run(int slot_index, const GemmJob& job, GemmReport* re
   CUDA_TRY(slot, cudaSetDevice(device.ordinal));
 
   const GemmShape& shape = job.shape;
-  const size_t a_bytes = 2 * shape.m * shape.k, b_bytes = 2 * shape.k * shape.n,
-               c_bytes = 2 * shape.m * shape.n;
+  const size_t a_bytes = shape.ABytes(), b_bytes = shape.BBytes(), c_bytes = shape.CBytes();
   // The slot's buffers hold what is not resident here: operands sent as bytes, and resident
   // operands of another device (the scheduler moved the job), copied over for this run.
   const int here = SlotDevice(slot_index);
@@ -488,7 +487,7 @@ grpc::Status CudaBackend::Run(int slot_index, const GemmJob& job, GemmReport* re
     return s;
   }
   if (job.keep_c) {
-    grpc::Status s = AllocateResident(SlotDevice(slot_index), c_bytes, &report->c_resident);
+    grpc::Status s = AllocateResident(here, c_bytes, &report->c_resident);
     if (!s.ok()) return s;
   }
   char* d_a = a_here ? static_cast<char*>(job.a_resident->data) : slot.device_buffer;

@@ -20,8 +20,11 @@ struct GemmShape {
   int64_t m = 0, n = 0, k = 0;
 
   int64_t Flops() const { return 2 * m * n * k; }
-  // Operand and result bytes (fp16).
-  int64_t Bytes() const { return 2 * (m * k + k * n + m * n); }
+  // fp16 bytes of A, B and C, and of all three.
+  int64_t ABytes() const { return 2 * m * k; }
+  int64_t BBytes() const { return 2 * k * n; }
+  int64_t CBytes() const { return 2 * m * n; }
+  int64_t Bytes() const { return ABytes() + BBytes() + CBytes(); }
 };
 
 // A matrix a backend keeps between calls (device memory on CUDA, host memory on the CPU).

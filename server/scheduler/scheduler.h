@@ -2,9 +2,9 @@
 //
 // Each backend device has a FIFO queue; a new job goes to the device it is pinned to (where its
 // resident operands live; optionally an idle device when that one is saturated) or else to the
-// one with the fewest outstanding (queued + running) jobs per slot. One worker thread per backend slot pulls from
-// its device's queue and runs jobs to completion, so the jobs of different slots (CUDA
-// streams) overlap. Admission is bounded by queued jobs and by bytes of admitted jobs.
+// one with the fewest outstanding (queued + running) jobs per slot. One worker thread per
+// backend slot pulls from its device's queue and runs jobs to completion, so the jobs of
+// different slots (CUDA streams) overlap. Admission is bounded by queued jobs and by bytes of admitted jobs.
 // Thread safety: all methods are thread-safe.
 #ifndef HGEMM_SERVER_SCHEDULER_SCHEDULER_H_
 #define HGEMM_SERVER_SCHEDULER_SCHEDULER_H_
