@@ -1,0 +1,60 @@
+// Helpers shared by the libFuzzer targets: dimensions biased towards the boundaries where size
+// arithmetic breaks, and exact (128-bit) products to check the server's arithmetic against.
+#ifndef HGEMM_SERVER_FUZZ_FUZZ_UTIL_H_
+#define HGEMM_SERVER_FUZZ_FUZZ_UTIL_H_
+
+#include <fuzzer/FuzzedDataProvider.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+namespace hgemm::fuzz {
+
+// 0, 1, small, powers of two, and the values whose products wrap 32 or 64 bits.
+inline uint32_t Dim(FuzzedDataProvider& in) {
+  static constexpr uint32_t kBoundary[] = {0u,          1u,          2u,          3u,
+                                           7u,          64u,         255u,        256u,
+                                           1024u,       46341u,      65536u,      1u << 20,
+                                           1u << 31,    4294967295u, 3037000499u, 3037000500u,
+                                           3037000501u, 2147483647u, 4294967294u, 65535u};
+  switch (in.ConsumeIntegralInRange<int>(0, 3)) {
+    case 0: return in.ConsumeIntegralInRange<uint32_t>(1, 16);
+    case 1: return in.ConsumeIntegralInRange<uint32_t>(1, 300);
+    case 2: return kBoundary[in.ConsumeIntegralInRange<size_t>(0, std::size(kBoundary) - 1)];
+    default: return in.ConsumeIntegral<uint32_t>();
+  }
+}
+
+// 2·rows·cols without overflow.
+inline unsigned __int128 Bytes(uint32_t rows, uint32_t cols) {
+  return (unsigned __int128)2 * rows * cols;
+}
+
+// What a 64-bit signed 2·rows·cols wraps to (the value a buggy check would compare with).
+inline int64_t WrappedBytes(uint32_t rows, uint32_t cols) {
+  return int64_t(uint64_t(2) * uint64_t(rows) * uint64_t(cols));
+}
+
+// A status message must not show a wrapped (negative) size: "-" and 4 or more digits (a
+// client's own small negative enum value, echoed back, is fine).
+inline bool ShowsNegativeNumber(const std::string& message) {
+  for (size_t i = 0; i + 4 < message.size(); ++i) {
+    auto digit = [&](size_t j) { return message[j] >= '0' && message[j] <= '9'; };
+    if (message[i] == '-' && digit(i + 1) && digit(i + 2) && digit(i + 3) && digit(i + 4) &&
+        (i == 0 || message[i - 1] == ' ' || message[i - 1] == '(' || message[i - 1] == '=')) {
+      return true;
+    }
+  }
+  return false;
+}
+
+[[noreturn]] inline void Fail(const char* what, const std::string& detail) {
+  std::fprintf(stderr, "FUZZ INVARIANT BROKEN: %s: %s\n", what, detail.c_str());
+  std::abort();
+}
+
+}  // namespace hgemm::fuzz
+
+#endif  // HGEMM_SERVER_FUZZ_FUZZ_UTIL_H_

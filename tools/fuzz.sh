@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Builds the libFuzzer targets of //server/fuzz with clang (ASan + UBSan, leak detection on) in a
+# separate Bazel output base, then runs each for a bounded time (default 60 s) from its seed
+# corpus (server/fuzz/corpus/<target>). Fails on any crash, leak, hang (-timeout) or OOM
+# (-rss_limit_mb). Crash inputs go to $FUZZ_ARTIFACTS (default /tmp/hgemm-fuzz/artifacts).
+# Prints "fuzz: N passed, N failed" and one "fuzz <target>: <executions> execs" line per target.
+#   tools/fuzz.sh [seconds per target]
+set -uo pipefail
+cd "$(dirname "$0")/.."
+seconds=${1:-60}
+targets=(validation stream_assembler)
+work=${FUZZ_WORK:-/tmp/hgemm-fuzz}
+artifacts=${FUZZ_ARTIFACTS:-$work/artifacts}
+mkdir -p "$artifacts"
+
+# CC=clang re-runs the cc autoconfig: a second output base keeps the gcc build's cache intact,
+# and the symlink prefix keeps this server off the workspace's bazel-bin / bazel-testlogs.
+bazel_clang=(bazel --output_base="${FUZZ_OUTPUT_BASE:-$HOME/.cache/bazel-clang}")
+labels=()
+for t in "${targets[@]}"; do labels+=("//server/fuzz:${t}_fuzz"); done
+if ! "${bazel_clang[@]}" build --config=fuzz --action_env=CC=clang \
+    --symlink_prefix=/tmp/bazel-clang- "${labels[@]}"; then
+  echo "fuzz: 0 passed, ${#targets[@]} failed (build)"
+  exit 1
+fi
+bin=$("${bazel_clang[@]}" info --config=fuzz --action_env=CC=clang bazel-bin)
+
+passed=0 failed=0
+for t in "${targets[@]}"; do
+  corpus=$work/corpus/$t
+  mkdir -p "$corpus"
+  log=$work/$t.log
+  ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+    "$bin/server/fuzz/${t}_fuzz" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=4096 \
+    -max_len=65536 -print_final_stats=1 -artifact_prefix="$artifacts/$t-" \
+    "$corpus" "server/fuzz/corpus/$t" >"$log" 2>&1
+  rc=$?
+  execs=$(awk '/stat::number_of_executed_units/ {n = $2} END {print n + 0}' "$log")
+  echo "fuzz $t: ${execs:-0} execs, exit $rc (log $log)"
+  if ((rc == 0)); then
+    passed=$((passed + 1))
+  else
+    failed=$((failed + 1))
+    grep -m1 -A30 "ERROR: \|FUZZ INVARIANT\|runtime error" "$log" | head -40
+  fi
+done
+echo "fuzz: $passed passed, $failed failed"
+((failed == 0))
