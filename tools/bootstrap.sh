@@ -15,6 +15,7 @@ packages=(
   libopenblas-dev                          # CPU backend
   libgtest-dev libgmock-dev                # tests
   yamllint                                 # deploy/check.sh
+  clang libclang-rt-14-dev                 # tools/fuzz.sh (libFuzzer, ASan, UBSan)
 )
 
 missing=()

@@ -1,21 +1,41 @@
 #!/usr/bin/env bash
 # Every test: install what is missing, then `bazel test //...` (GoogleTest; tests that need a
-# GPU skip without one) and deploy/check.sh (lint and schema checks of the container and
-# Kubernetes manifests). Ends with a summary line "N passed, N failed, N skipped" counted over
-# all GoogleTest cases and deploy checks.
+# GPU skip without one), the server's tests again under ASan + UBSan and the threaded ones under
+# TSan (.bazelrc configs asan, tsan), deploy/check.sh (lint and schema checks of the container
+# and Kubernetes manifests) and the fuzz targets for $HGEMM_FUZZ_SECONDS (default 60) each
+# (tools/fuzz.sh). Ends with a summary line "N passed, N failed, N skipped" counted over all
+# GoogleTest cases (sanitizer runs included), deploy checks and fuzz targets.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
 tools/bootstrap.sh || exit 1
 bazel test //... "$@"
 status=$?
+logdirs=("$(bazel info bazel-testlogs)")
+# Sanitizer runs: outputs under their own platform suffix; no symlinks, so bazel-bin stays the
+# normal build's.
+asan_tests=(//server:validation_test //server:stream_assembler_test //server:host_buffer_pool_test
+            //server:server_test //server/scheduler:scheduler_test
+            //server/scheduler:upload_queue_test //server/resident:matrix_store_test)
+tsan_tests=(//server:host_buffer_pool_test //server/scheduler:scheduler_test
+            //server/scheduler:upload_queue_test //server/resident:matrix_store_test)
+for config in asan tsan; do
+  tests_var="${config}_tests[@]"
+  bazel test --config=$config --symlink_prefix=/ "${!tests_var}" || status=1
+  logdirs+=("$(bazel info --config=$config bazel-testlogs)")
+done
 deploy_log=$(mktemp)
 bash deploy/check.sh 2>&1 | tee "$deploy_log"
 deploy_status=${PIPESTATUS[0]}
 ((status == 0)) && status=$deploy_status
 
+fuzz_log=$(mktemp)
+tools/fuzz.sh "${HGEMM_FUZZ_SECONDS:-60}" 2>&1 | tee "$fuzz_log"
+fuzz_status=${PIPESTATUS[0]}
+((status == 0)) && status=$fuzz_status
+
 passed=0 failed=0 skipped=0
-for log in $(find -L bazel-testlogs/ -name test.log 2>/dev/null); do
+for log in $(find -L "${logdirs[@]}" -name test.log 2>/dev/null); do
   read -r p f s < <(awk '
     /^\[  PASSED  \] [0-9]+ test/ {p += $4}
     /^\[  FAILED  \] [0-9]+ test/ {f += $4}
@@ -26,5 +46,8 @@ done
 read -r dp df < <(awk '/^deploy: [0-9]+ passed, [0-9]+ failed/ {p = $2; f = $4} END {print p+0, f+0}' "$deploy_log")
 ((deploy_status == 0 || df > 0)) || df=1  # a check that died before its summary still fails
 passed=$((passed + dp)) failed=$((failed + df))
+read -r fp ff < <(awk '/^fuzz: [0-9]+ passed, [0-9]+ failed/ {p = $2; f = $4} END {print p+0, f+0}' "$fuzz_log")
+((fuzz_status == 0 || ff > 0)) || ff=1
+passed=$((passed + fp)) failed=$((failed + ff))
 echo "tests: $passed passed, $failed failed, $skipped skipped"
 exit $status
