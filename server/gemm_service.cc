@@ -239,9 +239,11 @@ class GemmStreamReactor final
   // One GEMM of the stream, from its header until its answer is written.
   struct Call {
     explicit Call(StreamedGemm header)
-        : streamed(std::move(header)), tally(streamed.ChunkedBytes()) {}
+        : streamed(std::move(header)),
+          tally(streamed.refused.ok() ? streamed.ChunkedBytes() : 0) {}
     StreamedGemm streamed;  // its job gets the resident operands and the chunks' buffers
-    grpc::Status refused;   // set at the header: its chunks are dropped, then it is answered
+    // Not OK: answered with it instead of run (refused at its header, or a copy failed).
+    grpc::Status refused;
     WriteTally tally;       // guarded by mu_
     // The answer (guarded by mu_ once the GEMM is submitted):
     std::string c;
@@ -256,8 +258,16 @@ class GemmStreamReactor final
 
   void Start(StreamedGemm header) {
     auto call = std::make_shared<Call>(std::move(header));
-    call->refused = Prepare(call->streamed);
-    if (call->streamed.ChunkedBytes() == 0) return Submit(call);
+    call->refused = call->streamed.refused;
+    if (call->refused.ok()) {
+      call->refused = Prepare(call->streamed);
+      if (!call->refused.ok()) {
+        std::lock_guard<std::mutex> lock(mu_);
+        assembler_.Refuse(call->streamed.gemm_id);  // its chunks are dropped from here on
+      }
+    }
+    // Refused: answered at once, so the client learns it before sending all of its chunks.
+    if (!call->refused.ok() || call->streamed.ChunkedBytes() == 0) return Submit(call);
     std::lock_guard<std::mutex> lock(mu_);
     receiving_[call->streamed.gemm_id] = call;
   }
@@ -290,18 +300,12 @@ class GemmStreamReactor final
 
   void Place(OperandChunk chunk) {
     std::shared_ptr<Call> call;
-    bool refused;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      auto it = receiving_.find(chunk.gemm_id);
+      auto it = receiving_.find(chunk.gemm_id);  // the assembler hands out chunks of these only
       call = it->second;
       if (chunk.last) receiving_.erase(it);
-      refused = !call->refused.ok();
-      if (!refused) writes_in_flight_++;
-    }
-    if (refused) {  // dropped; the GEMM is answered once all of it has arrived
-      if (chunk.last) Submit(call);
-      return;
+      writes_in_flight_++;
     }
     const GemmJob& job = call->streamed.job;
     const int64_t size = chunk.data.size();
@@ -472,8 +476,12 @@ grpc::ServerUnaryReactor* GemmServiceImpl::ListKernels(grpc::CallbackServerConte
     if (k.fp16_accumulation) info->add_accumulations(v1::ACCUMULATION_FP16);
     if (k.fp32_accumulation) info->add_accumulations(v1::ACCUMULATION_FP32);
   }
-  auto_kernel->add_accumulations(v1::ACCUMULATION_FP16);
-  auto_kernel->add_accumulations(v1::ACCUMULATION_FP32);
+  if (AutoSupports(options_.rules, Accumulation::kFp16)) {
+    auto_kernel->add_accumulations(v1::ACCUMULATION_FP16);
+  }
+  if (AutoSupports(options_.rules, Accumulation::kFp32)) {
+    auto_kernel->add_accumulations(v1::ACCUMULATION_FP32);
+  }
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   reactor->Finish(grpc::Status::OK);
   return reactor;

@@ -51,8 +51,9 @@ int main(int argc, char** argv) {
   app.add_option("--cpu_workers", backend_options.cpu.workers, "concurrent GEMMs on the CPU backend")
       ->envname("HGEMM_CPU_WORKERS")->check(CLI::Range(1, 256))->capture_default_str();
   app.add_option("--max_elements_per_matrix", server_options.service.rules.max_elements_per_matrix,
-                 "largest A, B or C accepted, in elements")
-      ->envname("HGEMM_MAX_ELEMENTS_PER_MATRIX")->capture_default_str();
+                 "largest A, B or C accepted, in elements (at most 2^40)")
+      ->envname("HGEMM_MAX_ELEMENTS_PER_MATRIX")
+      ->check(CLI::Range(int64_t{1}, hgemm::kMaxElementsPerMatrix))->capture_default_str();
   app.add_option("--max_queued_requests", server_options.service.scheduler.max_queued_requests,
                  "GEMMs waiting for a stream; more get UNAVAILABLE")
       ->envname("HGEMM_MAX_QUEUED_REQUESTS")->capture_default_str();

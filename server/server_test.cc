@@ -204,6 +204,44 @@ TEST_F(ServerTest, BadUnaryRequestsGetInvalidArgument) {
   ExpectStillServing();
 }
 
+// Issue 12, items 1, 3 and 10 through the server.
+TEST_F(ServerTest, UnaryOverflowingShapesAndEmptyHandlesAreRefused) {
+  v1::GemmResponse response;
+  v1::GemmRequest wraps;  // the 2·m·k-wraps case of item 1 is in validation_test
+  wraps.set_m(4294967295u);
+  wraps.set_n(4294967295u);
+  wraps.set_k(4294967295u);
+  grpc::Status s = client_->Gemm(wraps, &response);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << s.error_message();
+  EXPECT_EQ(s.error_message().find('-'), std::string::npos) << s.error_message();
+
+  for (int operand = 0; operand < 3; ++operand) {
+    v1::GemmRequest empty = RandomRequest(262144, 1, 256, rng_);
+    if (operand != 1) empty.set_a_handle("");
+    if (operand != 0) empty.set_b_handle("");
+    s = client_->Gemm(empty, &response);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << operand;
+    EXPECT_NE(s.error_message().find("_handle: empty"), std::string::npos) << s.error_message();
+  }
+  ExpectStillServing();
+}
+
+// Issue 12, item 6: FP16 asked of a backend without it is refused, and ListKernels says so.
+TEST_F(ServerTest, Fp16OnTheCpuBackendIsRefusedAndNotListed) {
+  v1::GemmRequest r = RandomRequest(8, 8, 8, rng_);
+  r.mutable_options()->set_accumulation(v1::ACCUMULATION_FP16);
+  v1::GemmResponse response;
+  grpc::Status s = client_->Gemm(r, &response);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+  v1::ListKernelsResponse kernels;
+  ASSERT_TRUE(client_->ListKernels(&kernels).ok());
+  ASSERT_GT(kernels.kernels_size(), 0);
+  EXPECT_EQ(kernels.kernels(0).name(), "auto");
+  for (const v1::KernelInfo& k : kernels.kernels()) {
+    for (int a : k.accumulations()) EXPECT_NE(a, v1::ACCUMULATION_FP16) << k.name();
+  }
+}
+
 TEST_F(ServerTest, OverLimitIsResourceExhausted) {
   ServerOptions options;
   options.service.rules.max_elements_per_matrix = 1000;
@@ -280,14 +318,41 @@ TEST_F(ServerTest, StreamClosedMidMatrixAnswersFinishedGemmsThenFails) {
   ExpectStillServing();
 }
 
-TEST_F(ServerTest, StreamBadHeaderIsInvalidArgument) {
+// Issue 12, items 2 and 5: bad header values (m = 0, an unknown kernel, 2³²−1 cubed, FP16 on a
+// backend without it) are answered per GEMM and the stream goes on; the wrapped sizes of
+// 2³²−1 used to leave the stream unanswered and shutdown wedged.
+TEST_F(ServerTest, StreamBadHeadersAreAnsweredPerGemmAndTheStreamGoesOn) {
   auto stub = v1::GemmService::NewStub(Connect("127.0.0.1:" + std::to_string(server_->port())));
-  v1::GemmStreamRequest header = Header(3, 4, 4, 4);
-  header.mutable_header()->mutable_options()->set_kernel("nope");
-  grpc::Status s = RawStream(*client_, *stub, {header}, true);
-  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
-  EXPECT_NE(s.error_message().find("gemm_id 3: header.options.kernel"), std::string::npos)
-      << s.error_message();
+  v1::GemmStreamRequest unknown_kernel = Header(3, 4, 4, 4);
+  unknown_kernel.mutable_header()->mutable_options()->set_kernel("nope");
+  v1::GemmStreamRequest fp16 = Header(6, 2, 2, 2);
+  fp16.mutable_header()->mutable_options()->set_accumulation(v1::ACCUMULATION_FP16);
+  std::vector<v1::GemmStreamResponse> answers;
+  grpc::Status s = RawStream(
+      *client_, *stub,
+      {Header(1, 2, 2, 2), Chunk(1, v1::OPERAND_A, 0, 8), unknown_kernel,
+       Chunk(3, v1::OPERAND_A, 0, 32), Header(4, 0, 4, 4),
+       Header(5, 4294967295u, 4294967295u, 4294967295u), Chunk(5, v1::OPERAND_A, 0, 64), fp16,
+       Chunk(1, v1::OPERAND_B, 0, 8), Header(7, 2, 2, 2), Chunk(7, v1::OPERAND_A, 0, 8),
+       Chunk(7, v1::OPERAND_B, 0, 8)},
+      true, &answers);
+  EXPECT_TRUE(s.ok()) << s.error_message();
+  std::map<uint64_t, v1::GemmDone> done;
+  for (const v1::GemmStreamResponse& a : answers) {
+    if (a.has_done()) done[a.gemm_id()] = a.done();
+  }
+  ASSERT_EQ(done.size(), 6u);
+  EXPECT_EQ(done[1].status_code(), grpc::StatusCode::OK) << done[1].status_message();
+  EXPECT_EQ(done[7].status_code(), grpc::StatusCode::OK) << done[7].status_message();
+  EXPECT_EQ(done[3].status_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(done[3].status_message().find("gemm_id 3: header.options.kernel"), std::string::npos)
+      << done[3].status_message();
+  EXPECT_EQ(done[4].status_code(), grpc::StatusCode::INVALID_ARGUMENT) << done[4].status_message();
+  EXPECT_EQ(done[5].status_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
+      << done[5].status_message();
+  EXPECT_NE(done[5].status_message().find("18446744065119617025"), std::string::npos)
+      << done[5].status_message();
+  EXPECT_EQ(done[6].status_code(), grpc::StatusCode::INVALID_ARGUMENT) << done[6].status_message();
   ExpectStillServing();
 }
 

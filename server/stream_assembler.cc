@@ -27,11 +27,15 @@ grpc::Status StreamAssembler::ConsumeHeader(const v1::GemmHeader& header, Stream
     return status::InvalidArgument(
         "header.gemm_id", fmt::format("{} is already in flight on this stream", id));
   }
+  dropped_.erase(id);  // a new GEMM takes the id: chunks from here on are its own
+  in_use_.insert(id);
   auto gemm = std::make_unique<StreamedGemm>();
   gemm->gemm_id = id;
   grpc::Status s = ValidateGemmHeader(header, rules_, &gemm->job);
   if (!s.ok()) {
-    return grpc::Status(s.error_code(), fmt::format("gemm_id {}: {}", id, s.error_message()));
+    grpc::Status why(s.error_code(), fmt::format("gemm_id {}: {}", id, s.error_message()));
+    RefuseHeader(std::move(gemm), std::move(why), event);
+    return grpc::Status::OK;
   }
   gemm->a_handle = header.a_handle();
   gemm->b_handle = header.b_handle();
@@ -39,11 +43,14 @@ grpc::Status StreamAssembler::ConsumeHeader(const v1::GemmHeader& header, Stream
   gemm->c_ttl_seconds = header.c_ttl_seconds();
   const int64_t chunked_bytes = gemm->ChunkedBytes();
   if (pending_bytes_ + chunked_bytes > max_pending_bytes_) {
-    return status::OverLimit(fmt::format(
-        "gemm_id {}: its operands ({} bytes) would put this stream's incomplete GEMMs over {} bytes",
-        id, chunked_bytes, max_pending_bytes_));
+    RefuseHeader(std::move(gemm),
+                 status::OverLimit(fmt::format(
+                     "gemm_id {}: its operands ({} bytes) would put this stream's incomplete "
+                     "GEMMs over {} bytes (--max_stream_pending_bytes)",
+                     id, chunked_bytes, max_pending_bytes_)),
+                 event);
+    return grpc::Status::OK;
   }
-  in_use_.insert(id);
   if (chunked_bytes > 0) {
     pending_bytes_ += chunked_bytes;
     Pending& p = pending_[id];
@@ -58,9 +65,35 @@ grpc::Status StreamAssembler::ConsumeHeader(const v1::GemmHeader& header, Stream
   return grpc::Status::OK;
 }
 
+void StreamAssembler::RefuseHeader(std::unique_ptr<StreamedGemm> gemm, grpc::Status why,
+                                   StreamEvent* event) {
+  gemm->refused = std::move(why);
+  DropChunksOf(gemm->gemm_id);
+  event->header = std::move(gemm);
+}
+
+void StreamAssembler::Refuse(uint64_t gemm_id) {
+  if (auto it = pending_.find(gemm_id); it != pending_.end()) {
+    const Pending& p = it->second;
+    pending_bytes_ -= (p.a_by_handle ? 0 : p.a_bytes) + (p.b_by_handle ? 0 : p.b_bytes);
+    pending_.erase(it);
+  }
+  DropChunksOf(gemm_id);
+}
+
+void StreamAssembler::DropChunksOf(uint64_t gemm_id) {
+  if (!dropped_.insert(gemm_id).second) return;
+  dropped_order_.push_back(gemm_id);
+  if (dropped_order_.size() > kMaxDroppedIds) {
+    dropped_.erase(dropped_order_.front());
+    dropped_order_.pop_front();
+  }
+}
+
 grpc::Status StreamAssembler::ConsumeChunk(v1::MatrixChunk& chunk, StreamEvent* event) {
   const uint64_t id = chunk.gemm_id();
   auto it = pending_.find(id);
+  if (it == pending_.end() && dropped_.count(id)) return grpc::Status::OK;  // refused: dropped
   if (it == pending_.end()) {
     return status::InvalidArgument(
         "chunk.gemm_id", fmt::format("{} has no header on this stream (or is already complete)", id));

@@ -7,6 +7,7 @@
 #define HGEMM_SERVER_STREAM_ASSEMBLER_H_
 
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <memory>
 #include <set>
@@ -23,6 +24,9 @@ namespace hgemm {
 // A GEMM announced by a header. job's buffer pointers are not set.
 struct StreamedGemm {
   uint64_t gemm_id = 0;
+  // Not OK: the header was refused (bad values, over the stream's pending bytes). Answer the
+  // GEMM with this at once; the assembler drops the chunks the client still sends for it.
+  grpc::Status refused;
   GemmJob job;
   std::string a_handle, b_handle;  // resident operands, resolved by the caller
   bool keep_c = false;
@@ -54,9 +58,16 @@ class StreamAssembler {
   // `max_pending_bytes` bounds the operand bytes of this stream's incomplete GEMMs.
   StreamAssembler(const RequestRules& rules, int64_t max_pending_bytes);
 
-  // Consumes one message (its chunk data is moved into the event). Returns INVALID_ARGUMENT or
-  // RESOURCE_EXHAUSTED on a broken rule; then the stream must end.
+  // Consumes one message (its chunk data is moved into the event; a chunk of a refused GEMM
+  // yields no event). Returns INVALID_ARGUMENT on a broken order rule (see MatrixChunk in the
+  // .proto: a chunk out of order or for an unknown gemm_id, a gemm_id already in flight); then
+  // the stream must end. A problem of one GEMM alone is not a broken rule: it comes back as a
+  // header event with `refused` set.
   grpc::Status Consume(v1::GemmStreamRequest& message, StreamEvent* event);
+
+  // The caller refuses the announced GEMM `gemm_id` (e.g. an unknown handle) and answers it at
+  // once: its pending bytes are freed and its remaining chunks will be dropped.
+  void Refuse(uint64_t gemm_id);
 
   // The caller is done with `gemm_id` (answered): the id may be used again.
   void Release(uint64_t gemm_id);
@@ -71,14 +82,23 @@ class StreamAssembler {
     bool a_by_handle = false, b_by_handle = false;
   };
 
+  // Refused GEMMs whose chunks are dropped; the oldest are forgotten past this many (their
+  // late chunks then break the order rules), so a client can't grow the set without bound.
+  static constexpr size_t kMaxDroppedIds = 4096;
+
   grpc::Status ConsumeHeader(const v1::GemmHeader& header, StreamEvent* event);
   grpc::Status ConsumeChunk(v1::MatrixChunk& chunk, StreamEvent* event);
+  // Refuses the header's GEMM with `why`.
+  void RefuseHeader(std::unique_ptr<StreamedGemm> gemm, grpc::Status why, StreamEvent* event);
+  void DropChunksOf(uint64_t gemm_id);
 
   const RequestRules& rules_;
   const int64_t max_pending_bytes_;
   int64_t pending_bytes_ = 0;
   std::map<uint64_t, Pending> pending_;
   std::set<uint64_t> in_use_;  // pending or handed out and not yet released
+  std::set<uint64_t> dropped_;  // refused: their chunks are dropped until the id is reused
+  std::deque<uint64_t> dropped_order_;  // dropped_, oldest first
 };
 
 }  // namespace hgemm

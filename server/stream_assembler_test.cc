@@ -9,7 +9,10 @@ namespace {
 
 class StreamAssemblerTest : public ::testing::Test {
  protected:
-  StreamAssemblerTest() : assembler_(rules_, 1 << 20) { rules_.max_elements_per_matrix = 1 << 16; }
+  StreamAssemblerTest() : assembler_(rules_, 1 << 20) {
+    rules_.max_elements_per_matrix = 1 << 16;
+    rules_.kernels = {{.name = "k", .fp32_accumulation = true}};
+  }
 
   grpc::Status Header(uint64_t id, uint32_t m, uint32_t n, uint32_t k) {
     v1::GemmStreamRequest message;
@@ -129,10 +132,46 @@ TEST_F(StreamAssemblerTest, DuplicateIdInFlightIsRejectedUntilReleased) {
   EXPECT_TRUE(Header(1, 1, 1, 1).ok());
 }
 
-TEST_F(StreamAssemblerTest, BadHeaderNamesTheGemm) {
-  grpc::Status s = Header(5, 0, 1, 1);
-  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
-  EXPECT_EQ(s.error_message(), "gemm_id 5: m: must be at least 1");
+// Issue 12, item 5: a bad header value is that GEMM's problem, answered for it alone; it used
+// to end the stream. Its chunks are dropped until the id is used again.
+TEST_F(StreamAssemblerTest, BadHeaderIsRefusedForThatGemmAlone) {
+  ASSERT_TRUE(Header(1, 2, 2, 2).ok());
+  ASSERT_TRUE(Header(5, 0, 1, 1).ok());
+  ASSERT_NE(event_.header, nullptr);
+  EXPECT_EQ(event_.header->refused.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(event_.header->refused.error_message(), "gemm_id 5: m: must be at least 1");
+  ASSERT_TRUE(Header(6, 4294967295u, 4294967295u, 4294967295u).ok());
+  EXPECT_EQ(event_.header->refused.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  // The client's chunks for them come anyway: dropped, no event.
+  ASSERT_TRUE(Chunk(5, v1::OPERAND_A, 0, "xx").ok());
+  EXPECT_EQ(event_.header, nullptr);
+  EXPECT_EQ(event_.chunk, nullptr);
+  ASSERT_TRUE(Chunk(6, v1::OPERAND_B, 12345, "yy").ok());
+  EXPECT_EQ(event_.chunk, nullptr);
+  // The good GEMM goes on.
+  ASSERT_TRUE(Chunk(1, v1::OPERAND_A, 0, "aaaaaaaa").ok());
+  ASSERT_TRUE(Chunk(1, v1::OPERAND_B, 0, "bbbbbbbb").ok());
+  EXPECT_TRUE(Last());
+  // Answered, the id is reused: chunks count again, and break the rules if out of order.
+  assembler_.Release(5);
+  ASSERT_TRUE(Header(5, 1, 1, 1).ok());
+  EXPECT_TRUE(event_.header->refused.ok());
+  EXPECT_EQ(Chunk(5, v1::OPERAND_A, 1, "xx").error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+}
+
+TEST_F(StreamAssemblerTest, RefusedByTheCallerDropsItsChunksAndFreesItsBytes) {
+  ASSERT_TRUE(Header(1, 256, 256, 256).ok());  // 256 KiB pending of 1 MiB
+  ASSERT_TRUE(Header(2, 256, 256, 256).ok());
+  ASSERT_TRUE(Header(3, 256, 256, 256).ok());
+  ASSERT_TRUE(Header(4, 256, 256, 256).ok());
+  ASSERT_TRUE(Header(9, 1, 1, 1).ok());
+  EXPECT_EQ(event_.header->refused.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  assembler_.Refuse(1);
+  ASSERT_TRUE(Chunk(1, v1::OPERAND_A, 0, "xx").ok());
+  EXPECT_EQ(event_.chunk, nullptr);
+  EXPECT_EQ(assembler_.Incomplete(), (std::vector<uint64_t>{2, 3, 4}));
+  ASSERT_TRUE(Header(10, 256, 256, 256).ok());
+  EXPECT_TRUE(event_.header->refused.ok());
 }
 
 TEST_F(StreamAssemblerTest, OperandsByHandleNeedNoChunks) {
@@ -168,7 +207,8 @@ TEST_F(StreamAssemblerTest, PendingBytesAreBounded) {
   ASSERT_TRUE(Header(2, 256, 256, 256).ok());
   ASSERT_TRUE(Header(3, 256, 256, 256).ok());
   ASSERT_TRUE(Header(4, 256, 256, 256).ok());
-  EXPECT_EQ(Header(5, 256, 256, 256).error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  ASSERT_TRUE(Header(5, 256, 256, 256).ok());
+  EXPECT_EQ(event_.header->refused.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
 }
 
 }  // namespace

@@ -2,34 +2,59 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include "server/status_util.h"
 
 namespace hgemm {
 namespace {
 
-grpc::Status CheckElements(const char* matrix, int64_t rows, int64_t cols,
+grpc::Status CheckElements(const char* matrix, uint32_t rows, uint32_t cols,
                            const RequestRules& rules) {
-  if (rows * cols > rules.max_elements_per_matrix) {
+  const uint64_t elements = MatrixElements(rows, cols);
+  if (elements > uint64_t(MaxElementsPerMatrix(rules))) {
     return status::OverLimit(fmt::format("{} has {}x{} = {} elements; this server takes at most {}",
-                                         matrix, rows, cols, rows * cols,
-                                         rules.max_elements_per_matrix));
+                                         matrix, rows, cols, elements,
+                                         MaxElementsPerMatrix(rules)));
+  }
+  return grpc::Status::OK;
+}
+
+// A handle that is set must name something: an empty one would leave its operand without
+// bytes (the resolver has nothing to look up, the length check was skipped for it).
+grpc::Status ValidateHandles(const v1::GemmRequest& request) {
+  if (request.has_a_handle() && request.a_handle().empty()) {
+    return status::InvalidArgument("a_handle", "empty (set a, or the handle of a resident matrix)");
+  }
+  if (request.has_b_handle() && request.b_handle().empty()) {
+    return status::InvalidArgument("b_handle", "empty (set b, or the handle of a resident matrix)");
   }
   return grpc::Status::OK;
 }
 
 }  // namespace
 
+bool AutoSupports(const RequestRules& rules, Accumulation accumulation) {
+  return std::any_of(rules.kernels.begin(), rules.kernels.end(), [&](const KernelDescription& k) {
+    return accumulation == Accumulation::kFp16 ? k.fp16_accumulation : k.fp32_accumulation;
+  });
+}
+
+int64_t MaxElementsPerMatrix(const RequestRules& rules) {
+  return std::clamp<int64_t>(rules.max_elements_per_matrix, 1, kMaxElementsPerMatrix);
+}
+
 grpc::Status ValidateShape(uint32_t m, uint32_t n, uint32_t k, const RequestRules& rules,
                            GemmShape* shape) {
   if (m == 0) return status::InvalidArgument("m", "must be at least 1");
   if (n == 0) return status::InvalidArgument("n", "must be at least 1");
   if (k == 0) return status::InvalidArgument("k", "must be at least 1");
-  *shape = {.m = m, .n = n, .k = k};
   for (grpc::Status s : {CheckElements("A (m x k)", m, k, rules),
                          CheckElements("B (k x n)", k, n, rules),
                          CheckElements("C (m x n)", m, n, rules)}) {
     if (!s.ok()) return s;
   }
+  *shape = {.m = m, .n = n, .k = k};  // only now are its sizes safe to compute
   return grpc::Status::OK;
 }
 
@@ -48,7 +73,14 @@ grpc::Status ValidateOptions(const v1::GemmOptions& options, const RequestRules&
                                      fmt::format("unknown value {}", int(options.accumulation())));
   }
   const std::string& name = options.kernel();
+  const bool fp16 = job->accumulation == Accumulation::kFp16;
   if (name.empty() || name == "auto") {
+    if (!AutoSupports(rules, job->accumulation)) {
+      return status::InvalidArgument(
+          field + ".accumulation",
+          fmt::format("no kernel of this server has {} accumulation (ListKernels says which do)",
+                      fp16 ? "FP16" : "FP32"));
+    }
     job->kernel = "auto";
   } else {
     auto it = std::find_if(rules.kernels.begin(), rules.kernels.end(),
@@ -59,7 +91,6 @@ grpc::Status ValidateOptions(const v1::GemmOptions& options, const RequestRules&
                                          "this server, or use 'auto'",
                                          name));
     }
-    bool fp16 = job->accumulation == Accumulation::kFp16;
     if (fp16 ? !it->fp16_accumulation : !it->fp32_accumulation) {
       return status::InvalidArgument(
           field + ".accumulation",
@@ -81,6 +112,7 @@ grpc::Status ValidateGemmRequest(const v1::GemmRequest& request, const RequestRu
   grpc::Status s = ValidateShape(request.m(), request.n(), request.k(), rules, &job->shape);
   if (!s.ok()) return s;
   const GemmShape& shape = job->shape;
+  if (s = ValidateHandles(request); !s.ok()) return s;
   // Operands given by handle are checked when the handle is resolved.
   if (int64_t want = shape.ABytes();
       !request.has_a_handle() && int64_t(request.a().size()) != want) {

@@ -17,13 +17,22 @@ namespace hgemm {
 
 // What requests are checked against.
 struct RequestRules {
+  // Capped at kMaxElementsPerMatrix (see MaxElementsPerMatrix).
   int64_t max_elements_per_matrix = int64_t{1} << 28;
   std::vector<KernelDescription> kernels;  // the backend's; "auto" is always accepted
 };
 
 inline constexpr size_t kMaxRequestIdBytes = 128;
 
-// m, n, k ≥ 1 and A, B, C each within max_elements_per_matrix.
+// Whether "auto" can honour `accumulation`: some kernel of the rules has it. What ListKernels
+// reports for "auto" and what requests for "auto" are checked against.
+bool AutoSupports(const RequestRules& rules, Accumulation accumulation);
+
+// The limit in force: rules.max_elements_per_matrix within [1, kMaxElementsPerMatrix].
+int64_t MaxElementsPerMatrix(const RequestRules& rules);
+
+// m, n, k ≥ 1 and A, B, C each within MaxElementsPerMatrix (RESOURCE_EXHAUSTED naming the
+// matrix and the limit). On OK, `shape`'s sizes are safe to compute (see GemmShape).
 grpc::Status ValidateShape(uint32_t m, uint32_t n, uint32_t k, const RequestRules& rules,
                            GemmShape* shape);
 
@@ -32,12 +41,13 @@ grpc::Status ValidateShape(uint32_t m, uint32_t n, uint32_t k, const RequestRule
 grpc::Status ValidateOptions(const v1::GemmOptions& options, const RequestRules& rules,
                              const std::string& field, GemmJob* job);
 
-// A whole unary request: shape, options, and a/b of exactly 2·m·k and 2·k·n bytes. Fills
+// A whole unary request: shape, options, a handle set only if non-empty, and a/b of exactly
+// 2·m·k and 2·k·n bytes unless given by handle. Fills
 // everything of `job` but the buffers and callbacks.
 grpc::Status ValidateGemmRequest(const v1::GemmRequest& request, const RequestRules& rules,
                                  GemmJob* job);
 
-// A stream header: shape and options (its operands arrive later in chunks).
+// A stream header: shape and options (its operands arrive later in chunks, unless by handle).
 grpc::Status ValidateGemmHeader(const v1::GemmHeader& header, const RequestRules& rules,
                                 GemmJob* job);
 

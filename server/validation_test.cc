@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <limits>
+
 namespace hgemm {
 namespace {
 
@@ -104,6 +106,75 @@ TEST(Validation, LongRequestIdIsInvalidArgument) {
   v1::GemmRequest r = Request(2, 2, 2);
   r.mutable_options()->set_request_id(std::string(kMaxRequestIdBytes + 1, 'x'));
   EXPECT_EQ(ValidateGemmRequest(r, Rules(), &job).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+}
+
+// Issue 12, items 1 and 3: 2·m·k used to wrap in int64, so this passed validation and the
+// worker threw; and 2³²−1 cubed was reported as "exactly -17179869182" bytes.
+TEST(Validation, HugeDimensionsAreResourceExhaustedWithExactCounts) {
+  for (uint32_t d : {3037000500u, 4294967295u}) {
+    GemmJob job;
+    v1::GemmRequest r;
+    r.set_m(d);
+    r.set_n(d);
+    r.set_k(d);
+    r.set_a(std::string(290948384, '\1'));  // what 2·m·k wraps to for d = 3037000500
+    r.set_b(std::string(290948384, '\1'));
+    RequestRules rules = Rules();
+    rules.max_elements_per_matrix = std::numeric_limits<int64_t>::max();  // capped at 2^40
+    grpc::Status s = ValidateGemmRequest(r, rules, &job);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << d;
+    const std::string elements = std::to_string(uint64_t{d} * d);
+    EXPECT_NE(s.error_message().find("= " + elements + " elements"), std::string::npos)
+        << s.error_message();
+    EXPECT_NE(s.error_message().find(std::to_string(kMaxElementsPerMatrix)), std::string::npos)
+        << s.error_message();
+    EXPECT_EQ(s.error_message().find('-'), std::string::npos) << s.error_message();
+  }
+}
+
+TEST(Validation, LimitIsCappedSoSizesFitInt64) {
+  RequestRules rules;
+  rules.max_elements_per_matrix = std::numeric_limits<int64_t>::max();
+  EXPECT_EQ(MaxElementsPerMatrix(rules), kMaxElementsPerMatrix);
+  rules.max_elements_per_matrix = -5;
+  EXPECT_EQ(MaxElementsPerMatrix(rules), 1);
+  GemmShape shape;
+  rules.max_elements_per_matrix = kMaxElementsPerMatrix;
+  ASSERT_TRUE(ValidateShape(1u << 20, 1u << 20, 1u << 20, rules, &shape).ok());
+  EXPECT_EQ(shape.Bytes(), 3 * (int64_t{2} << 40));
+  EXPECT_EQ(shape.Flops(), int64_t{2} << 60);
+}
+
+// Item 10: an empty handle skipped the length check and the resolver, and the job read A from
+// an empty string.
+TEST(Validation, EmptyHandleIsInvalidArgument) {
+  GemmJob job;
+  v1::GemmRequest r = Request(4, 4, 4);
+  r.set_a_handle("");
+  grpc::Status s = ValidateGemmRequest(r, Rules(), &job);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(s.error_message().rfind("a_handle: empty", 0), 0u) << s.error_message();
+  r = Request(4, 4, 4);
+  r.set_b_handle("");
+  s = ValidateGemmRequest(r, Rules(), &job);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(s.error_message().rfind("b_handle: empty", 0), 0u) << s.error_message();
+}
+
+// Item 6: "auto" with an accumulation no kernel has is refused, not silently run otherwise.
+TEST(Validation, AutoRefusesAccumulationNoKernelHas) {
+  RequestRules rules = Rules();
+  rules.kernels = {{.name = "fp32only", .fp16_accumulation = false, .fp32_accumulation = true}};
+  EXPECT_FALSE(AutoSupports(rules, Accumulation::kFp16));
+  EXPECT_TRUE(AutoSupports(rules, Accumulation::kFp32));
+  GemmJob job;
+  v1::GemmRequest r = Request(2, 2, 2);
+  r.mutable_options()->set_accumulation(v1::ACCUMULATION_FP16);
+  grpc::Status s = ValidateGemmRequest(r, rules, &job);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(s.error_message().find("FP16"), std::string::npos) << s.error_message();
+  r.mutable_options()->set_accumulation(v1::ACCUMULATION_FP32);
+  EXPECT_TRUE(ValidateGemmRequest(r, rules, &job).ok());
 }
 
 }  // namespace

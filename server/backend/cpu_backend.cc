@@ -4,6 +4,8 @@
 
 #include <atomic>
 #include <cstring>
+#include <memory>
+#include <new>
 
 #include "kernels/host/cpu_gemm.h"
 #include "server/status_util.h"
@@ -36,13 +38,22 @@ class CpuBackend final : public Backend {
 
   grpc::Status AllocateResident(int device_index, int64_t bytes,
                                 std::shared_ptr<ResidentBuffer>* buffer) override {
+    if (bytes <= 0) {
+      return status::BackendFailure(fmt::format("resident buffer of {} bytes", bytes));
+    }
     if (resident_bytes_.fetch_add(bytes) + bytes > options_.resident_budget_bytes) {
       resident_bytes_ -= bytes;
       return status::OverLimit(fmt::format(
           "resident matrices would pass the CPU backend's budget of {} bytes ({} in use)",
           options_.resident_budget_bytes, resident_bytes_.load()));
     }
-    *buffer = std::make_shared<ResidentBuffer>(device_index, bytes, new char[bytes],
+    // The budget is host memory the machine may not have: a failed allocation is a refusal.
+    std::unique_ptr<char[]> data(new (std::nothrow) char[bytes]);
+    if (!data) {
+      resident_bytes_ -= bytes;
+      return status::OverLimit(fmt::format("out of host memory for {} bytes", bytes));
+    }
+    *buffer = std::make_shared<ResidentBuffer>(device_index, bytes, data.release(),
                                                [this, bytes](void* p) {
                                                  delete[] static_cast<char*>(p);
                                                  resident_bytes_ -= bytes;

@@ -356,6 +356,9 @@ grpc::Status CudaBackend::AllocateResident(int device_index, int64_t bytes,
   if (!device.healthy) {
     return status::BackendFailure(fmt::format("device {} is unusable", device.ordinal));
   }
+  if (bytes <= 0) {  // would lower the budget's count for good
+    return status::BackendFailure(fmt::format("resident buffer of {} bytes", bytes));
+  }
   const int64_t size = (bytes + kResidentGranularity - 1) / kResidentGranularity * kResidentGranularity;
   void* data = device.TakeCached(size);
   if (data == nullptr) {

@@ -53,7 +53,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         h->set_keep_c_resident(in.ConsumeBool());
         break;
       }
-      case 3: case 4: case 5: case 6: case 7: {
+      case 3: case 4: case 5: case 6: {
         v1::MatrixChunk* c = message.mutable_chunk();
         c->set_gemm_id(id);
         c->set_operand(v1::Operand(in.ConsumeIntegralInRange<int>(0, 3)));
@@ -68,6 +68,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         c->set_data(std::string(in.ConsumeIntegralInRange<size_t>(0, 4096), '\1'));
         break;
       }
+      case 7:  // the service refuses a GEMM it was handed (e.g. an unknown handle)
+        if (!pending.empty()) {
+          auto it = pending.begin();
+          assembler.Refuse(it->first);
+          answered.push_back(it->first);
+          pending.erase(it);
+        }
+        continue;
       case 8:
         if (!answered.empty()) {
           assembler.Release(answered.back());
@@ -83,7 +91,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       fuzz::Fail("a message shows a wrapped negative number", s.error_message());
     }
     if (!s.ok()) break;  // the stream ends
-    if (event.header) {
+    if (event.header && !event.header->refused.ok()) {  // answered at once
+      if (event.header->refused.error_message().size() > 1024) fuzz::Fail("message too long", "");
+      answered.push_back(event.header->gemm_id);
+    } else if (event.header) {
       const StreamedGemm& g = *event.header;
       const v1::GemmHeader& h = message.header();
       if (h.m() == 0 || h.n() == 0 || h.k() == 0) fuzz::Fail("accepted a zero dimension", "");
