@@ -66,12 +66,72 @@ GemmServiceImpl::GemmServiceImpl(Scheduler* scheduler, Backend* backend, MatrixS
       backend_(backend),
       store_(store),
       uploads_(uploads),
-      options_(std::move(options)) {}
+      options_(std::move(options)),
+      janitor_([this] { ExpireIdleCalls(); }) {}
+
+GemmServiceImpl::~GemmServiceImpl() {
+  {
+    std::lock_guard<std::mutex> lock(calls_mu_);
+    stopping_ = true;
+  }
+  janitor_wake_.notify_all();
+  janitor_.join();
+}
+
+void GemmServiceImpl::Drain() {
+  std::lock_guard<std::mutex> lock(calls_mu_);
+  draining_ = true;
+  for (TrackedCall* call : calls_) call->Drain();
+}
+
+void GemmServiceImpl::Track(TrackedCall* call) {
+  std::lock_guard<std::mutex> lock(calls_mu_);
+  calls_.insert(call);
+  if (draining_) call->Drain();
+}
+
+void GemmServiceImpl::Untrack(TrackedCall* call) {
+  std::lock_guard<std::mutex> lock(calls_mu_);
+  calls_.erase(call);
+}
+
+void GemmServiceImpl::ExpireIdleCalls() {
+  // A few looks per timeout: a call expires at most a quarter of it late.
+  const auto period = std::clamp<Clock::duration>(options_.idle_timeout / 4,
+                                                  std::chrono::milliseconds(10),
+                                                  std::chrono::seconds(1));
+  std::unique_lock<std::mutex> lock(calls_mu_);
+  while (!stopping_) {
+    janitor_wake_.wait_for(lock, period);
+    const Clock::time_point cutoff = Clock::now() - options_.idle_timeout;
+    for (TrackedCall* call : calls_) call->ExpireIdle(cutoff);
+  }
+}
+
+grpc::Status GemmServiceImpl::ChargePending(const std::string& owner, int64_t bytes) {
+  std::lock_guard<std::mutex> lock(pending_mu_);
+  auto it = pending_bytes_.find(owner);
+  const int64_t held = it == pending_bytes_.end() ? 0 : it->second;
+  if (bytes > options_.max_client_pending_bytes - held) {
+    return status::OverLimit(fmt::format(
+        "its operands ({} bytes) would put this client's incomplete streamed GEMMs over {} "
+        "bytes (--max_client_pending_bytes; {} pending now)",
+        bytes, options_.max_client_pending_bytes, held));
+  }
+  pending_bytes_[owner] = held + bytes;
+  return grpc::Status::OK;
+}
+
+void GemmServiceImpl::ReleasePending(const std::string& owner, int64_t bytes) {
+  std::lock_guard<std::mutex> lock(pending_mu_);
+  auto it = pending_bytes_.find(owner);
+  if (it != pending_bytes_.end() && (it->second -= bytes) <= 0) pending_bytes_.erase(it);
+}
 
 grpc::Status GemmServiceImpl::ResolveResident(const std::string& owner,
                                               const std::string& a_handle,
                                               const std::string& b_handle, bool keep_c,
-                                              GemmJob* job) const {
+                                              GemmJob* job, QuotaReservation* c_quota) const {
   const GemmShape& shape = job->shape;
   struct Operand {
     const std::string& handle;
@@ -86,8 +146,8 @@ grpc::Status GemmServiceImpl::ResolveResident(const std::string& owner,
     if (grpc::Status s = store_->Lookup(owner, o.handle, o.field, &m); !s.ok()) return s;
     if (m.rows != o.rows || m.cols != o.cols) {
       return status::InvalidArgument(
-          o.field, fmt::format("matrix '{}' is {}x{}; this GEMM needs {}x{}", o.handle, m.rows,
-                               m.cols, o.rows, o.cols));
+          o.field, fmt::format("matrix {} is {}x{}; this GEMM needs {}x{}",
+                               status::Quote(o.handle), m.rows, m.cols, o.rows, o.cols));
     }
     // A and B on different devices: run where the larger one lives; the backend copies the
     // other one over for the run.
@@ -97,11 +157,8 @@ grpc::Status GemmServiceImpl::ResolveResident(const std::string& owner,
     *o.slot = m.buffer;
   }
   if (keep_c) {
-    const int64_t c_bytes = shape.CBytes();
-    if (store_->ClientBytes(owner) + c_bytes > options_.resident.quota_bytes_per_client) {
-      return status::OverLimit(fmt::format(
-          "keep_c_resident: C ({} bytes) would pass this client's resident quota of {}", c_bytes,
-          options_.resident.quota_bytes_per_client));
+    if (grpc::Status s = store_->Reserve(owner, shape.CBytes(), c_quota); !s.ok()) {
+      return grpc::Status(s.error_code(), "keep_c_resident: " + s.error_message());
     }
     job->keep_c = true;
   }
@@ -121,10 +178,10 @@ void GemmServiceImpl::Describe(const ResidentMatrix& m, v1::MatrixInfo* info) co
   info->set_label(m.label);
 }
 
-void GemmServiceImpl::KeepResult(const std::string& owner, const GemmShape& shape,
+void GemmServiceImpl::KeepResult(QuotaReservation c_quota, const GemmShape& shape,
                                  const GemmReport& report, uint32_t ttl_seconds,
                                  v1::MatrixInfo* info) const {
-  ResidentMatrix m = store_->Add(owner, shape.m, shape.n, report.c_resident,
+  ResidentMatrix m = store_->Add(std::move(c_quota), shape.m, shape.n, report.c_resident,
                                  std::chrono::seconds(ttl_seconds), "C of " + report.kernel);
   Describe(m, info);
 }
@@ -133,19 +190,33 @@ grpc::ServerUnaryReactor* GemmServiceImpl::Gemm(grpc::CallbackServerContext* con
                                                 const v1::GemmRequest* request,
                                                 v1::GemmResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  GemmJob job;
-  grpc::Status s = ValidateGemmRequest(*request, options_.rules, &job);
-  if (!s.ok()) {
-    spdlog::debug("Gemm rejected: {}", s.error_message());
-    reactor->Finish(s);
-    return reactor;
+  grpc::Status s;
+  try {
+    s = AdmitGemm(context, *request, response, reactor);
+  } catch (...) {  // before the scheduler took the job: nobody else will answer the call
+    s = status::FromCurrentException("Gemm");
   }
-  const std::string owner = ClientIdentity(context);
-  s = ResolveResident(owner, request->a_handle(), request->b_handle(), request->keep_c_resident(),
-                      &job);
   if (!s.ok()) {
+    spdlog::debug("Gemm refused: {}", s.error_message());
     reactor->Finish(s);
-    return reactor;
+  }
+  return reactor;
+}
+
+grpc::Status GemmServiceImpl::AdmitGemm(grpc::CallbackServerContext* context,
+                                        const v1::GemmRequest& request,
+                                        v1::GemmResponse* response,
+                                        grpc::ServerUnaryReactor* reactor) {
+  GemmJob job;
+  if (grpc::Status s = ValidateGemmRequest(request, options_.rules, &job); !s.ok()) return s;
+  // Before C's buffer is made: the size limits say whether it may be.
+  if (grpc::Status s = scheduler_->CheckSize(job.shape); !s.ok()) return s;
+  auto c_quota = std::make_shared<QuotaReservation>();  // shared: GemmDone must be copyable
+  if (grpc::Status s = ResolveResident(ClientIdentity(context), request.a_handle(),
+                                       request.b_handle(), request.keep_c_resident(), &job,
+                                       c_quota.get());
+      !s.ok()) {
+    return s;
   }
   const GemmShape shape = job.shape;
   response->set_m(shape.m);
@@ -155,68 +226,109 @@ grpc::ServerUnaryReactor* GemmServiceImpl::Gemm(grpc::CallbackServerContext* con
     response->mutable_c()->resize(shape.CBytes());
     job.c = reinterpret_cast<uint16_t*>(response->mutable_c()->data());
   }
-  job.a = HalfData(request->a());
-  job.b = HalfData(request->b());
+  job.a = HalfData(request.a());
+  job.b = HalfData(request.b());
   job.deadline = SteadyDeadline(context);
   job.is_cancelled = [context] { return context->IsCancelled(); };
-  const uint32_t c_ttl = request->c_ttl_seconds();
-  s = scheduler_->Enqueue(std::move(job), [this, reactor, response, shape, owner, c_ttl](
-                                              const grpc::Status& status, const GemmReport& report) {
-    if (status.ok()) {
-      ToProto(shape, report, response->mutable_timing(), response->mutable_execution());
-      response->mutable_execution()->set_backend(backend_->Name());
-      if (report.c_resident) KeepResult(owner, shape, report, c_ttl, response->mutable_c_matrix());
-    }
-    reactor->Finish(status);
-  });
-  if (!s.ok()) reactor->Finish(s);
-  return reactor;
+  const uint32_t c_ttl = request.c_ttl_seconds();
+  return scheduler_->Enqueue(
+      std::move(job), [this, reactor, response, shape, c_quota, c_ttl](const grpc::Status& status,
+                                                                       const GemmReport& report) {
+        grpc::Status answer = status;
+        try {
+          if (status.ok()) {
+            ToProto(shape, report, response->mutable_timing(), response->mutable_execution());
+            response->mutable_execution()->set_backend(backend_->Name());
+            if (report.c_resident) {
+              KeepResult(std::move(*c_quota), shape, report, c_ttl, response->mutable_c_matrix());
+            }
+          }
+        } catch (...) {
+          answer = status::FromCurrentException("Gemm result");
+        }
+        reactor->Finish(answer);
+      });
 }
+
+// Bytes of a client's pending-operand budget (ServiceOptions::max_client_pending_bytes) that a
+// streamed GEMM holds until its chunks are all in.
+class PendingCharge {
+ public:
+  PendingCharge() = default;
+  PendingCharge(const PendingCharge&) = delete;
+  PendingCharge& operator=(const PendingCharge&) = delete;
+  ~PendingCharge() { Release(); }
+
+  // Takes `bytes` for `owner`, or says why not.
+  grpc::Status Take(GemmServiceImpl* service, const std::string& owner, int64_t bytes) {
+    Release();
+    if (grpc::Status s = service->ChargePending(owner, bytes); !s.ok()) return s;
+    service_ = service, owner_ = owner, bytes_ = bytes;
+    return grpc::Status::OK;
+  }
+  void Release() {
+    if (service_ != nullptr) std::exchange(service_, nullptr)->ReleasePending(owner_, bytes_);
+  }
+
+ private:
+  GemmServiceImpl* service_ = nullptr;
+  std::string owner_;
+  int64_t bytes_ = 0;
+};
 
 // One GemmStream call. Reads are sequential; each chunk is handed to the upload queue as it
 // arrives, so operands reach the device while the rest of the stream is still on the wire; a
 // GEMM is enqueued when its last chunk has been copied. Completions arrive on scheduler threads;
-// the write queue is drained one message at a time. Finish happens once the client has stopped
-// sending (or broke a rule), every copy and every admitted GEMM is done and every answer is
-// written.
+// the write queue is drained one message at a time. A GEMM refused for any reason of its own is
+// answered at once. Finish happens once the client has stopped sending (or broke a rule, or the
+// server is draining and nothing is half-received), every copy and every admitted GEMM is done
+// and every answer is written.
 class GemmStreamReactor final
-    : public grpc::ServerBidiReactor<v1::GemmStreamRequest, v1::GemmStreamResponse> {
+    : public grpc::ServerBidiReactor<v1::GemmStreamRequest, v1::GemmStreamResponse>,
+      public GemmServiceImpl::TrackedCall {
  public:
-  GemmStreamReactor(const GemmServiceImpl& service, grpc::CallbackServerContext* context)
+  GemmStreamReactor(GemmServiceImpl& service, grpc::CallbackServerContext* context)
       : service_(service),
         context_(context),
         owner_(ClientIdentity(context)),
         assembler_(service.options_.rules, service.options_.max_stream_pending_bytes) {
     StartRead(&request_);
+    service_.Track(this);  // after StartRead: a drain may finish the call at once
   }
 
   void OnReadDone(bool ok) override {
+    std::unique_lock<std::mutex> lock(mu_);
     if (!ok) {  // the client closed its side, or the call was cancelled
-      std::lock_guard<std::mutex> lock(mu_);
       if (std::vector<uint64_t> ids = assembler_.Incomplete(); !ids.empty() && error_.ok()) {
         error_ = status::InvalidArgument(
             "stream", fmt::format("closed by the client while gemm_id {} was incomplete",
                                   fmt::join(ids, ", ")));
       }
       reads_done_ = true;
-      MaybeFinishLocked();
-      return;
+      return MaybeFinishLocked();
     }
+    if (finished_) return;  // drained meanwhile: nothing more is read
     StreamEvent event;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      grpc::Status s = assembler_.Consume(request_, &event);
-      if (!s.ok()) {
-        spdlog::debug("GemmStream broken: {}", s.error_message());
-        error_ = s;
-        reads_done_ = true;  // stop reading; answer what was admitted, then fail the call
-        MaybeFinishLocked();
-        return;
+    grpc::Status s = assembler_.Consume(request_, &event);
+    if (s.ok()) {
+      reading_ = true;  // the message is being acted on: the call can't finish under it
+      lock.unlock();
+      try {
+        if (event.header) Start(std::move(*event.header));
+        if (event.chunk) Place(std::move(*event.chunk));
+      } catch (...) {
+        s = status::FromCurrentException("GemmStream");
       }
+      lock.lock();
+      reading_ = false;
     }
-    if (event.header) Start(std::move(*event.header));
-    if (event.chunk) Place(std::move(*event.chunk));
-    StartRead(&request_);
+    if (!s.ok()) {
+      spdlog::debug("GemmStream broken: {}", s.error_message());
+      if (error_.ok()) error_ = s;
+      reads_done_ = true;  // stop reading; answer what was admitted, then fail the call
+    }
+    MaybeFinishLocked();
+    if (!reads_done_ && !finished_) StartRead(&request_);
   }
 
   void OnWriteDone(bool ok) override {
@@ -231,8 +343,37 @@ class GemmStreamReactor final
   }
 
   void OnDone() override {
+    service_.Untrack(this);
     { std::lock_guard<std::mutex> lock(mu_); }  // whoever called Finish has let go of mu_
     delete this;
+  }
+
+  void Drain() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    draining_ = true;
+    MaybeFinishLocked();
+  }
+
+  void ExpireIdle(Clock::time_point cutoff) override {
+    std::vector<std::shared_ptr<Call>> expired;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (auto it = receiving_.begin(); it != receiving_.end();) {
+        if (it->second->last_chunk >= cutoff) {
+          ++it;
+          continue;
+        }
+        assembler_.Refuse(it->first);
+        expired.push_back(it->second);
+        it = receiving_.erase(it);
+      }
+    }
+    for (const std::shared_ptr<Call>& call : expired) {
+      call->refused = status::Idle(fmt::format(
+          "gemm_id {}: no chunk for {} s; its operands were dropped", call->streamed.gemm_id,
+          service_.options_.idle_timeout.count()));
+      Submit(call);
+    }
   }
 
  private:
@@ -242,9 +383,11 @@ class GemmStreamReactor final
         : streamed(std::move(header)),
           tally(streamed.refused.ok() ? streamed.ChunkedBytes() : 0) {}
     StreamedGemm streamed;  // its job gets the resident operands and the chunks' buffers
-    // Not OK: answered with it instead of run (refused at its header, or a copy failed).
+    // Not OK: answered with it instead of run (refused at its header, idle, or a copy failed).
     grpc::Status refused;
     WriteTally tally;       // guarded by mu_
+    PendingCharge pending;  // its chunked bytes, until they are all in
+    Clock::time_point last_chunk;  // guarded by mu_; while in receiving_
     // The answer (guarded by mu_ once the GEMM is submitted):
     std::string c;
     int64_t c_ready = 0;     // C's bytes [0, c_ready) are final: they may be written out
@@ -254,13 +397,18 @@ class GemmStreamReactor final
     grpc::Status status;
     GemmReport report;
     v1::MatrixInfo c_matrix;  // a kept C
+    QuotaReservation c_quota;  // for a kept C, until it is added to the store
   };
 
   void Start(StreamedGemm header) {
     auto call = std::make_shared<Call>(std::move(header));
     call->refused = call->streamed.refused;
     if (call->refused.ok()) {
-      call->refused = Prepare(call->streamed);
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (draining_) call->refused = status::ShuttingDown();
+      }
+      if (call->refused.ok()) call->refused = Prepare(*call);
       if (!call->refused.ok()) {
         std::lock_guard<std::mutex> lock(mu_);
         assembler_.Refuse(call->streamed.gemm_id);  // its chunks are dropped from here on
@@ -269,20 +417,26 @@ class GemmStreamReactor final
     // Refused: answered at once, so the client learns it before sending all of its chunks.
     if (!call->refused.ok() || call->streamed.ChunkedBytes() == 0) return Submit(call);
     std::lock_guard<std::mutex> lock(mu_);
+    call->last_chunk = Clock::now();
     receiving_[call->streamed.gemm_id] = call;
   }
 
   // Resolves handles and allocates where the chunked operands go, on the device the GEMM will
   // run on: the device of its resident operands, else the least loaded one.
-  grpc::Status Prepare(StreamedGemm& gemm) {
+  grpc::Status Prepare(Call& call) {
+    StreamedGemm& gemm = call.streamed;
     GemmJob& job = gemm.job;
     if (grpc::Status s = service_.scheduler_->CheckSize(job.shape); !s.ok()) return s;
     if (grpc::Status s = service_.ResolveResident(owner_, gemm.a_handle, gemm.b_handle,
-                                                  gemm.keep_c, &job);
+                                                  gemm.keep_c, &job, &call.c_quota);
         !s.ok()) {
       return s;
     }
     if (gemm.ChunkedBytes() == 0) return grpc::Status::OK;
+    if (grpc::Status s = call.pending.Take(&service_, owner_, gemm.ChunkedBytes()); !s.ok()) {
+      return grpc::Status(s.error_code(), fmt::format("gemm_id {}: {}", gemm.gemm_id,
+                                                      s.error_message()));
+    }
     if (job.device_index < 0) job.device_index = service_.scheduler_->LeastLoadedDevice();
     for (auto [chunked, bytes, buffer] :
          {std::tuple{gemm.a_handle.empty(), job.shape.ABytes(), &job.a_resident},
@@ -302,8 +456,10 @@ class GemmStreamReactor final
     std::shared_ptr<Call> call;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      auto it = receiving_.find(chunk.gemm_id);  // the assembler hands out chunks of these only
+      auto it = receiving_.find(chunk.gemm_id);
+      if (it == receiving_.end()) return;  // expired between the assembler and here: dropped
       call = it->second;
+      call->last_chunk = Clock::now();
       if (chunk.last) receiving_.erase(it);
       writes_in_flight_++;
     }
@@ -327,6 +483,7 @@ class GemmStreamReactor final
 
   // Enqueues the GEMM, or answers it with the reason it was refused.
   void Submit(std::shared_ptr<Call> call) {
+    call->pending.Release();  // its chunks are all in (or no more are awaited)
     {
       std::lock_guard<std::mutex> lock(mu_);
       in_flight_++;
@@ -335,31 +492,36 @@ class GemmStreamReactor final
     call->streamed.job.a_resident.reset();  // the job holds the operands until it has run
     call->streamed.job.b_resident.reset();
     if (!call->refused.ok()) return Complete(call, call->refused, GemmReport{});
-    if (!job.keep_c) {
-      call->c = service_.result_buffers_.Take(job.shape.CBytes());
-      job.c = reinterpret_cast<uint16_t*>(call->c.data());
+    grpc::Status s;
+    try {
+      if (!job.keep_c) {
+        call->c = service_.result_buffers_.Take(job.shape.CBytes());
+        job.c = reinterpret_cast<uint16_t*>(call->c.data());
+      }
+      job.deadline = SteadyDeadline(context_);
+      job.is_cancelled = [this] { return context_->IsCancelled(); };
+      // C goes out chunk by chunk while the rest of it is still coming off the device.
+      job.c_progress = [this, call](int64_t ready) {
+        std::lock_guard<std::mutex> lock(mu_);
+        call->c_ready = ready;
+        QueueLocked(call);
+        NextWriteLocked();
+      };
+      s = service_.scheduler_->Enqueue(
+          std::move(job), [this, call](const grpc::Status& status, const GemmReport& report) {
+            Complete(call, status, report);
+          });
+    } catch (...) {  // before the scheduler took it: answered here
+      s = status::FromCurrentException("GemmStream");
     }
-    job.deadline = SteadyDeadline(context_);
-    job.is_cancelled = [this] { return context_->IsCancelled(); };
-    // C goes out chunk by chunk while the rest of it is still coming off the device.
-    job.c_progress = [this, call](int64_t ready) {
-      std::lock_guard<std::mutex> lock(mu_);
-      call->c_ready = ready;
-      QueueLocked(call);
-      NextWriteLocked();
-    };
-    grpc::Status s = service_.scheduler_->Enqueue(
-        std::move(job), [this, call](const grpc::Status& status, const GemmReport& report) {
-          Complete(call, status, report);
-        });
     if (!s.ok()) Complete(call, s, GemmReport{});
   }
 
   void Complete(std::shared_ptr<Call> call, const grpc::Status& status, const GemmReport& report) {
     v1::MatrixInfo c_matrix;
     if (status.ok() && report.c_resident) {
-      service_.KeepResult(owner_, call->streamed.job.shape, report, call->streamed.c_ttl_seconds,
-                          &c_matrix);
+      service_.KeepResult(std::move(call->c_quota), call->streamed.job.shape, report,
+                          call->streamed.c_ttl_seconds, &c_matrix);
     }
     std::lock_guard<std::mutex> lock(mu_);
     call->status = status;
@@ -426,19 +588,24 @@ class GemmStreamReactor final
   }
 
   void MaybeFinishLocked() {
-    if (finished_ || !reads_done_ || in_flight_ > 0 || writes_in_flight_ > 0 || writing_ ||
+    if (finished_ || reading_ || in_flight_ > 0 || writes_in_flight_ > 0 || writing_ ||
         !outgoing_.empty()) {
       return;
     }
+    // Draining, a stream with nothing half-received ends now (a read may be outstanding:
+    // Finish is allowed then, and that read completes with ok = false).
+    if (!reads_done_ && !(draining_ && receiving_.empty())) return;
     finished_ = true;
     if (broken_ || context_->IsCancelled()) {
       Finish(status::Cancelled());
+    } else if (!reads_done_) {
+      Finish(status::ShuttingDown());
     } else {
       Finish(error_);
     }
   }
 
-  const GemmServiceImpl& service_;
+  GemmServiceImpl& service_;
   grpc::CallbackServerContext* const context_;
   const std::string owner_;
   v1::GemmStreamRequest request_;  // the read in flight
@@ -455,6 +622,8 @@ class GemmStreamReactor final
   v1::GemmStreamResponse done_message_;                   // guarded by mu_; written GemmDones
   bool writing_ = false;                                  // guarded by mu_
   bool broken_ = false;                                   // guarded by mu_; a write failed
+  bool reading_ = false;  // guarded by mu_; a message is being acted on outside mu_
+  bool draining_ = false;                                 // guarded by mu_; see Drain()
   bool finished_ = false;                                 // guarded by mu_
 };
 
@@ -524,36 +693,65 @@ grpc::ServerUnaryReactor* GemmServiceImpl::GetServerInfo(grpc::CallbackServerCon
 // UploadMatrix: the header allocates the matrix where it will live; each chunk is handed to the
 // upload queue as it arrives; the matrix is registered once the client is done and every copy
 // has landed.
-class UploadMatrixReactor final : public grpc::ServerReadReactor<v1::UploadMatrixRequest> {
+class UploadMatrixReactor final : public grpc::ServerReadReactor<v1::UploadMatrixRequest>,
+                                  public GemmServiceImpl::TrackedCall {
  public:
-  UploadMatrixReactor(const GemmServiceImpl& service, grpc::CallbackServerContext* context,
+  UploadMatrixReactor(GemmServiceImpl& service, grpc::CallbackServerContext* context,
                       v1::MatrixInfo* response)
       : service_(service), owner_(ClientIdentity(context)), response_(response) {
     StartRead(&request_);
+    service_.Track(this);
   }
 
   void OnReadDone(bool ok) override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (reads_done_) return;  // timed out meanwhile: nothing more is read
+      reading_ = true;  // the message is being acted on: the call can't finish under it
+      last_read_ = Clock::now();
+    }
     grpc::Status s;
-    if (!ok) {  // the client has sent everything (or went away)
-      if (!buffer_) {
-        s = status::InvalidArgument("header", "no header was sent");
-      } else if (received_ != buffer_->bytes) {
-        s = status::InvalidArgument("chunk", fmt::format("the stream ended after {} of the matrix's {} bytes",
-                                                         received_, buffer_->bytes));
+    bool more = false;
+    try {
+      if (!ok) {  // the client has sent everything (or went away)
+        if (!buffer_) {
+          s = status::InvalidArgument("header", "no header was sent");
+        } else if (received_ != buffer_->bytes) {
+          s = status::InvalidArgument(
+              "chunk", fmt::format("the stream ended after {} of the matrix's {} bytes",
+                                   received_, buffer_->bytes));
+        }
+      } else {
+        s = buffer_ ? ConsumeChunk() : ConsumeHeader();
+        more = s.ok();
       }
-    } else {
-      s = buffer_ ? ConsumeChunk() : ConsumeHeader();
-      if (s.ok()) return StartRead(&request_);
+    } catch (...) {
+      s = status::FromCurrentException("UploadMatrix");
+      more = false;
     }
     std::lock_guard<std::mutex> lock(mu_);
+    reading_ = false;
+    if (more) return StartRead(&request_);
     error_ = s;
     reads_done_ = true;
     MaybeFinishLocked();
   }
 
   void OnDone() override {
+    service_.Untrack(this);
     { std::lock_guard<std::mutex> lock(mu_); }  // whoever called Finish has let go of mu_
     delete this;
+  }
+
+  void Drain() override {}  // an upload in progress gets the drain deadline
+
+  void ExpireIdle(Clock::time_point cutoff) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (reads_done_ || reading_ || last_read_ >= cutoff) return;
+    error_ = status::Idle(fmt::format("UploadMatrix: no message for {} s; the upload was dropped",
+                                      service_.options_.idle_timeout.count()));
+    reads_done_ = true;  // the read outstanding completes after Finish, and is ignored
+    MaybeFinishLocked();
   }
 
  private:
@@ -584,9 +782,9 @@ class UploadMatrixReactor final : public grpc::ServerReadReactor<v1::UploadMatri
       }
       device_index = int(it - devices.begin());
     }
-    std::shared_ptr<ResidentBuffer> buffer;  // after the client's quota check
+    std::shared_ptr<ResidentBuffer> buffer;
     if (grpc::Status s = service_.store_->Allocate(owner_, device_index, header_.rows(),
-                                                   header_.cols(), &buffer);
+                                                   header_.cols(), &buffer, &quota_);
         !s.ok()) {
       return s;
     }
@@ -620,25 +818,29 @@ class UploadMatrixReactor final : public grpc::ServerReadReactor<v1::UploadMatri
   }
 
   void MaybeFinishLocked() {
-    if (finished_ || !reads_done_ || writes_in_flight_ > 0) return;
+    if (finished_ || !reads_done_ || reading_ || writes_in_flight_ > 0) return;
     finished_ = true;
     grpc::Status s = error_.ok() ? tally_->error() : error_;
     if (s.ok()) {
-      ResidentMatrix m = service_.store_->Add(owner_, header_.rows(), header_.cols(),
+      ResidentMatrix m = service_.store_->Add(std::move(quota_), header_.rows(), header_.cols(),
                                               std::move(buffer_),
                                               std::chrono::seconds(header_.ttl_seconds()),
                                               header_.label());
       service_.Describe(m, response_);
+    } else {  // given back before the client hears of it, so that it can retry at once
+      quota_ = QuotaReservation();
+      buffer_.reset();
     }
     Finish(s);
   }
 
-  const GemmServiceImpl& service_;
+  GemmServiceImpl& service_;
   const std::string owner_;
   v1::MatrixInfo* const response_;
   v1::UploadMatrixRequest request_;  // the read in flight
   v1::MatrixHeader header_;
   int64_t received_ = 0;
+  QuotaReservation quota_;  // the matrix's bytes of the client's quota, from the header on
 
   std::mutex mu_;
   // Where the matrix goes: set by the header, moved into the store once the reads are done.
@@ -647,6 +849,8 @@ class UploadMatrixReactor final : public grpc::ServerReadReactor<v1::UploadMatri
   int64_t writes_in_flight_ = 0;            // guarded by mu_
   grpc::Status error_;                      // guarded by mu_; a broken rule
   bool reads_done_ = false;                 // guarded by mu_
+  bool reading_ = false;                    // guarded by mu_; a message is being acted on
+  Clock::time_point last_read_ = Clock::now();  // guarded by mu_
   bool finished_ = false;                   // guarded by mu_
 };
 
@@ -691,8 +895,13 @@ class DownloadMatrixReactor final : public grpc::ServerWriteReactor<v1::ResultCh
       return;
     }
     std::thread([this, &service, buffer = m.buffer] {
-      data_ = buffers_.Take(buffer->bytes);
-      grpc::Status read = service.backend_->ReadResident(*buffer, data_.data());
+      grpc::Status read;
+      try {
+        data_ = buffers_.Take(buffer->bytes);
+        read = service.backend_->ReadResident(*buffer, data_.data());
+      } catch (...) {
+        read = status::FromCurrentException("DownloadMatrix");
+      }
       if (!read.ok()) return Finish(read);
       NextWrite();
     }).detach();

@@ -7,8 +7,14 @@
 #ifndef HGEMM_SERVER_GEMM_SERVICE_H_
 #define HGEMM_SERVER_GEMM_SERVICE_H_
 
+#include <chrono>
+#include <condition_variable>
 #include <cstdint>
+#include <map>
+#include <mutex>
+#include <set>
 #include <string>
+#include <thread>
 
 #include "proto/hgemm.grpc.pb.h"
 #include "server/backend/backend.h"
@@ -26,8 +32,13 @@ struct ServiceOptions {
   RequestRules rules;
   // Size of the ResultChunks a stream sends back.
   int64_t stream_chunk_bytes = int64_t{1} << 20;
-  // Operand bytes one stream may hold for GEMMs whose chunks are still arriving.
-  int64_t max_stream_pending_bytes = int64_t{8} << 30;
+  // Operand bytes one stream, and all streams of one client, may hold for GEMMs whose chunks
+  // are still arriving; a GEMM that would pass either is refused (RESOURCE_EXHAUSTED).
+  int64_t max_stream_pending_bytes = int64_t{4} << 30;
+  int64_t max_client_pending_bytes = int64_t{8} << 30;
+  // A streamed GEMM or an upload whose next chunk doesn't come for this long is refused with
+  // DEADLINE_EXCEEDED and its buffers freed.
+  std::chrono::seconds idle_timeout{60};
   // Idle host buffers kept for the next streamed C or download (see HostBufferPool).
   int64_t result_buffer_pool_bytes = int64_t{1} << 30;
   // Reported in GetServerInfo.limits.
@@ -45,6 +56,12 @@ class GemmServiceImpl final : public v1::GemmService::CallbackService {
   // `scheduler`, `backend`, `store` and `uploads` must outlive the service.
   GemmServiceImpl(Scheduler* scheduler, Backend* backend, MatrixStore* store,
                   UploadQueue* uploads, ServiceOptions options);
+  ~GemmServiceImpl() override;  // REQUIRES: no call in progress (the server has shut down)
+
+  // Shutdown has begun (call before grpc::Server::Shutdown): open streams refuse new GEMMs
+  // with UNAVAILABLE, and each ends with UNAVAILABLE as soon as its in-flight work is
+  // answered — at once if it is idle — instead of holding the drain until its deadline.
+  void Drain();
 
   grpc::ServerUnaryReactor* Gemm(grpc::CallbackServerContext* context,
                                  const v1::GemmRequest* request,
@@ -73,13 +90,39 @@ class GemmServiceImpl final : public v1::GemmService::CallbackService {
   friend class UploadMatrixReactor;
   friend class DownloadMatrixReactor;
 
+  // A streaming call the service keeps track of, for Drain() and the idle timeout.
+  class TrackedCall {
+   public:
+    virtual ~TrackedCall() = default;
+    virtual void Drain() = 0;
+    // Refuses what has waited for a chunk since before `cutoff`.
+    virtual void ExpireIdle(Clock::time_point cutoff) = 0;
+  };
+  // Calls register when created and unregister in OnDone, before they are deleted. A call
+  // registered after Drain() is drained at once.
+  void Track(TrackedCall* call);
+  void Untrack(TrackedCall* call);
+  void ExpireIdleCalls();  // the janitor thread
+
+  // Takes `bytes` of `owner`'s budget of pending stream operands (max_client_pending_bytes),
+  // or RESOURCE_EXHAUSTED; ReleasePending gives them back.
+  friend class PendingCharge;
+  grpc::Status ChargePending(const std::string& owner, int64_t bytes);
+  void ReleasePending(const std::string& owner, int64_t bytes);
+
+  // Gemm's work up to the scheduler: OK once the job is admitted (its callback answers the
+  // call), else the status to answer with.
+  grpc::Status AdmitGemm(grpc::CallbackServerContext* context, const v1::GemmRequest& request,
+                         v1::GemmResponse* response, grpc::ServerUnaryReactor* reactor);
+
   // Puts the resident operands named by handle into `job` (their shapes must match) and pins
-  // the job to their device (that of the larger one, if A and B live on different devices) and
-  // checks the quota for a kept C.
+  // the job to their device (that of the larger one, if A and B live on different devices);
+  // for a kept C, reserves its bytes of the client's quota in `c_quota`.
   grpc::Status ResolveResident(const std::string& owner, const std::string& a_handle,
-                               const std::string& b_handle, bool keep_c, GemmJob* job) const;
-  // Registers a kept C and describes it.
-  void KeepResult(const std::string& owner, const GemmShape& shape, const GemmReport& report,
+                               const std::string& b_handle, bool keep_c, GemmJob* job,
+                               QuotaReservation* c_quota) const;
+  // Registers a kept C under its quota reservation and describes it.
+  void KeepResult(QuotaReservation c_quota, const GemmShape& shape, const GemmReport& report,
                   uint32_t ttl_seconds, v1::MatrixInfo* info) const;
   void Describe(const ResidentMatrix& matrix, v1::MatrixInfo* info) const;
 
@@ -89,6 +132,17 @@ class GemmServiceImpl final : public v1::GemmService::CallbackService {
   UploadQueue* const uploads_;
   const ServiceOptions options_;
   mutable HostBufferPool result_buffers_{options_.result_buffer_pool_bytes};
+
+  std::mutex calls_mu_;  // before any call's own mutex
+  std::set<TrackedCall*> calls_;  // guarded by calls_mu_
+  bool draining_ = false;         // guarded by calls_mu_
+  bool stopping_ = false;         // guarded by calls_mu_; ends the janitor
+  std::condition_variable janitor_wake_;
+
+  std::mutex pending_mu_;
+  std::map<std::string, int64_t> pending_bytes_;  // guarded by pending_mu_; owners with > 0
+
+  std::thread janitor_;  // last: it starts once everything above is constructed
 };
 
 // Fills the proto's timing and execution from a backend's report.

@@ -4,8 +4,10 @@
 #include <signal.h>
 #include <spdlog/spdlog.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <sstream>
+#include <thread>
 
 #include "server/backend/backend_factory.h"
 #include "server/server.h"
@@ -27,7 +29,7 @@ int main(int argc, char** argv) {
   hgemm::ServerOptions server_options;
   hgemm::BackendOptions backend_options;
   std::string devices, log_level = "info";
-  int64_t drain_deadline_s = 20, resident_ttl_s = 0;
+  int64_t drain_deadline_s = 20, resident_ttl_s = 0, stream_idle_timeout_s = 60;
 
   CLI::App app{"hgemm-serve: fp16 GEMM over gRPC (hgemm.v1.GemmService)"};
   app.add_option("--listen", server_options.listen_address, "HOST:PORT to serve on")
@@ -64,6 +66,15 @@ int main(int argc, char** argv) {
                  "largest gRPC message accepted (unary Gemm)")
       ->envname("HGEMM_MAX_MESSAGE_BYTES")->check(CLI::Range(int64_t{4} << 20, int64_t{INT32_MAX}))
       ->capture_default_str();
+  app.add_option("--max_stream_pending_bytes", server_options.service.max_stream_pending_bytes,
+                 "operand bytes one GemmStream may hold for GEMMs whose chunks are still coming")
+      ->envname("HGEMM_MAX_STREAM_PENDING_BYTES")->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--max_client_pending_bytes", server_options.service.max_client_pending_bytes,
+                 "the same, summed over all streams of one client")
+      ->envname("HGEMM_MAX_CLIENT_PENDING_BYTES")->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--stream_idle_timeout_s", stream_idle_timeout_s,
+                 "a streamed GEMM or upload whose next chunk takes longer is refused and freed")
+      ->envname("HGEMM_STREAM_IDLE_TIMEOUT_S")->check(CLI::Range(1, 86400))->capture_default_str();
   app.add_option("--resident_quota_bytes", server_options.service.resident.quota_bytes_per_client,
                  "resident-matrix bytes one client may hold")
       ->envname("HGEMM_RESIDENT_QUOTA_BYTES")->capture_default_str();
@@ -90,6 +101,7 @@ int main(int argc, char** argv) {
   backend_options.cuda.devices = ParseDeviceList(devices);
   server_options.drain_deadline = std::chrono::seconds(drain_deadline_s);
   server_options.service.resident.default_ttl = std::chrono::seconds(resident_ttl_s);
+  server_options.service.idle_timeout = std::chrono::seconds(stream_idle_timeout_s);
 
   // Signals are taken by sigwait below, never by a handler: block them before any thread starts.
   sigset_t signals;
@@ -129,6 +141,17 @@ int main(int argc, char** argv) {
   int signal_number = 0;
   sigwait(&signals, &signal_number);
   spdlog::info("received {}; shutting down", strsignal(signal_number));
+  // The drain cancels what is left at its deadline; a GEMM already on a device still runs to
+  // its end. Past this margin the exit is forced, so an orchestrator's grace period sized
+  // from --drain_deadline_s holds whatever the calls in flight are doing.
+  static constexpr int kExitMarginSeconds = 10;
+  std::thread([deadline = server_options.drain_deadline + std::chrono::seconds(kExitMarginSeconds)] {
+    std::this_thread::sleep_for(deadline);
+    spdlog::error("shutdown took longer than the drain deadline + {} s; exiting now",
+                  kExitMarginSeconds);
+    spdlog::shutdown();
+    std::_Exit(1);
+  }).detach();
   server->Shutdown();
   // Every call is answered and the log flushed. Skip the library teardown: gRPC's (and the CUDA
   // runtime's) exit-time cleanup was seen to linger up to ~8 s after GPU traffic, which would

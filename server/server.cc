@@ -1,7 +1,6 @@
 #include "server/server.h"
 
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
-#include <grpcpp/health_check_service_interface.h>
 #include <spdlog/spdlog.h>
 
 namespace hgemm {
@@ -27,11 +26,13 @@ std::unique_ptr<HgemmServer> HgemmServer::Start(ServerOptions options,
                                                        server->backend_.get(), server->store_.get(),
                                                        server->uploads_.get(), opts.service);
 
-  grpc::EnableDefaultHealthCheckService(true);
+  server->health_ = std::make_unique<HealthService>(std::vector<std::string>{kServiceName});
+
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   builder.AddListeningPort(opts.listen_address, grpc::InsecureServerCredentials(), &server->port_);
   builder.RegisterService(server->service_.get());
+  builder.RegisterService(server->health_.get());
   const int max_message = static_cast<int>(std::min<int64_t>(opts.max_message_bytes, INT32_MAX));
   builder.SetMaxReceiveMessageSize(max_message);
   builder.SetMaxSendMessageSize(max_message);
@@ -48,14 +49,12 @@ std::unique_ptr<HgemmServer> HgemmServer::Start(ServerOptions options,
 HgemmServer::~HgemmServer() { Shutdown(); }
 
 void HgemmServer::WatchHealth() {
-  grpc::HealthCheckServiceInterface* health = server_->GetHealthCheckService();
   std::unique_lock<std::mutex> lock(mu_);
   bool serving = !backend_->Healthy();  // differs, so the first pass always publishes
   while (!shutting_down_) {
     if (bool healthy = backend_->Healthy(); healthy != serving) {
       serving = healthy;
-      health->SetServingStatus("", serving);
-      health->SetServingStatus(kServiceName, serving);
+      health_->SetServing(serving);
       if (!serving) spdlog::error("backend unhealthy: health is NOT_SERVING");
     }
     stop_watching_.wait_for(lock, std::chrono::milliseconds(500));
@@ -70,7 +69,8 @@ void HgemmServer::Shutdown() {
   }
   stop_watching_.notify_all();
   if (health_watcher_.joinable()) health_watcher_.join();
-  server_->GetHealthCheckService()->SetServingStatus(false);  // every service, and stays so
+  health_->Shutdown();  // NOT_SERVING for good; Watch calls end
+  service_->Drain();    // idle streams end now, busy ones once their work is answered
   spdlog::info("draining: in-flight calls have {} ms", options_.drain_deadline.count());
   server_->Shutdown(std::chrono::system_clock::now() + options_.drain_deadline);
   scheduler_->Shutdown();

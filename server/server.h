@@ -1,5 +1,5 @@
 // HgemmServer: a running hgemm.v1 gRPC server: the service, its scheduler and backend, gRPC
-// health (grpc.health.v1) and server reflection. Used by main() and by the end-to-end tests.
+// health (grpc.health.v1, server/health_service.h) and server reflection. Used by main() and by the end-to-end tests.
 // Thread safety: Shutdown() and Wait() may be called from any thread.
 #ifndef HGEMM_SERVER_SERVER_H_
 #define HGEMM_SERVER_SERVER_H_
@@ -16,6 +16,7 @@
 
 #include "server/backend/backend.h"
 #include "server/gemm_service.h"
+#include "server/health_service.h"
 #include "server/resident/matrix_store.h"
 #include "server/scheduler/scheduler.h"
 #include "server/scheduler/upload_queue.h"
@@ -58,7 +59,8 @@ class HgemmServer {
   std::unique_ptr<Scheduler> scheduler_;
   std::unique_ptr<UploadQueue> uploads_;
   std::unique_ptr<GemmServiceImpl> service_;
-  std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<HealthService> health_;
+  std::unique_ptr<grpc::Server> server_;  // after the services, which must outlive it
   int port_ = 0;
 
   std::mutex mu_;

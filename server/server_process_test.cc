@@ -2,8 +2,12 @@
 //   * grpc.health.v1 reports SERVING for "" and hgemm.v1.GemmService;
 //   * a client that knows the service only through server reflection (no generated hgemm code:
 //     descriptors fetched at run time, dynamic messages, a generic stub) multiplies 2x2 matrices;
+//   * every service reflection lists can be described through reflection alone (grpcurl's
+//     `describe`, and its health check, need that);
 //   * SIGTERM while GEMMs are in flight: every one of them is answered, and the process exits 0
-//     within the drain deadline the Kubernetes manifests assume (20 s).
+//     within the drain deadline the Kubernetes manifests assume (20 s);
+//   * SIGTERM with only idle long-lived calls (a GemmStream, a health Watch): they end with
+//     UNAVAILABLE at once instead of holding the drain for its whole deadline.
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
@@ -179,6 +183,57 @@ TEST_F(ServerProcessTest, ReflectionOnlyClientMultiplies) {
   EXPECT_EQ(HalfToFloat(half[1]), 10);
   EXPECT_EQ(HalfToFloat(half[2]), 15);
   EXPECT_EQ(HalfToFloat(half[3]), 22);
+}
+
+// Issue 12, item 4: reflection listed grpc.health.v1.Health but could not describe it.
+TEST_F(ServerProcessTest, ReflectionDescribesEveryListedService) {
+  reflection::ServerReflectionRequest list;
+  list.set_list_services("*");
+  const reflection::ServerReflectionResponse listed = Reflect(channel_, list);
+  ASSERT_GE(listed.list_services_response().service_size(), 3);
+  for (const auto& service : listed.list_services_response().service()) {
+    reflection::ServerReflectionRequest symbol;
+    symbol.set_file_containing_symbol(service.name());
+    const reflection::ServerReflectionResponse files = Reflect(channel_, symbol);
+    ASSERT_FALSE(files.has_error_response())
+        << service.name() << ": " << files.error_response().error_message();
+    pb::DescriptorPool pool;
+    for (const std::string& bytes : files.file_descriptor_response().file_descriptor_proto()) {
+      pb::FileDescriptorProto file;
+      ASSERT_TRUE(file.ParseFromString(bytes));
+      pool.BuildFile(file);  // dependencies come before their users
+    }
+    EXPECT_NE(pool.FindServiceByName(service.name()), nullptr) << service.name();
+  }
+}
+
+TEST_F(ServerProcessTest, SigtermEndsIdleStreamsAndWatchesAtOnce) {
+  auto stub = v1::GemmService::NewStub(channel_);
+  grpc::ClientContext stream_context, watch_context;
+  auto stream = stub->GemmStream(&stream_context);
+  auto health = grpc::health::v1::Health::NewStub(channel_);
+  grpc::health::v1::HealthCheckRequest request;
+  auto watch = health->Watch(&watch_context, request);
+  grpc::health::v1::HealthCheckResponse seen;
+  ASSERT_TRUE(watch->Read(&seen));
+  EXPECT_EQ(seen.status(), grpc::health::v1::HealthCheckResponse::SERVING);
+  ASSERT_EQ(kill(pid_, SIGTERM), 0);
+
+  ASSERT_TRUE(watch->Read(&seen));
+  EXPECT_EQ(seen.status(), grpc::health::v1::HealthCheckResponse::NOT_SERVING);
+  while (watch->Read(&seen)) {
+  }
+  grpc::Status s = watch->Finish();
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE) << s.error_message();
+  v1::GemmStreamResponse response;
+  EXPECT_FALSE(stream->Read(&response));
+  s = stream->Finish();
+  // Held for the whole drain, it would have been CANCELLED at the deadline.
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE) << s.error_message();
+  int wstatus = 0;
+  ASSERT_EQ(waitpid(pid_, &wstatus, 0), pid_);
+  pid_ = -1;
+  EXPECT_TRUE(WIFEXITED(wstatus) && WEXITSTATUS(wstatus) == 0) << wstatus;
 }
 
 TEST_F(ServerProcessTest, SigtermDrainsInFlightGemmsAndExitsZero) {

@@ -4,7 +4,9 @@
 #include <gtest/gtest.h>
 
 #include <map>
+#include <new>
 #include <random>
+#include <stdexcept>
 #include <thread>
 
 #include "client/gemm_client.h"
@@ -104,11 +106,10 @@ TEST_F(ServerTest, StreamedLargeMatrices) {
   EXPECT_GT(results[0].response.timing().tflops(), 0);
 }
 
-// A backend that hands C over in pieces, as the CUDA backend does while C comes off the GPU:
-// the stream sends chunks of C before the GEMM is complete.
-class PiecewiseBackend final : public Backend {
+// A Backend passing everything to another; tests override what they change.
+class ForwardingBackend : public Backend {
  public:
-  explicit PiecewiseBackend(std::unique_ptr<Backend> inner) : inner_(std::move(inner)) {}
+  explicit ForwardingBackend(std::unique_ptr<Backend> inner) : inner_(std::move(inner)) {}
   std::string Name() const override { return inner_->Name(); }
   std::vector<DeviceDescription> Devices() const override { return inner_->Devices(); }
   std::vector<KernelDescription> Kernels() const override { return inner_->Kernels(); }
@@ -127,7 +128,20 @@ class PiecewiseBackend final : public Backend {
     return inner_->ReadResident(buffer, host);
   }
   grpc::Status Run(int slot, const GemmJob& job, GemmReport* report) override {
-    grpc::Status s = inner_->Run(slot, job, report);
+    return inner_->Run(slot, job, report);
+  }
+
+ private:
+  std::unique_ptr<Backend> inner_;
+};
+
+// A backend that hands C over in pieces, as the CUDA backend does while C comes off the GPU:
+// the stream sends chunks of C before the GEMM is complete.
+class PiecewiseBackend final : public ForwardingBackend {
+ public:
+  using ForwardingBackend::ForwardingBackend;
+  grpc::Status Run(int slot, const GemmJob& job, GemmReport* report) override {
+    grpc::Status s = ForwardingBackend::Run(slot, job, report);
     const int64_t c_bytes = job.shape.CBytes();
     if (s.ok() && job.c_progress) {
       for (int64_t ready : {c_bytes / 3, c_bytes / 3 + 1, c_bytes * 2 / 3, c_bytes}) {
@@ -137,10 +151,48 @@ class PiecewiseBackend final : public Backend {
     }
     return s;
   }
-
- private:
-  std::unique_ptr<Backend> inner_;
 };
+
+// A backend whose GEMMs with m = 13 throw, and whose copies into a 26-byte buffer throw.
+class ThrowingBackend final : public ForwardingBackend {
+ public:
+  using ForwardingBackend::ForwardingBackend;
+  grpc::Status Run(int slot, const GemmJob& job, GemmReport* report) override {
+    if (job.shape.m == 13) throw std::runtime_error("kernel exploded");
+    return ForwardingBackend::Run(slot, job, report);
+  }
+  grpc::Status WriteResident(ResidentBuffer& buffer, int64_t offset, const void* host,
+                             int64_t bytes) override {
+    if (buffer.bytes == 26) throw std::bad_alloc();
+    return ForwardingBackend::WriteResident(buffer, offset, host, bytes);
+  }
+};
+
+// Issue 12: an exception in a worker (GEMM or copy) becomes its call's status; the worker used
+// to die with it (std::terminate).
+TEST_F(ServerTest, ExceptionsInWorkersBecomeStatuses) {
+  ServerOptions options;
+  options.listen_address = "127.0.0.1:0";
+  server_ = HgemmServer::Start(
+      options, std::make_unique<ThrowingBackend>(MakeCpuBackend({.workers = 1})));
+  ASSERT_NE(server_, nullptr);
+  client_ = std::make_unique<GemmClient>(Connect("127.0.0.1:" + std::to_string(server_->port())));
+  for (int round = 0; round < 3; ++round) {  // the one worker survives each time
+    v1::GemmResponse response;
+    grpc::Status s = client_->Gemm(RandomRequest(13, 4, 4, rng_), &response);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INTERNAL) << s.error_message();
+    EXPECT_NE(s.error_message().find("kernel exploded"), std::string::npos) << s.error_message();
+  }
+  // A streamed 13x1 A (26 bytes): its copy throws; the GEMM is answered, the stream goes on.
+  v1::GemmRequest copy_fails = RandomRequest(13, 1, 1, rng_), fine = RandomRequest(5, 6, 7, rng_);
+  std::vector<StreamedGemm> results;
+  ASSERT_TRUE(client_->GemmStream({&copy_fails, &fine}, &results).ok());
+  EXPECT_EQ(results[0].status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
+      << results[0].status.error_message();
+  ASSERT_TRUE(results[1].status.ok()) << results[1].status.error_message();
+  EXPECT_LT(ErrorAgainstReference(fine, results[1].response.c()), 1e-3);
+  ExpectStillServing();
+}
 
 TEST_F(ServerTest, StreamSendsCWhileItIsStillArriving) {
   ServerOptions options;
@@ -383,6 +435,127 @@ TEST_F(ServerTest, StreamGemmRefusedAtHeaderIsAnsweredAndTheStreamGoesOn) {
   EXPECT_EQ(done[2].status_code(), grpc::StatusCode::NOT_FOUND) << done[2].status_message();
   EXPECT_EQ(done[3].status_code(), grpc::StatusCode::OK) << done[3].status_message();
   ExpectStillServing();
+}
+
+// Issue 12, item 12: GEMMs whose chunks stop coming are refused after the idle timeout (their
+// buffers freed) and the stream goes on; an upload that stops is ended; one client's streams
+// together can't pin more than its pending budget.
+TEST_F(ServerTest, IdleStreamedGemmsAndUploadsTimeOut) {
+  ServerOptions options;
+  options.service.idle_timeout = std::chrono::seconds(1);
+  StartServer(options);
+  auto stub = v1::GemmService::NewStub(Connect("127.0.0.1:" + std::to_string(server_->port())));
+  grpc::ClientContext context;
+  auto stream = stub->GemmStream(&context);
+  ASSERT_TRUE(stream->Write(Header(1, 256, 256, 256)));
+  ASSERT_TRUE(stream->Write(Chunk(1, v1::OPERAND_A, 0, 4096)));  // then nothing for > 1 s
+  v1::GemmStreamResponse response;
+  ASSERT_TRUE(stream->Read(&response));
+  EXPECT_EQ(response.gemm_id(), 1u);
+  ASSERT_TRUE(response.has_done());
+  EXPECT_EQ(response.done().status_code(), grpc::StatusCode::DEADLINE_EXCEEDED)
+      << response.done().status_message();
+  ASSERT_TRUE(stream->Write(Chunk(1, v1::OPERAND_A, 4096, 4096)));  // late: dropped
+  ASSERT_TRUE(stream->Write(Header(2, 2, 2, 2)));
+  ASSERT_TRUE(stream->Write(Chunk(2, v1::OPERAND_A, 0, 8)));
+  ASSERT_TRUE(stream->Write(Chunk(2, v1::OPERAND_B, 0, 8)));
+  ASSERT_TRUE(stream->WritesDone());
+  std::map<uint64_t, v1::GemmDone> done;
+  while (stream->Read(&response)) {
+    if (response.has_done()) done[response.gemm_id()] = response.done();
+  }
+  EXPECT_TRUE(stream->Finish().ok());
+  ASSERT_EQ(done.count(2), 1u);
+  EXPECT_EQ(done[2].status_code(), 0) << done[2].status_message();
+
+  grpc::ClientContext upload_context;
+  v1::MatrixInfo info;
+  auto upload = stub->UploadMatrix(&upload_context, &info);
+  v1::UploadMatrixRequest header;
+  header.mutable_header()->set_rows(64);
+  header.mutable_header()->set_cols(64);
+  ASSERT_TRUE(upload->Write(header));  // and no chunk
+  grpc::Status s = upload->Finish();
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << s.error_message();
+  v1::ListMatricesResponse matrices;
+  ASSERT_TRUE(client_->ListMatrices(&matrices).ok());
+  EXPECT_EQ(matrices.client_bytes(), 0);  // its quota reservation was given back
+  ExpectStillServing();
+}
+
+TEST_F(ServerTest, PendingBytesAreBoundedPerClient) {
+  ServerOptions options;
+  options.service.max_client_pending_bytes = 300'000;  // one 256³ GEMM's A and B: 262 144
+  StartServer(options);
+  auto stub = v1::GemmService::NewStub(Connect("127.0.0.1:" + std::to_string(server_->port())));
+  grpc::ClientContext first_context, second_context;
+  auto first = stub->GemmStream(&first_context);
+  auto second = stub->GemmStream(&second_context);
+  ASSERT_TRUE(first->Write(Header(1, 256, 256, 256)));
+  ASSERT_TRUE(first->Write(Chunk(1, v1::OPERAND_A, 0, 1024)));
+  v1::GemmStreamResponse response;
+  ASSERT_TRUE(second->Write(Header(7, 256, 256, 256)));
+  ASSERT_TRUE(second->Read(&response));  // refused at once: the first stream holds the budget
+  EXPECT_EQ(response.gemm_id(), 7u);
+  EXPECT_EQ(response.done().status_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
+      << response.done().status_message();
+  EXPECT_NE(response.done().status_message().find("max_client_pending_bytes"), std::string::npos);
+  first_context.TryCancel();
+  first->Finish();
+  // The budget comes back once the first stream's GEMM is gone.
+  for (int attempt = 0;; ++attempt) {
+    ASSERT_TRUE(second->Write(Header(8 + attempt, 256, 256, 256)));
+    ASSERT_TRUE(second->Write(Chunk(8 + attempt, v1::OPERAND_A, 0, 131072)));
+    ASSERT_TRUE(second->Write(Chunk(8 + attempt, v1::OPERAND_B, 0, 131072)));
+    std::map<uint64_t, v1::GemmDone> done;
+    while (done.empty() && second->Read(&response)) {
+      if (response.has_done()) done[response.gemm_id()] = response.done();
+    }
+    ASSERT_FALSE(done.empty());
+    if (done.begin()->second.status_code() == 0) break;
+    ASSERT_LT(attempt, 100) << done.begin()->second.status_message();
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  second->WritesDone();
+  EXPECT_TRUE(second->Finish().ok());
+}
+
+// Issue 12, item 15: at shutdown an idle stream ends at once with UNAVAILABLE (it used to hold
+// the drain until its deadline, then get CANCELLED), and a busy one once its GEMM is answered.
+TEST_F(ServerTest, ShutdownEndsIdleStreamsWithUnavailable) {
+  ServerOptions options;
+  options.drain_deadline = std::chrono::seconds(60);
+  StartServer(options);
+  auto stub = v1::GemmService::NewStub(Connect("127.0.0.1:" + std::to_string(server_->port())));
+  grpc::ClientContext idle_context, busy_context;
+  auto idle = stub->GemmStream(&idle_context);
+  auto busy = stub->GemmStream(&busy_context);
+  ASSERT_TRUE(idle->Write(Header(1, 2, 2, 2)));
+  ASSERT_TRUE(idle->Write(Chunk(1, v1::OPERAND_A, 0, 8)));
+  ASSERT_TRUE(idle->Write(Chunk(1, v1::OPERAND_B, 0, 8)));
+  v1::GemmStreamResponse response;
+  do {
+    ASSERT_TRUE(idle->Read(&response));
+  } while (!response.has_done());  // answered; the stream is idle now
+  ASSERT_TRUE(busy->Write(Header(1, 600, 600, 600)));
+  ASSERT_TRUE(busy->Write(Chunk(1, v1::OPERAND_A, 0, 720000)));
+  std::thread shutdown([this] { server_->Shutdown(); });
+  while (idle->Read(&response)) {
+  }
+  grpc::Status s = idle->Finish();
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE) << s.error_message();
+  // The busy stream's GEMM was half-received when the drain began: it completes, then the
+  // stream ends.
+  ASSERT_TRUE(busy->Write(Chunk(1, v1::OPERAND_B, 0, 720000)));
+  std::map<uint64_t, v1::GemmDone> done;
+  while (busy->Read(&response)) {
+    if (response.has_done()) done[response.gemm_id()] = response.done();
+  }
+  s = busy->Finish();
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE) << s.error_message();
+  ASSERT_EQ(done.count(1), 1u);
+  EXPECT_EQ(done[1].status_code(), 0) << done[1].status_message();
+  shutdown.join();
 }
 
 TEST_F(ServerTest, ClientCancelMidStreamLeavesServerServing) {

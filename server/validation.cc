@@ -87,9 +87,9 @@ grpc::Status ValidateOptions(const v1::GemmOptions& options, const RequestRules&
                            [&](const KernelDescription& k) { return k.name == name; });
     if (it == rules.kernels.end()) {
       return status::InvalidArgument(
-          field + ".kernel", fmt::format("unknown kernel '{}'; ListKernels names the kernels of "
+          field + ".kernel", fmt::format("unknown kernel {}; ListKernels names the kernels of "
                                          "this server, or use 'auto'",
-                                         name));
+                                         status::Quote(name)));
     }
     if (fp16 ? !it->fp16_accumulation : !it->fp32_accumulation) {
       return status::InvalidArgument(

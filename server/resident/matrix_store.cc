@@ -4,6 +4,7 @@
 #include <spdlog/spdlog.h>
 
 #include <random>
+#include <utility>
 
 #include "server/status_util.h"
 
@@ -24,36 +25,84 @@ std::string MatrixStore::NewHandle() {
   return fmt::format("m-{:08x}{:08x}{:08x}{:08x}", entropy(), entropy(), entropy(), entropy());
 }
 
-grpc::Status MatrixStore::Allocate(const std::string& owner, int device_index, uint32_t rows,
-                                   uint32_t cols, std::shared_ptr<ResidentBuffer>* buffer) {
-  const int64_t bytes = 2 * int64_t(rows) * cols;
+QuotaReservation& QuotaReservation::operator=(QuotaReservation&& other) noexcept {
+  if (this != &other) {
+    GiveBack();
+    store_ = std::exchange(other.store_, nullptr);
+    owner_ = std::move(other.owner_);
+    bytes_ = std::exchange(other.bytes_, 0);
+  }
+  return *this;
+}
+
+QuotaReservation::~QuotaReservation() { GiveBack(); }
+
+void QuotaReservation::GiveBack() {
+  if (store_ != nullptr) std::exchange(store_, nullptr)->Unreserve(owner_, bytes_);
+}
+
+grpc::Status MatrixStore::Reserve(const std::string& owner, int64_t bytes,
+                                  QuotaReservation* reservation) {
   std::lock_guard<std::mutex> lock(mu_);
   ExpireLocked(Clock::now());
-  if (client_bytes_[owner] + bytes > options_.quota_bytes_per_client) {
+  auto it = client_bytes_.find(owner);
+  const int64_t held = it == client_bytes_.end() ? 0 : it->second;
+  if (bytes > options_.quota_bytes_per_client - held) {
     return status::OverLimit(fmt::format(
-        "client '{}' holds {} resident bytes; {} more would pass its quota of {}", owner,
-        client_bytes_[owner], bytes, options_.quota_bytes_per_client));
+        "client {} holds {} resident bytes; {} more would pass its quota of {}",
+        status::Quote(owner), held, bytes, options_.quota_bytes_per_client));
   }
+  client_bytes_[owner] = held + bytes;
+  *reservation = QuotaReservation();
+  reservation->store_ = this;
+  reservation->owner_ = owner;
+  reservation->bytes_ = bytes;
+  return grpc::Status::OK;
+}
+
+void MatrixStore::Unreserve(const std::string& owner, int64_t bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  UnchargeLocked(owner, bytes);
+}
+
+void MatrixStore::UnchargeLocked(const std::string& owner, int64_t bytes) {
+  auto it = client_bytes_.find(owner);
+  if (it == client_bytes_.end()) return;
+  if ((it->second -= bytes) <= 0) client_bytes_.erase(it);
+}
+
+grpc::Status MatrixStore::Allocate(const std::string& owner, int device_index, uint32_t rows,
+                                   uint32_t cols, std::shared_ptr<ResidentBuffer>* buffer,
+                                   QuotaReservation* reservation) {
+  const int64_t bytes = MatrixBytes(rows, cols);
+  QuotaReservation quota;
+  if (grpc::Status s = Reserve(owner, bytes, &quota); !s.ok()) return s;
   if (device_index < 0) {  // the device with the least resident data
+    std::lock_guard<std::mutex> lock(mu_);
     std::vector<double> loads(backend_->Devices().size(), 0);
     for (const auto& [handle, m] : matrices_) loads[m.buffer->device_index] += m.buffer->bytes;
     device_index = int(std::min_element(loads.begin(), loads.end()) - loads.begin());
   }
+  // The device allocation runs without mu_: cudaMalloc can take milliseconds, and other
+  // clients' lookups must not wait for it.
   while (true) {
     grpc::Status s = backend_->AllocateResident(device_index, bytes, buffer);
-    if (s.ok() || s.error_code() != grpc::StatusCode::RESOURCE_EXHAUSTED ||
-        !options_.lru_eviction || !EvictOneLocked(device_index)) {
+    if (s.ok()) {
+      *reservation = std::move(quota);
       return s;
     }
+    if (s.error_code() != grpc::StatusCode::RESOURCE_EXHAUSTED || !options_.lru_eviction) return s;
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!EvictOneLocked(device_index)) return s;
   }
 }
 
-ResidentMatrix MatrixStore::Add(const std::string& owner, uint32_t rows, uint32_t cols,
+ResidentMatrix MatrixStore::Add(QuotaReservation reservation, uint32_t rows, uint32_t cols,
                                 std::shared_ptr<ResidentBuffer> buffer, std::chrono::seconds ttl,
                                 const std::string& label) {
   ResidentMatrix m;
   m.handle = NewHandle();
-  m.owner = owner;
+  m.owner = reservation.owner();
   m.rows = rows;
   m.cols = cols;
   m.buffer = std::move(buffer);
@@ -61,10 +110,10 @@ ResidentMatrix MatrixStore::Add(const std::string& owner, uint32_t rows, uint32_
   m.created = m.last_used = Clock::now();
   m.ttl = ttl.count() > 0 ? ttl : options_.default_ttl;
   std::lock_guard<std::mutex> lock(mu_);
-  client_bytes_[owner] += m.buffer->bytes;
+  reservation.store_ = nullptr;  // its bytes now count for the matrix, until it is forgotten
   matrices_[m.handle] = m;
-  spdlog::debug("resident {} {}x{} on device {} for '{}'", m.handle, rows, cols,
-                m.buffer->device_index, owner);
+  spdlog::debug("resident {} {}x{} on device {} for {}", m.handle, rows, cols,
+                m.buffer->device_index, status::Quote(m.owner));
   return m;
 }
 
@@ -77,12 +126,14 @@ grpc::Status MatrixStore::Lookup(const std::string& owner, const std::string& ha
   if (it == matrices_.end()) {
     auto gone = gone_.find(handle);
     return grpc::Status(grpc::StatusCode::NOT_FOUND,
-                        fmt::format("{}: matrix '{}' {}; upload it again", field, handle,
+                        fmt::format("{}: matrix {} {}; upload it again", field,
+                                    status::Quote(handle),
                                     gone == gone_.end() ? "does not exist" : gone->second));
   }
   if (it->second.owner != owner) {
     return grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
-                        fmt::format("{}: matrix '{}' belongs to another client", field, handle));
+                        fmt::format("{}: matrix {} belongs to another client", field,
+                                    status::Quote(handle)));
   }
   it->second.last_used = now;
   *matrix = it->second;
@@ -134,15 +185,15 @@ bool MatrixStore::EvictOneLocked(int device_index) {
     if (victim == matrices_.end() || it->second.last_used < victim->second.last_used) victim = it;
   }
   if (victim == matrices_.end()) return false;
-  spdlog::info("evicting resident matrix {} ({} bytes) of '{}'", victim->first,
-               victim->second.buffer->bytes, victim->second.owner);
+  spdlog::info("evicting resident matrix {} ({} bytes) of {}", victim->first,
+               victim->second.buffer->bytes, status::Quote(victim->second.owner));
   ForgetLocked(victim, "was evicted (device memory full)");
   return true;
 }
 
 void MatrixStore::ForgetLocked(std::map<std::string, ResidentMatrix>::iterator it,
                                const char* why) {
-  client_bytes_[it->second.owner] -= it->second.buffer->bytes;
+  UnchargeLocked(it->second.owner, it->second.buffer->bytes);
   gone_[it->first] = why;
   gone_order_.push_back(it->first);
   if (gone_order_.size() > kRememberedGoneHandles) {

@@ -43,18 +43,49 @@ struct ResidentMatrix {
   std::chrono::seconds ttl{0};  // 0: no expiry
 };
 
+class MatrixStore;
+
+// Bytes of a client's quota taken for a matrix that does not exist yet (an upload in progress,
+// a kept C not yet computed), so that concurrent admissions can't both pass the quota. Given
+// back on destruction unless MatrixStore::Add took it over.
+// Thread safety: none of its own; the store it points into must outlive it.
+class QuotaReservation {
+ public:
+  QuotaReservation() = default;
+  QuotaReservation(QuotaReservation&& other) noexcept { *this = std::move(other); }
+  QuotaReservation& operator=(QuotaReservation&& other) noexcept;
+  ~QuotaReservation();
+
+  const std::string& owner() const { return owner_; }
+  int64_t bytes() const { return bytes_; }
+
+ private:
+  friend class MatrixStore;
+  void GiveBack();
+
+  MatrixStore* store_ = nullptr;  // null: nothing reserved
+  std::string owner_;
+  int64_t bytes_ = 0;
+};
+
 class MatrixStore {
  public:
   // `backend` must outlive the store.
   MatrixStore(Backend* backend, const MatrixStoreOptions& options);
 
-  // A buffer for a rows×cols fp16 matrix of `owner` on `device_index` (-1: the device with the
-  // most free budget), after the quota check and, if enabled, LRU eviction.
-  grpc::Status Allocate(const std::string& owner, int device_index, uint32_t rows, uint32_t cols,
-                        std::shared_ptr<ResidentBuffer>* buffer);
+  // Takes `bytes` of `owner`'s quota, or RESOURCE_EXHAUSTED naming the quota.
+  grpc::Status Reserve(const std::string& owner, int64_t bytes, QuotaReservation* reservation);
 
-  // Registers a filled buffer; returns the new entry. `ttl` 0 means the default.
-  ResidentMatrix Add(const std::string& owner, uint32_t rows, uint32_t cols,
+  // Reserve(), then a buffer for a rows×cols fp16 matrix on `device_index` (-1: the device with
+  // the least resident data), evicting least recently used matrices first if enabled and
+  // needed. REQUIRES: MatrixElements(rows, cols) ≤ kMaxElementsPerMatrix.
+  grpc::Status Allocate(const std::string& owner, int device_index, uint32_t rows, uint32_t cols,
+                        std::shared_ptr<ResidentBuffer>* buffer, QuotaReservation* reservation);
+
+  // Registers a filled buffer under the reservation's owner, which it now counts against;
+  // returns the new entry. `ttl` 0 means the default. REQUIRES: reservation.bytes() ==
+  // buffer->bytes.
+  ResidentMatrix Add(QuotaReservation reservation, uint32_t rows, uint32_t cols,
                      std::shared_ptr<ResidentBuffer> buffer, std::chrono::seconds ttl,
                      const std::string& label);
 
@@ -71,7 +102,10 @@ class MatrixStore {
   const MatrixStoreOptions& options() const { return options_; }
 
  private:
+  friend class QuotaReservation;
+  void Unreserve(const std::string& owner, int64_t bytes);
   void ExpireLocked(Clock::time_point now);
+  void UnchargeLocked(const std::string& owner, int64_t bytes);
   void ForgetLocked(std::map<std::string, ResidentMatrix>::iterator it, const char* why);
   bool EvictOneLocked(int device_index);
   static std::string NewHandle();
@@ -80,6 +114,7 @@ class MatrixStore {
   const MatrixStoreOptions options_;
   std::mutex mu_;
   std::map<std::string, ResidentMatrix> matrices_;   // guarded by mu_
+  // Resident and reserved bytes by owner; owners holding none have no entry.
   std::map<std::string, int64_t> client_bytes_;      // guarded by mu_
   std::map<std::string, std::string> gone_;          // guarded by mu_; handle → why
   std::deque<std::string> gone_order_;               // guarded by mu_; bounds gone_

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <thread>
 
 #include "server/backend/cpu_backend.h"
@@ -19,10 +20,11 @@ class MatrixStoreTest : public ::testing::Test {
   ResidentMatrix Put(MatrixStore& store, const std::string& owner, uint32_t rows = 256,
                      uint32_t cols = 128, std::chrono::seconds ttl = 0s) {
     std::shared_ptr<ResidentBuffer> buffer;
-    grpc::Status s = store.Allocate(owner, -1, rows, cols, &buffer);
+    QuotaReservation quota;
+    grpc::Status s = store.Allocate(owner, -1, rows, cols, &buffer, &quota);
     EXPECT_TRUE(s.ok()) << s.error_message();
     if (!s.ok()) return {};
-    return store.Add(owner, rows, cols, std::move(buffer), ttl, "test");
+    return store.Add(std::move(quota), rows, cols, std::move(buffer), ttl, "test");
   }
 };
 
@@ -60,17 +62,71 @@ TEST_F(MatrixStoreTest, QuotaPerClient) {
   MatrixStore store(backend_.get(), {.quota_bytes_per_client = 3 * 65536});
   for (int i = 0; i < 3; ++i) Put(store, "alice");
   std::shared_ptr<ResidentBuffer> buffer;
-  grpc::Status s = store.Allocate("alice", -1, 256, 128, &buffer);
+  QuotaReservation quota;
+  grpc::Status s = store.Allocate("alice", -1, 256, 128, &buffer, &quota);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
   EXPECT_NE(s.error_message().find("quota"), std::string::npos);
-  EXPECT_TRUE(store.Allocate("bob", -1, 256, 128, &buffer).ok());  // others are not affected
+  EXPECT_TRUE(store.Allocate("bob", -1, 256, 128, &buffer, &quota).ok());  // others unaffected
+}
+
+// Issue 12, item 9: the quota is taken when an upload starts, not when its matrix is added, so
+// two uploads in progress can't both pass it; an upload that fails gives its bytes back.
+TEST_F(MatrixStoreTest, QuotaIsReservedAtAdmission) {
+  MatrixStore store(backend_.get(), {.quota_bytes_per_client = 65536 + 1000});
+  std::shared_ptr<ResidentBuffer> first, second;
+  QuotaReservation first_quota, second_quota;
+  ASSERT_TRUE(store.Allocate("alice", -1, 256, 128, &first, &first_quota).ok());
+  EXPECT_EQ(store.ClientBytes("alice"), 65536);
+  EXPECT_EQ(store.Allocate("alice", -1, 256, 128, &second, &second_quota).error_code(),
+            grpc::StatusCode::RESOURCE_EXHAUSTED);
+  QuotaReservation c;
+  EXPECT_EQ(store.Reserve("alice", 2000, &c).error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  ASSERT_TRUE(store.Reserve("alice", 1000, &c).ok());
+  { QuotaReservation dropped = std::move(c); }  // e.g. the GEMM that would keep C failed
+  EXPECT_EQ(store.ClientBytes("alice"), 65536);
+  { QuotaReservation abandoned = std::move(first_quota); }  // the upload broke off
+  EXPECT_EQ(store.ClientBytes("alice"), 0);
+  ASSERT_TRUE(store.Allocate("alice", -1, 256, 128, &second, &second_quota).ok());
+  ResidentMatrix m = store.Add(std::move(second_quota), 256, 128, second, 0s, "kept");
+  EXPECT_EQ(store.ClientBytes("alice"), 65536);
+  int64_t freed = 0;
+  ASSERT_TRUE(store.Release("alice", m.handle, &freed).ok());
+  EXPECT_EQ(store.ClientBytes("alice"), 0);
+}
+
+// Item 13: a huge client-supplied handle is quoted by a short prefix only.
+TEST_F(MatrixStoreTest, MessagesQuoteAShortPrefixOfHandles) {
+  MatrixStore store(backend_.get(), {});
+  ResidentMatrix found;
+  grpc::Status s = store.Lookup("alice", std::string(100000, 'h'), "handle", &found);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_LT(s.error_message().size(), 200u) << s.error_message();
+  EXPECT_NE(s.error_message().find("(100000 bytes)"), std::string::npos) << s.error_message();
+}
+
+// Concurrent uploads of one client never hold more than its quota between them.
+TEST_F(MatrixStoreTest, ConcurrentAllocationsStayWithinQuota) {
+  MatrixStore store(backend_.get(), {.quota_bytes_per_client = 4 * 65536});
+  std::atomic<int> admitted{0};
+  std::vector<std::thread> threads;
+  std::vector<QuotaReservation> quotas(8);
+  std::vector<std::shared_ptr<ResidentBuffer>> buffers(8);
+  for (int i = 0; i < 8; ++i) {
+    threads.emplace_back([&, i] {
+      if (store.Allocate("alice", -1, 256, 128, &buffers[i], &quotas[i]).ok()) admitted++;
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  EXPECT_EQ(admitted.load(), 4);
+  EXPECT_EQ(store.ClientBytes("alice"), 4 * 65536);
 }
 
 TEST_F(MatrixStoreTest, FullBudgetIsResourceExhaustedWithoutEviction) {
   MatrixStore store(backend_.get(), {});
   for (int i = 0; i < 16; ++i) Put(store, "client" + std::to_string(i));
   std::shared_ptr<ResidentBuffer> buffer;
-  EXPECT_EQ(store.Allocate("late", -1, 256, 128, &buffer).error_code(),
+  QuotaReservation quota;
+  EXPECT_EQ(store.Allocate("late", -1, 256, 128, &buffer, &quota).error_code(),
             grpc::StatusCode::RESOURCE_EXHAUSTED);
 }
 

@@ -128,7 +128,11 @@ void Scheduler::WorkerLoop(int slot) {
       completed_total_++;
       admitted_bytes_ -= entry.job.shape.Bytes();
     }
-    entry.done(result, report);
+    try {
+      entry.done(result, report);
+    } catch (...) {  // a transport bug; the worker must live on for the other jobs
+      status::FromCurrentException("GEMM completion");
+    }
   }
 }
 
@@ -143,7 +147,11 @@ grpc::Status Scheduler::RunEntry(int slot, const Entry& entry, GemmReport* out) 
   } else if (started > job.deadline) {
     result = status::DeadlineExpired(report.queue_wait_ms);
   } else {
-    result = backend_->Run(slot, job, &report);
+    try {
+      result = backend_->Run(slot, job, &report);
+    } catch (...) {
+      result = status::FromCurrentException("GEMM");
+    }
   }
   report.server_total_ms =
       std::chrono::duration<double, std::milli>(Clock::now() - entry.admitted).count();

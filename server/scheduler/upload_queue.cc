@@ -1,6 +1,7 @@
 #include "server/scheduler/upload_queue.h"
 
 #include "server/scheduler/job.h"
+#include "server/status_util.h"
 
 namespace hgemm {
 
@@ -37,12 +38,21 @@ void UploadQueue::WorkerLoop() {
       tasks_.pop_front();
     }
     const auto start = Clock::now();
-    grpc::Status s = backend_->WriteResident(*task.buffer, task.offset, task.data.data(),
-                                             int64_t(task.data.size()));
+    grpc::Status s;
+    try {
+      s = backend_->WriteResident(*task.buffer, task.offset, task.data.data(),
+                                  int64_t(task.data.size()));
+    } catch (...) {
+      s = status::FromCurrentException("copy to the device");
+    }
     const double copy_ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
     task.data = std::string();  // free the chunk before the callback runs
     task.buffer.reset();
-    task.done(s, copy_ms);
+    try {
+      task.done(s, copy_ms);
+    } catch (...) {  // a transport bug; the worker must live on for the other copies
+      status::FromCurrentException("copy completion");
+    }
   }
 }
 
