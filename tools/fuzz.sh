@@ -8,7 +8,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 seconds=${1:-60}
-targets=(validation stream_assembler service)
+targets=(validation stream_assembler upload service)
 work=${FUZZ_WORK:-/tmp/hgemm-fuzz}
 artifacts=${FUZZ_ARTIFACTS:-$work/artifacts}
 mkdir -p "$artifacts"

@@ -1,11 +1,10 @@
-// libFuzzer target: the whole service in-process. One HgemmServer (CPU backend, small limits)
-// on 127.0.0.1 for the process; each input is a sequence of calls through a real gRPC channel:
+// libFuzzer target: the whole service in-process (service_harness.h). Each input is a sequence
+// of calls through a real gRPC channel:
 // unary Gemm, GemmStream (headers and chunks, then a half-close), UploadMatrix (header and
 // chunks), Release/List/Download, GetServerInfo. Dimensions are biased to boundaries
 // (fuzz_util.h), handles come from earlier calls of the input, "", or fuzz bytes.
-// Every call has a 5 s deadline: DEADLINE_EXCEEDED means the server never answered, and
-// abort()s (a crash for libFuzzer); so does a server crash. At the end of an input every
-// matrix of its clients is released, so inputs stay independent.
+// A call left unanswered or a server crash is a failure. At the end of an input every matrix
+// of its clients is released, so inputs stay independent.
 #include <fuzzer/FuzzedDataProvider.h>
 
 #include <cstdio>
@@ -13,31 +12,13 @@
 #include <string>
 #include <vector>
 
-#include "proto/hgemm.grpc.pb.h"
-#include "server/backend/cpu_backend.h"
-#include "server/fuzz/fuzz_util.h"
-#include "server/server.h"
+#include "server/fuzz/service_harness.h"
 
 namespace hgemm {
 namespace {
 
-constexpr auto kDeadline = std::chrono::seconds(5);
-std::unique_ptr<HgemmServer>* server;
-std::unique_ptr<v1::GemmService::Stub>* stub;
-
-void Context(grpc::ClientContext* context, const std::string& client) {
-  context->set_deadline(std::chrono::system_clock::now() + kDeadline);
-  context->AddMetadata("x-client-id", client);
-}
-
-void Check(const grpc::Status& s, const char* call) {
-  if (s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
-    fuzz::Fail("call not answered within its deadline", call);
-  }
-  if (fuzz::ShowsNegativeNumber(s.error_message())) {
-    fuzz::Fail("a message shows a wrapped negative number", s.error_message());
-  }
-}
+using fuzz::Check;
+using fuzz::Context;
 
 std::string Bytes(FuzzedDataProvider& in, uint32_t rows, uint32_t cols) {
   const unsigned __int128 exact = fuzz::Bytes(rows, cols);
@@ -77,7 +58,7 @@ void Unary(FuzzedDataProvider& in, const std::string& client, std::vector<std::s
   grpc::ClientContext context;
   Context(&context, client);
   v1::GemmResponse response;
-  grpc::Status s = (*stub)->Gemm(&context, r, &response);
+  grpc::Status s = fuzz::Stub().Gemm(&context, r, &response);
   Check(s, "Gemm");
   if (s.ok() && !r.keep_c_resident() && response.c().size() != fuzz::Bytes(r.m(), r.n())) {
     fuzz::Fail("Gemm: C of the wrong size", "");
@@ -88,7 +69,7 @@ void Unary(FuzzedDataProvider& in, const std::string& client, std::vector<std::s
 void Stream(FuzzedDataProvider& in, const std::string& client, std::vector<std::string>& handles) {
   grpc::ClientContext context;
   Context(&context, client);
-  auto stream = (*stub)->GemmStream(&context);
+  auto stream = fuzz::Stub().GemmStream(&context);
   const int messages = in.ConsumeIntegralInRange<int>(0, 12);
   uint64_t offsets[4][3] = {};
   for (int i = 0; i < messages; ++i) {
@@ -135,7 +116,7 @@ void Upload(FuzzedDataProvider& in, const std::string& client, std::vector<std::
   grpc::ClientContext context;
   Context(&context, client);
   v1::MatrixInfo info;
-  auto writer = (*stub)->UploadMatrix(&context, &info);
+  auto writer = fuzz::Stub().UploadMatrix(&context, &info);
   const int messages = in.ConsumeIntegralInRange<int>(0, 6);
   uint32_t rows = fuzz::Dim(in), cols = fuzz::Dim(in);
   for (int i = 0; i < messages; ++i) {
@@ -168,18 +149,18 @@ void Others(FuzzedDataProvider& in, const std::string& client, std::vector<std::
       v1::ReleaseMatrixRequest r;
       r.set_handle(Handle(in, handles));
       v1::ReleaseMatrixResponse response;
-      Check((*stub)->ReleaseMatrix(&context, r, &response), "ReleaseMatrix");
+      Check(fuzz::Stub().ReleaseMatrix(&context, r, &response), "ReleaseMatrix");
       break;
     }
     case 1: {
       v1::ListMatricesResponse response;
-      Check((*stub)->ListMatrices(&context, {}, &response), "ListMatrices");
+      Check(fuzz::Stub().ListMatrices(&context, {}, &response), "ListMatrices");
       break;
     }
     case 2: {
       v1::DownloadMatrixRequest r;
       r.set_handle(Handle(in, handles));
-      auto reader = (*stub)->DownloadMatrix(&context, r);
+      auto reader = fuzz::Stub().DownloadMatrix(&context, r);
       v1::ResultChunk chunk;
       while (reader->Read(&chunk)) {
       }
@@ -188,7 +169,7 @@ void Others(FuzzedDataProvider& in, const std::string& client, std::vector<std::
     }
     default: {
       v1::ServerInfo info;
-      Check((*stub)->GetServerInfo(&context, {}, &info), "GetServerInfo");
+      Check(fuzz::Stub().GetServerInfo(&context, {}, &info), "GetServerInfo");
     }
   }
 }
@@ -197,14 +178,14 @@ void ReleaseAll(const std::string& client) {
   grpc::ClientContext context;
   Context(&context, client);
   v1::ListMatricesResponse list;
-  Check((*stub)->ListMatrices(&context, {}, &list), "ListMatrices");
+  Check(fuzz::Stub().ListMatrices(&context, {}, &list), "ListMatrices");
   for (const v1::MatrixInfo& m : list.matrices()) {
     grpc::ClientContext c;
     Context(&c, client);
     v1::ReleaseMatrixRequest r;
     r.set_handle(m.handle());
     v1::ReleaseMatrixResponse response;
-    Check((*stub)->ReleaseMatrix(&c, r, &response), "ReleaseMatrix");
+    Check(fuzz::Stub().ReleaseMatrix(&c, r, &response), "ReleaseMatrix");
   }
 }
 
@@ -212,25 +193,7 @@ void ReleaseAll(const std::string& client) {
 }  // namespace hgemm
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
-  using namespace hgemm;
-  ServerOptions options;
-  options.listen_address = "127.0.0.1:0";
-  options.max_message_bytes = 8 << 20;
-  options.drain_deadline = std::chrono::milliseconds(2000);
-  options.upload_threads = 2;
-  options.service.rules.max_elements_per_matrix = 1 << 18;  // 512x512: fast on the CPU
-  options.service.stream_chunk_bytes = 64 << 10;
-  options.service.max_stream_pending_bytes = 64 << 20;
-  options.service.resident.quota_bytes_per_client = 16 << 20;
-  server = new std::unique_ptr<HgemmServer>(HgemmServer::Start(
-      options, MakeCpuBackend({.workers = 2, .max_job_bytes = 64 << 20,
-                               .resident_budget_bytes = 64 << 20})));
-  if (!*server) std::abort();
-  grpc::ChannelArguments args;
-  args.SetMaxReceiveMessageSize(-1);
-  auto channel = grpc::CreateCustomChannel("127.0.0.1:" + std::to_string((*server)->port()),
-                                           grpc::InsecureChannelCredentials(), args);
-  stub = new std::unique_ptr<v1::GemmService::Stub>(v1::GemmService::NewStub(channel));
+  hgemm::fuzz::Stub();
   return 0;
 }
 

@@ -1,0 +1,68 @@
+// The server the service-level fuzz targets talk to: one HgemmServer (CPU backend, small
+// limits) on 127.0.0.1 for the whole fuzzing process, reached through a real channel. Every
+// call gets a 5 s deadline; DEADLINE_EXCEEDED means the server never answered, and Check()
+// abort()s on it (a crash for libFuzzer), as on a status message showing a wrapped number.
+// Thread safety: Stub() is started once, from LLVMFuzzerInitialize; the rest is stateless.
+#ifndef HGEMM_SERVER_FUZZ_SERVICE_HARNESS_H_
+#define HGEMM_SERVER_FUZZ_SERVICE_HARNESS_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <memory>
+#include <string>
+
+#include "proto/hgemm.grpc.pb.h"
+#include "server/backend/cpu_backend.h"
+#include "server/fuzz/fuzz_util.h"
+#include "server/server.h"
+
+namespace hgemm::fuzz {
+
+inline constexpr auto kCallDeadline = std::chrono::seconds(5);
+
+// Starts the server on first use. Never destroyed: the fuzzer ends the process.
+inline v1::GemmService::Stub& Stub() {
+  static v1::GemmService::Stub* stub = [] {
+    ServerOptions options;
+    options.listen_address = "127.0.0.1:0";
+    options.max_message_bytes = 8 << 20;
+    options.drain_deadline = std::chrono::milliseconds(2000);
+    options.upload_threads = 2;
+    options.service.rules.max_elements_per_matrix = 1 << 18;  // 512x512: fast on the CPU
+    options.service.stream_chunk_bytes = 64 << 10;
+    options.service.max_stream_pending_bytes = 64 << 20;
+    options.service.resident.quota_bytes_per_client = 16 << 20;
+    auto* server = HgemmServer::Start(options, MakeCpuBackend({.workers = 2,
+                                                               .max_job_bytes = 64 << 20,
+                                                               .resident_budget_bytes = 64 << 20}))
+                       .release();
+    if (server == nullptr) std::abort();
+    grpc::ChannelArguments args;
+    args.SetMaxReceiveMessageSize(-1);
+    auto channel = grpc::CreateCustomChannel("127.0.0.1:" + std::to_string(server->port()),
+                                             grpc::InsecureChannelCredentials(), args);
+    return v1::GemmService::NewStub(channel).release();
+  }();
+  return *stub;
+}
+
+// The deadline, and `client` as the caller's identity.
+inline void Context(grpc::ClientContext* context, const std::string& client) {
+  context->set_deadline(std::chrono::system_clock::now() + kCallDeadline);
+  context->AddMetadata("x-client-id", client);
+}
+
+inline void Check(const grpc::Status& s, const char* call) {
+  if (s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
+    Fail("call not answered within its deadline", call);
+  }
+  if (ShowsNegativeNumber(s.error_message())) {
+    Fail("a message shows a wrapped negative number", s.error_message());
+  }
+}
+
+}  // namespace hgemm::fuzz
+
+#endif  // HGEMM_SERVER_FUZZ_SERVICE_HARNESS_H_
