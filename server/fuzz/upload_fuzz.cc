@@ -3,10 +3,13 @@
 // chunks of fuzzed sizes and contents, headers again, early half-closes and cancellations.
 // Besides "answered, no crash", the oracle: an upload that succeeds was exactly one header and
 // then exactly rows·cols fp16 values, and downloads back byte for byte; one that fails leaves
-// the client's resident bytes as they were (its quota reservation and buffer are given back).
+// the client's resident bytes as they were (its quota reservation and buffer are given back:
+// before its status reaches the client, or soon after a client-side cancellation).
 #include <fuzzer/FuzzedDataProvider.h>
 
+#include <chrono>
 #include <string>
+#include <thread>
 
 #include "server/fuzz/service_harness.h"
 
@@ -100,7 +103,16 @@ void Upload(FuzzedDataProvider& in) {
   writer->WritesDone();
   grpc::Status s = writer->Finish();
   fuzz::Check(s, "UploadMatrix");
-  if (cancelled) return;  // the server may not have seen the cancellation yet
+  if (cancelled) {  // the server sees it a moment later: then the quota must come back
+    const auto give_up = std::chrono::steady_clock::now() + fuzz::kCallDeadline;
+    while (ClientBytes() != bytes_before) {
+      if (std::chrono::steady_clock::now() > give_up) {
+        fuzz::Fail("a cancelled upload kept its quota", "");
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    return;
+  }
   if (s.ok()) {
     if (headers != 1 || !header_first || exact != sent.size()) {
       fuzz::Fail("UploadMatrix accepted a malformed sequence", info.handle());

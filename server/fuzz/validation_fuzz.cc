@@ -52,7 +52,7 @@ void CheckAccepted(const RequestRules& rules, uint32_t m, uint32_t n, uint32_t k
                    const GemmJob& job) {
   const std::string shape = fmt::format("{}x{}x{}", m, n, k);
   if (m == 0 || n == 0 || k == 0) fuzz::Fail("accepted a zero dimension", shape);
-  const unsigned __int128 limit = rules.max_elements_per_matrix;
+  const unsigned __int128 limit = MaxElementsPerMatrix(rules);  // the flag, capped at 2^40
   if ((unsigned __int128)m * k > limit || (unsigned __int128)k * n > limit ||
       (unsigned __int128)m * n > limit) {
     fuzz::Fail("accepted a matrix over the element limit", shape);
