@@ -15,6 +15,10 @@ std::vector<VariantInfo> WmmaVariants();
 // The ldmatrix + mma.sync family (kernels/mma_stage.cuh).
 std::vector<VariantInfo> MmaVariants();
 
+// The TMA + wgmma family (kernels/wgmma_stage.cuh), sm_90a: empty on a machine whose devices
+// are all of another compute capability.
+std::vector<VariantInfo> WgmmaVariants();
+
 // Shape predicates shared by the lists. REQUIRES nothing; true if the kernel can take the shape.
 // `block_m` bounds M through the grid's y extent (65535 tiles).
 bool ShapeFitsGrid(int m, int n, int k, int block_m);
