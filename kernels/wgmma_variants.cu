@@ -1,7 +1,8 @@
 // The instantiated members of the TMA + wgmma family (kernels/wgmma_stage.cuh), one line per
 // variant, and their host side: tensor maps (cuTensorMapEncodeTiled through
 // cudaGetDriverEntryPointByVersion, so nothing links libcuda) cached per (pointer, shape), the
-// dynamic-smem opt-in and the persistent grid. Names read wgmma_<BM>x<BN>_s<K_STAGE>_g<GROUP_M>.
+// dynamic-smem opt-in and the persistent grid. Names read
+// wgmma_<BM>x<BN>_s<K_STAGE>[_c<CLUSTER>]_g<GROUP_M>.
 #include <cuda.h>
 #include <cudaTypedefs.h>
 
@@ -70,21 +71,52 @@ bool TensorMap(const void* ptr, int rows, int cols, int box_rows, int box_cols, 
   return true;
 }
 
-// The current device's multiprocessor count, or an error.
-cudaError_t SmCount(int* count) {
-  int dev = 0;
-  if (cudaError_t e = cudaGetDevice(&dev); e != cudaSuccess) return e;
-  return cudaDeviceGetAttribute(count, cudaDevAttrMultiProcessorCount, dev);
-}
-
-// @tparam BN, CONSUMERS, K_STAGE, GROUP_M  see detail::WgmmaStage.
-template <int BN, int CONSUMERS, int K_STAGE, int GROUP_M>
+// @tparam BN, CONSUMERS, K_STAGE, CLUSTER, GROUP_M  see detail::WgmmaStage.
+template <int BN, int CONSUMERS, int K_STAGE, int CLUSTER, int GROUP_M>
 struct Wgmma {
-  using Cfg = detail::WgmmaStage<BN, CONSUMERS, K_STAGE, GROUP_M>;
+  using Cfg = detail::WgmmaStage<BN, CONSUMERS, K_STAGE, CLUSTER, GROUP_M>;
+
+  // Blocks of the persistent grid on the current device: one per SM, or as many whole
+  // clusters as fit at once (a GPC's SMs may not all pair up). Cached per device.
+  static cudaError_t GridBlocks(int device, int* blocks) {
+    static std::atomic<int> cached[64] = {};
+    if (device < 64 && cached[device].load(std::memory_order_relaxed) > 0) {
+      *blocks = cached[device].load(std::memory_order_relaxed);
+      return cudaSuccess;
+    }
+    int n = 0;
+    if (cudaError_t e = cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device);
+        e != cudaSuccess)
+      return e;
+    if constexpr (CLUSTER > 1) {
+      cudaLaunchConfig_t config = {};
+      cudaLaunchAttribute attr;
+      attr.id = cudaLaunchAttributeClusterDimension;
+      attr.val.clusterDim.x = CLUSTER;
+      attr.val.clusterDim.y = 1;
+      attr.val.clusterDim.z = 1;
+      config.gridDim = dim3(n / CLUSTER * CLUSTER);
+      config.blockDim = dim3(Cfg::kThreads);
+      config.dynamicSmemBytes = Cfg::kSmemBytes;
+      config.attrs = &attr;
+      config.numAttrs = 1;
+      int clusters = 0;
+      if (cudaError_t e = cudaOccupancyMaxActiveClusters(&clusters, Kernel(), &config);
+          e != cudaSuccess)
+        return e;
+      if (clusters <= 0) return cudaErrorInvalidConfiguration;
+      n = std::min(n / CLUSTER, clusters) * CLUSTER;
+    }
+    if (device < 64) cached[device].store(n, std::memory_order_relaxed);
+    *blocks = n;
+    return cudaSuccess;
+  }
+
+  static auto Kernel() { return detail::WgmmaGemmKernel<BN, CONSUMERS, K_STAGE, CLUSTER, GROUP_M>; }
 
   // Both accumulations run the fp32-accumulating kernel (wgmma_stage.cuh says why).
   static cudaError_t Launch(const GemmProblem& p, int /*swizzle_stride*/, cudaStream_t stream) {
-    auto kernel = detail::WgmmaGemmKernel<BN, CONSUMERS, K_STAGE, GROUP_M>;
+    auto kernel = Kernel();
     static std::atomic<uint64_t> opted_in{0};  // devices with the > 48 KB opt-in done
     int device = 0;
     if (cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return e;
@@ -98,10 +130,26 @@ struct Wgmma {
     CUtensorMap map_a, map_b;
     if (!TensorMap(p.a, p.m, p.k, Cfg::BM, 64, &map_a) || !TensorMap(p.b, p.k, p.n, 64, 64, &map_b))
       return cudaErrorInvalidValue;
-    int sms = 0;
-    if (cudaError_t e = SmCount(&sms); e != cudaSuccess) return e;
-    const long long tiles = (long long)((p.m + Cfg::BM - 1) / Cfg::BM) * ((p.n + BN - 1) / BN);
-    const int grid = int(std::min<long long>(tiles, sms));
+    int blocks = 0;
+    if (cudaError_t e = GridBlocks(device, &blocks); e != cudaSuccess) return e;
+    const long long tiles_m = (p.m + Cfg::BM - 1) / Cfg::BM;
+    const long long units = (tiles_m + CLUSTER - 1) / CLUSTER * ((p.n + BN - 1) / BN);
+    const int grid = int(std::min<long long>(units * CLUSTER, blocks));
+    if constexpr (CLUSTER > 1) {
+      cudaLaunchConfig_t config = {};
+      cudaLaunchAttribute attr;
+      attr.id = cudaLaunchAttributeClusterDimension;
+      attr.val.clusterDim.x = CLUSTER;
+      attr.val.clusterDim.y = 1;
+      attr.val.clusterDim.z = 1;
+      config.gridDim = dim3(grid);
+      config.blockDim = dim3(Cfg::kThreads);
+      config.dynamicSmemBytes = Cfg::kSmemBytes;
+      config.stream = stream;
+      config.attrs = &attr;
+      config.numAttrs = 1;
+      return cudaLaunchKernelEx(&config, kernel, map_a, map_b, p.c, p.m, p.n, p.k);
+    }
     kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(map_a, map_b, p.c, p.m, p.n, p.k);
     return cudaGetLastError();
   }
@@ -132,11 +180,12 @@ struct Wgmma {
   }
 };
 
-//                     BN  consumers stages group_m
-using W128x256S4G8  = Wgmma<256, 2, 4, 8>;
-using W128x256S4G16 = Wgmma<256, 2, 4, 16>;
-using W128x128S6G8  = Wgmma<128, 2, 6, 8>;
-using W64x128S8G8   = Wgmma<128, 1, 8, 8>;
+//                       BN  consumers stages cluster group_m
+using W128x256S4G8    = Wgmma<256, 2, 4, 1, 8>;
+using W128x256S4C2G8  = Wgmma<256, 2, 4, 2, 8>;
+using W128x128S6G8    = Wgmma<128, 2, 6, 1, 8>;
+using W128x128S6C2G8  = Wgmma<128, 2, 6, 2, 8>;
+using W64x128S8G8     = Wgmma<128, 1, 8, 1, 8>;
 
 // sm_90a machine code runs on compute capability 9.0 only. True if a device of that capability
 // is visible, or if no device is (so that the registry's contracts stay testable without one).
@@ -162,8 +211,9 @@ std::vector<VariantInfo> WgmmaVariants() {
   if (!ListOnThisMachine()) return {};
   return {
       W128x256S4G8::Info("wgmma_128x256_s4_g8", "TMA + wgmma m64n256k16, 2 consumer warpgroups, 4 stages, persistent, 8-row L2 groups"),
-      W128x256S4G16::Info("wgmma_128x256_s4_g16", "TMA + wgmma m64n256k16, 2 consumer warpgroups, 4 stages, persistent, 16-row L2 groups"),
+      W128x256S4C2G8::Info("wgmma_128x256_s4_c2_g8", "TMA + wgmma m64n256k16, 2 consumer warpgroups, 4 stages, persistent, clusters of 2 sharing B by multicast"),
       W128x128S6G8::Info("wgmma_128x128_s6_g8", "TMA + wgmma m64n128k16, 2 consumer warpgroups, 6 stages, persistent"),
+      W128x128S6C2G8::Info("wgmma_128x128_s6_c2_g8", "TMA + wgmma m64n128k16, 2 consumer warpgroups, 6 stages, persistent, clusters of 2 sharing B by multicast"),
       W64x128S8G8::Info("wgmma_64x128_s8_g8", "TMA + wgmma m64n128k16, 1 consumer warpgroup, 8 stages, persistent (small M)"),
   };
 }
