@@ -22,8 +22,12 @@
 //   * Accumulation is always fp32 on the tensor cores: on sm_90 the f32 and f16 wgmma forms run
 //     at the same rate, so fp16-accumulation requests get the same kernel (docs/kernels.md,
 //     "What fp16 accumulation means").
-//   * Edges: TMA zero-fills boxes past M, N and K (they add nothing to the sums); the epilogue
-//     stores half2 guarded per row and column pair.
+//   * Epilogue, TMA_STORE = false: half2 stores straight from the accumulators, guarded per row
+//     and column pair. TMA_STORE = true: each consumer warpgroup writes its 64-row slab in
+//     64×64 chunks into a double-buffered, 128-byte-swizzled shared tile (conflict-free) and one
+//     thread stores each chunk with a TMA tensor store (cp.async.bulk.tensor, clipped at M and
+//     N), which completes while the warpgroup goes on to its next tile.
+//   * Edges: TMA zero-fills load boxes past M, N and K (they add nothing to the sums).
 //   * Watchdog: an mbarrier wait that lasts HGEMM_MBAR_TIMEOUT_NS (default 10 s; 0 disables)
 //     traps, so a lost arrival or a wrong transaction count fails the launch instead of hanging
 //     the stream. Real waits last microseconds.
@@ -131,6 +135,40 @@ __device__ __forceinline__ void TmaLoad2dMulticast(uint32_t dst, const CUtensorM
       : "memory");
 }
 
+// 2-D TMA store of the box at (c0, c1) from shared memory at `src`; parts past the tensor are
+// not written. Commit and wait with the bulk-group functions below.
+__device__ __forceinline__ void TmaStore2d(const CUtensorMap* map, uint32_t src, int c0, int c1) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];\n" ::"l"(
+          reinterpret_cast<uint64_t>(map)),
+      "r"(src), "r"(c0), "r"(c1)
+      : "memory");
+}
+__device__ __forceinline__ void BulkCommit() {
+  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+}
+// Waits until at most N committed bulk groups still read their shared-memory source.
+template <int N>
+__device__ __forceinline__ void BulkWaitRead() {
+  asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
+}
+// Waits until every committed bulk group has completed (its writes are done).
+__device__ __forceinline__ void BulkWaitAll() {
+  asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+}
+// Makes this thread's shared-memory writes visible to the async proxy (TMA, wgmma).
+__device__ __forceinline__ void FenceProxyAsync() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+// Barrier `id` (1-15) among `threads` threads (a warpgroup: 128).
+__device__ __forceinline__ void NamedBarrier(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void StShared(uint32_t addr, half2 v) {
+  asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(*reinterpret_cast<uint32_t*>(&v))
+               : "memory");
+}
+
 // wgmma shared-memory matrix descriptor with 128-byte swizzle: start address, leading and
 // stride byte offsets (bytes; encoded >> 4), layout type 1 (SWIZZLE_128B) in bits 62-63.
 // A (K-major): SBO = 1024 between 8-row groups, LBO unused. B (N-major): LBO = bytes between
@@ -159,7 +197,8 @@ __device__ __forceinline__ void FenceReg(float& r) { asm volatile("" : "+f"(r)::
 // @tparam K_STAGE    shared-memory ring depth, in K tiles of BK = 64.
 // @tparam CLUSTER    blocks per cluster along M sharing each B tile by multicast (1 or 2).
 // @tparam GROUP_M    tile rows (CLUSTER = 2: pairs of tile rows) per L2 group of the tile order.
-template <int BN, int CONSUMERS, int K_STAGE, int CLUSTER, int GROUP_M>
+// @tparam TMA_STORE  epilogue through swizzled shared memory and TMA stores (else half2 stores).
+template <int BN, int CONSUMERS, int K_STAGE, int CLUSTER, int GROUP_M, bool TMA_STORE>
 struct WgmmaStage {
   static constexpr int BM = 64 * CONSUMERS;
   static constexpr int BK = 64;  // one 128-byte swizzle row of fp16
@@ -176,24 +215,32 @@ struct WgmmaStage {
   static constexpr int kStageBytes = kStageABytes + kStageBBytes;
   static_assert(kStageABytes % 1024 == 0 && kStageBBytes % 1024 == 0,
                 "128-byte swizzle atoms are 1024 bytes: every tile must start on one");
-  // 1024 bytes of slack to align the ring, then a full and an empty barrier per stage.
-  static constexpr size_t kSmemBytes = size_t(K_STAGE) * kStageBytes + 1024 + 16 * K_STAGE;
+  // The epilogue's staging: two 64×64 fp16 chunks (8 KB each, 1024-aligned) per consumer.
+  static constexpr int kCChunkBytes = 64 * 64 * 2;
+  static constexpr int kCStageBytes = TMA_STORE ? CONSUMERS * 2 * kCChunkBytes : 0;
+  // 1024 bytes of slack to align the ring, the ring, the epilogue's staging, then a full and an
+  // empty barrier per stage.
+  static constexpr size_t kSmemBytes =
+      size_t(K_STAGE) * kStageBytes + kCStageBytes + 1024 + 16 * K_STAGE;
   static_assert(kSmemBytes <= 227 * 1024, "an sm_90 block gets at most 227 KB of shared memory");
   static constexpr int kAcc = BN / 2;  // fp32 accumulators per consumer thread
 };
 
-template <int BN, int CONSUMERS, int K_STAGE, int CLUSTER, int GROUP_M>
+// map_c (box 64×64, 128-byte swizzle) is read only with TMA_STORE, C only without.
+template <int BN, int CONSUMERS, int K_STAGE, int CLUSTER, int GROUP_M, bool TMA_STORE>
 __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
     WgmmaGemmKernel(const __grid_constant__ CUtensorMap map_a,
-                    const __grid_constant__ CUtensorMap map_b, half* __restrict__ C, int M, int N,
+                    const __grid_constant__ CUtensorMap map_b,
+                    const __grid_constant__ CUtensorMap map_c, half* __restrict__ C, int M, int N,
                     int K) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using Cfg = WgmmaStage<BN, CONSUMERS, K_STAGE, CLUSTER, GROUP_M>;
+  using Cfg = WgmmaStage<BN, CONSUMERS, K_STAGE, CLUSTER, GROUP_M, TMA_STORE>;
   constexpr int BM = Cfg::BM, BK = Cfg::BK;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const uint32_t raw = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
   const uint32_t ring = (raw + 1023) & ~1023u;
-  const uint32_t bars = ring + K_STAGE * Cfg::kStageBytes;
+  const uint32_t c_stage = ring + K_STAGE * Cfg::kStageBytes;
+  const uint32_t bars = c_stage + Cfg::kCStageBytes;
   auto full = [&](int s) { return bars + 8 * s; };
   auto empty = [&](int s) { return bars + 8 * (K_STAGE + s); };
   auto stage_a = [&](int s) { return ring + s * Cfg::kStageBytes; };
@@ -290,21 +337,55 @@ __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
       release((it + K_STAGE - 1) % K_STAGE);
       // Epilogue: accumulator 4j + {0,1} is row lane/4 of the warp's 16, columns
       // 8j + 2(lane%4) + {0,1}; 4j + {2,3} the same columns 8 rows down.
-      const int row0 = tm * BM + c * 64 + warp * 16 + lane / 4;
-      const int col0 = tn * BN + 2 * (lane % 4);
+      if constexpr (TMA_STORE) {
+        const bool leader = threadIdx.x % 128 == 0;
+        // This thread's rows r and r + 8 of the slab, bytes 4(lane%4) .. +3 of each 16-byte unit.
+        // Under the 128-byte swizzle, unit u of row `row` sits at unit u ^ (row % 8) (rows r and
+        // r + 8 alike): the 8 rows a store instruction touches land in 8 different units, so
+        // the stores are free of bank conflicts.
+        const int r = warp * 16 + lane / 4;
+        const uint32_t row_base = c_stage + c * 2 * Cfg::kCChunkBytes + r * 128 + 4 * (lane % 4);
+        const uint32_t unit_xor = (r & 7) << 4;
 #pragma unroll
-      for (int j = 0; j < BN / 8; ++j) {
-        const int col = col0 + 8 * j;
-        if (col < N) {
-          if (row0 < M)
-            *reinterpret_cast<half2*>(C + size_t(row0) * N + col) =
-                __floats2half2_rn(acc[4 * j], acc[4 * j + 1]);
-          if (row0 + 8 < M)
-            *reinterpret_cast<half2*>(C + size_t(row0 + 8) * N + col) =
-                __floats2half2_rn(acc[4 * j + 2], acc[4 * j + 3]);
+        for (int j = 0; j < BN / 64; ++j) {
+          const uint32_t buf = c_stage + (c * 2 + j % 2) * Cfg::kCChunkBytes;
+          // The store that last read this buffer (two chunks ago) must have finished reading.
+          if (leader) BulkWaitRead<1>();
+          NamedBarrier(1 + c, 128);
+#pragma unroll
+          for (int jj = 0; jj < 8; ++jj) {
+            const int a = 4 * (8 * j + jj);
+            const uint32_t addr = row_base + (j % 2) * Cfg::kCChunkBytes + ((jj << 4) ^ unit_xor);
+            StShared(addr, __floats2half2_rn(acc[a], acc[a + 1]));
+            StShared(addr + 8 * 128, __floats2half2_rn(acc[a + 2], acc[a + 3]));
+          }
+          FenceProxyAsync();
+          NamedBarrier(1 + c, 128);
+          if (leader) {
+            TmaStore2d(&map_c, buf, tn * BN + 64 * j, tm * BM + c * 64);
+            BulkCommit();
+          }
+        }
+      } else {
+        const int row0 = tm * BM + c * 64 + warp * 16 + lane / 4;
+        const int col0 = tn * BN + 2 * (lane % 4);
+#pragma unroll
+        for (int j = 0; j < BN / 8; ++j) {
+          const int col = col0 + 8 * j;
+          if (col < N) {
+            if (row0 < M)
+              *reinterpret_cast<half2*>(C + size_t(row0) * N + col) =
+                  __floats2half2_rn(acc[4 * j], acc[4 * j + 1]);
+            if (row0 + 8 < M)
+              *reinterpret_cast<half2*>(C + size_t(row0 + 8) * N + col) =
+                  __floats2half2_rn(acc[4 * j + 2], acc[4 * j + 3]);
+          }
         }
       }
     }
+    // The block's shared memory must outlive the last stores' reads of it.
+    if constexpr (TMA_STORE)
+      if (threadIdx.x % 128 == 0) BulkWaitAll();
   }
   // No block may leave while its peer can still arrive on its barriers.
   if constexpr (CLUSTER > 1) ClusterSync();

@@ -2,7 +2,7 @@
 // variant, and their host side: tensor maps (cuTensorMapEncodeTiled through
 // cudaGetDriverEntryPointByVersion, so nothing links libcuda) cached per (pointer, shape), the
 // dynamic-smem opt-in and the persistent grid. Names read
-// wgmma_<BM>x<BN>_s<K_STAGE>[_c<CLUSTER>]_g<GROUP_M>.
+// wgmma_<BM>x<BN>_s<K_STAGE>[_c<CLUSTER>]_g<GROUP_M>[_ts] (_ts: TMA-store epilogue).
 #include <cuda.h>
 #include <cudaTypedefs.h>
 
@@ -71,10 +71,10 @@ bool TensorMap(const void* ptr, int rows, int cols, int box_rows, int box_cols, 
   return true;
 }
 
-// @tparam BN, CONSUMERS, K_STAGE, CLUSTER, GROUP_M  see detail::WgmmaStage.
-template <int BN, int CONSUMERS, int K_STAGE, int CLUSTER, int GROUP_M>
+// @tparam BN, CONSUMERS, K_STAGE, CLUSTER, GROUP_M, TMA_STORE  see detail::WgmmaStage.
+template <int BN, int CONSUMERS, int K_STAGE, int CLUSTER, int GROUP_M, bool TMA_STORE>
 struct Wgmma {
-  using Cfg = detail::WgmmaStage<BN, CONSUMERS, K_STAGE, CLUSTER, GROUP_M>;
+  using Cfg = detail::WgmmaStage<BN, CONSUMERS, K_STAGE, CLUSTER, GROUP_M, TMA_STORE>;
 
   // Blocks of the persistent grid on the current device: one per SM, or as many whole
   // clusters as fit at once (a GPC's SMs may not all pair up). Cached per device.
@@ -112,7 +112,9 @@ struct Wgmma {
     return cudaSuccess;
   }
 
-  static auto Kernel() { return detail::WgmmaGemmKernel<BN, CONSUMERS, K_STAGE, CLUSTER, GROUP_M>; }
+  static auto Kernel() {
+    return detail::WgmmaGemmKernel<BN, CONSUMERS, K_STAGE, CLUSTER, GROUP_M, TMA_STORE>;
+  }
 
   // Both accumulations run the fp32-accumulating kernel (wgmma_stage.cuh says why).
   static cudaError_t Launch(const GemmProblem& p, int /*swizzle_stride*/, cudaStream_t stream) {
@@ -127,9 +129,10 @@ struct Wgmma {
       if (e != cudaSuccess) return e;
       opted_in.fetch_or(bit, std::memory_order_acq_rel);
     }
-    CUtensorMap map_a, map_b;
+    CUtensorMap map_a, map_b, map_c{};
     if (!TensorMap(p.a, p.m, p.k, Cfg::BM, 64, &map_a) || !TensorMap(p.b, p.k, p.n, 64, 64, &map_b))
       return cudaErrorInvalidValue;
+    if (TMA_STORE && !TensorMap(p.c, p.m, p.n, 64, 64, &map_c)) return cudaErrorInvalidValue;
     int blocks = 0;
     if (cudaError_t e = GridBlocks(device, &blocks); e != cudaSuccess) return e;
     const long long tiles_m = (p.m + Cfg::BM - 1) / Cfg::BM;
@@ -148,9 +151,10 @@ struct Wgmma {
       config.stream = stream;
       config.attrs = &attr;
       config.numAttrs = 1;
-      return cudaLaunchKernelEx(&config, kernel, map_a, map_b, p.c, p.m, p.n, p.k);
+      return cudaLaunchKernelEx(&config, kernel, map_a, map_b, map_c, p.c, p.m, p.n, p.k);
     }
-    kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(map_a, map_b, p.c, p.m, p.n, p.k);
+    kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(map_a, map_b, map_c, p.c, p.m, p.n,
+                                                             p.k);
     return cudaGetLastError();
   }
 
@@ -180,12 +184,14 @@ struct Wgmma {
   }
 };
 
-//                       BN  consumers stages cluster group_m
-using W128x256S4G8    = Wgmma<256, 2, 4, 1, 8>;
-using W128x256S4C2G8  = Wgmma<256, 2, 4, 2, 8>;
-using W128x128S6G8    = Wgmma<128, 2, 6, 1, 8>;
-using W128x128S6C2G8  = Wgmma<128, 2, 6, 2, 8>;
-using W64x128S8G8     = Wgmma<128, 1, 8, 1, 8>;
+//                         BN  consumers stages cluster group_m tma_store
+using W128x256S4G8      = Wgmma<256, 2, 4, 1, 8, false>;
+using W128x256S4G8Ts    = Wgmma<256, 2, 4, 1, 8, true>;
+using W128x256S4C2G8Ts  = Wgmma<256, 2, 4, 2, 8, true>;
+using W128x128S6G8      = Wgmma<128, 2, 6, 1, 8, false>;
+using W128x128S6G8Ts    = Wgmma<128, 2, 6, 1, 8, true>;
+using W64x128S8G8       = Wgmma<128, 1, 8, 1, 8, false>;
+using W64x128S8G8Ts     = Wgmma<128, 1, 8, 1, 8, true>;
 
 // sm_90a machine code runs on compute capability 9.0 only. True if a device of that capability
 // is visible, or if no device is (so that the registry's contracts stay testable without one).
@@ -210,10 +216,12 @@ bool ListOnThisMachine() {
 std::vector<VariantInfo> WgmmaVariants() {
   if (!ListOnThisMachine()) return {};
   return {
-      W128x256S4G8::Info("wgmma_128x256_s4_g8", "TMA + wgmma m64n256k16, 2 consumer warpgroups, 4 stages, persistent, 8-row L2 groups"),
-      W128x256S4C2G8::Info("wgmma_128x256_s4_c2_g8", "TMA + wgmma m64n256k16, 2 consumer warpgroups, 4 stages, persistent, clusters of 2 sharing B by multicast"),
+      W128x256S4G8Ts::Info("wgmma_128x256_s4_g8_ts", "TMA + wgmma m64n256k16, 2 consumer warpgroups, 4 stages, persistent, TMA-store epilogue"),
+      W128x256S4G8::Info("wgmma_128x256_s4_g8", "TMA + wgmma m64n256k16, 2 consumer warpgroups, 4 stages, persistent"),
+      W128x256S4C2G8Ts::Info("wgmma_128x256_s4_c2_g8_ts", "TMA + wgmma m64n256k16, 2 consumer warpgroups, 4 stages, persistent, clusters of 2 sharing B by multicast, TMA-store epilogue"),
+      W128x128S6G8Ts::Info("wgmma_128x128_s6_g8_ts", "TMA + wgmma m64n128k16, 2 consumer warpgroups, 6 stages, persistent, TMA-store epilogue"),
       W128x128S6G8::Info("wgmma_128x128_s6_g8", "TMA + wgmma m64n128k16, 2 consumer warpgroups, 6 stages, persistent"),
-      W128x128S6C2G8::Info("wgmma_128x128_s6_c2_g8", "TMA + wgmma m64n128k16, 2 consumer warpgroups, 6 stages, persistent, clusters of 2 sharing B by multicast"),
+      W64x128S8G8Ts::Info("wgmma_64x128_s8_g8_ts", "TMA + wgmma m64n128k16, 1 consumer warpgroup, 8 stages, persistent, TMA-store epilogue (small M)"),
       W64x128S8G8::Info("wgmma_64x128_s8_g8", "TMA + wgmma m64n128k16, 1 consumer warpgroup, 8 stages, persistent (small M)"),
   };
 }
