@@ -2,7 +2,7 @@
 // variant, and their host side: tensor maps (cuTensorMapEncodeTiled through
 // cudaGetDriverEntryPointByVersion, so nothing links libcuda) cached per (pointer, shape), the
 // dynamic-smem opt-in and the persistent grid. Names read
-// wgmma_<BM>x<BN>_s<K_STAGE>[_c<CLUSTER>]_g<GROUP_M>[_ts] (_ts: TMA-store epilogue).
+// wgmma_<BM>x<BN>_s<K_STAGE>_g<GROUP_M>.
 #include <cuda.h>
 #include <cudaTypedefs.h>
 
@@ -11,6 +11,7 @@
 #include <map>
 #include <mutex>
 #include <tuple>
+#include <vector>
 
 #include "kernels/variant_lists.h"
 #include "kernels/wgmma_stage.cuh"
@@ -71,55 +72,26 @@ bool TensorMap(const void* ptr, int rows, int cols, int box_rows, int box_cols, 
   return true;
 }
 
-// @tparam BN, CONSUMERS, K_STAGE, CLUSTER, GROUP_M, TMA_STORE  see detail::WgmmaStage.
-template <int BN, int CONSUMERS, int K_STAGE, int CLUSTER, int GROUP_M, bool TMA_STORE,
-          int EXP = 0>
-struct Wgmma {
-  using Cfg = detail::WgmmaStage<BN, CONSUMERS, K_STAGE, CLUSTER, GROUP_M, TMA_STORE, EXP>;
-
-  // Blocks of the persistent grid on the current device: one per SM, or as many whole
-  // clusters as fit at once (a GPC's SMs may not all pair up). Cached per device.
-  static cudaError_t GridBlocks(int device, int* blocks) {
-    static std::atomic<int> cached[64] = {};
-    if (device < 64 && cached[device].load(std::memory_order_relaxed) > 0) {
-      *blocks = cached[device].load(std::memory_order_relaxed);
-      return cudaSuccess;
-    }
-    int n = 0;
-    if (cudaError_t e = cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device);
-        e != cudaSuccess)
-      return e;
-    if constexpr (CLUSTER > 1) {
-      cudaLaunchConfig_t config = {};
-      cudaLaunchAttribute attr;
-      attr.id = cudaLaunchAttributeClusterDimension;
-      attr.val.clusterDim.x = CLUSTER;
-      attr.val.clusterDim.y = 1;
-      attr.val.clusterDim.z = 1;
-      config.gridDim = dim3(n / CLUSTER * CLUSTER);
-      config.blockDim = dim3(Cfg::kThreads);
-      config.dynamicSmemBytes = Cfg::kSmemBytes;
-      config.attrs = &attr;
-      config.numAttrs = 1;
-      int clusters = 0;
-      if (cudaError_t e = cudaOccupancyMaxActiveClusters(&clusters, Kernel(), &config);
-          e != cudaSuccess)
-        return e;
-      if (clusters <= 0) return cudaErrorInvalidConfiguration;
-      n = std::min(n / CLUSTER, clusters) * CLUSTER;
-    }
-    if (device < 64) cached[device].store(n, std::memory_order_relaxed);
-    *blocks = n;
+// The current device's multiprocessor count (the persistent grid), cached per device.
+cudaError_t SmCount(int device, int* count) {
+  static std::atomic<int> cached[64] = {};
+  if (device < 64 && (*count = cached[device].load(std::memory_order_relaxed)) > 0)
     return cudaSuccess;
-  }
+  if (cudaError_t e = cudaDeviceGetAttribute(count, cudaDevAttrMultiProcessorCount, device);
+      e != cudaSuccess)
+    return e;
+  if (device < 64) cached[device].store(*count, std::memory_order_relaxed);
+  return cudaSuccess;
+}
 
-  static auto Kernel() {
-    return detail::WgmmaGemmKernel<BN, CONSUMERS, K_STAGE, CLUSTER, GROUP_M, TMA_STORE, EXP>;
-  }
+// @tparam BN, CONSUMERS, K_STAGE, GROUP_M  see detail::WgmmaStage.
+template <int BN, int CONSUMERS, int K_STAGE, int GROUP_M>
+struct Wgmma {
+  using Cfg = detail::WgmmaStage<BN, CONSUMERS, K_STAGE, GROUP_M>;
 
   // Both accumulations run the fp32-accumulating kernel (wgmma_stage.cuh says why).
   static cudaError_t Launch(const GemmProblem& p, int /*swizzle_stride*/, cudaStream_t stream) {
-    auto kernel = Kernel();
+    auto kernel = detail::WgmmaGemmKernel<BN, CONSUMERS, K_STAGE, GROUP_M>;
     static std::atomic<uint64_t> opted_in{0};  // devices with the > 48 KB opt-in done
     int device = 0;
     if (cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return e;
@@ -130,32 +102,15 @@ struct Wgmma {
       if (e != cudaSuccess) return e;
       opted_in.fetch_or(bit, std::memory_order_acq_rel);
     }
-    CUtensorMap map_a, map_b, map_c{};
-    if (!TensorMap(p.a, p.m, p.k, Cfg::BM, 64, &map_a) || !TensorMap(p.b, p.k, p.n, 64, 64, &map_b))
+    CUtensorMap map_a, map_b, map_c;
+    if (!TensorMap(p.a, p.m, p.k, Cfg::BM, 64, &map_a) ||
+        !TensorMap(p.b, p.k, p.n, 64, 64, &map_b) || !TensorMap(p.c, p.m, p.n, 64, 64, &map_c))
       return cudaErrorInvalidValue;
-    if (TMA_STORE && !TensorMap(p.c, p.m, p.n, 64, 64, &map_c)) return cudaErrorInvalidValue;
-    int blocks = 0;
-    if (cudaError_t e = GridBlocks(device, &blocks); e != cudaSuccess) return e;
-    const long long tiles_m = (p.m + Cfg::BM - 1) / Cfg::BM;
-    const long long units = (tiles_m + CLUSTER - 1) / CLUSTER * ((p.n + BN - 1) / BN);
-    const int grid = int(std::min<long long>(units * CLUSTER, blocks));
-    if constexpr (CLUSTER > 1) {
-      cudaLaunchConfig_t config = {};
-      cudaLaunchAttribute attr;
-      attr.id = cudaLaunchAttributeClusterDimension;
-      attr.val.clusterDim.x = CLUSTER;
-      attr.val.clusterDim.y = 1;
-      attr.val.clusterDim.z = 1;
-      config.gridDim = dim3(grid);
-      config.blockDim = dim3(Cfg::kThreads);
-      config.dynamicSmemBytes = Cfg::kSmemBytes;
-      config.stream = stream;
-      config.attrs = &attr;
-      config.numAttrs = 1;
-      return cudaLaunchKernelEx(&config, kernel, map_a, map_b, map_c, p.c, p.m, p.n, p.k);
-    }
-    kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(map_a, map_b, map_c, p.c, p.m, p.n,
-                                                             p.k);
+    int sms = 0;
+    if (cudaError_t e = SmCount(device, &sms); e != cudaSuccess) return e;
+    const long long tiles = (long long)((p.m + Cfg::BM - 1) / Cfg::BM) * ((p.n + BN - 1) / BN);
+    const int grid = int(std::min<long long>(tiles, sms));
+    kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(map_a, map_b, map_c, p.m, p.n, p.k);
     return cudaGetLastError();
   }
 
@@ -185,16 +140,12 @@ struct Wgmma {
   }
 };
 
-// Cluster experiment (docs/kernels_notes.md run 8): the TMA-store 128x256 kernel alone, in
-// clusters of 2 with EXP knobs: 1 test_wait polling, 2 relaxed remote arrive, 4 no multicast.
-//                         BN  consumers stages cluster group_m tma_store exp
-using W128x256          = Wgmma<256, 2, 4, 1, 8, true>;
-using W128x256C2        = Wgmma<256, 2, 4, 2, 8, true, 0>;
-using W128x256C2Spin    = Wgmma<256, 2, 4, 2, 8, true, 1>;
-using W128x256C2Relax   = Wgmma<256, 2, 4, 2, 8, true, 2>;
-using W128x256C2NoMc    = Wgmma<256, 2, 4, 2, 8, true, 4>;
-using W128x128          = Wgmma<128, 2, 6, 1, 8, true>;
-using W64x128           = Wgmma<128, 1, 8, 1, 8, true>;
+// Kept after H200 runs 4-6 (docs/kernels_notes.md): 128x256 for large outputs, 128x128 where
+// 128x256 tiles leave SMs idle, 64x128 for M <= 128.
+//                     BN  consumers stages group_m
+using W128x256S4    = Wgmma<256, 2, 4, 8>;
+using W128x128S6    = Wgmma<128, 2, 6, 8>;
+using W64x128S8     = Wgmma<128, 1, 8, 8>;
 
 // sm_90a machine code runs on compute capability 9.0 only. True if a device of that capability
 // is visible, or if no device is (so that the registry's contracts stay testable without one).
@@ -219,13 +170,9 @@ bool ListOnThisMachine() {
 std::vector<VariantInfo> WgmmaVariants() {
   if (!ListOnThisMachine()) return {};
   return {
-      W128x256::Info("wgmma_128x256_s4_g8", "TMA + wgmma m64n256k16, 2 consumer warpgroups, 4 stages, persistent, TMA-store epilogue"),
-      W128x128::Info("wgmma_128x128_s6_g8", "TMA + wgmma m64n128k16, 2 consumer warpgroups, 6 stages, persistent, TMA-store epilogue"),
-      W64x128::Info("wgmma_64x128_s8_g8", "TMA + wgmma m64n128k16, 1 consumer warpgroup, 8 stages, persistent, TMA-store epilogue (small M)"),
-      W128x256C2::Info("wgmma_128x256_s4_c2_g8", "experiment: clusters of 2, B multicast"),
-      W128x256C2Spin::Info("wgmma_128x256_s4_c2_g8_spin", "experiment: clusters of 2, B multicast, test_wait polling"),
-      W128x256C2Relax::Info("wgmma_128x256_s4_c2_g8_relax", "experiment: clusters of 2, B multicast, relaxed remote arrive"),
-      W128x256C2NoMc::Info("wgmma_128x256_s4_c2_g8_nomc", "experiment: clusters of 2, cross-block releases, no multicast"),
+      W128x256S4::Info("wgmma_128x256_s4_g8", "TMA + wgmma m64n256k16, 2 consumer warpgroups, 4 stages, persistent, TMA-store epilogue"),
+      W128x128S6::Info("wgmma_128x128_s6_g8", "TMA + wgmma m64n128k16, 2 consumer warpgroups, 6 stages, persistent, TMA-store epilogue"),
+      W64x128S8::Info("wgmma_64x128_s8_g8", "TMA + wgmma m64n128k16, 1 consumer warpgroup, 8 stages, persistent, TMA-store epilogue (small M)"),
   };
 }
 
