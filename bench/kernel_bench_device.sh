@@ -4,6 +4,8 @@
 #   ../shared/tools/gpu-bundle.sh [--out $GPU_DIR] bazel-bin/kernels/gemm_correctness_test \
 #       bazel-bin/kernels/registry_test bazel-bin/bench/kernel_bench
 # usage: bench/kernel_bench_device.sh OUT_DIR [SANITIZER_TIMEOUT_S] [BENCH_ARGS...]
+# CORRECTNESS_FILTER (gtest filter of the sweep), MEMCHECK_FILTER and RACECHECK_FILTER narrow the
+# sections, e.g. to one family: CORRECTNESS_FILTER='*wgmma*' MEMCHECK_FILTER='Small/*wgmma*'.
 set -uo pipefail
 out=${1:?out dir}; shift
 san_timeout=${1:-120}; shift || true
@@ -15,7 +17,8 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.g
 echo "== correctness"
 t0=$SECONDS
 "$gpu"/bin/registry_test --gtest_brief=1 > "$out/correctness.log" 2>&1; echo "registry_test rc=$?"
-"$gpu"/bin/gemm_correctness_test --gtest_brief=1 >> "$out/correctness.log" 2>&1
+"$gpu"/bin/gemm_correctness_test --gtest_brief=1 --gtest_filter="${CORRECTNESS_FILTER:-*}" \
+  >> "$out/correctness.log" 2>&1
 echo "gemm_correctness_test rc=$? ($((SECONDS - t0)) s)"
 python3 - "$out/correctness.log" <<'PY'
 import re, sys
@@ -35,7 +38,7 @@ print("failed:", len(fails)); [print(" ", f) for f in fails[:20]]
 PY
 
 echo "== sanitizers (timeout ${san_timeout}s each)"
-small='Small/*:-*cublas*:*auto*'
+small=${MEMCHECK_FILTER:-'Small/*:-*cublas*:*auto*'}
 odd=${RACECHECK_FILTER:-'Small/*_33x72x24:Small/*_7x5x3:Small/*_255x264x104:Small/*_129x136x40:-*cublas*:*auto*'}
 t0=$SECONDS
 timeout "$san_timeout" compute-sanitizer --tool memcheck --error-exitcode 9 \
@@ -50,5 +53,5 @@ echo "== benchmark"
 t0=$SECONDS
 "$gpu"/bin/kernel_bench --csv "$out/kernel_bench.csv" "$@" > "$out/bench.log" 2>&1
 echo "kernel_bench rc=$? ($((SECONDS - t0)) s)"
-python3 bench/kernel_bench_plot.py "$out/kernel_bench.csv" "$out/kernel_bench.png" || echo "plot failed"
+python3 "$(dirname "$0")/kernel_bench_plot.py" "$out/kernel_bench.csv" "$out/kernel_bench.png" || echo "plot failed"
 sed -n "/^fastest own kernel/,\$p" "$out/bench.log"

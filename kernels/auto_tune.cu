@@ -125,16 +125,23 @@ const VariantInfo* Tune(int m, int n, int k, Accumulation acc, LaunchContext& ct
 const VariantInfo& DefaultVariant(int m, int n, int k, Accumulation acc) {
   // Unaligned shapes: the fallback, which needs no scratch memory.
   if (n % 8 != 0 || k % 8 != 0) return FallbackVariant();
-  // The H200 runs (docs/kernels_notes.md): large fp16 outputs are fastest with 64x128 warp
-  // tiles, large fp32 outputs with the plain 128x128 kernel; below about one wave of 128x128
-  // tiles (132 SMs) the double-buffered 128x128 kernel wins.
   auto tiles = [&](int bm, int bn) {
     return (long long)((m + bm - 1) / bm) * ((n + bn - 1) / bn);
   };
-  const char* name = tiles(128, 128) >= 132 ? "mma_128x128_bk32_s4_swz" : "mma_128x128_bk32_s4_db_swz";
-  if (acc == Accumulation::kFp16 && tiles(128, 256) >= 132) name = "mma_128x256_w4_bk32_s4_swz";
-  const VariantInfo* v = FindVariant(name);
-  if (v != nullptr && v->Supports(acc) && v->can_implement(m, n, k)) return *v;
+  // The H200 runs (docs/kernels_notes.md). The wgmma family, where it is listed (sm_90): one
+  // consumer warpgroup for M <= 128, 128x256 tiles from about a wave of them on, else 128x128.
+  const char* wgmma = m <= 128                 ? "wgmma_64x128_s8_g8"
+                      : tiles(128, 256) >= 100 ? "wgmma_128x256_s4_g8"
+                                               : "wgmma_128x128_s6_g8";
+  // The mma.sync family otherwise: large fp16 outputs are fastest with 64x128 warp tiles,
+  // large fp32 outputs with the plain 128x128 kernel; below about one wave of 128x128 tiles
+  // (132 SMs) the double-buffered 128x128 kernel wins.
+  const char* mma = tiles(128, 128) >= 132 ? "mma_128x128_bk32_s4_swz" : "mma_128x128_bk32_s4_db_swz";
+  if (acc == Accumulation::kFp16 && tiles(128, 256) >= 132) mma = "mma_128x256_w4_bk32_s4_swz";
+  for (const char* name : {wgmma, mma}) {
+    const VariantInfo* v = FindVariant(name);
+    if (v != nullptr && v->Supports(acc) && v->can_implement(m, n, k)) return *v;
+  }
   for (const VariantInfo* c : Candidates(m, n, k, acc))
     if (c->kind == VariantKind::kKernel) return *c;
   return FallbackVariant();

@@ -149,6 +149,68 @@ const std::vector<Case> kLarge = Cases(std::begin(kLargeShapes), std::end(kLarge
 INSTANTIATE_TEST_SUITE_P(Small, GemmCorrectness, ::testing::ValuesIn(kSmall), CaseName);
 INSTANTIATE_TEST_SUITE_P(Large, GemmCorrectness, ::testing::ValuesIn(kLarge), CaseName);
 
+// fp16 accumulation at long K: every variant that offers it, on the same inputs as cuBLAS's
+// fp16 compute mode, must stay within twice cuBLAS's error (issue 17), and within the fp16 bar.
+const Shape kLongKShapes[] = {
+    {64, 64, 8192}, {64, 64, 32768}, {64, 64, 131072}, {3, 3, 70000}, {1, 1, 65536},
+};
+
+std::vector<Case> LongKCases() {
+  std::vector<Case> cases;
+  for (const VariantInfo& v : Variants())
+    if (v.fp16_acc && v.kind != VariantKind::kCublas)
+      for (const Shape& s : kLongKShapes) cases.push_back({v.name, Accumulation::kFp16, s});
+  return cases;
+}
+
+class LongKFp16 : public GemmCorrectness {};
+
+TEST_P(LongKFp16, WithinTwiceCublasError) {
+  const Case& c = GetParam();
+  const VariantInfo* v = FindVariant(c.variant);
+  const VariantInfo* cublas = FindVariant("cublas");
+  ASSERT_NE(v, nullptr);
+  ASSERT_NE(cublas, nullptr);
+  if (v->min_sm > cc_) GTEST_SKIP() << v->name << " needs sm_" << v->min_sm;
+  const int m = c.shape.m, n = c.shape.n, k = c.shape.k;
+  if (!v->can_implement(m, n, k)) GTEST_SKIP() << v->name << " does not take the shape";
+
+  auto* a = reinterpret_cast<__half*>(Alloc<uint16_t>(size_t(m) * k));
+  auto* b = reinterpret_cast<__half*>(Alloc<uint16_t>(size_t(k) * n));
+  auto* out = reinterpret_cast<__half*>(Alloc<uint16_t>(size_t(m) * n));
+  float* ref = Alloc<float>(size_t(m) * n);
+  ASSERT_FALSE(HasFailure());
+  ASSERT_CUDA(FillUniform(a, size_t(m) * k, NextSeed(), -1.f, 1.f, stream_));
+  ASSERT_CUDA(FillUniform(b, size_t(k) * n, NextSeed(), -1.f, 1.f, stream_));
+  ASSERT_CUDA(testing::ReferenceGemm(a, b, ref, m, n, k, stream_));
+  std::vector<float> host_ref(size_t(m) * n);
+  ASSERT_CUDA(cudaMemcpyAsync(host_ref.data(), ref, host_ref.size() * sizeof(float),
+                              cudaMemcpyDeviceToHost, stream_));
+
+  LaunchContext ctx(stream_);
+  auto run = [&](const VariantInfo& variant, testing::ErrorStats* stats) {
+    ASSERT_CUDA(FillBits(out, size_t(m) * n, 0x7E00, stream_));  // NaN: unwritten outputs fail
+    ASSERT_EQ(Launch(variant, GemmProblem{a, b, out, m, n, k, Accumulation::kFp16}, ctx), "");
+    ASSERT_CUDA(cudaStreamSynchronize(stream_));
+    std::vector<uint16_t> host_out(size_t(m) * n);
+    ASSERT_CUDA(cudaMemcpy(host_out.data(), out, host_out.size() * sizeof(uint16_t),
+                           cudaMemcpyDeviceToHost));
+    *stats = testing::Compare(host_out, host_ref);
+  };
+  testing::ErrorStats ours, theirs;
+  ASSERT_NO_FATAL_FAILURE(run(*v, &ours));
+  ASSERT_NO_FATAL_FAILURE(run(*cublas, &theirs));
+  EXPECT_EQ(ours.nan_count, 0u) << testing::ToString(ours);
+  EXPECT_LE(ours.rel_frobenius, 2 * theirs.rel_frobenius)
+      << testing::ToString(ours) << " vs cublas " << testing::ToString(theirs);
+  EXPECT_LE(ours.rel_frobenius, 5e-3) << testing::ToString(ours);
+  std::printf("[ longk  ] %-34s fp16 %5dx%5dx%6d rel_frob=%.3e cublas=%.3e\n", v->name.c_str(), m,
+              n, k, ours.rel_frobenius, theirs.rel_frobenius);
+}
+
+const std::vector<Case> kLongK = LongKCases();
+INSTANTIATE_TEST_SUITE_P(LongK, LongKFp16, ::testing::ValuesIn(kLongK), CaseName);
+
 // A second launch of the same bucket must reuse the tuned choice.
 TEST(AutoTune, CachesTheChoicePerBucket) {
   int cc = 0;

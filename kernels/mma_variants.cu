@@ -25,8 +25,9 @@ struct Mma {
                                                           : (kFp32 ? MIN_BLOCKS_FP32 : 1),
                                FRAG_DB>;
 
+  // fp16 accumulation past kFp16AccMaxK runs the fp32 accumulators (variant_lists.h).
   static cudaError_t Launch(const GemmProblem& p, int stride, cudaStream_t stream) {
-    if (p.accumulation == Accumulation::kFp32) {
+    if (p.accumulation == Accumulation::kFp32 || p.k > kFp16AccMaxK) {
       if constexpr (kFp32)
         return detail::LaunchMmaStage<BM, BN, BK, WARPS_M, WARPS_N, K_STAGE, BLOCK_SWIZZLE, float,
                                       MIN_BLOCKS_FP32, FRAG_DB>(p.a, p.b, p.c, p.m, p.n, p.k, stride,
@@ -37,7 +38,9 @@ struct Mma {
                                   MIN_BLOCKS_FP16, FRAG_DB>(p.a, p.b, p.c, p.m, p.n, p.k, stride, stream);
   }
 
-  static bool CanImplement(int m, int n, int k) { return Vec16Shape(m, n, k, BM); }
+  static bool CanImplement(int m, int n, int k) {
+    return (kFp32 || k <= kFp16AccMaxK) && Vec16Shape(m, n, k, BM);
+  }
 
   static VariantInfo Info(const char* name, const char* description) {
     return VariantInfo{name,
@@ -47,7 +50,8 @@ struct Mma {
                        Cfg<half>::kSmemBytes,
                        /*min_sm=*/90,
                        &CanImplement,
-                       "n % 8 == 0, k % 8 == 0, 16-byte aligned a, b, c",
+                       kFp32 ? "n % 8 == 0, k % 8 == 0, 16-byte aligned a, b, c"
+                             : "n % 8 == 0, k % 8 == 0, k <= 4096, 16-byte aligned a, b, c",
                        VariantKind::kKernel,
                        /*is_fallback=*/false,
                        BLOCK_SWIZZLE ? kSwizzleStride : 0,

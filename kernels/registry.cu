@@ -29,12 +29,25 @@ bool PaddedShape(int m, int n, int k) {
 }
 
 std::vector<VariantInfo> BuildVariants() {
-  std::vector<VariantInfo> all = internal::MmaVariants();
+  std::vector<VariantInfo> all = internal::WgmmaVariants();
+  std::vector<VariantInfo> mma = internal::MmaVariants();
+  all.insert(all.end(), mma.begin(), mma.end());
   std::vector<VariantInfo> wmma = internal::WmmaVariants();
   all.insert(all.end(), wmma.begin(), wmma.end());
   // Fallbacks after the fast kernels, keeping each family's order.
   std::stable_partition(all.begin(), all.end(), [](const VariantInfo& v) { return !v.is_fallback; });
-  // Padded wrappers, for shapes only the fallback could take otherwise.
+  // Padded wrappers, for shapes only the fallback could take otherwise; the wgmma one only where
+  // that family is listed (sm_90 devices).
+  auto has = [&](const char* name) {
+    return std::any_of(all.begin(), all.end(), [&](const VariantInfo& v) { return v.name == name; });
+  };
+  if (has("wgmma_128x256_s4_g8"))
+    all.push_back(VariantInfo{"pad8_wgmma_128x256_s4_g8",
+                              "copies unaligned operands to zero-padded scratch, then "
+                              "wgmma_128x256_s4_g8",
+                              true, true, 0, 90, &PaddedShape, "any m, n, k >= 1 (uses scratch)",
+                              VariantKind::kPadded, false, 0, 128, 256, 4,
+                              "wgmma_128x256_s4_g8", nullptr});
   all.push_back(VariantInfo{"pad8_mma_128x128_bk32_s4_swz",
                             "copies unaligned operands to zero-padded scratch, then "
                             "mma_128x128_bk32_s4_swz",

@@ -92,6 +92,23 @@ TEST(Registry, DefaultSupportsAccumulationAndShape) {
         }
 }
 
+// The wgmma family is listed without a device (CI) and on sm_90 devices; only a machine whose
+// devices are all of another compute capability leaves it out.
+TEST(Registry, DefaultPicksWgmmaForAlignedShapes) {
+  if (FindVariant("wgmma_128x256_s4_g8") == nullptr) {
+    int count = 0;
+    ASSERT_TRUE(cudaGetDeviceCount(&count) == cudaSuccess && count > 0)
+        << "no device, yet the wgmma family is not listed";
+    GTEST_SKIP() << "no sm_90 device";
+  }
+  EXPECT_EQ(DefaultVariant(4096, 4096, 4096, Accumulation::kFp16).name, "wgmma_128x256_s4_g8");
+  EXPECT_EQ(DefaultVariant(8192, 64, 4096, Accumulation::kFp32).name, "wgmma_128x128_s6_g8");
+  EXPECT_EQ(DefaultVariant(128, 8192, 8192, Accumulation::kFp32).name, "wgmma_64x128_s8_g8");
+  const VariantInfo* padded = FindVariant("pad8_wgmma_128x256_s4_g8");
+  ASSERT_NE(padded, nullptr);
+  EXPECT_EQ(padded->inner, "wgmma_128x256_s4_g8");
+}
+
 TEST(Registry, CheckProblemExplainsRejections) {
   auto* fake = reinterpret_cast<__half*>(uintptr_t{256});  // never dereferenced
   const VariantInfo* v256 = FindVariant("wmma_256x256_s3_dsmem_swz");

@@ -15,6 +15,17 @@ std::vector<VariantInfo> WmmaVariants();
 // The ldmatrix + mma.sync family (kernels/mma_stage.cuh).
 std::vector<VariantInfo> MmaVariants();
 
+// The TMA + wgmma family (kernels/wgmma_stage.cuh), sm_90a: empty on a machine whose devices
+// are all of another compute capability.
+std::vector<VariantInfo> WgmmaVariants();
+
+// The longest K the mma.sync and WMMA families accumulate in fp16 registers: up to it their
+// error is cuBLAS's fp16-compute error (2.35e-3 for both at 4096^3, docs/kernels_notes.md run 4);
+// beyond it fp16 rounding of the running sums grows past twice that (issue 17: 8e-2 at K = 65536).
+// Longer fp16-accumulation requests run the same tiles with fp32 accumulators (docs/kernels.md,
+// "What fp16 accumulation means"); variants instantiated for fp16 only do not take such K.
+constexpr int kFp16AccMaxK = 4096;
+
 // Shape predicates shared by the lists. REQUIRES nothing; true if the kernel can take the shape.
 // `block_m` bounds M through the grid's y extent (65535 tiles).
 bool ShapeFitsGrid(int m, int n, int k, int block_m);

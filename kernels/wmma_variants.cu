@@ -28,8 +28,9 @@ struct Wmma {
         p.a, p.b, p.c, p.m, p.n, p.k, stride, stream);
   }
 
+  // fp16 accumulation past kFp16AccMaxK runs the fp32 accumulators (variant_lists.h).
   static cudaError_t Launch(const GemmProblem& p, int stride, cudaStream_t stream) {
-    if (p.accumulation == Accumulation::kFp32) {
+    if (p.accumulation == Accumulation::kFp32 || p.k > kFp16AccMaxK) {
       if constexpr (FP32_ACC) return Run<float>(p, stride, stream);
       return cudaErrorInvalidValue;
     }
@@ -37,6 +38,7 @@ struct Wmma {
   }
 
   static bool CanImplement(int m, int n, int k) {
+    if (!FP32_ACC && k > kFp16AccMaxK) return false;
     return VEC16 ? Vec16Shape(m, n, k, Cfg<half>::BM) : ShapeFitsGrid(m, n, k, Cfg<half>::BM);
   }
 
@@ -50,7 +52,9 @@ struct Wmma {
                        smem,
                        /*min_sm=*/90,
                        &CanImplement,
-                       VEC16 ? "n % 8 == 0, k % 8 == 0, 16-byte aligned a, b, c"
+                       VEC16 ? (FP32_ACC ? "n % 8 == 0, k % 8 == 0, 16-byte aligned a, b, c"
+                                         : "n % 8 == 0, k % 8 == 0, k <= 4096, 16-byte aligned "
+                                           "a, b, c")
                              : "any m, n, k >= 1",
                        VariantKind::kKernel,
                        /*is_fallback=*/!VEC16,

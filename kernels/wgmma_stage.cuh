@@ -1,0 +1,320 @@
+// The Hopper HGEMM family: TMA + wgmma, warp-specialized, persistent. C[M,N] = A[M,K] · B[K,N],
+// row-major fp16 in and out, fp32 accumulators. sm_90a only (wgmma, setmaxnreg).
+//
+//   * A producer warpgroup (one elected thread) streams K tiles with cp.async.bulk.tensor (TMA,
+//     128-byte swizzle) into a K_STAGE-deep shared-memory ring. Each stage has a "full"
+//     mbarrier (the producer's expect_tx arrival plus the TMA's completed bytes) and an "empty"
+//     mbarrier (one arrival per consumer warpgroup once its wgmma have read the stage).
+//   * CONSUMERS warpgroups each own 64 rows of the BM = 64·CONSUMERS row block tile and issue
+//     wgmma.m64n<BN>k16 with A K-major and B N-major (imm-trans-b: our B is row-major k×n),
+//     both read straight from the swizzled stages through matrix descriptors. One K tile's
+//     wgmma group stays in flight while the next is issued (wait_group 1); a stage is released
+//     when the group that read it has completed.
+//   * setmaxnreg moves registers from the producer (24) to the consumers (240).
+//   * The grid is persistent (at most one block per SM, tiles strided by the grid); tiles are
+//     visited in groups of GROUP_M tile rows, column by column, so that the blocks running at
+//     once share A row blocks and B column blocks in L2.
+//   * Accumulation is always fp32 on the tensor cores: on sm_90 the f32 and f16 wgmma forms run
+//     at the same rate, so fp16-accumulation requests get the same kernel (docs/kernels.md,
+//     "What fp16 accumulation means").
+//   * Epilogue: each consumer warpgroup writes its 64-row slab in 64×64 chunks into a
+//     double-buffered, 128-byte-swizzled shared tile (conflict-free) and one thread stores each
+//     chunk with a TMA tensor store, which completes while the warpgroup goes on to its next
+//     tile (docs/kernels_notes.md, run 6: +8–10 % over half2 stores from registers).
+//   * Edges: TMA zero-fills load boxes past M, N and K (they add nothing to the sums) and clips
+//     stores at M and N.
+//   * Watchdog: an mbarrier wait that lasts HGEMM_MBAR_TIMEOUT_NS (default 10 s; 0 disables)
+//     traps, so a lost arrival or a wrong transaction count fails the launch instead of hanging
+//     the stream. Real waits last microseconds.
+//
+// REQUIRES (checked by the registry): N % 8 == 0, K % 8 == 0 (TMA strides are 16-byte
+// multiples), 16-byte aligned A, B, C.
+// Thread safety: LaunchWgmmaStage may be called from any thread.
+#ifndef HGEMM_KERNELS_WGMMA_STAGE_CUH_
+#define HGEMM_KERNELS_WGMMA_STAGE_CUH_
+
+#include <cuda.h>  // CUtensorMap (the type only: nothing links libcuda)
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "kernels/wgmma_ops.cuh"
+
+#ifndef HGEMM_MBAR_TIMEOUT_NS
+#define HGEMM_MBAR_TIMEOUT_NS 10000000000ull
+#endif
+
+namespace hgemm::kernels::detail {
+
+__device__ __forceinline__ uint64_t GlobalTimerNs() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
+  return t;
+}
+
+// Waits until the phase of `bar` with this parity has completed.
+__device__ __forceinline__ void MbarWait(uint32_t bar, uint32_t parity) {
+  uint64_t start = 0;
+  for (;;) {
+    uint32_t done;
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+        "selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+    if (done) return;
+    if (HGEMM_MBAR_TIMEOUT_NS > 0) {
+      const uint64_t now = GlobalTimerNs();
+      if (start == 0) start = now;
+      if (now - start > HGEMM_MBAR_TIMEOUT_NS) __trap();
+    }
+  }
+}
+
+__device__ __forceinline__ void MbarInit(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+
+__device__ __forceinline__ void MbarArrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+
+// Arrives on `bar` and adds `bytes` to the transaction count its phase waits for.
+__device__ __forceinline__ void MbarArriveExpectTx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
+               : "memory");
+}
+
+// 2-D TMA load of the box at (c0 = innermost coordinate, c1) into shared memory at `dst`,
+// completing its bytes on `bar`. Boxes reaching past the tensor are zero-filled (and still
+// count their full size).
+__device__ __forceinline__ void TmaLoad2d(uint32_t dst, const CUtensorMap* map, int c0, int c1,
+                                          uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%2, %3}], [%4];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(bar)
+      : "memory");
+}
+
+// 2-D TMA store of the box at (c0, c1) from shared memory at `src`; parts past the tensor are
+// not written. Commit and wait with the bulk-group functions below.
+__device__ __forceinline__ void TmaStore2d(const CUtensorMap* map, uint32_t src, int c0, int c1) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];\n" ::"l"(
+          reinterpret_cast<uint64_t>(map)),
+      "r"(src), "r"(c0), "r"(c1)
+      : "memory");
+}
+__device__ __forceinline__ void BulkCommit() {
+  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+}
+// Waits until at most N committed bulk groups still read their shared-memory source.
+template <int N>
+__device__ __forceinline__ void BulkWaitRead() {
+  asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
+}
+// Waits until every committed bulk group has completed (its writes are done).
+__device__ __forceinline__ void BulkWaitAll() {
+  asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+}
+// Makes this thread's shared-memory writes visible to the async proxy (TMA, wgmma).
+__device__ __forceinline__ void FenceProxyAsync() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+// Barrier `id` (1-15) among `threads` threads (a warpgroup: 128).
+__device__ __forceinline__ void NamedBarrier(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void StShared(uint32_t addr, half2 v) {
+  asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(*reinterpret_cast<uint32_t*>(&v))
+               : "memory");
+}
+
+// wgmma shared-memory matrix descriptor with 128-byte swizzle: start address, leading and
+// stride byte offsets (bytes; encoded >> 4), layout type 1 (SWIZZLE_128B) in bits 62-63.
+// A (K-major): SBO = 1024 between 8-row groups, LBO unused. B (N-major): LBO = bytes between
+// 64-column blocks, SBO = 1024 between 8-row (K) groups (CUTLASS's canonical MN-major SW128
+// layout ((T,8,m),(8,k)):((1,T,LBO),(8T,SBO))).
+__device__ __forceinline__ uint64_t GmmaDesc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
+  return uint64_t((addr & 0x3FFFF) >> 4) | (uint64_t(lbo >> 4) << 16) |
+         (uint64_t(sbo >> 4) << 32) | (uint64_t(1) << 62);
+}
+
+__device__ __forceinline__ void WgmmaFence() {
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void WgmmaCommit() {
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+template <int N>
+__device__ __forceinline__ void WgmmaWait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+// Keeps the compiler from moving accumulator reads or writes across a wgmma wait.
+__device__ __forceinline__ void FenceReg(float& r) { asm volatile("" : "+f"(r)::"memory"); }
+
+// @tparam BN         block tile columns (128 or 256: the wgmma N of each consumer).
+// @tparam CONSUMERS  consumer warpgroups, 64 rows each (BM = 64 · CONSUMERS).
+// @tparam K_STAGE    shared-memory ring depth, in K tiles of BK = 64.
+// @tparam GROUP_M    tile rows per L2 group of the persistent tile order.
+template <int BN, int CONSUMERS, int K_STAGE, int GROUP_M>
+struct WgmmaStage {
+  static constexpr int BM = 64 * CONSUMERS;
+  static constexpr int BK = 64;  // one 128-byte swizzle row of fp16
+  static_assert(BN == 128 || BN == 256, "wgmma wrappers exist for n128 and n256");
+  static_assert(CONSUMERS == 1 || CONSUMERS == 2, "one or two consumer warpgroups");
+  static_assert(K_STAGE >= 2, "the ring needs two stages to overlap loads with wgmma");
+  static_assert(GROUP_M >= 1, "a tile group holds at least one tile row");
+  static constexpr int kThreads = 128 * (CONSUMERS + 1);
+  static constexpr int kStageABytes = BM * BK * 2;
+  static constexpr int kStageBBytes = BK * BN * 2;
+  static constexpr int kBChunkBytes = BK * 64 * 2;  // one TMA box: BK rows of 64 columns
+  static constexpr int kStageBytes = kStageABytes + kStageBBytes;
+  static_assert(kStageABytes % 1024 == 0 && kStageBBytes % 1024 == 0,
+                "128-byte swizzle atoms are 1024 bytes: every tile must start on one");
+  // The epilogue's staging: two 64×64 fp16 chunks (8 KB each, 1024-aligned) per consumer.
+  static constexpr int kCChunkBytes = 64 * 64 * 2;
+  static constexpr int kCStageBytes = CONSUMERS * 2 * kCChunkBytes;
+  // 1024 bytes of slack to align the ring, the ring, the epilogue's staging, then a full and an
+  // empty barrier per stage.
+  static constexpr size_t kSmemBytes =
+      size_t(K_STAGE) * kStageBytes + kCStageBytes + 1024 + 16 * K_STAGE;
+  static_assert(kSmemBytes <= 227 * 1024, "an sm_90 block gets at most 227 KB of shared memory");
+  static constexpr int kAcc = BN / 2;  // fp32 accumulators per consumer thread
+};
+
+// Tensor maps (row-major fp16, 128-byte swizzle): A with boxes of BM rows × 64 K, B of
+// 64 K × 64 columns, C of 64 × 64.
+template <int BN, int CONSUMERS, int K_STAGE, int GROUP_M>
+__global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
+    WgmmaGemmKernel(const __grid_constant__ CUtensorMap map_a,
+                    const __grid_constant__ CUtensorMap map_b,
+                    const __grid_constant__ CUtensorMap map_c, int M, int N, int K) {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using Cfg = WgmmaStage<BN, CONSUMERS, K_STAGE, GROUP_M>;
+  constexpr int BM = Cfg::BM, BK = Cfg::BK;
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  const uint32_t raw = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
+  const uint32_t ring = (raw + 1023) & ~1023u;
+  const uint32_t c_stage = ring + K_STAGE * Cfg::kStageBytes;
+  const uint32_t bars = c_stage + Cfg::kCStageBytes;
+  auto full = [&](int s) { return bars + 8 * s; };
+  auto empty = [&](int s) { return bars + 8 * (K_STAGE + s); };
+  auto stage_a = [&](int s) { return ring + s * Cfg::kStageBytes; };
+  auto stage_b = [&](int s) { return ring + s * Cfg::kStageBytes + Cfg::kStageABytes; };
+
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < K_STAGE; ++s) {
+      MbarInit(full(s), 1);
+      MbarInit(empty(s), CONSUMERS);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+
+  const int tiles_m = (M + BM - 1) / BM, tiles_n = (N + BN - 1) / BN;
+  const int num_tiles = tiles_m * tiles_n, k_tiles = (K + BK - 1) / BK;
+  auto tile_coords = [&](int t, int& tm, int& tn) {
+    const int per_group = GROUP_M * tiles_n;
+    const int first_m = (t / per_group) * GROUP_M;
+    const int rows = min(tiles_m - first_m, GROUP_M);
+    const int r = t % per_group;
+    tm = first_m + r % rows;
+    tn = r / rows;
+  };
+
+  if (threadIdx.x < 128) {
+    // Producer warpgroup: one thread issues every TMA.
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n");
+    if (threadIdx.x == 0) {
+      int it = 0;  // K tiles issued so far, over all of this block's tiles
+      for (int t = blockIdx.x; t < num_tiles; t += gridDim.x) {
+        int tm, tn;
+        tile_coords(t, tm, tn);
+        for (int kt = 0; kt < k_tiles; ++kt, ++it) {
+          const int s = it % K_STAGE;
+          MbarWait(empty(s), ((it / K_STAGE) & 1) ^ 1);  // the first round passes at once
+          MbarArriveExpectTx(full(s), Cfg::kStageBytes);
+          TmaLoad2d(stage_a(s), &map_a, kt * BK, tm * BM, full(s));
+#pragma unroll
+          for (int j = 0; j < BN / 64; ++j)
+            TmaLoad2d(stage_b(s) + j * Cfg::kBChunkBytes, &map_b, tn * BN + 64 * j, kt * BK,
+                      full(s));
+        }
+      }
+    }
+  } else {
+    // Consumer warpgroups.
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n");
+    const int c = threadIdx.x / 128 - 1;  // rows 64c .. 64c+63 of the block tile
+    const int lane = threadIdx.x % 32, warp = (threadIdx.x / 32) % 4;
+    const bool leader = threadIdx.x % 128 == 0;  // releases stages, issues the C stores
+    auto release = [&](int s) {
+      if (leader) MbarArrive(empty(s));
+    };
+    float acc[Cfg::kAcc];
+    int it = 0;  // K tiles consumed so far, in the producer's order
+    for (int t = blockIdx.x; t < num_tiles; t += gridDim.x) {
+      int tm, tn;
+      tile_coords(t, tm, tn);
+      for (int kt = 0; kt < k_tiles; ++kt, ++it) {
+        const int s = it % K_STAGE;
+        MbarWait(full(s), (it / K_STAGE) & 1);
+        const uint32_t a0 = stage_a(s) + c * 64 * 128;  // 64 rows of 128 bytes
+        const uint32_t b0 = stage_b(s);
+        WgmmaFence();
+#pragma unroll
+        for (int kk = 0; kk < BK / 16; ++kk)  // 16 K = 32 bytes of an A row, 2 atoms of B rows
+          Wgmma<BN>(acc, GmmaDesc(a0 + kk * 32, 16, 1024),
+                    GmmaDesc(b0 + kk * 2048, Cfg::kBChunkBytes, 1024), kt > 0 || kk > 0);
+        WgmmaCommit();
+        // The previous K tile's group has completed: release its stage.
+        WgmmaWait<1>();
+        if (kt > 0) release((it + K_STAGE - 1) % K_STAGE);
+      }
+      WgmmaWait<0>();
+#pragma unroll
+      for (int i = 0; i < Cfg::kAcc; ++i) FenceReg(acc[i]);
+      release((it + K_STAGE - 1) % K_STAGE);
+      // Epilogue: accumulator 4j + {0,1} is row lane/4 of the warp's 16, columns
+      // 8j + 2(lane%4) + {0,1}; 4j + {2,3} the same columns 8 rows down.
+      // This thread's rows r and r + 8 of the slab, bytes 4(lane%4) .. +3 of each 16-byte unit.
+      // Under the 128-byte swizzle, unit u of row `row` sits at unit u ^ (row % 8) (rows r and
+      // r + 8 alike): the 8 rows a store instruction touches land in 8 different units, so
+      // the stores are free of bank conflicts.
+      const int r = warp * 16 + lane / 4;
+      const uint32_t row_base = c_stage + c * 2 * Cfg::kCChunkBytes + r * 128 + 4 * (lane % 4);
+      const uint32_t unit_xor = (r & 7) << 4;
+#pragma unroll
+      for (int j = 0; j < BN / 64; ++j) {
+        const uint32_t buf = c_stage + (c * 2 + j % 2) * Cfg::kCChunkBytes;
+        // The store that last read this buffer (two chunks ago) must have finished reading.
+        if (leader) BulkWaitRead<1>();
+        NamedBarrier(1 + c, 128);
+#pragma unroll
+        for (int jj = 0; jj < 8; ++jj) {
+          const int a = 4 * (8 * j + jj);
+          const uint32_t addr = row_base + (j % 2) * Cfg::kCChunkBytes + ((jj << 4) ^ unit_xor);
+          StShared(addr, __floats2half2_rn(acc[a], acc[a + 1]));
+          StShared(addr + 8 * 128, __floats2half2_rn(acc[a + 2], acc[a + 3]));
+        }
+        FenceProxyAsync();
+        NamedBarrier(1 + c, 128);
+        if (leader) {
+          TmaStore2d(&map_c, buf, tn * BN + 64 * j, tm * BM + c * 64);
+          BulkCommit();
+        }
+      }
+    }
+    // The block's shared memory must outlive the last stores' reads of it.
+    if (leader) BulkWaitAll();
+  }
+#endif
+}
+
+}  // namespace hgemm::kernels::detail
+
+#endif  // HGEMM_KERNELS_WGMMA_STAGE_CUH_
