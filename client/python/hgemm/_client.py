@@ -150,7 +150,7 @@ class Client:
                     time.sleep(delay)
         finally:
             _progress.close(bar)
-        return [_core.streamed_result(self, by_id[i], rounds.outcomes[i], details, as_torch, started)
+        return [_core.streamed_result(self, by_id[i], rounds.outcome(i), details, as_torch, started)
                 for i in range(len(specs))]
 
     # Resident matrices.

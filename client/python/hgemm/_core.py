@@ -339,6 +339,9 @@ class ManyRound:
         self.pending: List[int] = sorted(specs)
         self.retries = 0
 
+    def outcome(self, i: int):
+        return self.outcomes.get(i) or _errors.Internal("the GEMM was never answered", index=i)
+
     def settle(self, collector: StreamCollector, stream_err: Optional[_errors.Error]) -> float:
         """Records one stream's answers; returns the backoff before the next round (0: none)."""
         sent = self.pending
@@ -445,26 +448,30 @@ class ClientConfig:
     def call_timeout(self, timeout):
         return self.timeout if timeout is None else timeout
 
+    @staticmethod
+    def _largest_message(spec: Spec) -> int:
+        return max(spec.payload_bytes, spec.c_bytes) + _MESSAGE_OVERHEAD_BYTES
+
     def needs_server_limit(self, spec: Spec, mode: Optional[str]) -> bool:
-        mode = mode or self.mode
-        big = max(spec.payload_bytes, spec.c_bytes)
-        return (mode == "auto" and self.max_message_bytes is None
-                and _ALWAYS_UNARY_BYTES < big <= self.unary_limit_bytes)
+        """True when the mode choice needs the server's message limit, not yet known."""
+        big = self._largest_message(spec)
+        return ((mode or self.mode) == "auto" and self.max_message_bytes is None
+                and _ALWAYS_UNARY_BYTES < big and big - _MESSAGE_OVERHEAD_BYTES <= self.unary_limit_bytes)
 
     def streams(self, spec: Spec, mode: Optional[str]) -> bool:
-        """True when this GEMM goes on a GemmStream (mode "auto": when it is large)."""
+        """True when this GEMM goes on a GemmStream. Mode "auto": when its operands or C pass
+        unary_limit_bytes, or would make a message over the server's limit."""
         mode = mode or self.mode
         if mode not in ("auto", "unary", "stream"):
             raise ValueError(f"mode must be 'auto', 'unary' or 'stream'; got {mode!r}")
         if mode != "auto":
             return mode == "stream"
-        big = max(spec.payload_bytes + _MESSAGE_OVERHEAD_BYTES, spec.c_bytes + _MESSAGE_OVERHEAD_BYTES)
+        big = self._largest_message(spec)
+        if big - _MESSAGE_OVERHEAD_BYTES > self.unary_limit_bytes:
+            return True
         if big <= _ALWAYS_UNARY_BYTES:
             return False
-        limit = self.unary_limit_bytes
-        if self.max_message_bytes is not None:
-            limit = min(limit, self.max_message_bytes)
-        return big > limit
+        return self.max_message_bytes is None or big > self.max_message_bytes
 
 
 def kernels_from_proto(response: pb.ListKernelsResponse) -> List[Kernel]:

@@ -122,7 +122,7 @@ class Client:
                     await asyncio.sleep(delay)
         finally:
             _progress.close(bar)
-        return [_core.streamed_result(self, by_id[i], rounds.outcomes[i], details, as_torch, started)
+        return [_core.streamed_result(self, by_id[i], rounds.outcome(i), details, as_torch, started)
                 for i in range(len(specs))]
 
     async def upload(self, matrix, *, ttl: int = 0, label: str = "",
