@@ -4,7 +4,7 @@ from typing import List, Optional
 
 import grpc
 
-from . import _arrays, _core, _errors, _progress
+from . import _arrays, _core, _errors, _progress, _wire
 from ._proto import hgemm_pb2 as pb
 from ._proto import hgemm_pb2_grpc as pb_grpc
 
@@ -43,7 +43,7 @@ class Client:
             self._channel = grpc.insecure_channel(target, options=cfg.channel_options)
         else:
             self._channel = grpc.secure_channel(target, cfg.credentials, options=cfg.channel_options)
-        self._stub = pb_grpc.GemmServiceStub(self._channel)
+        self._stub = _wire.Stub(self._channel, pb_grpc.GemmServiceStub(self._channel))
 
     # Lifetime.
     def close(self) -> None:

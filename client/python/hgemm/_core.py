@@ -11,7 +11,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import grpc
 import numpy as np
 
-from . import _arrays, _errors
+from . import _arrays, _errors, _wire
 from ._proto import hgemm_pb2 as pb
 
 # Every server accepts messages this large (--max_message_bytes is at least 4 MiB); above it, the
@@ -190,33 +190,31 @@ class Spec:
     def c_bytes(self) -> int:
         return 0 if self.keep_c else 2 * self.m * self.n
 
-    def unary_request(self) -> pb.GemmRequest:
-        r = pb.GemmRequest(m=self.m, n=self.n, k=self.k, options=self.options,
-                           keep_c_resident=self.keep_c, c_ttl_seconds=self.c_ttl)
+    def unary_request(self) -> bytes:
+        """The serialized GemmRequest (A and B copied once, straight from the arrays)."""
+        small = pb.GemmRequest(m=self.m, n=self.n, k=self.k, options=self.options,
+                               keep_c_resident=self.keep_c, c_ttl_seconds=self.c_ttl)
         if self.a.handle:
-            r.a_handle = self.a.handle
-        else:
-            r.a = self.a.array.tobytes()
+            small.a_handle = self.a.handle
         if self.b.handle:
-            r.b_handle = self.b.handle
-        else:
-            r.b = self.b.array.tobytes()
-        return r
+            small.b_handle = self.b.handle
+        return _wire.gemm_request(small, None if self.a.handle else self.a.bytes_view(),
+                                  None if self.b.handle else self.b.bytes_view())
 
     def stream_messages(self, gemm_id: int, chunk_bytes: int, progress=None):
-        """The header, then A's chunks, then B's (none for an operand given by handle)."""
+        """The header, then A's chunks, then B's (none for an operand given by handle), as
+        serialized GemmStreamRequests."""
         yield pb.GemmStreamRequest(header=pb.GemmHeader(
             gemm_id=gemm_id, m=self.m, n=self.n, k=self.k, options=self.options,
             a_handle=self.a.handle, b_handle=self.b.handle, keep_c_resident=self.keep_c,
-            c_ttl_seconds=self.c_ttl))
+            c_ttl_seconds=self.c_ttl)).SerializeToString()
         for operand, which in ((self.a, pb.OPERAND_A), (self.b, pb.OPERAND_B)):
             if operand.array is None:
                 continue
             view = operand.bytes_view()
             for offset in range(0, len(view), chunk_bytes):
-                data = view[offset:offset + chunk_bytes].tobytes()
-                yield pb.GemmStreamRequest(chunk=pb.MatrixChunk(
-                    gemm_id=gemm_id, operand=which, offset=offset, data=data))
+                data = view[offset:offset + chunk_bytes]
+                yield _wire.stream_chunk(gemm_id, which, offset, data)
                 if progress is not None:
                     progress.update(len(data))
 
@@ -238,15 +236,14 @@ class StreamCollector:
         self.protocol_error: Optional[_errors.Error] = None
         self.progress = progress
 
-    def consume(self, message: pb.GemmStreamResponse) -> None:
+    def consume(self, message: _wire.StreamResponse) -> None:
         i = message.gemm_id
         spec = self.specs.get(i)
         if spec is None or i in self.done:
             self._broken(f"the server answered gemm_id {i}, which is not in flight")
             return
-        if message.HasField("chunk"):
-            chunk = message.chunk
-            end = chunk.offset + len(chunk.data)
+        if message.data is not None:
+            end = message.offset + len(message.data)
             if end > spec.c_bytes:
                 self._broken(f"gemm_id {i}: result chunk ends at byte {end}, past C's "
                              f"{spec.c_bytes} bytes")
@@ -254,10 +251,10 @@ class StreamCollector:
             buf = self.buffers.get(i)
             if buf is None:
                 buf = self.buffers[i] = np.empty(spec.c_bytes, dtype=np.uint8)
-            buf[chunk.offset:end] = np.frombuffer(chunk.data, dtype=np.uint8)
+            buf[message.offset:end] = message.data
             if self.progress is not None:
-                self.progress.update(len(chunk.data))
-        elif message.HasField("done"):
+                self.progress.update(len(message.data))
+        elif message.done is not None:
             self.done[i] = message.done
             if message.done.status_code != 0:
                 self.buffers.pop(i, None)  # chunks already sent are void
@@ -480,10 +477,18 @@ def kernels_from_proto(response: pb.ListKernelsResponse) -> List[Kernel]:
             for k in response.kernels]
 
 
-def unary_result(client, spec: Spec, response: pb.GemmResponse, details: bool, as_torch,
+def unary_result(client, spec: Spec, raw: _wire.GemmResponse, details: bool, as_torch,
                  started: float):
-    c = (ResidentMatrix(client, response.c_matrix) if spec.keep_c
-         else _arrays.to_output(_arrays.c_array(response.c, spec.m, spec.n), as_torch))
+    response = raw.message
+    if spec.keep_c:
+        c = ResidentMatrix(client, response.c_matrix)
+    else:
+        c = raw.c_array(spec.m, spec.n)
+        if c is None:
+            start, end = raw.c_range or (0, 0)
+            raise _errors.Internal(f"the server sent {end - start} bytes of C; "
+                                   f"{spec.m}x{spec.n} fp16 is {2 * spec.m * spec.n}")
+        c = _arrays.to_output(c, as_torch)
     if not details:
         return c
     return GemmResult(c, Timing.from_proto(response.timing),
@@ -535,11 +540,11 @@ def upload_messages(array: np.ndarray, ttl: int, label: str, device_id, chunk_by
                              label=label)
     if device_id is not None:
         header.device_id = int(device_id)
-    yield pb.UploadMatrixRequest(header=header)
+    yield pb.UploadMatrixRequest(header=header).SerializeToString()
     view = memoryview(array).cast("B")
     for offset in range(0, len(view), chunk_bytes):
-        data = view[offset:offset + chunk_bytes].tobytes()
-        yield pb.UploadMatrixRequest(chunk=data)
+        data = view[offset:offset + chunk_bytes]
+        yield _wire.upload_chunk(data)
         if progress is not None:
             progress.update(len(data))
 
@@ -553,7 +558,7 @@ class DownloadBuffer:
         self.received = 0
         self.progress = progress
 
-    def add(self, chunk: pb.ResultChunk) -> None:
+    def add(self, chunk: _wire.DownloadChunk) -> None:
         if chunk.offset != self.received:
             raise _errors.Internal(f"download chunk at offset {chunk.offset}, expected {self.received}")
         if self.buf is None:
@@ -561,7 +566,7 @@ class DownloadBuffer:
         end = chunk.offset + len(chunk.data)
         if end > len(self.buf):
             raise _errors.Internal(f"download chunk ends at byte {end}, past {len(self.buf)}")
-        self.buf[chunk.offset:end] = np.frombuffer(chunk.data, dtype=np.uint8)
+        self.buf[chunk.offset:end] = chunk.data
         self.received = end
         if self.progress is not None:
             self.progress.update(len(chunk.data))

@@ -13,7 +13,7 @@ from typing import List, Optional
 import grpc
 import grpc.aio
 
-from . import _arrays, _core, _errors, _progress
+from . import _arrays, _core, _errors, _progress, _wire
 from ._client import Client as _SyncClient
 from ._proto import hgemm_pb2 as pb
 from ._proto import hgemm_pb2_grpc as pb_grpc
@@ -30,7 +30,7 @@ class Client:
         else:
             self._channel = grpc.aio.secure_channel(target, cfg.credentials,
                                                     options=cfg.channel_options)
-        self._stub = pb_grpc.GemmServiceStub(self._channel)
+        self._stub = _wire.Stub(self._channel, pb_grpc.GemmServiceStub(self._channel))
 
     async def close(self) -> None:
         await self._channel.close()

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import hgemm
+from hgemm import _wire
 from hgemm._proto import hgemm_pb2 as pb
 from hgemm._proto import hgemm_pb2_grpc as pb_grpc
 
@@ -40,8 +41,9 @@ class FlakyGemm:
         self.calls += 1
         if self.errors:
             raise self.errors.pop(0)
-        return pb.GemmResponse(m=self.m, n=self.n, c=bytes(2 * self.m * self.n),
-                               c_matrix=pb.MatrixInfo(handle="m-1", rows=self.m, cols=self.n))
+        return _wire.GemmResponse(pb.GemmResponse(
+            m=self.m, n=self.n, c=bytes(2 * self.m * self.n),
+            c_matrix=pb.MatrixInfo(handle="m-1", rows=self.m, cols=self.n)).SerializeToString())
 
 
 QUEUE_FULL = FakeRpcError(grpc.StatusCode.UNAVAILABLE, "queue is full (256 GEMMs); retry with backoff")
