@@ -435,8 +435,11 @@ class ClientConfig:
         if client_id:
             metadata.append(("x-client-id", client_id))
         self.metadata = tuple(metadata)
+        # No message size limits (the server has its own); each client its own connection
+        # (gRPC would otherwise share one between channels with equal settings).
         self.channel_options = [("grpc.max_receive_message_length", -1),
-                                ("grpc.max_send_message_length", -1)]
+                                ("grpc.max_send_message_length", -1),
+                                ("grpc.use_local_subchannel_pool", 1)]
         if tls_server_name:
             self.channel_options.append(("grpc.ssl_target_name_override", tls_server_name))
         self.channel_options += list(channel_options)
