@@ -13,6 +13,8 @@
 #   copy      --resident_copy_to_idle_device on one GPU posing as two devices (--devices=0,0)
 #   load      bench/load_run.sh (the load generator's sweep), when its binaries are bundled
 #   load-resident  bench/load_run.sh --resident-only (all-resident latency vs the RPC floor)
+#   python    the Python client (client/python) vs hgemm_load: bench/python_client_bench.py
+#             (2048³ unary c=16, 128x8192x8192 with B resident; needs python3 with grpcio, numpy)
 #
 # Here:   tools/gpu_e2e.sh --bundle     (builds -c opt, gathers the binaries into .gpu-serve/ and
 #                                        packs them into .gpu-pack/serve.tar.xz, small enough to carry)
@@ -170,4 +172,19 @@ fi
 if want load-resident; then
   echo "== load generator: resident operands"
   timeout 400 bench/load_run.sh --resident-only --bin "$PWD/.gpu-serve/bin" || echo "FAILED: load_run.sh"
+fi
+if want python; then
+  echo "== Python client vs hgemm_load (bench/python_client_bench.py)"
+  hgemm_server --listen=127.0.0.1:$((port + 4)) --backend=cuda --streams_per_device=4 \
+    >"$out/server_python.log" 2>&1 &
+  python_pid=$!
+  for _ in $(seq 150); do
+    hgemm_client --server=127.0.0.1:$((port + 4)) --info >/dev/null 2>&1 && break
+    sleep 0.2
+  done
+  PYTHONPATH=client/python timeout 420 python3 bench/python_client_bench.py \
+    --server=127.0.0.1:$((port + 4)) --hgemm_load="$(command -v hgemm_load)" \
+    --csv="$out/python_client_bench.csv" | tee "$out/python_client_bench.md" ||
+    echo "FAILED: python_client_bench"
+  kill -TERM $python_pid; wait $python_pid || true
 fi

@@ -30,6 +30,12 @@ bash deploy/check.sh 2>&1 | tee "$deploy_log"
 deploy_status=${PIPESTATUS[0]}
 ((status == 0)) && status=$deploy_status
 
+# The Python client (client/python): its own venv and servers; line "python: N passed, ...".
+python_log=$(mktemp)
+tools/test_python.sh 2>&1 | tee "$python_log"
+python_status=${PIPESTATUS[0]}
+((status == 0)) && status=$python_status
+
 fuzz_log=$(mktemp)
 tools/fuzz.sh "${HGEMM_FUZZ_SECONDS:-60}" 2>&1 | tee "$fuzz_log"
 fuzz_status=${PIPESTATUS[0]}
@@ -47,6 +53,9 @@ done
 read -r dp df < <(awk '/^deploy: [0-9]+ passed, [0-9]+ failed/ {p = $2; f = $4} END {print p+0, f+0}' "$deploy_log")
 ((deploy_status == 0 || df > 0)) || df=1  # a check that died before its summary still fails
 passed=$((passed + dp)) failed=$((failed + df))
+read -r pp pf ps < <(awk '/^python: [0-9]+ passed, [0-9]+ failed, [0-9]+ skipped/ {p = $2; f = $4; s = $6} END {print p+0, f+0, s+0}' "$python_log")
+((python_status == 0 || pf > 0)) || pf=1
+passed=$((passed + pp)) failed=$((failed + pf)) skipped=$((skipped + ps))
 read -r fp ff < <(awk '/^fuzz: [0-9]+ passed, [0-9]+ failed/ {p = $2; f = $4} END {print p+0, f+0}' "$fuzz_log")
 ((fuzz_status == 0 || ff > 0)) || ff=1
 passed=$((passed + fp)) failed=$((failed + ff))

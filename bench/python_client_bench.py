@@ -1,0 +1,182 @@
+#!/usr/bin/python3
+"""Throughput of the Python client (client/python, `import hgemm`) next to hgemm_load (C++).
+
+The points are the issue-16 comparison, the shapes of bench/load_run.sh:
+  * 2048x2048x2048, unary, A and B sent, concurrency 16
+  * 128x8192x8192 with B resident (uploaded once, A sent, C returned), unary and stream,
+    concurrency 1 and 4
+Closed loop: each worker has one call in flight, each with its own hgemm.Client (its own gRPC
+channel and TCP connection, as hgemm_load's default --workers_per_channel=1). Every call goes
+through the public API (c.gemm(A, B) on numpy float16 arrays) so the numbers include the client's
+own costs (serialising, copies, reassembling C). A "stream" call is one c.gemm(mode="stream"),
+i.e. one GemmStream per GEMM; hgemm_load's stream mode keeps one stream open per worker.
+
+    /usr/bin/python3 bench/python_client_bench.py --server=127.0.0.1:50051 \\
+        [--hgemm_load=bazel-bin/bench/hgemm_load] [--csv=py_bench.csv]
+
+With --hgemm_load, every point is also run by hgemm_load (same shape, mode, resident mode and
+concurrency) and the table shows the ratio python / C++ of requests per second (target ≥ 0.8).
+Needs the hgemm package (pip install ./client/python, or PYTHONPATH=client/python).
+"""
+import argparse
+import csv
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+import numpy as np
+
+try:
+    import hgemm
+except ImportError:  # run from a clone without installing
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "client", "python"))
+    import hgemm
+
+DEFAULT_POINTS = [
+    "2048x2048x2048:unary:none:16",
+    "128x8192x8192:unary:b:1,4",
+    "128x8192x8192:stream:b:1,4",
+]
+
+
+def parse_point(text):
+    shape, mode, resident, conc = text.split(":")
+    m, n, k = (int(x) for x in shape.split("x"))
+    if mode not in ("unary", "stream") or resident not in ("none", "b"):
+        raise ValueError(f"point {text!r}: mode unary|stream, resident none|b")
+    return (m, n, k), mode, resident, [int(c) for c in conc.split(",")]
+
+
+def verify(c, a, b, rng):
+    rows = rng.choice(a.shape[0], size=min(16, a.shape[0]), replace=False)
+    ref = a[rows].astype(np.float32) @ b.astype(np.float32)
+    err = np.linalg.norm(c[rows].astype(np.float32) - ref) / np.linalg.norm(ref)
+    if not err < 1e-3:
+        sys.exit(f"python_client_bench: wrong result (relative error {err:.3g})")
+
+
+def run_point(args, shape, mode, resident, concurrency, a, b):
+    m, n, k = shape
+    clients = [hgemm.Client(args.server, timeout=args.timeout_s) for _ in range(concurrency)]
+    handles = [c.upload(b, label="bench B") if resident == "b" else None for c in clients]
+    latencies, kernel_ms, errors = [], [], []
+    lock = threading.Lock()
+    start_measure = time.monotonic() + args.warmup_s
+    stop = start_measure + args.duration_s
+
+    def worker(i):
+        c, operand_b = clients[i], handles[i] if handles[i] is not None else b
+        while True:
+            t0 = time.monotonic()
+            if t0 >= stop:
+                return
+            try:
+                r = c.gemm(a, operand_b, mode=mode, details=True)
+            except hgemm.Error as e:
+                with lock:
+                    errors.append(e.status)
+                continue
+            t1 = time.monotonic()
+            if t0 >= start_measure and t1 <= stop:
+                with lock:
+                    latencies.append(t1 - t0)
+                    kernel_ms.append(r.timing.kernel_ms)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(concurrency)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for c, h in zip(clients, handles):
+        if h is not None:
+            h.release()
+        c.close()
+    lat = np.array(latencies) * 1e3
+    sent = 2 * m * k + (0 if resident == "b" else 2 * k * n)
+    wire = sent + 2 * m * n
+    rps = len(lat) / args.duration_s
+    return {
+        "shape": f"{m}x{n}x{k}", "mode": mode, "resident": resident, "concurrency": concurrency,
+        "requests": len(lat), "errors": len(errors), "requests_per_s": rps,
+        "p50_ms": float(np.percentile(lat, 50)) if len(lat) else float("nan"),
+        "p99_ms": float(np.percentile(lat, 99)) if len(lat) else float("nan"),
+        "payload_gb_per_s": rps * wire / 1e9,
+        "gflops": rps * 2 * m * n * k / 1e9,
+        "server_kernel_ms": float(np.mean(kernel_ms)) if kernel_ms else float("nan"),
+    }
+
+
+def run_cpp(args, row):
+    with tempfile.NamedTemporaryFile(suffix=".csv") as f:
+        cmd = [args.hgemm_load, f"--server={args.server}", f"--shapes={row['shape']}",
+               f"--mode={row['mode']}", f"--resident={row['resident']}",
+               f"--concurrency={row['concurrency']}", f"--csv={f.name}", "--verify=1"]
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        if r.returncode != 0:
+            print(f"python_client_bench: hgemm_load failed ({r.returncode}):\n{r.stderr[-2000:]}",
+                  file=sys.stderr)
+            return None
+        rows = [x for x in csv.DictReader(open(f.name)) if x["target"] == "service"]
+        return float(rows[0]["requests_per_s"]) if rows else None
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    p.add_argument("--server", default="127.0.0.1:50051")
+    p.add_argument("--points", nargs="*", default=DEFAULT_POINTS,
+                   help="MxNxK:unary|stream:none|b:C1,C2,... (default: the issue-16 points)")
+    p.add_argument("--warmup_s", type=float, default=2.0)
+    p.add_argument("--duration_s", type=float, default=5.0)
+    p.add_argument("--timeout_s", type=float, default=120.0)
+    p.add_argument("--hgemm_load", help="path of hgemm_load: also run each point in C++")
+    p.add_argument("--csv", help="write the rows as CSV")
+    p.add_argument("--seed", type=int, default=1)
+    args = p.parse_args()
+
+    rng = np.random.default_rng(args.seed)
+    with hgemm.Client(args.server, timeout=60) as c:
+        info = c.info()
+        device = info.devices[0].name if info.devices else "?"
+        print(f"server {args.server}: {info.backend}, {device}, version {info.version}")
+    rows = []
+    for text in args.points:
+        shape, mode, resident, concurrencies = parse_point(text)
+        m, n, k = shape
+        a = rng.uniform(-1, 1, (m, k)).astype(np.float16)
+        b = rng.uniform(-1, 1, (k, n)).astype(np.float16)
+        with hgemm.Client(args.server, timeout=args.timeout_s) as c:  # correctness guard
+            verify(c.gemm(a, b, mode=mode), a, b, rng)
+        for conc in concurrencies:
+            row = run_point(args, shape, mode, resident, conc, a, b)
+            row["cpp_requests_per_s"] = run_cpp(args, row) if args.hgemm_load else None
+            row["ratio"] = (row["requests_per_s"] / row["cpp_requests_per_s"]
+                            if row["cpp_requests_per_s"] else None)
+            rows.append(row)
+            print(f"  {row['shape']} {mode} resident={resident} c={conc}: "
+                  f"{row['requests_per_s']:.1f} req/s", file=sys.stderr)
+
+    print()
+    print("| shape | mode | resident | conc | req/s | p50 ms | p99 ms | GB/s wire | kernel ms | "
+          "C++ req/s | python/C++ |")
+    print("| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for r in rows:
+        cpp = f"{r['cpp_requests_per_s']:.1f}" if r["cpp_requests_per_s"] else "-"
+        ratio = f"{r['ratio']:.2f}" if r["ratio"] else "-"
+        err = f" ({r['errors']} errors)" if r["errors"] else ""
+        print(f"| {r['shape']} | {r['mode']} | {r['resident']} | {r['concurrency']} | "
+              f"{r['requests_per_s']:.1f}{err} | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} | "
+              f"{r['payload_gb_per_s']:.2f} | {r['server_kernel_ms']:.3f} | {cpp} | {ratio} |")
+    if args.csv:
+        with open(args.csv, "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=list(rows[0]))
+            w.writeheader()
+            w.writerows(rows)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,28 @@
+"""hgemm: the Python client of hgemm-serve (fp16 GEMM as a gRPC service).
+
+    import hgemm
+    with hgemm.Client("127.0.0.1:50051") as c:
+        C = c.gemm(A, B)        # float16 numpy arrays or torch tensors in, float16 numpy out
+
+hgemm.aio.Client has the same methods for asyncio. The reference is client/python/README.md.
+"""
+from . import aio
+from ._arrays import ConversionWarning
+from ._client import Client
+from ._core import (Execution, GemmResult, Kernel, MatrixList, ResidentMatrix, RetryPolicy,
+                    Timing)
+from ._errors import (Aborted, AlreadyExists, Cancelled, DataLoss, DeadlineExceeded, Error,
+                      FailedPrecondition, Internal, InvalidArgument, NotFound, OutOfRange,
+                      PermissionDenied, ResourceExhausted, Unauthenticated, Unavailable,
+                      Unimplemented, Unknown)
+from ._proto import hgemm_pb2 as pb
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Client", "aio", "ResidentMatrix", "GemmResult", "Timing", "Execution", "Kernel",
+    "MatrixList", "RetryPolicy", "ConversionWarning", "pb", "Error", "Cancelled", "Unknown",
+    "InvalidArgument", "DeadlineExceeded", "NotFound", "AlreadyExists", "PermissionDenied",
+    "ResourceExhausted", "FailedPrecondition", "Aborted", "OutOfRange", "Unimplemented",
+    "Internal", "Unavailable", "DataLoss", "Unauthenticated",
+]

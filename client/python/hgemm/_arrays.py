@@ -1,0 +1,90 @@
+"""Operands in (numpy arrays, torch tensors) and results out (numpy, or torch when asked).
+
+The wire format is fp16, little-endian, row-major, dense (proto/hgemm.proto). Policy:
+  * float16 arrays go as they are; non-C-contiguous or big-endian ones are copied first.
+  * float32 / float64 arrays are converted to float16 with a ConversionWarning (the server
+    computes in fp16 anyway); values outside fp16's range (|x| > 65504) raise ValueError
+    instead of silently becoming inf.
+  * Anything else (integers, bool, complex, torch.bfloat16) raises TypeError: hgemm is fp16 only.
+  * torch tensors, CPU or CUDA, are detached and copied to host memory.
+"""
+import warnings
+
+import numpy as np
+
+FP16 = np.dtype("<f2")
+FP16_MAX = 65504.0
+_MAX_DIM = 2**32 - 1
+
+
+class ConversionWarning(UserWarning):
+    """An operand was converted to float16 (e.g. from float32) before being sent."""
+
+
+def is_torch_tensor(x) -> bool:
+    # No torch import unless the caller already has a tensor.
+    return type(x).__module__.split(".")[0] == "torch" and hasattr(x, "dtype") and hasattr(x, "detach")
+
+
+def _torch_to_numpy(t, name: str) -> np.ndarray:
+    import torch
+    if t.dtype == torch.bfloat16:
+        raise TypeError(
+            f"{name} is a torch.bfloat16 tensor; hgemm-serve computes in fp16 only: convert it "
+            f"with {name}.half() (values past fp16's range of ±65504 become inf)")
+    if t.dtype not in (torch.float16, torch.float32, torch.float64):
+        raise TypeError(f"{name} is a {t.dtype} tensor; hgemm-serve takes torch.float16 "
+                        f"(float32 and float64 are converted with a warning)")
+    return t.detach().cpu().numpy()  # .cpu() is a no-op for a CPU tensor
+
+
+def as_fp16_matrix(x, name: str) -> np.ndarray:
+    """A 2-D, C-contiguous, little-endian float16 ndarray holding x (a copy only when needed)."""
+    if is_torch_tensor(x):
+        arr = _torch_to_numpy(x, name)
+    elif isinstance(x, np.ndarray):
+        arr = x
+    else:
+        arr = np.asarray(x)
+    if arr.ndim != 2:
+        raise ValueError(f"{name} must be a 2-D matrix; it has shape {tuple(arr.shape)}")
+    if arr.shape[0] == 0 or arr.shape[1] == 0:
+        raise ValueError(f"{name} is empty (shape {tuple(arr.shape)}); both dimensions must be ≥ 1")
+    if arr.shape[0] > _MAX_DIM or arr.shape[1] > _MAX_DIM:
+        raise ValueError(f"{name} has shape {tuple(arr.shape)}; dimensions are at most 2**32 - 1")
+    if arr.dtype.kind == "f" and arr.dtype.itemsize == 2:
+        return np.ascontiguousarray(arr, dtype=FP16)  # copies only if strided or big-endian
+    if arr.dtype.kind == "f":
+        warnings.warn(f"{name} is {arr.dtype}: converted to float16 (hgemm-serve computes in fp16; "
+                      f"pass float16 to skip this copy and this warning)", ConversionWarning,
+                      stacklevel=4)
+        with np.errstate(over="ignore", invalid="ignore"):
+            out = np.ascontiguousarray(arr, dtype=FP16)
+        if np.isinf(out).any() and (np.abs(arr[np.isinf(out)]) != np.inf).any():
+            raise ValueError(f"{name} has values outside fp16's range (±{FP16_MAX:g}); "
+                             f"scale it before sending")
+        return out
+    what = f"torch {x.dtype}" if is_torch_tensor(x) else str(arr.dtype)
+    raise TypeError(f"{name} has dtype {what}; hgemm-serve takes float16 "
+                    f"(float32 and float64 are converted with a warning)")
+
+
+def c_array(buffer, m: int, n: int) -> np.ndarray:
+    """C as an m×n float16 ndarray over `buffer` (bytes are copied, so the array is writable)."""
+    if isinstance(buffer, (bytes, str)):
+        return np.frombuffer(buffer, dtype=FP16).reshape(m, n).copy()
+    return np.frombuffer(buffer, dtype=FP16).reshape(m, n)
+
+
+def to_output(c: np.ndarray, as_torch):
+    """c as numpy (as_torch False), a CPU torch tensor (True), or on a torch device ("cuda:0")."""
+    if as_torch is False or as_torch is None:
+        return c
+    try:
+        import torch
+    except ImportError as e:
+        raise ImportError("as_torch needs torch, which is not installed") from e
+    t = torch.from_numpy(c)
+    if as_torch is True:
+        return t
+    return t.to(as_torch)

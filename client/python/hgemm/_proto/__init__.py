@@ -1,0 +1,1 @@
+"""Generated from proto/hgemm.proto by client/python/gen_stubs.py; do not edit."""

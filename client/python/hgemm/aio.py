@@ -1,0 +1,204 @@
+"""hgemm.aio.Client: the asyncio client (grpc.aio), with the methods of hgemm.Client as
+coroutines. ResidentMatrix.release() / .download() are coroutines here, and `async with
+await c.upload(B) as hb:` releases at the end of the block.
+
+    async with hgemm.aio.Client("127.0.0.1:50051") as c:
+        C = await c.gemm(A, B)
+        Cs = await asyncio.gather(*(c.gemm(A, B) for _ in range(16)))
+"""
+import asyncio
+import time
+from typing import List, Optional
+
+import grpc
+import grpc.aio
+
+from . import _arrays, _core, _errors, _progress, _wire
+from ._client import Client as _SyncClient
+from ._proto import hgemm_pb2 as pb
+from ._proto import hgemm_pb2_grpc as pb_grpc
+
+
+class Client:
+    __doc__ = (__doc__ or "") + "\n\nArguments as hgemm.Client:\n" + (_SyncClient.__doc__ or "")
+
+    def __init__(self, target: str = "127.0.0.1:50051", **options):
+        self._config = _core.ClientConfig(target, **options)
+        cfg = self._config
+        if cfg.credentials is None:
+            self._channel = grpc.aio.insecure_channel(target, options=cfg.channel_options)
+        else:
+            self._channel = grpc.aio.secure_channel(target, cfg.credentials,
+                                                    options=cfg.channel_options)
+        self._stub = _wire.Stub(self._channel, pb_grpc.GemmServiceStub(self._channel))
+
+    async def close(self) -> None:
+        await self._channel.close()
+
+    async def __aenter__(self):
+        return self
+
+    async def __aexit__(self, *exc):
+        await self.close()
+
+    async def _call(self, fn, timeout, idempotent: bool):
+        deadline = _core.Deadline(self._config.call_timeout(timeout))
+        policy = self._config.policy
+        for attempt in range(policy.attempts):
+            try:
+                return await fn(deadline.remaining())
+            except grpc.RpcError as e:
+                err = _errors.from_rpc_error(e)
+            delay = policy.delay(attempt)
+            if (attempt + 1 == policy.attempts or not _core.should_retry(err, idempotent)
+                    or not deadline.allows(delay)):
+                raise err
+            await asyncio.sleep(delay)
+
+    async def _server_limit(self, spec, mode, timeout) -> None:
+        if self._config.needs_server_limit(spec, mode):
+            try:
+                info = await self.info(timeout=timeout)
+                self._config.max_message_bytes = info.limits.max_message_bytes
+            except _errors.Error:
+                self._config.max_message_bytes = 4 << 20
+
+    async def gemm(self, a, b, *, accumulation: Optional[str] = None, kernel: str = "auto",
+                   keep_c: bool = False, c_ttl: int = 0, request_id: str = "",
+                   details: bool = False, as_torch=False, mode: Optional[str] = None,
+                   timeout: Optional[float] = None):
+        """As hgemm.Client.gemm."""
+        started = time.monotonic()
+        spec = _core.Spec(a, b, accumulation=accumulation, kernel=kernel, keep_c=keep_c,
+                          c_ttl=c_ttl, request_id=request_id)
+        await self._server_limit(spec, mode, timeout)
+        if self._config.streams(spec, mode):
+            result = (await self._many([spec], timeout, details, as_torch, started))[0]
+            if isinstance(result, _errors.Error):
+                result.index = None
+                raise result
+            return result
+        request = spec.unary_request()
+
+        def call(t):
+            return self._stub.Gemm(request, timeout=t, metadata=self._config.metadata)
+        response = await self._call(call, timeout, idempotent=not keep_c)
+        return _core.unary_result(self, spec, response, details, as_torch, started)
+
+    async def gemm_many(self, pairs, *, accumulation: Optional[str] = None, kernel: str = "auto",
+                        keep_c: bool = False, c_ttl: int = 0, details: bool = False,
+                        as_torch=False, return_exceptions: bool = False,
+                        timeout: Optional[float] = None) -> list:
+        """As hgemm.Client.gemm_many."""
+        started = time.monotonic()
+        defaults = dict(accumulation=accumulation, kernel=kernel, keep_c=keep_c, c_ttl=c_ttl,
+                        request_id="")
+        specs = _core.normalize_pairs(pairs, defaults)
+        if not specs:
+            return []
+        results = await self._many(specs, timeout, details, as_torch, started)
+        return _core.finish_many(results, return_exceptions)
+
+    async def _many(self, specs: List[_core.Spec], timeout, details, as_torch, started) -> list:
+        by_id = dict(enumerate(specs))
+        deadline = _core.Deadline(self._config.call_timeout(timeout))
+        total = sum(s.payload_bytes + s.c_bytes for s in specs)
+        bar = _progress.bar(self._config.progress, total, "hgemm")
+        try:
+            rounds = _core.ManyRound(by_id, self._config.policy, deadline)
+            while rounds.pending:
+                collector = _core.StreamCollector({i: by_id[i] for i in rounds.pending}, bar)
+                requests = _core.stream_requests(by_id, rounds.pending, self._config.chunk_bytes, bar)
+                stream_err = None
+                try:
+                    call = self._stub.GemmStream(_aiter(requests), timeout=deadline.remaining(),
+                                                 metadata=self._config.metadata)
+                    async for message in call:
+                        collector.consume(message)
+                except grpc.RpcError as e:
+                    stream_err = _errors.from_rpc_error(e)
+                delay = rounds.settle(collector, stream_err)
+                if delay:
+                    await asyncio.sleep(delay)
+        finally:
+            _progress.close(bar)
+        return [_core.streamed_result(self, by_id[i], rounds.outcome(i), details, as_torch, started)
+                for i in range(len(specs))]
+
+    async def upload(self, matrix, *, ttl: int = 0, label: str = "",
+                     device_id: Optional[int] = None,
+                     timeout: Optional[float] = None) -> _core.ResidentMatrix:
+        """As hgemm.Client.upload."""
+        array = _arrays.as_fp16_matrix(matrix, "matrix")
+        bar = _progress.bar(self._config.progress, array.nbytes, "hgemm upload")
+
+        def call(t):
+            messages = _core.upload_messages(array, ttl, label, device_id, self._config.chunk_bytes, bar)
+            return self._stub.UploadMatrix(_aiter(messages), timeout=t,
+                                           metadata=self._config.metadata)
+        try:
+            info = await self._call(call, timeout, idempotent=False)
+        finally:
+            _progress.close(bar)
+        return _core.ResidentMatrix(self, info)
+
+    async def download(self, matrix: _core.ResidentMatrix, *, as_torch=False,
+                       timeout: Optional[float] = None):
+        """As hgemm.Client.download."""
+        bar = _progress.bar(self._config.progress, 2 * matrix.rows * matrix.cols, "hgemm download")
+
+        async def call(t):
+            buf = _core.DownloadBuffer(matrix.rows, matrix.cols, bar)
+            stream = self._stub.DownloadMatrix(pb.DownloadMatrixRequest(handle=matrix.handle),
+                                               timeout=t, metadata=self._config.metadata)
+            async for chunk in stream:
+                buf.add(chunk)
+            return buf.array()
+        try:
+            return _arrays.to_output(await self._call(call, timeout, idempotent=True), as_torch)
+        finally:
+            _progress.close(bar)
+
+    async def release(self, matrix: _core.ResidentMatrix, *,
+                      timeout: Optional[float] = None) -> int:
+        """As hgemm.Client.release."""
+        if getattr(matrix, "released", False):
+            return 0
+
+        def call(t):
+            return self._stub.ReleaseMatrix(pb.ReleaseMatrixRequest(handle=matrix.handle),
+                                            timeout=t, metadata=self._config.metadata)
+        freed = (await self._call(call, timeout, idempotent=False)).freed_bytes
+        if isinstance(matrix, _core.ResidentMatrix):
+            matrix.released = True
+        return freed
+
+    async def matrices(self, *, timeout: Optional[float] = None) -> _core.MatrixList:
+        """As hgemm.Client.matrices."""
+        def call(t):
+            return self._stub.ListMatrices(pb.ListMatricesRequest(), timeout=t,
+                                           metadata=self._config.metadata)
+        response = await self._call(call, timeout, idempotent=True)
+        out = _core.MatrixList(_core.ResidentMatrix(self, m) for m in response.matrices)
+        out.client_bytes, out.quota_bytes = response.client_bytes, response.quota_bytes
+        return out
+
+    async def info(self, *, timeout: Optional[float] = None) -> pb.ServerInfo:
+        """As hgemm.Client.info."""
+        def call(t):
+            return self._stub.GetServerInfo(pb.GetServerInfoRequest(), timeout=t,
+                                            metadata=self._config.metadata)
+        return await self._call(call, timeout, idempotent=True)
+
+    async def kernels(self, *, timeout: Optional[float] = None) -> List[_core.Kernel]:
+        """As hgemm.Client.kernels."""
+        def call(t):
+            return self._stub.ListKernels(pb.ListKernelsRequest(), timeout=t,
+                                          metadata=self._config.metadata)
+        return _core.kernels_from_proto(await self._call(call, timeout, idempotent=True))
+
+
+async def _aiter(iterable):
+    """A sync generator as an async one, yielding to the event loop between messages."""
+    for item in iterable:
+        yield item
