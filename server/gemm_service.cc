@@ -379,10 +379,10 @@ class GemmStreamReactor final
  private:
   // One GEMM of the stream, from its header until its answer is written.
   struct Call {
-    explicit Call(StreamedGemm header)
+    explicit Call(AnnouncedGemm header)
         : streamed(std::move(header)),
           tally(streamed.refused.ok() ? streamed.ChunkedBytes() : 0) {}
-    StreamedGemm streamed;  // its job gets the resident operands and the chunks' buffers
+    AnnouncedGemm streamed;  // its job gets the resident operands and the chunks' buffers
     // Not OK: answered with it instead of run (refused at its header, idle, or a copy failed).
     grpc::Status refused;
     WriteTally tally;       // guarded by mu_
@@ -400,7 +400,7 @@ class GemmStreamReactor final
     QuotaReservation c_quota;  // for a kept C, until it is added to the store
   };
 
-  void Start(StreamedGemm header) {
+  void Start(AnnouncedGemm header) {
     auto call = std::make_shared<Call>(std::move(header));
     call->refused = call->streamed.refused;
     if (call->refused.ok()) {
@@ -424,7 +424,7 @@ class GemmStreamReactor final
   // Resolves handles and allocates where the chunked operands go, on the device the GEMM will
   // run on: the device of its resident operands, else the least loaded one.
   grpc::Status Prepare(Call& call) {
-    StreamedGemm& gemm = call.streamed;
+    AnnouncedGemm& gemm = call.streamed;
     GemmJob& job = gemm.job;
     if (grpc::Status s = service_.scheduler_->CheckSize(job.shape); !s.ok()) return s;
     if (grpc::Status s = service_.ResolveResident(owner_, gemm.a_handle, gemm.b_handle,
@@ -551,7 +551,7 @@ class GemmStreamReactor final
   void NextWriteLocked() {
     if (writing_ || outgoing_.empty()) return;
     Call& out = *outgoing_.front();
-    const StreamedGemm& gemm = out.streamed;
+    const AnnouncedGemm& gemm = out.streamed;
     const int64_t chunk_bytes = service_.options_.stream_chunk_bytes;
     const int64_t ready = out.c_ready - out.next_offset;
     // Whole chunks while C is still coming off the device; the rest once it is all there.

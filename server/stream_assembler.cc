@@ -29,7 +29,7 @@ grpc::Status StreamAssembler::ConsumeHeader(const v1::GemmHeader& header, Stream
   }
   dropped_.erase(id);  // a new GEMM takes the id: chunks from here on are its own
   in_use_.insert(id);
-  auto gemm = std::make_unique<StreamedGemm>();
+  auto gemm = std::make_unique<AnnouncedGemm>();
   gemm->gemm_id = id;
   grpc::Status s = ValidateGemmHeader(header, rules_, &gemm->job);
   if (!s.ok()) {
@@ -65,7 +65,7 @@ grpc::Status StreamAssembler::ConsumeHeader(const v1::GemmHeader& header, Stream
   return grpc::Status::OK;
 }
 
-void StreamAssembler::RefuseHeader(std::unique_ptr<StreamedGemm> gemm, grpc::Status why,
+void StreamAssembler::RefuseHeader(std::unique_ptr<AnnouncedGemm> gemm, grpc::Status why,
                                    StreamEvent* event) {
   gemm->refused = std::move(why);
   DropChunksOf(gemm->gemm_id);

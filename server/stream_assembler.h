@@ -22,7 +22,7 @@
 namespace hgemm {
 
 // A GEMM announced by a header. job's buffer pointers are not set.
-struct StreamedGemm {
+struct AnnouncedGemm {
   uint64_t gemm_id = 0;
   // Not OK: the header was refused (bad values, over the stream's pending bytes). Answer the
   // GEMM with this at once; the assembler drops the chunks the client still sends for it.
@@ -49,7 +49,7 @@ struct OperandChunk {
 
 // What one message was: a header or a chunk.
 struct StreamEvent {
-  std::unique_ptr<StreamedGemm> header;
+  std::unique_ptr<AnnouncedGemm> header;
   std::unique_ptr<OperandChunk> chunk;
 };
 
@@ -89,7 +89,7 @@ class StreamAssembler {
   grpc::Status ConsumeHeader(const v1::GemmHeader& header, StreamEvent* event);
   grpc::Status ConsumeChunk(v1::MatrixChunk& chunk, StreamEvent* event);
   // Refuses the header's GEMM with `why`.
-  void RefuseHeader(std::unique_ptr<StreamedGemm> gemm, grpc::Status why, StreamEvent* event);
+  void RefuseHeader(std::unique_ptr<AnnouncedGemm> gemm, grpc::Status why, StreamEvent* event);
   void DropChunksOf(uint64_t gemm_id);
 
   const RequestRules& rules_;

@@ -95,7 +95,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       if (event.header->refused.error_message().size() > 1024) fuzz::Fail("message too long", "");
       answered.push_back(event.header->gemm_id);
     } else if (event.header) {
-      const StreamedGemm& g = *event.header;
+      const AnnouncedGemm& g = *event.header;
       const v1::GemmHeader& h = message.header();
       if (h.m() == 0 || h.n() == 0 || h.k() == 0) fuzz::Fail("accepted a zero dimension", "");
       Model m{fuzz::Bytes(h.m(), h.k()), fuzz::Bytes(h.k(), h.n()), 0, 0};
