@@ -77,9 +77,13 @@ class GemmServiceServicer(object):
         then one `done` message with the timing, or a `done` carrying a non-OK status (C's chunks
         start while C is still being copied off the GPU: on a device fault during that copy, chunks
         already sent are void).
-        A protocol violation (chunk out of order, unknown gemm_id, the client closing its side while
-        a GEMM is incomplete) ends the stream with INVALID_ARGUMENT after the GEMMs already
-        complete have been answered. Recommended chunk size: 1 MiB.
+        Whatever is wrong with one GEMM alone (a header value, a handle, a limit, a full queue, no
+        chunk for --stream_idle_timeout_s) is answered by that GEMM's `done` with the status, as
+        soon as it is known; the chunks the client still sends for it are dropped, and the stream
+        goes on. Only a protocol violation (chunk out of order, unknown gemm_id, a gemm_id already
+        in flight, the client closing its side while a GEMM is incomplete) ends the stream, with
+        INVALID_ARGUMENT after the GEMMs already complete have been answered. Recommended chunk
+        size: 1 MiB.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
