@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <atomic>
+#include <condition_variable>
+#include <optional>
 #include <fstream>
 #include <mutex>
 #include <random>
@@ -85,6 +87,31 @@ class Tally {
   int64_t lost_ = 0, wrong_ = 0, verified_ = 0, unanswered_ = 0;    // guarded by mu_
   double max_error_ = 0;                                            // guarded by mu_
   std::vector<std::string> problems_;                               // guarded by mu_
+};
+
+// Cancels a call after `delay` unless Stop() comes first; Stop() returns at once either way.
+class Canceller {
+ public:
+  Canceller(grpc::ClientContext* context, std::chrono::microseconds delay)
+      : thread_([this, context, delay] {
+          std::unique_lock<std::mutex> lock(mu_);
+          if (!stop_.wait_for(lock, delay, [this] { return stopped_; })) context->TryCancel();
+        }) {}
+  ~Canceller() { Stop(); }
+  void Stop() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stopped_ = true;
+    }
+    stop_.notify_all();
+    if (thread_.joinable()) thread_.join();
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable stop_;
+  bool stopped_ = false;  // guarded by mu_
+  std::thread thread_;    // last: starts once the members above exist
 };
 
 std::string ShapeName(uint32_t m, uint32_t n, uint32_t k) { return fmt::format("{}x{}x{}", m, n, k); }
@@ -204,13 +231,9 @@ class SoakClient {
     v1::GemmResponse response;
     grpc::ClientContext context;
     Prepare(&context, SafetyTimeout());
-    const auto delay = UpTo(o_.cancel_after_max_ms);
-    std::thread canceller([&context, delay] {
-      std::this_thread::sleep_for(delay);
-      context.TryCancel();
-    });
+    Canceller canceller(&context, UpTo(o_.cancel_after_max_ms));
     grpc::Status s = stub_->Gemm(&context, r, &response);
-    canceller.join();
+    canceller.Stop();
     CountSafe("cancel_unary", s, ShapeName(r.m(), r.n(), r.k()));
     if (s.ok()) Check("cancel_unary", r, response.c());
   }
@@ -223,6 +246,39 @@ class SoakClient {
     grpc::Status s = stub_->Gemm(&context, r, &response);
     tally_->Count("deadline_unary", int(s.error_code()));
     if (s.ok()) Check("deadline_unary", r, response.c());
+  }
+
+  // The messages of `gemms` (gemm_id = index: header, A's chunks, B's chunks) merged in a
+  // random order that keeps each GEMM's own order.
+  std::vector<v1::GemmStreamRequest> Interleave(const std::vector<v1::GemmRequest>& gemms) {
+    std::vector<std::vector<v1::GemmStreamRequest>> queues(gemms.size());
+    for (size_t i = 0; i < gemms.size(); ++i) {
+      const v1::GemmRequest& r = gemms[i];
+      v1::GemmHeader* h = queues[i].emplace_back().mutable_header();
+      h->set_gemm_id(i);
+      h->set_m(r.m());
+      h->set_n(r.n());
+      h->set_k(r.k());
+      *h->mutable_options() = r.options();
+      for (auto [operand, bytes] : {std::pair{v1::OPERAND_A, &r.a()}, std::pair{v1::OPERAND_B, &r.b()}}) {
+        for (size_t offset = 0; offset < bytes->size(); offset += o_.chunk_bytes) {
+          v1::MatrixChunk* c = queues[i].emplace_back().mutable_chunk();
+          c->set_gemm_id(i);
+          c->set_operand(operand);
+          c->set_offset(offset);
+          c->set_data(bytes->substr(offset, o_.chunk_bytes));
+        }
+      }
+    }
+    std::vector<v1::GemmStreamRequest> out;
+    std::vector<size_t> next(gemms.size(), 0);
+    for (size_t left = gemms.size(); left > 0;) {
+      size_t i = std::uniform_int_distribution<size_t>(0, gemms.size() - 1)(rng_);
+      while (next[i] == queues[i].size()) i = (i + 1) % gemms.size();
+      out.push_back(std::move(queues[i][next[i]++]));
+      if (next[i] == queues[i].size()) --left;
+    }
+    return out;
   }
 
   // Several GEMMs on one GemmStream, written by a second thread while this one reads, as
@@ -245,19 +301,24 @@ class SoakClient {
     grpc::ClientContext context;
     Prepare(&context, mode == kDeadline ? UpTo(o_.short_deadline_max_ms, 0.05) : SafetyTimeout());
     auto stream = stub_->GemmStream(&context);
+    // Half the streams send their GEMMs one after the other (WriteStreamedGemm), half with the
+    // GEMMs' messages interleaved at random (each GEMM's own order kept, as the protocol asks).
+    std::vector<v1::GemmStreamRequest> interleaved;
+    if (Coin()) interleaved = Interleave(gemms);
     std::thread writer([&] {
-      for (int i = 0; i < count; ++i) {
-        if (!WriteStreamedGemm(gemms[i], i, o_.chunk_bytes, stream.get())) return;
+      if (interleaved.empty()) {
+        for (int i = 0; i < count; ++i) {
+          if (!WriteStreamedGemm(gemms[i], i, o_.chunk_bytes, stream.get())) return;
+        }
+      } else {
+        for (const v1::GemmStreamRequest& m : interleaved) {
+          if (!stream->Write(m)) return;
+        }
       }
       stream->WritesDone();
     });
-    std::thread canceller;
-    if (mode == kCancel) {
-      canceller = std::thread([&context, delay = UpTo(o_.cancel_after_max_ms)] {
-        std::this_thread::sleep_for(delay);
-        context.TryCancel();
-      });
-    }
+    std::optional<Canceller> canceller;
+    if (mode == kCancel) canceller.emplace(&context, UpTo(o_.cancel_after_max_ms));
     v1::GemmStreamResponse message;
     while (stream->Read(&message)) {
       const uint64_t id = message.gemm_id();
@@ -286,8 +347,8 @@ class SoakClient {
       }
     }
     writer.join();
-    if (canceller.joinable()) canceller.join();
     const grpc::Status s = stream->Finish();
+    if (canceller) canceller->Stop();
     tally_->Count(kind, int(s.error_code()));
     const bool hung = mode != kDeadline && s.error_code() == StatusCode::DEADLINE_EXCEEDED;
     if (hung) {

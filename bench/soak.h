@@ -36,8 +36,8 @@ struct SoakOptions {
   // Scenario weights (relative): unary, stream, resident round trip, cancel, short deadline.
   int weight_unary = 35, weight_stream = 20, weight_resident = 20, weight_cancel = 12,
       weight_deadline = 13;
-  double short_deadline_max_ms = 5;   // short deadlines are uniform in (0, this]
-  double cancel_after_max_ms = 5;     // TryCancel after a uniform delay in [0, this]
+  double short_deadline_max_ms = 20;  // short deadlines are uniform in [0.05, this] ms
+  double cancel_after_max_ms = 20;    // TryCancel after a uniform delay in [0, this] ms
   double call_timeout_s = 60;         // every other call's deadline: hitting it = lost
   double tolerance = 1e-3;            // relative Frobenius error of a correct C (fp32 accumulation)
   int64_t chunk_bytes = 4096;         // stream operand chunks (several per operand)
