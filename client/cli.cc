@@ -120,10 +120,11 @@ std::string CheckLimits(const GemmDims& d, const v1::Limits& limits, const Plan&
                            name, Bytes(bytes), quota);
       }
     }
-    // Uploaded A and B, the kept C of this run and that of the previous run (released after).
-    const std::optional<uint64_t> held = CheckedAdd(
-        CheckedAdd(plan.resident_a ? a : 0, plan.resident_b ? b : 0),
-        plan.keep_c ? CheckedAdd(c, c) : 0);
+    // Uploaded A and B, the kept C of this run and, when repeated, that of the previous run.
+    const std::optional<uint64_t> kept_c =
+        !plan.keep_c ? std::optional<uint64_t>(0) : plan.repeated ? CheckedAdd(c, c) : c;
+    const std::optional<uint64_t> held =
+        CheckedAdd(CheckedAdd(plan.resident_a ? a : 0, plan.resident_b ? b : 0), kept_c);
     if (!held || *held > quota) {
       return fmt::format("resident operands of {}x{}x{} take {} bytes at once; the server's quota "
                          "per client is {} (resident_quota_bytes)",

@@ -38,6 +38,9 @@ struct Plan {
   bool resident_a = false;  // A is uploaded once (UploadMatrix) and sent by handle
   bool resident_b = false;  // B likewise
   bool keep_c = false;      // C stays on the server (keep_c_resident)
+  // More than one run: with keep_c, the previous run's C is released only after the next one
+  // is kept, so two Cs are held at once.
+  bool repeated = false;
 };
 
 // The bytes of a unary GemmRequest beyond its operands (fields, tags, options): a generous

@@ -116,7 +116,17 @@ TEST(Cli, CheckLimitsNamesTheOperandAndTheLimit) {
   EXPECT_EQ(CheckLimits({.m = 4096, .n = 64, .k = 2048}, quota, {.resident_b = true}), "");
   e = CheckLimits({.m = 1024, .n = 1024, .k = 2048}, quota,
                   {.resident_a = true, .resident_b = true, .keep_c = true});
-  EXPECT_TRUE(Contains(e, "take 12582912 bytes at once")) << e;
+  EXPECT_TRUE(Contains(e, "take 10485760 bytes at once")) << e;
+  e = CheckLimits({.m = 1024, .n = 1024, .k = 2048}, quota,
+                  {.resident_a = true, .resident_b = true, .keep_c = true, .repeated = true});
+  EXPECT_TRUE(Contains(e, "take 12582912 bytes at once")) << e;  // and the previous run's C
+  EXPECT_EQ(CheckLimits({.m = 1024, .n = 1024, .k = 1024}, quota,
+                        {.resident_a = true, .resident_b = true, .keep_c = true}),
+            "");  // 2 + 2 + 2 MiB
+  EXPECT_EQ(CheckLimits({.m = 1024, .n = 1024, .k = 1024}, quota,
+                        {.resident_a = true, .resident_b = true, .keep_c = true, .repeated = true}),
+            "");  // 2 + 2 + 2·2 MiB: exactly the quota
+
   EXPECT_EQ(CheckLimits({.m = 1024, .n = 1024, .k = 2048}, quota, {.resident_b = true}), "");
 }
 

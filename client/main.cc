@@ -219,7 +219,8 @@ int Main(int argc, char** argv) {
     const hgemm::cli::Plan plan{.unary = unary,
                                 .resident_a = resident == "all",
                                 .resident_b = resident != "none",
-                                .keep_c = resident == "all"};
+                                .keep_c = resident == "all",
+                                .repeated = repeat > 1};
     if (std::string e = hgemm::cli::CheckLimits(dims, server_info.limits(), plan); !e.empty()) {
       return Fail("refused before sending: " + e);
     }
