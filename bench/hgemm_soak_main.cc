@@ -98,19 +98,49 @@ std::string Memory(const ProcessMemory& m) {
   return fmt::format("VmRSS {:.1f} MiB (VmHWM {:.1f} MiB)", m.rss_kib / 1024.0, m.hwm_kib / 1024.0);
 }
 
-// Resident matrices the soak's clients still hold (each client lists its own).
-int64_t ResidentLeft(const std::string& target, const hgemm::bench::SoakOptions& o) {
+// The resident matrices the soak's clients still hold, and whether the server's accounting agrees:
+// each client's client_bytes must equal the bytes of its listed matrices, and once those are
+// released (matrices that cancelled uploads created anyway), be 0.
+struct ResidentCheck {
+  int64_t matrices = 0, bytes = 0;  // listed after the run
+  int64_t mismatched_clients = 0;   // client_bytes != the listed bytes, before or after release
+  bool ok = true;                   // every call answered
+};
+
+ResidentCheck CheckResident(const std::string& target, const hgemm::bench::SoakOptions& o) {
   auto stub = hgemm::v1::GemmService::NewStub(hgemm::bench::LoadGenerator::MakeChannel(target));
-  int64_t left = 0;
-  for (int i = 0; i < o.clients; ++i) {
+  auto call = [&](int i, auto method, const auto& request, auto* response) {
     grpc::ClientContext context;
     context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
     context.AddMetadata("x-client-id", fmt::format("{}-{}", o.client_id_prefix, i));
+    return ((*stub).*method)(&context, request, response).ok();
+  };
+  ResidentCheck check;
+  for (int i = 0; i < o.clients; ++i) {
     hgemm::v1::ListMatricesResponse list;
-    if (!stub->ListMatrices(&context, hgemm::v1::ListMatricesRequest(), &list).ok()) return -1;
-    left += list.matrices_size();
+    if (!call(i, &hgemm::v1::GemmService::Stub::ListMatrices, hgemm::v1::ListMatricesRequest(), &list)) {
+      check.ok = false;
+      continue;
+    }
+    int64_t listed = 0;
+    for (const auto& m : list.matrices()) {
+      listed += m.bytes();
+      hgemm::v1::ReleaseMatrixRequest release;
+      release.set_handle(m.handle());
+      hgemm::v1::ReleaseMatrixResponse freed;
+      if (!call(i, &hgemm::v1::GemmService::Stub::ReleaseMatrix, release, &freed)) check.ok = false;
+    }
+    check.matrices += list.matrices_size();
+    check.bytes += listed;
+    bool mismatch = int64_t(list.client_bytes()) != listed;
+    if (!call(i, &hgemm::v1::GemmService::Stub::ListMatrices, hgemm::v1::ListMatricesRequest(), &list)) {
+      check.ok = false;
+    } else if (list.matrices_size() != 0 || list.client_bytes() != 0) {
+      mismatch = true;
+    }
+    if (mismatch) check.mismatched_clients++;
   }
-  return left;
+  return check;
 }
 
 }  // namespace
@@ -215,8 +245,15 @@ int main(int argc, char** argv) {
       std::printf("LEAK: work still admitted after the idle time\n");
       server_ok = false;
     }
-    std::printf("resident matrices left by the soak's clients: %lld\n",
-                (long long)ResidentLeft(o.target, o));
+    const ResidentCheck resident = CheckResident(o.target, o);
+    std::printf("resident matrices left by the soak's clients: %lld (%lld bytes; from uploads the "
+                "client cancelled), released now; clients whose quota accounting is off: %lld\n",
+                (long long)resident.matrices, (long long)resident.bytes,
+                (long long)resident.mismatched_clients);
+    if (!resident.ok || resident.mismatched_clients != 0) {
+      std::printf("LEAK: resident accounting does not add up (or ListMatrices/ReleaseMatrix failed)\n");
+      server_ok = false;
+    }
   } else if (server_ok) {
     std::printf("SERVER UNRESPONSIVE after the run: GetServerInfo failed\n");
     server_ok = false;

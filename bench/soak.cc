@@ -145,7 +145,13 @@ class SoakClient {
         case 0: Unary(); break;
         case 1: Stream(kNormal); break;
         case 2: Resident(); break;
-        case 3: Coin() ? CancelUnary() : Stream(kCancel); break;
+        case 3:
+          switch (std::uniform_int_distribution<int>(0, 2)(rng_)) {
+            case 0: CancelUnary(); break;
+            case 1: Stream(kCancel); break;
+            default: CancelUpload(); break;
+          }
+          break;
         default: Coin() ? DeadlineUnary() : Stream(kDeadline); break;
       }
     }
@@ -236,6 +242,43 @@ class SoakClient {
     canceller.Stop();
     CountSafe("cancel_unary", s, ShapeName(r.m(), r.n(), r.k()));
     if (s.ok()) Check("cancel_unary", r, response.c());
+  }
+
+  // A slow UploadMatrix (a pause of up to 2 ms between its chunks) cancelled after a random
+  // delay; a handle that came back anyway is released.
+  void CancelUpload() {
+    std::uniform_int_distribution<uint32_t> dim(1, o_.max_dim);
+    const uint32_t rows = dim(rng_), cols = dim(rng_);
+    const std::string data = HalfBytes(RandomHalfMatrix(int64_t(rows) * cols, rng_));
+    std::vector<std::chrono::microseconds> pauses;
+    for (size_t offset = 0; offset < data.size(); offset += o_.upload_chunk_bytes) {
+      pauses.push_back(UpTo(2));
+    }
+    grpc::ClientContext context;
+    Prepare(&context, SafetyTimeout());
+    v1::MatrixInfo info;
+    Canceller canceller(&context, UpTo(o_.cancel_after_max_ms));
+    auto writer = stub_->UploadMatrix(&context, &info);
+    v1::UploadMatrixRequest message;
+    v1::MatrixHeader* header = message.mutable_header();
+    header->set_rows(rows);
+    header->set_cols(cols);
+    header->set_ttl_seconds(600);
+    header->set_label("soak cancelled upload");
+    bool ok = writer->Write(message);
+    for (size_t offset = 0, i = 0; ok && offset < data.size(); offset += o_.upload_chunk_bytes, ++i) {
+      std::this_thread::sleep_for(pauses[i]);
+      message.set_chunk(data.substr(offset, o_.upload_chunk_bytes));
+      ok = writer->Write(message);
+    }
+    if (ok) writer->WritesDone();
+    const grpc::Status s = writer->Finish();
+    canceller.Stop();
+    CountSafe("cancel_upload", s, fmt::format("{}x{}", rows, cols));
+    if (s.ok()) {
+      grpc::Status r = client_.ReleaseMatrix(info.handle(), call_);
+      CountSafe("release", r, fmt::format("{}x{}", rows, cols));
+    }
   }
 
   void DeadlineUnary() {

@@ -10,8 +10,8 @@
 // Each client (one thread, its own channel and TCP connection, its own x-client-id) loops over
 // scenarios picked at random: a unary Gemm; a GemmStream carrying several GEMMs; a resident
 // round trip (UploadMatrix A and B, Gemm by handle, sometimes keep C and DownloadMatrix it,
-// ReleaseMatrix everything); a unary or stream call cancelled by the client (TryCancel) after a
-// random delay; a unary or stream call with a very short deadline. Every GEMM gets fresh random
+// ReleaseMatrix everything); a unary call, a stream or a slow upload cancelled by the client
+// (TryCancel) after a random delay; a unary or stream call with a very short deadline. Every GEMM gets fresh random
 // fp16 inputs (never all zeros) of random small odd-and-even shapes, so the references are
 // cheap. Every call and every streamed GEMM is one request, counted by kind and status code.
 //
@@ -41,6 +41,7 @@ struct SoakOptions {
   double call_timeout_s = 60;         // every other call's deadline: hitting it = lost
   double tolerance = 1e-3;            // relative Frobenius error of a correct C (fp32 accumulation)
   int64_t chunk_bytes = 4096;         // stream operand chunks (several per operand)
+  int64_t upload_chunk_bytes = 1024;  // chunks of the cancelled (slow) uploads
   uint64_t seed = 20261203;
   std::string client_id_prefix;       // "" → "soak-<pid>"; client i is "<prefix>-<i>"
 };
