@@ -59,6 +59,12 @@ void PrintServerInfo(const hgemm::GemmClient& client) {
   std::printf("  limits: %llu elements/matrix, %llu queued GEMMs, %llu queued bytes, %llu bytes/message\n",
               (unsigned long long)l.max_elements_per_matrix(), (unsigned long long)l.max_queued_requests(),
               (unsigned long long)l.max_queued_bytes(), (unsigned long long)l.max_message_bytes());
+  std::printf("  resident: %llu bytes quota per client, TTL %s, LRU eviction %s\n",
+              (unsigned long long)l.resident_quota_bytes(),
+              l.resident_default_ttl_seconds() == 0
+                  ? "none (kept until released)"
+                  : fmt::format("{} s after the last use", l.resident_default_ttl_seconds()).c_str(),
+              l.resident_lru_eviction() ? "on" : "off");
   if (client.ListKernels(&kernels).ok()) {
     std::printf("kernels:\n");
     for (const auto& k : kernels.kernels()) {
