@@ -159,13 +159,16 @@ grpc::Status GemmClient::UploadMatrix(uint32_t rows, uint32_t cols, const std::s
   return stream->Finish();
 }
 
-grpc::Status GemmClient::ReleaseMatrix(const std::string& handle, const CallOptions& options) const {
+grpc::Status GemmClient::ReleaseMatrix(const std::string& handle, const CallOptions& options,
+                                       uint64_t* freed_bytes) const {
   grpc::ClientContext context;
   ApplyDeadline(options, &context);
   v1::ReleaseMatrixRequest request;
   request.set_handle(handle);
   v1::ReleaseMatrixResponse response;
-  return stub_->ReleaseMatrix(&context, request, &response);
+  grpc::Status status = stub_->ReleaseMatrix(&context, request, &response);
+  if (freed_bytes != nullptr) *freed_bytes = status.ok() ? response.freed_bytes() : 0;
+  return status;
 }
 
 grpc::Status GemmClient::ListMatrices(v1::ListMatricesResponse* response,
@@ -195,13 +198,17 @@ grpc::Status GemmClient::DownloadMatrix(const std::string& handle, std::string* 
   return stream->Finish();
 }
 
-grpc::Status GemmClient::ListKernels(v1::ListKernelsResponse* response) const {
+grpc::Status GemmClient::ListKernels(v1::ListKernelsResponse* response,
+                                     const CallOptions& options) const {
   grpc::ClientContext context;
+  ApplyDeadline(options, &context);
   return stub_->ListKernels(&context, v1::ListKernelsRequest(), response);
 }
 
-grpc::Status GemmClient::GetServerInfo(v1::ServerInfo* response) const {
+grpc::Status GemmClient::GetServerInfo(v1::ServerInfo* response,
+                                       const CallOptions& options) const {
   grpc::ClientContext context;
+  ApplyDeadline(options, &context);
   return stub_->GetServerInfo(&context, v1::GetServerInfoRequest(), response);
 }
 

@@ -65,14 +65,16 @@ class GemmClient {
   grpc::Status Run(const v1::GemmRequest& request, v1::GemmResponse* response,
                    const CallOptions& options = {}) const;
 
-  grpc::Status ListKernels(v1::ListKernelsResponse* response) const;
-  grpc::Status GetServerInfo(v1::ServerInfo* response) const;
+  grpc::Status ListKernels(v1::ListKernelsResponse* response, const CallOptions& options = {}) const;
+  grpc::Status GetServerInfo(v1::ServerInfo* response, const CallOptions& options = {}) const;
 
   // Resident matrices. `data` holds rows·cols fp16 values (2·rows·cols bytes).
   grpc::Status UploadMatrix(uint32_t rows, uint32_t cols, const std::string& data,
                             v1::MatrixInfo* info, uint32_t ttl_seconds = 0,
                             const std::string& label = "", const CallOptions& options = {}) const;
-  grpc::Status ReleaseMatrix(const std::string& handle, const CallOptions& options = {}) const;
+  // *freed_bytes (if not null): the bytes the server freed.
+  grpc::Status ReleaseMatrix(const std::string& handle, const CallOptions& options = {},
+                             uint64_t* freed_bytes = nullptr) const;
   grpc::Status ListMatrices(v1::ListMatricesResponse* response,
                             const CallOptions& options = {}) const;
   grpc::Status DownloadMatrix(const std::string& handle, std::string* data,

@@ -4,7 +4,11 @@
 //   hgemm_client --a=a.npy --b=b.npy --out=c.npy
 //   hgemm_client --shape=8192x8192x8192 --resident=all --repeat=20   # operands stay on the GPU
 //   hgemm_client --info
-// Random fp16 inputs in [-1, 1) unless --a/--b give .npy files. Exits non-zero on any error,
+//   hgemm_client --list --client_id=me              # this client's resident matrices
+//   hgemm_client --release=HANDLE1,HANDLE2 --client_id=me
+// Random fp16 inputs in [-1, 1) unless --a/--b give .npy files. Before allocating any operand,
+// the shape is checked against the server's limits (GetServerInfo): a GEMM the server would
+// refuse is refused here, naming the operand and the limit. Exits non-zero on any error,
 // including a failed --check.
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
@@ -12,8 +16,8 @@
 #include <chrono>
 #include <cstdio>
 #include <random>
-#include <regex>
 
+#include "client/cli.h"
 #include "client/gemm_client.h"
 #include "client/npy.h"
 #include "kernels/host/cpu_gemm.h"
@@ -55,6 +59,12 @@ void PrintServerInfo(const hgemm::GemmClient& client) {
   std::printf("  limits: %llu elements/matrix, %llu queued GEMMs, %llu queued bytes, %llu bytes/message\n",
               (unsigned long long)l.max_elements_per_matrix(), (unsigned long long)l.max_queued_requests(),
               (unsigned long long)l.max_queued_bytes(), (unsigned long long)l.max_message_bytes());
+  std::printf("  resident: %llu bytes quota per client, TTL %s, LRU eviction %s\n",
+              (unsigned long long)l.resident_quota_bytes(),
+              l.resident_default_ttl_seconds() == 0
+                  ? "none (kept until released)"
+                  : fmt::format("{} s after the last use", l.resident_default_ttl_seconds()).c_str(),
+              l.resident_lru_eviction() ? "on" : "off");
   if (client.ListKernels(&kernels).ok()) {
     std::printf("kernels:\n");
     for (const auto& k : kernels.kernels()) {
@@ -63,25 +73,60 @@ void PrintServerInfo(const hgemm::GemmClient& client) {
   }
 }
 
+int ListResident(const hgemm::GemmClient& client, const hgemm::CallOptions& call) {
+  hgemm::v1::ListMatricesResponse list;
+  if (grpc::Status s = client.ListMatrices(&list, call); !s.ok()) return Fail(s);
+  std::fputs(hgemm::cli::FormatMatrixList(list).c_str(), stdout);
+  return 0;
+}
+
+// Releases every handle (all are tried); non-zero if any release failed.
+int ReleaseResident(const hgemm::GemmClient& client, const hgemm::CallOptions& call,
+                    const std::vector<std::string>& handles) {
+  int failures = 0;
+  for (const std::string& handle : handles) {
+    uint64_t freed = 0;
+    if (grpc::Status s = client.ReleaseMatrix(handle, call, &freed); !s.ok()) {
+      Fail(fmt::format("release {}: {} (gRPC status {})", handle.substr(0, 40), s.error_message(),
+                       static_cast<int>(s.error_code())));
+      ++failures;
+    } else {
+      std::printf("released %s (%llu bytes)\n", handle.c_str(), (unsigned long long)freed);
+    }
+  }
+  return failures == 0 ? 0 : 1;
+}
+
+int Main(int argc, char** argv);
+
 }  // namespace
 
+// Nothing may escape main (issue 12, item 7): what a library throws becomes an error message.
 int main(int argc, char** argv) {
+  try {
+    return Main(argc, argv);
+  } catch (const std::bad_alloc&) {
+    return Fail("out of memory");
+  } catch (const std::exception& e) {
+    return Fail(e.what());
+  }
+}
+
+namespace {
+
+int Main(int argc, char** argv) {
   std::string server = "127.0.0.1:50051", shape, a_path, b_path, out_path, kernel = "auto";
   std::string accumulation = "fp32", mode = "auto", resident = "none", client_id;
   int repeat = 1;
   uint64_t seed = std::random_device{}();
   double timeout_s = 0, tolerance = 0;
-  bool check = false, info = false;
+  bool check = false, info = false, list = false;
+  std::string release;
 
   CLI::App app{"hgemm_client: fp16 GEMM on an hgemm-serve server"};
   app.add_option("--server", server, "server address (HOST:PORT or a gRPC target)")
       ->envname("HGEMM_SERVER")->capture_default_str();
-  app.add_option("--shape", shape, "MxNxK of random inputs, e.g. 512x256x1024")
-      ->check(CLI::Validator(
-          [](std::string& s) {
-            return std::regex_match(s, std::regex(R"(\d+x\d+x\d+)")) ? "" : "expected MxNxK";
-          },
-          "MxNxK"));
+  app.add_option("--shape", shape, "MxNxK of random inputs, e.g. 512x256x1024 (each in [1, 2^32))");
   app.add_option("--a", a_path, "A as an m x k float16 .npy file");
   app.add_option("--b", b_path, "B as a k x n float16 .npy file");
   app.add_option("--out", out_path, "write C to this .npy file");
@@ -102,49 +147,111 @@ int main(int argc, char** argv) {
   app.add_option("--tolerance", tolerance,
                  "largest relative Frobenius error --check accepts (default 1e-3 for fp32, 2e-2 for fp16)");
   app.add_flag("--info", info, "print the server's backend, devices, limits and kernels");
+  app.add_flag("--list", list,
+               "list this client's resident matrices (handle, shape, bytes, age, idle, time left "
+               "before expiry, label); see --client_id");
+  app.add_option("--release", release,
+                 "release these resident matrices (comma-separated handles, as --list shows)");
   CLI11_PARSE(app, argc, argv);
+
+  // Everything that can be checked locally, before any call.
+  hgemm::cli::GemmDims dims{.m = 256, .n = 256, .k = 256};
+  if (!shape.empty()) {
+    if (std::string e = hgemm::cli::ParseShape(shape, &dims); !e.empty()) return Fail(e);
+  }
+  std::vector<std::string> release_handles;
+  if (!release.empty()) {
+    if (std::string e = hgemm::cli::ParseHandleList(release, &release_handles); !e.empty()) {
+      return Fail(e);
+    }
+  }
+  hgemm::HalfMatrix a_npy, b_npy;
+  if (!a_path.empty() || !b_path.empty()) {
+    if (a_path.empty() || b_path.empty()) return Fail("--a and --b go together");
+    if (!shape.empty()) return Fail("--shape and --a/--b exclude each other");
+    if (std::string e = hgemm::ReadNpyShape(a_path, &a_npy); !e.empty()) return Fail(e);
+    if (std::string e = hgemm::ReadNpyShape(b_path, &b_npy); !e.empty()) return Fail(e);
+    if (std::string e = hgemm::cli::CheckMatrixDims("A (" + a_path + ")", a_npy.rows, a_npy.cols);
+        !e.empty()) {
+      return Fail(e);
+    }
+    if (std::string e = hgemm::cli::CheckMatrixDims("B (" + b_path + ")", b_npy.rows, b_npy.cols);
+        !e.empty()) {
+      return Fail(e);
+    }
+    if (a_npy.cols != b_npy.rows) {
+      return Fail(fmt::format("A is {}x{} and B is {}x{}: inner dimensions differ", a_npy.rows,
+                              a_npy.cols, b_npy.rows, b_npy.cols));
+    }
+    dims = {.m = uint32_t(a_npy.rows), .n = uint32_t(b_npy.cols), .k = uint32_t(a_npy.cols)};
+  }
+
+  hgemm::CallOptions call;
+  call.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
+  call.client_id = client_id;
 
   hgemm::GemmClient client(hgemm::Connect(server));
   if (info) {
     hgemm::v1::ServerInfo server_info;
-    if (grpc::Status s = client.GetServerInfo(&server_info); !s.ok()) return Fail(s);
+    if (grpc::Status s = client.GetServerInfo(&server_info, call); !s.ok()) return Fail(s);
     PrintServerInfo(client);
-    if (shape.empty() && a_path.empty()) return 0;
+  }
+  const bool gemm_asked = !shape.empty() || !a_path.empty();
+  if (list || !release_handles.empty()) {
+    int rc = release_handles.empty() ? 0 : ReleaseResident(client, call, release_handles);
+    if (list && rc == 0) rc = ListResident(client, call);
+    if (rc != 0 || !gemm_asked) return rc;
+  } else if (info && !gemm_asked) {
+    return 0;
+  }
+
+  // The server's limits, before a byte of A or B is allocated.
+  {
+    hgemm::v1::ServerInfo server_info;
+    if (grpc::Status s = client.GetServerInfo(&server_info, call); !s.ok()) {
+      return Fail(fmt::format("cannot read the server's limits (GetServerInfo): {} (gRPC status {})",
+                              s.error_message(), static_cast<int>(s.error_code())));
+    }
+    // As GemmClient::ShouldStream will decide once the resident operands are handles.
+    const auto a_bytes = hgemm::cli::MatrixBytes(dims.m, dims.k);
+    const auto b_bytes = hgemm::cli::MatrixBytes(dims.k, dims.n);
+    const uint64_t sent = hgemm::cli::CheckedAdd(resident == "all" ? 0 : a_bytes,
+                                                 resident != "none" ? 0 : b_bytes)
+                              .value_or(UINT64_MAX);
+    const uint64_t received = hgemm::cli::MatrixBytes(dims.m, dims.n).value_or(UINT64_MAX);
+    const uint64_t unary_limit = uint64_t(call.unary_limit_bytes);
+    const bool unary = mode == "unary" ||
+                       (mode == "auto" && sent <= unary_limit && received <= unary_limit);
+    const hgemm::cli::Plan plan{.unary = unary,
+                                .resident_a = resident == "all",
+                                .resident_b = resident != "none",
+                                .keep_c = resident == "all",
+                                .repeated = repeat > 1};
+    if (std::string e = hgemm::cli::CheckLimits(dims, server_info.limits(), plan); !e.empty()) {
+      return Fail("refused before sending: " + e);
+    }
   }
 
   GemmRequest request;
-  if (!a_path.empty() || !b_path.empty()) {
-    hgemm::HalfMatrix a, b;
-    if (a_path.empty() || b_path.empty()) return Fail("--a and --b go together");
-    if (std::string e = hgemm::ReadNpy(a_path, &a); !e.empty()) return Fail(e);
-    if (std::string e = hgemm::ReadNpy(b_path, &b); !e.empty()) return Fail(e);
-    if (a.cols != b.rows) {
-      return Fail(fmt::format("A is {}x{} and B is {}x{}: inner dimensions differ", a.rows, a.cols,
-                              b.rows, b.cols));
-    }
-    request.set_m(a.rows);
-    request.set_k(a.cols);
-    request.set_n(b.cols);
-    request.set_a(std::move(a.data));
-    request.set_b(std::move(b.data));
+  request.set_m(dims.m);
+  request.set_n(dims.n);
+  request.set_k(dims.k);
+  if (!a_path.empty()) {
+    if (std::string e = hgemm::ReadNpy(a_path, &a_npy); !e.empty()) return Fail(e);
+    if (std::string e = hgemm::ReadNpy(b_path, &b_npy); !e.empty()) return Fail(e);
+    request.set_a(std::move(a_npy.data));
+    request.set_b(std::move(b_npy.data));
   } else {
-    long long m = 256, n = 256, k = 256;
-    if (!shape.empty()) std::sscanf(shape.c_str(), "%lldx%lldx%lld", &m, &n, &k);
     std::mt19937_64 rng(seed);
-    auto a = hgemm::RandomHalfMatrix(m * k, rng), b = hgemm::RandomHalfMatrix(k * n, rng);
-    request.set_m(m);
-    request.set_n(n);
-    request.set_k(k);
+    auto a = hgemm::RandomHalfMatrix(int64_t(dims.m) * dims.k, rng);
     request.set_a(reinterpret_cast<const char*>(a.data()), 2 * a.size());
+    a = {};
+    auto b = hgemm::RandomHalfMatrix(int64_t(dims.k) * dims.n, rng);
     request.set_b(reinterpret_cast<const char*>(b.data()), 2 * b.size());
   }
   request.mutable_options()->set_kernel(kernel);
   request.mutable_options()->set_accumulation(accumulation == "fp16" ? hgemm::v1::ACCUMULATION_FP16
                                                                      : hgemm::v1::ACCUMULATION_FP32);
-
-  hgemm::CallOptions call;
-  call.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
-  call.client_id = client_id;
 
   // Host copies of the operands, for --check, whatever travels.
   const std::string a_bytes = request.a(), b_bytes = request.b();
@@ -240,3 +347,5 @@ int main(int argc, char** argv) {
   }
   return 0;
 }
+
+}  // namespace

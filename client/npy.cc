@@ -10,10 +10,9 @@ namespace {
 
 constexpr char kMagic[] = "\x93NUMPY";
 
-}  // namespace
-
-std::string ReadNpy(const std::string& path, HalfMatrix* matrix) {
-  std::ifstream in(path, std::ios::binary);
+// Reads the header of `in` (opened on `path`): rows and cols into *matrix, the stream left at
+// the first data byte.
+std::string ReadHeader(const std::string& path, std::ifstream& in, HalfMatrix* matrix) {
   if (!in) return fmt::format("{}: cannot open", path);
   char preamble[8];
   if (!in.read(preamble, 8) || std::string(preamble, 6) != std::string(kMagic, 6)) {
@@ -37,9 +36,40 @@ std::string ReadNpy(const std::string& path, HalfMatrix* matrix) {
   if (!std::regex_search(header, match, std::regex(R"('shape':\s*\((\d+),\s*(\d+),?\s*\))"))) {
     return fmt::format("{}: shape must be 2-D, header is {}", path, header);
   }
-  matrix->rows = std::stoll(match[1]);
-  matrix->cols = std::stoll(match[2]);
-  matrix->data.resize(2 * matrix->rows * matrix->cols);
+  const std::string rows = match[1], cols = match[2];
+  if (rows.size() > 18 || cols.size() > 18) {  // std::stoll would throw
+    return fmt::format("{}: shape ({}, {}) is too large", path, rows.substr(0, 24), cols.substr(0, 24));
+  }
+  matrix->rows = std::stoll(rows);
+  matrix->cols = std::stoll(cols);
+  return "";
+}
+
+}  // namespace
+
+std::string ReadNpyShape(const std::string& path, HalfMatrix* matrix) {
+  std::ifstream in(path, std::ios::binary);
+  matrix->data.clear();
+  return ReadHeader(path, in, matrix);
+}
+
+std::string ReadNpy(const std::string& path, HalfMatrix* matrix) {
+  std::ifstream in(path, std::ios::binary);
+  if (std::string e = ReadHeader(path, in, matrix); !e.empty()) return e;
+  int64_t elements = 0, bytes = 0;
+  if (__builtin_mul_overflow(matrix->rows, matrix->cols, &elements) ||
+      __builtin_mul_overflow(elements, int64_t{2}, &bytes)) {
+    return fmt::format("{}: shape ({}, {}) is too large", path, matrix->rows, matrix->cols);
+  }
+  const std::streampos data_start = in.tellg();
+  in.seekg(0, std::ios::end);
+  const int64_t available = int64_t(in.tellg() - data_start);
+  in.seekg(data_start);
+  if (available < bytes) {
+    return fmt::format("{}: holds fewer than {}x{} values ({} data bytes, {} needed)", path,
+                       matrix->rows, matrix->cols, available, bytes);
+  }
+  matrix->data.resize(bytes);
   if (!in.read(matrix->data.data(), matrix->data.size())) {
     return fmt::format("{}: holds fewer than {}x{} values", path, matrix->rows, matrix->cols);
   }

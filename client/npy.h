@@ -14,8 +14,13 @@ struct HalfMatrix {
   std::string data;  // rows·cols fp16 values, row-major, little-endian
 };
 
-// Returns an empty string on success, else what is wrong with the file.
+// Returns an empty string on success, else what is wrong with the file. The data is only
+// allocated once the file is known to hold all of it (a header cannot make it allocate more
+// than the file's size).
 std::string ReadNpy(const std::string& path, HalfMatrix* matrix);
+// Reads only the header: rows and cols (data stays empty), e.g. to check a size before
+// allocating. Returns "" or what is wrong.
+std::string ReadNpyShape(const std::string& path, HalfMatrix* matrix);
 std::string WriteNpy(const std::string& path, const HalfMatrix& matrix);
 
 }  // namespace hgemm

@@ -52,6 +52,25 @@ TEST(Npy, RejectsOtherDtypes) {
   EXPECT_NE(ReadNpy(path, &m).find("float16"), std::string::npos);
 }
 
+// Issue 12, item 7: a header is only a claim. Before, ReadNpy resized its buffer to what the
+// header said (2·rows·cols, wrapping for these) and threw std::length_error / bad_alloc.
+TEST(Npy, HeaderLargerThanTheFileIsRefusedBeforeAllocating) {
+  for (int64_t dim : {int64_t{99999999999}, int64_t{200000}}) {
+    SCOPED_TRACE(dim);
+    const std::string path = TempPath("huge.npy");
+    ASSERT_EQ(WriteNpy(path, {.rows = dim, .cols = dim, .data = std::string(8, '\1')}), "");
+    HalfMatrix m;
+    const std::string error = ReadNpy(path, &m);
+    EXPECT_TRUE(error.find("too large") != std::string::npos ||
+                error.find("holds fewer than") != std::string::npos) << error;
+    EXPECT_LE(m.data.capacity(), 64u);
+    HalfMatrix shape;
+    ASSERT_EQ(ReadNpyShape(path, &shape), "");
+    EXPECT_EQ(shape.rows, dim);
+    EXPECT_EQ(shape.cols, dim);
+  }
+}
+
 TEST(Npy, MissingFileSaysSo) {
   HalfMatrix m;
   EXPECT_NE(ReadNpy("/nonexistent/x.npy", &m).find("cannot open"), std::string::npos);

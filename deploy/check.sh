@@ -9,7 +9,7 @@
 #      validates every manifest, patch and rendered object against the Kubernetes schema
 #      (kubernetes-models, plus TypeScript for unknown fields) and the service's own rules
 #      (see the header of check.js).
-#   4. Self-test: copies of deploy/ broken in eleven ways must each fail step 3 with the expected
+#   4. Self-test: copies of deploy/ broken in fourteen ways must each fail step 3 with the expected
 #      message, so that the checks cannot pass vacuously.
 #
 # Needs: yamllint (Debian package yamllint; installed here when missing and running as root),
@@ -108,6 +108,9 @@ if [[ ${1:-} != --no-self-test ]]; then
     "deploy/k8s/overlays/multi-gpu/deployment-patch.yaml|s/replicas: 2/replica: 2/|replica\"' does not exist in type 'IDeploymentSpec'"
     "deploy/docker/Dockerfile|s/^USER 10001:10001/USER 10002:10002/|runAsUser 10001 is not the image's USER 10002"
     ".dockerignore|\$a tools|.dockerignore leaves out tools/bootstrap.sh"
+    "$base/server.env|/^HGEMM_RESIDENT_TTL_S=/d|HGEMM_RESIDENT_TTL_S is 0: resident matrices would never expire"
+    "$base/server.env|s/^HGEMM_RESIDENT_TTL_S=3600/HGEMM_RESIDENT_TTL_S=-1/|HGEMM_RESIDENT_TTL_S=\"-1\" should be an integer in [0, 4294967295]"
+    "deploy/docker/Dockerfile|s/HGEMM_RESIDENT_TTL_S=3600/HGEMM_RESIDENT_TTL_S=0/|must set ENV HGEMM_RESIDENT_TTL_S > 0"
   )
   for t in "${selftest[@]}"; do
     IFS='|' read -r file expr expect <<<"$t"

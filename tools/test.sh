@@ -17,7 +17,7 @@ logdirs=("$(bazel info bazel-testlogs)")
 asan_tests=(//server:validation_test //server:stream_assembler_test //server:host_buffer_pool_test
             //server:server_test //server:server_process_test //server/scheduler:scheduler_test
             //server/scheduler:upload_queue_test //server/resident:matrix_store_test
-            //server/backend:cpu_backend_test)
+            //server/backend:cpu_backend_test //bench:soak_test //client:cli_test)
 tsan_tests=(//server:host_buffer_pool_test //server/scheduler:scheduler_test
             //server/scheduler:upload_queue_test //server/resident:matrix_store_test)
 for config in asan tsan; do

@@ -48,12 +48,19 @@ const SERVER_ENV = {
   HGEMM_MAX_QUEUED_BYTES: intIn(1, Number.MAX_SAFE_INTEGER),
   HGEMM_MAX_MESSAGE_BYTES: intIn(4 << 20, 2 ** 31 - 1),
   HGEMM_DRAIN_DEADLINE_S: intIn(0, 3600),
+  HGEMM_RESIDENT_QUOTA_BYTES: intIn(0, Number.MAX_SAFE_INTEGER),
+  // GetServerInfo reports it as a uint32.
+  HGEMM_RESIDENT_TTL_S: intIn(0, 2 ** 32 - 1),
+  HGEMM_RESIDENT_LRU_EVICTION: (v) => ["true", "false", "1", "0"].includes(v) || "true|false",
   HGEMM_LOG_LEVEL: (v) =>
     ["trace", "debug", "info", "warn", "error"].includes(v) || "trace|debug|info|warn|error",
 };
 // Server defaults that the rules below depend on (server/main.cc, server/scheduler/scheduler.h).
 const SERVER_DEFAULT_MAX_QUEUED_BYTES = 16 * 2 ** 30;
 const SERVER_DEFAULT_DRAIN_DEADLINE_S = 20;
+// The server keeps resident matrices forever by default (--resident_ttl_s 0); a deployment must
+// not: a client killed mid-run would pin device memory until the pod restarts (issue 12, item 8).
+const SERVER_DEFAULT_RESIDENT_TTL_S = 0;
 const SERVER_DEFAULT_PORT = 50051;
 const HEALTH_SERVICES = ["", "hgemm.v1.GemmService"];
 const K8S_DEFAULT_GRACE_S = 30;
@@ -457,6 +464,10 @@ function deploymentProblems(dep, all) {
   const memLimit = bytesOf(res.limits && res.limits.memory);
   if (!(queued <= memLimit / 2)) p.push(`${where}: HGEMM_MAX_QUEUED_BYTES ${queued} is more than half the memory limit ${res.limits && res.limits.memory}`);
 
+  // Resident matrices expire: abandoned uploads must not fill the GPUs.
+  const ttl = Number(env.HGEMM_RESIDENT_TTL_S ?? SERVER_DEFAULT_RESIDENT_TTL_S);
+  if (!(ttl > 0)) p.push(`${where}: HGEMM_RESIDENT_TTL_S is ${ttl}: resident matrices would never expire; set a default TTL (e.g. 3600)`);
+
   // Probes: native gRPC health checks on the server's port.
   for (const probe of ["startupProbe", "readinessProbe", "livenessProbe"]) {
     const pr = server[probe];
@@ -554,6 +565,9 @@ for (const { name, docs } of rendered) {
     if (!dockerUser || dockerUser === "0") p.push("the runtime stage needs a numeric non-root USER uid[:gid]");
     if (!/^ENTRYPOINT\s+\[[^\]]*hgemm_server/m.test(dockerfile)) p.push("ENTRYPOINT must be the server, in exec (JSON) form");
     if (!fs.existsSync(path.join(REPO, "tools", "bootstrap.sh"))) p.push("tools/bootstrap.sh, which the Dockerfile runs, is missing");
+    // `docker run` without Kubernetes gets a resident TTL too (server.env sets its own).
+    const ttl = /^ENV\b[^\n]*(?:\\\n[^\n]*)*?\bHGEMM_RESIDENT_TTL_S=(\d+)/m.exec(dockerfile);
+    if (!ttl || !(Number(ttl[1]) > 0)) p.push("the runtime stage must set ENV HGEMM_RESIDENT_TTL_S > 0 (resident matrices would never expire)");
   }
   check(`Dockerfile: ${rel(dockerfilePath)}`, p);
 }

@@ -1,0 +1,124 @@
+// The soak's bookkeeping against a real HgemmServer (CPU backend) on 127.0.0.1: a short run
+// must count every kind of request, lose nothing and find nothing wrong; and its checks must
+// bite (an impossible tolerance makes every verified C wrong).
+#include "bench/soak.h"
+
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <set>
+#include <thread>
+
+#include "proto/hgemm.grpc.pb.h"
+
+#include "server/backend/cpu_backend.h"
+#include "server/server.h"
+
+namespace hgemm::bench {
+namespace {
+
+class SoakTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ServerOptions options;
+    options.listen_address = "127.0.0.1:0";
+    options.service.stream_chunk_bytes = 512;  // several result chunks per streamed C
+    server_ = HgemmServer::Start(options, MakeCpuBackend({.workers = 2}));
+    ASSERT_NE(server_, nullptr);
+    options_.target = "127.0.0.1:" + std::to_string(server_->port());
+    options_.clients = 4;
+    options_.requests = 600;
+    options_.max_dim = 24;
+    options_.chunk_bytes = 256;
+  }
+
+  std::unique_ptr<HgemmServer> server_;
+  SoakOptions options_;
+};
+
+TEST_F(SoakTest, ShortRunCountsEveryKindAndLosesNothing) {
+  const SoakResult r = RunSoak(options_);
+  EXPECT_GE(r.requests, options_.requests);
+  EXPECT_EQ(r.lost, 0) << testing::PrintToString(r.problems);
+  EXPECT_EQ(r.wrong, 0) << testing::PrintToString(r.problems);
+  EXPECT_GT(r.verified, 0);
+  std::set<std::string> kinds;
+  int64_t sum = 0;
+  for (const auto& [key, n] : r.by_kind_status) {
+    kinds.insert(key.first);
+    sum += n;
+  }
+  EXPECT_EQ(sum, r.requests);
+  for (const char* kind : {"unary", "stream", "stream_gemm", "upload", "release"}) {
+    EXPECT_TRUE(kinds.count(kind)) << kind;
+  }
+  const std::string text = FormatSoakResult(r, options_);
+  EXPECT_NE(text.find("lost responses: 0"), std::string::npos) << text;
+  EXPECT_NE(text.find("wrong results: 0"), std::string::npos) << text;
+}
+
+TEST_F(SoakTest, ImpossibleToleranceMakesEveryCWrong) {
+  options_.requests = 100;
+  options_.tolerance = -1;
+  const SoakResult r = RunSoak(options_);
+  EXPECT_EQ(r.verified, 0);
+  EXPECT_GT(r.wrong, 0);
+  ASSERT_FALSE(r.problems.empty());
+  EXPECT_NE(r.problems[0].find("relative Frobenius error"), std::string::npos) << r.problems[0];
+}
+
+// What the soak's cancel_upload scenario found (the "resident matrices left" line): an upload
+// whose every byte arrived but that the client then cancelled (no WritesDone) is registered
+// anyway. UploadMatrixReactor::OnReadDone(false) takes a cancellation for "the client has sent
+// everything", so MaybeFinishLocked adds the matrix to the store, while the client gets
+// CANCELLED and never learns the handle: it holds quota until its TTL, forever with the server's
+// default TTL 0. DISABLED_ until the server checks IsCancelled() there (server/ is the lead's);
+// run with --gtest_also_run_disabled_tests.
+TEST_F(SoakTest, DISABLED_CancelledUploadLeavesNoMatrix) {
+  auto stub = v1::GemmService::NewStub(grpc::CreateChannel(options_.target,
+                                                           grpc::InsecureChannelCredentials()));
+  grpc::ClientContext context;
+  context.AddMetadata("x-client-id", "cancelled-upload");
+  v1::MatrixInfo info;
+  auto writer = stub->UploadMatrix(&context, &info);
+  v1::UploadMatrixRequest message;
+  message.mutable_header()->set_rows(16);
+  message.mutable_header()->set_cols(16);
+  ASSERT_TRUE(writer->Write(message));
+  message.set_chunk(std::string(2 * 16 * 16, '\x3c'));
+  ASSERT_TRUE(writer->Write(message));
+  // Every byte is sent; wait until the server has them (GetServerInfo on the same connection
+  // comes back after the chunk was delivered), then cancel instead of WritesDone.
+  {
+    grpc::ClientContext info_context;
+    v1::ServerInfo server_info;
+    ASSERT_TRUE(stub->GetServerInfo(&info_context, v1::GetServerInfoRequest(), &server_info).ok());
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  context.TryCancel();
+  EXPECT_EQ(writer->Finish().error_code(), grpc::StatusCode::CANCELLED);
+  // Whatever the server does with the cancellation, it has done it within a few seconds.
+  int listed = 0;
+  for (int i = 0; i < 20 && listed == 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    grpc::ClientContext list_context;
+    list_context.AddMetadata("x-client-id", "cancelled-upload");
+    v1::ListMatricesResponse list;
+    ASSERT_TRUE(stub->ListMatrices(&list_context, v1::ListMatricesRequest(), &list).ok());
+    listed = list.matrices_size();
+    EXPECT_EQ(list.client_bytes(), listed == 0 ? 0u : list.matrices(0).bytes());
+  }
+  EXPECT_EQ(listed, 0) << "the cancelled upload was registered as a resident matrix";
+}
+
+TEST(Soak, ReadsItsOwnMemory) {
+  const ProcessMemory m = ReadProcessMemory(getpid());
+  EXPECT_GT(m.rss_kib, 0);
+  EXPECT_GE(m.hwm_kib, m.rss_kib);
+  EXPECT_EQ(ReadProcessMemory(-5).rss_kib, -1);
+  EXPECT_EQ(StatusCodeName(4), "DEADLINE_EXCEEDED");
+}
+
+}  // namespace
+}  // namespace hgemm::bench

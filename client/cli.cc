@@ -1,0 +1,170 @@
+#include "client/cli.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <set>
+#include <sstream>
+
+namespace hgemm::cli {
+namespace {
+
+// Parses one decimal dimension without std::stoul (which throws) and without wrapping.
+std::string ParseDim(const std::string& text, const char* name, uint32_t* value) {
+  if (text.empty() ||
+      !std::all_of(text.begin(), text.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+    return fmt::format("{} = '{}' is not a whole number", name, text.substr(0, 32));
+  }
+  uint64_t v = 0;
+  for (char c : text) {
+    if (__builtin_mul_overflow(v, 10, &v) || __builtin_add_overflow(v, uint64_t(c - '0'), &v)) {
+      return fmt::format("{} = {} is over {}, the largest uint32", name, text.substr(0, 32),
+                         UINT32_MAX);
+    }
+  }
+  if (v == 0) return fmt::format("{} must be at least 1", name);
+  if (v > UINT32_MAX) {
+    return fmt::format("{} = {} is over {}, the largest uint32", name, v, UINT32_MAX);
+  }
+  *value = static_cast<uint32_t>(v);
+  return "";
+}
+
+std::string Elements(const char* name, uint64_t rows, uint64_t cols, uint64_t limit) {
+  const uint64_t elements = rows * cols;  // two uint32 values: cannot wrap
+  if (limit == 0 || elements <= limit) return "";
+  return fmt::format("{} is {}x{} = {} elements; the server takes at most {} "
+                     "(max_elements_per_matrix)",
+                     name, rows, cols, elements, limit);
+}
+
+std::string Bytes(std::optional<uint64_t> bytes) {
+  return bytes ? fmt::format("{}", *bytes) : std::string("more than 2^64");
+}
+
+}  // namespace
+
+std::string ParseShape(const std::string& text, GemmDims* dims) {
+  std::vector<std::string> parts;
+  std::stringstream in(text);
+  for (std::string part; std::getline(in, part, 'x');) parts.push_back(part);
+  if (parts.size() != 3 || text.empty() || text.back() == 'x') {
+    return fmt::format("--shape '{}': expected MxNxK, e.g. 512x256x1024", text.substr(0, 64));
+  }
+  GemmDims d;
+  for (auto [part, name, value] : {std::tuple{&parts[0], "m", &d.m}, std::tuple{&parts[1], "n", &d.n},
+                                   std::tuple{&parts[2], "k", &d.k}}) {
+    if (std::string e = ParseDim(*part, name, value); !e.empty()) return "--shape: " + e;
+  }
+  *dims = d;
+  return "";
+}
+
+std::string CheckMatrixDims(const std::string& what, int64_t rows, int64_t cols) {
+  for (auto [value, name] : {std::pair{rows, "rows"}, std::pair{cols, "cols"}}) {
+    if (value < 1 || uint64_t(value) > UINT32_MAX) {
+      return fmt::format("{} has {} {}; a GEMM dimension must be in [1, {}]", what, value, name,
+                         UINT32_MAX);
+    }
+  }
+  return "";
+}
+
+std::optional<uint64_t> MatrixBytes(uint64_t rows, uint64_t cols) {
+  uint64_t elements = 0, bytes = 0;
+  if (__builtin_mul_overflow(rows, cols, &elements) || __builtin_mul_overflow(elements, 2, &bytes)) {
+    return std::nullopt;
+  }
+  return bytes;
+}
+
+std::optional<uint64_t> CheckedAdd(std::optional<uint64_t> a, std::optional<uint64_t> b) {
+  uint64_t sum = 0;
+  if (!a || !b || __builtin_add_overflow(*a, *b, &sum)) return std::nullopt;
+  return sum;
+}
+
+std::string CheckLimits(const GemmDims& d, const v1::Limits& limits, const Plan& plan) {
+  const uint64_t max_elements = limits.max_elements_per_matrix();
+  for (std::string e : {Elements("A (m x k)", d.m, d.k, max_elements),
+                        Elements("B (k x n)", d.k, d.n, max_elements),
+                        Elements("C (m x n)", d.m, d.n, max_elements)}) {
+    if (!e.empty()) return e;
+  }
+  const std::optional<uint64_t> a = MatrixBytes(d.m, d.k), b = MatrixBytes(d.k, d.n),
+                                c = MatrixBytes(d.m, d.n);
+  const std::optional<uint64_t> gemm = CheckedAdd(CheckedAdd(a, b), c);
+  if (limits.max_queued_bytes() != 0 && (!gemm || *gemm > limits.max_queued_bytes())) {
+    return fmt::format("A + B + C of {}x{}x{} take {} bytes; the server takes at most {} per GEMM "
+                       "(max_queued_bytes)",
+                       d.m, d.n, d.k, Bytes(gemm), limits.max_queued_bytes());
+  }
+  if (plan.unary && limits.max_message_bytes() != 0) {
+    const std::optional<uint64_t> sent =
+        CheckedAdd(CheckedAdd(plan.resident_a ? 0 : a, plan.resident_b ? 0 : b), kUnaryOverheadBytes);
+    if (!sent || *sent > limits.max_message_bytes()) {
+      return fmt::format("a unary request with A ({} bytes) and B ({} bytes) is over the server's "
+                         "largest message, {} bytes (max_message_bytes); use --mode=stream",
+                         plan.resident_a ? "0" : Bytes(a), plan.resident_b ? "0" : Bytes(b),
+                         limits.max_message_bytes());
+    }
+  }
+  const uint64_t quota = limits.resident_quota_bytes();
+  if (quota != 0 && (plan.resident_a || plan.resident_b || plan.keep_c)) {
+    for (auto [on, name, bytes] : {std::tuple{plan.resident_a, "A (m x k)", a},
+                                   std::tuple{plan.resident_b, "B (k x n)", b},
+                                   std::tuple{plan.keep_c, "C (m x n)", c}}) {
+      if (on && (!bytes || *bytes > quota)) {
+        return fmt::format("resident {} takes {} bytes; the server's quota per client is {} "
+                           "(resident_quota_bytes)",
+                           name, Bytes(bytes), quota);
+      }
+    }
+    // Uploaded A and B, the kept C of this run and, when repeated, that of the previous run.
+    const std::optional<uint64_t> kept_c =
+        !plan.keep_c ? std::optional<uint64_t>(0) : plan.repeated ? CheckedAdd(c, c) : c;
+    const std::optional<uint64_t> held =
+        CheckedAdd(CheckedAdd(plan.resident_a ? a : 0, plan.resident_b ? b : 0), kept_c);
+    if (!held || *held > quota) {
+      return fmt::format("resident operands of {}x{}x{} take {} bytes at once; the server's quota "
+                         "per client is {} (resident_quota_bytes)",
+                         d.m, d.n, d.k, Bytes(held), quota);
+    }
+  }
+  return "";
+}
+
+std::string ParseHandleList(const std::string& text, std::vector<std::string>* handles) {
+  handles->clear();
+  std::set<std::string> seen;
+  std::stringstream in(text);
+  for (std::string handle; std::getline(in, handle, ',');) {
+    if (handle.empty()) return "--release: empty handle in the list";
+    if (!seen.insert(handle).second) {
+      return fmt::format("--release: handle '{}' given twice", handle.substr(0, 40));
+    }
+    handles->push_back(handle);
+  }
+  if (handles->empty()) return "--release: no handle given";
+  return "";
+}
+
+std::string FormatMatrixList(const v1::ListMatricesResponse& list) {
+  std::string out = fmt::format("{:<34} {:>13} {:>12} {:>6} {:>9} {:>9} {:>10}  {}\n", "handle",
+                                "shape", "bytes", "device", "age_s", "idle_s", "expires_s",
+                                "label");
+  for (const v1::MatrixInfo& m : list.matrices()) {
+    // TTL counts from the last use: the matrix goes when idle reaches ttl.
+    const std::string expires =
+        m.ttl_seconds() > 0 ? fmt::format("{:.1f}", std::max(0.0, m.ttl_seconds() - m.idle_seconds()))
+                            : std::string("never");
+    out += fmt::format("{:<34} {:>13} {:>12} {:>6} {:>9.1f} {:>9.1f} {:>10}  {}\n", m.handle(),
+                       fmt::format("{}x{}", m.rows(), m.cols()), m.bytes(), m.device_id(),
+                       m.age_seconds(), m.idle_seconds(), expires, m.label());
+  }
+  out += fmt::format("{} matrices, {} bytes of this client's quota of {}\n", list.matrices_size(),
+                     list.client_bytes(), list.quota_bytes());
+  return out;
+}
+
+}  // namespace hgemm::cli

@@ -1,0 +1,68 @@
+// What hgemm_client checks and prints, apart from main(): parsing --shape and --release, the
+// size arithmetic of a GEMM (overflow-checked, in uint64), the check of a GEMM against the
+// server's limits (GetServerInfo.limits) before anything is allocated, and the --list table.
+// Thread safety: pure functions.
+#ifndef HGEMM_CLIENT_CLI_H_
+#define HGEMM_CLIENT_CLI_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "proto/hgemm.pb.h"
+
+namespace hgemm::cli {
+
+// m×n×k of one GEMM; each in [1, 2^32) as in hgemm.v1.GemmRequest.
+struct GemmDims {
+  uint32_t m = 0, n = 0, k = 0;
+};
+
+// Parses "MxNxK" (decimal, each in [1, 2^32 − 1]). Returns "" or what is wrong, naming the
+// dimension (e.g. "--shape: m = 4294967296 is over 4294967295, the largest uint32").
+// Never throws.
+std::string ParseShape(const std::string& text, GemmDims* dims);
+
+// Checks that a .npy matrix's rows and cols fit a GEMM dimension (uint32, ≥ 1); `what` names
+// it in the message ("A (m x k)"). Returns "" or what is wrong.
+std::string CheckMatrixDims(const std::string& what, int64_t rows, int64_t cols);
+
+// 2·rows·cols (fp16 bytes of a rows×cols matrix) and sums of such: nullopt on uint64 overflow.
+std::optional<uint64_t> MatrixBytes(uint64_t rows, uint64_t cols);
+std::optional<uint64_t> CheckedAdd(std::optional<uint64_t> a, std::optional<uint64_t> b);
+
+// How the CLI will send one GEMM.
+struct Plan {
+  bool unary = false;     // one unary Gemm message (A and B inline, unless resident)
+  bool resident_a = false;  // A is uploaded once (UploadMatrix) and sent by handle
+  bool resident_b = false;  // B likewise
+  bool keep_c = false;      // C stays on the server (keep_c_resident)
+  // More than one run: with keep_c, the previous run's C is released only after the next one
+  // is kept, so two Cs are held at once.
+  bool repeated = false;
+};
+
+// The bytes of a unary GemmRequest beyond its operands (fields, tags, options): a generous
+// bound, so that a request this much under max_message_bytes is accepted.
+inline constexpr uint64_t kUnaryOverheadBytes = 4096;
+
+// Checks `dims` sent as `plan` against the server's `limits`, before anything is allocated:
+// elements of A, B and C (max_elements_per_matrix), operand + result bytes of one GEMM
+// (max_queued_bytes), a unary request's size (max_message_bytes), resident bytes of this
+// client (resident_quota_bytes). A limit of 0 is taken as "not reported" and skipped.
+// Returns "" or a message naming the operand, its size and the limit, e.g.
+// "C (m x n) is 40000x40000 = 1600000000 elements; the server takes at most 268435456
+// (max_elements_per_matrix)". Sizes are computed in checked uint64: never a wrapped number.
+std::string CheckLimits(const GemmDims& dims, const v1::Limits& limits, const Plan& plan);
+
+// Parses "H1,H2,..." (--release): non-empty handles, no duplicates. Returns "" or what is wrong.
+std::string ParseHandleList(const std::string& text, std::vector<std::string>* handles);
+
+// The --list table: one line per resident matrix (handle, shape, bytes, device, age, idle,
+// time left before expiry or "never", label), then the client's total and quota.
+std::string FormatMatrixList(const v1::ListMatricesResponse& list);
+
+}  // namespace hgemm::cli
+
+#endif  // HGEMM_CLIENT_CLI_H_
