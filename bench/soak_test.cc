@@ -69,13 +69,11 @@ TEST_F(SoakTest, ImpossibleToleranceMakesEveryCWrong) {
 }
 
 // What the soak's cancel_upload scenario found (the "resident matrices left" line): an upload
-// whose every byte arrived but that the client then cancelled (no WritesDone) is registered
-// anyway. UploadMatrixReactor::OnReadDone(false) takes a cancellation for "the client has sent
-// everything", so MaybeFinishLocked adds the matrix to the store, while the client gets
-// CANCELLED and never learns the handle: it holds quota until its TTL, forever with the server's
-// default TTL 0. DISABLED_ until the server checks IsCancelled() there (server/ is the lead's);
-// run with --gtest_also_run_disabled_tests.
-TEST_F(SoakTest, DISABLED_CancelledUploadLeavesNoMatrix) {
+// whose every byte arrived but that the client then cancelled (no WritesDone) was registered
+// anyway (UploadMatrixReactor took the cancellation for "the client has sent everything"),
+// while the client got CANCELLED and never learned the handle: it held quota until its TTL,
+// forever with the server's default TTL 0.
+TEST_F(SoakTest, CancelledUploadLeavesNoMatrix) {
   auto stub = v1::GemmService::NewStub(grpc::CreateChannel(options_.target,
                                                            grpc::InsecureChannelCredentials()));
   grpc::ClientContext context;

@@ -698,7 +698,10 @@ class UploadMatrixReactor final : public grpc::ServerReadReactor<v1::UploadMatri
  public:
   UploadMatrixReactor(GemmServiceImpl& service, grpc::CallbackServerContext* context,
                       v1::MatrixInfo* response)
-      : service_(service), owner_(ClientIdentity(context)), response_(response) {
+      : service_(service),
+        context_(context),
+        owner_(ClientIdentity(context)),
+        response_(response) {
     StartRead(&request_);
     service_.Track(this);
   }
@@ -821,6 +824,8 @@ class UploadMatrixReactor final : public grpc::ServerReadReactor<v1::UploadMatri
     if (finished_ || !reads_done_ || reading_ || writes_in_flight_ > 0) return;
     finished_ = true;
     grpc::Status s = error_.ok() ? tally_->error() : error_;
+    // A client that cancelled won't learn the handle: registering the matrix would leak it.
+    if (s.ok() && context_->IsCancelled()) s = status::Cancelled();
     if (s.ok()) {
       ResidentMatrix m = service_.store_->Add(std::move(quota_), header_.rows(), header_.cols(),
                                               std::move(buffer_),
@@ -835,6 +840,7 @@ class UploadMatrixReactor final : public grpc::ServerReadReactor<v1::UploadMatri
   }
 
   GemmServiceImpl& service_;
+  grpc::CallbackServerContext* const context_;
   const std::string owner_;
   v1::MatrixInfo* const response_;
   v1::UploadMatrixRequest request_;  // the read in flight

@@ -22,7 +22,7 @@ using fuzz::Context;
 
 std::string Bytes(FuzzedDataProvider& in, uint32_t rows, uint32_t cols) {
   const unsigned __int128 exact = fuzz::Bytes(rows, cols);
-  if (in.ConsumeIntegralInRange<int>(0, 3) != 0 && exact <= (1u << 20)) {
+  if (in.ConsumeIntegralInRange<int>(0, 3) != 0 && exact <= (1u << 16)) {
     return std::string(size_t(exact), '\0');
   }
   return std::string(in.ConsumeIntegralInRange<size_t>(0, 64), '\0');
@@ -128,7 +128,7 @@ void Upload(FuzzedDataProvider& in, const std::string& client, std::vector<std::
       m.mutable_header()->set_label(in.ConsumeRandomLengthString(200));
     } else {
       const unsigned __int128 exact = fuzz::Bytes(rows, cols);
-      m.set_chunk(std::string(in.ConsumeBool() && exact <= (1u << 20)
+      m.set_chunk(std::string(in.ConsumeBool() && exact <= (1u << 16)
                                   ? size_t(exact)
                                   : in.ConsumeIntegralInRange<size_t>(0, 4096),
                               '\0'));

@@ -76,7 +76,9 @@ void Upload(FuzzedDataProvider& in) {
           h->set_device_id(in.ConsumeIntegralInRange<int>(-2, 1));
         }
         h->set_ttl_seconds(in.ConsumeIntegralInRange<uint32_t>(0, 3600));
-        if (in.ConsumeBool()) h->set_label(std::string(in.ConsumeIntegralInRange<size_t>(0, 200), 'l'));
+        if (in.ConsumeBool()) {
+          h->set_label(std::string(in.ConsumeIntegralInRange<size_t>(0, 200), 'l'));
+        }
         header_first = header_first || (i == 0);
         headers++;
         break;
@@ -87,7 +89,9 @@ void Upload(FuzzedDataProvider& in) {
         continue;
       default: {
         // Mostly what is left of the matrix, in one or a few pieces; sometimes any size.
-        const size_t left = exact > sent.size() ? size_t(std::min<unsigned __int128>(exact - sent.size(), 1 << 20)) : 0;
+        const size_t left =
+            exact > sent.size() ? size_t(std::min<unsigned __int128>(exact - sent.size(), 1 << 16))
+                                : 0;
         size_t size = in.ConsumeBool() && left > 0
                           ? in.ConsumeIntegralInRange<size_t>(1, left)
                           : in.ConsumeIntegralInRange<size_t>(0, 4096);
