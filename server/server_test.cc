@@ -493,7 +493,14 @@ TEST_F(ServerTest, PendingBytesAreBoundedPerClient) {
   auto second = stub->GemmStream(&second_context);
   ASSERT_TRUE(first->Write(Header(1, 256, 256, 256)));
   ASSERT_TRUE(first->Write(Chunk(1, v1::OPERAND_A, 0, 1024)));
+  // Once a small GEMM behind it is answered, the server has taken in GEMM 1's header.
+  ASSERT_TRUE(first->Write(Header(2, 2, 2, 2)));
+  ASSERT_TRUE(first->Write(Chunk(2, v1::OPERAND_A, 0, 8)));
+  ASSERT_TRUE(first->Write(Chunk(2, v1::OPERAND_B, 0, 8)));
   v1::GemmStreamResponse response;
+  do {
+    ASSERT_TRUE(first->Read(&response));
+  } while (!response.has_done());
   ASSERT_TRUE(second->Write(Header(7, 256, 256, 256)));
   ASSERT_TRUE(second->Read(&response));  // refused at once: the first stream holds the budget
   EXPECT_EQ(response.gemm_id(), 7u);
@@ -539,6 +546,15 @@ TEST_F(ServerTest, ShutdownEndsIdleStreamsWithUnavailable) {
   } while (!response.has_done());  // answered; the stream is idle now
   ASSERT_TRUE(busy->Write(Header(1, 600, 600, 600)));
   ASSERT_TRUE(busy->Write(Chunk(1, v1::OPERAND_A, 0, 720000)));
+  // A small GEMM behind it: once it is answered, the server has read the big one's header
+  // and chunk (a stream's messages are read in order), so the big one is half-received.
+  ASSERT_TRUE(busy->Write(Header(2, 2, 2, 2)));
+  ASSERT_TRUE(busy->Write(Chunk(2, v1::OPERAND_A, 0, 8)));
+  ASSERT_TRUE(busy->Write(Chunk(2, v1::OPERAND_B, 0, 8)));
+  do {
+    ASSERT_TRUE(busy->Read(&response));
+  } while (!response.has_done());
+  ASSERT_EQ(response.gemm_id(), 2u);
   std::thread shutdown([this] { server_->Shutdown(); });
   while (idle->Read(&response)) {
   }
@@ -546,16 +562,16 @@ TEST_F(ServerTest, ShutdownEndsIdleStreamsWithUnavailable) {
   EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE) << s.error_message();
   // The busy stream's GEMM was half-received when the drain began: it completes, then the
   // stream ends.
-  ASSERT_TRUE(busy->Write(Chunk(1, v1::OPERAND_B, 0, 720000)));
+  EXPECT_TRUE(busy->Write(Chunk(1, v1::OPERAND_B, 0, 720000)));
   std::map<uint64_t, v1::GemmDone> done;
   while (busy->Read(&response)) {
     if (response.has_done()) done[response.gemm_id()] = response.done();
   }
   s = busy->Finish();
+  shutdown.join();
   EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE) << s.error_message();
   ASSERT_EQ(done.count(1), 1u);
   EXPECT_EQ(done[1].status_code(), 0) << done[1].status_message();
-  shutdown.join();
 }
 
 TEST_F(ServerTest, ClientCancelMidStreamLeavesServerServing) {
