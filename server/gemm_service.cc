@@ -742,7 +742,15 @@ class UploadMatrixReactor final : public grpc::ServerReadReactor<v1::UploadMatri
 
   void OnDone() override {
     service_.Untrack(this);
-    { std::lock_guard<std::mutex> lock(mu_); }  // whoever called Finish has let go of mu_
+    {
+      std::lock_guard<std::mutex> lock(mu_);  // whoever called Finish has let go of mu_
+      // Only now is IsCancelled() exact: a cancellation can reach the reactor after the reads
+      // ended and the matrix was registered; the client never learns that handle.
+      if (!registered_.empty() && context_->IsCancelled()) {
+        int64_t freed = 0;
+        service_.store_->Release(owner_, registered_, &freed);
+      }
+    }
     delete this;
   }
 
@@ -832,6 +840,7 @@ class UploadMatrixReactor final : public grpc::ServerReadReactor<v1::UploadMatri
                                               std::chrono::seconds(header_.ttl_seconds()),
                                               header_.label());
       service_.Describe(m, response_);
+      registered_ = m.handle;
     } else {  // given back before the client hears of it, so that it can retry at once
       quota_ = QuotaReservation();
       buffer_.reset();
@@ -847,6 +856,7 @@ class UploadMatrixReactor final : public grpc::ServerReadReactor<v1::UploadMatri
   v1::MatrixHeader header_;
   int64_t received_ = 0;
   QuotaReservation quota_;  // the matrix's bytes of the client's quota, from the header on
+  std::string registered_;  // guarded by mu_; the handle, once the matrix is in the store
 
   std::mutex mu_;
   // Where the matrix goes: set by the header, moved into the store once the reads are done.
