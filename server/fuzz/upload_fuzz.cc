@@ -1,10 +1,11 @@
 // libFuzzer target: UploadMatrix message sequences against the in-process server
-// (service_harness.h). Each input is a few uploads of one client: headers with fuzzed fields,
-// chunks of fuzzed sizes and contents, headers again, early half-closes and cancellations.
+// (service_harness.h). Each input is a few uploads, each by a client of its own: headers with
+// fuzzed fields, chunks of fuzzed sizes and contents, headers again, early half-closes and
+// cancellations.
 // Besides "answered, no crash", the oracle: an upload that succeeds was exactly one header and
 // then exactly rows·cols fp16 values, and downloads back byte for byte; one that fails leaves
-// the client's resident bytes as they were (its quota reservation and buffer are given back:
-// before its status reaches the client, or soon after a client-side cancellation).
+// its client no resident bytes (its quota reservation and buffer are given back: before its
+// status reaches the client, or soon after a client-side cancellation).
 #include <fuzzer/FuzzedDataProvider.h>
 
 #include <chrono>
@@ -16,19 +17,24 @@
 namespace hgemm {
 namespace {
 
-constexpr char kClient[] = "upload-fuzz";
+// Each upload is its own client, so that what the server still does for an earlier one (a
+// cancelled upload it has not even read yet) can't show in a later one's accounting.
+std::string NewClient() {
+  static uint64_t uploads = 0;
+  return "upload-fuzz-" + std::to_string(uploads++);
+}
 
-int64_t ClientBytes() {
+int64_t ClientBytes(const std::string& client) {
   grpc::ClientContext context;
-  fuzz::Context(&context, kClient);
+  fuzz::Context(&context, client);
   v1::ListMatricesResponse list;
   fuzz::Check(fuzz::Stub().ListMatrices(&context, {}, &list), "ListMatrices");
   return list.client_bytes();
 }
 
-void Release(const std::string& handle) {
+void Release(const std::string& client, const std::string& handle) {
   grpc::ClientContext context;
-  fuzz::Context(&context, kClient);
+  fuzz::Context(&context, client);
   v1::ReleaseMatrixRequest request;
   request.set_handle(handle);
   v1::ReleaseMatrixResponse response;
@@ -36,9 +42,9 @@ void Release(const std::string& handle) {
   if (!s.ok()) fuzz::Fail("ReleaseMatrix of a fresh upload", s.error_message());
 }
 
-std::string Download(const std::string& handle) {
+std::string Download(const std::string& client, const std::string& handle) {
   grpc::ClientContext context;
-  fuzz::Context(&context, kClient);
+  fuzz::Context(&context, client);
   v1::DownloadMatrixRequest request;
   request.set_handle(handle);
   auto reader = fuzz::Stub().DownloadMatrix(&context, request);
@@ -53,9 +59,9 @@ std::string Download(const std::string& handle) {
 }
 
 void Upload(FuzzedDataProvider& in) {
-  const int64_t bytes_before = ClientBytes();
+  const std::string client = NewClient();
   grpc::ClientContext context;
-  fuzz::Context(&context, kClient);
+  fuzz::Context(&context, client);
   v1::MatrixInfo info;
   auto writer = fuzz::Stub().UploadMatrix(&context, &info);
   const uint32_t rows = fuzz::Dim(in), cols = fuzz::Dim(in);
@@ -109,7 +115,7 @@ void Upload(FuzzedDataProvider& in) {
   fuzz::Check(s, "UploadMatrix");
   if (cancelled) {  // the server sees it a moment later: then the quota must come back
     const auto give_up = std::chrono::steady_clock::now() + fuzz::kCallDeadline;
-    while (ClientBytes() != bytes_before) {
+    while (ClientBytes(client) != 0) {
       if (std::chrono::steady_clock::now() > give_up) {
         fuzz::Fail("a cancelled upload kept its quota", "");
       }
@@ -124,10 +130,12 @@ void Upload(FuzzedDataProvider& in) {
     if (info.rows() != rows || info.cols() != cols || info.bytes() != exact) {
       fuzz::Fail("UploadMatrix describes another matrix", info.handle());
     }
-    if (Download(info.handle()) != sent) fuzz::Fail("the download differs from the upload", "");
-    Release(info.handle());
+    if (Download(client, info.handle()) != sent) {
+      fuzz::Fail("the download differs from the upload", "");
+    }
+    Release(client, info.handle());
   }
-  if (ClientBytes() != bytes_before) {
+  if (ClientBytes(client) != 0) {
     fuzz::Fail("resident bytes changed", s.ok() ? "after release" : s.error_message());
   }
 }
