@@ -192,11 +192,6 @@ void ReleaseAll(const std::string& client) {
 }  // namespace
 }  // namespace hgemm
 
-extern "C" int LLVMFuzzerInitialize(int*, char***) {
-  hgemm::fuzz::Stub();
-  return 0;
-}
-
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace hgemm;
   FuzzedDataProvider in(data, size);

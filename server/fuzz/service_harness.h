@@ -2,7 +2,8 @@
 // limits) on 127.0.0.1 for the whole fuzzing process, reached through a real channel. Every
 // call gets a 5 s deadline; DEADLINE_EXCEEDED means the server never answered, and Check()
 // abort()s on it (a crash for libFuzzer), as on a status message showing a wrapped number.
-// Thread safety: Stub() is started once, from LLVMFuzzerInitialize; the rest is stateless.
+// Include it in exactly one file of a target: it defines LLVMFuzzerInitialize, which starts the
+// server. Thread safety: Stub() is started once, from there; the rest is stateless.
 #ifndef HGEMM_SERVER_FUZZ_SERVICE_HARNESS_H_
 #define HGEMM_SERVER_FUZZ_SERVICE_HARNESS_H_
 
@@ -66,5 +67,11 @@ inline void Check(const grpc::Status& s, const char* call) {
 }
 
 }  // namespace hgemm::fuzz
+
+// libFuzzer's hook before the first input: the server starts here, not inside an input.
+extern "C" int LLVMFuzzerInitialize(int*, char***) {
+  hgemm::fuzz::Stub();
+  return 0;
+}
 
 #endif  // HGEMM_SERVER_FUZZ_SERVICE_HARNESS_H_

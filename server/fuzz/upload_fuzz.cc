@@ -143,11 +143,6 @@ void Upload(FuzzedDataProvider& in) {
 }  // namespace
 }  // namespace hgemm
 
-extern "C" int LLVMFuzzerInitialize(int*, char***) {
-  hgemm::fuzz::Stub();
-  return 0;
-}
-
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   FuzzedDataProvider in(data, size);
   for (int upload = 0; upload < 4 && in.remaining_bytes() > 0; ++upload) hgemm::Upload(in);
