@@ -93,9 +93,11 @@ ServiceMetrics::ServiceMetrics(const std::string& version, const std::string& ba
                    .Name("hgemm_sent_bytes_total")
                    .Help("Result bytes sent (C, downloaded matrices)")
                    .Register(registry_);
-  // Only the methods that move matrices.
-  for (Rpc rpc : {Rpc::kGemm, Rpc::kGemmStream, Rpc::kUploadMatrix, Rpc::kDownloadMatrix}) {
+  // Only the methods that move matrices, each way.
+  for (Rpc rpc : {Rpc::kGemm, Rpc::kGemmStream, Rpc::kUploadMatrix}) {
     received_bytes_[int(rpc)] = &received.Add({{"rpc", RpcName(rpc)}});
+  }
+  for (Rpc rpc : {Rpc::kGemm, Rpc::kGemmStream, Rpc::kDownloadMatrix}) {
     sent_bytes_[int(rpc)] = &sent.Add({{"rpc", RpcName(rpc)}});
   }
   prometheus::BuildGauge()

@@ -1,5 +1,5 @@
 // ServiceMetrics: the Prometheus metrics of hgemm-serve, served as text at /metrics by the
-// exposer of HgemmServer (ServerOptions::metrics_listen). The transport calls it at the one
+// MetricsHttpServer of HgemmServer (ServerOptions::metrics_listen). The transport calls it at the one
 // place each call (and each GEMM of a stream) is answered; load gauges are sampled at scrape
 // time through a LoadSampler, so the scheduler and the resident store know nothing of it.
 //
@@ -32,9 +32,9 @@
 // histograms are prometheus-cpp's, which are thread-safe; the label caches take a mutex only
 // the first time a label set is seen). Collect() may run concurrently with everything else.
 //
-// Ownership: held in a std::shared_ptr (prometheus::Exposer keeps a weak_ptr to it). The
+// Ownership: held in a std::shared_ptr (shared with the MetricsHttpServer serving it). The
 // sampler passed in must stay callable for as long as Collect() can be called, i.e. until
-// the exposer is destroyed.
+// that server is destroyed.
 #ifndef HGEMM_SERVER_METRICS_H_
 #define HGEMM_SERVER_METRICS_H_
 

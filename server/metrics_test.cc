@@ -29,6 +29,7 @@
 #include "client/gemm_client.h"
 #include "kernels/host/cpu_gemm.h"
 #include "server/backend/cpu_backend.h"
+#include "server/metrics_http.h"
 #include "server/server.h"
 #include "server/status_util.h"
 
@@ -458,7 +459,7 @@ TEST_F(MetricsTest, CountsExactlyTheCallsMade) {
     for (const auto& [series, value] : s.Series("hgemm_gemm_stage_seconds_bucket")) {
       if (series.find(std::string("stage=\"") + stage + "\"") == std::string::npos) continue;
       std::smatch le;
-      ASSERT_TRUE(std::regex_search(series, le, std::regex(R"(le="([^"]+)")"))) << series;
+      ASSERT_TRUE(std::regex_search(series, le, std::regex(R"re(le="([^"]+)")re"))) << series;
       double bound;
       ASSERT_TRUE(ParseValue(le[1], &bound)) << series;
       bounds.push_back(bound);
@@ -497,10 +498,38 @@ TEST_F(MetricsTest, CountsExactlyTheCallsMade) {
   EXPECT_EQ(after.Get(R"(hgemm_requests_total{code="OK",rpc="Gemm"})"), 2);
 }
 
+// Other paths and junk are refused, and the server (Debian's civetweb died on a 404 here)
+// goes on answering.
 TEST_F(MetricsTest, OnlyMetricsIsServed) {
   std::string body;
   EXPECT_EQ(HttpGet(server_->metrics_port(), "/metrics", &body), 200);
-  EXPECT_NE(HttpGet(server_->metrics_port(), "/", &body), 200);
+  EXPECT_EQ(HttpGet(server_->metrics_port(), "/", &body), 404);
+  EXPECT_EQ(HttpGet(server_->metrics_port(), "/metrics/x", &body), 404);
+  EXPECT_EQ(HttpGet(server_->metrics_port(), "/metrics?x=1", &body), 200);
+  EXPECT_NE(body.find("hgemm_build_info"), std::string::npos);
+  EXPECT_EQ(HttpGet(server_->metrics_port(), "/metrics", &body), 200);
+}
+
+TEST(MetricsHttp, RespondsByMethodAndPath) {
+  ServiceMetrics metrics("1.2.3", "cpu", {}, nullptr);
+  auto status = [&](const std::string& request) {
+    const std::string r = MetricsHttpServer::Respond(request, metrics);
+    return r.substr(0, r.find("\r\n"));
+  };
+  EXPECT_EQ(status("GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n"), "HTTP/1.1 200 OK");
+  EXPECT_EQ(status("HEAD /metrics HTTP/1.0\r\n\r\n"), "HTTP/1.1 200 OK");
+  EXPECT_EQ(status("POST /metrics HTTP/1.0\r\n\r\n"), "HTTP/1.1 405 Method Not Allowed");
+  EXPECT_EQ(status("GET /other HTTP/1.0\r\n\r\n"), "HTTP/1.1 404 Not Found");
+  EXPECT_EQ(status("GARBAGE\r\n\r\n"), "HTTP/1.1 400 Bad Request");
+  EXPECT_EQ(status(""), "HTTP/1.1 400 Bad Request");
+  const std::string ok = MetricsHttpServer::Respond("GET /metrics HTTP/1.0\r\n\r\n", metrics);
+  EXPECT_NE(ok.find("Content-Type: text/plain; version=0.0.4"), std::string::npos);
+  const std::string body = ok.substr(ok.find("\r\n\r\n") + 4);
+  Scrape s = ParseExposition(body);
+  EXPECT_TRUE(s.errors.empty()) << Join(s.errors);
+  EXPECT_EQ(s.Get(R"(hgemm_build_info{backend="cpu",version="1.2.3"})"), 1);
+  const std::string head = MetricsHttpServer::Respond("HEAD /metrics HTTP/1.0\r\n\r\n", metrics);
+  EXPECT_EQ(head.substr(head.find("\r\n\r\n") + 4), "") << "HEAD has no body";
 }
 
 TEST_F(MetricsTest, EndpointAnswersWhileGemmsRun) {

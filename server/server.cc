@@ -1,7 +1,6 @@
 #include "server/server.h"
 
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
-#include <prometheus/exposer.h>
 #include <spdlog/spdlog.h>
 
 #include <exception>
@@ -66,15 +65,13 @@ std::unique_ptr<HgemmServer> HgemmServer::Start(ServerOptions options,
     return nullptr;
   }
   if (server->metrics_) {
-    try {
-      server->exposer_ = std::make_unique<prometheus::Exposer>(opts.metrics_listen, 2);
-      server->exposer_->RegisterCollectable(server->metrics_);
-      const std::vector<int> ports = server->exposer_->GetListeningPorts();
-      server->metrics_port_ = ports.empty() ? 0 : ports.front();
-    } catch (const std::exception& e) {
-      spdlog::error("cannot serve metrics on {}: {}", opts.metrics_listen, e.what());
+    std::string error;
+    server->metrics_http_ = MetricsHttpServer::Start(opts.metrics_listen, server->metrics_, &error);
+    if (!server->metrics_http_) {
+      spdlog::error("cannot serve metrics on {}: {}", opts.metrics_listen, error);
+      return nullptr;  // ~HgemmServer stops the gRPC server
     }
-    if (server->metrics_port_ == 0) return nullptr;  // ~HgemmServer stops the gRPC server
+    server->metrics_port_ = server->metrics_http_->port();
   }
   server->health_watcher_ = std::thread([s = server.get()] { s->WatchHealth(); });
   return server;
@@ -109,7 +106,7 @@ void HgemmServer::Shutdown() {
   server_->Shutdown(std::chrono::system_clock::now() + options_.drain_deadline);
   scheduler_->Shutdown();
   server_->Wait();
-  exposer_.reset();  // joins its threads: no scrape runs once Shutdown returns
+  metrics_http_.reset();  // joins its thread: no scrape runs once Shutdown returns
   spdlog::info("stopped");
 }
 

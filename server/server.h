@@ -16,14 +16,12 @@
 #include <string>
 #include <thread>
 
-namespace prometheus {
-class Exposer;
-}  // namespace prometheus
 
 #include "server/backend/backend.h"
 #include "server/gemm_service.h"
 #include "server/health_service.h"
 #include "server/metrics.h"
+#include "server/metrics_http.h"
 #include "server/resident/matrix_store.h"
 #include "server/scheduler/scheduler.h"
 #include "server/scheduler/upload_queue.h"
@@ -76,7 +74,7 @@ class HgemmServer {
   std::unique_ptr<HealthService> health_;
   std::unique_ptr<grpc::Server> server_;  // after the services, which must outlive it
   int port_ = 0;
-  std::unique_ptr<prometheus::Exposer> exposer_;  // last: it calls metrics_ until destroyed
+  std::unique_ptr<MetricsHttpServer> metrics_http_;  // last: it calls metrics_ until destroyed
   int metrics_port_ = 0;
 
   std::mutex mu_;
