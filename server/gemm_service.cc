@@ -85,8 +85,12 @@ void GemmServiceImpl::Answered(Rpc rpc, const grpc::Status& s,
                                std::string_view request_id, std::optional<uint64_t> gemm_id) const {
   if (metrics_ != nullptr) metrics_->CountCall(rpc, s.error_code());
   if (s.ok()) return;
-  spdlog::info("{}{} {}: {} (request_id {}, peer {})", RpcName(rpc),
-               gemm_id ? fmt::format(" gemm_id {}", *gemm_id) : std::string(),
+  // Stream messages mostly name the GEMM already ("gemm_id 3: ..."): said once.
+  std::string gemm;
+  if (gemm_id && s.error_message().rfind(fmt::format("gemm_id {}:", *gemm_id), 0) != 0) {
+    gemm = fmt::format(" gemm_id {}", *gemm_id);
+  }
+  spdlog::info("{}{} {}: {} (request_id {}, peer {})", RpcName(rpc), gemm,
                status::CodeName(s.error_code()), s.error_message(), status::Quote(request_id),
                context->peer());
 }
