@@ -116,7 +116,7 @@ namespace {
 
 int Main(int argc, char** argv) {
   std::string server = "127.0.0.1:50051", shape, a_path, b_path, out_path, kernel = "auto";
-  std::string accumulation = "fp32", mode = "auto", resident = "none", client_id;
+  std::string accumulation = "fp32", mode = "auto", resident = "none", client_id, request_id;
   int repeat = 1;
   uint64_t seed = std::random_device{}();
   double timeout_s = 0, tolerance = 0;
@@ -141,6 +141,9 @@ int Main(int argc, char** argv) {
                  "C on the server (fetched once at the end for --check/--out)")
       ->check(CLI::IsMember({"none", "b", "all"}))->capture_default_str();
   app.add_option("--client_id", client_id, "x-client-id for resident matrices (default: peer address)");
+  app.add_option("--request_id", request_id,
+                 "request id sent with each GEMM (echoed back, in the server's logs); with "
+                 "--repeat, run N sends ID-N");
   app.add_option("--seed", seed, "seed of the random inputs");
   app.add_option("--timeout_s", timeout_s, "deadline of each call in seconds (0: none)");
   app.add_flag("--check", check, "compare C with a local fp32-accumulate reference");
@@ -285,6 +288,10 @@ int Main(int argc, char** argv) {
 
   GemmResponse response;
   for (int run = 1; run <= repeat; ++run) {
+    if (!request_id.empty()) {
+      request.mutable_options()->set_request_id(repeat > 1 ? request_id + "-" + std::to_string(run)
+                                                           : request_id);
+    }
     const auto start = std::chrono::steady_clock::now();
     grpc::Status status;
     if (stream) {

@@ -9,7 +9,7 @@
 #      validates every manifest, patch and rendered object against the Kubernetes schema
 #      (kubernetes-models, plus TypeScript for unknown fields) and the service's own rules
 #      (see the header of check.js).
-#   4. Self-test: copies of deploy/ broken in fourteen ways must each fail step 3 with the expected
+#   4. Self-test: copies of deploy/ broken in sixteen ways must each fail step 3 with the expected
 #      message, so that the checks cannot pass vacuously.
 #
 # Needs: yamllint (Debian package yamllint; installed here when missing and running as root),
@@ -102,6 +102,8 @@ if [[ ${1:-} != --no-self-test ]]; then
     "$base/deployment.yaml|s/nvidia.com\/gpu: 1/nvidia.com\/gpu: one/|must match format \"quantity\""
     "$base/deployment.yaml|0,/port: 50051/s//port: 50052/|startupProbe.grpc.port 50052 is not the server's port 50051"
     "$base/deployment.yaml|s/readOnlyRootFilesystem: true/readOnlyRootFilesystem: false/|readOnlyRootFilesystem must be true"
+    "$base/deployment.yaml|s/prometheus.io\/port: \"9464\"/prometheus.io\/port: \"9465\"/|prometheus.io/port 9465 is not the metrics containerPort 9464"
+    "$base/server.env|s/^HGEMM_METRICS_LISTEN=0.0.0.0:9464/HGEMM_METRICS_LISTEN=0.0.0.0:9999/|HGEMM_METRICS_LISTEN 0.0.0.0:9999 is not on the metrics containerPort 9464"
     "$base/server.env|s/^HGEMM_DRAIN_DEADLINE_S=/HGEMM_DRAIN_DEADLINE=/|HGEMM_DRAIN_DEADLINE is not a server flag"
     "$base/service-headless.yaml|s/component: server/component: sever/|selector matches no Deployment's pods"
     "deploy/k8s/overlays/multi-gpu/deployment-patch.yaml|s/memory: 32Gi/memroy: 32Gi/|resources.limits[\"memroy\"] is not a resource"

@@ -61,12 +61,14 @@ std::string ClientIdentity(const grpc::CallbackServerContext* context) {
 }
 
 GemmServiceImpl::GemmServiceImpl(Scheduler* scheduler, Backend* backend, MatrixStore* store,
-                                 UploadQueue* uploads, ServiceOptions options)
+                                 UploadQueue* uploads, ServiceOptions options,
+                                 ServiceMetrics* metrics)
     : scheduler_(scheduler),
       backend_(backend),
       store_(store),
       uploads_(uploads),
       options_(std::move(options)),
+      metrics_(metrics),
       janitor_([this] { ExpireIdleCalls(); }) {}
 
 GemmServiceImpl::~GemmServiceImpl() {
@@ -76,6 +78,29 @@ GemmServiceImpl::~GemmServiceImpl() {
   }
   janitor_wake_.notify_all();
   janitor_.join();
+}
+
+void GemmServiceImpl::Answered(Rpc rpc, const grpc::Status& s,
+                               const grpc::CallbackServerContext* context,
+                               std::string_view request_id, std::optional<uint64_t> gemm_id) const {
+  if (metrics_ != nullptr) metrics_->CountCall(rpc, s.error_code());
+  if (s.ok()) return;
+  // Stream messages mostly name the GEMM already ("gemm_id 3: ..."): said once.
+  std::string gemm;
+  if (gemm_id && s.error_message().rfind(fmt::format("gemm_id {}:", *gemm_id), 0) != 0) {
+    gemm = fmt::format(" gemm_id {}", *gemm_id);
+  }
+  spdlog::info("{}{} {}: {} (request_id {}, peer {})", RpcName(rpc), gemm,
+               status::CodeName(s.error_code()), s.error_message(), status::Quote(request_id),
+               context->peer());
+}
+
+void GemmServiceImpl::StreamEnded(const grpc::Status& s,
+                                  const grpc::CallbackServerContext* context) const {
+  if (metrics_ != nullptr) metrics_->CountStreamCall(s.error_code());
+  if (s.ok()) return;
+  spdlog::info("GemmStream call {}: {} (peer {})", status::CodeName(s.error_code()),
+               s.error_message(), context->peer());
 }
 
 void GemmServiceImpl::Drain() {
@@ -190,6 +215,9 @@ grpc::ServerUnaryReactor* GemmServiceImpl::Gemm(grpc::CallbackServerContext* con
                                                 const v1::GemmRequest* request,
                                                 v1::GemmResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  if (metrics_ != nullptr) {
+    metrics_->AddReceivedBytes(Rpc::kGemm, int64_t(request->a().size() + request->b().size()));
+  }
   grpc::Status s;
   try {
     s = AdmitGemm(context, *request, response, reactor);
@@ -197,7 +225,7 @@ grpc::ServerUnaryReactor* GemmServiceImpl::Gemm(grpc::CallbackServerContext* con
     s = status::FromCurrentException("Gemm");
   }
   if (!s.ok()) {
-    spdlog::debug("Gemm refused: {}", s.error_message());
+    Answered(Rpc::kGemm, s, context, request->options().request_id());
     reactor->Finish(s);
   }
   return reactor;
@@ -232,8 +260,8 @@ grpc::Status GemmServiceImpl::AdmitGemm(grpc::CallbackServerContext* context,
   job.is_cancelled = [context] { return context->IsCancelled(); };
   const uint32_t c_ttl = request.c_ttl_seconds();
   return scheduler_->Enqueue(
-      std::move(job), [this, reactor, response, shape, c_quota, c_ttl](const grpc::Status& status,
-                                                                       const GemmReport& report) {
+      std::move(job), [this, context, reactor, response, shape, c_quota, c_ttl](
+                          const grpc::Status& status, const GemmReport& report) {
         grpc::Status answer = status;
         try {
           if (status.ok()) {
@@ -246,6 +274,11 @@ grpc::Status GemmServiceImpl::AdmitGemm(grpc::CallbackServerContext* context,
         } catch (...) {
           answer = status::FromCurrentException("Gemm result");
         }
+        if (metrics_ != nullptr && answer.ok()) {
+          metrics_->ObserveGemm(report, report.Tflops(shape));
+          metrics_->AddSentBytes(Rpc::kGemm, int64_t(response->c().size()));
+        }
+        Answered(Rpc::kGemm, answer, context, response->request_id());
         reactor->Finish(answer);
       });
 }
@@ -465,6 +498,7 @@ class GemmStreamReactor final
     }
     const GemmJob& job = call->streamed.job;
     const int64_t size = chunk.data.size();
+    if (service_.metrics_ != nullptr) service_.metrics_->AddReceivedBytes(Rpc::kGemmStream, size);
     service_.uploads_->Write(
         chunk.operand == v1::OPERAND_A ? job.a_resident : job.b_resident, chunk.offset,
         std::move(chunk.data), [this, call, size](const grpc::Status& s, double copy_ms) {
@@ -564,6 +598,7 @@ class GemmStreamReactor final
       chunk->set_offset(out.next_offset);
       chunk->set_data(out.c.data() + out.next_offset, size);
       out.next_offset += size;
+      if (service_.metrics_ != nullptr) service_.metrics_->AddSentBytes(Rpc::kGemmStream, size);
       writing_ = true;
       StartWrite(&chunk_message_);
       return;
@@ -575,7 +610,11 @@ class GemmStreamReactor final
     done->set_status_code(out.status.error_code());
     done->set_status_message(out.status.error_message());
     done->set_request_id(gemm.job.request_id);
+    service_.Answered(Rpc::kGemmStream, out.status, context_, gemm.job.request_id, gemm.gemm_id);
     if (out.status.ok()) {
+      if (service_.metrics_ != nullptr) {
+        service_.metrics_->ObserveGemm(out.report, out.report.Tflops(gemm.job.shape));
+      }
       ToProto(gemm.job.shape, out.report, done->mutable_timing(), done->mutable_execution());
       done->mutable_execution()->set_backend(service_.backend_->Name());
       if (gemm.keep_c) *done->mutable_c_matrix() = out.c_matrix;
@@ -596,13 +635,14 @@ class GemmStreamReactor final
     // Finish is allowed then, and that read completes with ok = false).
     if (!reads_done_ && !(draining_ && receiving_.empty())) return;
     finished_ = true;
+    grpc::Status s = error_;
     if (broken_ || context_->IsCancelled()) {
-      Finish(status::Cancelled());
+      s = status::Cancelled();
     } else if (!reads_done_) {
-      Finish(status::ShuttingDown());
-    } else {
-      Finish(error_);
+      s = status::ShuttingDown();
     }
+    service_.StreamEnded(s, context_);
+    Finish(s);
   }
 
   GemmServiceImpl& service_;
@@ -651,6 +691,7 @@ grpc::ServerUnaryReactor* GemmServiceImpl::ListKernels(grpc::CallbackServerConte
   if (AutoSupports(options_.rules, Accumulation::kFp32)) {
     auto_kernel->add_accumulations(v1::ACCUMULATION_FP32);
   }
+  Answered(Rpc::kListKernels, grpc::Status::OK, context);
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   reactor->Finish(grpc::Status::OK);
   return reactor;
@@ -685,6 +726,7 @@ grpc::ServerUnaryReactor* GemmServiceImpl::GetServerInfo(grpc::CallbackServerCon
   load->set_admitted_bytes(stats.admitted_bytes);
   load->set_admitted_total(stats.admitted_total);
   load->set_completed_total(stats.completed_total);
+  Answered(Rpc::kGetServerInfo, grpc::Status::OK, context);
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   reactor->Finish(grpc::Status::OK);
   return reactor;
@@ -817,6 +859,7 @@ class UploadMatrixReactor final : public grpc::ServerReadReactor<v1::UploadMatri
       std::lock_guard<std::mutex> lock(mu_);
       writes_in_flight_++;
     }
+    if (service_.metrics_ != nullptr) service_.metrics_->AddReceivedBytes(Rpc::kUploadMatrix, size);
     service_.uploads_->Write(buffer_, received_, std::move(*request_.mutable_chunk()),
                              [this, size](const grpc::Status& s, double copy_ms) {
                                std::lock_guard<std::mutex> lock(mu_);
@@ -845,6 +888,7 @@ class UploadMatrixReactor final : public grpc::ServerReadReactor<v1::UploadMatri
       quota_ = QuotaReservation();
       buffer_.reset();
     }
+    service_.Answered(Rpc::kUploadMatrix, s, context_);
     Finish(s);
   }
 
@@ -881,6 +925,7 @@ grpc::ServerUnaryReactor* GemmServiceImpl::ReleaseMatrix(grpc::CallbackServerCon
   int64_t freed = 0;
   grpc::Status s = store_->Release(ClientIdentity(context), request->handle(), &freed);
   response->set_freed_bytes(freed);
+  Answered(Rpc::kReleaseMatrix, s, context);
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   reactor->Finish(s);
   return reactor;
@@ -893,6 +938,7 @@ grpc::ServerUnaryReactor* GemmServiceImpl::ListMatrices(grpc::CallbackServerCont
   for (const ResidentMatrix& m : store_->List(owner)) Describe(m, response->add_matrices());
   response->set_client_bytes(store_->ClientBytes(owner));
   response->set_quota_bytes(options_.resident.quota_bytes_per_client);
+  Answered(Rpc::kListMatrices, grpc::Status::OK, context);
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   reactor->Finish(grpc::Status::OK);
   return reactor;
@@ -903,11 +949,14 @@ class DownloadMatrixReactor final : public grpc::ServerWriteReactor<v1::ResultCh
  public:
   DownloadMatrixReactor(const GemmServiceImpl& service, grpc::CallbackServerContext* context,
                         const v1::DownloadMatrixRequest& request)
-      : chunk_bytes_(service.options_.stream_chunk_bytes), buffers_(service.result_buffers_) {
+      : service_(service),
+        context_(context),
+        chunk_bytes_(service.options_.stream_chunk_bytes),
+        buffers_(service.result_buffers_) {
     ResidentMatrix m;
     grpc::Status s = service.store_->Lookup(ClientIdentity(context), request.handle(), "handle", &m);
     if (!s.ok()) {
-      Finish(s);
+      Answer(s);
       return;
     }
     std::thread([this, &service, buffer = m.buffer] {
@@ -918,13 +967,13 @@ class DownloadMatrixReactor final : public grpc::ServerWriteReactor<v1::ResultCh
       } catch (...) {
         read = status::FromCurrentException("DownloadMatrix");
       }
-      if (!read.ok()) return Finish(read);
+      if (!read.ok()) return Answer(read);
       NextWrite();
     }).detach();
   }
 
   void OnWriteDone(bool ok) override {
-    if (!ok) return Finish(status::Cancelled());
+    if (!ok) return Answer(status::Cancelled());
     NextWrite();
   }
 
@@ -934,9 +983,15 @@ class DownloadMatrixReactor final : public grpc::ServerWriteReactor<v1::ResultCh
   }
 
  private:
+  void Answer(const grpc::Status& s) {
+    service_.Answered(Rpc::kDownloadMatrix, s, context_);
+    Finish(s);
+  }
+
   void NextWrite() {
-    if (offset_ >= int64_t(data_.size())) return Finish(grpc::Status::OK);
+    if (offset_ >= int64_t(data_.size())) return Answer(grpc::Status::OK);
     const int64_t size = std::min<int64_t>(chunk_bytes_, data_.size() - offset_);
+    if (service_.metrics_ != nullptr) service_.metrics_->AddSentBytes(Rpc::kDownloadMatrix, size);
     chunk_.set_offset(offset_);
     chunk_.set_data(data_.data() + offset_, size);
     chunk_.set_total_bytes(offset_ == 0 ? data_.size() : 0);
@@ -944,6 +999,8 @@ class DownloadMatrixReactor final : public grpc::ServerWriteReactor<v1::ResultCh
     StartWrite(&chunk_);
   }
 
+  const GemmServiceImpl& service_;
+  grpc::CallbackServerContext* const context_;
   const int64_t chunk_bytes_;
   HostBufferPool& buffers_;
   std::string data_;

@@ -12,13 +12,16 @@
 #include <cstdint>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
+#include <string_view>
 #include <thread>
 
 #include "proto/hgemm.grpc.pb.h"
 #include "server/backend/backend.h"
 #include "server/host_buffer_pool.h"
+#include "server/metrics.h"
 #include "server/resident/matrix_store.h"
 #include "server/scheduler/scheduler.h"
 #include "server/scheduler/upload_queue.h"
@@ -53,9 +56,10 @@ std::string ClientIdentity(const grpc::CallbackServerContext* context);
 
 class GemmServiceImpl final : public v1::GemmService::CallbackService {
  public:
-  // `scheduler`, `backend`, `store` and `uploads` must outlive the service.
+  // `scheduler`, `backend`, `store`, `uploads` and `metrics` (null: none kept) must outlive
+  // the service.
   GemmServiceImpl(Scheduler* scheduler, Backend* backend, MatrixStore* store,
-                  UploadQueue* uploads, ServiceOptions options);
+                  UploadQueue* uploads, ServiceOptions options, ServiceMetrics* metrics = nullptr);
   ~GemmServiceImpl() override;  // REQUIRES: no call in progress (the server has shut down)
 
   // Shutdown has begun (call before grpc::Server::Shutdown): open streams refuse new GEMMs
@@ -110,6 +114,15 @@ class GemmServiceImpl final : public v1::GemmService::CallbackService {
   grpc::Status ChargePending(const std::string& owner, int64_t bytes);
   void ReleasePending(const std::string& owner, int64_t bytes);
 
+  // Every call, and every GEMM of a stream (`gemm_id` set), is answered through here just
+  // before its Finish (or GemmDone write): counted in the metrics and, unless OK, logged at
+  // info with the status name, message, request id and peer. REQUIRES: `context` is alive.
+  void Answered(Rpc rpc, const grpc::Status& s, const grpc::CallbackServerContext* context,
+                std::string_view request_id = {},
+                std::optional<uint64_t> gemm_id = std::nullopt) const;
+  // A GemmStream call ends with `s` (its GEMMs were counted by Answered).
+  void StreamEnded(const grpc::Status& s, const grpc::CallbackServerContext* context) const;
+
   // Gemm's work up to the scheduler: OK once the job is admitted (its callback answers the
   // call), else the status to answer with.
   grpc::Status AdmitGemm(grpc::CallbackServerContext* context, const v1::GemmRequest& request,
@@ -131,6 +144,7 @@ class GemmServiceImpl final : public v1::GemmService::CallbackService {
   MatrixStore* const store_;
   UploadQueue* const uploads_;
   const ServiceOptions options_;
+  ServiceMetrics* const metrics_;  // may be null
   mutable HostBufferPool result_buffers_{options_.result_buffer_pool_bytes};
 
   std::mutex calls_mu_;  // before any call's own mutex

@@ -34,6 +34,9 @@ int main(int argc, char** argv) {
   CLI::App app{"hgemm-serve: fp16 GEMM over gRPC (hgemm.v1.GemmService)"};
   app.add_option("--listen", server_options.listen_address, "HOST:PORT to serve on")
       ->envname("HGEMM_LISTEN")->capture_default_str();
+  app.add_option("--metrics_listen", server_options.metrics_listen,
+                 "HOST:PORT serving Prometheus metrics over HTTP at /metrics (empty: off)")
+      ->envname("HGEMM_METRICS_LISTEN");
   app.add_option("--backend", backend_options.kind, "auto (CUDA if a GPU is usable, else CPU), cuda or cpu")
       ->envname("HGEMM_BACKEND")->check(CLI::IsMember({"auto", "cuda", "cpu"}))->capture_default_str();
   app.add_option("--devices", devices, "CUDA devices to use, e.g. 0,1 (default: all visible)")
@@ -120,6 +123,10 @@ int main(int argc, char** argv) {
       hgemm::HgemmServer::Start(server_options, std::move(backend));
   if (!server) return 1;
 
+  if (server->metrics_port() != 0) {
+    spdlog::info("metrics at http://{}/metrics (port {})", server_options.metrics_listen,
+                 server->metrics_port());
+  }
   const hgemm::Backend& b = server->backend();
   spdlog::info("hgemm-serve {} listening on {} (port {})", hgemm::kVersion,
                server_options.listen_address, server->port());

@@ -3,6 +3,10 @@
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <spdlog/spdlog.h>
 
+#include <exception>
+#include <string>
+#include <vector>
+
 namespace hgemm {
 namespace {
 
@@ -22,9 +26,27 @@ std::unique_ptr<HgemmServer> HgemmServer::Start(ServerOptions options,
   server->store_ = std::make_unique<MatrixStore>(server->backend_.get(), opts.service.resident);
   server->scheduler_ = std::make_unique<Scheduler>(server->backend_.get(), opts.service.scheduler);
   server->uploads_ = std::make_unique<UploadQueue>(server->backend_.get(), opts.upload_threads);
-  server->service_ = std::make_unique<GemmServiceImpl>(server->scheduler_.get(),
-                                                       server->backend_.get(), server->store_.get(),
-                                                       server->uploads_.get(), opts.service);
+  if (!opts.metrics_listen.empty()) {
+    const std::vector<DeviceDescription> devices = server->backend_->Devices();
+    server->metrics_ = std::make_shared<ServiceMetrics>(
+        kVersion, server->backend_->Name(), devices,
+        [s = server.get(), devices] {
+          LoadSample load;
+          const Scheduler::Stats stats = s->scheduler_->GetStats();
+          load.queued = stats.queued;
+          load.running = stats.running;
+          load.admitted_bytes = stats.admitted_bytes;
+          load.upload_queue_writes = s->uploads_->Pending();
+          const std::vector<MatrixStore::DeviceUsage> usage = s->store_->UsageByDevice();
+          for (size_t i = 0; i < usage.size() && i < devices.size(); ++i) {
+            load.devices.push_back({std::to_string(devices[i].id), usage[i].bytes, usage[i].matrices});
+          }
+          return load;
+        });
+  }
+  server->service_ = std::make_unique<GemmServiceImpl>(
+      server->scheduler_.get(), server->backend_.get(), server->store_.get(),
+      server->uploads_.get(), opts.service, server->metrics_.get());
 
   server->health_ = std::make_unique<HealthService>(std::vector<std::string>{kServiceName});
 
@@ -41,6 +63,15 @@ std::unique_ptr<HgemmServer> HgemmServer::Start(ServerOptions options,
     spdlog::error("cannot listen on {}", opts.listen_address);
     server->scheduler_->Shutdown();
     return nullptr;
+  }
+  if (server->metrics_) {
+    std::string error;
+    server->metrics_http_ = MetricsHttpServer::Start(opts.metrics_listen, server->metrics_, &error);
+    if (!server->metrics_http_) {
+      spdlog::error("cannot serve metrics on {}: {}", opts.metrics_listen, error);
+      return nullptr;  // ~HgemmServer stops the gRPC server
+    }
+    server->metrics_port_ = server->metrics_http_->port();
   }
   server->health_watcher_ = std::thread([s = server.get()] { s->WatchHealth(); });
   return server;
@@ -75,6 +106,7 @@ void HgemmServer::Shutdown() {
   server_->Shutdown(std::chrono::system_clock::now() + options_.drain_deadline);
   scheduler_->Shutdown();
   server_->Wait();
+  metrics_http_.reset();  // joins its thread: no scrape runs once Shutdown returns
   spdlog::info("stopped");
 }
 

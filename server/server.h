@@ -1,5 +1,7 @@
 // HgemmServer: a running hgemm.v1 gRPC server: the service, its scheduler and backend, gRPC
-// health (grpc.health.v1, server/health_service.h) and server reflection. Used by main() and by the end-to-end tests.
+// health (grpc.health.v1, server/health_service.h), server reflection and, if asked for, the
+// Prometheus text endpoint /metrics on its own HTTP port (server/metrics.h). Used by main()
+// and by the end-to-end tests.
 // Thread safety: Shutdown() and Wait() may be called from any thread.
 #ifndef HGEMM_SERVER_SERVER_H_
 #define HGEMM_SERVER_SERVER_H_
@@ -14,9 +16,12 @@
 #include <string>
 #include <thread>
 
+
 #include "server/backend/backend.h"
 #include "server/gemm_service.h"
 #include "server/health_service.h"
+#include "server/metrics.h"
+#include "server/metrics_http.h"
 #include "server/resident/matrix_store.h"
 #include "server/scheduler/scheduler.h"
 #include "server/scheduler/upload_queue.h"
@@ -26,6 +31,9 @@ namespace hgemm {
 struct ServerOptions {
   // HOST:PORT; port 0 picks a free one (see HgemmServer::port()).
   std::string listen_address = "0.0.0.0:50051";
+  // HOST:PORT of the HTTP server answering GET /metrics (Prometheus text format); empty: no
+  // metrics are kept or served. Port 0 picks a free one (see HgemmServer::metrics_port()).
+  std::string metrics_listen;
   // Largest gRPC message accepted (unary requests); streams are bounded by the scheduler.
   int64_t max_message_bytes = int64_t{1} << 30;
   // On Shutdown(): how long in-flight calls may take before they are cancelled.
@@ -37,16 +45,19 @@ struct ServerOptions {
 
 class HgemmServer {
  public:
-  // Starts serving on options.listen_address. Returns nullptr (and logs why) if the address
-  // can't be bound.
+  // Starts serving on options.listen_address (and metrics_listen). Returns nullptr (and logs
+  // why) if an address can't be bound.
   static std::unique_ptr<HgemmServer> Start(ServerOptions options, std::unique_ptr<Backend> backend);
   ~HgemmServer();  // Shutdown()
 
   int port() const { return port_; }
+  // The port of /metrics; 0 when metrics_listen is empty.
+  int metrics_port() const { return metrics_port_; }
   const Backend& backend() const { return *backend_; }
 
   // Health NOT_SERVING, stop accepting calls, let in-flight ones finish until the drain
-  // deadline (then cancel them), run what was admitted, stop workers. Idempotent.
+  // deadline (then cancel them), run what was admitted, stop workers, then stop serving
+  // /metrics (it answers throughout the drain). Idempotent.
   void Shutdown();
 
  private:
@@ -58,10 +69,13 @@ class HgemmServer {
   std::unique_ptr<MatrixStore> store_;  // after backend_: its buffers go back to the backend
   std::unique_ptr<Scheduler> scheduler_;
   std::unique_ptr<UploadQueue> uploads_;
+  std::shared_ptr<ServiceMetrics> metrics_;  // null without metrics_listen; samples the above
   std::unique_ptr<GemmServiceImpl> service_;
   std::unique_ptr<HealthService> health_;
   std::unique_ptr<grpc::Server> server_;  // after the services, which must outlive it
   int port_ = 0;
+  std::unique_ptr<MetricsHttpServer> metrics_http_;  // last: it calls metrics_ until destroyed
+  int metrics_port_ = 0;
 
   std::mutex mu_;
   std::condition_variable stop_watching_;

@@ -37,6 +37,10 @@ grpc::Status FromCurrentException(const char* where);
 // cut. Keeps a 100 000-byte handle from turning NOT_FOUND into an oversized trailer.
 std::string Quote(std::string_view client_string);
 
+// The canonical name of a gRPC status code ("OK", "INVALID_ARGUMENT", ...), as in logs and in
+// the `code` label of hgemm_requests_total; "UNKNOWN" for a value outside the enum.
+const char* CodeName(grpc::StatusCode code);
+
 }  // namespace hgemm::status
 
 #endif  // HGEMM_SERVER_STATUS_UTIL_H_

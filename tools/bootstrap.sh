@@ -12,6 +12,7 @@ packages=(
   grpc-proto                               # health.proto, reflection.proto
   libspdlog-dev libfmt-dev                 # logging
   libcli11-dev                             # flag parsing
+  prometheus-cpp-dev                       # --metrics_listen (core + pull with civetweb)
   libopenblas-dev                          # CPU backend
   libgtest-dev libgmock-dev                # tests
   yamllint                                 # deploy/check.sh

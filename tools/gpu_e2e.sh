@@ -150,7 +150,7 @@ PY
 done
 fi
 stop_server
-grep -c "status=0" "$out"/server_s*.log || true
+grep -c "status=OK" "$out"/server_s*.log || true
 
 if want copy; then
   echo "== resident operands copied to an idle device (--devices=0,0: two schedulers' devices on one GPU)"

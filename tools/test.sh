@@ -15,7 +15,8 @@ logdirs=("$(bazel info bazel-testlogs)")
 # Sanitizer runs: outputs under their own platform suffix; no symlinks, so bazel-bin stays the
 # normal build's.
 asan_tests=(//server:validation_test //server:stream_assembler_test //server:host_buffer_pool_test
-            //server:server_test //server:server_process_test //server/scheduler:scheduler_test
+            //server:server_test //server:server_process_test //server:metrics_test
+            //server/scheduler:scheduler_test
             //server/scheduler:upload_queue_test //server/resident:matrix_store_test
             //server/backend:cpu_backend_test //bench:soak_test //client:cli_test)
 tsan_tests=(//server:host_buffer_pool_test //server/scheduler:scheduler_test

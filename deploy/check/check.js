@@ -35,6 +35,7 @@ const YAML = require("yaml");
 // Mirrors the CLI11 options and checks in server/main.cc.
 const SERVER_ENV = {
   HGEMM_LISTEN: (v) => /^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9.-]+):\d{1,5}$/.test(v) || "host:port",
+  HGEMM_METRICS_LISTEN: (v) => v === "" || /^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9.-]+):\d{1,5}$/.test(v) || "host:port, or empty (off)",
   HGEMM_BACKEND: (v) => ["auto", "cuda", "cpu"].includes(v) || "auto|cuda|cpu",
   HGEMM_DEVICES: (v) => /^(\d+(,\d+)*)?$/.test(v) || "comma-separated device ordinals, or empty",
   HGEMM_STREAMS_PER_DEVICE: intIn(1, 64),
@@ -443,6 +444,25 @@ function deploymentProblems(dep, all) {
   if (env.HGEMM_LISTEN && Number(env.HGEMM_LISTEN.split(":").pop()) !== port) p.push(`${where}: HGEMM_LISTEN ${env.HGEMM_LISTEN} is not on containerPort ${port}`);
   if (!env.HGEMM_LISTEN && port !== SERVER_DEFAULT_PORT) p.push(`${where}: containerPort ${port} but the server listens on ${SERVER_DEFAULT_PORT} by default`);
   if (dockerPorts.length && !dockerPorts.includes(port)) p.push(`${where}: containerPort ${port} is not EXPOSEd by the Dockerfile (${dockerPorts.join(", ")})`);
+
+  // Metrics: HGEMM_METRICS_LISTEN, the container port named metrics and the scrape annotations
+  // agree, or are all absent.
+  const metricsPort = (server.ports.find((x) => x.name === "metrics") || {}).containerPort;
+  const metricsListen = env.HGEMM_METRICS_LISTEN || "";
+  const annotations = (spec.template && spec.template.metadata && spec.template.metadata.annotations) || {};
+  if (metricsListen) {
+    const listenPort = Number(metricsListen.split(":").pop());
+    if (metricsPort === undefined) p.push(`${where}: HGEMM_METRICS_LISTEN ${metricsListen} but no container port named metrics`);
+    else if (metricsPort !== listenPort) p.push(`${where}: HGEMM_METRICS_LISTEN ${metricsListen} is not on the metrics containerPort ${metricsPort}`);
+    if (dockerPorts.length && !dockerPorts.includes(listenPort)) p.push(`${where}: metrics port ${listenPort} is not EXPOSEd by the Dockerfile (${dockerPorts.join(", ")})`);
+  } else if (metricsPort !== undefined) {
+    p.push(`${where}: a container port named metrics but HGEMM_METRICS_LISTEN is not set (metrics are off)`);
+  }
+  if (annotations["prometheus.io/scrape"] === "true") {
+    if (!metricsListen) p.push(`${where}: prometheus.io/scrape is "true" but HGEMM_METRICS_LISTEN is not set`);
+    if (metricsPort !== undefined && String(annotations["prometheus.io/port"]) !== String(metricsPort)) p.push(`${where}: prometheus.io/port ${annotations["prometheus.io/port"]} is not the metrics containerPort ${metricsPort}`);
+    if ((annotations["prometheus.io/path"] || "/metrics") !== "/metrics") p.push(`${where}: prometheus.io/path ${annotations["prometheus.io/path"]} is not /metrics`);
+  }
 
   // GPUs and resources.
   const res = server.resources || {};

@@ -169,6 +169,19 @@ int64_t MatrixStore::ClientBytes(const std::string& owner) {
   return it == client_bytes_.end() ? 0 : it->second;
 }
 
+std::vector<MatrixStore::DeviceUsage> MatrixStore::UsageByDevice() {
+  std::vector<DeviceUsage> usage(backend_->Devices().size());
+  std::lock_guard<std::mutex> lock(mu_);
+  ExpireLocked(Clock::now());
+  for (const auto& [handle, m] : matrices_) {
+    const int device = m.buffer->device_index;
+    if (device < 0 || device >= int(usage.size())) continue;
+    usage[device].bytes += m.buffer->bytes;
+    usage[device].matrices++;
+  }
+  return usage;
+}
+
 void MatrixStore::ExpireLocked(Clock::time_point now) {
   for (auto it = matrices_.begin(); it != matrices_.end();) {
     auto next = std::next(it);

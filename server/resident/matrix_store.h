@@ -99,6 +99,14 @@ class MatrixStore {
 
   std::vector<ResidentMatrix> List(const std::string& owner);
   int64_t ClientBytes(const std::string& owner);
+
+  // Resident matrices (expired ones dropped first) and their bytes, by device index
+  // (Backend::Devices()); one entry per device.
+  struct DeviceUsage {
+    int64_t bytes = 0;
+    int64_t matrices = 0;
+  };
+  std::vector<DeviceUsage> UsageByDevice();
   const MatrixStoreOptions& options() const { return options_; }
 
  private:

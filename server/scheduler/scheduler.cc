@@ -155,9 +155,9 @@ grpc::Status Scheduler::RunEntry(int slot, const Entry& entry, GemmReport* out) 
   }
   report.server_total_ms =
       std::chrono::duration<double, std::milli>(Clock::now() - entry.admitted).count();
-  spdlog::debug("gemm id='{}' {}x{}x{} kernel={} slot={} status={} queue={:.3f}ms kernel={:.3f}ms total={:.3f}ms",
-               job.request_id, job.shape.m, job.shape.n, job.shape.k, report.kernel, slot,
-               int(result.error_code()), report.queue_wait_ms, report.kernel_ms,
+  spdlog::debug("gemm request_id {} {}x{}x{} kernel={} slot={} status={} queue={:.3f}ms kernel={:.3f}ms total={:.3f}ms",
+               status::Quote(job.request_id), job.shape.m, job.shape.n, job.shape.k, report.kernel,
+               slot, status::CodeName(result.error_code()), report.queue_wait_ms, report.kernel_ms,
                report.server_total_ms);
   *out = std::move(report);
   return result;

@@ -27,6 +27,11 @@ void UploadQueue::Write(std::shared_ptr<ResidentBuffer> buffer, int64_t offset, 
   work_available_.notify_one();
 }
 
+int64_t UploadQueue::Pending() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return int64_t(tasks_.size());
+}
+
 void UploadQueue::WorkerLoop() {
   while (true) {
     Task task;

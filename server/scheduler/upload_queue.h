@@ -36,6 +36,9 @@ class UploadQueue {
   void Write(std::shared_ptr<ResidentBuffer> buffer, int64_t offset, std::string data,
              WriteDone done);
 
+  // Writes queued and not yet taken by an upload thread.
+  int64_t Pending();
+
  private:
   struct Task {
     std::shared_ptr<ResidentBuffer> buffer;
