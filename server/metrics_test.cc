@@ -29,6 +29,7 @@
 #include "client/gemm_client.h"
 #include "kernels/host/cpu_gemm.h"
 #include "server/backend/cpu_backend.h"
+#include "server/test_requests.h"
 #include "server/metrics_http.h"
 #include "server/server.h"
 #include "server/status_util.h"
@@ -361,17 +362,6 @@ int HttpGet(int port, const std::string& path, std::string* body) {
 }
 
 // ---- The server ----------------------------------------------------------------------------
-
-v1::GemmRequest RandomRequest(uint32_t m, uint32_t n, uint32_t k, std::mt19937_64& rng) {
-  v1::GemmRequest r;
-  r.set_m(m);
-  r.set_n(n);
-  r.set_k(k);
-  auto a = RandomHalfMatrix(int64_t(m) * k, rng), b = RandomHalfMatrix(int64_t(k) * n, rng);
-  r.set_a(reinterpret_cast<const char*>(a.data()), 2 * a.size());
-  r.set_b(reinterpret_cast<const char*>(b.data()), 2 * b.size());
-  return r;
-}
 
 class MetricsTest : public ::testing::Test {
  protected:

@@ -13,20 +13,10 @@
 #include "kernels/host/cpu_gemm.h"
 #include "kernels/host/fp16.h"
 #include "server/backend/cpu_backend.h"
+#include "server/test_requests.h"
 
 namespace hgemm {
 namespace {
-
-v1::GemmRequest RandomRequest(uint32_t m, uint32_t n, uint32_t k, std::mt19937_64& rng) {
-  v1::GemmRequest r;
-  r.set_m(m);
-  r.set_n(n);
-  r.set_k(k);
-  auto a = RandomHalfMatrix(int64_t(m) * k, rng), b = RandomHalfMatrix(int64_t(k) * n, rng);
-  r.set_a(reinterpret_cast<const char*>(a.data()), 2 * a.size());
-  r.set_b(reinterpret_cast<const char*>(b.data()), 2 * b.size());
-  return r;
-}
 
 double ErrorAgainstReference(const v1::GemmRequest& r, const std::string& c) {
   EXPECT_EQ(c.size(), 2 * size_t(r.m()) * r.n());
