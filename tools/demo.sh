@@ -38,7 +38,8 @@ set -x
 "$client" --server="$address" --info
 "$client" --server="$address" --shape=1000x1000x1000 --check --repeat=3
 "$client" --server="$address" --shape=2048x2048x2048 --check
-if "$client" --server="$address" --info | grep -q "backend cuda"; then
+info=$("$client" --server="$address" --info)  # not piped into grep -q: SIGPIPE + pipefail
+if [[ $info == *"backend cuda"* ]]; then
   "$client" --server="$address" --shape=255x257x100 --accumulation=fp16 --check
 else  # the CPU backend has no FP16 accumulation: it says so instead of running FP32
   if "$client" --server="$address" --shape=255x257x100 --accumulation=fp16 --check; then
