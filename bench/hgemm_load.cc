@@ -562,11 +562,7 @@ LoadGenerator::LoadGenerator(LoadOptions options) : options_(std::move(options))
 LoadGenerator::~LoadGenerator() = default;
 
 std::shared_ptr<grpc::Channel> LoadGenerator::MakeChannel(const std::string& target) {
-  grpc::ChannelArguments args;
-  args.SetMaxReceiveMessageSize(-1);
-  args.SetMaxSendMessageSize(-1);
-  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
-  return grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
+  return Connect(target, {.private_subchannels = true});
 }
 
 std::unique_ptr<load_internal::Caller> LoadGenerator::MakeCaller(

@@ -55,10 +55,11 @@ bool WriteStreamedGemm(const v1::GemmRequest& request, uint64_t gemm_id, int64_t
   return true;
 }
 
-std::shared_ptr<grpc::Channel> Connect(const std::string& target) {
+std::shared_ptr<grpc::Channel> Connect(const std::string& target, const ConnectOptions& options) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(-1);
   args.SetMaxSendMessageSize(-1);
+  if (options.private_subchannels) args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
   return grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
 }
 

@@ -18,9 +18,18 @@
 
 namespace hgemm {
 
+// How Connect() makes a channel. Every channel to the service (clients, load generator, one per
+// replica) is made from one of these, so credentials are set in one place.
+struct ConnectOptions {
+  // A subchannel pool of the channel's own instead of the process-wide one: channels made with
+  // it open their own connections (the load generator spreads calls over several).
+  bool private_subchannels = false;
+};
+
 // A channel to `target` (e.g. "127.0.0.1:50051", "dns:///svc:50051") with no limit on the
 // size of received messages (C of a large unary GEMM exceeds gRPC's 4 MiB default).
-std::shared_ptr<grpc::Channel> Connect(const std::string& target);
+std::shared_ptr<grpc::Channel> Connect(const std::string& target,
+                                       const ConnectOptions& options = {});
 
 // The outcome of one GEMM sent on a stream.
 struct StreamedGemm {
