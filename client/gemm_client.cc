@@ -125,8 +125,10 @@ grpc::Status GemmClient::GemmStream(const std::vector<const v1::GemmRequest*>& r
 }
 
 bool GemmClient::ShouldStream(const v1::GemmRequest& request, const CallOptions& options) {
+  // A C kept on the server does not travel back.
+  const int64_t c_bytes = request.keep_c_resident() ? 0 : 2 * int64_t(request.m()) * request.n();
   return int64_t(request.a().size() + request.b().size()) > options.unary_limit_bytes ||
-         2 * int64_t(request.m()) * request.n() > options.unary_limit_bytes;
+         c_bytes > options.unary_limit_bytes;
 }
 
 grpc::Status GemmClient::Run(const v1::GemmRequest& request, v1::GemmResponse* response,

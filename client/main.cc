@@ -221,7 +221,8 @@ int Main(int argc, char** argv) {
     const uint64_t sent = hgemm::cli::CheckedAdd(resident == "all" ? 0 : a_bytes,
                                                  resident != "none" ? 0 : b_bytes)
                               .value_or(UINT64_MAX);
-    const uint64_t received = hgemm::cli::MatrixBytes(dims.m, dims.n).value_or(UINT64_MAX);
+    const uint64_t received =
+        resident == "all" ? 0 : hgemm::cli::MatrixBytes(dims.m, dims.n).value_or(UINT64_MAX);
     const uint64_t unary_limit = uint64_t(call.unary_limit_bytes);
     const bool unary = mode == "unary" ||
                        (mode == "auto" && sent <= unary_limit && received <= unary_limit);
@@ -282,7 +283,7 @@ int Main(int argc, char** argv) {
               request.m(), request.n(), request.k(), stream ? "GemmStream" : "unary Gemm",
               kernel.c_str(), accumulation.c_str(),
               (request.a().size() + request.b().size()) / 1048576.0,
-              2.0 * request.m() * request.n() / 1048576.0);
+              request.keep_c_resident() ? 0.0 : 2.0 * request.m() * request.n() / 1048576.0);
   std::printf("%5s %10s %9s %10s %9s %10s %10s %8s  %s\n", "run", "queue_ms", "h2d_ms", "kernel_ms",
               "d2h_ms", "server_ms", "client_ms", "TFLOP/s", "kernel@device");
 
