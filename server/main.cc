@@ -50,6 +50,11 @@ int main(int argc, char** argv) {
   app.add_option("--device_memory_fraction", backend_options.cuda.device_memory_fraction,
                  "share of each device's free memory the streams' buffers may use")
       ->envname("HGEMM_DEVICE_MEMORY_FRACTION")->check(CLI::Range(0.05, 0.98))->capture_default_str();
+  int64_t spin_us = 1000;
+  app.add_option("--spin_us", spin_us,
+                 "how long an idle worker polls for the next GEMM, and a kept-C GEMM polls for its "
+                 "kernel's end, before sleeping (lower latency for CPU; 0 = always sleep)")
+      ->envname("HGEMM_SPIN_US")->check(CLI::Range(int64_t{0}, int64_t{100000}))->capture_default_str();
   app.add_option("--upload_threads", server_options.upload_threads,
                  "threads copying streamed chunks to the device as they arrive")
       ->envname("HGEMM_UPLOAD_THREADS")->check(CLI::Range(1, 64))->capture_default_str();
@@ -102,6 +107,8 @@ int main(int argc, char** argv) {
 
   spdlog::set_level(spdlog::level::from_str(log_level));
   backend_options.cuda.devices = ParseDeviceList(devices);
+  backend_options.cuda.completion_spin = std::chrono::microseconds(spin_us);
+  server_options.service.scheduler.idle_spin = std::chrono::microseconds(spin_us);
   server_options.drain_deadline = std::chrono::seconds(drain_deadline_s);
   server_options.service.resident.default_ttl = std::chrono::seconds(resident_ttl_s);
   server_options.service.idle_timeout = std::chrono::seconds(stream_idle_timeout_s);
