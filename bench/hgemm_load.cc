@@ -11,6 +11,7 @@
 #include <mutex>
 #include <random>
 #include <regex>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -789,6 +790,11 @@ PointResult LoadGenerator::RunPoint(Target kind, const std::string& target, int 
     int code = 0;
     std::string e = PrepareRequests(kind, clients[0], &requests, &owned, &uploaded, &code);
     result.upload_s = Seconds(Clock::now() - upload_start);
+    std::set<std::string> replicas;
+    for (const std::string& handle : uploaded) {
+      if (std::string replica = GemmClient::ReplicaOf(handle); !replica.empty()) replicas.insert(replica);
+    }
+    result.upload_replicas.assign(replicas.begin(), replicas.end());
     if (!e.empty()) {
       ReleaseUploads(clients[0], uploaded);
       result.first_error = e;
@@ -988,8 +994,10 @@ std::string FormatTableRows(const PointResult& p, const PointResult* echo) {
         p.windows, p.stable ? "yes" : "no");
   }
   if (p.target == Target::kService && p.resident != Resident::kNone && p.upload_s > 0) {
-    out += fmt::format("  resident operands uploaded in {:.3f} s before the warm-up (not measured)\n",
-                       p.upload_s);
+    std::string where;
+    for (const std::string& replica : p.upload_replicas) where += (where.empty() ? "" : ", ") + replica;
+    out += fmt::format("  resident operands uploaded in {:.3f} s before the warm-up (not measured){}\n",
+                       p.upload_s, where.empty() ? "" : ", to replicas " + where);
   }
   if (!p.stable && !p.window_requests_per_s.empty()) {
     std::string windows;

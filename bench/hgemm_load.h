@@ -156,6 +156,8 @@ struct PointResult {
   std::map<int, int64_t> error_codes;  // gRPC code (-1: wrong C size) → count, whole point
   std::string first_error;
   double upload_s = 0;  // uploading the resident operands before the warm-up (not measured)
+  // The replicas holding them (distinct, sorted); none for a server without --advertise_address.
+  std::vector<std::string> upload_replicas;
   std::vector<PointStats> stats;  // [0]: all shapes; then one per shape if the mix has > 1
 };
 
