@@ -13,6 +13,7 @@
 // (CallOptions::replica). A call naming a handle of a replica that cannot be reached gets
 // UNAVAILABLE saying that the replica is gone or down and that its matrices must be uploaded
 // again. Handles naming no replica (a server without --advertise_address) go to the target.
+// Copies of a GemmClient share its channels (the target's and the replicas').
 #ifndef HGEMM_CLIENT_GEMM_CLIENT_H_
 #define HGEMM_CLIENT_GEMM_CLIENT_H_
 
