@@ -34,6 +34,18 @@ int main(int argc, char** argv) {
   CLI::App app{"hgemm-serve: fp16 GEMM over gRPC (hgemm.v1.GemmService)"};
   app.add_option("--listen", server_options.listen_address, "HOST:PORT to serve on")
       ->envname("HGEMM_LISTEN")->capture_default_str();
+  app.add_option("--advertise_address", server_options.service.resident.replica,
+                 "HOST:PORT clients reach this replica at (e.g. its pod's DNS name), for one of "
+                 "several replicas: handles name it, so clients send calls naming a handle here "
+                 "(empty: a single server)")
+      ->envname("HGEMM_ADVERTISE_ADDRESS")
+      ->check([](const std::string& address) -> std::string {
+        // Handles end with "@" + the address (proto/handle.h): it must be one plain token.
+        if (address.find_first_of("@ \t\n/,") != std::string::npos) {
+          return "a HOST:PORT without '@', '/', ',' or spaces";
+        }
+        return "";
+      });
   app.add_option("--metrics_listen", server_options.metrics_listen,
                  "HOST:PORT serving Prometheus metrics over HTTP at /metrics (empty: off)")
       ->envname("HGEMM_METRICS_LISTEN");
@@ -137,6 +149,9 @@ int main(int argc, char** argv) {
   const hgemm::Backend& b = server->backend();
   spdlog::info("hgemm-serve {} listening on {} (port {})", hgemm::kVersion,
                server_options.listen_address, server->port());
+  if (!server_options.service.resident.replica.empty()) {
+    spdlog::info("replica {}: resident-matrix handles name it", server_options.service.resident.replica);
+  }
   spdlog::info("backend {}: {} execution slots, largest GEMM {} bytes", b.Name(), b.NumSlots(),
                b.MaxJobBytes());
   for (const hgemm::DeviceDescription& d : b.Devices()) {

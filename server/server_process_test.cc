@@ -27,6 +27,7 @@
 #include <thread>
 
 #include "client/gemm_client.h"
+#include "server/child_process.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "grpc/reflection/v1alpha/reflection.grpc.pb.h"
 #include "kernels/host/cpu_gemm.h"
@@ -40,18 +41,8 @@ namespace reflection = grpc::reflection::v1alpha;
 namespace pb = google::protobuf;
 
 constexpr int kDrainDeadlineSeconds = 20;
+using subprocess::FreePort;
 
-int FreePort() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
-  socklen_t len = sizeof addr;
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  close(fd);
-  return ntohs(addr.sin_port);
-}
 
 class ServerProcessTest : public ::testing::Test {
  protected:
