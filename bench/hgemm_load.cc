@@ -561,8 +561,10 @@ LoadGenerator::LoadGenerator(LoadOptions options) : options_(std::move(options))
 
 LoadGenerator::~LoadGenerator() = default;
 
-std::shared_ptr<grpc::Channel> LoadGenerator::MakeChannel(const std::string& target) {
-  return Connect(target, {.private_subchannels = true});
+std::shared_ptr<grpc::Channel> LoadGenerator::MakeChannel(const std::string& target,
+                                                          ConnectOptions connect) {
+  connect.private_subchannels = true;
+  return Connect(target, connect);
 }
 
 std::unique_ptr<load_internal::Caller> LoadGenerator::MakeCaller(
@@ -653,7 +655,7 @@ VerifyResult LoadGenerator::Verify(const std::string& target, int per_shape) {
   const auto deadline = std::chrono::system_clock::now() +
                         std::chrono::milliseconds(int64_t(options_.call_timeout_s * 1000)) *
                             (per_shape * payloads_.size() + 1);
-  const std::shared_ptr<grpc::Channel> channel = MakeChannel(target);
+  const std::shared_ptr<grpc::Channel> channel = MakeChannel(target, options_.connect);
   std::vector<const v1::GemmRequest*> requests;
   std::vector<std::unique_ptr<v1::GemmRequest>> owned;
   std::vector<std::string> uploaded;
@@ -750,7 +752,7 @@ PointResult LoadGenerator::RunPoint(Target kind, const std::string& target, int 
   const int per_channel = o.workers_per_channel <= 0 ? concurrency : o.workers_per_channel;
   std::vector<std::shared_ptr<grpc::Channel>> channels;
   for (int i = 0; i < (concurrency + per_channel - 1) / per_channel; ++i) {
-    channels.push_back(MakeChannel(target));
+    channels.push_back(MakeChannel(target, kind == Target::kService ? o.connect : ConnectOptions{}));
   }
   std::vector<int> weights;
   for (const auto& p : payloads_) weights.push_back(p->shape.weight);
