@@ -1,6 +1,7 @@
 #include "client/connect_flags.h"
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <sstream>
@@ -20,12 +21,11 @@ void ConnectFlags::Add(CLI::App* app) {
   app->add_option("--tls_server_name", parsed_.tls_server_name,
                   "name the server's certificate must carry, if not the --server host");
   app->add_option("--token", parsed_.token,
-                  "bearer token sent as \"authorization: Bearer TOKEN\" (prefer --token_file: "
-                  "command lines are visible to other users)")
-      ->envname("HGEMM_TOKEN");
-  app->add_option("--token_file", token_file_, "file holding the bearer token (surrounding "
-                  "whitespace ignored); overrides --token")
-      ->envname("HGEMM_TOKEN_FILE");
+                  "bearer token sent as \"authorization: Bearer TOKEN\" (prefer --token_file or "
+                  "HGEMM_TOKEN: command lines are visible to other users)");
+  app->add_option("--token_file", token_file_,
+                  "file holding the bearer token (surrounding whitespace ignored); used when "
+                  "--token is not given");
 }
 
 std::string ConnectFlags::Apply(ConnectOptions* options) const {
@@ -41,7 +41,12 @@ std::string ConnectFlags::Apply(ConnectOptions* options) const {
       return std::string(flag) + " " + *path + ": cannot read: " + std::strerror(errno);
     }
   }
-  if (token_file_.empty()) return "";
+  // As the Python client: --token, else --token_file, else $HGEMM_TOKEN.
+  if (!options->token.empty()) return "";
+  if (token_file_.empty()) {
+    if (const char* env = std::getenv("HGEMM_TOKEN")) options->token = env;
+    return "";
+  }
   std::ifstream in(token_file_);
   std::ostringstream text;
   if (in) text << in.rdbuf();

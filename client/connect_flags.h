@@ -1,7 +1,7 @@
 // ConnectFlags: the command-line flags with which a client binary reaches the server over TLS,
 // mutual TLS and with a token (--tls, --tls_ca, --tls_cert, --tls_key, --tls_server_name,
-// --token / HGEMM_TOKEN, --token_file / HGEMM_TOKEN_FILE): defined once for hgemm_client and
-// hgemm_load, turned into the ConnectOptions that every channel is made with.
+// --token, --token_file, $HGEMM_TOKEN): defined once for hgemm_client and hgemm_load, turned
+// into the ConnectOptions that every channel is made with.
 // Thread safety: none; used while parsing the command line.
 #ifndef HGEMM_CLIENT_CONNECT_FLAGS_H_
 #define HGEMM_CLIENT_CONNECT_FLAGS_H_
@@ -19,8 +19,8 @@ class ConnectFlags {
   // Registers the flags on `app`, which must outlive this object's Apply().
   void Add(CLI::App* app);
 
-  // After parsing: fills *options' TLS settings and token (read from --token_file if given,
-  // else --token or HGEMM_TOKEN). "" on success, else the problem (an unreadable file, a
+  // After parsing: fills *options' TLS settings and token (--token, else the contents of
+  // --token_file, else $HGEMM_TOKEN, as the Python client). "" on success, else the problem (an unreadable file, a
   // certificate without its key).
   std::string Apply(ConnectOptions* options) const;
 

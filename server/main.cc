@@ -160,16 +160,16 @@ int main(int argc, char** argv) {
                  server->metrics_port());
   }
   const hgemm::Backend& b = server->backend();
-  spdlog::info("hgemm-serve {} listening on {} (port {}, {}{})", hgemm::kVersion,
-               server_options.listen_address, server->port(),
-               server_options.tls.cert_path.empty() ? "plaintext"
-               : server_options.tls.client_ca_path.empty()
-                   ? "TLS"
-                   : tls_client_auth == "require" ? "mutual TLS, client certificates required"
-                                                  : "mutual TLS, client certificates requested",
+  spdlog::info("hgemm-serve {} listening on {} (port {})", hgemm::kVersion,
+               server_options.listen_address, server->port());
+  spdlog::info("security: {}, {}",
+               server_options.tls.cert_path.empty()         ? "plaintext"
+               : server_options.tls.client_ca_path.empty()  ? "TLS"
+               : tls_client_auth == "require" ? "mutual TLS (client certificates required)"
+                                              : "mutual TLS (client certificates requested)",
                server_options.auth.tokens_file.empty() && !server_options.auth.principal_from_cert
-                   ? ", no authentication"
-                   : ", authentication required");
+                   ? "no authentication (callers named by x-client-id or address)"
+                   : "authentication required");
   if (server->health_port() != 0) {
     spdlog::info("health only (plaintext) on {} (port {})", server_options.health_listen,
                  server->health_port());

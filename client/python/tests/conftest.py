@@ -21,7 +21,10 @@ _PORT = re.compile(r"listening on \S+ \(port (\d+)\)")
 
 
 class Server:
-    def __init__(self, *flags):
+    """hgemm_server with `flags`; `client` are the hgemm.Client options that reach it (TLS,
+    token), used to wait until it serves."""
+
+    def __init__(self, *flags, client=None):
         binary = os.environ.get("HGEMM_SERVER_BIN") or str(REPO / "bazel-bin/server/hgemm_server")
         if not os.access(binary, os.X_OK):
             pytest.fail(f"no server binary at {binary}: run `bazel build //server:hgemm_server` "
@@ -43,7 +46,7 @@ class Server:
                 self.address = f"127.0.0.1:{m.group(1)}"
             else:
                 time.sleep(0.05)
-        with hgemm.Client(self.address) as c:  # serving: GetServerInfo answers
+        with hgemm.Client(self.address, **(client or {})) as c:  # serving: GetServerInfo answers
             c.info(timeout=30)
 
     def log_text(self) -> str:
