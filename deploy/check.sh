@@ -9,7 +9,7 @@
 #      validates every manifest, patch and rendered object against the Kubernetes schema
 #      (kubernetes-models, plus TypeScript for unknown fields) and the service's own rules
 #      (see the header of check.js).
-#   4. Self-test: copies of deploy/ broken in sixteen ways must each fail step 3 with the expected
+#   4. Self-test: copies of deploy/ broken in nineteen ways must each fail step 3 with the expected
 #      message, so that the checks cannot pass vacuously.
 #
 # Needs: yamllint (Debian package yamllint; installed here when missing and running as root),
@@ -96,6 +96,7 @@ bites() { # FILE SED-EXPRESSION EXPECTED-MESSAGE
 if [[ ${1:-} != --no-self-test ]]; then
   echo "== self-test"
   base=deploy/k8s/base
+  tls=deploy/k8s/components/tls-auth
   selftest=(
     "$base/deployment.yaml|s/terminationGracePeriodSeconds: 30/terminationGracePeriodSecond: 30/|terminationGracePeriodSecond\"' does not exist in type 'IPodSpec'"
     "$base/deployment.yaml|s/terminationGracePeriodSeconds: 30/terminationGracePeriodSeconds: 20/|terminationGracePeriodSeconds 20 < preStop 5 s + drain deadline 20 s"
@@ -113,6 +114,9 @@ if [[ ${1:-} != --no-self-test ]]; then
     "$base/server.env|/^HGEMM_RESIDENT_TTL_S=/d|HGEMM_RESIDENT_TTL_S is 0: resident matrices would never expire"
     "$base/server.env|s/^HGEMM_RESIDENT_TTL_S=3600/HGEMM_RESIDENT_TTL_S=-1/|HGEMM_RESIDENT_TTL_S=\"-1\" should be an integer in [0, 4294967295]"
     "deploy/docker/Dockerfile|s/HGEMM_RESIDENT_TTL_S=3600/HGEMM_RESIDENT_TTL_S=0/|must set ENV HGEMM_RESIDENT_TTL_S > 0"
+    "$tls/deployment-patch.yaml|/startupProbe/,/port:/s/port: 50052/port: 50051/|startupProbe.grpc.port 50051 is not the server's health-only port 50052"
+    "$tls/server.env|/^HGEMM_HEALTH_LISTEN=/d|HGEMM_TLS_CERT without HGEMM_HEALTH_LISTEN"
+    "$tls/deployment-patch.yaml|s#mountPath: /etc/hgemm/auth#mountPath: /etc/hgemm/tokens#|HGEMM_AUTH_TOKENS_FILE /etc/hgemm/auth/tokens is under no volumeMount"
   )
   for t in "${selftest[@]}"; do
     IFS='|' read -r file expr expect <<<"$t"
