@@ -98,9 +98,10 @@ bool ServerTls::StagedFile::Write(std::string_view contents, std::string* error)
     return true;
   }
   // The path's file is swapped whole: a reader sees the old version or the new one.
-  dup2(fd, fd_);
+  const bool swapped = dup2(fd, fd_) >= 0;
+  if (!swapped) *error = std::string("staging a TLS file: dup2: ") + std::strerror(errno);
   close(fd);
-  return true;
+  return swapped;
 }
 
 std::string ServerTls::StagedFile::path() const { return fmt::format("/proc/self/fd/{}", fd_); }
