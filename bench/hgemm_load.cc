@@ -576,19 +576,15 @@ LoadGenerator::LoadGenerator(LoadOptions options) : options_(std::move(options))
 
 LoadGenerator::~LoadGenerator() = default;
 
-namespace {
-
-// Every channel of a run, to the target and to each replica.
-ConnectOptions LoadConnectOptions() { return {.private_subchannels = true}; }
-
-}  // namespace
-
-std::shared_ptr<grpc::Channel> LoadGenerator::MakeChannel(const std::string& target) {
-  return Connect(target, LoadConnectOptions());
+std::shared_ptr<grpc::Channel> LoadGenerator::MakeChannel(const std::string& target,
+                                                          ConnectOptions connect) {
+  connect.private_subchannels = true;
+  return Connect(target, connect);
 }
 
-GemmClient LoadGenerator::MakeClient(const std::string& target) {
-  return GemmClient(MakeChannel(target), LoadConnectOptions());
+GemmClient LoadGenerator::MakeClient(const std::string& target, ConnectOptions connect) {
+  connect.private_subchannels = true;
+  return GemmClient(Connect(target, connect), connect);
 }
 
 std::unique_ptr<load_internal::Caller> LoadGenerator::MakeCaller(
@@ -680,7 +676,7 @@ VerifyResult LoadGenerator::Verify(const std::string& target, int per_shape) {
   const auto deadline = std::chrono::system_clock::now() +
                         std::chrono::milliseconds(int64_t(options_.call_timeout_s * 1000)) *
                             (per_shape * payloads_.size() + 1);
-  const GemmClient client = MakeClient(target);
+  const GemmClient client = MakeClient(target, options_.connect);
   std::vector<const v1::GemmRequest*> requests;
   std::vector<std::unique_ptr<v1::GemmRequest>> owned;
   std::vector<std::string> uploaded;
@@ -776,7 +772,7 @@ PointResult LoadGenerator::RunPoint(Target kind, const std::string& target, int 
   const int per_channel = o.workers_per_channel <= 0 ? concurrency : o.workers_per_channel;
   std::vector<GemmClient> clients;  // one channel to the target each, and their replicas'
   for (int i = 0; i < (concurrency + per_channel - 1) / per_channel; ++i) {
-    clients.push_back(MakeClient(target));
+    clients.push_back(MakeClient(target, kind == Target::kService ? o.connect : ConnectOptions{}));
   }
   std::vector<int> weights;
   for (const auto& p : payloads_) weights.push_back(p->shape.weight);

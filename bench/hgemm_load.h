@@ -38,6 +38,7 @@
 #include <vector>
 
 #include "bench/echo.grpc.pb.h"
+#include "client/gemm_client.h"
 #include "proto/hgemm.grpc.pb.h"
 
 namespace hgemm {
@@ -116,8 +117,11 @@ struct LoadOptions {
   // Resident operands (service target; the echo baseline then carries only the bytes the
   // service calls send and receive).
   Resident resident = Resident::kNone;
-  // "x-client-id" of every service call (owner of the uploaded matrices); "" → "hgemm_load-<pid>".
+  // "x-client-id" of every service call (owner of the uploaded matrices when the server has no
+  // authentication); "" → "hgemm_load-<pid>".
   std::string client_id;
+  // TLS and token of the service's channels (the echo baseline is always plaintext).
+  ConnectOptions connect;
 };
 
 // Means of the server-reported timing of successful calls, in milliseconds.
@@ -179,9 +183,10 @@ class LoadGenerator {
 
   const LoadOptions& options() const { return options_; }
 
-  // A channel to `target` with hgemm::Connect's settings (no message size limits) and its own
-  // TCP connection (a local subchannel pool), for both targets alike.
-  static std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target);
+  // A channel to `target` made by hgemm::Connect with `connect` (TLS, token) and its own TCP
+  // connection (a local subchannel pool), for both targets alike.
+  static std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target,
+                                                    ConnectOptions connect = {});
 
   // Sends `per_shape` GEMMs of each shape to the service at `target` in options().mode and
   // compares C with ReferenceGemm: all of C when m·n·k ≤ 2^27, else 16 random rows. The
@@ -213,7 +218,7 @@ class LoadGenerator {
                               std::vector<std::string>* uploaded, int* code) const;
   void ReleaseUploads(const GemmClient& client, const std::vector<std::string>& handles) const;
   // A client over MakeChannel(target).
-  static GemmClient MakeClient(const std::string& target);
+  static GemmClient MakeClient(const std::string& target, ConnectOptions connect = {});
 
   LoadOptions options_;  // client_id filled in
   std::vector<std::unique_ptr<Payload>> payloads_;  // one per shape

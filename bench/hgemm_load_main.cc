@@ -17,6 +17,7 @@
 
 #include "bench/echo_service.h"
 #include "bench/hgemm_load.h"
+#include "client/connect_flags.h"
 
 namespace {
 
@@ -95,7 +96,10 @@ int main(int argc, char** argv) {
   app.add_option("--wait_for_server_s", wait_for_server_s, "how long to wait for the server to answer")
       ->capture_default_str();
   app.add_option("--seed", o.seed, "seed of the random operands")->capture_default_str();
+  hgemm::ConnectFlags connect_flags;
+  connect_flags.Add(&app);
   CLI11_PARSE(app, argc, argv);
+  if (std::string e = connect_flags.Apply(&o.connect); !e.empty()) return Fail(e);
 
   if (std::string e = hgemm::bench::ParseShapes(shapes, &o.shapes); !e.empty()) return Fail("--shapes: " + e);
   std::vector<int> levels;
@@ -118,7 +122,7 @@ int main(int argc, char** argv) {
   // Where the service runs (and its reply chunk size, which the echo stream copies).
   hgemm::v1::ServerInfo info;
   {
-    auto stub = hgemm::v1::GemmService::NewStub(LoadGenerator::MakeChannel(server));
+    auto stub = hgemm::v1::GemmService::NewStub(LoadGenerator::MakeChannel(server, o.connect));
     grpc::ClientContext context;
     context.set_wait_for_ready(true);
     context.set_deadline(std::chrono::system_clock::now() +

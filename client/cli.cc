@@ -150,7 +150,14 @@ std::string ParseHandleList(const std::string& text, std::vector<std::string>* h
 }
 
 std::string FormatMatrixList(const v1::ListMatricesResponse& list) {
-  std::string out = fmt::format("{:<34} {:>13} {:>12} {:>6} {:>9} {:>9} {:>10}  {}\n", "handle",
+  // An administrator's list names each matrix's owner: first column then.
+  const bool owners = std::any_of(list.matrices().begin(), list.matrices().end(),
+                                  [](const v1::MatrixInfo& m) { return !m.owner().empty(); });
+  auto owner = [owners](const std::string& name) {
+    return owners ? fmt::format("{:<16} ", name) : std::string();
+  };
+  std::string out = owner("owner") +
+                    fmt::format("{:<34} {:>13} {:>12} {:>6} {:>9} {:>9} {:>10}  {}\n", "handle",
                                 "shape", "bytes", "device", "age_s", "idle_s", "expires_s",
                                 "label");
   for (const v1::MatrixInfo& m : list.matrices()) {
@@ -158,7 +165,8 @@ std::string FormatMatrixList(const v1::ListMatricesResponse& list) {
     const std::string expires =
         m.ttl_seconds() > 0 ? fmt::format("{:.1f}", std::max(0.0, m.ttl_seconds() - m.idle_seconds()))
                             : std::string("never");
-    out += fmt::format("{:<34} {:>13} {:>12} {:>6} {:>9.1f} {:>9.1f} {:>10}  {}\n", m.handle(),
+    out += owner(m.owner()) +
+           fmt::format("{:<34} {:>13} {:>12} {:>6} {:>9.1f} {:>9.1f} {:>10}  {}\n", m.handle(),
                        fmt::format("{}x{}", m.rows(), m.cols()), m.bytes(), m.device_id(),
                        m.age_seconds(), m.idle_seconds(), expires, m.label());
   }

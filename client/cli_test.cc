@@ -185,6 +185,14 @@ TEST(Cli, FormatMatrixListShowsShapeBytesAndExpiry) {
   EXPECT_TRUE(Contains(lines[2], "h2") && Contains(lines[2], "never")) << lines[2];
   EXPECT_TRUE(Contains(lines[3], "2 matrices, 4100 bytes of this client's quota of 1048576"))
       << lines[3];
+  EXPECT_FALSE(Contains(lines[0], "owner"));
+
+  // An administrator's list: every matrix with its owner.
+  list.mutable_matrices(0)->set_owner("alice");
+  list.mutable_matrices(1)->set_owner("bob");
+  const std::string admin = FormatMatrixList(list);
+  EXPECT_EQ(admin.rfind("owner", 0), 0u) << admin;
+  EXPECT_TRUE(Contains(admin, "\nalice ") && Contains(admin, "\nbob ")) << admin;
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -2,9 +2,16 @@
 
 #include <fmt/format.h>
 
+#include <grpcpp/support/client_interceptor.h>
+
 #include <algorithm>
 #include <map>
 #include <mutex>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <stdexcept>
 #include <thread>
 
 #include "proto/handle.h"
@@ -41,6 +48,46 @@ grpc::Status ExplainUnreachable(grpc::Status status, const std::string& replica,
                   "held went with it; upload them again",
                   replica, status.error_message()));
 }
+
+// "" for an empty path, else the file's contents.
+std::string ReadPem(const char* option, const std::string& path) {
+  if (path.empty()) return "";
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream pem;
+  if (in) pem << in.rdbuf();
+  if (!in || in.bad()) {
+    throw std::runtime_error(fmt::format("{} {}: cannot read: {}", option, path, std::strerror(errno)));
+  }
+  return std::move(pem).str();
+}
+
+// Adds the authorization metadata to every call of the channel.
+class BearerToken final : public grpc::experimental::Interceptor {
+ public:
+  explicit BearerToken(const std::string& value) : value_(value) {}
+  void Intercept(grpc::experimental::InterceptorBatchMethods* methods) override {
+    if (methods->QueryInterceptionHookPoint(
+            grpc::experimental::InterceptionHookPoints::PRE_SEND_INITIAL_METADATA)) {
+      methods->GetSendInitialMetadata()->emplace("authorization", value_);
+    }
+    methods->Proceed();
+  }
+
+ private:
+  const std::string& value_;  // the factory's, which the channel keeps
+};
+
+class BearerTokenFactory final : public grpc::experimental::ClientInterceptorFactoryInterface {
+ public:
+  explicit BearerTokenFactory(std::string value) : value_(std::move(value)) {}
+  grpc::experimental::Interceptor* CreateClientInterceptor(
+      grpc::experimental::ClientRpcInfo*) override {
+    return new BearerToken(value_);
+  }
+
+ private:
+  const std::string value_;
+};
 
 }  // namespace
 
@@ -91,7 +138,26 @@ std::shared_ptr<grpc::Channel> Connect(const std::string& target, const ConnectO
   if (options.private_subchannels) args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
   // Calls spread over every address of the target (the replicas), not the first alone.
   args.SetLoadBalancingPolicyName("round_robin");
-  return grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
+  std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
+  if (options.UsesTls()) {
+    if (options.tls_cert.empty() != options.tls_key.empty()) {
+      throw std::runtime_error("tls_cert and tls_key go together (the client's certificate and key)");
+    }
+    grpc::SslCredentialsOptions ssl;
+    ssl.pem_root_certs = ReadPem("tls_ca", options.tls_ca);
+    ssl.pem_cert_chain = ReadPem("tls_cert", options.tls_cert);
+    ssl.pem_private_key = ReadPem("tls_key", options.tls_key);
+    credentials = grpc::SslCredentials(ssl);
+    if (!options.tls_server_name.empty()) {
+      args.SetSslTargetNameOverride(options.tls_server_name);
+    }
+  }
+  std::vector<std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>> interceptors;
+  if (!options.token.empty()) {
+    interceptors.push_back(std::make_unique<BearerTokenFactory>("Bearer " + options.token));
+  }
+  return grpc::experimental::CreateCustomChannelWithInterceptors(target, credentials, args,
+                                                                 std::move(interceptors));
 }
 
 GemmClient::GemmClient(const std::string& target, const ConnectOptions& options)

@@ -35,10 +35,28 @@ struct ConnectOptions {
   // A subchannel pool of the channel's own instead of the process-wide one: channels made with
   // it open their own connections (the load generator spreads calls over several).
   bool private_subchannels = false;
+  // TLS: on when `tls` is set or any of the paths below is. tls_ca is the PEM bundle the
+  // server's certificate is checked against ("": the system's roots); tls_cert and tls_key
+  // (PEM, both or neither) are the client's certificate for mutual TLS.
+  bool tls = false;
+  std::string tls_ca;
+  std::string tls_cert;
+  std::string tls_key;
+  // The name the server's certificate must carry, if not the target's host (e.g. connecting by
+  // IP address to a certificate issued for a DNS name).
+  std::string tls_server_name;
+  // Sent as "authorization: Bearer TOKEN" on every call ("": none). It is added by a client
+  // interceptor rather than call credentials, which gRPC sends only over TLS: the token then
+  // goes over plaintext channels too, which is meant for loopback tests only.
+  std::string token;
+
+  bool UsesTls() const { return tls || !tls_ca.empty() || !tls_cert.empty() || !tls_key.empty(); }
 };
 
 // A channel to `target` (e.g. "127.0.0.1:50051", "dns:///svc:50051") with no limit on the
 // size of received messages (C of a large unary GEMM exceeds gRPC's 4 MiB default).
+// Throws std::runtime_error naming the file if a TLS file can't be read, or if only one of
+// tls_cert and tls_key is set.
 std::shared_ptr<grpc::Channel> Connect(const std::string& target,
                                        const ConnectOptions& options = {});
 

@@ -21,6 +21,7 @@
 #include <random>
 
 #include "client/cli.h"
+#include "client/connect_flags.h"
 #include "client/gemm_client.h"
 #include "client/npy.h"
 #include "kernels/host/cpu_gemm.h"
@@ -146,7 +147,9 @@ int Main(int argc, char** argv) {
                  "none; b: upload B once, send only A per call; all: upload A and B once and keep "
                  "C on the server (fetched once at the end for --check/--out)")
       ->check(CLI::IsMember({"none", "b", "all"}))->capture_default_str();
-  app.add_option("--client_id", client_id, "x-client-id for resident matrices (default: peer address)");
+  app.add_option("--client_id", client_id,
+                 "x-client-id for resident matrices when the server has no authentication "
+                 "(default: peer address)");
   app.add_option("--request_id", request_id,
                  "request id sent with each GEMM (echoed back, in the server's logs); with "
                  "--repeat, run N sends ID-N");
@@ -162,7 +165,11 @@ int Main(int argc, char** argv) {
                "the call reaches: give one replica's address as --server to list its own");
   app.add_option("--release", release,
                  "release these resident matrices (comma-separated handles, as --list shows)");
+  hgemm::ConnectFlags connect_flags;
+  connect_flags.Add(&app);
   CLI11_PARSE(app, argc, argv);
+  hgemm::ConnectOptions connect;
+  if (std::string e = connect_flags.Apply(&connect); !e.empty()) return Fail(e);
 
   // Everything that can be checked locally, before any call.
   hgemm::cli::GemmDims dims{.m = 256, .n = 256, .k = 256};
@@ -200,7 +207,6 @@ int Main(int argc, char** argv) {
   call.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
   call.client_id = client_id;
 
-  const hgemm::ConnectOptions connect;
   hgemm::GemmClient client(server, connect);
   if (info) {
     hgemm::v1::ServerInfo server_info;

@@ -96,6 +96,7 @@ bites() { # FILE SED-EXPRESSION EXPECTED-MESSAGE
 if [[ ${1:-} != --no-self-test ]]; then
   echo "== self-test"
   base=deploy/k8s/base
+  tls=deploy/k8s/components/tls-auth
   selftest=(
     "$base/deployment.yaml|s/terminationGracePeriodSeconds: 30/terminationGracePeriodSecond: 30/|terminationGracePeriodSecond\"' does not exist in type 'IPodSpec'"
     "$base/deployment.yaml|s/terminationGracePeriodSeconds: 30/terminationGracePeriodSeconds: 20/|terminationGracePeriodSeconds 20 < preStop 5 s + drain deadline 20 s"
@@ -116,6 +117,9 @@ if [[ ${1:-} != --no-self-test ]]; then
     "deploy/k8s/overlays/statefulset/statefulset-patch.yaml|s/(POD_NAME).hgemm-headless/(POD_NAME).hgemm/|is not \$(POD_NAME).hgemm-headless.\$(POD_NAMESPACE).svc.cluster.local:50051"
     "deploy/k8s/components/statefulset/statefulset.yaml|s/podManagementPolicy: OrderedReady/podManagementPolicy: Parallel/|podManagementPolicy must be OrderedReady"
     "deploy/k8s/components/statefulset/statefulset.yaml|s/serviceName: hgemm-headless/serviceName: hgemm/|serviceName hgemm is not a rendered headless Service"
+    "$tls/deployment-patch.yaml|/startupProbe/,/port:/s/port: 50052/port: 50051/|startupProbe.grpc.port 50051 is not the server's health-only port 50052"
+    "$tls/server.env|/^HGEMM_HEALTH_LISTEN=/d|HGEMM_TLS_CERT without HGEMM_HEALTH_LISTEN"
+    "$tls/deployment-patch.yaml|s#mountPath: /etc/hgemm/auth#mountPath: /etc/hgemm/tokens#|HGEMM_AUTH_TOKENS_FILE /etc/hgemm/auth/tokens is under no volumeMount"
   )
   for t in "${selftest[@]}"; do
     IFS='|' read -r file expr expect <<<"$t"

@@ -51,24 +51,16 @@ void ToProto(const GemmShape& shape, const GemmReport& report, v1::Timing* timin
   execution->set_stream_id(report.stream_id);
 }
 
-std::string ClientIdentity(const grpc::CallbackServerContext* context) {
-  const auto& metadata = context->client_metadata();
-  if (auto it = metadata.find("x-client-id"); it != metadata.end()) {
-    return "id:" + std::string(it->second.data(), it->second.size());
-  }
-  std::string peer = context->peer();  // e.g. "ipv4:10.0.0.7:53172"
-  return peer.substr(0, peer.rfind(':'));
-}
-
 GemmServiceImpl::GemmServiceImpl(Scheduler* scheduler, Backend* backend, MatrixStore* store,
                                  UploadQueue* uploads, ServiceOptions options,
-                                 ServiceMetrics* metrics)
+                                 ServiceMetrics* metrics, const Authenticator* authenticator)
     : scheduler_(scheduler),
       backend_(backend),
       store_(store),
       uploads_(uploads),
       options_(std::move(options)),
       metrics_(metrics),
+      authenticator_(authenticator != nullptr ? authenticator : &no_authentication_),
       janitor_([this] { ExpireIdleCalls(); }) {}
 
 GemmServiceImpl::~GemmServiceImpl() {
@@ -82,7 +74,8 @@ GemmServiceImpl::~GemmServiceImpl() {
 
 void GemmServiceImpl::Answered(Rpc rpc, const grpc::Status& s,
                                const grpc::CallbackServerContext* context,
-                               std::string_view request_id, std::optional<uint64_t> gemm_id) const {
+                               std::string_view caller, std::string_view request_id,
+                               std::optional<uint64_t> gemm_id) const {
   if (metrics_ != nullptr) metrics_->CountCall(rpc, s.error_code());
   if (s.ok()) return;
   // Stream messages mostly name the GEMM already ("gemm_id 3: ..."): said once.
@@ -90,18 +83,42 @@ void GemmServiceImpl::Answered(Rpc rpc, const grpc::Status& s,
   if (gemm_id && s.error_message().rfind(fmt::format("gemm_id {}:", *gemm_id), 0) != 0) {
     gemm = fmt::format(" gemm_id {}", *gemm_id);
   }
-  spdlog::info("{}{} {}: {} (request_id {}, peer {})", RpcName(rpc), gemm,
+  spdlog::info("{}{} {}: {} (request_id {}, caller {}, peer {})", RpcName(rpc), gemm,
                status::CodeName(s.error_code()), s.error_message(), status::Quote(request_id),
-               context->peer());
+               status::Quote(caller), context->peer());
 }
 
-void GemmServiceImpl::StreamEnded(const grpc::Status& s,
-                                  const grpc::CallbackServerContext* context) const {
+void GemmServiceImpl::StreamEnded(const grpc::Status& s, const grpc::CallbackServerContext* context,
+                                  std::string_view caller) const {
   if (metrics_ != nullptr) metrics_->CountStreamCall(s.error_code());
   if (s.ok()) return;
-  spdlog::info("GemmStream call {}: {} (peer {})", status::CodeName(s.error_code()),
-               s.error_message(), context->peer());
+  spdlog::info("GemmStream call {}: {} (caller {}, peer {})", status::CodeName(s.error_code()),
+               s.error_message(), status::Quote(caller), context->peer());
 }
+
+grpc::Status GemmServiceImpl::Identify(Rpc rpc, const grpc::CallbackServerContext* context,
+                                       Principal* caller) const {
+  grpc::Status s = authenticator_->Identify(*context, caller);
+  if (s.ok()) return s;
+  if (rpc == Rpc::kGemmStream) {
+    StreamEnded(s, context, "");
+  } else {
+    Answered(rpc, s, context, "");
+  }
+  return s;
+}
+
+namespace {
+
+// A call refused before it started (its caller is not authenticated): finished at once.
+template <typename Reactor>
+class RefusedCall final : public Reactor {
+ public:
+  explicit RefusedCall(const grpc::Status& s) { this->Finish(s); }
+  void OnDone() override { delete this; }
+};
+
+}  // namespace
 
 void GemmServiceImpl::Drain() {
   std::lock_guard<std::mutex> lock(calls_mu_);
@@ -219,21 +236,26 @@ grpc::ServerUnaryReactor* GemmServiceImpl::Gemm(grpc::CallbackServerContext* con
   if (metrics_ != nullptr) {
     metrics_->AddReceivedBytes(Rpc::kGemm, int64_t(request->a().size() + request->b().size()));
   }
+  Principal caller;
+  if (grpc::Status s = Identify(Rpc::kGemm, context, &caller); !s.ok()) {
+    reactor->Finish(s);
+    return reactor;
+  }
   grpc::Status s;
   try {
-    s = AdmitGemm(context, *request, response, reactor);
+    s = AdmitGemm(context, caller.name, *request, response, reactor);
   } catch (...) {  // before the scheduler took the job: nobody else will answer the call
     s = status::FromCurrentException("Gemm");
   }
   if (!s.ok()) {
-    Answered(Rpc::kGemm, s, context, request->options().request_id());
+    Answered(Rpc::kGemm, s, context, caller.name, request->options().request_id());
     reactor->Finish(s);
   }
   return reactor;
 }
 
 grpc::Status GemmServiceImpl::AdmitGemm(grpc::CallbackServerContext* context,
-                                        const v1::GemmRequest& request,
+                                        const std::string& owner, const v1::GemmRequest& request,
                                         v1::GemmResponse* response,
                                         grpc::ServerUnaryReactor* reactor) {
   GemmJob job;
@@ -241,7 +263,7 @@ grpc::Status GemmServiceImpl::AdmitGemm(grpc::CallbackServerContext* context,
   // Before C's buffer is made: the size limits say whether it may be.
   if (grpc::Status s = scheduler_->CheckSize(job.shape); !s.ok()) return s;
   auto c_quota = std::make_shared<QuotaReservation>();  // shared: GemmDone must be copyable
-  if (grpc::Status s = ResolveResident(ClientIdentity(context), request.a_handle(),
+  if (grpc::Status s = ResolveResident(owner, request.a_handle(),
                                        request.b_handle(), request.keep_c_resident(), &job,
                                        c_quota.get());
       !s.ok()) {
@@ -261,7 +283,7 @@ grpc::Status GemmServiceImpl::AdmitGemm(grpc::CallbackServerContext* context,
   job.is_cancelled = [context] { return context->IsCancelled(); };
   const uint32_t c_ttl = request.c_ttl_seconds();
   return scheduler_->Enqueue(
-      std::move(job), [this, context, reactor, response, shape, c_quota, c_ttl](
+      std::move(job), [this, context, owner, reactor, response, shape, c_quota, c_ttl](
                           const grpc::Status& status, const GemmReport& report) {
         grpc::Status answer = status;
         try {
@@ -279,7 +301,7 @@ grpc::Status GemmServiceImpl::AdmitGemm(grpc::CallbackServerContext* context,
           metrics_->ObserveGemm(report, report.Tflops(shape));
           metrics_->AddSentBytes(Rpc::kGemm, int64_t(response->c().size()));
         }
-        Answered(Rpc::kGemm, answer, context, response->request_id());
+        Answered(Rpc::kGemm, answer, context, owner, response->request_id());
         reactor->Finish(answer);
       });
 }
@@ -321,10 +343,11 @@ class GemmStreamReactor final
     : public grpc::ServerBidiReactor<v1::GemmStreamRequest, v1::GemmStreamResponse>,
       public GemmServiceImpl::TrackedCall {
  public:
-  GemmStreamReactor(GemmServiceImpl& service, grpc::CallbackServerContext* context)
+  GemmStreamReactor(GemmServiceImpl& service, grpc::CallbackServerContext* context,
+                    std::string owner)
       : service_(service),
         context_(context),
-        owner_(ClientIdentity(context)),
+        owner_(std::move(owner)),
         assembler_(service.options_.rules, service.options_.max_stream_pending_bytes) {
     StartRead(&request_);
     service_.Track(this);  // after StartRead: a drain may finish the call at once
@@ -611,7 +634,8 @@ class GemmStreamReactor final
     done->set_status_code(out.status.error_code());
     done->set_status_message(out.status.error_message());
     done->set_request_id(gemm.job.request_id);
-    service_.Answered(Rpc::kGemmStream, out.status, context_, gemm.job.request_id, gemm.gemm_id);
+    service_.Answered(Rpc::kGemmStream, out.status, context_, owner_, gemm.job.request_id,
+                      gemm.gemm_id);
     if (out.status.ok()) {
       if (service_.metrics_ != nullptr) {
         service_.metrics_->ObserveGemm(out.report, out.report.Tflops(gemm.job.shape));
@@ -642,7 +666,7 @@ class GemmStreamReactor final
     } else if (!reads_done_) {
       s = status::ShuttingDown();
     }
-    service_.StreamEnded(s, context_);
+    service_.StreamEnded(s, context_, owner_);
     Finish(s);
   }
 
@@ -670,12 +694,22 @@ class GemmStreamReactor final
 
 grpc::ServerBidiReactor<v1::GemmStreamRequest, v1::GemmStreamResponse>*
 GemmServiceImpl::GemmStream(grpc::CallbackServerContext* context) {
-  return new GemmStreamReactor(*this, context);
+  Principal caller;
+  if (grpc::Status s = Identify(Rpc::kGemmStream, context, &caller); !s.ok()) {
+    return new RefusedCall<grpc::ServerBidiReactor<v1::GemmStreamRequest, v1::GemmStreamResponse>>(s);
+  }
+  return new GemmStreamReactor(*this, context, std::move(caller.name));
 }
 
 grpc::ServerUnaryReactor* GemmServiceImpl::ListKernels(grpc::CallbackServerContext* context,
                                                        const v1::ListKernelsRequest*,
                                                        v1::ListKernelsResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  Principal caller;
+  if (grpc::Status s = Identify(Rpc::kListKernels, context, &caller); !s.ok()) {
+    reactor->Finish(s);
+    return reactor;
+  }
   v1::KernelInfo* auto_kernel = response->add_kernels();
   auto_kernel->set_name("auto");
   auto_kernel->set_description("the server picks a kernel per shape (by measurement on CUDA)");
@@ -692,8 +726,7 @@ grpc::ServerUnaryReactor* GemmServiceImpl::ListKernels(grpc::CallbackServerConte
   if (AutoSupports(options_.rules, Accumulation::kFp32)) {
     auto_kernel->add_accumulations(v1::ACCUMULATION_FP32);
   }
-  Answered(Rpc::kListKernels, grpc::Status::OK, context);
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  Answered(Rpc::kListKernels, grpc::Status::OK, context, caller.name);
   reactor->Finish(grpc::Status::OK);
   return reactor;
 }
@@ -701,6 +734,12 @@ grpc::ServerUnaryReactor* GemmServiceImpl::ListKernels(grpc::CallbackServerConte
 grpc::ServerUnaryReactor* GemmServiceImpl::GetServerInfo(grpc::CallbackServerContext* context,
                                                          const v1::GetServerInfoRequest*,
                                                          v1::ServerInfo* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  Principal caller;
+  if (grpc::Status s = Identify(Rpc::kGetServerInfo, context, &caller); !s.ok()) {
+    reactor->Finish(s);
+    return reactor;
+  }
   response->set_version(kVersion);
   response->set_backend(backend_->Name());
   for (const DeviceDescription& d : backend_->Devices()) {
@@ -728,8 +767,7 @@ grpc::ServerUnaryReactor* GemmServiceImpl::GetServerInfo(grpc::CallbackServerCon
   load->set_admitted_total(stats.admitted_total);
   load->set_completed_total(stats.completed_total);
   response->set_replica(options_.resident.replica);
-  Answered(Rpc::kGetServerInfo, grpc::Status::OK, context);
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  Answered(Rpc::kGetServerInfo, grpc::Status::OK, context, caller.name);
   reactor->Finish(grpc::Status::OK);
   return reactor;
 }
@@ -741,10 +779,10 @@ class UploadMatrixReactor final : public grpc::ServerReadReactor<v1::UploadMatri
                                   public GemmServiceImpl::TrackedCall {
  public:
   UploadMatrixReactor(GemmServiceImpl& service, grpc::CallbackServerContext* context,
-                      v1::MatrixInfo* response)
+                      std::string owner, v1::MatrixInfo* response)
       : service_(service),
         context_(context),
-        owner_(ClientIdentity(context)),
+        owner_(std::move(owner)),
         response_(response) {
     StartRead(&request_);
     service_.Track(this);
@@ -890,7 +928,7 @@ class UploadMatrixReactor final : public grpc::ServerReadReactor<v1::UploadMatri
       quota_ = QuotaReservation();
       buffer_.reset();
     }
-    service_.Answered(Rpc::kUploadMatrix, s, context_);
+    service_.Answered(Rpc::kUploadMatrix, s, context_, owner_);
     Finish(s);
   }
 
@@ -918,17 +956,26 @@ class UploadMatrixReactor final : public grpc::ServerReadReactor<v1::UploadMatri
 
 grpc::ServerReadReactor<v1::UploadMatrixRequest>* GemmServiceImpl::UploadMatrix(
     grpc::CallbackServerContext* context, v1::MatrixInfo* response) {
-  return new UploadMatrixReactor(*this, context, response);
+  Principal caller;
+  if (grpc::Status s = Identify(Rpc::kUploadMatrix, context, &caller); !s.ok()) {
+    return new RefusedCall<grpc::ServerReadReactor<v1::UploadMatrixRequest>>(s);
+  }
+  return new UploadMatrixReactor(*this, context, std::move(caller.name), response);
 }
 
 grpc::ServerUnaryReactor* GemmServiceImpl::ReleaseMatrix(grpc::CallbackServerContext* context,
                                                          const v1::ReleaseMatrixRequest* request,
                                                          v1::ReleaseMatrixResponse* response) {
-  int64_t freed = 0;
-  grpc::Status s = store_->Release(ClientIdentity(context), request->handle(), &freed);
-  response->set_freed_bytes(freed);
-  Answered(Rpc::kReleaseMatrix, s, context);
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  Principal caller;
+  if (grpc::Status s = Identify(Rpc::kReleaseMatrix, context, &caller); !s.ok()) {
+    reactor->Finish(s);
+    return reactor;
+  }
+  int64_t freed = 0;
+  grpc::Status s = store_->Release(caller.name, request->handle(), &freed, caller.admin);
+  response->set_freed_bytes(freed);
+  Answered(Rpc::kReleaseMatrix, s, context, caller.name);
   reactor->Finish(s);
   return reactor;
 }
@@ -936,12 +983,21 @@ grpc::ServerUnaryReactor* GemmServiceImpl::ReleaseMatrix(grpc::CallbackServerCon
 grpc::ServerUnaryReactor* GemmServiceImpl::ListMatrices(grpc::CallbackServerContext* context,
                                                         const v1::ListMatricesRequest*,
                                                         v1::ListMatricesResponse* response) {
-  const std::string owner = ClientIdentity(context);
-  for (const ResidentMatrix& m : store_->List(owner)) Describe(m, response->add_matrices());
-  response->set_client_bytes(store_->ClientBytes(owner));
-  response->set_quota_bytes(options_.resident.quota_bytes_per_client);
-  Answered(Rpc::kListMatrices, grpc::Status::OK, context);
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  Principal caller;
+  if (grpc::Status s = Identify(Rpc::kListMatrices, context, &caller); !s.ok()) {
+    reactor->Finish(s);
+    return reactor;
+  }
+  // An administrator sees every principal's matrices, each with its owner.
+  for (const ResidentMatrix& m : caller.admin ? store_->ListAll() : store_->List(caller.name)) {
+    v1::MatrixInfo* info = response->add_matrices();
+    Describe(m, info);
+    if (caller.admin) info->set_owner(m.owner);
+  }
+  response->set_client_bytes(store_->ClientBytes(caller.name));
+  response->set_quota_bytes(options_.resident.quota_bytes_per_client);
+  Answered(Rpc::kListMatrices, grpc::Status::OK, context, caller.name);
   reactor->Finish(grpc::Status::OK);
   return reactor;
 }
@@ -950,13 +1006,14 @@ grpc::ServerUnaryReactor* GemmServiceImpl::ListMatrices(grpc::CallbackServerCont
 class DownloadMatrixReactor final : public grpc::ServerWriteReactor<v1::ResultChunk> {
  public:
   DownloadMatrixReactor(const GemmServiceImpl& service, grpc::CallbackServerContext* context,
-                        const v1::DownloadMatrixRequest& request)
+                        std::string owner, const v1::DownloadMatrixRequest& request)
       : service_(service),
         context_(context),
+        owner_(std::move(owner)),
         chunk_bytes_(service.options_.stream_chunk_bytes),
         buffers_(service.result_buffers_) {
     ResidentMatrix m;
-    grpc::Status s = service.store_->Lookup(ClientIdentity(context), request.handle(), "handle", &m);
+    grpc::Status s = service.store_->Lookup(owner_, request.handle(), "handle", &m);
     if (!s.ok()) {
       Answer(s);
       return;
@@ -986,7 +1043,7 @@ class DownloadMatrixReactor final : public grpc::ServerWriteReactor<v1::ResultCh
 
  private:
   void Answer(const grpc::Status& s) {
-    service_.Answered(Rpc::kDownloadMatrix, s, context_);
+    service_.Answered(Rpc::kDownloadMatrix, s, context_, owner_);
     Finish(s);
   }
 
@@ -1003,6 +1060,7 @@ class DownloadMatrixReactor final : public grpc::ServerWriteReactor<v1::ResultCh
 
   const GemmServiceImpl& service_;
   grpc::CallbackServerContext* const context_;
+  const std::string owner_;
   const int64_t chunk_bytes_;
   HostBufferPool& buffers_;
   std::string data_;
@@ -1012,7 +1070,11 @@ class DownloadMatrixReactor final : public grpc::ServerWriteReactor<v1::ResultCh
 
 grpc::ServerWriteReactor<v1::ResultChunk>* GemmServiceImpl::DownloadMatrix(
     grpc::CallbackServerContext* context, const v1::DownloadMatrixRequest* request) {
-  return new DownloadMatrixReactor(*this, context, *request);
+  Principal caller;
+  if (grpc::Status s = Identify(Rpc::kDownloadMatrix, context, &caller); !s.ok()) {
+    return new RefusedCall<grpc::ServerWriteReactor<v1::ResultChunk>>(s);
+  }
+  return new DownloadMatrixReactor(*this, context, std::move(caller.name), *request);
 }
 
 }  // namespace hgemm

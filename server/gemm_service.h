@@ -19,6 +19,7 @@
 #include <thread>
 
 #include "proto/hgemm.grpc.pb.h"
+#include "server/auth/authenticator.h"
 #include "server/backend/backend.h"
 #include "server/host_buffer_pool.h"
 #include "server/metrics.h"
@@ -50,16 +51,15 @@ struct ServiceOptions {
   MatrixStoreOptions resident;
 };
 
-// Who is calling, for resident-matrix ownership and quotas: the "x-client-id" metadata value,
-// else the peer's address without its port.
-std::string ClientIdentity(const grpc::CallbackServerContext* context);
-
 class GemmServiceImpl final : public v1::GemmService::CallbackService {
  public:
-  // `scheduler`, `backend`, `store`, `uploads` and `metrics` (null: none kept) must outlive
-  // the service.
+  // `scheduler`, `backend`, `store`, `uploads`, `metrics` (null: none kept) and
+  // `authenticator` (null: authentication off) must outlive the service. Every call is
+  // identified first: an unauthenticated one gets UNAUTHENTICATED; resident matrices and
+  // quotas belong to the caller it names.
   GemmServiceImpl(Scheduler* scheduler, Backend* backend, MatrixStore* store,
-                  UploadQueue* uploads, ServiceOptions options, ServiceMetrics* metrics = nullptr);
+                  UploadQueue* uploads, ServiceOptions options, ServiceMetrics* metrics = nullptr,
+                  const Authenticator* authenticator = nullptr);
   ~GemmServiceImpl() override;  // REQUIRES: no call in progress (the server has shut down)
 
   // Shutdown has begun (call before grpc::Server::Shutdown): open streams refuse new GEMMs
@@ -116,16 +116,23 @@ class GemmServiceImpl final : public v1::GemmService::CallbackService {
 
   // Every call, and every GEMM of a stream (`gemm_id` set), is answered through here just
   // before its Finish (or GemmDone write): counted in the metrics and, unless OK, logged at
-  // info with the status name, message, request id and peer. REQUIRES: `context` is alive.
+  // info with the status name, message, request id, caller ("" before it is known) and peer.
+  // REQUIRES: `context` is alive.
   void Answered(Rpc rpc, const grpc::Status& s, const grpc::CallbackServerContext* context,
-                std::string_view request_id = {},
+                std::string_view caller, std::string_view request_id = {},
                 std::optional<uint64_t> gemm_id = std::nullopt) const;
   // A GemmStream call ends with `s` (its GEMMs were counted by Answered).
-  void StreamEnded(const grpc::Status& s, const grpc::CallbackServerContext* context) const;
+  void StreamEnded(const grpc::Status& s, const grpc::CallbackServerContext* context,
+                   std::string_view caller) const;
+  // Who `context`'s call is from; if nobody authenticated, the status to finish it with (the
+  // refusal is counted and logged here).
+  grpc::Status Identify(Rpc rpc, const grpc::CallbackServerContext* context,
+                        Principal* caller) const;
 
   // Gemm's work up to the scheduler: OK once the job is admitted (its callback answers the
   // call), else the status to answer with.
-  grpc::Status AdmitGemm(grpc::CallbackServerContext* context, const v1::GemmRequest& request,
+  grpc::Status AdmitGemm(grpc::CallbackServerContext* context, const std::string& owner,
+                         const v1::GemmRequest& request,
                          v1::GemmResponse* response, grpc::ServerUnaryReactor* reactor);
 
   // Puts the resident operands named by handle into `job` (their shapes must match) and pins
@@ -145,6 +152,8 @@ class GemmServiceImpl final : public v1::GemmService::CallbackService {
   UploadQueue* const uploads_;
   const ServiceOptions options_;
   ServiceMetrics* const metrics_;  // may be null
+  const Authenticator no_authentication_;
+  const Authenticator* const authenticator_;  // never null
   mutable HostBufferPool result_buffers_{options_.result_buffer_pool_bytes};
 
   std::mutex calls_mu_;  // before any call's own mutex

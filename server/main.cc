@@ -28,7 +28,7 @@ std::vector<int> ParseDeviceList(const std::string& list) {
 int main(int argc, char** argv) {
   hgemm::ServerOptions server_options;
   hgemm::BackendOptions backend_options;
-  std::string devices, log_level = "info";
+  std::string devices, log_level = "info", tls_client_auth = "request";
   int64_t drain_deadline_s = 20, resident_ttl_s = 0, stream_idle_timeout_s = 60;
 
   CLI::App app{"hgemm-serve: fp16 GEMM over gRPC (hgemm.v1.GemmService)"};
@@ -49,6 +49,35 @@ int main(int argc, char** argv) {
   app.add_option("--metrics_listen", server_options.metrics_listen,
                  "HOST:PORT serving Prometheus metrics over HTTP at /metrics (empty: off)")
       ->envname("HGEMM_METRICS_LISTEN");
+  app.add_option("--health_listen", server_options.health_listen,
+                 "HOST:PORT of a plaintext port serving only grpc.health.v1, for probes that speak "
+                 "no TLS (empty: none)")
+      ->envname("HGEMM_HEALTH_LISTEN");
+  app.add_option("--tls_cert", server_options.tls.cert_path,
+                 "PEM certificate (chain) of the gRPC port: serve TLS (with --tls_key); re-read on "
+                 "change")
+      ->envname("HGEMM_TLS_CERT");
+  app.add_option("--tls_key", server_options.tls.key_path, "PEM private key of --tls_cert")
+      ->envname("HGEMM_TLS_KEY");
+  app.add_option("--tls_client_ca", server_options.tls.client_ca_path,
+                 "PEM CA bundle of client certificates: mutual TLS (see --tls_client_auth)")
+      ->envname("HGEMM_TLS_CLIENT_CA");
+  app.add_option("--tls_client_auth", tls_client_auth,
+                 "with --tls_client_ca: request (verify a client certificate if one is sent) or "
+                 "require (no connection without one)")
+      ->envname("HGEMM_TLS_CLIENT_AUTH")->check(CLI::IsMember({"request", "require"}))
+      ->capture_default_str();
+  app.add_option("--auth_tokens_file", server_options.auth.tokens_file,
+                 "lines PRINCIPAL SHA256_HEX_OF_TOKEN [admin]: every GemmService call needs "
+                 "\"authorization: Bearer TOKEN\"; re-read on change")
+      ->envname("HGEMM_AUTH_TOKENS_FILE");
+  app.add_flag("--auth_principal_from_cert", server_options.auth.principal_from_cert,
+               "a verified client certificate (--tls_client_ca) names the principal: its first "
+               "SAN, else its CN")
+      ->envname("HGEMM_AUTH_PRINCIPAL_FROM_CERT");
+  app.add_flag("--auth_protect_reflection", server_options.auth.protect_reflection,
+               "server reflection needs authentication too (TLS only; health stays open)")
+      ->envname("HGEMM_AUTH_PROTECT_REFLECTION");
   app.add_option("--backend", backend_options.kind, "auto (CUDA if a GPU is usable, else CPU), cuda or cpu")
       ->envname("HGEMM_BACKEND")->check(CLI::IsMember({"auto", "cuda", "cpu"}))->capture_default_str();
   app.add_option("--devices", devices, "CUDA devices to use, e.g. 0,1 (default: all visible)")
@@ -122,6 +151,9 @@ int main(int argc, char** argv) {
   backend_options.cuda.completion_spin = std::chrono::microseconds(spin_us);
   server_options.service.scheduler.idle_spin = std::chrono::microseconds(spin_us);
   server_options.drain_deadline = std::chrono::seconds(drain_deadline_s);
+  server_options.tls.client_certificates = tls_client_auth == "require"
+                                               ? hgemm::ClientCertificates::kRequire
+                                               : hgemm::ClientCertificates::kRequest;
   server_options.service.resident.default_ttl = std::chrono::seconds(resident_ttl_s);
   server_options.service.idle_timeout = std::chrono::seconds(stream_idle_timeout_s);
 
@@ -151,6 +183,18 @@ int main(int argc, char** argv) {
                server_options.listen_address, server->port());
   if (!server_options.service.resident.replica.empty()) {
     spdlog::info("replica {}: resident-matrix handles name it", server_options.service.resident.replica);
+  }
+  spdlog::info("security: {}, {}",
+               server_options.tls.cert_path.empty()         ? "plaintext"
+               : server_options.tls.client_ca_path.empty()  ? "TLS"
+               : tls_client_auth == "require" ? "mutual TLS (client certificates required)"
+                                              : "mutual TLS (client certificates requested)",
+               server_options.auth.tokens_file.empty() && !server_options.auth.principal_from_cert
+                   ? "no authentication (callers named by x-client-id or address)"
+                   : "authentication required");
+  if (server->health_port() != 0) {
+    spdlog::info("health only (plaintext) on {} (port {})", server_options.health_listen,
+                 server->health_port());
   }
   spdlog::info("backend {}: {} execution slots, largest GEMM {} bytes", b.Name(), b.NumSlots(),
                b.MaxJobBytes());

@@ -12,6 +12,33 @@ namespace {
 
 constexpr char kServiceName[] = "hgemm.v1.GemmService";
 
+// True for 127.x.x.x, [::1] and localhost: nobody else can reach a plaintext port there.
+bool IsLoopback(const std::string& address) {
+  const std::string host = address.substr(0, address.rfind(':'));
+  return host.rfind("127.", 0) == 0 || host == "[::1]" || host == "localhost" ||
+         host.rfind("unix:", 0) == 0;
+}
+
+// "" if the security options fit together, else why not (naming the flags).
+std::string CheckSecurity(const ServerOptions& o) {
+  if (o.tls.cert_path.empty() != o.tls.key_path.empty()) return "--tls_cert and --tls_key go together";
+  if (!o.tls.client_ca_path.empty() && o.tls.cert_path.empty()) {
+    return "--tls_client_ca needs --tls_cert and --tls_key";
+  }
+  if (o.auth.principal_from_cert && o.tls.client_ca_path.empty()) {
+    return "--auth_principal_from_cert needs --tls_client_ca (client certificates)";
+  }
+  if (o.auth.protect_reflection && o.tls.cert_path.empty()) {
+    return "--auth_protect_reflection needs TLS (--tls_cert): gRPC checks reflection calls on "
+           "secure ports only";
+  }
+  if (o.auth.protect_reflection && o.auth.tokens_file.empty() && !o.auth.principal_from_cert) {
+    return "--auth_protect_reflection needs authentication (--auth_tokens_file or "
+           "--auth_principal_from_cert)";
+  }
+  return "";
+}
+
 }  // namespace
 
 HgemmServer::HgemmServer(ServerOptions options, std::unique_ptr<Backend> backend)
@@ -23,6 +50,31 @@ std::unique_ptr<HgemmServer> HgemmServer::Start(ServerOptions options,
   options.service.max_message_bytes = options.max_message_bytes;
   std::unique_ptr<HgemmServer> server(new HgemmServer(std::move(options), std::move(backend)));
   const ServerOptions& opts = server->options_;
+  std::string error;
+  if (error = CheckSecurity(opts); !error.empty()) {
+    spdlog::critical("{}", error);
+    return nullptr;
+  }
+  if (!(server->authenticator_ = Authenticator::Open(opts.auth, &error))) {
+    spdlog::critical("--auth_tokens_file {}", error);
+    return nullptr;
+  }
+  std::shared_ptr<grpc::ServerCredentials> credentials = grpc::InsecureServerCredentials();
+  if (!opts.tls.cert_path.empty()) {
+    if (!(server->tls_ = ServerTls::Start(opts.tls, &error))) {
+      spdlog::critical("TLS: {}", error);
+      return nullptr;
+    }
+    credentials = server->tls_->credentials();
+    if (opts.auth.protect_reflection) {
+      credentials->SetAuthMetadataProcessor(server->authenticator_->ReflectionGuard());
+    }
+  } else if (!IsLoopback(opts.listen_address)) {
+    spdlog::warn("serving PLAINTEXT on {}: anyone on the network can read the matrices{} (set "
+                 "--tls_cert and --tls_key)",
+                 opts.listen_address,
+                 server->authenticator_->enabled() ? " and the tokens" : "");
+  }
   server->store_ = std::make_unique<MatrixStore>(server->backend_.get(), opts.service.resident);
   server->scheduler_ = std::make_unique<Scheduler>(server->backend_.get(), opts.service.scheduler);
   server->uploads_ = std::make_unique<UploadQueue>(server->backend_.get(), opts.upload_threads);
@@ -46,13 +98,27 @@ std::unique_ptr<HgemmServer> HgemmServer::Start(ServerOptions options,
   }
   server->service_ = std::make_unique<GemmServiceImpl>(
       server->scheduler_.get(), server->backend_.get(), server->store_.get(),
-      server->uploads_.get(), opts.service, server->metrics_.get());
+      server->uploads_.get(), opts.service, server->metrics_.get(),
+      server->authenticator_.get());
 
   server->health_ = std::make_unique<HealthService>(std::vector<std::string>{kServiceName});
+  if (!opts.health_listen.empty()) {
+    server->probe_health_ = std::make_unique<HealthService>(std::vector<std::string>{kServiceName});
+    grpc::ServerBuilder probe;
+    probe.AddListeningPort(opts.health_listen, grpc::InsecureServerCredentials(),
+                           &server->health_port_);
+    probe.RegisterService(server->probe_health_.get());
+    server->probe_server_ = probe.BuildAndStart();
+    if (!server->probe_server_ || server->health_port_ == 0) {
+      spdlog::critical("cannot listen on {} (--health_listen)", opts.health_listen);
+      server->scheduler_->Shutdown();
+      return nullptr;
+    }
+  }
 
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(opts.listen_address, grpc::InsecureServerCredentials(), &server->port_);
+  builder.AddListeningPort(opts.listen_address, credentials, &server->port_);
   builder.RegisterService(server->service_.get());
   builder.RegisterService(server->health_.get());
   const int max_message = static_cast<int>(std::min<int64_t>(opts.max_message_bytes, INT32_MAX));
@@ -65,7 +131,6 @@ std::unique_ptr<HgemmServer> HgemmServer::Start(ServerOptions options,
     return nullptr;
   }
   if (server->metrics_) {
-    std::string error;
     server->metrics_http_ = MetricsHttpServer::Start(opts.metrics_listen, server->metrics_, &error);
     if (!server->metrics_http_) {
       spdlog::error("cannot serve metrics on {}: {}", opts.metrics_listen, error);
@@ -86,6 +151,7 @@ void HgemmServer::WatchHealth() {
     if (bool healthy = backend_->Healthy(); healthy != serving) {
       serving = healthy;
       health_->SetServing(serving);
+      if (probe_health_) probe_health_->SetServing(serving);
       if (!serving) spdlog::error("backend unhealthy: health is NOT_SERVING");
     }
     stop_watching_.wait_for(lock, std::chrono::milliseconds(500));
@@ -100,6 +166,15 @@ void HgemmServer::Shutdown() {
   }
   stop_watching_.notify_all();
   if (health_watcher_.joinable()) health_watcher_.join();
+  if (probe_server_) {  // the probe hears NOT_SERVING, then the port closes
+    probe_health_->Shutdown();
+    probe_server_->Shutdown(std::chrono::system_clock::now());
+    probe_server_->Wait();
+  }
+  if (!server_) {  // Start gave up before serving
+    if (scheduler_) scheduler_->Shutdown();
+    return;
+  }
   health_->Shutdown();  // NOT_SERVING for good; Watch calls end
   service_->Drain();    // idle streams end now, busy ones once their work is answered
   spdlog::info("draining: in-flight calls have {} ms", options_.drain_deadline.count());

@@ -1,6 +1,7 @@
 // HgemmServer: a running hgemm.v1 gRPC server: the service, its scheduler and backend, gRPC
 // health (grpc.health.v1, server/health_service.h), server reflection and, if asked for, the
-// Prometheus text endpoint /metrics on its own HTTP port (server/metrics.h). Used by main()
+// Prometheus text endpoint /metrics on its own HTTP port (server/metrics.h), TLS and
+// authentication (server/auth/), and if asked for a plaintext health-only port. Used by main()
 // and by the end-to-end tests.
 // Thread safety: Shutdown() and Wait() may be called from any thread.
 #ifndef HGEMM_SERVER_SERVER_H_
@@ -17,6 +18,8 @@
 #include <thread>
 
 
+#include "server/auth/authenticator.h"
+#include "server/auth/server_tls.h"
 #include "server/backend/backend.h"
 #include "server/gemm_service.h"
 #include "server/health_service.h"
@@ -40,19 +43,30 @@ struct ServerOptions {
   std::chrono::milliseconds drain_deadline{20000};
   // Threads copying streamed operands and uploaded matrices to the device as chunks arrive.
   int upload_threads = 4;
+  // TLS on listen_address when tls.cert_path is set; else plaintext (a warning is logged if
+  // the address is not a loopback one).
+  TlsOptions tls;
+  // Authentication (tokens, client certificates) of hgemm.v1.GemmService calls.
+  AuthOptions auth;
+  // HOST:PORT of a plaintext port serving only grpc.health.v1 (kubelet's gRPC probe speaks no
+  // TLS); "": none. Port 0 picks a free one (see HgemmServer::health_port()).
+  std::string health_listen;
   ServiceOptions service;
 };
 
 class HgemmServer {
  public:
-  // Starts serving on options.listen_address (and metrics_listen). Returns nullptr (and logs
-  // why) if an address can't be bound.
+  // Starts serving on options.listen_address (and metrics_listen, health_listen). Returns
+  // nullptr (and logs why, naming the flag or file) if an address can't be bound, a
+  // certificate, key or tokens file is unreadable or malformed, or the options contradict.
   static std::unique_ptr<HgemmServer> Start(ServerOptions options, std::unique_ptr<Backend> backend);
   ~HgemmServer();  // Shutdown()
 
   int port() const { return port_; }
   // The port of /metrics; 0 when metrics_listen is empty.
   int metrics_port() const { return metrics_port_; }
+  // The port of the health-only listener; 0 when health_listen is empty.
+  int health_port() const { return health_port_; }
   const Backend& backend() const { return *backend_; }
 
   // Health NOT_SERVING, stop accepting calls, let in-flight ones finish until the drain
@@ -70,10 +84,15 @@ class HgemmServer {
   std::unique_ptr<Scheduler> scheduler_;
   std::unique_ptr<UploadQueue> uploads_;
   std::shared_ptr<ServiceMetrics> metrics_;  // null without metrics_listen; samples the above
+  std::unique_ptr<Authenticator> authenticator_;
+  std::unique_ptr<ServerTls> tls_;  // null: plaintext
   std::unique_ptr<GemmServiceImpl> service_;
   std::unique_ptr<HealthService> health_;
+  std::unique_ptr<HealthService> probe_health_;  // the health-only port's; null without one
   std::unique_ptr<grpc::Server> server_;  // after the services, which must outlive it
+  std::unique_ptr<grpc::Server> probe_server_;  // the health-only port; null without one
   int port_ = 0;
+  int health_port_ = 0;
   std::unique_ptr<MetricsHttpServer> metrics_http_;  // last: it calls metrics_ until destroyed
   int metrics_port_ = 0;
 

@@ -7,7 +7,10 @@
 //   * SIGTERM while GEMMs are in flight: every one of them is answered, and the process exits 0
 //     within the drain deadline the Kubernetes manifests assume (20 s);
 //   * SIGTERM with only idle long-lived calls (a GemmStream, a health Watch): they end with
-//     UNAVAILABLE at once instead of holding the drain for its whole deadline.
+//     UNAVAILABLE at once instead of holding the drain for its whole deadline;
+//   * with TLS, a token and --auth_protect_reflection, the reflection-only client still
+//     multiplies (given the token) and reflection without one is UNAUTHENTICATED;
+//   * a malformed certificate, key or tokens file stops the server at start, naming the file.
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
@@ -28,6 +31,7 @@
 
 #include "client/gemm_client.h"
 #include "server/child_process.h"
+#include "server/auth/test_certs.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "grpc/reflection/v1alpha/reflection.grpc.pb.h"
 #include "kernels/host/cpu_gemm.h"
@@ -44,10 +48,17 @@ constexpr int kDrainDeadlineSeconds = 20;
 using subprocess::FreePort;
 
 
+std::string ServerBinary() {
+  return std::string(std::getenv("TEST_SRCDIR")) + "/hgemm_serve/server/hgemm_server";
+}
+
 class ServerProcessTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    const std::string binary = std::string(std::getenv("TEST_SRCDIR")) + "/hgemm_serve/server/hgemm_server";
+  void SetUp() override { Launch({}, {}); }
+
+  // Starts the server with `extra` flags; channel_ connects with `connect`.
+  void Launch(const std::vector<std::string>& extra, const ConnectOptions& connect) {
+    const std::string binary = ServerBinary();
     target_ = "127.0.0.1:" + std::to_string(FreePort());
     metrics_port_ = FreePort();
     pid_ = fork();
@@ -56,11 +67,16 @@ class ServerProcessTest : public ::testing::Test {
       const std::string listen = "--listen=" + target_;
       const std::string drain = "--drain_deadline_s=" + std::to_string(kDrainDeadlineSeconds);
       const std::string metrics = "--metrics_listen=127.0.0.1:" + std::to_string(metrics_port_);
-      execl(binary.c_str(), binary.c_str(), "--backend=cpu", listen.c_str(), drain.c_str(),
-            metrics.c_str(), "--log_level=debug", static_cast<char*>(nullptr));
+      std::vector<std::string> args = {binary, "--backend=cpu", listen, drain, metrics,
+                                        "--log_level=debug"};
+      args.insert(args.end(), extra.begin(), extra.end());
+      std::vector<char*> argv;
+      for (std::string& a : args) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      execv(binary.c_str(), argv.data());
       _exit(127);
     }
-    channel_ = Connect(target_);
+    channel_ = Connect(target_, connect);
     ASSERT_TRUE(channel_->WaitForConnected(std::chrono::system_clock::now() + 30s))
         << "server did not come up on " << target_;
   }
@@ -138,11 +154,12 @@ reflection::ServerReflectionResponse Reflect(std::shared_ptr<grpc::Channel> chan
   return response;
 }
 
-TEST_F(ServerProcessTest, ReflectionOnlyClientMultiplies) {
+// Multiplies 2x2 matrices knowing the service only through reflection (as grpcurl does).
+void ReflectionOnlyClientMultiplies(const std::shared_ptr<grpc::Channel>& channel) {
   reflection::ServerReflectionRequest list;
   list.set_list_services("*");
   std::vector<std::string> services;
-  const reflection::ServerReflectionResponse listed = Reflect(channel_, list);
+  const reflection::ServerReflectionResponse listed = Reflect(channel, list);
   for (const auto& s : listed.list_services_response().service()) {
     services.push_back(s.name());
   }
@@ -153,7 +170,7 @@ TEST_F(ServerProcessTest, ReflectionOnlyClientMultiplies) {
   reflection::ServerReflectionRequest symbol;
   symbol.set_file_containing_symbol("hgemm.v1.GemmService");
   pb::DescriptorPool pool;
-  const reflection::ServerReflectionResponse files = Reflect(channel_, symbol);
+  const reflection::ServerReflectionResponse files = Reflect(channel, symbol);
   for (const std::string& bytes : files.file_descriptor_response().file_descriptor_proto()) {
     pb::FileDescriptorProto file;
     ASSERT_TRUE(file.ParseFromString(bytes));
@@ -173,7 +190,7 @@ TEST_F(ServerProcessTest, ReflectionOnlyClientMultiplies) {
   r->SetString(request.get(), d->FindFieldByName("a"), matrix);
   r->SetString(request.get(), d->FindFieldByName("b"), matrix);
 
-  grpc::GenericStub stub(channel_);
+  grpc::GenericStub stub(channel);
   grpc::ClientContext context;
   std::string serialized = request->SerializeAsString();
   grpc::Slice slice(serialized);
@@ -207,6 +224,78 @@ TEST_F(ServerProcessTest, ReflectionOnlyClientMultiplies) {
   EXPECT_EQ(HalfToFloat(half[1]), 10);
   EXPECT_EQ(HalfToFloat(half[2]), 15);
   EXPECT_EQ(HalfToFloat(half[3]), 22);
+}
+
+TEST_F(ServerProcessTest, ReflectionOnlyClientMultiplies) { ReflectionOnlyClientMultiplies(channel_); }
+
+// The same over TLS, with the token that --auth_protect_reflection asks reflection for.
+class TlsServerProcessTest : public ServerProcessTest {
+ protected:
+  void SetUp() override {
+    const std::string certs = testing::MakeTestCerts();
+    tokens_ = certs + "/tokens";
+    testing::ReplaceFile(tokens_, testing::TokenLine("alice", "alice-token"));
+    ca_ = certs + "/ca.pem";
+    Launch({"--tls_cert=" + certs + "/server.pem", "--tls_key=" + certs + "/server.key",
+            "--auth_tokens_file=" + tokens_, "--auth_protect_reflection"},
+           {.tls_ca = ca_, .token = "alice-token"});
+  }
+  std::string tokens_, ca_;
+};
+
+TEST_F(TlsServerProcessTest, ReflectionOnlyClientMultipliesOverTls) {
+  ReflectionOnlyClientMultiplies(channel_);
+}
+
+TEST_F(TlsServerProcessTest, ReflectionNeedsTheToken) {
+  auto stub = reflection::ServerReflection::NewStub(Connect(target_, {.tls_ca = ca_}));
+  grpc::ClientContext context;
+  auto stream = stub->ServerReflectionInfo(&context);
+  reflection::ServerReflectionRequest list;
+  list.set_list_services("*");
+  stream->Write(list);
+  stream->WritesDone();
+  reflection::ServerReflectionResponse response;
+  EXPECT_FALSE(stream->Read(&response));
+  EXPECT_EQ(stream->Finish().error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_EQ(Health(""), grpc::health::v1::HealthCheckResponse::SERVING);  // open without one
+}
+
+// The server's output and exit status when started with `flags`; it must stop by itself.
+int RunToExit(const std::string& flags, std::string* output) {
+  const std::string command = "timeout 60 " + ServerBinary() +
+                              " --backend=cpu --listen=127.0.0.1:0 " + flags + " 2>&1";
+  FILE* pipe = popen(command.c_str(), "r");
+  char buffer[4096];
+  for (size_t n; (n = fread(buffer, 1, sizeof buffer, pipe)) > 0;) output->append(buffer, n);
+  const int status = pclose(pipe);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+TEST(ServerProcess, MalformedCertificateKeyOrTokensFileStopsTheStart) {
+  const std::string certs = testing::MakeTestCerts();
+  const std::string garbage = certs + "/garbage.pem";
+  testing::ReplaceFile(garbage, "not a PEM file\n");
+  const std::string good_tls = "--tls_cert=" + certs + "/server.pem --tls_key=" + certs + "/server.key";
+  struct Case {
+    std::string flags, message;
+  };
+  for (const Case& c : {
+           Case{"--tls_cert=" + garbage + " --tls_key=" + certs + "/server.key",
+                garbage + ": no PEM certificate"},
+           Case{"--tls_cert=" + certs + "/server.pem --tls_key=" + garbage,
+                garbage + ": no PEM private key"},
+           Case{"--tls_cert=" + certs + "/server.pem --tls_key=" + certs + "/other-server.key",
+                certs + "/other-server.key: the private key does not belong"},
+           Case{good_tls + " --tls_client_ca=" + garbage, garbage + ": no PEM certificate"},
+           Case{"--tls_cert=" + certs + "/missing.pem --tls_key=" + certs + "/server.key",
+                certs + "/missing.pem: cannot open"},
+           Case{"--auth_tokens_file=" + garbage, garbage + ": line 1: expected PRINCIPAL"},
+       }) {
+    std::string output;
+    EXPECT_EQ(RunToExit(c.flags, &output), 1) << c.flags << "\n" << output;
+    EXPECT_NE(output.find(c.message), std::string::npos) << c.flags << "\n" << output;
+  }
 }
 
 // Issue 12, item 4: reflection listed grpc.health.v1.Health but could not describe it.

@@ -780,7 +780,7 @@ TEST_F(ServerTest, ResidentErrors) {
   r.set_b_handle(info.handle());
   CallOptions other;
   other.client_id = "someone-else";
-  EXPECT_EQ(client_->Gemm(r, &response, other).error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_EQ(client_->Gemm(r, &response, other).error_code(), grpc::StatusCode::NOT_FOUND);
   r.set_b_handle("m-00000000000000000000000000000000");
   EXPECT_EQ(client_->Gemm(r, &response).error_code(), grpc::StatusCode::NOT_FOUND);
   // A kept C over the quota.

@@ -15,6 +15,8 @@
 #   load-resident  bench/load_run.sh --resident-only (all-resident latency vs the RPC floor)
 #   python    the Python client (client/python) vs hgemm_load: bench/python_client_bench.py
 #             (2048³ unary c=16, 128x8192x8192 with B resident; needs python3 with grpcio, numpy)
+#   tls       bench/tls_cost.sh: hgemm_load at 2048³ unary c=16 and 256³ c=64 against plaintext,
+#             TLS and TLS + token servers (certificates made at --bundle, valid for 2 days)
 #
 # Here:   tools/gpu_e2e.sh --bundle     (builds -c opt, gathers the binaries into .gpu-serve/ and
 #                                        packs them into .gpu-pack/serve.tar.xz, small enough to carry)
@@ -28,6 +30,7 @@ if [[ ${1:-} == --bundle ]]; then
   ../shared/tools/gpu-bundle.sh --out .gpu-serve bazel-bin/server/hgemm_server \
     bazel-bin/client/hgemm_client bazel-bin/server/backend/cuda_backend_test \
     bazel-bin/bench/hgemm_load bazel-bin/bench/echo_server bazel-bin/bench/completion_latency
+  tools/make_test_certs.sh .gpu-serve/certs  # the GPU machine may have no openssl
   mkdir -p .gpu-pack
   grep -qx "/.gpu-pack/" .git/info/exclude || echo "/.gpu-pack/" >> .git/info/exclude
   tar -cJf .gpu-pack/serve.tar.xz .gpu-serve
@@ -187,4 +190,9 @@ if want python; then
     --csv="$out/python_client_bench.csv" | tee "$out/python_client_bench.md" ||
     echo "FAILED: python_client_bench"
   kill -TERM $python_pid; wait $python_pid || true
+fi
+if want tls; then
+  echo "== the cost of TLS (bench/tls_cost.sh)"
+  OUT=$out timeout 540 bench/tls_cost.sh --bin "$PWD/.gpu-serve/bin" --certs .gpu-serve/certs ||
+    echo "FAILED: tls_cost.sh"
 fi

@@ -14,7 +14,8 @@
 //      rejects unknown fields (a misspelt field would otherwise be dropped silently by the API
 //      server).
 //   4. Rules the service depends on, on the rendered output: GPU limits, gRPC probes on the
-//      server's port and health service, grace period > preStop + drain deadline, non-root and
+//      server's port (its plaintext health-only port with TLS) and health service, certificate
+//      and token files in whole (not subPath) volume mounts, grace period > preStop + drain deadline, non-root and
 //      read-only root filesystem with a writable /tmp, Services, PDB and HPA that select or
 //      target the workload (a Deployment, or a StatefulSet whose replicas advertise their own
 //      DNS names through its headless Service, for resident matrices), and agreement with deploy/docker/Dockerfile (user id, port,
@@ -56,6 +57,14 @@ const SERVER_ENV = {
   // GetServerInfo reports it as a uint32.
   HGEMM_RESIDENT_TTL_S: intIn(0, 2 ** 32 - 1),
   HGEMM_RESIDENT_LRU_EVICTION: (v) => ["true", "false", "1", "0"].includes(v) || "true|false",
+  HGEMM_HEALTH_LISTEN: (v) => v === "" || /^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9.-]+):\d{1,5}$/.test(v) || "host:port, or empty (off)",
+  HGEMM_TLS_CERT: absolutePath,
+  HGEMM_TLS_KEY: absolutePath,
+  HGEMM_TLS_CLIENT_CA: absolutePath,
+  HGEMM_TLS_CLIENT_AUTH: (v) => ["request", "require"].includes(v) || "request|require",
+  HGEMM_AUTH_TOKENS_FILE: absolutePath,
+  HGEMM_AUTH_PRINCIPAL_FROM_CERT: (v) => ["true", "false", "1", "0"].includes(v) || "true|false",
+  HGEMM_AUTH_PROTECT_REFLECTION: (v) => ["true", "false", "1", "0"].includes(v) || "true|false",
   HGEMM_LOG_LEVEL: (v) =>
     ["trace", "debug", "info", "warn", "error"].includes(v) || "trace|debug|info|warn|error",
 };
@@ -71,6 +80,10 @@ const K8S_DEFAULT_GRACE_S = 30;
 // Seconds left between the end of the drain and SIGKILL, for the process to exit after its
 // "stopped" log line (teardown of gRPC, the scheduler and the CUDA backend).
 const EXIT_SLACK_S = 5;
+
+function absolutePath(v) {
+  return v === "" || v.startsWith("/") || "an absolute path, or empty";
+}
 
 function intIn(lo, hi) {
   return (v) => (/^(0|[1-9]\d*)$/.test(v) && Number(v) >= lo && Number(v) <= hi) || `an integer in [${lo}, ${hi}]`;
@@ -518,13 +531,34 @@ function deploymentProblems(dep, all) {
   const ttl = Number(env.HGEMM_RESIDENT_TTL_S ?? SERVER_DEFAULT_RESIDENT_TTL_S);
   if (!(ttl > 0)) p.push(`${where}: HGEMM_RESIDENT_TTL_S is ${ttl}: resident matrices would never expire; set a default TTL (e.g. 3600)`);
 
-  // Probes: native gRPC health checks on the server's port.
+  // Probes: native gRPC health checks on the server's port, or on its plaintext health-only
+  // port (HGEMM_HEALTH_LISTEN, the container port named health), which TLS requires: kubelet's
+  // gRPC probe speaks no TLS.
+  const healthListen = env.HGEMM_HEALTH_LISTEN || "";
+  const healthPort = (server.ports.find((x) => x.name === "health") || {}).containerPort;
+  let probePort = port;
+  if (healthListen) {
+    probePort = Number(healthListen.split(":").pop());
+    if (healthPort !== probePort) p.push(`${where}: HGEMM_HEALTH_LISTEN ${healthListen} is not on the health containerPort ${healthPort}`);
+  }
+  if (env.HGEMM_TLS_CERT && !healthListen) p.push(`${where}: HGEMM_TLS_CERT without HGEMM_HEALTH_LISTEN: kubelet's gRPC probes cannot reach a TLS port`);
   for (const probe of ["startupProbe", "readinessProbe", "livenessProbe"]) {
     const pr = server[probe];
     if (!pr || !pr.grpc) { p.push(`${where}: ${probe} must be a grpc probe`); continue; }
-    if (pr.grpc.port !== port) p.push(`${where}: ${probe}.grpc.port ${pr.grpc.port} is not the server's port ${port}`);
+    if (pr.grpc.port !== probePort) p.push(`${where}: ${probe}.grpc.port ${pr.grpc.port} is not the server's ${healthListen ? "health-only port" : "port"} ${probePort}`);
     if (!HEALTH_SERVICES.includes(pr.grpc.service || "")) p.push(`${where}: ${probe}.grpc.service ${JSON.stringify(pr.grpc.service)} is not one the server reports (${HEALTH_SERVICES.map((s) => JSON.stringify(s)).join(", ")})`);
   }
+
+  // Certificate and token files come from mounted volumes (Secrets), mounted whole: a subPath
+  // mount never sees a Secret's updates, so rotation would need a restart.
+  for (const name of ["HGEMM_TLS_CERT", "HGEMM_TLS_KEY", "HGEMM_TLS_CLIENT_CA", "HGEMM_AUTH_TOKENS_FILE"]) {
+    const file = env[name];
+    if (!file) continue;
+    const mount = (server.volumeMounts || []).find((m) => file.startsWith(m.mountPath.replace(/\/?$/, "/")));
+    if (!mount) p.push(`${where}: ${name} ${file} is under no volumeMount`);
+    else if (mount.subPath) p.push(`${where}: ${name} ${file} is in a subPath mount, which never sees the Secret's updates`);
+  }
+  if (env.HGEMM_TLS_CERT && !env.HGEMM_TLS_KEY) p.push(`${where}: HGEMM_TLS_CERT without HGEMM_TLS_KEY`);
 
   // Shutdown: the grace period covers preStop plus the drain; liveness does not kill a drain.
   const drain = Number(env.HGEMM_DRAIN_DEADLINE_S || SERVER_DEFAULT_DRAIN_DEADLINE_S);

@@ -120,12 +120,15 @@ ResidentMatrix MatrixStore::Add(QuotaReservation reservation, uint32_t rows, uin
   return m;
 }
 
-grpc::Status MatrixStore::Lookup(const std::string& owner, const std::string& handle,
-                                 const std::string& field, ResidentMatrix* matrix) {
-  std::lock_guard<std::mutex> lock(mu_);
-  const Clock::time_point now = Clock::now();
-  ExpireLocked(now);
+grpc::Status MatrixStore::FindLocked(const std::string& owner, const std::string& handle,
+                                     const std::string& field, bool any_owner,
+                                     std::map<std::string, ResidentMatrix>::iterator* found) {
+  ExpireLocked(Clock::now());
   auto it = matrices_.find(handle);
+  if (it != matrices_.end() && (any_owner || it->second.owner == owner)) {
+    *found = it;
+    return grpc::Status::OK;
+  }
   if (const std::string_view replica = HandleReplica(handle);
       it == matrices_.end() && !replica.empty() && replica != options_.replica) {
     // A client that does not route (grpcurl, an old client) sent it to the wrong replica.
@@ -137,30 +140,30 @@ grpc::Status MatrixStore::Lookup(const std::string& owner, const std::string& ha
                     options_.replica.empty() ? "which advertises no address"
                                              : status::Quote(options_.replica)));
   }
-  if (it == matrices_.end()) {
-    auto gone = gone_.find(handle);
-    return grpc::Status(grpc::StatusCode::NOT_FOUND,
-                        fmt::format("{}: matrix {} {}; upload it again", field,
-                                    status::Quote(handle),
-                                    gone == gone_.end() ? "does not exist" : gone->second));
-  }
-  if (it->second.owner != owner) {
-    return grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
-                        fmt::format("{}: matrix {} belongs to another client", field,
-                                    status::Quote(handle)));
-  }
-  it->second.last_used = now;
+  // Why a handle is gone is told only to its owner: to anyone else it never existed.
+  auto gone = gone_.find(handle);
+  const bool told = gone != gone_.end() && (any_owner || gone->second.owner == owner);
+  return grpc::Status(grpc::StatusCode::NOT_FOUND,
+                      fmt::format("{}: matrix {} {}; upload it again", field,
+                                  status::Quote(handle),
+                                  told ? gone->second.why : "does not exist"));
+}
+
+grpc::Status MatrixStore::Lookup(const std::string& owner, const std::string& handle,
+                                 const std::string& field, ResidentMatrix* matrix) {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::map<std::string, ResidentMatrix>::iterator it;
+  if (grpc::Status s = FindLocked(owner, handle, field, false, &it); !s.ok()) return s;
+  it->second.last_used = Clock::now();
   *matrix = it->second;
   return grpc::Status::OK;
 }
 
 grpc::Status MatrixStore::Release(const std::string& owner, const std::string& handle,
-                                  int64_t* freed_bytes) {
-  ResidentMatrix m;
-  if (grpc::Status s = Lookup(owner, handle, "handle", &m); !s.ok()) return s;
+                                  int64_t* freed_bytes, bool any_owner) {
   std::lock_guard<std::mutex> lock(mu_);
-  auto it = matrices_.find(handle);
-  if (it == matrices_.end()) return grpc::Status(grpc::StatusCode::NOT_FOUND, "handle: already released");
+  std::map<std::string, ResidentMatrix>::iterator it;
+  if (grpc::Status s = FindLocked(owner, handle, "handle", any_owner, &it); !s.ok()) return s;
   *freed_bytes = it->second.buffer->bytes;
   ForgetLocked(it, "was released");
   return grpc::Status::OK;
@@ -173,6 +176,14 @@ std::vector<ResidentMatrix> MatrixStore::List(const std::string& owner) {
   for (const auto& [handle, m] : matrices_) {
     if (m.owner == owner) out.push_back(m);
   }
+  return out;
+}
+
+std::vector<ResidentMatrix> MatrixStore::ListAll() {
+  std::lock_guard<std::mutex> lock(mu_);
+  ExpireLocked(Clock::now());
+  std::vector<ResidentMatrix> out;
+  for (const auto& [handle, m] : matrices_) out.push_back(m);
   return out;
 }
 
@@ -221,7 +232,7 @@ bool MatrixStore::EvictOneLocked(int device_index) {
 void MatrixStore::ForgetLocked(std::map<std::string, ResidentMatrix>::iterator it,
                                const char* why) {
   UnchargeLocked(it->second.owner, it->second.buffer->bytes);
-  gone_[it->first] = why;
+  gone_[it->first] = Gone{it->second.owner, why};
   gone_order_.push_back(it->first);
   if (gone_order_.size() > kRememberedGoneHandles) {
     gone_.erase(gone_order_.front());

@@ -4,7 +4,9 @@
 // budget, which in-flight GEMMs share, and against a per-client quota. Entries expire after
 // `ttl` without use; with LRU eviction on, an allocation that finds the device budget full
 // frees the least recently used matrices (of any client) first. Lookups of a handle that is
-// gone say why (released, expired, evicted), so clients know to upload again.
+// gone say why (released, expired, evicted), so clients know to upload again. Another owner's
+// handle is NOT_FOUND with the message of a handle that never existed: no client learns that
+// someone else's matrix exists.
 // Thread safety: all methods are thread-safe.
 #ifndef HGEMM_SERVER_RESIDENT_MATRIX_STORE_H_
 #define HGEMM_SERVER_RESIDENT_MATRIX_STORE_H_
@@ -93,14 +95,17 @@ class MatrixStore {
                      const std::string& label);
 
   // The matrix behind `handle`, marked used. NOT_FOUND (unknown, released, expired, evicted,
-  // or named for another replica), PERMISSION_DENIED (another client's). `field` names the request field in messages.
+  // named for another replica, or another owner's). `field` names the request field in messages.
   grpc::Status Lookup(const std::string& owner, const std::string& handle, const std::string& field,
                       ResidentMatrix* matrix);
 
-  // Drops the entry; its memory is freed once no running GEMM uses it.
-  grpc::Status Release(const std::string& owner, const std::string& handle, int64_t* freed_bytes);
+  // Drops the entry; its memory is freed once no running GEMM uses it. NOT_FOUND as Lookup;
+  // with `any_owner` (an administrator) another owner's matrix is released too.
+  grpc::Status Release(const std::string& owner, const std::string& handle, int64_t* freed_bytes,
+                       bool any_owner = false);
 
   std::vector<ResidentMatrix> List(const std::string& owner);
+  std::vector<ResidentMatrix> ListAll();  // every owner's
   int64_t ClientBytes(const std::string& owner);
 
   // Resident matrices (expired ones dropped first) and their bytes, by device index
@@ -127,7 +132,15 @@ class MatrixStore {
   std::map<std::string, ResidentMatrix> matrices_;   // guarded by mu_
   // Resident and reserved bytes by owner; owners holding none have no entry.
   std::map<std::string, int64_t> client_bytes_;      // guarded by mu_
-  std::map<std::string, std::string> gone_;          // guarded by mu_; handle → why
+  struct Gone {
+    std::string owner;
+    const char* why;
+  };
+  // The matrix of `handle`, if `owner` (or, with any_owner, anyone) may see it; else NOT_FOUND.
+  grpc::Status FindLocked(const std::string& owner, const std::string& handle,
+                          const std::string& field, bool any_owner,
+                          std::map<std::string, ResidentMatrix>::iterator* found);
+  std::map<std::string, Gone> gone_;                 // guarded by mu_; handle →
   std::deque<std::string> gone_order_;               // guarded by mu_; bounds gone_
 };
 

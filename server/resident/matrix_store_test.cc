@@ -69,17 +69,44 @@ TEST_F(MatrixStoreTest, HandlesNameTheReplica) {
       << s.error_message();
 }
 
-TEST_F(MatrixStoreTest, UnknownHandleIsNotFoundAndForeignIsDenied) {
+// No existence oracle: another owner's handle, live or released, reads like one never issued.
+TEST_F(MatrixStoreTest, ForeignHandleIsNotFoundLikeAnUnknownOne) {
   MatrixStore store(backend_.get(), {});
   ResidentMatrix found;
-  EXPECT_EQ(store.Lookup("alice", "m-nope", "b_handle", &found).error_code(),
-            grpc::StatusCode::NOT_FOUND);
+  const std::string unknown = "m-00000000000000000000000000000000";
+  grpc::Status never = store.Lookup("alice", unknown, "b_handle", &found);
+  EXPECT_EQ(never.error_code(), grpc::StatusCode::NOT_FOUND);
+  auto with_handle_of = [&](const grpc::Status& s, const std::string& handle) {
+    std::string message = s.error_message();
+    message.replace(message.find(handle), handle.size(), unknown);
+    return message;
+  };
   ResidentMatrix m = Put(store, "alice");
-  EXPECT_EQ(store.Lookup("mallory", m.handle, "b_handle", &found).error_code(),
-            grpc::StatusCode::PERMISSION_DENIED);
-  int64_t freed;
-  EXPECT_EQ(store.Release("mallory", m.handle, &freed).error_code(),
-            grpc::StatusCode::PERMISSION_DENIED);
+  grpc::Status foreign = store.Lookup("mallory", m.handle, "b_handle", &found);
+  EXPECT_EQ(foreign.error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_EQ(with_handle_of(foreign, m.handle), never.error_message());
+  int64_t freed = 0;
+  grpc::Status release = store.Release("mallory", m.handle, &freed);
+  EXPECT_EQ(release.error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_EQ(with_handle_of(release, m.handle),
+            store.Release("mallory", unknown, &freed).error_message());
+  EXPECT_TRUE(store.Lookup("alice", m.handle, "b_handle", &found).ok());  // still there
+  ASSERT_TRUE(store.Release("alice", m.handle, &freed).ok());
+  foreign = store.Lookup("mallory", m.handle, "b_handle", &found);
+  EXPECT_EQ(with_handle_of(foreign, m.handle), never.error_message());  // not "was released"
+}
+
+TEST_F(MatrixStoreTest, AnyOwnerReleasesAndListAllSeesEveryOwner) {
+  MatrixStore store(backend_.get(), {});
+  ResidentMatrix a = Put(store, "alice");
+  Put(store, "bob");
+  EXPECT_EQ(store.List("alice").size(), 1u);
+  EXPECT_EQ(store.ListAll().size(), 2u);
+  int64_t freed = 0;
+  ASSERT_TRUE(store.Release("admin", a.handle, &freed, /*any_owner=*/true).ok());
+  EXPECT_EQ(freed, a.buffer->bytes);
+  EXPECT_EQ(store.ClientBytes("alice"), 0);
+  EXPECT_EQ(store.ListAll().size(), 1u);
 }
 
 TEST_F(MatrixStoreTest, QuotaPerClient) {

@@ -29,7 +29,10 @@ def free_port() -> int:
 
 
 class Server:
-    def __init__(self, *flags, listen="127.0.0.1:0"):
+    """hgemm_server with `flags`; `client` are the hgemm.Client options that reach it (TLS,
+    token), used to wait until it serves."""
+
+    def __init__(self, *flags, client=None, listen="127.0.0.1:0"):
         binary = os.environ.get("HGEMM_SERVER_BIN") or str(REPO / "bazel-bin/server/hgemm_server")
         if not os.access(binary, os.X_OK):
             pytest.fail(f"no server binary at {binary}: run `bazel build //server:hgemm_server` "
@@ -51,7 +54,7 @@ class Server:
                 self.address = f"127.0.0.1:{m.group(1)}"
             else:
                 time.sleep(0.05)
-        with hgemm.Client(self.address) as c:  # serving: GetServerInfo answers
+        with hgemm.Client(self.address, **(client or {})) as c:  # serving: GetServerInfo answers
             c.info(timeout=30)
 
     def log_text(self) -> str:

@@ -1,0 +1,108 @@
+#include "server/auth/authenticator.h"
+
+#include <strings.h>
+
+#include <string_view>
+
+namespace hgemm {
+namespace {
+
+constexpr std::string_view kBearer = "Bearer ";
+
+std::string_view View(grpc::string_ref s) { return std::string_view(s.data(), s.size()); }
+
+class ReflectionGuardProcessor final : public grpc::AuthMetadataProcessor {
+ public:
+  explicit ReflectionGuardProcessor(const Authenticator* auth) : auth_(auth) {}
+
+  // Token hashing only: no need for gRPC's separate thread.
+  bool IsBlocking() const override { return false; }
+
+  grpc::Status Process(const InputMetadata& metadata, grpc::AuthContext* context,
+                       OutputMetadata*, OutputMetadata*) override;
+
+ private:
+  const Authenticator* const auth_;
+};
+
+}  // namespace
+
+std::string ClientIdentity(const grpc::ServerContextBase& context) {
+  const auto& metadata = context.client_metadata();
+  if (auto it = metadata.find("x-client-id"); it != metadata.end()) {
+    return "id:" + std::string(View(it->second));
+  }
+  std::string peer = context.peer();  // e.g. "ipv4:10.0.0.7:53172"
+  return peer.substr(0, peer.rfind(':'));
+}
+
+std::unique_ptr<Authenticator> Authenticator::Open(const AuthOptions& options, std::string* error) {
+  auto auth = std::make_unique<Authenticator>();
+  auth->principal_from_cert_ = options.principal_from_cert;
+  if (!options.tokens_file.empty()) {
+    auth->tokens_ = TokenTable::Open(options.tokens_file, options.refresh_period, error);
+    if (!auth->tokens_) return nullptr;
+  }
+  return auth;
+}
+
+grpc::Status Authenticator::FromCredentials(
+    const std::multimap<grpc::string_ref, grpc::string_ref>& metadata,
+    const grpc::AuthContext* auth, Principal* caller) const {
+  if (principal_from_cert_ && auth != nullptr && auth->IsPeerAuthenticated()) {
+    const std::vector<grpc::string_ref> identity = auth->GetPeerIdentity();
+    if (!identity.empty() && !identity[0].empty()) {
+      caller->name = std::string(View(identity[0]));
+      caller->admin = tokens_ != nullptr && tokens_->IsAdmin(caller->name);
+      return grpc::Status::OK;
+    }
+  }
+  const char* wanted = principal_from_cert_ && tokens_ != nullptr
+                           ? "a client certificate or \"authorization: Bearer TOKEN\" metadata"
+                       : principal_from_cert_ ? "a client certificate"
+                                              : "\"authorization: Bearer TOKEN\" metadata";
+  auto it = metadata.find("authorization");
+  if (tokens_ == nullptr || it == metadata.end()) {
+    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
+                        std::string("authentication is required: send ") + wanted);
+  }
+  const std::string_view value = View(it->second);
+  if (value.size() <= kBearer.size() ||
+      strncasecmp(value.data(), kBearer.data(), kBearer.size()) != 0) {
+    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
+                        "the authorization metadata is not \"Bearer TOKEN\"");
+  }
+  std::optional<Principal> principal = tokens_->Authenticate(value.substr(kBearer.size()));
+  if (!principal) {
+    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "the token is not accepted");
+  }
+  *caller = std::move(*principal);
+  return grpc::Status::OK;
+}
+
+grpc::Status Authenticator::Identify(const grpc::ServerContextBase& context,
+                                     Principal* caller) const {
+  if (!enabled()) {
+    *caller = Principal{ClientIdentity(context), false};
+    return grpc::Status::OK;
+  }
+  const std::shared_ptr<const grpc::AuthContext> auth = context.auth_context();
+  return FromCredentials(context.client_metadata(), auth.get(), caller);
+}
+
+grpc::Status ReflectionGuardProcessor::Process(const InputMetadata& metadata,
+                                               grpc::AuthContext* context, OutputMetadata*,
+                                               OutputMetadata*) {
+  auto path = metadata.find(":path");
+  if (path == metadata.end() || View(path->second).rfind("/grpc.reflection.", 0) != 0) {
+    return grpc::Status::OK;
+  }
+  Principal caller;
+  return auth_->FromCredentials(metadata, context, &caller);
+}
+
+std::shared_ptr<grpc::AuthMetadataProcessor> Authenticator::ReflectionGuard() const {
+  return std::make_shared<ReflectionGuardProcessor>(this);
+}
+
+}  // namespace hgemm

@@ -1,0 +1,70 @@
+// Authenticator: who a gRPC call comes from (the transport side of authentication; the tokens
+// themselves are in TokenTable).
+//
+// Off (no --auth_tokens_file, no --auth_principal_from_cert), callers are told apart by what
+// they say: the "x-client-id" metadata value, else their address. On, a call is from the
+// principal whose token it sends as "authorization: Bearer TOKEN" or, with
+// principal_from_cert, the principal named by its verified client certificate (its first
+// subject alternative name, else its common name); a call with neither is UNAUTHENTICATED.
+// Tokens are never logged nor echoed in a status.
+// Thread safety: all methods are thread-safe.
+#ifndef HGEMM_SERVER_AUTH_AUTHENTICATOR_H_
+#define HGEMM_SERVER_AUTH_AUTHENTICATOR_H_
+
+#include <grpcpp/security/auth_metadata_processor.h>
+#include <grpcpp/server_context.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include "server/auth/token_table.h"
+
+namespace hgemm {
+
+struct AuthOptions {
+  // The tokens file (see TokenTable); "": no tokens.
+  std::string tokens_file;
+  // A verified mTLS client certificate names the principal (SAN, else CN).
+  bool principal_from_cert = false;
+  // Server reflection needs a principal too (TLS ports only: see ReflectionGuard).
+  bool protect_reflection = false;
+  // How often the tokens file is looked at.
+  std::chrono::milliseconds refresh_period{1000};
+};
+
+class Authenticator {
+ public:
+  // Authentication off.
+  Authenticator() = default;
+
+  // On as `options` says. nullptr with *error ("PATH: line N: ...") if the tokens file is bad.
+  static std::unique_ptr<Authenticator> Open(const AuthOptions& options, std::string* error);
+
+  bool enabled() const { return tokens_ != nullptr || principal_from_cert_; }
+
+  // The caller of `context`: OK with *caller set, else UNAUTHENTICATED saying what is missing.
+  grpc::Status Identify(const grpc::ServerContextBase& context, Principal* caller) const;
+
+  // For the TLS port's credentials (SetAuthMetadataProcessor): refuses server reflection calls
+  // without a principal (UNAUTHENTICATED) and lets every other call through (their services
+  // call Identify). gRPC runs processors on secure ports only.
+  std::shared_ptr<grpc::AuthMetadataProcessor> ReflectionGuard() const;
+
+  // Identify() with authentication on, from a call's metadata and its peer's credentials
+  // (`auth` may be null: plaintext).
+  grpc::Status FromCredentials(const std::multimap<grpc::string_ref, grpc::string_ref>& metadata,
+                               const grpc::AuthContext* auth, Principal* caller) const;
+
+ private:
+  std::unique_ptr<TokenTable> tokens_;  // null: no tokens file
+  bool principal_from_cert_ = false;
+};
+
+// The caller's self-declared identity (authentication off): "id:" + the "x-client-id" metadata
+// value, else the peer's address without its port.
+std::string ClientIdentity(const grpc::ServerContextBase& context);
+
+}  // namespace hgemm
+
+#endif  // HGEMM_SERVER_AUTH_AUTHENTICATOR_H_
