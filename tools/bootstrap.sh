@@ -11,6 +11,7 @@ packages=(
   protobuf-compiler-grpc libgrpc++-dev     # grpc_cpp_plugin, gRPC C++ (health, reflection)
   grpc-proto                               # health.proto, reflection.proto
   libspdlog-dev libfmt-dev                 # logging
+  nlohmann-json3-dev                       # --log_format=json (header only)
   libcli11-dev                             # flag parsing
   prometheus-cpp-dev                       # --metrics_listen (core + pull with civetweb)
   libopenblas-dev                          # CPU backend
