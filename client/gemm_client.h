@@ -46,6 +46,9 @@ struct CallOptions {
   int64_t unary_limit_bytes = int64_t{3} << 20;
   // Sent as "x-client-id" metadata: the owner of resident matrices (default: the peer address).
   std::string client_id;
+  // Sent as "traceparent" metadata: the W3C trace context the server logs with the call
+  // ("00-<32 hex trace id>-<16 hex parent id>-<2 hex flags>"; the server ignores a malformed one).
+  std::string traceparent;
 };
 
 using GemmStreamWriter = grpc::ClientReaderWriter<v1::GemmStreamRequest, v1::GemmStreamResponse>;

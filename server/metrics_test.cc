@@ -561,7 +561,9 @@ TEST_F(MetricsTest, RefusedCallsAreLoggedAtInfo) {
   zero.set_n(0);
   zero.mutable_options()->set_request_id("req-7");
   v1::GemmResponse response;
-  EXPECT_EQ(client_->Gemm(zero, &response).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  CallOptions traced;
+  traced.traceparent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+  EXPECT_EQ(client_->Gemm(zero, &response, traced).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   v1::GemmRequest good = RandomRequest(4, 4, 4, rng_);
   ASSERT_TRUE(client_->Gemm(good, &response).ok());
   spdlog::default_logger()->sinks().pop_back();
@@ -574,9 +576,10 @@ TEST_F(MetricsTest, RefusedCallsAreLoggedAtInfo) {
     }
   }
   ASSERT_EQ(refusals.size(), 1u) << Join(lines);
-  EXPECT_NE(refusals[0].find("Gemm INVALID_ARGUMENT: n:"), std::string::npos) << refusals[0];
-  EXPECT_NE(refusals[0].find("request_id 'req-7'"), std::string::npos) << refusals[0];
-  EXPECT_NE(refusals[0].find("peer ipv4:127.0.0.1:"), std::string::npos) << refusals[0];
+  EXPECT_NE(refusals[0].find("Gemm INVALID_ARGUMENT reason=\"n:"), std::string::npos) << refusals[0];
+  EXPECT_NE(refusals[0].find(" request_id=req-7 "), std::string::npos) << refusals[0];
+  EXPECT_NE(refusals[0].find(" peer=ipv4:127.0.0.1:"), std::string::npos) << refusals[0];
+  EXPECT_NE(refusals[0].find(" traceparent=" + traced.traceparent), std::string::npos) << refusals[0];
 }
 
 TEST(MetricsServer, OffWhenMetricsListenIsEmpty) {

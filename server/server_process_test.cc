@@ -7,8 +7,12 @@
 //   * SIGTERM while GEMMs are in flight: every one of them is answered, and the process exits 0
 //     within the drain deadline the Kubernetes manifests assume (20 s);
 //   * SIGTERM with only idle long-lived calls (a GemmStream, a health Watch): they end with
-//     UNAVAILABLE at once instead of holding the drain for its whole deadline.
+//     UNAVAILABLE at once instead of holding the drain for its whole deadline;
+//   * --log_format=json: every line the process writes is a JSON object; calls made by the real
+//     hgemm_client with --request_id and --traceparent show up with their fields, and a
+//     malformed traceparent is not logged.
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -23,8 +27,12 @@
 #include <grpcpp/grpcpp.h>
 
 #include <chrono>
+#include <cstdlib>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <thread>
+#include <vector>
 
 #include "client/gemm_client.h"
 #include "grpc/health/v1/health.grpc.pb.h"
@@ -55,18 +63,30 @@ int FreePort() {
 
 class ServerProcessTest : public ::testing::Test {
  protected:
-  void SetUp() override {
+  void SetUp() override { StartServer({}, ""); }
+
+  // Starts hgemm_server (CPU backend, debug log, /metrics) with `extra_flags`; its output goes
+  // to `log_path`, or to the test's when empty.
+  void StartServer(const std::vector<std::string>& extra_flags, const std::string& log_path) {
     const std::string binary = std::string(std::getenv("TEST_SRCDIR")) + "/hgemm_serve/server/hgemm_server";
     target_ = "127.0.0.1:" + std::to_string(FreePort());
     metrics_port_ = FreePort();
+    std::vector<std::string> args = {
+        binary, "--backend=cpu", "--listen=" + target_,
+        "--drain_deadline_s=" + std::to_string(kDrainDeadlineSeconds),
+        "--metrics_listen=127.0.0.1:" + std::to_string(metrics_port_), "--log_level=debug"};
+    args.insert(args.end(), extra_flags.begin(), extra_flags.end());
+    std::vector<char*> argv;
+    for (std::string& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
     pid_ = fork();
     ASSERT_GE(pid_, 0);
     if (pid_ == 0) {
-      const std::string listen = "--listen=" + target_;
-      const std::string drain = "--drain_deadline_s=" + std::to_string(kDrainDeadlineSeconds);
-      const std::string metrics = "--metrics_listen=127.0.0.1:" + std::to_string(metrics_port_);
-      execl(binary.c_str(), binary.c_str(), "--backend=cpu", listen.c_str(), drain.c_str(),
-            metrics.c_str(), "--log_level=debug", static_cast<char*>(nullptr));
+      if (!log_path.empty()) {  // only async-signal-safe calls between fork and exec
+        const int fd = open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        if (fd < 0 || dup2(fd, STDOUT_FILENO) < 0 || dup2(fd, STDERR_FILENO) < 0) _exit(126);
+      }
+      execv(binary.c_str(), argv.data());
       _exit(127);
     }
     channel_ = Connect(target_);
@@ -330,6 +350,94 @@ TEST_F(ServerProcessTest, SigtermDrainsInFlightGemmsAndExitsZero) {
               1e-3);
   }
   for (const grpc::Status& s : unary) EXPECT_TRUE(s.ok()) << s.error_message();
+}
+
+class JsonLogProcessTest : public ServerProcessTest {
+ protected:
+  void SetUp() override {
+    log_path_ = std::string(std::getenv("TEST_TMPDIR")) + "/hgemm_server_json.log";
+    StartServer({"--log_format=json"}, log_path_);
+  }
+
+  // Runs the real hgemm_client against the server; its exit status.
+  int RunClient(const std::string& flags) {
+    const std::string binary = std::string(std::getenv("TEST_SRCDIR")) + "/hgemm_serve/client/hgemm_client";
+    return std::system((binary + " --server=" + target_ + " " + flags + " >/dev/null 2>&1").c_str());
+  }
+
+  // SIGTERM, exit, and every line the process wrote.
+  std::vector<std::string> StopAndReadLog() {
+    EXPECT_EQ(kill(pid_, SIGTERM), 0);
+    int wstatus = 0;
+    EXPECT_EQ(waitpid(pid_, &wstatus, 0), pid_);
+    pid_ = -1;
+    EXPECT_TRUE(WIFEXITED(wstatus) && WEXITSTATUS(wstatus) == 0);
+    std::ifstream in(log_path_);
+    std::vector<std::string> lines;
+    for (std::string line; std::getline(in, line);) lines.push_back(line);
+    return lines;
+  }
+
+  std::string log_path_;
+};
+
+TEST_F(JsonLogProcessTest, EveryLineIsJsonAndCallsCarryTheirFields) {
+  const std::string trace = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+  // A forged traceparent trying to close the JSON string and add a level of its own.
+  const std::string forged = "00-4bf92f3577b34da6a\\\"}{\"level\":\"critical\"-00f067aa0ba902b7-01";
+  EXPECT_EQ(RunClient("--shape=8x8x8 --request_id=ok-1 --traceparent=" + trace), 0);
+  EXPECT_NE(RunClient("--shape=8x8x8 --kernel=warp_drive --request_id=refused-1 --traceparent=" + trace), 0);
+  EXPECT_NE(RunClient("--shape=8x8x8 --kernel=warp_drive --request_id=refused-2 '--traceparent=" +
+                      forged + "'"),
+            0);
+  EXPECT_NE(RunClient("--shape=8x8x8 --mode=stream --kernel=warp_drive --request_id=refused-3 "
+                      "--traceparent=" + trace),
+            0);
+  const std::vector<std::string> lines = StopAndReadLog();
+  ASSERT_GT(lines.size(), 5u);
+  std::vector<nlohmann::json> refused, streamed, gemms;
+  for (const std::string& line : lines) {
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(line);
+    } catch (const nlohmann::json::parse_error& e) {
+      ADD_FAILURE() << "not JSON: " << line << " (" << e.what() << ")";
+      continue;
+    }
+    ASSERT_TRUE(j.is_object()) << line;
+    for (const char* key : {"time", "level", "message"}) {
+      EXPECT_TRUE(j.contains(key) && j[key].is_string()) << key << " missing in " << line;
+    }
+    if (j.contains("rpc") && j["rpc"] == "Gemm") refused.push_back(j);
+    if (j.contains("gemm_id") && j["rpc"] == "GemmStream") streamed.push_back(j);
+    if (j.value("message", "").rfind("gemm 8x8x8", 0) == 0) gemms.push_back(j);
+  }
+  ASSERT_EQ(refused.size(), 2u);
+  for (const nlohmann::json& r : refused) {
+    EXPECT_EQ(r["level"], "info");
+    EXPECT_EQ(r["code"], "INVALID_ARGUMENT");
+    EXPECT_NE(r["reason"].get<std::string>().find("warp_drive"), std::string::npos) << r;
+    EXPECT_EQ(r["peer"].get<std::string>().rfind("ipv4:127.0.0.1:", 0), 0u) << r;
+    EXPECT_EQ(r["principal"], "") << "no authentication yet";
+  }
+  EXPECT_EQ(refused[0]["request_id"], "refused-1");
+  EXPECT_EQ(refused[0]["traceparent"], trace);
+  EXPECT_EQ(refused[1]["request_id"], "refused-2");
+  EXPECT_EQ(refused[1]["traceparent"], "") << "a malformed traceparent is dropped";
+  for (const std::string& line : lines) {
+    EXPECT_EQ(line.find("critical"), std::string::npos) << "logged verbatim: " << line;
+  }
+  // A GEMM refused inside a stream: its own line, with the stream's trace context.
+  ASSERT_EQ(streamed.size(), 1u);
+  EXPECT_EQ(streamed[0]["code"], "INVALID_ARGUMENT");
+  EXPECT_EQ(streamed[0]["gemm_id"], "0");
+  EXPECT_EQ(streamed[0]["request_id"], "refused-3");
+  EXPECT_EQ(streamed[0]["traceparent"], trace);
+  // The per-GEMM debug line of the call that ran.
+  ASSERT_EQ(gemms.size(), 1u);
+  EXPECT_EQ(gemms[0]["level"], "debug");
+  EXPECT_EQ(gemms[0]["request_id"], "ok-1");
+  EXPECT_EQ(gemms[0]["traceparent"], trace);
 }
 
 }  // namespace
