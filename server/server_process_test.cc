@@ -35,6 +35,7 @@
 #include <vector>
 
 #include "client/gemm_client.h"
+#include "client/metrics_scrape.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "grpc/reflection/v1alpha/reflection.grpc.pb.h"
 #include "kernels/host/cpu_gemm.h"
@@ -135,19 +136,8 @@ TEST_F(ServerProcessTest, MetricsAreServed) {
   r.set_b(std::string(8, '\0'));
   v1::GemmResponse response;
   ASSERT_TRUE(client.Gemm(r, &response).ok());
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(metrics_port_);
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
-  const std::string request = "GET /metrics HTTP/1.0\r\n\r\n";
-  ASSERT_EQ(write(fd, request.data(), request.size()), ssize_t(request.size()));
   std::string text;
-  char buffer[4096];
-  for (ssize_t n; (n = read(fd, buffer, sizeof buffer)) > 0;) text.append(buffer, n);
-  close(fd);
-  EXPECT_EQ(text.rfind("HTTP/1.1 200 OK\r\n", 0), 0u) << text;
+  ASSERT_EQ(HttpGet("127.0.0.1", metrics_port_, "/metrics", &text), 200) << text;
   EXPECT_NE(text.find("\nhgemm_requests_total{code=\"OK\",rpc=\"Gemm\"} 1\n"), std::string::npos)
       << text;
   EXPECT_NE(text.find("\nhgemm_build_info{backend=\"cpu\",version=\""), std::string::npos) << text;
