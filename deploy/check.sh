@@ -9,7 +9,7 @@
 #      validates every manifest, patch and rendered object against the Kubernetes schema
 #      (kubernetes-models, plus TypeScript for unknown fields) and the service's own rules
 #      (see the header of check.js).
-#   4. Self-test: copies of deploy/ broken in sixteen ways must each fail step 3 with the expected
+#   4. Self-test: copies of deploy/ broken in nineteen ways must each fail step 3 with the expected
 #      message, so that the checks cannot pass vacuously.
 #
 # Needs: yamllint (Debian package yamllint; installed here when missing and running as root),
@@ -113,6 +113,9 @@ if [[ ${1:-} != --no-self-test ]]; then
     "$base/server.env|/^HGEMM_RESIDENT_TTL_S=/d|HGEMM_RESIDENT_TTL_S is 0: resident matrices would never expire"
     "$base/server.env|s/^HGEMM_RESIDENT_TTL_S=3600/HGEMM_RESIDENT_TTL_S=-1/|HGEMM_RESIDENT_TTL_S=\"-1\" should be an integer in [0, 4294967295]"
     "deploy/docker/Dockerfile|s/HGEMM_RESIDENT_TTL_S=3600/HGEMM_RESIDENT_TTL_S=0/|must set ENV HGEMM_RESIDENT_TTL_S > 0"
+    "deploy/k8s/components/servicemonitor/servicemonitor.yaml|s/- port: metrics/- port: metric/|ServiceMonitor/hgemm: endpoint port metric is not a port of Service hgemm-metrics"
+    "deploy/k8s/components/servicemonitor/servicemonitor.yaml|s/scrapeTimeout: 10s/scrapeTimout: 10s/|'\"scrapeTimout\"' does not exist in type"
+    "deploy/k8s/components/servicemonitor/service-metrics.yaml|s/targetPort: metrics/targetPort: grpc/|endpoint port metrics does not reach the server's metrics containerPort"
   )
   for t in "${selftest[@]}"; do
     IFS='|' read -r file expr expect <<<"$t"
