@@ -11,6 +11,7 @@
 #include <mutex>
 #include <random>
 #include <regex>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -228,9 +229,8 @@ class Caller {
     kept_c_ = c.handle();
   }
   // Service callers: where kept Cs are released, as client `client_id`.
-  void EnableRelease(std::shared_ptr<grpc::Channel> channel, const std::string& client_id,
-                     double timeout_s) {
-    releaser_ = std::make_unique<GemmClient>(std::move(channel));
+  void EnableRelease(const GemmClient& client, const std::string& client_id, double timeout_s) {
+    releaser_ = std::make_unique<GemmClient>(client);
     release_options_.client_id = client_id;
     release_options_.timeout = std::chrono::milliseconds(int64_t(timeout_s * 1000));
   }
@@ -261,12 +261,11 @@ using load_internal::Payload;
 // GemmService.Gemm through the client library.
 class ServiceUnaryCaller final : public Caller {
  public:
-  ServiceUnaryCaller(std::shared_ptr<grpc::Channel> channel, double timeout_s,
-                     const std::string& client_id)
-      : client_(channel) {
+  ServiceUnaryCaller(const GemmClient& client, double timeout_s, const std::string& client_id)
+      : client_(client) {
     options_.timeout = std::chrono::milliseconds(int64_t(timeout_s * 1000));
     options_.client_id = client_id;
-    EnableRelease(std::move(channel), client_id, timeout_s);
+    EnableRelease(client, client_id, timeout_s);
   }
   void Call(const Payload& p, const v1::GemmRequest& request, Sample* s) override {
     SetStatus(client_.Gemm(request, &response_, options_), s);
@@ -320,40 +319,45 @@ bool WriteOperands(const v1::GemmRequest& r, int64_t chunk_bytes, WriteChunk wri
   return true;
 }
 
-// What the stream callers share: one stream per worker, open for the whole point, one call in
-// flight on it. A broken stream is finished (its status is the call's) and the next call opens
-// a new one.
+// What the stream callers share: one stream per worker and route (the replica the GEMM's
+// handles live on; "" for calls naming none), open for the whole point, one call in flight on
+// it. A broken stream is finished (its status is the call's) and the next call on its route
+// opens a new one.
 template <typename Request, typename Reply>
 class StreamCaller : public Caller {
  protected:
   using Stream = grpc::ClientReaderWriter<Request, Reply>;
-  using Open = std::function<std::unique_ptr<Stream>(grpc::ClientContext*)>;
+  using Open = std::function<std::unique_ptr<Stream>(grpc::ClientContext*, const std::string& route)>;
 
   StreamCaller(std::chrono::system_clock::time_point deadline, std::string client_id, Open open)
       : deadline_(deadline), client_id_(std::move(client_id)), open_(std::move(open)) {}
   ~StreamCaller() override {
-    if (!stream_) return;
-    stream_->WritesDone();
-    Drain();
+    for (auto& [route, open] : streams_) {
+      current_ = &open;
+      open.stream->WritesDone();
+      Drain();
+    }
   }
 
-  // The open stream (opened now if there is none) and the id of the next call on it.
-  Stream* Next(uint64_t* id) {
-    if (!stream_) {
-      context_ = std::make_unique<grpc::ClientContext>();
-      context_->set_deadline(deadline_);
-      if (!client_id_.empty()) context_->AddMetadata("x-client-id", client_id_);
-      stream_ = open_(context_.get());
+  // The open stream to `route` (opened now if there is none) and the id of the next call on it.
+  Stream* Next(const std::string& route, uint64_t* id) {
+    current_ = &streams_[route];
+    if (!current_->stream) {
+      current_->context = std::make_unique<grpc::ClientContext>();
+      current_->context->set_deadline(deadline_);
+      if (!client_id_.empty()) current_->context->AddMetadata("x-client-id", client_id_);
+      current_->stream = open_(current_->context.get(), route);
     }
     *id = next_id_++;
-    return stream_.get();
+    return current_->stream.get();
   }
+  // Drain, Broken and ProtocolError act on the stream of the last Next().
   void Drain() {
-    while (stream_->Read(&response_)) {
+    while (current_->stream->Read(&response_)) {
     }
-    status_ = stream_->Finish();
-    stream_.reset();
-    context_.reset();
+    status_ = current_->stream->Finish();
+    current_->stream.reset();
+    current_->context.reset();
   }
   void Broken(Sample* s) {
     Drain();
@@ -362,19 +366,24 @@ class StreamCaller : public Caller {
   // An answer that does not fit the call: the stream can't be trusted any more; cancel it and
   // let the next call open a new one.
   void ProtocolError(int code, const std::string& message, Sample* s) {
-    context_->TryCancel();
+    current_->context->TryCancel();
     Drain();
     SetError(code, message, s);
   }
+  const grpc::Status& last_stream_status() const { return status_; }
 
   Reply response_;
 
  private:
+  struct OpenStream {
+    std::unique_ptr<grpc::ClientContext> context;
+    std::unique_ptr<Stream> stream;
+  };
   const std::chrono::system_clock::time_point deadline_;
   const std::string client_id_;
   const Open open_;
-  std::unique_ptr<grpc::ClientContext> context_;
-  std::unique_ptr<Stream> stream_;
+  std::map<std::string, OpenStream> streams_;  // by route
+  OpenStream* current_ = nullptr;              // the last Next()'s
   grpc::Status status_;
   uint64_t next_id_ = 0;
 };
@@ -383,19 +392,23 @@ class StreamCaller : public Caller {
 class ServiceStreamCaller final
     : public StreamCaller<v1::GemmStreamRequest, v1::GemmStreamResponse> {
  public:
-  ServiceStreamCaller(std::shared_ptr<grpc::Channel> channel,
-                      std::chrono::system_clock::time_point deadline, int64_t chunk_bytes,
-                      const std::string& client_id, double timeout_s)
+  ServiceStreamCaller(const GemmClient& client, std::chrono::system_clock::time_point deadline,
+                      int64_t chunk_bytes, const std::string& client_id, double timeout_s)
       : StreamCaller(deadline, client_id,
-                     [stub = std::shared_ptr(v1::GemmService::NewStub(channel))](
-                         grpc::ClientContext* context) { return stub->GemmStream(context); }),
+                     [client](grpc::ClientContext* context, const std::string& route) {
+                       return v1::GemmService::NewStub(client.ChannelTo(route))->GemmStream(context);
+                     }),
         chunk_bytes_(chunk_bytes) {
-    EnableRelease(std::move(channel), client_id, timeout_s);
+    EnableRelease(client, client_id, timeout_s);
   }
 
   void Call(const Payload& p, const v1::GemmRequest& request, Sample* s) override {
+    std::string replica;
+    if (grpc::Status routed = GemmClient::ReplicaOf(request, &replica); !routed.ok()) {
+      return SetStatus(routed, s);
+    }
     uint64_t id;
-    Stream* stream = Next(&id);
+    Stream* stream = Next(replica, &id);
     if (!WriteStreamedGemm(request, id, chunk_bytes_, stream)) return Broken(s);
     reply_.resize(request.keep_c_resident() ? 0 : p.shape.ReplyBytes());
     size_t received = 0;
@@ -437,13 +450,15 @@ class EchoStreamCaller final : public StreamCaller<EchoStreamRequest, EchoStream
                    int64_t reply_chunk_bytes)
       : StreamCaller(deadline, "",
                      [stub = std::shared_ptr(EchoService::NewStub(std::move(channel)))](
-                         grpc::ClientContext* context) { return stub->EchoStream(context); }),
+                         grpc::ClientContext* context, const std::string&) {
+                       return stub->EchoStream(context);
+                     }),
         chunk_bytes_(chunk_bytes),
         reply_chunk_bytes_(reply_chunk_bytes) {}
 
   void Call(const Payload& p, const v1::GemmRequest& request, Sample* s) override {
     uint64_t id;
-    Stream* stream = Next(&id);
+    Stream* stream = Next("", &id);
     EchoStreamRequest message;
     EchoHeader* header = message.mutable_header();
     header->set_call_id(id);
@@ -561,28 +576,40 @@ LoadGenerator::LoadGenerator(LoadOptions options) : options_(std::move(options))
 
 LoadGenerator::~LoadGenerator() = default;
 
+namespace {
+
+// Every channel of a run, to the target and to each replica.
+ConnectOptions LoadConnectOptions() { return {.private_subchannels = true}; }
+
+}  // namespace
+
 std::shared_ptr<grpc::Channel> LoadGenerator::MakeChannel(const std::string& target) {
-  return Connect(target, {.private_subchannels = true});
+  return Connect(target, LoadConnectOptions());
+}
+
+GemmClient LoadGenerator::MakeClient(const std::string& target) {
+  return GemmClient(MakeChannel(target), LoadConnectOptions());
 }
 
 std::unique_ptr<load_internal::Caller> LoadGenerator::MakeCaller(
-    Target kind, const std::shared_ptr<grpc::Channel>& channel,
+    Target kind, const GemmClient& client,
     std::chrono::system_clock::time_point stream_deadline) const {
   const LoadOptions& o = options_;
   if (kind == Target::kService) {
     if (o.mode == Mode::kUnary) {
-      return std::make_unique<ServiceUnaryCaller>(channel, o.call_timeout_s, o.client_id);
+      return std::make_unique<ServiceUnaryCaller>(client, o.call_timeout_s, o.client_id);
     }
-    return std::make_unique<ServiceStreamCaller>(channel, stream_deadline, o.chunk_bytes,
+    return std::make_unique<ServiceStreamCaller>(client, stream_deadline, o.chunk_bytes,
                                                  o.client_id, o.call_timeout_s);
   }
-  if (o.mode == Mode::kUnary) return std::make_unique<EchoUnaryCaller>(channel, o.call_timeout_s);
-  return std::make_unique<EchoStreamCaller>(channel, stream_deadline, o.chunk_bytes,
+  if (o.mode == Mode::kUnary) {
+    return std::make_unique<EchoUnaryCaller>(client.ChannelTo(""), o.call_timeout_s);
+  }
+  return std::make_unique<EchoStreamCaller>(client.ChannelTo(""), stream_deadline, o.chunk_bytes,
                                             o.reply_chunk_bytes);
 }
 
-std::string LoadGenerator::PrepareRequests(Target kind,
-                                           const std::shared_ptr<grpc::Channel>& channel,
+std::string LoadGenerator::PrepareRequests(Target kind, const GemmClient& client,
                                            std::vector<const v1::GemmRequest*>* requests,
                                            std::vector<std::unique_ptr<v1::GemmRequest>>* owned,
                                            std::vector<std::string>* uploaded, int* code) const {
@@ -592,7 +619,6 @@ std::string LoadGenerator::PrepareRequests(Target kind,
     for (const auto& p : payloads_) requests->push_back(&p->gemm);
     return "";
   }
-  GemmClient client(channel);
   CallOptions call;
   call.client_id = options_.client_id;
   call.timeout = std::chrono::milliseconds(int64_t(options_.call_timeout_s * 1000));
@@ -614,6 +640,7 @@ std::string LoadGenerator::PrepareRequests(Target kind,
     }
     uploaded->push_back(info.handle());
     *out = info.handle();
+    call.replica = info.replica();  // the shape's other operand goes where this one lives
     return "";
   };
   for (const auto& p : payloads_) {
@@ -623,6 +650,7 @@ std::string LoadGenerator::PrepareRequests(Target kind,
     r->set_n(shape.n);
     r->set_k(shape.k);
     *r->mutable_options() = p->gemm.options();
+    call.replica.clear();  // each shape's first upload is balanced
     std::string e;
     if (resident == Resident::kAll) {
       e = handle(shape, "A", shape.m, shape.k, p->gemm.a(), r->mutable_a_handle());
@@ -638,10 +666,9 @@ std::string LoadGenerator::PrepareRequests(Target kind,
   return "";
 }
 
-void LoadGenerator::ReleaseUploads(const std::shared_ptr<grpc::Channel>& channel,
+void LoadGenerator::ReleaseUploads(const GemmClient& client,
                                    const std::vector<std::string>& handles) const {
   if (handles.empty()) return;
-  GemmClient client(channel);
   CallOptions call;
   call.client_id = options_.client_id;
   call.timeout = std::chrono::milliseconds(int64_t(options_.call_timeout_s * 1000));
@@ -653,24 +680,23 @@ VerifyResult LoadGenerator::Verify(const std::string& target, int per_shape) {
   const auto deadline = std::chrono::system_clock::now() +
                         std::chrono::milliseconds(int64_t(options_.call_timeout_s * 1000)) *
                             (per_shape * payloads_.size() + 1);
-  const std::shared_ptr<grpc::Channel> channel = MakeChannel(target);
+  const GemmClient client = MakeClient(target);
   std::vector<const v1::GemmRequest*> requests;
   std::vector<std::unique_ptr<v1::GemmRequest>> owned;
   std::vector<std::string> uploaded;
   int code = 0;
-  if (std::string e = PrepareRequests(Target::kService, channel, &requests, &owned, &uploaded, &code);
+  if (std::string e = PrepareRequests(Target::kService, client, &requests, &owned, &uploaded, &code);
       !e.empty()) {
-    ReleaseUploads(channel, uploaded);
+    ReleaseUploads(client, uploaded);
     result.checked = result.failed = 1;
     result.lines.push_back(e);
     return result;
   }
-  GemmClient downloader(channel);
   CallOptions download_options;
   download_options.client_id = options_.client_id;
   download_options.timeout = std::chrono::milliseconds(int64_t(options_.call_timeout_s * 1000));
   std::string kept_c;
-  std::unique_ptr<Caller> caller = MakeCaller(Target::kService, channel, deadline);
+  std::unique_ptr<Caller> caller = MakeCaller(Target::kService, client, deadline);
   std::mt19937_64 rng(options_.seed ^ 0x5eed);
   for (size_t shape_index = 0; shape_index < payloads_.size(); ++shape_index) {
     const auto& p = payloads_[shape_index];
@@ -689,7 +715,7 @@ VerifyResult LoadGenerator::Verify(const std::string& target, int per_shape) {
       if (requests[shape_index]->keep_c_resident()) {
         // C stayed on the server: fetch it (as a chain's last step would).
         const grpc::Status status =
-            downloader.DownloadMatrix(caller->kept_c(), &kept_c, download_options);
+            client.DownloadMatrix(caller->kept_c(), &kept_c, download_options);
         if (!status.ok() || int64_t(kept_c.size()) != shape.ReplyBytes()) {
           ++result.failed;
           result.lines.push_back(fmt::format(
@@ -729,7 +755,7 @@ VerifyResult LoadGenerator::Verify(const std::string& target, int per_shape) {
     }
   }
   caller.reset();  // releases its kept C
-  ReleaseUploads(channel, uploaded);
+  ReleaseUploads(client, uploaded);
   return result;
 }
 
@@ -748,9 +774,9 @@ PointResult LoadGenerator::RunPoint(Target kind, const std::string& target, int 
   }
 
   const int per_channel = o.workers_per_channel <= 0 ? concurrency : o.workers_per_channel;
-  std::vector<std::shared_ptr<grpc::Channel>> channels;
+  std::vector<GemmClient> clients;  // one channel to the target each, and their replicas'
   for (int i = 0; i < (concurrency + per_channel - 1) / per_channel; ++i) {
-    channels.push_back(MakeChannel(target));
+    clients.push_back(MakeClient(target));
   }
   std::vector<int> weights;
   for (const auto& p : payloads_) weights.push_back(p->shape.weight);
@@ -762,10 +788,15 @@ PointResult LoadGenerator::RunPoint(Target kind, const std::string& target, int 
   {
     const Clock::time_point upload_start = Clock::now();
     int code = 0;
-    std::string e = PrepareRequests(kind, channels[0], &requests, &owned, &uploaded, &code);
+    std::string e = PrepareRequests(kind, clients[0], &requests, &owned, &uploaded, &code);
     result.upload_s = Seconds(Clock::now() - upload_start);
+    std::set<std::string> replicas;
+    for (const std::string& handle : uploaded) {
+      if (std::string replica = GemmClient::ReplicaOf(handle); !replica.empty()) replicas.insert(replica);
+    }
+    result.upload_replicas.assign(replicas.begin(), replicas.end());
     if (!e.empty()) {
-      ReleaseUploads(channels[0], uploaded);
+      ReleaseUploads(clients[0], uploaded);
       result.first_error = e;
       result.error_codes[code] = 1;
       result.stats.push_back(Summarize({}, -1, 0, o.shapes, kind, o.resident));
@@ -786,7 +817,7 @@ PointResult LoadGenerator::RunPoint(Target kind, const std::string& target, int 
   std::condition_variable stop_cv;
 
   auto worker = [&](int index) {
-    std::unique_ptr<Caller> caller = MakeCaller(kind, channels[index / per_channel], stream_deadline);
+    std::unique_ptr<Caller> caller = MakeCaller(kind, clients[index / per_channel], stream_deadline);
     std::mt19937_64 rng(o.seed + 7919 * (index + 1));
     std::discrete_distribution<int> pick(weights.begin(), weights.end());
     bool warm = false;
@@ -887,7 +918,7 @@ PointResult LoadGenerator::RunPoint(Target kind, const std::string& target, int 
   for (std::thread& t : threads) t.join();  // the callers have released their kept Cs
   result.elapsed_s = elapsed();
   result.calls = int64_t(recorder.size());
-  ReleaseUploads(channels[0], uploaded);
+  ReleaseUploads(clients[0], uploaded);
   result.windows = int(windows.size());
   for (const Window& w : windows) result.window_requests_per_s.push_back(w.requests_per_s);
   result.first_error = recorder.first_error();
@@ -964,8 +995,10 @@ std::string FormatTableRows(const PointResult& p, const PointResult* echo) {
         p.windows, p.stable ? "yes" : "no");
   }
   if (p.target == Target::kService && p.resident != Resident::kNone && p.upload_s > 0) {
-    out += fmt::format("  resident operands uploaded in {:.3f} s before the warm-up (not measured)\n",
-                       p.upload_s);
+    std::string where;
+    for (const std::string& replica : p.upload_replicas) where += (where.empty() ? "" : ", ") + replica;
+    out += fmt::format("  resident operands uploaded in {:.3f} s before the warm-up (not measured){}\n",
+                       p.upload_s, where.empty() ? "" : ", to replicas " + where);
   }
   if (!p.stable && !p.window_requests_per_s.empty()) {
     std::string windows;

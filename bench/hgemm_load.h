@@ -17,6 +17,11 @@
 // with kAll, C stays on the server too (keep_c_resident) and each worker releases its previous
 // kept C after the next reply, outside the measured latency. The uploads are released when the
 // point ends. All calls carry LoadOptions::client_id as "x-client-id" (the owner of handles).
+// Over several replicas (a multi-address target or a DNS name: see client/gemm_client.h), calls
+// naming no handle are balanced; a shape's resident operands live on one replica (A where its
+// first upload went, B with it; so different shapes may land on different replicas), and its
+// calls go there: the unary callers through GemmClient, the stream callers on one stream per
+// replica.
 // Thread safety: one thread uses a LoadGenerator at a time; RunPoint starts and joins its own
 // worker threads.
 #ifndef HGEMM_BENCH_HGEMM_LOAD_H_
@@ -36,6 +41,10 @@
 #include "bench/echo.grpc.pb.h"
 #include "bench/server_metrics.h"
 #include "proto/hgemm.grpc.pb.h"
+
+namespace hgemm {
+class GemmClient;
+}  // namespace hgemm
 
 namespace hgemm::bench {
 
@@ -150,6 +159,8 @@ struct PointResult {
   std::map<int, int64_t> error_codes;  // gRPC code (-1: wrong C size) → count, whole point
   std::string first_error;
   double upload_s = 0;  // uploading the resident operands before the warm-up (not measured)
+  // The replicas holding them (distinct, sorted); none for a server without --advertise_address.
+  std::vector<std::string> upload_replicas;
   std::vector<PointStats> stats;  // [0]: all shapes; then one per shape if the mix has > 1
   // The server's /metrics around the point (hgemm_load --metrics_url), when read.
   std::optional<ServerMetricsDelta> server_metrics;
@@ -194,18 +205,20 @@ class LoadGenerator {
   using Payload = load_internal::Payload;
   using Caller = load_internal::Caller;
   class Recorder;
-  std::unique_ptr<Caller> MakeCaller(Target kind, const std::shared_ptr<grpc::Channel>& channel,
+  // `client` balances over one channel of the target (ChannelTo("")) and routes to replicas.
+  std::unique_ptr<Caller> MakeCaller(Target kind, const GemmClient& client,
                                      std::chrono::system_clock::time_point stream_deadline) const;
   // The request each shape's calls send (*requests, one per shape): the payload's own (bytes),
   // or one in *owned naming operands by handle: uploaded now for the service target (`uploaded`
   // collects them for ReleaseUploads), placeholders for the echo (which sends what remains).
   // Returns "" or what failed (and the gRPC code in *code).
-  std::string PrepareRequests(Target kind, const std::shared_ptr<grpc::Channel>& channel,
+  std::string PrepareRequests(Target kind, const GemmClient& client,
                               std::vector<const v1::GemmRequest*>* requests,
                               std::vector<std::unique_ptr<v1::GemmRequest>>* owned,
                               std::vector<std::string>* uploaded, int* code) const;
-  void ReleaseUploads(const std::shared_ptr<grpc::Channel>& channel,
-                      const std::vector<std::string>& handles) const;
+  void ReleaseUploads(const GemmClient& client, const std::vector<std::string>& handles) const;
+  // A client over MakeChannel(target).
+  static GemmClient MakeClient(const std::string& target);
 
   LoadOptions options_;  // client_id filled in
   std::vector<std::unique_ptr<Payload>> payloads_;  // one per shape

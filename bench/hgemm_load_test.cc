@@ -12,6 +12,7 @@
 #include "bench/server_metrics.h"
 #include "client/gemm_client.h"
 #include "server/backend/cpu_backend.h"
+#include "server/child_process.h"
 #include "server/server.h"
 
 namespace hgemm::bench {
@@ -270,6 +271,58 @@ TEST_F(HgemmLoadTest, ResidentOperandsUnaryAndStream) {
       ASSERT_TRUE(client.ListMatrices(&listed, call).ok());
       EXPECT_EQ(listed.matrices_size(), 0) << listed.DebugString();
       EXPECT_EQ(listed.client_bytes(), 0u);
+    }
+  }
+}
+
+// Three replicas (servers with an advertised address) behind one multi-address target: the
+// resident modes keep each shape's operands on one replica and reach them there, unary and
+// stream; the guard's results are correct and everything is released on every replica.
+TEST(HgemmLoadReplicas, ResidentModesOverThreeReplicas) {
+  std::vector<std::unique_ptr<HgemmServer>> replicas;
+  std::vector<std::string> addresses;
+  std::string target;
+  for (int i = 0; i < 3; ++i) {
+    addresses.push_back("127.0.0.1:" + std::to_string(subprocess::FreePort()));
+    ServerOptions options;
+    options.listen_address = addresses.back();
+    options.service.resident.replica = addresses.back();
+    replicas.push_back(HgemmServer::Start(options, MakeCpuBackend({.workers = 1})));
+    ASSERT_NE(replicas.back(), nullptr);
+    target += (i == 0 ? "ipv4:" : ",") + addresses.back();
+  }
+  for (Mode mode : {Mode::kUnary, Mode::kStream}) {
+    SCOPED_TRACE(ModeName(mode));
+    LoadOptions o;
+    ASSERT_EQ(ParseShapes("16x24x8,24x16x32,32x8x16,8x32x24,40x8x8,8x8x40", &o.shapes), "");
+    o.mode = mode;
+    o.resident = Resident::kAll;
+    o.client_id = std::string("replicas-") + ModeName(mode);
+    o.warmup_s = 0.1;
+    o.window_s = 0.2;
+    o.min_window_requests = 3;
+    o.max_windows = 2;
+    o.max_point_s = 5;
+    o.call_timeout_s = 20;
+    LoadGenerator generator(o);
+    VerifyResult v = generator.Verify(target, 1);
+    EXPECT_EQ(v.checked, 6);
+    EXPECT_EQ(v.failed, 0) << testing::PrintToString(v.lines);
+    PointResult p = generator.RunPoint(Target::kService, target, 3);
+    EXPECT_TRUE(p.error_codes.empty()) << p.first_error;
+    EXPECT_GT(p.stats[0].requests, 0);
+    EXPECT_FALSE(p.upload_replicas.empty());
+    for (const std::string& replica : p.upload_replicas) {
+      EXPECT_NE(std::find(addresses.begin(), addresses.end(), replica), addresses.end()) << replica;
+    }
+    GemmClient client(target);
+    for (const std::string& replica : addresses) {
+      CallOptions call;
+      call.client_id = o.client_id;
+      call.replica = replica;
+      v1::ListMatricesResponse listed;
+      ASSERT_TRUE(client.ListMatrices(&listed, call).ok());
+      EXPECT_EQ(listed.matrices_size(), 0) << replica << ": " << listed.DebugString();
     }
   }
 }

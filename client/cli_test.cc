@@ -130,6 +130,21 @@ TEST(Cli, CheckLimitsNamesTheOperandAndTheLimit) {
   EXPECT_EQ(CheckLimits({.m = 1024, .n = 1024, .k = 2048}, quota, {.resident_b = true}), "");
 }
 
+TEST(Cli, AKeptCDoesNotCountTowardsStreaming) {
+  // 2048x2048 C is 8 MiB, over the 3 MiB unary limit; resident operands send nothing.
+  v1::GemmRequest request;
+  request.set_m(2048);
+  request.set_n(2048);
+  request.set_k(64);
+  request.set_a_handle("a");
+  request.set_b_handle("b");
+  EXPECT_TRUE(GemmClient::ShouldStream(request, {}));
+  request.set_keep_c_resident(true);
+  EXPECT_FALSE(GemmClient::ShouldStream(request, {}));
+  request.set_b(std::string(size_t{4} << 20, '\0'));  // 4 MiB of B bytes still stream
+  EXPECT_TRUE(GemmClient::ShouldStream(request, {}));
+}
+
 TEST(Cli, ParseHandleList) {
   std::vector<std::string> handles;
   ASSERT_EQ(ParseHandleList("abc,def", &handles), "");

@@ -3,7 +3,11 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <map>
+#include <mutex>
 #include <thread>
+
+#include "proto/handle.h"
 
 namespace hgemm {
 namespace {
@@ -25,7 +29,32 @@ void WriteRequests(const std::vector<const v1::GemmRequest*>& requests, int64_t 
   stream->WritesDone();
 }
 
+// A call to `replica` that could not reach it: say what that means for the matrices there.
+grpc::Status ExplainUnreachable(grpc::Status status, const std::string& replica,
+                                grpc::Channel* channel) {
+  if (replica.empty() || status.error_code() != grpc::StatusCode::UNAVAILABLE ||
+      channel->GetState(/*try_to_connect=*/false) == GRPC_CHANNEL_READY) {
+    return status;  // a replica that answered (e.g. its queue is full) speaks for itself
+  }
+  return grpc::Status(
+      grpc::StatusCode::UNAVAILABLE,
+      fmt::format("replica {} cannot be reached ({}): if it is gone, the resident matrices it "
+                  "held went with it; upload them again",
+                  replica, status.error_message()));
+}
+
 }  // namespace
+
+struct GemmClient::Routes {
+  Routes(std::shared_ptr<grpc::Channel> target, const ConnectOptions& connect)
+      : connect(connect),
+        target{"", target, std::shared_ptr(v1::GemmService::NewStub(target))} {}
+
+  const ConnectOptions connect;
+  const Route target;
+  std::mutex mu;
+  std::map<std::string, Route> replicas;  // guarded by mu
+};
 
 bool WriteStreamedGemm(const v1::GemmRequest& request, uint64_t gemm_id, int64_t chunk_bytes,
                        GemmStreamWriter* stream) {
@@ -61,22 +90,106 @@ std::shared_ptr<grpc::Channel> Connect(const std::string& target, const ConnectO
   args.SetMaxReceiveMessageSize(-1);
   args.SetMaxSendMessageSize(-1);
   if (options.private_subchannels) args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  // Calls spread over every address of the target (the replicas), not the first alone.
+  args.SetLoadBalancingPolicyName("round_robin");
   return grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
 }
 
-GemmClient::GemmClient(std::shared_ptr<grpc::Channel> channel)
-    : stub_(v1::GemmService::NewStub(std::move(channel))) {}
+GemmClient::GemmClient(const std::string& target, const ConnectOptions& options)
+    : GemmClient(Connect(target, options), options) {}
+
+GemmClient::GemmClient(std::shared_ptr<grpc::Channel> channel, const ConnectOptions& options)
+    : routes_(std::make_shared<Routes>(std::move(channel), options)) {}
+
+std::string GemmClient::ReplicaOf(const std::string& handle) {
+  return std::string(HandleReplica(handle));
+}
+
+grpc::Status GemmClient::ReplicaOf(const v1::GemmRequest& request, std::string* replica) {
+  const std::string a = ReplicaOf(request.a_handle()), b = ReplicaOf(request.b_handle());
+  if (!a.empty() && !b.empty() && a != b) {
+    return grpc::Status(
+        grpc::StatusCode::FAILED_PRECONDITION,
+        fmt::format("a_handle {} lives on replica {} and b_handle {} on replica {}: one GEMM "
+                    "runs on one replica; upload B where A lives (CallOptions::replica)",
+                    request.a_handle(), a, request.b_handle(), b));
+  }
+  *replica = a.empty() ? b : a;
+  return grpc::Status::OK;
+}
+
+std::shared_ptr<grpc::Channel> GemmClient::ChannelTo(const std::string& replica) const {
+  return RouteTo(replica).channel;
+}
+
+GemmClient::Route GemmClient::RouteTo(const std::string& replica) const {
+  if (replica.empty()) return routes_->target;
+  std::lock_guard<std::mutex> lock(routes_->mu);
+  auto [it, added] = routes_->replicas.try_emplace(replica);
+  if (added) {
+    it->second.replica = replica;
+    it->second.channel = Connect(replica, routes_->connect);
+    it->second.stub = v1::GemmService::NewStub(it->second.channel);
+  }
+  return it->second;
+}
+
+GemmClient::Route GemmClient::RouteFor(const std::string& handle, const CallOptions& options) const {
+  const std::string replica = ReplicaOf(handle);
+  return RouteTo(replica.empty() ? options.replica : replica);
+}
 
 grpc::Status GemmClient::Gemm(const v1::GemmRequest& request, v1::GemmResponse* response,
                               const CallOptions& options) const {
+  std::string replica;
+  if (grpc::Status s = ReplicaOf(request, &replica); !s.ok()) return s;
+  const Route route = RouteTo(replica.empty() ? options.replica : replica);
   grpc::ClientContext context;
   ApplyDeadline(options, &context);
-  return stub_->Gemm(&context, request, response);
+  return ExplainUnreachable(route.stub->Gemm(&context, request, response), route.replica,
+                            route.channel.get());
 }
 
 grpc::Status GemmClient::GemmStream(const std::vector<const v1::GemmRequest*>& requests,
                                     std::vector<StreamedGemm>* results,
                                     const CallOptions& options) const {
+  // One stream per replica, in the order each is first named.
+  std::vector<std::string> order;
+  std::map<std::string, std::vector<size_t>> by_replica;
+  std::vector<std::pair<size_t, grpc::Status>> refused;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    std::string replica;
+    if (grpc::Status s = ReplicaOf(*requests[i], &replica); !s.ok()) {
+      refused.emplace_back(i, s);
+      continue;
+    }
+    if (replica.empty()) replica = options.replica;
+    auto [it, added] = by_replica.try_emplace(replica);
+    if (added) order.push_back(replica);
+    it->second.push_back(i);
+  }
+  if (refused.empty() && order.size() <= 1) {
+    return StreamOn(RouteTo(order.empty() ? options.replica : order[0]), requests, results, options);
+  }
+  results->assign(requests.size(), StreamedGemm{});
+  for (auto& [i, status] : refused) (*results)[i].status = status;
+  grpc::Status first_failure;
+  for (const std::string& replica : order) {
+    const std::vector<size_t>& ids = by_replica[replica];
+    std::vector<const v1::GemmRequest*> part;
+    for (size_t i : ids) part.push_back(requests[i]);
+    std::vector<StreamedGemm> part_results;
+    grpc::Status s = StreamOn(RouteTo(replica), part, &part_results, options);
+    if (!s.ok() && first_failure.ok()) first_failure = s;
+    for (size_t j = 0; j < ids.size(); ++j) (*results)[ids[j]] = std::move(part_results[j]);
+  }
+  return first_failure;
+}
+
+grpc::Status GemmClient::StreamOn(const Route& route,
+                                  const std::vector<const v1::GemmRequest*>& requests,
+                                  std::vector<StreamedGemm>* results,
+                                  const CallOptions& options) const {
   results->assign(requests.size(), StreamedGemm{});
   for (size_t id = 0; id < requests.size(); ++id) {
     v1::GemmResponse& r = (*results)[id].response;
@@ -89,7 +202,7 @@ grpc::Status GemmClient::GemmStream(const std::vector<const v1::GemmRequest*>& r
   }
   grpc::ClientContext context;
   ApplyDeadline(options, &context);
-  auto stream = stub_->GemmStream(&context);
+  auto stream = route.stub->GemmStream(&context);
   // Writing and reading run at once: the server answers early GEMMs while later ones upload.
   std::thread writer(WriteRequests, std::cref(requests), options.chunk_bytes, stream.get());
   v1::GemmStreamResponse message;
@@ -122,12 +235,15 @@ grpc::Status GemmClient::GemmStream(const std::vector<const v1::GemmRequest*>& r
   }
   writer.join();
   grpc::Status status = stream->Finish();
-  return status.ok() ? protocol_error : status;
+  return status.ok() ? protocol_error
+                     : ExplainUnreachable(status, route.replica, route.channel.get());
 }
 
 bool GemmClient::ShouldStream(const v1::GemmRequest& request, const CallOptions& options) {
+  // A C kept on the server does not travel back.
+  const int64_t c_bytes = request.keep_c_resident() ? 0 : 2 * int64_t(request.m()) * request.n();
   return int64_t(request.a().size() + request.b().size()) > options.unary_limit_bytes ||
-         2 * int64_t(request.m()) * request.n() > options.unary_limit_bytes;
+         c_bytes > options.unary_limit_bytes;
 }
 
 grpc::Status GemmClient::Run(const v1::GemmRequest& request, v1::GemmResponse* response,
@@ -143,9 +259,10 @@ grpc::Status GemmClient::Run(const v1::GemmRequest& request, v1::GemmResponse* r
 grpc::Status GemmClient::UploadMatrix(uint32_t rows, uint32_t cols, const std::string& data,
                                       v1::MatrixInfo* info, uint32_t ttl_seconds,
                                       const std::string& label, const CallOptions& options) const {
+  const Route route = RouteTo(options.replica);
   grpc::ClientContext context;
   ApplyDeadline(options, &context);
-  auto stream = stub_->UploadMatrix(&context, info);
+  auto stream = route.stub->UploadMatrix(&context, info);
   v1::UploadMatrixRequest message;
   v1::MatrixHeader* header = message.mutable_header();
   header->set_rows(rows);
@@ -158,35 +275,39 @@ grpc::Status GemmClient::UploadMatrix(uint32_t rows, uint32_t cols, const std::s
     ok = stream->Write(message);
   }
   stream->WritesDone();
-  return stream->Finish();
+  return ExplainUnreachable(stream->Finish(), route.replica, route.channel.get());
 }
 
 grpc::Status GemmClient::ReleaseMatrix(const std::string& handle, const CallOptions& options,
                                        uint64_t* freed_bytes) const {
+  const Route route = RouteFor(handle, options);
   grpc::ClientContext context;
   ApplyDeadline(options, &context);
   v1::ReleaseMatrixRequest request;
   request.set_handle(handle);
   v1::ReleaseMatrixResponse response;
-  grpc::Status status = stub_->ReleaseMatrix(&context, request, &response);
+  grpc::Status status = ExplainUnreachable(route.stub->ReleaseMatrix(&context, request, &response),
+                                           route.replica, route.channel.get());
   if (freed_bytes != nullptr) *freed_bytes = status.ok() ? response.freed_bytes() : 0;
   return status;
 }
 
 grpc::Status GemmClient::ListMatrices(v1::ListMatricesResponse* response,
                                       const CallOptions& options) const {
+  const Route route = RouteTo(options.replica);
   grpc::ClientContext context;
   ApplyDeadline(options, &context);
-  return stub_->ListMatrices(&context, v1::ListMatricesRequest(), response);
+  return route.stub->ListMatrices(&context, v1::ListMatricesRequest(), response);
 }
 
 grpc::Status GemmClient::DownloadMatrix(const std::string& handle, std::string* data,
                                         const CallOptions& options) const {
+  const Route route = RouteFor(handle, options);
   grpc::ClientContext context;
   ApplyDeadline(options, &context);
   v1::DownloadMatrixRequest request;
   request.set_handle(handle);
-  auto stream = stub_->DownloadMatrix(&context, request);
+  auto stream = route.stub->DownloadMatrix(&context, request);
   data->clear();
   v1::ResultChunk chunk;
   while (stream->Read(&chunk)) {
@@ -197,21 +318,22 @@ grpc::Status GemmClient::DownloadMatrix(const std::string& handle, std::string* 
     if (chunk.offset() == 0) data->reserve(chunk.total_bytes());
     data->append(chunk.data());
   }
-  return stream->Finish();
+  return ExplainUnreachable(stream->Finish(), route.replica, route.channel.get());
 }
 
 grpc::Status GemmClient::ListKernels(v1::ListKernelsResponse* response,
                                      const CallOptions& options) const {
   grpc::ClientContext context;
   ApplyDeadline(options, &context);
-  return stub_->ListKernels(&context, v1::ListKernelsRequest(), response);
+  return RouteTo(options.replica).stub->ListKernels(&context, v1::ListKernelsRequest(), response);
 }
 
 grpc::Status GemmClient::GetServerInfo(v1::ServerInfo* response,
                                        const CallOptions& options) const {
   grpc::ClientContext context;
   ApplyDeadline(options, &context);
-  return stub_->GetServerInfo(&context, v1::GetServerInfoRequest(), response);
+  return RouteTo(options.replica).stub->GetServerInfo(&context, v1::GetServerInfoRequest(),
+                                                      response);
 }
 
 }  // namespace hgemm

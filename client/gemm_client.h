@@ -3,6 +3,17 @@
 // Unary Gemm for small matrices, GemmStream (chunked, many GEMMs on one call) for large ones;
 // Run() picks by size. Thread safety: a GemmClient may be used from many threads at once
 // (gRPC stubs are thread-safe); each call is independent.
+//
+// Replicas (proto/hgemm.proto, "Replicas"): a call naming a resident matrix's handle goes to the
+// replica that holds it (the address in the handle, proto/handle.h) over a channel of its own,
+// made with Connect(replica, the client's ConnectOptions) at first use and kept; every other
+// call is balanced over the target (round_robin over its addresses: "ipv4:H:P1,H:P2", or a DNS
+// name resolving to every replica). A GEMM whose handles live on two replicas is refused here,
+// FAILED_PRECONDITION naming both: upload the second operand where the first lives
+// (CallOptions::replica). A call naming a handle of a replica that cannot be reached gets
+// UNAVAILABLE saying that the replica is gone or down and that its matrices must be uploaded
+// again. Handles naming no replica (a server without --advertise_address) go to the target.
+// Copies of a GemmClient share its channels (the target's and the replicas').
 #ifndef HGEMM_CLIENT_GEMM_CLIENT_H_
 #define HGEMM_CLIENT_GEMM_CLIENT_H_
 
@@ -49,6 +60,10 @@ struct CallOptions {
   // Sent as "traceparent" metadata: the W3C trace context the server logs with the call
   // ("00-<32 hex trace id>-<16 hex parent id>-<2 hex flags>"; the server ignores a malformed one).
   std::string traceparent;
+  // Where a call that names no handle goes: a replica's address (GemmClient::ReplicaOf of a
+  // handle, or MatrixInfo.replica), e.g. to upload B onto the replica that holds A. Empty:
+  // balanced over the target. Calls naming a handle go to its replica whatever this says.
+  std::string replica;
 };
 
 using GemmStreamWriter = grpc::ClientReaderWriter<v1::GemmStreamRequest, v1::GemmStreamResponse>;
@@ -60,15 +75,28 @@ bool WriteStreamedGemm(const v1::GemmRequest& request, uint64_t gemm_id, int64_t
 
 class GemmClient {
  public:
-  explicit GemmClient(std::shared_ptr<grpc::Channel> channel);
+  // Balances over Connect(target, options); replicas get Connect(replica, options).
+  explicit GemmClient(const std::string& target, const ConnectOptions& options = {});
+  // Balances over `channel`, made for the target with `options` (replicas get
+  // Connect(replica, options): pass the options the channel was made with).
+  explicit GemmClient(std::shared_ptr<grpc::Channel> channel, const ConnectOptions& options = {});
+
+  // The replica address a handle names; empty for a handle of a single server.
+  static std::string ReplicaOf(const std::string& handle);
+  // The replica a GEMM must run on: that of its handles (empty: none named, balanced).
+  // FAILED_PRECONDITION, naming both handles and replicas, when A's and B's differ.
+  static grpc::Status ReplicaOf(const v1::GemmRequest& request, std::string* replica);
+  // The channel calls to `replica` take (empty: the target's): made at first use, then kept.
+  std::shared_ptr<grpc::Channel> ChannelTo(const std::string& replica) const;
 
   // One unary Gemm call.
   grpc::Status Gemm(const v1::GemmRequest& request, v1::GemmResponse* response,
                     const CallOptions& options = {}) const;
 
-  // All `requests` on one GemmStream call (gemm_id = index). On return, results[i] belongs to
-  // requests[i]. The returned status is the stream's: a GEMM can fail on its own (its
-  // results[i].status) while the stream succeeds.
+  // All `requests` on one GemmStream call (gemm_id = index) per replica they name (one call for
+  // all when they name none). On return, results[i] belongs to requests[i]. The returned status
+  // is the streams' (the first that failed): a GEMM can fail on its own (its results[i].status,
+  // e.g. FAILED_PRECONDITION for handles on two replicas, never sent) while the streams succeed.
   grpc::Status GemmStream(const std::vector<const v1::GemmRequest*>& requests,
                           std::vector<StreamedGemm>* results,
                           const CallOptions& options = {}) const;
@@ -80,13 +108,15 @@ class GemmClient {
   grpc::Status ListKernels(v1::ListKernelsResponse* response, const CallOptions& options = {}) const;
   grpc::Status GetServerInfo(v1::ServerInfo* response, const CallOptions& options = {}) const;
 
-  // Resident matrices. `data` holds rows·cols fp16 values (2·rows·cols bytes).
+  // Resident matrices. `data` holds rows·cols fp16 values (2·rows·cols bytes). The upload goes
+  // to options.replica if set (info->replica() says where it went).
   grpc::Status UploadMatrix(uint32_t rows, uint32_t cols, const std::string& data,
                             v1::MatrixInfo* info, uint32_t ttl_seconds = 0,
                             const std::string& label = "", const CallOptions& options = {}) const;
   // *freed_bytes (if not null): the bytes the server freed.
   grpc::Status ReleaseMatrix(const std::string& handle, const CallOptions& options = {},
                              uint64_t* freed_bytes = nullptr) const;
+  // The matrices of the replica the call reaches (options.replica, or a balanced pick).
   grpc::Status ListMatrices(v1::ListMatricesResponse* response,
                             const CallOptions& options = {}) const;
   grpc::Status DownloadMatrix(const std::string& handle, std::string* data,
@@ -96,7 +126,23 @@ class GemmClient {
   static bool ShouldStream(const v1::GemmRequest& request, const CallOptions& options);
 
  private:
-  std::unique_ptr<v1::GemmService::Stub> stub_;
+  // Where calls to one replica (or, for "", to the target) go.
+  struct Route {
+    std::string replica;
+    std::shared_ptr<grpc::Channel> channel;
+    std::shared_ptr<v1::GemmService::Stub> stub;
+  };
+  // The per-replica routes, shared by copies of the client. Thread-safe.
+  struct Routes;
+
+  Route RouteTo(const std::string& replica) const;
+  // The route of a call naming `handle` (empty: none), else of options.replica.
+  Route RouteFor(const std::string& handle, const CallOptions& options) const;
+  // One GemmStream call on `route` for all of `requests` (gemm_id = index).
+  grpc::Status StreamOn(const Route& route, const std::vector<const v1::GemmRequest*>& requests,
+                        std::vector<StreamedGemm>* results, const CallOptions& options) const;
+
+  std::shared_ptr<Routes> routes_;
 };
 
 }  // namespace hgemm

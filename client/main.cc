@@ -6,10 +6,13 @@
 //   hgemm_client --info
 //   hgemm_client --list --client_id=me              # this client's resident matrices
 //   hgemm_client --release=HANDLE1,HANDLE2 --client_id=me
+//   hgemm_client --server=ipv4:10.0.0.1:50051,10.0.0.2:50051 --resident=all --check  # replicas
 // Random fp16 inputs in [-1, 1) unless --a/--b give .npy files. Before allocating any operand,
 // the shape is checked against the server's limits (GetServerInfo): a GEMM the server would
 // refuse is refused here, naming the operand and the limit. Exits non-zero on any error,
-// including a failed --check.
+// including a failed --check. Over several replicas, calls naming a handle go to the replica that
+// holds it and the rest are balanced (see client/gemm_client.h); --resident uploads B, then A onto
+// the replica that holds B, so that the GEMMs and their kept C stay there.
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
@@ -46,6 +49,7 @@ void PrintServerInfo(const hgemm::GemmClient& client) {
   hgemm::v1::ListKernelsResponse kernels;
   if (grpc::Status s = client.GetServerInfo(&info); !s.ok()) return;
   std::printf("server %s, backend %s\n", info.version().c_str(), info.backend().c_str());
+  if (!info.replica().empty()) std::printf("  replica %s\n", info.replica().c_str());
   for (const auto& d : info.devices()) {
     if (d.compute_capability().empty()) {
       std::printf("  %s: %d workers\n", d.name().c_str(), d.streams());
@@ -124,7 +128,9 @@ int Main(int argc, char** argv) {
   std::string release;
 
   CLI::App app{"hgemm_client: fp16 GEMM on an hgemm-serve server"};
-  app.add_option("--server", server, "server address (HOST:PORT or a gRPC target)")
+  app.add_option("--server", server,
+                 "server address (HOST:PORT or a gRPC target; several replicas: "
+                 "ipv4:HOST:P1,HOST:P2,... or a DNS name resolving to all of them)")
       ->envname("HGEMM_SERVER")->capture_default_str();
   app.add_option("--shape", shape, "MxNxK of random inputs, e.g. 512x256x1024 (each in [1, 2^32))");
   app.add_option("--a", a_path, "A as an m x k float16 .npy file");
@@ -155,7 +161,8 @@ int Main(int argc, char** argv) {
   app.add_flag("--info", info, "print the server's backend, devices, limits and kernels");
   app.add_flag("--list", list,
                "list this client's resident matrices (handle, shape, bytes, age, idle, time left "
-               "before expiry, label); see --client_id");
+               "before expiry, label); see --client_id. Over several replicas, those of the one "
+               "the call reaches: give one replica's address as --server to list its own");
   app.add_option("--release", release,
                  "release these resident matrices (comma-separated handles, as --list shows)");
   CLI11_PARSE(app, argc, argv);
@@ -197,7 +204,8 @@ int Main(int argc, char** argv) {
   call.client_id = client_id;
   call.traceparent = traceparent;
 
-  hgemm::GemmClient client(hgemm::Connect(server));
+  const hgemm::ConnectOptions connect;
+  hgemm::GemmClient client(server, connect);
   if (info) {
     hgemm::v1::ServerInfo server_info;
     if (grpc::Status s = client.GetServerInfo(&server_info, call); !s.ok()) return Fail(s);
@@ -225,7 +233,8 @@ int Main(int argc, char** argv) {
     const uint64_t sent = hgemm::cli::CheckedAdd(resident == "all" ? 0 : a_bytes,
                                                  resident != "none" ? 0 : b_bytes)
                               .value_or(UINT64_MAX);
-    const uint64_t received = hgemm::cli::MatrixBytes(dims.m, dims.n).value_or(UINT64_MAX);
+    const uint64_t received =
+        resident == "all" ? 0 : hgemm::cli::MatrixBytes(dims.m, dims.n).value_or(UINT64_MAX);
     const uint64_t unary_limit = uint64_t(call.unary_limit_bytes);
     const bool unary = mode == "unary" ||
                        (mode == "auto" && sent <= unary_limit && received <= unary_limit);
@@ -265,19 +274,23 @@ int Main(int argc, char** argv) {
   std::vector<std::string> uploaded;
   if (resident != "none") {
     const auto start = std::chrono::steady_clock::now();
+    // B first, balanced; A onto B's replica: one GEMM's operands (and its kept C) live together.
+    hgemm::CallOptions upload = call;
     for (bool is_a : {false, true}) {
       if (is_a && resident != "all") continue;
       hgemm::v1::MatrixInfo info;
-      grpc::Status s = is_a ? client.UploadMatrix(request.m(), request.k(), a_bytes, &info, 0, "A", call)
-                            : client.UploadMatrix(request.k(), request.n(), b_bytes, &info, 0, "B", call);
+      grpc::Status s = is_a ? client.UploadMatrix(request.m(), request.k(), a_bytes, &info, 0, "A", upload)
+                            : client.UploadMatrix(request.k(), request.n(), b_bytes, &info, 0, "B", upload);
       if (!s.ok()) return Fail(s);
+      upload.replica = info.replica();
       uploaded.push_back(info.handle());
       if (is_a) request.set_a_handle(info.handle());
       else request.set_b_handle(info.handle());
     }
     request.set_keep_c_resident(resident == "all");
-    std::printf("uploaded %s once in %.1f ms; each call sends %.1f MiB\n",
+    std::printf("uploaded %s once%s in %.1f ms; each call sends %.1f MiB\n",
                 resident == "all" ? "A and B" : "B",
+                upload.replica.empty() ? "" : (" to replica " + upload.replica).c_str(),
                 std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count(),
                 request.a().size() / 1048576.0);
   }
@@ -286,7 +299,7 @@ int Main(int argc, char** argv) {
               request.m(), request.n(), request.k(), stream ? "GemmStream" : "unary Gemm",
               kernel.c_str(), accumulation.c_str(),
               (request.a().size() + request.b().size()) / 1048576.0,
-              2.0 * request.m() * request.n() / 1048576.0);
+              request.keep_c_resident() ? 0.0 : 2.0 * request.m() * request.n() / 1048576.0);
   std::printf("%5s %10s %9s %10s %9s %10s %10s %8s  %s\n", "run", "queue_ms", "h2d_ms", "kernel_ms",
               "d2h_ms", "server_ms", "client_ms", "TFLOP/s", "kernel@device");
 

@@ -105,7 +105,7 @@ if [[ ${1:-} != --no-self-test ]]; then
     "$base/deployment.yaml|s/prometheus.io\/port: \"9464\"/prometheus.io\/port: \"9465\"/|prometheus.io/port 9465 is not the metrics containerPort 9464"
     "$base/server.env|s/^HGEMM_METRICS_LISTEN=0.0.0.0:9464/HGEMM_METRICS_LISTEN=0.0.0.0:9999/|HGEMM_METRICS_LISTEN 0.0.0.0:9999 is not on the metrics containerPort 9464"
     "$base/server.env|s/^HGEMM_DRAIN_DEADLINE_S=/HGEMM_DRAIN_DEADLINE=/|HGEMM_DRAIN_DEADLINE is not a server flag"
-    "$base/service-headless.yaml|s/component: server/component: sever/|selector matches no Deployment's pods"
+    "$base/service-headless.yaml|s/component: server/component: sever/|selector matches no Deployment's or StatefulSet's pods"
     "deploy/k8s/overlays/multi-gpu/deployment-patch.yaml|s/memory: 32Gi/memroy: 32Gi/|resources.limits[\"memroy\"] is not a resource"
     "deploy/k8s/overlays/multi-gpu/deployment-patch.yaml|s/replicas: 2/replica: 2/|replica\"' does not exist in type 'IDeploymentSpec'"
     "deploy/docker/Dockerfile|s/^USER 10001:10001/USER 10002:10002/|runAsUser 10001 is not the image's USER 10002"
@@ -116,6 +116,9 @@ if [[ ${1:-} != --no-self-test ]]; then
     "deploy/k8s/components/servicemonitor/servicemonitor.yaml|s/- port: metrics/- port: metric/|ServiceMonitor/hgemm: endpoint port metric is not a port of Service hgemm-metrics"
     "deploy/k8s/components/servicemonitor/servicemonitor.yaml|s/scrapeTimeout: 10s/scrapeTimout: 10s/|'\"scrapeTimout\"' does not exist in type"
     "deploy/k8s/components/servicemonitor/service-metrics.yaml|s/targetPort: metrics/targetPort: grpc/|endpoint port metrics does not reach the server's metrics containerPort"
+    "deploy/k8s/overlays/statefulset/statefulset-patch.yaml|s/(POD_NAME).hgemm-headless/(POD_NAME).hgemm/|is not \$(POD_NAME).hgemm-headless.\$(POD_NAMESPACE).svc.cluster.local:50051"
+    "deploy/k8s/components/statefulset/statefulset.yaml|s/podManagementPolicy: OrderedReady/podManagementPolicy: Parallel/|podManagementPolicy must be OrderedReady"
+    "deploy/k8s/components/statefulset/statefulset.yaml|s/serviceName: hgemm-headless/serviceName: hgemm/|serviceName hgemm is not a rendered headless Service"
   )
   for t in "${selftest[@]}"; do
     IFS='|' read -r file expr expect <<<"$t"

@@ -219,6 +219,7 @@ void GemmServiceImpl::Describe(const ResidentMatrix& m, v1::MatrixInfo* info) co
   info->set_idle_seconds(std::chrono::duration<double>(now - m.last_used).count());
   info->set_ttl_seconds(m.ttl.count());
   info->set_label(m.label);
+  info->set_replica(options_.resident.replica);
 }
 
 void GemmServiceImpl::KeepResult(QuotaReservation c_quota, const GemmShape& shape,
@@ -746,6 +747,7 @@ grpc::ServerUnaryReactor* GemmServiceImpl::GetServerInfo(grpc::CallbackServerCon
   load->set_admitted_bytes(stats.admitted_bytes);
   load->set_admitted_total(stats.admitted_total);
   load->set_completed_total(stats.completed_total);
+  response->set_replica(options_.resident.replica);
   Answered(Rpc::kGetServerInfo, grpc::Status::OK, context);
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   reactor->Finish(grpc::Status::OK);

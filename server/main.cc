@@ -35,6 +35,18 @@ int main(int argc, char** argv) {
   CLI::App app{"hgemm-serve: fp16 GEMM over gRPC (hgemm.v1.GemmService)"};
   app.add_option("--listen", server_options.listen_address, "HOST:PORT to serve on")
       ->envname("HGEMM_LISTEN")->capture_default_str();
+  app.add_option("--advertise_address", server_options.service.resident.replica,
+                 "HOST:PORT clients reach this replica at (e.g. its pod's DNS name), for one of "
+                 "several replicas: handles name it, so clients send calls naming a handle here "
+                 "(empty: a single server)")
+      ->envname("HGEMM_ADVERTISE_ADDRESS")
+      ->check([](const std::string& address) -> std::string {
+        // Handles end with "@" + the address (proto/handle.h): it must be one plain token.
+        if (address.find_first_of("@ \t\n/,") != std::string::npos) {
+          return "a HOST:PORT without '@', '/', ',' or spaces";
+        }
+        return "";
+      });
   app.add_option("--metrics_listen", server_options.metrics_listen,
                  "HOST:PORT serving Prometheus metrics over HTTP at /metrics (empty: off)")
       ->envname("HGEMM_METRICS_LISTEN");
@@ -51,6 +63,11 @@ int main(int argc, char** argv) {
   app.add_option("--device_memory_fraction", backend_options.cuda.device_memory_fraction,
                  "share of each device's free memory the streams' buffers may use")
       ->envname("HGEMM_DEVICE_MEMORY_FRACTION")->check(CLI::Range(0.05, 0.98))->capture_default_str();
+  int64_t spin_us = 1000;
+  app.add_option("--spin_us", spin_us,
+                 "how long an idle worker polls for the next GEMM, and a kept-C GEMM polls for its "
+                 "kernel's end, before sleeping (lower latency for CPU; 0 = always sleep)")
+      ->envname("HGEMM_SPIN_US")->check(CLI::Range(int64_t{0}, int64_t{100000}))->capture_default_str();
   app.add_option("--upload_threads", server_options.upload_threads,
                  "threads copying streamed chunks to the device as they arrive")
       ->envname("HGEMM_UPLOAD_THREADS")->check(CLI::Range(1, 64))->capture_default_str();
@@ -110,6 +127,8 @@ int main(int argc, char** argv) {
   hgemm::logging::Install(format);
   spdlog::set_level(spdlog::level::from_str(log_level));
   backend_options.cuda.devices = ParseDeviceList(devices);
+  backend_options.cuda.completion_spin = std::chrono::microseconds(spin_us);
+  server_options.service.scheduler.idle_spin = std::chrono::microseconds(spin_us);
   server_options.drain_deadline = std::chrono::seconds(drain_deadline_s);
   server_options.service.resident.default_ttl = std::chrono::seconds(resident_ttl_s);
   server_options.service.idle_timeout = std::chrono::seconds(stream_idle_timeout_s);
@@ -138,6 +157,9 @@ int main(int argc, char** argv) {
   const hgemm::Backend& b = server->backend();
   spdlog::info("hgemm-serve {} listening on {} (port {})", hgemm::kVersion,
                server_options.listen_address, server->port());
+  if (!server_options.service.resident.replica.empty()) {
+    spdlog::info("replica {}: resident-matrix handles name it", server_options.service.resident.replica);
+  }
   spdlog::info("backend {}: {} execution slots, largest GEMM {} bytes", b.Name(), b.NumSlots(),
                b.MaxJobBytes());
   for (const hgemm::DeviceDescription& d : b.Devices()) {

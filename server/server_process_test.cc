@@ -36,6 +36,7 @@
 
 #include "client/gemm_client.h"
 #include "client/metrics_scrape.h"
+#include "server/child_process.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "grpc/reflection/v1alpha/reflection.grpc.pb.h"
 #include "kernels/host/cpu_gemm.h"
@@ -49,18 +50,8 @@ namespace reflection = grpc::reflection::v1alpha;
 namespace pb = google::protobuf;
 
 constexpr int kDrainDeadlineSeconds = 20;
+using subprocess::FreePort;
 
-int FreePort() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
-  socklen_t len = sizeof addr;
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  close(fd);
-  return ntohs(addr.sin_port);
-}
 
 class ServerProcessTest : public ::testing::Test {
  protected:
@@ -69,7 +60,7 @@ class ServerProcessTest : public ::testing::Test {
   // Starts hgemm_server (CPU backend, debug log, /metrics) with `extra_flags`; its output goes
   // to `log_path`, or to the test's when empty.
   void StartServer(const std::vector<std::string>& extra_flags, const std::string& log_path) {
-    const std::string binary = std::string(std::getenv("TEST_SRCDIR")) + "/hgemm_serve/server/hgemm_server";
+    const std::string binary = subprocess::RunfilePath("server/hgemm_server");
     target_ = "127.0.0.1:" + std::to_string(FreePort());
     metrics_port_ = FreePort();
     std::vector<std::string> args = {
@@ -349,10 +340,11 @@ class JsonLogProcessTest : public ServerProcessTest {
     StartServer({"--log_format=json"}, log_path_);
   }
 
-  // Runs the real hgemm_client against the server; its exit status.
-  int RunClient(const std::string& flags) {
-    const std::string binary = std::string(std::getenv("TEST_SRCDIR")) + "/hgemm_serve/client/hgemm_client";
-    return std::system((binary + " --server=" + target_ + " " + flags + " >/dev/null 2>&1").c_str());
+  // Runs the real hgemm_client against the server with `flags`; its exit status.
+  int RunClient(std::vector<std::string> flags) {
+    flags.insert(flags.begin(), "--server=" + target_);
+    subprocess::ChildProcess client(subprocess::RunfilePath("client/hgemm_client"), flags);
+    return client.Wait();
   }
 
   // SIGTERM, exit, and every line the process wrote.
@@ -375,13 +367,15 @@ TEST_F(JsonLogProcessTest, EveryLineIsJsonAndCallsCarryTheirFields) {
   const std::string trace = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
   // A forged traceparent trying to close the JSON string and add a level of its own.
   const std::string forged = "00-4bf92f3577b34da6a\\\"}{\"level\":\"critical\"-00f067aa0ba902b7-01";
-  EXPECT_EQ(RunClient("--shape=8x8x8 --request_id=ok-1 --traceparent=" + trace), 0);
-  EXPECT_NE(RunClient("--shape=8x8x8 --kernel=warp_drive --request_id=refused-1 --traceparent=" + trace), 0);
-  EXPECT_NE(RunClient("--shape=8x8x8 --kernel=warp_drive --request_id=refused-2 '--traceparent=" +
-                      forged + "'"),
+  EXPECT_EQ(RunClient({"--shape=8x8x8", "--request_id=ok-1", "--traceparent=" + trace}), 0);
+  EXPECT_NE(RunClient({"--shape=8x8x8", "--kernel=warp_drive", "--request_id=refused-1",
+                       "--traceparent=" + trace}),
             0);
-  EXPECT_NE(RunClient("--shape=8x8x8 --mode=stream --kernel=warp_drive --request_id=refused-3 "
-                      "--traceparent=" + trace),
+  EXPECT_NE(RunClient({"--shape=8x8x8", "--kernel=warp_drive", "--request_id=refused-2",
+                       "--traceparent=" + forged}),
+            0);
+  EXPECT_NE(RunClient({"--shape=8x8x8", "--mode=stream", "--kernel=warp_drive",
+                       "--request_id=refused-3", "--traceparent=" + trace}),
             0);
   const std::vector<std::string> lines = StopAndReadLog();
   ASSERT_GT(lines.size(), 5u);

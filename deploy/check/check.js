@@ -16,7 +16,8 @@
 //   4. Rules the service depends on, on the rendered output: GPU limits, gRPC probes on the
 //      server's port and health service, grace period > preStop + drain deadline, non-root and
 //      read-only root filesystem with a writable /tmp, Services, PDB and HPA that select or
-//      target the Deployment, and agreement with deploy/docker/Dockerfile (user id, port,
+//      target the workload (a Deployment, or a StatefulSet whose replicas advertise their own
+//      DNS names through its headless Service, for resident matrices), and agreement with deploy/docker/Dockerfile (user id, port,
 //      CUDA base images) and .dockerignore (nothing the build needs is left out).
 //
 // Usage: node check.js --repo REPO --work DIR   (NODE_PATH must reach the npm packages;
@@ -34,6 +35,8 @@ const YAML = require("yaml");
 
 // Mirrors the CLI11 options and checks in server/main.cc.
 const SERVER_ENV = {
+  // Handles end with "@" + the address (proto/handle.h); $(VAR) is Kubernetes' expansion.
+  HGEMM_ADVERTISE_ADDRESS: (v) => /^[A-Za-z0-9.$()_-]+:\d{1,5}$/.test(v) || "HOST:PORT (no '@', '/', ',' or spaces)",
   HGEMM_LISTEN: (v) => /^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9.-]+):\d{1,5}$/.test(v) || "host:port",
   HGEMM_METRICS_LISTEN: (v) => v === "" || /^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9.-]+):\d{1,5}$/.test(v) || "host:port, or empty (off)",
   HGEMM_BACKEND: (v) => ["auto", "cuda", "cpu"].includes(v) || "auto|cuda|cpu",
@@ -328,6 +331,7 @@ for (const f of [...new Set(kustomizations.flatMap((k) => k.patches))]) {
   const problems = [...errors];
   docs.forEach((d, i) => {
     if (Array.isArray(d)) return; // a JSON 6902 patch: checked through the rendered output
+    if (d && d.$patch === "delete") return; // removes its target: nothing of it is rendered
     problems.push(...schemaProblems(d, `${rel(f)}#${i + 1} (patch of ${d.kind}/${d.metadata && d.metadata.name})`, { partial: true }));
   });
   check(`schema (partial): ${rel(f)}`, problems);
@@ -425,9 +429,33 @@ function preStopSeconds(c) {
   return null; // some other hook: its length is unknown
 }
 
+// A StatefulSet's replicas: the headless Service names them, and each advertises its own name.
+function statefulSetProblems(sts, env, port, all) {
+  const p = [];
+  const where = `StatefulSet/${sts.metadata.name}`;
+  const spec = sts.spec || {};
+  const svc = all.find((d) => d.kind === "Service" && d.metadata.name === spec.serviceName);
+  if (!svc || svc.spec.clusterIP !== "None") p.push(`${where}: serviceName ${spec.serviceName} is not a rendered headless Service (clusterIP: None)`);
+  else if (!isSubset(svc.spec.selector, spec.template.metadata.labels)) p.push(`${where}: Service/${svc.metadata.name} does not select its pods`);
+  const server = spec.template.spec.containers.find((c) => (c.ports || []).some((x) => x.name === "grpc"));
+  const fieldRef = (name) => ((server.env || []).find((e) => e.name === name) || {}).valueFrom;
+  for (const [name, field] of [["POD_NAME", "metadata.name"], ["POD_NAMESPACE", "metadata.namespace"]]) {
+    const from = fieldRef(name);
+    if (!(from && from.fieldRef && from.fieldRef.fieldPath === field)) p.push(`${where}: env ${name} must come from fieldRef ${field} (downward API)`);
+  }
+  const want = `$(POD_NAME).${spec.serviceName}.$(POD_NAMESPACE).svc.cluster.local:${port}`;
+  if (env.HGEMM_ADVERTISE_ADDRESS !== want) p.push(`${where}: HGEMM_ADVERTISE_ADDRESS ${env.HGEMM_ADVERTISE_ADDRESS} is not ${want} (the replica's DNS name, which its handles carry)`);
+  if ((spec.podManagementPolicy || "OrderedReady") !== "OrderedReady") p.push(`${where}: podManagementPolicy must be OrderedReady (scale one replica, and its matrices, at a time)`);
+  const update = spec.updateStrategy || {};
+  if ((update.type || "RollingUpdate") !== "RollingUpdate") p.push(`${where}: updateStrategy must be RollingUpdate`);
+  const maxUnavailable = update.rollingUpdate && update.rollingUpdate.maxUnavailable;
+  if (maxUnavailable !== undefined && String(maxUnavailable) !== "1") p.push(`${where}: rollingUpdate.maxUnavailable ${maxUnavailable} would drop several replicas' matrices at once`);
+  return p;
+}
+
 function deploymentProblems(dep, all) {
   const p = [];
-  const where = `Deployment/${dep.metadata.name}`;
+  const where = `${dep.kind}/${dep.metadata.name}`;
   const spec = dep.spec || {};
   const pod = (spec.template && spec.template.spec) || {};
   const podLabels = (spec.template && spec.template.metadata && spec.template.metadata.labels) || {};
@@ -446,6 +474,8 @@ function deploymentProblems(dep, all) {
   }
   for (const e of server.env || []) if ("value" in e) env[e.name] = e.value;
   p.push(...envProblems(env, where, serverKnown));
+  if (dep.kind === "StatefulSet") p.push(...statefulSetProblems(dep, env, port, all));
+  else if (env.HGEMM_ADVERTISE_ADDRESS) p.push(`${where}: HGEMM_ADVERTISE_ADDRESS is set, but a Deployment's pods have no stable names to advertise (use a StatefulSet)`);
   if (env.HGEMM_LISTEN && Number(env.HGEMM_LISTEN.split(":").pop()) !== port) p.push(`${where}: HGEMM_LISTEN ${env.HGEMM_LISTEN} is not on containerPort ${port}`);
   if (!env.HGEMM_LISTEN && port !== SERVER_DEFAULT_PORT) p.push(`${where}: containerPort ${port} but the server listens on ${SERVER_DEFAULT_PORT} by default`);
   if (dockerPorts.length && !dockerPorts.includes(port)) p.push(`${where}: containerPort ${port} is not EXPOSEd by the Dockerfile (${dockerPorts.join(", ")})`);
@@ -532,9 +562,9 @@ for (const { name, docs } of rendered) {
   docs.forEach((d, i) => schema.push(...schemaProblems(d, `${name}#${i + 1} ${d.kind}/${d.metadata && d.metadata.name}`, { partial: false })));
   check(`schema: rendered ${name}`, schema);
 
-  const deps = docs.filter((d) => d.kind === "Deployment");
+  const deps = docs.filter((d) => d.kind === "Deployment" || d.kind === "StatefulSet");
   const p = [];
-  if (deps.length === 0) p.push("no Deployment rendered");
+  if (deps.length === 0) p.push("no Deployment or StatefulSet rendered");
   for (const d of deps) p.push(...deploymentProblems(d, docs));
   check(`deployment rules: ${name}`, p);
 
@@ -543,7 +573,7 @@ for (const { name, docs } of rendered) {
   for (const svc of services) {
     const where = `Service/${svc.metadata.name}`;
     const dep = deps.find((d) => isSubset(svc.spec.selector, d.spec.template.metadata.labels));
-    if (!dep) { s.push(`${where}: selector matches no Deployment's pods`); continue; }
+    if (!dep) { s.push(`${where}: selector matches no Deployment's or StatefulSet's pods`); continue; }
     const ports = dep.spec.template.spec.containers.flatMap((c) => c.ports || []);
     for (const sp of svc.spec.ports || []) {
       const t = sp.targetPort ?? sp.port;
@@ -554,7 +584,7 @@ for (const { name, docs } of rendered) {
   if (!services.some((v) => v.spec.clusterIP !== "None" && (v.spec.type || "ClusterIP") === "ClusterIP")) s.push("no ClusterIP Service");
   for (const pdb of docs.filter((d) => d.kind === "PodDisruptionBudget")) {
     const dep = deps.find((d) => isSubset(pdb.spec.selector && pdb.spec.selector.matchLabels, d.spec.template.metadata.labels));
-    if (!dep) s.push(`PodDisruptionBudget/${pdb.metadata.name}: selector matches no Deployment's pods`);
+    if (!dep) s.push(`PodDisruptionBudget/${pdb.metadata.name}: selector matches no Deployment's or StatefulSet's pods`);
     else if (pdb.spec.minAvailable !== undefined && Number(pdb.spec.minAvailable) >= (dep.spec.replicas ?? 1)) s.push(`PodDisruptionBudget/${pdb.metadata.name}: minAvailable >= replicas blocks every node drain`);
   }
   if (!docs.some((d) => d.kind === "PodDisruptionBudget")) s.push("no PodDisruptionBudget");

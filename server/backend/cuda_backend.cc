@@ -10,6 +10,7 @@
 #include <functional>
 #include <map>
 #include <mutex>
+#include <thread>
 #include <tuple>
 
 #include "kernels/registry.h"
@@ -51,6 +52,8 @@ double Milliseconds(Clock::duration d) { return std::chrono::duration<double, st
 struct Device {
   int ordinal = 0;
   cudaDeviceProp props{};
+  // Dense fp16 tensor-core FLOP/s at the maximum clock: no GEMM finishes sooner than this says.
+  double peak_flops = 0;
   // Device memory the slots' buffers and resident matrices may take together.
   int64_t budget_bytes = 0;
   std::atomic<int64_t> used_bytes{0};
@@ -160,6 +163,14 @@ class CudaBackend final : public Backend {
         return fmt::format("cudaMemGetInfo({}): {}", ordinal, cudaGetErrorString(e));
       }
       device->budget_bytes = int64_t(free_bytes * options_.device_memory_fraction);
+      int clock_khz = 0;
+      if (cudaError_t e = cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, ordinal);
+          e != cudaSuccess) {
+        return fmt::format("cudaDeviceGetAttribute(clock rate, {}): {}", ordinal,
+                           cudaGetErrorString(e));
+      }
+      constexpr double kSm90FlopsPerClockPerSm = 4096;  // dense fp16 wgmma, either accumulation
+      device->peak_flops = kSm90FlopsPerClockPerSm * p.multiProcessorCount * clock_khz * 1e3;
       for (int s = 0; s < options_.streams_per_device; ++s) {
         auto slot = std::make_unique<Slot>();
         slot->device = device.get();
@@ -233,6 +244,8 @@ class CudaBackend final : public Backend {
   void EnablePeerAccess();
   grpc::Status Fail(Slot& slot, cudaError_t e, const std::string& what);
   grpc::Status EnsureCapacity(Slot& slot, size_t bytes);
+  // Waits for slot.kernel_done of a kernel of `flops` (see CudaBackendOptions::completion_spin).
+  cudaError_t WaitForKernel(const Slot& slot, double flops) const;
   grpc::Status CopyResident(Device& device, void* dst, const void* src, int64_t bytes,
                             cudaMemcpyKind kind);
   grpc::Status CopyToDevice(Slot& slot, char* dst, const char* src, size_t bytes);
@@ -467,6 +480,21 @@ grpc::Status CudaBackend::CopyToHost(Slot& slot, char* dst, const char* src, siz
   return grpc::Status::OK;
 }
 
+cudaError_t CudaBackend::WaitForKernel(const Slot& slot, double flops) const {
+  if (options_.completion_spin.count() > 0) {
+    // sleep_for overshoots by up to the timer slack (50 us by default on Linux).
+    constexpr auto kWakeMargin = std::chrono::microseconds(200);
+    const auto floor = std::chrono::duration<double>(flops / slot.device->peak_flops);
+    if (floor > kWakeMargin) std::this_thread::sleep_for(floor - kWakeMargin);
+    const auto until = Clock::now() + options_.completion_spin;
+    do {
+      if (cudaError_t e = cudaEventQuery(slot.kernel_done); e != cudaErrorNotReady) return e;
+      std::this_thread::yield();
+    } while (Clock::now() < until);
+  }
+  return cudaEventSynchronize(slot.kernel_done);
+}
+
 grpc::Status CudaBackend::Run(int slot_index, const GemmJob& job, GemmReport* report) {
   Slot& slot = *slots_[slot_index];
   Device& device = *slot.device;
@@ -539,7 +567,7 @@ grpc::Status CudaBackend::Run(int slot_index, const GemmJob& job, GemmReport* re
   CUDA_TRY(slot, cudaEventRecord(slot.kernel_done, slot.stream));
   double d2h_ms = 0;
   if (job.keep_c) {
-    CUDA_TRY(slot, cudaEventSynchronize(slot.kernel_done));
+    CUDA_TRY(slot, WaitForKernel(slot, 2.0 * m * n * kk));
   } else {
     grpc::Status s = CopyToHost(slot, reinterpret_cast<char*>(job.c), d_c, c_bytes, job.c_progress,
                                 &d2h_ms);

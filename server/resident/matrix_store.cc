@@ -6,6 +6,7 @@
 #include <random>
 #include <utility>
 
+#include "proto/handle.h"
 #include "server/status_util.h"
 
 namespace hgemm {
@@ -18,11 +19,13 @@ constexpr size_t kRememberedGoneHandles = 100000;
 MatrixStore::MatrixStore(Backend* backend, const MatrixStoreOptions& options)
     : backend_(backend), options_(options) {}
 
-std::string MatrixStore::NewHandle() {
+std::string MatrixStore::NewHandle() const {
   static std::mutex mu;
   static std::random_device entropy;
   std::lock_guard<std::mutex> lock(mu);
-  return fmt::format("m-{:08x}{:08x}{:08x}{:08x}", entropy(), entropy(), entropy(), entropy());
+  return MakeHandle(
+      fmt::format("m-{:08x}{:08x}{:08x}{:08x}", entropy(), entropy(), entropy(), entropy()),
+      options_.replica);
 }
 
 QuotaReservation& QuotaReservation::operator=(QuotaReservation&& other) noexcept {
@@ -123,6 +126,17 @@ grpc::Status MatrixStore::Lookup(const std::string& owner, const std::string& ha
   const Clock::time_point now = Clock::now();
   ExpireLocked(now);
   auto it = matrices_.find(handle);
+  if (const std::string_view replica = HandleReplica(handle);
+      it == matrices_.end() && !replica.empty() && replica != options_.replica) {
+    // A client that does not route (grpcurl, an old client) sent it to the wrong replica.
+    return grpc::Status(
+        grpc::StatusCode::NOT_FOUND,
+        fmt::format("{}: matrix {} lives on replica {}, not on this one ({}); send calls naming "
+                    "it there",
+                    field, status::Quote(handle), status::Quote(replica),
+                    options_.replica.empty() ? "which advertises no address"
+                                             : status::Quote(options_.replica)));
+  }
   if (it == matrices_.end()) {
     auto gone = gone_.find(handle);
     return grpc::Status(grpc::StatusCode::NOT_FOUND,

@@ -31,6 +31,9 @@ struct MatrixStoreOptions {
   std::chrono::seconds default_ttl{0};
   // Full device budget: evict least recently used matrices instead of RESOURCE_EXHAUSTED.
   bool lru_eviction = false;
+  // This replica's address (--advertise_address), appended to every handle (proto/handle.h);
+  // empty: one server, handles name no replica.
+  std::string replica;
 };
 
 struct ResidentMatrix {
@@ -89,8 +92,8 @@ class MatrixStore {
                      std::shared_ptr<ResidentBuffer> buffer, std::chrono::seconds ttl,
                      const std::string& label);
 
-  // The matrix behind `handle`, marked used. NOT_FOUND (unknown, released, expired, evicted),
-  // PERMISSION_DENIED (another client's). `field` names the request field in messages.
+  // The matrix behind `handle`, marked used. NOT_FOUND (unknown, released, expired, evicted,
+  // or named for another replica), PERMISSION_DENIED (another client's). `field` names the request field in messages.
   grpc::Status Lookup(const std::string& owner, const std::string& handle, const std::string& field,
                       ResidentMatrix* matrix);
 
@@ -116,7 +119,7 @@ class MatrixStore {
   void UnchargeLocked(const std::string& owner, int64_t bytes);
   void ForgetLocked(std::map<std::string, ResidentMatrix>::iterator it, const char* why);
   bool EvictOneLocked(int device_index);
-  static std::string NewHandle();
+  std::string NewHandle() const;
 
   Backend* const backend_;
   const MatrixStoreOptions options_;

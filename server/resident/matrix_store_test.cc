@@ -45,6 +45,30 @@ TEST_F(MatrixStoreTest, LifecycleAndUseAfterRelease) {
   EXPECT_EQ(store.ClientBytes("alice"), 0);
 }
 
+// With a replica address (--advertise_address) every handle names it; a handle naming another
+// replica is NOT_FOUND saying where it lives.
+TEST_F(MatrixStoreTest, HandlesNameTheReplica) {
+  MatrixStore store(backend_.get(), {.replica = "hgemm-1.hgemm.ns.svc.cluster.local:50051"});
+  ResidentMatrix m = Put(store, "alice");
+  EXPECT_EQ(m.handle.substr(34), "@hgemm-1.hgemm.ns.svc.cluster.local:50051");
+  ResidentMatrix found;
+  ASSERT_TRUE(store.Lookup("alice", m.handle, "a_handle", &found).ok());
+
+  const std::string elsewhere = m.handle.substr(0, 34) + "@hgemm-2.hgemm.ns.svc.cluster.local:50051";
+  grpc::Status s = store.Lookup("alice", elsewhere, "a_handle", &found);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_NE(s.error_message().find("lives on replica 'hgemm-2.hgemm.ns.svc.cluster.local:50051'"),
+            std::string::npos)
+      << s.error_message();
+  // Without a replica address, handles are as they always were, and a replica's is foreign.
+  MatrixStore single(backend_.get(), {});
+  EXPECT_EQ(Put(single, "alice").handle.find('@'), std::string::npos);
+  s = single.Lookup("alice", m.handle, "a_handle", &found);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_NE(s.error_message().find("which advertises no address"), std::string::npos)
+      << s.error_message();
+}
+
 TEST_F(MatrixStoreTest, UnknownHandleIsNotFoundAndForeignIsDenied) {
   MatrixStore store(backend_.get(), {});
   ResidentMatrix found;

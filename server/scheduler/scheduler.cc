@@ -4,6 +4,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <thread>
 
 #include "server/logging.h"
 #include "server/status_util.h"
@@ -64,6 +65,7 @@ grpc::Status Scheduler::Enqueue(GemmJob job, GemmDone done) {
     }
     DeviceQueue& device = devices_[PlaceLocked(job)];
     device.entries.push_back({std::move(job), std::move(done), Clock::now()});
+    device.waiting.store(int64_t(device.entries.size()), std::memory_order_release);
     queued_++;
     admitted_total_++;
     admitted_bytes_ += bytes;
@@ -111,12 +113,14 @@ void Scheduler::WorkerLoop(int slot) {
   DeviceQueue& device = devices_[backend_->SlotDevice(slot)];
   while (true) {
     Entry entry;
+    SpinForWork(device);
     {
       std::unique_lock<std::mutex> lock(mu_);
       device.work_available.wait(lock, [&] { return stopping_ || !device.entries.empty(); });
       if (device.entries.empty()) return;  // stopping, and nothing left to drain
       entry = std::move(device.entries.front());
       device.entries.pop_front();
+      device.waiting.store(int64_t(device.entries.size()), std::memory_order_relaxed);
       queued_--;
       device.running++;
     }
@@ -134,6 +138,14 @@ void Scheduler::WorkerLoop(int slot) {
     } catch (...) {  // a transport bug; the worker must live on for the other jobs
       status::FromCurrentException("GEMM completion");
     }
+  }
+}
+
+void Scheduler::SpinForWork(const DeviceQueue& device) const {
+  if (options_.idle_spin.count() <= 0) return;
+  const auto until = Clock::now() + options_.idle_spin;
+  while (device.waiting.load(std::memory_order_acquire) == 0 && Clock::now() < until) {
+    std::this_thread::yield();
   }
 }
 

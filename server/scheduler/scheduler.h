@@ -9,6 +9,8 @@
 #ifndef HGEMM_SERVER_SCHEDULER_SCHEDULER_H_
 #define HGEMM_SERVER_SCHEDULER_SCHEDULER_H_
 
+#include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -30,6 +32,10 @@ struct SchedulerOptions {
   // A job whose resident operands live on a device with every slot busy runs on an idle
   // device instead, which copies the operands over (device to device) for that run.
   bool copy_resident_to_idle_device = false;
+  // How long a worker that finished a job polls its device's queue before it sleeps: a job
+  // arriving meanwhile starts without a thread wake-up (0.03-0.1 ms on the H200 host, measured
+  // in docs/kernels_notes.md "Fixed costs"). Costs at most this much CPU per job; 0 = never poll.
+  std::chrono::microseconds idle_spin{1000};
 };
 
 // The index of the smallest load; ties go to the lowest index. REQUIRES: !loads.empty().
@@ -75,6 +81,7 @@ class Scheduler {
   };
   struct DeviceQueue {
     std::deque<Entry> entries;
+    std::atomic<int64_t> waiting{0};  // entries.size(), readable without mu_
     int64_t running = 0;
     int slots = 0;
     std::condition_variable work_available;  // wakes one of this device's workers
@@ -84,6 +91,8 @@ class Scheduler {
   // The device whose queue `job` joins.
   int PlaceLocked(const GemmJob& job) const;
   void WorkerLoop(int slot);
+  // Returns when `device` has a job waiting or options_.idle_spin has passed.
+  void SpinForWork(const DeviceQueue& device) const;
   // Runs (or, if cancelled or expired, skips) one job; does not call its `done`.
   grpc::Status RunEntry(int slot, const Entry& entry, GemmReport* report);
 

@@ -4,20 +4,27 @@ from typing import List, Optional
 
 import grpc
 
-from . import _arrays, _core, _errors, _progress, _wire
+from . import _arrays, _core, _errors, _progress
 from ._proto import hgemm_pb2 as pb
-from ._proto import hgemm_pb2_grpc as pb_grpc
 
 
 class Client:
-    """A client of one hgemm-serve server (hgemm.v1.GemmService). Thread-safe: one Client may be
-    used from many threads at once (one gRPC channel, calls are independent).
+    """A client of an hgemm-serve server or of several replicas (hgemm.v1.GemmService).
+    Thread-safe: one Client may be used from many threads at once (calls are independent).
 
         with hgemm.Client("127.0.0.1:50051") as c:
             C = c.gemm(A, B)
 
+    Replicas: a call naming a ResidentMatrix goes to the replica that holds it (the address in
+    its handle), over a channel of its own made with the same options; every other call is
+    balanced over the target (round_robin). A GEMM of matrices on two replicas raises
+    FailedPrecondition before anything is sent: upload the second with replica=the first. A
+    call naming a matrix of a replica that cannot be reached raises Unavailable saying so (its
+    matrices are gone if it is; upload them again).
+
     Args:
-      target: "host:port" (any gRPC target, e.g. "dns:///svc:50051").
+      target: "host:port" (any gRPC target, e.g. "dns:///svc:50051"; several replicas:
+        "ipv4:10.0.0.1:50051,10.0.0.2:50051" or a DNS name that resolves to all of them).
       tls: True for TLS with the system's root certificates; implied by tls_ca / tls_cert.
       tls_ca: PEM file of the CA that signed the server's certificate.
       tls_cert, tls_key: PEM files of this client's certificate and key (mTLS).
@@ -40,16 +47,16 @@ class Client:
 
     def __init__(self, target: str = "127.0.0.1:50051", **options):
         self._config = _core.ClientConfig(target, **options)
-        cfg = self._config
-        if cfg.credentials is None:
-            self._channel = grpc.insecure_channel(target, options=cfg.channel_options)
-        else:
-            self._channel = grpc.secure_channel(target, cfg.credentials, options=cfg.channel_options)
-        self._stub = _wire.Stub(self._channel, pb_grpc.GemmServiceStub(self._channel))
+        self._routes = _core.Routes(self._config, grpc)
+        self._channel, self._stub = self._routes.target
+
+    def _stub_for(self, replica: str):
+        return self._stub if not replica else self._routes.stub(replica)
 
     # Lifetime.
     def close(self) -> None:
-        self._channel.close()
+        for channel in self._routes.channels():
+            channel.close()
 
     def __enter__(self):
         return self
@@ -57,19 +64,20 @@ class Client:
     def __exit__(self, *exc):
         self.close()
 
-    # The retry loop around one call.
-    def _call(self, fn, timeout, idempotent: bool):
+    # The retry loop around one call (to `replica`, "" for the target).
+    def _call(self, fn, timeout, idempotent: bool, replica: str = ""):
         deadline = _core.Deadline(self._config.call_timeout(timeout))
         policy = self._config.policy
+        stub = self._stub_for(replica)
         for attempt in range(policy.attempts):
             try:
-                return fn(deadline.remaining())
+                return fn(stub, deadline.remaining())
             except grpc.RpcError as e:
                 err = _errors.from_rpc_error(e)
             delay = policy.delay(attempt)
             if (attempt + 1 == policy.attempts or not _core.should_retry(err, idempotent)
                     or not deadline.allows(delay)):
-                raise err
+                raise _core.explain_unreachable(err, replica)
             time.sleep(delay)
 
     def _server_limit(self, spec, mode, timeout) -> None:
@@ -94,6 +102,7 @@ class Client:
         started = time.monotonic()
         spec = _core.Spec(a, b, accumulation=accumulation, kernel=kernel, keep_c=keep_c,
                           c_ttl=c_ttl, request_id=request_id)
+        replica = spec.replica()
         self._server_limit(spec, mode, timeout)
         if self._config.streams(spec, mode):
             result = self._many([spec], timeout, details, as_torch, started)[0]
@@ -103,9 +112,9 @@ class Client:
             return result
         request = spec.unary_request()
 
-        def call(t):
-            return self._stub.Gemm(request, timeout=t, metadata=self._config.metadata)
-        response = self._call(call, timeout, idempotent=not keep_c)
+        def call(stub, t):
+            return stub.Gemm(request, timeout=t, metadata=self._config.metadata)
+        response = self._call(call, timeout, idempotent=not keep_c, replica=replica)
         return _core.unary_result(self, spec, response, details, as_torch, started)
 
     def gemm_many(self, pairs, *, accumulation: Optional[str] = None, kernel: str = "auto",
@@ -115,7 +124,8 @@ class Client:
         ones upload); results come back in the order of `pairs`.
 
         pairs: (A, B) or (A, B, {options}) items, options being any of accumulation, kernel,
-        keep_c, c_ttl, request_id for that GEMM. A failing GEMM does not stop the others. With
+        keep_c, c_ttl, request_id for that GEMM. A failing GEMM does not stop the others. Over
+        several replicas, one stream per replica the GEMMs' matrices live on. With
         return_exceptions=False the first failing GEMM's Error is raised once all are done (its
         .index is its position, its .results the whole list); with True, failed GEMMs are
         hgemm.Error objects in the returned list. timeout is for the whole batch.
@@ -130,45 +140,54 @@ class Client:
         return _core.finish_many(results, return_exceptions)
 
     def _many(self, specs: List[_core.Spec], timeout, details, as_torch, started) -> list:
-        by_id = dict(enumerate(specs))
+        groups, outcomes = _core.by_replica(dict(enumerate(specs)))
         deadline = _core.Deadline(self._config.call_timeout(timeout))
         total = sum(s.payload_bytes + s.c_bytes for s in specs)
         bar = _progress.bar(self._config.progress, total, "hgemm")
         try:
-            rounds = _core.ManyRound(by_id, self._config.policy, deadline)
-            while rounds.pending:
-                collector = _core.StreamCollector({i: by_id[i] for i in rounds.pending}, bar)
-                requests = _core.stream_requests(by_id, rounds.pending, self._config.chunk_bytes, bar)
-                stream_err = None
-                try:
-                    call = self._stub.GemmStream(requests, timeout=deadline.remaining(),
-                                                 metadata=self._config.metadata)
-                    for message in call:
-                        collector.consume(message)
-                except grpc.RpcError as e:
-                    stream_err = _errors.from_rpc_error(e)
-                delay = rounds.settle(collector, stream_err)
-                if delay:
-                    time.sleep(delay)
+            for replica, by_id in groups.items():
+                rounds = self._stream_rounds(replica, by_id, deadline, bar)
+                outcomes.update((i, rounds.outcome(i)) for i in by_id)
         finally:
             _progress.close(bar)
-        return [_core.streamed_result(self, by_id[i], rounds.outcome(i), details, as_torch, started)
+        return [_core.streamed_result(self, specs[i], outcomes[i], details, as_torch, started)
                 for i in range(len(specs))]
+
+    def _stream_rounds(self, replica: str, by_id, deadline, bar) -> _core.ManyRound:
+        stub = self._stub_for(replica)
+        rounds = _core.ManyRound(by_id, self._config.policy, deadline)
+        while rounds.pending:
+            collector = _core.StreamCollector({i: by_id[i] for i in rounds.pending}, bar)
+            requests = _core.stream_requests(by_id, rounds.pending, self._config.chunk_bytes, bar)
+            stream_err = None
+            try:
+                call = stub.GemmStream(requests, timeout=deadline.remaining(),
+                                       metadata=self._config.metadata)
+                for message in call:
+                    collector.consume(message)
+            except grpc.RpcError as e:
+                stream_err = _core.explain_unreachable(_errors.from_rpc_error(e), replica)
+            delay = rounds.settle(collector, stream_err)
+            if delay:
+                time.sleep(delay)
+        return rounds
 
     # Resident matrices.
     def upload(self, matrix, *, ttl: int = 0, label: str = "", device_id: Optional[int] = None,
-               timeout: Optional[float] = None) -> _core.ResidentMatrix:
+               replica=None, timeout: Optional[float] = None) -> _core.ResidentMatrix:
         """Uploads a matrix (float16 ndarray or tensor) and returns its ResidentMatrix.
         ttl: seconds after its last use at which the server frees it (0: the server's default).
-        device_id: the CUDA device to keep it on (None: the one with the most free memory)."""
+        device_id: the CUDA device to keep it on (None: the one with the most free memory).
+        replica: where to put it over several replicas: a ResidentMatrix (onto the replica that
+        holds it, so that both can go in one GEMM) or a replica's address; None: balanced."""
         array = _arrays.as_fp16_matrix(matrix, "matrix")
         bar = _progress.bar(self._config.progress, array.nbytes, "hgemm upload")
 
-        def call(t):
+        def call(stub, t):
             messages = _core.upload_messages(array, ttl, label, device_id, self._config.chunk_bytes, bar)
-            return self._stub.UploadMatrix(messages, timeout=t, metadata=self._config.metadata)
+            return stub.UploadMatrix(messages, timeout=t, metadata=self._config.metadata)
         try:
-            info = self._call(call, timeout, idempotent=False)
+            info = self._call(call, timeout, idempotent=False, replica=_core.replica_of(replica))
         finally:
             _progress.close(bar)
         return _core.ResidentMatrix(self, info)
@@ -178,14 +197,16 @@ class Client:
         """A resident matrix's values as a float16 ndarray (or torch tensor with as_torch)."""
         bar = _progress.bar(self._config.progress, 2 * matrix.rows * matrix.cols, "hgemm download")
 
-        def call(t):
+        def call(stub, t):
             buf = _core.DownloadBuffer(matrix.rows, matrix.cols, bar)
-            for chunk in self._stub.DownloadMatrix(pb.DownloadMatrixRequest(handle=matrix.handle),
-                                                   timeout=t, metadata=self._config.metadata):
+            for chunk in stub.DownloadMatrix(pb.DownloadMatrixRequest(handle=matrix.handle),
+                                             timeout=t, metadata=self._config.metadata):
                 buf.add(chunk)
             return buf.array()
         try:
-            return _arrays.to_output(self._call(call, timeout, idempotent=True), as_torch)
+            array = self._call(call, timeout, idempotent=True,
+                               replica=_core.handle_replica(matrix.handle))
+            return _arrays.to_output(array, as_torch)
         finally:
             _progress.close(bar)
 
@@ -194,36 +215,41 @@ class Client:
         if getattr(matrix, "released", False):
             return 0
 
-        def call(t):
-            return self._stub.ReleaseMatrix(pb.ReleaseMatrixRequest(handle=matrix.handle),
-                                            timeout=t, metadata=self._config.metadata)
-        freed = self._call(call, timeout, idempotent=False).freed_bytes
+        def call(stub, t):
+            return stub.ReleaseMatrix(pb.ReleaseMatrixRequest(handle=matrix.handle),
+                                      timeout=t, metadata=self._config.metadata)
+        freed = self._call(call, timeout, idempotent=False,
+                           replica=_core.handle_replica(matrix.handle)).freed_bytes
         if isinstance(matrix, _core.ResidentMatrix):
             matrix.released = True
         return freed
 
-    def matrices(self, *, timeout: Optional[float] = None) -> _core.MatrixList:
+    def matrices(self, *, replica: Optional[str] = None,
+                 timeout: Optional[float] = None) -> _core.MatrixList:
         """This client's resident matrices (a list of ResidentMatrix, with .client_bytes and
-        .quota_bytes)."""
-        def call(t):
-            return self._stub.ListMatrices(pb.ListMatricesRequest(), timeout=t,
-                                           metadata=self._config.metadata)
-        response = self._call(call, timeout, idempotent=True)
+        .quota_bytes). Over several replicas, those of `replica` (an address; None: of the one
+        the balanced call reaches)."""
+        def call(stub, t):
+            return stub.ListMatrices(pb.ListMatricesRequest(), timeout=t,
+                                     metadata=self._config.metadata)
+        response = self._call(call, timeout, idempotent=True, replica=replica or "")
         out = _core.MatrixList(_core.ResidentMatrix(self, m) for m in response.matrices)
         out.client_bytes, out.quota_bytes = response.client_bytes, response.quota_bytes
         return out
 
     # The server.
-    def info(self, *, timeout: Optional[float] = None) -> pb.ServerInfo:
-        """GetServerInfo: version, backend, devices, limits, load (a hgemm_pb2.ServerInfo)."""
-        def call(t):
-            return self._stub.GetServerInfo(pb.GetServerInfoRequest(), timeout=t,
-                                            metadata=self._config.metadata)
-        return self._call(call, timeout, idempotent=True)
+    def info(self, *, replica: Optional[str] = None,
+             timeout: Optional[float] = None) -> pb.ServerInfo:
+        """GetServerInfo: version, backend, devices, limits, load, replica (a
+        hgemm_pb2.ServerInfo), of `replica` if given, else of the replica the call reaches."""
+        def call(stub, t):
+            return stub.GetServerInfo(pb.GetServerInfoRequest(), timeout=t,
+                                      metadata=self._config.metadata)
+        return self._call(call, timeout, idempotent=True, replica=replica or "")
 
     def kernels(self, *, timeout: Optional[float] = None) -> List[_core.Kernel]:
         """ListKernels: the kernel names for kernel=, with their accumulations."""
-        def call(t):
-            return self._stub.ListKernels(pb.ListKernelsRequest(), timeout=t,
-                                          metadata=self._config.metadata)
+        def call(stub, t):
+            return stub.ListKernels(pb.ListKernelsRequest(), timeout=t,
+                                    metadata=self._config.metadata)
         return _core.kernels_from_proto(self._call(call, timeout, idempotent=True))

@@ -5,6 +5,7 @@ import inspect
 import os
 import random
 import re
+import threading
 import time
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -13,6 +14,7 @@ import numpy as np
 
 from . import _arrays, _errors, _wire
 from ._proto import hgemm_pb2 as pb
+from ._proto import hgemm_pb2_grpc as pb_grpc
 
 # Every server accepts messages this large (--max_message_bytes is at least 4 MiB); above it, the
 # mode choice asks the server (GetServerInfo, once per client).
@@ -87,10 +89,11 @@ class ResidentMatrix:
     """A matrix living on the server (UploadMatrix, or a C kept with keep_c=True).
 
     Usable wherever an operand goes: client.gemm(A, hb), client.gemm(hc, B), gemm_many pairs.
+    Over several replicas, calls naming it go to `replica`, the one that holds it.
     `with client.upload(B) as hb:` releases it at the end of the block (NOT_FOUND there, e.g. an
     expired matrix, is ignored). With hgemm.aio, release() and download() are coroutines and the
     block is `async with`.
-    Attributes: handle, rows, cols, shape, bytes, device_id, label, ttl_seconds.
+    Attributes: handle, rows, cols, shape, bytes, device_id, label, ttl_seconds, replica.
     """
 
     def __init__(self, client, info: pb.MatrixInfo):
@@ -106,6 +109,7 @@ class ResidentMatrix:
     device_id = property(lambda self: self.info.device_id)
     label = property(lambda self: self.info.label)
     ttl_seconds = property(lambda self: self.info.ttl_seconds)
+    replica = property(lambda self: handle_replica(self.handle))
 
     def download(self, **kwargs):
         """C's (or the upload's) values as a float16 ndarray; see Client.download."""
@@ -138,6 +142,21 @@ class ResidentMatrix:
     def __repr__(self):
         state = ", released" if self.released else ""
         return f"ResidentMatrix({self.handle!r}, {self.rows}x{self.cols}{state})"
+
+
+def handle_replica(handle: str) -> str:
+    """The replica address a handle names (what follows its last '@', proto/hgemm.proto
+    "Replicas"); "" for a handle of a single server."""
+    at = handle.rfind("@")
+    return "" if at < 0 else handle[at + 1:]
+
+
+def replica_of(where) -> str:
+    """upload(replica=...)'s argument as an address: a ResidentMatrix (its replica), an
+    address, or None ("": balanced)."""
+    if where is None:
+        return ""
+    return where if isinstance(where, str) else handle_replica(where.handle)
 
 
 class Operand:
@@ -185,6 +204,17 @@ class Spec:
     @property
     def payload_bytes(self) -> int:
         return self.a.nbytes + self.b.nbytes
+
+    def replica(self) -> str:
+        """The replica this GEMM must run on: that of its handles ("": none, balanced).
+        FailedPrecondition, naming both, when A and B live on two replicas."""
+        a, b = handle_replica(self.a.handle), handle_replica(self.b.handle)
+        if a and b and a != b:
+            raise _errors.FailedPrecondition(
+                f"A ({self.a.handle}) lives on replica {a} and B ({self.b.handle}) on replica "
+                f"{b}: one GEMM runs on one replica; upload B where A lives "
+                f"(upload(..., replica=A))")
+        return a or b
 
     @property
     def c_bytes(self) -> int:
@@ -279,6 +309,62 @@ class StreamCollector:
             if spec.c_bytes:
                 return _errors.Internal("the server sent done without C's bytes", index=i)
         return _arrays.c_array(buf, spec.m, spec.n), done
+
+
+class Routes:
+    """The channels of one client: the target's, over which calls naming no handle are
+    balanced (round_robin), and one per replica for the calls naming its handles, made with
+    ClientConfig.make_channel at first use and kept. Thread-safe."""
+
+    def __init__(self, config: "ClientConfig", grpc_module):
+        self._config = config
+        self._module = grpc_module  # grpc or grpc.aio
+        self._lock = threading.Lock()
+        channel = config.make_channel(config.target, grpc_module)
+        self.target = (channel, _wire.Stub(channel, pb_grpc.GemmServiceStub(channel)))
+        self._replicas = {}
+
+    def stub(self, replica: str):
+        """The stub for `replica` ("": the target's)."""
+        if not replica:
+            return self.target[1]
+        with self._lock:
+            route = self._replicas.get(replica)
+            if route is None:
+                channel = self._config.make_channel(replica, self._module)
+                route = self._replicas[replica] = (
+                    channel, _wire.Stub(channel, pb_grpc.GemmServiceStub(channel)))
+            return route[1]
+
+    def channels(self) -> list:
+        with self._lock:
+            return [self.target[0]] + [channel for channel, _ in self._replicas.values()]
+
+
+def explain_unreachable(err: _errors.Error, replica: str) -> _errors.Error:
+    """A call to `replica` that did not reach it: say what that means for its matrices. An
+    UNAVAILABLE the replica itself sent (queue full, shutting down) stays as it is."""
+    if not replica or not isinstance(err, _errors.Unavailable) or _errors.sent_by_server(err):
+        return err
+    out = _errors.Unavailable(f"replica {replica} cannot be reached ({err.message}): if it is "
+                              f"gone, the resident matrices it held went with it; upload them "
+                              f"again", index=err.index)
+    out.__cause__ = err
+    return out
+
+
+def by_replica(specs: Dict[int, "Spec"]):
+    """gemm_many's GEMMs grouped by the replica each must run on, in the order each replica
+    is first named: ({replica: {index: spec}}, {index: FailedPrecondition})."""
+    groups: Dict[str, Dict[int, Spec]] = {}
+    refused: Dict[int, _errors.Error] = {}
+    for i, spec in specs.items():
+        try:
+            groups.setdefault(spec.replica(), {})[i] = spec
+        except _errors.FailedPrecondition as err:
+            err.index = i
+            refused[i] = err
+    return groups, refused
 
 
 class Deadline:
@@ -439,13 +525,23 @@ class ClientConfig:
         self.metadata = tuple(metadata)
         # No message size limits (the server has its own); each client its own connection
         # (gRPC would otherwise share one between channels with equal settings).
+        # round_robin: calls naming no handle spread over every address of the target (the
+        # replicas), not the first alone.
         self.channel_options = [("grpc.max_receive_message_length", -1),
                                 ("grpc.max_send_message_length", -1),
-                                ("grpc.use_local_subchannel_pool", 1)]
+                                ("grpc.use_local_subchannel_pool", 1),
+                                ("grpc.lb_policy_name", "round_robin")]
         if tls_server_name:
             self.channel_options.append(("grpc.ssl_target_name_override", tls_server_name))
         self.channel_options += list(channel_options)
         self.max_message_bytes = None  # the server's, once asked
+
+    def make_channel(self, target: str, grpc_module):
+        """A channel (grpc_module: grpc or grpc.aio) to `target` with this client's credentials
+        and options: the target's and every replica's alike."""
+        if self.credentials is None:
+            return grpc_module.insecure_channel(target, options=self.channel_options)
+        return grpc_module.secure_channel(target, self.credentials, options=self.channel_options)
 
     def call_timeout(self, timeout):
         return self.timeout if timeout is None else timeout

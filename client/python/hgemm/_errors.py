@@ -132,9 +132,16 @@ def from_rpc_error(e: grpc.RpcError, index: Optional[int] = None) -> Error:
     return err
 
 
-# Server messages that say the work was refused before it ran (server/status_util.cc), and
-# gRPC's own message when no connection could be made: a retry cannot run anything twice.
-_NOT_RUN_MARKERS = ("retry with backoff", "server is shutting down", "failed to connect")
+# The server's own UNAVAILABLE messages (server/status_util.cc): the work was refused before it
+# ran. With gRPC's own message when no connection could be made, a retry cannot run anything
+# twice.
+_SERVER_MARKERS = ("retry with backoff", "server is shutting down")
+_NOT_RUN_MARKERS = _SERVER_MARKERS + ("failed to connect",)
+
+
+def sent_by_server(err: Error) -> bool:
+    """True for an UNAVAILABLE the server sent (queue full, shutting down), not gRPC's own."""
+    return any(m in err.message for m in _SERVER_MARKERS)
 
 
 def unavailable_not_run(err: Error) -> bool:

@@ -13,10 +13,9 @@ from typing import List, Optional
 import grpc
 import grpc.aio
 
-from . import _arrays, _core, _errors, _progress, _wire
+from . import _arrays, _core, _errors, _progress
 from ._client import Client as _SyncClient
 from ._proto import hgemm_pb2 as pb
-from ._proto import hgemm_pb2_grpc as pb_grpc
 
 
 class Client:
@@ -24,16 +23,15 @@ class Client:
 
     def __init__(self, target: str = "127.0.0.1:50051", **options):
         self._config = _core.ClientConfig(target, **options)
-        cfg = self._config
-        if cfg.credentials is None:
-            self._channel = grpc.aio.insecure_channel(target, options=cfg.channel_options)
-        else:
-            self._channel = grpc.aio.secure_channel(target, cfg.credentials,
-                                                    options=cfg.channel_options)
-        self._stub = _wire.Stub(self._channel, pb_grpc.GemmServiceStub(self._channel))
+        self._routes = _core.Routes(self._config, grpc.aio)
+        self._channel, self._stub = self._routes.target
+
+    def _stub_for(self, replica: str):
+        return self._stub if not replica else self._routes.stub(replica)
 
     async def close(self) -> None:
-        await self._channel.close()
+        for channel in self._routes.channels():
+            await channel.close()
 
     async def __aenter__(self):
         return self
@@ -41,18 +39,19 @@ class Client:
     async def __aexit__(self, *exc):
         await self.close()
 
-    async def _call(self, fn, timeout, idempotent: bool):
+    async def _call(self, fn, timeout, idempotent: bool, replica: str = ""):
         deadline = _core.Deadline(self._config.call_timeout(timeout))
         policy = self._config.policy
+        stub = self._stub_for(replica)
         for attempt in range(policy.attempts):
             try:
-                return await fn(deadline.remaining())
+                return await fn(stub, deadline.remaining())
             except grpc.RpcError as e:
                 err = _errors.from_rpc_error(e)
             delay = policy.delay(attempt)
             if (attempt + 1 == policy.attempts or not _core.should_retry(err, idempotent)
                     or not deadline.allows(delay)):
-                raise err
+                raise _core.explain_unreachable(err, replica)
             await asyncio.sleep(delay)
 
     async def _server_limit(self, spec, mode, timeout) -> None:
@@ -71,6 +70,7 @@ class Client:
         started = time.monotonic()
         spec = _core.Spec(a, b, accumulation=accumulation, kernel=kernel, keep_c=keep_c,
                           c_ttl=c_ttl, request_id=request_id)
+        replica = spec.replica()
         await self._server_limit(spec, mode, timeout)
         if self._config.streams(spec, mode):
             result = (await self._many([spec], timeout, details, as_torch, started))[0]
@@ -80,9 +80,9 @@ class Client:
             return result
         request = spec.unary_request()
 
-        def call(t):
-            return self._stub.Gemm(request, timeout=t, metadata=self._config.metadata)
-        response = await self._call(call, timeout, idempotent=not keep_c)
+        def call(stub, t):
+            return stub.Gemm(request, timeout=t, metadata=self._config.metadata)
+        response = await self._call(call, timeout, idempotent=not keep_c, replica=replica)
         return _core.unary_result(self, spec, response, details, as_torch, started)
 
     async def gemm_many(self, pairs, *, accumulation: Optional[str] = None, kernel: str = "auto",
@@ -100,44 +100,52 @@ class Client:
         return _core.finish_many(results, return_exceptions)
 
     async def _many(self, specs: List[_core.Spec], timeout, details, as_torch, started) -> list:
-        by_id = dict(enumerate(specs))
+        groups, outcomes = _core.by_replica(dict(enumerate(specs)))
         deadline = _core.Deadline(self._config.call_timeout(timeout))
         total = sum(s.payload_bytes + s.c_bytes for s in specs)
         bar = _progress.bar(self._config.progress, total, "hgemm")
-        try:
-            rounds = _core.ManyRound(by_id, self._config.policy, deadline)
-            while rounds.pending:
-                collector = _core.StreamCollector({i: by_id[i] for i in rounds.pending}, bar)
-                requests = _core.stream_requests(by_id, rounds.pending, self._config.chunk_bytes, bar)
-                stream_err = None
-                try:
-                    call = self._stub.GemmStream(_aiter(requests), timeout=deadline.remaining(),
-                                                 metadata=self._config.metadata)
-                    async for message in call:
-                        collector.consume(message)
-                except grpc.RpcError as e:
-                    stream_err = _errors.from_rpc_error(e)
-                delay = rounds.settle(collector, stream_err)
-                if delay:
-                    await asyncio.sleep(delay)
+        try:  # the replicas' streams at once
+            done = await asyncio.gather(*(self._stream_rounds(replica, by_id, deadline, bar)
+                                          for replica, by_id in groups.items()))
+            for by_id, rounds in zip(groups.values(), done):
+                outcomes.update((i, rounds.outcome(i)) for i in by_id)
         finally:
             _progress.close(bar)
-        return [_core.streamed_result(self, by_id[i], rounds.outcome(i), details, as_torch, started)
+        return [_core.streamed_result(self, specs[i], outcomes[i], details, as_torch, started)
                 for i in range(len(specs))]
 
+    async def _stream_rounds(self, replica: str, by_id, deadline, bar) -> _core.ManyRound:
+        stub = self._stub_for(replica)
+        rounds = _core.ManyRound(by_id, self._config.policy, deadline)
+        while rounds.pending:
+            collector = _core.StreamCollector({i: by_id[i] for i in rounds.pending}, bar)
+            requests = _core.stream_requests(by_id, rounds.pending, self._config.chunk_bytes, bar)
+            stream_err = None
+            try:
+                call = stub.GemmStream(_aiter(requests), timeout=deadline.remaining(),
+                                       metadata=self._config.metadata)
+                async for message in call:
+                    collector.consume(message)
+            except grpc.RpcError as e:
+                stream_err = _core.explain_unreachable(_errors.from_rpc_error(e), replica)
+            delay = rounds.settle(collector, stream_err)
+            if delay:
+                await asyncio.sleep(delay)
+        return rounds
+
     async def upload(self, matrix, *, ttl: int = 0, label: str = "",
-                     device_id: Optional[int] = None,
+                     device_id: Optional[int] = None, replica=None,
                      timeout: Optional[float] = None) -> _core.ResidentMatrix:
         """As hgemm.Client.upload."""
         array = _arrays.as_fp16_matrix(matrix, "matrix")
         bar = _progress.bar(self._config.progress, array.nbytes, "hgemm upload")
 
-        def call(t):
+        def call(stub, t):
             messages = _core.upload_messages(array, ttl, label, device_id, self._config.chunk_bytes, bar)
-            return self._stub.UploadMatrix(_aiter(messages), timeout=t,
-                                           metadata=self._config.metadata)
+            return stub.UploadMatrix(_aiter(messages), timeout=t, metadata=self._config.metadata)
         try:
-            info = await self._call(call, timeout, idempotent=False)
+            info = await self._call(call, timeout, idempotent=False,
+                                    replica=_core.replica_of(replica))
         finally:
             _progress.close(bar)
         return _core.ResidentMatrix(self, info)
@@ -147,15 +155,17 @@ class Client:
         """As hgemm.Client.download."""
         bar = _progress.bar(self._config.progress, 2 * matrix.rows * matrix.cols, "hgemm download")
 
-        async def call(t):
+        async def call(stub, t):
             buf = _core.DownloadBuffer(matrix.rows, matrix.cols, bar)
-            stream = self._stub.DownloadMatrix(pb.DownloadMatrixRequest(handle=matrix.handle),
-                                               timeout=t, metadata=self._config.metadata)
+            stream = stub.DownloadMatrix(pb.DownloadMatrixRequest(handle=matrix.handle),
+                                         timeout=t, metadata=self._config.metadata)
             async for chunk in stream:
                 buf.add(chunk)
             return buf.array()
         try:
-            return _arrays.to_output(await self._call(call, timeout, idempotent=True), as_torch)
+            array = await self._call(call, timeout, idempotent=True,
+                                     replica=_core.handle_replica(matrix.handle))
+            return _arrays.to_output(array, as_torch)
         finally:
             _progress.close(bar)
 
@@ -165,36 +175,39 @@ class Client:
         if getattr(matrix, "released", False):
             return 0
 
-        def call(t):
-            return self._stub.ReleaseMatrix(pb.ReleaseMatrixRequest(handle=matrix.handle),
-                                            timeout=t, metadata=self._config.metadata)
-        freed = (await self._call(call, timeout, idempotent=False)).freed_bytes
+        def call(stub, t):
+            return stub.ReleaseMatrix(pb.ReleaseMatrixRequest(handle=matrix.handle),
+                                      timeout=t, metadata=self._config.metadata)
+        freed = (await self._call(call, timeout, idempotent=False,
+                                  replica=_core.handle_replica(matrix.handle))).freed_bytes
         if isinstance(matrix, _core.ResidentMatrix):
             matrix.released = True
         return freed
 
-    async def matrices(self, *, timeout: Optional[float] = None) -> _core.MatrixList:
+    async def matrices(self, *, replica: Optional[str] = None,
+                       timeout: Optional[float] = None) -> _core.MatrixList:
         """As hgemm.Client.matrices."""
-        def call(t):
-            return self._stub.ListMatrices(pb.ListMatricesRequest(), timeout=t,
-                                           metadata=self._config.metadata)
-        response = await self._call(call, timeout, idempotent=True)
+        def call(stub, t):
+            return stub.ListMatrices(pb.ListMatricesRequest(), timeout=t,
+                                     metadata=self._config.metadata)
+        response = await self._call(call, timeout, idempotent=True, replica=replica or "")
         out = _core.MatrixList(_core.ResidentMatrix(self, m) for m in response.matrices)
         out.client_bytes, out.quota_bytes = response.client_bytes, response.quota_bytes
         return out
 
-    async def info(self, *, timeout: Optional[float] = None) -> pb.ServerInfo:
+    async def info(self, *, replica: Optional[str] = None,
+                   timeout: Optional[float] = None) -> pb.ServerInfo:
         """As hgemm.Client.info."""
-        def call(t):
-            return self._stub.GetServerInfo(pb.GetServerInfoRequest(), timeout=t,
-                                            metadata=self._config.metadata)
-        return await self._call(call, timeout, idempotent=True)
+        def call(stub, t):
+            return stub.GetServerInfo(pb.GetServerInfoRequest(), timeout=t,
+                                      metadata=self._config.metadata)
+        return await self._call(call, timeout, idempotent=True, replica=replica or "")
 
     async def kernels(self, *, timeout: Optional[float] = None) -> List[_core.Kernel]:
         """As hgemm.Client.kernels."""
-        def call(t):
-            return self._stub.ListKernels(pb.ListKernelsRequest(), timeout=t,
-                                          metadata=self._config.metadata)
+        def call(stub, t):
+            return stub.ListKernels(pb.ListKernelsRequest(), timeout=t,
+                                    metadata=self._config.metadata)
         return _core.kernels_from_proto(await self._call(call, timeout, idempotent=True))
 
 

@@ -7,6 +7,7 @@ port 0 and the fixture reads the port it got from its log, so runs never collide
 import os
 import pathlib
 import re
+import socket
 import subprocess
 import tempfile
 import time
@@ -20,15 +21,22 @@ REPO = pathlib.Path(__file__).resolve().parents[3]
 _PORT = re.compile(r"listening on \S+ \(port (\d+)\)")
 
 
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 class Server:
-    def __init__(self, *flags):
+    def __init__(self, *flags, listen="127.0.0.1:0"):
         binary = os.environ.get("HGEMM_SERVER_BIN") or str(REPO / "bazel-bin/server/hgemm_server")
         if not os.access(binary, os.X_OK):
             pytest.fail(f"no server binary at {binary}: run `bazel build //server:hgemm_server` "
                         f"or set HGEMM_SERVER_BIN")
         self.log = tempfile.NamedTemporaryFile(prefix="hgemm_server_", suffix=".log", delete=False)
         self.process = subprocess.Popen(
-            [binary, "--listen=127.0.0.1:0", "--backend=cpu", *flags],
+            [binary, f"--listen={listen}", "--backend=cpu", *flags],
             stdout=self.log, stderr=subprocess.STDOUT)
         self.address = None
         deadline = time.monotonic() + 120
