@@ -913,6 +913,7 @@ PointResult LoadGenerator::RunPoint(Target kind, const std::string& target, int 
   }
   for (std::thread& t : threads) t.join();  // the callers have released their kept Cs
   result.elapsed_s = elapsed();
+  result.calls = int64_t(recorder.size());
   ReleaseUploads(clients[0], uploaded);
   result.windows = int(windows.size());
   for (const Window& w : windows) result.window_requests_per_s.push_back(w.requests_per_s);
@@ -1003,6 +1004,7 @@ std::string FormatTableRows(const PointResult& p, const PointResult* echo) {
   if (!p.error_codes.empty()) {
     out += fmt::format("  errors (code:count) {}; first: {}\n", ErrorCodes(p), p.first_error);
   }
+  if (p.server_metrics) out += FormatServerMetricsRow(*p.server_metrics);
   return out;
 }
 
@@ -1010,7 +1012,9 @@ void WriteCsvHeader(std::ostream& out) {
   out << "device,backend,target,mode,resident,concurrency,rate_per_s,shape,requests,errors,seconds,"
          "requests_per_s,p50_ms,p90_ms,p99_ms,mean_ms,min_ms,max_ms,gflops,payload_gb_per_s,"
          "echo_payload_gb_per_s,ratio_to_echo,server_queue_ms,server_h2d_ms,server_kernel_ms,"
-         "server_d2h_ms,server_total_ms,windows,stable,warmup_requests,error_codes,shapes\n";
+         "server_d2h_ms,server_total_ms,windows,stable,warmup_requests,error_codes,shapes,calls,"
+         "metrics_rpc,metrics_requests,metrics_ok,metrics_agree,metrics_gemms,metrics_queue_ms,"
+         "metrics_h2d_ms,metrics_kernel_ms,metrics_d2h_ms,metrics_total_ms\n";
 }
 
 void WriteCsvRows(std::ostream& out, const PointResult& p, const PointResult* echo,
@@ -1024,7 +1028,7 @@ void WriteCsvRows(std::ostream& out, const PointResult& p, const PointResult* ec
     const bool server = p.target == Target::kService;
     out << fmt::format(
         "{},{},{},{},{},{},{},{},{},{},{:.4f},{:.6g},{:.6g},{:.6g},{:.6g},{:.6g},{:.6g},{:.6g},{:.6g},"
-        "{:.6g},{},{},{},{},{},{},{},{},{},{},{},{}\n",
+        "{:.6g},{},{},{},{},{},{},{},{},{},{},{},{}",
         quote(device), backend, TargetName(p.target), ModeName(p.mode), ResidentName(p.resident),
         p.concurrency, p.rate_per_s,
         s.shape, s.requests, s.errors, s.seconds, s.requests_per_s, s.p50_ms, s.p90_ms, s.p99_ms,
@@ -1037,6 +1041,15 @@ void WriteCsvRows(std::ostream& out, const PointResult& p, const PointResult* ec
         server ? fmt::format("{:.6g}", s.server.d2h_ms) : "",
         server ? fmt::format("{:.6g}", s.server.total_ms) : "", p.windows, p.stable ? 1 : 0,
         p.warmup_requests, quote(ErrorCodes(p)), quote(p.shapes));
+    const ServerMetricsDelta* m = &s == &p.stats[0] && p.server_metrics ? &*p.server_metrics : nullptr;
+    out << fmt::format(",{}", p.calls);
+    if (m != nullptr) {
+      out << fmt::format(",{},{},{},{},{},{:.6g},{:.6g},{:.6g},{:.6g},{:.6g}\n", m->rpc, m->requests,
+                         m->ok_requests, m->Agrees() ? 1 : 0, m->gemms, m->queue_ms, m->h2d_ms,
+                         m->kernel_ms, m->d2h_ms, m->total_ms);
+    } else {
+      out << ",,,,,,,,,,\n";
+    }
   }
 }
 

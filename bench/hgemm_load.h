@@ -33,11 +33,13 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <ostream>
 #include <string>
 #include <vector>
 
 #include "bench/echo.grpc.pb.h"
+#include "bench/server_metrics.h"
 #include "client/gemm_client.h"
 #include "proto/hgemm.grpc.pb.h"
 
@@ -156,6 +158,7 @@ struct PointResult {
   bool stable = false;  // the last stable_windows windows agreed; stats are over them
   double elapsed_s = 0; // warm-up + windows
   int64_t warmup_requests = 0;
+  int64_t calls = 0;  // every call of the point (warm-up, windows, the last ones), any outcome
   std::vector<double> window_requests_per_s;  // each window's successful calls/s, in order
   std::map<int, int64_t> error_codes;  // gRPC code (-1: wrong C size) → count, whole point
   std::string first_error;
@@ -163,6 +166,8 @@ struct PointResult {
   // The replicas holding them (distinct, sorted); none for a server without --advertise_address.
   std::vector<std::string> upload_replicas;
   std::vector<PointStats> stats;  // [0]: all shapes; then one per shape if the mix has > 1
+  // The server's /metrics around the point (hgemm_load --metrics_url), when read.
+  std::optional<ServerMetricsDelta> server_metrics;
 };
 
 struct VerifyResult {
@@ -229,7 +234,8 @@ class LoadGenerator {
 std::string FormatTableHeader();
 std::string FormatTableRows(const PointResult& point, const PointResult* echo);
 
-// CSV with the same columns; `device` and `backend` name where the service ran.
+// CSV with the same columns (and the server_metrics of a point on its first row, when read);
+// `device` and `backend` name where the service ran.
 void WriteCsvHeader(std::ostream& out);
 void WriteCsvRows(std::ostream& out, const PointResult& point, const PointResult* echo,
                   const std::string& device, const std::string& backend);

@@ -4,6 +4,7 @@
 //   hgemm_load --server=... --shapes=2048x2048x2048 --mode=stream --rate=50,100,200 --csv=out.csv
 //   hgemm_load --server=... --shapes=128x8192x8192 --resident=b     (B uploaded once, A sent)
 //   hgemm_load --server=... --shapes=4096x4096x4096 --resident=all  (only handles on the wire)
+//   hgemm_load --server=... --metrics_url=http://127.0.0.1:9090/metrics  (the server's counts too)
 // Exit status: 0; 1 bad flags or no server; 3 the correctness guard failed (nothing measured);
 // 4 a point completed no successful call.
 #include <CLI/CLI.hpp>
@@ -17,6 +18,7 @@
 
 #include "bench/echo_service.h"
 #include "bench/hgemm_load.h"
+#include "bench/server_metrics.h"
 #include "client/connect_flags.h"
 
 namespace {
@@ -36,7 +38,7 @@ int Fail(const std::string& message) {
 int main(int argc, char** argv) {
   LoadOptions o;
   std::string server = "127.0.0.1:50051", shapes = "256x256x256", concurrency = "1,2,4,8,16,32,64";
-  std::string rates, mode = "unary", accumulation = "default", csv_path, echo_server;
+  std::string rates, mode = "unary", accumulation = "default", csv_path, echo_server, metrics_url;
   double stable_percent = 10, wait_for_server_s = 30;
   int verify = 2;
   bool baseline = false, csv_append = false;
@@ -98,6 +100,9 @@ int main(int argc, char** argv) {
   app.add_option("--seed", o.seed, "seed of the random operands")->capture_default_str();
   hgemm::ConnectFlags connect_flags;
   connect_flags.Add(&app);
+  app.add_option("--metrics_url", metrics_url,
+                 "the server's /metrics (http://HOST:PORT/metrics, its --metrics_listen): read "
+                 "before and after each point for the server's call count and stage means");
   CLI11_PARSE(app, argc, argv);
   if (std::string e = connect_flags.Apply(&o.connect); !e.empty()) return Fail(e);
 
@@ -181,6 +186,15 @@ int main(int argc, char** argv) {
     }
   }
 
+  hgemm::Scrape before;
+  if (!metrics_url.empty()) {
+    if (std::string e = hgemm::bench::ReadServerMetrics(metrics_url, &before); !e.empty()) {
+      return Fail("--metrics_url: " + e);
+    }
+    std::printf("server metrics: %s, read before and after each point (all of its calls, warm-up "
+                "included)\n", metrics_url.c_str());
+  }
+
   std::ofstream csv;
   if (!csv_path.empty()) {
     bool header = true;
@@ -200,7 +214,23 @@ int main(int argc, char** argv) {
   for (size_t i = 0; i < points; ++i) {
     const double rate = rate_list.empty() ? 0 : rate_list[i];
     const int workers = rate_list.empty() ? levels[i] : *std::max_element(levels.begin(), levels.end());
+    // The server's counters around the point (not around its echo baseline).
+    bool have_before = false;
+    if (!metrics_url.empty()) {
+      const std::string e = hgemm::bench::ReadServerMetrics(metrics_url, &before);
+      if (!e.empty()) std::fprintf(stderr, "hgemm_load: %s; no server counts for this point\n", e.c_str());
+      have_before = e.empty();
+    }
     PointResult service = generator.RunPoint(Target::kService, server, workers, rate);
+    if (hgemm::Scrape after; have_before) {
+      if (std::string e = hgemm::bench::ReadServerMetrics(metrics_url, &after); e.empty()) {
+        service.server_metrics = hgemm::bench::DiffServerMetrics(
+            before, after, o.mode == hgemm::bench::Mode::kStream ? "GemmStream" : "Gemm",
+            service.calls);
+      } else {
+        std::fprintf(stderr, "hgemm_load: %s; no server counts for this point\n", e.c_str());
+      }
+    }
     std::optional<PointResult> echo;
     if (baseline) echo = generator.RunPoint(Target::kEcho, echo_server, workers, rate);
     const PointResult* echo_ptr = echo ? &*echo : nullptr;

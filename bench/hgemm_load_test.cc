@@ -3,11 +3,13 @@
 // thresholds: only relations that hold on any machine.
 #include "bench/hgemm_load.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <sstream>
 
 #include "bench/echo_service.h"
+#include "bench/server_metrics.h"
 #include "client/gemm_client.h"
 #include "server/backend/cpu_backend.h"
 #include "server/child_process.h"
@@ -94,8 +96,10 @@ class HgemmLoadTest : public ::testing::Test {
     ServerOptions options;
     options.listen_address = "127.0.0.1:0";
     options.service.stream_chunk_bytes = 4 << 10;  // several result chunks per GEMM
+    options.metrics_listen = "127.0.0.1:0";
     server_ = HgemmServer::Start(options, MakeCpuBackend({.workers = 2}));
     ASSERT_NE(server_, nullptr);
+    metrics_url_ = "http://127.0.0.1:" + std::to_string(server_->metrics_port()) + "/metrics";
     echo_ = EchoServer::Start({.listen_address = "127.0.0.1:0"});
     ASSERT_NE(echo_, nullptr);
     service_target_ = "127.0.0.1:" + std::to_string(server_->port());
@@ -146,7 +150,7 @@ class HgemmLoadTest : public ::testing::Test {
 
   std::unique_ptr<HgemmServer> server_;
   std::unique_ptr<EchoServer> echo_;
-  std::string service_target_, echo_target_;
+  std::string service_target_, echo_target_, metrics_url_;
   PointResult service_result_, echo_result_;
 };
 
@@ -357,6 +361,93 @@ TEST_F(HgemmLoadTest, NoServerEndsWithErrorsCounted) {
   EXPECT_FALSE(p.error_codes.empty());
   EXPECT_FALSE(p.first_error.empty());
   EXPECT_FALSE(p.stable);
+}
+
+// --metrics_url: the server's /metrics (real HTTP) around a point count exactly the calls the
+// point made, and its stage means are those of real GEMMs; the CSV and the table carry them.
+TEST_F(HgemmLoadTest, ServerMetricsCountTheCallsOfAPoint) {
+  for (Mode mode : {Mode::kUnary, Mode::kStream}) {
+    SCOPED_TRACE(ModeName(mode));
+    const std::string rpc = mode == Mode::kStream ? "GemmStream" : "Gemm";
+    LoadGenerator generator(ShortRun(mode));
+    Scrape before, after;
+    ASSERT_EQ(ReadServerMetrics(metrics_url_, &before), "");
+    PointResult p = generator.RunPoint(Target::kService, service_target_, 3);
+    ASSERT_EQ(ReadServerMetrics(metrics_url_, &after), "");
+    ASSERT_TRUE(p.error_codes.empty()) << p.first_error;
+    EXPECT_GE(p.calls, p.warmup_requests + p.stats[0].requests);
+    p.server_metrics = DiffServerMetrics(before, after, rpc, p.calls);
+    const ServerMetricsDelta& d = *p.server_metrics;
+    EXPECT_EQ(d.rpc, rpc);
+    EXPECT_EQ(d.requests, p.calls);
+    EXPECT_EQ(d.ok_requests, p.calls);
+    EXPECT_EQ(d.gemms, p.calls) << "every call ran one GEMM, each timed once";
+    EXPECT_TRUE(d.Agrees());
+    EXPECT_GT(d.total_ms, 0);
+    EXPECT_GT(d.kernel_ms, 0);
+    EXPECT_LE(d.kernel_ms, d.total_ms);
+    EXPECT_LE(d.queue_ms, d.total_ms);
+
+    const std::string table = FormatTableRows(p, nullptr);
+    EXPECT_NE(table.find(fmt::format("/metrics: {} {} calls ({} OK) = the client's {}", p.calls,
+                                     rpc, p.calls, p.calls)),
+              std::string::npos)
+        << table;
+    EXPECT_EQ(table.find("WARNING"), std::string::npos) << table;
+    std::ostringstream csv;
+    WriteCsvHeader(csv);
+    WriteCsvRows(csv, p, nullptr, "test device", "cpu");
+    std::istringstream in(csv.str());
+    std::string header, first, second;
+    std::getline(in, header);
+    std::getline(in, first);   // the mix: the point's server counts
+    std::getline(in, second);  // one shape of the mix: none
+    EXPECT_NE(header.find(",calls,metrics_rpc,metrics_requests,metrics_ok,metrics_agree,"),
+              std::string::npos);
+    EXPECT_NE(first.find(fmt::format(",{},{},{},{},1,{},", p.calls, rpc, p.calls, p.calls, p.calls)),
+              std::string::npos)
+        << first;
+    EXPECT_EQ(second.substr(second.size() - 10), ",,,,,,,,,,") << second;
+  }
+}
+
+// Another client's call during the point: the counts differ, and the table says so.
+TEST_F(HgemmLoadTest, ServerMetricsFlagAMismatch) {
+  LoadGenerator generator(ShortRun(Mode::kUnary));
+  Scrape before, after;
+  ASSERT_EQ(ReadServerMetrics(metrics_url_, &before), "");
+  PointResult p = generator.RunPoint(Target::kService, service_target_, 2);
+  GemmClient other(Connect(service_target_));
+  v1::ListKernelsResponse kernels;  // another rpc: not counted
+  ASSERT_TRUE(other.ListKernels(&kernels).ok());
+  v1::GemmRequest r;
+  r.set_m(1);
+  r.set_n(1);
+  r.set_k(1);
+  r.set_a(std::string(2, '\0'));
+  r.set_b(std::string(2, '\0'));
+  v1::GemmResponse response;
+  ASSERT_TRUE(other.Gemm(r, &response).ok());
+  ASSERT_EQ(ReadServerMetrics(metrics_url_, &after), "");
+  const ServerMetricsDelta d = DiffServerMetrics(before, after, "Gemm", p.calls);
+  EXPECT_EQ(d.requests, p.calls + 1);
+  EXPECT_FALSE(d.Agrees());
+  const std::string row = FormatServerMetricsRow(d);
+  EXPECT_NE(row.find("!= the client's"), std::string::npos) << row;
+  EXPECT_NE(row.find(fmt::format("WARNING: the server counted {} Gemm calls, the client made {}",
+                                 p.calls + 1, p.calls)),
+            std::string::npos)
+      << row;
+}
+
+TEST_F(HgemmLoadTest, ServerMetricsSayWhyTheyCannotBeRead) {
+  Scrape s;
+  EXPECT_NE(ReadServerMetrics("127.0.0.1:1/metrics", &s).find("not an http://"), std::string::npos);
+  const std::string other_path =
+      "http://127.0.0.1:" + std::to_string(server_->metrics_port()) + "/other";
+  EXPECT_NE(ReadServerMetrics(other_path, &s).find("HTTP status 404"), std::string::npos);
+  // The gRPC port speaks HTTP/2 only: no HTTP/1.0 answer.
+  EXPECT_NE(ReadServerMetrics("http://" + service_target_ + "/metrics", &s), "");
 }
 
 }  // namespace

@@ -42,67 +42,16 @@ out=${OUT:-./out}
 mkdir -p "$out"
 [[ -n $backend ]] || backend=$([[ $quick == 1 ]] && echo cpu || echo cuda)
 
-bin_dirs=()
-if [[ -n $bin ]]; then
-  bin_dirs=("$bin")
-elif [[ -x .gpu/bin/hgemm_load ]]; then
-  # shellcheck disable=SC1091
-  source .gpu/env.sh
-  bin_dirs=(.gpu/bin)
-else
-  # bazel-bin follows the last build's configuration; look in each.
-  bin_dirs=(bazel-bin bazel-out/k8-fastbuild/bin bazel-out/k8-opt/bin)
-fi
-find_bin() {  # name → path (a flat bundle dir, or <bazel bin>/<package>/<name>)
-  local d p
-  for d in "${bin_dirs[@]}"; do
-    for p in "$d/$1" "$d/server/$1" "$d/bench/$1"; do [[ -f $p && -x $p ]] && { echo "$p"; return 0; }; done
-  done
-  echo "load_run.sh: $1 not found under ${bin_dirs[*]} (bundle it or bazel build it)" >&2
-  return 1
-}
+# shellcheck source=bench/run_lib.sh
+source bench/run_lib.sh
+pick_bin_dirs "$bin"
 server_bin=$(find_bin hgemm_server)
 load_bin=$(find_bin hgemm_load)
 echo_bin=$(find_bin echo_server)
 bin=$(dirname "$load_bin")
 
-pids=()     # the servers (their `timeout` wrappers, which pass TERM on)
-current=""  # the sweep running now
-# shellcheck disable=SC2317  # invoked by the trap
-cleanup() {
-  local rc=$?
-  [[ -n $current ]] && kill -TERM "$current" 2>/dev/null
-  for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
-  for pid in "${pids[@]}"; do
-    for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
-    kill -KILL "$pid" 2>/dev/null || true
-  done
-  exit "$rc"
-}
 trap cleanup EXIT INT TERM
-
-wait_port() {  # port seconds pid log: until something accepts connections there
-  local deadline=$((SECONDS + $2))
-  until (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; do
-    if ! kill -0 "$3" 2>/dev/null; then
-      echo "load_run.sh: the process for port $1 exited; $4 says:" >&2
-      tail -20 "$4" >&2
-      return 1
-    fi
-    ((SECONDS < deadline)) || { echo "load_run.sh: nothing listening on port $1 after $2 s" >&2; return 1; }
-    sleep 0.2
-  done
-}
-
-{
-  echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
-  echo "commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
-  echo "host: $(uname -srm), $(nproc) CPUs"
-  if command -v nvidia-smi >/dev/null; then
-    timeout 20 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
-  fi
-  echo "backend: $backend, binaries: $bin"
-} > "$out/load_device.txt" 2>&1
+describe_host "$backend" "$bin" > "$out/load_device.txt" 2>&1
 cat "$out/load_device.txt"
 
 server_flags=(--listen="127.0.0.1:$port" --backend="$backend" --log_level=warn --drain_deadline_s=2)

@@ -24,6 +24,7 @@ void ApplyDeadline(const CallOptions& options, grpc::ClientContext* context) {
     context->set_deadline(std::chrono::system_clock::now() + options.timeout);
   }
   if (!options.client_id.empty()) context->AddMetadata("x-client-id", options.client_id);
+  if (!options.traceparent.empty()) context->AddMetadata("traceparent", options.traceparent);
 }
 
 // Writes every request's header and chunks; stops early if the stream breaks.

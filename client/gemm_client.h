@@ -75,6 +75,9 @@ struct CallOptions {
   int64_t unary_limit_bytes = int64_t{3} << 20;
   // Sent as "x-client-id" metadata: the owner of resident matrices (default: the peer address).
   std::string client_id;
+  // Sent as "traceparent" metadata: the W3C trace context the server logs with the call
+  // ("00-<32 hex trace id>-<16 hex parent id>-<2 hex flags>"; the server ignores a malformed one).
+  std::string traceparent;
   // Where a call that names no handle goes: a replica's address (GemmClient::ReplicaOf of a
   // handle, or MatrixInfo.replica), e.g. to upload B onto the replica that holds A. Empty:
   // balanced over the target. Calls naming a handle go to its replica whatever this says.

@@ -121,7 +121,7 @@ namespace {
 
 int Main(int argc, char** argv) {
   std::string server = "127.0.0.1:50051", shape, a_path, b_path, out_path, kernel = "auto";
-  std::string accumulation = "fp32", mode = "auto", resident = "none", client_id, request_id;
+  std::string accumulation = "fp32", mode = "auto", resident = "none", client_id, request_id, traceparent;
   int repeat = 1;
   uint64_t seed = std::random_device{}();
   double timeout_s = 0, tolerance = 0;
@@ -153,6 +153,9 @@ int Main(int argc, char** argv) {
   app.add_option("--request_id", request_id,
                  "request id sent with each GEMM (echoed back, in the server's logs); with "
                  "--repeat, run N sends ID-N");
+  app.add_option("--traceparent", traceparent,
+                 "W3C trace context sent with every call (00-<32 hex>-<16 hex>-<2 hex>), logged by "
+                 "the server with the call");
   app.add_option("--seed", seed, "seed of the random inputs");
   app.add_option("--timeout_s", timeout_s, "deadline of each call in seconds (0: none)");
   app.add_flag("--check", check, "compare C with a local fp32-accumulate reference");
@@ -206,6 +209,7 @@ int Main(int argc, char** argv) {
   hgemm::CallOptions call;
   call.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
   call.client_id = client_id;
+  call.traceparent = traceparent;
 
   hgemm::GemmClient client(server, connect);
   if (info) {

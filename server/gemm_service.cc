@@ -13,6 +13,7 @@
 #include <tuple>
 #include <utility>
 
+#include "server/logging.h"
 #include "server/status_util.h"
 #include "server/stream_assembler.h"
 
@@ -32,6 +33,14 @@ const uint16_t* HalfData(const std::string& bytes) {
 
 v1::Accumulation ToProto(Accumulation a) {
   return a == Accumulation::kFp16 ? v1::ACCUMULATION_FP16 : v1::ACCUMULATION_FP32;
+}
+
+// The call's W3C trace context ("traceparent" metadata), or "" when absent or malformed.
+std::string_view CallTraceparent(const grpc::CallbackServerContext* context) {
+  const auto& metadata = context->client_metadata();
+  auto it = metadata.find("traceparent");
+  if (it == metadata.end()) return {};
+  return logging::ValidTraceparent(std::string_view(it->second.data(), it->second.size()));
 }
 
 }  // namespace
@@ -78,22 +87,31 @@ void GemmServiceImpl::Answered(Rpc rpc, const grpc::Status& s,
                                std::optional<uint64_t> gemm_id) const {
   if (metrics_ != nullptr) metrics_->CountCall(rpc, s.error_code());
   if (s.ok()) return;
-  // Stream messages mostly name the GEMM already ("gemm_id 3: ..."): said once.
-  std::string gemm;
-  if (gemm_id && s.error_message().rfind(fmt::format("gemm_id {}:", *gemm_id), 0) != 0) {
-    gemm = fmt::format(" gemm_id {}", *gemm_id);
-  }
-  spdlog::info("{}{} {}: {} (request_id {}, caller {}, peer {})", RpcName(rpc), gemm,
-               status::CodeName(s.error_code()), s.error_message(), status::Quote(request_id),
-               status::Quote(caller), context->peer());
+  const std::string gemm = gemm_id ? std::to_string(*gemm_id) : "";
+  const char* code = status::CodeName(s.error_code());
+  logging::Log(spdlog::level::info, fmt::format("{} {}", RpcName(rpc), code),
+               {{"rpc", RpcName(rpc), false},
+                {"code", code, false},
+                {"gemm_id", gemm},
+                {"reason", s.error_message()},
+                {"request_id", request_id},
+                {"peer", context->peer()},
+                {"principal", caller},
+                {"traceparent", CallTraceparent(context)}});
 }
 
 void GemmServiceImpl::StreamEnded(const grpc::Status& s, const grpc::CallbackServerContext* context,
                                   std::string_view caller) const {
   if (metrics_ != nullptr) metrics_->CountStreamCall(s.error_code());
   if (s.ok()) return;
-  spdlog::info("GemmStream call {}: {} (caller {}, peer {})", status::CodeName(s.error_code()),
-               s.error_message(), status::Quote(caller), context->peer());
+  const char* code = status::CodeName(s.error_code());
+  logging::Log(spdlog::level::info, fmt::format("GemmStream call {}", code),
+               {{"rpc", "GemmStream", false},
+                {"code", code, false},
+                {"reason", s.error_message()},
+                {"peer", context->peer()},
+                {"principal", caller},
+                {"traceparent", CallTraceparent(context)}});
 }
 
 grpc::Status GemmServiceImpl::Identify(Rpc rpc, const grpc::CallbackServerContext* context,
@@ -281,6 +299,7 @@ grpc::Status GemmServiceImpl::AdmitGemm(grpc::CallbackServerContext* context,
   job.b = HalfData(request.b());
   job.deadline = SteadyDeadline(context);
   job.is_cancelled = [context] { return context->IsCancelled(); };
+  job.traceparent = CallTraceparent(context);
   const uint32_t c_ttl = request.c_ttl_seconds();
   return scheduler_->Enqueue(
       std::move(job), [this, context, owner, reactor, response, shape, c_quota, c_ttl](
@@ -558,6 +577,7 @@ class GemmStreamReactor final
       }
       job.deadline = SteadyDeadline(context_);
       job.is_cancelled = [this] { return context_->IsCancelled(); };
+      job.traceparent = CallTraceparent(context_);
       // C goes out chunk by chunk while the rest of it is still coming off the device.
       job.c_progress = [this, call](int64_t ready) {
         std::lock_guard<std::mutex> lock(mu_);

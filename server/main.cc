@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "server/backend/backend_factory.h"
+#include "server/logging.h"
 #include "server/server.h"
 
 namespace {
@@ -28,7 +29,7 @@ std::vector<int> ParseDeviceList(const std::string& list) {
 int main(int argc, char** argv) {
   hgemm::ServerOptions server_options;
   hgemm::BackendOptions backend_options;
-  std::string devices, log_level = "info", tls_client_auth = "request";
+  std::string devices, log_level = "info", tls_client_auth = "request", log_format = "text";
   int64_t drain_deadline_s = 20, resident_ttl_s = 0, stream_idle_timeout_s = 60;
 
   CLI::App app{"hgemm-serve: fp16 GEMM over gRPC (hgemm.v1.GemmService)"};
@@ -144,8 +145,15 @@ int main(int argc, char** argv) {
   app.add_option("--log_level", log_level, "trace, debug (one line per GEMM), info, warn, error")
       ->envname("HGEMM_LOG_LEVEL")->check(CLI::IsMember({"trace", "debug", "info", "warn", "error"}))
       ->capture_default_str();
+  app.add_option("--log_format", log_format,
+                 "text, or json: one JSON object per line (time, level, message, and the fields of "
+                 "a call: rpc, code, reason, request_id, peer, principal, traceparent)")
+      ->envname("HGEMM_LOG_FORMAT")->check(CLI::IsMember({"text", "json"}))->capture_default_str();
   CLI11_PARSE(app, argc, argv);
 
+  hgemm::logging::Format format = hgemm::logging::Format::kText;
+  hgemm::logging::ParseFormat(log_format, &format);
+  hgemm::logging::Install(format);
   spdlog::set_level(spdlog::level::from_str(log_level));
   backend_options.cuda.devices = ParseDeviceList(devices);
   backend_options.cuda.completion_spin = std::chrono::microseconds(spin_us);

@@ -11,7 +11,11 @@
 //   * with TLS, a token and --auth_protect_reflection, the reflection-only client still
 //     multiplies (given the token) and reflection without one is UNAUTHENTICATED;
 //   * a malformed certificate, key or tokens file stops the server at start, naming the file.
+//   * --log_format=json: every line the process writes is a JSON object; calls made by the real
+//     hgemm_client with --request_id and --traceparent show up with their fields, and a
+//     malformed traceparent is not logged.
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -26,10 +30,15 @@
 #include <grpcpp/grpcpp.h>
 
 #include <chrono>
+#include <cstdlib>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <thread>
+#include <vector>
 
 #include "client/gemm_client.h"
+#include "client/metrics_scrape.h"
 #include "server/child_process.h"
 #include "server/auth/test_certs.h"
 #include "grpc/health/v1/health.grpc.pb.h"
@@ -56,23 +65,28 @@ class ServerProcessTest : public ::testing::Test {
  protected:
   void SetUp() override { Launch({}, {}); }
 
-  // Starts the server with `extra` flags; channel_ connects with `connect`.
-  void Launch(const std::vector<std::string>& extra, const ConnectOptions& connect) {
-    const std::string binary = ServerBinary();
+  // Starts hgemm_server (CPU backend, debug log, /metrics) with `extra` flags; channel_
+  // connects with `connect`. Its output goes to `log_path`, or to the test's when empty.
+  void Launch(const std::vector<std::string>& extra, const ConnectOptions& connect,
+              const std::string& log_path = "") {
+    const std::string binary = subprocess::RunfilePath("server/hgemm_server");
     target_ = "127.0.0.1:" + std::to_string(FreePort());
     metrics_port_ = FreePort();
+    std::vector<std::string> args = {
+        binary, "--backend=cpu", "--listen=" + target_,
+        "--drain_deadline_s=" + std::to_string(kDrainDeadlineSeconds),
+        "--metrics_listen=127.0.0.1:" + std::to_string(metrics_port_), "--log_level=debug"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    std::vector<char*> argv;
+    for (std::string& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
     pid_ = fork();
     ASSERT_GE(pid_, 0);
     if (pid_ == 0) {
-      const std::string listen = "--listen=" + target_;
-      const std::string drain = "--drain_deadline_s=" + std::to_string(kDrainDeadlineSeconds);
-      const std::string metrics = "--metrics_listen=127.0.0.1:" + std::to_string(metrics_port_);
-      std::vector<std::string> args = {binary, "--backend=cpu", listen, drain, metrics,
-                                        "--log_level=debug"};
-      args.insert(args.end(), extra.begin(), extra.end());
-      std::vector<char*> argv;
-      for (std::string& a : args) argv.push_back(a.data());
-      argv.push_back(nullptr);
+      if (!log_path.empty()) {  // only async-signal-safe calls between fork and exec
+        const int fd = open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        if (fd < 0 || dup2(fd, STDOUT_FILENO) < 0 || dup2(fd, STDERR_FILENO) < 0) _exit(126);
+      }
       execv(binary.c_str(), argv.data());
       _exit(127);
     }
@@ -122,19 +136,8 @@ TEST_F(ServerProcessTest, MetricsAreServed) {
   r.set_b(std::string(8, '\0'));
   v1::GemmResponse response;
   ASSERT_TRUE(client.Gemm(r, &response).ok());
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(metrics_port_);
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
-  const std::string request = "GET /metrics HTTP/1.0\r\n\r\n";
-  ASSERT_EQ(write(fd, request.data(), request.size()), ssize_t(request.size()));
   std::string text;
-  char buffer[4096];
-  for (ssize_t n; (n = read(fd, buffer, sizeof buffer)) > 0;) text.append(buffer, n);
-  close(fd);
-  EXPECT_EQ(text.rfind("HTTP/1.1 200 OK\r\n", 0), 0u) << text;
+  ASSERT_EQ(HttpGet("127.0.0.1", metrics_port_, "/metrics", &text), 200) << text;
   EXPECT_NE(text.find("\nhgemm_requests_total{code=\"OK\",rpc=\"Gemm\"} 1\n"), std::string::npos)
       << text;
   EXPECT_NE(text.find("\nhgemm_build_info{backend=\"cpu\",version=\""), std::string::npos) << text;
@@ -410,6 +413,97 @@ TEST_F(ServerProcessTest, SigtermDrainsInFlightGemmsAndExitsZero) {
               1e-3);
   }
   for (const grpc::Status& s : unary) EXPECT_TRUE(s.ok()) << s.error_message();
+}
+
+class JsonLogProcessTest : public ServerProcessTest {
+ protected:
+  void SetUp() override {
+    log_path_ = std::string(std::getenv("TEST_TMPDIR")) + "/hgemm_server_json.log";
+    Launch({"--log_format=json"}, {}, log_path_);
+  }
+
+  // Runs the real hgemm_client against the server with `flags`; its exit status.
+  int RunClient(std::vector<std::string> flags) {
+    flags.insert(flags.begin(), "--server=" + target_);
+    subprocess::ChildProcess client(subprocess::RunfilePath("client/hgemm_client"), flags);
+    return client.Wait();
+  }
+
+  // SIGTERM, exit, and every line the process wrote.
+  std::vector<std::string> StopAndReadLog() {
+    EXPECT_EQ(kill(pid_, SIGTERM), 0);
+    int wstatus = 0;
+    EXPECT_EQ(waitpid(pid_, &wstatus, 0), pid_);
+    pid_ = -1;
+    EXPECT_TRUE(WIFEXITED(wstatus) && WEXITSTATUS(wstatus) == 0);
+    std::ifstream in(log_path_);
+    std::vector<std::string> lines;
+    for (std::string line; std::getline(in, line);) lines.push_back(line);
+    return lines;
+  }
+
+  std::string log_path_;
+};
+
+TEST_F(JsonLogProcessTest, EveryLineIsJsonAndCallsCarryTheirFields) {
+  const std::string trace = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+  // A forged traceparent trying to close the JSON string and add a level of its own.
+  const std::string forged = "00-4bf92f3577b34da6a\\\"}{\"level\":\"critical\"-00f067aa0ba902b7-01";
+  EXPECT_EQ(RunClient({"--shape=8x8x8", "--request_id=ok-1", "--traceparent=" + trace}), 0);
+  EXPECT_NE(RunClient({"--shape=8x8x8", "--kernel=warp_drive", "--request_id=refused-1",
+                       "--traceparent=" + trace}),
+            0);
+  EXPECT_NE(RunClient({"--shape=8x8x8", "--kernel=warp_drive", "--request_id=refused-2",
+                       "--traceparent=" + forged}),
+            0);
+  EXPECT_NE(RunClient({"--shape=8x8x8", "--mode=stream", "--kernel=warp_drive",
+                       "--request_id=refused-3", "--traceparent=" + trace}),
+            0);
+  const std::vector<std::string> lines = StopAndReadLog();
+  ASSERT_GT(lines.size(), 5u);
+  std::vector<nlohmann::json> refused, streamed, gemms;
+  for (const std::string& line : lines) {
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(line);
+    } catch (const nlohmann::json::parse_error& e) {
+      ADD_FAILURE() << "not JSON: " << line << " (" << e.what() << ")";
+      continue;
+    }
+    ASSERT_TRUE(j.is_object()) << line;
+    for (const char* key : {"time", "level", "message"}) {
+      EXPECT_TRUE(j.contains(key) && j[key].is_string()) << key << " missing in " << line;
+    }
+    if (j.contains("rpc") && j["rpc"] == "Gemm") refused.push_back(j);
+    if (j.contains("gemm_id") && j["rpc"] == "GemmStream") streamed.push_back(j);
+    if (j.value("message", "").rfind("gemm 8x8x8", 0) == 0) gemms.push_back(j);
+  }
+  ASSERT_EQ(refused.size(), 2u);
+  for (const nlohmann::json& r : refused) {
+    EXPECT_EQ(r["level"], "info");
+    EXPECT_EQ(r["code"], "INVALID_ARGUMENT");
+    EXPECT_NE(r["reason"].get<std::string>().find("warp_drive"), std::string::npos) << r;
+    EXPECT_EQ(r["peer"].get<std::string>().rfind("ipv4:127.0.0.1:", 0), 0u) << r;
+    EXPECT_EQ(r["principal"], "") << "no authentication yet";
+  }
+  EXPECT_EQ(refused[0]["request_id"], "refused-1");
+  EXPECT_EQ(refused[0]["traceparent"], trace);
+  EXPECT_EQ(refused[1]["request_id"], "refused-2");
+  EXPECT_EQ(refused[1]["traceparent"], "") << "a malformed traceparent is dropped";
+  for (const std::string& line : lines) {
+    EXPECT_EQ(line.find("critical"), std::string::npos) << "logged verbatim: " << line;
+  }
+  // A GEMM refused inside a stream: its own line, with the stream's trace context.
+  ASSERT_EQ(streamed.size(), 1u);
+  EXPECT_EQ(streamed[0]["code"], "INVALID_ARGUMENT");
+  EXPECT_EQ(streamed[0]["gemm_id"], "0");
+  EXPECT_EQ(streamed[0]["request_id"], "refused-3");
+  EXPECT_EQ(streamed[0]["traceparent"], trace);
+  // The per-GEMM debug line of the call that ran.
+  ASSERT_EQ(gemms.size(), 1u);
+  EXPECT_EQ(gemms[0]["level"], "debug");
+  EXPECT_EQ(gemms[0]["request_id"], "ok-1");
+  EXPECT_EQ(gemms[0]["traceparent"], trace);
 }
 
 }  // namespace

@@ -60,6 +60,12 @@ grpc::Status ValidateShape(uint32_t m, uint32_t n, uint32_t k, const RequestRule
 
 grpc::Status ValidateOptions(const v1::GemmOptions& options, const RequestRules& rules,
                              const std::string& field, GemmJob* job) {
+  if (options.request_id().size() > kMaxRequestIdBytes) {
+    return status::InvalidArgument(field + ".request_id",
+                                   fmt::format("{} bytes; at most {}", options.request_id().size(),
+                                               kMaxRequestIdBytes));
+  }
+  job->request_id = options.request_id();
   switch (options.accumulation()) {
     case v1::ACCUMULATION_FP16:
       job->accumulation = Accumulation::kFp16;
@@ -98,19 +104,14 @@ grpc::Status ValidateOptions(const v1::GemmOptions& options, const RequestRules&
     }
     job->kernel = name;
   }
-  if (options.request_id().size() > kMaxRequestIdBytes) {
-    return status::InvalidArgument(field + ".request_id",
-                                   fmt::format("{} bytes; at most {}", options.request_id().size(),
-                                               kMaxRequestIdBytes));
-  }
-  job->request_id = options.request_id();
   return grpc::Status::OK;
 }
 
 grpc::Status ValidateGemmRequest(const v1::GemmRequest& request, const RequestRules& rules,
                                  GemmJob* job) {
-  grpc::Status s = ValidateShape(request.m(), request.n(), request.k(), rules, &job->shape);
+  grpc::Status s = ValidateOptions(request.options(), rules, "options", job);
   if (!s.ok()) return s;
+  if (s = ValidateShape(request.m(), request.n(), request.k(), rules, &job->shape); !s.ok()) return s;
   const GemmShape& shape = job->shape;
   if (s = ValidateHandles(request); !s.ok()) return s;
   // Operands given by handle are checked when the handle is resolved.
@@ -126,14 +127,14 @@ grpc::Status ValidateGemmRequest(const v1::GemmRequest& request, const RequestRu
         "b", fmt::format("{} bytes; a {}x{} fp16 matrix (k x n) takes exactly {} (or give b_handle)",
                          request.b().size(), shape.k, shape.n, want));
   }
-  return ValidateOptions(request.options(), rules, "options", job);
+  return grpc::Status::OK;
 }
 
 grpc::Status ValidateGemmHeader(const v1::GemmHeader& header, const RequestRules& rules,
                                 GemmJob* job) {
-  grpc::Status s = ValidateShape(header.m(), header.n(), header.k(), rules, &job->shape);
+  grpc::Status s = ValidateOptions(header.options(), rules, "header.options", job);
   if (!s.ok()) return s;
-  return ValidateOptions(header.options(), rules, "header.options", job);
+  return ValidateShape(header.m(), header.n(), header.k(), rules, &job->shape);
 }
 
 }  // namespace hgemm

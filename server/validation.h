@@ -36,8 +36,9 @@ int64_t MaxElementsPerMatrix(const RequestRules& rules);
 grpc::Status ValidateShape(uint32_t m, uint32_t n, uint32_t k, const RequestRules& rules,
                            GemmShape* shape);
 
-// Kernel name, accumulation and request id. `field` prefixes field names ("options",
-// "header.options"). Fills job->kernel, job->accumulation, job->request_id.
+// Request id, kernel name and accumulation. `field` prefixes field names ("options",
+// "header.options"). Fills job->request_id first (a refusal of any later field is logged with
+// it), then job->kernel and job->accumulation. The two below check options before the rest.
 grpc::Status ValidateOptions(const v1::GemmOptions& options, const RequestRules& rules,
                              const std::string& field, GemmJob* job);
 

@@ -12,6 +12,7 @@ packages=(
   grpc-proto                               # health.proto, reflection.proto
   libspdlog-dev libfmt-dev                 # logging
   libssl-dev openssl                       # server/auth (libcrypto); test certificates
+  nlohmann-json3-dev                       # --log_format=json (header only)
   libcli11-dev                             # flag parsing
   prometheus-cpp-dev                       # --metrics_listen (core + pull with civetweb)
   libopenblas-dev                          # CPU backend

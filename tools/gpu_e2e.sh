@@ -13,6 +13,8 @@
 #   copy      --resident_copy_to_idle_device on one GPU posing as two devices (--devices=0,0)
 #   load      bench/load_run.sh (the load generator's sweep), when its binaries are bundled
 #   load-resident  bench/load_run.sh --resident-only (all-resident latency vs the RPC floor)
+#   metrics   bench/metrics_cost.sh: 256³ unary c=64 req/s without and with --metrics_listen, and
+#             /metrics after the point next to hgemm_load's numbers (issue 15)
 #   python    the Python client (client/python) vs hgemm_load: bench/python_client_bench.py
 #             (2048³ unary c=16, 128x8192x8192 with B resident; needs python3 with grpcio, numpy)
 #   tls       bench/tls_cost.sh: hgemm_load at 2048³ unary c=16 and 256³ c=64 against plaintext,
@@ -175,6 +177,10 @@ fi
 if want load-resident; then
   echo "== load generator: resident operands"
   timeout 400 bench/load_run.sh --resident-only --bin "$PWD/.gpu-serve/bin" || echo "FAILED: load_run.sh"
+fi
+if want metrics; then
+  echo "== cost of the metrics (bench/metrics_cost.sh)"
+  OUT="$out" timeout 200 bench/metrics_cost.sh --bin "$PWD/.gpu-serve/bin" || echo "FAILED: metrics_cost.sh"
 fi
 if want python; then
   echo "== Python client vs hgemm_load (bench/python_client_bench.py)"

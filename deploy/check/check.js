@@ -67,6 +67,7 @@ const SERVER_ENV = {
   HGEMM_AUTH_PROTECT_REFLECTION: (v) => ["true", "false", "1", "0"].includes(v) || "true|false",
   HGEMM_LOG_LEVEL: (v) =>
     ["trace", "debug", "info", "warn", "error"].includes(v) || "trace|debug|info|warn|error",
+  HGEMM_LOG_FORMAT: (v) => ["text", "json"].includes(v) || "text|json",
 };
 // Server defaults that the rules below depend on (server/main.cc, server/scheduler/scheduler.h).
 const SERVER_DEFAULT_MAX_QUEUED_BYTES = 16 * 2 ** 30;
@@ -186,9 +187,13 @@ function isSubset(sel, labels) {
   return sel && Object.keys(sel).length > 0 && Object.entries(sel).every(([k, v]) => labels && labels[k] === v);
 }
 
+// Models of custom resources, by API group (the rest are kubernetes-models' built-in types).
+const CRD_MODELS = { "monitoring.coreos.com": "@kubernetes-models/prometheus-operator" };
+
 function modelModule(doc) {
   if (!doc || typeof doc.apiVersion !== "string" || typeof doc.kind !== "string") return null;
-  const mod = `kubernetes-models/${doc.apiVersion}/${doc.kind}`;
+  const pkg = CRD_MODELS[doc.apiVersion.split("/")[0]] || "kubernetes-models";
+  const mod = `${pkg}/${doc.apiVersion}/${doc.kind}`;
   try {
     require.resolve(mod);
     return mod;
@@ -625,7 +630,20 @@ for (const { name, docs } of rendered) {
     else if (dep.spec.replicas !== undefined) s.push(`${where}: Deployment/${dep.metadata.name} still sets replicas, which every apply would reset`);
     if ((hpa.spec.minReplicas ?? 1) > hpa.spec.maxReplicas) s.push(`${where}: minReplicas > maxReplicas`);
   }
-  check(`services, PDB and HPA select the server: ${name}`, s);
+  for (const sm of docs.filter((d) => d.kind === "ServiceMonitor")) {
+    const where = `ServiceMonitor/${sm.metadata.name}`;
+    const svc = services.find((v) => isSubset(sm.spec.selector && sm.spec.selector.matchLabels, v.metadata.labels));
+    if (!svc) { s.push(`${where}: selector matches no rendered Service`); continue; }
+    const dep = deps.find((d) => isSubset(svc.spec.selector, d.spec.template.metadata.labels));
+    const metricsPort = dep && dep.spec.template.spec.containers.flatMap((c) => c.ports || []).find((cpt) => cpt.name === "metrics");
+    for (const ep of sm.spec.endpoints || []) {
+      const sp = (svc.spec.ports || []).find((x) => x.name === ep.port);
+      if (!sp) s.push(`${where}: endpoint port ${ep.port} is not a port of Service ${svc.metadata.name}`);
+      else if (!metricsPort || ![metricsPort.name, metricsPort.containerPort].includes(sp.targetPort ?? sp.port)) s.push(`${where}: endpoint port ${ep.port} does not reach the server's metrics containerPort`);
+      if ((ep.path || "/metrics") !== "/metrics") s.push(`${where}: path ${ep.path} is not /metrics, the only path the server answers`);
+    }
+  }
+  check(`services, PDB, HPA and ServiceMonitor select the server: ${name}`, s);
 }
 
 // ---------------------------------------------------------------------------------------------

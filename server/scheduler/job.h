@@ -87,6 +87,8 @@ struct GemmJob {
   std::string kernel = "auto";  // a backend variant name, or "auto"
   Accumulation accumulation = Accumulation::kFp32;
   std::string request_id;
+  // The call's W3C traceparent, already checked (server/logging.h), for the log; "" if none.
+  std::string traceparent;
   const uint16_t* a = nullptr;  // m×k fp16, row-major (unused when a_resident is set)
   const uint16_t* b = nullptr;  // k×n fp16, row-major (unused when b_resident is set)
   uint16_t* c = nullptr;        // m×n fp16, row-major; written by the backend unless keep_c

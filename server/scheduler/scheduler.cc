@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <thread>
 
+#include "server/logging.h"
 #include "server/status_util.h"
 
 namespace hgemm {
@@ -167,10 +168,15 @@ grpc::Status Scheduler::RunEntry(int slot, const Entry& entry, GemmReport* out) 
   }
   report.server_total_ms =
       std::chrono::duration<double, std::milli>(Clock::now() - entry.admitted).count();
-  spdlog::debug("gemm request_id {} {}x{}x{} kernel={} slot={} status={} queue={:.3f}ms kernel={:.3f}ms total={:.3f}ms",
-               status::Quote(job.request_id), job.shape.m, job.shape.n, job.shape.k, report.kernel,
-               slot, status::CodeName(result.error_code()), report.queue_wait_ms, report.kernel_ms,
-               report.server_total_ms);
+  if (spdlog::should_log(spdlog::level::debug)) {  // the message costs a format per GEMM
+    logging::Log(spdlog::level::debug,
+                 fmt::format("gemm {}x{}x{} kernel={} slot={} status={} queue={:.3f}ms "
+                             "kernel={:.3f}ms total={:.3f}ms",
+                             job.shape.m, job.shape.n, job.shape.k, report.kernel, slot,
+                             status::CodeName(result.error_code()), report.queue_wait_ms,
+                             report.kernel_ms, report.server_total_ms),
+                 {{"request_id", job.request_id}, {"traceparent", job.traceparent}});
+  }
   *out = std::move(report);
   return result;
 }

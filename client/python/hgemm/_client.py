@@ -32,6 +32,8 @@ class Client:
       token: sent as "authorization: Bearer <token>" on every call; token_file: read it from a
         file; neither: $HGEMM_TOKEN if set.
       client_id: sent as "x-client-id" (owner of resident matrices when authentication is off).
+      traceparent: a W3C trace context ("00-<32 hex>-<16 hex>-<2 hex>") sent with every call;
+        the server logs it with the call (and ignores a malformed one).
       timeout: default deadline in seconds for every call (None: none); each method's timeout=
         overrides it.
       mode: "auto" (unary for small GEMMs, GemmStream above unary_limit_bytes or the server's

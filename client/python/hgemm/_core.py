@@ -499,7 +499,7 @@ class ClientConfig:
     """The options both clients take (documented on hgemm.Client)."""
 
     def __init__(self, target, *, tls=False, tls_ca=None, tls_cert=None, tls_key=None,
-                 tls_server_name=None, token=None, token_file=None, client_id=None, timeout=None,
+                 tls_server_name=None, token=None, token_file=None, client_id=None, traceparent=None, timeout=None,
                  mode="auto", unary_limit_bytes=32 << 20, chunk_bytes=1 << 20, retries=5,
                  progress=None, channel_options=()):
         if mode not in ("auto", "unary", "stream"):
@@ -520,6 +520,8 @@ class ClientConfig:
             metadata.append(("authorization", f"Bearer {token}"))
         if client_id:
             metadata.append(("x-client-id", client_id))
+        if traceparent:
+            metadata.append(("traceparent", traceparent))
         self.metadata = tuple(metadata)
         # No message size limits (the server has its own); each client its own connection
         # (gRPC would otherwise share one between channels with equal settings).

@@ -252,6 +252,17 @@ def test_server_errors_carry_status_names(client, rng, mode):
     assert isinstance(e.value, hgemm.Error)
 
 
+def test_traceparent_is_logged_with_a_refused_call(server, rng):
+    trace = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    a, b = fp16(rng, 4, 4), fp16(rng, 4, 4)
+    with hgemm.Client(server.address, traceparent=trace) as c:
+        with pytest.raises(hgemm.InvalidArgument):
+            c.gemm(a, b, kernel="no_such_kernel", request_id="py-trace-1", mode="unary")
+    lines = [l for l in server.log_text().splitlines() if "request_id=py-trace-1" in l]
+    assert len(lines) == 1, server.log_text()
+    assert f"traceparent={trace}" in lines[0] and "Gemm INVALID_ARGUMENT" in lines[0]
+
+
 def test_resource_exhausted_over_elements_limit(small_server, rng):
     a, b = fp16(rng, 1025, 1024), fp16(rng, 1024, 2)  # A: 1025·1024 > 2^20 elements
     with hgemm.Client(small_server.address, timeout=60) as c:

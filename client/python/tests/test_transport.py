@@ -126,10 +126,13 @@ def start_fake_server(credentials=None):
     return server, servicer, f"127.0.0.1:{port}"
 
 
+TRACE = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+
+
 def test_token_and_client_id_metadata(tmp_path, monkeypatch):
     server, servicer, address = start_fake_server()
     try:
-        with hgemm.Client(address, token="s3cret", client_id="alice") as c:
+        with hgemm.Client(address, token="s3cret", client_id="alice", traceparent=TRACE) as c:
             assert c.info().version == "fake"
         token_file = tmp_path / "token"
         token_file.write_text("from-file\n")
@@ -145,9 +148,10 @@ def test_token_and_client_id_metadata(tmp_path, monkeypatch):
         server.stop(None)
     first, from_file, from_env, none = servicer.metadata
     assert first["authorization"] == "Bearer s3cret" and first["x-client-id"] == "alice"
+    assert first["traceparent"] == TRACE
     assert from_file["authorization"] == "Bearer from-file"
     assert from_env["authorization"] == "Bearer from-env"
-    assert "authorization" not in none and "x-client-id" not in none
+    assert "authorization" not in none and "x-client-id" not in none and "traceparent" not in none
 
 
 @pytest.fixture(scope="module")

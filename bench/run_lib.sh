@@ -1,0 +1,70 @@
+# shellcheck shell=bash
+# Shared by the benchmark scripts that start hgemm_server and friends as processes
+# (bench/load_run.sh, bench/metrics_cost.sh). Source it from the repository root after
+# `set -euo pipefail`; messages name the sourcing script.
+
+# pick_bin_dirs DIR: where find_bin looks. DIR if given; else the GPU bundle .gpu/bin (its
+# env.sh sourced for the libraries); else Bazel's output trees.
+pick_bin_dirs() {
+  bin_dirs=()
+  if [[ -n $1 ]]; then
+    bin_dirs=("$1")
+  elif [[ -x .gpu/bin/hgemm_load ]]; then
+    # shellcheck disable=SC1091
+    source .gpu/env.sh
+    bin_dirs=(.gpu/bin)
+  else
+    # bazel-bin follows the last build's configuration; look in each.
+    bin_dirs=(bazel-bin bazel-out/k8-fastbuild/bin bazel-out/k8-opt/bin)
+  fi
+}
+
+find_bin() {  # name → path (a flat bundle dir, or <bazel bin>/<package>/<name>)
+  local d p
+  for d in "${bin_dirs[@]}"; do
+    for p in "$d/$1" "$d/server/$1" "$d/bench/$1" "$d/client/$1"; do
+      [[ -f $p && -x $p ]] && { echo "$p"; return 0; }
+    done
+  done
+  echo "${0##*/}: $1 not found under ${bin_dirs[*]} (bundle it or bazel build it)" >&2
+  return 1
+}
+
+wait_port() {  # port seconds pid log: until something accepts connections there
+  local deadline=$((SECONDS + $2))
+  until (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; do
+    if ! kill -0 "$3" 2>/dev/null; then
+      echo "${0##*/}: the process for port $1 exited; $4 says:" >&2
+      tail -20 "$4" >&2
+      return 1
+    fi
+    ((SECONDS < deadline)) || { echo "${0##*/}: nothing listening on port $1 after $2 s" >&2; return 1; }
+    sleep 0.2
+  done
+}
+
+# The processes started (their `timeout` wrappers, which pass TERM on) and the one being waited
+# for now; `trap cleanup EXIT INT TERM` ends them all, the waited-for one first.
+pids=()
+current=""
+# shellcheck disable=SC2317  # invoked by the trap
+cleanup() {
+  local rc=$?
+  [[ -n $current ]] && kill -TERM "$current" 2>/dev/null
+  for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
+  for pid in "${pids[@]}"; do
+    for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
+    kill -KILL "$pid" 2>/dev/null || true
+  done
+  exit "$rc"
+}
+
+describe_host() {  # backend bin-dir: what a result file should say about where it was measured
+  echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+  echo "commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+  echo "host: $(uname -srm), $(nproc) CPUs"
+  if command -v nvidia-smi >/dev/null; then
+    timeout 20 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
+  fi
+  echo "backend: $1, binaries: $2"
+}
