@@ -484,7 +484,7 @@ TEST_F(JsonLogProcessTest, EveryLineIsJsonAndCallsCarryTheirFields) {
     EXPECT_EQ(r["code"], "INVALID_ARGUMENT");
     EXPECT_NE(r["reason"].get<std::string>().find("warp_drive"), std::string::npos) << r;
     EXPECT_EQ(r["peer"].get<std::string>().rfind("ipv4:127.0.0.1:", 0), 0u) << r;
-    EXPECT_EQ(r["principal"], "") << "no authentication yet";
+    EXPECT_EQ(r["principal"], "ipv4:127.0.0.1") << "without authentication the caller is its address";
   }
   EXPECT_EQ(refused[0]["request_id"], "refused-1");
   EXPECT_EQ(refused[0]["traceparent"], trace);
