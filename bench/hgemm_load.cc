@@ -584,7 +584,7 @@ std::shared_ptr<grpc::Channel> LoadGenerator::MakeChannel(const std::string& tar
 
 GemmClient LoadGenerator::MakeClient(const std::string& target, ConnectOptions connect) {
   connect.private_subchannels = true;
-  return GemmClient(Connect(target, connect), connect);
+  return GemmClient(target, connect);
 }
 
 std::unique_ptr<load_internal::Caller> LoadGenerator::MakeCaller(

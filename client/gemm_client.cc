@@ -5,11 +5,11 @@
 #include <grpcpp/support/client_interceptor.h>
 
 #include <algorithm>
-#include <map>
-#include <mutex>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
+#include <map>
+#include <mutex>
 #include <sstream>
 #include <stdexcept>
 #include <thread>
