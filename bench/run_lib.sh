@@ -1,7 +1,7 @@
 # shellcheck shell=bash
 # Shared by the benchmark scripts that start hgemm_server and friends as processes
-# (bench/load_run.sh, bench/metrics_cost.sh). Source it from the repository root after
-# `set -euo pipefail`; messages name the sourcing script.
+# (bench/load_run.sh, bench/metrics_cost.sh, bench/tls_cost.sh). Source it from the repository
+# root after `set -euo pipefail`; messages name the sourcing script.
 
 # pick_bin_dirs DIR: where find_bin looks. DIR if given; else the GPU bundle .gpu/bin (its
 # env.sh sourced for the libraries); else Bazel's output trees.

@@ -45,21 +45,14 @@ else
   window_flags=()
 fi
 
-if [[ -z $bin ]]; then
-  if [[ -x .gpu-serve/bin/hgemm_load ]]; then
-    bin=.gpu-serve/bin
-    # shellcheck disable=SC1091
-    [[ -f .gpu-serve/env.sh ]] && source .gpu-serve/env.sh
-  else
-    bin=bazel-bin
-  fi
+# shellcheck source=bench/run_lib.sh
+source bench/run_lib.sh
+if [[ -z $bin && -x .gpu-serve/bin/hgemm_load ]]; then  # tools/gpu_e2e.sh's bundle
+  bin=.gpu-serve/bin
+  # shellcheck disable=SC1091
+  [[ -f .gpu-serve/env.sh ]] && source .gpu-serve/env.sh
 fi
-find_bin() {
-  local p
-  for p in "$bin/$1" "$bin/server/$1" "$bin/bench/$1"; do [[ -x $p ]] && { echo "$p"; return 0; }; done
-  echo "tls_cost.sh: $1 not found under $bin (bazel build //server:hgemm_server //bench:hgemm_load)" >&2
-  return 1
-}
+pick_bin_dirs "$bin"
 server_bin=$(find_bin hgemm_server)
 load_bin=$(find_bin hgemm_load)
 
