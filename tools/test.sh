@@ -3,7 +3,7 @@
 # GPU skip without one), the server's tests again under ASan + UBSan and the threaded ones under
 # TSan (.bazelrc configs asan, tsan), deploy/check.sh (lint and schema checks of the container
 # and Kubernetes manifests) and the fuzz targets for $HGEMM_FUZZ_SECONDS (default 60) each
-# (tools/fuzz.sh). Ends with a summary line "N passed, N failed, N skipped" counted over all
+# (tools/fuzz.sh), and tools/curl_check.sh (TLS, tokens and reflection through buf curl). Ends with a summary line "N passed, N failed, N skipped" counted over all
 # GoogleTest cases (sanitizer runs included), deploy checks and fuzz targets.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -33,6 +33,12 @@ bash deploy/check.sh 2>&1 | tee "$deploy_log"
 deploy_status=${PIPESTATUS[0]}
 ((status == 0)) && status=$deploy_status
 
+# The README's grpcurl walk-through over TLS and tokens, run with buf curl: line "curl: ...".
+curl_log=$(mktemp)
+tools/curl_check.sh 2>&1 | tee "$curl_log"
+curl_status=${PIPESTATUS[0]}
+((status == 0)) && status=$curl_status
+
 # The Python client (client/python): its own venv and servers; line "python: N passed, ...".
 python_log=$(mktemp)
 tools/test_python.sh 2>&1 | tee "$python_log"
@@ -56,6 +62,9 @@ done
 read -r dp df < <(awk '/^deploy: [0-9]+ passed, [0-9]+ failed/ {p = $2; f = $4} END {print p+0, f+0}' "$deploy_log")
 ((deploy_status == 0 || df > 0)) || df=1  # a check that died before its summary still fails
 passed=$((passed + dp)) failed=$((failed + df))
+read -r cp cf < <(awk '/^curl: [0-9]+ passed, [0-9]+ failed/ {p = $2; f = $4} END {print p+0, f+0}' "$curl_log")
+((curl_status == 0 || cf > 0)) || cf=1
+passed=$((passed + cp)) failed=$((failed + cf))
 read -r pp pf ps < <(awk '/^python: [0-9]+ passed, [0-9]+ failed, [0-9]+ skipped/ {p = $2; f = $4; s = $6} END {print p+0, f+0, s+0}' "$python_log")
 ((python_status == 0 || pf > 0)) || pf=1
 passed=$((passed + pp)) failed=$((failed + pf)) skipped=$((skipped + ps))
