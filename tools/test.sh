@@ -2,9 +2,10 @@
 # Every test: install what is missing, then `bazel test //...` (GoogleTest; tests that need a
 # GPU skip without one), the server's tests again under ASan + UBSan and the threaded ones under
 # TSan (.bazelrc configs asan, tsan), deploy/check.sh (lint and schema checks of the container
-# and Kubernetes manifests) and the fuzz targets for $HGEMM_FUZZ_SECONDS (default 60) each
-# (tools/fuzz.sh), and tools/curl_check.sh (TLS, tokens and reflection through buf curl). Ends with a summary line "N passed, N failed, N skipped" counted over all
-# GoogleTest cases (sanitizer runs included), deploy checks and fuzz targets.
+# and Kubernetes manifests), tools/curl_check.sh (the README's grpcurl walk-through over TLS with
+# buf curl), the Python client's tests, and the fuzz targets for $HGEMM_FUZZ_SECONDS (default 60)
+# each (tools/fuzz.sh). Ends with a summary line "N passed, N failed, N skipped" counted over all
+# GoogleTest cases (sanitizer runs included), deploy and curl checks, Python tests and fuzz targets.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
