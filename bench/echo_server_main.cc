@@ -15,7 +15,13 @@ int main(int argc, char** argv) {
   app.add_option("--listen", options.listen_address, "HOST:PORT to serve on")->capture_default_str();
   app.add_option("--max_message_bytes", options.max_message_bytes, "largest gRPC message accepted")
       ->check(CLI::Range(int64_t{4} << 20, int64_t{INT32_MAX}))->capture_default_str();
+  int64_t reply_delay_us = 0;
+  app.add_option("--reply_delay_us", reply_delay_us,
+                 "send every reply this long after the call arrived, from another thread "
+                 "(a stand-in for a GEMM of that length)")
+      ->check(CLI::Range(int64_t{0}, int64_t{10'000'000}))->capture_default_str();
   CLI11_PARSE(app, argc, argv);
+  options.reply_delay = std::chrono::microseconds(reply_delay_us);
 
   sigset_t signals;
   sigemptyset(&signals);

@@ -4,8 +4,11 @@
 
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
 #include <deque>
+#include <functional>
 #include <mutex>
+#include <thread>
 
 #include "bench/echo.grpc.pb.h"
 
@@ -29,12 +32,71 @@ class Filler {
   std::shared_ptr<const std::string> buffer_;  // guarded by mu_
 };
 
+// Runs each callback `delay` after it was handed in, on one thread: the echo's stand-in for a
+// backend whose work takes that long, so that the baseline pays the same idle wake-ups as a GEMM
+// call does. Waits as the CUDA backend waits for a kernel: asleep until 0.2 ms before the
+// deadline, then polling the clock. Callbacks still pending at destruction run at once.
+// Thread-safe.
+class Delayer {
+ public:
+  explicit Delayer(std::chrono::microseconds delay) : delay_(delay), thread_([this] { Run(); }) {}
+  ~Delayer() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_one();
+    thread_.join();
+  }
+
+  void After(std::function<void()> done) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      due_.push_back({Clock::now() + delay_, std::move(done)});
+    }
+    cv_.notify_one();
+  }
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  struct Due {
+    Clock::time_point at;
+    std::function<void()> done;
+  };
+
+  void Run() {
+    std::unique_lock<std::mutex> lock(mu_);
+    for (;;) {
+      cv_.wait(lock, [this] { return stop_ || !due_.empty(); });
+      if (due_.empty()) return;  // stopping, nothing left
+      Due next = std::move(due_.front());
+      due_.pop_front();  // one delay for all: the deque is in deadline order
+      lock.unlock();
+      if (!stop_) {
+        std::this_thread::sleep_until(next.at - std::chrono::microseconds(200));
+        while (Clock::now() < next.at) {
+        }
+      }
+      next.done();
+      lock.lock();
+    }
+  }
+
+  const std::chrono::microseconds delay_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Due> due_;  // guarded by mu_
+  bool stop_ = false;    // guarded by mu_
+  std::thread thread_;
+};
+
 // One EchoStream call. Reads run continuously; complete calls queue a reply, and one write at
 // a time drains the queue (NextWrite). Finish once the client is done and the queue is empty.
 class EchoStreamReactor : public grpc::ServerBidiReactor<EchoStreamRequest, EchoStreamReply> {
  public:
-  EchoStreamReactor(Filler* filler, int64_t max_reply_bytes)
-      : filler_(filler), max_reply_bytes_(max_reply_bytes) {
+  // delayer: when set, each complete call's reply is queued through it.
+  EchoStreamReactor(Filler* filler, int64_t max_reply_bytes, Delayer* delayer)
+      : filler_(filler), max_reply_bytes_(max_reply_bytes), delayer_(delayer) {
     StartRead(&request_);
   }
 
@@ -89,8 +151,19 @@ class EchoStreamReactor : public grpc::ServerBidiReactor<EchoStreamRequest, Echo
     }
     if (receiving_ && received_ == expected_) {
       receiving_ = false;
-      replies_.push_back(current_);
-      NextWrite();
+      if (delayer_ == nullptr) {
+        replies_.push_back(current_);
+        NextWrite();
+      } else {
+        ++delayed_;
+        delayer_->After([this, reply = current_] {
+          std::unique_lock<std::mutex> lock(mu_);
+          --delayed_;
+          replies_.push_back(reply);
+          NextWrite();
+          MaybeFinish(std::move(lock));
+        });
+      }
     }
     return true;
   }
@@ -121,7 +194,7 @@ class EchoStreamReactor : public grpc::ServerBidiReactor<EchoStreamRequest, Echo
 
   // Finish() is called without the lock: OnDone (delete this) may follow at once.
   void MaybeFinish(std::unique_lock<std::mutex> lock) {
-    if (!reads_done_ || writing_ || !replies_.empty() || finished_) return;
+    if (!reads_done_ || writing_ || !replies_.empty() || delayed_ > 0 || finished_) return;
     finished_ = true;
     const grpc::Status status = status_;
     lock.unlock();
@@ -130,6 +203,7 @@ class EchoStreamReactor : public grpc::ServerBidiReactor<EchoStreamRequest, Echo
 
   Filler* const filler_;
   const int64_t max_reply_bytes_;
+  Delayer* const delayer_;
   EchoStreamRequest request_;  // the one outstanding read
 
   std::mutex mu_;
@@ -142,6 +216,7 @@ class EchoStreamReactor : public grpc::ServerBidiReactor<EchoStreamRequest, Echo
   bool writing_ = false;         // guarded by mu_
   bool reads_done_ = false;      // guarded by mu_
   bool finished_ = false;        // guarded by mu_
+  int delayed_ = 0;              // replies still in delayer_; guarded by mu_
   grpc::Status status_;          // guarded by mu_
 };
 
@@ -149,7 +224,9 @@ class EchoStreamReactor : public grpc::ServerBidiReactor<EchoStreamRequest, Echo
 
 class EchoServer::Service final : public EchoService::CallbackService {
  public:
-  explicit Service(int64_t max_reply_bytes) : max_reply_bytes_(max_reply_bytes) {}
+  Service(int64_t max_reply_bytes, std::chrono::microseconds reply_delay)
+      : max_reply_bytes_(max_reply_bytes),
+        delayer_(reply_delay.count() > 0 ? std::make_unique<Delayer>(reply_delay) : nullptr) {}
 
   grpc::ServerUnaryReactor* Echo(grpc::CallbackServerContext* context, const EchoRequest* request,
                                  EchoReply* reply) override {
@@ -160,23 +237,28 @@ class EchoServer::Service final : public EchoService::CallbackService {
     }
     const size_t bytes = request->reply_bytes();
     reply->set_payload(filler_.Get(bytes)->data(), bytes);
-    reactor->Finish(grpc::Status::OK);
+    if (delayer_) {
+      delayer_->After([reactor] { reactor->Finish(grpc::Status::OK); });
+    } else {
+      reactor->Finish(grpc::Status::OK);
+    }
     return reactor;
   }
 
   grpc::ServerBidiReactor<EchoStreamRequest, EchoStreamReply>* EchoStream(
       grpc::CallbackServerContext* context) override {
-    return new EchoStreamReactor(&filler_, max_reply_bytes_);
+    return new EchoStreamReactor(&filler_, max_reply_bytes_, delayer_.get());
   }
 
  private:
   const int64_t max_reply_bytes_;
   Filler filler_;
+  std::unique_ptr<Delayer> delayer_;  // null without a reply delay
 };
 
 std::unique_ptr<EchoServer> EchoServer::Start(const EchoServerOptions& options) {
   std::unique_ptr<EchoServer> server(new EchoServer());
-  server->service_ = std::make_unique<Service>(options.max_reply_bytes);
+  server->service_ = std::make_unique<Service>(options.max_reply_bytes, options.reply_delay);
   grpc::ServerBuilder builder;
   builder.AddListeningPort(options.listen_address, grpc::InsecureServerCredentials(), &server->port_);
   builder.RegisterService(server->service_.get());

@@ -8,6 +8,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -22,6 +23,9 @@ struct EchoServerOptions {
   int64_t max_message_bytes = int64_t{1} << 30;
   // Largest reply a call may ask for; larger → INVALID_ARGUMENT naming reply_bytes.
   int64_t max_reply_bytes = int64_t{4} << 30;
+  // Every reply goes out this long after its call's last byte came in (0: at once), from another
+  // thread: a stand-in for the GEMM, to see what idle time costs the transport.
+  std::chrono::microseconds reply_delay{0};
 };
 
 class EchoServer {
