@@ -11,6 +11,9 @@
 #   latency   bench/completion_latency: how soon a waiting host thread sees a kernel end, and
 #             cudaMalloc/cudaFree costs (the fixed costs of a resident GEMM)
 #   copy      --resident_copy_to_idle_device on one GPU posing as two devices (--devices=0,0)
+#   floor     all-resident 8192³ at concurrency 1 (hgemm_load unary and stream, hgemm_client)
+#             next to the RPC floor with the same idle time: echo_server --reply_delay_us set to
+#             the kernel time, so the echo pays the same idle wake-ups (issue 17's fixed costs)
 #   load      bench/load_run.sh (the load generator's sweep), when its binaries are bundled
 #   load-resident  bench/load_run.sh --resident-only (all-resident latency vs the RPC floor)
 #   metrics   bench/metrics_cost.sh: 256³ unary c=64 req/s without and with --metrics_listen, and
@@ -117,6 +120,30 @@ if want resident; then
     echo "${size}^3 resident=all: $(medians "$out/resident_all_$size.log")"
   done
   tail -4 "$out/resident_all_8192.log"
+fi
+
+if want floor; then
+  echo "== all-resident 8192^3 at concurrency 1 vs the RPC floor with the same idle time"
+  load_point() {  # $1: mode; the rest: more hgemm_load flags
+    local mode=$1
+    shift
+    timeout 60 hgemm_load --server=127.0.0.1:$port --shapes=8192x8192x8192 --resident=all \
+      --mode="$mode" --concurrency=1 --max_point_s=6 "$@"
+  }
+  load_point stream >"$out/floor_kernel.log" 2>&1 || echo "FAILED: floor kernel point"
+  kernel_us=$(awk '$1 == "service" {k = $(NF - 5)} END {printf "%d", k * 1000}' "$out/floor_kernel.log")
+  echo "kernel: ${kernel_us} us"
+  echo_server --listen=127.0.0.1:$((port + 3)) --reply_delay_us="$kernel_us" >"$out/floor_echo.log" 2>&1 &
+  echo_pid=$!
+  sleep 1
+  for mode in stream unary; do
+    load_point "$mode" --baseline --echo_server=127.0.0.1:$((port + 3)) 2>&1 |
+      tee "$out/floor_$mode.log" | grep -E "^(target|service|echo)"
+  done
+  kill "$echo_pid"
+  client --shape=8192x8192x8192 --resident=all --repeat=21 >"$out/floor_client.log" ||
+    echo "FAILED: floor hgemm_client"
+  echo "hgemm_client 8192^3 resident=all: $(medians "$out/floor_client.log")"
 fi
 
 if want overlap; then
