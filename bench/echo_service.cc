@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
@@ -35,15 +36,16 @@ class Filler {
 // Runs each callback `delay` after it was handed in, on one thread: the echo's stand-in for a
 // backend whose work takes that long, so that the baseline pays the same idle wake-ups as a GEMM
 // call does. Waits as the CUDA backend waits for a kernel: asleep until 0.2 ms before the
-// deadline, then polling the clock. Callbacks still pending at destruction run at once.
-// Thread-safe.
+// deadline, then polling the clock. After Hurry(), and at destruction, callbacks run without
+// waiting. Thread-safe.
 class Delayer {
  public:
   explicit Delayer(std::chrono::microseconds delay) : delay_(delay), thread_([this] { Run(); }) {}
   ~Delayer() {
     {
       std::lock_guard<std::mutex> lock(mu_);
-      stop_ = true;
+      quit_ = true;
+      hurry_ = true;
     }
     cv_.notify_one();
     thread_.join();
@@ -57,8 +59,18 @@ class Delayer {
     cv_.notify_one();
   }
 
+  // Pending and later callbacks run at once (a server shutting down must not wait them out).
+  void Hurry() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      hurry_ = true;
+    }
+    cv_.notify_one();
+  }
+
  private:
   using Clock = std::chrono::steady_clock;
+  static constexpr std::chrono::microseconds kPollFor{200};
   struct Due {
     Clock::time_point at;
     std::function<void()> done;
@@ -67,15 +79,13 @@ class Delayer {
   void Run() {
     std::unique_lock<std::mutex> lock(mu_);
     for (;;) {
-      cv_.wait(lock, [this] { return stop_ || !due_.empty(); });
-      if (due_.empty()) return;  // stopping, nothing left
+      cv_.wait(lock, [this] { return quit_ || !due_.empty(); });
+      if (due_.empty()) return;  // quitting, nothing left
       Due next = std::move(due_.front());
       due_.pop_front();  // one delay for all: the deque is in deadline order
+      cv_.wait_until(lock, next.at - kPollFor, [this] { return bool(hurry_); });
       lock.unlock();
-      if (!stop_) {
-        std::this_thread::sleep_until(next.at - std::chrono::microseconds(200));
-        while (Clock::now() < next.at) {
-        }
+      while (!hurry_ && Clock::now() < next.at) {
       }
       next.done();
       lock.lock();
@@ -85,8 +95,9 @@ class Delayer {
   const std::chrono::microseconds delay_;
   std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<Due> due_;  // guarded by mu_
-  bool stop_ = false;    // guarded by mu_
+  std::deque<Due> due_;             // guarded by mu_
+  bool quit_ = false;               // guarded by mu_
+  std::atomic<bool> hurry_{false};  // written under mu_, polled without it
   std::thread thread_;
 };
 
@@ -245,6 +256,11 @@ class EchoServer::Service final : public EchoService::CallbackService {
     return reactor;
   }
 
+  // Delayed replies go at once from now on.
+  void Hurry() {
+    if (delayer_) delayer_->Hurry();
+  }
+
   grpc::ServerBidiReactor<EchoStreamRequest, EchoStreamReply>* EchoStream(
       grpc::CallbackServerContext* context) override {
     return new EchoStreamReactor(&filler_, max_reply_bytes_, delayer_.get());
@@ -278,6 +294,7 @@ EchoServer::~EchoServer() { Shutdown(); }
 void EchoServer::Shutdown() {
   std::call_once(shutdown_once_, [this] {
     if (!server_) return;
+    service_->Hurry();
     server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
     server_->Wait();
   });
