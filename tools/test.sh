@@ -21,7 +21,7 @@ asan_tests=(//server:validation_test //server:stream_assembler_test //server:hos
             //server:security_test //server/auth:token_table_test //server/auth:server_tls_test
             //server/scheduler:scheduler_test
             //server/scheduler:upload_queue_test //server/resident:matrix_store_test
-            //server/backend:cpu_backend_test //bench:soak_test //client:cli_test)
+            //server/backend:cpu_backend_test //bench:soak_test //bench:echo_service_test //client:cli_test)
 tsan_tests=(//server:host_buffer_pool_test //server/scheduler:scheduler_test //server/auth:token_table_test
             //server/scheduler:upload_queue_test //server/resident:matrix_store_test)
 for config in asan tsan; do
