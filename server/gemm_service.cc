@@ -13,7 +13,8 @@
 #include <tuple>
 #include <utility>
 
-#include "server/logging.h"
+#include "server/core/logging.h"
+#include "server/core/status.h"
 #include "server/status_util.h"
 #include "server/stream_assembler.h"
 
@@ -81,42 +82,42 @@ GemmServiceImpl::~GemmServiceImpl() {
   janitor_.join();
 }
 
-void GemmServiceImpl::Answered(Rpc rpc, const grpc::Status& s,
+void GemmServiceImpl::Answered(Rpc rpc, const absl::Status& s,
                                const grpc::CallbackServerContext* context,
                                std::string_view caller, std::string_view request_id,
                                std::optional<uint64_t> gemm_id) const {
-  if (metrics_ != nullptr) metrics_->CountCall(rpc, s.error_code());
+  if (metrics_ != nullptr) metrics_->CountCall(rpc, s.code());
   if (s.ok()) return;
   const std::string gemm = gemm_id ? std::to_string(*gemm_id) : "";
-  const char* code = status::CodeName(s.error_code());
+  const std::string code = status::CodeName(s.code());
   logging::Log(spdlog::level::info, fmt::format("{} {}", RpcName(rpc), code),
                {{"rpc", RpcName(rpc), false},
                 {"code", code, false},
                 {"gemm_id", gemm},
-                {"reason", s.error_message()},
+                {"reason", status::Message(s)},
                 {"request_id", request_id},
                 {"peer", context->peer()},
                 {"principal", caller},
                 {"traceparent", CallTraceparent(context)}});
 }
 
-void GemmServiceImpl::StreamEnded(const grpc::Status& s, const grpc::CallbackServerContext* context,
+void GemmServiceImpl::StreamEnded(const absl::Status& s, const grpc::CallbackServerContext* context,
                                   std::string_view caller) const {
-  if (metrics_ != nullptr) metrics_->CountStreamCall(s.error_code());
+  if (metrics_ != nullptr) metrics_->CountStreamCall(s.code());
   if (s.ok()) return;
-  const char* code = status::CodeName(s.error_code());
+  const std::string code = status::CodeName(s.code());
   logging::Log(spdlog::level::info, fmt::format("GemmStream call {}", code),
                {{"rpc", "GemmStream", false},
                 {"code", code, false},
-                {"reason", s.error_message()},
+                {"reason", status::Message(s)},
                 {"peer", context->peer()},
                 {"principal", caller},
                 {"traceparent", CallTraceparent(context)}});
 }
 
-grpc::Status GemmServiceImpl::Identify(Rpc rpc, const grpc::CallbackServerContext* context,
+absl::Status GemmServiceImpl::Identify(Rpc rpc, const grpc::CallbackServerContext* context,
                                        Principal* caller) const {
-  grpc::Status s = authenticator_->Identify(*context, caller);
+  absl::Status s = authenticator_->Identify(*context, caller);
   if (s.ok()) return s;
   if (rpc == Rpc::kGemmStream) {
     StreamEnded(s, context, "");
@@ -132,7 +133,7 @@ namespace {
 template <typename Reactor>
 class RefusedCall final : public Reactor {
  public:
-  explicit RefusedCall(const grpc::Status& s) { this->Finish(s); }
+  explicit RefusedCall(const absl::Status& s) { this->Finish(ToGrpcStatus(s)); }
   void OnDone() override { delete this; }
 };
 
@@ -168,7 +169,7 @@ void GemmServiceImpl::ExpireIdleCalls() {
   }
 }
 
-grpc::Status GemmServiceImpl::ChargePending(const std::string& owner, int64_t bytes) {
+absl::Status GemmServiceImpl::ChargePending(const std::string& owner, int64_t bytes) {
   std::lock_guard<std::mutex> lock(pending_mu_);
   auto it = pending_bytes_.find(owner);
   const int64_t held = it == pending_bytes_.end() ? 0 : it->second;
@@ -179,7 +180,7 @@ grpc::Status GemmServiceImpl::ChargePending(const std::string& owner, int64_t by
         bytes, options_.max_client_pending_bytes, held));
   }
   pending_bytes_[owner] = held + bytes;
-  return grpc::Status::OK;
+  return absl::OkStatus();
 }
 
 void GemmServiceImpl::ReleasePending(const std::string& owner, int64_t bytes) {
@@ -188,7 +189,7 @@ void GemmServiceImpl::ReleasePending(const std::string& owner, int64_t bytes) {
   if (it != pending_bytes_.end() && (it->second -= bytes) <= 0) pending_bytes_.erase(it);
 }
 
-grpc::Status GemmServiceImpl::ResolveResident(const std::string& owner,
+absl::Status GemmServiceImpl::ResolveResident(const std::string& owner,
                                               const std::string& a_handle,
                                               const std::string& b_handle, bool keep_c,
                                               GemmJob* job, QuotaReservation* c_quota) const {
@@ -203,7 +204,7 @@ grpc::Status GemmServiceImpl::ResolveResident(const std::string& owner,
                            Operand{b_handle, "b_handle", shape.k, shape.n, &job->b_resident}}) {
     if (o.handle.empty()) continue;
     ResidentMatrix m;
-    if (grpc::Status s = store_->Lookup(owner, o.handle, o.field, &m); !s.ok()) return s;
+    if (absl::Status s = store_->Lookup(owner, o.handle, o.field, &m); !s.ok()) return s;
     if (m.rows != o.rows || m.cols != o.cols) {
       return status::InvalidArgument(
           o.field, fmt::format("matrix {} is {}x{}; this GEMM needs {}x{}",
@@ -217,12 +218,12 @@ grpc::Status GemmServiceImpl::ResolveResident(const std::string& owner,
     *o.slot = m.buffer;
   }
   if (keep_c) {
-    if (grpc::Status s = store_->Reserve(owner, shape.CBytes(), c_quota); !s.ok()) {
-      return grpc::Status(s.error_code(), "keep_c_resident: " + s.error_message());
+    if (absl::Status s = store_->Reserve(owner, shape.CBytes(), c_quota); !s.ok()) {
+      return status::WithContext("keep_c_resident", s);
     }
     job->keep_c = true;
   }
-  return grpc::Status::OK;
+  return absl::OkStatus();
 }
 
 void GemmServiceImpl::Describe(const ResidentMatrix& m, v1::MatrixInfo* info) const {
@@ -255,11 +256,11 @@ grpc::ServerUnaryReactor* GemmServiceImpl::Gemm(grpc::CallbackServerContext* con
     metrics_->AddReceivedBytes(Rpc::kGemm, int64_t(request->a().size() + request->b().size()));
   }
   Principal caller;
-  if (grpc::Status s = Identify(Rpc::kGemm, context, &caller); !s.ok()) {
-    reactor->Finish(s);
+  if (absl::Status s = Identify(Rpc::kGemm, context, &caller); !s.ok()) {
+    reactor->Finish(ToGrpcStatus(s));
     return reactor;
   }
-  grpc::Status s;
+  absl::Status s;
   try {
     s = AdmitGemm(context, caller.name, *request, response, reactor);
   } catch (...) {  // before the scheduler took the job: nobody else will answer the call
@@ -267,21 +268,21 @@ grpc::ServerUnaryReactor* GemmServiceImpl::Gemm(grpc::CallbackServerContext* con
   }
   if (!s.ok()) {
     Answered(Rpc::kGemm, s, context, caller.name, request->options().request_id());
-    reactor->Finish(s);
+    reactor->Finish(ToGrpcStatus(s));
   }
   return reactor;
 }
 
-grpc::Status GemmServiceImpl::AdmitGemm(grpc::CallbackServerContext* context,
+absl::Status GemmServiceImpl::AdmitGemm(grpc::CallbackServerContext* context,
                                         const std::string& owner, const v1::GemmRequest& request,
                                         v1::GemmResponse* response,
                                         grpc::ServerUnaryReactor* reactor) {
   GemmJob job;
-  if (grpc::Status s = ValidateGemmRequest(request, options_.rules, &job); !s.ok()) return s;
+  if (absl::Status s = ValidateGemmRequest(request, options_.rules, &job); !s.ok()) return s;
   // Before C's buffer is made: the size limits say whether it may be.
-  if (grpc::Status s = scheduler_->CheckSize(job.shape); !s.ok()) return s;
+  if (absl::Status s = scheduler_->CheckSize(job.shape); !s.ok()) return s;
   auto c_quota = std::make_shared<QuotaReservation>();  // shared: GemmDone must be copyable
-  if (grpc::Status s = ResolveResident(owner, request.a_handle(),
+  if (absl::Status s = ResolveResident(owner, request.a_handle(),
                                        request.b_handle(), request.keep_c_resident(), &job,
                                        c_quota.get());
       !s.ok()) {
@@ -303,8 +304,8 @@ grpc::Status GemmServiceImpl::AdmitGemm(grpc::CallbackServerContext* context,
   const uint32_t c_ttl = request.c_ttl_seconds();
   return scheduler_->Enqueue(
       std::move(job), [this, context, owner, reactor, response, shape, c_quota, c_ttl](
-                          const grpc::Status& status, const GemmReport& report) {
-        grpc::Status answer = status;
+                          const absl::Status& status, const GemmReport& report) {
+        absl::Status answer = status;
         try {
           if (status.ok()) {
             ToProto(shape, report, response->mutable_timing(), response->mutable_execution());
@@ -321,7 +322,7 @@ grpc::Status GemmServiceImpl::AdmitGemm(grpc::CallbackServerContext* context,
           metrics_->AddSentBytes(Rpc::kGemm, int64_t(response->c().size()));
         }
         Answered(Rpc::kGemm, answer, context, owner, response->request_id());
-        reactor->Finish(answer);
+        reactor->Finish(ToGrpcStatus(answer));
       });
 }
 
@@ -335,11 +336,11 @@ class PendingCharge {
   ~PendingCharge() { Release(); }
 
   // Takes `bytes` for `owner`, or says why not.
-  grpc::Status Take(GemmServiceImpl* service, const std::string& owner, int64_t bytes) {
+  absl::Status Take(GemmServiceImpl* service, const std::string& owner, int64_t bytes) {
     Release();
-    if (grpc::Status s = service->ChargePending(owner, bytes); !s.ok()) return s;
+    if (absl::Status s = service->ChargePending(owner, bytes); !s.ok()) return s;
     service_ = service, owner_ = owner, bytes_ = bytes;
-    return grpc::Status::OK;
+    return absl::OkStatus();
   }
   void Release() {
     if (service_ != nullptr) std::exchange(service_, nullptr)->ReleasePending(owner_, bytes_);
@@ -385,7 +386,7 @@ class GemmStreamReactor final
     }
     if (finished_) return;  // drained meanwhile: nothing more is read
     StreamEvent event;
-    grpc::Status s = assembler_.Consume(request_, &event);
+    absl::Status s = assembler_.Consume(request_, &event);
     if (s.ok()) {
       reading_ = true;  // the message is being acted on: the call can't finish under it
       lock.unlock();
@@ -399,7 +400,7 @@ class GemmStreamReactor final
       reading_ = false;
     }
     if (!s.ok()) {
-      spdlog::debug("GemmStream broken: {}", s.error_message());
+      spdlog::debug("GemmStream broken: {}", status::Message(s));
       if (error_.ok()) error_ = s;
       reads_done_ = true;  // stop reading; answer what was admitted, then fail the call
     }
@@ -460,7 +461,7 @@ class GemmStreamReactor final
           tally(streamed.refused.ok() ? streamed.ChunkedBytes() : 0) {}
     AnnouncedGemm streamed;  // its job gets the resident operands and the chunks' buffers
     // Not OK: answered with it instead of run (refused at its header, idle, or a copy failed).
-    grpc::Status refused;
+    absl::Status refused;
     WriteTally tally;       // guarded by mu_
     PendingCharge pending;  // its chunked bytes, until they are all in
     Clock::time_point last_chunk;  // guarded by mu_; while in receiving_
@@ -470,7 +471,7 @@ class GemmStreamReactor final
     int64_t next_offset = 0;  // C's bytes before it are written out
     bool queued = false;      // in outgoing_
     bool completed = false;   // status, report and c_matrix are set
-    grpc::Status status;
+    absl::Status status;
     GemmReport report;
     v1::MatrixInfo c_matrix;  // a kept C
     QuotaReservation c_quota;  // for a kept C, until it is added to the store
@@ -499,33 +500,32 @@ class GemmStreamReactor final
 
   // Resolves handles and allocates where the chunked operands go, on the device the GEMM will
   // run on: the device of its resident operands, else the least loaded one.
-  grpc::Status Prepare(Call& call) {
+  absl::Status Prepare(Call& call) {
     AnnouncedGemm& gemm = call.streamed;
     GemmJob& job = gemm.job;
-    if (grpc::Status s = service_.scheduler_->CheckSize(job.shape); !s.ok()) return s;
-    if (grpc::Status s = service_.ResolveResident(owner_, gemm.a_handle, gemm.b_handle,
+    if (absl::Status s = service_.scheduler_->CheckSize(job.shape); !s.ok()) return s;
+    if (absl::Status s = service_.ResolveResident(owner_, gemm.a_handle, gemm.b_handle,
                                                   gemm.keep_c, &job, &call.c_quota);
         !s.ok()) {
       return s;
     }
-    if (gemm.ChunkedBytes() == 0) return grpc::Status::OK;
-    if (grpc::Status s = call.pending.Take(&service_, owner_, gemm.ChunkedBytes()); !s.ok()) {
-      return grpc::Status(s.error_code(), fmt::format("gemm_id {}: {}", gemm.gemm_id,
-                                                      s.error_message()));
+    if (gemm.ChunkedBytes() == 0) return absl::OkStatus();
+    if (absl::Status s = call.pending.Take(&service_, owner_, gemm.ChunkedBytes()); !s.ok()) {
+      return status::WithContext(fmt::format("gemm_id {}", gemm.gemm_id), s);
     }
     if (job.device_index < 0) job.device_index = service_.scheduler_->LeastLoadedDevice();
     for (auto [chunked, bytes, buffer] :
          {std::tuple{gemm.a_handle.empty(), job.shape.ABytes(), &job.a_resident},
           std::tuple{gemm.b_handle.empty(), job.shape.BBytes(), &job.b_resident}}) {
       if (!chunked) continue;
-      grpc::Status s = service_.backend_->AllocateResident(job.device_index, bytes, buffer);
-      if (s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED) {
+      absl::Status s = service_.backend_->AllocateResident(job.device_index, bytes, buffer);
+      if (s.code() == absl::StatusCode::kResourceExhausted) {
         // The GEMM fits the limits (CheckSize): the memory is taken by other work for now.
-        return status::QueueFull("device memory is busy: " + s.error_message());
+        return status::QueueFull("device memory is busy: " + status::Message(s));
       }
       if (!s.ok()) return s;
     }
-    return grpc::Status::OK;
+    return absl::OkStatus();
   }
 
   void Place(OperandChunk chunk) {
@@ -544,7 +544,7 @@ class GemmStreamReactor final
     if (service_.metrics_ != nullptr) service_.metrics_->AddReceivedBytes(Rpc::kGemmStream, size);
     service_.uploads_->Write(
         chunk.operand == v1::OPERAND_A ? job.a_resident : job.b_resident, chunk.offset,
-        std::move(chunk.data), [this, call, size](const grpc::Status& s, double copy_ms) {
+        std::move(chunk.data), [this, call, size](const absl::Status& s, double copy_ms) {
           bool written;
           {
             std::lock_guard<std::mutex> lock(mu_);
@@ -569,7 +569,7 @@ class GemmStreamReactor final
     call->streamed.job.a_resident.reset();  // the job holds the operands until it has run
     call->streamed.job.b_resident.reset();
     if (!call->refused.ok()) return Complete(call, call->refused, GemmReport{});
-    grpc::Status s;
+    absl::Status s;
     try {
       if (!job.keep_c) {
         call->c = service_.result_buffers_.Take(job.shape.CBytes());
@@ -586,7 +586,7 @@ class GemmStreamReactor final
         NextWriteLocked();
       };
       s = service_.scheduler_->Enqueue(
-          std::move(job), [this, call](const grpc::Status& status, const GemmReport& report) {
+          std::move(job), [this, call](const absl::Status& status, const GemmReport& report) {
             Complete(call, status, report);
           });
     } catch (...) {  // before the scheduler took it: answered here
@@ -595,7 +595,7 @@ class GemmStreamReactor final
     if (!s.ok()) Complete(call, s, GemmReport{});
   }
 
-  void Complete(std::shared_ptr<Call> call, const grpc::Status& status, const GemmReport& report) {
+  void Complete(std::shared_ptr<Call> call, const absl::Status& status, const GemmReport& report) {
     v1::MatrixInfo c_matrix;
     if (status.ok() && report.c_resident) {
       service_.KeepResult(std::move(call->c_quota), call->streamed.job.shape, report,
@@ -651,8 +651,9 @@ class GemmStreamReactor final
     done_message_.Clear();
     done_message_.set_gemm_id(gemm.gemm_id);
     v1::GemmDone* done = done_message_.mutable_done();
-    done->set_status_code(out.status.error_code());
-    done->set_status_message(out.status.error_message());
+    const grpc::Status answer = ToGrpcStatus(out.status);
+    done->set_status_code(answer.error_code());
+    done->set_status_message(answer.error_message());
     done->set_request_id(gemm.job.request_id);
     service_.Answered(Rpc::kGemmStream, out.status, context_, owner_, gemm.job.request_id,
                       gemm.gemm_id);
@@ -680,14 +681,14 @@ class GemmStreamReactor final
     // Finish is allowed then, and that read completes with ok = false).
     if (!reads_done_ && !(draining_ && receiving_.empty())) return;
     finished_ = true;
-    grpc::Status s = error_;
+    absl::Status s = error_;
     if (broken_ || context_->IsCancelled()) {
       s = status::Cancelled();
     } else if (!reads_done_) {
       s = status::ShuttingDown();
     }
     service_.StreamEnded(s, context_, owner_);
-    Finish(s);
+    Finish(ToGrpcStatus(s));
   }
 
   GemmServiceImpl& service_;
@@ -697,7 +698,7 @@ class GemmStreamReactor final
 
   std::mutex mu_;
   StreamAssembler assembler_;                             // guarded by mu_
-  grpc::Status error_;                                    // guarded by mu_; the call's final status
+  absl::Status error_;                                    // guarded by mu_; the call's final status
   bool reads_done_ = false;                               // guarded by mu_
   std::map<uint64_t, std::shared_ptr<Call>> receiving_;  // guarded by mu_; chunks still to come
   int64_t writes_in_flight_ = 0;                          // guarded by mu_; chunks being copied
@@ -715,7 +716,7 @@ class GemmStreamReactor final
 grpc::ServerBidiReactor<v1::GemmStreamRequest, v1::GemmStreamResponse>*
 GemmServiceImpl::GemmStream(grpc::CallbackServerContext* context) {
   Principal caller;
-  if (grpc::Status s = Identify(Rpc::kGemmStream, context, &caller); !s.ok()) {
+  if (absl::Status s = Identify(Rpc::kGemmStream, context, &caller); !s.ok()) {
     return new RefusedCall<grpc::ServerBidiReactor<v1::GemmStreamRequest, v1::GemmStreamResponse>>(s);
   }
   return new GemmStreamReactor(*this, context, std::move(caller.name));
@@ -726,8 +727,8 @@ grpc::ServerUnaryReactor* GemmServiceImpl::ListKernels(grpc::CallbackServerConte
                                                        v1::ListKernelsResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   Principal caller;
-  if (grpc::Status s = Identify(Rpc::kListKernels, context, &caller); !s.ok()) {
-    reactor->Finish(s);
+  if (absl::Status s = Identify(Rpc::kListKernels, context, &caller); !s.ok()) {
+    reactor->Finish(ToGrpcStatus(s));
     return reactor;
   }
   v1::KernelInfo* auto_kernel = response->add_kernels();
@@ -746,7 +747,7 @@ grpc::ServerUnaryReactor* GemmServiceImpl::ListKernels(grpc::CallbackServerConte
   if (AutoSupports(options_.rules, Accumulation::kFp32)) {
     auto_kernel->add_accumulations(v1::ACCUMULATION_FP32);
   }
-  Answered(Rpc::kListKernels, grpc::Status::OK, context, caller.name);
+  Answered(Rpc::kListKernels, absl::OkStatus(), context, caller.name);
   reactor->Finish(grpc::Status::OK);
   return reactor;
 }
@@ -756,8 +757,8 @@ grpc::ServerUnaryReactor* GemmServiceImpl::GetServerInfo(grpc::CallbackServerCon
                                                          v1::ServerInfo* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   Principal caller;
-  if (grpc::Status s = Identify(Rpc::kGetServerInfo, context, &caller); !s.ok()) {
-    reactor->Finish(s);
+  if (absl::Status s = Identify(Rpc::kGetServerInfo, context, &caller); !s.ok()) {
+    reactor->Finish(ToGrpcStatus(s));
     return reactor;
   }
   response->set_version(kVersion);
@@ -787,7 +788,7 @@ grpc::ServerUnaryReactor* GemmServiceImpl::GetServerInfo(grpc::CallbackServerCon
   load->set_admitted_total(stats.admitted_total);
   load->set_completed_total(stats.completed_total);
   response->set_replica(options_.resident.replica);
-  Answered(Rpc::kGetServerInfo, grpc::Status::OK, context, caller.name);
+  Answered(Rpc::kGetServerInfo, absl::OkStatus(), context, caller.name);
   reactor->Finish(grpc::Status::OK);
   return reactor;
 }
@@ -815,7 +816,7 @@ class UploadMatrixReactor final : public grpc::ServerReadReactor<v1::UploadMatri
       reading_ = true;  // the message is being acted on: the call can't finish under it
       last_read_ = Clock::now();
     }
-    grpc::Status s;
+    absl::Status s;
     bool more = false;
     try {
       if (!ok) {  // the client has sent everything (or went away)
@@ -868,7 +869,7 @@ class UploadMatrixReactor final : public grpc::ServerReadReactor<v1::UploadMatri
   }
 
  private:
-  grpc::Status ConsumeHeader() {
+  absl::Status ConsumeHeader() {
     if (!request_.has_header()) {
       return status::InvalidArgument("header", "the first message must be a header");
     }
@@ -876,7 +877,7 @@ class UploadMatrixReactor final : public grpc::ServerReadReactor<v1::UploadMatri
     GemmShape shape;  // validate rows x cols as the m x k of a GEMM
     if (header_.rows() == 0) return status::InvalidArgument("header.rows", "must be at least 1");
     if (header_.cols() == 0) return status::InvalidArgument("header.cols", "must be at least 1");
-    if (grpc::Status s = ValidateShape(header_.rows(), 1, header_.cols(), service_.options_.rules,
+    if (absl::Status s = ValidateShape(header_.rows(), 1, header_.cols(), service_.options_.rules,
                                        &shape);
         !s.ok()) {
       return s;
@@ -896,7 +897,7 @@ class UploadMatrixReactor final : public grpc::ServerReadReactor<v1::UploadMatri
       device_index = int(it - devices.begin());
     }
     std::shared_ptr<ResidentBuffer> buffer;
-    if (grpc::Status s = service_.store_->Allocate(owner_, device_index, header_.rows(),
+    if (absl::Status s = service_.store_->Allocate(owner_, device_index, header_.rows(),
                                                    header_.cols(), &buffer, &quota_);
         !s.ok()) {
       return s;
@@ -904,10 +905,10 @@ class UploadMatrixReactor final : public grpc::ServerReadReactor<v1::UploadMatri
     std::lock_guard<std::mutex> lock(mu_);
     tally_.emplace(buffer->bytes);
     buffer_ = std::move(buffer);
-    return grpc::Status::OK;
+    return absl::OkStatus();
   }
 
-  grpc::Status ConsumeChunk() {
+  absl::Status ConsumeChunk() {
     if (!request_.has_chunk()) return status::InvalidArgument("header", "sent twice");
     const int64_t size = request_.chunk().size();
     if (received_ + size > buffer_->bytes) {
@@ -921,20 +922,20 @@ class UploadMatrixReactor final : public grpc::ServerReadReactor<v1::UploadMatri
     }
     if (service_.metrics_ != nullptr) service_.metrics_->AddReceivedBytes(Rpc::kUploadMatrix, size);
     service_.uploads_->Write(buffer_, received_, std::move(*request_.mutable_chunk()),
-                             [this, size](const grpc::Status& s, double copy_ms) {
+                             [this, size](const absl::Status& s, double copy_ms) {
                                std::lock_guard<std::mutex> lock(mu_);
                                tally_->Add(s, size, copy_ms);
                                writes_in_flight_--;
                                MaybeFinishLocked();
                              });
     received_ += size;
-    return grpc::Status::OK;
+    return absl::OkStatus();
   }
 
   void MaybeFinishLocked() {
     if (finished_ || !reads_done_ || reading_ || writes_in_flight_ > 0) return;
     finished_ = true;
-    grpc::Status s = error_.ok() ? tally_->error() : error_;
+    absl::Status s = error_.ok() ? tally_->error() : error_;
     // A client that cancelled won't learn the handle: registering the matrix would leak it.
     if (s.ok() && context_->IsCancelled()) s = status::Cancelled();
     if (s.ok()) {
@@ -949,7 +950,7 @@ class UploadMatrixReactor final : public grpc::ServerReadReactor<v1::UploadMatri
       buffer_.reset();
     }
     service_.Answered(Rpc::kUploadMatrix, s, context_, owner_);
-    Finish(s);
+    Finish(ToGrpcStatus(s));
   }
 
   GemmServiceImpl& service_;
@@ -967,7 +968,7 @@ class UploadMatrixReactor final : public grpc::ServerReadReactor<v1::UploadMatri
   std::shared_ptr<ResidentBuffer> buffer_;
   std::optional<WriteTally> tally_;         // guarded by mu_
   int64_t writes_in_flight_ = 0;            // guarded by mu_
-  grpc::Status error_;                      // guarded by mu_; a broken rule
+  absl::Status error_;                      // guarded by mu_; a broken rule
   bool reads_done_ = false;                 // guarded by mu_
   bool reading_ = false;                    // guarded by mu_; a message is being acted on
   Clock::time_point last_read_ = Clock::now();  // guarded by mu_
@@ -977,7 +978,7 @@ class UploadMatrixReactor final : public grpc::ServerReadReactor<v1::UploadMatri
 grpc::ServerReadReactor<v1::UploadMatrixRequest>* GemmServiceImpl::UploadMatrix(
     grpc::CallbackServerContext* context, v1::MatrixInfo* response) {
   Principal caller;
-  if (grpc::Status s = Identify(Rpc::kUploadMatrix, context, &caller); !s.ok()) {
+  if (absl::Status s = Identify(Rpc::kUploadMatrix, context, &caller); !s.ok()) {
     return new RefusedCall<grpc::ServerReadReactor<v1::UploadMatrixRequest>>(s);
   }
   return new UploadMatrixReactor(*this, context, std::move(caller.name), response);
@@ -988,15 +989,15 @@ grpc::ServerUnaryReactor* GemmServiceImpl::ReleaseMatrix(grpc::CallbackServerCon
                                                          v1::ReleaseMatrixResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   Principal caller;
-  if (grpc::Status s = Identify(Rpc::kReleaseMatrix, context, &caller); !s.ok()) {
-    reactor->Finish(s);
+  if (absl::Status s = Identify(Rpc::kReleaseMatrix, context, &caller); !s.ok()) {
+    reactor->Finish(ToGrpcStatus(s));
     return reactor;
   }
   int64_t freed = 0;
-  grpc::Status s = store_->Release(caller.name, request->handle(), &freed, caller.admin);
+  absl::Status s = store_->Release(caller.name, request->handle(), &freed, caller.admin);
   response->set_freed_bytes(freed);
   Answered(Rpc::kReleaseMatrix, s, context, caller.name);
-  reactor->Finish(s);
+  reactor->Finish(ToGrpcStatus(s));
   return reactor;
 }
 
@@ -1005,8 +1006,8 @@ grpc::ServerUnaryReactor* GemmServiceImpl::ListMatrices(grpc::CallbackServerCont
                                                         v1::ListMatricesResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   Principal caller;
-  if (grpc::Status s = Identify(Rpc::kListMatrices, context, &caller); !s.ok()) {
-    reactor->Finish(s);
+  if (absl::Status s = Identify(Rpc::kListMatrices, context, &caller); !s.ok()) {
+    reactor->Finish(ToGrpcStatus(s));
     return reactor;
   }
   // An administrator sees every principal's matrices, each with its owner.
@@ -1017,7 +1018,7 @@ grpc::ServerUnaryReactor* GemmServiceImpl::ListMatrices(grpc::CallbackServerCont
   }
   response->set_client_bytes(store_->ClientBytes(caller.name));
   response->set_quota_bytes(options_.resident.quota_bytes_per_client);
-  Answered(Rpc::kListMatrices, grpc::Status::OK, context, caller.name);
+  Answered(Rpc::kListMatrices, absl::OkStatus(), context, caller.name);
   reactor->Finish(grpc::Status::OK);
   return reactor;
 }
@@ -1033,13 +1034,13 @@ class DownloadMatrixReactor final : public grpc::ServerWriteReactor<v1::ResultCh
         chunk_bytes_(service.options_.stream_chunk_bytes),
         buffers_(service.result_buffers_) {
     ResidentMatrix m;
-    grpc::Status s = service.store_->Lookup(owner_, request.handle(), "handle", &m);
+    absl::Status s = service.store_->Lookup(owner_, request.handle(), "handle", &m);
     if (!s.ok()) {
       Answer(s);
       return;
     }
     std::thread([this, &service, buffer = m.buffer] {
-      grpc::Status read;
+      absl::Status read;
       try {
         data_ = buffers_.Take(buffer->bytes);
         read = service.backend_->ReadResident(*buffer, data_.data());
@@ -1062,13 +1063,13 @@ class DownloadMatrixReactor final : public grpc::ServerWriteReactor<v1::ResultCh
   }
 
  private:
-  void Answer(const grpc::Status& s) {
+  void Answer(const absl::Status& s) {
     service_.Answered(Rpc::kDownloadMatrix, s, context_, owner_);
-    Finish(s);
+    Finish(ToGrpcStatus(s));
   }
 
   void NextWrite() {
-    if (offset_ >= int64_t(data_.size())) return Answer(grpc::Status::OK);
+    if (offset_ >= int64_t(data_.size())) return Answer(absl::OkStatus());
     const int64_t size = std::min<int64_t>(chunk_bytes_, data_.size() - offset_);
     if (service_.metrics_ != nullptr) service_.metrics_->AddSentBytes(Rpc::kDownloadMatrix, size);
     chunk_.set_offset(offset_);
@@ -1091,7 +1092,7 @@ class DownloadMatrixReactor final : public grpc::ServerWriteReactor<v1::ResultCh
 grpc::ServerWriteReactor<v1::ResultChunk>* GemmServiceImpl::DownloadMatrix(
     grpc::CallbackServerContext* context, const v1::DownloadMatrixRequest* request) {
   Principal caller;
-  if (grpc::Status s = Identify(Rpc::kDownloadMatrix, context, &caller); !s.ok()) {
+  if (absl::Status s = Identify(Rpc::kDownloadMatrix, context, &caller); !s.ok()) {
     return new RefusedCall<grpc::ServerWriteReactor<v1::ResultChunk>>(s);
   }
   return new DownloadMatrixReactor(*this, context, std::move(caller.name), *request);

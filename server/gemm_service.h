@@ -111,34 +111,34 @@ class GemmServiceImpl final : public v1::GemmService::CallbackService {
   // Takes `bytes` of `owner`'s budget of pending stream operands (max_client_pending_bytes),
   // or RESOURCE_EXHAUSTED; ReleasePending gives them back.
   friend class PendingCharge;
-  grpc::Status ChargePending(const std::string& owner, int64_t bytes);
+  absl::Status ChargePending(const std::string& owner, int64_t bytes);
   void ReleasePending(const std::string& owner, int64_t bytes);
 
   // Every call, and every GEMM of a stream (`gemm_id` set), is answered through here just
   // before its Finish (or GemmDone write): counted in the metrics and, unless OK, logged at
   // info with the status name, message, request id, caller ("" before it is known) and peer.
   // REQUIRES: `context` is alive.
-  void Answered(Rpc rpc, const grpc::Status& s, const grpc::CallbackServerContext* context,
+  void Answered(Rpc rpc, const absl::Status& s, const grpc::CallbackServerContext* context,
                 std::string_view caller, std::string_view request_id = {},
                 std::optional<uint64_t> gemm_id = std::nullopt) const;
   // A GemmStream call ends with `s` (its GEMMs were counted by Answered).
-  void StreamEnded(const grpc::Status& s, const grpc::CallbackServerContext* context,
+  void StreamEnded(const absl::Status& s, const grpc::CallbackServerContext* context,
                    std::string_view caller) const;
   // Who `context`'s call is from; if nobody authenticated, the status to finish it with (the
   // refusal is counted and logged here).
-  grpc::Status Identify(Rpc rpc, const grpc::CallbackServerContext* context,
+  absl::Status Identify(Rpc rpc, const grpc::CallbackServerContext* context,
                         Principal* caller) const;
 
   // Gemm's work up to the scheduler: OK once the job is admitted (its callback answers the
   // call), else the status to answer with.
-  grpc::Status AdmitGemm(grpc::CallbackServerContext* context, const std::string& owner,
+  absl::Status AdmitGemm(grpc::CallbackServerContext* context, const std::string& owner,
                          const v1::GemmRequest& request,
                          v1::GemmResponse* response, grpc::ServerUnaryReactor* reactor);
 
   // Puts the resident operands named by handle into `job` (their shapes must match) and pins
   // the job to their device (that of the larger one, if A and B live on different devices);
   // for a kept C, reserves its bytes of the client's quota in `c_quota`.
-  grpc::Status ResolveResident(const std::string& owner, const std::string& a_handle,
+  absl::Status ResolveResident(const std::string& owner, const std::string& a_handle,
                                const std::string& b_handle, bool keep_c, GemmJob* job,
                                QuotaReservation* c_quota) const;
   // Registers a kept C under its quota reservation and describes it.

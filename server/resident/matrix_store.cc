@@ -7,7 +7,7 @@
 #include <utility>
 
 #include "proto/handle.h"
-#include "server/status_util.h"
+#include "server/core/status.h"
 
 namespace hgemm {
 namespace {
@@ -44,7 +44,7 @@ void QuotaReservation::GiveBack() {
   if (store_ != nullptr) std::exchange(store_, nullptr)->Unreserve(owner_, bytes_);
 }
 
-grpc::Status MatrixStore::Reserve(const std::string& owner, int64_t bytes,
+absl::Status MatrixStore::Reserve(const std::string& owner, int64_t bytes,
                                   QuotaReservation* reservation) {
   std::lock_guard<std::mutex> lock(mu_);
   ExpireLocked(Clock::now());
@@ -60,7 +60,7 @@ grpc::Status MatrixStore::Reserve(const std::string& owner, int64_t bytes,
   reservation->store_ = this;
   reservation->owner_ = owner;
   reservation->bytes_ = bytes;
-  return grpc::Status::OK;
+  return absl::OkStatus();
 }
 
 void MatrixStore::Unreserve(const std::string& owner, int64_t bytes) {
@@ -74,12 +74,12 @@ void MatrixStore::UnchargeLocked(const std::string& owner, int64_t bytes) {
   if ((it->second -= bytes) <= 0) client_bytes_.erase(it);
 }
 
-grpc::Status MatrixStore::Allocate(const std::string& owner, int device_index, uint32_t rows,
+absl::Status MatrixStore::Allocate(const std::string& owner, int device_index, uint32_t rows,
                                    uint32_t cols, std::shared_ptr<ResidentBuffer>* buffer,
                                    QuotaReservation* reservation) {
   const int64_t bytes = MatrixBytes(rows, cols);
   QuotaReservation quota;
-  if (grpc::Status s = Reserve(owner, bytes, &quota); !s.ok()) return s;
+  if (absl::Status s = Reserve(owner, bytes, &quota); !s.ok()) return s;
   if (device_index < 0) {  // the device with the least resident data
     std::lock_guard<std::mutex> lock(mu_);
     std::vector<double> loads(backend_->Devices().size(), 0);
@@ -89,12 +89,12 @@ grpc::Status MatrixStore::Allocate(const std::string& owner, int device_index, u
   // The device allocation runs without mu_: cudaMalloc can take milliseconds, and other
   // clients' lookups must not wait for it.
   while (true) {
-    grpc::Status s = backend_->AllocateResident(device_index, bytes, buffer);
+    absl::Status s = backend_->AllocateResident(device_index, bytes, buffer);
     if (s.ok()) {
       *reservation = std::move(quota);
       return s;
     }
-    if (s.error_code() != grpc::StatusCode::RESOURCE_EXHAUSTED || !options_.lru_eviction) return s;
+    if (s.code() != absl::StatusCode::kResourceExhausted || !options_.lru_eviction) return s;
     std::lock_guard<std::mutex> lock(mu_);
     if (!EvictOneLocked(device_index)) return s;
   }
@@ -120,20 +120,19 @@ ResidentMatrix MatrixStore::Add(QuotaReservation reservation, uint32_t rows, uin
   return m;
 }
 
-grpc::Status MatrixStore::FindLocked(const std::string& owner, const std::string& handle,
+absl::Status MatrixStore::FindLocked(const std::string& owner, const std::string& handle,
                                      const std::string& field, bool any_owner,
                                      std::map<std::string, ResidentMatrix>::iterator* found) {
   ExpireLocked(Clock::now());
   auto it = matrices_.find(handle);
   if (it != matrices_.end() && (any_owner || it->second.owner == owner)) {
     *found = it;
-    return grpc::Status::OK;
+    return absl::OkStatus();
   }
   if (const std::string_view replica = HandleReplica(handle);
       it == matrices_.end() && !replica.empty() && replica != options_.replica) {
     // A client that does not route (grpcurl, an old client) sent it to the wrong replica.
-    return grpc::Status(
-        grpc::StatusCode::NOT_FOUND,
+    return status::NotFound(
         fmt::format("{}: matrix {} lives on replica {}, not on this one ({}); send calls naming "
                     "it there",
                     field, status::Quote(handle), status::Quote(replica),
@@ -143,30 +142,29 @@ grpc::Status MatrixStore::FindLocked(const std::string& owner, const std::string
   // Why a handle is gone is told only to its owner: to anyone else it never existed.
   auto gone = gone_.find(handle);
   const bool told = gone != gone_.end() && (any_owner || gone->second.owner == owner);
-  return grpc::Status(grpc::StatusCode::NOT_FOUND,
-                      fmt::format("{}: matrix {} {}; upload it again", field,
-                                  status::Quote(handle),
-                                  told ? gone->second.why : "does not exist"));
+  return status::NotFound(fmt::format("{}: matrix {} {}; upload it again", field,
+                                      status::Quote(handle),
+                                      told ? gone->second.why : "does not exist"));
 }
 
-grpc::Status MatrixStore::Lookup(const std::string& owner, const std::string& handle,
+absl::Status MatrixStore::Lookup(const std::string& owner, const std::string& handle,
                                  const std::string& field, ResidentMatrix* matrix) {
   std::lock_guard<std::mutex> lock(mu_);
   std::map<std::string, ResidentMatrix>::iterator it;
-  if (grpc::Status s = FindLocked(owner, handle, field, false, &it); !s.ok()) return s;
+  if (absl::Status s = FindLocked(owner, handle, field, false, &it); !s.ok()) return s;
   it->second.last_used = Clock::now();
   *matrix = it->second;
-  return grpc::Status::OK;
+  return absl::OkStatus();
 }
 
-grpc::Status MatrixStore::Release(const std::string& owner, const std::string& handle,
+absl::Status MatrixStore::Release(const std::string& owner, const std::string& handle,
                                   int64_t* freed_bytes, bool any_owner) {
   std::lock_guard<std::mutex> lock(mu_);
   std::map<std::string, ResidentMatrix>::iterator it;
-  if (grpc::Status s = FindLocked(owner, handle, "handle", any_owner, &it); !s.ok()) return s;
+  if (absl::Status s = FindLocked(owner, handle, "handle", any_owner, &it); !s.ok()) return s;
   *freed_bytes = it->second.buffer->bytes;
   ForgetLocked(it, "was released");
-  return grpc::Status::OK;
+  return absl::OkStatus();
 }
 
 std::vector<ResidentMatrix> MatrixStore::List(const std::string& owner) {

@@ -20,7 +20,7 @@
 #include <string>
 #include <vector>
 
-#include <grpcpp/support/status.h>
+#include <absl/status/status.h>
 
 #include "server/backend/backend.h"
 
@@ -79,12 +79,12 @@ class MatrixStore {
   MatrixStore(Backend* backend, const MatrixStoreOptions& options);
 
   // Takes `bytes` of `owner`'s quota, or RESOURCE_EXHAUSTED naming the quota.
-  grpc::Status Reserve(const std::string& owner, int64_t bytes, QuotaReservation* reservation);
+  absl::Status Reserve(const std::string& owner, int64_t bytes, QuotaReservation* reservation);
 
   // Reserve(), then a buffer for a rows×cols fp16 matrix on `device_index` (-1: the device with
   // the least resident data), evicting least recently used matrices first if enabled and
   // needed. REQUIRES: MatrixElements(rows, cols) ≤ kMaxElementsPerMatrix.
-  grpc::Status Allocate(const std::string& owner, int device_index, uint32_t rows, uint32_t cols,
+  absl::Status Allocate(const std::string& owner, int device_index, uint32_t rows, uint32_t cols,
                         std::shared_ptr<ResidentBuffer>* buffer, QuotaReservation* reservation);
 
   // Registers a filled buffer under the reservation's owner, which it now counts against;
@@ -96,12 +96,12 @@ class MatrixStore {
 
   // The matrix behind `handle`, marked used. NOT_FOUND (unknown, released, expired, evicted,
   // named for another replica, or another owner's). `field` names the request field in messages.
-  grpc::Status Lookup(const std::string& owner, const std::string& handle, const std::string& field,
+  absl::Status Lookup(const std::string& owner, const std::string& handle, const std::string& field,
                       ResidentMatrix* matrix);
 
   // Drops the entry; its memory is freed once no running GEMM uses it. NOT_FOUND as Lookup;
   // with `any_owner` (an administrator) another owner's matrix is released too.
-  grpc::Status Release(const std::string& owner, const std::string& handle, int64_t* freed_bytes,
+  absl::Status Release(const std::string& owner, const std::string& handle, int64_t* freed_bytes,
                        bool any_owner = false);
 
   std::vector<ResidentMatrix> List(const std::string& owner);
@@ -137,7 +137,7 @@ class MatrixStore {
     const char* why;
   };
   // The matrix of `handle`, if `owner` (or, with any_owner, anyone) may see it; else NOT_FOUND.
-  grpc::Status FindLocked(const std::string& owner, const std::string& handle,
+  absl::Status FindLocked(const std::string& owner, const std::string& handle,
                           const std::string& field, bool any_owner,
                           std::map<std::string, ResidentMatrix>::iterator* found);
   std::map<std::string, Gone> gone_;                 // guarded by mu_; handle →

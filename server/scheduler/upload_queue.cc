@@ -1,7 +1,7 @@
 #include "server/scheduler/upload_queue.h"
 
-#include "server/scheduler/job.h"
-#include "server/status_util.h"
+#include "server/core/job.h"
+#include "server/core/status.h"
 
 namespace hgemm {
 
@@ -43,7 +43,7 @@ void UploadQueue::WorkerLoop() {
       tasks_.pop_front();
     }
     const auto start = Clock::now();
-    grpc::Status s;
+    absl::Status s;
     try {
       s = backend_->WriteResident(*task.buffer, task.offset, task.data.data(),
                                   int64_t(task.data.size()));

@@ -21,7 +21,7 @@
 namespace hgemm {
 
 // Called once per write, on an upload thread, with how long the copy took.
-using WriteDone = std::function<void(const grpc::Status&, double copy_ms)>;
+using WriteDone = std::function<void(const absl::Status&, double copy_ms)>;
 
 class UploadQueue {
  public:
@@ -63,18 +63,18 @@ class WriteTally {
   explicit WriteTally(int64_t bytes) : bytes_left_(bytes) {}
 
   // Counts one finished write of `bytes`; true when it was the last one expected.
-  bool Add(const grpc::Status& status, int64_t bytes, double copy_ms) {
+  bool Add(const absl::Status& status, int64_t bytes, double copy_ms) {
     if (!status.ok() && error_.ok()) error_ = status;
     copy_ms_ += copy_ms;
     bytes_left_ -= bytes;
     return bytes_left_ == 0;
   }
-  const grpc::Status& error() const { return error_; }  // the first failure, else OK
+  const absl::Status& error() const { return error_; }  // the first failure, else OK
   double copy_ms() const { return copy_ms_; }           // summed over the writes
 
  private:
   int64_t bytes_left_;
-  grpc::Status error_;
+  absl::Status error_;
   double copy_ms_ = 0;
 };
 
