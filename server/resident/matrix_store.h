@@ -81,11 +81,17 @@ class MatrixStore {
   // Takes `bytes` of `owner`'s quota, or RESOURCE_EXHAUSTED naming the quota.
   absl::Status Reserve(const std::string& owner, int64_t bytes, QuotaReservation* reservation);
 
-  // Reserve(), then a buffer for a rows×cols fp16 matrix on `device_index` (-1: the device with
-  // the least resident data), evicting least recently used matrices first if enabled and
-  // needed. REQUIRES: MatrixElements(rows, cols) ≤ kMaxElementsPerMatrix.
+  // Reserve(), then AllocateBuffer() for a rows×cols fp16 matrix.
+  // REQUIRES: MatrixElements(rows, cols) ≤ kMaxElementsPerMatrix.
   absl::Status Allocate(const std::string& owner, int device_index, uint32_t rows, uint32_t cols,
                         std::shared_ptr<ResidentBuffer>* buffer, QuotaReservation* reservation);
+
+  // A buffer of `bytes` on `device_index` (-1: the device with the least resident data),
+  // evicting least recently used matrices first if enabled and needed; RESOURCE_EXHAUSTED when
+  // the device budget is full. A device call (cudaMalloc): the transport runs it on an upload
+  // thread, never in a reaction. The store's lock is not held across it.
+  absl::Status AllocateBuffer(int device_index, int64_t bytes,
+                              std::shared_ptr<ResidentBuffer>* buffer);
 
   // Registers a filled buffer under the reservation's owner, which it now counts against;
   // returns the new entry. `ttl` 0 means the default. REQUIRES: reservation.bytes() ==
@@ -119,6 +125,7 @@ class MatrixStore {
 
  private:
   friend class QuotaReservation;
+  class StoreLock;
   void Unreserve(const std::string& owner, int64_t bytes);
   void ExpireLocked(Clock::time_point now);
   void UnchargeLocked(const std::string& owner, int64_t bytes);
@@ -142,6 +149,8 @@ class MatrixStore {
                           std::map<std::string, ResidentMatrix>::iterator* found);
   std::map<std::string, Gone> gone_;                 // guarded by mu_; handle →
   std::deque<std::string> gone_order_;               // guarded by mu_; bounds gone_
+  // Buffers of forgotten matrices, freed once mu_ is released (StoreLock).
+  std::vector<std::shared_ptr<ResidentBuffer>> dropped_;  // guarded by mu_
 };
 
 }  // namespace hgemm

@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <future>
+#include <stdexcept>
+#include <thread>
 
 #include "server/backend/cpu_backend.h"
 
@@ -63,6 +65,17 @@ TEST(UploadQueueTest, TallyKeepsTheFirstError) {
   EXPECT_TRUE(tally.Add(absl::Status(absl::StatusCode::kInternal, "second"), 10, 3.0));
   EXPECT_EQ(tally.error().message(), "first");
   EXPECT_DOUBLE_EQ(tally.copy_ms(), 6.0);
+}
+
+// Device work the transport must not do on a reactor thread runs on an upload thread, and a
+// task that throws does not take that thread down with it.
+TEST(UploadQueueTest, PostedWorkRunsOnAnUploadThread) {
+  std::unique_ptr<Backend> backend = MakeCpuBackend({});
+  UploadQueue queue(backend.get(), 1);
+  queue.Post([] { throw std::runtime_error("a bug in posted work"); });
+  std::promise<std::thread::id> ran_on;
+  queue.Post([&] { ran_on.set_value(std::this_thread::get_id()); });
+  EXPECT_NE(ran_on.get_future().get(), std::this_thread::get_id());
 }
 
 }  // namespace
