@@ -149,10 +149,6 @@ std::string LaunchPadded(const VariantInfo& v, const GemmProblem& p, LaunchConte
 
 }  // namespace
 
-const char* AccumulationName(Accumulation acc) {
-  return acc == Accumulation::kFp16 ? "fp16" : "fp32";
-}
-
 const std::vector<VariantInfo>& Variants() {
   static const std::vector<VariantInfo>* const variants =
       new std::vector<VariantInfo>(BuildVariants());

@@ -9,7 +9,8 @@
 // Thread safety: Variants(), FindVariant(), Launch() and ChooseAuto() may be called from any
 // thread; a LaunchContext is not thread-safe and belongs to one worker (one stream).
 //
-// This header is plain C++17 (host compilers include it) and needs only cuda_runtime.h.
+// This header is plain C++17 (host compilers include it) and needs only cuda_runtime.h and
+// accumulation.h.
 #ifndef HGEMM_KERNELS_REGISTRY_H_
 #define HGEMM_KERNELS_REGISTRY_H_
 
@@ -20,6 +21,8 @@
 #include <string_view>
 #include <vector>
 
+#include "kernels/accumulation.h"
+
 // Forward declarations (as cuda_fp16.h and cublas_api.h make them), so that host code needs
 // only cuda_runtime.h to include this header.
 struct __half;
@@ -28,10 +31,8 @@ typedef struct cublasContext* cublasHandle_t;
 
 namespace hgemm::kernels {
 
-enum class Accumulation { kFp16, kFp32 };
-
-// Returns "fp16" or "fp32".
-const char* AccumulationName(Accumulation acc);
+using ::hgemm::Accumulation;  // kernels::Accumulation names the one definition
+using ::hgemm::AccumulationName;
 
 // One GEMM request. Pointers are device memory, row-major and densely packed (lda = k, ldb = n,
 // ldc = n). The caller owns the memory and keeps it alive until the launch completes.

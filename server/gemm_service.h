@@ -1,9 +1,12 @@
 // GemmServiceImpl: the gRPC transport of hgemm.v1.GemmService (callback API).
 //
 // Handlers only translate: validate a message into a GemmJob, hand it to the Scheduler with a
-// completion callback (and streamed bytes to the UploadQueue), and return. No handler waits
-// for a device; completion callbacks (on scheduler and upload threads) finish the RPC or queue
-// the stream's next writes.
+// completion callback (and streamed bytes, allocations and downloads to the UploadQueue), and
+// return. No handler waits for a device; completion callbacks (on scheduler and upload
+// threads) finish the RPC or queue the stream's next writes.
+// The unary handlers are here (gemm_service.cc); the streaming calls have their reactors in
+// stream_reactor.h (GemmStream) and matrix_reactors.h (UploadMatrix, DownloadMatrix); the
+// conversions to and from the wire are in convert.h.
 #ifndef HGEMM_SERVER_GEMM_SERVICE_H_
 #define HGEMM_SERVER_GEMM_SERVICE_H_
 
@@ -26,6 +29,7 @@
 #include "server/resident/matrix_store.h"
 #include "server/scheduler/scheduler.h"
 #include "server/scheduler/upload_queue.h"
+#include "server/session/resident_resolver.h"
 #include "server/validation.h"
 
 namespace hgemm {
@@ -111,36 +115,30 @@ class GemmServiceImpl final : public v1::GemmService::CallbackService {
   // Takes `bytes` of `owner`'s budget of pending stream operands (max_client_pending_bytes),
   // or RESOURCE_EXHAUSTED; ReleasePending gives them back.
   friend class PendingCharge;
-  grpc::Status ChargePending(const std::string& owner, int64_t bytes);
+  absl::Status ChargePending(const std::string& owner, int64_t bytes);
   void ReleasePending(const std::string& owner, int64_t bytes);
 
   // Every call, and every GEMM of a stream (`gemm_id` set), is answered through here just
   // before its Finish (or GemmDone write): counted in the metrics and, unless OK, logged at
   // info with the status name, message, request id, caller ("" before it is known) and peer.
   // REQUIRES: `context` is alive.
-  void Answered(Rpc rpc, const grpc::Status& s, const grpc::CallbackServerContext* context,
+  void Answered(Rpc rpc, const absl::Status& s, const grpc::CallbackServerContext* context,
                 std::string_view caller, std::string_view request_id = {},
                 std::optional<uint64_t> gemm_id = std::nullopt) const;
   // A GemmStream call ends with `s` (its GEMMs were counted by Answered).
-  void StreamEnded(const grpc::Status& s, const grpc::CallbackServerContext* context,
+  void StreamEnded(const absl::Status& s, const grpc::CallbackServerContext* context,
                    std::string_view caller) const;
   // Who `context`'s call is from; if nobody authenticated, the status to finish it with (the
   // refusal is counted and logged here).
-  grpc::Status Identify(Rpc rpc, const grpc::CallbackServerContext* context,
+  absl::Status Identify(Rpc rpc, const grpc::CallbackServerContext* context,
                         Principal* caller) const;
 
   // Gemm's work up to the scheduler: OK once the job is admitted (its callback answers the
   // call), else the status to answer with.
-  grpc::Status AdmitGemm(grpc::CallbackServerContext* context, const std::string& owner,
+  absl::Status AdmitGemm(grpc::CallbackServerContext* context, const std::string& owner,
                          const v1::GemmRequest& request,
                          v1::GemmResponse* response, grpc::ServerUnaryReactor* reactor);
 
-  // Puts the resident operands named by handle into `job` (their shapes must match) and pins
-  // the job to their device (that of the larger one, if A and B live on different devices);
-  // for a kept C, reserves its bytes of the client's quota in `c_quota`.
-  grpc::Status ResolveResident(const std::string& owner, const std::string& a_handle,
-                               const std::string& b_handle, bool keep_c, GemmJob* job,
-                               QuotaReservation* c_quota) const;
   // Registers a kept C under its quota reservation and describes it.
   void KeepResult(QuotaReservation c_quota, const GemmShape& shape, const GemmReport& report,
                   uint32_t ttl_seconds, v1::MatrixInfo* info) const;
@@ -150,6 +148,7 @@ class GemmServiceImpl final : public v1::GemmService::CallbackService {
   Backend* const backend_;
   MatrixStore* const store_;
   UploadQueue* const uploads_;
+  const ResidentResolver resolver_;
   const ServiceOptions options_;
   ServiceMetrics* const metrics_;  // may be null
   const Authenticator no_authentication_;
@@ -167,10 +166,6 @@ class GemmServiceImpl final : public v1::GemmService::CallbackService {
 
   std::thread janitor_;  // last: it starts once everything above is constructed
 };
-
-// Fills the proto's timing and execution from a backend's report.
-void ToProto(const GemmShape& shape, const GemmReport& report, v1::Timing* timing,
-             v1::Execution* execution);
 
 }  // namespace hgemm
 

@@ -1,5 +1,6 @@
 #include "server/health_service.h"
 
+#include "server/core/status.h"
 #include "server/status_util.h"
 
 namespace hgemm {
@@ -46,7 +47,7 @@ class HealthWatchReactor final : public grpc::ServerWriteReactor<HealthCheckResp
     if (writing_ || finished_) return;
     if (cancelled_) {
       finished_ = true;
-      return Finish(status::Cancelled());
+      return Finish(ToGrpcStatus(status::Cancelled()));
     }
     if (latest_ != sent_) {
       sent_ = latest_;
@@ -56,7 +57,7 @@ class HealthWatchReactor final : public grpc::ServerWriteReactor<HealthCheckResp
     }
     if (ending_) {
       finished_ = true;
-      Finish(status::ShuttingDown());
+      Finish(ToGrpcStatus(status::ShuttingDown()));
     }
   }
 
@@ -114,8 +115,7 @@ grpc::ServerUnaryReactor* HealthService::Check(grpc::CallbackServerContext* cont
     s = StatusLocked(request->service());
   }
   if (s == HealthCheckResponse::SERVICE_UNKNOWN) {
-    reactor->Finish(grpc::Status(grpc::StatusCode::NOT_FOUND,
-                                 "unknown service " + status::Quote(request->service())));
+    reactor->Finish(ToGrpcStatus(status::NotFound("unknown service " + status::Quote(request->service()))));
   } else {
     response->set_status(s);
     reactor->Finish(grpc::Status::OK);

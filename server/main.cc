@@ -10,7 +10,7 @@
 #include <thread>
 
 #include "server/backend/backend_factory.h"
-#include "server/logging.h"
+#include "server/grpc_logging.h"
 #include "server/server.h"
 
 namespace {
@@ -153,7 +153,7 @@ int main(int argc, char** argv) {
 
   hgemm::logging::Format format = hgemm::logging::Format::kText;
   hgemm::logging::ParseFormat(log_format, &format);
-  hgemm::logging::Install(format);
+  hgemm::InstallServerLogging(format);
   spdlog::set_level(spdlog::level::from_str(log_level));
   backend_options.cuda.devices = ParseDeviceList(devices);
   backend_options.cuda.completion_spin = std::chrono::microseconds(spin_us);

@@ -3,7 +3,7 @@
 #include <string>
 #include <utility>
 
-#include "server/status_util.h"
+#include "server/core/status.h"
 
 namespace hgemm {
 namespace {
@@ -26,9 +26,9 @@ const prometheus::Histogram::BucketBoundaries& StageBuckets() {
   return buckets;
 }
 
-int CodeIndex(grpc::StatusCode code) {
+int CodeIndex(absl::StatusCode code) {
   const int i = static_cast<int>(code);
-  return i >= 0 && i < 17 ? i : static_cast<int>(grpc::StatusCode::UNKNOWN);
+  return i >= 0 && i < 17 ? i : static_cast<int>(absl::StatusCode::kUnknown);
 }
 
 }  // namespace
@@ -122,22 +122,22 @@ ServiceMetrics::ServiceMetrics(const std::string& version, const std::string& ba
   }
 }
 
-void ServiceMetrics::CountCall(Rpc rpc, grpc::StatusCode code) {
+void ServiceMetrics::CountCall(Rpc rpc, absl::StatusCode code) {
   const int c = CodeIndex(code);
   std::atomic<prometheus::Counter*>& slot = request_counters_[int(rpc)][c];
   prometheus::Counter* counter = slot.load(std::memory_order_acquire);
   if (counter == nullptr) {  // Family::Add returns the same counter to racing callers
-    counter = &requests_.Add({{"rpc", RpcName(rpc)}, {"code", status::CodeName(grpc::StatusCode(c))}});
+    counter = &requests_.Add({{"rpc", RpcName(rpc)}, {"code", status::CodeName(absl::StatusCode(c))}});
     slot.store(counter, std::memory_order_release);
   }
   counter->Increment();
 }
 
-void ServiceMetrics::CountStreamCall(grpc::StatusCode code) {
+void ServiceMetrics::CountStreamCall(absl::StatusCode code) {
   const int c = CodeIndex(code);
   prometheus::Counter* counter = stream_call_counters_[c].load(std::memory_order_acquire);
   if (counter == nullptr) {
-    counter = &stream_calls_.Add({{"code", status::CodeName(grpc::StatusCode(c))}});
+    counter = &stream_calls_.Add({{"code", status::CodeName(absl::StatusCode(c))}});
     stream_call_counters_[c].store(counter, std::memory_order_release);
   }
   counter->Increment();

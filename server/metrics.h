@@ -38,7 +38,7 @@
 #ifndef HGEMM_SERVER_METRICS_H_
 #define HGEMM_SERVER_METRICS_H_
 
-#include <grpcpp/support/status.h>
+#include <absl/status/status.h>
 #include <prometheus/collectable.h>
 #include <prometheus/counter.h>
 #include <prometheus/family.h>
@@ -57,7 +57,7 @@
 #include <vector>
 
 #include "server/backend/backend.h"
-#include "server/scheduler/job.h"
+#include "server/core/job.h"
 
 namespace hgemm {
 
@@ -100,9 +100,9 @@ class ServiceMetrics final : public prometheus::Collectable {
   ServiceMetrics& operator=(const ServiceMetrics&) = delete;
 
   // One finished call of `rpc` (for GemmStream: one answered GEMM) with `code`.
-  void CountCall(Rpc rpc, grpc::StatusCode code);
+  void CountCall(Rpc rpc, absl::StatusCode code);
   // One GemmStream call ended with `code`.
-  void CountStreamCall(grpc::StatusCode code);
+  void CountStreamCall(absl::StatusCode code);
   void AddReceivedBytes(Rpc rpc, int64_t bytes);
   void AddSentBytes(Rpc rpc, int64_t bytes);
   // The stage times of a GEMM that ran; `tflops` its rate (GemmReport::Tflops).
@@ -112,7 +112,7 @@ class ServiceMetrics final : public prometheus::Collectable {
   std::vector<prometheus::MetricFamily> Collect() const override;
 
  private:
-  static constexpr int kNumCodes = 17;  // grpc::StatusCode OK .. UNAUTHENTICATED
+  static constexpr int kNumCodes = 17;  // absl::StatusCode kOk .. kUnauthenticated
   // Distinct kernels given their own label value; past that they count as "other".
   static constexpr size_t kMaxKernels = 64;
   struct KernelSeries {

@@ -20,7 +20,6 @@
 #include <map>
 #include <random>
 #include <regex>
-#include <set>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -33,7 +32,6 @@
 #include "server/test_requests.h"
 #include "server/metrics_http.h"
 #include "server/server.h"
-#include "server/status_util.h"
 
 namespace hgemm {
 namespace {
@@ -294,17 +292,6 @@ TEST(MetricsServer, StartFailsWhenTheMetricsPortIsTaken) {
   options.metrics_listen = "127.0.0.1:" + std::to_string(ntohs(addr.sin_port));
   EXPECT_EQ(HgemmServer::Start(options, MakeCpuBackend({.workers = 1})), nullptr);
   close(fd);
-}
-
-TEST(StatusCodeName, NamesEveryCode) {
-  EXPECT_STREQ(status::CodeName(grpc::StatusCode::OK), "OK");
-  EXPECT_STREQ(status::CodeName(grpc::StatusCode::INVALID_ARGUMENT), "INVALID_ARGUMENT");
-  EXPECT_STREQ(status::CodeName(grpc::StatusCode::RESOURCE_EXHAUSTED), "RESOURCE_EXHAUSTED");
-  EXPECT_STREQ(status::CodeName(grpc::StatusCode::UNAUTHENTICATED), "UNAUTHENTICATED");
-  EXPECT_STREQ(status::CodeName(grpc::StatusCode(99)), "UNKNOWN");
-  std::set<std::string> names;
-  for (int c = 0; c <= 16; ++c) names.insert(status::CodeName(grpc::StatusCode(c)));
-  EXPECT_EQ(names.size(), 17u) << "each code has its own name";
 }
 
 }  // namespace

@@ -1,14 +1,43 @@
 #include "server/server.h"
 
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/security/auth_metadata_processor.h>
 #include <spdlog/spdlog.h>
 
 #include <exception>
 #include <string>
+#include <string_view>
 #include <vector>
+
+#include "server/status_util.h"
 
 namespace hgemm {
 namespace {
+
+// For the TLS port's credentials (SetAuthMetadataProcessor): refuses server reflection calls
+// without a principal (UNAUTHENTICATED) and lets every other call through (their services call
+// Authenticator::Identify). gRPC runs processors on secure ports only.
+class ReflectionGuard final : public grpc::AuthMetadataProcessor {
+ public:
+  explicit ReflectionGuard(const Authenticator* auth) : auth_(auth) {}
+
+  // Token hashing only: no need for gRPC's separate thread.
+  bool IsBlocking() const override { return false; }
+
+  grpc::Status Process(const InputMetadata& metadata, grpc::AuthContext* context,
+                       OutputMetadata*, OutputMetadata*) override {
+    auto path = metadata.find(":path");
+    if (path == metadata.end() ||
+        std::string_view(path->second.data(), path->second.size()).rfind("/grpc.reflection.", 0) != 0) {
+      return grpc::Status::OK;
+    }
+    Principal caller;
+    return ToGrpcStatus(auth_->FromCredentials(metadata, context, &caller));
+  }
+
+ private:
+  const Authenticator* const auth_;
+};
 
 constexpr char kServiceName[] = "hgemm.v1.GemmService";
 
@@ -67,7 +96,8 @@ std::unique_ptr<HgemmServer> HgemmServer::Start(ServerOptions options,
     }
     credentials = server->tls_->credentials();
     if (opts.auth.protect_reflection) {
-      credentials->SetAuthMetadataProcessor(server->authenticator_->ReflectionGuard());
+      credentials->SetAuthMetadataProcessor(
+          std::make_shared<ReflectionGuard>(server->authenticator_.get()));
     }
   } else if (!IsLoopback(opts.listen_address)) {
     spdlog::warn("serving PLAINTEXT on {}: anyone on the network can read the matrices{} (set "

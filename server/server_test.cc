@@ -106,18 +106,18 @@ class ForwardingBackend : public Backend {
   int NumSlots() const override { return inner_->NumSlots(); }
   int SlotDevice(int slot) const override { return inner_->SlotDevice(slot); }
   int64_t MaxJobBytes() const override { return inner_->MaxJobBytes(); }
-  grpc::Status AllocateResident(int device, int64_t bytes,
+  absl::Status AllocateResident(int device, int64_t bytes,
                                 std::shared_ptr<ResidentBuffer>* buffer) override {
     return inner_->AllocateResident(device, bytes, buffer);
   }
-  grpc::Status WriteResident(ResidentBuffer& buffer, int64_t offset, const void* host,
+  absl::Status WriteResident(ResidentBuffer& buffer, int64_t offset, const void* host,
                              int64_t bytes) override {
     return inner_->WriteResident(buffer, offset, host, bytes);
   }
-  grpc::Status ReadResident(const ResidentBuffer& buffer, void* host) override {
+  absl::Status ReadResident(const ResidentBuffer& buffer, void* host) override {
     return inner_->ReadResident(buffer, host);
   }
-  grpc::Status Run(int slot, const GemmJob& job, GemmReport* report) override {
+  absl::Status Run(int slot, const GemmJob& job, GemmReport* report) override {
     return inner_->Run(slot, job, report);
   }
 
@@ -130,8 +130,8 @@ class ForwardingBackend : public Backend {
 class PiecewiseBackend final : public ForwardingBackend {
  public:
   using ForwardingBackend::ForwardingBackend;
-  grpc::Status Run(int slot, const GemmJob& job, GemmReport* report) override {
-    grpc::Status s = ForwardingBackend::Run(slot, job, report);
+  absl::Status Run(int slot, const GemmJob& job, GemmReport* report) override {
+    absl::Status s = ForwardingBackend::Run(slot, job, report);
     const int64_t c_bytes = job.shape.CBytes();
     if (s.ok() && job.c_progress) {
       for (int64_t ready : {c_bytes / 3, c_bytes / 3 + 1, c_bytes * 2 / 3, c_bytes}) {
@@ -147,11 +147,11 @@ class PiecewiseBackend final : public ForwardingBackend {
 class ThrowingBackend final : public ForwardingBackend {
  public:
   using ForwardingBackend::ForwardingBackend;
-  grpc::Status Run(int slot, const GemmJob& job, GemmReport* report) override {
+  absl::Status Run(int slot, const GemmJob& job, GemmReport* report) override {
     if (job.shape.m == 13) throw std::runtime_error("kernel exploded");
     return ForwardingBackend::Run(slot, job, report);
   }
-  grpc::Status WriteResident(ResidentBuffer& buffer, int64_t offset, const void* host,
+  absl::Status WriteResident(ResidentBuffer& buffer, int64_t offset, const void* host,
                              int64_t bytes) override {
     if (buffer.bytes == 26) throw std::bad_alloc();
     return ForwardingBackend::WriteResident(buffer, offset, host, bytes);

@@ -2,14 +2,14 @@
 
 #include <fmt/format.h>
 
-#include "server/status_util.h"
+#include "server/core/status.h"
 
 namespace hgemm {
 
 StreamAssembler::StreamAssembler(const RequestRules& rules, int64_t max_pending_bytes)
     : rules_(rules), max_pending_bytes_(max_pending_bytes) {}
 
-grpc::Status StreamAssembler::Consume(v1::GemmStreamRequest& message, StreamEvent* event) {
+absl::Status StreamAssembler::Consume(v1::GemmStreamRequest& message, StreamEvent* event) {
   *event = StreamEvent{};
   switch (message.message_case()) {
     case v1::GemmStreamRequest::kHeader:
@@ -21,7 +21,7 @@ grpc::Status StreamAssembler::Consume(v1::GemmStreamRequest& message, StreamEven
   }
 }
 
-grpc::Status StreamAssembler::ConsumeHeader(const v1::GemmHeader& header, StreamEvent* event) {
+absl::Status StreamAssembler::ConsumeHeader(const v1::GemmHeader& header, StreamEvent* event) {
   const uint64_t id = header.gemm_id();
   if (in_use_.count(id)) {
     return status::InvalidArgument(
@@ -31,11 +31,10 @@ grpc::Status StreamAssembler::ConsumeHeader(const v1::GemmHeader& header, Stream
   in_use_.insert(id);
   auto gemm = std::make_unique<AnnouncedGemm>();
   gemm->gemm_id = id;
-  grpc::Status s = ValidateGemmHeader(header, rules_, &gemm->job);
+  absl::Status s = ValidateGemmHeader(header, rules_, &gemm->job);
   if (!s.ok()) {
-    grpc::Status why(s.error_code(), fmt::format("gemm_id {}: {}", id, s.error_message()));
-    RefuseHeader(std::move(gemm), std::move(why), event);
-    return grpc::Status::OK;
+    RefuseHeader(std::move(gemm), status::WithContext(fmt::format("gemm_id {}", id), s), event);
+    return absl::OkStatus();
   }
   gemm->a_handle = header.a_handle();
   gemm->b_handle = header.b_handle();
@@ -49,7 +48,7 @@ grpc::Status StreamAssembler::ConsumeHeader(const v1::GemmHeader& header, Stream
                      "GEMMs over {} bytes (--max_stream_pending_bytes)",
                      id, chunked_bytes, max_pending_bytes_)),
                  event);
-    return grpc::Status::OK;
+    return absl::OkStatus();
   }
   if (chunked_bytes > 0) {
     pending_bytes_ += chunked_bytes;
@@ -62,10 +61,10 @@ grpc::Status StreamAssembler::ConsumeHeader(const v1::GemmHeader& header, Stream
     if (p.b_by_handle) p.b_received = p.b_bytes;
   }
   event->header = std::move(gemm);
-  return grpc::Status::OK;
+  return absl::OkStatus();
 }
 
-void StreamAssembler::RefuseHeader(std::unique_ptr<AnnouncedGemm> gemm, grpc::Status why,
+void StreamAssembler::RefuseHeader(std::unique_ptr<AnnouncedGemm> gemm, absl::Status why,
                                    StreamEvent* event) {
   gemm->refused = std::move(why);
   DropChunksOf(gemm->gemm_id);
@@ -90,10 +89,10 @@ void StreamAssembler::DropChunksOf(uint64_t gemm_id) {
   }
 }
 
-grpc::Status StreamAssembler::ConsumeChunk(v1::MatrixChunk& chunk, StreamEvent* event) {
+absl::Status StreamAssembler::ConsumeChunk(v1::MatrixChunk& chunk, StreamEvent* event) {
   const uint64_t id = chunk.gemm_id();
   auto it = pending_.find(id);
-  if (it == pending_.end() && dropped_.count(id)) return grpc::Status::OK;  // refused: dropped
+  if (it == pending_.end() && dropped_.count(id)) return absl::OkStatus();  // refused: dropped
   if (it == pending_.end()) {
     return status::InvalidArgument(
         "chunk.gemm_id", fmt::format("{} has no header on this stream (or is already complete)", id));
@@ -153,7 +152,7 @@ grpc::Status StreamAssembler::ConsumeChunk(v1::MatrixChunk& chunk, StreamEvent* 
     pending_.erase(it);
   }
   event->chunk = std::move(out);
-  return grpc::Status::OK;
+  return absl::OkStatus();
 }
 
 void StreamAssembler::Release(uint64_t gemm_id) { in_use_.erase(gemm_id); }

@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include <grpcpp/support/status.h>
+#include <absl/status/status.h>
 
 #include "proto/hgemm.pb.h"
 #include "server/validation.h"
@@ -26,7 +26,7 @@ struct AnnouncedGemm {
   uint64_t gemm_id = 0;
   // Not OK: the header was refused (bad values, over the stream's pending bytes). Answer the
   // GEMM with this at once; the assembler drops the chunks the client still sends for it.
-  grpc::Status refused;
+  absl::Status refused;
   GemmJob job;
   std::string a_handle, b_handle;  // resident operands, resolved by the caller
   bool keep_c = false;
@@ -63,7 +63,7 @@ class StreamAssembler {
   // .proto: a chunk out of order or for an unknown gemm_id, a gemm_id already in flight); then
   // the stream must end. A problem of one GEMM alone is not a broken rule: it comes back as a
   // header event with `refused` set.
-  grpc::Status Consume(v1::GemmStreamRequest& message, StreamEvent* event);
+  absl::Status Consume(v1::GemmStreamRequest& message, StreamEvent* event);
 
   // The caller refuses the announced GEMM `gemm_id` (e.g. an unknown handle) and answers it at
   // once: its pending bytes are freed and its remaining chunks will be dropped.
@@ -86,10 +86,10 @@ class StreamAssembler {
   // late chunks then break the order rules), so a client can't grow the set without bound.
   static constexpr size_t kMaxDroppedIds = 4096;
 
-  grpc::Status ConsumeHeader(const v1::GemmHeader& header, StreamEvent* event);
-  grpc::Status ConsumeChunk(v1::MatrixChunk& chunk, StreamEvent* event);
+  absl::Status ConsumeHeader(const v1::GemmHeader& header, StreamEvent* event);
+  absl::Status ConsumeChunk(v1::MatrixChunk& chunk, StreamEvent* event);
   // Refuses the header's GEMM with `why`.
-  void RefuseHeader(std::unique_ptr<AnnouncedGemm> gemm, grpc::Status why, StreamEvent* event);
+  void RefuseHeader(std::unique_ptr<AnnouncedGemm> gemm, absl::Status why, StreamEvent* event);
   void DropChunksOf(uint64_t gemm_id);
 
   const RequestRules& rules_;

@@ -14,7 +14,7 @@ class StreamAssemblerTest : public ::testing::Test {
     rules_.kernels = {{.name = "k", .fp32_accumulation = true}};
   }
 
-  grpc::Status Header(uint64_t id, uint32_t m, uint32_t n, uint32_t k) {
+  absl::Status Header(uint64_t id, uint32_t m, uint32_t n, uint32_t k) {
     v1::GemmStreamRequest message;
     v1::GemmHeader* h = message.mutable_header();
     h->set_gemm_id(id);
@@ -24,7 +24,7 @@ class StreamAssemblerTest : public ::testing::Test {
     return Consume(message);
   }
 
-  grpc::Status Chunk(uint64_t id, v1::Operand operand, uint64_t offset, std::string data) {
+  absl::Status Chunk(uint64_t id, v1::Operand operand, uint64_t offset, std::string data) {
     v1::GemmStreamRequest message;
     v1::MatrixChunk* c = message.mutable_chunk();
     c->set_gemm_id(id);
@@ -39,8 +39,8 @@ class StreamAssemblerTest : public ::testing::Test {
   // The operand bytes the chunks delivered so far, by gemm_id.
   std::string Delivered(uint64_t id, v1::Operand operand) { return delivered_[{id, operand}]; }
 
-  grpc::Status Consume(v1::GemmStreamRequest& message) {
-    grpc::Status s = assembler_.Consume(message, &event_);
+  absl::Status Consume(v1::GemmStreamRequest& message) {
+    absl::Status s = assembler_.Consume(message, &event_);
     if (s.ok() && event_.chunk) {
       std::string& bytes = delivered_[{event_.chunk->gemm_id, event_.chunk->operand}];
       EXPECT_EQ(event_.chunk->offset, int64_t(bytes.size()));
@@ -92,42 +92,42 @@ TEST_F(StreamAssemblerTest, InterleavedGemmsAssembleIndependently) {
 
 TEST_F(StreamAssemblerTest, ChunkOutOfOrderIsRejected) {
   ASSERT_TRUE(Header(1, 2, 2, 2).ok());
-  grpc::Status s = Chunk(1, v1::OPERAND_A, 4, "abcd");
-  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
-  EXPECT_NE(s.error_message().find("chunk.offset"), std::string::npos) << s.error_message();
+  absl::Status s = Chunk(1, v1::OPERAND_A, 4, "abcd");
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("chunk.offset"), std::string::npos) << s.message();
 }
 
 TEST_F(StreamAssemblerTest, BBeforeAIsRejected) {
   ASSERT_TRUE(Header(1, 2, 2, 2).ok());
-  grpc::Status s = Chunk(1, v1::OPERAND_B, 0, "abcd");
-  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
-  EXPECT_NE(s.error_message().find("B chunk before all of A"), std::string::npos);
+  absl::Status s = Chunk(1, v1::OPERAND_B, 0, "abcd");
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("B chunk before all of A"), std::string::npos);
 }
 
 TEST_F(StreamAssemblerTest, ChunkPastTheEndIsRejected) {
   ASSERT_TRUE(Header(1, 1, 1, 2).ok());  // A: 4 bytes
-  EXPECT_EQ(Chunk(1, v1::OPERAND_A, 0, "abcde").error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(Chunk(1, v1::OPERAND_A, 0, "abcde").code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST_F(StreamAssemblerTest, ChunkWithoutHeaderIsRejected) {
-  grpc::Status s = Chunk(9, v1::OPERAND_A, 0, "ab");
-  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
-  EXPECT_NE(s.error_message().find("no header"), std::string::npos);
+  absl::Status s = Chunk(9, v1::OPERAND_A, 0, "ab");
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("no header"), std::string::npos);
 }
 
 TEST_F(StreamAssemblerTest, EmptyChunkAndMissingOperandAreRejected) {
   ASSERT_TRUE(Header(1, 1, 1, 1).ok());
-  EXPECT_EQ(Chunk(1, v1::OPERAND_A, 0, "").error_code(), grpc::StatusCode::INVALID_ARGUMENT);
-  EXPECT_EQ(Chunk(1, v1::OPERAND_UNSPECIFIED, 0, "ab").error_code(),
-            grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(Chunk(1, v1::OPERAND_A, 0, "").code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Chunk(1, v1::OPERAND_UNSPECIFIED, 0, "ab").code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 TEST_F(StreamAssemblerTest, DuplicateIdInFlightIsRejectedUntilReleased) {
   ASSERT_TRUE(Header(1, 1, 1, 1).ok());
-  EXPECT_EQ(Header(1, 1, 1, 1).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(Header(1, 1, 1, 1).code(), absl::StatusCode::kInvalidArgument);
   ASSERT_TRUE(Chunk(1, v1::OPERAND_A, 0, "aa").ok());
   ASSERT_TRUE(Chunk(1, v1::OPERAND_B, 0, "bb").ok());
-  EXPECT_EQ(Header(1, 1, 1, 1).error_code(), grpc::StatusCode::INVALID_ARGUMENT);  // still running
+  EXPECT_EQ(Header(1, 1, 1, 1).code(), absl::StatusCode::kInvalidArgument);  // still running
   assembler_.Release(1);
   EXPECT_TRUE(Header(1, 1, 1, 1).ok());
 }
@@ -138,10 +138,10 @@ TEST_F(StreamAssemblerTest, BadHeaderIsRefusedForThatGemmAlone) {
   ASSERT_TRUE(Header(1, 2, 2, 2).ok());
   ASSERT_TRUE(Header(5, 0, 1, 1).ok());
   ASSERT_NE(event_.header, nullptr);
-  EXPECT_EQ(event_.header->refused.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
-  EXPECT_EQ(event_.header->refused.error_message(), "gemm_id 5: m: must be at least 1");
+  EXPECT_EQ(event_.header->refused.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(event_.header->refused.message(), "gemm_id 5: m: must be at least 1");
   ASSERT_TRUE(Header(6, 4294967295u, 4294967295u, 4294967295u).ok());
-  EXPECT_EQ(event_.header->refused.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_EQ(event_.header->refused.code(), absl::StatusCode::kResourceExhausted);
   // The client's chunks for them come anyway: dropped, no event.
   ASSERT_TRUE(Chunk(5, v1::OPERAND_A, 0, "xx").ok());
   EXPECT_EQ(event_.header, nullptr);
@@ -156,7 +156,7 @@ TEST_F(StreamAssemblerTest, BadHeaderIsRefusedForThatGemmAlone) {
   assembler_.Release(5);
   ASSERT_TRUE(Header(5, 1, 1, 1).ok());
   EXPECT_TRUE(event_.header->refused.ok());
-  EXPECT_EQ(Chunk(5, v1::OPERAND_A, 1, "xx").error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(Chunk(5, v1::OPERAND_A, 1, "xx").code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST_F(StreamAssemblerTest, RefusedByTheCallerDropsItsChunksAndFreesItsBytes) {
@@ -165,7 +165,7 @@ TEST_F(StreamAssemblerTest, RefusedByTheCallerDropsItsChunksAndFreesItsBytes) {
   ASSERT_TRUE(Header(3, 256, 256, 256).ok());
   ASSERT_TRUE(Header(4, 256, 256, 256).ok());
   ASSERT_TRUE(Header(9, 1, 1, 1).ok());
-  EXPECT_EQ(event_.header->refused.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_EQ(event_.header->refused.code(), absl::StatusCode::kResourceExhausted);
   assembler_.Refuse(1);
   ASSERT_TRUE(Chunk(1, v1::OPERAND_A, 0, "xx").ok());
   EXPECT_EQ(event_.chunk, nullptr);
@@ -186,7 +186,7 @@ TEST_F(StreamAssemblerTest, OperandsByHandleNeedNoChunks) {
   ASSERT_NE(event_.header, nullptr);
   EXPECT_EQ(event_.header->a_handle, "m-a");
   EXPECT_EQ(event_.header->ChunkedBytes(), 8);  // B only
-  EXPECT_EQ(Chunk(4, v1::OPERAND_A, 0, "abcdefgh").error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(Chunk(4, v1::OPERAND_A, 0, "abcdefgh").code(), absl::StatusCode::kInvalidArgument);
   ASSERT_TRUE(Chunk(4, v1::OPERAND_B, 0, "01234567").ok());
   EXPECT_TRUE(Last());
   EXPECT_EQ(Delivered(4, v1::OPERAND_B), "01234567");
@@ -208,7 +208,7 @@ TEST_F(StreamAssemblerTest, PendingBytesAreBounded) {
   ASSERT_TRUE(Header(3, 256, 256, 256).ok());
   ASSERT_TRUE(Header(4, 256, 256, 256).ok());
   ASSERT_TRUE(Header(5, 256, 256, 256).ok());
-  EXPECT_EQ(event_.header->refused.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_EQ(event_.header->refused.code(), absl::StatusCode::kResourceExhausted);
 }
 
 }  // namespace

@@ -4,12 +4,12 @@
 
 #include <algorithm>
 
-#include "server/status_util.h"
+#include "server/core/status.h"
 
 namespace hgemm {
 namespace {
 
-grpc::Status CheckElements(const char* matrix, uint32_t rows, uint32_t cols,
+absl::Status CheckElements(const char* matrix, uint32_t rows, uint32_t cols,
                            const RequestRules& rules) {
   const uint64_t elements = MatrixElements(rows, cols);
   if (elements > uint64_t(MaxElementsPerMatrix(rules))) {
@@ -17,19 +17,19 @@ grpc::Status CheckElements(const char* matrix, uint32_t rows, uint32_t cols,
                                          matrix, rows, cols, elements,
                                          MaxElementsPerMatrix(rules)));
   }
-  return grpc::Status::OK;
+  return absl::OkStatus();
 }
 
 // A handle that is set must name something: an empty one would leave its operand without
 // bytes (the resolver has nothing to look up, the length check was skipped for it).
-grpc::Status ValidateHandles(const v1::GemmRequest& request) {
+absl::Status ValidateHandles(const v1::GemmRequest& request) {
   if (request.has_a_handle() && request.a_handle().empty()) {
     return status::InvalidArgument("a_handle", "empty (set a, or the handle of a resident matrix)");
   }
   if (request.has_b_handle() && request.b_handle().empty()) {
     return status::InvalidArgument("b_handle", "empty (set b, or the handle of a resident matrix)");
   }
-  return grpc::Status::OK;
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -44,21 +44,21 @@ int64_t MaxElementsPerMatrix(const RequestRules& rules) {
   return std::clamp<int64_t>(rules.max_elements_per_matrix, 1, kMaxElementsPerMatrix);
 }
 
-grpc::Status ValidateShape(uint32_t m, uint32_t n, uint32_t k, const RequestRules& rules,
+absl::Status ValidateShape(uint32_t m, uint32_t n, uint32_t k, const RequestRules& rules,
                            GemmShape* shape) {
   if (m == 0) return status::InvalidArgument("m", "must be at least 1");
   if (n == 0) return status::InvalidArgument("n", "must be at least 1");
   if (k == 0) return status::InvalidArgument("k", "must be at least 1");
-  for (grpc::Status s : {CheckElements("A (m x k)", m, k, rules),
+  for (absl::Status s : {CheckElements("A (m x k)", m, k, rules),
                          CheckElements("B (k x n)", k, n, rules),
                          CheckElements("C (m x n)", m, n, rules)}) {
     if (!s.ok()) return s;
   }
   *shape = {.m = m, .n = n, .k = k};  // only now are its sizes safe to compute
-  return grpc::Status::OK;
+  return absl::OkStatus();
 }
 
-grpc::Status ValidateOptions(const v1::GemmOptions& options, const RequestRules& rules,
+absl::Status ValidateOptions(const v1::GemmOptions& options, const RequestRules& rules,
                              const std::string& field, GemmJob* job) {
   if (options.request_id().size() > kMaxRequestIdBytes) {
     return status::InvalidArgument(field + ".request_id",
@@ -104,12 +104,12 @@ grpc::Status ValidateOptions(const v1::GemmOptions& options, const RequestRules&
     }
     job->kernel = name;
   }
-  return grpc::Status::OK;
+  return absl::OkStatus();
 }
 
-grpc::Status ValidateGemmRequest(const v1::GemmRequest& request, const RequestRules& rules,
+absl::Status ValidateGemmRequest(const v1::GemmRequest& request, const RequestRules& rules,
                                  GemmJob* job) {
-  grpc::Status s = ValidateOptions(request.options(), rules, "options", job);
+  absl::Status s = ValidateOptions(request.options(), rules, "options", job);
   if (!s.ok()) return s;
   if (s = ValidateShape(request.m(), request.n(), request.k(), rules, &job->shape); !s.ok()) return s;
   const GemmShape& shape = job->shape;
@@ -127,12 +127,12 @@ grpc::Status ValidateGemmRequest(const v1::GemmRequest& request, const RequestRu
         "b", fmt::format("{} bytes; a {}x{} fp16 matrix (k x n) takes exactly {} (or give b_handle)",
                          request.b().size(), shape.k, shape.n, want));
   }
-  return grpc::Status::OK;
+  return absl::OkStatus();
 }
 
-grpc::Status ValidateGemmHeader(const v1::GemmHeader& header, const RequestRules& rules,
+absl::Status ValidateGemmHeader(const v1::GemmHeader& header, const RequestRules& rules,
                                 GemmJob* job) {
-  grpc::Status s = ValidateOptions(header.options(), rules, "header.options", job);
+  absl::Status s = ValidateOptions(header.options(), rules, "header.options", job);
   if (!s.ok()) return s;
   return ValidateShape(header.m(), header.n(), header.k(), rules, &job->shape);
 }

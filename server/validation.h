@@ -7,11 +7,11 @@
 #include <string>
 #include <vector>
 
-#include <grpcpp/support/status.h>
+#include <absl/status/status.h>
 
 #include "proto/hgemm.pb.h"
 #include "server/backend/backend.h"
-#include "server/scheduler/job.h"
+#include "server/core/job.h"
 
 namespace hgemm {
 
@@ -33,23 +33,23 @@ int64_t MaxElementsPerMatrix(const RequestRules& rules);
 
 // m, n, k ≥ 1 and A, B, C each within MaxElementsPerMatrix (RESOURCE_EXHAUSTED naming the
 // matrix and the limit). On OK, `shape`'s sizes are safe to compute (see GemmShape).
-grpc::Status ValidateShape(uint32_t m, uint32_t n, uint32_t k, const RequestRules& rules,
+absl::Status ValidateShape(uint32_t m, uint32_t n, uint32_t k, const RequestRules& rules,
                            GemmShape* shape);
 
 // Request id, kernel name and accumulation. `field` prefixes field names ("options",
 // "header.options"). Fills job->request_id first (a refusal of any later field is logged with
 // it), then job->kernel and job->accumulation. The two below check options before the rest.
-grpc::Status ValidateOptions(const v1::GemmOptions& options, const RequestRules& rules,
+absl::Status ValidateOptions(const v1::GemmOptions& options, const RequestRules& rules,
                              const std::string& field, GemmJob* job);
 
 // A whole unary request: shape, options, a handle set only if non-empty, and a/b of exactly
 // 2·m·k and 2·k·n bytes unless given by handle. Fills
 // everything of `job` but the buffers and callbacks.
-grpc::Status ValidateGemmRequest(const v1::GemmRequest& request, const RequestRules& rules,
+absl::Status ValidateGemmRequest(const v1::GemmRequest& request, const RequestRules& rules,
                                  GemmJob* job);
 
 // A stream header: shape and options (its operands arrive later in chunks, unless by handle).
-grpc::Status ValidateGemmHeader(const v1::GemmHeader& header, const RequestRules& rules,
+absl::Status ValidateGemmHeader(const v1::GemmHeader& header, const RequestRules& rules,
                                 GemmJob* job);
 
 }  // namespace hgemm

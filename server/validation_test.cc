@@ -42,9 +42,9 @@ TEST(Validation, ZeroDimensionNamesTheField) {
   for (auto [m, n, k, field] : {std::tuple{0u, 1u, 1u, "m:"}, std::tuple{1u, 0u, 1u, "n:"},
                                 std::tuple{1u, 1u, 0u, "k:"}}) {
     GemmJob job;
-    grpc::Status s = ValidateGemmRequest(Request(m, n, k), Rules(), &job);
-    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
-    EXPECT_EQ(s.error_message().rfind(field, 0), 0u) << s.error_message();
+    absl::Status s = ValidateGemmRequest(Request(m, n, k), Rules(), &job);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(s.message().rfind(field, 0), 0u) << s.message();
   }
 }
 
@@ -52,14 +52,14 @@ TEST(Validation, WrongByteLengthIsInvalidArgument) {
   GemmJob job;
   v1::GemmRequest r = Request(4, 4, 4);
   r.mutable_a()->pop_back();
-  grpc::Status s = ValidateGemmRequest(r, Rules(), &job);
-  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
-  EXPECT_NE(s.error_message().find("a: 31 bytes"), std::string::npos) << s.error_message();
+  absl::Status s = ValidateGemmRequest(r, Rules(), &job);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("a: 31 bytes"), std::string::npos) << s.message();
   r = Request(4, 4, 4);
   r.mutable_b()->append("xx");
   s = ValidateGemmRequest(r, Rules(), &job);
-  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
-  EXPECT_NE(s.error_message().find("b: 34 bytes"), std::string::npos) << s.error_message();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("b: 34 bytes"), std::string::npos) << s.message();
 }
 
 TEST(Validation, TooManyElementsIsResourceExhausted) {
@@ -68,18 +68,18 @@ TEST(Validation, TooManyElementsIsResourceExhausted) {
   r.set_m(2048);
   r.set_n(1);
   r.set_k(1024);  // A has 2^21 elements > 2^20
-  grpc::Status s = ValidateGemmRequest(r, Rules(), &job);
-  EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
-  EXPECT_NE(s.error_message().find("A (m x k)"), std::string::npos) << s.error_message();
+  absl::Status s = ValidateGemmRequest(r, Rules(), &job);
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(s.message().find("A (m x k)"), std::string::npos) << s.message();
 }
 
 TEST(Validation, UnknownKernelIsInvalidArgument) {
   GemmJob job;
   v1::GemmRequest r = Request(2, 2, 2);
   r.mutable_options()->set_kernel("nope");
-  grpc::Status s = ValidateGemmRequest(r, Rules(), &job);
-  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
-  EXPECT_NE(s.error_message().find("options.kernel: unknown kernel 'nope'"), std::string::npos);
+  absl::Status s = ValidateGemmRequest(r, Rules(), &job);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("options.kernel: unknown kernel 'nope'"), std::string::npos);
 }
 
 TEST(Validation, KernelWithoutRequestedAccumulationIsInvalidArgument) {
@@ -87,7 +87,7 @@ TEST(Validation, KernelWithoutRequestedAccumulationIsInvalidArgument) {
   v1::GemmRequest r = Request(2, 2, 2);
   r.mutable_options()->set_kernel("fp32only");
   r.mutable_options()->set_accumulation(v1::ACCUMULATION_FP16);
-  EXPECT_EQ(ValidateGemmRequest(r, Rules(), &job).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(ValidateGemmRequest(r, Rules(), &job).code(), absl::StatusCode::kInvalidArgument);
   r.mutable_options()->set_kernel("fast");
   ASSERT_TRUE(ValidateGemmRequest(r, Rules(), &job).ok());
   EXPECT_EQ(job.kernel, "fast");
@@ -98,14 +98,14 @@ TEST(Validation, UnknownAccumulationValueIsInvalidArgument) {
   GemmJob job;
   v1::GemmRequest r = Request(2, 2, 2);
   r.mutable_options()->set_accumulation(static_cast<v1::Accumulation>(42));
-  EXPECT_EQ(ValidateGemmRequest(r, Rules(), &job).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(ValidateGemmRequest(r, Rules(), &job).code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST(Validation, LongRequestIdIsInvalidArgument) {
   GemmJob job;
   v1::GemmRequest r = Request(2, 2, 2);
   r.mutable_options()->set_request_id(std::string(kMaxRequestIdBytes + 1, 'x'));
-  EXPECT_EQ(ValidateGemmRequest(r, Rules(), &job).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(ValidateGemmRequest(r, Rules(), &job).code(), absl::StatusCode::kInvalidArgument);
 }
 
 // Issue 12, items 1 and 3: 2·m·k used to wrap in int64, so this passed validation and the
@@ -121,14 +121,14 @@ TEST(Validation, HugeDimensionsAreResourceExhaustedWithExactCounts) {
     r.set_b(std::string(290948384, '\1'));
     RequestRules rules = Rules();
     rules.max_elements_per_matrix = std::numeric_limits<int64_t>::max();  // capped at 2^40
-    grpc::Status s = ValidateGemmRequest(r, rules, &job);
-    EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << d;
+    absl::Status s = ValidateGemmRequest(r, rules, &job);
+    EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << d;
     const std::string elements = std::to_string(uint64_t{d} * d);
-    EXPECT_NE(s.error_message().find("= " + elements + " elements"), std::string::npos)
-        << s.error_message();
-    EXPECT_NE(s.error_message().find(std::to_string(kMaxElementsPerMatrix)), std::string::npos)
-        << s.error_message();
-    EXPECT_EQ(s.error_message().find('-'), std::string::npos) << s.error_message();
+    EXPECT_NE(s.message().find("= " + elements + " elements"), std::string::npos)
+        << s.message();
+    EXPECT_NE(s.message().find(std::to_string(kMaxElementsPerMatrix)), std::string::npos)
+        << s.message();
+    EXPECT_EQ(s.message().find('-'), std::string::npos) << s.message();
   }
 }
 
@@ -151,14 +151,14 @@ TEST(Validation, EmptyHandleIsInvalidArgument) {
   GemmJob job;
   v1::GemmRequest r = Request(4, 4, 4);
   r.set_a_handle("");
-  grpc::Status s = ValidateGemmRequest(r, Rules(), &job);
-  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
-  EXPECT_EQ(s.error_message().rfind("a_handle: empty", 0), 0u) << s.error_message();
+  absl::Status s = ValidateGemmRequest(r, Rules(), &job);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.message().rfind("a_handle: empty", 0), 0u) << s.message();
   r = Request(4, 4, 4);
   r.set_b_handle("");
   s = ValidateGemmRequest(r, Rules(), &job);
-  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
-  EXPECT_EQ(s.error_message().rfind("b_handle: empty", 0), 0u) << s.error_message();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.message().rfind("b_handle: empty", 0), 0u) << s.message();
 }
 
 // Item 6: "auto" with an accumulation no kernel has is refused, not silently run otherwise.
@@ -170,9 +170,9 @@ TEST(Validation, AutoRefusesAccumulationNoKernelHas) {
   GemmJob job;
   v1::GemmRequest r = Request(2, 2, 2);
   r.mutable_options()->set_accumulation(v1::ACCUMULATION_FP16);
-  grpc::Status s = ValidateGemmRequest(r, rules, &job);
-  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
-  EXPECT_NE(s.error_message().find("FP16"), std::string::npos) << s.error_message();
+  absl::Status s = ValidateGemmRequest(r, rules, &job);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("FP16"), std::string::npos) << s.message();
   r.mutable_options()->set_accumulation(v1::ACCUMULATION_FP32);
   EXPECT_TRUE(ValidateGemmRequest(r, rules, &job).ok());
 }

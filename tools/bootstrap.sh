@@ -10,6 +10,7 @@ packages=(
   protobuf-compiler libprotobuf-dev        # protoc
   protobuf-compiler-grpc libgrpc++-dev     # grpc_cpp_plugin, gRPC C++ (health, reflection)
   grpc-proto                               # health.proto, reflection.proto
+  libabsl-dev                              # absl::Status (server/core/status.h)
   libspdlog-dev libfmt-dev                 # logging
   libssl-dev openssl                       # server/auth (libcrypto); test certificates
   nlohmann-json3-dev                       # --log_format=json (header only)

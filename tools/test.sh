@@ -16,7 +16,7 @@ logdirs=("$(bazel info bazel-testlogs)")
 # Sanitizer runs: outputs under their own platform suffix; no symlinks, so bazel-bin stays the
 # normal build's.
 asan_tests=(//server:validation_test //server:stream_assembler_test //server:host_buffer_pool_test
-            //server:logging_test //client:metrics_scrape_test
+            //server/core:logging_test //server/core:status_test //client:metrics_scrape_test
             //server:server_test //server:server_process_test //server:metrics_test
             //server:security_test //server/auth:token_table_test //server/auth:server_tls_test
             //server/scheduler:scheduler_test

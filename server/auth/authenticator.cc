@@ -4,26 +4,14 @@
 
 #include <string_view>
 
+#include "server/core/status.h"
+
 namespace hgemm {
 namespace {
 
 constexpr std::string_view kBearer = "Bearer ";
 
 std::string_view View(grpc::string_ref s) { return std::string_view(s.data(), s.size()); }
-
-class ReflectionGuardProcessor final : public grpc::AuthMetadataProcessor {
- public:
-  explicit ReflectionGuardProcessor(const Authenticator* auth) : auth_(auth) {}
-
-  // Token hashing only: no need for gRPC's separate thread.
-  bool IsBlocking() const override { return false; }
-
-  grpc::Status Process(const InputMetadata& metadata, grpc::AuthContext* context,
-                       OutputMetadata*, OutputMetadata*) override;
-
- private:
-  const Authenticator* const auth_;
-};
 
 }  // namespace
 
@@ -46,7 +34,7 @@ std::unique_ptr<Authenticator> Authenticator::Open(const AuthOptions& options, s
   return auth;
 }
 
-grpc::Status Authenticator::FromCredentials(
+absl::Status Authenticator::FromCredentials(
     const std::multimap<grpc::string_ref, grpc::string_ref>& metadata,
     const grpc::AuthContext* auth, Principal* caller) const {
   if (principal_from_cert_ && auth != nullptr && auth->IsPeerAuthenticated()) {
@@ -54,7 +42,7 @@ grpc::Status Authenticator::FromCredentials(
     if (!identity.empty() && !identity[0].empty()) {
       caller->name = std::string(View(identity[0]));
       caller->admin = tokens_ != nullptr && tokens_->IsAdmin(caller->name);
-      return grpc::Status::OK;
+      return absl::OkStatus();
     }
   }
   const char* wanted = principal_from_cert_ && tokens_ != nullptr
@@ -63,46 +51,29 @@ grpc::Status Authenticator::FromCredentials(
                                               : "\"authorization: Bearer TOKEN\" metadata";
   auto it = metadata.find("authorization");
   if (tokens_ == nullptr || it == metadata.end()) {
-    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
-                        std::string("authentication is required: send ") + wanted);
+    return status::Unauthenticated(std::string("authentication is required: send ") + wanted);
   }
   const std::string_view value = View(it->second);
   if (value.size() <= kBearer.size() ||
       strncasecmp(value.data(), kBearer.data(), kBearer.size()) != 0) {
-    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
-                        "the authorization metadata is not \"Bearer TOKEN\"");
+    return status::Unauthenticated("the authorization metadata is not \"Bearer TOKEN\"");
   }
   std::optional<Principal> principal = tokens_->Authenticate(value.substr(kBearer.size()));
   if (!principal) {
-    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "the token is not accepted");
+    return status::Unauthenticated("the token is not accepted");
   }
   *caller = std::move(*principal);
-  return grpc::Status::OK;
+  return absl::OkStatus();
 }
 
-grpc::Status Authenticator::Identify(const grpc::ServerContextBase& context,
+absl::Status Authenticator::Identify(const grpc::ServerContextBase& context,
                                      Principal* caller) const {
   if (!enabled()) {
     *caller = Principal{ClientIdentity(context), false};
-    return grpc::Status::OK;
+    return absl::OkStatus();
   }
   const std::shared_ptr<const grpc::AuthContext> auth = context.auth_context();
   return FromCredentials(context.client_metadata(), auth.get(), caller);
-}
-
-grpc::Status ReflectionGuardProcessor::Process(const InputMetadata& metadata,
-                                               grpc::AuthContext* context, OutputMetadata*,
-                                               OutputMetadata*) {
-  auto path = metadata.find(":path");
-  if (path == metadata.end() || View(path->second).rfind("/grpc.reflection.", 0) != 0) {
-    return grpc::Status::OK;
-  }
-  Principal caller;
-  return auth_->FromCredentials(metadata, context, &caller);
-}
-
-std::shared_ptr<grpc::AuthMetadataProcessor> Authenticator::ReflectionGuard() const {
-  return std::make_shared<ReflectionGuardProcessor>(this);
 }
 
 }  // namespace hgemm

@@ -11,6 +11,7 @@
 #ifndef HGEMM_SERVER_AUTH_AUTHENTICATOR_H_
 #define HGEMM_SERVER_AUTH_AUTHENTICATOR_H_
 
+#include <absl/status/status.h>
 #include <grpcpp/security/auth_metadata_processor.h>
 #include <grpcpp/server_context.h>
 
@@ -27,7 +28,7 @@ struct AuthOptions {
   std::string tokens_file;
   // A verified mTLS client certificate names the principal (SAN, else CN).
   bool principal_from_cert = false;
-  // Server reflection needs a principal too (TLS ports only: see ReflectionGuard).
+  // Server reflection needs a principal too (TLS ports only: see server/server.cc).
   bool protect_reflection = false;
   // How often the tokens file is looked at.
   std::chrono::milliseconds refresh_period{1000};
@@ -44,16 +45,11 @@ class Authenticator {
   bool enabled() const { return tokens_ != nullptr || principal_from_cert_; }
 
   // The caller of `context`: OK with *caller set, else UNAUTHENTICATED saying what is missing.
-  grpc::Status Identify(const grpc::ServerContextBase& context, Principal* caller) const;
-
-  // For the TLS port's credentials (SetAuthMetadataProcessor): refuses server reflection calls
-  // without a principal (UNAUTHENTICATED) and lets every other call through (their services
-  // call Identify). gRPC runs processors on secure ports only.
-  std::shared_ptr<grpc::AuthMetadataProcessor> ReflectionGuard() const;
+  absl::Status Identify(const grpc::ServerContextBase& context, Principal* caller) const;
 
   // Identify() with authentication on, from a call's metadata and its peer's credentials
   // (`auth` may be null: plaintext).
-  grpc::Status FromCredentials(const std::multimap<grpc::string_ref, grpc::string_ref>& metadata,
+  absl::Status FromCredentials(const std::multimap<grpc::string_ref, grpc::string_ref>& metadata,
                                const grpc::AuthContext* auth, Principal* caller) const;
 
  private:

@@ -10,9 +10,9 @@
 #include <string>
 #include <vector>
 
-#include <grpcpp/support/status.h>
+#include <absl/status/status.h>
 
-#include "server/scheduler/job.h"
+#include "server/core/job.h"
 
 namespace hgemm {
 
@@ -53,20 +53,20 @@ class Backend {
   // before). Fills everything in `report` but queue_wait_ms and server_total_ms.
   // Resident operands on another device than SlotDevice(slot) are copied over for this run.
   // REQUIRES: one caller per slot at a time.
-  virtual grpc::Status Run(int slot, const GemmJob& job, GemmReport* report) = 0;
+  virtual absl::Status Run(int slot, const GemmJob& job, GemmReport* report) = 0;
 
   // A buffer of `bytes` on device `device_index` (Devices() index) for a resident matrix.
   // RESOURCE_EXHAUSTED when the device's memory budget (shared with the slots' buffers) would
   // be passed. Thread-safe.
-  virtual grpc::Status AllocateResident(int device_index, int64_t bytes,
+  virtual absl::Status AllocateResident(int device_index, int64_t bytes,
                                         std::shared_ptr<ResidentBuffer>* buffer) = 0;
   // Copies `bytes` host bytes to `offset` in a resident buffer; blocks until done. Calls for
   // disjoint ranges may run concurrently (streamed operands are written chunk by chunk).
   // REQUIRES: offset + bytes <= buffer.bytes.
-  virtual grpc::Status WriteResident(ResidentBuffer& buffer, int64_t offset, const void* host,
+  virtual absl::Status WriteResident(ResidentBuffer& buffer, int64_t offset, const void* host,
                                      int64_t bytes) = 0;
   // Copies the whole buffer to `host` (buffer.bytes bytes); blocks until done. Thread-safe.
-  virtual grpc::Status ReadResident(const ResidentBuffer& buffer, void* host) = 0;
+  virtual absl::Status ReadResident(const ResidentBuffer& buffer, void* host) = 0;
 
   // False once a device fault has made the backend unusable (health turns NOT_SERVING).
   virtual bool Healthy() const { return true; }

@@ -8,7 +8,7 @@
 #include <new>
 
 #include "kernels/host/cpu_gemm.h"
-#include "server/status_util.h"
+#include "server/core/status.h"
 
 namespace hgemm {
 namespace {
@@ -36,7 +36,7 @@ class CpuBackend final : public Backend {
   int SlotDevice(int) const override { return 0; }
   int64_t MaxJobBytes() const override { return options_.max_job_bytes; }
 
-  grpc::Status AllocateResident(int device_index, int64_t bytes,
+  absl::Status AllocateResident(int device_index, int64_t bytes,
                                 std::shared_ptr<ResidentBuffer>* buffer) override {
     if (bytes <= 0) {
       return status::BackendFailure(fmt::format("resident buffer of {} bytes", bytes));
@@ -58,25 +58,25 @@ class CpuBackend final : public Backend {
                                                  delete[] static_cast<char*>(p);
                                                  resident_bytes_ -= bytes;
                                                });
-    return grpc::Status::OK;
+    return absl::OkStatus();
   }
 
-  grpc::Status WriteResident(ResidentBuffer& buffer, int64_t offset, const void* host,
+  absl::Status WriteResident(ResidentBuffer& buffer, int64_t offset, const void* host,
                              int64_t bytes) override {
     std::memcpy(static_cast<char*>(buffer.data) + offset, host, bytes);
-    return grpc::Status::OK;
+    return absl::OkStatus();
   }
 
-  grpc::Status ReadResident(const ResidentBuffer& buffer, void* host) override {
+  absl::Status ReadResident(const ResidentBuffer& buffer, void* host) override {
     std::memcpy(host, buffer.data, buffer.bytes);
-    return grpc::Status::OK;
+    return absl::OkStatus();
   }
 
-  grpc::Status Run(int slot, const GemmJob& job, GemmReport* report) override {
+  absl::Status Run(int slot, const GemmJob& job, GemmReport* report) override {
     const GemmShape& shape = job.shape;
     uint16_t* c = job.c;
     if (job.keep_c) {
-      grpc::Status s = AllocateResident(0, shape.CBytes(), &report->c_resident);
+      absl::Status s = AllocateResident(0, shape.CBytes(), &report->c_resident);
       if (!s.ok()) return s;
       c = static_cast<uint16_t*>(report->c_resident->data);
     }
@@ -90,7 +90,7 @@ class CpuBackend final : public Backend {
     report->device_id = -1;
     report->device_name = "cpu";
     report->stream_id = slot;
-    return grpc::Status::OK;
+    return absl::OkStatus();
   }
 
  private:

@@ -14,7 +14,7 @@
 #include <tuple>
 
 #include "kernels/registry.h"
-#include "server/status_util.h"
+#include "server/core/status.h"
 
 namespace hgemm {
 namespace {
@@ -224,32 +224,32 @@ class CudaBackend final : public Backend {
     return smallest - 2 * int64_t(kAlignment);  // room for aligning B and C
   }
 
-  grpc::Status AllocateResident(int device_index, int64_t bytes,
+  absl::Status AllocateResident(int device_index, int64_t bytes,
                                 std::shared_ptr<ResidentBuffer>* buffer) override;
-  grpc::Status WriteResident(ResidentBuffer& buffer, int64_t offset, const void* host,
+  absl::Status WriteResident(ResidentBuffer& buffer, int64_t offset, const void* host,
                              int64_t bytes) override;
-  grpc::Status ReadResident(const ResidentBuffer& buffer, void* host) override;
+  absl::Status ReadResident(const ResidentBuffer& buffer, void* host) override;
 
   bool Healthy() const override {
     return std::all_of(devices_.begin(), devices_.end(),
                        [](const auto& d) { return d->healthy.load(); });
   }
 
-  grpc::Status Run(int slot_index, const GemmJob& job, GemmReport* report) override;
+  absl::Status Run(int slot_index, const GemmJob& job, GemmReport* report) override;
 
  private:
   std::string InitSlot(Slot& slot);
   // Direct device-to-device copies where the hardware allows them (NVLink, PCIe P2P); resident
   // operands copied to an idle device otherwise go through the host.
   void EnablePeerAccess();
-  grpc::Status Fail(Slot& slot, cudaError_t e, const std::string& what);
-  grpc::Status EnsureCapacity(Slot& slot, size_t bytes);
+  absl::Status Fail(Slot& slot, cudaError_t e, const std::string& what);
+  absl::Status EnsureCapacity(Slot& slot, size_t bytes);
   // Waits for slot.kernel_done of a kernel of `flops` (see CudaBackendOptions::completion_spin).
   cudaError_t WaitForKernel(const Slot& slot, double flops) const;
-  grpc::Status CopyResident(Device& device, void* dst, const void* src, int64_t bytes,
+  absl::Status CopyResident(Device& device, void* dst, const void* src, int64_t bytes,
                             cudaMemcpyKind kind);
-  grpc::Status CopyToDevice(Slot& slot, char* dst, const char* src, size_t bytes);
-  grpc::Status CopyToHost(Slot& slot, char* dst, const char* src, size_t bytes,
+  absl::Status CopyToDevice(Slot& slot, char* dst, const char* src, size_t bytes);
+  absl::Status CopyToHost(Slot& slot, char* dst, const char* src, size_t bytes,
                           const std::function<void(int64_t)>& progress, double* d2h_ms);
 
   const CudaBackendOptions options_;
@@ -323,7 +323,7 @@ void CudaBackend::EnablePeerAccess() {
   }
 }
 
-grpc::Status CudaBackend::Fail(Slot& slot, cudaError_t e, const std::string& what) {
+absl::Status CudaBackend::Fail(Slot& slot, cudaError_t e, const std::string& what) {
   cudaGetLastError();  // clear a non-sticky error so the slot stays usable
   std::string message = fmt::format("device {} stream {}: {}: {}", slot.device->ordinal,
                                     slot.stream_id, what, cudaGetErrorString(e));
@@ -336,8 +336,8 @@ grpc::Status CudaBackend::Fail(Slot& slot, cudaError_t e, const std::string& wha
   return status::BackendFailure(message);
 }
 
-grpc::Status CudaBackend::EnsureCapacity(Slot& slot, size_t bytes) {
-  if (bytes <= slot.device_capacity) return grpc::Status::OK;
+absl::Status CudaBackend::EnsureCapacity(Slot& slot, size_t bytes) {
+  if (bytes <= slot.device_capacity) return absl::OkStatus();
   Device& device = *slot.device;
   if (!device.Reserve(bytes - slot.device_capacity)) {
     return status::OverLimit(fmt::format(
@@ -360,10 +360,10 @@ grpc::Status CudaBackend::EnsureCapacity(Slot& slot, size_t bytes) {
   slot.device_capacity = bytes;
   spdlog::debug("device {} stream {}: buffers grown to {} bytes", device.ordinal, slot.stream_id,
                 bytes);
-  return grpc::Status::OK;
+  return absl::OkStatus();
 }
 
-grpc::Status CudaBackend::AllocateResident(int device_index, int64_t bytes,
+absl::Status CudaBackend::AllocateResident(int device_index, int64_t bytes,
                                            std::shared_ptr<ResidentBuffer>* buffer) {
   Device& device = *devices_[device_index];
   if (!device.healthy) {
@@ -391,28 +391,28 @@ grpc::Status CudaBackend::AllocateResident(int device_index, int64_t bytes,
   }
   *buffer = std::make_shared<ResidentBuffer>(device_index, bytes, data,
                                              [&device, size](void* p) { device.Cache(size, p); });
-  return grpc::Status::OK;
+  return absl::OkStatus();
 }
 
-grpc::Status CudaBackend::WriteResident(ResidentBuffer& buffer, int64_t offset, const void* host,
+absl::Status CudaBackend::WriteResident(ResidentBuffer& buffer, int64_t offset, const void* host,
                                         int64_t bytes) {
   return CopyResident(*devices_[buffer.device_index], static_cast<char*>(buffer.data) + offset,
                       host, bytes, cudaMemcpyHostToDevice);
 }
 
-grpc::Status CudaBackend::ReadResident(const ResidentBuffer& buffer, void* host) {
+absl::Status CudaBackend::ReadResident(const ResidentBuffer& buffer, void* host) {
   return CopyResident(*devices_[buffer.device_index], host, buffer.data, buffer.bytes,
                       cudaMemcpyDeviceToHost);
 }
 
 // Runs on the calling thread's own default stream (cudaStreamPerThread), so that copies from
 // several threads, and the slots' streams, do not wait for each other.
-grpc::Status CudaBackend::CopyResident(Device& device, void* dst, const void* src, int64_t bytes,
+absl::Status CudaBackend::CopyResident(Device& device, void* dst, const void* src, int64_t bytes,
                                        cudaMemcpyKind kind) {
   cudaSetDevice(device.ordinal);
   cudaError_t e = cudaMemcpyAsync(dst, src, bytes, kind, cudaStreamPerThread);
   if (e == cudaSuccess) e = cudaStreamSynchronize(cudaStreamPerThread);
-  if (e == cudaSuccess) return grpc::Status::OK;
+  if (e == cudaSuccess) return absl::OkStatus();
   cudaGetLastError();
   std::string message = fmt::format(
       "device {}: {} of a resident matrix: {}", device.ordinal,
@@ -427,7 +427,7 @@ grpc::Status CudaBackend::CopyResident(Device& device, void* dst, const void* sr
 
 // Host → pinned piece → device, piece by piece: copying piece i+1 on the host overlaps the
 // DMA of piece i. A piece is reused once the event recorded after its last copy has fired.
-grpc::Status CudaBackend::CopyToDevice(Slot& slot, char* dst, const char* src, size_t bytes) {
+absl::Status CudaBackend::CopyToDevice(Slot& slot, char* dst, const char* src, size_t bytes) {
   const size_t piece = options_.staging_piece_bytes;
   for (size_t offset = 0; offset < bytes; offset += piece) {
     const size_t n = std::min(piece, bytes - offset);
@@ -438,27 +438,27 @@ grpc::Status CudaBackend::CopyToDevice(Slot& slot, char* dst, const char* src, s
                                    slot.stream));
     CUDA_TRY(slot, cudaEventRecord(slot.staging_free[r], slot.stream));
   }
-  return grpc::Status::OK;
+  return absl::OkStatus();
 }
 
 // Device → pinned piece → host: up to staging_buffers pieces in flight; the host copies out
 // the oldest while later ones are still on the wire, and reports each landed piece.
-grpc::Status CudaBackend::CopyToHost(Slot& slot, char* dst, const char* src, size_t bytes,
+absl::Status CudaBackend::CopyToHost(Slot& slot, char* dst, const char* src, size_t bytes,
                                      const std::function<void(int64_t)>& progress,
                                      double* d2h_ms) {
   const size_t piece = options_.staging_piece_bytes;
   const size_t ring = slot.staging.size();
   const size_t pieces = (bytes + piece - 1) / piece;
-  auto drain = [&](size_t i) -> grpc::Status {
+  auto drain = [&](size_t i) -> absl::Status {
     const size_t r = (slot.next_staging + i) % ring;
     CUDA_TRY(slot, cudaEventSynchronize(slot.staging_free[r]));
     std::memcpy(dst + i * piece, slot.staging[r], std::min(piece, bytes - i * piece));
     if (progress) progress(int64_t(std::min((i + 1) * piece, bytes)));
-    return grpc::Status::OK;
+    return absl::OkStatus();
   };
   for (size_t i = 0; i < pieces; ++i) {
     if (i >= ring) {
-      if (grpc::Status s = drain(i - ring); !s.ok()) return s;
+      if (absl::Status s = drain(i - ring); !s.ok()) return s;
     }
     const size_t r = (slot.next_staging + i) % ring;
     CUDA_TRY(slot, cudaEventSynchronize(slot.staging_free[r]));  // its H2D use is done
@@ -471,13 +471,13 @@ grpc::Status CudaBackend::CopyToHost(Slot& slot, char* dst, const char* src, siz
   CUDA_TRY(slot, cudaEventSynchronize(slot.d2h_done));
   const auto tail_start = Clock::now();
   for (size_t i = pieces > ring ? pieces - ring : 0; i < pieces; ++i) {
-    if (grpc::Status s = drain(i); !s.ok()) return s;
+    if (absl::Status s = drain(i); !s.ok()) return s;
   }
   float device_ms = 0;
   CUDA_TRY(slot, cudaEventElapsedTime(&device_ms, slot.kernel_done, slot.d2h_done));
   *d2h_ms = device_ms + Milliseconds(Clock::now() - tail_start);
   slot.next_staging += pieces;
-  return grpc::Status::OK;
+  return absl::OkStatus();
 }
 
 cudaError_t CudaBackend::WaitForKernel(const Slot& slot, double flops) const {
@@ -495,7 +495,7 @@ cudaError_t CudaBackend::WaitForKernel(const Slot& slot, double flops) const {
   return cudaEventSynchronize(slot.kernel_done);
 }
 
-grpc::Status CudaBackend::Run(int slot_index, const GemmJob& job, GemmReport* report) {
+absl::Status CudaBackend::Run(int slot_index, const GemmJob& job, GemmReport* report) {
   Slot& slot = *slots_[slot_index];
   Device& device = *slot.device;
   if (!device.healthy) {
@@ -513,12 +513,12 @@ grpc::Status CudaBackend::Run(int slot_index, const GemmJob& job, GemmReport* re
   const bool b_here = job.b_resident && job.b_resident->device_index == here;
   const size_t a_space = a_here ? 0 : AlignUp(a_bytes);
   const size_t b_space = b_here ? 0 : AlignUp(b_bytes);
-  if (grpc::Status s = EnsureCapacity(slot, a_space + b_space + (job.keep_c ? 0 : c_bytes));
+  if (absl::Status s = EnsureCapacity(slot, a_space + b_space + (job.keep_c ? 0 : c_bytes));
       !s.ok()) {
     return s;
   }
   if (job.keep_c) {
-    grpc::Status s = AllocateResident(here, c_bytes, &report->c_resident);
+    absl::Status s = AllocateResident(here, c_bytes, &report->c_resident);
     if (!s.ok()) return s;
   }
   char* d_a = a_here ? static_cast<char*>(job.a_resident->data) : slot.device_buffer;
@@ -526,8 +526,7 @@ grpc::Status CudaBackend::Run(int slot_index, const GemmJob& job, GemmReport* re
   char* d_c = job.keep_c ? static_cast<char*>(report->c_resident->data)
                          : slot.device_buffer + a_space + b_space;
 
-  const k::Accumulation acc =
-      job.accumulation == Accumulation::kFp16 ? k::Accumulation::kFp16 : k::Accumulation::kFp32;
+  const Accumulation acc = job.accumulation;
   const int m = int(shape.m), n = int(shape.n), kk = int(shape.k);
   const k::VariantInfo* variant = job.kernel == "auto"
                                       ? &k::ChooseAuto(m, n, kk, acc, *slot.launch_context)
@@ -553,7 +552,7 @@ grpc::Status CudaBackend::Run(int slot_index, const GemmJob& job, GemmReport* re
       CUDA_TRY(slot, cudaMemcpyPeerAsync(dst, device.ordinal, resident->data,
                                          devices_[resident->device_index]->ordinal, bytes,
                                          slot.stream));
-    } else if (grpc::Status s = CopyToDevice(slot, dst, reinterpret_cast<const char*>(host), bytes);
+    } else if (absl::Status s = CopyToDevice(slot, dst, reinterpret_cast<const char*>(host), bytes);
                !s.ok()) {
       return s;
     }
@@ -569,7 +568,7 @@ grpc::Status CudaBackend::Run(int slot_index, const GemmJob& job, GemmReport* re
   if (job.keep_c) {
     CUDA_TRY(slot, WaitForKernel(slot, 2.0 * m * n * kk));
   } else {
-    grpc::Status s = CopyToHost(slot, reinterpret_cast<char*>(job.c), d_c, c_bytes, job.c_progress,
+    absl::Status s = CopyToHost(slot, reinterpret_cast<char*>(job.c), d_c, c_bytes, job.c_progress,
                                 &d2h_ms);
     if (!s.ok()) return s;
   }
@@ -584,7 +583,7 @@ grpc::Status CudaBackend::Run(int slot_index, const GemmJob& job, GemmReport* re
   report->device_id = device.ordinal;
   report->device_name = device.props.name;
   report->stream_id = slot.stream_id;
-  return grpc::Status::OK;
+  return absl::OkStatus();
 }
 
 }  // namespace

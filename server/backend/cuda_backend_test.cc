@@ -45,13 +45,13 @@ class CudaBackendTest : public ::testing::Test {
     job.a = a.data();
     job.b = b.data();
     job.c = c.data();
-    grpc::Status s = backend_->Run(slot, job, report);
-    if (refused && s.error_code() == grpc::StatusCode::INVALID_ARGUMENT &&
-        s.error_message().find("cannot take") != std::string::npos) {
+    absl::Status s = backend_->Run(slot, job, report);
+    if (refused && s.code() == absl::StatusCode::kInvalidArgument &&
+        s.message().find("cannot take") != std::string::npos) {
       *refused = true;
       return 0;
     }
-    EXPECT_TRUE(s.ok()) << kernel << " " << m << "x" << n << "x" << k << ": " << s.error_message();
+    EXPECT_TRUE(s.ok()) << kernel << " " << m << "x" << n << "x" << k << ": " << s.message();
     if (!s.ok()) return 1;
     std::vector<float> reference = ReferenceGemm(a.data(), b.data(), m, n, k);
     return RelativeFrobeniusError(c.data(), reference.data(), m * n);
@@ -201,7 +201,7 @@ TEST_F(CudaBackendTest, TooLargeForAStreamIsResourceExhausted) {
   job.a = job.b = tiny.data();
   job.c = tiny.data();
   GemmReport report;
-  EXPECT_EQ(backend_->Run(0, job, &report).error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_EQ(backend_->Run(0, job, &report).code(), absl::StatusCode::kResourceExhausted);
   EXPECT_TRUE(backend_->Healthy());
 }
 

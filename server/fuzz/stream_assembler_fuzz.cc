@@ -11,6 +11,7 @@
 
 #include <map>
 
+#include "server/core/status.h"
 #include "server/fuzz/fuzz_util.h"
 #include "server/stream_assembler.h"
 
@@ -86,13 +87,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         if (!message.ParseFromString(in.ConsumeRandomLengthString(256))) continue;
     }
     StreamEvent event;
-    grpc::Status s = assembler.Consume(message, &event);
-    if (fuzz::ShowsNegativeNumber(s.error_message())) {
-      fuzz::Fail("a message shows a wrapped negative number", s.error_message());
+    absl::Status s = assembler.Consume(message, &event);
+    if (fuzz::ShowsNegativeNumber(status::Message(s))) {
+      fuzz::Fail("a message shows a wrapped negative number", status::Message(s));
     }
     if (!s.ok()) break;  // the stream ends
     if (event.header && !event.header->refused.ok()) {  // answered at once
-      if (event.header->refused.error_message().size() > 1024) fuzz::Fail("message too long", "");
+      if (status::Message(event.header->refused).size() > 1024) fuzz::Fail("message too long", "");
       answered.push_back(event.header->gemm_id);
     } else if (event.header) {
       const AnnouncedGemm& g = *event.header;

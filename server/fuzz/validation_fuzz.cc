@@ -9,6 +9,7 @@
 
 #include <fmt/format.h>
 
+#include "server/core/status.h"
 #include "server/fuzz/fuzz_util.h"
 #include "server/validation.h"
 
@@ -60,16 +61,16 @@ void CheckAccepted(const RequestRules& rules, uint32_t m, uint32_t n, uint32_t k
   if (job.shape.m != m || job.shape.n != n || job.shape.k != k) fuzz::Fail("shape differs", shape);
 }
 
-void CheckMessage(const grpc::Status& s) {
-  if (fuzz::ShowsNegativeNumber(s.error_message())) {
-    fuzz::Fail("a message shows a wrapped negative number", s.error_message());
+void CheckMessage(const absl::Status& s) {
+  if (fuzz::ShowsNegativeNumber(status::Message(s))) {
+    fuzz::Fail("a message shows a wrapped negative number", status::Message(s));
   }
-  if (s.error_message().size() > 2048) fuzz::Fail("message longer than 2 KiB", s.error_message().substr(0, 200));
+  if (status::Message(s).size() > 2048) fuzz::Fail("message longer than 2 KiB", status::Message(s).substr(0, 200));
 }
 
 void Request(const v1::GemmRequest& r, const RequestRules& rules) {
   GemmJob job;
-  grpc::Status s = ValidateGemmRequest(r, rules, &job);
+  absl::Status s = ValidateGemmRequest(r, rules, &job);
   CheckMessage(s);
   if (!s.ok()) return;
   CheckAccepted(rules, r.m(), r.n(), r.k(), job);
@@ -85,7 +86,7 @@ void Request(const v1::GemmRequest& r, const RequestRules& rules) {
 
 void Header(const v1::GemmHeader& h, const RequestRules& rules) {
   GemmJob job;
-  grpc::Status s = ValidateGemmHeader(h, rules, &job);
+  absl::Status s = ValidateGemmHeader(h, rules, &job);
   CheckMessage(s);
   if (s.ok()) CheckAccepted(rules, h.m(), h.n(), h.k(), job);
 }

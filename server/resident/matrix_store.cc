@@ -7,7 +7,7 @@
 #include <utility>
 
 #include "proto/handle.h"
-#include "server/status_util.h"
+#include "server/core/status.h"
 
 namespace hgemm {
 namespace {
@@ -18,6 +18,22 @@ constexpr size_t kRememberedGoneHandles = 100000;
 
 MatrixStore::MatrixStore(Backend* backend, const MatrixStoreOptions& options)
     : backend_(backend), options_(options) {}
+
+// Holds mu_; the buffers of the matrices forgotten meanwhile are let go only after mu_ is
+// released, so that no lookup waits for a device free (a cudaFree, or the backend's cache).
+class MatrixStore::StoreLock {
+ public:
+  explicit StoreLock(MatrixStore* store) : store_(store), lock_(store->mu_) {}
+  ~StoreLock() {
+    std::vector<std::shared_ptr<ResidentBuffer>> dropped;
+    dropped.swap(store_->dropped_);
+    lock_.unlock();
+  }  // `dropped` goes here, without mu_
+
+ private:
+  MatrixStore* const store_;
+  std::unique_lock<std::mutex> lock_;
+};
 
 std::string MatrixStore::NewHandle() const {
   static std::mutex mu;
@@ -44,9 +60,9 @@ void QuotaReservation::GiveBack() {
   if (store_ != nullptr) std::exchange(store_, nullptr)->Unreserve(owner_, bytes_);
 }
 
-grpc::Status MatrixStore::Reserve(const std::string& owner, int64_t bytes,
+absl::Status MatrixStore::Reserve(const std::string& owner, int64_t bytes,
                                   QuotaReservation* reservation) {
-  std::lock_guard<std::mutex> lock(mu_);
+  StoreLock lock(this);
   ExpireLocked(Clock::now());
   auto it = client_bytes_.find(owner);
   const int64_t held = it == client_bytes_.end() ? 0 : it->second;
@@ -60,11 +76,11 @@ grpc::Status MatrixStore::Reserve(const std::string& owner, int64_t bytes,
   reservation->store_ = this;
   reservation->owner_ = owner;
   reservation->bytes_ = bytes;
-  return grpc::Status::OK;
+  return absl::OkStatus();
 }
 
 void MatrixStore::Unreserve(const std::string& owner, int64_t bytes) {
-  std::lock_guard<std::mutex> lock(mu_);
+  StoreLock lock(this);
   UnchargeLocked(owner, bytes);
 }
 
@@ -74,14 +90,21 @@ void MatrixStore::UnchargeLocked(const std::string& owner, int64_t bytes) {
   if ((it->second -= bytes) <= 0) client_bytes_.erase(it);
 }
 
-grpc::Status MatrixStore::Allocate(const std::string& owner, int device_index, uint32_t rows,
+absl::Status MatrixStore::Allocate(const std::string& owner, int device_index, uint32_t rows,
                                    uint32_t cols, std::shared_ptr<ResidentBuffer>* buffer,
                                    QuotaReservation* reservation) {
   const int64_t bytes = MatrixBytes(rows, cols);
   QuotaReservation quota;
-  if (grpc::Status s = Reserve(owner, bytes, &quota); !s.ok()) return s;
+  if (absl::Status s = Reserve(owner, bytes, &quota); !s.ok()) return s;
+  if (absl::Status s = AllocateBuffer(device_index, bytes, buffer); !s.ok()) return s;
+  *reservation = std::move(quota);
+  return absl::OkStatus();
+}
+
+absl::Status MatrixStore::AllocateBuffer(int device_index, int64_t bytes,
+                                         std::shared_ptr<ResidentBuffer>* buffer) {
   if (device_index < 0) {  // the device with the least resident data
-    std::lock_guard<std::mutex> lock(mu_);
+    StoreLock lock(this);
     std::vector<double> loads(backend_->Devices().size(), 0);
     for (const auto& [handle, m] : matrices_) loads[m.buffer->device_index] += m.buffer->bytes;
     device_index = int(std::min_element(loads.begin(), loads.end()) - loads.begin());
@@ -89,13 +112,10 @@ grpc::Status MatrixStore::Allocate(const std::string& owner, int device_index, u
   // The device allocation runs without mu_: cudaMalloc can take milliseconds, and other
   // clients' lookups must not wait for it.
   while (true) {
-    grpc::Status s = backend_->AllocateResident(device_index, bytes, buffer);
-    if (s.ok()) {
-      *reservation = std::move(quota);
-      return s;
-    }
-    if (s.error_code() != grpc::StatusCode::RESOURCE_EXHAUSTED || !options_.lru_eviction) return s;
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::Status s = backend_->AllocateResident(device_index, bytes, buffer);
+    if (s.ok()) return s;
+    if (s.code() != absl::StatusCode::kResourceExhausted || !options_.lru_eviction) return s;
+    StoreLock lock(this);
     if (!EvictOneLocked(device_index)) return s;
   }
 }
@@ -112,7 +132,7 @@ ResidentMatrix MatrixStore::Add(QuotaReservation reservation, uint32_t rows, uin
   m.label = label;
   m.created = m.last_used = Clock::now();
   m.ttl = ttl.count() > 0 ? ttl : options_.default_ttl;
-  std::lock_guard<std::mutex> lock(mu_);
+  StoreLock lock(this);
   reservation.store_ = nullptr;  // its bytes now count for the matrix, until it is forgotten
   matrices_[m.handle] = m;
   spdlog::debug("resident {} {}x{} on device {} for {}", m.handle, rows, cols,
@@ -120,20 +140,19 @@ ResidentMatrix MatrixStore::Add(QuotaReservation reservation, uint32_t rows, uin
   return m;
 }
 
-grpc::Status MatrixStore::FindLocked(const std::string& owner, const std::string& handle,
+absl::Status MatrixStore::FindLocked(const std::string& owner, const std::string& handle,
                                      const std::string& field, bool any_owner,
                                      std::map<std::string, ResidentMatrix>::iterator* found) {
   ExpireLocked(Clock::now());
   auto it = matrices_.find(handle);
   if (it != matrices_.end() && (any_owner || it->second.owner == owner)) {
     *found = it;
-    return grpc::Status::OK;
+    return absl::OkStatus();
   }
   if (const std::string_view replica = HandleReplica(handle);
       it == matrices_.end() && !replica.empty() && replica != options_.replica) {
     // A client that does not route (grpcurl, an old client) sent it to the wrong replica.
-    return grpc::Status(
-        grpc::StatusCode::NOT_FOUND,
+    return status::NotFound(
         fmt::format("{}: matrix {} lives on replica {}, not on this one ({}); send calls naming "
                     "it there",
                     field, status::Quote(handle), status::Quote(replica),
@@ -143,34 +162,33 @@ grpc::Status MatrixStore::FindLocked(const std::string& owner, const std::string
   // Why a handle is gone is told only to its owner: to anyone else it never existed.
   auto gone = gone_.find(handle);
   const bool told = gone != gone_.end() && (any_owner || gone->second.owner == owner);
-  return grpc::Status(grpc::StatusCode::NOT_FOUND,
-                      fmt::format("{}: matrix {} {}; upload it again", field,
-                                  status::Quote(handle),
-                                  told ? gone->second.why : "does not exist"));
+  return status::NotFound(fmt::format("{}: matrix {} {}; upload it again", field,
+                                      status::Quote(handle),
+                                      told ? gone->second.why : "does not exist"));
 }
 
-grpc::Status MatrixStore::Lookup(const std::string& owner, const std::string& handle,
+absl::Status MatrixStore::Lookup(const std::string& owner, const std::string& handle,
                                  const std::string& field, ResidentMatrix* matrix) {
-  std::lock_guard<std::mutex> lock(mu_);
+  StoreLock lock(this);
   std::map<std::string, ResidentMatrix>::iterator it;
-  if (grpc::Status s = FindLocked(owner, handle, field, false, &it); !s.ok()) return s;
+  if (absl::Status s = FindLocked(owner, handle, field, false, &it); !s.ok()) return s;
   it->second.last_used = Clock::now();
   *matrix = it->second;
-  return grpc::Status::OK;
+  return absl::OkStatus();
 }
 
-grpc::Status MatrixStore::Release(const std::string& owner, const std::string& handle,
+absl::Status MatrixStore::Release(const std::string& owner, const std::string& handle,
                                   int64_t* freed_bytes, bool any_owner) {
-  std::lock_guard<std::mutex> lock(mu_);
+  StoreLock lock(this);
   std::map<std::string, ResidentMatrix>::iterator it;
-  if (grpc::Status s = FindLocked(owner, handle, "handle", any_owner, &it); !s.ok()) return s;
+  if (absl::Status s = FindLocked(owner, handle, "handle", any_owner, &it); !s.ok()) return s;
   *freed_bytes = it->second.buffer->bytes;
   ForgetLocked(it, "was released");
-  return grpc::Status::OK;
+  return absl::OkStatus();
 }
 
 std::vector<ResidentMatrix> MatrixStore::List(const std::string& owner) {
-  std::lock_guard<std::mutex> lock(mu_);
+  StoreLock lock(this);
   ExpireLocked(Clock::now());
   std::vector<ResidentMatrix> out;
   for (const auto& [handle, m] : matrices_) {
@@ -180,7 +198,7 @@ std::vector<ResidentMatrix> MatrixStore::List(const std::string& owner) {
 }
 
 std::vector<ResidentMatrix> MatrixStore::ListAll() {
-  std::lock_guard<std::mutex> lock(mu_);
+  StoreLock lock(this);
   ExpireLocked(Clock::now());
   std::vector<ResidentMatrix> out;
   for (const auto& [handle, m] : matrices_) out.push_back(m);
@@ -188,7 +206,7 @@ std::vector<ResidentMatrix> MatrixStore::ListAll() {
 }
 
 int64_t MatrixStore::ClientBytes(const std::string& owner) {
-  std::lock_guard<std::mutex> lock(mu_);
+  StoreLock lock(this);
   ExpireLocked(Clock::now());
   auto it = client_bytes_.find(owner);
   return it == client_bytes_.end() ? 0 : it->second;
@@ -196,7 +214,7 @@ int64_t MatrixStore::ClientBytes(const std::string& owner) {
 
 std::vector<MatrixStore::DeviceUsage> MatrixStore::UsageByDevice() {
   std::vector<DeviceUsage> usage(backend_->Devices().size());
-  std::lock_guard<std::mutex> lock(mu_);
+  StoreLock lock(this);
   ExpireLocked(Clock::now());
   for (const auto& [handle, m] : matrices_) {
     const int device = m.buffer->device_index;
@@ -232,6 +250,7 @@ bool MatrixStore::EvictOneLocked(int device_index) {
 void MatrixStore::ForgetLocked(std::map<std::string, ResidentMatrix>::iterator it,
                                const char* why) {
   UnchargeLocked(it->second.owner, it->second.buffer->bytes);
+  dropped_.push_back(std::move(it->second.buffer));
   gone_[it->first] = Gone{it->second.owner, why};
   gone_order_.push_back(it->first);
   if (gone_order_.size() > kRememberedGoneHandles) {

@@ -20,7 +20,7 @@
 #include <string>
 #include <vector>
 
-#include <grpcpp/support/status.h>
+#include <absl/status/status.h>
 
 #include "server/backend/backend.h"
 
@@ -79,13 +79,19 @@ class MatrixStore {
   MatrixStore(Backend* backend, const MatrixStoreOptions& options);
 
   // Takes `bytes` of `owner`'s quota, or RESOURCE_EXHAUSTED naming the quota.
-  grpc::Status Reserve(const std::string& owner, int64_t bytes, QuotaReservation* reservation);
+  absl::Status Reserve(const std::string& owner, int64_t bytes, QuotaReservation* reservation);
 
-  // Reserve(), then a buffer for a rows×cols fp16 matrix on `device_index` (-1: the device with
-  // the least resident data), evicting least recently used matrices first if enabled and
-  // needed. REQUIRES: MatrixElements(rows, cols) ≤ kMaxElementsPerMatrix.
-  grpc::Status Allocate(const std::string& owner, int device_index, uint32_t rows, uint32_t cols,
+  // Reserve(), then AllocateBuffer() for a rows×cols fp16 matrix.
+  // REQUIRES: MatrixElements(rows, cols) ≤ kMaxElementsPerMatrix.
+  absl::Status Allocate(const std::string& owner, int device_index, uint32_t rows, uint32_t cols,
                         std::shared_ptr<ResidentBuffer>* buffer, QuotaReservation* reservation);
+
+  // A buffer of `bytes` on `device_index` (-1: the device with the least resident data),
+  // evicting least recently used matrices first if enabled and needed; RESOURCE_EXHAUSTED when
+  // the device budget is full. A device call (cudaMalloc): the transport runs it on an upload
+  // thread, never in a reaction. The store's lock is not held across it.
+  absl::Status AllocateBuffer(int device_index, int64_t bytes,
+                              std::shared_ptr<ResidentBuffer>* buffer);
 
   // Registers a filled buffer under the reservation's owner, which it now counts against;
   // returns the new entry. `ttl` 0 means the default. REQUIRES: reservation.bytes() ==
@@ -96,12 +102,12 @@ class MatrixStore {
 
   // The matrix behind `handle`, marked used. NOT_FOUND (unknown, released, expired, evicted,
   // named for another replica, or another owner's). `field` names the request field in messages.
-  grpc::Status Lookup(const std::string& owner, const std::string& handle, const std::string& field,
+  absl::Status Lookup(const std::string& owner, const std::string& handle, const std::string& field,
                       ResidentMatrix* matrix);
 
   // Drops the entry; its memory is freed once no running GEMM uses it. NOT_FOUND as Lookup;
   // with `any_owner` (an administrator) another owner's matrix is released too.
-  grpc::Status Release(const std::string& owner, const std::string& handle, int64_t* freed_bytes,
+  absl::Status Release(const std::string& owner, const std::string& handle, int64_t* freed_bytes,
                        bool any_owner = false);
 
   std::vector<ResidentMatrix> List(const std::string& owner);
@@ -119,6 +125,7 @@ class MatrixStore {
 
  private:
   friend class QuotaReservation;
+  class StoreLock;
   void Unreserve(const std::string& owner, int64_t bytes);
   void ExpireLocked(Clock::time_point now);
   void UnchargeLocked(const std::string& owner, int64_t bytes);
@@ -137,11 +144,13 @@ class MatrixStore {
     const char* why;
   };
   // The matrix of `handle`, if `owner` (or, with any_owner, anyone) may see it; else NOT_FOUND.
-  grpc::Status FindLocked(const std::string& owner, const std::string& handle,
+  absl::Status FindLocked(const std::string& owner, const std::string& handle,
                           const std::string& field, bool any_owner,
                           std::map<std::string, ResidentMatrix>::iterator* found);
   std::map<std::string, Gone> gone_;                 // guarded by mu_; handle →
   std::deque<std::string> gone_order_;               // guarded by mu_; bounds gone_
+  // Buffers of forgotten matrices, freed once mu_ is released (StoreLock).
+  std::vector<std::shared_ptr<ResidentBuffer>> dropped_;  // guarded by mu_
 };
 
 }  // namespace hgemm

@@ -21,8 +21,8 @@ class MatrixStoreTest : public ::testing::Test {
                      uint32_t cols = 128, std::chrono::seconds ttl = 0s) {
     std::shared_ptr<ResidentBuffer> buffer;
     QuotaReservation quota;
-    grpc::Status s = store.Allocate(owner, -1, rows, cols, &buffer, &quota);
-    EXPECT_TRUE(s.ok()) << s.error_message();
+    absl::Status s = store.Allocate(owner, -1, rows, cols, &buffer, &quota);
+    EXPECT_TRUE(s.ok()) << s.message();
     if (!s.ok()) return {};
     return store.Add(std::move(quota), rows, cols, std::move(buffer), ttl, "test");
   }
@@ -39,9 +39,9 @@ TEST_F(MatrixStoreTest, LifecycleAndUseAfterRelease) {
   int64_t freed = 0;
   ASSERT_TRUE(store.Release("alice", m.handle, &freed).ok());
   EXPECT_EQ(freed, 65536);
-  grpc::Status s = store.Lookup("alice", m.handle, "a_handle", &found);
-  EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND);
-  EXPECT_NE(s.error_message().find("was released"), std::string::npos) << s.error_message();
+  absl::Status s = store.Lookup("alice", m.handle, "a_handle", &found);
+  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound);
+  EXPECT_NE(s.message().find("was released"), std::string::npos) << s.message();
   EXPECT_EQ(store.ClientBytes("alice"), 0);
 }
 
@@ -55,18 +55,18 @@ TEST_F(MatrixStoreTest, HandlesNameTheReplica) {
   ASSERT_TRUE(store.Lookup("alice", m.handle, "a_handle", &found).ok());
 
   const std::string elsewhere = m.handle.substr(0, 34) + "@hgemm-2.hgemm.ns.svc.cluster.local:50051";
-  grpc::Status s = store.Lookup("alice", elsewhere, "a_handle", &found);
-  EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND);
-  EXPECT_NE(s.error_message().find("lives on replica 'hgemm-2.hgemm.ns.svc.cluster.local:50051'"),
+  absl::Status s = store.Lookup("alice", elsewhere, "a_handle", &found);
+  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound);
+  EXPECT_NE(s.message().find("lives on replica 'hgemm-2.hgemm.ns.svc.cluster.local:50051'"),
             std::string::npos)
-      << s.error_message();
+      << s.message();
   // Without a replica address, handles are as they always were, and a replica's is foreign.
   MatrixStore single(backend_.get(), {});
   EXPECT_EQ(Put(single, "alice").handle.find('@'), std::string::npos);
   s = single.Lookup("alice", m.handle, "a_handle", &found);
-  EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND);
-  EXPECT_NE(s.error_message().find("which advertises no address"), std::string::npos)
-      << s.error_message();
+  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound);
+  EXPECT_NE(s.message().find("which advertises no address"), std::string::npos)
+      << s.message();
 }
 
 // No existence oracle: another owner's handle, live or released, reads like one never issued.
@@ -74,26 +74,26 @@ TEST_F(MatrixStoreTest, ForeignHandleIsNotFoundLikeAnUnknownOne) {
   MatrixStore store(backend_.get(), {});
   ResidentMatrix found;
   const std::string unknown = "m-00000000000000000000000000000000";
-  grpc::Status never = store.Lookup("alice", unknown, "b_handle", &found);
-  EXPECT_EQ(never.error_code(), grpc::StatusCode::NOT_FOUND);
-  auto with_handle_of = [&](const grpc::Status& s, const std::string& handle) {
-    std::string message = s.error_message();
+  absl::Status never = store.Lookup("alice", unknown, "b_handle", &found);
+  EXPECT_EQ(never.code(), absl::StatusCode::kNotFound);
+  auto with_handle_of = [&](const absl::Status& s, const std::string& handle) {
+    std::string message(s.message());
     message.replace(message.find(handle), handle.size(), unknown);
     return message;
   };
   ResidentMatrix m = Put(store, "alice");
-  grpc::Status foreign = store.Lookup("mallory", m.handle, "b_handle", &found);
-  EXPECT_EQ(foreign.error_code(), grpc::StatusCode::NOT_FOUND);
-  EXPECT_EQ(with_handle_of(foreign, m.handle), never.error_message());
+  absl::Status foreign = store.Lookup("mallory", m.handle, "b_handle", &found);
+  EXPECT_EQ(foreign.code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(with_handle_of(foreign, m.handle), never.message());
   int64_t freed = 0;
-  grpc::Status release = store.Release("mallory", m.handle, &freed);
-  EXPECT_EQ(release.error_code(), grpc::StatusCode::NOT_FOUND);
+  absl::Status release = store.Release("mallory", m.handle, &freed);
+  EXPECT_EQ(release.code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(with_handle_of(release, m.handle),
-            store.Release("mallory", unknown, &freed).error_message());
+            store.Release("mallory", unknown, &freed).message());
   EXPECT_TRUE(store.Lookup("alice", m.handle, "b_handle", &found).ok());  // still there
   ASSERT_TRUE(store.Release("alice", m.handle, &freed).ok());
   foreign = store.Lookup("mallory", m.handle, "b_handle", &found);
-  EXPECT_EQ(with_handle_of(foreign, m.handle), never.error_message());  // not "was released"
+  EXPECT_EQ(with_handle_of(foreign, m.handle), never.message());  // not "was released"
 }
 
 TEST_F(MatrixStoreTest, AnyOwnerReleasesAndListAllSeesEveryOwner) {
@@ -114,9 +114,9 @@ TEST_F(MatrixStoreTest, QuotaPerClient) {
   for (int i = 0; i < 3; ++i) Put(store, "alice");
   std::shared_ptr<ResidentBuffer> buffer;
   QuotaReservation quota;
-  grpc::Status s = store.Allocate("alice", -1, 256, 128, &buffer, &quota);
-  EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
-  EXPECT_NE(s.error_message().find("quota"), std::string::npos);
+  absl::Status s = store.Allocate("alice", -1, 256, 128, &buffer, &quota);
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(s.message().find("quota"), std::string::npos);
   EXPECT_TRUE(store.Allocate("bob", -1, 256, 128, &buffer, &quota).ok());  // others unaffected
 }
 
@@ -128,10 +128,10 @@ TEST_F(MatrixStoreTest, QuotaIsReservedAtAdmission) {
   QuotaReservation first_quota, second_quota;
   ASSERT_TRUE(store.Allocate("alice", -1, 256, 128, &first, &first_quota).ok());
   EXPECT_EQ(store.ClientBytes("alice"), 65536);
-  EXPECT_EQ(store.Allocate("alice", -1, 256, 128, &second, &second_quota).error_code(),
-            grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_EQ(store.Allocate("alice", -1, 256, 128, &second, &second_quota).code(),
+            absl::StatusCode::kResourceExhausted);
   QuotaReservation c;
-  EXPECT_EQ(store.Reserve("alice", 2000, &c).error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_EQ(store.Reserve("alice", 2000, &c).code(), absl::StatusCode::kResourceExhausted);
   ASSERT_TRUE(store.Reserve("alice", 1000, &c).ok());
   { QuotaReservation dropped = std::move(c); }  // e.g. the GEMM that would keep C failed
   EXPECT_EQ(store.ClientBytes("alice"), 65536);
@@ -149,10 +149,10 @@ TEST_F(MatrixStoreTest, QuotaIsReservedAtAdmission) {
 TEST_F(MatrixStoreTest, MessagesQuoteAShortPrefixOfHandles) {
   MatrixStore store(backend_.get(), {});
   ResidentMatrix found;
-  grpc::Status s = store.Lookup("alice", std::string(100000, 'h'), "handle", &found);
-  EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND);
-  EXPECT_LT(s.error_message().size(), 200u) << s.error_message();
-  EXPECT_NE(s.error_message().find("(100000 bytes)"), std::string::npos) << s.error_message();
+  absl::Status s = store.Lookup("alice", std::string(100000, 'h'), "handle", &found);
+  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound);
+  EXPECT_LT(s.message().size(), 200u) << s.message();
+  EXPECT_NE(s.message().find("(100000 bytes)"), std::string::npos) << s.message();
 }
 
 // Concurrent uploads of one client never hold more than its quota between them.
@@ -177,8 +177,8 @@ TEST_F(MatrixStoreTest, FullBudgetIsResourceExhaustedWithoutEviction) {
   for (int i = 0; i < 16; ++i) Put(store, "client" + std::to_string(i));
   std::shared_ptr<ResidentBuffer> buffer;
   QuotaReservation quota;
-  EXPECT_EQ(store.Allocate("late", -1, 256, 128, &buffer, &quota).error_code(),
-            grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_EQ(store.Allocate("late", -1, 256, 128, &buffer, &quota).code(),
+            absl::StatusCode::kResourceExhausted);
 }
 
 TEST_F(MatrixStoreTest, LruEvictionFreesLeastRecentlyUsed) {
@@ -192,9 +192,9 @@ TEST_F(MatrixStoreTest, LruEvictionFreesLeastRecentlyUsed) {
   }
   Put(store, "bob");  // evicts the least recently used: handles[1]
   ResidentMatrix found;
-  grpc::Status s = store.Lookup("alice", handles[1], "a_handle", &found);
-  EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND);
-  EXPECT_NE(s.error_message().find("evicted"), std::string::npos) << s.error_message();
+  absl::Status s = store.Lookup("alice", handles[1], "a_handle", &found);
+  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound);
+  EXPECT_NE(s.message().find("evicted"), std::string::npos) << s.message();
   EXPECT_TRUE(store.Lookup("alice", handles[0], "a", &found).ok());
 }
 
@@ -204,9 +204,9 @@ TEST_F(MatrixStoreTest, TimeToLiveExpires) {
   ResidentMatrix kept = Put(store, "alice", 2, 2);
   ResidentMatrix found;
   std::this_thread::sleep_for(1100ms);
-  grpc::Status s = store.Lookup("alice", m.handle, "a_handle", &found);
-  EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND);
-  EXPECT_NE(s.error_message().find("expired"), std::string::npos) << s.error_message();
+  absl::Status s = store.Lookup("alice", m.handle, "a_handle", &found);
+  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound);
+  EXPECT_NE(s.message().find("expired"), std::string::npos) << s.message();
   EXPECT_TRUE(store.Lookup("alice", kept.handle, "a", &found).ok());
   EXPECT_EQ(store.List("alice").size(), 1u);
 }

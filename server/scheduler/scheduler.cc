@@ -6,8 +6,8 @@
 #include <algorithm>
 #include <thread>
 
-#include "server/logging.h"
-#include "server/status_util.h"
+#include "server/core/logging.h"
+#include "server/core/status.h"
 
 namespace hgemm {
 
@@ -27,14 +27,14 @@ Scheduler::Scheduler(Backend* backend, const SchedulerOptions& options)
 
 Scheduler::~Scheduler() { Shutdown(); }
 
-grpc::Status Scheduler::CheckSize(const GemmShape& shape) const {
+absl::Status Scheduler::CheckSize(const GemmShape& shape) const {
   const int64_t bytes = shape.Bytes();
   if (bytes > options_.max_queued_bytes || bytes > backend_->MaxJobBytes()) {
     return status::OverLimit(fmt::format(
         "the GEMM needs {} bytes of operands and result; this server takes at most {} per GEMM",
         bytes, std::min(options_.max_queued_bytes, backend_->MaxJobBytes())));
   }
-  return grpc::Status::OK;
+  return absl::OkStatus();
 }
 
 int Scheduler::LeastLoadedDevice() const {
@@ -50,8 +50,8 @@ int Scheduler::LeastLoadedDeviceLocked() const {
   return PickLeastLoaded(loads);
 }
 
-grpc::Status Scheduler::Enqueue(GemmJob job, GemmDone done) {
-  if (grpc::Status s = CheckSize(job.shape); !s.ok()) return s;
+absl::Status Scheduler::Enqueue(GemmJob job, GemmDone done) {
+  if (absl::Status s = CheckSize(job.shape); !s.ok()) return s;
   const int64_t bytes = job.shape.Bytes();
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -71,7 +71,7 @@ grpc::Status Scheduler::Enqueue(GemmJob job, GemmDone done) {
     admitted_bytes_ += bytes;
     device.work_available.notify_one();
   }
-  return grpc::Status::OK;
+  return absl::OkStatus();
 }
 
 int Scheduler::PlaceLocked(const GemmJob& job) const {
@@ -125,7 +125,7 @@ void Scheduler::WorkerLoop(int slot) {
       device.running++;
     }
     GemmReport report;
-    const grpc::Status result = RunEntry(slot, entry, &report);
+    const absl::Status result = RunEntry(slot, entry, &report);
     {
       // Before `done`: whoever sees the answer sees the load without this job.
       std::lock_guard<std::mutex> lock(mu_);
@@ -149,12 +149,12 @@ void Scheduler::SpinForWork(const DeviceQueue& device) const {
   }
 }
 
-grpc::Status Scheduler::RunEntry(int slot, const Entry& entry, GemmReport* out) {
+absl::Status Scheduler::RunEntry(int slot, const Entry& entry, GemmReport* out) {
   const GemmJob& job = entry.job;
   const auto started = Clock::now();
   GemmReport report;
   report.queue_wait_ms = std::chrono::duration<double, std::milli>(started - entry.admitted).count();
-  grpc::Status result;
+  absl::Status result;
   if (job.is_cancelled && job.is_cancelled()) {
     result = status::Cancelled();
   } else if (started > job.deadline) {
@@ -173,7 +173,7 @@ grpc::Status Scheduler::RunEntry(int slot, const Entry& entry, GemmReport* out) 
                  fmt::format("gemm {}x{}x{} kernel={} slot={} status={} queue={:.3f}ms "
                              "kernel={:.3f}ms total={:.3f}ms",
                              job.shape.m, job.shape.n, job.shape.k, report.kernel, slot,
-                             status::CodeName(result.error_code()), report.queue_wait_ms,
+                             status::CodeName(result.code()), report.queue_wait_ms,
                              report.kernel_ms, report.server_total_ms),
                  {{"request_id", job.request_id}, {"traceparent", job.traceparent}});
   }

@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "server/backend/backend.h"
-#include "server/scheduler/job.h"
+#include "server/core/job.h"
 
 namespace hgemm {
 
@@ -52,11 +52,11 @@ class Scheduler {
   // Admits `job` or says why not: RESOURCE_EXHAUSTED (larger than a limit), UNAVAILABLE (queue
   // full now, or shutting down). On OK, `done` runs exactly once, later, on a worker thread:
   // with the backend's status, DEADLINE_EXCEEDED or CANCELLED. Never calls `done` inline.
-  grpc::Status Enqueue(GemmJob job, GemmDone done);
+  absl::Status Enqueue(GemmJob job, GemmDone done);
 
   // RESOURCE_EXHAUSTED if a GEMM of `shape` is larger than one job may be (Enqueue says the
   // same); lets a stream refuse a GEMM before its operands arrive.
-  grpc::Status CheckSize(const GemmShape& shape) const;
+  absl::Status CheckSize(const GemmShape& shape) const;
 
   // The device (Backend::Devices() index) a job that is not pinned would go to now.
   int LeastLoadedDevice() const;
@@ -94,7 +94,7 @@ class Scheduler {
   // Returns when `device` has a job waiting or options_.idle_spin has passed.
   void SpinForWork(const DeviceQueue& device) const;
   // Runs (or, if cancelled or expired, skips) one job; does not call its `done`.
-  grpc::Status RunEntry(int slot, const Entry& entry, GemmReport* report);
+  absl::Status RunEntry(int slot, const Entry& entry, GemmReport* report);
 
   Backend* const backend_;
   const SchedulerOptions options_;

@@ -25,13 +25,13 @@ class GatedBackend final : public Backend {
   int NumSlots() const override { return devices_ * slots_; }
   int SlotDevice(int slot) const override { return slot / slots_; }
   int64_t MaxJobBytes() const override { return 1 << 20; }
-  grpc::Status AllocateResident(int, int64_t, std::shared_ptr<ResidentBuffer>*) override {
-    return grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "");
+  absl::Status AllocateResident(int, int64_t, std::shared_ptr<ResidentBuffer>*) override {
+    return absl::Status(absl::StatusCode::kUnimplemented, "");
   }
-  grpc::Status WriteResident(ResidentBuffer&, int64_t, const void*, int64_t) override { return grpc::Status::OK; }
-  grpc::Status ReadResident(const ResidentBuffer&, void*) override { return grpc::Status::OK; }
+  absl::Status WriteResident(ResidentBuffer&, int64_t, const void*, int64_t) override { return absl::OkStatus(); }
+  absl::Status ReadResident(const ResidentBuffer&, void*) override { return absl::OkStatus(); }
 
-  grpc::Status Run(int slot, const GemmJob& job, GemmReport* report) override {
+  absl::Status Run(int slot, const GemmJob& job, GemmReport* report) override {
     std::unique_lock<std::mutex> lock(mu_);
     running_++;
     changed_.notify_all();
@@ -39,7 +39,7 @@ class GatedBackend final : public Backend {
     running_--;
     report->device_id = SlotDevice(slot);
     report->kernel = "gated";
-    return grpc::Status::OK;
+    return absl::OkStatus();
   }
 
   void Open() {
@@ -70,12 +70,12 @@ GemmJob Job(int64_t m = 8) {
 struct Results {
   std::mutex mu;
   std::condition_variable cv;
-  std::vector<std::pair<grpc::StatusCode, GemmReport>> done;
+  std::vector<std::pair<absl::StatusCode, GemmReport>> done;
 
   GemmDone Callback() {
-    return [this](const grpc::Status& s, const GemmReport& r) {
+    return [this](const absl::Status& s, const GemmReport& r) {
       std::lock_guard<std::mutex> lock(mu);
-      done.emplace_back(s.error_code(), r);
+      done.emplace_back(s.code(), r);
       cv.notify_all();
     };
   }
@@ -99,7 +99,7 @@ TEST(Scheduler, RunsJobsAndReportsQueueWait) {
   for (int i = 0; i < 5; ++i) ASSERT_TRUE(scheduler.Enqueue(Job(), results.Callback()).ok());
   results.WaitFor(5);
   for (auto& [code, report] : results.done) {
-    EXPECT_EQ(code, grpc::StatusCode::OK);
+    EXPECT_EQ(code, absl::StatusCode::kOk);
     EXPECT_EQ(report.kernel, "gated");
     EXPECT_GE(report.server_total_ms, report.queue_wait_ms);
   }
@@ -113,9 +113,9 @@ TEST(Scheduler, FullQueueIsUnavailableAndRecovers) {
   backend.WaitRunning(1);  // one running, the queue empty
   ASSERT_TRUE(scheduler.Enqueue(Job(), results.Callback()).ok());
   ASSERT_TRUE(scheduler.Enqueue(Job(), results.Callback()).ok());
-  grpc::Status full = scheduler.Enqueue(Job(), results.Callback());
-  EXPECT_EQ(full.error_code(), grpc::StatusCode::UNAVAILABLE);
-  EXPECT_NE(full.error_message().find("queue full"), std::string::npos);
+  absl::Status full = scheduler.Enqueue(Job(), results.Callback());
+  EXPECT_EQ(full.code(), absl::StatusCode::kUnavailable);
+  EXPECT_NE(full.message().find("queue full"), std::string::npos);
   backend.Open();
   results.WaitFor(3);
   EXPECT_TRUE(scheduler.Enqueue(Job(), results.Callback()).ok());
@@ -128,12 +128,12 @@ TEST(Scheduler, ByteBudget) {
   Scheduler scheduler(&backend, {.max_queued_bytes = 2 * one_job});
   Results results;
   // Larger than the whole budget: never admissible.
-  EXPECT_EQ(scheduler.Enqueue(Job(64), results.Callback()).error_code(),
-            grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_EQ(scheduler.Enqueue(Job(64), results.Callback()).code(),
+            absl::StatusCode::kResourceExhausted);
   ASSERT_TRUE(scheduler.Enqueue(Job(), results.Callback()).ok());
   ASSERT_TRUE(scheduler.Enqueue(Job(), results.Callback()).ok());
   // Fits the budget, but not now.
-  EXPECT_EQ(scheduler.Enqueue(Job(), results.Callback()).error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_EQ(scheduler.Enqueue(Job(), results.Callback()).code(), absl::StatusCode::kUnavailable);
   backend.Open();
   results.WaitFor(2);
 }
@@ -143,8 +143,8 @@ TEST(Scheduler, LargerThanBackendTakesIsResourceExhausted) {
   Scheduler scheduler(&backend, {});
   GemmJob job;
   job.shape = {.m = 1024, .n = 1024, .k = 1024};  // 6 MiB > 1 MiB
-  EXPECT_EQ(scheduler.Enqueue(job, [](auto&, auto&) {}).error_code(),
-            grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_EQ(scheduler.Enqueue(job, [](auto&, auto&) {}).code(),
+            absl::StatusCode::kResourceExhausted);
 }
 
 TEST(Scheduler, ExpiredDeadlineIsNotRun) {
@@ -158,7 +158,7 @@ TEST(Scheduler, ExpiredDeadlineIsNotRun) {
   ASSERT_TRUE(scheduler.Enqueue(late, results.Callback()).ok());
   backend.Open();
   results.WaitFor(2);
-  EXPECT_EQ(results.done[1].first, grpc::StatusCode::DEADLINE_EXCEEDED);
+  EXPECT_EQ(results.done[1].first, absl::StatusCode::kDeadlineExceeded);
   EXPECT_TRUE(results.done[1].second.kernel.empty());  // never reached the backend
 }
 
@@ -175,7 +175,7 @@ TEST(Scheduler, CancelledJobIsNotRun) {
   cancelled = true;
   backend.Open();
   results.WaitFor(2);
-  EXPECT_EQ(results.done[1].first, grpc::StatusCode::CANCELLED);
+  EXPECT_EQ(results.done[1].first, absl::StatusCode::kCancelled);
   EXPECT_EQ(scheduler.GetStats().admitted_bytes, 0);
 }
 
@@ -234,7 +234,7 @@ TEST(Scheduler, ShutdownRunsAdmittedJobsThenRefuses) {
   backend.Open();
   shutdown.wait();
   EXPECT_EQ(results.done.size(), 3u);
-  EXPECT_EQ(scheduler.Enqueue(Job(), results.Callback()).error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_EQ(scheduler.Enqueue(Job(), results.Callback()).code(), absl::StatusCode::kUnavailable);
 }
 
 }  // namespace

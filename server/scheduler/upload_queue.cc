@@ -1,7 +1,7 @@
 #include "server/scheduler/upload_queue.h"
 
-#include "server/scheduler/job.h"
-#include "server/status_util.h"
+#include "server/core/job.h"
+#include "server/core/status.h"
 
 namespace hgemm {
 
@@ -20,9 +20,26 @@ UploadQueue::~UploadQueue() {
 
 void UploadQueue::Write(std::shared_ptr<ResidentBuffer> buffer, int64_t offset, std::string data,
                         WriteDone done) {
+  Post([this, buffer = std::move(buffer), offset, data = std::move(data),
+        done = std::move(done)]() mutable {
+    const auto start = Clock::now();
+    absl::Status s;
+    try {
+      s = backend_->WriteResident(*buffer, offset, data.data(), int64_t(data.size()));
+    } catch (...) {
+      s = status::FromCurrentException("copy to the device");
+    }
+    const double copy_ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+    data = std::string();  // free the chunk before the callback runs
+    buffer.reset();
+    done(s, copy_ms);
+  });
+}
+
+void UploadQueue::Post(std::function<void()> work) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    tasks_.push_back({std::move(buffer), offset, std::move(data), std::move(done)});
+    tasks_.push_back(std::move(work));
   }
   work_available_.notify_one();
 }
@@ -34,29 +51,18 @@ int64_t UploadQueue::Pending() {
 
 void UploadQueue::WorkerLoop() {
   while (true) {
-    Task task;
+    std::function<void()> work;
     {
       std::unique_lock<std::mutex> lock(mu_);
       work_available_.wait(lock, [&] { return stopping_ || !tasks_.empty(); });
       if (tasks_.empty()) return;  // stopping, and nothing left
-      task = std::move(tasks_.front());
+      work = std::move(tasks_.front());
       tasks_.pop_front();
     }
-    const auto start = Clock::now();
-    grpc::Status s;
     try {
-      s = backend_->WriteResident(*task.buffer, task.offset, task.data.data(),
-                                  int64_t(task.data.size()));
-    } catch (...) {
-      s = status::FromCurrentException("copy to the device");
-    }
-    const double copy_ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
-    task.data = std::string();  // free the chunk before the callback runs
-    task.buffer.reset();
-    try {
-      task.done(s, copy_ms);
+      work();
     } catch (...) {  // a transport bug; the worker must live on for the other copies
-      status::FromCurrentException("copy completion");
+      status::FromCurrentException("upload work");
     }
   }
 }

@@ -1,7 +1,8 @@
 // UploadQueue: copies bytes that arrived over the network into backend buffers on a few worker
 // threads, so that no gRPC reaction waits for a device copy. Streamed GEMM operands and
 // UploadMatrix go through it chunk by chunk as the chunks arrive: when the last chunk is in,
-// the matrix is (nearly) on the device already.
+// the matrix is (nearly) on the device already. The other device work of the transport
+// (allocating where operands go, reading a matrix back for a download) runs here too (Post).
 // Thread safety: all methods are thread-safe.
 #ifndef HGEMM_SERVER_SCHEDULER_UPLOAD_QUEUE_H_
 #define HGEMM_SERVER_SCHEDULER_UPLOAD_QUEUE_H_
@@ -21,7 +22,7 @@
 namespace hgemm {
 
 // Called once per write, on an upload thread, with how long the copy took.
-using WriteDone = std::function<void(const grpc::Status&, double copy_ms)>;
+using WriteDone = std::function<void(const absl::Status&, double copy_ms)>;
 
 class UploadQueue {
  public:
@@ -36,22 +37,21 @@ class UploadQueue {
   void Write(std::shared_ptr<ResidentBuffer> buffer, int64_t offset, std::string data,
              WriteDone done);
 
-  // Writes queued and not yet taken by an upload thread.
+  // Runs `work` later on an upload thread, in order with the writes and work posted before it
+  // (taken in FIFO order; several threads run them). Never inline. An exception `work` throws
+  // is logged and dropped: `work` must answer its own failures.
+  void Post(std::function<void()> work);
+
+  // Writes and work queued and not yet taken by an upload thread.
   int64_t Pending();
 
  private:
-  struct Task {
-    std::shared_ptr<ResidentBuffer> buffer;
-    int64_t offset = 0;
-    std::string data;
-    WriteDone done;
-  };
   void WorkerLoop();
 
   Backend* const backend_;
   std::mutex mu_;
   std::condition_variable work_available_;
-  std::deque<Task> tasks_;  // guarded by mu_
+  std::deque<std::function<void()>> tasks_;  // guarded by mu_
   bool stopping_ = false;   // guarded by mu_
   std::vector<std::thread> workers_;
 };
@@ -63,18 +63,18 @@ class WriteTally {
   explicit WriteTally(int64_t bytes) : bytes_left_(bytes) {}
 
   // Counts one finished write of `bytes`; true when it was the last one expected.
-  bool Add(const grpc::Status& status, int64_t bytes, double copy_ms) {
+  bool Add(const absl::Status& status, int64_t bytes, double copy_ms) {
     if (!status.ok() && error_.ok()) error_ = status;
     copy_ms_ += copy_ms;
     bytes_left_ -= bytes;
     return bytes_left_ == 0;
   }
-  const grpc::Status& error() const { return error_; }  // the first failure, else OK
+  const absl::Status& error() const { return error_; }  // the first failure, else OK
   double copy_ms() const { return copy_ms_; }           // summed over the writes
 
  private:
   int64_t bytes_left_;
-  grpc::Status error_;
+  absl::Status error_;
   double copy_ms_ = 0;
 };
 

@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <future>
+#include <stdexcept>
+#include <thread>
 
 #include "server/backend/cpu_backend.h"
 
@@ -25,7 +27,7 @@ TEST(UploadQueueTest, ChunksLandAtTheirOffsetsAndTheTallyCompletesOnce) {
     UploadQueue queue(backend.get(), 3);
     for (int c = kChunks - 1; c >= 0; --c) {  // any order: the offsets say where
       queue.Write(buffer, int64_t(c) * kChunkBytes, expected.substr(c * kChunkBytes, kChunkBytes),
-                  [&](const grpc::Status& s, double copy_ms) {
+                  [&](const absl::Status& s, double copy_ms) {
                     EXPECT_GE(copy_ms, 0);
                     std::lock_guard<std::mutex> lock(mu);
                     if (tally.Add(s, kChunkBytes, copy_ms)) {
@@ -49,7 +51,7 @@ TEST(UploadQueueTest, DestructionFinishesQueuedWrites) {
   {
     UploadQueue queue(backend.get(), 1);
     for (int i = 0; i < 100; ++i) {
-      queue.Write(buffer, i, "x", [&](const grpc::Status& s, double) { done += s.ok(); });
+      queue.Write(buffer, i, "x", [&](const absl::Status& s, double) { done += s.ok(); });
     }
   }
   EXPECT_EQ(done, 100);
@@ -58,11 +60,22 @@ TEST(UploadQueueTest, DestructionFinishesQueuedWrites) {
 
 TEST(UploadQueueTest, TallyKeepsTheFirstError) {
   WriteTally tally(30);
-  EXPECT_FALSE(tally.Add(grpc::Status::OK, 10, 1.0));
-  EXPECT_FALSE(tally.Add(grpc::Status(grpc::StatusCode::INTERNAL, "first"), 10, 2.0));
-  EXPECT_TRUE(tally.Add(grpc::Status(grpc::StatusCode::INTERNAL, "second"), 10, 3.0));
-  EXPECT_EQ(tally.error().error_message(), "first");
+  EXPECT_FALSE(tally.Add(absl::OkStatus(), 10, 1.0));
+  EXPECT_FALSE(tally.Add(absl::Status(absl::StatusCode::kInternal, "first"), 10, 2.0));
+  EXPECT_TRUE(tally.Add(absl::Status(absl::StatusCode::kInternal, "second"), 10, 3.0));
+  EXPECT_EQ(tally.error().message(), "first");
   EXPECT_DOUBLE_EQ(tally.copy_ms(), 6.0);
+}
+
+// Device work the transport must not do on a reactor thread runs on an upload thread, and a
+// task that throws does not take that thread down with it.
+TEST(UploadQueueTest, PostedWorkRunsOnAnUploadThread) {
+  std::unique_ptr<Backend> backend = MakeCpuBackend({});
+  UploadQueue queue(backend.get(), 1);
+  queue.Post([] { throw std::runtime_error("a bug in posted work"); });
+  std::promise<std::thread::id> ran_on;
+  queue.Post([&] { ran_on.set_value(std::this_thread::get_id()); });
+  EXPECT_NE(ran_on.get_future().get(), std::this_thread::get_id());
 }
 
 }  // namespace

@@ -132,7 +132,7 @@ def from_rpc_error(e: grpc.RpcError, index: Optional[int] = None) -> Error:
     return err
 
 
-# The server's own UNAVAILABLE messages (server/status_util.cc): the work was refused before it
+# The server's own UNAVAILABLE messages (server/core/status.cc): the work was refused before it
 # ran. With gRPC's own message when no connection could be made, a retry cannot run anything
 # twice.
 _SERVER_MARKERS = ("retry with backoff", "server is shutting down")

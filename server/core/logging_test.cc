@@ -1,7 +1,7 @@
 // The log formats: every JSON line parses (nlohmann::json, strict) whatever bytes a field holds,
 // text fields are escaped so that a client's string cannot start a line of its own, and the
 // traceparent check takes the W3C form and nothing else.
-#include "server/logging.h"
+#include "server/core/logging.h"
 
 #include <gtest/gtest.h>
 #include <spdlog/sinks/ringbuffer_sink.h>

@@ -1,6 +1,11 @@
-// A GEMM as the scheduler and the backends see it: no protobuf, no gRPC transport.
-#ifndef HGEMM_SERVER_SCHEDULER_JOB_H_
-#define HGEMM_SERVER_SCHEDULER_JOB_H_
+// A GEMM as the scheduler, the resident store and the backends see it: one job, the buffers
+// it may keep on a device, the report of where its time went and the callback that answers it.
+// No protobuf, no gRPC: the transport converts at its edge.
+// Thread safety: plain values; a ResidentBuffer is shared (shared_ptr) and immutable.
+#ifndef HGEMM_SERVER_CORE_JOB_H_
+#define HGEMM_SERVER_CORE_JOB_H_
+
+#include <absl/status/status.h>
 
 #include <chrono>
 #include <cstdint>
@@ -8,41 +13,12 @@
 #include <memory>
 #include <string>
 
-#include <grpcpp/support/status.h>
+#include "kernels/accumulation.h"
+#include "server/core/shape.h"
 
 namespace hgemm {
 
 using Clock = std::chrono::steady_clock;
-
-enum class Accumulation { kFp16, kFp32 };
-
-// The one place for the arithmetic of matrix sizes. Dimensions are uint32 on the wire, so a
-// product of two is exact in uint64; capping every matrix at kMaxElementsPerMatrix (whatever the
-// flags say) keeps every size derived from them, 2·m·n·k included (m·n·k ≤ 2^60 since
-// (m·k)(k·n)(m·n) = (m·n·k)²), inside int64.
-inline constexpr int64_t kMaxElementsPerMatrix = int64_t{1} << 40;
-
-// Elements of a rows×cols matrix: exact for any uint32 dimensions.
-constexpr uint64_t MatrixElements(uint32_t rows, uint32_t cols) { return uint64_t{rows} * cols; }
-
-// fp16 bytes of a rows×cols matrix. REQUIRES: MatrixElements(rows, cols) ≤ kMaxElementsPerMatrix.
-constexpr int64_t MatrixBytes(uint32_t rows, uint32_t cols) {
-  return 2 * int64_t(MatrixElements(rows, cols));
-}
-
-// A GEMM's m, n, k. Made by ValidateShape (server/validation.h), which guarantees each is in
-// [1, 2^32) and each of A, B, C has at most kMaxElementsPerMatrix elements; the sizes below
-// REQUIRE that.
-struct GemmShape {
-  int64_t m = 0, n = 0, k = 0;
-
-  int64_t Flops() const { return 2 * m * n * k; }
-  // fp16 bytes of A, B and C, and of all three.
-  int64_t ABytes() const { return MatrixBytes(m, k); }
-  int64_t BBytes() const { return MatrixBytes(k, n); }
-  int64_t CBytes() const { return MatrixBytes(m, n); }
-  int64_t Bytes() const { return ABytes() + BBytes() + CBytes(); }
-};
 
 // A matrix a backend keeps between calls (device memory on CUDA, host memory on the CPU).
 // Freed when the last reference goes: a GEMM holding one keeps it alive past its release.
@@ -87,7 +63,7 @@ struct GemmJob {
   std::string kernel = "auto";  // a backend variant name, or "auto"
   Accumulation accumulation = Accumulation::kFp32;
   std::string request_id;
-  // The call's W3C traceparent, already checked (server/logging.h), for the log; "" if none.
+  // The call's W3C traceparent, already checked (server/core/logging.h), for the log; "" if none.
   std::string traceparent;
   const uint16_t* a = nullptr;  // m×k fp16, row-major (unused when a_resident is set)
   const uint16_t* b = nullptr;  // k×n fp16, row-major (unused when b_resident is set)
@@ -108,8 +84,8 @@ struct GemmJob {
 };
 
 // Called exactly once per admitted job, on a scheduler worker thread.
-using GemmDone = std::function<void(const grpc::Status&, const GemmReport&)>;
+using GemmDone = std::function<void(const absl::Status&, const GemmReport&)>;
 
 }  // namespace hgemm
 
-#endif  // HGEMM_SERVER_SCHEDULER_JOB_H_
+#endif  // HGEMM_SERVER_CORE_JOB_H_

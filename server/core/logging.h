@@ -8,8 +8,8 @@
 //
 // Thread safety: Install() once at start, before other threads log; Log() and
 // ValidTraceparent() from any thread.
-#ifndef HGEMM_SERVER_LOGGING_H_
-#define HGEMM_SERVER_LOGGING_H_
+#ifndef HGEMM_SERVER_CORE_LOGGING_H_
+#define HGEMM_SERVER_CORE_LOGGING_H_
 
 #include <spdlog/formatter.h>
 #include <spdlog/spdlog.h>
@@ -25,8 +25,8 @@ enum class Format { kText, kJson };
 // "text" or "json". Returns false for anything else.
 bool ParseFormat(std::string_view name, Format* format);
 
-// Formats every line of spdlog's default logger as `format`. With kJson, gRPC's own messages
-// (gpr_log) are routed through that logger too, so that no line on the output is not JSON.
+// Formats every line of spdlog's default logger as `format`. The server binary also routes
+// gRPC's own messages through that logger (server/grpc_logging.h).
 void Install(Format format);
 
 // The formatter Install(kJson) gives the default logger; for a sink added later (tests).
@@ -58,4 +58,4 @@ std::string_view ValidTraceparent(std::string_view value);
 
 }  // namespace hgemm::logging
 
-#endif  // HGEMM_SERVER_LOGGING_H_
+#endif  // HGEMM_SERVER_CORE_LOGGING_H_

@@ -1,8 +1,7 @@
-#include "server/logging.h"
+#include "server/core/logging.h"
 
 #include <fmt/chrono.h>
 #include <fmt/format.h>
-#include <grpc/support/log.h>
 #include <spdlog/sinks/sink.h>
 
 #include <algorithm>
@@ -85,16 +84,6 @@ void AppendTextValue(std::string_view value, std::string* out) {
   *out += '"';
 }
 
-// gRPC's own messages, as lines of the default logger.
-void GrpcToSpdlog(gpr_log_func_args* args) {
-  if (spdlog::default_logger_raw() == nullptr) return;  // after spdlog::shutdown()
-  const spdlog::level::level_enum level = args->severity == GPR_LOG_SEVERITY_ERROR ? spdlog::level::err
-                                          : args->severity == GPR_LOG_SEVERITY_INFO ? spdlog::level::info
-                                                                                    : spdlog::level::debug;
-  const std::string source = fmt::format("grpc {}:{}", args->file, args->line);
-  Log(level, args->message, {{"source", source}});
-}
-
 bool LowerHex(std::string_view text) {
   return std::all_of(text.begin(), text.end(),
                      [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); });
@@ -116,7 +105,6 @@ void Install(Format format) {
   json_lines = format == Format::kJson;
   if (format == Format::kJson) {
     spdlog::default_logger()->set_formatter(MakeJsonFormatter());
-    gpr_set_log_function(GrpcToSpdlog);
   }
 }
 

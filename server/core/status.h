@@ -1,0 +1,60 @@
+// The server's status type is absl::Status. Every status the server returns is made here, so
+// that each code keeps one meaning:
+//   INVALID_ARGUMENT    the request is malformed (the message names the field)
+//   NOT_FOUND           a resident matrix's handle names nothing this client may use
+//   RESOURCE_EXHAUSTED  the request is larger than a configured limit; retrying will not help
+//   UNAVAILABLE         the server is busy (queue full) or shutting down; retry with backoff
+//   DEADLINE_EXCEEDED   the call's deadline passed while it waited; it was not run (or, for
+//                       a streamed GEMM or upload, its chunks stopped coming: Idle)
+//   CANCELLED           the client went away
+//   INTERNAL            the backend failed (GPU fault, ...)
+//   UNAUTHENTICATED     the call names no principal the server accepts
+// Messages are cut at 1024 characters, as TF Serving does. The transport turns these into
+// gRPC statuses in one place (server/status_util.h); nothing below it knows of gRPC.
+// Thread safety: pure functions, callable from any thread.
+#ifndef HGEMM_SERVER_CORE_STATUS_H_
+#define HGEMM_SERVER_CORE_STATUS_H_
+
+#include <absl/status/status.h>
+
+#include <string>
+#include <string_view>
+
+namespace hgemm::status {
+
+absl::Status InvalidArgument(const std::string& field, const std::string& problem);
+absl::Status NotFound(const std::string& what);
+absl::Status OverLimit(const std::string& what);
+absl::Status QueueFull(const std::string& what);
+absl::Status ShuttingDown();
+absl::Status DeadlineExpired(double waited_ms);
+absl::Status Cancelled();
+// A streamed GEMM or upload whose chunks stopped coming (DEADLINE_EXCEEDED).
+absl::Status Idle(const std::string& what);
+absl::Status BackendFailure(const std::string& what);
+absl::Status Unauthenticated(const std::string& what);
+
+// `s` with "<context>: " before its message; the code stays. REQUIRES: !s.ok().
+absl::Status WithContext(const std::string& context, const absl::Status& s);
+
+// The message of `s` as a std::string (absl's string_view is not std's: fmt and `+` need this).
+inline std::string Message(const absl::Status& s) { return std::string(s.message()); }
+
+// Inside a `catch (...)`: the status the exception in flight becomes (RESOURCE_EXHAUSTED for
+// std::bad_alloc and std::length_error: a size the machine can't hold; INTERNAL otherwise),
+// logged with `where`. Lets reactors and worker threads answer their call instead of dying.
+absl::Status FromCurrentException(const char* where);
+
+// A client-supplied string (handle, kernel name, client id) for a message: in quotes, at most
+// its first 64 bytes, bytes outside printable ASCII escaped (\xHH), and its length if it was
+// cut. Keeps a 100 000-byte handle from turning NOT_FOUND into an oversized trailer.
+std::string Quote(std::string_view client_string);
+
+// The canonical name of a status code ("OK", "INVALID_ARGUMENT", ...), as in logs and in the
+// `code` label of hgemm_requests_total; "UNKNOWN" for a value outside the enum. The codes are
+// gRPC's, number for number.
+std::string CodeName(absl::StatusCode code);
+
+}  // namespace hgemm::status
+
+#endif  // HGEMM_SERVER_CORE_STATUS_H_

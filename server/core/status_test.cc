@@ -1,0 +1,72 @@
+#include "server/core/status.h"
+
+#include <gtest/gtest.h>
+
+#include <set>
+#include <string>
+
+namespace hgemm::status {
+namespace {
+
+TEST(Status, NamedConstructorsKeepOneCodeEach) {
+  EXPECT_EQ(InvalidArgument("m", "must be at least 1").code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(InvalidArgument("m", "must be at least 1").message(), "m: must be at least 1");
+  EXPECT_EQ(OverLimit("too big").code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(QueueFull("queue full").code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(QueueFull("queue full").message(), "queue full; retry with backoff");
+  EXPECT_EQ(ShuttingDown().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(Idle("no chunk").code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(DeadlineExpired(1.5).code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(Cancelled().code(), absl::StatusCode::kCancelled);
+  EXPECT_EQ(NotFound("gone").code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(BackendFailure("fault").code(), absl::StatusCode::kInternal);
+}
+
+TEST(Status, MessagesAreCutAt1024Bytes) {
+  EXPECT_EQ(BackendFailure(std::string(5000, 'x')).message().size(), 1024u);
+  EXPECT_EQ(WithContext(std::string(5000, 'y'), OverLimit("z")).message().size(), 1024u);
+}
+
+TEST(Status, WithContextKeepsTheCode) {
+  absl::Status s = WithContext("keep_c_resident", OverLimit("quota"));
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(s.message(), "keep_c_resident: quota");
+}
+
+TEST(Status, FromCurrentExceptionMapsBadAllocToResourceExhausted) {
+  absl::Status s;
+  try {
+    throw std::bad_alloc();
+  } catch (...) {
+    s = FromCurrentException("test");
+  }
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
+  try {
+    throw std::runtime_error("boom");
+  } catch (...) {
+    s = FromCurrentException("test");
+  }
+  EXPECT_EQ(s.code(), absl::StatusCode::kInternal);
+  EXPECT_EQ(s.message(), "test: boom");
+}
+
+// Moved from server/metrics_test.cc (the names label hgemm_requests_total).
+TEST(StatusCodeName, NamesEveryCode) {
+  EXPECT_EQ(CodeName(absl::StatusCode::kOk), "OK");
+  EXPECT_EQ(CodeName(absl::StatusCode::kInvalidArgument), "INVALID_ARGUMENT");
+  EXPECT_EQ(CodeName(absl::StatusCode::kResourceExhausted), "RESOURCE_EXHAUSTED");
+  EXPECT_EQ(CodeName(absl::StatusCode::kUnauthenticated), "UNAUTHENTICATED");
+  EXPECT_EQ(CodeName(absl::StatusCode(99)), "UNKNOWN");
+  std::set<std::string> names;
+  for (int c = 0; c <= 16; ++c) names.insert(CodeName(absl::StatusCode(c)));
+  EXPECT_EQ(names.size(), 17u) << "each code has its own name";
+}
+
+TEST(Status, QuoteCutsAndEscapesClientStrings) {
+  EXPECT_EQ(Quote("abc"), "'abc'");
+  EXPECT_EQ(Quote("a'b"), "'a\\x27b'");
+  EXPECT_NE(Quote(std::string(100, 'h')).find("(100 bytes)"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace hgemm::status

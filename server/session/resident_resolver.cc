@@ -1,0 +1,52 @@
+#include "server/session/resident_resolver.h"
+
+#include <fmt/format.h>
+
+#include <memory>
+
+#include "server/core/status.h"
+
+namespace hgemm {
+
+absl::Status ResidentResolver::Resolve(const std::string& owner,
+                                       const ResidentOperands& operands, GemmJob* job,
+                                       QuotaReservation* c_quota) const {
+  const GemmShape& shape = job->shape;
+  struct Operand {
+    const std::string& handle;
+    const char* field;
+    int64_t rows, cols;
+    std::shared_ptr<ResidentBuffer>* slot;
+  };
+  for (const Operand& o :
+       {Operand{operands.a_handle, "a_handle", shape.m, shape.k, &job->a_resident},
+        Operand{operands.b_handle, "b_handle", shape.k, shape.n, &job->b_resident}}) {
+    if (o.handle.empty()) continue;
+    ResidentMatrix m;
+    if (absl::Status s = store_->Lookup(owner, o.handle, o.field, &m); !s.ok()) return s;
+    if (m.rows != o.rows || m.cols != o.cols) {
+      return status::InvalidArgument(
+          o.field, fmt::format("matrix {} is {}x{}; this GEMM needs {}x{}",
+                               status::Quote(o.handle), m.rows, m.cols, o.rows, o.cols));
+    }
+    // A and B on different devices: run where the larger one lives.
+    if (job->device_index < 0 || m.buffer->bytes > job->a_resident->bytes) {
+      job->device_index = m.buffer->device_index;
+    }
+    *o.slot = m.buffer;
+  }
+  if (operands.keep_c) {
+    if (absl::Status s = store_->Reserve(owner, shape.CBytes(), c_quota); !s.ok()) {
+      return status::WithContext("keep_c_resident", s);
+    }
+    job->keep_c = true;
+  }
+  return absl::OkStatus();
+}
+
+int ResidentResolver::PlaceArriving(GemmJob* job) const {
+  if (job->device_index < 0) job->device_index = scheduler_->LeastLoadedDevice();
+  return job->device_index;
+}
+
+}  // namespace hgemm

@@ -1,0 +1,57 @@
+// ResidentResolver: the resident half of admitting a GEMM, without the transport. It turns the
+// handles a request names into the job's operand buffers (checking their shapes), places the
+// job on a device, and reserves the quota of a C the client keeps on the server.
+//
+// Placement: a job runs where its resident operands live (the device of the larger one when A
+// and B live on different devices: the backend copies the other over for that run); a job
+// whose operands are still to come (a streamed GEMM) goes to the least loaded device, and its
+// operands are written there as they arrive.
+// Quota: the C of keep_c is reserved in one step (MatrixStore::Reserve), so two GEMMs admitted
+// at once cannot both pass the client's quota; the reservation becomes the matrix's when the
+// GEMM has run (MatrixStore::Add) or is given back if it does not.
+// Thread safety: all methods are thread-safe; the store and scheduler must outlive it.
+#ifndef HGEMM_SERVER_SESSION_RESIDENT_RESOLVER_H_
+#define HGEMM_SERVER_SESSION_RESIDENT_RESOLVER_H_
+
+#include <absl/status/status.h>
+
+#include <string>
+
+#include "server/core/job.h"
+#include "server/resident/matrix_store.h"
+#include "server/scheduler/scheduler.h"
+
+namespace hgemm {
+
+// The resident operands of a GEMM, as a request names them ("" for an operand sent as bytes).
+struct ResidentOperands {
+  std::string a_handle;
+  std::string b_handle;
+  bool keep_c = false;
+};
+
+class ResidentResolver {
+ public:
+  ResidentResolver(MatrixStore* store, const Scheduler* scheduler)
+      : store_(store), scheduler_(scheduler) {}
+
+  // Sets job->a_resident / b_resident from the handles (marking them used), pins the job to
+  // their device and, for keep_c, reserves C's bytes of `owner`'s quota in *c_quota and sets
+  // job->keep_c. Errors: NOT_FOUND (a handle; the message names a_handle or b_handle),
+  // INVALID_ARGUMENT (a matrix of the wrong shape), RESOURCE_EXHAUSTED (keep_c_resident: over
+  // the quota). On an error nothing stays reserved. REQUIRES: job->shape is validated.
+  absl::Status Resolve(const std::string& owner, const ResidentOperands& operands, GemmJob* job,
+                       QuotaReservation* c_quota) const;
+
+  // The device the operands still to come of `job` are written to: its pinned device, else
+  // (and from now on pinned there) the least loaded one.
+  int PlaceArriving(GemmJob* job) const;
+
+ private:
+  MatrixStore* const store_;
+  const Scheduler* const scheduler_;
+};
+
+}  // namespace hgemm
+
+#endif  // HGEMM_SERVER_SESSION_RESIDENT_RESOLVER_H_
