@@ -9,7 +9,9 @@
 #include <sstream>
 
 #include "bench/echo_service.h"
+#include "bench/load_report.h"
 #include "bench/server_metrics.h"
+#include "bench/stats.h"
 #include "client/gemm_client.h"
 #include "server/backend/cpu_backend.h"
 #include "server/child_process.h"
