@@ -18,22 +18,14 @@
 
 #include <CLI/CLI.hpp>
 
+#include "bench/stats.h"
+#include "kernels/cuda_check.h"
 #include "kernels/fill.h"
 #include "kernels/registry.h"
 #include "kernels/testing.h"
 
 namespace hgemm::kernels {
 namespace {
-
-#define CHECK_CUDA(expr)                                                                  \
-  do {                                                                                    \
-    const cudaError_t e_ = (expr);                                                        \
-    if (e_ != cudaSuccess) {                                                              \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #expr,                   \
-                   cudaGetErrorString(e_));                                               \
-      std::exit(1);                                                                       \
-    }                                                                                     \
-  } while (0)
 
 struct Shape {
   int m, n, k;
@@ -67,11 +59,11 @@ class Bench {
   // Launches and events go to `stream`, the LaunchContext's stream; the caller owns it.
   Bench(cudaStream_t stream, int warmup, int repeats, bool check)
       : warmup_(warmup), repeats_(repeats), check_(check), stream_(stream) {
-    CHECK_CUDA(cudaEventCreate(&start_));
-    CHECK_CUDA(cudaEventCreate(&stop_));
+    HGEMM_CHECK_CUDA(cudaEventCreate(&start_));
+    HGEMM_CHECK_CUDA(cudaEventCreate(&stop_));
     int dev = 0;
-    CHECK_CUDA(cudaGetDevice(&dev));
-    CHECK_CUDA(cudaGetDeviceProperties(&prop_, dev));
+    HGEMM_CHECK_CUDA(cudaGetDevice(&dev));
+    HGEMM_CHECK_CUDA(cudaGetDeviceProperties(&prop_, dev));
   }
   ~Bench() {
     Free();
@@ -90,21 +82,21 @@ class Bench {
     const int sets = int(std::min<size_t>(8, std::max<size_t>(1, (want + set_bytes - 1) / set_bytes)));
     for (int i = 0; i < sets; ++i) {
       Buffers buf;
-      CHECK_CUDA(cudaMalloc(&buf.a, a * 2));
-      CHECK_CUDA(cudaMalloc(&buf.b, b * 2));
-      CHECK_CUDA(cudaMalloc(&buf.c, c * 2));
-      CHECK_CUDA(FillUniform(buf.a, a, 100 + 2 * i, -1.f, 1.f, stream_));
-      CHECK_CUDA(FillUniform(buf.b, b, 101 + 2 * i, -1.f, 1.f, stream_));
+      HGEMM_CHECK_CUDA(cudaMalloc(&buf.a, a * 2));
+      HGEMM_CHECK_CUDA(cudaMalloc(&buf.b, b * 2));
+      HGEMM_CHECK_CUDA(cudaMalloc(&buf.c, c * 2));
+      HGEMM_CHECK_CUDA(FillUniform(buf.a, a, 100 + 2 * i, -1.f, 1.f, stream_));
+      HGEMM_CHECK_CUDA(FillUniform(buf.b, b, 101 + 2 * i, -1.f, 1.f, stream_));
       sets_.push_back(buf);
     }
     if (check_) {
-      CHECK_CUDA(cudaMalloc(&ref_, c * sizeof(float)));
-      CHECK_CUDA(testing::ReferenceGemm(sets_[0].a, sets_[0].b, ref_, s.m, s.n, s.k, stream_));
+      HGEMM_CHECK_CUDA(cudaMalloc(&ref_, c * sizeof(float)));
+      HGEMM_CHECK_CUDA(testing::ReferenceGemm(sets_[0].a, sets_[0].b, ref_, s.m, s.n, s.k, stream_));
       host_ref_.resize(c);
-      CHECK_CUDA(cudaMemcpyAsync(host_ref_.data(), ref_, c * sizeof(float), cudaMemcpyDeviceToHost,
+      HGEMM_CHECK_CUDA(cudaMemcpyAsync(host_ref_.data(), ref_, c * sizeof(float), cudaMemcpyDeviceToHost,
                                  stream_));
     }
-    CHECK_CUDA(cudaStreamSynchronize(stream_));
+    HGEMM_CHECK_CUDA(cudaStreamSynchronize(stream_));
   }
 
   Result Run(const VariantInfo& v, Accumulation acc, LaunchContext& ctx) {
@@ -116,15 +108,15 @@ class Bench {
       return GemmProblem{b.a, b.b, b.c, s.m, s.n, s.k, acc};
     };
     // Correctness first (this also warms up, tunes "auto" and creates the cuBLAS handle).
-    CHECK_CUDA(FillBits(sets_[0].c, c_elems, 0x7E00, stream_));
+    HGEMM_CHECK_CUDA(FillBits(sets_[0].c, c_elems, 0x7E00, stream_));
     if (std::string e = Launch(v, problem(0), ctx); !e.empty()) {
       r.note = e;
       return r;
     }
-    CHECK_CUDA(cudaStreamSynchronize(stream_));
+    HGEMM_CHECK_CUDA(cudaStreamSynchronize(stream_));
     if (check_) {
       std::vector<uint16_t> out(c_elems);
-      CHECK_CUDA(cudaMemcpy(out.data(), sets_[0].c, c_elems * 2, cudaMemcpyDeviceToHost));
+      HGEMM_CHECK_CUDA(cudaMemcpy(out.data(), sets_[0].c, c_elems * 2, cudaMemcpyDeviceToHost));
       const testing::ErrorStats st = testing::Compare(out, host_ref_);
       r.rel_err = st.rel_frobenius;
       const double bar = acc == Accumulation::kFp16 ? 5e-3 : 5e-4;
@@ -138,17 +130,16 @@ class Bench {
     for (int i = 0; i < warmup_; ++i) Launch(v, problem(i), ctx);
     std::vector<float> ms(repeats_);
     for (int i = 0; i < repeats_; ++i) {
-      CHECK_CUDA(cudaEventRecord(start_, stream_));
+      HGEMM_CHECK_CUDA(cudaEventRecord(start_, stream_));
       if (std::string e = Launch(v, problem(i + 1), ctx); !e.empty()) {
         r.note = e;
         return r;
       }
-      CHECK_CUDA(cudaEventRecord(stop_, stream_));
-      CHECK_CUDA(cudaEventSynchronize(stop_));
-      CHECK_CUDA(cudaEventElapsedTime(&ms[i], start_, stop_));
+      HGEMM_CHECK_CUDA(cudaEventRecord(stop_, stream_));
+      HGEMM_CHECK_CUDA(cudaEventSynchronize(stop_));
+      HGEMM_CHECK_CUDA(cudaEventElapsedTime(&ms[i], start_, stop_));
     }
-    std::sort(ms.begin(), ms.end());
-    r.median_ms = ms[ms.size() / 2];
+    r.median_ms = bench::Median(ms);
     r.tflops = 2.0 * s.m * s.n * double(s.k) / (r.median_ms * 1e-3) / 1e12;
     r.ok = true;
     return r;
@@ -226,7 +217,7 @@ int Main(int argc, char** argv) {
   if (acc_arg != "fp16") accs.push_back(Accumulation::kFp32);
 
   cudaStream_t stream;
-  CHECK_CUDA(cudaStreamCreate(&stream));
+  HGEMM_CHECK_CUDA(cudaStreamCreate(&stream));
   Bench bench(stream, warmup, repeats, !no_check);
   const cudaDeviceProp& prop = bench.prop();
   std::printf("device: %s, %d SMs, sm_%d%d, L2 %d MB\n", prop.name, prop.multiProcessorCount,

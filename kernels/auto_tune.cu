@@ -9,6 +9,7 @@
 
 #include <cuda_fp16.h>
 
+#include "kernels/align.h"
 #include "kernels/fill.h"
 #include "kernels/registry.h"
 
@@ -65,8 +66,6 @@ std::vector<const VariantInfo*> Candidates(int m, int n, int k, Accumulation acc
       out.push_back(&v);
   return out;
 }
-
-size_t AlignUp(size_t x) { return (x + 255) & ~size_t{255}; }
 
 // Times each candidate on ctx's stream; nullptr if tuning could not run.
 const VariantInfo* Tune(int m, int n, int k, Accumulation acc, LaunchContext& ctx,

@@ -8,6 +8,8 @@
 #include <cstdlib>
 #include <string>
 
+#include "kernels/align.h"
+#include "kernels/cuda_check.h"
 #include "kernels/fill.h"
 #include "kernels/variant_lists.h"
 
@@ -69,10 +71,6 @@ std::vector<VariantInfo> BuildVariants() {
 
 bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
 
-std::string CudaError(const char* what, cudaError_t e) {
-  return std::string(what) + ": " + cudaGetErrorName(e) + " (" + cudaGetErrorString(e) + ")";
-}
-
 std::string CublasError(const char* what, cublasStatus_t s) {
   return std::string(what) + ": " + cublasGetStatusName(s) + " (" + cublasGetStatusString(s) + ")";
 }
@@ -98,8 +96,6 @@ std::string LaunchCublas(const GemmProblem& p, LaunchContext& ctx) {
   return "";
 }
 
-size_t AlignUp256(size_t x) { return (x + 255) & ~size_t{255}; }
-
 // pad8_<inner>: copies whichever operands the 16-byte kernel cannot read in place (K or N not a
 // multiple of 8, or a pointer not 16-byte aligned) into zero-padded scratch, runs the inner
 // kernel on (m, n8, k8), and copies C back. Zero columns of A and rows of B add nothing.
@@ -110,9 +106,9 @@ std::string LaunchPadded(const VariantInfo& v, const GemmProblem& p, LaunchConte
   const bool pad_a = k8 != p.k || !Aligned16(p.a);
   const bool pad_b = k8 != p.k || n8 != p.n || !Aligned16(p.b);
   const bool pad_c = n8 != p.n || !Aligned16(p.c);
-  const size_t a_bytes = pad_a ? AlignUp256(size_t(p.m) * k8 * 2) : 0;
-  const size_t b_bytes = pad_b ? AlignUp256(size_t(k8) * n8 * 2) : 0;
-  const size_t c_bytes = pad_c ? AlignUp256(size_t(p.m) * n8 * 2) : 0;
+  const size_t a_bytes = pad_a ? AlignUp(size_t(p.m) * k8 * 2) : 0;
+  const size_t b_bytes = pad_b ? AlignUp(size_t(k8) * n8 * 2) : 0;
+  const size_t c_bytes = pad_c ? AlignUp(size_t(p.m) * n8 * 2) : 0;
   unsigned char* base = nullptr;
   if (a_bytes + b_bytes + c_bytes > 0) {
     std::string error;
@@ -127,22 +123,22 @@ std::string LaunchPadded(const VariantInfo& v, const GemmProblem& p, LaunchConte
   if (pad_a) {
     auto* a = reinterpret_cast<__half*>(base);
     if (cudaError_t e = CopyPadded(a, p.m, k8, p.a, p.m, p.k, stream); e != cudaSuccess)
-      return CudaError("padding a", e);
+      return CudaErrorText("padding a", e);
     q.a = a;
   }
   if (pad_b) {
     auto* b = reinterpret_cast<__half*>(base + a_bytes);
     if (cudaError_t e = CopyPadded(b, k8, n8, p.b, p.k, p.n, stream); e != cudaSuccess)
-      return CudaError("padding b", e);
+      return CudaErrorText("padding b", e);
     q.b = b;
   }
   if (pad_c) q.c = reinterpret_cast<__half*>(base + a_bytes + b_bytes);
   if (std::string why = CheckProblem(*inner, q); !why.empty()) return why;
   if (cudaError_t e = inner->launch(q, inner->swizzle_stride, stream); e != cudaSuccess)
-    return CudaError(("launch of " + inner->name).c_str(), e);
+    return CudaErrorText(("launch of " + inner->name).c_str(), e);
   if (pad_c) {
     if (cudaError_t e = CopyPadded(p.c, p.m, p.n, q.c, p.m, n8, stream); e != cudaSuccess)
-      return CudaError("unpadding c", e);
+      return CudaErrorText("unpadding c", e);
   }
   return "";
 }
@@ -210,7 +206,7 @@ void* LaunchContext::Scratch(int slot, size_t bytes, std::string* error) {
   }
   if (cudaError_t e = cudaMalloc(&scratch_[slot], bytes); e != cudaSuccess) {
     scratch_[slot] = nullptr;
-    *error = CudaError("cudaMalloc of scratch", e);
+    *error = CudaErrorText("cudaMalloc of scratch", e);
     return nullptr;
   }
   scratch_bytes_[slot] = bytes;
@@ -249,7 +245,7 @@ std::string Launch(const VariantInfo& v, const GemmProblem& p, LaunchContext& ct
       return LaunchPadded(v, p, ctx);
     case VariantKind::kKernel:
       if (cudaError_t e = v.launch(p, v.swizzle_stride, ctx.stream()); e != cudaSuccess)
-        return CudaError(("launch of " + v.name).c_str(), e);
+        return CudaErrorText(("launch of " + v.name).c_str(), e);
       return "";
   }
   return "unknown variant kind";
