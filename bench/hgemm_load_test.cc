@@ -48,7 +48,7 @@ TEST(HgemmLoad, ResidentModesCountOnlyTheBytesOnTheWire) {
   EXPECT_EQ(r, Resident::kNone);
   EXPECT_FALSE(ParseResident("a", &r));
   EXPECT_STREQ(ResidentName(Resident::kAll), "all");
-  const Shape s{.m = 128, .n = 64, .k = 32};
+  const Shape s{{.m = 128, .n = 64, .k = 32}};
   EXPECT_EQ(SentBytes(s, Resident::kNone), s.RequestBytes());
   EXPECT_EQ(ReceivedBytes(s, Resident::kNone), s.ReplyBytes());
   EXPECT_EQ(SentBytes(s, Resident::kB), 2 * 128 * 32);

@@ -9,6 +9,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <climits>
 #include <cstdint>
 #include <cstdio>
 #include <map>
@@ -19,6 +20,7 @@
 #include <CLI/CLI.hpp>
 
 #include "bench/stats.h"
+#include "client/gemm_dims.h"
 #include "kernels/cuda_check.h"
 #include "kernels/fill.h"
 #include "kernels/registry.h"
@@ -26,10 +28,6 @@
 
 namespace hgemm::kernels {
 namespace {
-
-struct Shape {
-  int m, n, k;
-};
 
 std::vector<std::string> Split(const std::string& s, char sep) {
   std::vector<std::string> out;
@@ -48,7 +46,7 @@ struct Buffers {
 struct Result {
   std::string variant;
   Accumulation acc;
-  Shape shape;
+  GemmDims shape;
   double median_ms = 0, tflops = 0, rel_err = 0;
   bool ok = false;
   std::string note;
@@ -73,7 +71,7 @@ class Bench {
   const cudaDeviceProp& prop() const { return prop_; }
 
   // Allocates and fills rotating buffer sets for `s`, and computes the fp32 reference of set 0.
-  void Prepare(const Shape& s) {
+  void Prepare(const GemmDims& s) {
     Free();
     shape_ = s;
     const size_t a = size_t(s.m) * s.k, b = size_t(s.k) * s.n, c = size_t(s.m) * s.n;
@@ -101,11 +99,11 @@ class Bench {
 
   Result Run(const VariantInfo& v, Accumulation acc, LaunchContext& ctx) {
     Result r{v.name, acc, shape_};
-    const Shape& s = shape_;
+    const GemmDims& s = shape_;
     const size_t c_elems = size_t(s.m) * s.n;
     auto problem = [&](int i) {
       const Buffers& b = sets_[i % sets_.size()];
-      return GemmProblem{b.a, b.b, b.c, s.m, s.n, s.k, acc};
+      return GemmProblem{b.a, b.b, b.c, int(s.m), int(s.n), int(s.k), acc};
     };
     // Correctness first (this also warms up, tunes "auto" and creates the cuBLAS handle).
     HGEMM_CHECK_CUDA(FillBits(sets_[0].c, c_elems, 0x7E00, stream_));
@@ -140,7 +138,7 @@ class Bench {
       HGEMM_CHECK_CUDA(cudaEventElapsedTime(&ms[i], start_, stop_));
     }
     r.median_ms = bench::Median(ms);
-    r.tflops = 2.0 * s.m * s.n * double(s.k) / (r.median_ms * 1e-3) / 1e12;
+    r.tflops = s.Flops() / (r.median_ms * 1e-3) / 1e12;
     r.ok = true;
     return r;
   }
@@ -162,7 +160,7 @@ class Bench {
   cudaStream_t stream_ = nullptr;
   cudaEvent_t start_ = nullptr, stop_ = nullptr;
   cudaDeviceProp prop_{};
-  Shape shape_{};
+  GemmDims shape_{};
   std::vector<Buffers> sets_;
   float* ref_ = nullptr;
   std::vector<float> host_ref_;
@@ -203,14 +201,18 @@ int Main(int argc, char** argv) {
   // cuBLAS first in every shape, so that each ratio has its denominator.
   std::stable_partition(variants.begin(), variants.end(),
                         [](const VariantInfo* v) { return v->kind == VariantKind::kCublas; });
-  std::vector<Shape> shapes;
+  std::vector<GemmDims> shapes;
   for (const std::string& s : Split(shapes_arg, ',')) {
-    Shape sh{};
-    if (std::sscanf(s.c_str(), "%dx%dx%d", &sh.m, &sh.n, &sh.k) != 3) {
-      std::fprintf(stderr, "bad shape %s\n", s.c_str());
+    GemmDims dims;
+    std::string e = ParseGemmDims(s, &dims);
+    if (e.empty() && std::max({dims.m, dims.n, dims.k}) > uint32_t(INT_MAX)) {
+      e = "the kernels take dimensions up to 2^31 - 1";  // GemmProblem's int
+    }
+    if (!e.empty()) {
+      std::fprintf(stderr, "bad shape %s: %s\n", s.c_str(), e.c_str());
       return 2;
     }
-    shapes.push_back(sh);
+    shapes.push_back(dims);
   }
   std::vector<Accumulation> accs;
   if (acc_arg != "fp32") accs.push_back(Accumulation::kFp16);
@@ -234,7 +236,7 @@ int Main(int argc, char** argv) {
   std::vector<std::string> best_lines;  // per shape and accumulation: the fastest own kernel
   {
     LaunchContext ctx(stream);
-    for (const Shape& s : shapes) {
+    for (const GemmDims& s : shapes) {
       bench.Prepare(s);
       for (Accumulation acc : accs) {
         double cublas_tflops = 0;
@@ -247,17 +249,17 @@ int Main(int argc, char** argv) {
           const double ratio = cublas_tflops > 0 && r.ok ? r.tflops / cublas_tflops : 0;
           if (r.note.rfind("WRONG", 0) == 0) ++wrong;
           if (r.ok && v->kind != VariantKind::kCublas && r.tflops > best.tflops) best = r;
-          std::printf("%-34s %s %5dx%5dx%5d %9.4f ms %7.1f TFLOP/s %5.3fx cublas err %.2e %s\n",
+          std::printf("%-34s %s %5ux%5ux%5u %9.4f ms %7.1f TFLOP/s %5.3fx cublas err %.2e %s\n",
                       v->name.c_str(), AccumulationName(acc), s.m, s.n, s.k, r.median_ms,
                       r.tflops, ratio, r.rel_err, r.note.c_str());
           std::fflush(stdout);
           if (csv)
-            std::fprintf(csv, "%s,%s,%s,%d,%d,%d,%.5f,%.2f,%.4f,%.3e,%s\n", prop.name,
+            std::fprintf(csv, "%s,%s,%s,%u,%u,%u,%.5f,%.2f,%.4f,%.3e,%s\n", prop.name,
                          v->name.c_str(), AccumulationName(acc), s.m, s.n, s.k, r.median_ms,
                          r.tflops, ratio, r.rel_err, r.note.empty() ? "ok" : r.note.c_str());
         }
         char line[256];
-        std::snprintf(line, sizeof line, "%5dx%5dx%5d %s  cublas %6.1f  best %-32s %6.1f TFLOP/s %5.3fx",
+        std::snprintf(line, sizeof line, "%5ux%5ux%5u %s  cublas %6.1f  best %-32s %6.1f TFLOP/s %5.3fx",
                       s.m, s.n, s.k, AccumulationName(acc), cublas_tflops, best.variant.c_str(),
                       best.tflops, cublas_tflops > 0 ? best.tflops / cublas_tflops : 0.0);
         best_lines.push_back(line);

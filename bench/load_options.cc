@@ -2,32 +2,30 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <regex>
 #include <sstream>
 
 namespace hgemm::bench {
 
-std::string Shape::Name() const { return fmt::format("{}x{}x{}", m, n, k); }
-
 std::string ParseShapes(const std::string& text, std::vector<Shape>* shapes) {
   shapes->clear();
-  static const std::regex kShape(R"((\d+)x(\d+)x(\d+)(?::(\d+))?)");
   std::stringstream in(text);
   for (std::string item; std::getline(in, item, ',');) {
-    std::smatch match;
-    if (!std::regex_match(item, match, kShape)) {
-      return fmt::format("shape '{}': expected MxNxK or MxNxK:WEIGHT", item);
-    }
     Shape s;
-    const unsigned long long m = std::stoull(match[1]), n = std::stoull(match[2]),
-                             k = std::stoull(match[3]);
-    if (m == 0 || n == 0 || k == 0 || m > UINT32_MAX || n > UINT32_MAX || k > UINT32_MAX) {
-      return fmt::format("shape '{}': dimensions must be in [1, 2^32)", item);
+    const size_t colon = item.find(':');
+    if (std::string e = ParseGemmDims(std::string_view(item).substr(0, colon), &s); !e.empty()) {
+      return fmt::format("shape '{}': {} (and an optional :WEIGHT)", item, e);
     }
-    s.m = m, s.n = n, s.k = k;
-    if (match[4].matched) s.weight = std::stoi(match[4]);
-    if (s.weight < 1) return fmt::format("shape '{}': weight must be ≥ 1", item);
+    if (colon != std::string::npos) {
+      const std::string weight = item.substr(colon + 1);
+      const bool digits = !weight.empty() && weight.size() <= 9 &&
+                          std::all_of(weight.begin(), weight.end(),
+                                      [](char c) { return c >= '0' && c <= '9'; });
+      s.weight = digits ? std::stoi(weight) : 0;  // at most 9 digits: stoi cannot throw
+      if (s.weight < 1) return fmt::format("shape '{}': weight must be a whole number ≥ 1", item);
+    }
     shapes->push_back(s);
   }
   return shapes->empty() ? "no shapes" : "";

@@ -9,22 +9,18 @@
 #include <vector>
 
 #include "client/gemm_client.h"
+#include "client/gemm_dims.h"
 #include "proto/hgemm.pb.h"
 
 namespace hgemm::bench {
 
 // One GEMM shape of the mix; `weight` is its share of the calls.
-struct Shape {
-  uint32_t m = 0, n = 0, k = 0;
+struct Shape : GemmDims {
   int weight = 1;
 
-  int64_t ABytes() const { return 2 * int64_t(m) * k; }
-  int64_t BBytes() const { return 2 * int64_t(k) * n; }
   int64_t RequestBytes() const { return ABytes() + BBytes(); }  // A + B
-  int64_t ReplyBytes() const { return 2 * int64_t(m) * n; }     // C
+  int64_t ReplyBytes() const { return CBytes(); }               // C
   int64_t PayloadBytes() const { return RequestBytes() + ReplyBytes(); }
-  double Flops() const { return 2.0 * m * n * k; }
-  std::string Name() const;  // "256x256x256"
 };
 
 // Parses "256x256x256,2048x2048x2048:3" (MxNxK, optional ":weight", default 1).

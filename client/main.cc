@@ -23,6 +23,7 @@
 #include "client/cli.h"
 #include "client/connect_flags.h"
 #include "client/gemm_client.h"
+#include "client/gemm_dims.h"
 #include "client/npy.h"
 #include "kernels/host/cpu_gemm.h"
 
@@ -175,9 +176,11 @@ int Main(int argc, char** argv) {
   if (std::string e = connect_flags.Apply(&connect); !e.empty()) return Fail(e);
 
   // Everything that can be checked locally, before any call.
-  hgemm::cli::GemmDims dims{.m = 256, .n = 256, .k = 256};
+  hgemm::GemmDims dims{.m = 256, .n = 256, .k = 256};
   if (!shape.empty()) {
-    if (std::string e = hgemm::cli::ParseShape(shape, &dims); !e.empty()) return Fail(e);
+    if (std::string e = hgemm::ParseGemmDims(shape, &dims); !e.empty()) {
+      return Fail(fmt::format("--shape '{}': {}", shape.substr(0, 64), e));
+    }
   }
   std::vector<std::string> release_handles;
   if (!release.empty()) {
