@@ -16,6 +16,7 @@
 #include "bench/load_callers.h"
 #include "bench/stats.h"
 #include "kernels/host/cpu_gemm.h"
+#include "kernels/host/error_stats.h"
 
 namespace hgemm::bench {
 namespace {
@@ -221,7 +222,7 @@ VerifyResult LoadGenerator::Verify(const std::string& target, int per_shape) {
       const double error =
           RelativeFrobeniusError(c + row0 * shape.n, reference.data(), rows * int64_t(shape.n));
       const v1::Execution& e = caller->execution();
-      const double tolerance = e.accumulation() == v1::ACCUMULATION_FP16 ? 2e-2 : 1e-3;
+      const double tolerance = kServiceTolerance.For(e.accumulation() == v1::ACCUMULATION_FP16);
       const bool ok = error <= tolerance;
       if (!ok) ++result.failed;
       result.max_error = std::max(result.max_error, error);

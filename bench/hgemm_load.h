@@ -69,8 +69,8 @@ class LoadGenerator {
                                                     ConnectOptions connect = {});
 
   // Sends `per_shape` GEMMs of each shape to the service at `target` in options().mode and
-  // compares C with ReferenceGemm: all of C when m·n·k ≤ 2^27, else 16 random rows. The
-  // tolerance is 1e-3 (fp32 accumulation) or 2e-2 (fp16), as in hgemm_client --check.
+  // compares C with ReferenceGemm: all of C when m·n·k ≤ 2^27, else 16 random rows, within
+  // kServiceTolerance (kernels/host/error_stats.h) as in hgemm_client --check.
   // Resident modes upload the operands as RunPoint does; with kAll the kept C is downloaded
   // (DownloadMatrix) for the check. Everything uploaded or kept is released again.
   VerifyResult Verify(const std::string& target, int per_shape);

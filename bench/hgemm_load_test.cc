@@ -13,6 +13,7 @@
 #include "bench/server_metrics.h"
 #include "bench/stats.h"
 #include "client/gemm_client.h"
+#include "kernels/host/error_stats.h"
 #include "server/backend/cpu_backend.h"
 #include "server/child_process.h"
 #include "server/server.h"
@@ -230,7 +231,7 @@ TEST_F(HgemmLoadTest, ResidentOperandsUnaryAndStream) {
       VerifyResult v = generator.Verify(service_target_, 1);
       EXPECT_EQ(v.checked, 2);
       EXPECT_EQ(v.failed, 0) << testing::PrintToString(v.lines);
-      EXPECT_LE(v.max_error, 1e-3);
+      EXPECT_LE(v.max_error, kServiceTolerance.fp32_acc);
 
       PointResult p = generator.RunPoint(Target::kService, service_target_, 2);
       EXPECT_EQ(p.resident, resident);

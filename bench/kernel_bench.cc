@@ -23,6 +23,7 @@
 #include "client/gemm_dims.h"
 #include "kernels/cuda_check.h"
 #include "kernels/fill.h"
+#include "kernels/host/error_stats.h"
 #include "kernels/registry.h"
 #include "kernels/testing.h"
 
@@ -89,7 +90,8 @@ class Bench {
     }
     if (check_) {
       HGEMM_CHECK_CUDA(cudaMalloc(&ref_, c * sizeof(float)));
-      HGEMM_CHECK_CUDA(testing::ReferenceGemm(sets_[0].a, sets_[0].b, ref_, s.m, s.n, s.k, stream_));
+      HGEMM_CHECK_CUDA(
+          testing::ReferenceGemm(sets_[0].a, sets_[0].b, ref_, s.m, s.n, s.k, stream_));
       host_ref_.resize(c);
       HGEMM_CHECK_CUDA(cudaMemcpyAsync(host_ref_.data(), ref_, c * sizeof(float), cudaMemcpyDeviceToHost,
                                  stream_));
@@ -115,15 +117,16 @@ class Bench {
     if (check_) {
       std::vector<uint16_t> out(c_elems);
       HGEMM_CHECK_CUDA(cudaMemcpy(out.data(), sets_[0].c, c_elems * 2, cudaMemcpyDeviceToHost));
-      const testing::ErrorStats st = testing::Compare(out, host_ref_);
+      const ErrorStats st =
+          CompareToReference(out.data(), host_ref_.data(), int64_t(out.size()));
       r.rel_err = st.rel_frobenius;
-      const double bar = acc == Accumulation::kFp16 ? 5e-3 : 5e-4;
+      const double bar = kKernelTolerance.For(acc == Accumulation::kFp16);
       if (st.nan_count > 0) {
-        r.note = "WRONG " + testing::ToString(st);
+        r.note = "WRONG " + st.ToString();
         return r;
       }
       if (!(st.rel_frobenius <= bar)) r.note = "WRONG (over the error bar, timed anyway) " +
-                                               testing::ToString(st);
+                                               st.ToString();
     }
     for (int i = 0; i < warmup_; ++i) Launch(v, problem(i), ctx);
     std::vector<float> ms(repeats_);

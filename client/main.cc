@@ -26,6 +26,7 @@
 #include "client/gemm_dims.h"
 #include "client/npy.h"
 #include "kernels/host/cpu_gemm.h"
+#include "kernels/host/error_stats.h"
 
 namespace {
 
@@ -367,7 +368,10 @@ int Main(int argc, char** argv) {
     std::vector<float> reference = hgemm::ReferenceGemm(a, b, request.m(), request.n(), request.k());
     const double error = hgemm::RelativeFrobeniusError(
         reinterpret_cast<const uint16_t*>(response.c().data()), reference.data(), reference.size());
-    if (tolerance <= 0) tolerance = response.execution().accumulation() == hgemm::v1::ACCUMULATION_FP16 ? 2e-2 : 1e-3;
+    if (tolerance <= 0) {
+      tolerance = hgemm::kServiceTolerance.For(response.execution().accumulation() ==
+                                               hgemm::v1::ACCUMULATION_FP16);
+    }
     const bool ok = error <= tolerance;
     std::printf("check: relative Frobenius error vs fp32 reference %.3e (tolerance %.0e): %s\n", error,
                 tolerance, ok ? "OK" : "FAILED");
