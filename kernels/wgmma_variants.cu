@@ -13,6 +13,7 @@
 #include <tuple>
 #include <vector>
 
+#include "kernels/launch.cuh"
 #include "kernels/variant_lists.h"
 #include "kernels/wgmma_stage.cuh"
 
@@ -91,23 +92,16 @@ struct Wgmma {
 
   // Both accumulations run the fp32-accumulating kernel (wgmma_stage.cuh says why).
   static cudaError_t Launch(const GemmProblem& p, int /*swizzle_stride*/, cudaStream_t stream) {
-    auto kernel = detail::WgmmaGemmKernel<BN, CONSUMERS, K_STAGE, GROUP_M>;
-    static std::atomic<uint64_t> opted_in{0};  // devices with the > 48 KB opt-in done
+    constexpr auto* kernel = &detail::WgmmaGemmKernel<BN, CONSUMERS, K_STAGE, GROUP_M>;
     int device = 0;
-    if (cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return e;
-    const uint64_t bit = device < 64 ? (uint64_t{1} << device) : 0;
-    if (bit == 0 || !(opted_in.load(std::memory_order_acquire) & bit)) {
-      cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           static_cast<int>(Cfg::kSmemBytes));
-      if (e != cudaSuccess) return e;
-      opted_in.fetch_or(bit, std::memory_order_acq_rel);
-    }
+    HGEMM_RETURN_IF_CUDA_ERROR(cudaGetDevice(&device));
+    HGEMM_RETURN_IF_CUDA_ERROR(detail::OptInDynamicSmem<kernel>(device, Cfg::kSmemBytes));
     CUtensorMap map_a, map_b, map_c;
     if (!TensorMap(p.a, p.m, p.k, Cfg::BM, 64, &map_a) ||
         !TensorMap(p.b, p.k, p.n, 64, 64, &map_b) || !TensorMap(p.c, p.m, p.n, 64, 64, &map_c))
       return cudaErrorInvalidValue;
     int sms = 0;
-    if (cudaError_t e = SmCount(device, &sms); e != cudaSuccess) return e;
+    HGEMM_RETURN_IF_CUDA_ERROR(SmCount(device, &sms));
     const long long tiles = (long long)((p.m + Cfg::BM - 1) / Cfg::BM) * ((p.n + BN - 1) / BN);
     const int grid = int(std::min<long long>(tiles, sms));
     kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(map_a, map_b, map_c, p.m, p.n, p.k);
