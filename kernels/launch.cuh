@@ -1,6 +1,7 @@
 // Host helpers shared by the kernel families' launchers (wmma_stage.cuh, mma_stage.cuh,
-// wgmma_variants.cu): the opt-in to more than 48 KB of dynamic shared memory, once per device,
-// and the launch of a kernel with one block per BM x BN tile of C.
+// wgmma_variants.cu) and the auto choice (auto_tune.cu): the opt-in to more than 48 KB of
+// dynamic shared memory, once per device, the device's SM count, and the launch of a kernel
+// with one block per BM x BN tile of C.
 //
 // Thread safety: may be called from any thread.
 #ifndef HGEMM_KERNELS_LAUNCH_CUH_
@@ -31,6 +32,17 @@ cudaError_t OptInDynamicSmem(int device, size_t smem_bytes) {
   HGEMM_RETURN_IF_CUDA_ERROR(cudaFuncSetAttribute(
       kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem_bytes)));
   opted_in.fetch_or(bit, std::memory_order_acq_rel);
+  return cudaSuccess;
+}
+
+// The multiprocessor count of `device` in *count (persistent grids, wave-size heuristics),
+// cached per device (devices past 63 are asked every time). Returns the CUDA error of asking.
+inline cudaError_t SmCount(int device, int* count) {
+  static std::atomic<int> cached[64] = {};
+  if (device < 64 && (*count = cached[device].load(std::memory_order_relaxed)) > 0)
+    return cudaSuccess;
+  HGEMM_RETURN_IF_CUDA_ERROR(cudaDeviceGetAttribute(count, cudaDevAttrMultiProcessorCount, device));
+  if (device < 64) cached[device].store(*count, std::memory_order_relaxed);
   return cudaSuccess;
 }
 

@@ -7,7 +7,6 @@
 #include <cudaTypedefs.h>
 
 #include <algorithm>
-#include <atomic>
 #include <map>
 #include <mutex>
 #include <tuple>
@@ -73,18 +72,6 @@ bool TensorMap(const void* ptr, int rows, int cols, int box_rows, int box_cols, 
   return true;
 }
 
-// The current device's multiprocessor count (the persistent grid), cached per device.
-cudaError_t SmCount(int device, int* count) {
-  static std::atomic<int> cached[64] = {};
-  if (device < 64 && (*count = cached[device].load(std::memory_order_relaxed)) > 0)
-    return cudaSuccess;
-  if (cudaError_t e = cudaDeviceGetAttribute(count, cudaDevAttrMultiProcessorCount, device);
-      e != cudaSuccess)
-    return e;
-  if (device < 64) cached[device].store(*count, std::memory_order_relaxed);
-  return cudaSuccess;
-}
-
 // @tparam BN, CONSUMERS, K_STAGE, GROUP_M  see detail::WgmmaStage.
 template <int BN, int CONSUMERS, int K_STAGE, int GROUP_M>
 struct Wgmma {
@@ -101,7 +88,7 @@ struct Wgmma {
         !TensorMap(p.b, p.k, p.n, 64, 64, &map_b) || !TensorMap(p.c, p.m, p.n, 64, 64, &map_c))
       return cudaErrorInvalidValue;
     int sms = 0;
-    HGEMM_RETURN_IF_CUDA_ERROR(SmCount(device, &sms));
+    HGEMM_RETURN_IF_CUDA_ERROR(detail::SmCount(device, &sms));
     const long long tiles = (long long)((p.m + Cfg::BM - 1) / Cfg::BM) * ((p.n + BN - 1) / BN);
     const int grid = int(std::min<long long>(tiles, sms));
     kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(map_a, map_b, map_c, p.m, p.n, p.k);
