@@ -30,6 +30,22 @@ bool PaddedShape(int m, int n, int k) {
   return internal::ShapeFitsGrid(m, n, k, 128) && n <= (1 << 30) && k <= (1 << 30);
 }
 
+// pad8_<inner>: runs `inner` on zero-padded copies, so it takes what inner supports and needs
+// (accumulations, shared memory, SM) on any shape.
+VariantInfo PaddedVariant(const VariantInfo& inner) {
+  VariantInfo v = inner;
+  v.name = "pad8_" + inner.name;
+  v.description = "copies unaligned operands to zero-padded scratch, then " + inner.name;
+  v.can_implement = &PaddedShape;
+  v.constraints = "any m, n, k >= 1 (uses scratch)";
+  v.kind = VariantKind::kPadded;
+  v.is_fallback = false;
+  v.swizzle_stride = 0;
+  v.inner = inner.name;
+  v.launch = nullptr;
+  return v;
+}
+
 std::vector<VariantInfo> BuildVariants() {
   std::vector<VariantInfo> all = internal::WgmmaVariants();
   std::vector<VariantInfo> mma = internal::MmaVariants();
@@ -40,26 +56,11 @@ std::vector<VariantInfo> BuildVariants() {
   std::stable_partition(all.begin(), all.end(), [](const VariantInfo& v) { return !v.is_fallback; });
   // Padded wrappers, for shapes only the fallback could take otherwise; the wgmma one only where
   // that family is listed (sm_90 devices).
-  auto has = [&](const char* name) {
-    return std::any_of(all.begin(), all.end(), [&](const VariantInfo& v) { return v.name == name; });
-  };
-  if (has("wgmma_128x256_s4_g8"))
-    all.push_back(VariantInfo{"pad8_wgmma_128x256_s4_g8",
-                              "copies unaligned operands to zero-padded scratch, then "
-                              "wgmma_128x256_s4_g8",
-                              true, true, 0, 90, &PaddedShape, "any m, n, k >= 1 (uses scratch)",
-                              VariantKind::kPadded, false, 0, 128, 256, 4,
-                              "wgmma_128x256_s4_g8", nullptr});
-  all.push_back(VariantInfo{"pad8_mma_128x128_bk32_s4_swz",
-                            "copies unaligned operands to zero-padded scratch, then "
-                            "mma_128x128_bk32_s4_swz",
-                            true, true, 0, 90, &PaddedShape, "any m, n, k >= 1 (uses scratch)",
-                            VariantKind::kPadded, false, 0, 128, 128, 4,
-                            "mma_128x128_bk32_s4_swz", nullptr});
-  for (VariantInfo& v : all)
-    if (v.kind == VariantKind::kPadded)
-      for (const VariantInfo& inner : all)
-        if (inner.name == v.inner) v.smem_bytes = inner.smem_bytes;
+  for (const char* inner : {"wgmma_128x256_s4_g8", "mma_128x128_bk32_s4_swz"}) {
+    auto it = std::find_if(all.begin(), all.end(),
+                           [&](const VariantInfo& v) { return v.name == inner; });
+    if (it != all.end()) all.push_back(PaddedVariant(*it));
+  }
   all.push_back(VariantInfo{"cublas", "cublasGemmEx (fp32 compute for fp32 acc, fp16 for fp16 acc)",
                             true, true, 0, 50, &AnyShape, "any m, n, k >= 1",
                             VariantKind::kCublas, false, 0, 0, 0, 0, "", nullptr});

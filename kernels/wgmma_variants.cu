@@ -109,7 +109,7 @@ struct Wgmma {
                        Cfg::kSmemBytes,
                        /*min_sm=*/90,
                        &CanImplement,
-                       "n % 8 == 0, k % 8 == 0, 16-byte aligned a, b, c; sm_90",
+                       Vec16Constraints(/*fp16_only=*/false) + "; sm_90",
                        VariantKind::kKernel,
                        /*is_fallback=*/false,
                        /*swizzle_stride=*/0,
