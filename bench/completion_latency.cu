@@ -18,16 +18,13 @@
 #include <string>
 #include <vector>
 
+#include "bench/stats.h"
+#include "kernels/cuda_check.h"
+
 namespace {
 
-#define CHECK(expr)                                                                \
-  do {                                                                             \
-    if (cudaError_t e_ = (expr); e_ != cudaSuccess) {                              \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #expr,            \
-                   cudaGetErrorString(e_));                                        \
-      std::exit(1);                                                                \
-    }                                                                              \
-  } while (0)
+using hgemm::bench::Median;
+using hgemm::bench::Percentile;
 
 __global__ void SpinFor(uint64_t ns) {
   uint64_t start, now;
@@ -39,15 +36,6 @@ __global__ void SpinFor(uint64_t ns) {
 
 using Clock = std::chrono::steady_clock;
 double Ms(Clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); }
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-double Percentile(std::vector<double> v, double p) {
-  std::sort(v.begin(), v.end());
-  return v[std::min(v.size() - 1, size_t(p * v.size()))];
-}
 
 struct HostSignal {
   std::mutex mu;
@@ -72,15 +60,15 @@ int main(int argc, char** argv) {
     if (std::strncmp(argv[i], "--kernel_us=", 12) == 0) kernel_us = std::atoi(argv[i] + 12);
     if (std::strncmp(argv[i], "--runs=", 7) == 0) runs = std::atoi(argv[i] + 7);
   }
-  CHECK(cudaSetDeviceFlags(cudaDeviceScheduleBlockingSync));  // as the server sets it
+  HGEMM_CHECK_CUDA(cudaSetDeviceFlags(cudaDeviceScheduleBlockingSync));  // as the server sets it
   cudaStream_t stream;
-  CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  HGEMM_CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   cudaEvent_t start, stop, blocking;
-  CHECK(cudaEventCreate(&start));
-  CHECK(cudaEventCreate(&stop));
-  CHECK(cudaEventCreateWithFlags(&blocking, cudaEventBlockingSync | cudaEventDisableTiming));
+  HGEMM_CHECK_CUDA(cudaEventCreate(&start));
+  HGEMM_CHECK_CUDA(cudaEventCreate(&stop));
+  HGEMM_CHECK_CUDA(cudaEventCreateWithFlags(&blocking, cudaEventBlockingSync | cudaEventDisableTiming));
   cudaDeviceProp prop;
-  CHECK(cudaGetDeviceProperties(&prop, 0));
+  HGEMM_CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
   std::printf("device: %s; kernel %d us; %d runs per row\n\n", prop.name, kernel_us, runs);
 
   struct Wait {
@@ -91,21 +79,21 @@ int main(int argc, char** argv) {
   const std::vector<Wait> waits = {
       {"cudaEventSynchronize (blocking-sync event)",
        [&] {
-         CHECK(cudaEventRecord(blocking, stream));
-         CHECK(cudaEventSynchronize(blocking));
+         HGEMM_CHECK_CUDA(cudaEventRecord(blocking, stream));
+         HGEMM_CHECK_CUDA(cudaEventSynchronize(blocking));
        }},
       {"cudaStreamSynchronize (device flag blocking sync)",
-       [&] { CHECK(cudaStreamSynchronize(stream)); }},
+       [&] { HGEMM_CHECK_CUDA(cudaStreamSynchronize(stream)); }},
       {"cudaLaunchHostFunc + condition variable",
        [&] {
          signal.done = false;
-         CHECK(cudaLaunchHostFunc(stream, Signal, &signal));
+         HGEMM_CHECK_CUDA(cudaLaunchHostFunc(stream, Signal, &signal));
          std::unique_lock<std::mutex> lock(signal.mu);
          signal.cv.wait(lock, [&] { return signal.done; });
        }},
       {"cudaEventQuery polling (busy wait, reference)",
        [&] {
-         CHECK(cudaEventRecord(blocking, stream));
+         HGEMM_CHECK_CUDA(cudaEventRecord(blocking, stream));
          while (cudaEventQuery(blocking) == cudaErrorNotReady) {
          }
        }},
@@ -115,21 +103,22 @@ int main(int argc, char** argv) {
     std::vector<double> overhead, kernel;
     for (int r = 0; r < runs + 5; ++r) {
       const auto t0 = Clock::now();
-      CHECK(cudaEventRecord(start, stream));
+      HGEMM_CHECK_CUDA(cudaEventRecord(start, stream));
       SpinFor<<<1, 1, 0, stream>>>(uint64_t(kernel_us) * 1000);
-      CHECK(cudaGetLastError());
-      CHECK(cudaEventRecord(stop, stream));
+      HGEMM_CHECK_CUDA(cudaGetLastError());
+      HGEMM_CHECK_CUDA(cudaEventRecord(stop, stream));
       w.wait();
       const double host_ms = Ms(Clock::now() - t0);
-      CHECK(cudaStreamSynchronize(stream));
+      HGEMM_CHECK_CUDA(cudaStreamSynchronize(stream));
       float device_ms = 0;
-      CHECK(cudaEventElapsedTime(&device_ms, start, stop));
+      HGEMM_CHECK_CUDA(cudaEventElapsedTime(&device_ms, start, stop));
       if (r < 5) continue;  // warm-up
       kernel.push_back(device_ms);
       overhead.push_back(host_ms - device_ms);
     }
+    std::sort(overhead.begin(), overhead.end());
     std::printf("%-52s %12.3f %12.3f %12.3f\n", w.name, Median(kernel), Median(overhead),
-                Percentile(overhead, 0.9));
+                Percentile(overhead, 90));
   }
 
   std::printf("\n%-52s %12s %12s\n", "allocation", "median_ms", "p90_ms");
@@ -138,17 +127,19 @@ int main(int argc, char** argv) {
     for (int r = 0; r < 50; ++r) {
       void* p = nullptr;
       auto t0 = Clock::now();
-      CHECK(cudaMalloc(&p, mib << 20));
+      HGEMM_CHECK_CUDA(cudaMalloc(&p, mib << 20));
       auto t1 = Clock::now();
-      CHECK(cudaFree(p));
+      HGEMM_CHECK_CUDA(cudaFree(p));
       auto t2 = Clock::now();
       malloc_ms.push_back(Ms(t1 - t0));
       free_ms.push_back(Ms(t2 - t1));
     }
+    std::sort(malloc_ms.begin(), malloc_ms.end());
+    std::sort(free_ms.begin(), free_ms.end());
     std::printf("cudaMalloc %4zu MiB %33s %12.3f %12.3f\n", mib, "", Median(malloc_ms),
-                Percentile(malloc_ms, 0.9));
+                Percentile(malloc_ms, 90));
     std::printf("cudaFree   %4zu MiB %33s %12.3f %12.3f\n", mib, "", Median(free_ms),
-                Percentile(free_ms, 0.9));
+                Percentile(free_ms, 90));
   }
   return 0;
 }

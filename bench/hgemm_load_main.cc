@@ -18,6 +18,7 @@
 
 #include "bench/echo_service.h"
 #include "bench/hgemm_load.h"
+#include "bench/load_report.h"
 #include "bench/server_metrics.h"
 #include "client/connect_flags.h"
 

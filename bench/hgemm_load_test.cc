@@ -9,8 +9,11 @@
 #include <sstream>
 
 #include "bench/echo_service.h"
+#include "bench/load_report.h"
 #include "bench/server_metrics.h"
+#include "bench/stats.h"
 #include "client/gemm_client.h"
+#include "kernels/host/error_stats.h"
 #include "server/backend/cpu_backend.h"
 #include "server/child_process.h"
 #include "server/server.h"
@@ -46,7 +49,7 @@ TEST(HgemmLoad, ResidentModesCountOnlyTheBytesOnTheWire) {
   EXPECT_EQ(r, Resident::kNone);
   EXPECT_FALSE(ParseResident("a", &r));
   EXPECT_STREQ(ResidentName(Resident::kAll), "all");
-  const Shape s{.m = 128, .n = 64, .k = 32};
+  const Shape s{{.m = 128, .n = 64, .k = 32}};
   EXPECT_EQ(SentBytes(s, Resident::kNone), s.RequestBytes());
   EXPECT_EQ(ReceivedBytes(s, Resident::kNone), s.ReplyBytes());
   EXPECT_EQ(SentBytes(s, Resident::kB), 2 * 128 * 32);
@@ -228,7 +231,7 @@ TEST_F(HgemmLoadTest, ResidentOperandsUnaryAndStream) {
       VerifyResult v = generator.Verify(service_target_, 1);
       EXPECT_EQ(v.checked, 2);
       EXPECT_EQ(v.failed, 0) << testing::PrintToString(v.lines);
-      EXPECT_LE(v.max_error, 1e-3);
+      EXPECT_LE(v.max_error, kServiceTolerance.fp32_acc);
 
       PointResult p = generator.RunPoint(Target::kService, service_target_, 2);
       EXPECT_EQ(p.resident, resident);

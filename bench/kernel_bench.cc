@@ -9,6 +9,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <climits>
 #include <cstdint>
 #include <cstdio>
 #include <map>
@@ -18,26 +19,16 @@
 
 #include <CLI/CLI.hpp>
 
+#include "bench/stats.h"
+#include "client/gemm_dims.h"
+#include "kernels/cuda_check.h"
 #include "kernels/fill.h"
+#include "kernels/host/error_stats.h"
 #include "kernels/registry.h"
 #include "kernels/testing.h"
 
 namespace hgemm::kernels {
 namespace {
-
-#define CHECK_CUDA(expr)                                                                  \
-  do {                                                                                    \
-    const cudaError_t e_ = (expr);                                                        \
-    if (e_ != cudaSuccess) {                                                              \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #expr,                   \
-                   cudaGetErrorString(e_));                                               \
-      std::exit(1);                                                                       \
-    }                                                                                     \
-  } while (0)
-
-struct Shape {
-  int m, n, k;
-};
 
 std::vector<std::string> Split(const std::string& s, char sep) {
   std::vector<std::string> out;
@@ -56,7 +47,7 @@ struct Buffers {
 struct Result {
   std::string variant;
   Accumulation acc;
-  Shape shape;
+  GemmDims shape;
   double median_ms = 0, tflops = 0, rel_err = 0;
   bool ok = false;
   std::string note;
@@ -67,11 +58,11 @@ class Bench {
   // Launches and events go to `stream`, the LaunchContext's stream; the caller owns it.
   Bench(cudaStream_t stream, int warmup, int repeats, bool check)
       : warmup_(warmup), repeats_(repeats), check_(check), stream_(stream) {
-    CHECK_CUDA(cudaEventCreate(&start_));
-    CHECK_CUDA(cudaEventCreate(&stop_));
+    HGEMM_CHECK_CUDA(cudaEventCreate(&start_));
+    HGEMM_CHECK_CUDA(cudaEventCreate(&stop_));
     int dev = 0;
-    CHECK_CUDA(cudaGetDevice(&dev));
-    CHECK_CUDA(cudaGetDeviceProperties(&prop_, dev));
+    HGEMM_CHECK_CUDA(cudaGetDevice(&dev));
+    HGEMM_CHECK_CUDA(cudaGetDeviceProperties(&prop_, dev));
   }
   ~Bench() {
     Free();
@@ -81,7 +72,7 @@ class Bench {
   const cudaDeviceProp& prop() const { return prop_; }
 
   // Allocates and fills rotating buffer sets for `s`, and computes the fp32 reference of set 0.
-  void Prepare(const Shape& s) {
+  void Prepare(const GemmDims& s) {
     Free();
     shape_ = s;
     const size_t a = size_t(s.m) * s.k, b = size_t(s.k) * s.n, c = size_t(s.m) * s.n;
@@ -90,66 +81,67 @@ class Bench {
     const int sets = int(std::min<size_t>(8, std::max<size_t>(1, (want + set_bytes - 1) / set_bytes)));
     for (int i = 0; i < sets; ++i) {
       Buffers buf;
-      CHECK_CUDA(cudaMalloc(&buf.a, a * 2));
-      CHECK_CUDA(cudaMalloc(&buf.b, b * 2));
-      CHECK_CUDA(cudaMalloc(&buf.c, c * 2));
-      CHECK_CUDA(FillUniform(buf.a, a, 100 + 2 * i, -1.f, 1.f, stream_));
-      CHECK_CUDA(FillUniform(buf.b, b, 101 + 2 * i, -1.f, 1.f, stream_));
+      HGEMM_CHECK_CUDA(cudaMalloc(&buf.a, a * 2));
+      HGEMM_CHECK_CUDA(cudaMalloc(&buf.b, b * 2));
+      HGEMM_CHECK_CUDA(cudaMalloc(&buf.c, c * 2));
+      HGEMM_CHECK_CUDA(FillUniform(buf.a, a, 100 + 2 * i, -1.f, 1.f, stream_));
+      HGEMM_CHECK_CUDA(FillUniform(buf.b, b, 101 + 2 * i, -1.f, 1.f, stream_));
       sets_.push_back(buf);
     }
     if (check_) {
-      CHECK_CUDA(cudaMalloc(&ref_, c * sizeof(float)));
-      CHECK_CUDA(testing::ReferenceGemm(sets_[0].a, sets_[0].b, ref_, s.m, s.n, s.k, stream_));
+      HGEMM_CHECK_CUDA(cudaMalloc(&ref_, c * sizeof(float)));
+      HGEMM_CHECK_CUDA(
+          testing::ReferenceGemm(sets_[0].a, sets_[0].b, ref_, s.m, s.n, s.k, stream_));
       host_ref_.resize(c);
-      CHECK_CUDA(cudaMemcpyAsync(host_ref_.data(), ref_, c * sizeof(float), cudaMemcpyDeviceToHost,
+      HGEMM_CHECK_CUDA(cudaMemcpyAsync(host_ref_.data(), ref_, c * sizeof(float), cudaMemcpyDeviceToHost,
                                  stream_));
     }
-    CHECK_CUDA(cudaStreamSynchronize(stream_));
+    HGEMM_CHECK_CUDA(cudaStreamSynchronize(stream_));
   }
 
   Result Run(const VariantInfo& v, Accumulation acc, LaunchContext& ctx) {
     Result r{v.name, acc, shape_};
-    const Shape& s = shape_;
+    const GemmDims& s = shape_;
     const size_t c_elems = size_t(s.m) * s.n;
     auto problem = [&](int i) {
       const Buffers& b = sets_[i % sets_.size()];
-      return GemmProblem{b.a, b.b, b.c, s.m, s.n, s.k, acc};
+      return GemmProblem{b.a, b.b, b.c, int(s.m), int(s.n), int(s.k), acc};
     };
     // Correctness first (this also warms up, tunes "auto" and creates the cuBLAS handle).
-    CHECK_CUDA(FillBits(sets_[0].c, c_elems, 0x7E00, stream_));
+    HGEMM_CHECK_CUDA(FillBits(sets_[0].c, c_elems, 0x7E00, stream_));
     if (std::string e = Launch(v, problem(0), ctx); !e.empty()) {
       r.note = e;
       return r;
     }
-    CHECK_CUDA(cudaStreamSynchronize(stream_));
+    HGEMM_CHECK_CUDA(cudaStreamSynchronize(stream_));
     if (check_) {
       std::vector<uint16_t> out(c_elems);
-      CHECK_CUDA(cudaMemcpy(out.data(), sets_[0].c, c_elems * 2, cudaMemcpyDeviceToHost));
-      const testing::ErrorStats st = testing::Compare(out, host_ref_);
+      HGEMM_CHECK_CUDA(cudaMemcpy(out.data(), sets_[0].c, c_elems * 2, cudaMemcpyDeviceToHost));
+      const ErrorStats st =
+          CompareToReference(out.data(), host_ref_.data(), int64_t(out.size()));
       r.rel_err = st.rel_frobenius;
-      const double bar = acc == Accumulation::kFp16 ? 5e-3 : 5e-4;
+      const double bar = kKernelTolerance.For(acc == Accumulation::kFp16);
       if (st.nan_count > 0) {
-        r.note = "WRONG " + testing::ToString(st);
+        r.note = "WRONG " + st.ToString();
         return r;
       }
       if (!(st.rel_frobenius <= bar)) r.note = "WRONG (over the error bar, timed anyway) " +
-                                               testing::ToString(st);
+                                               st.ToString();
     }
     for (int i = 0; i < warmup_; ++i) Launch(v, problem(i), ctx);
     std::vector<float> ms(repeats_);
     for (int i = 0; i < repeats_; ++i) {
-      CHECK_CUDA(cudaEventRecord(start_, stream_));
+      HGEMM_CHECK_CUDA(cudaEventRecord(start_, stream_));
       if (std::string e = Launch(v, problem(i + 1), ctx); !e.empty()) {
         r.note = e;
         return r;
       }
-      CHECK_CUDA(cudaEventRecord(stop_, stream_));
-      CHECK_CUDA(cudaEventSynchronize(stop_));
-      CHECK_CUDA(cudaEventElapsedTime(&ms[i], start_, stop_));
+      HGEMM_CHECK_CUDA(cudaEventRecord(stop_, stream_));
+      HGEMM_CHECK_CUDA(cudaEventSynchronize(stop_));
+      HGEMM_CHECK_CUDA(cudaEventElapsedTime(&ms[i], start_, stop_));
     }
-    std::sort(ms.begin(), ms.end());
-    r.median_ms = ms[ms.size() / 2];
-    r.tflops = 2.0 * s.m * s.n * double(s.k) / (r.median_ms * 1e-3) / 1e12;
+    r.median_ms = bench::Median(ms);
+    r.tflops = s.Flops() / (r.median_ms * 1e-3) / 1e12;
     r.ok = true;
     return r;
   }
@@ -171,7 +163,7 @@ class Bench {
   cudaStream_t stream_ = nullptr;
   cudaEvent_t start_ = nullptr, stop_ = nullptr;
   cudaDeviceProp prop_{};
-  Shape shape_{};
+  GemmDims shape_{};
   std::vector<Buffers> sets_;
   float* ref_ = nullptr;
   std::vector<float> host_ref_;
@@ -212,21 +204,25 @@ int Main(int argc, char** argv) {
   // cuBLAS first in every shape, so that each ratio has its denominator.
   std::stable_partition(variants.begin(), variants.end(),
                         [](const VariantInfo* v) { return v->kind == VariantKind::kCublas; });
-  std::vector<Shape> shapes;
+  std::vector<GemmDims> shapes;
   for (const std::string& s : Split(shapes_arg, ',')) {
-    Shape sh{};
-    if (std::sscanf(s.c_str(), "%dx%dx%d", &sh.m, &sh.n, &sh.k) != 3) {
-      std::fprintf(stderr, "bad shape %s\n", s.c_str());
+    GemmDims dims;
+    std::string e = ParseGemmDims(s, &dims);
+    if (e.empty() && std::max({dims.m, dims.n, dims.k}) > uint32_t(INT_MAX)) {
+      e = "the kernels take dimensions up to 2^31 - 1";  // GemmProblem's int
+    }
+    if (!e.empty()) {
+      std::fprintf(stderr, "bad shape %s: %s\n", s.c_str(), e.c_str());
       return 2;
     }
-    shapes.push_back(sh);
+    shapes.push_back(dims);
   }
   std::vector<Accumulation> accs;
   if (acc_arg != "fp32") accs.push_back(Accumulation::kFp16);
   if (acc_arg != "fp16") accs.push_back(Accumulation::kFp32);
 
   cudaStream_t stream;
-  CHECK_CUDA(cudaStreamCreate(&stream));
+  HGEMM_CHECK_CUDA(cudaStreamCreate(&stream));
   Bench bench(stream, warmup, repeats, !no_check);
   const cudaDeviceProp& prop = bench.prop();
   std::printf("device: %s, %d SMs, sm_%d%d, L2 %d MB\n", prop.name, prop.multiProcessorCount,
@@ -243,7 +239,7 @@ int Main(int argc, char** argv) {
   std::vector<std::string> best_lines;  // per shape and accumulation: the fastest own kernel
   {
     LaunchContext ctx(stream);
-    for (const Shape& s : shapes) {
+    for (const GemmDims& s : shapes) {
       bench.Prepare(s);
       for (Accumulation acc : accs) {
         double cublas_tflops = 0;
@@ -256,17 +252,17 @@ int Main(int argc, char** argv) {
           const double ratio = cublas_tflops > 0 && r.ok ? r.tflops / cublas_tflops : 0;
           if (r.note.rfind("WRONG", 0) == 0) ++wrong;
           if (r.ok && v->kind != VariantKind::kCublas && r.tflops > best.tflops) best = r;
-          std::printf("%-34s %s %5dx%5dx%5d %9.4f ms %7.1f TFLOP/s %5.3fx cublas err %.2e %s\n",
+          std::printf("%-34s %s %5ux%5ux%5u %9.4f ms %7.1f TFLOP/s %5.3fx cublas err %.2e %s\n",
                       v->name.c_str(), AccumulationName(acc), s.m, s.n, s.k, r.median_ms,
                       r.tflops, ratio, r.rel_err, r.note.c_str());
           std::fflush(stdout);
           if (csv)
-            std::fprintf(csv, "%s,%s,%s,%d,%d,%d,%.5f,%.2f,%.4f,%.3e,%s\n", prop.name,
+            std::fprintf(csv, "%s,%s,%s,%u,%u,%u,%.5f,%.2f,%.4f,%.3e,%s\n", prop.name,
                          v->name.c_str(), AccumulationName(acc), s.m, s.n, s.k, r.median_ms,
                          r.tflops, ratio, r.rel_err, r.note.empty() ? "ok" : r.note.c_str());
         }
         char line[256];
-        std::snprintf(line, sizeof line, "%5dx%5dx%5d %s  cublas %6.1f  best %-32s %6.1f TFLOP/s %5.3fx",
+        std::snprintf(line, sizeof line, "%5ux%5ux%5u %s  cublas %6.1f  best %-32s %6.1f TFLOP/s %5.3fx",
                       s.m, s.n, s.k, AccumulationName(acc), cublas_tflops, best.variant.c_str(),
                       best.tflops, cublas_tflops > 0 ? best.tflops / cublas_tflops : 0.0);
         best_lines.push_back(line);

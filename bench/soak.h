@@ -25,6 +25,8 @@
 #include <utility>
 #include <vector>
 
+#include "kernels/host/error_stats.h"
+
 namespace hgemm::bench {
 
 struct SoakOptions {
@@ -39,7 +41,7 @@ struct SoakOptions {
   double short_deadline_max_ms = 20;  // short deadlines are uniform in [0.05, this] ms
   double cancel_after_max_ms = 20;    // TryCancel after a uniform delay in [0, this] ms
   double call_timeout_s = 60;         // every other call's deadline: hitting it = lost
-  double tolerance = 1e-3;            // relative Frobenius error of a correct C (fp32 accumulation)
+  double tolerance = kServiceTolerance.fp32_acc;  // relative Frobenius error of a correct C
   int64_t chunk_bytes = 4096;         // stream operand chunks (several per operand)
   int64_t upload_chunk_bytes = 1024;  // chunks of the cancelled (slow) uploads
   uint64_t seed = 20261203;

@@ -9,27 +9,6 @@
 namespace hgemm::cli {
 namespace {
 
-// Parses one decimal dimension without std::stoul (which throws) and without wrapping.
-std::string ParseDim(const std::string& text, const char* name, uint32_t* value) {
-  if (text.empty() ||
-      !std::all_of(text.begin(), text.end(), [](char c) { return c >= '0' && c <= '9'; })) {
-    return fmt::format("{} = '{}' is not a whole number", name, text.substr(0, 32));
-  }
-  uint64_t v = 0;
-  for (char c : text) {
-    if (__builtin_mul_overflow(v, 10, &v) || __builtin_add_overflow(v, uint64_t(c - '0'), &v)) {
-      return fmt::format("{} = {} is over {}, the largest uint32", name, text.substr(0, 32),
-                         UINT32_MAX);
-    }
-  }
-  if (v == 0) return fmt::format("{} must be at least 1", name);
-  if (v > UINT32_MAX) {
-    return fmt::format("{} = {} is over {}, the largest uint32", name, v, UINT32_MAX);
-  }
-  *value = static_cast<uint32_t>(v);
-  return "";
-}
-
 std::string Elements(const char* name, uint64_t rows, uint64_t cols, uint64_t limit) {
   const uint64_t elements = rows * cols;  // two uint32 values: cannot wrap
   if (limit == 0 || elements <= limit) return "";
@@ -43,22 +22,6 @@ std::string Bytes(std::optional<uint64_t> bytes) {
 }
 
 }  // namespace
-
-std::string ParseShape(const std::string& text, GemmDims* dims) {
-  std::vector<std::string> parts;
-  std::stringstream in(text);
-  for (std::string part; std::getline(in, part, 'x');) parts.push_back(part);
-  if (parts.size() != 3 || text.empty() || text.back() == 'x') {
-    return fmt::format("--shape '{}': expected MxNxK, e.g. 512x256x1024", text.substr(0, 64));
-  }
-  GemmDims d;
-  for (auto [part, name, value] : {std::tuple{&parts[0], "m", &d.m}, std::tuple{&parts[1], "n", &d.n},
-                                   std::tuple{&parts[2], "k", &d.k}}) {
-    if (std::string e = ParseDim(*part, name, value); !e.empty()) return "--shape: " + e;
-  }
-  *dims = d;
-  return "";
-}
 
 std::string CheckMatrixDims(const std::string& what, int64_t rows, int64_t cols) {
   for (auto [value, name] : {std::pair{rows, "rows"}, std::pair{cols, "cols"}}) {

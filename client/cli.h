@@ -1,6 +1,7 @@
-// What hgemm_client checks and prints, apart from main(): parsing --shape and --release, the
-// size arithmetic of a GEMM (overflow-checked, in uint64), the check of a GEMM against the
-// server's limits (GetServerInfo.limits) before anything is allocated, and the --list table.
+// What hgemm_client checks and prints, apart from main(): parsing --release (--shape is parsed
+// by client/gemm_dims.h), the size arithmetic of a GEMM (overflow-checked, in uint64), the
+// check of a GEMM against the server's limits (GetServerInfo.limits) before anything is
+// allocated, and the --list table.
 // Thread safety: pure functions.
 #ifndef HGEMM_CLIENT_CLI_H_
 #define HGEMM_CLIENT_CLI_H_
@@ -10,19 +11,10 @@
 #include <string>
 #include <vector>
 
+#include "client/gemm_dims.h"
 #include "proto/hgemm.pb.h"
 
 namespace hgemm::cli {
-
-// m×n×k of one GEMM; each in [1, 2^32) as in hgemm.v1.GemmRequest.
-struct GemmDims {
-  uint32_t m = 0, n = 0, k = 0;
-};
-
-// Parses "MxNxK" (decimal, each in [1, 2^32 − 1]). Returns "" or what is wrong, naming the
-// dimension (e.g. "--shape: m = 4294967296 is over 4294967295, the largest uint32").
-// Never throws.
-std::string ParseShape(const std::string& text, GemmDims* dims);
 
 // Checks that a .npy matrix's rows and cols fit a GEMM dimension (uint32, ≥ 1); `what` names
 // it in the message ("A (m x k)"). Returns "" or what is wrong.

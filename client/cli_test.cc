@@ -33,26 +33,26 @@ bool Contains(const std::string& text, const std::string& part) {
   return text.find(part) != std::string::npos;
 }
 
-TEST(Cli, ParseShapeKeepsDimensionsInTheUint32Range) {
+TEST(Cli, ParseGemmDimsKeepsDimensionsInTheUint32Range) {
   GemmDims d;
-  ASSERT_EQ(ParseShape("512x256x1024", &d), "");
+  ASSERT_EQ(ParseGemmDims("512x256x1024", &d), "");
   EXPECT_EQ(d.m, 512u);
   EXPECT_EQ(d.n, 256u);
   EXPECT_EQ(d.k, 1024u);
-  ASSERT_EQ(ParseShape("4294967295x1x4294967295", &d), "");
+  ASSERT_EQ(ParseGemmDims("4294967295x1x4294967295", &d), "");
   EXPECT_EQ(d.m, 4294967295u);
   EXPECT_EQ(d.k, 4294967295u);
 
-  std::string e = ParseShape("4294967296x1x1", &d);
+  std::string e = ParseGemmDims("4294967296x1x1", &d);
   EXPECT_TRUE(Contains(e, "m = 4294967296 is over 4294967295")) << e;
-  e = ParseShape("99999999999x1x1", &d);
+  e = ParseGemmDims("99999999999x1x1", &d);
   EXPECT_TRUE(Contains(e, "m = 99999999999")) << e;
-  e = ParseShape("1x1x999999999999999999999999999999", &d);  // past uint64 too
+  e = ParseGemmDims("1x1x999999999999999999999999999999", &d);  // past uint64 too
   EXPECT_TRUE(Contains(e, "k = 999999999999999999999999999999 is over")) << e;
-  e = ParseShape("1x0x1", &d);
+  e = ParseGemmDims("1x0x1", &d);
   EXPECT_TRUE(Contains(e, "n must be at least 1")) << e;
   for (const char* bad : {"", "1x2", "1x2x", "x1x1", "1x2x3x4", "1x-2x3", "1x 2x3", "axbxc"}) {
-    EXPECT_NE(ParseShape(bad, &d), "") << bad;
+    EXPECT_NE(ParseGemmDims(bad, &d), "") << bad;
   }
   EXPECT_EQ(d.m, 4294967295u);  // untouched by the failures
 }

@@ -23,8 +23,10 @@
 #include "client/cli.h"
 #include "client/connect_flags.h"
 #include "client/gemm_client.h"
+#include "client/gemm_dims.h"
 #include "client/npy.h"
 #include "kernels/host/cpu_gemm.h"
+#include "kernels/host/error_stats.h"
 
 namespace {
 
@@ -175,9 +177,11 @@ int Main(int argc, char** argv) {
   if (std::string e = connect_flags.Apply(&connect); !e.empty()) return Fail(e);
 
   // Everything that can be checked locally, before any call.
-  hgemm::cli::GemmDims dims{.m = 256, .n = 256, .k = 256};
+  hgemm::GemmDims dims{.m = 256, .n = 256, .k = 256};
   if (!shape.empty()) {
-    if (std::string e = hgemm::cli::ParseShape(shape, &dims); !e.empty()) return Fail(e);
+    if (std::string e = hgemm::ParseGemmDims(shape, &dims); !e.empty()) {
+      return Fail(fmt::format("--shape '{}': {}", shape.substr(0, 64), e));
+    }
   }
   std::vector<std::string> release_handles;
   if (!release.empty()) {
@@ -364,7 +368,10 @@ int Main(int argc, char** argv) {
     std::vector<float> reference = hgemm::ReferenceGemm(a, b, request.m(), request.n(), request.k());
     const double error = hgemm::RelativeFrobeniusError(
         reinterpret_cast<const uint16_t*>(response.c().data()), reference.data(), reference.size());
-    if (tolerance <= 0) tolerance = response.execution().accumulation() == hgemm::v1::ACCUMULATION_FP16 ? 2e-2 : 1e-3;
+    if (tolerance <= 0) {
+      tolerance = hgemm::kServiceTolerance.For(response.execution().accumulation() ==
+                                               hgemm::v1::ACCUMULATION_FP16);
+    }
     const bool ok = error <= tolerance;
     std::printf("check: relative Frobenius error vs fp32 reference %.3e (tolerance %.0e): %s\n", error,
                 tolerance, ok ? "OK" : "FAILED");

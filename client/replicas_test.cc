@@ -20,6 +20,7 @@
 
 #include "client/gemm_client.h"
 #include "kernels/host/cpu_gemm.h"
+#include "kernels/host/error_stats.h"
 #include "server/child_process.h"
 
 namespace hgemm {
@@ -29,7 +30,7 @@ using namespace std::chrono_literals;
 using subprocess::ChildProcess;
 
 constexpr int kReplicas = 3;
-constexpr double kFp32Tolerance = 1e-3;  // fp32 accumulation, fp16 output (proto: ~1e-4)
+constexpr double kFp32Tolerance = kServiceTolerance.fp32_acc;  // fp32 accumulation, fp16 output
 
 bool Contains(const std::string& text, const std::string& part) {
   return text.find(part) != std::string::npos;

@@ -9,7 +9,9 @@
 
 #include <cuda_fp16.h>
 
+#include "kernels/align.h"
 #include "kernels/fill.h"
+#include "kernels/launch.cuh"
 #include "kernels/registry.h"
 
 namespace hgemm::kernels {
@@ -66,7 +68,17 @@ std::vector<const VariantInfo*> Candidates(int m, int n, int k, Accumulation acc
   return out;
 }
 
-size_t AlignUp(size_t x) { return (x + 255) & ~size_t{255}; }
+// The current device's SM count; without a device (CI, tests) the H200's 132, on which the
+// heuristics were measured.
+int CurrentSmCount() {
+  constexpr int kMeasuredSmCount = 132;
+  int device = 0, sms = 0;
+  if (cudaGetDevice(&device) != cudaSuccess || detail::SmCount(device, &sms) != cudaSuccess) {
+    cudaGetLastError();  // clear the "no device" error
+    return kMeasuredSmCount;
+  }
+  return sms;
+}
 
 // Times each candidate on ctx's stream; nullptr if tuning could not run.
 const VariantInfo* Tune(int m, int n, int k, Accumulation acc, LaunchContext& ctx,
@@ -135,9 +147,11 @@ const VariantInfo& DefaultVariant(int m, int n, int k, Accumulation acc) {
                                                : "wgmma_128x128_s6_g8";
   // The mma.sync family otherwise: large fp16 outputs are fastest with 64x128 warp tiles,
   // large fp32 outputs with the plain 128x128 kernel; below about one wave of 128x128 tiles
-  // (132 SMs) the double-buffered 128x128 kernel wins.
-  const char* mma = tiles(128, 128) >= 132 ? "mma_128x128_bk32_s4_swz" : "mma_128x128_bk32_s4_db_swz";
-  if (acc == Accumulation::kFp16 && tiles(128, 256) >= 132) mma = "mma_128x256_w4_bk32_s4_swz";
+  // (one per SM) the double-buffered 128x128 kernel wins.
+  const int wave = CurrentSmCount();
+  const char* mma =
+      tiles(128, 128) >= wave ? "mma_128x128_bk32_s4_swz" : "mma_128x128_bk32_s4_db_swz";
+  if (acc == Accumulation::kFp16 && tiles(128, 256) >= wave) mma = "mma_128x256_w4_bk32_s4_swz";
   for (const char* name : {wgmma, mma}) {
     const VariantInfo* v = FindVariant(name);
     if (v != nullptr && v->Supports(acc) && v->can_implement(m, n, k)) return *v;

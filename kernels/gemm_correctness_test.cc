@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include "kernels/fill.h"
+#include "kernels/host/error_stats.h"
 #include "kernels/registry.h"
 #include "kernels/testing.h"
 
@@ -132,16 +133,17 @@ TEST_P(GemmCorrectness, MatchesFp32Reference) {
                          cudaMemcpyDeviceToHost));
   ASSERT_CUDA(cudaMemcpy(host_ref.data(), ref, host_ref.size() * sizeof(float),
                          cudaMemcpyDeviceToHost));
-  const testing::ErrorStats s = testing::Compare(host_out, host_ref);
-  const double bar = c.acc == Accumulation::kFp16 ? 5e-3 : 5e-4;
+  const ErrorStats s =
+      CompareToReference(host_out.data(), host_ref.data(), int64_t(host_out.size()));
+  const double bar = kKernelTolerance.For(c.acc == Accumulation::kFp16);
   const std::string where =
       s.first_bad == SIZE_MAX
           ? std::string("-")
           : std::to_string(s.first_bad / n) + "," + std::to_string(s.first_bad % n);
-  EXPECT_EQ(s.nan_count, 0u) << testing::ToString(s) << " first bad (row,col)=" << where;
-  EXPECT_LE(s.rel_frobenius, bar) << testing::ToString(s) << " worst (row,col)=" << where;
+  EXPECT_EQ(s.nan_count, 0u) << s.ToString() << " first bad (row,col)=" << where;
+  EXPECT_LE(s.rel_frobenius, bar) << s.ToString() << " worst (row,col)=" << where;
   std::printf("[ result ] %-34s %s %5dx%5dx%5d %s\n", v->name.c_str(), AccumulationName(c.acc), m,
-              n, k, testing::ToString(s).c_str());
+              n, k, s.ToString().c_str());
 }
 
 const std::vector<Case> kSmall = Cases(std::begin(kSmallShapes), std::end(kSmallShapes));
@@ -188,22 +190,23 @@ TEST_P(LongKFp16, WithinTwiceCublasError) {
                               cudaMemcpyDeviceToHost, stream_));
 
   LaunchContext ctx(stream_);
-  auto run = [&](const VariantInfo& variant, testing::ErrorStats* stats) {
+  auto run = [&](const VariantInfo& variant, ErrorStats* stats) {
     ASSERT_CUDA(FillBits(out, size_t(m) * n, 0x7E00, stream_));  // NaN: unwritten outputs fail
     ASSERT_EQ(Launch(variant, GemmProblem{a, b, out, m, n, k, Accumulation::kFp16}, ctx), "");
     ASSERT_CUDA(cudaStreamSynchronize(stream_));
     std::vector<uint16_t> host_out(size_t(m) * n);
     ASSERT_CUDA(cudaMemcpy(host_out.data(), out, host_out.size() * sizeof(uint16_t),
                            cudaMemcpyDeviceToHost));
-    *stats = testing::Compare(host_out, host_ref);
+    *stats =
+        CompareToReference(host_out.data(), host_ref.data(), int64_t(host_out.size()));
   };
-  testing::ErrorStats ours, theirs;
+  ErrorStats ours, theirs;
   ASSERT_NO_FATAL_FAILURE(run(*v, &ours));
   ASSERT_NO_FATAL_FAILURE(run(*cublas, &theirs));
-  EXPECT_EQ(ours.nan_count, 0u) << testing::ToString(ours);
+  EXPECT_EQ(ours.nan_count, 0u) << ours.ToString();
   EXPECT_LE(ours.rel_frobenius, 2 * theirs.rel_frobenius)
-      << testing::ToString(ours) << " vs cublas " << testing::ToString(theirs);
-  EXPECT_LE(ours.rel_frobenius, 5e-3) << testing::ToString(ours);
+      << ours.ToString() << " vs cublas " << theirs.ToString();
+  EXPECT_LE(ours.rel_frobenius, kKernelTolerance.fp16_acc) << ours.ToString();
   std::printf("[ longk  ] %-34s fp16 %5dx%5dx%6d rel_frob=%.3e cublas=%.3e\n", v->name.c_str(), m,
               n, k, ours.rel_frobenius, theirs.rel_frobenius);
 }

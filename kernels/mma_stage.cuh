@@ -22,11 +22,11 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
-#include <atomic>
 #include <cstdint>
 #include <type_traits>
 
 #include "kernels/cp_async.cuh"
+#include "kernels/launch.cuh"
 
 namespace hgemm::kernels::detail {
 
@@ -335,23 +335,13 @@ cudaError_t LaunchMmaStage(const half* A, const half* B, half* C, int M, int N, 
                            int swizzle_stride, cudaStream_t stream) {
   using Cfg = MmaStage<BM, BN, BK, WARPS_M, WARPS_N, K_STAGE, BLOCK_SWIZZLE, AccT, MIN_BLOCKS,
                        FRAG_DB>;
-  auto* kernel = &hgemm_mma_stage_kernel<BM, BN, BK, WARPS_M, WARPS_N, K_STAGE, BLOCK_SWIZZLE,
-                                         AccT, MIN_BLOCKS, FRAG_DB>;
-  static std::atomic<uint64_t> opted_in{0};  // devices with the > 48 KB opt-in done
+  constexpr auto* kernel = &hgemm_mma_stage_kernel<BM, BN, BK, WARPS_M, WARPS_N, K_STAGE,
+                                                   BLOCK_SWIZZLE, AccT, MIN_BLOCKS, FRAG_DB>;
   int device = 0;
-  if (cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return e;
-  const uint64_t bit = device < 64 ? (uint64_t{1} << device) : 0;
-  if (bit == 0 || !(opted_in.load(std::memory_order_acquire) & bit)) {
-    cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         static_cast<int>(Cfg::kSmemBytes));
-    if (e != cudaSuccess) return e;
-    opted_in.fetch_or(bit, std::memory_order_acq_rel);
-  }
-  if (BLOCK_SWIZZLE && (swizzle_stride <= 0 || swizzle_stride % BN != 0))
-    return cudaErrorInvalidValue;
-  const dim3 grid = TileGrid(M, N, BM, BN, BLOCK_SWIZZLE, swizzle_stride);
-  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(A, B, C, M, N, K);
-  return cudaGetLastError();
+  HGEMM_RETURN_IF_CUDA_ERROR(cudaGetDevice(&device));
+  HGEMM_RETURN_IF_CUDA_ERROR(OptInDynamicSmem<kernel>(device, Cfg::kSmemBytes));
+  return LaunchTiled<kernel>(BM, BN, Cfg::kThreads, Cfg::kSmemBytes, BLOCK_SWIZZLE,
+                             swizzle_stride, A, B, C, M, N, K, stream);
 }
 
 }  // namespace hgemm::kernels::detail

@@ -50,8 +50,7 @@ struct Mma {
                        Cfg<half>::kSmemBytes,
                        /*min_sm=*/90,
                        &CanImplement,
-                       kFp32 ? "n % 8 == 0, k % 8 == 0, 16-byte aligned a, b, c"
-                             : "n % 8 == 0, k % 8 == 0, k <= 4096, 16-byte aligned a, b, c",
+                       Vec16Constraints(/*fp16_only=*/!kFp32),
                        VariantKind::kKernel,
                        /*is_fallback=*/false,
                        BLOCK_SWIZZLE ? kSwizzleStride : 0,

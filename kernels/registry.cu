@@ -8,6 +8,8 @@
 #include <cstdlib>
 #include <string>
 
+#include "kernels/align.h"
+#include "kernels/cuda_check.h"
 #include "kernels/fill.h"
 #include "kernels/variant_lists.h"
 
@@ -28,6 +30,22 @@ bool PaddedShape(int m, int n, int k) {
   return internal::ShapeFitsGrid(m, n, k, 128) && n <= (1 << 30) && k <= (1 << 30);
 }
 
+// pad8_<inner>: runs `inner` on zero-padded copies, so it takes what inner supports and needs
+// (accumulations, shared memory, SM) on any shape.
+VariantInfo PaddedVariant(const VariantInfo& inner) {
+  VariantInfo v = inner;
+  v.name = "pad8_" + inner.name;
+  v.description = "copies unaligned operands to zero-padded scratch, then " + inner.name;
+  v.can_implement = &PaddedShape;
+  v.constraints = "any m, n, k >= 1 (uses scratch)";
+  v.kind = VariantKind::kPadded;
+  v.is_fallback = false;
+  v.swizzle_stride = 0;
+  v.inner = inner.name;
+  v.launch = nullptr;
+  return v;
+}
+
 std::vector<VariantInfo> BuildVariants() {
   std::vector<VariantInfo> all = internal::WgmmaVariants();
   std::vector<VariantInfo> mma = internal::MmaVariants();
@@ -38,26 +56,11 @@ std::vector<VariantInfo> BuildVariants() {
   std::stable_partition(all.begin(), all.end(), [](const VariantInfo& v) { return !v.is_fallback; });
   // Padded wrappers, for shapes only the fallback could take otherwise; the wgmma one only where
   // that family is listed (sm_90 devices).
-  auto has = [&](const char* name) {
-    return std::any_of(all.begin(), all.end(), [&](const VariantInfo& v) { return v.name == name; });
-  };
-  if (has("wgmma_128x256_s4_g8"))
-    all.push_back(VariantInfo{"pad8_wgmma_128x256_s4_g8",
-                              "copies unaligned operands to zero-padded scratch, then "
-                              "wgmma_128x256_s4_g8",
-                              true, true, 0, 90, &PaddedShape, "any m, n, k >= 1 (uses scratch)",
-                              VariantKind::kPadded, false, 0, 128, 256, 4,
-                              "wgmma_128x256_s4_g8", nullptr});
-  all.push_back(VariantInfo{"pad8_mma_128x128_bk32_s4_swz",
-                            "copies unaligned operands to zero-padded scratch, then "
-                            "mma_128x128_bk32_s4_swz",
-                            true, true, 0, 90, &PaddedShape, "any m, n, k >= 1 (uses scratch)",
-                            VariantKind::kPadded, false, 0, 128, 128, 4,
-                            "mma_128x128_bk32_s4_swz", nullptr});
-  for (VariantInfo& v : all)
-    if (v.kind == VariantKind::kPadded)
-      for (const VariantInfo& inner : all)
-        if (inner.name == v.inner) v.smem_bytes = inner.smem_bytes;
+  for (const char* inner : {"wgmma_128x256_s4_g8", "mma_128x128_bk32_s4_swz"}) {
+    auto it = std::find_if(all.begin(), all.end(),
+                           [&](const VariantInfo& v) { return v.name == inner; });
+    if (it != all.end()) all.push_back(PaddedVariant(*it));
+  }
   all.push_back(VariantInfo{"cublas", "cublasGemmEx (fp32 compute for fp32 acc, fp16 for fp16 acc)",
                             true, true, 0, 50, &AnyShape, "any m, n, k >= 1",
                             VariantKind::kCublas, false, 0, 0, 0, 0, "", nullptr});
@@ -68,10 +71,6 @@ std::vector<VariantInfo> BuildVariants() {
 }
 
 bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
-
-std::string CudaError(const char* what, cudaError_t e) {
-  return std::string(what) + ": " + cudaGetErrorName(e) + " (" + cudaGetErrorString(e) + ")";
-}
 
 std::string CublasError(const char* what, cublasStatus_t s) {
   return std::string(what) + ": " + cublasGetStatusName(s) + " (" + cublasGetStatusString(s) + ")";
@@ -98,8 +97,6 @@ std::string LaunchCublas(const GemmProblem& p, LaunchContext& ctx) {
   return "";
 }
 
-size_t AlignUp256(size_t x) { return (x + 255) & ~size_t{255}; }
-
 // pad8_<inner>: copies whichever operands the 16-byte kernel cannot read in place (K or N not a
 // multiple of 8, or a pointer not 16-byte aligned) into zero-padded scratch, runs the inner
 // kernel on (m, n8, k8), and copies C back. Zero columns of A and rows of B add nothing.
@@ -110,9 +107,9 @@ std::string LaunchPadded(const VariantInfo& v, const GemmProblem& p, LaunchConte
   const bool pad_a = k8 != p.k || !Aligned16(p.a);
   const bool pad_b = k8 != p.k || n8 != p.n || !Aligned16(p.b);
   const bool pad_c = n8 != p.n || !Aligned16(p.c);
-  const size_t a_bytes = pad_a ? AlignUp256(size_t(p.m) * k8 * 2) : 0;
-  const size_t b_bytes = pad_b ? AlignUp256(size_t(k8) * n8 * 2) : 0;
-  const size_t c_bytes = pad_c ? AlignUp256(size_t(p.m) * n8 * 2) : 0;
+  const size_t a_bytes = pad_a ? AlignUp(size_t(p.m) * k8 * 2) : 0;
+  const size_t b_bytes = pad_b ? AlignUp(size_t(k8) * n8 * 2) : 0;
+  const size_t c_bytes = pad_c ? AlignUp(size_t(p.m) * n8 * 2) : 0;
   unsigned char* base = nullptr;
   if (a_bytes + b_bytes + c_bytes > 0) {
     std::string error;
@@ -127,22 +124,22 @@ std::string LaunchPadded(const VariantInfo& v, const GemmProblem& p, LaunchConte
   if (pad_a) {
     auto* a = reinterpret_cast<__half*>(base);
     if (cudaError_t e = CopyPadded(a, p.m, k8, p.a, p.m, p.k, stream); e != cudaSuccess)
-      return CudaError("padding a", e);
+      return CudaErrorText("padding a", e);
     q.a = a;
   }
   if (pad_b) {
     auto* b = reinterpret_cast<__half*>(base + a_bytes);
     if (cudaError_t e = CopyPadded(b, k8, n8, p.b, p.k, p.n, stream); e != cudaSuccess)
-      return CudaError("padding b", e);
+      return CudaErrorText("padding b", e);
     q.b = b;
   }
   if (pad_c) q.c = reinterpret_cast<__half*>(base + a_bytes + b_bytes);
   if (std::string why = CheckProblem(*inner, q); !why.empty()) return why;
   if (cudaError_t e = inner->launch(q, inner->swizzle_stride, stream); e != cudaSuccess)
-    return CudaError(("launch of " + inner->name).c_str(), e);
+    return CudaErrorText(("launch of " + inner->name).c_str(), e);
   if (pad_c) {
     if (cudaError_t e = CopyPadded(p.c, p.m, p.n, q.c, p.m, n8, stream); e != cudaSuccess)
-      return CudaError("unpadding c", e);
+      return CudaErrorText("unpadding c", e);
   }
   return "";
 }
@@ -206,7 +203,7 @@ void* LaunchContext::Scratch(int slot, size_t bytes, std::string* error) {
   }
   if (cudaError_t e = cudaMalloc(&scratch_[slot], bytes); e != cudaSuccess) {
     scratch_[slot] = nullptr;
-    *error = CudaError("cudaMalloc of scratch", e);
+    *error = CudaErrorText("cudaMalloc of scratch", e);
     return nullptr;
   }
   scratch_bytes_[slot] = bytes;
@@ -245,7 +242,7 @@ std::string Launch(const VariantInfo& v, const GemmProblem& p, LaunchContext& ct
       return LaunchPadded(v, p, ctx);
     case VariantKind::kKernel:
       if (cudaError_t e = v.launch(p, v.swizzle_stride, ctx.stream()); e != cudaSuccess)
-        return CudaError(("launch of " + v.name).c_str(), e);
+        return CudaErrorText(("launch of " + v.name).c_str(), e);
       return "";
   }
   return "unknown variant kind";

@@ -134,7 +134,8 @@ std::string Launch(const VariantInfo& variant, const GemmProblem& problem, Launc
 // DefaultVariant without caching. Always returns a kernel that can take the shape.
 const VariantInfo& ChooseAuto(int m, int n, int k, Accumulation acc, LaunchContext& ctx);
 
-// The heuristic choice used before (or instead of) tuning: no device work, thread-safe.
+// The heuristic choice used before (or instead of) tuning: no device work (it reads the current
+// device's SM count, cached per device), thread-safe.
 const VariantInfo& DefaultVariant(int m, int n, int k, Accumulation acc);
 
 // The cached auto choice for the bucket of this shape, or nullptr if it has not been tuned.

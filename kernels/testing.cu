@@ -2,9 +2,6 @@
 
 #include <cuda_fp16.h>
 
-#include <cmath>
-#include <cstdio>
-
 namespace hgemm::kernels::testing {
 namespace {
 
@@ -38,36 +35,6 @@ cudaError_t ReferenceGemm(const __half* a, const __half* b, float* ref, int m, i
   const dim3 grid((n + kTile - 1) / kTile, (m + kTile - 1) / kTile);
   ReferenceGemmKernel<<<grid, block, 0, stream>>>(a, b, ref, m, n, k);
   return cudaGetLastError();
-}
-
-ErrorStats Compare(const std::vector<uint16_t>& out, const std::vector<float>& ref) {
-  ErrorStats s;
-  double diff2 = 0, ref2 = 0;
-  const size_t n = out.size() < ref.size() ? out.size() : ref.size();
-  for (size_t i = 0; i < n; ++i) {
-    const double o = __half2float(__ushort_as_half(out[i]));
-    const double r = ref[i];
-    ref2 += r * r;
-    if (!std::isfinite(o)) {
-      if (s.nan_count++ == 0) s.first_bad = i;
-      continue;
-    }
-    const double d = o - r;
-    diff2 += d * d;
-    if (std::fabs(d) > s.max_abs) {
-      s.max_abs = std::fabs(d);
-      if (s.nan_count == 0) s.first_bad = i;
-    }
-  }
-  s.rel_frobenius = ref2 > 0 ? std::sqrt(diff2 / ref2) : std::sqrt(diff2);
-  return s;
-}
-
-std::string ToString(const ErrorStats& s) {
-  char buf[160];
-  std::snprintf(buf, sizeof buf, "rel_frob=%.3e max_abs=%.3e nan=%zu first_bad=%zu",
-                s.rel_frobenius, s.max_abs, s.nan_count, s.first_bad);
-  return buf;
 }
 
 }  // namespace hgemm::kernels::testing

@@ -3,6 +3,7 @@
 #ifndef HGEMM_KERNELS_VARIANT_LISTS_H_
 #define HGEMM_KERNELS_VARIANT_LISTS_H_
 
+#include <string>
 #include <vector>
 
 #include "kernels/registry.h"
@@ -25,6 +26,14 @@ std::vector<VariantInfo> WgmmaVariants();
 // Longer fp16-accumulation requests run the same tiles with fp32 accumulators (docs/kernels.md,
 // "What fp16 accumulation means"); variants instantiated for fp16 only do not take such K.
 constexpr int kFp16AccMaxK = 4096;
+
+// The constraints text of the 16-byte kernels (VariantInfo::constraints); `fp16_only`: the
+// configuration has no fp32 accumulators, so it takes K up to kFp16AccMaxK only.
+inline std::string Vec16Constraints(bool fp16_only) {
+  return std::string("n % 8 == 0, k % 8 == 0, ") +
+         (fp16_only ? "k <= " + std::to_string(kFp16AccMaxK) + ", " : "") +
+         "16-byte aligned a, b, c";
+}
 
 // Shape predicates shared by the lists. REQUIRES nothing; true if the kernel can take the shape.
 // `block_m` bounds M through the grid's y extent (65535 tiles).

@@ -7,12 +7,12 @@
 #include <cudaTypedefs.h>
 
 #include <algorithm>
-#include <atomic>
 #include <map>
 #include <mutex>
 #include <tuple>
 #include <vector>
 
+#include "kernels/launch.cuh"
 #include "kernels/variant_lists.h"
 #include "kernels/wgmma_stage.cuh"
 
@@ -72,18 +72,6 @@ bool TensorMap(const void* ptr, int rows, int cols, int box_rows, int box_cols, 
   return true;
 }
 
-// The current device's multiprocessor count (the persistent grid), cached per device.
-cudaError_t SmCount(int device, int* count) {
-  static std::atomic<int> cached[64] = {};
-  if (device < 64 && (*count = cached[device].load(std::memory_order_relaxed)) > 0)
-    return cudaSuccess;
-  if (cudaError_t e = cudaDeviceGetAttribute(count, cudaDevAttrMultiProcessorCount, device);
-      e != cudaSuccess)
-    return e;
-  if (device < 64) cached[device].store(*count, std::memory_order_relaxed);
-  return cudaSuccess;
-}
-
 // @tparam BN, CONSUMERS, K_STAGE, GROUP_M  see detail::WgmmaStage.
 template <int BN, int CONSUMERS, int K_STAGE, int GROUP_M>
 struct Wgmma {
@@ -91,23 +79,16 @@ struct Wgmma {
 
   // Both accumulations run the fp32-accumulating kernel (wgmma_stage.cuh says why).
   static cudaError_t Launch(const GemmProblem& p, int /*swizzle_stride*/, cudaStream_t stream) {
-    auto kernel = detail::WgmmaGemmKernel<BN, CONSUMERS, K_STAGE, GROUP_M>;
-    static std::atomic<uint64_t> opted_in{0};  // devices with the > 48 KB opt-in done
+    constexpr auto* kernel = &detail::WgmmaGemmKernel<BN, CONSUMERS, K_STAGE, GROUP_M>;
     int device = 0;
-    if (cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return e;
-    const uint64_t bit = device < 64 ? (uint64_t{1} << device) : 0;
-    if (bit == 0 || !(opted_in.load(std::memory_order_acquire) & bit)) {
-      cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           static_cast<int>(Cfg::kSmemBytes));
-      if (e != cudaSuccess) return e;
-      opted_in.fetch_or(bit, std::memory_order_acq_rel);
-    }
+    HGEMM_RETURN_IF_CUDA_ERROR(cudaGetDevice(&device));
+    HGEMM_RETURN_IF_CUDA_ERROR(detail::OptInDynamicSmem<kernel>(device, Cfg::kSmemBytes));
     CUtensorMap map_a, map_b, map_c;
     if (!TensorMap(p.a, p.m, p.k, Cfg::BM, 64, &map_a) ||
         !TensorMap(p.b, p.k, p.n, 64, 64, &map_b) || !TensorMap(p.c, p.m, p.n, 64, 64, &map_c))
       return cudaErrorInvalidValue;
     int sms = 0;
-    if (cudaError_t e = SmCount(device, &sms); e != cudaSuccess) return e;
+    HGEMM_RETURN_IF_CUDA_ERROR(detail::SmCount(device, &sms));
     const long long tiles = (long long)((p.m + Cfg::BM - 1) / Cfg::BM) * ((p.n + BN - 1) / BN);
     const int grid = int(std::min<long long>(tiles, sms));
     kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(map_a, map_b, map_c, p.m, p.n, p.k);
@@ -128,7 +109,7 @@ struct Wgmma {
                        Cfg::kSmemBytes,
                        /*min_sm=*/90,
                        &CanImplement,
-                       "n % 8 == 0, k % 8 == 0, 16-byte aligned a, b, c; sm_90",
+                       Vec16Constraints(/*fp16_only=*/false) + "; sm_90",
                        VariantKind::kKernel,
                        /*is_fallback=*/false,
                        /*swizzle_stride=*/0,

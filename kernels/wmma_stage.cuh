@@ -25,11 +25,11 @@
 #include <cuda_runtime.h>
 #include <mma.h>
 
-#include <atomic>
 #include <cstdint>
 #include <type_traits>
 
 #include "kernels/cp_async.cuh"
+#include "kernels/launch.cuh"
 
 namespace hgemm::kernels::detail {
 
@@ -260,29 +260,18 @@ cudaError_t LaunchWmmaStage(const half* A, const half* B, half* C, int M, int N,
                             int swizzle_stride, cudaStream_t stream) {
   using Cfg = WmmaStage<16, 16, 16, WMMA_TILE_M, WMMA_TILE_N, WARP_TILE_M, WARP_TILE_N, BK, A_PAD,
                         B_PAD, K_STAGE, BLOCK_SWIZZLE, DYNAMIC_SMEM, VEC16, AccT>;
-  auto* kernel = &hgemm_wmma_stage_kernel<16, 16, 16, WMMA_TILE_M, WMMA_TILE_N, WARP_TILE_M,
-                                          WARP_TILE_N, BK, A_PAD, B_PAD, K_STAGE, BLOCK_SWIZZLE,
-                                          DYNAMIC_SMEM, VEC16, AccT>;
-  size_t dynamic_bytes = 0;
+  constexpr auto* kernel = &hgemm_wmma_stage_kernel<16, 16, 16, WMMA_TILE_M, WMMA_TILE_N,
+                                                    WARP_TILE_M, WARP_TILE_N, BK, A_PAD, B_PAD,
+                                                    K_STAGE, BLOCK_SWIZZLE, DYNAMIC_SMEM, VEC16,
+                                                    AccT>;
+  constexpr size_t dynamic_bytes = DYNAMIC_SMEM ? Cfg::kSmemBytes : 0;
   if constexpr (DYNAMIC_SMEM) {
-    dynamic_bytes = Cfg::kSmemBytes;
-    // The > 48 KB opt-in is per device; remember which devices already have it.
-    static std::atomic<uint64_t> opted_in{0};
     int device = 0;
-    if (cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return e;
-    const uint64_t bit = device < 64 ? (uint64_t{1} << device) : 0;
-    if (bit == 0 || !(opted_in.load(std::memory_order_acquire) & bit)) {
-      cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           static_cast<int>(dynamic_bytes));
-      if (e != cudaSuccess) return e;
-      opted_in.fetch_or(bit, std::memory_order_acq_rel);
-    }
+    HGEMM_RETURN_IF_CUDA_ERROR(cudaGetDevice(&device));
+    HGEMM_RETURN_IF_CUDA_ERROR(OptInDynamicSmem<kernel>(device, dynamic_bytes));
   }
-  if (BLOCK_SWIZZLE && (swizzle_stride <= 0 || swizzle_stride % Cfg::BN != 0))
-    return cudaErrorInvalidValue;
-  const dim3 grid = TileGrid(M, N, Cfg::BM, Cfg::BN, BLOCK_SWIZZLE, swizzle_stride);
-  kernel<<<grid, Cfg::kThreads, dynamic_bytes, stream>>>(A, B, C, M, N, K);
-  return cudaGetLastError();
+  return LaunchTiled<kernel>(Cfg::BM, Cfg::BN, Cfg::kThreads, dynamic_bytes, BLOCK_SWIZZLE,
+                             swizzle_stride, A, B, C, M, N, K, stream);
 }
 
 }  // namespace hgemm::kernels::detail

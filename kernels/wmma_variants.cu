@@ -52,10 +52,7 @@ struct Wmma {
                        smem,
                        /*min_sm=*/90,
                        &CanImplement,
-                       VEC16 ? (FP32_ACC ? "n % 8 == 0, k % 8 == 0, 16-byte aligned a, b, c"
-                                         : "n % 8 == 0, k % 8 == 0, k <= 4096, 16-byte aligned "
-                                           "a, b, c")
-                             : "any m, n, k >= 1",
+                       VEC16 ? Vec16Constraints(/*fp16_only=*/!FP32_ACC) : "any m, n, k >= 1",
                        VariantKind::kKernel,
                        /*is_fallback=*/!VEC16,
                        BLOCK_SWIZZLE ? kSwizzleStride : 0,

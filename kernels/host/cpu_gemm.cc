@@ -2,9 +2,6 @@
 
 #include <cblas.h>
 
-#include <cmath>
-#include <limits>
-
 #include "kernels/host/fp16.h"
 
 namespace hgemm {
@@ -22,18 +19,6 @@ std::vector<float> ReferenceGemm(const uint16_t* a, const uint16_t* b, int64_t m
 void CpuGemm(const uint16_t* a, const uint16_t* b, uint16_t* c, int64_t m, int64_t n, int64_t k) {
   std::vector<float> c32 = ReferenceGemm(a, b, m, n, k);
   FloatToHalf(c32.data(), c, c32.size());
-}
-
-double RelativeFrobeniusError(const uint16_t* c, const float* reference, int64_t count) {
-  double diff = 0, norm = 0;
-  for (int64_t i = 0; i < count; ++i) {
-    double got = HalfToFloat(c[i]);
-    if (!std::isfinite(got)) return std::numeric_limits<double>::infinity();
-    double want = reference[i];
-    diff += (got - want) * (got - want);
-    norm += want * want;
-  }
-  return std::sqrt(diff / norm);
 }
 
 std::vector<uint16_t> RandomHalfMatrix(int64_t count, std::mt19937_64& rng) {

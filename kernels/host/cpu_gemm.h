@@ -1,5 +1,6 @@
-// GEMM on the CPU with fp32 accumulation (OpenBLAS sgemm): the CPU backend's kernel, the
-// reference that tests and `hgemm_client --check` compare against, and the error metric.
+// GEMM on the CPU with fp32 accumulation (OpenBLAS sgemm): the CPU backend's kernel and the
+// reference that tests and `hgemm_client --check` compare against (with the error metric of
+// kernels/host/error_stats.h, included here for them).
 //
 // Matrices are row-major; fp16 matrices are raw binary16 bit patterns.
 // Thread safety: pure functions; OpenBLAS parallelises each call internally.
@@ -10,6 +11,8 @@
 #include <random>
 #include <vector>
 
+#include "kernels/host/error_stats.h"
+
 namespace hgemm {
 
 // C (m×n, fp32) = A (m×k, fp16) · B (k×n, fp16), accumulated in fp32.
@@ -18,10 +21,6 @@ std::vector<float> ReferenceGemm(const uint16_t* a, const uint16_t* b, int64_t m
 
 // C (m×n, fp16) = fp16(A · B), accumulated in fp32. REQUIRES: c holds m·n elements.
 void CpuGemm(const uint16_t* a, const uint16_t* b, uint16_t* c, int64_t m, int64_t n, int64_t k);
-
-// ‖c − reference‖_F / ‖reference‖_F. NaN or Inf anywhere in c gives +Inf.
-// REQUIRES: both hold `count` elements; `reference` is not all zeros.
-double RelativeFrobeniusError(const uint16_t* c, const float* reference, int64_t count);
 
 // `count` fp16 values drawn uniformly from [-1, 1) (never all zeros).
 std::vector<uint16_t> RandomHalfMatrix(int64_t count, std::mt19937_64& rng);
