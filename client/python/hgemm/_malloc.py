@@ -4,11 +4,11 @@ Every large message is copied into fresh buffers: the request by the client (one
 by gRPC Python (into a slice), the response by gRPC Python (out of its slices into bytes). glibc
 serves a buffer over its mmap threshold (128 KiB at first, adapting up to 32 MiB) with a new
 mapping and gives freed memory at the top of a heap back to the kernel past its trim threshold,
-so each call's buffers arrive as fresh pages, and the page faults cost more than the copies
-themselves: a 2048³ unary GEMM cost the client 17 ms of CPU with glibc's defaults and 9 ms with
-these settings (bench/results/python_client_profile_local.md). The settings are process-wide and
-cost memory that is kept, not returned: up to TRIM_THRESHOLD_BYTES of freed memory per malloc
-arena.
+so each call's buffers arrive as fresh pages (the adaptive threshold stops at the largest size
+freed so far, and a request of exactly that size is still mapped), and the page faults cost more
+than the copies themselves: with B resident, hundreds of faults per 128x8192x8192 GEMM
+(bench/results/python_client_profile_local.md). The settings are process-wide and cost memory
+that is kept, not returned: up to TRIM_THRESHOLD_BYTES of freed memory per malloc arena.
 
 tune() applies them once per process (the first Client does), unless the environment chose:
 HGEMM_MALLOC_TUNING=0, or glibc's own MALLOC_MMAP_THRESHOLD_ / MALLOC_TRIM_THRESHOLD_ /

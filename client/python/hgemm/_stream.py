@@ -95,8 +95,11 @@ class Stream:
     # Ending.
     def close(self, timeout: Optional[float] = None) -> None:
         """Waits (at most `timeout` seconds) for every submitted GEMM's result, then ends the
-        stream. Later submits raise RuntimeError."""
+        stream. Later submits raise RuntimeError. Not from a Future's done-callback, which runs on
+        the reader thread that close() would wait for (RuntimeError); cancel() works there."""
         with self._lock:
+            if threading.current_thread() in self._readers:
+                raise RuntimeError("close() from a result's callback would wait for itself")
             self._closing = True
             if not self._idle.wait_for(lambda: self._outstanding == 0, timeout):
                 raise _errors.DeadlineExceeded(

@@ -23,8 +23,9 @@ from ._proto import hgemm_pb2 as pb
 
 _LEN = 2  # wire type of bytes, strings and messages
 
-# concat() of at least this many bytes copies with the GIL released.
-CONCAT_NOGIL_BYTES = 256 << 10
+# concat() of at least this many bytes copies with the GIL released (where CPython's own
+# b"".join releases it, for parts that are all bytes).
+CONCAT_NOGIL_BYTES = 1 << 20
 try:  # CPython's C API: a bytes object of a given size, to be filled before anyone sees it
     _new_bytes = ctypes.pythonapi.PyBytes_FromStringAndSize
     _new_bytes.restype, _new_bytes.argtypes = ctypes.py_object, (ctypes.c_void_p, ctypes.c_ssize_t)
