@@ -7,9 +7,11 @@ The points are the issue-16 comparison, the shapes of bench/load_run.sh:
     concurrency 1 and 4
 Closed loop: each worker has one call in flight, each with its own hgemm.Client (its own gRPC
 channel and TCP connection, as hgemm_load's default --workers_per_channel=1). Every call goes
-through the public API (c.gemm(A, B) on numpy float16 arrays) so the numbers include the client's
-own costs (serialising, copies, reassembling C). A "stream" call is one c.gemm(mode="stream"),
-i.e. one GemmStream per GEMM; hgemm_load's stream mode keeps one stream open per worker.
+through the public API on numpy float16 arrays, so the numbers include the client's own costs
+(serialising, copies, reassembling C): a "unary" call is c.gemm(A, B, mode="unary"); in
+"stream" mode each worker keeps one GemmStream open (s = c.stream(), then s.gemm(A, B) per
+GEMM), as hgemm_load's stream mode does. "py CPU ms" is this process's CPU time (user + system,
+all threads) per GEMM: what the client costs, however fast the server is.
 
     /usr/bin/python3 bench/python_client_bench.py --server=127.0.0.1:50051 \\
         [--hgemm_load=bazel-bin/bench/hgemm_load] [--csv=py_bench.csv]
@@ -21,6 +23,7 @@ Needs the hgemm package (pip install ./client/python, or PYTHONPATH=client/pytho
 import argparse
 import csv
 import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -67,14 +70,27 @@ def run_point(args, shape, mode, resident, concurrency, a, b):
     start_measure = time.monotonic() + args.warmup_s
     stop = start_measure + args.duration_s
 
+    streams = [c.stream() if mode == "stream" else None for c in clients]
+    cpu_s = []  # this process's CPU time at the window's start and end
+
+    def sample_cpu():
+        for t in (start_measure, stop):
+            time.sleep(max(0.0, t - time.monotonic()))
+            cpu_s.append(_cpu_seconds())
+
     def worker(i):
-        c, operand_b = clients[i], handles[i] if handles[i] is not None else b
+        operand_b = handles[i] if handles[i] is not None else b
+        if streams[i] is not None:
+            gemm = streams[i].gemm
+        else:
+            def gemm(a, b, **options):
+                return clients[i].gemm(a, b, mode="unary", **options)
         while True:
             t0 = time.monotonic()
             if t0 >= stop:
                 return
             try:
-                r = c.gemm(a, operand_b, mode=mode, details=True)
+                r = gemm(a, operand_b, details=True)
             except hgemm.Error as e:
                 with lock:
                     errors.append(e.status)
@@ -86,10 +102,14 @@ def run_point(args, shape, mode, resident, concurrency, a, b):
                     kernel_ms.append(r.timing.kernel_ms)
 
     threads = [threading.Thread(target=worker, args=(i,)) for i in range(concurrency)]
+    threads.append(threading.Thread(target=sample_cpu))
     for t in threads:
         t.start()
     for t in threads:
         t.join()
+    for s in streams:
+        if s is not None:
+            s.close()
     for c, h in zip(clients, handles):
         if h is not None:
             h.release()
@@ -106,7 +126,13 @@ def run_point(args, shape, mode, resident, concurrency, a, b):
         "payload_gb_per_s": rps * wire / 1e9,
         "gflops": rps * 2 * m * n * k / 1e9,
         "server_kernel_ms": float(np.mean(kernel_ms)) if kernel_ms else float("nan"),
+        "client_cpu_ms": 1e3 * (cpu_s[1] - cpu_s[0]) / len(lat) if len(lat) else float("nan"),
     }
+
+
+def _cpu_seconds() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
 
 
 def run_cpp(args, row):
@@ -148,8 +174,8 @@ def main():
         m, n, k = shape
         a = rng.uniform(-1, 1, (m, k)).astype(np.float16)
         b = rng.uniform(-1, 1, (k, n)).astype(np.float16)
-        with hgemm.Client(args.server, timeout=args.timeout_s) as c:  # correctness guard
-            verify(c.gemm(a, b, mode=mode), a, b, rng)
+        with hgemm.Client(args.server, timeout=args.timeout_s) as c, c.stream() as s:
+            verify(s.gemm(a, b) if mode == "stream" else c.gemm(a, b, mode="unary"), a, b, rng)
         for conc in concurrencies:
             row = run_point(args, shape, mode, resident, conc, a, b)
             row["cpp_requests_per_s"] = run_cpp(args, row) if args.hgemm_load else None
@@ -161,15 +187,16 @@ def main():
 
     print()
     print("| shape | mode | resident | conc | req/s | p50 ms | p99 ms | GB/s wire | kernel ms | "
-          "C++ req/s | python/C++ |")
-    print("| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+          "py CPU ms | C++ req/s | python/C++ |")
+    print("| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for r in rows:
         cpp = f"{r['cpp_requests_per_s']:.1f}" if r["cpp_requests_per_s"] else "-"
         ratio = f"{r['ratio']:.2f}" if r["ratio"] else "-"
         err = f" ({r['errors']} errors)" if r["errors"] else ""
         print(f"| {r['shape']} | {r['mode']} | {r['resident']} | {r['concurrency']} | "
               f"{r['requests_per_s']:.1f}{err} | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} | "
-              f"{r['payload_gb_per_s']:.2f} | {r['server_kernel_ms']:.3f} | {cpp} | {ratio} |")
+              f"{r['payload_gb_per_s']:.2f} | {r['server_kernel_ms']:.3f} | "
+              f"{r['client_cpu_ms']:.2f} | {cpp} | {ratio} |")
     if args.csv:
         with open(args.csv, "w", newline="") as f:
             w = csv.DictWriter(f, fieldnames=list(rows[0]))

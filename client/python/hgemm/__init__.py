@@ -3,6 +3,8 @@
     import hgemm
     with hgemm.Client("127.0.0.1:50051") as c:
         C = c.gemm(A, B)        # float16 numpy arrays or torch tensors in, float16 numpy out
+        with c.stream() as s:   # one GemmStream for many GEMMs
+            C = s.gemm(A, B)
 
 hgemm.aio.Client has the same methods for asyncio. The reference is client/python/README.md.
 """
@@ -11,6 +13,7 @@ from ._arrays import ConversionWarning
 from ._client import Client
 from ._core import (Execution, GemmResult, Kernel, MatrixList, ResidentMatrix, RetryPolicy,
                     Timing)
+from ._stream import Stream
 from ._errors import (Aborted, AlreadyExists, Cancelled, DataLoss, DeadlineExceeded, Error,
                       FailedPrecondition, Internal, InvalidArgument, NotFound, OutOfRange,
                       PermissionDenied, ResourceExhausted, Unauthenticated, Unavailable,
@@ -20,7 +23,7 @@ from ._proto import hgemm_pb2 as pb
 __version__ = "0.1.0"
 
 __all__ = [
-    "Client", "aio", "ResidentMatrix", "GemmResult", "Timing", "Execution", "Kernel",
+    "Client", "Stream", "aio", "ResidentMatrix", "GemmResult", "Timing", "Execution", "Kernel",
     "MatrixList", "RetryPolicy", "ConversionWarning", "pb", "Error", "Cancelled", "Unknown",
     "InvalidArgument", "DeadlineExceeded", "NotFound", "AlreadyExists", "PermissionDenied",
     "ResourceExhausted", "FailedPrecondition", "Aborted", "OutOfRange", "Unimplemented",

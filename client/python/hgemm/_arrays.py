@@ -7,6 +7,9 @@ The wire format is fp16, little-endian, row-major, dense (proto/hgemm.proto). Po
     instead of silently becoming inf.
   * Anything else (integers, bool, complex, torch.bfloat16) raises TypeError: hgemm is fp16 only.
   * torch tensors, CPU or CUDA, are detached and copied to host memory.
+Results are read-only ndarrays: views of the received bytes where they arrive in one message,
+so that C is not copied once more (np.array(C) or C.copy() for a writable one); torch results
+are ordinary tensors.
 """
 import warnings
 
@@ -69,22 +72,30 @@ def as_fp16_matrix(x, name: str) -> np.ndarray:
                     f"(float32 and float64 are converted with a warning)")
 
 
-def c_array(buffer, m: int, n: int) -> np.ndarray:
-    """C as an m×n float16 ndarray over `buffer` (bytes are copied, so the array is writable)."""
-    if isinstance(buffer, (bytes, str)):
-        return np.frombuffer(buffer, dtype=FP16).reshape(m, n).copy()
-    return np.frombuffer(buffer, dtype=FP16).reshape(m, n)
+def byte_view(array: np.ndarray) -> np.ndarray:
+    """A C-contiguous array's bytes as a 1-D uint8 array over the same memory."""
+    return array.reshape(-1).view(np.uint8)
+
+
+def c_array(buffer: np.ndarray, m: int, n: int) -> np.ndarray:
+    """C as an m×n float16 ndarray over `buffer` (a uint8 ndarray of 2·m·n bytes; no copy)."""
+    return buffer.view(FP16).reshape(m, n)
 
 
 def to_output(c: np.ndarray, as_torch):
-    """c as numpy (as_torch False), a CPU torch tensor (True), or on a torch device ("cuda:0")."""
+    """c as a read-only numpy array (as_torch False), a CPU torch tensor (True), or a tensor on a
+    torch device ("cuda:0"). `c` may be a view of a received message (read-only already); torch
+    has no read-only tensors, so a CPU tensor of such a view gets its own copy."""
     if as_torch is False or as_torch is None:
+        c.flags.writeable = False
         return c
     try:
         import torch
     except ImportError as e:
         raise ImportError("as_torch needs torch, which is not installed") from e
-    t = torch.from_numpy(c)
-    if as_torch is True:
-        return t
-    return t.to(as_torch)
+    device = torch.device("cpu") if as_torch is True else torch.device(as_torch)
+    if device.type == "cpu":
+        return torch.from_numpy(c if c.flags.writeable else c.copy())
+    with warnings.catch_warnings():  # only read, by the copy to the device
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        return torch.from_numpy(c).to(device)

@@ -4,7 +4,7 @@ from typing import List, Optional
 
 import grpc
 
-from . import _arrays, _core, _errors, _progress
+from . import _arrays, _core, _errors, _progress, _stream
 from ._proto import hgemm_pb2 as pb
 
 
@@ -138,6 +138,14 @@ class Client:
             return []
         results = self._many(specs, timeout, details, as_torch, started)
         return _core.finish_many(results, return_exceptions)
+
+    def stream(self, *, replica=None) -> _stream.Stream:
+        """An hgemm.Stream: one GemmStream kept open for many GEMMs, pipelined
+        (`with c.stream() as s: C = s.gemm(A, B)`; s.submit(A, B) returns a Future). For many
+        GEMMs over time from a loop or several threads, without a stream's setup per GEMM.
+        replica: over several replicas, where the stream goes (a ResidentMatrix or an address);
+        default: where its first GEMM's matrices live, else the target."""
+        return _stream.Stream(self, None if replica is None else _core.replica_of(replica))
 
     def _many(self, specs: List[_core.Spec], timeout, details, as_torch, started) -> list:
         groups, outcomes = _core.by_replica(dict(enumerate(specs)))

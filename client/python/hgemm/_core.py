@@ -12,7 +12,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import grpc
 import numpy as np
 
-from . import _arrays, _errors, _wire
+from . import _arrays, _errors, _malloc, _wire
 from ._proto import hgemm_pb2 as pb
 from ._proto import hgemm_pb2_grpc as pb_grpc
 
@@ -176,8 +176,8 @@ class Operand:
     def nbytes(self) -> int:
         return 0 if self.array is None else self.array.nbytes
 
-    def bytes_view(self) -> memoryview:
-        return memoryview(self.array).cast("B")
+    def bytes_view(self) -> np.ndarray:
+        return _arrays.byte_view(self.array)
 
 
 class Spec:
@@ -266,18 +266,19 @@ class StreamCollector:
         self.protocol_error: Optional[_errors.Error] = None
         self.progress = progress
 
-    def consume(self, message: _wire.StreamResponse) -> None:
+    def consume(self, message: _wire.StreamResponse) -> Optional[int]:
+        """Takes one answer; returns its gemm_id when it was the GEMM's done."""
         i = message.gemm_id
         spec = self.specs.get(i)
         if spec is None or i in self.done:
             self._broken(f"the server answered gemm_id {i}, which is not in flight")
-            return
+            return None
         if message.data is not None:
             end = message.offset + len(message.data)
             if end > spec.c_bytes:
                 self._broken(f"gemm_id {i}: result chunk ends at byte {end}, past C's "
                              f"{spec.c_bytes} bytes")
-                return
+                return None
             buf = self.buffers.get(i)
             if buf is None:
                 buf = self.buffers[i] = np.empty(spec.c_bytes, dtype=np.uint8)
@@ -288,6 +289,8 @@ class StreamCollector:
             self.done[i] = message.done
             if message.done.status_code != 0:
                 self.buffers.pop(i, None)  # chunks already sent are void
+            return i
+        return None
 
     def _broken(self, what: str) -> None:
         if self.protocol_error is None:
@@ -468,6 +471,111 @@ class ManyRound:
         return delay
 
 
+class Pending:
+    """One GEMM of a Client.stream() session: its Spec, the future its result goes to, how the
+    result is wanted, and its tries so far."""
+    __slots__ = ("spec", "future", "details", "as_torch", "started", "attempt")
+
+    def __init__(self, spec: Spec, future, details: bool, as_torch, started: float):
+        self.spec, self.future, self.details = spec, future, details
+        self.as_torch, self.started, self.attempt = as_torch, started, 0
+
+
+class SessionBook:
+    """The bookkeeping of a Client.stream() session: the GEMMs in flight on its current
+    GemmStream, their answers, and what becomes of each when the stream ends. No I/O; not
+    thread-safe (the session serializes calls).
+
+    consume() and ended() return (finished, retry): finished are (Pending, outcome) pairs, the
+    outcome an Error or (c, done) as StreamCollector.outcome; retry are (Pending, delay_s) to
+    send again after the delay, on whatever stream is open then. A GEMM answered UNAVAILABLE is
+    retried as gemm_many retries it (RetryPolicy); when the stream ends, the GEMM an error names
+    fails alone and the ones after it, never admitted, go again at once; the rest fail with the
+    stream's error, or are retried if that is safe.
+    """
+
+    def __init__(self, policy: RetryPolicy):
+        self.policy = policy
+        self.pending: Dict[int, Pending] = {}
+        self.collector = StreamCollector({})
+        self._next_id = 0
+
+    def add(self, p: Pending) -> int:
+        """Registers a GEMM about to be written; returns its gemm_id on this stream."""
+        i = self._next_id
+        self._next_id += 1
+        self.pending[i] = p
+        self.collector.specs[i] = p.spec
+        return i
+
+    @property
+    def protocol_error(self) -> Optional[_errors.Error]:
+        return self.collector.protocol_error
+
+    def consume(self, message: _wire.StreamResponse):
+        i = self.collector.consume(message)
+        if i is None:
+            return [], []
+        outcome = self.collector.outcome(i)
+        self.collector.specs.pop(i)
+        self.collector.done.pop(i)
+        p = self.pending.pop(i)
+        if isinstance(outcome, _errors.Error):
+            outcome.index = None
+            if self._retryable(p, outcome):
+                return [], [(p, self._backoff(p))]
+        return [(p, outcome)], []
+
+    def ended(self, err: Optional[_errors.Error]):
+        """The stream is over (err None: it ended cleanly); settles every GEMM still pending and
+        starts a fresh book for the next stream."""
+        if err is None:
+            err = self.protocol_error
+        order = sorted(self.pending)
+        culprit = culprit_of(err) if err is not None else None
+        finished, retry = [], []
+        for i in order:
+            p = self.pending[i]
+            if err is None:
+                finished.append((p, _errors.Internal("the stream ended without an answer")))
+            elif culprit in self.pending and i == culprit:
+                finished.append((p, _errors.from_code(err.code, err.message)))
+            elif culprit in self.pending and i > culprit:
+                retry.append((p, 0.0))  # written after the culprit: never admitted
+            else:
+                e = _errors.from_code(err.code, err.message)
+                e.__cause__ = err.__cause__
+                if self._retryable(p, e):
+                    retry.append((p, self._backoff(p)))
+                else:
+                    finished.append((p, e))
+        self.pending.clear()
+        self.collector = StreamCollector({})
+        return finished, retry
+
+    def _retryable(self, p: Pending, err: _errors.Error) -> bool:
+        return should_retry(err, not p.spec.keep_c) and p.attempt + 1 < self.policy.attempts
+
+    def _backoff(self, p: Pending) -> float:
+        delay = self.policy.delay(p.attempt)
+        p.attempt += 1
+        return delay
+
+
+def session_replica(bound: Optional[str], spec: Spec) -> str:
+    """The replica a session's stream goes to once `spec` is on it: `bound` (None: not yet
+    chosen, so the spec's). FailedPrecondition when the spec names matrices of another replica."""
+    wanted = spec.replica()
+    if bound is None:
+        return wanted
+    if wanted and wanted != bound:
+        where = f"replica {bound}" if bound else "the client's target"
+        raise _errors.FailedPrecondition(
+            f"this stream goes to {where}, and the GEMM names matrices on replica {wanted}: "
+            f"open a stream there (client.stream(replica=...))")
+    return bound
+
+
 def read_token(token: Optional[str], token_file: Optional[str]) -> Optional[str]:
     if token is None and token_file:
         with open(token_file) as f:
@@ -506,6 +614,7 @@ class ClientConfig:
             raise ValueError(f"mode must be 'auto', 'unary' or 'stream'; got {mode!r}")
         if chunk_bytes < 1:
             raise ValueError("chunk_bytes must be at least 1")
+        _malloc.tune()
         self.target = target
         self.credentials = tls_credentials(tls, tls_ca, tls_cert, tls_key)
         self.timeout = timeout
@@ -642,7 +751,7 @@ def upload_messages(array: np.ndarray, ttl: int, label: str, device_id, chunk_by
     if device_id is not None:
         header.device_id = int(device_id)
     yield pb.UploadMatrixRequest(header=header).SerializeToString()
-    view = memoryview(array).cast("B")
+    view = _arrays.byte_view(array)
     for offset in range(0, len(view), chunk_bytes):
         data = view[offset:offset + chunk_bytes]
         yield _wire.upload_chunk(data)

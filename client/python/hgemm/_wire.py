@@ -3,23 +3,59 @@ are copied as few times as gRPC allows.
 
 With the generated messages, a unary 2048³ GEMM copies A and B four times on the way out (numpy
 → bytes → message → serialized → gRPC) and C four times on the way in, all while holding the
-GIL, which caps a threaded client. Here a request is one b"".join of the small fields (serialized
-by protobuf) and memoryviews of the arrays: one copy, plus gRPC's own. A response is scanned for
-the C field's byte range, which numpy reads in place: one copy (into a writable array), plus
-gRPC's own. Every other field is still parsed by protobuf. tests/test_wire.py checks the bytes
-against the generated code.
+GIL, which caps a threaded client. Here a request is the small fields (serialized by protobuf)
+and the arrays' bytes concatenated into one bytes object: one copy, plus gRPC's own, and made
+with the GIL released when it is large (concat()). A response is scanned for the C field's byte
+range, which numpy reads in place: no copy beyond gRPC's own (C is a read-only view of the
+message). Every other field is still parsed by protobuf. tests/test_wire.py checks the bytes
+against the generated code, on random messages.
 
 Field numbers are those of proto/hgemm.proto (GemmRequest.a = 4, b = 5; GemmResponse.c = 3;
 GemmStreamRequest.chunk = 2; MatrixChunk 1-4; GemmStreamResponse 1-3; ResultChunk 1-3;
 UploadMatrixRequest.chunk = 2).
 """
-from typing import Iterator, Optional, Tuple
+import ctypes
+from typing import Iterator, Optional, Sequence, Tuple
 
 import numpy as np
 
 from ._proto import hgemm_pb2 as pb
 
 _LEN = 2  # wire type of bytes, strings and messages
+
+# concat() of at least this many bytes copies with the GIL released (where CPython's own
+# b"".join releases it, for parts that are all bytes).
+CONCAT_NOGIL_BYTES = 1 << 20
+try:  # CPython's C API: a bytes object of a given size, to be filled before anyone sees it
+    _new_bytes = ctypes.pythonapi.PyBytes_FromStringAndSize
+    _new_bytes.restype, _new_bytes.argtypes = ctypes.py_object, (ctypes.c_void_p, ctypes.c_ssize_t)
+    _bytes_data = ctypes.pythonapi.PyBytes_AsString
+    _bytes_data.restype, _bytes_data.argtypes = ctypes.c_void_p, (ctypes.py_object,)
+except AttributeError:  # not CPython
+    _new_bytes = None
+
+
+def concat(parts: Sequence) -> bytes:
+    """b"".join(parts), for bytes and contiguous byte buffers (numpy arrays, memoryviews).
+
+    b"".join holds the GIL while it copies buffers other than bytes, so the operands of threads'
+    concurrent calls would be copied one after another. Past CONCAT_NOGIL_BYTES the bytes object
+    is made empty and filled by ctypes.memmove, which releases the GIL, as C extensions fill a new
+    bytes object. REQUIRES: the parts do not change meanwhile.
+    """
+    views = [p if isinstance(p, bytes) else np.frombuffer(p, dtype=np.uint8) for p in parts]
+    total = sum(len(v) for v in views)
+    if total < CONCAT_NOGIL_BYTES or _new_bytes is None:
+        return b"".join(views)
+    out = _new_bytes(None, total)
+    at = _bytes_data(out)
+    for v in views:
+        if isinstance(v, bytes):
+            ctypes.memmove(at, v, len(v))
+        else:
+            ctypes.memmove(at, v.__array_interface__["data"][0], len(v))
+        at += len(v)
+    return out
 
 
 def varint(n: int) -> bytes:
@@ -81,29 +117,29 @@ def _bytes_field(field: int, data) -> list:
 
 # Requests (client → server).
 
-def gemm_request(small: pb.GemmRequest, a: Optional[memoryview], b: Optional[memoryview]) -> bytes:
-    """GemmRequest: `small` holds every field but a and b, given as byte views."""
+def gemm_request(small: pb.GemmRequest, a, b) -> bytes:
+    """GemmRequest: `small` holds every field but a and b, given as byte buffers (or None)."""
     parts = [small.SerializeToString()]
     if a is not None:
         parts += _bytes_field(4, a)
     if b is not None:
         parts += _bytes_field(5, b)
-    return b"".join(parts)
+    return concat(parts)
 
 
-def stream_chunk(gemm_id: int, operand: int, offset: int, data: memoryview) -> bytes:
+def stream_chunk(gemm_id: int, operand: int, offset: int, data) -> bytes:
     """GemmStreamRequest{chunk: MatrixChunk{gemm_id, operand, offset, data}}."""
     head = b"".join([
         _key(1, 0) + varint(gemm_id) if gemm_id else b"",
         _key(2, 0) + varint(operand) if operand else b"",
         _key(3, 0) + varint(offset) if offset else b"",
         _key(4, _LEN), varint(len(data))])
-    return b"".join([_key(2, _LEN), varint(len(head) + len(data)), head, data])
+    return concat([_key(2, _LEN), varint(len(head) + len(data)), head, data])
 
 
-def upload_chunk(data: memoryview) -> bytes:
+def upload_chunk(data) -> bytes:
     """UploadMatrixRequest{chunk: data}."""
-    return b"".join(_bytes_field(2, data))
+    return concat(_bytes_field(2, data))
 
 
 # Responses (server → client).
@@ -130,30 +166,36 @@ class GemmResponse:
         self.message = pb.GemmResponse.FromString(raw)
 
     def c_array(self, m: int, n: int) -> Optional[np.ndarray]:
-        """C as a writable m×n float16 array (one copy), or None if its size is not 2·m·n."""
+        """C as a read-only m×n float16 array over the raw bytes (no copy), or None if its size is
+        not 2·m·n."""
         start, end = self.c_range or (0, 0)
         if end - start != 2 * m * n:
             return None
-        view = np.frombuffer(self.raw, dtype="<f2", count=m * n, offset=start)
-        return view.reshape(m, n).copy()
+        return np.frombuffer(self.raw, dtype="<f2", count=m * n, offset=start).reshape(m, n)
 
 
 class StreamResponse:
     """A GemmStreamResponse: gemm_id, then either a chunk (offset and a uint8 view of its data
-    in the raw bytes) or done (a GemmDone)."""
+    in the raw bytes) or done (a GemmDone). As protobuf parses it: the last of the oneof's fields
+    wins, and repeats of the same one merge."""
     __slots__ = ("gemm_id", "offset", "data", "done")
 
     def __init__(self, raw: bytes):
         self.gemm_id, self.offset, self.data, self.done = 0, 0, None, None
+        done_parts = None
         for number, value, _, _ in fields(raw):
             if number == 1 and isinstance(value, int):
                 self.gemm_id = value
             elif number == 2 and isinstance(value, tuple):
-                self.offset, self.data, _ = _result_chunk(raw, *value)
-                self.done = None
+                if self.data is None:  # a chunk after done (or first): a new chunk
+                    self.offset, self.data, done_parts = 0, _EMPTY, None
+                self.offset, self.data, _ = _result_chunk(raw, *value, self.offset, self.data, 0)
             elif number == 3 and isinstance(value, tuple):
-                self.done = pb.GemmDone.FromString(raw[value[0]:value[1]])
-                self.data = None
+                if done_parts is None:
+                    done_parts, self.data = [], None
+                done_parts.append(raw[value[0]:value[1]])
+        if done_parts is not None:
+            self.done = pb.GemmDone.FromString(b"".join(done_parts))  # concatenation merges
 
 
 class DownloadChunk:
@@ -161,11 +203,16 @@ class DownloadChunk:
     __slots__ = ("offset", "data", "total_bytes")
 
     def __init__(self, raw: bytes):
-        self.offset, self.data, self.total_bytes = _result_chunk(raw, 0, len(raw))
+        self.offset, self.data, self.total_bytes = _result_chunk(raw, 0, len(raw), 0, _EMPTY, 0)
 
 
-def _result_chunk(raw: bytes, start: int, end: int):
-    offset, data, total = 0, np.empty(0, np.uint8), 0
+_EMPTY = np.empty(0, np.uint8)
+_EMPTY.flags.writeable = False
+
+
+def _result_chunk(raw: bytes, start: int, end: int, offset: int, data, total: int):
+    """The ResultChunk in raw[start:end] merged into (offset, data, total): its fields that are
+    present replace them."""
     for number, value, _, _ in fields(raw, start, end):
         if number == 1 and isinstance(value, int):
             offset = value

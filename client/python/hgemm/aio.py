@@ -5,6 +5,8 @@ await c.upload(B) as hb:` releases at the end of the block.
     async with hgemm.aio.Client("127.0.0.1:50051") as c:
         C = await c.gemm(A, B)
         Cs = await asyncio.gather(*(c.gemm(A, B) for _ in range(16)))
+        async with c.stream() as s:          # one GemmStream for many GEMMs
+            C = await s.gemm(A, B)
 """
 import asyncio
 import time
@@ -98,6 +100,11 @@ class Client:
             return []
         results = await self._many(specs, timeout, details, as_torch, started)
         return _core.finish_many(results, return_exceptions)
+
+    def stream(self, *, replica=None) -> "Stream":
+        """As hgemm.Client.stream: an hgemm.aio.Stream (`async with c.stream() as s:
+        C = await s.gemm(A, B)`)."""
+        return Stream(self, None if replica is None else _core.replica_of(replica))
 
     async def _many(self, specs: List[_core.Spec], timeout, details, as_torch, started) -> list:
         groups, outcomes = _core.by_replica(dict(enumerate(specs)))
@@ -209,6 +216,172 @@ class Client:
             return stub.ListKernels(pb.ListKernelsRequest(), timeout=t,
                                     metadata=self._config.metadata)
         return _core.kernels_from_proto(await self._call(call, timeout, idempotent=True))
+
+
+class Stream:
+    """hgemm.Stream for asyncio: one GemmStream kept open for many GEMMs, pipelined. submit()
+    returns an asyncio.Future; gemm() and close() are coroutines; `async with` closes (or
+    cancels, if the block raises). Behaviour, errors, retries and replicas as hgemm.Stream. A
+    writer and a reader task per open stream, on the loop the stream was first used on."""
+
+    def __init__(self, client: Client, replica: Optional[str]):
+        self._client = client
+        self._config = client._config
+        self._replica = replica
+        self._book = _core.SessionBook(self._config.policy)
+        self._queue = None  # the open stream's asyncio.Queue of message generators
+        self._call = None
+        self._tasks = set()
+        self._outstanding = 0
+        self._idle = None  # an asyncio.Event, set when nothing is outstanding
+        self._closing = False
+        self._cancelled = False
+
+    def submit(self, a, b, *, accumulation: Optional[str] = None, kernel: str = "auto",
+               keep_c: bool = False, c_ttl: int = 0, request_id: str = "",
+               details: bool = False, as_torch=False) -> "asyncio.Future":
+        """As hgemm.Stream.submit; returns an asyncio.Future. Call it from the loop's thread."""
+        started = time.monotonic()
+        if self._closing:
+            raise RuntimeError("the stream is closed")
+        spec = _core.Spec(a, b, accumulation=accumulation, kernel=kernel, keep_c=keep_c,
+                          c_ttl=c_ttl, request_id=request_id)
+        loop = asyncio.get_running_loop()
+        pending = _core.Pending(spec, loop.create_future(), details, as_torch, started)
+        self._replica = _core.session_replica(self._replica, spec)
+        self._write(pending)
+        self._outstanding += 1
+        if self._idle is None:
+            self._idle = asyncio.Event()
+        self._idle.clear()
+        return pending.future
+
+    async def gemm(self, a, b, *, timeout: Optional[float] = None, **options):
+        """As hgemm.Stream.gemm."""
+        future = self.submit(a, b, **options)
+        timeout = self._config.call_timeout(timeout)
+        try:
+            return await asyncio.wait_for(asyncio.shield(future), timeout)
+        except asyncio.TimeoutError:
+            raise _errors.DeadlineExceeded(
+                f"no answer within {timeout:g} s (the GEMM stays on the stream; its result will "
+                f"be dropped)") from None
+
+    async def close(self, timeout: Optional[float] = None) -> None:
+        """As hgemm.Stream.close."""
+        self._closing = True
+        if self._outstanding:
+            try:
+                await asyncio.wait_for(self._idle.wait(), timeout)
+            except asyncio.TimeoutError:
+                raise _errors.DeadlineExceeded(
+                    f"{self._outstanding} GEMMs still unanswered after {timeout:g} s") from None
+        self._end_stream()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def cancel(self) -> None:
+        """As hgemm.Stream.cancel."""
+        self._closing = self._cancelled = True
+        if self._call is not None:
+            self._call.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def __aenter__(self):
+        return self
+
+    async def __aexit__(self, exc_type, *exc):
+        if exc_type is None:
+            await self.close()
+        else:
+            await self.cancel()
+
+    def _write(self, pending: _core.Pending) -> None:
+        if self._queue is None:
+            self._open()
+        i = self._book.add(pending)
+        self._queue.put_nowait(pending.spec.stream_messages(i, self._config.chunk_bytes))
+
+    def _open(self) -> None:
+        q = asyncio.Queue()
+        stub = self._client._stub_for(self._replica or "")
+        call = stub.GemmStream(metadata=self._config.metadata)
+        self._queue, self._call = q, call
+        for coroutine in (self._send(call, q), self._read(call, q)):
+            task = asyncio.ensure_future(coroutine)
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    def _end_stream(self) -> None:
+        if self._queue is not None:
+            self._queue.put_nowait(None)
+            self._queue = self._call = None
+
+    @staticmethod
+    async def _send(call, q) -> None:
+        """The writer task: each GEMM's messages in turn, then the client's half-close."""
+        try:
+            while True:
+                messages = await q.get()
+                if messages is None:
+                    await call.done_writing()
+                    return
+                for message in messages:
+                    await call.write(message)
+        except (grpc.RpcError, asyncio.InvalidStateError):
+            return  # the call is over; the reader reports why
+
+    async def _read(self, call, q) -> None:
+        """The reader task: answers until the stream ends, then what becomes of the rest."""
+        err = None
+        try:
+            while True:
+                message = await call.read()
+                if message is grpc.aio.EOF:
+                    break
+                finished, retry = self._book.consume(message)
+                self._settle(finished, retry)
+                if self._book.protocol_error is not None:
+                    call.cancel()
+                    break
+        except grpc.RpcError as e:
+            err = _core.explain_unreachable(_errors.from_rpc_error(e), self._replica or "")
+        except asyncio.CancelledError:
+            err = _errors.Cancelled("the stream was cancelled")
+        if self._queue is q:
+            self._end_stream()
+        else:
+            q.put_nowait(None)
+        if self._cancelled:
+            err = _errors.Cancelled("the stream was cancelled")
+        self._settle(*self._book.ended(err))
+
+    def _settle(self, finished, retry) -> None:
+        for pending, outcome in finished:
+            self._deliver(pending, outcome)
+        loop = asyncio.get_running_loop()
+        for pending, delay in retry:
+            loop.call_later(delay, self._again, pending)
+
+    def _again(self, pending: _core.Pending) -> None:
+        if self._cancelled:
+            self._deliver(pending, _errors.Cancelled("the stream was cancelled"))
+        else:
+            self._write(pending)
+
+    def _deliver(self, pending: _core.Pending, outcome) -> None:
+        try:
+            result = _core.streamed_result(self._client, pending.spec, outcome, pending.details,
+                                           pending.as_torch, pending.started)
+        except Exception as e:  # e.g. as_torch without torch: the caller's, not the reader's
+            result = e
+        if not pending.future.done():
+            if isinstance(result, Exception):
+                pending.future.set_exception(result)
+            else:
+                pending.future.set_result(result)
+        self._outstanding -= 1
+        if self._outstanding == 0:
+            self._idle.set()
 
 
 async def _aiter(iterable):

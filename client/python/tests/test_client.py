@@ -46,8 +46,13 @@ def test_gemm_odd_shapes(client, rng, mode, m, n, k):
     a, b = fp16(rng, m, k), fp16(rng, k, n)
     c = client.gemm(a, b, mode=mode)
     assert isinstance(c, np.ndarray) and c.dtype == np.float16 and c.shape == (m, n)
-    assert c.flags.writeable and c.flags.c_contiguous
-    assert rel_error(c, a, b) < FP32_TOLERANCE
+    assert c.flags.c_contiguous and rel_error(c, a, b) < FP32_TOLERANCE
+    # Read-only, unary (a view of the message) and streamed alike; a copy is writable.
+    assert not c.flags.writeable
+    with pytest.raises(ValueError, match="read-only"):
+        c += 1
+    writable = c.copy()
+    writable += 1
 
 
 @pytest.mark.parametrize("side", [0.9, 1.1])
@@ -149,6 +154,7 @@ def test_resident_matrices(client, rng, mode):
     assert isinstance(hc, hgemm.ResidentMatrix) and hc.shape == (60, 30)
     c = hc.download()
     assert c.dtype == np.float16 and rel_error(c, a, b) < FP32_TOLERANCE
+    assert not c.flags.writeable
     assert np.array_equal(client.download(hc), c)
     c2 = client.gemm(hc, b2, mode=mode)
     assert rel_error(c2, c, b2) < FP32_TOLERANCE

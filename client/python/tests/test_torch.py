@@ -14,9 +14,11 @@ def test_cpu_float16_tensors_and_as_torch(client):
     c = client.gemm(a, b)
     assert isinstance(c, np.ndarray) and c.dtype == np.float16
     assert rel_error(c, a.numpy(), b.numpy()) < FP32_TOLERANCE
-    t = client.gemm(a, b, as_torch=True)
-    assert isinstance(t, torch.Tensor) and t.dtype == torch.float16 and t.shape == (33, 55)
-    assert rel_error(t.numpy(), a.numpy(), b.numpy()) < FP32_TOLERANCE
+    for mode in ("unary", "stream"):
+        t = client.gemm(a, b, as_torch=True, mode=mode)
+        assert isinstance(t, torch.Tensor) and t.dtype == torch.float16 and t.shape == (33, 55)
+        assert rel_error(t.numpy(), a.numpy(), b.numpy()) < FP32_TOLERANCE
+        t += 1  # an ordinary tensor, though numpy results are read-only
 
 
 def test_non_contiguous_and_grad_tensors(client):
