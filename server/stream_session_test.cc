@@ -14,6 +14,7 @@
 
 #include "kernels/host/cpu_gemm.h"
 #include "server/backend/cpu_backend.h"
+#include "server/test_requests.h"
 
 namespace hgemm {
 namespace {
@@ -185,28 +186,6 @@ class StreamSessionTest : public ::testing::Test {
     return std::make_unique<TestStream>(services_, owner);
   }
 
-  static v1::GemmStreamRequest Header(uint64_t id, uint32_t m, uint32_t n, uint32_t k,
-                                      const std::string& a_handle = "") {
-    v1::GemmStreamRequest message;
-    v1::GemmHeader* h = message.mutable_header();
-    h->set_gemm_id(id);
-    h->set_m(m);
-    h->set_n(n);
-    h->set_k(k);
-    h->set_a_handle(a_handle);
-    return message;
-  }
-  static v1::GemmStreamRequest Chunk(uint64_t id, v1::Operand operand, uint64_t offset,
-                                     std::string data) {
-    v1::GemmStreamRequest message;
-    v1::MatrixChunk* c = message.mutable_chunk();
-    c->set_gemm_id(id);
-    c->set_operand(operand);
-    c->set_offset(offset);
-    c->set_data(std::move(data));
-    return message;
-  }
-
   // Random operands of an m×n×k GEMM, and its fp32 reference.
   struct Operands {
     std::string a, b;
@@ -223,10 +202,10 @@ class StreamSessionTest : public ::testing::Test {
   void RunGemm(TestStream& stream, uint64_t id, int64_t m, int64_t n, int64_t k) {
     const Operands ops = Random(m, n, k);
     const size_t half = ops.a.size() / 2;
-    ASSERT_TRUE(stream.Deliver(Header(id, m, n, k)));
-    ASSERT_TRUE(stream.Deliver(Chunk(id, v1::OPERAND_A, 0, ops.a.substr(0, half))));
-    ASSERT_TRUE(stream.Deliver(Chunk(id, v1::OPERAND_A, half, ops.a.substr(half))));
-    ASSERT_TRUE(stream.Deliver(Chunk(id, v1::OPERAND_B, 0, ops.b)));
+    ASSERT_TRUE(stream.Deliver(StreamHeader(id, m, n, k)));
+    ASSERT_TRUE(stream.Deliver(StreamChunk(id, v1::OPERAND_A, 0, ops.a.substr(0, half))));
+    ASSERT_TRUE(stream.Deliver(StreamChunk(id, v1::OPERAND_A, half, ops.a.substr(half))));
+    ASSERT_TRUE(stream.Deliver(StreamChunk(id, v1::OPERAND_B, 0, ops.b)));
     std::string c;
     const Output done = stream.WaitDone(id, &c);
     ASSERT_TRUE(done.status.ok()) << done.status;
@@ -268,14 +247,14 @@ TEST_F(StreamSessionTest, AnswersEachGemmWithItsCInChunksThenFinishesOk) {
 TEST_F(StreamSessionTest, AGemmRefusedAtItsHeaderIsAnsweredAtOnceAndLaterOnesGoOn) {
   auto stream = Open();
   // Unknown handle: refused by the session (NOT_FOUND), before any chunk is sent.
-  ASSERT_TRUE(stream->Deliver(Header(1, 4, 4, 4, "no-such-matrix")));
+  ASSERT_TRUE(stream->Deliver(StreamHeader(1, 4, 4, 4, "no-such-matrix")));
   EXPECT_EQ(stream->WaitDone(1).status.code(), absl::StatusCode::kNotFound);
   // Its B chunks are dropped, and the stream reads on.
-  ASSERT_TRUE(stream->Deliver(Chunk(1, v1::OPERAND_B, 0, std::string(32, '\0'))));
+  ASSERT_TRUE(stream->Deliver(StreamChunk(1, v1::OPERAND_B, 0, std::string(32, '\0'))));
   // A bad header: refused by the assembler (INVALID_ARGUMENT); its chunks are dropped too.
-  ASSERT_TRUE(stream->Deliver(Header(2, 0, 4, 4)));
+  ASSERT_TRUE(stream->Deliver(StreamHeader(2, 0, 4, 4)));
   EXPECT_EQ(stream->WaitDone(2).status.code(), absl::StatusCode::kInvalidArgument);
-  ASSERT_TRUE(stream->Deliver(Chunk(2, v1::OPERAND_A, 0, std::string(8, '\0'))));
+  ASSERT_TRUE(stream->Deliver(StreamChunk(2, v1::OPERAND_A, 0, std::string(8, '\0'))));
   RunGemm(*stream, 3, 4, 4, 4);
   stream->CloseReads();
   EXPECT_TRUE(stream->WaitFinish().ok());
@@ -284,12 +263,12 @@ TEST_F(StreamSessionTest, AGemmRefusedAtItsHeaderIsAnsweredAtOnceAndLaterOnesGoO
 TEST_F(StreamSessionTest, AnIdleGemmIsAnsweredAndItsLateChunksAreDropped) {
   auto stream = Open();
   const Operands ops = Random(4, 4, 4);
-  ASSERT_TRUE(stream->Deliver(Header(1, 4, 4, 4)));
-  ASSERT_TRUE(stream->Deliver(Chunk(1, v1::OPERAND_A, 0, ops.a.substr(0, 8))));
+  ASSERT_TRUE(stream->Deliver(StreamHeader(1, 4, 4, 4)));
+  ASSERT_TRUE(stream->Deliver(StreamChunk(1, v1::OPERAND_A, 0, ops.a.substr(0, 8))));
   stream->session().ExpireIdle(Clock::now() + std::chrono::hours(1));
   EXPECT_EQ(stream->WaitDone(1).status.code(), absl::StatusCode::kDeadlineExceeded);
-  ASSERT_TRUE(stream->Deliver(Chunk(1, v1::OPERAND_A, 8, ops.a.substr(8))));
-  ASSERT_TRUE(stream->Deliver(Chunk(1, v1::OPERAND_B, 0, ops.b)));
+  ASSERT_TRUE(stream->Deliver(StreamChunk(1, v1::OPERAND_A, 8, ops.a.substr(8))));
+  ASSERT_TRUE(stream->Deliver(StreamChunk(1, v1::OPERAND_B, 0, ops.b)));
   RunGemm(*stream, 2, 4, 4, 4);
   stream->CloseReads();
   EXPECT_TRUE(stream->WaitFinish().ok());
@@ -302,11 +281,11 @@ TEST_F(StreamSessionTest, RefusesAHeaderOverTheStreamsPendingBytes) {
   services_.max_stream_pending_bytes = 100;
   auto stream = Open();
   const Operands ops = Random(4, 4, 4);  // 64 bytes of A and B
-  ASSERT_TRUE(stream->Deliver(Header(1, 4, 4, 4)));
-  ASSERT_TRUE(stream->Deliver(Header(2, 4, 4, 4)));  // 128 pending: over
+  ASSERT_TRUE(stream->Deliver(StreamHeader(1, 4, 4, 4)));
+  ASSERT_TRUE(stream->Deliver(StreamHeader(2, 4, 4, 4)));  // 128 pending: over
   EXPECT_EQ(stream->WaitDone(2).status.code(), absl::StatusCode::kResourceExhausted);
-  ASSERT_TRUE(stream->Deliver(Chunk(1, v1::OPERAND_A, 0, ops.a)));
-  ASSERT_TRUE(stream->Deliver(Chunk(1, v1::OPERAND_B, 0, ops.b)));
+  ASSERT_TRUE(stream->Deliver(StreamChunk(1, v1::OPERAND_A, 0, ops.a)));
+  ASSERT_TRUE(stream->Deliver(StreamChunk(1, v1::OPERAND_B, 0, ops.b)));
   EXPECT_TRUE(stream->WaitDone(1).status.ok());
   RunGemm(*stream, 3, 4, 4, 4);  // 1 is all in: its bytes are free again
   stream->CloseReads();
@@ -318,14 +297,14 @@ TEST_F(StreamSessionTest, RefusesAHeaderOverTheClientsPendingBytesAcrossStreams)
   services_.client_pending = &budget;
   auto first = Open("alice"), second = Open("alice"), other = Open("bob");
   const Operands ops = Random(4, 4, 4);
-  ASSERT_TRUE(first->Deliver(Header(1, 4, 4, 4)));  // alice: 64 of 100 pending
-  ASSERT_TRUE(second->Deliver(Header(1, 4, 4, 4)));
+  ASSERT_TRUE(first->Deliver(StreamHeader(1, 4, 4, 4)));  // alice: 64 of 100 pending
+  ASSERT_TRUE(second->Deliver(StreamHeader(1, 4, 4, 4)));
   const Output refused = second->WaitDone(1);
   EXPECT_EQ(refused.status.code(), absl::StatusCode::kResourceExhausted);
   EXPECT_NE(refused.status.message().find("max_client_pending_bytes"), std::string::npos);
   RunGemm(*other, 1, 4, 4, 4);  // bob has a budget of his own
-  ASSERT_TRUE(first->Deliver(Chunk(1, v1::OPERAND_A, 0, ops.a)));
-  ASSERT_TRUE(first->Deliver(Chunk(1, v1::OPERAND_B, 0, ops.b)));
+  ASSERT_TRUE(first->Deliver(StreamChunk(1, v1::OPERAND_A, 0, ops.a)));
+  ASSERT_TRUE(first->Deliver(StreamChunk(1, v1::OPERAND_B, 0, ops.b)));
   EXPECT_TRUE(first->WaitDone(1).status.ok());
   RunGemm(*second, 2, 4, 4, 4);  // alice's bytes are free again
   for (TestStream* s : {first.get(), second.get(), other.get()}) {
@@ -344,13 +323,13 @@ TEST_F(StreamSessionTest, DrainEndsAnIdleStreamAtOnce) {
 TEST_F(StreamSessionTest, DrainRefusesNewGemmsAndWaitsForAHalfReceivedOne) {
   auto stream = Open();
   const Operands ops = Random(4, 4, 4);
-  ASSERT_TRUE(stream->Deliver(Header(1, 4, 4, 4)));
-  ASSERT_TRUE(stream->Deliver(Chunk(1, v1::OPERAND_A, 0, ops.a)));
+  ASSERT_TRUE(stream->Deliver(StreamHeader(1, 4, 4, 4)));
+  ASSERT_TRUE(stream->Deliver(StreamChunk(1, v1::OPERAND_A, 0, ops.a)));
   stream->session().Drain();
-  ASSERT_TRUE(stream->Deliver(Header(2, 4, 4, 4)));
+  ASSERT_TRUE(stream->Deliver(StreamHeader(2, 4, 4, 4)));
   EXPECT_EQ(stream->WaitDone(2).status.code(), absl::StatusCode::kUnavailable);
   EXPECT_FALSE(stream->finished());  // 1 is half-received
-  ASSERT_TRUE(stream->Deliver(Chunk(1, v1::OPERAND_B, 0, ops.b)));
+  ASSERT_TRUE(stream->Deliver(StreamChunk(1, v1::OPERAND_B, 0, ops.b)));
   std::string c;
   EXPECT_TRUE(stream->WaitDone(1, &c).status.ok());
   EXPECT_LT(RelativeFrobeniusError(reinterpret_cast<const uint16_t*>(c.data()),
@@ -362,8 +341,8 @@ TEST_F(StreamSessionTest, DrainRefusesNewGemmsAndWaitsForAHalfReceivedOne) {
 TEST_F(StreamSessionTest, ABrokenOrderRuleStopsTheReadsAndFailsTheCallAfterTheAnswers) {
   auto stream = Open();
   RunGemm(*stream, 1, 4, 4, 4);
-  ASSERT_TRUE(stream->Deliver(Chunk(9, v1::OPERAND_A, 0, "xx")));  // no header for 9
-  EXPECT_FALSE(stream->Deliver(Header(10, 4, 4, 4)));               // no read was started
+  ASSERT_TRUE(stream->Deliver(StreamChunk(9, v1::OPERAND_A, 0, "xx")));  // no header for 9
+  EXPECT_FALSE(stream->Deliver(StreamHeader(10, 4, 4, 4)));               // no read was started
   const absl::Status s = stream->WaitFinish();
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(s.message().find("chunk.gemm_id"), std::string::npos) << s;
@@ -373,8 +352,8 @@ TEST_F(StreamSessionTest, ABrokenOrderRuleStopsTheReadsAndFailsTheCallAfterTheAn
 TEST_F(StreamSessionTest, ClosingWithAnIncompleteGemmFailsTheCall) {
   auto stream = Open();
   const Operands ops = Random(4, 4, 4);
-  ASSERT_TRUE(stream->Deliver(Header(5, 4, 4, 4)));
-  ASSERT_TRUE(stream->Deliver(Chunk(5, v1::OPERAND_A, 0, ops.a)));
+  ASSERT_TRUE(stream->Deliver(StreamHeader(5, 4, 4, 4)));
+  ASSERT_TRUE(stream->Deliver(StreamChunk(5, v1::OPERAND_A, 0, ops.a)));
   stream->CloseReads();
   const absl::Status s = stream->WaitFinish();
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
