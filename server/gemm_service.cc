@@ -28,6 +28,17 @@ GemmServiceImpl::GemmServiceImpl(Scheduler* scheduler, Backend* backend, MatrixS
       options_(std::move(options)),
       metrics_(metrics),
       authenticator_(authenticator != nullptr ? authenticator : &no_authentication_),
+      stream_services_{.rules = &options_.rules,
+                       .scheduler = scheduler,
+                       .backend = backend,
+                       .uploads = uploads,
+                       .resolver = &resolver_,
+                       .client_pending = &client_pending_,
+                       .result_buffers = &result_buffers_,
+                       .metrics = metrics,
+                       .stream_chunk_bytes = options_.stream_chunk_bytes,
+                       .max_stream_pending_bytes = options_.max_stream_pending_bytes,
+                       .idle_timeout = options_.idle_timeout},
       janitor_([this] { ExpireIdleCalls(); }) {}
 
 GemmServiceImpl::~GemmServiceImpl() {
@@ -126,26 +137,6 @@ void GemmServiceImpl::ExpireIdleCalls() {
   }
 }
 
-absl::Status GemmServiceImpl::ChargePending(const std::string& owner, int64_t bytes) {
-  std::lock_guard<std::mutex> lock(pending_mu_);
-  auto it = pending_bytes_.find(owner);
-  const int64_t held = it == pending_bytes_.end() ? 0 : it->second;
-  if (bytes > options_.max_client_pending_bytes - held) {
-    return status::OverLimit(fmt::format(
-        "its operands ({} bytes) would put this client's incomplete streamed GEMMs over {} "
-        "bytes (--max_client_pending_bytes; {} pending now)",
-        bytes, options_.max_client_pending_bytes, held));
-  }
-  pending_bytes_[owner] = held + bytes;
-  return absl::OkStatus();
-}
-
-void GemmServiceImpl::ReleasePending(const std::string& owner, int64_t bytes) {
-  std::lock_guard<std::mutex> lock(pending_mu_);
-  auto it = pending_bytes_.find(owner);
-  if (it != pending_bytes_.end() && (it->second -= bytes) <= 0) pending_bytes_.erase(it);
-}
-
 void GemmServiceImpl::Describe(const ResidentMatrix& m, v1::MatrixInfo* info) const {
   ToProto(m, backend_->Devices()[m.buffer->device_index].id, options_.resident.replica, info);
 }
@@ -153,9 +144,7 @@ void GemmServiceImpl::Describe(const ResidentMatrix& m, v1::MatrixInfo* info) co
 void GemmServiceImpl::KeepResult(QuotaReservation c_quota, const GemmShape& shape,
                                  const GemmReport& report, uint32_t ttl_seconds,
                                  v1::MatrixInfo* info) const {
-  ResidentMatrix m = store_->Add(std::move(c_quota), shape.m, shape.n, report.c_resident,
-                                 std::chrono::seconds(ttl_seconds), "C of " + report.kernel);
-  Describe(m, info);
+  Describe(resolver_.KeepC(std::move(c_quota), shape, report, ttl_seconds), info);
 }
 
 grpc::ServerUnaryReactor* GemmServiceImpl::Gemm(grpc::CallbackServerContext* context,

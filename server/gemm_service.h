@@ -5,7 +5,7 @@
 // return. No handler waits for a device; completion callbacks (on scheduler and upload
 // threads) finish the RPC or queue the stream's next writes.
 // The unary handlers are here (gemm_service.cc); the streaming calls have their reactors in
-// stream_reactor.h (GemmStream) and matrix_reactors.h (UploadMatrix, DownloadMatrix); the
+// stream_reactor.h (GemmStream, over its StreamSession: stream_session.h) and matrix_reactors.h (UploadMatrix, DownloadMatrix); the
 // conversions to and from the wire are in convert.h.
 #ifndef HGEMM_SERVER_GEMM_SERVICE_H_
 #define HGEMM_SERVER_GEMM_SERVICE_H_
@@ -13,7 +13,6 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
-#include <map>
 #include <mutex>
 #include <optional>
 #include <set>
@@ -30,6 +29,7 @@
 #include "server/scheduler/scheduler.h"
 #include "server/scheduler/upload_queue.h"
 #include "server/session/resident_resolver.h"
+#include "server/stream_session.h"
 #include "server/validation.h"
 
 namespace hgemm {
@@ -112,12 +112,6 @@ class GemmServiceImpl final : public v1::GemmService::CallbackService {
   void Untrack(TrackedCall* call);
   void ExpireIdleCalls();  // the janitor thread
 
-  // Takes `bytes` of `owner`'s budget of pending stream operands (max_client_pending_bytes),
-  // or RESOURCE_EXHAUSTED; ReleasePending gives them back.
-  friend class PendingCharge;
-  absl::Status ChargePending(const std::string& owner, int64_t bytes);
-  void ReleasePending(const std::string& owner, int64_t bytes);
-
   // Every call, and every GEMM of a stream (`gemm_id` set), is answered through here just
   // before its Finish (or GemmDone write): counted in the metrics and, unless OK, logged at
   // info with the status name, message, request id, caller ("" before it is known) and peer.
@@ -154,15 +148,14 @@ class GemmServiceImpl final : public v1::GemmService::CallbackService {
   const Authenticator no_authentication_;
   const Authenticator* const authenticator_;  // never null
   mutable HostBufferPool result_buffers_{options_.result_buffer_pool_bytes};
+  ClientPendingBudget client_pending_{options_.max_client_pending_bytes};
+  const StreamServices stream_services_;  // what every GemmStream's session works with
 
   std::mutex calls_mu_;  // before any call's own mutex
   std::set<TrackedCall*> calls_;  // guarded by calls_mu_
   bool draining_ = false;         // guarded by calls_mu_
   bool stopping_ = false;         // guarded by calls_mu_; ends the janitor
   std::condition_variable janitor_wake_;
-
-  std::mutex pending_mu_;
-  std::map<std::string, int64_t> pending_bytes_;  // guarded by pending_mu_; owners with > 0
 
   std::thread janitor_;  // last: it starts once everything above is constructed
 };

@@ -4,6 +4,8 @@
 
 #include <map>
 
+#include "server/test_requests.h"
+
 namespace hgemm {
 namespace {
 
@@ -15,22 +17,12 @@ class StreamAssemblerTest : public ::testing::Test {
   }
 
   absl::Status Header(uint64_t id, uint32_t m, uint32_t n, uint32_t k) {
-    v1::GemmStreamRequest message;
-    v1::GemmHeader* h = message.mutable_header();
-    h->set_gemm_id(id);
-    h->set_m(m);
-    h->set_n(n);
-    h->set_k(k);
+    v1::GemmStreamRequest message = StreamHeader(id, m, n, k);
     return Consume(message);
   }
 
   absl::Status Chunk(uint64_t id, v1::Operand operand, uint64_t offset, std::string data) {
-    v1::GemmStreamRequest message;
-    v1::MatrixChunk* c = message.mutable_chunk();
-    c->set_gemm_id(id);
-    c->set_operand(operand);
-    c->set_offset(offset);
-    c->set_data(std::move(data));
+    v1::GemmStreamRequest message = StreamChunk(id, operand, offset, std::move(data));
     return Consume(message);
   }
 

@@ -5,15 +5,15 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cstring>
 #include <functional>
-#include <map>
-#include <mutex>
 #include <thread>
 #include <tuple>
 
 #include "kernels/registry.h"
+#include "server/backend/cuda_device.h"
+#include "server/backend/cuda_errors.h"
+#include "server/backend/cuda_slot.h"
 #include "server/core/status.h"
 
 namespace hgemm {
@@ -21,165 +21,47 @@ namespace {
 
 namespace k = ::hgemm::kernels;
 
-// Errors after which the CUDA context is unusable: every later call on the device fails.
-bool IsStickyError(cudaError_t e) {
-  switch (e) {
-    case cudaErrorIllegalAddress:
-    case cudaErrorLaunchFailure:
-    case cudaErrorHardwareStackError:
-    case cudaErrorIllegalInstruction:
-    case cudaErrorMisalignedAddress:
-    case cudaErrorInvalidAddressSpace:
-    case cudaErrorInvalidPc:
-    case cudaErrorECCUncorrectable:
-    case cudaErrorLaunchTimeout:
-    case cudaErrorAssert:
-      return true;
-    default:
-      return false;
-  }
-}
-
 constexpr size_t kAlignment = 256;
 size_t AlignUp(size_t bytes) { return (bytes + kAlignment - 1) / kAlignment * kAlignment; }
 
-// Resident buffers are allocated in multiples of the driver's 2 MiB granularity, so that a
-// cached buffer fits every later request of its size class.
-constexpr int64_t kResidentGranularity = int64_t{2} << 20;
-
 double Milliseconds(Clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); }
 
-struct Device {
-  int ordinal = 0;
-  cudaDeviceProp props{};
-  // Dense fp16 tensor-core FLOP/s at the maximum clock: no GEMM finishes sooner than this says.
-  double peak_flops = 0;
-  // Device memory the slots' buffers and resident matrices may take together.
-  int64_t budget_bytes = 0;
-  std::atomic<int64_t> used_bytes{0};
-  std::atomic<bool> healthy{true};
+// The compute capability (major*10+minor) a device needs for every variant of the registry.
+int RequiredSm() {
+  int sm = 0;
+  for (const k::VariantInfo& v : k::Variants()) sm = std::max(sm, v.min_sm);
+  return sm;
+}
 
-  // Resident buffers given back, by size, kept for the next request of that size: a steady
-  // flow of kept results then allocates nothing (and cudaFree, which synchronizes the device,
-  // runs only when the budget needs the memory). Cached bytes stay counted in used_bytes.
-  std::mutex cache_mu;
-  std::multimap<int64_t, void*> cache;  // guarded by cache_mu
-
-  // Claims `bytes` of the budget, returning cached buffers to the driver if that is what it
-  // takes; false (and nothing claimed) if it would still be passed.
-  bool Reserve(int64_t bytes) {
-    if (TryReserve(bytes)) return true;
-    ReleaseCache();
-    return TryReserve(bytes);
-  }
-
-  void* TakeCached(int64_t size) {
-    std::lock_guard<std::mutex> lock(cache_mu);
-    auto it = cache.find(size);
-    if (it == cache.end()) return nullptr;
-    void* p = it->second;
-    cache.erase(it);
-    return p;
-  }
-
-  void Cache(int64_t size, void* p) {
-    std::lock_guard<std::mutex> lock(cache_mu);
-    cache.emplace(size, p);
-  }
-
-  void ReleaseCache() {
-    std::lock_guard<std::mutex> lock(cache_mu);
-    cudaSetDevice(ordinal);
-    for (auto [size, p] : cache) {
-      cudaFree(p);
-      used_bytes -= size;
-    }
-    cache.clear();
-  }
-
- private:
-  bool TryReserve(int64_t bytes) {
-    if (used_bytes.fetch_add(bytes) + bytes <= budget_bytes) return true;
-    used_bytes -= bytes;
-    return false;
-  }
-};
-
-// One execution slot: a stream with its buffers. Used by one scheduler worker at a time.
-struct Slot {
-  Device* device = nullptr;
-  int stream_id = 0;
-  cudaStream_t stream = nullptr;
-  std::unique_ptr<k::LaunchContext> launch_context;
-  char* device_buffer = nullptr;  // A | B | C, each 256-byte aligned
-  size_t device_capacity = 0;
-  std::vector<char*> staging;              // pinned host pieces
-  std::vector<cudaEvent_t> staging_free;   // recorded after each piece's copy
-  size_t next_staging = 0;
-  cudaEvent_t start = nullptr, h2d_done = nullptr, kernel_done = nullptr, d2h_done = nullptr;
-};
+using Device = CudaDevice;
+using Slot = CudaSlot;
 
 class CudaBackend final : public Backend {
  public:
   explicit CudaBackend(const CudaBackendOptions& options) : options_(options) {}
 
-  ~CudaBackend() override {
-    for (auto& slot : slots_) {
-      cudaSetDevice(slot->device->ordinal);
-      cudaStreamSynchronize(slot->stream);
-      slot->launch_context.reset();
-      cudaFree(slot->device_buffer);
-      for (char* p : slot->staging) cudaFreeHost(p);
-      for (cudaEvent_t e : slot->staging_free) cudaEventDestroy(e);
-      for (cudaEvent_t e : {slot->start, slot->h2d_done, slot->kernel_done, slot->d2h_done}) {
-        cudaEventDestroy(e);
-      }
-      cudaStreamDestroy(slot->stream);
-    }
-    for (auto& device : devices_) device->ReleaseCache();
-  }
-
   // Sets up every device and slot; returns the first failure.
   std::string Init(const std::vector<int>& ordinals) {
+    const int required_sm = RequiredSm();
     for (int ordinal : ordinals) {
-      auto device = std::make_unique<Device>();
-      device->ordinal = ordinal;
-      if (cudaError_t e = cudaGetDeviceProperties(&device->props, ordinal); e != cudaSuccess) {
-        return fmt::format("cudaGetDeviceProperties({}): {}", ordinal, cudaGetErrorString(e));
+      std::unique_ptr<Device> device;
+      if (std::string error = Device::Open(ordinal, int(devices_.size()),
+                                           options_.device_memory_fraction, required_sm, &device);
+          !error.empty()) {
+        return error;
       }
-      const cudaDeviceProp& p = device->props;
-      if (p.major != 9 || p.minor != 0) {
-        return fmt::format("device {} ({}) is sm_{}{}; the kernels are built for sm_90a", ordinal,
-                           p.name, p.major, p.minor);
-      }
-      cudaSetDevice(ordinal);
-      // Waiting threads sleep instead of spinning: completion costs no CPU.
-      if (cudaError_t e = cudaSetDeviceFlags(cudaDeviceScheduleBlockingSync);
-          e != cudaSuccess && e != cudaErrorSetOnActiveProcess) {
-        return fmt::format("cudaSetDeviceFlags({}): {}", ordinal, cudaGetErrorString(e));
-      }
-      size_t free_bytes = 0, total_bytes = 0;
-      if (cudaError_t e = cudaMemGetInfo(&free_bytes, &total_bytes); e != cudaSuccess) {
-        return fmt::format("cudaMemGetInfo({}): {}", ordinal, cudaGetErrorString(e));
-      }
-      device->budget_bytes = int64_t(free_bytes * options_.device_memory_fraction);
-      int clock_khz = 0;
-      if (cudaError_t e = cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, ordinal);
-          e != cudaSuccess) {
-        return fmt::format("cudaDeviceGetAttribute(clock rate, {}): {}", ordinal,
-                           cudaGetErrorString(e));
-      }
-      constexpr double kSm90FlopsPerClockPerSm = 4096;  // dense fp16 wgmma, either accumulation
-      device->peak_flops = kSm90FlopsPerClockPerSm * p.multiProcessorCount * clock_khz * 1e3;
+      // Kept before its slots are made: a slot that fails to start is torn down with the rest.
+      devices_.push_back(std::move(device));
       for (int s = 0; s < options_.streams_per_device; ++s) {
-        auto slot = std::make_unique<Slot>();
-        slot->device = device.get();
-        slot->stream_id = s;
-        if (std::string error = InitSlot(*slot); !error.empty()) return error;
-        slot_device_index_.push_back(int(devices_.size()));
+        auto slot = std::make_unique<Slot>(devices_.back().get(), s);
+        if (std::string error = slot->Init(options_.staging_buffers, options_.staging_piece_bytes,
+                                           options_.preallocate_bytes_per_stream);
+            !error.empty()) {
+          return error;
+        }
+        slot_device_index_.push_back(int(devices_.size()) - 1);
         slots_.push_back(std::move(slot));
       }
-      devices_.push_back(std::move(device));
     }
     EnablePeerAccess();
     return "";
@@ -218,7 +100,7 @@ class CudaBackend final : public Backend {
     int64_t smallest = INT64_MAX;
     for (const auto& d : devices_) {
       // One slot may grow to the budget less what the other slots hold at least.
-      smallest = std::min(smallest, d->budget_bytes - (options_.streams_per_device - 1) *
+      smallest = std::min(smallest, d->memory->budget_bytes() - (options_.streams_per_device - 1) *
                                                           options_.preallocate_bytes_per_stream);
     }
     return smallest - 2 * int64_t(kAlignment);  // room for aligning B and C
@@ -238,7 +120,6 @@ class CudaBackend final : public Backend {
   absl::Status Run(int slot_index, const GemmJob& job, GemmReport* report) override;
 
  private:
-  std::string InitSlot(Slot& slot);
   // Direct device-to-device copies where the hardware allows them (NVLink, PCIe P2P); resident
   // operands copied to an idle device otherwise go through the host.
   void EnablePeerAccess();
@@ -264,44 +145,6 @@ class CudaBackend final : public Backend {
       return Fail(slot, e_, #expr);                             \
     }                                                           \
   } while (0)
-
-std::string CudaBackend::InitSlot(Slot& slot) {
-  auto check = [&](cudaError_t e, const char* what) {
-    return e == cudaSuccess ? std::string()
-                            : fmt::format("device {}: {}: {}", slot.device->ordinal, what,
-                                          cudaGetErrorString(e));
-  };
-  std::string error = check(cudaStreamCreateWithFlags(&slot.stream, cudaStreamNonBlocking),
-                            "cudaStreamCreate");
-  for (cudaEvent_t* e : {&slot.start, &slot.h2d_done, &slot.kernel_done, &slot.d2h_done}) {
-    if (error.empty()) error = check(cudaEventCreateWithFlags(e, cudaEventBlockingSync), "cudaEventCreate");
-  }
-  for (int i = 0; i < options_.staging_buffers && error.empty(); ++i) {
-    void* pinned = nullptr;
-    cudaEvent_t free_event = nullptr;
-    error = check(cudaHostAlloc(&pinned, options_.staging_piece_bytes, cudaHostAllocDefault),
-                  "cudaHostAlloc");
-    if (error.empty()) {
-      error = check(cudaEventCreateWithFlags(&free_event,
-                                             cudaEventDisableTiming | cudaEventBlockingSync),
-                    "cudaEventCreate");
-    }
-    slot.staging.push_back(static_cast<char*>(pinned));
-    slot.staging_free.push_back(free_event);
-    if (error.empty()) error = check(cudaEventRecord(free_event, slot.stream), "cudaEventRecord");
-  }
-  if (error.empty() && !slot.device->Reserve(options_.preallocate_bytes_per_stream)) {
-    error = fmt::format("device {}: --preallocate_bytes_per_stream passes the memory budget",
-                        slot.device->ordinal);
-  }
-  if (error.empty()) {
-    error = check(cudaMalloc(&slot.device_buffer, options_.preallocate_bytes_per_stream),
-                  "cudaMalloc");
-    if (error.empty()) slot.device_capacity = options_.preallocate_bytes_per_stream;
-  }
-  if (error.empty()) slot.launch_context = std::make_unique<k::LaunchContext>(slot.stream);
-  return error;
-}
 
 void CudaBackend::EnablePeerAccess() {
   for (const auto& from : devices_) {
@@ -339,11 +182,11 @@ absl::Status CudaBackend::Fail(Slot& slot, cudaError_t e, const std::string& wha
 absl::Status CudaBackend::EnsureCapacity(Slot& slot, size_t bytes) {
   if (bytes <= slot.device_capacity) return absl::OkStatus();
   Device& device = *slot.device;
-  if (!device.Reserve(bytes - slot.device_capacity)) {
+  if (!device.memory->Reserve(bytes - slot.device_capacity)) {
     return status::OverLimit(fmt::format(
         "the GEMM needs {} bytes on device {}; {} of its {}-byte budget are in use by streams "
         "and resident matrices",
-        bytes, device.ordinal, device.used_bytes.load(), device.budget_bytes));
+        bytes, device.ordinal, device.memory->used_bytes(), device.memory->budget_bytes()));
   }
   // From here the slot's claim on the budget is `bytes`, whatever it holds.
   cudaError_t e = cudaStreamSynchronize(slot.stream);
@@ -352,7 +195,7 @@ absl::Status CudaBackend::EnsureCapacity(Slot& slot, size_t bytes) {
   void* buffer = nullptr;
   if (e == cudaSuccess) e = cudaMalloc(&buffer, bytes);
   if (e != cudaSuccess) {
-    device.used_bytes -= bytes;
+    device.memory->Unreserve(bytes);
     slot.device_capacity = 0;
     return Fail(slot, e, fmt::format("growing the stream's buffers to {} bytes", bytes));
   }
@@ -369,29 +212,7 @@ absl::Status CudaBackend::AllocateResident(int device_index, int64_t bytes,
   if (!device.healthy) {
     return status::BackendFailure(fmt::format("device {} is unusable", device.ordinal));
   }
-  if (bytes <= 0) {  // would lower the budget's count for good
-    return status::BackendFailure(fmt::format("resident buffer of {} bytes", bytes));
-  }
-  const int64_t size = (bytes + kResidentGranularity - 1) / kResidentGranularity * kResidentGranularity;
-  void* data = device.TakeCached(size);
-  if (data == nullptr) {
-    if (!device.Reserve(size)) {
-      return status::OverLimit(fmt::format(
-          "{} more bytes would pass device {}'s memory budget ({} of {} in use by streams and "
-          "resident matrices)",
-          size, device.ordinal, device.used_bytes.load(), device.budget_bytes));
-    }
-    cudaSetDevice(device.ordinal);
-    if (cudaError_t e = cudaMalloc(&data, size); e != cudaSuccess) {
-      device.used_bytes -= size;
-      cudaGetLastError();
-      return status::OverLimit(fmt::format("device {}: cudaMalloc({}): {}", device.ordinal, size,
-                                           cudaGetErrorString(e)));
-    }
-  }
-  *buffer = std::make_shared<ResidentBuffer>(device_index, bytes, data,
-                                             [&device, size](void* p) { device.Cache(size, p); });
-  return absl::OkStatus();
+  return device.memory->AllocateResident(bytes, buffer);
 }
 
 absl::Status CudaBackend::WriteResident(ResidentBuffer& buffer, int64_t offset, const void* host,
@@ -431,12 +252,12 @@ absl::Status CudaBackend::CopyToDevice(Slot& slot, char* dst, const char* src, s
   const size_t piece = options_.staging_piece_bytes;
   for (size_t offset = 0; offset < bytes; offset += piece) {
     const size_t n = std::min(piece, bytes - offset);
-    const size_t r = slot.next_staging++ % slot.staging.size();
-    CUDA_TRY(slot, cudaEventSynchronize(slot.staging_free[r]));
-    std::memcpy(slot.staging[r], src + offset, n);
-    CUDA_TRY(slot, cudaMemcpyAsync(dst + offset, slot.staging[r], n, cudaMemcpyHostToDevice,
+    const size_t r = slot.staging.next++ % slot.staging.size();
+    CUDA_TRY(slot, cudaEventSynchronize(slot.staging.free_event(r)));
+    std::memcpy(slot.staging.piece(r), src + offset, n);
+    CUDA_TRY(slot, cudaMemcpyAsync(dst + offset, slot.staging.piece(r), n, cudaMemcpyHostToDevice,
                                    slot.stream));
-    CUDA_TRY(slot, cudaEventRecord(slot.staging_free[r], slot.stream));
+    CUDA_TRY(slot, cudaEventRecord(slot.staging.free_event(r), slot.stream));
   }
   return absl::OkStatus();
 }
@@ -450,9 +271,9 @@ absl::Status CudaBackend::CopyToHost(Slot& slot, char* dst, const char* src, siz
   const size_t ring = slot.staging.size();
   const size_t pieces = (bytes + piece - 1) / piece;
   auto drain = [&](size_t i) -> absl::Status {
-    const size_t r = (slot.next_staging + i) % ring;
-    CUDA_TRY(slot, cudaEventSynchronize(slot.staging_free[r]));
-    std::memcpy(dst + i * piece, slot.staging[r], std::min(piece, bytes - i * piece));
+    const size_t r = (slot.staging.next + i) % ring;
+    CUDA_TRY(slot, cudaEventSynchronize(slot.staging.free_event(r)));
+    std::memcpy(dst + i * piece, slot.staging.piece(r), std::min(piece, bytes - i * piece));
     if (progress) progress(int64_t(std::min((i + 1) * piece, bytes)));
     return absl::OkStatus();
   };
@@ -460,12 +281,12 @@ absl::Status CudaBackend::CopyToHost(Slot& slot, char* dst, const char* src, siz
     if (i >= ring) {
       if (absl::Status s = drain(i - ring); !s.ok()) return s;
     }
-    const size_t r = (slot.next_staging + i) % ring;
-    CUDA_TRY(slot, cudaEventSynchronize(slot.staging_free[r]));  // its H2D use is done
-    CUDA_TRY(slot, cudaMemcpyAsync(slot.staging[r], src + i * piece,
+    const size_t r = (slot.staging.next + i) % ring;
+    CUDA_TRY(slot, cudaEventSynchronize(slot.staging.free_event(r)));  // its H2D use is done
+    CUDA_TRY(slot, cudaMemcpyAsync(slot.staging.piece(r), src + i * piece,
                                    std::min(piece, bytes - i * piece), cudaMemcpyDeviceToHost,
                                    slot.stream));
-    CUDA_TRY(slot, cudaEventRecord(slot.staging_free[r], slot.stream));
+    CUDA_TRY(slot, cudaEventRecord(slot.staging.free_event(r), slot.stream));
   }
   CUDA_TRY(slot, cudaEventRecord(slot.d2h_done, slot.stream));
   CUDA_TRY(slot, cudaEventSynchronize(slot.d2h_done));
@@ -476,7 +297,7 @@ absl::Status CudaBackend::CopyToHost(Slot& slot, char* dst, const char* src, siz
   float device_ms = 0;
   CUDA_TRY(slot, cudaEventElapsedTime(&device_ms, slot.kernel_done, slot.d2h_done));
   *d2h_ms = device_ms + Milliseconds(Clock::now() - tail_start);
-  slot.next_staging += pieces;
+  slot.staging.next += pieces;
   return absl::OkStatus();
 }
 

@@ -2,9 +2,14 @@
 //
 // Each device gets `streams_per_device` execution slots. A slot owns a CUDA stream, device
 // buffers for A, B and C (grown on demand, never shrunk: a steady stream of shapes allocates
-// nothing; resident matrices and kept results come from a per-device cache of freed buffers), a small ring of pinned host buffers through which operands and results are
-// staged piece by piece (host copies overlap the DMA), and timing events. Slots of one device
-// run concurrently, so one request's copies overlap another's kernel.
+// nothing), a small ring of pinned host buffers through which operands and results are staged
+// piece by piece (host copies overlap the DMA), and timing events (CudaSlot, cuda_slot.h, with
+// its PinnedStagingRing). Resident matrices and kept results come from a per-device cache of
+// freed buffers, within the device's memory budget (DeviceMemory, device_memory.h; the device
+// itself: CudaDevice, cuda_device.h). Slots of one device run concurrently, so one request's
+// copies overlap another's kernel. A device is used if it has the compute capability every
+// registry variant needs (VariantInfo::min_sm).
+// Thread safety: see Backend.
 #ifndef HGEMM_SERVER_BACKEND_CUDA_BACKEND_H_
 #define HGEMM_SERVER_BACKEND_CUDA_BACKEND_H_
 

@@ -2,7 +2,9 @@
 
 #include <fmt/format.h>
 
+#include <chrono>
 #include <memory>
+#include <utility>
 
 #include "server/core/status.h"
 
@@ -47,6 +49,12 @@ absl::Status ResidentResolver::Resolve(const std::string& owner,
 int ResidentResolver::PlaceArriving(GemmJob* job) const {
   if (job->device_index < 0) job->device_index = scheduler_->LeastLoadedDevice();
   return job->device_index;
+}
+
+ResidentMatrix ResidentResolver::KeepC(QuotaReservation c_quota, const GemmShape& shape,
+                                       const GemmReport& report, uint32_t ttl_seconds) const {
+  return store_->Add(std::move(c_quota), shape.m, shape.n, report.c_resident,
+                     std::chrono::seconds(ttl_seconds), "C of " + report.kernel);
 }
 
 }  // namespace hgemm

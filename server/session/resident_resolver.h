@@ -9,6 +9,7 @@
 // Quota: the C of keep_c is reserved in one step (MatrixStore::Reserve), so two GEMMs admitted
 // at once cannot both pass the client's quota; the reservation becomes the matrix's when the
 // GEMM has run (MatrixStore::Add) or is given back if it does not.
+// Keeping C: once the GEMM has run, KeepC turns the reservation into the stored matrix.
 // Thread safety: all methods are thread-safe; the store and scheduler must outlive it.
 #ifndef HGEMM_SERVER_SESSION_RESIDENT_RESOLVER_H_
 #define HGEMM_SERVER_SESSION_RESIDENT_RESOLVER_H_
@@ -46,6 +47,12 @@ class ResidentResolver {
   // The device the operands still to come of `job` are written to: its pinned device, else
   // (and from now on pinned there) the least loaded one.
   int PlaceArriving(GemmJob* job) const;
+
+  // The C that a keep_c GEMM of `shape` left on the device (report.c_resident), added to the
+  // store under the reservation Resolve made, with `ttl_seconds` (0: the store's default).
+  // REQUIRES: report.c_resident is set.
+  ResidentMatrix KeepC(QuotaReservation c_quota, const GemmShape& shape, const GemmReport& report,
+                       uint32_t ttl_seconds) const;
 
  private:
   MatrixStore* const store_;

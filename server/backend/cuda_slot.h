@@ -1,0 +1,47 @@
+// CudaSlot: one execution slot of the CUDA backend: a CUDA stream with its launch context,
+// its device buffer for A | B | C (grown on demand, never shrunk; counted in the device's
+// budget), its pinned staging ring and its timing events. Owns all of them and tears them down
+// on destruction (after the stream has finished its work).
+// Thread safety: none; used by one scheduler worker at a time.
+#ifndef HGEMM_SERVER_BACKEND_CUDA_SLOT_H_
+#define HGEMM_SERVER_BACKEND_CUDA_SLOT_H_
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "kernels/registry.h"
+#include "server/backend/cuda_device.h"
+#include "server/backend/pinned_staging_ring.h"
+
+namespace hgemm {
+
+struct CudaSlot {
+  // Slot `stream_id` of `device`. REQUIRES: `device` outlives the slot.
+  CudaSlot(CudaDevice* device, int stream_id) : device(device), stream_id(stream_id) {}
+  // Synchronizes the stream, then frees what the slot owns and gives its buffer's bytes back to
+  // the device's budget.
+  ~CudaSlot();
+  CudaSlot(const CudaSlot&) = delete;
+  CudaSlot& operator=(const CudaSlot&) = delete;
+
+  // Creates the stream, events and staging ring and allocates `preallocate_bytes` of device
+  // buffer. Returns "" or the first failure. REQUIRES: the device is current.
+  std::string Init(int staging_buffers, int64_t staging_piece_bytes, int64_t preallocate_bytes);
+
+  CudaDevice* const device;
+  const int stream_id;
+  cudaStream_t stream = nullptr;
+  std::unique_ptr<kernels::LaunchContext> launch_context;  // bound to `stream`
+  char* device_buffer = nullptr;  // A | B | C, each 256-byte aligned
+  size_t device_capacity = 0;     // bytes of device_buffer, claimed in the device's budget
+  PinnedStagingRing staging;
+  cudaEvent_t start = nullptr, h2d_done = nullptr, kernel_done = nullptr, d2h_done = nullptr;
+};
+
+}  // namespace hgemm
+
+#endif  // HGEMM_SERVER_BACKEND_CUDA_SLOT_H_
