@@ -44,6 +44,7 @@
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "grpc/reflection/v1alpha/reflection.grpc.pb.h"
 #include "kernels/host/cpu_gemm.h"
+#include "kernels/host/error_stats.h"
 #include "kernels/host/fp16.h"
 
 namespace hgemm {
@@ -410,7 +411,7 @@ TEST_F(ServerProcessTest, SigtermDrainsInFlightGemmsAndExitsZero) {
         reinterpret_cast<const uint16_t*>(requests[i].b().data()), kSize, kSize, kSize);
     EXPECT_LT(RelativeFrobeniusError(reinterpret_cast<const uint16_t*>(results[i].response.c().data()),
                                      reference.data(), reference.size()),
-              1e-3);
+              kServiceTolerance.fp32_acc);
   }
   for (const grpc::Status& s : unary) EXPECT_TRUE(s.ok()) << s.error_message();
 }

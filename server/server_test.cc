@@ -11,6 +11,7 @@
 
 #include "client/gemm_client.h"
 #include "kernels/host/cpu_gemm.h"
+#include "kernels/host/error_stats.h"
 #include "kernels/host/fp16.h"
 #include "server/backend/cpu_backend.h"
 #include "server/test_requests.h"
@@ -46,7 +47,7 @@ class ServerTest : public ::testing::Test {
     v1::GemmRequest r = RandomRequest(17, 9, 33, rng_);
     v1::GemmResponse response;
     ASSERT_TRUE(client_->Gemm(r, &response).ok());
-    EXPECT_LT(ErrorAgainstReference(r, response.c()), 1e-3);
+    EXPECT_LT(ErrorAgainstReference(r, response.c()), kServiceTolerance.fp32_acc);
   }
 
   std::mt19937_64 rng_{20261203};
@@ -82,7 +83,7 @@ TEST_F(ServerTest, UnaryOddShapesMatchReference) {
     v1::GemmRequest r = RandomRequest(m, n, k, rng_);
     v1::GemmResponse response;
     ASSERT_TRUE(client_->Gemm(r, &response).ok());
-    EXPECT_LT(ErrorAgainstReference(r, response.c()), 1e-3) << m << "x" << n << "x" << k;
+    EXPECT_LT(ErrorAgainstReference(r, response.c()), kServiceTolerance.fp32_acc) << m << "x" << n << "x" << k;
   }
 }
 
@@ -92,7 +93,7 @@ TEST_F(ServerTest, StreamedLargeMatrices) {
   std::vector<StreamedGemm> results;
   ASSERT_TRUE(client_->GemmStream({&r}, &results).ok());
   ASSERT_TRUE(results[0].status.ok()) << results[0].status.error_message();
-  EXPECT_LT(ErrorAgainstReference(r, results[0].response.c()), 1e-3);
+  EXPECT_LT(ErrorAgainstReference(r, results[0].response.c()), kServiceTolerance.fp32_acc);
   EXPECT_GT(results[0].response.timing().tflops(), 0);
 }
 
@@ -180,7 +181,7 @@ TEST_F(ServerTest, ExceptionsInWorkersBecomeStatuses) {
   EXPECT_EQ(results[0].status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
       << results[0].status.error_message();
   ASSERT_TRUE(results[1].status.ok()) << results[1].status.error_message();
-  EXPECT_LT(ErrorAgainstReference(fine, results[1].response.c()), 1e-3);
+  EXPECT_LT(ErrorAgainstReference(fine, results[1].response.c()), kServiceTolerance.fp32_acc);
   ExpectStillServing();
 }
 
@@ -198,7 +199,7 @@ TEST_F(ServerTest, StreamSendsCWhileItIsStillArriving) {
   ASSERT_TRUE(client_->GemmStream({&requests[0], &requests[1], &requests[2]}, &results).ok());
   for (size_t i = 0; i < requests.size(); ++i) {
     ASSERT_TRUE(results[i].status.ok()) << results[i].status.error_message();
-    EXPECT_LT(ErrorAgainstReference(requests[i], results[i].response.c()), 1e-3) << i;
+    EXPECT_LT(ErrorAgainstReference(requests[i], results[i].response.c()), kServiceTolerance.fp32_acc) << i;
   }
 }
 
@@ -213,7 +214,7 @@ TEST_F(ServerTest, ManyGemmsOnOneStream) {
   ASSERT_TRUE(client_->GemmStream(pointers, &results, options).ok());
   for (size_t i = 0; i < requests.size(); ++i) {
     ASSERT_TRUE(results[i].status.ok()) << i << ": " << results[i].status.error_message();
-    EXPECT_LT(ErrorAgainstReference(requests[i], results[i].response.c()), 1e-3) << i;
+    EXPECT_LT(ErrorAgainstReference(requests[i], results[i].response.c()), kServiceTolerance.fp32_acc) << i;
   }
 }
 
@@ -222,7 +223,7 @@ TEST_F(ServerTest, RunPicksUnaryOrStreamBySize) {
     v1::GemmRequest r = RandomRequest(size, size, size, rng_);
     v1::GemmResponse response;
     ASSERT_TRUE(client_->Run(r, &response).ok());
-    EXPECT_LT(ErrorAgainstReference(r, response.c()), 1e-3);
+    EXPECT_LT(ErrorAgainstReference(r, response.c()), kServiceTolerance.fp32_acc);
   }
 }
 
@@ -612,7 +613,7 @@ TEST_F(ServerTest, ConcurrentClientsAllGetCorrectAnswers) {
       for (int i = 0; i < 5; ++i) {
         v1::GemmRequest r = RandomRequest(64 + t, 96, 128 + i, rng);
         v1::GemmResponse response;
-        if (!client_->Gemm(r, &response).ok() || ErrorAgainstReference(r, response.c()) > 1e-3) {
+        if (!client_->Gemm(r, &response).ok() || ErrorAgainstReference(r, response.c()) > kServiceTolerance.fp32_acc) {
           failures++;
         }
       }
@@ -663,7 +664,7 @@ TEST_F(ServerTest, ResidentLifecycleChainingAndRelease) {
   plain.set_k(k);
   plain.set_a(a);
   plain.set_b(b);
-  EXPECT_LT(ErrorAgainstReference(plain, c), 1e-3);
+  EXPECT_LT(ErrorAgainstReference(plain, c), kServiceTolerance.fp32_acc);
 
   v1::GemmRequest chained;
   chained.set_m(m);
@@ -679,7 +680,7 @@ TEST_F(ServerTest, ResidentLifecycleChainingAndRelease) {
   chained_plain.set_k(n);
   chained_plain.set_a(c);
   chained_plain.set_b(b2);
-  EXPECT_LT(ErrorAgainstReference(chained_plain, chained_response.c()), 1e-3);
+  EXPECT_LT(ErrorAgainstReference(chained_plain, chained_response.c()), kServiceTolerance.fp32_acc);
 
   v1::ListMatricesResponse listed;
   ASSERT_TRUE(client_->ListMatrices(&listed).ok());
@@ -717,7 +718,7 @@ TEST_F(ServerTest, ResidentMixedWithBytesConcurrentlyAndOnStreams) {
       v1::GemmRequest plain = r;
       plain.set_b(b);
       for (int i = 0; i < 4; ++i) {
-        if (!client_->Gemm(r, &response).ok() || ErrorAgainstReference(plain, response.c()) > 1e-3) {
+        if (!client_->Gemm(r, &response).ok() || ErrorAgainstReference(plain, response.c()) > kServiceTolerance.fp32_acc) {
           failures++;
         }
       }
@@ -748,7 +749,7 @@ TEST_F(ServerTest, ResidentMixedWithBytesConcurrentlyAndOnStreams) {
   ASSERT_TRUE(results[1].status.ok()) << results[1].status.error_message();
   v1::GemmRequest plain = with_b;
   plain.set_b(b);
-  EXPECT_LT(ErrorAgainstReference(plain, results[0].response.c()), 1e-3);
+  EXPECT_LT(ErrorAgainstReference(plain, results[0].response.c()), kServiceTolerance.fp32_acc);
   std::string c;
   ASSERT_TRUE(client_->DownloadMatrix(results[1].response.c_matrix().handle(), &c).ok());
   EXPECT_EQ(c, results[0].response.c());  // same inputs, same kernel

@@ -10,6 +10,7 @@
 #include <thread>
 #include <tuple>
 
+#include "kernels/align.h"
 #include "kernels/registry.h"
 #include "server/backend/cuda_device.h"
 #include "server/backend/cuda_errors.h"
@@ -20,9 +21,6 @@ namespace hgemm {
 namespace {
 
 namespace k = ::hgemm::kernels;
-
-constexpr size_t kAlignment = 256;
-size_t AlignUp(size_t bytes) { return (bytes + kAlignment - 1) / kAlignment * kAlignment; }
 
 double Milliseconds(Clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); }
 
@@ -103,7 +101,7 @@ class CudaBackend final : public Backend {
       smallest = std::min(smallest, d->memory->budget_bytes() - (options_.streams_per_device - 1) *
                                                           options_.preallocate_bytes_per_stream);
     }
-    return smallest - 2 * int64_t(kAlignment);  // room for aligning B and C
+    return smallest - 2 * int64_t(k::kDeviceAlignment);  // room for aligning B and C
   }
 
   absl::Status AllocateResident(int device_index, int64_t bytes,
@@ -332,8 +330,8 @@ absl::Status CudaBackend::Run(int slot_index, const GemmJob& job, GemmReport* re
   const int here = SlotDevice(slot_index);
   const bool a_here = job.a_resident && job.a_resident->device_index == here;
   const bool b_here = job.b_resident && job.b_resident->device_index == here;
-  const size_t a_space = a_here ? 0 : AlignUp(a_bytes);
-  const size_t b_space = b_here ? 0 : AlignUp(b_bytes);
+  const size_t a_space = a_here ? 0 : k::AlignUp(a_bytes);
+  const size_t b_space = b_here ? 0 : k::AlignUp(b_bytes);
   if (absl::Status s = EnsureCapacity(slot, a_space + b_space + (job.keep_c ? 0 : c_bytes));
       !s.ok()) {
     return s;

@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "kernels/host/cpu_gemm.h"
+#include "kernels/host/error_stats.h"
 
 namespace hgemm {
 namespace {
@@ -86,7 +87,7 @@ TEST_F(CudaBackendTest, EveryKernelBothAccumulationsOddShapes) {
                                                                           << "x" << n << "x" << k;
           continue;
         }
-        const double bar = acc == Accumulation::kFp16 ? 5e-3 : 5e-4;
+        const double bar = kKernelTolerance.For(acc == Accumulation::kFp16);
         EXPECT_LE(error, bar) << kernel << " ran as " << report.kernel << " acc "
                               << (acc == Accumulation::kFp16 ? "fp16" : "fp32") << " " << m << "x"
                               << n << "x" << k;
@@ -109,13 +110,14 @@ TEST_F(CudaBackendTest, SlotsRunConcurrentlyAndCorrectly) {
     });
   }
   for (auto& t : threads) t.join();
-  for (double e : errors) EXPECT_LE(e, 5e-4);
+  for (double e : errors) EXPECT_LE(e, kKernelTolerance.fp32_acc);
 }
 
 TEST_F(CudaBackendTest, BuffersGrowAndShapesShrinkBack) {
   for (int64_t size : {64, 3000, 100, 4096, 17}) {
     GemmReport report;
-    EXPECT_LE(RunAndCompare(1, size, size, size, "auto", Accumulation::kFp32, &report, size), 5e-4)
+    EXPECT_LE(RunAndCompare(1, size, size, size, "auto", Accumulation::kFp32, &report, size),
+              kKernelTolerance.fp32_acc)
         << size;
     EXPECT_GT(report.host_to_device_ms, 0);
     EXPECT_GT(report.device_to_host_ms, 0);
@@ -144,7 +146,7 @@ TEST_F(CudaBackendTest, ResidentOperandsAndKeptResult) {
     ASSERT_NE(report.c_resident, nullptr);
     std::vector<uint16_t> c(m * n, 0xFFFF);
     ASSERT_TRUE(backend_->ReadResident(*report.c_resident, c.data()).ok());
-    EXPECT_LE(RelativeFrobeniusError(c.data(), reference.data(), m * n), 5e-4);
+    EXPECT_LE(RelativeFrobeniusError(c.data(), reference.data(), m * n), kKernelTolerance.fp32_acc);
     EXPECT_EQ(report.device_to_host_ms, 0);
   }
 }
@@ -180,7 +182,7 @@ TEST_F(CudaBackendTest, ResidentOperandsOfAnotherDeviceAreCopiedOver) {
   GemmReport report;
   ASSERT_TRUE(two->Run(1, job, &report).ok());  // slot 1 is device index 1
   std::vector<float> reference = ReferenceGemm(a.data(), b.data(), m, n, k);
-  EXPECT_LE(RelativeFrobeniusError(c.data(), reference.data(), m * n), 5e-4);
+  EXPECT_LE(RelativeFrobeniusError(c.data(), reference.data(), m * n), kKernelTolerance.fp32_acc);
   EXPECT_GT(report.host_to_device_ms, 0);  // the copy of A and B
 }
 
