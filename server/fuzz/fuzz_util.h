@@ -37,12 +37,19 @@ inline int64_t WrappedBytes(uint32_t rows, uint32_t cols) {
   return int64_t(uint64_t(2) * uint64_t(rows) * uint64_t(cols));
 }
 
-// A status message must not show a wrapped (negative) size: "-" and 4 or more digits (a
-// client's own small negative enum value, echoed back, is fine).
+// A status message must not show a wrapped (negative) size: "-" and 4 or more digits. A
+// client's own enum value echoed back ("unknown value -33818674": proto3 enums are any int32) is
+// what it sent, not a wrap, so a number right after "unknown value " does not count.
 inline bool ShowsNegativeNumber(const std::string& message) {
+  static constexpr char kEchoedEnum[] = "unknown value ";
+  constexpr size_t kEchoedEnumLength = sizeof(kEchoedEnum) - 1;
   for (size_t i = 0; i + 4 < message.size(); ++i) {
     auto digit = [&](size_t j) { return message[j] >= '0' && message[j] <= '9'; };
+    const bool echoed_enum =
+        i >= kEchoedEnumLength &&
+        message.compare(i - kEchoedEnumLength, kEchoedEnumLength, kEchoedEnum) == 0;
     if (message[i] == '-' && digit(i + 1) && digit(i + 2) && digit(i + 3) && digit(i + 4) &&
+        !echoed_enum &&
         (i == 0 || message[i - 1] == ' ' || message[i - 1] == '(' || message[i - 1] == '=')) {
       return true;
     }
