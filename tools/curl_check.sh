@@ -51,15 +51,15 @@ for _ in $(seq 100); do
 done
 
 passed=0 failed=0
-check() {  # $1: name; $2: what the output must contain; the rest: the command
+check() {  # $1: name; $2: a regular expression the output must match; the rest: the command
   local name=$1 want=$2 out
   shift 2
   out=$("$@" 2>&1) || true
-  if [[ $out == *"$want"* ]]; then
+  if [[ $out =~ $want ]]; then
     echo "ok    $name"
     passed=$((passed + 1))
   else
-    echo "FAIL  $name: wanted \"$want\" in:"
+    echo "FAIL  $name: wanted /$want/ in:"
     echo "$out" | sed 's/^/      /'
     failed=$((failed + 1))
   fi
@@ -74,8 +74,9 @@ check "no token: UNAUTHENTICATED" '"code": "unauthenticated"' \
   curl_tls -d "$gemm" "$url/hgemm.v1.GemmService/Gemm"
 check "wrong token: UNAUTHENTICATED" '"code": "unauthenticated"' \
   curl_tls -H "authorization: Bearer not-$token" -d "$gemm" "$url/hgemm.v1.GemmService/Gemm"
-# From the .proto, since reflection can't be reached in plaintext either.
-check "plaintext to the TLS port: no answer" '"code": "unavailable"' \
+# From the .proto, since reflection can't be reached in plaintext either. The TLS server drops
+# the connection: buf reports that as unavailable, or as canceled when its write loses the race.
+check "plaintext to the TLS port: no answer" '"code": "(unavailable|canceled)"' \
   timeout 30 "$buf" curl --protocol grpc --http2-prior-knowledge --schema proto/hgemm.proto \
   -H "authorization: Bearer $token" -d "$gemm" "http://127.0.0.1:$port/hgemm.v1.GemmService/Gemm"
 ((failed == 0)) || { echo "server log:"; sed 's/^/      /' "$work/server.log"; }
