@@ -24,6 +24,7 @@
 #include "bench/stats.h"
 #include "client/gemm_client.h"
 #include "client/gemm_dims.h"
+#include "kernels/host/cpu_gemm.h"
 #include "proto/hgemm.grpc.pb.h"
 
 namespace {
@@ -35,18 +36,6 @@ using hgemm::v1::GemmResponse;
 struct Sample {
   double client_ms, kernel_ms, server_ms;
 };
-
-// fp16 values in [0.5, 1): never zero, never NaN.
-std::string RandomFp16(size_t count, std::mt19937* rng) {
-  std::string bytes(2 * count, '\0');
-  std::uniform_int_distribution<uint16_t> mantissa(0, 0x3ff);
-  for (size_t i = 0; i < count; ++i) {
-    const uint16_t v = 0x3800 | mantissa(*rng);
-    bytes[2 * i] = char(v & 0xff);
-    bytes[2 * i + 1] = char(v >> 8);
-  }
-  return bytes;
-}
 
 grpc::Status CallBlocking(hgemm::v1::GemmService::Stub* stub, const GemmRequest& request,
                           const std::string& client_id, GemmResponse* response) {
@@ -111,11 +100,12 @@ int main(int argc, char** argv) {
   hgemm::GemmClient client(channel);
   hgemm::CallOptions options;
   options.client_id = client_id;
-  std::mt19937 rng(17);
+  std::mt19937_64 rng(17);
   hgemm::v1::MatrixInfo a, b;
   for (auto [info, rows, cols] : {std::tuple{&a, shape.m, shape.k}, std::tuple{&b, shape.k, shape.n}}) {
-    grpc::Status s = client.UploadMatrix(rows, cols, RandomFp16(size_t(rows) * cols, &rng), info,
-                                         /*ttl_seconds=*/600, "poll_probe", options);
+    const std::string data = hgemm::HalfBytes(hgemm::RandomHalfMatrix(int64_t(rows) * cols, rng));
+    grpc::Status s = client.UploadMatrix(rows, cols, data, info, /*ttl_seconds=*/600, "poll_probe",
+                                         options);
     if (!s.ok()) {
       std::fprintf(stderr, "poll_probe: upload: %s\n", s.error_message().c_str());
       return 1;

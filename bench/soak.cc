@@ -116,10 +116,6 @@ class Canceller {
 
 std::string ShapeName(uint32_t m, uint32_t n, uint32_t k) { return fmt::format("{}x{}x{}", m, n, k); }
 
-std::string HalfBytes(const std::vector<uint16_t>& v) {
-  return std::string(reinterpret_cast<const char*>(v.data()), 2 * v.size());
-}
-
 // One client: a thread, a channel, an x-client-id, and its random stream.
 class SoakClient {
  public:

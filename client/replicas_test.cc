@@ -36,10 +36,6 @@ bool Contains(const std::string& text, const std::string& part) {
   return text.find(part) != std::string::npos;
 }
 
-std::string Bytes(const std::vector<uint16_t>& values) {
-  return std::string(reinterpret_cast<const char*>(values.data()), 2 * values.size());
-}
-
 // ‖c − a·b‖ / ‖a·b‖ with the fp32-accumulated reference; a, b, c as fp16 bytes.
 double ErrorOf(const std::string& c, const std::string& a, const std::string& b, int64_t m,
                int64_t n, int64_t k) {
@@ -111,7 +107,7 @@ TEST_F(ReplicasTest, HandlesAndServerInfoNameTheReplica) {
   std::mt19937_64 rng(1);
   for (const std::string& replica : addresses_) {
     v1::MatrixInfo info;
-    const std::string handle = Upload(replica, 4, 4, Bytes(RandomHalfMatrix(16, rng)), &info);
+    const std::string handle = Upload(replica, 4, 4, HalfBytes(RandomHalfMatrix(16, rng)), &info);
     EXPECT_EQ(info.replica(), replica);
     EXPECT_EQ(GemmClient::ReplicaOf(handle), replica);
     EXPECT_EQ(handle.substr(handle.size() - replica.size() - 1), "@" + replica);
@@ -133,9 +129,9 @@ TEST_F(ReplicasTest, ConcurrentResidentCyclesAreCorrect) {
       for (int cycle = 0; cycle < kCycles; ++cycle) {
         SCOPED_TRACE("thread " + std::to_string(t) + " cycle " + std::to_string(cycle));
         const uint32_t m = 8 + rng() % 40, k = 8 + rng() % 40, n = 8 + rng() % 40, p = 8 + rng() % 40;
-        const std::string a = Bytes(RandomHalfMatrix(int64_t(m) * k, rng));
-        const std::string b = Bytes(RandomHalfMatrix(int64_t(k) * n, rng));
-        const std::string b2 = Bytes(RandomHalfMatrix(int64_t(n) * p, rng));
+        const std::string a = HalfBytes(RandomHalfMatrix(int64_t(m) * k, rng));
+        const std::string b = HalfBytes(RandomHalfMatrix(int64_t(k) * n, rng));
+        const std::string b2 = HalfBytes(RandomHalfMatrix(int64_t(n) * p, rng));
         // A balanced, B onto A's replica.
         v1::MatrixInfo a_info, b_info;
         CallOptions upload = call;
@@ -204,7 +200,7 @@ TEST_F(ReplicasTest, ConcurrentResidentCyclesAreCorrect) {
 
 TEST_F(ReplicasTest, HandlesOfTwoReplicasInOneGemmAreRefusedBeforeSending) {
   std::mt19937_64 rng(2);
-  const std::string a = Bytes(RandomHalfMatrix(8 * 8, rng)), b = Bytes(RandomHalfMatrix(8 * 8, rng));
+  const std::string a = HalfBytes(RandomHalfMatrix(8 * 8, rng)), b = HalfBytes(RandomHalfMatrix(8 * 8, rng));
   const std::string a_handle = Upload(addresses_[0], 8, 8, a);
   const std::string b_handle = Upload(addresses_[1], 8, 8, b);
   const std::string b_with_a = Upload(addresses_[0], 8, 8, b);
@@ -242,7 +238,7 @@ TEST_F(ReplicasTest, HandlesOfTwoReplicasInOneGemmAreRefusedBeforeSending) {
 
 TEST_F(ReplicasTest, AGoneReplicaFailsOnlyTheCallsNamingItsHandles) {
   std::mt19937_64 rng(3);
-  const std::string a = Bytes(RandomHalfMatrix(16 * 16, rng)), b = Bytes(RandomHalfMatrix(16 * 16, rng));
+  const std::string a = HalfBytes(RandomHalfMatrix(16 * 16, rng)), b = HalfBytes(RandomHalfMatrix(16 * 16, rng));
   std::vector<std::string> handles;
   for (const std::string& replica : addresses_) handles.push_back(Upload(replica, 16, 16, a));
   auto gemm_with = [&](const std::string& handle, v1::GemmResponse* response) {

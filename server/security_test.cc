@@ -7,6 +7,7 @@
 
 #include "client/gemm_client.h"
 #include "grpc/health/v1/health.grpc.pb.h"
+#include "kernels/host/cpu_gemm.h"
 #include "server/auth/test_certs.h"
 #include "server/backend/cpu_backend.h"
 #include "server/server.h"
@@ -21,10 +22,6 @@ using testing::ReplaceFile;
 using testing::TokenLine;
 
 constexpr char kUnknownHandle[] = "m-00000000000000000000000000000000";
-
-std::string Bytes(const std::vector<uint16_t>& half) {
-  return std::string(reinterpret_cast<const char*>(half.data()), 2 * half.size());
-}
 
 class SecurityTest : public ::testing::Test {
  protected:
@@ -74,7 +71,7 @@ class SecurityTest : public ::testing::Test {
 
   v1::MatrixInfo Upload(const GemmClient& client, const CallOptions& call = {}) {
     v1::MatrixInfo info;
-    grpc::Status s = client.UploadMatrix(16, 16, Bytes(RandomHalfMatrix(256, rng_)), &info, 0, "",
+    grpc::Status s = client.UploadMatrix(16, 16, HalfBytes(RandomHalfMatrix(256, rng_)), &info, 0, "",
                                          call);
     EXPECT_TRUE(s.ok()) << s.error_message();
     return info;
@@ -119,7 +116,7 @@ TEST_F(SecurityTest, MissingWrongAndRevokedTokensAreUnauthenticated) {
     v1::ListKernelsResponse kernels;
     EXPECT_EQ(client->ListKernels(&kernels).error_code(), grpc::StatusCode::UNAUTHENTICATED);
     v1::MatrixInfo info;
-    EXPECT_EQ(client->UploadMatrix(4, 4, Bytes(RandomHalfMatrix(16, rng_)), &info).error_code(),
+    EXPECT_EQ(client->UploadMatrix(4, 4, HalfBytes(RandomHalfMatrix(16, rng_)), &info).error_code(),
               grpc::StatusCode::UNAUTHENTICATED);
     v1::ListMatricesResponse list;
     EXPECT_EQ(client->ListMatrices(&list).error_code(), grpc::StatusCode::UNAUTHENTICATED);

@@ -623,15 +623,12 @@ TEST_F(ServerTest, ConcurrentClientsAllGetCorrectAnswers) {
   EXPECT_EQ(failures, 0);
 }
 
-std::string Bytes(const std::vector<uint16_t>& half) {
-  return std::string(reinterpret_cast<const char*>(half.data()), 2 * half.size());
-}
-
 TEST_F(ServerTest, ResidentLifecycleChainingAndRelease) {
   std::mt19937_64 rng(3);
   const uint32_t m = 70, k = 90, n = 50, p = 30;
-  std::string a = Bytes(RandomHalfMatrix(m * k, rng)), b = Bytes(RandomHalfMatrix(k * n, rng)),
-              b2 = Bytes(RandomHalfMatrix(n * p, rng));
+  std::string a = HalfBytes(RandomHalfMatrix(m * k, rng)),
+              b = HalfBytes(RandomHalfMatrix(k * n, rng)),
+              b2 = HalfBytes(RandomHalfMatrix(n * p, rng));
   v1::MatrixInfo a_info, b_info, b2_info;
   ASSERT_TRUE(client_->UploadMatrix(m, k, a, &a_info, 0, "A").ok());
   ASSERT_TRUE(client_->UploadMatrix(k, n, b, &b_info).ok());
@@ -700,7 +697,7 @@ TEST_F(ServerTest, ResidentLifecycleChainingAndRelease) {
 TEST_F(ServerTest, ResidentMixedWithBytesConcurrentlyAndOnStreams) {
   std::mt19937_64 rng(4);
   const uint32_t m = 64, k = 128, n = 96;
-  std::string b = Bytes(RandomHalfMatrix(k * n, rng));
+  std::string b = HalfBytes(RandomHalfMatrix(k * n, rng));
   v1::MatrixInfo b_info;
   ASSERT_TRUE(client_->UploadMatrix(k, n, b, &b_info).ok());
   std::atomic<int> failures{0};
@@ -712,7 +709,7 @@ TEST_F(ServerTest, ResidentMixedWithBytesConcurrentlyAndOnStreams) {
       r.set_m(m);
       r.set_n(n);
       r.set_k(k);
-      r.set_a(Bytes(RandomHalfMatrix(m * k, local)));
+      r.set_a(HalfBytes(RandomHalfMatrix(m * k, local)));
       r.set_b_handle(b_info.handle());
       v1::GemmResponse response;
       v1::GemmRequest plain = r;
@@ -729,7 +726,7 @@ TEST_F(ServerTest, ResidentMixedWithBytesConcurrentlyAndOnStreams) {
 
   // On a stream: one GEMM with B by handle, one with both by handle and C kept.
   v1::MatrixInfo a_info;
-  std::string a = Bytes(RandomHalfMatrix(m * k, rng));
+  std::string a = HalfBytes(RandomHalfMatrix(m * k, rng));
   ASSERT_TRUE(client_->UploadMatrix(m, k, a, &a_info).ok());
   v1::GemmRequest with_b, with_both;
   for (v1::GemmRequest* r : {&with_b, &with_both}) {
@@ -761,14 +758,14 @@ TEST_F(ServerTest, ResidentErrors) {
   StartServer(options);
   std::mt19937_64 rng(5);
   v1::MatrixInfo info;
-  ASSERT_TRUE(client_->UploadMatrix(16, 16, Bytes(RandomHalfMatrix(256, rng)), &info).ok());
+  ASSERT_TRUE(client_->UploadMatrix(16, 16, HalfBytes(RandomHalfMatrix(256, rng)), &info).ok());
   // Over the quota (512 B used of 4 KiB; 8 KiB more).
-  EXPECT_EQ(client_->UploadMatrix(64, 64, Bytes(RandomHalfMatrix(4096, rng)), &info).error_code(),
+  EXPECT_EQ(client_->UploadMatrix(64, 64, HalfBytes(RandomHalfMatrix(4096, rng)), &info).error_code(),
             grpc::StatusCode::RESOURCE_EXHAUSTED);
   // Short upload.
-  EXPECT_EQ(client_->UploadMatrix(16, 16, Bytes(RandomHalfMatrix(100, rng)), &info).error_code(),
+  EXPECT_EQ(client_->UploadMatrix(16, 16, HalfBytes(RandomHalfMatrix(100, rng)), &info).error_code(),
             grpc::StatusCode::INVALID_ARGUMENT);
-  ASSERT_TRUE(client_->UploadMatrix(16, 16, Bytes(RandomHalfMatrix(256, rng)), &info).ok());
+  ASSERT_TRUE(client_->UploadMatrix(16, 16, HalfBytes(RandomHalfMatrix(256, rng)), &info).ok());
   // Wrong shape for its place.
   v1::GemmRequest r = RandomRequest(16, 8, 16, rng_);
   r.set_b_handle(info.handle());
@@ -788,7 +785,7 @@ TEST_F(ServerTest, ResidentErrors) {
   r.set_b_handle(info.handle());
   r.set_keep_c_resident(true);
   r.set_m(200);
-  r.set_a(Bytes(RandomHalfMatrix(200 * 16, rng)));
+  r.set_a(HalfBytes(RandomHalfMatrix(200 * 16, rng)));
   EXPECT_EQ(client_->Gemm(r, &response).error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
   ExpectStillServing();
 }

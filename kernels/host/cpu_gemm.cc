@@ -30,4 +30,8 @@ std::vector<uint16_t> RandomHalfMatrix(int64_t count, std::mt19937_64& rng) {
   return half;
 }
 
+std::string HalfBytes(const std::vector<uint16_t>& half) {
+  return std::string(reinterpret_cast<const char*>(half.data()), 2 * half.size());
+}
+
 }  // namespace hgemm

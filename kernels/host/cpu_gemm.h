@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "kernels/host/error_stats.h"
@@ -24,6 +25,9 @@ void CpuGemm(const uint16_t* a, const uint16_t* b, uint16_t* c, int64_t m, int64
 
 // `count` fp16 values drawn uniformly from [-1, 1) (never all zeros).
 std::vector<uint16_t> RandomHalfMatrix(int64_t count, std::mt19937_64& rng);
+
+// fp16 values as the little-endian bytes a request or an upload carries.
+std::string HalfBytes(const std::vector<uint16_t>& half);
 
 }  // namespace hgemm
 
