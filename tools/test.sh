@@ -29,29 +29,28 @@ for config in asan tsan; do
   bazel test --config=$config --symlink_prefix=/ "${!tests_var}" || status=1
   logdirs+=("$(bazel info --config=$config bazel-testlogs)")
 done
-deploy_log=$(mktemp)
-bash deploy/check.sh 2>&1 | tee "$deploy_log"
-deploy_status=${PIPESTATUS[0]}
-((status == 0)) && status=$deploy_status
-
-# The README's grpcurl walk-through over TLS and tokens, run with buf curl: line "curl: ...".
-curl_log=$(mktemp)
-tools/curl_check.sh 2>&1 | tee "$curl_log"
-curl_status=${PIPESTATUS[0]}
-((status == 0)) && status=$curl_status
-
-# The Python client (client/python): its own venv and servers; line "python: N passed, ...".
-python_log=$(mktemp)
-tools/test_python.sh 2>&1 | tee "$python_log"
-python_status=${PIPESTATUS[0]}
-((status == 0)) && status=$python_status
-
-fuzz_log=$(mktemp)
-tools/fuzz.sh "${HGEMM_FUZZ_SECONDS:-60}" 2>&1 | tee "$fuzz_log"
-fuzz_status=${PIPESTATUS[0]}
-((status == 0)) && status=$fuzz_status
-
 passed=0 failed=0 skipped=0
+# run_step NAME COMMAND...: runs a step that ends with the line "NAME: N passed, N failed" (and
+# ", N skipped" if it skips); adds its counts, and one failure if it died before that line.
+run_step() {
+  local name=$1 log rc p f s
+  shift
+  log=$(mktemp)
+  "$@" 2>&1 | tee "$log"
+  rc=${PIPESTATUS[0]}
+  ((status == 0)) && status=$rc
+  read -r p f s < <(awk -v name="$name:" '$1 == name && $3 == "passed," {p = $2; f = $4; s = $6}
+                                          END {print p+0, f+0, s+0}' "$log")
+  ((rc == 0 || f > 0)) || f=1
+  passed=$((passed + p)) failed=$((failed + f)) skipped=$((skipped + s))
+}
+run_step deploy bash deploy/check.sh
+# The README's grpcurl walk-through over TLS and tokens, run with buf curl.
+run_step curl tools/curl_check.sh
+# The Python client (client/python): its own venv and servers.
+run_step python tools/test_python.sh
+run_step fuzz tools/fuzz.sh "${HGEMM_FUZZ_SECONDS:-60}"
+
 for log in $(find -L "${logdirs[@]}" -name test.log 2>/dev/null); do
   read -r p f s < <(awk '
     /^\[  PASSED  \] [0-9]+ test/ {p += $4}
@@ -60,17 +59,5 @@ for log in $(find -L "${logdirs[@]}" -name test.log 2>/dev/null); do
     END {print p+0, f+0, s+0}' "$log")
   passed=$((passed + p)) failed=$((failed + f)) skipped=$((skipped + s))
 done
-read -r dp df < <(awk '/^deploy: [0-9]+ passed, [0-9]+ failed/ {p = $2; f = $4} END {print p+0, f+0}' "$deploy_log")
-((deploy_status == 0 || df > 0)) || df=1  # a check that died before its summary still fails
-passed=$((passed + dp)) failed=$((failed + df))
-read -r cp cf < <(awk '/^curl: [0-9]+ passed, [0-9]+ failed/ {p = $2; f = $4} END {print p+0, f+0}' "$curl_log")
-((curl_status == 0 || cf > 0)) || cf=1
-passed=$((passed + cp)) failed=$((failed + cf))
-read -r pp pf ps < <(awk '/^python: [0-9]+ passed, [0-9]+ failed, [0-9]+ skipped/ {p = $2; f = $4; s = $6} END {print p+0, f+0, s+0}' "$python_log")
-((python_status == 0 || pf > 0)) || pf=1
-passed=$((passed + pp)) failed=$((failed + pf)) skipped=$((skipped + ps))
-read -r fp ff < <(awk '/^fuzz: [0-9]+ passed, [0-9]+ failed/ {p = $2; f = $4} END {print p+0, f+0}' "$fuzz_log")
-((fuzz_status == 0 || ff > 0)) || ff=1
-passed=$((passed + fp)) failed=$((failed + ff))
 echo "tests: $passed passed, $failed failed, $skipped skipped"
 exit $status
