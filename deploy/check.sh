@@ -44,14 +44,9 @@ echo "ok    yamllint: ${#yamls[@]} files"
 passed=1 failed=0
 
 echo "== npm packages"
-lock_sum=$(cat "$deploy/package.json" "$deploy/package-lock.json" | sha256sum | cut -d' ' -f1)
-if [[ ! -f $cache/.lock-sum || $(cat "$cache/.lock-sum") != "$lock_sum" ]]; then
-  rm -rf "$cache"
-  mkdir -p "$cache"
-  cp "$deploy/package.json" "$deploy/package-lock.json" "$cache/"
-  (cd "$cache" && npm ci --ignore-scripts --no-audit --no-fund --loglevel=error)
-  echo "$lock_sum" >"$cache/.lock-sum"
-fi
+# shellcheck source=tools/npm_cache.sh
+source "$repo/tools/npm_cache.sh"
+npm_ci_cached "$deploy" "$cache"
 echo "ok    npm ci ($cache)"
 
 echo "== render and validate"

@@ -18,14 +18,9 @@ bin=bazel-bin/server
 [[ ${1:-} == --bin ]] && bin=$2
 cache=${HGEMM_CURL_CHECK_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/hgemm-serve/curl-check}
 
-lock_sum=$(cat tools/curl_check/package.json tools/curl_check/package-lock.json | sha256sum | cut -d' ' -f1)
-if [[ ! -f $cache/.lock-sum || $(cat "$cache/.lock-sum") != "$lock_sum" ]]; then
-  rm -rf "$cache"
-  mkdir -p "$cache"
-  cp tools/curl_check/package.json tools/curl_check/package-lock.json "$cache/"
-  (cd "$cache" && npm ci --ignore-scripts --no-audit --no-fund --loglevel=error)
-  echo "$lock_sum" >"$cache/.lock-sum"
-fi
+# shellcheck source=tools/npm_cache.sh
+source tools/npm_cache.sh
+npm_ci_cached tools/curl_check "$cache"
 buf=$cache/node_modules/@bufbuild/buf-linux-x64/bin/buf
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/hgemm-curl-check.XXXXXX")
