@@ -15,7 +15,7 @@
 #include "client/gemm_client.h"
 #include "kernels/host/error_stats.h"
 #include "server/backend/cpu_backend.h"
-#include "server/child_process.h"
+#include "server/testing/child_process.h"
 #include "server/server.h"
 
 namespace hgemm::bench {

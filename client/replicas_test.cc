@@ -21,7 +21,7 @@
 #include "client/gemm_client.h"
 #include "kernels/host/cpu_gemm.h"
 #include "kernels/host/error_stats.h"
-#include "server/child_process.h"
+#include "server/testing/child_process.h"
 
 namespace hgemm {
 namespace {

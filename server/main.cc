@@ -10,7 +10,7 @@
 #include <thread>
 
 #include "server/backend/backend_factory.h"
-#include "server/grpc_logging.h"
+#include "server/transport/grpc_logging.h"
 #include "server/server.h"
 
 namespace {

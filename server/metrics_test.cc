@@ -3,7 +3,7 @@
 // small socket client, HTTP/1.0) whose text must pass a strict parser of the Prometheus text
 // format (0.0.4, client/metrics_scrape.h) and show exactly those counts. Also: refused calls
 // are logged at info, and the endpoint keeps answering while GEMMs run.
-#include "server/metrics.h"
+#include "server/metrics/metrics.h"
 
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
@@ -29,8 +29,8 @@
 #include "client/metrics_scrape.h"
 #include "kernels/host/cpu_gemm.h"
 #include "server/backend/cpu_backend.h"
-#include "server/test_requests.h"
-#include "server/metrics_http.h"
+#include "server/testing/test_requests.h"
+#include "server/transport/metrics_http.h"
 #include "server/server.h"
 
 namespace hgemm {

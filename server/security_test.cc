@@ -11,7 +11,7 @@
 #include "server/auth/test_certs.h"
 #include "server/backend/cpu_backend.h"
 #include "server/server.h"
-#include "server/test_requests.h"
+#include "server/testing/test_requests.h"
 
 namespace hgemm {
 namespace {

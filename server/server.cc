@@ -9,7 +9,7 @@
 #include <string_view>
 #include <vector>
 
-#include "server/status_util.h"
+#include "server/transport/status_util.h"
 
 namespace hgemm {
 namespace {

@@ -32,14 +32,17 @@
 #include <chrono>
 #include <cstdlib>
 #include <fstream>
+#include <functional>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <set>
 #include <thread>
 #include <vector>
 
 #include "client/gemm_client.h"
 #include "client/metrics_scrape.h"
-#include "server/child_process.h"
+#include "server/testing/child_process.h"
 #include "server/auth/test_certs.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "grpc/reflection/v1alpha/reflection.grpc.pb.h"
@@ -322,6 +325,52 @@ TEST_F(ServerProcessTest, ReflectionDescribesEveryListedService) {
     }
     EXPECT_NE(pool.FindServiceByName(service.name()), nullptr) << service.name();
   }
+}
+
+// Issue 26: grpcurl's bare `describe` lists the services and then resolves every one of them
+// on the same reflection stream, where the server sends each file only once. Every listed
+// service must still resolve, from the files received on that stream so far.
+TEST_F(ServerProcessTest, ReflectionResolvesEveryListedServiceOnOneStream) {
+  auto stub = reflection::ServerReflection::NewStub(channel_);
+  grpc::ClientContext context;
+  auto stream = stub->ServerReflectionInfo(&context);
+  reflection::ServerReflectionRequest list;
+  list.set_list_services("*");
+  ASSERT_TRUE(stream->Write(list));
+  reflection::ServerReflectionResponse listed;
+  ASSERT_TRUE(stream->Read(&listed));
+  ASSERT_GE(listed.list_services_response().service_size(), 3);
+  std::vector<std::string> names;
+  for (const auto& service : listed.list_services_response().service()) names.push_back(service.name());
+  std::sort(names.begin(), names.end());  // grpcurl's order
+  std::map<std::string, pb::FileDescriptorProto> received;  // by file name, over the stream
+  for (const std::string& name : names) {
+    reflection::ServerReflectionRequest symbol;
+    symbol.set_file_containing_symbol(name);
+    ASSERT_TRUE(stream->Write(symbol));
+    reflection::ServerReflectionResponse files;
+    ASSERT_TRUE(stream->Read(&files));
+    ASSERT_FALSE(files.has_error_response()) << name << ": " << files.error_response().error_message();
+    for (const std::string& bytes : files.file_descriptor_response().file_descriptor_proto()) {
+      pb::FileDescriptorProto file;
+      ASSERT_TRUE(file.ParseFromString(bytes));
+      received[file.name()] = file;
+    }
+    // Build the pool from everything received, dependencies first, as grpcurl's client does.
+    pb::DescriptorPool pool;
+    std::set<std::string> built;
+    std::function<void(const std::string&)> build = [&](const std::string& file_name) {
+      if (!built.insert(file_name).second) return;
+      auto it = received.find(file_name);
+      ASSERT_NE(it, received.end()) << name << " needs " << file_name << ", never sent";
+      for (const std::string& dependency : it->second.dependency()) build(dependency);
+      ASSERT_NE(pool.BuildFile(it->second), nullptr) << file_name;
+    };
+    for (const auto& [file_name, file] : received) build(file_name);
+    EXPECT_NE(pool.FindServiceByName(name), nullptr) << name << " did not resolve";
+  }
+  stream->WritesDone();
+  EXPECT_TRUE(stream->Finish().ok());
 }
 
 TEST_F(ServerProcessTest, SigtermEndsIdleStreamsAndWatchesAtOnce) {

@@ -14,7 +14,7 @@
 #include "kernels/host/error_stats.h"
 #include "kernels/host/fp16.h"
 #include "server/backend/cpu_backend.h"
-#include "server/test_requests.h"
+#include "server/testing/test_requests.h"
 
 namespace hgemm {
 namespace {

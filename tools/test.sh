@@ -15,14 +15,14 @@ status=$?
 logdirs=("$(bazel info bazel-testlogs)")
 # Sanitizer runs: outputs under their own platform suffix; no symlinks, so bazel-bin stays the
 # normal build's.
-asan_tests=(//server:validation_test //server:stream_assembler_test //server:host_buffer_pool_test
+asan_tests=(//server/session:validation_test //server/session:stream_assembler_test //server/session:host_buffer_pool_test
             //server/core:logging_test //server/core:status_test //client:metrics_scrape_test
             //server:server_test //server:server_process_test //server:metrics_test
-            //server:security_test //server:stream_session_test //server/backend:device_memory_test //server/auth:token_table_test //server/auth:server_tls_test
+            //server:security_test //server/session:stream_session_test //server/session:upload_session_test //server/session:arriving_buffer_test //server/backend:device_memory_test //server/auth:token_table_test //server/auth:server_tls_test
             //server/scheduler:scheduler_test
             //server/scheduler:upload_queue_test //server/resident:matrix_store_test
             //server/backend:cpu_backend_test //bench:soak_test //bench:echo_service_test //client:cli_test)
-tsan_tests=(//server:host_buffer_pool_test //server:stream_session_test //server/scheduler:scheduler_test //server/auth:token_table_test
+tsan_tests=(//server/session:host_buffer_pool_test //server/session:stream_session_test //server/session:upload_session_test //server/session:arriving_buffer_test //server/scheduler:scheduler_test //server/auth:token_table_test
             //server/scheduler:upload_queue_test //server/resident:matrix_store_test)
 for config in asan tsan; do
   tests_var="${config}_tests[@]"

@@ -44,6 +44,9 @@ inline std::string Message(const absl::Status& s) { return std::string(s.message
 // std::bad_alloc and std::length_error: a size the machine can't hold; INTERNAL otherwise),
 // logged with `where`. Lets reactors and worker threads answer their call instead of dying.
 absl::Status FromCurrentException(const char* where);
+// Inside a `catch (...)` where nobody waits for an answer (a worker thread's loop): logs the
+// exception in flight as FromCurrentException does, and drops it.
+inline void LogCurrentException(const char* where) { (void)FromCurrentException(where); }
 
 // A client-supplied string (handle, kernel name, client id) for a message: in quotes, at most
 // its first 64 bytes, bytes outside printable ASCII escaped (\xHH), and its length if it was

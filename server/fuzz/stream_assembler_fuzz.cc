@@ -13,7 +13,7 @@
 
 #include "server/core/status.h"
 #include "server/fuzz/fuzz_util.h"
-#include "server/stream_assembler.h"
+#include "server/session/stream_assembler.h"
 
 namespace hgemm {
 namespace {

@@ -11,7 +11,7 @@
 
 #include "server/core/status.h"
 #include "server/fuzz/fuzz_util.h"
-#include "server/validation.h"
+#include "server/session/validation.h"
 
 namespace hgemm {
 namespace {

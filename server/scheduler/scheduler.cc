@@ -136,7 +136,7 @@ void Scheduler::WorkerLoop(int slot) {
     try {
       entry.done(result, report);
     } catch (...) {  // a transport bug; the worker must live on for the other jobs
-      status::FromCurrentException("GEMM completion");
+      status::LogCurrentException("GEMM completion");
     }
   }
 }

@@ -62,7 +62,7 @@ void UploadQueue::WorkerLoop() {
     try {
       work();
     } catch (...) {  // a transport bug; the worker must live on for the other copies
-      status::FromCurrentException("upload work");
+      status::LogCurrentException("upload work");
     }
   }
 }

@@ -1,0 +1,95 @@
+#include "server/session/arriving_buffer.h"
+
+#include "server/core/status.h"
+
+namespace hgemm {
+
+std::shared_ptr<ArrivingBuffer> ArrivingBuffer::Start(UploadQueue* uploads, int64_t bytes,
+                                                      Allocate allocate, Settled settled) {
+  std::shared_ptr<ArrivingBuffer> arriving(new ArrivingBuffer(uploads, bytes, std::move(settled)));
+  uploads->Post([arriving, allocate = std::move(allocate)] {
+    std::shared_ptr<ResidentBuffer> buffer;
+    absl::Status s;
+    try {
+      s = allocate(&buffer);
+    } catch (...) {
+      s = status::FromCurrentException("allocation");
+    }
+    arriving->Allocated(s, std::move(buffer));
+  });
+  return arriving;
+}
+
+void ArrivingBuffer::Allocated(const absl::Status& s, std::shared_ptr<ResidentBuffer> buffer) {
+  std::unique_lock<std::mutex> lock(mu_);
+  allocating_ = false;
+  if (!s.ok() || dropped_) {
+    if (error_.ok()) error_ = s;
+    early_.clear();
+    lock.unlock();
+    buffer.reset();  // freed without mu_
+    lock.lock();
+    return MaybeSettle(lock);
+  }
+  buffer_ = std::move(buffer);
+  for (auto& [offset, data] : early_) CopyLocked(offset, std::move(data));
+  early_.clear();
+  MaybeSettle(lock);
+}
+
+void ArrivingBuffer::Add(int64_t offset, std::string data) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (!settled_ || dropped_) return;
+  if (!error_.ok()) {  // a copy failed: the rest is counted, not copied
+    bytes_left_ -= int64_t(data.size());
+    return MaybeSettle(lock);
+  }
+  if (allocating_) {
+    early_.emplace_back(offset, std::move(data));
+    return;
+  }
+  CopyLocked(offset, std::move(data));
+}
+
+void ArrivingBuffer::Drop(absl::Status why) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (!settled_ || dropped_) return;
+  dropped_ = true;
+  if (error_.ok()) error_ = std::move(why);
+  early_.clear();
+  MaybeSettle(lock);
+}
+
+void ArrivingBuffer::CopyLocked(int64_t offset, std::string data) {
+  const int64_t size = int64_t(data.size());
+  writes_in_flight_++;
+  uploads_->Write(buffer_, offset, std::move(data),
+                  [self = shared_from_this(), size](const absl::Status& s, double copy_ms) {
+                    self->Copied(s, size, copy_ms);
+                  });
+}
+
+void ArrivingBuffer::Copied(const absl::Status& s, int64_t bytes, double copy_ms) {
+  std::unique_lock<std::mutex> lock(mu_);
+  writes_in_flight_--;
+  bytes_left_ -= bytes;
+  copy_ms_ += copy_ms;
+  if (!s.ok() && error_.ok()) error_ = s;
+  MaybeSettle(lock);
+}
+
+void ArrivingBuffer::MaybeSettle(std::unique_lock<std::mutex>& lock) {
+  const bool failed_for_good = dropped_ || (!error_.ok() && !buffer_);
+  if (!settled_ || allocating_ || writes_in_flight_ > 0 || (bytes_left_ > 0 && !failed_for_good)) {
+    return lock.unlock();
+  }
+  Settled settled = std::exchange(settled_, nullptr);
+  const absl::Status s = error_;
+  std::shared_ptr<ResidentBuffer> buffer = std::move(buffer_);
+  const double copy_ms = copy_ms_;
+  lock.unlock();
+  if (!s.ok()) buffer.reset();
+  settled(s, std::move(buffer), copy_ms);
+}
+
+}  // namespace hgemm

@@ -1,0 +1,145 @@
+#include "server/session/gemm_core.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <utility>
+
+#include "server/core/status.h"
+
+namespace hgemm {
+
+absl::Status ClientPendingBudget::Charge(const std::string& owner, int64_t bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = pending_bytes_.find(owner);
+  const int64_t held = it == pending_bytes_.end() ? 0 : it->second;
+  if (bytes > max_bytes_per_client_ - held) {
+    return status::OverLimit(fmt::format(
+        "its operands ({} bytes) would put this client's incomplete streamed GEMMs over {} "
+        "bytes (--max_client_pending_bytes; {} pending now)",
+        bytes, max_bytes_per_client_, held));
+  }
+  pending_bytes_[owner] = held + bytes;
+  return absl::OkStatus();
+}
+
+void ClientPendingBudget::Release(const std::string& owner, int64_t bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = pending_bytes_.find(owner);
+  if (it != pending_bytes_.end() && (it->second -= bytes) <= 0) pending_bytes_.erase(it);
+}
+
+AdmittedGemm& AdmittedGemm::operator=(AdmittedGemm&& other) noexcept {
+  if (this == &other) return *this;
+  ReleasePending();
+  owner_ = std::move(other.owner_);
+  job_ = std::move(other.job_);
+  arriving_bytes_ = other.arriving_bytes_;
+  c_quota_ = std::move(other.c_quota_);
+  c_ttl_seconds_ = other.c_ttl_seconds_;
+  pending_budget_ = std::exchange(other.pending_budget_, nullptr);
+  return *this;
+}
+
+void AdmittedGemm::ReleasePending() {
+  if (pending_budget_ != nullptr) {
+    std::exchange(pending_budget_, nullptr)->Release(owner_, arriving_bytes_);
+  }
+}
+
+GemmCore::GemmCore(Scheduler* scheduler, Backend* backend, MatrixStore* store,
+                   UploadQueue* uploads, GemmCoreOptions options)
+    : scheduler_(scheduler),
+      backend_(backend),
+      store_(store),
+      uploads_(uploads),
+      options_(std::move(options)),
+      resolver_(store, scheduler),
+      client_pending_(options_.max_client_pending_bytes),
+      host_buffers_(options_.result_buffer_pool_bytes) {}
+
+absl::Status GemmCore::Admit(const std::string& owner, GemmOrder order,
+                             AdmittedGemm* admitted) const {
+  using Kind = OperandSource::Kind;
+  AdmittedGemm gemm;
+  gemm.owner_ = owner;
+  gemm.job_ = std::move(order.job);
+  GemmJob& job = gemm.job_;
+  // Before C's buffer is made: the size limits say whether it may be.
+  if (absl::Status s = scheduler_->CheckSize(job.shape); !s.ok()) return s;
+  const bool keep_c = order.c.kind == ResultSink::Kind::kKeepResident;
+  if (absl::Status s = resolver_.Resolve(
+          owner,
+          {.a_handle = order.a.kind == Kind::kResident ? order.a.handle : "",
+           .b_handle = order.b.kind == Kind::kResident ? order.b.handle : "",
+           .keep_c = keep_c},
+          &job, &gemm.c_quota_);
+      !s.ok()) {
+    return s;
+  }
+  gemm.c_ttl_seconds_ = order.c.ttl_seconds;
+  if (order.a.kind == Kind::kInline) job.a = order.a.data;
+  if (order.b.kind == Kind::kInline) job.b = order.b.data;
+  gemm.arriving_bytes_ = (order.a.kind == Kind::kArriving ? job.shape.ABytes() : 0) +
+                         (order.b.kind == Kind::kArriving ? job.shape.BBytes() : 0);
+  if (gemm.arriving_bytes_ > 0) {
+    if (absl::Status s = client_pending_.Charge(owner, gemm.arriving_bytes_); !s.ok()) return s;
+    gemm.pending_budget_ = &client_pending_;
+    resolver_.PlaceArriving(&job);
+  }
+  *admitted = std::move(gemm);
+  return absl::OkStatus();
+}
+
+absl::Status GemmCore::AllocateArriving(int device_index, int64_t bytes,
+                                        std::shared_ptr<ResidentBuffer>* buffer) const {
+  absl::Status s = backend_->AllocateResident(device_index, bytes, buffer);
+  if (s.code() == absl::StatusCode::kResourceExhausted) {
+    // The GEMM fits the limits (CheckSize): the memory is taken by other work for now.
+    return status::QueueFull("device memory is busy: " + status::Message(s));
+  }
+  return s;
+}
+
+absl::Status GemmCore::Run(AdmittedGemm admitted, GemmFinished done) const {
+  admitted.ReleasePending();  // its operands are all in
+  const GemmShape shape = admitted.job_.shape;
+  // Shared: the scheduler's callback must be copyable, and the quota is given back if the
+  // scheduler refuses the job.
+  auto c_quota = std::make_shared<QuotaReservation>(std::move(admitted.c_quota_));
+  const uint32_t c_ttl = admitted.c_ttl_seconds_;
+  return scheduler_->Enqueue(
+      std::move(admitted.job_),
+      [this, shape, c_quota, c_ttl, done = std::move(done)](const absl::Status& status,
+                                                           const GemmReport& report) {
+        GemmResult result{.report = report, .backend = backend_->Name()};
+        absl::Status answer = status;
+        try {
+          if (status.ok() && report.c_resident) {
+            result.kept_c = resolver_.KeepC(std::move(*c_quota), shape, report, c_ttl);
+          }
+        } catch (...) {
+          answer = status::FromCurrentException("keeping C");
+        }
+        result.report.c_resident.reset();  // the store holds a kept C now
+        done(answer, std::move(result));
+      });
+}
+
+int GemmCore::DeviceId(const ResidentMatrix& matrix) const {
+  return backend_->Devices()[matrix.buffer->device_index].id;
+}
+
+absl::Status GemmCore::FindDevice(int device_id, const std::string& field,
+                                  int* device_index) const {
+  const std::vector<DeviceDescription> devices = backend_->Devices();
+  auto it = std::find_if(devices.begin(), devices.end(),
+                         [&](const DeviceDescription& d) { return d.id == device_id; });
+  if (it == devices.end()) {
+    return status::InvalidArgument(field, fmt::format("no device {} on this server", device_id));
+  }
+  *device_index = int(it - devices.begin());
+  return absl::OkStatus();
+}
+
+}  // namespace hgemm

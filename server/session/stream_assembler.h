@@ -1,0 +1,106 @@
+// StreamAssembler: follows the GEMMs of one GemmStream call through their messages and enforces
+// the stream's order rules (see MatrixChunk in proto/hgemm.proto). It holds no operand bytes:
+// each chunk comes back out, checked and with its place in the operand, for the caller to copy
+// where the operand will live (the device) while later chunks are still arriving.
+// Thread safety: none; one per stream, fed by the stream's (serialised) read path.
+#ifndef HGEMM_SERVER_SESSION_STREAM_ASSEMBLER_H_
+#define HGEMM_SERVER_SESSION_STREAM_ASSEMBLER_H_
+
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <absl/status/status.h>
+
+#include "proto/hgemm.pb.h"
+#include "server/session/validation.h"
+
+namespace hgemm {
+
+// A GEMM announced by a header. job's buffer pointers are not set.
+struct AnnouncedGemm {
+  uint64_t gemm_id = 0;
+  // Not OK: the header was refused (bad values, over the stream's pending bytes). Answer the
+  // GEMM with this at once; the assembler drops the chunks the client still sends for it.
+  absl::Status refused;
+  GemmJob job;
+  std::string a_handle, b_handle;  // resident operands, resolved by the caller
+  bool keep_c = false;
+  uint32_t c_ttl_seconds = 0;
+
+  // Operand bytes that come as chunks (those not given by handle).
+  int64_t ChunkedBytes() const {
+    return (a_handle.empty() ? job.shape.ABytes() : 0) + (b_handle.empty() ? job.shape.BBytes() : 0);
+  }
+};
+
+// Bytes of one operand, in order: `data` belongs at byte `offset` of the operand.
+struct OperandChunk {
+  uint64_t gemm_id = 0;
+  v1::Operand operand = v1::OPERAND_UNSPECIFIED;
+  int64_t offset = 0;
+  std::string data;
+  bool last = false;  // the GEMM's operands have all arrived with this chunk
+};
+
+// What one message was: a header or a chunk.
+struct StreamEvent {
+  std::unique_ptr<AnnouncedGemm> header;
+  std::unique_ptr<OperandChunk> chunk;
+};
+
+class StreamAssembler {
+ public:
+  // `max_pending_bytes` bounds the operand bytes of this stream's incomplete GEMMs.
+  StreamAssembler(const RequestRules& rules, int64_t max_pending_bytes);
+
+  // Consumes one message (its chunk data is moved into the event; a chunk of a refused GEMM
+  // yields no event). Returns INVALID_ARGUMENT on a broken order rule (see MatrixChunk in the
+  // .proto: a chunk out of order or for an unknown gemm_id, a gemm_id already in flight); then
+  // the stream must end. A problem of one GEMM alone is not a broken rule: it comes back as a
+  // header event with `refused` set.
+  absl::Status Consume(v1::GemmStreamRequest& message, StreamEvent* event);
+
+  // The caller refuses the announced GEMM `gemm_id` (e.g. an unknown handle) and answers it at
+  // once: its pending bytes are freed and its remaining chunks will be dropped.
+  void Refuse(uint64_t gemm_id);
+
+  // The caller is done with `gemm_id` (answered): the id may be used again.
+  void Release(uint64_t gemm_id);
+
+  // GEMMs whose header arrived but not all of their operands.
+  std::vector<uint64_t> Incomplete() const;
+
+ private:
+  struct Pending {
+    int64_t a_bytes = 0, b_bytes = 0;
+    int64_t a_received = 0, b_received = 0;  // an operand by handle counts as received
+    bool a_by_handle = false, b_by_handle = false;
+  };
+
+  // Refused GEMMs whose chunks are dropped; the oldest are forgotten past this many (their
+  // late chunks then break the order rules), so a client can't grow the set without bound.
+  static constexpr size_t kMaxDroppedIds = 4096;
+
+  absl::Status ConsumeHeader(const v1::GemmHeader& header, StreamEvent* event);
+  absl::Status ConsumeChunk(v1::MatrixChunk& chunk, StreamEvent* event);
+  // Refuses the header's GEMM with `why`.
+  void RefuseHeader(std::unique_ptr<AnnouncedGemm> gemm, absl::Status why, StreamEvent* event);
+  void DropChunksOf(uint64_t gemm_id);
+
+  const RequestRules& rules_;
+  const int64_t max_pending_bytes_;
+  int64_t pending_bytes_ = 0;
+  std::map<uint64_t, Pending> pending_;
+  std::set<uint64_t> in_use_;  // pending or handed out and not yet released
+  std::set<uint64_t> dropped_;  // refused: their chunks are dropped until the id is reused
+  std::deque<uint64_t> dropped_order_;  // dropped_, oldest first
+};
+
+}  // namespace hgemm
+
+#endif  // HGEMM_SERVER_SESSION_STREAM_ASSEMBLER_H_

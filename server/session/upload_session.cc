@@ -1,0 +1,191 @@
+#include "server/session/upload_session.h"
+
+#include <fmt/format.h>
+
+#include <utility>
+
+#include "server/core/status.h"
+#include "server/session/validation.h"
+
+namespace hgemm {
+
+UploadSession::UploadSession(const GemmCore& core, UploadTransport* transport, std::string owner,
+                             std::chrono::seconds idle_timeout)
+    : core_(core), transport_(transport), owner_(std::move(owner)), idle_timeout_(idle_timeout) {}
+
+UploadSession::~UploadSession() {
+  std::lock_guard<std::mutex> lock(mu_);  // whoever called Finish has let go of mu_
+}
+
+int64_t UploadSession::OnRead(v1::UploadMatrixRequest& message) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (reads_done_) return 0;  // ended meanwhile: nothing more is read
+    reading_ = true;  // the message is being acted on: the call can't finish under it
+    last_read_ = Clock::now();
+  }
+  absl::Status s;
+  const int64_t received = received_;
+  try {
+    s = header_seen_ ? ConsumeChunk(message) : ConsumeHeader(message);
+  } catch (...) {
+    s = status::FromCurrentException("UploadMatrix");
+  }
+  const int64_t accepted = received_ - received;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    reading_ = false;
+    if (s.ok() && !reads_done_) {
+      transport_->StartRead();
+      return accepted;
+    }
+  }
+  if (!s.ok()) {
+    Fail(s);
+    return accepted;
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  MaybeFinishLocked();
+  return accepted;
+}
+
+void UploadSession::OnReadsDone() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (reads_done_) return;  // ended already (a failure, the idle timeout)
+  }
+  absl::Status s;
+  if (!header_seen_) {
+    s = status::InvalidArgument("header", "no header was sent");
+  } else if (received_ != bytes_) {
+    s = status::InvalidArgument(
+        "chunk", fmt::format("the stream ended after {} of the matrix's {} bytes", received_, bytes_));
+  }
+  if (!s.ok()) return Fail(s);
+  std::lock_guard<std::mutex> lock(mu_);
+  reads_done_ = true;
+  MaybeFinishLocked();
+}
+
+void UploadSession::ExpireIdle(Clock::time_point cutoff) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (reads_done_ || reading_ || last_read_ >= cutoff) return;
+  }
+  // The read outstanding completes after Finish, and is ignored.
+  Fail(status::Idle(fmt::format("UploadMatrix: no message for {} s; the upload was dropped",
+                                idle_timeout_.count())));
+}
+
+void UploadSession::OnCallDone(bool cancelled) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!registered_.empty() && cancelled) {
+    int64_t freed = 0;
+    // A handle of its own that it just registered: nothing to report if it is gone already.
+    (void)core_.store().Release(owner_, registered_, &freed);
+  }
+}
+
+absl::Status UploadSession::ConsumeHeader(const v1::UploadMatrixRequest& message) {
+  if (!message.has_header()) {
+    return status::InvalidArgument("header", "the first message must be a header");
+  }
+  header_ = message.header();
+  GemmShape shape;  // validate rows x cols as the m x k of a GEMM
+  if (header_.rows() == 0) return status::InvalidArgument("header.rows", "must be at least 1");
+  if (header_.cols() == 0) return status::InvalidArgument("header.cols", "must be at least 1");
+  if (absl::Status s = ValidateShape(header_.rows(), 1, header_.cols(), core_.rules(), &shape);
+      !s.ok()) {
+    return s;
+  }
+  if (header_.label().size() > kMaxRequestIdBytes) {
+    return status::InvalidArgument("header.label", "at most 128 bytes");
+  }
+  int device_index = -1;
+  if (header_.has_device_id()) {
+    if (absl::Status s = core_.FindDevice(header_.device_id(), "header.device_id", &device_index);
+        !s.ok()) {
+      return s;
+    }
+  }
+  bytes_ = MatrixBytes(header_.rows(), header_.cols());
+  QuotaReservation quota;
+  if (absl::Status s = core_.store().Reserve(owner_, bytes_, &quota); !s.ok()) return s;
+  header_seen_ = true;
+  std::lock_guard<std::mutex> lock(mu_);
+  quota_ = std::move(quota);
+  arriving_ = ArrivingBuffer::Start(
+      &core_.uploads(), bytes_,
+      [this, device_index](std::shared_ptr<ResidentBuffer>* buffer) {
+        return core_.store().AllocateBuffer(device_index, bytes_, buffer);
+      },
+      [this](const absl::Status& s, std::shared_ptr<ResidentBuffer> buffer, double) {
+        Settled(s, std::move(buffer));
+      });
+  return absl::OkStatus();
+}
+
+absl::Status UploadSession::ConsumeChunk(v1::UploadMatrixRequest& message) {
+  if (!message.has_chunk()) return status::InvalidArgument("header", "sent twice");
+  const int64_t size = message.chunk().size();
+  if (received_ + size > bytes_) {
+    return status::InvalidArgument(
+        "chunk",
+        fmt::format("past the end: {} + {} bytes of a {}-byte matrix", received_, size, bytes_));
+  }
+  std::shared_ptr<ArrivingBuffer> arriving;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    arriving = arriving_;
+  }
+  arriving->Add(received_, std::move(*message.mutable_chunk()));
+  received_ += size;
+  return absl::OkStatus();
+}
+
+// On an upload thread (or inside Fail's Drop): the matrix's bytes have all landed, or why not.
+void UploadSession::Settled(const absl::Status& s, std::shared_ptr<ResidentBuffer> buffer) {
+  std::lock_guard<std::mutex> lock(mu_);
+  settled_ = true;
+  settled_status_ = s;
+  buffer_ = std::move(buffer);
+  if (!s.ok() && error_.ok()) {
+    error_ = s;
+    reads_done_ = true;  // the read outstanding completes after Finish, and is ignored
+  }
+  MaybeFinishLocked();
+}
+
+void UploadSession::Fail(const absl::Status& s) {
+  std::shared_ptr<ArrivingBuffer> arriving;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (error_.ok()) error_ = s;
+    reads_done_ = true;
+    arriving = arriving_;
+  }
+  if (arriving) arriving->Drop(s);
+  std::lock_guard<std::mutex> lock(mu_);
+  MaybeFinishLocked();
+}
+
+void UploadSession::MaybeFinishLocked() {
+  if (finished_ || !reads_done_ || reading_ || (arriving_ && !settled_)) return;
+  finished_ = true;
+  absl::Status s = error_.ok() ? settled_status_ : error_;
+  // A client that cancelled won't learn the handle: registering the matrix would leak it.
+  if (s.ok() && transport_->IsCancelled()) s = status::Cancelled();
+  ResidentMatrix matrix;
+  if (s.ok()) {
+    matrix = core_.store().Add(std::move(quota_), header_.rows(), header_.cols(),
+                               std::move(buffer_), std::chrono::seconds(header_.ttl_seconds()),
+                               header_.label());
+    registered_ = matrix.handle;
+  } else {  // given back before the client hears of it, so that it can retry at once
+    quota_ = QuotaReservation();
+    buffer_.reset();
+  }
+  transport_->Finish(s, matrix);
+}
+
+}  // namespace hgemm

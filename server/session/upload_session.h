@@ -1,0 +1,99 @@
+// UploadSession: one UploadMatrix call (see UploadMatrixRequest in proto/hgemm.proto) without
+// its transport. The header is validated, reserves the matrix's bytes of the owner's quota and
+// starts its ArrivingBuffer on the device it will live on; each chunk goes into that buffer as
+// it arrives; once the client is done and every byte has landed, the matrix is registered in
+// the store and the call ends with it.
+//
+// The transport (UploadTransport) does the reads and the finish that the session asks for. The
+// session knows no gRPC (tested without it: upload_session_test.cc).
+// Thread safety: all methods are thread-safe; the session serialises itself (one mutex), and
+// calls into its UploadTransport with that mutex held.
+#ifndef HGEMM_SERVER_SESSION_UPLOAD_SESSION_H_
+#define HGEMM_SERVER_SESSION_UPLOAD_SESSION_H_
+
+#include <absl/status/status.h>
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "proto/hgemm.pb.h"
+#include "server/session/arriving_buffer.h"
+#include "server/session/gemm_core.h"
+
+namespace hgemm {
+
+// The call under an UploadSession. StartRead is answered later by OnRead or OnReadsDone,
+// never from inside the call; at most one read is started at a time.
+class UploadTransport {
+ public:
+  virtual ~UploadTransport() = default;
+  virtual void StartRead() = 0;
+  // Ends the call with `status`; when it is OK, `matrix` is the one now in the store. Called
+  // once; nothing is started after it.
+  virtual void Finish(const absl::Status& status, const ResidentMatrix& matrix) = 0;
+  // Whether the client has gone away.
+  virtual bool IsCancelled() const = 0;
+};
+
+class UploadSession {
+ public:
+  // An upload of `owner` (already identified); a message that doesn't come for `idle_timeout`
+  // ends it (ExpireIdle). It starts no read: the transport starts the first one.
+  // REQUIRES: `core` and `transport` outlive the session.
+  UploadSession(const GemmCore& core, UploadTransport* transport, std::string owner,
+                std::chrono::seconds idle_timeout);
+  // REQUIRES: the call is done (Finish was called, nothing it started is outstanding).
+  ~UploadSession();
+  UploadSession(const UploadSession&) = delete;
+  UploadSession& operator=(const UploadSession&) = delete;
+
+  // A message was read (its chunk is moved out). A broken rule ends the call with
+  // INVALID_ARGUMENT once nothing is in flight. Returns the matrix bytes it brought.
+  int64_t OnRead(v1::UploadMatrixRequest& message);
+  // The client has sent everything (or went away).
+  void OnReadsDone();
+  // Ends the upload (DEADLINE_EXCEEDED) if no message came since before `cutoff`.
+  void ExpireIdle(Clock::time_point cutoff);
+  // The call is over; `cancelled`: the client went away without learning the handle, so a
+  // matrix registered for it is released (only now is cancellation exact).
+  void OnCallDone(bool cancelled);
+
+ private:
+  absl::Status ConsumeHeader(const v1::UploadMatrixRequest& message);
+  absl::Status ConsumeChunk(v1::UploadMatrixRequest& message);
+  void Settled(const absl::Status& s, std::shared_ptr<ResidentBuffer> buffer);
+  // Ends the reads with `s` (unless an earlier error stands) and drops what is still arriving.
+  // REQUIRES: mu_ not held.
+  void Fail(const absl::Status& s);
+  void MaybeFinishLocked();
+
+  const GemmCore& core_;
+  UploadTransport* const transport_;
+  const std::string owner_;
+  const std::chrono::seconds idle_timeout_;
+  // The read path's own (reads are serialised):
+  v1::MatrixHeader header_;
+  bool header_seen_ = false;
+  int64_t bytes_ = 0;  // the matrix's, from the header on
+  int64_t received_ = 0;
+
+  std::mutex mu_;
+  QuotaReservation quota_;                    // guarded by mu_; from the header on
+  std::shared_ptr<ArrivingBuffer> arriving_;  // guarded by mu_; from the header on
+  bool settled_ = false;                      // guarded by mu_; arriving_ has settled
+  absl::Status settled_status_;               // guarded by mu_
+  std::shared_ptr<ResidentBuffer> buffer_;    // guarded by mu_; once settled OK
+  absl::Status error_;                        // guarded by mu_; a broken rule
+  bool reads_done_ = false;                   // guarded by mu_
+  bool reading_ = false;                      // guarded by mu_; a message is being acted on
+  Clock::time_point last_read_ = Clock::now();  // guarded by mu_
+  bool finished_ = false;                     // guarded by mu_
+  std::string registered_;                    // guarded by mu_; the handle once registered
+};
+
+}  // namespace hgemm
+
+#endif  // HGEMM_SERVER_SESSION_UPLOAD_SESSION_H_

@@ -1,0 +1,183 @@
+#include "server/session/upload_session.h"
+
+#include <gtest/gtest.h>
+
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <string>
+
+#include "server/backend/cpu_backend.h"
+
+namespace hgemm {
+namespace {
+
+// One UploadMatrix call: a session over a transport that records its reads and its finish.
+class TestUpload final : public UploadTransport {
+ public:
+  TestUpload(const GemmCore& core, std::string owner, std::chrono::seconds idle)
+      : session_(core, this, std::move(owner), idle) {}
+  ~TestUpload() override { EXPECT_TRUE(Wait()) << "the call never finished"; }
+
+  UploadSession& session() { return session_; }
+
+  // Delivers a message as the outstanding read; false when no read was started for it.
+  bool Deliver(v1::UploadMatrixRequest message) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!read_started_) return false;
+      read_started_ = false;
+    }
+    session_.OnRead(message);
+    return true;
+  }
+  bool Wait() {
+    std::unique_lock<std::mutex> lock(mu_);
+    return changed_.wait_for(lock, std::chrono::seconds(20), [this] { return finished_; });
+  }
+  absl::Status status() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return status_;
+  }
+  ResidentMatrix matrix() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return matrix_;
+  }
+
+ private:
+  void StartRead() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    EXPECT_FALSE(read_started_) << "two reads at once";
+    read_started_ = true;
+  }
+  void Finish(const absl::Status& status, const ResidentMatrix& matrix) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    EXPECT_FALSE(finished_) << "finished twice";
+    finished_ = true;
+    status_ = status;
+    matrix_ = matrix;
+    changed_.notify_all();
+  }
+  bool IsCancelled() const override { return false; }
+
+  std::mutex mu_;
+  std::condition_variable changed_;
+  bool read_started_ = true;  // the transport starts the first read
+  bool finished_ = false;
+  absl::Status status_;
+  ResidentMatrix matrix_;
+  UploadSession session_;  // last: it calls back into the members above
+};
+
+v1::UploadMatrixRequest Header(uint32_t rows, uint32_t cols) {
+  v1::UploadMatrixRequest message;
+  message.mutable_header()->set_rows(rows);
+  message.mutable_header()->set_cols(cols);
+  return message;
+}
+
+v1::UploadMatrixRequest Chunk(std::string bytes) {
+  v1::UploadMatrixRequest message;
+  message.set_chunk(std::move(bytes));
+  return message;
+}
+
+class UploadSessionTest : public ::testing::Test {
+ protected:
+  std::string RandomBytes(size_t n) {
+    std::string bytes(n, '\0');
+    for (char& c : bytes) c = char(rng_() | 1);  // never all zeros
+    return bytes;
+  }
+  std::unique_ptr<TestUpload> Open(std::chrono::seconds idle = std::chrono::seconds(60)) {
+    return std::make_unique<TestUpload>(core_, "alice", idle);
+  }
+
+  std::unique_ptr<Backend> backend_ = MakeCpuBackend({.workers = 1});
+  MatrixStore store_{backend_.get(), {}};
+  Scheduler scheduler_{backend_.get(), {.idle_spin = std::chrono::microseconds(0)}};
+  UploadQueue uploads_{backend_.get(), 2};
+  GemmCore core_{&scheduler_, backend_.get(), &store_, &uploads_,
+                 GemmCoreOptions{.rules = {.kernels = backend_->Kernels()}}};
+  std::mt19937_64 rng_{11};
+};
+
+TEST_F(UploadSessionTest, RegistersTheMatrixWithEveryByte) {
+  const std::string bytes = RandomBytes(2 * 6 * 10);
+  auto upload = Open();
+  ASSERT_TRUE(upload->Deliver(Header(6, 10)));
+  ASSERT_TRUE(upload->Deliver(Chunk(bytes.substr(0, 50))));
+  ASSERT_TRUE(upload->Deliver(Chunk(bytes.substr(50))));
+  upload->session().OnReadsDone();
+  ASSERT_TRUE(upload->Wait());
+  ASSERT_TRUE(upload->status().ok()) << upload->status();
+  const ResidentMatrix m = upload->matrix();
+  EXPECT_EQ(m.rows, 6u);
+  EXPECT_EQ(m.cols, 10u);
+  std::string stored(bytes.size(), '\0');
+  ASSERT_TRUE(backend_->ReadResident(*m.buffer, stored.data()).ok());
+  EXPECT_EQ(stored, bytes);
+  EXPECT_EQ(store_.List("alice").size(), 1u);
+}
+
+TEST_F(UploadSessionTest, AChunkPastTheEndIsRefusedAndNothingStaysHeld) {
+  auto upload = Open();
+  ASSERT_TRUE(upload->Deliver(Header(2, 2)));
+  ASSERT_TRUE(upload->Deliver(Chunk(RandomBytes(6))));
+  ASSERT_TRUE(upload->Deliver(Chunk(RandomBytes(4))));  // 10 of 8 bytes
+  ASSERT_TRUE(upload->Wait());
+  EXPECT_EQ(upload->status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(upload->status().message().find("past the end"), std::string::npos);
+  EXPECT_TRUE(store_.List("alice").empty());
+  EXPECT_EQ(store_.ClientBytes("alice"), 0);
+}
+
+TEST_F(UploadSessionTest, AnUploadThatEndsShortIsRefused) {
+  auto upload = Open();
+  ASSERT_TRUE(upload->Deliver(Header(4, 4)));
+  ASSERT_TRUE(upload->Deliver(Chunk(RandomBytes(10))));
+  upload->session().OnReadsDone();
+  ASSERT_TRUE(upload->Wait());
+  EXPECT_EQ(upload->status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(upload->status().message().find("10 of the matrix's 32 bytes"), std::string::npos);
+  EXPECT_EQ(store_.ClientBytes("alice"), 0);
+}
+
+TEST_F(UploadSessionTest, NoHeaderAndABadHeaderAreRefused) {
+  auto none = Open();
+  none->session().OnReadsDone();
+  ASSERT_TRUE(none->Wait());
+  EXPECT_EQ(none->status().code(), absl::StatusCode::kInvalidArgument);
+  auto bad = Open();
+  ASSERT_TRUE(bad->Deliver(Header(0, 4)));
+  ASSERT_TRUE(bad->Wait());
+  EXPECT_EQ(bad->status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad->status().message().find("header.rows"), std::string::npos);
+}
+
+TEST_F(UploadSessionTest, AnIdleUploadIsDroppedAndLaterReadsAreIgnored) {
+  auto upload = Open(std::chrono::seconds(1));
+  ASSERT_TRUE(upload->Deliver(Header(4, 4)));
+  ASSERT_TRUE(upload->Deliver(Chunk(RandomBytes(8))));
+  upload->session().ExpireIdle(Clock::now() + std::chrono::hours(1));
+  ASSERT_TRUE(upload->Wait());
+  EXPECT_EQ(upload->status().code(), absl::StatusCode::kDeadlineExceeded);
+  upload->session().OnReadsDone();  // the read outstanding completes: nothing happens
+  EXPECT_EQ(store_.ClientBytes("alice"), 0);
+}
+
+TEST_F(UploadSessionTest, AMatrixTheClientNeverLearnedOfIsReleased) {
+  auto upload = Open();
+  ASSERT_TRUE(upload->Deliver(Header(2, 2)));
+  ASSERT_TRUE(upload->Deliver(Chunk(RandomBytes(8))));
+  upload->session().OnReadsDone();
+  ASSERT_TRUE(upload->Wait());
+  ASSERT_TRUE(upload->status().ok());
+  EXPECT_EQ(store_.List("alice").size(), 1u);
+  upload->session().OnCallDone(/*cancelled=*/true);
+  EXPECT_TRUE(store_.List("alice").empty());
+}
+
+}  // namespace
+}  // namespace hgemm

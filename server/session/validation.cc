@@ -1,0 +1,140 @@
+#include "server/session/validation.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "server/core/status.h"
+
+namespace hgemm {
+namespace {
+
+absl::Status CheckElements(const char* matrix, uint32_t rows, uint32_t cols,
+                           const RequestRules& rules) {
+  const uint64_t elements = MatrixElements(rows, cols);
+  if (elements > uint64_t(MaxElementsPerMatrix(rules))) {
+    return status::OverLimit(fmt::format("{} has {}x{} = {} elements; this server takes at most {}",
+                                         matrix, rows, cols, elements,
+                                         MaxElementsPerMatrix(rules)));
+  }
+  return absl::OkStatus();
+}
+
+// A handle that is set must name something: an empty one would leave its operand without
+// bytes (the resolver has nothing to look up, the length check was skipped for it).
+absl::Status ValidateHandles(const v1::GemmRequest& request) {
+  if (request.has_a_handle() && request.a_handle().empty()) {
+    return status::InvalidArgument("a_handle", "empty (set a, or the handle of a resident matrix)");
+  }
+  if (request.has_b_handle() && request.b_handle().empty()) {
+    return status::InvalidArgument("b_handle", "empty (set b, or the handle of a resident matrix)");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+bool AutoSupports(const RequestRules& rules, Accumulation accumulation) {
+  return std::any_of(rules.kernels.begin(), rules.kernels.end(), [&](const KernelDescription& k) {
+    return accumulation == Accumulation::kFp16 ? k.fp16_accumulation : k.fp32_accumulation;
+  });
+}
+
+int64_t MaxElementsPerMatrix(const RequestRules& rules) {
+  return std::clamp<int64_t>(rules.max_elements_per_matrix, 1, kMaxElementsPerMatrix);
+}
+
+absl::Status ValidateShape(uint32_t m, uint32_t n, uint32_t k, const RequestRules& rules,
+                           GemmShape* shape) {
+  if (m == 0) return status::InvalidArgument("m", "must be at least 1");
+  if (n == 0) return status::InvalidArgument("n", "must be at least 1");
+  if (k == 0) return status::InvalidArgument("k", "must be at least 1");
+  for (absl::Status s : {CheckElements("A (m x k)", m, k, rules),
+                         CheckElements("B (k x n)", k, n, rules),
+                         CheckElements("C (m x n)", m, n, rules)}) {
+    if (!s.ok()) return s;
+  }
+  *shape = {.m = m, .n = n, .k = k};  // only now are its sizes safe to compute
+  return absl::OkStatus();
+}
+
+absl::Status ValidateOptions(const v1::GemmOptions& options, const RequestRules& rules,
+                             const std::string& field, GemmJob* job) {
+  if (options.request_id().size() > kMaxRequestIdBytes) {
+    return status::InvalidArgument(field + ".request_id",
+                                   fmt::format("{} bytes; at most {}", options.request_id().size(),
+                                               kMaxRequestIdBytes));
+  }
+  job->request_id = options.request_id();
+  switch (options.accumulation()) {
+    case v1::ACCUMULATION_FP16:
+      job->accumulation = Accumulation::kFp16;
+      break;
+    case v1::ACCUMULATION_UNSPECIFIED:
+    case v1::ACCUMULATION_FP32:
+      job->accumulation = Accumulation::kFp32;
+      break;
+    default:
+      return status::InvalidArgument(field + ".accumulation",
+                                     fmt::format("unknown value {}", int(options.accumulation())));
+  }
+  const std::string& name = options.kernel();
+  const bool fp16 = job->accumulation == Accumulation::kFp16;
+  if (name.empty() || name == "auto") {
+    if (!AutoSupports(rules, job->accumulation)) {
+      return status::InvalidArgument(
+          field + ".accumulation",
+          fmt::format("no kernel of this server has {} accumulation (ListKernels says which do)",
+                      fp16 ? "FP16" : "FP32"));
+    }
+    job->kernel = "auto";
+  } else {
+    auto it = std::find_if(rules.kernels.begin(), rules.kernels.end(),
+                           [&](const KernelDescription& k) { return k.name == name; });
+    if (it == rules.kernels.end()) {
+      return status::InvalidArgument(
+          field + ".kernel", fmt::format("unknown kernel {}; ListKernels names the kernels of "
+                                         "this server, or use 'auto'",
+                                         status::Quote(name)));
+    }
+    if (fp16 ? !it->fp16_accumulation : !it->fp32_accumulation) {
+      return status::InvalidArgument(
+          field + ".accumulation",
+          fmt::format("kernel '{}' has no {} accumulation", name, fp16 ? "FP16" : "FP32"));
+    }
+    job->kernel = name;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateGemmRequest(const v1::GemmRequest& request, const RequestRules& rules,
+                                 GemmJob* job) {
+  absl::Status s = ValidateOptions(request.options(), rules, "options", job);
+  if (!s.ok()) return s;
+  if (s = ValidateShape(request.m(), request.n(), request.k(), rules, &job->shape); !s.ok()) return s;
+  const GemmShape& shape = job->shape;
+  if (s = ValidateHandles(request); !s.ok()) return s;
+  // Operands given by handle are checked when the handle is resolved.
+  if (int64_t want = shape.ABytes();
+      !request.has_a_handle() && int64_t(request.a().size()) != want) {
+    return status::InvalidArgument(
+        "a", fmt::format("{} bytes; an {}x{} fp16 matrix (m x k) takes exactly {} (or give a_handle)",
+                         request.a().size(), shape.m, shape.k, want));
+  }
+  if (int64_t want = shape.BBytes();
+      !request.has_b_handle() && int64_t(request.b().size()) != want) {
+    return status::InvalidArgument(
+        "b", fmt::format("{} bytes; a {}x{} fp16 matrix (k x n) takes exactly {} (or give b_handle)",
+                         request.b().size(), shape.k, shape.n, want));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateGemmHeader(const v1::GemmHeader& header, const RequestRules& rules,
+                                GemmJob* job) {
+  absl::Status s = ValidateOptions(header.options(), rules, "header.options", job);
+  if (!s.ok()) return s;
+  return ValidateShape(header.m(), header.n(), header.k(), rules, &job->shape);
+}
+
+}  // namespace hgemm

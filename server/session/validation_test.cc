@@ -1,0 +1,181 @@
+#include "server/session/validation.h"
+
+#include <gtest/gtest.h>
+
+#include <limits>
+
+namespace hgemm {
+namespace {
+
+RequestRules Rules() {
+  RequestRules rules;
+  rules.max_elements_per_matrix = 1 << 20;
+  rules.kernels = {{.name = "fast", .fp16_accumulation = true, .fp32_accumulation = true},
+                   {.name = "fp32only", .fp16_accumulation = false, .fp32_accumulation = true}};
+  return rules;
+}
+
+v1::GemmRequest Request(uint32_t m, uint32_t n, uint32_t k) {
+  v1::GemmRequest r;
+  r.set_m(m);
+  r.set_n(n);
+  r.set_k(k);
+  r.set_a(std::string(2 * m * k, '\1'));
+  r.set_b(std::string(2 * k * n, '\1'));
+  return r;
+}
+
+TEST(Validation, AcceptsWellFormedRequest) {
+  GemmJob job;
+  v1::GemmRequest r = Request(3, 5, 7);
+  r.mutable_options()->set_request_id("abc");
+  ASSERT_TRUE(ValidateGemmRequest(r, Rules(), &job).ok());
+  EXPECT_EQ(job.shape.m, 3);
+  EXPECT_EQ(job.shape.n, 5);
+  EXPECT_EQ(job.shape.k, 7);
+  EXPECT_EQ(job.kernel, "auto");
+  EXPECT_EQ(job.accumulation, Accumulation::kFp32);
+  EXPECT_EQ(job.request_id, "abc");
+}
+
+TEST(Validation, ZeroDimensionNamesTheField) {
+  for (auto [m, n, k, field] : {std::tuple{0u, 1u, 1u, "m:"}, std::tuple{1u, 0u, 1u, "n:"},
+                                std::tuple{1u, 1u, 0u, "k:"}}) {
+    GemmJob job;
+    absl::Status s = ValidateGemmRequest(Request(m, n, k), Rules(), &job);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(s.message().rfind(field, 0), 0u) << s.message();
+  }
+}
+
+TEST(Validation, WrongByteLengthIsInvalidArgument) {
+  GemmJob job;
+  v1::GemmRequest r = Request(4, 4, 4);
+  r.mutable_a()->pop_back();
+  absl::Status s = ValidateGemmRequest(r, Rules(), &job);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("a: 31 bytes"), std::string::npos) << s.message();
+  r = Request(4, 4, 4);
+  r.mutable_b()->append("xx");
+  s = ValidateGemmRequest(r, Rules(), &job);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("b: 34 bytes"), std::string::npos) << s.message();
+}
+
+TEST(Validation, TooManyElementsIsResourceExhausted) {
+  GemmJob job;
+  v1::GemmRequest r;
+  r.set_m(2048);
+  r.set_n(1);
+  r.set_k(1024);  // A has 2^21 elements > 2^20
+  absl::Status s = ValidateGemmRequest(r, Rules(), &job);
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(s.message().find("A (m x k)"), std::string::npos) << s.message();
+}
+
+TEST(Validation, UnknownKernelIsInvalidArgument) {
+  GemmJob job;
+  v1::GemmRequest r = Request(2, 2, 2);
+  r.mutable_options()->set_kernel("nope");
+  absl::Status s = ValidateGemmRequest(r, Rules(), &job);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("options.kernel: unknown kernel 'nope'"), std::string::npos);
+}
+
+TEST(Validation, KernelWithoutRequestedAccumulationIsInvalidArgument) {
+  GemmJob job;
+  v1::GemmRequest r = Request(2, 2, 2);
+  r.mutable_options()->set_kernel("fp32only");
+  r.mutable_options()->set_accumulation(v1::ACCUMULATION_FP16);
+  EXPECT_EQ(ValidateGemmRequest(r, Rules(), &job).code(), absl::StatusCode::kInvalidArgument);
+  r.mutable_options()->set_kernel("fast");
+  ASSERT_TRUE(ValidateGemmRequest(r, Rules(), &job).ok());
+  EXPECT_EQ(job.kernel, "fast");
+  EXPECT_EQ(job.accumulation, Accumulation::kFp16);
+}
+
+TEST(Validation, UnknownAccumulationValueIsInvalidArgument) {
+  GemmJob job;
+  v1::GemmRequest r = Request(2, 2, 2);
+  r.mutable_options()->set_accumulation(static_cast<v1::Accumulation>(42));
+  EXPECT_EQ(ValidateGemmRequest(r, Rules(), &job).code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(Validation, LongRequestIdIsInvalidArgument) {
+  GemmJob job;
+  v1::GemmRequest r = Request(2, 2, 2);
+  r.mutable_options()->set_request_id(std::string(kMaxRequestIdBytes + 1, 'x'));
+  EXPECT_EQ(ValidateGemmRequest(r, Rules(), &job).code(), absl::StatusCode::kInvalidArgument);
+}
+
+// Issue 12, items 1 and 3: 2·m·k used to wrap in int64, so this passed validation and the
+// worker threw; and 2³²−1 cubed was reported as "exactly -17179869182" bytes.
+TEST(Validation, HugeDimensionsAreResourceExhaustedWithExactCounts) {
+  for (uint32_t d : {3037000500u, 4294967295u}) {
+    GemmJob job;
+    v1::GemmRequest r;
+    r.set_m(d);
+    r.set_n(d);
+    r.set_k(d);
+    r.set_a(std::string(290948384, '\1'));  // what 2·m·k wraps to for d = 3037000500
+    r.set_b(std::string(290948384, '\1'));
+    RequestRules rules = Rules();
+    rules.max_elements_per_matrix = std::numeric_limits<int64_t>::max();  // capped at 2^40
+    absl::Status s = ValidateGemmRequest(r, rules, &job);
+    EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << d;
+    const std::string elements = std::to_string(uint64_t{d} * d);
+    EXPECT_NE(s.message().find("= " + elements + " elements"), std::string::npos)
+        << s.message();
+    EXPECT_NE(s.message().find(std::to_string(kMaxElementsPerMatrix)), std::string::npos)
+        << s.message();
+    EXPECT_EQ(s.message().find('-'), std::string::npos) << s.message();
+  }
+}
+
+TEST(Validation, LimitIsCappedSoSizesFitInt64) {
+  RequestRules rules;
+  rules.max_elements_per_matrix = std::numeric_limits<int64_t>::max();
+  EXPECT_EQ(MaxElementsPerMatrix(rules), kMaxElementsPerMatrix);
+  rules.max_elements_per_matrix = -5;
+  EXPECT_EQ(MaxElementsPerMatrix(rules), 1);
+  GemmShape shape;
+  rules.max_elements_per_matrix = kMaxElementsPerMatrix;
+  ASSERT_TRUE(ValidateShape(1u << 20, 1u << 20, 1u << 20, rules, &shape).ok());
+  EXPECT_EQ(shape.Bytes(), 3 * (int64_t{2} << 40));
+  EXPECT_EQ(shape.Flops(), int64_t{2} << 60);
+}
+
+// Item 10: an empty handle skipped the length check and the resolver, and the job read A from
+// an empty string.
+TEST(Validation, EmptyHandleIsInvalidArgument) {
+  GemmJob job;
+  v1::GemmRequest r = Request(4, 4, 4);
+  r.set_a_handle("");
+  absl::Status s = ValidateGemmRequest(r, Rules(), &job);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.message().rfind("a_handle: empty", 0), 0u) << s.message();
+  r = Request(4, 4, 4);
+  r.set_b_handle("");
+  s = ValidateGemmRequest(r, Rules(), &job);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.message().rfind("b_handle: empty", 0), 0u) << s.message();
+}
+
+// Item 6: "auto" with an accumulation no kernel has is refused, not silently run otherwise.
+TEST(Validation, AutoRefusesAccumulationNoKernelHas) {
+  RequestRules rules = Rules();
+  rules.kernels = {{.name = "fp32only", .fp16_accumulation = false, .fp32_accumulation = true}};
+  EXPECT_FALSE(AutoSupports(rules, Accumulation::kFp16));
+  EXPECT_TRUE(AutoSupports(rules, Accumulation::kFp32));
+  GemmJob job;
+  v1::GemmRequest r = Request(2, 2, 2);
+  r.mutable_options()->set_accumulation(v1::ACCUMULATION_FP16);
+  absl::Status s = ValidateGemmRequest(r, rules, &job);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("FP16"), std::string::npos) << s.message();
+  r.mutable_options()->set_accumulation(v1::ACCUMULATION_FP32);
+  EXPECT_TRUE(ValidateGemmRequest(r, rules, &job).ok());
+}
+
+}  // namespace
+}  // namespace hgemm

@@ -1,0 +1,58 @@
+#include "server/transport/convert.h"
+
+#include <chrono>
+
+#include "server/core/logging.h"
+
+namespace hgemm {
+
+Clock::time_point SteadyDeadline(const grpc::ServerContextBase& context) {
+  auto deadline = context.deadline();
+  if (deadline == std::chrono::system_clock::time_point::max()) return Clock::time_point::max();
+  return Clock::now() + (deadline - std::chrono::system_clock::now());
+}
+
+std::string_view CallTraceparent(const grpc::ServerContextBase& context) {
+  const auto& metadata = context.client_metadata();
+  auto it = metadata.find("traceparent");
+  if (it == metadata.end()) return {};
+  return logging::ValidTraceparent(std::string_view(it->second.data(), it->second.size()));
+}
+
+v1::Accumulation ToProto(Accumulation accumulation) {
+  return accumulation == Accumulation::kFp16 ? v1::ACCUMULATION_FP16 : v1::ACCUMULATION_FP32;
+}
+
+void ToProto(const GemmShape& shape, const GemmResult& result, v1::Timing* timing,
+             v1::Execution* execution) {
+  const GemmReport& report = result.report;
+  timing->set_queue_wait_ms(report.queue_wait_ms);
+  timing->set_host_to_device_ms(report.host_to_device_ms);
+  timing->set_kernel_ms(report.kernel_ms);
+  timing->set_device_to_host_ms(report.device_to_host_ms);
+  timing->set_server_total_ms(report.server_total_ms);
+  timing->set_tflops(report.Tflops(shape));
+  execution->set_kernel(report.kernel);
+  execution->set_accumulation(ToProto(report.accumulation));
+  execution->set_device_id(report.device_id);
+  execution->set_device_name(report.device_name);
+  execution->set_stream_id(report.stream_id);
+  execution->set_backend(result.backend);
+}
+
+void ToProto(const ResidentMatrix& m, int device_id, const std::string& replica,
+             v1::MatrixInfo* info) {
+  const auto now = Clock::now();
+  info->set_handle(m.handle);
+  info->set_rows(m.rows);
+  info->set_cols(m.cols);
+  info->set_bytes(m.buffer->bytes);
+  info->set_device_id(device_id);
+  info->set_age_seconds(std::chrono::duration<double>(now - m.created).count());
+  info->set_idle_seconds(std::chrono::duration<double>(now - m.last_used).count());
+  info->set_ttl_seconds(m.ttl.count());
+  info->set_label(m.label);
+  info->set_replica(replica);
+}
+
+}  // namespace hgemm

@@ -1,0 +1,254 @@
+#include "server/transport/gemm_service.h"
+
+#include <memory>
+#include <utility>
+
+#include "server/core/status.h"
+#include "server/transport/convert.h"
+#include "server/transport/matrix_reactors.h"
+#include "server/transport/status_util.h"
+#include "server/transport/stream_reactor.h"
+
+namespace hgemm {
+
+GemmServiceImpl::GemmServiceImpl(Scheduler* scheduler, Backend* backend, MatrixStore* store,
+                                 UploadQueue* uploads, ServiceOptions options,
+                                 ServiceMetrics* metrics, const Authenticator* authenticator)
+    : options_(std::move(options)),
+      core_(scheduler, backend, store, uploads,
+            {.rules = options_.rules,
+             .max_client_pending_bytes = options_.max_client_pending_bytes,
+             .result_buffer_pool_bytes = options_.result_buffer_pool_bytes,
+             .replica = options_.resident.replica}),
+      log_(metrics),
+      authenticator_(authenticator != nullptr ? authenticator : &no_authentication_),
+      stream_options_{.stream_chunk_bytes = options_.stream_chunk_bytes,
+                      .max_stream_pending_bytes = options_.max_stream_pending_bytes,
+                      .idle_timeout = options_.idle_timeout} {}
+
+GemmServiceImpl::~GemmServiceImpl() = default;
+
+void GemmServiceImpl::Drain() { calls_.Drain(); }
+
+absl::Status GemmServiceImpl::Identify(Rpc rpc, const grpc::CallbackServerContext* context,
+                                       Principal* caller) const {
+  absl::Status s = authenticator_->Identify(*context, caller);
+  if (s.ok()) return s;
+  if (rpc == Rpc::kGemmStream) {
+    log_.StreamEnded(s, context, "");
+  } else {
+    log_.Answered(rpc, s, context, "");
+  }
+  return s;
+}
+
+template <typename Answer>
+grpc::ServerUnaryReactor* GemmServiceImpl::Unary(Rpc rpc, grpc::CallbackServerContext* context,
+                                                 Answer answer) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  Principal caller;
+  absl::Status s = Identify(rpc, context, &caller);
+  if (s.ok()) {
+    s = answer(caller);
+    log_.Answered(rpc, s, context, caller.name);
+  }
+  reactor->Finish(ToGrpcStatus(s));
+  return reactor;
+}
+
+namespace {
+
+// A call refused before it started (its caller is not authenticated): finished at once.
+template <typename Reactor>
+class RefusedCall final : public Reactor {
+ public:
+  explicit RefusedCall(const absl::Status& s) { this->Finish(ToGrpcStatus(s)); }
+  void OnDone() override { delete this; }
+};
+
+}  // namespace
+
+grpc::ServerUnaryReactor* GemmServiceImpl::Gemm(grpc::CallbackServerContext* context,
+                                                const v1::GemmRequest* request,
+                                                v1::GemmResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  log_.Received(Rpc::kGemm, int64_t(request->a().size() + request->b().size()));
+  Principal caller;
+  if (absl::Status s = Identify(Rpc::kGemm, context, &caller); !s.ok()) {
+    reactor->Finish(ToGrpcStatus(s));
+    return reactor;
+  }
+  absl::Status s;
+  try {
+    s = AdmitGemm(context, caller.name, *request, response, reactor);
+  } catch (...) {  // before the scheduler took the job: nobody else will answer the call
+    s = status::FromCurrentException("Gemm");
+  }
+  if (!s.ok()) {
+    log_.Answered(Rpc::kGemm, s, context, caller.name, request->options().request_id());
+    reactor->Finish(ToGrpcStatus(s));
+  }
+  return reactor;
+}
+
+absl::Status GemmServiceImpl::AdmitGemm(grpc::CallbackServerContext* context,
+                                        const std::string& owner, const v1::GemmRequest& request,
+                                        v1::GemmResponse* response,
+                                        grpc::ServerUnaryReactor* reactor) {
+  GemmOrder order;
+  if (absl::Status s = ValidateGemmRequest(request, options_.rules, &order.job); !s.ok()) return s;
+  order.a = request.a_handle().empty() ? OperandSource::Inline(HalfData(request.a()))
+                                       : OperandSource::Resident(request.a_handle());
+  order.b = request.b_handle().empty() ? OperandSource::Inline(HalfData(request.b()))
+                                       : OperandSource::Resident(request.b_handle());
+  order.c = request.keep_c_resident() ? ResultSink::KeepResident(request.c_ttl_seconds())
+                                      : ResultSink::Host();
+  AdmittedGemm admitted;
+  if (absl::Status s = core_.Admit(owner, std::move(order), &admitted); !s.ok()) return s;
+  GemmJob& job = admitted.job();
+  const GemmShape shape = job.shape;
+  response->set_m(shape.m);
+  response->set_n(shape.n);
+  response->set_request_id(job.request_id);
+  if (!job.keep_c) {
+    response->mutable_c()->resize(shape.CBytes());
+    job.c = reinterpret_cast<uint16_t*>(response->mutable_c()->data());
+  }
+  job.deadline = SteadyDeadline(*context);
+  job.is_cancelled = [context] { return context->IsCancelled(); };
+  job.traceparent = CallTraceparent(*context);
+  return core_.Run(std::move(admitted), [this, context, owner, reactor, response, shape](
+                                            const absl::Status& status, GemmResult result) {
+    absl::Status answer = status;
+    try {
+      if (status.ok()) {
+        ToProto(shape, result, response->mutable_timing(), response->mutable_execution());
+        if (result.kept_c.buffer) Describe(core_, result.kept_c, response->mutable_c_matrix());
+      }
+    } catch (...) {
+      answer = status::FromCurrentException("Gemm result");
+    }
+    if (answer.ok()) {
+      log_.Ran(shape, result);
+      log_.Sent(Rpc::kGemm, int64_t(response->c().size()));
+    }
+    log_.Answered(Rpc::kGemm, answer, context, owner, response->request_id());
+    reactor->Finish(ToGrpcStatus(answer));
+  });
+}
+
+grpc::ServerBidiReactor<v1::GemmStreamRequest, v1::GemmStreamResponse>*
+GemmServiceImpl::GemmStream(grpc::CallbackServerContext* context) {
+  Principal caller;
+  if (absl::Status s = Identify(Rpc::kGemmStream, context, &caller); !s.ok()) {
+    return new RefusedCall<grpc::ServerBidiReactor<v1::GemmStreamRequest, v1::GemmStreamResponse>>(s);
+  }
+  return NewGemmStreamReactor(call_services_, context, std::move(caller.name));
+}
+
+grpc::ServerUnaryReactor* GemmServiceImpl::ListKernels(grpc::CallbackServerContext* context,
+                                                       const v1::ListKernelsRequest*,
+                                                       v1::ListKernelsResponse* response) {
+  return Unary(Rpc::kListKernels, context, [&](const Principal&) {
+    v1::KernelInfo* auto_kernel = response->add_kernels();
+    auto_kernel->set_name("auto");
+    auto_kernel->set_description("the server picks a kernel per shape (by measurement on CUDA)");
+    for (const KernelDescription& k : options_.rules.kernels) {
+      v1::KernelInfo* info = response->add_kernels();
+      info->set_name(k.name);
+      info->set_description(k.description);
+      if (k.fp16_accumulation) info->add_accumulations(v1::ACCUMULATION_FP16);
+      if (k.fp32_accumulation) info->add_accumulations(v1::ACCUMULATION_FP32);
+    }
+    if (AutoSupports(options_.rules, Accumulation::kFp16)) {
+      auto_kernel->add_accumulations(v1::ACCUMULATION_FP16);
+    }
+    if (AutoSupports(options_.rules, Accumulation::kFp32)) {
+      auto_kernel->add_accumulations(v1::ACCUMULATION_FP32);
+    }
+    return absl::OkStatus();
+  });
+}
+
+grpc::ServerUnaryReactor* GemmServiceImpl::GetServerInfo(grpc::CallbackServerContext* context,
+                                                         const v1::GetServerInfoRequest*,
+                                                         v1::ServerInfo* response) {
+  return Unary(Rpc::kGetServerInfo, context, [&](const Principal&) {
+    response->set_version(kVersion);
+    response->set_backend(core_.backend().Name());
+    for (const DeviceDescription& d : core_.backend().Devices()) {
+      v1::Device* device = response->add_devices();
+      device->set_id(d.id);
+      device->set_name(d.name);
+      device->set_memory_bytes(d.memory_bytes);
+      device->set_streams(d.slots);
+      device->set_compute_capability(d.compute_capability);
+    }
+    v1::Limits* limits = response->mutable_limits();
+    limits->set_max_elements_per_matrix(options_.rules.max_elements_per_matrix);
+    limits->set_max_queued_requests(options_.scheduler.max_queued_requests);
+    limits->set_max_queued_bytes(options_.scheduler.max_queued_bytes);
+    limits->set_max_message_bytes(options_.max_message_bytes);
+    limits->set_stream_chunk_bytes(options_.stream_chunk_bytes);
+    limits->set_resident_quota_bytes(options_.resident.quota_bytes_per_client);
+    limits->set_resident_default_ttl_seconds(options_.resident.default_ttl.count());
+    limits->set_resident_lru_eviction(options_.resident.lru_eviction);
+    const Scheduler::Stats stats = core_.scheduler().GetStats();
+    v1::Load* load = response->mutable_load();
+    load->set_queued(stats.queued);
+    load->set_running(stats.running);
+    load->set_admitted_bytes(stats.admitted_bytes);
+    load->set_admitted_total(stats.admitted_total);
+    load->set_completed_total(stats.completed_total);
+    response->set_replica(options_.resident.replica);
+    return absl::OkStatus();
+  });
+}
+
+grpc::ServerReadReactor<v1::UploadMatrixRequest>* GemmServiceImpl::UploadMatrix(
+    grpc::CallbackServerContext* context, v1::MatrixInfo* response) {
+  Principal caller;
+  if (absl::Status s = Identify(Rpc::kUploadMatrix, context, &caller); !s.ok()) {
+    return new RefusedCall<grpc::ServerReadReactor<v1::UploadMatrixRequest>>(s);
+  }
+  return NewUploadMatrixReactor(call_services_, context, std::move(caller.name), response);
+}
+
+grpc::ServerUnaryReactor* GemmServiceImpl::ReleaseMatrix(grpc::CallbackServerContext* context,
+                                                         const v1::ReleaseMatrixRequest* request,
+                                                         v1::ReleaseMatrixResponse* response) {
+  return Unary(Rpc::kReleaseMatrix, context, [&](const Principal& caller) {
+    int64_t freed = 0;
+    absl::Status s = core_.store().Release(caller.name, request->handle(), &freed, caller.admin);
+    response->set_freed_bytes(freed);
+    return s;
+  });
+}
+
+grpc::ServerUnaryReactor* GemmServiceImpl::ListMatrices(grpc::CallbackServerContext* context,
+                                                        const v1::ListMatricesRequest*,
+                                                        v1::ListMatricesResponse* response) {
+  return Unary(Rpc::kListMatrices, context, [&](const Principal& caller) {
+    MatrixStore& store = core_.store();
+    // An administrator sees every principal's matrices, each with its owner.
+    for (const ResidentMatrix& m : caller.admin ? store.ListAll() : store.List(caller.name)) {
+      v1::MatrixInfo* info = response->add_matrices();
+      Describe(core_, m, info);
+      if (caller.admin) info->set_owner(m.owner);
+    }
+    response->set_client_bytes(store.ClientBytes(caller.name));
+    response->set_quota_bytes(options_.resident.quota_bytes_per_client);
+    return absl::OkStatus();
+  });
+}
+
+grpc::ServerWriteReactor<v1::ResultChunk>* GemmServiceImpl::DownloadMatrix(
+    grpc::CallbackServerContext* context, const v1::DownloadMatrixRequest* request) {
+  Principal caller;
+  if (absl::Status s = Identify(Rpc::kDownloadMatrix, context, &caller); !s.ok()) {
+    return new RefusedCall<grpc::ServerWriteReactor<v1::ResultChunk>>(s);
+  }
+  return NewDownloadMatrixReactor(call_services_, context, std::move(caller.name), *request);
+}
+
+}  // namespace hgemm

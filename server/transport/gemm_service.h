@@ -1,0 +1,119 @@
+// GemmServiceImpl: the gRPC transport of hgemm.v1.GemmService (callback API) over a GemmCore.
+//
+// Handlers only translate, in the shape of TF Serving's PredictionServiceImpl: identify the
+// caller, validate the message into a GemmOrder, hand it to the core with a completion
+// callback, convert, finish. No handler waits for a device; completion callbacks (on scheduler
+// and upload threads) finish the RPC or queue the stream's next writes. The streaming calls
+// have their reactors in stream_reactor.h (GemmStream, over a StreamSession) and
+// matrix_reactors.h (UploadMatrix over an UploadSession, DownloadMatrix), which see the service
+// only through CallServices (call_services.h); the conversions to and from the wire are in
+// convert.h.
+#ifndef HGEMM_SERVER_TRANSPORT_GEMM_SERVICE_H_
+#define HGEMM_SERVER_TRANSPORT_GEMM_SERVICE_H_
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "proto/hgemm.grpc.pb.h"
+#include "server/auth/authenticator.h"
+#include "server/backend/backend.h"
+#include "server/metrics/metrics.h"
+#include "server/resident/matrix_store.h"
+#include "server/scheduler/scheduler.h"
+#include "server/scheduler/upload_queue.h"
+#include "server/session/gemm_core.h"
+#include "server/session/stream_session.h"
+#include "server/transport/call_services.h"
+
+namespace hgemm {
+
+inline constexpr char kVersion[] = "0.1.0";
+
+struct ServiceOptions {
+  RequestRules rules;
+  // Size of the ResultChunks a stream sends back.
+  int64_t stream_chunk_bytes = int64_t{1} << 20;
+  // Operand bytes one stream, and all streams of one client, may hold for GEMMs whose chunks
+  // are still arriving; a GEMM that would pass either is refused (RESOURCE_EXHAUSTED).
+  int64_t max_stream_pending_bytes = int64_t{4} << 30;
+  int64_t max_client_pending_bytes = int64_t{8} << 30;
+  // A streamed GEMM or an upload whose next chunk doesn't come for this long is refused with
+  // DEADLINE_EXCEEDED and its buffers freed.
+  std::chrono::seconds idle_timeout{60};
+  // Idle host buffers kept for the next streamed C or download (see HostBufferPool).
+  int64_t result_buffer_pool_bytes = int64_t{1} << 30;
+  // Reported in GetServerInfo.limits.
+  int64_t max_message_bytes = 0;
+  SchedulerOptions scheduler;
+  MatrixStoreOptions resident;
+};
+
+class GemmServiceImpl final : public v1::GemmService::CallbackService {
+ public:
+  // `scheduler`, `backend`, `store`, `uploads`, `metrics` (null: none kept) and
+  // `authenticator` (null: authentication off) must outlive the service. Every call is
+  // identified first: an unauthenticated one gets UNAUTHENTICATED; resident matrices and
+  // quotas belong to the caller it names.
+  GemmServiceImpl(Scheduler* scheduler, Backend* backend, MatrixStore* store,
+                  UploadQueue* uploads, ServiceOptions options, ServiceMetrics* metrics = nullptr,
+                  const Authenticator* authenticator = nullptr);
+  ~GemmServiceImpl() override;  // REQUIRES: no call in progress (the server has shut down)
+
+  // Shutdown has begun (call before grpc::Server::Shutdown): open streams refuse new GEMMs
+  // with UNAVAILABLE, and each ends with UNAVAILABLE as soon as its in-flight work is
+  // answered — at once if it is idle — instead of holding the drain until its deadline.
+  void Drain();
+
+  grpc::ServerUnaryReactor* Gemm(grpc::CallbackServerContext* context,
+                                 const v1::GemmRequest* request,
+                                 v1::GemmResponse* response) override;
+  grpc::ServerBidiReactor<v1::GemmStreamRequest, v1::GemmStreamResponse>* GemmStream(
+      grpc::CallbackServerContext* context) override;
+  grpc::ServerUnaryReactor* ListKernels(grpc::CallbackServerContext* context,
+                                        const v1::ListKernelsRequest* request,
+                                        v1::ListKernelsResponse* response) override;
+  grpc::ServerUnaryReactor* GetServerInfo(grpc::CallbackServerContext* context,
+                                          const v1::GetServerInfoRequest* request,
+                                          v1::ServerInfo* response) override;
+  grpc::ServerReadReactor<v1::UploadMatrixRequest>* UploadMatrix(
+      grpc::CallbackServerContext* context, v1::MatrixInfo* response) override;
+  grpc::ServerUnaryReactor* ReleaseMatrix(grpc::CallbackServerContext* context,
+                                          const v1::ReleaseMatrixRequest* request,
+                                          v1::ReleaseMatrixResponse* response) override;
+  grpc::ServerUnaryReactor* ListMatrices(grpc::CallbackServerContext* context,
+                                         const v1::ListMatricesRequest* request,
+                                         v1::ListMatricesResponse* response) override;
+  grpc::ServerWriteReactor<v1::ResultChunk>* DownloadMatrix(
+      grpc::CallbackServerContext* context, const v1::DownloadMatrixRequest* request) override;
+
+ private:
+  // Who `context`'s call is from; if nobody authenticated, the status to finish it with (the
+  // refusal is counted and logged here).
+  absl::Status Identify(Rpc rpc, const grpc::CallbackServerContext* context,
+                        Principal* caller) const;
+  // A unary call answered at once: identified, then `answer` fills the response and says how
+  // the call ends.
+  template <typename Answer>
+  grpc::ServerUnaryReactor* Unary(Rpc rpc, grpc::CallbackServerContext* context, Answer answer);
+  // Gemm up to the core: OK once the GEMM is admitted and running (its callback answers the
+  // call), else the status to answer with.
+  absl::Status AdmitGemm(grpc::CallbackServerContext* context, const std::string& owner,
+                         const v1::GemmRequest& request, v1::GemmResponse* response,
+                         grpc::ServerUnaryReactor* reactor);
+
+  const ServiceOptions options_;
+  const GemmCore core_;
+  const CallLog log_;
+  const Authenticator no_authentication_;
+  const Authenticator* const authenticator_;  // never null
+  const StreamOptions stream_options_;
+  TrackedCalls calls_{options_.idle_timeout};
+  const CallServices call_services_{
+      .core = &core_, .log = &log_, .calls = &calls_, .stream = &stream_options_};
+};
+
+}  // namespace hgemm
+
+#endif  // HGEMM_SERVER_TRANSPORT_GEMM_SERVICE_H_

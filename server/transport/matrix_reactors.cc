@@ -1,0 +1,145 @@
+#include "server/transport/matrix_reactors.h"
+
+#include <algorithm>
+#include <memory>
+#include <string>
+#include <utility>
+
+#include "server/core/status.h"
+#include "server/session/upload_session.h"
+#include "server/transport/status_util.h"
+
+namespace hgemm {
+
+// UploadMatrix: the reads and the finish its UploadSession asks for, and the call's metrics.
+class UploadMatrixReactor final : public grpc::ServerReadReactor<v1::UploadMatrixRequest>,
+                                  public TrackedCall,
+                                  public UploadTransport {
+ public:
+  UploadMatrixReactor(const CallServices& services, grpc::CallbackServerContext* context,
+                      std::string owner, v1::MatrixInfo* response)
+      : services_(services),
+        context_(context),
+        owner_(std::move(owner)),
+        response_(response),
+        session_(*services.core, this, owner_, services.calls->idle_timeout()) {
+    grpc::ServerReadReactor<v1::UploadMatrixRequest>::StartRead(&request_);
+    services_.calls->Track(this);
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) return session_.OnReadsDone();  // the client has sent everything (or went away)
+    services_.log->Received(Rpc::kUploadMatrix, session_.OnRead(request_));
+  }
+
+  void OnDone() override {
+    services_.calls->Untrack(this);
+    session_.OnCallDone(context_->IsCancelled());
+    delete this;
+  }
+
+  void Drain() override {}  // an upload in progress gets the drain deadline
+  void ExpireIdle(Clock::time_point cutoff) override { session_.ExpireIdle(cutoff); }
+
+ private:
+  // UploadTransport (called with the session's mutex held):
+  void StartRead() override {
+    grpc::ServerReadReactor<v1::UploadMatrixRequest>::StartRead(&request_);
+  }
+
+  void Finish(const absl::Status& status, const ResidentMatrix& matrix) override {
+    if (status.ok()) Describe(*services_.core, matrix, response_);
+    services_.log->Answered(Rpc::kUploadMatrix, status, context_, owner_);
+    grpc::ServerReadReactor<v1::UploadMatrixRequest>::Finish(ToGrpcStatus(status));
+  }
+
+  bool IsCancelled() const override { return context_->IsCancelled(); }
+
+  const CallServices& services_;
+  grpc::CallbackServerContext* const context_;
+  const std::string owner_;
+  v1::MatrixInfo* const response_;
+  v1::UploadMatrixRequest request_;  // the read in flight
+  UploadSession session_;            // last: it calls back into the members above
+};
+
+// DownloadMatrix: the device copy runs on an upload thread, then the chunks go out one by one.
+class DownloadMatrixReactor final : public grpc::ServerWriteReactor<v1::ResultChunk> {
+ public:
+  DownloadMatrixReactor(const CallServices& services, grpc::CallbackServerContext* context,
+                        std::string owner, const v1::DownloadMatrixRequest& request)
+      : services_(services),
+        context_(context),
+        owner_(std::move(owner)),
+        chunk_bytes_(services.stream->stream_chunk_bytes),
+        buffers_(services.core->host_buffers()) {
+    const GemmCore& core = *services.core;
+    ResidentMatrix m;
+    absl::Status s = core.store().Lookup(owner_, request.handle(), "handle", &m);
+    if (!s.ok()) {
+      Answer(s);
+      return;
+    }
+    core.uploads().Post([this, &core, buffer = m.buffer] {
+      absl::Status read;
+      try {
+        data_ = buffers_.Take(buffer->bytes);
+        read = core.backend().ReadResident(*buffer, data_.data());
+      } catch (...) {
+        read = status::FromCurrentException("DownloadMatrix");
+      }
+      if (!read.ok()) return Answer(read);
+      NextWrite();
+    });
+  }
+
+  void OnWriteDone(bool ok) override {
+    if (!ok) return Answer(status::Cancelled());
+    NextWrite();
+  }
+
+  void OnDone() override {
+    buffers_.Give(std::move(data_));
+    delete this;
+  }
+
+ private:
+  void Answer(const absl::Status& s) {
+    services_.log->Answered(Rpc::kDownloadMatrix, s, context_, owner_);
+    Finish(ToGrpcStatus(s));
+  }
+
+  void NextWrite() {
+    if (offset_ >= int64_t(data_.size())) return Answer(absl::OkStatus());
+    const int64_t size = std::min<int64_t>(chunk_bytes_, data_.size() - offset_);
+    services_.log->Sent(Rpc::kDownloadMatrix, size);
+    chunk_.set_offset(offset_);
+    chunk_.set_data(data_.data() + offset_, size);
+    chunk_.set_total_bytes(offset_ == 0 ? data_.size() : 0);
+    offset_ += size;
+    StartWrite(&chunk_);
+  }
+
+  const CallServices& services_;
+  grpc::CallbackServerContext* const context_;
+  const std::string owner_;
+  const int64_t chunk_bytes_;
+  HostBufferPool& buffers_;
+  std::string data_;
+  int64_t offset_ = 0;
+  v1::ResultChunk chunk_;
+};
+
+grpc::ServerReadReactor<v1::UploadMatrixRequest>* NewUploadMatrixReactor(
+    const CallServices& services, grpc::CallbackServerContext* context, std::string owner,
+    v1::MatrixInfo* response) {
+  return new UploadMatrixReactor(services, context, std::move(owner), response);
+}
+
+grpc::ServerWriteReactor<v1::ResultChunk>* NewDownloadMatrixReactor(
+    const CallServices& services, grpc::CallbackServerContext* context, std::string owner,
+    const v1::DownloadMatrixRequest& request) {
+  return new DownloadMatrixReactor(services, context, std::move(owner), request);
+}
+
+}  // namespace hgemm
