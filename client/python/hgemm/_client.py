@@ -4,7 +4,8 @@ from typing import List, Optional
 
 import grpc
 
-from . import _arrays, _core, _errors, _progress, _stream
+from . import (_arrays, _config, _errors, _many_rounds, _progress, _resident, _results, _retry,
+               _routes, _spec, _stream, _stream_collector, _transfers)
 from ._proto import hgemm_pb2 as pb
 
 
@@ -46,8 +47,8 @@ class Client:
     """
 
     def __init__(self, target: str = "127.0.0.1:50051", **options):
-        self._config = _core.ClientConfig(target, **options)
-        self._routes = _core.Routes(self._config, grpc)
+        self._config = _config.ClientConfig(target, **options)
+        self._routes = _routes.Routes(self._config, grpc)
         self._channel, self._stub = self._routes.target
 
     def _stub_for(self, replica: str):
@@ -66,7 +67,7 @@ class Client:
 
     # The retry loop around one call (to `replica`, "" for the target).
     def _call(self, fn, timeout, idempotent: bool, replica: str = ""):
-        deadline = _core.Deadline(self._config.call_timeout(timeout))
+        deadline = _retry.Deadline(self._config.call_timeout(timeout))
         policy = self._config.policy
         stub = self._stub_for(replica)
         for attempt in range(policy.attempts):
@@ -75,9 +76,9 @@ class Client:
             except grpc.RpcError as e:
                 err = _errors.from_rpc_error(e)
             delay = policy.delay(attempt)
-            if (attempt + 1 == policy.attempts or not _core.should_retry(err, idempotent)
+            if (attempt + 1 == policy.attempts or not _retry.should_retry(err, idempotent)
                     or not deadline.allows(delay)):
-                raise _core.explain_unreachable(err, replica)
+                raise _routes.explain_unreachable(err, replica)
             time.sleep(delay)
 
     def _server_limit(self, spec, mode, timeout) -> None:
@@ -100,7 +101,7 @@ class Client:
         name from kernels(). Raises an hgemm.Error subclass on failure.
         """
         started = time.monotonic()
-        spec = _core.Spec(a, b, accumulation=accumulation, kernel=kernel, keep_c=keep_c,
+        spec = _spec.Spec(a, b, accumulation=accumulation, kernel=kernel, keep_c=keep_c,
                           c_ttl=c_ttl, request_id=request_id)
         replica = spec.replica()
         self._server_limit(spec, mode, timeout)
@@ -115,7 +116,7 @@ class Client:
         def call(stub, t):
             return stub.Gemm(request, timeout=t, metadata=self._config.metadata)
         response = self._call(call, timeout, idempotent=not keep_c, replica=replica)
-        return _core.unary_result(self, spec, response, details, as_torch, started)
+        return _results.unary_result(self, spec, response, details, as_torch, started)
 
     def gemm_many(self, pairs, *, accumulation: Optional[str] = None, kernel: str = "auto",
                   keep_c: bool = False, c_ttl: int = 0, details: bool = False, as_torch=False,
@@ -133,11 +134,11 @@ class Client:
         started = time.monotonic()
         defaults = dict(accumulation=accumulation, kernel=kernel, keep_c=keep_c, c_ttl=c_ttl,
                         request_id="")
-        specs = _core.normalize_pairs(pairs, defaults)
+        specs = _spec.normalize_pairs(pairs, defaults)
         if not specs:
             return []
         results = self._many(specs, timeout, details, as_torch, started)
-        return _core.finish_many(results, return_exceptions)
+        return _results.finish_many(results, return_exceptions)
 
     def stream(self, *, replica=None) -> _stream.Stream:
         """An hgemm.Stream: one GemmStream kept open for many GEMMs, pipelined
@@ -145,11 +146,11 @@ class Client:
         GEMMs over time from a loop or several threads, without a stream's setup per GEMM.
         replica: over several replicas, where the stream goes (a ResidentMatrix or an address);
         default: where its first GEMM's matrices live, else the target."""
-        return _stream.Stream(self, None if replica is None else _core.replica_of(replica))
+        return _stream.Stream(self, None if replica is None else _resident.replica_of(replica))
 
-    def _many(self, specs: List[_core.Spec], timeout, details, as_torch, started) -> list:
-        groups, outcomes = _core.by_replica(dict(enumerate(specs)))
-        deadline = _core.Deadline(self._config.call_timeout(timeout))
+    def _many(self, specs: List[_spec.Spec], timeout, details, as_torch, started) -> list:
+        groups, outcomes = _routes.by_replica(dict(enumerate(specs)))
+        deadline = _retry.Deadline(self._config.call_timeout(timeout))
         total = sum(s.payload_bytes + s.c_bytes for s in specs)
         bar = _progress.bar(self._config.progress, total, "hgemm")
         try:
@@ -158,15 +159,15 @@ class Client:
                 outcomes.update((i, rounds.outcome(i)) for i in by_id)
         finally:
             _progress.close(bar)
-        return [_core.streamed_result(self, specs[i], outcomes[i], details, as_torch, started)
+        return [_results.streamed_result(self, specs[i], outcomes[i], details, as_torch, started)
                 for i in range(len(specs))]
 
-    def _stream_rounds(self, replica: str, by_id, deadline, bar) -> _core.ManyRound:
+    def _stream_rounds(self, replica: str, by_id, deadline, bar) -> _many_rounds.ManyRound:
         stub = self._stub_for(replica)
-        rounds = _core.ManyRound(by_id, self._config.policy, deadline)
+        rounds = _many_rounds.ManyRound(by_id, self._config.policy, deadline)
         while rounds.pending:
-            collector = _core.StreamCollector({i: by_id[i] for i in rounds.pending}, bar)
-            requests = _core.stream_requests(by_id, rounds.pending, self._config.chunk_bytes, bar)
+            collector = _stream_collector.StreamCollector({i: by_id[i] for i in rounds.pending}, bar)
+            requests = _spec.stream_requests(by_id, rounds.pending, self._config.chunk_bytes, bar)
             stream_err = None
             try:
                 call = stub.GemmStream(requests, timeout=deadline.remaining(),
@@ -174,7 +175,7 @@ class Client:
                 for message in call:
                     collector.consume(message)
             except grpc.RpcError as e:
-                stream_err = _core.explain_unreachable(_errors.from_rpc_error(e), replica)
+                stream_err = _routes.explain_unreachable(_errors.from_rpc_error(e), replica)
             delay = rounds.settle(collector, stream_err)
             if delay:
                 time.sleep(delay)
@@ -182,7 +183,7 @@ class Client:
 
     # Resident matrices.
     def upload(self, matrix, *, ttl: int = 0, label: str = "", device_id: Optional[int] = None,
-               replica=None, timeout: Optional[float] = None) -> _core.ResidentMatrix:
+               replica=None, timeout: Optional[float] = None) -> _resident.ResidentMatrix:
         """Uploads a matrix (float16 ndarray or tensor) and returns its ResidentMatrix.
         ttl: seconds after its last use at which the server frees it (0: the server's default).
         device_id: the CUDA device to keep it on (None: the one with the most free memory).
@@ -192,33 +193,33 @@ class Client:
         bar = _progress.bar(self._config.progress, array.nbytes, "hgemm upload")
 
         def call(stub, t):
-            messages = _core.upload_messages(array, ttl, label, device_id, self._config.chunk_bytes, bar)
+            messages = _transfers.upload_messages(array, ttl, label, device_id, self._config.chunk_bytes, bar)
             return stub.UploadMatrix(messages, timeout=t, metadata=self._config.metadata)
         try:
-            info = self._call(call, timeout, idempotent=False, replica=_core.replica_of(replica))
+            info = self._call(call, timeout, idempotent=False, replica=_resident.replica_of(replica))
         finally:
             _progress.close(bar)
-        return _core.ResidentMatrix(self, info)
+        return _resident.ResidentMatrix(self, info)
 
-    def download(self, matrix: _core.ResidentMatrix, *, as_torch=False,
+    def download(self, matrix: _resident.ResidentMatrix, *, as_torch=False,
                  timeout: Optional[float] = None):
         """A resident matrix's values as a float16 ndarray (or torch tensor with as_torch)."""
         bar = _progress.bar(self._config.progress, 2 * matrix.rows * matrix.cols, "hgemm download")
 
         def call(stub, t):
-            buf = _core.DownloadBuffer(matrix.rows, matrix.cols, bar)
+            buf = _transfers.DownloadBuffer(matrix.rows, matrix.cols, bar)
             for chunk in stub.DownloadMatrix(pb.DownloadMatrixRequest(handle=matrix.handle),
                                              timeout=t, metadata=self._config.metadata):
                 buf.add(chunk)
             return buf.array()
         try:
             array = self._call(call, timeout, idempotent=True,
-                               replica=_core.handle_replica(matrix.handle))
+                               replica=_resident.handle_replica(matrix.handle))
             return _arrays.to_output(array, as_torch)
         finally:
             _progress.close(bar)
 
-    def release(self, matrix: _core.ResidentMatrix, *, timeout: Optional[float] = None) -> int:
+    def release(self, matrix: _resident.ResidentMatrix, *, timeout: Optional[float] = None) -> int:
         """Frees a resident matrix; returns the bytes freed. NotFound if it is gone already."""
         if getattr(matrix, "released", False):
             return 0
@@ -227,13 +228,13 @@ class Client:
             return stub.ReleaseMatrix(pb.ReleaseMatrixRequest(handle=matrix.handle),
                                       timeout=t, metadata=self._config.metadata)
         freed = self._call(call, timeout, idempotent=False,
-                           replica=_core.handle_replica(matrix.handle)).freed_bytes
-        if isinstance(matrix, _core.ResidentMatrix):
+                           replica=_resident.handle_replica(matrix.handle)).freed_bytes
+        if isinstance(matrix, _resident.ResidentMatrix):
             matrix.released = True
         return freed
 
     def matrices(self, *, replica: Optional[str] = None,
-                 timeout: Optional[float] = None) -> _core.MatrixList:
+                 timeout: Optional[float] = None) -> _resident.MatrixList:
         """This client's resident matrices (a list of ResidentMatrix, with .client_bytes and
         .quota_bytes). Over several replicas, those of `replica` (an address; None: of the one
         the balanced call reaches)."""
@@ -241,7 +242,7 @@ class Client:
             return stub.ListMatrices(pb.ListMatricesRequest(), timeout=t,
                                      metadata=self._config.metadata)
         response = self._call(call, timeout, idempotent=True, replica=replica or "")
-        out = _core.MatrixList(_core.ResidentMatrix(self, m) for m in response.matrices)
+        out = _resident.MatrixList(_resident.ResidentMatrix(self, m) for m in response.matrices)
         out.client_bytes, out.quota_bytes = response.client_bytes, response.quota_bytes
         return out
 
@@ -255,9 +256,9 @@ class Client:
                                       metadata=self._config.metadata)
         return self._call(call, timeout, idempotent=True, replica=replica or "")
 
-    def kernels(self, *, timeout: Optional[float] = None) -> List[_core.Kernel]:
+    def kernels(self, *, timeout: Optional[float] = None) -> List[_results.Kernel]:
         """ListKernels: the kernel names for kernel=, with their accumulations."""
         def call(stub, t):
             return stub.ListKernels(pb.ListKernelsRequest(), timeout=t,
                                     metadata=self._config.metadata)
-        return _core.kernels_from_proto(self._call(call, timeout, idempotent=True))
+        return _results.kernels_from_proto(self._call(call, timeout, idempotent=True))

@@ -7,7 +7,7 @@ from typing import Optional
 
 import grpc
 
-from . import _core, _errors
+from . import _errors, _results, _routes, _session_book, _spec
 
 _END = object()  # ends the request iterator: the client's half-close
 
@@ -52,7 +52,7 @@ class Stream:
         self._replica = replica  # None: chosen by the first GEMM
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)  # notified when nothing is outstanding
-        self._book = _core.SessionBook(self._config.policy)
+        self._book = _session_book.SessionBook(self._config.policy)
         self._queue = None  # the open stream's request queue; None: no stream open
         self._call = None
         self._readers = []
@@ -67,15 +67,15 @@ class Stream:
         """Writes one GEMM on the stream; returns a Future of what Client.gemm would return
         (its exception: the GEMM's hgemm.Error). Arguments as Client.gemm."""
         started = time.monotonic()
-        spec = _core.Spec(a, b, accumulation=accumulation, kernel=kernel, keep_c=keep_c,
+        spec = _spec.Spec(a, b, accumulation=accumulation, kernel=kernel, keep_c=keep_c,
                           c_ttl=c_ttl, request_id=request_id)
         future = concurrent.futures.Future()
         future.set_running_or_notify_cancel()  # written at once: there is nothing to cancel
-        pending = _core.Pending(spec, future, details, as_torch, started)
+        pending = _session_book.Pending(spec, future, details, as_torch, started)
         with self._lock:
             if self._closing:
                 raise RuntimeError("the stream is closed")
-            self._replica = _core.session_replica(self._replica, spec)
+            self._replica = _routes.session_replica(self._replica, spec)
             self._write(pending)
             self._outstanding += 1
         return pending.future
@@ -131,7 +131,7 @@ class Stream:
             self.cancel()
 
     # The stream. REQUIRES for each: self._lock held.
-    def _write(self, pending: _core.Pending) -> None:
+    def _write(self, pending: _session_book.Pending) -> None:
         if self._queue is None:
             self._open()
         i = self._book.add(pending)
@@ -165,7 +165,7 @@ class Stream:
                     call.cancel()
                     break
         except grpc.RpcError as e:
-            err = _core.explain_unreachable(_errors.from_rpc_error(e), self._replica or "")
+            err = _routes.explain_unreachable(_errors.from_rpc_error(e), self._replica or "")
         with self._lock:
             if self._queue is q:
                 self._end_stream()
@@ -188,7 +188,7 @@ class Stream:
             else:
                 self._again(pending)
 
-    def _again(self, pending: _core.Pending) -> None:
+    def _again(self, pending: _session_book.Pending) -> None:
         with self._lock:
             if self._cancelled:
                 failure = _errors.Cancelled("the stream was cancelled")
@@ -200,9 +200,9 @@ class Stream:
                     failure = _errors.Cancelled(str(e))
         self._deliver(pending, failure)
 
-    def _deliver(self, pending: _core.Pending, outcome) -> None:
+    def _deliver(self, pending: _session_book.Pending, outcome) -> None:
         try:
-            result = _core.streamed_result(self._client, pending.spec, outcome, pending.details,
+            result = _results.streamed_result(self._client, pending.spec, outcome, pending.details,
                                            pending.as_torch, pending.started)
         except Exception as e:  # e.g. as_torch without torch: the caller's, not the reader's
             result = e

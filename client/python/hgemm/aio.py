@@ -15,7 +15,8 @@ from typing import List, Optional
 import grpc
 import grpc.aio
 
-from . import _arrays, _core, _errors, _progress
+from . import (_arrays, _config, _errors, _many_rounds, _progress, _resident, _results, _retry,
+               _routes, _session_book, _spec, _stream_collector, _transfers)
 from ._client import Client as _SyncClient
 from ._proto import hgemm_pb2 as pb
 
@@ -24,8 +25,8 @@ class Client:
     __doc__ = (__doc__ or "") + "\n\nArguments as hgemm.Client:\n" + (_SyncClient.__doc__ or "")
 
     def __init__(self, target: str = "127.0.0.1:50051", **options):
-        self._config = _core.ClientConfig(target, **options)
-        self._routes = _core.Routes(self._config, grpc.aio)
+        self._config = _config.ClientConfig(target, **options)
+        self._routes = _routes.Routes(self._config, grpc.aio)
         self._channel, self._stub = self._routes.target
 
     def _stub_for(self, replica: str):
@@ -42,7 +43,7 @@ class Client:
         await self.close()
 
     async def _call(self, fn, timeout, idempotent: bool, replica: str = ""):
-        deadline = _core.Deadline(self._config.call_timeout(timeout))
+        deadline = _retry.Deadline(self._config.call_timeout(timeout))
         policy = self._config.policy
         stub = self._stub_for(replica)
         for attempt in range(policy.attempts):
@@ -51,9 +52,9 @@ class Client:
             except grpc.RpcError as e:
                 err = _errors.from_rpc_error(e)
             delay = policy.delay(attempt)
-            if (attempt + 1 == policy.attempts or not _core.should_retry(err, idempotent)
+            if (attempt + 1 == policy.attempts or not _retry.should_retry(err, idempotent)
                     or not deadline.allows(delay)):
-                raise _core.explain_unreachable(err, replica)
+                raise _routes.explain_unreachable(err, replica)
             await asyncio.sleep(delay)
 
     async def _server_limit(self, spec, mode, timeout) -> None:
@@ -70,7 +71,7 @@ class Client:
                    timeout: Optional[float] = None):
         """As hgemm.Client.gemm."""
         started = time.monotonic()
-        spec = _core.Spec(a, b, accumulation=accumulation, kernel=kernel, keep_c=keep_c,
+        spec = _spec.Spec(a, b, accumulation=accumulation, kernel=kernel, keep_c=keep_c,
                           c_ttl=c_ttl, request_id=request_id)
         replica = spec.replica()
         await self._server_limit(spec, mode, timeout)
@@ -85,7 +86,7 @@ class Client:
         def call(stub, t):
             return stub.Gemm(request, timeout=t, metadata=self._config.metadata)
         response = await self._call(call, timeout, idempotent=not keep_c, replica=replica)
-        return _core.unary_result(self, spec, response, details, as_torch, started)
+        return _results.unary_result(self, spec, response, details, as_torch, started)
 
     async def gemm_many(self, pairs, *, accumulation: Optional[str] = None, kernel: str = "auto",
                         keep_c: bool = False, c_ttl: int = 0, details: bool = False,
@@ -95,20 +96,20 @@ class Client:
         started = time.monotonic()
         defaults = dict(accumulation=accumulation, kernel=kernel, keep_c=keep_c, c_ttl=c_ttl,
                         request_id="")
-        specs = _core.normalize_pairs(pairs, defaults)
+        specs = _spec.normalize_pairs(pairs, defaults)
         if not specs:
             return []
         results = await self._many(specs, timeout, details, as_torch, started)
-        return _core.finish_many(results, return_exceptions)
+        return _results.finish_many(results, return_exceptions)
 
     def stream(self, *, replica=None) -> "Stream":
         """As hgemm.Client.stream: an hgemm.aio.Stream (`async with c.stream() as s:
         C = await s.gemm(A, B)`)."""
-        return Stream(self, None if replica is None else _core.replica_of(replica))
+        return Stream(self, None if replica is None else _resident.replica_of(replica))
 
-    async def _many(self, specs: List[_core.Spec], timeout, details, as_torch, started) -> list:
-        groups, outcomes = _core.by_replica(dict(enumerate(specs)))
-        deadline = _core.Deadline(self._config.call_timeout(timeout))
+    async def _many(self, specs: List[_spec.Spec], timeout, details, as_torch, started) -> list:
+        groups, outcomes = _routes.by_replica(dict(enumerate(specs)))
+        deadline = _retry.Deadline(self._config.call_timeout(timeout))
         total = sum(s.payload_bytes + s.c_bytes for s in specs)
         bar = _progress.bar(self._config.progress, total, "hgemm")
         try:  # the replicas' streams at once
@@ -118,15 +119,15 @@ class Client:
                 outcomes.update((i, rounds.outcome(i)) for i in by_id)
         finally:
             _progress.close(bar)
-        return [_core.streamed_result(self, specs[i], outcomes[i], details, as_torch, started)
+        return [_results.streamed_result(self, specs[i], outcomes[i], details, as_torch, started)
                 for i in range(len(specs))]
 
-    async def _stream_rounds(self, replica: str, by_id, deadline, bar) -> _core.ManyRound:
+    async def _stream_rounds(self, replica: str, by_id, deadline, bar) -> _many_rounds.ManyRound:
         stub = self._stub_for(replica)
-        rounds = _core.ManyRound(by_id, self._config.policy, deadline)
+        rounds = _many_rounds.ManyRound(by_id, self._config.policy, deadline)
         while rounds.pending:
-            collector = _core.StreamCollector({i: by_id[i] for i in rounds.pending}, bar)
-            requests = _core.stream_requests(by_id, rounds.pending, self._config.chunk_bytes, bar)
+            collector = _stream_collector.StreamCollector({i: by_id[i] for i in rounds.pending}, bar)
+            requests = _spec.stream_requests(by_id, rounds.pending, self._config.chunk_bytes, bar)
             stream_err = None
             try:
                 call = stub.GemmStream(_aiter(requests), timeout=deadline.remaining(),
@@ -134,7 +135,7 @@ class Client:
                 async for message in call:
                     collector.consume(message)
             except grpc.RpcError as e:
-                stream_err = _core.explain_unreachable(_errors.from_rpc_error(e), replica)
+                stream_err = _routes.explain_unreachable(_errors.from_rpc_error(e), replica)
             delay = rounds.settle(collector, stream_err)
             if delay:
                 await asyncio.sleep(delay)
@@ -142,28 +143,28 @@ class Client:
 
     async def upload(self, matrix, *, ttl: int = 0, label: str = "",
                      device_id: Optional[int] = None, replica=None,
-                     timeout: Optional[float] = None) -> _core.ResidentMatrix:
+                     timeout: Optional[float] = None) -> _resident.ResidentMatrix:
         """As hgemm.Client.upload."""
         array = _arrays.as_fp16_matrix(matrix, "matrix")
         bar = _progress.bar(self._config.progress, array.nbytes, "hgemm upload")
 
         def call(stub, t):
-            messages = _core.upload_messages(array, ttl, label, device_id, self._config.chunk_bytes, bar)
+            messages = _transfers.upload_messages(array, ttl, label, device_id, self._config.chunk_bytes, bar)
             return stub.UploadMatrix(_aiter(messages), timeout=t, metadata=self._config.metadata)
         try:
             info = await self._call(call, timeout, idempotent=False,
-                                    replica=_core.replica_of(replica))
+                                    replica=_resident.replica_of(replica))
         finally:
             _progress.close(bar)
-        return _core.ResidentMatrix(self, info)
+        return _resident.ResidentMatrix(self, info)
 
-    async def download(self, matrix: _core.ResidentMatrix, *, as_torch=False,
+    async def download(self, matrix: _resident.ResidentMatrix, *, as_torch=False,
                        timeout: Optional[float] = None):
         """As hgemm.Client.download."""
         bar = _progress.bar(self._config.progress, 2 * matrix.rows * matrix.cols, "hgemm download")
 
         async def call(stub, t):
-            buf = _core.DownloadBuffer(matrix.rows, matrix.cols, bar)
+            buf = _transfers.DownloadBuffer(matrix.rows, matrix.cols, bar)
             stream = stub.DownloadMatrix(pb.DownloadMatrixRequest(handle=matrix.handle),
                                          timeout=t, metadata=self._config.metadata)
             async for chunk in stream:
@@ -171,12 +172,12 @@ class Client:
             return buf.array()
         try:
             array = await self._call(call, timeout, idempotent=True,
-                                     replica=_core.handle_replica(matrix.handle))
+                                     replica=_resident.handle_replica(matrix.handle))
             return _arrays.to_output(array, as_torch)
         finally:
             _progress.close(bar)
 
-    async def release(self, matrix: _core.ResidentMatrix, *,
+    async def release(self, matrix: _resident.ResidentMatrix, *,
                       timeout: Optional[float] = None) -> int:
         """As hgemm.Client.release."""
         if getattr(matrix, "released", False):
@@ -186,19 +187,19 @@ class Client:
             return stub.ReleaseMatrix(pb.ReleaseMatrixRequest(handle=matrix.handle),
                                       timeout=t, metadata=self._config.metadata)
         freed = (await self._call(call, timeout, idempotent=False,
-                                  replica=_core.handle_replica(matrix.handle))).freed_bytes
-        if isinstance(matrix, _core.ResidentMatrix):
+                                  replica=_resident.handle_replica(matrix.handle))).freed_bytes
+        if isinstance(matrix, _resident.ResidentMatrix):
             matrix.released = True
         return freed
 
     async def matrices(self, *, replica: Optional[str] = None,
-                       timeout: Optional[float] = None) -> _core.MatrixList:
+                       timeout: Optional[float] = None) -> _resident.MatrixList:
         """As hgemm.Client.matrices."""
         def call(stub, t):
             return stub.ListMatrices(pb.ListMatricesRequest(), timeout=t,
                                      metadata=self._config.metadata)
         response = await self._call(call, timeout, idempotent=True, replica=replica or "")
-        out = _core.MatrixList(_core.ResidentMatrix(self, m) for m in response.matrices)
+        out = _resident.MatrixList(_resident.ResidentMatrix(self, m) for m in response.matrices)
         out.client_bytes, out.quota_bytes = response.client_bytes, response.quota_bytes
         return out
 
@@ -210,12 +211,12 @@ class Client:
                                       metadata=self._config.metadata)
         return await self._call(call, timeout, idempotent=True, replica=replica or "")
 
-    async def kernels(self, *, timeout: Optional[float] = None) -> List[_core.Kernel]:
+    async def kernels(self, *, timeout: Optional[float] = None) -> List[_results.Kernel]:
         """As hgemm.Client.kernels."""
         def call(stub, t):
             return stub.ListKernels(pb.ListKernelsRequest(), timeout=t,
                                     metadata=self._config.metadata)
-        return _core.kernels_from_proto(await self._call(call, timeout, idempotent=True))
+        return _results.kernels_from_proto(await self._call(call, timeout, idempotent=True))
 
 
 class Stream:
@@ -228,7 +229,7 @@ class Stream:
         self._client = client
         self._config = client._config
         self._replica = replica
-        self._book = _core.SessionBook(self._config.policy)
+        self._book = _session_book.SessionBook(self._config.policy)
         self._queue = None  # the open stream's asyncio.Queue of message generators
         self._call = None
         self._tasks = set()
@@ -244,11 +245,11 @@ class Stream:
         started = time.monotonic()
         if self._closing:
             raise RuntimeError("the stream is closed")
-        spec = _core.Spec(a, b, accumulation=accumulation, kernel=kernel, keep_c=keep_c,
+        spec = _spec.Spec(a, b, accumulation=accumulation, kernel=kernel, keep_c=keep_c,
                           c_ttl=c_ttl, request_id=request_id)
         loop = asyncio.get_running_loop()
-        pending = _core.Pending(spec, loop.create_future(), details, as_torch, started)
-        self._replica = _core.session_replica(self._replica, spec)
+        pending = _session_book.Pending(spec, loop.create_future(), details, as_torch, started)
+        self._replica = _routes.session_replica(self._replica, spec)
         self._write(pending)
         self._outstanding += 1
         if self._idle is None:
@@ -295,7 +296,7 @@ class Stream:
         else:
             await self.cancel()
 
-    def _write(self, pending: _core.Pending) -> None:
+    def _write(self, pending: _session_book.Pending) -> None:
         if self._queue is None:
             self._open()
         i = self._book.add(pending)
@@ -344,7 +345,7 @@ class Stream:
                     call.cancel()
                     break
         except grpc.RpcError as e:
-            err = _core.explain_unreachable(_errors.from_rpc_error(e), self._replica or "")
+            err = _routes.explain_unreachable(_errors.from_rpc_error(e), self._replica or "")
         except asyncio.CancelledError:
             err = _errors.Cancelled("the stream was cancelled")
         if self._queue is q:
@@ -362,15 +363,15 @@ class Stream:
         for pending, delay in retry:
             loop.call_later(delay, self._again, pending)
 
-    def _again(self, pending: _core.Pending) -> None:
+    def _again(self, pending: _session_book.Pending) -> None:
         if self._cancelled:
             self._deliver(pending, _errors.Cancelled("the stream was cancelled"))
         else:
             self._write(pending)
 
-    def _deliver(self, pending: _core.Pending, outcome) -> None:
+    def _deliver(self, pending: _session_book.Pending, outcome) -> None:
         try:
-            result = _core.streamed_result(self._client, pending.spec, outcome, pending.details,
+            result = _results.streamed_result(self._client, pending.spec, outcome, pending.details,
                                            pending.as_torch, pending.started)
         except Exception as e:  # e.g. as_torch without torch: the caller's, not the reader's
             result = e
