@@ -139,7 +139,7 @@ class Stream:
 
     def _open(self) -> None:
         q = queue.SimpleQueue()
-        stub = self._client._stub_for(self._replica or "")
+        stub = self._client._calls.routes.stub(self._replica or "")
         call = stub.GemmStream(_requests(q), metadata=self._config.metadata)
         self._queue, self._call = q, call
         reader = threading.Thread(target=self._read, args=(call, q), name="hgemm-stream-reader",

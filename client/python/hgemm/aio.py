@@ -7,33 +7,68 @@ await c.upload(B) as hb:` releases at the end of the block.
         Cs = await asyncio.gather(*(c.gemm(A, B) for _ in range(16)))
         async with c.stream() as s:          # one GemmStream for many GEMMs
             C = await s.gemm(A, B)
+
+Thread safety: a Client and its streams belong to the event loop's thread.
 """
 import asyncio
+import functools
 import time
-from typing import List, Optional
+from typing import Optional
 
 import grpc
 import grpc.aio
 
-from . import (_arrays, _config, _errors, _many_rounds, _progress, _resident, _results, _retry,
-               _routes, _session_book, _spec, _stream_collector, _transfers)
+from . import _calls, _errors, _resident, _results, _routes, _session_book, _spec
 from ._client import Client as _SyncClient
-from ._proto import hgemm_pb2 as pb
+
+
+# Calls' methods with their steps done by awaits.
+async def _run(steps):
+    """Does the steps of a Calls generator one by one; returns what the generator returns."""
+    value, error = None, None
+    while True:
+        try:
+            step = steps.send(value) if error is None else steps.throw(error)
+        except StopIteration as finished:
+            return finished.value
+        try:
+            value, error = await _do(step), None
+        except BaseException as e:  # thrown into the generator, whose finally blocks run
+            value, error = None, e
+
+
+async def _do(step):
+    if isinstance(step, _calls.Sleep):
+        await asyncio.sleep(step.seconds)
+        return None
+    if isinstance(step, _calls.AllOf):
+        return await asyncio.gather(*(_run(s) for s in step.steps))
+    request = _aiter(step.request) if step.streams_request else step.request
+    call = step.method(request, timeout=step.timeout, metadata=step.metadata)
+    if step.on_response is None:
+        return await call
+    async for response in call:
+        step.on_response(response)
+
+
+def _awaitable(steps):
+    """Calls.<method> as the coroutine of hgemm.aio.Client that runs it."""
+    @functools.wraps(steps)
+    async def method(self, *args, **kwargs):
+        return await _run(steps(self._calls, *args, **kwargs))
+    return method
 
 
 class Client:
     __doc__ = (__doc__ or "") + "\n\nArguments as hgemm.Client:\n" + (_SyncClient.__doc__ or "")
 
     def __init__(self, target: str = "127.0.0.1:50051", **options):
-        self._config = _config.ClientConfig(target, **options)
-        self._routes = _routes.Routes(self._config, grpc.aio)
-        self._channel, self._stub = self._routes.target
-
-    def _stub_for(self, replica: str):
-        return self._stub if not replica else self._routes.stub(replica)
+        self._calls = _calls.Calls(self, grpc.aio, target, **options)
+        self._config = self._calls.config
+        self._stub = self._calls.routes.stub("")  # the target's (tests wrap its methods)
 
     async def close(self) -> None:
-        for channel in self._routes.channels():
+        for channel in self._calls.routes.channels():
             await channel.close()
 
     async def __aenter__(self):
@@ -42,181 +77,19 @@ class Client:
     async def __aexit__(self, *exc):
         await self.close()
 
-    async def _call(self, fn, timeout, idempotent: bool, replica: str = ""):
-        deadline = _retry.Deadline(self._config.call_timeout(timeout))
-        policy = self._config.policy
-        stub = self._stub_for(replica)
-        for attempt in range(policy.attempts):
-            try:
-                return await fn(stub, deadline.remaining())
-            except grpc.RpcError as e:
-                err = _errors.from_rpc_error(e)
-            delay = policy.delay(attempt)
-            if (attempt + 1 == policy.attempts or not _retry.should_retry(err, idempotent)
-                    or not deadline.allows(delay)):
-                raise _routes.explain_unreachable(err, replica)
-            await asyncio.sleep(delay)
-
-    async def _server_limit(self, spec, mode, timeout) -> None:
-        if self._config.needs_server_limit(spec, mode):
-            try:
-                info = await self.info(timeout=timeout)
-                self._config.max_message_bytes = info.limits.max_message_bytes
-            except _errors.Error:
-                self._config.max_message_bytes = 4 << 20
-
-    async def gemm(self, a, b, *, accumulation: Optional[str] = None, kernel: str = "auto",
-                   keep_c: bool = False, c_ttl: int = 0, request_id: str = "",
-                   details: bool = False, as_torch=False, mode: Optional[str] = None,
-                   timeout: Optional[float] = None):
-        """As hgemm.Client.gemm."""
-        started = time.monotonic()
-        spec = _spec.Spec(a, b, accumulation=accumulation, kernel=kernel, keep_c=keep_c,
-                          c_ttl=c_ttl, request_id=request_id)
-        replica = spec.replica()
-        await self._server_limit(spec, mode, timeout)
-        if self._config.streams(spec, mode):
-            result = (await self._many([spec], timeout, details, as_torch, started))[0]
-            if isinstance(result, _errors.Error):
-                result.index = None
-                raise result
-            return result
-        request = spec.unary_request()
-
-        def call(stub, t):
-            return stub.Gemm(request, timeout=t, metadata=self._config.metadata)
-        response = await self._call(call, timeout, idempotent=not keep_c, replica=replica)
-        return _results.unary_result(self, spec, response, details, as_torch, started)
-
-    async def gemm_many(self, pairs, *, accumulation: Optional[str] = None, kernel: str = "auto",
-                        keep_c: bool = False, c_ttl: int = 0, details: bool = False,
-                        as_torch=False, return_exceptions: bool = False,
-                        timeout: Optional[float] = None) -> list:
-        """As hgemm.Client.gemm_many."""
-        started = time.monotonic()
-        defaults = dict(accumulation=accumulation, kernel=kernel, keep_c=keep_c, c_ttl=c_ttl,
-                        request_id="")
-        specs = _spec.normalize_pairs(pairs, defaults)
-        if not specs:
-            return []
-        results = await self._many(specs, timeout, details, as_torch, started)
-        return _results.finish_many(results, return_exceptions)
-
     def stream(self, *, replica=None) -> "Stream":
         """As hgemm.Client.stream: an hgemm.aio.Stream (`async with c.stream() as s:
         C = await s.gemm(A, B)`)."""
         return Stream(self, None if replica is None else _resident.replica_of(replica))
 
-    async def _many(self, specs: List[_spec.Spec], timeout, details, as_torch, started) -> list:
-        groups, outcomes = _routes.by_replica(dict(enumerate(specs)))
-        deadline = _retry.Deadline(self._config.call_timeout(timeout))
-        total = sum(s.payload_bytes + s.c_bytes for s in specs)
-        bar = _progress.bar(self._config.progress, total, "hgemm")
-        try:  # the replicas' streams at once
-            done = await asyncio.gather(*(self._stream_rounds(replica, by_id, deadline, bar)
-                                          for replica, by_id in groups.items()))
-            for by_id, rounds in zip(groups.values(), done):
-                outcomes.update((i, rounds.outcome(i)) for i in by_id)
-        finally:
-            _progress.close(bar)
-        return [_results.streamed_result(self, specs[i], outcomes[i], details, as_torch, started)
-                for i in range(len(specs))]
-
-    async def _stream_rounds(self, replica: str, by_id, deadline, bar) -> _many_rounds.ManyRound:
-        stub = self._stub_for(replica)
-        rounds = _many_rounds.ManyRound(by_id, self._config.policy, deadline)
-        while rounds.pending:
-            collector = _stream_collector.StreamCollector({i: by_id[i] for i in rounds.pending}, bar)
-            requests = _spec.stream_requests(by_id, rounds.pending, self._config.chunk_bytes, bar)
-            stream_err = None
-            try:
-                call = stub.GemmStream(_aiter(requests), timeout=deadline.remaining(),
-                                       metadata=self._config.metadata)
-                async for message in call:
-                    collector.consume(message)
-            except grpc.RpcError as e:
-                stream_err = _routes.explain_unreachable(_errors.from_rpc_error(e), replica)
-            delay = rounds.settle(collector, stream_err)
-            if delay:
-                await asyncio.sleep(delay)
-        return rounds
-
-    async def upload(self, matrix, *, ttl: int = 0, label: str = "",
-                     device_id: Optional[int] = None, replica=None,
-                     timeout: Optional[float] = None) -> _resident.ResidentMatrix:
-        """As hgemm.Client.upload."""
-        array = _arrays.as_fp16_matrix(matrix, "matrix")
-        bar = _progress.bar(self._config.progress, array.nbytes, "hgemm upload")
-
-        def call(stub, t):
-            messages = _transfers.upload_messages(array, ttl, label, device_id, self._config.chunk_bytes, bar)
-            return stub.UploadMatrix(_aiter(messages), timeout=t, metadata=self._config.metadata)
-        try:
-            info = await self._call(call, timeout, idempotent=False,
-                                    replica=_resident.replica_of(replica))
-        finally:
-            _progress.close(bar)
-        return _resident.ResidentMatrix(self, info)
-
-    async def download(self, matrix: _resident.ResidentMatrix, *, as_torch=False,
-                       timeout: Optional[float] = None):
-        """As hgemm.Client.download."""
-        bar = _progress.bar(self._config.progress, 2 * matrix.rows * matrix.cols, "hgemm download")
-
-        async def call(stub, t):
-            buf = _transfers.DownloadBuffer(matrix.rows, matrix.cols, bar)
-            stream = stub.DownloadMatrix(pb.DownloadMatrixRequest(handle=matrix.handle),
-                                         timeout=t, metadata=self._config.metadata)
-            async for chunk in stream:
-                buf.add(chunk)
-            return buf.array()
-        try:
-            array = await self._call(call, timeout, idempotent=True,
-                                     replica=_resident.handle_replica(matrix.handle))
-            return _arrays.to_output(array, as_torch)
-        finally:
-            _progress.close(bar)
-
-    async def release(self, matrix: _resident.ResidentMatrix, *,
-                      timeout: Optional[float] = None) -> int:
-        """As hgemm.Client.release."""
-        if getattr(matrix, "released", False):
-            return 0
-
-        def call(stub, t):
-            return stub.ReleaseMatrix(pb.ReleaseMatrixRequest(handle=matrix.handle),
-                                      timeout=t, metadata=self._config.metadata)
-        freed = (await self._call(call, timeout, idempotent=False,
-                                  replica=_resident.handle_replica(matrix.handle))).freed_bytes
-        if isinstance(matrix, _resident.ResidentMatrix):
-            matrix.released = True
-        return freed
-
-    async def matrices(self, *, replica: Optional[str] = None,
-                       timeout: Optional[float] = None) -> _resident.MatrixList:
-        """As hgemm.Client.matrices."""
-        def call(stub, t):
-            return stub.ListMatrices(pb.ListMatricesRequest(), timeout=t,
-                                     metadata=self._config.metadata)
-        response = await self._call(call, timeout, idempotent=True, replica=replica or "")
-        out = _resident.MatrixList(_resident.ResidentMatrix(self, m) for m in response.matrices)
-        out.client_bytes, out.quota_bytes = response.client_bytes, response.quota_bytes
-        return out
-
-    async def info(self, *, replica: Optional[str] = None,
-                   timeout: Optional[float] = None) -> pb.ServerInfo:
-        """As hgemm.Client.info."""
-        def call(stub, t):
-            return stub.GetServerInfo(pb.GetServerInfoRequest(), timeout=t,
-                                      metadata=self._config.metadata)
-        return await self._call(call, timeout, idempotent=True, replica=replica or "")
-
-    async def kernels(self, *, timeout: Optional[float] = None) -> List[_results.Kernel]:
-        """As hgemm.Client.kernels."""
-        def call(stub, t):
-            return stub.ListKernels(pb.ListKernelsRequest(), timeout=t,
-                                    metadata=self._config.metadata)
-        return _results.kernels_from_proto(await self._call(call, timeout, idempotent=True))
+    gemm = _awaitable(_calls.Calls.gemm)
+    gemm_many = _awaitable(_calls.Calls.gemm_many)
+    upload = _awaitable(_calls.Calls.upload)
+    download = _awaitable(_calls.Calls.download)
+    release = _awaitable(_calls.Calls.release)
+    matrices = _awaitable(_calls.Calls.matrices)
+    info = _awaitable(_calls.Calls.info)
+    kernels = _awaitable(_calls.Calls.kernels)
 
 
 class Stream:
@@ -304,7 +177,7 @@ class Stream:
 
     def _open(self) -> None:
         q = asyncio.Queue()
-        stub = self._client._stub_for(self._replica or "")
+        stub = self._client._calls.routes.stub(self._replica or "")
         call = stub.GemmStream(metadata=self._config.metadata)
         self._queue, self._call = q, call
         for coroutine in (self._send(call, q), self._read(call, q)):
