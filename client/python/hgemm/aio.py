@@ -11,18 +11,20 @@ await c.upload(B) as hb:` releases at the end of the block.
 Thread safety: a Client and its streams belong to the event loop's thread.
 """
 import asyncio
+import contextlib
 import functools
-import time
 from typing import Optional
 
 import grpc
 import grpc.aio
 
-from . import _calls, _errors, _resident, _results, _routes, _session_book, _spec
+from . import _calls, _errors, _resident
 from ._client import Client as _SyncClient
+from ._stream_session import StreamSession
 
 
-# Calls' methods with their steps done by awaits.
+# The client: Calls' methods with their steps done by awaits. The stream: StreamSession's I/O as
+# tasks of the loop.
 async def _run(steps):
     """Does the steps of a Calls generator one by one; returns what the generator returns."""
     value, error = None, None
@@ -92,43 +94,17 @@ class Client:
     kernels = _awaitable(_calls.Calls.kernels)
 
 
-class Stream:
+class Stream(StreamSession):
     """hgemm.Stream for asyncio: one GemmStream kept open for many GEMMs, pipelined. submit()
     returns an asyncio.Future; gemm() and close() are coroutines; `async with` closes (or
     cancels, if the block raises). Behaviour, errors, retries and replicas as hgemm.Stream. A
     writer and a reader task per open stream, on the loop the stream was first used on."""
 
     def __init__(self, client: Client, replica: Optional[str]):
-        self._client = client
-        self._config = client._config
-        self._replica = replica
-        self._book = _session_book.SessionBook(self._config.policy)
-        self._queue = None  # the open stream's asyncio.Queue of message generators
-        self._call = None
+        super().__init__(client, replica)
+        self._lock = contextlib.nullcontext()  # the loop runs one callback at a time
         self._tasks = set()
-        self._outstanding = 0
         self._idle = None  # an asyncio.Event, set when nothing is outstanding
-        self._closing = False
-        self._cancelled = False
-
-    def submit(self, a, b, *, accumulation: Optional[str] = None, kernel: str = "auto",
-               keep_c: bool = False, c_ttl: int = 0, request_id: str = "",
-               details: bool = False, as_torch=False) -> "asyncio.Future":
-        """As hgemm.Stream.submit; returns an asyncio.Future. Call it from the loop's thread."""
-        started = time.monotonic()
-        if self._closing:
-            raise RuntimeError("the stream is closed")
-        spec = _spec.Spec(a, b, accumulation=accumulation, kernel=kernel, keep_c=keep_c,
-                          c_ttl=c_ttl, request_id=request_id)
-        loop = asyncio.get_running_loop()
-        pending = _session_book.Pending(spec, loop.create_future(), details, as_torch, started)
-        self._replica = _routes.session_replica(self._replica, spec)
-        self._write(pending)
-        self._outstanding += 1
-        if self._idle is None:
-            self._idle = asyncio.Event()
-        self._idle.clear()
-        return pending.future
 
     async def gemm(self, a, b, *, timeout: Optional[float] = None, **options):
         """As hgemm.Stream.gemm."""
@@ -137,9 +113,7 @@ class Stream:
         try:
             return await asyncio.wait_for(asyncio.shield(future), timeout)
         except asyncio.TimeoutError:
-            raise _errors.DeadlineExceeded(
-                f"no answer within {timeout:g} s (the GEMM stays on the stream; its result will "
-                f"be dropped)") from None
+            raise self._no_answer(timeout) from None
 
     async def close(self, timeout: Optional[float] = None) -> None:
         """As hgemm.Stream.close."""
@@ -148,16 +122,13 @@ class Stream:
             try:
                 await asyncio.wait_for(self._idle.wait(), timeout)
             except asyncio.TimeoutError:
-                raise _errors.DeadlineExceeded(
-                    f"{self._outstanding} GEMMs still unanswered after {timeout:g} s") from None
+                raise self._unanswered(timeout) from None
         self._end_stream()
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
     async def cancel(self) -> None:
         """As hgemm.Stream.cancel."""
-        self._closing = self._cancelled = True
-        if self._call is not None:
-            self._call.cancel()
+        self._cancel_call()
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
     async def __aenter__(self):
@@ -169,26 +140,28 @@ class Stream:
         else:
             await self.cancel()
 
-    def _write(self, pending: _session_book.Pending) -> None:
-        if self._queue is None:
-            self._open()
-        i = self._book.add(pending)
-        self._queue.put_nowait(pending.spec.stream_messages(i, self._config.chunk_bytes))
+    # StreamSession's I/O.
+    def _new_future(self) -> "asyncio.Future":
+        future = asyncio.get_running_loop().create_future()
+        if self._idle is None:  # made on the loop (an Event of Python 3.9 binds to one)
+            self._idle = asyncio.Event()
+        self._idle.clear()  # the GEMM this future is for is outstanding
+        return future
 
     def _open(self) -> None:
         q = asyncio.Queue()
-        stub = self._client._calls.routes.stub(self._replica or "")
-        call = stub.GemmStream(metadata=self._config.metadata)
+        call = self._stub().GemmStream(metadata=self._config.metadata)
         self._queue, self._call = q, call
         for coroutine in (self._send(call, q), self._read(call, q)):
             task = asyncio.ensure_future(coroutine)
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
-    def _end_stream(self) -> None:
-        if self._queue is not None:
-            self._queue.put_nowait(None)
-            self._queue = self._call = None
+    def _later(self, delay_s: float, fn, *args) -> None:
+        asyncio.get_running_loop().call_later(delay_s, fn, *args)
+
+    def _now_idle(self) -> None:
+        self._idle.set()
 
     @staticmethod
     async def _send(call, q) -> None:
@@ -210,52 +183,13 @@ class Stream:
         try:
             while True:
                 message = await call.read()
-                if message is grpc.aio.EOF:
-                    break
-                finished, retry = self._book.consume(message)
-                self._settle(finished, retry)
-                if self._book.protocol_error is not None:
-                    call.cancel()
+                if message is grpc.aio.EOF or not self._answered(call, message):
                     break
         except grpc.RpcError as e:
-            err = _routes.explain_unreachable(_errors.from_rpc_error(e), self._replica or "")
+            err = self._unreachable(e)
         except asyncio.CancelledError:
             err = _errors.Cancelled("the stream was cancelled")
-        if self._queue is q:
-            self._end_stream()
-        else:
-            q.put_nowait(None)
-        if self._cancelled:
-            err = _errors.Cancelled("the stream was cancelled")
-        self._settle(*self._book.ended(err))
-
-    def _settle(self, finished, retry) -> None:
-        for pending, outcome in finished:
-            self._deliver(pending, outcome)
-        loop = asyncio.get_running_loop()
-        for pending, delay in retry:
-            loop.call_later(delay, self._again, pending)
-
-    def _again(self, pending: _session_book.Pending) -> None:
-        if self._cancelled:
-            self._deliver(pending, _errors.Cancelled("the stream was cancelled"))
-        else:
-            self._write(pending)
-
-    def _deliver(self, pending: _session_book.Pending, outcome) -> None:
-        try:
-            result = _results.streamed_result(self._client, pending.spec, outcome, pending.details,
-                                           pending.as_torch, pending.started)
-        except Exception as e:  # e.g. as_torch without torch: the caller's, not the reader's
-            result = e
-        if not pending.future.done():
-            if isinstance(result, Exception):
-                pending.future.set_exception(result)
-            else:
-                pending.future.set_result(result)
-        self._outstanding -= 1
-        if self._outstanding == 0:
-            self._idle.set()
+        self._settle(*self._ended(q, err))
 
 
 async def _aiter(iterable):
