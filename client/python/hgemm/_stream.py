@@ -1,5 +1,6 @@
 """hgemm.Stream: one GemmStream kept open for many GEMMs (Client.stream()), with threads: a
-reader per open stream, gRPC's own writer, timers for retries. The rest is StreamSession's."""
+reader per open stream, gRPC's own writer, timers for retries. The rest is StreamSession's.
+Thread-safe: a lock guards the session's state (see Stream)."""
 import concurrent.futures
 import queue
 import threading

@@ -1,7 +1,7 @@
 """StreamCollector: a GemmStream's answers reassembled, C's chunks into one buffer per GEMM,
 then each GEMM's outcome once its done arrives.
 
-Thread safety: none; one reader feeds a collector (a session's SessionBook serializes it).
+Thread safety: none; one reader at a time feeds a collector.
 """
 from typing import Dict, Optional
 
