@@ -328,7 +328,8 @@ def profile(args, concurrencies):
         up = 2 * m * k + (0 if resident == "b" else 2 * k * n)
         print(f"{m}x{n}x{k} resident={resident}: {up / 2**20:.1f} MiB up, "
               f"{2 * m * n / 2**20:.1f} MiB down")
-        b_offline = (_resident.ResidentMatrix(None, pb.MatrixInfo(handle="m-profile", rows=k, cols=n))
+        b_offline = (_resident.ResidentMatrix(None, pb.MatrixInfo(handle="m-profile", rows=k,
+                                                                  cols=n))
                      if resident == "b" else b_array)
         response = _wire_response(m, n)
         canned = lambda request: _wire.GemmResponse(response)  # noqa: E731
