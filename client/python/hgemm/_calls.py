@@ -80,6 +80,7 @@ class Calls:
             yield Sleep(delay)
 
     def _rpc(self, method, request, timeout, **how):
+        """The one step of a call: comes to its response (None with on_response)."""
         return (yield Rpc(method, request, timeout, self.config.metadata, **how))
 
     def _unary(self, name: str, request, timeout, idempotent: bool, replica: str = ""):
