@@ -43,7 +43,7 @@ except ImportError:  # run from a clone without installing
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "client",
                                     "python"))
     import hgemm
-from hgemm import _core, _wire  # noqa: E402
+from hgemm import _resident, _results, _spec, _wire  # noqa: E402
 from hgemm._proto import hgemm_pb2 as pb  # noqa: E402
 
 DEFAULT_SHAPES = ["2048x2048x2048:none", "128x8192x8192:b"]
@@ -85,13 +85,13 @@ def unary_stages(a, b, reps, rpc):
     with Usage() as u:
         for _ in range(reps):
             t0 = time.perf_counter()
-            spec = _core.Spec(a, b)
+            spec = _spec.Spec(a, b)
             t1 = time.perf_counter()
             request = spec.unary_request()
             t2 = time.perf_counter()
             raw = rpc(request)
             t3 = time.perf_counter()
-            r = _core.unary_result(None, spec, raw, True, False, time.monotonic())
+            r = _results.unary_result(None, spec, raw, True, False, time.monotonic())
             t4 = time.perf_counter()
             server = r.timing.server_total_ms / 1e3
             samples.append((t1 - t0, t2 - t1, t3 - t2 - server, t4 - t3, server))
@@ -328,7 +328,8 @@ def profile(args, concurrencies):
         up = 2 * m * k + (0 if resident == "b" else 2 * k * n)
         print(f"{m}x{n}x{k} resident={resident}: {up / 2**20:.1f} MiB up, "
               f"{2 * m * n / 2**20:.1f} MiB down")
-        b_offline = (_core.ResidentMatrix(None, pb.MatrixInfo(handle="m-profile", rows=k, cols=n))
+        b_offline = (_resident.ResidentMatrix(None, pb.MatrixInfo(handle="m-profile", rows=k,
+                                                                  cols=n))
                      if resident == "b" else b_array)
         response = _wire_response(m, n)
         canned = lambda request: _wire.GemmResponse(response)  # noqa: E731

@@ -11,8 +11,9 @@ hgemm.aio.Client has the same methods for asyncio. The reference is client/pytho
 from . import aio
 from ._arrays import ConversionWarning
 from ._client import Client
-from ._core import (Execution, GemmResult, Kernel, MatrixList, ResidentMatrix, RetryPolicy,
-                    Timing)
+from ._resident import MatrixList, ResidentMatrix
+from ._results import Execution, GemmResult, Kernel, Timing
+from ._retry import RetryPolicy
 from ._stream import Stream
 from ._errors import (Aborted, AlreadyExists, Cancelled, DataLoss, DeadlineExceeded, Error,
                       FailedPrecondition, Internal, InvalidArgument, NotFound, OutOfRange,

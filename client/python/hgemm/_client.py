@@ -1,11 +1,46 @@
-"""hgemm.Client: the synchronous client."""
+"""hgemm.Client: the synchronous client, Calls' methods with their steps done by blocking calls.
+Thread-safe (see Client)."""
+import functools
 import time
-from typing import List, Optional
 
 import grpc
 
-from . import _arrays, _core, _errors, _progress, _stream
-from ._proto import hgemm_pb2 as pb
+from . import _calls, _resident, _stream
+
+
+def _run(steps):
+    """Does the steps of a Calls generator one by one; returns what the generator returns."""
+    value, error = None, None
+    while True:
+        try:
+            step = steps.send(value) if error is None else steps.throw(error)
+        except StopIteration as finished:
+            return finished.value
+        try:
+            value, error = _do(step), None
+        except BaseException as e:  # thrown into the generator, whose finally blocks run
+            value, error = None, e
+
+
+def _do(step):
+    if isinstance(step, _calls.Sleep):
+        time.sleep(step.seconds)
+        return None
+    if isinstance(step, _calls.AllOf):
+        return [_run(s) for s in step.steps]
+    call = step.method(step.request, timeout=step.timeout, metadata=step.metadata)
+    if step.on_response is None:
+        return call
+    for response in call:
+        step.on_response(response)
+
+
+def _blocking(steps):
+    """Calls.<method> as the Client method that runs it here."""
+    @functools.wraps(steps)
+    def method(self, *args, **kwargs):
+        return _run(steps(self._calls, *args, **kwargs))
+    return method
 
 
 class Client:
@@ -46,16 +81,13 @@ class Client:
     """
 
     def __init__(self, target: str = "127.0.0.1:50051", **options):
-        self._config = _core.ClientConfig(target, **options)
-        self._routes = _core.Routes(self._config, grpc)
-        self._channel, self._stub = self._routes.target
-
-    def _stub_for(self, replica: str):
-        return self._stub if not replica else self._routes.stub(replica)
+        self._calls = _calls.Calls(self, grpc, target, **options)
+        self._config = self._calls.config
+        self._stub = self._calls.routes.stub("")  # the target's (tests wrap its methods)
 
     # Lifetime.
     def close(self) -> None:
-        for channel in self._routes.channels():
+        for channel in self._calls.routes.channels():
             channel.close()
 
     def __enter__(self):
@@ -64,200 +96,19 @@ class Client:
     def __exit__(self, *exc):
         self.close()
 
-    # The retry loop around one call (to `replica`, "" for the target).
-    def _call(self, fn, timeout, idempotent: bool, replica: str = ""):
-        deadline = _core.Deadline(self._config.call_timeout(timeout))
-        policy = self._config.policy
-        stub = self._stub_for(replica)
-        for attempt in range(policy.attempts):
-            try:
-                return fn(stub, deadline.remaining())
-            except grpc.RpcError as e:
-                err = _errors.from_rpc_error(e)
-            delay = policy.delay(attempt)
-            if (attempt + 1 == policy.attempts or not _core.should_retry(err, idempotent)
-                    or not deadline.allows(delay)):
-                raise _core.explain_unreachable(err, replica)
-            time.sleep(delay)
-
-    def _server_limit(self, spec, mode, timeout) -> None:
-        if self._config.needs_server_limit(spec, mode):
-            try:
-                self._config.max_message_bytes = self.info(timeout=timeout).limits.max_message_bytes
-            except _errors.Error:
-                self._config.max_message_bytes = 4 << 20  # assume the smallest a server takes
-
-    # GEMMs.
-    def gemm(self, a, b, *, accumulation: Optional[str] = None, kernel: str = "auto",
-             keep_c: bool = False, c_ttl: int = 0, request_id: str = "", details: bool = False,
-             as_torch=False, mode: Optional[str] = None, timeout: Optional[float] = None):
-        """C = A·B. A (m×k) and B (k×n): float16 numpy arrays, torch tensors, or ResidentMatrix.
-
-        Returns C as an m×n float16 ndarray (a torch tensor with as_torch=True, or on a device
-        with as_torch="cuda:0"); with keep_c=True a ResidentMatrix instead; with details=True a
-        GemmResult (c, timing, execution, request_id, client_ms).
-        accumulation: None (the server's default, fp32), "fp32" or "fp16". kernel: "auto" or a
-        name from kernels(). Raises an hgemm.Error subclass on failure.
-        """
-        started = time.monotonic()
-        spec = _core.Spec(a, b, accumulation=accumulation, kernel=kernel, keep_c=keep_c,
-                          c_ttl=c_ttl, request_id=request_id)
-        replica = spec.replica()
-        self._server_limit(spec, mode, timeout)
-        if self._config.streams(spec, mode):
-            result = self._many([spec], timeout, details, as_torch, started)[0]
-            if isinstance(result, _errors.Error):
-                result.index = None
-                raise result
-            return result
-        request = spec.unary_request()
-
-        def call(stub, t):
-            return stub.Gemm(request, timeout=t, metadata=self._config.metadata)
-        response = self._call(call, timeout, idempotent=not keep_c, replica=replica)
-        return _core.unary_result(self, spec, response, details, as_torch, started)
-
-    def gemm_many(self, pairs, *, accumulation: Optional[str] = None, kernel: str = "auto",
-                  keep_c: bool = False, c_ttl: int = 0, details: bool = False, as_torch=False,
-                  return_exceptions: bool = False, timeout: Optional[float] = None) -> list:
-        """Many GEMMs on one GemmStream, pipelined (the server works on early GEMMs while later
-        ones upload); results come back in the order of `pairs`.
-
-        pairs: (A, B) or (A, B, {options}) items, options being any of accumulation, kernel,
-        keep_c, c_ttl, request_id for that GEMM. A failing GEMM does not stop the others. Over
-        several replicas, one stream per replica the GEMMs' matrices live on. With
-        return_exceptions=False the first failing GEMM's Error is raised once all are done (its
-        .index is its position, its .results the whole list); with True, failed GEMMs are
-        hgemm.Error objects in the returned list. timeout is for the whole batch.
-        """
-        started = time.monotonic()
-        defaults = dict(accumulation=accumulation, kernel=kernel, keep_c=keep_c, c_ttl=c_ttl,
-                        request_id="")
-        specs = _core.normalize_pairs(pairs, defaults)
-        if not specs:
-            return []
-        results = self._many(specs, timeout, details, as_torch, started)
-        return _core.finish_many(results, return_exceptions)
-
     def stream(self, *, replica=None) -> _stream.Stream:
         """An hgemm.Stream: one GemmStream kept open for many GEMMs, pipelined
         (`with c.stream() as s: C = s.gemm(A, B)`; s.submit(A, B) returns a Future). For many
         GEMMs over time from a loop or several threads, without a stream's setup per GEMM.
         replica: over several replicas, where the stream goes (a ResidentMatrix or an address);
         default: where its first GEMM's matrices live, else the target."""
-        return _stream.Stream(self, None if replica is None else _core.replica_of(replica))
+        return _stream.Stream(self, None if replica is None else _resident.replica_of(replica))
 
-    def _many(self, specs: List[_core.Spec], timeout, details, as_torch, started) -> list:
-        groups, outcomes = _core.by_replica(dict(enumerate(specs)))
-        deadline = _core.Deadline(self._config.call_timeout(timeout))
-        total = sum(s.payload_bytes + s.c_bytes for s in specs)
-        bar = _progress.bar(self._config.progress, total, "hgemm")
-        try:
-            for replica, by_id in groups.items():
-                rounds = self._stream_rounds(replica, by_id, deadline, bar)
-                outcomes.update((i, rounds.outcome(i)) for i in by_id)
-        finally:
-            _progress.close(bar)
-        return [_core.streamed_result(self, specs[i], outcomes[i], details, as_torch, started)
-                for i in range(len(specs))]
-
-    def _stream_rounds(self, replica: str, by_id, deadline, bar) -> _core.ManyRound:
-        stub = self._stub_for(replica)
-        rounds = _core.ManyRound(by_id, self._config.policy, deadline)
-        while rounds.pending:
-            collector = _core.StreamCollector({i: by_id[i] for i in rounds.pending}, bar)
-            requests = _core.stream_requests(by_id, rounds.pending, self._config.chunk_bytes, bar)
-            stream_err = None
-            try:
-                call = stub.GemmStream(requests, timeout=deadline.remaining(),
-                                       metadata=self._config.metadata)
-                for message in call:
-                    collector.consume(message)
-            except grpc.RpcError as e:
-                stream_err = _core.explain_unreachable(_errors.from_rpc_error(e), replica)
-            delay = rounds.settle(collector, stream_err)
-            if delay:
-                time.sleep(delay)
-        return rounds
-
-    # Resident matrices.
-    def upload(self, matrix, *, ttl: int = 0, label: str = "", device_id: Optional[int] = None,
-               replica=None, timeout: Optional[float] = None) -> _core.ResidentMatrix:
-        """Uploads a matrix (float16 ndarray or tensor) and returns its ResidentMatrix.
-        ttl: seconds after its last use at which the server frees it (0: the server's default).
-        device_id: the CUDA device to keep it on (None: the one with the most free memory).
-        replica: where to put it over several replicas: a ResidentMatrix (onto the replica that
-        holds it, so that both can go in one GEMM) or a replica's address; None: balanced."""
-        array = _arrays.as_fp16_matrix(matrix, "matrix")
-        bar = _progress.bar(self._config.progress, array.nbytes, "hgemm upload")
-
-        def call(stub, t):
-            messages = _core.upload_messages(array, ttl, label, device_id, self._config.chunk_bytes, bar)
-            return stub.UploadMatrix(messages, timeout=t, metadata=self._config.metadata)
-        try:
-            info = self._call(call, timeout, idempotent=False, replica=_core.replica_of(replica))
-        finally:
-            _progress.close(bar)
-        return _core.ResidentMatrix(self, info)
-
-    def download(self, matrix: _core.ResidentMatrix, *, as_torch=False,
-                 timeout: Optional[float] = None):
-        """A resident matrix's values as a float16 ndarray (or torch tensor with as_torch)."""
-        bar = _progress.bar(self._config.progress, 2 * matrix.rows * matrix.cols, "hgemm download")
-
-        def call(stub, t):
-            buf = _core.DownloadBuffer(matrix.rows, matrix.cols, bar)
-            for chunk in stub.DownloadMatrix(pb.DownloadMatrixRequest(handle=matrix.handle),
-                                             timeout=t, metadata=self._config.metadata):
-                buf.add(chunk)
-            return buf.array()
-        try:
-            array = self._call(call, timeout, idempotent=True,
-                               replica=_core.handle_replica(matrix.handle))
-            return _arrays.to_output(array, as_torch)
-        finally:
-            _progress.close(bar)
-
-    def release(self, matrix: _core.ResidentMatrix, *, timeout: Optional[float] = None) -> int:
-        """Frees a resident matrix; returns the bytes freed. NotFound if it is gone already."""
-        if getattr(matrix, "released", False):
-            return 0
-
-        def call(stub, t):
-            return stub.ReleaseMatrix(pb.ReleaseMatrixRequest(handle=matrix.handle),
-                                      timeout=t, metadata=self._config.metadata)
-        freed = self._call(call, timeout, idempotent=False,
-                           replica=_core.handle_replica(matrix.handle)).freed_bytes
-        if isinstance(matrix, _core.ResidentMatrix):
-            matrix.released = True
-        return freed
-
-    def matrices(self, *, replica: Optional[str] = None,
-                 timeout: Optional[float] = None) -> _core.MatrixList:
-        """This client's resident matrices (a list of ResidentMatrix, with .client_bytes and
-        .quota_bytes). Over several replicas, those of `replica` (an address; None: of the one
-        the balanced call reaches)."""
-        def call(stub, t):
-            return stub.ListMatrices(pb.ListMatricesRequest(), timeout=t,
-                                     metadata=self._config.metadata)
-        response = self._call(call, timeout, idempotent=True, replica=replica or "")
-        out = _core.MatrixList(_core.ResidentMatrix(self, m) for m in response.matrices)
-        out.client_bytes, out.quota_bytes = response.client_bytes, response.quota_bytes
-        return out
-
-    # The server.
-    def info(self, *, replica: Optional[str] = None,
-             timeout: Optional[float] = None) -> pb.ServerInfo:
-        """GetServerInfo: version, backend, devices, limits, load, replica (a
-        hgemm_pb2.ServerInfo), of `replica` if given, else of the replica the call reaches."""
-        def call(stub, t):
-            return stub.GetServerInfo(pb.GetServerInfoRequest(), timeout=t,
-                                      metadata=self._config.metadata)
-        return self._call(call, timeout, idempotent=True, replica=replica or "")
-
-    def kernels(self, *, timeout: Optional[float] = None) -> List[_core.Kernel]:
-        """ListKernels: the kernel names for kernel=, with their accumulations."""
-        def call(stub, t):
-            return stub.ListKernels(pb.ListKernelsRequest(), timeout=t,
-                                    metadata=self._config.metadata)
-        return _core.kernels_from_proto(self._call(call, timeout, idempotent=True))
+    gemm = _blocking(_calls.Calls.gemm)
+    gemm_many = _blocking(_calls.Calls.gemm_many)
+    upload = _blocking(_calls.Calls.upload)
+    download = _blocking(_calls.Calls.download)
+    release = _blocking(_calls.Calls.release)
+    matrices = _blocking(_calls.Calls.matrices)
+    info = _blocking(_calls.Calls.info)
+    kernels = _blocking(_calls.Calls.kernels)

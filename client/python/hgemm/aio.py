@@ -7,32 +7,70 @@ await c.upload(B) as hb:` releases at the end of the block.
         Cs = await asyncio.gather(*(c.gemm(A, B) for _ in range(16)))
         async with c.stream() as s:          # one GemmStream for many GEMMs
             C = await s.gemm(A, B)
+
+Thread safety: a Client and its streams belong to the event loop's thread.
 """
 import asyncio
-import time
-from typing import List, Optional
+import contextlib
+import functools
+from typing import Optional
 
 import grpc
 import grpc.aio
 
-from . import _arrays, _core, _errors, _progress
+from . import _calls, _errors, _resident
 from ._client import Client as _SyncClient
-from ._proto import hgemm_pb2 as pb
+from ._stream_session import StreamSession
+
+
+# The client: Calls' methods with their steps done by awaits. The stream: StreamSession's I/O as
+# tasks of the loop.
+async def _run(steps):
+    """Does the steps of a Calls generator one by one; returns what the generator returns."""
+    value, error = None, None
+    while True:
+        try:
+            step = steps.send(value) if error is None else steps.throw(error)
+        except StopIteration as finished:
+            return finished.value
+        try:
+            value, error = await _do(step), None
+        except BaseException as e:  # thrown into the generator, whose finally blocks run
+            value, error = None, e
+
+
+async def _do(step):
+    if isinstance(step, _calls.Sleep):
+        await asyncio.sleep(step.seconds)
+        return None
+    if isinstance(step, _calls.AllOf):
+        return await asyncio.gather(*(_run(s) for s in step.steps))
+    request = _aiter(step.request) if step.streams_request else step.request
+    call = step.method(request, timeout=step.timeout, metadata=step.metadata)
+    if step.on_response is None:
+        return await call
+    async for response in call:
+        step.on_response(response)
+
+
+def _awaitable(steps):
+    """Calls.<method> as the coroutine of hgemm.aio.Client that runs it."""
+    @functools.wraps(steps)
+    async def method(self, *args, **kwargs):
+        return await _run(steps(self._calls, *args, **kwargs))
+    return method
 
 
 class Client:
     __doc__ = (__doc__ or "") + "\n\nArguments as hgemm.Client:\n" + (_SyncClient.__doc__ or "")
 
     def __init__(self, target: str = "127.0.0.1:50051", **options):
-        self._config = _core.ClientConfig(target, **options)
-        self._routes = _core.Routes(self._config, grpc.aio)
-        self._channel, self._stub = self._routes.target
-
-    def _stub_for(self, replica: str):
-        return self._stub if not replica else self._routes.stub(replica)
+        self._calls = _calls.Calls(self, grpc.aio, target, **options)
+        self._config = self._calls.config
+        self._stub = self._calls.routes.stub("")  # the target's (tests wrap its methods)
 
     async def close(self) -> None:
-        for channel in self._routes.channels():
+        for channel in self._calls.routes.channels():
             await channel.close()
 
     async def __aenter__(self):
@@ -41,220 +79,32 @@ class Client:
     async def __aexit__(self, *exc):
         await self.close()
 
-    async def _call(self, fn, timeout, idempotent: bool, replica: str = ""):
-        deadline = _core.Deadline(self._config.call_timeout(timeout))
-        policy = self._config.policy
-        stub = self._stub_for(replica)
-        for attempt in range(policy.attempts):
-            try:
-                return await fn(stub, deadline.remaining())
-            except grpc.RpcError as e:
-                err = _errors.from_rpc_error(e)
-            delay = policy.delay(attempt)
-            if (attempt + 1 == policy.attempts or not _core.should_retry(err, idempotent)
-                    or not deadline.allows(delay)):
-                raise _core.explain_unreachable(err, replica)
-            await asyncio.sleep(delay)
-
-    async def _server_limit(self, spec, mode, timeout) -> None:
-        if self._config.needs_server_limit(spec, mode):
-            try:
-                info = await self.info(timeout=timeout)
-                self._config.max_message_bytes = info.limits.max_message_bytes
-            except _errors.Error:
-                self._config.max_message_bytes = 4 << 20
-
-    async def gemm(self, a, b, *, accumulation: Optional[str] = None, kernel: str = "auto",
-                   keep_c: bool = False, c_ttl: int = 0, request_id: str = "",
-                   details: bool = False, as_torch=False, mode: Optional[str] = None,
-                   timeout: Optional[float] = None):
-        """As hgemm.Client.gemm."""
-        started = time.monotonic()
-        spec = _core.Spec(a, b, accumulation=accumulation, kernel=kernel, keep_c=keep_c,
-                          c_ttl=c_ttl, request_id=request_id)
-        replica = spec.replica()
-        await self._server_limit(spec, mode, timeout)
-        if self._config.streams(spec, mode):
-            result = (await self._many([spec], timeout, details, as_torch, started))[0]
-            if isinstance(result, _errors.Error):
-                result.index = None
-                raise result
-            return result
-        request = spec.unary_request()
-
-        def call(stub, t):
-            return stub.Gemm(request, timeout=t, metadata=self._config.metadata)
-        response = await self._call(call, timeout, idempotent=not keep_c, replica=replica)
-        return _core.unary_result(self, spec, response, details, as_torch, started)
-
-    async def gemm_many(self, pairs, *, accumulation: Optional[str] = None, kernel: str = "auto",
-                        keep_c: bool = False, c_ttl: int = 0, details: bool = False,
-                        as_torch=False, return_exceptions: bool = False,
-                        timeout: Optional[float] = None) -> list:
-        """As hgemm.Client.gemm_many."""
-        started = time.monotonic()
-        defaults = dict(accumulation=accumulation, kernel=kernel, keep_c=keep_c, c_ttl=c_ttl,
-                        request_id="")
-        specs = _core.normalize_pairs(pairs, defaults)
-        if not specs:
-            return []
-        results = await self._many(specs, timeout, details, as_torch, started)
-        return _core.finish_many(results, return_exceptions)
-
     def stream(self, *, replica=None) -> "Stream":
         """As hgemm.Client.stream: an hgemm.aio.Stream (`async with c.stream() as s:
         C = await s.gemm(A, B)`)."""
-        return Stream(self, None if replica is None else _core.replica_of(replica))
+        return Stream(self, None if replica is None else _resident.replica_of(replica))
 
-    async def _many(self, specs: List[_core.Spec], timeout, details, as_torch, started) -> list:
-        groups, outcomes = _core.by_replica(dict(enumerate(specs)))
-        deadline = _core.Deadline(self._config.call_timeout(timeout))
-        total = sum(s.payload_bytes + s.c_bytes for s in specs)
-        bar = _progress.bar(self._config.progress, total, "hgemm")
-        try:  # the replicas' streams at once
-            done = await asyncio.gather(*(self._stream_rounds(replica, by_id, deadline, bar)
-                                          for replica, by_id in groups.items()))
-            for by_id, rounds in zip(groups.values(), done):
-                outcomes.update((i, rounds.outcome(i)) for i in by_id)
-        finally:
-            _progress.close(bar)
-        return [_core.streamed_result(self, specs[i], outcomes[i], details, as_torch, started)
-                for i in range(len(specs))]
-
-    async def _stream_rounds(self, replica: str, by_id, deadline, bar) -> _core.ManyRound:
-        stub = self._stub_for(replica)
-        rounds = _core.ManyRound(by_id, self._config.policy, deadline)
-        while rounds.pending:
-            collector = _core.StreamCollector({i: by_id[i] for i in rounds.pending}, bar)
-            requests = _core.stream_requests(by_id, rounds.pending, self._config.chunk_bytes, bar)
-            stream_err = None
-            try:
-                call = stub.GemmStream(_aiter(requests), timeout=deadline.remaining(),
-                                       metadata=self._config.metadata)
-                async for message in call:
-                    collector.consume(message)
-            except grpc.RpcError as e:
-                stream_err = _core.explain_unreachable(_errors.from_rpc_error(e), replica)
-            delay = rounds.settle(collector, stream_err)
-            if delay:
-                await asyncio.sleep(delay)
-        return rounds
-
-    async def upload(self, matrix, *, ttl: int = 0, label: str = "",
-                     device_id: Optional[int] = None, replica=None,
-                     timeout: Optional[float] = None) -> _core.ResidentMatrix:
-        """As hgemm.Client.upload."""
-        array = _arrays.as_fp16_matrix(matrix, "matrix")
-        bar = _progress.bar(self._config.progress, array.nbytes, "hgemm upload")
-
-        def call(stub, t):
-            messages = _core.upload_messages(array, ttl, label, device_id, self._config.chunk_bytes, bar)
-            return stub.UploadMatrix(_aiter(messages), timeout=t, metadata=self._config.metadata)
-        try:
-            info = await self._call(call, timeout, idempotent=False,
-                                    replica=_core.replica_of(replica))
-        finally:
-            _progress.close(bar)
-        return _core.ResidentMatrix(self, info)
-
-    async def download(self, matrix: _core.ResidentMatrix, *, as_torch=False,
-                       timeout: Optional[float] = None):
-        """As hgemm.Client.download."""
-        bar = _progress.bar(self._config.progress, 2 * matrix.rows * matrix.cols, "hgemm download")
-
-        async def call(stub, t):
-            buf = _core.DownloadBuffer(matrix.rows, matrix.cols, bar)
-            stream = stub.DownloadMatrix(pb.DownloadMatrixRequest(handle=matrix.handle),
-                                         timeout=t, metadata=self._config.metadata)
-            async for chunk in stream:
-                buf.add(chunk)
-            return buf.array()
-        try:
-            array = await self._call(call, timeout, idempotent=True,
-                                     replica=_core.handle_replica(matrix.handle))
-            return _arrays.to_output(array, as_torch)
-        finally:
-            _progress.close(bar)
-
-    async def release(self, matrix: _core.ResidentMatrix, *,
-                      timeout: Optional[float] = None) -> int:
-        """As hgemm.Client.release."""
-        if getattr(matrix, "released", False):
-            return 0
-
-        def call(stub, t):
-            return stub.ReleaseMatrix(pb.ReleaseMatrixRequest(handle=matrix.handle),
-                                      timeout=t, metadata=self._config.metadata)
-        freed = (await self._call(call, timeout, idempotent=False,
-                                  replica=_core.handle_replica(matrix.handle))).freed_bytes
-        if isinstance(matrix, _core.ResidentMatrix):
-            matrix.released = True
-        return freed
-
-    async def matrices(self, *, replica: Optional[str] = None,
-                       timeout: Optional[float] = None) -> _core.MatrixList:
-        """As hgemm.Client.matrices."""
-        def call(stub, t):
-            return stub.ListMatrices(pb.ListMatricesRequest(), timeout=t,
-                                     metadata=self._config.metadata)
-        response = await self._call(call, timeout, idempotent=True, replica=replica or "")
-        out = _core.MatrixList(_core.ResidentMatrix(self, m) for m in response.matrices)
-        out.client_bytes, out.quota_bytes = response.client_bytes, response.quota_bytes
-        return out
-
-    async def info(self, *, replica: Optional[str] = None,
-                   timeout: Optional[float] = None) -> pb.ServerInfo:
-        """As hgemm.Client.info."""
-        def call(stub, t):
-            return stub.GetServerInfo(pb.GetServerInfoRequest(), timeout=t,
-                                      metadata=self._config.metadata)
-        return await self._call(call, timeout, idempotent=True, replica=replica or "")
-
-    async def kernels(self, *, timeout: Optional[float] = None) -> List[_core.Kernel]:
-        """As hgemm.Client.kernels."""
-        def call(stub, t):
-            return stub.ListKernels(pb.ListKernelsRequest(), timeout=t,
-                                    metadata=self._config.metadata)
-        return _core.kernels_from_proto(await self._call(call, timeout, idempotent=True))
+    gemm = _awaitable(_calls.Calls.gemm)
+    gemm_many = _awaitable(_calls.Calls.gemm_many)
+    upload = _awaitable(_calls.Calls.upload)
+    download = _awaitable(_calls.Calls.download)
+    release = _awaitable(_calls.Calls.release)
+    matrices = _awaitable(_calls.Calls.matrices)
+    info = _awaitable(_calls.Calls.info)
+    kernels = _awaitable(_calls.Calls.kernels)
 
 
-class Stream:
+class Stream(StreamSession):
     """hgemm.Stream for asyncio: one GemmStream kept open for many GEMMs, pipelined. submit()
     returns an asyncio.Future; gemm() and close() are coroutines; `async with` closes (or
     cancels, if the block raises). Behaviour, errors, retries and replicas as hgemm.Stream. A
     writer and a reader task per open stream, on the loop the stream was first used on."""
 
     def __init__(self, client: Client, replica: Optional[str]):
-        self._client = client
-        self._config = client._config
-        self._replica = replica
-        self._book = _core.SessionBook(self._config.policy)
-        self._queue = None  # the open stream's asyncio.Queue of message generators
-        self._call = None
+        super().__init__(client, replica)
+        self._lock = contextlib.nullcontext()  # the loop runs one callback at a time
         self._tasks = set()
-        self._outstanding = 0
         self._idle = None  # an asyncio.Event, set when nothing is outstanding
-        self._closing = False
-        self._cancelled = False
-
-    def submit(self, a, b, *, accumulation: Optional[str] = None, kernel: str = "auto",
-               keep_c: bool = False, c_ttl: int = 0, request_id: str = "",
-               details: bool = False, as_torch=False) -> "asyncio.Future":
-        """As hgemm.Stream.submit; returns an asyncio.Future. Call it from the loop's thread."""
-        started = time.monotonic()
-        if self._closing:
-            raise RuntimeError("the stream is closed")
-        spec = _core.Spec(a, b, accumulation=accumulation, kernel=kernel, keep_c=keep_c,
-                          c_ttl=c_ttl, request_id=request_id)
-        loop = asyncio.get_running_loop()
-        pending = _core.Pending(spec, loop.create_future(), details, as_torch, started)
-        self._replica = _core.session_replica(self._replica, spec)
-        self._write(pending)
-        self._outstanding += 1
-        if self._idle is None:
-            self._idle = asyncio.Event()
-        self._idle.clear()
-        return pending.future
 
     async def gemm(self, a, b, *, timeout: Optional[float] = None, **options):
         """As hgemm.Stream.gemm."""
@@ -263,9 +113,7 @@ class Stream:
         try:
             return await asyncio.wait_for(asyncio.shield(future), timeout)
         except asyncio.TimeoutError:
-            raise _errors.DeadlineExceeded(
-                f"no answer within {timeout:g} s (the GEMM stays on the stream; its result will "
-                f"be dropped)") from None
+            raise self._no_answer(timeout) from None
 
     async def close(self, timeout: Optional[float] = None) -> None:
         """As hgemm.Stream.close."""
@@ -274,16 +122,13 @@ class Stream:
             try:
                 await asyncio.wait_for(self._idle.wait(), timeout)
             except asyncio.TimeoutError:
-                raise _errors.DeadlineExceeded(
-                    f"{self._outstanding} GEMMs still unanswered after {timeout:g} s") from None
+                raise self._unanswered(timeout) from None
         self._end_stream()
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
     async def cancel(self) -> None:
         """As hgemm.Stream.cancel."""
-        self._closing = self._cancelled = True
-        if self._call is not None:
-            self._call.cancel()
+        self._cancel_call()
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
     async def __aenter__(self):
@@ -295,26 +140,28 @@ class Stream:
         else:
             await self.cancel()
 
-    def _write(self, pending: _core.Pending) -> None:
-        if self._queue is None:
-            self._open()
-        i = self._book.add(pending)
-        self._queue.put_nowait(pending.spec.stream_messages(i, self._config.chunk_bytes))
+    # StreamSession's I/O.
+    def _new_future(self) -> "asyncio.Future":
+        future = asyncio.get_running_loop().create_future()
+        if self._idle is None:  # made on the loop (an Event of Python 3.9 binds to one)
+            self._idle = asyncio.Event()
+        self._idle.clear()  # the GEMM this future is for is outstanding
+        return future
 
     def _open(self) -> None:
         q = asyncio.Queue()
-        stub = self._client._stub_for(self._replica or "")
-        call = stub.GemmStream(metadata=self._config.metadata)
+        call = self._stub().GemmStream(metadata=self._config.metadata)
         self._queue, self._call = q, call
         for coroutine in (self._send(call, q), self._read(call, q)):
             task = asyncio.ensure_future(coroutine)
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
-    def _end_stream(self) -> None:
-        if self._queue is not None:
-            self._queue.put_nowait(None)
-            self._queue = self._call = None
+    def _later(self, delay_s: float, fn, *args) -> None:
+        asyncio.get_running_loop().call_later(delay_s, fn, *args)
+
+    def _now_idle(self) -> None:
+        self._idle.set()
 
     @staticmethod
     async def _send(call, q) -> None:
@@ -336,52 +183,13 @@ class Stream:
         try:
             while True:
                 message = await call.read()
-                if message is grpc.aio.EOF:
-                    break
-                finished, retry = self._book.consume(message)
-                self._settle(finished, retry)
-                if self._book.protocol_error is not None:
-                    call.cancel()
+                if message is grpc.aio.EOF or not self._answered(call, message):
                     break
         except grpc.RpcError as e:
-            err = _core.explain_unreachable(_errors.from_rpc_error(e), self._replica or "")
+            err = self._unreachable(e)
         except asyncio.CancelledError:
             err = _errors.Cancelled("the stream was cancelled")
-        if self._queue is q:
-            self._end_stream()
-        else:
-            q.put_nowait(None)
-        if self._cancelled:
-            err = _errors.Cancelled("the stream was cancelled")
-        self._settle(*self._book.ended(err))
-
-    def _settle(self, finished, retry) -> None:
-        for pending, outcome in finished:
-            self._deliver(pending, outcome)
-        loop = asyncio.get_running_loop()
-        for pending, delay in retry:
-            loop.call_later(delay, self._again, pending)
-
-    def _again(self, pending: _core.Pending) -> None:
-        if self._cancelled:
-            self._deliver(pending, _errors.Cancelled("the stream was cancelled"))
-        else:
-            self._write(pending)
-
-    def _deliver(self, pending: _core.Pending, outcome) -> None:
-        try:
-            result = _core.streamed_result(self._client, pending.spec, outcome, pending.details,
-                                           pending.as_torch, pending.started)
-        except Exception as e:  # e.g. as_torch without torch: the caller's, not the reader's
-            result = e
-        if not pending.future.done():
-            if isinstance(result, Exception):
-                pending.future.set_exception(result)
-            else:
-                pending.future.set_result(result)
-        self._outstanding -= 1
-        if self._outstanding == 0:
-            self._idle.set()
+        self._settle(*self._ended(q, err))
 
 
 async def _aiter(iterable):

@@ -9,7 +9,7 @@ import pytest
 
 import hgemm
 from conftest import FP32_TOLERANCE, fp16, rel_error
-from hgemm import _core, _wire
+from hgemm import _retry, _routes, _session_book, _spec, _wire
 from hgemm._proto import hgemm_pb2 as pb
 
 QUEUE_FULL = "queue is full (256 GEMMs); retry with backoff"
@@ -25,13 +25,13 @@ def answer(gemm_id, chunk=None, done=None) -> _wire.StreamResponse:
 
 
 def book_with(*specs, attempts=3):
-    book = _core.SessionBook(_core.RetryPolicy(attempts=attempts, initial_backoff_s=0.01))
-    pendings = [_core.Pending(s, object(), False, False, 0.0) for s in specs]
+    book = _session_book.SessionBook(_retry.RetryPolicy(attempts=attempts, initial_backoff_s=0.01))
+    pendings = [_session_book.Pending(s, object(), False, False, 0.0) for s in specs]
     return book, pendings, [book.add(p) for p in pendings]
 
 
 def small_spec(keep_c=False):
-    return _core.Spec(np.ones((2, 3), np.float16), np.ones((3, 2), np.float16), keep_c=keep_c)
+    return _spec.Spec(np.ones((2, 3), np.float16), np.ones((3, 2), np.float16), keep_c=keep_c)
 
 
 def test_book_assembles_c_and_forgets_finished_gemms():
@@ -96,15 +96,15 @@ def test_book_stream_ending_with_gemms_unanswered():
 def test_session_replica():
     def spec_on(handle):
         hb = hgemm.ResidentMatrix(None, pb.MatrixInfo(handle=handle, rows=3, cols=2))
-        return _core.Spec(np.ones((2, 3), np.float16), hb)
-    assert _core.session_replica(None, small_spec()) == ""
-    assert _core.session_replica(None, spec_on("m-1@r1:1")) == "r1:1"
-    assert _core.session_replica("r1:1", spec_on("m-2@r1:1")) == "r1:1"
-    assert _core.session_replica("r1:1", small_spec()) == "r1:1"
+        return _spec.Spec(np.ones((2, 3), np.float16), hb)
+    assert _routes.session_replica(None, small_spec()) == ""
+    assert _routes.session_replica(None, spec_on("m-1@r1:1")) == "r1:1"
+    assert _routes.session_replica("r1:1", spec_on("m-2@r1:1")) == "r1:1"
+    assert _routes.session_replica("r1:1", small_spec()) == "r1:1"
     with pytest.raises(hgemm.FailedPrecondition, match="replica r2:1"):
-        _core.session_replica("r1:1", spec_on("m-3@r2:1"))
+        _routes.session_replica("r1:1", spec_on("m-3@r2:1"))
     with pytest.raises(hgemm.FailedPrecondition, match="client's target"):
-        _core.session_replica("", spec_on("m-3@r2:1"))
+        _routes.session_replica("", spec_on("m-3@r2:1"))
 
 
 # Against the real server.

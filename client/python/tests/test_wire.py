@@ -7,7 +7,7 @@ import random
 import numpy as np
 import pytest
 
-from hgemm import _core, _wire
+from hgemm import _resident, _spec, _wire
 from hgemm._proto import hgemm_pb2 as pb
 
 SEEDS = range(40)
@@ -76,7 +76,7 @@ def shuffled_fields(r: random.Random, raw: bytes, extra=()) -> bytes:
 def random_operand(r: random.Random, rows: int, cols: int, name: str):
     if r.random() < 0.3:
         handle = f"m-{name}{r.randrange(10**6)}" + r.choice(["", "@replica-1:50051"])
-        return _core.ResidentMatrix(None, pb.MatrixInfo(handle=handle, rows=rows, cols=cols))
+        return _resident.ResidentMatrix(None, pb.MatrixInfo(handle=handle, rows=rows, cols=cols))
     return random_fp16(r, rows, cols)
 
 
@@ -87,11 +87,11 @@ def test_gemm_request_parses_as_the_generated_message(seed):
     a, b = random_operand(r, m, k, "a"), random_operand(r, k, n, "b")
     options = dict(accumulation=r.choice([None, "fp16", "fp32"]), kernel=random_text(r),
                    keep_c=r.random() < 0.5, c_ttl=random_uint(r, 32), request_id=random_text(r))
-    spec = _core.Spec(a, b, **options)
+    spec = _spec.Spec(a, b, **options)
     expected = pb.GemmRequest(m=m, n=n, k=k, options=spec.options, keep_c_resident=options["keep_c"],
                               c_ttl_seconds=options["c_ttl"])
     for operand, field in ((a, "a"), (b, "b")):
-        if isinstance(operand, _core.ResidentMatrix):
+        if isinstance(operand, _resident.ResidentMatrix):
             setattr(expected, field + "_handle", operand.handle)
         else:
             setattr(expected, field, operand.tobytes())
@@ -120,7 +120,7 @@ def test_concat_is_bytes_join(sizes):
 def test_large_gemm_request_parses_as_the_generated_message():
     a = random_fp16(random.Random(3), 300, 500)  # past CONCAT_NOGIL_BYTES
     b = random_fp16(random.Random(4), 500, 2)
-    parsed = pb.GemmRequest.FromString(_core.Spec(a, b, request_id="big").unary_request())
+    parsed = pb.GemmRequest.FromString(_spec.Spec(a, b, request_id="big").unary_request())
     assert (parsed.m, parsed.n, parsed.k, parsed.options.request_id) == (300, 2, 500, "big")
     assert parsed.a == a.tobytes() and parsed.b == b.tobytes()
 
@@ -140,7 +140,7 @@ def test_stream_chunk_and_upload_chunk_are_byte_identical(seed):
 
 def test_stream_messages_cover_each_operand_in_order():
     a, b = random_fp16(random.Random(1), 5, 7), random_fp16(random.Random(2), 7, 3)
-    messages = [pb.GemmStreamRequest.FromString(m) for m in _core.Spec(a, b).stream_messages(4, 9)]
+    messages = [pb.GemmStreamRequest.FromString(m) for m in _spec.Spec(a, b).stream_messages(4, 9)]
     assert messages[0].header == pb.GemmHeader(gemm_id=4, m=5, n=3, k=7,
                                                options=pb.GemmOptions(kernel="auto"))
     for operand, array in ((pb.OPERAND_A, a), (pb.OPERAND_B, b)):

@@ -1,0 +1,251 @@
+"""The methods of hgemm.Client and hgemm.aio.Client, written once as generators of I/O steps.
+
+A method of Calls checks its arguments, builds the requests, and yields each piece of I/O it
+needs as a step: Rpc (one gRPC call), Sleep (a backoff) or AllOf (several step generators, whose
+results it gets as a list). What a step came to is sent back in, or thrown in where it raised
+(grpc.RpcError: the call failed); the method's return value is the client method's result.
+hgemm.Client does the steps with blocking calls and hgemm.aio.Client with awaits: those drivers
+are the clients' only I/O. The methods are annotated with what the clients return.
+
+Thread safety: a Calls is shared by every call of its client (ClientConfig and Routes are
+thread-safe); each method call is a generator of its own, driven by one thread or task.
+"""
+import dataclasses
+import time
+from typing import Callable, List, Optional
+
+import grpc
+
+from . import _arrays, _errors, _progress
+from ._config import ClientConfig
+from ._many_rounds import ManyRound
+from ._proto import hgemm_pb2 as pb
+from ._resident import MatrixList, ResidentMatrix, handle_replica, replica_of
+from ._results import Kernel, finish_many, kernels_from_proto, streamed_result, unary_result
+from ._retry import Deadline, should_retry
+from ._routes import Routes, by_replica, explain_unreachable
+from ._spec import Spec, normalize_pairs, stream_requests
+from ._stream_collector import StreamCollector
+from ._transfers import DownloadBuffer, upload_messages
+
+
+@dataclasses.dataclass
+class Rpc:
+    """One gRPC call, method(request, timeout=timeout, metadata=metadata); it comes to the
+    response. streams_request: the request is an iterator of serialized messages. With
+    on_response, each message of the response stream goes to it and the call comes to None."""
+    method: Callable
+    request: object
+    timeout: Optional[float]
+    metadata: tuple
+    streams_request: bool = False
+    on_response: Optional[Callable] = None
+
+
+@dataclasses.dataclass
+class Sleep:
+    seconds: float
+
+
+@dataclasses.dataclass
+class AllOf:
+    """Step generators to run to their results (a list, in their order): at once on asyncio,
+    one after the other on the sync client."""
+    steps: list
+
+
+class Calls:
+    """A client's state (config, channels) and its methods as step generators."""
+
+    def __init__(self, client, grpc_module, target: str, **options):
+        self.client = client  # what the ResidentMatrix objects made here call back
+        self.config = ClientConfig(target, **options)
+        self.routes = Routes(self.config, grpc_module)
+
+    # The retry loop around one call (to `replica`, "" for the target).
+    def _call(self, attempt, timeout, idempotent: bool, replica: str = ""):
+        """attempt(stub, timeout_s): the steps of one try, repeated while RetryPolicy allows."""
+        deadline = Deadline(self.config.call_timeout(timeout))
+        policy = self.config.policy
+        stub = self.routes.stub(replica)
+        for tried in range(policy.attempts):
+            try:
+                return (yield from attempt(stub, deadline.remaining()))
+            except grpc.RpcError as e:
+                err = _errors.from_rpc_error(e)
+            delay = policy.delay(tried)
+            if (tried + 1 == policy.attempts or not should_retry(err, idempotent)
+                    or not deadline.allows(delay)):
+                raise explain_unreachable(err, replica)
+            yield Sleep(delay)
+
+    def _rpc(self, method, request, timeout, **how):
+        """The one step of a call: comes to its response (None with on_response)."""
+        return (yield Rpc(method, request, timeout, self.config.metadata, **how))
+
+    def _unary(self, name: str, request, timeout, idempotent: bool, replica: str = ""):
+        """GemmService.<name>(request), retried as _call."""
+        return (yield from self._call(lambda stub, t: self._rpc(getattr(stub, name), request, t),
+                                      timeout, idempotent, replica))
+
+    def _server_limit(self, spec, mode, timeout):
+        if self.config.needs_server_limit(spec, mode):
+            try:
+                info = yield from self.info(timeout=timeout)
+                self.config.max_message_bytes = info.limits.max_message_bytes
+            except _errors.Error:
+                self.config.max_message_bytes = 4 << 20  # assume the smallest a server takes
+
+    # GEMMs.
+    def gemm(self, a, b, *, accumulation: Optional[str] = None, kernel: str = "auto",
+             keep_c: bool = False, c_ttl: int = 0, request_id: str = "", details: bool = False,
+             as_torch=False, mode: Optional[str] = None, timeout: Optional[float] = None):
+        """C = A·B. A (m×k) and B (k×n): float16 numpy arrays, torch tensors, or ResidentMatrix.
+
+        Returns C as an m×n float16 ndarray (a torch tensor with as_torch=True, or on a device
+        with as_torch="cuda:0"); with keep_c=True a ResidentMatrix instead; with details=True a
+        GemmResult (c, timing, execution, request_id, client_ms).
+        accumulation: None (the server's default, fp32), "fp32" or "fp16". kernel: "auto" or a
+        name from kernels(). Raises an hgemm.Error subclass on failure.
+        """
+        started = time.monotonic()
+        spec = Spec(a, b, accumulation=accumulation, kernel=kernel, keep_c=keep_c, c_ttl=c_ttl,
+                    request_id=request_id)
+        replica = spec.replica()
+        yield from self._server_limit(spec, mode, timeout)
+        if self.config.streams(spec, mode):
+            result = (yield from self._many([spec], timeout, details, as_torch, started))[0]
+            if isinstance(result, _errors.Error):
+                result.index = None
+                raise result
+            return result
+        response = yield from self._unary("Gemm", spec.unary_request(), timeout,
+                                          idempotent=not keep_c, replica=replica)
+        return unary_result(self.client, spec, response, details, as_torch, started)
+
+    def gemm_many(self, pairs, *, accumulation: Optional[str] = None, kernel: str = "auto",
+                  keep_c: bool = False, c_ttl: int = 0, details: bool = False, as_torch=False,
+                  return_exceptions: bool = False, timeout: Optional[float] = None) -> list:
+        """Many GEMMs on one GemmStream, pipelined (the server works on early GEMMs while later
+        ones upload); results come back in the order of `pairs`.
+
+        pairs: (A, B) or (A, B, {options}) items, options being any of accumulation, kernel,
+        keep_c, c_ttl, request_id for that GEMM. A failing GEMM does not stop the others. Over
+        several replicas, one stream per replica the GEMMs' matrices live on. With
+        return_exceptions=False the first failing GEMM's Error is raised once all are done (its
+        .index is its position, its .results the whole list); with True, failed GEMMs are
+        hgemm.Error objects in the returned list. timeout is for the whole batch.
+        """
+        started = time.monotonic()
+        defaults = dict(accumulation=accumulation, kernel=kernel, keep_c=keep_c, c_ttl=c_ttl,
+                        request_id="")
+        specs = normalize_pairs(pairs, defaults)
+        if not specs:
+            return []
+        results = yield from self._many(specs, timeout, details, as_torch, started)
+        return finish_many(results, return_exceptions)
+
+    def _many(self, specs: List[Spec], timeout, details, as_torch, started):
+        groups, outcomes = by_replica(dict(enumerate(specs)))
+        deadline = Deadline(self.config.call_timeout(timeout))
+        total = sum(s.payload_bytes + s.c_bytes for s in specs)
+        bar = _progress.bar(self.config.progress, total, "hgemm")
+        try:
+            done = yield AllOf([self._stream_rounds(replica, by_id, deadline, bar)
+                                for replica, by_id in groups.items()])
+            for by_id, rounds in zip(groups.values(), done):
+                outcomes.update((i, rounds.outcome(i)) for i in by_id)
+        finally:
+            _progress.close(bar)
+        return [streamed_result(self.client, specs[i], outcomes[i], details, as_torch, started)
+                for i in range(len(specs))]
+
+    def _stream_rounds(self, replica: str, by_id, deadline, bar):
+        stub = self.routes.stub(replica)
+        rounds = ManyRound(by_id, self.config.policy, deadline)
+        while rounds.pending:
+            collector = StreamCollector({i: by_id[i] for i in rounds.pending}, bar)
+            requests = stream_requests(by_id, rounds.pending, self.config.chunk_bytes, bar)
+            stream_err = None
+            try:
+                yield from self._rpc(stub.GemmStream, requests, deadline.remaining(),
+                                     streams_request=True, on_response=collector.consume)
+            except grpc.RpcError as e:
+                stream_err = explain_unreachable(_errors.from_rpc_error(e), replica)
+            delay = rounds.settle(collector, stream_err)
+            if delay:
+                yield Sleep(delay)
+        return rounds
+
+    # Resident matrices.
+    def upload(self, matrix, *, ttl: int = 0, label: str = "", device_id: Optional[int] = None,
+               replica=None, timeout: Optional[float] = None) -> ResidentMatrix:
+        """Uploads a matrix (float16 ndarray or tensor) and returns its ResidentMatrix.
+        ttl: seconds after its last use at which the server frees it (0: the server's default).
+        device_id: the CUDA device to keep it on (None: the one with the most free memory).
+        replica: where to put it over several replicas: a ResidentMatrix (onto the replica that
+        holds it, so that both can go in one GEMM) or a replica's address; None: balanced."""
+        array = _arrays.as_fp16_matrix(matrix, "matrix")
+        bar = _progress.bar(self.config.progress, array.nbytes, "hgemm upload")
+
+        def attempt(stub, t):
+            messages = upload_messages(array, ttl, label, device_id, self.config.chunk_bytes, bar)
+            return self._rpc(stub.UploadMatrix, messages, t, streams_request=True)
+        try:
+            info = yield from self._call(attempt, timeout, idempotent=False,
+                                         replica=replica_of(replica))
+        finally:
+            _progress.close(bar)
+        return ResidentMatrix(self.client, info)
+
+    def download(self, matrix: ResidentMatrix, *, as_torch=False,
+                 timeout: Optional[float] = None):
+        """A resident matrix's values as a float16 ndarray (or torch tensor with as_torch)."""
+        bar = _progress.bar(self.config.progress, 2 * matrix.rows * matrix.cols, "hgemm download")
+
+        def attempt(stub, t):
+            buf = DownloadBuffer(matrix.rows, matrix.cols, bar)
+            yield from self._rpc(stub.DownloadMatrix, pb.DownloadMatrixRequest(handle=matrix.handle),
+                                 t, on_response=buf.add)
+            return buf.array()
+        try:
+            array = yield from self._call(attempt, timeout, idempotent=True,
+                                          replica=handle_replica(matrix.handle))
+            return _arrays.to_output(array, as_torch)
+        finally:
+            _progress.close(bar)
+
+    def release(self, matrix: ResidentMatrix, *, timeout: Optional[float] = None) -> int:
+        """Frees a resident matrix; returns the bytes freed. NotFound if it is gone already."""
+        if getattr(matrix, "released", False):
+            return 0
+        response = yield from self._unary("ReleaseMatrix",
+                                          pb.ReleaseMatrixRequest(handle=matrix.handle), timeout,
+                                          idempotent=False, replica=handle_replica(matrix.handle))
+        if isinstance(matrix, ResidentMatrix):
+            matrix.released = True
+        return response.freed_bytes
+
+    def matrices(self, *, replica: Optional[str] = None,
+                 timeout: Optional[float] = None) -> MatrixList:
+        """This client's resident matrices (a list of ResidentMatrix, with .client_bytes and
+        .quota_bytes). Over several replicas, those of `replica` (an address; None: of the one
+        the balanced call reaches)."""
+        response = yield from self._unary("ListMatrices", pb.ListMatricesRequest(), timeout,
+                                          idempotent=True, replica=replica or "")
+        out = MatrixList(ResidentMatrix(self.client, m) for m in response.matrices)
+        out.client_bytes, out.quota_bytes = response.client_bytes, response.quota_bytes
+        return out
+
+    # The server.
+    def info(self, *, replica: Optional[str] = None,
+             timeout: Optional[float] = None) -> pb.ServerInfo:
+        """GetServerInfo: version, backend, devices, limits, load, replica (a
+        hgemm_pb2.ServerInfo), of `replica` if given, else of the replica the call reaches."""
+        return (yield from self._unary("GetServerInfo", pb.GetServerInfoRequest(), timeout,
+                                       idempotent=True, replica=replica or ""))
+
+    def kernels(self, *, timeout: Optional[float] = None) -> List[Kernel]:
+        """ListKernels: the kernel names for kernel=, with their accumulations."""
+        return kernels_from_proto((yield from self._unary("ListKernels", pb.ListKernelsRequest(),
+                                                          timeout, idempotent=True)))

@@ -1,0 +1,116 @@
+"""What a call returns: Timing, Execution, GemmResult, Kernel, and their assembly from the
+server's answers (unary or streamed, gemm_many's list).
+
+Thread safety: Timing, Execution and Kernel are frozen; a GemmResult belongs to its caller. The
+functions keep no state: thread-safe.
+"""
+import dataclasses
+import time
+from typing import List, Tuple
+
+from . import _arrays, _errors, _wire
+from ._proto import hgemm_pb2 as pb
+from ._resident import ResidentMatrix
+from ._spec import Spec
+
+_ACCUMULATION_NAMES = {pb.ACCUMULATION_UNSPECIFIED: "default", pb.ACCUMULATION_FP16: "fp16",
+                       pb.ACCUMULATION_FP32: "fp32"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Timing:
+    """Where one GEMM's time went, measured by the server (milliseconds; see proto Timing)."""
+    queue_wait_ms: float
+    host_to_device_ms: float
+    kernel_ms: float
+    device_to_host_ms: float
+    server_total_ms: float
+    tflops: float
+
+    @classmethod
+    def from_proto(cls, t: pb.Timing) -> "Timing":
+        return cls(t.queue_wait_ms, t.host_to_device_ms, t.kernel_ms, t.device_to_host_ms,
+                   t.server_total_ms, t.tflops)
+
+
+@dataclasses.dataclass(frozen=True)
+class Execution:
+    """Which hardware ran a GEMM: kernel (never "auto"), accumulation ("fp16"/"fp32"), backend
+    ("cuda"/"cpu"), device id (-1 on CPU) and name, worker stream."""
+    kernel: str
+    accumulation: str
+    backend: str
+    device_id: int
+    device_name: str
+    stream_id: int
+
+    @classmethod
+    def from_proto(cls, e: pb.Execution) -> "Execution":
+        return cls(e.kernel, _ACCUMULATION_NAMES.get(e.accumulation, str(e.accumulation)),
+                   e.backend, e.device_id, e.device_name, e.stream_id)
+
+
+@dataclasses.dataclass
+class GemmResult:
+    """gemm(..., details=True): c (ndarray, torch tensor, or ResidentMatrix with keep_c),
+    timing, execution, request_id, and client_ms (wall time of the call in this process)."""
+    c: object
+    timing: Timing
+    execution: Execution
+    request_id: str
+    client_ms: float
+
+
+@dataclasses.dataclass(frozen=True)
+class Kernel:
+    """A kernel variant from ListKernels: the name for kernel=, and its accumulations."""
+    name: str
+    description: str
+    accumulations: Tuple[str, ...]
+
+
+def kernels_from_proto(response: pb.ListKernelsResponse) -> List[Kernel]:
+    return [Kernel(k.name, k.description,
+                   tuple(_ACCUMULATION_NAMES.get(a, str(a)) for a in k.accumulations))
+            for k in response.kernels]
+
+
+def unary_result(client, spec: Spec, raw: _wire.GemmResponse, details: bool, as_torch,
+                 started: float):
+    response = raw.message
+    if spec.keep_c:
+        c = ResidentMatrix(client, response.c_matrix)
+    else:
+        c = raw.c_array(spec.m, spec.n)
+        if c is None:
+            start, end = raw.c_range or (0, 0)
+            raise _errors.Internal(f"the server sent {end - start} bytes of C; "
+                                   f"{spec.m}x{spec.n} fp16 is {2 * spec.m * spec.n}")
+        c = _arrays.to_output(c, as_torch)
+    if not details:
+        return c
+    return GemmResult(c, Timing.from_proto(response.timing),
+                      Execution.from_proto(response.execution), response.request_id,
+                      (time.monotonic() - started) * 1e3)
+
+
+def streamed_result(client, spec: Spec, outcome, details: bool, as_torch, started: float):
+    """An Error stays an Error; (c, done) becomes what gemm returns."""
+    if isinstance(outcome, _errors.Error):
+        return outcome
+    c, done = outcome
+    c = ResidentMatrix(client, done.c_matrix) if spec.keep_c else _arrays.to_output(c, as_torch)
+    if not details:
+        return c
+    return GemmResult(c, Timing.from_proto(done.timing), Execution.from_proto(done.execution),
+                      done.request_id, (time.monotonic() - started) * 1e3)
+
+
+def finish_many(results: list, return_exceptions: bool):
+    if return_exceptions:
+        return results
+    for r in results:
+        if isinstance(r, _errors.Error):
+            r.results = results
+            raise r
+    return results

@@ -1,0 +1,129 @@
+"""One GEMM checked and ready to send: Operand, Spec, and the requests they become (a unary
+GemmRequest, or a GemmStream's header and chunks); gemm_many's items as Specs.
+
+Thread safety: a Spec is not changed after it is made, so threads may read it at once; each
+generator of messages it makes has one consumer.
+"""
+from typing import Dict, List, Sequence
+
+import numpy as np
+
+from . import _arrays, _errors, _wire
+from ._proto import hgemm_pb2 as pb
+from ._resident import ResidentMatrix, handle_replica
+
+_ACCUMULATIONS = {None: pb.ACCUMULATION_UNSPECIFIED, "default": pb.ACCUMULATION_UNSPECIFIED,
+                  "fp16": pb.ACCUMULATION_FP16, "fp32": pb.ACCUMULATION_FP32}
+
+
+class Operand:
+    """One prepared operand: a float16 ndarray to send, or a handle already on the server."""
+    __slots__ = ("rows", "cols", "array", "handle")
+
+    def __init__(self, x, name: str):
+        if isinstance(x, ResidentMatrix) or (hasattr(x, "handle") and hasattr(x, "rows")
+                                             and not _arrays.is_torch_tensor(x)):
+            self.rows, self.cols, self.array, self.handle = int(x.rows), int(x.cols), None, x.handle
+        else:
+            self.array = _arrays.as_fp16_matrix(x, name)
+            self.rows, self.cols = self.array.shape
+            self.handle = ""
+
+    @property
+    def nbytes(self) -> int:
+        return 0 if self.array is None else self.array.nbytes
+
+    def bytes_view(self) -> np.ndarray:
+        return _arrays.byte_view(self.array)
+
+
+class Spec:
+    """One GEMM, validated and ready to send (unary or streamed)."""
+
+    def __init__(self, a, b, *, accumulation=None, kernel="auto", keep_c=False, c_ttl=0,
+                 request_id="", index=None):
+        where = "" if index is None else f"pair {index}: "
+        self.a = Operand(a, where + "A")
+        self.b = Operand(b, where + "B")
+        if self.a.cols != self.b.rows:
+            raise ValueError(f"{where}A is {self.a.rows}x{self.a.cols} and B is "
+                             f"{self.b.rows}x{self.b.cols}: A's columns must equal B's rows")
+        self.m, self.k, self.n = self.a.rows, self.a.cols, self.b.cols
+        if accumulation not in _ACCUMULATIONS:
+            raise ValueError(f"accumulation must be 'fp16', 'fp32' or None (the server's default, "
+                             f"fp32); got {accumulation!r}")
+        self.options = pb.GemmOptions(kernel=kernel or "auto",
+                                      accumulation=_ACCUMULATIONS[accumulation],
+                                      request_id=request_id)
+        self.keep_c = bool(keep_c)
+        self.c_ttl = int(c_ttl)
+
+    @property
+    def payload_bytes(self) -> int:
+        return self.a.nbytes + self.b.nbytes
+
+    def replica(self) -> str:
+        """The replica this GEMM must run on: that of its handles ("": none, balanced).
+        FailedPrecondition, naming both, when A and B live on two replicas."""
+        a, b = handle_replica(self.a.handle), handle_replica(self.b.handle)
+        if a and b and a != b:
+            raise _errors.FailedPrecondition(
+                f"A ({self.a.handle}) lives on replica {a} and B ({self.b.handle}) on replica "
+                f"{b}: one GEMM runs on one replica; upload B where A lives "
+                f"(upload(..., replica=A))")
+        return a or b
+
+    @property
+    def c_bytes(self) -> int:
+        return 0 if self.keep_c else 2 * self.m * self.n
+
+    def unary_request(self) -> bytes:
+        """The serialized GemmRequest (A and B copied once, straight from the arrays)."""
+        small = pb.GemmRequest(m=self.m, n=self.n, k=self.k, options=self.options,
+                               keep_c_resident=self.keep_c, c_ttl_seconds=self.c_ttl)
+        if self.a.handle:
+            small.a_handle = self.a.handle
+        if self.b.handle:
+            small.b_handle = self.b.handle
+        return _wire.gemm_request(small, None if self.a.handle else self.a.bytes_view(),
+                                  None if self.b.handle else self.b.bytes_view())
+
+    def stream_messages(self, gemm_id: int, chunk_bytes: int, progress=None):
+        """The header, then A's chunks, then B's (none for an operand given by handle), as
+        serialized GemmStreamRequests."""
+        yield pb.GemmStreamRequest(header=pb.GemmHeader(
+            gemm_id=gemm_id, m=self.m, n=self.n, k=self.k, options=self.options,
+            a_handle=self.a.handle, b_handle=self.b.handle, keep_c_resident=self.keep_c,
+            c_ttl_seconds=self.c_ttl)).SerializeToString()
+        for operand, which in ((self.a, pb.OPERAND_A), (self.b, pb.OPERAND_B)):
+            if operand.array is None:
+                continue
+            view = operand.bytes_view()
+            for offset in range(0, len(view), chunk_bytes):
+                data = view[offset:offset + chunk_bytes]
+                yield _wire.stream_chunk(gemm_id, which, offset, data)
+                if progress is not None:
+                    progress.update(len(data))
+
+
+def stream_requests(specs: Dict[int, Spec], order: Sequence[int], chunk_bytes: int, progress):
+    """Every GEMM of `order`, one after the other (a GEMM is complete before the next starts, so
+    a stream that breaks at GEMM X has admitted every GEMM before X and none after it)."""
+    for i in order:
+        yield from specs[i].stream_messages(i, chunk_bytes, progress)
+
+
+def normalize_pairs(pairs, defaults: dict) -> List[Spec]:
+    """gemm_many's items: (A, B) or (A, B, {per-GEMM options}) → Specs."""
+    specs = []
+    for i, item in enumerate(pairs):
+        if not isinstance(item, (tuple, list)) or len(item) not in (2, 3):
+            raise ValueError(f"pair {i}: expected (A, B) or (A, B, options); got {type(item).__name__}")
+        options = dict(defaults)
+        if len(item) == 3:
+            unknown = set(item[2]) - set(defaults)
+            if unknown:
+                raise ValueError(f"pair {i}: unknown options {sorted(unknown)}")
+            options.update(item[2])
+        specs.append(Spec(item[0], item[1], index=i, **options))
+    return specs

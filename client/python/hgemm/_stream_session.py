@@ -1,0 +1,159 @@
+"""StreamSession: what hgemm.Stream and hgemm.aio.Stream share, one GemmStream kept open for
+many GEMMs: submitting, the end of a stream, retries, delivering results.
+
+A subclass brings the I/O:
+  _lock: held around the shared state (a threading.Lock; on asyncio, whose callbacks run one at
+    a time, a null context).
+  _new_future(): the future that submit() returns.
+  _open(): opens a GemmStream to self._replica, setting self._call and self._queue (the queue of
+    its requests: each GEMM's message generator, then None for the client's half-close).
+  _later(delay_s, fn, *args): calls fn(*args) after delay_s seconds.
+  _now_idle(): with _lock held, when the last outstanding result has been delivered.
+Its reader hands each answer to _answered() and, once the stream is over, _ended()'s outcome
+to _settle().
+
+Thread safety: that of the subclass's _lock (hgemm.Stream: thread-safe; hgemm.aio.Stream: the
+event loop's thread only).
+"""
+import asyncio
+import concurrent.futures
+import time
+from typing import Optional, Union
+
+import grpc
+
+from . import _errors
+from ._results import streamed_result
+from ._routes import explain_unreachable, session_replica
+from ._session_book import Pending, SessionBook
+from ._spec import Spec
+
+
+class StreamSession:
+    """The shared part of hgemm.Stream and hgemm.aio.Stream (see the module's docstring)."""
+
+    def __init__(self, client, replica: Optional[str]):
+        self._client = client
+        self._config = client._config
+        self._replica = replica  # None: chosen by the first GEMM
+        self._book = SessionBook(self._config.policy)
+        self._queue = None  # the open stream's request queue; None: no stream open
+        self._call = None
+        self._outstanding = 0  # submitted, result not yet delivered
+        self._closing = False
+        self._cancelled = False
+
+    def submit(self, a, b, *, accumulation: Optional[str] = None, kernel: str = "auto",
+               keep_c: bool = False, c_ttl: int = 0, request_id: str = "",
+               details: bool = False,
+               as_torch=False) -> Union[concurrent.futures.Future, asyncio.Future]:
+        """Writes one GEMM on the stream; returns a Future of what Client.gemm would return
+        (its exception: the GEMM's hgemm.Error). Arguments as Client.gemm. hgemm.Stream: a
+        concurrent.futures.Future; hgemm.aio.Stream: an asyncio.Future, submitted from the
+        loop's thread."""
+        started = time.monotonic()
+        spec = Spec(a, b, accumulation=accumulation, kernel=kernel, keep_c=keep_c, c_ttl=c_ttl,
+                    request_id=request_id)
+        pending = Pending(spec, self._new_future(), details, as_torch, started)
+        with self._lock:
+            if self._closing:
+                raise RuntimeError("the stream is closed")
+            self._replica = session_replica(self._replica, spec)
+            self._write(pending)
+            self._outstanding += 1
+        return pending.future
+
+    @staticmethod
+    def _no_answer(timeout: float) -> _errors.DeadlineExceeded:
+        """gemm()'s error when its result is not in within timeout seconds."""
+        return _errors.DeadlineExceeded(
+            f"no answer within {timeout:g} s (the GEMM stays on the stream; its result will "
+            f"be dropped)")
+
+    def _unanswered(self, timeout: float) -> _errors.DeadlineExceeded:
+        """close()'s error when GEMMs are still unanswered after timeout seconds."""
+        return _errors.DeadlineExceeded(
+            f"{self._outstanding} GEMMs still unanswered after {timeout:g} s")
+
+    def _cancel_call(self) -> None:
+        """cancel()'s start: marks the session cancelled and cancels the open call."""
+        with self._lock:
+            self._closing = self._cancelled = True
+            call = self._call
+        if call is not None:
+            call.cancel()
+
+    # The stream. REQUIRES for each: self._lock held.
+    def _write(self, pending: Pending) -> None:
+        if self._queue is None:
+            self._open()
+        i = self._book.add(pending)
+        self._queue.put_nowait(pending.spec.stream_messages(i, self._config.chunk_bytes))
+
+    def _end_stream(self) -> None:
+        if self._queue is not None:
+            self._queue.put_nowait(None)
+            self._queue = self._call = None
+
+    def _stub(self):
+        return self._client._calls.routes.stub(self._replica or "")
+
+    # The reader's side.
+    def _answered(self, call, message) -> bool:
+        """Takes one answer; False once the server broke the protocol (the call is cancelled)."""
+        with self._lock:
+            finished, retry = self._book.consume(message)
+            broken = self._book.protocol_error is not None
+        self._settle(finished, retry)
+        if broken:
+            call.cancel()
+        return not broken
+
+    def _unreachable(self, e: grpc.RpcError) -> _errors.Error:
+        return explain_unreachable(_errors.from_rpc_error(e), self._replica or "")
+
+    def _ended(self, q, err: Optional[_errors.Error]):
+        """The stream of request queue q is over (err None: it ended cleanly); returns what
+        becomes of the GEMMs it left, (finished, retry) for _settle."""
+        with self._lock:
+            if self._queue is q:
+                self._end_stream()
+            else:
+                q.put_nowait(None)  # already ended: this lets the writer finish
+            if self._cancelled:
+                err = _errors.Cancelled("the stream was cancelled")
+            return self._book.ended(err)
+
+    def _settle(self, finished, retry) -> None:
+        for pending, outcome in finished:
+            self._deliver(pending, outcome)
+        for pending, delay in retry:
+            self._later(delay, self._again, pending)
+
+    def _again(self, pending: Pending) -> None:
+        with self._lock:
+            if self._cancelled:
+                failure = _errors.Cancelled("the stream was cancelled")
+            else:
+                try:
+                    self._write(pending)
+                    return
+                except ValueError as e:  # gRPC: the client's channel is closed
+                    failure = _errors.Cancelled(str(e))
+        self._deliver(pending, failure)
+
+    def _deliver(self, pending: Pending, outcome) -> None:
+        try:
+            result = streamed_result(self._client, pending.spec, outcome, pending.details,
+                                     pending.as_torch, pending.started)
+        except Exception as e:  # e.g. as_torch without torch: the caller's, not the reader's
+            result = e
+        if not pending.future.done():  # an asyncio future may have been cancelled
+            if isinstance(result, Exception):
+                pending.future.set_exception(result)
+            else:
+                pending.future.set_result(result)
+        with self._lock:
+            self._outstanding -= 1
+            if self._outstanding == 0:
+                self._now_idle()
