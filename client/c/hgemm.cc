@@ -1,0 +1,421 @@
+// The C ABI of client/c/hgemm.h over GemmClient (client/gemm_client.h): each function turns its
+// arguments into a request and CallOptions, makes the call, and turns the grpc::Status into
+// *code and *errptr. No exception leaves an extern "C" function.
+#include "client/c/hgemm.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <new>
+#include <string>
+#include <vector>
+
+#include "client/gemm_client.h"
+
+struct hgemm_client_options_t {
+  hgemm::ConnectOptions connect;
+  hgemm::CallOptions call;
+};
+
+struct hgemm_client_t {
+  hgemm::GemmClient client;
+  hgemm::CallOptions defaults;  // timeout, chunk size, unary limit, client id, traceparent
+};
+
+struct hgemm_gemm_options_t {
+  std::string kernel = "auto";
+  int accumulation = HGEMM_ACCUMULATION_DEFAULT;
+  std::string request_id;
+  std::string a_handle;
+  std::string b_handle;
+  int mode = HGEMM_MODE_AUTO;
+  int64_t timeout_ms = -1;  // < 0: the client's
+};
+
+struct hgemm_call_options_t {
+  int64_t timeout_ms = -1;  // < 0: the client's
+  std::string replica;
+};
+
+struct hgemm_server_info_t {
+  hgemm::v1::ServerInfo proto;
+};
+
+namespace {
+
+constexpr const char* kStatusNames[] = {
+    "OK",          "CANCELLED",         "UNKNOWN",           "INVALID_ARGUMENT",
+    "DEADLINE_EXCEEDED", "NOT_FOUND",   "ALREADY_EXISTS",    "PERMISSION_DENIED",
+    "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION", "ABORTED",  "OUT_OF_RANGE",
+    "UNIMPLEMENTED", "INTERNAL",        "UNAVAILABLE",       "DATA_LOSS",
+    "UNAUTHENTICATED"};
+
+char* CopyString(const std::string& s) {
+  char* out = static_cast<char*>(std::malloc(s.size() + 1));
+  if (out != nullptr) std::memcpy(out, s.c_str(), s.size() + 1);
+  return out;
+}
+
+// *code and *errptr for `status` (leveldb's SaveError, with the code). True if it failed.
+bool SaveStatus(const grpc::Status& status, int* code, char** errptr) {
+  *code = status.error_code();
+  if (status.ok()) return false;
+  std::free(*errptr);
+  *errptr = CopyString(status.error_message());
+  return true;
+}
+
+bool Fail(grpc::StatusCode code, const std::string& message, int* out_code, char** errptr) {
+  return SaveStatus(grpc::Status(code, message), out_code, errptr);
+}
+
+// The exception a C++ call threw, as a status (none escapes into C).
+void SaveException(int* code, char** errptr) {
+  try {
+    throw;
+  } catch (const std::bad_alloc&) {
+    Fail(grpc::StatusCode::RESOURCE_EXHAUSTED, "out of memory in libhgemm_client", code, errptr);
+  } catch (const std::exception& e) {
+    Fail(grpc::StatusCode::INTERNAL, e.what(), code, errptr);
+  } catch (...) {
+    Fail(grpc::StatusCode::INTERNAL, "unknown exception in libhgemm_client", code, errptr);
+  }
+}
+
+// The client's CallOptions with a call's timeout (< 0: the client's) and replica.
+hgemm::CallOptions CallOptionsOf(const hgemm_client_t* client, int64_t timeout_ms,
+                                 const std::string& replica) {
+  hgemm::CallOptions options = client->defaults;
+  if (timeout_ms >= 0) options.timeout = std::chrono::milliseconds(timeout_ms);
+  options.replica = replica;
+  return options;
+}
+
+hgemm::CallOptions CallOptionsOf(const hgemm_client_t* client, const hgemm_call_options_t* call) {
+  return call == nullptr ? CallOptionsOf(client, -1, "")
+                         : CallOptionsOf(client, call->timeout_ms, call->replica);
+}
+
+// `s` into dst[N], cut off to fit.
+template <size_t N>
+void CopyInto(char (&dst)[N], const std::string& s) {
+  const size_t n = std::min(s.size(), N - 1);
+  std::memcpy(dst, s.data(), n);
+  dst[n] = '\0';
+}
+
+void FillInfo(const hgemm::v1::GemmResponse& response, bool streamed, hgemm_gemm_info_t* info) {
+  const hgemm::v1::Timing& t = response.timing();
+  const hgemm::v1::Execution& e = response.execution();
+  info->queue_wait_ms = t.queue_wait_ms();
+  info->host_to_device_ms = t.host_to_device_ms();
+  info->kernel_ms = t.kernel_ms();
+  info->device_to_host_ms = t.device_to_host_ms();
+  info->server_total_ms = t.server_total_ms();
+  info->tflops = t.tflops();
+  CopyInto(info->kernel, e.kernel());
+  info->accumulation = e.accumulation();
+  CopyInto(info->backend, e.backend());
+  info->device_id = e.device_id();
+  CopyInto(info->device_name, e.device_name());
+  info->stream_id = e.stream_id();
+  CopyInto(info->request_id, response.request_id());
+  info->streamed = streamed ? 1 : 0;
+}
+
+// The checks made before anything is sent: operand and C sizes against m, n, k.
+grpc::Status CheckSizes(uint32_t m, uint32_t n, uint32_t k, const void* a, size_t a_bytes,
+                        const void* b, size_t b_bytes, size_t c_capacity, bool a_by_handle,
+                        bool b_by_handle) {
+  auto bad = [](const std::string& message) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, message);
+  };
+  // uint32 dimensions: 2·m·k < 2^65 only fits unsigned __int128; 2^64 bytes are never passed.
+  const unsigned __int128 a_want = 2 * static_cast<unsigned __int128>(m) * k;
+  const unsigned __int128 b_want = 2 * static_cast<unsigned __int128>(k) * n;
+  const unsigned __int128 c_want = 2 * static_cast<unsigned __int128>(m) * n;
+  if (a_by_handle ? a != nullptr || a_bytes != 0 : a_bytes != a_want || (a == nullptr && a_bytes)) {
+    return bad(a_by_handle ? "a: pass NULL and 0 bytes for an A given by handle"
+                           : fmt::format("a_bytes is {}; an {}x{} fp16 A is {} bytes", a_bytes, m,
+                                         k, static_cast<uint64_t>(a_want)));
+  }
+  if (b_by_handle ? b != nullptr || b_bytes != 0 : b_bytes != b_want || (b == nullptr && b_bytes)) {
+    return bad(b_by_handle ? "b: pass NULL and 0 bytes for a B given by handle"
+                           : fmt::format("b_bytes is {}; a {}x{} fp16 B is {} bytes", b_bytes, k,
+                                         n, static_cast<uint64_t>(b_want)));
+  }
+  if (c_capacity < c_want) {
+    return bad(fmt::format("c_capacity is {} bytes; an {}x{} fp16 C needs {} (nothing was sent)",
+                           c_capacity, m, n, static_cast<uint64_t>(c_want)));
+  }
+  return grpc::Status::OK;
+}
+
+}  // namespace
+
+extern "C" {
+
+int hgemm_abi_version(void) { return HGEMM_ABI_VERSION; }
+
+const char* hgemm_status_name(int code) {
+  constexpr int kCount = sizeof(kStatusNames) / sizeof(kStatusNames[0]);
+  return code >= 0 && code < kCount ? kStatusNames[code] : "UNKNOWN";
+}
+
+void hgemm_free(void* ptr) { std::free(ptr); }
+
+// Client options.
+hgemm_client_options_t* hgemm_client_options_create(void) {
+  return new (std::nothrow) hgemm_client_options_t;
+}
+void hgemm_client_options_destroy(hgemm_client_options_t* options) { delete options; }
+void hgemm_client_options_set_tls(hgemm_client_options_t* options, unsigned char on) {
+  options->connect.tls = on != 0;
+}
+void hgemm_client_options_set_tls_ca(hgemm_client_options_t* options, const char* path) {
+  options->connect.tls_ca = path;
+}
+void hgemm_client_options_set_tls_cert(hgemm_client_options_t* options, const char* path) {
+  options->connect.tls_cert = path;
+}
+void hgemm_client_options_set_tls_key(hgemm_client_options_t* options, const char* path) {
+  options->connect.tls_key = path;
+}
+void hgemm_client_options_set_tls_server_name(hgemm_client_options_t* options, const char* name) {
+  options->connect.tls_server_name = name;
+}
+void hgemm_client_options_set_token(hgemm_client_options_t* options, const char* token) {
+  options->connect.token = token;
+}
+void hgemm_client_options_set_client_id(hgemm_client_options_t* options, const char* client_id) {
+  options->call.client_id = client_id;
+}
+void hgemm_client_options_set_traceparent(hgemm_client_options_t* options,
+                                          const char* traceparent) {
+  options->call.traceparent = traceparent;
+}
+void hgemm_client_options_set_timeout_ms(hgemm_client_options_t* options, int64_t timeout_ms) {
+  options->call.timeout = std::chrono::milliseconds(timeout_ms);
+}
+void hgemm_client_options_set_chunk_bytes(hgemm_client_options_t* options, int64_t chunk_bytes) {
+  options->call.chunk_bytes = chunk_bytes;
+}
+void hgemm_client_options_set_unary_limit_bytes(hgemm_client_options_t* options,
+                                                int64_t unary_limit_bytes) {
+  options->call.unary_limit_bytes = unary_limit_bytes;
+}
+
+// The client.
+hgemm_client_t* hgemm_client_create(const char* target, const hgemm_client_options_t* options,
+                                    int* code, char** errptr) {
+  const hgemm_client_options_t defaults;
+  if (options == nullptr) options = &defaults;
+  if (options->call.chunk_bytes < 1) {
+    Fail(grpc::StatusCode::INVALID_ARGUMENT, "chunk_bytes must be at least 1", code, errptr);
+    return nullptr;
+  }
+  try {
+    auto* client = new hgemm_client_t{hgemm::GemmClient(target, options->connect), options->call};
+    *code = HGEMM_OK;
+    return client;
+  } catch (const std::runtime_error& e) {  // Connect(): a TLS file, or a cert without its key
+    Fail(grpc::StatusCode::INVALID_ARGUMENT, e.what(), code, errptr);
+  } catch (...) {
+    SaveException(code, errptr);
+  }
+  return nullptr;
+}
+
+void hgemm_client_destroy(hgemm_client_t* client) { delete client; }
+
+// GEMM options.
+hgemm_gemm_options_t* hgemm_gemm_options_create(void) {
+  return new (std::nothrow) hgemm_gemm_options_t;
+}
+void hgemm_gemm_options_destroy(hgemm_gemm_options_t* options) { delete options; }
+void hgemm_gemm_options_set_kernel(hgemm_gemm_options_t* options, const char* kernel) {
+  options->kernel = kernel;
+}
+void hgemm_gemm_options_set_accumulation(hgemm_gemm_options_t* options, int accumulation) {
+  options->accumulation = accumulation;
+}
+void hgemm_gemm_options_set_request_id(hgemm_gemm_options_t* options, const char* request_id) {
+  options->request_id = request_id;
+}
+void hgemm_gemm_options_set_mode(hgemm_gemm_options_t* options, int mode) { options->mode = mode; }
+void hgemm_gemm_options_set_a_handle(hgemm_gemm_options_t* options, const char* handle) {
+  options->a_handle = handle;
+}
+void hgemm_gemm_options_set_b_handle(hgemm_gemm_options_t* options, const char* handle) {
+  options->b_handle = handle;
+}
+void hgemm_gemm_options_set_timeout_ms(hgemm_gemm_options_t* options, int64_t timeout_ms) {
+  options->timeout_ms = timeout_ms;
+}
+
+// Call options.
+hgemm_call_options_t* hgemm_call_options_create(void) {
+  return new (std::nothrow) hgemm_call_options_t;
+}
+void hgemm_call_options_destroy(hgemm_call_options_t* options) { delete options; }
+void hgemm_call_options_set_timeout_ms(hgemm_call_options_t* options, int64_t timeout_ms) {
+  options->timeout_ms = timeout_ms;
+}
+void hgemm_call_options_set_replica(hgemm_call_options_t* options, const char* replica) {
+  options->replica = replica;
+}
+
+// Calls.
+void hgemm_gemm(hgemm_client_t* client, const hgemm_gemm_options_t* options, uint32_t m,
+                uint32_t n, uint32_t k, const void* a, size_t a_bytes, const void* b,
+                size_t b_bytes, void* c, size_t c_capacity, hgemm_gemm_info_t* info, int* code,
+                char** errptr) {
+  try {
+    const hgemm_gemm_options_t defaults;
+    if (options == nullptr) options = &defaults;
+    if (SaveStatus(CheckSizes(m, n, k, a, a_bytes, b, b_bytes, c_capacity,
+                              !options->a_handle.empty(), !options->b_handle.empty()),
+                   code, errptr)) {
+      return;
+    }
+    hgemm::v1::GemmRequest request;
+    request.set_m(m);
+    request.set_n(n);
+    request.set_k(k);
+    request.mutable_options()->set_kernel(options->kernel);
+    request.mutable_options()->set_accumulation(
+        static_cast<hgemm::v1::Accumulation>(options->accumulation));
+    request.mutable_options()->set_request_id(options->request_id);
+    if (options->a_handle.empty()) {
+      request.set_a(a, a_bytes);
+    } else {
+      request.set_a_handle(options->a_handle);
+    }
+    if (options->b_handle.empty()) {
+      request.set_b(b, b_bytes);
+    } else {
+      request.set_b_handle(options->b_handle);
+    }
+    const hgemm::CallOptions call = CallOptionsOf(client, options->timeout_ms, "");
+    const bool streamed = options->mode == HGEMM_MODE_STREAM ||
+                          (options->mode == HGEMM_MODE_AUTO &&
+                           hgemm::GemmClient::ShouldStream(request, call));
+    hgemm::v1::GemmResponse response;
+    grpc::Status status;
+    if (streamed) {
+      std::vector<hgemm::StreamedGemm> results;
+      status = client->client.GemmStream({&request}, &results, call);
+      if (status.ok()) {
+        status = results[0].status;
+        response = std::move(results[0].response);
+      }
+    } else {
+      status = client->client.Gemm(request, &response, call);
+    }
+    if (SaveStatus(status, code, errptr)) return;
+    const size_t c_bytes = 2 * size_t{m} * n;
+    if (response.c().size() != c_bytes) {
+      Fail(grpc::StatusCode::INTERNAL,
+           fmt::format("the server sent {} bytes of C; {}x{} fp16 is {}", response.c().size(), m,
+                       n, c_bytes),
+           code, errptr);
+      return;
+    }
+    std::memcpy(c, response.c().data(), c_bytes);
+    if (info != nullptr) FillInfo(response, streamed, info);
+  } catch (...) {
+    SaveException(code, errptr);
+  }
+}
+
+char* hgemm_upload(hgemm_client_t* client, const hgemm_call_options_t* options, uint32_t rows,
+                   uint32_t cols, const void* data, size_t data_bytes, uint32_t ttl_seconds,
+                   const char* label, hgemm_matrix_info_t* info, int* code, char** errptr) {
+  try {
+    if (data_bytes != 2 * static_cast<unsigned __int128>(rows) * cols ||
+        (data == nullptr && data_bytes != 0)) {
+      Fail(grpc::StatusCode::INVALID_ARGUMENT,
+           fmt::format("data_bytes is {}; a {}x{} fp16 matrix is {} bytes", data_bytes, rows, cols,
+                       2 * uint64_t{rows} * cols),
+           code, errptr);
+      return nullptr;
+    }
+    hgemm::v1::MatrixInfo matrix;
+    const std::string bytes(static_cast<const char*>(data), data_bytes);
+    if (SaveStatus(client->client.UploadMatrix(rows, cols, bytes, &matrix, ttl_seconds, label,
+                                               CallOptionsOf(client, options)),
+                   code, errptr)) {
+      return nullptr;
+    }
+    if (info != nullptr) {
+      *info = hgemm_matrix_info_t{matrix.rows(), matrix.cols(), matrix.bytes(),
+                                  matrix.device_id(), matrix.ttl_seconds()};
+    }
+    return CopyString(matrix.handle());
+  } catch (...) {
+    SaveException(code, errptr);
+  }
+  return nullptr;
+}
+
+uint64_t hgemm_release(hgemm_client_t* client, const hgemm_call_options_t* options,
+                       const char* handle, int* code, char** errptr) {
+  try {
+    uint64_t freed = 0;
+    if (SaveStatus(client->client.ReleaseMatrix(handle, CallOptionsOf(client, options), &freed),
+                   code, errptr)) {
+      return 0;
+    }
+    return freed;
+  } catch (...) {
+    SaveException(code, errptr);
+  }
+  return 0;
+}
+
+hgemm_server_info_t* hgemm_server_info(hgemm_client_t* client,
+                                       const hgemm_call_options_t* options, int* code,
+                                       char** errptr) {
+  try {
+    auto info = std::make_unique<hgemm_server_info_t>();
+    if (SaveStatus(client->client.GetServerInfo(&info->proto, CallOptionsOf(client, options)),
+                   code, errptr)) {
+      return nullptr;
+    }
+    return info.release();
+  } catch (...) {
+    SaveException(code, errptr);
+  }
+  return nullptr;
+}
+
+void hgemm_server_info_destroy(hgemm_server_info_t* info) { delete info; }
+const char* hgemm_server_info_version(const hgemm_server_info_t* info) {
+  return info->proto.version().c_str();
+}
+const char* hgemm_server_info_backend(const hgemm_server_info_t* info) {
+  return info->proto.backend().c_str();
+}
+const char* hgemm_server_info_replica(const hgemm_server_info_t* info) {
+  return info->proto.replica().c_str();
+}
+int hgemm_server_info_device_count(const hgemm_server_info_t* info) {
+  return info->proto.devices_size();
+}
+const char* hgemm_server_info_device_name(const hgemm_server_info_t* info, int i) {
+  return info->proto.devices(i).name().c_str();
+}
+uint64_t hgemm_server_info_device_memory_bytes(const hgemm_server_info_t* info, int i) {
+  return info->proto.devices(i).memory_bytes();
+}
+uint64_t hgemm_server_info_max_message_bytes(const hgemm_server_info_t* info) {
+  return info->proto.limits().max_message_bytes();
+}
+uint64_t hgemm_server_info_max_elements_per_matrix(const hgemm_server_info_t* info) {
+  return info->proto.limits().max_elements_per_matrix();
+}
+
+}  // extern "C"

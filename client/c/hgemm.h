@@ -1,0 +1,273 @@
+/* hgemm.h: the stable C ABI of the hgemm-serve client (libhgemm_client.so), over the C++ client
+ * library (client/gemm_client.h). What Python (hgemm, through ctypes) and any other language
+ * binds.
+ *
+ * Conventions (those of leveldb's include/leveldb/c.h):
+ *  - Objects are opaque struct pointers, each made by a *_create function and freed by its
+ *    *_destroy. Options are set one setter at a time, so they can grow without breaking callers.
+ *  - Buffers are a pointer plus a length in bytes; strings are NUL-terminated UTF-8.
+ *  - Every pointer argument is non-NULL unless its comment says it may be NULL.
+ *  - Errors: a function that can fail takes `int* code, char** errptr` last. On success *code is
+ *    0 (HGEMM_OK) and *errptr is left alone; on failure *code is the gRPC status code (the
+ *    HGEMM_* values below; hgemm_status_name() names it) and *errptr a malloc()ed message, any
+ *    message already there being freed first. Callers start with *errptr = NULL and free the
+ *    message with hgemm_free().
+ *  - unsigned char stands for a bool.
+ *  - Strings and buffers the library returns are malloc()ed and owned by the caller
+ *    (hgemm_free()); buffers the caller passes in stay the caller's and are not kept past the
+ *    call.
+ *
+ * Thread safety: an hgemm_client_t may be used from many threads at once (each call is
+ * independent, and blocks only its own thread); an options object may be read by many calls at
+ * once but must not be changed meanwhile.
+ *
+ * Symbols: the library exports only the hgemm_* functions (built with -fvisibility=hidden and a
+ * linker version script), so it can be loaded next to another copy of gRPC or protobuf (e.g.
+ * grpcio's, in a Python process) without either one's symbols binding to the other's.
+ *
+ * ABI version: HGEMM_ABI_VERSION, raised on any incompatible change; hgemm_abi_version() is the
+ * library's, to be checked by a binding at load time.
+ */
+#ifndef HGEMM_CLIENT_C_HGEMM_H_
+#define HGEMM_CLIENT_C_HGEMM_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(__GNUC__)
+#define HGEMM_EXPORT __attribute__((visibility("default")))
+#else
+#define HGEMM_EXPORT
+#endif
+
+#define HGEMM_ABI_VERSION 1
+
+/* gRPC status codes (grpc::StatusCode), as *code reports them. */
+enum {
+  HGEMM_OK = 0,
+  HGEMM_CANCELLED = 1,
+  HGEMM_UNKNOWN = 2,
+  HGEMM_INVALID_ARGUMENT = 3,
+  HGEMM_DEADLINE_EXCEEDED = 4,
+  HGEMM_NOT_FOUND = 5,
+  HGEMM_ALREADY_EXISTS = 6,
+  HGEMM_PERMISSION_DENIED = 7,
+  HGEMM_RESOURCE_EXHAUSTED = 8,
+  HGEMM_FAILED_PRECONDITION = 9,
+  HGEMM_ABORTED = 10,
+  HGEMM_OUT_OF_RANGE = 11,
+  HGEMM_UNIMPLEMENTED = 12,
+  HGEMM_INTERNAL = 13,
+  HGEMM_UNAVAILABLE = 14,
+  HGEMM_DATA_LOSS = 15,
+  HGEMM_UNAUTHENTICATED = 16
+};
+
+/* GemmOptions.accumulation (proto/hgemm.proto). */
+enum {
+  HGEMM_ACCUMULATION_DEFAULT = 0, /* the server's default (fp32) */
+  HGEMM_ACCUMULATION_FP16 = 1,
+  HGEMM_ACCUMULATION_FP32 = 2
+};
+
+/* How a GEMM travels. */
+enum {
+  HGEMM_MODE_AUTO = 0,   /* unary up to the client's unary_limit_bytes, else a GemmStream */
+  HGEMM_MODE_UNARY = 1,  /* one Gemm call */
+  HGEMM_MODE_STREAM = 2  /* a one-GEMM GemmStream, operands in chunks */
+};
+
+typedef struct hgemm_client_options_t hgemm_client_options_t;
+typedef struct hgemm_client_t hgemm_client_t;
+typedef struct hgemm_gemm_options_t hgemm_gemm_options_t;
+typedef struct hgemm_call_options_t hgemm_call_options_t;
+typedef struct hgemm_server_info_t hgemm_server_info_t;
+
+/* What the server reports of one GEMM: proto Timing and Execution. Strings longer than their
+ * array are cut off (always NUL-terminated). */
+typedef struct hgemm_gemm_info_t {
+  double queue_wait_ms;
+  double host_to_device_ms;
+  double kernel_ms;
+  double device_to_host_ms;
+  double server_total_ms;
+  double tflops;
+  char kernel[128];     /* the variant that ran (never "auto") */
+  int accumulation;     /* HGEMM_ACCUMULATION_* */
+  char backend[16];     /* "cuda" or "cpu" */
+  int device_id;        /* -1 on the CPU backend */
+  char device_name[128];
+  int stream_id;
+  char request_id[128];
+  unsigned char streamed; /* 1 if it went on a GemmStream, 0 if unary */
+} hgemm_gemm_info_t;
+
+/* A resident matrix as the server describes it (proto MatrixInfo, but for its handle). */
+typedef struct hgemm_matrix_info_t {
+  uint32_t rows;
+  uint32_t cols;
+  uint64_t bytes;
+  int device_id; /* -1 on the CPU backend */
+  double ttl_seconds;
+} hgemm_matrix_info_t;
+
+/* The library. */
+
+/* The ABI version of the loaded library (HGEMM_ABI_VERSION of the header it was built with). */
+HGEMM_EXPORT int hgemm_abi_version(void);
+/* The name of a status code ("NOT_FOUND"); "UNKNOWN" for a code outside 0..16. Static storage. */
+HGEMM_EXPORT const char* hgemm_status_name(int code);
+/* Frees what the library returned (messages, handles). ptr may be NULL. */
+HGEMM_EXPORT void hgemm_free(void* ptr);
+
+/* Client options: how hgemm_client_create() connects, and defaults of its calls. */
+
+/* Defaults: plaintext, no token, no timeout, 1 MiB chunks, unary up to 3 MiB of A + B or C. */
+HGEMM_EXPORT hgemm_client_options_t* hgemm_client_options_create(void);
+HGEMM_EXPORT void hgemm_client_options_destroy(hgemm_client_options_t* options);
+/* TLS with the system's root certificates; implied by any of the paths below. */
+HGEMM_EXPORT void hgemm_client_options_set_tls(hgemm_client_options_t* options, unsigned char on);
+/* PEM file of the CA that signed the server's certificate ("": the system's roots). */
+HGEMM_EXPORT void hgemm_client_options_set_tls_ca(hgemm_client_options_t* options,
+                                                  const char* path);
+/* PEM files of the client's certificate and key, for mutual TLS (both or neither). */
+HGEMM_EXPORT void hgemm_client_options_set_tls_cert(hgemm_client_options_t* options,
+                                                    const char* path);
+HGEMM_EXPORT void hgemm_client_options_set_tls_key(hgemm_client_options_t* options,
+                                                   const char* path);
+/* The name the server's certificate must carry, if not the target's host. */
+HGEMM_EXPORT void hgemm_client_options_set_tls_server_name(hgemm_client_options_t* options,
+                                                           const char* name);
+/* Sent as "authorization: Bearer TOKEN" on every call ("": none). */
+HGEMM_EXPORT void hgemm_client_options_set_token(hgemm_client_options_t* options,
+                                                 const char* token);
+/* Sent as "x-client-id" on every call: the owner of resident matrices ("": the peer address). */
+HGEMM_EXPORT void hgemm_client_options_set_client_id(hgemm_client_options_t* options,
+                                                     const char* client_id);
+/* Sent as "traceparent" on every call (W3C trace context; "": none). */
+HGEMM_EXPORT void hgemm_client_options_set_traceparent(hgemm_client_options_t* options,
+                                                       const char* traceparent);
+/* The deadline of every call that sets none of its own, in milliseconds (0: none). */
+HGEMM_EXPORT void hgemm_client_options_set_timeout_ms(hgemm_client_options_t* options,
+                                                      int64_t timeout_ms);
+/* The size of the chunks streamed operands and uploads are sent in (default 1 MiB). REQUIRES:
+ * chunk_bytes >= 1. */
+HGEMM_EXPORT void hgemm_client_options_set_chunk_bytes(hgemm_client_options_t* options,
+                                                       int64_t chunk_bytes);
+/* HGEMM_MODE_AUTO: a GEMM whose A + B bytes or C bytes pass this goes on a GemmStream. */
+HGEMM_EXPORT void hgemm_client_options_set_unary_limit_bytes(hgemm_client_options_t* options,
+                                                             int64_t unary_limit_bytes);
+
+/* The client. */
+
+/* A client of the server (or replicas) at `target` ("127.0.0.1:50051", "dns:///svc:50051",
+ * "ipv4:H:P1,H:P2"), connecting as `options` say (NULL: the defaults); the options are copied.
+ * The connection is made at the first call, so an unreachable server fails that call
+ * (UNAVAILABLE), not this one. Fails with INVALID_ARGUMENT when a TLS file cannot be read or
+ * only one of cert and key is set; returns NULL then. Free with hgemm_client_destroy(). */
+HGEMM_EXPORT hgemm_client_t* hgemm_client_create(const char* target,
+                                                 const hgemm_client_options_t* options,
+                                                 int* code, char** errptr);
+/* Frees the client and closes its channels. REQUIRES: no call of it is running. */
+HGEMM_EXPORT void hgemm_client_destroy(hgemm_client_t* client);
+
+/* GEMM options (hgemm_gemm()). */
+
+/* Defaults: kernel "auto", the server's accumulation, no request id, HGEMM_MODE_AUTO, A and B
+ * sent (no handles), the client's timeout. */
+HGEMM_EXPORT hgemm_gemm_options_t* hgemm_gemm_options_create(void);
+HGEMM_EXPORT void hgemm_gemm_options_destroy(hgemm_gemm_options_t* options);
+/* "auto" or a name from ListKernels. */
+HGEMM_EXPORT void hgemm_gemm_options_set_kernel(hgemm_gemm_options_t* options, const char* kernel);
+/* HGEMM_ACCUMULATION_*. */
+HGEMM_EXPORT void hgemm_gemm_options_set_accumulation(hgemm_gemm_options_t* options,
+                                                      int accumulation);
+/* Echoed in the response and the server's log lines ("": the server makes one). */
+HGEMM_EXPORT void hgemm_gemm_options_set_request_id(hgemm_gemm_options_t* options,
+                                                    const char* request_id);
+/* HGEMM_MODE_*. */
+HGEMM_EXPORT void hgemm_gemm_options_set_mode(hgemm_gemm_options_t* options, int mode);
+/* A (or B) is the resident matrix `handle` instead of bytes ("": bytes, the default). The GEMM
+ * goes to the replica that holds it. */
+HGEMM_EXPORT void hgemm_gemm_options_set_a_handle(hgemm_gemm_options_t* options,
+                                                  const char* handle);
+HGEMM_EXPORT void hgemm_gemm_options_set_b_handle(hgemm_gemm_options_t* options,
+                                                  const char* handle);
+/* This GEMM's deadline in milliseconds (0: none; default: the client's). */
+HGEMM_EXPORT void hgemm_gemm_options_set_timeout_ms(hgemm_gemm_options_t* options,
+                                                    int64_t timeout_ms);
+
+/* Options of the other calls (upload, release, server info). */
+
+/* Defaults: the client's timeout, balanced over the target. */
+HGEMM_EXPORT hgemm_call_options_t* hgemm_call_options_create(void);
+HGEMM_EXPORT void hgemm_call_options_destroy(hgemm_call_options_t* options);
+/* The call's deadline in milliseconds (0: none; default: the client's). */
+HGEMM_EXPORT void hgemm_call_options_set_timeout_ms(hgemm_call_options_t* options,
+                                                    int64_t timeout_ms);
+/* The replica (an address, as a handle names it) the call goes to ("": balanced). */
+HGEMM_EXPORT void hgemm_call_options_set_replica(hgemm_call_options_t* options,
+                                                 const char* replica);
+
+/* Calls. Each blocks the calling thread until the call is over. */
+
+/* C = A·B: A is m×k, B k×n, C m×n, fp16, row-major, dense, little-endian. Unary or streamed as
+ * the options' mode says. a (a_bytes = 2·m·k) and b (b_bytes = 2·k·n) are read during the call
+ * only; an operand named by handle (options) passes NULL and 0. C is written into c, of
+ * c_capacity bytes, which must hold 2·m·n; info (may be NULL) gets the timing and execution.
+ * options may be NULL (the defaults).
+ * Errors: INVALID_ARGUMENT, before anything is sent, when a_bytes or b_bytes is not what m, n,
+ * k say or c_capacity is less than 2·m·n (nothing is written to c); otherwise the server's
+ * status (INVALID_ARGUMENT for a dimension of 0, NOT_FOUND for an unknown handle, ...) or
+ * gRPC's (UNAVAILABLE when the server cannot be reached, DEADLINE_EXCEEDED). On failure c may
+ * have been partly written (within c_capacity). */
+HGEMM_EXPORT void hgemm_gemm(hgemm_client_t* client, const hgemm_gemm_options_t* options,
+                             uint32_t m, uint32_t n, uint32_t k, const void* a, size_t a_bytes,
+                             const void* b, size_t b_bytes, void* c, size_t c_capacity,
+                             hgemm_gemm_info_t* info, int* code, char** errptr);
+
+/* Uploads a rows×cols fp16 matrix (data: 2·rows·cols bytes) to keep on the server. ttl_seconds:
+ * seconds after its last use at which the server frees it (0: the server's default). label:
+ * free-form, shown by ListMatrices ("": none). info (may be NULL) gets what the server says of
+ * it; options may be NULL. Returns its handle (malloc()ed; hgemm_free()), or NULL on failure:
+ * INVALID_ARGUMENT when data_bytes is not 2·rows·cols, else the server's status
+ * (RESOURCE_EXHAUSTED over the quota, ...). */
+HGEMM_EXPORT char* hgemm_upload(hgemm_client_t* client, const hgemm_call_options_t* options,
+                                uint32_t rows, uint32_t cols, const void* data, size_t data_bytes,
+                                uint32_t ttl_seconds, const char* label, hgemm_matrix_info_t* info,
+                                int* code, char** errptr);
+
+/* Frees the resident matrix `handle` (on the replica it names). Returns the bytes freed; 0 on
+ * failure (NOT_FOUND if it does not exist, PERMISSION_DENIED if it is another client's).
+ * options may be NULL. */
+HGEMM_EXPORT uint64_t hgemm_release(hgemm_client_t* client, const hgemm_call_options_t* options,
+                                    const char* handle, int* code, char** errptr);
+
+/* GetServerInfo of the replica the call reaches (options may be NULL). Returns NULL on failure.
+ * Free with hgemm_server_info_destroy(). */
+HGEMM_EXPORT hgemm_server_info_t* hgemm_server_info(hgemm_client_t* client,
+                                                    const hgemm_call_options_t* options,
+                                                    int* code, char** errptr);
+HGEMM_EXPORT void hgemm_server_info_destroy(hgemm_server_info_t* info);
+/* Its fields. Strings live as long as `info`. */
+HGEMM_EXPORT const char* hgemm_server_info_version(const hgemm_server_info_t* info);
+HGEMM_EXPORT const char* hgemm_server_info_backend(const hgemm_server_info_t* info); /* cuda|cpu */
+/* The replica's advertised address ("": a single server). */
+HGEMM_EXPORT const char* hgemm_server_info_replica(const hgemm_server_info_t* info);
+HGEMM_EXPORT int hgemm_server_info_device_count(const hgemm_server_info_t* info);
+/* Device i's name ("NVIDIA H200") and memory. REQUIRES: 0 <= i < device_count. */
+HGEMM_EXPORT const char* hgemm_server_info_device_name(const hgemm_server_info_t* info, int i);
+HGEMM_EXPORT uint64_t hgemm_server_info_device_memory_bytes(const hgemm_server_info_t* info, int i);
+/* Limits: the largest message the server accepts, and the elements of one matrix. */
+HGEMM_EXPORT uint64_t hgemm_server_info_max_message_bytes(const hgemm_server_info_t* info);
+HGEMM_EXPORT uint64_t hgemm_server_info_max_elements_per_matrix(const hgemm_server_info_t* info);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* HGEMM_CLIENT_C_HGEMM_H_ */

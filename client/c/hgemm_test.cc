@@ -1,0 +1,261 @@
+// The C ABI (hgemm.h) driven through libhgemm_client.so, as a binding would, against a real
+// hgemm_server (CPU backend) run as a child process on 127.0.0.1: results against the fp32
+// reference, errors with their codes, many threads on one client, a C buffer that is too small.
+#include "client/c/hgemm.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "kernels/host/cpu_gemm.h"
+#include "kernels/host/error_stats.h"
+#include "server/testing/child_process.h"
+
+namespace {
+
+using hgemm::subprocess::ChildProcess;
+
+constexpr uint16_t kPoison = 0x7e00;  // an fp16 NaN: any value left unwritten fails the check
+
+// Frees an hgemm_* error message at the end of a scope.
+struct Error {
+  int code = -1;
+  char* message = nullptr;
+  ~Error() { hgemm_free(message); }
+  std::string text() const { return message == nullptr ? "" : message; }
+};
+
+class HgemmC : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    address_ = new std::string("127.0.0.1:" + std::to_string(hgemm::subprocess::FreePort()));
+    server_ = new ChildProcess(hgemm::subprocess::RunfilePath("server/hgemm_server"),
+                               {"--backend=cpu", "--cpu_workers=2", "--listen=" + *address_});
+  }
+  static void TearDownTestSuite() {
+    delete server_;
+    delete address_;
+  }
+
+  void SetUp() override {
+    Error e;
+    client_ = hgemm_client_create(address_->c_str(), nullptr, &e.code, &e.message);
+    ASSERT_NE(client_, nullptr) << e.text();
+    // The server is up once GetServerInfo answers.
+    hgemm_call_options_t* call = hgemm_call_options_create();
+    hgemm_call_options_set_timeout_ms(call, 500);
+    for (int tries = 0; tries < 120; ++tries) {
+      Error info_error;
+      hgemm_server_info_t* info = hgemm_server_info(client_, call, &info_error.code,
+                                                    &info_error.message);
+      if (info != nullptr) {
+        hgemm_server_info_destroy(info);
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    }
+    hgemm_call_options_destroy(call);
+  }
+  void TearDown() override { hgemm_client_destroy(client_); }
+
+  // A random m×k by k×n GEMM through hgemm_gemm; returns its relative error (+Inf on failure).
+  double RandomGemm(uint32_t m, uint32_t n, uint32_t k, int mode, uint64_t seed,
+                    hgemm_gemm_info_t* info = nullptr) {
+    std::mt19937_64 rng(seed);
+    const std::vector<uint16_t> a = hgemm::RandomHalfMatrix(int64_t{m} * k, rng);
+    const std::vector<uint16_t> b = hgemm::RandomHalfMatrix(int64_t{k} * n, rng);
+    std::vector<uint16_t> c(size_t{m} * n, kPoison);
+    hgemm_gemm_options_t* options = hgemm_gemm_options_create();
+    hgemm_gemm_options_set_mode(options, mode);
+    Error e;
+    hgemm_gemm(client_, options, m, n, k, a.data(), 2 * a.size(), b.data(), 2 * b.size(),
+               c.data(), 2 * c.size(), info, &e.code, &e.message);
+    hgemm_gemm_options_destroy(options);
+    EXPECT_EQ(e.code, HGEMM_OK) << e.text();
+    if (e.code != HGEMM_OK) return INFINITY;
+    const std::vector<float> reference = hgemm::ReferenceGemm(a.data(), b.data(), m, n, k);
+    return hgemm::RelativeFrobeniusError(c.data(), reference.data(), c.size());
+  }
+
+  static std::string* address_;
+  static ChildProcess* server_;
+  hgemm_client_t* client_ = nullptr;
+};
+
+std::string* HgemmC::address_ = nullptr;
+ChildProcess* HgemmC::server_ = nullptr;
+
+TEST(HgemmCAbi, VersionAndStatusNames) {
+  EXPECT_EQ(hgemm_abi_version(), HGEMM_ABI_VERSION);
+  EXPECT_STREQ(hgemm_status_name(HGEMM_NOT_FOUND), "NOT_FOUND");
+  EXPECT_STREQ(hgemm_status_name(HGEMM_UNAUTHENTICATED), "UNAUTHENTICATED");
+  EXPECT_STREQ(hgemm_status_name(99), "UNKNOWN");
+  EXPECT_STREQ(hgemm_status_name(-1), "UNKNOWN");
+}
+
+TEST(HgemmCAbi, ClientWithAMissingTlsFileIsInvalidArgument) {
+  hgemm_client_options_t* options = hgemm_client_options_create();
+  hgemm_client_options_set_tls_ca(options, "/nonexistent/ca.pem");
+  Error e;
+  EXPECT_EQ(hgemm_client_create("127.0.0.1:1", options, &e.code, &e.message), nullptr);
+  hgemm_client_options_destroy(options);
+  EXPECT_EQ(e.code, HGEMM_INVALID_ARGUMENT);
+  EXPECT_NE(e.text().find("/nonexistent/ca.pem"), std::string::npos) << e.text();
+}
+
+TEST(HgemmCAbi, UnreachableServerIsUnavailable) {
+  hgemm_client_options_t* options = hgemm_client_options_create();
+  hgemm_client_options_set_timeout_ms(options, 5000);
+  Error e;
+  hgemm_client_t* client =
+      hgemm_client_create(("127.0.0.1:" + std::to_string(hgemm::subprocess::FreePort())).c_str(),
+                          options, &e.code, &e.message);
+  hgemm_client_options_destroy(options);
+  ASSERT_NE(client, nullptr) << e.text();
+  const uint16_t one = 0x3c00;
+  uint16_t c = kPoison;
+  hgemm_gemm(client, nullptr, 1, 1, 1, &one, 2, &one, 2, &c, 2, nullptr, &e.code, &e.message);
+  EXPECT_EQ(e.code, HGEMM_UNAVAILABLE) << e.text();
+  EXPECT_NE(e.message, nullptr);
+  hgemm_client_destroy(client);
+}
+
+TEST_F(HgemmC, UnaryAndStreamedGemmsMatchTheReference) {
+  hgemm_gemm_info_t info;
+  EXPECT_LT(RandomGemm(67, 45, 129, HGEMM_MODE_UNARY, 1, &info),
+            hgemm::kServiceTolerance.fp32_acc);
+  EXPECT_EQ(info.streamed, 0);
+  EXPECT_STREQ(info.backend, "cpu");
+  EXPECT_EQ(info.device_id, -1);
+  EXPECT_GT(info.server_total_ms, 0);
+  EXPECT_LT(RandomGemm(67, 45, 129, HGEMM_MODE_STREAM, 2, &info),
+            hgemm::kServiceTolerance.fp32_acc);
+  EXPECT_EQ(info.streamed, 1);
+  // Auto: over the 3 MiB unary limit (C is 1100·1500·2 bytes) it streams.
+  EXPECT_LT(RandomGemm(1100, 1500, 64, HGEMM_MODE_AUTO, 3, &info),
+            hgemm::kServiceTolerance.fp32_acc);
+  EXPECT_EQ(info.streamed, 1);
+  EXPECT_LT(RandomGemm(16, 16, 16, HGEMM_MODE_AUTO, 4, &info), hgemm::kServiceTolerance.fp32_acc);
+  EXPECT_EQ(info.streamed, 0);
+}
+
+TEST_F(HgemmC, WrongOperandSizesAreRefusedBeforeSending) {
+  const std::vector<uint16_t> a(6), b(6);
+  std::vector<uint16_t> c(4, kPoison);
+  Error e;
+  hgemm_gemm(client_, nullptr, 2, 2, 3, a.data(), 10, b.data(), 12, c.data(), 8, nullptr, &e.code,
+             &e.message);
+  EXPECT_EQ(e.code, HGEMM_INVALID_ARGUMENT);
+  EXPECT_NE(e.text().find("a_bytes is 10"), std::string::npos) << e.text();
+  EXPECT_EQ(c, std::vector<uint16_t>(4, kPoison));
+}
+
+TEST_F(HgemmC, ZeroDimensionIsTheServersInvalidArgument) {
+  const uint16_t one = 0x3c00;
+  uint16_t c = kPoison;
+  Error e;
+  hgemm_gemm(client_, nullptr, 1, 1, 0, &one, 0, &one, 0, &c, 2, nullptr, &e.code, &e.message);
+  EXPECT_EQ(e.code, HGEMM_INVALID_ARGUMENT) << e.text();
+  EXPECT_NE(e.text().find("k"), std::string::npos) << e.text();
+}
+
+TEST_F(HgemmC, TooSmallCBufferIsAnErrorAndNothingIsWrittenPastIt) {
+  constexpr uint32_t m = 8, n = 8, k = 8;
+  std::mt19937_64 rng(5);
+  const std::vector<uint16_t> a = hgemm::RandomHalfMatrix(m * k, rng);
+  const std::vector<uint16_t> b = hgemm::RandomHalfMatrix(k * n, rng);
+  // Room for all of C but the last element, and a guard after it.
+  std::vector<uint16_t> c(m * n + 16, kPoison);
+  Error e;
+  hgemm_gemm(client_, nullptr, m, n, k, a.data(), 2 * a.size(), b.data(), 2 * b.size(), c.data(),
+             2 * (m * n - 1), nullptr, &e.code, &e.message);
+  EXPECT_EQ(e.code, HGEMM_INVALID_ARGUMENT);
+  EXPECT_NE(e.text().find("c_capacity is 126 bytes"), std::string::npos) << e.text();
+  EXPECT_EQ(c, std::vector<uint16_t>(m * n + 16, kPoison));
+}
+
+TEST_F(HgemmC, ResidentMatricesByHandleAndUnknownHandles) {
+  constexpr uint32_t m = 33, n = 17, k = 40;
+  std::mt19937_64 rng(6);
+  const std::vector<uint16_t> a = hgemm::RandomHalfMatrix(m * k, rng);
+  const std::vector<uint16_t> b = hgemm::RandomHalfMatrix(k * n, rng);
+  Error e;
+  hgemm_matrix_info_t matrix;
+  char* handle = hgemm_upload(client_, nullptr, k, n, b.data(), 2 * b.size(), 0, "hgemm_test",
+                              &matrix, &e.code, &e.message);
+  ASSERT_NE(handle, nullptr) << e.text();
+  EXPECT_EQ(matrix.rows, k);
+  EXPECT_EQ(matrix.cols, n);
+  EXPECT_EQ(matrix.bytes, 2 * b.size());
+
+  hgemm_gemm_options_t* options = hgemm_gemm_options_create();
+  hgemm_gemm_options_set_b_handle(options, handle);
+  for (int mode : {HGEMM_MODE_UNARY, HGEMM_MODE_STREAM}) {
+    hgemm_gemm_options_set_mode(options, mode);
+    std::vector<uint16_t> c(m * n, kPoison);
+    hgemm_gemm(client_, options, m, n, k, a.data(), 2 * a.size(), nullptr, 0, c.data(),
+               2 * c.size(), nullptr, &e.code, &e.message);
+    ASSERT_EQ(e.code, HGEMM_OK) << e.text();
+    const std::vector<float> reference = hgemm::ReferenceGemm(a.data(), b.data(), m, n, k);
+    EXPECT_LT(hgemm::RelativeFrobeniusError(c.data(), reference.data(), c.size()),
+              hgemm::kServiceTolerance.fp32_acc);
+  }
+  EXPECT_EQ(hgemm_release(client_, nullptr, handle, &e.code, &e.message), 2 * b.size());
+  EXPECT_EQ(e.code, HGEMM_OK);
+
+  // Released: the handle is unknown now, to GEMMs and to release.
+  std::vector<uint16_t> c(m * n, kPoison);
+  hgemm_gemm(client_, options, m, n, k, a.data(), 2 * a.size(), nullptr, 0, c.data(),
+             2 * c.size(), nullptr, &e.code, &e.message);
+  EXPECT_EQ(e.code, HGEMM_NOT_FOUND) << e.text();
+  EXPECT_EQ(hgemm_release(client_, nullptr, handle, &e.code, &e.message), 0u);
+  EXPECT_EQ(e.code, HGEMM_NOT_FOUND) << e.text();
+  hgemm_gemm_options_destroy(options);
+  hgemm_free(handle);
+}
+
+TEST_F(HgemmC, UploadOfTheWrongSizeIsInvalidArgument) {
+  const std::vector<uint16_t> data(6);
+  Error e;
+  EXPECT_EQ(hgemm_upload(client_, nullptr, 2, 4, data.data(), 12, 0, "", nullptr, &e.code,
+                         &e.message),
+            nullptr);
+  EXPECT_EQ(e.code, HGEMM_INVALID_ARGUMENT);
+  EXPECT_NE(e.text().find("a 2x4 fp16 matrix is 16 bytes"), std::string::npos) << e.text();
+}
+
+TEST_F(HgemmC, ServerInfo) {
+  Error e;
+  hgemm_server_info_t* info = hgemm_server_info(client_, nullptr, &e.code, &e.message);
+  ASSERT_NE(info, nullptr) << e.text();
+  EXPECT_STREQ(hgemm_server_info_backend(info), "cpu");
+  EXPECT_STRNE(hgemm_server_info_version(info), "");
+  EXPECT_GE(hgemm_server_info_device_count(info), 1);
+  EXPECT_GT(hgemm_server_info_max_message_bytes(info), 0u);
+  EXPECT_GT(hgemm_server_info_max_elements_per_matrix(info), 0u);
+  hgemm_server_info_destroy(info);
+}
+
+TEST_F(HgemmC, OneClientFromManyThreads) {
+  constexpr int kThreads = 8, kEach = 4;
+  std::vector<double> worst(kThreads, 0);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < kEach; ++i) {
+        const int mode = (t + i) % 2 == 0 ? HGEMM_MODE_UNARY : HGEMM_MODE_STREAM;
+        worst[t] = std::max(worst[t], RandomGemm(31 + t, 29 + i, 70, mode, 100 * t + i));
+      }
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  for (int t = 0; t < kThreads; ++t) {
+    EXPECT_LT(worst[t], hgemm::kServiceTolerance.fp32_acc) << "thread " << t;
+  }
+}
+
+}  // namespace
