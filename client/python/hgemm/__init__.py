@@ -15,6 +15,7 @@ from ._resident import MatrixList, ResidentMatrix
 from ._results import Execution, GemmResult, Kernel, Timing
 from ._retry import RetryPolicy
 from ._stream import Stream
+from ._native import info
 from ._errors import (Aborted, AlreadyExists, Cancelled, DataLoss, DeadlineExceeded, Error,
                       FailedPrecondition, Internal, InvalidArgument, NotFound, OutOfRange,
                       PermissionDenied, ResourceExhausted, Unauthenticated, Unavailable,
@@ -28,5 +29,5 @@ __all__ = [
     "MatrixList", "RetryPolicy", "ConversionWarning", "pb", "Error", "Cancelled", "Unknown",
     "InvalidArgument", "DeadlineExceeded", "NotFound", "AlreadyExists", "PermissionDenied",
     "ResourceExhausted", "FailedPrecondition", "Aborted", "OutOfRange", "Unimplemented",
-    "Internal", "Unavailable", "DataLoss", "Unauthenticated",
+    "Internal", "Unavailable", "DataLoss", "Unauthenticated", "info",
 ]

@@ -1,8 +1,8 @@
 """The methods of hgemm.Client and hgemm.aio.Client, written once as generators of I/O steps.
 
 A method of Calls checks its arguments, builds the requests, and yields each piece of I/O it
-needs as a step: Rpc (one gRPC call), Sleep (a backoff) or AllOf (several step generators, whose
-results it gets as a list). What a step came to is sent back in, or thrown in where it raised
+needs as a step: Rpc (one gRPC call), Native (one blocking call of the native core, sync client
+only), Sleep (a backoff) or AllOf (several step generators, whose results it gets as a list). What a step came to is sent back in, or thrown in where it raised
 (grpc.RpcError: the call failed); the method's return value is the client method's result.
 hgemm.Client does the steps with blocking calls and hgemm.aio.Client with awaits: those drivers
 are the clients' only I/O. The methods are annotated with what the clients return.
@@ -16,12 +16,13 @@ from typing import Callable, List, Optional
 
 import grpc
 
-from . import _arrays, _errors, _progress
+from . import _arrays, _errors, _native, _progress
 from ._config import ClientConfig
 from ._many_rounds import ManyRound
 from ._proto import hgemm_pb2 as pb
 from ._resident import MatrixList, ResidentMatrix, handle_replica, replica_of
-from ._results import Kernel, finish_many, kernels_from_proto, streamed_result, unary_result
+from ._results import (Kernel, finish_many, kernels_from_proto, native_result, streamed_result,
+                       unary_result)
 from ._retry import Deadline, should_retry
 from ._routes import Routes, by_replica, explain_unreachable
 from ._spec import Spec, normalize_pairs, stream_requests
@@ -43,6 +44,14 @@ class Rpc:
 
 
 @dataclasses.dataclass
+class Native:
+    """One call of the native core, fn(*args), blocking its thread with the GIL released (ctypes);
+    it comes to fn's result. Only a Calls with a native core (the sync client's) yields these."""
+    fn: Callable
+    args: tuple
+
+
+@dataclasses.dataclass
 class Sleep:
     seconds: float
 
@@ -61,6 +70,13 @@ class Calls:
         self.client = client  # what the ResidentMatrix objects made here call back
         self.config = ClientConfig(target, **options)
         self.routes = Routes(self.config, grpc_module)
+        # The native core (hgemm/_native.py) for the sync client, when it is chosen and the
+        # client needs no grpcio channel options; None: every call goes through grpcio.
+        self.native = None
+        if grpc_module is grpc and not self.config.has_channel_options and _native.use_native():
+            c = self.config
+            self.native = _native.NativeClient(target, c.tls_files, c.token, c.client_id,
+                                               c.traceparent, c.chunk_bytes)
 
     # The retry loop around one call (to `replica`, "" for the target).
     def _call(self, attempt, timeout, idempotent: bool, replica: str = ""):
@@ -82,6 +98,16 @@ class Calls:
     def _rpc(self, method, request, timeout, **how):
         """The one step of a call: comes to its response (None with on_response)."""
         return (yield Rpc(method, request, timeout, self.config.metadata, **how))
+
+    def _native_call(self, fn, *args):
+        """The one step of a native call: comes to fn's result."""
+        return (yield Native(fn, args))
+
+    def _on_native(self, fn, args, timeout, idempotent: bool):
+        """fn(*args, timeout_s) of the native core, retried as _call. The C++ client routes by
+        handle and explains unreachable replicas itself."""
+        return (yield from self._call(lambda stub, t: self._native_call(fn, *args, t), timeout,
+                                      idempotent))
 
     def _unary(self, name: str, request, timeout, idempotent: bool, replica: str = ""):
         """GemmService.<name>(request), retried as _call."""
@@ -113,6 +139,11 @@ class Calls:
                     request_id=request_id)
         replica = spec.replica()
         yield from self._server_limit(spec, mode, timeout)
+        if self.native is not None and not keep_c:
+            c, info = yield from self._on_native(self.native.gemm,
+                                                 (spec, self.config.streams(spec, mode)),
+                                                 timeout, idempotent=True)
+            return native_result(spec, c, info, details, as_torch, started)
         if self.config.streams(spec, mode):
             result = (yield from self._many([spec], timeout, details, as_torch, started))[0]
             if isinstance(result, _errors.Error):
@@ -186,6 +217,11 @@ class Calls:
         replica: where to put it over several replicas: a ResidentMatrix (onto the replica that
         holds it, so that both can go in one GEMM) or a replica's address; None: balanced."""
         array = _arrays.as_fp16_matrix(matrix, "matrix")
+        if self.native is not None and device_id is None:
+            info = yield from self._on_native(self.native.upload,
+                                              (array, ttl, label, replica_of(replica)), timeout,
+                                              idempotent=False)
+            return ResidentMatrix(self.client, info)
         bar = _progress.bar(self.config.progress, array.nbytes, "hgemm upload")
 
         def attempt(stub, t):
@@ -219,12 +255,18 @@ class Calls:
         """Frees a resident matrix; returns the bytes freed. NotFound if it is gone already."""
         if getattr(matrix, "released", False):
             return 0
-        response = yield from self._unary("ReleaseMatrix",
-                                          pb.ReleaseMatrixRequest(handle=matrix.handle), timeout,
-                                          idempotent=False, replica=handle_replica(matrix.handle))
+        if self.native is not None:
+            freed = yield from self._on_native(self.native.release, (matrix.handle,), timeout,
+                                               idempotent=False)
+        else:
+            response = yield from self._unary("ReleaseMatrix",
+                                              pb.ReleaseMatrixRequest(handle=matrix.handle),
+                                              timeout, idempotent=False,
+                                              replica=handle_replica(matrix.handle))
+            freed = response.freed_bytes
         if isinstance(matrix, ResidentMatrix):
             matrix.released = True
-        return response.freed_bytes
+        return freed
 
     def matrices(self, *, replica: Optional[str] = None,
                  timeout: Optional[float] = None) -> MatrixList:

@@ -28,6 +28,8 @@ def _do(step):
         return None
     if isinstance(step, _calls.AllOf):
         return [_run(s) for s in step.steps]
+    if isinstance(step, _calls.Native):
+        return step.fn(*step.args)
     call = step.method(step.request, timeout=step.timeout, metadata=step.metadata)
     if step.on_response is None:
         return call
@@ -78,6 +80,11 @@ class Client:
       retries: tries in all for an UNAVAILABLE answer (see RetryPolicy); 1 turns retries off.
       progress: None (a tqdm bar for transfers over 256 MiB when tqdm is installed), True, False.
       channel_options: extra gRPC channel arguments. Message size limits are already lifted.
+        A client with channel_options makes every call through grpcio.
+
+    Core: GEMMs (but keep_c ones and gemm_many's), uploads and releases go through the native
+    core (libhgemm_client.so, the GIL released for the call) when hgemm.info() reports it, else
+    through grpcio; every other call goes through grpcio.
     """
 
     def __init__(self, target: str = "127.0.0.1:50051", **options):
@@ -89,6 +96,8 @@ class Client:
     def close(self) -> None:
         for channel in self._calls.routes.channels():
             channel.close()
+        if self._calls.native is not None:
+            self._calls.native.close()
 
     def __enter__(self):
         return self

@@ -31,6 +31,10 @@ class ClientConfig:
         _malloc.tune()
         self.target = target
         self.credentials = tls_credentials(tls, tls_ca, tls_cert, tls_key)
+        # The native core's connection (it reads the files itself): as the channels'.
+        self.tls_files = dict(tls=tls, tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key,
+                              tls_server_name=tls_server_name)
+        self.has_channel_options = bool(channel_options)
         self.timeout = timeout
         self.mode = mode
         self.unary_limit_bytes = unary_limit_bytes
@@ -39,6 +43,7 @@ class ClientConfig:
         self.progress = progress
         metadata = []
         token = read_token(token, token_file)
+        self.token, self.client_id, self.traceparent = token, client_id, traceparent
         if token:
             metadata.append(("authorization", f"Bearer {token}"))
         if client_id:

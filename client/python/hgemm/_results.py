@@ -94,6 +94,21 @@ def unary_result(client, spec: Spec, raw: _wire.GemmResponse, details: bool, as_
                       (time.monotonic() - started) * 1e3)
 
 
+def native_result(spec: Spec, c, info, details: bool, as_torch, started: float):
+    """What gemm returns from the native core's C and GemmInfo (hgemm/_native.py)."""
+    c = _arrays.to_output(c, as_torch)
+    if not details:
+        return c
+    timing = Timing(info.queue_wait_ms, info.host_to_device_ms, info.kernel_ms,
+                    info.device_to_host_ms, info.server_total_ms, info.tflops)
+    execution = Execution(info.kernel.decode(), _ACCUMULATION_NAMES.get(info.accumulation,
+                                                                        str(info.accumulation)),
+                          info.backend.decode(), info.device_id, info.device_name.decode(),
+                          info.stream_id)
+    return GemmResult(c, timing, execution, info.request_id.decode(),
+                      (time.monotonic() - started) * 1e3)
+
+
 def streamed_result(client, spec: Spec, outcome, details: bool, as_torch, started: float):
     """An Error stays an Error; (c, done) becomes what gemm returns."""
     if isinstance(outcome, _errors.Error):

@@ -1,0 +1,286 @@
+"""The native core: libhgemm_client.so (client/c/hgemm.h, the C ABI over the C++ client) called
+through ctypes, and the choice between it and the pure-Python (grpcio) transport.
+
+Why: grpcio copies every message into and out of gRPC's buffers while holding the GIL, so a
+threaded client's large GEMMs are copied one after another. Through ctypes (which releases the
+GIL for the whole call) the C++ client sends A and B from the arrays' memory and writes C into
+an array allocated here, while other threads run.
+
+Which core: $HGEMM_TRANSPORT "native" (the library must load: OSError otherwise), "grpcio", or
+"auto" / unset (native when the library loads). The library is $HGEMM_NATIVE_LIB, else
+libhgemm_client.so beside this file (pip install copies it there). hgemm.info() says which.
+The sync Client's unary and single streamed GEMMs, uploads and releases go through it; the rest
+(gemm_many, streams, downloads, listings, keep_c, upload(device_id=), channel_options, the aio
+client) stays on grpcio.
+
+Thread safety: the library is loaded once under a lock; a NativeClient is thread-safe (one
+hgemm_client_t serves many threads).
+"""
+import ctypes
+import os
+import threading
+from typing import Optional
+
+import grpc
+import numpy as np
+
+from ._proto import hgemm_pb2 as pb
+from ._resident import handle_replica
+
+LIBRARY_NAME = "libhgemm_client.so"
+ABI_VERSION = 1  # HGEMM_ABI_VERSION of the client/c/hgemm.h this module binds
+MODE_UNARY, MODE_STREAM = 1, 2
+_CODES = {code.value[0]: code for code in grpc.StatusCode}
+
+_lock = threading.Lock()
+_library = None  # the loaded ctypes.CDLL, or the OSError that loading it raised
+
+
+class GemmInfo(ctypes.Structure):
+    """hgemm_gemm_info_t."""
+    _fields_ = [("queue_wait_ms", ctypes.c_double), ("host_to_device_ms", ctypes.c_double),
+                ("kernel_ms", ctypes.c_double), ("device_to_host_ms", ctypes.c_double),
+                ("server_total_ms", ctypes.c_double), ("tflops", ctypes.c_double),
+                ("kernel", ctypes.c_char * 128), ("accumulation", ctypes.c_int),
+                ("backend", ctypes.c_char * 16), ("device_id", ctypes.c_int),
+                ("device_name", ctypes.c_char * 128), ("stream_id", ctypes.c_int),
+                ("request_id", ctypes.c_char * 128), ("streamed", ctypes.c_ubyte)]
+
+
+class MatrixInfo(ctypes.Structure):
+    """hgemm_matrix_info_t."""
+    _fields_ = [("rows", ctypes.c_uint32), ("cols", ctypes.c_uint32), ("bytes", ctypes.c_uint64),
+                ("device_id", ctypes.c_int), ("ttl_seconds", ctypes.c_double)]
+
+
+def library_path() -> str:
+    return os.environ.get("HGEMM_NATIVE_LIB") or os.path.join(os.path.dirname(__file__),
+                                                               LIBRARY_NAME)
+
+
+def transport() -> str:
+    """$HGEMM_TRANSPORT: "auto" (unset), "native" or "grpcio"; ValueError for anything else."""
+    value = os.environ.get("HGEMM_TRANSPORT") or "auto"
+    if value not in ("auto", "native", "grpcio"):
+        raise ValueError(f"HGEMM_TRANSPORT must be 'auto', 'native' or 'grpcio'; got {value!r}")
+    return value
+
+
+def load():
+    """The library, loaded once per process (RTLD_LOCAL). Raises OSError if it cannot be loaded
+    or its ABI version is not ABI_VERSION."""
+    global _library
+    with _lock:
+        if _library is None:
+            try:
+                _library = _declare(ctypes.CDLL(library_path()))
+                version = _library.hgemm_abi_version()
+                if version != ABI_VERSION:
+                    _library = OSError(f"{library_path()} has ABI version {version}; this hgemm "
+                                       f"binds version {ABI_VERSION}")
+            except OSError as e:
+                _library = e
+        if isinstance(_library, OSError):
+            raise _library
+        return _library
+
+
+def use_native() -> bool:
+    """Whether new sync clients use the native core ($HGEMM_TRANSPORT; OSError when it is
+    "native" and the library does not load)."""
+    wanted = transport()
+    if wanted == "grpcio":
+        return False
+    try:
+        load()
+        return True
+    except OSError:
+        if wanted == "native":
+            raise
+        return False
+
+
+def info() -> dict:
+    """hgemm.info(): which core new sync clients use ("native" or "grpcio"), the library's path
+    and ABI version (None when not loaded), and why the native core is not used (None if it is)."""
+    out = {"core": "grpcio", "library": None, "abi_version": None, "reason": None}
+    wanted = transport()
+    if wanted == "grpcio":
+        out["reason"] = "HGEMM_TRANSPORT=grpcio"
+        return out
+    try:
+        lib = load()
+    except OSError as e:
+        out["reason"] = str(e)
+        return out
+    out.update(core="native", library=library_path(), abi_version=lib.hgemm_abi_version())
+    return out
+
+
+def _declare(lib):
+    p, cstr, i64, u32, size = (ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int64, ctypes.c_uint32,
+                               ctypes.c_size_t)
+    err = (ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_void_p))
+    signatures = {
+        "hgemm_abi_version": (ctypes.c_int, ()),
+        "hgemm_free": (None, (p,)),
+        "hgemm_client_options_create": (p, ()),
+        "hgemm_client_options_destroy": (None, (p,)),
+        "hgemm_client_options_set_tls": (None, (p, ctypes.c_ubyte)),
+        "hgemm_client_options_set_tls_ca": (None, (p, cstr)),
+        "hgemm_client_options_set_tls_cert": (None, (p, cstr)),
+        "hgemm_client_options_set_tls_key": (None, (p, cstr)),
+        "hgemm_client_options_set_tls_server_name": (None, (p, cstr)),
+        "hgemm_client_options_set_token": (None, (p, cstr)),
+        "hgemm_client_options_set_client_id": (None, (p, cstr)),
+        "hgemm_client_options_set_traceparent": (None, (p, cstr)),
+        "hgemm_client_options_set_chunk_bytes": (None, (p, i64)),
+        "hgemm_client_create": (p, (cstr, p) + err),
+        "hgemm_client_destroy": (None, (p,)),
+        "hgemm_gemm_options_create": (p, ()),
+        "hgemm_gemm_options_destroy": (None, (p,)),
+        "hgemm_gemm_options_set_kernel": (None, (p, cstr)),
+        "hgemm_gemm_options_set_accumulation": (None, (p, ctypes.c_int)),
+        "hgemm_gemm_options_set_request_id": (None, (p, cstr)),
+        "hgemm_gemm_options_set_mode": (None, (p, ctypes.c_int)),
+        "hgemm_gemm_options_set_a_handle": (None, (p, cstr)),
+        "hgemm_gemm_options_set_b_handle": (None, (p, cstr)),
+        "hgemm_gemm_options_set_timeout_ms": (None, (p, i64)),
+        "hgemm_call_options_create": (p, ()),
+        "hgemm_call_options_destroy": (None, (p,)),
+        "hgemm_call_options_set_timeout_ms": (None, (p, i64)),
+        "hgemm_call_options_set_replica": (None, (p, cstr)),
+        "hgemm_gemm": (None, (p, p, u32, u32, u32, p, size, p, size, p, size,
+                              ctypes.POINTER(GemmInfo)) + err),
+        "hgemm_upload": (p, (p, p, u32, u32, p, size, u32, cstr, ctypes.POINTER(MatrixInfo))
+                         + err),
+        "hgemm_release": (ctypes.c_uint64, (p, p, cstr) + err),
+    }
+    for name, (restype, argtypes) in signatures.items():
+        fn = getattr(lib, name)
+        fn.restype, fn.argtypes = restype, argtypes
+    return lib
+
+
+class NativeRpcError(grpc.RpcError):
+    """A failed native call, read like grpcio's errors (code(), details()), so that the retry
+    loop and hgemm.Error's mapping treat both cores alike."""
+
+    def __init__(self, code: grpc.StatusCode, details: str):
+        super().__init__(f"{code.name}: {details}")
+        self._code, self._details = code, details
+
+    def code(self) -> grpc.StatusCode:
+        return self._code
+
+    def details(self) -> str:
+        return self._details
+
+
+def _timeout_ms(timeout: Optional[float]) -> int:
+    """A call's deadline for the C ABI: 0 for none, else at least 1 ms."""
+    return 0 if timeout is None else max(1, int(timeout * 1e3))
+
+
+def _encode(s: Optional[str]) -> bytes:
+    return (s or "").encode()
+
+
+class NativeClient:
+    """One hgemm_client_t, made from a ClientConfig's connection options. Thread-safe."""
+
+    def __init__(self, target: str, tls: dict, token: Optional[str], client_id: Optional[str],
+                 traceparent: Optional[str], chunk_bytes: int):
+        self._lib = lib = load()
+        options = lib.hgemm_client_options_create()
+        try:
+            lib.hgemm_client_options_set_tls(options, int(bool(tls["tls"])))
+            for key in ("tls_ca", "tls_cert", "tls_key", "tls_server_name"):
+                getattr(lib, "hgemm_client_options_set_" + key)(options, _encode(tls[key]))
+            lib.hgemm_client_options_set_token(options, _encode(token))
+            lib.hgemm_client_options_set_client_id(options, _encode(client_id))
+            lib.hgemm_client_options_set_traceparent(options, _encode(traceparent))
+            lib.hgemm_client_options_set_chunk_bytes(options, chunk_bytes)
+            self._client = self._checked(lib.hgemm_client_create, _encode(target), options)
+        except NativeRpcError as e:
+            raise ValueError(e.details()) from None
+        finally:
+            lib.hgemm_client_options_destroy(options)
+
+    def close(self) -> None:
+        client, self._client = self._client, None
+        if client:
+            self._lib.hgemm_client_destroy(client)
+
+    def _checked(self, fn, *args):
+        """fn(*args, &code, &errptr); raises NativeRpcError on failure."""
+        code, message = ctypes.c_int(0), ctypes.c_void_p(None)
+        result = fn(*args, ctypes.byref(code), ctypes.byref(message))
+        if code.value != 0:
+            details = ctypes.string_at(message.value).decode(errors="replace") if message else ""
+            self._lib.hgemm_free(message)
+            raise NativeRpcError(_CODES.get(code.value, grpc.StatusCode.UNKNOWN), details)
+        return result
+
+    def _call_options(self, timeout: Optional[float], replica: str = ""):
+        options = self._lib.hgemm_call_options_create()
+        self._lib.hgemm_call_options_set_timeout_ms(options, _timeout_ms(timeout))
+        self._lib.hgemm_call_options_set_replica(options, replica.encode())
+        return options
+
+    def gemm(self, spec, streamed: bool, timeout: Optional[float]):
+        """(C as a new m×n float16 array, GemmInfo) of a Spec sent as it is (operands from the
+        arrays' memory, or by handle). REQUIRES: not spec.keep_c."""
+        lib = self._lib
+        options = lib.hgemm_gemm_options_create()
+        try:
+            lib.hgemm_gemm_options_set_kernel(options, spec.options.kernel.encode())
+            lib.hgemm_gemm_options_set_accumulation(options, spec.options.accumulation)
+            lib.hgemm_gemm_options_set_request_id(options, spec.options.request_id.encode())
+            lib.hgemm_gemm_options_set_mode(options, MODE_STREAM if streamed else MODE_UNARY)
+            lib.hgemm_gemm_options_set_a_handle(options, spec.a.handle.encode())
+            lib.hgemm_gemm_options_set_b_handle(options, spec.b.handle.encode())
+            lib.hgemm_gemm_options_set_timeout_ms(options, _timeout_ms(timeout))
+            c = np.empty((spec.m, spec.n), dtype=np.float16)
+            info = GemmInfo()
+            self._checked(lib.hgemm_gemm, self._client, options, spec.m, spec.n, spec.k,
+                          *_operand(spec.a), *_operand(spec.b), c.ctypes.data, c.nbytes,
+                          ctypes.byref(info))
+            return c, info
+        finally:
+            lib.hgemm_gemm_options_destroy(options)
+
+    def upload(self, array: np.ndarray, ttl: int, label: str, replica: str,
+               timeout: Optional[float]) -> pb.MatrixInfo:
+        """Uploads a C-contiguous float16 matrix; its MatrixInfo (as the server's, but for the
+        fields the C ABI does not carry: age, idle time, owner)."""
+        options = self._call_options(timeout, replica)
+        info = MatrixInfo()
+        try:
+            handle = self._checked(self._lib.hgemm_upload, self._client, options,
+                                   array.shape[0], array.shape[1], array.ctypes.data,
+                                   array.nbytes, int(ttl), label.encode(), ctypes.byref(info))
+        finally:
+            self._lib.hgemm_call_options_destroy(options)
+        try:
+            text = ctypes.string_at(handle).decode()
+        finally:
+            self._lib.hgemm_free(handle)
+        return pb.MatrixInfo(handle=text, rows=info.rows, cols=info.cols, bytes=info.bytes,
+                             device_id=info.device_id, ttl_seconds=info.ttl_seconds, label=label,
+                             replica=handle_replica(text))
+
+    def release(self, handle: str, timeout: Optional[float]) -> int:
+        """The bytes the server freed."""
+        options = self._call_options(timeout)
+        try:
+            return self._checked(self._lib.hgemm_release, self._client, options, handle.encode())
+        finally:
+            self._lib.hgemm_call_options_destroy(options)
+
+
+def _operand(operand):
+    """(pointer, bytes) of an Operand: its array's memory, or (None, 0) for a handle."""
+    if operand.array is None:
+        return None, 0
+    return operand.array.ctypes.data, operand.array.nbytes
