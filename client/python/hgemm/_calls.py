@@ -2,8 +2,9 @@
 
 A method of Calls checks its arguments, builds the requests, and yields each piece of I/O it
 needs as a step: Rpc (one gRPC call), Native (one blocking call of the native core, sync client
-only), Sleep (a backoff) or AllOf (several step generators, whose results it gets as a list). What a step came to is sent back in, or thrown in where it raised
-(grpc.RpcError: the call failed); the method's return value is the client method's result.
+only), Sleep (a backoff) or AllOf (several step generators, whose results it gets as a list).
+What a step came to is sent back in, or thrown in where it raised (grpc.RpcError: the call
+failed); the method's return value is the client method's result.
 hgemm.Client does the steps with blocking calls and hgemm.aio.Client with awaits: those drivers
 are the clients' only I/O. The methods are annotated with what the clients return.
 
@@ -103,11 +104,19 @@ class Calls:
         """The one step of a native call: comes to fn's result."""
         return (yield Native(fn, args))
 
-    def _on_native(self, fn, args, timeout, idempotent: bool):
+    def _on_native(self, fn, args, timeout, idempotent: bool, nbytes: int, desc: str = "hgemm"):
         """fn(*args, timeout_s) of the native core, retried as _call. The C++ client routes by
-        handle and explains unreachable replicas itself."""
-        return (yield from self._call(lambda stub, t: self._native_call(fn, *args, t), timeout,
-                                      idempotent))
+        handle and explains unreachable replicas itself. A progress bar for the nbytes the call
+        moves fills when it returns (the native core reports no chunks)."""
+        bar = _progress.bar(self.config.progress, nbytes, desc)
+        try:
+            result = yield from self._call(lambda stub, t: self._native_call(fn, *args, t),
+                                           timeout, idempotent)
+            if bar is not None:
+                bar.update(nbytes)
+            return result
+        finally:
+            _progress.close(bar)
 
     def _unary(self, name: str, request, timeout, idempotent: bool, replica: str = ""):
         """GemmService.<name>(request), retried as _call."""
@@ -141,8 +150,9 @@ class Calls:
         yield from self._server_limit(spec, mode, timeout)
         if self.native is not None and not keep_c:
             c, info = yield from self._on_native(self.native.gemm,
-                                                 (spec, self.config.streams(spec, mode)),
-                                                 timeout, idempotent=True)
+                                                 (spec, self.config.streams(spec, mode)), timeout,
+                                                 idempotent=True,
+                                                 nbytes=spec.payload_bytes + spec.c_bytes)
             return native_result(spec, c, info, details, as_torch, started)
         if self.config.streams(spec, mode):
             result = (yield from self._many([spec], timeout, details, as_torch, started))[0]
@@ -220,7 +230,8 @@ class Calls:
         if self.native is not None and device_id is None:
             info = yield from self._on_native(self.native.upload,
                                               (array, ttl, label, replica_of(replica)), timeout,
-                                              idempotent=False)
+                                              idempotent=False, nbytes=array.nbytes,
+                                              desc="hgemm upload")
             return ResidentMatrix(self.client, info)
         bar = _progress.bar(self.config.progress, array.nbytes, "hgemm upload")
 
@@ -257,7 +268,7 @@ class Calls:
             return 0
         if self.native is not None:
             freed = yield from self._on_native(self.native.release, (matrix.handle,), timeout,
-                                               idempotent=False)
+                                               idempotent=False, nbytes=0)
         else:
             response = yield from self._unary("ReleaseMatrix",
                                               pb.ReleaseMatrixRequest(handle=matrix.handle),

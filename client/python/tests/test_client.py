@@ -7,10 +7,19 @@ from conftest import FP16_TOLERANCE, FP32_TOLERANCE, fp16, rel_error
 
 
 class Spy:
-    """Counts the unary and streamed GEMM calls a client makes."""
+    """Counts the unary and streamed GEMM calls a client makes (through either core)."""
 
     def __init__(self, client, monkeypatch):
         self.unary = self.stream = 0
+        native = client._calls.native
+        if native is not None:
+            native_gemm = native.gemm
+
+            def counted_native(spec, streamed, timeout):
+                self.unary += not streamed
+                self.stream += streamed
+                return native_gemm(spec, streamed, timeout)
+            monkeypatch.setattr(native, "gemm", counted_native)
         stub = client._stub
         gemm, gemm_stream = stub.Gemm, stub.GemmStream
 

@@ -51,7 +51,8 @@ RESET = FakeRpcError(grpc.StatusCode.UNAVAILABLE, "Connection reset by peer")
 
 
 @pytest.fixture
-def offline_client():
+def offline_client(monkeypatch):
+    monkeypatch.setenv("HGEMM_TRANSPORT", "grpcio")  # the grpcio stub is the one replaced
     with hgemm.Client("127.0.0.1:1", retries=4) as c:  # never connects: the stub is replaced
         c._config.policy.initial_backoff_s = 0.001
         yield c
