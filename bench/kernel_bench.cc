@@ -23,7 +23,7 @@
 #include "client/gemm_dims.h"
 #include "kernels/cuda_check.h"
 #include "kernels/fill.h"
-#include "kernels/host/error_stats.h"
+#include "proto/numerics/error_stats.h"
 #include "kernels/registry.h"
 #include "kernels/testing.h"
 

@@ -10,7 +10,7 @@
 #include <gtest/gtest.h>
 
 #include "kernels/fill.h"
-#include "kernels/host/error_stats.h"
+#include "proto/numerics/error_stats.h"
 #include "kernels/registry.h"
 #include "kernels/testing.h"
 

@@ -1,5 +1,5 @@
 // Test and benchmark helpers: an fp32 reference GEMM on the device (compare its output with
-// CompareToReference, kernels/host/error_stats.h).
+// CompareToReference, proto/numerics/error_stats.h).
 //
 // Thread safety: stateless functions.
 #ifndef HGEMM_KERNELS_TESTING_H_

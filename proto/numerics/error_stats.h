@@ -4,8 +4,8 @@
 //
 // C is raw binary16 bits, the reference fp32, both row-major with `count` elements.
 // Thread safety: pure functions and constants.
-#ifndef HGEMM_KERNELS_HOST_ERROR_STATS_H_
-#define HGEMM_KERNELS_HOST_ERROR_STATS_H_
+#ifndef HGEMM_PROTO_NUMERICS_ERROR_STATS_H_
+#define HGEMM_PROTO_NUMERICS_ERROR_STATS_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -51,4 +51,4 @@ inline constexpr Tolerance kServiceTolerance{.fp16_acc = 2e-2, .fp32_acc = 1e-3}
 
 }  // namespace hgemm
 
-#endif  // HGEMM_KERNELS_HOST_ERROR_STATS_H_
+#endif  // HGEMM_PROTO_NUMERICS_ERROR_STATS_H_

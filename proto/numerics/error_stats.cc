@@ -1,10 +1,10 @@
-#include "kernels/host/error_stats.h"
+#include "proto/numerics/error_stats.h"
 
 #include <cmath>
 #include <cstdio>
 #include <limits>
 
-#include "kernels/host/fp16.h"
+#include "proto/numerics/fp16.h"
 
 namespace hgemm {
 
