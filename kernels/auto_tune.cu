@@ -91,13 +91,13 @@ const VariantInfo* Tune(int m, int n, int k, Accumulation acc, LaunchContext& ct
   auto* base = static_cast<unsigned char*>(
       ctx.Scratch(LaunchContext::kTuningScratch, a_bytes + b_bytes + c_bytes, &error));
   if (base == nullptr) return nullptr;
-  GemmProblem p{reinterpret_cast<const __half*>(base),
-                reinterpret_cast<const __half*>(base + a_bytes),
-                reinterpret_cast<__half*>(base + a_bytes + b_bytes), m, n, k, acc};
+  auto* a = reinterpret_cast<__half*>(base);
+  auto* b = reinterpret_cast<__half*>(base + a_bytes);
+  GemmProblem p{a, b, reinterpret_cast<__half*>(base + a_bytes + b_bytes), m, n, k, acc};
   cudaStream_t stream = ctx.stream();
   // Random data: zeros run faster than real inputs and would skew the choice.
-  if (FillUniform(const_cast<__half*>(p.a), size_t(m) * k, 1, -1.f, 1.f, stream) != cudaSuccess ||
-      FillUniform(const_cast<__half*>(p.b), size_t(k) * n, 2, -1.f, 1.f, stream) != cudaSuccess)
+  if (FillUniform(a, size_t(m) * k, 1, -1.f, 1.f, stream) != cudaSuccess ||
+      FillUniform(b, size_t(k) * n, 2, -1.f, 1.f, stream) != cudaSuccess)
     return nullptr;
 
   cudaEvent_t start, stop;
