@@ -347,6 +347,11 @@ std::string CheckProblem(const VariantInfo& v, const GemmProblem& p) {
   if (v.kind == VariantKind::kKernel && !v.is_fallback &&
       !(Aligned16(p.a) && Aligned16(p.b) && Aligned16(p.c)))
     return "variant " + v.name + " needs 16-byte aligned a, b and c";
+  if (v.kind == VariantKind::kAuto && !IsDefaultForm(p) && AutoVariantFor(p) == nullptr)
+    return std::string("auto: no kernel on this device takes layout ") +
+           LayoutName(p.transpose_a, p.transpose_b) + " with " + TypesName(p.ab_type, p.c_type) +
+           " at " + std::to_string(p.m) + "x" + std::to_string(p.n) + "x" + std::to_string(p.k) +
+           (p.lda || p.ldb || p.ldc ? " (strided)" : "") + "; cublas does";
   return "";
 }
 
@@ -364,16 +369,7 @@ std::string Launch(const VariantInfo& v, const GemmProblem& p, LaunchContext& ct
     case VariantKind::kCublas:
       return LaunchCublas(p, ctx);
     case VariantKind::kAuto: {
-      if (!IsDefaultForm(p)) {
-        const VariantInfo* chosen = AutoVariantFor(p);
-        if (chosen == nullptr)
-          return std::string("auto: no kernel on this device takes layout ") +
-                 LayoutName(p.transpose_a, p.transpose_b) + " with " +
-                 TypesName(p.ab_type, p.c_type) + " at " + std::to_string(p.m) + "x" +
-                 std::to_string(p.n) + "x" + std::to_string(p.k) +
-                 (p.lda || p.ldb || p.ldc ? " (strided)" : "") + "; cublas does";
-        return Launch(*chosen, p, ctx);
-      }
+      if (!IsDefaultForm(p)) return Launch(*AutoVariantFor(p), p, ctx);  // CheckProblem: one exists
       const VariantInfo& chosen = ChooseAuto(p.m, p.n, p.k, p.accumulation, ctx);
       std::string why = CheckProblem(chosen, p);  // alignment is not part of the bucket
       return Launch(why.empty() ? chosen : FallbackVariant(), p, ctx);

@@ -261,6 +261,13 @@ TEST(Registry, AutoPicksAKernelThatTakesTheLayout) {
   ASSERT_NE(chosen, nullptr);
   EXPECT_EQ(CheckProblem(*chosen, p), "") << chosen->name;
   EXPECT_EQ(chosen->kind, VariantKind::kKernel);
+  EXPECT_EQ(CheckProblem(*FindVariant("auto"), p), "");
+  // No kernel takes an odd N with a transposed B: auto refuses it up front, by name.
+  p.n = 4095;
+  EXPECT_EQ(AutoVariantFor(p), nullptr);
+  EXPECT_NE(CheckProblem(*FindVariant("auto"), p).find("auto: no kernel on this device takes layout NT"),
+            std::string::npos)
+      << CheckProblem(*FindVariant("auto"), p);
 }
 
 }  // namespace
