@@ -188,7 +188,7 @@ TEST(Registry, OlderFamiliesRefuseOtherLayoutsAndTypesByName) {
   }
 }
 
-TEST(Registry, WgmmaTakesEveryLayoutAndBf16) {
+TEST(Registry, WgmmaTakesEveryLayoutBf16AndFp32C) {
   const VariantInfo* w = FindVariant("wgmma_128x256_s4_g8");
   if (w == nullptr) GTEST_SKIP() << "no wgmma family on this machine";
   for (bool ta : {false, true})
@@ -197,7 +197,10 @@ TEST(Registry, WgmmaTakesEveryLayoutAndBf16) {
         GemmProblem p = AlignedProblem(136, 264, 104);
         p.transpose_a = ta;
         p.transpose_b = tb;
-        p.ab_type = p.c_type = t;
+        p.ab_type = t;
+        p.c_type = DataType::kFp32;
+        EXPECT_EQ(CheckProblem(*w, p), "") << LayoutName(ta, tb) << " " << DataTypeName(t) << "→fp32";
+        p.c_type = t;
         EXPECT_EQ(CheckProblem(*w, p), "") << LayoutName(ta, tb) << " " << DataTypeName(t);
         p.ldb = (tb ? 104 : 264) + 8;
         EXPECT_EQ(CheckProblem(*w, p), "") << "strided";
@@ -210,9 +213,11 @@ TEST(Registry, WgmmaTakesEveryLayoutAndBf16) {
       << CheckProblem(*w, p);
   p.transpose_a = false;
   EXPECT_EQ(CheckProblem(*w, p), "");
-  p.c_type = DataType::kFp32;
-  EXPECT_NE(CheckProblem(*w, p).find("does not take element types fp16→fp32"), std::string::npos)
-      << CheckProblem(*w, p);
+  p.c_type = DataType::kFp32;  // fp32 C: fp32 accumulation only
+  EXPECT_EQ(CheckProblem(*w, p), "");
+  p.accumulation = Accumulation::kFp16;
+  EXPECT_NE(CheckProblem(*w, p).find("fp16 accumulation takes fp16"), std::string::npos);
+  p.accumulation = Accumulation::kFp32;
   // cuBLAS takes all of it.
   EXPECT_EQ(CheckProblem(*FindVariant("cublas"), p), "");
   p.transpose_a = true;

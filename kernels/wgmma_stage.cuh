@@ -1,5 +1,5 @@
 // The Hopper HGEMM family: TMA + wgmma, warp-specialized, persistent. C[M,N] = op(A)·op(B) on
-// row-major storage, fp16 or bf16 in and the same type out, fp32 accumulators, any of the four
+// row-major storage, fp16 or bf16 in and the same type or fp32 out, fp32 accumulators, any of the four
 // layouts (NN, NT, TN, TT; op(A) is A or Aᵀ as cuBLAS's transa). sm_90a only (wgmma, setmaxnreg).
 //
 //   * A producer warpgroup (one elected thread) streams K tiles with cp.async.bulk.tensor (TMA,
@@ -31,7 +31,10 @@
 //   * Epilogue: each consumer warpgroup writes its 64-row slab in 64×64 chunks into a
 //     double-buffered, 128-byte-swizzled shared tile (conflict-free) and one thread stores each
 //     chunk with a TMA tensor store, which completes while the warpgroup goes on to its next
-//     tile (docs/kernels_notes.md, run 6: +8–10 % over half2 stores from registers).
+//     tile (docs/kernels_notes.md, run 6: +8–10 % over half2 stores from registers). An fp32
+//     C (TC = float) needs twice the bytes per chunk: the same 16 KB per consumer hold one
+//     64×64 fp32 chunk as two 64-row × 32-column boxes (128-byte rows, swizzled alike), single-
+//     buffered (each chunk waits for the previous store's reads).
 //   * Edges: TMA zero-fills load boxes past M, N and K (they add nothing to the sums) and clips
 //     stores at M and N.
 //   * Watchdog: an mbarrier wait that lasts HGEMM_MBAR_TIMEOUT_NS (default 10 s; 0 disables)
@@ -144,6 +147,9 @@ __device__ __forceinline__ void NamedBarrier(int id, int threads) {
 __device__ __forceinline__ void StShared(uint32_t addr, uint32_t v) {
   asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
 }
+__device__ __forceinline__ void StShared(uint32_t addr, float lo, float hi) {
+  asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(lo), "f"(hi) : "memory");
+}
 // Two fp32 accumulators rounded to the output type T (__half or __nv_bfloat16), packed low-first.
 template <typename T>
 __device__ __forceinline__ uint32_t PackPair(float lo, float hi);
@@ -219,9 +225,10 @@ struct WgmmaStage {
 // @tparam BN, CONSUMERS, K_STAGE, GROUP_M  see WgmmaStage.
 // @tparam TRANS_A  A is stored k×m (op(A) = Aᵀ): read M-major.
 // @tparam TRANS_B  B is stored n×k (op(B) = Bᵀ): read K-major.
-// @tparam T        element type of A, B and C: __half or __nv_bfloat16.
+// @tparam T        element type of A and B: __half or __nv_bfloat16.
+// @tparam TC       element type of C: T, or float (C's tensor map then has boxes of 64 × 32).
 template <int BN, int CONSUMERS, int K_STAGE, int GROUP_M, bool TRANS_A = false,
-          bool TRANS_B = false, typename T = __half>
+          bool TRANS_B = false, typename T = __half, typename TC = T>
 __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
     WgmmaGemmKernel(const __grid_constant__ CUtensorMap map_a,
                     const __grid_constant__ CUtensorMap map_b,
@@ -231,6 +238,10 @@ __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
   constexpr int BM = Cfg::BM, BK = Cfg::BK;
   constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
   static_assert(kBf16 || std::is_same_v<T, __half>, "wgmma with transposes takes f16 or bf16");
+  constexpr bool kFp32Out = std::is_same_v<TC, float>;
+  static_assert(kFp32Out || std::is_same_v<TC, T>, "C is of the input type or fp32");
+  static_assert(64 * 64 * sizeof(float) <= 2 * Cfg::kCChunkBytes,
+                "an fp32 chunk fits in a consumer's two 16-bit chunk buffers");
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const uint32_t raw = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
   const uint32_t ring = (raw + 1023) & ~1023u;
@@ -337,26 +348,55 @@ __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
       // r + 8 alike): the 8 rows a store instruction touches land in 8 different units, so
       // the stores are free of bank conflicts.
       const int r = warp * 16 + lane / 4;
-      const uint32_t row_base = c_stage + c * 2 * Cfg::kCChunkBytes + r * 128 + 4 * (lane % 4);
       const uint32_t unit_xor = (r & 7) << 4;
+      if constexpr (kFp32Out) {
+        // fp32: columns 8jj + 2(lane%4) + {0,1} of the chunk are bytes 32jj + 8(lane%4) of its
+        // 256-byte row: box jj / 4 (32 columns, 128-byte rows), unit 2(jj%4) + (lane%4)/2,
+        // 8 bytes in. The 8 rows of a store fill each unit position twice: two wavefronts for
+        // 256 bytes, the minimum.
+        const uint32_t buf = c_stage + c * 2 * Cfg::kCChunkBytes;
 #pragma unroll
-      for (int j = 0; j < BN / 64; ++j) {
-        const uint32_t buf = c_stage + (c * 2 + j % 2) * Cfg::kCChunkBytes;
-        // The store that last read this buffer (two chunks ago) must have finished reading.
-        if (leader) BulkWaitRead<1>();
-        NamedBarrier(1 + c, 128);
+        for (int j = 0; j < BN / 64; ++j) {
+          if (leader) BulkWaitRead<0>();  // the previous chunk's stores have read the buffer
+          NamedBarrier(1 + c, 128);
 #pragma unroll
-        for (int jj = 0; jj < 8; ++jj) {
-          const int a = 4 * (8 * j + jj);
-          const uint32_t addr = row_base + (j % 2) * Cfg::kCChunkBytes + ((jj << 4) ^ unit_xor);
-          StShared(addr, PackPair<T>(acc[a], acc[a + 1]));
-          StShared(addr + 8 * 128, PackPair<T>(acc[a + 2], acc[a + 3]));
+          for (int jj = 0; jj < 8; ++jj) {
+            const int a = 4 * (8 * j + jj);
+            const uint32_t unit = 2 * (jj % 4) + (lane % 4) / 2;
+            const uint32_t addr = buf + (jj / 4) * Cfg::kCChunkBytes + r * 128 +
+                                  ((unit << 4) ^ unit_xor) + 8 * (lane % 2);
+            StShared(addr, acc[a], acc[a + 1]);
+            StShared(addr + 8 * 128, acc[a + 2], acc[a + 3]);
+          }
+          FenceProxyAsync();
+          NamedBarrier(1 + c, 128);
+          if (leader) {
+            TmaStore2d(&map_c, buf, tn * BN + 64 * j, tm * BM + c * 64);
+            TmaStore2d(&map_c, buf + Cfg::kCChunkBytes, tn * BN + 64 * j + 32, tm * BM + c * 64);
+            BulkCommit();
+          }
         }
-        FenceProxyAsync();
-        NamedBarrier(1 + c, 128);
-        if (leader) {
-          TmaStore2d(&map_c, buf, tn * BN + 64 * j, tm * BM + c * 64);
-          BulkCommit();
+      } else {
+        const uint32_t row_base = c_stage + c * 2 * Cfg::kCChunkBytes + r * 128 + 4 * (lane % 4);
+#pragma unroll
+        for (int j = 0; j < BN / 64; ++j) {
+          const uint32_t buf = c_stage + (c * 2 + j % 2) * Cfg::kCChunkBytes;
+          // The store that last read this buffer (two chunks ago) must have finished reading.
+          if (leader) BulkWaitRead<1>();
+          NamedBarrier(1 + c, 128);
+#pragma unroll
+          for (int jj = 0; jj < 8; ++jj) {
+            const int a = 4 * (8 * j + jj);
+            const uint32_t addr = row_base + (j % 2) * Cfg::kCChunkBytes + ((jj << 4) ^ unit_xor);
+            StShared(addr, PackPair<T>(acc[a], acc[a + 1]));
+            StShared(addr + 8 * 128, PackPair<T>(acc[a + 2], acc[a + 3]));
+          }
+          FenceProxyAsync();
+          NamedBarrier(1 + c, 128);
+          if (leader) {
+            TmaStore2d(&map_c, buf, tn * BN + 64 * j, tm * BM + c * 64);
+            BulkCommit();
+          }
         }
       }
     }

@@ -3,7 +3,8 @@
 // (kernels/wgmma_launch.cuh; compiled in wgmma_instances_*.cu) and the tensor maps
 // (cuTensorMapEncodeTiled through cudaGetDriverEntryPointByVersion, so nothing links libcuda)
 // cached per (pointer, shape, stride, box, type). Names read wgmma_<BM>x<BN>_s<K_STAGE>_g<GROUP_M>;
-// each variant takes the four layouts (NN, NT, TN, TT) and fp16 or bf16 (C of the input type).
+// each variant takes the four layouts (NN, NT, TN, TT) and fp16 or bf16 (C of the input type
+// or fp32).
 #include <cuda.h>
 #include <cudaTypedefs.h>
 
@@ -63,7 +64,8 @@ bool TensorMap(const void* ptr, int rows, int cols, int ld, int box_rows, int bo
   PFN_cuTensorMapEncodeTiled_v12000 encode = EncodeFn();
   if (encode == nullptr) return false;
   const cuuint64_t dims[2] = {cuuint64_t(cols), cuuint64_t(rows)};
-  const cuuint64_t strides[1] = {cuuint64_t(ld) * 2};
+  const cuuint64_t elem_bytes = type == CU_TENSOR_MAP_DATA_TYPE_FLOAT32 ? 4 : 2;
+  const cuuint64_t strides[1] = {cuuint64_t(ld) * elem_bytes};
   const cuuint32_t box[2] = {cuuint32_t(box_cols), cuuint32_t(box_rows)};
   const cuuint32_t elem_strides[2] = {1, 1};
   CUtensorMap map;
@@ -85,18 +87,22 @@ struct Wgmma {
   using Cfg = detail::WgmmaStage<BN, CONSUMERS, K_STAGE, GROUP_M>;
 
   // Both accumulations run the fp32-accumulating kernel (wgmma_stage.cuh says why).
-  template <typename T>
+  template <typename T, typename TC>
   static cudaError_t Run(const GemmProblem& p, cudaStream_t stream) {
     if (p.transpose_a)
       return p.transpose_b
-                 ? LaunchWgmmaGemm<BN, CONSUMERS, K_STAGE, GROUP_M, true, true, T>(p, stream)
-                 : LaunchWgmmaGemm<BN, CONSUMERS, K_STAGE, GROUP_M, true, false, T>(p, stream);
+                 ? LaunchWgmmaGemm<BN, CONSUMERS, K_STAGE, GROUP_M, true, true, T, TC>(p, stream)
+                 : LaunchWgmmaGemm<BN, CONSUMERS, K_STAGE, GROUP_M, true, false, T, TC>(p, stream);
     return p.transpose_b
-               ? LaunchWgmmaGemm<BN, CONSUMERS, K_STAGE, GROUP_M, false, true, T>(p, stream)
-               : LaunchWgmmaGemm<BN, CONSUMERS, K_STAGE, GROUP_M, false, false, T>(p, stream);
+               ? LaunchWgmmaGemm<BN, CONSUMERS, K_STAGE, GROUP_M, false, true, T, TC>(p, stream)
+               : LaunchWgmmaGemm<BN, CONSUMERS, K_STAGE, GROUP_M, false, false, T, TC>(p, stream);
   }
   static cudaError_t Launch(const GemmProblem& p, int /*swizzle_stride*/, cudaStream_t stream) {
-    return p.ab_type == DataType::kBf16 ? Run<__nv_bfloat16>(p, stream) : Run<__half>(p, stream);
+    const bool fp32_c = p.c_type == DataType::kFp32;
+    if (p.ab_type == DataType::kBf16)
+      return fp32_c ? Run<__nv_bfloat16, float>(p, stream)
+                    : Run<__nv_bfloat16, __nv_bfloat16>(p, stream);
+    return fp32_c ? Run<__half, float>(p, stream) : Run<__half, __half>(p, stream);
   }
 
   // The tile count must fit in int (the kernel's tile index).
@@ -137,7 +143,7 @@ struct Wgmma {
                        /*inner=*/"",
                        &Launch,
                        kAllLayouts,
-                       kTypesFp16 | kTypesBf16,
+                       kAllTypes,
                        /*strided=*/true,
                        &CheckLayout};
   }
