@@ -2,7 +2,8 @@
 // kernel tests, kernel_bench, hgemm_client --check, hgemm_load's guard, the soak, server tests),
 // and the one table of how far a correct C may be.
 //
-// C is raw binary16 bits, the reference fp32, both row-major with `count` elements.
+// C is raw binary16 bits (or bf16 bits, or fp32), the reference fp32, both row-major with
+// `count` elements.
 // Thread safety: pure functions and constants.
 #ifndef HGEMM_KERNELS_HOST_ERROR_STATS_H_
 #define HGEMM_KERNELS_HOST_ERROR_STATS_H_
