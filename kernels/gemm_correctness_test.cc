@@ -416,6 +416,26 @@ TEST(AutoTune, CachesTheChoicePerBucket) {
     std::printf("[ auto   ] 1000x1000x999 fp32 -> %s\n", odd.name.c_str());
     std::printf("[ auto   ] 1024^3 fp32 -> %s\n", first.name.c_str());
   }
+  {
+    // Other layouts and types: tuned per (bucket, layout, types) among the kernels that take them.
+    LaunchContext ctx(stream);
+    void* buf = nullptr;
+    ASSERT_CUDA(cudaMalloc(&buf, 3 << 20));
+    auto* base = static_cast<unsigned char*>(buf);
+    GemmProblem p{base, base + (1 << 20), base + (2 << 20), 512, 512, 512, Accumulation::kFp32};
+    p.transpose_b = true;
+    p.ab_type = p.c_type = DataType::kBf16;
+    const VariantInfo* nt = ChooseAutoFor(p, ctx);
+    if (FindVariant("wgmma_128x256_s4_g8") != nullptr && cc >= 90) {
+      ASSERT_NE(nt, nullptr);
+      EXPECT_EQ(CheckProblem(*nt, p), "") << nt->name;
+      p.m = p.n = p.k = 504;  // the same bucket (rounded up to 512)
+      EXPECT_EQ(ChooseAutoFor(p, ctx), nt);
+      std::printf("[ auto   ] 512^3 NT bf16 -> %s\n", nt->name.c_str());
+    }
+    ASSERT_CUDA(cudaStreamSynchronize(stream));
+    ASSERT_CUDA(cudaFree(buf));
+  }
   ASSERT_CUDA(cudaStreamDestroy(stream));
 }
 

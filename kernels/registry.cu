@@ -369,7 +369,10 @@ std::string Launch(const VariantInfo& v, const GemmProblem& p, LaunchContext& ct
     case VariantKind::kCublas:
       return LaunchCublas(p, ctx);
     case VariantKind::kAuto: {
-      if (!IsDefaultForm(p)) return Launch(*AutoVariantFor(p), p, ctx);  // CheckProblem: one exists
+      if (!IsDefaultForm(p)) {  // CheckProblem: some kernel takes it
+        const VariantInfo* chosen = ChooseAutoFor(p, ctx);
+        return Launch(chosen != nullptr ? *chosen : *AutoVariantFor(p), p, ctx);
+      }
       const VariantInfo& chosen = ChooseAuto(p.m, p.n, p.k, p.accumulation, ctx);
       std::string why = CheckProblem(chosen, p);  // alignment is not part of the bucket
       return Launch(why.empty() ? chosen : FallbackVariant(), p, ctx);

@@ -175,8 +175,8 @@ std::string CheckProblem(const VariantInfo& variant, const GemmProblem& problem)
 
 // Enqueues C = op(A)·op(B) on ctx's stream (asynchronous). Returns an empty string on success,
 // else a message (CUDA/cuBLAS error text, or why the variant can't take this problem).
-// "auto" first resolves through ChooseAuto (which may synchronize ctx's stream once per bucket);
-// for a problem other than NN fp16 packed it runs AutoVariantFor's choice (not yet tuned).
+// "auto" first resolves through ChooseAutoFor (which may synchronize ctx's stream once per
+// bucket and form).
 std::string Launch(const VariantInfo& variant, const GemmProblem& problem, LaunchContext& ctx);
 
 // The kernel "auto" runs for this shape and accumulation: on first use of the shape bucket it
@@ -190,10 +190,18 @@ const VariantInfo& ChooseAuto(int m, int n, int k, Accumulation acc, LaunchConte
 // device's SM count, cached per device), thread-safe.
 const VariantInfo& DefaultVariant(int m, int n, int k, Accumulation acc);
 
-// What "auto" runs for a problem other than NN fp16 packed: DefaultVariant's choice if it takes
-// the problem, else the first kernel in Variants() order that does; nullptr if none does (e.g.
-// a transposed layout on a device without the wgmma family). No device work.
+// The untuned choice for a problem other than NN fp16 packed: DefaultVariant's choice if it
+// takes the problem, else the first kernel in Variants() order that does; nullptr if none does
+// (e.g. a transposed layout on a device without the wgmma family). No device work.
 const VariantInfo* AutoVariantFor(const GemmProblem& problem);
+
+// What "auto" runs for `problem`: NN fp16 packed goes to ChooseAuto; other layouts and types are
+// tuned the same way per (shape bucket, alignment, accumulation, layout, type pair) among the
+// kernels that take the problem, on packed scratch operands of its types (strides do not enter
+// the bucket; a cached choice that refuses the strides or alignment is not used), and cached
+// process-wide. nullptr if no kernel takes the problem; AutoVariantFor's choice, uncached, if
+// tuning cannot run.
+const VariantInfo* ChooseAutoFor(const GemmProblem& problem, LaunchContext& ctx);
 
 // The cached auto choice for the bucket of this shape, or nullptr if it has not been tuned.
 const VariantInfo* CachedAutoChoice(int m, int n, int k, Accumulation acc);
