@@ -93,8 +93,7 @@ std::vector<VariantInfo> BuildVariants() {
                             VariantKind::kCublas, false, 0, 0, 0, 0, "", nullptr, kAllLayouts,
                             kAllTypes, /*strided=*/true, nullptr});
   all.push_back(VariantInfo{"auto",
-                            "tuned per shape bucket among the project's kernels (NN fp16); other "
-                            "layouts and types: the default kernel that takes them",
+                            "tuned per shape bucket (and layout, types) among the project's kernels",
                             true, true, 0, 90, &AnyShape, "any m, n, k >= 1", VariantKind::kAuto,
                             false, 0, 0, 0, 0, "", nullptr, kAllLayouts, kAllTypes,
                             /*strided=*/true, nullptr});
