@@ -15,8 +15,8 @@
 
 #include "bench/load_callers.h"
 #include "bench/stats.h"
-#include "kernels/host/cpu_gemm.h"
-#include "kernels/host/error_stats.h"
+#include "proto/numerics/cpu_gemm.h"
+#include "proto/numerics/error_stats.h"
 
 namespace hgemm::bench {
 namespace {

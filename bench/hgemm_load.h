@@ -70,7 +70,7 @@ class LoadGenerator {
 
   // Sends `per_shape` GEMMs of each shape to the service at `target` in options().mode and
   // compares C with ReferenceGemm: all of C when m·n·k ≤ 2^27, else 16 random rows, within
-  // kServiceTolerance (kernels/host/error_stats.h) as in hgemm_client --check.
+  // kServiceTolerance (proto/numerics/error_stats.h) as in hgemm_client --check.
   // Resident modes upload the operands as RunPoint does; with kAll the kept C is downloaded
   // (DownloadMatrix) for the check. Everything uploaded or kept is released again.
   VerifyResult Verify(const std::string& target, int per_shape);

@@ -13,7 +13,7 @@
 #include "bench/server_metrics.h"
 #include "bench/stats.h"
 #include "client/gemm_client.h"
-#include "kernels/host/error_stats.h"
+#include "proto/numerics/error_stats.h"
 #include "server/backend/cpu_backend.h"
 #include "server/testing/child_process.h"
 #include "server/server.h"

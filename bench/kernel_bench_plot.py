@@ -14,12 +14,20 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 
+def case(r):
+    """The x-axis label: the shape, with the layout and types where not NN fp16 (older CSVs
+    have neither column)."""
+    s = f'{r["m"]}x{r["n"]}x{r["k"]}'
+    form = f'{r.get("layout", "NN")} {r.get("types", "fp16")}'
+    return s if form == "NN fp16" else f"{s} {form}"
+
+
 def main(src, dst):
     rows = [r for r in csv.DictReader(open(src)) if float(r["tflops"]) > 0]
     device = rows[0]["device"] if rows else "?"
     shapes = []
     for r in rows:
-        s = f'{r["m"]}x{r["n"]}x{r["k"]}'
+        s = case(r)
         if s not in shapes:
             shapes.append(s)
     accs = [a for a in ("fp16", "fp32") if any(r["acc"] == a for r in rows)]
@@ -29,7 +37,7 @@ def main(src, dst):
         table = defaultdict(dict)
         for r in rows:
             if r["acc"] == acc:
-                table[r["variant"]][f'{r["m"]}x{r["n"]}x{r["k"]}'] = float(r["tflops"])
+                table[r["variant"]][case(r)] = float(r["tflops"])
         variants = [v for v in table if v != "cublas"]
         width = 0.8 / max(1, len(variants))
         for i, v in enumerate(variants):

@@ -24,7 +24,7 @@
 #include "bench/stats.h"
 #include "client/gemm_client.h"
 #include "client/gemm_dims.h"
-#include "kernels/host/cpu_gemm.h"
+#include "proto/numerics/cpu_gemm.h"
 #include "proto/hgemm.grpc.pb.h"
 
 namespace {

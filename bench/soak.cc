@@ -18,7 +18,7 @@
 
 #include "bench/hgemm_load.h"
 #include "client/gemm_client.h"
-#include "kernels/host/cpu_gemm.h"
+#include "proto/numerics/cpu_gemm.h"
 #include "proto/hgemm.grpc.pb.h"
 
 namespace hgemm::bench {

@@ -25,7 +25,7 @@
 #include <utility>
 #include <vector>
 
-#include "kernels/host/error_stats.h"
+#include "proto/numerics/error_stats.h"
 
 namespace hgemm::bench {
 

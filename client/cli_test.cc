@@ -14,7 +14,7 @@
 #include <sstream>
 
 #include "client/gemm_client.h"
-#include "kernels/host/cpu_gemm.h"
+#include "proto/numerics/cpu_gemm.h"
 #include "server/backend/cpu_backend.h"
 #include "server/server.h"
 

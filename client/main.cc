@@ -25,8 +25,8 @@
 #include "client/gemm_client.h"
 #include "client/gemm_dims.h"
 #include "client/npy.h"
-#include "kernels/host/cpu_gemm.h"
-#include "kernels/host/error_stats.h"
+#include "proto/numerics/cpu_gemm.h"
+#include "proto/numerics/error_stats.h"
 
 namespace {
 

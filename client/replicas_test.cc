@@ -19,8 +19,8 @@
 #include <thread>
 
 #include "client/gemm_client.h"
-#include "kernels/host/cpu_gemm.h"
-#include "kernels/host/error_stats.h"
+#include "proto/numerics/cpu_gemm.h"
+#include "proto/numerics/error_stats.h"
 #include "server/testing/child_process.h"
 
 namespace hgemm {

@@ -7,6 +7,7 @@
 #include <tuple>
 #include <vector>
 
+#include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include "kernels/align.h"
@@ -22,13 +23,15 @@ constexpr size_t kMaxTuneScratchBytes = size_t{3} << 30;
 constexpr int kTimedRuns = 3;
 
 // Shapes in one bucket share a choice: each extent rounded up to a power of two (at least 16),
-// plus whether the 16-byte path applies and the accumulation.
+// plus whether the 16-byte path applies, the accumulation and the form (layout bit | type-pair
+// bit << 4; 0 for NN fp16, whose buckets ChooseAuto fills).
 struct BucketKey {
   int m, n, k;
   bool vec16;
   Accumulation acc;
+  unsigned form = 0;
   bool operator<(const BucketKey& o) const {
-    return std::tie(m, n, k, vec16, acc) < std::tie(o.m, o.n, o.k, o.vec16, o.acc);
+    return std::tie(m, n, k, vec16, acc, form) < std::tie(o.m, o.n, o.k, o.vec16, o.acc, o.form);
   }
 };
 
@@ -80,25 +83,38 @@ int CurrentSmCount() {
   return sms;
 }
 
-// Times each candidate on ctx's stream; nullptr if tuning could not run.
-const VariantInfo* Tune(int m, int n, int k, Accumulation acc, LaunchContext& ctx,
+// Times each candidate on ctx's stream on packed scratch operands of `form`'s shape, layout and
+// types (its pointers and strides are not used); nullptr if tuning could not run.
+const VariantInfo* Tune(const GemmProblem& form, LaunchContext& ctx,
                         const std::vector<const VariantInfo*>& candidates) {
-  const size_t a_bytes = AlignUp(size_t(m) * k * sizeof(__half));
-  const size_t b_bytes = AlignUp(size_t(k) * n * sizeof(__half));
-  const size_t c_bytes = AlignUp(size_t(m) * n * sizeof(__half));
+  const int m = form.m, n = form.n, k = form.k;
+  const size_t ab = DataTypeBytes(form.ab_type);
+  const size_t a_bytes = AlignUp(size_t(m) * k * ab);
+  const size_t b_bytes = AlignUp(size_t(k) * n * ab);
+  const size_t c_bytes = AlignUp(size_t(m) * n * DataTypeBytes(form.c_type));
   if (a_bytes + b_bytes + c_bytes > kMaxTuneScratchBytes) return nullptr;
   std::string error;
   auto* base = static_cast<unsigned char*>(
       ctx.Scratch(LaunchContext::kTuningScratch, a_bytes + b_bytes + c_bytes, &error));
   if (base == nullptr) return nullptr;
-  GemmProblem p{reinterpret_cast<const __half*>(base),
-                reinterpret_cast<const __half*>(base + a_bytes),
-                reinterpret_cast<__half*>(base + a_bytes + b_bytes), m, n, k, acc};
+  GemmProblem p = form;
+  p.a = base;
+  p.b = base + a_bytes;
+  p.c = base + a_bytes + b_bytes;
+  p.lda = p.ldb = p.ldc = 0;
   cudaStream_t stream = ctx.stream();
   // Random data: zeros run faster than real inputs and would skew the choice.
-  if (FillUniform(const_cast<__half*>(p.a), size_t(m) * k, 1, -1.f, 1.f, stream) != cudaSuccess ||
-      FillUniform(const_cast<__half*>(p.b), size_t(k) * n, 2, -1.f, 1.f, stream) != cudaSuccess)
-    return nullptr;
+  const bool filled =
+      form.ab_type == DataType::kBf16
+          ? FillUniform(reinterpret_cast<__nv_bfloat16*>(base), size_t(m) * k, 1, -1.f, 1.f,
+                        stream) == cudaSuccess &&
+                FillUniform(reinterpret_cast<__nv_bfloat16*>(base + a_bytes), size_t(k) * n, 2,
+                            -1.f, 1.f, stream) == cudaSuccess
+          : FillUniform(reinterpret_cast<__half*>(base), size_t(m) * k, 1, -1.f, 1.f, stream) ==
+                    cudaSuccess &&
+                FillUniform(reinterpret_cast<__half*>(base + a_bytes), size_t(k) * n, 2, -1.f,
+                            1.f, stream) == cudaSuccess;
+  if (!filled) return nullptr;
 
   cudaEvent_t start, stop;
   if (cudaEventCreate(&start) != cudaSuccess) return nullptr;
@@ -173,13 +189,39 @@ const VariantInfo& ChooseAuto(int m, int n, int k, Accumulation acc, LaunchConte
   if (const VariantInfo* cached = CachedAutoChoice(m, n, k, acc)) return *cached;
   const std::vector<const VariantInfo*> candidates = Candidates(m, n, k, acc);
   if (candidates.empty()) return FallbackVariant();
-  const VariantInfo* best = candidates.size() == 1 ? candidates.front()
-                                                   : Tune(m, n, k, acc, ctx, candidates);
+  const VariantInfo* best =
+      candidates.size() == 1
+          ? candidates.front()
+          : Tune(GemmProblem{nullptr, nullptr, nullptr, m, n, k, acc}, ctx, candidates);
   if (best == nullptr) return DefaultVariant(m, n, k, acc);  // not cached: retry next time
   std::lock_guard<std::mutex> lock(CacheMutex());
   // Another thread may have tuned the same bucket meanwhile; the first choice stays.
   auto [it, inserted] = Cache().emplace(KeyFor(m, n, k, acc), best);
   return it->second->can_implement(m, n, k) ? *it->second : *best;
+}
+
+const VariantInfo* ChooseAutoFor(const GemmProblem& p, LaunchContext& ctx) {
+  const bool default_form = !p.transpose_a && !p.transpose_b && p.ab_type == DataType::kFp16 &&
+                            p.c_type == DataType::kFp16;
+  if (default_form && p.lda == 0 && p.ldb == 0 && p.ldc == 0)
+    return &ChooseAuto(p.m, p.n, p.k, p.accumulation, ctx);
+  BucketKey key = KeyFor(p.m, p.n, p.k, p.accumulation);
+  key.form = LayoutBit(p.transpose_a, p.transpose_b) | (TypesBit(p.ab_type, p.c_type) << 4);
+  {
+    std::lock_guard<std::mutex> lock(CacheMutex());
+    auto it = Cache().find(key);
+    if (it != Cache().end() && CheckProblem(*it->second, p).empty()) return it->second;
+  }
+  std::vector<const VariantInfo*> candidates;
+  for (const VariantInfo& v : Variants())
+    if (v.kind == VariantKind::kKernel && CheckProblem(v, p).empty()) candidates.push_back(&v);
+  if (candidates.empty()) return nullptr;
+  const VariantInfo* best =
+      candidates.size() == 1 ? candidates.front() : Tune(p, ctx, candidates);
+  if (best == nullptr) return AutoVariantFor(p);  // not cached: retry next time
+  std::lock_guard<std::mutex> lock(CacheMutex());
+  auto [it, inserted] = Cache().emplace(key, best);
+  return CheckProblem(*it->second, p).empty() ? it->second : best;
 }
 
 }  // namespace hgemm::kernels

@@ -1,5 +1,6 @@
 #include "kernels/fill.h"
 
+#include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 namespace hgemm::kernels {
@@ -12,12 +13,17 @@ __device__ __forceinline__ uint64_t SplitMix64(uint64_t x) {
   return x ^ (x >> 31);
 }
 
-__global__ void FillUniformKernel(__half* data, size_t count, uint64_t seed, float lo, float span) {
+__device__ __forceinline__ void Store(__half* p, float x) { *p = __float2half(x); }
+__device__ __forceinline__ void Store(__nv_bfloat16* p, float x) { *p = __float2bfloat16(x); }
+
+// @tparam T  __half or __nv_bfloat16.
+template <typename T>
+__global__ void FillUniformKernel(T* data, size_t count, uint64_t seed, float lo, float span) {
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < count;
        i += size_t(gridDim.x) * blockDim.x) {
     const uint64_t r = SplitMix64(seed * 0x100000001B3ull + i);
     const float u = float(r >> 40) * (1.0f / 16777216.0f);  // 24 random bits in [0, 1)
-    data[i] = __float2half(lo + span * u);
+    Store(data + i, lo + span * u);
   }
 }
 
@@ -45,6 +51,12 @@ unsigned GridFor(size_t count) {
 }  // namespace
 
 cudaError_t FillUniform(__half* data, size_t count, uint64_t seed, float lo, float hi,
+                        cudaStream_t stream) {
+  FillUniformKernel<<<GridFor(count), 256, 0, stream>>>(data, count, seed, lo, hi - lo);
+  return cudaGetLastError();
+}
+
+cudaError_t FillUniform(__nv_bfloat16* data, size_t count, uint64_t seed, float lo, float hi,
                         cudaStream_t stream) {
   FillUniformKernel<<<GridFor(count), 256, 0, stream>>>(data, count, seed, lo, hi - lo);
   return cudaGetLastError();

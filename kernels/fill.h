@@ -1,4 +1,4 @@
-// Device-side fills for fp16 buffers: seeded uniform random values (tests, benchmarks, tuning
+// Device-side fills for fp16 (and bf16) buffers: seeded uniform random values (tests, benchmarks, tuning
 // scratch), a constant bit pattern (poisoning outputs before a check), and a zero-padding copy.
 //
 // Thread safety: stateless; each call enqueues one kernel on `stream` and returns its launch error.
@@ -10,7 +10,8 @@
 #include <cstddef>
 #include <cstdint>
 
-struct __half;  // cuda_fp16.h; host callers need only cuda_runtime.h
+struct __half;          // cuda_fp16.h; host callers need only cuda_runtime.h
+struct __nv_bfloat16;   // cuda_bf16.h
 
 namespace hgemm::kernels {
 
@@ -18,7 +19,12 @@ namespace hgemm::kernels {
 cudaError_t FillUniform(__half* data, size_t count, uint64_t seed, float lo, float hi,
                         cudaStream_t stream);
 
-// Sets every element of data[0..count) to the fp16 bit pattern `bits` (0x7E00 is a quiet NaN).
+// The same for bf16 data (values rounded to bf16).
+cudaError_t FillUniform(__nv_bfloat16* data, size_t count, uint64_t seed, float lo, float hi,
+                        cudaStream_t stream);
+
+// Sets every element of data[0..count) to the fp16 bit pattern `bits` (0x7E00 is a quiet NaN;
+// for bf16 data 0x7FC0, and over fp32 data 0x7FC0 in both halves is a NaN too).
 cudaError_t FillBits(__half* data, size_t count, uint16_t bits, cudaStream_t stream);
 
 // Copies the row-major src (src_rows × src_cols) into the row-major dst (dst_rows × dst_cols):

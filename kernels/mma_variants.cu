@@ -30,12 +30,14 @@ struct Mma {
     if (p.accumulation == Accumulation::kFp32 || p.k > kFp16AccMaxK) {
       if constexpr (kFp32)
         return detail::LaunchMmaStage<BM, BN, BK, WARPS_M, WARPS_N, K_STAGE, BLOCK_SWIZZLE, float,
-                                      MIN_BLOCKS_FP32, FRAG_DB>(p.a, p.b, p.c, p.m, p.n, p.k, stride,
+                                      MIN_BLOCKS_FP32, FRAG_DB>(static_cast<const half*>(p.a), static_cast<const half*>(p.b),
+        static_cast<half*>(p.c), p.m, p.n, p.k, stride,
                                                        stream);
       return cudaErrorInvalidValue;
     }
     return detail::LaunchMmaStage<BM, BN, BK, WARPS_M, WARPS_N, K_STAGE, BLOCK_SWIZZLE, half,
-                                  MIN_BLOCKS_FP16, FRAG_DB>(p.a, p.b, p.c, p.m, p.n, p.k, stride, stream);
+                                  MIN_BLOCKS_FP16, FRAG_DB>(static_cast<const half*>(p.a), static_cast<const half*>(p.b),
+        static_cast<half*>(p.c), p.m, p.n, p.k, stride, stream);
   }
 
   static bool CanImplement(int m, int n, int k) {

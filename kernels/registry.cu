@@ -26,6 +26,26 @@ namespace {
 
 bool AnyShape(int m, int n, int k) { return m >= 1 && n >= 1 && k >= 1; }
 
+// The stored extent of an operand: rows × cols as it lies in memory, and its row stride.
+struct Stored {
+  int rows, cols, ld;
+};
+Stored StoredA(const GemmProblem& p) {
+  const int rows = p.transpose_a ? p.k : p.m, cols = p.transpose_a ? p.m : p.k;
+  return {rows, cols, p.lda == 0 ? cols : p.lda};
+}
+Stored StoredB(const GemmProblem& p) {
+  const int rows = p.transpose_b ? p.n : p.k, cols = p.transpose_b ? p.k : p.n;
+  return {rows, cols, p.ldb == 0 ? cols : p.ldb};
+}
+Stored StoredC(const GemmProblem& p) { return {p.m, p.n, p.ldc == 0 ? p.n : p.ldc}; }
+
+bool IsDefaultForm(const GemmProblem& p) {
+  return !p.transpose_a && !p.transpose_b && p.ab_type == DataType::kFp16 &&
+         p.c_type == DataType::kFp16 && StoredA(p).ld == p.k && StoredB(p).ld == p.n &&
+         StoredC(p).ld == p.n;
+}
+
 bool PaddedShape(int m, int n, int k) {
   return internal::ShapeFitsGrid(m, n, k, 128) && n <= (1 << 30) && k <= (1 << 30);
 }
@@ -43,6 +63,11 @@ VariantInfo PaddedVariant(const VariantInfo& inner) {
   v.swizzle_stride = 0;
   v.inner = inner.name;
   v.launch = nullptr;
+  // The padding copies are NN fp16 packed.
+  v.layouts = kLayoutNN;
+  v.types = kTypesFp16;
+  v.strided = false;
+  v.check_layout = nullptr;
   return v;
 }
 
@@ -61,12 +86,17 @@ std::vector<VariantInfo> BuildVariants() {
                            [&](const VariantInfo& v) { return v.name == inner; });
     if (it != all.end()) all.push_back(PaddedVariant(*it));
   }
-  all.push_back(VariantInfo{"cublas", "cublasGemmEx (fp32 compute for fp32 acc, fp16 for fp16 acc)",
+  all.push_back(VariantInfo{"cublas",
+                            "cublasGemmEx with the problem's ops and types (fp32 compute for fp32 "
+                            "acc, fp16 for fp16 acc)",
                             true, true, 0, 50, &AnyShape, "any m, n, k >= 1",
-                            VariantKind::kCublas, false, 0, 0, 0, 0, "", nullptr});
-  all.push_back(VariantInfo{"auto", "tuned per shape bucket among the project's kernels", true,
-                            true, 0, 90, &AnyShape, "any m, n, k >= 1", VariantKind::kAuto,
-                            false, 0, 0, 0, 0, "", nullptr});
+                            VariantKind::kCublas, false, 0, 0, 0, 0, "", nullptr, kAllLayouts,
+                            kAllTypes, /*strided=*/true, nullptr});
+  all.push_back(VariantInfo{"auto",
+                            "tuned per shape bucket (and layout, types) among the project's kernels",
+                            true, true, 0, 90, &AnyShape, "any m, n, k >= 1", VariantKind::kAuto,
+                            false, 0, 0, 0, 0, "", nullptr, kAllLayouts, kAllTypes,
+                            /*strided=*/true, nullptr});
   return all;
 }
 
@@ -76,22 +106,35 @@ std::string CublasError(const char* what, cublasStatus_t s) {
   return std::string(what) + ": " + cublasGetStatusName(s) + " (" + cublasGetStatusString(s) + ")";
 }
 
+cudaDataType_t CublasType(DataType t) {
+  switch (t) {
+    case DataType::kFp16: return CUDA_R_16F;
+    case DataType::kBf16: return CUDA_R_16BF;
+    case DataType::kFp32: return CUDA_R_32F;
+  }
+  return CUDA_R_16F;
+}
+
 std::string LaunchCublas(const GemmProblem& p, LaunchContext& ctx) {
   std::string error;
   cublasHandle_t handle = ctx.cublas(&error);
   if (handle == nullptr) return error;
-  // Row-major C = A·B is column-major C^T = B^T·A^T: swap the operands, no transposes.
+  // Row-major C = op(A)·op(B) is column-major Cᵀ = op(B)ᵀ·op(A)ᵀ: B goes first. A row-major
+  // X seen column-major is Xᵀ, so a stored operand that is not transposed is passed as
+  // CUBLAS_OP_N and a transposed one as CUBLAS_OP_T, each with its stored row stride.
+  const cublasOperation_t op_b = p.transpose_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t op_a = p.transpose_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const int ldb = StoredB(p).ld, lda = StoredA(p).ld, ldc = StoredC(p).ld;
+  const cudaDataType_t ab = CublasType(p.ab_type), c = CublasType(p.c_type);
   cublasStatus_t s;
   if (p.accumulation == Accumulation::kFp32) {
     const float alpha = 1.f, beta = 0.f;
-    s = cublasGemmEx(handle, CUBLAS_OP_N, CUBLAS_OP_N, p.n, p.m, p.k, &alpha, p.b, CUDA_R_16F, p.n,
-                     p.a, CUDA_R_16F, p.k, &beta, p.c, CUDA_R_16F, p.n, CUBLAS_COMPUTE_32F,
-                     CUBLAS_GEMM_DEFAULT);
+    s = cublasGemmEx(handle, op_b, op_a, p.n, p.m, p.k, &alpha, p.b, ab, ldb, p.a, ab, lda, &beta,
+                     p.c, c, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
   } else {
     const __half alpha = __float2half(1.f), beta = __float2half(0.f);
-    s = cublasGemmEx(handle, CUBLAS_OP_N, CUBLAS_OP_N, p.n, p.m, p.k, &alpha, p.b, CUDA_R_16F, p.n,
-                     p.a, CUDA_R_16F, p.k, &beta, p.c, CUDA_R_16F, p.n, CUBLAS_COMPUTE_16F,
-                     CUBLAS_GEMM_DEFAULT);
+    s = cublasGemmEx(handle, op_b, op_a, p.n, p.m, p.k, &alpha, p.b, ab, ldb, p.a, ab, lda, &beta,
+                     p.c, c, ldc, CUBLAS_COMPUTE_16F, CUBLAS_GEMM_DEFAULT);
   }
   if (s != CUBLAS_STATUS_SUCCESS) return CublasError("cublasGemmEx", s);
   return "";
@@ -123,13 +166,15 @@ std::string LaunchPadded(const VariantInfo& v, const GemmProblem& p, LaunchConte
   q.k = k8;
   if (pad_a) {
     auto* a = reinterpret_cast<__half*>(base);
-    if (cudaError_t e = CopyPadded(a, p.m, k8, p.a, p.m, p.k, stream); e != cudaSuccess)
+    if (cudaError_t e = CopyPadded(a, p.m, k8, static_cast<const __half*>(p.a), p.m, p.k, stream);
+        e != cudaSuccess)
       return CudaErrorText("padding a", e);
     q.a = a;
   }
   if (pad_b) {
     auto* b = reinterpret_cast<__half*>(base + a_bytes);
-    if (cudaError_t e = CopyPadded(b, k8, n8, p.b, p.k, p.n, stream); e != cudaSuccess)
+    if (cudaError_t e = CopyPadded(b, k8, n8, static_cast<const __half*>(p.b), p.k, p.n, stream);
+        e != cudaSuccess)
       return CudaErrorText("padding b", e);
     q.b = b;
   }
@@ -138,7 +183,9 @@ std::string LaunchPadded(const VariantInfo& v, const GemmProblem& p, LaunchConte
   if (cudaError_t e = inner->launch(q, inner->swizzle_stride, stream); e != cudaSuccess)
     return CudaErrorText(("launch of " + inner->name).c_str(), e);
   if (pad_c) {
-    if (cudaError_t e = CopyPadded(p.c, p.m, p.n, q.c, p.m, n8, stream); e != cudaSuccess)
+    if (cudaError_t e = CopyPadded(static_cast<__half*>(p.c), p.m, p.n,
+                                   static_cast<const __half*>(q.c), p.m, n8, stream);
+        e != cudaSuccess)
       return CudaErrorText("unpadding c", e);
   }
   return "";
@@ -210,22 +257,109 @@ void* LaunchContext::Scratch(int slot, size_t bytes, std::string* error) {
   return scratch_[slot];
 }
 
+const char* DataTypeName(DataType t) {
+  switch (t) {
+    case DataType::kFp16: return "fp16";
+    case DataType::kBf16: return "bf16";
+    case DataType::kFp32: return "fp32";
+  }
+  return "?";
+}
+
+size_t DataTypeBytes(DataType t) { return t == DataType::kFp32 ? 4 : 2; }
+
+const char* LayoutName(bool transpose_a, bool transpose_b) {
+  static const char* const kNames[4] = {"NN", "NT", "TN", "TT"};
+  return kNames[(transpose_a ? 2 : 0) + (transpose_b ? 1 : 0)];
+}
+
+unsigned TypesBit(DataType ab, DataType c) {
+  if (ab == DataType::kFp16 && c == DataType::kFp16) return kTypesFp16;
+  if (ab == DataType::kFp16 && c == DataType::kFp32) return kTypesFp16F32;
+  if (ab == DataType::kBf16 && c == DataType::kBf16) return kTypesBf16;
+  if (ab == DataType::kBf16 && c == DataType::kFp32) return kTypesBf16F32;
+  return 0;
+}
+
+std::string TypesName(DataType ab, DataType c) {
+  return ab == c ? DataTypeName(ab) : std::string(DataTypeName(ab)) + "→" + DataTypeName(c);
+}
+
+std::string LayoutList(unsigned bits) {
+  std::string out;
+  for (int i = 0; i < 4; ++i)
+    if (bits & (1u << i)) out += std::string(out.empty() ? "" : ", ") + LayoutName(i & 2, i & 1);
+  return out;
+}
+
+std::string TypesList(unsigned bits) {
+  std::string out;
+  const std::pair<DataType, DataType> kPairs[4] = {{DataType::kFp16, DataType::kFp16},
+                                                   {DataType::kFp16, DataType::kFp32},
+                                                   {DataType::kBf16, DataType::kBf16},
+                                                   {DataType::kBf16, DataType::kFp32}};
+  for (int i = 0; i < 4; ++i)
+    if (bits & (1u << i))
+      out += (out.empty() ? "" : ", ") + TypesName(kPairs[i].first, kPairs[i].second);
+  return out;
+}
+
 std::string CheckProblem(const VariantInfo& v, const GemmProblem& p) {
   if (p.m < 1 || p.n < 1 || p.k < 1)
     return "m, n and k must be >= 1, got " + std::to_string(p.m) + "x" + std::to_string(p.n) +
            "x" + std::to_string(p.k);
   if (p.a == nullptr || p.b == nullptr || p.c == nullptr) return "a, b and c must be non-null";
+  if (TypesBit(p.ab_type, p.c_type) == 0)
+    return std::string("unsupported element types: a and b ") + DataTypeName(p.ab_type) +
+           ", c " + DataTypeName(p.c_type) + " (a and b are fp16 or bf16; c is their type or fp32)";
+  if (p.accumulation == Accumulation::kFp16 &&
+      (p.ab_type != DataType::kFp16 || p.c_type != DataType::kFp16))
+    return std::string("fp16 accumulation takes fp16 a, b and c only (got ") +
+           TypesName(p.ab_type, p.c_type) + "): use fp32 accumulation";
+  for (auto [name, stored] : {std::pair{"lda", StoredA(p)}, std::pair{"ldb", StoredB(p)},
+                              std::pair{"ldc", StoredC(p)}})
+    if (stored.ld < stored.cols)
+      return std::string(name) + " " + std::to_string(stored.ld) +
+             " is below the stored row length " + std::to_string(stored.cols);
   if (!v.Supports(p.accumulation))
     return "variant " + v.name + " does not support " + AccumulationName(p.accumulation) +
            " accumulation";
+  if (!v.SupportsLayout(p.transpose_a, p.transpose_b))
+    return "variant " + v.name + " does not take layout " +
+           LayoutName(p.transpose_a, p.transpose_b) + " (transpose_a=" +
+           (p.transpose_a ? "true" : "false") + ", transpose_b=" +
+           (p.transpose_b ? "true" : "false") + "); it takes " + LayoutList(v.layouts) +
+           "; cublas takes every layout";
+  if (!v.SupportsTypes(p.ab_type, p.c_type))
+    return "variant " + v.name + " does not take element types " +
+           TypesName(p.ab_type, p.c_type) + "; it takes " + TypesList(v.types) +
+           "; cublas takes every type";
+  if (!v.strided && (StoredA(p).ld != StoredA(p).cols || StoredB(p).ld != StoredB(p).cols ||
+                     StoredC(p).ld != StoredC(p).cols))
+    return "variant " + v.name + " takes densely packed operands only (lda, ldb, ldc = 0)";
   if (!v.can_implement(p.m, p.n, p.k))
     return "variant " + v.name + " cannot take " + std::to_string(p.m) + "x" +
            std::to_string(p.n) + "x" + std::to_string(p.k) + " (requires " + v.constraints +
            "; " + FallbackVariant().name + " takes any shape)";
+  if (v.check_layout != nullptr)
+    if (std::string why = v.check_layout(p); !why.empty()) return "variant " + v.name + ": " + why;
   if (v.kind == VariantKind::kKernel && !v.is_fallback &&
       !(Aligned16(p.a) && Aligned16(p.b) && Aligned16(p.c)))
     return "variant " + v.name + " needs 16-byte aligned a, b and c";
+  if (v.kind == VariantKind::kAuto && !IsDefaultForm(p) && AutoVariantFor(p) == nullptr)
+    return std::string("auto: no kernel on this device takes layout ") +
+           LayoutName(p.transpose_a, p.transpose_b) + " with " + TypesName(p.ab_type, p.c_type) +
+           " at " + std::to_string(p.m) + "x" + std::to_string(p.n) + "x" + std::to_string(p.k) +
+           (p.lda || p.ldb || p.ldc ? " (strided)" : "") + "; cublas does";
   return "";
+}
+
+const VariantInfo* AutoVariantFor(const GemmProblem& p) {
+  const VariantInfo& preferred = DefaultVariant(p.m, p.n, p.k, p.accumulation);
+  if (CheckProblem(preferred, p).empty()) return &preferred;
+  for (const VariantInfo& v : Variants())
+    if (v.kind == VariantKind::kKernel && CheckProblem(v, p).empty()) return &v;
+  return nullptr;
 }
 
 std::string Launch(const VariantInfo& v, const GemmProblem& p, LaunchContext& ctx) {
@@ -234,6 +368,10 @@ std::string Launch(const VariantInfo& v, const GemmProblem& p, LaunchContext& ct
     case VariantKind::kCublas:
       return LaunchCublas(p, ctx);
     case VariantKind::kAuto: {
+      if (!IsDefaultForm(p)) {  // CheckProblem: some kernel takes it
+        const VariantInfo* chosen = ChooseAutoFor(p, ctx);
+        return Launch(chosen != nullptr ? *chosen : *AutoVariantFor(p), p, ctx);
+      }
       const VariantInfo& chosen = ChooseAuto(p.m, p.n, p.k, p.accumulation, ctx);
       std::string why = CheckProblem(chosen, p);  // alignment is not part of the bucket
       return Launch(why.empty() ? chosen : FallbackVariant(), p, ctx);

@@ -4,7 +4,10 @@
 // guarded fallback for shapes the 16-byte path cannot take ("wmma_64x64_s2_ssmem_unaligned"), a
 // padded wrapper that copies unaligned operands into zero-padded scratch and runs a 16-byte
 // kernel ("pad8_<kernel>"), cuBLAS ("cublas") or "auto" (resolved per shape bucket by ChooseAuto). All compute
-// C = A·B with row-major fp16 A (m×k), B (k×n) and C (m×n), accumulating in fp16 or fp32.
+// C = op(A)·op(B) on row-major storage, accumulating in fp16 or fp32. The default problem is
+// "NN" fp16: A m×k, B k×n, C m×n, densely packed; each variant says which further layouts
+// (transposed A and/or B, BLAS semantics), element types (bf16 inputs, fp32 C) and row strides
+// it takes (VariantInfo::layouts, types, strided), and CheckProblem refuses the rest by name.
 //
 // Thread safety: Variants(), FindVariant(), Launch() and ChooseAuto() may be called from any
 // thread; a LaunchContext is not thread-safe and belongs to one worker (one stream).
@@ -34,15 +37,52 @@ namespace hgemm::kernels {
 using ::hgemm::Accumulation;  // kernels::Accumulation names the one definition
 using ::hgemm::AccumulationName;
 
-// One GEMM request. Pointers are device memory, row-major and densely packed (lda = k, ldb = n,
-// ldc = n). The caller owns the memory and keeps it alive until the launch completes.
+// Element types of A, B and C.
+enum class DataType { kFp16, kBf16, kFp32 };
+const char* DataTypeName(DataType t);  // "fp16", "bf16", "fp32"
+size_t DataTypeBytes(DataType t);
+
+// One GEMM request: C = op(A)·op(B), op(X) = X or Xᵀ as cuBLAS's CUBLAS_OP_N / CUBLAS_OP_T, on
+// row-major storage. op(A) is m×k: A is stored m×k, or k×m when transpose_a; op(B) is k×n: B is
+// stored k×n, or n×k when transpose_b (the nn.Linear weight layout: "NT"). C is m×n. Pointers are
+// device memory; the caller owns it and keeps it alive until the launch completes. The fields
+// after `accumulation` default to the original problem (NN, fp16 in and out, packed), so that
+// {a, b, c, m, n, k, acc} still means it.
 struct GemmProblem {
-  const __half* a;  // m×k
-  const __half* b;  // k×n
-  __half* c;        // m×n, fully overwritten
+  const void* a;  // op(A) m×k, elements of ab_type
+  const void* b;  // op(B) k×n, elements of ab_type
+  void* c;        // m×n of c_type, fully overwritten
   int m, n, k;
   Accumulation accumulation;
+  bool transpose_a = false;
+  bool transpose_b = false;
+  DataType ab_type = DataType::kFp16;  // fp16 or bf16 (bf16 needs fp32 accumulation)
+  DataType c_type = DataType::kFp16;   // ab_type, or fp32 (with fp32 accumulation)
+  // Elements between consecutive stored rows (>= the stored row length); 0 = densely packed.
+  int lda = 0, ldb = 0, ldc = 0;
 };
+
+// Layouts as bits of VariantInfo::layouts, named by BLAS convention (first letter A, second B;
+// N = as stored, T = transposed): NN (the default), NT (B stored n×k), TN (A stored k×m), TT.
+inline constexpr unsigned kLayoutNN = 1, kLayoutNT = 2, kLayoutTN = 4, kLayoutTT = 8;
+inline constexpr unsigned kAllLayouts = 15;
+inline unsigned LayoutBit(bool transpose_a, bool transpose_b) {
+  return 1u << ((transpose_a ? 2 : 0) + (transpose_b ? 1 : 0));
+}
+const char* LayoutName(bool transpose_a, bool transpose_b);  // "NN", "NT", "TN", "TT"
+
+// (A/B type, C type) pairs as bits of VariantInfo::types; 0 for a pair no variant takes.
+inline constexpr unsigned kTypesFp16 = 1;      // fp16 in, fp16 out (the default)
+inline constexpr unsigned kTypesFp16F32 = 2;   // fp16 in, fp32 out
+inline constexpr unsigned kTypesBf16 = 4;      // bf16 in, bf16 out
+inline constexpr unsigned kTypesBf16F32 = 8;   // bf16 in, fp32 out
+inline constexpr unsigned kAllTypes = 15;
+unsigned TypesBit(DataType ab, DataType c);
+// "fp16", "fp16→fp32", "bf16", "bf16→fp32" (input type, then C's where it differs).
+std::string TypesName(DataType ab, DataType c);
+// The layouts / type pairs of a bit set, comma-separated ("NN, NT", "fp16, bf16").
+std::string LayoutList(unsigned layout_bits);
+std::string TypesList(unsigned types_bits);
 
 class LaunchContext;
 
@@ -73,8 +113,19 @@ struct VariantInfo {
   // Enqueues the kernel on `stream`; nullptr for cublas/auto. REQUIRES: can_implement and the
   // accumulation checked; returns the CUDA launch error.
   cudaError_t (*launch)(const GemmProblem& problem, int swizzle_stride, cudaStream_t stream);
+  // Beyond the default problem (defaults: NN only, fp16 only, packed only):
+  unsigned layouts = kLayoutNN;  // kLayout* bits it takes
+  unsigned types = kTypesFp16;   // kTypes* bits it takes
+  bool strided = false;          // takes lda/ldb/ldc other than packed
+  // Further requirements of the non-default layouts, types or strides (e.g. TMA's 16-byte row
+  // strides of a transposed A); nullptr: none. Returns why not, or an empty string.
+  std::string (*check_layout)(const GemmProblem& problem) = nullptr;
 
   bool Supports(Accumulation acc) const { return acc == Accumulation::kFp16 ? fp16_acc : fp32_acc; }
+  bool SupportsLayout(bool transpose_a, bool transpose_b) const {
+    return (layouts & LayoutBit(transpose_a, transpose_b)) != 0;
+  }
+  bool SupportsTypes(DataType ab, DataType c) const { return (types & TypesBit(ab, c)) != 0; }
 };
 
 // All variants in a stable order: the project's kernels first (fastest-expected first), then
@@ -118,13 +169,14 @@ class LaunchContext {
   size_t scratch_bytes_[2] = {0, 0};
 };
 
-// Why `variant` cannot run `problem`, or an empty string if it can (shape, accumulation,
-// pointers and their alignment). Does not touch the device.
+// Why `variant` cannot run `problem`, or an empty string if it can (shape, accumulation, layout,
+// element types, strides, pointers and their alignment). Does not touch the device.
 std::string CheckProblem(const VariantInfo& variant, const GemmProblem& problem);
 
-// Enqueues C = A·B on ctx's stream (asynchronous). Returns an empty string on success, else a
-// message (CUDA/cuBLAS error text, or why the variant can't take this shape/accumulation).
-// "auto" first resolves through ChooseAuto (which may synchronize ctx's stream once per bucket).
+// Enqueues C = op(A)·op(B) on ctx's stream (asynchronous). Returns an empty string on success,
+// else a message (CUDA/cuBLAS error text, or why the variant can't take this problem).
+// "auto" first resolves through ChooseAutoFor (which may synchronize ctx's stream once per
+// bucket and form).
 std::string Launch(const VariantInfo& variant, const GemmProblem& problem, LaunchContext& ctx);
 
 // The kernel "auto" runs for this shape and accumulation: on first use of the shape bucket it
@@ -137,6 +189,19 @@ const VariantInfo& ChooseAuto(int m, int n, int k, Accumulation acc, LaunchConte
 // The heuristic choice used before (or instead of) tuning: no device work (it reads the current
 // device's SM count, cached per device), thread-safe.
 const VariantInfo& DefaultVariant(int m, int n, int k, Accumulation acc);
+
+// The untuned choice for a problem other than NN fp16 packed: DefaultVariant's choice if it
+// takes the problem, else the first kernel in Variants() order that does; nullptr if none does
+// (e.g. a transposed layout on a device without the wgmma family). No device work.
+const VariantInfo* AutoVariantFor(const GemmProblem& problem);
+
+// What "auto" runs for `problem`: NN fp16 packed goes to ChooseAuto; other layouts and types are
+// tuned the same way per (shape bucket, alignment, accumulation, layout, type pair) among the
+// kernels that take the problem, on packed scratch operands of its types (strides do not enter
+// the bucket; a cached choice that refuses the strides or alignment is not used), and cached
+// process-wide. nullptr if no kernel takes the problem; AutoVariantFor's choice, uncached, if
+// tuning cannot run.
+const VariantInfo* ChooseAutoFor(const GemmProblem& problem, LaunchContext& ctx);
 
 // The cached auto choice for the bucket of this shape, or nullptr if it has not been tuned.
 const VariantInfo* CachedAutoChoice(int m, int n, int k, Accumulation acc);

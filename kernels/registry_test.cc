@@ -130,5 +130,150 @@ TEST(Registry, CheckProblemExplainsRejections) {
   EXPECT_EQ(CheckProblem(*FindVariant("cublas"), p), "");
 }
 
+// Issue 29: layouts, element types and strides are declared per variant and refused by name.
+GemmProblem AlignedProblem(int m, int n, int k) {
+  return GemmProblem{reinterpret_cast<const void*>(uintptr_t{1} << 20),
+                     reinterpret_cast<const void*>(uintptr_t{2} << 20),
+                     reinterpret_cast<void*>(uintptr_t{3} << 20), m, n, k, Accumulation::kFp32};
+}
+
+TEST(Registry, LayoutNamesAndBits) {
+  EXPECT_STREQ(LayoutName(false, false), "NN");
+  EXPECT_STREQ(LayoutName(false, true), "NT");
+  EXPECT_STREQ(LayoutName(true, false), "TN");
+  EXPECT_STREQ(LayoutName(true, true), "TT");
+  EXPECT_EQ(LayoutBit(false, false), kLayoutNN);
+  EXPECT_EQ(LayoutBit(false, true), kLayoutNT);
+  EXPECT_EQ(LayoutBit(true, false), kLayoutTN);
+  EXPECT_EQ(LayoutBit(true, true), kLayoutTT);
+  EXPECT_EQ(TypesBit(DataType::kFp16, DataType::kFp16), kTypesFp16);
+  EXPECT_EQ(TypesBit(DataType::kBf16, DataType::kFp32), kTypesBf16F32);
+  EXPECT_EQ(TypesBit(DataType::kFp16, DataType::kBf16), 0u);
+  EXPECT_EQ(TypesBit(DataType::kFp32, DataType::kFp32), 0u);
+}
+
+TEST(Registry, EveryVariantTakesTheDefaultProblem) {
+  for (const VariantInfo& v : Variants()) {
+    EXPECT_TRUE(v.SupportsLayout(false, false)) << v.name;
+    EXPECT_TRUE(v.SupportsTypes(DataType::kFp16, DataType::kFp16)) << v.name;
+  }
+}
+
+TEST(Registry, OlderFamiliesRefuseOtherLayoutsAndTypesByName) {
+  for (const VariantInfo& v : Variants()) {
+    if (v.name.rfind("wgmma_", 0) == 0 || v.kind == VariantKind::kCublas ||
+        v.kind == VariantKind::kAuto)
+      continue;
+    GemmProblem p = AlignedProblem(128, 128, 128);
+    if (!v.Supports(Accumulation::kFp32)) p.accumulation = Accumulation::kFp16;
+    ASSERT_EQ(CheckProblem(v, p), "") << v.name;
+    p.transpose_b = true;
+    EXPECT_NE(CheckProblem(v, p).find("does not take layout NT"), std::string::npos)
+        << v.name << ": " << CheckProblem(v, p);
+    p.transpose_b = false;
+    p.transpose_a = true;
+    EXPECT_NE(CheckProblem(v, p).find("layout TN"), std::string::npos) << v.name;
+    p.transpose_a = false;
+    p.accumulation = Accumulation::kFp32;
+    p.ab_type = p.c_type = DataType::kBf16;
+    if (v.Supports(Accumulation::kFp32)) {
+      EXPECT_NE(CheckProblem(v, p).find("does not take element types bf16"), std::string::npos)
+          << v.name << ": " << CheckProblem(v, p);
+    }
+    p.ab_type = p.c_type = DataType::kFp16;
+    p.ldb = 136;
+    if (v.Supports(Accumulation::kFp32)) {
+      EXPECT_NE(CheckProblem(v, p).find("densely packed"), std::string::npos) << v.name;
+    }
+  }
+}
+
+TEST(Registry, WgmmaTakesEveryLayoutBf16AndFp32C) {
+  const VariantInfo* w = FindVariant("wgmma_128x256_s4_g8");
+  if (w == nullptr) GTEST_SKIP() << "no wgmma family on this machine";
+  for (bool ta : {false, true})
+    for (bool tb : {false, true})
+      for (DataType t : {DataType::kFp16, DataType::kBf16}) {
+        GemmProblem p = AlignedProblem(136, 264, 104);
+        p.transpose_a = ta;
+        p.transpose_b = tb;
+        p.ab_type = t;
+        p.c_type = DataType::kFp32;
+        EXPECT_EQ(CheckProblem(*w, p), "") << LayoutName(ta, tb) << " " << DataTypeName(t) << "→fp32";
+        p.c_type = t;
+        EXPECT_EQ(CheckProblem(*w, p), "") << LayoutName(ta, tb) << " " << DataTypeName(t);
+        p.ldb = (tb ? 104 : 264) + 8;
+        EXPECT_EQ(CheckProblem(*w, p), "") << "strided";
+        p.ldb = (tb ? 104 : 264) + 4;
+        EXPECT_NE(CheckProblem(*w, p).find("ldb must be a multiple of 8"), std::string::npos);
+      }
+  GemmProblem p = AlignedProblem(33, 264, 104);
+  p.transpose_a = true;
+  EXPECT_NE(CheckProblem(*w, p).find("transpose_a needs m % 8 == 0"), std::string::npos)
+      << CheckProblem(*w, p);
+  p.transpose_a = false;
+  EXPECT_EQ(CheckProblem(*w, p), "");
+  p.c_type = DataType::kFp32;  // fp32 C: fp32 accumulation only
+  EXPECT_EQ(CheckProblem(*w, p), "");
+  p.accumulation = Accumulation::kFp16;
+  EXPECT_NE(CheckProblem(*w, p).find("fp16 accumulation takes fp16"), std::string::npos);
+  p.accumulation = Accumulation::kFp32;
+  // cuBLAS takes all of it.
+  EXPECT_EQ(CheckProblem(*FindVariant("cublas"), p), "");
+  p.transpose_a = true;
+  EXPECT_EQ(CheckProblem(*FindVariant("cublas"), p), "");
+}
+
+TEST(Registry, RefusesBadTypePairsAndStrides) {
+  const VariantInfo& cublas = *FindVariant("cublas");
+  GemmProblem p = AlignedProblem(64, 64, 64);
+  p.ab_type = DataType::kFp16;
+  p.c_type = DataType::kBf16;
+  EXPECT_NE(CheckProblem(cublas, p).find("unsupported element types"), std::string::npos);
+  p.ab_type = DataType::kFp32;
+  p.c_type = DataType::kFp32;
+  EXPECT_NE(CheckProblem(cublas, p).find("unsupported element types"), std::string::npos);
+  p.ab_type = p.c_type = DataType::kBf16;
+  p.accumulation = Accumulation::kFp16;
+  EXPECT_NE(CheckProblem(cublas, p).find("fp16 accumulation takes fp16"), std::string::npos);
+  p.accumulation = Accumulation::kFp32;
+  EXPECT_EQ(CheckProblem(cublas, p), "");
+  p.transpose_a = true;
+  p.lda = 32;  // A is stored 64×64: rows of 64
+  EXPECT_NE(CheckProblem(cublas, p).find("lda 32 is below the stored row length 64"),
+            std::string::npos)
+      << CheckProblem(cublas, p);
+}
+
+TEST(Registry, PaddedVariantsAreNnFp16Only) {
+  for (const VariantInfo& v : Variants()) {
+    if (v.kind != VariantKind::kPadded) continue;
+    EXPECT_EQ(v.layouts, kLayoutNN) << v.name;
+    EXPECT_EQ(v.types, kTypesFp16) << v.name;
+    EXPECT_FALSE(v.strided) << v.name;
+  }
+}
+
+TEST(Registry, AutoPicksAKernelThatTakesTheLayout) {
+  GemmProblem p = AlignedProblem(4096, 4096, 4096);
+  p.transpose_b = true;
+  p.ab_type = p.c_type = DataType::kBf16;
+  const VariantInfo* chosen = AutoVariantFor(p);
+  if (FindVariant("wgmma_128x256_s4_g8") == nullptr) {
+    EXPECT_EQ(chosen, nullptr);
+    return;
+  }
+  ASSERT_NE(chosen, nullptr);
+  EXPECT_EQ(CheckProblem(*chosen, p), "") << chosen->name;
+  EXPECT_EQ(chosen->kind, VariantKind::kKernel);
+  EXPECT_EQ(CheckProblem(*FindVariant("auto"), p), "");
+  // No kernel takes an odd N with a transposed B: auto refuses it up front, by name.
+  p.n = 4095;
+  EXPECT_EQ(AutoVariantFor(p), nullptr);
+  EXPECT_NE(CheckProblem(*FindVariant("auto"), p).find("auto: no kernel on this device takes layout NT"),
+            std::string::npos)
+      << CheckProblem(*FindVariant("auto"), p);
+}
+
 }  // namespace
 }  // namespace hgemm::kernels

@@ -1,5 +1,5 @@
 // Test and benchmark helpers: an fp32 reference GEMM on the device (compare its output with
-// CompareToReference, kernels/host/error_stats.h).
+// CompareToReference, proto/numerics/error_stats.h).
 //
 // Thread safety: stateless functions.
 #ifndef HGEMM_KERNELS_TESTING_H_
@@ -15,6 +15,13 @@ namespace hgemm::kernels::testing {
 // shared-memory tiled kernel, independent of the kernels under test. Row-major, any m, n, k >= 1.
 cudaError_t ReferenceGemm(const __half* a, const __half* b, float* ref, int m, int n, int k,
                           cudaStream_t stream);
+
+// The same for ref = op(A)·op(B) with GemmProblem's conventions (kernels/registry.h): op(A) m×k
+// (A stored k×m if transpose_a), op(B) k×n (B stored n×k if transpose_b), stored rows lda / ldb
+// elements apart (0: packed); elements fp16 or, with `bf16`, bf16. ref is m×n, packed.
+cudaError_t ReferenceGemmEx(const void* a, const void* b, float* ref, int m, int n, int k,
+                            bool transpose_a, bool transpose_b, int lda, int ldb, bool bf16,
+                            cudaStream_t stream);
 
 }  // namespace hgemm::kernels::testing
 

@@ -1,5 +1,5 @@
 // The list of variants in docs/kernels.md, generated from the registry (Variants()): one
-// Markdown row per variant with its accumulations, block tile, stages, shared memory, minimum
+// Markdown row per variant with its accumulations, layouts, element types, block tile, stages, shared memory, minimum
 // SM, constraints and description. `bazel run //kernels:variant_table` prints it;
 // variant_table_test fails when the docs' copy differs.
 // Thread safety: as Variants().

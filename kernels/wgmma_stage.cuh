@@ -1,13 +1,24 @@
-// The Hopper HGEMM family: TMA + wgmma, warp-specialized, persistent. C[M,N] = A[M,K] · B[K,N],
-// row-major fp16 in and out, fp32 accumulators. sm_90a only (wgmma, setmaxnreg).
+// The Hopper HGEMM family: TMA + wgmma, warp-specialized, persistent. C[M,N] = op(A)·op(B) on
+// row-major storage, fp16 or bf16 in and the same type or fp32 out, fp32 accumulators, any of the four
+// layouts (NN, NT, TN, TT; op(A) is A or Aᵀ as cuBLAS's transa). sm_90a only (wgmma, setmaxnreg).
 //
 //   * A producer warpgroup (one elected thread) streams K tiles with cp.async.bulk.tensor (TMA,
 //     128-byte swizzle) into a K_STAGE-deep shared-memory ring. Each stage has a "full"
 //     mbarrier (the producer's expect_tx arrival plus the TMA's completed bytes) and an "empty"
 //     mbarrier (one arrival per consumer warpgroup once its wgmma have read the stage).
 //   * CONSUMERS warpgroups each own 64 rows of the BM = 64·CONSUMERS row block tile and issue
-//     wgmma.m64n<BN>k16 with A K-major and B N-major (imm-trans-b: our B is row-major k×n),
-//     both read straight from the swizzled stages through matrix descriptors. One K tile's
+//     wgmma.m64n<BN>k16, both operands read straight from the swizzled stages through matrix
+//     descriptors. Layouts: wgmma reads either operand K-major or MN-major (imm-trans-a/b), and
+//     TMA loads either, so a layout changes only the boxes and the descriptors, not the ring:
+//       A as stored m×k (K-major): one box of BM rows × 64 K per stage, descriptor advanced 32
+//         bytes per k16 within the 128-byte swizzle row (SBO 1024 between 8-row groups);
+//       A stored k×m (TRANS_A, M-major): BM/64 boxes of 64 K rows × 64 M columns, imm-trans-a 1,
+//         advanced 2048 bytes (16 K rows) per k16; consumer c reads box c;
+//       B stored k×n (N-major): BN/64 boxes of 64 K × 64 N, imm-trans-b 1, LBO = one box between
+//         64-column blocks (CUTLASS's MN-major SW128 ((T,8,m),(8,k)):((1,T,LBO),(8T,SBO)));
+//       B stored n×k (TRANS_B, K-major, the nn.Linear weight): one box of BN rows × 64 K,
+//         imm-trans-b 0, the same descriptor as a K-major A.
+//     A consumer's 64-row slab starts 8192 bytes in either way. One K tile's
 //     wgmma group stays in flight while the next is issued (wait_group 1); a stage is released
 //     when the group that read it has completed.
 //   * setmaxnreg moves registers from the producer (24) to the consumers (240).
@@ -20,24 +31,29 @@
 //   * Epilogue: each consumer warpgroup writes its 64-row slab in 64×64 chunks into a
 //     double-buffered, 128-byte-swizzled shared tile (conflict-free) and one thread stores each
 //     chunk with a TMA tensor store, which completes while the warpgroup goes on to its next
-//     tile (docs/kernels_notes.md, run 6: +8–10 % over half2 stores from registers).
+//     tile (docs/kernels_notes.md, run 6: +8–10 % over half2 stores from registers). An fp32
+//     C (TC = float) needs twice the bytes per chunk: the same 16 KB per consumer hold one
+//     64×64 fp32 chunk as two 64-row × 32-column boxes (128-byte rows, swizzled alike), single-
+//     buffered (each chunk waits for the previous store's reads).
 //   * Edges: TMA zero-fills load boxes past M, N and K (they add nothing to the sums) and clips
 //     stores at M and N.
 //   * Watchdog: an mbarrier wait that lasts HGEMM_MBAR_TIMEOUT_NS (default 10 s; 0 disables)
 //     traps, so a lost arrival or a wrong transaction count fails the launch instead of hanging
 //     the stream. Real waits last microseconds.
 //
-// REQUIRES (checked by the registry): N % 8 == 0, K % 8 == 0 (TMA strides are 16-byte
-// multiples), 16-byte aligned A, B, C.
+// REQUIRES (checked by the registry): every stored row stride a 16-byte multiple (N % 8 == 0,
+// K % 8 == 0, M % 8 == 0 with TRANS_A, lda/ldb/ldc % 8 == 0), 16-byte aligned A, B, C.
 // Thread safety: LaunchWgmmaStage may be called from any thread.
 #ifndef HGEMM_KERNELS_WGMMA_STAGE_CUH_
 #define HGEMM_KERNELS_WGMMA_STAGE_CUH_
 
 #include <cuda.h>  // CUtensorMap (the type only: nothing links libcuda)
+#include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/wgmma_ops.cuh"
 
@@ -128,9 +144,24 @@ __device__ __forceinline__ void FenceProxyAsync() {
 __device__ __forceinline__ void NamedBarrier(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
-__device__ __forceinline__ void StShared(uint32_t addr, half2 v) {
-  asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(*reinterpret_cast<uint32_t*>(&v))
-               : "memory");
+__device__ __forceinline__ void StShared(uint32_t addr, uint32_t v) {
+  asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
+}
+__device__ __forceinline__ void StShared(uint32_t addr, float lo, float hi) {
+  asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(lo), "f"(hi) : "memory");
+}
+// Two fp32 accumulators rounded to the output type T (__half or __nv_bfloat16), packed low-first.
+template <typename T>
+__device__ __forceinline__ uint32_t PackPair(float lo, float hi);
+template <>
+__device__ __forceinline__ uint32_t PackPair<__half>(float lo, float hi) {
+  half2 v = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+template <>
+__device__ __forceinline__ uint32_t PackPair<__nv_bfloat16>(float lo, float hi) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
 }
 
 // wgmma shared-memory matrix descriptor with 128-byte swizzle: start address, leading and
@@ -160,6 +191,7 @@ __device__ __forceinline__ void FenceReg(float& r) { asm volatile("" : "+f"(r)::
 // @tparam CONSUMERS  consumer warpgroups, 64 rows each (BM = 64 · CONSUMERS).
 // @tparam K_STAGE    shared-memory ring depth, in K tiles of BK = 64.
 // @tparam GROUP_M    tile rows per L2 group of the persistent tile order.
+// (The kernel adds TRANS_A, TRANS_B and the element type T; they change no size below.)
 template <int BN, int CONSUMERS, int K_STAGE, int GROUP_M>
 struct WgmmaStage {
   static constexpr int BM = 64 * CONSUMERS;
@@ -172,6 +204,8 @@ struct WgmmaStage {
   static constexpr int kStageABytes = BM * BK * 2;
   static constexpr int kStageBBytes = BK * BN * 2;
   static constexpr int kBChunkBytes = BK * 64 * 2;  // one TMA box: BK rows of 64 columns
+  static constexpr int kAChunkBytes = BK * 64 * 2;  // TRANS_A: one box of BK rows × 64 M
+  static_assert(kAChunkBytes == 64 * BK * 2, "a consumer's 64-row slab is one box either way");
   static constexpr int kStageBytes = kStageABytes + kStageBBytes;
   static_assert(kStageABytes % 1024 == 0 && kStageBBytes % 1024 == 0,
                 "128-byte swizzle atoms are 1024 bytes: every tile must start on one");
@@ -186,9 +220,15 @@ struct WgmmaStage {
   static constexpr int kAcc = BN / 2;  // fp32 accumulators per consumer thread
 };
 
-// Tensor maps (row-major fp16, 128-byte swizzle): A with boxes of BM rows × 64 K, B of
-// 64 K × 64 columns, C of 64 × 64.
-template <int BN, int CONSUMERS, int K_STAGE, int GROUP_M>
+// Tensor maps (row-major T, 128-byte swizzle), boxes as stored: A of BM rows × 64 K (TRANS_A:
+// 64 K rows × 64 M columns), B of 64 K × 64 columns (TRANS_B: BN rows × 64 K), C of 64 × 64.
+// @tparam BN, CONSUMERS, K_STAGE, GROUP_M  see WgmmaStage.
+// @tparam TRANS_A  A is stored k×m (op(A) = Aᵀ): read M-major.
+// @tparam TRANS_B  B is stored n×k (op(B) = Bᵀ): read K-major.
+// @tparam T        element type of A and B: __half or __nv_bfloat16.
+// @tparam TC       element type of C: T, or float (C's tensor map then has boxes of 64 × 32).
+template <int BN, int CONSUMERS, int K_STAGE, int GROUP_M, bool TRANS_A = false,
+          bool TRANS_B = false, typename T = __half, typename TC = T>
 __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
     WgmmaGemmKernel(const __grid_constant__ CUtensorMap map_a,
                     const __grid_constant__ CUtensorMap map_b,
@@ -196,6 +236,12 @@ __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using Cfg = WgmmaStage<BN, CONSUMERS, K_STAGE, GROUP_M>;
   constexpr int BM = Cfg::BM, BK = Cfg::BK;
+  constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
+  static_assert(kBf16 || std::is_same_v<T, __half>, "wgmma with transposes takes f16 or bf16");
+  constexpr bool kFp32Out = std::is_same_v<TC, float>;
+  static_assert(kFp32Out || std::is_same_v<TC, T>, "C is of the input type or fp32");
+  static_assert(64 * 64 * sizeof(float) <= 2 * Cfg::kCChunkBytes,
+                "an fp32 chunk fits in a consumer's two 16-bit chunk buffers");
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const uint32_t raw = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
   const uint32_t ring = (raw + 1023) & ~1023u;
@@ -238,11 +284,22 @@ __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
           const int s = it % K_STAGE;
           MbarWait(empty(s), ((it / K_STAGE) & 1) ^ 1);  // the first round passes at once
           MbarArriveExpectTx(full(s), Cfg::kStageBytes);
-          TmaLoad2d(stage_a(s), &map_a, kt * BK, tm * BM, full(s));
+          if constexpr (TRANS_A) {
 #pragma unroll
-          for (int j = 0; j < BN / 64; ++j)
-            TmaLoad2d(stage_b(s) + j * Cfg::kBChunkBytes, &map_b, tn * BN + 64 * j, kt * BK,
-                      full(s));
+            for (int j = 0; j < BM / 64; ++j)
+              TmaLoad2d(stage_a(s) + j * Cfg::kAChunkBytes, &map_a, tm * BM + 64 * j, kt * BK,
+                        full(s));
+          } else {
+            TmaLoad2d(stage_a(s), &map_a, kt * BK, tm * BM, full(s));
+          }
+          if constexpr (TRANS_B) {
+            TmaLoad2d(stage_b(s), &map_b, kt * BK, tn * BN, full(s));
+          } else {
+#pragma unroll
+            for (int j = 0; j < BN / 64; ++j)
+              TmaLoad2d(stage_b(s) + j * Cfg::kBChunkBytes, &map_b, tn * BN + 64 * j, kt * BK,
+                        full(s));
+          }
         }
       }
     }
@@ -263,13 +320,18 @@ __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
       for (int kt = 0; kt < k_tiles; ++kt, ++it) {
         const int s = it % K_STAGE;
         MbarWait(full(s), (it / K_STAGE) & 1);
-        const uint32_t a0 = stage_a(s) + c * 64 * 128;  // 64 rows of 128 bytes
+        const uint32_t a0 = stage_a(s) + c * 64 * 128;  // 64 rows of 128 bytes (or box c)
         const uint32_t b0 = stage_b(s);
         WgmmaFence();
 #pragma unroll
-        for (int kk = 0; kk < BK / 16; ++kk)  // 16 K = 32 bytes of an A row, 2 atoms of B rows
-          Wgmma<BN>(acc, GmmaDesc(a0 + kk * 32, 16, 1024),
-                    GmmaDesc(b0 + kk * 2048, Cfg::kBChunkBytes, 1024), kt > 0 || kk > 0);
+        for (int kk = 0; kk < BK / 16; ++kk) {
+          // 16 K: 32 bytes along a K-major row, or 2 swizzle atoms (16 rows) of an MN-major box.
+          const uint64_t desc_a = TRANS_A ? GmmaDesc(a0 + kk * 2048, Cfg::kAChunkBytes, 1024)
+                                          : GmmaDesc(a0 + kk * 32, 16, 1024);
+          const uint64_t desc_b = TRANS_B ? GmmaDesc(b0 + kk * 32, 16, 1024)
+                                          : GmmaDesc(b0 + kk * 2048, Cfg::kBChunkBytes, 1024);
+          Wgmma<BN, kBf16, TRANS_A ? 1 : 0, TRANS_B ? 0 : 1>(acc, desc_a, desc_b, kt > 0 || kk > 0);
+        }
         WgmmaCommit();
         // The previous K tile's group has completed: release its stage.
         WgmmaWait<1>();
@@ -286,26 +348,55 @@ __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
       // r + 8 alike): the 8 rows a store instruction touches land in 8 different units, so
       // the stores are free of bank conflicts.
       const int r = warp * 16 + lane / 4;
-      const uint32_t row_base = c_stage + c * 2 * Cfg::kCChunkBytes + r * 128 + 4 * (lane % 4);
       const uint32_t unit_xor = (r & 7) << 4;
+      if constexpr (kFp32Out) {
+        // fp32: columns 8jj + 2(lane%4) + {0,1} of the chunk are bytes 32jj + 8(lane%4) of its
+        // 256-byte row: box jj / 4 (32 columns, 128-byte rows), unit 2(jj%4) + (lane%4)/2,
+        // 8 bytes in. The 8 rows of a store fill each unit position twice: two wavefronts for
+        // 256 bytes, the minimum.
+        const uint32_t buf = c_stage + c * 2 * Cfg::kCChunkBytes;
 #pragma unroll
-      for (int j = 0; j < BN / 64; ++j) {
-        const uint32_t buf = c_stage + (c * 2 + j % 2) * Cfg::kCChunkBytes;
-        // The store that last read this buffer (two chunks ago) must have finished reading.
-        if (leader) BulkWaitRead<1>();
-        NamedBarrier(1 + c, 128);
+        for (int j = 0; j < BN / 64; ++j) {
+          if (leader) BulkWaitRead<0>();  // the previous chunk's stores have read the buffer
+          NamedBarrier(1 + c, 128);
 #pragma unroll
-        for (int jj = 0; jj < 8; ++jj) {
-          const int a = 4 * (8 * j + jj);
-          const uint32_t addr = row_base + (j % 2) * Cfg::kCChunkBytes + ((jj << 4) ^ unit_xor);
-          StShared(addr, __floats2half2_rn(acc[a], acc[a + 1]));
-          StShared(addr + 8 * 128, __floats2half2_rn(acc[a + 2], acc[a + 3]));
+          for (int jj = 0; jj < 8; ++jj) {
+            const int a = 4 * (8 * j + jj);
+            const uint32_t unit = 2 * (jj % 4) + (lane % 4) / 2;
+            const uint32_t addr = buf + (jj / 4) * Cfg::kCChunkBytes + r * 128 +
+                                  ((unit << 4) ^ unit_xor) + 8 * (lane % 2);
+            StShared(addr, acc[a], acc[a + 1]);
+            StShared(addr + 8 * 128, acc[a + 2], acc[a + 3]);
+          }
+          FenceProxyAsync();
+          NamedBarrier(1 + c, 128);
+          if (leader) {
+            TmaStore2d(&map_c, buf, tn * BN + 64 * j, tm * BM + c * 64);
+            TmaStore2d(&map_c, buf + Cfg::kCChunkBytes, tn * BN + 64 * j + 32, tm * BM + c * 64);
+            BulkCommit();
+          }
         }
-        FenceProxyAsync();
-        NamedBarrier(1 + c, 128);
-        if (leader) {
-          TmaStore2d(&map_c, buf, tn * BN + 64 * j, tm * BM + c * 64);
-          BulkCommit();
+      } else {
+        const uint32_t row_base = c_stage + c * 2 * Cfg::kCChunkBytes + r * 128 + 4 * (lane % 4);
+#pragma unroll
+        for (int j = 0; j < BN / 64; ++j) {
+          const uint32_t buf = c_stage + (c * 2 + j % 2) * Cfg::kCChunkBytes;
+          // The store that last read this buffer (two chunks ago) must have finished reading.
+          if (leader) BulkWaitRead<1>();
+          NamedBarrier(1 + c, 128);
+#pragma unroll
+          for (int jj = 0; jj < 8; ++jj) {
+            const int a = 4 * (8 * j + jj);
+            const uint32_t addr = row_base + (j % 2) * Cfg::kCChunkBytes + ((jj << 4) ^ unit_xor);
+            StShared(addr, PackPair<T>(acc[a], acc[a + 1]));
+            StShared(addr + 8 * 128, PackPair<T>(acc[a + 2], acc[a + 3]));
+          }
+          FenceProxyAsync();
+          NamedBarrier(1 + c, 128);
+          if (leader) {
+            TmaStore2d(&map_c, buf, tn * BN + 64 * j, tm * BM + c * 64);
+            BulkCommit();
+          }
         }
       }
     }

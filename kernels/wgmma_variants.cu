@@ -1,20 +1,24 @@
-// The instantiated members of the TMA + wgmma family (kernels/wgmma_stage.cuh), one line per
-// variant, and their host side: tensor maps (cuTensorMapEncodeTiled through
-// cudaGetDriverEntryPointByVersion, so nothing links libcuda) cached per (pointer, shape), the
-// dynamic-smem opt-in and the persistent grid. Names read
-// wgmma_<BM>x<BN>_s<K_STAGE>_g<GROUP_M>.
+// The members of the TMA + wgmma family (kernels/wgmma_stage.cuh), one line per variant, and
+// their host side: the dispatch of a problem's layout and element type to the instantiation
+// (kernels/wgmma_launch.cuh; compiled in wgmma_instances_*.cu) and the tensor maps
+// (cuTensorMapEncodeTiled through cudaGetDriverEntryPointByVersion, so nothing links libcuda)
+// cached per (pointer, shape, stride, box, type). Names read wgmma_<BM>x<BN>_s<K_STAGE>_g<GROUP_M>;
+// each variant takes the four layouts (NN, NT, TN, TT) and fp16 or bf16 (C of the input type
+// or fp32).
 #include <cuda.h>
 #include <cudaTypedefs.h>
 
 #include <algorithm>
 #include <map>
 #include <mutex>
+#include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "kernels/launch.cuh"
 #include "kernels/variant_lists.h"
-#include "kernels/wgmma_stage.cuh"
+#include "kernels/wgmma_launch.cuh"
 
 namespace hgemm::kernels::internal {
 namespace {
@@ -32,9 +36,9 @@ PFN_cuTensorMapEncodeTiled_v12000 EncodeFn() {
   return fn;
 }
 
-// A row-major fp16 matrix of rows×cols, read in boxes of box_rows×box_cols (box_cols = 64
-// halves = one 128-byte swizzle row).
-using MapKey = std::tuple<const void*, int, int, int, int>;
+// A row-major matrix of rows×cols with rows ld elements apart, read in boxes of
+// box_rows×box_cols (box_cols = 64 two-byte elements = one 128-byte swizzle row), of a type.
+using MapKey = std::tuple<const void*, int, int, int, int, int, int>;
 
 std::mutex& MapMutex() {
   static auto* mu = new std::mutex;
@@ -46,9 +50,11 @@ std::map<MapKey, CUtensorMap>& MapCache() {  // guarded by MapMutex()
 }
 constexpr size_t kMaxCachedMaps = 4096;
 
-// The tensor map for the key, from the cache or newly encoded; false if encoding failed.
-bool TensorMap(const void* ptr, int rows, int cols, int box_rows, int box_cols, CUtensorMap* out) {
-  const MapKey key{ptr, rows, cols, box_rows, box_cols};
+}  // namespace
+
+bool TensorMap(const void* ptr, int rows, int cols, int ld, int box_rows, int box_cols,
+               CUtensorMapDataType type, CUtensorMap* out) {
+  const MapKey key{ptr, rows, cols, ld, box_rows, box_cols, int(type)};
   std::lock_guard<std::mutex> lock(MapMutex());
   auto& cache = MapCache();
   if (auto it = cache.find(key); it != cache.end()) {
@@ -58,11 +64,12 @@ bool TensorMap(const void* ptr, int rows, int cols, int box_rows, int box_cols, 
   PFN_cuTensorMapEncodeTiled_v12000 encode = EncodeFn();
   if (encode == nullptr) return false;
   const cuuint64_t dims[2] = {cuuint64_t(cols), cuuint64_t(rows)};
-  const cuuint64_t strides[1] = {cuuint64_t(cols) * 2};
+  const cuuint64_t elem_bytes = type == CU_TENSOR_MAP_DATA_TYPE_FLOAT32 ? 4 : 2;
+  const cuuint64_t strides[1] = {cuuint64_t(ld) * elem_bytes};
   const cuuint32_t box[2] = {cuuint32_t(box_cols), cuuint32_t(box_rows)};
   const cuuint32_t elem_strides[2] = {1, 1};
   CUtensorMap map;
-  if (encode(&map, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2, const_cast<void*>(ptr), dims, strides, box,
+  if (encode(&map, type, 2, const_cast<void*>(ptr), dims, strides, box,
              elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
              CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
     return false;
@@ -72,33 +79,49 @@ bool TensorMap(const void* ptr, int rows, int cols, int box_rows, int box_cols, 
   return true;
 }
 
+namespace {
+
 // @tparam BN, CONSUMERS, K_STAGE, GROUP_M  see detail::WgmmaStage.
 template <int BN, int CONSUMERS, int K_STAGE, int GROUP_M>
 struct Wgmma {
   using Cfg = detail::WgmmaStage<BN, CONSUMERS, K_STAGE, GROUP_M>;
 
   // Both accumulations run the fp32-accumulating kernel (wgmma_stage.cuh says why).
+  template <typename T, typename TC>
+  static cudaError_t Run(const GemmProblem& p, cudaStream_t stream) {
+    if (p.transpose_a)
+      return p.transpose_b
+                 ? LaunchWgmmaGemm<BN, CONSUMERS, K_STAGE, GROUP_M, true, true, T, TC>(p, stream)
+                 : LaunchWgmmaGemm<BN, CONSUMERS, K_STAGE, GROUP_M, true, false, T, TC>(p, stream);
+    return p.transpose_b
+               ? LaunchWgmmaGemm<BN, CONSUMERS, K_STAGE, GROUP_M, false, true, T, TC>(p, stream)
+               : LaunchWgmmaGemm<BN, CONSUMERS, K_STAGE, GROUP_M, false, false, T, TC>(p, stream);
+  }
   static cudaError_t Launch(const GemmProblem& p, int /*swizzle_stride*/, cudaStream_t stream) {
-    constexpr auto* kernel = &detail::WgmmaGemmKernel<BN, CONSUMERS, K_STAGE, GROUP_M>;
-    int device = 0;
-    HGEMM_RETURN_IF_CUDA_ERROR(cudaGetDevice(&device));
-    HGEMM_RETURN_IF_CUDA_ERROR(detail::OptInDynamicSmem<kernel>(device, Cfg::kSmemBytes));
-    CUtensorMap map_a, map_b, map_c;
-    if (!TensorMap(p.a, p.m, p.k, Cfg::BM, 64, &map_a) ||
-        !TensorMap(p.b, p.k, p.n, 64, 64, &map_b) || !TensorMap(p.c, p.m, p.n, 64, 64, &map_c))
-      return cudaErrorInvalidValue;
-    int sms = 0;
-    HGEMM_RETURN_IF_CUDA_ERROR(detail::SmCount(device, &sms));
-    const long long tiles = (long long)((p.m + Cfg::BM - 1) / Cfg::BM) * ((p.n + BN - 1) / BN);
-    const int grid = int(std::min<long long>(tiles, sms));
-    kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(map_a, map_b, map_c, p.m, p.n, p.k);
-    return cudaGetLastError();
+    const bool fp32_c = p.c_type == DataType::kFp32;
+    if (p.ab_type == DataType::kBf16)
+      return fp32_c ? Run<__nv_bfloat16, float>(p, stream)
+                    : Run<__nv_bfloat16, __nv_bfloat16>(p, stream);
+    return fp32_c ? Run<__half, float>(p, stream) : Run<__half, __half>(p, stream);
   }
 
   // The tile count must fit in int (the kernel's tile index).
   static bool CanImplement(int m, int n, int k) {
     return m >= 1 && n >= 8 && k >= 8 && n % 8 == 0 && k % 8 == 0 &&
            (long long)((m + Cfg::BM - 1) / Cfg::BM) * ((n + BN - 1) / BN) < (1ll << 31);
+  }
+
+  // TMA's global row strides are 16-byte multiples: a transposed A's stored rows are m long.
+  static std::string CheckLayout(const GemmProblem& p) {
+    if (p.transpose_a && p.m % 8 != 0)
+      return "transpose_a needs m % 8 == 0 (A is stored k×m; TMA row strides are 16-byte "
+             "multiples), got m = " + std::to_string(p.m);
+    for (auto [name, ld] : {std::pair{"lda", p.lda}, std::pair{"ldb", p.ldb},
+                            std::pair{"ldc", p.ldc}})
+      if (ld % 8 != 0)
+        return std::string(name) + " must be a multiple of 8 (16-byte TMA row strides), got " +
+               std::to_string(ld);
+    return "";
   }
 
   static VariantInfo Info(const char* name, const char* description) {
@@ -109,7 +132,8 @@ struct Wgmma {
                        Cfg::kSmemBytes,
                        /*min_sm=*/90,
                        &CanImplement,
-                       Vec16Constraints(/*fp16_only=*/false) + "; sm_90",
+                       Vec16Constraints(/*fp16_only=*/false) +
+                           "; m % 8 == 0 if transpose_a; lda, ldb, ldc % 8 == 0; sm_90",
                        VariantKind::kKernel,
                        /*is_fallback=*/false,
                        /*swizzle_stride=*/0,
@@ -117,7 +141,11 @@ struct Wgmma {
                        BN,
                        K_STAGE,
                        /*inner=*/"",
-                       &Launch};
+                       &Launch,
+                       kAllLayouts,
+                       kAllTypes,
+                       /*strided=*/true,
+                       &CheckLayout};
   }
 };
 

@@ -25,7 +25,8 @@ struct Wmma {
   static cudaError_t Run(const GemmProblem& p, int stride, cudaStream_t stream) {
     return detail::LaunchWmmaStage<WMMA_TILE_M, WMMA_TILE_N, WARP_TILE_M, WARP_TILE_N, BK, A_PAD,
                                    B_PAD, K_STAGE, BLOCK_SWIZZLE, DYNAMIC_SMEM, VEC16, AccT>(
-        p.a, p.b, p.c, p.m, p.n, p.k, stride, stream);
+        static_cast<const half*>(p.a), static_cast<const half*>(p.b),
+        static_cast<half*>(p.c), p.m, p.n, p.k, stride, stream);
   }
 
   // fp16 accumulation past kFp16AccMaxK runs the fp32 accumulators (variant_lists.h).

@@ -27,7 +27,7 @@
 
 #include "client/gemm_client.h"
 #include "client/metrics_scrape.h"
-#include "kernels/host/cpu_gemm.h"
+#include "proto/numerics/cpu_gemm.h"
 #include "server/backend/cpu_backend.h"
 #include "server/testing/test_requests.h"
 #include "server/transport/metrics_http.h"

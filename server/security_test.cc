@@ -7,7 +7,7 @@
 
 #include "client/gemm_client.h"
 #include "grpc/health/v1/health.grpc.pb.h"
-#include "kernels/host/cpu_gemm.h"
+#include "proto/numerics/cpu_gemm.h"
 #include "server/auth/test_certs.h"
 #include "server/backend/cpu_backend.h"
 #include "server/server.h"

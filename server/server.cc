@@ -1,6 +1,5 @@
 #include "server/server.h"
 
-#include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/security/auth_metadata_processor.h>
 #include <spdlog/spdlog.h>
 
@@ -146,11 +145,13 @@ std::unique_ptr<HgemmServer> HgemmServer::Start(ServerOptions options,
     }
   }
 
-  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  server->reflection_ = std::make_unique<ReflectionService>(std::vector<std::string>{
+      kServiceName, "grpc.health.v1.Health", "grpc.reflection.v1alpha.ServerReflection"});
   grpc::ServerBuilder builder;
   builder.AddListeningPort(opts.listen_address, credentials, &server->port_);
   builder.RegisterService(server->service_.get());
   builder.RegisterService(server->health_.get());
+  builder.RegisterService(server->reflection_.get());
   const int max_message = static_cast<int>(std::min<int64_t>(opts.max_message_bytes, INT32_MAX));
   builder.SetMaxReceiveMessageSize(max_message);
   builder.SetMaxSendMessageSize(max_message);

@@ -23,6 +23,7 @@
 #include "server/backend/backend.h"
 #include "server/transport/gemm_service.h"
 #include "server/transport/health_service.h"
+#include "server/transport/reflection_service.h"
 #include "server/metrics/metrics.h"
 #include "server/transport/metrics_http.h"
 #include "server/resident/matrix_store.h"
@@ -89,6 +90,7 @@ class HgemmServer {
   std::unique_ptr<GemmServiceImpl> service_;
   std::unique_ptr<HealthService> health_;
   std::unique_ptr<HealthService> probe_health_;  // the health-only port's; null without one
+  std::unique_ptr<ReflectionService> reflection_;
   std::unique_ptr<grpc::Server> server_;  // after the services, which must outlive it
   std::unique_ptr<grpc::Server> probe_server_;  // the health-only port; null without one
   int port_ = 0;

@@ -46,9 +46,9 @@
 #include "server/auth/test_certs.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "grpc/reflection/v1alpha/reflection.grpc.pb.h"
-#include "kernels/host/cpu_gemm.h"
-#include "kernels/host/error_stats.h"
-#include "kernels/host/fp16.h"
+#include "proto/numerics/cpu_gemm.h"
+#include "proto/numerics/error_stats.h"
+#include "proto/numerics/fp16.h"
 
 namespace hgemm {
 namespace {
@@ -328,8 +328,8 @@ TEST_F(ServerProcessTest, ReflectionDescribesEveryListedService) {
 }
 
 // Issue 26: grpcurl's bare `describe` lists the services and then resolves every one of them
-// on the same reflection stream, where the server sends each file only once. Every listed
-// service must still resolve, from the files received on that stream so far.
+// on the same reflection stream. Each answer must hold the symbol's file first, with every
+// file it imports, whatever the stream already carried.
 TEST_F(ServerProcessTest, ReflectionResolvesEveryListedServiceOnOneStream) {
   auto stub = reflection::ServerReflection::NewStub(channel_);
   grpc::ClientContext context;
@@ -343,7 +343,6 @@ TEST_F(ServerProcessTest, ReflectionResolvesEveryListedServiceOnOneStream) {
   std::vector<std::string> names;
   for (const auto& service : listed.list_services_response().service()) names.push_back(service.name());
   std::sort(names.begin(), names.end());  // grpcurl's order
-  std::map<std::string, pb::FileDescriptorProto> received;  // by file name, over the stream
   for (const std::string& name : names) {
     reflection::ServerReflectionRequest symbol;
     symbol.set_file_containing_symbol(name);
@@ -351,23 +350,29 @@ TEST_F(ServerProcessTest, ReflectionResolvesEveryListedServiceOnOneStream) {
     reflection::ServerReflectionResponse files;
     ASSERT_TRUE(stream->Read(&files));
     ASSERT_FALSE(files.has_error_response()) << name << ": " << files.error_response().error_message();
+    // grpcurl takes the first file as the one that holds the symbol, and needs its imports.
+    std::map<std::string, pb::FileDescriptorProto> received;
+    std::string first;
     for (const std::string& bytes : files.file_descriptor_response().file_descriptor_proto()) {
       pb::FileDescriptorProto file;
       ASSERT_TRUE(file.ParseFromString(bytes));
+      if (first.empty()) first = file.name();
       received[file.name()] = file;
     }
-    // Build the pool from everything received, dependencies first, as grpcurl's client does.
+    ASSERT_FALSE(first.empty()) << name << ": no file in the answer";
     pb::DescriptorPool pool;
     std::set<std::string> built;
     std::function<void(const std::string&)> build = [&](const std::string& file_name) {
       if (!built.insert(file_name).second) return;
       auto it = received.find(file_name);
-      ASSERT_NE(it, received.end()) << name << " needs " << file_name << ", never sent";
+      ASSERT_NE(it, received.end()) << name << " needs " << file_name << ", not in the answer";
       for (const std::string& dependency : it->second.dependency()) build(dependency);
       ASSERT_NE(pool.BuildFile(it->second), nullptr) << file_name;
     };
-    for (const auto& [file_name, file] : received) build(file_name);
-    EXPECT_NE(pool.FindServiceByName(name), nullptr) << name << " did not resolve";
+    build(first);
+    const pb::FileDescriptor* file = pool.FindFileByName(first);
+    ASSERT_NE(file, nullptr);
+    EXPECT_NE(pool.FindServiceByName(name), nullptr) << name << " is not in " << first;
   }
   stream->WritesDone();
   EXPECT_TRUE(stream->Finish().ok());

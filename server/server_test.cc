@@ -10,9 +10,9 @@
 #include <thread>
 
 #include "client/gemm_client.h"
-#include "kernels/host/cpu_gemm.h"
-#include "kernels/host/error_stats.h"
-#include "kernels/host/fp16.h"
+#include "proto/numerics/cpu_gemm.h"
+#include "proto/numerics/error_stats.h"
+#include "proto/numerics/fp16.h"
 #include "server/backend/cpu_backend.h"
 #include "server/testing/test_requests.h"
 

@@ -11,8 +11,8 @@
 #include <thread>
 #include <vector>
 
-#include "kernels/host/cpu_gemm.h"
-#include "kernels/host/error_stats.h"
+#include "proto/numerics/cpu_gemm.h"
+#include "proto/numerics/error_stats.h"
 #include "server/testing/child_process.h"
 
 namespace {

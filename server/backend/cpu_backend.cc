@@ -7,7 +7,7 @@
 #include <memory>
 #include <new>
 
-#include "kernels/host/cpu_gemm.h"
+#include "proto/numerics/cpu_gemm.h"
 #include "server/core/status.h"
 
 namespace hgemm {

@@ -9,8 +9,8 @@
 #include <random>
 #include <thread>
 
-#include "kernels/host/cpu_gemm.h"
-#include "kernels/host/error_stats.h"
+#include "proto/numerics/cpu_gemm.h"
+#include "proto/numerics/error_stats.h"
 
 namespace hgemm {
 namespace {

@@ -12,7 +12,7 @@
 #include <utility>
 #include <vector>
 
-#include "kernels/host/cpu_gemm.h"
+#include "proto/numerics/cpu_gemm.h"
 #include "server/backend/cpu_backend.h"
 #include "server/testing/test_requests.h"
 

@@ -8,7 +8,7 @@
 #include <string>
 #include <utility>
 
-#include "kernels/host/cpu_gemm.h"
+#include "proto/numerics/cpu_gemm.h"
 #include "proto/hgemm.pb.h"
 
 namespace hgemm {

@@ -3,8 +3,8 @@
 // fp16 values travel as raw uint16_t bit patterns (the wire format of hgemm.v1). Conversion uses
 // the x86 F16C instructions (round to nearest even), eight elements at a time.
 // Thread safety: pure functions.
-#ifndef HGEMM_KERNELS_HOST_FP16_H_
-#define HGEMM_KERNELS_HOST_FP16_H_
+#ifndef HGEMM_PROTO_NUMERICS_FP16_H_
+#define HGEMM_PROTO_NUMERICS_FP16_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -20,4 +20,4 @@ void FloatToHalf(const float* in, uint16_t* out, size_t count);
 
 }  // namespace hgemm
 
-#endif  // HGEMM_KERNELS_HOST_FP16_H_
+#endif  // HGEMM_PROTO_NUMERICS_FP16_H_

@@ -2,10 +2,11 @@
 // kernel tests, kernel_bench, hgemm_client --check, hgemm_load's guard, the soak, server tests),
 // and the one table of how far a correct C may be.
 //
-// C is raw binary16 bits, the reference fp32, both row-major with `count` elements.
+// C is raw binary16 bits (or bf16 bits, or fp32), the reference fp32, both row-major with
+// `count` elements.
 // Thread safety: pure functions and constants.
-#ifndef HGEMM_KERNELS_HOST_ERROR_STATS_H_
-#define HGEMM_KERNELS_HOST_ERROR_STATS_H_
+#ifndef HGEMM_PROTO_NUMERICS_ERROR_STATS_H_
+#define HGEMM_PROTO_NUMERICS_ERROR_STATS_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -26,6 +27,10 @@ struct ErrorStats {
 // Compares c with reference. An all-zero reference gives the absolute Frobenius norm.
 ErrorStats CompareToReference(const uint16_t* c, const float* reference, int64_t count);
 
+// The same for a C of bf16 bits (the upper 16 bits of an fp32), and for an fp32 C.
+ErrorStats CompareBf16ToReference(const uint16_t* c, const float* reference, int64_t count);
+ErrorStats CompareToReference(const float* c, const float* reference, int64_t count);
+
 // ‖c − reference‖_F / ‖reference‖_F, or +Inf if c holds a NaN or Inf anywhere.
 // REQUIRES: `reference` is not all zeros.
 double RelativeFrobeniusError(const uint16_t* c, const float* reference, int64_t count);
@@ -45,10 +50,15 @@ struct Tolerance {
 // K the variant takes (docs/kernels.md, "What fp16 accumulation means").
 inline constexpr Tolerance kKernelTolerance{.fp16_acc = 5e-3, .fp32_acc = 5e-4};
 
+// A bf16 C (bf16 inputs, fp32 accumulation) against the fp32 reference of the same bf16 inputs:
+// bf16's rounding of C alone is ~1.6e-3 relative Frobenius (8 significant bits), so twice that,
+// rounded up. An fp32 C (fp16 or bf16 inputs, fp32 accumulation) takes kKernelTolerance.fp32_acc.
+inline constexpr double kKernelToleranceBf16 = 4e-3;
+
 // A C returned by a server, whatever backend and kernel ran it (hgemm_client --check,
 // hgemm_load's guard, the soak, the client and server tests).
 inline constexpr Tolerance kServiceTolerance{.fp16_acc = 2e-2, .fp32_acc = 1e-3};
 
 }  // namespace hgemm
 
-#endif  // HGEMM_KERNELS_HOST_ERROR_STATS_H_
+#endif  // HGEMM_PROTO_NUMERICS_ERROR_STATS_H_

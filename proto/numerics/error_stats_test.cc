@@ -1,10 +1,10 @@
-#include "kernels/host/error_stats.h"
+#include "proto/numerics/error_stats.h"
 
 #include <gtest/gtest.h>
 
 #include <cmath>
 
-#include "kernels/host/fp16.h"
+#include "proto/numerics/fp16.h"
 
 namespace hgemm {
 namespace {
@@ -29,6 +29,23 @@ TEST(ErrorStats, FirstBadIsTheLargestErrorWithoutNans) {
   EXPECT_EQ(s.first_bad, 1u);
   EXPECT_DOUBLE_EQ(s.max_abs, 1);
   EXPECT_NE(s.ToString().find("nan=0 first_bad=1"), std::string::npos) << s.ToString();
+}
+
+TEST(ErrorStats, ComparesBf16AndFp32Outputs) {
+  const float reference[] = {3, 4, 1};
+  // bf16 bits: the upper half of the fp32 pattern (3 = 0x4040, 4.5 = 0x4090, NaN = 0x7FC0).
+  const uint16_t bf16[] = {0x4040, 0x4090, 0x7FC0};
+  const ErrorStats b = CompareBf16ToReference(bf16, reference, 3);
+  EXPECT_EQ(b.nan_count, 1u);
+  EXPECT_EQ(b.first_bad, 2u);
+  EXPECT_DOUBLE_EQ(b.max_abs, 0.5);
+  EXPECT_DOUBLE_EQ(b.rel_frobenius, 0.5 / std::sqrt(26.0));
+  const float fp32[] = {3, 4.5f, 1};
+  const ErrorStats f = CompareToReference(fp32, reference, 3);
+  EXPECT_EQ(f.nan_count, 0u);
+  EXPECT_EQ(f.first_bad, 1u);
+  EXPECT_DOUBLE_EQ(f.rel_frobenius, 0.5 / std::sqrt(26.0));
+  EXPECT_GT(kKernelToleranceBf16, kKernelTolerance.fp32_acc);
 }
 
 TEST(Tolerance, PicksTheAccumulationsBar) {

@@ -1,8 +1,8 @@
-#include "kernels/host/cpu_gemm.h"
+#include "proto/numerics/cpu_gemm.h"
 
 #include <cblas.h>
 
-#include "kernels/host/fp16.h"
+#include "proto/numerics/fp16.h"
 
 namespace hgemm {
 

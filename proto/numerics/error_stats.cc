@@ -1,10 +1,11 @@
-#include "kernels/host/error_stats.h"
+#include "proto/numerics/error_stats.h"
 
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <limits>
 
-#include "kernels/host/fp16.h"
+#include "proto/numerics/fp16.h"
 
 namespace hgemm {
 
@@ -15,11 +16,15 @@ std::string ErrorStats::ToString() const {
   return buf;
 }
 
-ErrorStats CompareToReference(const uint16_t* c, const float* reference, int64_t count) {
+namespace {
+
+// `value(i)`: element i of c as a double.
+template <typename Value>
+ErrorStats Compare(Value value, const float* reference, int64_t count) {
   ErrorStats s;
   double diff2 = 0, ref2 = 0;
   for (int64_t i = 0; i < count; ++i) {
-    const double got = HalfToFloat(c[i]);
+    const double got = value(i);
     const double want = reference[i];
     ref2 += want * want;
     if (!std::isfinite(got)) {
@@ -35,6 +40,27 @@ ErrorStats CompareToReference(const uint16_t* c, const float* reference, int64_t
   }
   s.rel_frobenius = ref2 > 0 ? std::sqrt(diff2 / ref2) : std::sqrt(diff2);
   return s;
+}
+
+}  // namespace
+
+ErrorStats CompareToReference(const uint16_t* c, const float* reference, int64_t count) {
+  return Compare([c](int64_t i) { return double(HalfToFloat(c[i])); }, reference, count);
+}
+
+ErrorStats CompareBf16ToReference(const uint16_t* c, const float* reference, int64_t count) {
+  return Compare(
+      [c](int64_t i) {
+        const uint32_t bits = uint32_t(c[i]) << 16;
+        float f;
+        std::memcpy(&f, &bits, sizeof f);
+        return double(f);
+      },
+      reference, count);
+}
+
+ErrorStats CompareToReference(const float* c, const float* reference, int64_t count) {
+  return Compare([c](int64_t i) { return double(c[i]); }, reference, count);
 }
 
 double RelativeFrobeniusError(const uint16_t* c, const float* reference, int64_t count) {

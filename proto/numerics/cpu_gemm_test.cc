@@ -1,9 +1,9 @@
-#include "kernels/host/cpu_gemm.h"
+#include "proto/numerics/cpu_gemm.h"
 
 #include <gtest/gtest.h>
 
-#include "kernels/host/error_stats.h"
-#include "kernels/host/fp16.h"
+#include "proto/numerics/error_stats.h"
+#include "proto/numerics/fp16.h"
 
 namespace hgemm {
 namespace {

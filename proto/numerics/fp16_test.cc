@@ -1,4 +1,4 @@
-#include "kernels/host/fp16.h"
+#include "proto/numerics/fp16.h"
 
 #include <gtest/gtest.h>
 

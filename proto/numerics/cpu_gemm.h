@@ -1,18 +1,18 @@
 // GEMM on the CPU with fp32 accumulation (OpenBLAS sgemm): the CPU backend's kernel and the
 // reference that tests and `hgemm_client --check` compare against (with the error metric of
-// kernels/host/error_stats.h, included here for them).
+// proto/numerics/error_stats.h, included here for them).
 //
 // Matrices are row-major; fp16 matrices are raw binary16 bit patterns.
 // Thread safety: pure functions; OpenBLAS parallelises each call internally.
-#ifndef HGEMM_KERNELS_HOST_CPU_GEMM_H_
-#define HGEMM_KERNELS_HOST_CPU_GEMM_H_
+#ifndef HGEMM_PROTO_NUMERICS_CPU_GEMM_H_
+#define HGEMM_PROTO_NUMERICS_CPU_GEMM_H_
 
 #include <cstdint>
 #include <random>
 #include <string>
 #include <vector>
 
-#include "kernels/host/error_stats.h"
+#include "proto/numerics/error_stats.h"
 
 namespace hgemm {
 
@@ -31,4 +31,4 @@ std::string HalfBytes(const std::vector<uint16_t>& half);
 
 }  // namespace hgemm
 
-#endif  // HGEMM_KERNELS_HOST_CPU_GEMM_H_
+#endif  // HGEMM_PROTO_NUMERICS_CPU_GEMM_H_

@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# A/B of two hgemm_server builds on one machine in one run: the servers take turns (B, A, B, A,
+# ...), each driven by the same hgemm_load at the same points, so that host and GPU drift hit
+# both alike. Prints a markdown table (one row per server run) and the mean of each point per
+# server; writes every point to OUT/ab.csv.
+#   bench/ab_servers.sh OLD_BIN_DIR NEW_BIN_DIR OUT_DIR [ROUNDS]
+# Each BIN_DIR holds hgemm_server (a gpu-bundle.sh bin/ folder, its lib/ beside it); the
+# hgemm_load of NEW_BIN_DIR drives both. Points (issue 26's keep-speed check): 2048³ unary c=16,
+# 128×8192×8192 with B resident c=4, 8192³ all resident c=1.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+# shellcheck source=bench/run_lib.sh
+source bench/run_lib.sh
+(($# >= 3)) || { sed -n '2,9p' "$0"; exit 2; }
+old=$1 new=$2 out=$3 rounds=${4:-2}
+mkdir -p "$out"
+trap cleanup EXIT INT TERM
+load=$new/hgemm_load
+points=(
+  "--shapes=2048x2048x2048 --mode=unary --concurrency=16"
+  "--shapes=128x8192x8192 --mode=unary --resident=b --concurrency=4"
+  "--shapes=8192x8192x8192 --mode=unary --resident=all --concurrency=1"
+)
+describe_host cuda "$old vs $new" | tee "$out/ab_host.txt"
+rm -f "$out/ab.csv"
+port=50400
+rows=()
+for round in $(seq "$rounds"); do
+  for side in new old; do
+    dir=$new
+    [[ $side == old ]] && dir=$old
+    port=$((port + 1))
+    LD_LIBRARY_PATH=$dir/../lib:${LD_LIBRARY_PATH:-} timeout 600 "$dir/hgemm_server" \
+      --listen=127.0.0.1:$port --backend=auto >"$out/server_${side}_$round.log" 2>&1 &
+    pids+=($!)
+    wait_port $port 60 $! "$out/server_${side}_$round.log"
+    row="| $round | $side |"
+    for point in "${points[@]}"; do
+      csv=$out/point.csv
+      # shellcheck disable=SC2086  # the point is a list of flags
+      "$load" --server=127.0.0.1:$port $point --max_point_s=5 --verify=1 --csv="$csv" \
+        >>"$out/load_${side}_$round.log" 2>&1
+      rps=$(awk -F, 'NR == 2 {print $12}' "$csv")
+      p50=$(awk -F, 'NR == 2 {print $13}' "$csv")
+      row+=" $rps | $p50 |"
+      awk -F, -v side="$side" -v round="$round" 'NR == 2 {print side "," round "," $0}' "$csv" >>"$out/ab.csv"
+    done
+    rows+=("$row")
+    kill -TERM "${pids[-1]}"
+    wait "${pids[-1]}" || true
+  done
+done
+echo
+echo "| round | server | 2048³ c=16 req/s | p50 ms | 128×8192² B resident c=4 req/s | p50 ms | 8192³ all resident c=1 req/s | p50 ms |"
+echo "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"
+printf '%s\n' "${rows[@]}"
+echo
+# Means per server and point (CSV columns: side, round, then hgemm_load's; shape is 10, req/s 14).
+awk -F, '{n[$1 "," $10 "," $7]++; s[$1 "," $10 "," $7] += $14}
+         END {for (k in n) printf "mean %s: %.1f req/s over %d runs\n", k, s[k] / n[k], n[k]}' \
+  "$out/ab.csv" | sort

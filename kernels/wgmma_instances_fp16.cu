@@ -1,0 +1,7 @@
+// The fp16 instantiations of the TMA + wgmma family (C of the input type): every kept configuration × layout
+// (kernels/wgmma_launch.cuh).
+#include "kernels/wgmma_launch.cuh"
+
+namespace hgemm::kernels::internal {
+HGEMM_WGMMA_INSTANCES(HGEMM_WGMMA_INSTANTIATE, __half, __half)
+}  // namespace hgemm::kernels::internal
