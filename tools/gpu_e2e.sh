@@ -31,10 +31,12 @@ cd "$(dirname "$0")/.."
 
 if [[ ${1:-} == --bundle ]]; then
   bazel build -c opt //server:hgemm_server //client:hgemm_client //server/backend:cuda_backend_test \
-    //bench:hgemm_load //bench:echo_server //bench:completion_latency
+    //bench:hgemm_load //bench:echo_server //bench:completion_latency \
+    //client/c:libhgemm_client.so
   ../shared/tools/gpu-bundle.sh --out .gpu-serve bazel-bin/server/hgemm_server \
     bazel-bin/client/hgemm_client bazel-bin/server/backend/cuda_backend_test \
-    bazel-bin/bench/hgemm_load bazel-bin/bench/echo_server bazel-bin/bench/completion_latency
+    bazel-bin/bench/hgemm_load bazel-bin/bench/echo_server bazel-bin/bench/completion_latency \
+    bazel-bin/client/c/libhgemm_client.so
   tools/make_test_certs.sh .gpu-serve/certs  # the GPU machine may have no openssl
   mkdir -p .gpu-pack
   grep -qx "/.gpu-pack/" .git/info/exclude || echo "/.gpu-pack/" >> .git/info/exclude
@@ -218,7 +220,9 @@ if want python; then
     hgemm_client --server=127.0.0.1:$((port + 4)) --info >/dev/null 2>&1 && break
     sleep 0.2
   done
-  PYTHONPATH=client/python timeout 420 python3 bench/python_client_bench.py \
+  # The Python client's native core (client/c) from the bundle.
+  HGEMM_NATIVE_LIB=$PWD/.gpu-serve/bin/libhgemm_client.so PYTHONPATH=client/python \
+    timeout 420 python3 bench/python_client_bench.py \
     --server=127.0.0.1:$((port + 4)) --hgemm_load="$(command -v hgemm_load)" \
     --csv="$out/python_client_bench.csv" | tee "$out/python_client_bench.md" ||
     echo "FAILED: python_client_bench"
