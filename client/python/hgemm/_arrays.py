@@ -72,6 +72,22 @@ def as_fp16_matrix(x, name: str) -> np.ndarray:
                     f"(float32 and float64 are converted with a warning)")
 
 
+def check_out(out, m: int, n: int, keep_c: bool, as_torch) -> None:
+    """gemm's out=: None, or a writable, C-contiguous m×n float16 ndarray (ValueError or
+    TypeError otherwise, and with keep_c or as_torch, which return no array)."""
+    if out is None:
+        return
+    if keep_c or as_torch:
+        raise ValueError("out= takes C as a numpy array: not with keep_c or as_torch")
+    if not isinstance(out, np.ndarray) or out.dtype != FP16:
+        raise TypeError(f"out must be a float16 numpy array; got {type(out).__name__}"
+                        f"{'' if not isinstance(out, np.ndarray) else ' of ' + str(out.dtype)}")
+    if out.shape != (m, n) or not out.flags.c_contiguous or not out.flags.writeable:
+        raise ValueError(f"out must be a writable, C-contiguous {m}x{n} array; got shape "
+                         f"{out.shape}, contiguous={out.flags.c_contiguous}, "
+                         f"writeable={out.flags.writeable}")
+
+
 def byte_view(array: np.ndarray) -> np.ndarray:
     """A C-contiguous array's bytes as a 1-D uint8 array over the same memory."""
     return array.reshape(-1).view(np.uint8)

@@ -16,6 +16,7 @@ import time
 from typing import Callable, List, Optional
 
 import grpc
+import numpy as np
 
 from . import _arrays, _errors, _native, _progress
 from ._config import ClientConfig
@@ -23,7 +24,7 @@ from ._many_rounds import ManyRound
 from ._proto import hgemm_pb2 as pb
 from ._resident import MatrixList, ResidentMatrix, handle_replica, replica_of
 from ._results import (Kernel, finish_many, kernels_from_proto, native_result, streamed_result,
-                       unary_result)
+                       unary_result, with_out)
 from ._retry import Deadline, should_retry
 from ._routes import Routes, by_replica, explain_unreachable
 from ._spec import Spec, normalize_pairs, stream_requests
@@ -134,12 +135,15 @@ class Calls:
     # GEMMs.
     def gemm(self, a, b, *, accumulation: Optional[str] = None, kernel: str = "auto",
              keep_c: bool = False, c_ttl: int = 0, request_id: str = "", details: bool = False,
-             as_torch=False, mode: Optional[str] = None, timeout: Optional[float] = None):
+             as_torch=False, mode: Optional[str] = None, timeout: Optional[float] = None,
+             out: Optional[np.ndarray] = None):
         """C = A·B. A (m×k) and B (k×n): float16 numpy arrays, torch tensors, or ResidentMatrix.
 
         Returns C as an m×n float16 ndarray (a torch tensor with as_torch=True, or on a device
         with as_torch="cuda:0"); with keep_c=True a ResidentMatrix instead; with details=True a
-        GemmResult (c, timing, execution, request_id, client_ms).
+        GemmResult (c, timing, execution, request_id, client_ms). out: a writable, C-contiguous
+        m×n float16 ndarray to write C into (returned as C); the native core writes it there
+        directly, grpcio's copies into it.
         accumulation: None (the server's default, fp32), "fp32" or "fp16". kernel: "auto" or a
         name from kernels(). Raises an hgemm.Error subclass on failure.
         """
@@ -147,22 +151,23 @@ class Calls:
         spec = Spec(a, b, accumulation=accumulation, kernel=kernel, keep_c=keep_c, c_ttl=c_ttl,
                     request_id=request_id)
         replica = spec.replica()
+        _arrays.check_out(out, spec.m, spec.n, keep_c, as_torch)
         yield from self._server_limit(spec, mode, timeout)
         if self.native is not None and not keep_c:
             c, info = yield from self._on_native(self.native.gemm,
-                                                 (spec, self.config.streams(spec, mode)), timeout,
-                                                 idempotent=True,
+                                                 (spec, self.config.streams(spec, mode), out),
+                                                 timeout, idempotent=True,
                                                  nbytes=spec.payload_bytes + spec.c_bytes)
-            return native_result(spec, c, info, details, as_torch, started)
+            return native_result(spec, c, info, details, as_torch, started, out)
         if self.config.streams(spec, mode):
             result = (yield from self._many([spec], timeout, details, as_torch, started))[0]
             if isinstance(result, _errors.Error):
                 result.index = None
                 raise result
-            return result
+            return with_out(result, out)
         response = yield from self._unary("Gemm", spec.unary_request(), timeout,
                                           idempotent=not keep_c, replica=replica)
-        return unary_result(self.client, spec, response, details, as_torch, started)
+        return with_out(unary_result(self.client, spec, response, details, as_torch, started), out)
 
     def gemm_many(self, pairs, *, accumulation: Optional[str] = None, kernel: str = "auto",
                   keep_c: bool = False, c_ttl: int = 0, details: bool = False, as_torch=False,

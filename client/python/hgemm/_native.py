@@ -228,9 +228,10 @@ class NativeClient:
         self._lib.hgemm_call_options_set_replica(options, replica.encode())
         return options
 
-    def gemm(self, spec, streamed: bool, timeout: Optional[float]):
-        """(C as a new m×n float16 array, GemmInfo) of a Spec sent as it is (operands from the
-        arrays' memory, or by handle). REQUIRES: not spec.keep_c."""
+    def gemm(self, spec, streamed: bool, out: Optional[np.ndarray], timeout: Optional[float]):
+        """(C, GemmInfo) of a Spec sent as it is (operands from the arrays' memory, or by
+        handle); C is written into `out`, else into a new m×n float16 array.
+        REQUIRES: not spec.keep_c; out is None or passed _arrays.check_out."""
         lib = self._lib
         options = lib.hgemm_gemm_options_create()
         try:
@@ -241,7 +242,7 @@ class NativeClient:
             lib.hgemm_gemm_options_set_a_handle(options, spec.a.handle.encode())
             lib.hgemm_gemm_options_set_b_handle(options, spec.b.handle.encode())
             lib.hgemm_gemm_options_set_timeout_ms(options, _timeout_ms(timeout))
-            c = np.empty((spec.m, spec.n), dtype=np.float16)
+            c = np.empty((spec.m, spec.n), dtype=np.float16) if out is None else out
             info = GemmInfo()
             self._checked(lib.hgemm_gemm, self._client, options, spec.m, spec.n, spec.k,
                           *_operand(spec.a), *_operand(spec.b), c.ctypes.data, c.nbytes,

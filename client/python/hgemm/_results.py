@@ -8,6 +8,8 @@ import dataclasses
 import time
 from typing import List, Tuple
 
+import numpy as np
+
 from . import _arrays, _errors, _wire
 from ._proto import hgemm_pb2 as pb
 from ._resident import ResidentMatrix
@@ -94,9 +96,11 @@ def unary_result(client, spec: Spec, raw: _wire.GemmResponse, details: bool, as_
                       (time.monotonic() - started) * 1e3)
 
 
-def native_result(spec: Spec, c, info, details: bool, as_torch, started: float):
-    """What gemm returns from the native core's C and GemmInfo (hgemm/_native.py)."""
-    c = _arrays.to_output(c, as_torch)
+def native_result(spec: Spec, c, info, details: bool, as_torch, started: float, out):
+    """What gemm returns from the native core's C and GemmInfo (hgemm/_native.py); C is `out`
+    as it is when the caller gave one."""
+    if out is None:
+        c = _arrays.to_output(c, as_torch)
     if not details:
         return c
     timing = Timing(info.queue_wait_ms, info.host_to_device_ms, info.kernel_ms,
@@ -107,6 +111,19 @@ def native_result(spec: Spec, c, info, details: bool, as_torch, started: float):
                           info.stream_id)
     return GemmResult(c, timing, execution, info.request_id.decode(),
                       (time.monotonic() - started) * 1e3)
+
+
+def with_out(result, out):
+    """gemm's result (C or a GemmResult) with C copied into `out` and returned as C (None: the
+    result as it is)."""
+    if out is None:
+        return result
+    if isinstance(result, GemmResult):
+        np.copyto(out, result.c)
+        result.c = out
+        return result
+    np.copyto(out, result)
+    return out
 
 
 def streamed_result(client, spec: Spec, outcome, details: bool, as_torch, started: float):

@@ -15,10 +15,10 @@ class Spy:
         if native is not None:
             native_gemm = native.gemm
 
-            def counted_native(spec, streamed, timeout):
+            def counted_native(spec, streamed, out, timeout):
                 self.unary += not streamed
                 self.stream += streamed
-                return native_gemm(spec, streamed, timeout)
+                return native_gemm(spec, streamed, out, timeout)
             monkeypatch.setattr(native, "gemm", counted_native)
         stub = client._stub
         gemm, gemm_stream = stub.Gemm, stub.GemmStream
@@ -331,6 +331,29 @@ def test_float32_is_converted_with_a_warning(client, rng):
     assert rel_error(c, a.astype(np.float16), b.astype(np.float16)) < FP32_TOLERANCE
     with pytest.warns(hgemm.ConversionWarning), pytest.raises(ValueError, match="fp16's range"):
         client.gemm(a * 1e6, b)
+
+
+@pytest.mark.parametrize("mode", ["unary", "stream"])
+def test_out_receives_c(client, rng, mode):
+    a, b = fp16(rng, 37, 50), fp16(rng, 50, 23)
+    out = np.full((37, 23), np.nan, dtype=np.float16)
+    assert client.gemm(a, b, out=out, mode=mode) is out
+    assert out.flags.writeable and rel_error(out, a, b) < FP32_TOLERANCE
+    out[:] = np.nan
+    r = client.gemm(a, b, out=out, mode=mode, details=True)
+    assert r.c is out and rel_error(out, a, b) < FP32_TOLERANCE
+
+
+def test_out_is_checked_before_sending(client, rng):
+    a, b = fp16(rng, 4, 5), fp16(rng, 5, 6)
+    with pytest.raises(ValueError, match="4x6"):
+        client.gemm(a, b, out=np.empty((4, 5), np.float16))
+    with pytest.raises(ValueError, match="4x6"):
+        client.gemm(a, b, out=np.empty((6, 4), np.float16).T)
+    with pytest.raises(TypeError, match="float16"):
+        client.gemm(a, b, out=np.empty((4, 6), np.float32))
+    with pytest.raises(ValueError, match="keep_c"):
+        client.gemm(a, b, out=np.empty((4, 6), np.float16), keep_c=True)
 
 
 def test_non_contiguous_and_big_endian_inputs(client, rng):
