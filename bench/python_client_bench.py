@@ -17,7 +17,12 @@ all threads) per GEMM: what the client costs, however fast the server is.
         [--hgemm_load=bazel-bin/bench/hgemm_load] [--csv=py_bench.csv]
 
 With --hgemm_load, every point is also run by hgemm_load (same shape, mode, resident mode and
-concurrency) and the table shows the ratio python / C++ of requests per second (target ≥ 0.8).
+concurrency) and the table shows the ratio python / C++ of requests per second (target ≥ 0.9).
+
+--transports: the client's cores to measure, each point once per core ($HGEMM_TRANSPORT for the
+point's clients; default both): "native" (libhgemm_client.so, client/c; skipped with a line
+when it does not load) and "grpcio". The native core carries unary GEMMs; a stream() stays on
+grpcio whatever the core, so stream points measure the same path twice.
 Needs the hgemm package (pip install ./client/python, or PYTHONPATH=client/python).
 """
 import argparse
@@ -61,9 +66,31 @@ def verify(c, a, b, rng):
         sys.exit(f"python_client_bench: wrong result (relative error {err:.3g})")
 
 
-def run_point(args, shape, mode, resident, concurrency, a, b):
+def clients_on(transport, count, args):
+    """`count` clients on the core `transport` (the core is chosen when a client is made)."""
+    before = os.environ.get("HGEMM_TRANSPORT")
+    os.environ["HGEMM_TRANSPORT"] = transport
+    try:
+        return [hgemm.Client(args.server, timeout=args.timeout_s) for _ in range(count)]
+    finally:
+        if before is None:
+            del os.environ["HGEMM_TRANSPORT"]
+        else:
+            os.environ["HGEMM_TRANSPORT"] = before
+
+
+def transport_available(transport, args) -> bool:
+    try:
+        clients_on(transport, 1, args)[0].close()
+        return True
+    except OSError as e:
+        print(f"python_client_bench: no {transport} core ({e}); skipping it", file=sys.stderr)
+        return False
+
+
+def run_point(args, transport, shape, mode, resident, concurrency, a, b):
     m, n, k = shape
-    clients = [hgemm.Client(args.server, timeout=args.timeout_s) for _ in range(concurrency)]
+    clients = clients_on(transport, concurrency, args)
     handles = [c.upload(b, label="bench B") if resident == "b" else None for c in clients]
     latencies, kernel_ms, errors = [], [], []
     lock = threading.Lock()
@@ -119,7 +146,8 @@ def run_point(args, shape, mode, resident, concurrency, a, b):
     wire = sent + 2 * m * n
     rps = len(lat) / args.duration_s
     return {
-        "shape": f"{m}x{n}x{k}", "mode": mode, "resident": resident, "concurrency": concurrency,
+        "core": transport, "shape": f"{m}x{n}x{k}", "mode": mode, "resident": resident,
+        "concurrency": concurrency,
         "requests": len(lat), "errors": len(errors), "requests_per_s": rps,
         "p50_ms": float(np.percentile(lat, 50)) if len(lat) else float("nan"),
         "p99_ms": float(np.percentile(lat, 99)) if len(lat) else float("nan"),
@@ -161,7 +189,11 @@ def main():
     p.add_argument("--hgemm_load", help="path of hgemm_load: also run each point in C++")
     p.add_argument("--csv", help="write the rows as CSV")
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--transports", nargs="*", default=["native", "grpcio"],
+                   choices=["native", "grpcio"], help="the client's cores to measure")
     args = p.parse_args()
+    transports = [t for t in args.transports if transport_available(t, args)]
+    print(f"hgemm.info(): {hgemm.info()}")
 
     rng = np.random.default_rng(args.seed)
     with hgemm.Client(args.server, timeout=60) as c:
@@ -177,23 +209,27 @@ def main():
         with hgemm.Client(args.server, timeout=args.timeout_s) as c, c.stream() as s:
             verify(s.gemm(a, b) if mode == "stream" else c.gemm(a, b, mode="unary"), a, b, rng)
         for conc in concurrencies:
-            row = run_point(args, shape, mode, resident, conc, a, b)
-            row["cpp_requests_per_s"] = run_cpp(args, row) if args.hgemm_load else None
-            row["ratio"] = (row["requests_per_s"] / row["cpp_requests_per_s"]
-                            if row["cpp_requests_per_s"] else None)
-            rows.append(row)
-            print(f"  {row['shape']} {mode} resident={resident} c={conc}: "
-                  f"{row['requests_per_s']:.1f} req/s", file=sys.stderr)
+            cpp = None  # hgemm_load's req/s at this point, run once for every core
+            for transport in transports:
+                row = run_point(args, transport, shape, mode, resident, conc, a, b)
+                if cpp is None and args.hgemm_load:
+                    cpp = run_cpp(args, row)
+                row["cpp_requests_per_s"] = cpp
+                row["ratio"] = row["requests_per_s"] / cpp if cpp else None
+                rows.append(row)
+                print(f"  {transport}: {row['shape']} {mode} resident={resident} c={conc}: "
+                      f"{row['requests_per_s']:.1f} req/s", file=sys.stderr)
 
     print()
-    print("| shape | mode | resident | conc | req/s | p50 ms | p99 ms | GB/s wire | kernel ms | "
-          "py CPU ms | C++ req/s | python/C++ |")
-    print("| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    print("| core | shape | mode | resident | conc | req/s | p50 ms | p99 ms | GB/s wire | "
+          "kernel ms | py CPU ms | C++ req/s | python/C++ |")
+    print("| --- | --- | --- | --- |" + " ---: |" * 9)
     for r in rows:
         cpp = f"{r['cpp_requests_per_s']:.1f}" if r["cpp_requests_per_s"] else "-"
         ratio = f"{r['ratio']:.2f}" if r["ratio"] else "-"
         err = f" ({r['errors']} errors)" if r["errors"] else ""
-        print(f"| {r['shape']} | {r['mode']} | {r['resident']} | {r['concurrency']} | "
+        print(f"| {r['core']} | {r['shape']} | {r['mode']} | {r['resident']} | "
+              f"{r['concurrency']} | "
               f"{r['requests_per_s']:.1f}{err} | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} | "
               f"{r['payload_gb_per_s']:.2f} | {r['server_kernel_ms']:.3f} | "
               f"{r['client_cpu_ms']:.2f} | {cpp} | {ratio} |")
