@@ -218,7 +218,8 @@ grpc::Status GemmClient::Gemm(const v1::GemmRequest& request, v1::GemmResponse* 
 
 grpc::Status GemmClient::GemmStream(const std::vector<const v1::GemmRequest*>& requests,
                                     std::vector<StreamedGemm>* results,
-                                    const CallOptions& options) const {
+                                    const CallOptions& options,
+                                    const std::vector<CBuffer>* c_into) const {
   // One stream per replica, in the order each is first named.
   std::vector<std::string> order;
   std::map<std::string, std::vector<size_t>> by_replica;
@@ -235,7 +236,8 @@ grpc::Status GemmClient::GemmStream(const std::vector<const v1::GemmRequest*>& r
     it->second.push_back(i);
   }
   if (refused.empty() && order.size() <= 1) {
-    return StreamOn(RouteTo(order.empty() ? options.replica : order[0]), requests, results, options);
+    return StreamOn(RouteTo(order.empty() ? options.replica : order[0]), requests, results, options,
+                    c_into);
   }
   results->assign(requests.size(), StreamedGemm{});
   for (auto& [i, status] : refused) (*results)[i].status = status;
@@ -243,9 +245,14 @@ grpc::Status GemmClient::GemmStream(const std::vector<const v1::GemmRequest*>& r
   for (const std::string& replica : order) {
     const std::vector<size_t>& ids = by_replica[replica];
     std::vector<const v1::GemmRequest*> part;
-    for (size_t i : ids) part.push_back(requests[i]);
+    std::vector<CBuffer> part_c_into;
+    for (size_t i : ids) {
+      part.push_back(requests[i]);
+      if (c_into != nullptr) part_c_into.push_back((*c_into)[i]);
+    }
     std::vector<StreamedGemm> part_results;
-    grpc::Status s = StreamOn(RouteTo(replica), part, &part_results, options);
+    grpc::Status s = StreamOn(RouteTo(replica), part, &part_results, options,
+                              c_into == nullptr ? nullptr : &part_c_into);
     if (!s.ok() && first_failure.ok()) first_failure = s;
     for (size_t j = 0; j < ids.size(); ++j) (*results)[ids[j]] = std::move(part_results[j]);
   }
@@ -255,13 +262,14 @@ grpc::Status GemmClient::GemmStream(const std::vector<const v1::GemmRequest*>& r
 grpc::Status GemmClient::StreamOn(const Route& route,
                                   const std::vector<const v1::GemmRequest*>& requests,
                                   std::vector<StreamedGemm>* results,
-                                  const CallOptions& options) const {
+                                  const CallOptions& options,
+                                  const std::vector<CBuffer>* c_into) const {
   results->assign(requests.size(), StreamedGemm{});
   for (size_t id = 0; id < requests.size(); ++id) {
     v1::GemmResponse& r = (*results)[id].response;
     r.set_m(requests[id]->m());
     r.set_n(requests[id]->n());
-    if (!requests[id]->keep_c_resident()) {
+    if (c_into == nullptr && !requests[id]->keep_c_resident()) {
       r.mutable_c()->resize(2 * int64_t(requests[id]->m()) * requests[id]->n());
     }
     (*results)[id].status = grpc::Status(grpc::StatusCode::UNKNOWN, "no answer from the server");
@@ -282,12 +290,15 @@ grpc::Status GemmClient::StreamOn(const Route& route,
     StreamedGemm& result = (*results)[message.gemm_id()];
     if (message.has_chunk()) {
       const v1::ResultChunk& chunk = message.chunk();
-      std::string* c = result.response.mutable_c();
-      if (chunk.offset() + chunk.data().size() > c->size()) {
+      char* c = c_into == nullptr ? result.response.mutable_c()->data()
+                                  : (*c_into)[message.gemm_id()].data;
+      const size_t c_size = c_into == nullptr ? result.response.c().size()
+                                              : (*c_into)[message.gemm_id()].capacity;
+      if (chunk.offset() > c_size || chunk.data().size() > c_size - chunk.offset()) {
         protocol_error = grpc::Status(grpc::StatusCode::INTERNAL, "result chunk past the end of C");
         continue;
       }
-      std::copy(chunk.data().begin(), chunk.data().end(), c->begin() + chunk.offset());
+      std::copy(chunk.data().begin(), chunk.data().end(), c + chunk.offset());
     } else if (message.has_done()) {
       const v1::GemmDone& done = message.done();
       result.status = grpc::Status(static_cast<grpc::StatusCode>(done.status_code()),

@@ -84,6 +84,12 @@ struct CallOptions {
   std::string replica;
 };
 
+// Caller-owned memory that a streamed C is written into (GemmClient::GemmStream's c_into).
+struct CBuffer {
+  char* data = nullptr;
+  size_t capacity = 0;  // bytes
+};
+
 using GemmStreamWriter = grpc::ClientReaderWriter<v1::GemmStreamRequest, v1::GemmStreamResponse>;
 
 // Writes one GEMM onto an open GemmStream: its header (tagged `gemm_id`), then A and B in chunks
@@ -115,9 +121,13 @@ class GemmClient {
   // all when they name none). On return, results[i] belongs to requests[i]. The returned status
   // is the streams' (the first that failed): a GEMM can fail on its own (its results[i].status,
   // e.g. FAILED_PRECONDITION for handles on two replicas, never sent) while the streams succeed.
+  // c_into (if not null, one per request): C of requests[i] is written as it arrives into
+  // (*c_into)[i] instead of results[i].response.c (left empty); a chunk that would pass its
+  // capacity is not written, and the returned status is INTERNAL. REQUIRES: each buffer holds
+  // its 2·m·n bytes and stays alive until the call returns.
   grpc::Status GemmStream(const std::vector<const v1::GemmRequest*>& requests,
-                          std::vector<StreamedGemm>* results,
-                          const CallOptions& options = {}) const;
+                          std::vector<StreamedGemm>* results, const CallOptions& options = {},
+                          const std::vector<CBuffer>* c_into = nullptr) const;
 
   // Gemm for small payloads, a one-GEMM GemmStream for large ones; returns that GEMM's status.
   grpc::Status Run(const v1::GemmRequest& request, v1::GemmResponse* response,
@@ -156,9 +166,11 @@ class GemmClient {
   Route RouteTo(const std::string& replica) const;
   // The route of a call naming `handle` (empty: none), else of options.replica.
   Route RouteFor(const std::string& handle, const CallOptions& options) const;
-  // One GemmStream call on `route` for all of `requests` (gemm_id = index).
+  // One GemmStream call on `route` for all of `requests` (gemm_id = index); c_into as
+  // GemmStream's.
   grpc::Status StreamOn(const Route& route, const std::vector<const v1::GemmRequest*>& requests,
-                        std::vector<StreamedGemm>* results, const CallOptions& options) const;
+                        std::vector<StreamedGemm>* results, const CallOptions& options,
+                        const std::vector<CBuffer>* c_into) const;
 
   std::shared_ptr<Routes> routes_;
 };

@@ -304,27 +304,25 @@ void hgemm_gemm(hgemm_client_t* client, const hgemm_gemm_options_t* options, uin
                           (options->mode == HGEMM_MODE_AUTO &&
                            hgemm::GemmClient::ShouldStream(request, call));
     hgemm::v1::GemmResponse response;
-    grpc::Status status;
-    if (streamed) {
+    if (streamed) {  // C's chunks go straight into the caller's buffer
       std::vector<hgemm::StreamedGemm> results;
-      status = client->client.GemmStream({&request}, &results, call);
-      if (status.ok()) {
-        status = results[0].status;
-        response = std::move(results[0].response);
+      const std::vector<hgemm::CBuffer> c_into = {{static_cast<char*>(c), c_capacity}};
+      grpc::Status status = client->client.GemmStream({&request}, &results, call, &c_into);
+      if (status.ok()) status = results[0].status;
+      if (SaveStatus(status, code, errptr)) return;
+      response = std::move(results[0].response);
+    } else {  // one copy, out of the response message
+      if (SaveStatus(client->client.Gemm(request, &response, call), code, errptr)) return;
+      const size_t c_bytes = 2 * size_t{m} * n;
+      if (response.c().size() != c_bytes) {
+        Fail(grpc::StatusCode::INTERNAL,
+             fmt::format("the server sent {} bytes of C; {}x{} fp16 is {}", response.c().size(),
+                         m, n, c_bytes),
+             code, errptr);
+        return;
       }
-    } else {
-      status = client->client.Gemm(request, &response, call);
+      std::memcpy(c, response.c().data(), c_bytes);
     }
-    if (SaveStatus(status, code, errptr)) return;
-    const size_t c_bytes = 2 * size_t{m} * n;
-    if (response.c().size() != c_bytes) {
-      Fail(grpc::StatusCode::INTERNAL,
-           fmt::format("the server sent {} bytes of C; {}x{} fp16 is {}", response.c().size(), m,
-                       n, c_bytes),
-           code, errptr);
-      return;
-    }
-    std::memcpy(c, response.c().data(), c_bytes);
     if (info != nullptr) FillInfo(response, streamed, info);
   } catch (...) {
     SaveException(code, errptr);
