@@ -1,6 +1,9 @@
 #include "server/backend/fault_injector.h"
 
+#include <cstdlib>
 #include <utility>
+
+#include "server/backend/cuda_fault_kernel.h"
 
 namespace hgemm {
 
@@ -30,9 +33,10 @@ void FaultInjector::Arm(FaultSite site, cudaError_t error, int skip, int count) 
   armed_ = true;
 }
 
-void FaultInjector::ArmAfterLaunch(std::function<void(cudaStream_t)> launch) {
+void FaultInjector::ArmAfterLaunch(std::function<void(cudaStream_t)> launch, int skip_launches) {
   std::lock_guard<std::mutex> lock(mu_);
   after_launch_ = std::move(launch);
+  after_launch_skip_ = skip_launches;
   armed_ = true;
 }
 
@@ -40,6 +44,7 @@ void FaultInjector::Reset() {
   std::lock_guard<std::mutex> lock(mu_);
   sites_ = {};
   after_launch_ = nullptr;
+  after_launch_skip_ = 0;
   armed_ = false;
 }
 
@@ -60,7 +65,21 @@ cudaError_t FaultInjector::Take(FaultSite site) {
 std::function<void(cudaStream_t)> FaultInjector::TakeAfterLaunch() {
   if (!armed_.load(std::memory_order_acquire)) return nullptr;
   std::lock_guard<std::mutex> lock(mu_);
+  if (!after_launch_) return nullptr;
+  if (after_launch_skip_ > 0) {
+    after_launch_skip_--;
+    return nullptr;
+  }
   return std::exchange(after_launch_, nullptr);
+}
+
+std::string FaultInjector::ArmFromEnvironment() {
+  const char* after = std::getenv("HGEMM_FAULT_STICKY_AFTER");
+  if (after == nullptr || *after == '\0') return "";
+  const int skip = std::atoi(after);
+  ArmAfterLaunch([](cudaStream_t stream) { LaunchIllegalAddressWrite(stream); }, skip);
+  return "a sticky device fault (illegal address) after GEMM kernel launch " +
+         std::to_string(skip + 1);
 }
 
 int64_t FaultInjector::injected(FaultSite site) const {

@@ -52,9 +52,13 @@ class FaultInjector {
   // The call at `site` after the next `skip` ones there fails with `error`, and so do the
   // `count` - 1 after it. Replaces what was armed at `site`. REQUIRES: error != cudaSuccess.
   void Arm(FaultSite site, cudaError_t error, int skip = 0, int count = 1);
-  // After the next GEMM kernel launch, `launch` runs with the slot's stream (a test kernel that
-  // faults, making the device's context unusable). Once.
-  void ArmAfterLaunch(std::function<void(cudaStream_t)> launch);
+  // After the GEMM kernel launch that follows the next `skip_launches` ones, `launch` runs with
+  // the slot's stream (a test kernel that faults, making the device's context unusable). Once.
+  void ArmAfterLaunch(std::function<void(cudaStream_t)> launch, int skip_launches = 0);
+  // Arms from the environment (hgemm_server_fault_injection): HGEMM_FAULT_STICKY_AFTER=N makes
+  // a real sticky fault (cuda_fault_kernel.h) after the (N+1)-th GEMM kernel launch. Returns
+  // what it armed, for the log ("" when nothing).
+  std::string ArmFromEnvironment();
   // Disarms everything and zeroes the counts.
   void Reset();
 
@@ -78,6 +82,7 @@ class FaultInjector {
   mutable std::mutex mu_;
   std::array<Armed, kNumFaultSites> sites_;            // guarded by mu_
   std::function<void(cudaStream_t)> after_launch_;    // guarded by mu_
+  int after_launch_skip_ = 0;                         // guarded by mu_
 };
 
 // The CUDA backend compiled with its fault-injection sites (see above); otherwise as
