@@ -28,8 +28,10 @@
 #             3001 under hgemm_soak's mix: UNAVAILABLE from then on, never a wrong C, the
 #             server drains and exits 3
 #   soak      bench/hgemm_soak against hgemm_server --backend=cuda: 64 clients, the soak's mix
-#             (SOAK_REQUESTS requests, default 300000; SOAK_ARGS more flags), device memory
-#             (nvidia-smi) before the server, after its start, after the soak and after idle
+#             plus large unary GEMMs up to 8192³ (--weight_large=1, Freivalds-checked), until
+#             SOAK_REQUESTS (1000000) or SOAK_SECONDS (300); SOAK_IDLE_S (20) idle; SOAK_ARGS
+#             more flags; GPU memory (nvidia-smi) before the server, after its start, after
+#             the soak and its idle time, and after the server
 #
 # Here:   tools/gpu_e2e.sh --bundle     (builds -c opt, gathers the binaries into .gpu-serve/ and
 #                                        packs them into .gpu-pack/serve.tar.xz, small enough to carry)
@@ -123,8 +125,10 @@ if want soak; then
   if wait_for_server $sport; then
     echo "GPU memory used after the server's start: $(gpu_memory)" | tee -a "$out/soak_memory.txt"
     # shellcheck disable=SC2086
-    timeout 420 hgemm_soak --target=127.0.0.1:$sport --server_pid=$soak_pid --clients=64 \
-      --requests="${SOAK_REQUESTS:-300000}" --idle_s=20 ${SOAK_ARGS:-} 2>&1 | tee "$out/soak.log" ||
+    timeout $((${SOAK_SECONDS:-300} + 120)) hgemm_soak --target=127.0.0.1:$sport \
+      --server_pid=$soak_pid --clients=64 --requests="${SOAK_REQUESTS:-1000000}" \
+      --max_seconds="${SOAK_SECONDS:-300}" --idle_s="${SOAK_IDLE_S:-20}" --weight_large=1 \
+      ${SOAK_ARGS:-} 2>&1 | tee "$out/soak.log" ||
       echo "FAILED: hgemm_soak (exit status above)"
     echo "GPU memory used after the soak and its idle time: $(gpu_memory)" | tee -a "$out/soak_memory.txt"
     kill -TERM $soak_pid; wait $soak_pid && rc=0 || rc=$?
