@@ -124,6 +124,12 @@ if want soak; then
   soak_pid=$!
   if wait_for_server $sport; then
     echo "GPU memory used after the server's start: $(gpu_memory)" | tee -a "$out/soak_memory.txt"
+    # The server's VmRSS and the GPU's memory every 10 s: flat after the first minute?
+    (while kill -0 $soak_pid 2>/dev/null; do
+      echo "$(date +%T) VmRSS $(awk '/VmRSS/ {print int($2 / 1024)}' /proc/$soak_pid/status 2>/dev/null) MiB, GPU $(gpu_memory)"
+      sleep 10
+    done) >"$out/soak_samples.txt" 2>/dev/null &
+    sampler_pid=$!
     # shellcheck disable=SC2086
     timeout $((${SOAK_SECONDS:-300} + 120)) hgemm_soak --target=127.0.0.1:$sport \
       --server_pid=$soak_pid --clients=64 --requests="${SOAK_REQUESTS:-1000000}" \
@@ -133,6 +139,8 @@ if want soak; then
     echo "GPU memory used after the soak and its idle time: $(gpu_memory)" | tee -a "$out/soak_memory.txt"
     kill -TERM $soak_pid; wait $soak_pid && rc=0 || rc=$?
     echo "soak server exit status $rc"
+    kill $sampler_pid 2>/dev/null; wait $sampler_pid 2>/dev/null || true
+    echo "every 10 s:"; cat "$out/soak_samples.txt"
     echo "GPU memory used after the server: $(gpu_memory)" | tee -a "$out/soak_memory.txt"
   else
     echo "FAILED: the soak's server did not start"; cat "$out/soak_server.log"
