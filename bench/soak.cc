@@ -259,8 +259,8 @@ class SoakClient {
     auto dim = [&] {
       if (std::uniform_int_distribution<int>(0, 19)(rng_) == 0) return o_.large_max_dim;
       const double log_max = std::log(double(o_.large_max_dim));
-      return std::clamp(uint32_t(std::exp(std::uniform_real_distribution<double>(0, log_max)(rng_))),
-                        uint32_t{1}, o_.large_max_dim);
+      const double d = std::exp(std::uniform_real_distribution<double>(0, log_max)(rng_));
+      return std::clamp(uint32_t(d), uint32_t{1}, o_.large_max_dim);
     };
     const bool cube = std::uniform_int_distribution<int>(0, 19)(rng_) == 0;
     v1::GemmRequest r;

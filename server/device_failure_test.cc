@@ -54,7 +54,9 @@ class FailableBackend final : public Backend {
   int64_t MaxJobBytes() const override { return inner_[0]->MaxJobBytes(); }
   bool DeviceHealthy(int d) const override { return !failed_[d]; }
   absl::Status Run(int slot, const GemmJob& job, GemmReport* report) override {
-    if (failed_[slot]) return status::DeviceFailed("device " + std::to_string(slot) + " has failed");
+    if (failed_[slot]) {
+      return status::DeviceFailed("device " + std::to_string(slot) + " has failed");
+    }
     return inner_[slot]->Run(0, job, report);
   }
   absl::Status AllocateResident(int d, int64_t bytes, std::shared_ptr<ResidentBuffer>* b) override {

@@ -42,8 +42,8 @@ class CudaFaultTest : public ::testing::Test {
   // Three GEMMs on `slot` after a fault, each right: the same shape, a larger one (the slot's
   // buffers grow) and a tiny one.
   void ExpectNextGemmsRight(int slot, uint64_t seed) {
-    for (auto [m, n, k] : {std::tuple{kM, kN, kK}, std::tuple{int64_t{700}, int64_t{650}, int64_t{600}},
-                           std::tuple{int64_t{7}, int64_t{5}, int64_t{3}}}) {
+    using Shape = std::tuple<int64_t, int64_t, int64_t>;
+    for (auto [m, n, k] : {Shape{kM, kN, kK}, Shape{700, 650, 600}, Shape{7, 5, 3}}) {
       RandomGemm g(m, n, k, seed++);
       absl::Status s = g.Run(*backend_, slot);
       ASSERT_TRUE(s.ok()) << m << "x" << n << "x" << k << " after the fault: " << s;
@@ -118,7 +118,9 @@ TEST_F(CudaFaultTest, KeptResultsBufferGoesBackOnAFault) {
   for (FaultSite site : {FaultSite::kLaunch, FaultSite::kEvent}) {
     RandomGemm g(kM, kN, kK, 3);
     g.job.keep_c = true;
-    FaultInjector::Global().Arm(site, cudaErrorLaunchOutOfResources, site == FaultSite::kEvent ? 22 : 0);
+    // At the launch, or at the event recorded after it (the 23rd event call of this GEMM).
+    FaultInjector::Global().Arm(site, cudaErrorLaunchOutOfResources,
+                                site == FaultSite::kEvent ? 22 : 0);
     absl::Status s = g.Run(*backend_, 0);
     EXPECT_EQ(FaultInjector::Global().injected(site), 1) << FaultSiteName(site);
     EXPECT_EQ(s.code(), absl::StatusCode::kInternal) << s;
@@ -207,7 +209,8 @@ TEST_F(CudaFaultTest, FaultsUnderConcurrencyNeverReturnAWrongC) {
     threads.emplace_back([&, slot] {
       for (int i = 0; i < 40; ++i) {
         if (slot == 1 && i % 4 == 0) {
-          FaultInjector::Global().Arm(FaultSite(i / 4 % kNumFaultSites), cudaErrorInvalidValue, i % 3);
+          FaultInjector::Global().Arm(FaultSite(i / 4 % kNumFaultSites), cudaErrorInvalidValue,
+                                      i % 3);
         }
         RandomGemm g(kM + i, kN, kK - i, 1000 * slot + i);
         absl::Status s = g.Run(*backend_, slot);
