@@ -12,7 +12,7 @@
 #include <set>
 #include <thread>
 
-#include "kernels/host/cpu_gemm.h"
+#include "proto/numerics/cpu_gemm.h"
 #include "proto/hgemm.grpc.pb.h"
 
 #include "server/backend/cpu_backend.h"

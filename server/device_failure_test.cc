@@ -17,14 +17,14 @@
 #include "client/gemm_client.h"
 #include "client/metrics_scrape.h"
 #include "grpc/health/v1/health.grpc.pb.h"
-#include "kernels/host/cpu_gemm.h"
-#include "kernels/host/error_stats.h"
+#include "proto/numerics/cpu_gemm.h"
+#include "proto/numerics/error_stats.h"
 #include "server/backend/cpu_backend.h"
 #include "server/backend/cuda_fault_kernel.h"
 #include "server/backend/fault_injector.h"
 #include "server/core/status.h"
 #include "server/server.h"
-#include "server/test_requests.h"
+#include "server/testing/test_requests.h"
 
 namespace hgemm {
 namespace {

@@ -8,8 +8,8 @@
 #include <random>
 #include <vector>
 
-#include "kernels/host/cpu_gemm.h"
-#include "kernels/host/error_stats.h"
+#include "proto/numerics/cpu_gemm.h"
+#include "proto/numerics/error_stats.h"
 #include "server/backend/backend.h"
 
 namespace hgemm {
