@@ -166,6 +166,18 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 40))->capture_default_str();
   app.add_option("--max_dim", o.max_dim, "m, n, k are drawn from [1, max_dim]")
       ->check(CLI::Range(1, 4096))->capture_default_str();
+  app.add_option("--max_seconds", o.max_seconds,
+                 "stop after this many seconds even if --requests are not reached (0: no limit)")
+      ->capture_default_str();
+  app.add_option("--weight_large", o.weight_large,
+                 "weight of large unary GEMMs (log-uniform shapes up to --large_max_dim cubed; the "
+                 "other scenarios weigh 100 together); 0: none")
+      ->check(CLI::Range(0, 1000))->capture_default_str();
+  app.add_option("--large_max_dim", o.large_max_dim, "largest m, n, k of the large GEMMs")
+      ->check(CLI::Range(1, 16384))->capture_default_str();
+  app.add_option("--full_check_max_mnk", o.full_check_max_mnk,
+                 "Cs of more multiply-adds are checked with Freivalds' test (2 random vectors)")
+      ->capture_default_str();
   app.add_option("--stream_gemms", o.stream_gemms, "GEMMs per stream: drawn from [2, this]")
       ->check(CLI::Range(2, 64))->capture_default_str();
   app.add_option("--short_deadline_max_ms", o.short_deadline_max_ms,

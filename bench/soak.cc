@@ -5,9 +5,11 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <condition_variable>
 #include <optional>
 #include <fstream>
+#include <limits>
 #include <mutex>
 #include <random>
 #include <set>
@@ -19,6 +21,7 @@
 #include "bench/hgemm_load.h"
 #include "client/gemm_client.h"
 #include "proto/numerics/cpu_gemm.h"
+#include "proto/numerics/fp16.h"
 #include "proto/hgemm.grpc.pb.h"
 
 namespace hgemm::bench {
@@ -28,13 +31,22 @@ using Clock = std::chrono::steady_clock;
 using grpc::StatusCode;
 
 constexpr size_t kMaxProblems = 20;
+// Large Cs of fewer rows are checked in full (FreivaldsError averages over rows).
+constexpr uint32_t kFreivaldsMinRows = 32;
 
 // What all clients count into. Thread-safe.
 class Tally {
  public:
-  explicit Tally(int64_t target) : target_(target) {}
+  // Done once `target` requests are counted or, if max_seconds > 0, that long has passed.
+  Tally(int64_t target, double max_seconds)
+      : target_(target),
+        until_(max_seconds > 0 ? Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                                    std::chrono::duration<double>(max_seconds))
+                               : Clock::time_point::max()) {}
 
-  bool Done() const { return counted_.load(std::memory_order_relaxed) >= target_; }
+  bool Done() const {
+    return counted_.load(std::memory_order_relaxed) >= target_ || Clock::now() >= until_;
+  }
 
   void Count(const std::string& kind, int code) {
     {
@@ -81,6 +93,7 @@ class Tally {
   }
 
   const int64_t target_;
+  const Clock::time_point until_;
   std::atomic<int64_t> counted_{0};
   mutable std::mutex mu_;
   std::map<std::pair<std::string, int>, int64_t> by_kind_status_;  // guarded by mu_
@@ -133,8 +146,8 @@ class SoakClient {
   }
 
   void Run() {
-    const std::vector<int> weights = {o_.weight_unary, o_.weight_stream, o_.weight_resident,
-                                      o_.weight_cancel, o_.weight_deadline};
+    const std::vector<int> weights = {o_.weight_unary,  o_.weight_stream,   o_.weight_resident,
+                                      o_.weight_cancel, o_.weight_deadline, o_.weight_large};
     std::discrete_distribution<int> pick(weights.begin(), weights.end());
     while (!tally_->Done()) {
       switch (pick(rng_)) {
@@ -148,7 +161,8 @@ class SoakClient {
             default: CancelUpload(); break;
           }
           break;
-        default: Coin() ? DeadlineUnary() : Stream(kDeadline); break;
+        case 4: Coin() ? DeadlineUnary() : Stream(kDeadline); break;
+        default: Large(); break;
       }
     }
   }
@@ -190,6 +204,18 @@ class SoakClient {
       return tally_->Wrong(fmt::format("{}: C has {} bytes, expected {}", name, c.size(),
                                        2 * size_t(m) * n));
     }
+    // Freivalds' test needs rows to average over (m · vectors sums); C of few rows is cheap
+    // to check in full anyway.
+    if (int64_t(m) * n * k > o_.full_check_max_mnk && m >= kFreivaldsMinRows) {
+      const double error = FreivaldsError(
+          reinterpret_cast<const uint16_t*>(a.data()), reinterpret_cast<const uint16_t*>(b.data()),
+          reinterpret_cast<const uint16_t*>(c.data()), m, n, k, 2, rng_());
+      if (!(error <= o_.tolerance)) {
+        return tally_->Wrong(fmt::format("{}: Freivalds relative error {:.3e} > {:.0e}", name,
+                                         error, o_.tolerance));
+      }
+      return tally_->Verified(error);
+    }
     const std::vector<float> ref =
         ReferenceGemm(reinterpret_cast<const uint16_t*>(a.data()),
                       reinterpret_cast<const uint16_t*>(b.data()), m, n, k);
@@ -226,6 +252,28 @@ class SoakClient {
     grpc::Status s = client_.Gemm(r, &response, call_);
     CountSafe("unary", s, ShapeName(r.m(), r.n(), r.k()));
     if (s.ok()) Check("unary", r, response.c());
+  }
+
+  // A unary GEMM of a log-uniform shape up to large_max_dim³ (one in 20 exactly that).
+  void Large() {
+    auto dim = [&] {
+      if (std::uniform_int_distribution<int>(0, 19)(rng_) == 0) return o_.large_max_dim;
+      const double log_max = std::log(double(o_.large_max_dim));
+      const double d = std::exp(std::uniform_real_distribution<double>(0, log_max)(rng_));
+      return std::clamp(uint32_t(d), uint32_t{1}, o_.large_max_dim);
+    };
+    const bool cube = std::uniform_int_distribution<int>(0, 19)(rng_) == 0;
+    v1::GemmRequest r;
+    r.set_m(cube ? o_.large_max_dim : dim());
+    r.set_n(cube ? o_.large_max_dim : dim());
+    r.set_k(cube ? o_.large_max_dim : dim());
+    r.set_a(HalfBytes(RandomHalfMatrix(int64_t(r.m()) * r.k(), rng_)));
+    r.set_b(HalfBytes(RandomHalfMatrix(int64_t(r.k()) * r.n(), rng_)));
+    r.mutable_options()->set_request_id(fmt::format("{}/{}", client_id_, next_id_++));
+    v1::GemmResponse response;
+    grpc::Status s = client_.Gemm(r, &response, call_);
+    CountSafe("large", s, ShapeName(r.m(), r.n(), r.k()));
+    if (s.ok()) Check("large", r, response.c());
   }
 
   void CancelUnary() {
@@ -507,7 +555,7 @@ std::string StatusCodeName(int code) {
 SoakResult RunSoak(const SoakOptions& options) {
   SoakOptions o = options;
   if (o.client_id_prefix.empty()) o.client_id_prefix = fmt::format("soak-{}", getpid());
-  Tally tally(o.requests);
+  Tally tally(o.requests, o.max_seconds);
   std::vector<std::unique_ptr<SoakClient>> clients;
   for (int i = 0; i < o.clients; ++i) clients.push_back(std::make_unique<SoakClient>(o, i, &tally));
   const auto start = Clock::now();
@@ -553,8 +601,52 @@ std::string FormatSoakResult(const SoakResult& r, const SoakOptions& o) {
       "streamed GEMMs left unanswered by a failed (cancelled/expired/refused) stream: {}\n",
       r.requests, r.seconds, r.requests / std::max(r.seconds, 1e-9), o.clients, o.max_dim,
       o.max_dim, o.max_dim, r.lost, r.wrong, r.verified, r.max_error, o.tolerance, r.unanswered);
+  if (o.weight_large > 0) {
+    out += fmt::format("large GEMMs up to {0}x{0}x{0} (weight {1}); Cs over {2} multiply-adds "
+                       "checked with Freivalds' test (2 random vectors)\n",
+                       o.large_max_dim, o.weight_large, o.full_check_max_mnk);
+  }
   for (const std::string& p : r.problems) out += "  " + p + "\n";
   return out;
+}
+
+double FreivaldsError(const uint16_t* a, const uint16_t* b, const uint16_t* c, int64_t m,
+                      int64_t n, int64_t k, int vectors, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<double> uniform(-1, 1);
+  std::vector<double> x(n), bx(k);
+  std::vector<float> row(std::max({m, n, k}));  // one row of fp16 as float at a time
+  // Σ over vectors and rows of (C·x − A·(B·x))ᵢ², and of Σⱼ (cᵢⱼ·xⱼ)²: the same sums an
+  // error-free C and the errors' own sizes would give, so their ratio estimates C's relative
+  // Frobenius error (normalizing by ‖A·(B·x)‖ instead would divide by a sum that can cancel).
+  double num = 0, den = 0;
+  for (int v = 0; v < vectors; ++v) {
+    for (double& xi : x) xi = uniform(rng);
+    for (int64_t i = 0; i < k; ++i) {  // B·x
+      HalfToFloat(b + i * n, row.data(), size_t(n));
+      double sum = 0;
+      for (int64_t j = 0; j < n; ++j) sum += double(row[j]) * x[j];
+      bx[i] = sum;
+    }
+    for (int64_t i = 0; i < m; ++i) {  // A·(B·x) and C·x, row by row
+      HalfToFloat(a + i * k, row.data(), size_t(k));
+      double abx = 0;
+      for (int64_t j = 0; j < k; ++j) abx += double(row[j]) * bx[j];
+      HalfToFloat(c + i * n, row.data(), size_t(n));
+      double cx = 0, scale = 0;
+      for (int64_t j = 0; j < n; ++j) {
+        const double term = double(row[j]) * x[j];
+        cx += term;
+        scale += term * term;
+      }
+      num += (cx - abx) * (cx - abx);
+      den += scale;
+    }
+  }
+  // A NaN or Inf in C gives NaN (and !(NaN <= tolerance) fails the check). A C that is
+  // exactly zero is right only if A·B·x is too.
+  if (std::isnan(num) || std::isnan(den)) return std::numeric_limits<double>::quiet_NaN();
+  return den > 0 ? std::sqrt(num / den) : (num > 0 ? 1 : 0);
 }
 
 ProcessMemory ReadProcessMemory(int pid) {

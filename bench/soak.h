@@ -14,6 +14,10 @@
 // (TryCancel) after a random delay; a unary or stream call with a very short deadline. Every GEMM gets fresh random
 // fp16 inputs (never all zeros) of random small odd-and-even shapes, so the references are
 // cheap. Every call and every streamed GEMM is one request, counted by kind and status code.
+// With weight_large > 0, some unary GEMMs ("large") are of log-uniform shapes up to
+// large_max_dim³ (8192³ by default); a C with more than full_check_max_mnk multiply-adds and
+// at least 32 rows is checked with Freivalds' random-vector test (FreivaldsError) instead of a
+// full reference.
 //
 // Thread safety: RunSoak starts and joins its own threads; the functions are not reentrant.
 #ifndef HGEMM_BENCH_SOAK_H_
@@ -33,11 +37,18 @@ struct SoakOptions {
   std::string target;        // the server, HOST:PORT
   int clients = 64;          // concurrent client threads, one channel each
   int64_t requests = 100000; // stop once this many requests (calls + streamed GEMMs) are counted
+  double max_seconds = 0;    // or once this many seconds have passed (0: no time limit)
   uint32_t max_dim = 48;     // m, n, k drawn from [1, max_dim]
   int stream_gemms = 4;      // GEMMs per stream: drawn from [2, stream_gemms]
   // Scenario weights (relative): unary, stream, resident round trip, cancel, short deadline.
   int weight_unary = 35, weight_stream = 20, weight_resident = 20, weight_cancel = 12,
       weight_deadline = 13;
+  // Unary GEMMs of m, n, k log-uniform in [1, large_max_dim] (one in 20 exactly
+  // large_max_dim³); 0: none.
+  int weight_large = 0;
+  uint32_t large_max_dim = 8192;
+  // Cs of more multiply-adds (m·n·k) than this are checked by FreivaldsError, not in full.
+  int64_t full_check_max_mnk = int64_t{1} << 24;
   double short_deadline_max_ms = 20;  // short deadlines are uniform in [0.05, this] ms
   double cancel_after_max_ms = 20;    // TryCancel after a uniform delay in [0, this] ms
   double call_timeout_s = 60;         // every other call's deadline: hitting it = lost
@@ -63,6 +74,14 @@ struct SoakResult {
   double seconds = 0;
   std::vector<std::string> problems;  // the first lost/wrong cases, described (at most 20)
 };
+
+// Freivalds' test of C ≈ A·B (row-major fp16, m×k by k×n) in O(mk + kn + mn) per random vector
+// x ∈ [-1, 1)ⁿ instead of O(mnk): sqrt(Σ ‖C·x − A·(B·x)‖² / Σ Σᵢⱼ (cᵢⱼ·xⱼ)²) over `vectors`
+// vectors, in double, which estimates C's relative Frobenius error (a right fp16 C: ~3e-4; a
+// wrong block, row or a stale C: far more). It averages over m·vectors sums: give it rows (the
+// soak checks Cs of fewer than 32 rows in full).
+double FreivaldsError(const uint16_t* a, const uint16_t* b, const uint16_t* c, int64_t m,
+                      int64_t n, int64_t k, int vectors, uint64_t seed);
 
 // Runs the soak. REQUIRES: options.clients ≥ 1, options.requests ≥ 1, options.max_dim ≥ 1.
 SoakResult RunSoak(const SoakOptions& options);

@@ -7,9 +7,12 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+#include <random>
 #include <set>
 #include <thread>
 
+#include "proto/numerics/cpu_gemm.h"
 #include "proto/hgemm.grpc.pb.h"
 
 #include "server/backend/cpu_backend.h"
@@ -66,6 +69,77 @@ TEST_F(SoakTest, ImpossibleToleranceMakesEveryCWrong) {
   EXPECT_GT(r.wrong, 0);
   ASSERT_FALSE(r.problems.empty());
   EXPECT_NE(r.problems[0].find("relative Frobenius error"), std::string::npos) << r.problems[0];
+}
+
+// Freivalds' test accepts a right C and catches the wrong Cs a server bug would return: a
+// stale C (another GEMM's), a row or a tile left unwritten, a NaN.
+TEST(Freivalds, AcceptsARightCAndCatchesWrongOnes) {
+  const int64_t m = 300, n = 200, k = 150;
+  std::mt19937_64 rng(7);
+  const std::vector<uint16_t> a = RandomHalfMatrix(m * k, rng), b = RandomHalfMatrix(k * n, rng);
+  std::vector<uint16_t> c(m * n);
+  CpuGemm(a.data(), b.data(), c.data(), m, n, k);
+  const double right = FreivaldsError(a.data(), b.data(), c.data(), m, n, k, 2, 1);
+  EXPECT_LE(right, kServiceTolerance.fp32_acc);
+  EXPECT_GT(right, 0);  // fp16 rounding is seen: the metric is not trivially 0
+
+  const std::vector<uint16_t> other_b = RandomHalfMatrix(k * n, rng);
+  std::vector<uint16_t> stale(m * n);
+  CpuGemm(a.data(), other_b.data(), stale.data(), m, n, k);
+  EXPECT_GT(FreivaldsError(a.data(), b.data(), stale.data(), m, n, k, 2, 1), 0.5);
+
+  std::vector<uint16_t> row = c;
+  std::fill(row.begin() + 17 * n, row.begin() + 18 * n, 0);  // one row of 300 unwritten
+  EXPECT_GT(FreivaldsError(a.data(), b.data(), row.data(), m, n, k, 2, 1), 0.01);
+
+  std::vector<uint16_t> tile = c;
+  for (int64_t i = 64; i < 80; ++i) {
+    for (int64_t j = 128; j < 144; ++j) tile[i * n + j] = 0;  // one 16x16 tile unwritten
+  }
+  EXPECT_GT(FreivaldsError(a.data(), b.data(), tile.data(), m, n, k, 2, 1),
+            kServiceTolerance.fp32_acc);
+
+  // The estimate is steady with rows to average over: a right C of 32 rows (the fewest the
+  // soak gives it) of a long k passes for every seed.
+  const int64_t rows = 32, wide = 1500, deep = 2000;
+  const std::vector<uint16_t> a2 = RandomHalfMatrix(rows * deep, rng),
+                              b2 = RandomHalfMatrix(deep * wide, rng);
+  std::vector<uint16_t> c2(rows * wide);
+  CpuGemm(a2.data(), b2.data(), c2.data(), rows, wide, deep);
+  for (uint64_t seed = 0; seed < 20; ++seed) {
+    EXPECT_LE(FreivaldsError(a2.data(), b2.data(), c2.data(), rows, wide, deep, 2, seed),
+              kServiceTolerance.fp32_acc / 2)
+        << seed;
+  }
+
+  std::vector<uint16_t> nan = c;
+  nan[m * n / 2] = 0x7E00;
+  EXPECT_FALSE(FreivaldsError(a.data(), b.data(), nan.data(), m, n, k, 2, 1) <= 1);
+}
+
+// The large scenario with Cs checked by Freivalds' test (small "large" shapes on the CPU).
+TEST_F(SoakTest, LargeGemmsAreCheckedWithFreivalds) {
+  options_.requests = 120;
+  options_.weight_large = 100;
+  options_.large_max_dim = 160;
+  options_.full_check_max_mnk = 1000;
+  SoakResult r = RunSoak(options_);
+  EXPECT_EQ(r.wrong, 0) << testing::PrintToString(r.problems);
+  EXPECT_EQ(r.lost, 0) << testing::PrintToString(r.problems);
+  int64_t large_ok = 0;
+  for (const auto& [key, count] : r.by_kind_status) {
+    if (key.first == "large" && key.second == 0) large_ok += count;
+  }
+  EXPECT_GT(large_ok, 20);
+  options_.tolerance = 1e-9;  // below fp16 rounding: every checked C fails
+  options_.requests = 40;
+  options_.weight_unary = options_.weight_stream = options_.weight_resident = 0;
+  options_.weight_cancel = options_.weight_deadline = 0;  // only large GEMMs
+  r = RunSoak(options_);
+  EXPECT_GT(r.wrong, 0);
+  EXPECT_TRUE(std::any_of(r.problems.begin(), r.problems.end(), [](const std::string& p) {
+    return p.find("Freivalds relative error") != std::string::npos;
+  })) << testing::PrintToString(r.problems);
 }
 
 // What the soak's cancel_upload scenario found (the "resident matrices left" line): an upload

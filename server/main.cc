@@ -219,9 +219,18 @@ int main(int argc, char** argv) {
                server_options.service.scheduler.max_queued_requests,
                server_options.service.scheduler.max_queued_bytes, server_options.max_message_bytes);
 
-  int signal_number = 0;
-  sigwait(&signals, &signal_number);
-  spdlog::info("received {}; shutting down", strsignal(signal_number));
+  // Until a signal, or until no device is usable (sticky faults): then drain and exit
+  // kExitDeviceFailed, so that the orchestrator restarts the server.
+  static constexpr int kExitDeviceFailed = 3;
+  const timespec poll_interval{0, 100'000'000};
+  int signal_number = -1;
+  while ((signal_number = sigtimedwait(&signals, nullptr, &poll_interval)) < 0 && b.Healthy()) {
+  }
+  if (signal_number > 0) {
+    spdlog::info("received {}; shutting down", strsignal(signal_number));
+  } else {
+    spdlog::critical("every device has failed; draining, then exiting with {}", kExitDeviceFailed);
+  }
   // The drain cancels what is left at its deadline; a GEMM already on a device still runs to
   // its end. Past this margin the exit is forced, so an orchestrator's grace period sized
   // from --drain_deadline_s holds whatever the calls in flight are doing.
@@ -237,6 +246,8 @@ int main(int argc, char** argv) {
   // Every call is answered and the log flushed. Skip the library teardown: gRPC's (and the CUDA
   // runtime's) exit-time cleanup was seen to linger up to ~8 s after GPU traffic, which would
   // push the exit past the Kubernetes grace period the drain deadline is sized for.
+  const int failed = b.FailedDevices();
+  if (failed > 0) spdlog::critical("{} device(s) failed; exit status {}", failed, kExitDeviceFailed);
   spdlog::shutdown();
-  std::_Exit(0);
+  std::_Exit(failed > 0 ? kExitDeviceFailed : 0);
 }

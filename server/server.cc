@@ -120,7 +120,8 @@ std::unique_ptr<HgemmServer> HgemmServer::Start(ServerOptions options,
           load.upload_queue_writes = s->uploads_->Pending();
           const std::vector<MatrixStore::DeviceUsage> usage = s->store_->UsageByDevice();
           for (size_t i = 0; i < usage.size() && i < devices.size(); ++i) {
-            load.devices.push_back({std::to_string(devices[i].id), usage[i].bytes, usage[i].matrices});
+            load.devices.push_back({std::to_string(devices[i].id), usage[i].bytes, usage[i].matrices,
+                                    !s->backend_->DeviceHealthy(int(i))});
           }
           return load;
         });

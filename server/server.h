@@ -1,6 +1,6 @@
 // HgemmServer: a running hgemm.v1 gRPC server: the service, its scheduler and backend, gRPC
 // health (grpc.health.v1, server/health_service.h), server reflection and, if asked for, the
-// Prometheus text endpoint /metrics on its own HTTP port (server/metrics.h), TLS and
+// Prometheus text endpoint /metrics on its own HTTP port (server/metrics/metrics.h), TLS and
 // authentication (server/auth/), and if asked for a plaintext health-only port. Used by main()
 // and by the end-to-end tests.
 // Thread safety: Shutdown() and Wait() may be called from any thread.

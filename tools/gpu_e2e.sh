@@ -22,6 +22,16 @@
 #             (2048³ unary c=16, 128x8192x8192 with B resident; needs python3 with grpcio, numpy)
 #   tls       bench/tls_cost.sh: hgemm_load at 2048³ unary c=16 and 256³ c=64 against plaintext,
 #             TLS and TLS + token servers (certificates made at --bundle, valid for 2 days)
+#   faults    injected CUDA faults (cuda_fault_test), a real sticky fault (cuda_sticky_fault_test,
+#             device_failure_test: health, hgemm_device_failed, UNAVAILABLE through the server),
+#             then hgemm_server_fault_injection with a sticky fault after GEMM kernel launch
+#             3001 under hgemm_soak's mix: UNAVAILABLE from then on, never a wrong C, the
+#             server drains and exits 3
+#   soak      bench/hgemm_soak against hgemm_server --backend=cuda: 64 clients, the soak's mix
+#             plus large unary GEMMs up to 8192³ (--weight_large=1, Freivalds-checked), until
+#             SOAK_REQUESTS (1000000) or SOAK_SECONDS (300); SOAK_IDLE_S (20) idle; SOAK_ARGS
+#             more flags; GPU memory (nvidia-smi) before the server, after its start, after
+#             the soak and its idle time, and after the server
 #
 # Here:   tools/gpu_e2e.sh --bundle     (builds -c opt, gathers the binaries into .gpu-serve/ and
 #                                        packs them into .gpu-pack/serve.tar.xz, small enough to carry)
@@ -31,12 +41,16 @@ cd "$(dirname "$0")/.."
 
 if [[ ${1:-} == --bundle ]]; then
   bazel build -c opt //server:hgemm_server //client:hgemm_client //server/backend:cuda_backend_test \
-    //bench:hgemm_load //bench:echo_server //bench:completion_latency \
+    //bench:hgemm_load //bench:echo_server //bench:completion_latency //bench:hgemm_soak \
+    //server/backend:cuda_fault_test //server/backend:cuda_sticky_fault_test \
+    //server:device_failure_test //server:hgemm_server_fault_injection \
     //client/c:libhgemm_client.so
   ../shared/tools/gpu-bundle.sh --out .gpu-serve bazel-bin/server/hgemm_server \
     bazel-bin/client/hgemm_client bazel-bin/server/backend/cuda_backend_test \
     bazel-bin/bench/hgemm_load bazel-bin/bench/echo_server bazel-bin/bench/completion_latency \
-    bazel-bin/client/c/libhgemm_client.so
+    bazel-bin/bench/hgemm_soak bazel-bin/server/backend/cuda_fault_test \
+    bazel-bin/server/backend/cuda_sticky_fault_test bazel-bin/server/device_failure_test \
+    bazel-bin/server/hgemm_server_fault_injection bazel-bin/client/c/libhgemm_client.so
   tools/make_test_certs.sh .gpu-serve/certs  # the GPU machine may have no openssl
   mkdir -p .gpu-pack
   grep -qx "/.gpu-pack/" .git/info/exclude || echo "/.gpu-pack/" >> .git/info/exclude
@@ -61,6 +75,77 @@ fi
 if want latency; then
   echo "== completion latency"
   timeout 120 completion_latency 2>&1 | tee "$out/completion_latency.log"
+fi
+
+# Waits until a server answers on 127.0.0.1:$1 (30 s at most).
+wait_for_server() {
+  for _ in $(seq 150); do
+    hgemm_client --server=127.0.0.1:$1 --info >/dev/null 2>&1 && return 0
+    sleep 0.2
+  done
+  return 1
+}
+gpu_memory() { nvidia-smi --query-gpu=memory.used --format=csv,noheader | head -1; }
+
+if want faults; then
+  echo "== injected and sticky device faults"
+  for t in cuda_fault_test cuda_sticky_fault_test device_failure_test; do
+    echo "-- $t"
+    timeout 300 "$t" 2>&1 | tee "$out/$t.log" |
+      grep -E "^\[ +(OK|FAILED|SKIPPED|PASSED) |Failure|NOT_SERVING|other slots|tests ran" | head -60 || true
+  done
+  echo "-- hgemm_server_fault_injection under the soak's mix: a sticky fault after GEMM kernel launch 3001"
+  fport=50181
+  HGEMM_FAULT_STICKY_AFTER=3000 hgemm_server_fault_injection --listen=127.0.0.1:$fport \
+    --backend=cuda --streams_per_device=4 --drain_deadline_s=5 >"$out/fault_server.log" 2>&1 &
+  fault_pid=$!
+  if wait_for_server $fport; then
+    # Every C that comes back OK is checked; after the fault every call is refused (UNAVAILABLE),
+    # first by the server, then by the closed port. hgemm_soak's own exit status is 1 then (the
+    # server is gone): what counts are its lost and wrong figures.
+    timeout 200 hgemm_soak --target=127.0.0.1:$fport --server_pid=$fault_pid --clients=64 \
+      --requests=20000 --idle_s=0 --call_timeout_s=30 >"$out/fault_soak.log" 2>&1 || true
+    grep -vE "^\s*$" "$out/fault_soak.log" | head -40
+    timeout 60 tail --pid=$fault_pid -f /dev/null || true
+    wait $fault_pid && rc=0 || rc=$?
+    echo "hgemm_server_fault_injection exit status $rc (3 expected: every device failed)"
+    grep -E "fault injection|FAILED|NOT_SERVING|every device|exit status|stopped|draining" \
+      "$out/fault_server.log" | cut -c1-400 | head -20
+  else
+    echo "FAILED: the fault-injection server did not start"; cat "$out/fault_server.log"
+  fi
+fi
+
+if want soak; then
+  echo "== soak against the CUDA backend (bench/hgemm_soak)"
+  sport=50191
+  echo "GPU memory used before the server: $(gpu_memory)" | tee "$out/soak_memory.txt"
+  hgemm_server --listen=127.0.0.1:$sport --backend=cuda --streams_per_device=4 \
+    --resident_ttl_s=3600 >"$out/soak_server.log" 2>&1 &
+  soak_pid=$!
+  if wait_for_server $sport; then
+    echo "GPU memory used after the server's start: $(gpu_memory)" | tee -a "$out/soak_memory.txt"
+    # The server's VmRSS and the GPU's memory every 10 s: flat after the first minute?
+    (while kill -0 $soak_pid 2>/dev/null; do
+      echo "$(date +%T) VmRSS $(awk '/VmRSS/ {print int($2 / 1024)}' /proc/$soak_pid/status 2>/dev/null) MiB, GPU $(gpu_memory)"
+      sleep 10
+    done) >"$out/soak_samples.txt" 2>/dev/null &
+    sampler_pid=$!
+    # shellcheck disable=SC2086
+    timeout $((${SOAK_SECONDS:-300} + 120)) hgemm_soak --target=127.0.0.1:$sport \
+      --server_pid=$soak_pid --clients=64 --requests="${SOAK_REQUESTS:-1000000}" \
+      --max_seconds="${SOAK_SECONDS:-300}" --idle_s="${SOAK_IDLE_S:-20}" --weight_large=1 \
+      ${SOAK_ARGS:-} 2>&1 | tee "$out/soak.log" ||
+      echo "FAILED: hgemm_soak (exit status above)"
+    echo "GPU memory used after the soak and its idle time: $(gpu_memory)" | tee -a "$out/soak_memory.txt"
+    kill -TERM $soak_pid; wait $soak_pid && rc=0 || rc=$?
+    echo "soak server exit status $rc"
+    kill $sampler_pid 2>/dev/null; wait $sampler_pid 2>/dev/null || true
+    echo "every 10 s:"; cat "$out/soak_samples.txt"
+    echo "GPU memory used after the server: $(gpu_memory)" | tee -a "$out/soak_memory.txt"
+  else
+    echo "FAILED: the soak's server did not start"; cat "$out/soak_server.log"
+  fi
 fi
 
 port=50151

@@ -68,8 +68,26 @@ class Backend {
   // Copies the whole buffer to `host` (buffer.bytes bytes); blocks until done. Thread-safe.
   virtual absl::Status ReadResident(const ResidentBuffer& buffer, void* host) = 0;
 
-  // False once a device fault has made the backend unusable (health turns NOT_SERVING).
-  virtual bool Healthy() const { return true; }
+  // False once device `device_index` (a Devices() index) has failed for good (a sticky CUDA
+  // error: the context is unusable). Its GEMMs and resident operations are refused with
+  // UNAVAILABLE from then on (status::DeviceFailed); the scheduler sends it no more work.
+  // Never turns true again. Thread-safe.
+  virtual bool DeviceHealthy(int device_index) const { return true; }
+
+  // False once no device is usable: every device has failed (health turns NOT_SERVING and the
+  // server drains and exits non-zero). Thread-safe.
+  bool Healthy() const {
+    for (int d = 0; d < int(Devices().size()); ++d) {
+      if (DeviceHealthy(d)) return true;
+    }
+    return false;
+  }
+  // How many devices have failed (0 while all are healthy). Thread-safe.
+  int FailedDevices() const {
+    int failed = 0;
+    for (int d = 0; d < int(Devices().size()); ++d) failed += DeviceHealthy(d) ? 0 : 1;
+    return failed;
+  }
 
  protected:
   Backend() = default;

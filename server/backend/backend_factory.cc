@@ -2,6 +2,10 @@
 
 #include <spdlog/spdlog.h>
 
+#ifdef HGEMM_FAULT_INJECTION
+#include "server/backend/fault_injector.h"
+#endif
+
 namespace hgemm {
 
 std::unique_ptr<Backend> CreateBackend(const BackendOptions& options, std::string* error) {
@@ -10,7 +14,17 @@ std::unique_ptr<Backend> CreateBackend(const BackendOptions& options, std::strin
     *error = "--backend must be auto, cuda or cpu, not '" + options.kind + "'";
     return nullptr;
   }
+#ifdef HGEMM_FAULT_INJECTION
+  // hgemm_server_fault_injection (testonly): the CUDA backend with its fault-injection sites.
+  std::unique_ptr<Backend> cuda = MakeFaultInjectingCudaBackend(options.cuda, error);
+  if (cuda) {
+    if (std::string armed = FaultInjector::Global().ArmFromEnvironment(); !armed.empty()) {
+      spdlog::warn("fault injection armed: {}", armed);
+    }
+  }
+#else
   std::unique_ptr<Backend> cuda = MakeCudaBackend(options.cuda, error);
+#endif
   if (cuda || options.kind == "cuda") return cuda;
   spdlog::info("no usable GPU ({}); using the CPU backend", *error);
   error->clear();

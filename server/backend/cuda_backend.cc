@@ -17,6 +17,22 @@
 #include "server/backend/cuda_slot.h"
 #include "server/core/status.h"
 
+// Test builds (cuda_backend_fault_injection) consult the fault injector at each call site;
+// release builds make the plain call.
+#ifdef HGEMM_FAULT_INJECTION
+#include "server/backend/fault_injector.h"
+#define HGEMM_CUDA(site, expr)                                                       \
+  [&]() -> cudaError_t {                                                             \
+    if (cudaError_t injected_ = ::hgemm::FaultInjector::Global().Take(::hgemm::FaultSite::site); \
+        injected_ != cudaSuccess) {                                                  \
+      return injected_;                                                              \
+    }                                                                                \
+    return (expr);                                                                   \
+  }()
+#else
+#define HGEMM_CUDA(site, expr) (expr)
+#endif
+
 namespace hgemm {
 namespace {
 
@@ -110,9 +126,8 @@ class CudaBackend final : public Backend {
                              int64_t bytes) override;
   absl::Status ReadResident(const ResidentBuffer& buffer, void* host) override;
 
-  bool Healthy() const override {
-    return std::all_of(devices_.begin(), devices_.end(),
-                       [](const auto& d) { return d->healthy.load(); });
+  bool DeviceHealthy(int device_index) const override {
+    return devices_[device_index]->healthy.load();
   }
 
   absl::Status Run(int slot_index, const GemmJob& job, GemmReport* report) override;
@@ -121,8 +136,19 @@ class CudaBackend final : public Backend {
   // Direct device-to-device copies where the hardware allows them (NVLink, PCIe P2P); resident
   // operands copied to an idle device otherwise go through the host.
   void EnablePeerAccess();
+  // The status of a GEMM whose CUDA call `what` returned `e`: waits for what the slot's stream
+  // still has in flight (the failed GEMM's copies read its staging pieces and write its
+  // buffers; the next GEMM, or the cache a kept C goes back to, must not see them), then
+  // RESOURCE_EXHAUSTED (out of memory), UNAVAILABLE (a sticky error: the device is marked
+  // failed, MarkFailed) or INTERNAL.
   absl::Status Fail(Slot& slot, cudaError_t e, const std::string& what);
+  // Marks `device` failed for good (DeviceHealthy turns false) and logs it once.
+  void MarkFailed(Device& device, const std::string& why);
+  // UNAVAILABLE naming `device` (failed).
+  static absl::Status Refused(const Device& device);
   absl::Status EnsureCapacity(Slot& slot, size_t bytes);
+  // Run on a healthy device.
+  absl::Status RunOnSlot(int slot_index, const GemmJob& job, GemmReport* report);
   // Waits for slot.kernel_done of a kernel of `flops` (see CudaBackendOptions::completion_spin).
   cudaError_t WaitForKernel(const Slot& slot, double flops) const;
   absl::Status CopyResident(Device& device, void* dst, const void* src, int64_t bytes,
@@ -137,9 +163,10 @@ class CudaBackend final : public Backend {
   std::vector<int> slot_device_index_;
 };
 
-#define CUDA_TRY(slot, expr)                                    \
+// `expr` (a CUDA call of class `site`, FaultSite) or return its failure (Fail).
+#define CUDA_TRY(slot, site, expr)                              \
   do {                                                          \
-    if (cudaError_t e_ = (expr); e_ != cudaSuccess) {           \
+    if (cudaError_t e_ = HGEMM_CUDA(site, expr); e_ != cudaSuccess) { \
       return Fail(slot, e_, #expr);                             \
     }                                                           \
   } while (0)
@@ -165,16 +192,35 @@ void CudaBackend::EnablePeerAccess() {
 }
 
 absl::Status CudaBackend::Fail(Slot& slot, cudaError_t e, const std::string& what) {
+  // A device fault may surface first here, while waiting for the stream.
+  if (cudaError_t drained = cudaStreamSynchronize(slot.stream);
+      IsStickyError(drained) && !IsStickyError(e)) {
+    e = drained;
+  }
   cudaGetLastError();  // clear a non-sticky error so the slot stays usable
   std::string message = fmt::format("device {} stream {}: {}: {}", slot.device->ordinal,
                                     slot.stream_id, what, cudaGetErrorString(e));
   if (IsStickyError(e)) {
-    slot.device->healthy = false;
-    message += " (the device is unusable until the server restarts)";
+    MarkFailed(*slot.device, message);
+    return status::DeviceFailed(message + " (the device has failed; the server must restart)");
   }
   spdlog::error("{}", message);
   if (e == cudaErrorMemoryAllocation) return status::OverLimit(message);
   return status::BackendFailure(message);
+}
+
+void CudaBackend::MarkFailed(Device& device, const std::string& why) {
+  if (device.healthy.exchange(false)) {
+    spdlog::critical("device {} FAILED: {}; its GEMMs and resident matrices are refused with "
+                     "UNAVAILABLE until the server restarts",
+                     device.ordinal, why);
+  }
+}
+
+absl::Status CudaBackend::Refused(const Device& device) {
+  return status::DeviceFailed(
+      fmt::format("device {} has failed (a sticky CUDA error); the server must restart",
+                  device.ordinal));
 }
 
 absl::Status CudaBackend::EnsureCapacity(Slot& slot, size_t bytes) {
@@ -187,11 +233,11 @@ absl::Status CudaBackend::EnsureCapacity(Slot& slot, size_t bytes) {
         bytes, device.ordinal, device.memory->used_bytes(), device.memory->budget_bytes()));
   }
   // From here the slot's claim on the budget is `bytes`, whatever it holds.
-  cudaError_t e = cudaStreamSynchronize(slot.stream);
+  cudaError_t e = HGEMM_CUDA(kStream, cudaStreamSynchronize(slot.stream));
   if (e == cudaSuccess) e = cudaFree(slot.device_buffer);
   slot.device_buffer = nullptr;
   void* buffer = nullptr;
-  if (e == cudaSuccess) e = cudaMalloc(&buffer, bytes);
+  if (e == cudaSuccess) e = HGEMM_CUDA(kDeviceAlloc, cudaMalloc(&buffer, bytes));
   if (e != cudaSuccess) {
     device.memory->Unreserve(bytes);
     slot.device_capacity = 0;
@@ -207,8 +253,11 @@ absl::Status CudaBackend::EnsureCapacity(Slot& slot, size_t bytes) {
 absl::Status CudaBackend::AllocateResident(int device_index, int64_t bytes,
                                            std::shared_ptr<ResidentBuffer>* buffer) {
   Device& device = *devices_[device_index];
-  if (!device.healthy) {
-    return status::BackendFailure(fmt::format("device {} is unusable", device.ordinal));
+  if (!device.healthy) return Refused(device);
+  if (cudaError_t e = HGEMM_CUDA(kDeviceAlloc, cudaSuccess); e != cudaSuccess) {
+    // Injected (test builds): what DeviceMemory answers when the driver has no memory.
+    return status::OverLimit(fmt::format("device {}: cudaMalloc({}) for a resident matrix: {}",
+                                         device.ordinal, bytes, cudaGetErrorString(e)));
   }
   return device.memory->AllocateResident(bytes, buffer);
 }
@@ -228,17 +277,28 @@ absl::Status CudaBackend::ReadResident(const ResidentBuffer& buffer, void* host)
 // several threads, and the slots' streams, do not wait for each other.
 absl::Status CudaBackend::CopyResident(Device& device, void* dst, const void* src, int64_t bytes,
                                        cudaMemcpyKind kind) {
+  if (!device.healthy) return Refused(device);
   cudaSetDevice(device.ordinal);
-  cudaError_t e = cudaMemcpyAsync(dst, src, bytes, kind, cudaStreamPerThread);
-  if (e == cudaSuccess) e = cudaStreamSynchronize(cudaStreamPerThread);
+  cudaError_t e = kind == cudaMemcpyHostToDevice
+                      ? HGEMM_CUDA(kCopyToDevice, cudaMemcpyAsync(dst, src, bytes, kind,
+                                                                   cudaStreamPerThread))
+                      : HGEMM_CUDA(kCopyToHost, cudaMemcpyAsync(dst, src, bytes, kind,
+                                                                 cudaStreamPerThread));
+  // Synchronized even after a failed call: nothing of this copy may be in flight on return.
+  if (cudaError_t synced = cudaStreamSynchronize(cudaStreamPerThread); e == cudaSuccess) {
+    e = synced;
+  }
+  // A download that completed after the device failed (another thread's fault) is not
+  // trusted either.
+  if (e == cudaSuccess && !device.healthy) return Refused(device);
   if (e == cudaSuccess) return absl::OkStatus();
   cudaGetLastError();
   std::string message = fmt::format(
       "device {}: {} of a resident matrix: {}", device.ordinal,
       kind == cudaMemcpyHostToDevice ? "upload" : "download", cudaGetErrorString(e));
   if (IsStickyError(e)) {
-    device.healthy = false;
-    message += " (the device is unusable until the server restarts)";
+    MarkFailed(device, message);
+    return status::DeviceFailed(message + " (the device has failed; the server must restart)");
   }
   spdlog::error("{}", message);
   return status::BackendFailure(message);
@@ -251,11 +311,12 @@ absl::Status CudaBackend::CopyToDevice(Slot& slot, char* dst, const char* src, s
   for (size_t offset = 0; offset < bytes; offset += piece) {
     const size_t n = std::min(piece, bytes - offset);
     const size_t r = slot.staging.next++ % slot.staging.size();
-    CUDA_TRY(slot, cudaEventSynchronize(slot.staging.free_event(r)));
+    CUDA_TRY(slot, kEvent, cudaEventSynchronize(slot.staging.free_event(r)));
     std::memcpy(slot.staging.piece(r), src + offset, n);
-    CUDA_TRY(slot, cudaMemcpyAsync(dst + offset, slot.staging.piece(r), n, cudaMemcpyHostToDevice,
-                                   slot.stream));
-    CUDA_TRY(slot, cudaEventRecord(slot.staging.free_event(r), slot.stream));
+    CUDA_TRY(slot, kCopyToDevice,
+             cudaMemcpyAsync(dst + offset, slot.staging.piece(r), n, cudaMemcpyHostToDevice,
+                             slot.stream));
+    CUDA_TRY(slot, kEvent, cudaEventRecord(slot.staging.free_event(r), slot.stream));
   }
   return absl::OkStatus();
 }
@@ -270,7 +331,7 @@ absl::Status CudaBackend::CopyToHost(Slot& slot, char* dst, const char* src, siz
   const size_t pieces = (bytes + piece - 1) / piece;
   auto drain = [&](size_t i) -> absl::Status {
     const size_t r = (slot.staging.next + i) % ring;
-    CUDA_TRY(slot, cudaEventSynchronize(slot.staging.free_event(r)));
+    CUDA_TRY(slot, kEvent, cudaEventSynchronize(slot.staging.free_event(r)));
     std::memcpy(dst + i * piece, slot.staging.piece(r), std::min(piece, bytes - i * piece));
     if (progress) progress(int64_t(std::min((i + 1) * piece, bytes)));
     return absl::OkStatus();
@@ -280,20 +341,21 @@ absl::Status CudaBackend::CopyToHost(Slot& slot, char* dst, const char* src, siz
       if (absl::Status s = drain(i - ring); !s.ok()) return s;
     }
     const size_t r = (slot.staging.next + i) % ring;
-    CUDA_TRY(slot, cudaEventSynchronize(slot.staging.free_event(r)));  // its H2D use is done
-    CUDA_TRY(slot, cudaMemcpyAsync(slot.staging.piece(r), src + i * piece,
-                                   std::min(piece, bytes - i * piece), cudaMemcpyDeviceToHost,
-                                   slot.stream));
-    CUDA_TRY(slot, cudaEventRecord(slot.staging.free_event(r), slot.stream));
+    CUDA_TRY(slot, kEvent, cudaEventSynchronize(slot.staging.free_event(r)));  // H2D use done
+    CUDA_TRY(slot, kCopyToHost,
+             cudaMemcpyAsync(slot.staging.piece(r), src + i * piece,
+                             std::min(piece, bytes - i * piece), cudaMemcpyDeviceToHost,
+                             slot.stream));
+    CUDA_TRY(slot, kEvent, cudaEventRecord(slot.staging.free_event(r), slot.stream));
   }
-  CUDA_TRY(slot, cudaEventRecord(slot.d2h_done, slot.stream));
-  CUDA_TRY(slot, cudaEventSynchronize(slot.d2h_done));
+  CUDA_TRY(slot, kEvent, cudaEventRecord(slot.d2h_done, slot.stream));
+  CUDA_TRY(slot, kEvent, cudaEventSynchronize(slot.d2h_done));
   const auto tail_start = Clock::now();
   for (size_t i = pieces > ring ? pieces - ring : 0; i < pieces; ++i) {
     if (absl::Status s = drain(i); !s.ok()) return s;
   }
   float device_ms = 0;
-  CUDA_TRY(slot, cudaEventElapsedTime(&device_ms, slot.kernel_done, slot.d2h_done));
+  CUDA_TRY(slot, kEvent, cudaEventElapsedTime(&device_ms, slot.kernel_done, slot.d2h_done));
   *d2h_ms = device_ms + Milliseconds(Clock::now() - tail_start);
   slot.staging.next += pieces;
   return absl::OkStatus();
@@ -307,21 +369,34 @@ cudaError_t CudaBackend::WaitForKernel(const Slot& slot, double flops) const {
     if (floor > kWakeMargin) std::this_thread::sleep_for(floor - kWakeMargin);
     const auto until = Clock::now() + options_.completion_spin;
     do {
-      if (cudaError_t e = cudaEventQuery(slot.kernel_done); e != cudaErrorNotReady) return e;
+      if (cudaError_t e = HGEMM_CUDA(kEvent, cudaEventQuery(slot.kernel_done));
+          e != cudaErrorNotReady) {
+        return e;
+      }
       std::this_thread::yield();
     } while (Clock::now() < until);
   }
-  return cudaEventSynchronize(slot.kernel_done);
+  return HGEMM_CUDA(kEvent, cudaEventSynchronize(slot.kernel_done));
 }
 
 absl::Status CudaBackend::Run(int slot_index, const GemmJob& job, GemmReport* report) {
+  Device& device = *slots_[slot_index]->device;
+  for (const ResidentBuffer* r : {job.a_resident.get(), job.b_resident.get()}) {
+    if (r != nullptr && !devices_[r->device_index]->healthy) return Refused(*devices_[r->device_index]);
+  }
+  if (!device.healthy) return Refused(device);
+  absl::Status s = RunOnSlot(slot_index, job, report);
+  // No C computed on a device that has failed meanwhile (another slot's fault) is returned:
+  // its copies may have raced the fault.
+  if (s.ok() && !device.healthy) s = Refused(device);
+  if (!s.ok()) report->c_resident.reset();  // the stream is idle (Fail): back to the cache
+  return s;
+}
+
+absl::Status CudaBackend::RunOnSlot(int slot_index, const GemmJob& job, GemmReport* report) {
   Slot& slot = *slots_[slot_index];
   Device& device = *slot.device;
-  if (!device.healthy) {
-    return status::BackendFailure(
-        fmt::format("device {} is unusable after an earlier fault", device.ordinal));
-  }
-  CUDA_TRY(slot, cudaSetDevice(device.ordinal));
+  CUDA_TRY(slot, kStream, cudaSetDevice(device.ordinal));
 
   const GemmShape& shape = job.shape;
   const size_t a_bytes = shape.ABytes(), b_bytes = shape.BBytes(), c_bytes = shape.CBytes();
@@ -362,38 +437,44 @@ absl::Status CudaBackend::Run(int slot_index, const GemmJob& job, GemmReport* re
     return status::InvalidArgument("options.kernel", variant->name + ": " + why);
   }
 
-  CUDA_TRY(slot, cudaEventRecord(slot.start, slot.stream));
+  CUDA_TRY(slot, kEvent, cudaEventRecord(slot.start, slot.stream));
   for (auto [resident, here_already, dst, host, bytes] :
        {std::tuple{job.a_resident.get(), a_here, d_a, job.a, a_bytes},
         std::tuple{job.b_resident.get(), b_here, d_b, job.b, b_bytes}}) {
     if (here_already) continue;
     if (resident != nullptr) {
-      CUDA_TRY(slot, cudaMemcpyPeerAsync(dst, device.ordinal, resident->data,
-                                         devices_[resident->device_index]->ordinal, bytes,
-                                         slot.stream));
+      CUDA_TRY(slot, kCopyToDevice,
+               cudaMemcpyPeerAsync(dst, device.ordinal, resident->data,
+                                   devices_[resident->device_index]->ordinal, bytes, slot.stream));
     } else if (absl::Status s = CopyToDevice(slot, dst, reinterpret_cast<const char*>(host), bytes);
                !s.ok()) {
       return s;
     }
   }
-  CUDA_TRY(slot, cudaEventRecord(slot.h2d_done, slot.stream));
-  if (std::string error = k::Launch(*variant, problem, *slot.launch_context); !error.empty()) {
-    cudaError_t e = cudaPeekAtLastError();
+  CUDA_TRY(slot, kEvent, cudaEventRecord(slot.h2d_done, slot.stream));
+  const cudaError_t injected = HGEMM_CUDA(kLaunch, cudaSuccess);  // cudaSuccess in release builds
+  if (std::string error = injected != cudaSuccess ? std::string("launch refused")
+                                                  : k::Launch(*variant, problem, *slot.launch_context);
+      !error.empty()) {
+    cudaError_t e = injected != cudaSuccess ? injected : cudaPeekAtLastError();
     return Fail(slot, e == cudaSuccess ? cudaErrorUnknown : e,
                 fmt::format("kernel {}: {}", variant->name, error));
   }
-  CUDA_TRY(slot, cudaEventRecord(slot.kernel_done, slot.stream));
+#ifdef HGEMM_FAULT_INJECTION
+  if (auto after_launch = FaultInjector::Global().TakeAfterLaunch()) after_launch(slot.stream);
+#endif
+  CUDA_TRY(slot, kEvent, cudaEventRecord(slot.kernel_done, slot.stream));
   double d2h_ms = 0;
   if (job.keep_c) {
-    CUDA_TRY(slot, WaitForKernel(slot, 2.0 * m * n * kk));
+    CUDA_TRY(slot, kEvent, WaitForKernel(slot, 2.0 * m * n * kk));
   } else {
     absl::Status s = CopyToHost(slot, reinterpret_cast<char*>(job.c), d_c, c_bytes, job.c_progress,
                                 &d2h_ms);
     if (!s.ok()) return s;
   }
   float h2d_ms = 0, kernel_ms = 0;
-  CUDA_TRY(slot, cudaEventElapsedTime(&h2d_ms, slot.start, slot.h2d_done));
-  CUDA_TRY(slot, cudaEventElapsedTime(&kernel_ms, slot.h2d_done, slot.kernel_done));
+  CUDA_TRY(slot, kEvent, cudaEventElapsedTime(&h2d_ms, slot.start, slot.h2d_done));
+  CUDA_TRY(slot, kEvent, cudaEventElapsedTime(&kernel_ms, slot.h2d_done, slot.kernel_done));
   report->host_to_device_ms = h2d_ms;
   report->kernel_ms = kernel_ms;
   report->device_to_host_ms = d2h_ms;
@@ -407,7 +488,12 @@ absl::Status CudaBackend::Run(int slot_index, const GemmJob& job, GemmReport* re
 
 }  // namespace
 
+#ifdef HGEMM_FAULT_INJECTION
+std::unique_ptr<Backend> MakeFaultInjectingCudaBackend(const CudaBackendOptions& options,
+                                                       std::string* error) {
+#else
 std::unique_ptr<Backend> MakeCudaBackend(const CudaBackendOptions& options, std::string* error) {
+#endif
   int count = 0;
   if (cudaError_t e = cudaGetDeviceCount(&count); e != cudaSuccess || count == 0) {
     *error = e != cudaSuccess ? fmt::format("cudaGetDeviceCount: {}", cudaGetErrorString(e))

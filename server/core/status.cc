@@ -96,6 +96,10 @@ absl::Status BackendFailure(const std::string& what) {
   return Make(absl::StatusCode::kInternal, what);
 }
 
+absl::Status DeviceFailed(const std::string& what) {
+  return Make(absl::StatusCode::kUnavailable, what + "; retry on another server");
+}
+
 absl::Status Unauthenticated(const std::string& what) {
   return Make(absl::StatusCode::kUnauthenticated, what);
 }

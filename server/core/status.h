@@ -3,7 +3,9 @@
 //   INVALID_ARGUMENT    the request is malformed (the message names the field)
 //   NOT_FOUND           a resident matrix's handle names nothing this client may use
 //   RESOURCE_EXHAUSTED  the request is larger than a configured limit; retrying will not help
-//   UNAVAILABLE         the server is busy (queue full) or shutting down; retry with backoff
+//   UNAVAILABLE         the server is busy (queue full) or shutting down, or the device the
+//                       GEMM needed has failed (a sticky CUDA error); retry with backoff,
+//                       elsewhere
 //   DEADLINE_EXCEEDED   the call's deadline passed while it waited; it was not run (or, for
 //                       a streamed GEMM or upload, its chunks stopped coming: Idle)
 //   CANCELLED           the client went away
@@ -32,6 +34,9 @@ absl::Status Cancelled();
 // A streamed GEMM or upload whose chunks stopped coming (DEADLINE_EXCEEDED).
 absl::Status Idle(const std::string& what);
 absl::Status BackendFailure(const std::string& what);
+// A device that has failed for good (a sticky CUDA error) refused or aborted the work
+// (UNAVAILABLE): nothing it computed is returned. `what` names the device and the error.
+absl::Status DeviceFailed(const std::string& what);
 absl::Status Unauthenticated(const std::string& what);
 
 // `s` with "<context>: " before its message; the code stays. REQUIRES: !s.ok().

@@ -20,6 +20,9 @@ TEST(Status, NamedConstructorsKeepOneCodeEach) {
   EXPECT_EQ(Cancelled().code(), absl::StatusCode::kCancelled);
   EXPECT_EQ(NotFound("gone").code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(BackendFailure("fault").code(), absl::StatusCode::kInternal);
+  EXPECT_EQ(DeviceFailed("device 0: illegal address").code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(DeviceFailed("device 0: illegal address").message(),
+            "device 0: illegal address; retry on another server");
 }
 
 TEST(Status, MessagesAreCutAt1024Bytes) {

@@ -65,6 +65,11 @@ ServiceMetrics::ServiceMetrics(const std::string& version, const std::string& ba
                              .Name("hgemm_resident_matrices")
                              .Help("Resident matrices per device")
                              .Register(registry_)),
+      device_failed_(prometheus::BuildGauge()
+                         .Name("hgemm_device_failed")
+                         .Help("1 once a device has failed for good (a sticky CUDA error: its "
+                               "GEMMs are refused with UNAVAILABLE until the server restarts)")
+                         .Register(registry_)),
       queued_(prometheus::BuildGauge()
                   .Name("hgemm_queued_gemms")
                   .Help("GEMMs admitted and waiting for an execution slot")
@@ -119,6 +124,7 @@ ServiceMetrics::ServiceMetrics(const std::string& version, const std::string& ba
     device_info.Add({{"device", id}, {"name", d.name}, {"compute_capability", d.compute_capability}})
         .Set(1);
     device_memory.Add({{"device", id}}).Set(double(d.memory_bytes));
+    device_failed_.Add({{"device", id}}).Set(0);  // present before any failure, for alerts
   }
 }
 
@@ -190,6 +196,7 @@ std::vector<prometheus::MetricFamily> ServiceMetrics::Collect() const {
     for (const LoadSample::Device& d : load.devices) {
       resident_bytes_.Add({{"device", d.id}}).Set(double(d.resident_bytes));
       resident_matrices_.Add({{"device", d.id}}).Set(double(d.resident_matrices));
+      device_failed_.Add({{"device", d.id}}).Set(d.failed ? 1 : 0);
     }
   }
   return registry_.Collect();

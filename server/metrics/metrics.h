@@ -25,6 +25,8 @@
 //   hgemm_upload_queue_writes             chunk copies waiting for an upload thread
 //   hgemm_resident_bytes{device}, hgemm_resident_matrices{device}
 //   hgemm_device_memory_bytes{device}     each device's memory (DeviceDescription)
+//   hgemm_device_failed{device}           1 once the device has failed for good (a sticky
+//                                         CUDA error, Backend::DeviceHealthy), else 0
 //   hgemm_build_info{version,backend} 1
 //   hgemm_device_info{device,name,compute_capability} 1
 //
@@ -86,6 +88,7 @@ struct LoadSample {
     std::string id;  // DeviceDescription::id, as a string
     int64_t resident_bytes = 0;
     int64_t resident_matrices = 0;
+    bool failed = false;  // !Backend::DeviceHealthy
   };
   std::vector<Device> devices;
 };
@@ -130,6 +133,7 @@ class ServiceMetrics final : public prometheus::Collectable {
   prometheus::Family<prometheus::Gauge>& kernel_tflops_;
   prometheus::Family<prometheus::Gauge>& resident_bytes_;
   prometheus::Family<prometheus::Gauge>& resident_matrices_;
+  prometheus::Family<prometheus::Gauge>& device_failed_;
   prometheus::Gauge& queued_;
   prometheus::Gauge& running_;
   prometheus::Gauge& admitted_bytes_;

@@ -4,6 +4,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <limits>
 #include <thread>
 
 #include "server/core/logging.h"
@@ -44,9 +45,16 @@ int Scheduler::LeastLoadedDevice() const {
 
 int Scheduler::LeastLoadedDeviceLocked() const {
   std::vector<double> loads;
-  for (const DeviceQueue& d : devices_) {
-    loads.push_back(double(d.entries.size() + d.running) / std::max(d.slots, 1));
+  bool any_healthy = false;
+  for (size_t d = 0; d < devices_.size(); ++d) {
+    const bool healthy = backend_->DeviceHealthy(int(d));
+    any_healthy = any_healthy || healthy;
+    // A failed device takes no new work while another one can.
+    loads.push_back(healthy ? double(devices_[d].entries.size() + devices_[d].running) /
+                                  std::max(devices_[d].slots, 1)
+                            : std::numeric_limits<double>::infinity());
   }
+  if (!any_healthy) return 0;
   return PickLeastLoaded(loads);
 }
 
@@ -63,7 +71,9 @@ absl::Status Scheduler::Enqueue(GemmJob job, GemmDone done) {
       return status::QueueFull(fmt::format("queue full: {} of {} bytes admitted", admitted_bytes_,
                                            options_.max_queued_bytes));
     }
-    DeviceQueue& device = devices_[PlaceLocked(job)];
+    const int placed = PlaceLocked(job);
+    if (!backend_->DeviceHealthy(placed)) return DeviceFailed(placed);
+    DeviceQueue& device = devices_[placed];
     device.entries.push_back({std::move(job), std::move(done), Clock::now()});
     device.waiting.store(int64_t(device.entries.size()), std::memory_order_release);
     queued_++;
@@ -83,7 +93,10 @@ int Scheduler::PlaceLocked(const GemmJob& job) const {
   }
   // Home is saturated: an idle device is quicker, even after copying the operands over.
   for (size_t d = 0; d < devices_.size(); ++d) {
-    if (devices_[d].entries.empty() && devices_[d].running == 0) return int(d);
+    if (devices_[d].entries.empty() && devices_[d].running == 0 &&
+        backend_->DeviceHealthy(int(d))) {
+      return int(d);
+    }
   }
   return job.device_index;
 }
@@ -149,14 +162,23 @@ void Scheduler::SpinForWork(const DeviceQueue& device) const {
   }
 }
 
+absl::Status Scheduler::DeviceFailed(int device_index) const {
+  return status::DeviceFailed(fmt::format(
+      "device {} has failed (a sticky CUDA error); the server must restart",
+      backend_->Devices()[device_index].id));
+}
+
 absl::Status Scheduler::RunEntry(int slot, const Entry& entry, GemmReport* out) {
   const GemmJob& job = entry.job;
   const auto started = Clock::now();
   GemmReport report;
   report.queue_wait_ms = std::chrono::duration<double, std::milli>(started - entry.admitted).count();
   absl::Status result;
+  const int device_index = backend_->SlotDevice(slot);
   if (job.is_cancelled && job.is_cancelled()) {
     result = status::Cancelled();
+  } else if (!backend_->DeviceHealthy(device_index)) {  // it failed while the job was queued
+    result = DeviceFailed(device_index);
   } else if (started > job.deadline) {
     result = status::DeadlineExpired(report.queue_wait_ms);
   } else {

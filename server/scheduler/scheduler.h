@@ -5,6 +5,9 @@
 // one with the fewest outstanding (queued + running) jobs per slot. One worker thread per
 // backend slot pulls from its device's queue and runs jobs to completion, so the jobs of
 // different slots (CUDA streams) overlap. Admission is bounded by queued jobs and by bytes of admitted jobs.
+// A device that has failed (Backend::DeviceHealthy false: a sticky CUDA error) takes no new
+// jobs: jobs go to a healthy device, jobs pinned to the failed one are refused with
+// UNAVAILABLE, and the jobs still queued on it are answered UNAVAILABLE without running.
 // Thread safety: all methods are thread-safe.
 #ifndef HGEMM_SERVER_SCHEDULER_SCHEDULER_H_
 #define HGEMM_SERVER_SCHEDULER_SCHEDULER_H_
@@ -50,15 +53,18 @@ class Scheduler {
   Scheduler& operator=(const Scheduler&) = delete;
 
   // Admits `job` or says why not: RESOURCE_EXHAUSTED (larger than a limit), UNAVAILABLE (queue
-  // full now, or shutting down). On OK, `done` runs exactly once, later, on a worker thread:
-  // with the backend's status, DEADLINE_EXCEEDED or CANCELLED. Never calls `done` inline.
+  // full now, shutting down, or the job's device or every device has failed). On OK, `done`
+  // runs exactly once, later, on a worker thread: with the backend's status,
+  // DEADLINE_EXCEEDED, CANCELLED, or UNAVAILABLE (its device failed while it waited). Never
+  // calls `done` inline.
   absl::Status Enqueue(GemmJob job, GemmDone done);
 
   // RESOURCE_EXHAUSTED if a GEMM of `shape` is larger than one job may be (Enqueue says the
   // same); lets a stream refuse a GEMM before its operands arrive.
   absl::Status CheckSize(const GemmShape& shape) const;
 
-  // The device (Backend::Devices() index) a job that is not pinned would go to now.
+  // The device (Backend::Devices() index) a job that is not pinned would go to now: a healthy
+  // one while there is one.
   int LeastLoadedDevice() const;
 
   // Stops admitting, runs every admitted job, and joins the workers. Idempotent.
@@ -93,7 +99,10 @@ class Scheduler {
   void WorkerLoop(int slot);
   // Returns when `device` has a job waiting or options_.idle_spin has passed.
   void SpinForWork(const DeviceQueue& device) const;
-  // Runs (or, if cancelled or expired, skips) one job; does not call its `done`.
+  // UNAVAILABLE: `device_index` has failed.
+  absl::Status DeviceFailed(int device_index) const;
+  // Runs (or, if cancelled, expired or its device failed, skips) one job; does not call its
+  // `done`.
   absl::Status RunEntry(int slot, const Entry& entry, GemmReport* report);
 
   Backend* const backend_;

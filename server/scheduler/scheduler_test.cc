@@ -10,7 +10,9 @@
 namespace hgemm {
 namespace {
 
-// A backend whose Run blocks until released, and records which device each job ran on.
+// A backend whose Run blocks until released, and records which device each job ran on. A device
+// can be failed (as a sticky CUDA error does): Run on it then answers UNAVAILABLE, as the CUDA
+// backend's does, and counts it.
 class GatedBackend final : public Backend {
  public:
   GatedBackend(int devices, int slots_per_device) : devices_(devices), slots_(slots_per_device) {}
@@ -31,7 +33,15 @@ class GatedBackend final : public Backend {
   absl::Status WriteResident(ResidentBuffer&, int64_t, const void*, int64_t) override { return absl::OkStatus(); }
   absl::Status ReadResident(const ResidentBuffer&, void*) override { return absl::OkStatus(); }
 
+  bool DeviceHealthy(int device_index) const override { return !failed_[device_index]; }
+  void FailDevice(int device_index) { failed_[device_index] = true; }
+  int runs_on_failed() const { return runs_on_failed_; }
+
   absl::Status Run(int slot, const GemmJob& job, GemmReport* report) override {
+    if (failed_[SlotDevice(slot)]) {
+      runs_on_failed_++;
+      return absl::UnavailableError("failed");
+    }
     std::unique_lock<std::mutex> lock(mu_);
     running_++;
     changed_.notify_all();
@@ -54,6 +64,8 @@ class GatedBackend final : public Backend {
 
  private:
   const int devices_, slots_;
+  std::atomic<bool> failed_[4] = {};
+  std::atomic<int> runs_on_failed_{0};
   std::mutex mu_;
   std::condition_variable changed_;
   bool open_ = false;
@@ -205,6 +217,70 @@ TEST(Scheduler, JobPinnedToADeviceRunsThere) {
   }
   results.WaitFor(6);
   for (auto& [code, report] : results.done) EXPECT_EQ(report.device_id, 1);
+}
+
+// Device 0 fails while a job runs on it and two wait: the waiting ones are answered
+// UNAVAILABLE without reaching the backend, new jobs go to device 1, and jobs pinned to device
+// 0 (their resident operands died with it) are refused.
+TEST(Scheduler, FailedDeviceGetsNoWorkAndItsQueueIsRefused) {
+  GatedBackend backend(2, 1);
+  Scheduler scheduler(&backend, {});
+  Results results;
+  GemmJob pinned = Job();
+  pinned.device_index = 0;
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(scheduler.Enqueue(pinned, results.Callback()).ok());
+  backend.WaitRunning(1);
+  backend.FailDevice(0);
+  backend.Open();  // the running job finishes (as if it had ended before the fault)
+  results.WaitFor(3);
+  EXPECT_EQ(results.done[0].first, absl::StatusCode::kOk);
+  for (int i : {1, 2}) {
+    EXPECT_EQ(results.done[i].first, absl::StatusCode::kUnavailable);
+    EXPECT_TRUE(results.done[i].second.kernel.empty());
+  }
+  EXPECT_EQ(backend.runs_on_failed(), 0) << "queued jobs of a failed device reached the backend";
+  absl::Status refused = scheduler.Enqueue(pinned, results.Callback());
+  EXPECT_EQ(refused.code(), absl::StatusCode::kUnavailable);
+  EXPECT_NE(refused.message().find("device 0 has failed"), std::string::npos) << refused;
+  EXPECT_EQ(scheduler.LeastLoadedDevice(), 1);
+  for (int i = 0; i < 4; ++i) ASSERT_TRUE(scheduler.Enqueue(Job(), results.Callback()).ok());
+  results.WaitFor(7);
+  for (int i = 3; i < 7; ++i) {
+    EXPECT_EQ(results.done[i].first, absl::StatusCode::kOk);
+    EXPECT_EQ(results.done[i].second.device_id, 1);
+  }
+  EXPECT_TRUE(backend.Healthy());
+  EXPECT_EQ(backend.FailedDevices(), 1);
+  EXPECT_EQ(scheduler.GetStats().admitted_bytes, 0);
+}
+
+TEST(Scheduler, EveryDeviceFailedRefusesEverything) {
+  GatedBackend backend(2, 1);
+  Scheduler scheduler(&backend, {});
+  Results results;
+  backend.FailDevice(0);
+  backend.FailDevice(1);
+  EXPECT_FALSE(backend.Healthy());
+  EXPECT_EQ(scheduler.Enqueue(Job(), results.Callback()).code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(scheduler.GetStats().admitted_total, 0);
+}
+
+TEST(Scheduler, ResidentJobIsNotHandedToAFailedIdleDevice) {
+  GatedBackend backend(2, 1);
+  Scheduler scheduler(&backend, {.copy_resident_to_idle_device = true});
+  Results results;
+  GemmJob job = Job();
+  job.device_index = 0;
+  ASSERT_TRUE(scheduler.Enqueue(job, results.Callback()).ok());
+  backend.WaitRunning(1);  // device 0 saturated, device 1 idle but failed
+  backend.FailDevice(1);
+  ASSERT_TRUE(scheduler.Enqueue(job, results.Callback()).ok());
+  backend.Open();
+  results.WaitFor(2);
+  for (auto& [code, report] : results.done) {
+    EXPECT_EQ(code, absl::StatusCode::kOk);
+    EXPECT_EQ(report.device_id, 0);
+  }
 }
 
 TEST(Scheduler, SaturatedHomeDeviceHandsResidentJobToAnIdleOneOnlyWhenAllowed) {

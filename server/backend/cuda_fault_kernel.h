@@ -1,0 +1,19 @@
+// A test-only kernel that makes a real sticky device fault: one thread writes to an address no
+// allocation maps, which ends the kernel with cudaErrorIllegalAddress and leaves the device's
+// CUDA context unusable for the rest of the process (every later call on it fails).
+// Used through FaultInjector::ArmAfterLaunch (fault_injector.h).
+// Thread safety: none needed (one launch).
+#ifndef HGEMM_SERVER_BACKEND_CUDA_FAULT_KERNEL_H_
+#define HGEMM_SERVER_BACKEND_CUDA_FAULT_KERNEL_H_
+
+#include <cuda_runtime.h>
+
+namespace hgemm {
+
+// Queues the faulting kernel on `stream`; returns the launch's own error (cudaSuccess: the
+// fault comes later, asynchronously, at the next synchronizing call).
+cudaError_t LaunchIllegalAddressWrite(cudaStream_t stream);
+
+}  // namespace hgemm
+
+#endif  // HGEMM_SERVER_BACKEND_CUDA_FAULT_KERNEL_H_
