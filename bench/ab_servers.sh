@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# A/B of two hgemm_server builds on one machine in one run: the servers take turns (B, A, B, A,
-# ...), each driven by the same hgemm_load at the same points, so that host and GPU drift hit
-# both alike. Prints a markdown table (one row per server run) and the mean of each point per
-# server; writes every point to OUT/ab.csv.
-#   bench/ab_servers.sh OLD_BIN_DIR NEW_BIN_DIR OUT_DIR [ROUNDS]
-# Each BIN_DIR holds hgemm_server (a gpu-bundle.sh bin/ folder, its lib/ beside it); the
-# hgemm_load of NEW_BIN_DIR drives both. Points (issue 26's keep-speed check): 2048³ unary c=16,
-# 128×8192×8192 with B resident c=4, 8192³ all resident c=1.
+# A/B of two hgemm_server builds on one machine in one run: the servers take turns (new, old,
+# new, old, ...), each driven by the same hgemm_load at the same points, so that host and GPU
+# drift hit both alike. Prints a markdown table (one row per server run) and the mean of each
+# point per server; writes every point to OUT/ab.csv.
+#   bench/ab_servers.sh OLD_SERVER NEW_SERVER OUT_DIR [ROUNDS]
+# Both servers' libraries must be on LD_LIBRARY_PATH (one gpu-bundle.sh bundle holding both,
+# its env.sh sourced) and hgemm_load on PATH. Points (issue 26's keep-speed check): 2048³ unary
+# c=16, 128×8192×8192 with B resident c=4, 8192³ all resident c=1; AB_POINTS (hgemm_load flag
+# sets separated by ';') replaces them, e.g. for a quick try on the CPU backend.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # shellcheck source=bench/run_lib.sh
@@ -15,22 +16,23 @@ source bench/run_lib.sh
 old=$1 new=$2 out=$3 rounds=${4:-2}
 mkdir -p "$out"
 trap cleanup EXIT INT TERM
-load=$new/hgemm_load
+load=$(command -v hgemm_load)
 points=(
   "--shapes=2048x2048x2048 --mode=unary --concurrency=16"
   "--shapes=128x8192x8192 --mode=unary --resident=b --concurrency=4"
   "--shapes=8192x8192x8192 --mode=unary --resident=all --concurrency=1"
 )
+[[ -n ${AB_POINTS:-} ]] && IFS=';' read -r -a points <<<"$AB_POINTS"
 describe_host cuda "$old vs $new" | tee "$out/ab_host.txt"
 rm -f "$out/ab.csv"
 port=50400
 rows=()
 for round in $(seq "$rounds"); do
   for side in new old; do
-    dir=$new
-    [[ $side == old ]] && dir=$old
+    server=$new
+    [[ $side == old ]] && server=$old
     port=$((port + 1))
-    LD_LIBRARY_PATH=$dir/../lib:${LD_LIBRARY_PATH:-} timeout 600 "$dir/hgemm_server" \
+    timeout 600 "$server" \
       --listen=127.0.0.1:$port --backend=auto >"$out/server_${side}_$round.log" 2>&1 &
     pids+=($!)
     wait_port $port 60 $! "$out/server_${side}_$round.log"
@@ -51,8 +53,14 @@ for round in $(seq "$rounds"); do
   done
 done
 echo
-echo "| round | server | 2048³ c=16 req/s | p50 ms | 128×8192² B resident c=4 req/s | p50 ms | 8192³ all resident c=1 req/s | p50 ms |"
-echo "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"
+header="| round | server |" rule="| --- | --- |"
+for i in "${!points[@]}"; do
+  echo "point $((i + 1)): ${points[$i]}"
+  header+=" $((i + 1)) req/s | $((i + 1)) p50 ms |" rule+=" ---: | ---: |"
+done
+echo
+echo "$header"
+echo "$rule"
 printf '%s\n' "${rows[@]}"
 echo
 # Means per server and point (CSV columns: side, round, then hgemm_load's; shape is 10, req/s 14).
