@@ -126,12 +126,12 @@ class GemmClient {
   grpc::Status ListKernels(v1::ListKernelsResponse* response, const CallOptions& options = {}) const;
   grpc::Status GetServerInfo(v1::ServerInfo* response, const CallOptions& options = {}) const;
 
-  // Resident matrices. `data` holds rows·cols values of `dtype` (fp16 or bf16: 2·rows·cols
-  // bytes). The upload goes to options.replica if set (info->replica() says where it went).
+  // Resident matrices. `data` holds rows·cols values of `dtype` (UNSPECIFIED: fp16; fp16 or
+  // bf16: 2·rows·cols bytes). The upload goes to options.replica if set (info->replica() says where it went).
   grpc::Status UploadMatrix(uint32_t rows, uint32_t cols, const std::string& data,
                             v1::MatrixInfo* info, uint32_t ttl_seconds = 0,
                             const std::string& label = "", const CallOptions& options = {},
-                            v1::DataType dtype = v1::DATA_TYPE_FP16) const;
+                            v1::DataType dtype = v1::DATA_TYPE_UNSPECIFIED) const;
   // *freed_bytes (if not null): the bytes the server freed.
   grpc::Status ReleaseMatrix(const std::string& handle, const CallOptions& options = {},
                              uint64_t* freed_bytes = nullptr) const;
