@@ -61,11 +61,16 @@ LoadGenerator::LoadGenerator(LoadOptions options) : options_(std::move(options))
   for (const Shape& shape : options_.shapes) {
     auto p = std::make_unique<Payload>();
     p->shape = shape;
-    const std::vector<uint16_t> a = RandomHalfMatrix(int64_t(shape.m) * shape.k, rng);
-    const std::vector<uint16_t> b = RandomHalfMatrix(int64_t(shape.k) * shape.n, rng);
+    const GemmForm& form = options_.form;
+    const std::vector<uint16_t> a = RandomHalfMatrix(int64_t(shape.m) * shape.k, rng, form.bf16);
+    const std::vector<uint16_t> b = RandomHalfMatrix(int64_t(shape.k) * shape.n, rng, form.bf16);
     p->gemm.set_m(shape.m);
     p->gemm.set_n(shape.n);
     p->gemm.set_k(shape.k);
+    p->gemm.set_transpose_a(form.transpose_a);
+    p->gemm.set_transpose_b(form.transpose_b);
+    p->gemm.set_dtype(form.bf16 ? v1::DATA_TYPE_BF16 : v1::DATA_TYPE_UNSPECIFIED);
+    p->gemm.set_c_dtype(form.c_fp32 ? v1::DATA_TYPE_FP32 : v1::DATA_TYPE_UNSPECIFIED);
     p->gemm.set_a(reinterpret_cast<const char*>(a.data()), 2 * a.size());
     p->gemm.set_b(reinterpret_cast<const char*>(b.data()), 2 * b.size());
     p->gemm.mutable_options()->set_kernel(options_.kernel);
@@ -115,7 +120,8 @@ std::string LoadGenerator::PrepareRequests(Target kind, const GemmClient& client
     v1::MatrixInfo info;
     const grpc::Status status = client.UploadMatrix(
         rows, cols, data, &info, /*ttl_seconds=*/0,
-        fmt::format("hgemm_load {} of {}", which, shape.Name()), call);
+        fmt::format("hgemm_load {} of {}", which, shape.Name()), call,
+        options_.form.bf16 ? v1::DATA_TYPE_BF16 : v1::DATA_TYPE_UNSPECIFIED);
     if (!status.ok()) {
       *code = int(status.error_code());
       return fmt::format("UploadMatrix {} of {}: {} (code {})", which, shape.Name(),
@@ -132,16 +138,25 @@ std::string LoadGenerator::PrepareRequests(Target kind, const GemmClient& client
     r->set_m(shape.m);
     r->set_n(shape.n);
     r->set_k(shape.k);
+    r->set_transpose_a(p->gemm.transpose_a());
+    r->set_transpose_b(p->gemm.transpose_b());
+    r->set_dtype(p->gemm.dtype());
+    r->set_c_dtype(p->gemm.c_dtype());
     *r->mutable_options() = p->gemm.options();
+    const bool ta = options_.form.transpose_a, tb = options_.form.transpose_b;  // as stored:
     call.replica.clear();  // each shape's first upload is balanced
     std::string e;
     if (resident == Resident::kAll) {
-      e = handle(shape, "A", shape.m, shape.k, p->gemm.a(), r->mutable_a_handle());
+      e = handle(shape, "A", ta ? shape.k : shape.m, ta ? shape.m : shape.k, p->gemm.a(),
+                 r->mutable_a_handle());
       r->set_keep_c_resident(true);
     } else {
       r->set_a(p->gemm.a());
     }
-    if (e.empty()) e = handle(shape, "B", shape.k, shape.n, p->gemm.b(), r->mutable_b_handle());
+    if (e.empty()) {
+      e = handle(shape, "B", tb ? shape.n : shape.k, tb ? shape.k : shape.n, p->gemm.b(),
+                 r->mutable_b_handle());
+    }
     if (!e.empty()) return e;
     requests->push_back(r.get());
     owned->push_back(std::move(r));
@@ -214,15 +229,27 @@ VerifyResult LoadGenerator::Verify(const std::string& target, int per_shape) {
         rows = std::min<int64_t>(shape.m, 16);
         row0 = int64_t(rng() % uint64_t(shape.m - rows + 1));
       }
+      const GemmForm& form = options_.form;
       const auto* a = reinterpret_cast<const uint16_t*>(p->gemm.a().data());
       const auto* b = reinterpret_cast<const uint16_t*>(p->gemm.b().data());
-      const auto* c = reinterpret_cast<const uint16_t*>(c_bytes->data());
+      // Rows row0.. of op(A), gathered untransposed (columns of a transposed A as stored).
+      std::vector<uint16_t> a_rows(rows * shape.k);
+      for (int64_t i = 0; i < rows; ++i) {
+        for (int64_t q = 0; q < shape.k; ++q) {
+          a_rows[i * shape.k + q] = form.transpose_a ? a[q * shape.m + row0 + i]
+                                                     : a[(row0 + i) * shape.k + q];
+        }
+      }
+      GemmForm rows_form = form;
+      rows_form.transpose_a = false;
       const std::vector<float> reference =
-          ReferenceGemm(a + row0 * shape.k, b, rows, shape.n, shape.k);
-      const double error =
-          RelativeFrobeniusError(c + row0 * shape.n, reference.data(), rows * int64_t(shape.n));
+          ReferenceGemm(a_rows.data(), b, rows, shape.n, shape.k, rows_form);
+      const int64_t c_element = form.c_fp32 ? 4 : 2;
+      const ErrorStats stats = CompareToReference(c_bytes->data() + row0 * shape.n * c_element,
+                                                  reference.data(), rows * int64_t(shape.n), form);
+      const double error = stats.nan_count > 0 ? INFINITY : stats.rel_frobenius;
       const v1::Execution& e = caller->execution();
-      const double tolerance = kServiceTolerance.For(e.accumulation() == v1::ACCUMULATION_FP16);
+      const double tolerance = ServiceTolerance(e.accumulation() == v1::ACCUMULATION_FP16, form);
       const bool ok = error <= tolerance;
       if (!ok) ++result.failed;
       result.max_error = std::max(result.max_error, error);

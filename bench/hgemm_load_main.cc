@@ -68,6 +68,13 @@ int main(int argc, char** argv) {
                  "x-client-id of every call (owner of the resident matrices; default "
                  "hgemm_load-<pid>)");
   app.add_option("--kernel", o.kernel, "kernel variant (GemmOptions.kernel)")->capture_default_str();
+  std::string dtype = "fp16", c_dtype;
+  app.add_flag("--transpose_a", o.form.transpose_a, "A stored k x m (C = A^T B)");
+  app.add_flag("--transpose_b", o.form.transpose_b, "B stored n x k (C = A B^T)");
+  app.add_option("--dtype", dtype, "element type of A and B: fp16 or bf16")
+      ->check(CLI::IsMember({"fp16", "bf16"}))->capture_default_str();
+  app.add_option("--c_dtype", c_dtype, "element type of C: that of A and B (default) or fp32")
+      ->check(CLI::IsMember({"fp16", "bf16", "fp32"}));
   app.add_option("--accumulation", accumulation, "default (server's), fp32 or fp16")
       ->check(CLI::IsMember({"default", "fp32", "fp16"}))->capture_default_str();
   app.add_option("--workers_per_channel", o.workers_per_channel,
@@ -120,6 +127,12 @@ int main(int argc, char** argv) {
   if (resident_all) resident = "all";
   hgemm::bench::ParseResident(resident, &o.resident);
   o.mode = mode == "stream" ? hgemm::bench::Mode::kStream : hgemm::bench::Mode::kUnary;
+  if (!c_dtype.empty() && c_dtype != dtype && c_dtype != "fp32") {
+    return Fail("--c_dtype=" + c_dtype + " with --dtype=" + dtype + ": C is the inputs' type or fp32");
+  }
+  o.form.bf16 = dtype == "bf16";
+  o.form.c_fp32 = c_dtype == "fp32";
+  for (hgemm::bench::Shape& shape : o.shapes) shape.c_fp32 = o.form.c_fp32;
   o.accumulation = accumulation == "fp16"   ? hgemm::v1::ACCUMULATION_FP16
                    : accumulation == "fp32" ? hgemm::v1::ACCUMULATION_FP32
                                             : hgemm::v1::ACCUMULATION_UNSPECIFIED;

@@ -11,15 +11,17 @@
 #include "client/gemm_client.h"
 #include "client/gemm_dims.h"
 #include "proto/hgemm.pb.h"
+#include "proto/numerics/cpu_gemm.h"
 
 namespace hgemm::bench {
 
 // One GEMM shape of the mix; `weight` is its share of the calls.
 struct Shape : GemmDims {
   int weight = 1;
+  bool c_fp32 = false;  // C is fp32 (--c_dtype=fp32): twice CBytes()
 
-  int64_t RequestBytes() const { return ABytes() + BBytes(); }  // A + B
-  int64_t ReplyBytes() const { return CBytes(); }               // C
+  int64_t RequestBytes() const { return ABytes() + BBytes(); }  // A + B (fp16 and bf16 alike)
+  int64_t ReplyBytes() const { return c_fp32 ? 2 * CBytes() : CBytes(); }  // C
   int64_t PayloadBytes() const { return RequestBytes() + ReplyBytes(); }
 };
 
@@ -52,6 +54,9 @@ struct LoadOptions {
   Mode mode = Mode::kUnary;
   std::string kernel = "auto";
   v1::Accumulation accumulation = v1::ACCUMULATION_UNSPECIFIED;
+  // Layout and types of every GEMM (--transpose_a, --transpose_b, --dtype, --c_dtype); the
+  // shapes' c_fp32 follow form.c_fp32.
+  GemmForm form;
   // Workers per gRPC channel (each channel is its own TCP connection); 0: one channel for all.
   int workers_per_channel = 1;
   // Warm-up: at least this long and until every worker has completed a call.

@@ -116,6 +116,10 @@ bool WriteStreamedGemm(const v1::GemmRequest& request, uint64_t gemm_id, int64_t
   header->set_b_handle(request.b_handle());
   header->set_keep_c_resident(request.keep_c_resident());
   header->set_c_ttl_seconds(request.c_ttl_seconds());
+  header->set_transpose_a(request.transpose_a());
+  header->set_transpose_b(request.transpose_b());
+  header->set_dtype(request.dtype());
+  header->set_c_dtype(request.c_dtype());
   if (!stream->Write(message)) return false;
   for (auto [operand, bytes] : {std::pair{v1::OPERAND_A, &request.a()},
                                 std::pair{v1::OPERAND_B, &request.b()}}) {
@@ -270,7 +274,7 @@ grpc::Status GemmClient::StreamOn(const Route& route,
     r.set_m(requests[id]->m());
     r.set_n(requests[id]->n());
     if (c_into == nullptr && !requests[id]->keep_c_resident()) {
-      r.mutable_c()->resize(2 * int64_t(requests[id]->m()) * requests[id]->n());
+      r.mutable_c()->resize(ResultBytes(*requests[id]));
     }
     (*results)[id].status = grpc::Status(grpc::StatusCode::UNKNOWN, "no answer from the server");
   }
@@ -318,7 +322,7 @@ grpc::Status GemmClient::StreamOn(const Route& route,
 
 bool GemmClient::ShouldStream(const v1::GemmRequest& request, const CallOptions& options) {
   // A C kept on the server does not travel back.
-  const int64_t c_bytes = request.keep_c_resident() ? 0 : 2 * int64_t(request.m()) * request.n();
+  const int64_t c_bytes = request.keep_c_resident() ? 0 : ResultBytes(request);
   return int64_t(request.a().size() + request.b().size()) > options.unary_limit_bytes ||
          c_bytes > options.unary_limit_bytes;
 }
@@ -333,9 +337,15 @@ grpc::Status GemmClient::Run(const v1::GemmRequest& request, v1::GemmResponse* r
   return results[0].status;
 }
 
+int64_t GemmClient::ResultBytes(const v1::GemmRequest& request) {
+  const bool fp32 = request.c_dtype() == v1::DATA_TYPE_FP32;
+  return (fp32 ? 4 : 2) * int64_t(request.m()) * request.n();
+}
+
 grpc::Status GemmClient::UploadMatrix(uint32_t rows, uint32_t cols, const std::string& data,
                                       v1::MatrixInfo* info, uint32_t ttl_seconds,
-                                      const std::string& label, const CallOptions& options) const {
+                                      const std::string& label, const CallOptions& options,
+                                      v1::DataType dtype) const {
   const Route route = RouteTo(options.replica);
   grpc::ClientContext context;
   ApplyDeadline(options, &context);
@@ -346,6 +356,7 @@ grpc::Status GemmClient::UploadMatrix(uint32_t rows, uint32_t cols, const std::s
   header->set_cols(cols);
   header->set_ttl_seconds(ttl_seconds);
   header->set_label(label);
+  header->set_dtype(dtype);
   bool ok = stream->Write(message);
   for (size_t offset = 0; ok && offset < data.size(); offset += options.chunk_bytes) {
     message.set_chunk(data.data() + offset, std::min<size_t>(options.chunk_bytes, data.size() - offset));

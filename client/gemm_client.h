@@ -136,11 +136,12 @@ class GemmClient {
   grpc::Status ListKernels(v1::ListKernelsResponse* response, const CallOptions& options = {}) const;
   grpc::Status GetServerInfo(v1::ServerInfo* response, const CallOptions& options = {}) const;
 
-  // Resident matrices. `data` holds rows·cols fp16 values (2·rows·cols bytes). The upload goes
-  // to options.replica if set (info->replica() says where it went).
+  // Resident matrices. `data` holds rows·cols values of `dtype` (UNSPECIFIED: fp16; fp16 or
+  // bf16: 2·rows·cols bytes). The upload goes to options.replica if set (info->replica() says where it went).
   grpc::Status UploadMatrix(uint32_t rows, uint32_t cols, const std::string& data,
                             v1::MatrixInfo* info, uint32_t ttl_seconds = 0,
-                            const std::string& label = "", const CallOptions& options = {}) const;
+                            const std::string& label = "", const CallOptions& options = {},
+                            v1::DataType dtype = v1::DATA_TYPE_UNSPECIFIED) const;
   // *freed_bytes (if not null): the bytes the server freed.
   grpc::Status ReleaseMatrix(const std::string& handle, const CallOptions& options = {},
                              uint64_t* freed_bytes = nullptr) const;
@@ -152,6 +153,9 @@ class GemmClient {
 
   // True if Run() would stream this request.
   static bool ShouldStream(const v1::GemmRequest& request, const CallOptions& options);
+
+  // Bytes of the request's C (m·n elements of its c_dtype: 4 bytes for FP32, else 2).
+  static int64_t ResultBytes(const v1::GemmRequest& request);
 
  private:
   // Where calls to one replica (or, for "", to the target) go.

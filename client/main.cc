@@ -7,7 +7,9 @@
 //   hgemm_client --list --client_id=me              # this client's resident matrices
 //   hgemm_client --release=HANDLE1,HANDLE2 --client_id=me
 //   hgemm_client --server=ipv4:10.0.0.1:50051,10.0.0.2:50051 --resident=all --check  # replicas
-// Random fp16 inputs in [-1, 1) unless --a/--b give .npy files. Before allocating any operand,
+// Random fp16 (or --dtype=bf16) inputs in [-1, 1) unless --a/--b give float16 .npy files;
+// --transpose_a / --transpose_b send A stored k×m / B stored n×k (the files as stored too),
+// --c_dtype=fp32 asks for an fp32 C. Before allocating any operand,
 // the shape is checked against the server's limits (GetServerInfo): a GEMM the server would
 // refuse is refused here, naming the operand and the limit. Exits non-zero on any error,
 // including a failed --check. Over several replicas, calls naming a handle go to the replica that
@@ -17,6 +19,7 @@
 #include <fmt/format.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <random>
 
@@ -127,8 +130,8 @@ int Main(int argc, char** argv) {
   int repeat = 1;
   uint64_t seed = std::random_device{}();
   double timeout_s = 0, tolerance = 0;
-  bool check = false, info = false, list = false;
-  std::string release;
+  bool check = false, info = false, list = false, transpose_a = false, transpose_b = false;
+  std::string release, dtype = "fp16", c_dtype;
 
   CLI::App app{"hgemm_client: fp16 GEMM on an hgemm-serve server"};
   app.add_option("--server", server,
@@ -139,6 +142,12 @@ int Main(int argc, char** argv) {
   app.add_option("--a", a_path, "A as an m x k float16 .npy file");
   app.add_option("--b", b_path, "B as a k x n float16 .npy file");
   app.add_option("--out", out_path, "write C to this .npy file");
+  app.add_flag("--transpose_a", transpose_a, "A is stored k x m (C = A^T B)");
+  app.add_flag("--transpose_b", transpose_b, "B is stored n x k (C = A B^T, nn.Linear's weight)");
+  app.add_option("--dtype", dtype, "element type of A and B: fp16 or bf16")
+      ->check(CLI::IsMember({"fp16", "bf16"}))->capture_default_str();
+  app.add_option("--c_dtype", c_dtype, "element type of C: that of A and B (default) or fp32")
+      ->check(CLI::IsMember({"fp16", "bf16", "fp32"}));
   app.add_option("--kernel", kernel, "kernel variant (see --info) or auto")->capture_default_str();
   app.add_option("--accumulation", accumulation, "fp16 or fp32")
       ->check(CLI::IsMember({"fp16", "fp32"}))->capture_default_str();
@@ -203,12 +212,28 @@ int Main(int argc, char** argv) {
         !e.empty()) {
       return Fail(e);
     }
-    if (a_npy.cols != b_npy.rows) {
-      return Fail(fmt::format("A is {}x{} and B is {}x{}: inner dimensions differ", a_npy.rows,
-                              a_npy.cols, b_npy.rows, b_npy.cols));
+    if (dtype != "fp16") return Fail("--a/--b are float16 .npy files: not with --dtype=bf16");
+    // As stored: A is k x m with --transpose_a, B n x k with --transpose_b.
+    const uint64_t m = transpose_a ? a_npy.cols : a_npy.rows, ka = transpose_a ? a_npy.rows : a_npy.cols;
+    const uint64_t n = transpose_b ? b_npy.rows : b_npy.cols, kb = transpose_b ? b_npy.cols : b_npy.rows;
+    if (ka != kb) {
+      return Fail(fmt::format("A is {}x{} and B is {}x{} (as stored{}{}): inner dimensions differ",
+                              a_npy.rows, a_npy.cols, b_npy.rows, b_npy.cols,
+                              transpose_a ? ", A transposed" : "", transpose_b ? ", B transposed" : ""));
     }
-    dims = {.m = uint32_t(a_npy.rows), .n = uint32_t(b_npy.cols), .k = uint32_t(a_npy.cols)};
+    dims = {.m = uint32_t(m), .n = uint32_t(n), .k = uint32_t(ka)};
   }
+
+  if (c_dtype.empty()) c_dtype = dtype;
+  if (c_dtype != dtype && c_dtype != "fp32") {
+    return Fail(fmt::format("--c_dtype={} with --dtype={}: C is the inputs' type or fp32", c_dtype, dtype));
+  }
+  if (!out_path.empty() && c_dtype != "fp16") return Fail("--out writes a float16 .npy: C must be fp16");
+  const hgemm::GemmForm form{.transpose_a = transpose_a,
+                             .transpose_b = transpose_b,
+                             .bf16 = dtype == "bf16",
+                             .c_fp32 = c_dtype == "fp32"};
+  const uint64_t c_element_bytes = form.c_fp32 ? 4 : 2;
 
   hgemm::CallOptions call;
   call.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
@@ -244,7 +269,11 @@ int Main(int argc, char** argv) {
                                                  resident != "none" ? 0 : b_bytes)
                               .value_or(UINT64_MAX);
     const uint64_t received =
-        resident == "all" ? 0 : hgemm::cli::MatrixBytes(dims.m, dims.n).value_or(UINT64_MAX);
+        resident == "all"
+            ? 0
+            : hgemm::cli::CheckedAdd(hgemm::cli::MatrixBytes(dims.m, dims.n),  // fp32: twice
+                                     form.c_fp32 ? hgemm::cli::MatrixBytes(dims.m, dims.n) : 0)
+                  .value_or(UINT64_MAX);
     const uint64_t unary_limit = uint64_t(call.unary_limit_bytes);
     const bool unary = mode == "unary" ||
                        (mode == "auto" && sent <= unary_limit && received <= unary_limit);
@@ -262,6 +291,11 @@ int Main(int argc, char** argv) {
   request.set_m(dims.m);
   request.set_n(dims.n);
   request.set_k(dims.k);
+  request.set_transpose_a(transpose_a);
+  request.set_transpose_b(transpose_b);
+  // The defaults stay unset: an fp16 GEMM's request is what it was before these fields.
+  request.set_dtype(form.bf16 ? hgemm::v1::DATA_TYPE_BF16 : hgemm::v1::DATA_TYPE_UNSPECIFIED);
+  request.set_c_dtype(form.c_fp32 ? hgemm::v1::DATA_TYPE_FP32 : hgemm::v1::DATA_TYPE_UNSPECIFIED);
   if (!a_path.empty()) {
     if (std::string e = hgemm::ReadNpy(a_path, &a_npy); !e.empty()) return Fail(e);
     if (std::string e = hgemm::ReadNpy(b_path, &b_npy); !e.empty()) return Fail(e);
@@ -269,10 +303,10 @@ int Main(int argc, char** argv) {
     request.set_b(std::move(b_npy.data));
   } else {
     std::mt19937_64 rng(seed);
-    auto a = hgemm::RandomHalfMatrix(int64_t(dims.m) * dims.k, rng);
+    auto a = hgemm::RandomHalfMatrix(int64_t(dims.m) * dims.k, rng, form.bf16);
     request.set_a(reinterpret_cast<const char*>(a.data()), 2 * a.size());
     a = {};
-    auto b = hgemm::RandomHalfMatrix(int64_t(dims.k) * dims.n, rng);
+    auto b = hgemm::RandomHalfMatrix(int64_t(dims.k) * dims.n, rng, form.bf16);
     request.set_b(reinterpret_cast<const char*>(b.data()), 2 * b.size());
   }
   request.mutable_options()->set_kernel(kernel);
@@ -289,8 +323,14 @@ int Main(int argc, char** argv) {
     for (bool is_a : {false, true}) {
       if (is_a && resident != "all") continue;
       hgemm::v1::MatrixInfo info;
-      grpc::Status s = is_a ? client.UploadMatrix(request.m(), request.k(), a_bytes, &info, 0, "A", upload)
-                            : client.UploadMatrix(request.k(), request.n(), b_bytes, &info, 0, "B", upload);
+      // As stored: A k x m when transposed, B n x k.
+      grpc::Status s =
+          is_a ? client.UploadMatrix(transpose_a ? request.k() : request.m(),
+                                     transpose_a ? request.m() : request.k(), a_bytes, &info, 0,
+                                     "A", upload, request.dtype())
+               : client.UploadMatrix(transpose_b ? request.n() : request.k(),
+                                     transpose_b ? request.k() : request.n(), b_bytes, &info, 0,
+                                     "B", upload, request.dtype());
       if (!s.ok()) return Fail(s);
       upload.replica = info.replica();
       uploaded.push_back(info.handle());
@@ -305,11 +345,12 @@ int Main(int argc, char** argv) {
                 request.a().size() / 1048576.0);
   }
   const bool stream = mode == "stream" || (mode == "auto" && hgemm::GemmClient::ShouldStream(request, call));
-  std::printf("GEMM %ux%ux%u (m x n x k) via %s, kernel %s, accumulation %s, %.1f MiB up, %.1f MiB down\n",
-              request.m(), request.n(), request.k(), stream ? "GemmStream" : "unary Gemm",
+  std::printf("GEMM %ux%ux%u (m x n x k) %s%s %s->%s via %s, kernel %s, accumulation %s, %.1f MiB up, %.1f MiB down\n",
+              request.m(), request.n(), request.k(), transpose_a ? "T" : "N", transpose_b ? "T" : "N",
+              dtype.c_str(), c_dtype.c_str(), stream ? "GemmStream" : "unary Gemm",
               kernel.c_str(), accumulation.c_str(),
               (request.a().size() + request.b().size()) / 1048576.0,
-              request.keep_c_resident() ? 0.0 : 2.0 * request.m() * request.n() / 1048576.0);
+              request.keep_c_resident() ? 0.0 : double(c_element_bytes) * request.m() * request.n() / 1048576.0);
   std::printf("%5s %10s %9s %10s %9s %10s %10s %8s  %s\n", "run", "queue_ms", "h2d_ms", "kernel_ms",
               "d2h_ms", "server_ms", "client_ms", "TFLOP/s", "kernel@device");
 
@@ -365,12 +406,18 @@ int Main(int argc, char** argv) {
   if (check) {
     const auto* a = reinterpret_cast<const uint16_t*>(a_bytes.data());
     const auto* b = reinterpret_cast<const uint16_t*>(b_bytes.data());
-    std::vector<float> reference = hgemm::ReferenceGemm(a, b, request.m(), request.n(), request.k());
-    const double error = hgemm::RelativeFrobeniusError(
-        reinterpret_cast<const uint16_t*>(response.c().data()), reference.data(), reference.size());
+    std::vector<float> reference =
+        hgemm::ReferenceGemm(a, b, request.m(), request.n(), request.k(), form);
+    if (response.c().size() != c_element_bytes * reference.size()) {
+      return Fail(fmt::format("C has {} bytes; expected {}", response.c().size(),
+                              c_element_bytes * reference.size()));
+    }
+    const hgemm::ErrorStats stats =
+        hgemm::CompareToReference(response.c().data(), reference.data(), reference.size(), form);
+    const double error = stats.nan_count > 0 ? INFINITY : stats.rel_frobenius;
     if (tolerance <= 0) {
-      tolerance = hgemm::kServiceTolerance.For(response.execution().accumulation() ==
-                                               hgemm::v1::ACCUMULATION_FP16);
+      tolerance = hgemm::ServiceTolerance(
+          response.execution().accumulation() == hgemm::v1::ACCUMULATION_FP16, form);
     }
     const bool ok = error <= tolerance;
     std::printf("check: relative Frobenius error vs fp32 reference %.3e (tolerance %.0e): %s\n", error,

@@ -2,31 +2,63 @@
 
 #include <cblas.h>
 
+#include <algorithm>
+#include <cstring>
+
 #include "proto/numerics/fp16.h"
 
 namespace hgemm {
 
 std::vector<float> ReferenceGemm(const uint16_t* a, const uint16_t* b, int64_t m, int64_t n,
-                                 int64_t k) {
+                                 int64_t k, const GemmForm& form) {
   std::vector<float> a32(m * k), b32(k * n), c32(m * n);
-  HalfToFloat(a, a32.data(), a32.size());
-  HalfToFloat(b, b32.data(), b32.size());
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, n, k, 1.0f, a32.data(), k,
-              b32.data(), n, 0.0f, c32.data(), n);
+  if (form.bf16) {
+    Bf16ToFloat(a, a32.data(), a32.size());
+    Bf16ToFloat(b, b32.data(), b32.size());
+  } else {
+    HalfToFloat(a, a32.data(), a32.size());
+    HalfToFloat(b, b32.data(), b32.size());
+  }
+  cblas_sgemm(CblasRowMajor, form.transpose_a ? CblasTrans : CblasNoTrans,
+              form.transpose_b ? CblasTrans : CblasNoTrans, m, n, k, 1.0f, a32.data(),
+              form.transpose_a ? m : k, b32.data(), form.transpose_b ? k : n, 0.0f, c32.data(), n);
   return c32;
 }
 
-void CpuGemm(const uint16_t* a, const uint16_t* b, uint16_t* c, int64_t m, int64_t n, int64_t k) {
-  std::vector<float> c32 = ReferenceGemm(a, b, m, n, k);
-  FloatToHalf(c32.data(), c, c32.size());
+void CpuGemm(const uint16_t* a, const uint16_t* b, void* c, int64_t m, int64_t n, int64_t k,
+             const GemmForm& form) {
+  std::vector<float> c32 = ReferenceGemm(a, b, m, n, k, form);
+  if (form.c_fp32) {
+    std::memcpy(c, c32.data(), c32.size() * sizeof(float));
+  } else if (form.bf16) {
+    FloatToBf16(c32.data(), static_cast<uint16_t*>(c), c32.size());
+  } else {
+    FloatToHalf(c32.data(), static_cast<uint16_t*>(c), c32.size());
+  }
 }
 
-std::vector<uint16_t> RandomHalfMatrix(int64_t count, std::mt19937_64& rng) {
+ErrorStats CompareToReference(const void* c, const float* reference, int64_t count,
+                              const GemmForm& form) {
+  if (form.c_fp32) return CompareToReference(static_cast<const float*>(c), reference, count);
+  if (form.bf16) return CompareBf16ToReference(static_cast<const uint16_t*>(c), reference, count);
+  return CompareToReference(static_cast<const uint16_t*>(c), reference, count);
+}
+
+double ServiceTolerance(bool fp16_accumulation, const GemmForm& form) {
+  const double tolerance = kServiceTolerance.For(fp16_accumulation);
+  return form.bf16 && !form.c_fp32 ? std::max(tolerance, kKernelToleranceBf16) : tolerance;
+}
+
+std::vector<uint16_t> RandomHalfMatrix(int64_t count, std::mt19937_64& rng, bool bf16) {
   std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
   std::vector<float> values(count);
   for (float& v : values) v = uniform(rng);
   std::vector<uint16_t> half(count);
-  FloatToHalf(values.data(), half.data(), count);
+  if (bf16) {
+    FloatToBf16(values.data(), half.data(), count);
+  } else {
+    FloatToHalf(values.data(), half.data(), count);
+  }
   return half;
 }
 

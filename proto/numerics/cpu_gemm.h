@@ -16,15 +16,35 @@
 
 namespace hgemm {
 
-// C (m×n, fp32) = A (m×k, fp16) · B (k×n, fp16), accumulated in fp32.
+// How a GEMM's operands and result are stored (hgemm.v1's transpose_a/b, dtype, c_dtype):
+// C = op(A)·op(B), BLAS semantics on row-major storage. The default is the original problem.
+struct GemmForm {
+  bool transpose_a = false;  // A is stored k×m (else m×k)
+  bool transpose_b = false;  // B is stored n×k (else k×n)
+  bool bf16 = false;         // A and B are bf16 (else fp16)
+  bool c_fp32 = false;       // C is fp32 (else the type of A and B)
+};
+
+// C (m×n, fp32) = op(A) · op(B), accumulated in fp32 (OpenBLAS sgemm's transposes on fp32
+// copies of A and B as stored).
 std::vector<float> ReferenceGemm(const uint16_t* a, const uint16_t* b, int64_t m, int64_t n,
-                                 int64_t k);
+                                 int64_t k, const GemmForm& form = {});
 
-// C (m×n, fp16) = fp16(A · B), accumulated in fp32. REQUIRES: c holds m·n elements.
-void CpuGemm(const uint16_t* a, const uint16_t* b, uint16_t* c, int64_t m, int64_t n, int64_t k);
+// C (m×n, of form's C type) = op(A) · op(B), accumulated in fp32 and rounded to C's type.
+// REQUIRES: c holds m·n elements of that type.
+void CpuGemm(const uint16_t* a, const uint16_t* b, void* c, int64_t m, int64_t n, int64_t k,
+             const GemmForm& form = {});
 
-// `count` fp16 values drawn uniformly from [-1, 1) (never all zeros).
-std::vector<uint16_t> RandomHalfMatrix(int64_t count, std::mt19937_64& rng);
+// A computed C of form's C type (fp16, bf16 or fp32 elements) against an fp32 reference.
+ErrorStats CompareToReference(const void* c, const float* reference, int64_t count,
+                              const GemmForm& form);
+
+// The relative Frobenius error a server's C of this form may have (kServiceTolerance, and for a
+// bf16 C at least bf16's own rounding, kKernelToleranceBf16).
+double ServiceTolerance(bool fp16_accumulation, const GemmForm& form);
+
+// `count` fp16 values drawn uniformly from [-1, 1) (never all zeros); with `bf16`, bf16 values.
+std::vector<uint16_t> RandomHalfMatrix(int64_t count, std::mt19937_64& rng, bool bf16 = false);
 
 // fp16 values as the little-endian bytes a request or an upload carries.
 std::string HalfBytes(const std::vector<uint16_t>& half);

@@ -2,6 +2,8 @@
 
 #include <immintrin.h>
 
+#include <cstring>
+
 namespace hgemm {
 
 float HalfToFloat(uint16_t h) { return _cvtsh_ss(h); }
@@ -24,6 +26,29 @@ void FloatToHalf(const float* in, uint16_t* out, size_t count) {
     _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), h);
   }
   for (; i < count; ++i) out[i] = FloatToHalf(in[i]);
+}
+
+float Bf16ToFloat(uint16_t h) {
+  const uint32_t bits = uint32_t{h} << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+uint16_t FloatToBf16(float f) {
+  uint32_t bits;
+  std::memcpy(&bits, &f, sizeof bits);
+  if ((bits & 0x7FFFFFFFu) > 0x7F800000u) return uint16_t((bits >> 16) | 0x0040u);  // NaN
+  bits += 0x7FFFu + ((bits >> 16) & 1u);  // round to nearest even
+  return uint16_t(bits >> 16);
+}
+
+void Bf16ToFloat(const uint16_t* in, float* out, size_t count) {
+  for (size_t i = 0; i < count; ++i) out[i] = Bf16ToFloat(in[i]);
+}
+
+void FloatToBf16(const float* in, uint16_t* out, size_t count) {
+  for (size_t i = 0; i < count; ++i) out[i] = FloatToBf16(in[i]);
 }
 
 }  // namespace hgemm

@@ -37,5 +37,25 @@ TEST(Fp16, ArrayConversionRoundTripsEveryFiniteHalf) {
   for (size_t i = 0; i < all.size(); i += 997) EXPECT_EQ(wide[i], HalfToFloat(all[i]));
 }
 
+TEST(Bf16, ConversionRoundsToNearestEvenAndKeepsNaN) {
+  EXPECT_EQ(FloatToBf16(1.0f), 0x3F80);
+  EXPECT_EQ(FloatToBf16(-2.0f), 0xC000);
+  EXPECT_EQ(Bf16ToFloat(0x4040), 3.0f);
+  // 1 + 2^-8 is halfway between 1 and 1 + 2^-7: ties go to the even mantissa (1).
+  EXPECT_EQ(FloatToBf16(1.0f + 1.0f / 256), 0x3F80);
+  EXPECT_EQ(FloatToBf16(1.0f + 3.0f / 256), 0x3F82);  // halfway above an odd one: up
+  EXPECT_TRUE(std::isnan(Bf16ToFloat(FloatToBf16(std::nanf("")))));
+  EXPECT_EQ(FloatToBf16(INFINITY), 0x7F80);
+  std::vector<uint16_t> all;
+  for (uint32_t h = 0; h < 0x10000; ++h) {
+    if ((h & 0x7F80) != 0x7F80) all.push_back(static_cast<uint16_t>(h));  // skip Inf/NaN
+  }
+  std::vector<float> wide(all.size());
+  std::vector<uint16_t> back(all.size());
+  Bf16ToFloat(all.data(), wide.data(), all.size());
+  FloatToBf16(wide.data(), back.data(), all.size());
+  EXPECT_EQ(back, all);
+}
+
 }  // namespace
 }  // namespace hgemm

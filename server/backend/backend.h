@@ -29,6 +29,8 @@ struct KernelDescription {
   std::string description;
   bool fp16_accumulation = false;
   bool fp32_accumulation = false;
+  unsigned layouts = kLayoutNNBit;  // LayoutBit()s it takes (server/core/shape.h)
+  unsigned types = kTypesFp16Bit;   // TypesBit()s it takes
 };
 
 class Backend {

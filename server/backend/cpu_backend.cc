@@ -27,9 +27,12 @@ class CpuBackend final : public Backend {
 
   std::vector<KernelDescription> Kernels() const override {
     return {{.name = kKernelName,
-             .description = "OpenBLAS cblas_sgemm on fp32 copies of A and B; C rounded to fp16",
+             .description = "OpenBLAS cblas_sgemm (its transposes) on fp32 copies of A and B "
+                            "(fp16 or bf16); C rounded to the inputs' type, or fp32",
              .fp16_accumulation = false,
-             .fp32_accumulation = true}};
+             .fp32_accumulation = true,
+             .layouts = kAllLayoutBits,
+             .types = kAllTypesBits}};
   }
 
   int NumSlots() const override { return options_.workers; }
@@ -74,16 +77,20 @@ class CpuBackend final : public Backend {
 
   absl::Status Run(int slot, const GemmJob& job, GemmReport* report) override {
     const GemmShape& shape = job.shape;
-    uint16_t* c = job.c;
+    void* c = job.c;
     if (job.keep_c) {
       absl::Status s = AllocateResident(0, shape.CBytes(), &report->c_resident);
       if (!s.ok()) return s;
-      c = static_cast<uint16_t*>(report->c_resident->data);
+      c = report->c_resident->data;
     }
     const auto* a = job.a_resident ? static_cast<const uint16_t*>(job.a_resident->data) : job.a;
     const auto* b = job.b_resident ? static_cast<const uint16_t*>(job.b_resident->data) : job.b;
     auto start = Clock::now();
-    CpuGemm(a, b, c, shape.m, shape.n, shape.k);
+    CpuGemm(a, b, c, shape.m, shape.n, shape.k,
+            {.transpose_a = job.transpose_a,
+             .transpose_b = job.transpose_b,
+             .bf16 = shape.ab_type == ElementType::kBf16,
+             .c_fp32 = shape.c_type == ElementType::kFp32});
     report->kernel_ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
     report->kernel = kKernelName;
     report->accumulation = Accumulation::kFp32;

@@ -2,6 +2,14 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "proto/numerics/error_stats.h"
+#include "server/testing/test_requests.h"
+
 namespace hgemm {
 namespace {
 
@@ -16,6 +24,44 @@ TEST(CpuBackend, NonPositiveOrUnavailableSizesLeaveTheBudgetIntact) {
   }
   ASSERT_TRUE(backend->AllocateResident(0, 1 << 20, &buffer).ok());  // the whole budget is there
   EXPECT_EQ(buffer->bytes, 1 << 20);
+}
+
+// Every layout and type pair into a C poisoned with NaN (0xFF bytes in fp16, bf16 and fp32):
+// every element is written, and matches float64.
+TEST(CpuBackend, EveryLayoutAndTypeOverwritesPoisonedC) {
+  std::unique_ptr<Backend> backend = MakeCpuBackend({});
+  std::mt19937_64 rng(29);
+  const int64_t m = 37, n = 21, k = 53;
+  for (bool ta : {false, true}) {
+    for (bool tb : {false, true}) {
+      for (v1::DataType ab : {v1::DATA_TYPE_FP16, v1::DATA_TYPE_BF16}) {
+        for (v1::DataType c_type : {ab, v1::DATA_TYPE_FP32}) {
+          v1::GemmRequest r = FormRequest(m, n, k, ta, tb, ab, c_type, rng);
+          GemmJob job;
+          job.shape = {.m = m,
+                       .n = n,
+                       .k = k,
+                       .ab_type = ab == v1::DATA_TYPE_BF16 ? ElementType::kBf16 : ElementType::kFp16,
+                       .c_type = c_type == v1::DATA_TYPE_FP32 ? ElementType::kFp32
+                                 : ab == v1::DATA_TYPE_BF16   ? ElementType::kBf16
+                                                              : ElementType::kFp16};
+          job.transpose_a = ta;
+          job.transpose_b = tb;
+          job.a = reinterpret_cast<const uint16_t*>(r.a().data());
+          job.b = reinterpret_cast<const uint16_t*>(r.b().data());
+          std::string c(job.shape.CBytes(), '\xFF');
+          job.c = c.data();
+          GemmReport report;
+          ASSERT_TRUE(backend->Run(0, job, &report).ok());
+          const double tolerance = c_type == v1::DATA_TYPE_FP32 ? kKernelTolerance.fp32_acc
+                                   : ab == v1::DATA_TYPE_BF16   ? kKernelToleranceBf16
+                                                                : kKernelTolerance.fp32_acc;
+          EXPECT_LT(RelativeErrorOfC(r, c), tolerance)
+              << ta << tb << " " << v1::DataType_Name(ab) << " " << v1::DataType_Name(c_type);
+        }
+      }
+    }
+  }
 }
 
 }  // namespace

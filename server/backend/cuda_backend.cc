@@ -47,6 +47,26 @@ int RequiredSm() {
   return sm;
 }
 
+// The core's layout and type bits are the registry's (KernelDescription passes them through).
+static_assert(k::kLayoutNN == LayoutBit(false, false) && k::kLayoutNT == LayoutBit(false, true) &&
+              k::kLayoutTN == LayoutBit(true, false) && k::kLayoutTT == LayoutBit(true, true));
+static_assert(k::kTypesFp16 == TypesBit(ElementType::kFp16, ElementType::kFp16) &&
+              k::kTypesFp16F32 == TypesBit(ElementType::kFp16, ElementType::kFp32) &&
+              k::kTypesBf16 == TypesBit(ElementType::kBf16, ElementType::kBf16) &&
+              k::kTypesBf16F32 == TypesBit(ElementType::kBf16, ElementType::kFp32));
+
+k::DataType KernelType(ElementType type) {
+  switch (type) {
+    case ElementType::kFp16:
+      return k::DataType::kFp16;
+    case ElementType::kBf16:
+      return k::DataType::kBf16;
+    case ElementType::kFp32:
+      return k::DataType::kFp32;
+  }
+  return k::DataType::kFp16;
+}
+
 using Device = CudaDevice;
 using Slot = CudaSlot;
 
@@ -102,7 +122,9 @@ class CudaBackend final : public Backend {
       out.push_back({.name = v.name,
                      .description = v.description,
                      .fp16_accumulation = v.fp16_acc,
-                     .fp32_accumulation = v.fp32_acc});
+                     .fp32_accumulation = v.fp32_acc,
+                     .layouts = v.layouts,  // the same bits (checked above)
+                     .types = v.types});
     }
     return out;
   }
@@ -422,17 +444,28 @@ absl::Status CudaBackend::RunOnSlot(int slot_index, const GemmJob& job, GemmRepo
 
   const Accumulation acc = job.accumulation;
   const int m = int(shape.m), n = int(shape.n), kk = int(shape.k);
-  const k::VariantInfo* variant = job.kernel == "auto"
-                                      ? &k::ChooseAuto(m, n, kk, acc, *slot.launch_context)
-                                      : k::FindVariant(job.kernel);
-  if (variant == nullptr) return status::InvalidArgument("options.kernel", "unknown: " + job.kernel);
-  const k::GemmProblem problem{.a = reinterpret_cast<const __half*>(d_a),
-                               .b = reinterpret_cast<const __half*>(d_b),
-                               .c = reinterpret_cast<__half*>(d_c),
+  const k::GemmProblem problem{.a = d_a,
+                               .b = d_b,
+                               .c = d_c,
                                .m = m,
                                .n = n,
                                .k = kk,
-                               .accumulation = acc};
+                               .accumulation = acc,
+                               .transpose_a = job.transpose_a,
+                               .transpose_b = job.transpose_b,
+                               .ab_type = KernelType(shape.ab_type),
+                               .c_type = KernelType(shape.c_type)};
+  // ChooseAutoFor sends NN fp16 to ChooseAuto, as before.
+  const k::VariantInfo* variant = job.kernel == "auto"
+                                      ? k::ChooseAutoFor(problem, *slot.launch_context)
+                                      : k::FindVariant(job.kernel);
+  if (variant == nullptr && job.kernel == "auto") {
+    return status::InvalidArgument(
+        "options.kernel", fmt::format("no kernel for 'auto' takes {} {} on this device",
+                                      k::LayoutName(job.transpose_a, job.transpose_b),
+                                      k::TypesName(problem.ab_type, problem.c_type)));
+  }
+  if (variant == nullptr) return status::InvalidArgument("options.kernel", "unknown: " + job.kernel);
   if (std::string why = k::CheckProblem(*variant, problem); !why.empty()) {
     return status::InvalidArgument("options.kernel", variant->name + ": " + why);
   }

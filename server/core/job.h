@@ -65,9 +65,13 @@ struct GemmJob {
   std::string request_id;
   // The call's W3C traceparent, already checked (server/core/logging.h), for the log; "" if none.
   std::string traceparent;
-  const uint16_t* a = nullptr;  // m×k fp16, row-major (unused when a_resident is set)
-  const uint16_t* b = nullptr;  // k×n fp16, row-major (unused when b_resident is set)
-  uint16_t* c = nullptr;        // m×n fp16, row-major; written by the backend unless keep_c
+  // C = op(A)·op(B) (BLAS semantics): A is stored k×m when transpose_a, B n×k when
+  // transpose_b; A and B hold shape.ab_type elements, C shape.c_type.
+  bool transpose_a = false;
+  bool transpose_b = false;
+  const uint16_t* a = nullptr;  // A as stored, row-major (unused when a_resident is set)
+  const uint16_t* b = nullptr;  // B as stored, row-major (unused when b_resident is set)
+  void* c = nullptr;            // m×n, row-major; written by the backend unless keep_c
   std::shared_ptr<ResidentBuffer> a_resident;
   std::shared_ptr<ResidentBuffer> b_resident;
   // Leave C on the backend: Run allocates it and returns it in GemmReport::c_resident.

@@ -13,25 +13,57 @@ namespace hgemm {
 // (m·k)(k·n)(m·n) = (m·n·k)²), inside int64.
 inline constexpr int64_t kMaxElementsPerMatrix = int64_t{1} << 40;
 
+// Element types of matrices (the wire's DataType): A and B are fp16 or bf16; C is their type
+// or fp32.
+enum class ElementType { kFp16, kBf16, kFp32 };
+
+constexpr int64_t ElementBytes(ElementType type) { return type == ElementType::kFp32 ? 4 : 2; }
+constexpr const char* ElementTypeName(ElementType type) {
+  return type == ElementType::kFp16 ? "fp16" : type == ElementType::kBf16 ? "bf16" : "fp32";
+}
+
+// Layouts and (input, C) type pairs as bits, the encoding of kernels/registry.h's VariantInfo
+// (the CUDA backend passes those through): layouts by BLAS letters (A's, then B's; N as
+// stored, T transposed), NN = 1, NT = 2, TN = 4, TT = 8; types fp16 = 1, fp16→fp32 = 2,
+// bf16 = 4, bf16→fp32 = 8.
+inline constexpr unsigned kLayoutNNBit = 1, kAllLayoutBits = 15;
+inline constexpr unsigned kTypesFp16Bit = 1, kAllTypesBits = 15;
+constexpr unsigned LayoutBit(bool transpose_a, bool transpose_b) {
+  return 1u << ((transpose_a ? 2 : 0) + (transpose_b ? 1 : 0));
+}
+// The layout of bit 1 << i.
+inline constexpr const char* kLayoutNames[4] = {"NN", "NT", "TN", "TT"};
+// REQUIRES: ab is fp16 or bf16; c is ab or fp32.
+constexpr unsigned TypesBit(ElementType ab, ElementType c) {
+  return 1u << ((ab == ElementType::kBf16 ? 2 : 0) + (c == ElementType::kFp32 ? 1 : 0));
+}
+
 // Elements of a rows×cols matrix: exact for any uint32 dimensions.
 constexpr uint64_t MatrixElements(uint32_t rows, uint32_t cols) { return uint64_t{rows} * cols; }
 
-// fp16 bytes of a rows×cols matrix. REQUIRES: MatrixElements(rows, cols) ≤ kMaxElementsPerMatrix.
-constexpr int64_t MatrixBytes(uint32_t rows, uint32_t cols) {
-  return 2 * int64_t(MatrixElements(rows, cols));
+// Bytes of a rows×cols matrix of `type`. REQUIRES: MatrixElements(rows, cols) ≤
+// kMaxElementsPerMatrix (so that 4 bytes per element stay far inside int64).
+constexpr int64_t MatrixBytes(uint32_t rows, uint32_t cols,
+                              ElementType type = ElementType::kFp16) {
+  return ElementBytes(type) * int64_t(MatrixElements(rows, cols));
 }
 
 // A GEMM's m, n, k. Made by ValidateShape (server/validation.h), which guarantees each is in
 // [1, 2^32) and each of A, B, C has at most kMaxElementsPerMatrix elements; the sizes below
 // REQUIRE that.
+// The element types are part of it because the sizes follow them (the validation sets them
+// after the dimensions).
 struct GemmShape {
   int64_t m = 0, n = 0, k = 0;
+  ElementType ab_type = ElementType::kFp16;  // of A and B: fp16 or bf16
+  ElementType c_type = ElementType::kFp16;   // ab_type or fp32
 
   int64_t Flops() const { return 2 * m * n * k; }
-  // fp16 bytes of A, B and C, and of all three.
-  int64_t ABytes() const { return MatrixBytes(m, k); }
-  int64_t BBytes() const { return MatrixBytes(k, n); }
-  int64_t CBytes() const { return MatrixBytes(m, n); }
+  // Bytes of A, B (of ab_type; a transposed operand has the same size) and C (of c_type), and
+  // of all three.
+  int64_t ABytes() const { return MatrixBytes(m, k, ab_type); }
+  int64_t BBytes() const { return MatrixBytes(k, n, ab_type); }
+  int64_t CBytes() const { return MatrixBytes(m, n, c_type); }
   int64_t Bytes() const { return ABytes() + BBytes() + CBytes(); }
 };
 

@@ -4,7 +4,8 @@
 // the rest drives FuzzedDataProvider, which builds a request with boundary dimensions and an
 // operand length that is exact, the int64-wrapped 2·m·k, or arbitrary.
 // Checked: an accepted request has m, n, k ≥ 1, every matrix within the element limit and
-// operands of exactly 2·rows·cols bytes (exact arithmetic); no message shows a negative number.
+// operands of exactly 2·rows·cols bytes (exact arithmetic; fp16 and bf16 alike), and a layout
+// and types that its kernel takes; no message shows a negative number.
 #include <fuzzer/FuzzedDataProvider.h>
 
 #include <fmt/format.h>
@@ -20,7 +21,10 @@ const RequestRules& Rules(int which) {
   static const RequestRules* rules[2] = {
       [] {
         auto* r = new RequestRules;
-        r->kernels = {{.name = "openblas_sgemm", .fp32_accumulation = true},
+        r->kernels = {{.name = "openblas_sgemm",
+                       .fp32_accumulation = true,
+                       .layouts = kAllLayoutBits,
+                       .types = kAllTypesBits},
                       {.name = "both", .fp16_accumulation = true, .fp32_accumulation = true}};
         return r;
       }(),
@@ -59,6 +63,19 @@ void CheckAccepted(const RequestRules& rules, uint32_t m, uint32_t n, uint32_t k
     fuzz::Fail("accepted a matrix over the element limit", shape);
   }
   if (job.shape.m != m || job.shape.n != n || job.shape.k != k) fuzz::Fail("shape differs", shape);
+  if (job.shape.ab_type == ElementType::kFp32) fuzz::Fail("accepted fp32 operands", shape);
+  if (job.accumulation == Accumulation::kFp16 &&
+      (job.shape.ab_type != ElementType::kFp16 || job.shape.c_type != ElementType::kFp16)) {
+    fuzz::Fail("accepted FP16 accumulation of another type", shape);
+  }
+  const unsigned layout = LayoutBit(job.transpose_a, job.transpose_b);
+  const unsigned types = TypesBit(job.shape.ab_type, job.shape.c_type);
+  bool taken = false;
+  for (const KernelDescription& k : rules.kernels) {
+    taken |= (job.kernel == "auto" || job.kernel == k.name) && (k.layouts & layout) &&
+             (k.types & types);
+  }
+  if (!taken) fuzz::Fail("accepted a layout or types no kernel takes", shape);
 }
 
 void CheckMessage(const absl::Status& s) {

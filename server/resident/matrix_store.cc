@@ -121,13 +121,14 @@ absl::Status MatrixStore::AllocateBuffer(int device_index, int64_t bytes,
 }
 
 ResidentMatrix MatrixStore::Add(QuotaReservation reservation, uint32_t rows, uint32_t cols,
-                                std::shared_ptr<ResidentBuffer> buffer, std::chrono::seconds ttl,
+                                ElementType dtype, std::shared_ptr<ResidentBuffer> buffer, std::chrono::seconds ttl,
                                 const std::string& label) {
   ResidentMatrix m;
   m.handle = NewHandle();
   m.owner = reservation.owner();
   m.rows = rows;
   m.cols = cols;
+  m.dtype = dtype;
   m.buffer = std::move(buffer);
   m.label = label;
   m.created = m.last_used = Clock::now();
@@ -135,8 +136,8 @@ ResidentMatrix MatrixStore::Add(QuotaReservation reservation, uint32_t rows, uin
   StoreLock lock(this);
   reservation.store_ = nullptr;  // its bytes now count for the matrix, until it is forgotten
   matrices_[m.handle] = m;
-  spdlog::debug("resident {} {}x{} on device {} for {}", m.handle, rows, cols,
-                m.buffer->device_index, status::Quote(m.owner));
+  spdlog::debug("resident {} {}x{} {} on device {} for {}", m.handle, rows, cols,
+                ElementTypeName(dtype), m.buffer->device_index, status::Quote(m.owner));
   return m;
 }
 

@@ -42,6 +42,7 @@ struct ResidentMatrix {
   std::string handle;
   std::string owner;
   uint32_t rows = 0, cols = 0;
+  ElementType dtype = ElementType::kFp16;  // of its elements
   std::shared_ptr<ResidentBuffer> buffer;
   std::string label;
   Clock::time_point created, last_used;
@@ -97,7 +98,7 @@ class MatrixStore {
   // returns the new entry. `ttl` 0 means the default. REQUIRES: reservation.bytes() ==
   // buffer->bytes.
   ResidentMatrix Add(QuotaReservation reservation, uint32_t rows, uint32_t cols,
-                     std::shared_ptr<ResidentBuffer> buffer, std::chrono::seconds ttl,
+                     ElementType dtype, std::shared_ptr<ResidentBuffer> buffer, std::chrono::seconds ttl,
                      const std::string& label);
 
   // The matrix behind `handle`, marked used. NOT_FOUND (unknown, released, expired, evicted,

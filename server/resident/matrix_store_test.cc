@@ -24,7 +24,7 @@ class MatrixStoreTest : public ::testing::Test {
     absl::Status s = store.Allocate(owner, -1, rows, cols, &buffer, &quota);
     EXPECT_TRUE(s.ok()) << s.message();
     if (!s.ok()) return {};
-    return store.Add(std::move(quota), rows, cols, std::move(buffer), ttl, "test");
+    return store.Add(std::move(quota), rows, cols, ElementType::kFp16, std::move(buffer), ttl, "test");
   }
 };
 
@@ -138,7 +138,7 @@ TEST_F(MatrixStoreTest, QuotaIsReservedAtAdmission) {
   { QuotaReservation abandoned = std::move(first_quota); }  // the upload broke off
   EXPECT_EQ(store.ClientBytes("alice"), 0);
   ASSERT_TRUE(store.Allocate("alice", -1, 256, 128, &second, &second_quota).ok());
-  ResidentMatrix m = store.Add(std::move(second_quota), 256, 128, second, 0s, "kept");
+  ResidentMatrix m = store.Add(std::move(second_quota), 256, 128, ElementType::kFp16, second, 0s, "kept");
   EXPECT_EQ(store.ClientBytes("alice"), 65536);
   int64_t freed = 0;
   ASSERT_TRUE(store.Release("alice", m.handle, &freed).ok());

@@ -17,19 +17,41 @@ absl::Status ResidentResolver::Resolve(const std::string& owner,
   struct Operand {
     const std::string& handle;
     const char* field;
-    int64_t rows, cols;
+    int64_t rows, cols;  // as stored
+    const char* layout;  // what the stored shape follows from
     std::shared_ptr<ResidentBuffer>* slot;
   };
-  for (const Operand& o :
-       {Operand{operands.a_handle, "a_handle", shape.m, shape.k, &job->a_resident},
-        Operand{operands.b_handle, "b_handle", shape.k, shape.n, &job->b_resident}}) {
+  const Operand a = job->transpose_a ? Operand{operands.a_handle, "a_handle", shape.k, shape.m,
+                                               "k x m, transpose_a", &job->a_resident}
+                                     : Operand{operands.a_handle, "a_handle", shape.m, shape.k,
+                                               "m x k", &job->a_resident};
+  const Operand b = job->transpose_b ? Operand{operands.b_handle, "b_handle", shape.n, shape.k,
+                                               "n x k, transpose_b", &job->b_resident}
+                                     : Operand{operands.b_handle, "b_handle", shape.k, shape.n,
+                                               "k x n", &job->b_resident};
+  for (const Operand& o : {a, b}) {
     if (o.handle.empty()) continue;
     ResidentMatrix m;
     if (absl::Status s = store_->Lookup(owner, o.handle, o.field, &m); !s.ok()) return s;
+    if (m.dtype == ElementType::kFp32) {
+      return status::InvalidArgument(
+          o.field, fmt::format("matrix {} is fp32 (a C kept with c_dtype FP32), this GEMM's dtype "
+                               "is {} (mixing dtypes: operands are fp16 or bf16; download it, "
+                               "convert and upload it)",
+                               status::Quote(o.handle), ElementTypeName(shape.ab_type)));
+    }
+    if (m.dtype != shape.ab_type) {
+      return status::InvalidArgument(
+          o.field, fmt::format("matrix {} is {}, this GEMM's dtype is {} (mixing dtypes: upload "
+                               "it as {}, or send the GEMM's dtype as {})",
+                               status::Quote(o.handle), ElementTypeName(m.dtype),
+                               ElementTypeName(shape.ab_type), ElementTypeName(shape.ab_type),
+                               ElementTypeName(m.dtype)));
+    }
     if (m.rows != o.rows || m.cols != o.cols) {
       return status::InvalidArgument(
-          o.field, fmt::format("matrix {} is {}x{}; this GEMM needs {}x{}",
-                               status::Quote(o.handle), m.rows, m.cols, o.rows, o.cols));
+          o.field, fmt::format("matrix {} is {}x{}; this GEMM needs {}x{} ({})",
+                               status::Quote(o.handle), m.rows, m.cols, o.rows, o.cols, o.layout));
     }
     // A and B on different devices: run where the larger one lives.
     if (job->device_index < 0 || m.buffer->bytes > job->a_resident->bytes) {
@@ -53,7 +75,7 @@ int ResidentResolver::PlaceArriving(GemmJob* job) const {
 
 ResidentMatrix ResidentResolver::KeepC(QuotaReservation c_quota, const GemmShape& shape,
                                        const GemmReport& report, uint32_t ttl_seconds) const {
-  return store_->Add(std::move(c_quota), shape.m, shape.n, report.c_resident,
+  return store_->Add(std::move(c_quota), shape.m, shape.n, shape.c_type, report.c_resident,
                      std::chrono::seconds(ttl_seconds), "C of " + report.kernel);
 }
 

@@ -289,7 +289,7 @@ void StreamSession::Submit(std::shared_ptr<Gemm> gemm) {
     GemmJob& job = gemm->admitted.job();
     if (!job.keep_c) {
       gemm->c = core_.host_buffers().Take(job.shape.CBytes());
-      job.c = reinterpret_cast<uint16_t*>(gemm->c.data());
+      job.c = gemm->c.data();
     }
     job.deadline = deadline_;
     job.is_cancelled = [this] { return transport_->IsCancelled(); };

@@ -108,7 +108,13 @@ absl::Status UploadSession::ConsumeHeader(const v1::UploadMatrixRequest& message
       return s;
     }
   }
-  bytes_ = MatrixBytes(header_.rows(), header_.cols());
+  if (!FromProto(header_.dtype(), ElementType::kFp16, &dtype_) || dtype_ == ElementType::kFp32) {
+    return status::InvalidArgument(
+        "header.dtype",
+        fmt::format("{} is not a type of a resident operand (DATA_TYPE_FP16 or DATA_TYPE_BF16)",
+                    int(header_.dtype())));
+  }
+  bytes_ = MatrixBytes(header_.rows(), header_.cols(), dtype_);
   QuotaReservation quota;
   if (absl::Status s = core_.store().Reserve(owner_, bytes_, &quota); !s.ok()) return s;
   header_seen_ = true;
@@ -177,7 +183,7 @@ void UploadSession::MaybeFinishLocked() {
   if (s.ok() && transport_->IsCancelled()) s = status::Cancelled();
   ResidentMatrix matrix;
   if (s.ok()) {
-    matrix = core_.store().Add(std::move(quota_), header_.rows(), header_.cols(),
+    matrix = core_.store().Add(std::move(quota_), header_.rows(), header_.cols(), dtype_,
                                std::move(buffer_), std::chrono::seconds(header_.ttl_seconds()),
                                header_.label());
     registered_ = matrix.handle;

@@ -78,6 +78,7 @@ class UploadSession {
   v1::MatrixHeader header_;
   bool header_seen_ = false;
   int64_t bytes_ = 0;  // the matrix's, from the header on
+  ElementType dtype_ = ElementType::kFp16;  // the matrix's, from the header on
   int64_t received_ = 0;
 
   std::mutex mu_;

@@ -34,10 +34,66 @@ absl::Status ValidateHandles(const v1::GemmRequest& request) {
 
 }  // namespace
 
-bool AutoSupports(const RequestRules& rules, Accumulation accumulation) {
+bool AutoSupports(const RequestRules& rules, Accumulation accumulation, unsigned layout_bit,
+                  unsigned types_bit) {
   return std::any_of(rules.kernels.begin(), rules.kernels.end(), [&](const KernelDescription& k) {
-    return accumulation == Accumulation::kFp16 ? k.fp16_accumulation : k.fp32_accumulation;
+    return (accumulation == Accumulation::kFp16 ? k.fp16_accumulation : k.fp32_accumulation) &&
+           (k.layouts & layout_bit) != 0 && (k.types & types_bit) != 0;
   });
+}
+
+unsigned AutoLayouts(const RequestRules& rules) {
+  unsigned bits = 0;
+  for (const KernelDescription& k : rules.kernels) bits |= k.layouts;
+  return bits;
+}
+
+unsigned AutoTypes(const RequestRules& rules) {
+  unsigned bits = 0;
+  for (const KernelDescription& k : rules.kernels) bits |= k.types;
+  return bits;
+}
+
+namespace {
+
+std::string BitNames(unsigned bits, const char* const names[4]) {
+  std::string out;
+  for (int i = 0; i < 4; ++i) {
+    if ((bits & (1u << i)) == 0) continue;
+    if (!out.empty()) out += ", ";
+    out += names[i];
+  }
+  return out.empty() ? "none" : out;
+}
+
+}  // namespace
+
+std::string LayoutNames(unsigned layouts) {
+  return BitNames(layouts, kLayoutNames);
+}
+
+std::string TypesNames(unsigned types) {
+  static const char* const kNames[4] = {"fp16", "fp16->fp32", "bf16", "bf16->fp32"};
+  return BitNames(types, kNames);
+}
+
+bool FromProto(v1::DataType type, ElementType unspecified, ElementType* out) {
+  switch (type) {
+    case v1::DATA_TYPE_UNSPECIFIED:
+      *out = unspecified;
+      return true;
+    case v1::DATA_TYPE_FP16:
+      *out = ElementType::kFp16;
+      return true;
+    case v1::DATA_TYPE_BF16:
+      *out = ElementType::kBf16;
+      return true;
+    case v1::DATA_TYPE_FP32:
+      *out = ElementType::kFp32;
+      return true;
+    default:
+      return false;
+  }
 }
 
 int64_t MaxElementsPerMatrix(const RequestRules& rules) {
@@ -54,7 +110,9 @@ absl::Status ValidateShape(uint32_t m, uint32_t n, uint32_t k, const RequestRule
                          CheckElements("C (m x n)", m, n, rules)}) {
     if (!s.ok()) return s;
   }
-  *shape = {.m = m, .n = n, .k = k};  // only now are its sizes safe to compute
+  shape->m = m;  // only now are its sizes safe to compute
+  shape->n = n;
+  shape->k = k;
   return absl::OkStatus();
 }
 
@@ -107,10 +165,76 @@ absl::Status ValidateOptions(const v1::GemmOptions& options, const RequestRules&
   return absl::OkStatus();
 }
 
+absl::Status ValidateForm(bool transpose_a, bool transpose_b, v1::DataType dtype,
+                          v1::DataType c_dtype, const RequestRules& rules,
+                          const std::string& prefix, GemmJob* job) {
+  ElementType ab = ElementType::kFp16, c = ElementType::kFp16;
+  if (!FromProto(dtype, ElementType::kFp16, &ab) || ab == ElementType::kFp32) {
+    return status::InvalidArgument(
+        prefix + "dtype",
+        fmt::format("{} is not a type of A and B (DATA_TYPE_FP16 or DATA_TYPE_BF16)", int(dtype)));
+  }
+  if (!FromProto(c_dtype, ab, &c) || (c != ab && c != ElementType::kFp32)) {
+    return status::InvalidArgument(
+        prefix + "c_dtype",
+        fmt::format("{} is not a type of C for {} inputs (UNSPECIFIED, the inputs' type, or "
+                    "DATA_TYPE_FP32)",
+                    int(c_dtype), ElementTypeName(ab)));
+  }
+  const std::string options = prefix + "options";
+  if (job->accumulation == Accumulation::kFp16 &&
+      (ab != ElementType::kFp16 || c != ElementType::kFp16)) {
+    return status::InvalidArgument(
+        options + ".accumulation",
+        fmt::format("FP16 accumulation takes fp16 in and out, not {}", TypesNames(TypesBit(ab, c))));
+  }
+  const unsigned layout = LayoutBit(transpose_a, transpose_b), types = TypesBit(ab, c);
+  // The field to blame for a layout no kernel takes: the transposed operand (A's first).
+  const std::string layout_field = prefix + (transpose_a ? "transpose_a" : "transpose_b");
+  const std::string types_field = prefix + (ab != ElementType::kFp16 ? "dtype" : "c_dtype");
+  if (job->kernel == "auto") {
+    if ((AutoLayouts(rules) & layout) == 0) {
+      return status::InvalidArgument(
+          layout_field, fmt::format("no kernel of this server takes layout {} (it takes {})",
+                                    LayoutNames(layout), LayoutNames(AutoLayouts(rules))));
+    }
+    if (!AutoSupports(rules, job->accumulation, layout, types)) {
+      return status::InvalidArgument(
+          types_field, fmt::format("no kernel of this server takes {} in layout {} (ListKernels "
+                                   "says which do)",
+                                   TypesNames(types), LayoutNames(layout)));
+    }
+  } else {
+    auto it = std::find_if(rules.kernels.begin(), rules.kernels.end(),
+                           [&](const KernelDescription& k) { return k.name == job->kernel; });
+    // ValidateOptions found it.
+    if ((it->layouts & layout) == 0) {
+      return status::InvalidArgument(
+          layout_field, fmt::format("kernel '{}' takes layouts {}, not {}", it->name,
+                                    LayoutNames(it->layouts), LayoutNames(layout)));
+    }
+    if ((it->types & types) == 0) {
+      return status::InvalidArgument(
+          types_field, fmt::format("kernel '{}' takes types {}, not {}", it->name,
+                                   TypesNames(it->types), TypesNames(types)));
+    }
+  }
+  job->transpose_a = transpose_a;
+  job->transpose_b = transpose_b;
+  job->shape.ab_type = ab;
+  job->shape.c_type = c;
+  return absl::OkStatus();
+}
+
 absl::Status ValidateGemmRequest(const v1::GemmRequest& request, const RequestRules& rules,
                                  GemmJob* job) {
   absl::Status s = ValidateOptions(request.options(), rules, "options", job);
   if (!s.ok()) return s;
+  if (s = ValidateForm(request.transpose_a(), request.transpose_b(), request.dtype(),
+                       request.c_dtype(), rules, "", job);
+      !s.ok()) {
+    return s;
+  }
   if (s = ValidateShape(request.m(), request.n(), request.k(), rules, &job->shape); !s.ok()) return s;
   const GemmShape& shape = job->shape;
   if (s = ValidateHandles(request); !s.ok()) return s;
@@ -118,14 +242,18 @@ absl::Status ValidateGemmRequest(const v1::GemmRequest& request, const RequestRu
   if (int64_t want = shape.ABytes();
       !request.has_a_handle() && int64_t(request.a().size()) != want) {
     return status::InvalidArgument(
-        "a", fmt::format("{} bytes; an {}x{} fp16 matrix (m x k) takes exactly {} (or give a_handle)",
-                         request.a().size(), shape.m, shape.k, want));
+        "a", fmt::format("{} bytes; an {}x{} {} matrix ({}) takes exactly {} (or give a_handle)",
+                         request.a().size(), job->transpose_a ? shape.k : shape.m,
+                         job->transpose_a ? shape.m : shape.k, ElementTypeName(shape.ab_type),
+                         job->transpose_a ? "k x m, transpose_a" : "m x k", want));
   }
   if (int64_t want = shape.BBytes();
       !request.has_b_handle() && int64_t(request.b().size()) != want) {
     return status::InvalidArgument(
-        "b", fmt::format("{} bytes; a {}x{} fp16 matrix (k x n) takes exactly {} (or give b_handle)",
-                         request.b().size(), shape.k, shape.n, want));
+        "b", fmt::format("{} bytes; a {}x{} {} matrix ({}) takes exactly {} (or give b_handle)",
+                         request.b().size(), job->transpose_b ? shape.n : shape.k,
+                         job->transpose_b ? shape.k : shape.n, ElementTypeName(shape.ab_type),
+                         job->transpose_b ? "n x k, transpose_b" : "k x n", want));
   }
   return absl::OkStatus();
 }
@@ -134,6 +262,11 @@ absl::Status ValidateGemmHeader(const v1::GemmHeader& header, const RequestRules
                                 GemmJob* job) {
   absl::Status s = ValidateOptions(header.options(), rules, "header.options", job);
   if (!s.ok()) return s;
+  if (s = ValidateForm(header.transpose_a(), header.transpose_b(), header.dtype(),
+                       header.c_dtype(), rules, "header.", job);
+      !s.ok()) {
+    return s;
+  }
   return ValidateShape(header.m(), header.n(), header.k(), rules, &job->shape);
 }
 

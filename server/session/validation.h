@@ -24,15 +24,31 @@ struct RequestRules {
 
 inline constexpr size_t kMaxRequestIdBytes = 128;
 
-// Whether "auto" can honour `accumulation`: some kernel of the rules has it. What ListKernels
-// reports for "auto" and what requests for "auto" are checked against.
-bool AutoSupports(const RequestRules& rules, Accumulation accumulation);
+// Whether "auto" can honour `accumulation` with a layout and a type pair (bits of
+// server/core/shape.h): some kernel of the rules has all three. What ListKernels reports for
+// "auto" and what requests for "auto" are checked against.
+bool AutoSupports(const RequestRules& rules, Accumulation accumulation,
+                  unsigned layout_bit = kLayoutNNBit, unsigned types_bit = kTypesFp16Bit);
+
+// The layouts and the type pairs some kernel of the rules takes (what ListKernels reports for
+// "auto").
+unsigned AutoLayouts(const RequestRules& rules);
+unsigned AutoTypes(const RequestRules& rules);
+
+// "NN", "NT", "TN", "TT" of the set bits of `layouts`, comma-separated; the same for type pairs
+// ("fp16", "fp16->fp32", "bf16", "bf16->fp32").
+std::string LayoutNames(unsigned layouts);
+std::string TypesNames(unsigned types);
+
+// The wire's DataType, or false for a value outside the enum. UNSPECIFIED gives `unspecified`.
+bool FromProto(v1::DataType type, ElementType unspecified, ElementType* out);
 
 // The limit in force: rules.max_elements_per_matrix within [1, kMaxElementsPerMatrix].
 int64_t MaxElementsPerMatrix(const RequestRules& rules);
 
 // m, n, k ≥ 1 and A, B, C each within MaxElementsPerMatrix (RESOURCE_EXHAUSTED naming the
-// matrix and the limit). On OK, `shape`'s sizes are safe to compute (see GemmShape).
+// matrix and the limit). On OK sets shape's m, n, k (its types are left as they are), and its
+// sizes are safe to compute (see GemmShape).
 absl::Status ValidateShape(uint32_t m, uint32_t n, uint32_t k, const RequestRules& rules,
                            GemmShape* shape);
 
@@ -42,13 +58,21 @@ absl::Status ValidateShape(uint32_t m, uint32_t n, uint32_t k, const RequestRule
 absl::Status ValidateOptions(const v1::GemmOptions& options, const RequestRules& rules,
                              const std::string& field, GemmJob* job);
 
-// A whole unary request: shape, options, a handle set only if non-empty, and a/b of exactly
-// 2·m·k and 2·k·n bytes unless given by handle. Fills
+// Layout and types (fields 11–14 of GemmRequest and GemmHeader; `prefix` is "" or "header."):
+// dtype fp16 or bf16, c_dtype the same or fp32, the accumulation FP32 unless both are fp16,
+// and the kernel (job->kernel, "auto" included) taking the layout and the types. Fills
+// job->transpose_a/b and job->shape's ab_type and c_type. REQUIRES: ValidateOptions passed.
+absl::Status ValidateForm(bool transpose_a, bool transpose_b, v1::DataType dtype,
+                          v1::DataType c_dtype, const RequestRules& rules,
+                          const std::string& prefix, GemmJob* job);
+
+// A whole unary request: options, form, shape, a handle set only if non-empty, and a/b of
+// exactly m·k and k·n elements of the dtype unless given by handle. Fills
 // everything of `job` but the buffers and callbacks.
 absl::Status ValidateGemmRequest(const v1::GemmRequest& request, const RequestRules& rules,
                                  GemmJob* job);
 
-// A stream header: shape and options (its operands arrive later in chunks, unless by handle).
+// A stream header: options, form and shape (its operands arrive later in chunks, unless by handle).
 absl::Status ValidateGemmHeader(const v1::GemmHeader& header, const RequestRules& rules,
                                 GemmJob* job);
 

@@ -177,5 +177,71 @@ TEST(Validation, AutoRefusesAccumulationNoKernelHas) {
   EXPECT_TRUE(ValidateGemmRequest(r, rules, &job).ok());
 }
 
+RequestRules FormRules() {
+  RequestRules rules = Rules();
+  rules.kernels.push_back({.name = "any_form",
+                           .fp32_accumulation = true,
+                           .layouts = kAllLayoutBits,
+                           .types = kAllTypesBits});
+  return rules;
+}
+
+TEST(Validation, FillsLayoutAndTypes) {
+  GemmJob job;
+  v1::GemmRequest r = Request(3, 5, 7);
+  r.set_transpose_a(true);
+  r.set_transpose_b(true);
+  r.set_dtype(v1::DATA_TYPE_BF16);
+  r.set_c_dtype(v1::DATA_TYPE_FP32);
+  ASSERT_TRUE(ValidateGemmRequest(r, FormRules(), &job).ok());
+  EXPECT_TRUE(job.transpose_a);
+  EXPECT_TRUE(job.transpose_b);
+  EXPECT_EQ(job.shape.ab_type, ElementType::kBf16);
+  EXPECT_EQ(job.shape.c_type, ElementType::kFp32);
+  EXPECT_EQ(job.shape.ABytes(), 2 * 3 * 7);
+  EXPECT_EQ(job.shape.CBytes(), 4 * 3 * 5);  // fp32 C
+  r.clear_c_dtype();
+  ASSERT_TRUE(ValidateGemmRequest(r, FormRules(), &job).ok());
+  EXPECT_EQ(job.shape.c_type, ElementType::kBf16);  // unspecified: the inputs' type
+}
+
+TEST(Validation, KernelsThatLackTheLayoutOrTypesAreRefused) {
+  GemmJob job;
+  v1::GemmRequest r = Request(4, 4, 4);
+  r.set_transpose_b(true);
+  r.mutable_options()->set_kernel("fast");  // NN only
+  absl::Status s = ValidateGemmRequest(r, FormRules(), &job);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.message().rfind("transpose_b: kernel 'fast' takes layouts NN, not NT", 0), 0u)
+      << s.message();
+  r.set_transpose_b(false);
+  r.set_c_dtype(v1::DATA_TYPE_FP32);
+  s = ValidateGemmRequest(r, FormRules(), &job);
+  EXPECT_EQ(s.message().rfind("c_dtype: kernel 'fast' takes types fp16, not fp16->fp32", 0), 0u)
+      << s.message();
+  r.mutable_options()->clear_kernel();  // auto: some kernel takes it
+  EXPECT_TRUE(ValidateGemmRequest(r, FormRules(), &job).ok());
+  s = ValidateGemmRequest(r, Rules(), &job);  // none does
+  EXPECT_EQ(s.message().rfind("c_dtype: no kernel of this server takes fp16->fp32", 0), 0u)
+      << s.message();
+}
+
+TEST(Validation, HeaderFieldsArePrefixed) {
+  GemmJob job;
+  v1::GemmHeader h;
+  h.set_m(2);
+  h.set_n(2);
+  h.set_k(2);
+  h.set_dtype(v1::DataType(5));
+  absl::Status s = ValidateGemmHeader(h, FormRules(), &job);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.message().rfind("header.dtype: 5 is not", 0), 0u) << s.message();
+  h.set_dtype(v1::DATA_TYPE_BF16);
+  h.set_transpose_a(true);
+  ASSERT_TRUE(ValidateGemmHeader(h, FormRules(), &job).ok());
+  EXPECT_TRUE(job.transpose_a);
+  EXPECT_EQ(job.shape.BBytes(), 8);
+}
+
 }  // namespace
 }  // namespace hgemm

@@ -1,14 +1,19 @@
 // Requests for the server's tests: a unary GemmRequest with fresh random fp16 operands (never
-// all zeros), and the header and chunk messages of a GemmStream. Test-only.
+// all zeros), one of any layout and types with its float64 reference, and the header and
+// chunk messages of a GemmStream. Test-only.
 #ifndef HGEMM_SERVER_TESTING_TEST_REQUESTS_H_
 #define HGEMM_SERVER_TESTING_TEST_REQUESTS_H_
 
+#include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <random>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "proto/numerics/cpu_gemm.h"
+#include "proto/numerics/fp16.h"
 #include "proto/hgemm.pb.h"
 
 namespace hgemm {
@@ -22,6 +27,76 @@ inline v1::GemmRequest RandomRequest(uint32_t m, uint32_t n, uint32_t k, std::mt
   r.set_a(reinterpret_cast<const char*>(a.data()), 2 * a.size());
   r.set_b(reinterpret_cast<const char*>(b.data()), 2 * b.size());
   return r;
+}
+
+// A request of any layout and types: random operands as stored (A k×m when transpose_a, B n×k
+// when transpose_b) of `dtype` (FP16 or BF16), C of `c_dtype`.
+inline v1::GemmRequest FormRequest(uint32_t m, uint32_t n, uint32_t k, bool transpose_a,
+                                   bool transpose_b, v1::DataType dtype, v1::DataType c_dtype,
+                                   std::mt19937_64& rng) {
+  v1::GemmRequest r;
+  r.set_m(m);
+  r.set_n(n);
+  r.set_k(k);
+  r.set_transpose_a(transpose_a);
+  r.set_transpose_b(transpose_b);
+  r.set_dtype(dtype);
+  r.set_c_dtype(c_dtype);
+  const bool bf16 = dtype == v1::DATA_TYPE_BF16;
+  auto a = RandomHalfMatrix(int64_t(m) * k, rng, bf16);
+  auto b = RandomHalfMatrix(int64_t(k) * n, rng, bf16);
+  r.set_a(reinterpret_cast<const char*>(a.data()), 2 * a.size());
+  r.set_b(reinterpret_cast<const char*>(b.data()), 2 * b.size());
+  return r;
+}
+
+// op(A)·op(B) of a request with inline operands, in float64 by the definition (no BLAS).
+inline std::vector<double> Float64Reference(const v1::GemmRequest& r) {
+  const int64_t m = r.m(), n = r.n(), k = r.k();
+  const bool bf16 = r.dtype() == v1::DATA_TYPE_BF16;
+  auto value = [bf16](const std::string& bytes, int64_t i) {
+    uint16_t h;
+    std::memcpy(&h, bytes.data() + 2 * i, 2);
+    return double(bf16 ? Bf16ToFloat(h) : HalfToFloat(h));
+  };
+  std::vector<double> c(m * n);
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t j = 0; j < n; ++j) {
+      double sum = 0;
+      for (int64_t p = 0; p < k; ++p) {
+        sum += value(r.a(), r.transpose_a() ? p * m + i : i * k + p) *
+               value(r.b(), r.transpose_b() ? j * k + p : p * n + j);
+      }
+      c[i * n + j] = sum;
+    }
+  }
+  return c;
+}
+
+// The relative Frobenius error of `c` (m·n elements of the request's C type; NaN or a wrong size
+// gives infinity) against Float64Reference(r).
+inline double RelativeErrorOfC(const v1::GemmRequest& r, const std::string& c) {
+  const std::vector<double> reference = Float64Reference(r);
+  const bool fp32 = r.c_dtype() == v1::DATA_TYPE_FP32;
+  const bool bf16 = !fp32 && r.dtype() == v1::DATA_TYPE_BF16;
+  if (c.size() != (fp32 ? 4 : 2) * reference.size()) return INFINITY;
+  double diff = 0, norm = 0;
+  for (size_t i = 0; i < reference.size(); ++i) {
+    double got;
+    if (fp32) {
+      float f;
+      std::memcpy(&f, c.data() + 4 * i, 4);
+      got = f;
+    } else {
+      uint16_t h;
+      std::memcpy(&h, c.data() + 2 * i, 2);
+      got = bf16 ? Bf16ToFloat(h) : HalfToFloat(h);
+    }
+    if (!std::isfinite(got)) return INFINITY;
+    diff += (got - reference[i]) * (got - reference[i]);
+    norm += reference[i] * reference[i];
+  }
+  return std::sqrt(diff / norm);
 }
 
 // A GemmStream header announcing gemm `id` of m×n×k (A by `a_handle` unless "").

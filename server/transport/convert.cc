@@ -23,6 +23,32 @@ v1::Accumulation ToProto(Accumulation accumulation) {
   return accumulation == Accumulation::kFp16 ? v1::ACCUMULATION_FP16 : v1::ACCUMULATION_FP32;
 }
 
+v1::DataType ToProto(ElementType type) {
+  switch (type) {
+    case ElementType::kFp16:
+      return v1::DATA_TYPE_FP16;
+    case ElementType::kBf16:
+      return v1::DATA_TYPE_BF16;
+    case ElementType::kFp32:
+      return v1::DATA_TYPE_FP32;
+  }
+  return v1::DATA_TYPE_UNSPECIFIED;
+}
+
+void DescribeForms(unsigned layouts, unsigned types, v1::KernelInfo* info) {
+  for (int i = 0; i < 4; ++i) {
+    if (layouts & (1u << i)) info->add_layouts(kLayoutNames[i]);
+  }
+  for (ElementType ab : {ElementType::kFp16, ElementType::kBf16}) {
+    for (ElementType c : {ab, ElementType::kFp32}) {
+      if ((types & TypesBit(ab, c)) == 0) continue;
+      v1::KernelTypes* pair = info->add_types();
+      pair->set_dtype(ToProto(ab));
+      pair->set_c_dtype(ToProto(c));
+    }
+  }
+}
+
 void ToProto(const GemmShape& shape, const GemmResult& result, v1::Timing* timing,
              v1::Execution* execution) {
   const GemmReport& report = result.report;
@@ -53,6 +79,7 @@ void ToProto(const ResidentMatrix& m, int device_id, const std::string& replica,
   info->set_ttl_seconds(m.ttl.count());
   info->set_label(m.label);
   info->set_replica(replica);
+  info->set_dtype(ToProto(m.dtype));
 }
 
 }  // namespace hgemm

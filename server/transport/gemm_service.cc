@@ -112,7 +112,7 @@ absl::Status GemmServiceImpl::AdmitGemm(grpc::CallbackServerContext* context,
   response->set_request_id(job.request_id);
   if (!job.keep_c) {
     response->mutable_c()->resize(shape.CBytes());
-    job.c = reinterpret_cast<uint16_t*>(response->mutable_c()->data());
+    job.c = response->mutable_c()->data();
   }
   job.deadline = SteadyDeadline(*context);
   job.is_cancelled = [context] { return context->IsCancelled(); };
@@ -159,7 +159,9 @@ grpc::ServerUnaryReactor* GemmServiceImpl::ListKernels(grpc::CallbackServerConte
       info->set_description(k.description);
       if (k.fp16_accumulation) info->add_accumulations(v1::ACCUMULATION_FP16);
       if (k.fp32_accumulation) info->add_accumulations(v1::ACCUMULATION_FP32);
+      DescribeForms(k.layouts, k.types, info);
     }
+    DescribeForms(AutoLayouts(options_.rules), AutoTypes(options_.rules), auto_kernel);
     if (AutoSupports(options_.rules, Accumulation::kFp16)) {
       auto_kernel->add_accumulations(v1::ACCUMULATION_FP16);
     }

@@ -1,11 +1,15 @@
 """Operands in (numpy arrays, torch tensors) and results out (numpy, or torch when asked).
 
-The wire format is fp16, little-endian, row-major, dense (proto/hgemm.proto). Policy:
-  * float16 arrays go as they are; non-C-contiguous or big-endian ones are copied first.
+The wire format is fp16 (or bf16), little-endian, row-major, dense (proto/hgemm.proto). Policy:
+  * float16 arrays go as they are; a transposed view of a C-contiguous array (B.T, an
+    nn.Linear weight's .t()) goes as stored, flagged transposed (as_operand); other
+    non-C-contiguous or big-endian ones are copied first.
+  * torch.bfloat16 tensors (and numpy arrays of ml_dtypes' bfloat16) go as bf16 (as_operand).
+    A bf16 C comes back as float32 (exact) in numpy, as torch.bfloat16 with as_torch.
   * float32 / float64 arrays are converted to float16 with a ConversionWarning (the server
     computes in fp16 anyway); values outside fp16's range (|x| > 65504) raise ValueError
     instead of silently becoming inf.
-  * Anything else (integers, bool, complex, torch.bfloat16) raises TypeError: hgemm is fp16 only.
+  * Anything else (integers, bool, complex) raises TypeError.
   * torch tensors, CPU or CUDA, are detached and copied to host memory.
 Results are read-only ndarrays: views of the received bytes where they arrive in one message,
 so that C is not copied once more (np.array(C) or C.copy() for a writable one); torch results
@@ -31,14 +35,52 @@ def is_torch_tensor(x) -> bool:
 
 def _torch_to_numpy(t, name: str) -> np.ndarray:
     import torch
-    if t.dtype == torch.bfloat16:
-        raise TypeError(
-            f"{name} is a torch.bfloat16 tensor; hgemm-serve computes in fp16 only: convert it "
-            f"with {name}.half() (values past fp16's range of ±65504 become inf)")
     if t.dtype not in (torch.float16, torch.float32, torch.float64):
         raise TypeError(f"{name} is a {t.dtype} tensor; hgemm-serve takes torch.float16 "
                         f"(float32 and float64 are converted with a warning)")
     return t.detach().cpu().numpy()  # .cpu() is a no-op for a CPU tensor
+
+
+def _is_bf16(x) -> bool:
+    if is_torch_tensor(x):
+        import torch
+        return x.dtype == torch.bfloat16
+    return isinstance(x, np.ndarray) and x.dtype.name == "bfloat16"
+
+
+def _transposed_view(x) -> bool:
+    """Whether x (2-D) is the transpose of a C-contiguous matrix, and not C-contiguous itself."""
+    if is_torch_tensor(x):
+        return x.dim() == 2 and not x.is_contiguous() and x.t().is_contiguous()
+    return (isinstance(x, np.ndarray) and x.ndim == 2 and not x.flags.c_contiguous
+            and x.T.flags.c_contiguous)
+
+
+def as_operand(x, name: str, allow_transposed: bool = True):
+    """(array, dtype, transposed): x as stored, 2-D and C-contiguous, of dtype "fp16" (a float16
+    array, as as_fp16_matrix) or "bf16" (uint16 bit patterns); transposed when x is a transposed
+    view that goes as stored (the caller sends op(X) = storedᵀ), never when not allowed."""
+    transposed = allow_transposed and _transposed_view(x)
+    stored = (x.t() if is_torch_tensor(x) else x.T) if transposed else x
+    if not _is_bf16(stored):
+        matrix = as_fp16_matrix(stored, name + ".T" if transposed else name)
+        return matrix, "fp16", transposed
+    if is_torch_tensor(stored):
+        import torch
+        bits = stored.detach().cpu().contiguous().view(torch.int16).numpy().view("<u2")
+    else:
+        bits = np.ascontiguousarray(stored).view("<u2")
+    _check_matrix_shape(bits.shape, name)
+    return bits, "bf16", transposed
+
+
+def _check_matrix_shape(shape, name: str) -> None:
+    if len(shape) != 2:
+        raise ValueError(f"{name} must be a 2-D matrix; it has shape {tuple(shape)}")
+    if shape[0] == 0 or shape[1] == 0:
+        raise ValueError(f"{name} is empty (shape {tuple(shape)}); both dimensions must be ≥ 1")
+    if shape[0] > _MAX_DIM or shape[1] > _MAX_DIM:
+        raise ValueError(f"{name} has shape {tuple(shape)}; dimensions are at most 2**32 - 1")
 
 
 def as_fp16_matrix(x, name: str) -> np.ndarray:
@@ -49,12 +91,7 @@ def as_fp16_matrix(x, name: str) -> np.ndarray:
         arr = x
     else:
         arr = np.asarray(x)
-    if arr.ndim != 2:
-        raise ValueError(f"{name} must be a 2-D matrix; it has shape {tuple(arr.shape)}")
-    if arr.shape[0] == 0 or arr.shape[1] == 0:
-        raise ValueError(f"{name} is empty (shape {tuple(arr.shape)}); both dimensions must be ≥ 1")
-    if arr.shape[0] > _MAX_DIM or arr.shape[1] > _MAX_DIM:
-        raise ValueError(f"{name} has shape {tuple(arr.shape)}; dimensions are at most 2**32 - 1")
+    _check_matrix_shape(arr.shape, name)
     if arr.dtype.kind == "f" and arr.dtype.itemsize == 2:
         return np.ascontiguousarray(arr, dtype=FP16)  # copies only if strided or big-endian
     if arr.dtype.kind == "f":
@@ -93,8 +130,13 @@ def byte_view(array: np.ndarray) -> np.ndarray:
     return array.reshape(-1).view(np.uint8)
 
 
-def c_array(buffer: np.ndarray, m: int, n: int) -> np.ndarray:
-    """C as an m×n float16 ndarray over `buffer` (a uint8 ndarray of 2·m·n bytes; no copy)."""
+def c_array(buffer: np.ndarray, m: int, n: int, dtype: str = "fp16") -> np.ndarray:
+    """C as an m×n ndarray over `buffer` (a uint8 ndarray of m·n elements of `dtype`): float16
+    or float32 views (no copy); bf16 widened to a float32 copy (exact)."""
+    if dtype == "fp32":
+        return buffer.view("<f4").reshape(m, n)
+    if dtype == "bf16":
+        return (buffer.view("<u2").astype(np.uint32) << 16).view(np.float32).reshape(m, n)
     return buffer.view(FP16).reshape(m, n)
 
 

@@ -136,8 +136,12 @@ class Calls:
     def gemm(self, a, b, *, accumulation: Optional[str] = None, kernel: str = "auto",
              keep_c: bool = False, c_ttl: int = 0, request_id: str = "", details: bool = False,
              as_torch=False, mode: Optional[str] = None, timeout: Optional[float] = None,
-             out: Optional[np.ndarray] = None):
+             out: Optional[np.ndarray] = None, c_dtype: Optional[str] = None):
         """C = A·B. A (m×k) and B (k×n): float16 numpy arrays, torch tensors, or ResidentMatrix.
+        A transposed view (B.T of a C-contiguous B, a weight's .t()) is sent as stored with
+        transpose_b (or transpose_a) set, not copied. torch.bfloat16 tensors (both operands) go
+        as bf16. c_dtype: None (C of the inputs' type; a bf16 C is float32 in numpy, bfloat16
+        with as_torch) or "fp32" (a float32 C).
 
         Returns C as an m×n float16 ndarray (a torch tensor with as_torch=True, or on a device
         with as_torch="cuda:0"); with keep_c=True a ResidentMatrix instead; with details=True a
@@ -149,11 +153,13 @@ class Calls:
         """
         started = time.monotonic()
         spec = Spec(a, b, accumulation=accumulation, kernel=kernel, keep_c=keep_c, c_ttl=c_ttl,
-                    request_id=request_id)
+                    request_id=request_id, c_dtype=c_dtype)
         replica = spec.replica()
+        if out is not None and spec.c_dtype != "fp16":
+            raise ValueError(f"out= takes a float16 C; this GEMM's C is {spec.c_dtype}")
         _arrays.check_out(out, spec.m, spec.n, keep_c, as_torch)
         yield from self._server_limit(spec, mode, timeout)
-        if self.native is not None and not keep_c:
+        if self.native is not None and not keep_c and spec.plain_fp16():
             c, info = yield from self._on_native(self.native.gemm,
                                                  (spec, self.config.streams(spec, mode), out),
                                                  timeout, idempotent=True,
@@ -171,12 +177,13 @@ class Calls:
 
     def gemm_many(self, pairs, *, accumulation: Optional[str] = None, kernel: str = "auto",
                   keep_c: bool = False, c_ttl: int = 0, details: bool = False, as_torch=False,
-                  return_exceptions: bool = False, timeout: Optional[float] = None) -> list:
+                  return_exceptions: bool = False, timeout: Optional[float] = None,
+                  c_dtype: Optional[str] = None) -> list:
         """Many GEMMs on one GemmStream, pipelined (the server works on early GEMMs while later
         ones upload); results come back in the order of `pairs`.
 
         pairs: (A, B) or (A, B, {options}) items, options being any of accumulation, kernel,
-        keep_c, c_ttl, request_id for that GEMM. A failing GEMM does not stop the others. Over
+        keep_c, c_ttl, request_id, c_dtype for that GEMM (operands as gemm takes them). A failing GEMM does not stop the others. Over
         several replicas, one stream per replica the GEMMs' matrices live on. With
         return_exceptions=False the first failing GEMM's Error is raised once all are done (its
         .index is its position, its .results the whole list); with True, failed GEMMs are
@@ -184,7 +191,7 @@ class Calls:
         """
         started = time.monotonic()
         defaults = dict(accumulation=accumulation, kernel=kernel, keep_c=keep_c, c_ttl=c_ttl,
-                        request_id="")
+                        request_id="", c_dtype=c_dtype)
         specs = normalize_pairs(pairs, defaults)
         if not specs:
             return []
@@ -226,13 +233,15 @@ class Calls:
     # Resident matrices.
     def upload(self, matrix, *, ttl: int = 0, label: str = "", device_id: Optional[int] = None,
                replica=None, timeout: Optional[float] = None) -> ResidentMatrix:
-        """Uploads a matrix (float16 ndarray or tensor) and returns its ResidentMatrix.
+        """Uploads a matrix (float16 ndarray or tensor, or a torch.bfloat16 tensor: a bf16
+        matrix, for GEMMs of bf16) and returns its ResidentMatrix (as stored: a transposed view
+        is copied).
         ttl: seconds after its last use at which the server frees it (0: the server's default).
         device_id: the CUDA device to keep it on (None: the one with the most free memory).
         replica: where to put it over several replicas: a ResidentMatrix (onto the replica that
         holds it, so that both can go in one GEMM) or a replica's address; None: balanced."""
-        array = _arrays.as_fp16_matrix(matrix, "matrix")
-        if self.native is not None and device_id is None:
+        array, dtype, _ = _arrays.as_operand(matrix, "matrix", allow_transposed=False)
+        if self.native is not None and device_id is None and dtype == "fp16":
             info = yield from self._on_native(self.native.upload,
                                               (array, ttl, label, replica_of(replica)), timeout,
                                               idempotent=False, nbytes=array.nbytes,
@@ -241,7 +250,9 @@ class Calls:
         bar = _progress.bar(self.config.progress, array.nbytes, "hgemm upload")
 
         def attempt(stub, t):
-            messages = upload_messages(array, ttl, label, device_id, self.config.chunk_bytes, bar)
+            messages = upload_messages(array, ttl, label, device_id, self.config.chunk_bytes, bar,
+                                       dtype=pb.DATA_TYPE_BF16 if dtype == "bf16"
+                                       else pb.DATA_TYPE_UNSPECIFIED)
             return self._rpc(stub.UploadMatrix, messages, t, streams_request=True)
         try:
             info = yield from self._call(attempt, timeout, idempotent=False,
@@ -252,11 +263,12 @@ class Calls:
 
     def download(self, matrix: ResidentMatrix, *, as_torch=False,
                  timeout: Optional[float] = None):
-        """A resident matrix's values as a float16 ndarray (or torch tensor with as_torch)."""
-        bar = _progress.bar(self.config.progress, 2 * matrix.rows * matrix.cols, "hgemm download")
+        """A resident matrix's values as a float16 ndarray (float32 for an fp32 or bf16 one; or a
+        torch tensor with as_torch)."""
+        bar = _progress.bar(self.config.progress, matrix.bytes, "hgemm download")
 
         def attempt(stub, t):
-            buf = DownloadBuffer(matrix.rows, matrix.cols, bar)
+            buf = DownloadBuffer(matrix.rows, matrix.cols, bar, matrix.dtype)
             yield from self._rpc(stub.DownloadMatrix, pb.DownloadMatrixRequest(handle=matrix.handle),
                                  t, on_response=buf.add)
             return buf.array()

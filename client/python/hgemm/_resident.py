@@ -23,7 +23,8 @@ class ResidentMatrix:
     `with client.upload(B) as hb:` releases it at the end of the block (NOT_FOUND there, e.g. an
     expired matrix, is ignored). With hgemm.aio, release() and download() are coroutines and the
     block is `async with`.
-    Attributes: handle, rows, cols, shape, bytes, device_id, label, ttl_seconds, replica.
+    Attributes: handle, rows, cols, shape, bytes, device_id, label, ttl_seconds, replica, dtype
+    ("fp16", "bf16", or "fp32" for a C kept with c_dtype="fp32", which no GEMM takes).
     """
 
     def __init__(self, client, info: pb.MatrixInfo):
@@ -40,6 +41,8 @@ class ResidentMatrix:
     label = property(lambda self: self.info.label)
     ttl_seconds = property(lambda self: self.info.ttl_seconds)
     replica = property(lambda self: handle_replica(self.handle))
+    dtype = property(lambda self: {pb.DATA_TYPE_BF16: "bf16",
+                                   pb.DATA_TYPE_FP32: "fp32"}.get(self.info.dtype, "fp16"))
 
     def download(self, **kwargs):
         """C's (or the upload's) values as a float16 ndarray; see Client.download."""

@@ -13,7 +13,7 @@ import numpy as np
 from . import _arrays, _errors, _wire
 from ._proto import hgemm_pb2 as pb
 from ._resident import ResidentMatrix
-from ._spec import Spec
+from ._spec import DTYPE_NAMES, Spec
 
 _ACCUMULATION_NAMES = {pb.ACCUMULATION_UNSPECIFIED: "default", pb.ACCUMULATION_FP16: "fp16",
                        pb.ACCUMULATION_FP32: "fp32"}
@@ -65,16 +65,32 @@ class GemmResult:
 
 @dataclasses.dataclass(frozen=True)
 class Kernel:
-    """A kernel variant from ListKernels: the name for kernel=, and its accumulations."""
+    """A kernel variant from ListKernels: the name for kernel=, its accumulations, layouts ("NN",
+    "NT", "TN", "TT") and (input type, C type) pairs (("fp16", "fp16"), ("bf16", "fp32"), ...)."""
     name: str
     description: str
     accumulations: Tuple[str, ...]
+    layouts: Tuple[str, ...] = ()
+    types: Tuple[Tuple[str, str], ...] = ()
 
 
 def kernels_from_proto(response: pb.ListKernelsResponse) -> List[Kernel]:
     return [Kernel(k.name, k.description,
-                   tuple(_ACCUMULATION_NAMES.get(a, str(a)) for a in k.accumulations))
+                   tuple(_ACCUMULATION_NAMES.get(a, str(a)) for a in k.accumulations),
+                   tuple(k.layouts),
+                   tuple((DTYPE_NAMES.get(t.dtype, str(t.dtype)),
+                          DTYPE_NAMES.get(t.c_dtype, str(t.c_dtype))) for t in k.types))
             for k in response.kernels]
+
+
+def c_output(spec: Spec, c, as_torch):
+    """C as gemm returns it: to_output's, and a bf16 C as a torch.bfloat16 tensor with as_torch
+    (exact: the float32 array holds bf16 values)."""
+    out = _arrays.to_output(c, as_torch)
+    if spec.c_dtype == "bf16" and as_torch not in (False, None):
+        import torch
+        out = out.to(torch.bfloat16)
+    return out
 
 
 def unary_result(client, spec: Spec, raw: _wire.GemmResponse, details: bool, as_torch,
@@ -83,12 +99,12 @@ def unary_result(client, spec: Spec, raw: _wire.GemmResponse, details: bool, as_
     if spec.keep_c:
         c = ResidentMatrix(client, response.c_matrix)
     else:
-        c = raw.c_array(spec.m, spec.n)
-        if c is None:
+        buf = raw.c_bytes(spec.c_bytes)
+        if buf is None:
             start, end = raw.c_range or (0, 0)
             raise _errors.Internal(f"the server sent {end - start} bytes of C; "
-                                   f"{spec.m}x{spec.n} fp16 is {2 * spec.m * spec.n}")
-        c = _arrays.to_output(c, as_torch)
+                                   f"{spec.m}x{spec.n} {spec.c_dtype} is {spec.c_bytes}")
+        c = c_output(spec, spec.c_array(buf), as_torch)
     if not details:
         return c
     return GemmResult(c, Timing.from_proto(response.timing),
@@ -131,7 +147,7 @@ def streamed_result(client, spec: Spec, outcome, details: bool, as_torch, starte
     if isinstance(outcome, _errors.Error):
         return outcome
     c, done = outcome
-    c = ResidentMatrix(client, done.c_matrix) if spec.keep_c else _arrays.to_output(c, as_torch)
+    c = ResidentMatrix(client, done.c_matrix) if spec.keep_c else c_output(spec, c, as_torch)
     if not details:
         return c
     return GemmResult(c, Timing.from_proto(done.timing), Execution.from_proto(done.execution),

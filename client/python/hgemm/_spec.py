@@ -14,19 +14,27 @@ from ._resident import ResidentMatrix, handle_replica
 
 _ACCUMULATIONS = {None: pb.ACCUMULATION_UNSPECIFIED, "default": pb.ACCUMULATION_UNSPECIFIED,
                   "fp16": pb.ACCUMULATION_FP16, "fp32": pb.ACCUMULATION_FP32}
+DTYPES = {"fp16": pb.DATA_TYPE_FP16, "bf16": pb.DATA_TYPE_BF16, "fp32": pb.DATA_TYPE_FP32}
+DTYPE_NAMES = {pb.DATA_TYPE_UNSPECIFIED: "fp16", **{v: k for k, v in DTYPES.items()}}
 
 
 class Operand:
-    """One prepared operand: a float16 ndarray to send, or a handle already on the server."""
-    __slots__ = ("rows", "cols", "array", "handle")
+    """One prepared operand: an array to send (as stored: transposed when x is a transposed view
+    of a C-contiguous matrix), or a handle already on the server. rows × cols is op(X)'s shape;
+    dtype "fp16" or "bf16"."""
+    __slots__ = ("rows", "cols", "array", "handle", "dtype", "transposed")
 
     def __init__(self, x, name: str):
         if isinstance(x, ResidentMatrix) or (hasattr(x, "handle") and hasattr(x, "rows")
                                              and not _arrays.is_torch_tensor(x)):
             self.rows, self.cols, self.array, self.handle = int(x.rows), int(x.cols), None, x.handle
+            self.dtype = getattr(x, "dtype", "fp16")
+            self.transposed = False
         else:
-            self.array = _arrays.as_fp16_matrix(x, name)
-            self.rows, self.cols = self.array.shape
+            self.array, self.dtype, self.transposed = _arrays.as_operand(x, name)
+            stored_rows, stored_cols = self.array.shape
+            self.rows, self.cols = ((stored_cols, stored_rows) if self.transposed
+                                    else (stored_rows, stored_cols))
             self.handle = ""
 
     @property
@@ -41,10 +49,18 @@ class Spec:
     """One GEMM, validated and ready to send (unary or streamed)."""
 
     def __init__(self, a, b, *, accumulation=None, kernel="auto", keep_c=False, c_ttl=0,
-                 request_id="", index=None):
+                 request_id="", c_dtype=None, index=None):
         where = "" if index is None else f"pair {index}: "
         self.a = Operand(a, where + "A")
         self.b = Operand(b, where + "B")
+        if self.a.dtype != self.b.dtype:
+            raise ValueError(f"{where}A is {self.a.dtype} and B is {self.b.dtype}: mixing dtypes; "
+                             f"convert one (A and B go as one type)")
+        self.dtype = self.a.dtype
+        if c_dtype not in (None, self.dtype, "fp32"):
+            raise ValueError(f"{where}c_dtype must be None (the inputs' type, {self.dtype}), "
+                             f"{self.dtype!r} or 'fp32'; got {c_dtype!r}")
+        self.c_dtype = c_dtype or self.dtype
         if self.a.cols != self.b.rows:
             raise ValueError(f"{where}A is {self.a.rows}x{self.a.cols} and B is "
                              f"{self.b.rows}x{self.b.cols}: A's columns must equal B's rows")
@@ -73,14 +89,32 @@ class Spec:
                 f"(upload(..., replica=A))")
         return a or b
 
+    def plain_fp16(self) -> bool:
+        """fp16 A and B as stored (no transpose) and an fp16 C: what the native core sends."""
+        return (self.dtype == "fp16" and self.c_dtype == "fp16" and not self.a.transposed
+                and not self.b.transposed)
+
     @property
     def c_bytes(self) -> int:
-        return 0 if self.keep_c else 2 * self.m * self.n
+        return 0 if self.keep_c else (4 if self.c_dtype == "fp32" else 2) * self.m * self.n
+
+    def c_array(self, buffer: np.ndarray) -> np.ndarray:
+        """C (m×n of c_dtype) over `buffer`, c_bytes uint8s (see _arrays.c_array)."""
+        return _arrays.c_array(buffer, self.m, self.n, self.c_dtype)
+
+    def _form(self) -> dict:
+        """The layout and type fields of GemmRequest and GemmHeader, left unset (the wire of an
+        fp16 GEMM, as before them) where they are the defaults."""
+        return dict(transpose_a=self.a.transposed, transpose_b=self.b.transposed,
+                    dtype=DTYPES[self.dtype] if self.dtype != "fp16" else pb.DATA_TYPE_UNSPECIFIED,
+                    c_dtype=pb.DATA_TYPE_FP32 if self.c_dtype == "fp32"
+                    else pb.DATA_TYPE_UNSPECIFIED)
 
     def unary_request(self) -> bytes:
         """The serialized GemmRequest (A and B copied once, straight from the arrays)."""
         small = pb.GemmRequest(m=self.m, n=self.n, k=self.k, options=self.options,
-                               keep_c_resident=self.keep_c, c_ttl_seconds=self.c_ttl)
+                               keep_c_resident=self.keep_c, c_ttl_seconds=self.c_ttl,
+                               **self._form())
         if self.a.handle:
             small.a_handle = self.a.handle
         if self.b.handle:
@@ -94,7 +128,7 @@ class Spec:
         yield pb.GemmStreamRequest(header=pb.GemmHeader(
             gemm_id=gemm_id, m=self.m, n=self.n, k=self.k, options=self.options,
             a_handle=self.a.handle, b_handle=self.b.handle, keep_c_resident=self.keep_c,
-            c_ttl_seconds=self.c_ttl)).SerializeToString()
+            c_ttl_seconds=self.c_ttl, **self._form())).SerializeToString()
         for operand, which in ((self.a, pb.OPERAND_A), (self.b, pb.OPERAND_B)):
             if operand.array is None:
                 continue

@@ -7,7 +7,7 @@ from typing import Dict, Optional
 
 import numpy as np
 
-from . import _arrays, _errors, _wire
+from . import _errors, _wire
 from ._proto import hgemm_pb2 as pb
 from ._spec import Spec
 
@@ -67,4 +67,4 @@ class StreamCollector:
             buf = np.empty(spec.c_bytes, dtype=np.uint8)
             if spec.c_bytes:
                 return _errors.Internal("the server sent done without C's bytes", index=i)
-        return _arrays.c_array(buf, spec.m, spec.n), done
+        return spec.c_array(buf), done

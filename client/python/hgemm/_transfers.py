@@ -11,9 +11,9 @@ from ._proto import hgemm_pb2 as pb
 
 
 def upload_messages(array: np.ndarray, ttl: int, label: str, device_id, chunk_bytes: int,
-                    progress=None):
+                    progress=None, dtype=pb.DATA_TYPE_UNSPECIFIED):
     header = pb.MatrixHeader(rows=array.shape[0], cols=array.shape[1], ttl_seconds=int(ttl),
-                             label=label)
+                             label=label, dtype=dtype)
     if device_id is not None:
         header.device_id = int(device_id)
     yield pb.UploadMatrixRequest(header=header).SerializeToString()
@@ -28,8 +28,9 @@ def upload_messages(array: np.ndarray, ttl: int, label: str, device_id, chunk_by
 class DownloadBuffer:
     """DownloadMatrix's chunks into one buffer, allocated once from the first chunk's total."""
 
-    def __init__(self, rows: int, cols: int, progress=None):
-        self.rows, self.cols = rows, cols
+    def __init__(self, rows: int, cols: int, progress=None, dtype: str = "fp16"):
+        self.rows, self.cols, self.dtype = rows, cols, dtype
+        self.nbytes = (4 if dtype == "fp32" else 2) * rows * cols
         self.buf = None
         self.received = 0
         self.progress = progress
@@ -38,7 +39,7 @@ class DownloadBuffer:
         if chunk.offset != self.received:
             raise _errors.Internal(f"download chunk at offset {chunk.offset}, expected {self.received}")
         if self.buf is None:
-            self.buf = np.empty(chunk.total_bytes or 2 * self.rows * self.cols, dtype=np.uint8)
+            self.buf = np.empty(chunk.total_bytes or self.nbytes, dtype=np.uint8)
         end = chunk.offset + len(chunk.data)
         if end > len(self.buf):
             raise _errors.Internal(f"download chunk ends at byte {end}, past {len(self.buf)}")
@@ -48,7 +49,7 @@ class DownloadBuffer:
             self.progress.update(len(chunk.data))
 
     def array(self) -> np.ndarray:
-        if self.buf is None or self.received != len(self.buf) or len(self.buf) != 2 * self.rows * self.cols:
+        if self.buf is None or self.received != len(self.buf) or len(self.buf) != self.nbytes:
             raise _errors.Internal(f"download ended after {self.received} bytes of "
-                                   f"{2 * self.rows * self.cols}")
-        return _arrays.c_array(self.buf, self.rows, self.cols)
+                                   f"{self.nbytes}")
+        return _arrays.c_array(self.buf, self.rows, self.cols, self.dtype)

@@ -145,7 +145,7 @@ def upload_chunk(data) -> bytes:
 # Responses (server → client).
 
 class GemmResponse:
-    """A GemmResponse: `message` has every field but c; c_array() reads C from the raw bytes."""
+    """A GemmResponse: `message` has every field but c; c_bytes() reads C from the raw bytes."""
     __slots__ = ("message", "raw", "c_range")
 
     def __init__(self, raw: bytes):
@@ -165,13 +165,13 @@ class GemmResponse:
             raw = b"".join(rest)
         self.message = pb.GemmResponse.FromString(raw)
 
-    def c_array(self, m: int, n: int) -> Optional[np.ndarray]:
-        """C as a read-only m×n float16 array over the raw bytes (no copy), or None if its size is
-        not 2·m·n."""
+    def c_bytes(self, nbytes: int) -> Optional[np.ndarray]:
+        """C's bytes as a read-only uint8 array over the raw bytes (no copy), or None if there
+        are not exactly `nbytes` of them."""
         start, end = self.c_range or (0, 0)
-        if end - start != 2 * m * n:
+        if end - start != nbytes:
             return None
-        return np.frombuffer(self.raw, dtype="<f2", count=m * n, offset=start).reshape(m, n)
+        return np.frombuffer(self.raw, dtype=np.uint8, count=nbytes, offset=start)
 
 
 class StreamResponse:

@@ -36,12 +36,29 @@ def test_float32_tensor_converted_with_warning(client):
     assert rel_error(c, a.half().numpy(), b.numpy()) < FP32_TOLERANCE
 
 
-def test_bfloat16_refused_fp16_only(client):
+def _bf16_reference(a, b):
+    return a.double() @ b.double()
+
+
+@pytest.mark.parametrize("c_dtype", [None, "fp32"])
+def test_bfloat16_tensors_go_as_bf16(client, c_dtype):
+    a = torch.rand(33, 17, dtype=torch.bfloat16) - 0.5
+    w = torch.rand(9, 17, dtype=torch.bfloat16) - 0.5   # nn.Linear's weight: out x in
+    c = client.gemm(a, w.t(), c_dtype=c_dtype, as_torch=True)  # w.t() goes as transpose_b
+    assert c.dtype == (torch.float32 if c_dtype else torch.bfloat16) and c.shape == (33, 9)
+    ref = _bf16_reference(a, w.t())
+    tolerance = 1e-4 if c_dtype else 4e-3
+    assert ((c.double() - ref).norm() / ref.norm()).item() < tolerance
+    with client.upload(w.t().contiguous()) as hw:  # a bf16 resident matrix, k x n
+        assert hw.dtype == "bf16"
+        c2 = client.gemm(a, hw, c_dtype=c_dtype, as_torch=True)
+        assert ((c2.double() - ref).norm() / ref.norm()).item() < tolerance
+
+
+def test_bfloat16_and_float16_do_not_mix(client):
     a = torch.rand(4, 4, dtype=torch.bfloat16)
-    with pytest.raises(TypeError, match="fp16 only"):
-        client.gemm(a, a)
-    with pytest.raises(TypeError, match="fp16 only"):
-        client.upload(a)
+    with pytest.raises(ValueError, match="mixing dtypes"):
+        client.gemm(a, a.half())
 
 
 def test_resident_download_as_torch(client):
