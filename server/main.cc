@@ -7,7 +7,9 @@
 #include <chrono>
 #include <cstdlib>
 #include <sstream>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "server/backend/backend_factory.h"
 #include "server/transport/grpc_logging.h"
@@ -33,8 +35,23 @@ int main(int argc, char** argv) {
   int64_t drain_deadline_s = 20, resident_ttl_s = 0, stream_idle_timeout_s = 60;
 
   CLI::App app{"hgemm-serve: fp16 GEMM over gRPC (hgemm.v1.GemmService)"};
-  app.add_option("--listen", server_options.listen_address, "HOST:PORT to serve on")
+  std::vector<std::string> listen{server_options.listen_address};
+  app.add_option("--listen", listen,
+                 "HOST:PORT or unix:/PATH to serve on; may be given several times (a Unix socket "
+                 "beside TCP: shared memory is accepted only over a unix: one)")
       ->envname("HGEMM_LISTEN")->capture_default_str();
+  std::string unix_socket_mode;
+  app.add_option("--unix_socket_mode", unix_socket_mode,
+                 "octal file mode given to each unix: socket once bound, e.g. 0660 (empty: "
+                 "gRPC's default)")
+      ->envname("HGEMM_UNIX_SOCKET_MODE")
+      ->check([](const std::string& mode) -> std::string {
+        if (mode.empty() || mode.size() > 4 ||
+            mode.find_first_not_of("01234567") != std::string::npos) {
+          return "an octal mode such as 0660";
+        }
+        return "";
+      });
   app.add_option("--advertise_address", server_options.service.resident.replica,
                  "HOST:PORT clients reach this replica at (e.g. its pod's DNS name), for one of "
                  "several replicas: handles name it, so clients send calls naming a handle here "
@@ -150,6 +167,9 @@ int main(int argc, char** argv) {
                  "a call: rpc, code, reason, request_id, peer, principal, traceparent)")
       ->envname("HGEMM_LOG_FORMAT")->check(CLI::IsMember({"text", "json"}))->capture_default_str();
   CLI11_PARSE(app, argc, argv);
+  if (!listen.empty()) server_options.listen_address = listen.front();
+  if (listen.size() > 1) server_options.more_listen_addresses.assign(listen.begin() + 1, listen.end());
+  if (!unix_socket_mode.empty()) server_options.unix_socket_mode = std::stoi(unix_socket_mode, nullptr, 8);
 
   hgemm::logging::Format format = hgemm::logging::Format::kText;
   hgemm::logging::ParseFormat(log_format, &format);
@@ -189,6 +209,9 @@ int main(int argc, char** argv) {
   const hgemm::Backend& b = server->backend();
   spdlog::info("hgemm-serve {} listening on {} (port {})", hgemm::kVersion,
                server_options.listen_address, server->port());
+  for (const std::string& address : server_options.more_listen_addresses) {
+    spdlog::info("also listening on {}", address);
+  }
   if (!server_options.service.resident.replica.empty()) {
     spdlog::info("replica {}: resident-matrix handles name it", server_options.service.resident.replica);
   }
