@@ -156,6 +156,22 @@ int main(int argc, char** argv) {
   app.add_flag("--resident_lru_eviction", server_options.service.resident.lru_eviction,
                "when device memory is full, evict least recently used resident matrices")
       ->envname("HGEMM_RESIDENT_LRU_EVICTION");
+  app.add_flag("--allow_shared_memory", server_options.service.regions.allow_shared_memory,
+               "accept shared-memory regions (sealed memfds, RegisterRegion) on calls over a "
+               "unix: listener; off: refused with FAILED_PRECONDITION")
+      ->envname("HGEMM_ALLOW_SHARED_MEMORY");
+  int64_t region_ttl_s = 3600;
+  app.add_option("--region_ttl_s", region_ttl_s,
+                 "a region no GEMM used for this long is released (the regions of a client that "
+                 "went away); 0: kept until unregistered")
+      ->envname("HGEMM_REGION_TTL_S")->check(CLI::NonNegativeNumber)->capture_default_str();
+  app.add_option("--max_regions_per_client", server_options.service.regions.max_regions_per_owner,
+                 "shared-memory regions one client may have registered")
+      ->envname("HGEMM_MAX_REGIONS_PER_CLIENT")->check(CLI::Range(1, 1 << 20))->capture_default_str();
+  app.add_option("--max_region_bytes_per_client", server_options.service.regions.max_bytes_per_owner,
+                 "bytes of the shared-memory regions one client may have registered")
+      ->envname("HGEMM_MAX_REGION_BYTES_PER_CLIENT")->check(CLI::PositiveNumber)
+      ->capture_default_str();
   app.add_option("--drain_deadline_s", drain_deadline_s,
                  "on SIGTERM/SIGINT, seconds in-flight calls get before they are cancelled")
       ->envname("HGEMM_DRAIN_DEADLINE_S")->check(CLI::Range(0, 3600))->capture_default_str();
@@ -184,6 +200,7 @@ int main(int argc, char** argv) {
                                                : hgemm::ClientCertificates::kRequest;
   server_options.service.resident.default_ttl = std::chrono::seconds(resident_ttl_s);
   server_options.service.idle_timeout = std::chrono::seconds(stream_idle_timeout_s);
+  server_options.service.regions.ttl = std::chrono::seconds(region_ttl_s);
 
   // Signals are taken by sigwait below, never by a handler: block them before any thread starts.
   sigset_t signals;
