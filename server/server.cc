@@ -45,9 +45,9 @@ constexpr char kServiceName[] = "hgemm.v1.GemmService";
 
 // True for 127.x.x.x, [::1] and localhost: nobody else can reach a plaintext port there.
 bool IsLoopback(const std::string& address) {
+  if (address.rfind("unix:", 0) == 0) return true;  // a socket file: this host only
   const std::string host = address.substr(0, address.rfind(':'));
-  return host.rfind("127.", 0) == 0 || host == "[::1]" || host == "localhost" ||
-         host.rfind("unix:", 0) == 0;
+  return host.rfind("127.", 0) == 0 || host == "[::1]" || host == "localhost";
 }
 
 // "" if the security options fit together, else why not (naming the flags).

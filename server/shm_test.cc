@@ -20,6 +20,7 @@
 #include "proto/numerics/error_stats.h"
 #include "server/backend/cpu_backend.h"
 #include "server/server.h"
+#include "server/testing/forwarding_backend.h"
 #include "server/testing/memfd.h"
 #include "server/testing/test_requests.h"
 
@@ -38,9 +39,9 @@ const uint16_t* Half(const std::string& bytes) {
 
 // The CPU backend, with GEMMs held before they run until Open(): a GEMM that is "running"
 // for as long as a test needs.
-class GatedBackend final : public Backend {
+class GatedBackend final : public ForwardingBackend {
  public:
-  explicit GatedBackend(std::unique_ptr<Backend> inner) : inner_(std::move(inner)) {}
+  using ForwardingBackend::ForwardingBackend;
   void Open() {
     std::lock_guard<std::mutex> lock(mu_);
     open_ = true;
@@ -51,13 +52,6 @@ class GatedBackend final : public Backend {
     std::unique_lock<std::mutex> lock(mu_);
     changed_.wait(lock, [&] { return waiting_ > 0; });
   }
-
-  std::string Name() const override { return inner_->Name(); }
-  std::vector<DeviceDescription> Devices() const override { return inner_->Devices(); }
-  std::vector<KernelDescription> Kernels() const override { return inner_->Kernels(); }
-  int NumSlots() const override { return inner_->NumSlots(); }
-  int SlotDevice(int slot) const override { return inner_->SlotDevice(slot); }
-  int64_t MaxJobBytes() const override { return inner_->MaxJobBytes(); }
   absl::Status Run(int slot, const GemmJob& job, GemmReport* report) override {
     {
       std::unique_lock<std::mutex> lock(mu_);
@@ -65,22 +59,10 @@ class GatedBackend final : public Backend {
       changed_.notify_all();
       changed_.wait(lock, [&] { return open_; });
     }
-    return inner_->Run(slot, job, report);
-  }
-  absl::Status AllocateResident(int device_index, int64_t bytes,
-                                std::shared_ptr<ResidentBuffer>* buffer) override {
-    return inner_->AllocateResident(device_index, bytes, buffer);
-  }
-  absl::Status WriteResident(ResidentBuffer& buffer, int64_t offset, const void* host,
-                             int64_t bytes) override {
-    return inner_->WriteResident(buffer, offset, host, bytes);
-  }
-  absl::Status ReadResident(const ResidentBuffer& buffer, void* host) override {
-    return inner_->ReadResident(buffer, host);
+    return ForwardingBackend::Run(slot, job, report);
   }
 
  private:
-  const std::unique_ptr<Backend> inner_;
   std::mutex mu_;
   std::condition_variable changed_;
   bool open_ = false;  // guarded by mu_
