@@ -380,6 +380,38 @@ grpc::Status GemmClient::ReleaseMatrix(const std::string& handle, const CallOpti
   return status;
 }
 
+grpc::Status GemmClient::RegisterRegion(const std::string& path, int64_t bytes,
+                                        const std::string& label, v1::RegionInfo* info,
+                                        const CallOptions& options) const {
+  const Route route = RouteTo("");  // the same host: never another replica
+  grpc::ClientContext context;
+  ApplyDeadline(options, &context);
+  v1::RegisterRegionRequest request;
+  request.set_path(path);
+  request.set_byte_size(uint64_t(bytes));
+  request.set_label(label);
+  return route.stub->RegisterRegion(&context, request, info);
+}
+
+grpc::Status GemmClient::UnregisterRegion(const std::string& region,
+                                          const CallOptions& options) const {
+  const Route route = RouteTo("");
+  grpc::ClientContext context;
+  ApplyDeadline(options, &context);
+  v1::UnregisterRegionRequest request;
+  request.set_region(region);
+  v1::UnregisterRegionResponse response;
+  return route.stub->UnregisterRegion(&context, request, &response);
+}
+
+grpc::Status GemmClient::ListRegions(v1::ListRegionsResponse* response,
+                                     const CallOptions& options) const {
+  const Route route = RouteTo("");
+  grpc::ClientContext context;
+  ApplyDeadline(options, &context);
+  return route.stub->ListRegions(&context, v1::ListRegionsRequest(), response);
+}
+
 grpc::Status GemmClient::ListMatrices(v1::ListMatricesResponse* response,
                                       const CallOptions& options) const {
   const Route route = RouteTo(options.replica);

@@ -151,6 +151,15 @@ class GemmClient {
   grpc::Status DownloadMatrix(const std::string& handle, std::string* data,
                               const CallOptions& options = {}) const;
 
+  // Shared memory (same host, over a "unix:" target; see client/shared_region.h): maps `bytes`
+  // of the sealed memfd at `path` on the server as a region of this client (info->region() is
+  // its handle), frees it, lists them.
+  grpc::Status RegisterRegion(const std::string& path, int64_t bytes, const std::string& label,
+                              v1::RegionInfo* info, const CallOptions& options = {}) const;
+  grpc::Status UnregisterRegion(const std::string& region, const CallOptions& options = {}) const;
+  grpc::Status ListRegions(v1::ListRegionsResponse* response,
+                           const CallOptions& options = {}) const;
+
   // True if Run() would stream this request.
   static bool ShouldStream(const v1::GemmRequest& request, const CallOptions& options);
 

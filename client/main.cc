@@ -7,6 +7,7 @@
 //   hgemm_client --list --client_id=me              # this client's resident matrices
 //   hgemm_client --release=HANDLE1,HANDLE2 --client_id=me
 //   hgemm_client --server=ipv4:10.0.0.1:50051,10.0.0.2:50051 --resident=all --check  # replicas
+//   hgemm_client --server=unix:/run/hgemm/hgemm.sock --transport=shm --shape=2048x2048x2048 --check
 // Random fp16 (or --dtype=bf16) inputs in [-1, 1) unless --a/--b give float16 .npy files;
 // --transpose_a / --transpose_b send A stored k×m / B stored n×k (the files as stored too),
 // --c_dtype=fp32 asks for an fp32 C. Before allocating any operand,
@@ -21,6 +22,8 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
+#include <memory>
 #include <random>
 
 #include "client/cli.h"
@@ -28,6 +31,7 @@
 #include "client/gemm_client.h"
 #include "client/gemm_dims.h"
 #include "client/npy.h"
+#include "client/shared_region.h"
 #include "proto/numerics/cpu_gemm.h"
 #include "proto/numerics/error_stats.h"
 
@@ -131,7 +135,7 @@ int Main(int argc, char** argv) {
   uint64_t seed = std::random_device{}();
   double timeout_s = 0, tolerance = 0;
   bool check = false, info = false, list = false, transpose_a = false, transpose_b = false;
-  std::string release, dtype = "fp16", c_dtype;
+  std::string release, dtype = "fp16", c_dtype, transport = "grpc";
 
   CLI::App app{"hgemm_client: fp16 GEMM on an hgemm-serve server"};
   app.add_option("--server", server,
@@ -169,6 +173,10 @@ int Main(int argc, char** argv) {
                  "the server with the call");
   app.add_option("--seed", seed, "seed of the random inputs");
   app.add_option("--timeout_s", timeout_s, "deadline of each call in seconds (0: none)");
+  app.add_option("--transport", transport,
+                 "grpc: operands and C in the messages; shm: A, B and C in one shared-memory "
+                 "region (same host: a unix: --server started with --allow_shared_memory)")
+      ->check(CLI::IsMember({"grpc", "shm"}))->capture_default_str();
   app.add_flag("--check", check, "compare C with a local fp32-accumulate reference");
   app.add_option("--tolerance", tolerance,
                  "largest relative Frobenius error --check accepts (default 1e-3 for fp32, 2e-2 for fp16)");
@@ -235,6 +243,9 @@ int Main(int argc, char** argv) {
                              .c_fp32 = c_dtype == "fp32"};
   const uint64_t c_element_bytes = form.c_fp32 ? 4 : 2;
 
+  const bool shm = transport == "shm";
+  if (shm && resident != "none") return Fail("--transport=shm and --resident exclude each other");
+  if (shm && mode == "stream") return Fail("--transport=shm sends unary Gemm calls, not --mode=stream");
   hgemm::CallOptions call;
   call.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
   call.client_id = client_id;
@@ -265,11 +276,13 @@ int Main(int argc, char** argv) {
     // As GemmClient::ShouldStream will decide once the resident operands are handles.
     const auto a_bytes = hgemm::cli::MatrixBytes(dims.m, dims.k);
     const auto b_bytes = hgemm::cli::MatrixBytes(dims.k, dims.n);
-    const uint64_t sent = hgemm::cli::CheckedAdd(resident == "all" ? 0 : a_bytes,
-                                                 resident != "none" ? 0 : b_bytes)
-                              .value_or(UINT64_MAX);
+    // Through shared memory, neither travels in a message.
+    const uint64_t sent = shm ? 0
+                              : hgemm::cli::CheckedAdd(resident == "all" ? 0 : a_bytes,
+                                                       resident != "none" ? 0 : b_bytes)
+                                    .value_or(UINT64_MAX);
     const uint64_t received =
-        resident == "all"
+        shm || resident == "all"
             ? 0
             : hgemm::cli::CheckedAdd(hgemm::cli::MatrixBytes(dims.m, dims.n),  // fp32: twice
                                      form.c_fp32 ? hgemm::cli::MatrixBytes(dims.m, dims.n) : 0)
@@ -277,7 +290,7 @@ int Main(int argc, char** argv) {
     const uint64_t unary_limit = uint64_t(call.unary_limit_bytes);
     const bool unary = mode == "unary" ||
                        (mode == "auto" && sent <= unary_limit && received <= unary_limit);
-    const hgemm::cli::Plan plan{.unary = unary,
+    const hgemm::cli::Plan plan{.unary = unary && !shm,  // shm: no operand in a message
                                 .resident_a = resident == "all",
                                 .resident_b = resident != "none",
                                 .keep_c = resident == "all",
@@ -344,13 +357,47 @@ int Main(int argc, char** argv) {
                 std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count(),
                 request.a().size() / 1048576.0);
   }
-  const bool stream = mode == "stream" || (mode == "auto" && hgemm::GemmClient::ShouldStream(request, call));
+  // Shared memory: A, B and C in one region (8-byte aligned parts), registered for this run.
+  std::unique_ptr<hgemm::SharedRegion> region;
+  std::string region_handle;
+  const int64_t b_offset = (int64_t(a_bytes.size()) + 7) / 8 * 8;
+  const int64_t c_offset = b_offset + (int64_t(b_bytes.size()) + 7) / 8 * 8;
+  if (shm) {
+    const auto start = std::chrono::steady_clock::now();
+    std::string error;
+    region = hgemm::SharedRegion::Create(
+        c_offset + int64_t(c_element_bytes) * dims.m * dims.n, &error);
+    if (!region) return Fail(error);
+    std::memcpy(region->data(), a_bytes.data(), a_bytes.size());
+    std::memcpy(region->data() + b_offset, b_bytes.data(), b_bytes.size());
+    hgemm::v1::RegionInfo info;
+    if (grpc::Status s = client.RegisterRegion(region->path(), region->bytes(), "hgemm_client",
+                                               &info, call);
+        !s.ok()) {
+      return Fail(s);
+    }
+    region_handle = info.region();
+    auto name = [&](hgemm::v1::RegionRef* ref, int64_t offset) {
+      ref->set_region(region_handle);
+      ref->set_offset(uint64_t(offset));
+    };
+    name(request.mutable_a_region(), 0);
+    name(request.mutable_b_region(), b_offset);
+    name(request.mutable_c_region(), c_offset);
+    std::printf("registered a shared region of %.1f MiB (A, B, C) in %.1f ms\n",
+                region->bytes() / 1048576.0,
+                std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
+  }
+  const bool stream = !shm && (mode == "stream" ||
+                               (mode == "auto" && hgemm::GemmClient::ShouldStream(request, call)));
   std::printf("GEMM %ux%ux%u (m x n x k) %s%s %s->%s via %s, kernel %s, accumulation %s, %.1f MiB up, %.1f MiB down\n",
               request.m(), request.n(), request.k(), transpose_a ? "T" : "N", transpose_b ? "T" : "N",
-              dtype.c_str(), c_dtype.c_str(), stream ? "GemmStream" : "unary Gemm",
+              dtype.c_str(), c_dtype.c_str(),
+              shm ? "unary Gemm, A, B and C in shared memory" : stream ? "GemmStream" : "unary Gemm",
               kernel.c_str(), accumulation.c_str(),
               (request.a().size() + request.b().size()) / 1048576.0,
-              request.keep_c_resident() ? 0.0 : double(c_element_bytes) * request.m() * request.n() / 1048576.0);
+              request.keep_c_resident() || shm ? 0.0
+                                               : double(c_element_bytes) * request.m() * request.n() / 1048576.0);
   std::printf("%5s %10s %9s %10s %9s %10s %10s %8s  %s\n", "run", "queue_ms", "h2d_ms", "kernel_ms",
               "d2h_ms", "server_ms", "client_ms", "TFLOP/s", "kernel@device");
 
@@ -398,6 +445,11 @@ int Main(int argc, char** argv) {
     }
     std::printf("downloaded the kept C in %.1f ms\n",
                 std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
+  }
+  if (shm) {  // C is in the region: copied out for --check and --out
+    response.set_c(reinterpret_cast<const char*>(region->data() + c_offset),
+                   c_element_bytes * request.m() * request.n());
+    if (grpc::Status s = client.UnregisterRegion(region_handle, call); !s.ok()) return Fail(s);
   }
   for (const std::string& handle : uploaded) {
     client.ReleaseMatrix(handle.rfind("C:", 0) == 0 ? handle.substr(2) : handle, call);

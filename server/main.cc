@@ -7,7 +7,9 @@
 #include <chrono>
 #include <cstdlib>
 #include <sstream>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "server/backend/backend_factory.h"
 #include "server/transport/grpc_logging.h"
@@ -33,8 +35,23 @@ int main(int argc, char** argv) {
   int64_t drain_deadline_s = 20, resident_ttl_s = 0, stream_idle_timeout_s = 60;
 
   CLI::App app{"hgemm-serve: fp16 GEMM over gRPC (hgemm.v1.GemmService)"};
-  app.add_option("--listen", server_options.listen_address, "HOST:PORT to serve on")
+  std::vector<std::string> listen{server_options.listen_address};
+  app.add_option("--listen", listen,
+                 "HOST:PORT or unix:/PATH to serve on; may be given several times (a Unix socket "
+                 "beside TCP: shared memory is accepted only over a unix: one)")
       ->envname("HGEMM_LISTEN")->capture_default_str();
+  std::string unix_socket_mode;
+  app.add_option("--unix_socket_mode", unix_socket_mode,
+                 "octal file mode given to each unix: socket once bound, e.g. 0660 (empty: "
+                 "gRPC's default)")
+      ->envname("HGEMM_UNIX_SOCKET_MODE")
+      ->check([](const std::string& mode) -> std::string {
+        if (mode.empty() || mode.size() > 4 ||
+            mode.find_first_not_of("01234567") != std::string::npos) {
+          return "an octal mode such as 0660";
+        }
+        return "";
+      });
   app.add_option("--advertise_address", server_options.service.resident.replica,
                  "HOST:PORT clients reach this replica at (e.g. its pod's DNS name), for one of "
                  "several replicas: handles name it, so clients send calls naming a handle here "
@@ -139,6 +156,22 @@ int main(int argc, char** argv) {
   app.add_flag("--resident_lru_eviction", server_options.service.resident.lru_eviction,
                "when device memory is full, evict least recently used resident matrices")
       ->envname("HGEMM_RESIDENT_LRU_EVICTION");
+  app.add_flag("--allow_shared_memory", server_options.service.regions.allow_shared_memory,
+               "accept shared-memory regions (sealed memfds, RegisterRegion) on calls over a "
+               "unix: listener; off: refused with FAILED_PRECONDITION")
+      ->envname("HGEMM_ALLOW_SHARED_MEMORY");
+  int64_t region_ttl_s = 3600;
+  app.add_option("--region_ttl_s", region_ttl_s,
+                 "a region no GEMM used for this long is released (the regions of a client that "
+                 "went away); 0: kept until unregistered")
+      ->envname("HGEMM_REGION_TTL_S")->check(CLI::NonNegativeNumber)->capture_default_str();
+  app.add_option("--max_regions_per_client", server_options.service.regions.max_regions_per_owner,
+                 "shared-memory regions one client may have registered")
+      ->envname("HGEMM_MAX_REGIONS_PER_CLIENT")->check(CLI::Range(1, 1 << 20))->capture_default_str();
+  app.add_option("--max_region_bytes_per_client", server_options.service.regions.max_bytes_per_owner,
+                 "bytes of the shared-memory regions one client may have registered")
+      ->envname("HGEMM_MAX_REGION_BYTES_PER_CLIENT")->check(CLI::PositiveNumber)
+      ->capture_default_str();
   app.add_option("--drain_deadline_s", drain_deadline_s,
                  "on SIGTERM/SIGINT, seconds in-flight calls get before they are cancelled")
       ->envname("HGEMM_DRAIN_DEADLINE_S")->check(CLI::Range(0, 3600))->capture_default_str();
@@ -150,6 +183,9 @@ int main(int argc, char** argv) {
                  "a call: rpc, code, reason, request_id, peer, principal, traceparent)")
       ->envname("HGEMM_LOG_FORMAT")->check(CLI::IsMember({"text", "json"}))->capture_default_str();
   CLI11_PARSE(app, argc, argv);
+  if (!listen.empty()) server_options.listen_address = listen.front();
+  if (listen.size() > 1) server_options.more_listen_addresses.assign(listen.begin() + 1, listen.end());
+  if (!unix_socket_mode.empty()) server_options.unix_socket_mode = std::stoi(unix_socket_mode, nullptr, 8);
 
   hgemm::logging::Format format = hgemm::logging::Format::kText;
   hgemm::logging::ParseFormat(log_format, &format);
@@ -164,6 +200,7 @@ int main(int argc, char** argv) {
                                                : hgemm::ClientCertificates::kRequest;
   server_options.service.resident.default_ttl = std::chrono::seconds(resident_ttl_s);
   server_options.service.idle_timeout = std::chrono::seconds(stream_idle_timeout_s);
+  server_options.service.regions.ttl = std::chrono::seconds(region_ttl_s);
 
   // Signals are taken by sigwait below, never by a handler: block them before any thread starts.
   sigset_t signals;
@@ -189,6 +226,9 @@ int main(int argc, char** argv) {
   const hgemm::Backend& b = server->backend();
   spdlog::info("hgemm-serve {} listening on {} (port {})", hgemm::kVersion,
                server_options.listen_address, server->port());
+  for (const std::string& address : server_options.more_listen_addresses) {
+    spdlog::info("also listening on {}", address);
+  }
   if (!server_options.service.resident.replica.empty()) {
     spdlog::info("replica {}: resident-matrix handles name it", server_options.service.resident.replica);
   }

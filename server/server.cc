@@ -2,7 +2,10 @@
 
 #include <grpcpp/security/auth_metadata_processor.h>
 #include <spdlog/spdlog.h>
+#include <sys/stat.h>
 
+#include <cerrno>
+#include <cstring>
 #include <exception>
 #include <string>
 #include <string_view>
@@ -42,9 +45,9 @@ constexpr char kServiceName[] = "hgemm.v1.GemmService";
 
 // True for 127.x.x.x, [::1] and localhost: nobody else can reach a plaintext port there.
 bool IsLoopback(const std::string& address) {
+  if (address.rfind("unix:", 0) == 0) return true;  // a socket file: this host only
   const std::string host = address.substr(0, address.rfind(':'));
-  return host.rfind("127.", 0) == 0 || host == "[::1]" || host == "localhost" ||
-         host.rfind("unix:", 0) == 0;
+  return host.rfind("127.", 0) == 0 || host == "[::1]" || host == "localhost";
 }
 
 // "" if the security options fit together, else why not (naming the flags).
@@ -65,6 +68,24 @@ std::string CheckSecurity(const ServerOptions& o) {
            "--auth_principal_from_cert)";
   }
   return "";
+}
+
+constexpr char kUnixPrefix[] = "unix:";
+
+// The socket file of a "unix:PATH" address; "" for any other address.
+std::string UnixSocketPath(const std::string& address) {
+  if (address.rfind(kUnixPrefix, 0) != 0) return "";
+  std::string path = address.substr(sizeof(kUnixPrefix) - 1);
+  // "unix:///run/x.sock" and "unix:/run/x.sock" name the same file.
+  if (path.rfind("//", 0) == 0) path = path.substr(2);
+  return path;
+}
+
+// Every address the service is served on, listen_address first.
+std::vector<std::string> ListenAddresses(const ServerOptions& o) {
+  std::vector<std::string> addresses{o.listen_address};
+  addresses.insert(addresses.end(), o.more_listen_addresses.begin(), o.more_listen_addresses.end());
+  return addresses;
 }
 
 }  // namespace
@@ -98,11 +119,13 @@ std::unique_ptr<HgemmServer> HgemmServer::Start(ServerOptions options,
       credentials->SetAuthMetadataProcessor(
           std::make_shared<ReflectionGuard>(server->authenticator_.get()));
     }
-  } else if (!IsLoopback(opts.listen_address)) {
-    spdlog::warn("serving PLAINTEXT on {}: anyone on the network can read the matrices{} (set "
-                 "--tls_cert and --tls_key)",
-                 opts.listen_address,
-                 server->authenticator_->enabled() ? " and the tokens" : "");
+  } else {
+    for (const std::string& address : ListenAddresses(opts)) {
+      if (IsLoopback(address)) continue;
+      spdlog::warn("serving PLAINTEXT on {}: anyone on the network can read the matrices{} (set "
+                   "--tls_cert and --tls_key)",
+                   address, server->authenticator_->enabled() ? " and the tokens" : "");
+    }
   }
   server->store_ = std::make_unique<MatrixStore>(server->backend_.get(), opts.service.resident);
   server->scheduler_ = std::make_unique<Scheduler>(server->backend_.get(), opts.service.scheduler);
@@ -150,6 +173,10 @@ std::unique_ptr<HgemmServer> HgemmServer::Start(ServerOptions options,
       kServiceName, "grpc.health.v1.Health", "grpc.reflection.v1alpha.ServerReflection"});
   grpc::ServerBuilder builder;
   builder.AddListeningPort(opts.listen_address, credentials, &server->port_);
+  std::vector<int> more_ports(opts.more_listen_addresses.size(), 0);
+  for (size_t i = 0; i < more_ports.size(); ++i) {
+    builder.AddListeningPort(opts.more_listen_addresses[i], credentials, &more_ports[i]);
+  }
   builder.RegisterService(server->service_.get());
   builder.RegisterService(server->health_.get());
   builder.RegisterService(server->reflection_.get());
@@ -161,6 +188,22 @@ std::unique_ptr<HgemmServer> HgemmServer::Start(ServerOptions options,
     spdlog::error("cannot listen on {}", opts.listen_address);
     server->scheduler_->Shutdown();
     return nullptr;
+  }
+  for (size_t i = 0; i < more_ports.size(); ++i) {
+    if (more_ports[i] == 0) {
+      spdlog::error("cannot listen on {}", opts.more_listen_addresses[i]);
+      return nullptr;  // ~HgemmServer stops the gRPC server
+    }
+  }
+  if (opts.unix_socket_mode >= 0) {
+    for (const std::string& address : ListenAddresses(opts)) {
+      const std::string path = UnixSocketPath(address);
+      if (!path.empty() && chmod(path.c_str(), mode_t(opts.unix_socket_mode)) != 0) {
+        spdlog::error("cannot set the mode of {} to {:o} (--unix_socket_mode): {}", path,
+                      opts.unix_socket_mode, strerror(errno));
+        return nullptr;
+      }
+    }
   }
   if (server->metrics_) {
     server->metrics_http_ = MetricsHttpServer::Start(opts.metrics_listen, server->metrics_, &error);

@@ -16,7 +16,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
-
+#include <vector>
 
 #include "server/auth/authenticator.h"
 #include "server/auth/server_tls.h"
@@ -33,8 +33,14 @@
 namespace hgemm {
 
 struct ServerOptions {
-  // HOST:PORT; port 0 picks a free one (see HgemmServer::port()).
+  // HOST:PORT; port 0 picks a free one (see HgemmServer::port()). May be a Unix socket,
+  // "unix:/path/hgemm.sock" (port() is then 1).
   std::string listen_address = "0.0.0.0:50051";
+  // More addresses serving the same calls, e.g. a Unix socket beside the TCP port. Shared
+  // memory (regions) is accepted only on calls that arrive over a "unix:" one.
+  std::vector<std::string> more_listen_addresses;
+  // The file mode (e.g. 0660) each Unix socket file is given once bound; -1: leave gRPC's.
+  int unix_socket_mode = -1;
   // HOST:PORT of the HTTP server answering GET /metrics (Prometheus text format); empty: no
   // metrics are kept or served. Port 0 picks a free one (see HgemmServer::metrics_port()).
   std::string metrics_listen;

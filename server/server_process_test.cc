@@ -29,8 +29,10 @@
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <map>
@@ -115,6 +117,17 @@ class ServerProcessTest : public ::testing::Test {
     grpc::Status s = stub->Check(&context, request, &response);
     EXPECT_TRUE(s.ok()) << s.error_message();
     return response.status();
+  }
+
+  // Runs the real hgemm_client against the server with `flags` (a --server among them
+  // replaces the TCP one); its exit status.
+  int RunClient(std::vector<std::string> flags) {
+    if (std::none_of(flags.begin(), flags.end(),
+                     [](const std::string& f) { return f.rfind("--server=", 0) == 0; })) {
+      flags.insert(flags.begin(), "--server=" + target_);
+    }
+    subprocess::ChildProcess client(subprocess::RunfilePath("client/hgemm_client"), flags);
+    return client.Wait();
   }
 
   std::string target_;
@@ -477,13 +490,6 @@ class JsonLogProcessTest : public ServerProcessTest {
     Launch({"--log_format=json"}, {}, log_path_);
   }
 
-  // Runs the real hgemm_client against the server with `flags`; its exit status.
-  int RunClient(std::vector<std::string> flags) {
-    flags.insert(flags.begin(), "--server=" + target_);
-    subprocess::ChildProcess client(subprocess::RunfilePath("client/hgemm_client"), flags);
-    return client.Wait();
-  }
-
   // SIGTERM, exit, and every line the process wrote.
   std::vector<std::string> StopAndReadLog() {
     EXPECT_EQ(kill(pid_, SIGTERM), 0);
@@ -559,6 +565,35 @@ TEST_F(JsonLogProcessTest, EveryLineIsJsonAndCallsCarryTheirFields) {
   EXPECT_EQ(gemms[0]["level"], "debug");
   EXPECT_EQ(gemms[0]["request_id"], "ok-1");
   EXPECT_EQ(gemms[0]["traceparent"], trace);
+}
+
+// Same host, the real binaries: hgemm_client --transport=shm over the server's Unix socket
+// (--allow_shared_memory) sends A, B and C through one sealed memfd and checks C against the
+// fp32 reference; over TCP the server refuses it (PERMISSION_DENIED) and the client fails.
+class ShmProcessTest : public ServerProcessTest {
+ protected:
+  void SetUp() override {
+    char dir[] = "/tmp/hgemm_shm_process_XXXXXX";  // short: a socket path has 107 bytes at most
+    ASSERT_NE(mkdtemp(dir), nullptr);
+    dir_ = dir;
+    Launch({"--listen=unix:" + dir_ + "/hgemm.sock", "--unix_socket_mode=0600",
+            "--allow_shared_memory"},
+           {});
+  }
+  void TearDown() override {
+    ServerProcessTest::TearDown();
+    std::filesystem::remove_all(dir_);
+  }
+  std::string dir_;
+};
+
+TEST_F(ShmProcessTest, ClientMultipliesThroughSharedMemory) {
+  const std::string unix_target = "--server=unix:" + dir_ + "/hgemm.sock";
+  EXPECT_EQ(RunClient({unix_target, "--transport=shm", "--shape=67x33x129", "--check",
+                       "--repeat=2"}),
+            0);
+  EXPECT_EQ(RunClient({unix_target, "--shape=67x33x129", "--check"}), 0);  // gRPC, same socket
+  EXPECT_NE(RunClient({"--transport=shm", "--shape=8x8x8"}), 0);          // over TCP: refused
 }
 
 }  // namespace

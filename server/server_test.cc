@@ -14,6 +14,7 @@
 #include "proto/numerics/error_stats.h"
 #include "proto/numerics/fp16.h"
 #include "server/backend/cpu_backend.h"
+#include "server/testing/forwarding_backend.h"
 #include "server/testing/test_requests.h"
 
 namespace hgemm {
@@ -96,35 +97,6 @@ TEST_F(ServerTest, StreamedLargeMatrices) {
   EXPECT_LT(ErrorAgainstReference(r, results[0].response.c()), kServiceTolerance.fp32_acc);
   EXPECT_GT(results[0].response.timing().tflops(), 0);
 }
-
-// A Backend passing everything to another; tests override what they change.
-class ForwardingBackend : public Backend {
- public:
-  explicit ForwardingBackend(std::unique_ptr<Backend> inner) : inner_(std::move(inner)) {}
-  std::string Name() const override { return inner_->Name(); }
-  std::vector<DeviceDescription> Devices() const override { return inner_->Devices(); }
-  std::vector<KernelDescription> Kernels() const override { return inner_->Kernels(); }
-  int NumSlots() const override { return inner_->NumSlots(); }
-  int SlotDevice(int slot) const override { return inner_->SlotDevice(slot); }
-  int64_t MaxJobBytes() const override { return inner_->MaxJobBytes(); }
-  absl::Status AllocateResident(int device, int64_t bytes,
-                                std::shared_ptr<ResidentBuffer>* buffer) override {
-    return inner_->AllocateResident(device, bytes, buffer);
-  }
-  absl::Status WriteResident(ResidentBuffer& buffer, int64_t offset, const void* host,
-                             int64_t bytes) override {
-    return inner_->WriteResident(buffer, offset, host, bytes);
-  }
-  absl::Status ReadResident(const ResidentBuffer& buffer, void* host) override {
-    return inner_->ReadResident(buffer, host);
-  }
-  absl::Status Run(int slot, const GemmJob& job, GemmReport* report) override {
-    return inner_->Run(slot, job, report);
-  }
-
- private:
-  std::unique_ptr<Backend> inner_;
-};
 
 // A backend that hands C over in pieces, as the CUDA backend does while C comes off the GPU:
 // the stream sends chunks of C before the GEMM is complete.

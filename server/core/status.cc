@@ -104,6 +104,18 @@ absl::Status Unauthenticated(const std::string& what) {
   return Make(absl::StatusCode::kUnauthenticated, what);
 }
 
+absl::Status OutOfRange(const std::string& field, const std::string& problem) {
+  return Make(absl::StatusCode::kOutOfRange, field + ": " + problem);
+}
+
+absl::Status FailedPrecondition(const std::string& what) {
+  return Make(absl::StatusCode::kFailedPrecondition, what);
+}
+
+absl::Status PermissionDenied(const std::string& what) {
+  return Make(absl::StatusCode::kPermissionDenied, what);
+}
+
 absl::Status WithContext(const std::string& context, const absl::Status& s) {
   return Make(s.code(), context + ": " + Message(s));
 }

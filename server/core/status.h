@@ -11,6 +11,11 @@
 //   CANCELLED           the client went away
 //   INTERNAL            the backend failed (GPU fault, ...)
 //   UNAUTHENTICATED     the call names no principal the server accepts
+//   OUT_OF_RANGE        an offset and size that reach past a shared-memory region's end
+//   FAILED_PRECONDITION the state forbids it now: shared memory is off, a region's file is
+//                       not sealed against shrinking, a region in use is unregistered
+//   PERMISSION_DENIED   shared memory asked for over a connection that is not a Unix socket,
+//                       or a region's file the server may not open
 // Messages are cut at 1024 characters, as TF Serving does. The transport turns these into
 // gRPC statuses in one place (server/status_util.h); nothing below it knows of gRPC.
 // Thread safety: pure functions, callable from any thread.
@@ -38,6 +43,9 @@ absl::Status BackendFailure(const std::string& what);
 // (UNAVAILABLE): nothing it computed is returned. `what` names the device and the error.
 absl::Status DeviceFailed(const std::string& what);
 absl::Status Unauthenticated(const std::string& what);
+absl::Status OutOfRange(const std::string& field, const std::string& problem);
+absl::Status FailedPrecondition(const std::string& what);
+absl::Status PermissionDenied(const std::string& what);
 
 // `s` with "<context>: " before its message; the code stays. REQUIRES: !s.ok().
 absl::Status WithContext(const std::string& context, const absl::Status& s);

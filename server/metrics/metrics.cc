@@ -11,6 +11,7 @@ namespace {
 constexpr std::array<const char*, kNumRpcs> kRpcNames = {
     "Gemm",          "GemmStream",    "ListKernels",  "GetServerInfo",
     "UploadMatrix",  "ReleaseMatrix", "ListMatrices", "DownloadMatrix",
+    "RegisterRegion", "UnregisterRegion", "ListRegions",
 };
 
 constexpr std::array<const char*, 5> kStageNames = {

@@ -73,8 +73,11 @@ enum class Rpc {
   kReleaseMatrix,
   kListMatrices,
   kDownloadMatrix,
+  kRegisterRegion,
+  kUnregisterRegion,
+  kListRegions,
 };
-inline constexpr int kNumRpcs = 8;
+inline constexpr int kNumRpcs = 11;
 // The method's name as in the .proto ("Gemm", "GemmStream", ...).
 const char* RpcName(Rpc rpc);
 

@@ -38,6 +38,7 @@ AdmittedGemm& AdmittedGemm::operator=(AdmittedGemm&& other) noexcept {
   c_quota_ = std::move(other.c_quota_);
   c_ttl_seconds_ = other.c_ttl_seconds_;
   pending_budget_ = std::exchange(other.pending_budget_, nullptr);
+  regions_ = std::move(other.regions_);
   return *this;
 }
 
@@ -56,7 +57,8 @@ GemmCore::GemmCore(Scheduler* scheduler, Backend* backend, MatrixStore* store,
       options_(std::move(options)),
       resolver_(store, scheduler),
       client_pending_(options_.max_client_pending_bytes),
-      host_buffers_(options_.result_buffer_pool_bytes) {}
+      host_buffers_(options_.result_buffer_pool_bytes),
+      regions_(options_.regions) {}
 
 absl::Status GemmCore::Admit(const std::string& owner, GemmOrder order,
                              AdmittedGemm* admitted) const {
@@ -80,6 +82,7 @@ absl::Status GemmCore::Admit(const std::string& owner, GemmOrder order,
   gemm.c_ttl_seconds_ = order.c.ttl_seconds;
   if (order.a.kind == Kind::kInline) job.a = order.a.data;
   if (order.b.kind == Kind::kInline) job.b = order.b.data;
+  if (absl::Status s = AcquireRegions(owner, order, &gemm); !s.ok()) return s;
   gemm.arriving_bytes_ = (order.a.kind == Kind::kArriving ? job.shape.ABytes() : 0) +
                          (order.b.kind == Kind::kArriving ? job.shape.BBytes() : 0);
   if (gemm.arriving_bytes_ > 0) {
@@ -88,6 +91,50 @@ absl::Status GemmCore::Admit(const std::string& owner, GemmOrder order,
     resolver_.PlaceArriving(&job);
   }
   *admitted = std::move(gemm);
+  return absl::OkStatus();
+}
+
+absl::Status GemmCore::AcquireRegions(const std::string& owner, const GemmOrder& order,
+                                      AdmittedGemm* gemm) const {
+  using Kind = OperandSource::Kind;
+  const bool c_region = order.c.kind == ResultSink::Kind::kRegion;
+  if (order.a.kind != Kind::kRegion && order.b.kind != Kind::kRegion && !c_region) {
+    return absl::OkStatus();
+  }
+  if (absl::Status s = regions_.CheckAllowed(order.over_unix_socket); !s.ok()) return s;
+  GemmJob& job = gemm->job_;
+  auto lease = [&](const std::string& region, uint64_t offset, int64_t bytes,
+                   const char* field) -> absl::Status {
+    RegionLease taken;
+    if (absl::Status s = regions_.Acquire(owner, region, offset, bytes, field, &taken); !s.ok()) {
+      return s;
+    }
+    gemm->regions_.push_back(std::move(taken));
+    return absl::OkStatus();
+  };
+  // The mapped bytes are used in place: the CPU backend reads and writes them, the CUDA one
+  // copies from and to them as it does for inline operands.
+  if (order.a.kind == Kind::kRegion) {
+    if (absl::Status s = lease(order.a.handle, order.a.offset, job.shape.ABytes(), "a_region");
+        !s.ok()) {
+      return s;
+    }
+    job.a = reinterpret_cast<const uint16_t*>(gemm->regions_.back().data());
+  }
+  if (order.b.kind == Kind::kRegion) {
+    if (absl::Status s = lease(order.b.handle, order.b.offset, job.shape.BBytes(), "b_region");
+        !s.ok()) {
+      return s;
+    }
+    job.b = reinterpret_cast<const uint16_t*>(gemm->regions_.back().data());
+  }
+  if (c_region) {
+    if (absl::Status s = lease(order.c.region, order.c.offset, job.shape.CBytes(), "c_region");
+        !s.ok()) {
+      return s;
+    }
+    job.c = reinterpret_cast<uint16_t*>(gemm->regions_.back().data());
+  }
   return absl::OkStatus();
 }
 
@@ -108,10 +155,11 @@ absl::Status GemmCore::Run(AdmittedGemm admitted, GemmFinished done) const {
   // scheduler refuses the job.
   auto c_quota = std::make_shared<QuotaReservation>(std::move(admitted.c_quota_));
   const uint32_t c_ttl = admitted.c_ttl_seconds_;
+  auto regions = std::make_shared<std::vector<RegionLease>>(std::move(admitted.regions_));
   return scheduler_->Enqueue(
       std::move(admitted.job_),
-      [this, shape, c_quota, c_ttl, done = std::move(done)](const absl::Status& status,
-                                                           const GemmReport& report) {
+      [this, shape, c_quota, c_ttl, regions, done = std::move(done)](const absl::Status& status,
+                                                                    const GemmReport& report) {
         GemmResult result{.report = report, .backend = backend_->Name()};
         absl::Status answer = status;
         try {
@@ -122,6 +170,9 @@ absl::Status GemmCore::Run(AdmittedGemm admitted, GemmFinished done) const {
           answer = status::FromCurrentException("keeping C");
         }
         result.report.c_resident.reset();  // the store holds a kept C now
+        // The backend is done with the regions: given back before the answer, so that a
+        // client unregistering right after it finds them free.
+        regions->clear();
         done(answer, std::move(result));
       });
 }

@@ -22,10 +22,12 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "server/backend/backend.h"
 #include "server/core/job.h"
 #include "server/resident/matrix_store.h"
+#include "server/resident/region_store.h"
 #include "server/scheduler/scheduler.h"
 #include "server/scheduler/upload_queue.h"
 #include "server/session/host_buffer_pool.h"
@@ -40,16 +42,21 @@ struct OperandSource {
     kInline,    // `data`: fp16 elements the caller keeps alive until the GEMM is answered
     kResident,  // `handle`: a resident matrix of the owner
     kArriving,  // in pieces, after admission, into an ArrivingBuffer on the GEMM's device
+    kRegion,    // `handle`: a shared-memory region of the owner, from byte `offset`
   };
   Kind kind = Kind::kInline;
   const uint16_t* data = nullptr;
   std::string handle;
+  uint64_t offset = 0;  // kRegion
 
   static OperandSource Inline(const uint16_t* data) { return {Kind::kInline, data, {}}; }
   static OperandSource Resident(std::string handle) {
     return {Kind::kResident, nullptr, std::move(handle)};
   }
   static OperandSource Arriving() { return {Kind::kArriving, nullptr, {}}; }
+  static OperandSource Region(std::string region, uint64_t offset) {
+    return {Kind::kRegion, nullptr, std::move(region), offset};
+  }
 };
 
 // Where C goes.
@@ -57,12 +64,18 @@ struct ResultSink {
   enum class Kind {
     kHost,          // into host memory the caller sets as job().c before Run
     kKeepResident,  // stays on the device as a new resident matrix of the owner
+    kRegion,        // into the owner's shared-memory region `region` at byte `offset`
   };
   Kind kind = Kind::kHost;
   uint32_t ttl_seconds = 0;  // kKeepResident: 0 is the store's default
+  std::string region;        // kRegion
+  uint64_t offset = 0;       // kRegion
 
   static ResultSink Host() { return {Kind::kHost, 0}; }
   static ResultSink KeepResident(uint32_t ttl_seconds) { return {Kind::kKeepResident, ttl_seconds}; }
+  static ResultSink Region(std::string region, uint64_t offset) {
+    return {Kind::kRegion, 0, std::move(region), offset};
+  }
 };
 
 // One GEMM as a transport hands it over.
@@ -70,6 +83,9 @@ struct GemmOrder {
   GemmJob job;  // validated: shape, kernel, accumulation, request id (buffers unset)
   OperandSource a, b;
   ResultSink c;
+  // The call came over a Unix socket (same host): required for regions (with
+  // GemmCoreOptions::regions.allow_shared_memory).
+  bool over_unix_socket = false;
 };
 
 // What a GEMM came to, once it ran.
@@ -127,6 +143,7 @@ class AdmittedGemm {
   QuotaReservation c_quota_;
   uint32_t c_ttl_seconds_ = 0;
   ClientPendingBudget* pending_budget_ = nullptr;  // set while arriving bytes are charged
+  std::vector<RegionLease> regions_;  // held until the GEMM is answered
 };
 
 struct GemmCoreOptions {
@@ -138,6 +155,8 @@ struct GemmCoreOptions {
   int64_t result_buffer_pool_bytes = int64_t{1} << 30;
   // This server's replica address, named in handles ("" without replicas).
   std::string replica;
+  // Shared-memory regions: whether they are allowed, quotas, time to live.
+  RegionStoreOptions regions;
 };
 
 class GemmCore {
@@ -151,7 +170,10 @@ class GemmCore {
   // quota of a kept C and the owner's budget of arriving bytes; places a GEMM with arriving
   // operands on the device they will be written to (job().device_index). Errors:
   // RESOURCE_EXHAUSTED (a limit), NOT_FOUND (a handle), INVALID_ARGUMENT (a matrix of the
-  // wrong shape). Nothing stays held on an error. REQUIRES: order.job.shape is validated.
+  // wrong shape); for regions (OperandSource/ResultSink::kRegion) those of
+  // RegionStore::CheckAllowed and RegionStore::Acquire: a lease on each region is held until
+  // the GEMM is answered. Nothing stays held on an error. REQUIRES: order.job.shape is
+  // validated.
   absl::Status Admit(const std::string& owner, GemmOrder order, AdmittedGemm* admitted) const;
 
   // On an upload thread: where `bytes` of an arriving operand go, on the device an admitted
@@ -178,8 +200,13 @@ class GemmCore {
   MatrixStore& store() const { return *store_; }
   UploadQueue& uploads() const { return *uploads_; }
   HostBufferPool& host_buffers() const { return host_buffers_; }
+  RegionStore& regions() const { return regions_; }
 
  private:
+  // The leases of `order`'s regions into `gemm` (its job's a, b, c pointing into them).
+  absl::Status AcquireRegions(const std::string& owner, const GemmOrder& order,
+                              AdmittedGemm* gemm) const;
+
   Scheduler* const scheduler_;
   Backend* const backend_;
   MatrixStore* const store_;
@@ -188,6 +215,7 @@ class GemmCore {
   const ResidentResolver resolver_;
   mutable ClientPendingBudget client_pending_;
   mutable HostBufferPool host_buffers_;
+  mutable RegionStore regions_;
 };
 
 }  // namespace hgemm

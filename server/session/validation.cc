@@ -20,6 +20,8 @@ absl::Status CheckElements(const char* matrix, uint32_t rows, uint32_t cols,
   return absl::OkStatus();
 }
 
+constexpr char kNoRegion[] = "empty (the handle RegisterRegion returned)";
+
 // A handle that is set must name something: an empty one would leave its operand without
 // bytes (the resolver has nothing to look up, the length check was skipped for it).
 absl::Status ValidateHandles(const v1::GemmRequest& request) {
@@ -28,6 +30,21 @@ absl::Status ValidateHandles(const v1::GemmRequest& request) {
   }
   if (request.has_b_handle() && request.b_handle().empty()) {
     return status::InvalidArgument("b_handle", "empty (set b, or the handle of a resident matrix)");
+  }
+  // Regions: named, and C goes to one place. Offsets and sizes are checked against the
+  // region when it is looked up (RegionStore::Acquire).
+  if (request.has_a_region() && request.a_region().region().empty()) {
+    return status::InvalidArgument("a_region.region", kNoRegion);
+  }
+  if (request.has_b_region() && request.b_region().region().empty()) {
+    return status::InvalidArgument("b_region.region", kNoRegion);
+  }
+  if (request.has_c_region() && request.c_region().region().empty()) {
+    return status::InvalidArgument("c_region.region", kNoRegion);
+  }
+  if (request.has_c_region() && request.keep_c_resident()) {
+    return status::InvalidArgument("c_region",
+                                   "C goes either to a region or stays resident, not both");
   }
   return absl::OkStatus();
 }
@@ -238,19 +255,21 @@ absl::Status ValidateGemmRequest(const v1::GemmRequest& request, const RequestRu
   if (s = ValidateShape(request.m(), request.n(), request.k(), rules, &job->shape); !s.ok()) return s;
   const GemmShape& shape = job->shape;
   if (s = ValidateHandles(request); !s.ok()) return s;
-  // Operands given by handle are checked when the handle is resolved.
-  if (int64_t want = shape.ABytes();
-      !request.has_a_handle() && int64_t(request.a().size()) != want) {
+  // Operands given by handle or region are checked when it is resolved.
+  const bool a_inline = request.a_source_case() == v1::GemmRequest::kA ||
+                        request.a_source_case() == v1::GemmRequest::A_SOURCE_NOT_SET;
+  const bool b_inline = request.b_source_case() == v1::GemmRequest::kB ||
+                        request.b_source_case() == v1::GemmRequest::B_SOURCE_NOT_SET;
+  if (int64_t want = shape.ABytes(); a_inline && int64_t(request.a().size()) != want) {
     return status::InvalidArgument(
-        "a", fmt::format("{} bytes; an {}x{} {} matrix ({}) takes exactly {} (or give a_handle)",
+        "a", fmt::format("{} bytes; an {}x{} {} matrix ({}) takes exactly {} (or give a_handle or a_region)",
                          request.a().size(), job->transpose_a ? shape.k : shape.m,
                          job->transpose_a ? shape.m : shape.k, ElementTypeName(shape.ab_type),
                          job->transpose_a ? "k x m, transpose_a" : "m x k", want));
   }
-  if (int64_t want = shape.BBytes();
-      !request.has_b_handle() && int64_t(request.b().size()) != want) {
+  if (int64_t want = shape.BBytes(); b_inline && int64_t(request.b().size()) != want) {
     return status::InvalidArgument(
-        "b", fmt::format("{} bytes; a {}x{} {} matrix ({}) takes exactly {} (or give b_handle)",
+        "b", fmt::format("{} bytes; a {}x{} {} matrix ({}) takes exactly {} (or give b_handle or b_region)",
                          request.b().size(), job->transpose_b ? shape.n : shape.k,
                          job->transpose_b ? shape.k : shape.n, ElementTypeName(shape.ab_type),
                          job->transpose_b ? "n x k, transpose_b" : "k x n", want));

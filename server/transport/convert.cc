@@ -12,6 +12,10 @@ Clock::time_point SteadyDeadline(const grpc::ServerContextBase& context) {
   return Clock::now() + (deadline - std::chrono::system_clock::now());
 }
 
+bool OverUnixSocket(const grpc::ServerContextBase& context) {
+  return context.peer().rfind("unix:", 0) == 0;
+}
+
 std::string_view CallTraceparent(const grpc::ServerContextBase& context) {
   const auto& metadata = context.client_metadata();
   auto it = metadata.find("traceparent");
@@ -64,6 +68,17 @@ void ToProto(const GemmShape& shape, const GemmResult& result, v1::Timing* timin
   execution->set_device_name(report.device_name);
   execution->set_stream_id(report.stream_id);
   execution->set_backend(result.backend);
+}
+
+void ToProto(const RegionInfo& region, v1::RegionInfo* info) {
+  const auto now = Clock::now();
+  info->set_region(region.handle);
+  info->set_byte_size(region.bytes);
+  info->set_label(region.label);
+  info->set_age_seconds(std::chrono::duration<double>(now - region.created).count());
+  info->set_idle_seconds(std::chrono::duration<double>(now - region.last_used).count());
+  info->set_ttl_seconds(region.ttl.count());
+  info->set_in_use(uint32_t(region.leases));
 }
 
 void ToProto(const ResidentMatrix& m, int device_id, const std::string& replica,

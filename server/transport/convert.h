@@ -21,6 +21,9 @@ namespace hgemm {
 // The call's deadline on the steady clock the scheduler uses (max: none).
 Clock::time_point SteadyDeadline(const grpc::ServerContextBase& context);
 
+// True when the call came over a Unix-domain socket (its peer is "unix:..."): same host.
+bool OverUnixSocket(const grpc::ServerContextBase& context);
+
 // The call's W3C trace context ("traceparent" metadata), or "" when absent or malformed.
 std::string_view CallTraceparent(const grpc::ServerContextBase& context);
 
@@ -38,6 +41,9 @@ void DescribeForms(unsigned layouts, unsigned types, v1::KernelInfo* info);
 // Fills the proto's timing and execution from what a GEMM of `shape` came to.
 void ToProto(const GemmShape& shape, const GemmResult& result, v1::Timing* timing,
              v1::Execution* execution);
+
+// Describes a shared-memory region.
+void ToProto(const RegionInfo& region, v1::RegionInfo* info);
 
 // Describes a resident matrix living on the device with id `device_id` of replica `replica`.
 void ToProto(const ResidentMatrix& matrix, int device_id, const std::string& replica,

@@ -19,7 +19,8 @@ GemmServiceImpl::GemmServiceImpl(Scheduler* scheduler, Backend* backend, MatrixS
             {.rules = options_.rules,
              .max_client_pending_bytes = options_.max_client_pending_bytes,
              .result_buffer_pool_bytes = options_.result_buffer_pool_bytes,
-             .replica = options_.resident.replica}),
+             .replica = options_.resident.replica,
+             .regions = options_.regions}),
       log_(metrics),
       authenticator_(authenticator != nullptr ? authenticator : &no_authentication_),
       stream_options_{.stream_chunk_bytes = options_.stream_chunk_bytes,
@@ -97,12 +98,20 @@ absl::Status GemmServiceImpl::AdmitGemm(grpc::CallbackServerContext* context,
                                         grpc::ServerUnaryReactor* reactor) {
   GemmOrder order;
   if (absl::Status s = ValidateGemmRequest(request, options_.rules, &order.job); !s.ok()) return s;
-  order.a = request.a_handle().empty() ? OperandSource::Inline(HalfData(request.a()))
-                                       : OperandSource::Resident(request.a_handle());
-  order.b = request.b_handle().empty() ? OperandSource::Inline(HalfData(request.b()))
-                                       : OperandSource::Resident(request.b_handle());
-  order.c = request.keep_c_resident() ? ResultSink::KeepResident(request.c_ttl_seconds())
-                                      : ResultSink::Host();
+  order.a = request.has_a_region()
+                ? OperandSource::Region(request.a_region().region(), request.a_region().offset())
+            : request.a_handle().empty() ? OperandSource::Inline(HalfData(request.a()))
+                                         : OperandSource::Resident(request.a_handle());
+  order.b = request.has_b_region()
+                ? OperandSource::Region(request.b_region().region(), request.b_region().offset())
+            : request.b_handle().empty() ? OperandSource::Inline(HalfData(request.b()))
+                                         : OperandSource::Resident(request.b_handle());
+  order.c = request.has_c_region()
+                ? ResultSink::Region(request.c_region().region(), request.c_region().offset())
+            : request.keep_c_resident() ? ResultSink::KeepResident(request.c_ttl_seconds())
+                                        : ResultSink::Host();
+  order.over_unix_socket = OverUnixSocket(*context);
+  const bool c_to_host = order.c.kind == ResultSink::Kind::kHost;
   AdmittedGemm admitted;
   if (absl::Status s = core_.Admit(owner, std::move(order), &admitted); !s.ok()) return s;
   GemmJob& job = admitted.job();
@@ -110,7 +119,7 @@ absl::Status GemmServiceImpl::AdmitGemm(grpc::CallbackServerContext* context,
   response->set_m(shape.m);
   response->set_n(shape.n);
   response->set_request_id(job.request_id);
-  if (!job.keep_c) {
+  if (c_to_host) {
     response->mutable_c()->resize(shape.CBytes());
     job.c = response->mutable_c()->data();
   }
@@ -251,6 +260,50 @@ grpc::ServerWriteReactor<v1::ResultChunk>* GemmServiceImpl::DownloadMatrix(
     return new RefusedCall<grpc::ServerWriteReactor<v1::ResultChunk>>(s);
   }
   return NewDownloadMatrixReactor(call_services_, context, std::move(caller.name), *request);
+}
+
+grpc::ServerUnaryReactor* GemmServiceImpl::RegisterRegion(grpc::CallbackServerContext* context,
+                                                          const v1::RegisterRegionRequest* request,
+                                                          v1::RegionInfo* response) {
+  return Unary(Rpc::kRegisterRegion, context, [&](const Principal& caller) {
+    RegionStore& regions = core_.regions();
+    if (absl::Status s = regions.CheckAllowed(OverUnixSocket(*context)); !s.ok()) return s;
+    if (request->byte_size() > uint64_t(INT64_MAX)) {
+      return status::InvalidArgument("byte_size", "larger than 2^63 - 1");
+    }
+    RegionInfo info;
+    absl::Status s = regions.Register(caller.name, request->path(), int64_t(request->byte_size()),
+                                      request->label(), &info);
+    if (s.ok()) ToProto(info, response);
+    return s;
+  });
+}
+
+grpc::ServerUnaryReactor* GemmServiceImpl::UnregisterRegion(
+    grpc::CallbackServerContext* context, const v1::UnregisterRegionRequest* request,
+    v1::UnregisterRegionResponse* response) {
+  return Unary(Rpc::kUnregisterRegion, context, [&](const Principal& caller) {
+    RegionStore& regions = core_.regions();
+    if (absl::Status s = regions.CheckAllowed(OverUnixSocket(*context)); !s.ok()) return s;
+    int64_t freed = 0;
+    absl::Status s = regions.Unregister(caller.name, request->region(), &freed);
+    response->set_freed_bytes(freed);
+    return s;
+  });
+}
+
+grpc::ServerUnaryReactor* GemmServiceImpl::ListRegions(grpc::CallbackServerContext* context,
+                                                       const v1::ListRegionsRequest*,
+                                                       v1::ListRegionsResponse* response) {
+  return Unary(Rpc::kListRegions, context, [&](const Principal& caller) {
+    RegionStore& regions = core_.regions();
+    if (absl::Status s = regions.CheckAllowed(OverUnixSocket(*context)); !s.ok()) return s;
+    for (const RegionInfo& region : regions.List(caller.name)) ToProto(region, response->add_regions());
+    response->set_client_bytes(regions.OwnerBytes(caller.name));
+    response->set_quota_bytes(regions.options().max_bytes_per_owner);
+    response->set_quota_regions(regions.options().max_regions_per_owner);
+    return absl::OkStatus();
+  });
 }
 
 }  // namespace hgemm

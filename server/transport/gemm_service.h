@@ -48,6 +48,8 @@ struct ServiceOptions {
   int64_t max_message_bytes = 0;
   SchedulerOptions scheduler;
   MatrixStoreOptions resident;
+  // Same-host shared-memory regions (off unless allow_shared_memory).
+  RegionStoreOptions regions;
 };
 
 class GemmServiceImpl final : public v1::GemmService::CallbackService {
@@ -87,6 +89,15 @@ class GemmServiceImpl final : public v1::GemmService::CallbackService {
                                          v1::ListMatricesResponse* response) override;
   grpc::ServerWriteReactor<v1::ResultChunk>* DownloadMatrix(
       grpc::CallbackServerContext* context, const v1::DownloadMatrixRequest* request) override;
+  grpc::ServerUnaryReactor* RegisterRegion(grpc::CallbackServerContext* context,
+                                           const v1::RegisterRegionRequest* request,
+                                           v1::RegionInfo* response) override;
+  grpc::ServerUnaryReactor* UnregisterRegion(grpc::CallbackServerContext* context,
+                                             const v1::UnregisterRegionRequest* request,
+                                             v1::UnregisterRegionResponse* response) override;
+  grpc::ServerUnaryReactor* ListRegions(grpc::CallbackServerContext* context,
+                                        const v1::ListRegionsRequest* request,
+                                        v1::ListRegionsResponse* response) override;
 
  private:
   // Who `context`'s call is from; if nobody authenticated, the status to finish it with (the

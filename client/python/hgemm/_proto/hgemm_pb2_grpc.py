@@ -54,6 +54,21 @@ class GemmServiceStub(object):
                 request_serializer=hgemm__pb2.DownloadMatrixRequest.SerializeToString,
                 response_deserializer=hgemm__pb2.ResultChunk.FromString,
                 )
+        self.RegisterRegion = channel.unary_unary(
+                '/hgemm.v1.GemmService/RegisterRegion',
+                request_serializer=hgemm__pb2.RegisterRegionRequest.SerializeToString,
+                response_deserializer=hgemm__pb2.RegionInfo.FromString,
+                )
+        self.UnregisterRegion = channel.unary_unary(
+                '/hgemm.v1.GemmService/UnregisterRegion',
+                request_serializer=hgemm__pb2.UnregisterRegionRequest.SerializeToString,
+                response_deserializer=hgemm__pb2.UnregisterRegionResponse.FromString,
+                )
+        self.ListRegions = channel.unary_unary(
+                '/hgemm.v1.GemmService/ListRegions',
+                request_serializer=hgemm__pb2.ListRegionsRequest.SerializeToString,
+                response_deserializer=hgemm__pb2.ListRegionsResponse.FromString,
+                )
 
 
 class GemmServiceServicer(object):
@@ -133,6 +148,28 @@ class GemmServiceServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RegisterRegion(self, request, context):
+        """Shared memory (see "Shared memory" above): maps a sealed memfd of the calling client and
+        returns its region handle. A region no GEMM used for --region_ttl_s is released.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UnregisterRegion(self, request, context):
+        """Unmaps a region; FAILED_PRECONDITION while GEMMs are using it.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListRegions(self, request, context):
+        """The calling client's regions.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_GemmServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -175,6 +212,21 @@ def add_GemmServiceServicer_to_server(servicer, server):
                     servicer.DownloadMatrix,
                     request_deserializer=hgemm__pb2.DownloadMatrixRequest.FromString,
                     response_serializer=hgemm__pb2.ResultChunk.SerializeToString,
+            ),
+            'RegisterRegion': grpc.unary_unary_rpc_method_handler(
+                    servicer.RegisterRegion,
+                    request_deserializer=hgemm__pb2.RegisterRegionRequest.FromString,
+                    response_serializer=hgemm__pb2.RegionInfo.SerializeToString,
+            ),
+            'UnregisterRegion': grpc.unary_unary_rpc_method_handler(
+                    servicer.UnregisterRegion,
+                    request_deserializer=hgemm__pb2.UnregisterRegionRequest.FromString,
+                    response_serializer=hgemm__pb2.UnregisterRegionResponse.SerializeToString,
+            ),
+            'ListRegions': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListRegions,
+                    request_deserializer=hgemm__pb2.ListRegionsRequest.FromString,
+                    response_serializer=hgemm__pb2.ListRegionsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -319,5 +371,56 @@ class GemmService(object):
         return grpc.experimental.unary_stream(request, target, '/hgemm.v1.GemmService/DownloadMatrix',
             hgemm__pb2.DownloadMatrixRequest.SerializeToString,
             hgemm__pb2.ResultChunk.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def RegisterRegion(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/hgemm.v1.GemmService/RegisterRegion',
+            hgemm__pb2.RegisterRegionRequest.SerializeToString,
+            hgemm__pb2.RegionInfo.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def UnregisterRegion(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/hgemm.v1.GemmService/UnregisterRegion',
+            hgemm__pb2.UnregisterRegionRequest.SerializeToString,
+            hgemm__pb2.UnregisterRegionResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def ListRegions(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/hgemm.v1.GemmService/ListRegions',
+            hgemm__pb2.ListRegionsRequest.SerializeToString,
+            hgemm__pb2.ListRegionsResponse.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)

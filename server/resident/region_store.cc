@@ -1,0 +1,281 @@
+#include "server/resident/region_store.h"
+
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <random>
+#include <utility>
+
+#include "server/core/status.h"
+
+namespace hgemm {
+namespace {
+
+// A file descriptor closed when it goes out of scope.
+class Fd {
+ public:
+  explicit Fd(int fd) : fd_(fd) {}
+  ~Fd() {
+    if (fd_ >= 0) close(fd_);
+  }
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+  int get() const { return fd_; }
+
+ private:
+  const int fd_;
+};
+
+// True for "/proc/<digits>/fd/<digits>": the only files a client may name, so that it cannot
+// make the server open anything but a file descriptor of a process.
+bool IsProcFdPath(const std::string& path) {
+  auto digits = [&](size_t from, size_t* end) {
+    size_t i = from;
+    while (i < path.size() && path[i] >= '0' && path[i] <= '9') ++i;
+    *end = i;
+    return i > from && i - from <= 10;
+  };
+  constexpr char kProc[] = "/proc/", kFd[] = "/fd/";
+  if (path.rfind(kProc, 0) != 0) return false;
+  size_t end = 0;
+  if (!digits(sizeof(kProc) - 1, &end) || path.compare(end, sizeof(kFd) - 1, kFd) != 0) return false;
+  return digits(end + sizeof(kFd) - 1, &end) && end == path.size();
+}
+
+std::string NewRegionHandle() {
+  static std::mutex mu;
+  static std::random_device entropy;
+  std::lock_guard<std::mutex> lock(mu);
+  return fmt::format("r-{:08x}{:08x}{:08x}{:08x}", entropy(), entropy(), entropy(), entropy());
+}
+
+absl::Status UnknownRegion(const std::string& handle) {
+  return status::NotFound(fmt::format(
+      "region {} does not exist (never registered, unregistered, or expired after "
+      "--region_ttl_s without use)",
+      status::Quote(handle)));
+}
+
+}  // namespace
+
+RegionLease& RegionLease::operator=(RegionLease&& other) noexcept {
+  if (this != &other) {
+    Release();
+    store_ = std::exchange(other.store_, nullptr);
+    mapping_ = std::move(other.mapping_);
+    handle_ = std::move(other.handle_);
+    data_ = std::exchange(other.data_, nullptr);
+  }
+  return *this;
+}
+
+void RegionLease::Release() {
+  if (store_ == nullptr) return;
+  std::exchange(store_, nullptr)->Unlease(handle_);
+  mapping_.reset();
+  data_ = nullptr;
+}
+
+RegionStore::RegionStore(RegionStoreOptions options) : options_(std::move(options)) {}
+
+RegionStore::~RegionStore() = default;
+
+absl::Status RegionStore::CheckAllowed(bool over_unix_socket) const {
+  if (!options_.allow_shared_memory) {
+    return status::FailedPrecondition(
+        "shared memory is off on this server (start it with --allow_shared_memory)");
+  }
+  if (!over_unix_socket) {
+    return status::PermissionDenied(
+        "shared memory is accepted only on calls over the server's Unix socket (--listen="
+        "unix:PATH), from the same host");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RegionStore::Register(const std::string& owner, const std::string& path,
+                                   int64_t bytes, const std::string& label, RegionInfo* info) {
+  if (!IsProcFdPath(path)) {
+    return status::InvalidArgument(
+        "path", fmt::format("{}: expected /proc/<pid>/fd/<fd> of a sealed memfd", status::Quote(path)));
+  }
+  if (bytes <= 0) return status::InvalidArgument("byte_size", "must be at least 1");
+  if (label.size() > 128) return status::InvalidArgument("label", "longer than 128 bytes");
+  // O_PATH first: no open side effects (a FIFO, a device) before the file is known to be a
+  // regular one.
+  Fd probe(open(path.c_str(), O_PATH | O_CLOEXEC));
+  if (probe.get() < 0) {
+    const int e = errno;
+    if (e == EACCES || e == EPERM) {
+      return status::PermissionDenied(fmt::format("path {}: {}", status::Quote(path), strerror(e)));
+    }
+    return status::InvalidArgument("path", fmt::format("{}: {}", status::Quote(path), strerror(e)));
+  }
+  struct stat st {};
+  if (fstat(probe.get(), &st) != 0 || !S_ISREG(st.st_mode)) {
+    return status::InvalidArgument("path", fmt::format("{} is not a memfd", status::Quote(path)));
+  }
+  Fd fd(open(fmt::format("/proc/self/fd/{}", probe.get()).c_str(), O_RDWR | O_CLOEXEC));
+  if (fd.get() < 0) {
+    return status::PermissionDenied(
+        fmt::format("path {}: cannot open it for reading and writing: {}", status::Quote(path),
+                    strerror(errno)));
+  }
+  const int seals = fcntl(fd.get(), F_GET_SEALS);
+  if (seals < 0 || (seals & F_SEAL_SHRINK) == 0) {
+    return status::FailedPrecondition(fmt::format(
+        "path {}: the file is not sealed against shrinking (create it with memfd_create(..., "
+        "MFD_ALLOW_SEALING), then fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK))",
+        status::Quote(path)));
+  }
+  if ((seals & (F_SEAL_WRITE | F_SEAL_FUTURE_WRITE)) != 0) {
+    return status::FailedPrecondition(fmt::format(
+        "path {}: the file is sealed against writing; C could not be written there",
+        status::Quote(path)));
+  }
+  // After the seal: the size can only grow from here.
+  if (fstat(fd.get(), &st) != 0 || st.st_size < bytes) {
+    return status::InvalidArgument(
+        "byte_size", fmt::format("{} bytes, but the file has {}", bytes, int64_t(st.st_size)));
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  const Clock::time_point now = Clock::now();
+  ExpireLocked(now);
+  int regions = 0;
+  int64_t held = 0;
+  for (const auto& [handle, entry] : regions_) {
+    if (entry.info.owner != owner) continue;
+    ++regions;
+    held += entry.info.bytes;
+  }
+  if (regions >= options_.max_regions_per_owner) {
+    return status::OverLimit(fmt::format("this client has {} regions registered, the most it "
+                                         "may (--max_regions_per_client)",
+                                         regions));
+  }
+  if (bytes > options_.max_bytes_per_owner - held) {
+    return status::OverLimit(fmt::format(
+        "{} more bytes would put this client's regions over {} (--max_region_bytes_per_client; "
+        "{} registered)",
+        bytes, options_.max_bytes_per_owner, held));
+  }
+  void* base = mmap(nullptr, size_t(bytes), PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
+  if (base == MAP_FAILED) {
+    const int e = errno;
+    if (e == ENOMEM) return status::OverLimit(fmt::format("mapping {} bytes: {}", bytes, strerror(e)));
+    return status::FailedPrecondition(fmt::format("path {}: cannot map it: {}", status::Quote(path), strerror(e)));
+  }
+  Entry entry;
+  entry.base = static_cast<uint8_t*>(base);
+  entry.mapping = std::shared_ptr<void>(base, [bytes](void* p) { munmap(p, size_t(bytes)); });
+  entry.info = {.handle = NewRegionHandle(),
+                .owner = owner,
+                .label = label,
+                .bytes = bytes,
+                .created = now,
+                .last_used = now,
+                .ttl = options_.ttl};
+  *info = entry.info;
+  regions_.emplace(entry.info.handle, std::move(entry));
+  return absl::OkStatus();
+}
+
+absl::Status RegionStore::Unregister(const std::string& owner, const std::string& handle,
+                                     int64_t* freed) {
+  *freed = 0;
+  std::shared_ptr<void> mapping;  // unmapped after mu_ is released
+  std::lock_guard<std::mutex> lock(mu_);
+  ExpireLocked(Clock::now());
+  auto it = regions_.find(handle);
+  if (it == regions_.end() || it->second.info.owner != owner) return UnknownRegion(handle);
+  if (it->second.info.leases > 0) {
+    return status::FailedPrecondition(fmt::format(
+        "region {} is in use by {} GEMM(s); unregister it once they are answered",
+        status::Quote(handle), it->second.info.leases));
+  }
+  *freed = it->second.info.bytes;
+  mapping = std::move(it->second.mapping);
+  regions_.erase(it);
+  return absl::OkStatus();
+}
+
+absl::Status RegionStore::Acquire(const std::string& owner, const std::string& handle,
+                                  uint64_t offset, int64_t bytes, const std::string& field,
+                                  RegionLease* lease) {
+  lease->Release();  // before mu_: giving a lease back takes it
+  std::lock_guard<std::mutex> lock(mu_);
+  const Clock::time_point now = Clock::now();
+  ExpireLocked(now);
+  auto it = regions_.find(handle);
+  if (it == regions_.end() || it->second.info.owner != owner) {
+    return status::WithContext(field, UnknownRegion(handle));
+  }
+  Entry& entry = it->second;
+  if (offset % 2 != 0) {
+    return status::InvalidArgument(field + ".offset",
+                                   fmt::format("{} is odd: fp16 elements are 2-byte aligned", offset));
+  }
+  // Neither side can overflow: both are at most the region's size (an int64_t > 0).
+  const uint64_t size = uint64_t(entry.info.bytes);
+  if (bytes < 0 || offset > size || uint64_t(bytes) > size - offset) {
+    return status::OutOfRange(
+        field, fmt::format("{} bytes at offset {} pass the end of region {} ({} bytes)", bytes,
+                           offset, status::Quote(handle), size));
+  }
+  RegionLease taken;
+  taken.store_ = this;
+  taken.mapping_ = entry.mapping;
+  taken.handle_ = handle;
+  taken.data_ = entry.base + offset;
+  ++entry.info.leases;
+  entry.info.last_used = now;
+  *lease = std::move(taken);
+  return absl::OkStatus();
+}
+
+void RegionStore::Unlease(const std::string& handle) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = regions_.find(handle);
+  if (it == regions_.end()) return;
+  --it->second.info.leases;
+  it->second.info.last_used = Clock::now();
+}
+
+std::vector<RegionInfo> RegionStore::List(const std::string& owner) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ExpireLocked(Clock::now());
+  std::vector<RegionInfo> out;
+  for (const auto& [handle, entry] : regions_) {
+    if (entry.info.owner == owner) out.push_back(entry.info);
+  }
+  return out;
+}
+
+int64_t RegionStore::OwnerBytes(const std::string& owner) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ExpireLocked(Clock::now());
+  int64_t bytes = 0;
+  for (const auto& [handle, entry] : regions_) {
+    if (entry.info.owner == owner) bytes += entry.info.bytes;
+  }
+  return bytes;
+}
+
+void RegionStore::ExpireLocked(Clock::time_point now) {
+  if (options_.ttl.count() <= 0) return;
+  for (auto it = regions_.begin(); it != regions_.end();) {
+    const RegionInfo& info = it->second.info;
+    if (info.leases == 0 && now - info.last_used >= info.ttl) {
+      it = regions_.erase(it);  // no lease holds the mapping: unmapped here
+    } else {
+      ++it;
+    }
+  }
+}
+
+}  // namespace hgemm

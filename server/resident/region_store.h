@@ -1,0 +1,136 @@
+// RegionStore: the system shared-memory regions that same-host clients registered, by handle.
+//
+// A region is a memfd of the client, named by its path /proc/<client pid>/fd/<fd> (gRPC passes
+// no file descriptors) and sealed against shrinking (memfd_create(MFD_ALLOW_SEALING), then
+// fcntl(F_ADD_SEALS, F_SEAL_SHRINK)). Register opens the path, refuses a file without
+// F_SEAL_SHRINK (FAILED_PRECONDITION) or smaller than the size asked for, and maps it: since
+// the file can never become shorter than the mapping, no access inside it can raise SIGBUS,
+// whatever the client does to its file afterwards (its ftruncate fails with EPERM).
+//
+// Regions belong to their owner (the caller's principal): another owner's handle is NOT_FOUND
+// with the message of a handle that never existed. Each owner has a quota of regions and of
+// bytes. A GEMM holds a RegionLease on each region it reads or writes; while any lease is
+// held, Unregister is refused (FAILED_PRECONDITION) and the mapping stays, so nothing is ever
+// unmapped under a running copy. A region unused (no lease) for `ttl` is released: that is how
+// the regions of a client that went away without unregistering are reclaimed. Every offset
+// and size is checked in 64-bit arithmetic that cannot overflow.
+//
+// No gRPC: the transport says whether the call came over a Unix socket (CheckAllowed).
+// Thread safety: all methods are thread-safe. The store must outlive its leases.
+#ifndef HGEMM_SERVER_RESIDENT_REGION_STORE_H_
+#define HGEMM_SERVER_RESIDENT_REGION_STORE_H_
+
+#include <absl/status/status.h>
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "server/core/job.h"
+
+namespace hgemm {
+
+struct RegionStoreOptions {
+  // Shared memory at all (--allow_shared_memory); off: every region call is refused.
+  bool allow_shared_memory = false;
+  // Regions, and their bytes, one owner may have registered at once.
+  int max_regions_per_owner = 64;
+  int64_t max_bytes_per_owner = int64_t{64} << 30;
+  // A region no GEMM used for this long is released; 0: kept until unregistered.
+  std::chrono::seconds ttl{0};
+};
+
+// What a region is, as listed.
+struct RegionInfo {
+  std::string handle;
+  std::string owner;
+  std::string label;
+  int64_t bytes = 0;
+  Clock::time_point created, last_used;
+  std::chrono::seconds ttl{0};
+  int64_t leases = 0;  // GEMMs using it now
+};
+
+class RegionStore;
+
+// A GEMM's hold on `bytes` of a region from `offset`: while it lives the region is neither
+// unregistered nor expired, and its mapping stays. Move-only; empty when default-made.
+// Thread safety: none of its own; the store must outlive it.
+class RegionLease {
+ public:
+  RegionLease() = default;
+  RegionLease(RegionLease&& other) noexcept { *this = std::move(other); }
+  RegionLease& operator=(RegionLease&& other) noexcept;
+  ~RegionLease() { Release(); }
+
+  // The first byte leased, inside the mapping. REQUIRES: not empty.
+  uint8_t* data() const { return data_; }
+  bool empty() const { return store_ == nullptr; }
+  // Gives the hold back now (idempotent).
+  void Release();
+
+ private:
+  friend class RegionStore;
+  RegionStore* store_ = nullptr;
+  std::shared_ptr<void> mapping_;  // keeps the mapping even past the store's entry
+  std::string handle_;
+  uint8_t* data_ = nullptr;
+};
+
+class RegionStore {
+ public:
+  explicit RegionStore(RegionStoreOptions options);
+  RegionStore(const RegionStore&) = delete;
+  RegionStore& operator=(const RegionStore&) = delete;
+  ~RegionStore();  // REQUIRES: no lease left
+
+  // Whether a call may use shared memory: FAILED_PRECONDITION when the server was started
+  // without --allow_shared_memory, PERMISSION_DENIED when `over_unix_socket` is false.
+  absl::Status CheckAllowed(bool over_unix_socket) const;
+
+  // Maps `bytes` of the file at `path` ("/proc/<pid>/fd/<fd>") as a new region of `owner`.
+  // Errors: INVALID_ARGUMENT (path or bytes malformed, not a regular file, smaller than
+  // `bytes`), PERMISSION_DENIED (the server may not open it), FAILED_PRECONDITION (not sealed
+  // against shrinking, or sealed against writing), RESOURCE_EXHAUSTED (the owner's quota).
+  // REQUIRES: CheckAllowed passed for the call.
+  absl::Status Register(const std::string& owner, const std::string& path, int64_t bytes,
+                        const std::string& label, RegionInfo* info);
+
+  // Unmaps `owner`'s region `handle`: NOT_FOUND (none of this owner's), FAILED_PRECONDITION
+  // (GEMMs hold it: unregister once they are answered).
+  absl::Status Unregister(const std::string& owner, const std::string& handle, int64_t* freed);
+
+  // A lease on `bytes` at `offset` of `owner`'s region `handle`, for the request's `field`:
+  // NOT_FOUND (no such region of this owner), INVALID_ARGUMENT (an odd offset: fp16 elements
+  // are 2-byte aligned), OUT_OF_RANGE (offset + bytes past the region's end).
+  // Whatever `lease` held before is given back first.
+  absl::Status Acquire(const std::string& owner, const std::string& handle, uint64_t offset,
+                       int64_t bytes, const std::string& field, RegionLease* lease);
+
+  std::vector<RegionInfo> List(const std::string& owner);
+  int64_t OwnerBytes(const std::string& owner);
+  const RegionStoreOptions& options() const { return options_; }
+
+ private:
+  friend class RegionLease;
+  struct Entry {
+    RegionInfo info;
+    std::shared_ptr<void> mapping;  // munmap()s when the last holder goes
+    uint8_t* base = nullptr;
+  };
+  void Unlease(const std::string& handle);
+  // Drops regions idle past the ttl. REQUIRES: mu_ held.
+  void ExpireLocked(Clock::time_point now);
+
+  const RegionStoreOptions options_;
+  std::mutex mu_;
+  std::map<std::string, Entry> regions_;  // guarded by mu_; by handle
+};
+
+}  // namespace hgemm
+
+#endif  // HGEMM_SERVER_RESIDENT_REGION_STORE_H_

@@ -1,0 +1,226 @@
+#include "server/resident/region_store.h"
+
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <limits>
+#include <string>
+#include <thread>
+
+#include "server/testing/memfd.h"
+
+namespace hgemm {
+namespace {
+
+using Memfd = TestMemfd;
+
+RegionStoreOptions Allowed() { return {.allow_shared_memory = true}; }
+
+TEST(RegionStore, RegisterAcquireUnregister) {
+  RegionStore store(Allowed());
+  Memfd file(4096);
+  ASSERT_EQ(pwrite(file.fd(), "\x01\x02\x03\x04", 4, 100), 4);
+  RegionInfo info;
+  ASSERT_TRUE(store.Register("alice", file.path(), 4096, "weights", &info).ok());
+  EXPECT_EQ(info.bytes, 4096);
+  EXPECT_EQ(info.handle.rfind("r-", 0), 0u);
+  {
+    RegionLease lease;
+    ASSERT_TRUE(store.Acquire("alice", info.handle, 100, 4, "a_region", &lease).ok());
+    EXPECT_EQ(lease.data()[2], 3);  // the client's bytes, through the mapping
+    lease.data()[0] = 9;            // and writes reach the client's file
+    uint8_t back = 0;
+    ASSERT_EQ(pread(file.fd(), &back, 1, 100), 1);
+    EXPECT_EQ(back, 9);
+  }
+  ASSERT_EQ(store.List("alice").size(), 1u);
+  EXPECT_EQ(store.OwnerBytes("alice"), 4096);
+  int64_t freed = 0;
+  ASSERT_TRUE(store.Unregister("alice", info.handle, &freed).ok());
+  EXPECT_EQ(freed, 4096);
+  EXPECT_TRUE(store.List("alice").empty());
+  RegionLease lease;
+  EXPECT_EQ(store.Acquire("alice", info.handle, 0, 2, "a_region", &lease).code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(store.Unregister("alice", info.handle, &freed).code(), absl::StatusCode::kNotFound);
+}
+
+TEST(RegionStore, BoundsAtTheEndAndOnePast) {
+  RegionStore store(Allowed());
+  Memfd file(1000);
+  RegionInfo info;
+  ASSERT_TRUE(store.Register("alice", file.path(), 1000, "", &info).ok());
+  RegionLease lease;
+  EXPECT_TRUE(store.Acquire("alice", info.handle, 0, 1000, "a_region", &lease).ok());
+  EXPECT_TRUE(store.Acquire("alice", info.handle, 998, 2, "a_region", &lease).ok());
+  EXPECT_TRUE(store.Acquire("alice", info.handle, 1000, 0, "a_region", &lease).ok());
+  absl::Status s = store.Acquire("alice", info.handle, 998, 4, "a_region", &lease);
+  EXPECT_EQ(s.code(), absl::StatusCode::kOutOfRange) << s;
+  EXPECT_NE(s.message().find("a_region"), std::string::npos) << s;
+  EXPECT_EQ(store.Acquire("alice", info.handle, 0, 1001, "b_region", &lease).code(),
+            absl::StatusCode::kOutOfRange);
+  EXPECT_EQ(store.Acquire("alice", info.handle, 1002, 0, "c_region", &lease).code(),
+            absl::StatusCode::kOutOfRange);
+  EXPECT_EQ(store.Acquire("alice", info.handle, 1, 2, "a_region", &lease).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(RegionStore, OffsetsThatOverflow64Bits) {
+  RegionStore store(Allowed());
+  Memfd file(4096);
+  RegionInfo info;
+  ASSERT_TRUE(store.Register("alice", file.path(), 4096, "", &info).ok());
+  RegionLease lease;
+  const uint64_t max = std::numeric_limits<uint64_t>::max();
+  for (uint64_t offset : {max - 1, max - 4095, uint64_t{1} << 63, max - 2}) {
+    EXPECT_EQ(store.Acquire("alice", info.handle, offset & ~uint64_t{1}, 4096, "a_region", &lease).code(),
+              absl::StatusCode::kOutOfRange)
+        << offset;
+  }
+  EXPECT_EQ(store.Acquire("alice", info.handle, 2, std::numeric_limits<int64_t>::max(), "a_region",
+                          &lease).code(),
+            absl::StatusCode::kOutOfRange);
+  EXPECT_TRUE(lease.empty());
+}
+
+TEST(RegionStore, ForeignRegionReadsLikeNone) {
+  RegionStore store(Allowed());
+  Memfd file(4096);
+  RegionInfo info;
+  ASSERT_TRUE(store.Register("alice", file.path(), 4096, "", &info).ok());
+  RegionLease lease;
+  absl::Status foreign = store.Acquire("mallory", info.handle, 0, 2, "a_region", &lease);
+  absl::Status never = store.Acquire("mallory", "r-0123", 0, 2, "a_region", &lease);
+  EXPECT_EQ(foreign.code(), absl::StatusCode::kNotFound);
+  // The same words as a handle that never existed, but for the handle itself.
+  std::string words(foreign.message());
+  words.replace(words.find(info.handle), info.handle.size(), "r-0123");
+  EXPECT_EQ(words, std::string(never.message()));
+  int64_t freed = 0;
+  EXPECT_EQ(store.Unregister("mallory", info.handle, &freed).code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(store.List("mallory").empty());
+  EXPECT_EQ(store.List("alice").size(), 1u);
+}
+
+TEST(RegionStore, UnregisterWhileLeasedIsRefused) {
+  RegionStore store(Allowed());
+  Memfd file(4096);
+  RegionInfo info;
+  ASSERT_TRUE(store.Register("alice", file.path(), 4096, "", &info).ok());
+  RegionLease lease;
+  ASSERT_TRUE(store.Acquire("alice", info.handle, 0, 4096, "a_region", &lease).ok());
+  int64_t freed = 0;
+  absl::Status s = store.Unregister("alice", info.handle, &freed);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_EQ(freed, 0);
+  lease.data()[4095] = 1;  // still mapped
+  lease.Release();
+  EXPECT_TRUE(store.Unregister("alice", info.handle, &freed).ok());
+}
+
+TEST(RegionStore, UnsealedMemfdIsRefused) {
+  RegionStore store(Allowed());
+  Memfd file(4096, /*seal_shrink=*/false);
+  RegionInfo info;
+  absl::Status s = store.Register("alice", file.path(), 4096, "", &info);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(s.message().find("F_SEAL_SHRINK"), std::string::npos) << s;
+  // A regular file can't be sealed at all.
+  FILE* tmp = tmpfile();
+  ASSERT_NE(tmp, nullptr);
+  ASSERT_EQ(ftruncate(fileno(tmp), 4096), 0);
+  s = store.Register("alice", "/proc/self/fd/" + std::to_string(fileno(tmp)), 4096, "", &info);
+  fclose(tmp);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;  // not /proc/<pid>/fd/<fd>
+  EXPECT_TRUE(store.List("alice").empty());
+}
+
+TEST(RegionStore, RegularFileIsRefused) {
+  RegionStore store(Allowed());
+  FILE* tmp = tmpfile();
+  ASSERT_NE(tmp, nullptr);
+  ASSERT_EQ(ftruncate(fileno(tmp), 4096), 0);
+  RegionInfo info;
+  absl::Status s = store.Register(
+      "alice", "/proc/" + std::to_string(getpid()) + "/fd/" + std::to_string(fileno(tmp)), 4096,
+      "", &info);
+  fclose(tmp);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+}
+
+TEST(RegionStore, BadPathsAndSizes) {
+  RegionStore store(Allowed());
+  Memfd file(4096);
+  RegionInfo info;
+  for (const std::string& path : {std::string("/etc/passwd"), std::string("/proc/1/fd/"),
+                                  std::string("/proc/self/fd/0"), file.path() + "/x",
+                                  std::string("/proc/99999999/fd/3")}) {
+    EXPECT_EQ(store.Register("alice", path, 4096, "", &info).code(),
+              absl::StatusCode::kInvalidArgument)
+        << path;
+  }
+  EXPECT_EQ(store.Register("alice", file.path(), 0, "", &info).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(store.Register("alice", file.path(), 4097, "", &info).code(),
+            absl::StatusCode::kInvalidArgument);  // larger than the file
+}
+
+TEST(RegionStore, TruncatingASealedMemfdFailsAndTheMappingStays) {
+  RegionStore store(Allowed());
+  Memfd file(1 << 20);
+  RegionInfo info;
+  ASSERT_TRUE(store.Register("alice", file.path(), 1 << 20, "", &info).ok());
+  EXPECT_NE(ftruncate(file.fd(), 0), 0);
+  EXPECT_EQ(errno, EPERM);
+  EXPECT_NE(fcntl(file.fd(), F_ADD_SEALS, F_SEAL_WRITE), 0);  // mapped writable: EBUSY
+  RegionLease lease;
+  ASSERT_TRUE(store.Acquire("alice", info.handle, 0, 1 << 20, "a_region", &lease).ok());
+  lease.data()[(1 << 20) - 1] = 7;  // the last page is still there: no SIGBUS
+  EXPECT_EQ(lease.data()[(1 << 20) - 1], 7);
+}
+
+TEST(RegionStore, Quotas) {
+  RegionStore store({.allow_shared_memory = true, .max_regions_per_owner = 2,
+                     .max_bytes_per_owner = 8192});
+  Memfd a(4096), b(4096), c(4096);
+  RegionInfo info;
+  ASSERT_TRUE(store.Register("alice", a.path(), 4096, "", &info).ok());
+  EXPECT_EQ(store.Register("alice", b.path(), 4097, "", &info).code(),
+            absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(store.Register("alice", b.path(), 4096, "", &info).ok());
+  absl::Status s = store.Register("alice", c.path(), 2, "", &info);
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+  ASSERT_TRUE(store.Register("bob", c.path(), 4096, "", &info).ok());  // per owner
+  RegionStore bytes({.allow_shared_memory = true, .max_bytes_per_owner = 6000});
+  ASSERT_TRUE(bytes.Register("alice", a.path(), 4096, "", &info).ok());
+  s = bytes.Register("alice", b.path(), 4096, "", &info);
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+  EXPECT_TRUE(bytes.Register("alice", b.path(), 1904, "", &info).ok());
+}
+
+TEST(RegionStore, UnusedRegionsExpireLeasedOnesStay) {
+  RegionStore store({.allow_shared_memory = true, .ttl = std::chrono::seconds(1)});
+  Memfd a(4096), b(4096);
+  RegionInfo idle, held;
+  ASSERT_TRUE(store.Register("alice", a.path(), 4096, "", &idle).ok());
+  ASSERT_TRUE(store.Register("alice", b.path(), 4096, "", &held).ok());
+  RegionLease lease;
+  ASSERT_TRUE(store.Acquire("alice", held.handle, 0, 2, "a_region", &lease).ok());
+  std::this_thread::sleep_for(std::chrono::milliseconds(1100));
+  const std::vector<RegionInfo> left = store.List("alice");
+  ASSERT_EQ(left.size(), 1u);
+  EXPECT_EQ(left[0].handle, held.handle);
+}
+
+TEST(RegionStore, AllowedOnlyWhenOnAndOverAUnixSocket) {
+  EXPECT_EQ(RegionStore({}).CheckAllowed(true).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(RegionStore(Allowed()).CheckAllowed(false).code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_TRUE(RegionStore(Allowed()).CheckAllowed(true).ok());
+}
+
+}  // namespace
+}  // namespace hgemm

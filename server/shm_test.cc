@@ -1,0 +1,392 @@
+// End to end over a real Unix socket (in a temporary directory) with the CPU backend: the
+// listener beside TCP, and shared-memory regions (real memfds) named by Gemm calls.
+#include <gtest/gtest.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <condition_variable>
+#include <cstring>
+#include <filesystem>
+#include <future>
+#include <limits>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <string>
+
+#include "client/gemm_client.h"
+#include "proto/numerics/cpu_gemm.h"
+#include "proto/numerics/error_stats.h"
+#include "server/backend/cpu_backend.h"
+#include "server/server.h"
+#include "server/testing/forwarding_backend.h"
+#include "server/testing/memfd.h"
+#include "server/testing/test_requests.h"
+
+namespace hgemm {
+namespace {
+
+double ErrorAgainstReference(const uint16_t* a, const uint16_t* b, const uint16_t* c, uint32_t m,
+                             uint32_t n, uint32_t k) {
+  std::vector<float> reference = ReferenceGemm(a, b, m, n, k);
+  return RelativeFrobeniusError(c, reference.data(), reference.size());
+}
+
+const uint16_t* Half(const std::string& bytes) {
+  return reinterpret_cast<const uint16_t*>(bytes.data());
+}
+
+// The CPU backend, with GEMMs held before they run until Open(): a GEMM that is "running"
+// for as long as a test needs.
+class GatedBackend final : public ForwardingBackend {
+ public:
+  using ForwardingBackend::ForwardingBackend;
+  void Open() {
+    std::lock_guard<std::mutex> lock(mu_);
+    open_ = true;
+    changed_.notify_all();
+  }
+  // Blocks until a GEMM waits at the gate.
+  void AwaitWaiting() {
+    std::unique_lock<std::mutex> lock(mu_);
+    changed_.wait(lock, [&] { return waiting_ > 0; });
+  }
+  absl::Status Run(int slot, const GemmJob& job, GemmReport* report) override {
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      ++waiting_;
+      changed_.notify_all();
+      changed_.wait(lock, [&] { return open_; });
+    }
+    return ForwardingBackend::Run(slot, job, report);
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable changed_;
+  bool open_ = false;  // guarded by mu_
+  int waiting_ = 0;    // guarded by mu_
+};
+
+class ShmTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char dir[] = "/tmp/hgemm_shm_test_XXXXXX";
+    ASSERT_NE(mkdtemp(dir), nullptr);
+    dir_ = dir;
+    socket_path_ = dir_ + "/hgemm.sock";
+  }
+  void TearDown() override {
+    server_.reset();
+    std::filesystem::remove_all(dir_);
+  }
+
+  void StartServer(ServerOptions options, std::unique_ptr<Backend> backend = nullptr) {
+    server_.reset();
+    options.listen_address = "127.0.0.1:0";
+    options.more_listen_addresses = {"unix:" + socket_path_};
+    if (!backend) backend = MakeCpuBackend({.workers = 2});
+    server_ = HgemmServer::Start(options, std::move(backend));
+    ASSERT_NE(server_, nullptr);
+    unix_ = v1::GemmService::NewStub(Connect("unix:" + socket_path_));
+    tcp_ = v1::GemmService::NewStub(Connect("127.0.0.1:" + std::to_string(server_->port())));
+  }
+
+  static ServerOptions SharedMemoryOn() {
+    ServerOptions options;
+    options.service.regions.allow_shared_memory = true;
+    return options;
+  }
+
+  // Registers `bytes` of `file` over the Unix socket as client `client_id`.
+  grpc::Status Register(const TestMemfd& file, int64_t bytes, v1::RegionInfo* info,
+                        const std::string& client_id = "alice",
+                        v1::GemmService::Stub* stub = nullptr) {
+    grpc::ClientContext context;
+    context.AddMetadata("x-client-id", client_id);
+    v1::RegisterRegionRequest request;
+    request.set_path(file.path());
+    request.set_byte_size(bytes);
+    return (stub ? stub : unix_.get())->RegisterRegion(&context, request, info);
+  }
+  grpc::Status Unregister(const std::string& region, const std::string& client_id = "alice") {
+    grpc::ClientContext context;
+    context.AddMetadata("x-client-id", client_id);
+    v1::UnregisterRegionRequest request;
+    request.set_region(region);
+    v1::UnregisterRegionResponse response;
+    return unix_->UnregisterRegion(&context, request, &response);
+  }
+  grpc::Status Gemm(const v1::GemmRequest& request, v1::GemmResponse* response,
+                    const std::string& client_id = "alice", v1::GemmService::Stub* stub = nullptr) {
+    grpc::ClientContext context;
+    context.AddMetadata("x-client-id", client_id);
+    return (stub ? stub : unix_.get())->Gemm(&context, request, response);
+  }
+  // `bytes` written at `offset` of `file`.
+  static void Write(const TestMemfd& file, int64_t offset, const std::string& bytes) {
+    ASSERT_EQ(pwrite(file.fd(), bytes.data(), bytes.size(), offset), ssize_t(bytes.size()));
+  }
+  static std::string Read(const TestMemfd& file, int64_t offset, int64_t bytes) {
+    std::string out(bytes, '\0');
+    EXPECT_EQ(pread(file.fd(), out.data(), bytes, offset), ssize_t(bytes));
+    return out;
+  }
+  static void SetRegion(v1::RegionRef* ref, const std::string& region, uint64_t offset) {
+    ref->set_region(region);
+    ref->set_offset(offset);
+  }
+
+  std::string dir_, socket_path_;
+  std::mt19937_64 rng_{20261204};
+  std::unique_ptr<HgemmServer> server_;
+  std::unique_ptr<v1::GemmService::Stub> unix_, tcp_;
+};
+
+TEST_F(ShmTest, UnixSocketServesBesideTcpWithItsMode) {
+  ServerOptions options;
+  options.unix_socket_mode = 0660;
+  StartServer(options);
+  struct stat st {};
+  ASSERT_EQ(stat(socket_path_.c_str(), &st), 0);
+  EXPECT_TRUE(S_ISSOCK(st.st_mode));
+  EXPECT_EQ(st.st_mode & 0777, 0660u);
+  for (v1::GemmService::Stub* stub : {unix_.get(), tcp_.get()}) {
+    v1::GemmRequest r = RandomRequest(19, 7, 33, rng_);
+    v1::GemmResponse response;
+    grpc::ClientContext context;
+    ASSERT_TRUE(stub->Gemm(&context, r, &response).ok());
+    EXPECT_LT(ErrorAgainstReference(Half(r.a()), Half(r.b()), Half(response.c()), 19, 7, 33),
+              kServiceTolerance.fp32_acc);
+  }
+}
+
+constexpr uint32_t kM = 33, kN = 17, kK = 65;
+
+// A and B from one region, C into another: checked against the fp32 reference; then both
+// unregistered, and a later use is NOT_FOUND.
+TEST_F(ShmTest, RegisterUseUnregister) {
+  StartServer(SharedMemoryOn());
+  const v1::GemmRequest r = RandomRequest(kM, kN, kK, rng_);
+  TestMemfd operands(r.a().size() + 64 + r.b().size()), result(2 * kM * kN);
+  Write(operands, 0, r.a());
+  Write(operands, r.a().size() + 64, r.b());
+  v1::RegionInfo in, out;
+  ASSERT_TRUE(Register(operands, r.a().size() + 64 + r.b().size(), &in).ok());
+  ASSERT_TRUE(Register(result, 2 * kM * kN, &out).ok());
+  v1::GemmRequest shm;
+  shm.set_m(kM);
+  shm.set_n(kN);
+  shm.set_k(kK);
+  SetRegion(shm.mutable_a_region(), in.region(), 0);
+  SetRegion(shm.mutable_b_region(), in.region(), r.a().size() + 64);
+  SetRegion(shm.mutable_c_region(), out.region(), 0);
+  v1::GemmResponse response;
+  grpc::Status s = Gemm(shm, &response);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_TRUE(response.c().empty());
+  const std::string c = Read(result, 0, 2 * kM * kN);
+  EXPECT_LT(ErrorAgainstReference(Half(r.a()), Half(r.b()), Half(c), kM, kN, kK),
+            kServiceTolerance.fp32_acc);
+
+  grpc::ClientContext context;
+  context.AddMetadata("x-client-id", "alice");
+  v1::ListRegionsResponse list;
+  ASSERT_TRUE(unix_->ListRegions(&context, {}, &list).ok());
+  EXPECT_EQ(list.regions_size(), 2);
+  EXPECT_EQ(list.client_bytes(), r.a().size() + 64 + r.b().size() + 2 * kM * kN);
+  EXPECT_TRUE(Unregister(in.region()).ok());
+  EXPECT_TRUE(Unregister(out.region()).ok());
+  s = Gemm(shm, &response);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND) << s.error_message();
+  EXPECT_EQ(Unregister(in.region()).error_code(), grpc::StatusCode::NOT_FOUND);
+}
+
+TEST_F(ShmTest, AFromARegionBInline) {
+  StartServer(SharedMemoryOn());
+  const v1::GemmRequest r = RandomRequest(kM, kN, kK, rng_);
+  TestMemfd file(4096 + r.a().size());
+  Write(file, 4096, r.a());
+  v1::RegionInfo info;
+  ASSERT_TRUE(Register(file, 4096 + r.a().size(), &info).ok());
+  v1::GemmRequest shm = r;
+  SetRegion(shm.mutable_a_region(), info.region(), 4096);
+  ASSERT_FALSE(shm.has_a());
+  v1::GemmResponse response;
+  grpc::Status s = Gemm(shm, &response);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_LT(ErrorAgainstReference(Half(r.a()), Half(r.b()), Half(response.c()), kM, kN, kK),
+            kServiceTolerance.fp32_acc);
+}
+
+// An operand ending exactly at the region's end is taken; one byte more is OUT_OF_RANGE (and
+// an odd offset INVALID_ARGUMENT); offsets near 2^64 don't wrap around.
+TEST_F(ShmTest, BoundsAndOverflowingOffsets) {
+  StartServer(SharedMemoryOn());
+  const v1::GemmRequest r = RandomRequest(kM, kN, kK, rng_);
+  const int64_t c_bytes = 2 * kM * kN;
+  TestMemfd file(c_bytes + 2);
+  v1::RegionInfo exact, short_by_one;
+  ASSERT_TRUE(Register(file, c_bytes + 2, &exact).ok());
+  ASSERT_TRUE(Register(file, c_bytes + 1, &short_by_one).ok());
+  v1::GemmRequest shm = r;
+  v1::GemmResponse response;
+  SetRegion(shm.mutable_c_region(), exact.region(), 2);  // C's last byte is the region's last
+  grpc::Status s = Gemm(shm, &response);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_LT(ErrorAgainstReference(Half(r.a()), Half(r.b()), Half(Read(file, 2, c_bytes)), kM, kN,
+                                  kK),
+            kServiceTolerance.fp32_acc);
+  SetRegion(shm.mutable_c_region(), short_by_one.region(), 2);  // one byte past the end
+  s = Gemm(shm, &response);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::OUT_OF_RANGE) << s.error_message();
+  EXPECT_NE(s.error_message().find("c_region"), std::string::npos) << s.error_message();
+  SetRegion(shm.mutable_c_region(), exact.region(), 3);
+  s = Gemm(shm, &response);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+  const uint64_t max = std::numeric_limits<uint64_t>::max();
+  for (uint64_t offset : {max - 1, max - uint64_t(c_bytes) + 1, uint64_t{1} << 63}) {
+    shm = r;
+    SetRegion(shm.mutable_a_region(), exact.region(), offset & ~uint64_t{1});
+    s = Gemm(shm, &response);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::OUT_OF_RANGE) << offset << " " << s.error_message();
+  }
+}
+
+TEST_F(ShmTest, ForeignAndUnknownRegionsAreNotFound) {
+  StartServer(SharedMemoryOn());
+  const v1::GemmRequest r = RandomRequest(kM, kN, kK, rng_);
+  TestMemfd file(r.a().size());
+  Write(file, 0, r.a());
+  v1::RegionInfo info;
+  ASSERT_TRUE(Register(file, r.a().size(), &info, "alice").ok());
+  v1::GemmRequest shm = r;
+  SetRegion(shm.mutable_a_region(), info.region(), 0);
+  v1::GemmResponse response;
+  grpc::Status s = Gemm(shm, &response, "mallory");
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND) << s.error_message();
+  EXPECT_EQ(Unregister(info.region(), "mallory").error_code(), grpc::StatusCode::NOT_FOUND);
+  SetRegion(shm.mutable_a_region(), "r-00000000000000000000000000000000", 0);
+  s = Gemm(shm, &response, "alice");
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND) << s.error_message();
+  SetRegion(shm.mutable_a_region(), info.region(), 0);
+  EXPECT_TRUE(Gemm(shm, &response, "alice").ok());  // still alice's
+}
+
+// A GEMM holds its regions until it is answered: unregistering them meanwhile is refused, and
+// works once the GEMM is done.
+TEST_F(ShmTest, UnregisterDuringARunningGemmIsRefused) {
+  auto gated = std::make_unique<GatedBackend>(MakeCpuBackend({.workers = 1}));
+  GatedBackend* gate = gated.get();
+  StartServer(SharedMemoryOn(), std::move(gated));
+  const v1::GemmRequest r = RandomRequest(kM, kN, kK, rng_);
+  TestMemfd file(r.a().size());
+  Write(file, 0, r.a());
+  v1::RegionInfo info;
+  ASSERT_TRUE(Register(file, r.a().size(), &info).ok());
+  v1::GemmRequest shm = r;
+  SetRegion(shm.mutable_a_region(), info.region(), 0);
+  v1::GemmResponse response;
+  auto running = std::async(std::launch::async, [&] { return Gemm(shm, &response); });
+  gate->AwaitWaiting();
+  grpc::Status s = Unregister(info.region());
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << s.error_message();
+  gate->Open();
+  ASSERT_TRUE(running.get().ok());
+  EXPECT_LT(ErrorAgainstReference(Half(r.a()), Half(r.b()), Half(response.c()), kM, kN, kK),
+            kServiceTolerance.fp32_acc);
+  EXPECT_TRUE(Unregister(info.region()).ok());
+}
+
+TEST_F(ShmTest, MemfdWithoutTheShrinkSealIsRefused) {
+  StartServer(SharedMemoryOn());
+  TestMemfd file(4096, /*seal_shrink=*/false);
+  v1::RegionInfo info;
+  grpc::Status s = Register(file, 4096, &info);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << s.error_message();
+  EXPECT_NE(s.error_message().find("F_SEAL_SHRINK"), std::string::npos) << s.error_message();
+}
+
+// The client truncates its sealed memfd after registering: ftruncate fails, and GEMMs reading
+// the whole region (up to its last page) keep working.
+TEST_F(ShmTest, TruncatingASealedMemfdFailsAndTheServerKeepsServing) {
+  StartServer(SharedMemoryOn());
+  const v1::GemmRequest r = RandomRequest(kM, kN, kK, rng_);
+  const int64_t bytes = (int64_t{1} << 20) + int64_t(r.a().size());
+  TestMemfd file(bytes);
+  Write(file, bytes - r.a().size(), r.a());
+  v1::RegionInfo info;
+  ASSERT_TRUE(Register(file, bytes, &info).ok());
+  EXPECT_NE(ftruncate(file.fd(), 0), 0);
+  EXPECT_EQ(errno, EPERM);
+  EXPECT_NE(ftruncate(file.fd(), 4096), 0);
+  v1::GemmRequest shm = r;
+  SetRegion(shm.mutable_a_region(), info.region(), bytes - r.a().size());
+  for (int i = 0; i < 2; ++i) {
+    v1::GemmResponse response;
+    grpc::Status s = Gemm(shm, &response);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    EXPECT_LT(ErrorAgainstReference(Half(r.a()), Half(r.b()), Half(response.c()), kM, kN, kK),
+              kServiceTolerance.fp32_acc);
+  }
+}
+
+TEST_F(ShmTest, QuotaOfRegionsAndBytes) {
+  ServerOptions options = SharedMemoryOn();
+  options.service.regions.max_regions_per_owner = 2;
+  options.service.regions.max_bytes_per_owner = 3 * 4096;
+  StartServer(options);
+  TestMemfd a(4096), b(4096), c(4096);
+  v1::RegionInfo info;
+  ASSERT_TRUE(Register(a, 4096, &info).ok());
+  grpc::Status s = Register(b, 4096, &info);
+  ASSERT_TRUE(s.ok());
+  s = Register(c, 2, &info);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << s.error_message();
+  ASSERT_TRUE(Unregister(info.region()).ok());
+  TestMemfd big(2 * 4096 + 2);
+  s = Register(big, 2 * 4096 + 2, &info);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << s.error_message();
+  EXPECT_TRUE(Register(big, 2 * 4096, &info).ok());
+  EXPECT_TRUE(Register(c, 4096, &info, "bob").ok());  // the quota is per client
+}
+
+TEST_F(ShmTest, RefusedOverTcpAndWhenOff) {
+  StartServer(SharedMemoryOn());
+  const v1::GemmRequest r = RandomRequest(kM, kN, kK, rng_);
+  TestMemfd file(r.a().size());
+  Write(file, 0, r.a());
+  v1::RegionInfo info;
+  grpc::Status s = Register(file, r.a().size(), &info, "alice", tcp_.get());
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED) << s.error_message();
+  ASSERT_TRUE(Register(file, r.a().size(), &info).ok());
+  v1::GemmRequest shm = r;
+  SetRegion(shm.mutable_a_region(), info.region(), 0);
+  v1::GemmResponse response;
+  s = Gemm(shm, &response, "alice", tcp_.get());
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED) << s.error_message();
+
+  StartServer(ServerOptions{});  // without --allow_shared_memory
+  s = Register(file, r.a().size(), &info);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << s.error_message();
+  EXPECT_NE(s.error_message().find("--allow_shared_memory"), std::string::npos);
+  s = Gemm(shm, &response);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << s.error_message();
+  EXPECT_TRUE(Gemm(r, &response).ok());  // the plain path is untouched
+}
+
+TEST_F(ShmTest, CRegionWithKeepCResidentIsInvalid) {
+  StartServer(SharedMemoryOn());
+  v1::GemmRequest shm = RandomRequest(kM, kN, kK, rng_);
+  SetRegion(shm.mutable_c_region(), "r-1", 0);
+  shm.set_keep_c_resident(true);
+  v1::GemmResponse response;
+  EXPECT_EQ(Gemm(shm, &response).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  shm.set_keep_c_resident(false);
+  SetRegion(shm.mutable_c_region(), "", 0);
+  EXPECT_EQ(Gemm(shm, &response).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+}
+
+}  // namespace
+}  // namespace hgemm
