@@ -38,10 +38,11 @@ inline int64_t WrappedBytes(uint32_t rows, uint32_t cols) {
 }
 
 // A status message must not show a wrapped (negative) size: "-" and 4 or more digits. A
-// client's own enum value echoed back ("unknown value -33818674": proto3 enums are any int32) is
-// what it sent, not a wrap, so a number right after "unknown value " does not count.
+// client's own enum value echoed back ("unknown value -33818674", "enum value -1610612744":
+// proto3 enums are any int32) is what it sent, not a wrap, so a number right after "value "
+// does not count.
 inline bool ShowsNegativeNumber(const std::string& message) {
-  static constexpr char kEchoedEnum[] = "unknown value ";
+  static constexpr char kEchoedEnum[] = "value ";
   constexpr size_t kEchoedEnumLength = sizeof(kEchoedEnum) - 1;
   for (size_t i = 0; i + 4 < message.size(); ++i) {
     auto digit = [&](size_t j) { return message[j] >= '0' && message[j] <= '9'; };

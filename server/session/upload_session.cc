@@ -111,7 +111,7 @@ absl::Status UploadSession::ConsumeHeader(const v1::UploadMatrixRequest& message
   if (!FromProto(header_.dtype(), ElementType::kFp16, &dtype_) || dtype_ == ElementType::kFp32) {
     return status::InvalidArgument(
         "header.dtype",
-        fmt::format("{} is not a type of a resident operand (DATA_TYPE_FP16 or DATA_TYPE_BF16)",
+        fmt::format("enum value {} is not a type of a resident operand (DATA_TYPE_FP16 or DATA_TYPE_BF16)",
                     int(header_.dtype())));
   }
   bytes_ = MatrixBytes(header_.rows(), header_.cols(), dtype_);

@@ -189,12 +189,12 @@ absl::Status ValidateForm(bool transpose_a, bool transpose_b, v1::DataType dtype
   if (!FromProto(dtype, ElementType::kFp16, &ab) || ab == ElementType::kFp32) {
     return status::InvalidArgument(
         prefix + "dtype",
-        fmt::format("{} is not a type of A and B (DATA_TYPE_FP16 or DATA_TYPE_BF16)", int(dtype)));
+        fmt::format("enum value {} is not a type of A and B (DATA_TYPE_FP16 or DATA_TYPE_BF16)", int(dtype)));
   }
   if (!FromProto(c_dtype, ab, &c) || (c != ab && c != ElementType::kFp32)) {
     return status::InvalidArgument(
         prefix + "c_dtype",
-        fmt::format("{} is not a type of C for {} inputs (UNSPECIFIED, the inputs' type, or "
+        fmt::format("enum value {} is not a type of C for {} inputs (UNSPECIFIED, the inputs' type, or "
                     "DATA_TYPE_FP32)",
                     int(c_dtype), ElementTypeName(ab)));
   }

@@ -235,7 +235,7 @@ TEST(Validation, HeaderFieldsArePrefixed) {
   h.set_dtype(v1::DataType(5));
   absl::Status s = ValidateGemmHeader(h, FormRules(), &job);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(s.message().rfind("header.dtype: 5 is not", 0), 0u) << s.message();
+  EXPECT_EQ(s.message().rfind("header.dtype: enum value 5 is not", 0), 0u) << s.message();
   h.set_dtype(v1::DATA_TYPE_BF16);
   h.set_transpose_a(true);
   ASSERT_TRUE(ValidateGemmHeader(h, FormRules(), &job).ok());
