@@ -69,6 +69,7 @@ class WriteTally {
     bytes_left_ -= bytes;
     return bytes_left_ == 0;
   }
+  bool complete() const { return bytes_left_ == 0; }   // every expected byte counted
   const absl::Status& error() const { return error_; }  // the first failure, else OK
   double copy_ms() const { return copy_ms_; }           // summed over the writes
 

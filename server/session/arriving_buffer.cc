@@ -24,7 +24,7 @@ void ArrivingBuffer::Allocated(const absl::Status& s, std::shared_ptr<ResidentBu
   std::unique_lock<std::mutex> lock(mu_);
   allocating_ = false;
   if (!s.ok() || dropped_) {
-    if (error_.ok()) error_ = s;
+    tally_.Add(s, 0, 0);
     early_.clear();
     lock.unlock();
     buffer.reset();  // freed without mu_
@@ -40,8 +40,8 @@ void ArrivingBuffer::Allocated(const absl::Status& s, std::shared_ptr<ResidentBu
 void ArrivingBuffer::Add(int64_t offset, std::string data) {
   std::unique_lock<std::mutex> lock(mu_);
   if (!settled_ || dropped_) return;
-  if (!error_.ok()) {  // a copy failed: the rest is counted, not copied
-    bytes_left_ -= int64_t(data.size());
+  if (!tally_.error().ok()) {  // a copy failed: the rest is counted, not copied
+    tally_.Add(absl::OkStatus(), int64_t(data.size()), 0);
     return MaybeSettle(lock);
   }
   if (allocating_) {
@@ -55,7 +55,7 @@ void ArrivingBuffer::Drop(absl::Status why) {
   std::unique_lock<std::mutex> lock(mu_);
   if (!settled_ || dropped_) return;
   dropped_ = true;
-  if (error_.ok()) error_ = std::move(why);
+  tally_.Add(why, 0, 0);
   early_.clear();
   MaybeSettle(lock);
 }
@@ -72,21 +72,19 @@ void ArrivingBuffer::CopyLocked(int64_t offset, std::string data) {
 void ArrivingBuffer::Copied(const absl::Status& s, int64_t bytes, double copy_ms) {
   std::unique_lock<std::mutex> lock(mu_);
   writes_in_flight_--;
-  bytes_left_ -= bytes;
-  copy_ms_ += copy_ms;
-  if (!s.ok() && error_.ok()) error_ = s;
+  tally_.Add(s, bytes, copy_ms);
   MaybeSettle(lock);
 }
 
 void ArrivingBuffer::MaybeSettle(std::unique_lock<std::mutex>& lock) {
-  const bool failed_for_good = dropped_ || (!error_.ok() && !buffer_);
-  if (!settled_ || allocating_ || writes_in_flight_ > 0 || (bytes_left_ > 0 && !failed_for_good)) {
+  const bool failed_for_good = dropped_ || (!tally_.error().ok() && !buffer_);
+  if (!settled_ || allocating_ || writes_in_flight_ > 0 || (!tally_.complete() && !failed_for_good)) {
     return lock.unlock();
   }
   Settled settled = std::exchange(settled_, nullptr);
-  const absl::Status s = error_;
+  const absl::Status s = tally_.error();
   std::shared_ptr<ResidentBuffer> buffer = std::move(buffer_);
-  const double copy_ms = copy_ms_;
+  const double copy_ms = tally_.copy_ms();
   lock.unlock();
   if (!s.ok()) buffer.reset();
   settled(s, std::move(buffer), copy_ms);

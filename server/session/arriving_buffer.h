@@ -52,7 +52,7 @@ class ArrivingBuffer : public std::enable_shared_from_this<ArrivingBuffer> {
 
  private:
   ArrivingBuffer(UploadQueue* uploads, int64_t bytes, Settled settled)
-      : uploads_(uploads), bytes_left_(bytes), settled_(std::move(settled)) {}
+      : uploads_(uploads), tally_(bytes), settled_(std::move(settled)) {}
   void Allocated(const absl::Status& s, std::shared_ptr<ResidentBuffer> buffer);
   void CopyLocked(int64_t offset, std::string data);
   void Copied(const absl::Status& s, int64_t bytes, double copy_ms);
@@ -65,10 +65,10 @@ class ArrivingBuffer : public std::enable_shared_from_this<ArrivingBuffer> {
   std::shared_ptr<ResidentBuffer> buffer_;                // guarded by mu_
   std::vector<std::pair<int64_t, std::string>> early_;    // guarded by mu_; before buffer_
   int64_t writes_in_flight_ = 0;                          // guarded by mu_
-  int64_t bytes_left_;                                    // guarded by mu_; not landed yet
-  absl::Status error_;                                    // guarded by mu_; the first failure
+  // Bytes landed (or counted after a failure), the first failure (a copy, the allocation,
+  // Drop's reason) and the copy time.
+  WriteTally tally_;                                      // guarded by mu_
   bool dropped_ = false;                                  // guarded by mu_
-  double copy_ms_ = 0;                                    // guarded by mu_
   Settled settled_;                                       // guarded by mu_; empty once called
 };
 
