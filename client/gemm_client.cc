@@ -305,6 +305,7 @@ grpc::Status GemmClient::StreamOn(const Route& route,
       std::copy(chunk.data().begin(), chunk.data().end(), c + chunk.offset());
     } else if (message.has_done()) {
       const v1::GemmDone& done = message.done();
+      result.answered = true;
       result.status = grpc::Status(static_cast<grpc::StatusCode>(done.status_code()),
                                    done.status_message());
       if (!result.status.ok()) result.response.clear_c();

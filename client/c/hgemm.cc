@@ -33,6 +33,10 @@ struct hgemm_gemm_options_t {
   std::string b_handle;
   int mode = HGEMM_MODE_AUTO;
   int64_t timeout_ms = -1;  // < 0: the client's
+  bool transpose_a = false;
+  bool transpose_b = false;
+  int dtype = HGEMM_DTYPE_DEFAULT;
+  int c_dtype = HGEMM_DTYPE_DEFAULT;
 };
 
 struct hgemm_call_options_t {
@@ -42,6 +46,17 @@ struct hgemm_call_options_t {
 
 struct hgemm_server_info_t {
   hgemm::v1::ServerInfo proto;
+};
+
+struct hgemm_batch_t {
+  struct Gemm {
+    hgemm::v1::GemmRequest request;
+    hgemm::CBuffer c;
+    grpc::Status status{grpc::StatusCode::UNKNOWN, "not sent yet (hgemm_gemm_many)"};
+    bool answered = false;
+    hgemm::v1::GemmResponse answer;  // timing, execution, request_id (C is in `c`)
+  };
+  std::vector<Gemm> gemms;
 };
 
 namespace {
@@ -126,32 +141,71 @@ void FillInfo(const hgemm::v1::GemmResponse& response, bool streamed, hgemm_gemm
   info->streamed = streamed ? 1 : 0;
 }
 
-// The checks made before anything is sent: operand and C sizes against m, n, k.
-grpc::Status CheckSizes(uint32_t m, uint32_t n, uint32_t k, const void* a, size_t a_bytes,
-                        const void* b, size_t b_bytes, size_t c_capacity, bool a_by_handle,
-                        bool b_by_handle) {
+// The checks made before anything is sent: the types, and operand and C sizes against m, n, k.
+grpc::Status CheckSizes(const hgemm_gemm_options_t& options, uint32_t m, uint32_t n, uint32_t k,
+                        const void* a, size_t a_bytes, const void* b, size_t b_bytes,
+                        size_t c_capacity) {
   auto bad = [](const std::string& message) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, message);
   };
+  if (options.dtype < HGEMM_DTYPE_DEFAULT || options.dtype > HGEMM_DTYPE_BF16) {
+    return bad(fmt::format("dtype {} is not HGEMM_DTYPE_DEFAULT, _FP16 or _BF16 (A and B)",
+                           options.dtype));
+  }
+  if (options.c_dtype < HGEMM_DTYPE_DEFAULT || options.c_dtype > HGEMM_DTYPE_FP32) {
+    return bad(fmt::format("c_dtype {} is not one of HGEMM_DTYPE_*", options.c_dtype));
+  }
+  const bool a_by_handle = !options.a_handle.empty(), b_by_handle = !options.b_handle.empty();
+  const char* type = options.dtype == HGEMM_DTYPE_BF16 ? "bf16" : "fp16";
+  const char* c_type = options.c_dtype == HGEMM_DTYPE_FP32 ? "fp32" : type;
+  const unsigned c_size = options.c_dtype == HGEMM_DTYPE_FP32 ? 4 : 2;
   // uint32 dimensions: 2·m·k < 2^65 only fits unsigned __int128; 2^64 bytes are never passed.
   const unsigned __int128 a_want = 2 * static_cast<unsigned __int128>(m) * k;
   const unsigned __int128 b_want = 2 * static_cast<unsigned __int128>(k) * n;
-  const unsigned __int128 c_want = 2 * static_cast<unsigned __int128>(m) * n;
+  const unsigned __int128 c_want = c_size * static_cast<unsigned __int128>(m) * n;
   if (a_by_handle ? a != nullptr || a_bytes != 0 : a_bytes != a_want || (a == nullptr && a_bytes)) {
     return bad(a_by_handle ? "a: pass NULL and 0 bytes for an A given by handle"
-                           : fmt::format("a_bytes is {}; an {}x{} fp16 A is {} bytes", a_bytes, m,
-                                         k, static_cast<uint64_t>(a_want)));
+                           : fmt::format("a_bytes is {}; an {}x{} {} A is {} bytes", a_bytes, m,
+                                         k, type, static_cast<uint64_t>(a_want)));
   }
   if (b_by_handle ? b != nullptr || b_bytes != 0 : b_bytes != b_want || (b == nullptr && b_bytes)) {
     return bad(b_by_handle ? "b: pass NULL and 0 bytes for a B given by handle"
-                           : fmt::format("b_bytes is {}; a {}x{} fp16 B is {} bytes", b_bytes, k,
-                                         n, static_cast<uint64_t>(b_want)));
+                           : fmt::format("b_bytes is {}; a {}x{} {} B is {} bytes", b_bytes, k,
+                                         n, type, static_cast<uint64_t>(b_want)));
   }
   if (c_capacity < c_want) {
-    return bad(fmt::format("c_capacity is {} bytes; an {}x{} fp16 C needs {} (nothing was sent)",
-                           c_capacity, m, n, static_cast<uint64_t>(c_want)));
+    return bad(fmt::format("c_capacity is {} bytes; an {}x{} {} C needs {} (nothing was sent)",
+                           c_capacity, m, n, c_type, static_cast<uint64_t>(c_want)));
   }
   return grpc::Status::OK;
+}
+
+// The GemmRequest of hgemm_gemm()'s arguments (sizes checked); A and B are copied into it.
+void BuildRequest(const hgemm_gemm_options_t& options, uint32_t m, uint32_t n, uint32_t k,
+                  const void* a, size_t a_bytes, const void* b, size_t b_bytes,
+                  hgemm::v1::GemmRequest* request) {
+  request->set_m(m);
+  request->set_n(n);
+  request->set_k(k);
+  request->mutable_options()->set_kernel(options.kernel);
+  request->mutable_options()->set_accumulation(
+      static_cast<hgemm::v1::Accumulation>(options.accumulation));
+  request->mutable_options()->set_request_id(options.request_id);
+  if (options.a_handle.empty()) {
+    request->set_a(a, a_bytes);
+  } else {
+    request->set_a_handle(options.a_handle);
+  }
+  if (options.b_handle.empty()) {
+    request->set_b(b, b_bytes);
+  } else {
+    request->set_b_handle(options.b_handle);
+  }
+  // HGEMM_DTYPE_* are proto DataType's values.
+  request->set_transpose_a(options.transpose_a);
+  request->set_transpose_b(options.transpose_b);
+  request->set_dtype(static_cast<hgemm::v1::DataType>(options.dtype));
+  request->set_c_dtype(static_cast<hgemm::v1::DataType>(options.c_dtype));
 }
 
 }  // namespace
@@ -159,6 +213,7 @@ grpc::Status CheckSizes(uint32_t m, uint32_t n, uint32_t k, const void* a, size_
 extern "C" {
 
 int hgemm_abi_version(void) { return HGEMM_ABI_VERSION; }
+int hgemm_abi_revision(void) { return HGEMM_ABI_REVISION; }
 
 const char* hgemm_status_name(int code) {
   constexpr int kCount = sizeof(kStatusNames) / sizeof(kStatusNames[0]);
@@ -255,6 +310,18 @@ void hgemm_gemm_options_set_b_handle(hgemm_gemm_options_t* options, const char* 
 void hgemm_gemm_options_set_timeout_ms(hgemm_gemm_options_t* options, int64_t timeout_ms) {
   options->timeout_ms = timeout_ms;
 }
+void hgemm_gemm_options_set_transpose_a(hgemm_gemm_options_t* options, unsigned char on) {
+  options->transpose_a = on != 0;
+}
+void hgemm_gemm_options_set_transpose_b(hgemm_gemm_options_t* options, unsigned char on) {
+  options->transpose_b = on != 0;
+}
+void hgemm_gemm_options_set_dtype(hgemm_gemm_options_t* options, int dtype) {
+  options->dtype = dtype;
+}
+void hgemm_gemm_options_set_c_dtype(hgemm_gemm_options_t* options, int c_dtype) {
+  options->c_dtype = c_dtype;
+}
 
 // Call options.
 hgemm_call_options_t* hgemm_call_options_create(void) {
@@ -276,29 +343,12 @@ void hgemm_gemm(hgemm_client_t* client, const hgemm_gemm_options_t* options, uin
   try {
     const hgemm_gemm_options_t defaults;
     if (options == nullptr) options = &defaults;
-    if (SaveStatus(CheckSizes(m, n, k, a, a_bytes, b, b_bytes, c_capacity,
-                              !options->a_handle.empty(), !options->b_handle.empty()),
-                   code, errptr)) {
+    if (SaveStatus(CheckSizes(*options, m, n, k, a, a_bytes, b, b_bytes, c_capacity), code,
+                   errptr)) {
       return;
     }
     hgemm::v1::GemmRequest request;
-    request.set_m(m);
-    request.set_n(n);
-    request.set_k(k);
-    request.mutable_options()->set_kernel(options->kernel);
-    request.mutable_options()->set_accumulation(
-        static_cast<hgemm::v1::Accumulation>(options->accumulation));
-    request.mutable_options()->set_request_id(options->request_id);
-    if (options->a_handle.empty()) {
-      request.set_a(a, a_bytes);
-    } else {
-      request.set_a_handle(options->a_handle);
-    }
-    if (options->b_handle.empty()) {
-      request.set_b(b, b_bytes);
-    } else {
-      request.set_b_handle(options->b_handle);
-    }
+    BuildRequest(*options, m, n, k, a, a_bytes, b, b_bytes, &request);
     const hgemm::CallOptions call = CallOptionsOf(client, options->timeout_ms, "");
     const bool streamed = options->mode == HGEMM_MODE_STREAM ||
                           (options->mode == HGEMM_MODE_AUTO &&
@@ -313,11 +363,11 @@ void hgemm_gemm(hgemm_client_t* client, const hgemm_gemm_options_t* options, uin
       response = std::move(results[0].response);
     } else {  // one copy, out of the response message
       if (SaveStatus(client->client.Gemm(request, &response, call), code, errptr)) return;
-      const size_t c_bytes = 2 * size_t{m} * n;
+      const size_t c_bytes = hgemm::GemmClient::ResultBytes(request);
       if (response.c().size() != c_bytes) {
         Fail(grpc::StatusCode::INTERNAL,
-             fmt::format("the server sent {} bytes of C; {}x{} fp16 is {}", response.c().size(),
-                         m, n, c_bytes),
+             fmt::format("the server sent {} bytes of C; {}x{} is {}", response.c().size(), m, n,
+                         c_bytes),
              code, errptr);
         return;
       }
@@ -327,6 +377,77 @@ void hgemm_gemm(hgemm_client_t* client, const hgemm_gemm_options_t* options, uin
   } catch (...) {
     SaveException(code, errptr);
   }
+}
+
+// Batches.
+hgemm_batch_t* hgemm_batch_create(void) { return new (std::nothrow) hgemm_batch_t; }
+void hgemm_batch_destroy(hgemm_batch_t* batch) { delete batch; }
+size_t hgemm_batch_size(const hgemm_batch_t* batch) { return batch->gemms.size(); }
+
+size_t hgemm_batch_add(hgemm_batch_t* batch, const hgemm_gemm_options_t* options, uint32_t m,
+                       uint32_t n, uint32_t k, const void* a, size_t a_bytes, const void* b,
+                       size_t b_bytes, void* c, size_t c_capacity, int* code, char** errptr) {
+  try {
+    const hgemm_gemm_options_t defaults;
+    if (options == nullptr) options = &defaults;
+    if (SaveStatus(CheckSizes(*options, m, n, k, a, a_bytes, b, b_bytes, c_capacity), code,
+                   errptr)) {
+      return SIZE_MAX;
+    }
+    hgemm_batch_t::Gemm gemm;
+    gemm.c = {static_cast<char*>(c), c_capacity};
+    BuildRequest(*options, m, n, k, a, a_bytes, b, b_bytes, &gemm.request);
+    batch->gemms.push_back(std::move(gemm));
+    return batch->gemms.size() - 1;
+  } catch (...) {
+    SaveException(code, errptr);
+  }
+  return SIZE_MAX;
+}
+
+void hgemm_gemm_many(hgemm_client_t* client, hgemm_batch_t* batch,
+                     const hgemm_call_options_t* options, const size_t* indices, size_t count,
+                     int* code, char** errptr) {
+  try {
+    std::vector<size_t> sent;
+    for (size_t j = 0; j < (indices == nullptr ? batch->gemms.size() : count); ++j) {
+      sent.push_back(indices == nullptr ? j : indices[j]);
+    }
+    std::vector<const hgemm::v1::GemmRequest*> requests;
+    std::vector<hgemm::CBuffer> c_into;
+    for (size_t i : sent) {
+      requests.push_back(&batch->gemms[i].request);
+      c_into.push_back(batch->gemms[i].c);
+    }
+    std::vector<hgemm::StreamedGemm> results;
+    grpc::Status status;
+    if (!requests.empty()) {
+      status = client->client.GemmStream(requests, &results, CallOptionsOf(client, options),
+                                         &c_into);
+    }
+    for (size_t j = 0; j < sent.size(); ++j) {
+      hgemm_batch_t::Gemm& gemm = batch->gemms[sent[j]];
+      hgemm::StreamedGemm& result = results[j];
+      gemm.answered = result.answered;
+      gemm.status = result.answered ? result.status
+                    : !status.ok()  ? status
+                                    : grpc::Status(grpc::StatusCode::UNKNOWN,
+                                                   "the stream ended without an answer");
+      gemm.answer = std::move(result.response);
+    }
+    SaveStatus(status, code, errptr);
+  } catch (...) {
+    SaveException(code, errptr);
+  }
+}
+
+unsigned char hgemm_batch_result(const hgemm_batch_t* batch, size_t i, hgemm_gemm_info_t* info,
+                                 int* code, char** errptr) {
+  const hgemm_batch_t::Gemm& gemm = batch->gemms[i];
+  if (!SaveStatus(gemm.status, code, errptr) && info != nullptr) {
+    FillInfo(gemm.answer, true, info);
+  }
+  return gemm.answered ? 1 : 0;
 }
 
 char* hgemm_upload(hgemm_client_t* client, const hgemm_call_options_t* options, uint32_t rows,

@@ -5,10 +5,13 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <random>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "proto/numerics/cpu_gemm.h"
@@ -20,6 +23,57 @@ namespace {
 using hgemm::subprocess::ChildProcess;
 
 constexpr uint16_t kPoison = 0x7e00;  // an fp16 NaN: any value left unwritten fails the check
+// NaN as fp16, bf16 and (two of them) fp32: C buffers of any type are filled with it first.
+constexpr uint16_t kPoisonAnyType = 0xffff;
+
+// One GEMM of a layout and types (hgemm.h's [revision 2] options): random operands as stored,
+// a poisoned C buffer of C's type, and the fp32 reference.
+struct FormGemm {
+  uint32_t m, n, k;
+  hgemm::GemmForm form;
+  std::vector<uint16_t> a, b;
+  std::vector<uint16_t> c;  // C's bytes (2 or 4 per element), poisoned
+
+  FormGemm(uint32_t m_, uint32_t n_, uint32_t k_, const hgemm::GemmForm& form_, uint64_t seed)
+      : m(m_), n(n_), k(k_), form(form_) {
+    std::mt19937_64 rng(seed);
+    a = hgemm::RandomHalfMatrix(int64_t{m} * k, rng, form.bf16);
+    b = hgemm::RandomHalfMatrix(int64_t{k} * n, rng, form.bf16);
+    c.assign(size_t{m} * n * (form.c_fp32 ? 2 : 1), kPoisonAnyType);
+  }
+
+  // Sets the options' transposes and types to this form's.
+  void SetOptions(hgemm_gemm_options_t* options) const {
+    hgemm_gemm_options_set_transpose_a(options, form.transpose_a);
+    hgemm_gemm_options_set_transpose_b(options, form.transpose_b);
+    hgemm_gemm_options_set_dtype(options, form.bf16 ? HGEMM_DTYPE_BF16 : HGEMM_DTYPE_FP16);
+    hgemm_gemm_options_set_c_dtype(options,
+                                   form.c_fp32 ? HGEMM_DTYPE_FP32 : HGEMM_DTYPE_DEFAULT);
+  }
+
+  // C's relative Frobenius error against the reference; +Inf if any element was left unwritten.
+  double Error() const {
+    const std::vector<float> reference = hgemm::ReferenceGemm(a.data(), b.data(), m, n, k, form);
+    const hgemm::ErrorStats stats =
+        hgemm::CompareToReference(c.data(), reference.data(), int64_t{m} * n, form);
+    return stats.nan_count == 0 ? stats.rel_frobenius : INFINITY;
+  }
+  double Tolerance() const { return hgemm::ServiceTolerance(false, form); }
+  std::string Name() const {
+    return std::string(form.transpose_a ? "T" : "N") + (form.transpose_b ? "T" : "N") +
+           (form.bf16 ? " bf16" : " fp16") + (form.c_fp32 ? "->fp32" : "");
+  }
+};
+
+// Every layout and type pair the service takes.
+std::vector<hgemm::GemmForm> AllForms() {
+  std::vector<hgemm::GemmForm> forms;
+  for (int bits = 0; bits < 16; ++bits) {
+    forms.push_back({.transpose_a = (bits & 1) != 0, .transpose_b = (bits & 2) != 0,
+                     .bf16 = (bits & 4) != 0, .c_fp32 = (bits & 8) != 0});
+  }
+  return forms;
+}
 
 // Frees an hgemm_* error message at the end of a scope.
 struct Error {
@@ -91,6 +145,8 @@ ChildProcess* HgemmC::server_ = nullptr;
 
 TEST(HgemmCAbi, VersionAndStatusNames) {
   EXPECT_EQ(hgemm_abi_version(), HGEMM_ABI_VERSION);
+  EXPECT_EQ(hgemm_abi_revision(), HGEMM_ABI_REVISION);
+  EXPECT_GE(hgemm_abi_revision(), 2);
   EXPECT_STREQ(hgemm_status_name(HGEMM_NOT_FOUND), "NOT_FOUND");
   EXPECT_STREQ(hgemm_status_name(HGEMM_UNAUTHENTICATED), "UNAUTHENTICATED");
   EXPECT_STREQ(hgemm_status_name(99), "UNKNOWN");
@@ -256,6 +312,208 @@ TEST_F(HgemmC, OneClientFromManyThreads) {
   for (int t = 0; t < kThreads; ++t) {
     EXPECT_LT(worst[t], hgemm::kServiceTolerance.fp32_acc) << "thread " << t;
   }
+}
+
+TEST_F(HgemmC, TransposesBf16AndFp32CMatchTheReference) {
+  uint64_t seed = 200;
+  for (const hgemm::GemmForm& form : AllForms()) {
+    for (int mode : {HGEMM_MODE_UNARY, HGEMM_MODE_STREAM}) {
+      FormGemm gemm(37, 21, 70, form, ++seed);
+      hgemm_gemm_options_t* options = hgemm_gemm_options_create();
+      gemm.SetOptions(options);
+      hgemm_gemm_options_set_mode(options, mode);
+      Error e;
+      hgemm_gemm_info_t info;
+      hgemm_gemm(client_, options, gemm.m, gemm.n, gemm.k, gemm.a.data(), 2 * gemm.a.size(),
+                 gemm.b.data(), 2 * gemm.b.size(), gemm.c.data(), 2 * gemm.c.size(), &info,
+                 &e.code, &e.message);
+      hgemm_gemm_options_destroy(options);
+      ASSERT_EQ(e.code, HGEMM_OK) << gemm.Name() << ": " << e.text();
+      EXPECT_EQ(info.streamed, mode == HGEMM_MODE_STREAM ? 1 : 0);
+      EXPECT_LT(gemm.Error(), gemm.Tolerance()) << gemm.Name() << " mode " << mode;
+    }
+  }
+}
+
+TEST_F(HgemmC, TypesOutsideTheEnumAndShortFp32CAreRefusedBeforeSending) {
+  const std::vector<uint16_t> a(6), b(6);
+  std::vector<uint16_t> c(8, kPoison);
+  for (auto [dtype, c_dtype, want] :
+       {std::tuple<int, int, const char*>{HGEMM_DTYPE_FP32, HGEMM_DTYPE_DEFAULT, "dtype 3 is not"},
+        std::tuple<int, int, const char*>{-1, HGEMM_DTYPE_DEFAULT, "dtype -1 is not"},
+        std::tuple<int, int, const char*>{HGEMM_DTYPE_FP16, 4, "c_dtype 4 is not"}}) {
+    hgemm_gemm_options_t* options = hgemm_gemm_options_create();
+    hgemm_gemm_options_set_dtype(options, dtype);
+    hgemm_gemm_options_set_c_dtype(options, c_dtype);
+    Error e;
+    hgemm_gemm(client_, options, 2, 2, 3, a.data(), 12, b.data(), 12, c.data(), 16, nullptr,
+               &e.code, &e.message);
+    hgemm_gemm_options_destroy(options);
+    EXPECT_EQ(e.code, HGEMM_INVALID_ARGUMENT);
+    EXPECT_NE(e.text().find(want), std::string::npos) << e.text();
+  }
+  // An fp32 C needs 4·m·n bytes: 2·m·n is short.
+  hgemm_gemm_options_t* options = hgemm_gemm_options_create();
+  hgemm_gemm_options_set_c_dtype(options, HGEMM_DTYPE_FP32);
+  Error e;
+  hgemm_gemm(client_, options, 2, 2, 3, a.data(), 12, b.data(), 12, c.data(), 8, nullptr, &e.code,
+             &e.message);
+  hgemm_gemm_options_destroy(options);
+  EXPECT_EQ(e.code, HGEMM_INVALID_ARGUMENT);
+  EXPECT_NE(e.text().find("c_capacity is 8 bytes; an 2x2 fp32 C needs 16"), std::string::npos)
+      << e.text();
+  EXPECT_EQ(c, std::vector<uint16_t>(8, kPoison));
+}
+
+TEST_F(HgemmC, BadTypeCombinationIsTheServersInvalidArgument) {
+  FormGemm gemm(8, 8, 8, {.bf16 = true}, 7);
+  hgemm_gemm_options_t* options = hgemm_gemm_options_create();
+  hgemm_gemm_options_set_dtype(options, HGEMM_DTYPE_BF16);
+  hgemm_gemm_options_set_c_dtype(options, HGEMM_DTYPE_FP16);  // neither bf16 nor fp32
+  Error e;
+  hgemm_gemm(client_, options, gemm.m, gemm.n, gemm.k, gemm.a.data(), 2 * gemm.a.size(),
+             gemm.b.data(), 2 * gemm.b.size(), gemm.c.data(), 2 * gemm.c.size(), nullptr,
+             &e.code, &e.message);
+  hgemm_gemm_options_destroy(options);
+  EXPECT_EQ(e.code, HGEMM_INVALID_ARGUMENT);
+  EXPECT_NE(e.text().find("c_dtype"), std::string::npos) << e.text();
+}
+
+// Adds `gemm` to `batch` with its form's options; returns its index.
+size_t AddToBatch(hgemm_batch_t* batch, FormGemm& gemm, const char* b_handle = "") {
+  hgemm_gemm_options_t* options = hgemm_gemm_options_create();
+  gemm.SetOptions(options);
+  hgemm_gemm_options_set_b_handle(options, b_handle);
+  const bool by_handle = *b_handle != '\0';
+  Error e;
+  const size_t i = hgemm_batch_add(batch, options, gemm.m, gemm.n, gemm.k, gemm.a.data(),
+                                   2 * gemm.a.size(), by_handle ? nullptr : gemm.b.data(),
+                                   by_handle ? 0 : 2 * gemm.b.size(), gemm.c.data(),
+                                   2 * gemm.c.size(), &e.code, &e.message);
+  hgemm_gemm_options_destroy(options);
+  EXPECT_EQ(e.code, HGEMM_OK) << e.text();
+  return i;
+}
+
+TEST_F(HgemmC, GemmManyWritesEveryCIntoItsBuffer) {
+  std::vector<FormGemm> gemms;
+  for (const hgemm::GemmForm& form : AllForms()) {
+    const uint32_t i = gemms.size();
+    gemms.emplace_back(19 + i % 7, 33, 45, form, 300 + i);
+  }
+  hgemm_batch_t* batch = hgemm_batch_create();
+  for (size_t i = 0; i < gemms.size(); ++i) EXPECT_EQ(AddToBatch(batch, gemms[i]), i);
+  EXPECT_EQ(hgemm_batch_size(batch), gemms.size());
+  Error e;
+  hgemm_gemm_many(client_, batch, nullptr, nullptr, 0, &e.code, &e.message);
+  ASSERT_EQ(e.code, HGEMM_OK) << e.text();
+  for (size_t i = 0; i < gemms.size(); ++i) {
+    hgemm_gemm_info_t info;
+    EXPECT_EQ(hgemm_batch_result(batch, i, &info, &e.code, &e.message), 1);
+    EXPECT_EQ(e.code, HGEMM_OK) << e.text();
+    EXPECT_EQ(info.streamed, 1);
+    EXPECT_STREQ(info.backend, "cpu");
+    EXPECT_LT(gemms[i].Error(), gemms[i].Tolerance()) << gemms[i].Name();
+  }
+  hgemm_batch_destroy(batch);
+}
+
+TEST_F(HgemmC, GemmManyFailsAGemmAloneAndRerunsChosenOnes) {
+  FormGemm first(16, 16, 16, {}, 11), unknown(16, 16, 16, {}, 12), last(16, 16, 16, {}, 13);
+  hgemm_batch_t* batch = hgemm_batch_create();
+  AddToBatch(batch, first);
+  AddToBatch(batch, unknown, "no-such-handle");
+  AddToBatch(batch, last);
+  Error e;
+  hgemm_gemm_many(client_, batch, nullptr, nullptr, 0, &e.code, &e.message);
+  EXPECT_EQ(e.code, HGEMM_OK) << e.text();
+  EXPECT_EQ(hgemm_batch_result(batch, 1, nullptr, &e.code, &e.message), 1);
+  EXPECT_EQ(e.code, HGEMM_NOT_FOUND) << e.text();
+  for (size_t i : {0, 2}) {
+    EXPECT_EQ(hgemm_batch_result(batch, i, nullptr, &e.code, &e.message), 1);
+    EXPECT_EQ(e.code, HGEMM_OK) << e.text();
+  }
+  EXPECT_LT(first.Error(), first.Tolerance());
+  EXPECT_LT(last.Error(), last.Tolerance());
+
+  // Run GEMM 2 alone again into a poisoned C: only it is sent.
+  std::fill(first.c.begin(), first.c.end(), kPoisonAnyType);
+  std::fill(last.c.begin(), last.c.end(), kPoisonAnyType);
+  const size_t again[] = {2};
+  hgemm_gemm_many(client_, batch, nullptr, again, 1, &e.code, &e.message);
+  EXPECT_EQ(e.code, HGEMM_OK) << e.text();
+  EXPECT_LT(last.Error(), last.Tolerance());
+  EXPECT_EQ(first.c, std::vector<uint16_t>(first.c.size(), kPoisonAnyType));
+  hgemm_batch_destroy(batch);
+}
+
+TEST_F(HgemmC, GemmManyAddRefusesWrongSizesAndAddsNothing) {
+  const std::vector<uint16_t> a(6), b(6);
+  std::vector<uint16_t> c(4, kPoison);
+  hgemm_batch_t* batch = hgemm_batch_create();
+  Error e;
+  EXPECT_EQ(hgemm_batch_add(batch, nullptr, 2, 2, 3, a.data(), 12, b.data(), 12, c.data(), 6,
+                            &e.code, &e.message),
+            SIZE_MAX);
+  EXPECT_EQ(e.code, HGEMM_INVALID_ARGUMENT);
+  EXPECT_NE(e.text().find("c_capacity is 6 bytes"), std::string::npos) << e.text();
+  EXPECT_EQ(hgemm_batch_size(batch), 0u);
+  // An empty batch sends nothing and succeeds.
+  hgemm_gemm_many(client_, batch, nullptr, nullptr, 0, &e.code, &e.message);
+  EXPECT_EQ(e.code, HGEMM_OK);
+  hgemm_batch_destroy(batch);
+}
+
+TEST(HgemmCAbi, GemmManyOnAnUnreachableServerLeavesEveryGemmUnanswered) {
+  hgemm_client_options_t* client_options = hgemm_client_options_create();
+  hgemm_client_options_set_timeout_ms(client_options, 5000);
+  Error e;
+  hgemm_client_t* client =
+      hgemm_client_create(("127.0.0.1:" + std::to_string(hgemm::subprocess::FreePort())).c_str(),
+                          client_options, &e.code, &e.message);
+  hgemm_client_options_destroy(client_options);
+  ASSERT_NE(client, nullptr) << e.text();
+  FormGemm one(4, 4, 4, {}, 21), two(4, 4, 4, {.c_fp32 = true}, 22);
+  hgemm_batch_t* batch = hgemm_batch_create();
+  AddToBatch(batch, one);
+  AddToBatch(batch, two);
+  // Before any run: unanswered, UNKNOWN.
+  EXPECT_EQ(hgemm_batch_result(batch, 0, nullptr, &e.code, &e.message), 0);
+  EXPECT_EQ(e.code, HGEMM_UNKNOWN);
+  hgemm_gemm_many(client, batch, nullptr, nullptr, 0, &e.code, &e.message);
+  EXPECT_EQ(e.code, HGEMM_UNAVAILABLE) << e.text();
+  for (size_t i : {0, 1}) {
+    EXPECT_EQ(hgemm_batch_result(batch, i, nullptr, &e.code, &e.message), 0);
+    EXPECT_EQ(e.code, HGEMM_UNAVAILABLE) << e.text();
+  }
+  EXPECT_EQ(one.c, std::vector<uint16_t>(one.c.size(), kPoisonAnyType));
+  hgemm_batch_destroy(batch);
+  hgemm_client_destroy(client);
+}
+
+TEST_F(HgemmC, GemmManyFromManyThreadsOnOneClient) {
+  constexpr int kThreads = 8;
+  std::vector<double> worst(kThreads, 0);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      std::vector<FormGemm> gemms;
+      for (int i = 0; i < 4; ++i) {
+        gemms.emplace_back(17 + t, 23 + i, 50, AllForms()[(t + 3 * i) % 16], 1000 * t + i);
+      }
+      hgemm_batch_t* batch = hgemm_batch_create();
+      for (FormGemm& gemm : gemms) AddToBatch(batch, gemm);
+      Error e;
+      hgemm_gemm_many(client_, batch, nullptr, nullptr, 0, &e.code, &e.message);
+      EXPECT_EQ(e.code, HGEMM_OK) << e.text();
+      for (const FormGemm& gemm : gemms) {
+        worst[t] = std::max(worst[t], gemm.Error() / gemm.Tolerance());
+      }
+      hgemm_batch_destroy(batch);
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  for (int t = 0; t < kThreads; ++t) EXPECT_LT(worst[t], 1.0) << "thread " << t;
 }
 
 }  // namespace
