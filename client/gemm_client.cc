@@ -244,7 +244,10 @@ grpc::Status GemmClient::GemmStream(const std::vector<const v1::GemmRequest*>& r
                     c_into);
   }
   results->assign(requests.size(), StreamedGemm{});
-  for (auto& [i, status] : refused) (*results)[i].status = status;
+  for (auto& [i, status] : refused) {
+    (*results)[i].status = status;
+    (*results)[i].answered = true;  // by this refusal: sending it again cannot help
+  }
   grpc::Status first_failure;
   for (const std::string& replica : order) {
     const std::vector<size_t>& ids = by_replica[replica];

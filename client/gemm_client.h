@@ -64,7 +64,8 @@ std::shared_ptr<grpc::Channel> Connect(const std::string& target,
 struct StreamedGemm {
   grpc::Status status;         // from the GEMM's `done` message
   v1::GemmResponse response;   // c, timing, execution, request_id (when status is OK)
-  // Whether its `done` arrived: a GEMM a broken stream left unanswered may be sent again.
+  // Whether its `done` arrived (or the client refused it, never sending it): a GEMM a broken
+  // stream left unanswered may be sent again.
   bool answered = false;
 };
 

@@ -159,7 +159,7 @@ class Calls:
             raise ValueError(f"out= takes a float16 C; this GEMM's C is {spec.c_dtype}")
         _arrays.check_out(out, spec.m, spec.n, keep_c, as_torch)
         yield from self._server_limit(spec, mode, timeout)
-        if self.native is not None and not keep_c and spec.plain_fp16():
+        if self._on_native_core(spec):
             c, info = yield from self._on_native(self.native.gemm,
                                                  (spec, self.config.streams(spec, mode), out),
                                                  timeout, idempotent=True,
@@ -198,20 +198,55 @@ class Calls:
         results = yield from self._many(specs, timeout, details, as_torch, started)
         return finish_many(results, return_exceptions)
 
+    def _on_native_core(self, spec: Spec) -> bool:
+        """Whether a GEMM goes through the native core: one is loaded and the GEMM returns C
+        (keep_c's handle is not in the C ABI) of fp16 or bf16 inputs (the types it sends)."""
+        return self.native is not None and not spec.keep_c and spec.dtype in ("fp16", "bf16")
+
     def _many(self, specs: List[Spec], timeout, details, as_torch, started):
         groups, outcomes = by_replica(dict(enumerate(specs)))
         deadline = Deadline(self.config.call_timeout(timeout))
         total = sum(s.payload_bytes + s.c_bytes for s in specs)
         bar = _progress.bar(self.config.progress, total, "hgemm")
+        batch = None
         try:
-            done = yield AllOf([self._stream_rounds(replica, by_id, deadline, bar)
-                                for replica, by_id in groups.items()])
+            if all(self._on_native_core(s) for s in specs):
+                batch = self.native.batch({i: s for by_id in groups.values()
+                                           for i, s in by_id.items()})
+            if batch is None:
+                rounds = [self._stream_rounds(replica, by_id, deadline, bar)
+                          for replica, by_id in groups.items()]
+            else:
+                rounds = [self._native_rounds(batch, replica, by_id, deadline, bar)
+                          for replica, by_id in groups.items()]
+            done = yield AllOf(rounds)
             for by_id, rounds in zip(groups.values(), done):
                 outcomes.update((i, rounds.outcome(i)) for i in by_id)
         finally:
+            if batch is not None:
+                batch.close()
             _progress.close(bar)
         return [streamed_result(self.client, specs[i], outcomes[i], details, as_torch, started)
                 for i in range(len(specs))]
+
+    def _native_rounds(self, batch, replica: str, by_id, deadline, bar):
+        """_stream_rounds through the native core: each round one blocking hgemm_gemm_many of
+        the pending GEMMs (C into the batch's buffers), settled by the same ManyRound."""
+        rounds = ManyRound(by_id, self.config.policy, deadline)
+        while rounds.pending:
+            sent = rounds.pending
+            stream_err = None
+            try:
+                yield from self._native_call(batch.run, sent, replica, deadline.remaining())
+            except grpc.RpcError as e:  # the C++ core explains unreachable replicas itself
+                stream_err = _errors.from_rpc_error(e)
+            delay = rounds.settle(batch, stream_err)
+            if bar is not None:
+                bar.update(sum(by_id[i].payload_bytes + by_id[i].c_bytes for i in sent
+                               if i not in rounds.pending))
+            if delay:
+                yield Sleep(delay)
+        return rounds
 
     def _stream_rounds(self, replica: str, by_id, deadline, bar):
         stub = self.routes.stub(replica)
