@@ -48,6 +48,10 @@ struct hgemm_server_info_t {
   hgemm::v1::ServerInfo proto;
 };
 
+struct hgemm_call_t {
+  std::shared_ptr<grpc::ClientContext> context;  // shared with the call in flight
+};
+
 struct hgemm_batch_t {
   struct Gemm {
     hgemm::v1::GemmRequest request;
@@ -378,6 +382,62 @@ void hgemm_gemm(hgemm_client_t* client, const hgemm_gemm_options_t* options, uin
     SaveException(code, errptr);
   }
 }
+
+// Asynchronous GEMMs.
+hgemm_call_t* hgemm_gemm_async(hgemm_client_t* client, const hgemm_gemm_options_t* options,
+                               uint32_t m, uint32_t n, uint32_t k, const void* a, size_t a_bytes,
+                               const void* b, size_t b_bytes, void* c, size_t c_capacity,
+                               hgemm_gemm_done_fn done, void* user_data, int* code,
+                               char** errptr) {
+  try {
+    const hgemm_gemm_options_t defaults;
+    if (options == nullptr) options = &defaults;
+    if (SaveStatus(CheckSizes(*options, m, n, k, a, a_bytes, b, b_bytes, c_capacity), code,
+                   errptr)) {
+      return nullptr;
+    }
+    hgemm::v1::GemmRequest request;
+    BuildRequest(*options, m, n, k, a, a_bytes, b, b_bytes, &request);
+    const hgemm::CallOptions call = CallOptionsOf(client, options->timeout_ms, "");
+    const bool streamed = options->mode == HGEMM_MODE_STREAM ||
+                          (options->mode == HGEMM_MODE_AUTO &&
+                           hgemm::GemmClient::ShouldStream(request, call));
+    const size_t c_bytes = hgemm::GemmClient::ResultBytes(request);
+    auto handle = std::make_unique<hgemm_call_t>();
+    handle->context = std::make_shared<grpc::ClientContext>();
+    // On a gRPC thread: a unary C is copied out of its response, then the caller is told.
+    auto finish = [c, c_bytes, streamed, done, user_data](grpc::Status status,
+                                                          hgemm::v1::GemmResponse response) {
+      if (status.ok() && !streamed) {
+        if (response.c().size() == c_bytes) {
+          std::memcpy(c, response.c().data(), c_bytes);
+        } else {
+          status = grpc::Status(grpc::StatusCode::INTERNAL,
+                                fmt::format("the server sent {} bytes of C; {}x{} is {}",
+                                            response.c().size(), response.m(), response.n(),
+                                            c_bytes));
+        }
+      }
+      if (!status.ok()) {
+        done(user_data, status.error_code(), status.error_message().c_str(), nullptr);
+        return;
+      }
+      hgemm_gemm_info_t info;
+      FillInfo(response, streamed, &info);
+      done(user_data, HGEMM_OK, "", &info);
+    };
+    client->client.GemmAsync(std::move(request), streamed, {static_cast<char*>(c), c_capacity},
+                             call, handle->context, std::move(finish));
+    *code = HGEMM_OK;
+    return handle.release();
+  } catch (...) {
+    SaveException(code, errptr);
+  }
+  return nullptr;
+}
+
+void hgemm_call_cancel(hgemm_call_t* call) { call->context->TryCancel(); }
+void hgemm_call_destroy(hgemm_call_t* call) { delete call; }
 
 // Batches.
 hgemm_batch_t* hgemm_batch_create(void) { return new (std::nothrow) hgemm_batch_t; }

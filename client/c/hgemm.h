@@ -99,6 +99,7 @@ typedef struct hgemm_gemm_options_t hgemm_gemm_options_t;
 typedef struct hgemm_call_options_t hgemm_call_options_t;
 typedef struct hgemm_server_info_t hgemm_server_info_t;
 typedef struct hgemm_batch_t hgemm_batch_t; /* [revision 2] */
+typedef struct hgemm_call_t hgemm_call_t;   /* [revision 2] */
 
 /* What the server reports of one GEMM: proto Timing and Execution. Strings longer than their
  * array are cut off (always NUL-terminated). */
@@ -296,6 +297,35 @@ HGEMM_EXPORT void hgemm_gemm_many(hgemm_client_t* client, hgemm_batch_t* batch,
 HGEMM_EXPORT unsigned char hgemm_batch_result(const hgemm_batch_t* batch, size_t i,
                                               hgemm_gemm_info_t* info, int* code,
                                               char** errptr);
+
+/* [revision 2] GEMMs that do not block: hgemm_gemm_async() starts one and returns; `done` is
+ * called once it is over, on a thread of the library (no thread is made per call).
+ *
+ * done(user_data, code, message, info): code is HGEMM_OK or the GEMM's failure (as
+ * hgemm_gemm() would return it), message its text ("" on success), info its timing and
+ * execution (NULL on failure); message and info are valid during the call only. C is in c
+ * when done is called with HGEMM_OK. done must not block (it holds up the library's thread) and
+ * must not destroy the client. */
+typedef void (*hgemm_gemm_done_fn)(void* user_data, int code, const char* message,
+                                   const hgemm_gemm_info_t* info);
+/* Starts hgemm_gemm() (same arguments and checks; mode HGEMM_MODE_AUTO is decided here) and
+ * returns its call handle, freed with hgemm_call_destroy(). done then runs exactly once: on a
+ * library thread, or on this one before hgemm_gemm_async() returns when the GEMM is refused at
+ * once (handles on two replicas). Returns NULL, and done never runs, when a check made before
+ * sending fails (hgemm_gemm()'s INVALID_ARGUMENT). Ownership: a, b and c stay the caller's and
+ * must stay alive, c unread, until done has run. REQUIRES: the client is not destroyed before
+ * done has run. */
+HGEMM_EXPORT hgemm_call_t* hgemm_gemm_async(hgemm_client_t* client,
+                                            const hgemm_gemm_options_t* options, uint32_t m,
+                                            uint32_t n, uint32_t k, const void* a, size_t a_bytes,
+                                            const void* b, size_t b_bytes, void* c,
+                                            size_t c_capacity, hgemm_gemm_done_fn done,
+                                            void* user_data, int* code, char** errptr);
+/* Cancels the call: if it is not over yet, done runs soon with HGEMM_CANCELLED (C may have been
+ * partly written). Any thread, any time before hgemm_call_destroy(); a no-op once it is over. */
+HGEMM_EXPORT void hgemm_call_cancel(hgemm_call_t* call);
+/* Frees the handle (the GEMM goes on; done still runs). call may be NULL. */
+HGEMM_EXPORT void hgemm_call_destroy(hgemm_call_t* call);
 
 /* Uploads a rows×cols fp16 matrix (data: 2·rows·cols bytes) to keep on the server. ttl_seconds:
  * seconds after its last use at which the server frees it (0: the server's default). label:

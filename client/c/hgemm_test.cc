@@ -3,11 +3,17 @@
 // reference, errors with their codes, many threads on one client, a C buffer that is too small.
 #include "client/c/hgemm.h"
 
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
+#include <condition_variable>
 #include <cstring>
+#include <mutex>
 #include <random>
 #include <string>
 #include <thread>
@@ -514,6 +520,240 @@ TEST_F(HgemmC, GemmManyFromManyThreadsOnOneClient) {
   }
   for (std::thread& thread : threads) thread.join();
   for (int t = 0; t < kThreads; ++t) EXPECT_LT(worst[t], 1.0) << "thread " << t;
+}
+
+// What hgemm_gemm_async's done callbacks report, and a wait for all of them.
+class Completions {
+ public:
+  struct Outcome {
+    int calls = 0;  // how many times done ran for this GEMM (must be 1)
+    int code = -1;
+    std::string message;
+    hgemm_gemm_info_t info{};
+  };
+
+  explicit Completions(size_t count) : outcomes_(count) {}
+
+  // The done of GEMM i: pass with `Context{this, i}` as user_data.
+  struct Context {
+    Completions* completions;
+    size_t i;
+  };
+  static void Done(void* user_data, int code, const char* message,
+                   const hgemm_gemm_info_t* info) {
+    auto* context = static_cast<Context*>(user_data);
+    Completions& self = *context->completions;
+    std::lock_guard<std::mutex> lock(self.mu_);
+    Outcome& outcome = self.outcomes_[context->i];
+    ++outcome.calls;
+    outcome.code = code;
+    outcome.message = message;
+    if (info != nullptr) outcome.info = *info;
+    ++self.done_;
+    self.cv_.notify_all();
+  }
+
+  // Waits until `count` callbacks have run; the outcomes then.
+  const std::vector<Outcome>& Wait(size_t count) {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return done_ >= count; });
+    return outcomes_;
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  size_t done_ = 0;
+  std::vector<Outcome> outcomes_;
+};
+
+// Starts `gemm` with hgemm_gemm_async in `mode`; the call handle (NULL with e set on refusal).
+hgemm_call_t* StartAsync(hgemm_client_t* client, FormGemm& gemm, int mode,
+                         Completions::Context* context, int* code, char** message) {
+  hgemm_gemm_options_t* options = hgemm_gemm_options_create();
+  gemm.SetOptions(options);
+  hgemm_gemm_options_set_mode(options, mode);
+  hgemm_call_t* call = hgemm_gemm_async(
+      client, options, gemm.m, gemm.n, gemm.k, gemm.a.data(), 2 * gemm.a.size(), gemm.b.data(),
+      2 * gemm.b.size(), gemm.c.data(), 2 * gemm.c.size(), &Completions::Done, context, code,
+      message);
+  hgemm_gemm_options_destroy(options);
+  return call;
+}
+
+TEST_F(HgemmC, AsyncGemmsRunAtOnceAndEachCompletesOnce) {
+  std::vector<FormGemm> gemms;
+  for (const hgemm::GemmForm& form : AllForms()) {
+    for (int twice = 0; twice < 2; ++twice) {  // unary, then streamed (by index below)
+      gemms.emplace_back(21 + gemms.size(), 30, 47, form, 500 + gemms.size());
+    }
+  }
+  Completions completions(gemms.size());
+  std::vector<Completions::Context> contexts;
+  for (size_t i = 0; i < gemms.size(); ++i) contexts.push_back({&completions, i});
+  std::vector<hgemm_call_t*> calls;
+  for (size_t i = 0; i < gemms.size(); ++i) {
+    Error e;
+    calls.push_back(StartAsync(client_, gemms[i], i % 2 ? HGEMM_MODE_STREAM : HGEMM_MODE_UNARY,
+                               &contexts[i], &e.code, &e.message));
+    ASSERT_NE(calls.back(), nullptr) << e.text();
+    EXPECT_EQ(e.code, HGEMM_OK);
+  }
+  // Half the handles go before their GEMMs are over: the GEMMs still complete.
+  for (size_t i = 0; i < calls.size(); i += 2) hgemm_call_destroy(calls[i]);
+  const std::vector<Completions::Outcome>& outcomes = completions.Wait(gemms.size());
+  for (size_t i = 0; i < gemms.size(); ++i) {
+    EXPECT_EQ(outcomes[i].calls, 1) << i;
+    ASSERT_EQ(outcomes[i].code, HGEMM_OK) << gemms[i].Name() << ": " << outcomes[i].message;
+    EXPECT_EQ(outcomes[i].info.streamed, i % 2) << i;
+    EXPECT_STREQ(outcomes[i].info.backend, "cpu");
+    EXPECT_LT(gemms[i].Error(), gemms[i].Tolerance()) << gemms[i].Name() << " " << i;
+  }
+  for (size_t i = 1; i < calls.size(); i += 2) hgemm_call_destroy(calls[i]);
+}
+
+TEST_F(HgemmC, AsyncGemmOfWrongSizesIsRefusedAndNeverCompletes) {
+  FormGemm gemm(4, 4, 4, {.c_fp32 = true}, 31);
+  Completions completions(1);
+  Completions::Context context{&completions, 0};
+  hgemm_gemm_options_t* options = hgemm_gemm_options_create();
+  hgemm_gemm_options_set_c_dtype(options, HGEMM_DTYPE_FP32);
+  Error e;
+  // C's buffer holds an fp16 C, not the fp32 one asked for.
+  EXPECT_EQ(hgemm_gemm_async(client_, options, 4, 4, 4, gemm.a.data(), 32, gemm.b.data(), 32,
+                             gemm.c.data(), 32, &Completions::Done, &context, &e.code,
+                             &e.message),
+            nullptr);
+  hgemm_gemm_options_destroy(options);
+  EXPECT_EQ(e.code, HGEMM_INVALID_ARGUMENT);
+  EXPECT_NE(e.text().find("fp32 C needs 64"), std::string::npos) << e.text();
+  // A later GEMM's completion comes alone: the refused one never called done.
+  FormGemm other(4, 4, 4, {}, 32);
+  Completions::Context other_context{&completions, 0};
+  hgemm_call_t* call = StartAsync(client_, other, HGEMM_MODE_UNARY, &other_context, &e.code,
+                                  &e.message);
+  ASSERT_NE(call, nullptr) << e.text();
+  EXPECT_EQ(completions.Wait(1)[0].calls, 1);
+  hgemm_call_destroy(call);
+  EXPECT_EQ(gemm.c, std::vector<uint16_t>(gemm.c.size(), kPoisonAnyType));
+}
+
+TEST_F(HgemmC, AsyncGemmFailuresComeThroughDone) {
+  // Handles on two replicas: refused at once, done runs before hgemm_gemm_async returns.
+  FormGemm gemm(4, 4, 4, {}, 33);
+  Completions completions(2);
+  Completions::Context first{&completions, 0}, second{&completions, 1};
+  hgemm_gemm_options_t* options = hgemm_gemm_options_create();
+  hgemm_gemm_options_set_a_handle(options, "m-0@10.0.0.1:1");
+  hgemm_gemm_options_set_b_handle(options, "m-1@10.0.0.2:1");
+  Error e;
+  hgemm_call_t* call = hgemm_gemm_async(client_, options, 4, 4, 4, nullptr, 0, nullptr, 0,
+                                        gemm.c.data(), 2 * gemm.c.size(), &Completions::Done,
+                                        &first, &e.code, &e.message);
+  ASSERT_NE(call, nullptr) << e.text();
+  hgemm_call_destroy(call);
+  // An unknown handle: the server's NOT_FOUND, later.
+  hgemm_gemm_options_set_a_handle(options, "");
+  hgemm_gemm_options_set_b_handle(options, "no-such-handle");
+  call = hgemm_gemm_async(client_, options, 4, 4, 4, gemm.a.data(), 32, nullptr, 0,
+                          gemm.c.data(), 2 * gemm.c.size(), &Completions::Done, &second, &e.code,
+                          &e.message);
+  hgemm_gemm_options_destroy(options);
+  ASSERT_NE(call, nullptr) << e.text();
+  const std::vector<Completions::Outcome>& outcomes = completions.Wait(2);
+  EXPECT_EQ(outcomes[0].code, HGEMM_FAILED_PRECONDITION) << outcomes[0].message;
+  EXPECT_NE(outcomes[0].message.find("10.0.0.2:1"), std::string::npos) << outcomes[0].message;
+  EXPECT_EQ(outcomes[1].code, HGEMM_NOT_FOUND) << outcomes[1].message;
+  for (const Completions::Outcome& outcome : outcomes) EXPECT_EQ(outcome.calls, 1);
+  hgemm_call_destroy(call);
+}
+
+// A TCP listener that never accepts: a gRPC call to it waits (for HTTP/2 settings) until it is
+// cancelled or its deadline passes.
+class SilentListener {
+ public:
+  SilentListener() {
+    fd_ = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t size = sizeof(addr);
+    EXPECT_EQ(bind(fd_, reinterpret_cast<sockaddr*>(&addr), size), 0);
+    EXPECT_EQ(listen(fd_, 16), 0);
+    EXPECT_EQ(getsockname(fd_, reinterpret_cast<sockaddr*>(&addr), &size), 0);
+    address_ = "127.0.0.1:" + std::to_string(ntohs(addr.sin_port));
+  }
+  ~SilentListener() { close(fd_); }
+  const std::string& address() const { return address_; }
+
+ private:
+  int fd_ = -1;
+  std::string address_;
+};
+
+TEST(HgemmCAbi, CancelEndsAnAsyncGemmWithCancelled) {
+  SilentListener silent;
+  Error e;
+  hgemm_client_t* client = hgemm_client_create(silent.address().c_str(), nullptr, &e.code,
+                                               &e.message);
+  ASSERT_NE(client, nullptr) << e.text();
+  std::vector<FormGemm> gemms;
+  gemms.emplace_back(8, 8, 8, hgemm::GemmForm{}, 41);
+  gemms.emplace_back(8, 8, 8, hgemm::GemmForm{}, 42);
+  Completions completions(2);
+  Completions::Context contexts[] = {{&completions, 0}, {&completions, 1}};
+  std::vector<hgemm_call_t*> calls;
+  for (size_t i = 0; i < 2; ++i) {
+    calls.push_back(StartAsync(client, gemms[i], i == 0 ? HGEMM_MODE_UNARY : HGEMM_MODE_STREAM,
+                               &contexts[i], &e.code, &e.message));
+    ASSERT_NE(calls.back(), nullptr) << e.text();
+  }
+  for (hgemm_call_t* call : calls) hgemm_call_cancel(call);
+  const std::vector<Completions::Outcome>& outcomes = completions.Wait(2);
+  for (const Completions::Outcome& outcome : outcomes) {
+    EXPECT_EQ(outcome.code, HGEMM_CANCELLED) << outcome.message;
+    EXPECT_EQ(outcome.calls, 1);
+  }
+  for (hgemm_call_t* call : calls) {
+    hgemm_call_cancel(call);  // over already: a no-op
+    hgemm_call_destroy(call);
+  }
+  hgemm_client_destroy(client);
+}
+
+TEST_F(HgemmC, AsyncGemmsFromManyThreads) {
+  constexpr int kThreads = 8, kEach = 6;
+  std::vector<std::vector<FormGemm>> gemms(kThreads);
+  for (int t = 0; t < kThreads; ++t) {
+    for (int i = 0; i < kEach; ++i) {
+      gemms[t].emplace_back(11 + t, 13 + i, 40, AllForms()[(5 * t + i) % 16], 2000 + 10 * t + i);
+    }
+  }
+  Completions completions(kThreads * kEach);
+  std::vector<Completions::Context> contexts;
+  for (int i = 0; i < kThreads * kEach; ++i) contexts.push_back({&completions, size_t(i)});
+  std::vector<std::thread> threads;
+  std::vector<std::vector<hgemm_call_t*>> calls(kThreads);
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < kEach; ++i) {
+        Error e;
+        calls[t].push_back(StartAsync(client_, gemms[t][i],
+                                      i % 2 ? HGEMM_MODE_STREAM : HGEMM_MODE_UNARY,
+                                      &contexts[t * kEach + i], &e.code, &e.message));
+        EXPECT_NE(calls[t].back(), nullptr) << e.text();
+      }
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  const std::vector<Completions::Outcome>& outcomes = completions.Wait(kThreads * kEach);
+  for (int t = 0; t < kThreads; ++t) {
+    for (int i = 0; i < kEach; ++i) {
+      EXPECT_EQ(outcomes[t * kEach + i].code, HGEMM_OK) << outcomes[t * kEach + i].message;
+      EXPECT_LT(gemms[t][i].Error(), gemms[t][i].Tolerance()) << gemms[t][i].Name();
+      hgemm_call_destroy(calls[t][i]);
+    }
+  }
 }
 
 }  // namespace
