@@ -149,14 +149,14 @@ class AsyncStreamedGemm final
  public:
   AsyncStreamedGemm(v1::GemmRequest request, CBuffer c_into, int64_t chunk_bytes,
                     std::shared_ptr<grpc::ClientContext> context, std::string replica,
-                    std::shared_ptr<grpc::Channel> channel, GemmClient::GemmDone done)
-      : request_(std::move(request)),
+                    grpc::Channel* channel, GemmClient::GemmDone done)
+      : done_(std::move(done)),
+        request_(std::move(request)),
         messages_(request_, 0, chunk_bytes),
         c_into_{c_into},
         context_(std::move(context)),
         replica_(std::move(replica)),
-        channel_(std::move(channel)),
-        done_(std::move(done)) {
+        channel_(channel) {
     StartResults({&request_}, &c_into_, &results_);
   }
 
@@ -178,7 +178,7 @@ class AsyncStreamedGemm final
   }
   void OnDone(const grpc::Status& status) override {
     // As the blocking one-GEMM GemmStream: the stream's failure first, then the GEMM's own.
-    const grpc::Status outcome = !status.ok() ? ExplainUnreachable(status, replica_, channel_.get())
+    const grpc::Status outcome = !status.ok() ? ExplainUnreachable(status, replica_, channel_)
                                  : !protocol_error_.ok() ? protocol_error_
                                                          : results_[0].status;
     done_(outcome, std::move(results_[0].response));
@@ -194,13 +194,15 @@ class AsyncStreamedGemm final
     }
   }
 
+  // Destroyed last: what done_ owns may be what keeps the client alive, and the context holds
+  // a reference to the channel (GemmAsync's REQUIRES).
+  const GemmClient::GemmDone done_;
   const v1::GemmRequest request_;
   StreamedGemmMessages messages_;
   std::vector<CBuffer> c_into_;
   const std::shared_ptr<grpc::ClientContext> context_;
   const std::string replica_;
-  const std::shared_ptr<grpc::Channel> channel_;
-  const GemmClient::GemmDone done_;
+  grpc::Channel* const channel_;  // the client's, which outlives the call (GemmAsync)
   v1::GemmStreamRequest message_;  // the write in flight
   v1::GemmStreamResponse answer_;  // the read in flight
   std::vector<StreamedGemm> results_;
@@ -361,23 +363,27 @@ void GemmClient::GemmAsync(v1::GemmRequest request, bool streamed, CBuffer c_int
   ApplyDeadline(options, context.get());
   if (streamed) {
     auto* call = new AsyncStreamedGemm(std::move(request), c_into, options.chunk_bytes, context,
-                                       route.replica, route.channel, std::move(done));
+                                       route.replica, route.channel.get(), std::move(done));
     call->Start(route.stub.get());
     return;
   }
-  // The request and response live with the callback, which gRPC keeps until it has run.
+  // What the call uses lives with the callback, which gRPC keeps until it has run; `done` is
+  // destroyed last (as in AsyncStreamedGemm). The channel is the client's (no reference here).
   struct Unary {
+    GemmDone done;
+    std::shared_ptr<grpc::ClientContext> context;
     v1::GemmRequest request;
     v1::GemmResponse response;
   };
-  auto unary = std::make_shared<Unary>();
-  unary->request = std::move(request);
-  route.stub->async()->Gemm(
-      context.get(), &unary->request, &unary->response,
-      [unary, context, route, done = std::move(done)](grpc::Status status) {
-        done(ExplainUnreachable(status, route.replica, route.channel.get()),
-             std::move(unary->response));
-      });
+  auto unary = std::make_shared<Unary>(
+      Unary{std::move(done), std::move(context), std::move(request), v1::GemmResponse()});
+  grpc::ClientContext* unary_context = unary->context.get();
+  route.stub->async()->Gemm(unary_context, &unary->request, &unary->response,
+                            [unary, replica = route.replica,
+                             channel = route.channel.get()](grpc::Status status) {
+                              unary->done(ExplainUnreachable(status, replica, channel),
+                                          std::move(unary->response));
+                            });
 }
 
 grpc::Status GemmClient::GemmStream(const std::vector<const v1::GemmRequest*>& requests,

@@ -161,7 +161,10 @@ class GemmClient {
   // is refused at once (FAILED_PRECONDITION: handles on two replicas). It must not block.
   // context->TryCancel() from any thread ends the GEMM (CANCELLED); its deadline and metadata
   // are set here from `options`, and the GEMM keeps it until done has run. REQUIRES: context is
-  // fresh; c_into's memory stays alive until done runs.
+  // fresh; c_into's memory stays alive until done runs; the client (its channels) stays alive
+  // until `done` has been destroyed, which happens after the call let go of the context and
+  // channel. (A gRPC callback thread must not drop the last reference to a channel: gRPC would
+  // shut down its callback queue from its own thread.)
   void GemmAsync(v1::GemmRequest request, bool streamed, CBuffer c_into,
                  const CallOptions& options, std::shared_ptr<grpc::ClientContext> context,
                  GemmDone done) const;

@@ -6,9 +6,12 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <condition_variable>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <memory>
+#include <mutex>
 #include <new>
 #include <string>
 #include <vector>
@@ -20,9 +23,33 @@ struct hgemm_client_options_t {
   hgemm::CallOptions call;
 };
 
+// The asynchronous GEMMs of a client not yet over: hgemm_client_destroy() waits for them.
+class AsyncCount {
+ public:
+  // Counts one call in while the returned token lives (the call's completion owns it).
+  std::shared_ptr<void> Enter() {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++running_;
+    return std::shared_ptr<void>(nullptr, [this](void*) {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (--running_ == 0) idle_.notify_all();
+    });
+  }
+  void WaitIdle() {
+    std::unique_lock<std::mutex> lock(mu_);
+    idle_.wait(lock, [&] { return running_ == 0; });
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable idle_;
+  int64_t running_ = 0;
+};
+
 struct hgemm_client_t {
   hgemm::GemmClient client;
   hgemm::CallOptions defaults;  // timeout, chunk size, unary limit, client id, traceparent
+  AsyncCount async;
 };
 
 struct hgemm_gemm_options_t {
@@ -288,7 +315,11 @@ hgemm_client_t* hgemm_client_create(const char* target, const hgemm_client_optio
   return nullptr;
 }
 
-void hgemm_client_destroy(hgemm_client_t* client) { delete client; }
+void hgemm_client_destroy(hgemm_client_t* client) {
+  // Until every asynchronous GEMM's completion is gone, gRPC may still run it on its threads.
+  client->async.WaitIdle();
+  delete client;
+}
 
 // GEMM options.
 hgemm_gemm_options_t* hgemm_gemm_options_create(void) {
@@ -406,8 +437,8 @@ hgemm_call_t* hgemm_gemm_async(hgemm_client_t* client, const hgemm_gemm_options_
     auto handle = std::make_unique<hgemm_call_t>();
     handle->context = std::make_shared<grpc::ClientContext>();
     // On a gRPC thread: a unary C is copied out of its response, then the caller is told.
-    auto finish = [c, c_bytes, streamed, done, user_data](grpc::Status status,
-                                                          hgemm::v1::GemmResponse response) {
+    auto finish = [c, c_bytes, streamed, done, user_data, running = client->async.Enter()](
+                      grpc::Status status, hgemm::v1::GemmResponse response) {
       if (status.ok() && !streamed) {
         if (response.c().size() == c_bytes) {
           std::memcpy(c, response.c().data(), c_bytes);

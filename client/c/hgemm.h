@@ -188,7 +188,9 @@ HGEMM_EXPORT void hgemm_client_options_set_unary_limit_bytes(hgemm_client_option
 HGEMM_EXPORT hgemm_client_t* hgemm_client_create(const char* target,
                                                  const hgemm_client_options_t* options,
                                                  int* code, char** errptr);
-/* Frees the client and closes its channels. REQUIRES: no call of it is running. */
+/* Waits until every hgemm_gemm_async() of the client is over (its done has returned), then
+ * frees the client and closes its channels. REQUIRES: no blocking call of it is running, and
+ * none of its done callbacks calls this. */
 HGEMM_EXPORT void hgemm_client_destroy(hgemm_client_t* client);
 
 /* GEMM options (hgemm_gemm()). */
@@ -313,8 +315,7 @@ typedef void (*hgemm_gemm_done_fn)(void* user_data, int code, const char* messag
  * library thread, or on this one before hgemm_gemm_async() returns when the GEMM is refused at
  * once (handles on two replicas). Returns NULL, and done never runs, when a check made before
  * sending fails (hgemm_gemm()'s INVALID_ARGUMENT). Ownership: a, b and c stay the caller's and
- * must stay alive, c unread, until done has run. REQUIRES: the client is not destroyed before
- * done has run. */
+ * must stay alive, c unread, until done has run. */
 HGEMM_EXPORT hgemm_call_t* hgemm_gemm_async(hgemm_client_t* client,
                                             const hgemm_gemm_options_t* options, uint32_t m,
                                             uint32_t n, uint32_t k, const void* a, size_t a_bytes,

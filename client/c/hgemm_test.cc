@@ -721,6 +721,28 @@ TEST(HgemmCAbi, CancelEndsAnAsyncGemmWithCancelled) {
   hgemm_client_destroy(client);
 }
 
+TEST_F(HgemmC, ClientDestroyWaitsForItsAsyncGemms) {
+  Error e;
+  hgemm_client_t* client = hgemm_client_create(address_->c_str(), nullptr, &e.code, &e.message);
+  ASSERT_NE(client, nullptr) << e.text();
+  std::vector<FormGemm> gemms;
+  for (size_t i = 0; i < 12; ++i) gemms.emplace_back(64, 48, 96, AllForms()[i], 700 + i);
+  Completions completions(gemms.size());
+  std::vector<Completions::Context> contexts;
+  for (size_t i = 0; i < gemms.size(); ++i) contexts.push_back({&completions, i});
+  for (size_t i = 0; i < gemms.size(); ++i) {
+    hgemm_call_destroy(StartAsync(client, gemms[i], i % 2 ? HGEMM_MODE_STREAM : HGEMM_MODE_UNARY,
+                                  &contexts[i], &e.code, &e.message));
+  }
+  hgemm_client_destroy(client);  // at once: it waits for every done
+  const std::vector<Completions::Outcome>& outcomes = completions.Wait(0);
+  for (size_t i = 0; i < gemms.size(); ++i) {
+    EXPECT_EQ(outcomes[i].calls, 1) << i;
+    EXPECT_EQ(outcomes[i].code, HGEMM_OK) << outcomes[i].message;
+    EXPECT_LT(gemms[i].Error(), gemms[i].Tolerance()) << gemms[i].Name();
+  }
+}
+
 TEST_F(HgemmC, AsyncGemmsFromManyThreads) {
   constexpr int kThreads = 8, kEach = 6;
   std::vector<std::vector<FormGemm>> gemms(kThreads);

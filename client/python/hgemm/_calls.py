@@ -1,8 +1,8 @@
 """The methods of hgemm.Client and hgemm.aio.Client, written once as generators of I/O steps.
 
 A method of Calls checks its arguments, builds the requests, and yields each piece of I/O it
-needs as a step: Rpc (one gRPC call), Native (one blocking call of the native core, sync client
-only), Sleep (a backoff) or AllOf (several step generators, whose results it gets as a list).
+needs as a step: Rpc (one gRPC call), Native (one call of the native core: blocking on the sync
+client, with a completion callback on asyncio), Sleep (a backoff) or AllOf (several step generators, whose results it gets as a list).
 What a step came to is sent back in, or thrown in where it raised (grpc.RpcError: the call
 failed); the method's return value is the client method's result.
 hgemm.Client does the steps with blocking calls and hgemm.aio.Client with awaits: those drivers
@@ -47,10 +47,13 @@ class Rpc:
 
 @dataclasses.dataclass
 class Native:
-    """One call of the native core, fn(*args), blocking its thread with the GIL released (ctypes);
-    it comes to fn's result. Only a Calls with a native core (the sync client's) yields these."""
+    """One call of the native core: fn(*args), blocking its thread with the GIL released (ctypes);
+    it comes to fn's result. start, where given, is the same call without blocking:
+    start(*args, on_done) returns a NativeCall (cancel(), close()) and on_done(result, error) runs
+    later on a core thread; the asyncio client does that, the sync client fn."""
     fn: Callable
     args: tuple
+    start: Optional[Callable] = None
 
 
 @dataclasses.dataclass
@@ -72,10 +75,12 @@ class Calls:
         self.client = client  # what the ResidentMatrix objects made here call back
         self.config = ClientConfig(target, **options)
         self.routes = Routes(self.config, grpc_module)
-        # The native core (hgemm/_native.py) for the sync client, when it is chosen and the
-        # client needs no grpcio channel options; None: every call goes through grpcio.
+        # The native core (hgemm/_native.py), when it is chosen and the client needs no grpcio
+        # channel options; None: every call goes through grpcio. The asyncio client (blocking:
+        # False) takes only the calls it can await, those whose Native step has a start.
         self.native = None
-        if grpc_module is grpc and not self.config.has_channel_options and _native.use_native():
+        self.blocking = grpc_module is grpc
+        if not self.config.has_channel_options and _native.use_native():
             c = self.config
             self.native = _native.NativeClient(target, c.tls_files, c.token, c.client_id,
                                                c.traceparent, c.chunk_bytes)
@@ -101,18 +106,20 @@ class Calls:
         """The one step of a call: comes to its response (None with on_response)."""
         return (yield Rpc(method, request, timeout, self.config.metadata, **how))
 
-    def _native_call(self, fn, *args):
+    def _native_call(self, fn, *args, start=None):
         """The one step of a native call: comes to fn's result."""
-        return (yield Native(fn, args))
+        return (yield Native(fn, args, start))
 
-    def _on_native(self, fn, args, timeout, idempotent: bool, nbytes: int, desc: str = "hgemm"):
-        """fn(*args, timeout_s) of the native core, retried as _call. The C++ client routes by
-        handle and explains unreachable replicas itself. A progress bar for the nbytes the call
-        moves fills when it returns (the native core reports no chunks)."""
+    def _on_native(self, fn, args, timeout, idempotent: bool, nbytes: int, desc: str = "hgemm",
+                   start=None):
+        """fn(*args, timeout_s) of the native core (start: the same without blocking), retried as
+        _call. The C++ client routes by handle and explains unreachable replicas itself. A
+        progress bar for the nbytes the call moves fills when it returns (the native core
+        reports no chunks)."""
         bar = _progress.bar(self.config.progress, nbytes, desc)
         try:
-            result = yield from self._call(lambda stub, t: self._native_call(fn, *args, t),
-                                           timeout, idempotent)
+            result = yield from self._call(
+                lambda stub, t: self._native_call(fn, *args, t, start=start), timeout, idempotent)
             if bar is not None:
                 bar.update(nbytes)
             return result
@@ -163,7 +170,8 @@ class Calls:
             c, info = yield from self._on_native(self.native.gemm,
                                                  (spec, self.config.streams(spec, mode), out),
                                                  timeout, idempotent=True,
-                                                 nbytes=spec.payload_bytes + spec.c_bytes)
+                                                 nbytes=spec.payload_bytes + spec.c_bytes,
+                                                 start=self.native.gemm_start)
             return native_result(spec, c, info, details, as_torch, started, out)
         if self.config.streams(spec, mode):
             result = (yield from self._many([spec], timeout, details, as_torch, started))[0]
@@ -210,7 +218,7 @@ class Calls:
         bar = _progress.bar(self.config.progress, total, "hgemm")
         batch = None
         try:
-            if all(self._on_native_core(s) for s in specs):
+            if self.blocking and all(self._on_native_core(s) for s in specs):
                 batch = self.native.batch({i: s for by_id in groups.values()
                                            for i, s in by_id.items()})
             if batch is None:
@@ -276,7 +284,7 @@ class Calls:
         replica: where to put it over several replicas: a ResidentMatrix (onto the replica that
         holds it, so that both can go in one GEMM) or a replica's address; None: balanced."""
         array, dtype, _ = _arrays.as_operand(matrix, "matrix", allow_transposed=False)
-        if self.native is not None and device_id is None and dtype == "fp16":
+        if self.native is not None and self.blocking and device_id is None and dtype == "fp16":
             info = yield from self._on_native(self.native.upload,
                                               (array, ttl, label, replica_of(replica)), timeout,
                                               idempotent=False, nbytes=array.nbytes,
@@ -318,7 +326,7 @@ class Calls:
         """Frees a resident matrix; returns the bytes freed. NotFound if it is gone already."""
         if getattr(matrix, "released", False):
             return 0
-        if self.native is not None:
+        if self.native is not None and self.blocking:
             freed = yield from self._on_native(self.native.release, (matrix.handle,), timeout,
                                                idempotent=False, nbytes=0)
         else:

@@ -60,6 +60,48 @@ class MatrixInfo(ctypes.Structure):
                 ("device_id", ctypes.c_int), ("ttl_seconds", ctypes.c_double)]
 
 
+# hgemm_gemm_done_fn: (user_data, code, message, info).
+_DONE_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int, ctypes.c_char_p,
+                            ctypes.POINTER(GemmInfo))
+
+
+class _InFlight:
+    """The asynchronous GEMMs started and not yet done, by the key passed as user_data: each
+    keeps what the library reads and writes (operands, C) alive until its done has run, whatever
+    became of the Python call meanwhile (a cancelled task). One ctypes callback, made once and
+    never freed, serves them all, so no callback can be freed while the library may call it."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._next = 0
+        self._calls: Dict[int, tuple] = {}
+
+    def add(self, on_done, keep) -> int:
+        with self._lock:
+            self._next += 1
+            self._calls[self._next] = (on_done, keep)
+            return self._next
+
+    def pop(self, key: int):
+        with self._lock:
+            on_done, _ = self._calls.pop(key)
+            return on_done
+
+
+_in_flight = _InFlight()
+
+
+@_DONE_FN
+def _on_gemm_done(user_data, code, message, info):
+    """hgemm_gemm_done_fn, on a library thread: hands the outcome to the call's on_done."""
+    on_done = _in_flight.pop(user_data)
+    if code != 0:
+        on_done(None, NativeRpcError(_CODES.get(code, grpc.StatusCode.UNKNOWN),
+                                     (message or b"").decode(errors="replace")))
+    else:
+        on_done(GemmInfo.from_buffer_copy(info.contents), None)
+
+
 def library_path() -> str:
     return os.environ.get("HGEMM_NATIVE_LIB") or os.path.join(os.path.dirname(__file__),
                                                                LIBRARY_NAME)
@@ -179,6 +221,10 @@ def _declare(lib):
         "hgemm_upload": (p, (p, p, u32, u32, p, size, u32, cstr, ctypes.POINTER(MatrixInfo))
                          + err),
         "hgemm_release": (ctypes.c_uint64, (p, p, cstr) + err),
+        "hgemm_gemm_async": (p, (p, p, u32, u32, u32, p, size, p, size, p, size, _DONE_FN, p)
+                             + err),
+        "hgemm_call_cancel": (None, (p,)),
+        "hgemm_call_destroy": (None, (p,)),
         "hgemm_batch_create": (p, ()),
         "hgemm_batch_destroy": (None, (p,)),
         "hgemm_batch_add": (size, (p, p, u32, u32, u32, p, size, p, size, p, size) + err),
@@ -237,6 +283,8 @@ class NativeClient:
             lib.hgemm_client_options_destroy(options)
 
     def close(self) -> None:
+        """Frees the client, once its asynchronous GEMMs still running are over (the library
+        waits for them, the GIL released)."""
         client, self._client = self._client, None
         if client:
             self._lib.hgemm_client_destroy(client)
@@ -298,6 +346,33 @@ class NativeClient:
         finally:
             self._lib.hgemm_gemm_options_destroy(options)
 
+    def gemm_start(self, spec, streamed: bool, out: Optional[np.ndarray],
+                   timeout: Optional[float], on_done) -> "NativeCall":
+        """gemm() without waiting: returns at once, and on_done((C, GemmInfo), None) or
+        on_done(None, NativeRpcError) runs later, once, on a library thread (on this one when the
+        GEMM is refused at once). It must not block. Raises NativeRpcError (and on_done never
+        runs) when the library refuses the GEMM before sending it."""
+        options = self._gemm_options(spec, MODE_STREAM if streamed else MODE_UNARY, timeout)
+        buffer = np.empty(spec.c_bytes, dtype=np.uint8) if out is None else out
+        c = out if out is not None else spec.c_array(buffer)
+
+        def done(info, err):
+            if err is not None:
+                on_done(None, err)
+            else:  # a bf16 C is widened now: c_array copies it
+                on_done((spec.c_array(buffer) if spec.c_dtype == "bf16" else c, info), None)
+        key = _in_flight.add(done, (spec, buffer))
+        try:
+            call = self._checked(self._lib.hgemm_gemm_async, self._client, options, spec.m,
+                                 spec.n, spec.k, *_operand(spec.a), *_operand(spec.b),
+                                 buffer.ctypes.data, buffer.nbytes, _on_gemm_done, key)
+        except BaseException:
+            _in_flight.pop(key)  # refused: done never runs
+            raise
+        finally:
+            self._lib.hgemm_gemm_options_destroy(options)
+        return NativeCall(self._lib, call)
+
     def batch(self, specs: dict) -> "NativeBatch":
         """A NativeBatch of these GEMMs (none with keep_c), by their ids."""
         return NativeBatch(self, specs)
@@ -329,6 +404,24 @@ class NativeClient:
             return self._checked(self._lib.hgemm_release, self._client, options, handle.encode())
         finally:
             self._lib.hgemm_call_options_destroy(options)
+
+
+class NativeCall:
+    """The handle of an asynchronous GEMM (hgemm_call_t): cancel() it while it runs, close()
+    it when done. Thread safety: one owner (the task awaiting it)."""
+
+    def __init__(self, lib, call):
+        self._lib, self._call = lib, call
+
+    def cancel(self) -> None:
+        """Its on_done soon gets CANCELLED if it is not over yet."""
+        if self._call:
+            self._lib.hgemm_call_cancel(self._call)
+
+    def close(self) -> None:
+        call, self._call = self._call, None
+        if call:
+            self._lib.hgemm_call_destroy(call)
 
 
 class NativeBatch:

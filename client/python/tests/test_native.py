@@ -149,3 +149,69 @@ def test_native_gemm_many_from_threads(server, rng):
     for pairs, cs in zip(batches, results):
         for (a, b), out in zip(pairs, cs):
             assert rel_error(out, a, b) < FP32_TOLERANCE
+
+
+def _native_aio_client(address, **options):
+    """As _native_client, an hgemm.aio.Client."""
+    if hgemm.info()["core"] != "native":
+        pytest.skip("the native core is not in use: " + str(hgemm.info()["reason"]))
+    from hgemm import aio
+    c = aio.Client(address, **options)
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a GEMM went through grpcio")
+    c._stub.Gemm = c._stub.GemmStream = refuse
+    return c
+
+
+def test_aio_gemms_complete_through_the_native_callback(server, rng):
+    import asyncio
+    import threading
+    from hgemm import _native
+    # A transposed view for odd i (sent as stored), fp32 C for every other pair.
+    cases = [(fp16(rng, 33, 40 + i).T if i % 2 else fp16(rng, 40 + i, 33),
+              fp16(rng, 33, 21 + i), ["unary", "stream"][i % 2], [None, "fp32"][i // 2 % 2])
+             for i in range(16)]
+    threads_before = threading.active_count()
+
+    async def main():
+        async with _native_aio_client(server.address, timeout=60) as c:
+            return await asyncio.gather(*(c.gemm(a, b, mode=mode, c_dtype=c_dtype)
+                                          for a, b, mode, c_dtype in cases))
+    results = asyncio.run(main())
+    for (a, b, _, c_dtype), c in zip(cases, results):
+        assert c.dtype == (np.float32 if c_dtype else np.float16)
+        assert _error64(c, a, b) < FP32_TOLERANCE
+    assert threading.active_count() <= threads_before + 1  # no thread per call
+    assert not _native._in_flight._calls  # every callback ran and let go of its buffers
+
+
+def test_aio_native_errors_timeouts_and_cancellation(server, rng):
+    import asyncio
+    import socket
+    from hgemm import _native
+    silent = socket.socket()  # listens, never accepts: a call to it waits until cancelled
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(16)
+    address = "127.0.0.1:%d" % silent.getsockname()[1]
+
+    async def main():
+        async with _native_aio_client(server.address, timeout=60) as c:
+            with pytest.raises(hgemm.InvalidArgument, match="no-such-kernel"):
+                await c.gemm(fp16(rng, 4, 4), fp16(rng, 4, 4), kernel="no-such-kernel")
+        async with _native_aio_client(address, retries=1) as c:
+            with pytest.raises(hgemm.DeadlineExceeded):
+                await c.gemm(fp16(rng, 4, 4), fp16(rng, 4, 4), timeout=0.2)
+            task = asyncio.ensure_future(c.gemm(fp16(rng, 64, 64), fp16(rng, 64, 64),
+                                                mode="stream"))
+            await asyncio.sleep(0.2)  # started, waiting on the silent server
+            assert not task.done()
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+        # close() waited for the cancelled call's callback: nothing is left in flight.
+        assert not _native._in_flight._calls
+    try:
+        asyncio.run(main())
+    finally:
+        silent.close()
