@@ -17,10 +17,12 @@
 #include <vector>
 
 #include "client/gemm_client.h"
+#include "client/retry.h"
 
 struct hgemm_client_options_t {
   hgemm::ConnectOptions connect;
   hgemm::CallOptions call;
+  hgemm::RetryPolicy retry;
 };
 
 // The asynchronous GEMMs of a client not yet over: hgemm_client_destroy() waits for them.
@@ -49,6 +51,7 @@ class AsyncCount {
 struct hgemm_client_t {
   hgemm::GemmClient client;
   hgemm::CallOptions defaults;  // timeout, chunk size, unary limit, client id, traceparent
+  hgemm::RetryPolicy retry;     // of the blocking calls
   AsyncCount async;
 };
 
@@ -294,6 +297,15 @@ void hgemm_client_options_set_unary_limit_bytes(hgemm_client_options_t* options,
   options->call.unary_limit_bytes = unary_limit_bytes;
 }
 
+void hgemm_client_options_set_retry_policy(hgemm_client_options_t* options, int attempts,
+                                           int64_t initial_backoff_ms, int64_t max_backoff_ms,
+                                           double backoff_multiplier) {
+  options->retry.attempts = attempts;
+  options->retry.initial_backoff = std::chrono::milliseconds(initial_backoff_ms);
+  options->retry.max_backoff = std::chrono::milliseconds(max_backoff_ms);
+  options->retry.backoff_multiplier = backoff_multiplier;
+}
+
 // The client.
 hgemm_client_t* hgemm_client_create(const char* target, const hgemm_client_options_t* options,
                                     int* code, char** errptr) {
@@ -303,8 +315,20 @@ hgemm_client_t* hgemm_client_create(const char* target, const hgemm_client_optio
     Fail(grpc::StatusCode::INVALID_ARGUMENT, "chunk_bytes must be at least 1", code, errptr);
     return nullptr;
   }
+  const hgemm::RetryPolicy& retry = options->retry;
+  if (retry.attempts < 1 || retry.initial_backoff.count() < 0 ||
+      retry.max_backoff < retry.initial_backoff || !(retry.backoff_multiplier >= 1)) {
+    Fail(grpc::StatusCode::INVALID_ARGUMENT,
+         fmt::format("retry policy: attempts {} must be at least 1, 0 <= initial_backoff_ms {} "
+                     "<= max_backoff_ms {}, and backoff_multiplier {} at least 1",
+                     retry.attempts, retry.initial_backoff.count(), retry.max_backoff.count(),
+                     retry.backoff_multiplier),
+         code, errptr);
+    return nullptr;
+  }
   try {
-    auto* client = new hgemm_client_t{hgemm::GemmClient(target, options->connect), options->call};
+    auto* client = new hgemm_client_t{hgemm::GemmClient(target, options->connect), options->call,
+                                      options->retry};
     *code = HGEMM_OK;
     return client;
   } catch (const std::runtime_error& e) {  // Connect(): a TLS file, or a cert without its key
@@ -389,24 +413,33 @@ void hgemm_gemm(hgemm_client_t* client, const hgemm_gemm_options_t* options, uin
                           (options->mode == HGEMM_MODE_AUTO &&
                            hgemm::GemmClient::ShouldStream(request, call));
     hgemm::v1::GemmResponse response;
-    if (streamed) {  // C's chunks go straight into the caller's buffer
-      std::vector<hgemm::StreamedGemm> results;
-      const std::vector<hgemm::CBuffer> c_into = {{static_cast<char*>(c), c_capacity}};
-      grpc::Status status = client->client.GemmStream({&request}, &results, call, &c_into);
-      if (status.ok()) status = results[0].status;
-      if (SaveStatus(status, code, errptr)) return;
-      response = std::move(results[0].response);
-    } else {  // one copy, out of the response message
-      if (SaveStatus(client->client.Gemm(request, &response, call), code, errptr)) return;
+    // One try: C's chunks straight into the caller's buffer, or one copy out of the response.
+    auto attempt = [&](std::chrono::milliseconds remaining) {
+      hgemm::CallOptions try_call = call;
+      try_call.timeout = remaining;
+      if (streamed) {
+        std::vector<hgemm::StreamedGemm> results;
+        const std::vector<hgemm::CBuffer> c_into = {{static_cast<char*>(c), c_capacity}};
+        grpc::Status status = client->client.GemmStream({&request}, &results, try_call, &c_into);
+        if (status.ok()) status = results[0].status;
+        if (status.ok()) response = std::move(results[0].response);
+        return status;
+      }
+      grpc::Status status = client->client.Gemm(request, &response, try_call);
+      if (!status.ok()) return status;
       const size_t c_bytes = hgemm::GemmClient::ResultBytes(request);
       if (response.c().size() != c_bytes) {
-        Fail(grpc::StatusCode::INTERNAL,
-             fmt::format("the server sent {} bytes of C; {}x{} is {}", response.c().size(), m, n,
-                         c_bytes),
-             code, errptr);
-        return;
+        return grpc::Status(grpc::StatusCode::INTERNAL,
+                            fmt::format("the server sent {} bytes of C; {}x{} is {}",
+                                        response.c().size(), m, n, c_bytes));
       }
       std::memcpy(c, response.c().data(), c_bytes);
+      return status;
+    };
+    // A GEMM that returns C is idempotent: any UNAVAILABLE may be tried again.
+    if (SaveStatus(hgemm::WithRetries(client->retry, call.timeout, /*idempotent=*/true, attempt),
+                   code, errptr)) {
+      return;
     }
     if (info != nullptr) FillInfo(response, streamed, info);
   } catch (...) {
@@ -555,9 +588,16 @@ char* hgemm_upload(hgemm_client_t* client, const hgemm_call_options_t* options, 
     }
     hgemm::v1::MatrixInfo matrix;
     const std::string bytes(static_cast<const char*>(data), data_bytes);
-    if (SaveStatus(client->client.UploadMatrix(rows, cols, bytes, &matrix, ttl_seconds, label,
-                                               CallOptionsOf(client, options)),
-                   code, errptr)) {
+    const hgemm::CallOptions call = CallOptionsOf(client, options);
+    auto attempt = [&](std::chrono::milliseconds remaining) {
+      hgemm::CallOptions try_call = call;
+      try_call.timeout = remaining;
+      return client->client.UploadMatrix(rows, cols, bytes, &matrix, ttl_seconds, label,
+                                         try_call);
+    };
+    // Not idempotent: a second upload would leave two matrices.
+    if (SaveStatus(hgemm::WithRetries(client->retry, call.timeout, false, attempt), code,
+                   errptr)) {
       return nullptr;
     }
     if (info != nullptr) {
@@ -575,8 +615,15 @@ uint64_t hgemm_release(hgemm_client_t* client, const hgemm_call_options_t* optio
                        const char* handle, int* code, char** errptr) {
   try {
     uint64_t freed = 0;
-    if (SaveStatus(client->client.ReleaseMatrix(handle, CallOptionsOf(client, options), &freed),
-                   code, errptr)) {
+    const hgemm::CallOptions call = CallOptionsOf(client, options);
+    auto attempt = [&](std::chrono::milliseconds remaining) {
+      hgemm::CallOptions try_call = call;
+      try_call.timeout = remaining;
+      return client->client.ReleaseMatrix(handle, try_call, &freed);
+    };
+    // Not idempotent: a second release of a freed matrix says NOT_FOUND.
+    if (SaveStatus(hgemm::WithRetries(client->retry, call.timeout, false, attempt), code,
+                   errptr)) {
       return 0;
     }
     return freed;
@@ -591,8 +638,14 @@ hgemm_server_info_t* hgemm_server_info(hgemm_client_t* client,
                                        char** errptr) {
   try {
     auto info = std::make_unique<hgemm_server_info_t>();
-    if (SaveStatus(client->client.GetServerInfo(&info->proto, CallOptionsOf(client, options)),
-                   code, errptr)) {
+    const hgemm::CallOptions call = CallOptionsOf(client, options);
+    auto attempt = [&](std::chrono::milliseconds remaining) {
+      hgemm::CallOptions try_call = call;
+      try_call.timeout = remaining;
+      return client->client.GetServerInfo(&info->proto, try_call);
+    };
+    if (SaveStatus(hgemm::WithRetries(client->retry, call.timeout, true, attempt), code,
+                   errptr)) {
       return nullptr;
     }
     return info.release();

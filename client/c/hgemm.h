@@ -178,6 +178,20 @@ HGEMM_EXPORT void hgemm_client_options_set_chunk_bytes(hgemm_client_options_t* o
 HGEMM_EXPORT void hgemm_client_options_set_unary_limit_bytes(hgemm_client_options_t* options,
                                                              int64_t unary_limit_bytes);
 
+/* [revision 2] How the blocking calls (hgemm_gemm, hgemm_upload, hgemm_release,
+ * hgemm_server_info) retry UNAVAILABLE: `attempts` tries in all (1: no retries), with
+ * exponential backoff from initial_backoff_ms, times backoff_multiplier per retry, at most
+ * max_backoff_ms, each times a jitter in [0.5, 1). Retried: an UNAVAILABLE that certainly did
+ * not run the request (the server's queue full or shutting down, no connection made), and any
+ * UNAVAILABLE of the idempotent calls (hgemm_gemm, hgemm_server_info). Never past the call's
+ * deadline, which covers all its tries. Default: 5, 50, 2000, 2.0. hgemm_client_create() fails
+ * with INVALID_ARGUMENT unless attempts >= 1, 0 <= initial <= max and multiplier >= 1.
+ * hgemm_gemm_async() and hgemm_gemm_many() do not retry (their callers do). */
+HGEMM_EXPORT void hgemm_client_options_set_retry_policy(hgemm_client_options_t* options,
+                                                        int attempts, int64_t initial_backoff_ms,
+                                                        int64_t max_backoff_ms,
+                                                        double backoff_multiplier);
+
 /* The client. */
 
 /* A client of the server (or replicas) at `target` ("127.0.0.1:50051", "dns:///svc:50051",

@@ -169,6 +169,40 @@ TEST(HgemmCAbi, ClientWithAMissingTlsFileIsInvalidArgument) {
   EXPECT_NE(e.text().find("/nonexistent/ca.pem"), std::string::npos) << e.text();
 }
 
+TEST(HgemmCAbi, BadRetryPoliciesAreInvalidArgument) {
+  for (auto [attempts, initial_ms, max_ms, multiplier] :
+       {std::tuple<int, int64_t, int64_t, double>{0, 50, 2000, 2.0}, {3, -1, 2000, 2.0},
+        {3, 500, 100, 2.0}, {3, 50, 2000, 0.5}}) {
+    hgemm_client_options_t* options = hgemm_client_options_create();
+    hgemm_client_options_set_retry_policy(options, attempts, initial_ms, max_ms, multiplier);
+    Error e;
+    EXPECT_EQ(hgemm_client_create("127.0.0.1:1", options, &e.code, &e.message), nullptr);
+    hgemm_client_options_destroy(options);
+    EXPECT_EQ(e.code, HGEMM_INVALID_ARGUMENT);
+    EXPECT_NE(e.text().find("retry policy"), std::string::npos) << e.text();
+  }
+}
+
+TEST(HgemmCAbi, RetriesOfAnUnreachableServerEndUnavailable) {
+  hgemm_client_options_t* options = hgemm_client_options_create();
+  hgemm_client_options_set_retry_policy(options, 3, 1, 2, 2.0);
+  Error e;
+  hgemm_client_t* client =
+      hgemm_client_create(("127.0.0.1:" + std::to_string(hgemm::subprocess::FreePort())).c_str(),
+                          options, &e.code, &e.message);
+  hgemm_client_options_destroy(options);
+  ASSERT_NE(client, nullptr) << e.text();
+  const uint16_t one = 0x3c00;
+  uint16_t c = kPoison;
+  hgemm_gemm(client, nullptr, 1, 1, 1, &one, 2, &one, 2, &c, 2, nullptr, &e.code, &e.message);
+  EXPECT_EQ(e.code, HGEMM_UNAVAILABLE) << e.text();
+  EXPECT_EQ(hgemm_upload(client, nullptr, 1, 1, &one, 2, 0, "", nullptr, &e.code, &e.message),
+            nullptr);
+  EXPECT_EQ(e.code, HGEMM_UNAVAILABLE) << e.text();
+  EXPECT_EQ(c, kPoison);
+  hgemm_client_destroy(client);
+}
+
 TEST(HgemmCAbi, UnreachableServerIsUnavailable) {
   hgemm_client_options_t* options = hgemm_client_options_create();
   hgemm_client_options_set_timeout_ms(options, 5000);

@@ -83,7 +83,7 @@ class Calls:
         if not self.config.has_channel_options and _native.use_native():
             c = self.config
             self.native = _native.NativeClient(target, c.tls_files, c.token, c.client_id,
-                                               c.traceparent, c.chunk_bytes)
+                                               c.traceparent, c.chunk_bytes, c.policy)
 
     # The retry loop around one call (to `replica`, "" for the target).
     def _call(self, attempt, timeout, idempotent: bool, replica: str = ""):
@@ -112,14 +112,23 @@ class Calls:
 
     def _on_native(self, fn, args, timeout, idempotent: bool, nbytes: int, desc: str = "hgemm",
                    start=None):
-        """fn(*args, timeout_s) of the native core (start: the same without blocking), retried as
-        _call. The C++ client routes by handle and explains unreachable replicas itself. A
+        """fn(*args, timeout_s) of the native core: one blocking call, which the core retries
+        itself; or on asyncio start (the same without blocking, no retries in the core) retried
+        as _call. The C++ client routes by handle and explains unreachable replicas itself. A
         progress bar for the nbytes the call moves fills when it returns (the native core
         reports no chunks)."""
         bar = _progress.bar(self.config.progress, nbytes, desc)
         try:
-            result = yield from self._call(
-                lambda stub, t: self._native_call(fn, *args, t, start=start), timeout, idempotent)
+            if self.blocking:  # one call: the core retries it (client/retry.h)
+                try:
+                    result = yield from self._native_call(fn, *args,
+                                                          self.config.call_timeout(timeout))
+                except grpc.RpcError as e:
+                    raise _errors.from_rpc_error(e) from None
+            else:
+                result = yield from self._call(
+                    lambda stub, t: self._native_call(fn, *args, t, start=start), timeout,
+                    idempotent)
             if bar is not None:
                 bar.update(nbytes)
             return result

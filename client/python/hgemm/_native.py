@@ -10,8 +10,9 @@ Which core: $HGEMM_TRANSPORT "native" (the library must load: OSError otherwise)
 "auto" / unset (native when the library loads). The library is $HGEMM_NATIVE_LIB, else
 libhgemm_client.so beside this file (pip install copies it there). hgemm.info() says which.
 The sync Client's GEMMs (any layout and types: transposed views go as stored, by pointer),
-gemm_many, uploads and releases go through it; the rest (streams, downloads, listings, keep_c,
-upload(device_id=), bf16 uploads, channel_options, the aio client) stays on grpcio.
+gemm_many, uploads and releases go through it, and the aio client's GEMMs (hgemm_gemm_async, a
+completion callback); the rest (streams, downloads, listings, keep_c, upload(device_id=), bf16
+uploads, channel_options, the aio client's other calls) stays on grpcio.
 
 Thread safety: the library is loaded once under a lock; a NativeClient is thread-safe (one
 hgemm_client_t serves many threads).
@@ -197,6 +198,8 @@ def _declare(lib):
         "hgemm_client_options_set_client_id": (None, (p, cstr)),
         "hgemm_client_options_set_traceparent": (None, (p, cstr)),
         "hgemm_client_options_set_chunk_bytes": (None, (p, i64)),
+        "hgemm_client_options_set_retry_policy": (None, (p, ctypes.c_int, i64, i64,
+                                                         ctypes.c_double)),
         "hgemm_client_create": (p, (cstr, p) + err),
         "hgemm_client_destroy": (None, (p,)),
         "hgemm_gemm_options_create": (p, ()),
@@ -265,7 +268,7 @@ class NativeClient:
     """One hgemm_client_t, made from a ClientConfig's connection options. Thread-safe."""
 
     def __init__(self, target: str, tls: dict, token: Optional[str], client_id: Optional[str],
-                 traceparent: Optional[str], chunk_bytes: int):
+                 traceparent: Optional[str], chunk_bytes: int, policy):
         self._lib = lib = load()
         options = lib.hgemm_client_options_create()
         try:
@@ -276,6 +279,10 @@ class NativeClient:
             lib.hgemm_client_options_set_client_id(options, _encode(client_id))
             lib.hgemm_client_options_set_traceparent(options, _encode(traceparent))
             lib.hgemm_client_options_set_chunk_bytes(options, chunk_bytes)
+            # The blocking calls retry in the core, as _retry.RetryPolicy says.
+            lib.hgemm_client_options_set_retry_policy(
+                options, policy.attempts, int(policy.initial_backoff_s * 1e3),
+                int(policy.max_backoff_s * 1e3), policy.multiplier)
             self._client = self._checked(lib.hgemm_client_create, _encode(target), options)
         except NativeRpcError as e:
             raise ValueError(e.details()) from None
