@@ -165,6 +165,8 @@ def info() -> dict:
 
 def _checked_library(lib):
     """lib with its functions declared, or an OSError saying why this hgemm cannot use it."""
+    if not hasattr(lib, "hgemm_abi_version"):
+        return OSError(f"{library_path()} is not libhgemm_client (no hgemm_abi_version)")
     lib.hgemm_abi_version.restype, lib.hgemm_abi_version.argtypes = ctypes.c_int, ()
     version = lib.hgemm_abi_version()
     if version != ABI_VERSION:

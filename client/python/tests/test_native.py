@@ -39,6 +39,12 @@ def test_grpcio_is_the_fallback_when_the_library_is_missing():
     assert _info_in_child(HGEMM_TRANSPORT="grpcio")["core"] == "grpcio"
 
 
+def test_a_library_that_is_not_hgemms_is_reported():
+    import ctypes.util
+    info = _info_in_child(HGEMM_TRANSPORT="auto", HGEMM_NATIVE_LIB=ctypes.util.find_library("c"))
+    assert info["core"] == "grpcio" and "no hgemm_abi_version" in info["reason"]
+
+
 def test_forcing_native_without_the_library_raises():
     code = "import hgemm; hgemm.Client('127.0.0.1:1')"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
