@@ -36,6 +36,56 @@ void WriteRequests(const std::vector<const v1::GemmRequest*>& requests, int64_t 
   stream->WritesDone();
 }
 
+// results before a GemmStream's answers: one per request, unanswered, with room for C unless it
+// goes into c_into (or stays on the server).
+void StartResults(const std::vector<const v1::GemmRequest*>& requests,
+                  const std::vector<CBuffer>* c_into, std::vector<StreamedGemm>* results) {
+  results->assign(requests.size(), StreamedGemm{});
+  for (size_t id = 0; id < requests.size(); ++id) {
+    v1::GemmResponse& r = (*results)[id].response;
+    r.set_m(requests[id]->m());
+    r.set_n(requests[id]->n());
+    if (c_into == nullptr && !requests[id]->keep_c_resident()) {
+      r.mutable_c()->resize(GemmClient::ResultBytes(*requests[id]));
+    }
+    (*results)[id].status = grpc::Status(grpc::StatusCode::UNKNOWN, "no answer from the server");
+  }
+}
+
+// One message of a GemmStream's answers into results (a chunk of C into its buffer, a done into
+// its status and response); a message that breaks the protocol sets *protocol_error instead.
+void TakeAnswer(const v1::GemmStreamResponse& message, std::vector<StreamedGemm>* results,
+                const std::vector<CBuffer>* c_into, grpc::Status* protocol_error) {
+  if (message.gemm_id() >= results->size()) {
+    *protocol_error = grpc::Status(grpc::StatusCode::INTERNAL,
+                                   fmt::format("server answered unknown gemm_id {}", message.gemm_id()));
+    return;
+  }
+  StreamedGemm& result = (*results)[message.gemm_id()];
+  if (message.has_chunk()) {
+    const v1::ResultChunk& chunk = message.chunk();
+    char* c = c_into == nullptr ? result.response.mutable_c()->data()
+                                : (*c_into)[message.gemm_id()].data;
+    const size_t c_size = c_into == nullptr ? result.response.c().size()
+                                            : (*c_into)[message.gemm_id()].capacity;
+    if (chunk.offset() > c_size || chunk.data().size() > c_size - chunk.offset()) {
+      *protocol_error = grpc::Status(grpc::StatusCode::INTERNAL, "result chunk past the end of C");
+      return;
+    }
+    std::copy(chunk.data().begin(), chunk.data().end(), c + chunk.offset());
+  } else if (message.has_done()) {
+    const v1::GemmDone& done = message.done();
+    result.answered = true;
+    result.status = grpc::Status(static_cast<grpc::StatusCode>(done.status_code()),
+                                 done.status_message());
+    if (!result.status.ok()) result.response.clear_c();
+    *result.response.mutable_timing() = done.timing();
+    *result.response.mutable_execution() = done.execution();
+    result.response.set_request_id(done.request_id());
+    if (done.has_c_matrix()) *result.response.mutable_c_matrix() = done.c_matrix();
+  }
+}
+
 // A call to `replica` that could not reach it: say what that means for the matrices there.
 grpc::Status ExplainUnreachable(grpc::Status status, const std::string& replica,
                                 grpc::Channel* channel) {
@@ -90,6 +140,75 @@ class BearerTokenFactory final : public grpc::experimental::ClientInterceptorFac
   const std::string value_;
 };
 
+// One GEMM on a GemmStream of its own, driven by gRPC's callbacks (GemmClient::GemmAsync):
+// writes its header and chunks one after the other while reading C's chunks into c_into, then
+// hands the outcome to `done` and deletes itself. Thread safety: gRPC runs one reaction at a
+// time per direction; reads and writes touch disjoint members.
+class AsyncStreamedGemm final
+    : public grpc::ClientBidiReactor<v1::GemmStreamRequest, v1::GemmStreamResponse> {
+ public:
+  AsyncStreamedGemm(v1::GemmRequest request, CBuffer c_into, int64_t chunk_bytes,
+                    std::shared_ptr<grpc::ClientContext> context, std::string replica,
+                    grpc::Channel* channel, GemmClient::GemmDone done)
+      : done_(std::move(done)),
+        request_(std::move(request)),
+        messages_(request_, 0, chunk_bytes),
+        c_into_{c_into},
+        context_(std::move(context)),
+        replica_(std::move(replica)),
+        channel_(channel) {
+    StartResults({&request_}, &c_into_, &results_);
+  }
+
+  // Starts the call on `stub`. After this, the reactor owns itself.
+  void Start(v1::GemmService::Stub* stub) {
+    stub->async()->GemmStream(context_.get(), this);
+    StartRead(&answer_);
+    NextWrite();
+    StartCall();
+  }
+
+  void OnWriteDone(bool ok) override {
+    if (ok) NextWrite();  // else the stream is broken; OnDone says why
+  }
+  void OnReadDone(bool ok) override {
+    if (!ok) return;
+    TakeAnswer(answer_, &results_, &c_into_, &protocol_error_);
+    StartRead(&answer_);
+  }
+  void OnDone(const grpc::Status& status) override {
+    // As the blocking one-GEMM GemmStream: the stream's failure first, then the GEMM's own.
+    const grpc::Status outcome = !status.ok() ? ExplainUnreachable(status, replica_, channel_)
+                                 : !protocol_error_.ok() ? protocol_error_
+                                                         : results_[0].status;
+    done_(outcome, std::move(results_[0].response));
+    delete this;
+  }
+
+ private:
+  void NextWrite() {
+    if (messages_.Next(&message_)) {
+      StartWrite(&message_);
+    } else {
+      StartWritesDone();
+    }
+  }
+
+  // Destroyed last: what done_ owns may be what keeps the client alive, and the context holds
+  // a reference to the channel (GemmAsync's REQUIRES).
+  const GemmClient::GemmDone done_;
+  const v1::GemmRequest request_;
+  StreamedGemmMessages messages_;
+  std::vector<CBuffer> c_into_;
+  const std::shared_ptr<grpc::ClientContext> context_;
+  const std::string replica_;
+  grpc::Channel* const channel_;  // the client's, which outlives the call (GemmAsync)
+  v1::GemmStreamRequest message_;  // the write in flight
+  v1::GemmStreamResponse answer_;  // the read in flight
+  std::vector<StreamedGemm> results_;
+  grpc::Status protocol_error_;
+};
+
 }  // namespace
 
 struct GemmClient::Routes {
@@ -103,35 +222,47 @@ struct GemmClient::Routes {
   std::map<std::string, Route> replicas;  // guarded by mu
 };
 
+bool StreamedGemmMessages::Next(v1::GemmStreamRequest* message) {
+  if (!header_sent_) {
+    header_sent_ = true;
+    v1::GemmHeader* header = message->mutable_header();
+    header->set_gemm_id(gemm_id_);
+    header->set_m(request_.m());
+    header->set_n(request_.n());
+    header->set_k(request_.k());
+    *header->mutable_options() = request_.options();
+    header->set_a_handle(request_.a_handle());
+    header->set_b_handle(request_.b_handle());
+    header->set_keep_c_resident(request_.keep_c_resident());
+    header->set_c_ttl_seconds(request_.c_ttl_seconds());
+    header->set_transpose_a(request_.transpose_a());
+    header->set_transpose_b(request_.transpose_b());
+    header->set_dtype(request_.dtype());
+    header->set_c_dtype(request_.c_dtype());
+    return true;
+  }
+  // An operand given by handle has no bytes here (a() of an unset oneof is empty).
+  for (; operand_ < 2; ++operand_, offset_ = 0) {
+    const std::string& bytes = operand_ == 0 ? request_.a() : request_.b();
+    if (offset_ >= bytes.size()) continue;
+    v1::MatrixChunk* chunk = message->mutable_chunk();
+    chunk->set_gemm_id(gemm_id_);
+    chunk->set_operand(operand_ == 0 ? v1::OPERAND_A : v1::OPERAND_B);
+    chunk->set_offset(offset_);
+    const size_t size = std::min<size_t>(chunk_bytes_, bytes.size() - offset_);
+    chunk->set_data(bytes.data() + offset_, size);
+    offset_ += size;
+    return true;
+  }
+  return false;
+}
+
 bool WriteStreamedGemm(const v1::GemmRequest& request, uint64_t gemm_id, int64_t chunk_bytes,
                        GemmStreamWriter* stream) {
+  StreamedGemmMessages messages(request, gemm_id, chunk_bytes);
   v1::GemmStreamRequest message;
-  v1::GemmHeader* header = message.mutable_header();
-  header->set_gemm_id(gemm_id);
-  header->set_m(request.m());
-  header->set_n(request.n());
-  header->set_k(request.k());
-  *header->mutable_options() = request.options();
-  header->set_a_handle(request.a_handle());
-  header->set_b_handle(request.b_handle());
-  header->set_keep_c_resident(request.keep_c_resident());
-  header->set_c_ttl_seconds(request.c_ttl_seconds());
-  header->set_transpose_a(request.transpose_a());
-  header->set_transpose_b(request.transpose_b());
-  header->set_dtype(request.dtype());
-  header->set_c_dtype(request.c_dtype());
-  if (!stream->Write(message)) return false;
-  for (auto [operand, bytes] : {std::pair{v1::OPERAND_A, &request.a()},
-                                std::pair{v1::OPERAND_B, &request.b()}}) {
-    // An operand given by handle has no bytes here (a() of an unset oneof is empty).
-    for (size_t offset = 0; offset < bytes->size(); offset += chunk_bytes) {
-      v1::MatrixChunk* chunk = message.mutable_chunk();
-      chunk->set_gemm_id(gemm_id);
-      chunk->set_operand(operand);
-      chunk->set_offset(offset);
-      chunk->set_data(bytes->data() + offset, std::min<size_t>(chunk_bytes, bytes->size() - offset));
-      if (!stream->Write(message)) return false;
-    }
+  while (messages.Next(&message)) {
+    if (!stream->Write(message)) return false;
   }
   return true;
 }
@@ -220,6 +351,41 @@ grpc::Status GemmClient::Gemm(const v1::GemmRequest& request, v1::GemmResponse* 
                             route.channel.get());
 }
 
+void GemmClient::GemmAsync(v1::GemmRequest request, bool streamed, CBuffer c_into,
+                           const CallOptions& options,
+                           std::shared_ptr<grpc::ClientContext> context, GemmDone done) const {
+  std::string replica;
+  if (grpc::Status s = ReplicaOf(request, &replica); !s.ok()) {
+    done(s, v1::GemmResponse());
+    return;
+  }
+  const Route route = RouteTo(replica.empty() ? options.replica : replica);
+  ApplyDeadline(options, context.get());
+  if (streamed) {
+    auto* call = new AsyncStreamedGemm(std::move(request), c_into, options.chunk_bytes, context,
+                                       route.replica, route.channel.get(), std::move(done));
+    call->Start(route.stub.get());
+    return;
+  }
+  // What the call uses lives with the callback, which gRPC keeps until it has run; `done` is
+  // destroyed last (as in AsyncStreamedGemm). The channel is the client's (no reference here).
+  struct Unary {
+    GemmDone done;
+    std::shared_ptr<grpc::ClientContext> context;
+    v1::GemmRequest request;
+    v1::GemmResponse response;
+  };
+  auto unary = std::make_shared<Unary>(
+      Unary{std::move(done), std::move(context), std::move(request), v1::GemmResponse()});
+  grpc::ClientContext* unary_context = unary->context.get();
+  route.stub->async()->Gemm(unary_context, &unary->request, &unary->response,
+                            [unary, replica = route.replica,
+                             channel = route.channel.get()](grpc::Status status) {
+                              unary->done(ExplainUnreachable(status, replica, channel),
+                                          std::move(unary->response));
+                            });
+}
+
 grpc::Status GemmClient::GemmStream(const std::vector<const v1::GemmRequest*>& requests,
                                     std::vector<StreamedGemm>* results,
                                     const CallOptions& options,
@@ -244,7 +410,10 @@ grpc::Status GemmClient::GemmStream(const std::vector<const v1::GemmRequest*>& r
                     c_into);
   }
   results->assign(requests.size(), StreamedGemm{});
-  for (auto& [i, status] : refused) (*results)[i].status = status;
+  for (auto& [i, status] : refused) {
+    (*results)[i].status = status;
+    (*results)[i].answered = true;  // by this refusal: sending it again cannot help
+  }
   grpc::Status first_failure;
   for (const std::string& replica : order) {
     const std::vector<size_t>& ids = by_replica[replica];
@@ -268,16 +437,7 @@ grpc::Status GemmClient::StreamOn(const Route& route,
                                   std::vector<StreamedGemm>* results,
                                   const CallOptions& options,
                                   const std::vector<CBuffer>* c_into) const {
-  results->assign(requests.size(), StreamedGemm{});
-  for (size_t id = 0; id < requests.size(); ++id) {
-    v1::GemmResponse& r = (*results)[id].response;
-    r.set_m(requests[id]->m());
-    r.set_n(requests[id]->n());
-    if (c_into == nullptr && !requests[id]->keep_c_resident()) {
-      r.mutable_c()->resize(ResultBytes(*requests[id]));
-    }
-    (*results)[id].status = grpc::Status(grpc::StatusCode::UNKNOWN, "no answer from the server");
-  }
+  StartResults(requests, c_into, results);
   grpc::ClientContext context;
   ApplyDeadline(options, &context);
   auto stream = route.stub->GemmStream(&context);
@@ -285,35 +445,7 @@ grpc::Status GemmClient::StreamOn(const Route& route,
   std::thread writer(WriteRequests, std::cref(requests), options.chunk_bytes, stream.get());
   v1::GemmStreamResponse message;
   grpc::Status protocol_error;
-  while (stream->Read(&message)) {
-    if (message.gemm_id() >= results->size()) {
-      protocol_error = grpc::Status(grpc::StatusCode::INTERNAL,
-                                    fmt::format("server answered unknown gemm_id {}", message.gemm_id()));
-      continue;
-    }
-    StreamedGemm& result = (*results)[message.gemm_id()];
-    if (message.has_chunk()) {
-      const v1::ResultChunk& chunk = message.chunk();
-      char* c = c_into == nullptr ? result.response.mutable_c()->data()
-                                  : (*c_into)[message.gemm_id()].data;
-      const size_t c_size = c_into == nullptr ? result.response.c().size()
-                                              : (*c_into)[message.gemm_id()].capacity;
-      if (chunk.offset() > c_size || chunk.data().size() > c_size - chunk.offset()) {
-        protocol_error = grpc::Status(grpc::StatusCode::INTERNAL, "result chunk past the end of C");
-        continue;
-      }
-      std::copy(chunk.data().begin(), chunk.data().end(), c + chunk.offset());
-    } else if (message.has_done()) {
-      const v1::GemmDone& done = message.done();
-      result.status = grpc::Status(static_cast<grpc::StatusCode>(done.status_code()),
-                                   done.status_message());
-      if (!result.status.ok()) result.response.clear_c();
-      *result.response.mutable_timing() = done.timing();
-      *result.response.mutable_execution() = done.execution();
-      result.response.set_request_id(done.request_id());
-      if (done.has_c_matrix()) *result.response.mutable_c_matrix() = done.c_matrix();
-    }
-  }
+  while (stream->Read(&message)) TakeAnswer(message, results, c_into, &protocol_error);
   writer.join();
   grpc::Status status = stream->Finish();
   return status.ok() ? protocol_error

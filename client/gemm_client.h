@@ -21,6 +21,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -64,6 +65,9 @@ std::shared_ptr<grpc::Channel> Connect(const std::string& target,
 struct StreamedGemm {
   grpc::Status status;         // from the GEMM's `done` message
   v1::GemmResponse response;   // c, timing, execution, request_id (when status is OK)
+  // Whether its `done` arrived (or the client refused it, never sending it): a GEMM a broken
+  // stream left unanswered may be sent again.
+  bool answered = false;
 };
 
 struct CallOptions {
@@ -92,8 +96,27 @@ struct CBuffer {
 
 using GemmStreamWriter = grpc::ClientReaderWriter<v1::GemmStreamRequest, v1::GemmStreamResponse>;
 
-// Writes one GEMM onto an open GemmStream: its header (tagged `gemm_id`), then A and B in chunks
-// of `chunk_bytes` (none for an operand given by handle). False once the stream is broken.
+// The messages of one GEMM on a GemmStream, one at a time: its header (tagged `gemm_id`), then
+// A and B in chunks of `chunk_bytes` (none for an operand given by handle). Thread safety: one
+// user. REQUIRES: `request` outlives it.
+class StreamedGemmMessages {
+ public:
+  StreamedGemmMessages(const v1::GemmRequest& request, uint64_t gemm_id, int64_t chunk_bytes)
+      : request_(request), gemm_id_(gemm_id), chunk_bytes_(chunk_bytes) {}
+  // The next message into *message; false when there are none left.
+  bool Next(v1::GemmStreamRequest* message);
+
+ private:
+  const v1::GemmRequest& request_;
+  const uint64_t gemm_id_;
+  const int64_t chunk_bytes_;
+  bool header_sent_ = false;
+  int operand_ = 0;    // 0: A, 1: B, 2: done
+  size_t offset_ = 0;  // within the operand
+};
+
+// Writes one GEMM onto an open GemmStream (StreamedGemmMessages). False once the stream is
+// broken.
 bool WriteStreamedGemm(const v1::GemmRequest& request, uint64_t gemm_id, int64_t chunk_bytes,
                        GemmStreamWriter* stream);
 
@@ -128,6 +151,23 @@ class GemmClient {
   grpc::Status GemmStream(const std::vector<const v1::GemmRequest*>& requests,
                           std::vector<StreamedGemm>* results, const CallOptions& options = {},
                           const std::vector<CBuffer>* c_into = nullptr) const;
+
+  // What GemmAsync comes to: the GEMM's status (as GemmStream's or Gemm's would be) and its
+  // response (C in response.c() when unary; written into c_into when streamed).
+  using GemmDone = std::function<void(grpc::Status, v1::GemmResponse)>;
+  // Starts one GEMM and returns without waiting: a unary Gemm, or when `streamed` a one-GEMM
+  // GemmStream whose C goes into c_into as it arrives (a chunk past its capacity: INTERNAL).
+  // `done` runs exactly once: on a gRPC thread, or on this one before returning when the GEMM
+  // is refused at once (FAILED_PRECONDITION: handles on two replicas). It must not block.
+  // context->TryCancel() from any thread ends the GEMM (CANCELLED); its deadline and metadata
+  // are set here from `options`, and the GEMM keeps it until done has run. REQUIRES: context is
+  // fresh; c_into's memory stays alive until done runs; the client (its channels) stays alive
+  // until `done` has been destroyed, which happens after the call let go of the context and
+  // channel. (A gRPC callback thread must not drop the last reference to a channel: gRPC would
+  // shut down its callback queue from its own thread.)
+  void GemmAsync(v1::GemmRequest request, bool streamed, CBuffer c_into,
+                 const CallOptions& options, std::shared_ptr<grpc::ClientContext> context,
+                 GemmDone done) const;
 
   // Gemm for small payloads, a one-GEMM GemmStream for large ones; returns that GEMM's status.
   grpc::Status Run(const v1::GemmRequest& request, v1::GemmResponse* response,

@@ -6,23 +6,53 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <condition_variable>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <memory>
+#include <mutex>
 #include <new>
 #include <string>
 #include <vector>
 
 #include "client/gemm_client.h"
+#include "client/retry.h"
 
 struct hgemm_client_options_t {
   hgemm::ConnectOptions connect;
   hgemm::CallOptions call;
+  hgemm::RetryPolicy retry;
+};
+
+// The asynchronous GEMMs of a client not yet over: hgemm_client_destroy() waits for them.
+class AsyncCount {
+ public:
+  // Counts one call in while the returned token lives (the call's completion owns it).
+  std::shared_ptr<void> Enter() {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++running_;
+    return std::shared_ptr<void>(nullptr, [this](void*) {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (--running_ == 0) idle_.notify_all();
+    });
+  }
+  void WaitIdle() {
+    std::unique_lock<std::mutex> lock(mu_);
+    idle_.wait(lock, [&] { return running_ == 0; });
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable idle_;
+  int64_t running_ = 0;
 };
 
 struct hgemm_client_t {
   hgemm::GemmClient client;
   hgemm::CallOptions defaults;  // timeout, chunk size, unary limit, client id, traceparent
+  hgemm::RetryPolicy retry;     // of the blocking calls
+  AsyncCount async;
 };
 
 struct hgemm_gemm_options_t {
@@ -33,6 +63,10 @@ struct hgemm_gemm_options_t {
   std::string b_handle;
   int mode = HGEMM_MODE_AUTO;
   int64_t timeout_ms = -1;  // < 0: the client's
+  bool transpose_a = false;
+  bool transpose_b = false;
+  int dtype = HGEMM_DTYPE_DEFAULT;
+  int c_dtype = HGEMM_DTYPE_DEFAULT;
 };
 
 struct hgemm_call_options_t {
@@ -42,6 +76,21 @@ struct hgemm_call_options_t {
 
 struct hgemm_server_info_t {
   hgemm::v1::ServerInfo proto;
+};
+
+struct hgemm_call_t {
+  std::shared_ptr<grpc::ClientContext> context;  // shared with the call in flight
+};
+
+struct hgemm_batch_t {
+  struct Gemm {
+    hgemm::v1::GemmRequest request;
+    hgemm::CBuffer c;
+    grpc::Status status{grpc::StatusCode::UNKNOWN, "not sent yet (hgemm_gemm_many)"};
+    bool answered = false;
+    hgemm::v1::GemmResponse answer;  // timing, execution, request_id (C is in `c`)
+  };
+  std::vector<Gemm> gemms;
 };
 
 namespace {
@@ -126,32 +175,71 @@ void FillInfo(const hgemm::v1::GemmResponse& response, bool streamed, hgemm_gemm
   info->streamed = streamed ? 1 : 0;
 }
 
-// The checks made before anything is sent: operand and C sizes against m, n, k.
-grpc::Status CheckSizes(uint32_t m, uint32_t n, uint32_t k, const void* a, size_t a_bytes,
-                        const void* b, size_t b_bytes, size_t c_capacity, bool a_by_handle,
-                        bool b_by_handle) {
+// The checks made before anything is sent: the types, and operand and C sizes against m, n, k.
+grpc::Status CheckSizes(const hgemm_gemm_options_t& options, uint32_t m, uint32_t n, uint32_t k,
+                        const void* a, size_t a_bytes, const void* b, size_t b_bytes,
+                        size_t c_capacity) {
   auto bad = [](const std::string& message) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, message);
   };
+  if (options.dtype < HGEMM_DTYPE_DEFAULT || options.dtype > HGEMM_DTYPE_BF16) {
+    return bad(fmt::format("dtype {} is not HGEMM_DTYPE_DEFAULT, _FP16 or _BF16 (A and B)",
+                           options.dtype));
+  }
+  if (options.c_dtype < HGEMM_DTYPE_DEFAULT || options.c_dtype > HGEMM_DTYPE_FP32) {
+    return bad(fmt::format("c_dtype {} is not one of HGEMM_DTYPE_*", options.c_dtype));
+  }
+  const bool a_by_handle = !options.a_handle.empty(), b_by_handle = !options.b_handle.empty();
+  const char* type = options.dtype == HGEMM_DTYPE_BF16 ? "bf16" : "fp16";
+  const char* c_type = options.c_dtype == HGEMM_DTYPE_FP32 ? "fp32" : type;
+  const unsigned c_size = options.c_dtype == HGEMM_DTYPE_FP32 ? 4 : 2;
   // uint32 dimensions: 2·m·k < 2^65 only fits unsigned __int128; 2^64 bytes are never passed.
   const unsigned __int128 a_want = 2 * static_cast<unsigned __int128>(m) * k;
   const unsigned __int128 b_want = 2 * static_cast<unsigned __int128>(k) * n;
-  const unsigned __int128 c_want = 2 * static_cast<unsigned __int128>(m) * n;
+  const unsigned __int128 c_want = c_size * static_cast<unsigned __int128>(m) * n;
   if (a_by_handle ? a != nullptr || a_bytes != 0 : a_bytes != a_want || (a == nullptr && a_bytes)) {
     return bad(a_by_handle ? "a: pass NULL and 0 bytes for an A given by handle"
-                           : fmt::format("a_bytes is {}; an {}x{} fp16 A is {} bytes", a_bytes, m,
-                                         k, static_cast<uint64_t>(a_want)));
+                           : fmt::format("a_bytes is {}; an {}x{} {} A is {} bytes", a_bytes, m,
+                                         k, type, static_cast<uint64_t>(a_want)));
   }
   if (b_by_handle ? b != nullptr || b_bytes != 0 : b_bytes != b_want || (b == nullptr && b_bytes)) {
     return bad(b_by_handle ? "b: pass NULL and 0 bytes for a B given by handle"
-                           : fmt::format("b_bytes is {}; a {}x{} fp16 B is {} bytes", b_bytes, k,
-                                         n, static_cast<uint64_t>(b_want)));
+                           : fmt::format("b_bytes is {}; a {}x{} {} B is {} bytes", b_bytes, k,
+                                         n, type, static_cast<uint64_t>(b_want)));
   }
   if (c_capacity < c_want) {
-    return bad(fmt::format("c_capacity is {} bytes; an {}x{} fp16 C needs {} (nothing was sent)",
-                           c_capacity, m, n, static_cast<uint64_t>(c_want)));
+    return bad(fmt::format("c_capacity is {} bytes; an {}x{} {} C needs {} (nothing was sent)",
+                           c_capacity, m, n, c_type, static_cast<uint64_t>(c_want)));
   }
   return grpc::Status::OK;
+}
+
+// The GemmRequest of hgemm_gemm()'s arguments (sizes checked); A and B are copied into it.
+void BuildRequest(const hgemm_gemm_options_t& options, uint32_t m, uint32_t n, uint32_t k,
+                  const void* a, size_t a_bytes, const void* b, size_t b_bytes,
+                  hgemm::v1::GemmRequest* request) {
+  request->set_m(m);
+  request->set_n(n);
+  request->set_k(k);
+  request->mutable_options()->set_kernel(options.kernel);
+  request->mutable_options()->set_accumulation(
+      static_cast<hgemm::v1::Accumulation>(options.accumulation));
+  request->mutable_options()->set_request_id(options.request_id);
+  if (options.a_handle.empty()) {
+    request->set_a(a, a_bytes);
+  } else {
+    request->set_a_handle(options.a_handle);
+  }
+  if (options.b_handle.empty()) {
+    request->set_b(b, b_bytes);
+  } else {
+    request->set_b_handle(options.b_handle);
+  }
+  // HGEMM_DTYPE_* are proto DataType's values.
+  request->set_transpose_a(options.transpose_a);
+  request->set_transpose_b(options.transpose_b);
+  request->set_dtype(static_cast<hgemm::v1::DataType>(options.dtype));
+  request->set_c_dtype(static_cast<hgemm::v1::DataType>(options.c_dtype));
 }
 
 }  // namespace
@@ -159,6 +247,7 @@ grpc::Status CheckSizes(uint32_t m, uint32_t n, uint32_t k, const void* a, size_
 extern "C" {
 
 int hgemm_abi_version(void) { return HGEMM_ABI_VERSION; }
+int hgemm_abi_revision(void) { return HGEMM_ABI_REVISION; }
 
 const char* hgemm_status_name(int code) {
   constexpr int kCount = sizeof(kStatusNames) / sizeof(kStatusNames[0]);
@@ -208,6 +297,15 @@ void hgemm_client_options_set_unary_limit_bytes(hgemm_client_options_t* options,
   options->call.unary_limit_bytes = unary_limit_bytes;
 }
 
+void hgemm_client_options_set_retry_policy(hgemm_client_options_t* options, int attempts,
+                                           int64_t initial_backoff_ms, int64_t max_backoff_ms,
+                                           double backoff_multiplier) {
+  options->retry.attempts = attempts;
+  options->retry.initial_backoff = std::chrono::milliseconds(initial_backoff_ms);
+  options->retry.max_backoff = std::chrono::milliseconds(max_backoff_ms);
+  options->retry.backoff_multiplier = backoff_multiplier;
+}
+
 // The client.
 hgemm_client_t* hgemm_client_create(const char* target, const hgemm_client_options_t* options,
                                     int* code, char** errptr) {
@@ -217,8 +315,20 @@ hgemm_client_t* hgemm_client_create(const char* target, const hgemm_client_optio
     Fail(grpc::StatusCode::INVALID_ARGUMENT, "chunk_bytes must be at least 1", code, errptr);
     return nullptr;
   }
+  const hgemm::RetryPolicy& retry = options->retry;
+  if (retry.attempts < 1 || retry.initial_backoff.count() < 0 ||
+      retry.max_backoff < retry.initial_backoff || !(retry.backoff_multiplier >= 1)) {
+    Fail(grpc::StatusCode::INVALID_ARGUMENT,
+         fmt::format("retry policy: attempts {} must be at least 1, 0 <= initial_backoff_ms {} "
+                     "<= max_backoff_ms {}, and backoff_multiplier {} at least 1",
+                     retry.attempts, retry.initial_backoff.count(), retry.max_backoff.count(),
+                     retry.backoff_multiplier),
+         code, errptr);
+    return nullptr;
+  }
   try {
-    auto* client = new hgemm_client_t{hgemm::GemmClient(target, options->connect), options->call};
+    auto* client = new hgemm_client_t{hgemm::GemmClient(target, options->connect), options->call,
+                                      options->retry};
     *code = HGEMM_OK;
     return client;
   } catch (const std::runtime_error& e) {  // Connect(): a TLS file, or a cert without its key
@@ -229,7 +339,11 @@ hgemm_client_t* hgemm_client_create(const char* target, const hgemm_client_optio
   return nullptr;
 }
 
-void hgemm_client_destroy(hgemm_client_t* client) { delete client; }
+void hgemm_client_destroy(hgemm_client_t* client) {
+  // Until every asynchronous GEMM's completion is gone, gRPC may still run it on its threads.
+  client->async.WaitIdle();
+  delete client;
+}
 
 // GEMM options.
 hgemm_gemm_options_t* hgemm_gemm_options_create(void) {
@@ -255,6 +369,18 @@ void hgemm_gemm_options_set_b_handle(hgemm_gemm_options_t* options, const char* 
 void hgemm_gemm_options_set_timeout_ms(hgemm_gemm_options_t* options, int64_t timeout_ms) {
   options->timeout_ms = timeout_ms;
 }
+void hgemm_gemm_options_set_transpose_a(hgemm_gemm_options_t* options, unsigned char on) {
+  options->transpose_a = on != 0;
+}
+void hgemm_gemm_options_set_transpose_b(hgemm_gemm_options_t* options, unsigned char on) {
+  options->transpose_b = on != 0;
+}
+void hgemm_gemm_options_set_dtype(hgemm_gemm_options_t* options, int dtype) {
+  options->dtype = dtype;
+}
+void hgemm_gemm_options_set_c_dtype(hgemm_gemm_options_t* options, int c_dtype) {
+  options->c_dtype = c_dtype;
+}
 
 // Call options.
 hgemm_call_options_t* hgemm_call_options_create(void) {
@@ -276,57 +402,176 @@ void hgemm_gemm(hgemm_client_t* client, const hgemm_gemm_options_t* options, uin
   try {
     const hgemm_gemm_options_t defaults;
     if (options == nullptr) options = &defaults;
-    if (SaveStatus(CheckSizes(m, n, k, a, a_bytes, b, b_bytes, c_capacity,
-                              !options->a_handle.empty(), !options->b_handle.empty()),
-                   code, errptr)) {
+    if (SaveStatus(CheckSizes(*options, m, n, k, a, a_bytes, b, b_bytes, c_capacity), code,
+                   errptr)) {
       return;
     }
     hgemm::v1::GemmRequest request;
-    request.set_m(m);
-    request.set_n(n);
-    request.set_k(k);
-    request.mutable_options()->set_kernel(options->kernel);
-    request.mutable_options()->set_accumulation(
-        static_cast<hgemm::v1::Accumulation>(options->accumulation));
-    request.mutable_options()->set_request_id(options->request_id);
-    if (options->a_handle.empty()) {
-      request.set_a(a, a_bytes);
-    } else {
-      request.set_a_handle(options->a_handle);
-    }
-    if (options->b_handle.empty()) {
-      request.set_b(b, b_bytes);
-    } else {
-      request.set_b_handle(options->b_handle);
-    }
+    BuildRequest(*options, m, n, k, a, a_bytes, b, b_bytes, &request);
     const hgemm::CallOptions call = CallOptionsOf(client, options->timeout_ms, "");
     const bool streamed = options->mode == HGEMM_MODE_STREAM ||
                           (options->mode == HGEMM_MODE_AUTO &&
                            hgemm::GemmClient::ShouldStream(request, call));
     hgemm::v1::GemmResponse response;
-    if (streamed) {  // C's chunks go straight into the caller's buffer
-      std::vector<hgemm::StreamedGemm> results;
-      const std::vector<hgemm::CBuffer> c_into = {{static_cast<char*>(c), c_capacity}};
-      grpc::Status status = client->client.GemmStream({&request}, &results, call, &c_into);
-      if (status.ok()) status = results[0].status;
-      if (SaveStatus(status, code, errptr)) return;
-      response = std::move(results[0].response);
-    } else {  // one copy, out of the response message
-      if (SaveStatus(client->client.Gemm(request, &response, call), code, errptr)) return;
-      const size_t c_bytes = 2 * size_t{m} * n;
+    // One try: C's chunks straight into the caller's buffer, or one copy out of the response.
+    auto attempt = [&](std::chrono::milliseconds remaining) {
+      hgemm::CallOptions try_call = call;
+      try_call.timeout = remaining;
+      if (streamed) {
+        std::vector<hgemm::StreamedGemm> results;
+        const std::vector<hgemm::CBuffer> c_into = {{static_cast<char*>(c), c_capacity}};
+        grpc::Status status = client->client.GemmStream({&request}, &results, try_call, &c_into);
+        if (status.ok()) status = results[0].status;
+        if (status.ok()) response = std::move(results[0].response);
+        return status;
+      }
+      grpc::Status status = client->client.Gemm(request, &response, try_call);
+      if (!status.ok()) return status;
+      const size_t c_bytes = hgemm::GemmClient::ResultBytes(request);
       if (response.c().size() != c_bytes) {
-        Fail(grpc::StatusCode::INTERNAL,
-             fmt::format("the server sent {} bytes of C; {}x{} fp16 is {}", response.c().size(),
-                         m, n, c_bytes),
-             code, errptr);
-        return;
+        return grpc::Status(grpc::StatusCode::INTERNAL,
+                            fmt::format("the server sent {} bytes of C; {}x{} is {}",
+                                        response.c().size(), m, n, c_bytes));
       }
       std::memcpy(c, response.c().data(), c_bytes);
+      return status;
+    };
+    // A GEMM that returns C is idempotent: any UNAVAILABLE may be tried again.
+    if (SaveStatus(hgemm::WithRetries(client->retry, call.timeout, /*idempotent=*/true, attempt),
+                   code, errptr)) {
+      return;
     }
     if (info != nullptr) FillInfo(response, streamed, info);
   } catch (...) {
     SaveException(code, errptr);
   }
+}
+
+// Asynchronous GEMMs.
+hgemm_call_t* hgemm_gemm_async(hgemm_client_t* client, const hgemm_gemm_options_t* options,
+                               uint32_t m, uint32_t n, uint32_t k, const void* a, size_t a_bytes,
+                               const void* b, size_t b_bytes, void* c, size_t c_capacity,
+                               hgemm_gemm_done_fn done, void* user_data, int* code,
+                               char** errptr) {
+  try {
+    const hgemm_gemm_options_t defaults;
+    if (options == nullptr) options = &defaults;
+    if (SaveStatus(CheckSizes(*options, m, n, k, a, a_bytes, b, b_bytes, c_capacity), code,
+                   errptr)) {
+      return nullptr;
+    }
+    hgemm::v1::GemmRequest request;
+    BuildRequest(*options, m, n, k, a, a_bytes, b, b_bytes, &request);
+    const hgemm::CallOptions call = CallOptionsOf(client, options->timeout_ms, "");
+    const bool streamed = options->mode == HGEMM_MODE_STREAM ||
+                          (options->mode == HGEMM_MODE_AUTO &&
+                           hgemm::GemmClient::ShouldStream(request, call));
+    const size_t c_bytes = hgemm::GemmClient::ResultBytes(request);
+    auto handle = std::make_unique<hgemm_call_t>();
+    handle->context = std::make_shared<grpc::ClientContext>();
+    // On a gRPC thread: a unary C is copied out of its response, then the caller is told.
+    auto finish = [c, c_bytes, streamed, done, user_data, running = client->async.Enter()](
+                      grpc::Status status, hgemm::v1::GemmResponse response) {
+      if (status.ok() && !streamed) {
+        if (response.c().size() == c_bytes) {
+          std::memcpy(c, response.c().data(), c_bytes);
+        } else {
+          status = grpc::Status(grpc::StatusCode::INTERNAL,
+                                fmt::format("the server sent {} bytes of C; {}x{} is {}",
+                                            response.c().size(), response.m(), response.n(),
+                                            c_bytes));
+        }
+      }
+      if (!status.ok()) {
+        done(user_data, status.error_code(), status.error_message().c_str(), nullptr);
+        return;
+      }
+      hgemm_gemm_info_t info;
+      FillInfo(response, streamed, &info);
+      done(user_data, HGEMM_OK, "", &info);
+    };
+    client->client.GemmAsync(std::move(request), streamed, {static_cast<char*>(c), c_capacity},
+                             call, handle->context, std::move(finish));
+    *code = HGEMM_OK;
+    return handle.release();
+  } catch (...) {
+    SaveException(code, errptr);
+  }
+  return nullptr;
+}
+
+void hgemm_call_cancel(hgemm_call_t* call) { call->context->TryCancel(); }
+void hgemm_call_destroy(hgemm_call_t* call) { delete call; }
+
+// Batches.
+hgemm_batch_t* hgemm_batch_create(void) { return new (std::nothrow) hgemm_batch_t; }
+void hgemm_batch_destroy(hgemm_batch_t* batch) { delete batch; }
+size_t hgemm_batch_size(const hgemm_batch_t* batch) { return batch->gemms.size(); }
+
+size_t hgemm_batch_add(hgemm_batch_t* batch, const hgemm_gemm_options_t* options, uint32_t m,
+                       uint32_t n, uint32_t k, const void* a, size_t a_bytes, const void* b,
+                       size_t b_bytes, void* c, size_t c_capacity, int* code, char** errptr) {
+  try {
+    const hgemm_gemm_options_t defaults;
+    if (options == nullptr) options = &defaults;
+    if (SaveStatus(CheckSizes(*options, m, n, k, a, a_bytes, b, b_bytes, c_capacity), code,
+                   errptr)) {
+      return SIZE_MAX;
+    }
+    hgemm_batch_t::Gemm gemm;
+    gemm.c = {static_cast<char*>(c), c_capacity};
+    BuildRequest(*options, m, n, k, a, a_bytes, b, b_bytes, &gemm.request);
+    batch->gemms.push_back(std::move(gemm));
+    return batch->gemms.size() - 1;
+  } catch (...) {
+    SaveException(code, errptr);
+  }
+  return SIZE_MAX;
+}
+
+void hgemm_gemm_many(hgemm_client_t* client, hgemm_batch_t* batch,
+                     const hgemm_call_options_t* options, const size_t* indices, size_t count,
+                     int* code, char** errptr) {
+  try {
+    std::vector<size_t> sent;
+    for (size_t j = 0; j < (indices == nullptr ? batch->gemms.size() : count); ++j) {
+      sent.push_back(indices == nullptr ? j : indices[j]);
+    }
+    std::vector<const hgemm::v1::GemmRequest*> requests;
+    std::vector<hgemm::CBuffer> c_into;
+    for (size_t i : sent) {
+      requests.push_back(&batch->gemms[i].request);
+      c_into.push_back(batch->gemms[i].c);
+    }
+    std::vector<hgemm::StreamedGemm> results;
+    grpc::Status status;
+    if (!requests.empty()) {
+      status = client->client.GemmStream(requests, &results, CallOptionsOf(client, options),
+                                         &c_into);
+    }
+    for (size_t j = 0; j < sent.size(); ++j) {
+      hgemm_batch_t::Gemm& gemm = batch->gemms[sent[j]];
+      hgemm::StreamedGemm& result = results[j];
+      gemm.answered = result.answered;
+      gemm.status = result.answered ? result.status
+                    : !status.ok()  ? status
+                                    : grpc::Status(grpc::StatusCode::UNKNOWN,
+                                                   "the stream ended without an answer");
+      gemm.answer = std::move(result.response);
+    }
+    SaveStatus(status, code, errptr);
+  } catch (...) {
+    SaveException(code, errptr);
+  }
+}
+
+unsigned char hgemm_batch_result(const hgemm_batch_t* batch, size_t i, hgemm_gemm_info_t* info,
+                                 int* code, char** errptr) {
+  const hgemm_batch_t::Gemm& gemm = batch->gemms[i];
+  if (!SaveStatus(gemm.status, code, errptr) && info != nullptr) {
+    FillInfo(gemm.answer, true, info);
+  }
+  return gemm.answered ? 1 : 0;
 }
 
 char* hgemm_upload(hgemm_client_t* client, const hgemm_call_options_t* options, uint32_t rows,
@@ -343,9 +588,16 @@ char* hgemm_upload(hgemm_client_t* client, const hgemm_call_options_t* options, 
     }
     hgemm::v1::MatrixInfo matrix;
     const std::string bytes(static_cast<const char*>(data), data_bytes);
-    if (SaveStatus(client->client.UploadMatrix(rows, cols, bytes, &matrix, ttl_seconds, label,
-                                               CallOptionsOf(client, options)),
-                   code, errptr)) {
+    const hgemm::CallOptions call = CallOptionsOf(client, options);
+    auto attempt = [&](std::chrono::milliseconds remaining) {
+      hgemm::CallOptions try_call = call;
+      try_call.timeout = remaining;
+      return client->client.UploadMatrix(rows, cols, bytes, &matrix, ttl_seconds, label,
+                                         try_call);
+    };
+    // Not idempotent: a second upload would leave two matrices.
+    if (SaveStatus(hgemm::WithRetries(client->retry, call.timeout, false, attempt), code,
+                   errptr)) {
       return nullptr;
     }
     if (info != nullptr) {
@@ -363,8 +615,15 @@ uint64_t hgemm_release(hgemm_client_t* client, const hgemm_call_options_t* optio
                        const char* handle, int* code, char** errptr) {
   try {
     uint64_t freed = 0;
-    if (SaveStatus(client->client.ReleaseMatrix(handle, CallOptionsOf(client, options), &freed),
-                   code, errptr)) {
+    const hgemm::CallOptions call = CallOptionsOf(client, options);
+    auto attempt = [&](std::chrono::milliseconds remaining) {
+      hgemm::CallOptions try_call = call;
+      try_call.timeout = remaining;
+      return client->client.ReleaseMatrix(handle, try_call, &freed);
+    };
+    // Not idempotent: a second release of a freed matrix says NOT_FOUND.
+    if (SaveStatus(hgemm::WithRetries(client->retry, call.timeout, false, attempt), code,
+                   errptr)) {
       return 0;
     }
     return freed;
@@ -379,8 +638,14 @@ hgemm_server_info_t* hgemm_server_info(hgemm_client_t* client,
                                        char** errptr) {
   try {
     auto info = std::make_unique<hgemm_server_info_t>();
-    if (SaveStatus(client->client.GetServerInfo(&info->proto, CallOptionsOf(client, options)),
-                   code, errptr)) {
+    const hgemm::CallOptions call = CallOptionsOf(client, options);
+    auto attempt = [&](std::chrono::milliseconds remaining) {
+      hgemm::CallOptions try_call = call;
+      try_call.timeout = remaining;
+      return client->client.GetServerInfo(&info->proto, try_call);
+    };
+    if (SaveStatus(hgemm::WithRetries(client->retry, call.timeout, true, attempt), code,
+                   errptr)) {
       return nullptr;
     }
     return info.release();

@@ -25,8 +25,11 @@
  * linker version script), so it can be loaded next to another copy of gRPC or protobuf (e.g.
  * grpcio's, in a Python process) without either one's symbols binding to the other's.
  *
- * ABI version: HGEMM_ABI_VERSION, raised on any incompatible change; hgemm_abi_version() is the
- * library's, to be checked by a binding at load time.
+ * ABI version: HGEMM_ABI_VERSION, raised on any incompatible change (a function removed, a
+ * signature, struct layout or meaning changed); hgemm_abi_version() is the library's, to be checked
+ * by a binding at load time. Additions (functions, enum values) keep the version and raise
+ * HGEMM_ABI_REVISION instead; each is marked "[revision N]" below. A binding that needs revision N
+ * checks hgemm_abi_revision() >= N (a library without hgemm_abi_revision is revision 1).
  */
 #ifndef HGEMM_CLIENT_C_HGEMM_H_
 #define HGEMM_CLIENT_C_HGEMM_H_
@@ -45,6 +48,7 @@ extern "C" {
 #endif
 
 #define HGEMM_ABI_VERSION 1
+#define HGEMM_ABI_REVISION 2
 
 /* gRPC status codes (grpc::StatusCode), as *code reports them. */
 enum {
@@ -74,6 +78,14 @@ enum {
   HGEMM_ACCUMULATION_FP32 = 2
 };
 
+/* Element types (proto DataType) [revision 2]. */
+enum {
+  HGEMM_DTYPE_DEFAULT = 0, /* A and B: fp16; C: the type of A and B */
+  HGEMM_DTYPE_FP16 = 1,    /* IEEE binary16 */
+  HGEMM_DTYPE_BF16 = 2,    /* bfloat16 */
+  HGEMM_DTYPE_FP32 = 3     /* IEEE binary32; C only */
+};
+
 /* How a GEMM travels. */
 enum {
   HGEMM_MODE_AUTO = 0,   /* unary up to the client's unary_limit_bytes, else a GemmStream */
@@ -86,6 +98,8 @@ typedef struct hgemm_client_t hgemm_client_t;
 typedef struct hgemm_gemm_options_t hgemm_gemm_options_t;
 typedef struct hgemm_call_options_t hgemm_call_options_t;
 typedef struct hgemm_server_info_t hgemm_server_info_t;
+typedef struct hgemm_batch_t hgemm_batch_t; /* [revision 2] */
+typedef struct hgemm_call_t hgemm_call_t;   /* [revision 2] */
 
 /* What the server reports of one GEMM: proto Timing and Execution. Strings longer than their
  * array are cut off (always NUL-terminated). */
@@ -119,6 +133,8 @@ typedef struct hgemm_matrix_info_t {
 
 /* The ABI version of the loaded library (HGEMM_ABI_VERSION of the header it was built with). */
 HGEMM_EXPORT int hgemm_abi_version(void);
+/* The ABI revision of the loaded library (HGEMM_ABI_REVISION of its header) [revision 2]. */
+HGEMM_EXPORT int hgemm_abi_revision(void);
 /* The name of a status code ("NOT_FOUND"); "UNKNOWN" for a code outside 0..16. Static storage. */
 HGEMM_EXPORT const char* hgemm_status_name(int code);
 /* Frees what the library returned (messages, handles). ptr may be NULL. */
@@ -162,6 +178,20 @@ HGEMM_EXPORT void hgemm_client_options_set_chunk_bytes(hgemm_client_options_t* o
 HGEMM_EXPORT void hgemm_client_options_set_unary_limit_bytes(hgemm_client_options_t* options,
                                                              int64_t unary_limit_bytes);
 
+/* [revision 2] How the blocking calls (hgemm_gemm, hgemm_upload, hgemm_release,
+ * hgemm_server_info) retry UNAVAILABLE: `attempts` tries in all (1: no retries), with
+ * exponential backoff from initial_backoff_ms, times backoff_multiplier per retry, at most
+ * max_backoff_ms, each times a jitter in [0.5, 1). Retried: an UNAVAILABLE that certainly did
+ * not run the request (the server's queue full or shutting down, no connection made), and any
+ * UNAVAILABLE of the idempotent calls (hgemm_gemm, hgemm_server_info). Never past the call's
+ * deadline, which covers all its tries. Default: 5, 50, 2000, 2.0. hgemm_client_create() fails
+ * with INVALID_ARGUMENT unless attempts >= 1, 0 <= initial <= max and multiplier >= 1.
+ * hgemm_gemm_async() and hgemm_gemm_many() do not retry (their callers do). */
+HGEMM_EXPORT void hgemm_client_options_set_retry_policy(hgemm_client_options_t* options,
+                                                        int attempts, int64_t initial_backoff_ms,
+                                                        int64_t max_backoff_ms,
+                                                        double backoff_multiplier);
+
 /* The client. */
 
 /* A client of the server (or replicas) at `target` ("127.0.0.1:50051", "dns:///svc:50051",
@@ -172,7 +202,9 @@ HGEMM_EXPORT void hgemm_client_options_set_unary_limit_bytes(hgemm_client_option
 HGEMM_EXPORT hgemm_client_t* hgemm_client_create(const char* target,
                                                  const hgemm_client_options_t* options,
                                                  int* code, char** errptr);
-/* Frees the client and closes its channels. REQUIRES: no call of it is running. */
+/* Waits until every hgemm_gemm_async() of the client is over (its done has returned), then
+ * frees the client and closes its channels. REQUIRES: no blocking call of it is running, and
+ * none of its done callbacks calls this. */
 HGEMM_EXPORT void hgemm_client_destroy(hgemm_client_t* client);
 
 /* GEMM options (hgemm_gemm()). */
@@ -200,6 +232,19 @@ HGEMM_EXPORT void hgemm_gemm_options_set_b_handle(hgemm_gemm_options_t* options,
 /* This GEMM's deadline in milliseconds (0: none; default: the client's). */
 HGEMM_EXPORT void hgemm_gemm_options_set_timeout_ms(hgemm_gemm_options_t* options,
                                                     int64_t timeout_ms);
+/* [revision 2] Layout and types (proto GemmRequest's transpose_a, transpose_b, dtype, c_dtype);
+ * the defaults are 0: C = A·B of fp16 row-major A (m×k) and B (k×n), fp16 C.
+ * transpose_a: A is stored k×m (Aᵀ row-major, a transposed view passed as stored, no copy);
+ * transpose_b: B is stored n×k (an nn.Linear weight). dtype (A and B): HGEMM_DTYPE_DEFAULT, FP16
+ * or BF16; c_dtype: HGEMM_DTYPE_DEFAULT (dtype's), dtype itself, or FP32 (4 bytes an element of
+ * C). Other combinations are the server's INVALID_ARGUMENT; a value outside HGEMM_DTYPE_* is
+ * refused by the call before anything is sent. */
+HGEMM_EXPORT void hgemm_gemm_options_set_transpose_a(hgemm_gemm_options_t* options,
+                                                     unsigned char on);
+HGEMM_EXPORT void hgemm_gemm_options_set_transpose_b(hgemm_gemm_options_t* options,
+                                                     unsigned char on);
+HGEMM_EXPORT void hgemm_gemm_options_set_dtype(hgemm_gemm_options_t* options, int dtype);
+HGEMM_EXPORT void hgemm_gemm_options_set_c_dtype(hgemm_gemm_options_t* options, int c_dtype);
 
 /* Options of the other calls (upload, release, server info). */
 
@@ -215,13 +260,15 @@ HGEMM_EXPORT void hgemm_call_options_set_replica(hgemm_call_options_t* options,
 
 /* Calls. Each blocks the calling thread until the call is over. */
 
-/* C = A·B: A is m×k, B k×n, C m×n, fp16, row-major, dense, little-endian. Unary or streamed as
- * the options' mode says. a (a_bytes = 2·m·k) and b (b_bytes = 2·k·n) are read during the call
- * only; an operand named by handle (options) passes NULL and 0. C is written into c, of
- * c_capacity bytes, which must hold 2·m·n; info (may be NULL) gets the timing and execution.
- * options may be NULL (the defaults).
+/* C = op(A)·op(B): op(A) is m×k, op(B) k×n, C m×n, row-major, dense, little-endian; fp16 unless
+ * the options set transposes and types. Unary or streamed as the options' mode says. a (a_bytes
+ * = 2·m·k) and b (b_bytes = 2·k·n) are read during the call only; an operand named by handle
+ * (options) passes NULL and 0. C is written into c, of c_capacity bytes, which must hold m·n
+ * elements of C's type (2·m·n bytes, 4·m·n for fp32); info (may be NULL) gets the timing and
+ * execution. options may be NULL (the defaults).
  * Errors: INVALID_ARGUMENT, before anything is sent, when a_bytes or b_bytes is not what m, n,
- * k say or c_capacity is less than 2·m·n (nothing is written to c); otherwise the server's
+ * k say, c_capacity is short of C's bytes (nothing is written to c) or a dtype is not one of
+ * HGEMM_DTYPE_*; otherwise the server's
  * status (INVALID_ARGUMENT for a dimension of 0, NOT_FOUND for an unknown handle, ...) or
  * gRPC's (UNAVAILABLE when the server cannot be reached, DEADLINE_EXCEEDED). On failure c may
  * have been partly written (within c_capacity). */
@@ -229,6 +276,71 @@ HGEMM_EXPORT void hgemm_gemm(hgemm_client_t* client, const hgemm_gemm_options_t*
                              uint32_t m, uint32_t n, uint32_t k, const void* a, size_t a_bytes,
                              const void* b, size_t b_bytes, void* c, size_t c_capacity,
                              hgemm_gemm_info_t* info, int* code, char** errptr);
+
+/* [revision 2] Many GEMMs pipelined on one GemmStream per replica (the server works on early
+ * GEMMs while later ones upload), C written into each GEMM's caller buffer as it arrives.
+ * A batch is a list of GEMMs, each added with hgemm_gemm()'s arguments, then run by
+ * hgemm_gemm_many() (which may run it again: e.g. the GEMMs a broken stream left unanswered),
+ * then read GEMM by GEMM. Thread safety: a batch belongs to one thread at a time.
+ * Ownership: a, b and c stay the caller's; a and b must stay alive until the batch is
+ * destroyed, c (not read meanwhile) until the last hgemm_gemm_many() of the batch returns. */
+HGEMM_EXPORT hgemm_batch_t* hgemm_batch_create(void);
+HGEMM_EXPORT void hgemm_batch_destroy(hgemm_batch_t* batch);
+/* Adds a GEMM, as hgemm_gemm() takes it, but for the options' mode and timeout (a batch always
+ * streams; its deadline is hgemm_gemm_many()'s); the options are copied. Returns its index
+ * (0, 1, ...). Fails, adding nothing and returning SIZE_MAX, with hgemm_gemm()'s
+ * INVALID_ARGUMENT of the checks made before sending (sizes, types). */
+HGEMM_EXPORT size_t hgemm_batch_add(hgemm_batch_t* batch, const hgemm_gemm_options_t* options,
+                                    uint32_t m, uint32_t n, uint32_t k, const void* a,
+                                    size_t a_bytes, const void* b, size_t b_bytes, void* c,
+                                    size_t c_capacity, int* code, char** errptr);
+HGEMM_EXPORT size_t hgemm_batch_size(const hgemm_batch_t* batch);
+/* Sends the batch's GEMMs given by `indices` (count of them; indices NULL: every GEMM) and
+ * waits for their answers. A GEMM can fail alone (its hgemm_batch_result) while the streams
+ * succeed. *code and *errptr: the streams' status (the first that failed: UNAVAILABLE when the
+ * server cannot be reached, DEADLINE_EXCEEDED, a stream-ending error naming "gemm_id I: " for
+ * the GEMM whose header was refused). options (may be NULL): the deadline of the whole call
+ * and the replica of GEMMs naming no handle.
+ * REQUIRES: each index < hgemm_batch_size(batch). */
+HGEMM_EXPORT void hgemm_gemm_many(hgemm_client_t* client, hgemm_batch_t* batch,
+                                  const hgemm_call_options_t* options, const size_t* indices,
+                                  size_t count, int* code, char** errptr);
+/* GEMM i's outcome after hgemm_gemm_many(): returns 1 if it was answered, 0 if not (never
+ * sent: UNKNOWN; or its stream broke first: *code is then the stream's status, or UNKNOWN if
+ * the stream ended cleanly). *code and *errptr are its status; info (may
+ * be NULL) gets its timing and execution when it succeeded.
+ * REQUIRES: i < hgemm_batch_size(batch). */
+HGEMM_EXPORT unsigned char hgemm_batch_result(const hgemm_batch_t* batch, size_t i,
+                                              hgemm_gemm_info_t* info, int* code,
+                                              char** errptr);
+
+/* [revision 2] GEMMs that do not block: hgemm_gemm_async() starts one and returns; `done` is
+ * called once it is over, on a thread of the library (no thread is made per call).
+ *
+ * done(user_data, code, message, info): code is HGEMM_OK or the GEMM's failure (as
+ * hgemm_gemm() would return it), message its text ("" on success), info its timing and
+ * execution (NULL on failure); message and info are valid during the call only. C is in c
+ * when done is called with HGEMM_OK. done must not block (it holds up the library's thread) and
+ * must not destroy the client. */
+typedef void (*hgemm_gemm_done_fn)(void* user_data, int code, const char* message,
+                                   const hgemm_gemm_info_t* info);
+/* Starts hgemm_gemm() (same arguments and checks; mode HGEMM_MODE_AUTO is decided here) and
+ * returns its call handle, freed with hgemm_call_destroy(). done then runs exactly once: on a
+ * library thread, or on this one before hgemm_gemm_async() returns when the GEMM is refused at
+ * once (handles on two replicas). Returns NULL, and done never runs, when a check made before
+ * sending fails (hgemm_gemm()'s INVALID_ARGUMENT). Ownership: a, b and c stay the caller's and
+ * must stay alive, c unread, until done has run. */
+HGEMM_EXPORT hgemm_call_t* hgemm_gemm_async(hgemm_client_t* client,
+                                            const hgemm_gemm_options_t* options, uint32_t m,
+                                            uint32_t n, uint32_t k, const void* a, size_t a_bytes,
+                                            const void* b, size_t b_bytes, void* c,
+                                            size_t c_capacity, hgemm_gemm_done_fn done,
+                                            void* user_data, int* code, char** errptr);
+/* Cancels the call: if it is not over yet, done runs soon with HGEMM_CANCELLED (C may have been
+ * partly written). Any thread, any time before hgemm_call_destroy(); a no-op once it is over. */
+HGEMM_EXPORT void hgemm_call_cancel(hgemm_call_t* call);
+/* Frees the handle (the GEMM goes on; done still runs). call may be NULL. */
+HGEMM_EXPORT void hgemm_call_destroy(hgemm_call_t* call);
 
 /* Uploads a rows×cols fp16 matrix (data: 2·rows·cols bytes) to keep on the server. ttl_seconds:
  * seconds after its last use at which the server frees it (0: the server's default). label:

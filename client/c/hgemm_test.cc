@@ -3,12 +3,21 @@
 // reference, errors with their codes, many threads on one client, a C buffer that is too small.
 #include "client/c/hgemm.h"
 
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
+#include <algorithm>
+#include <cmath>
+#include <condition_variable>
 #include <cstring>
+#include <mutex>
 #include <random>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "proto/numerics/cpu_gemm.h"
@@ -20,6 +29,57 @@ namespace {
 using hgemm::subprocess::ChildProcess;
 
 constexpr uint16_t kPoison = 0x7e00;  // an fp16 NaN: any value left unwritten fails the check
+// NaN as fp16, bf16 and (two of them) fp32: C buffers of any type are filled with it first.
+constexpr uint16_t kPoisonAnyType = 0xffff;
+
+// One GEMM of a layout and types (hgemm.h's [revision 2] options): random operands as stored,
+// a poisoned C buffer of C's type, and the fp32 reference.
+struct FormGemm {
+  uint32_t m, n, k;
+  hgemm::GemmForm form;
+  std::vector<uint16_t> a, b;
+  std::vector<uint16_t> c;  // C's bytes (2 or 4 per element), poisoned
+
+  FormGemm(uint32_t m_, uint32_t n_, uint32_t k_, const hgemm::GemmForm& form_, uint64_t seed)
+      : m(m_), n(n_), k(k_), form(form_) {
+    std::mt19937_64 rng(seed);
+    a = hgemm::RandomHalfMatrix(int64_t{m} * k, rng, form.bf16);
+    b = hgemm::RandomHalfMatrix(int64_t{k} * n, rng, form.bf16);
+    c.assign(size_t{m} * n * (form.c_fp32 ? 2 : 1), kPoisonAnyType);
+  }
+
+  // Sets the options' transposes and types to this form's.
+  void SetOptions(hgemm_gemm_options_t* options) const {
+    hgemm_gemm_options_set_transpose_a(options, form.transpose_a);
+    hgemm_gemm_options_set_transpose_b(options, form.transpose_b);
+    hgemm_gemm_options_set_dtype(options, form.bf16 ? HGEMM_DTYPE_BF16 : HGEMM_DTYPE_FP16);
+    hgemm_gemm_options_set_c_dtype(options,
+                                   form.c_fp32 ? HGEMM_DTYPE_FP32 : HGEMM_DTYPE_DEFAULT);
+  }
+
+  // C's relative Frobenius error against the reference; +Inf if any element was left unwritten.
+  double Error() const {
+    const std::vector<float> reference = hgemm::ReferenceGemm(a.data(), b.data(), m, n, k, form);
+    const hgemm::ErrorStats stats =
+        hgemm::CompareToReference(c.data(), reference.data(), int64_t{m} * n, form);
+    return stats.nan_count == 0 ? stats.rel_frobenius : INFINITY;
+  }
+  double Tolerance() const { return hgemm::ServiceTolerance(false, form); }
+  std::string Name() const {
+    return std::string(form.transpose_a ? "T" : "N") + (form.transpose_b ? "T" : "N") +
+           (form.bf16 ? " bf16" : " fp16") + (form.c_fp32 ? "->fp32" : "");
+  }
+};
+
+// Every layout and type pair the service takes.
+std::vector<hgemm::GemmForm> AllForms() {
+  std::vector<hgemm::GemmForm> forms;
+  for (int bits = 0; bits < 16; ++bits) {
+    forms.push_back({.transpose_a = (bits & 1) != 0, .transpose_b = (bits & 2) != 0,
+                     .bf16 = (bits & 4) != 0, .c_fp32 = (bits & 8) != 0});
+  }
+  return forms;
+}
 
 // Frees an hgemm_* error message at the end of a scope.
 struct Error {
@@ -91,6 +151,8 @@ ChildProcess* HgemmC::server_ = nullptr;
 
 TEST(HgemmCAbi, VersionAndStatusNames) {
   EXPECT_EQ(hgemm_abi_version(), HGEMM_ABI_VERSION);
+  EXPECT_EQ(hgemm_abi_revision(), HGEMM_ABI_REVISION);
+  EXPECT_GE(hgemm_abi_revision(), 2);
   EXPECT_STREQ(hgemm_status_name(HGEMM_NOT_FOUND), "NOT_FOUND");
   EXPECT_STREQ(hgemm_status_name(HGEMM_UNAUTHENTICATED), "UNAUTHENTICATED");
   EXPECT_STREQ(hgemm_status_name(99), "UNKNOWN");
@@ -105,6 +167,40 @@ TEST(HgemmCAbi, ClientWithAMissingTlsFileIsInvalidArgument) {
   hgemm_client_options_destroy(options);
   EXPECT_EQ(e.code, HGEMM_INVALID_ARGUMENT);
   EXPECT_NE(e.text().find("/nonexistent/ca.pem"), std::string::npos) << e.text();
+}
+
+TEST(HgemmCAbi, BadRetryPoliciesAreInvalidArgument) {
+  for (auto [attempts, initial_ms, max_ms, multiplier] :
+       {std::tuple<int, int64_t, int64_t, double>{0, 50, 2000, 2.0}, {3, -1, 2000, 2.0},
+        {3, 500, 100, 2.0}, {3, 50, 2000, 0.5}}) {
+    hgemm_client_options_t* options = hgemm_client_options_create();
+    hgemm_client_options_set_retry_policy(options, attempts, initial_ms, max_ms, multiplier);
+    Error e;
+    EXPECT_EQ(hgemm_client_create("127.0.0.1:1", options, &e.code, &e.message), nullptr);
+    hgemm_client_options_destroy(options);
+    EXPECT_EQ(e.code, HGEMM_INVALID_ARGUMENT);
+    EXPECT_NE(e.text().find("retry policy"), std::string::npos) << e.text();
+  }
+}
+
+TEST(HgemmCAbi, RetriesOfAnUnreachableServerEndUnavailable) {
+  hgemm_client_options_t* options = hgemm_client_options_create();
+  hgemm_client_options_set_retry_policy(options, 3, 1, 2, 2.0);
+  Error e;
+  hgemm_client_t* client =
+      hgemm_client_create(("127.0.0.1:" + std::to_string(hgemm::subprocess::FreePort())).c_str(),
+                          options, &e.code, &e.message);
+  hgemm_client_options_destroy(options);
+  ASSERT_NE(client, nullptr) << e.text();
+  const uint16_t one = 0x3c00;
+  uint16_t c = kPoison;
+  hgemm_gemm(client, nullptr, 1, 1, 1, &one, 2, &one, 2, &c, 2, nullptr, &e.code, &e.message);
+  EXPECT_EQ(e.code, HGEMM_UNAVAILABLE) << e.text();
+  EXPECT_EQ(hgemm_upload(client, nullptr, 1, 1, &one, 2, 0, "", nullptr, &e.code, &e.message),
+            nullptr);
+  EXPECT_EQ(e.code, HGEMM_UNAVAILABLE) << e.text();
+  EXPECT_EQ(c, kPoison);
+  hgemm_client_destroy(client);
 }
 
 TEST(HgemmCAbi, UnreachableServerIsUnavailable) {
@@ -255,6 +351,464 @@ TEST_F(HgemmC, OneClientFromManyThreads) {
   for (std::thread& thread : threads) thread.join();
   for (int t = 0; t < kThreads; ++t) {
     EXPECT_LT(worst[t], hgemm::kServiceTolerance.fp32_acc) << "thread " << t;
+  }
+}
+
+TEST_F(HgemmC, TransposesBf16AndFp32CMatchTheReference) {
+  uint64_t seed = 200;
+  for (const hgemm::GemmForm& form : AllForms()) {
+    for (int mode : {HGEMM_MODE_UNARY, HGEMM_MODE_STREAM}) {
+      FormGemm gemm(37, 21, 70, form, ++seed);
+      hgemm_gemm_options_t* options = hgemm_gemm_options_create();
+      gemm.SetOptions(options);
+      hgemm_gemm_options_set_mode(options, mode);
+      Error e;
+      hgemm_gemm_info_t info;
+      hgemm_gemm(client_, options, gemm.m, gemm.n, gemm.k, gemm.a.data(), 2 * gemm.a.size(),
+                 gemm.b.data(), 2 * gemm.b.size(), gemm.c.data(), 2 * gemm.c.size(), &info,
+                 &e.code, &e.message);
+      hgemm_gemm_options_destroy(options);
+      ASSERT_EQ(e.code, HGEMM_OK) << gemm.Name() << ": " << e.text();
+      EXPECT_EQ(info.streamed, mode == HGEMM_MODE_STREAM ? 1 : 0);
+      EXPECT_LT(gemm.Error(), gemm.Tolerance()) << gemm.Name() << " mode " << mode;
+    }
+  }
+}
+
+TEST_F(HgemmC, TypesOutsideTheEnumAndShortFp32CAreRefusedBeforeSending) {
+  const std::vector<uint16_t> a(6), b(6);
+  std::vector<uint16_t> c(8, kPoison);
+  for (auto [dtype, c_dtype, want] :
+       {std::tuple<int, int, const char*>{HGEMM_DTYPE_FP32, HGEMM_DTYPE_DEFAULT, "dtype 3 is not"},
+        std::tuple<int, int, const char*>{-1, HGEMM_DTYPE_DEFAULT, "dtype -1 is not"},
+        std::tuple<int, int, const char*>{HGEMM_DTYPE_FP16, 4, "c_dtype 4 is not"}}) {
+    hgemm_gemm_options_t* options = hgemm_gemm_options_create();
+    hgemm_gemm_options_set_dtype(options, dtype);
+    hgemm_gemm_options_set_c_dtype(options, c_dtype);
+    Error e;
+    hgemm_gemm(client_, options, 2, 2, 3, a.data(), 12, b.data(), 12, c.data(), 16, nullptr,
+               &e.code, &e.message);
+    hgemm_gemm_options_destroy(options);
+    EXPECT_EQ(e.code, HGEMM_INVALID_ARGUMENT);
+    EXPECT_NE(e.text().find(want), std::string::npos) << e.text();
+  }
+  // An fp32 C needs 4·m·n bytes: 2·m·n is short.
+  hgemm_gemm_options_t* options = hgemm_gemm_options_create();
+  hgemm_gemm_options_set_c_dtype(options, HGEMM_DTYPE_FP32);
+  Error e;
+  hgemm_gemm(client_, options, 2, 2, 3, a.data(), 12, b.data(), 12, c.data(), 8, nullptr, &e.code,
+             &e.message);
+  hgemm_gemm_options_destroy(options);
+  EXPECT_EQ(e.code, HGEMM_INVALID_ARGUMENT);
+  EXPECT_NE(e.text().find("c_capacity is 8 bytes; an 2x2 fp32 C needs 16"), std::string::npos)
+      << e.text();
+  EXPECT_EQ(c, std::vector<uint16_t>(8, kPoison));
+}
+
+TEST_F(HgemmC, BadTypeCombinationIsTheServersInvalidArgument) {
+  FormGemm gemm(8, 8, 8, {.bf16 = true}, 7);
+  hgemm_gemm_options_t* options = hgemm_gemm_options_create();
+  hgemm_gemm_options_set_dtype(options, HGEMM_DTYPE_BF16);
+  hgemm_gemm_options_set_c_dtype(options, HGEMM_DTYPE_FP16);  // neither bf16 nor fp32
+  Error e;
+  hgemm_gemm(client_, options, gemm.m, gemm.n, gemm.k, gemm.a.data(), 2 * gemm.a.size(),
+             gemm.b.data(), 2 * gemm.b.size(), gemm.c.data(), 2 * gemm.c.size(), nullptr,
+             &e.code, &e.message);
+  hgemm_gemm_options_destroy(options);
+  EXPECT_EQ(e.code, HGEMM_INVALID_ARGUMENT);
+  EXPECT_NE(e.text().find("c_dtype"), std::string::npos) << e.text();
+}
+
+// Adds `gemm` to `batch` with its form's options; returns its index.
+size_t AddToBatch(hgemm_batch_t* batch, FormGemm& gemm, const char* b_handle = "") {
+  hgemm_gemm_options_t* options = hgemm_gemm_options_create();
+  gemm.SetOptions(options);
+  hgemm_gemm_options_set_b_handle(options, b_handle);
+  const bool by_handle = *b_handle != '\0';
+  Error e;
+  const size_t i = hgemm_batch_add(batch, options, gemm.m, gemm.n, gemm.k, gemm.a.data(),
+                                   2 * gemm.a.size(), by_handle ? nullptr : gemm.b.data(),
+                                   by_handle ? 0 : 2 * gemm.b.size(), gemm.c.data(),
+                                   2 * gemm.c.size(), &e.code, &e.message);
+  hgemm_gemm_options_destroy(options);
+  EXPECT_EQ(e.code, HGEMM_OK) << e.text();
+  return i;
+}
+
+TEST_F(HgemmC, GemmManyWritesEveryCIntoItsBuffer) {
+  std::vector<FormGemm> gemms;
+  for (const hgemm::GemmForm& form : AllForms()) {
+    const uint32_t i = gemms.size();
+    gemms.emplace_back(19 + i % 7, 33, 45, form, 300 + i);
+  }
+  hgemm_batch_t* batch = hgemm_batch_create();
+  for (size_t i = 0; i < gemms.size(); ++i) EXPECT_EQ(AddToBatch(batch, gemms[i]), i);
+  EXPECT_EQ(hgemm_batch_size(batch), gemms.size());
+  Error e;
+  hgemm_gemm_many(client_, batch, nullptr, nullptr, 0, &e.code, &e.message);
+  ASSERT_EQ(e.code, HGEMM_OK) << e.text();
+  for (size_t i = 0; i < gemms.size(); ++i) {
+    hgemm_gemm_info_t info;
+    EXPECT_EQ(hgemm_batch_result(batch, i, &info, &e.code, &e.message), 1);
+    EXPECT_EQ(e.code, HGEMM_OK) << e.text();
+    EXPECT_EQ(info.streamed, 1);
+    EXPECT_STREQ(info.backend, "cpu");
+    EXPECT_LT(gemms[i].Error(), gemms[i].Tolerance()) << gemms[i].Name();
+  }
+  hgemm_batch_destroy(batch);
+}
+
+TEST_F(HgemmC, GemmManyFailsAGemmAloneAndRerunsChosenOnes) {
+  FormGemm first(16, 16, 16, {}, 11), unknown(16, 16, 16, {}, 12), last(16, 16, 16, {}, 13);
+  hgemm_batch_t* batch = hgemm_batch_create();
+  AddToBatch(batch, first);
+  AddToBatch(batch, unknown, "no-such-handle");
+  AddToBatch(batch, last);
+  Error e;
+  hgemm_gemm_many(client_, batch, nullptr, nullptr, 0, &e.code, &e.message);
+  EXPECT_EQ(e.code, HGEMM_OK) << e.text();
+  EXPECT_EQ(hgemm_batch_result(batch, 1, nullptr, &e.code, &e.message), 1);
+  EXPECT_EQ(e.code, HGEMM_NOT_FOUND) << e.text();
+  for (size_t i : {0, 2}) {
+    EXPECT_EQ(hgemm_batch_result(batch, i, nullptr, &e.code, &e.message), 1);
+    EXPECT_EQ(e.code, HGEMM_OK) << e.text();
+  }
+  EXPECT_LT(first.Error(), first.Tolerance());
+  EXPECT_LT(last.Error(), last.Tolerance());
+
+  // Run GEMM 2 alone again into a poisoned C: only it is sent.
+  std::fill(first.c.begin(), first.c.end(), kPoisonAnyType);
+  std::fill(last.c.begin(), last.c.end(), kPoisonAnyType);
+  const size_t again[] = {2};
+  hgemm_gemm_many(client_, batch, nullptr, again, 1, &e.code, &e.message);
+  EXPECT_EQ(e.code, HGEMM_OK) << e.text();
+  EXPECT_LT(last.Error(), last.Tolerance());
+  EXPECT_EQ(first.c, std::vector<uint16_t>(first.c.size(), kPoisonAnyType));
+  hgemm_batch_destroy(batch);
+}
+
+TEST_F(HgemmC, GemmManyAddRefusesWrongSizesAndAddsNothing) {
+  const std::vector<uint16_t> a(6), b(6);
+  std::vector<uint16_t> c(4, kPoison);
+  hgemm_batch_t* batch = hgemm_batch_create();
+  Error e;
+  EXPECT_EQ(hgemm_batch_add(batch, nullptr, 2, 2, 3, a.data(), 12, b.data(), 12, c.data(), 6,
+                            &e.code, &e.message),
+            SIZE_MAX);
+  EXPECT_EQ(e.code, HGEMM_INVALID_ARGUMENT);
+  EXPECT_NE(e.text().find("c_capacity is 6 bytes"), std::string::npos) << e.text();
+  EXPECT_EQ(hgemm_batch_size(batch), 0u);
+  // An empty batch sends nothing and succeeds.
+  hgemm_gemm_many(client_, batch, nullptr, nullptr, 0, &e.code, &e.message);
+  EXPECT_EQ(e.code, HGEMM_OK);
+  hgemm_batch_destroy(batch);
+}
+
+TEST(HgemmCAbi, GemmManyOnAnUnreachableServerLeavesEveryGemmUnanswered) {
+  hgemm_client_options_t* client_options = hgemm_client_options_create();
+  hgemm_client_options_set_timeout_ms(client_options, 5000);
+  Error e;
+  hgemm_client_t* client =
+      hgemm_client_create(("127.0.0.1:" + std::to_string(hgemm::subprocess::FreePort())).c_str(),
+                          client_options, &e.code, &e.message);
+  hgemm_client_options_destroy(client_options);
+  ASSERT_NE(client, nullptr) << e.text();
+  FormGemm one(4, 4, 4, {}, 21), two(4, 4, 4, {.c_fp32 = true}, 22);
+  hgemm_batch_t* batch = hgemm_batch_create();
+  AddToBatch(batch, one);
+  AddToBatch(batch, two);
+  // Before any run: unanswered, UNKNOWN.
+  EXPECT_EQ(hgemm_batch_result(batch, 0, nullptr, &e.code, &e.message), 0);
+  EXPECT_EQ(e.code, HGEMM_UNKNOWN);
+  hgemm_gemm_many(client, batch, nullptr, nullptr, 0, &e.code, &e.message);
+  EXPECT_EQ(e.code, HGEMM_UNAVAILABLE) << e.text();
+  for (size_t i : {0, 1}) {
+    EXPECT_EQ(hgemm_batch_result(batch, i, nullptr, &e.code, &e.message), 0);
+    EXPECT_EQ(e.code, HGEMM_UNAVAILABLE) << e.text();
+  }
+  EXPECT_EQ(one.c, std::vector<uint16_t>(one.c.size(), kPoisonAnyType));
+  hgemm_batch_destroy(batch);
+  hgemm_client_destroy(client);
+}
+
+TEST_F(HgemmC, GemmManyFromManyThreadsOnOneClient) {
+  constexpr int kThreads = 8;
+  std::vector<double> worst(kThreads, 0);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      std::vector<FormGemm> gemms;
+      for (int i = 0; i < 4; ++i) {
+        gemms.emplace_back(17 + t, 23 + i, 50, AllForms()[(t + 3 * i) % 16], 1000 * t + i);
+      }
+      hgemm_batch_t* batch = hgemm_batch_create();
+      for (FormGemm& gemm : gemms) AddToBatch(batch, gemm);
+      Error e;
+      hgemm_gemm_many(client_, batch, nullptr, nullptr, 0, &e.code, &e.message);
+      EXPECT_EQ(e.code, HGEMM_OK) << e.text();
+      for (const FormGemm& gemm : gemms) {
+        worst[t] = std::max(worst[t], gemm.Error() / gemm.Tolerance());
+      }
+      hgemm_batch_destroy(batch);
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  for (int t = 0; t < kThreads; ++t) EXPECT_LT(worst[t], 1.0) << "thread " << t;
+}
+
+// What hgemm_gemm_async's done callbacks report, and a wait for all of them.
+class Completions {
+ public:
+  struct Outcome {
+    int calls = 0;  // how many times done ran for this GEMM (must be 1)
+    int code = -1;
+    std::string message;
+    hgemm_gemm_info_t info{};
+  };
+
+  explicit Completions(size_t count) : outcomes_(count) {}
+
+  // The done of GEMM i: pass with `Context{this, i}` as user_data.
+  struct Context {
+    Completions* completions;
+    size_t i;
+  };
+  static void Done(void* user_data, int code, const char* message,
+                   const hgemm_gemm_info_t* info) {
+    auto* context = static_cast<Context*>(user_data);
+    Completions& self = *context->completions;
+    std::lock_guard<std::mutex> lock(self.mu_);
+    Outcome& outcome = self.outcomes_[context->i];
+    ++outcome.calls;
+    outcome.code = code;
+    outcome.message = message;
+    if (info != nullptr) outcome.info = *info;
+    ++self.done_;
+    self.cv_.notify_all();
+  }
+
+  // Waits until `count` callbacks have run; the outcomes then.
+  const std::vector<Outcome>& Wait(size_t count) {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return done_ >= count; });
+    return outcomes_;
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  size_t done_ = 0;
+  std::vector<Outcome> outcomes_;
+};
+
+// Starts `gemm` with hgemm_gemm_async in `mode`; the call handle (NULL with e set on refusal).
+hgemm_call_t* StartAsync(hgemm_client_t* client, FormGemm& gemm, int mode,
+                         Completions::Context* context, int* code, char** message) {
+  hgemm_gemm_options_t* options = hgemm_gemm_options_create();
+  gemm.SetOptions(options);
+  hgemm_gemm_options_set_mode(options, mode);
+  hgemm_call_t* call = hgemm_gemm_async(
+      client, options, gemm.m, gemm.n, gemm.k, gemm.a.data(), 2 * gemm.a.size(), gemm.b.data(),
+      2 * gemm.b.size(), gemm.c.data(), 2 * gemm.c.size(), &Completions::Done, context, code,
+      message);
+  hgemm_gemm_options_destroy(options);
+  return call;
+}
+
+TEST_F(HgemmC, AsyncGemmsRunAtOnceAndEachCompletesOnce) {
+  std::vector<FormGemm> gemms;
+  for (const hgemm::GemmForm& form : AllForms()) {
+    for (int twice = 0; twice < 2; ++twice) {  // unary, then streamed (by index below)
+      gemms.emplace_back(21 + gemms.size(), 30, 47, form, 500 + gemms.size());
+    }
+  }
+  Completions completions(gemms.size());
+  std::vector<Completions::Context> contexts;
+  for (size_t i = 0; i < gemms.size(); ++i) contexts.push_back({&completions, i});
+  std::vector<hgemm_call_t*> calls;
+  for (size_t i = 0; i < gemms.size(); ++i) {
+    Error e;
+    calls.push_back(StartAsync(client_, gemms[i], i % 2 ? HGEMM_MODE_STREAM : HGEMM_MODE_UNARY,
+                               &contexts[i], &e.code, &e.message));
+    ASSERT_NE(calls.back(), nullptr) << e.text();
+    EXPECT_EQ(e.code, HGEMM_OK);
+  }
+  // Half the handles go before their GEMMs are over: the GEMMs still complete.
+  for (size_t i = 0; i < calls.size(); i += 2) hgemm_call_destroy(calls[i]);
+  const std::vector<Completions::Outcome>& outcomes = completions.Wait(gemms.size());
+  for (size_t i = 0; i < gemms.size(); ++i) {
+    EXPECT_EQ(outcomes[i].calls, 1) << i;
+    ASSERT_EQ(outcomes[i].code, HGEMM_OK) << gemms[i].Name() << ": " << outcomes[i].message;
+    EXPECT_EQ(outcomes[i].info.streamed, i % 2) << i;
+    EXPECT_STREQ(outcomes[i].info.backend, "cpu");
+    EXPECT_LT(gemms[i].Error(), gemms[i].Tolerance()) << gemms[i].Name() << " " << i;
+  }
+  for (size_t i = 1; i < calls.size(); i += 2) hgemm_call_destroy(calls[i]);
+}
+
+TEST_F(HgemmC, AsyncGemmOfWrongSizesIsRefusedAndNeverCompletes) {
+  FormGemm gemm(4, 4, 4, {.c_fp32 = true}, 31);
+  Completions completions(1);
+  Completions::Context context{&completions, 0};
+  hgemm_gemm_options_t* options = hgemm_gemm_options_create();
+  hgemm_gemm_options_set_c_dtype(options, HGEMM_DTYPE_FP32);
+  Error e;
+  // C's buffer holds an fp16 C, not the fp32 one asked for.
+  EXPECT_EQ(hgemm_gemm_async(client_, options, 4, 4, 4, gemm.a.data(), 32, gemm.b.data(), 32,
+                             gemm.c.data(), 32, &Completions::Done, &context, &e.code,
+                             &e.message),
+            nullptr);
+  hgemm_gemm_options_destroy(options);
+  EXPECT_EQ(e.code, HGEMM_INVALID_ARGUMENT);
+  EXPECT_NE(e.text().find("fp32 C needs 64"), std::string::npos) << e.text();
+  // A later GEMM's completion comes alone: the refused one never called done.
+  FormGemm other(4, 4, 4, {}, 32);
+  Completions::Context other_context{&completions, 0};
+  hgemm_call_t* call = StartAsync(client_, other, HGEMM_MODE_UNARY, &other_context, &e.code,
+                                  &e.message);
+  ASSERT_NE(call, nullptr) << e.text();
+  EXPECT_EQ(completions.Wait(1)[0].calls, 1);
+  hgemm_call_destroy(call);
+  EXPECT_EQ(gemm.c, std::vector<uint16_t>(gemm.c.size(), kPoisonAnyType));
+}
+
+TEST_F(HgemmC, AsyncGemmFailuresComeThroughDone) {
+  // Handles on two replicas: refused at once, done runs before hgemm_gemm_async returns.
+  FormGemm gemm(4, 4, 4, {}, 33);
+  Completions completions(2);
+  Completions::Context first{&completions, 0}, second{&completions, 1};
+  hgemm_gemm_options_t* options = hgemm_gemm_options_create();
+  hgemm_gemm_options_set_a_handle(options, "m-0@10.0.0.1:1");
+  hgemm_gemm_options_set_b_handle(options, "m-1@10.0.0.2:1");
+  Error e;
+  hgemm_call_t* call = hgemm_gemm_async(client_, options, 4, 4, 4, nullptr, 0, nullptr, 0,
+                                        gemm.c.data(), 2 * gemm.c.size(), &Completions::Done,
+                                        &first, &e.code, &e.message);
+  ASSERT_NE(call, nullptr) << e.text();
+  hgemm_call_destroy(call);
+  // An unknown handle: the server's NOT_FOUND, later.
+  hgemm_gemm_options_set_a_handle(options, "");
+  hgemm_gemm_options_set_b_handle(options, "no-such-handle");
+  call = hgemm_gemm_async(client_, options, 4, 4, 4, gemm.a.data(), 32, nullptr, 0,
+                          gemm.c.data(), 2 * gemm.c.size(), &Completions::Done, &second, &e.code,
+                          &e.message);
+  hgemm_gemm_options_destroy(options);
+  ASSERT_NE(call, nullptr) << e.text();
+  const std::vector<Completions::Outcome>& outcomes = completions.Wait(2);
+  EXPECT_EQ(outcomes[0].code, HGEMM_FAILED_PRECONDITION) << outcomes[0].message;
+  EXPECT_NE(outcomes[0].message.find("10.0.0.2:1"), std::string::npos) << outcomes[0].message;
+  EXPECT_EQ(outcomes[1].code, HGEMM_NOT_FOUND) << outcomes[1].message;
+  for (const Completions::Outcome& outcome : outcomes) EXPECT_EQ(outcome.calls, 1);
+  hgemm_call_destroy(call);
+}
+
+// A TCP listener that never accepts: a gRPC call to it waits (for HTTP/2 settings) until it is
+// cancelled or its deadline passes.
+class SilentListener {
+ public:
+  SilentListener() {
+    fd_ = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t size = sizeof(addr);
+    EXPECT_EQ(bind(fd_, reinterpret_cast<sockaddr*>(&addr), size), 0);
+    EXPECT_EQ(listen(fd_, 16), 0);
+    EXPECT_EQ(getsockname(fd_, reinterpret_cast<sockaddr*>(&addr), &size), 0);
+    address_ = "127.0.0.1:" + std::to_string(ntohs(addr.sin_port));
+  }
+  ~SilentListener() { close(fd_); }
+  const std::string& address() const { return address_; }
+
+ private:
+  int fd_ = -1;
+  std::string address_;
+};
+
+TEST(HgemmCAbi, CancelEndsAnAsyncGemmWithCancelled) {
+  SilentListener silent;
+  Error e;
+  hgemm_client_t* client = hgemm_client_create(silent.address().c_str(), nullptr, &e.code,
+                                               &e.message);
+  ASSERT_NE(client, nullptr) << e.text();
+  std::vector<FormGemm> gemms;
+  gemms.emplace_back(8, 8, 8, hgemm::GemmForm{}, 41);
+  gemms.emplace_back(8, 8, 8, hgemm::GemmForm{}, 42);
+  Completions completions(2);
+  Completions::Context contexts[] = {{&completions, 0}, {&completions, 1}};
+  std::vector<hgemm_call_t*> calls;
+  for (size_t i = 0; i < 2; ++i) {
+    calls.push_back(StartAsync(client, gemms[i], i == 0 ? HGEMM_MODE_UNARY : HGEMM_MODE_STREAM,
+                               &contexts[i], &e.code, &e.message));
+    ASSERT_NE(calls.back(), nullptr) << e.text();
+  }
+  for (hgemm_call_t* call : calls) hgemm_call_cancel(call);
+  const std::vector<Completions::Outcome>& outcomes = completions.Wait(2);
+  for (const Completions::Outcome& outcome : outcomes) {
+    EXPECT_EQ(outcome.code, HGEMM_CANCELLED) << outcome.message;
+    EXPECT_EQ(outcome.calls, 1);
+  }
+  for (hgemm_call_t* call : calls) {
+    hgemm_call_cancel(call);  // over already: a no-op
+    hgemm_call_destroy(call);
+  }
+  hgemm_client_destroy(client);
+}
+
+TEST_F(HgemmC, ClientDestroyWaitsForItsAsyncGemms) {
+  Error e;
+  hgemm_client_t* client = hgemm_client_create(address_->c_str(), nullptr, &e.code, &e.message);
+  ASSERT_NE(client, nullptr) << e.text();
+  std::vector<FormGemm> gemms;
+  for (size_t i = 0; i < 12; ++i) gemms.emplace_back(64, 48, 96, AllForms()[i], 700 + i);
+  Completions completions(gemms.size());
+  std::vector<Completions::Context> contexts;
+  for (size_t i = 0; i < gemms.size(); ++i) contexts.push_back({&completions, i});
+  for (size_t i = 0; i < gemms.size(); ++i) {
+    hgemm_call_destroy(StartAsync(client, gemms[i], i % 2 ? HGEMM_MODE_STREAM : HGEMM_MODE_UNARY,
+                                  &contexts[i], &e.code, &e.message));
+  }
+  hgemm_client_destroy(client);  // at once: it waits for every done
+  const std::vector<Completions::Outcome>& outcomes = completions.Wait(0);
+  for (size_t i = 0; i < gemms.size(); ++i) {
+    EXPECT_EQ(outcomes[i].calls, 1) << i;
+    EXPECT_EQ(outcomes[i].code, HGEMM_OK) << outcomes[i].message;
+    EXPECT_LT(gemms[i].Error(), gemms[i].Tolerance()) << gemms[i].Name();
+  }
+}
+
+TEST_F(HgemmC, AsyncGemmsFromManyThreads) {
+  constexpr int kThreads = 8, kEach = 6;
+  std::vector<std::vector<FormGemm>> gemms(kThreads);
+  for (int t = 0; t < kThreads; ++t) {
+    for (int i = 0; i < kEach; ++i) {
+      gemms[t].emplace_back(11 + t, 13 + i, 40, AllForms()[(5 * t + i) % 16], 2000 + 10 * t + i);
+    }
+  }
+  Completions completions(kThreads * kEach);
+  std::vector<Completions::Context> contexts;
+  for (int i = 0; i < kThreads * kEach; ++i) contexts.push_back({&completions, size_t(i)});
+  std::vector<std::thread> threads;
+  std::vector<std::vector<hgemm_call_t*>> calls(kThreads);
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < kEach; ++i) {
+        Error e;
+        calls[t].push_back(StartAsync(client_, gemms[t][i],
+                                      i % 2 ? HGEMM_MODE_STREAM : HGEMM_MODE_UNARY,
+                                      &contexts[t * kEach + i], &e.code, &e.message));
+        EXPECT_NE(calls[t].back(), nullptr) << e.text();
+      }
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  const std::vector<Completions::Outcome>& outcomes = completions.Wait(kThreads * kEach);
+  for (int t = 0; t < kThreads; ++t) {
+    for (int i = 0; i < kEach; ++i) {
+      EXPECT_EQ(outcomes[t * kEach + i].code, HGEMM_OK) << outcomes[t * kEach + i].message;
+      EXPECT_LT(gemms[t][i].Error(), gemms[t][i].Tolerance()) << gemms[t][i].Name();
+      hgemm_call_destroy(calls[t][i]);
+    }
   }
 }
 

@@ -1,8 +1,8 @@
 """The methods of hgemm.Client and hgemm.aio.Client, written once as generators of I/O steps.
 
 A method of Calls checks its arguments, builds the requests, and yields each piece of I/O it
-needs as a step: Rpc (one gRPC call), Native (one blocking call of the native core, sync client
-only), Sleep (a backoff) or AllOf (several step generators, whose results it gets as a list).
+needs as a step: Rpc (one gRPC call), Native (one call of the native core: blocking on the sync
+client, with a completion callback on asyncio), Sleep (a backoff) or AllOf (several step generators, whose results it gets as a list).
 What a step came to is sent back in, or thrown in where it raised (grpc.RpcError: the call
 failed); the method's return value is the client method's result.
 hgemm.Client does the steps with blocking calls and hgemm.aio.Client with awaits: those drivers
@@ -47,10 +47,13 @@ class Rpc:
 
 @dataclasses.dataclass
 class Native:
-    """One call of the native core, fn(*args), blocking its thread with the GIL released (ctypes);
-    it comes to fn's result. Only a Calls with a native core (the sync client's) yields these."""
+    """One call of the native core: fn(*args), blocking its thread with the GIL released (ctypes);
+    it comes to fn's result. start, where given, is the same call without blocking:
+    start(*args, on_done) returns a NativeCall (cancel(), close()) and on_done(result, error) runs
+    later on a core thread; the asyncio client does that, the sync client fn."""
     fn: Callable
     args: tuple
+    start: Optional[Callable] = None
 
 
 @dataclasses.dataclass
@@ -72,13 +75,15 @@ class Calls:
         self.client = client  # what the ResidentMatrix objects made here call back
         self.config = ClientConfig(target, **options)
         self.routes = Routes(self.config, grpc_module)
-        # The native core (hgemm/_native.py) for the sync client, when it is chosen and the
-        # client needs no grpcio channel options; None: every call goes through grpcio.
+        # The native core (hgemm/_native.py), when it is chosen and the client needs no grpcio
+        # channel options; None: every call goes through grpcio. The asyncio client (blocking:
+        # False) takes only the calls it can await, those whose Native step has a start.
         self.native = None
-        if grpc_module is grpc and not self.config.has_channel_options and _native.use_native():
+        self.blocking = grpc_module is grpc
+        if not self.config.has_channel_options and _native.use_native():
             c = self.config
             self.native = _native.NativeClient(target, c.tls_files, c.token, c.client_id,
-                                               c.traceparent, c.chunk_bytes)
+                                               c.traceparent, c.chunk_bytes, c.policy)
 
     # The retry loop around one call (to `replica`, "" for the target).
     def _call(self, attempt, timeout, idempotent: bool, replica: str = ""):
@@ -101,18 +106,29 @@ class Calls:
         """The one step of a call: comes to its response (None with on_response)."""
         return (yield Rpc(method, request, timeout, self.config.metadata, **how))
 
-    def _native_call(self, fn, *args):
+    def _native_call(self, fn, *args, start=None):
         """The one step of a native call: comes to fn's result."""
-        return (yield Native(fn, args))
+        return (yield Native(fn, args, start))
 
-    def _on_native(self, fn, args, timeout, idempotent: bool, nbytes: int, desc: str = "hgemm"):
-        """fn(*args, timeout_s) of the native core, retried as _call. The C++ client routes by
-        handle and explains unreachable replicas itself. A progress bar for the nbytes the call
-        moves fills when it returns (the native core reports no chunks)."""
+    def _on_native(self, fn, args, timeout, idempotent: bool, nbytes: int, desc: str = "hgemm",
+                   start=None):
+        """fn(*args, timeout_s) of the native core: one blocking call, which the core retries
+        itself; or on asyncio start (the same without blocking, no retries in the core) retried
+        as _call. The C++ client routes by handle and explains unreachable replicas itself. A
+        progress bar for the nbytes the call moves fills when it returns (the native core
+        reports no chunks)."""
         bar = _progress.bar(self.config.progress, nbytes, desc)
         try:
-            result = yield from self._call(lambda stub, t: self._native_call(fn, *args, t),
-                                           timeout, idempotent)
+            if self.blocking:  # one call: the core retries it (client/retry.h)
+                try:
+                    result = yield from self._native_call(fn, *args,
+                                                          self.config.call_timeout(timeout))
+                except grpc.RpcError as e:
+                    raise _errors.from_rpc_error(e) from None
+            else:
+                result = yield from self._call(
+                    lambda stub, t: self._native_call(fn, *args, t, start=start), timeout,
+                    idempotent)
             if bar is not None:
                 bar.update(nbytes)
             return result
@@ -159,11 +175,12 @@ class Calls:
             raise ValueError(f"out= takes a float16 C; this GEMM's C is {spec.c_dtype}")
         _arrays.check_out(out, spec.m, spec.n, keep_c, as_torch)
         yield from self._server_limit(spec, mode, timeout)
-        if self.native is not None and not keep_c and spec.plain_fp16():
+        if self._on_native_core(spec):
             c, info = yield from self._on_native(self.native.gemm,
                                                  (spec, self.config.streams(spec, mode), out),
                                                  timeout, idempotent=True,
-                                                 nbytes=spec.payload_bytes + spec.c_bytes)
+                                                 nbytes=spec.payload_bytes + spec.c_bytes,
+                                                 start=self.native.gemm_start)
             return native_result(spec, c, info, details, as_torch, started, out)
         if self.config.streams(spec, mode):
             result = (yield from self._many([spec], timeout, details, as_torch, started))[0]
@@ -198,20 +215,55 @@ class Calls:
         results = yield from self._many(specs, timeout, details, as_torch, started)
         return finish_many(results, return_exceptions)
 
+    def _on_native_core(self, spec: Spec) -> bool:
+        """Whether a GEMM goes through the native core: one is loaded and the GEMM returns C
+        (keep_c's handle is not in the C ABI) of fp16 or bf16 inputs (the types it sends)."""
+        return self.native is not None and not spec.keep_c and spec.dtype in ("fp16", "bf16")
+
     def _many(self, specs: List[Spec], timeout, details, as_torch, started):
         groups, outcomes = by_replica(dict(enumerate(specs)))
         deadline = Deadline(self.config.call_timeout(timeout))
         total = sum(s.payload_bytes + s.c_bytes for s in specs)
         bar = _progress.bar(self.config.progress, total, "hgemm")
+        batch = None
         try:
-            done = yield AllOf([self._stream_rounds(replica, by_id, deadline, bar)
-                                for replica, by_id in groups.items()])
+            if self.blocking and all(self._on_native_core(s) for s in specs):
+                batch = self.native.batch({i: s for by_id in groups.values()
+                                           for i, s in by_id.items()})
+            if batch is None:
+                rounds = [self._stream_rounds(replica, by_id, deadline, bar)
+                          for replica, by_id in groups.items()]
+            else:
+                rounds = [self._native_rounds(batch, replica, by_id, deadline, bar)
+                          for replica, by_id in groups.items()]
+            done = yield AllOf(rounds)
             for by_id, rounds in zip(groups.values(), done):
                 outcomes.update((i, rounds.outcome(i)) for i in by_id)
         finally:
+            if batch is not None:
+                batch.close()
             _progress.close(bar)
         return [streamed_result(self.client, specs[i], outcomes[i], details, as_torch, started)
                 for i in range(len(specs))]
+
+    def _native_rounds(self, batch, replica: str, by_id, deadline, bar):
+        """_stream_rounds through the native core: each round one blocking hgemm_gemm_many of
+        the pending GEMMs (C into the batch's buffers), settled by the same ManyRound."""
+        rounds = ManyRound(by_id, self.config.policy, deadline)
+        while rounds.pending:
+            sent = rounds.pending
+            stream_err = None
+            try:
+                yield from self._native_call(batch.run, sent, replica, deadline.remaining())
+            except grpc.RpcError as e:  # the C++ core explains unreachable replicas itself
+                stream_err = _errors.from_rpc_error(e)
+            delay = rounds.settle(batch, stream_err)
+            if bar is not None:
+                bar.update(sum(by_id[i].payload_bytes + by_id[i].c_bytes for i in sent
+                               if i not in rounds.pending))
+            if delay:
+                yield Sleep(delay)
+        return rounds
 
     def _stream_rounds(self, replica: str, by_id, deadline, bar):
         stub = self.routes.stub(replica)
@@ -241,7 +293,7 @@ class Calls:
         replica: where to put it over several replicas: a ResidentMatrix (onto the replica that
         holds it, so that both can go in one GEMM) or a replica's address; None: balanced."""
         array, dtype, _ = _arrays.as_operand(matrix, "matrix", allow_transposed=False)
-        if self.native is not None and device_id is None and dtype == "fp16":
+        if self.native is not None and self.blocking and device_id is None and dtype == "fp16":
             info = yield from self._on_native(self.native.upload,
                                               (array, ttl, label, replica_of(replica)), timeout,
                                               idempotent=False, nbytes=array.nbytes,
@@ -283,7 +335,7 @@ class Calls:
         """Frees a resident matrix; returns the bytes freed. NotFound if it is gone already."""
         if getattr(matrix, "released", False):
             return 0
-        if self.native is not None:
+        if self.native is not None and self.blocking:
             freed = yield from self._on_native(self.native.release, (matrix.handle,), timeout,
                                                idempotent=False, nbytes=0)
         else:

@@ -9,27 +9,35 @@ an array allocated here, while other threads run.
 Which core: $HGEMM_TRANSPORT "native" (the library must load: OSError otherwise), "grpcio", or
 "auto" / unset (native when the library loads). The library is $HGEMM_NATIVE_LIB, else
 libhgemm_client.so beside this file (pip install copies it there). hgemm.info() says which.
-The sync Client's unary and single streamed GEMMs, uploads and releases go through it; the rest
-(gemm_many, streams, downloads, listings, keep_c, upload(device_id=), channel_options, the aio
-client) stays on grpcio.
+The sync Client's GEMMs (any layout and types: transposed views go as stored, by pointer),
+gemm_many, uploads and releases go through it, and the aio client's GEMMs (hgemm_gemm_async, a
+completion callback); the rest (streams, downloads, listings, keep_c, upload(device_id=), bf16
+uploads, channel_options, the aio client's other calls) stays on grpcio.
 
 Thread safety: the library is loaded once under a lock; a NativeClient is thread-safe (one
 hgemm_client_t serves many threads).
 """
 import ctypes
 import os
+import re
 import threading
-from typing import Optional
+from typing import Dict, Optional, Sequence
 
 import grpc
 import numpy as np
 
+from . import _errors
 from ._proto import hgemm_pb2 as pb
 from ._resident import handle_replica
 
 LIBRARY_NAME = "libhgemm_client.so"
 ABI_VERSION = 1  # HGEMM_ABI_VERSION of the client/c/hgemm.h this module binds
+ABI_REVISION = 2  # the HGEMM_ABI_REVISION whose functions it calls (batches, transposes, types)
 MODE_UNARY, MODE_STREAM = 1, 2
+# HGEMM_DTYPE_* (proto DataType's values) of a Spec's dtype names.
+_DTYPES = {"fp16": pb.DATA_TYPE_FP16, "bf16": pb.DATA_TYPE_BF16, "fp32": pb.DATA_TYPE_FP32}
+_BATCH_ADD_FAILED = ctypes.c_size_t(-1).value  # SIZE_MAX
+_GEMM_ID = re.compile(r"^gemm_id (\d+): ")
 _CODES = {code.value[0]: code for code in grpc.StatusCode}
 
 _lock = threading.Lock()
@@ -53,6 +61,48 @@ class MatrixInfo(ctypes.Structure):
                 ("device_id", ctypes.c_int), ("ttl_seconds", ctypes.c_double)]
 
 
+# hgemm_gemm_done_fn: (user_data, code, message, info).
+_DONE_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int, ctypes.c_char_p,
+                            ctypes.POINTER(GemmInfo))
+
+
+class _InFlight:
+    """The asynchronous GEMMs started and not yet done, by the key passed as user_data: each
+    keeps what the library reads and writes (operands, C) alive until its done has run, whatever
+    became of the Python call meanwhile (a cancelled task). One ctypes callback, made once and
+    never freed, serves them all, so no callback can be freed while the library may call it."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._next = 0
+        self._calls: Dict[int, tuple] = {}
+
+    def add(self, on_done, keep) -> int:
+        with self._lock:
+            self._next += 1
+            self._calls[self._next] = (on_done, keep)
+            return self._next
+
+    def pop(self, key: int):
+        with self._lock:
+            on_done, _ = self._calls.pop(key)
+            return on_done
+
+
+_in_flight = _InFlight()
+
+
+@_DONE_FN
+def _on_gemm_done(user_data, code, message, info):
+    """hgemm_gemm_done_fn, on a library thread: hands the outcome to the call's on_done."""
+    on_done = _in_flight.pop(user_data)
+    if code != 0:
+        on_done(None, NativeRpcError(_CODES.get(code, grpc.StatusCode.UNKNOWN),
+                                     (message or b"").decode(errors="replace")))
+    else:
+        on_done(GemmInfo.from_buffer_copy(info.contents), None)
+
+
 def library_path() -> str:
     return os.environ.get("HGEMM_NATIVE_LIB") or os.path.join(os.path.dirname(__file__),
                                                                LIBRARY_NAME)
@@ -67,17 +117,13 @@ def transport() -> str:
 
 
 def load():
-    """The library, loaded once per process (RTLD_LOCAL). Raises OSError if it cannot be loaded
-    or its ABI version is not ABI_VERSION."""
+    """The library, loaded once per process (RTLD_LOCAL). Raises OSError if it cannot be loaded,
+    its ABI version is not ABI_VERSION or its revision is older than ABI_REVISION."""
     global _library
     with _lock:
         if _library is None:
             try:
-                _library = _declare(ctypes.CDLL(library_path()))
-                version = _library.hgemm_abi_version()
-                if version != ABI_VERSION:
-                    _library = OSError(f"{library_path()} has ABI version {version}; this hgemm "
-                                       f"binds version {ABI_VERSION}")
+                _library = _checked_library(ctypes.CDLL(library_path()))
             except OSError as e:
                 _library = e
         if isinstance(_library, OSError):
@@ -117,6 +163,25 @@ def info() -> dict:
     return out
 
 
+def _checked_library(lib):
+    """lib with its functions declared, or an OSError saying why this hgemm cannot use it."""
+    if not hasattr(lib, "hgemm_abi_version"):
+        return OSError(f"{library_path()} is not libhgemm_client (no hgemm_abi_version)")
+    lib.hgemm_abi_version.restype, lib.hgemm_abi_version.argtypes = ctypes.c_int, ()
+    version = lib.hgemm_abi_version()
+    if version != ABI_VERSION:
+        return OSError(f"{library_path()} has ABI version {version}; this hgemm binds version "
+                       f"{ABI_VERSION}")
+    revision = 1  # a library older than hgemm_abi_revision
+    if hasattr(lib, "hgemm_abi_revision"):
+        lib.hgemm_abi_revision.restype, lib.hgemm_abi_revision.argtypes = ctypes.c_int, ()
+        revision = lib.hgemm_abi_revision()
+    if revision < ABI_REVISION:
+        return OSError(f"{library_path()} has ABI revision {revision}; this hgemm needs "
+                       f"{ABI_REVISION} or later (rebuild //client/c:libhgemm_client.so)")
+    return _declare(lib)
+
+
 def _declare(lib):
     p, cstr, i64, u32, size = (ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int64, ctypes.c_uint32,
                                ctypes.c_size_t)
@@ -135,6 +200,8 @@ def _declare(lib):
         "hgemm_client_options_set_client_id": (None, (p, cstr)),
         "hgemm_client_options_set_traceparent": (None, (p, cstr)),
         "hgemm_client_options_set_chunk_bytes": (None, (p, i64)),
+        "hgemm_client_options_set_retry_policy": (None, (p, ctypes.c_int, i64, i64,
+                                                         ctypes.c_double)),
         "hgemm_client_create": (p, (cstr, p) + err),
         "hgemm_client_destroy": (None, (p,)),
         "hgemm_gemm_options_create": (p, ()),
@@ -146,6 +213,10 @@ def _declare(lib):
         "hgemm_gemm_options_set_a_handle": (None, (p, cstr)),
         "hgemm_gemm_options_set_b_handle": (None, (p, cstr)),
         "hgemm_gemm_options_set_timeout_ms": (None, (p, i64)),
+        "hgemm_gemm_options_set_transpose_a": (None, (p, ctypes.c_ubyte)),
+        "hgemm_gemm_options_set_transpose_b": (None, (p, ctypes.c_ubyte)),
+        "hgemm_gemm_options_set_dtype": (None, (p, ctypes.c_int)),
+        "hgemm_gemm_options_set_c_dtype": (None, (p, ctypes.c_int)),
         "hgemm_call_options_create": (p, ()),
         "hgemm_call_options_destroy": (None, (p,)),
         "hgemm_call_options_set_timeout_ms": (None, (p, i64)),
@@ -155,6 +226,15 @@ def _declare(lib):
         "hgemm_upload": (p, (p, p, u32, u32, p, size, u32, cstr, ctypes.POINTER(MatrixInfo))
                          + err),
         "hgemm_release": (ctypes.c_uint64, (p, p, cstr) + err),
+        "hgemm_gemm_async": (p, (p, p, u32, u32, u32, p, size, p, size, p, size, _DONE_FN, p)
+                             + err),
+        "hgemm_call_cancel": (None, (p,)),
+        "hgemm_call_destroy": (None, (p,)),
+        "hgemm_batch_create": (p, ()),
+        "hgemm_batch_destroy": (None, (p,)),
+        "hgemm_batch_add": (size, (p, p, u32, u32, u32, p, size, p, size, p, size) + err),
+        "hgemm_gemm_many": (None, (p, p, p, ctypes.POINTER(size), size) + err),
+        "hgemm_batch_result": (ctypes.c_ubyte, (p, size, ctypes.POINTER(GemmInfo)) + err),
     }
     for name, (restype, argtypes) in signatures.items():
         fn = getattr(lib, name)
@@ -190,7 +270,7 @@ class NativeClient:
     """One hgemm_client_t, made from a ClientConfig's connection options. Thread-safe."""
 
     def __init__(self, target: str, tls: dict, token: Optional[str], client_id: Optional[str],
-                 traceparent: Optional[str], chunk_bytes: int):
+                 traceparent: Optional[str], chunk_bytes: int, policy):
         self._lib = lib = load()
         options = lib.hgemm_client_options_create()
         try:
@@ -201,6 +281,10 @@ class NativeClient:
             lib.hgemm_client_options_set_client_id(options, _encode(client_id))
             lib.hgemm_client_options_set_traceparent(options, _encode(traceparent))
             lib.hgemm_client_options_set_chunk_bytes(options, chunk_bytes)
+            # The blocking calls retry in the core, as _retry.RetryPolicy says.
+            lib.hgemm_client_options_set_retry_policy(
+                options, policy.attempts, int(policy.initial_backoff_s * 1e3),
+                int(policy.max_backoff_s * 1e3), policy.multiplier)
             self._client = self._checked(lib.hgemm_client_create, _encode(target), options)
         except NativeRpcError as e:
             raise ValueError(e.details()) from None
@@ -208,18 +292,17 @@ class NativeClient:
             lib.hgemm_client_options_destroy(options)
 
     def close(self) -> None:
+        """Frees the client, once its asynchronous GEMMs still running are over (the library
+        waits for them, the GIL released)."""
         client, self._client = self._client, None
         if client:
             self._lib.hgemm_client_destroy(client)
 
     def _checked(self, fn, *args):
         """fn(*args, &code, &errptr); raises NativeRpcError on failure."""
-        code, message = ctypes.c_int(0), ctypes.c_void_p(None)
-        result = fn(*args, ctypes.byref(code), ctypes.byref(message))
-        if code.value != 0:
-            details = ctypes.string_at(message.value).decode(errors="replace") if message else ""
-            self._lib.hgemm_free(message)
-            raise NativeRpcError(_CODES.get(code.value, grpc.StatusCode.UNKNOWN), details)
+        result, err = self._status(fn, *args)
+        if err is not None:
+            raise err
         return result
 
     def _call_options(self, timeout: Optional[float], replica: str = ""):
@@ -228,28 +311,80 @@ class NativeClient:
         self._lib.hgemm_call_options_set_replica(options, replica.encode())
         return options
 
-    def gemm(self, spec, streamed: bool, out: Optional[np.ndarray], timeout: Optional[float]):
-        """(C, GemmInfo) of a Spec sent as it is (operands from the arrays' memory, or by
-        handle); C is written into `out`, else into a new m×n float16 array.
-        REQUIRES: not spec.keep_c; out is None or passed _arrays.check_out."""
+    def _status(self, fn, *args):
+        """(result, None) of fn(*args, &code, &errptr) when it succeeds, else (result,
+        NativeRpcError)."""
+        code, message = ctypes.c_int(0), ctypes.c_void_p(None)
+        result = fn(*args, ctypes.byref(code), ctypes.byref(message))
+        if code.value == 0:
+            return result, None
+        details = ctypes.string_at(message.value).decode(errors="replace") if message else ""
+        self._lib.hgemm_free(message)
+        return result, NativeRpcError(_CODES.get(code.value, grpc.StatusCode.UNKNOWN), details)
+
+    def _gemm_options(self, spec, mode: int = 0, timeout: Optional[float] = None):
+        """An hgemm_gemm_options_t of a Spec (the caller destroys it)."""
         lib = self._lib
         options = lib.hgemm_gemm_options_create()
+        lib.hgemm_gemm_options_set_kernel(options, spec.options.kernel.encode())
+        lib.hgemm_gemm_options_set_accumulation(options, spec.options.accumulation)
+        lib.hgemm_gemm_options_set_request_id(options, spec.options.request_id.encode())
+        lib.hgemm_gemm_options_set_mode(options, mode)
+        lib.hgemm_gemm_options_set_a_handle(options, spec.a.handle.encode())
+        lib.hgemm_gemm_options_set_b_handle(options, spec.b.handle.encode())
+        lib.hgemm_gemm_options_set_timeout_ms(options, _timeout_ms(timeout))
+        lib.hgemm_gemm_options_set_transpose_a(options, int(spec.a.transposed))
+        lib.hgemm_gemm_options_set_transpose_b(options, int(spec.b.transposed))
+        lib.hgemm_gemm_options_set_dtype(options, _DTYPES[spec.dtype])
+        lib.hgemm_gemm_options_set_c_dtype(options, _DTYPES[spec.c_dtype])
+        return options
+
+    def gemm(self, spec, streamed: bool, out: Optional[np.ndarray], timeout: Optional[float]):
+        """(C, GemmInfo) of a Spec sent as it is (operands from the arrays' memory, transposed
+        views as stored, or by handle); C is written into `out`, else into a new buffer and
+        returned as spec.c_array makes it (float16, float32, bf16 widened to float32).
+        REQUIRES: not spec.keep_c; out is None or passed _arrays.check_out (an fp16 C)."""
+        options = self._gemm_options(spec, MODE_STREAM if streamed else MODE_UNARY, timeout)
         try:
-            lib.hgemm_gemm_options_set_kernel(options, spec.options.kernel.encode())
-            lib.hgemm_gemm_options_set_accumulation(options, spec.options.accumulation)
-            lib.hgemm_gemm_options_set_request_id(options, spec.options.request_id.encode())
-            lib.hgemm_gemm_options_set_mode(options, MODE_STREAM if streamed else MODE_UNARY)
-            lib.hgemm_gemm_options_set_a_handle(options, spec.a.handle.encode())
-            lib.hgemm_gemm_options_set_b_handle(options, spec.b.handle.encode())
-            lib.hgemm_gemm_options_set_timeout_ms(options, _timeout_ms(timeout))
-            c = np.empty((spec.m, spec.n), dtype=np.float16) if out is None else out
+            buffer = np.empty(spec.c_bytes, dtype=np.uint8) if out is None else out
             info = GemmInfo()
-            self._checked(lib.hgemm_gemm, self._client, options, spec.m, spec.n, spec.k,
-                          *_operand(spec.a), *_operand(spec.b), c.ctypes.data, c.nbytes,
-                          ctypes.byref(info))
-            return c, info
+            self._checked(self._lib.hgemm_gemm, self._client, options, spec.m, spec.n, spec.k,
+                          *_operand(spec.a), *_operand(spec.b), buffer.ctypes.data,
+                          buffer.nbytes, ctypes.byref(info))
+            return (out if out is not None else spec.c_array(buffer)), info
         finally:
-            lib.hgemm_gemm_options_destroy(options)
+            self._lib.hgemm_gemm_options_destroy(options)
+
+    def gemm_start(self, spec, streamed: bool, out: Optional[np.ndarray],
+                   timeout: Optional[float], on_done) -> "NativeCall":
+        """gemm() without waiting: returns at once, and on_done((C, GemmInfo), None) or
+        on_done(None, NativeRpcError) runs later, once, on a library thread (on this one when the
+        GEMM is refused at once). It must not block. Raises NativeRpcError (and on_done never
+        runs) when the library refuses the GEMM before sending it."""
+        options = self._gemm_options(spec, MODE_STREAM if streamed else MODE_UNARY, timeout)
+        buffer = np.empty(spec.c_bytes, dtype=np.uint8) if out is None else out
+        c = out if out is not None else spec.c_array(buffer)
+
+        def done(info, err):
+            if err is not None:
+                on_done(None, err)
+            else:  # a bf16 C is widened now: c_array copies it
+                on_done((spec.c_array(buffer) if spec.c_dtype == "bf16" else c, info), None)
+        key = _in_flight.add(done, (spec, buffer))
+        try:
+            call = self._checked(self._lib.hgemm_gemm_async, self._client, options, spec.m,
+                                 spec.n, spec.k, *_operand(spec.a), *_operand(spec.b),
+                                 buffer.ctypes.data, buffer.nbytes, _on_gemm_done, key)
+        except BaseException:
+            _in_flight.pop(key)  # refused: done never runs
+            raise
+        finally:
+            self._lib.hgemm_gemm_options_destroy(options)
+        return NativeCall(self._lib, call)
+
+    def batch(self, specs: dict) -> "NativeBatch":
+        """A NativeBatch of these GEMMs (none with keep_c), by their ids."""
+        return NativeBatch(self, specs)
 
     def upload(self, array: np.ndarray, ttl: int, label: str, replica: str,
                timeout: Optional[float]) -> pb.MatrixInfo:
@@ -278,6 +413,96 @@ class NativeClient:
             return self._checked(self._lib.hgemm_release, self._client, options, handle.encode())
         finally:
             self._lib.hgemm_call_options_destroy(options)
+
+
+class NativeCall:
+    """The handle of an asynchronous GEMM (hgemm_call_t): cancel() it while it runs, close()
+    it when done. Thread safety: one owner (the task awaiting it)."""
+
+    def __init__(self, lib, call):
+        self._lib, self._call = lib, call
+
+    def cancel(self) -> None:
+        """Its on_done soon gets CANCELLED if it is not over yet."""
+        if self._call:
+            self._lib.hgemm_call_cancel(self._call)
+
+    def close(self) -> None:
+        call, self._call = self._call, None
+        if call:
+            self._lib.hgemm_call_destroy(call)
+
+
+class NativeBatch:
+    """gemm_many's GEMMs in an hgemm_batch_t (C ABI revision 2), each with a C buffer of its
+    own: run() sends some of them on a GemmStream per replica (blocking, the GIL released),
+    outcome() reads what came of each, as a StreamCollector does. Thread safety: one thread at a
+    time (a gemm_many call owns it); close() frees the batch."""
+
+    def __init__(self, native: NativeClient, specs: dict):
+        self._native, self._lib = native, native._lib
+        self.specs = specs
+        self.protocol_error = None  # StreamCollector's; the C++ core folds it into run()'s error
+        self._buffers = {i: np.empty(spec.c_bytes, dtype=np.uint8) for i, spec in specs.items()}
+        self._index: Dict[int, int] = {}  # spec id → the GEMM's index in the batch
+        self._batch = self._lib.hgemm_batch_create()
+        try:
+            for i, spec in specs.items():
+                options = native._gemm_options(spec)
+                try:
+                    buffer = self._buffers[i]
+                    self._index[i] = native._checked(
+                        self._lib.hgemm_batch_add, self._batch, options, spec.m, spec.n, spec.k,
+                        *_operand(spec.a), *_operand(spec.b), buffer.ctypes.data, buffer.nbytes)
+                finally:
+                    self._lib.hgemm_gemm_options_destroy(options)
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        batch, self._batch = self._batch, None
+        if batch:
+            self._lib.hgemm_batch_destroy(batch)
+
+    def run(self, ids: Sequence[int], replica: str, timeout: Optional[float]) -> None:
+        """Sends the GEMMs `ids` (on one stream when they name no two replicas) and waits for
+        their answers. Raises the stream's NativeRpcError if it failed, a "gemm_id I: " in its
+        message naming the spec id I of the GEMM it ended at (as culprit_of reads it)."""
+        indices = (ctypes.c_size_t * len(ids))(*(self._index[i] for i in ids))
+        options = self._native._call_options(timeout, replica)
+        try:
+            _, err = self._native._status(self._lib.hgemm_gemm_many, self._native._client,
+                                          self._batch, options, indices, len(ids))
+        finally:
+            self._lib.hgemm_call_options_destroy(options)
+        if err is not None:
+            m = _GEMM_ID.match(err.details())
+            if m and int(m.group(1)) < len(ids):  # the gemm_id of the stream: a place in `ids`
+                err = NativeRpcError(err.code(), f"gemm_id {ids[int(m.group(1))]}: "
+                                                 f"{err.details()[m.end():]}")
+            raise err
+
+    def outcome(self, i: int):
+        """StreamCollector.outcome's: None while unanswered; an Error; or (C, a GemmDone)."""
+        info = GemmInfo()
+        answered, err = self._native._status(self._lib.hgemm_batch_result, self._batch,
+                                             self._index[i], ctypes.byref(info))
+        if not answered:
+            return None
+        if err is not None:
+            return _errors.from_code(err.code(), err.details(), index=i)
+        done = pb.GemmDone(
+            timing=pb.Timing(queue_wait_ms=info.queue_wait_ms,
+                             host_to_device_ms=info.host_to_device_ms, kernel_ms=info.kernel_ms,
+                             device_to_host_ms=info.device_to_host_ms,
+                             server_total_ms=info.server_total_ms, tflops=info.tflops),
+            execution=pb.Execution(kernel=info.kernel.decode(), accumulation=info.accumulation,
+                                   backend=info.backend.decode(), device_id=info.device_id,
+                                   device_name=info.device_name.decode(),
+                                   stream_id=info.stream_id),
+            request_id=info.request_id.decode())
+        return self.specs[i].c_array(self._buffers[i]), done
 
 
 def _operand(operand):

@@ -116,7 +116,7 @@ def native_result(spec: Spec, c, info, details: bool, as_torch, started: float, 
     """What gemm returns from the native core's C and GemmInfo (hgemm/_native.py); C is `out`
     as it is when the caller gave one."""
     if out is None:
-        c = _arrays.to_output(c, as_torch)
+        c = c_output(spec, c, as_torch)
     if not details:
         return c
     timing = Timing(info.queue_wait_ms, info.host_to_device_ms, info.kernel_ms,

@@ -89,11 +89,6 @@ class Spec:
                 f"(upload(..., replica=A))")
         return a or b
 
-    def plain_fp16(self) -> bool:
-        """fp16 A and B as stored (no transpose) and an fp16 C: what the native core sends."""
-        return (self.dtype == "fp16" and self.c_dtype == "fp16" and not self.a.transposed
-                and not self.b.transposed)
-
     @property
     def c_bytes(self) -> int:
         return 0 if self.keep_c else (4 if self.c_dtype == "fp32" else 2) * self.m * self.n

@@ -45,12 +45,45 @@ async def _do(step):
         return None
     if isinstance(step, _calls.AllOf):
         return await asyncio.gather(*(_run(s) for s in step.steps))
+    if isinstance(step, _calls.Native):
+        return await _native(step)
     request = _aiter(step.request) if step.streams_request else step.request
     call = step.method(request, timeout=step.timeout, metadata=step.metadata)
     if step.on_response is None:
         return await call
     async for response in call:
         step.on_response(response)
+
+
+def _settle(future: asyncio.Future, result, error) -> None:
+    if future.cancelled():
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)
+
+
+async def _native(step):
+    """A native call started with its completion callback (no thread of ours per call): the
+    callback runs on a core thread and hands the outcome to this loop. Cancelling the task
+    cancels the call; what the call reads and writes stays alive until it is over (_native.py)."""
+    loop = asyncio.get_running_loop()
+    future = loop.create_future()
+
+    def on_done(result, error):  # on a core thread
+        try:
+            loop.call_soon_threadsafe(_settle, future, result, error)
+        except RuntimeError:  # the loop is closed: nobody waits for the result any more
+            pass
+    call = step.start(*step.args, on_done)
+    try:
+        return await future
+    except asyncio.CancelledError:
+        call.cancel()
+        raise
+    finally:
+        call.close()
 
 
 def _awaitable(steps):
@@ -72,6 +105,8 @@ class Client:
     async def close(self) -> None:
         for channel in self._calls.routes.channels():
             await channel.close()
+        if self._calls.native is not None:  # waits for its GEMMs in flight, off the loop
+            await asyncio.get_running_loop().run_in_executor(None, self._calls.native.close)
 
     async def __aenter__(self):
         return self
