@@ -150,6 +150,9 @@ std::unique_ptr<HgemmServer> HgemmServer::Start(ServerOptions options,
             load.devices.push_back({std::to_string(devices[i].id), usage[i].bytes, usage[i].matrices,
                                     !s->backend_->DeviceHealthy(int(i))});
           }
+          for (const RegionStore::OwnerUsage& u : s->service_->regions().UsageByOwner()) {
+            load.region_owners.push_back({u.owner, u.regions, u.bytes});
+          }
           return load;
         });
   }

@@ -29,7 +29,7 @@ class UploadMatrixReactor final : public grpc::ServerReadReactor<v1::UploadMatri
 
   void OnReadDone(bool ok) override {
     if (!ok) return session_.OnReadsDone();  // the client has sent everything (or went away)
-    services_.log->Received(Rpc::kUploadMatrix, session_.OnRead(request_));
+    services_.log->Received(Rpc::kUploadMatrix, session_.OnRead(request_), *context_);
   }
 
   void OnDone() override {
@@ -112,7 +112,7 @@ class DownloadMatrixReactor final : public grpc::ServerWriteReactor<v1::ResultCh
   void NextWrite() {
     if (offset_ >= int64_t(data_.size())) return Answer(absl::OkStatus());
     const int64_t size = std::min<int64_t>(chunk_bytes_, data_.size() - offset_);
-    services_.log->Sent(Rpc::kDownloadMatrix, size);
+    services_.log->Sent(Rpc::kDownloadMatrix, size, *context_);
     chunk_.set_offset(offset_);
     chunk_.set_data(data_.data() + offset_, size);
     chunk_.set_total_bytes(offset_ == 0 ? data_.size() : 0);
