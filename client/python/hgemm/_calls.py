@@ -378,7 +378,9 @@ class Calls:
         replica: where to put it over several replicas: a ResidentMatrix (onto the replica that
         holds it, so that both can go in one GEMM) or a replica's address; None: balanced."""
         array, dtype, _ = _arrays.as_operand(matrix, "matrix", allow_transposed=False)
-        if self.native is not None and device_id is None and dtype == "fp16":
+        # A shared buffer (same host): the server copies it from the region, no chunks sent.
+        region = self.shm.find(array) if self.shm.enabled and replica is None else None
+        if self.native is not None and device_id is None and dtype == "fp16" and region is None:
             info = yield from self._on_native(self.native.upload,
                                               (array, ttl, label, replica_of(replica)), timeout,
                                               idempotent=False, nbytes=array.nbytes,
@@ -389,7 +391,7 @@ class Calls:
         def attempt(stub, t):
             messages = upload_messages(array, ttl, label, device_id, self.config.chunk_bytes, bar,
                                        dtype=pb.DATA_TYPE_BF16 if dtype == "bf16"
-                                       else pb.DATA_TYPE_UNSPECIFIED)
+                                       else pb.DATA_TYPE_UNSPECIFIED, region=region)
             return self._rpc(stub.UploadMatrix, messages, t, streams_request=True)
         try:
             info = yield from self._call(attempt, timeout, idempotent=False,

@@ -175,3 +175,24 @@ def test_aio_client(shm_server, rng):
                 assert rel_error(got, a, b) < FP32_TOLERANCE
             return len((await c.regions()).regions)
     assert 2 <= asyncio.run(main()) <= 7  # the buffer, and an arena per GEMM in flight
+
+
+def test_upload_of_a_shared_buffer_sends_no_chunks(shm_server, rng, monkeypatch):
+    with unix_client(shm_server) as c:
+        sent = []
+        upload = c._stub.UploadMatrix
+
+        def counted(messages, *args, **kwargs):
+            messages = list(messages)
+            sent.extend(len(m) for m in messages)
+            return upload(iter(messages), *args, **kwargs)
+        monkeypatch.setattr(c._stub, "UploadMatrix", counted)
+        b = c.shared_buffer((300, 200))
+        values = fp16(rng, 300, 200)
+        b[:] = values
+        with c.upload(b) as hb:
+            assert len(sent) == 1 and sent[0] < 256  # the header alone
+            b[:] = 0  # copied at the upload: the resident matrix keeps the values it had
+            np.testing.assert_array_equal(c.download(hb), values)
+            a = fp16(rng, 50, 300)
+            assert rel_error(c.gemm(a, hb), a, values) < FP32_TOLERANCE
