@@ -277,9 +277,11 @@ class Calls:
             region.close()
 
     def release_regions(self, timeout: Optional[float] = None):
-        """Unregisters every region of this client (close() does)."""
+        """Unregisters every region of this client (close() does), each within `timeout`
+        seconds (None: 2), so that closing next to a server that is gone does not hang; what
+        is not unregistered is left to the server's --region_ttl_s."""
         for region in self.shm.take_all():
-            yield from self._unregister_quietly(region, timeout)
+            yield from self._unregister_quietly(region, 2.0 if timeout is None else timeout)
 
     def shared_buffer(self, shape, dtype=np.float16, *, label: str = "",
                       timeout: Optional[float] = None) -> np.ndarray:
