@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cmath>
 #include <condition_variable>
+#include <cstring>
 #include <mutex>
 #include <random>
 #include <set>
@@ -173,7 +174,66 @@ void LoadGenerator::ReleaseUploads(const GemmClient& client,
   for (const std::string& h : handles) client.ReleaseMatrix(h, call);  // best effort
 }
 
-VerifyResult LoadGenerator::Verify(const std::string& target, int per_shape) {
+std::string LoadGenerator::PrepareSharedRequests(
+    const GemmClient& client, std::vector<const v1::GemmRequest*>* requests,
+    std::vector<std::unique_ptr<v1::GemmRequest>>* owned, SharedOperands* shared,
+    int* code) const {
+  requests->clear();
+  if (options_.mode != Mode::kUnary || options_.resident != Resident::kNone) {
+    *code = int(grpc::StatusCode::INVALID_ARGUMENT);
+    return "shared memory takes unary calls without resident operands";
+  }
+  auto aligned = [](int64_t bytes) { return (bytes + 63) / 64 * 64; };
+  int64_t total = 0;
+  for (const auto& p : payloads_) total += aligned(p->shape.ABytes()) + aligned(p->shape.BBytes());
+  std::string error;
+  shared->region = SharedRegion::Create(total, &error);
+  if (!shared->region) {
+    *code = int(grpc::StatusCode::INTERNAL);
+    return "the operands' shared region: " + error;
+  }
+  int64_t at = 0;
+  for (const auto& p : payloads_) {
+    auto r = std::make_unique<v1::GemmRequest>(p->gemm);
+    const std::string* operands[] = {&p->gemm.a(), &p->gemm.b()};
+    v1::RegionRef* refs[] = {r->mutable_a_region(), r->mutable_b_region()};  // clear a and b
+    for (int i = 0; i < 2; ++i) {
+      std::memcpy(shared->region->data() + at, operands[i]->data(), operands[i]->size());
+      refs[i]->set_offset(uint64_t(at));
+      at += aligned(int64_t(operands[i]->size()));
+    }
+    requests->push_back(r.get());
+    owned->push_back(std::move(r));
+  }
+  CallOptions call;
+  call.client_id = options_.client_id;
+  call.timeout = std::chrono::milliseconds(int64_t(options_.call_timeout_s * 1000));
+  v1::RegionInfo info;
+  const grpc::Status status = client.RegisterRegion(
+      shared->region->path(), shared->region->bytes(), "hgemm_load A and B", &info, call);
+  if (!status.ok()) {
+    *code = int(status.error_code());
+    return fmt::format("RegisterRegion: {} (code {})", status.error_message(), *code);
+  }
+  shared->handle = info.region();
+  for (const auto& r : *owned) {
+    r->mutable_a_region()->set_region(shared->handle);
+    r->mutable_b_region()->set_region(shared->handle);
+  }
+  return "";
+}
+
+void LoadGenerator::ReleaseShared(const GemmClient& client, SharedOperands* shared) const {
+  if (shared->handle.empty()) return;
+  CallOptions call;
+  call.client_id = options_.client_id;
+  call.timeout = std::chrono::milliseconds(int64_t(options_.call_timeout_s * 1000));
+  client.UnregisterRegion(shared->handle, call);  // best effort (the server's TTL)
+  shared->handle.clear();
+}
+
+VerifyResult LoadGenerator::Verify(const std::string& target, int per_shape,
+                                   Transport transport) {
   VerifyResult result;
   const auto deadline = std::chrono::system_clock::now() +
                         std::chrono::milliseconds(int64_t(options_.call_timeout_s * 1000)) *
@@ -183,8 +243,13 @@ VerifyResult LoadGenerator::Verify(const std::string& target, int per_shape) {
   std::vector<std::unique_ptr<v1::GemmRequest>> owned;
   std::vector<std::string> uploaded;
   int code = 0;
-  if (std::string e = PrepareRequests(Target::kService, client, &requests, &owned, &uploaded, &code);
+  SharedOperands shared;
+  if (std::string e = transport == Transport::kShm
+                          ? PrepareSharedRequests(client, &requests, &owned, &shared, &code)
+                          : PrepareRequests(Target::kService, client, &requests, &owned,
+                                            &uploaded, &code);
       !e.empty()) {
+    ReleaseShared(client, &shared);
     ReleaseUploads(client, uploaded);
     result.checked = result.failed = 1;
     result.lines.push_back(e);
@@ -195,7 +260,7 @@ VerifyResult LoadGenerator::Verify(const std::string& target, int per_shape) {
   download_options.timeout = std::chrono::milliseconds(int64_t(options_.call_timeout_s * 1000));
   std::string kept_c;
   std::unique_ptr<Caller> caller =
-      load_internal::MakeCaller(Target::kService, options_, client, deadline);
+      load_internal::MakeCaller(Target::kService, options_, client, deadline, transport);
   std::mt19937_64 rng(options_.seed ^ 0x5eed);
   for (size_t shape_index = 0; shape_index < payloads_.size(); ++shape_index) {
     const auto& p = payloads_[shape_index];
@@ -210,7 +275,7 @@ VerifyResult LoadGenerator::Verify(const std::string& target, int per_shape) {
         result.lines.push_back(fmt::format("{}: call failed: {}", shape.Name(), caller->error()));
         continue;
       }
-      const std::string* c_bytes = &caller->reply();
+      std::string_view c_bytes = caller->reply();
       if (requests[shape_index]->keep_c_resident()) {
         // C stayed on the server: fetch it (as a chain's last step would).
         const grpc::Status status =
@@ -222,7 +287,7 @@ VerifyResult LoadGenerator::Verify(const std::string& target, int per_shape) {
               status.error_message(), int(status.error_code()), kept_c.size()));
           continue;
         }
-        c_bytes = &kept_c;
+        c_bytes = kept_c;
       }
       int64_t rows = shape.m, row0 = 0;
       if (shape.Flops() / 2 > double(int64_t{1} << 27)) {
@@ -245,7 +310,7 @@ VerifyResult LoadGenerator::Verify(const std::string& target, int per_shape) {
       const std::vector<float> reference =
           ReferenceGemm(a_rows.data(), b, rows, shape.n, shape.k, rows_form);
       const int64_t c_element = form.c_fp32 ? 4 : 2;
-      const ErrorStats stats = CompareToReference(c_bytes->data() + row0 * shape.n * c_element,
+      const ErrorStats stats = CompareToReference(c_bytes.data() + row0 * shape.n * c_element,
                                                   reference.data(), rows * int64_t(shape.n), form);
       const double error = stats.nan_count > 0 ? INFINITY : stats.rel_frobenius;
       const v1::Execution& e = caller->execution();
@@ -256,7 +321,8 @@ VerifyResult LoadGenerator::Verify(const std::string& target, int per_shape) {
       result.lines.push_back(fmt::format(
           "{} rows {}..{}{}: kernel {} ({}) on {} [{}], relative error {:.2e} (tolerance {:.0e}): {}",
           shape.Name(), row0, row0 + rows - 1,
-          options_.resident == Resident::kNone ? ""
+          transport == Transport::kShm         ? " (A, B, C in shared memory)"
+          : options_.resident == Resident::kNone ? ""
           : options_.resident == Resident::kB  ? " (B resident)"
                                                : " (A, B resident; kept C downloaded)",
           e.kernel(),
@@ -266,15 +332,17 @@ VerifyResult LoadGenerator::Verify(const std::string& target, int per_shape) {
     }
   }
   caller.reset();  // releases its kept C
+  ReleaseShared(client, &shared);
   ReleaseUploads(client, uploaded);
   return result;
 }
 
 PointResult LoadGenerator::RunPoint(Target kind, const std::string& target, int concurrency,
-                                    double rate_per_s) {
+                                    double rate_per_s, Transport transport) {
   const LoadOptions& o = options_;
   PointResult result;
   result.target = kind;
+  result.transport = transport;
   result.mode = o.mode;
   result.resident = o.resident;
   result.concurrency = concurrency;
@@ -296,10 +364,14 @@ PointResult LoadGenerator::RunPoint(Target kind, const std::string& target, int 
   std::vector<const v1::GemmRequest*> requests;
   std::vector<std::unique_ptr<v1::GemmRequest>> owned;
   std::vector<std::string> uploaded;
+  SharedOperands shared;
   {
     const Clock::time_point upload_start = Clock::now();
     int code = 0;
-    std::string e = PrepareRequests(kind, clients[0], &requests, &owned, &uploaded, &code);
+    std::string e =
+        kind == Target::kService && transport == Transport::kShm
+            ? PrepareSharedRequests(clients[0], &requests, &owned, &shared, &code)
+            : PrepareRequests(kind, clients[0], &requests, &owned, &uploaded, &code);
     result.upload_s = Seconds(Clock::now() - upload_start);
     std::set<std::string> replicas;
     for (const std::string& handle : uploaded) {
@@ -307,6 +379,7 @@ PointResult LoadGenerator::RunPoint(Target kind, const std::string& target, int 
     }
     result.upload_replicas.assign(replicas.begin(), replicas.end());
     if (!e.empty()) {
+      ReleaseShared(clients[0], &shared);
       ReleaseUploads(clients[0], uploaded);
       result.first_error = e;
       result.error_codes[code] = 1;
@@ -328,8 +401,8 @@ PointResult LoadGenerator::RunPoint(Target kind, const std::string& target, int 
   std::condition_variable stop_cv;
 
   auto worker = [&](int index) {
-    std::unique_ptr<Caller> caller =
-        load_internal::MakeCaller(kind, o, clients[index / per_channel], stream_deadline);
+    std::unique_ptr<Caller> caller = load_internal::MakeCaller(
+        kind, o, clients[index / per_channel], stream_deadline, transport);
     std::mt19937_64 rng(o.seed + 7919 * (index + 1));
     std::discrete_distribution<int> pick(weights.begin(), weights.end());
     bool warm = false;
@@ -430,6 +503,7 @@ PointResult LoadGenerator::RunPoint(Target kind, const std::string& target, int 
   for (std::thread& t : threads) t.join();  // the callers have released their kept Cs
   result.elapsed_s = elapsed();
   result.calls = int64_t(recorder.size());
+  ReleaseShared(clients[0], &shared);
   ReleaseUploads(clients[0], uploaded);
   result.windows = int(windows.size());
   for (const Window& w : windows) result.window_requests_per_s.push_back(w.requests_per_s);

@@ -19,6 +19,10 @@
 // with kAll, C stays on the server too (keep_c_resident) and each worker releases its previous
 // kept C after the next reply, outside the measured latency. The uploads are released when the
 // point ends. All calls carry LoadOptions::client_id as "x-client-id" (the owner of handles).
+// Shared memory (Transport::kShm; a unix: target of a server with --allow_shared_memory, unary,
+// no resident operands): before a point, A and B of every shape are copied once into one sealed
+// memfd (client/shared_region.h), registered and named by every call; each worker registers a
+// region of its own for C. Both are unregistered when the point ends.
 // Over several replicas (a multi-address target or a DNS name: see client/gemm_client.h), calls
 // naming no handle are balanced; a shape's resident operands live on one replica (A where its
 // first upload went, B with it; so different shapes may land on different replicas), and its
@@ -39,6 +43,7 @@
 #include "bench/load_options.h"
 #include "bench/load_stats.h"
 #include "client/gemm_client.h"
+#include "client/shared_region.h"
 #include "proto/hgemm.grpc.pb.h"
 
 namespace hgemm::bench {
@@ -73,13 +78,16 @@ class LoadGenerator {
   // kServiceTolerance (proto/numerics/error_stats.h) as in hgemm_client --check.
   // Resident modes upload the operands as RunPoint does; with kAll the kept C is downloaded
   // (DownloadMatrix) for the check. Everything uploaded or kept is released again.
-  VerifyResult Verify(const std::string& target, int per_shape);
+  // Transport::kShm: through shared memory, as RunPoint.
+  VerifyResult Verify(const std::string& target, int per_shape,
+                      Transport transport = Transport::kGrpc);
 
   // One point of a sweep against `target` (an hgemm server for kService, an echo server for
   // kEcho): `concurrency` workers, closed loop (rate_per_s 0) or open loop at rate_per_s calls/s
   // over all workers.
+  // Transport::kShm (kService only): through shared memory (above).
   PointResult RunPoint(Target kind, const std::string& target, int concurrency,
-                       double rate_per_s = 0);
+                       double rate_per_s = 0, Transport transport = Transport::kGrpc);
 
  private:
   using Payload = load_internal::Payload;
@@ -94,6 +102,18 @@ class LoadGenerator {
                               std::vector<std::unique_ptr<v1::GemmRequest>>* owned,
                               std::vector<std::string>* uploaded, int* code) const;
   void ReleaseUploads(const GemmClient& client, const std::vector<std::string>& handles) const;
+  // A and B of every shape in one region (Transport::kShm), registered while a point runs.
+  struct SharedOperands {
+    std::unique_ptr<SharedRegion> region;
+    std::string handle;  // "" until registered
+  };
+  // The requests of Transport::kShm: each shape's A and B copied into shared->region,
+  // registered, and named by {region, offset}. Returns "" or what failed (and *code).
+  std::string PrepareSharedRequests(const GemmClient& client,
+                                    std::vector<const v1::GemmRequest*>* requests,
+                                    std::vector<std::unique_ptr<v1::GemmRequest>>* owned,
+                                    SharedOperands* shared, int* code) const;
+  void ReleaseShared(const GemmClient& client, SharedOperands* shared) const;
   // A client over MakeChannel(target).
   static GemmClient MakeClient(const std::string& target, ConnectOptions connect = {});
 

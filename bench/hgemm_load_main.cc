@@ -5,6 +5,8 @@
 //   hgemm_load --server=... --shapes=128x8192x8192 --resident=b     (B uploaded once, A sent)
 //   hgemm_load --server=... --shapes=4096x4096x4096 --resident=all  (only handles on the wire)
 //   hgemm_load --server=... --metrics_url=http://127.0.0.1:9090/metrics  (the server's counts too)
+//   hgemm_load --server=127.0.0.1:50051 --shm_server=unix:/run/hgemm/hgemm.sock --transport=grpc,shm
+//                      (each point over gRPC and through shared memory, same host, one run)
 // Exit status: 0; 1 bad flags or no server; 3 the correctness guard failed (nothing measured);
 // 4 a point completed no successful call.
 #include <CLI/CLI.hpp>
@@ -28,6 +30,7 @@ using hgemm::bench::LoadGenerator;
 using hgemm::bench::LoadOptions;
 using hgemm::bench::PointResult;
 using hgemm::bench::Target;
+using hgemm::bench::Transport;
 
 int Fail(const std::string& message) {
   std::fprintf(stderr, "hgemm_load: %s\n", message.c_str());
@@ -43,12 +46,19 @@ int main(int argc, char** argv) {
   double stable_percent = 10, wait_for_server_s = 30;
   int verify = 2;
   bool baseline = false, csv_append = false;
-  std::string resident = "none";
+  std::string resident = "none", transport = "grpc", shm_server;
   bool resident_b = false, resident_all = false;
 
   CLI::App app{"hgemm_load: throughput and latency of an hgemm-serve server under load"};
   app.add_option("--server", server, "hgemm server (HOST:PORT or a gRPC target)")->capture_default_str();
   app.add_option("--shapes", shapes, "shape mix: MxNxK[:weight],...")->capture_default_str();
+  app.add_option("--transport", transport,
+                 "grpc (operands and C in the messages), shm (A, B and C in shared memory, named "
+                 "by unary Gemm calls over --shm_server), or grpc,shm: every point both ways")
+      ->check(CLI::IsMember({"grpc", "shm", "grpc,shm", "shm,grpc"}))->capture_default_str();
+  app.add_option("--shm_server", shm_server,
+                 "the server's unix: socket for --transport=shm (default: --server if it is one; "
+                 "the server needs --allow_shared_memory)");
   app.add_option("--mode", mode, "unary (Gemm per call) or stream (one GemmStream per worker)")
       ->check(CLI::IsMember({"unary", "stream"}))->capture_default_str();
   app.add_option("--concurrency", concurrency,
@@ -137,6 +147,21 @@ int main(int argc, char** argv) {
                    : accumulation == "fp32" ? hgemm::v1::ACCUMULATION_FP32
                                             : hgemm::v1::ACCUMULATION_UNSPECIFIED;
   o.stable_tolerance = stable_percent / 100.0;
+  std::vector<Transport> transports;
+  if (transport.find("grpc") != std::string::npos) transports.push_back(Transport::kGrpc);
+  if (transport.find("shm") != std::string::npos) transports.push_back(Transport::kShm);
+  if (shm_server.empty() && server.rfind("unix:", 0) == 0) shm_server = server;
+  if (transport.find("shm") != std::string::npos) {
+    if (shm_server.rfind("unix:", 0) != 0) {
+      return Fail("--transport=shm needs the server's Unix socket: --shm_server=unix:PATH (or a "
+                  "unix: --server)");
+    }
+    if (o.mode != hgemm::bench::Mode::kUnary || o.resident != hgemm::bench::Resident::kNone) {
+      return Fail("--transport=shm takes --mode=unary and --resident=none");
+    }
+  }
+  // Where the service points of a transport go.
+  auto target_of = [&](Transport t) { return t == Transport::kShm ? shm_server : server; };
 
   // Where the service runs (and its reply chunk size, which the echo stream copies).
   hgemm::v1::ServerInfo info;
@@ -166,6 +191,10 @@ int main(int argc, char** argv) {
                   ? "one channel for all workers"
                   : fmt::format("one channel per {} worker(s)", o.workers_per_channel).c_str());
 
+  if (transport.find("shm") != std::string::npos) {
+    std::printf("transport %s: shared memory over %s (A and B in one region per point, C in "
+                "one per worker)\n", transport.c_str(), shm_server.c_str());
+  }
   LoadGenerator generator(o);
   if (o.resident != hgemm::bench::Resident::kNone) {
     std::printf("resident operands (%s) owned by client id %s; quota %.1f GiB per client, "
@@ -189,10 +218,12 @@ int main(int argc, char** argv) {
                 local_echo ? "in this process" : "separate process");
   }
 
-  if (verify > 0) {
-    hgemm::bench::VerifyResult v = generator.Verify(server, verify);
-    for (const std::string& line : v.lines) std::printf("verify: %s\n", line.c_str());
-    std::printf("verify: %d of %d GEMMs correct, largest relative error %.2e\n",
+  for (Transport t : transports) {
+    if (verify <= 0) break;
+    hgemm::bench::VerifyResult v = generator.Verify(target_of(t), verify, t);
+    const char* name = hgemm::bench::TransportName(t);
+    for (const std::string& line : v.lines) std::printf("verify (%s): %s\n", name, line.c_str());
+    std::printf("verify (%s): %d of %d GEMMs correct, largest relative error %.2e\n", name,
                 v.checked - v.failed, v.checked, v.max_error);
     if (v.failed > 0) {
       std::fprintf(stderr, "hgemm_load: the correctness guard failed; nothing measured\n");
@@ -228,35 +259,42 @@ int main(int argc, char** argv) {
   for (size_t i = 0; i < points; ++i) {
     const double rate = rate_list.empty() ? 0 : rate_list[i];
     const int workers = rate_list.empty() ? levels[i] : *std::max_element(levels.begin(), levels.end());
-    // The server's counters around the point (not around its echo baseline).
-    bool have_before = false;
-    if (!metrics_url.empty()) {
-      const std::string e = hgemm::bench::ReadServerMetrics(metrics_url, &before);
-      if (!e.empty()) std::fprintf(stderr, "hgemm_load: %s; no server counts for this point\n", e.c_str());
-      have_before = e.empty();
-    }
-    PointResult service = generator.RunPoint(Target::kService, server, workers, rate);
-    if (hgemm::Scrape after; have_before) {
-      if (std::string e = hgemm::bench::ReadServerMetrics(metrics_url, &after); e.empty()) {
-        service.server_metrics = hgemm::bench::DiffServerMetrics(
-            before, after, o.mode == hgemm::bench::Mode::kStream ? "GemmStream" : "Gemm",
-            service.calls);
-      } else {
-        std::fprintf(stderr, "hgemm_load: %s; no server counts for this point\n", e.c_str());
+    std::vector<PointResult> services;  // one per transport
+    for (Transport t : transports) {
+      // The server's counters around the point (not around its echo baseline).
+      bool have_before = false;
+      if (!metrics_url.empty()) {
+        const std::string e = hgemm::bench::ReadServerMetrics(metrics_url, &before);
+        if (!e.empty()) std::fprintf(stderr, "hgemm_load: %s; no server counts for this point\n", e.c_str());
+        have_before = e.empty();
       }
+      PointResult service = generator.RunPoint(Target::kService, target_of(t), workers, rate, t);
+      if (hgemm::Scrape after; have_before) {
+        if (std::string e = hgemm::bench::ReadServerMetrics(metrics_url, &after); e.empty()) {
+          service.server_metrics = hgemm::bench::DiffServerMetrics(
+              before, after, o.mode == hgemm::bench::Mode::kStream ? "GemmStream" : "Gemm",
+              service.calls);
+        } else {
+          std::fprintf(stderr, "hgemm_load: %s; no server counts for this point\n", e.c_str());
+        }
+      }
+      services.push_back(std::move(service));
     }
     std::optional<PointResult> echo;
     if (baseline) echo = generator.RunPoint(Target::kEcho, echo_server, workers, rate);
     const PointResult* echo_ptr = echo ? &*echo : nullptr;
-    std::printf("%s", hgemm::bench::FormatTableRows(service, echo_ptr).c_str());
+    for (const PointResult& service : services) {
+      std::printf("%s", hgemm::bench::FormatTableRows(service, echo_ptr).c_str());
+      if (csv.is_open()) hgemm::bench::WriteCsvRows(csv, service, echo_ptr, device, info.backend());
+      if (service.stats[0].requests == 0) status = 4;
+    }
     if (echo) std::printf("%s", hgemm::bench::FormatTableRows(*echo, nullptr).c_str());
     std::fflush(stdout);
     if (csv.is_open()) {
-      hgemm::bench::WriteCsvRows(csv, service, echo_ptr, device, info.backend());
       if (echo) hgemm::bench::WriteCsvRows(csv, *echo, nullptr, device, info.backend());
       csv.flush();
     }
-    if (service.stats[0].requests == 0 || (echo && echo->stats[0].requests == 0)) status = 4;
+    if (echo && echo->stats[0].requests == 0) status = 4;
   }
   if (!csv_path.empty()) std::printf("wrote %s\n", csv_path.c_str());
   return status;

@@ -6,6 +6,9 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <stdlib.h>
+
+#include <filesystem>
 #include <sstream>
 
 #include "bench/echo_service.h"
@@ -109,6 +112,8 @@ class HgemmLoadTest : public ::testing::Test {
     echo_target_ = "127.0.0.1:" + std::to_string(echo_->port());
   }
 
+ public:
+  // A short run of `mode` (HgemmLoadShmTest's too).
   static LoadOptions ShortRun(Mode mode) {
     LoadOptions o;
     EXPECT_EQ(ParseShapes("32x24x40,64x64x64:2", &o.shapes), "");
@@ -124,6 +129,7 @@ class HgemmLoadTest : public ::testing::Test {
     return o;
   }
 
+ protected:
   // Runs one point per target and checks counts, percentiles and the shape breakdown.
   void RunBothTargets(LoadGenerator& generator, int concurrency) {
     for (Target target : {Target::kService, Target::kEcho}) {
@@ -451,6 +457,80 @@ TEST_F(HgemmLoadTest, ServerMetricsSayWhyTheyCannotBeRead) {
   EXPECT_NE(ReadServerMetrics(other_path, &s).find("HTTP status 404"), std::string::npos);
   // The gRPC port speaks HTTP/2 only: no HTTP/1.0 answer.
   EXPECT_NE(ReadServerMetrics("http://" + service_target_ + "/metrics", &s), "");
+}
+
+// Through shared memory (--transport=shm): a server with a Unix socket beside TCP.
+class HgemmLoadShmTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char dir[] = "/tmp/hgemm_load_shm_XXXXXX";
+    ASSERT_NE(mkdtemp(dir), nullptr);
+    dir_ = dir;
+    unix_target_ = "unix:" + dir_ + "/hgemm.sock";
+  }
+  void TearDown() override {
+    server_.reset();
+    std::filesystem::remove_all(dir_);
+  }
+  void StartServer(bool allow_shared_memory) {
+    ServerOptions options;
+    options.listen_address = "127.0.0.1:0";
+    options.more_listen_addresses = {unix_target_};
+    options.service.regions.allow_shared_memory = allow_shared_memory;
+    server_ = HgemmServer::Start(options, MakeCpuBackend({.workers = 2}));
+    ASSERT_NE(server_, nullptr);
+  }
+  // The regions of `client_id` on the server.
+  int RegionsOf(const std::string& client_id) {
+    GemmClient client(Connect(unix_target_));
+    v1::ListRegionsResponse regions;
+    CallOptions call;
+    call.client_id = client_id;
+    EXPECT_TRUE(client.ListRegions(&regions, call).ok());
+    return regions.regions_size();
+  }
+
+  std::string dir_, unix_target_;
+  std::unique_ptr<HgemmServer> server_;
+};
+
+TEST_F(HgemmLoadShmTest, VerifiesAndRunsAPointThroughSharedMemory) {
+  StartServer(/*allow_shared_memory=*/true);
+  LoadOptions o = HgemmLoadTest::ShortRun(Mode::kUnary);
+  o.client_id = "load-shm";
+  for (bool transpose : {false, true}) {
+    o.form.transpose_b = transpose;
+    LoadGenerator generator(o);
+    VerifyResult v = generator.Verify(unix_target_, 2, Transport::kShm);
+    EXPECT_EQ(v.checked, 4);
+    EXPECT_EQ(v.failed, 0) << testing::PrintToString(v.lines);
+    ASSERT_FALSE(v.lines.empty());
+    EXPECT_NE(v.lines[0].find("shared memory"), std::string::npos) << v.lines[0];
+  }
+  LoadGenerator generator(o);
+  PointResult p = generator.RunPoint(Target::kService, unix_target_, 3, 0, Transport::kShm);
+  EXPECT_EQ(p.transport, Transport::kShm);
+  EXPECT_TRUE(p.error_codes.empty()) << p.first_error;
+  ASSERT_EQ(p.stats.size(), 3u);
+  EXPECT_GT(p.stats[0].requests, 0);
+  EXPECT_EQ(p.stats[0].server.count, p.stats[0].requests);
+  for (const PointStats& s : p.stats) ExpectConsistent(s);
+  EXPECT_EQ(FormatTableRows(p, nullptr).rfind("shm ", 0), 0u) << FormatTableRows(p, nullptr);
+  std::ostringstream csv;
+  WriteCsvRows(csv, p, nullptr, "test device", "cpu");
+  EXPECT_NE(csv.str().find(",cpu,shm,unary,none,"), std::string::npos) << csv.str();
+  EXPECT_EQ(RegionsOf("load-shm"), 0);  // the point's regions and the workers' are released
+}
+
+TEST_F(HgemmLoadShmTest, SaysWhySharedMemoryIsRefused) {
+  StartServer(/*allow_shared_memory=*/false);
+  LoadGenerator generator(HgemmLoadTest::ShortRun(Mode::kUnary));
+  PointResult p = generator.RunPoint(Target::kService, unix_target_, 2, 0, Transport::kShm);
+  EXPECT_EQ(p.error_codes.count(int(grpc::StatusCode::FAILED_PRECONDITION)), 1u);
+  EXPECT_NE(p.first_error.find("--allow_shared_memory"), std::string::npos) << p.first_error;
+  LoadGenerator streaming(HgemmLoadTest::ShortRun(Mode::kStream));
+  p = streaming.RunPoint(Target::kService, unix_target_, 2, 0, Transport::kShm);
+  EXPECT_NE(p.first_error.find("unary"), std::string::npos) << p.first_error;
 }
 
 }  // namespace

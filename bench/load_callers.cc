@@ -8,6 +8,8 @@
 #include <map>
 #include <utility>
 
+#include "client/shared_region.h"
+
 namespace hgemm::bench::load_internal {
 
 Caller::~Caller() {
@@ -94,6 +96,62 @@ class ServiceUnaryCaller final : public Caller {
   GemmClient client_;
   CallOptions options_;
   v1::GemmResponse response_;
+};
+
+// GemmService.Gemm with C written into a region of this caller (the request names A and B
+// in shared memory already): only small messages travel, over the Unix socket.
+class ShmUnaryCaller final : public Caller {
+ public:
+  ShmUnaryCaller(const GemmClient& client, const LoadOptions& o) : client_(client) {
+    options_.timeout = std::chrono::milliseconds(int64_t(o.call_timeout_s * 1000));
+    options_.client_id = o.client_id;
+    int64_t c_bytes = 1;
+    for (const Shape& shape : o.shapes) c_bytes = std::max(c_bytes, shape.ReplyBytes());
+    std::string error;
+    region_ = SharedRegion::Create(c_bytes, &error);
+    if (!region_) {
+      setup_error_ = "C's shared region: " + error;
+      return;
+    }
+    v1::RegionInfo info;
+    setup_status_ = client_.RegisterRegion(region_->path(), region_->bytes(), "hgemm_load C",
+                                           &info, options_);
+    handle_ = info.region();
+  }
+  ~ShmUnaryCaller() override {
+    if (!handle_.empty()) client_.UnregisterRegion(handle_, options_);  // best effort (TTL)
+  }
+  void Call(const Payload& p, const v1::GemmRequest& request, Sample* s) override {
+    if (!setup_error_.empty()) return SetError(int(grpc::StatusCode::INTERNAL), setup_error_, s);
+    if (!setup_status_.ok()) return SetStatus(setup_status_, s);
+    request_ = request;
+    request_.mutable_c_region()->set_region(handle_);
+    request_.mutable_c_region()->set_offset(0);
+    SetStatus(client_.Gemm(request_, &response_, options_), s);
+    if (s->code != 0) return;
+    if (!response_.c().empty()) {
+      return SetError(kWrongReplySize,
+                      fmt::format("{} bytes of C inline, though C's region was named",
+                                  response_.c().size()), s);
+    }
+    CopyTiming(response_.timing(), s);
+    execution_ = response_.execution();
+    reply_size_ = p.shape.ReplyBytes();
+  }
+  std::string_view reply() const override {
+    return region_ ? std::string_view(reinterpret_cast<const char*>(region_->data()), reply_size_)
+                   : std::string_view();
+  }
+
+ private:
+  GemmClient client_;
+  CallOptions options_;
+  std::unique_ptr<SharedRegion> region_;
+  std::string handle_, setup_error_;
+  grpc::Status setup_status_;
+  v1::GemmRequest request_;
+  v1::GemmResponse response_;
+  int64_t reply_size_ = 0;
 };
 
 // EchoService.Echo with the same payload sizes.
@@ -315,7 +373,11 @@ class EchoStreamCaller final : public StreamCaller<EchoStreamRequest, EchoStream
 }  // namespace
 
 std::unique_ptr<Caller> MakeCaller(Target kind, const LoadOptions& o, const GemmClient& client,
-                                   std::chrono::system_clock::time_point stream_deadline) {
+                                   std::chrono::system_clock::time_point stream_deadline,
+                                   Transport transport) {
+  if (kind == Target::kService && transport == Transport::kShm) {
+    return std::make_unique<ShmUnaryCaller>(client, o);
+  }
   if (kind == Target::kService) {
     if (o.mode == Mode::kUnary) {
       return std::make_unique<ServiceUnaryCaller>(client, o.call_timeout_s, o.client_id);

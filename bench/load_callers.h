@@ -10,6 +10,8 @@
 #include <chrono>
 #include <memory>
 #include <string>
+#include <string_view>
+#include <vector>
 
 #include "bench/echo.grpc.pb.h"
 #include "bench/load_options.h"
@@ -33,8 +35,9 @@ class Caller {
   virtual ~Caller();
   // One GEMM: `request` is what goes on the wire (bytes or handles), `p` its shape and echo form.
   virtual void Call(const Payload& p, const v1::GemmRequest& request, Sample* s) = 0;
-  // After a successful service call: C (unless kept) and where it ran.
-  const std::string& reply() const { return reply_; }
+  // After a successful service call: C (unless kept; in shared memory, a view of it there,
+  // valid until the next call) and where it ran.
+  virtual std::string_view reply() const { return reply_; }
   const v1::Execution& execution() const { return execution_; }
   const std::string& error() const { return error_; }
   // The handle of the last call's kept C (keep_c_resident), until the next kept C replaces it.
@@ -66,10 +69,13 @@ class Caller {
 
 // The caller of `kind` in options.mode over `client` (which balances over one channel of the
 // target, ChannelTo(""), and routes to replicas); stream callers keep their streams open until
-// `stream_deadline`.
+// `stream_deadline`. Transport::kShm (kService, unary): C goes into a region of the caller's
+// own, registered here for the caller's life (the requests name A and B in theirs);
+// `shapes` sizes it.
 std::unique_ptr<Caller> MakeCaller(Target kind, const LoadOptions& options,
                                    const GemmClient& client,
-                                   std::chrono::system_clock::time_point stream_deadline);
+                                   std::chrono::system_clock::time_point stream_deadline,
+                                   Transport transport = Transport::kGrpc);
 
 }  // namespace hgemm::bench::load_internal
 

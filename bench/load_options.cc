@@ -61,6 +61,10 @@ std::string ParseDoubleList(const std::string& text, std::vector<double>* values
 const char* ModeName(Mode mode) { return mode == Mode::kUnary ? "unary" : "stream"; }
 const char* TargetName(Target target) { return target == Target::kService ? "service" : "echo"; }
 
+const char* TransportName(Transport transport) {
+  return transport == Transport::kShm ? "shm" : "grpc";
+}
+
 const char* ResidentName(Resident resident) {
   switch (resident) {
     case Resident::kB: return "b";

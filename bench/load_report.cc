@@ -23,6 +23,12 @@ std::string ErrorCodes(const PointResult& p) {
   return out;
 }
 
+// The target column: "service" (gRPC), "shm" (the service through shared memory) or "echo".
+const char* TargetLabel(const PointResult& p) {
+  return p.target == Target::kService && p.transport == Transport::kShm ? "shm"
+                                                                        : TargetName(p.target);
+}
+
 }  // namespace
 
 std::string FormatTableHeader() {
@@ -52,7 +58,7 @@ std::string FormatTableRows(const PointResult& p, const PointResult* echo) {
     out += fmt::format(
         "{:<7} {:<6} {:<4} {:>4} {:>6} {:<16} {:>7} {:>5} {:>9.1f} {:>9.3f} {:>9.3f} {:>9.3f} {:>9} "
         "{:>8.3f} {:>7} | {} | {:>3} {:<6}\n",
-        TargetName(p.target), ModeName(p.mode), ResidentName(p.resident), p.concurrency, rate, s.shape, s.requests, s.errors,
+        TargetLabel(p), ModeName(p.mode), ResidentName(p.resident), p.concurrency, rate, s.shape, s.requests, s.errors,
         s.requests_per_s, s.p50_ms, s.p90_ms, s.p99_ms, gflops, s.payload_gb_per_s, ratio, server,
         p.windows, p.stable ? "yes" : "no");
   }
@@ -95,7 +101,7 @@ void WriteCsvRows(std::ostream& out, const PointResult& p, const PointResult* ec
     out << fmt::format(
         "{},{},{},{},{},{},{},{},{},{},{:.4f},{:.6g},{:.6g},{:.6g},{:.6g},{:.6g},{:.6g},{:.6g},{:.6g},"
         "{:.6g},{},{},{},{},{},{},{},{},{},{},{},{}",
-        quote(device), backend, TargetName(p.target), ModeName(p.mode), ResidentName(p.resident),
+        quote(device), backend, TargetLabel(p), ModeName(p.mode), ResidentName(p.resident),
         p.concurrency, p.rate_per_s,
         s.shape, s.requests, s.errors, s.seconds, s.requests_per_s, s.p50_ms, s.p90_ms, s.p99_ms,
         s.mean_ms, s.min_ms, s.max_ms, s.gflops, s.payload_gb_per_s,

@@ -49,6 +49,7 @@ struct PointStats {
 
 struct PointResult {
   Target target = Target::kService;
+  Transport transport = Transport::kGrpc;  // of a service point
   Mode mode = Mode::kUnary;
   Resident resident = Resident::kNone;
   int concurrency = 0;

@@ -9,7 +9,7 @@
 #      validates every manifest, patch and rendered object against the Kubernetes schema
 #      (kubernetes-models, plus TypeScript for unknown fields) and the service's own rules
 #      (see the header of check.js).
-#   4. Self-test: copies of deploy/ broken in nineteen ways must each fail step 3 with the expected
+#   4. Self-test: copies of deploy/ broken in 29 ways must each fail step 3 with the expected
 #      message, so that the checks cannot pass vacuously.
 #
 # Needs: yamllint (Debian package yamllint; installed here when missing and running as root),
@@ -92,6 +92,7 @@ if [[ ${1:-} != --no-self-test ]]; then
   echo "== self-test"
   base=deploy/k8s/base
   tls=deploy/k8s/components/tls-auth
+  samehost=deploy/k8s/overlays/same-host
   selftest=(
     "$base/deployment.yaml|s/terminationGracePeriodSeconds: 30/terminationGracePeriodSecond: 30/|terminationGracePeriodSecond\"' does not exist in type 'IPodSpec'"
     "$base/deployment.yaml|s/terminationGracePeriodSeconds: 30/terminationGracePeriodSeconds: 20/|terminationGracePeriodSeconds 20 < preStop 5 s + drain deadline 20 s"
@@ -118,6 +119,10 @@ if [[ ${1:-} != --no-self-test ]]; then
     "$tls/deployment-patch.yaml|/startupProbe/,/port:/s/port: 50052/port: 50051/|startupProbe.grpc.port 50051 is not the server's health-only port 50052"
     "$tls/server.env|/^HGEMM_HEALTH_LISTEN=/d|HGEMM_TLS_CERT without HGEMM_HEALTH_LISTEN"
     "$tls/deployment-patch.yaml|s#mountPath: /etc/hgemm/auth#mountPath: /etc/hgemm/tokens#|HGEMM_AUTH_TOKENS_FILE /etc/hgemm/auth/tokens is under no volumeMount"
+    "$samehost/deployment-patch.yaml|/shareProcessNamespace: true/d|needs shareProcessNamespace: true"
+    "$samehost/deployment-patch.yaml|s/medium: Memory/medium: \"\"/|emptyDir hgemm-socket should be medium: Memory"
+    "$samehost/deployment-patch.yaml|s#mountPath: /run/hgemm#mountPath: /run/other#|unix socket /run/hgemm/hgemm.sock is in no writable emptyDir volumeMount"
+    "$samehost/server.env|s/^HGEMM_REGION_TTL_S=600/HGEMM_REGION_TTL_S=0/|HGEMM_REGION_TTL_S is 0"
   )
   for t in "${selftest[@]}"; do
     IFS='|' read -r file expr expect <<<"$t"

@@ -37,9 +37,14 @@ int main(int argc, char** argv) {
   CLI::App app{"hgemm-serve: fp16 GEMM over gRPC (hgemm.v1.GemmService)"};
   std::vector<std::string> listen{server_options.listen_address};
   app.add_option("--listen", listen,
-                 "HOST:PORT or unix:/PATH to serve on; may be given several times (a Unix socket "
-                 "beside TCP: shared memory is accepted only over a unix: one)")
-      ->envname("HGEMM_LISTEN")->capture_default_str();
+                 "HOST:PORT or unix:/PATH to serve on; may be given several times, or as a "
+                 "comma-separated list (a Unix socket beside TCP: shared memory is accepted only "
+                 "over a unix: one)")
+      ->envname("HGEMM_LISTEN")->delimiter(',')->capture_default_str();
+  app.add_option("--allowed_uids", server_options.auth.allowed_uids,
+                 "uids that may call over the unix: sockets (the kernel's SO_PEERCRED; others "
+                 "get PERMISSION_DENIED), comma-separated; empty: any")
+      ->envname("HGEMM_ALLOWED_UIDS")->delimiter(',');
   std::string unix_socket_mode;
   app.add_option("--unix_socket_mode", unix_socket_mode,
                  "octal file mode given to each unix: socket once bound, e.g. 0660 (empty: "

@@ -8,6 +8,7 @@
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
+#include <fmt/format.h>
 #include <spdlog/sinks/ringbuffer_sink.h>
 #include <spdlog/spdlog.h>
 #include <sys/socket.h>
@@ -15,6 +16,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <filesystem>
 #include <cmath>
 #include <cstdlib>
 #include <map>
@@ -29,6 +31,7 @@
 #include "client/metrics_scrape.h"
 #include "proto/numerics/cpu_gemm.h"
 #include "server/backend/cpu_backend.h"
+#include "server/testing/memfd.h"
 #include "server/testing/test_requests.h"
 #include "server/transport/metrics_http.h"
 #include "server/server.h"
@@ -268,6 +271,82 @@ TEST_F(MetricsTest, RefusedCallsAreLoggedAtInfo) {
   EXPECT_NE(refusals[0].find(" request_id=req-7 "), std::string::npos) << refusals[0];
   EXPECT_NE(refusals[0].find(" peer=ipv4:127.0.0.1:"), std::string::npos) << refusals[0];
   EXPECT_NE(refusals[0].find(" traceparent=" + traced.traceparent), std::string::npos) << refusals[0];
+}
+
+// Matrix bytes by transport (tcp, unix, shm) and the shared-memory regions per owner, with a
+// server serving TCP and a Unix socket with shared memory on.
+TEST(MetricsShm, BytesByTransportAndRegionsPerOwner) {
+  char dir[] = "/tmp/hgemm_metrics_shm_XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  const std::string unix_target = std::string("unix:") + dir + "/hgemm.sock";
+  ServerOptions options;
+  options.listen_address = "127.0.0.1:0";
+  options.more_listen_addresses = {unix_target};
+  options.metrics_listen = "127.0.0.1:0";
+  options.service.regions.allow_shared_memory = true;
+  auto server = HgemmServer::Start(options, MakeCpuBackend({.workers = 2}));
+  ASSERT_NE(server, nullptr);
+  GemmClient tcp(Connect("127.0.0.1:" + std::to_string(server->port())));
+  GemmClient unix_client(Connect(unix_target));
+  std::mt19937_64 rng(31);
+  const uint32_t m = 24, n = 16, k = 40;
+  const int64_t a_bytes = 2 * m * k, b_bytes = 2 * k * n, c_bytes = 2 * m * n;
+  v1::GemmResponse response;
+  ASSERT_TRUE(tcp.Gemm(RandomRequest(m, n, k, rng), &response).ok());
+  ASSERT_TRUE(unix_client.Gemm(RandomRequest(m, n, k, rng), &response).ok());
+  ASSERT_TRUE(unix_client.Gemm(RandomRequest(m, n, k, rng), &response).ok());
+
+  // One GEMM with A, B and C in a region of alice's; 17 more owners with one region each.
+  const CallOptions alice{.client_id = "alice"};
+  TestMemfd region(4096);
+  ASSERT_GE(region.fd(), 0);
+  v1::RegionInfo info;
+  ASSERT_TRUE(unix_client.RegisterRegion(region.path(), 4096, "", &info, alice).ok());
+  v1::GemmRequest shared = RandomRequest(m, n, k, rng);
+  shared.mutable_a_region()->set_region(info.region());
+  shared.mutable_b_region()->set_region(info.region());
+  shared.mutable_b_region()->set_offset(a_bytes);
+  shared.mutable_c_region()->set_region(info.region());
+  shared.mutable_c_region()->set_offset(a_bytes + b_bytes);
+  grpc::Status s = unix_client.Gemm(shared, &response, alice);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  std::vector<std::unique_ptr<TestMemfd>> others;
+  for (int i = 0; i < 17; ++i) {
+    others.push_back(std::make_unique<TestMemfd>(4096 * (i + 2)));
+    ASSERT_TRUE(unix_client.RegisterRegion(others.back()->path(), 4096 * (i + 2), "", &info,
+                                           {.client_id = fmt::format("c{:02}", i)})
+                    .ok());
+  }
+
+  std::string body;
+  ASSERT_EQ(HttpGet(server->metrics_port(), "/metrics", &body), 200);
+  const Scrape scrape = ParseExposition(body);
+  EXPECT_TRUE(scrape.errors.empty()) << Join(scrape.errors);
+  auto bytes = [&](const char* transport, const char* direction) {
+    return scrape.Get(fmt::format(R"(hgemm_transport_bytes_total{{direction="{}",transport="{}"}})",
+                                  direction, transport));
+  };
+  EXPECT_EQ(bytes("tcp", "received"), a_bytes + b_bytes);
+  EXPECT_EQ(bytes("tcp", "sent"), c_bytes);
+  EXPECT_EQ(bytes("unix", "received"), 2 * (a_bytes + b_bytes));  // not the shared GEMM's
+  EXPECT_EQ(bytes("unix", "sent"), 2 * c_bytes);
+  EXPECT_EQ(bytes("shm", "received"), a_bytes + b_bytes);
+  EXPECT_EQ(bytes("shm", "sent"), c_bytes);
+  // The 16 largest owners by name (c01..c16), the other two summed (alice's 4096, c00's 8192).
+  const auto regions = scrape.Series("hgemm_shared_regions");
+  EXPECT_EQ(regions.size(), 17u) << body;
+  EXPECT_EQ(scrape.Get(R"(hgemm_shared_regions{principal="id:c16"})"), 1);
+  EXPECT_EQ(scrape.Get(R"(hgemm_shared_region_bytes{principal="id:c16"})"), 4096 * 18);
+  EXPECT_EQ(scrape.Get(R"(hgemm_shared_regions{principal="other"})"), 2);
+  EXPECT_EQ(scrape.Get(R"(hgemm_shared_region_bytes{principal="other"})"), 4096 + 8192);
+  EXPECT_FALSE(scrape.Has(R"(hgemm_shared_regions{principal="id:alice"})"));
+
+  // Unregistered (info is c16's region): the owner's series goes.
+  ASSERT_TRUE(unix_client.UnregisterRegion(info.region(), {.client_id = "c16"}).ok());
+  ASSERT_EQ(HttpGet(server->metrics_port(), "/metrics", &body), 200);
+  EXPECT_FALSE(ParseExposition(body).Has(R"(hgemm_shared_regions{principal="id:c16"})"));
+  server.reset();
+  std::filesystem::remove_all(dir);
 }
 
 TEST(MetricsServer, OffWhenMetricsListenIsEmpty) {

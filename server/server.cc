@@ -63,6 +63,10 @@ std::string CheckSecurity(const ServerOptions& o) {
     return "--auth_protect_reflection needs TLS (--tls_cert): gRPC checks reflection calls on "
            "secure ports only";
   }
+  if (!o.auth.allowed_uids.empty() && !o.tls.cert_path.empty()) {
+    return "--allowed_uids needs plaintext unix: listeners (the server accepts those itself, for "
+           "the peers' SO_PEERCRED; with --tls_cert gRPC does)";
+  }
   if (o.auth.protect_reflection && o.auth.tokens_file.empty() && !o.auth.principal_from_cert) {
     return "--auth_protect_reflection needs authentication (--auth_tokens_file or "
            "--auth_principal_from_cert)";
@@ -104,7 +108,7 @@ std::unique_ptr<HgemmServer> HgemmServer::Start(ServerOptions options,
     spdlog::critical("{}", error);
     return nullptr;
   }
-  if (!(server->authenticator_ = Authenticator::Open(opts.auth, &error))) {
+  if (!(server->authenticator_ = Authenticator::Open(opts.auth, &server->unix_peers_, &error))) {
     spdlog::critical("--auth_tokens_file {}", error);
     return nullptr;
   }
@@ -146,6 +150,9 @@ std::unique_ptr<HgemmServer> HgemmServer::Start(ServerOptions options,
             load.devices.push_back({std::to_string(devices[i].id), usage[i].bytes, usage[i].matrices,
                                     !s->backend_->DeviceHealthy(int(i))});
           }
+          for (const RegionStore::OwnerUsage& u : s->service_->regions().UsageByOwner()) {
+            load.region_owners.push_back({u.owner, u.regions, u.bytes});
+          }
           return load;
         });
   }
@@ -172,11 +179,19 @@ std::unique_ptr<HgemmServer> HgemmServer::Start(ServerOptions options,
   server->reflection_ = std::make_unique<ReflectionService>(std::vector<std::string>{
       kServiceName, "grpc.health.v1.Health", "grpc.reflection.v1alpha.ServerReflection"});
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(opts.listen_address, credentials, &server->port_);
+  // Plaintext unix: addresses are accepted by the server itself (UnixListener, below), for the
+  // peers' SO_PEERCRED; with TLS, gRPC listens there too.
+  const bool own_unix_sockets = opts.tls.cert_path.empty();
+  auto listen = [&](const std::string& address, int* port) {
+    if (own_unix_sockets && !UnixSocketPath(address).empty()) {
+      *port = 1;  // as gRPC reports a Unix socket's
+    } else {
+      builder.AddListeningPort(address, credentials, port);
+    }
+  };
+  listen(opts.listen_address, &server->port_);
   std::vector<int> more_ports(opts.more_listen_addresses.size(), 0);
-  for (size_t i = 0; i < more_ports.size(); ++i) {
-    builder.AddListeningPort(opts.more_listen_addresses[i], credentials, &more_ports[i]);
-  }
+  for (size_t i = 0; i < more_ports.size(); ++i) listen(opts.more_listen_addresses[i], &more_ports[i]);
   builder.RegisterService(server->service_.get());
   builder.RegisterService(server->health_.get());
   builder.RegisterService(server->reflection_.get());
@@ -195,7 +210,19 @@ std::unique_ptr<HgemmServer> HgemmServer::Start(ServerOptions options,
       return nullptr;  // ~HgemmServer stops the gRPC server
     }
   }
-  if (opts.unix_socket_mode >= 0) {
+  if (own_unix_sockets) {
+    for (const std::string& address : ListenAddresses(opts)) {
+      const std::string path = UnixSocketPath(address);
+      if (path.empty()) continue;
+      auto listener = UnixListener::Start(path, opts.unix_socket_mode, server->server_.get(),
+                                          &server->unix_peers_, &error);
+      if (!listener) {
+        spdlog::error("cannot listen on {}: {}", address, error);
+        return nullptr;  // ~HgemmServer stops the gRPC server
+      }
+      server->unix_listeners_.push_back(std::move(listener));
+    }
+  } else if (opts.unix_socket_mode >= 0) {
     for (const std::string& address : ListenAddresses(opts)) {
       const std::string path = UnixSocketPath(address);
       if (!path.empty() && chmod(path.c_str(), mode_t(opts.unix_socket_mode)) != 0) {
@@ -252,6 +279,7 @@ void HgemmServer::Shutdown() {
   }
   health_->Shutdown();  // NOT_SERVING for good; Watch calls end
   service_->Drain();    // idle streams end now, busy ones once their work is answered
+  unix_listeners_.clear();  // no new connections on the Unix sockets
   spdlog::info("draining: in-flight calls have {} ms", options_.drain_deadline.count());
   server_->Shutdown(std::chrono::system_clock::now() + options_.drain_deadline);
   scheduler_->Shutdown();

@@ -26,6 +26,7 @@
 #include "server/transport/reflection_service.h"
 #include "server/metrics/metrics.h"
 #include "server/transport/metrics_http.h"
+#include "server/transport/unix_listener.h"
 #include "server/resident/matrix_store.h"
 #include "server/scheduler/scheduler.h"
 #include "server/scheduler/upload_queue.h"
@@ -91,6 +92,7 @@ class HgemmServer {
   std::unique_ptr<Scheduler> scheduler_;
   std::unique_ptr<UploadQueue> uploads_;
   std::shared_ptr<ServiceMetrics> metrics_;  // null without metrics_listen; samples the above
+  UnixPeers unix_peers_;  // filled by unix_listeners_, read by authenticator_
   std::unique_ptr<Authenticator> authenticator_;
   std::unique_ptr<ServerTls> tls_;  // null: plaintext
   std::unique_ptr<GemmServiceImpl> service_;
@@ -99,6 +101,9 @@ class HgemmServer {
   std::unique_ptr<ReflectionService> reflection_;
   std::unique_ptr<grpc::Server> server_;  // after the services, which must outlive it
   std::unique_ptr<grpc::Server> probe_server_;  // the health-only port; null without one
+  // The plaintext unix: addresses, accepted by the server itself (after server_, which they
+  // hand connections to).
+  std::vector<std::unique_ptr<UnixListener>> unix_listeners_;
   int port_ = 0;
   int health_port_ = 0;
   std::unique_ptr<MetricsHttpServer> metrics_http_;  // last: it calls metrics_ until destroyed

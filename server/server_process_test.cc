@@ -20,6 +20,7 @@
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -588,6 +589,9 @@ class ShmProcessTest : public ServerProcessTest {
 };
 
 TEST_F(ShmProcessTest, ClientMultipliesThroughSharedMemory) {
+  struct stat socket_file;  // the server's own listener gave it --unix_socket_mode
+  ASSERT_EQ(stat((dir_ + "/hgemm.sock").c_str(), &socket_file), 0);
+  EXPECT_EQ(socket_file.st_mode & 0777, 0600u);
   const std::string unix_target = "--server=unix:" + dir_ + "/hgemm.sock";
   EXPECT_EQ(RunClient({unix_target, "--transport=shm", "--shape=67x33x129", "--check",
                        "--repeat=2"}),

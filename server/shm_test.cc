@@ -376,6 +376,60 @@ TEST_F(ShmTest, RefusedOverTcpAndWhenOff) {
   EXPECT_TRUE(Gemm(r, &response).ok());  // the plain path is untouched
 }
 
+// UploadMatrix whose header names a region: the matrix comes from it in one copy, and is
+// the region's bytes exactly; then the refusals.
+TEST_F(ShmTest, ResidentMatrixUploadedFromARegion) {
+  StartServer(SharedMemoryOn());
+  const std::string bytes = HalfBytes(RandomHalfMatrix(kM * kK, rng_));
+  TestMemfd file(64 + bytes.size());
+  Write(file, 64, bytes);
+  v1::RegionInfo region;
+  ASSERT_TRUE(Register(file, 64 + bytes.size(), &region).ok());
+  // Sends the header (and `chunk`, if any) over `stub`; the call's status.
+  auto upload = [&](uint64_t offset, const std::string& chunk, v1::MatrixInfo* info,
+                    v1::GemmService::Stub* stub) {
+    grpc::ClientContext context;
+    context.AddMetadata("x-client-id", "alice");
+    auto writer = stub->UploadMatrix(&context, info);
+    v1::UploadMatrixRequest header;
+    header.mutable_header()->set_rows(kM);
+    header.mutable_header()->set_cols(kK);
+    SetRegion(header.mutable_header()->mutable_region(), region.region(), offset);
+    writer->Write(header);
+    if (!chunk.empty()) {
+      v1::UploadMatrixRequest more;
+      more.set_chunk(chunk);
+      writer->Write(more);
+    }
+    writer->WritesDone();
+    return writer->Finish();
+  };
+  auto download = [&](const std::string& handle) {
+    grpc::ClientContext context;
+    context.AddMetadata("x-client-id", "alice");
+    v1::DownloadMatrixRequest request;
+    request.set_handle(handle);
+    auto reader = unix_->DownloadMatrix(&context, request);
+    std::string got;
+    for (v1::ResultChunk chunk; reader->Read(&chunk);) got += chunk.data();
+    EXPECT_TRUE(reader->Finish().ok());
+    return got;
+  };
+  v1::MatrixInfo info;
+  grpc::Status s = upload(64, "", &info, unix_.get());
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(info.bytes(), bytes.size());
+  EXPECT_EQ(download(info.handle()), bytes);
+  Write(file, 64, std::string(bytes.size(), '\0'));  // copied at the upload: no later effect
+  EXPECT_EQ(download(info.handle()), bytes);
+
+  EXPECT_EQ(upload(64, "xx", &info, unix_.get()).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  s = upload(66, "", &info, unix_.get());  // one element past the end
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::OUT_OF_RANGE);
+  EXPECT_NE(s.error_message().find("header.region"), std::string::npos) << s.error_message();
+  EXPECT_EQ(upload(64, "", &info, tcp_.get()).error_code(), grpc::StatusCode::PERMISSION_DENIED);
+}
+
 TEST_F(ShmTest, CRegionWithKeepCResidentIsInvalid) {
   StartServer(SharedMemoryOn());
   v1::GemmRequest shm = RandomRequest(kM, kN, kK, rng_);

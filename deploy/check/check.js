@@ -34,11 +34,21 @@ const YAML = require("yaml");
 // ---------------------------------------------------------------------------------------------
 // What the server accepts (server flags; each --flag is also read from HGEMM_FLAG).
 
+// One --listen address: HOST:PORT, or a Unix socket by absolute path.
+const LISTEN_ADDRESS = /^((\[[0-9a-fA-F:.]+\]|[A-Za-z0-9.-]+):\d{1,5}|unix:\/[^,\s]+)$/;
 // Mirrors the CLI11 options and checks in server/main.cc.
 const SERVER_ENV = {
   // Handles end with "@" + the address (proto/handle.h); $(VAR) is Kubernetes' expansion.
   HGEMM_ADVERTISE_ADDRESS: (v) => /^[A-Za-z0-9.$()_-]+:\d{1,5}$/.test(v) || "HOST:PORT (no '@', '/', ',' or spaces)",
-  HGEMM_LISTEN: (v) => /^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9.-]+):\d{1,5}$/.test(v) || "host:port",
+  HGEMM_LISTEN: (v) =>
+    (v.split(",").every((a) => LISTEN_ADDRESS.test(a)) && v.split(",").some((a) => !a.startsWith("unix:"))) ||
+    "host:port, with unix:/PATH sockets after it, comma-separated (a host:port for the probes)",
+  HGEMM_UNIX_SOCKET_MODE: (v) => /^[0-7]{1,4}$/.test(v) || "an octal mode such as 0660",
+  HGEMM_ALLOW_SHARED_MEMORY: (v) => ["true", "false", "1", "0"].includes(v) || "true|false",
+  HGEMM_ALLOWED_UIDS: (v) => /^(\d+(,\d+)*)?$/.test(v) || "comma-separated uids, or empty (any)",
+  HGEMM_REGION_TTL_S: intIn(0, Number.MAX_SAFE_INTEGER),
+  HGEMM_MAX_REGIONS_PER_CLIENT: intIn(1, 1 << 20),
+  HGEMM_MAX_REGION_BYTES_PER_CLIENT: intIn(1, Number.MAX_SAFE_INTEGER),
   HGEMM_METRICS_LISTEN: (v) => v === "" || /^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9.-]+):\d{1,5}$/.test(v) || "host:port, or empty (off)",
   HGEMM_BACKEND: (v) => ["auto", "cuda", "cpu"].includes(v) || "auto|cuda|cpu",
   HGEMM_DEVICES: (v) => /^(\d+(,\d+)*)?$/.test(v) || "comma-separated device ordinals, or empty",
@@ -76,6 +86,9 @@ const SERVER_DEFAULT_DRAIN_DEADLINE_S = 20;
 // not: a client killed mid-run would pin device memory until the pod restarts (issue 12, item 8).
 const SERVER_DEFAULT_RESIDENT_TTL_S = 0;
 const SERVER_DEFAULT_PORT = 50051;
+// Idle shared-memory regions are released after this long (--region_ttl_s; 0 would keep those
+// of a client that went away until the pod restarts).
+const SERVER_DEFAULT_REGION_TTL_S = 3600;
 const HEALTH_SERVICES = ["", "hgemm.v1.GemmService"];
 const K8S_DEFAULT_GRACE_S = 30;
 // Seconds left between the end of the drain and SIGKILL, for the process to exit after its
@@ -489,7 +502,9 @@ function deploymentProblems(dep, all) {
   p.push(...envProblems(env, where, serverKnown));
   if (dep.kind === "StatefulSet") p.push(...statefulSetProblems(dep, env, port, all));
   else if (env.HGEMM_ADVERTISE_ADDRESS) p.push(`${where}: HGEMM_ADVERTISE_ADDRESS is set, but a Deployment's pods have no stable names to advertise (use a StatefulSet)`);
-  if (env.HGEMM_LISTEN && Number(env.HGEMM_LISTEN.split(":").pop()) !== port) p.push(`${where}: HGEMM_LISTEN ${env.HGEMM_LISTEN} is not on containerPort ${port}`);
+  const listens = (env.HGEMM_LISTEN || "").split(",").filter((a) => a);
+  const tcpListen = listens.find((a) => !a.startsWith("unix:"));
+  if (tcpListen && Number(tcpListen.split(":").pop()) !== port) p.push(`${where}: HGEMM_LISTEN ${env.HGEMM_LISTEN} is not on containerPort ${port}`);
   if (!env.HGEMM_LISTEN && port !== SERVER_DEFAULT_PORT) p.push(`${where}: containerPort ${port} but the server listens on ${SERVER_DEFAULT_PORT} by default`);
   if (dockerPorts.length && !dockerPorts.includes(port)) p.push(`${where}: containerPort ${port} is not EXPOSEd by the Dockerfile (${dockerPorts.join(", ")})`);
 
@@ -588,6 +603,31 @@ function deploymentProblems(dep, all) {
   if (!((csc.capabilities && csc.capabilities.drop) || []).includes("ALL")) p.push(`${where}: capabilities.drop must include ALL`);
   const tmp = (server.volumeMounts || []).find((m) => m.mountPath === "/tmp");
   if (!tmp || tmp.readOnly || !(pod.volumes || []).some((v) => v.name === tmp.name && v.emptyDir)) p.push(`${where}: /tmp must be a writable emptyDir (read-only root filesystem; CUDA's cache)`);
+
+  // Same host: each unix: socket in an in-memory emptyDir that clients in the pod mount too,
+  // and shared memory only where the server can open its clients' memfds.
+  const socketVolumes = new Set();
+  for (const a of listens.filter((x) => x.startsWith("unix:"))) {
+    const sock = a.slice("unix:".length).replace(/^\/\//, "");
+    const mount = (server.volumeMounts || []).find((m) => sock.startsWith(m.mountPath.replace(/\/?$/, "/")));
+    const volume = mount && (pod.volumes || []).find((v) => v.name === mount.name);
+    if (!volume || !volume.emptyDir || mount.readOnly) p.push(`${where}: unix socket ${sock} is in no writable emptyDir volumeMount (clients in the pod mount the same volume)`);
+    else if (volume.emptyDir.medium !== "Memory") p.push(`${where}: unix socket ${sock}: emptyDir ${volume.name} should be medium: Memory`);
+    else socketVolumes.add(volume.name);
+  }
+  if (["true", "1"].includes(env.HGEMM_ALLOW_SHARED_MEMORY)) {
+    if (!listens.some((a) => a.startsWith("unix:"))) p.push(`${where}: HGEMM_ALLOW_SHARED_MEMORY without a unix: socket in HGEMM_LISTEN (shared memory is accepted over Unix sockets only)`);
+    if (pod.shareProcessNamespace !== true) p.push(`${where}: HGEMM_ALLOW_SHARED_MEMORY needs shareProcessNamespace: true (the server opens its clients' memfds by /proc/<pid>/fd/<fd>)`);
+    if (!(Number(env.HGEMM_REGION_TTL_S ?? SERVER_DEFAULT_REGION_TTL_S) > 0)) p.push(`${where}: HGEMM_REGION_TTL_S is 0: the regions of a client that went away would never be released`);
+    // Opening another process's /proc/<pid>/fd takes its uid (CAP_SYS_PTRACE is dropped).
+    const allowed = (env.HGEMM_ALLOWED_UIDS || "").split(",").filter((x) => x);
+    for (const c of pod.containers || []) {
+      if (c === server || !(c.volumeMounts || []).some((m) => socketVolumes.has(m.name))) continue;
+      const cuid = (c.securityContext || {}).runAsUser ?? psc.runAsUser;
+      if (String(cuid) !== String(uid)) p.push(`${where}: container ${c.name} uses the socket as uid ${cuid}; the server (uid ${uid}) can open only its own uid's memfds`);
+      if (allowed.length && !allowed.includes(String(cuid))) p.push(`${where}: container ${c.name}'s uid ${cuid} is not in HGEMM_ALLOWED_UIDS`);
+    }
+  }
   return p;
 }
 

@@ -2,6 +2,8 @@
 
 #include <strings.h>
 
+#include <algorithm>
+#include <optional>
 #include <string_view>
 
 #include "server/core/status.h"
@@ -24,9 +26,15 @@ std::string ClientIdentity(const grpc::ServerContextBase& context) {
   return peer.substr(0, peer.rfind(':'));
 }
 
-std::unique_ptr<Authenticator> Authenticator::Open(const AuthOptions& options, std::string* error) {
+std::string UidPrincipal(uid_t uid) { return "uid:" + std::to_string(uid); }
+
+std::unique_ptr<Authenticator> Authenticator::Open(const AuthOptions& options,
+                                                   const UnixPeers* unix_peers,
+                                                   std::string* error) {
   auto auth = std::make_unique<Authenticator>();
   auth->principal_from_cert_ = options.principal_from_cert;
+  auth->unix_peers_ = unix_peers;
+  auth->allowed_uids_ = options.allowed_uids;
   if (!options.tokens_file.empty()) {
     auth->tokens_ = TokenTable::Open(options.tokens_file, options.refresh_period, error);
     if (!auth->tokens_) return nullptr;
@@ -68,12 +76,28 @@ absl::Status Authenticator::FromCredentials(
 
 absl::Status Authenticator::Identify(const grpc::ServerContextBase& context,
                                      Principal* caller) const {
+  const std::optional<PeerCredentials> peer =
+      unix_peers_ != nullptr ? unix_peers_->Find(context.peer()) : std::nullopt;
+  if (peer && !allowed_uids_.empty() &&
+      std::find(allowed_uids_.begin(), allowed_uids_.end(), peer->uid) == allowed_uids_.end()) {
+    return status::PermissionDenied("uid " + std::to_string(peer->uid) +
+                                    " may not call over this Unix socket (--allowed_uids)");
+  }
+  const auto& metadata = context.client_metadata();
   if (!enabled()) {
-    *caller = Principal{ClientIdentity(context), false};
+    *caller = Principal{peer && metadata.find("x-client-id") == metadata.end()
+                            ? UidPrincipal(peer->uid)
+                            : ClientIdentity(context),
+                        false};
+    return absl::OkStatus();
+  }
+  if (peer && metadata.find("authorization") == metadata.end()) {  // the kernel vouches
+    const std::string name = UidPrincipal(peer->uid);
+    *caller = Principal{name, tokens_ != nullptr && tokens_->IsAdmin(name)};
     return absl::OkStatus();
   }
   const std::shared_ptr<const grpc::AuthContext> auth = context.auth_context();
-  return FromCredentials(context.client_metadata(), auth.get(), caller);
+  return FromCredentials(metadata, auth.get(), caller);
 }
 
 }  // namespace hgemm

@@ -6,6 +6,9 @@
 // principal whose token it sends as "authorization: Bearer TOKEN" or, with
 // principal_from_cert, the principal named by its verified client certificate (its first
 // subject alternative name, else its common name); a call with neither is UNAUTHENTICATED.
+// Calls over the server's own Unix sockets (UnixPeers: the kernel's SO_PEERCRED) are more:
+// a uid outside allowed_uids is PERMISSION_DENIED whatever else it sends, and the peer's uid
+// is the principal "uid:N" of a call that sends no token (on) or no x-client-id (off).
 // Tokens are never logged nor echoed in a status.
 // Thread safety: all methods are thread-safe.
 #ifndef HGEMM_SERVER_AUTH_AUTHENTICATOR_H_
@@ -18,8 +21,10 @@
 #include <chrono>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "server/auth/token_table.h"
+#include "server/auth/unix_peers.h"
 
 namespace hgemm {
 
@@ -32,6 +37,8 @@ struct AuthOptions {
   bool protect_reflection = false;
   // How often the tokens file is looked at.
   std::chrono::milliseconds refresh_period{1000};
+  // The uids that may call over the server's own Unix sockets (--allowed_uids); empty: any.
+  std::vector<uid_t> allowed_uids;
 };
 
 class Authenticator {
@@ -39,9 +46,12 @@ class Authenticator {
   // Authentication off.
   Authenticator() = default;
 
-  // On as `options` says. nullptr with *error ("PATH: line N: ...") if the tokens file is bad.
-  static std::unique_ptr<Authenticator> Open(const AuthOptions& options, std::string* error);
+  // On as `options` says, Unix peers known by `unix_peers` (null: none; else it must outlive
+  // the Authenticator). nullptr with *error ("PATH: line N: ...") if the tokens file is bad.
+  static std::unique_ptr<Authenticator> Open(const AuthOptions& options,
+                                             const UnixPeers* unix_peers, std::string* error);
 
+  // Token or certificate authentication is on (Unix peers alone do not turn it on).
   bool enabled() const { return tokens_ != nullptr || principal_from_cert_; }
 
   // The caller of `context`: OK with *caller set, else UNAUTHENTICATED saying what is missing.
@@ -55,11 +65,16 @@ class Authenticator {
  private:
   std::unique_ptr<TokenTable> tokens_;  // null: no tokens file
   bool principal_from_cert_ = false;
+  const UnixPeers* unix_peers_ = nullptr;
+  std::vector<uid_t> allowed_uids_;
 };
 
 // The caller's self-declared identity (authentication off): "id:" + the "x-client-id" metadata
 // value, else the peer's address without its port.
 std::string ClientIdentity(const grpc::ServerContextBase& context);
+
+// The principal of a Unix peer's uid: "uid:1000".
+std::string UidPrincipal(uid_t uid);
 
 }  // namespace hgemm
 

@@ -1,5 +1,6 @@
 #include "server/metrics/metrics.h"
 
+#include <algorithm>
 #include <string>
 #include <utility>
 
@@ -106,6 +107,16 @@ ServiceMetrics::ServiceMetrics(const std::string& version, const std::string& ba
   for (Rpc rpc : {Rpc::kGemm, Rpc::kGemmStream, Rpc::kDownloadMatrix}) {
     sent_bytes_[int(rpc)] = &sent.Add({{"rpc", RpcName(rpc)}});
   }
+  auto& transport = prometheus::BuildCounter()
+                        .Name("hgemm_transport_bytes_total")
+                        .Help("Matrix bytes by how they travelled: gRPC over tcp or unix, or shm "
+                              "(shared-memory regions)")
+                        .Register(registry_);
+  for (DataPath path : {DataPath::kTcp, DataPath::kUnix, DataPath::kShm}) {
+    const char* name = path == DataPath::kTcp ? "tcp" : path == DataPath::kUnix ? "unix" : "shm";
+    transport_bytes_[int(path)][0] = &transport.Add({{"transport", name}, {"direction", "received"}});
+    transport_bytes_[int(path)][1] = &transport.Add({{"transport", name}, {"direction", "sent"}});
+  }
   prometheus::BuildGauge()
       .Name("hgemm_build_info")
       .Help("Always 1; the server's version and backend as labels")
@@ -162,6 +173,43 @@ void ServiceMetrics::AddSentBytes(Rpc rpc, int64_t bytes) {
   }
 }
 
+void ServiceMetrics::AddTransportBytes(DataPath path, bool sent, int64_t bytes) {
+  if (bytes > 0) transport_bytes_[int(path)][sent ? 1 : 0]->Increment(double(bytes));
+}
+
+std::vector<prometheus::MetricFamily> ServiceMetrics::RegionFamilies(
+    std::vector<LoadSample::RegionOwner> owners) {
+  std::sort(owners.begin(), owners.end(), [](const auto& x, const auto& y) {
+    return x.bytes != y.bytes ? x.bytes > y.bytes : x.principal < y.principal;
+  });
+  if (owners.size() > kMaxRegionOwners) {
+    LoadSample::RegionOwner other{.principal = "other"};
+    for (size_t i = kMaxRegionOwners; i < owners.size(); ++i) {
+      other.regions += owners[i].regions;
+      other.bytes += owners[i].bytes;
+    }
+    owners.resize(kMaxRegionOwners);
+    owners.push_back(std::move(other));
+  }
+  prometheus::MetricFamily regions{"hgemm_shared_regions",
+                                   "Registered shared-memory regions per owner",
+                                   prometheus::MetricType::Gauge,
+                                   {}};
+  prometheus::MetricFamily bytes{"hgemm_shared_region_bytes",
+                                 "Bytes of the registered shared-memory regions per owner",
+                                 prometheus::MetricType::Gauge,
+                                 {}};
+  for (const LoadSample::RegionOwner& owner : owners) {
+    prometheus::ClientMetric metric;
+    metric.label = {{"principal", owner.principal}};
+    metric.gauge.value = double(owner.regions);
+    regions.metric.push_back(metric);
+    metric.gauge.value = double(owner.bytes);
+    bytes.metric.push_back(metric);
+  }
+  return {std::move(regions), std::move(bytes)};
+}
+
 ServiceMetrics::KernelSeries& ServiceMetrics::SeriesFor(const std::string& kernel) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = kernels_.find(kernel);
@@ -188,8 +236,10 @@ void ServiceMetrics::ObserveGemm(const GemmReport& report, double tflops) {
 }
 
 std::vector<prometheus::MetricFamily> ServiceMetrics::Collect() const {
+  std::vector<prometheus::MetricFamily> regions;
   if (sample_load_) {
-    const LoadSample load = sample_load_();
+    LoadSample load = sample_load_();
+    regions = RegionFamilies(std::move(load.region_owners));
     queued_.Set(double(load.queued));
     running_.Set(double(load.running));
     admitted_bytes_.Set(double(load.admitted_bytes));
@@ -200,7 +250,9 @@ std::vector<prometheus::MetricFamily> ServiceMetrics::Collect() const {
       device_failed_.Add({{"device", d.id}}).Set(d.failed ? 1 : 0);
     }
   }
-  return registry_.Collect();
+  std::vector<prometheus::MetricFamily> families = registry_.Collect();
+  for (prometheus::MetricFamily& family : regions) families.push_back(std::move(family));
+  return families;
 }
 
 }  // namespace hgemm

@@ -15,6 +15,16 @@
 //   hgemm_received_bytes_total{rpc}       operand bytes received (A and B, streamed chunks,
 //                                         uploaded matrices); protobuf framing not included
 //   hgemm_sent_bytes_total{rpc}           result bytes sent (C, downloaded matrices)
+//   hgemm_transport_bytes_total{transport,direction}
+//                                         the same bytes by how they travelled: in gRPC
+//                                         messages over TCP ("tcp") or a Unix socket ("unix"),
+//                                         or through shared-memory regions ("shm": A and B read
+//                                         from them, C written into them); direction
+//                                         "received" or "sent"
+//   hgemm_shared_regions{principal}, hgemm_shared_region_bytes{principal}
+//                                         registered shared-memory regions and their bytes per
+//                                         owner: the kMaxRegionOwners largest owners by name,
+//                                         the rest summed as "other"
 //   hgemm_gemm_stage_seconds{stage,backend,kernel}
 //                                         histogram per stage (queue_wait, host_to_device,
 //                                         kernel, device_to_host, server_total) of GEMMs that
@@ -78,6 +88,10 @@ enum class Rpc {
   kListRegions,
 };
 inline constexpr int kNumRpcs = 11;
+
+// How a call's matrix bytes travel (hgemm_transport_bytes_total's label).
+enum class DataPath { kTcp, kUnix, kShm };
+inline constexpr int kNumDataPaths = 3;
 // The method's name as in the .proto ("Gemm", "GemmStream", ...).
 const char* RpcName(Rpc rpc);
 
@@ -94,6 +108,12 @@ struct LoadSample {
     bool failed = false;  // !Backend::DeviceHealthy
   };
   std::vector<Device> devices;
+  struct RegionOwner {
+    std::string principal;
+    int64_t regions = 0;
+    int64_t bytes = 0;
+  };
+  std::vector<RegionOwner> region_owners;  // owners with registered regions, any order
 };
 using LoadSampler = std::function<LoadSample()>;
 
@@ -111,6 +131,8 @@ class ServiceMetrics final : public prometheus::Collectable {
   void CountStreamCall(absl::StatusCode code);
   void AddReceivedBytes(Rpc rpc, int64_t bytes);
   void AddSentBytes(Rpc rpc, int64_t bytes);
+  // Matrix bytes received or sent (`sent`) by way of `path`.
+  void AddTransportBytes(DataPath path, bool sent, int64_t bytes);
   // The stage times of a GEMM that ran; `tflops` its rate (GemmReport::Tflops).
   void ObserveGemm(const GemmReport& report, double tflops);
 
@@ -121,6 +143,12 @@ class ServiceMetrics final : public prometheus::Collectable {
   static constexpr int kNumCodes = 17;  // absl::StatusCode kOk .. kUnauthenticated
   // Distinct kernels given their own label value; past that they count as "other".
   static constexpr size_t kMaxKernels = 64;
+  // Region owners given their own label value (the largest by bytes); the rest are "other".
+  static constexpr size_t kMaxRegionOwners = 16;
+  // hgemm_shared_regions and hgemm_shared_region_bytes of `owners`, made at each scrape (so
+  // that owners who left disappear).
+  static std::vector<prometheus::MetricFamily> RegionFamilies(
+      std::vector<LoadSample::RegionOwner> owners);
   struct KernelSeries {
     std::array<prometheus::Histogram*, 5> stages;  // in the order of kStageNames
     prometheus::Gauge* tflops;
@@ -143,6 +171,8 @@ class ServiceMetrics final : public prometheus::Collectable {
   prometheus::Gauge& upload_queue_writes_;
   std::array<prometheus::Counter*, kNumRpcs> received_bytes_{};  // null: the method moves no matrices
   std::array<prometheus::Counter*, kNumRpcs> sent_bytes_{};
+  // [path][0: received, 1: sent]
+  std::array<std::array<prometheus::Counter*, 2>, kNumDataPaths> transport_bytes_{};
   // Created on first use: only the (rpc, code) pairs seen appear in the text.
   std::array<std::array<std::atomic<prometheus::Counter*>, kNumCodes>, kNumRpcs> request_counters_{};
   std::array<std::atomic<prometheus::Counter*>, kNumCodes> stream_call_counters_{};

@@ -266,6 +266,21 @@ int64_t RegionStore::OwnerBytes(const std::string& owner) {
   return bytes;
 }
 
+std::vector<RegionStore::OwnerUsage> RegionStore::UsageByOwner() {
+  std::lock_guard<std::mutex> lock(mu_);
+  ExpireLocked(Clock::now());
+  std::map<std::string, OwnerUsage> by_owner;
+  for (const auto& [handle, entry] : regions_) {
+    OwnerUsage& usage = by_owner[entry.info.owner];
+    usage.owner = entry.info.owner;
+    ++usage.regions;
+    usage.bytes += entry.info.bytes;
+  }
+  std::vector<OwnerUsage> out;
+  for (auto& [owner, usage] : by_owner) out.push_back(std::move(usage));
+  return out;
+}
+
 void RegionStore::ExpireLocked(Clock::time_point now) {
   if (options_.ttl.count() <= 0) return;
   for (auto it = regions_.begin(); it != regions_.end();) {

@@ -113,6 +113,13 @@ class RegionStore {
 
   std::vector<RegionInfo> List(const std::string& owner);
   int64_t OwnerBytes(const std::string& owner);
+  // Every owner with regions: its regions and their bytes.
+  struct OwnerUsage {
+    std::string owner;
+    int64_t regions = 0;
+    int64_t bytes = 0;
+  };
+  std::vector<OwnerUsage> UsageByOwner();
   const RegionStoreOptions& options() const { return options_; }
 
  private:

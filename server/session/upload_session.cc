@@ -10,8 +10,12 @@
 namespace hgemm {
 
 UploadSession::UploadSession(const GemmCore& core, UploadTransport* transport, std::string owner,
-                             std::chrono::seconds idle_timeout)
-    : core_(core), transport_(transport), owner_(std::move(owner)), idle_timeout_(idle_timeout) {}
+                             std::chrono::seconds idle_timeout, bool over_unix_socket)
+    : core_(core),
+      transport_(transport),
+      owner_(std::move(owner)),
+      idle_timeout_(idle_timeout),
+      over_unix_socket_(over_unix_socket) {}
 
 UploadSession::~UploadSession() {
   std::lock_guard<std::mutex> lock(mu_);  // whoever called Finish has let go of mu_
@@ -31,7 +35,8 @@ int64_t UploadSession::OnRead(v1::UploadMatrixRequest& message) {
   } catch (...) {
     s = status::FromCurrentException("UploadMatrix");
   }
-  const int64_t accepted = received_ - received;
+  // Bytes of this message: a region's are not (see region_bytes()).
+  const int64_t accepted = received_ - received - (received == 0 ? region_bytes() : 0);
   {
     std::lock_guard<std::mutex> lock(mu_);
     reading_ = false;
@@ -115,12 +120,27 @@ absl::Status UploadSession::ConsumeHeader(const v1::UploadMatrixRequest& message
                     int(header_.dtype())));
   }
   bytes_ = MatrixBytes(header_.rows(), header_.cols(), dtype_);
+  // From a region: its bytes copied out under a lease, which ends with the copy.
+  std::string region_data;
+  if (header_.has_region()) {
+    RegionStore& regions = core_.regions();
+    if (absl::Status s = regions.CheckAllowed(over_unix_socket_); !s.ok()) return s;
+    RegionLease lease;
+    if (absl::Status s = regions.Acquire(owner_, header_.region().region(),
+                                         header_.region().offset(), bytes_, "header.region",
+                                         &lease);
+        !s.ok()) {
+      return s;
+    }
+    region_data.assign(reinterpret_cast<const char*>(lease.data()), size_t(bytes_));
+  }
   QuotaReservation quota;
   if (absl::Status s = core_.store().Reserve(owner_, bytes_, &quota); !s.ok()) return s;
   header_seen_ = true;
-  std::lock_guard<std::mutex> lock(mu_);
+  std::shared_ptr<ArrivingBuffer> arriving;
+  std::unique_lock<std::mutex> lock(mu_);
   quota_ = std::move(quota);
-  arriving_ = ArrivingBuffer::Start(
+  arriving = arriving_ = ArrivingBuffer::Start(
       &core_.uploads(), bytes_,
       [this, device_index](std::shared_ptr<ResidentBuffer>* buffer) {
         return core_.store().AllocateBuffer(device_index, bytes_, buffer);
@@ -128,11 +148,20 @@ absl::Status UploadSession::ConsumeHeader(const v1::UploadMatrixRequest& message
       [this](const absl::Status& s, std::shared_ptr<ResidentBuffer> buffer, double) {
         Settled(s, std::move(buffer));
       });
+  lock.unlock();  // Add may settle the buffer at once, which takes mu_
+  if (header_.has_region()) {
+    from_region_ = true;
+    arriving->Add(0, std::move(region_data));
+    received_ = bytes_;
+  }
   return absl::OkStatus();
 }
 
 absl::Status UploadSession::ConsumeChunk(v1::UploadMatrixRequest& message) {
   if (!message.has_chunk()) return status::InvalidArgument("header", "sent twice");
+  if (from_region_) {
+    return status::InvalidArgument("chunk", "the header named a region: no chunk may follow");
+  }
   const int64_t size = message.chunk().size();
   if (received_ + size > bytes_) {
     return status::InvalidArgument(

@@ -42,16 +42,18 @@ class UploadSession {
  public:
   // An upload of `owner` (already identified); a message that doesn't come for `idle_timeout`
   // ends it (ExpireIdle). It starts no read: the transport starts the first one.
+  // `over_unix_socket`: the call came over a Unix socket, where a header may name a region.
   // REQUIRES: `core` and `transport` outlive the session.
   UploadSession(const GemmCore& core, UploadTransport* transport, std::string owner,
-                std::chrono::seconds idle_timeout);
+                std::chrono::seconds idle_timeout, bool over_unix_socket = false);
   // REQUIRES: the call is done (Finish was called, nothing it started is outstanding).
   ~UploadSession();
   UploadSession(const UploadSession&) = delete;
   UploadSession& operator=(const UploadSession&) = delete;
 
   // A message was read (its chunk is moved out). A broken rule ends the call with
-  // INVALID_ARGUMENT once nothing is in flight. Returns the matrix bytes it brought.
+  // INVALID_ARGUMENT once nothing is in flight. Returns the matrix bytes it brought (none for a
+  // header naming a region: see region_bytes()).
   int64_t OnRead(v1::UploadMatrixRequest& message);
   // The client has sent everything (or went away).
   void OnReadsDone();
@@ -60,6 +62,8 @@ class UploadSession {
   // The call is over; `cancelled`: the client went away without learning the handle, so a
   // matrix registered for it is released (only now is cancellation exact).
   void OnCallDone(bool cancelled);
+  // The matrix bytes read from a shared-memory region (the header's), once its header is read.
+  int64_t region_bytes() const { return from_region_ ? bytes_ : 0; }
 
  private:
   absl::Status ConsumeHeader(const v1::UploadMatrixRequest& message);
@@ -74,9 +78,11 @@ class UploadSession {
   UploadTransport* const transport_;
   const std::string owner_;
   const std::chrono::seconds idle_timeout_;
+  const bool over_unix_socket_;
   // The read path's own (reads are serialised):
   v1::MatrixHeader header_;
   bool header_seen_ = false;
+  bool from_region_ = false;  // the header named a region: the whole matrix came from it
   int64_t bytes_ = 0;  // the matrix's, from the header on
   ElementType dtype_ = ElementType::kFp16;  // the matrix's, from the header on
   int64_t received_ = 0;

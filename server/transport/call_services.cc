@@ -48,12 +48,24 @@ void CallLog::Ran(const GemmShape& shape, const GemmResult& result) const {
   if (metrics_ != nullptr) metrics_->ObserveGemm(result.report, result.report.Tflops(shape));
 }
 
-void CallLog::Received(Rpc rpc, int64_t bytes) const {
-  if (metrics_ != nullptr) metrics_->AddReceivedBytes(rpc, bytes);
+void CallLog::Received(Rpc rpc, int64_t bytes, const grpc::ServerContextBase& context) const {
+  if (metrics_ == nullptr) return;
+  metrics_->AddReceivedBytes(rpc, bytes);
+  metrics_->AddTransportBytes(OverUnixSocket(context) ? DataPath::kUnix : DataPath::kTcp,
+                              /*sent=*/false, bytes);
 }
 
-void CallLog::Sent(Rpc rpc, int64_t bytes) const {
-  if (metrics_ != nullptr) metrics_->AddSentBytes(rpc, bytes);
+void CallLog::Sent(Rpc rpc, int64_t bytes, const grpc::ServerContextBase& context) const {
+  if (metrics_ == nullptr) return;
+  metrics_->AddSentBytes(rpc, bytes);
+  metrics_->AddTransportBytes(OverUnixSocket(context) ? DataPath::kUnix : DataPath::kTcp,
+                              /*sent=*/true, bytes);
+}
+
+void CallLog::SharedMemory(int64_t received, int64_t sent) const {
+  if (metrics_ == nullptr) return;
+  metrics_->AddTransportBytes(DataPath::kShm, /*sent=*/false, received);
+  metrics_->AddTransportBytes(DataPath::kShm, /*sent=*/true, sent);
 }
 
 TrackedCalls::TrackedCalls(std::chrono::seconds idle_timeout)

@@ -43,8 +43,12 @@ class CallLog {
                    std::string_view caller) const;
   // A GEMM that ran: its stage times and TFLOP/s.
   void Ran(const GemmShape& shape, const GemmResult& result) const;
-  void Received(Rpc rpc, int64_t bytes) const;
-  void Sent(Rpc rpc, int64_t bytes) const;
+  // Matrix bytes of `rpc` received or sent in the messages of the call of `context` (counted
+  // by method and by transport, tcp or unix).
+  void Received(Rpc rpc, int64_t bytes, const grpc::ServerContextBase& context) const;
+  void Sent(Rpc rpc, int64_t bytes, const grpc::ServerContextBase& context) const;
+  // Matrix bytes a GEMM read from (A, B) and wrote to (C) shared-memory regions.
+  void SharedMemory(int64_t received, int64_t sent) const;
 
  private:
   ServiceMetrics* const metrics_;

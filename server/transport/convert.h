@@ -21,7 +21,8 @@ namespace hgemm {
 // The call's deadline on the steady clock the scheduler uses (max: none).
 Clock::time_point SteadyDeadline(const grpc::ServerContextBase& context);
 
-// True when the call came over a Unix-domain socket (its peer is "unix:..."): same host.
+// True when the call came over a Unix-domain socket (its peer is "unix:...", or "fd:N" on the
+// server's own listener): same host.
 bool OverUnixSocket(const grpc::ServerContextBase& context);
 
 // The call's W3C trace context ("traceparent" metadata), or "" when absent or malformed.

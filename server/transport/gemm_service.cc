@@ -73,7 +73,7 @@ grpc::ServerUnaryReactor* GemmServiceImpl::Gemm(grpc::CallbackServerContext* con
                                                 const v1::GemmRequest* request,
                                                 v1::GemmResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  log_.Received(Rpc::kGemm, int64_t(request->a().size() + request->b().size()));
+  log_.Received(Rpc::kGemm, int64_t(request->a().size() + request->b().size()), *context);
   Principal caller;
   if (absl::Status s = Identify(Rpc::kGemm, context, &caller); !s.ok()) {
     reactor->Finish(ToGrpcStatus(s));
@@ -112,6 +112,8 @@ absl::Status GemmServiceImpl::AdmitGemm(grpc::CallbackServerContext* context,
                                         : ResultSink::Host();
   order.over_unix_socket = OverUnixSocket(*context);
   const bool c_to_host = order.c.kind == ResultSink::Kind::kHost;
+  const bool a_shared = request.has_a_region(), b_shared = request.has_b_region();
+  const bool c_shared = request.has_c_region();
   AdmittedGemm admitted;
   if (absl::Status s = core_.Admit(owner, std::move(order), &admitted); !s.ok()) return s;
   GemmJob& job = admitted.job();
@@ -126,8 +128,9 @@ absl::Status GemmServiceImpl::AdmitGemm(grpc::CallbackServerContext* context,
   job.deadline = SteadyDeadline(*context);
   job.is_cancelled = [context] { return context->IsCancelled(); };
   job.traceparent = CallTraceparent(*context);
-  return core_.Run(std::move(admitted), [this, context, owner, reactor, response, shape](
-                                            const absl::Status& status, GemmResult result) {
+  return core_.Run(std::move(admitted), [this, context, owner, reactor, response, shape, a_shared,
+                                         b_shared, c_shared](const absl::Status& status,
+                                                             GemmResult result) {
     absl::Status answer = status;
     try {
       if (status.ok()) {
@@ -139,7 +142,9 @@ absl::Status GemmServiceImpl::AdmitGemm(grpc::CallbackServerContext* context,
     }
     if (answer.ok()) {
       log_.Ran(shape, result);
-      log_.Sent(Rpc::kGemm, int64_t(response->c().size()));
+      log_.Sent(Rpc::kGemm, int64_t(response->c().size()), *context);
+      log_.SharedMemory((a_shared ? shape.ABytes() : 0) + (b_shared ? shape.BBytes() : 0),
+                        c_shared ? shape.CBytes() : 0);
     }
     log_.Answered(Rpc::kGemm, answer, context, owner, response->request_id());
     reactor->Finish(ToGrpcStatus(answer));

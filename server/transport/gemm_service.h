@@ -67,6 +67,8 @@ class GemmServiceImpl final : public v1::GemmService::CallbackService {
   // with UNAVAILABLE, and each ends with UNAVAILABLE as soon as its in-flight work is
   // answered — at once if it is idle — instead of holding the drain until its deadline.
   void Drain();
+  // The shared-memory regions (for the metrics' per-owner gauges).
+  RegionStore& regions() const { return core_.regions(); }
 
   grpc::ServerUnaryReactor* Gemm(grpc::CallbackServerContext* context,
                                  const v1::GemmRequest* request,

@@ -7,6 +7,7 @@
 
 #include "server/core/status.h"
 #include "server/session/upload_session.h"
+#include "server/transport/convert.h"
 #include "server/transport/status_util.h"
 
 namespace hgemm {
@@ -22,14 +23,17 @@ class UploadMatrixReactor final : public grpc::ServerReadReactor<v1::UploadMatri
         context_(context),
         owner_(std::move(owner)),
         response_(response),
-        session_(*services.core, this, owner_, services.calls->idle_timeout()) {
+        session_(*services.core, this, owner_, services.calls->idle_timeout(),
+                 OverUnixSocket(*context)) {
     grpc::ServerReadReactor<v1::UploadMatrixRequest>::StartRead(&request_);
     services_.calls->Track(this);
   }
 
   void OnReadDone(bool ok) override {
     if (!ok) return session_.OnReadsDone();  // the client has sent everything (or went away)
-    services_.log->Received(Rpc::kUploadMatrix, session_.OnRead(request_));
+    const int64_t region_before = session_.region_bytes();
+    services_.log->Received(Rpc::kUploadMatrix, session_.OnRead(request_), *context_);
+    services_.log->SharedMemory(session_.region_bytes() - region_before, 0);
   }
 
   void OnDone() override {
@@ -112,7 +116,7 @@ class DownloadMatrixReactor final : public grpc::ServerWriteReactor<v1::ResultCh
   void NextWrite() {
     if (offset_ >= int64_t(data_.size())) return Answer(absl::OkStatus());
     const int64_t size = std::min<int64_t>(chunk_bytes_, data_.size() - offset_);
-    services_.log->Sent(Rpc::kDownloadMatrix, size);
+    services_.log->Sent(Rpc::kDownloadMatrix, size, *context_);
     chunk_.set_offset(offset_);
     chunk_.set_data(data_.data() + offset_, size);
     chunk_.set_total_bytes(offset_ == 0 ? data_.size() : 0);

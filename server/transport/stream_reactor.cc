@@ -29,7 +29,7 @@ class GemmStreamReactor final
 
   void OnReadDone(bool ok) override {
     if (ok) {
-      services_.log->Received(Rpc::kGemmStream, session_.OnRead(request_));
+      services_.log->Received(Rpc::kGemmStream, session_.OnRead(request_), *context_);
     } else {  // the client closed its side, or the call was cancelled
       session_.OnReadsDone();
     }
@@ -56,7 +56,7 @@ class GemmStreamReactor final
     v1::ResultChunk* chunk = chunk_message_.mutable_chunk();
     chunk->set_offset(offset);
     chunk->set_data(data.data(), data.size());
-    services_.log->Sent(Rpc::kGemmStream, int64_t(data.size()));
+    services_.log->Sent(Rpc::kGemmStream, int64_t(data.size()), *context_);
     StartWrite(&chunk_message_);
   }
 

@@ -109,15 +109,17 @@ def as_fp16_matrix(x, name: str) -> np.ndarray:
                     f"(float32 and float64 are converted with a warning)")
 
 
-def check_out(out, m: int, n: int, keep_c: bool, as_torch) -> None:
-    """gemm's out=: None, or a writable, C-contiguous m×n float16 ndarray (ValueError or
-    TypeError otherwise, and with keep_c or as_torch, which return no array)."""
+def check_out(out, m: int, n: int, keep_c: bool, as_torch, c_dtype: str = "fp16") -> None:
+    """gemm's out=: None, or a writable, C-contiguous m×n ndarray of C's type (float16, or
+    float32 for c_dtype "fp32"): ValueError or TypeError otherwise, and with keep_c or
+    as_torch, which return no array."""
     if out is None:
         return
     if keep_c or as_torch:
         raise ValueError("out= takes C as a numpy array: not with keep_c or as_torch")
-    if not isinstance(out, np.ndarray) or out.dtype != FP16:
-        raise TypeError(f"out must be a float16 numpy array; got {type(out).__name__}"
+    want = np.dtype("<f4") if c_dtype == "fp32" else FP16
+    if not isinstance(out, np.ndarray) or out.dtype != want:
+        raise TypeError(f"out must be a {want.name} numpy array; got {type(out).__name__}"
                         f"{'' if not isinstance(out, np.ndarray) else ' of ' + str(out.dtype)}")
     if out.shape != (m, n) or not out.flags.c_contiguous or not out.flags.writeable:
         raise ValueError(f"out must be a writable, C-contiguous {m}x{n} array; got shape "

@@ -18,13 +18,13 @@ from typing import Callable, List, Optional
 import grpc
 import numpy as np
 
-from . import _arrays, _errors, _native, _progress
+from . import _arrays, _errors, _native, _progress, _shm
 from ._config import ClientConfig
 from ._many_rounds import ManyRound
 from ._proto import hgemm_pb2 as pb
 from ._resident import MatrixList, ResidentMatrix, handle_replica, replica_of
-from ._results import (Kernel, finish_many, kernels_from_proto, native_result, streamed_result,
-                       unary_result, with_out)
+from ._results import (Kernel, c_output, finish_many, kernels_from_proto, native_result,
+                       region_result, streamed_result, unary_result, with_out)
 from ._retry import Deadline, should_retry
 from ._routes import Routes, by_replica, explain_unreachable
 from ._spec import Spec, normalize_pairs, stream_requests
@@ -84,6 +84,8 @@ class Calls:
             c = self.config
             self.native = _native.NativeClient(target, c.tls_files, c.token, c.client_id,
                                                c.traceparent, c.chunk_bytes, c.policy)
+        self.shm = _shm.SharedMemory(target, self.config.shared_memory,
+                                     self.config.shared_memory_min_bytes)
 
     # The retry loop around one call (to `replica`, "" for the target).
     def _call(self, attempt, timeout, idempotent: bool, replica: str = ""):
@@ -162,8 +164,12 @@ class Calls:
         Returns C as an m×n float16 ndarray (a torch tensor with as_torch=True, or on a device
         with as_torch="cuda:0"); with keep_c=True a ResidentMatrix instead; with details=True a
         GemmResult (c, timing, execution, request_id, client_ms). out: a writable, C-contiguous
-        m×n float16 ndarray to write C into (returned as C); the native core writes it there
-        directly, grpcio's copies into it.
+        m×n ndarray of C's type (float16, or float32 for an fp32 C) to write C into (returned
+        as C); the native core and the server (out a shared buffer) write it there directly,
+        grpcio's copies into it.
+        Over a unix: target (same host): operands and C that live in shared buffers
+        (shared_buffer()) are named, not sent; others of at least shared_memory_min_bytes go
+        through the client's arena (one copy each way instead of gRPC's).
         accumulation: None (the server's default, fp32), "fp32" or "fp16". kernel: "auto" or a
         name from kernels(). Raises an hgemm.Error subclass on failure.
         """
@@ -171,9 +177,14 @@ class Calls:
         spec = Spec(a, b, accumulation=accumulation, kernel=kernel, keep_c=keep_c, c_ttl=c_ttl,
                     request_id=request_id, c_dtype=c_dtype)
         replica = spec.replica()
-        if out is not None and spec.c_dtype != "fp16":
-            raise ValueError(f"out= takes a float16 C; this GEMM's C is {spec.c_dtype}")
-        _arrays.check_out(out, spec.m, spec.n, keep_c, as_torch)
+        if out is not None and spec.c_dtype == "bf16":
+            raise ValueError("out= takes a float16 or float32 C; this GEMM's C is bf16")
+        _arrays.check_out(out, spec.m, spec.n, keep_c, as_torch, spec.c_dtype)
+        if self.shm.enabled and not replica:
+            result = yield from self._gemm_in_regions(spec, out, details, as_torch, timeout,
+                                                      started)
+            if result is not None:
+                return result
         yield from self._server_limit(spec, mode, timeout)
         if self._on_native_core(spec):
             c, info = yield from self._on_native(self.native.gemm,
@@ -191,6 +202,134 @@ class Calls:
         response = yield from self._unary("Gemm", spec.unary_request(), timeout,
                                           idempotent=not keep_c, replica=replica)
         return with_out(unary_result(self.client, spec, response, details, as_torch, started), out)
+
+    def _gemm_in_regions(self, spec: Spec, out, details, as_torch, timeout, started):
+        """The GEMM as a unary Gemm naming {region, offset} for the parts in shared memory: those
+        in shared buffers as they are, those the arena takes copied in (C copied out). None,
+        with nothing sent, when no part goes through shared memory."""
+        refs = {}
+        for name, operand in (("a", spec.a), ("b", spec.b)):
+            ref = self.shm.find(operand.array)
+            if ref is not None:
+                refs[name] = ref
+        c_in_out = None if spec.keep_c else self.shm.find(out)
+        if c_in_out is not None:
+            refs["c"] = c_in_out
+        plan = self.shm.arena_parts(
+            [(name, operand.array) for name, operand in (("a", spec.a), ("b", spec.b))
+             if name not in refs],
+            0 if spec.keep_c or c_in_out is not None else spec.c_bytes)
+        arena = None if plan is None else (yield from self._take_arena(plan.nbytes, timeout))
+        if arena is None and not refs:
+            return None
+        try:
+            if arena is not None:
+                for name, array in plan.copies:
+                    at = plan.offsets[name]
+                    arena.bytes[at:at + array.nbytes] = _arrays.byte_view(array)
+                    refs[name] = pb.RegionRef(region=arena.handle, offset=at)
+                if plan.c_bytes:
+                    refs["c"] = pb.RegionRef(region=arena.handle, offset=plan.offsets["c"])
+            response = yield from self._unary("Gemm", spec.unary_request(refs), timeout,
+                                              idempotent=not spec.keep_c)
+            if "c" not in refs:
+                return with_out(unary_result(self.client, spec, response, details, as_torch,
+                                             started), out)
+            if c_in_out is not None:
+                c = out
+            else:  # out of the arena, which the next GEMM reuses
+                at = plan.offsets["c"]
+                c = spec.c_array(arena.bytes[at:at + spec.c_bytes].copy())
+                if out is None:
+                    c = c_output(spec, c, as_torch)
+                else:
+                    np.copyto(out, c)
+                    c = out
+            return region_result(spec, response, c, details, started)
+        finally:
+            if arena is not None:
+                self.shm.give_back(arena)
+
+    def _take_arena(self, nbytes: int, timeout):
+        """An arena of at least nbytes for one GEMM (give it back after), registered now if
+        none is free; None when the server refuses it (then the GEMM goes as bytes: for good
+        when shared memory is off there, for this GEMM on a full quota)."""
+        arena, too_small = self.shm.take_arena(nbytes)
+        for region in too_small:
+            yield from self._unregister_quietly(region, timeout)
+        if arena is not None:
+            return arena
+        arena = _shm.Region(self.shm.new_arena_bytes(nbytes), "hgemm_arena")
+        try:
+            yield from self._register(arena, timeout)
+        except (_errors.PermissionDenied, _errors.FailedPrecondition,
+                _errors.Unimplemented) as e:
+            arena.close()
+            self.shm.arena_refused = e
+            return None
+        except _errors.ResourceExhausted:
+            arena.close()
+            return None
+        except BaseException:
+            arena.close()
+            raise
+        self.shm.add_arena(arena)
+        return arena
+
+    def _register(self, region: _shm.Region, timeout):
+        info = yield from self._unary("RegisterRegion", pb.RegisterRegionRequest(
+            path=region.path, byte_size=region.nbytes, label=region.label), timeout,
+            idempotent=False)
+        region.handle = info.region
+
+    def _unregister_quietly(self, region: _shm.Region, timeout):
+        """Unregisters and closes a region; a failure leaves it to the server's --region_ttl_s."""
+        try:
+            yield from self._unary("UnregisterRegion",
+                                   pb.UnregisterRegionRequest(region=region.handle), timeout,
+                                   idempotent=True)
+        except _errors.Error:
+            pass
+        finally:
+            region.close()
+
+    def release_regions(self, timeout: Optional[float] = None):
+        """Unregisters every region of this client (close() does), each within `timeout`
+        seconds (None: 2), so that closing next to a server that is gone does not hang; what
+        is not unregistered is left to the server's --region_ttl_s."""
+        for region in self.shm.take_all():
+            yield from self._unregister_quietly(region, 2.0 if timeout is None else timeout)
+
+    def shared_buffer(self, shape, dtype=np.float16, *, label: str = "",
+                      timeout: Optional[float] = None) -> np.ndarray:
+        """A zero-filled, writable ndarray of `shape` and `dtype` (float16: operands and C;
+        float32: an fp32 C) living in a shared-memory region of its own, registered with the
+        server (same host: a unix: target, server started with --allow_shared_memory). A GEMM
+        of such arrays, or of C-contiguous slices or transposed views of them, names them
+        instead of sending them; out= such an array has the server write C into it. The
+        region is unregistered when the client closes (the array stays readable here).
+        Raises ValueError without a unix: target, the server's error if it refuses."""
+        if not self.shm.enabled:
+            raise ValueError(f"shared buffers need the server's Unix socket (a unix: target); "
+                             f"this client's is {self.config.target!r}")
+        dtype = np.dtype(dtype)
+        shape = (int(shape),) if np.isscalar(shape) else tuple(int(d) for d in shape)
+        if not shape or min(shape) < 1:
+            raise ValueError(f"a shared buffer of shape {shape} would be empty")
+        region = _shm.Region(int(np.prod(shape, dtype=np.int64)) * dtype.itemsize,
+                             label or "hgemm_buffer")
+        try:
+            yield from self._register(region, timeout)
+        except BaseException:
+            region.close()
+            raise
+        self.shm.add_buffer(region)
+        return region.bytes.view(dtype).reshape(shape)
+
+    def regions(self, *, timeout: Optional[float] = None) -> pb.ListRegionsResponse:
+        """ListRegions: this client's registered regions (.regions, .client_bytes, quotas)."""
+        return (yield from self._unary("ListRegions", pb.ListRegionsRequest(), timeout,
+                                       idempotent=True))
 
     def gemm_many(self, pairs, *, accumulation: Optional[str] = None, kernel: str = "auto",
                   keep_c: bool = False, c_ttl: int = 0, details: bool = False, as_torch=False,
@@ -293,7 +432,10 @@ class Calls:
         replica: where to put it over several replicas: a ResidentMatrix (onto the replica that
         holds it, so that both can go in one GEMM) or a replica's address; None: balanced."""
         array, dtype, _ = _arrays.as_operand(matrix, "matrix", allow_transposed=False)
-        if self.native is not None and self.blocking and device_id is None and dtype == "fp16":
+        # A shared buffer (same host): the server copies it from the region, no chunks sent.
+        region = self.shm.find(array) if self.shm.enabled and replica is None else None
+        if (self.native is not None and self.blocking and device_id is None and dtype == "fp16"
+                and region is None):
             info = yield from self._on_native(self.native.upload,
                                               (array, ttl, label, replica_of(replica)), timeout,
                                               idempotent=False, nbytes=array.nbytes,
@@ -304,7 +446,7 @@ class Calls:
         def attempt(stub, t):
             messages = upload_messages(array, ttl, label, device_id, self.config.chunk_bytes, bar,
                                        dtype=pb.DATA_TYPE_BF16 if dtype == "bf16"
-                                       else pb.DATA_TYPE_UNSPECIFIED)
+                                       else pb.DATA_TYPE_UNSPECIFIED, region=region)
             return self._rpc(stub.UploadMatrix, messages, t, streams_request=True)
         try:
             info = yield from self._call(attempt, timeout, idempotent=False,

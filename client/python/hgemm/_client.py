@@ -81,6 +81,12 @@ class Client:
       progress: None (a tqdm bar for transfers over 256 MiB when tqdm is installed), True, False.
       channel_options: extra gRPC channel arguments. Message size limits are already lifted.
         A client with channel_options makes every call through grpcio.
+      shared_memory: None (on for a "unix:" target: the server's Unix socket on this host),
+        True (required: a unix: target) or False. On, shared_buffer() hands out arrays in
+        shared memory, and a GEMM's operands and C that live there, or are at least
+        shared_memory_min_bytes (default 1 MiB; copied through a region the client keeps),
+        are named in the Gemm call instead of sent (server: --allow_shared_memory; where it
+        refuses, GEMMs of ordinary arrays go as bytes). Regions are unregistered on close().
 
     Core: GEMMs (but keep_c ones and gemm_many's), uploads and releases go through the native
     core (libhgemm_client.so, the GIL released for the call) when hgemm.info() reports it, else
@@ -94,6 +100,7 @@ class Client:
 
     # Lifetime.
     def close(self) -> None:
+        _run(self._calls.release_regions())
         for channel in self._calls.routes.channels():
             channel.close()
         if self._calls.native is not None:
@@ -121,3 +128,5 @@ class Client:
     matrices = _blocking(_calls.Calls.matrices)
     info = _blocking(_calls.Calls.info)
     kernels = _blocking(_calls.Calls.kernels)
+    shared_buffer = _blocking(_calls.Calls.shared_buffer)
+    regions = _blocking(_calls.Calls.regions)

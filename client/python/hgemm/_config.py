@@ -23,7 +23,8 @@ class ClientConfig:
     def __init__(self, target, *, tls=False, tls_ca=None, tls_cert=None, tls_key=None,
                  tls_server_name=None, token=None, token_file=None, client_id=None, traceparent=None, timeout=None,
                  mode="auto", unary_limit_bytes=32 << 20, chunk_bytes=1 << 20, retries=5,
-                 progress=None, channel_options=()):
+                 progress=None, channel_options=(), shared_memory=None,
+                 shared_memory_min_bytes=1 << 20):
         if mode not in ("auto", "unary", "stream"):
             raise ValueError(f"mode must be 'auto', 'unary' or 'stream'; got {mode!r}")
         if chunk_bytes < 1:
@@ -41,6 +42,7 @@ class ClientConfig:
         self.chunk_bytes = chunk_bytes
         self.policy = RetryPolicy(attempts=max(1, retries))
         self.progress = progress
+        self.shared_memory, self.shared_memory_min_bytes = shared_memory, shared_memory_min_bytes
         metadata = []
         token = read_token(token, token_file)
         self.token, self.client_id, self.traceparent = token, client_id, traceparent

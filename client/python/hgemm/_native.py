@@ -343,7 +343,7 @@ class NativeClient:
         """(C, GemmInfo) of a Spec sent as it is (operands from the arrays' memory, transposed
         views as stored, or by handle); C is written into `out`, else into a new buffer and
         returned as spec.c_array makes it (float16, float32, bf16 widened to float32).
-        REQUIRES: not spec.keep_c; out is None or passed _arrays.check_out (an fp16 C)."""
+        REQUIRES: not spec.keep_c; out is None or passed _arrays.check_out (of C's type)."""
         options = self._gemm_options(spec, MODE_STREAM if streamed else MODE_UNARY, timeout)
         try:
             buffer = np.empty(spec.c_bytes, dtype=np.uint8) if out is None else out

@@ -112,6 +112,16 @@ def unary_result(client, spec: Spec, raw: _wire.GemmResponse, details: bool, as_
                       (time.monotonic() - started) * 1e3)
 
 
+def region_result(spec: Spec, raw: _wire.GemmResponse, c, details: bool, started: float):
+    """What gemm returns when C was written into shared memory: `c`, read from there."""
+    if not details:
+        return c
+    response = raw.message
+    return GemmResult(c, Timing.from_proto(response.timing),
+                      Execution.from_proto(response.execution), response.request_id,
+                      (time.monotonic() - started) * 1e3)
+
+
 def native_result(spec: Spec, c, info, details: bool, as_torch, started: float, out):
     """What gemm returns from the native core's C and GemmInfo (hgemm/_native.py); C is `out`
     as it is when the caller gave one."""

@@ -4,7 +4,7 @@ GemmRequest, or a GemmStream's header and chunks); gemm_many's items as Specs.
 Thread safety: a Spec is not changed after it is made, so threads may read it at once; each
 generator of messages it makes has one consumer.
 """
-from typing import Dict, List, Sequence
+from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
@@ -105,8 +105,11 @@ class Spec:
                     c_dtype=pb.DATA_TYPE_FP32 if self.c_dtype == "fp32"
                     else pb.DATA_TYPE_UNSPECIFIED)
 
-    def unary_request(self) -> bytes:
-        """The serialized GemmRequest (A and B copied once, straight from the arrays)."""
+    def unary_request(self, regions: Optional[Dict[str, pb.RegionRef]] = None) -> bytes:
+        """The serialized GemmRequest (A and B copied once, straight from the arrays). regions:
+        {"a" / "b" / "c": RegionRef} for the parts in shared memory (A and B are then not sent,
+        C not returned)."""
+        regions = regions or {}
         small = pb.GemmRequest(m=self.m, n=self.n, k=self.k, options=self.options,
                                keep_c_resident=self.keep_c, c_ttl_seconds=self.c_ttl,
                                **self._form())
@@ -114,8 +117,12 @@ class Spec:
             small.a_handle = self.a.handle
         if self.b.handle:
             small.b_handle = self.b.handle
-        return _wire.gemm_request(small, None if self.a.handle else self.a.bytes_view(),
-                                  None if self.b.handle else self.b.bytes_view())
+        for name, field in (("a", small.a_region), ("b", small.b_region), ("c", small.c_region)):
+            if name in regions:
+                field.CopyFrom(regions[name])
+        return _wire.gemm_request(
+            small, None if self.a.handle or "a" in regions else self.a.bytes_view(),
+            None if self.b.handle or "b" in regions else self.b.bytes_view())
 
     def stream_messages(self, gemm_id: int, chunk_bytes: int, progress=None):
         """The header, then A's chunks, then B's (none for an operand given by handle), as

@@ -11,12 +11,18 @@ from ._proto import hgemm_pb2 as pb
 
 
 def upload_messages(array: np.ndarray, ttl: int, label: str, device_id, chunk_bytes: int,
-                    progress=None, dtype=pb.DATA_TYPE_UNSPECIFIED):
+                    progress=None, dtype=pb.DATA_TYPE_UNSPECIFIED, region=None):
+    """UploadMatrix's messages: the header, then the array's bytes in chunks; with `region`
+    (a RegionRef: the array lives in shared memory) the header alone, naming it."""
     header = pb.MatrixHeader(rows=array.shape[0], cols=array.shape[1], ttl_seconds=int(ttl),
-                             label=label, dtype=dtype)
+                             label=label, dtype=dtype, region=region)
     if device_id is not None:
         header.device_id = int(device_id)
     yield pb.UploadMatrixRequest(header=header).SerializeToString()
+    if region is not None:
+        if progress is not None:
+            progress.update(array.nbytes)
+        return
     view = _arrays.byte_view(array)
     for offset in range(0, len(view), chunk_bytes):
         data = view[offset:offset + chunk_bytes]

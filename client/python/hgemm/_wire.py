@@ -245,3 +245,6 @@ class Stub:
         self.GetServerInfo = generated_stub.GetServerInfo
         self.ReleaseMatrix = generated_stub.ReleaseMatrix
         self.ListMatrices = generated_stub.ListMatrices
+        self.RegisterRegion = generated_stub.RegisterRegion
+        self.UnregisterRegion = generated_stub.UnregisterRegion
+        self.ListRegions = generated_stub.ListRegions

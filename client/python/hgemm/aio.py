@@ -103,6 +103,7 @@ class Client:
         self._stub = self._calls.routes.stub("")  # the target's (tests wrap its methods)
 
     async def close(self) -> None:
+        await _run(self._calls.release_regions())
         for channel in self._calls.routes.channels():
             await channel.close()
         if self._calls.native is not None:  # waits for its GEMMs in flight, off the loop
@@ -127,6 +128,8 @@ class Client:
     matrices = _awaitable(_calls.Calls.matrices)
     info = _awaitable(_calls.Calls.info)
     kernels = _awaitable(_calls.Calls.kernels)
+    shared_buffer = _awaitable(_calls.Calls.shared_buffer)
+    regions = _awaitable(_calls.Calls.regions)
 
 
 class Stream(StreamSession):

@@ -7,6 +7,7 @@ port 0 and the fixture reads the port it got from its log, so runs never collide
 import os
 import pathlib
 import re
+import shutil
 import socket
 import subprocess
 import tempfile
@@ -84,6 +85,36 @@ def small_server():
     """A server with the smallest message limit (4 MiB) and 2^20 elements per matrix."""
     s = Server("--cpu_workers=2", f"--max_message_bytes={4 << 20}",
                f"--max_elements_per_matrix={1 << 20}")
+    yield s
+    s.stop()
+
+
+class UnixServer(Server):
+    """A Server that also listens on a Unix socket in a directory of its own; `unix` is the
+    target that reaches it there ("unix:/tmp/.../hgemm.sock")."""
+
+    def __init__(self, *flags):
+        self.socket_dir = tempfile.mkdtemp(prefix="hgemm_sock_")
+        self.unix = f"unix:{self.socket_dir}/hgemm.sock"
+        super().__init__(f"--listen={self.unix}", *flags)
+
+    def stop(self) -> None:
+        super().stop()
+        shutil.rmtree(self.socket_dir, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def shm_server():
+    """A server with shared memory on, over its Unix socket."""
+    s = UnixServer("--cpu_workers=2", "--allow_shared_memory")
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="session")
+def no_shm_server():
+    """A server with a Unix socket and shared memory off."""
+    s = UnixServer("--cpu_workers=2")
     yield s
     s.stop()
 

@@ -1,0 +1,170 @@
+"""Shared memory with a server on the same host (proto/hgemm.proto, "Shared memory"): Region (one
+sealed memfd of this process, mapped here and registered with the server) and SharedMemory (a
+client's regions: its shared buffers and its arenas, and where an array lives among them).
+
+Why a memfd named by /proc/<pid>/fd/<fd> (as the C++ SharedRegion): the server opens the very
+file, nothing is left behind in /dev/shm when a process dies, and F_SEAL_SHRINK makes a later
+ftruncate fail here instead of turning the server's next read into SIGBUS.
+
+Two ways operands and C go through regions, both over a unary Gemm that names {region, offset}:
+  * shared buffers (Client.shared_buffer): numpy arrays living in a region of their own; a GEMM
+    of arrays (or C-contiguous slices of them) that live there names them: no copy at all.
+  * the arena: an operand or C of at least shared_memory_min_bytes that lives elsewhere is
+    copied into a region the client keeps for that (registered once, reused by later GEMMs;
+    one per GEMM in flight, grown by replacing it with a larger one when a GEMM needs more).
+
+Thread safety: SharedMemory is thread-safe (a lock around its books); a Region's bytes are its
+user's to synchronize.
+"""
+import fcntl
+import mmap
+import os
+import threading
+from typing import List, Optional, Tuple
+
+import numpy as np
+
+from ._proto import hgemm_pb2 as pb
+
+_SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
+ALIGN = 64  # where each part of an arena starts: a cache line, and any element's alignment
+ARENA_MIN_BYTES = 16 << 20
+
+
+def _aligned(n: int) -> int:
+    return (n + ALIGN - 1) // ALIGN * ALIGN
+
+
+class Region:
+    """A sealed memfd of `nbytes` (≥ 1), mapped read-write; `handle` is the server's name for it
+    once registered ("" before). The mapping lives as long as arrays over it do, even after
+    close() (which closes the file descriptor)."""
+
+    def __init__(self, nbytes: int, label: str):
+        fd = os.memfd_create(label, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+        try:
+            os.ftruncate(fd, nbytes)
+            fcntl.fcntl(fd, fcntl.F_ADD_SEALS, _SEALS)
+            self.bytes = np.frombuffer(mmap.mmap(fd, nbytes), dtype=np.uint8)
+        except BaseException:
+            os.close(fd)
+            raise
+        self.fd, self.nbytes, self.label, self.handle = fd, nbytes, label, ""
+        self.address = self.bytes.ctypes.data
+
+    @property
+    def path(self) -> str:
+        """The name the server opens it by."""
+        return f"/proc/{os.getpid()}/fd/{self.fd}"
+
+    def offset_of(self, array: np.ndarray) -> Optional[int]:
+        """The offset of a C-contiguous array's bytes in this region, None if they are not all
+        inside it."""
+        start = array.__array_interface__["data"][0]
+        if self.address <= start and start + array.nbytes <= self.address + self.nbytes:
+            return start - self.address
+        return None
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+class ArenaPlan:
+    """Which parts of one GEMM go through an arena: the operands to copy in (name, array) and
+    the bytes of C, laid out at aligned offsets."""
+
+    def __init__(self, copies: List[Tuple[str, np.ndarray]], c_bytes: int):
+        self.offsets, at = {}, 0
+        for name, array in copies:
+            self.offsets[name] = at
+            at += _aligned(array.nbytes)
+        if c_bytes:
+            self.offsets["c"] = at
+            at += _aligned(c_bytes)
+        self.copies, self.c_bytes, self.nbytes = copies, c_bytes, at
+
+
+class SharedMemory:
+    """A client's regions. `enabled`: GEMMs may use them (a unix: target, not turned off);
+    `arena_refused`: why the server refused the first arena (None: not refused), after which
+    GEMMs of ordinary arrays go as bytes."""
+
+    def __init__(self, target: str, enabled: Optional[bool], min_bytes: int):
+        unix = target.startswith("unix:")
+        if enabled and not unix:
+            raise ValueError(f"shared_memory=True needs a unix: target (the server's Unix "
+                             f"socket); got {target!r}")
+        self.enabled = unix if enabled is None else bool(enabled)
+        self.min_bytes = min_bytes
+        self.arena_refused = None
+        self._lock = threading.Lock()
+        self._buffers: List[Region] = []  # registered, each the region of one shared buffer
+        self._arenas: List[Region] = []   # registered, every arena
+        self._free: List[Region] = []     # the arenas no GEMM has now
+
+    def add_buffer(self, region: Region) -> None:
+        with self._lock:
+            self._buffers.append(region)
+
+    def find(self, array: Optional[np.ndarray]) -> Optional[pb.RegionRef]:
+        """Where `array` lives among the shared buffers (None: elsewhere, or not C-contiguous)."""
+        if array is None or not array.flags.c_contiguous:
+            return None
+        with self._lock:
+            for region in self._buffers:
+                offset = region.offset_of(array)
+                if offset is not None:
+                    return pb.RegionRef(region=region.handle, offset=offset)
+        return None
+
+    def arena_parts(self, operands, c_bytes: int) -> Optional[ArenaPlan]:
+        """The plan for a GEMM whose operands (name, array or None) and C (c_bytes, 0: none)
+        do not live in shared buffers: those of at least min_bytes go through an arena. None
+        when nothing does, or the server refused arenas."""
+        if self.arena_refused is not None:
+            return None
+        copies = [(name, array) for name, array in operands
+                  if array is not None and array.nbytes >= self.min_bytes]
+        c_bytes = c_bytes if c_bytes >= self.min_bytes else 0
+        return ArenaPlan(copies, c_bytes) if copies or c_bytes else None
+
+    def take_arena(self, nbytes: int) -> Tuple[Optional[Region], List[Region]]:
+        """(a free arena of at least nbytes, or None: make one; the free arenas too small to
+        keep, now out of the books, to unregister)."""
+        with self._lock:
+            fits = [r for r in self._free if r.nbytes >= nbytes]
+            if fits:
+                arena = min(fits, key=lambda r: r.nbytes)
+                self._free.remove(arena)
+                return arena, []
+            dropped = self._free
+            self._free = []
+            for region in dropped:
+                self._arenas.remove(region)
+            return None, dropped
+
+    @staticmethod
+    def new_arena_bytes(nbytes: int) -> int:
+        """The size of a new arena for a GEMM of nbytes: a power of two, so that a few sizes
+        serve every GEMM."""
+        size = ARENA_MIN_BYTES
+        while size < nbytes:
+            size *= 2
+        return size
+
+    def add_arena(self, region: Region) -> None:
+        with self._lock:
+            self._arenas.append(region)
+
+    def give_back(self, arena: Region) -> None:
+        with self._lock:
+            self._free.append(arena)
+
+    def take_all(self) -> List[Region]:
+        """Every region, now out of the books (close: to unregister)."""
+        with self._lock:
+            regions = self._buffers + self._arenas
+            self._buffers, self._arenas, self._free = [], [], []
+            return regions
