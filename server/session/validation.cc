@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 
 #include "server/core/status.h"
 
@@ -42,6 +43,13 @@ absl::Status ValidateHandles(const v1::GemmRequest& request) {
   if (request.has_c_region() && request.c_region().region().empty()) {
     return status::InvalidArgument("c_region.region", kNoRegion);
   }
+  if (request.has_c_in_handle() && request.c_in_handle().empty()) {
+    return status::InvalidArgument(
+        "c_in_handle", "empty (set c_in, or the handle of a resident matrix)");
+  }
+  if (request.has_c_in_region() && request.c_in_region().region().empty()) {
+    return status::InvalidArgument("c_in_region.region", kNoRegion);
+  }
   if (request.has_c_region() && request.keep_c_resident()) {
     return status::InvalidArgument("c_region",
                                    "C goes either to a region or stays resident, not both");
@@ -52,10 +60,11 @@ absl::Status ValidateHandles(const v1::GemmRequest& request) {
 }  // namespace
 
 bool AutoSupports(const RequestRules& rules, Accumulation accumulation, unsigned layout_bit,
-                  unsigned types_bit) {
+                  unsigned types_bit, bool scaled) {
   return std::any_of(rules.kernels.begin(), rules.kernels.end(), [&](const KernelDescription& k) {
     return (accumulation == Accumulation::kFp16 ? k.fp16_accumulation : k.fp32_accumulation) &&
-           (k.layouts & layout_bit) != 0 && (k.types & types_bit) != 0;
+           (k.layouts & layout_bit) != 0 && (k.types & types_bit) != 0 &&
+           (!scaled || (k.scaled_types & types_bit) != 0);
   });
 }
 
@@ -68,6 +77,12 @@ unsigned AutoLayouts(const RequestRules& rules) {
 unsigned AutoTypes(const RequestRules& rules) {
   unsigned bits = 0;
   for (const KernelDescription& k : rules.kernels) bits |= k.types;
+  return bits;
+}
+
+unsigned AutoScaledTypes(const RequestRules& rules) {
+  unsigned bits = 0;
+  for (const KernelDescription& k : rules.kernels) bits |= k.scaled_types;
   return bits;
 }
 
@@ -243,6 +258,55 @@ absl::Status ValidateForm(bool transpose_a, bool transpose_b, v1::DataType dtype
   return absl::OkStatus();
 }
 
+absl::Status ValidateScale(bool has_alpha, float alpha, float beta, bool has_c_in,
+                           const RequestRules& rules, const std::string& prefix, GemmJob* job) {
+  if (!has_alpha) alpha = 1;
+  if (!std::isfinite(alpha)) {
+    return status::InvalidArgument(prefix + "alpha", fmt::format("{} is not a finite number", alpha));
+  }
+  if (!std::isfinite(beta)) {
+    return status::InvalidArgument(prefix + "beta", fmt::format("{} is not a finite number", beta));
+  }
+  if (beta != 0 && !has_c_in) {
+    return status::InvalidArgument(
+        prefix + "beta",
+        fmt::format("{} needs a C input (c_in, c_in_handle or c_in_region), and none was given",
+                    beta));
+  }
+  job->alpha = alpha;
+  job->beta = beta;
+  job->shape.c_input = beta != 0;
+  if (!job->Scaled()) return absl::OkStatus();
+  // The field a refusal names: the scale that makes this more than op(A)·op(B).
+  const std::string scale_field = prefix + (beta != 0 ? "beta" : "alpha");
+  if (job->accumulation != Accumulation::kFp32) {
+    return status::InvalidArgument(
+        prefix + "options.accumulation",
+        "FP16 accumulation takes no alpha/beta (they need FP32 accumulation)");
+  }
+  const unsigned types = TypesBit(job->shape.ab_type, job->shape.c_type);
+  if (job->kernel == "auto") {
+    if (!AutoSupports(rules, job->accumulation, LayoutBit(job->transpose_a, job->transpose_b),
+                      types, /*scaled=*/true)) {
+      return status::InvalidArgument(
+          scale_field, fmt::format("no kernel of this server takes alpha/beta for {} in layout {} "
+                                   "(it takes them for {})",
+                                   TypesNames(types),
+                                   LayoutNames(LayoutBit(job->transpose_a, job->transpose_b)),
+                                   TypesNames(AutoScaledTypes(rules))));
+    }
+    return absl::OkStatus();
+  }
+  auto it = std::find_if(rules.kernels.begin(), rules.kernels.end(),
+                         [&](const KernelDescription& k) { return k.name == job->kernel; });
+  if ((it->scaled_types & types) == 0) {  // ValidateOptions found it
+    return status::InvalidArgument(
+        scale_field, fmt::format("kernel '{}' takes alpha/beta for {}, not {} (use 'auto')",
+                                 it->name, TypesNames(it->scaled_types), TypesNames(types)));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ValidateGemmRequest(const v1::GemmRequest& request, const RequestRules& rules,
                                  GemmJob* job) {
   absl::Status s = ValidateOptions(request.options(), rules, "options", job);
@@ -252,9 +316,22 @@ absl::Status ValidateGemmRequest(const v1::GemmRequest& request, const RequestRu
       !s.ok()) {
     return s;
   }
+  if (s = ValidateScale(request.has_alpha(), request.alpha(), request.beta(),
+                        request.c_in_source_case() != v1::GemmRequest::C_IN_SOURCE_NOT_SET, rules,
+                        "", job);
+      !s.ok()) {
+    return s;
+  }
   if (s = ValidateShape(request.m(), request.n(), request.k(), rules, &job->shape); !s.ok()) return s;
   const GemmShape& shape = job->shape;
   if (s = ValidateHandles(request); !s.ok()) return s;
+  if (int64_t want = shape.CBytes();
+      shape.c_input && request.has_c_in() && int64_t(request.c_in().size()) != want) {
+    return status::InvalidArgument(
+        "c_in", fmt::format("{} bytes; an {}x{} {} matrix (m x n, c_dtype) takes exactly {}",
+                            request.c_in().size(), shape.m, shape.n, ElementTypeName(shape.c_type),
+                            want));
+  }
   // Operands given by handle or region are checked when it is resolved.
   const bool a_inline = request.a_source_case() == v1::GemmRequest::kA ||
                         request.a_source_case() == v1::GemmRequest::A_SOURCE_NOT_SET;
@@ -283,6 +360,12 @@ absl::Status ValidateGemmHeader(const v1::GemmHeader& header, const RequestRules
   if (!s.ok()) return s;
   if (s = ValidateForm(header.transpose_a(), header.transpose_b(), header.dtype(),
                        header.c_dtype(), rules, "header.", job);
+      !s.ok()) {
+    return s;
+  }
+  // C_in comes by handle or in OPERAND_C chunks: a header always has one.
+  if (s = ValidateScale(header.has_alpha(), header.alpha(), header.beta(), /*has_c_in=*/true,
+                        rules, "header.", job);
       !s.ok()) {
     return s;
   }
