@@ -120,9 +120,16 @@ bool WriteStreamedGemm(const v1::GemmRequest& request, uint64_t gemm_id, int64_t
   header->set_transpose_b(request.transpose_b());
   header->set_dtype(request.dtype());
   header->set_c_dtype(request.c_dtype());
+  if (request.has_alpha()) header->set_alpha(request.alpha());
+  header->set_beta(request.beta());
+  header->set_c_in_handle(request.c_in_handle());
   if (!stream->Write(message)) return false;
+  // C_in is sent only when the server reads it (beta ≠ 0); a region has no stream form.
+  static const std::string kNoBytes;
+  const std::string* c_in = request.beta() != 0 ? &request.c_in() : &kNoBytes;
   for (auto [operand, bytes] : {std::pair{v1::OPERAND_A, &request.a()},
-                                std::pair{v1::OPERAND_B, &request.b()}}) {
+                                std::pair{v1::OPERAND_B, &request.b()},
+                                std::pair{v1::OPERAND_C, c_in}}) {
     // An operand given by handle has no bytes here (a() of an unset oneof is empty).
     for (size_t offset = 0; offset < bytes->size(); offset += chunk_bytes) {
       v1::MatrixChunk* chunk = message.mutable_chunk();

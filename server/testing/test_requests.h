@@ -50,7 +50,21 @@ inline v1::GemmRequest FormRequest(uint32_t m, uint32_t n, uint32_t k, bool tran
   return r;
 }
 
-// op(A)·op(B) of a request with inline operands, in float64 by the definition (no BLAS).
+// An inline C_in for `r` (m×n of its c_dtype): random values, never all zeros.
+inline void SetRandomCIn(v1::GemmRequest* r, std::mt19937_64& rng) {
+  const int64_t count = int64_t(r->m()) * r->n();
+  if (r->c_dtype() == v1::DATA_TYPE_FP32) {
+    std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+    std::vector<float> c(count);
+    for (float& v : c) v = uniform(rng);
+    r->set_c_in(reinterpret_cast<const char*>(c.data()), 4 * c.size());
+    return;
+  }
+  r->set_c_in(HalfBytes(RandomHalfMatrix(count, rng, r->dtype() == v1::DATA_TYPE_BF16)));
+}
+
+// alpha·op(A)·op(B) + beta·C_in of a request with inline operands (C_in read only when beta
+// ≠ 0, as the service does), in float64 by the definition (no BLAS).
 inline std::vector<double> Float64Reference(const v1::GemmRequest& r) {
   const int64_t m = r.m(), n = r.n(), k = r.k();
   const bool bf16 = r.dtype() == v1::DATA_TYPE_BF16;
@@ -59,6 +73,13 @@ inline std::vector<double> Float64Reference(const v1::GemmRequest& r) {
     std::memcpy(&h, bytes.data() + 2 * i, 2);
     return double(bf16 ? Bf16ToFloat(h) : HalfToFloat(h));
   };
+  auto c_in = [&](int64_t i) {
+    if (r.c_dtype() != v1::DATA_TYPE_FP32) return value(r.c_in(), i);
+    float f;
+    std::memcpy(&f, r.c_in().data() + 4 * i, 4);
+    return double(f);
+  };
+  const double alpha = r.has_alpha() ? r.alpha() : 1.0, beta = r.beta();
   std::vector<double> c(m * n);
   for (int64_t i = 0; i < m; ++i) {
     for (int64_t j = 0; j < n; ++j) {
@@ -67,7 +88,7 @@ inline std::vector<double> Float64Reference(const v1::GemmRequest& r) {
         sum += value(r.a(), r.transpose_a() ? p * m + i : i * k + p) *
                value(r.b(), r.transpose_b() ? j * k + p : p * n + j);
       }
-      c[i * n + j] = sum;
+      c[i * n + j] = alpha * sum + (beta != 0 ? beta * c_in(i * n + j) : 0.0);
     }
   }
   return c;
