@@ -109,6 +109,25 @@ def as_fp16_matrix(x, name: str) -> np.ndarray:
                     f"(float32 and float64 are converted with a warning)")
 
 
+def as_c_input(x, m: int, n: int, c_dtype: str) -> np.ndarray:
+    """C_in (m×n) as the bytes the server reads: C's type, C-contiguous, little-endian, as a
+    uint8 array. fp16: as as_fp16_matrix; fp32: float32; bf16: torch bfloat16 as it is, other
+    floats rounded to bf16 (to nearest even, as torch does)."""
+    if c_dtype == "fp16":
+        arr = as_fp16_matrix(x, "c")
+    elif c_dtype == "bf16" and _is_bf16(x):
+        arr = as_operand(x, "c", allow_transposed=False)[0]
+    else:
+        arr = np.ascontiguousarray(_torch_to_numpy(x, "c") if is_torch_tensor(x) else x,
+                                   dtype="<f4")
+        if c_dtype == "bf16":
+            bits = arr.view("<u4")
+            arr = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype("<u2")
+    if arr.shape != (m, n):
+        raise ValueError(f"c has shape {tuple(arr.shape)}; C_in is m x n = {m} x {n}")
+    return byte_view(arr)
+
+
 def check_out(out, m: int, n: int, keep_c: bool, as_torch) -> None:
     """gemm's out=: None, or a writable, C-contiguous m×n float16 ndarray (ValueError or
     TypeError otherwise, and with keep_c or as_torch, which return no array)."""

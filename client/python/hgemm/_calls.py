@@ -136,7 +136,8 @@ class Calls:
     def gemm(self, a, b, *, accumulation: Optional[str] = None, kernel: str = "auto",
              keep_c: bool = False, c_ttl: int = 0, request_id: str = "", details: bool = False,
              as_torch=False, mode: Optional[str] = None, timeout: Optional[float] = None,
-             out: Optional[np.ndarray] = None, c_dtype: Optional[str] = None):
+             out: Optional[np.ndarray] = None, c_dtype: Optional[str] = None,
+             alpha: Optional[float] = None, beta: float = 0.0, c=None):
         """C = A·B. A (m×k) and B (k×n): float16 numpy arrays, torch tensors, or ResidentMatrix.
         A transposed view (B.T of a C-contiguous B, a weight's .t()) is sent as stored with
         transpose_b (or transpose_a) set, not copied. torch.bfloat16 tensors (both operands) go
@@ -149,11 +150,14 @@ class Calls:
         m×n float16 ndarray to write C into (returned as C); the native core writes it there
         directly, grpcio's copies into it.
         accumulation: None (the server's default, fp32), "fp32" or "fp16". kernel: "auto" or a
-        name from kernels(). Raises an hgemm.Error subclass on failure.
+        name from kernels(). alpha, beta, c: C = alpha·A·B + beta·c (BLAS semantics, fp32 math,
+        one rounding); alpha None is 1; c (m×n, C's type: float16, float32, torch bfloat16 or
+        floats rounded to bf16, or a ResidentMatrix) is sent only when beta ≠ 0. Raises an
+        hgemm.Error subclass on failure.
         """
         started = time.monotonic()
         spec = Spec(a, b, accumulation=accumulation, kernel=kernel, keep_c=keep_c, c_ttl=c_ttl,
-                    request_id=request_id, c_dtype=c_dtype)
+                    request_id=request_id, c_dtype=c_dtype, alpha=alpha, beta=beta, c=c)
         replica = spec.replica()
         if out is not None and spec.c_dtype != "fp16":
             raise ValueError(f"out= takes a float16 C; this GEMM's C is {spec.c_dtype}")
