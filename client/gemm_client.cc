@@ -123,6 +123,7 @@ bool WriteStreamedGemm(const v1::GemmRequest& request, uint64_t gemm_id, int64_t
   if (request.has_alpha()) header->set_alpha(request.alpha());
   header->set_beta(request.beta());
   header->set_c_in_handle(request.c_in_handle());
+  header->set_batch(request.batch());
   if (!stream->Write(message)) return false;
   // C_in is sent only when the server reads it (beta ≠ 0); a region has no stream form.
   static const std::string kNoBytes;
@@ -330,7 +331,8 @@ grpc::Status GemmClient::StreamOn(const Route& route,
 bool GemmClient::ShouldStream(const v1::GemmRequest& request, const CallOptions& options) {
   // A C kept on the server does not travel back.
   const int64_t c_bytes = request.keep_c_resident() ? 0 : ResultBytes(request);
-  return int64_t(request.a().size() + request.b().size()) > options.unary_limit_bytes ||
+  return int64_t(request.a().size() + request.b().size() + request.c_in().size()) >
+             options.unary_limit_bytes ||
          c_bytes > options.unary_limit_bytes;
 }
 
@@ -346,7 +348,8 @@ grpc::Status GemmClient::Run(const v1::GemmRequest& request, v1::GemmResponse* r
 
 int64_t GemmClient::ResultBytes(const v1::GemmRequest& request) {
   const bool fp32 = request.c_dtype() == v1::DATA_TYPE_FP32;
-  return (fp32 ? 4 : 2) * int64_t(request.m()) * request.n();
+  return (fp32 ? 4 : 2) * int64_t(request.m()) * request.n() *
+         std::max<int64_t>(request.batch(), 1);
 }
 
 grpc::Status GemmClient::UploadMatrix(uint32_t rows, uint32_t cols, const std::string& data,

@@ -163,7 +163,7 @@ class GemmClient {
   // True if Run() would stream this request.
   static bool ShouldStream(const v1::GemmRequest& request, const CallOptions& options);
 
-  // Bytes of the request's C (m·n elements of its c_dtype: 4 bytes for FP32, else 2).
+  // Bytes of the request's C (batch·m·n elements of its c_dtype: 4 bytes for FP32, else 2).
   static int64_t ResultBytes(const v1::GemmRequest& request);
 
  private:

@@ -1,7 +1,7 @@
 // Layouts and types end to end (issue 29): a real HgemmServer on 127.0.0.1 (CPU backend) and
 // the real client library; every layout × dtype × C type on odd shapes against a float64
 // reference, unary and streamed, with alpha/beta and a C input (inline, streamed, a kept C by
-// handle), resident operands of a dtype, and the refusals naming their fields.
+// handle), strided-batched, resident operands of a dtype, and the refusals naming their fields.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -365,6 +365,66 @@ TEST_F(GemmFormsTest, ScaleRefusalsNameTheirField) {
   EXPECT_EQ(results[0].status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_EQ(results[0].status.error_message().rfind("gemm_id 0: header.alpha:", 0), 0u)
       << results[0].status.error_message();
+}
+
+// Strided-batched (packed): every layout × dtype × C type × scale with a batch, unary and
+// streamed, against float64 per matrix of the batch.
+TEST_F(GemmFormsTest, BatchedEveryFormAndScaleMatchesFloat64) {
+  std::vector<v1::GemmRequest> requests;
+  std::vector<std::string> names;
+  for (const Form& f : AllForms()) {
+    const Scale& scale = kScales[requests.size() % kScales.size()];
+    const uint32_t batch = 2 + requests.size() % 4;
+    requests.push_back(Scaled(FormRequest(13, 7, 11, f.transpose_a, f.transpose_b, f.dtype,
+                                          f.c_dtype, rng_, batch),
+                              scale, rng_));
+    names.push_back(Name(f, scale) + " batch " + std::to_string(batch));
+    v1::GemmResponse response;
+    grpc::Status s = client_->Gemm(requests.back(), &response);
+    ASSERT_TRUE(s.ok()) << names.back() << ": " << s.error_message();
+    EXPECT_LT(RelativeErrorOfC(requests.back(), response.c()), Tolerance(f)) << names.back();
+  }
+  std::vector<const v1::GemmRequest*> pointers;
+  for (const v1::GemmRequest& r : requests) pointers.push_back(&r);
+  std::vector<StreamedGemm> results;
+  ASSERT_TRUE(client_->GemmStream(pointers, &results).ok());
+  for (size_t i = 0; i < requests.size(); ++i) {
+    ASSERT_TRUE(results[i].status.ok()) << names[i] << ": " << results[i].status.error_message();
+    EXPECT_LT(RelativeErrorOfC(requests[i], results[i].response.c()), kServiceTolerance.fp32_acc * 4)
+        << names[i];
+  }
+}
+
+TEST_F(GemmFormsTest, BatchRefusalsNameTheirField) {
+  const v1::GemmRequest good =
+      FormRequest(6, 5, 4, false, true, v1::DATA_TYPE_FP16, v1::DATA_TYPE_UNSPECIFIED, rng_, 3);
+  v1::GemmRequest r = good;
+  r.mutable_a()->resize(2 * 6 * 4 * 2);  // two of the three A matrices: the buffer ends early
+  ExpectRefused(r, "a", "for the batch of 3");
+  r = good;
+  r.mutable_b()->append(2 * 5 * 4, '\0');  // a fourth B: past the batch
+  ExpectRefused(r, "b", "for the batch of 3");
+  r = good;
+  r.set_beta(1);
+  SetRandomCIn(&r, rng_);
+  r.mutable_c_in()->resize(2 * 6 * 5);  // one C_in for three GEMMs
+  ExpectRefused(r, "c_in", "for the batch of 3");
+  r = good;
+  r.set_b_handle("h");  // a resident matrix is one matrix
+  ExpectRefused(r, "b_handle", "batch of 3");
+  r = good;
+  r.set_keep_c_resident(true);
+  ExpectRefused(r, "keep_c_resident", "batch of 3");
+
+  // A batch over the per-matrix limit of elements (2^28 by default), before any byte is sent.
+  r = FormRequest(1, 1, 1, false, false, v1::DATA_TYPE_FP16, v1::DATA_TYPE_UNSPECIFIED, rng_);
+  r.set_m(1 << 14);
+  r.set_k(1 << 14);
+  r.set_batch(2);
+  v1::GemmResponse response;
+  grpc::Status s = client_->Gemm(r, &response);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << s.error_message();
+  EXPECT_NE(s.error_message().find("batch: 2 matrices A"), std::string::npos) << s.error_message();
 }
 
 TEST_F(GemmFormsTest, ListKernelsSaysWhichTakeAlphaBeta) {

@@ -87,14 +87,23 @@ class CpuBackend final : public Backend {
     }
     const auto* a = job.a_resident ? static_cast<const uint16_t*>(job.a_resident->data) : job.a;
     const auto* b = job.b_resident ? static_cast<const uint16_t*>(job.b_resident->data) : job.b;
-    const void* c_in = job.c_in_resident ? job.c_in_resident->data : job.c_in;
+    const auto* c_in = static_cast<const char*>(job.c_in_resident ? job.c_in_resident->data
+                                                                   : job.c_in);
+    const GemmForm form{.transpose_a = job.transpose_a,
+                        .transpose_b = job.transpose_b,
+                        .bf16 = shape.ab_type == ElementType::kBf16,
+                        .c_fp32 = shape.c_type == ElementType::kFp32};
     auto start = Clock::now();
-    CpuGemm(a, b, c, shape.m, shape.n, shape.k,
-            {.transpose_a = job.transpose_a,
-             .transpose_b = job.transpose_b,
-             .bf16 = shape.ab_type == ElementType::kBf16,
-             .c_fp32 = shape.c_type == ElementType::kFp32},
-            {.alpha = job.alpha, .beta = job.beta, .c_in = c_in});
+    // A batch: its matrices one after the other in each buffer.
+    const int64_t a_elements = shape.AMatrixBytes() / 2, b_elements = shape.BMatrixBytes() / 2;
+    const int64_t c_bytes = shape.CMatrixBytes();
+    for (int64_t i = 0; i < shape.batch; ++i) {
+      CpuGemm(a + i * a_elements, b + i * b_elements, static_cast<char*>(c) + i * c_bytes, shape.m,
+              shape.n, shape.k, form,
+              {.alpha = job.alpha,
+               .beta = job.beta,
+               .c_in = shape.c_input ? c_in + i * c_bytes : nullptr});
+    }
     report->kernel_ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
     report->kernel = kKernelName;
     report->accumulation = Accumulation::kFp32;

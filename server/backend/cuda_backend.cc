@@ -449,7 +449,7 @@ absl::Status CudaBackend::RunOnSlot(int slot_index, const GemmJob& job, GemmRepo
   // Scaled (alpha/beta): the variant writes T = op(A)·op(B) in fp32, into C itself when C is
   // fp32, else into its own space; C_in (read with beta ≠ 0) comes over unless resident here.
   const bool scaled = job.Scaled();
-  const size_t t_bytes = size_t(shape.m) * size_t(shape.n) * sizeof(float);
+  const size_t t_bytes = size_t(shape.batch) * size_t(shape.m) * size_t(shape.n) * sizeof(float);
   const size_t t_space =
       scaled && shape.c_type != ElementType::kFp32 ? k::AlignUp(t_bytes) : 0;
   const size_t c_in_bytes = shape.CInBytes();
@@ -485,9 +485,22 @@ absl::Status CudaBackend::RunOnSlot(int slot_index, const GemmJob& job, GemmRepo
                                .transpose_b = job.transpose_b,
                                .ab_type = KernelType(shape.ab_type),
                                .c_type = scaled ? k::DataType::kFp32 : KernelType(shape.c_type)};
+  // A batch: one launch per GEMM, each at its matrices' offsets (T's with alpha/beta).
+  const size_t c_matrix_bytes =
+      scaled ? size_t(shape.m) * size_t(shape.n) * sizeof(float) : size_t(shape.CMatrixBytes());
+  auto batch_item = [&](int64_t i) {
+    k::GemmProblem item = problem;
+    item.a = d_a + i * shape.AMatrixBytes();
+    item.b = d_b + i * shape.BMatrixBytes();
+    item.c = static_cast<char*>(problem.c) + i * c_matrix_bytes;
+    return item;
+  };
+  // Item 1's pointers are the least aligned of a batch (item i's offsets are multiples of its):
+  // the kernel is chosen and checked for them.
+  const k::GemmProblem least_aligned = shape.batch > 1 ? batch_item(1) : problem;
   // ChooseAutoFor sends NN fp16 to ChooseAuto, as before.
   const k::VariantInfo* variant = job.kernel == "auto"
-                                      ? k::ChooseAutoFor(problem, *slot.launch_context)
+                                      ? k::ChooseAutoFor(least_aligned, *slot.launch_context)
                                       : k::FindVariant(job.kernel);
   if (variant == nullptr && job.kernel == "auto") {
     return status::InvalidArgument(
@@ -496,7 +509,7 @@ absl::Status CudaBackend::RunOnSlot(int slot_index, const GemmJob& job, GemmRepo
                                       k::TypesName(problem.ab_type, problem.c_type)));
   }
   if (variant == nullptr) return status::InvalidArgument("options.kernel", "unknown: " + job.kernel);
-  if (std::string why = k::CheckProblem(*variant, problem); !why.empty()) {
+  if (std::string why = k::CheckProblem(*variant, least_aligned); !why.empty()) {
     return status::InvalidArgument("options.kernel", variant->name + ": " + why);
   }
 
@@ -516,18 +529,21 @@ absl::Status CudaBackend::RunOnSlot(int slot_index, const GemmJob& job, GemmRepo
     }
   }
   CUDA_TRY(slot, kEvent, cudaEventRecord(slot.h2d_done, slot.stream));
-  const cudaError_t injected = HGEMM_CUDA(kLaunch, cudaSuccess);  // cudaSuccess in release builds
-  if (std::string error = injected != cudaSuccess ? std::string("launch refused")
-                                                  : k::Launch(*variant, problem, *slot.launch_context);
-      !error.empty()) {
-    cudaError_t e = injected != cudaSuccess ? injected : cudaPeekAtLastError();
-    return Fail(slot, e == cudaSuccess ? cudaErrorUnknown : e,
-                fmt::format("kernel {}: {}", variant->name, error));
+  for (int64_t i = 0; i < shape.batch; ++i) {
+    const k::GemmProblem item = batch_item(i);
+    const cudaError_t injected = HGEMM_CUDA(kLaunch, cudaSuccess);  // cudaSuccess in release
+    if (std::string error = injected != cudaSuccess ? std::string("launch refused")
+                                                    : k::Launch(*variant, item, *slot.launch_context);
+        !error.empty()) {
+      cudaError_t e = injected != cudaSuccess ? injected : cudaPeekAtLastError();
+      return Fail(slot, e == cudaSuccess ? cudaErrorUnknown : e,
+                  fmt::format("kernel {}: {}", variant->name, error));
+    }
   }
   if (scaled) {
     CUDA_TRY(slot, kLaunch,
              k::ScaleEpilogue(reinterpret_cast<const float*>(d_t), d_c_in, d_c,
-                              int64_t(shape.m) * shape.n, job.alpha, job.beta,
+                              shape.batch * shape.m * shape.n, job.alpha, job.beta,
                               KernelType(shape.c_type), slot.stream));
   }
 #ifdef HGEMM_FAULT_INJECTION
@@ -536,7 +552,7 @@ absl::Status CudaBackend::RunOnSlot(int slot_index, const GemmJob& job, GemmRepo
   CUDA_TRY(slot, kEvent, cudaEventRecord(slot.kernel_done, slot.stream));
   double d2h_ms = 0;
   if (job.keep_c) {
-    CUDA_TRY(slot, kEvent, WaitForKernel(slot, 2.0 * m * n * kk));
+    CUDA_TRY(slot, kEvent, WaitForKernel(slot, double(shape.Flops())));
   } else {
     absl::Status s = CopyToHost(slot, reinterpret_cast<char*>(job.c), d_c, c_bytes, job.c_progress,
                                 &d2h_ms);

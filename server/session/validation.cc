@@ -307,6 +307,32 @@ absl::Status ValidateScale(bool has_alpha, float alpha, float beta, bool has_c_i
   return absl::OkStatus();
 }
 
+absl::Status ValidateBatch(uint32_t batch, const std::string& single_matrix_field,
+                           const RequestRules& rules, const std::string& prefix, GemmJob* job) {
+  GemmShape& shape = job->shape;
+  shape.batch = std::max<uint32_t>(batch, 1);
+  if (batch <= 1) return absl::OkStatus();
+  if (!single_matrix_field.empty()) {
+    return status::InvalidArgument(
+        prefix + single_matrix_field,
+        fmt::format("holds one matrix; a batch of {} takes its operands inline, in a region or "
+                    "streamed, and C back (batch 1 for this)",
+                    batch));
+  }
+  // Each operand's buffer is one matrix of batch·rows rows, for the size limits.
+  const int64_t limit = MaxElementsPerMatrix(rules);
+  for (auto [name, elements] : {std::pair{"A", shape.m * shape.k}, std::pair{"B", shape.k * shape.n},
+                                std::pair{"C", shape.m * shape.n}}) {
+    if (elements > limit / int64_t(batch)) {
+      return status::OverLimit(fmt::format(
+          "{}batch: {} matrices {} of {} elements each are {} elements; this server takes at most "
+          "{} per operand",
+          prefix, batch, name, elements, uint64_t(batch) * uint64_t(elements), limit));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ValidateGemmRequest(const v1::GemmRequest& request, const RequestRules& rules,
                                  GemmJob* job) {
   absl::Status s = ValidateOptions(request.options(), rules, "options", job);
@@ -323,14 +349,27 @@ absl::Status ValidateGemmRequest(const v1::GemmRequest& request, const RequestRu
     return s;
   }
   if (s = ValidateShape(request.m(), request.n(), request.k(), rules, &job->shape); !s.ok()) return s;
-  const GemmShape& shape = job->shape;
   if (s = ValidateHandles(request); !s.ok()) return s;
+  const std::string single_matrix_field =
+      request.has_a_handle()                             ? "a_handle"
+      : request.has_b_handle()                           ? "b_handle"
+      : request.has_c_in_handle() && job->shape.c_input  ? "c_in_handle"
+      : request.keep_c_resident()                        ? "keep_c_resident"
+                                                         : "";
+  if (s = ValidateBatch(request.batch(), single_matrix_field, rules, "", job); !s.ok()) return s;
+  const GemmShape& shape = job->shape;
+  // "N", or "N for the batch of B (M each)".
+  auto total = [&](int64_t one_matrix) {
+    return shape.batch == 1 ? std::to_string(one_matrix)
+                            : fmt::format("{} for the batch of {} ({} each)",
+                                          one_matrix * shape.batch, shape.batch, one_matrix);
+  };
   if (int64_t want = shape.CBytes();
       shape.c_input && request.has_c_in() && int64_t(request.c_in().size()) != want) {
     return status::InvalidArgument(
         "c_in", fmt::format("{} bytes; an {}x{} {} matrix (m x n, c_dtype) takes exactly {}",
                             request.c_in().size(), shape.m, shape.n, ElementTypeName(shape.c_type),
-                            want));
+                            total(shape.CMatrixBytes())));
   }
   // Operands given by handle or region are checked when it is resolved.
   const bool a_inline = request.a_source_case() == v1::GemmRequest::kA ||
@@ -342,14 +381,16 @@ absl::Status ValidateGemmRequest(const v1::GemmRequest& request, const RequestRu
         "a", fmt::format("{} bytes; an {}x{} {} matrix ({}) takes exactly {} (or give a_handle or a_region)",
                          request.a().size(), job->transpose_a ? shape.k : shape.m,
                          job->transpose_a ? shape.m : shape.k, ElementTypeName(shape.ab_type),
-                         job->transpose_a ? "k x m, transpose_a" : "m x k", want));
+                         job->transpose_a ? "k x m, transpose_a" : "m x k",
+                         total(shape.AMatrixBytes())));
   }
   if (int64_t want = shape.BBytes(); b_inline && int64_t(request.b().size()) != want) {
     return status::InvalidArgument(
         "b", fmt::format("{} bytes; a {}x{} {} matrix ({}) takes exactly {} (or give b_handle or b_region)",
                          request.b().size(), job->transpose_b ? shape.n : shape.k,
                          job->transpose_b ? shape.k : shape.n, ElementTypeName(shape.ab_type),
-                         job->transpose_b ? "n x k, transpose_b" : "k x n", want));
+                         job->transpose_b ? "n x k, transpose_b" : "k x n",
+                         total(shape.BMatrixBytes())));
   }
   return absl::OkStatus();
 }
@@ -369,7 +410,14 @@ absl::Status ValidateGemmHeader(const v1::GemmHeader& header, const RequestRules
       !s.ok()) {
     return s;
   }
-  return ValidateShape(header.m(), header.n(), header.k(), rules, &job->shape);
+  if (s = ValidateShape(header.m(), header.n(), header.k(), rules, &job->shape); !s.ok()) return s;
+  const std::string single_matrix_field =
+      !header.a_handle().empty()      ? "a_handle"
+      : !header.b_handle().empty()    ? "b_handle"
+      : !header.c_in_handle().empty() && job->shape.c_input ? "c_in_handle"
+      : header.keep_c_resident()      ? "keep_c_resident"
+                                      : "";
+  return ValidateBatch(header.batch(), single_matrix_field, rules, "header.", job);
 }
 
 }  // namespace hgemm

@@ -76,15 +76,24 @@ absl::Status ValidateForm(bool transpose_a, bool transpose_b, v1::DataType dtype
 absl::Status ValidateScale(bool has_alpha, float alpha, float beta, bool has_c_in,
                            const RequestRules& rules, const std::string& prefix, GemmJob* job);
 
+// Strided-batched (field 60; `prefix` is "" or "header."): batch 0 or 1 is one GEMM; more
+// needs batch·(elements of each of A, B, C) within MaxElementsPerMatrix (RESOURCE_EXHAUSTED
+// naming the batch's matrix and the limit) and no field that holds one matrix only
+// (`single_matrix_field`, e.g. "a_handle" or "keep_c_resident"; "" when none is set:
+// INVALID_ARGUMENT naming it). Fills job->shape.batch. REQUIRES: ValidateShape passed.
+absl::Status ValidateBatch(uint32_t batch, const std::string& single_matrix_field,
+                           const RequestRules& rules, const std::string& prefix, GemmJob* job);
+
 // A whole unary request: options, form, shape, a handle set only if non-empty, and a/b of
-// exactly m·k and k·n elements of the dtype unless given by handle, the scales, and an inline
-// C_in (read only with beta ≠ 0) of exactly m·n elements of c_dtype. Fills
+// exactly batch·m·k and batch·k·n elements of the dtype unless given by handle, the scales, the
+// batch, and an inline C_in (read only with beta ≠ 0) of exactly batch·m·n elements of c_dtype.
+// Fills
 // everything of `job` but the buffers and callbacks.
 absl::Status ValidateGemmRequest(const v1::GemmRequest& request, const RequestRules& rules,
                                  GemmJob* job);
 
-// A stream header: options, form, scales and shape (its operands arrive later in chunks,
-// unless by handle).
+// A stream header: options, form, scales, shape and batch (its operands arrive later in
+// chunks, unless by handle).
 absl::Status ValidateGemmHeader(const v1::GemmHeader& header, const RequestRules& rules,
                                 GemmJob* job);
 
