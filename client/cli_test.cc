@@ -303,13 +303,14 @@ TEST_F(HgemmClientBinaryTest, SmallGemmPassesItsCheck) {
   }
 }
 
-TEST_F(HgemmClientBinaryTest, ScaledGemmPassesItsCheck) {
+TEST_F(HgemmClientBinaryTest, ScaledBatchedGemmPassesItsCheck) {
   for (const char* mode : {"--mode=unary", "--mode=stream"}) {
     for (const char* c_dtype : {"--c_dtype=bf16", "--c_dtype=fp32"}) {
       ClientRun r = Run({"--shape=33x48x40", "--dtype=bf16", c_dtype, "--transpose_b",
-                         "--alpha=0.5", "--beta=-1.5", "--check", mode});
+                         "--alpha=0.5", "--beta=-1.5", "--batch=3", "--check", mode});
       EXPECT_EQ(r.exit_code, 0) << Describe(r);
       EXPECT_TRUE(Contains(r.out, "C = 0.5 op(A) op(B) + -1.5 C_in")) << Describe(r);
+      EXPECT_TRUE(Contains(r.out, "a batch of 3 GEMMs")) << Describe(r);
       EXPECT_TRUE(Contains(r.out, ": OK")) << Describe(r);
     }
   }

@@ -9,6 +9,7 @@
 //   hgemm_client --server=ipv4:10.0.0.1:50051,10.0.0.2:50051 --resident=all --check  # replicas
 //   hgemm_client --server=unix:/run/hgemm/hgemm.sock --transport=shm --shape=2048x2048x2048 --check
 //   hgemm_client --shape=512x384x256 --dtype=bf16 --c_dtype=fp32 --alpha=0.5 --beta=-1 --check
+//   hgemm_client --shape=512x512x512 --batch=64 --check   # strided-batched, operands packed
 // Random fp16 (or --dtype=bf16) inputs in [-1, 1) unless --a/--b give float16 .npy files;
 // --transpose_a / --transpose_b send A stored k×m / B stored n×k (the files as stored too),
 // --c_dtype=fp32 asks for an fp32 C, --alpha / --beta scale it (C = alpha·op(A)·op(B) +
@@ -137,6 +138,7 @@ int Main(int argc, char** argv) {
   uint64_t seed = std::random_device{}();
   double timeout_s = 0, tolerance = 0;
   float alpha = 1, beta = 0;
+  uint32_t batch = 1;
   bool check = false, info = false, list = false, transpose_a = false, transpose_b = false;
   std::string release, dtype = "fp16", c_dtype, transport = "grpc";
 
@@ -159,6 +161,10 @@ int Main(int argc, char** argv) {
       app.add_option("--alpha", alpha, "C = alpha op(A) op(B) + beta C_in (default 1)");
   app.add_option("--beta", beta,
                  "with beta != 0, a random C_in of C's type is sent too (default 0: none)");
+  app.add_option("--batch", batch,
+                 "strided-batched: this many GEMMs of the shape in one call, random operands "
+                 "packed one after the other (the server checks the batch's size)")
+      ->check(CLI::Range(1u, 65536u));
   app.add_option("--kernel", kernel, "kernel variant (see --info) or auto")->capture_default_str();
   app.add_option("--accumulation", accumulation, "fp16 or fp32")
       ->check(CLI::IsMember({"fp16", "fp32"}))->capture_default_str();
@@ -251,6 +257,10 @@ int Main(int argc, char** argv) {
   const uint64_t c_element_bytes = form.c_fp32 ? 4 : 2;
 
   const bool shm = transport == "shm";
+  if (batch > 1 && (!a_path.empty() || shm || resident != "none" || !out_path.empty())) {
+    return Fail("--batch takes random inline operands: not with --a/--b, --transport=shm, "
+                "--resident or --out");
+  }
   if (shm && resident != "none") return Fail("--transport=shm and --resident exclude each other");
   if (shm && mode == "stream") return Fail("--transport=shm sends unary Gemm calls, not --mode=stream");
   hgemm::CallOptions call;
@@ -329,17 +339,18 @@ int Main(int argc, char** argv) {
     request.set_b(std::move(b_npy.data));
   } else {
     std::mt19937_64 rng(seed);
-    auto a = hgemm::RandomHalfMatrix(int64_t(dims.m) * dims.k, rng, form.bf16);
+    auto a = hgemm::RandomHalfMatrix(int64_t(batch) * dims.m * dims.k, rng, form.bf16);
     request.set_a(reinterpret_cast<const char*>(a.data()), 2 * a.size());
     a = {};
-    auto b = hgemm::RandomHalfMatrix(int64_t(dims.k) * dims.n, rng, form.bf16);
+    auto b = hgemm::RandomHalfMatrix(int64_t(batch) * dims.k * dims.n, rng, form.bf16);
     request.set_b(reinterpret_cast<const char*>(b.data()), 2 * b.size());
   }
+  if (batch > 1) request.set_batch(batch);
   if (alpha_flag->count() > 0) request.set_alpha(alpha);  // unset: the wire's default, 1
   request.set_beta(beta);
   if (beta != 0) {
     std::mt19937_64 rng(seed + 1);
-    const int64_t count = int64_t(dims.m) * dims.n;
+    const int64_t count = int64_t(batch) * dims.m * dims.n;
     if (form.c_fp32) {
       std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
       std::vector<float> c_in(count);
@@ -420,6 +431,7 @@ int Main(int argc, char** argv) {
   if (request.has_alpha() || request.beta() != 0) {
     std::printf("C = %g op(A) op(B) + %g C_in\n", alpha, beta);
   }
+  if (batch > 1) std::printf("a batch of %u GEMMs, operands packed\n", batch);
   std::printf("GEMM %ux%ux%u (m x n x k) %s%s %s->%s via %s, kernel %s, accumulation %s, %.1f MiB up, %.1f MiB down\n",
               request.m(), request.n(), request.k(), transpose_a ? "T" : "N", transpose_b ? "T" : "N",
               dtype.c_str(), c_dtype.c_str(),
@@ -488,11 +500,17 @@ int Main(int argc, char** argv) {
   if (check) {
     const auto* a = reinterpret_cast<const uint16_t*>(a_bytes.data());
     const auto* b = reinterpret_cast<const uint16_t*>(b_bytes.data());
-    std::vector<float> reference = hgemm::ReferenceGemm(
-        a, b, request.m(), request.n(), request.k(), form,
-        {.alpha = request.has_alpha() ? request.alpha() : 1.0f,
-         .beta = request.beta(),
-         .c_in = request.c_in().data()});
+    // A batch: each GEMM's reference, one after the other as C holds them.
+    const int64_t m = request.m(), n = request.n(), k = request.k();
+    std::vector<float> reference;
+    for (int64_t i = 0; i < int64_t(batch); ++i) {
+      std::vector<float> one = hgemm::ReferenceGemm(
+          a + i * m * k, b + i * k * n, m, n, k, form,
+          {.alpha = request.has_alpha() ? request.alpha() : 1.0f,
+           .beta = request.beta(),
+           .c_in = request.c_in().data() + i * m * n * int64_t(c_element_bytes)});
+      reference.insert(reference.end(), one.begin(), one.end());
+    }
     if (response.c().size() != c_element_bytes * reference.size()) {
       return Fail(fmt::format("C has {} bytes; expected {}", response.c().size(),
                               c_element_bytes * reference.size()));

@@ -317,5 +317,43 @@ TEST(Validation, BetaNeedsACInputOfCsSize) {
   EXPECT_EQ(s.message().rfind("header.alpha: inf is not a finite number", 0), 0u) << s.message();
 }
 
+TEST(Validation, BatchSizesTheOperandsAndKeepsThemInTheLimit) {
+  GemmJob job;
+  v1::GemmRequest r = Request(3, 5, 7);
+  r.set_batch(4);
+  r.set_a(std::string(4 * 2 * 3 * 7, '\1'));
+  r.set_b(std::string(4 * 2 * 7 * 5, '\1'));
+  ASSERT_TRUE(ValidateGemmRequest(r, Rules(), &job).ok());
+  EXPECT_EQ(job.shape.batch, 4);
+  EXPECT_EQ(job.shape.ABytes(), 4 * 2 * 3 * 7);
+  EXPECT_EQ(job.shape.CBytes(), 4 * 2 * 3 * 5);
+  EXPECT_EQ(job.shape.Flops(), 4 * 2 * 3 * 5 * 7);
+
+  r.set_batch(0);  // 0 is one GEMM, as 1: the buffers are now four times too long
+  absl::Status s = ValidateGemmRequest(r, Rules(), &job);
+  EXPECT_EQ(s.message().rfind("a: 168 bytes", 0), 0u) << s.message();
+
+  // 2^20 elements per matrix (Rules()): 16 A's of 256x256 are 2^20, 17 are over.
+  r = Request(256, 1, 256);
+  r.set_batch(17);
+  s = ValidateGemmRequest(r, Rules(), &job);
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(s.message().rfind("batch: 17 matrices A of 65536 elements each are 1114112", 0), 0u)
+      << s.message();
+  r.set_batch(16);
+  r.set_a(std::string(16 * 2 * 256 * 256, '\1'));
+  r.set_b(std::string(16 * 2 * 256, '\1'));
+  EXPECT_TRUE(ValidateGemmRequest(r, Rules(), &job).ok());
+
+  v1::GemmHeader header;
+  header.set_m(2);
+  header.set_n(2);
+  header.set_k(2);
+  header.set_batch(3);
+  header.set_a_handle("h");
+  s = ValidateGemmHeader(header, Rules(), &job);
+  EXPECT_EQ(s.message().rfind("header.a_handle: holds one matrix", 0), 0u) << s.message();
+}
+
 }  // namespace
 }  // namespace hgemm
