@@ -27,7 +27,7 @@ from ._results import (Kernel, finish_many, kernels_from_proto, native_result, s
                        unary_result, with_out)
 from ._retry import Deadline, should_retry
 from ._routes import Routes, by_replica, explain_unreachable
-from ._spec import Spec, normalize_pairs, stream_requests
+from ._spec import Spec, batched_spec, normalize_pairs, stream_requests
 from ._stream_collector import StreamCollector
 from ._transfers import DownloadBuffer, upload_messages
 
@@ -178,6 +178,28 @@ class Calls:
         response = yield from self._unary("Gemm", spec.unary_request(), timeout,
                                           idempotent=not keep_c, replica=replica)
         return with_out(unary_result(self.client, spec, response, details, as_torch, started), out)
+
+    def gemm_batched(self, a, b, *, alpha: Optional[float] = None, beta: float = 0.0, c=None,
+                     c_dtype: Optional[str] = None, accumulation: Optional[str] = None,
+                     kernel: str = "auto", request_id: str = "", details: bool = False,
+                     as_torch=False, mode: Optional[str] = None, timeout: Optional[float] = None):
+        """Strided-batched GEMM in one call: C[i] = alpha·A[i]·B[i] + beta·c[i] for A
+        (batch×m×k) and B (batch×k×n), e.g. 3-D float16 arrays or lists of matrices; c
+        (batch×m×n of C's type) only with beta ≠ 0. Returns C as a batch×m×n array (a GemmResult
+        with details=True). Options as gemm's; goes through grpcio (GemmRequest.batch)."""
+        started = time.monotonic()
+        spec = batched_spec(a, b, accumulation=accumulation, kernel=kernel, request_id=request_id,
+                            c_dtype=c_dtype, alpha=alpha, beta=beta, c=c)
+        yield from self._server_limit(spec, mode, timeout)
+        if self.config.streams(spec, mode):
+            result = (yield from self._many([spec], timeout, details, as_torch, started))[0]
+            if isinstance(result, _errors.Error):
+                result.index = None
+                raise result
+            return result
+        response = yield from self._unary("Gemm", spec.unary_request(), timeout,
+                                          idempotent=True, replica="")
+        return unary_result(self.client, spec, response, details, as_torch, started)
 
     def gemm_many(self, pairs, *, accumulation: Optional[str] = None, kernel: str = "auto",
                   keep_c: bool = False, c_ttl: int = 0, details: bool = False, as_torch=False,

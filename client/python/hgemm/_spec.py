@@ -49,7 +49,8 @@ class Spec:
     """One GEMM, validated and ready to send (unary or streamed)."""
 
     def __init__(self, a, b, *, accumulation=None, kernel="auto", keep_c=False, c_ttl=0,
-                 request_id="", c_dtype=None, alpha=None, beta=0.0, c=None, index=None):
+                 request_id="", c_dtype=None, alpha=None, beta=0.0, c=None, batch=1,
+                 index=None):
         where = "" if index is None else f"pair {index}: "
         self.a = Operand(a, where + "A")
         self.b = Operand(b, where + "B")
@@ -73,6 +74,8 @@ class Spec:
                                       request_id=request_id)
         self.keep_c = bool(keep_c)
         self.c_ttl = int(c_ttl)
+        # Strided-batched (batched_spec): the arrays hold `batch` matrices each, packed.
+        self.batch = int(batch)
         # C = alpha·op(A)·op(B) + beta·C_in; alpha None is the wire's default (1), and C_in is
         # sent only when beta ≠ 0 (the server reads it only then).
         self.alpha = None if alpha is None else float(alpha)
@@ -84,7 +87,7 @@ class Spec:
             if hasattr(c, "handle") and not _arrays.is_torch_tensor(c):
                 self.c_in_handle = c.handle
             else:
-                self.c_in = _arrays.as_c_input(c, self.m, self.n, self.c_dtype)
+                self.c_in = _arrays.as_c_input(c, self.m, self.n, self.c_dtype, self.batch)
 
     @property
     def payload_bytes(self) -> int:
@@ -104,7 +107,7 @@ class Spec:
     def plain_fp16(self) -> bool:
         """fp16 A and B as stored (no transpose) and an fp16 C: what the native core sends."""
         return (self.dtype == "fp16" and self.c_dtype == "fp16" and not self.a.transposed
-                and not self.b.transposed and not self.scaled())
+                and not self.b.transposed and not self.scaled() and self.batch == 1)
 
     def scaled(self) -> bool:
         """alpha or beta set: C is more than op(A)·op(B)."""
@@ -112,11 +115,13 @@ class Spec:
 
     @property
     def c_bytes(self) -> int:
-        return 0 if self.keep_c else (4 if self.c_dtype == "fp32" else 2) * self.m * self.n
+        return 0 if self.keep_c else (4 if self.c_dtype == "fp32" else 2) * self.m * self.n * self.batch
 
     def c_array(self, buffer: np.ndarray) -> np.ndarray:
-        """C (m×n of c_dtype) over `buffer`, c_bytes uint8s (see _arrays.c_array)."""
-        return _arrays.c_array(buffer, self.m, self.n, self.c_dtype)
+        """C (m×n of c_dtype; batch×m×n for a batch) over `buffer`, c_bytes uint8s (see
+        _arrays.c_array)."""
+        c = _arrays.c_array(buffer, self.m * self.batch, self.n, self.c_dtype)
+        return c.reshape(self.batch, self.m, self.n) if self.batch > 1 else c
 
     def _form(self) -> dict:
         """The layout, type and scale fields of GemmRequest and GemmHeader, left unset (the wire
@@ -127,6 +132,8 @@ class Spec:
                     else pb.DATA_TYPE_UNSPECIFIED, beta=self.beta)
         if self.alpha is not None:
             form["alpha"] = self.alpha
+        if self.batch > 1:
+            form["batch"] = self.batch
         return form
 
     def unary_request(self) -> bytes:
@@ -163,6 +170,26 @@ class Spec:
                 yield _wire.stream_chunk(gemm_id, which, offset, data)
                 if progress is not None:
                     progress.update(len(data))
+
+
+def batched_spec(a, b, **options) -> Spec:
+    """gemm_batched's GEMM: a (batch×m×k) and b (batch×k×n) as the server takes them, each
+    batch's matrices packed one after the other (every matrix as gemm takes an operand, but not
+    as a transposed view: each is copied into the packed array)."""
+    if np.ndim(a) != 3 or np.ndim(b) != 3 or len(a) != len(b) or len(a) == 0:
+        raise ValueError(f"gemm_batched takes A (batch x m x k) and B (batch x k x n) of one "
+                         f"batch >= 1; got shapes {tuple(np.shape(a))} and {tuple(np.shape(b))}")
+    packed = []
+    for x, name in ((a, "A"), (b, "B")):
+        items = [_arrays.as_operand(x[i], f"{name}[{i}]", allow_transposed=False)
+                 for i in range(len(x))]
+        if len({(item[0].shape, item[1]) for item in items}) != 1:
+            raise ValueError(f"{name}'s matrices differ in shape or dtype")
+        packed.append(np.concatenate([item[0] for item in items]))
+    spec = Spec(a[0], b[0], batch=len(a), **options)
+    for operand, array in zip((spec.a, spec.b), packed):
+        operand.array, operand.transposed = array, False  # packed as op(X), not as stored
+    return spec
 
 
 def stream_requests(specs: Dict[int, Spec], order: Sequence[int], chunk_bytes: int, progress):

@@ -1,6 +1,7 @@
 """alpha/beta with a C input (issue 29) against a real hgemm_server (CPU backend):
 C = alpha·op(A)·op(B) + beta·C_in, unary and streamed, fp16 and fp32 C, C_in inline or a kept
-C by handle, each against float64; beta 0 never reads C_in."""
+C by handle, and gemm_batched (strided-batched), each against float64; beta 0 never reads
+C_in."""
 import numpy as np
 import pytest
 
@@ -57,3 +58,29 @@ def test_scale_mistakes_are_refused_locally(rng):
 def test_kernels_say_which_take_alpha_beta(client):
     for k in client.kernels():
         assert ("bf16", "fp32") in k.scaled_types, k
+
+
+@pytest.mark.parametrize("mode", ["unary", "stream"])
+def test_gemm_batched_matches_float64(client, rng, mode):
+    batch, m, n, k = 5, 11, 7, 9
+    a = np.stack([fp16(rng, m, k) for _ in range(batch)])
+    w = np.stack([fp16(rng, n, k) for _ in range(batch)])
+    b = [x.T for x in w]  # transposed views are packed (copied) as stored k x n
+    c_in = rng.uniform(-1, 1, (batch, m, n)).astype(np.float32)
+    c = client.gemm_batched(a, b, alpha=2, beta=0.5, c=c_in, c_dtype="fp32", mode=mode)
+    assert c.shape == (batch, m, n) and c.dtype == np.float32
+    for i in range(batch):
+        assert error64(c[i], scaled64(2, a[i], b[i], 0.5, c_in[i])) < 1e-5, i
+    plain = client.gemm_batched(a, b, mode=mode)
+    assert plain.shape == (batch, m, n) and plain.dtype == np.float16
+    for i in range(batch):
+        assert error64(plain[i], a[i].astype(np.float64) @ b[i].astype(np.float64)) < FP32_TOLERANCE
+
+
+def test_gemm_batched_mistakes_are_refused_locally(client, rng):
+    a = np.stack([fp16(rng, 3, 4)] * 2)
+    with pytest.raises(ValueError, match="batch"):
+        client.gemm_batched(a, np.stack([fp16(rng, 4, 2)] * 3))
+    with pytest.raises(ValueError, match="for each of the batch of 2"):
+        client.gemm_batched(a, np.stack([fp16(rng, 4, 2)] * 2), beta=1,
+                            c=np.zeros((3, 2), np.float16))
