@@ -303,6 +303,19 @@ TEST_F(HgemmClientBinaryTest, SmallGemmPassesItsCheck) {
   }
 }
 
+TEST_F(HgemmClientBinaryTest, ScaledBatchedGemmPassesItsCheck) {
+  for (const char* mode : {"--mode=unary", "--mode=stream"}) {
+    for (const char* c_dtype : {"--c_dtype=bf16", "--c_dtype=fp32"}) {
+      ClientRun r = Run({"--shape=33x48x40", "--dtype=bf16", c_dtype, "--transpose_b",
+                         "--alpha=0.5", "--beta=-1.5", "--batch=3", "--check", mode});
+      EXPECT_EQ(r.exit_code, 0) << Describe(r);
+      EXPECT_TRUE(Contains(r.out, "C = 0.5 op(A) op(B) + -1.5 C_in")) << Describe(r);
+      EXPECT_TRUE(Contains(r.out, "a batch of 3 GEMMs")) << Describe(r);
+      EXPECT_TRUE(Contains(r.out, ": OK")) << Describe(r);
+    }
+  }
+}
+
 // Issue 12, item 7. Before: 4294967296 wrapped through sscanf into an m·k of 2^32 elements
 // (OOM-killed at 24 GB), 99999999999x1x1 aborted with std::bad_alloc, 40000x40000x1 allocated
 // C's 3 GB for the stream before the server refused.

@@ -239,15 +239,25 @@ bool StreamedGemmMessages::Next(v1::GemmStreamRequest* message) {
     header->set_transpose_b(request_.transpose_b());
     header->set_dtype(request_.dtype());
     header->set_c_dtype(request_.c_dtype());
+    if (request_.has_alpha()) header->set_alpha(request_.alpha());
+    header->set_beta(request_.beta());
+    header->set_c_in_handle(request_.c_in_handle());
+    header->set_batch(request_.batch());
     return true;
   }
-  // An operand given by handle has no bytes here (a() of an unset oneof is empty).
-  for (; operand_ < 2; ++operand_, offset_ = 0) {
-    const std::string& bytes = operand_ == 0 ? request_.a() : request_.b();
+  // An operand given by handle has no bytes here (a() of an unset oneof is empty). C_in is
+  // sent only when the server reads it (beta != 0); a region has no stream form.
+  static const std::string kNoBytes;
+  static constexpr v1::Operand kOperands[] = {v1::OPERAND_A, v1::OPERAND_B, v1::OPERAND_C};
+  for (; operand_ < 3; ++operand_, offset_ = 0) {
+    const std::string& bytes = operand_ == 0   ? request_.a()
+                               : operand_ == 1 ? request_.b()
+                               : request_.beta() != 0 ? request_.c_in()
+                                                      : kNoBytes;
     if (offset_ >= bytes.size()) continue;
     v1::MatrixChunk* chunk = message->mutable_chunk();
     chunk->set_gemm_id(gemm_id_);
-    chunk->set_operand(operand_ == 0 ? v1::OPERAND_A : v1::OPERAND_B);
+    chunk->set_operand(kOperands[operand_]);
     chunk->set_offset(offset_);
     const size_t size = std::min<size_t>(chunk_bytes_, bytes.size() - offset_);
     chunk->set_data(bytes.data() + offset_, size);
@@ -455,7 +465,8 @@ grpc::Status GemmClient::StreamOn(const Route& route,
 bool GemmClient::ShouldStream(const v1::GemmRequest& request, const CallOptions& options) {
   // A C kept on the server does not travel back.
   const int64_t c_bytes = request.keep_c_resident() ? 0 : ResultBytes(request);
-  return int64_t(request.a().size() + request.b().size()) > options.unary_limit_bytes ||
+  return int64_t(request.a().size() + request.b().size() + request.c_in().size()) >
+             options.unary_limit_bytes ||
          c_bytes > options.unary_limit_bytes;
 }
 
@@ -471,7 +482,8 @@ grpc::Status GemmClient::Run(const v1::GemmRequest& request, v1::GemmResponse* r
 
 int64_t GemmClient::ResultBytes(const v1::GemmRequest& request) {
   const bool fp32 = request.c_dtype() == v1::DATA_TYPE_FP32;
-  return (fp32 ? 4 : 2) * int64_t(request.m()) * request.n();
+  return (fp32 ? 4 : 2) * int64_t(request.m()) * request.n() *
+         std::max<int64_t>(request.batch(), 1);
 }
 
 grpc::Status GemmClient::UploadMatrix(uint32_t rows, uint32_t cols, const std::string& data,

@@ -111,7 +111,7 @@ class StreamedGemmMessages {
   const uint64_t gemm_id_;
   const int64_t chunk_bytes_;
   bool header_sent_ = false;
-  int operand_ = 0;    // 0: A, 1: B, 2: done
+  int operand_ = 0;    // 0: A, 1: B, 2: C_in, 3: done
   size_t offset_ = 0;  // within the operand
 };
 
@@ -203,7 +203,7 @@ class GemmClient {
   // True if Run() would stream this request.
   static bool ShouldStream(const v1::GemmRequest& request, const CallOptions& options);
 
-  // Bytes of the request's C (m·n elements of its c_dtype: 4 bytes for FP32, else 2).
+  // Bytes of the request's C (batch·m·n elements of its c_dtype: 4 bytes for FP32, else 2).
   static int64_t ResultBytes(const v1::GemmRequest& request);
 
  private:

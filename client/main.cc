@@ -8,9 +8,12 @@
 //   hgemm_client --release=HANDLE1,HANDLE2 --client_id=me
 //   hgemm_client --server=ipv4:10.0.0.1:50051,10.0.0.2:50051 --resident=all --check  # replicas
 //   hgemm_client --server=unix:/run/hgemm/hgemm.sock --transport=shm --shape=2048x2048x2048 --check
+//   hgemm_client --shape=512x384x256 --dtype=bf16 --c_dtype=fp32 --alpha=0.5 --beta=-1 --check
+//   hgemm_client --shape=512x512x512 --batch=64 --check   # strided-batched, operands packed
 // Random fp16 (or --dtype=bf16) inputs in [-1, 1) unless --a/--b give float16 .npy files;
 // --transpose_a / --transpose_b send A stored k×m / B stored n×k (the files as stored too),
-// --c_dtype=fp32 asks for an fp32 C. Before allocating any operand,
+// --c_dtype=fp32 asks for an fp32 C, --alpha / --beta scale it (C = alpha·op(A)·op(B) +
+// beta·C_in, with a random C_in of C's type when beta ≠ 0). Before allocating any operand,
 // the shape is checked against the server's limits (GetServerInfo): a GEMM the server would
 // refuse is refused here, naming the operand and the limit. Exits non-zero on any error,
 // including a failed --check. Over several replicas, calls naming a handle go to the replica that
@@ -134,6 +137,8 @@ int Main(int argc, char** argv) {
   int repeat = 1;
   uint64_t seed = std::random_device{}();
   double timeout_s = 0, tolerance = 0;
+  float alpha = 1, beta = 0;
+  uint32_t batch = 1;
   bool check = false, info = false, list = false, transpose_a = false, transpose_b = false;
   std::string release, dtype = "fp16", c_dtype, transport = "grpc";
 
@@ -152,6 +157,14 @@ int Main(int argc, char** argv) {
       ->check(CLI::IsMember({"fp16", "bf16"}))->capture_default_str();
   app.add_option("--c_dtype", c_dtype, "element type of C: that of A and B (default) or fp32")
       ->check(CLI::IsMember({"fp16", "bf16", "fp32"}));
+  CLI::Option* alpha_flag =
+      app.add_option("--alpha", alpha, "C = alpha op(A) op(B) + beta C_in (default 1)");
+  app.add_option("--beta", beta,
+                 "with beta != 0, a random C_in of C's type is sent too (default 0: none)");
+  app.add_option("--batch", batch,
+                 "strided-batched: this many GEMMs of the shape in one call, random operands "
+                 "packed one after the other (the server checks the batch's size)")
+      ->check(CLI::Range(1u, 65536u));
   app.add_option("--kernel", kernel, "kernel variant (see --info) or auto")->capture_default_str();
   app.add_option("--accumulation", accumulation, "fp16 or fp32")
       ->check(CLI::IsMember({"fp16", "fp32"}))->capture_default_str();
@@ -244,6 +257,10 @@ int Main(int argc, char** argv) {
   const uint64_t c_element_bytes = form.c_fp32 ? 4 : 2;
 
   const bool shm = transport == "shm";
+  if (batch > 1 && (!a_path.empty() || shm || resident != "none" || !out_path.empty())) {
+    return Fail("--batch takes random inline operands: not with --a/--b, --transport=shm, "
+                "--resident or --out");
+  }
   if (shm && resident != "none") return Fail("--transport=shm and --resident exclude each other");
   if (shm && mode == "stream") return Fail("--transport=shm sends unary Gemm calls, not --mode=stream");
   hgemm::CallOptions call;
@@ -277,10 +294,16 @@ int Main(int argc, char** argv) {
     const auto a_bytes = hgemm::cli::MatrixBytes(dims.m, dims.k);
     const auto b_bytes = hgemm::cli::MatrixBytes(dims.k, dims.n);
     // Through shared memory, neither travels in a message.
-    const uint64_t sent = shm ? 0
-                              : hgemm::cli::CheckedAdd(resident == "all" ? 0 : a_bytes,
-                                                       resident != "none" ? 0 : b_bytes)
-                                    .value_or(UINT64_MAX);
+    // C_in travels inline whatever the transport.
+    const auto c_bytes = hgemm::cli::MatrixBytes(dims.m, dims.n);  // fp32: twice
+    const auto c_in_bytes =
+        beta == 0 ? std::optional<uint64_t>(0) : hgemm::cli::CheckedAdd(c_bytes, form.c_fp32 ? c_bytes : 0);
+    const uint64_t sent =
+        hgemm::cli::CheckedAdd(shm ? 0
+                                   : hgemm::cli::CheckedAdd(resident == "all" ? 0 : a_bytes,
+                                                            resident != "none" ? 0 : b_bytes),
+                               c_in_bytes)
+            .value_or(UINT64_MAX);
     const uint64_t received =
         shm || resident == "all"
             ? 0
@@ -316,11 +339,26 @@ int Main(int argc, char** argv) {
     request.set_b(std::move(b_npy.data));
   } else {
     std::mt19937_64 rng(seed);
-    auto a = hgemm::RandomHalfMatrix(int64_t(dims.m) * dims.k, rng, form.bf16);
+    auto a = hgemm::RandomHalfMatrix(int64_t(batch) * dims.m * dims.k, rng, form.bf16);
     request.set_a(reinterpret_cast<const char*>(a.data()), 2 * a.size());
     a = {};
-    auto b = hgemm::RandomHalfMatrix(int64_t(dims.k) * dims.n, rng, form.bf16);
+    auto b = hgemm::RandomHalfMatrix(int64_t(batch) * dims.k * dims.n, rng, form.bf16);
     request.set_b(reinterpret_cast<const char*>(b.data()), 2 * b.size());
+  }
+  if (batch > 1) request.set_batch(batch);
+  if (alpha_flag->count() > 0) request.set_alpha(alpha);  // unset: the wire's default, 1
+  request.set_beta(beta);
+  if (beta != 0) {
+    std::mt19937_64 rng(seed + 1);
+    const int64_t count = int64_t(batch) * dims.m * dims.n;
+    if (form.c_fp32) {
+      std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+      std::vector<float> c_in(count);
+      for (float& v : c_in) v = uniform(rng);
+      request.set_c_in(reinterpret_cast<const char*>(c_in.data()), 4 * c_in.size());
+    } else {
+      request.set_c_in(hgemm::HalfBytes(hgemm::RandomHalfMatrix(count, rng, form.bf16)));
+    }
   }
   request.mutable_options()->set_kernel(kernel);
   request.mutable_options()->set_accumulation(accumulation == "fp16" ? hgemm::v1::ACCUMULATION_FP16
@@ -390,6 +428,10 @@ int Main(int argc, char** argv) {
   }
   const bool stream = !shm && (mode == "stream" ||
                                (mode == "auto" && hgemm::GemmClient::ShouldStream(request, call)));
+  if (request.has_alpha() || request.beta() != 0) {
+    std::printf("C = %g op(A) op(B) + %g C_in\n", alpha, beta);
+  }
+  if (batch > 1) std::printf("a batch of %u GEMMs, operands packed\n", batch);
   std::printf("GEMM %ux%ux%u (m x n x k) %s%s %s->%s via %s, kernel %s, accumulation %s, %.1f MiB up, %.1f MiB down\n",
               request.m(), request.n(), request.k(), transpose_a ? "T" : "N", transpose_b ? "T" : "N",
               dtype.c_str(), c_dtype.c_str(),
@@ -458,8 +500,17 @@ int Main(int argc, char** argv) {
   if (check) {
     const auto* a = reinterpret_cast<const uint16_t*>(a_bytes.data());
     const auto* b = reinterpret_cast<const uint16_t*>(b_bytes.data());
-    std::vector<float> reference =
-        hgemm::ReferenceGemm(a, b, request.m(), request.n(), request.k(), form);
+    // A batch: each GEMM's reference, one after the other as C holds them.
+    const int64_t m = request.m(), n = request.n(), k = request.k();
+    std::vector<float> reference;
+    for (int64_t i = 0; i < int64_t(batch); ++i) {
+      std::vector<float> one = hgemm::ReferenceGemm(
+          a + i * m * k, b + i * k * n, m, n, k, form,
+          {.alpha = request.has_alpha() ? request.alpha() : 1.0f,
+           .beta = request.beta(),
+           .c_in = request.c_in().data() + i * m * n * int64_t(c_element_bytes)});
+      reference.insert(reference.end(), one.begin(), one.end());
+    }
     if (response.c().size() != c_element_bytes * reference.size()) {
       return Fail(fmt::format("C has {} bytes; expected {}", response.c().size(),
                               c_element_bytes * reference.size()));

@@ -1,9 +1,11 @@
 // Layouts and types end to end (issue 29): a real HgemmServer on 127.0.0.1 (CPU backend) and
 // the real client library; every layout × dtype × C type on odd shapes against a float64
-// reference, unary and streamed, resident operands of a dtype, and the refusals naming their
-// fields.
+// reference, unary and streamed, with alpha/beta and a C input (inline, streamed, a kept C by
+// handle), strided-batched, resident operands of a dtype, and the refusals naming their fields.
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <optional>
 #include <random>
 #include <string>
 #include <tuple>
@@ -213,6 +215,225 @@ TEST_F(GemmFormsTest, ListKernelsSaysLayoutsAndTypes) {
     EXPECT_EQ(k.types(1).c_dtype(), v1::DATA_TYPE_FP32);
     EXPECT_EQ(k.types(2).dtype(), v1::DATA_TYPE_BF16);
     EXPECT_EQ(k.types(2).c_dtype(), v1::DATA_TYPE_BF16);
+  }
+}
+
+// alpha/beta with a C input (issue 29): C = alpha·op(A)·op(B) + beta·C_in.
+struct Scale {
+  std::optional<float> alpha;  // unset: the wire's default (1)
+  float beta;
+};
+
+std::string Name(const Form& f, const Scale& scale) {
+  return Name(f) + " alpha " + (scale.alpha ? std::to_string(*scale.alpha) : "unset") +
+         " beta " + std::to_string(scale.beta);
+}
+
+const std::vector<Scale> kScales = {{2.5f, 0}, {0.5f, -1.5f}, {std::nullopt, 1}, {0, 2}};
+
+// `r` with `scale` and, when beta ≠ 0, a random inline C_in.
+v1::GemmRequest Scaled(v1::GemmRequest r, const Scale& scale, std::mt19937_64& rng) {
+  if (scale.alpha) r.set_alpha(*scale.alpha);
+  r.set_beta(scale.beta);
+  if (scale.beta != 0) SetRandomCIn(&r, rng);
+  return r;
+}
+
+TEST_F(GemmFormsTest, UnaryScaledEveryLayoutAndTypeMatchesFloat64) {
+  for (const Form& f : AllForms()) {
+    for (const Scale& scale : kScales) {
+      for (auto [m, n, k] : {kOddShapes[1], kOddShapes[3]}) {
+        v1::GemmRequest r = Scaled(
+            FormRequest(m, n, k, f.transpose_a, f.transpose_b, f.dtype, f.c_dtype, rng_), scale,
+            rng_);
+        v1::GemmResponse response;
+        grpc::Status s = client_->Gemm(r, &response);
+        ASSERT_TRUE(s.ok()) << Name(f, scale) << ": " << s.error_message();
+        EXPECT_LT(RelativeErrorOfC(r, response.c()), Tolerance(f))
+            << Name(f, scale) << " " << m << "x" << n << "x" << k;
+      }
+    }
+  }
+}
+
+TEST_F(GemmFormsTest, StreamedScaledMatchesFloat64) {
+  std::vector<v1::GemmRequest> requests;
+  std::vector<std::string> names;
+  for (const Form& f : AllForms()) {
+    const Scale& scale = kScales[requests.size() % kScales.size()];
+    requests.push_back(Scaled(
+        FormRequest(45, 37, 29, f.transpose_a, f.transpose_b, f.dtype, f.c_dtype, rng_), scale,
+        rng_));
+    names.push_back(Name(f, scale));
+  }
+  std::vector<const v1::GemmRequest*> pointers;
+  for (const v1::GemmRequest& r : requests) pointers.push_back(&r);
+  std::vector<StreamedGemm> results;
+  ASSERT_TRUE(client_->GemmStream(pointers, &results).ok());  // C_in in several chunks
+  for (size_t i = 0; i < requests.size(); ++i) {
+    ASSERT_TRUE(results[i].status.ok()) << names[i] << ": " << results[i].status.error_message();
+    EXPECT_LT(RelativeErrorOfC(requests[i], results[i].response.c()), kServiceTolerance.fp32_acc * 4)
+        << names[i];
+  }
+}
+
+TEST_F(GemmFormsTest, BetaZeroNeverReadsCIn) {
+  for (v1::DataType c_dtype : {v1::DATA_TYPE_UNSPECIFIED, v1::DATA_TYPE_FP32}) {
+    v1::GemmRequest r = FormRequest(13, 11, 9, false, true, v1::DATA_TYPE_FP16, c_dtype, rng_);
+    r.set_alpha(-3);
+    // All ones bits: NaN in fp16 and in fp32.
+    r.set_c_in(std::string(size_t(r.m()) * r.n() * (c_dtype == v1::DATA_TYPE_FP32 ? 4 : 2), '\xff'));
+    v1::GemmResponse response;
+    ASSERT_TRUE(client_->Gemm(r, &response).ok());
+    EXPECT_LT(RelativeErrorOfC(r, response.c()), kServiceTolerance.fp32_acc);  // NaN: infinity
+
+    std::vector<StreamedGemm> results;  // a stream sends no C_in for beta 0
+    ASSERT_TRUE(client_->GemmStream({&r}, &results).ok());
+    ASSERT_TRUE(results[0].status.ok()) << results[0].status.error_message();
+    EXPECT_LT(RelativeErrorOfC(r, results[0].response.c()), kServiceTolerance.fp32_acc);
+  }
+}
+
+TEST_F(GemmFormsTest, KeptFp32CIsTheNextGemmsCIn) {
+  const uint32_t m = 21, n = 17, k = 33;
+  v1::GemmRequest first = FormRequest(m, n, k, true, false, v1::DATA_TYPE_BF16, v1::DATA_TYPE_FP32, rng_);
+  first.set_keep_c_resident(true);
+  v1::GemmResponse kept;
+  ASSERT_TRUE(client_->Gemm(first, &kept).ok());
+  ASSERT_EQ(kept.c_matrix().dtype(), v1::DATA_TYPE_FP32);
+
+  // Accumulate into it: C2 = A2·B2 - 0.5·C1, C1 by handle (unary and streamed).
+  v1::GemmRequest second = FormRequest(m, n, 7, false, false, v1::DATA_TYPE_BF16, v1::DATA_TYPE_FP32, rng_);
+  second.set_beta(-0.5f);
+  second.set_c_in_handle(kept.c_matrix().handle());
+  v1::GemmRequest expected = second;  // the same with C1's bytes inline, for the reference
+  ASSERT_TRUE(client_->DownloadMatrix(kept.c_matrix().handle(), expected.mutable_c_in()).ok());
+  v1::GemmResponse response;
+  ASSERT_TRUE(client_->Gemm(second, &response).ok());
+  EXPECT_LT(RelativeErrorOfC(expected, response.c()), kKernelTolerance.fp32_acc);
+  std::vector<StreamedGemm> results;
+  ASSERT_TRUE(client_->GemmStream({&second}, &results).ok());
+  ASSERT_TRUE(results[0].status.ok()) << results[0].status.error_message();
+  EXPECT_LT(RelativeErrorOfC(expected, results[0].response.c()), kKernelTolerance.fp32_acc);
+
+  // C_in has C's type and shape.
+  v1::GemmRequest r = second;
+  r.set_c_dtype(v1::DATA_TYPE_BF16);
+  ExpectRefused(r, "c_in_handle", "fp32");
+  r = second;
+  r.set_m(m - 1);
+  r.set_a(r.a().substr(0, size_t(r.m()) * r.k() * 2));
+  ExpectRefused(r, "c_in_handle", "m x n");
+  r = second;
+  r.set_c_in_handle("no-such-handle");
+  grpc::Status s = client_->Gemm(r, &response);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND) << s.error_message();
+}
+
+TEST_F(GemmFormsTest, ScaleRefusalsNameTheirField) {
+  v1::GemmRequest good = FormRequest(6, 5, 4, true, false, v1::DATA_TYPE_FP16,
+                                     v1::DATA_TYPE_UNSPECIFIED, rng_);
+  good.set_beta(2);
+  SetRandomCIn(&good, rng_);
+  v1::GemmRequest r = good;
+  r.clear_c_in();
+  ExpectRefused(r, "beta", "C input");
+  r = good;
+  r.mutable_c_in()->pop_back();
+  ExpectRefused(r, "c_in", "m x n");
+  r = good;
+  r.set_c_dtype(v1::DATA_TYPE_FP32);  // C_in of fp16 bytes for an fp32 C
+  ExpectRefused(r, "c_in", "fp32");
+  r = good;
+  r.set_alpha(NAN);
+  ExpectRefused(r, "alpha", "finite");
+  r = good;
+  r.set_beta(INFINITY);
+  ExpectRefused(r, "beta", "finite");
+  r = good;
+  r.set_c_in_handle("");
+  ExpectRefused(r, "c_in_handle", "empty");
+  r = good;
+  r.mutable_c_in_region()->set_offset(0);
+  ExpectRefused(r, "c_in_region.region");
+
+  // On a stream, the header's fields.
+  v1::GemmRequest streamed = good;
+  streamed.set_alpha(NAN);
+  std::vector<StreamedGemm> results;
+  ASSERT_TRUE(client_->GemmStream({&streamed}, &results).ok());
+  EXPECT_EQ(results[0].status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(results[0].status.error_message().rfind("gemm_id 0: header.alpha:", 0), 0u)
+      << results[0].status.error_message();
+}
+
+// Strided-batched (packed): every layout × dtype × C type × scale with a batch, unary and
+// streamed, against float64 per matrix of the batch.
+TEST_F(GemmFormsTest, BatchedEveryFormAndScaleMatchesFloat64) {
+  std::vector<v1::GemmRequest> requests;
+  std::vector<std::string> names;
+  for (const Form& f : AllForms()) {
+    const Scale& scale = kScales[requests.size() % kScales.size()];
+    const uint32_t batch = 2 + requests.size() % 4;
+    requests.push_back(Scaled(FormRequest(13, 7, 11, f.transpose_a, f.transpose_b, f.dtype,
+                                          f.c_dtype, rng_, batch),
+                              scale, rng_));
+    names.push_back(Name(f, scale) + " batch " + std::to_string(batch));
+    v1::GemmResponse response;
+    grpc::Status s = client_->Gemm(requests.back(), &response);
+    ASSERT_TRUE(s.ok()) << names.back() << ": " << s.error_message();
+    EXPECT_LT(RelativeErrorOfC(requests.back(), response.c()), Tolerance(f)) << names.back();
+  }
+  std::vector<const v1::GemmRequest*> pointers;
+  for (const v1::GemmRequest& r : requests) pointers.push_back(&r);
+  std::vector<StreamedGemm> results;
+  ASSERT_TRUE(client_->GemmStream(pointers, &results).ok());
+  for (size_t i = 0; i < requests.size(); ++i) {
+    ASSERT_TRUE(results[i].status.ok()) << names[i] << ": " << results[i].status.error_message();
+    EXPECT_LT(RelativeErrorOfC(requests[i], results[i].response.c()), kServiceTolerance.fp32_acc * 4)
+        << names[i];
+  }
+}
+
+TEST_F(GemmFormsTest, BatchRefusalsNameTheirField) {
+  const v1::GemmRequest good =
+      FormRequest(6, 5, 4, false, true, v1::DATA_TYPE_FP16, v1::DATA_TYPE_UNSPECIFIED, rng_, 3);
+  v1::GemmRequest r = good;
+  r.mutable_a()->resize(2 * 6 * 4 * 2);  // two of the three A matrices: the buffer ends early
+  ExpectRefused(r, "a", "for the batch of 3");
+  r = good;
+  r.mutable_b()->append(2 * 5 * 4, '\0');  // a fourth B: past the batch
+  ExpectRefused(r, "b", "for the batch of 3");
+  r = good;
+  r.set_beta(1);
+  SetRandomCIn(&r, rng_);
+  r.mutable_c_in()->resize(2 * 6 * 5);  // one C_in for three GEMMs
+  ExpectRefused(r, "c_in", "for the batch of 3");
+  r = good;
+  r.set_b_handle("h");  // a resident matrix is one matrix
+  ExpectRefused(r, "b_handle", "batch of 3");
+  r = good;
+  r.set_keep_c_resident(true);
+  ExpectRefused(r, "keep_c_resident", "batch of 3");
+
+  // A batch over the per-matrix limit of elements (2^28 by default), before any byte is sent.
+  r = FormRequest(1, 1, 1, false, false, v1::DATA_TYPE_FP16, v1::DATA_TYPE_UNSPECIFIED, rng_);
+  r.set_m(1 << 14);
+  r.set_k(1 << 14);
+  r.set_batch(2);
+  v1::GemmResponse response;
+  grpc::Status s = client_->Gemm(r, &response);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << s.error_message();
+  EXPECT_NE(s.error_message().find("batch: 2 matrices A"), std::string::npos) << s.error_message();
+}
+
+TEST_F(GemmFormsTest, ListKernelsSaysWhichTakeAlphaBeta) {
+  v1::ListKernelsResponse kernels;
+  ASSERT_TRUE(client_->ListKernels(&kernels).ok());
+  for (const v1::KernelInfo& k : kernels.kernels()) {
+    ASSERT_EQ(k.scaled_types_size(), 4) << k.name();
+    EXPECT_EQ(k.scaled_types(3).dtype(), v1::DATA_TYPE_BF16);
+    EXPECT_EQ(k.scaled_types(3).c_dtype(), v1::DATA_TYPE_FP32);
   }
 }
 

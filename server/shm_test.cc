@@ -220,6 +220,33 @@ TEST_F(ShmTest, AFromARegionBInline) {
             kServiceTolerance.fp32_acc);
 }
 
+// alpha/beta with C_in in a region, read and written in place (C_in and C the same bytes): the
+// BLAS update C = alpha·A·B + beta·C. Against float64.
+TEST_F(ShmTest, CInRegionUpdatedInPlace) {
+  StartServer(SharedMemoryOn());
+  v1::GemmRequest r = RandomRequest(kM, kN, kK, rng_);
+  r.set_alpha(-0.5f);
+  r.set_beta(2);
+  SetRandomCIn(&r, rng_);
+  TestMemfd file(4096 + r.c_in().size());
+  Write(file, 4096, r.c_in());
+  v1::RegionInfo info;
+  ASSERT_TRUE(Register(file, 4096 + r.c_in().size(), &info).ok());
+  v1::GemmRequest shm = r;
+  SetRegion(shm.mutable_c_in_region(), info.region(), 4096);
+  SetRegion(shm.mutable_c_region(), info.region(), 4096);
+  ASSERT_FALSE(shm.has_c_in());
+  v1::GemmResponse response;
+  grpc::Status s = Gemm(shm, &response);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_LT(RelativeErrorOfC(r, Read(file, 4096, r.c_in().size())), kServiceTolerance.fp32_acc);
+
+  SetRegion(shm.mutable_c_in_region(), info.region(), 4098);  // C_in past the region's end
+  s = Gemm(shm, &response);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::OUT_OF_RANGE) << s.error_message();
+  EXPECT_NE(s.error_message().find("c_in_region"), std::string::npos) << s.error_message();
+}
+
 // An operand ending exactly at the region's end is taken; one byte more is OUT_OF_RANGE (and
 // an odd offset INVALID_ARGUMENT); offsets near 2^64 don't wrap around.
 TEST_F(ShmTest, BoundsAndOverflowingOffsets) {

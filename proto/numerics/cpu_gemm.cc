@@ -9,9 +9,24 @@
 
 namespace hgemm {
 
+std::vector<float> CInToFloat(const void* c_in, int64_t count, const GemmForm& form) {
+  std::vector<float> c32(count);
+  if (form.c_fp32) {
+    std::memcpy(c32.data(), c_in, count * sizeof(float));
+  } else if (form.bf16) {
+    Bf16ToFloat(static_cast<const uint16_t*>(c_in), c32.data(), count);
+  } else {
+    HalfToFloat(static_cast<const uint16_t*>(c_in), c32.data(), count);
+  }
+  return c32;
+}
+
 std::vector<float> ReferenceGemm(const uint16_t* a, const uint16_t* b, int64_t m, int64_t n,
-                                 int64_t k, const GemmForm& form) {
-  std::vector<float> a32(m * k), b32(k * n), c32(m * n);
+                                 int64_t k, const GemmForm& form, const GemmScale& scale) {
+  std::vector<float> a32(m * k), b32(k * n);
+  // sgemm with beta 0 does not read C (zeros here anyway): C_in is read only when it counts.
+  std::vector<float> c32 =
+      scale.beta != 0 ? CInToFloat(scale.c_in, m * n, form) : std::vector<float>(m * n);
   if (form.bf16) {
     Bf16ToFloat(a, a32.data(), a32.size());
     Bf16ToFloat(b, b32.data(), b32.size());
@@ -20,14 +35,15 @@ std::vector<float> ReferenceGemm(const uint16_t* a, const uint16_t* b, int64_t m
     HalfToFloat(b, b32.data(), b32.size());
   }
   cblas_sgemm(CblasRowMajor, form.transpose_a ? CblasTrans : CblasNoTrans,
-              form.transpose_b ? CblasTrans : CblasNoTrans, m, n, k, 1.0f, a32.data(),
-              form.transpose_a ? m : k, b32.data(), form.transpose_b ? k : n, 0.0f, c32.data(), n);
+              form.transpose_b ? CblasTrans : CblasNoTrans, m, n, k, scale.alpha, a32.data(),
+              form.transpose_a ? m : k, b32.data(), form.transpose_b ? k : n, scale.beta,
+              c32.data(), n);
   return c32;
 }
 
 void CpuGemm(const uint16_t* a, const uint16_t* b, void* c, int64_t m, int64_t n, int64_t k,
-             const GemmForm& form) {
-  std::vector<float> c32 = ReferenceGemm(a, b, m, n, k, form);
+             const GemmForm& form, const GemmScale& scale) {
+  std::vector<float> c32 = ReferenceGemm(a, b, m, n, k, form, scale);
   if (form.c_fp32) {
     std::memcpy(c, c32.data(), c32.size() * sizeof(float));
   } else if (form.bf16) {

@@ -25,15 +25,27 @@ struct GemmForm {
   bool c_fp32 = false;       // C is fp32 (else the type of A and B)
 };
 
-// C (m×n, fp32) = op(A) · op(B), accumulated in fp32 (OpenBLAS sgemm's transposes on fp32
-// copies of A and B as stored).
-std::vector<float> ReferenceGemm(const uint16_t* a, const uint16_t* b, int64_t m, int64_t n,
-                                 int64_t k, const GemmForm& form = {});
+// The scales of C = alpha·op(A)·op(B) + beta·C_in (hgemm.v1's alpha, beta, c_in). C_in is m×n
+// of the form's C type and is read only when beta ≠ 0 (BLAS: a NaN there stays out of C).
+struct GemmScale {
+  float alpha = 1;
+  float beta = 0;
+  const void* c_in = nullptr;  // REQUIRES: set when beta ≠ 0
+};
 
-// C (m×n, of form's C type) = op(A) · op(B), accumulated in fp32 and rounded to C's type.
-// REQUIRES: c holds m·n elements of that type.
+// C_in as fp32 (m·n elements of form's C type), for a reference.
+std::vector<float> CInToFloat(const void* c_in, int64_t count, const GemmForm& form);
+
+// C (m×n, fp32) = alpha·op(A)·op(B) + beta·C_in, accumulated in fp32 (OpenBLAS sgemm's
+// transposes and scales on fp32 copies of A, B and C_in as stored).
+std::vector<float> ReferenceGemm(const uint16_t* a, const uint16_t* b, int64_t m, int64_t n,
+                                 int64_t k, const GemmForm& form = {},
+                                 const GemmScale& scale = {});
+
+// C (m×n, of form's C type) = alpha·op(A)·op(B) + beta·C_in, accumulated in fp32 and rounded
+// once to C's type. c may be scale.c_in (in place). REQUIRES: c holds m·n elements of that type.
 void CpuGemm(const uint16_t* a, const uint16_t* b, void* c, int64_t m, int64_t n, int64_t k,
-             const GemmForm& form = {});
+             const GemmForm& form = {}, const GemmScale& scale = {});
 
 // A computed C of form's C type (fp16, bf16 or fp32 elements) against an fp32 reference.
 ErrorStats CompareToReference(const void* c, const float* reference, int64_t count,

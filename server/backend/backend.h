@@ -31,6 +31,7 @@ struct KernelDescription {
   bool fp32_accumulation = false;
   unsigned layouts = kLayoutNNBit;  // LayoutBit()s it takes (server/core/shape.h)
   unsigned types = kTypesFp16Bit;   // TypesBit()s it takes
+  unsigned scaled_types = 0;        // the TypesBit()s for which it takes alpha and beta
 };
 
 class Backend {

@@ -28,11 +28,13 @@ class CpuBackend final : public Backend {
   std::vector<KernelDescription> Kernels() const override {
     return {{.name = kKernelName,
              .description = "OpenBLAS cblas_sgemm (its transposes) on fp32 copies of A and B "
-                            "(fp16 or bf16); C rounded to the inputs' type, or fp32",
+                            "(fp16 or bf16), alpha/beta on an fp32 copy of C_in; C rounded to the "
+                            "inputs' type, or fp32",
              .fp16_accumulation = false,
              .fp32_accumulation = true,
              .layouts = kAllLayoutBits,
-             .types = kAllTypesBits}};
+             .types = kAllTypesBits,
+             .scaled_types = kAllTypesBits}};
   }
 
   int NumSlots() const override { return options_.workers; }
@@ -85,12 +87,23 @@ class CpuBackend final : public Backend {
     }
     const auto* a = job.a_resident ? static_cast<const uint16_t*>(job.a_resident->data) : job.a;
     const auto* b = job.b_resident ? static_cast<const uint16_t*>(job.b_resident->data) : job.b;
+    const auto* c_in = static_cast<const char*>(job.c_in_resident ? job.c_in_resident->data
+                                                                   : job.c_in);
+    const GemmForm form{.transpose_a = job.transpose_a,
+                        .transpose_b = job.transpose_b,
+                        .bf16 = shape.ab_type == ElementType::kBf16,
+                        .c_fp32 = shape.c_type == ElementType::kFp32};
     auto start = Clock::now();
-    CpuGemm(a, b, c, shape.m, shape.n, shape.k,
-            {.transpose_a = job.transpose_a,
-             .transpose_b = job.transpose_b,
-             .bf16 = shape.ab_type == ElementType::kBf16,
-             .c_fp32 = shape.c_type == ElementType::kFp32});
+    // A batch: its matrices one after the other in each buffer.
+    const int64_t a_elements = shape.AMatrixBytes() / 2, b_elements = shape.BMatrixBytes() / 2;
+    const int64_t c_bytes = shape.CMatrixBytes();
+    for (int64_t i = 0; i < shape.batch; ++i) {
+      CpuGemm(a + i * a_elements, b + i * b_elements, static_cast<char*>(c) + i * c_bytes, shape.m,
+              shape.n, shape.k, form,
+              {.alpha = job.alpha,
+               .beta = job.beta,
+               .c_in = shape.c_input ? c_in + i * c_bytes : nullptr});
+    }
     report->kernel_ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
     report->kernel = kKernelName;
     report->accumulation = Accumulation::kFp32;

@@ -64,5 +64,48 @@ TEST(CpuBackend, EveryLayoutAndTypeOverwritesPoisonedC) {
   }
 }
 
+// alpha/beta with C_in: BLAS semantics in every type, C_in may be C itself (in place), and
+// with beta 0 a NaN C_in stays out of C.
+TEST(CpuBackend, ScaledCMatchesFloat64InPlaceAndBetaZeroReadsNoCIn) {
+  std::unique_ptr<Backend> backend = MakeCpuBackend({});
+  std::mt19937_64 rng(31);
+  const int64_t m = 29, n = 19, k = 41;
+  for (v1::DataType ab : {v1::DATA_TYPE_FP16, v1::DATA_TYPE_BF16}) {
+    for (v1::DataType c_type : {ab, v1::DATA_TYPE_FP32}) {
+      for (auto [alpha, beta] : {std::pair{-0.75f, 1.25f}, std::pair{3.0f, 0.0f}}) {
+        v1::GemmRequest r = FormRequest(m, n, k, true, false, ab, c_type, rng);
+        r.set_alpha(alpha);
+        r.set_beta(beta);
+        SetRandomCIn(&r, rng);
+        GemmJob job;
+        job.shape = {.m = m,
+                     .n = n,
+                     .k = k,
+                     .ab_type = ab == v1::DATA_TYPE_BF16 ? ElementType::kBf16 : ElementType::kFp16,
+                     .c_type = c_type == v1::DATA_TYPE_FP32 ? ElementType::kFp32
+                               : ab == v1::DATA_TYPE_BF16   ? ElementType::kBf16
+                                                            : ElementType::kFp16,
+                     .c_input = beta != 0};
+        job.transpose_a = true;
+        job.a = reinterpret_cast<const uint16_t*>(r.a().data());
+        job.b = reinterpret_cast<const uint16_t*>(r.b().data());
+        job.alpha = alpha;
+        job.beta = beta;
+        // With beta, C starts as C_in and is overwritten in place; without, it is NaN.
+        std::string c = beta != 0 ? r.c_in() : std::string(job.shape.CBytes(), '\xFF');
+        job.c = c.data();
+        job.c_in = c.data();
+        GemmReport report;
+        ASSERT_TRUE(backend->Run(0, job, &report).ok());
+        const double tolerance = c_type == v1::DATA_TYPE_FP32 ? kKernelTolerance.fp32_acc
+                                 : ab == v1::DATA_TYPE_BF16   ? kKernelToleranceBf16
+                                                              : kKernelTolerance.fp32_acc;
+        EXPECT_LT(RelativeErrorOfC(r, c), tolerance)
+            << v1::DataType_Name(ab) << " " << v1::DataType_Name(c_type) << " beta " << beta;
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace hgemm

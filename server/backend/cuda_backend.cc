@@ -12,6 +12,7 @@
 
 #include "kernels/align.h"
 #include "kernels/registry.h"
+#include "kernels/scale_epilogue.h"
 #include "server/backend/cuda_device.h"
 #include "server/backend/cuda_errors.h"
 #include "server/backend/cuda_slot.h"
@@ -65,6 +66,18 @@ k::DataType KernelType(ElementType type) {
       return k::DataType::kFp32;
   }
   return k::DataType::kFp16;
+}
+
+// alpha/beta run the variant into an fp32 T and then the epilogue (kernels/scale_epilogue.h):
+// a variant takes them for the input types whose fp32 C it takes, for either C type.
+unsigned ScaledTypes(const k::VariantInfo& v) {
+  unsigned bits = 0;
+  for (ElementType ab : {ElementType::kFp16, ElementType::kBf16}) {
+    if (v.fp32_acc && (v.types & TypesBit(ab, ElementType::kFp32)) != 0) {
+      bits |= TypesBit(ab, ab) | TypesBit(ab, ElementType::kFp32);
+    }
+  }
+  return bits;
 }
 
 using Device = CudaDevice;
@@ -124,7 +137,8 @@ class CudaBackend final : public Backend {
                      .fp16_accumulation = v.fp16_acc,
                      .fp32_accumulation = v.fp32_acc,
                      .layouts = v.layouts,  // the same bits (checked above)
-                     .types = v.types});
+                     .types = v.types,
+                     .scaled_types = ScaledTypes(v)});
     }
     return out;
   }
@@ -139,7 +153,8 @@ class CudaBackend final : public Backend {
       smallest = std::min(smallest, d->memory->budget_bytes() - (options_.streams_per_device - 1) *
                                                           options_.preallocate_bytes_per_stream);
     }
-    return smallest - 2 * int64_t(k::kDeviceAlignment);  // room for aligning B and C
+    // Room for aligning B, C, T and C_in.
+    return smallest - 4 * int64_t(k::kDeviceAlignment);
   }
 
   absl::Status AllocateResident(int device_index, int64_t bytes,
@@ -403,7 +418,8 @@ cudaError_t CudaBackend::WaitForKernel(const Slot& slot, double flops) const {
 
 absl::Status CudaBackend::Run(int slot_index, const GemmJob& job, GemmReport* report) {
   Device& device = *slots_[slot_index]->device;
-  for (const ResidentBuffer* r : {job.a_resident.get(), job.b_resident.get()}) {
+  for (const ResidentBuffer* r :
+       {job.a_resident.get(), job.b_resident.get(), job.c_in_resident.get()}) {
     if (r != nullptr && !devices_[r->device_index]->healthy) return Refused(*devices_[r->device_index]);
   }
   if (!device.healthy) return Refused(device);
@@ -429,7 +445,17 @@ absl::Status CudaBackend::RunOnSlot(int slot_index, const GemmJob& job, GemmRepo
   const bool b_here = job.b_resident && job.b_resident->device_index == here;
   const size_t a_space = a_here ? 0 : k::AlignUp(a_bytes);
   const size_t b_space = b_here ? 0 : k::AlignUp(b_bytes);
-  if (absl::Status s = EnsureCapacity(slot, a_space + b_space + (job.keep_c ? 0 : c_bytes));
+  const size_t c_space = job.keep_c ? 0 : k::AlignUp(c_bytes);
+  // Scaled (alpha/beta): the variant writes T = op(A)·op(B) in fp32, into C itself when C is
+  // fp32, else into its own space; C_in (read with beta ≠ 0) comes over unless resident here.
+  const bool scaled = job.Scaled();
+  const size_t t_bytes = size_t(shape.batch) * size_t(shape.m) * size_t(shape.n) * sizeof(float);
+  const size_t t_space =
+      scaled && shape.c_type != ElementType::kFp32 ? k::AlignUp(t_bytes) : 0;
+  const size_t c_in_bytes = shape.CInBytes();
+  const bool c_in_here = job.c_in_resident && job.c_in_resident->device_index == here;
+  const size_t c_in_space = c_in_bytes == 0 || c_in_here ? 0 : k::AlignUp(c_in_bytes);
+  if (absl::Status s = EnsureCapacity(slot, a_space + b_space + c_space + t_space + c_in_space);
       !s.ok()) {
     return s;
   }
@@ -441,12 +467,16 @@ absl::Status CudaBackend::RunOnSlot(int slot_index, const GemmJob& job, GemmRepo
   char* d_b = b_here ? static_cast<char*>(job.b_resident->data) : slot.device_buffer + a_space;
   char* d_c = job.keep_c ? static_cast<char*>(report->c_resident->data)
                          : slot.device_buffer + a_space + b_space;
+  char* d_t = t_space > 0 ? slot.device_buffer + a_space + b_space + c_space : d_c;
+  char* d_c_in = c_in_bytes == 0 ? nullptr
+                 : c_in_here     ? static_cast<char*>(job.c_in_resident->data)
+                                 : slot.device_buffer + a_space + b_space + c_space + t_space;
 
   const Accumulation acc = job.accumulation;
   const int m = int(shape.m), n = int(shape.n), kk = int(shape.k);
   const k::GemmProblem problem{.a = d_a,
                                .b = d_b,
-                               .c = d_c,
+                               .c = scaled ? d_t : d_c,
                                .m = m,
                                .n = n,
                                .k = kk,
@@ -454,10 +484,23 @@ absl::Status CudaBackend::RunOnSlot(int slot_index, const GemmJob& job, GemmRepo
                                .transpose_a = job.transpose_a,
                                .transpose_b = job.transpose_b,
                                .ab_type = KernelType(shape.ab_type),
-                               .c_type = KernelType(shape.c_type)};
+                               .c_type = scaled ? k::DataType::kFp32 : KernelType(shape.c_type)};
+  // A batch: one launch per GEMM, each at its matrices' offsets (T's with alpha/beta).
+  const size_t c_matrix_bytes =
+      scaled ? size_t(shape.m) * size_t(shape.n) * sizeof(float) : size_t(shape.CMatrixBytes());
+  auto batch_item = [&](int64_t i) {
+    k::GemmProblem item = problem;
+    item.a = d_a + i * shape.AMatrixBytes();
+    item.b = d_b + i * shape.BMatrixBytes();
+    item.c = static_cast<char*>(problem.c) + i * c_matrix_bytes;
+    return item;
+  };
+  // Item 1's pointers are the least aligned of a batch (item i's offsets are multiples of its):
+  // the kernel is chosen and checked for them.
+  const k::GemmProblem least_aligned = shape.batch > 1 ? batch_item(1) : problem;
   // ChooseAutoFor sends NN fp16 to ChooseAuto, as before.
   const k::VariantInfo* variant = job.kernel == "auto"
-                                      ? k::ChooseAutoFor(problem, *slot.launch_context)
+                                      ? k::ChooseAutoFor(least_aligned, *slot.launch_context)
                                       : k::FindVariant(job.kernel);
   if (variant == nullptr && job.kernel == "auto") {
     return status::InvalidArgument(
@@ -466,15 +509,16 @@ absl::Status CudaBackend::RunOnSlot(int slot_index, const GemmJob& job, GemmRepo
                                       k::TypesName(problem.ab_type, problem.c_type)));
   }
   if (variant == nullptr) return status::InvalidArgument("options.kernel", "unknown: " + job.kernel);
-  if (std::string why = k::CheckProblem(*variant, problem); !why.empty()) {
+  if (std::string why = k::CheckProblem(*variant, least_aligned); !why.empty()) {
     return status::InvalidArgument("options.kernel", variant->name + ": " + why);
   }
 
   CUDA_TRY(slot, kEvent, cudaEventRecord(slot.start, slot.stream));
   for (auto [resident, here_already, dst, host, bytes] :
-       {std::tuple{job.a_resident.get(), a_here, d_a, job.a, a_bytes},
-        std::tuple{job.b_resident.get(), b_here, d_b, job.b, b_bytes}}) {
-    if (here_already) continue;
+       {std::tuple{job.a_resident.get(), a_here, d_a, static_cast<const void*>(job.a), a_bytes},
+        std::tuple{job.b_resident.get(), b_here, d_b, static_cast<const void*>(job.b), b_bytes},
+        std::tuple{job.c_in_resident.get(), c_in_here, d_c_in, job.c_in, c_in_bytes}}) {
+    if (here_already || bytes == 0) continue;
     if (resident != nullptr) {
       CUDA_TRY(slot, kCopyToDevice,
                cudaMemcpyPeerAsync(dst, device.ordinal, resident->data,
@@ -485,13 +529,22 @@ absl::Status CudaBackend::RunOnSlot(int slot_index, const GemmJob& job, GemmRepo
     }
   }
   CUDA_TRY(slot, kEvent, cudaEventRecord(slot.h2d_done, slot.stream));
-  const cudaError_t injected = HGEMM_CUDA(kLaunch, cudaSuccess);  // cudaSuccess in release builds
-  if (std::string error = injected != cudaSuccess ? std::string("launch refused")
-                                                  : k::Launch(*variant, problem, *slot.launch_context);
-      !error.empty()) {
-    cudaError_t e = injected != cudaSuccess ? injected : cudaPeekAtLastError();
-    return Fail(slot, e == cudaSuccess ? cudaErrorUnknown : e,
-                fmt::format("kernel {}: {}", variant->name, error));
+  for (int64_t i = 0; i < shape.batch; ++i) {
+    const k::GemmProblem item = batch_item(i);
+    const cudaError_t injected = HGEMM_CUDA(kLaunch, cudaSuccess);  // cudaSuccess in release
+    if (std::string error = injected != cudaSuccess ? std::string("launch refused")
+                                                    : k::Launch(*variant, item, *slot.launch_context);
+        !error.empty()) {
+      cudaError_t e = injected != cudaSuccess ? injected : cudaPeekAtLastError();
+      return Fail(slot, e == cudaSuccess ? cudaErrorUnknown : e,
+                  fmt::format("kernel {}: {}", variant->name, error));
+    }
+  }
+  if (scaled) {
+    CUDA_TRY(slot, kLaunch,
+             k::ScaleEpilogue(reinterpret_cast<const float*>(d_t), d_c_in, d_c,
+                              shape.batch * shape.m * shape.n, job.alpha, job.beta,
+                              KernelType(shape.c_type), slot.stream));
   }
 #ifdef HGEMM_FAULT_INJECTION
   if (auto after_launch = FaultInjector::Global().TakeAfterLaunch()) after_launch(slot.stream);
@@ -499,7 +552,7 @@ absl::Status CudaBackend::RunOnSlot(int slot_index, const GemmJob& job, GemmRepo
   CUDA_TRY(slot, kEvent, cudaEventRecord(slot.kernel_done, slot.stream));
   double d2h_ms = 0;
   if (job.keep_c) {
-    CUDA_TRY(slot, kEvent, WaitForKernel(slot, 2.0 * m * n * kk));
+    CUDA_TRY(slot, kEvent, WaitForKernel(slot, double(shape.Flops())));
   } else {
     absl::Status s = CopyToHost(slot, reinterpret_cast<char*>(job.c), d_c, c_bytes, job.c_progress,
                                 &d2h_ms);

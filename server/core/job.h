@@ -74,6 +74,15 @@ struct GemmJob {
   void* c = nullptr;            // m×n, row-major; written by the backend unless keep_c
   std::shared_ptr<ResidentBuffer> a_resident;
   std::shared_ptr<ResidentBuffer> b_resident;
+  // C = alpha·op(A)·op(B) + beta·C_in, in fp32, rounded once to shape.c_type. C_in is read
+  // only when beta ≠ 0 (then shape.c_input is set): m×n of shape.c_type, row-major, from
+  // c_in_resident when set, else from c_in. It may be the same memory as c.
+  float alpha = 1;
+  float beta = 0;
+  const void* c_in = nullptr;
+  std::shared_ptr<ResidentBuffer> c_in_resident;
+  // Whether C is more than op(A)·op(B): the backend must apply alpha and beta.
+  bool Scaled() const { return alpha != 1 || beta != 0; }
   // Leave C on the backend: Run allocates it and returns it in GemmReport::c_resident.
   bool keep_c = false;
   // The device holding the job's resident operands, where it runs (unless the scheduler moves

@@ -57,14 +57,23 @@ struct GemmShape {
   int64_t m = 0, n = 0, k = 0;
   ElementType ab_type = ElementType::kFp16;  // of A and B: fp16 or bf16
   ElementType c_type = ElementType::kFp16;   // ab_type or fp32
+  // C_in (m×n of c_type) is an operand too: the GEMM's beta is not 0.
+  bool c_input = false;
+  // GEMMs of this shape in one job (strided-batched): each operand and C hold `batch` matrices
+  // packed one after the other. ValidateBatch keeps batch·(elements of each) within the limit.
+  int64_t batch = 1;
 
-  int64_t Flops() const { return 2 * m * n * k; }
-  // Bytes of A, B (of ab_type; a transposed operand has the same size) and C (of c_type), and
-  // of all three.
-  int64_t ABytes() const { return MatrixBytes(m, k, ab_type); }
-  int64_t BBytes() const { return MatrixBytes(k, n, ab_type); }
-  int64_t CBytes() const { return MatrixBytes(m, n, c_type); }
-  int64_t Bytes() const { return ABytes() + BBytes() + CBytes(); }
+  int64_t Flops() const { return 2 * m * n * k * batch; }
+  // Bytes of one A, B (of ab_type; a transposed operand has the same size) and C (of c_type).
+  int64_t AMatrixBytes() const { return MatrixBytes(m, k, ab_type); }
+  int64_t BMatrixBytes() const { return MatrixBytes(k, n, ab_type); }
+  int64_t CMatrixBytes() const { return MatrixBytes(m, n, c_type); }
+  // Bytes of the whole batch's A, B, C and C_in (0 without c_input), and of all of them.
+  int64_t ABytes() const { return batch * AMatrixBytes(); }
+  int64_t BBytes() const { return batch * BMatrixBytes(); }
+  int64_t CBytes() const { return batch * CMatrixBytes(); }
+  int64_t CInBytes() const { return c_input ? CBytes() : 0; }
+  int64_t Bytes() const { return ABytes() + BBytes() + CBytes() + CInBytes(); }
 };
 
 }  // namespace hgemm

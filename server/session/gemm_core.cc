@@ -70,10 +70,13 @@ absl::Status GemmCore::Admit(const std::string& owner, GemmOrder order,
   // Before C's buffer is made: the size limits say whether it may be.
   if (absl::Status s = scheduler_->CheckSize(job.shape); !s.ok()) return s;
   const bool keep_c = order.c.kind == ResultSink::Kind::kKeepResident;
+  // Without beta, C_in is never read: whatever the order names for it is left alone.
+  if (!job.shape.c_input) order.c_in = OperandSource::None();
   if (absl::Status s = resolver_.Resolve(
           owner,
           {.a_handle = order.a.kind == Kind::kResident ? order.a.handle : "",
            .b_handle = order.b.kind == Kind::kResident ? order.b.handle : "",
+           .c_in_handle = order.c_in.kind == Kind::kResident ? order.c_in.handle : "",
            .keep_c = keep_c},
           &job, &gemm.c_quota_);
       !s.ok()) {
@@ -82,9 +85,11 @@ absl::Status GemmCore::Admit(const std::string& owner, GemmOrder order,
   gemm.c_ttl_seconds_ = order.c.ttl_seconds;
   if (order.a.kind == Kind::kInline) job.a = order.a.data;
   if (order.b.kind == Kind::kInline) job.b = order.b.data;
+  if (order.c_in.kind == Kind::kInline) job.c_in = order.c_in.data;
   if (absl::Status s = AcquireRegions(owner, order, &gemm); !s.ok()) return s;
   gemm.arriving_bytes_ = (order.a.kind == Kind::kArriving ? job.shape.ABytes() : 0) +
-                         (order.b.kind == Kind::kArriving ? job.shape.BBytes() : 0);
+                         (order.b.kind == Kind::kArriving ? job.shape.BBytes() : 0) +
+                         (order.c_in.kind == Kind::kArriving ? job.shape.CInBytes() : 0);
   if (gemm.arriving_bytes_ > 0) {
     if (absl::Status s = client_pending_.Charge(owner, gemm.arriving_bytes_); !s.ok()) return s;
     gemm.pending_budget_ = &client_pending_;
@@ -98,7 +103,8 @@ absl::Status GemmCore::AcquireRegions(const std::string& owner, const GemmOrder&
                                       AdmittedGemm* gemm) const {
   using Kind = OperandSource::Kind;
   const bool c_region = order.c.kind == ResultSink::Kind::kRegion;
-  if (order.a.kind != Kind::kRegion && order.b.kind != Kind::kRegion && !c_region) {
+  if (order.a.kind != Kind::kRegion && order.b.kind != Kind::kRegion &&
+      order.c_in.kind != Kind::kRegion && !c_region) {
     return absl::OkStatus();
   }
   if (absl::Status s = regions_.CheckAllowed(order.over_unix_socket); !s.ok()) return s;
@@ -127,6 +133,14 @@ absl::Status GemmCore::AcquireRegions(const std::string& owner, const GemmOrder&
       return s;
     }
     job.b = reinterpret_cast<const uint16_t*>(gemm->regions_.back().data());
+  }
+  if (order.c_in.kind == Kind::kRegion) {
+    if (absl::Status s =
+            lease(order.c_in.handle, order.c_in.offset, job.shape.CInBytes(), "c_in_region");
+        !s.ok()) {
+      return s;
+    }
+    job.c_in = gemm->regions_.back().data();
   }
   if (c_region) {
     if (absl::Status s = lease(order.c.region, order.c.offset, job.shape.CBytes(), "c_region");

@@ -43,6 +43,7 @@ struct OperandSource {
     kResident,  // `handle`: a resident matrix of the owner
     kArriving,  // in pieces, after admission, into an ArrivingBuffer on the GEMM's device
     kRegion,    // `handle`: a shared-memory region of the owner, from byte `offset`
+    kNone,      // no bytes: an operand the GEMM does not have (C_in without beta)
   };
   Kind kind = Kind::kInline;
   const uint16_t* data = nullptr;
@@ -57,6 +58,7 @@ struct OperandSource {
   static OperandSource Region(std::string region, uint64_t offset) {
     return {Kind::kRegion, nullptr, std::move(region), offset};
   }
+  static OperandSource None() { return {Kind::kNone, nullptr, {}}; }
 };
 
 // Where C goes.
@@ -80,8 +82,11 @@ struct ResultSink {
 
 // One GEMM as a transport hands it over.
 struct GemmOrder {
-  GemmJob job;  // validated: shape, kernel, accumulation, request id (buffers unset)
+  GemmJob job;  // validated: shape, kernel, accumulation, scales, request id (buffers unset)
   OperandSource a, b;
+  // C_in (m×n of C's type), used only when job.shape.c_input (beta ≠ 0); its data is a
+  // uint16_t* view of the bytes whatever C's type.
+  OperandSource c_in = OperandSource::None();
   ResultSink c;
   // The call came over a Unix socket (same host): required for regions (with
   // GemmCoreOptions::regions.allow_shared_memory).

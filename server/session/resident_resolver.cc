@@ -29,18 +29,26 @@ absl::Status ResidentResolver::Resolve(const std::string& owner,
                                                "n x k, transpose_b", &job->b_resident}
                                      : Operand{operands.b_handle, "b_handle", shape.k, shape.n,
                                                "k x n", &job->b_resident};
-  for (const Operand& o : {a, b}) {
+  const Operand c_in{operands.c_in_handle, "c_in_handle", shape.m, shape.n, "m x n",
+                     &job->c_in_resident};
+  for (const Operand& o : {a, b, c_in}) {
     if (o.handle.empty()) continue;
     ResidentMatrix m;
     if (absl::Status s = store_->Lookup(owner, o.handle, o.field, &m); !s.ok()) return s;
-    if (m.dtype == ElementType::kFp32) {
+    if (o.slot == &job->c_in_resident && m.dtype != shape.c_type) {
+      return status::InvalidArgument(
+          o.field, fmt::format("matrix {} is {}, this GEMM's C is {} (C_in has c_dtype's type)",
+                               status::Quote(o.handle), ElementTypeName(m.dtype),
+                               ElementTypeName(shape.c_type)));
+    }
+    if (o.slot != &job->c_in_resident && m.dtype == ElementType::kFp32) {
       return status::InvalidArgument(
           o.field, fmt::format("matrix {} is fp32 (a C kept with c_dtype FP32), this GEMM's dtype "
                                "is {} (mixing dtypes: operands are fp16 or bf16; download it, "
                                "convert and upload it)",
                                status::Quote(o.handle), ElementTypeName(shape.ab_type)));
     }
-    if (m.dtype != shape.ab_type) {
+    if (o.slot != &job->c_in_resident && m.dtype != shape.ab_type) {
       return status::InvalidArgument(
           o.field, fmt::format("matrix {} is {}, this GEMM's dtype is {} (mixing dtypes: upload "
                                "it as {}, or send the GEMM's dtype as {})",
@@ -53,8 +61,11 @@ absl::Status ResidentResolver::Resolve(const std::string& owner,
           o.field, fmt::format("matrix {} is {}x{}; this GEMM needs {}x{} ({})",
                                status::Quote(o.handle), m.rows, m.cols, o.rows, o.cols, o.layout));
     }
-    // A and B on different devices: run where the larger one lives.
-    if (job->device_index < 0 || m.buffer->bytes > job->a_resident->bytes) {
+    // Operands on different devices: run where the larger of A and B lives (C_in decides
+    // only alone).
+    if (job->device_index < 0 ||
+        (o.slot == &job->b_resident && job->a_resident &&
+         m.buffer->bytes > job->a_resident->bytes)) {
       job->device_index = m.buffer->device_index;
     }
     *o.slot = m.buffer;

@@ -28,6 +28,7 @@ namespace hgemm {
 struct ResidentOperands {
   std::string a_handle;
   std::string b_handle;
+  std::string c_in_handle;  // m×n of C's type (any, fp32 included: e.g. a C kept before)
   bool keep_c = false;
 };
 
@@ -36,10 +37,10 @@ class ResidentResolver {
   ResidentResolver(MatrixStore* store, const Scheduler* scheduler)
       : store_(store), scheduler_(scheduler) {}
 
-  // Sets job->a_resident / b_resident from the handles (marking them used), pins the job to
-  // their device and, for keep_c, reserves C's bytes of `owner`'s quota in *c_quota and sets
-  // job->keep_c. Errors: NOT_FOUND (a handle; the message names a_handle or b_handle),
-  // INVALID_ARGUMENT (a matrix of the wrong shape), RESOURCE_EXHAUSTED (keep_c_resident: over
+  // Sets job->a_resident / b_resident / c_in_resident from the handles (marking them used),
+  // pins the job to their device and, for keep_c, reserves C's bytes of `owner`'s quota in
+  // *c_quota and sets job->keep_c. Errors: NOT_FOUND (a handle; the message names its field),
+  // INVALID_ARGUMENT (a matrix of the wrong shape or dtype), RESOURCE_EXHAUSTED (keep_c_resident: over
   // the quota). On an error nothing stays reserved. REQUIRES: job->shape is validated.
   absl::Status Resolve(const std::string& owner, const ResidentOperands& operands, GemmJob* job,
                        QuotaReservation* c_quota) const;

@@ -38,6 +38,7 @@ absl::Status StreamAssembler::ConsumeHeader(const v1::GemmHeader& header, Stream
   }
   gemm->a_handle = header.a_handle();
   gemm->b_handle = header.b_handle();
+  if (gemm->job.shape.c_input) gemm->c_in_handle = header.c_in_handle();
   gemm->keep_c = header.keep_c_resident();
   gemm->c_ttl_seconds = header.c_ttl_seconds();
   const int64_t chunked_bytes = gemm->ChunkedBytes();
@@ -52,13 +53,9 @@ absl::Status StreamAssembler::ConsumeHeader(const v1::GemmHeader& header, Stream
   }
   if (chunked_bytes > 0) {
     pending_bytes_ += chunked_bytes;
-    Pending& p = pending_[id];
-    p.a_bytes = gemm->job.shape.ABytes();
-    p.b_bytes = gemm->job.shape.BBytes();
-    p.a_by_handle = !gemm->a_handle.empty();
-    p.b_by_handle = !gemm->b_handle.empty();
-    if (p.a_by_handle) p.a_received = p.a_bytes;
-    if (p.b_by_handle) p.b_received = p.b_bytes;
+    pending_[id] = Pending{.a_bytes = gemm->ChunkedABytes(),
+                           .b_bytes = gemm->ChunkedBBytes(),
+                           .c_bytes = gemm->ChunkedCInBytes()};
   }
   event->header = std::move(gemm);
   return absl::OkStatus();
@@ -73,8 +70,7 @@ void StreamAssembler::RefuseHeader(std::unique_ptr<AnnouncedGemm> gemm, absl::St
 
 void StreamAssembler::Refuse(uint64_t gemm_id) {
   if (auto it = pending_.find(gemm_id); it != pending_.end()) {
-    const Pending& p = it->second;
-    pending_bytes_ -= (p.a_by_handle ? 0 : p.a_bytes) + (p.b_by_handle ? 0 : p.b_bytes);
+    pending_bytes_ -= it->second.Bytes();
     pending_.erase(it);
   }
   DropChunksOf(gemm_id);
@@ -103,7 +99,7 @@ absl::Status StreamAssembler::ConsumeChunk(v1::MatrixChunk& chunk, StreamEvent* 
   const char* name;
   switch (chunk.operand()) {
     case v1::OPERAND_A:
-      if (p.a_by_handle) {
+      if (p.a_bytes == 0) {
         return status::InvalidArgument(
             "chunk.operand", fmt::format("gemm_id {}: A chunk for an A given by handle", id));
       }
@@ -115,15 +111,29 @@ absl::Status StreamAssembler::ConsumeChunk(v1::MatrixChunk& chunk, StreamEvent* 
             "chunk.operand", fmt::format("gemm_id {}: B chunk before all of A ({} of {} bytes)", id,
                                          p.a_received, p.a_bytes));
       }
-      if (p.b_by_handle) {
+      if (p.b_bytes == 0) {
         return status::InvalidArgument(
             "chunk.operand", fmt::format("gemm_id {}: B chunk for a B given by handle", id));
       }
       received = &p.b_received, total = p.b_bytes, name = "B";
       break;
+    case v1::OPERAND_C:
+      if (p.a_received < p.a_bytes || p.b_received < p.b_bytes) {
+        return status::InvalidArgument(
+            "chunk.operand", fmt::format("gemm_id {}: C_in chunk before all of A and B", id));
+      }
+      if (p.c_bytes == 0) {
+        return status::InvalidArgument(
+            "chunk.operand",
+            fmt::format("gemm_id {}: C_in chunk for a GEMM that reads none (beta 0, or "
+                        "c_in_handle)",
+                        id));
+      }
+      received = &p.c_received, total = p.c_bytes, name = "C_in";
+      break;
     default:
-      return status::InvalidArgument("chunk.operand",
-                                     fmt::format("gemm_id {}: must be OPERAND_A or OPERAND_B", id));
+      return status::InvalidArgument(
+          "chunk.operand", fmt::format("gemm_id {}: must be OPERAND_A, OPERAND_B or OPERAND_C", id));
   }
   const int64_t size = chunk.data().size();
   if (size == 0) {
@@ -146,9 +156,9 @@ absl::Status StreamAssembler::ConsumeChunk(v1::MatrixChunk& chunk, StreamEvent* 
   out->offset = *received;
   out->data = std::move(*chunk.mutable_data());
   *received += size;
-  if (p.a_received == p.a_bytes && p.b_received == p.b_bytes) {
+  if (p.a_received == p.a_bytes && p.b_received == p.b_bytes && p.c_received == p.c_bytes) {
     out->last = true;
-    pending_bytes_ -= (p.a_by_handle ? 0 : p.a_bytes) + (p.b_by_handle ? 0 : p.b_bytes);
+    pending_bytes_ -= p.Bytes();
     pending_.erase(it);
   }
   event->chunk = std::move(out);

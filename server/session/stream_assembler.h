@@ -28,14 +28,17 @@ struct AnnouncedGemm {
   // GEMM with this at once; the assembler drops the chunks the client still sends for it.
   absl::Status refused;
   GemmJob job;
-  std::string a_handle, b_handle;  // resident operands, resolved by the caller
+  // Resident operands, resolved by the caller (C_in's only counts with job.shape.c_input).
+  std::string a_handle, b_handle, c_in_handle;
   bool keep_c = false;
   uint32_t c_ttl_seconds = 0;
 
-  // Operand bytes that come as chunks (those not given by handle).
-  int64_t ChunkedBytes() const {
-    return (a_handle.empty() ? job.shape.ABytes() : 0) + (b_handle.empty() ? job.shape.BBytes() : 0);
-  }
+  // Bytes of A, B and C_in that come as chunks (0 for those given by handle, and for C_in
+  // without beta).
+  int64_t ChunkedABytes() const { return a_handle.empty() ? job.shape.ABytes() : 0; }
+  int64_t ChunkedBBytes() const { return b_handle.empty() ? job.shape.BBytes() : 0; }
+  int64_t ChunkedCInBytes() const { return c_in_handle.empty() ? job.shape.CInBytes() : 0; }
+  int64_t ChunkedBytes() const { return ChunkedABytes() + ChunkedBBytes() + ChunkedCInBytes(); }
 };
 
 // Bytes of one operand, in order: `data` belongs at byte `offset` of the operand.
@@ -76,10 +79,12 @@ class StreamAssembler {
   std::vector<uint64_t> Incomplete() const;
 
  private:
+  // The chunked bytes of a GEMM's operands (0 for one by handle or absent) and how many of
+  // each have arrived.
   struct Pending {
-    int64_t a_bytes = 0, b_bytes = 0;
-    int64_t a_received = 0, b_received = 0;  // an operand by handle counts as received
-    bool a_by_handle = false, b_by_handle = false;
+    int64_t a_bytes = 0, b_bytes = 0, c_bytes = 0;
+    int64_t a_received = 0, b_received = 0, c_received = 0;
+    int64_t Bytes() const { return a_bytes + b_bytes + c_bytes; }
   };
 
   // Refused GEMMs whose chunks are dropped; the oldest are forgotten past this many (their

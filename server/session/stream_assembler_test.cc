@@ -13,7 +13,7 @@ class StreamAssemblerTest : public ::testing::Test {
  protected:
   StreamAssemblerTest() : assembler_(rules_, 1 << 20) {
     rules_.max_elements_per_matrix = 1 << 16;
-    rules_.kernels = {{.name = "k", .fp32_accumulation = true}};
+    rules_.kernels = {{.name = "k", .fp32_accumulation = true, .scaled_types = kAllTypesBits}};
   }
 
   absl::Status Header(uint64_t id, uint32_t m, uint32_t n, uint32_t k) {
@@ -201,6 +201,49 @@ TEST_F(StreamAssemblerTest, PendingBytesAreBounded) {
   ASSERT_TRUE(Header(4, 256, 256, 256).ok());
   ASSERT_TRUE(Header(5, 256, 256, 256).ok());
   EXPECT_EQ(event_.header->refused.code(), absl::StatusCode::kResourceExhausted);
+}
+
+TEST_F(StreamAssemblerTest, CInChunksComeAfterBWhenBetaIsSet) {
+  v1::GemmStreamRequest header = StreamHeader(4, 2, 3, 2);  // A: 8 bytes, B: 12, C_in: 12
+  header.mutable_header()->set_beta(2);
+  ASSERT_TRUE(Consume(header).ok());
+  ASSERT_NE(event_.header, nullptr);
+  ASSERT_TRUE(event_.header->refused.ok()) << event_.header->refused;
+  EXPECT_EQ(event_.header->ChunkedBytes(), 32);
+  ASSERT_TRUE(Chunk(4, v1::OPERAND_A, 0, "abcdefgh").ok());
+  absl::Status s = Chunk(4, v1::OPERAND_C, 0, "early");
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("C_in chunk before all of A and B"), std::string::npos) << s.message();
+}
+
+TEST_F(StreamAssemblerTest, GemmIsCompleteWithItsLastCInByte) {
+  v1::GemmStreamRequest header = StreamHeader(4, 2, 3, 2);
+  header.mutable_header()->set_beta(2);
+  ASSERT_TRUE(Consume(header).ok());
+  ASSERT_TRUE(Chunk(4, v1::OPERAND_A, 0, "abcdefgh").ok());
+  ASSERT_TRUE(Chunk(4, v1::OPERAND_B, 0, "0123456789AB").ok());
+  EXPECT_FALSE(Last());
+  ASSERT_TRUE(Chunk(4, v1::OPERAND_C, 0, "cdefghijklm").ok());
+  EXPECT_FALSE(Last());
+  ASSERT_TRUE(Chunk(4, v1::OPERAND_C, 11, "n").ok());
+  EXPECT_TRUE(Last());
+  EXPECT_EQ(Delivered(4, v1::OPERAND_C), "cdefghijklmn");
+  EXPECT_TRUE(assembler_.Incomplete().empty());
+
+  // beta 0 (or C_in by handle): no C_in chunks; the GEMM is complete with B's last byte.
+  for (const char* c_in_handle : {"", "h"}) {
+    assembler_.Release(4);
+    delivered_.clear();
+    header.mutable_header()->set_beta(c_in_handle[0] ? 1 : 0);
+    header.mutable_header()->set_c_in_handle(c_in_handle);
+    ASSERT_TRUE(Consume(header).ok());
+    EXPECT_EQ(event_.header->ChunkedBytes(), 20);
+    ASSERT_TRUE(Chunk(4, v1::OPERAND_A, 0, "abcdefgh").ok());
+    ASSERT_TRUE(Chunk(4, v1::OPERAND_B, 0, "0123456789AB").ok());
+    EXPECT_TRUE(Last());
+    absl::Status s = Chunk(4, v1::OPERAND_C, 0, "late");
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  }
 }
 
 }  // namespace

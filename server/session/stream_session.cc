@@ -19,8 +19,9 @@ struct StreamSession::Gemm {
   // could not be placed or copied).
   absl::Status refused;
   AdmittedGemm admitted;  // from admission until it runs
-  // Where its chunked operands arrive (A, B; null when given by handle), until they settle.
-  std::shared_ptr<ArrivingBuffer> arriving[2];  // guarded by mu_
+  // Where its chunked operands arrive (A, B, C_in; null when given by handle or absent),
+  // until they settle.
+  std::shared_ptr<ArrivingBuffer> arriving[3];  // guarded by mu_
   int unsettled = 0;                            // guarded by mu_
   double copy_ms = 0;                           // guarded by mu_
   Clock::time_point last_chunk;                 // guarded by mu_; while in receiving_
@@ -183,6 +184,7 @@ absl::Status StreamSession::Admit(Gemm& gemm) {
                      {.job = streamed.job,
                       .a = source(streamed.a_handle),
                       .b = source(streamed.b_handle),
+                      .c_in = source(streamed.c_in_handle),
                       .c = streamed.keep_c ? ResultSink::KeepResident(streamed.c_ttl_seconds)
                                            : ResultSink::Host()},
                      &gemm.admitted);
@@ -190,12 +192,11 @@ absl::Status StreamSession::Admit(Gemm& gemm) {
 
 // Starts an ArrivingBuffer for each chunked operand (its allocation runs on an upload thread).
 void StreamSession::ReceiveLocked(const std::shared_ptr<Gemm>& gemm) {
-  const GemmShape& shape = gemm->admitted.job().shape;
-  const int64_t bytes[2] = {gemm->streamed.a_handle.empty() ? shape.ABytes() : 0,
-                            gemm->streamed.b_handle.empty() ? shape.BBytes() : 0};
+  const int64_t bytes[3] = {gemm->streamed.ChunkedABytes(), gemm->streamed.ChunkedBBytes(),
+                            gemm->streamed.ChunkedCInBytes()};
   gemm->last_chunk = Clock::now();
   receiving_[gemm->streamed.gemm_id] = gemm;
-  for (int operand = 0; operand < 2; ++operand) {
+  for (int operand = 0; operand < 3; ++operand) {
     if (bytes[operand] == 0) continue;
     gemm->unsettled++;
     arriving_++;
@@ -230,7 +231,8 @@ void StreamSession::Settled(const std::shared_ptr<Gemm>& gemm, int operand, cons
       assembler_.Refuse(gemm->streamed.gemm_id);
       refuse = true;
     } else {
-      (operand == 0 ? gemm->admitted.job().a_resident : gemm->admitted.job().b_resident) =
+      GemmJob& job = gemm->admitted.job();
+      (operand == 0 ? job.a_resident : operand == 1 ? job.b_resident : job.c_in_resident) =
           std::move(buffer);
       run = gemm->unsettled == 0;
     }
@@ -246,11 +248,10 @@ void StreamSession::Settled(const std::shared_ptr<Gemm>& gemm, int operand, cons
 
 // Drops what is still arriving for `gemm`. REQUIRES: mu_ not held (a buffer may settle here).
 void StreamSession::DropArriving(Gemm& gemm, const absl::Status& why) {
-  std::shared_ptr<ArrivingBuffer> arriving[2];
+  std::shared_ptr<ArrivingBuffer> arriving[3];
   {
     std::lock_guard<std::mutex> lock(mu_);
-    arriving[0] = gemm.arriving[0];
-    arriving[1] = gemm.arriving[1];
+    std::copy(std::begin(gemm.arriving), std::end(gemm.arriving), arriving);
   }
   for (const std::shared_ptr<ArrivingBuffer>& buffer : arriving) {
     if (buffer) buffer->Drop(why);
@@ -265,7 +266,9 @@ int64_t StreamSession::Place(OperandChunk chunk) {
     if (it == receiving_.end()) return 0;  // dropped between the assembler and here
     Gemm& gemm = *it->second;
     gemm.last_chunk = Clock::now();
-    buffer = gemm.arriving[chunk.operand == v1::OPERAND_A ? 0 : 1];
+    buffer = gemm.arriving[chunk.operand == v1::OPERAND_A   ? 0
+                           : chunk.operand == v1::OPERAND_B ? 1
+                                                            : 2];
     if (chunk.last) receiving_.erase(it);
   }
   // Not settled: the session does not finish while a buffer has bytes to come.

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 
 #include "server/core/status.h"
 
@@ -42,6 +43,13 @@ absl::Status ValidateHandles(const v1::GemmRequest& request) {
   if (request.has_c_region() && request.c_region().region().empty()) {
     return status::InvalidArgument("c_region.region", kNoRegion);
   }
+  if (request.has_c_in_handle() && request.c_in_handle().empty()) {
+    return status::InvalidArgument(
+        "c_in_handle", "empty (set c_in, or the handle of a resident matrix)");
+  }
+  if (request.has_c_in_region() && request.c_in_region().region().empty()) {
+    return status::InvalidArgument("c_in_region.region", kNoRegion);
+  }
   if (request.has_c_region() && request.keep_c_resident()) {
     return status::InvalidArgument("c_region",
                                    "C goes either to a region or stays resident, not both");
@@ -52,10 +60,11 @@ absl::Status ValidateHandles(const v1::GemmRequest& request) {
 }  // namespace
 
 bool AutoSupports(const RequestRules& rules, Accumulation accumulation, unsigned layout_bit,
-                  unsigned types_bit) {
+                  unsigned types_bit, bool scaled) {
   return std::any_of(rules.kernels.begin(), rules.kernels.end(), [&](const KernelDescription& k) {
     return (accumulation == Accumulation::kFp16 ? k.fp16_accumulation : k.fp32_accumulation) &&
-           (k.layouts & layout_bit) != 0 && (k.types & types_bit) != 0;
+           (k.layouts & layout_bit) != 0 && (k.types & types_bit) != 0 &&
+           (!scaled || (k.scaled_types & types_bit) != 0);
   });
 }
 
@@ -68,6 +77,12 @@ unsigned AutoLayouts(const RequestRules& rules) {
 unsigned AutoTypes(const RequestRules& rules) {
   unsigned bits = 0;
   for (const KernelDescription& k : rules.kernels) bits |= k.types;
+  return bits;
+}
+
+unsigned AutoScaledTypes(const RequestRules& rules) {
+  unsigned bits = 0;
+  for (const KernelDescription& k : rules.kernels) bits |= k.scaled_types;
   return bits;
 }
 
@@ -243,6 +258,81 @@ absl::Status ValidateForm(bool transpose_a, bool transpose_b, v1::DataType dtype
   return absl::OkStatus();
 }
 
+absl::Status ValidateScale(bool has_alpha, float alpha, float beta, bool has_c_in,
+                           const RequestRules& rules, const std::string& prefix, GemmJob* job) {
+  if (!has_alpha) alpha = 1;
+  if (!std::isfinite(alpha)) {
+    return status::InvalidArgument(prefix + "alpha", fmt::format("{} is not a finite number", alpha));
+  }
+  if (!std::isfinite(beta)) {
+    return status::InvalidArgument(prefix + "beta", fmt::format("{} is not a finite number", beta));
+  }
+  if (beta != 0 && !has_c_in) {
+    return status::InvalidArgument(
+        prefix + "beta",
+        fmt::format("{} needs a C input (c_in, c_in_handle or c_in_region), and none was given",
+                    beta));
+  }
+  job->alpha = alpha;
+  job->beta = beta;
+  job->shape.c_input = beta != 0;
+  if (!job->Scaled()) return absl::OkStatus();
+  // The field a refusal names: the scale that makes this more than op(A)·op(B).
+  const std::string scale_field = prefix + (beta != 0 ? "beta" : "alpha");
+  if (job->accumulation != Accumulation::kFp32) {
+    return status::InvalidArgument(
+        prefix + "options.accumulation",
+        "FP16 accumulation takes no alpha/beta (they need FP32 accumulation)");
+  }
+  const unsigned types = TypesBit(job->shape.ab_type, job->shape.c_type);
+  if (job->kernel == "auto") {
+    if (!AutoSupports(rules, job->accumulation, LayoutBit(job->transpose_a, job->transpose_b),
+                      types, /*scaled=*/true)) {
+      return status::InvalidArgument(
+          scale_field, fmt::format("no kernel of this server takes alpha/beta for {} in layout {} "
+                                   "(it takes them for {})",
+                                   TypesNames(types),
+                                   LayoutNames(LayoutBit(job->transpose_a, job->transpose_b)),
+                                   TypesNames(AutoScaledTypes(rules))));
+    }
+    return absl::OkStatus();
+  }
+  auto it = std::find_if(rules.kernels.begin(), rules.kernels.end(),
+                         [&](const KernelDescription& k) { return k.name == job->kernel; });
+  if ((it->scaled_types & types) == 0) {  // ValidateOptions found it
+    return status::InvalidArgument(
+        scale_field, fmt::format("kernel '{}' takes alpha/beta for {}, not {} (use 'auto')",
+                                 it->name, TypesNames(it->scaled_types), TypesNames(types)));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateBatch(uint32_t batch, const std::string& single_matrix_field,
+                           const RequestRules& rules, const std::string& prefix, GemmJob* job) {
+  GemmShape& shape = job->shape;
+  shape.batch = std::max<uint32_t>(batch, 1);
+  if (batch <= 1) return absl::OkStatus();
+  if (!single_matrix_field.empty()) {
+    return status::InvalidArgument(
+        prefix + single_matrix_field,
+        fmt::format("holds one matrix; a batch of {} takes its operands inline, in a region or "
+                    "streamed, and C back (batch 1 for this)",
+                    batch));
+  }
+  // Each operand's buffer is one matrix of batch·rows rows, for the size limits.
+  const int64_t limit = MaxElementsPerMatrix(rules);
+  for (auto [name, elements] : {std::pair{"A", shape.m * shape.k}, std::pair{"B", shape.k * shape.n},
+                                std::pair{"C", shape.m * shape.n}}) {
+    if (elements > limit / int64_t(batch)) {
+      return status::OverLimit(fmt::format(
+          "{}batch: {} matrices {} of {} elements each are {} elements; this server takes at most "
+          "{} per operand",
+          prefix, batch, name, elements, uint64_t(batch) * uint64_t(elements), limit));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ValidateGemmRequest(const v1::GemmRequest& request, const RequestRules& rules,
                                  GemmJob* job) {
   absl::Status s = ValidateOptions(request.options(), rules, "options", job);
@@ -252,9 +342,35 @@ absl::Status ValidateGemmRequest(const v1::GemmRequest& request, const RequestRu
       !s.ok()) {
     return s;
   }
+  if (s = ValidateScale(request.has_alpha(), request.alpha(), request.beta(),
+                        request.c_in_source_case() != v1::GemmRequest::C_IN_SOURCE_NOT_SET, rules,
+                        "", job);
+      !s.ok()) {
+    return s;
+  }
   if (s = ValidateShape(request.m(), request.n(), request.k(), rules, &job->shape); !s.ok()) return s;
-  const GemmShape& shape = job->shape;
   if (s = ValidateHandles(request); !s.ok()) return s;
+  const std::string single_matrix_field =
+      request.has_a_handle()                             ? "a_handle"
+      : request.has_b_handle()                           ? "b_handle"
+      : request.has_c_in_handle() && job->shape.c_input  ? "c_in_handle"
+      : request.keep_c_resident()                        ? "keep_c_resident"
+                                                         : "";
+  if (s = ValidateBatch(request.batch(), single_matrix_field, rules, "", job); !s.ok()) return s;
+  const GemmShape& shape = job->shape;
+  // "N", or "N for the batch of B (M each)".
+  auto total = [&](int64_t one_matrix) {
+    return shape.batch == 1 ? std::to_string(one_matrix)
+                            : fmt::format("{} for the batch of {} ({} each)",
+                                          one_matrix * shape.batch, shape.batch, one_matrix);
+  };
+  if (int64_t want = shape.CBytes();
+      shape.c_input && request.has_c_in() && int64_t(request.c_in().size()) != want) {
+    return status::InvalidArgument(
+        "c_in", fmt::format("{} bytes; an {}x{} {} matrix (m x n, c_dtype) takes exactly {}",
+                            request.c_in().size(), shape.m, shape.n, ElementTypeName(shape.c_type),
+                            total(shape.CMatrixBytes())));
+  }
   // Operands given by handle or region are checked when it is resolved.
   const bool a_inline = request.a_source_case() == v1::GemmRequest::kA ||
                         request.a_source_case() == v1::GemmRequest::A_SOURCE_NOT_SET;
@@ -265,14 +381,16 @@ absl::Status ValidateGemmRequest(const v1::GemmRequest& request, const RequestRu
         "a", fmt::format("{} bytes; an {}x{} {} matrix ({}) takes exactly {} (or give a_handle or a_region)",
                          request.a().size(), job->transpose_a ? shape.k : shape.m,
                          job->transpose_a ? shape.m : shape.k, ElementTypeName(shape.ab_type),
-                         job->transpose_a ? "k x m, transpose_a" : "m x k", want));
+                         job->transpose_a ? "k x m, transpose_a" : "m x k",
+                         total(shape.AMatrixBytes())));
   }
   if (int64_t want = shape.BBytes(); b_inline && int64_t(request.b().size()) != want) {
     return status::InvalidArgument(
         "b", fmt::format("{} bytes; a {}x{} {} matrix ({}) takes exactly {} (or give b_handle or b_region)",
                          request.b().size(), job->transpose_b ? shape.n : shape.k,
                          job->transpose_b ? shape.k : shape.n, ElementTypeName(shape.ab_type),
-                         job->transpose_b ? "n x k, transpose_b" : "k x n", want));
+                         job->transpose_b ? "n x k, transpose_b" : "k x n",
+                         total(shape.BMatrixBytes())));
   }
   return absl::OkStatus();
 }
@@ -286,7 +404,20 @@ absl::Status ValidateGemmHeader(const v1::GemmHeader& header, const RequestRules
       !s.ok()) {
     return s;
   }
-  return ValidateShape(header.m(), header.n(), header.k(), rules, &job->shape);
+  // C_in comes by handle or in OPERAND_C chunks: a header always has one.
+  if (s = ValidateScale(header.has_alpha(), header.alpha(), header.beta(), /*has_c_in=*/true,
+                        rules, "header.", job);
+      !s.ok()) {
+    return s;
+  }
+  if (s = ValidateShape(header.m(), header.n(), header.k(), rules, &job->shape); !s.ok()) return s;
+  const std::string single_matrix_field =
+      !header.a_handle().empty()      ? "a_handle"
+      : !header.b_handle().empty()    ? "b_handle"
+      : !header.c_in_handle().empty() && job->shape.c_input ? "c_in_handle"
+      : header.keep_c_resident()      ? "keep_c_resident"
+                                      : "";
+  return ValidateBatch(header.batch(), single_matrix_field, rules, "header.", job);
 }
 
 }  // namespace hgemm

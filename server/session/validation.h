@@ -27,13 +27,16 @@ inline constexpr size_t kMaxRequestIdBytes = 128;
 // Whether "auto" can honour `accumulation` with a layout and a type pair (bits of
 // server/core/shape.h): some kernel of the rules has all three. What ListKernels reports for
 // "auto" and what requests for "auto" are checked against.
+// With `scaled`, the kernel must also take alpha/beta for the type pair.
 bool AutoSupports(const RequestRules& rules, Accumulation accumulation,
-                  unsigned layout_bit = kLayoutNNBit, unsigned types_bit = kTypesFp16Bit);
+                  unsigned layout_bit = kLayoutNNBit, unsigned types_bit = kTypesFp16Bit,
+                  bool scaled = false);
 
 // The layouts and the type pairs some kernel of the rules takes (what ListKernels reports for
 // "auto").
 unsigned AutoLayouts(const RequestRules& rules);
 unsigned AutoTypes(const RequestRules& rules);
+unsigned AutoScaledTypes(const RequestRules& rules);
 
 // "NN", "NT", "TN", "TT" of the set bits of `layouts`, comma-separated; the same for type pairs
 // ("fp16", "fp16->fp32", "bf16", "bf16->fp32").
@@ -66,13 +69,31 @@ absl::Status ValidateForm(bool transpose_a, bool transpose_b, v1::DataType dtype
                           v1::DataType c_dtype, const RequestRules& rules,
                           const std::string& prefix, GemmJob* job);
 
+// Scales (fields 15–16; `prefix` is "" or "header."): alpha (1 when unset) and beta finite;
+// beta ≠ 0 only with a C input (`has_c_in`); alpha ≠ 1 or beta ≠ 0 only with FP32
+// accumulation and a kernel (job->kernel, "auto" included) that takes them for the types.
+// Fills job->alpha, job->beta and job->shape.c_input (beta ≠ 0). REQUIRES: ValidateForm passed.
+absl::Status ValidateScale(bool has_alpha, float alpha, float beta, bool has_c_in,
+                           const RequestRules& rules, const std::string& prefix, GemmJob* job);
+
+// Strided-batched (field 60; `prefix` is "" or "header."): batch 0 or 1 is one GEMM; more
+// needs batch·(elements of each of A, B, C) within MaxElementsPerMatrix (RESOURCE_EXHAUSTED
+// naming the batch's matrix and the limit) and no field that holds one matrix only
+// (`single_matrix_field`, e.g. "a_handle" or "keep_c_resident"; "" when none is set:
+// INVALID_ARGUMENT naming it). Fills job->shape.batch. REQUIRES: ValidateShape passed.
+absl::Status ValidateBatch(uint32_t batch, const std::string& single_matrix_field,
+                           const RequestRules& rules, const std::string& prefix, GemmJob* job);
+
 // A whole unary request: options, form, shape, a handle set only if non-empty, and a/b of
-// exactly m·k and k·n elements of the dtype unless given by handle. Fills
+// exactly batch·m·k and batch·k·n elements of the dtype unless given by handle, the scales, the
+// batch, and an inline C_in (read only with beta ≠ 0) of exactly batch·m·n elements of c_dtype.
+// Fills
 // everything of `job` but the buffers and callbacks.
 absl::Status ValidateGemmRequest(const v1::GemmRequest& request, const RequestRules& rules,
                                  GemmJob* job);
 
-// A stream header: options, form and shape (its operands arrive later in chunks, unless by handle).
+// A stream header: options, form, scales, shape and batch (its operands arrive later in
+// chunks, unless by handle).
 absl::Status ValidateGemmHeader(const v1::GemmHeader& header, const RequestRules& rules,
                                 GemmJob* job);
 

@@ -243,5 +243,117 @@ TEST(Validation, HeaderFieldsArePrefixed) {
   EXPECT_EQ(job.shape.BBytes(), 8);
 }
 
+TEST(Validation, ScalesDefaultToOpAB) {
+  GemmJob job;
+  v1::GemmRequest r = Request(3, 5, 7);
+  r.set_c_in("ignored: beta is 0");  // never read, so never size-checked
+  ASSERT_TRUE(ValidateGemmRequest(r, Rules(), &job).ok());
+  EXPECT_EQ(job.alpha, 1.0f);
+  EXPECT_EQ(job.beta, 0.0f);
+  EXPECT_FALSE(job.Scaled());
+  EXPECT_FALSE(job.shape.c_input);
+  EXPECT_EQ(job.shape.Bytes(), 2 * (3 * 7 + 7 * 5 + 3 * 5));
+}
+
+TEST(Validation, ScalesNeedAKernelThatTakesThem) {
+  RequestRules rules = Rules();
+  v1::GemmRequest r = Request(3, 5, 7);
+  r.set_alpha(0);  // alpha 0 is expressible: the field has presence
+  GemmJob job;
+  absl::Status s = ValidateGemmRequest(r, rules, &job);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.message().rfind("alpha: no kernel of this server takes alpha/beta", 0), 0u)
+      << s.message();
+
+  rules.kernels[1].scaled_types = kTypesFp16Bit;  // "fp32only"
+  ASSERT_TRUE(ValidateGemmRequest(r, rules, &job).ok());
+  EXPECT_EQ(job.alpha, 0.0f);
+  EXPECT_TRUE(job.Scaled());
+  r.mutable_options()->set_kernel("fast");
+  s = ValidateGemmRequest(r, rules, &job);
+  EXPECT_EQ(s.message().rfind("alpha: kernel 'fast' takes alpha/beta for none", 0), 0u)
+      << s.message();
+  r.mutable_options()->set_kernel("fp32only");
+  r.set_beta(-2);
+  r.set_c_in(std::string(2 * 3 * 5, '\1'));
+  ASSERT_TRUE(ValidateGemmRequest(r, rules, &job).ok());
+  EXPECT_TRUE(job.shape.c_input);
+  EXPECT_EQ(job.shape.Bytes(), 2 * (3 * 7 + 7 * 5 + 2 * 3 * 5));
+
+  // FP16 accumulation takes no scales, even on a kernel that has it.
+  r.mutable_options()->set_kernel("fast");
+  r.mutable_options()->set_accumulation(v1::ACCUMULATION_FP16);
+  s = ValidateGemmRequest(r, rules, &job);
+  EXPECT_EQ(s.message().rfind("options.accumulation:", 0), 0u) << s.message();
+}
+
+TEST(Validation, BetaNeedsACInputOfCsSize) {
+  RequestRules rules = Rules();
+  rules.kernels[1].scaled_types = kAllTypesBits;
+  GemmJob job;
+  v1::GemmRequest r = Request(3, 5, 7);
+  r.set_beta(1);
+  absl::Status s = ValidateGemmRequest(r, rules, &job);
+  EXPECT_EQ(s.message().rfind("beta: 1 needs a C input", 0), 0u) << s.message();
+  r.set_c_in(std::string(2 * 3 * 5 - 1, '\1'));
+  s = ValidateGemmRequest(r, rules, &job);
+  EXPECT_EQ(s.message().rfind("c_in: 29 bytes", 0), 0u) << s.message();
+  r.set_c_in_handle("");
+  s = ValidateGemmRequest(r, rules, &job);
+  EXPECT_EQ(s.message().rfind("c_in_handle: empty", 0), 0u) << s.message();
+  r.set_c_in_handle("h");
+  EXPECT_TRUE(ValidateGemmRequest(r, rules, &job).ok());  // its shape is checked when resolved
+
+  // A header always has a C input: OPERAND_C chunks unless c_in_handle.
+  v1::GemmHeader header;
+  header.set_m(3);
+  header.set_n(5);
+  header.set_k(7);
+  header.set_beta(0.5f);
+  ASSERT_TRUE(ValidateGemmHeader(header, rules, &job).ok());
+  EXPECT_TRUE(job.shape.c_input);
+  header.set_alpha(std::numeric_limits<float>::infinity());
+  s = ValidateGemmHeader(header, rules, &job);
+  EXPECT_EQ(s.message().rfind("header.alpha: inf is not a finite number", 0), 0u) << s.message();
+}
+
+TEST(Validation, BatchSizesTheOperandsAndKeepsThemInTheLimit) {
+  GemmJob job;
+  v1::GemmRequest r = Request(3, 5, 7);
+  r.set_batch(4);
+  r.set_a(std::string(4 * 2 * 3 * 7, '\1'));
+  r.set_b(std::string(4 * 2 * 7 * 5, '\1'));
+  ASSERT_TRUE(ValidateGemmRequest(r, Rules(), &job).ok());
+  EXPECT_EQ(job.shape.batch, 4);
+  EXPECT_EQ(job.shape.ABytes(), 4 * 2 * 3 * 7);
+  EXPECT_EQ(job.shape.CBytes(), 4 * 2 * 3 * 5);
+  EXPECT_EQ(job.shape.Flops(), 4 * 2 * 3 * 5 * 7);
+
+  r.set_batch(0);  // 0 is one GEMM, as 1: the buffers are now four times too long
+  absl::Status s = ValidateGemmRequest(r, Rules(), &job);
+  EXPECT_EQ(s.message().rfind("a: 168 bytes", 0), 0u) << s.message();
+
+  // 2^20 elements per matrix (Rules()): 16 A's of 256x256 are 2^20, 17 are over.
+  r = Request(256, 1, 256);
+  r.set_batch(17);
+  s = ValidateGemmRequest(r, Rules(), &job);
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(s.message().rfind("batch: 17 matrices A of 65536 elements each are 1114112", 0), 0u)
+      << s.message();
+  r.set_batch(16);
+  r.set_a(std::string(16 * 2 * 256 * 256, '\1'));
+  r.set_b(std::string(16 * 2 * 256, '\1'));
+  EXPECT_TRUE(ValidateGemmRequest(r, Rules(), &job).ok());
+
+  v1::GemmHeader header;
+  header.set_m(2);
+  header.set_n(2);
+  header.set_k(2);
+  header.set_batch(3);
+  header.set_a_handle("h");
+  s = ValidateGemmHeader(header, Rules(), &job);
+  EXPECT_EQ(s.message().rfind("header.a_handle: holds one matrix", 0), 0u) << s.message();
+}
+
 }  // namespace
 }  // namespace hgemm

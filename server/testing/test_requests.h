@@ -4,6 +4,7 @@
 #ifndef HGEMM_SERVER_TESTING_TEST_REQUESTS_H_
 #define HGEMM_SERVER_TESTING_TEST_REQUESTS_H_
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -30,11 +31,13 @@ inline v1::GemmRequest RandomRequest(uint32_t m, uint32_t n, uint32_t k, std::mt
 }
 
 // A request of any layout and types: random operands as stored (A k×m when transpose_a, B n×k
-// when transpose_b) of `dtype` (FP16 or BF16), C of `c_dtype`.
+// when transpose_b) of `dtype` (FP16 or BF16), C of `c_dtype`; `batch` of each, packed.
 inline v1::GemmRequest FormRequest(uint32_t m, uint32_t n, uint32_t k, bool transpose_a,
                                    bool transpose_b, v1::DataType dtype, v1::DataType c_dtype,
-                                   std::mt19937_64& rng) {
+                                   std::mt19937_64& rng, uint32_t batch = 0) {
   v1::GemmRequest r;
+  r.set_batch(batch);
+  const int64_t count = std::max<uint32_t>(batch, 1);
   r.set_m(m);
   r.set_n(n);
   r.set_k(k);
@@ -43,31 +46,56 @@ inline v1::GemmRequest FormRequest(uint32_t m, uint32_t n, uint32_t k, bool tran
   r.set_dtype(dtype);
   r.set_c_dtype(c_dtype);
   const bool bf16 = dtype == v1::DATA_TYPE_BF16;
-  auto a = RandomHalfMatrix(int64_t(m) * k, rng, bf16);
-  auto b = RandomHalfMatrix(int64_t(k) * n, rng, bf16);
+  auto a = RandomHalfMatrix(count * m * k, rng, bf16);
+  auto b = RandomHalfMatrix(count * k * n, rng, bf16);
   r.set_a(reinterpret_cast<const char*>(a.data()), 2 * a.size());
   r.set_b(reinterpret_cast<const char*>(b.data()), 2 * b.size());
   return r;
 }
 
-// op(A)·op(B) of a request with inline operands, in float64 by the definition (no BLAS).
+// An inline C_in for `r` (m×n of its c_dtype): random values, never all zeros.
+inline void SetRandomCIn(v1::GemmRequest* r, std::mt19937_64& rng) {
+  const int64_t count = int64_t(r->m()) * r->n() * std::max<uint32_t>(r->batch(), 1);
+  if (r->c_dtype() == v1::DATA_TYPE_FP32) {
+    std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+    std::vector<float> c(count);
+    for (float& v : c) v = uniform(rng);
+    r->set_c_in(reinterpret_cast<const char*>(c.data()), 4 * c.size());
+    return;
+  }
+  r->set_c_in(HalfBytes(RandomHalfMatrix(count, rng, r->dtype() == v1::DATA_TYPE_BF16)));
+}
+
+// alpha·op(A)·op(B) + beta·C_in of a request with inline operands (C_in read only when beta
+// ≠ 0, as the service does), in float64 by the definition (no BLAS).
+// With r.batch() > 1, the batch's C_i one after the other.
 inline std::vector<double> Float64Reference(const v1::GemmRequest& r) {
-  const int64_t m = r.m(), n = r.n(), k = r.k();
+  const int64_t m = r.m(), n = r.n(), k = r.k(), batch = std::max<int64_t>(r.batch(), 1);
   const bool bf16 = r.dtype() == v1::DATA_TYPE_BF16;
   auto value = [bf16](const std::string& bytes, int64_t i) {
     uint16_t h;
     std::memcpy(&h, bytes.data() + 2 * i, 2);
     return double(bf16 ? Bf16ToFloat(h) : HalfToFloat(h));
   };
-  std::vector<double> c(m * n);
-  for (int64_t i = 0; i < m; ++i) {
-    for (int64_t j = 0; j < n; ++j) {
-      double sum = 0;
-      for (int64_t p = 0; p < k; ++p) {
-        sum += value(r.a(), r.transpose_a() ? p * m + i : i * k + p) *
-               value(r.b(), r.transpose_b() ? j * k + p : p * n + j);
+  auto c_in = [&](int64_t i) {
+    if (r.c_dtype() != v1::DATA_TYPE_FP32) return value(r.c_in(), i);
+    float f;
+    std::memcpy(&f, r.c_in().data() + 4 * i, 4);
+    return double(f);
+  };
+  const double alpha = r.has_alpha() ? r.alpha() : 1.0, beta = r.beta();
+  std::vector<double> c(batch * m * n);
+  for (int64_t g = 0; g < batch; ++g) {
+    const int64_t a0 = g * m * k, b0 = g * k * n, c0 = g * m * n;
+    for (int64_t i = 0; i < m; ++i) {
+      for (int64_t j = 0; j < n; ++j) {
+        double sum = 0;
+        for (int64_t p = 0; p < k; ++p) {
+          sum += value(r.a(), a0 + (r.transpose_a() ? p * m + i : i * k + p)) *
+                 value(r.b(), b0 + (r.transpose_b() ? j * k + p : p * n + j));
+        }
+        c[c0 + i * n + j] = alpha * sum + (beta != 0 ? beta * c_in(c0 + i * n + j) : 0.0);
       }
-      c[i * n + j] = sum;
     }
   }
   return c;

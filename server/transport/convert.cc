@@ -41,16 +41,20 @@ v1::DataType ToProto(ElementType type) {
   return v1::DATA_TYPE_UNSPECIFIED;
 }
 
-void DescribeForms(unsigned layouts, unsigned types, v1::KernelInfo* info) {
+void DescribeForms(unsigned layouts, unsigned types, unsigned scaled_types, v1::KernelInfo* info) {
   for (int i = 0; i < 4; ++i) {
     if (layouts & (1u << i)) info->add_layouts(kLayoutNames[i]);
   }
   for (ElementType ab : {ElementType::kFp16, ElementType::kBf16}) {
     for (ElementType c : {ab, ElementType::kFp32}) {
-      if ((types & TypesBit(ab, c)) == 0) continue;
-      v1::KernelTypes* pair = info->add_types();
-      pair->set_dtype(ToProto(ab));
-      pair->set_c_dtype(ToProto(c));
+      const unsigned bit = TypesBit(ab, c);
+      if ((types & bit) == 0) continue;
+      for (v1::KernelTypes* pair :
+           {info->add_types(), (scaled_types & bit) ? info->add_scaled_types() : nullptr}) {
+        if (pair == nullptr) continue;
+        pair->set_dtype(ToProto(ab));
+        pair->set_c_dtype(ToProto(c));
+      }
     }
   }
 }

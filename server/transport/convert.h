@@ -36,8 +36,9 @@ inline const uint16_t* HalfData(const std::string& bytes) {
 v1::Accumulation ToProto(Accumulation accumulation);
 v1::DataType ToProto(ElementType type);
 
-// Adds the layouts and type pairs of bit sets (server/core/shape.h) to a kernel's description.
-void DescribeForms(unsigned layouts, unsigned types, v1::KernelInfo* info);
+// Adds the layouts, type pairs and type pairs with alpha/beta of bit sets (server/core/shape.h)
+// to a kernel's description.
+void DescribeForms(unsigned layouts, unsigned types, unsigned scaled_types, v1::KernelInfo* info);
 
 // Fills the proto's timing and execution from what a GEMM of `shape` came to.
 void ToProto(const GemmShape& shape, const GemmResult& result, v1::Timing* timing,

@@ -73,7 +73,9 @@ grpc::ServerUnaryReactor* GemmServiceImpl::Gemm(grpc::CallbackServerContext* con
                                                 const v1::GemmRequest* request,
                                                 v1::GemmResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  log_.Received(Rpc::kGemm, int64_t(request->a().size() + request->b().size()), *context);
+  log_.Received(Rpc::kGemm,
+                int64_t(request->a().size() + request->b().size() + request->c_in().size()),
+                *context);
   Principal caller;
   if (absl::Status s = Identify(Rpc::kGemm, context, &caller); !s.ok()) {
     reactor->Finish(ToGrpcStatus(s));
@@ -106,6 +108,20 @@ absl::Status GemmServiceImpl::AdmitGemm(grpc::CallbackServerContext* context,
                 ? OperandSource::Region(request.b_region().region(), request.b_region().offset())
             : request.b_handle().empty() ? OperandSource::Inline(HalfData(request.b()))
                                          : OperandSource::Resident(request.b_handle());
+  switch (request.c_in_source_case()) {
+    case v1::GemmRequest::kCIn:
+      order.c_in = OperandSource::Inline(HalfData(request.c_in()));
+      break;
+    case v1::GemmRequest::kCInHandle:
+      order.c_in = OperandSource::Resident(request.c_in_handle());
+      break;
+    case v1::GemmRequest::kCInRegion:
+      order.c_in = OperandSource::Region(request.c_in_region().region(),
+                                         request.c_in_region().offset());
+      break;
+    case v1::GemmRequest::C_IN_SOURCE_NOT_SET:
+      break;
+  }
   order.c = request.has_c_region()
                 ? ResultSink::Region(request.c_region().region(), request.c_region().offset())
             : request.keep_c_resident() ? ResultSink::KeepResident(request.c_ttl_seconds())
@@ -173,9 +189,10 @@ grpc::ServerUnaryReactor* GemmServiceImpl::ListKernels(grpc::CallbackServerConte
       info->set_description(k.description);
       if (k.fp16_accumulation) info->add_accumulations(v1::ACCUMULATION_FP16);
       if (k.fp32_accumulation) info->add_accumulations(v1::ACCUMULATION_FP32);
-      DescribeForms(k.layouts, k.types, info);
+      DescribeForms(k.layouts, k.types, k.scaled_types, info);
     }
-    DescribeForms(AutoLayouts(options_.rules), AutoTypes(options_.rules), auto_kernel);
+    DescribeForms(AutoLayouts(options_.rules), AutoTypes(options_.rules),
+                  AutoScaledTypes(options_.rules), auto_kernel);
     if (AutoSupports(options_.rules, Accumulation::kFp16)) {
       auto_kernel->add_accumulations(v1::ACCUMULATION_FP16);
     }

@@ -109,6 +109,29 @@ def as_fp16_matrix(x, name: str) -> np.ndarray:
                     f"(float32 and float64 are converted with a warning)")
 
 
+def as_c_input(x, m: int, n: int, c_dtype: str, batch: int = 1) -> np.ndarray:
+    """C_in (m×n, or batch×m×n) as the bytes the server reads: C's type, C-contiguous,
+    little-endian, as a uint8 array. fp16: float16 (other floats converted); fp32: float32;
+    bf16: torch bfloat16 as it is, other floats rounded to bf16 (to nearest even, as torch)."""
+    want = (batch, m, n) if batch > 1 else (m, n)
+    if np.shape(x) != want:
+        raise ValueError(f"c has shape {tuple(np.shape(x))}; C_in is m x n = {m} x {n}"
+                         + (f" for each of the batch of {batch}" if batch > 1 else ""))
+    if c_dtype == "fp16":
+        arr = np.ascontiguousarray(_torch_to_numpy(x, "c") if is_torch_tensor(x) else x,
+                                   dtype=FP16)
+    elif c_dtype == "bf16" and _is_bf16(x):
+        import torch
+        arr = x.detach().cpu().contiguous().view(torch.int16).numpy().view("<u2")
+    else:
+        arr = np.ascontiguousarray(_torch_to_numpy(x, "c") if is_torch_tensor(x) else x,
+                                   dtype="<f4")
+        if c_dtype == "bf16":
+            bits = arr.view("<u4")
+            arr = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype("<u2")
+    return byte_view(arr)
+
+
 def check_out(out, m: int, n: int, keep_c: bool, as_torch, c_dtype: str = "fp16") -> None:
     """gemm's out=: None, or a writable, C-contiguous m×n ndarray of C's type (float16, or
     float32 for c_dtype "fp32"): ValueError or TypeError otherwise, and with keep_c or

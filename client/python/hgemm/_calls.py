@@ -27,7 +27,7 @@ from ._results import (Kernel, c_output, finish_many, kernels_from_proto, native
                        region_result, streamed_result, unary_result, with_out)
 from ._retry import Deadline, should_retry
 from ._routes import Routes, by_replica, explain_unreachable
-from ._spec import Spec, normalize_pairs, stream_requests
+from ._spec import Spec, batched_spec, normalize_pairs, stream_requests
 from ._stream_collector import StreamCollector
 from ._transfers import DownloadBuffer, upload_messages
 
@@ -154,7 +154,8 @@ class Calls:
     def gemm(self, a, b, *, accumulation: Optional[str] = None, kernel: str = "auto",
              keep_c: bool = False, c_ttl: int = 0, request_id: str = "", details: bool = False,
              as_torch=False, mode: Optional[str] = None, timeout: Optional[float] = None,
-             out: Optional[np.ndarray] = None, c_dtype: Optional[str] = None):
+             out: Optional[np.ndarray] = None, c_dtype: Optional[str] = None,
+             alpha: Optional[float] = None, beta: float = 0.0, c=None):
         """C = A·B. A (m×k) and B (k×n): float16 numpy arrays, torch tensors, or ResidentMatrix.
         A transposed view (B.T of a C-contiguous B, a weight's .t()) is sent as stored with
         transpose_b (or transpose_a) set, not copied. torch.bfloat16 tensors (both operands) go
@@ -171,11 +172,14 @@ class Calls:
         (shared_buffer()) are named, not sent; others of at least shared_memory_min_bytes go
         through the client's arena (one copy each way instead of gRPC's).
         accumulation: None (the server's default, fp32), "fp32" or "fp16". kernel: "auto" or a
-        name from kernels(). Raises an hgemm.Error subclass on failure.
+        name from kernels(). alpha, beta, c: C = alpha·A·B + beta·c (BLAS semantics, fp32 math,
+        one rounding); alpha None is 1; c (m×n, C's type: float16, float32, torch bfloat16 or
+        floats rounded to bf16, or a ResidentMatrix) is sent only when beta ≠ 0. Raises an
+        hgemm.Error subclass on failure.
         """
         started = time.monotonic()
         spec = Spec(a, b, accumulation=accumulation, kernel=kernel, keep_c=keep_c, c_ttl=c_ttl,
-                    request_id=request_id, c_dtype=c_dtype)
+                    request_id=request_id, c_dtype=c_dtype, alpha=alpha, beta=beta, c=c)
         replica = spec.replica()
         if out is not None and spec.c_dtype == "bf16":
             raise ValueError("out= takes a float16 or float32 C; this GEMM's C is bf16")
@@ -331,6 +335,28 @@ class Calls:
         return (yield from self._unary("ListRegions", pb.ListRegionsRequest(), timeout,
                                        idempotent=True))
 
+    def gemm_batched(self, a, b, *, alpha: Optional[float] = None, beta: float = 0.0, c=None,
+                     c_dtype: Optional[str] = None, accumulation: Optional[str] = None,
+                     kernel: str = "auto", request_id: str = "", details: bool = False,
+                     as_torch=False, mode: Optional[str] = None, timeout: Optional[float] = None):
+        """Strided-batched GEMM in one call: C[i] = alpha·A[i]·B[i] + beta·c[i] for A
+        (batch×m×k) and B (batch×k×n), e.g. 3-D float16 arrays or lists of matrices; c
+        (batch×m×n of C's type) only with beta ≠ 0. Returns C as a batch×m×n array (a GemmResult
+        with details=True). Options as gemm's; goes through grpcio (GemmRequest.batch)."""
+        started = time.monotonic()
+        spec = batched_spec(a, b, accumulation=accumulation, kernel=kernel, request_id=request_id,
+                            c_dtype=c_dtype, alpha=alpha, beta=beta, c=c)
+        yield from self._server_limit(spec, mode, timeout)
+        if self.config.streams(spec, mode):
+            result = (yield from self._many([spec], timeout, details, as_torch, started))[0]
+            if isinstance(result, _errors.Error):
+                result.index = None
+                raise result
+            return result
+        response = yield from self._unary("Gemm", spec.unary_request(), timeout,
+                                          idempotent=True, replica="")
+        return unary_result(self.client, spec, response, details, as_torch, started)
+
     def gemm_many(self, pairs, *, accumulation: Optional[str] = None, kernel: str = "auto",
                   keep_c: bool = False, c_ttl: int = 0, details: bool = False, as_torch=False,
                   return_exceptions: bool = False, timeout: Optional[float] = None,
@@ -356,8 +382,10 @@ class Calls:
 
     def _on_native_core(self, spec: Spec) -> bool:
         """Whether a GEMM goes through the native core: one is loaded and the GEMM returns C
-        (keep_c's handle is not in the C ABI) of fp16 or bf16 inputs (the types it sends)."""
-        return self.native is not None and not spec.keep_c and spec.dtype in ("fp16", "bf16")
+        (keep_c's handle is not in the C ABI) of fp16 or bf16 inputs (the types it sends),
+        unscaled and single (the C ABI has no alpha, beta, C_in or batch)."""
+        return (self.native is not None and not spec.keep_c and spec.dtype in ("fp16", "bf16")
+                and not spec.scaled() and spec.batch == 1)
 
     def _many(self, specs: List[Spec], timeout, details, as_torch, started):
         groups, outcomes = by_replica(dict(enumerate(specs)))

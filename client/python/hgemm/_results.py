@@ -66,20 +66,25 @@ class GemmResult:
 @dataclasses.dataclass(frozen=True)
 class Kernel:
     """A kernel variant from ListKernels: the name for kernel=, its accumulations, layouts ("NN",
-    "NT", "TN", "TT") and (input type, C type) pairs (("fp16", "fp16"), ("bf16", "fp32"), ...)."""
+    "NT", "TN", "TT") and (input type, C type) pairs (("fp16", "fp16"), ("bf16", "fp32"), ...),
+    and the pairs for which it takes alpha/beta (scaled_types)."""
     name: str
     description: str
     accumulations: Tuple[str, ...]
     layouts: Tuple[str, ...] = ()
     types: Tuple[Tuple[str, str], ...] = ()
+    scaled_types: Tuple[Tuple[str, str], ...] = ()
+
+
+def _type_pairs(pairs) -> Tuple[Tuple[str, str], ...]:
+    return tuple((DTYPE_NAMES.get(t.dtype, str(t.dtype)), DTYPE_NAMES.get(t.c_dtype, str(t.c_dtype)))
+                 for t in pairs)
 
 
 def kernels_from_proto(response: pb.ListKernelsResponse) -> List[Kernel]:
     return [Kernel(k.name, k.description,
                    tuple(_ACCUMULATION_NAMES.get(a, str(a)) for a in k.accumulations),
-                   tuple(k.layouts),
-                   tuple((DTYPE_NAMES.get(t.dtype, str(t.dtype)),
-                          DTYPE_NAMES.get(t.c_dtype, str(t.c_dtype))) for t in k.types))
+                   tuple(k.layouts), _type_pairs(k.types), _type_pairs(k.scaled_types))
             for k in response.kernels]
 
 

@@ -49,7 +49,8 @@ class Spec:
     """One GEMM, validated and ready to send (unary or streamed)."""
 
     def __init__(self, a, b, *, accumulation=None, kernel="auto", keep_c=False, c_ttl=0,
-                 request_id="", c_dtype=None, index=None):
+                 request_id="", c_dtype=None, alpha=None, beta=0.0, c=None, batch=1,
+                 index=None):
         where = "" if index is None else f"pair {index}: "
         self.a = Operand(a, where + "A")
         self.b = Operand(b, where + "B")
@@ -73,10 +74,24 @@ class Spec:
                                       request_id=request_id)
         self.keep_c = bool(keep_c)
         self.c_ttl = int(c_ttl)
+        # Strided-batched (batched_spec): the arrays hold `batch` matrices each, packed.
+        self.batch = int(batch)
+        # C = alpha·op(A)·op(B) + beta·C_in; alpha None is the wire's default (1), and C_in is
+        # sent only when beta ≠ 0 (the server reads it only then).
+        self.alpha = None if alpha is None else float(alpha)
+        self.beta = float(beta)
+        self.c_in, self.c_in_handle = None, ""
+        if self.beta != 0:
+            if c is None:
+                raise ValueError(f"{where}beta={beta} needs c (C_in, m x n of C's type)")
+            if hasattr(c, "handle") and not _arrays.is_torch_tensor(c):
+                self.c_in_handle = c.handle
+            else:
+                self.c_in = _arrays.as_c_input(c, self.m, self.n, self.c_dtype, self.batch)
 
     @property
     def payload_bytes(self) -> int:
-        return self.a.nbytes + self.b.nbytes
+        return self.a.nbytes + self.b.nbytes + (0 if self.c_in is None else len(self.c_in))
 
     def replica(self) -> str:
         """The replica this GEMM must run on: that of its handles ("": none, balanced).
@@ -89,21 +104,32 @@ class Spec:
                 f"(upload(..., replica=A))")
         return a or b
 
+    def scaled(self) -> bool:
+        """alpha or beta set: C is more than op(A)·op(B)."""
+        return self.alpha is not None or self.beta != 0
+
     @property
     def c_bytes(self) -> int:
-        return 0 if self.keep_c else (4 if self.c_dtype == "fp32" else 2) * self.m * self.n
+        return 0 if self.keep_c else (4 if self.c_dtype == "fp32" else 2) * self.m * self.n * self.batch
 
     def c_array(self, buffer: np.ndarray) -> np.ndarray:
-        """C (m×n of c_dtype) over `buffer`, c_bytes uint8s (see _arrays.c_array)."""
-        return _arrays.c_array(buffer, self.m, self.n, self.c_dtype)
+        """C (m×n of c_dtype; batch×m×n for a batch) over `buffer`, c_bytes uint8s (see
+        _arrays.c_array)."""
+        c = _arrays.c_array(buffer, self.m * self.batch, self.n, self.c_dtype)
+        return c.reshape(self.batch, self.m, self.n) if self.batch > 1 else c
 
     def _form(self) -> dict:
-        """The layout and type fields of GemmRequest and GemmHeader, left unset (the wire of an
-        fp16 GEMM, as before them) where they are the defaults."""
-        return dict(transpose_a=self.a.transposed, transpose_b=self.b.transposed,
+        """The layout, type and scale fields of GemmRequest and GemmHeader, left unset (the wire
+        of an fp16 GEMM, as before them) where they are the defaults."""
+        form = dict(transpose_a=self.a.transposed, transpose_b=self.b.transposed,
                     dtype=DTYPES[self.dtype] if self.dtype != "fp16" else pb.DATA_TYPE_UNSPECIFIED,
                     c_dtype=pb.DATA_TYPE_FP32 if self.c_dtype == "fp32"
-                    else pb.DATA_TYPE_UNSPECIFIED)
+                    else pb.DATA_TYPE_UNSPECIFIED, beta=self.beta)
+        if self.alpha is not None:
+            form["alpha"] = self.alpha
+        if self.batch > 1:
+            form["batch"] = self.batch
+        return form
 
     def unary_request(self, regions: Optional[Dict[str, pb.RegionRef]] = None) -> bytes:
         """The serialized GemmRequest (A and B copied once, straight from the arrays). regions:
@@ -117,6 +143,10 @@ class Spec:
             small.a_handle = self.a.handle
         if self.b.handle:
             small.b_handle = self.b.handle
+        if self.c_in_handle:
+            small.c_in_handle = self.c_in_handle
+        elif self.c_in is not None:
+            small.c_in = self.c_in.tobytes()
         for name, field in (("a", small.a_region), ("b", small.b_region), ("c", small.c_region)):
             if name in regions:
                 field.CopyFrom(regions[name])
@@ -125,21 +155,43 @@ class Spec:
             None if self.b.handle or "b" in regions else self.b.bytes_view())
 
     def stream_messages(self, gemm_id: int, chunk_bytes: int, progress=None):
-        """The header, then A's chunks, then B's (none for an operand given by handle), as
-        serialized GemmStreamRequests."""
+        """The header, then A's chunks, then B's, then C_in's (none for an operand given by
+        handle, nor for C_in without beta), as serialized GemmStreamRequests."""
         yield pb.GemmStreamRequest(header=pb.GemmHeader(
             gemm_id=gemm_id, m=self.m, n=self.n, k=self.k, options=self.options,
             a_handle=self.a.handle, b_handle=self.b.handle, keep_c_resident=self.keep_c,
-            c_ttl_seconds=self.c_ttl, **self._form())).SerializeToString()
-        for operand, which in ((self.a, pb.OPERAND_A), (self.b, pb.OPERAND_B)):
-            if operand.array is None:
+            c_ttl_seconds=self.c_ttl, c_in_handle=self.c_in_handle,
+            **self._form())).SerializeToString()
+        for view, which in ((None if self.a.array is None else self.a.bytes_view(), pb.OPERAND_A),
+                            (None if self.b.array is None else self.b.bytes_view(), pb.OPERAND_B),
+                            (self.c_in, pb.OPERAND_C)):
+            if view is None:
                 continue
-            view = operand.bytes_view()
             for offset in range(0, len(view), chunk_bytes):
                 data = view[offset:offset + chunk_bytes]
                 yield _wire.stream_chunk(gemm_id, which, offset, data)
                 if progress is not None:
                     progress.update(len(data))
+
+
+def batched_spec(a, b, **options) -> Spec:
+    """gemm_batched's GEMM: a (batch×m×k) and b (batch×k×n) as the server takes them, each
+    batch's matrices packed one after the other (every matrix as gemm takes an operand, but not
+    as a transposed view: each is copied into the packed array)."""
+    if np.ndim(a) != 3 or np.ndim(b) != 3 or len(a) != len(b) or len(a) == 0:
+        raise ValueError(f"gemm_batched takes A (batch x m x k) and B (batch x k x n) of one "
+                         f"batch >= 1; got shapes {tuple(np.shape(a))} and {tuple(np.shape(b))}")
+    packed = []
+    for x, name in ((a, "A"), (b, "B")):
+        items = [_arrays.as_operand(x[i], f"{name}[{i}]", allow_transposed=False)
+                 for i in range(len(x))]
+        if len({(item[0].shape, item[1]) for item in items}) != 1:
+            raise ValueError(f"{name}'s matrices differ in shape or dtype")
+        packed.append(np.concatenate([item[0] for item in items]))
+    spec = Spec(a[0], b[0], batch=len(a), **options)
+    for operand, array in zip((spec.a, spec.b), packed):
+        operand.array, operand.transposed = array, False  # packed as op(X), not as stored
+    return spec
 
 
 def stream_requests(specs: Dict[int, Spec], order: Sequence[int], chunk_bytes: int, progress):
