@@ -98,19 +98,7 @@ absl::Status GemmServiceImpl::AdmitGemm(grpc::CallbackServerContext* context,
                                         grpc::ServerUnaryReactor* reactor) {
   GemmOrder order;
   if (absl::Status s = ValidateGemmRequest(request, options_.rules, &order.job); !s.ok()) return s;
-  order.a = request.has_a_region()
-                ? OperandSource::Region(request.a_region().region(), request.a_region().offset())
-            : request.a_handle().empty() ? OperandSource::Inline(HalfData(request.a()))
-                                         : OperandSource::Resident(request.a_handle());
-  order.b = request.has_b_region()
-                ? OperandSource::Region(request.b_region().region(), request.b_region().offset())
-            : request.b_handle().empty() ? OperandSource::Inline(HalfData(request.b()))
-                                         : OperandSource::Resident(request.b_handle());
-  order.c = request.has_c_region()
-                ? ResultSink::Region(request.c_region().region(), request.c_region().offset())
-            : request.keep_c_resident() ? ResultSink::KeepResident(request.c_ttl_seconds())
-                                        : ResultSink::Host();
-  order.over_unix_socket = OverUnixSocket(*context);
+  ToOrder(request, OverUnixSocket(*context), &order);
   const bool c_to_host = order.c.kind == ResultSink::Kind::kHost;
   AdmittedGemm admitted;
   if (absl::Status s = core_.Admit(owner, std::move(order), &admitted); !s.ok()) return s;

@@ -1,11 +1,11 @@
-// The server the service-level fuzz targets talk to: one HgemmServer (CPU backend, small
-// limits) on 127.0.0.1 for the whole fuzzing process, reached through a real channel. Every
+// The server transport_fuzz talks to: one HgemmServer (CPU backend, the limits of
+// session_harness.h) on 127.0.0.1 for the whole fuzzing process, reached through a real channel. Every
 // call gets a 5 s deadline; DEADLINE_EXCEEDED means the server never answered, and Check()
 // abort()s on it (a crash for libFuzzer), as on a status message showing a wrapped number.
 // Include it in exactly one file of a target: it defines LLVMFuzzerInitialize, which starts the
 // server. Thread safety: Stub() is started once, from there; the rest is stateless.
-#ifndef HGEMM_SERVER_FUZZ_SERVICE_HARNESS_H_
-#define HGEMM_SERVER_FUZZ_SERVICE_HARNESS_H_
+#ifndef HGEMM_SERVER_FUZZ_TRANSPORT_HARNESS_H_
+#define HGEMM_SERVER_FUZZ_TRANSPORT_HARNESS_H_
 
 #include <grpcpp/grpcpp.h>
 
@@ -74,4 +74,4 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
   return 0;
 }
 
-#endif  // HGEMM_SERVER_FUZZ_SERVICE_HARNESS_H_
+#endif  // HGEMM_SERVER_FUZZ_TRANSPORT_HARNESS_H_
