@@ -12,10 +12,16 @@
 //   newest matrices read back exactly (a kept C is allocated by the backend's run, which does
 //   not evict: it may still be refused);
 // - once everything is released the whole budget is free again.
-// tools/gpu_e2e.sh pressure runs the same mix against the CUDA backend.
+// Against another server (tools/gpu_e2e.sh pressure: hgemm_server --backend=cuda, LRU eviction
+// off, then on): HGEMM_PRESSURE_TARGET=HOST:PORT, with HGEMM_PRESSURE_ROWS (rows of each
+// resident matrix of 1024 columns) and HGEMM_PRESSURE_UPLOADS (per uploader) sized so that the
+// uploads pass the device's memory. The instance whose LRU setting differs from the server's
+// is skipped; a refusal must then name the bytes it asked for (its budget is unknown here).
+// Prints one table row per run.
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <mutex>
 #include <random>
 #include <string>
@@ -30,23 +36,32 @@
 namespace hgemm {
 namespace {
 
-constexpr int64_t kBudget = 4 << 20;
-constexpr uint32_t kRows = 256, kCols = 1024;  // one resident matrix: 512 KiB, 1/8 of the budget
+constexpr int64_t kBudget = 4 << 20;  // of the test's own CPU server
+constexpr uint32_t kCols = 1024;
 constexpr double kTolerance = 1e-2;
 
-// What the concurrent clients saw, by kind of call.
+// An environment variable's value, or `otherwise`.
+std::string Env(const char* name, const std::string& otherwise = "") {
+  const char* value = std::getenv(name);
+  return value != nullptr ? value : otherwise;
+}
+
+// What the concurrent clients saw, by kind of call. A refusal must name `bytes` (the budget of
+// the test's own server, else what was asked for: any of them).
 struct Tally {
   std::mutex mu;
   int ok = 0, refused = 0;
   std::vector<std::string> unexpected;  // statuses that must not happen
   std::vector<std::string> held;        // handles of the uploads kept, oldest first
 
-  void Add(const grpc::Status& s, grpc::StatusCode refusal, const std::string& what) {
+  void Add(const grpc::Status& s, grpc::StatusCode refusal, const std::string& what,
+           const std::vector<int64_t>& bytes) {
     std::lock_guard<std::mutex> lock(mu);
+    bool named = false;
+    for (int64_t b : bytes) named = named || s.error_message().find(std::to_string(b)) != std::string::npos;
     if (s.ok()) {
       ok++;
-    } else if (s.error_code() == refusal &&
-               s.error_message().find(std::to_string(kBudget) + " bytes") != std::string::npos) {
+    } else if (s.error_code() == refusal && named) {
       refused++;
     } else {
       unexpected.push_back(what + ": " + std::to_string(s.error_code()) + " " + s.error_message());
@@ -61,6 +76,17 @@ struct Tally {
 class MemoryPressureTest : public ::testing::TestWithParam<bool> {
  protected:
   void SetUp() override {
+    if (!target_.empty()) {
+      client_ = std::make_unique<GemmClient>(target_);
+      v1::ServerInfo info;
+      grpc::Status s = client_->GetServerInfo(&info);
+      ASSERT_TRUE(s.ok()) << target_ << ": " << s.error_message();
+      if (info.limits().resident_lru_eviction() != GetParam()) {
+        GTEST_SKIP() << "the server at " << target_ << " has LRU eviction "
+                     << (GetParam() ? "off" : "on");
+      }
+      return;
+    }
     ServerOptions options;
     options.listen_address = "127.0.0.1:0";
     options.service.resident.lru_eviction = GetParam();
@@ -75,46 +101,58 @@ class MemoryPressureTest : public ::testing::TestWithParam<bool> {
     return {.timeout = std::chrono::seconds(60), .chunk_bytes = 64 << 10, .client_id = client};
   }
 
-  std::string RandomMatrix(std::mt19937_64& rng) const {
-    const std::vector<uint16_t> m = RandomHalfMatrix(int64_t(kRows) * kCols, rng);
+  std::string RandomMatrix(uint32_t rows, std::mt19937_64& rng) const {
+    const std::vector<uint16_t> m = RandomHalfMatrix(int64_t(rows) * kCols, rng);
     return std::string(reinterpret_cast<const char*>(m.data()), 2 * m.size());
   }
+  // A refusal names these bytes: the own server's budget, or any of `asked`.
+  std::vector<int64_t> Named(std::vector<int64_t> asked) const {
+    return target_.empty() ? std::vector<int64_t>{kBudget} : asked;
+  }
 
+  const std::string target_ = Env("HGEMM_PRESSURE_TARGET");
+  // One resident matrix: 512 KiB by default, 1/8 of the own server's budget.
+  const uint32_t rows_ = uint32_t(std::stoul(Env("HGEMM_PRESSURE_ROWS", "256")));
+  const int uploads_each_ = std::stoi(Env("HGEMM_PRESSURE_UPLOADS", "12"));
   std::unique_ptr<HgemmServer> server_;
   std::unique_ptr<GemmClient> client_;
 };
 
-TEST_P(MemoryPressureTest, WhatDoesNotFitIsRefusedNamingTheBudgetAndNothingElseFails) {
+TEST_P(MemoryPressureTest, WhatDoesNotFitIsRefusedNamingTheBytesAndNothingElseFails) {
   const bool lru = GetParam();
+  const int64_t matrix_bytes = 2 * int64_t(rows_) * kCols;
+  const int total_uploads = 3 * uploads_each_;
   Tally uploads, kept_c, streamed, unrelated;
-  std::vector<std::string> last_upload(3);  // each uploader's newest matrix, as sent
+  std::vector<std::string> newest(3);  // each uploader's newest handle
+  std::vector<std::string> contents(3);
   std::vector<std::thread> clients;
-  // Three clients upload 12 matrices each and keep them: 18 MiB into a 4 MiB budget.
+  // Three clients upload matrices (by default 12 of 512 KiB each: 18 MiB into a 4 MiB budget)
+  // and keep them.
   for (int u = 0; u < 3; ++u) {
     clients.emplace_back([&, u] {
       std::mt19937_64 rng(100 + u);
-      for (int i = 0; i < 12; ++i) {
-        const std::string data = RandomMatrix(rng);
+      contents[u] = RandomMatrix(rows_, rng);
+      for (int i = 0; i < uploads_each_; ++i) {
         v1::MatrixInfo info;
-        grpc::Status s = client_->UploadMatrix(kRows, kCols, data, &info, 0, "", As("holder"));
-        uploads.Add(s, grpc::StatusCode::RESOURCE_EXHAUSTED, "upload");
+        grpc::Status s = client_->UploadMatrix(rows_, kCols, contents[u], &info, 0, "", As("holder"));
+        uploads.Add(s, grpc::StatusCode::RESOURCE_EXHAUSTED, "upload", Named({matrix_bytes}));
         if (s.ok()) {
           std::lock_guard<std::mutex> lock(uploads.mu);
           uploads.held.push_back(info.handle());
-          last_upload[u] = info.handle() + "\n" + data;
+          newest[u] = info.handle();
         }
       }
     });
   }
-  // GEMMs whose 512 KiB C stays resident (held to the end).
+  // GEMMs whose C (the size of a resident matrix) stays resident, held to the end.
   clients.emplace_back([&] {
     std::mt19937_64 rng(200);
     for (int i = 0; i < 8; ++i) {
-      v1::GemmRequest r = RandomRequest(kRows, kCols, 16, rng);
+      v1::GemmRequest r = RandomRequest(rows_, kCols, 16, rng);
       r.set_keep_c_resident(true);
       v1::GemmResponse response;
       kept_c.Add(client_->Gemm(r, &response, As("keeper")), grpc::StatusCode::RESOURCE_EXHAUSTED,
-                 "keep_c");
+                 "keep_c", Named({matrix_bytes}));
     }
   });
   // Streamed GEMMs: their operands arrive into the same memory, then are freed.
@@ -128,7 +166,8 @@ TEST_P(MemoryPressureTest, WhatDoesNotFitIsRefusedNamingTheBudgetAndNothingElseF
         streamed.Wrong("stream: " + s.error_message());
         continue;
       }
-      streamed.Add(results[0].status, grpc::StatusCode::UNAVAILABLE, "streamed");
+      streamed.Add(results[0].status, grpc::StatusCode::UNAVAILABLE, "streamed",
+                   Named({2 * 96 * 1024, 2 * 1024 * 80}));
       if (results[0].status.ok() && !(RelativeErrorOfC(r, results[0].response.c()) < kTolerance)) {
         streamed.Wrong("streamed: a wrong C");
       }
@@ -141,7 +180,7 @@ TEST_P(MemoryPressureTest, WhatDoesNotFitIsRefusedNamingTheBudgetAndNothingElseF
       const v1::GemmRequest r = RandomRequest(64 + i, 48, 200, rng);
       v1::GemmResponse response;
       grpc::Status s = client_->Gemm(r, &response, As("bystander"));
-      unrelated.Add(s, grpc::StatusCode::OK, "unrelated");
+      unrelated.Add(s, grpc::StatusCode::OK, "unrelated", {});
       if (s.ok() && !(RelativeErrorOfC(r, response.c()) < kTolerance)) {
         unrelated.Wrong("unrelated: a wrong C");
       }
@@ -149,15 +188,26 @@ TEST_P(MemoryPressureTest, WhatDoesNotFitIsRefusedNamingTheBudgetAndNothingElseF
   });
   for (std::thread& t : clients) t.join();
 
-  std::printf("LRU %-3s | uploads %2d ok %2d refused | keep_c %d ok %d refused | streamed %d ok %d "
-              "refused | unrelated %d ok\n",
-              lru ? "on" : "off", uploads.ok, uploads.refused, kept_c.ok, kept_c.refused,
-              streamed.ok, streamed.refused, unrelated.ok);
+  std::printf("LRU %-3s | uploads of %lld bytes: %d ok, %d refused | keep_c: %d ok, %d refused | "
+              "streamed: %d ok, %d refused | unrelated: %d ok of 24\n",
+              lru ? "on" : "off", static_cast<long long>(matrix_bytes), uploads.ok,
+              uploads.refused, kept_c.ok, kept_c.refused, streamed.ok, streamed.refused,
+              unrelated.ok);
   for (Tally* t : {&uploads, &kept_c, &streamed, &unrelated}) {
     EXPECT_TRUE(t->unexpected.empty()) << t->unexpected.front();
   }
   EXPECT_EQ(unrelated.ok, 24);
-  EXPECT_EQ(uploads.ok + uploads.refused, 36);
+  EXPECT_EQ(uploads.ok + uploads.refused, total_uploads);
+  // The newest matrix of each uploader that kept one reads back exactly (unless evicted).
+  for (int u = 0; u < 3; ++u) {
+    if (newest[u].empty()) continue;
+    std::string data;
+    grpc::Status s = client_->DownloadMatrix(newest[u], &data, As("holder"));
+    if (lru && s.error_code() == grpc::StatusCode::NOT_FOUND) continue;
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    EXPECT_TRUE(data == contents[u]) << newest[u] << " differs from its upload";
+  }
+  const int fit = int(kBudget / matrix_bytes);  // in the own server's budget
   if (lru) {
     // Each upload, and each streamed GEMM's operands, evict the least recently used matrices
     // they need room for.
@@ -165,42 +215,37 @@ TEST_P(MemoryPressureTest, WhatDoesNotFitIsRefusedNamingTheBudgetAndNothingElseF
     EXPECT_EQ(streamed.refused, 0);
     int evicted = 0;
     for (const std::string& handle : uploads.held) {
-      std::string data;
-      grpc::Status s = client_->DownloadMatrix(handle, &data, As("holder"));
+      grpc::Status s = client_->ReleaseMatrix(handle, As("holder"));
       if (s.error_code() == grpc::StatusCode::NOT_FOUND) evicted++;
       else EXPECT_TRUE(s.ok()) << s.error_message();
     }
-    EXPECT_GE(evicted, 36 - int(kBudget / (2 * kRows * kCols)));
+    EXPECT_GT(evicted, 0);
+    if (target_.empty()) {
+      EXPECT_GE(evicted, total_uploads - fit);
+    }
   } else {
-    EXPECT_GT(uploads.refused, 0) << "the uploads never passed the budget";
-    EXPECT_LE(uploads.ok, int(kBudget / (2 * kRows * kCols)));
-  }
-  // The newest matrix of each uploader that kept one reads back exactly (unless a later
-  // upload of another client evicted it).
-  for (const std::string& newest : last_upload) {
-    if (newest.empty()) continue;
-    const std::string handle = newest.substr(0, newest.find('\n'));
-    std::string data;
-    grpc::Status s = client_->DownloadMatrix(handle, &data, As("holder"));
-    if (lru && s.error_code() == grpc::StatusCode::NOT_FOUND) continue;
-    ASSERT_TRUE(s.ok()) << s.error_message();
-    EXPECT_TRUE(data == newest.substr(newest.find('\n') + 1)) << handle << " differs";
+    EXPECT_GT(uploads.refused, 0) << "the uploads never passed the memory";
+    if (target_.empty()) {
+      EXPECT_LE(uploads.ok, fit);
+    }
   }
 
-  // Released, the whole budget is free again: one matrix of exactly the budget fits.
+  // Released, nothing stays held; on the own server the whole budget fits again.
   for (const char* client : {"holder", "keeper"}) {
     v1::ListMatricesResponse list;
     ASSERT_TRUE(client_->ListMatrices(&list, As(client)).ok());
     for (const v1::MatrixInfo& m : list.matrices()) {
       ASSERT_TRUE(client_->ReleaseMatrix(m.handle(), As(client)).ok());
     }
+    ASSERT_TRUE(client_->ListMatrices(&list, As(client)).ok());
+    EXPECT_EQ(list.client_bytes(), 0) << client;
   }
+  if (!target_.empty()) return;
   std::mt19937_64 rng(500);
-  std::string whole;
-  for (int i = 0; i < 8; ++i) whole += RandomMatrix(rng);
-  ASSERT_EQ(int64_t(whole.size()), kBudget);
+  const uint32_t budget_rows = uint32_t(kBudget / (2 * kCols));
   v1::MatrixInfo info;
-  grpc::Status s = client_->UploadMatrix(8 * kRows, kCols, whole, &info, 0, "", As("holder"));
+  grpc::Status s = client_->UploadMatrix(budget_rows, kCols, RandomMatrix(budget_rows, rng), &info,
+                                         0, "", As("holder"));
   EXPECT_TRUE(s.ok()) << "the budget did not come back: " << s.error_message();
 }
 
