@@ -58,7 +58,9 @@ struct Tally {
            const std::vector<int64_t>& bytes) {
     std::lock_guard<std::mutex> lock(mu);
     bool named = false;
-    for (int64_t b : bytes) named = named || s.error_message().find(std::to_string(b)) != std::string::npos;
+    for (int64_t b : bytes) {
+      named = named || s.error_message().find(std::to_string(b)) != std::string::npos;
+    }
     if (s.ok()) {
       ok++;
     } else if (s.error_code() == refusal && named) {
@@ -91,8 +93,8 @@ class MemoryPressureTest : public ::testing::TestWithParam<bool> {
     options.listen_address = "127.0.0.1:0";
     options.service.resident.lru_eviction = GetParam();
     options.service.stream_chunk_bytes = 64 << 10;
-    server_ = HgemmServer::Start(
-        options, MakeCpuBackend({.workers = 2, .resident_budget_bytes = kBudget}));
+    server_ = HgemmServer::Start(options,
+                                 MakeCpuBackend({.workers = 2, .resident_budget_bytes = kBudget}));
     ASSERT_NE(server_, nullptr);
     client_ = std::make_unique<GemmClient>("127.0.0.1:" + std::to_string(server_->port()));
   }
@@ -134,7 +136,8 @@ TEST_P(MemoryPressureTest, WhatDoesNotFitIsRefusedNamingTheBytesAndNothingElseFa
       contents[u] = RandomMatrix(rows_, rng);
       for (int i = 0; i < uploads_each_; ++i) {
         v1::MatrixInfo info;
-        grpc::Status s = client_->UploadMatrix(rows_, kCols, contents[u], &info, 0, "", As("holder"));
+        grpc::Status s =
+            client_->UploadMatrix(rows_, kCols, contents[u], &info, 0, "", As("holder"));
         uploads.Add(s, grpc::StatusCode::RESOURCE_EXHAUSTED, "upload", Named({matrix_bytes}));
         if (s.ok()) {
           std::lock_guard<std::mutex> lock(uploads.mu);
@@ -188,11 +191,11 @@ TEST_P(MemoryPressureTest, WhatDoesNotFitIsRefusedNamingTheBytesAndNothingElseFa
   });
   for (std::thread& t : clients) t.join();
 
-  std::printf("LRU %-3s | uploads of %lld bytes: %d ok, %d refused | keep_c: %d ok, %d refused | "
-              "streamed: %d ok, %d refused | unrelated: %d ok of 24\n",
-              lru ? "on" : "off", static_cast<long long>(matrix_bytes), uploads.ok,
-              uploads.refused, kept_c.ok, kept_c.refused, streamed.ok, streamed.refused,
-              unrelated.ok);
+  std::printf(
+      "LRU %-3s | uploads of %lld bytes: %d ok, %d refused | keep_c: %d ok, %d refused | "
+      "streamed: %d ok, %d refused | unrelated: %d ok of 24\n",
+      lru ? "on" : "off", static_cast<long long>(matrix_bytes), uploads.ok, uploads.refused,
+      kept_c.ok, kept_c.refused, streamed.ok, streamed.refused, unrelated.ok);
   for (Tally* t : {&uploads, &kept_c, &streamed, &unrelated}) {
     EXPECT_TRUE(t->unexpected.empty()) << t->unexpected.front();
   }
@@ -216,8 +219,11 @@ TEST_P(MemoryPressureTest, WhatDoesNotFitIsRefusedNamingTheBytesAndNothingElseFa
     int evicted = 0;
     for (const std::string& handle : uploads.held) {
       grpc::Status s = client_->ReleaseMatrix(handle, As("holder"));
-      if (s.error_code() == grpc::StatusCode::NOT_FOUND) evicted++;
-      else EXPECT_TRUE(s.ok()) << s.error_message();
+      if (s.error_code() == grpc::StatusCode::NOT_FOUND) {
+        evicted++;
+      } else {
+        EXPECT_TRUE(s.ok()) << s.error_message();
+      }
     }
     EXPECT_GT(evicted, 0);
     if (target_.empty()) {

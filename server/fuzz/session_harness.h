@@ -1,6 +1,6 @@
 // The service without gRPC, for the fuzz targets that go for depth (service_fuzz, upload_fuzz):
-// one GemmCore with its scheduler, store and upload queue on the CPU backend, small limits
-// (those of transport_harness.h), composed as HgemmServer composes them, and fake transports
+// one GemmCore with its scheduler, store and upload queue on the CPU backend, the small limits
+// of fuzz_util.h, composed as HgemmServer composes them, and fake transports
 // through which the fuzzing thread plays both the client and gRPC: FuzzStream (a GemmStream
 // call's StreamSession), FuzzUpload (an UploadMatrix call's UploadSession) and RunGemm (what the
 // unary Gemm handler does). No sockets, no serialisation, no gRPC threads: an execution costs
@@ -40,25 +40,23 @@
 
 namespace hgemm::fuzz {
 
-inline constexpr auto kCallDeadline = std::chrono::seconds(5);
-
+// The parts of the service below its transport, composed once per process (Services()).
 struct SessionServices {
   SessionServices()
-      : backend(MakeCpuBackend({.workers = 2,
-                                .max_job_bytes = 64 << 20,
-                                .resident_budget_bytes = 64 << 20})),
-        store(backend.get(), {.quota_bytes_per_client = 16 << 20}),
+      : backend(MakeCpuBackend({.workers = kCpuWorkers,
+                                .max_job_bytes = kBackendBytes,
+                                .resident_budget_bytes = kBackendBytes})),
+        store(backend.get(), {.quota_bytes_per_client = kQuotaBytesPerClient}),
         scheduler(backend.get(), {.idle_spin = std::chrono::microseconds(0)}),
-        uploads(backend.get(), 2),
-        // 128x128 at most: executions go to the protocol, not to OpenBLAS.
+        uploads(backend.get(), kUploadThreads),
         core(&scheduler, backend.get(), &store, &uploads,
-             {.rules = {.max_elements_per_matrix = 1 << 14, .kernels = backend->Kernels()},
-              .max_client_pending_bytes = 64 << 20,
+             {.rules = {.max_elements_per_matrix = kMaxElementsPerMatrix,
+                        .kernels = backend->Kernels()},
+              .max_client_pending_bytes = kMaxPendingBytes,
               .result_buffer_pool_bytes = 4 << 20}) {
-    // Small C chunks: a GEMM's answer is several writes.
-    stream.stream_chunk_bytes = 16 << 10;
-    stream.max_stream_pending_bytes = 64 << 20;
-    stream.idle_timeout = std::chrono::seconds(1);
+    stream.stream_chunk_bytes = kStreamChunkBytes;
+    stream.max_stream_pending_bytes = kMaxPendingBytes;
+    stream.idle_timeout = std::chrono::seconds(1);  // named in ExpireIdle's refusals only
   }
 
   std::unique_ptr<Backend> backend;
@@ -203,7 +201,8 @@ class FuzzStream final : public StreamTransport {
 
   void StartRead() override {
     std::lock_guard<std::mutex> lock(mu_);
-    if (read_started_ || finished_) Fail("StartRead", read_started_ ? "two at once" : "after Finish");
+    if (read_started_ || finished_)
+      Fail("StartRead", read_started_ ? "two at once" : "after Finish");
     read_started_ = true;
     changed_.notify_all();
   }
@@ -315,7 +314,8 @@ class FuzzUpload final : public UploadTransport {
 
   void StartRead() override {
     std::lock_guard<std::mutex> lock(mu_);
-    if (read_started_ || finished_) Fail("StartRead", read_started_ ? "two at once" : "after Finish");
+    if (read_started_ || finished_)
+      Fail("StartRead", read_started_ ? "two at once" : "after Finish");
     read_started_ = true;
     changed_.notify_all();
   }

@@ -1,7 +1,7 @@
 // libFuzzer target: the transport, through a real gRPC channel to the in-process server
 // (transport_harness.h): what the wire adds to the session layer (protobuf messages, the
-// reactors' reads and writes, conversions, the status mapping, a client that cancels or whose
-// deadline expires mid-stream). Each input is one or two calls: unary Gemm, GemmStream
+// reactors' reads and writes, conversions, the status mapping, a client that cancels
+// mid-stream or mid-upload). Each input is one or two calls: unary Gemm, GemmStream
 // (headers and chunks, then a half-close or a cancel), UploadMatrix (header and chunks, then a
 // half-close or a cancel), Release/List/Download, GetServerInfo. Dimensions are biased to
 // boundaries (fuzz_util.h), handles come from earlier calls of the input, "", or fuzz bytes.
