@@ -118,3 +118,17 @@ def test_aio_internal_after_the_deadline_is_deadline_exceeded(server, rng):
             with pytest.raises(hgemm.Internal):
                 await c.upload(b, timeout=30)
     run(main())
+
+
+def test_aio_upload_whose_deadline_expires_mid_stream(server, rng):
+    """Against the real server: an upload still sending when its timeout passes ends
+    DeadlineExceeded (whatever grpcio's core reported), and the server keeps serving."""
+    big = fp16(rng, 4096, 4096)  # 32 MiB: many chunks
+
+    async def main():
+        async with hgemm.aio.Client(server.address, timeout=60) as c:
+            for _ in range(3):
+                with pytest.raises(hgemm.DeadlineExceeded):
+                    await c.upload(big, timeout=0.01)
+            assert (await c.info()).backend == "cpu"
+    run(main())
