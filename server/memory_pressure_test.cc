@@ -30,6 +30,7 @@
 
 #include "client/gemm_client.h"
 #include "server/backend/cpu_backend.h"
+#include "server/backend/device_memory.h"
 #include "server/server.h"
 #include "server/testing/test_requests.h"
 
@@ -107,9 +108,15 @@ class MemoryPressureTest : public ::testing::TestWithParam<bool> {
     const std::vector<uint16_t> m = RandomHalfMatrix(int64_t(rows) * kCols, rng);
     return std::string(reinterpret_cast<const char*>(m.data()), 2 * m.size());
   }
-  // A refusal names these bytes: the own server's budget, or any of `asked`.
-  std::vector<int64_t> Named(std::vector<int64_t> asked) const {
-    return target_.empty() ? std::vector<int64_t>{kBudget} : asked;
+  // A refusal names these bytes: the own server's budget, or any of `asked`, as asked or
+  // rounded up to the CUDA backend's allocation granularity.
+  std::vector<int64_t> Named(const std::vector<int64_t>& asked) const {
+    if (target_.empty()) return {kBudget};
+    std::vector<int64_t> named = asked;
+    constexpr int64_t kGranularity = DeviceMemory::kResidentGranularity;
+    for (int64_t bytes : asked)
+      named.push_back((bytes + kGranularity - 1) / kGranularity * kGranularity);
+    return named;
   }
 
   const std::string target_ = Env("HGEMM_PRESSURE_TARGET");
