@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer targets of //server/fuzz with clang (ASan + UBSan, leak detection on) in a
 # separate Bazel output base, then runs each for a bounded time (default 60 s) from its seed
-# corpus (server/fuzz/corpus/<target>). Fails on any crash, leak, hang (-timeout) or OOM
-# (-rss_limit_mb). Crash inputs go to $FUZZ_ARTIFACTS (default /tmp/hgemm-fuzz/artifacts).
+# corpus (server/fuzz/corpus/<target>), $FUZZ_JOBS (default: the number of cores) at a time.
+# Fails on any crash, leak, hang (-timeout) or OOM (-rss_limit_mb). Crash inputs go to
+# $FUZZ_ARTIFACTS (default /tmp/hgemm-fuzz/artifacts).
 # Prints "fuzz: N passed, N failed" and one "fuzz <target>: <executions> execs" line per target.
 #   tools/fuzz.sh [seconds per target]
 set -uo pipefail
 cd "$(dirname "$0")/.."
 seconds=${1:-60}
-targets=(validation stream_assembler upload service)
+targets=(validation stream_assembler upload service transport)
+parallel=${FUZZ_JOBS:-$(nproc)}
 work=${FUZZ_WORK:-/tmp/hgemm-fuzz}
 artifacts=${FUZZ_ARTIFACTS:-$work/artifacts}
 mkdir -p "$artifacts"
@@ -25,16 +27,27 @@ if ! "${bazel_clang[@]}" build --config=fuzz --action_env=CC=clang \
 fi
 bin=$("${bazel_clang[@]}" info --config=fuzz --action_env=CC=clang bazel-bin)
 
-passed=0 failed=0
-for t in "${targets[@]}"; do
-  corpus=$work/corpus/$t
+# run_target TARGET: one bounded run; its exit status goes to $work/TARGET.rc.
+run_target() {
+  local t=$1 corpus=$work/corpus/$1
   mkdir -p "$corpus"
-  log=$work/$t.log
+  rm -f "$work/$t.rc"
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
     "$bin/server/fuzz/${t}_fuzz" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=4096 \
     -max_len=65536 -print_final_stats=1 -artifact_prefix="$artifacts/$t-" \
-    "$corpus" "server/fuzz/corpus/$t" >"$log" 2>&1
-  rc=$?
+    "$corpus" "server/fuzz/corpus/$t" >"$work/$t.log" 2>&1
+  echo $? >"$work/$t.rc"
+}
+for t in "${targets[@]}"; do
+  while (($(jobs -rp | wc -l) >= parallel)); do wait -n; done
+  run_target "$t" &
+done
+wait
+
+passed=0 failed=0
+for t in "${targets[@]}"; do
+  log=$work/$t.log
+  rc=$(cat "$work/$t.rc" 2>/dev/null || echo 1)
   execs=$(awk '/stat::number_of_executed_units/ {n = $2} END {print n + 0}' "$log")
   echo "fuzz $t: ${execs:-0} execs, exit $rc (log $log)"
   if ((rc == 0)); then

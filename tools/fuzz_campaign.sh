@@ -3,7 +3,10 @@
 # Bazel): runs the fuzz targets bundled by `gpu-bundle.sh --out .gpu-fuzz` (with their corpora
 # under .gpu-fuzz/corpus/<target>) in libFuzzer's fork mode, all at once, each on its share of
 # the cores, and prints "campaign <target>: <executions> execs, exit <rc>" per target.
-#   tools/fuzz_campaign.sh SECONDS TARGET=JOBS...   e.g. 480 service=7 upload=6 validation=2
+#   tools/fuzz_campaign.sh SECONDS TARGET=JOBS...
+#   e.g. 500 service=12 upload=8 transport=6 validation=2 stream_assembler=2: the session-level
+#   targets (service, upload) idle on thread hand-offs most of the time, so give them about
+#   twice as many jobs as the cores they should use (bench/results/fuzz_depth_2core).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 seconds=$1

@@ -32,6 +32,12 @@
 #             SOAK_REQUESTS (1000000) or SOAK_SECONDS (300); SOAK_IDLE_S (20) idle; SOAK_ARGS
 #             more flags; GPU memory (nvidia-smi) before the server, after its start, after
 #             the soak and its idle time, and after the server
+#   pressure  device memory pressure: server/memory_pressure_test against hgemm_server
+#             --backend=cuda, LRU eviction off then on: 3 clients upload PRESSURE_UPLOADS (100)
+#             matrices of 512 MiB each and keep them (150 GiB: more than the card), beside GEMMs
+#             keeping a 512 MiB C, streamed and unrelated unary GEMMs; refusals must name the
+#             bytes, unrelated GEMMs must all be right; one table row per run, GPU memory
+#             before, at the peak and after
 #
 # Here:   tools/gpu_e2e.sh --bundle     (builds -c opt, gathers the binaries into .gpu-serve/ and
 #                                        packs them into .gpu-pack/serve.tar.xz, small enough to carry)
@@ -44,13 +50,14 @@ if [[ ${1:-} == --bundle ]]; then
     //bench:hgemm_load //bench:echo_server //bench:completion_latency //bench:hgemm_soak \
     //server/backend:cuda_fault_test //server/backend:cuda_sticky_fault_test \
     //server:device_failure_test //server:hgemm_server_fault_injection \
-    //client/c:libhgemm_client.so
+    //server:memory_pressure_test //client/c:libhgemm_client.so
   ../shared/tools/gpu-bundle.sh --out .gpu-serve bazel-bin/server/hgemm_server \
     bazel-bin/client/hgemm_client bazel-bin/server/backend/cuda_backend_test \
     bazel-bin/bench/hgemm_load bazel-bin/bench/echo_server bazel-bin/bench/completion_latency \
     bazel-bin/bench/hgemm_soak bazel-bin/server/backend/cuda_fault_test \
     bazel-bin/server/backend/cuda_sticky_fault_test bazel-bin/server/device_failure_test \
-    bazel-bin/server/hgemm_server_fault_injection bazel-bin/client/c/libhgemm_client.so
+    bazel-bin/server/hgemm_server_fault_injection bazel-bin/server/memory_pressure_test \
+    bazel-bin/client/c/libhgemm_client.so
   tools/make_test_certs.sh .gpu-serve/certs  # the GPU machine may have no openssl
   mkdir -p .gpu-pack
   grep -qx "/.gpu-pack/" .git/info/exclude || echo "/.gpu-pack/" >> .git/info/exclude
@@ -146,6 +153,33 @@ if want soak; then
   else
     echo "FAILED: the soak's server did not start"; cat "$out/soak_server.log"
   fi
+fi
+
+if want pressure; then
+  echo "== device memory pressure (server/memory_pressure_test against the CUDA backend)"
+  pport=50195
+  for lru in off on; do
+    flags=()
+    [[ $lru == on ]] && flags=(--resident_lru_eviction)
+    echo "-- LRU eviction $lru; GPU memory used before the server: $(gpu_memory)"
+    hgemm_server --listen=127.0.0.1:$pport --backend=cuda --streams_per_device=4 "${flags[@]}" \
+      >"$out/pressure_server_lru_$lru.log" 2>&1 &
+    pressure_pid=$!
+    if wait_for_server $pport; then
+      (while kill -0 $pressure_pid 2>/dev/null; do gpu_memory; sleep 2; done) \
+        >"$out/pressure_gpu_memory_lru_$lru.txt" 2>/dev/null &
+      sampler_pid=$!
+      HGEMM_PRESSURE_TARGET=127.0.0.1:$pport HGEMM_PRESSURE_ROWS=262144 \
+        HGEMM_PRESSURE_UPLOADS="${PRESSURE_UPLOADS:-100}" timeout 540 memory_pressure_test 2>&1 |
+        tee "$out/pressure_lru_$lru.log" | grep -E "^LRU|^\[ +(OK|FAILED|SKIPPED) |Failure|Expected|Which|differs|unrelated" |
+        head -30 || true
+      kill -TERM $pressure_pid; wait $pressure_pid || true
+      kill $sampler_pid 2>/dev/null; wait $sampler_pid 2>/dev/null || true
+      echo "GPU memory at the peak: $(sort -n "$out/pressure_gpu_memory_lru_$lru.txt" | tail -1); after the server: $(gpu_memory)"
+    else
+      echo "FAILED: the pressure server did not start"; cat "$out/pressure_server_lru_$lru.log"
+    fi
+  done
 fi
 
 port=50151

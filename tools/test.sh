@@ -17,7 +17,7 @@ logdirs=("$(bazel info bazel-testlogs)")
 # normal build's.
 asan_tests=(//server/session:validation_test //server/session:stream_assembler_test //server/session:host_buffer_pool_test
             //server/core:logging_test //server/core:status_test //client:metrics_scrape_test
-            //server:server_test //server:server_process_test //server:metrics_test
+            //server:server_test //server:server_process_test //server:metrics_test //server:memory_pressure_test
             //server:security_test //server/session:stream_session_test //server/session:upload_session_test //server/session:arriving_buffer_test //server/backend:device_memory_test //server/auth:token_table_test //server/auth:server_tls_test
             //server:peer_credentials_test //server/auth:unix_peers_test
             //server/scheduler:scheduler_test

@@ -49,8 +49,9 @@ class CpuBackend final : public Backend {
     if (resident_bytes_.fetch_add(bytes) + bytes > options_.resident_budget_bytes) {
       resident_bytes_ -= bytes;
       return status::OverLimit(fmt::format(
-          "resident matrices would pass the CPU backend's budget of {} bytes ({} in use)",
-          options_.resident_budget_bytes, resident_bytes_.load()));
+          "{} more bytes of resident memory would pass the CPU backend's budget of {} bytes "
+          "({} in use)",
+          bytes, options_.resident_budget_bytes, resident_bytes_.load()));
     }
     // The budget is host memory the machine may not have: a failed allocation is a refusal.
     std::unique_ptr<char[]> data(new (std::nothrow) char[bytes]);

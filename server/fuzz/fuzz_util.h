@@ -5,12 +5,27 @@
 
 #include <fuzzer/FuzzedDataProvider.h>
 
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
 
 namespace hgemm::fuzz {
+
+// What the service harnesses (session_harness.h, transport_harness.h) give their server. 128x128
+// matrices at most: a GEMM at the limit costs ~4 MFLOP, so executions go to the protocol, not
+// to OpenBLAS; the limits' edges are there all the same. Small C chunks: a GEMM's answer is
+// several writes.
+inline constexpr int64_t kMaxElementsPerMatrix = 1 << 14;
+inline constexpr int64_t kStreamChunkBytes = 16 << 10;
+inline constexpr int64_t kMaxPendingBytes = 64 << 20;  // per stream and per client
+inline constexpr int64_t kQuotaBytesPerClient = 16 << 20;
+inline constexpr int64_t kBackendBytes = 64 << 20;  // the CPU backend's largest job and budget
+inline constexpr int kCpuWorkers = 2;
+inline constexpr int kUploadThreads = 2;
+// A call not answered within this never will be: a hang.
+inline constexpr auto kCallDeadline = std::chrono::seconds(5);
 
 // 0, 1, small, powers of two, and the values whose products wrap 32 or 64 bits.
 inline uint32_t Dim(FuzzedDataProvider& in) {

@@ -1,24 +1,28 @@
-// libFuzzer target: the whole service in-process (service_harness.h). Each input is a sequence
-// of calls through a real gRPC channel:
-// unary Gemm, GemmStream (headers and chunks, then a half-close), UploadMatrix (header and
-// chunks), Release/List/Download, GetServerInfo. Dimensions are biased to boundaries
-// (fuzz_util.h), handles come from earlier calls of the input, "", or fuzz bytes.
-// A call left unanswered or a server crash is a failure. At the end of an input every matrix
-// of its clients is released, so inputs stay independent.
+// libFuzzer target: the whole service below its transport (session_harness.h). Each input is a
+// sequence of up to 8 calls of two clients, made through the session layer as the gRPC
+// handlers make them: unary Gemm (some with a passed deadline or a cancelled client),
+// GemmStream (headers and chunks; the client half-closes or cancels; the idle timeout or a
+// drain may strike), UploadMatrix (header and chunks; closes, cancels, idles out),
+// Release/List/Download. Dimensions are biased to boundaries (fuzz_util.h), handles come from
+// earlier calls of the input, "", or fuzz bytes.
+// Oracle: no crash, every call ends (no hang), the transport contract and C's size hold
+// (session_harness.h), no status shows a wrapped number, a download has the matrix's size,
+// and once every matrix of the input is released its clients hold no resident bytes (nothing
+// leaked a quota reservation). Inputs stay independent.
+// The wire itself (protobuf, reactors, status mapping) is transport_fuzz's.
 #include <fuzzer/FuzzedDataProvider.h>
 
-#include <cstdio>
-#include <memory>
+#include <chrono>
 #include <string>
+#include <thread>
 #include <vector>
 
-#include "server/fuzz/service_harness.h"
+#include "server/fuzz/session_harness.h"
 
 namespace hgemm {
 namespace {
 
-using fuzz::Check;
-using fuzz::Context;
+using fuzz::Services;
 
 std::string Bytes(FuzzedDataProvider& in, uint32_t rows, uint32_t cols) {
   const unsigned __int128 exact = fuzz::Bytes(rows, cols);
@@ -44,6 +48,12 @@ void Options(FuzzedDataProvider& in, v1::GemmOptions* o) {
   o->set_accumulation(v1::Accumulation(in.ConsumeIntegralInRange<int>(0, 3)));
 }
 
+// Mostly a deadline the call meets; sometimes one already passed.
+Clock::time_point Deadline(FuzzedDataProvider& in) {
+  return in.ConsumeIntegralInRange<int>(0, 7) == 0 ? Clock::now() - std::chrono::milliseconds(1)
+                                                   : Clock::now() + fuzz::kCallDeadline;
+}
+
 void Unary(FuzzedDataProvider& in, const std::string& client, std::vector<std::string>& handles) {
   v1::GemmRequest r;
   r.set_m(fuzz::Dim(in));
@@ -55,71 +65,75 @@ void Unary(FuzzedDataProvider& in, const std::string& client, std::vector<std::s
   else r.set_b(Bytes(in, r.k(), r.n()));
   Options(in, r.mutable_options());
   r.set_keep_c_resident(in.ConsumeIntegralInRange<int>(0, 3) == 0);
-  grpc::ClientContext context;
-  Context(&context, client);
-  v1::GemmResponse response;
-  grpc::Status s = fuzz::Stub().Gemm(&context, r, &response);
-  Check(s, "Gemm");
-  if (s.ok() && !r.keep_c_resident() && response.c().size() != fuzz::Bytes(r.m(), r.n())) {
-    fuzz::Fail("Gemm: C of the wrong size", "");
-  }
-  if (s.ok() && r.keep_c_resident()) handles.push_back(response.c_matrix().handle());
+  const Clock::time_point deadline = Deadline(in);
+  const bool cancelled = in.ConsumeIntegralInRange<int>(0, 7) == 0;
+  std::string c;
+  ResidentMatrix kept;
+  absl::Status s = fuzz::RunGemm(client, r, deadline, cancelled, &c, &kept);
+  fuzz::CheckMessage(s);
+  if (s.ok() && r.keep_c_resident()) handles.push_back(kept.handle);
 }
 
 void Stream(FuzzedDataProvider& in, const std::string& client, std::vector<std::string>& handles) {
-  grpc::ClientContext context;
-  Context(&context, client);
-  auto stream = fuzz::Stub().GemmStream(&context);
+  fuzz::FuzzStream stream(client, Deadline(in));
   const int messages = in.ConsumeIntegralInRange<int>(0, 12);
   uint64_t offsets[4][3] = {};
   for (int i = 0; i < messages; ++i) {
     v1::GemmStreamRequest m;
     const uint64_t id = in.ConsumeIntegralInRange<uint64_t>(0, 3);
-    if (in.ConsumeIntegralInRange<int>(0, 2) == 0) {
-      v1::GemmHeader* h = m.mutable_header();
-      h->set_gemm_id(id);
-      h->set_m(fuzz::Dim(in));
-      h->set_n(fuzz::Dim(in));
-      h->set_k(fuzz::Dim(in));
-      if (in.ConsumeIntegralInRange<int>(0, 3) == 0) h->set_a_handle(Handle(in, handles));
-      if (in.ConsumeIntegralInRange<int>(0, 3) == 0) h->set_b_handle(Handle(in, handles));
-      Options(in, h->mutable_options());
-      h->set_keep_c_resident(in.ConsumeIntegralInRange<int>(0, 3) == 0);
-      offsets[id][1] = offsets[id][2] = 0;
-    } else {
-      v1::MatrixChunk* c = m.mutable_chunk();
-      c->set_gemm_id(id);
-      const int operand = in.ConsumeIntegralInRange<int>(1, 2);
-      c->set_operand(v1::Operand(operand));
-      c->set_offset(in.ConsumeIntegralInRange<int>(0, 7) == 0 ? in.ConsumeIntegral<uint64_t>()
-                                                             : offsets[id][operand]);
-      const size_t size = in.ConsumeIntegralInRange<size_t>(1, 1 << 16);
-      c->set_data(std::string(size, '\0'));
-      offsets[id][operand] += size;
-    }
-    if (!stream->Write(m)) break;
-  }
-  stream->WritesDone();
-  v1::GemmStreamResponse response;
-  while (stream->Read(&response)) {
-    if (response.has_done()) {
-      if (fuzz::ShowsNegativeNumber(response.done().status_message())) {
-        fuzz::Fail("a GemmDone shows a wrapped negative number", response.done().status_message());
+    switch (in.ConsumeIntegralInRange<int>(0, 15)) {
+      case 0:  // every GEMM waiting for a chunk has waited too long
+        stream.session().ExpireIdle(Clock::now() + std::chrono::hours(1));
+        continue;
+      case 1:
+        stream.session().Drain();
+        continue;
+      case 2:
+      case 3:
+      case 4:
+      case 5: {
+        v1::GemmHeader* h = m.mutable_header();
+        h->set_gemm_id(id);
+        h->set_m(fuzz::Dim(in));
+        h->set_n(fuzz::Dim(in));
+        h->set_k(fuzz::Dim(in));
+        if (in.ConsumeIntegralInRange<int>(0, 3) == 0) h->set_a_handle(Handle(in, handles));
+        if (in.ConsumeIntegralInRange<int>(0, 3) == 0) h->set_b_handle(Handle(in, handles));
+        Options(in, h->mutable_options());
+        h->set_keep_c_resident(in.ConsumeIntegralInRange<int>(0, 3) == 0);
+        offsets[id][1] = offsets[id][2] = 0;
+        break;
       }
-      if (response.done().has_c_matrix()) handles.push_back(response.done().c_matrix().handle());
+      default: {
+        v1::MatrixChunk* c = m.mutable_chunk();
+        c->set_gemm_id(id);
+        const int operand = in.ConsumeIntegralInRange<int>(1, 2);
+        c->set_operand(v1::Operand(operand));
+        c->set_offset(in.ConsumeIntegralInRange<int>(0, 7) == 0 ? in.ConsumeIntegral<uint64_t>()
+                                                               : offsets[id][operand]);
+        const size_t size = in.ConsumeIntegralInRange<size_t>(1, 1 << 16);
+        c->set_data(std::string(size, '\0'));
+        offsets[id][operand] += size;
+      }
     }
+    if (!stream.Send(m)) break;
   }
-  Check(stream->Finish(), "GemmStream");
+  stream.Close(/*cancel=*/in.ConsumeIntegralInRange<int>(0, 7) == 0);
+  stream.WaitFinished().IgnoreError();  // checked in Finish
+  for (const fuzz::FuzzStream::Done& done : stream.answers()) {
+    if (!done.kept_c.empty()) handles.push_back(done.kept_c);
+  }
 }
 
 void Upload(FuzzedDataProvider& in, const std::string& client, std::vector<std::string>& handles) {
-  grpc::ClientContext context;
-  Context(&context, client);
-  v1::MatrixInfo info;
-  auto writer = fuzz::Stub().UploadMatrix(&context, &info);
+  fuzz::FuzzUpload upload(client);
   const int messages = in.ConsumeIntegralInRange<int>(0, 6);
   uint32_t rows = fuzz::Dim(in), cols = fuzz::Dim(in);
   for (int i = 0; i < messages; ++i) {
+    if (in.ConsumeIntegralInRange<int>(0, 15) == 0) {
+      upload.session().ExpireIdle(Clock::now() + std::chrono::hours(1));
+      continue;
+    }
     v1::UploadMatrixRequest m;
     if (i == 0 ? in.ConsumeIntegralInRange<int>(0, 7) != 0 : in.ConsumeIntegralInRange<int>(0, 7) == 0) {
       m.mutable_header()->set_rows(rows);
@@ -133,64 +147,63 @@ void Upload(FuzzedDataProvider& in, const std::string& client, std::vector<std::
                                   : in.ConsumeIntegralInRange<size_t>(0, 4096),
                               '\0'));
     }
-    if (!writer->Write(m)) break;
+    if (!upload.Send(m)) break;
   }
-  writer->WritesDone();
-  grpc::Status s = writer->Finish();
-  Check(s, "UploadMatrix");
-  if (s.ok()) handles.push_back(info.handle());
+  upload.Close(/*cancel=*/in.ConsumeIntegralInRange<int>(0, 7) == 0);
+  ResidentMatrix matrix;
+  if (upload.WaitFinished(&matrix).ok()) handles.push_back(matrix.handle);
 }
 
 void Others(FuzzedDataProvider& in, const std::string& client, std::vector<std::string>& handles) {
-  grpc::ClientContext context;
-  Context(&context, client);
-  switch (in.ConsumeIntegralInRange<int>(0, 3)) {
+  MatrixStore& store = Services().store;
+  switch (in.ConsumeIntegralInRange<int>(0, 2)) {
     case 0: {
-      v1::ReleaseMatrixRequest r;
-      r.set_handle(Handle(in, handles));
-      v1::ReleaseMatrixResponse response;
-      Check(fuzz::Stub().ReleaseMatrix(&context, r, &response), "ReleaseMatrix");
+      int64_t freed = 0;
+      fuzz::CheckMessage(store.Release(client, Handle(in, handles), &freed, /*admin=*/false));
       break;
     }
-    case 1: {
-      v1::ListMatricesResponse response;
-      Check(fuzz::Stub().ListMatrices(&context, {}, &response), "ListMatrices");
+    case 1:
+      store.List(client);
+      store.ClientBytes(client);
       break;
-    }
-    case 2: {
-      v1::DownloadMatrixRequest r;
-      r.set_handle(Handle(in, handles));
-      auto reader = fuzz::Stub().DownloadMatrix(&context, r);
-      v1::ResultChunk chunk;
-      while (reader->Read(&chunk)) {
+    default: {  // what the DownloadMatrix reactor reads
+      ResidentMatrix m;
+      absl::Status s = store.Lookup(client, Handle(in, handles), "handle", &m);
+      fuzz::CheckMessage(s);
+      if (!s.ok()) break;
+      std::string data(size_t(m.buffer->bytes), '\0');
+      fuzz::CheckMessage(Services().backend->ReadResident(*m.buffer, data.data()));
+      if (m.buffer->bytes != MatrixBytes(m.rows, m.cols, m.dtype)) {
+        fuzz::Fail("a resident matrix of the wrong size", m.handle);
       }
-      Check(reader->Finish(), "DownloadMatrix");
-      break;
-    }
-    default: {
-      v1::ServerInfo info;
-      Check(fuzz::Stub().GetServerInfo(&context, {}, &info), "GetServerInfo");
     }
   }
 }
 
+// Releases every matrix of `client`; then its resident bytes must come back to 0 (a GEMM's
+// reservation is given back on a scheduler thread, just after its answer).
 void ReleaseAll(const std::string& client) {
-  grpc::ClientContext context;
-  Context(&context, client);
-  v1::ListMatricesResponse list;
-  Check(fuzz::Stub().ListMatrices(&context, {}, &list), "ListMatrices");
-  for (const v1::MatrixInfo& m : list.matrices()) {
-    grpc::ClientContext c;
-    Context(&c, client);
-    v1::ReleaseMatrixRequest r;
-    r.set_handle(m.handle());
-    v1::ReleaseMatrixResponse response;
-    Check(fuzz::Stub().ReleaseMatrix(&c, r, &response), "ReleaseMatrix");
+  MatrixStore& store = Services().store;
+  for (const ResidentMatrix& m : store.List(client)) {
+    int64_t freed = 0;
+    store.Release(client, m.handle, &freed, /*admin=*/false).IgnoreError();  // bytes checked below
+  }
+  const auto give_up = std::chrono::steady_clock::now() + fuzz::kCallDeadline;
+  while (store.ClientBytes(client) != 0) {
+    if (std::chrono::steady_clock::now() > give_up) {
+      fuzz::Fail("resident bytes left after every matrix was released", client);
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(100));
   }
 }
 
 }  // namespace
 }  // namespace hgemm
+
+extern "C" int LLVMFuzzerInitialize(int*, char***) {
+  hgemm::fuzz::Services();
+  return 0;
+}
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace hgemm;

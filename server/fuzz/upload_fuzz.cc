@@ -1,78 +1,41 @@
-// libFuzzer target: UploadMatrix message sequences against the in-process server
-// (service_harness.h). Each input is a few uploads, each by a client of its own: headers with
-// fuzzed fields, chunks of fuzzed sizes and contents, headers again, early half-closes and
-// cancellations.
+// libFuzzer target: UploadMatrix message sequences through the session layer
+// (session_harness.h: an UploadSession over a fake transport, as the UploadMatrix reactor
+// drives it). Each input is a few uploads, each by a client of its own: headers with fuzzed
+// fields, chunks of fuzzed sizes and contents, headers again, the idle timeout, early
+// half-closes and cancellations.
 // Besides "answered, no crash", the oracle: an upload that succeeds was exactly one header and
-// then exactly rows·cols fp16 values, and downloads back byte for byte; one that fails leaves
-// its client no resident bytes (its quota reservation and buffer are given back: before its
-// status reaches the client, or soon after a client-side cancellation).
+// then exactly rows·cols fp16 values, and reads back byte for byte; one that fails, or whose
+// client cancelled, leaves its client no resident bytes once the call is over (its quota
+// reservation and buffer are given back; a matrix its client never learned of is released).
 #include <fuzzer/FuzzedDataProvider.h>
 
-#include <chrono>
 #include <string>
-#include <thread>
 
-#include "server/fuzz/service_harness.h"
+#include "server/fuzz/session_harness.h"
 
 namespace hgemm {
 namespace {
 
-// Each upload is its own client, so that what the server still does for an earlier one (a
-// cancelled upload it has not even read yet) can't show in a later one's accounting.
+using fuzz::Services;
+
+// Each upload is its own client, so that one upload's accounting can't hide in another's.
 std::string NewClient() {
   static uint64_t uploads = 0;
   return "upload-fuzz-" + std::to_string(uploads++);
 }
 
-int64_t ClientBytes(const std::string& client) {
-  grpc::ClientContext context;
-  fuzz::Context(&context, client);
-  v1::ListMatricesResponse list;
-  fuzz::Check(fuzz::Stub().ListMatrices(&context, {}, &list), "ListMatrices");
-  return list.client_bytes();
-}
-
-void Release(const std::string& client, const std::string& handle) {
-  grpc::ClientContext context;
-  fuzz::Context(&context, client);
-  v1::ReleaseMatrixRequest request;
-  request.set_handle(handle);
-  v1::ReleaseMatrixResponse response;
-  grpc::Status s = fuzz::Stub().ReleaseMatrix(&context, request, &response);
-  if (!s.ok()) fuzz::Fail("ReleaseMatrix of a fresh upload", s.error_message());
-}
-
-std::string Download(const std::string& client, const std::string& handle) {
-  grpc::ClientContext context;
-  fuzz::Context(&context, client);
-  v1::DownloadMatrixRequest request;
-  request.set_handle(handle);
-  auto reader = fuzz::Stub().DownloadMatrix(&context, request);
-  std::string data;
-  for (v1::ResultChunk chunk; reader->Read(&chunk);) {
-    if (chunk.offset() != data.size()) fuzz::Fail("DownloadMatrix chunk out of order", "");
-    data += chunk.data();
-  }
-  grpc::Status s = reader->Finish();
-  if (!s.ok()) fuzz::Fail("DownloadMatrix of a fresh upload", s.error_message());
-  return data;
-}
-
 void Upload(FuzzedDataProvider& in) {
   const std::string client = NewClient();
-  grpc::ClientContext context;
-  fuzz::Context(&context, client);
-  v1::MatrixInfo info;
-  auto writer = fuzz::Stub().UploadMatrix(&context, &info);
+  fuzz::FuzzUpload upload(client);
   const uint32_t rows = fuzz::Dim(in), cols = fuzz::Dim(in);
   const unsigned __int128 exact = fuzz::Bytes(rows, cols);
   int headers = 0;
-  bool header_first = false, cancelled = false;
+  bool header_first = false, cancelled = false, expired = false;
   std::string sent;  // chunk bytes, in order
   const int messages = in.ConsumeIntegralInRange<int>(0, 10);
   for (int i = 0; i < messages && !cancelled; ++i) {
     v1::UploadMatrixRequest m;
-    switch (in.ConsumeIntegralInRange<int>(0, 9)) {
+    switch (in.ConsumeIntegralInRange<int>(0, 10)) {
       case 0:
       case 1: {
         v1::MatrixHeader* h = m.mutable_header();
@@ -90,8 +53,11 @@ void Upload(FuzzedDataProvider& in) {
         break;
       }
       case 2:
-        context.TryCancel();
         cancelled = true;
+        continue;
+      case 3:  // no message came for longer than the idle timeout
+        upload.session().ExpireIdle(Clock::now() + std::chrono::hours(1));
+        expired = true;
         continue;
       default: {
         // Mostly what is left of the matrix, in one or a few pieces; sometimes any size.
@@ -108,40 +74,40 @@ void Upload(FuzzedDataProvider& in) {
         m.set_chunk(std::move(chunk));
       }
     }
-    if (!writer->Write(m)) break;
+    if (!upload.Send(m)) break;
   }
-  writer->WritesDone();
-  grpc::Status s = writer->Finish();
-  fuzz::Check(s, "UploadMatrix");
-  if (cancelled) {  // the server sees it a moment later: then the quota must come back
-    const auto give_up = std::chrono::steady_clock::now() + fuzz::kCallDeadline;
-    while (ClientBytes(client) != 0) {
-      if (std::chrono::steady_clock::now() > give_up) {
-        fuzz::Fail("a cancelled upload kept its quota", "");
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
-    return;
-  }
+  upload.Close(cancelled);
+  ResidentMatrix matrix;
+  const absl::Status s = upload.WaitFinished(&matrix);
+  MatrixStore& store = Services().store;
   if (s.ok()) {
+    if (cancelled || expired) fuzz::Fail("UploadMatrix accepted a cancelled or expired upload", "");
     if (headers != 1 || !header_first || exact != sent.size()) {
-      fuzz::Fail("UploadMatrix accepted a malformed sequence", info.handle());
+      fuzz::Fail("UploadMatrix accepted a malformed sequence", matrix.handle);
     }
-    if (info.rows() != rows || info.cols() != cols || info.bytes() != exact) {
-      fuzz::Fail("UploadMatrix describes another matrix", info.handle());
+    if (matrix.rows != rows || matrix.cols != cols || matrix.buffer->bytes != int64_t(exact)) {
+      fuzz::Fail("UploadMatrix describes another matrix", matrix.handle);
     }
-    if (Download(client, info.handle()) != sent) {
-      fuzz::Fail("the download differs from the upload", "");
+    std::string stored(sent.size(), '\0');
+    if (!Services().backend->ReadResident(*matrix.buffer, stored.data()).ok() || stored != sent) {
+      fuzz::Fail("the stored matrix differs from the upload", matrix.handle);
     }
-    Release(client, info.handle());
+    int64_t freed = 0;
+    absl::Status released = store.Release(client, matrix.handle, &freed, /*admin=*/false);
+    if (!released.ok()) fuzz::Fail("ReleaseMatrix of a fresh upload", released.ToString());
   }
-  if (ClientBytes(client) != 0) {
-    fuzz::Fail("resident bytes changed", s.ok() ? "after release" : s.error_message());
+  if (store.ClientBytes(client) != 0) {
+    fuzz::Fail("resident bytes left after the call", s.ok() ? "after release" : s.ToString());
   }
 }
 
 }  // namespace
 }  // namespace hgemm
+
+extern "C" int LLVMFuzzerInitialize(int*, char***) {
+  hgemm::fuzz::Services();
+  return 0;
+}
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   FuzzedDataProvider in(data, size);

@@ -154,7 +154,8 @@ absl::Status GemmCore::AcquireRegions(const std::string& owner, const GemmOrder&
 
 absl::Status GemmCore::AllocateArriving(int device_index, int64_t bytes,
                                         std::shared_ptr<ResidentBuffer>* buffer) const {
-  absl::Status s = backend_->AllocateResident(device_index, bytes, buffer);
+  // Through the store: with LRU eviction on, resident matrices make room for it as for an upload.
+  absl::Status s = store_->AllocateBuffer(device_index, bytes, buffer);
   if (s.code() == absl::StatusCode::kResourceExhausted) {
     // The GEMM fits the limits (CheckSize): the memory is taken by other work for now.
     return status::QueueFull("device memory is busy: " + status::Message(s));

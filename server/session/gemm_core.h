@@ -182,8 +182,9 @@ class GemmCore {
   absl::Status Admit(const std::string& owner, GemmOrder order, AdmittedGemm* admitted) const;
 
   // On an upload thread: where `bytes` of an arriving operand go, on the device an admitted
-  // GEMM was placed on (its job().device_index). UNAVAILABLE when the device memory is busy
-  // for now.
+  // GEMM was placed on (its job().device_index), evicting least recently used resident
+  // matrices first when the store's LRU eviction is on. UNAVAILABLE when the device memory is
+  // busy for now.
   absl::Status AllocateArriving(int device_index, int64_t bytes,
                                 std::shared_ptr<ResidentBuffer>* buffer) const;
 

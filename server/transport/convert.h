@@ -33,6 +33,10 @@ inline const uint16_t* HalfData(const std::string& bytes) {
   return reinterpret_cast<const uint16_t*>(bytes.data());
 }
 
+// Where `request`'s operands come from and where its C goes (order->a, b, c_in, c and
+// over_unix_socket; order->job untouched).
+void ToOrder(const v1::GemmRequest& request, bool over_unix_socket, GemmOrder* order);
+
 v1::Accumulation ToProto(Accumulation accumulation);
 v1::DataType ToProto(ElementType type);
 

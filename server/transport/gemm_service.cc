@@ -100,33 +100,7 @@ absl::Status GemmServiceImpl::AdmitGemm(grpc::CallbackServerContext* context,
                                         grpc::ServerUnaryReactor* reactor) {
   GemmOrder order;
   if (absl::Status s = ValidateGemmRequest(request, options_.rules, &order.job); !s.ok()) return s;
-  order.a = request.has_a_region()
-                ? OperandSource::Region(request.a_region().region(), request.a_region().offset())
-            : request.a_handle().empty() ? OperandSource::Inline(HalfData(request.a()))
-                                         : OperandSource::Resident(request.a_handle());
-  order.b = request.has_b_region()
-                ? OperandSource::Region(request.b_region().region(), request.b_region().offset())
-            : request.b_handle().empty() ? OperandSource::Inline(HalfData(request.b()))
-                                         : OperandSource::Resident(request.b_handle());
-  switch (request.c_in_source_case()) {
-    case v1::GemmRequest::kCIn:
-      order.c_in = OperandSource::Inline(HalfData(request.c_in()));
-      break;
-    case v1::GemmRequest::kCInHandle:
-      order.c_in = OperandSource::Resident(request.c_in_handle());
-      break;
-    case v1::GemmRequest::kCInRegion:
-      order.c_in = OperandSource::Region(request.c_in_region().region(),
-                                         request.c_in_region().offset());
-      break;
-    case v1::GemmRequest::C_IN_SOURCE_NOT_SET:
-      break;
-  }
-  order.c = request.has_c_region()
-                ? ResultSink::Region(request.c_region().region(), request.c_region().offset())
-            : request.keep_c_resident() ? ResultSink::KeepResident(request.c_ttl_seconds())
-                                        : ResultSink::Host();
-  order.over_unix_socket = OverUnixSocket(*context);
+  ToOrder(request, OverUnixSocket(*context), &order);
   const bool c_to_host = order.c.kind == ResultSink::Kind::kHost;
   const bool a_shared = request.has_a_region(), b_shared = request.has_b_region();
   const bool c_shared = request.has_c_region();

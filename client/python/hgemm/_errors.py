@@ -132,6 +132,31 @@ def from_rpc_error(e: grpc.RpcError, index: Optional[int] = None) -> Error:
     return err
 
 
+class _DeadlinePassed(grpc.RpcError):
+    """A call grpcio failed with INTERNAL after its deadline had passed: DEADLINE_EXCEEDED."""
+
+    def __init__(self, e: grpc.RpcError):
+        super().__init__()
+        self._details = f"Deadline Exceeded (gRPC reported INTERNAL: {e.details()})"
+
+    def code(self) -> grpc.StatusCode:
+        return grpc.StatusCode.DEADLINE_EXCEEDED
+
+    def details(self) -> str:
+        return self._details
+
+
+def past_deadline(e: grpc.RpcError, timeout: Optional[float], elapsed: float) -> grpc.RpcError:
+    """e, or DEADLINE_EXCEEDED for an INTERNAL that came once the call's timeout had passed:
+    grpcio's asyncio client reports some streams whose deadline expires while requests are
+    still being sent as INTERNAL "Internal error from Core" (gRPC core's cancellation of the
+    stream, not the server: it sends nothing on a call cancelled mid-read)."""
+    if (timeout is not None and elapsed >= timeout and hasattr(e, "code")
+            and e.code() == grpc.StatusCode.INTERNAL):
+        return _DeadlinePassed(e)
+    return e
+
+
 # The server's own UNAVAILABLE messages (server/core/status.cc): the work was refused before it
 # ran. With gRPC's own message when no connection could be made, a retry cannot run anything
 # twice.

@@ -48,11 +48,19 @@ async def _do(step):
     if isinstance(step, _calls.Native):
         return await _native(step)
     request = _aiter(step.request) if step.streams_request else step.request
+    loop = asyncio.get_running_loop()
+    started = loop.time()
     call = step.method(request, timeout=step.timeout, metadata=step.metadata)
-    if step.on_response is None:
-        return await call
-    async for response in call:
-        step.on_response(response)
+    try:
+        if step.on_response is None:
+            return await call
+        async for response in call:
+            step.on_response(response)
+    except grpc.RpcError as e:
+        reported = _errors.past_deadline(e, step.timeout, loop.time() - started)
+        if reported is e:
+            raise
+        raise reported from e
 
 
 def _settle(future: asyncio.Future, result, error) -> None:

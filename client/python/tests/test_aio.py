@@ -1,6 +1,8 @@
 """hgemm.aio.Client against the real server: the same methods as coroutines."""
 import asyncio
 
+import grpc
+import grpc.aio
 import numpy as np
 import pytest
 
@@ -87,4 +89,46 @@ def test_aio_errors(server, rng):
                 await c.gemm(big, big, timeout=0.001)
             with pytest.raises(ValueError):
                 await c.gemm(a, fp16(rng, 5, 4))
+    run(main())
+
+
+def test_aio_internal_after_the_deadline_is_deadline_exceeded(server, rng):
+    """grpcio's aio client reports some streams whose deadline expires while requests are still
+    being sent as INTERNAL "Internal error from Core": once the timeout has passed, the client
+    raises DeadlineExceeded; an INTERNAL before it stays Internal."""
+    b = fp16(rng, 8, 8)
+
+    def upload_failing(after_deadline):
+        def upload(request, timeout=None, metadata=None):
+            async def call():
+                if after_deadline:
+                    await asyncio.sleep(timeout + 0.01)
+                raise grpc.aio.AioRpcError(grpc.StatusCode.INTERNAL, grpc.aio.Metadata(),
+                                           grpc.aio.Metadata(), details="Internal error from Core")
+            return call()
+        return upload
+
+    async def main():
+        async with hgemm.aio.Client(server.address, timeout=60) as c:
+            c._stub.UploadMatrix = upload_failing(after_deadline=True)
+            with pytest.raises(hgemm.DeadlineExceeded) as e:
+                await c.upload(b, timeout=0.05)
+            assert "Internal error from Core" in e.value.message
+            c._stub.UploadMatrix = upload_failing(after_deadline=False)
+            with pytest.raises(hgemm.Internal):
+                await c.upload(b, timeout=30)
+    run(main())
+
+
+def test_aio_upload_whose_deadline_expires_mid_stream(server, rng):
+    """Against the real server: an upload still sending when its timeout passes ends
+    DeadlineExceeded (whatever grpcio's core reported), and the server keeps serving."""
+    big = fp16(rng, 4096, 4096)  # 32 MiB: many chunks
+
+    async def main():
+        async with hgemm.aio.Client(server.address, timeout=60) as c:
+            for _ in range(3):
+                with pytest.raises(hgemm.DeadlineExceeded):
+                    await c.upload(big, timeout=0.01)
+            assert (await c.info()).backend == "cpu"
     run(main())

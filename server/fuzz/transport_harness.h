@@ -1,11 +1,11 @@
-// The server the service-level fuzz targets talk to: one HgemmServer (CPU backend, small
-// limits) on 127.0.0.1 for the whole fuzzing process, reached through a real channel. Every
-// call gets a 5 s deadline; DEADLINE_EXCEEDED means the server never answered, and Check()
+// The server transport_fuzz talks to: one HgemmServer (CPU backend, the limits of fuzz_util.h)
+// on 127.0.0.1 for the whole fuzzing process, reached through a real channel. Every call gets
+// kCallDeadline; DEADLINE_EXCEEDED means the server never answered, and Check()
 // abort()s on it (a crash for libFuzzer), as on a status message showing a wrapped number.
 // Include it in exactly one file of a target: it defines LLVMFuzzerInitialize, which starts the
 // server. Thread safety: Stub() is started once, from there; the rest is stateless.
-#ifndef HGEMM_SERVER_FUZZ_SERVICE_HARNESS_H_
-#define HGEMM_SERVER_FUZZ_SERVICE_HARNESS_H_
+#ifndef HGEMM_SERVER_FUZZ_TRANSPORT_HARNESS_H_
+#define HGEMM_SERVER_FUZZ_TRANSPORT_HARNESS_H_
 
 #include <grpcpp/grpcpp.h>
 
@@ -21,8 +21,6 @@
 
 namespace hgemm::fuzz {
 
-inline constexpr auto kCallDeadline = std::chrono::seconds(5);
-
 // Starts the server on first use. Never destroyed: the fuzzer ends the process.
 inline v1::GemmService::Stub& Stub() {
   static v1::GemmService::Stub* stub = [] {
@@ -30,17 +28,17 @@ inline v1::GemmService::Stub& Stub() {
     options.listen_address = "127.0.0.1:0";
     options.max_message_bytes = 8 << 20;
     options.drain_deadline = std::chrono::milliseconds(2000);
-    options.upload_threads = 2;
-    // 128x128: a GEMM at the limit costs ~4 MFLOP, so executions go to the protocol, not to
-    // OpenBLAS; the limits' edges are there all the same.
-    options.service.rules.max_elements_per_matrix = 1 << 14;
-    options.service.stream_chunk_bytes = 64 << 10;
-    options.service.max_stream_pending_bytes = 64 << 20;
-    options.service.resident.quota_bytes_per_client = 16 << 20;
-    auto* server = HgemmServer::Start(options, MakeCpuBackend({.workers = 2,
-                                                               .max_job_bytes = 64 << 20,
-                                                               .resident_budget_bytes = 64 << 20}))
-                       .release();
+    options.upload_threads = kUploadThreads;
+    options.service.rules.max_elements_per_matrix = kMaxElementsPerMatrix;
+    options.service.stream_chunk_bytes = kStreamChunkBytes;
+    options.service.max_stream_pending_bytes = kMaxPendingBytes;
+    options.service.max_client_pending_bytes = kMaxPendingBytes;
+    options.service.resident.quota_bytes_per_client = kQuotaBytesPerClient;
+    auto* server =
+        HgemmServer::Start(options, MakeCpuBackend({.workers = kCpuWorkers,
+                                                    .max_job_bytes = kBackendBytes,
+                                                    .resident_budget_bytes = kBackendBytes}))
+            .release();
     if (server == nullptr) std::abort();
     grpc::ChannelArguments args;
     args.SetMaxReceiveMessageSize(-1);
@@ -74,4 +72,4 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
   return 0;
 }
 
-#endif  // HGEMM_SERVER_FUZZ_SERVICE_HARNESS_H_
+#endif  // HGEMM_SERVER_FUZZ_TRANSPORT_HARNESS_H_

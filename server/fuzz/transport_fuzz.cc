@@ -1,0 +1,221 @@
+// libFuzzer target: the transport, through a real gRPC channel to the in-process server
+// (transport_harness.h): what the wire adds to the session layer (protobuf messages, the
+// reactors' reads and writes, conversions, the status mapping, a client that cancels
+// mid-stream or mid-upload). Each input is one or two calls: unary Gemm, GemmStream
+// (headers and chunks, then a half-close or a cancel), UploadMatrix (header and chunks, then a
+// half-close or a cancel), Release/List/Download, GetServerInfo. Dimensions are biased to
+// boundaries (fuzz_util.h), handles come from earlier calls of the input, "", or fuzz bytes.
+// The depth of the service's logic is service_fuzz's, without gRPC: calls are few here because
+// each costs real RPCs.
+// A call left unanswered or a server crash is a failure. At the end of an input every matrix
+// its clients got is released, so inputs stay independent.
+#include <fuzzer/FuzzedDataProvider.h>
+
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "server/fuzz/transport_harness.h"
+
+namespace hgemm {
+namespace {
+
+using fuzz::Check;
+using fuzz::Context;
+
+std::string Bytes(FuzzedDataProvider& in, uint32_t rows, uint32_t cols) {
+  const unsigned __int128 exact = fuzz::Bytes(rows, cols);
+  if (in.ConsumeIntegralInRange<int>(0, 3) != 0 && exact <= (1u << 16)) {
+    return std::string(size_t(exact), '\0');
+  }
+  return std::string(in.ConsumeIntegralInRange<size_t>(0, 64), '\0');
+}
+
+std::string Handle(FuzzedDataProvider& in, const std::vector<std::string>& handles) {
+  switch (in.ConsumeIntegralInRange<int>(0, 5)) {
+    case 0: return "";
+    case 1: return in.ConsumeRandomLengthString(64);
+    case 2: return std::string(in.ConsumeIntegralInRange<size_t>(1, 100000), 'h');
+    default:
+      return handles.empty() ? "" : handles[in.ConsumeIntegralInRange<size_t>(0, handles.size() - 1)];
+  }
+}
+
+void Options(FuzzedDataProvider& in, v1::GemmOptions* o) {
+  static const char* kKernels[] = {"", "auto", "openblas_sgemm", "nope"};
+  o->set_kernel(kKernels[in.ConsumeIntegralInRange<int>(0, 3)]);
+  o->set_accumulation(v1::Accumulation(in.ConsumeIntegralInRange<int>(0, 3)));
+}
+
+void Unary(FuzzedDataProvider& in, const std::string& client, std::vector<std::string>& handles) {
+  v1::GemmRequest r;
+  r.set_m(fuzz::Dim(in));
+  r.set_n(fuzz::Dim(in));
+  r.set_k(fuzz::Dim(in));
+  if (in.ConsumeIntegralInRange<int>(0, 2) == 0) r.set_a_handle(Handle(in, handles));
+  else r.set_a(Bytes(in, r.m(), r.k()));
+  if (in.ConsumeIntegralInRange<int>(0, 2) == 0) r.set_b_handle(Handle(in, handles));
+  else r.set_b(Bytes(in, r.k(), r.n()));
+  Options(in, r.mutable_options());
+  r.set_keep_c_resident(in.ConsumeIntegralInRange<int>(0, 3) == 0);
+  grpc::ClientContext context;
+  Context(&context, client);
+  v1::GemmResponse response;
+  grpc::Status s = fuzz::Stub().Gemm(&context, r, &response);
+  Check(s, "Gemm");
+  if (s.ok() && !r.keep_c_resident() && response.c().size() != fuzz::Bytes(r.m(), r.n())) {
+    fuzz::Fail("Gemm: C of the wrong size", "");
+  }
+  if (s.ok() && r.keep_c_resident()) handles.push_back(response.c_matrix().handle());
+}
+
+void Stream(FuzzedDataProvider& in, const std::string& client, std::vector<std::string>& handles) {
+  grpc::ClientContext context;
+  Context(&context, client);
+  auto stream = fuzz::Stub().GemmStream(&context);
+  const int messages = in.ConsumeIntegralInRange<int>(0, 12);
+  const int cancel_at = in.ConsumeIntegralInRange<int>(0, 2 * messages + 1);  // past: never
+  uint64_t offsets[4][3] = {};
+  for (int i = 0; i < messages; ++i) {
+    if (i == cancel_at) context.TryCancel();
+    v1::GemmStreamRequest m;
+    const uint64_t id = in.ConsumeIntegralInRange<uint64_t>(0, 3);
+    if (in.ConsumeIntegralInRange<int>(0, 2) == 0) {
+      v1::GemmHeader* h = m.mutable_header();
+      h->set_gemm_id(id);
+      h->set_m(fuzz::Dim(in));
+      h->set_n(fuzz::Dim(in));
+      h->set_k(fuzz::Dim(in));
+      if (in.ConsumeIntegralInRange<int>(0, 3) == 0) h->set_a_handle(Handle(in, handles));
+      if (in.ConsumeIntegralInRange<int>(0, 3) == 0) h->set_b_handle(Handle(in, handles));
+      Options(in, h->mutable_options());
+      h->set_keep_c_resident(in.ConsumeIntegralInRange<int>(0, 3) == 0);
+      offsets[id][1] = offsets[id][2] = 0;
+    } else {
+      v1::MatrixChunk* c = m.mutable_chunk();
+      c->set_gemm_id(id);
+      const int operand = in.ConsumeIntegralInRange<int>(1, 2);
+      c->set_operand(v1::Operand(operand));
+      c->set_offset(in.ConsumeIntegralInRange<int>(0, 7) == 0 ? in.ConsumeIntegral<uint64_t>()
+                                                             : offsets[id][operand]);
+      const size_t size = in.ConsumeIntegralInRange<size_t>(1, 1 << 16);
+      c->set_data(std::string(size, '\0'));
+      offsets[id][operand] += size;
+    }
+    if (!stream->Write(m)) break;
+  }
+  stream->WritesDone();
+  v1::GemmStreamResponse response;
+  while (stream->Read(&response)) {
+    if (response.has_done()) {
+      if (fuzz::ShowsNegativeNumber(response.done().status_message())) {
+        fuzz::Fail("a GemmDone shows a wrapped negative number", response.done().status_message());
+      }
+      if (response.done().has_c_matrix()) handles.push_back(response.done().c_matrix().handle());
+    }
+  }
+  Check(stream->Finish(), "GemmStream");
+}
+
+void Upload(FuzzedDataProvider& in, const std::string& client, std::vector<std::string>& handles) {
+  grpc::ClientContext context;
+  Context(&context, client);
+  v1::MatrixInfo info;
+  auto writer = fuzz::Stub().UploadMatrix(&context, &info);
+  const int messages = in.ConsumeIntegralInRange<int>(0, 6);
+  const int cancel_at = in.ConsumeIntegralInRange<int>(0, 2 * messages + 1);  // past: never
+  uint32_t rows = fuzz::Dim(in), cols = fuzz::Dim(in);
+  for (int i = 0; i < messages; ++i) {
+    if (i == cancel_at) context.TryCancel();
+    v1::UploadMatrixRequest m;
+    if (i == 0 ? in.ConsumeIntegralInRange<int>(0, 7) != 0 : in.ConsumeIntegralInRange<int>(0, 7) == 0) {
+      m.mutable_header()->set_rows(rows);
+      m.mutable_header()->set_cols(cols);
+      if (in.ConsumeBool()) m.mutable_header()->set_device_id(in.ConsumeIntegralInRange<int>(-2, 1));
+      m.mutable_header()->set_label(in.ConsumeRandomLengthString(200));
+    } else {
+      const unsigned __int128 exact = fuzz::Bytes(rows, cols);
+      m.set_chunk(std::string(in.ConsumeBool() && exact <= (1u << 16)
+                                  ? size_t(exact)
+                                  : in.ConsumeIntegralInRange<size_t>(0, 4096),
+                              '\0'));
+    }
+    if (!writer->Write(m)) break;
+  }
+  writer->WritesDone();
+  grpc::Status s = writer->Finish();
+  Check(s, "UploadMatrix");
+  if (s.ok()) handles.push_back(info.handle());
+}
+
+void Others(FuzzedDataProvider& in, const std::string& client, std::vector<std::string>& handles) {
+  grpc::ClientContext context;
+  Context(&context, client);
+  switch (in.ConsumeIntegralInRange<int>(0, 3)) {
+    case 0: {
+      v1::ReleaseMatrixRequest r;
+      r.set_handle(Handle(in, handles));
+      v1::ReleaseMatrixResponse response;
+      Check(fuzz::Stub().ReleaseMatrix(&context, r, &response), "ReleaseMatrix");
+      break;
+    }
+    case 1: {
+      v1::ListMatricesResponse response;
+      Check(fuzz::Stub().ListMatrices(&context, {}, &response), "ListMatrices");
+      break;
+    }
+    case 2: {
+      v1::DownloadMatrixRequest r;
+      r.set_handle(Handle(in, handles));
+      auto reader = fuzz::Stub().DownloadMatrix(&context, r);
+      v1::ResultChunk chunk;
+      while (reader->Read(&chunk)) {
+      }
+      Check(reader->Finish(), "DownloadMatrix");
+      break;
+    }
+    default: {
+      v1::ServerInfo info;
+      Check(fuzz::Stub().GetServerInfo(&context, {}, &info), "GetServerInfo");
+    }
+  }
+}
+
+void ReleaseAll(const std::string& client) {
+  grpc::ClientContext context;
+  Context(&context, client);
+  v1::ListMatricesResponse list;
+  Check(fuzz::Stub().ListMatrices(&context, {}, &list), "ListMatrices");
+  for (const v1::MatrixInfo& m : list.matrices()) {
+    grpc::ClientContext c;
+    Context(&c, client);
+    v1::ReleaseMatrixRequest r;
+    r.set_handle(m.handle());
+    v1::ReleaseMatrixResponse response;
+    Check(fuzz::Stub().ReleaseMatrix(&c, r, &response), "ReleaseMatrix");
+  }
+}
+
+}  // namespace
+}  // namespace hgemm
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  using namespace hgemm;
+  FuzzedDataProvider in(data, size);
+  std::vector<std::string> handles;
+  for (int call = 0; call < 2 && in.remaining_bytes() > 0; ++call) {
+    const std::string client = in.ConsumeBool() ? "fuzz-a" : "fuzz-b";
+    switch (in.ConsumeIntegralInRange<int>(0, 3)) {
+      case 0: Unary(in, client, handles); break;
+      case 1: Stream(in, client, handles); break;
+      case 2: Upload(in, client, handles); break;
+      default: Others(in, client, handles);
+    }
+  }
+  if (!handles.empty()) {
+    ReleaseAll("fuzz-a");
+    ReleaseAll("fuzz-b");
+  }
+  return 0;
+}
