@@ -122,7 +122,7 @@ absl::Status MatrixStore::AllocateBuffer(int device_index, int64_t bytes,
 
 ResidentMatrix MatrixStore::Add(QuotaReservation reservation, uint32_t rows, uint32_t cols,
                                 ElementType dtype, std::shared_ptr<ResidentBuffer> buffer, std::chrono::seconds ttl,
-                                const std::string& label) {
+                                const std::string& label, bool transient) {
   ResidentMatrix m;
   m.handle = NewHandle();
   m.owner = reservation.owner();
@@ -132,13 +132,90 @@ ResidentMatrix MatrixStore::Add(QuotaReservation reservation, uint32_t rows, uin
   m.buffer = std::move(buffer);
   m.label = label;
   m.created = m.last_used = Clock::now();
-  m.ttl = ttl.count() > 0 ? ttl : options_.default_ttl;
+  m.transient = transient;
+  m.ttl = transient ? options_.upload_idle_timeout
+          : ttl.count() > 0 ? ttl : options_.default_ttl;
   StoreLock lock(this);
   reservation.store_ = nullptr;  // its bytes now count for the matrix, until it is forgotten
   matrices_[m.handle] = m;
   spdlog::debug("resident {} {}x{} {} on device {} for {}", m.handle, rows, cols,
                 ElementTypeName(dtype), m.buffer->device_index, status::Quote(m.owner));
   return m;
+}
+
+ResidentMatrix MatrixStore::AddUpload(QuotaReservation reservation, uint32_t rows, uint32_t cols,
+                                      ElementType dtype, std::shared_ptr<ResidentBuffer> buffer,
+                                      std::chrono::seconds ttl, const std::string& label,
+                                      bool transient) {
+  const int64_t bytes = buffer->bytes;
+  ResidentMatrix m = Add(std::move(reservation), rows, cols, dtype, std::move(buffer), ttl, label,
+                         transient);
+  StoreLock lock(this);
+  auto it = matrices_.find(m.handle);
+  if (it == matrices_.end()) return m;  // expired at once (a zero idle timeout)
+  it->second.missing_bytes = m.missing_bytes = bytes;
+  const std::chrono::seconds complete_ttl = it->second.ttl;
+  it->second.ttl = m.ttl = options_.upload_idle_timeout;  // until complete
+  parts_[m.handle].ttl_when_complete = complete_ttl;
+  return m;
+}
+
+absl::Status MatrixStore::BeginPart(const std::string& owner, const std::string& handle,
+                                    int64_t offset, int64_t length, const std::string& field,
+                                    std::shared_ptr<ResidentBuffer>* buffer) {
+  StoreLock lock(this);
+  std::map<std::string, ResidentMatrix>::iterator it;
+  if (absl::Status s = FindLocked(owner, handle, field + ".handle", false, &it); !s.ok()) return s;
+  auto parts = parts_.find(handle);
+  if (parts == parts_.end()) {
+    return status::NotFound(fmt::format("{}.handle: matrix {} is complete: it takes no more parts",
+                                        field, status::Quote(handle)));
+  }
+  const int64_t bytes = it->second.buffer->bytes;
+  if (length <= 0) return status::InvalidArgument(field + ".length", "must be at least 1");
+  if (offset < 0 || offset > bytes || length > bytes - offset) {
+    return status::InvalidArgument(
+        field, fmt::format("bytes [{}, {} + {}) go past the end of the {}-byte matrix", offset,
+                           offset, length, bytes));
+  }
+  std::map<int64_t, int64_t>& claimed = parts->second.claimed;
+  auto next = claimed.lower_bound(offset);  // the first part at or after `offset`
+  const bool overlaps_next = next != claimed.end() && next->first < offset + length;
+  const bool overlaps_previous = next != claimed.begin() && std::prev(next)->second > offset;
+  if (overlaps_next || overlaps_previous) {
+    const auto& [other_offset, other_end] = overlaps_next ? *next : *std::prev(next);
+    return status::InvalidArgument(
+        field, fmt::format("bytes [{}, {}) overlap the part [{}, {}) sent before", offset,
+                           offset + length, other_offset, other_end));
+  }
+  if (int64_t(claimed.size()) >= options_.max_parts_per_upload) {
+    return status::OverLimit(fmt::format("{}: matrix {} has taken its {} parts", field,
+                                         status::Quote(handle), options_.max_parts_per_upload));
+  }
+  claimed.emplace(offset, offset + length);
+  it->second.last_used = Clock::now();
+  *buffer = it->second.buffer;
+  return absl::OkStatus();
+}
+
+absl::Status MatrixStore::EndPart(const std::string& owner, const std::string& handle,
+                                  int64_t offset, int64_t length, bool landed,
+                                  int64_t* missing_bytes) {
+  StoreLock lock(this);
+  std::map<std::string, ResidentMatrix>::iterator it;
+  if (absl::Status s = FindLocked(owner, handle, "header.handle", false, &it); !s.ok()) return s;
+  auto parts = parts_.find(handle);
+  if (parts == parts_.end()) return absl::OkStatus();  // not one of its claims: nothing to do
+  ResidentMatrix& m = it->second;
+  m.last_used = Clock::now();
+  if (!landed) {
+    parts->second.claimed.erase(offset);
+  } else if ((m.missing_bytes -= length) == 0) {
+    m.ttl = m.transient ? options_.upload_idle_timeout : parts->second.ttl_when_complete;
+    parts_.erase(parts);
+  }
+  *missing_bytes = m.missing_bytes;
+  return absl::OkStatus();
 }
 
 absl::Status MatrixStore::FindLocked(const std::string& owner, const std::string& handle,
@@ -173,6 +250,12 @@ absl::Status MatrixStore::Lookup(const std::string& owner, const std::string& ha
   StoreLock lock(this);
   std::map<std::string, ResidentMatrix>::iterator it;
   if (absl::Status s = FindLocked(owner, handle, field, false, &it); !s.ok()) return s;
+  if (it->second.missing_bytes > 0) {
+    return status::FailedPrecondition(fmt::format(
+        "{}: matrix {} is an upload still missing {} of its {} bytes; send its remaining parts "
+        "first",
+        field, status::Quote(handle), it->second.missing_bytes, it->second.buffer->bytes));
+  }
   it->second.last_used = Clock::now();
   *matrix = it->second;
   return absl::OkStatus();
@@ -230,7 +313,11 @@ void MatrixStore::ExpireLocked(Clock::time_point now) {
   for (auto it = matrices_.begin(); it != matrices_.end();) {
     auto next = std::next(it);
     const ResidentMatrix& m = it->second;
-    if (m.ttl.count() > 0 && now - m.last_used > m.ttl) ForgetLocked(it, "expired (time to live)");
+    if (m.ttl.count() > 0 && now - m.last_used > m.ttl) {
+      ForgetLocked(it, m.missing_bytes > 0 ? "was an upload that got no part in time (dropped)"
+                       : m.transient       ? "was transient and unused (dropped)"
+                                           : "expired (time to live)");
+    }
     it = next;
   }
 }
@@ -251,6 +338,7 @@ bool MatrixStore::EvictOneLocked(int device_index) {
 void MatrixStore::ForgetLocked(std::map<std::string, ResidentMatrix>::iterator it,
                                const char* why) {
   UnchargeLocked(it->second.owner, it->second.buffer->bytes);
+  parts_.erase(it->first);
   dropped_.push_back(std::move(it->second.buffer));
   gone_[it->first] = Gone{it->second.owner, why};
   gone_order_.push_back(it->first);
