@@ -76,8 +76,10 @@ enum class Rpc {
   kRegisterRegion,
   kUnregisterRegion,
   kListRegions,
+  kCreateUpload,
+  kUploadPart,
 };
-inline constexpr int kNumRpcs = 11;
+inline constexpr int kNumRpcs = 13;
 // The method's name as in the .proto ("Gemm", "GemmStream", ...).
 const char* RpcName(Rpc rpc);
 

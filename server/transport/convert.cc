@@ -95,6 +95,8 @@ void ToProto(const ResidentMatrix& m, int device_id, const std::string& replica,
   info->set_label(m.label);
   info->set_replica(replica);
   info->set_dtype(ToProto(m.dtype));
+  info->set_missing_bytes(m.missing_bytes);
+  info->set_transient(m.transient);
 }
 
 }  // namespace hgemm
