@@ -50,6 +50,7 @@ struct PointStats {
 struct PointResult {
   Target target = Target::kService;
   Mode mode = Mode::kUnary;
+  int parallel_parts = 1;  // LoadOptions::parallel_parts of the point
   Resident resident = Resident::kNone;
   int concurrency = 0;
   double rate_per_s = 0;
