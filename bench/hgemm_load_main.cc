@@ -131,6 +131,7 @@ int main(int argc, char** argv) {
   if (mode != "unary" && (parts_list.size() > 1 || parts_list[0] > 1)) {
     return Fail("--parallel_parts goes with --mode=unary");
   }
+  o.parallel_parts = *std::max_element(parts_list.begin(), parts_list.end());  // for --verify
   std::vector<double> rate_list;
   if (!rates.empty()) {
     if (std::string e = hgemm::bench::ParseDoubleList(rates, &rate_list); !e.empty()) return Fail("--rate: " + e);
