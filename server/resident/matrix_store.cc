@@ -120,12 +120,13 @@ absl::Status MatrixStore::AllocateBuffer(int device_index, int64_t bytes,
   }
 }
 
-ResidentMatrix MatrixStore::Add(QuotaReservation reservation, uint32_t rows, uint32_t cols,
-                                ElementType dtype, std::shared_ptr<ResidentBuffer> buffer, std::chrono::seconds ttl,
-                                const std::string& label, bool transient) {
+ResidentMatrix MatrixStore::NewEntry(const std::string& owner, uint32_t rows, uint32_t cols,
+                                     ElementType dtype, std::shared_ptr<ResidentBuffer> buffer,
+                                     std::chrono::seconds ttl, const std::string& label,
+                                     bool transient) const {
   ResidentMatrix m;
   m.handle = NewHandle();
-  m.owner = reservation.owner();
+  m.owner = owner;
   m.rows = rows;
   m.cols = cols;
   m.dtype = dtype;
@@ -135,29 +136,39 @@ ResidentMatrix MatrixStore::Add(QuotaReservation reservation, uint32_t rows, uin
   m.transient = transient;
   m.ttl = transient ? options_.upload_idle_timeout
           : ttl.count() > 0 ? ttl : options_.default_ttl;
+  return m;
+}
+
+ResidentMatrix MatrixStore::Register(QuotaReservation reservation, const ResidentMatrix& m,
+                                     const Parts* parts) {
   StoreLock lock(this);
   reservation.store_ = nullptr;  // its bytes now count for the matrix, until it is forgotten
   matrices_[m.handle] = m;
-  spdlog::debug("resident {} {}x{} {} on device {} for {}", m.handle, rows, cols,
-                ElementTypeName(dtype), m.buffer->device_index, status::Quote(m.owner));
+  if (parts != nullptr) parts_[m.handle] = *parts;
+  spdlog::debug("resident {} {}x{} {} on device {} for {}{}", m.handle, m.rows, m.cols,
+                ElementTypeName(m.dtype), m.buffer->device_index, status::Quote(m.owner),
+                parts != nullptr ? " (an upload by parts)" : "");
   return m;
+}
+
+ResidentMatrix MatrixStore::Add(QuotaReservation reservation, uint32_t rows, uint32_t cols,
+                                ElementType dtype, std::shared_ptr<ResidentBuffer> buffer, std::chrono::seconds ttl,
+                                const std::string& label, bool transient) {
+  const ResidentMatrix m = NewEntry(reservation.owner(), rows, cols, dtype, std::move(buffer), ttl,
+                                    label, transient);
+  return Register(std::move(reservation), m, nullptr);
 }
 
 ResidentMatrix MatrixStore::AddUpload(QuotaReservation reservation, uint32_t rows, uint32_t cols,
                                       ElementType dtype, std::shared_ptr<ResidentBuffer> buffer,
                                       std::chrono::seconds ttl, const std::string& label,
                                       bool transient) {
-  const int64_t bytes = buffer->bytes;
-  ResidentMatrix m = Add(std::move(reservation), rows, cols, dtype, std::move(buffer), ttl, label,
-                         transient);
-  StoreLock lock(this);
-  auto it = matrices_.find(m.handle);
-  if (it == matrices_.end()) return m;  // expired at once (a zero idle timeout)
-  it->second.missing_bytes = m.missing_bytes = bytes;
-  const std::chrono::seconds complete_ttl = it->second.ttl;
-  it->second.ttl = m.ttl = options_.upload_idle_timeout;  // until complete
-  parts_[m.handle].ttl_when_complete = complete_ttl;
-  return m;
+  ResidentMatrix m = NewEntry(reservation.owner(), rows, cols, dtype, std::move(buffer), ttl,
+                              label, transient);
+  const Parts parts{.ttl_when_complete = m.ttl};
+  m.missing_bytes = m.buffer->bytes;
+  m.ttl = options_.upload_idle_timeout;  // until complete
+  return Register(std::move(reservation), m, &parts);
 }
 
 absl::Status MatrixStore::BeginPart(const std::string& owner, const std::string& handle,

@@ -168,6 +168,13 @@ class MatrixStore {
   void ForgetLocked(std::map<std::string, ResidentMatrix>::iterator it, const char* why);
   bool EvictOneLocked(int device_index);
   std::string NewHandle() const;
+  struct Parts;
+  // A new entry (not registered yet) with its handle, times and time to live.
+  ResidentMatrix NewEntry(const std::string& owner, uint32_t rows, uint32_t cols, ElementType dtype,
+                          std::shared_ptr<ResidentBuffer> buffer, std::chrono::seconds ttl,
+                          const std::string& label, bool transient) const;
+  // Registers `m` under the reservation, with the books of an upload by parts if `parts`.
+  ResidentMatrix Register(QuotaReservation reservation, const ResidentMatrix& m, const Parts* parts);
 
   Backend* const backend_;
   const MatrixStoreOptions options_;
