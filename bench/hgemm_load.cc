@@ -344,6 +344,7 @@ PointResult LoadGenerator::RunPoint(Target kind, const std::string& target, int 
   result.target = kind;
   result.transport = transport;
   result.mode = o.mode;
+  result.parallel_parts = o.parallel_parts;
   result.resident = o.resident;
   result.concurrency = concurrency;
   result.rate_per_s = rate_per_s;

@@ -67,6 +67,8 @@ class LoadGenerator {
   ~LoadGenerator();
 
   const LoadOptions& options() const { return options_; }
+  // The points from now on send their GEMMs as `parts` parallel parts (LoadOptions).
+  void SetParallelParts(int parts) { options_.parallel_parts = parts; }
 
   // A channel to `target` made by hgemm::Connect with `connect` (TLS, token) and its own TCP
   // connection (a local subchannel pool), for both targets alike.

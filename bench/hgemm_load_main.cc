@@ -42,6 +42,7 @@ int Fail(const std::string& message) {
 int main(int argc, char** argv) {
   LoadOptions o;
   std::string server = "127.0.0.1:50051", shapes = "256x256x256", concurrency = "1,2,4,8,16,32,64";
+  std::string parallel_parts = "1";
   std::string rates, mode = "unary", accumulation = "default", csv_path, echo_server, metrics_url;
   double stable_percent = 10, wait_for_server_s = 30;
   int verify = 2;
@@ -64,6 +65,10 @@ int main(int argc, char** argv) {
   app.add_option("--concurrency", concurrency,
                  "closed loop: sweep of workers, one call in flight each; with --rate: the largest "
                  "value caps calls in flight")->capture_default_str();
+  app.add_option("--parallel_parts", parallel_parts,
+                 "unary mode: sweep of parallel parts per GEMM (each a connection of its own: "
+                 "A, B and C travel as parts, see GemmClient::Run); 1: one Gemm call")
+      ->capture_default_str();
   app.add_option("--rate", rates, "open loop: sweep of calls/s over all workers (e.g. 50,100,200)");
   auto* resident_option =
       app.add_option("--resident", resident,
@@ -129,6 +134,14 @@ int main(int argc, char** argv) {
   if (std::string e = hgemm::bench::ParseIntList(concurrency, &levels); !e.empty()) {
     return Fail("--concurrency: " + e);
   }
+  std::vector<int> parts_list;
+  if (std::string e = hgemm::bench::ParseIntList(parallel_parts, &parts_list); !e.empty()) {
+    return Fail("--parallel_parts: " + e);
+  }
+  if (mode != "unary" && (parts_list.size() > 1 || parts_list[0] > 1)) {
+    return Fail("--parallel_parts goes with --mode=unary");
+  }
+  o.parallel_parts = *std::max_element(parts_list.begin(), parts_list.end());  // for --verify
   std::vector<double> rate_list;
   if (!rates.empty()) {
     if (std::string e = hgemm::bench::ParseDoubleList(rates, &rate_list); !e.empty()) return Fail("--rate: " + e);
@@ -255,8 +268,11 @@ int main(int argc, char** argv) {
   std::printf("\n%s", hgemm::bench::FormatTableHeader().c_str());
   std::fflush(stdout);
   int status = 0;
-  const size_t points = rate_list.empty() ? levels.size() : rate_list.size();
-  for (size_t i = 0; i < points; ++i) {
+  const size_t per_parts = rate_list.empty() ? levels.size() : rate_list.size();
+  const size_t points = per_parts * parts_list.size();
+  for (size_t point = 0; point < points; ++point) {
+    const size_t i = point % per_parts;
+    generator.SetParallelParts(parts_list[point / per_parts]);
     const double rate = rate_list.empty() ? 0 : rate_list[i];
     const int workers = rate_list.empty() ? levels[i] : *std::max_element(levels.begin(), levels.end());
     std::vector<PointResult> services;  // one per transport

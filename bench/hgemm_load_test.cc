@@ -173,6 +173,24 @@ TEST_F(HgemmLoadTest, VerifyPassesAgainstTheCpuBackend) {
   }
 }
 
+TEST_F(HgemmLoadTest, ParallelPartsAreVerifiedAndMeasured) {
+  LoadOptions o = ShortRun(Mode::kUnary);
+  o.parallel_parts = 3;
+  LoadGenerator generator(o);
+  VerifyResult v = generator.Verify(service_target_, 2);
+  EXPECT_EQ(v.checked, 4);
+  EXPECT_EQ(v.failed, 0) << testing::PrintToString(v.lines);
+  PointResult p = generator.RunPoint(Target::kService, service_target_, 2);
+  EXPECT_TRUE(p.error_codes.empty()) << p.first_error;
+  EXPECT_GT(p.stats[0].requests, 0);
+  EXPECT_EQ(p.parallel_parts, 3);
+  EXPECT_NE(FormatTableRows(p, nullptr).find("parts3"), std::string::npos);
+  generator.SetParallelParts(1);
+  EXPECT_NE(FormatTableRows(generator.RunPoint(Target::kService, service_target_, 1), nullptr)
+                .find("unary"),
+            std::string::npos);
+}
+
 TEST_F(HgemmLoadTest, UnaryClosedLoopWithBaseline) {
   LoadGenerator generator(ShortRun(Mode::kUnary));
   RunBothTargets(generator, 2);

@@ -73,17 +73,23 @@ void CopyTiming(const v1::Timing& t, Sample* s) {
   s->total_ms = t.server_total_ms();
 }
 
-// GemmService.Gemm through the client library.
+// GemmService.Gemm through the client library, or with `parallel_parts` > 1 every GEMM as
+// parallel parts (GemmClient::Run).
 class ServiceUnaryCaller final : public Caller {
  public:
-  ServiceUnaryCaller(const GemmClient& client, double timeout_s, const std::string& client_id)
+  ServiceUnaryCaller(const GemmClient& client, double timeout_s, const std::string& client_id,
+                     int parallel_parts)
       : client_(client) {
     options_.timeout = std::chrono::milliseconds(int64_t(timeout_s * 1000));
     options_.client_id = client_id;
+    options_.parallel_parts = parallel_parts;
+    options_.parallel_min_bytes = 0;
     EnableRelease(client, client_id, timeout_s);
   }
   void Call(const Payload& p, const v1::GemmRequest& request, Sample* s) override {
-    SetStatus(client_.Gemm(request, &response_, options_), s);
+    SetStatus(options_.parallel_parts > 1 ? client_.Run(request, &response_, options_)
+                                          : client_.Gemm(request, &response_, options_),
+              s);
     if (s->code != 0) return;
     CheckSize(p, request, response_.c().size(), s);
     CheckKept(p, request, response_.c_matrix(), s);
@@ -380,7 +386,8 @@ std::unique_ptr<Caller> MakeCaller(Target kind, const LoadOptions& o, const Gemm
   }
   if (kind == Target::kService) {
     if (o.mode == Mode::kUnary) {
-      return std::make_unique<ServiceUnaryCaller>(client, o.call_timeout_s, o.client_id);
+      return std::make_unique<ServiceUnaryCaller>(client, o.call_timeout_s, o.client_id,
+                                                  o.parallel_parts);
     }
     return std::make_unique<ServiceStreamCaller>(client, stream_deadline, o.chunk_bytes,
                                                  o.client_id, o.call_timeout_s);

@@ -57,6 +57,9 @@ struct LoadOptions {
   // unary: one Gemm (Echo) call per GEMM. stream: one GemmStream (EchoStream) per worker, kept
   // open for the whole point, one GEMM in flight on it at a time.
   Mode mode = Mode::kUnary;
+  // Unary mode, > 1: every service GEMM goes through GemmClient::Run as this many parallel
+  // parts over as many connections of its worker (CallOptions::parallel_parts); 1: one Gemm.
+  int parallel_parts = 1;
   std::string kernel = "auto";
   v1::Accumulation accumulation = v1::ACCUMULATION_UNSPECIFIED;
   // Layout and types of every GEMM (--transpose_a, --transpose_b, --dtype, --c_dtype); the

@@ -29,14 +29,28 @@ const char* TargetLabel(const PointResult& p) {
                                                                         : TargetName(p.target);
 }
 
+// The mode column: "unary", "stream", or "partsN" for N parallel parts.
+std::string ModeLabel(const PointResult& p) {
+  return p.parallel_parts > 1 && p.target == Target::kService
+             ? fmt::format("parts{}", p.parallel_parts)
+             : ModeName(p.mode);
+}
+
+// Wire bytes of one GEMM over its median latency, in GB/s.
+double GemmGbPerS(const PointStats& s) {
+  return s.requests_per_s > 0 && s.p50_ms > 0
+             ? s.payload_gb_per_s / s.requests_per_s / (s.p50_ms / 1000)
+             : 0;
+}
+
 }  // namespace
 
 std::string FormatTableHeader() {
   return fmt::format(
-      "{:<7} {:<6} {:<4} {:>4} {:>6} {:<16} {:>7} {:>5} {:>9} {:>9} {:>9} {:>9} {:>9} {:>8} {:>7} | "
-      "{:>8} {:>7} {:>9} {:>7} {:>9} | {:>3} {:<6}\n",
+      "{:<7} {:<6} {:<4} {:>4} {:>6} {:<16} {:>7} {:>5} {:>9} {:>9} {:>9} {:>9} {:>9} {:>8} {:>9} "
+      "{:>7} | {:>8} {:>7} {:>9} {:>7} {:>9} | {:>3} {:<6}\n",
       "target", "mode", "res", "conc", "rate", "shape", "reqs", "err", "req/s", "p50_ms", "p90_ms",
-      "p99_ms", "GFLOP/s", "GB/s", "vs_echo", "queue_ms", "h2d_ms", "kernel_ms", "d2h_ms",
+      "p99_ms", "GFLOP/s", "GB/s", "gemm_GB/s", "vs_echo", "queue_ms", "h2d_ms", "kernel_ms", "d2h_ms",
       "server_ms", "win", "stable");
 }
 
@@ -57,9 +71,10 @@ std::string FormatTableRows(const PointResult& p, const PointResult* echo) {
     const std::string gflops = p.target == Target::kService ? fmt::format("{:.1f}", s.gflops) : "-";
     out += fmt::format(
         "{:<7} {:<6} {:<4} {:>4} {:>6} {:<16} {:>7} {:>5} {:>9.1f} {:>9.3f} {:>9.3f} {:>9.3f} {:>9} "
-        "{:>8.3f} {:>7} | {} | {:>3} {:<6}\n",
-        TargetLabel(p), ModeName(p.mode), ResidentName(p.resident), p.concurrency, rate, s.shape, s.requests, s.errors,
-        s.requests_per_s, s.p50_ms, s.p90_ms, s.p99_ms, gflops, s.payload_gb_per_s, ratio, server,
+        "{:>8.3f} {:>9.3f} {:>7} | {} | {:>3} {:<6}\n",
+        TargetLabel(p), ModeLabel(p), ResidentName(p.resident), p.concurrency, rate, s.shape, s.requests, s.errors,
+        s.requests_per_s, s.p50_ms, s.p90_ms, s.p99_ms, gflops, s.payload_gb_per_s, GemmGbPerS(s),
+        ratio, server,
         p.windows, p.stable ? "yes" : "no");
   }
   if (p.target == Target::kService && p.resident != Resident::kNone && p.upload_s > 0) {
@@ -84,7 +99,8 @@ void WriteCsvHeader(std::ostream& out) {
   out << "device,backend,target,mode,resident,concurrency,rate_per_s,shape,requests,errors,seconds,"
          "requests_per_s,p50_ms,p90_ms,p99_ms,mean_ms,min_ms,max_ms,gflops,payload_gb_per_s,"
          "echo_payload_gb_per_s,ratio_to_echo,server_queue_ms,server_h2d_ms,server_kernel_ms,"
-         "server_d2h_ms,server_total_ms,windows,stable,warmup_requests,error_codes,shapes,calls,"
+         "server_d2h_ms,server_total_ms,windows,stable,warmup_requests,error_codes,shapes,"
+         "parallel_parts,gemm_gb_per_s,calls,"
          "metrics_rpc,metrics_requests,metrics_ok,metrics_agree,metrics_gemms,metrics_queue_ms,"
          "metrics_h2d_ms,metrics_kernel_ms,metrics_d2h_ms,metrics_total_ms\n";
 }
@@ -101,7 +117,7 @@ void WriteCsvRows(std::ostream& out, const PointResult& p, const PointResult* ec
     out << fmt::format(
         "{},{},{},{},{},{},{},{},{},{},{:.4f},{:.6g},{:.6g},{:.6g},{:.6g},{:.6g},{:.6g},{:.6g},{:.6g},"
         "{:.6g},{},{},{},{},{},{},{},{},{},{},{},{}",
-        quote(device), backend, TargetLabel(p), ModeName(p.mode), ResidentName(p.resident),
+        quote(device), backend, TargetLabel(p), ModeLabel(p), ResidentName(p.resident),
         p.concurrency, p.rate_per_s,
         s.shape, s.requests, s.errors, s.seconds, s.requests_per_s, s.p50_ms, s.p90_ms, s.p99_ms,
         s.mean_ms, s.min_ms, s.max_ms, s.gflops, s.payload_gb_per_s,
@@ -114,7 +130,7 @@ void WriteCsvRows(std::ostream& out, const PointResult& p, const PointResult* ec
         server ? fmt::format("{:.6g}", s.server.total_ms) : "", p.windows, p.stable ? 1 : 0,
         p.warmup_requests, quote(ErrorCodes(p)), quote(p.shapes));
     const ServerMetricsDelta* m = &s == &p.stats[0] && p.server_metrics ? &*p.server_metrics : nullptr;
-    out << fmt::format(",{}", p.calls);
+    out << fmt::format(",{},{:.6g},{}", p.parallel_parts, GemmGbPerS(s), p.calls);
     if (m != nullptr) {
       out << fmt::format(",{},{},{},{},{},{:.6g},{:.6g},{:.6g},{:.6g},{:.6g}\n", m->rpc, m->requests,
                          m->ok_requests, m->Agrees() ? 1 : 0, m->gemms, m->queue_ms, m->h2d_ms,

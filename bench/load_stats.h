@@ -51,6 +51,7 @@ struct PointResult {
   Target target = Target::kService;
   Transport transport = Transport::kGrpc;  // of a service point
   Mode mode = Mode::kUnary;
+  int parallel_parts = 1;  // LoadOptions::parallel_parts of the point
   Resident resident = Resident::kNone;
   int concurrency = 0;
   double rate_per_s = 0;

@@ -8,11 +8,14 @@
 #include <cerrno>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <sstream>
 #include <stdexcept>
 #include <thread>
+#include <tuple>
+#include <utility>
 
 #include "proto/handle.h"
 
@@ -209,17 +212,42 @@ class AsyncStreamedGemm final
   grpc::Status protocol_error_;
 };
 
+// Runs work(0) .. work(n - 1) on n threads at once; the first failure, else OK.
+grpc::Status OnThreads(int n, const std::function<grpc::Status(int)>& work) {
+  std::vector<grpc::Status> statuses(n);
+  std::vector<std::thread> threads;
+  for (int i = 1; i < n; ++i) threads.emplace_back([&, i] { statuses[i] = work(i); });
+  statuses[0] = work(0);
+  for (std::thread& t : threads) t.join();
+  for (const grpc::Status& s : statuses) {
+    if (!s.ok()) return s;
+  }
+  return grpc::Status::OK;
+}
+
+// Byte range `i` of `parts` nearly equal ones of `bytes` (even: elements stay whole).
+std::pair<uint64_t, uint64_t> PartRange(uint64_t bytes, int parts, int i) {
+  const uint64_t size = (bytes / parts + 1) & ~uint64_t{1};
+  const uint64_t begin = std::min(bytes, size * i);
+  return {begin, i == parts - 1 ? bytes : std::min(bytes, begin + size)};
+}
+
 }  // namespace
 
 struct GemmClient::Routes {
-  Routes(std::shared_ptr<grpc::Channel> target, const ConnectOptions& connect)
+  Routes(std::shared_ptr<grpc::Channel> target, const ConnectOptions& connect,
+         std::string target_address)
       : connect(connect),
+        target_address(std::move(target_address)),
         target{"", target, std::shared_ptr(v1::GemmService::NewStub(target))} {}
 
   const ConnectOptions connect;
+  const std::string target_address;  // "" when made from a channel
   const Route target;
   std::mutex mu;
   std::map<std::string, Route> replicas;  // guarded by mu
+  // Part connections by replica ("": the target), each a channel of its own.
+  std::map<std::string, std::vector<Route>> parts;  // guarded by mu
 };
 
 bool StreamedGemmMessages::Next(v1::GemmStreamRequest* message) {
@@ -307,10 +335,10 @@ std::shared_ptr<grpc::Channel> Connect(const std::string& target, const ConnectO
 }
 
 GemmClient::GemmClient(const std::string& target, const ConnectOptions& options)
-    : GemmClient(Connect(target, options), options) {}
+    : routes_(std::make_shared<Routes>(Connect(target, options), options, target)) {}
 
 GemmClient::GemmClient(std::shared_ptr<grpc::Channel> channel, const ConnectOptions& options)
-    : routes_(std::make_shared<Routes>(std::move(channel), options)) {}
+    : routes_(std::make_shared<Routes>(std::move(channel), options, "")) {}
 
 std::string GemmClient::ReplicaOf(const std::string& handle) {
   return std::string(HandleReplica(handle));
@@ -343,6 +371,22 @@ GemmClient::Route GemmClient::RouteTo(const std::string& replica) const {
     it->second.stub = v1::GemmService::NewStub(it->second.channel);
   }
   return it->second;
+}
+
+GemmClient::Route GemmClient::PartRouteFor(const std::string& handle, int index) const {
+  const std::string replica = ReplicaOf(handle);
+  const std::string address = replica.empty() ? routes_->target_address : replica;
+  if (address.empty()) return routes_->target;  // made from a channel: its one connection
+  std::lock_guard<std::mutex> lock(routes_->mu);
+  std::vector<Route>& routes = routes_->parts[replica];
+  while (int(routes.size()) <= index) {
+    ConnectOptions own = routes_->connect;
+    own.private_subchannels = true;  // a TCP connection of its own
+    Route route{replica, Connect(address, own), nullptr};
+    route.stub = v1::GemmService::NewStub(route.channel);
+    routes.push_back(std::move(route));
+  }
+  return routes[index];
 }
 
 GemmClient::Route GemmClient::RouteFor(const std::string& handle, const CallOptions& options) const {
@@ -470,8 +514,114 @@ bool GemmClient::ShouldStream(const v1::GemmRequest& request, const CallOptions&
          c_bytes > options.unary_limit_bytes;
 }
 
+bool GemmClient::ShouldSendParts(const v1::GemmRequest& request, const CallOptions& options) {
+  const bool no_region = !request.has_a_region() && !request.has_b_region() &&
+                         !request.has_c_region() && !request.keep_c_resident();
+  const int64_t bytes = int64_t(request.a().size() + request.b().size()) + ResultBytes(request);
+  return options.parallel_parts > 1 && no_region && bytes >= options.parallel_min_bytes &&
+         (request.a_source_case() == v1::GemmRequest::kA ||
+          request.b_source_case() == v1::GemmRequest::kB);
+}
+
+grpc::Status GemmClient::RunParts(const v1::GemmRequest& request, v1::GemmResponse* response,
+                                  const CallOptions& options) const {
+  const int parts = options.parallel_parts;
+  // The GEMM without its bytes: A and B as transient uploads, C kept transient.
+  v1::GemmRequest gemm;
+  gemm.set_m(request.m());
+  gemm.set_n(request.n());
+  gemm.set_k(request.k());
+  *gemm.mutable_options() = request.options();
+  gemm.set_transpose_a(request.transpose_a());
+  gemm.set_transpose_b(request.transpose_b());
+  gemm.set_dtype(request.dtype());
+  gemm.set_c_dtype(request.c_dtype());
+  gemm.set_keep_c_resident(true);
+  gemm.set_c_transient(true);
+  if (request.has_a_handle()) gemm.set_a_handle(request.a_handle());
+  if (request.has_b_handle()) gemm.set_b_handle(request.b_handle());
+  struct Upload {
+    const std::string* bytes;
+    std::string handle;
+  };
+  std::vector<Upload> uploads;
+  auto release_uploads = [&] {
+    for (const Upload& u : uploads) (void)ReleaseMatrix(u.handle, options);
+  };
+  const uint32_t m = request.m(), n = request.n(), k = request.k();
+  for (auto [inline_bytes, rows, cols, handle] :
+       {std::tuple{request.a_source_case() == v1::GemmRequest::kA ? &request.a() : nullptr,
+                   request.transpose_a() ? k : m, request.transpose_a() ? m : k,
+                   gemm.mutable_a_handle()},
+        std::tuple{request.b_source_case() == v1::GemmRequest::kB ? &request.b() : nullptr,
+                   request.transpose_b() ? n : k, request.transpose_b() ? k : n,
+                   gemm.mutable_b_handle()}}) {
+    if (inline_bytes == nullptr) continue;
+    v1::MatrixInfo info;
+    CallOptions near = options;
+    // The second upload goes where the first lives (replicas).
+    if (!uploads.empty()) near.replica = ReplicaOf(uploads[0].handle);
+    if (grpc::Status s = CreateUpload(rows, cols, request.dtype(), true, &info, near); !s.ok()) {
+      release_uploads();
+      return s;
+    }
+    *handle = info.handle();
+    uploads.push_back({inline_bytes, info.handle()});
+  }
+  // Every connection sends an equal share of A's and B's bytes, one after the other.
+  uint64_t total = 0;
+  for (const Upload& u : uploads) total += u.bytes->size();
+  grpc::Status sent = OnThreads(parts, [&](int route) {
+    auto [begin, end] = PartRange(total, parts, route);
+    uint64_t base = 0;
+    for (const Upload& u : uploads) {
+      const uint64_t first = std::max(begin, base), last = std::min(end, base + u.bytes->size());
+      if (first < last) {
+        if (grpc::Status s = UploadPart(u.handle, first - base, u.bytes->data() + (first - base),
+                                        last - first, route, options);
+            !s.ok()) {
+          return s;
+        }
+      }
+      base += u.bytes->size();
+    }
+    return grpc::Status::OK;
+  });
+  if (!sent.ok()) {
+    release_uploads();
+    return sent;
+  }
+  v1::GemmResponse ran;
+  if (grpc::Status s = Gemm(gemm, &ran, options); !s.ok()) {
+    release_uploads();  // a GEMM that ran OK released them
+    return s;
+  }
+  const std::string c_handle = ran.c_matrix().handle();
+  *response = std::move(ran);
+  response->clear_c_matrix();
+  const uint64_t c_bytes = ResultBytes(request);
+  std::string* c = response->mutable_c();
+  c->resize(c_bytes);
+  grpc::Status received = OnThreads(parts, [&](int route) {
+    auto [begin, end] = PartRange(c_bytes, parts, route);
+    if (begin == end) return grpc::Status::OK;
+    return DownloadRange(c_handle, begin, end - begin, c->data() + begin, route, options);
+  });
+  grpc::Status released = ReleaseMatrix(c_handle, options);
+  if (!received.ok()) {
+    c->clear();
+    return received;
+  }
+  return released;
+}
+
 grpc::Status GemmClient::Run(const v1::GemmRequest& request, v1::GemmResponse* response,
                              const CallOptions& options) const {
+  if (ShouldSendParts(request, options)) {
+    grpc::Status s = RunParts(request, response, options);
+    // A server from before parallel parts: the old way.
+    if (s.error_code() != grpc::StatusCode::UNIMPLEMENTED) return s;
+  }
   if (!ShouldStream(request, options)) return Gemm(request, response, options);
   std::vector<StreamedGemm> results;
   grpc::Status status = GemmStream({&request}, &results, options);
@@ -583,6 +733,79 @@ grpc::Status GemmClient::DownloadMatrix(const std::string& handle, std::string* 
     data->append(chunk.data());
   }
   return ExplainUnreachable(stream->Finish(), route.replica, route.channel.get());
+}
+
+grpc::Status GemmClient::CreateUpload(uint32_t rows, uint32_t cols, v1::DataType dtype,
+                                      bool transient, v1::MatrixInfo* info,
+                                      const CallOptions& options) const {
+  const Route route = RouteTo(options.replica);
+  grpc::ClientContext context;
+  ApplyDeadline(options, &context);
+  v1::UploadCreateRequest request;
+  request.mutable_header()->set_rows(rows);
+  request.mutable_header()->set_cols(cols);
+  request.mutable_header()->set_dtype(dtype);
+  request.set_transient(transient);
+  return ExplainUnreachable(route.stub->CreateUpload(&context, request, info), route.replica,
+                            route.channel.get());
+}
+
+grpc::Status GemmClient::UploadPart(const std::string& handle, uint64_t offset,
+                                    const char* bytes, uint64_t length, int route_index,
+                                    const CallOptions& options, uint64_t* missing_bytes) const {
+  const Route route = PartRouteFor(handle, route_index);
+  grpc::ClientContext context;
+  ApplyDeadline(options, &context);
+  v1::PartResponse response;
+  auto stream = route.stub->UploadPart(&context, &response);
+  v1::PartRequest message;
+  v1::PartHeader* header = message.mutable_header();
+  header->set_handle(handle);
+  header->set_offset(offset);
+  header->set_length(length);
+  bool ok = stream->Write(message);
+  for (uint64_t at = 0; ok && at < length; at += options.chunk_bytes) {
+    message.set_chunk(bytes + at, std::min<uint64_t>(options.chunk_bytes, length - at));
+    ok = stream->Write(message);
+  }
+  stream->WritesDone();
+  grpc::Status status = stream->Finish();
+  if (missing_bytes != nullptr) *missing_bytes = response.missing_bytes();
+  return ExplainUnreachable(status, route.replica, route.channel.get());
+}
+
+grpc::Status GemmClient::DownloadRange(const std::string& handle, uint64_t offset,
+                                       uint64_t length, char* into, int route_index,
+                                       const CallOptions& options) const {
+  const Route route = PartRouteFor(handle, route_index);
+  grpc::ClientContext context;
+  ApplyDeadline(options, &context);
+  v1::DownloadMatrixRequest request;
+  request.set_handle(handle);
+  request.set_offset(offset);
+  request.set_length(length);
+  auto stream = route.stub->DownloadMatrix(&context, request);
+  v1::ResultChunk chunk;
+  uint64_t received = 0;
+  grpc::Status broken;
+  while (stream->Read(&chunk)) {
+    if (chunk.offset() != offset + received || chunk.data().size() > length - received) {
+      broken = grpc::Status(grpc::StatusCode::INTERNAL, "download chunk outside the range asked for");
+      context.TryCancel();
+      continue;
+    }
+    std::memcpy(into + received, chunk.data().data(), chunk.data().size());
+    received += chunk.data().size();
+  }
+  grpc::Status status = stream->Finish();
+  if (!broken.ok()) return broken;
+  if (status.ok() && received != length) {
+    return grpc::Status(grpc::StatusCode::INTERNAL,
+                        fmt::format("download of {} bytes ended after {} (a server that ignores "
+                                    "ranges?)",
+                                    length, received));
+  }
+  return ExplainUnreachable(status, route.replica, route.channel.get());
 }
 
 grpc::Status GemmClient::ListKernels(v1::ListKernelsResponse* response,

@@ -14,6 +14,13 @@
 // UNAVAILABLE saying that the replica is gone or down and that its matrices must be uploaded
 // again. Handles naming no replica (a server without --advertise_address) go to the target.
 // Copies of a GemmClient share its channels (the target's and the replicas').
+//
+// Parallel parts (proto/hgemm.proto, "Parallel parts"): one connection moves about 1 GB/s, so
+// Run() sends a GEMM whose payload is at least CallOptions::parallel_min_bytes over
+// CallOptions::parallel_parts connections at once: A and B as transient uploads filled by
+// parts, C kept transient on the server and downloaded by byte ranges straight into the
+// response. The part connections (channels with private subchannels, made at first use and
+// kept) go to the target given at construction, or to the replica the uploads live on.
 #ifndef HGEMM_CLIENT_GEMM_CLIENT_H_
 #define HGEMM_CLIENT_GEMM_CLIENT_H_
 
@@ -82,6 +89,12 @@ struct CallOptions {
   // Sent as "traceparent" metadata: the W3C trace context the server logs with the call
   // ("00-<32 hex trace id>-<16 hex parent id>-<2 hex flags>"; the server ignores a malformed one).
   std::string traceparent;
+  // Run(): a GEMM whose operand and result bytes travelling add up to at least
+  // parallel_min_bytes goes as parallel_parts parts over as many connections (see "Parallel
+  // parts" above); parallel_parts ≤ 1 turns it off. A server without CreateUpload gets the
+  // GEMM the old way. Defaults measured on loopback (docs/data_plane.md).
+  int parallel_parts = 4;
+  int64_t parallel_min_bytes = int64_t{16} << 20;
   // Where a call that names no handle goes: a replica's address (GemmClient::ReplicaOf of a
   // handle, or MatrixInfo.replica), e.g. to upload B onto the replica that holds A. Empty:
   // balanced over the target. Calls naming a handle go to its replica whatever this says.
@@ -169,7 +182,8 @@ class GemmClient {
                  const CallOptions& options, std::shared_ptr<grpc::ClientContext> context,
                  GemmDone done) const;
 
-  // Gemm for small payloads, a one-GEMM GemmStream for large ones; returns that GEMM's status.
+  // Parallel parts for the largest payloads (CallOptions::parallel_min_bytes), else Gemm for
+  // small payloads, a one-GEMM GemmStream for large ones; returns that GEMM's status.
   grpc::Status Run(const v1::GemmRequest& request, v1::GemmResponse* response,
                    const CallOptions& options = {}) const;
 
@@ -190,6 +204,22 @@ class GemmClient {
                             const CallOptions& options = {}) const;
   grpc::Status DownloadMatrix(const std::string& handle, std::string* data,
                               const CallOptions& options = {}) const;
+
+  // Uploads by parts (see "Parallel parts"): CreateUpload of a rows×cols matrix of `dtype`,
+  // then UploadPart of `bytes` at byte `offset` (in chunks of options.chunk_bytes) on `route`
+  // (0 ≤ route < options.parallel_parts: the part connection it takes; routes spread parts over
+  // connections). *missing_bytes (if not null): what the upload still misses after it.
+  grpc::Status CreateUpload(uint32_t rows, uint32_t cols, v1::DataType dtype, bool transient,
+                            v1::MatrixInfo* info, const CallOptions& options = {}) const;
+  grpc::Status UploadPart(const std::string& handle, uint64_t offset, const char* bytes,
+                          uint64_t length, int route, const CallOptions& options = {},
+                          uint64_t* missing_bytes = nullptr) const;
+  // Bytes [offset, offset + length) of a resident matrix into `into` (which holds `length`
+  // bytes), on part connection `route` as UploadPart's.
+  grpc::Status DownloadRange(const std::string& handle, uint64_t offset, uint64_t length,
+                             char* into, int route, const CallOptions& options = {}) const;
+  // True if Run() would send this request as parallel parts.
+  static bool ShouldSendParts(const v1::GemmRequest& request, const CallOptions& options);
 
   // Shared memory (same host, over a "unix:" target; see client/shared_region.h): maps `bytes`
   // of the sealed memfd at `path` on the server as a region of this client (info->region() is
@@ -217,6 +247,11 @@ class GemmClient {
   struct Routes;
 
   Route RouteTo(const std::string& replica) const;
+  // Part connection `index` to the replica of `handle` (or the target).
+  Route PartRouteFor(const std::string& handle, int index) const;
+  // Run() as parallel parts; UNIMPLEMENTED from a server without CreateUpload.
+  grpc::Status RunParts(const v1::GemmRequest& request, v1::GemmResponse* response,
+                        const CallOptions& options) const;
   // The route of a call naming `handle` (empty: none), else of options.replica.
   Route RouteFor(const std::string& handle, const CallOptions& options) const;
   // One GemmStream call on `route` for all of `requests` (gemm_id = index); c_into as

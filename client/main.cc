@@ -135,6 +135,9 @@ int Main(int argc, char** argv) {
   std::string server = "127.0.0.1:50051", shape, a_path, b_path, out_path, kernel = "auto";
   std::string accumulation = "fp32", mode = "auto", resident = "none", client_id, request_id, traceparent;
   int repeat = 1;
+  const hgemm::CallOptions defaults;
+  int parallel_parts = defaults.parallel_parts;
+  int64_t parallel_min_bytes = defaults.parallel_min_bytes;
   uint64_t seed = std::random_device{}();
   double timeout_s = 0, tolerance = 0;
   float alpha = 1, beta = 0;
@@ -168,8 +171,16 @@ int Main(int argc, char** argv) {
   app.add_option("--kernel", kernel, "kernel variant (see --info) or auto")->capture_default_str();
   app.add_option("--accumulation", accumulation, "fp16 or fp32")
       ->check(CLI::IsMember({"fp16", "fp32"}))->capture_default_str();
-  app.add_option("--mode", mode, "unary, stream, or auto (stream when over 3 MiB)")
-      ->check(CLI::IsMember({"auto", "unary", "stream"}))->capture_default_str();
+  app.add_option("--mode", mode,
+                 "unary, stream, parts (parallel parts), or auto (parts from --parallel_min_bytes, "
+                 "else stream when over 3 MiB)")
+      ->check(CLI::IsMember({"auto", "unary", "stream", "parts"}))->capture_default_str();
+  app.add_option("--parallel_parts", parallel_parts,
+                 "connections (and parts) a large GEMM's A, B and C travel over at once; 1: off")
+      ->check(CLI::Range(1, 64))->capture_default_str();
+  app.add_option("--parallel_min_bytes", parallel_min_bytes,
+                 "A + B + C bytes from which --mode=auto sends parallel parts")
+      ->check(CLI::Range(int64_t{0}, INT64_MAX))->capture_default_str();
   app.add_option("--repeat", repeat, "send the GEMM this many times")->check(CLI::Range(1, 100000));
   app.add_option("--resident", resident,
                  "none; b: upload B once, send only A per call; all: upload A and B once and keep "
@@ -267,6 +278,9 @@ int Main(int argc, char** argv) {
   call.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
   call.client_id = client_id;
   call.traceparent = traceparent;
+  call.parallel_parts = parallel_parts;
+  call.parallel_min_bytes = mode == "parts" ? 0 : parallel_min_bytes;
+  if (mode == "parts" && parallel_parts < 2) return Fail("--mode=parts needs --parallel_parts of 2 or more");
 
   hgemm::GemmClient client(server, connect);
   if (info) {
@@ -426,8 +440,14 @@ int Main(int argc, char** argv) {
                 region->bytes() / 1048576.0,
                 std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
   }
-  const bool stream = !shm && (mode == "stream" ||
-                               (mode == "auto" && hgemm::GemmClient::ShouldStream(request, call)));
+  const bool parts = !shm && (mode == "parts" || mode == "auto") &&
+                     hgemm::GemmClient::ShouldSendParts(request, call);
+  const bool stream = !shm && !parts &&
+                      (mode == "stream" ||
+                       (mode == "auto" && hgemm::GemmClient::ShouldStream(request, call)));
+  const double wire_bytes =
+      double(request.a().size() + request.b().size()) +
+      (request.keep_c_resident() || shm ? 0.0 : double(c_element_bytes) * request.m() * request.n());
   if (request.has_alpha() || request.beta() != 0) {
     std::printf("C = %g op(A) op(B) + %g C_in\n", alpha, beta);
   }
@@ -435,13 +455,17 @@ int Main(int argc, char** argv) {
   std::printf("GEMM %ux%ux%u (m x n x k) %s%s %s->%s via %s, kernel %s, accumulation %s, %.1f MiB up, %.1f MiB down\n",
               request.m(), request.n(), request.k(), transpose_a ? "T" : "N", transpose_b ? "T" : "N",
               dtype.c_str(), c_dtype.c_str(),
-              shm ? "unary Gemm, A, B and C in shared memory" : stream ? "GemmStream" : "unary Gemm",
+              shm      ? "unary Gemm, A, B and C in shared memory"
+              : parts  ? fmt::format("{} parallel parts", parallel_parts).c_str()
+              : stream ? "GemmStream"
+                       : "unary Gemm",
               kernel.c_str(), accumulation.c_str(),
               (request.a().size() + request.b().size()) / 1048576.0,
               request.keep_c_resident() || shm ? 0.0
                                                : double(c_element_bytes) * request.m() * request.n() / 1048576.0);
-  std::printf("%5s %10s %9s %10s %9s %10s %10s %8s  %s\n", "run", "queue_ms", "h2d_ms", "kernel_ms",
-              "d2h_ms", "server_ms", "client_ms", "TFLOP/s", "kernel@device");
+  std::printf("%5s %10s %9s %10s %9s %10s %10s %8s %8s  %s\n", "run", "queue_ms", "h2d_ms",
+              "kernel_ms", "d2h_ms", "server_ms", "client_ms", "TFLOP/s", "wire_GB/s",
+              "kernel@device");
 
   GemmResponse response;
   for (int run = 1; run <= repeat; ++run) {
@@ -451,7 +475,9 @@ int Main(int argc, char** argv) {
     }
     const auto start = std::chrono::steady_clock::now();
     grpc::Status status;
-    if (stream) {
+    if (parts) {
+      status = client.Run(request, &response, call);
+    } else if (stream) {
       std::vector<hgemm::StreamedGemm> results;
       status = client.GemmStream({&request}, &results, call);
       if (status.ok()) {
@@ -473,9 +499,9 @@ int Main(int argc, char** argv) {
     }
     const auto& t = response.timing();
     const auto& e = response.execution();
-    std::printf("%5d %10.3f %9.3f %10.3f %9.3f %10.3f %10.3f %8.2f  %s (%s) @ %s stream %d\n", run,
-                t.queue_wait_ms(), t.host_to_device_ms(), t.kernel_ms(), t.device_to_host_ms(),
-                t.server_total_ms(), client_ms, t.tflops(), e.kernel().c_str(),
+    std::printf("%5d %10.3f %9.3f %10.3f %9.3f %10.3f %10.3f %8.2f %8.2f  %s (%s) @ %s stream %d\n",
+                run, t.queue_wait_ms(), t.host_to_device_ms(), t.kernel_ms(), t.device_to_host_ms(),
+                t.server_total_ms(), client_ms, t.tflops(), wire_bytes / client_ms / 1e6, e.kernel().c_str(),
                 AccumulationName(e.accumulation()), e.device_name().c_str(), e.stream_id());
   }
 

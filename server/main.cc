@@ -205,6 +205,7 @@ int main(int argc, char** argv) {
                                                : hgemm::ClientCertificates::kRequest;
   server_options.service.resident.default_ttl = std::chrono::seconds(resident_ttl_s);
   server_options.service.idle_timeout = std::chrono::seconds(stream_idle_timeout_s);
+  server_options.service.resident.upload_idle_timeout = server_options.service.idle_timeout;
   server_options.service.regions.ttl = std::chrono::seconds(region_ttl_s);
 
   // Signals are taken by sigwait below, never by a handler: block them before any thread starts.

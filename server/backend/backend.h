@@ -7,6 +7,7 @@
 #define HGEMM_SERVER_BACKEND_BACKEND_H_
 
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -70,6 +71,16 @@ class Backend {
                                      int64_t bytes) = 0;
   // Copies the whole buffer to `host` (buffer.bytes bytes); blocks until done. Thread-safe.
   virtual absl::Status ReadResident(const ResidentBuffer& buffer, void* host) = 0;
+  // Copies bytes [offset, offset + bytes) of the buffer to `host`; blocks until done.
+  // Thread-safe. This default reads the whole buffer into a temporary first: backends
+  // override it to copy the range alone. REQUIRES: offset + bytes <= buffer.bytes.
+  virtual absl::Status ReadResidentRange(const ResidentBuffer& buffer, int64_t offset,
+                                         int64_t bytes, void* host) {
+    std::vector<char> whole(buffer.bytes);
+    if (absl::Status s = ReadResident(buffer, whole.data()); !s.ok()) return s;
+    std::memcpy(host, whole.data() + offset, bytes);
+    return absl::OkStatus();
+  }
 
   // False once device `device_index` (a Devices() index) has failed for good (a sticky CUDA
   // error: the context is unusable). Its GEMMs and resident operations are refused with

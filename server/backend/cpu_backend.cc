@@ -78,6 +78,12 @@ class CpuBackend final : public Backend {
     return absl::OkStatus();
   }
 
+  absl::Status ReadResidentRange(const ResidentBuffer& buffer, int64_t offset, int64_t bytes,
+                                 void* host) override {
+    std::memcpy(host, static_cast<const char*>(buffer.data) + offset, bytes);
+    return absl::OkStatus();
+  }
+
   absl::Status Run(int slot, const GemmJob& job, GemmReport* report) override {
     const GemmShape& shape = job.shape;
     void* c = job.c;

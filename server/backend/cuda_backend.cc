@@ -162,6 +162,8 @@ class CudaBackend final : public Backend {
   absl::Status WriteResident(ResidentBuffer& buffer, int64_t offset, const void* host,
                              int64_t bytes) override;
   absl::Status ReadResident(const ResidentBuffer& buffer, void* host) override;
+  absl::Status ReadResidentRange(const ResidentBuffer& buffer, int64_t offset, int64_t bytes,
+                                 void* host) override;
 
   bool DeviceHealthy(int device_index) const override {
     return devices_[device_index]->healthy.load();
@@ -307,6 +309,13 @@ absl::Status CudaBackend::WriteResident(ResidentBuffer& buffer, int64_t offset, 
 
 absl::Status CudaBackend::ReadResident(const ResidentBuffer& buffer, void* host) {
   return CopyResident(*devices_[buffer.device_index], host, buffer.data, buffer.bytes,
+                      cudaMemcpyDeviceToHost);
+}
+
+absl::Status CudaBackend::ReadResidentRange(const ResidentBuffer& buffer, int64_t offset,
+                                            int64_t bytes, void* host) {
+  return CopyResident(*devices_[buffer.device_index], host,
+                      static_cast<const char*>(buffer.data) + offset, bytes,
                       cudaMemcpyDeviceToHost);
 }
 

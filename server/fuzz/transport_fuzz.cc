@@ -3,7 +3,9 @@
 // reactors' reads and writes, conversions, the status mapping, a client that cancels
 // mid-stream or mid-upload). Each input is one or two calls: unary Gemm, GemmStream
 // (headers and chunks, then a half-close or a cancel), UploadMatrix (header and chunks, then a
-// half-close or a cancel), Release/List/Download, GetServerInfo. Dimensions are biased to
+// half-close or a cancel), CreateUpload and UploadPart (parts in range, overlapping, past the
+// end, of the wrong size, for another client's upload), Release/List/Download (whole or
+// ranged, released after), GetServerInfo. Dimensions are biased to
 // boundaries (fuzz_util.h), handles come from earlier calls of the input, "", or fuzz bytes.
 // The depth of the service's logic is service_fuzz's, without gRPC: calls are few here because
 // each costs real RPCs.
@@ -11,6 +13,7 @@
 // its clients got is released, so inputs stay independent.
 #include <fuzzer/FuzzedDataProvider.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -59,6 +62,7 @@ void Unary(FuzzedDataProvider& in, const std::string& client, std::vector<std::s
   else r.set_b(Bytes(in, r.k(), r.n()));
   Options(in, r.mutable_options());
   r.set_keep_c_resident(in.ConsumeIntegralInRange<int>(0, 3) == 0);
+  r.set_c_transient(in.ConsumeBool());
   grpc::ClientContext context;
   Context(&context, client);
   v1::GemmResponse response;
@@ -149,6 +153,58 @@ void Upload(FuzzedDataProvider& in, const std::string& client, std::vector<std::
   if (s.ok()) handles.push_back(info.handle());
 }
 
+// CreateUpload, then parts for it or for another handle of the input.
+void Parts(FuzzedDataProvider& in, const std::string& client, std::vector<std::string>& handles) {
+  uint64_t bytes = 0;
+  {
+    grpc::ClientContext context;
+    Context(&context, client);
+    v1::UploadCreateRequest r;
+    r.mutable_header()->set_rows(fuzz::Dim(in));
+    r.mutable_header()->set_cols(fuzz::Dim(in));
+    r.mutable_header()->set_dtype(v1::DataType(in.ConsumeIntegralInRange<int>(0, 4)));
+    r.set_transient(in.ConsumeBool());
+    v1::MatrixInfo info;
+    grpc::Status s = fuzz::Stub().CreateUpload(&context, r, &info);
+    Check(s, "CreateUpload");
+    if (s.ok()) {
+      handles.push_back(info.handle());
+      bytes = info.bytes();
+    }
+  }
+  const int parts = in.ConsumeIntegralInRange<int>(0, 4);
+  for (int part = 0; part < parts; ++part) {
+    grpc::ClientContext context;
+    Context(&context, client);
+    v1::PartResponse response;
+    auto writer = fuzz::Stub().UploadPart(&context, &response);
+    v1::PartRequest m;
+    v1::PartHeader* h = m.mutable_header();
+    h->set_handle(Handle(in, handles));
+    const bool in_range = bytes > 0 && bytes <= (1u << 16) && in.ConsumeIntegralInRange<int>(0, 3) != 0;
+    h->set_offset(in_range ? in.ConsumeIntegralInRange<uint64_t>(0, bytes - 1) : in.ConsumeIntegral<uint64_t>());
+    h->set_length(in_range ? in.ConsumeIntegralInRange<uint64_t>(1, bytes - h->offset())
+                           : in.ConsumeIntegral<uint64_t>());
+    const bool header_first = in.ConsumeIntegralInRange<int>(0, 7) != 0;
+    if (header_first && !writer->Write(m)) {
+      writer->WritesDone();
+      Check(writer->Finish(), "UploadPart");
+      continue;
+    }
+    // The announced bytes in one or two chunks, or a fuzzed amount.
+    uint64_t left = h->length() <= (1u << 16) && in.ConsumeBool() ? h->length()
+                                                                 : in.ConsumeIntegralInRange<uint64_t>(0, 4096);
+    while (left > 0) {
+      const uint64_t size = in.ConsumeBool() ? left : std::max<uint64_t>(1, left / 2);
+      m.set_chunk(std::string(size, '\0'));
+      if (!writer->Write(m)) break;
+      left -= size;
+    }
+    writer->WritesDone();
+    Check(writer->Finish(), "UploadPart");
+  }
+}
+
 void Others(FuzzedDataProvider& in, const std::string& client, std::vector<std::string>& handles) {
   grpc::ClientContext context;
   Context(&context, client);
@@ -168,6 +224,13 @@ void Others(FuzzedDataProvider& in, const std::string& client, std::vector<std::
     case 2: {
       v1::DownloadMatrixRequest r;
       r.set_handle(Handle(in, handles));
+      if (in.ConsumeBool()) {
+        r.set_offset(in.ConsumeIntegralInRange<int>(0, 3) == 0 ? in.ConsumeIntegral<uint64_t>()
+                                                              : in.ConsumeIntegralInRange<uint64_t>(0, 4096));
+        r.set_length(in.ConsumeIntegralInRange<int>(0, 3) == 0 ? in.ConsumeIntegral<uint64_t>()
+                                                              : in.ConsumeIntegralInRange<uint64_t>(0, 4096));
+        r.set_release_after(in.ConsumeBool());
+      }
       auto reader = fuzz::Stub().DownloadMatrix(&context, r);
       v1::ResultChunk chunk;
       while (reader->Read(&chunk)) {
@@ -206,10 +269,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::vector<std::string> handles;
   for (int call = 0; call < 2 && in.remaining_bytes() > 0; ++call) {
     const std::string client = in.ConsumeBool() ? "fuzz-a" : "fuzz-b";
-    switch (in.ConsumeIntegralInRange<int>(0, 3)) {
+    switch (in.ConsumeIntegralInRange<int>(0, 4)) {
       case 0: Unary(in, client, handles); break;
       case 1: Stream(in, client, handles); break;
       case 2: Upload(in, client, handles); break;
+      case 3: Parts(in, client, handles); break;
       default: Others(in, client, handles);
     }
   }

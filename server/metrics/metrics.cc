@@ -12,7 +12,8 @@ namespace {
 constexpr std::array<const char*, kNumRpcs> kRpcNames = {
     "Gemm",          "GemmStream",    "ListKernels",  "GetServerInfo",
     "UploadMatrix",  "ReleaseMatrix", "ListMatrices", "DownloadMatrix",
-    "RegisterRegion", "UnregisterRegion", "ListRegions",
+    "RegisterRegion", "UnregisterRegion", "ListRegions", "CreateUpload",
+    "UploadPart",
 };
 
 constexpr std::array<const char*, 5> kStageNames = {
@@ -101,7 +102,7 @@ ServiceMetrics::ServiceMetrics(const std::string& version, const std::string& ba
                    .Help("Result bytes sent (C, downloaded matrices)")
                    .Register(registry_);
   // Only the methods that move matrices, each way.
-  for (Rpc rpc : {Rpc::kGemm, Rpc::kGemmStream, Rpc::kUploadMatrix}) {
+  for (Rpc rpc : {Rpc::kGemm, Rpc::kGemmStream, Rpc::kUploadMatrix, Rpc::kUploadPart}) {
     received_bytes_[int(rpc)] = &received.Add({{"rpc", RpcName(rpc)}});
   }
   for (Rpc rpc : {Rpc::kGemm, Rpc::kGemmStream, Rpc::kDownloadMatrix}) {

@@ -86,8 +86,10 @@ enum class Rpc {
   kRegisterRegion,
   kUnregisterRegion,
   kListRegions,
+  kCreateUpload,
+  kUploadPart,
 };
-inline constexpr int kNumRpcs = 11;
+inline constexpr int kNumRpcs = 13;
 
 // How a call's matrix bytes travel (hgemm_transport_bytes_total's label).
 enum class DataPath { kTcp, kUnix, kShm };

@@ -120,25 +120,113 @@ absl::Status MatrixStore::AllocateBuffer(int device_index, int64_t bytes,
   }
 }
 
-ResidentMatrix MatrixStore::Add(QuotaReservation reservation, uint32_t rows, uint32_t cols,
-                                ElementType dtype, std::shared_ptr<ResidentBuffer> buffer, std::chrono::seconds ttl,
-                                const std::string& label) {
+ResidentMatrix MatrixStore::NewEntry(const std::string& owner, uint32_t rows, uint32_t cols,
+                                     ElementType dtype, std::shared_ptr<ResidentBuffer> buffer,
+                                     std::chrono::seconds ttl, const std::string& label,
+                                     bool transient) const {
   ResidentMatrix m;
   m.handle = NewHandle();
-  m.owner = reservation.owner();
+  m.owner = owner;
   m.rows = rows;
   m.cols = cols;
   m.dtype = dtype;
   m.buffer = std::move(buffer);
   m.label = label;
   m.created = m.last_used = Clock::now();
-  m.ttl = ttl.count() > 0 ? ttl : options_.default_ttl;
+  m.transient = transient;
+  m.ttl = transient ? options_.upload_idle_timeout
+          : ttl.count() > 0 ? ttl : options_.default_ttl;
+  return m;
+}
+
+ResidentMatrix MatrixStore::Register(QuotaReservation reservation, const ResidentMatrix& m,
+                                     const Parts* parts) {
   StoreLock lock(this);
   reservation.store_ = nullptr;  // its bytes now count for the matrix, until it is forgotten
   matrices_[m.handle] = m;
-  spdlog::debug("resident {} {}x{} {} on device {} for {}", m.handle, rows, cols,
-                ElementTypeName(dtype), m.buffer->device_index, status::Quote(m.owner));
+  if (parts != nullptr) parts_[m.handle] = *parts;
+  spdlog::debug("resident {} {}x{} {} on device {} for {}{}", m.handle, m.rows, m.cols,
+                ElementTypeName(m.dtype), m.buffer->device_index, status::Quote(m.owner),
+                parts != nullptr ? " (an upload by parts)" : "");
   return m;
+}
+
+ResidentMatrix MatrixStore::Add(QuotaReservation reservation, uint32_t rows, uint32_t cols,
+                                ElementType dtype, std::shared_ptr<ResidentBuffer> buffer, std::chrono::seconds ttl,
+                                const std::string& label, bool transient) {
+  const ResidentMatrix m = NewEntry(reservation.owner(), rows, cols, dtype, std::move(buffer), ttl,
+                                    label, transient);
+  return Register(std::move(reservation), m, nullptr);
+}
+
+ResidentMatrix MatrixStore::AddUpload(QuotaReservation reservation, uint32_t rows, uint32_t cols,
+                                      ElementType dtype, std::shared_ptr<ResidentBuffer> buffer,
+                                      std::chrono::seconds ttl, const std::string& label,
+                                      bool transient) {
+  ResidentMatrix m = NewEntry(reservation.owner(), rows, cols, dtype, std::move(buffer), ttl,
+                              label, transient);
+  const Parts parts{.ttl_when_complete = m.ttl};
+  m.missing_bytes = m.buffer->bytes;
+  m.ttl = options_.upload_idle_timeout;  // until complete
+  return Register(std::move(reservation), m, &parts);
+}
+
+absl::Status MatrixStore::BeginPart(const std::string& owner, const std::string& handle,
+                                    int64_t offset, int64_t length, const std::string& field,
+                                    std::shared_ptr<ResidentBuffer>* buffer) {
+  StoreLock lock(this);
+  std::map<std::string, ResidentMatrix>::iterator it;
+  if (absl::Status s = FindLocked(owner, handle, field + ".handle", false, &it); !s.ok()) return s;
+  auto parts = parts_.find(handle);
+  if (parts == parts_.end()) {
+    return status::NotFound(fmt::format("{}.handle: matrix {} is complete: it takes no more parts",
+                                        field, status::Quote(handle)));
+  }
+  const int64_t bytes = it->second.buffer->bytes;
+  if (length <= 0) return status::InvalidArgument(field + ".length", "must be at least 1");
+  if (offset < 0 || offset > bytes || length > bytes - offset) {
+    return status::InvalidArgument(
+        field, fmt::format("bytes [{}, {} + {}) go past the end of the {}-byte matrix", offset,
+                           offset, length, bytes));
+  }
+  std::map<int64_t, int64_t>& claimed = parts->second.claimed;
+  auto next = claimed.lower_bound(offset);  // the first part at or after `offset`
+  const bool overlaps_next = next != claimed.end() && next->first < offset + length;
+  const bool overlaps_previous = next != claimed.begin() && std::prev(next)->second > offset;
+  if (overlaps_next || overlaps_previous) {
+    const auto& [other_offset, other_end] = overlaps_next ? *next : *std::prev(next);
+    return status::InvalidArgument(
+        field, fmt::format("bytes [{}, {}) overlap the part [{}, {}) sent before", offset,
+                           offset + length, other_offset, other_end));
+  }
+  if (int64_t(claimed.size()) >= options_.max_parts_per_upload) {
+    return status::OverLimit(fmt::format("{}: matrix {} has taken its {} parts", field,
+                                         status::Quote(handle), options_.max_parts_per_upload));
+  }
+  claimed.emplace(offset, offset + length);
+  it->second.last_used = Clock::now();
+  *buffer = it->second.buffer;
+  return absl::OkStatus();
+}
+
+absl::Status MatrixStore::EndPart(const std::string& owner, const std::string& handle,
+                                  int64_t offset, int64_t length, bool landed,
+                                  int64_t* missing_bytes) {
+  StoreLock lock(this);
+  std::map<std::string, ResidentMatrix>::iterator it;
+  if (absl::Status s = FindLocked(owner, handle, "header.handle", false, &it); !s.ok()) return s;
+  auto parts = parts_.find(handle);
+  if (parts == parts_.end()) return absl::OkStatus();  // not one of its claims: nothing to do
+  ResidentMatrix& m = it->second;
+  m.last_used = Clock::now();
+  if (!landed) {
+    parts->second.claimed.erase(offset);
+  } else if ((m.missing_bytes -= length) == 0) {
+    m.ttl = m.transient ? options_.upload_idle_timeout : parts->second.ttl_when_complete;
+    parts_.erase(parts);
+  }
+  *missing_bytes = m.missing_bytes;
+  return absl::OkStatus();
 }
 
 absl::Status MatrixStore::FindLocked(const std::string& owner, const std::string& handle,
@@ -173,6 +261,12 @@ absl::Status MatrixStore::Lookup(const std::string& owner, const std::string& ha
   StoreLock lock(this);
   std::map<std::string, ResidentMatrix>::iterator it;
   if (absl::Status s = FindLocked(owner, handle, field, false, &it); !s.ok()) return s;
+  if (it->second.missing_bytes > 0) {
+    return status::FailedPrecondition(fmt::format(
+        "{}: matrix {} is an upload still missing {} of its {} bytes; send its remaining parts "
+        "first",
+        field, status::Quote(handle), it->second.missing_bytes, it->second.buffer->bytes));
+  }
   it->second.last_used = Clock::now();
   *matrix = it->second;
   return absl::OkStatus();
@@ -230,7 +324,11 @@ void MatrixStore::ExpireLocked(Clock::time_point now) {
   for (auto it = matrices_.begin(); it != matrices_.end();) {
     auto next = std::next(it);
     const ResidentMatrix& m = it->second;
-    if (m.ttl.count() > 0 && now - m.last_used > m.ttl) ForgetLocked(it, "expired (time to live)");
+    if (m.ttl.count() > 0 && now - m.last_used > m.ttl) {
+      ForgetLocked(it, m.missing_bytes > 0 ? "was an upload that got no part in time (dropped)"
+                       : m.transient       ? "was transient and unused (dropped)"
+                                           : "expired (time to live)");
+    }
     it = next;
   }
 }
@@ -251,6 +349,7 @@ bool MatrixStore::EvictOneLocked(int device_index) {
 void MatrixStore::ForgetLocked(std::map<std::string, ResidentMatrix>::iterator it,
                                const char* why) {
   UnchargeLocked(it->second.owner, it->second.buffer->bytes);
+  parts_.erase(it->first);
   dropped_.push_back(std::move(it->second.buffer));
   gone_[it->first] = Gone{it->second.owner, why};
   gone_order_.push_back(it->first);

@@ -7,6 +7,14 @@
 // gone say why (released, expired, evicted), so clients know to upload again. Another owner's
 // handle is NOT_FOUND with the message of a handle that never existed: no client learns that
 // someone else's matrix exists.
+//
+// Uploads by parts (CreateUpload / UploadPart): AddUpload registers a matrix whose bytes are
+// all missing; each part claims a disjoint byte range (BeginPart) and counts once its bytes
+// have landed (EndPart). Until every byte is in, Lookup refuses the matrix
+// (FAILED_PRECONDITION, saying how many bytes are missing) and it expires after
+// `upload_idle_timeout` without a part. A transient matrix (an upload's, or a kept C) also
+// expires after `upload_idle_timeout` unused; the first GEMM that uses one releases it (the
+// caller does, see GemmCore).
 // Thread safety: all methods are thread-safe.
 #ifndef HGEMM_SERVER_RESIDENT_MATRIX_STORE_H_
 #define HGEMM_SERVER_RESIDENT_MATRIX_STORE_H_
@@ -36,6 +44,11 @@ struct MatrixStoreOptions {
   // This replica's address (--advertise_address), appended to every handle (proto/handle.h);
   // empty: one server, handles name no replica.
   std::string replica;
+  // An upload by parts that gets no part this long, or a transient matrix unused this long,
+  // is released.
+  std::chrono::seconds upload_idle_timeout{60};
+  // Parts one upload may take (BeginPart calls that were not given back).
+  int max_parts_per_upload = 1024;
 };
 
 struct ResidentMatrix {
@@ -47,6 +60,8 @@ struct ResidentMatrix {
   std::string label;
   Clock::time_point created, last_used;
   std::chrono::seconds ttl{0};  // 0: no expiry
+  int64_t missing_bytes = 0;    // an upload by parts: bytes not landed yet
+  bool transient = false;       // released by the first GEMM that uses it
 };
 
 class MatrixStore;
@@ -97,9 +112,29 @@ class MatrixStore {
   // Registers a filled buffer under the reservation's owner, which it now counts against;
   // returns the new entry. `ttl` 0 means the default. REQUIRES: reservation.bytes() ==
   // buffer->bytes.
+  // `transient`: the matrix expires after upload_idle_timeout unused instead of `ttl`.
   ResidentMatrix Add(QuotaReservation reservation, uint32_t rows, uint32_t cols,
                      ElementType dtype, std::shared_ptr<ResidentBuffer> buffer, std::chrono::seconds ttl,
-                     const std::string& label);
+                     const std::string& label, bool transient = false);
+
+  // As Add, for an upload by parts: every byte of `buffer` is missing until parts fill it.
+  // `ttl` applies once it is complete. REQUIRES: reservation.bytes() == buffer->bytes.
+  ResidentMatrix AddUpload(QuotaReservation reservation, uint32_t rows, uint32_t cols,
+                           ElementType dtype, std::shared_ptr<ResidentBuffer> buffer,
+                           std::chrono::seconds ttl, const std::string& label, bool transient);
+
+  // Claims bytes [offset, offset + length) of `owner`'s upload `handle` for one part and
+  // returns its buffer. Errors: NOT_FOUND (as Lookup, or the upload is complete),
+  // INVALID_ARGUMENT (length 0, past the end, overlapping a part claimed before),
+  // RESOURCE_EXHAUSTED (max_parts_per_upload). Messages name `field`.
+  absl::Status BeginPart(const std::string& owner, const std::string& handle, int64_t offset,
+                         int64_t length, const std::string& field,
+                         std::shared_ptr<ResidentBuffer>* buffer);
+  // The part BeginPart claimed is over: `landed` (every byte written) counts its bytes, else
+  // its range and its place among the parts are free again. *missing_bytes: the upload's bytes
+  // still missing. NOT_FOUND when the upload went meanwhile (released, expired).
+  absl::Status EndPart(const std::string& owner, const std::string& handle, int64_t offset,
+                       int64_t length, bool landed, int64_t* missing_bytes);
 
   // The matrix behind `handle`, marked used. NOT_FOUND (unknown, released, expired, evicted,
   // named for another replica, or another owner's). `field` names the request field in messages.
@@ -133,11 +168,24 @@ class MatrixStore {
   void ForgetLocked(std::map<std::string, ResidentMatrix>::iterator it, const char* why);
   bool EvictOneLocked(int device_index);
   std::string NewHandle() const;
+  struct Parts;
+  // A new entry (not registered yet) with its handle, times and time to live.
+  ResidentMatrix NewEntry(const std::string& owner, uint32_t rows, uint32_t cols, ElementType dtype,
+                          std::shared_ptr<ResidentBuffer> buffer, std::chrono::seconds ttl,
+                          const std::string& label, bool transient) const;
+  // Registers `m` under the reservation, with the books of an upload by parts if `parts`.
+  ResidentMatrix Register(QuotaReservation reservation, const ResidentMatrix& m, const Parts* parts);
 
   Backend* const backend_;
   const MatrixStoreOptions options_;
   std::mutex mu_;
   std::map<std::string, ResidentMatrix> matrices_;   // guarded by mu_
+  // The books of uploads by parts still incomplete, by handle.
+  struct Parts {
+    std::map<int64_t, int64_t> claimed;  // offset → end of each part claimed or landed
+    std::chrono::seconds ttl_when_complete{0};
+  };
+  std::map<std::string, Parts> parts_;               // guarded by mu_
   // Resident and reserved bytes by owner; owners holding none have no entry.
   std::map<std::string, int64_t> client_bytes_;      // guarded by mu_
   struct Gone {

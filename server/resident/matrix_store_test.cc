@@ -224,3 +224,55 @@ TEST_F(MatrixStoreTest, ReleasedBufferLivesWhileInUse) {
 
 }  // namespace
 }  // namespace hgemm
+
+namespace hgemm {
+namespace {
+
+// Uploads by parts: claims, coverage, the TTL that applies before and after completion.
+TEST_F(MatrixStoreTest, AnUploadByPartsCountsLandedPartsOnly) {
+  MatrixStore store(backend_.get(), {.default_ttl = 0s, .upload_idle_timeout = 30s});
+  std::shared_ptr<ResidentBuffer> buffer;
+  QuotaReservation quota;
+  ASSERT_TRUE(store.Allocate("alice", -1, 4, 8, &buffer, &quota).ok());
+  ResidentMatrix m = store.AddUpload(std::move(quota), 4, 8, ElementType::kFp16, std::move(buffer),
+                                     0s, "parts", false);
+  EXPECT_EQ(m.missing_bytes, 64);
+  EXPECT_EQ(m.ttl, 30s);  // until complete
+  std::shared_ptr<ResidentBuffer> claimed;
+  ASSERT_TRUE(store.BeginPart("alice", m.handle, 0, 40, "header", &claimed).ok());
+  EXPECT_EQ(store.BeginPart("alice", m.handle, 39, 2, "header", &claimed).code(),
+            absl::StatusCode::kInvalidArgument);
+  int64_t missing = 0;
+  ASSERT_TRUE(store.EndPart("alice", m.handle, 0, 40, false, &missing).ok());  // failed: free
+  EXPECT_EQ(missing, 64);
+  ASSERT_TRUE(store.BeginPart("alice", m.handle, 39, 25, "header", &claimed).ok());
+  ASSERT_TRUE(store.EndPart("alice", m.handle, 39, 25, true, &missing).ok());
+  EXPECT_EQ(missing, 39);
+  ASSERT_TRUE(store.BeginPart("alice", m.handle, 0, 39, "header", &claimed).ok());
+  ASSERT_TRUE(store.EndPart("alice", m.handle, 0, 39, true, &missing).ok());
+  EXPECT_EQ(missing, 0);
+  ResidentMatrix found;
+  ASSERT_TRUE(store.Lookup("alice", m.handle, "a_handle", &found).ok());
+  EXPECT_EQ(found.ttl, 0s);  // complete: its own (the default, no expiry)
+  EXPECT_EQ(found.missing_bytes, 0);
+}
+
+TEST_F(MatrixStoreTest, TransientMatricesExpireAfterTheUploadIdleTimeout) {
+  MatrixStore store(backend_.get(), {.default_ttl = 3600s, .upload_idle_timeout = 1s});
+  std::shared_ptr<ResidentBuffer> buffer;
+  QuotaReservation quota;
+  ASSERT_TRUE(store.Allocate("alice", -1, 16, 16, &buffer, &quota).ok());
+  ResidentMatrix m = store.Add(std::move(quota), 16, 16, ElementType::kFp16, std::move(buffer),
+                               3600s, "C", /*transient=*/true);
+  EXPECT_TRUE(m.transient);
+  EXPECT_EQ(m.ttl, 1s);
+  for (int i = 0; i < 200 && store.ClientBytes("alice") > 0; ++i) std::this_thread::sleep_for(50ms);
+  EXPECT_EQ(store.ClientBytes("alice"), 0);
+  ResidentMatrix found;
+  absl::Status s = store.Lookup("alice", m.handle, "a_handle", &found);
+  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound);
+  EXPECT_NE(s.message().find("was transient and unused"), std::string::npos) << s.message();
+}
+
+}  // namespace
+}  // namespace hgemm

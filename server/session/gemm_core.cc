@@ -37,6 +37,8 @@ AdmittedGemm& AdmittedGemm::operator=(AdmittedGemm&& other) noexcept {
   arriving_bytes_ = other.arriving_bytes_;
   c_quota_ = std::move(other.c_quota_);
   c_ttl_seconds_ = other.c_ttl_seconds_;
+  c_transient_ = other.c_transient_;
+  transient_operands_ = std::move(other.transient_operands_);
   pending_budget_ = std::exchange(other.pending_budget_, nullptr);
   regions_ = std::move(other.regions_);
   return *this;
@@ -78,11 +80,12 @@ absl::Status GemmCore::Admit(const std::string& owner, GemmOrder order,
            .b_handle = order.b.kind == Kind::kResident ? order.b.handle : "",
            .c_in_handle = order.c_in.kind == Kind::kResident ? order.c_in.handle : "",
            .keep_c = keep_c},
-          &job, &gemm.c_quota_);
+          &job, &gemm.c_quota_, &gemm.transient_operands_);
       !s.ok()) {
     return s;
   }
   gemm.c_ttl_seconds_ = order.c.ttl_seconds;
+  gemm.c_transient_ = order.c.transient;
   if (order.a.kind == Kind::kInline) job.a = order.a.data;
   if (order.b.kind == Kind::kInline) job.b = order.b.data;
   if (order.c_in.kind == Kind::kInline) job.c_in = order.c_in.data;
@@ -170,16 +173,26 @@ absl::Status GemmCore::Run(AdmittedGemm admitted, GemmFinished done) const {
   // scheduler refuses the job.
   auto c_quota = std::make_shared<QuotaReservation>(std::move(admitted.c_quota_));
   const uint32_t c_ttl = admitted.c_ttl_seconds_;
+  const bool c_transient = admitted.c_transient_;
+  std::string owner = admitted.owner_;
+  std::vector<std::string> transient_operands = std::move(admitted.transient_operands_);
   auto regions = std::make_shared<std::vector<RegionLease>>(std::move(admitted.regions_));
   return scheduler_->Enqueue(
       std::move(admitted.job_),
-      [this, shape, c_quota, c_ttl, regions, done = std::move(done)](const absl::Status& status,
-                                                                    const GemmReport& report) {
+      [this, shape, c_quota, c_ttl, c_transient, owner = std::move(owner),
+       transient_operands = std::move(transient_operands), regions,
+       done = std::move(done)](const absl::Status& status, const GemmReport& report) {
         GemmResult result{.report = report, .backend = backend_->Name()};
         absl::Status answer = status;
         try {
           if (status.ok() && report.c_resident) {
-            result.kept_c = resolver_.KeepC(std::move(*c_quota), shape, report, c_ttl);
+            result.kept_c = resolver_.KeepC(std::move(*c_quota), shape, report, c_ttl, c_transient);
+          }
+          for (const std::string& handle : transient_operands) {
+            if (!status.ok()) break;  // kept for a retry (or the idle timeout)
+            int64_t freed = 0;
+            // Another GEMM that used it may have released it already: nothing to report.
+            (void)store_->Release(owner, handle, &freed);
           }
         } catch (...) {
           answer = status::FromCurrentException("keeping C");

@@ -40,7 +40,8 @@ namespace hgemm {
 struct OperandSource {
   enum class Kind {
     kInline,    // `data`: fp16 elements the caller keeps alive until the GEMM is answered
-    kResident,  // `handle`: a resident matrix of the owner
+    kResident,  // `handle`: a resident matrix of the owner (a transient one is released once
+              // the GEMM has run)
     kArriving,  // in pieces, after admission, into an ArrivingBuffer on the GEMM's device
     kRegion,    // `handle`: a shared-memory region of the owner, from byte `offset`
     kNone,      // no bytes: an operand the GEMM does not have (C_in without beta)
@@ -72,9 +73,12 @@ struct ResultSink {
   uint32_t ttl_seconds = 0;  // kKeepResident: 0 is the store's default
   std::string region;        // kRegion
   uint64_t offset = 0;       // kRegion
+  bool transient = false;    // kKeepResident: a transient matrix (ttl_seconds unused)
 
   static ResultSink Host() { return {Kind::kHost, 0}; }
-  static ResultSink KeepResident(uint32_t ttl_seconds) { return {Kind::kKeepResident, ttl_seconds}; }
+  static ResultSink KeepResident(uint32_t ttl_seconds, bool transient = false) {
+    return {Kind::kKeepResident, ttl_seconds, {}, 0, transient};
+  }
   static ResultSink Region(std::string region, uint64_t offset) {
     return {Kind::kRegion, 0, std::move(region), offset};
   }
@@ -147,6 +151,8 @@ class AdmittedGemm {
   int64_t arriving_bytes_ = 0;
   QuotaReservation c_quota_;
   uint32_t c_ttl_seconds_ = 0;
+  bool c_transient_ = false;
+  std::vector<std::string> transient_operands_;  // handles released once it has run
   ClientPendingBudget* pending_budget_ = nullptr;  // set while arriving bytes are charged
   std::vector<RegionLease> regions_;  // held until the GEMM is answered
 };
@@ -191,7 +197,7 @@ class GemmCore {
   // Runs an admitted GEMM whose operands are all in (job().a/b or a_resident/b_resident, and
   // job().c for ResultSink::kHost): OK once the scheduler took it (then `done` runs once,
   // later, on a scheduler thread), else why not (UNAVAILABLE: the queue is full) and
-  // everything is given back.
+  // everything is given back. Transient resident operands are released once it has run OK.
   absl::Status Run(AdmittedGemm admitted, GemmFinished done) const;
 
   // The device id (as in DeviceDescription) a resident matrix lives on.

@@ -12,7 +12,8 @@ namespace hgemm {
 
 absl::Status ResidentResolver::Resolve(const std::string& owner,
                                        const ResidentOperands& operands, GemmJob* job,
-                                       QuotaReservation* c_quota) const {
+                                       QuotaReservation* c_quota,
+                                       std::vector<std::string>* transient_handles) const {
   const GemmShape& shape = job->shape;
   struct Operand {
     const std::string& handle;
@@ -69,6 +70,7 @@ absl::Status ResidentResolver::Resolve(const std::string& owner,
       job->device_index = m.buffer->device_index;
     }
     *o.slot = m.buffer;
+    if (m.transient && transient_handles != nullptr) transient_handles->push_back(o.handle);
   }
   if (operands.keep_c) {
     if (absl::Status s = store_->Reserve(owner, shape.CBytes(), c_quota); !s.ok()) {
@@ -85,9 +87,10 @@ int ResidentResolver::PlaceArriving(GemmJob* job) const {
 }
 
 ResidentMatrix ResidentResolver::KeepC(QuotaReservation c_quota, const GemmShape& shape,
-                                       const GemmReport& report, uint32_t ttl_seconds) const {
+                                       const GemmReport& report, uint32_t ttl_seconds,
+                                       bool transient) const {
   return store_->Add(std::move(c_quota), shape.m, shape.n, shape.c_type, report.c_resident,
-                     std::chrono::seconds(ttl_seconds), "C of " + report.kernel);
+                     std::chrono::seconds(ttl_seconds), "C of " + report.kernel, transient);
 }
 
 }  // namespace hgemm

@@ -17,6 +17,7 @@
 #include <absl/status/status.h>
 
 #include <string>
+#include <vector>
 
 #include "server/core/job.h"
 #include "server/resident/matrix_store.h"
@@ -40,20 +41,22 @@ class ResidentResolver {
   // Sets job->a_resident / b_resident / c_in_resident from the handles (marking them used),
   // pins the job to their device and, for keep_c, reserves C's bytes of `owner`'s quota in
   // *c_quota and sets job->keep_c. Errors: NOT_FOUND (a handle; the message names its field),
-  // INVALID_ARGUMENT (a matrix of the wrong shape or dtype), RESOURCE_EXHAUSTED (keep_c_resident: over
-  // the quota). On an error nothing stays reserved. REQUIRES: job->shape is validated.
+  // INVALID_ARGUMENT (a matrix of the wrong shape or dtype), RESOURCE_EXHAUSTED (keep_c_resident:
+  // over the quota). On an error nothing stays reserved. *transient_handles (when given) gets
+  // the handles of transient matrices among the operands. REQUIRES: job->shape is validated.
   absl::Status Resolve(const std::string& owner, const ResidentOperands& operands, GemmJob* job,
-                       QuotaReservation* c_quota) const;
+                       QuotaReservation* c_quota,
+                       std::vector<std::string>* transient_handles = nullptr) const;
 
   // The device the operands still to come of `job` are written to: its pinned device, else
   // (and from now on pinned there) the least loaded one.
   int PlaceArriving(GemmJob* job) const;
 
   // The C that a keep_c GEMM of `shape` left on the device (report.c_resident), added to the
-  // store under the reservation Resolve made, with `ttl_seconds` (0: the store's default).
-  // REQUIRES: report.c_resident is set.
+  // store under the reservation Resolve made, with `ttl_seconds` (0: the store's default), or
+  // as a transient matrix. REQUIRES: report.c_resident is set.
   ResidentMatrix KeepC(QuotaReservation c_quota, const GemmShape& shape, const GemmReport& report,
-                       uint32_t ttl_seconds) const;
+                       uint32_t ttl_seconds, bool transient = false) const;
 
  private:
   MatrixStore* const store_;

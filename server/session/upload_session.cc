@@ -9,6 +9,34 @@
 
 namespace hgemm {
 
+absl::Status CheckMatrixHeader(const GemmCore& core, const v1::MatrixHeader& header,
+                               const std::string& field, int* device_index, ElementType* dtype) {
+  GemmShape shape;  // validate rows x cols as the m x k of a GEMM
+  if (header.rows() == 0) return status::InvalidArgument(field + ".rows", "must be at least 1");
+  if (header.cols() == 0) return status::InvalidArgument(field + ".cols", "must be at least 1");
+  if (absl::Status s = ValidateShape(header.rows(), 1, header.cols(), core.rules(), &shape);
+      !s.ok()) {
+    return s;
+  }
+  if (header.label().size() > kMaxRequestIdBytes) {
+    return status::InvalidArgument(field + ".label", "at most 128 bytes");
+  }
+  *device_index = -1;
+  if (header.has_device_id()) {
+    if (absl::Status s = core.FindDevice(header.device_id(), field + ".device_id", device_index);
+        !s.ok()) {
+      return s;
+    }
+  }
+  if (!FromProto(header.dtype(), ElementType::kFp16, dtype) || *dtype == ElementType::kFp32) {
+    return status::InvalidArgument(
+        field + ".dtype",
+        fmt::format("enum value {} is not a type of a resident operand (DATA_TYPE_FP16 or DATA_TYPE_BF16)",
+                    int(header.dtype())));
+  }
+  return absl::OkStatus();
+}
+
 UploadSession::UploadSession(const GemmCore& core, UploadTransport* transport, std::string owner,
                              std::chrono::seconds idle_timeout, bool over_unix_socket)
     : core_(core),
@@ -96,28 +124,10 @@ absl::Status UploadSession::ConsumeHeader(const v1::UploadMatrixRequest& message
     return status::InvalidArgument("header", "the first message must be a header");
   }
   header_ = message.header();
-  GemmShape shape;  // validate rows x cols as the m x k of a GEMM
-  if (header_.rows() == 0) return status::InvalidArgument("header.rows", "must be at least 1");
-  if (header_.cols() == 0) return status::InvalidArgument("header.cols", "must be at least 1");
-  if (absl::Status s = ValidateShape(header_.rows(), 1, header_.cols(), core_.rules(), &shape);
+  int device_index = -1;
+  if (absl::Status s = CheckMatrixHeader(core_, header_, "header", &device_index, &dtype_);
       !s.ok()) {
     return s;
-  }
-  if (header_.label().size() > kMaxRequestIdBytes) {
-    return status::InvalidArgument("header.label", "at most 128 bytes");
-  }
-  int device_index = -1;
-  if (header_.has_device_id()) {
-    if (absl::Status s = core_.FindDevice(header_.device_id(), "header.device_id", &device_index);
-        !s.ok()) {
-      return s;
-    }
-  }
-  if (!FromProto(header_.dtype(), ElementType::kFp16, &dtype_) || dtype_ == ElementType::kFp32) {
-    return status::InvalidArgument(
-        "header.dtype",
-        fmt::format("enum value {} is not a type of a resident operand (DATA_TYPE_FP16 or DATA_TYPE_BF16)",
-                    int(header_.dtype())));
   }
   bytes_ = MatrixBytes(header_.rows(), header_.cols(), dtype_);
   // From a region: its bytes copied out under a lease, which ends with the copy.

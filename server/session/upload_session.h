@@ -25,6 +25,11 @@
 
 namespace hgemm {
 
+// Checks a matrix's header (UploadMatrix, CreateUpload; messages name `field`.rows, ...): its
+// shape, label, device (*device_index: a Devices() index, or -1 when unset) and dtype.
+absl::Status CheckMatrixHeader(const GemmCore& core, const v1::MatrixHeader& header,
+                               const std::string& field, int* device_index, ElementType* dtype);
+
 // The call under an UploadSession. StartRead is answered later by OnRead or OnReadsDone,
 // never from inside the call; at most one read is started at a time.
 class UploadTransport {

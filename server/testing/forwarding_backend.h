@@ -33,6 +33,10 @@ class ForwardingBackend : public Backend {
   absl::Status ReadResident(const ResidentBuffer& buffer, void* host) override {
     return inner_->ReadResident(buffer, host);
   }
+  absl::Status ReadResidentRange(const ResidentBuffer& buffer, int64_t offset, int64_t bytes,
+                                 void* host) override {
+    return inner_->ReadResidentRange(buffer, offset, bytes, host);
+  }
   absl::Status Run(int slot, const GemmJob& job, GemmReport* report) override {
     return inner_->Run(slot, job, report);
   }

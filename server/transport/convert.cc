@@ -50,8 +50,9 @@ void ToOrder(const v1::GemmRequest& request, bool over_unix_socket, GemmOrder* o
   }
   order->c = request.has_c_region()
                  ? ResultSink::Region(request.c_region().region(), request.c_region().offset())
-             : request.keep_c_resident() ? ResultSink::KeepResident(request.c_ttl_seconds())
-                                         : ResultSink::Host();
+             : request.keep_c_resident()
+                 ? ResultSink::KeepResident(request.c_ttl_seconds(), request.c_transient())
+                 : ResultSink::Host();
   order->over_unix_socket = over_unix_socket;
 }
 
@@ -131,6 +132,8 @@ void ToProto(const ResidentMatrix& m, int device_id, const std::string& replica,
   info->set_label(m.label);
   info->set_replica(replica);
   info->set_dtype(ToProto(m.dtype));
+  info->set_missing_bytes(m.missing_bytes);
+  info->set_transient(m.transient);
 }
 
 }  // namespace hgemm

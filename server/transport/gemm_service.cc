@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "server/core/status.h"
+#include "server/session/part_session.h"
 #include "server/transport/convert.h"
 #include "server/transport/matrix_reactors.h"
 #include "server/transport/status_util.h"
@@ -200,6 +201,8 @@ grpc::ServerUnaryReactor* GemmServiceImpl::GetServerInfo(grpc::CallbackServerCon
     limits->set_resident_quota_bytes(options_.resident.quota_bytes_per_client);
     limits->set_resident_default_ttl_seconds(options_.resident.default_ttl.count());
     limits->set_resident_lru_eviction(options_.resident.lru_eviction);
+    limits->set_max_parts_per_upload(options_.resident.max_parts_per_upload);
+    limits->set_upload_idle_timeout_seconds(options_.resident.upload_idle_timeout.count());
     const Scheduler::Stats stats = core_.scheduler().GetStats();
     v1::Load* load = response->mutable_load();
     load->set_queued(stats.queued);
@@ -256,6 +259,35 @@ grpc::ServerWriteReactor<v1::ResultChunk>* GemmServiceImpl::DownloadMatrix(
     return new RefusedCall<grpc::ServerWriteReactor<v1::ResultChunk>>(s);
   }
   return NewDownloadMatrixReactor(call_services_, context, std::move(caller.name), *request);
+}
+
+grpc::ServerUnaryReactor* GemmServiceImpl::CreateUpload(grpc::CallbackServerContext* context,
+                                                        const v1::UploadCreateRequest* request,
+                                                        v1::MatrixInfo* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  Principal caller;
+  if (absl::Status s = Identify(Rpc::kCreateUpload, context, &caller); !s.ok()) {
+    reactor->Finish(ToGrpcStatus(s));
+    return reactor;
+  }
+  // Answered once the matrix is allocated (on an upload thread), or at once when refused.
+  hgemm::CreateUpload(core_, caller.name, *request,
+                      [this, context, reactor, response, owner = caller.name](
+                          const absl::Status& s, const ResidentMatrix& matrix) {
+                        if (s.ok()) Describe(core_, matrix, response);
+                        log_.Answered(Rpc::kCreateUpload, s, context, owner);
+                        reactor->Finish(ToGrpcStatus(s));
+                      });
+  return reactor;
+}
+
+grpc::ServerReadReactor<v1::PartRequest>* GemmServiceImpl::UploadPart(
+    grpc::CallbackServerContext* context, v1::PartResponse* response) {
+  Principal caller;
+  if (absl::Status s = Identify(Rpc::kUploadPart, context, &caller); !s.ok()) {
+    return new RefusedCall<grpc::ServerReadReactor<v1::PartRequest>>(s);
+  }
+  return NewUploadPartReactor(call_services_, context, std::move(caller.name), response);
 }
 
 grpc::ServerUnaryReactor* GemmServiceImpl::RegisterRegion(grpc::CallbackServerContext* context,

@@ -100,6 +100,11 @@ class GemmServiceImpl final : public v1::GemmService::CallbackService {
   grpc::ServerUnaryReactor* ListRegions(grpc::CallbackServerContext* context,
                                         const v1::ListRegionsRequest* request,
                                         v1::ListRegionsResponse* response) override;
+  grpc::ServerUnaryReactor* CreateUpload(grpc::CallbackServerContext* context,
+                                         const v1::UploadCreateRequest* request,
+                                         v1::MatrixInfo* response) override;
+  grpc::ServerReadReactor<v1::PartRequest>* UploadPart(grpc::CallbackServerContext* context,
+                                                        v1::PartResponse* response) override;
 
  private:
   // Who `context`'s call is from; if nobody authenticated, the status to finish it with (the

@@ -1,11 +1,14 @@
 #include "server/transport/matrix_reactors.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <memory>
 #include <string>
 #include <utility>
 
 #include "server/core/status.h"
+#include "server/session/part_session.h"
 #include "server/session/upload_session.h"
 #include "server/transport/convert.h"
 #include "server/transport/status_util.h"
@@ -67,7 +70,55 @@ class UploadMatrixReactor final : public grpc::ServerReadReactor<v1::UploadMatri
   UploadSession session_;            // last: it calls back into the members above
 };
 
-// DownloadMatrix: the device copy runs on an upload thread, then the chunks go out one by one.
+// UploadPart: the reads and the finish its PartSession asks for, and the call's metrics.
+class UploadPartReactor final : public grpc::ServerReadReactor<v1::PartRequest>,
+                                public TrackedCall,
+                                public PartTransport {
+ public:
+  UploadPartReactor(const CallServices& services, grpc::CallbackServerContext* context,
+                    std::string owner, v1::PartResponse* response)
+      : services_(services),
+        context_(context),
+        owner_(std::move(owner)),
+        response_(response),
+        session_(*services.core, this, owner_, services.calls->idle_timeout()) {
+    grpc::ServerReadReactor<v1::PartRequest>::StartRead(&request_);
+    services_.calls->Track(this);
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) return session_.OnReadsDone();  // the client has sent everything (or went away)
+    services_.log->Received(Rpc::kUploadPart, session_.OnRead(request_));
+  }
+
+  void OnDone() override {
+    services_.calls->Untrack(this);
+    delete this;
+  }
+
+  void Drain() override {}  // a part in progress gets the drain deadline
+  void ExpireIdle(Clock::time_point cutoff) override { session_.ExpireIdle(cutoff); }
+
+ private:
+  // PartTransport (called with the session's mutex held):
+  void StartRead() override { grpc::ServerReadReactor<v1::PartRequest>::StartRead(&request_); }
+
+  void Finish(const absl::Status& status, int64_t missing_bytes) override {
+    if (status.ok()) response_->set_missing_bytes(missing_bytes);
+    services_.log->Answered(Rpc::kUploadPart, status, context_, owner_);
+    grpc::ServerReadReactor<v1::PartRequest>::Finish(ToGrpcStatus(status));
+  }
+
+  const CallServices& services_;
+  grpc::CallbackServerContext* const context_;
+  const std::string owner_;
+  v1::PartResponse* const response_;
+  v1::PartRequest request_;  // the read in flight
+  PartSession session_;      // last: it calls back into the members above
+};
+
+// DownloadMatrix: the device copy (of the whole matrix, or of the range asked for) runs on an
+// upload thread, then the chunks go out one by one.
 class DownloadMatrixReactor final : public grpc::ServerWriteReactor<v1::ResultChunk> {
  public:
   DownloadMatrixReactor(const CallServices& services, grpc::CallbackServerContext* context,
@@ -80,15 +131,31 @@ class DownloadMatrixReactor final : public grpc::ServerWriteReactor<v1::ResultCh
     const GemmCore& core = *services.core;
     ResidentMatrix m;
     absl::Status s = core.store().Lookup(owner_, request.handle(), "handle", &m);
+    const uint64_t bytes = s.ok() ? uint64_t(m.buffer->bytes) : 0;
+    if (s.ok() && (request.offset() > bytes || request.length() > bytes - request.offset())) {
+      s = status::OutOfRange("offset", fmt::format("bytes [{}, {} + {}) of a {}-byte matrix",
+                                                   request.offset(), request.offset(),
+                                                   request.length(), bytes));
+    }
+    if (s.ok() && request.release_after()) {
+      int64_t freed = 0;  // the buffer lives on in `m` until the read is done
+      s = core.store().Release(owner_, request.handle(), &freed);
+    }
     if (!s.ok()) {
       Answer(s);
       return;
     }
+    total_ = int64_t(bytes);
+    first_ = offset_ = int64_t(request.offset());
+    end_ = request.length() == 0 ? int64_t(bytes) : first_ + int64_t(request.length());
     core.uploads().Post([this, &core, buffer = m.buffer] {
       absl::Status read;
       try {
-        data_ = buffers_.Take(buffer->bytes);
-        read = core.backend().ReadResident(*buffer, data_.data());
+        data_ = buffers_.Take(end_ - first_);
+        read = first_ == 0 && end_ == buffer->bytes
+                   ? core.backend().ReadResident(*buffer, data_.data())
+                   : core.backend().ReadResidentRange(*buffer, first_, end_ - first_,
+                                                       data_.data());
       } catch (...) {
         read = status::FromCurrentException("DownloadMatrix");
       }
@@ -113,13 +180,14 @@ class DownloadMatrixReactor final : public grpc::ServerWriteReactor<v1::ResultCh
     Finish(ToGrpcStatus(s));
   }
 
+  // Chunk offsets are the matrix's; data_ holds bytes [first_, end_).
   void NextWrite() {
-    if (offset_ >= int64_t(data_.size())) return Answer(absl::OkStatus());
-    const int64_t size = std::min<int64_t>(chunk_bytes_, data_.size() - offset_);
+    if (offset_ >= end_) return Answer(absl::OkStatus());
+    const int64_t size = std::min<int64_t>(chunk_bytes_, end_ - offset_);
     services_.log->Sent(Rpc::kDownloadMatrix, size, *context_);
     chunk_.set_offset(offset_);
-    chunk_.set_data(data_.data() + offset_, size);
-    chunk_.set_total_bytes(offset_ == 0 ? data_.size() : 0);
+    chunk_.set_data(data_.data() + (offset_ - first_), size);
+    chunk_.set_total_bytes(offset_ == 0 ? total_ : 0);
     offset_ += size;
     StartWrite(&chunk_);
   }
@@ -130,7 +198,9 @@ class DownloadMatrixReactor final : public grpc::ServerWriteReactor<v1::ResultCh
   const int64_t chunk_bytes_;
   HostBufferPool& buffers_;
   std::string data_;
-  int64_t offset_ = 0;
+  int64_t total_ = 0;            // the matrix's bytes
+  int64_t first_ = 0, end_ = 0;  // the bytes asked for
+  int64_t offset_ = 0;           // the next chunk's
   v1::ResultChunk chunk_;
 };
 
@@ -138,6 +208,13 @@ grpc::ServerReadReactor<v1::UploadMatrixRequest>* NewUploadMatrixReactor(
     const CallServices& services, grpc::CallbackServerContext* context, std::string owner,
     v1::MatrixInfo* response) {
   return new UploadMatrixReactor(services, context, std::move(owner), response);
+}
+
+grpc::ServerReadReactor<v1::PartRequest>* NewUploadPartReactor(const CallServices& services,
+                                                               grpc::CallbackServerContext* context,
+                                                               std::string owner,
+                                                               v1::PartResponse* response) {
+  return new UploadPartReactor(services, context, std::move(owner), response);
 }
 
 grpc::ServerWriteReactor<v1::ResultChunk>* NewDownloadMatrixReactor(

@@ -1,5 +1,6 @@
-// The reactors of UploadMatrix (a client-streaming upload of a resident matrix) and
-// DownloadMatrix (a server-streaming read of one), parts of GemmServiceImpl's transport. An
+// The reactors of UploadMatrix (a client-streaming upload of a resident matrix), UploadPart (one
+// part of an upload by parts) and DownloadMatrix (a server-streaming read of one, or of a byte
+// range), parts of GemmServiceImpl's transport. An
 // upload's bookkeeping is its UploadSession's; the device work of both (allocating the matrix,
 // reading it back) runs on upload threads, never in a reaction.
 // Thread safety: gRPC and the service call in; each reactor serialises itself.
@@ -21,6 +22,13 @@ namespace hgemm {
 grpc::ServerReadReactor<v1::UploadMatrixRequest>* NewUploadMatrixReactor(
     const CallServices& services, grpc::CallbackServerContext* context, std::string owner,
     v1::MatrixInfo* response);
+
+// The reactor of an UploadPart call of `owner` (already identified), answering in `response`.
+// It deletes itself when the call is done. REQUIRES: `services`' pointees outlive the call.
+grpc::ServerReadReactor<v1::PartRequest>* NewUploadPartReactor(const CallServices& services,
+                                                               grpc::CallbackServerContext* context,
+                                                               std::string owner,
+                                                               v1::PartResponse* response);
 
 // The reactor of a DownloadMatrix call of `owner` (already identified). It deletes itself when
 // the call is done. REQUIRES: `services`' pointees outlive the call.

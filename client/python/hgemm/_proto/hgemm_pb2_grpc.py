@@ -69,6 +69,16 @@ class GemmServiceStub(object):
                 request_serializer=hgemm__pb2.ListRegionsRequest.SerializeToString,
                 response_deserializer=hgemm__pb2.ListRegionsResponse.FromString,
                 )
+        self.CreateUpload = channel.unary_unary(
+                '/hgemm.v1.GemmService/CreateUpload',
+                request_serializer=hgemm__pb2.UploadCreateRequest.SerializeToString,
+                response_deserializer=hgemm__pb2.MatrixInfo.FromString,
+                )
+        self.UploadPart = channel.stream_unary(
+                '/hgemm.v1.GemmService/UploadPart',
+                request_serializer=hgemm__pb2.PartRequest.SerializeToString,
+                response_deserializer=hgemm__pb2.PartResponse.FromString,
+                )
 
 
 class GemmServiceServicer(object):
@@ -170,6 +180,22 @@ class GemmServiceServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CreateUpload(self, request, context):
+        """Parallel parts (see "Parallel parts" above): a resident matrix allocated now and filled by
+        UploadPart calls. RESOURCE_EXHAUSTED as UploadMatrix.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UploadPart(self, request_iterator, context):
+        """One part of an upload: a PartRequest.header, then exactly header.length bytes in chunks.
+        Answered once the part's bytes are in the matrix.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_GemmServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -227,6 +253,16 @@ def add_GemmServiceServicer_to_server(servicer, server):
                     servicer.ListRegions,
                     request_deserializer=hgemm__pb2.ListRegionsRequest.FromString,
                     response_serializer=hgemm__pb2.ListRegionsResponse.SerializeToString,
+            ),
+            'CreateUpload': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreateUpload,
+                    request_deserializer=hgemm__pb2.UploadCreateRequest.FromString,
+                    response_serializer=hgemm__pb2.MatrixInfo.SerializeToString,
+            ),
+            'UploadPart': grpc.stream_unary_rpc_method_handler(
+                    servicer.UploadPart,
+                    request_deserializer=hgemm__pb2.PartRequest.FromString,
+                    response_serializer=hgemm__pb2.PartResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -422,5 +458,39 @@ class GemmService(object):
         return grpc.experimental.unary_unary(request, target, '/hgemm.v1.GemmService/ListRegions',
             hgemm__pb2.ListRegionsRequest.SerializeToString,
             hgemm__pb2.ListRegionsResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def CreateUpload(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/hgemm.v1.GemmService/CreateUpload',
+            hgemm__pb2.UploadCreateRequest.SerializeToString,
+            hgemm__pb2.MatrixInfo.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def UploadPart(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_unary(request_iterator, target, '/hgemm.v1.GemmService/UploadPart',
+            hgemm__pb2.PartRequest.SerializeToString,
+            hgemm__pb2.PartResponse.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)

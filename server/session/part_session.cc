@@ -1,0 +1,178 @@
+#include "server/session/part_session.h"
+
+#include <fmt/format.h>
+
+#include <cstdint>
+#include <utility>
+
+#include "server/core/status.h"
+#include "server/session/upload_session.h"
+
+namespace hgemm {
+
+void CreateUpload(const GemmCore& core, const std::string& owner,
+                  const v1::UploadCreateRequest& request, UploadCreated done) {
+  const v1::MatrixHeader& header = request.header();
+  int device_index = -1;
+  ElementType dtype = ElementType::kFp16;
+  if (absl::Status s = CheckMatrixHeader(core, header, "header", &device_index, &dtype);
+      !s.ok()) {
+    return done(s, {});
+  }
+  const int64_t bytes = MatrixBytes(header.rows(), header.cols(), dtype);
+  auto quota = std::make_shared<QuotaReservation>();
+  if (absl::Status s = core.store().Reserve(owner, bytes, quota.get()); !s.ok()) {
+    return done(s, {});
+  }
+  // The allocation is a device call (cudaMalloc): on an upload thread, never in a reaction.
+  core.uploads().Post([&core, header, transient = request.transient(), device_index, dtype,
+                       bytes, quota, done = std::move(done)] {
+    std::shared_ptr<ResidentBuffer> buffer;
+    absl::Status s;
+    try {
+      s = core.store().AllocateBuffer(device_index, bytes, &buffer);
+    } catch (...) {
+      s = status::FromCurrentException("CreateUpload");
+    }
+    if (!s.ok()) return done(s, {});
+    done(s, core.store().AddUpload(std::move(*quota), header.rows(), header.cols(), dtype,
+                                   std::move(buffer), std::chrono::seconds(header.ttl_seconds()),
+                                   header.label(), transient));
+  });
+}
+
+PartSession::PartSession(const GemmCore& core, PartTransport* transport, std::string owner,
+                         std::chrono::seconds idle_timeout)
+    : core_(core), transport_(transport), owner_(std::move(owner)), idle_timeout_(idle_timeout) {}
+
+PartSession::~PartSession() {
+  std::lock_guard<std::mutex> lock(mu_);  // whoever called Finish has let go of mu_
+}
+
+int64_t PartSession::OnRead(v1::PartRequest& message) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (reads_done_) return 0;  // ended meanwhile: nothing more is read
+    reading_ = true;  // the message is being acted on: the call can't finish under it
+    last_read_ = Clock::now();
+  }
+  absl::Status s;
+  const int64_t received = received_;
+  try {
+    s = header_.handle().empty() ? ConsumeHeader(message) : ConsumeChunk(message);
+  } catch (...) {
+    s = status::FromCurrentException("UploadPart");
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  reading_ = false;
+  if (!s.ok()) FailLocked(s);
+  if (!reads_done_) {
+    transport_->StartRead();
+  } else {
+    MaybeFinishLocked();
+  }
+  return received_ - received;
+}
+
+void PartSession::OnReadsDone() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (reads_done_) return;  // ended already (a failure, the idle timeout)
+  if (header_.handle().empty()) {
+    FailLocked(status::InvalidArgument("header", "no header was sent"));
+  } else if (received_ != length_) {
+    FailLocked(status::InvalidArgument(
+        "chunk", fmt::format("the part ended after {} of the {} bytes its header announced",
+                             received_, length_)));
+  }
+  reads_done_ = true;
+  MaybeFinishLocked();
+}
+
+void PartSession::ExpireIdle(Clock::time_point cutoff) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (reads_done_ || reading_ || last_read_ >= cutoff) return;
+  // The read outstanding completes after Finish, and is ignored.
+  FailLocked(status::Idle(fmt::format("UploadPart: no message for {} s; the part was dropped",
+                                      idle_timeout_.count())));
+  MaybeFinishLocked();
+}
+
+absl::Status PartSession::ConsumeHeader(const v1::PartRequest& message) {
+  if (!message.has_header()) {
+    return status::InvalidArgument("header", "the first message must be a header");
+  }
+  if (message.header().handle().empty()) {
+    return status::InvalidArgument("header.handle", "must name an upload (CreateUpload)");
+  }
+  if (message.header().offset() > uint64_t(INT64_MAX) ||
+      message.header().length() > uint64_t(INT64_MAX)) {
+    return status::InvalidArgument("header", "offset and length must be below 2^63");
+  }
+  std::shared_ptr<ResidentBuffer> buffer;
+  if (absl::Status s = core_.store().BeginPart(owner_, message.header().handle(),
+                                               int64_t(message.header().offset()),
+                                               int64_t(message.header().length()), "header",
+                                               &buffer);
+      !s.ok()) {
+    return s;
+  }
+  header_ = message.header();
+  offset_ = int64_t(header_.offset());
+  length_ = int64_t(header_.length());
+  std::lock_guard<std::mutex> lock(mu_);
+  claimed_ = true;
+  buffer_ = std::move(buffer);
+  return absl::OkStatus();
+}
+
+absl::Status PartSession::ConsumeChunk(v1::PartRequest& message) {
+  if (!message.has_chunk()) return status::InvalidArgument("header", "sent twice");
+  const int64_t size = int64_t(message.chunk().size());
+  if (size > length_ - received_) {
+    return status::InvalidArgument(
+        "chunk", fmt::format("more bytes than the header announced: {} + {} of a {}-byte part",
+                             received_, size, length_));
+  }
+  std::shared_ptr<ResidentBuffer> buffer;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!error_.ok()) return absl::OkStatus();  // a write failed: the rest is dropped
+    buffer = buffer_;
+    writes_in_flight_++;
+  }
+  core_.uploads().Write(std::move(buffer), offset_ + received_,
+                        std::move(*message.mutable_chunk()),
+                        [this](const absl::Status& s, double) { Written(s); });
+  received_ += size;
+  return absl::OkStatus();
+}
+
+// On an upload thread.
+void PartSession::Written(const absl::Status& s) {
+  std::lock_guard<std::mutex> lock(mu_);
+  writes_in_flight_--;
+  if (!s.ok()) FailLocked(s);
+  MaybeFinishLocked();
+}
+
+void PartSession::FailLocked(const absl::Status& s) {
+  if (error_.ok()) error_ = s;
+  reads_done_ = true;
+}
+
+void PartSession::MaybeFinishLocked() {
+  if (finished_ || !reads_done_ || reading_ || writes_in_flight_ > 0) return;
+  finished_ = true;
+  absl::Status s = error_;
+  int64_t missing = 0;
+  if (claimed_) {
+    // Only now that no write of it is in flight may a failed part's range be sent again.
+    absl::Status ended = core_.store().EndPart(owner_, header_.handle(), offset_, length_,
+                                               s.ok(), &missing);
+    if (s.ok()) s = ended;
+    buffer_.reset();
+  }
+  transport_->Finish(s, missing);
+}
+
+}  // namespace hgemm
