@@ -88,7 +88,7 @@ class UploadPartReactor final : public grpc::ServerReadReactor<v1::PartRequest>,
 
   void OnReadDone(bool ok) override {
     if (!ok) return session_.OnReadsDone();  // the client has sent everything (or went away)
-    services_.log->Received(Rpc::kUploadPart, session_.OnRead(request_));
+    services_.log->Received(Rpc::kUploadPart, session_.OnRead(request_), *context_);
   }
 
   void OnDone() override {
