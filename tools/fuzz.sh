@@ -2,7 +2,8 @@
 # Builds the libFuzzer targets of //server/fuzz with clang (ASan + UBSan, leak detection on) in a
 # separate Bazel output base, then runs each for a bounded time (default 60 s) from its seed
 # corpus (server/fuzz/corpus/<target>), $FUZZ_JOBS (default: the number of cores) at a time.
-# Fails on any crash, leak, hang (-timeout) or OOM (-rss_limit_mb). Crash inputs go to
+# Fails on any crash, leak, hang (-timeout: 30 s, since an input of validation_fuzz may build a
+# 512 MiB operand, ~10 s under ASan on a loaded 2-core machine) or OOM (-rss_limit_mb). Crash inputs go to
 # $FUZZ_ARTIFACTS (default /tmp/hgemm-fuzz/artifacts).
 # Prints "fuzz: N passed, N failed" and one "fuzz <target>: <executions> execs" line per target.
 #   tools/fuzz.sh [seconds per target]
@@ -33,7 +34,7 @@ run_target() {
   mkdir -p "$corpus"
   rm -f "$work/$t.rc"
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-    "$bin/server/fuzz/${t}_fuzz" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=4096 \
+    "$bin/server/fuzz/${t}_fuzz" -max_total_time="$seconds" -timeout=30 -rss_limit_mb=4096 \
     -max_len=65536 -print_final_stats=1 -artifact_prefix="$artifacts/$t-" \
     "$corpus" "server/fuzz/corpus/$t" >"$work/$t.log" 2>&1
   echo $? >"$work/$t.rc"
