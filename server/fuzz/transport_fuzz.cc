@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "server/fuzz/fuzz_requests.h"
 #include "server/fuzz/transport_harness.h"
 
 namespace hgemm {
@@ -26,30 +27,9 @@ namespace {
 
 using fuzz::Check;
 using fuzz::Context;
-
-std::string Bytes(FuzzedDataProvider& in, uint32_t rows, uint32_t cols) {
-  const unsigned __int128 exact = fuzz::Bytes(rows, cols);
-  if (in.ConsumeIntegralInRange<int>(0, 3) != 0 && exact <= (1u << 16)) {
-    return std::string(size_t(exact), '\0');
-  }
-  return std::string(in.ConsumeIntegralInRange<size_t>(0, 64), '\0');
-}
-
-std::string Handle(FuzzedDataProvider& in, const std::vector<std::string>& handles) {
-  switch (in.ConsumeIntegralInRange<int>(0, 5)) {
-    case 0: return "";
-    case 1: return in.ConsumeRandomLengthString(64);
-    case 2: return std::string(in.ConsumeIntegralInRange<size_t>(1, 100000), 'h');
-    default:
-      return handles.empty() ? "" : handles[in.ConsumeIntegralInRange<size_t>(0, handles.size() - 1)];
-  }
-}
-
-void Options(FuzzedDataProvider& in, v1::GemmOptions* o) {
-  static const char* kKernels[] = {"", "auto", "openblas_sgemm", "nope"};
-  o->set_kernel(kKernels[in.ConsumeIntegralInRange<int>(0, 3)]);
-  o->set_accumulation(v1::Accumulation(in.ConsumeIntegralInRange<int>(0, 3)));
-}
+using fuzz::Handle;
+using fuzz::OperandBytes;
+using fuzz::Options;
 
 void Unary(FuzzedDataProvider& in, const std::string& client, std::vector<std::string>& handles) {
   v1::GemmRequest r;
@@ -57,9 +37,9 @@ void Unary(FuzzedDataProvider& in, const std::string& client, std::vector<std::s
   r.set_n(fuzz::Dim(in));
   r.set_k(fuzz::Dim(in));
   if (in.ConsumeIntegralInRange<int>(0, 2) == 0) r.set_a_handle(Handle(in, handles));
-  else r.set_a(Bytes(in, r.m(), r.k()));
+  else r.set_a(OperandBytes(in, r.m(), r.k()));
   if (in.ConsumeIntegralInRange<int>(0, 2) == 0) r.set_b_handle(Handle(in, handles));
-  else r.set_b(Bytes(in, r.k(), r.n()));
+  else r.set_b(OperandBytes(in, r.k(), r.n()));
   Options(in, r.mutable_options());
   r.set_keep_c_resident(in.ConsumeIntegralInRange<int>(0, 3) == 0);
   r.set_c_transient(in.ConsumeBool());
