@@ -20,6 +20,10 @@
 #             /metrics after the point next to hgemm_load's numbers (issue 15)
 #   python    the Python client (client/python) vs hgemm_load: bench/python_client_bench.py
 #             (2048³ unary c=16, 128x8192x8192 with B resident; needs python3 with grpcio, numpy)
+#   blas      issue 29 through the server: bf16 with transpose_b, fp32 C, alpha/beta with C_in,
+#             a strided batch, each --check'ed by hgemm_client against the CPU reference
+#   dataplane bench/dataplane.sh: one GEMM's bytes over gRPC, parallel parts and shared memory
+#             (plaintext and TLS) next to bench/tcp_ceiling's raw-TCP ceiling (issues 27, 31)
 #   tls       bench/tls_cost.sh: hgemm_load at 2048³ unary c=16 and 256³ c=64 against plaintext,
 #             TLS and TLS + token servers (certificates made at --bundle, valid for 2 days)
 #   faults    injected CUDA faults (cuda_fault_test), a real sticky fault (cuda_sticky_fault_test,
@@ -50,14 +54,14 @@ if [[ ${1:-} == --bundle ]]; then
     //bench:hgemm_load //bench:echo_server //bench:completion_latency //bench:hgemm_soak \
     //server/backend:cuda_fault_test //server/backend:cuda_sticky_fault_test \
     //server:device_failure_test //server:hgemm_server_fault_injection \
-    //server:memory_pressure_test //client/c:libhgemm_client.so
+    //server:memory_pressure_test //client/c:libhgemm_client.so //bench:tcp_ceiling
   ../shared/tools/gpu-bundle.sh --out .gpu-serve bazel-bin/server/hgemm_server \
     bazel-bin/client/hgemm_client bazel-bin/server/backend/cuda_backend_test \
     bazel-bin/bench/hgemm_load bazel-bin/bench/echo_server bazel-bin/bench/completion_latency \
     bazel-bin/bench/hgemm_soak bazel-bin/server/backend/cuda_fault_test \
     bazel-bin/server/backend/cuda_sticky_fault_test bazel-bin/server/device_failure_test \
     bazel-bin/server/hgemm_server_fault_injection bazel-bin/server/memory_pressure_test \
-    bazel-bin/client/c/libhgemm_client.so
+    bazel-bin/client/c/libhgemm_client.so bazel-bin/bench/tcp_ceiling
   tools/make_test_certs.sh .gpu-serve/certs  # the GPU machine may have no openssl
   mkdir -p .gpu-pack
   grep -qx "/.gpu-pack/" .git/info/exclude || echo "/.gpu-pack/" >> .git/info/exclude
@@ -226,6 +230,16 @@ client --shape=8192x8192x8192 --mode=stream --check --repeat=2 || echo "FAILED: 
 
 fi
 
+if want blas; then
+  echo "== issue 29 through the server (bf16, transposes, fp32 C, alpha/beta, batch)"
+  client --shape=4096x4096x4096 --dtype=bf16 --transpose_b --check --repeat=2 || echo "FAILED: bf16 NT"
+  client --shape=1000x999x1001 --transpose_a --c_dtype=fp32 --check --repeat=2 || echo "FAILED: TN fp32 C"
+  client --shape=2048x2048x2048 --alpha=0.5 --beta=2 --check --repeat=2 || echo "FAILED: alpha/beta"
+  client --shape=1024x1024x1024 --dtype=bf16 --alpha=1.5 --beta=-1 --mode=stream --check ||
+    echo "FAILED: streamed bf16 alpha/beta"
+  client --shape=512x512x512 --batch=64 --check --repeat=2 || echo "FAILED: batch 64"
+fi
+
 if want resident; then
   echo "== resident operands"
   for mode in none b; do
@@ -346,6 +360,11 @@ if want python; then
     --csv="$out/python_client_bench.csv" | tee "$out/python_client_bench.md" ||
     echo "FAILED: python_client_bench"
   kill -TERM $python_pid; wait $python_pid || true
+fi
+if want dataplane; then
+  echo "== the data plane (bench/dataplane.sh)"
+  OUT=$out timeout 580 bench/dataplane.sh --bin "$PWD/.gpu-serve/bin" --certs .gpu-serve/certs ||
+    echo "FAILED: dataplane.sh"
 fi
 if want tls; then
   echo "== the cost of TLS (bench/tls_cost.sh)"
