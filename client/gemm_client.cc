@@ -517,8 +517,12 @@ bool GemmClient::ShouldStream(const v1::GemmRequest& request, const CallOptions&
 bool GemmClient::ShouldSendParts(const v1::GemmRequest& request, const CallOptions& options) {
   const bool no_region = !request.has_a_region() && !request.has_b_region() &&
                          !request.has_c_region() && !request.keep_c_resident();
+  // Parts carry one plain GEMM's A and B: a C input (alpha/beta) or a batch goes the old way.
+  const bool plain = !request.has_alpha() && request.beta() == 0 &&
+                     request.c_in_source_case() == v1::GemmRequest::C_IN_SOURCE_NOT_SET &&
+                     request.batch() <= 1;
   const int64_t bytes = int64_t(request.a().size() + request.b().size()) + ResultBytes(request);
-  return options.parallel_parts > 1 && no_region && bytes >= options.parallel_min_bytes &&
+  return options.parallel_parts > 1 && no_region && plain && bytes >= options.parallel_min_bytes &&
          (request.a_source_case() == v1::GemmRequest::kA ||
           request.b_source_case() == v1::GemmRequest::kB);
 }

@@ -218,7 +218,8 @@ class GemmClient {
   // bytes), on part connection `route` as UploadPart's.
   grpc::Status DownloadRange(const std::string& handle, uint64_t offset, uint64_t length,
                              char* into, int route, const CallOptions& options = {}) const;
-  // True if Run() would send this request as parallel parts.
+  // True if Run() would send this request as parallel parts: large enough, A or B inline, C
+  // returned, and no alpha, beta, C input or batch (those go the old way).
   static bool ShouldSendParts(const v1::GemmRequest& request, const CallOptions& options);
 
   // Shared memory (same host, over a "unix:" target; see client/shared_region.h): maps `bytes`

@@ -6,6 +6,7 @@
 #include <random>
 #include <string>
 #include <thread>
+#include <utility>
 
 #include "client/gemm_client.h"
 #include "proto/numerics/cpu_gemm.h"
@@ -90,6 +91,24 @@ TEST_F(PartsTest, TransposedBf16WithFp32CAsParts) {
   EXPECT_LT(RelativeErrorOfC(r, response.c()),
             ServiceTolerance(false, {.transpose_a = true, .transpose_b = true,
                                      .bf16 = true, .c_fp32 = true}));
+}
+
+// Parts carry A and B only: a GEMM with alpha/beta and C_in, or a batch, goes the old way and
+// keeps its semantics.
+TEST_F(PartsTest, ScaledAndBatchedGemmsKeepTheirSemanticsThroughRun) {
+  v1::GemmRequest scaled = RandomRequest(96, 80, 70, rng_);
+  scaled.set_alpha(0.5f);
+  scaled.set_beta(-2.0f);
+  SetRandomCIn(&scaled, rng_);
+  const v1::GemmRequest batched = FormRequest(40, 24, 33, false, false, v1::DATA_TYPE_FP16,
+                                             v1::DATA_TYPE_UNSPECIFIED, rng_, /*batch=*/3);
+  for (const v1::GemmRequest* r : {&std::as_const(scaled), &batched}) {
+    EXPECT_FALSE(GemmClient::ShouldSendParts(*r, As("alice")));
+    v1::GemmResponse response;
+    grpc::Status s = client_->Run(*r, &response, As("alice"));
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    EXPECT_LT(RelativeErrorOfC(*r, response.c()), kServiceTolerance.fp32_acc);
+  }
 }
 
 TEST_F(PartsTest, PartsOutOfOrderOverSeveralConnectionsAndRangedDownloads) {
