@@ -409,8 +409,12 @@ void hgemm_gemm(hgemm_client_t* client, const hgemm_gemm_options_t* options, uin
     hgemm::v1::GemmRequest request;
     BuildRequest(*options, m, n, k, a, a_bytes, b, b_bytes, &request);
     const hgemm::CallOptions call = CallOptionsOf(client, options->timeout_ms, "");
+    // Auto: parallel parts for the largest GEMMs (GemmClient::Run, C copied once out of the
+    // ranged downloads), else a stream above the unary limit.
+    const bool parts = options->mode == HGEMM_MODE_AUTO &&
+                       hgemm::GemmClient::ShouldSendParts(request, call);
     const bool streamed = options->mode == HGEMM_MODE_STREAM ||
-                          (options->mode == HGEMM_MODE_AUTO &&
+                          (options->mode == HGEMM_MODE_AUTO && !parts &&
                            hgemm::GemmClient::ShouldStream(request, call));
     hgemm::v1::GemmResponse response;
     // One try: C's chunks straight into the caller's buffer, or one copy out of the response.
@@ -425,7 +429,8 @@ void hgemm_gemm(hgemm_client_t* client, const hgemm_gemm_options_t* options, uin
         if (status.ok()) response = std::move(results[0].response);
         return status;
       }
-      grpc::Status status = client->client.Gemm(request, &response, try_call);
+      grpc::Status status = parts ? client->client.Run(request, &response, try_call)
+                                  : client->client.Gemm(request, &response, try_call);
       if (!status.ok()) return status;
       const size_t c_bytes = hgemm::GemmClient::ResultBytes(request);
       if (response.c().size() != c_bytes) {

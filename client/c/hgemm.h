@@ -88,7 +88,10 @@ enum {
 
 /* How a GEMM travels. */
 enum {
-  HGEMM_MODE_AUTO = 0,   /* unary up to the client's unary_limit_bytes, else a GemmStream */
+  /* hgemm_gemm(): parallel parts (A, B, C over 4 connections) for a plain GEMM of at least
+   * 16 MiB of A + B + C, else unary up to the client's unary_limit_bytes, else a GemmStream;
+   * the other calls: no parts. */
+  HGEMM_MODE_AUTO = 0,
   HGEMM_MODE_UNARY = 1,  /* one Gemm call */
   HGEMM_MODE_STREAM = 2  /* a one-GEMM GemmStream, operands in chunks */
 };
@@ -117,7 +120,7 @@ typedef struct hgemm_gemm_info_t {
   char device_name[128];
   int stream_id;
   char request_id[128];
-  unsigned char streamed; /* 1 if it went on a GemmStream, 0 if unary */
+  unsigned char streamed; /* 1 if it went on a GemmStream, 0 if unary or parallel parts */
 } hgemm_gemm_info_t;
 
 /* A resident matrix as the server describes it (proto MatrixInfo, but for its handle). */

@@ -239,6 +239,15 @@ TEST_F(HgemmC, UnaryAndStreamedGemmsMatchTheReference) {
   EXPECT_EQ(info.streamed, 0);
 }
 
+TEST_F(HgemmC, AutoSendsTheLargestGemmsAsParallelParts) {
+  // A, B and C past the client's parallel_min_bytes (16 MiB; C is 3000·3000·2 bytes): parts over
+  // their own connections, not the GemmStream the 3 MiB unary limit would pick.
+  hgemm_gemm_info_t info;
+  EXPECT_LT(RandomGemm(3000, 3000, 16, HGEMM_MODE_AUTO, 5, &info),
+            hgemm::kServiceTolerance.fp32_acc);
+  EXPECT_EQ(info.streamed, 0);
+}
+
 TEST_F(HgemmC, WrongOperandSizesAreRefusedBeforeSending) {
   const std::vector<uint16_t> a(6), b(6);
   std::vector<uint16_t> c(4, kPoison);
