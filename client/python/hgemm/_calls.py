@@ -31,6 +31,10 @@ from ._spec import Spec, batched_spec, normalize_pairs, stream_requests
 from ._stream_collector import StreamCollector
 from ._transfers import DownloadBuffer, upload_messages
 
+# The native core's CallOptions::parallel_min_bytes (client/gemm_client.h): GEMMs moving this
+# many bytes of A, B and C go as parallel parts (HGEMM_MODE_AUTO).
+_PARTS_MIN_BYTES = 16 << 20
+
 
 @dataclasses.dataclass
 class Rpc:
@@ -192,7 +196,7 @@ class Calls:
         yield from self._server_limit(spec, mode, timeout)
         if self._on_native_core(spec):
             c, info = yield from self._on_native(self.native.gemm,
-                                                 (spec, self.config.streams(spec, mode), out),
+                                                 (spec, self._native_path(spec, mode), out),
                                                  timeout, idempotent=True,
                                                  nbytes=spec.payload_bytes + spec.c_bytes,
                                                  start=self.native.gemm_start)
@@ -379,6 +383,15 @@ class Calls:
             return []
         results = yield from self._many(specs, timeout, details, as_torch, started)
         return finish_many(results, return_exceptions)
+
+    def _native_path(self, spec: Spec, mode: Optional[str]) -> Optional[bool]:
+        """The native core's `streamed` for a GEMM: None (the core picks: parallel parts over
+        several connections) for one in auto mode as large as the core's parallel_min_bytes,
+        else whether it streams."""
+        if ((mode or self.config.mode) == "auto" and not spec.scaled() and spec.batch == 1
+                and spec.payload_bytes + spec.c_bytes >= _PARTS_MIN_BYTES):
+            return None
+        return self.config.streams(spec, mode)
 
     def _on_native_core(self, spec: Spec) -> bool:
         """Whether a GEMM goes through the native core: one is loaded and the GEMM returns C

@@ -33,11 +33,17 @@ from ._resident import handle_replica
 LIBRARY_NAME = "libhgemm_client.so"
 ABI_VERSION = 1  # HGEMM_ABI_VERSION of the client/c/hgemm.h this module binds
 ABI_REVISION = 2  # the HGEMM_ABI_REVISION whose functions it calls (batches, transposes, types)
-MODE_UNARY, MODE_STREAM = 1, 2
+MODE_AUTO, MODE_UNARY, MODE_STREAM = 0, 1, 2
 # HGEMM_DTYPE_* (proto DataType's values) of a Spec's dtype names.
 _DTYPES = {"fp16": pb.DATA_TYPE_FP16, "bf16": pb.DATA_TYPE_BF16, "fp32": pb.DATA_TYPE_FP32}
 _BATCH_ADD_FAILED = ctypes.c_size_t(-1).value  # SIZE_MAX
 _GEMM_ID = re.compile(r"^gemm_id (\d+): ")
+
+
+def _mode(streamed: Optional[bool]) -> int:
+    """The C ABI's mode of a GEMM: None lets the core pick (parallel parts for the largest,
+    else by size), else a GemmStream or one Gemm call."""
+    return MODE_AUTO if streamed is None else MODE_STREAM if streamed else MODE_UNARY
 _CODES = {code.value[0]: code for code in grpc.StatusCode}
 
 _lock = threading.Lock()
@@ -339,12 +345,13 @@ class NativeClient:
         lib.hgemm_gemm_options_set_c_dtype(options, _DTYPES[spec.c_dtype])
         return options
 
-    def gemm(self, spec, streamed: bool, out: Optional[np.ndarray], timeout: Optional[float]):
+    def gemm(self, spec, streamed: Optional[bool], out: Optional[np.ndarray],
+             timeout: Optional[float]):
         """(C, GemmInfo) of a Spec sent as it is (operands from the arrays' memory, transposed
         views as stored, or by handle); C is written into `out`, else into a new buffer and
         returned as spec.c_array makes it (float16, float32, bf16 widened to float32).
         REQUIRES: not spec.keep_c; out is None or passed _arrays.check_out (of C's type)."""
-        options = self._gemm_options(spec, MODE_STREAM if streamed else MODE_UNARY, timeout)
+        options = self._gemm_options(spec, _mode(streamed), timeout)
         try:
             buffer = np.empty(spec.c_bytes, dtype=np.uint8) if out is None else out
             info = GemmInfo()
@@ -355,13 +362,13 @@ class NativeClient:
         finally:
             self._lib.hgemm_gemm_options_destroy(options)
 
-    def gemm_start(self, spec, streamed: bool, out: Optional[np.ndarray],
+    def gemm_start(self, spec, streamed: Optional[bool], out: Optional[np.ndarray],
                    timeout: Optional[float], on_done) -> "NativeCall":
         """gemm() without waiting: returns at once, and on_done((C, GemmInfo), None) or
         on_done(None, NativeRpcError) runs later, once, on a library thread (on this one when the
         GEMM is refused at once). It must not block. Raises NativeRpcError (and on_done never
         runs) when the library refuses the GEMM before sending it."""
-        options = self._gemm_options(spec, MODE_STREAM if streamed else MODE_UNARY, timeout)
+        options = self._gemm_options(spec, _mode(streamed), timeout)
         buffer = np.empty(spec.c_bytes, dtype=np.uint8) if out is None else out
         c = out if out is not None else spec.c_array(buffer)
 

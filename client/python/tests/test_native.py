@@ -3,12 +3,13 @@ native core does. The rest of the suite runs against both cores (tools/test_pyth
 import os
 import subprocess
 import sys
+import urllib.request
 
 import numpy as np
 import pytest
 
 import hgemm
-from conftest import FP32_TOLERANCE, fp16, rel_error
+from conftest import FP32_TOLERANCE, Server, fp16, free_port, rel_error
 
 _INFO = "import hgemm, json; print(json.dumps(hgemm.info()))"
 
@@ -221,3 +222,22 @@ def test_aio_native_errors_timeouts_and_cancellation(server, rng):
         asyncio.run(main())
     finally:
         silent.close()
+
+
+def test_native_core_sends_the_largest_gemms_as_parallel_parts(rng):
+    """Auto mode: a GEMM moving at least 16 MiB goes as parallel parts (CreateUpload and
+    UploadPart calls on the server's metrics), and C is right."""
+    metrics_port = free_port()
+    s = Server("--cpu_workers=2", f"--metrics_listen=127.0.0.1:{metrics_port}")
+    try:
+        a, b = fp16(rng, 3000, 16), fp16(rng, 16, 3000)  # C: 3000·3000·2 bytes
+        with _native_client(s.address, timeout=120) as c:
+            assert _error64(c.gemm(a, b), a, b) < FP32_TOLERANCE
+        text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics",
+                                      timeout=30).read().decode()
+        parts = [line for line in text.splitlines()
+                 if line.startswith("hgemm_requests_total") and 'rpc="UploadPart"' in line
+                 and 'code="OK"' in line]
+        assert parts and float(parts[0].split()[-1]) >= 2, text
+    finally:
+        s.stop()
