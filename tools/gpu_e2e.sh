@@ -166,7 +166,10 @@ if want pressure; then
     flags=()
     [[ $lru == on ]] && flags=(--resident_lru_eviction)
     echo "-- LRU eviction $lru; GPU memory used before the server: $(gpu_memory)"
+    # The per-client quota (32 GiB by default) raised past the card, so that device memory is
+    # what runs out.
     hgemm_server --listen=127.0.0.1:$pport --backend=cuda --streams_per_device=4 "${flags[@]}" \
+      --resident_quota_bytes=$((1 << 40)) \
       >"$out/pressure_server_lru_$lru.log" 2>&1 &
     pressure_pid=$!
     if wait_for_server $pport; then
