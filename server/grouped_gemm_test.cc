@@ -7,6 +7,7 @@
 #include <optional>
 #include <random>
 #include <string>
+#include <string_view>
 #include <tuple>
 #include <vector>
 
@@ -167,6 +168,54 @@ TEST_F(GroupedGemmTest, RefusalsNameTheirFieldAndTheServerKeepsServing) {
   v1::GemmResponse response;
   ASSERT_TRUE(client_->Gemm(good, &response).ok());
   EXPECT_LT(RelativeErrorOfC(good, response.c()), kServiceTolerance.fp32_acc);
+}
+
+// GemmClient::GemmGrouped packs the problems' operands and splits C back per problem; it
+// refuses an empty group and an operand of the wrong size before any call.
+TEST_F(GroupedGemmTest, ClientPacksOperandsAndSplitsC) {
+  v1::GemmRequest r = GroupRequest(kOddProblems, true, false, v1::DATA_TYPE_BF16,
+                                   v1::DATA_TYPE_FP32, rng_);
+  r.set_alpha(-2);
+  r.set_beta(0.5f);
+  SetRandomCIn(&r, rng_);
+  std::vector<GroupedOperands> problems;
+  size_t a_offset = 0, b_offset = 0, c_offset = 0;
+  for (auto [m, n, k] : kOddProblems) {
+    problems.push_back({.m = m, .n = n, .k = k,
+                        .a = std::string_view(r.a()).substr(a_offset, 2 * m * k),
+                        .b = std::string_view(r.b()).substr(b_offset, 2 * k * n),
+                        .c_in = std::string_view(r.c_in()).substr(c_offset, 4 * m * n)});
+    a_offset += 2 * m * k;
+    b_offset += 2 * k * n;
+    c_offset += 4 * m * n;
+  }
+  std::vector<std::string> c;
+  v1::GemmResponse response;
+  ASSERT_TRUE(client_->GemmGrouped(r, problems, &c, &response).ok());
+  ASSERT_EQ(c.size(), kOddProblems.size());
+  std::string packed;
+  for (size_t i = 0; i < c.size(); ++i) {
+    EXPECT_EQ(c[i].size(), 4 * std::get<0>(kOddProblems[i]) * std::get<1>(kOddProblems[i])) << i;
+    packed += c[i];
+  }
+  EXPECT_LT(RelativeErrorOfC(r, packed), kKernelTolerance.fp32_acc);
+  EXPECT_TRUE(response.c().empty());
+  EXPECT_EQ(response.execution().backend(), "cpu");
+
+  const uint64_t admitted = [&] {
+    v1::ServerInfo info;
+    EXPECT_TRUE(client_->GetServerInfo(&info).ok());
+    return info.load().admitted_total();
+  }();
+  grpc::Status s = client_->GemmGrouped(r, {}, &c);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  problems[2].b = problems[2].b.substr(2);
+  s = client_->GemmGrouped(r, problems, &c);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(s.error_message().rfind("problems[2].b:", 0), 0u) << s.error_message();
+  v1::ServerInfo info;
+  ASSERT_TRUE(client_->GetServerInfo(&info).ok());
+  EXPECT_EQ(info.load().admitted_total(), admitted);  // neither was sent
 }
 
 TEST_F(GroupedGemmTest, ListKernelsAndLimitsSayGroupsAreTaken) {
