@@ -31,6 +31,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "proto/hgemm.grpc.pb.h"
@@ -191,11 +192,13 @@ class GemmClient {
   grpc::Status GetServerInfo(v1::ServerInfo* response, const CallOptions& options = {}) const;
 
   // Resident matrices. `data` holds rows·cols values of `dtype` (UNSPECIFIED: fp16; fp16 or
-  // bf16: 2·rows·cols bytes). The upload goes to options.replica if set (info->replica() says where it went).
-  grpc::Status UploadMatrix(uint32_t rows, uint32_t cols, const std::string& data,
+  // bf16: 2·rows·cols bytes), sent from where it lies. The upload goes to options.replica if set
+  // (info->replica() says where it went), onto CUDA device `device_id` (< 0: the server picks).
+  grpc::Status UploadMatrix(uint32_t rows, uint32_t cols, std::string_view data,
                             v1::MatrixInfo* info, uint32_t ttl_seconds = 0,
                             const std::string& label = "", const CallOptions& options = {},
-                            v1::DataType dtype = v1::DATA_TYPE_UNSPECIFIED) const;
+                            v1::DataType dtype = v1::DATA_TYPE_UNSPECIFIED,
+                            int32_t device_id = -1) const;
   // *freed_bytes (if not null): the bytes the server freed.
   grpc::Status ReleaseMatrix(const std::string& handle, const CallOptions& options = {},
                              uint64_t* freed_bytes = nullptr) const;
@@ -204,6 +207,14 @@ class GemmClient {
                             const CallOptions& options = {}) const;
   grpc::Status DownloadMatrix(const std::string& handle, std::string* data,
                               const CallOptions& options = {}) const;
+  // Bytes [offset, offset + length) of a resident matrix (length 0: to its end) written into
+  // caller memory as they arrive, on the handle's channel; *received (if not null): the bytes
+  // written. INVALID_ARGUMENT naming the capacity, the call cancelled and nothing written past
+  // it, when the bytes would not fit (known from the first chunk's total_bytes when length is
+  // 0); INTERNAL when the server sends another range (one that ignores ranges).
+  grpc::Status DownloadInto(const std::string& handle, uint64_t offset, uint64_t length,
+                            CBuffer into, uint64_t* received,
+                            const CallOptions& options = {}) const;
 
   // Uploads by parts (see "Parallel parts"): CreateUpload of a rows×cols matrix of `dtype`,
   // then UploadPart of `bytes` at byte `offset` (in chunks of options.chunk_bytes) on `route`
@@ -253,6 +264,10 @@ class GemmClient {
   // Run() as parallel parts; UNIMPLEMENTED from a server without CreateUpload.
   grpc::Status RunParts(const v1::GemmRequest& request, v1::GemmResponse* response,
                         const CallOptions& options) const;
+  // One DownloadMatrix call on `route`: DownloadInto's.
+  grpc::Status DownloadOn(const Route& route, const std::string& handle, uint64_t offset,
+                          uint64_t length, CBuffer into, uint64_t* received,
+                          const CallOptions& options) const;
   // The route of a call naming `handle` (empty: none), else of options.replica.
   Route RouteFor(const std::string& handle, const CallOptions& options) const;
   // One GemmStream call on `route` for all of `requests` (gemm_id = index); c_into as

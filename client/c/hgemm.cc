@@ -13,6 +13,7 @@
 #include <memory>
 #include <mutex>
 #include <new>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -67,11 +68,21 @@ struct hgemm_gemm_options_t {
   bool transpose_b = false;
   int dtype = HGEMM_DTYPE_DEFAULT;
   int c_dtype = HGEMM_DTYPE_DEFAULT;
+  std::optional<float> alpha;
+  float beta = 0;
+  const void* c_in = nullptr;  // the caller's, read by each call
+  size_t c_in_bytes = 0;
+  std::string c_in_handle;
+  uint32_t batch = 0;
 };
 
 struct hgemm_call_options_t {
   int64_t timeout_ms = -1;  // < 0: the client's
   std::string replica;
+};
+
+struct hgemm_matrix_list_t {
+  hgemm::v1::ListMatricesResponse proto;
 };
 
 struct hgemm_server_info_t {
@@ -193,10 +204,12 @@ grpc::Status CheckSizes(const hgemm_gemm_options_t& options, uint32_t m, uint32_
   const char* type = options.dtype == HGEMM_DTYPE_BF16 ? "bf16" : "fp16";
   const char* c_type = options.c_dtype == HGEMM_DTYPE_FP32 ? "fp32" : type;
   const unsigned c_size = options.c_dtype == HGEMM_DTYPE_FP32 ? 4 : 2;
-  // uint32 dimensions: 2·m·k < 2^65 only fits unsigned __int128; 2^64 bytes are never passed.
-  const unsigned __int128 a_want = 2 * static_cast<unsigned __int128>(m) * k;
-  const unsigned __int128 b_want = 2 * static_cast<unsigned __int128>(k) * n;
-  const unsigned __int128 c_want = c_size * static_cast<unsigned __int128>(m) * n;
+  // uint32 dimensions: batch·2·m·k < 2^98 only fits unsigned __int128; 2^64 bytes are never
+  // passed.
+  const unsigned __int128 batch = std::max<uint32_t>(options.batch, 1);
+  const unsigned __int128 a_want = batch * 2 * m * k;
+  const unsigned __int128 b_want = batch * 2 * k * n;
+  const unsigned __int128 c_want = batch * c_size * m * n;
   if (a_by_handle ? a != nullptr || a_bytes != 0 : a_bytes != a_want || (a == nullptr && a_bytes)) {
     return bad(a_by_handle ? "a: pass NULL and 0 bytes for an A given by handle"
                            : fmt::format("a_bytes is {}; an {}x{} {} A is {} bytes", a_bytes, m,
@@ -206,6 +219,16 @@ grpc::Status CheckSizes(const hgemm_gemm_options_t& options, uint32_t m, uint32_
     return bad(b_by_handle ? "b: pass NULL and 0 bytes for a B given by handle"
                            : fmt::format("b_bytes is {}; a {}x{} {} B is {} bytes", b_bytes, k,
                                          n, type, static_cast<uint64_t>(b_want)));
+  }
+  if (options.c_in != nullptr || options.c_in_bytes != 0) {
+    if (!options.c_in_handle.empty()) {
+      return bad("c_in: given both as bytes and by handle (c_in_handle); pass one");
+    }
+    if (options.c_in == nullptr || options.c_in_bytes != c_want) {
+      return bad(fmt::format("c_in_bytes is {}; a C_in of {} {}x{} {} is {} bytes",
+                             options.c_in_bytes, static_cast<uint64_t>(batch), m, n, c_type,
+                             static_cast<uint64_t>(c_want)));
+    }
   }
   if (c_capacity < c_want) {
     return bad(fmt::format("c_capacity is {} bytes; an {}x{} {} C needs {} (nothing was sent)",
@@ -240,6 +263,32 @@ void BuildRequest(const hgemm_gemm_options_t& options, uint32_t m, uint32_t n, u
   request->set_transpose_b(options.transpose_b);
   request->set_dtype(static_cast<hgemm::v1::DataType>(options.dtype));
   request->set_c_dtype(static_cast<hgemm::v1::DataType>(options.c_dtype));
+  if (options.alpha) request->set_alpha(*options.alpha);
+  request->set_beta(options.beta);
+  // A C input with beta 0 is never read: not sent.
+  if (options.beta != 0 && options.c_in != nullptr) {
+    request->set_c_in(options.c_in, options.c_in_bytes);
+  } else if (options.beta != 0 && !options.c_in_handle.empty()) {
+    request->set_c_in_handle(options.c_in_handle);
+  }
+  request->set_batch(options.batch);
+}
+
+hgemm_matrix_info_t MatrixInfoOf(const hgemm::v1::MatrixInfo& matrix) {
+  return hgemm_matrix_info_t{matrix.rows(), matrix.cols(), matrix.bytes(), matrix.device_id(),
+                             matrix.ttl_seconds()};
+}
+
+// A call's retries (client/retry.h) of attempt(CallOptions of the try).
+template <typename Attempt>
+grpc::Status Retried(const hgemm_client_t* client, const hgemm::CallOptions& call,
+                     bool idempotent, Attempt attempt) {
+  return hgemm::WithRetries(client->retry, call.timeout, idempotent,
+                            [&](std::chrono::milliseconds remaining) {
+                              hgemm::CallOptions try_call = call;
+                              try_call.timeout = remaining;
+                              return attempt(try_call);
+                            });
 }
 
 }  // namespace
@@ -380,6 +429,24 @@ void hgemm_gemm_options_set_dtype(hgemm_gemm_options_t* options, int dtype) {
 }
 void hgemm_gemm_options_set_c_dtype(hgemm_gemm_options_t* options, int c_dtype) {
   options->c_dtype = c_dtype;
+}
+
+void hgemm_gemm_options_set_alpha(hgemm_gemm_options_t* options, float alpha) {
+  options->alpha = alpha;
+}
+void hgemm_gemm_options_set_beta(hgemm_gemm_options_t* options, float beta) {
+  options->beta = beta;
+}
+void hgemm_gemm_options_set_c_in(hgemm_gemm_options_t* options, const void* c_in,
+                                 size_t c_in_bytes) {
+  options->c_in = c_in;
+  options->c_in_bytes = c_in_bytes;
+}
+void hgemm_gemm_options_set_c_in_handle(hgemm_gemm_options_t* options, const char* handle) {
+  options->c_in_handle = handle;
+}
+void hgemm_gemm_options_set_batch(hgemm_gemm_options_t* options, uint32_t batch) {
+  options->batch = batch;
 }
 
 // Call options.
@@ -582,33 +649,44 @@ unsigned char hgemm_batch_result(const hgemm_batch_t* batch, size_t i, hgemm_gem
 char* hgemm_upload(hgemm_client_t* client, const hgemm_call_options_t* options, uint32_t rows,
                    uint32_t cols, const void* data, size_t data_bytes, uint32_t ttl_seconds,
                    const char* label, hgemm_matrix_info_t* info, int* code, char** errptr) {
+  return hgemm_upload_typed(client, options, rows, cols, HGEMM_DTYPE_FP16, -1, data, data_bytes,
+                            ttl_seconds, label, info, code, errptr);
+}
+
+char* hgemm_upload_typed(hgemm_client_t* client, const hgemm_call_options_t* options,
+                         uint32_t rows, uint32_t cols, int dtype, int device_id, const void* data,
+                         size_t data_bytes, uint32_t ttl_seconds, const char* label,
+                         hgemm_matrix_info_t* info, int* code, char** errptr) {
   try {
+    if (dtype < HGEMM_DTYPE_DEFAULT || dtype > HGEMM_DTYPE_BF16) {
+      Fail(grpc::StatusCode::INVALID_ARGUMENT,
+           fmt::format("dtype {} is not HGEMM_DTYPE_DEFAULT, _FP16 or _BF16 (an uploaded matrix)",
+                       dtype),
+           code, errptr);
+      return nullptr;
+    }
+    const char* type = dtype == HGEMM_DTYPE_BF16 ? "bf16" : "fp16";
     if (data_bytes != 2 * static_cast<unsigned __int128>(rows) * cols ||
         (data == nullptr && data_bytes != 0)) {
       Fail(grpc::StatusCode::INVALID_ARGUMENT,
-           fmt::format("data_bytes is {}; a {}x{} fp16 matrix is {} bytes", data_bytes, rows, cols,
-                       2 * uint64_t{rows} * cols),
+           fmt::format("data_bytes is {}; a {}x{} {} matrix is {} bytes", data_bytes, rows, cols,
+                       type, 2 * uint64_t{rows} * cols),
            code, errptr);
       return nullptr;
     }
     hgemm::v1::MatrixInfo matrix;
-    const std::string bytes(static_cast<const char*>(data), data_bytes);
-    const hgemm::CallOptions call = CallOptionsOf(client, options);
-    auto attempt = [&](std::chrono::milliseconds remaining) {
-      hgemm::CallOptions try_call = call;
-      try_call.timeout = remaining;
-      return client->client.UploadMatrix(rows, cols, bytes, &matrix, ttl_seconds, label,
-                                         try_call);
-    };
+    const std::string_view bytes(static_cast<const char*>(data), data_bytes);
     // Not idempotent: a second upload would leave two matrices.
-    if (SaveStatus(hgemm::WithRetries(client->retry, call.timeout, false, attempt), code,
-                   errptr)) {
+    if (SaveStatus(Retried(client, CallOptionsOf(client, options), false,
+                           [&](const hgemm::CallOptions& call) {
+                             return client->client.UploadMatrix(
+                                 rows, cols, bytes, &matrix, ttl_seconds, label, call,
+                                 static_cast<hgemm::v1::DataType>(dtype), device_id);
+                           }),
+                   code, errptr)) {
       return nullptr;
     }
-    if (info != nullptr) {
-      *info = hgemm_matrix_info_t{matrix.rows(), matrix.cols(), matrix.bytes(),
-                                  matrix.device_id(), matrix.ttl_seconds()};
-    }
+    if (info != nullptr) *info = MatrixInfoOf(matrix);
     return CopyString(matrix.handle());
   } catch (...) {
     SaveException(code, errptr);
@@ -616,19 +694,146 @@ char* hgemm_upload(hgemm_client_t* client, const hgemm_call_options_t* options, 
   return nullptr;
 }
 
+char* hgemm_gemm_keep_c(hgemm_client_t* client, const hgemm_gemm_options_t* options, uint32_t m,
+                        uint32_t n, uint32_t k, const void* a, size_t a_bytes, const void* b,
+                        size_t b_bytes, uint32_t c_ttl_seconds, hgemm_gemm_info_t* info,
+                        hgemm_matrix_info_t* c_info, int* code, char** errptr) {
+  try {
+    const hgemm_gemm_options_t defaults;
+    if (options == nullptr) options = &defaults;
+    if (SaveStatus(CheckSizes(*options, m, n, k, a, a_bytes, b, b_bytes, SIZE_MAX), code,
+                   errptr)) {
+      return nullptr;
+    }
+    hgemm::v1::GemmRequest request;
+    BuildRequest(*options, m, n, k, a, a_bytes, b, b_bytes, &request);
+    request.set_keep_c_resident(true);
+    request.set_c_ttl_seconds(c_ttl_seconds);
+    const hgemm::CallOptions call = CallOptionsOf(client, options->timeout_ms, "");
+    const bool streamed = options->mode == HGEMM_MODE_STREAM ||
+                          (options->mode == HGEMM_MODE_AUTO &&
+                           hgemm::GemmClient::ShouldStream(request, call));
+    hgemm::v1::GemmResponse response;
+    // Not idempotent: a second run would keep a second C.
+    if (SaveStatus(Retried(client, call, false,
+                           [&](const hgemm::CallOptions& try_call) {
+                             if (!streamed) {
+                               return client->client.Gemm(request, &response, try_call);
+                             }
+                             std::vector<hgemm::StreamedGemm> results;
+                             grpc::Status status =
+                                 client->client.GemmStream({&request}, &results, try_call);
+                             if (status.ok()) status = results[0].status;
+                             if (status.ok()) response = std::move(results[0].response);
+                             return status;
+                           }),
+                   code, errptr)) {
+      return nullptr;
+    }
+    if (response.c_matrix().handle().empty()) {
+      Fail(grpc::StatusCode::INTERNAL, "the server kept no C (keep_c_resident ignored?)", code,
+           errptr);
+      return nullptr;
+    }
+    if (info != nullptr) FillInfo(response, streamed, info);
+    if (c_info != nullptr) *c_info = MatrixInfoOf(response.c_matrix());
+    return CopyString(response.c_matrix().handle());
+  } catch (...) {
+    SaveException(code, errptr);
+  }
+  return nullptr;
+}
+
+uint64_t hgemm_download(hgemm_client_t* client, const hgemm_call_options_t* options,
+                        const char* handle, uint64_t offset, uint64_t length, void* into,
+                        size_t capacity, int* code, char** errptr) {
+  try {
+    if (length > capacity) {
+      Fail(grpc::StatusCode::INVALID_ARGUMENT,
+           fmt::format("capacity is {} bytes, short of the {} bytes asked for (nothing was sent)",
+                       capacity, length),
+           code, errptr);
+      return 0;
+    }
+    uint64_t received = 0;
+    if (SaveStatus(Retried(client, CallOptionsOf(client, options), true,
+                           [&](const hgemm::CallOptions& call) {
+                             return client->client.DownloadInto(
+                                 handle, offset, length, {static_cast<char*>(into), capacity},
+                                 &received, call);
+                           }),
+                   code, errptr)) {
+      return 0;
+    }
+    return received;
+  } catch (...) {
+    SaveException(code, errptr);
+  }
+  return 0;
+}
+
+hgemm_matrix_list_t* hgemm_list_matrices(hgemm_client_t* client,
+                                         const hgemm_call_options_t* options, int* code,
+                                         char** errptr) {
+  try {
+    auto list = std::make_unique<hgemm_matrix_list_t>();
+    if (SaveStatus(Retried(client, CallOptionsOf(client, options), true,
+                           [&](const hgemm::CallOptions& call) {
+                             return client->client.ListMatrices(&list->proto, call);
+                           }),
+                   code, errptr)) {
+      return nullptr;
+    }
+    return list.release();
+  } catch (...) {
+    SaveException(code, errptr);
+  }
+  return nullptr;
+}
+
+void hgemm_matrix_list_destroy(hgemm_matrix_list_t* list) { delete list; }
+size_t hgemm_matrix_list_size(const hgemm_matrix_list_t* list) {
+  return list->proto.matrices_size();
+}
+uint64_t hgemm_matrix_list_client_bytes(const hgemm_matrix_list_t* list) {
+  return list->proto.client_bytes();
+}
+uint64_t hgemm_matrix_list_quota_bytes(const hgemm_matrix_list_t* list) {
+  return list->proto.quota_bytes();
+}
+void hgemm_matrix_list_info(const hgemm_matrix_list_t* list, size_t i,
+                            hgemm_matrix_info_t* info) {
+  *info = MatrixInfoOf(list->proto.matrices(i));
+}
+const char* hgemm_matrix_list_handle(const hgemm_matrix_list_t* list, size_t i) {
+  return list->proto.matrices(i).handle().c_str();
+}
+const char* hgemm_matrix_list_label(const hgemm_matrix_list_t* list, size_t i) {
+  return list->proto.matrices(i).label().c_str();
+}
+const char* hgemm_matrix_list_replica(const hgemm_matrix_list_t* list, size_t i) {
+  return list->proto.matrices(i).replica().c_str();
+}
+int hgemm_matrix_list_dtype(const hgemm_matrix_list_t* list, size_t i) {
+  return list->proto.matrices(i).dtype();
+}
+double hgemm_matrix_list_age_seconds(const hgemm_matrix_list_t* list, size_t i) {
+  return list->proto.matrices(i).age_seconds();
+}
+double hgemm_matrix_list_idle_seconds(const hgemm_matrix_list_t* list, size_t i) {
+  return list->proto.matrices(i).idle_seconds();
+}
+
 uint64_t hgemm_release(hgemm_client_t* client, const hgemm_call_options_t* options,
                        const char* handle, int* code, char** errptr) {
   try {
     uint64_t freed = 0;
-    const hgemm::CallOptions call = CallOptionsOf(client, options);
-    auto attempt = [&](std::chrono::milliseconds remaining) {
-      hgemm::CallOptions try_call = call;
-      try_call.timeout = remaining;
-      return client->client.ReleaseMatrix(handle, try_call, &freed);
-    };
     // Not idempotent: a second release of a freed matrix says NOT_FOUND.
-    if (SaveStatus(hgemm::WithRetries(client->retry, call.timeout, false, attempt), code,
-                   errptr)) {
+    if (SaveStatus(Retried(client, CallOptionsOf(client, options), false,
+                           [&](const hgemm::CallOptions& call) {
+                             return client->client.ReleaseMatrix(handle, call, &freed);
+                           }),
+                   code, errptr)) {
       return 0;
     }
     return freed;
@@ -643,14 +848,11 @@ hgemm_server_info_t* hgemm_server_info(hgemm_client_t* client,
                                        char** errptr) {
   try {
     auto info = std::make_unique<hgemm_server_info_t>();
-    const hgemm::CallOptions call = CallOptionsOf(client, options);
-    auto attempt = [&](std::chrono::milliseconds remaining) {
-      hgemm::CallOptions try_call = call;
-      try_call.timeout = remaining;
-      return client->client.GetServerInfo(&info->proto, try_call);
-    };
-    if (SaveStatus(hgemm::WithRetries(client->retry, call.timeout, true, attempt), code,
-                   errptr)) {
+    if (SaveStatus(Retried(client, CallOptionsOf(client, options), true,
+                           [&](const hgemm::CallOptions& call) {
+                             return client->client.GetServerInfo(&info->proto, call);
+                           }),
+                   code, errptr)) {
       return nullptr;
     }
     return info.release();

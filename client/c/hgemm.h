@@ -48,7 +48,7 @@ extern "C" {
 #endif
 
 #define HGEMM_ABI_VERSION 1
-#define HGEMM_ABI_REVISION 2
+#define HGEMM_ABI_REVISION 3
 
 /* gRPC status codes (grpc::StatusCode), as *code reports them. */
 enum {
@@ -103,6 +103,7 @@ typedef struct hgemm_call_options_t hgemm_call_options_t;
 typedef struct hgemm_server_info_t hgemm_server_info_t;
 typedef struct hgemm_batch_t hgemm_batch_t; /* [revision 2] */
 typedef struct hgemm_call_t hgemm_call_t;   /* [revision 2] */
+typedef struct hgemm_matrix_list_t hgemm_matrix_list_t; /* [revision 3] */
 
 /* What the server reports of one GEMM: proto Timing and Execution. Strings longer than their
  * array are cut off (always NUL-terminated). */
@@ -249,6 +250,29 @@ HGEMM_EXPORT void hgemm_gemm_options_set_transpose_b(hgemm_gemm_options_t* optio
 HGEMM_EXPORT void hgemm_gemm_options_set_dtype(hgemm_gemm_options_t* options, int dtype);
 HGEMM_EXPORT void hgemm_gemm_options_set_c_dtype(hgemm_gemm_options_t* options, int c_dtype);
 
+/* [revision 3] Scales, a C input and batches (proto GemmRequest's alpha, beta, c_in,
+ * c_in_handle, batch): C = alpha·op(A)·op(B) + beta·C_in in fp32, rounded once (BLAS
+ * semantics; the server refuses them, INVALID_ARGUMENT, for kernels and types without
+ * KernelInfo.scaled_types). Defaults: no alpha (1), beta 0, no C input, batch 0 (one GEMM).
+ * alpha and beta must be finite (the server's INVALID_ARGUMENT). */
+HGEMM_EXPORT void hgemm_gemm_options_set_alpha(hgemm_gemm_options_t* options, float alpha);
+HGEMM_EXPORT void hgemm_gemm_options_set_beta(hgemm_gemm_options_t* options, float beta);
+/* C_in as bytes: batch·m·n elements of C's type (c_dtype), c_in_bytes of them, read by each
+ * call made with these options (the options keep the pointer, not a copy: the memory must stay
+ * alive and unchanged while such a call runs; hgemm_batch_add copies it). NULL and 0: none.
+ * A call refuses, INVALID_ARGUMENT before sending, a c_in_bytes that is not C's size, and a
+ * C_in given both as bytes and by handle. It is sent only with beta ≠ 0. */
+HGEMM_EXPORT void hgemm_gemm_options_set_c_in(hgemm_gemm_options_t* options, const void* c_in,
+                                              size_t c_in_bytes);
+/* C_in is the resident matrix `handle` (m×n of C's type, e.g. a C kept by hgemm_gemm_keep_c);
+ * "": none. */
+HGEMM_EXPORT void hgemm_gemm_options_set_c_in_handle(hgemm_gemm_options_t* options,
+                                                     const char* handle);
+/* Strided-batched: `batch` GEMMs of one shape packed one after the other in a, b, C_in and c
+ * (each buffer `batch` times one matrix's bytes; 0 or 1: one GEMM). Operands by handle take
+ * batch <= 1 (the server's INVALID_ARGUMENT). */
+HGEMM_EXPORT void hgemm_gemm_options_set_batch(hgemm_gemm_options_t* options, uint32_t batch);
+
 /* Options of the other calls (upload, release, server info). */
 
 /* Defaults: the client's timeout, balanced over the target. */
@@ -264,7 +288,8 @@ HGEMM_EXPORT void hgemm_call_options_set_replica(hgemm_call_options_t* options,
 /* Calls. Each blocks the calling thread until the call is over. */
 
 /* C = op(A)·op(B): op(A) is m×k, op(B) k×n, C m×n, row-major, dense, little-endian; fp16 unless
- * the options set transposes and types. Unary or streamed as the options' mode says. a (a_bytes
+ * the options set transposes and types (and scales, a C input or a batch [revision 3]: then
+ * every size below is times the batch). Unary or streamed as the options' mode says. a (a_bytes
  * = 2·m·k) and b (b_bytes = 2·k·n) are read during the call only; an operand named by handle
  * (options) passes NULL and 0. C is written into c, of c_capacity bytes, which must hold m·n
  * elements of C's type (2·m·n bytes, 4·m·n for fp32); info (may be NULL) gets the timing and
@@ -355,6 +380,66 @@ HGEMM_EXPORT char* hgemm_upload(hgemm_client_t* client, const hgemm_call_options
                                 uint32_t rows, uint32_t cols, const void* data, size_t data_bytes,
                                 uint32_t ttl_seconds, const char* label, hgemm_matrix_info_t* info,
                                 int* code, char** errptr);
+
+/* [revision 3] hgemm_upload() of a matrix of `dtype` (HGEMM_DTYPE_DEFAULT or _FP16: fp16,
+ * _BF16: bf16; data_bytes 2·rows·cols either way) kept on CUDA device `device_id` (< 0: the one
+ * with the most free memory; the CPU backend ignores it). data is sent from where it lies (no
+ * copy). Errors as hgemm_upload's, and INVALID_ARGUMENT before sending for a dtype that is not
+ * one of those. */
+HGEMM_EXPORT char* hgemm_upload_typed(hgemm_client_t* client, const hgemm_call_options_t* options,
+                                      uint32_t rows, uint32_t cols, int dtype, int device_id,
+                                      const void* data, size_t data_bytes, uint32_t ttl_seconds,
+                                      const char* label, hgemm_matrix_info_t* info, int* code,
+                                      char** errptr);
+
+/* [revision 3] hgemm_gemm() whose C stays on the server as a resident matrix (proto
+ * keep_c_resident) instead of coming back: e.g. the next GEMM's A or C_in. Returns C's handle
+ * (malloc()ed; hgemm_free()), NULL on failure. c_ttl_seconds: as hgemm_upload's ttl_seconds.
+ * info (may be NULL): the GEMM's timing and execution; c_info (may be NULL): the kept m×n C
+ * as the server describes it. The options' mode is honoured (HGEMM_MODE_AUTO:
+ * a GemmStream when A + B pass the unary limit, never parallel parts). Errors: hgemm_gemm()'s
+ * (with no C buffer to check); retried only where UNAVAILABLE certainly did not run it (a
+ * second run would keep a second C). */
+HGEMM_EXPORT char* hgemm_gemm_keep_c(hgemm_client_t* client, const hgemm_gemm_options_t* options,
+                                     uint32_t m, uint32_t n, uint32_t k, const void* a,
+                                     size_t a_bytes, const void* b, size_t b_bytes,
+                                     uint32_t c_ttl_seconds, hgemm_gemm_info_t* info,
+                                     hgemm_matrix_info_t* c_info, int* code, char** errptr);
+
+/* [revision 3] Bytes [offset, offset + length) of the resident matrix `handle` (on the replica
+ * it names; length 0: from offset to its end) written into `into` as they arrive, capacity bytes
+ * at most. Returns the bytes written (0 on failure). options may be NULL. Errors:
+ * INVALID_ARGUMENT before sending when length > capacity, or, the call cancelled, when the
+ * matrix's bytes from offset pass capacity (known at its first chunk: nothing written then);
+ * the server's OUT_OF_RANGE for a range past the matrix's end, NOT_FOUND, PERMISSION_DENIED;
+ * INTERNAL when the server sends another range than asked for (a server from before ranges
+ * with offset or length set). On failure `into` may have been partly written, never past
+ * capacity. Retried as hgemm_gemm() (idempotent). */
+HGEMM_EXPORT uint64_t hgemm_download(hgemm_client_t* client, const hgemm_call_options_t* options,
+                                     const char* handle, uint64_t offset, uint64_t length,
+                                     void* into, size_t capacity, int* code, char** errptr);
+
+/* [revision 3] ListMatrices: this client's resident matrices on the replica the call reaches
+ * (the options' replica, else balanced; options may be NULL). Returns NULL on failure. Free with
+ * hgemm_matrix_list_destroy(). Thread safety: a list is read-only; any thread may read it. */
+HGEMM_EXPORT hgemm_matrix_list_t* hgemm_list_matrices(hgemm_client_t* client,
+                                                      const hgemm_call_options_t* options,
+                                                      int* code, char** errptr);
+HGEMM_EXPORT void hgemm_matrix_list_destroy(hgemm_matrix_list_t* list);
+HGEMM_EXPORT size_t hgemm_matrix_list_size(const hgemm_matrix_list_t* list);
+/* The client's resident bytes and its quota there. */
+HGEMM_EXPORT uint64_t hgemm_matrix_list_client_bytes(const hgemm_matrix_list_t* list);
+HGEMM_EXPORT uint64_t hgemm_matrix_list_quota_bytes(const hgemm_matrix_list_t* list);
+/* Matrix i's fields (REQUIRES: i < hgemm_matrix_list_size(list)). Strings live as long as the
+ * list. dtype: HGEMM_DTYPE_FP16, _BF16 or _FP32 (a C kept in fp32). */
+HGEMM_EXPORT void hgemm_matrix_list_info(const hgemm_matrix_list_t* list, size_t i,
+                                         hgemm_matrix_info_t* info);
+HGEMM_EXPORT const char* hgemm_matrix_list_handle(const hgemm_matrix_list_t* list, size_t i);
+HGEMM_EXPORT const char* hgemm_matrix_list_label(const hgemm_matrix_list_t* list, size_t i);
+HGEMM_EXPORT const char* hgemm_matrix_list_replica(const hgemm_matrix_list_t* list, size_t i);
+HGEMM_EXPORT int hgemm_matrix_list_dtype(const hgemm_matrix_list_t* list, size_t i);
+HGEMM_EXPORT double hgemm_matrix_list_age_seconds(const hgemm_matrix_list_t* list, size_t i);
+HGEMM_EXPORT double hgemm_matrix_list_idle_seconds(const hgemm_matrix_list_t* list, size_t i);
 
 /* Frees the resident matrix `handle` (on the replica it names). Returns the bytes freed; 0 on
  * failure (NOT_FOUND if it does not exist, PERMISSION_DENIED if it is another client's).
