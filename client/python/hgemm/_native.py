@@ -9,10 +9,11 @@ an array allocated here, while other threads run.
 Which core: $HGEMM_TRANSPORT "native" (the library must load: OSError otherwise), "grpcio", or
 "auto" / unset (native when the library loads). The library is $HGEMM_NATIVE_LIB, else
 libhgemm_client.so beside this file (pip install copies it there). hgemm.info() says which.
-The sync Client's GEMMs (any layout and types: transposed views go as stored, by pointer),
-gemm_many, uploads and releases go through it, and the aio client's GEMMs (hgemm_gemm_async, a
-completion callback); the rest (streams, downloads, listings, keep_c, upload(device_id=), bf16
-uploads, channel_options, the aio client's other calls) stays on grpcio.
+The sync Client's GEMMs (any layout and types: transposed views go as stored, by pointer; alpha,
+beta, C inputs, batches, keep_c), gemm_many, uploads, downloads (into one buffer), listings and
+releases go through it, and the aio client's GEMMs (hgemm_gemm_async, a completion callback);
+NATIVE_FEATURES says what stays on grpcio (streams, shared memory, the aio client's other
+calls, channel_options).
 
 Thread safety: the library is loaded once under a lock; a NativeClient is thread-safe (one
 hgemm_client_t serves many threads).
@@ -32,7 +33,9 @@ from ._resident import handle_replica
 
 LIBRARY_NAME = "libhgemm_client.so"
 ABI_VERSION = 1  # HGEMM_ABI_VERSION of the client/c/hgemm.h this module binds
-ABI_REVISION = 2  # the HGEMM_ABI_REVISION whose functions it calls (batches, transposes, types)
+# The HGEMM_ABI_REVISION whose functions it calls (2: batches, transposes, types; 3: typed
+# uploads, downloads, listings, keep_c, alpha/beta/C_in/batch).
+ABI_REVISION = 3
 MODE_AUTO, MODE_UNARY, MODE_STREAM = 0, 1, 2
 # HGEMM_DTYPE_* (proto DataType's values) of a Spec's dtype names.
 _DTYPES = {"fp16": pb.DATA_TYPE_FP16, "bf16": pb.DATA_TYPE_BF16, "fp32": pb.DATA_TYPE_FP32}
@@ -152,10 +155,32 @@ def use_native() -> bool:
         return False
 
 
+# What the native core serves of a client that uses it, by feature (hgemm.info()'s
+# "features"); "grpcio" where the C ABI has no call for it yet. A client with channel_options
+# makes every call through grpcio.
+NATIVE_FEATURES = {
+    "gemm": "native",                # any layout and types, alpha/beta/c, out=, keep_c
+    "gemm_batched": "native",
+    "gemm_many": "native",           # but a list with keep_c items: grpcio
+    "upload": "native",              # but from a shared buffer: the server copies it there
+    "download": "native",
+    "release": "native",
+    "matrices": "native",
+    "stream": "grpcio",              # Client.stream(): a persistent GemmStream
+    "shared_memory": "grpcio",       # shared_buffer(), regions(), GEMMs naming regions
+    "info": "grpcio",
+    "kernels": "grpcio",
+    "aio.gemm": "native",            # but keep_c: grpcio
+    "aio.other": "grpcio",           # the aio client's other calls
+}
+
+
 def info() -> dict:
-    """hgemm.info(): which core new sync clients use ("native" or "grpcio"), the library's path
-    and ABI version (None when not loaded), and why the native core is not used (None if it is)."""
-    out = {"core": "grpcio", "library": None, "abi_version": None, "reason": None}
+    """hgemm.info(): which core new sync clients use ("native" or "grpcio"), the library's path,
+    ABI version and revision (None when not loaded), why the native core is not used (None if
+    it is), and "features": which core serves each feature (NATIVE_FEATURES when native)."""
+    out = {"core": "grpcio", "library": None, "abi_version": None, "abi_revision": None,
+           "reason": None, "features": {feature: "grpcio" for feature in NATIVE_FEATURES}}
     wanted = transport()
     if wanted == "grpcio":
         out["reason"] = "HGEMM_TRANSPORT=grpcio"
@@ -165,7 +190,8 @@ def info() -> dict:
     except OSError as e:
         out["reason"] = str(e)
         return out
-    out.update(core="native", library=library_path(), abi_version=lib.hgemm_abi_version())
+    out.update(core="native", library=library_path(), abi_version=lib.hgemm_abi_version(),
+               abi_revision=lib.hgemm_abi_revision(), features=dict(NATIVE_FEATURES))
     return out
 
 
@@ -194,6 +220,7 @@ def _declare(lib):
     err = (ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_void_p))
     signatures = {
         "hgemm_abi_version": (ctypes.c_int, ()),
+        "hgemm_abi_revision": (ctypes.c_int, ()),
         "hgemm_free": (None, (p,)),
         "hgemm_client_options_create": (p, ()),
         "hgemm_client_options_destroy": (None, (p,)),
@@ -241,6 +268,29 @@ def _declare(lib):
         "hgemm_batch_add": (size, (p, p, u32, u32, u32, p, size, p, size, p, size) + err),
         "hgemm_gemm_many": (None, (p, p, p, ctypes.POINTER(size), size) + err),
         "hgemm_batch_result": (ctypes.c_ubyte, (p, size, ctypes.POINTER(GemmInfo)) + err),
+        "hgemm_gemm_options_set_alpha": (None, (p, ctypes.c_float)),
+        "hgemm_gemm_options_set_beta": (None, (p, ctypes.c_float)),
+        "hgemm_gemm_options_set_c_in": (None, (p, p, size)),
+        "hgemm_gemm_options_set_c_in_handle": (None, (p, cstr)),
+        "hgemm_gemm_options_set_batch": (None, (p, u32)),
+        "hgemm_upload_typed": (p, (p, p, u32, u32, ctypes.c_int, ctypes.c_int, p, size, u32, cstr,
+                                   ctypes.POINTER(MatrixInfo)) + err),
+        "hgemm_gemm_keep_c": (p, (p, p, u32, u32, u32, p, size, p, size, u32,
+                                  ctypes.POINTER(GemmInfo), ctypes.POINTER(MatrixInfo)) + err),
+        "hgemm_download": (ctypes.c_uint64, (p, p, cstr, ctypes.c_uint64, ctypes.c_uint64, p,
+                                             size) + err),
+        "hgemm_list_matrices": (p, (p, p) + err),
+        "hgemm_matrix_list_destroy": (None, (p,)),
+        "hgemm_matrix_list_size": (size, (p,)),
+        "hgemm_matrix_list_client_bytes": (ctypes.c_uint64, (p,)),
+        "hgemm_matrix_list_quota_bytes": (ctypes.c_uint64, (p,)),
+        "hgemm_matrix_list_info": (None, (p, size, ctypes.POINTER(MatrixInfo))),
+        "hgemm_matrix_list_handle": (cstr, (p, size)),
+        "hgemm_matrix_list_label": (cstr, (p, size)),
+        "hgemm_matrix_list_replica": (cstr, (p, size)),
+        "hgemm_matrix_list_dtype": (ctypes.c_int, (p, size)),
+        "hgemm_matrix_list_age_seconds": (ctypes.c_double, (p, size)),
+        "hgemm_matrix_list_idle_seconds": (ctypes.c_double, (p, size)),
     }
     for name, (restype, argtypes) in signatures.items():
         fn = getattr(lib, name)
@@ -343,6 +393,13 @@ class NativeClient:
         lib.hgemm_gemm_options_set_transpose_b(options, int(spec.b.transposed))
         lib.hgemm_gemm_options_set_dtype(options, _DTYPES[spec.dtype])
         lib.hgemm_gemm_options_set_c_dtype(options, _DTYPES[spec.c_dtype])
+        if spec.alpha is not None:
+            lib.hgemm_gemm_options_set_alpha(options, spec.alpha)
+        lib.hgemm_gemm_options_set_beta(options, spec.beta)
+        if spec.c_in is not None:  # read from spec's array, which outlives the call
+            lib.hgemm_gemm_options_set_c_in(options, spec.c_in.ctypes.data, spec.c_in.nbytes)
+        lib.hgemm_gemm_options_set_c_in_handle(options, spec.c_in_handle.encode())
+        lib.hgemm_gemm_options_set_batch(options, spec.batch)
         return options
 
     def gemm(self, spec, streamed: Optional[bool], out: Optional[np.ndarray],
@@ -350,7 +407,8 @@ class NativeClient:
         """(C, GemmInfo) of a Spec sent as it is (operands from the arrays' memory, transposed
         views as stored, or by handle); C is written into `out`, else into a new buffer and
         returned as spec.c_array makes it (float16, float32, bf16 widened to float32).
-        REQUIRES: not spec.keep_c; out is None or passed _arrays.check_out (of C's type)."""
+        REQUIRES: not spec.keep_c (gemm_keep_c); out is None or passed _arrays.check_out (of
+        C's type)."""
         options = self._gemm_options(spec, _mode(streamed), timeout)
         try:
             buffer = np.empty(spec.c_bytes, dtype=np.uint8) if out is None else out
@@ -389,29 +447,86 @@ class NativeClient:
             self._lib.hgemm_gemm_options_destroy(options)
         return NativeCall(self._lib, call)
 
-    def batch(self, specs: dict) -> "NativeBatch":
-        """A NativeBatch of these GEMMs (none with keep_c), by their ids."""
-        return NativeBatch(self, specs)
-
-    def upload(self, array: np.ndarray, ttl: int, label: str, replica: str,
-               timeout: Optional[float]) -> pb.MatrixInfo:
-        """Uploads a C-contiguous float16 matrix; its MatrixInfo (as the server's, but for the
-        fields the C ABI does not carry: age, idle time, owner)."""
-        options = self._call_options(timeout, replica)
-        info = MatrixInfo()
+    def gemm_keep_c(self, spec, streamed: Optional[bool], timeout: Optional[float]):
+        """(MatrixInfo of the C kept on the server, GemmInfo) of a Spec with keep_c."""
+        options = self._gemm_options(spec, _mode(streamed), timeout)
+        info, c_info = GemmInfo(), MatrixInfo()
         try:
-            handle = self._checked(self._lib.hgemm_upload, self._client, options,
-                                   array.shape[0], array.shape[1], array.ctypes.data,
-                                   array.nbytes, int(ttl), label.encode(), ctypes.byref(info))
+            handle = self._checked(self._lib.hgemm_gemm_keep_c, self._client, options, spec.m,
+                                   spec.n, spec.k, *_operand(spec.a), *_operand(spec.b),
+                                   spec.c_ttl, ctypes.byref(info), ctypes.byref(c_info))
         finally:
-            self._lib.hgemm_call_options_destroy(options)
+            self._lib.hgemm_gemm_options_destroy(options)
+        return self._matrix_info(handle, c_info, "", spec.c_dtype), info
+
+    def _matrix_info(self, handle, info: MatrixInfo, label: str, dtype: str) -> pb.MatrixInfo:
+        """A MatrixInfo of a handle the library returned (freed here) and its hgemm_matrix_info_t
+        (the server's, but for the fields the C ABI does not carry: age, idle time, owner)."""
         try:
             text = ctypes.string_at(handle).decode()
         finally:
             self._lib.hgemm_free(handle)
         return pb.MatrixInfo(handle=text, rows=info.rows, cols=info.cols, bytes=info.bytes,
                              device_id=info.device_id, ttl_seconds=info.ttl_seconds, label=label,
-                             replica=handle_replica(text))
+                             replica=handle_replica(text), dtype=_DTYPES[dtype])
+
+    def batch(self, specs: dict) -> "NativeBatch":
+        """A NativeBatch of these GEMMs (none with keep_c), by their ids."""
+        return NativeBatch(self, specs)
+
+    def upload(self, array: np.ndarray, dtype: str, device_id: Optional[int], ttl: int,
+               label: str, replica: str, timeout: Optional[float]) -> pb.MatrixInfo:
+        """Uploads a C-contiguous 2-byte matrix of `dtype` ("fp16" or "bf16"), sent from the
+        array's memory; its MatrixInfo."""
+        options = self._call_options(timeout, replica)
+        info = MatrixInfo()
+        try:
+            handle = self._checked(self._lib.hgemm_upload_typed, self._client, options,
+                                   array.shape[0], array.shape[1], _DTYPES[dtype],
+                                   -1 if device_id is None else device_id, array.ctypes.data,
+                                   array.nbytes, int(ttl), label.encode(), ctypes.byref(info))
+        finally:
+            self._lib.hgemm_call_options_destroy(options)
+        return self._matrix_info(handle, info, label, dtype)
+
+    def download(self, handle: str, into: np.ndarray, timeout: Optional[float]) -> int:
+        """The resident matrix's bytes written into `into` (a C-contiguous uint8 array, its
+        size); returns the bytes written."""
+        options = self._call_options(timeout)
+        try:
+            return self._checked(self._lib.hgemm_download, self._client, options, handle.encode(),
+                                 0, 0, into.ctypes.data, into.nbytes)
+        finally:
+            self._lib.hgemm_call_options_destroy(options)
+
+    def matrices(self, replica: str, timeout: Optional[float]) -> pb.ListMatricesResponse:
+        """ListMatrices of `replica` ("": balanced), as the server's response but for the fields
+        the C ABI does not carry (owner, missing_bytes, transient)."""
+        options = self._call_options(timeout, replica)
+        try:
+            listed = self._checked(self._lib.hgemm_list_matrices, self._client, options)
+        finally:
+            self._lib.hgemm_call_options_destroy(options)
+        lib = self._lib
+        try:
+            response = pb.ListMatricesResponse(
+                client_bytes=lib.hgemm_matrix_list_client_bytes(listed),
+                quota_bytes=lib.hgemm_matrix_list_quota_bytes(listed))
+            for i in range(lib.hgemm_matrix_list_size(listed)):
+                info = MatrixInfo()
+                lib.hgemm_matrix_list_info(listed, i, ctypes.byref(info))
+                response.matrices.add(
+                    handle=lib.hgemm_matrix_list_handle(listed, i).decode(), rows=info.rows,
+                    cols=info.cols, bytes=info.bytes, device_id=info.device_id,
+                    ttl_seconds=info.ttl_seconds,
+                    label=lib.hgemm_matrix_list_label(listed, i).decode(),
+                    replica=lib.hgemm_matrix_list_replica(listed, i).decode(),
+                    dtype=lib.hgemm_matrix_list_dtype(listed, i),
+                    age_seconds=lib.hgemm_matrix_list_age_seconds(listed, i),
+                    idle_seconds=lib.hgemm_matrix_list_idle_seconds(listed, i))
+            return response
+        finally:
+            lib.hgemm_matrix_list_destroy(listed)
 
     def release(self, handle: str, timeout: Optional[float]) -> int:
         """The bytes the server freed."""
