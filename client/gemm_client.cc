@@ -486,6 +486,13 @@ grpc::Status GemmClient::GemmStream(const std::vector<const v1::GemmRequest*>& r
   return first_failure;
 }
 
+std::unique_ptr<GemmStreamWriter> GemmClient::OpenStream(const std::string& replica,
+                                                         const CallOptions& options,
+                                                         grpc::ClientContext* context) const {
+  ApplyDeadline(options, context);
+  return RouteTo(replica).stub->GemmStream(context);
+}
+
 grpc::Status GemmClient::StreamOn(const Route& route,
                                   const std::vector<const v1::GemmRequest*>& requests,
                                   std::vector<StreamedGemm>* results,

@@ -166,6 +166,14 @@ class GemmClient {
                           std::vector<StreamedGemm>* results, const CallOptions& options = {},
                           const std::vector<CBuffer>* c_into = nullptr) const;
 
+  // Opens a GemmStream to `replica` ("": the target) with the options' metadata and deadline
+  // (none when timeout is 0), for a caller that writes GEMMs onto it and reads the answers
+  // itself (WriteStreamedGemm; the C ABI's persistent streams). REQUIRES: `context` is fresh and
+  // outlives the stream, and the client outlives both.
+  std::unique_ptr<GemmStreamWriter> OpenStream(const std::string& replica,
+                                               const CallOptions& options,
+                                               grpc::ClientContext* context) const;
+
   // What GemmAsync comes to: the GEMM's status (as GemmStream's or Gemm's would be) and its
   // response (C in response.c() when unary; written into c_into when streamed).
   using GemmDone = std::function<void(grpc::Status, v1::GemmResponse)>;

@@ -9,12 +9,15 @@
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <exception>
 #include <memory>
 #include <mutex>
 #include <new>
 #include <optional>
 #include <string>
+#include <thread>
+#include <unordered_map>
 #include <vector>
 
 #include "client/gemm_client.h"
@@ -102,6 +105,58 @@ struct hgemm_batch_t {
     hgemm::v1::GemmResponse answer;  // timing, execution, request_id (C is in `c`)
   };
   std::vector<Gemm> gemms;
+};
+
+// A persistent GemmStream: a writer thread sends queued GEMMs in order; hgemm_stream_next reads.
+struct hgemm_stream_t {
+  struct Queued {
+    uint64_t gemm_id;
+    hgemm::v1::GemmRequest request;
+  };
+  int64_t chunk_bytes = 0;
+  grpc::ClientContext context;
+  std::unique_ptr<hgemm::GemmStreamWriter> stream;
+  std::thread writer;
+
+  std::mutex mu;  // guards what follows
+  std::condition_variable wake;  // the writer's: a GEMM queued, or closing
+  std::deque<Queued> queue;
+  bool closing = false;  // no more submits; the writer half-closes once the queue is written
+  std::unordered_map<uint64_t, hgemm::CBuffer> in_flight;  // submitted, not yet answered
+
+  // The reader's (one at a time).
+  bool over = false;
+  grpc::Status end;  // once over
+  grpc::Status protocol_error;
+
+  void Write() {
+    std::unique_lock<std::mutex> lock(mu);
+    while (true) {
+      wake.wait(lock, [&] { return closing || !queue.empty(); });
+      if (queue.empty()) break;  // closing, everything written
+      Queued next = std::move(queue.front());
+      queue.pop_front();
+      lock.unlock();
+      const bool written =
+          hgemm::WriteStreamedGemm(next.request, next.gemm_id, chunk_bytes, stream.get());
+      lock.lock();
+      if (!written) return;  // the call is over: the reader learns why
+    }
+    lock.unlock();
+    stream->WritesDone();
+  }
+
+  // Ends the writer (the call is over, or being torn down) and takes the call's status.
+  grpc::Status Finish() {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      closing = true;
+      queue.clear();
+    }
+    wake.notify_all();
+    writer.join();
+    return stream->Finish();
+  }
 };
 
 namespace {
@@ -822,6 +877,159 @@ double hgemm_matrix_list_age_seconds(const hgemm_matrix_list_t* list, size_t i) 
 }
 double hgemm_matrix_list_idle_seconds(const hgemm_matrix_list_t* list, size_t i) {
   return list->proto.matrices(i).idle_seconds();
+}
+
+// Persistent streams.
+hgemm_stream_t* hgemm_stream_open(hgemm_client_t* client, const hgemm_call_options_t* options,
+                                  int* code, char** errptr) {
+  try {
+    hgemm::CallOptions call = CallOptionsOf(client, options);
+    call.timeout = std::chrono::milliseconds(options == nullptr ? 0
+                                             : std::max<int64_t>(options->timeout_ms, 0));
+    auto stream = std::make_unique<hgemm_stream_t>();
+    stream->chunk_bytes = call.chunk_bytes;
+    stream->stream = client->client.OpenStream(call.replica, call, &stream->context);
+    stream->writer = std::thread(&hgemm_stream_t::Write, stream.get());
+    *code = HGEMM_OK;
+    return stream.release();
+  } catch (...) {
+    SaveException(code, errptr);
+  }
+  return nullptr;
+}
+
+void hgemm_stream_submit(hgemm_stream_t* stream, uint64_t gemm_id,
+                         const hgemm_gemm_options_t* options, uint32_t m, uint32_t n, uint32_t k,
+                         const void* a, size_t a_bytes, const void* b, size_t b_bytes, void* c,
+                         size_t c_capacity, unsigned char keep_c, uint32_t c_ttl_seconds,
+                         int* code, char** errptr) {
+  try {
+    const hgemm_gemm_options_t defaults;
+    if (options == nullptr) options = &defaults;
+    if (keep_c && (c != nullptr || c_capacity != 0)) {
+      Fail(grpc::StatusCode::INVALID_ARGUMENT, "c: pass NULL and 0 bytes for a C kept (keep_c)",
+           code, errptr);
+      return;
+    }
+    if (SaveStatus(CheckSizes(*options, m, n, k, a, a_bytes, b, b_bytes,
+                              keep_c ? SIZE_MAX : c_capacity),
+                   code, errptr)) {
+      return;
+    }
+    hgemm_stream_t::Queued queued{gemm_id, {}};
+    BuildRequest(*options, m, n, k, a, a_bytes, b, b_bytes, &queued.request);
+    queued.request.set_keep_c_resident(keep_c != 0);
+    queued.request.set_c_ttl_seconds(c_ttl_seconds);
+    {
+      std::lock_guard<std::mutex> lock(stream->mu);
+      if (stream->closing) {
+        Fail(grpc::StatusCode::FAILED_PRECONDITION, "the stream is closed", code, errptr);
+        return;
+      }
+      if (!stream->in_flight.try_emplace(gemm_id, hgemm::CBuffer{static_cast<char*>(c),
+                                                                 keep_c ? 0 : c_capacity})
+               .second) {
+        Fail(grpc::StatusCode::INVALID_ARGUMENT,
+             fmt::format("gemm_id {} is in use on this stream", gemm_id), code, errptr);
+        return;
+      }
+      stream->queue.push_back(std::move(queued));
+    }
+    stream->wake.notify_all();
+    *code = HGEMM_OK;
+  } catch (...) {
+    SaveException(code, errptr);
+  }
+}
+
+int hgemm_stream_next(hgemm_stream_t* stream, uint64_t* gemm_id, hgemm_gemm_info_t* info,
+                      char** c_handle, hgemm_matrix_info_t* c_info, int* code, char** errptr) {
+  try {
+    if (c_handle != nullptr) *c_handle = nullptr;
+    hgemm::v1::GemmStreamResponse message;
+    while (!stream->over && stream->stream->Read(&message)) {
+      if (!stream->protocol_error.ok()) continue;  // draining a cancelled call
+      hgemm::CBuffer into;
+      bool known = false;
+      {
+        std::lock_guard<std::mutex> lock(stream->mu);
+        auto it = stream->in_flight.find(message.gemm_id());
+        if (it != stream->in_flight.end()) {
+          known = true;
+          into = it->second;
+          if (message.has_done()) stream->in_flight.erase(it);
+        }
+      }
+      auto broken = [&](const std::string& what) {
+        stream->protocol_error = grpc::Status(grpc::StatusCode::INTERNAL, what);
+        stream->context.TryCancel();
+      };
+      if (!known) {
+        broken(fmt::format("the server answered gemm_id {}, which is not in flight",
+                           message.gemm_id()));
+      } else if (message.has_chunk()) {
+        const hgemm::v1::ResultChunk& chunk = message.chunk();
+        if (chunk.offset() > into.capacity ||
+            chunk.data().size() > into.capacity - chunk.offset()) {
+          broken(fmt::format("gemm_id {}: result chunk past the end of C's {} bytes",
+                             message.gemm_id(), into.capacity));
+        } else {
+          std::memcpy(into.data + chunk.offset(), chunk.data().data(), chunk.data().size());
+        }
+      } else if (message.has_done()) {
+        const hgemm::v1::GemmDone& done = message.done();
+        *gemm_id = message.gemm_id();
+        if (SaveStatus(grpc::Status(static_cast<grpc::StatusCode>(done.status_code()),
+                                    done.status_message()),
+                       code, errptr)) {
+          return 1;
+        }
+        if (info != nullptr) {
+          hgemm::v1::GemmResponse response;
+          *response.mutable_timing() = done.timing();
+          *response.mutable_execution() = done.execution();
+          response.set_request_id(done.request_id());
+          FillInfo(response, true, info);
+        }
+        if (done.has_c_matrix()) {
+          if (c_info != nullptr) *c_info = MatrixInfoOf(done.c_matrix());
+          if (c_handle != nullptr) *c_handle = CopyString(done.c_matrix().handle());
+        }
+        return 1;
+      }
+    }
+    if (!stream->over) {
+      stream->over = true;
+      const grpc::Status finished = stream->Finish();
+      stream->end = finished.ok() ? stream->protocol_error : finished;
+    }
+    SaveStatus(stream->end, code, errptr);
+  } catch (...) {
+    SaveException(code, errptr);
+  }
+  return 0;
+}
+
+void hgemm_stream_close(hgemm_stream_t* stream) {
+  {
+    std::lock_guard<std::mutex> lock(stream->mu);
+    stream->closing = true;
+  }
+  stream->wake.notify_all();
+}
+
+void hgemm_stream_cancel(hgemm_stream_t* stream) { stream->context.TryCancel(); }
+
+void hgemm_stream_destroy(hgemm_stream_t* stream) {
+  if (stream == nullptr) return;
+  if (!stream->over) {
+    stream->context.TryCancel();
+    hgemm::v1::GemmStreamResponse message;
+    while (stream->stream->Read(&message)) {
+    }
+    stream->Finish();
+  }
+  delete stream;
 }
 
 uint64_t hgemm_release(hgemm_client_t* client, const hgemm_call_options_t* options,

@@ -104,6 +104,7 @@ typedef struct hgemm_server_info_t hgemm_server_info_t;
 typedef struct hgemm_batch_t hgemm_batch_t; /* [revision 2] */
 typedef struct hgemm_call_t hgemm_call_t;   /* [revision 2] */
 typedef struct hgemm_matrix_list_t hgemm_matrix_list_t; /* [revision 3] */
+typedef struct hgemm_stream_t hgemm_stream_t;           /* [revision 3] */
 
 /* What the server reports of one GEMM: proto Timing and Execution. Strings longer than their
  * array are cut off (always NUL-terminated). */
@@ -369,6 +370,58 @@ HGEMM_EXPORT hgemm_call_t* hgemm_gemm_async(hgemm_client_t* client,
 HGEMM_EXPORT void hgemm_call_cancel(hgemm_call_t* call);
 /* Frees the handle (the GEMM goes on; done still runs). call may be NULL. */
 HGEMM_EXPORT void hgemm_call_destroy(hgemm_call_t* call);
+
+/* [revision 3] Persistent streams: one GemmStream kept open for many GEMMs submitted over time
+ * (from several threads), pipelined: a GEMM is written as soon as the ones submitted before it
+ * are, while the server works on earlier ones; each answer is read with hgemm_stream_next(), C
+ * written into the GEMM's buffer as it arrives. The stream has a writer thread of its own, so
+ * submitting never waits for the network.
+ * Thread safety: hgemm_stream_submit() from many threads at once; hgemm_stream_next() from one
+ * thread at a time (any); hgemm_stream_close() and hgemm_stream_cancel() from any thread, any
+ * time before hgemm_stream_destroy(). REQUIRES: the client outlives the stream. */
+
+/* Opens a stream to the options' replica ("": the target; options may be NULL), whose timeout
+ * is the deadline of the whole stream (0 or unset: none, the client's timeout is not applied).
+ * The connection is made by the first GEMM: an unreachable server shows as the stream's end
+ * (UNAVAILABLE, from hgemm_stream_next). Returns NULL on failure (out of memory only). Free
+ * with hgemm_stream_destroy(). */
+HGEMM_EXPORT hgemm_stream_t* hgemm_stream_open(hgemm_client_t* client,
+                                               const hgemm_call_options_t* options, int* code,
+                                               char** errptr);
+/* Submits a GEMM, hgemm_gemm()'s arguments (the options' mode and timeout are ignored), tagged
+ * gemm_id (the caller's: unique among the stream's GEMMs not yet answered; named by answers
+ * and by a stream-ending error, "gemm_id I: "). a and b are copied before this returns; c (not
+ * read meanwhile) must stay alive until the GEMM's answer is read or the stream is over.
+ * keep_c: C stays on the server (hgemm_gemm_keep_c's, its handle given by hgemm_stream_next();
+ * pass c NULL and 0) for c_ttl_seconds. Errors, nothing sent: hgemm_gemm()'s INVALID_ARGUMENT
+ * of the checks made before sending, INVALID_ARGUMENT for a gemm_id in use, and
+ * FAILED_PRECONDITION once the stream is closed or over. */
+HGEMM_EXPORT void hgemm_stream_submit(hgemm_stream_t* stream, uint64_t gemm_id,
+                                      const hgemm_gemm_options_t* options, uint32_t m, uint32_t n,
+                                      uint32_t k, const void* a, size_t a_bytes, const void* b,
+                                      size_t b_bytes, void* c, size_t c_capacity,
+                                      unsigned char keep_c, uint32_t c_ttl_seconds, int* code,
+                                      char** errptr);
+/* Waits for the next answer (the server's order: usually submission order). Returns 1 with
+ * *gemm_id the GEMM answered and *code / *errptr its status (the GEMM failed alone: the stream
+ * goes on); on HGEMM_OK, C is in its buffer, info (may be NULL) gets its timing and execution,
+ * and for a kept C *c_handle (may be NULL) its handle (malloc()ed, hgemm_free(); else NULL)
+ * and c_info (may be NULL) the matrix. Returns 0 once the stream is over, again on every later
+ * call: *code / *errptr are then the stream's end (HGEMM_OK after hgemm_stream_close() when
+ * every GEMM was answered; CANCELLED; UNAVAILABLE; an error naming "gemm_id I: " for a GEMM
+ * the server refused, ending the stream; INTERNAL when the server broke the protocol, e.g. C
+ * past a buffer's capacity, nothing written past it). GEMMs not answered by then never will
+ * be (their buffers are free). */
+HGEMM_EXPORT int hgemm_stream_next(hgemm_stream_t* stream, uint64_t* gemm_id,
+                                   hgemm_gemm_info_t* info, char** c_handle,
+                                   hgemm_matrix_info_t* c_info, int* code, char** errptr);
+/* Half-closes: GEMMs submitted so far are still written and answered; later submits fail. */
+HGEMM_EXPORT void hgemm_stream_close(hgemm_stream_t* stream);
+/* Ends the stream now: hgemm_stream_next() soon returns 0 with CANCELLED. */
+HGEMM_EXPORT void hgemm_stream_cancel(hgemm_stream_t* stream);
+/* Cancels the stream if it is not over, waits for its writer, and frees it. stream may be
+ * NULL. REQUIRES: no other call of the stream is running. */
+HGEMM_EXPORT void hgemm_stream_destroy(hgemm_stream_t* stream);
 
 /* Uploads a rows×cols fp16 matrix (data: 2·rows·cols bytes) to keep on the server. ttl_seconds:
  * seconds after its last use at which the server frees it (0: the server's default). label:

@@ -13,6 +13,7 @@
 #include <cmath>
 #include <condition_variable>
 #include <cstring>
+#include <map>
 #include <mutex>
 #include <random>
 #include <string>
@@ -1039,6 +1040,200 @@ TEST_F(HgemmC, BadCInsAndBatchSizesAreRefusedBeforeSending) {
   EXPECT_NE(e.text().find("a_bytes is 32"), std::string::npos) << e.text();
   EXPECT_EQ(c, std::vector<uint16_t>(2 * m * n, kPoison));
   hgemm_gemm_options_destroy(options);
+}
+
+// [revision 3] Persistent streams.
+
+// Reads the stream's answers until `count` GEMMs are answered; each answer's id, status and kept
+// C's handle (empty if none) by gemm_id.
+struct StreamAnswer {
+  int code = -1;
+  std::string message;
+  std::string c_handle;
+};
+std::map<uint64_t, StreamAnswer> ReadAnswers(hgemm_stream_t* stream, size_t count) {
+  std::map<uint64_t, StreamAnswer> answers;
+  while (answers.size() < count) {
+    Error e;
+    uint64_t id = 0;
+    char* c_handle = nullptr;
+    hgemm_gemm_info_t info;
+    if (hgemm_stream_next(stream, &id, &info, &c_handle, nullptr, &e.code, &e.message) == 0) {
+      ADD_FAILURE() << "the stream ended after " << answers.size() << " answers: " << e.text();
+      break;
+    }
+    EXPECT_EQ(answers.count(id), 0u) << "gemm_id " << id << " answered twice";
+    answers[id] = {e.code, e.text(), c_handle == nullptr ? "" : c_handle};
+    if (e.code == HGEMM_OK) {
+      EXPECT_EQ(info.streamed, 1);
+    }
+    hgemm_free(c_handle);
+  }
+  return answers;
+}
+
+TEST_F(HgemmC, StreamAnswersGemmsSubmittedFromManyThreads) {
+  Error e;
+  hgemm_stream_t* stream = hgemm_stream_open(client_, nullptr, &e.code, &e.message);
+  ASSERT_NE(stream, nullptr) << e.text();
+  constexpr int kThreads = 4, kEach = 5;
+  std::vector<FormGemm> gemms;
+  for (int i = 0; i < kThreads * kEach; ++i) {
+    // Every form, one of them over 1 MiB each way (several chunks).
+    const uint32_t m = i == 7 ? 700 : 20 + i;
+    gemms.emplace_back(m, i == 7 ? 900 : 30 + i, i == 7 ? 800 : 25 + 2 * i, AllForms()[i % 16],
+                       100 + i);
+  }
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      hgemm_gemm_options_t* options = hgemm_gemm_options_create();
+      for (int i = t * kEach; i < (t + 1) * kEach; ++i) {
+        FormGemm& g = gemms[i];
+        g.SetOptions(options);
+        Error submit;
+        hgemm_stream_submit(stream, 1000 + i, options, g.m, g.n, g.k, g.a.data(), 2 * g.a.size(),
+                            g.b.data(), 2 * g.b.size(), g.c.data(), 2 * g.c.size(), 0, 0,
+                            &submit.code, &submit.message);
+        EXPECT_EQ(submit.code, HGEMM_OK) << submit.text();
+      }
+      hgemm_gemm_options_destroy(options);
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  const std::map<uint64_t, StreamAnswer> answers = ReadAnswers(stream, gemms.size());
+  for (size_t i = 0; i < gemms.size(); ++i) {
+    ASSERT_EQ(answers.count(1000 + i), 1u) << i;
+    EXPECT_EQ(answers.at(1000 + i).code, HGEMM_OK) << answers.at(1000 + i).message;
+    EXPECT_LT(gemms[i].Error(), gemms[i].Tolerance()) << gemms[i].Name();
+  }
+  // Closed: later GEMMs are refused, and the stream ends cleanly.
+  hgemm_stream_close(stream);
+  hgemm_stream_submit(stream, 1, nullptr, 1, 1, 1, gemms[0].a.data(), 2, gemms[0].b.data(), 2,
+                      gemms[0].c.data(), 2, 0, 0, &e.code, &e.message);
+  EXPECT_EQ(e.code, HGEMM_FAILED_PRECONDITION) << e.text();
+  uint64_t id = 0;
+  EXPECT_EQ(hgemm_stream_next(stream, &id, nullptr, nullptr, nullptr, &e.code, &e.message), 0);
+  EXPECT_EQ(e.code, HGEMM_OK) << e.text();
+  EXPECT_EQ(hgemm_stream_next(stream, &id, nullptr, nullptr, nullptr, &e.code, &e.message), 0);
+  EXPECT_EQ(e.code, HGEMM_OK) << e.text();
+  hgemm_stream_destroy(stream);
+}
+
+TEST_F(HgemmC, StreamKeepsCFailsAGemmAloneAndRefusesBadSubmits) {
+  constexpr uint32_t m = 21, n = 17, k = 33;
+  std::mt19937_64 rng(14);
+  const std::vector<uint16_t> a = hgemm::RandomHalfMatrix(m * k, rng);
+  const std::vector<uint16_t> b = hgemm::RandomHalfMatrix(k * n, rng);
+  const std::vector<float> reference = hgemm::ReferenceGemm(a.data(), b.data(), m, n, k);
+  Error e;
+  hgemm_stream_t* stream = hgemm_stream_open(client_, nullptr, &e.code, &e.message);
+  ASSERT_NE(stream, nullptr) << e.text();
+  std::vector<uint16_t> c(m * n, kPoison), unused(m * n, kPoison);
+  // Refused before sending: a short C buffer, C given with keep_c, an id in use.
+  hgemm_stream_submit(stream, 0, nullptr, m, n, k, a.data(), 2 * a.size(), b.data(),
+                      2 * b.size(), unused.data(), 2 * unused.size() - 2, 0, 0, &e.code,
+                      &e.message);
+  EXPECT_EQ(e.code, HGEMM_INVALID_ARGUMENT);
+  EXPECT_NE(e.text().find("c_capacity"), std::string::npos) << e.text();
+  hgemm_stream_submit(stream, 0, nullptr, m, n, k, a.data(), 2 * a.size(), b.data(),
+                      2 * b.size(), unused.data(), 2 * unused.size(), 1, 0, &e.code, &e.message);
+  EXPECT_EQ(e.code, HGEMM_INVALID_ARGUMENT);
+  EXPECT_NE(e.text().find("keep_c"), std::string::npos) << e.text();
+
+  hgemm_stream_submit(stream, 7, nullptr, m, n, k, a.data(), 2 * a.size(), b.data(),
+                      2 * b.size(), nullptr, 0, 1, 60, &e.code, &e.message);
+  ASSERT_EQ(e.code, HGEMM_OK) << e.text();
+  hgemm_stream_submit(stream, 7, nullptr, m, n, k, a.data(), 2 * a.size(), b.data(),
+                      2 * b.size(), c.data(), 2 * c.size(), 0, 0, &e.code, &e.message);
+  EXPECT_EQ(e.code, HGEMM_INVALID_ARGUMENT);
+  EXPECT_NE(e.text().find("gemm_id 7 is in use"), std::string::npos) << e.text();
+  // B by an unknown handle: that GEMM fails alone.
+  hgemm_gemm_options_t* unknown = hgemm_gemm_options_create();
+  hgemm_gemm_options_set_b_handle(unknown, "no-such-matrix");
+  hgemm_stream_submit(stream, 8, unknown, m, n, k, a.data(), 2 * a.size(), nullptr, 0,
+                      unused.data(), 2 * unused.size(), 0, 0, &e.code, &e.message);
+  ASSERT_EQ(e.code, HGEMM_OK) << e.text();
+  hgemm_gemm_options_destroy(unknown);
+  hgemm_stream_submit(stream, 9, nullptr, m, n, k, a.data(), 2 * a.size(), b.data(),
+                      2 * b.size(), c.data(), 2 * c.size(), 0, 0, &e.code, &e.message);
+  ASSERT_EQ(e.code, HGEMM_OK) << e.text();
+  const std::map<uint64_t, StreamAnswer> answers = ReadAnswers(stream, 3);
+  EXPECT_EQ(answers.at(8).code, HGEMM_NOT_FOUND) << answers.at(8).message;
+  EXPECT_EQ(answers.at(9).code, HGEMM_OK) << answers.at(9).message;
+  EXPECT_LT(hgemm::RelativeFrobeniusError(c.data(), reference.data(), c.size()),
+            hgemm::kServiceTolerance.fp32_acc);
+  EXPECT_EQ(unused, std::vector<uint16_t>(m * n, kPoison));
+  ASSERT_EQ(answers.at(7).code, HGEMM_OK) << answers.at(7).message;
+  const std::string kept = answers.at(7).c_handle;
+  ASSERT_FALSE(kept.empty());
+  std::vector<uint16_t> downloaded(m * n, kPoison);
+  EXPECT_EQ(hgemm_download(client_, nullptr, kept.c_str(), 0, 0, downloaded.data(),
+                           2 * downloaded.size(), &e.code, &e.message),
+            2 * downloaded.size())
+      << e.text();
+  EXPECT_LT(hgemm::RelativeFrobeniusError(downloaded.data(), reference.data(), c.size()),
+            hgemm::kServiceTolerance.fp32_acc);
+  EXPECT_EQ(hgemm_release(client_, nullptr, kept.c_str(), &e.code, &e.message), 2 * c.size());
+  hgemm_stream_destroy(stream);  // open, nothing in flight
+}
+
+TEST_F(HgemmC, CancelEndsAStreamAndDestroyDoesNotWaitForAnswers) {
+  constexpr uint32_t size = 1024;
+  std::mt19937_64 rng(15);
+  const std::vector<uint16_t> a = hgemm::RandomHalfMatrix(size * size, rng);
+  std::vector<std::vector<uint16_t>> c(4, std::vector<uint16_t>(size * size, kPoison));
+  Error e;
+  hgemm_stream_t* stream = hgemm_stream_open(client_, nullptr, &e.code, &e.message);
+  ASSERT_NE(stream, nullptr) << e.text();
+  for (uint64_t i = 0; i < c.size(); ++i) {
+    hgemm_stream_submit(stream, i, nullptr, size, size, size, a.data(), 2 * a.size(), a.data(),
+                        2 * a.size(), c[i].data(), 2 * c[i].size(), 0, 0, &e.code, &e.message);
+    ASSERT_EQ(e.code, HGEMM_OK) << e.text();
+  }
+  hgemm_stream_cancel(stream);
+  uint64_t id = 0;
+  int answered = 0;
+  while (hgemm_stream_next(stream, &id, nullptr, nullptr, nullptr, &e.code, &e.message) == 1) {
+    ++answered;
+  }
+  EXPECT_EQ(e.code, HGEMM_CANCELLED) << e.text();
+  EXPECT_LT(answered, 4);
+  hgemm_stream_submit(stream, 9, nullptr, size, size, size, a.data(), 2 * a.size(), a.data(),
+                      2 * a.size(), c[0].data(), 2 * c[0].size(), 0, 0, &e.code, &e.message);
+  EXPECT_EQ(e.code, HGEMM_FAILED_PRECONDITION) << e.text();
+  hgemm_stream_destroy(stream);
+
+  // Destroyed with GEMMs in flight, never read.
+  stream = hgemm_stream_open(client_, nullptr, &e.code, &e.message);
+  ASSERT_NE(stream, nullptr) << e.text();
+  for (uint64_t i = 0; i < 2; ++i) {
+    hgemm_stream_submit(stream, i, nullptr, size, size, size, a.data(), 2 * a.size(), a.data(),
+                        2 * a.size(), c[i].data(), 2 * c[i].size(), 0, 0, &e.code, &e.message);
+    ASSERT_EQ(e.code, HGEMM_OK) << e.text();
+  }
+  hgemm_stream_destroy(stream);
+}
+
+TEST(HgemmCAbi, StreamToAnUnreachableServerEndsUnavailable) {
+  Error e;
+  hgemm_client_t* client =
+      hgemm_client_create(("127.0.0.1:" + std::to_string(hgemm::subprocess::FreePort())).c_str(),
+                          nullptr, &e.code, &e.message);
+  ASSERT_NE(client, nullptr) << e.text();
+  hgemm_stream_t* stream = hgemm_stream_open(client, nullptr, &e.code, &e.message);
+  ASSERT_NE(stream, nullptr) << e.text();
+  const uint16_t one = 0x3c00;
+  uint16_t c = kPoison;
+  hgemm_stream_submit(stream, 0, nullptr, 1, 1, 1, &one, 2, &one, 2, &c, 2, 0, 0, &e.code,
+                      &e.message);
+  EXPECT_EQ(e.code, HGEMM_OK) << e.text();
+  uint64_t id = 0;
+  EXPECT_EQ(hgemm_stream_next(stream, &id, nullptr, nullptr, nullptr, &e.code, &e.message), 0);
+  EXPECT_EQ(e.code, HGEMM_UNAVAILABLE) << e.text();
+  EXPECT_EQ(c, kPoison);
+  hgemm_stream_destroy(stream);
+  hgemm_client_destroy(client);
 }
 
 }  // namespace
