@@ -166,7 +166,7 @@ NATIVE_FEATURES = {
     "download": "native",
     "release": "native",
     "matrices": "native",
-    "stream": "grpcio",              # Client.stream(): a persistent GemmStream
+    "stream": "native",              # Client.stream(): a persistent GemmStream
     "shared_memory": "grpcio",       # shared_buffer(), regions(), GEMMs naming regions
     "info": "grpcio",
     "kernels": "grpcio",
@@ -291,6 +291,16 @@ def _declare(lib):
         "hgemm_matrix_list_dtype": (ctypes.c_int, (p, size)),
         "hgemm_matrix_list_age_seconds": (ctypes.c_double, (p, size)),
         "hgemm_matrix_list_idle_seconds": (ctypes.c_double, (p, size)),
+        "hgemm_stream_open": (p, (p, p) + err),
+        "hgemm_stream_submit": (None, (p, ctypes.c_uint64, p, u32, u32, u32, p, size, p, size, p,
+                                       size, ctypes.c_ubyte, u32) + err),
+        "hgemm_stream_next": (ctypes.c_int, (p, ctypes.POINTER(ctypes.c_uint64),
+                                             ctypes.POINTER(GemmInfo),
+                                             ctypes.POINTER(ctypes.c_void_p),
+                                             ctypes.POINTER(MatrixInfo)) + err),
+        "hgemm_stream_close": (None, (p,)),
+        "hgemm_stream_cancel": (None, (p,)),
+        "hgemm_stream_destroy": (None, (p,)),
     }
     for name, (restype, argtypes) in signatures.items():
         fn = getattr(lib, name)
@@ -470,6 +480,9 @@ class NativeClient:
                              device_id=info.device_id, ttl_seconds=info.ttl_seconds, label=label,
                              replica=handle_replica(text), dtype=_DTYPES[dtype])
 
+    def open_stream(self, replica: str) -> "NativeStream":
+        return NativeStream(self, replica)
+
     def batch(self, specs: dict) -> "NativeBatch":
         """A NativeBatch of these GEMMs (none with keep_c), by their ids."""
         return NativeBatch(self, specs)
@@ -614,17 +627,98 @@ class NativeBatch:
             return None
         if err is not None:
             return _errors.from_code(err.code(), err.details(), index=i)
-        done = pb.GemmDone(
-            timing=pb.Timing(queue_wait_ms=info.queue_wait_ms,
-                             host_to_device_ms=info.host_to_device_ms, kernel_ms=info.kernel_ms,
-                             device_to_host_ms=info.device_to_host_ms,
-                             server_total_ms=info.server_total_ms, tflops=info.tflops),
-            execution=pb.Execution(kernel=info.kernel.decode(), accumulation=info.accumulation,
-                                   backend=info.backend.decode(), device_id=info.device_id,
-                                   device_name=info.device_name.decode(),
-                                   stream_id=info.stream_id),
-            request_id=info.request_id.decode())
-        return self.specs[i].c_array(self._buffers[i]), done
+        return self.specs[i].c_array(self._buffers[i]), _gemm_done(info)
+
+
+class NativeStream:
+    """One persistent GemmStream of the native core (hgemm_stream_t): hgemm.Stream's call and
+    request queue. submit() hands a GEMM to the stream's writer thread (A and B copied, C's
+    buffer made here), next() waits for the next answer (the GIL released), put_nowait(None)
+    half-closes (StreamSession's end of the requests), cancel() ends it, close() frees it once
+    it is over. Thread safety: submit, put_nowait and cancel from any thread; next from one
+    (the session's reader) at a time; close after next has said the stream is over."""
+
+    def __init__(self, native: NativeClient, replica: str):
+        self._native, self._lib = native, native._lib
+        self._lock = threading.Lock()  # the handle against close()
+        self._c: Dict[int, tuple] = {}  # gemm_id → (Spec, C's buffer), until answered
+        options = native._call_options(None, replica)  # no deadline: the stream lives on
+        try:
+            self._stream = native._checked(self._lib.hgemm_stream_open, native._client, options)
+        finally:
+            self._lib.hgemm_call_options_destroy(options)
+        self.end = None  # once next() returned None: the stream's NativeRpcError, if it failed
+
+    def submit(self, gemm_id: int, spec) -> None:
+        """Sends a GEMM tagged gemm_id. Raises NativeRpcError if the library refuses it; a GEMM
+        submitted as the stream ends is left to the stream's end (never answered)."""
+        buffer = None if spec.keep_c else np.empty(spec.c_bytes, dtype=np.uint8)
+        options = self._native._gemm_options(spec)
+        try:
+            with self._lock:
+                self._c[gemm_id] = (spec, buffer)
+                _, err = self._native._status(
+                    self._lib.hgemm_stream_submit, self._stream, gemm_id, options, spec.m, spec.n,
+                    spec.k, *_operand(spec.a), *_operand(spec.b),
+                    None if buffer is None else buffer.ctypes.data,
+                    0 if buffer is None else buffer.nbytes, int(spec.keep_c), spec.c_ttl)
+                if err is not None and err.code() != grpc.StatusCode.FAILED_PRECONDITION:
+                    del self._c[gemm_id]
+                    raise err
+        finally:
+            self._lib.hgemm_gemm_options_destroy(options)
+
+    def next(self):
+        """(gemm_id, outcome) of the next answer, the outcome an hgemm.Error or (C or None for a
+        kept C, a GemmDone); None once the stream is over (self.end says how)."""
+        gemm_id, info = ctypes.c_uint64(0), GemmInfo()
+        c_handle, c_info = ctypes.c_void_p(None), MatrixInfo()
+        answered, err = self._native._status(self._lib.hgemm_stream_next, self._stream,
+                                             ctypes.byref(gemm_id), ctypes.byref(info),
+                                             ctypes.byref(c_handle), ctypes.byref(c_info))
+        if not answered:
+            self.end = err
+            return None
+        with self._lock:
+            spec, buffer = self._c.pop(gemm_id.value)
+        if err is not None:
+            return gemm_id.value, _errors.from_code(err.code(), err.details())
+        c_matrix = (self._native._matrix_info(c_handle.value, c_info, "", spec.c_dtype)
+                    if c_handle.value else None)
+        c = None if spec.keep_c else spec.c_array(buffer)
+        return gemm_id.value, (c, _gemm_done(info, c_matrix))
+
+    def put_nowait(self, item) -> None:
+        """StreamSession's end of the requests (item None): half-closes the stream."""
+        assert item is None, item
+        with self._lock:
+            if self._stream:
+                self._lib.hgemm_stream_close(self._stream)
+
+    def cancel(self) -> None:
+        with self._lock:
+            if self._stream:
+                self._lib.hgemm_stream_cancel(self._stream)
+
+    def close(self) -> None:
+        with self._lock:
+            stream, self._stream = self._stream, None
+            self._c.clear()
+        if stream:
+            self._lib.hgemm_stream_destroy(stream)
+
+
+def _gemm_done(info: GemmInfo, c_matrix: Optional[pb.MatrixInfo] = None) -> pb.GemmDone:
+    """The GemmDone a GemmInfo (and a kept C) stands for."""
+    return pb.GemmDone(
+        timing=pb.Timing(queue_wait_ms=info.queue_wait_ms,
+                         host_to_device_ms=info.host_to_device_ms, kernel_ms=info.kernel_ms,
+                         device_to_host_ms=info.device_to_host_ms,
+                         server_total_ms=info.server_total_ms, tflops=info.tflops),
+        execution=pb.Execution(kernel=info.kernel.decode(), accumulation=info.accumulation,
+                               backend=info.backend.decode(), device_id=info.device_id,
+                               device_name=info.device_name.decode(), stream_id=info.stream_id),
+        request_id=info.request_id.decode(), c_matrix=c_matrix)
 
 
 def _operand(operand):

@@ -7,6 +7,8 @@ A subclass brings the I/O:
   _new_future(): the future that submit() returns.
   _open(): opens a GemmStream to self._replica, setting self._call and self._queue (the queue of
     its requests: each GEMM's message generator, then None for the client's half-close).
+  _put(i, spec) (optional): how GEMM i goes onto the open stream (default: its messages into
+    the queue).
   _later(delay_s, fn, *args): calls fn(*args) after delay_s seconds.
   _now_idle(): with _lock held, when the last outstanding result has been delivered.
 Its reader hands each answer to _answered() and, once the stream is over, _ended()'s outcome
@@ -88,7 +90,11 @@ class StreamSession:
         if self._queue is None:
             self._open()
         i = self._book.add(pending)
-        self._queue.put_nowait(pending.spec.stream_messages(i, self._config.chunk_bytes))
+        self._put(i, pending.spec)
+
+    def _put(self, i: int, spec: Spec) -> None:
+        """Queues GEMM i's messages on the open stream."""
+        self._queue.put_nowait(spec.stream_messages(i, self._config.chunk_bytes))
 
     def _end_stream(self) -> None:
         if self._queue is not None:

@@ -313,3 +313,23 @@ def test_native_scaled_and_batched_gemms(server, rng, mode):
         for i in range(batch):
             ref = -(As[i].astype(np.float64) @ Bs[i].astype(np.float64)) + 2.0 * Cs[i]
             assert np.linalg.norm(got[i] - ref) / np.linalg.norm(ref) < FP32_TOLERANCE, i
+
+
+def test_native_stream_never_touches_grpcio(server, rng):
+    import concurrent.futures
+    pairs = [(fp16(rng, 10 + i, 20 + i), fp16(rng, 20 + i, 15 + i)) for i in range(12)]
+    pairs.append((fp16(rng, 700, 800), fp16(rng, 800, 900)))  # several chunks each way
+    with _native_only_client(server.address, timeout=60) as c:
+        with c.stream() as s, concurrent.futures.ThreadPoolExecutor(4) as pool:
+            results = list(pool.map(lambda p: s.gemm(*p, details=True), pairs))
+            hb = c.upload(pairs[0][1])
+            hc = s.gemm(pairs[0][0], hb, keep_c=True)
+            assert _error64(hc.download(), *pairs[0]) < FP32_TOLERANCE
+            hc.release()
+            hb.release()
+            with pytest.raises(hgemm.NotFound):  # fails alone; the stream goes on
+                s.gemm(pairs[0][0], hb)
+            assert _error64(s.gemm(*pairs[1]), *pairs[1]) < FP32_TOLERANCE
+    for (a, b), r in zip(pairs, results):
+        assert r.c.shape == (a.shape[0], b.shape[1]) and r.execution.backend == "cpu"
+        assert _error64(r.c, a, b) < FP32_TOLERANCE
