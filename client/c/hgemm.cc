@@ -635,25 +635,56 @@ hgemm_batch_t* hgemm_batch_create(void) { return new (std::nothrow) hgemm_batch_
 void hgemm_batch_destroy(hgemm_batch_t* batch) { delete batch; }
 size_t hgemm_batch_size(const hgemm_batch_t* batch) { return batch->gemms.size(); }
 
-size_t hgemm_batch_add(hgemm_batch_t* batch, const hgemm_gemm_options_t* options, uint32_t m,
-                       uint32_t n, uint32_t k, const void* a, size_t a_bytes, const void* b,
-                       size_t b_bytes, void* c, size_t c_capacity, int* code, char** errptr) {
+namespace {
+
+// hgemm_batch_add's, with C kept on the server for c_ttl_seconds when keep_c.
+size_t AddToBatch(hgemm_batch_t* batch, const hgemm_gemm_options_t* options, uint32_t m,
+                  uint32_t n, uint32_t k, const void* a, size_t a_bytes, const void* b,
+                  size_t b_bytes, void* c, size_t c_capacity, bool keep_c,
+                  uint32_t c_ttl_seconds, int* code, char** errptr) {
   try {
     const hgemm_gemm_options_t defaults;
     if (options == nullptr) options = &defaults;
-    if (SaveStatus(CheckSizes(*options, m, n, k, a, a_bytes, b, b_bytes, c_capacity), code,
-                   errptr)) {
+    if (SaveStatus(CheckSizes(*options, m, n, k, a, a_bytes, b, b_bytes,
+                              keep_c ? SIZE_MAX : c_capacity),
+                   code, errptr)) {
       return SIZE_MAX;
     }
     hgemm_batch_t::Gemm gemm;
     gemm.c = {static_cast<char*>(c), c_capacity};
     BuildRequest(*options, m, n, k, a, a_bytes, b, b_bytes, &gemm.request);
+    gemm.request.set_keep_c_resident(keep_c);
+    gemm.request.set_c_ttl_seconds(c_ttl_seconds);
     batch->gemms.push_back(std::move(gemm));
     return batch->gemms.size() - 1;
   } catch (...) {
     SaveException(code, errptr);
   }
   return SIZE_MAX;
+}
+
+}  // namespace
+
+size_t hgemm_batch_add(hgemm_batch_t* batch, const hgemm_gemm_options_t* options, uint32_t m,
+                       uint32_t n, uint32_t k, const void* a, size_t a_bytes, const void* b,
+                       size_t b_bytes, void* c, size_t c_capacity, int* code, char** errptr) {
+  return AddToBatch(batch, options, m, n, k, a, a_bytes, b, b_bytes, c, c_capacity, false, 0,
+                    code, errptr);
+}
+
+size_t hgemm_batch_add_keep_c(hgemm_batch_t* batch, const hgemm_gemm_options_t* options,
+                              uint32_t m, uint32_t n, uint32_t k, const void* a, size_t a_bytes,
+                              const void* b, size_t b_bytes, uint32_t c_ttl_seconds, int* code,
+                              char** errptr) {
+  return AddToBatch(batch, options, m, n, k, a, a_bytes, b, b_bytes, nullptr, 0, true,
+                    c_ttl_seconds, code, errptr);
+}
+
+char* hgemm_batch_c_handle(const hgemm_batch_t* batch, size_t i, hgemm_matrix_info_t* c_info) {
+  const hgemm_batch_t::Gemm& gemm = batch->gemms[i];
+  if (!gemm.answered || !gemm.status.ok() || !gemm.answer.has_c_matrix()) return nullptr;
+  if (c_info != nullptr) *c_info = MatrixInfoOf(gemm.answer.c_matrix());
+  return CopyString(gemm.answer.c_matrix().handle());
 }
 
 void hgemm_gemm_many(hgemm_client_t* client, hgemm_batch_t* batch,

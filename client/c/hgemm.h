@@ -323,6 +323,18 @@ HGEMM_EXPORT size_t hgemm_batch_add(hgemm_batch_t* batch, const hgemm_gemm_optio
                                     uint32_t m, uint32_t n, uint32_t k, const void* a,
                                     size_t a_bytes, const void* b, size_t b_bytes, void* c,
                                     size_t c_capacity, int* code, char** errptr);
+/* [revision 3] Adds a GEMM whose C stays on the server (hgemm_gemm_keep_c's: no C buffer;
+ * its handle from hgemm_batch_c_handle once answered). As hgemm_batch_add otherwise. */
+HGEMM_EXPORT size_t hgemm_batch_add_keep_c(hgemm_batch_t* batch,
+                                           const hgemm_gemm_options_t* options, uint32_t m,
+                                           uint32_t n, uint32_t k, const void* a, size_t a_bytes,
+                                           const void* b, size_t b_bytes, uint32_t c_ttl_seconds,
+                                           int* code, char** errptr);
+/* [revision 3] The handle of GEMM i's kept C (malloc()ed; hgemm_free()) once it succeeded,
+ * c_info (may be NULL) the matrix; NULL for a GEMM that kept no C or has not succeeded.
+ * REQUIRES: i < hgemm_batch_size(batch). */
+HGEMM_EXPORT char* hgemm_batch_c_handle(const hgemm_batch_t* batch, size_t i,
+                                        hgemm_matrix_info_t* c_info);
 HGEMM_EXPORT size_t hgemm_batch_size(const hgemm_batch_t* batch);
 /* Sends the batch's GEMMs given by `indices` (count of them; indices NULL: every GEMM) and
  * waits for their answers. A GEMM can fail alone (its hgemm_batch_result) while the streams

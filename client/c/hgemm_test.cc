@@ -1236,4 +1236,44 @@ TEST(HgemmCAbi, StreamToAnUnreachableServerEndsUnavailable) {
   hgemm_client_destroy(client);
 }
 
+TEST_F(HgemmC, GemmManyKeepsTheCsAskedFor) {
+  constexpr uint32_t m = 26, n = 19, k = 31;
+  std::mt19937_64 rng(16);
+  const std::vector<uint16_t> a = hgemm::RandomHalfMatrix(m * k, rng);
+  const std::vector<uint16_t> b = hgemm::RandomHalfMatrix(k * n, rng);
+  const std::vector<float> reference = hgemm::ReferenceGemm(a.data(), b.data(), m, n, k);
+  std::vector<uint16_t> c(m * n, kPoison);
+  hgemm_batch_t* batch = hgemm_batch_create();
+  Error e;
+  ASSERT_EQ(hgemm_batch_add_keep_c(batch, nullptr, m, n, k, a.data(), 2 * a.size(), b.data(),
+                                   2 * b.size(), 60, &e.code, &e.message),
+            0u)
+      << e.text();
+  ASSERT_EQ(hgemm_batch_add(batch, nullptr, m, n, k, a.data(), 2 * a.size(), b.data(),
+                            2 * b.size(), c.data(), 2 * c.size(), &e.code, &e.message),
+            1u)
+      << e.text();
+  EXPECT_EQ(hgemm_batch_c_handle(batch, 0, nullptr), nullptr);  // not run yet
+  hgemm_gemm_many(client_, batch, nullptr, nullptr, 0, &e.code, &e.message);
+  ASSERT_EQ(e.code, HGEMM_OK) << e.text();
+  EXPECT_EQ(hgemm_batch_c_handle(batch, 1, nullptr), nullptr);  // C came back
+  EXPECT_LT(hgemm::RelativeFrobeniusError(c.data(), reference.data(), c.size()),
+            hgemm::kServiceTolerance.fp32_acc);
+  hgemm_matrix_info_t c_info;
+  char* kept = hgemm_batch_c_handle(batch, 0, &c_info);
+  ASSERT_NE(kept, nullptr);
+  EXPECT_EQ(c_info.rows, m);
+  EXPECT_EQ(c_info.cols, n);
+  std::vector<uint16_t> downloaded(m * n, kPoison);
+  EXPECT_EQ(hgemm_download(client_, nullptr, kept, 0, 0, downloaded.data(),
+                           2 * downloaded.size(), &e.code, &e.message),
+            2 * downloaded.size())
+      << e.text();
+  EXPECT_LT(hgemm::RelativeFrobeniusError(downloaded.data(), reference.data(), c.size()),
+            hgemm::kServiceTolerance.fp32_acc);
+  EXPECT_EQ(hgemm_release(client_, nullptr, kept, &e.code, &e.message), 2 * c.size());
+  hgemm_free(kept);
+  hgemm_batch_destroy(batch);
+}
+
 }  // namespace

@@ -409,11 +409,11 @@ class Calls:
             return None
         return self.config.streams(spec, mode)
 
-    def _on_native_core(self, spec: Spec, many: bool = False) -> bool:
+    def _on_native_core(self, spec: Spec) -> bool:
         """Whether a GEMM goes through the native core: one is loaded, and the GEMM returns C or
-        keeps it with a blocking call (hgemm_gemm_keep_c: the sync client's single GEMMs; a
-        batch or an awaited GEMM carries no kept C)."""
-        return self.native is not None and (not spec.keep_c or (self.blocking and not many))
+        keeps it with a blocking call (hgemm_gemm_keep_c, a batch: the sync client's; an
+        awaited GEMM carries no kept C)."""
+        return self.native is not None and (not spec.keep_c or self.blocking)
 
     def _many(self, specs: List[Spec], timeout, details, as_torch, started):
         groups, outcomes = by_replica(dict(enumerate(specs)))
@@ -422,7 +422,7 @@ class Calls:
         bar = _progress.bar(self.config.progress, total, "hgemm")
         batch = None
         try:
-            if self.blocking and all(self._on_native_core(s, many=True) for s in specs):
+            if self.blocking and all(self._on_native_core(s) for s in specs):
                 batch = self.native.batch({i: s for by_id in groups.values()
                                            for i, s in by_id.items()})
             if batch is None:

@@ -161,7 +161,7 @@ def use_native() -> bool:
 NATIVE_FEATURES = {
     "gemm": "native",                # any layout and types, alpha/beta/c, out=, keep_c
     "gemm_batched": "native",
-    "gemm_many": "native",           # but a list with keep_c items: grpcio
+    "gemm_many": "native",
     "upload": "native",              # but from a shared buffer: the server copies it there
     "download": "native",
     "release": "native",
@@ -268,6 +268,8 @@ def _declare(lib):
         "hgemm_batch_add": (size, (p, p, u32, u32, u32, p, size, p, size, p, size) + err),
         "hgemm_gemm_many": (None, (p, p, p, ctypes.POINTER(size), size) + err),
         "hgemm_batch_result": (ctypes.c_ubyte, (p, size, ctypes.POINTER(GemmInfo)) + err),
+        "hgemm_batch_add_keep_c": (size, (p, p, u32, u32, u32, p, size, p, size, u32) + err),
+        "hgemm_batch_c_handle": (p, (p, size, ctypes.POINTER(MatrixInfo))),
         "hgemm_gemm_options_set_alpha": (None, (p, ctypes.c_float)),
         "hgemm_gemm_options_set_beta": (None, (p, ctypes.c_float)),
         "hgemm_gemm_options_set_c_in": (None, (p, p, size)),
@@ -570,7 +572,7 @@ class NativeCall:
 
 class NativeBatch:
     """gemm_many's GEMMs in an hgemm_batch_t (C ABI revision 2), each with a C buffer of its
-    own: run() sends some of them on a GemmStream per replica (blocking, the GIL released),
+    own (or kept on the server: keep_c, revision 3): run() sends some of them on a GemmStream per replica (blocking, the GIL released),
     outcome() reads what came of each, as a StreamCollector does. Thread safety: one thread at a
     time (a gemm_many call owns it); close() frees the batch."""
 
@@ -578,17 +580,24 @@ class NativeBatch:
         self._native, self._lib = native, native._lib
         self.specs = specs
         self.protocol_error = None  # StreamCollector's; the C++ core folds it into run()'s error
-        self._buffers = {i: np.empty(spec.c_bytes, dtype=np.uint8) for i, spec in specs.items()}
+        self._buffers = {i: np.empty(spec.c_bytes, dtype=np.uint8) for i, spec in specs.items()
+                         if not spec.keep_c}
         self._index: Dict[int, int] = {}  # spec id → the GEMM's index in the batch
         self._batch = self._lib.hgemm_batch_create()
         try:
             for i, spec in specs.items():
                 options = native._gemm_options(spec)
                 try:
-                    buffer = self._buffers[i]
-                    self._index[i] = native._checked(
-                        self._lib.hgemm_batch_add, self._batch, options, spec.m, spec.n, spec.k,
-                        *_operand(spec.a), *_operand(spec.b), buffer.ctypes.data, buffer.nbytes)
+                    gemm = (spec.m, spec.n, spec.k, *_operand(spec.a), *_operand(spec.b))
+                    if spec.keep_c:
+                        self._index[i] = native._checked(
+                            self._lib.hgemm_batch_add_keep_c, self._batch, options, *gemm,
+                            spec.c_ttl)
+                    else:
+                        buffer = self._buffers[i]
+                        self._index[i] = native._checked(
+                            self._lib.hgemm_batch_add, self._batch, options, *gemm,
+                            buffer.ctypes.data, buffer.nbytes)
                 finally:
                     self._lib.hgemm_gemm_options_destroy(options)
         except BaseException:
@@ -627,7 +636,15 @@ class NativeBatch:
             return None
         if err is not None:
             return _errors.from_code(err.code(), err.details(), index=i)
-        return self.specs[i].c_array(self._buffers[i]), _gemm_done(info)
+        spec = self.specs[i]
+        if not spec.keep_c:
+            return spec.c_array(self._buffers[i]), _gemm_done(info)
+        c_info = MatrixInfo()
+        handle = self._lib.hgemm_batch_c_handle(self._batch, self._index[i], ctypes.byref(c_info))
+        if not handle:
+            return _errors.Internal("the server kept no C (keep_c_resident ignored?)", index=i)
+        return None, _gemm_done(info, self._native._matrix_info(handle, c_info, "",
+                                                                spec.c_dtype))
 
 
 class NativeStream:

@@ -286,6 +286,11 @@ def test_native_resident_matrices_upload_list_download_keep_c_release(server, rn
             ref = 0.5 * (a.astype(np.float64) @ b.astype(np.float64)) - 1.25 * got
             assert np.linalg.norm(scaled - ref) / np.linalg.norm(ref) < FP32_TOLERANCE
             assert hc.release() == m * n * 2
+        kept, plain = c.gemm_many([(a, hb, {"keep_c": True}), (a, b)])
+        assert isinstance(kept, hgemm.ResidentMatrix) and kept.shape == (m, n)
+        assert _error64(kept.download(), a, b) < FP32_TOLERANCE
+        assert _error64(plain, a, b) < FP32_TOLERANCE
+        kept.release()
         kept32 = c.gemm(a, b, keep_c=True, c_dtype="fp32", details=True)
         assert kept32.c.dtype == "fp32" and kept32.execution.backend == "cpu"
         c32 = kept32.c.download()
