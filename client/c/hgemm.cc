@@ -114,6 +114,7 @@ struct hgemm_stream_t {
     hgemm::v1::GemmRequest request;
   };
   int64_t chunk_bytes = 0;
+  std::unique_ptr<const hgemm::GemmClient> client;  // a copy: the stream keeps the channels
   grpc::ClientContext context;
   std::unique_ptr<hgemm::GemmStreamWriter> stream;
   std::thread writer;
@@ -919,7 +920,8 @@ hgemm_stream_t* hgemm_stream_open(hgemm_client_t* client, const hgemm_call_optio
                                              : std::max<int64_t>(options->timeout_ms, 0));
     auto stream = std::make_unique<hgemm_stream_t>();
     stream->chunk_bytes = call.chunk_bytes;
-    stream->stream = client->client.OpenStream(call.replica, call, &stream->context);
+    stream->client = std::make_unique<const hgemm::GemmClient>(client->client);
+    stream->stream = stream->client->OpenStream(call.replica, call, &stream->context);
     stream->writer = std::thread(&hgemm_stream_t::Write, stream.get());
     *code = HGEMM_OK;
     return stream.release();

@@ -390,7 +390,8 @@ HGEMM_EXPORT void hgemm_call_destroy(hgemm_call_t* call);
  * submitting never waits for the network.
  * Thread safety: hgemm_stream_submit() from many threads at once; hgemm_stream_next() from one
  * thread at a time (any); hgemm_stream_close() and hgemm_stream_cancel() from any thread, any
- * time before hgemm_stream_destroy(). REQUIRES: the client outlives the stream. */
+ * time before hgemm_stream_destroy(). A stream shares its client's channels and may outlive
+ * the client (hgemm_client_destroy() neither waits for nor ends it). */
 
 /* Opens a stream to the options' replica ("": the target; options may be NULL), whose timeout
  * is the deadline of the whole stream (0 or unset: none, the client's timeout is not applied).

@@ -1276,4 +1276,39 @@ TEST_F(HgemmC, GemmManyKeepsTheCsAskedFor) {
   hgemm_batch_destroy(batch);
 }
 
+TEST(HgemmCAbi, StreamOutlivesItsClient) {
+  const std::string address = "127.0.0.1:" + std::to_string(hgemm::subprocess::FreePort());
+  ChildProcess server(hgemm::subprocess::RunfilePath("server/hgemm_server"),
+                      {"--backend=cpu", "--cpu_workers=1", "--listen=" + address});
+  constexpr uint32_t m = 12, n = 10, k = 14;
+  std::mt19937_64 rng(17);
+  const std::vector<uint16_t> a = hgemm::RandomHalfMatrix(m * k, rng);
+  const std::vector<uint16_t> b = hgemm::RandomHalfMatrix(k * n, rng);
+  const std::vector<float> reference = hgemm::ReferenceGemm(a.data(), b.data(), m, n, k);
+  hgemm_client_options_t* options = hgemm_client_options_create();
+  hgemm_client_options_set_retry_policy(options, 60, 500, 500, 1.0);  // while the server starts
+  Error e;
+  hgemm_client_t* client = hgemm_client_create(address.c_str(), options, &e.code, &e.message);
+  hgemm_client_options_destroy(options);
+  ASSERT_NE(client, nullptr) << e.text();
+  hgemm_server_info_t* info = hgemm_server_info(client, nullptr, &e.code, &e.message);
+  ASSERT_NE(info, nullptr) << e.text();
+  hgemm_server_info_destroy(info);
+  hgemm_stream_t* stream = hgemm_stream_open(client, nullptr, &e.code, &e.message);
+  ASSERT_NE(stream, nullptr) << e.text();
+  hgemm_client_destroy(client);
+  std::vector<uint16_t> c(m * n, kPoison);
+  hgemm_stream_submit(stream, 0, nullptr, m, n, k, a.data(), 2 * a.size(), b.data(),
+                      2 * b.size(), c.data(), 2 * c.size(), 0, 0, &e.code, &e.message);
+  ASSERT_EQ(e.code, HGEMM_OK) << e.text();
+  EXPECT_EQ(ReadAnswers(stream, 1).at(0).code, HGEMM_OK);
+  EXPECT_LT(hgemm::RelativeFrobeniusError(c.data(), reference.data(), c.size()),
+            hgemm::kServiceTolerance.fp32_acc);
+  hgemm_stream_close(stream);
+  uint64_t id = 0;
+  EXPECT_EQ(hgemm_stream_next(stream, &id, nullptr, nullptr, nullptr, &e.code, &e.message), 0);
+  EXPECT_EQ(e.code, HGEMM_OK) << e.text();
+  hgemm_stream_destroy(stream);
+}
+
 }  // namespace

@@ -22,6 +22,7 @@ import ctypes
 import os
 import re
 import threading
+import weakref
 from typing import Dict, Optional, Sequence
 
 import grpc
@@ -354,14 +355,18 @@ class NativeClient:
                 options, policy.attempts, int(policy.initial_backoff_s * 1e3),
                 int(policy.max_backoff_s * 1e3), policy.multiplier)
             self._client = self._checked(lib.hgemm_client_create, _encode(target), options)
+            self._streams = weakref.WeakSet()  # open NativeStreams, cancelled by close()
         except NativeRpcError as e:
             raise ValueError(e.details()) from None
         finally:
             lib.hgemm_client_options_destroy(options)
 
     def close(self) -> None:
-        """Frees the client, once its asynchronous GEMMs still running are over (the library
-        waits for them, the GIL released)."""
+        """Cancels its open streams (their GEMMs not yet answered fail with Cancelled, as a closed
+        grpcio channel's) and frees the client, once its asynchronous GEMMs still running are
+        over (the library waits for them, the GIL released)."""
+        for stream in list(self._streams):
+            stream.cancel()
         client, self._client = self._client, None
         if client:
             self._lib.hgemm_client_destroy(client)
@@ -483,7 +488,9 @@ class NativeClient:
                              replica=handle_replica(text), dtype=_DTYPES[dtype])
 
     def open_stream(self, replica: str) -> "NativeStream":
-        return NativeStream(self, replica)
+        stream = NativeStream(self, replica)
+        self._streams.add(stream)
+        return stream
 
     def batch(self, specs: dict) -> "NativeBatch":
         """A NativeBatch of these GEMMs (none with keep_c), by their ids."""

@@ -338,3 +338,16 @@ def test_native_stream_never_touches_grpcio(server, rng):
     for (a, b), r in zip(pairs, results):
         assert r.c.shape == (a.shape[0], b.shape[1]) and r.execution.backend == "cpu"
         assert _error64(r.c, a, b) < FP32_TOLERANCE
+
+
+def test_closing_a_native_client_cancels_its_open_streams(server, rng):
+    a = fp16(rng, 1024, 1024)
+    c = _native_client(server.address, timeout=60)
+    s = c.stream()
+    futures = [s.submit(a, a) for _ in range(3)]
+    c.close()
+    for f in futures:  # answered before the close, or cancelled by it
+        if f.exception(timeout=60) is None:
+            assert _error64(f.result(), a, a) < FP32_TOLERANCE
+        else:
+            assert isinstance(f.exception(), hgemm.Cancelled), f.exception()
