@@ -11,9 +11,9 @@ Which core: $HGEMM_TRANSPORT "native" (the library must load: OSError otherwise)
 libhgemm_client.so beside this file (pip install copies it there). hgemm.info() says which.
 The sync Client's GEMMs (any layout and types: transposed views go as stored, by pointer; alpha,
 beta, C inputs, batches, keep_c), gemm_many, uploads, downloads (into one buffer), listings and
-releases go through it, and the aio client's GEMMs (hgemm_gemm_async, a completion callback);
-NATIVE_FEATURES says what stays on grpcio (streams, shared memory, the aio client's other
-calls, channel_options).
+releases go through it, and so do both clients' stream()s (hgemm_stream_t) and the aio client's
+GEMMs (hgemm_gemm_async, a completion callback); NATIVE_FEATURES says what stays on grpcio
+(shared memory, info, kernels, the aio client's other calls, channel_options).
 
 Thread safety: the library is loaded once under a lock; a NativeClient is thread-safe (one
 hgemm_client_t serves many threads).
@@ -172,6 +172,7 @@ NATIVE_FEATURES = {
     "info": "grpcio",
     "kernels": "grpcio",
     "aio.gemm": "native",            # but keep_c: grpcio
+    "aio.stream": "native",
     "aio.other": "grpcio",           # the aio client's other calls
 }
 

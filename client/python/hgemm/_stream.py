@@ -8,7 +8,6 @@ from typing import Optional
 
 import grpc
 
-from . import _errors
 from ._native import NativeStream
 from ._stream_session import StreamSession
 
@@ -106,10 +105,8 @@ class Stream(StreamSession):
         return future
 
     def _open(self) -> None:
-        native = self._client._calls.native
-        if native is not None:
-            call = native.open_stream(self._replica or "")
-            self._queue = self._call = call
+        call = self._open_native()
+        if call is not None:
             self._start_reader(self._read_native, call)
             return
         q = queue.SimpleQueue()
@@ -123,27 +120,14 @@ class Stream(StreamSession):
         self._readers.append(reader)
         reader.start()
 
-    def _put(self, i: int, spec) -> None:
-        if not isinstance(self._queue, NativeStream):
-            super()._put(i, spec)
-            return
-        try:
-            self._queue.submit(i, spec)
-        except grpc.RpcError as e:  # refused before sending
-            self._book.drop(i)
-            raise _errors.from_rpc_error(e) from None
-
     def _read_native(self, call: NativeStream) -> None:
         """The reader of a native stream: each answer, then the stream's end (as _read)."""
         while True:
-            answer = call.next()
+            answer = call.next()  # the GIL released while it waits
             if answer is None:
                 break
-            with self._lock:
-                finished, retry = self._book.answered(*answer)
-            self._settle(finished, retry)
-        finished, retry = self._ended(call, None if call.end is None
-                                      else self._unreachable(call.end))
+            self._native_answer(answer)
+        finished, retry = self._ended(call, self._native_end(call))
         call.close()
         with self._lock:
             self._readers.remove(threading.current_thread())

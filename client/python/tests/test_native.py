@@ -351,3 +351,24 @@ def test_closing_a_native_client_cancels_its_open_streams(server, rng):
             assert _error64(f.result(), a, a) < FP32_TOLERANCE
         else:
             assert isinstance(f.exception(), hgemm.Cancelled), f.exception()
+
+
+def test_aio_stream_on_the_native_core(server, rng):
+    import asyncio
+    if hgemm.info()["core"] != "native":
+        pytest.skip("the native core is not in use: " + str(hgemm.info()["reason"]))
+    pairs = [(fp16(rng, 10 + i, 12), fp16(rng, 12, 9 + i)) for i in range(8)]
+
+    async def main():
+        async with hgemm.aio.Client(server.address, timeout=60) as c:
+            def refuse(*args, **kwargs):
+                raise AssertionError("a stream went through grpcio")
+            c._stub.GemmStream = refuse
+            async with c.stream() as s:
+                results = await asyncio.gather(*(s.gemm(a, b) for a, b in pairs))
+                with pytest.raises(hgemm.InvalidArgument, match="no_such_kernel"):
+                    await s.gemm(*pairs[0], kernel="no_such_kernel")
+                assert _error64(await s.gemm(*pairs[1]), *pairs[1]) < FP32_TOLERANCE
+            for (a, b), r in zip(pairs, results):
+                assert _error64(r, a, b) < FP32_TOLERANCE
+    asyncio.run(main())
