@@ -18,11 +18,17 @@ all threads) per GEMM: what the client costs, however fast the server is.
 
 With --hgemm_load, every point is also run by hgemm_load (same shape, mode, resident mode and
 concurrency) and the table shows the ratio python / C++ of requests per second (target ≥ 0.9).
+Its CPU time per GEMM ("C++ CPU ms") is the child process's user + system time over all the
+GEMMs it ran (verification and warm-up included: an upper bound).
 
 --transports: the client's cores to measure, each point once per core ($HGEMM_TRANSPORT for the
 point's clients; default both): "native" (libhgemm_client.so, client/c; skipped with a line
-when it does not load) and "grpcio". The native core carries unary GEMMs; a stream() stays on
-grpcio whatever the core, so stream points measure the same path twice.
+when it does not load) and "grpcio". On the native core unary GEMMs, uploads and stream()s all
+go through the library (hgemm.info()["features"], printed first, says which core serves what).
+
+After the per-core table, a comparison table puts each point's cores and hgemm_load on one
+line: req/s of grpcio, native and C++, each core's ratio to C++, and the CPU ms per GEMM of
+each. The CSV has the per-core rows (cpp_client_cpu_ms: hgemm_load's CPU ms per GEMM).
 Needs the hgemm package (pip install ./client/python, or PYTHONPATH=client/python).
 """
 import argparse
@@ -163,18 +169,56 @@ def _cpu_seconds() -> float:
     return r.ru_utime + r.ru_stime
 
 
+def _children_cpu_seconds() -> float:
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
 def run_cpp(args, row):
+    """hgemm_load at the row's point: (req/s, CPU ms per GEMM over its whole run), or None."""
     with tempfile.NamedTemporaryFile(suffix=".csv") as f:
         cmd = [args.hgemm_load, f"--server={args.server}", f"--shapes={row['shape']}",
                f"--mode={row['mode']}", f"--resident={row['resident']}",
                f"--concurrency={row['concurrency']}", f"--csv={f.name}", "--verify=1"]
+        cpu_before = _children_cpu_seconds()
         r = subprocess.run(cmd, capture_output=True, text=True)
+        cpu_s = _children_cpu_seconds() - cpu_before
         if r.returncode != 0:
             print(f"python_client_bench: hgemm_load failed ({r.returncode}):\n{r.stderr[-2000:]}",
                   file=sys.stderr)
             return None
         rows = [x for x in csv.DictReader(open(f.name)) if x["target"] == "service"]
-        return float(rows[0]["requests_per_s"]) if rows else None
+        if not rows:
+            return None
+        gemms = int(rows[0]["requests"]) + int(rows[0].get("warmup_requests") or 0)
+        return float(rows[0]["requests_per_s"]), 1e3 * cpu_s / gemms if gemms else float("nan")
+
+
+def _number(x, digits: int) -> str:
+    return "-" if x is None or x != x else f"{x:.{digits}f}"
+
+
+def print_comparison(rows) -> None:
+    """One line per point: grpcio, native and hgemm_load side by side."""
+    points = {}
+    for r in rows:
+        key = (r["shape"], r["mode"], r["resident"], r["concurrency"])
+        points.setdefault(key, {})[r["core"]] = r
+    print()
+    print("| shape | mode | resident | conc | grpcio req/s | native req/s | C++ req/s | "
+          "grpcio/C++ | native/C++ | grpcio CPU ms | native CPU ms | C++ CPU ms |")
+    print("| --- | --- | --- |" + " ---: |" * 9)
+    for (shape, mode, resident, conc), by_core in points.items():
+        grpcio, native = by_core.get("grpcio", {}), by_core.get("native", {})
+        any_row = grpcio or native
+        print(f"| {shape} | {mode} | {resident} | {conc} | "
+              f"{_number(grpcio.get('requests_per_s'), 1)} | "
+              f"{_number(native.get('requests_per_s'), 1)} | "
+              f"{_number(any_row.get('cpp_requests_per_s'), 1)} | "
+              f"{_number(grpcio.get('ratio'), 2)} | {_number(native.get('ratio'), 2)} | "
+              f"{_number(grpcio.get('client_cpu_ms'), 2)} | "
+              f"{_number(native.get('client_cpu_ms'), 2)} | "
+              f"{_number(any_row.get('cpp_client_cpu_ms'), 2)} |")
 
 
 def main():
@@ -214,8 +258,10 @@ def main():
                 row = run_point(args, transport, shape, mode, resident, conc, a, b)
                 if cpp is None and args.hgemm_load:
                     cpp = run_cpp(args, row)
-                row["cpp_requests_per_s"] = cpp
-                row["ratio"] = row["requests_per_s"] / cpp if cpp else None
+                cpp_rps, cpp_cpu_ms = cpp or (None, None)
+                row["cpp_requests_per_s"] = cpp_rps
+                row["ratio"] = row["requests_per_s"] / cpp_rps if cpp_rps else None
+                row["cpp_client_cpu_ms"] = cpp_cpu_ms
                 rows.append(row)
                 print(f"  {transport}: {row['shape']} {mode} resident={resident} c={conc}: "
                       f"{row['requests_per_s']:.1f} req/s", file=sys.stderr)
@@ -233,6 +279,7 @@ def main():
               f"{r['requests_per_s']:.1f}{err} | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} | "
               f"{r['payload_gb_per_s']:.2f} | {r['server_kernel_ms']:.3f} | "
               f"{r['client_cpu_ms']:.2f} | {cpp} | {ratio} |")
+    print_comparison(rows)
     if args.csv:
         with open(args.csv, "w", newline="") as f:
             w = csv.DictWriter(f, fieldnames=list(rows[0]))

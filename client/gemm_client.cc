@@ -486,6 +486,13 @@ grpc::Status GemmClient::GemmStream(const std::vector<const v1::GemmRequest*>& r
   return first_failure;
 }
 
+std::unique_ptr<GemmStreamWriter> GemmClient::OpenStream(const std::string& replica,
+                                                         const CallOptions& options,
+                                                         grpc::ClientContext* context) const {
+  ApplyDeadline(options, context);
+  return RouteTo(replica).stub->GemmStream(context);
+}
+
 grpc::Status GemmClient::StreamOn(const Route& route,
                                   const std::vector<const v1::GemmRequest*>& requests,
                                   std::vector<StreamedGemm>* results,
@@ -712,10 +719,10 @@ grpc::Status GemmClient::GemmGrouped(const v1::GemmRequest& form,
   return grpc::Status::OK;
 }
 
-grpc::Status GemmClient::UploadMatrix(uint32_t rows, uint32_t cols, const std::string& data,
+grpc::Status GemmClient::UploadMatrix(uint32_t rows, uint32_t cols, std::string_view data,
                                       v1::MatrixInfo* info, uint32_t ttl_seconds,
                                       const std::string& label, const CallOptions& options,
-                                      v1::DataType dtype) const {
+                                      v1::DataType dtype, int32_t device_id) const {
   const Route route = RouteTo(options.replica);
   grpc::ClientContext context;
   ApplyDeadline(options, &context);
@@ -727,6 +734,7 @@ grpc::Status GemmClient::UploadMatrix(uint32_t rows, uint32_t cols, const std::s
   header->set_ttl_seconds(ttl_seconds);
   header->set_label(label);
   header->set_dtype(dtype);
+  if (device_id >= 0) header->set_device_id(device_id);
   bool ok = stream->Write(message);
   for (size_t offset = 0; ok && offset < data.size(); offset += options.chunk_bytes) {
     message.set_chunk(data.data() + offset, std::min<size_t>(options.chunk_bytes, data.size() - offset));
@@ -853,7 +861,27 @@ grpc::Status GemmClient::UploadPart(const std::string& handle, uint64_t offset,
 grpc::Status GemmClient::DownloadRange(const std::string& handle, uint64_t offset,
                                        uint64_t length, char* into, int route_index,
                                        const CallOptions& options) const {
-  const Route route = PartRouteFor(handle, route_index);
+  uint64_t received = 0;
+  grpc::Status status = DownloadOn(PartRouteFor(handle, route_index), handle, offset, length,
+                                   {into, length}, &received, options);
+  if (status.ok() && received != length) {
+    return grpc::Status(grpc::StatusCode::INTERNAL,
+                        fmt::format("download of {} bytes ended after {} (a server that ignores "
+                                    "ranges?)",
+                                    length, received));
+  }
+  return status;
+}
+
+grpc::Status GemmClient::DownloadInto(const std::string& handle, uint64_t offset,
+                                      uint64_t length, CBuffer into, uint64_t* received,
+                                      const CallOptions& options) const {
+  return DownloadOn(RouteFor(handle, options), handle, offset, length, into, received, options);
+}
+
+grpc::Status GemmClient::DownloadOn(const Route& route, const std::string& handle,
+                                    uint64_t offset, uint64_t length, CBuffer into,
+                                    uint64_t* received, const CallOptions& options) const {
   grpc::ClientContext context;
   ApplyDeadline(options, &context);
   v1::DownloadMatrixRequest request;
@@ -862,25 +890,34 @@ grpc::Status GemmClient::DownloadRange(const std::string& handle, uint64_t offse
   request.set_length(length);
   auto stream = route.stub->DownloadMatrix(&context, request);
   v1::ResultChunk chunk;
-  uint64_t received = 0;
+  uint64_t written = 0;
   grpc::Status broken;
+  auto stop = [&](grpc::Status why) {
+    if (broken.ok()) broken = std::move(why);
+    context.TryCancel();
+  };
   while (stream->Read(&chunk)) {
-    if (chunk.offset() != offset + received || chunk.data().size() > length - received) {
-      broken = grpc::Status(grpc::StatusCode::INTERNAL, "download chunk outside the range asked for");
-      context.TryCancel();
-      continue;
+    if (!broken.ok()) continue;
+    // The first chunk of a whole-matrix download says how much will come.
+    const uint64_t coming = written == 0 && length == 0 && chunk.total_bytes() > offset
+                                ? chunk.total_bytes() - offset
+                                : written + chunk.data().size();
+    if (chunk.offset() != offset + written ||
+        (length != 0 && chunk.data().size() > length - written)) {
+      stop(grpc::Status(grpc::StatusCode::INTERNAL, "download chunk outside the range asked for"));
+    } else if (coming > into.capacity) {
+      stop(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        fmt::format("the download buffer holds {} bytes; the matrix has more "
+                                    "from byte {} ({} at least)",
+                                    into.capacity, offset, coming)));
+    } else {
+      std::memcpy(into.data + written, chunk.data().data(), chunk.data().size());
+      written += chunk.data().size();
     }
-    std::memcpy(into + received, chunk.data().data(), chunk.data().size());
-    received += chunk.data().size();
   }
   grpc::Status status = stream->Finish();
+  if (received != nullptr) *received = written;
   if (!broken.ok()) return broken;
-  if (status.ok() && received != length) {
-    return grpc::Status(grpc::StatusCode::INTERNAL,
-                        fmt::format("download of {} bytes ended after {} (a server that ignores "
-                                    "ranges?)",
-                                    length, received));
-  }
   return ExplainUnreachable(status, route.replica, route.channel.get());
 }
 

@@ -184,6 +184,14 @@ class GemmClient {
                           std::vector<StreamedGemm>* results, const CallOptions& options = {},
                           const std::vector<CBuffer>* c_into = nullptr) const;
 
+  // Opens a GemmStream to `replica` ("": the target) with the options' metadata and deadline
+  // (none when timeout is 0), for a caller that writes GEMMs onto it and reads the answers
+  // itself (WriteStreamedGemm; the C ABI's persistent streams). REQUIRES: `context` is fresh and
+  // outlives the stream, and the client outlives both.
+  std::unique_ptr<GemmStreamWriter> OpenStream(const std::string& replica,
+                                               const CallOptions& options,
+                                               grpc::ClientContext* context) const;
+
   // What GemmAsync comes to: the GEMM's status (as GemmStream's or Gemm's would be) and its
   // response (C in response.c() when unary; written into c_into when streamed).
   using GemmDone = std::function<void(grpc::Status, v1::GemmResponse)>;
@@ -211,11 +219,13 @@ class GemmClient {
   grpc::Status GetServerInfo(v1::ServerInfo* response, const CallOptions& options = {}) const;
 
   // Resident matrices. `data` holds rows·cols values of `dtype` (UNSPECIFIED: fp16; fp16 or
-  // bf16: 2·rows·cols bytes). The upload goes to options.replica if set (info->replica() says where it went).
-  grpc::Status UploadMatrix(uint32_t rows, uint32_t cols, const std::string& data,
+  // bf16: 2·rows·cols bytes), sent from where it lies. The upload goes to options.replica if set
+  // (info->replica() says where it went), onto CUDA device `device_id` (< 0: the server picks).
+  grpc::Status UploadMatrix(uint32_t rows, uint32_t cols, std::string_view data,
                             v1::MatrixInfo* info, uint32_t ttl_seconds = 0,
                             const std::string& label = "", const CallOptions& options = {},
-                            v1::DataType dtype = v1::DATA_TYPE_UNSPECIFIED) const;
+                            v1::DataType dtype = v1::DATA_TYPE_UNSPECIFIED,
+                            int32_t device_id = -1) const;
   // *freed_bytes (if not null): the bytes the server freed.
   grpc::Status ReleaseMatrix(const std::string& handle, const CallOptions& options = {},
                              uint64_t* freed_bytes = nullptr) const;
@@ -224,6 +234,14 @@ class GemmClient {
                             const CallOptions& options = {}) const;
   grpc::Status DownloadMatrix(const std::string& handle, std::string* data,
                               const CallOptions& options = {}) const;
+  // Bytes [offset, offset + length) of a resident matrix (length 0: to its end) written into
+  // caller memory as they arrive, on the handle's channel; *received (if not null): the bytes
+  // written. INVALID_ARGUMENT naming the capacity, the call cancelled and nothing written past
+  // it, when the bytes would not fit (known from the first chunk's total_bytes when length is
+  // 0); INTERNAL when the server sends another range (one that ignores ranges).
+  grpc::Status DownloadInto(const std::string& handle, uint64_t offset, uint64_t length,
+                            CBuffer into, uint64_t* received,
+                            const CallOptions& options = {}) const;
 
   // Uploads by parts (see "Parallel parts"): CreateUpload of a rows×cols matrix of `dtype`,
   // then UploadPart of `bytes` at byte `offset` (in chunks of options.chunk_bytes) on `route`
@@ -274,6 +292,10 @@ class GemmClient {
   // Run() as parallel parts; UNIMPLEMENTED from a server without CreateUpload.
   grpc::Status RunParts(const v1::GemmRequest& request, v1::GemmResponse* response,
                         const CallOptions& options) const;
+  // One DownloadMatrix call on `route`: DownloadInto's.
+  grpc::Status DownloadOn(const Route& route, const std::string& handle, uint64_t offset,
+                          uint64_t length, CBuffer into, uint64_t* received,
+                          const CallOptions& options) const;
   // The route of a call naming `handle` (empty: none), else of options.replica.
   Route RouteFor(const std::string& handle, const CallOptions& options) const;
   // One GemmStream call on `route` for all of `requests` (gemm_id = index); c_into as

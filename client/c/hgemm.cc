@@ -9,11 +9,15 @@
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <exception>
 #include <memory>
 #include <mutex>
 #include <new>
+#include <optional>
 #include <string>
+#include <thread>
+#include <unordered_map>
 #include <vector>
 
 #include "client/gemm_client.h"
@@ -67,11 +71,21 @@ struct hgemm_gemm_options_t {
   bool transpose_b = false;
   int dtype = HGEMM_DTYPE_DEFAULT;
   int c_dtype = HGEMM_DTYPE_DEFAULT;
+  std::optional<float> alpha;
+  float beta = 0;
+  const void* c_in = nullptr;  // the caller's, read by each call
+  size_t c_in_bytes = 0;
+  std::string c_in_handle;
+  uint32_t batch = 0;
 };
 
 struct hgemm_call_options_t {
   int64_t timeout_ms = -1;  // < 0: the client's
   std::string replica;
+};
+
+struct hgemm_matrix_list_t {
+  hgemm::v1::ListMatricesResponse proto;
 };
 
 struct hgemm_server_info_t {
@@ -91,6 +105,59 @@ struct hgemm_batch_t {
     hgemm::v1::GemmResponse answer;  // timing, execution, request_id (C is in `c`)
   };
   std::vector<Gemm> gemms;
+};
+
+// A persistent GemmStream: a writer thread sends queued GEMMs in order; hgemm_stream_next reads.
+struct hgemm_stream_t {
+  struct Queued {
+    uint64_t gemm_id;
+    hgemm::v1::GemmRequest request;
+  };
+  int64_t chunk_bytes = 0;
+  std::unique_ptr<const hgemm::GemmClient> client;  // a copy: the stream keeps the channels
+  grpc::ClientContext context;
+  std::unique_ptr<hgemm::GemmStreamWriter> stream;
+  std::thread writer;
+
+  std::mutex mu;  // guards what follows
+  std::condition_variable wake;  // the writer's: a GEMM queued, or closing
+  std::deque<Queued> queue;
+  bool closing = false;  // no more submits; the writer half-closes once the queue is written
+  std::unordered_map<uint64_t, hgemm::CBuffer> in_flight;  // submitted, not yet answered
+
+  // The reader's (one at a time).
+  bool over = false;
+  grpc::Status end;  // once over
+  grpc::Status protocol_error;
+
+  void Write() {
+    std::unique_lock<std::mutex> lock(mu);
+    while (true) {
+      wake.wait(lock, [&] { return closing || !queue.empty(); });
+      if (queue.empty()) break;  // closing, everything written
+      Queued next = std::move(queue.front());
+      queue.pop_front();
+      lock.unlock();
+      const bool written =
+          hgemm::WriteStreamedGemm(next.request, next.gemm_id, chunk_bytes, stream.get());
+      lock.lock();
+      if (!written) return;  // the call is over: the reader learns why
+    }
+    lock.unlock();
+    stream->WritesDone();
+  }
+
+  // Ends the writer (the call is over, or being torn down) and takes the call's status.
+  grpc::Status Finish() {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      closing = true;
+      queue.clear();
+    }
+    wake.notify_all();
+    writer.join();
+    return stream->Finish();
+  }
 };
 
 namespace {
@@ -193,10 +260,12 @@ grpc::Status CheckSizes(const hgemm_gemm_options_t& options, uint32_t m, uint32_
   const char* type = options.dtype == HGEMM_DTYPE_BF16 ? "bf16" : "fp16";
   const char* c_type = options.c_dtype == HGEMM_DTYPE_FP32 ? "fp32" : type;
   const unsigned c_size = options.c_dtype == HGEMM_DTYPE_FP32 ? 4 : 2;
-  // uint32 dimensions: 2·m·k < 2^65 only fits unsigned __int128; 2^64 bytes are never passed.
-  const unsigned __int128 a_want = 2 * static_cast<unsigned __int128>(m) * k;
-  const unsigned __int128 b_want = 2 * static_cast<unsigned __int128>(k) * n;
-  const unsigned __int128 c_want = c_size * static_cast<unsigned __int128>(m) * n;
+  // uint32 dimensions: batch·2·m·k < 2^98 only fits unsigned __int128; 2^64 bytes are never
+  // passed.
+  const unsigned __int128 batch = std::max<uint32_t>(options.batch, 1);
+  const unsigned __int128 a_want = batch * 2 * m * k;
+  const unsigned __int128 b_want = batch * 2 * k * n;
+  const unsigned __int128 c_want = batch * c_size * m * n;
   if (a_by_handle ? a != nullptr || a_bytes != 0 : a_bytes != a_want || (a == nullptr && a_bytes)) {
     return bad(a_by_handle ? "a: pass NULL and 0 bytes for an A given by handle"
                            : fmt::format("a_bytes is {}; an {}x{} {} A is {} bytes", a_bytes, m,
@@ -206,6 +275,16 @@ grpc::Status CheckSizes(const hgemm_gemm_options_t& options, uint32_t m, uint32_
     return bad(b_by_handle ? "b: pass NULL and 0 bytes for a B given by handle"
                            : fmt::format("b_bytes is {}; a {}x{} {} B is {} bytes", b_bytes, k,
                                          n, type, static_cast<uint64_t>(b_want)));
+  }
+  if (options.c_in != nullptr || options.c_in_bytes != 0) {
+    if (!options.c_in_handle.empty()) {
+      return bad("c_in: given both as bytes and by handle (c_in_handle); pass one");
+    }
+    if (options.c_in == nullptr || options.c_in_bytes != c_want) {
+      return bad(fmt::format("c_in_bytes is {}; a C_in of {} {}x{} {} is {} bytes",
+                             options.c_in_bytes, static_cast<uint64_t>(batch), m, n, c_type,
+                             static_cast<uint64_t>(c_want)));
+    }
   }
   if (c_capacity < c_want) {
     return bad(fmt::format("c_capacity is {} bytes; an {}x{} {} C needs {} (nothing was sent)",
@@ -240,6 +319,32 @@ void BuildRequest(const hgemm_gemm_options_t& options, uint32_t m, uint32_t n, u
   request->set_transpose_b(options.transpose_b);
   request->set_dtype(static_cast<hgemm::v1::DataType>(options.dtype));
   request->set_c_dtype(static_cast<hgemm::v1::DataType>(options.c_dtype));
+  if (options.alpha) request->set_alpha(*options.alpha);
+  request->set_beta(options.beta);
+  // A C input with beta 0 is never read: not sent.
+  if (options.beta != 0 && options.c_in != nullptr) {
+    request->set_c_in(options.c_in, options.c_in_bytes);
+  } else if (options.beta != 0 && !options.c_in_handle.empty()) {
+    request->set_c_in_handle(options.c_in_handle);
+  }
+  request->set_batch(options.batch);
+}
+
+hgemm_matrix_info_t MatrixInfoOf(const hgemm::v1::MatrixInfo& matrix) {
+  return hgemm_matrix_info_t{matrix.rows(), matrix.cols(), matrix.bytes(), matrix.device_id(),
+                             matrix.ttl_seconds()};
+}
+
+// A call's retries (client/retry.h) of attempt(CallOptions of the try).
+template <typename Attempt>
+grpc::Status Retried(const hgemm_client_t* client, const hgemm::CallOptions& call,
+                     bool idempotent, Attempt attempt) {
+  return hgemm::WithRetries(client->retry, call.timeout, idempotent,
+                            [&](std::chrono::milliseconds remaining) {
+                              hgemm::CallOptions try_call = call;
+                              try_call.timeout = remaining;
+                              return attempt(try_call);
+                            });
 }
 
 }  // namespace
@@ -382,6 +487,24 @@ void hgemm_gemm_options_set_c_dtype(hgemm_gemm_options_t* options, int c_dtype) 
   options->c_dtype = c_dtype;
 }
 
+void hgemm_gemm_options_set_alpha(hgemm_gemm_options_t* options, float alpha) {
+  options->alpha = alpha;
+}
+void hgemm_gemm_options_set_beta(hgemm_gemm_options_t* options, float beta) {
+  options->beta = beta;
+}
+void hgemm_gemm_options_set_c_in(hgemm_gemm_options_t* options, const void* c_in,
+                                 size_t c_in_bytes) {
+  options->c_in = c_in;
+  options->c_in_bytes = c_in_bytes;
+}
+void hgemm_gemm_options_set_c_in_handle(hgemm_gemm_options_t* options, const char* handle) {
+  options->c_in_handle = handle;
+}
+void hgemm_gemm_options_set_batch(hgemm_gemm_options_t* options, uint32_t batch) {
+  options->batch = batch;
+}
+
 // Call options.
 hgemm_call_options_t* hgemm_call_options_create(void) {
   return new (std::nothrow) hgemm_call_options_t;
@@ -513,25 +636,56 @@ hgemm_batch_t* hgemm_batch_create(void) { return new (std::nothrow) hgemm_batch_
 void hgemm_batch_destroy(hgemm_batch_t* batch) { delete batch; }
 size_t hgemm_batch_size(const hgemm_batch_t* batch) { return batch->gemms.size(); }
 
-size_t hgemm_batch_add(hgemm_batch_t* batch, const hgemm_gemm_options_t* options, uint32_t m,
-                       uint32_t n, uint32_t k, const void* a, size_t a_bytes, const void* b,
-                       size_t b_bytes, void* c, size_t c_capacity, int* code, char** errptr) {
+namespace {
+
+// hgemm_batch_add's, with C kept on the server for c_ttl_seconds when keep_c.
+size_t AddToBatch(hgemm_batch_t* batch, const hgemm_gemm_options_t* options, uint32_t m,
+                  uint32_t n, uint32_t k, const void* a, size_t a_bytes, const void* b,
+                  size_t b_bytes, void* c, size_t c_capacity, bool keep_c,
+                  uint32_t c_ttl_seconds, int* code, char** errptr) {
   try {
     const hgemm_gemm_options_t defaults;
     if (options == nullptr) options = &defaults;
-    if (SaveStatus(CheckSizes(*options, m, n, k, a, a_bytes, b, b_bytes, c_capacity), code,
-                   errptr)) {
+    if (SaveStatus(CheckSizes(*options, m, n, k, a, a_bytes, b, b_bytes,
+                              keep_c ? SIZE_MAX : c_capacity),
+                   code, errptr)) {
       return SIZE_MAX;
     }
     hgemm_batch_t::Gemm gemm;
     gemm.c = {static_cast<char*>(c), c_capacity};
     BuildRequest(*options, m, n, k, a, a_bytes, b, b_bytes, &gemm.request);
+    gemm.request.set_keep_c_resident(keep_c);
+    gemm.request.set_c_ttl_seconds(c_ttl_seconds);
     batch->gemms.push_back(std::move(gemm));
     return batch->gemms.size() - 1;
   } catch (...) {
     SaveException(code, errptr);
   }
   return SIZE_MAX;
+}
+
+}  // namespace
+
+size_t hgemm_batch_add(hgemm_batch_t* batch, const hgemm_gemm_options_t* options, uint32_t m,
+                       uint32_t n, uint32_t k, const void* a, size_t a_bytes, const void* b,
+                       size_t b_bytes, void* c, size_t c_capacity, int* code, char** errptr) {
+  return AddToBatch(batch, options, m, n, k, a, a_bytes, b, b_bytes, c, c_capacity, false, 0,
+                    code, errptr);
+}
+
+size_t hgemm_batch_add_keep_c(hgemm_batch_t* batch, const hgemm_gemm_options_t* options,
+                              uint32_t m, uint32_t n, uint32_t k, const void* a, size_t a_bytes,
+                              const void* b, size_t b_bytes, uint32_t c_ttl_seconds, int* code,
+                              char** errptr) {
+  return AddToBatch(batch, options, m, n, k, a, a_bytes, b, b_bytes, nullptr, 0, true,
+                    c_ttl_seconds, code, errptr);
+}
+
+char* hgemm_batch_c_handle(const hgemm_batch_t* batch, size_t i, hgemm_matrix_info_t* c_info) {
+  const hgemm_batch_t::Gemm& gemm = batch->gemms[i];
+  if (!gemm.answered || !gemm.status.ok() || !gemm.answer.has_c_matrix()) return nullptr;
+  if (c_info != nullptr) *c_info = MatrixInfoOf(gemm.answer.c_matrix());
+  return CopyString(gemm.answer.c_matrix().handle());
 }
 
 void hgemm_gemm_many(hgemm_client_t* client, hgemm_batch_t* batch,
@@ -582,33 +736,44 @@ unsigned char hgemm_batch_result(const hgemm_batch_t* batch, size_t i, hgemm_gem
 char* hgemm_upload(hgemm_client_t* client, const hgemm_call_options_t* options, uint32_t rows,
                    uint32_t cols, const void* data, size_t data_bytes, uint32_t ttl_seconds,
                    const char* label, hgemm_matrix_info_t* info, int* code, char** errptr) {
+  return hgemm_upload_typed(client, options, rows, cols, HGEMM_DTYPE_FP16, -1, data, data_bytes,
+                            ttl_seconds, label, info, code, errptr);
+}
+
+char* hgemm_upload_typed(hgemm_client_t* client, const hgemm_call_options_t* options,
+                         uint32_t rows, uint32_t cols, int dtype, int device_id, const void* data,
+                         size_t data_bytes, uint32_t ttl_seconds, const char* label,
+                         hgemm_matrix_info_t* info, int* code, char** errptr) {
   try {
+    if (dtype < HGEMM_DTYPE_DEFAULT || dtype > HGEMM_DTYPE_BF16) {
+      Fail(grpc::StatusCode::INVALID_ARGUMENT,
+           fmt::format("dtype {} is not HGEMM_DTYPE_DEFAULT, _FP16 or _BF16 (an uploaded matrix)",
+                       dtype),
+           code, errptr);
+      return nullptr;
+    }
+    const char* type = dtype == HGEMM_DTYPE_BF16 ? "bf16" : "fp16";
     if (data_bytes != 2 * static_cast<unsigned __int128>(rows) * cols ||
         (data == nullptr && data_bytes != 0)) {
       Fail(grpc::StatusCode::INVALID_ARGUMENT,
-           fmt::format("data_bytes is {}; a {}x{} fp16 matrix is {} bytes", data_bytes, rows, cols,
-                       2 * uint64_t{rows} * cols),
+           fmt::format("data_bytes is {}; a {}x{} {} matrix is {} bytes", data_bytes, rows, cols,
+                       type, 2 * uint64_t{rows} * cols),
            code, errptr);
       return nullptr;
     }
     hgemm::v1::MatrixInfo matrix;
-    const std::string bytes(static_cast<const char*>(data), data_bytes);
-    const hgemm::CallOptions call = CallOptionsOf(client, options);
-    auto attempt = [&](std::chrono::milliseconds remaining) {
-      hgemm::CallOptions try_call = call;
-      try_call.timeout = remaining;
-      return client->client.UploadMatrix(rows, cols, bytes, &matrix, ttl_seconds, label,
-                                         try_call);
-    };
+    const std::string_view bytes(static_cast<const char*>(data), data_bytes);
     // Not idempotent: a second upload would leave two matrices.
-    if (SaveStatus(hgemm::WithRetries(client->retry, call.timeout, false, attempt), code,
-                   errptr)) {
+    if (SaveStatus(Retried(client, CallOptionsOf(client, options), false,
+                           [&](const hgemm::CallOptions& call) {
+                             return client->client.UploadMatrix(
+                                 rows, cols, bytes, &matrix, ttl_seconds, label, call,
+                                 static_cast<hgemm::v1::DataType>(dtype), device_id);
+                           }),
+                   code, errptr)) {
       return nullptr;
     }
-    if (info != nullptr) {
-      *info = hgemm_matrix_info_t{matrix.rows(), matrix.cols(), matrix.bytes(),
-                                  matrix.device_id(), matrix.ttl_seconds()};
-    }
+    if (info != nullptr) *info = MatrixInfoOf(matrix);
     return CopyString(matrix.handle());
   } catch (...) {
     SaveException(code, errptr);
@@ -616,19 +781,300 @@ char* hgemm_upload(hgemm_client_t* client, const hgemm_call_options_t* options, 
   return nullptr;
 }
 
+char* hgemm_gemm_keep_c(hgemm_client_t* client, const hgemm_gemm_options_t* options, uint32_t m,
+                        uint32_t n, uint32_t k, const void* a, size_t a_bytes, const void* b,
+                        size_t b_bytes, uint32_t c_ttl_seconds, hgemm_gemm_info_t* info,
+                        hgemm_matrix_info_t* c_info, int* code, char** errptr) {
+  try {
+    const hgemm_gemm_options_t defaults;
+    if (options == nullptr) options = &defaults;
+    if (SaveStatus(CheckSizes(*options, m, n, k, a, a_bytes, b, b_bytes, SIZE_MAX), code,
+                   errptr)) {
+      return nullptr;
+    }
+    hgemm::v1::GemmRequest request;
+    BuildRequest(*options, m, n, k, a, a_bytes, b, b_bytes, &request);
+    request.set_keep_c_resident(true);
+    request.set_c_ttl_seconds(c_ttl_seconds);
+    const hgemm::CallOptions call = CallOptionsOf(client, options->timeout_ms, "");
+    const bool streamed = options->mode == HGEMM_MODE_STREAM ||
+                          (options->mode == HGEMM_MODE_AUTO &&
+                           hgemm::GemmClient::ShouldStream(request, call));
+    hgemm::v1::GemmResponse response;
+    // Not idempotent: a second run would keep a second C.
+    if (SaveStatus(Retried(client, call, false,
+                           [&](const hgemm::CallOptions& try_call) {
+                             if (!streamed) {
+                               return client->client.Gemm(request, &response, try_call);
+                             }
+                             std::vector<hgemm::StreamedGemm> results;
+                             grpc::Status status =
+                                 client->client.GemmStream({&request}, &results, try_call);
+                             if (status.ok()) status = results[0].status;
+                             if (status.ok()) response = std::move(results[0].response);
+                             return status;
+                           }),
+                   code, errptr)) {
+      return nullptr;
+    }
+    if (response.c_matrix().handle().empty()) {
+      Fail(grpc::StatusCode::INTERNAL, "the server kept no C (keep_c_resident ignored?)", code,
+           errptr);
+      return nullptr;
+    }
+    if (info != nullptr) FillInfo(response, streamed, info);
+    if (c_info != nullptr) *c_info = MatrixInfoOf(response.c_matrix());
+    return CopyString(response.c_matrix().handle());
+  } catch (...) {
+    SaveException(code, errptr);
+  }
+  return nullptr;
+}
+
+uint64_t hgemm_download(hgemm_client_t* client, const hgemm_call_options_t* options,
+                        const char* handle, uint64_t offset, uint64_t length, void* into,
+                        size_t capacity, int* code, char** errptr) {
+  try {
+    if (length > capacity) {
+      Fail(grpc::StatusCode::INVALID_ARGUMENT,
+           fmt::format("capacity is {} bytes, short of the {} bytes asked for (nothing was sent)",
+                       capacity, length),
+           code, errptr);
+      return 0;
+    }
+    uint64_t received = 0;
+    if (SaveStatus(Retried(client, CallOptionsOf(client, options), true,
+                           [&](const hgemm::CallOptions& call) {
+                             return client->client.DownloadInto(
+                                 handle, offset, length, {static_cast<char*>(into), capacity},
+                                 &received, call);
+                           }),
+                   code, errptr)) {
+      return 0;
+    }
+    return received;
+  } catch (...) {
+    SaveException(code, errptr);
+  }
+  return 0;
+}
+
+hgemm_matrix_list_t* hgemm_list_matrices(hgemm_client_t* client,
+                                         const hgemm_call_options_t* options, int* code,
+                                         char** errptr) {
+  try {
+    auto list = std::make_unique<hgemm_matrix_list_t>();
+    if (SaveStatus(Retried(client, CallOptionsOf(client, options), true,
+                           [&](const hgemm::CallOptions& call) {
+                             return client->client.ListMatrices(&list->proto, call);
+                           }),
+                   code, errptr)) {
+      return nullptr;
+    }
+    return list.release();
+  } catch (...) {
+    SaveException(code, errptr);
+  }
+  return nullptr;
+}
+
+void hgemm_matrix_list_destroy(hgemm_matrix_list_t* list) { delete list; }
+size_t hgemm_matrix_list_size(const hgemm_matrix_list_t* list) {
+  return list->proto.matrices_size();
+}
+uint64_t hgemm_matrix_list_client_bytes(const hgemm_matrix_list_t* list) {
+  return list->proto.client_bytes();
+}
+uint64_t hgemm_matrix_list_quota_bytes(const hgemm_matrix_list_t* list) {
+  return list->proto.quota_bytes();
+}
+void hgemm_matrix_list_info(const hgemm_matrix_list_t* list, size_t i,
+                            hgemm_matrix_info_t* info) {
+  *info = MatrixInfoOf(list->proto.matrices(i));
+}
+const char* hgemm_matrix_list_handle(const hgemm_matrix_list_t* list, size_t i) {
+  return list->proto.matrices(i).handle().c_str();
+}
+const char* hgemm_matrix_list_label(const hgemm_matrix_list_t* list, size_t i) {
+  return list->proto.matrices(i).label().c_str();
+}
+const char* hgemm_matrix_list_replica(const hgemm_matrix_list_t* list, size_t i) {
+  return list->proto.matrices(i).replica().c_str();
+}
+int hgemm_matrix_list_dtype(const hgemm_matrix_list_t* list, size_t i) {
+  return list->proto.matrices(i).dtype();
+}
+double hgemm_matrix_list_age_seconds(const hgemm_matrix_list_t* list, size_t i) {
+  return list->proto.matrices(i).age_seconds();
+}
+double hgemm_matrix_list_idle_seconds(const hgemm_matrix_list_t* list, size_t i) {
+  return list->proto.matrices(i).idle_seconds();
+}
+
+// Persistent streams.
+hgemm_stream_t* hgemm_stream_open(hgemm_client_t* client, const hgemm_call_options_t* options,
+                                  int* code, char** errptr) {
+  try {
+    hgemm::CallOptions call = CallOptionsOf(client, options);
+    call.timeout = std::chrono::milliseconds(options == nullptr ? 0
+                                             : std::max<int64_t>(options->timeout_ms, 0));
+    auto stream = std::make_unique<hgemm_stream_t>();
+    stream->chunk_bytes = call.chunk_bytes;
+    stream->client = std::make_unique<const hgemm::GemmClient>(client->client);
+    stream->stream = stream->client->OpenStream(call.replica, call, &stream->context);
+    stream->writer = std::thread(&hgemm_stream_t::Write, stream.get());
+    *code = HGEMM_OK;
+    return stream.release();
+  } catch (...) {
+    SaveException(code, errptr);
+  }
+  return nullptr;
+}
+
+void hgemm_stream_submit(hgemm_stream_t* stream, uint64_t gemm_id,
+                         const hgemm_gemm_options_t* options, uint32_t m, uint32_t n, uint32_t k,
+                         const void* a, size_t a_bytes, const void* b, size_t b_bytes, void* c,
+                         size_t c_capacity, unsigned char keep_c, uint32_t c_ttl_seconds,
+                         int* code, char** errptr) {
+  try {
+    const hgemm_gemm_options_t defaults;
+    if (options == nullptr) options = &defaults;
+    if (keep_c && (c != nullptr || c_capacity != 0)) {
+      Fail(grpc::StatusCode::INVALID_ARGUMENT, "c: pass NULL and 0 bytes for a C kept (keep_c)",
+           code, errptr);
+      return;
+    }
+    if (SaveStatus(CheckSizes(*options, m, n, k, a, a_bytes, b, b_bytes,
+                              keep_c ? SIZE_MAX : c_capacity),
+                   code, errptr)) {
+      return;
+    }
+    hgemm_stream_t::Queued queued{gemm_id, {}};
+    BuildRequest(*options, m, n, k, a, a_bytes, b, b_bytes, &queued.request);
+    queued.request.set_keep_c_resident(keep_c != 0);
+    queued.request.set_c_ttl_seconds(c_ttl_seconds);
+    {
+      std::lock_guard<std::mutex> lock(stream->mu);
+      if (stream->closing) {
+        Fail(grpc::StatusCode::FAILED_PRECONDITION, "the stream is closed", code, errptr);
+        return;
+      }
+      if (!stream->in_flight.try_emplace(gemm_id, hgemm::CBuffer{static_cast<char*>(c),
+                                                                 keep_c ? 0 : c_capacity})
+               .second) {
+        Fail(grpc::StatusCode::INVALID_ARGUMENT,
+             fmt::format("gemm_id {} is in use on this stream", gemm_id), code, errptr);
+        return;
+      }
+      stream->queue.push_back(std::move(queued));
+    }
+    stream->wake.notify_all();
+    *code = HGEMM_OK;
+  } catch (...) {
+    SaveException(code, errptr);
+  }
+}
+
+int hgemm_stream_next(hgemm_stream_t* stream, uint64_t* gemm_id, hgemm_gemm_info_t* info,
+                      char** c_handle, hgemm_matrix_info_t* c_info, int* code, char** errptr) {
+  try {
+    if (c_handle != nullptr) *c_handle = nullptr;
+    hgemm::v1::GemmStreamResponse message;
+    while (!stream->over && stream->stream->Read(&message)) {
+      if (!stream->protocol_error.ok()) continue;  // draining a cancelled call
+      hgemm::CBuffer into;
+      bool known = false;
+      {
+        std::lock_guard<std::mutex> lock(stream->mu);
+        auto it = stream->in_flight.find(message.gemm_id());
+        if (it != stream->in_flight.end()) {
+          known = true;
+          into = it->second;
+          if (message.has_done()) stream->in_flight.erase(it);
+        }
+      }
+      auto broken = [&](const std::string& what) {
+        stream->protocol_error = grpc::Status(grpc::StatusCode::INTERNAL, what);
+        stream->context.TryCancel();
+      };
+      if (!known) {
+        broken(fmt::format("the server answered gemm_id {}, which is not in flight",
+                           message.gemm_id()));
+      } else if (message.has_chunk()) {
+        const hgemm::v1::ResultChunk& chunk = message.chunk();
+        if (chunk.offset() > into.capacity ||
+            chunk.data().size() > into.capacity - chunk.offset()) {
+          broken(fmt::format("gemm_id {}: result chunk past the end of C's {} bytes",
+                             message.gemm_id(), into.capacity));
+        } else {
+          std::memcpy(into.data + chunk.offset(), chunk.data().data(), chunk.data().size());
+        }
+      } else if (message.has_done()) {
+        const hgemm::v1::GemmDone& done = message.done();
+        *gemm_id = message.gemm_id();
+        if (SaveStatus(grpc::Status(static_cast<grpc::StatusCode>(done.status_code()),
+                                    done.status_message()),
+                       code, errptr)) {
+          return 1;
+        }
+        if (info != nullptr) {
+          hgemm::v1::GemmResponse response;
+          *response.mutable_timing() = done.timing();
+          *response.mutable_execution() = done.execution();
+          response.set_request_id(done.request_id());
+          FillInfo(response, true, info);
+        }
+        if (done.has_c_matrix()) {
+          if (c_info != nullptr) *c_info = MatrixInfoOf(done.c_matrix());
+          if (c_handle != nullptr) *c_handle = CopyString(done.c_matrix().handle());
+        }
+        return 1;
+      }
+    }
+    if (!stream->over) {
+      stream->over = true;
+      const grpc::Status finished = stream->Finish();
+      stream->end = finished.ok() ? stream->protocol_error : finished;
+    }
+    SaveStatus(stream->end, code, errptr);
+  } catch (...) {
+    SaveException(code, errptr);
+  }
+  return 0;
+}
+
+void hgemm_stream_close(hgemm_stream_t* stream) {
+  {
+    std::lock_guard<std::mutex> lock(stream->mu);
+    stream->closing = true;
+  }
+  stream->wake.notify_all();
+}
+
+void hgemm_stream_cancel(hgemm_stream_t* stream) { stream->context.TryCancel(); }
+
+void hgemm_stream_destroy(hgemm_stream_t* stream) {
+  if (stream == nullptr) return;
+  if (!stream->over) {
+    stream->context.TryCancel();
+    hgemm::v1::GemmStreamResponse message;
+    while (stream->stream->Read(&message)) {
+    }
+    stream->Finish();
+  }
+  delete stream;
+}
+
 uint64_t hgemm_release(hgemm_client_t* client, const hgemm_call_options_t* options,
                        const char* handle, int* code, char** errptr) {
   try {
     uint64_t freed = 0;
-    const hgemm::CallOptions call = CallOptionsOf(client, options);
-    auto attempt = [&](std::chrono::milliseconds remaining) {
-      hgemm::CallOptions try_call = call;
-      try_call.timeout = remaining;
-      return client->client.ReleaseMatrix(handle, try_call, &freed);
-    };
     // Not idempotent: a second release of a freed matrix says NOT_FOUND.
-    if (SaveStatus(hgemm::WithRetries(client->retry, call.timeout, false, attempt), code,
-                   errptr)) {
+    if (SaveStatus(Retried(client, CallOptionsOf(client, options), false,
+                           [&](const hgemm::CallOptions& call) {
+                             return client->client.ReleaseMatrix(handle, call, &freed);
+                           }),
+                   code, errptr)) {
       return 0;
     }
     return freed;
@@ -643,14 +1089,11 @@ hgemm_server_info_t* hgemm_server_info(hgemm_client_t* client,
                                        char** errptr) {
   try {
     auto info = std::make_unique<hgemm_server_info_t>();
-    const hgemm::CallOptions call = CallOptionsOf(client, options);
-    auto attempt = [&](std::chrono::milliseconds remaining) {
-      hgemm::CallOptions try_call = call;
-      try_call.timeout = remaining;
-      return client->client.GetServerInfo(&info->proto, try_call);
-    };
-    if (SaveStatus(hgemm::WithRetries(client->retry, call.timeout, true, attempt), code,
-                   errptr)) {
+    if (SaveStatus(Retried(client, CallOptionsOf(client, options), true,
+                           [&](const hgemm::CallOptions& call) {
+                             return client->client.GetServerInfo(&info->proto, call);
+                           }),
+                   code, errptr)) {
       return nullptr;
     }
     return info.release();

@@ -48,7 +48,7 @@ extern "C" {
 #endif
 
 #define HGEMM_ABI_VERSION 1
-#define HGEMM_ABI_REVISION 2
+#define HGEMM_ABI_REVISION 3
 
 /* gRPC status codes (grpc::StatusCode), as *code reports them. */
 enum {
@@ -103,6 +103,8 @@ typedef struct hgemm_call_options_t hgemm_call_options_t;
 typedef struct hgemm_server_info_t hgemm_server_info_t;
 typedef struct hgemm_batch_t hgemm_batch_t; /* [revision 2] */
 typedef struct hgemm_call_t hgemm_call_t;   /* [revision 2] */
+typedef struct hgemm_matrix_list_t hgemm_matrix_list_t; /* [revision 3] */
+typedef struct hgemm_stream_t hgemm_stream_t;           /* [revision 3] */
 
 /* What the server reports of one GEMM: proto Timing and Execution. Strings longer than their
  * array are cut off (always NUL-terminated). */
@@ -249,6 +251,29 @@ HGEMM_EXPORT void hgemm_gemm_options_set_transpose_b(hgemm_gemm_options_t* optio
 HGEMM_EXPORT void hgemm_gemm_options_set_dtype(hgemm_gemm_options_t* options, int dtype);
 HGEMM_EXPORT void hgemm_gemm_options_set_c_dtype(hgemm_gemm_options_t* options, int c_dtype);
 
+/* [revision 3] Scales, a C input and batches (proto GemmRequest's alpha, beta, c_in,
+ * c_in_handle, batch): C = alpha·op(A)·op(B) + beta·C_in in fp32, rounded once (BLAS
+ * semantics; the server refuses them, INVALID_ARGUMENT, for kernels and types without
+ * KernelInfo.scaled_types). Defaults: no alpha (1), beta 0, no C input, batch 0 (one GEMM).
+ * alpha and beta must be finite (the server's INVALID_ARGUMENT). */
+HGEMM_EXPORT void hgemm_gemm_options_set_alpha(hgemm_gemm_options_t* options, float alpha);
+HGEMM_EXPORT void hgemm_gemm_options_set_beta(hgemm_gemm_options_t* options, float beta);
+/* C_in as bytes: batch·m·n elements of C's type (c_dtype), c_in_bytes of them, read by each
+ * call made with these options (the options keep the pointer, not a copy: the memory must stay
+ * alive and unchanged while such a call runs; hgemm_batch_add copies it). NULL and 0: none.
+ * A call refuses, INVALID_ARGUMENT before sending, a c_in_bytes that is not C's size, and a
+ * C_in given both as bytes and by handle. It is sent only with beta ≠ 0. */
+HGEMM_EXPORT void hgemm_gemm_options_set_c_in(hgemm_gemm_options_t* options, const void* c_in,
+                                              size_t c_in_bytes);
+/* C_in is the resident matrix `handle` (m×n of C's type, e.g. a C kept by hgemm_gemm_keep_c);
+ * "": none. */
+HGEMM_EXPORT void hgemm_gemm_options_set_c_in_handle(hgemm_gemm_options_t* options,
+                                                     const char* handle);
+/* Strided-batched: `batch` GEMMs of one shape packed one after the other in a, b, C_in and c
+ * (each buffer `batch` times one matrix's bytes; 0 or 1: one GEMM). Operands by handle take
+ * batch <= 1 (the server's INVALID_ARGUMENT). */
+HGEMM_EXPORT void hgemm_gemm_options_set_batch(hgemm_gemm_options_t* options, uint32_t batch);
+
 /* Options of the other calls (upload, release, server info). */
 
 /* Defaults: the client's timeout, balanced over the target. */
@@ -264,7 +289,8 @@ HGEMM_EXPORT void hgemm_call_options_set_replica(hgemm_call_options_t* options,
 /* Calls. Each blocks the calling thread until the call is over. */
 
 /* C = op(A)·op(B): op(A) is m×k, op(B) k×n, C m×n, row-major, dense, little-endian; fp16 unless
- * the options set transposes and types. Unary or streamed as the options' mode says. a (a_bytes
+ * the options set transposes and types (and scales, a C input or a batch [revision 3]: then
+ * every size below is times the batch). Unary or streamed as the options' mode says. a (a_bytes
  * = 2·m·k) and b (b_bytes = 2·k·n) are read during the call only; an operand named by handle
  * (options) passes NULL and 0. C is written into c, of c_capacity bytes, which must hold m·n
  * elements of C's type (2·m·n bytes, 4·m·n for fp32); info (may be NULL) gets the timing and
@@ -297,6 +323,18 @@ HGEMM_EXPORT size_t hgemm_batch_add(hgemm_batch_t* batch, const hgemm_gemm_optio
                                     uint32_t m, uint32_t n, uint32_t k, const void* a,
                                     size_t a_bytes, const void* b, size_t b_bytes, void* c,
                                     size_t c_capacity, int* code, char** errptr);
+/* [revision 3] Adds a GEMM whose C stays on the server (hgemm_gemm_keep_c's: no C buffer;
+ * its handle from hgemm_batch_c_handle once answered). As hgemm_batch_add otherwise. */
+HGEMM_EXPORT size_t hgemm_batch_add_keep_c(hgemm_batch_t* batch,
+                                           const hgemm_gemm_options_t* options, uint32_t m,
+                                           uint32_t n, uint32_t k, const void* a, size_t a_bytes,
+                                           const void* b, size_t b_bytes, uint32_t c_ttl_seconds,
+                                           int* code, char** errptr);
+/* [revision 3] The handle of GEMM i's kept C (malloc()ed; hgemm_free()) once it succeeded,
+ * c_info (may be NULL) the matrix; NULL for a GEMM that kept no C or has not succeeded.
+ * REQUIRES: i < hgemm_batch_size(batch). */
+HGEMM_EXPORT char* hgemm_batch_c_handle(const hgemm_batch_t* batch, size_t i,
+                                        hgemm_matrix_info_t* c_info);
 HGEMM_EXPORT size_t hgemm_batch_size(const hgemm_batch_t* batch);
 /* Sends the batch's GEMMs given by `indices` (count of them; indices NULL: every GEMM) and
  * waits for their answers. A GEMM can fail alone (its hgemm_batch_result) while the streams
@@ -345,6 +383,59 @@ HGEMM_EXPORT void hgemm_call_cancel(hgemm_call_t* call);
 /* Frees the handle (the GEMM goes on; done still runs). call may be NULL. */
 HGEMM_EXPORT void hgemm_call_destroy(hgemm_call_t* call);
 
+/* [revision 3] Persistent streams: one GemmStream kept open for many GEMMs submitted over time
+ * (from several threads), pipelined: a GEMM is written as soon as the ones submitted before it
+ * are, while the server works on earlier ones; each answer is read with hgemm_stream_next(), C
+ * written into the GEMM's buffer as it arrives. The stream has a writer thread of its own, so
+ * submitting never waits for the network.
+ * Thread safety: hgemm_stream_submit() from many threads at once; hgemm_stream_next() from one
+ * thread at a time (any); hgemm_stream_close() and hgemm_stream_cancel() from any thread, any
+ * time before hgemm_stream_destroy(). A stream shares its client's channels and may outlive
+ * the client (hgemm_client_destroy() neither waits for nor ends it). */
+
+/* Opens a stream to the options' replica ("": the target; options may be NULL), whose timeout
+ * is the deadline of the whole stream (0 or unset: none, the client's timeout is not applied).
+ * The connection is made by the first GEMM: an unreachable server shows as the stream's end
+ * (UNAVAILABLE, from hgemm_stream_next). Returns NULL on failure (out of memory only). Free
+ * with hgemm_stream_destroy(). */
+HGEMM_EXPORT hgemm_stream_t* hgemm_stream_open(hgemm_client_t* client,
+                                               const hgemm_call_options_t* options, int* code,
+                                               char** errptr);
+/* Submits a GEMM, hgemm_gemm()'s arguments (the options' mode and timeout are ignored), tagged
+ * gemm_id (the caller's: unique among the stream's GEMMs not yet answered; named by answers
+ * and by a stream-ending error, "gemm_id I: "). a and b are copied before this returns; c (not
+ * read meanwhile) must stay alive until the GEMM's answer is read or the stream is over.
+ * keep_c: C stays on the server (hgemm_gemm_keep_c's, its handle given by hgemm_stream_next();
+ * pass c NULL and 0) for c_ttl_seconds. Errors, nothing sent: hgemm_gemm()'s INVALID_ARGUMENT
+ * of the checks made before sending, INVALID_ARGUMENT for a gemm_id in use, and
+ * FAILED_PRECONDITION once the stream is closed or over. */
+HGEMM_EXPORT void hgemm_stream_submit(hgemm_stream_t* stream, uint64_t gemm_id,
+                                      const hgemm_gemm_options_t* options, uint32_t m, uint32_t n,
+                                      uint32_t k, const void* a, size_t a_bytes, const void* b,
+                                      size_t b_bytes, void* c, size_t c_capacity,
+                                      unsigned char keep_c, uint32_t c_ttl_seconds, int* code,
+                                      char** errptr);
+/* Waits for the next answer (the server's order: usually submission order). Returns 1 with
+ * *gemm_id the GEMM answered and *code / *errptr its status (the GEMM failed alone: the stream
+ * goes on); on HGEMM_OK, C is in its buffer, info (may be NULL) gets its timing and execution,
+ * and for a kept C *c_handle (may be NULL) its handle (malloc()ed, hgemm_free(); else NULL)
+ * and c_info (may be NULL) the matrix. Returns 0 once the stream is over, again on every later
+ * call: *code / *errptr are then the stream's end (HGEMM_OK after hgemm_stream_close() when
+ * every GEMM was answered; CANCELLED; UNAVAILABLE; an error naming "gemm_id I: " for a GEMM
+ * the server refused, ending the stream; INTERNAL when the server broke the protocol, e.g. C
+ * past a buffer's capacity, nothing written past it). GEMMs not answered by then never will
+ * be (their buffers are free). */
+HGEMM_EXPORT int hgemm_stream_next(hgemm_stream_t* stream, uint64_t* gemm_id,
+                                   hgemm_gemm_info_t* info, char** c_handle,
+                                   hgemm_matrix_info_t* c_info, int* code, char** errptr);
+/* Half-closes: GEMMs submitted so far are still written and answered; later submits fail. */
+HGEMM_EXPORT void hgemm_stream_close(hgemm_stream_t* stream);
+/* Ends the stream now: hgemm_stream_next() soon returns 0 with CANCELLED. */
+HGEMM_EXPORT void hgemm_stream_cancel(hgemm_stream_t* stream);
+/* Cancels the stream if it is not over, waits for its writer, and frees it. stream may be
+ * NULL. REQUIRES: no other call of the stream is running. */
+HGEMM_EXPORT void hgemm_stream_destroy(hgemm_stream_t* stream);
+
 /* Uploads a rows×cols fp16 matrix (data: 2·rows·cols bytes) to keep on the server. ttl_seconds:
  * seconds after its last use at which the server frees it (0: the server's default). label:
  * free-form, shown by ListMatrices ("": none). info (may be NULL) gets what the server says of
@@ -355,6 +446,66 @@ HGEMM_EXPORT char* hgemm_upload(hgemm_client_t* client, const hgemm_call_options
                                 uint32_t rows, uint32_t cols, const void* data, size_t data_bytes,
                                 uint32_t ttl_seconds, const char* label, hgemm_matrix_info_t* info,
                                 int* code, char** errptr);
+
+/* [revision 3] hgemm_upload() of a matrix of `dtype` (HGEMM_DTYPE_DEFAULT or _FP16: fp16,
+ * _BF16: bf16; data_bytes 2·rows·cols either way) kept on CUDA device `device_id` (< 0: the one
+ * with the most free memory; the CPU backend ignores it). data is sent from where it lies (no
+ * copy). Errors as hgemm_upload's, and INVALID_ARGUMENT before sending for a dtype that is not
+ * one of those. */
+HGEMM_EXPORT char* hgemm_upload_typed(hgemm_client_t* client, const hgemm_call_options_t* options,
+                                      uint32_t rows, uint32_t cols, int dtype, int device_id,
+                                      const void* data, size_t data_bytes, uint32_t ttl_seconds,
+                                      const char* label, hgemm_matrix_info_t* info, int* code,
+                                      char** errptr);
+
+/* [revision 3] hgemm_gemm() whose C stays on the server as a resident matrix (proto
+ * keep_c_resident) instead of coming back: e.g. the next GEMM's A or C_in. Returns C's handle
+ * (malloc()ed; hgemm_free()), NULL on failure. c_ttl_seconds: as hgemm_upload's ttl_seconds.
+ * info (may be NULL): the GEMM's timing and execution; c_info (may be NULL): the kept m×n C
+ * as the server describes it. The options' mode is honoured (HGEMM_MODE_AUTO:
+ * a GemmStream when A + B pass the unary limit, never parallel parts). Errors: hgemm_gemm()'s
+ * (with no C buffer to check); retried only where UNAVAILABLE certainly did not run it (a
+ * second run would keep a second C). */
+HGEMM_EXPORT char* hgemm_gemm_keep_c(hgemm_client_t* client, const hgemm_gemm_options_t* options,
+                                     uint32_t m, uint32_t n, uint32_t k, const void* a,
+                                     size_t a_bytes, const void* b, size_t b_bytes,
+                                     uint32_t c_ttl_seconds, hgemm_gemm_info_t* info,
+                                     hgemm_matrix_info_t* c_info, int* code, char** errptr);
+
+/* [revision 3] Bytes [offset, offset + length) of the resident matrix `handle` (on the replica
+ * it names; length 0: from offset to its end) written into `into` as they arrive, capacity bytes
+ * at most. Returns the bytes written (0 on failure). options may be NULL. Errors:
+ * INVALID_ARGUMENT before sending when length > capacity, or, the call cancelled, when the
+ * matrix's bytes from offset pass capacity (known at its first chunk: nothing written then);
+ * the server's OUT_OF_RANGE for a range past the matrix's end, NOT_FOUND, PERMISSION_DENIED;
+ * INTERNAL when the server sends another range than asked for (a server from before ranges
+ * with offset or length set). On failure `into` may have been partly written, never past
+ * capacity. Retried as hgemm_gemm() (idempotent). */
+HGEMM_EXPORT uint64_t hgemm_download(hgemm_client_t* client, const hgemm_call_options_t* options,
+                                     const char* handle, uint64_t offset, uint64_t length,
+                                     void* into, size_t capacity, int* code, char** errptr);
+
+/* [revision 3] ListMatrices: this client's resident matrices on the replica the call reaches
+ * (the options' replica, else balanced; options may be NULL). Returns NULL on failure. Free with
+ * hgemm_matrix_list_destroy(). Thread safety: a list is read-only; any thread may read it. */
+HGEMM_EXPORT hgemm_matrix_list_t* hgemm_list_matrices(hgemm_client_t* client,
+                                                      const hgemm_call_options_t* options,
+                                                      int* code, char** errptr);
+HGEMM_EXPORT void hgemm_matrix_list_destroy(hgemm_matrix_list_t* list);
+HGEMM_EXPORT size_t hgemm_matrix_list_size(const hgemm_matrix_list_t* list);
+/* The client's resident bytes and its quota there. */
+HGEMM_EXPORT uint64_t hgemm_matrix_list_client_bytes(const hgemm_matrix_list_t* list);
+HGEMM_EXPORT uint64_t hgemm_matrix_list_quota_bytes(const hgemm_matrix_list_t* list);
+/* Matrix i's fields (REQUIRES: i < hgemm_matrix_list_size(list)). Strings live as long as the
+ * list. dtype: HGEMM_DTYPE_FP16, _BF16 or _FP32 (a C kept in fp32). */
+HGEMM_EXPORT void hgemm_matrix_list_info(const hgemm_matrix_list_t* list, size_t i,
+                                         hgemm_matrix_info_t* info);
+HGEMM_EXPORT const char* hgemm_matrix_list_handle(const hgemm_matrix_list_t* list, size_t i);
+HGEMM_EXPORT const char* hgemm_matrix_list_label(const hgemm_matrix_list_t* list, size_t i);
+HGEMM_EXPORT const char* hgemm_matrix_list_replica(const hgemm_matrix_list_t* list, size_t i);
+HGEMM_EXPORT int hgemm_matrix_list_dtype(const hgemm_matrix_list_t* list, size_t i);
+HGEMM_EXPORT double hgemm_matrix_list_age_seconds(const hgemm_matrix_list_t* list, size_t i);
+HGEMM_EXPORT double hgemm_matrix_list_idle_seconds(const hgemm_matrix_list_t* list, size_t i);
 
 /* Frees the resident matrix `handle` (on the replica it names). Returns the bytes freed; 0 on
  * failure (NOT_FOUND if it does not exist, PERMISSION_DENIED if it is another client's).

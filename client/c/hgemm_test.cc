@@ -13,6 +13,7 @@
 #include <cmath>
 #include <condition_variable>
 #include <cstring>
+#include <map>
 #include <mutex>
 #include <random>
 #include <string>
@@ -819,6 +820,495 @@ TEST_F(HgemmC, AsyncGemmsFromManyThreads) {
       hgemm_call_destroy(calls[t][i]);
     }
   }
+}
+
+// [revision 3] Resident matrices: typed uploads, listings, whole and ranged downloads into
+// caller buffers, and their errors.
+TEST_F(HgemmC, UploadListAndDownloadIntoCallerBuffers) {
+  constexpr uint32_t rows = 300, cols = 700;  // 420000 bytes: several 1 MiB-or-less chunks
+  std::mt19937_64 rng(11);
+  const std::vector<uint16_t> data = hgemm::RandomHalfMatrix(rows * cols, rng, /*bf16=*/true);
+  Error e;
+  hgemm_matrix_info_t uploaded;
+  char* handle = hgemm_upload_typed(client_, nullptr, rows, cols, HGEMM_DTYPE_BF16, -1,
+                                    data.data(), 2 * data.size(), 0, "typed", &uploaded, &e.code,
+                                    &e.message);
+  ASSERT_NE(handle, nullptr) << e.text();
+  EXPECT_EQ(uploaded.bytes, 2 * data.size());
+
+  hgemm_matrix_list_t* list = hgemm_list_matrices(client_, nullptr, &e.code, &e.message);
+  ASSERT_NE(list, nullptr) << e.text();
+  bool listed = false;
+  for (size_t i = 0; i < hgemm_matrix_list_size(list); ++i) {
+    if (std::string(hgemm_matrix_list_handle(list, i)) != handle) continue;
+    listed = true;
+    hgemm_matrix_info_t info;
+    hgemm_matrix_list_info(list, i, &info);
+    EXPECT_EQ(info.rows, rows);
+    EXPECT_EQ(info.cols, cols);
+    EXPECT_EQ(hgemm_matrix_list_dtype(list, i), HGEMM_DTYPE_BF16);
+    EXPECT_STREQ(hgemm_matrix_list_label(list, i), "typed");
+    EXPECT_GE(hgemm_matrix_list_age_seconds(list, i), 0);
+  }
+  EXPECT_TRUE(listed);
+  EXPECT_GE(hgemm_matrix_list_client_bytes(list), 2 * data.size());
+  hgemm_matrix_list_destroy(list);
+
+  // Whole, into a buffer with a guard after it.
+  std::vector<uint16_t> whole(data.size() + 8, kPoison);
+  EXPECT_EQ(hgemm_download(client_, nullptr, handle, 0, 0, whole.data(), 2 * data.size(), &e.code,
+                           &e.message),
+            2 * data.size())
+      << e.text();
+  EXPECT_EQ(std::vector<uint16_t>(whole.begin(), whole.begin() + data.size()), data);
+  EXPECT_EQ(std::vector<uint16_t>(whole.begin() + data.size(), whole.end()),
+            std::vector<uint16_t>(8, kPoison));
+  // A range: row 100 on.
+  std::vector<uint16_t> rest(data.size() - 100 * cols, kPoison);
+  EXPECT_EQ(hgemm_download(client_, nullptr, handle, 200 * cols, 0, rest.data(), 2 * rest.size(),
+                           &e.code, &e.message),
+            2 * rest.size())
+      << e.text();
+  EXPECT_EQ(rest, std::vector<uint16_t>(data.begin() + 100 * cols, data.end()));
+  std::vector<uint16_t> slice(3 * cols, kPoison);
+  EXPECT_EQ(hgemm_download(client_, nullptr, handle, 2 * 5 * cols, 2 * slice.size(),
+                           slice.data(), 2 * slice.size(), &e.code, &e.message),
+            2 * slice.size())
+      << e.text();
+  EXPECT_EQ(slice, std::vector<uint16_t>(data.begin() + 5 * cols, data.begin() + 8 * cols));
+
+  // Too small a buffer: refused at the first chunk, nothing written.
+  std::vector<uint16_t> small(data.size(), kPoison);
+  EXPECT_EQ(hgemm_download(client_, nullptr, handle, 0, 0, small.data(), 2 * data.size() - 2,
+                           &e.code, &e.message),
+            0u);
+  EXPECT_EQ(e.code, HGEMM_INVALID_ARGUMENT);
+  EXPECT_NE(e.text().find("holds 419998 bytes"), std::string::npos) << e.text();
+  EXPECT_EQ(small, std::vector<uint16_t>(data.size(), kPoison));
+  // A length past the capacity: refused before sending.
+  EXPECT_EQ(hgemm_download(client_, nullptr, handle, 0, 100, small.data(), 98, &e.code,
+                           &e.message),
+            0u);
+  EXPECT_EQ(e.code, HGEMM_INVALID_ARGUMENT);
+  EXPECT_NE(e.text().find("nothing was sent"), std::string::npos) << e.text();
+  // Past the matrix's end: the server's OUT_OF_RANGE.
+  EXPECT_EQ(hgemm_download(client_, nullptr, handle, 2 * data.size() - 2, 4, small.data(), 4,
+                           &e.code, &e.message),
+            0u);
+  EXPECT_EQ(e.code, HGEMM_OUT_OF_RANGE) << e.text();
+
+  EXPECT_EQ(hgemm_release(client_, nullptr, handle, &e.code, &e.message), 2 * data.size());
+  EXPECT_EQ(hgemm_download(client_, nullptr, handle, 0, 0, small.data(), 2 * small.size(),
+                           &e.code, &e.message),
+            0u);
+  EXPECT_EQ(e.code, HGEMM_NOT_FOUND) << e.text();
+  hgemm_free(handle);
+
+  EXPECT_EQ(hgemm_upload_typed(client_, nullptr, 1, 1, HGEMM_DTYPE_FP32, -1, data.data(), 4, 0,
+                               "", nullptr, &e.code, &e.message),
+            nullptr);
+  EXPECT_EQ(e.code, HGEMM_INVALID_ARGUMENT);
+  EXPECT_NE(e.text().find("dtype 3"), std::string::npos) << e.text();
+}
+
+// [revision 3] A C kept on the server (unary and streamed) is downloaded, and is the C input of
+// a scaled GEMM by handle.
+TEST_F(HgemmC, KeptCIsDownloadedAndFeedsAScaledGemm) {
+  constexpr uint32_t m = 40, n = 24, k = 56;
+  std::mt19937_64 rng(12);
+  const std::vector<uint16_t> a = hgemm::RandomHalfMatrix(m * k, rng);
+  const std::vector<uint16_t> b = hgemm::RandomHalfMatrix(k * n, rng);
+  const std::vector<float> reference = hgemm::ReferenceGemm(a.data(), b.data(), m, n, k);
+  hgemm_gemm_options_t* options = hgemm_gemm_options_create();
+  for (int mode : {HGEMM_MODE_UNARY, HGEMM_MODE_STREAM}) {
+    hgemm_gemm_options_set_mode(options, mode);
+    Error e;
+    hgemm_gemm_info_t info;
+    hgemm_matrix_info_t c_info;
+    char* handle = hgemm_gemm_keep_c(client_, options, m, n, k, a.data(), 2 * a.size(),
+                                     b.data(), 2 * b.size(), 60, &info, &c_info, &e.code,
+                                     &e.message);
+    ASSERT_NE(handle, nullptr) << e.text();
+    EXPECT_EQ(info.streamed, mode == HGEMM_MODE_STREAM ? 1 : 0);
+    EXPECT_EQ(c_info.rows, m);
+    EXPECT_EQ(c_info.cols, n);
+    std::vector<uint16_t> c(m * n, kPoison);
+    ASSERT_EQ(hgemm_download(client_, nullptr, handle, 0, 0, c.data(), 2 * c.size(), &e.code,
+                             &e.message),
+              2 * c.size())
+        << e.text();
+    EXPECT_LT(hgemm::RelativeFrobeniusError(c.data(), reference.data(), c.size()),
+              hgemm::kServiceTolerance.fp32_acc);
+
+    // C2 = 0.5·A·B − 1.25·C, C by handle.
+    hgemm_gemm_options_t* scaled = hgemm_gemm_options_create();
+    hgemm_gemm_options_set_mode(scaled, mode);
+    hgemm_gemm_options_set_accumulation(scaled, HGEMM_ACCUMULATION_FP32);
+    hgemm_gemm_options_set_alpha(scaled, 0.5f);
+    hgemm_gemm_options_set_beta(scaled, -1.25f);
+    hgemm_gemm_options_set_c_in_handle(scaled, handle);
+    std::vector<uint16_t> c2(m * n, kPoison);
+    hgemm_gemm(client_, scaled, m, n, k, a.data(), 2 * a.size(), b.data(), 2 * b.size(),
+               c2.data(), 2 * c2.size(), nullptr, &e.code, &e.message);
+    ASSERT_EQ(e.code, HGEMM_OK) << e.text();
+    hgemm_gemm_options_destroy(scaled);
+    const std::vector<float> scaled_reference = hgemm::ReferenceGemm(
+        a.data(), b.data(), m, n, k, {}, {.alpha = 0.5f, .beta = -1.25f, .c_in = c.data()});
+    EXPECT_LT(hgemm::RelativeFrobeniusError(c2.data(), scaled_reference.data(), c2.size()),
+              hgemm::kServiceTolerance.fp32_acc);
+    EXPECT_EQ(hgemm_release(client_, nullptr, handle, &e.code, &e.message), 2 * c.size());
+    hgemm_free(handle);
+  }
+  hgemm_gemm_options_destroy(options);
+}
+
+// [revision 3] alpha, beta, C_in bytes and a batch, unary, streamed, in gemm_many and async.
+TEST_F(HgemmC, ScaledBatchedGemmsMatchTheReference) {
+  constexpr uint32_t m = 19, n = 33, k = 47, batch = 3;
+  std::mt19937_64 rng(13);
+  const std::vector<uint16_t> a = hgemm::RandomHalfMatrix(batch * m * k, rng);
+  const std::vector<uint16_t> b = hgemm::RandomHalfMatrix(batch * k * n, rng);
+  const std::vector<uint16_t> c_in = hgemm::RandomHalfMatrix(batch * m * n, rng);
+  std::vector<float> reference;
+  for (uint32_t i = 0; i < batch; ++i) {
+    const std::vector<float> one = hgemm::ReferenceGemm(
+        a.data() + i * m * k, b.data() + i * k * n, m, n, k, {},
+        {.alpha = 2.0f, .beta = 0.5f, .c_in = c_in.data() + i * m * n});
+    reference.insert(reference.end(), one.begin(), one.end());
+  }
+  hgemm_gemm_options_t* options = hgemm_gemm_options_create();
+  hgemm_gemm_options_set_accumulation(options, HGEMM_ACCUMULATION_FP32);
+  hgemm_gemm_options_set_alpha(options, 2.0f);
+  hgemm_gemm_options_set_beta(options, 0.5f);
+  hgemm_gemm_options_set_c_in(options, c_in.data(), 2 * c_in.size());
+  hgemm_gemm_options_set_batch(options, batch);
+  for (int mode : {HGEMM_MODE_UNARY, HGEMM_MODE_STREAM}) {
+    hgemm_gemm_options_set_mode(options, mode);
+    std::vector<uint16_t> c(batch * m * n, kPoison);
+    Error e;
+    hgemm_gemm(client_, options, m, n, k, a.data(), 2 * a.size(), b.data(), 2 * b.size(),
+               c.data(), 2 * c.size(), nullptr, &e.code, &e.message);
+    ASSERT_EQ(e.code, HGEMM_OK) << e.text();
+    EXPECT_LT(hgemm::RelativeFrobeniusError(c.data(), reference.data(), c.size()),
+              hgemm::kServiceTolerance.fp32_acc)
+        << "mode " << mode;
+  }
+  // In a batch (the options, C_in included, copied at hgemm_batch_add).
+  hgemm_batch_t* many = hgemm_batch_create();
+  std::vector<uint16_t> c(batch * m * n, kPoison);
+  Error e;
+  ASSERT_EQ(hgemm_batch_add(many, options, m, n, k, a.data(), 2 * a.size(), b.data(),
+                            2 * b.size(), c.data(), 2 * c.size(), &e.code, &e.message),
+            0u)
+      << e.text();
+  hgemm_gemm_many(client_, many, nullptr, nullptr, 0, &e.code, &e.message);
+  ASSERT_EQ(e.code, HGEMM_OK) << e.text();
+  EXPECT_EQ(hgemm_batch_result(many, 0, nullptr, &e.code, &e.message), 1);
+  EXPECT_EQ(e.code, HGEMM_OK) << e.text();
+  hgemm_batch_destroy(many);
+  EXPECT_LT(hgemm::RelativeFrobeniusError(c.data(), reference.data(), c.size()),
+            hgemm::kServiceTolerance.fp32_acc);
+  hgemm_gemm_options_destroy(options);
+}
+
+TEST_F(HgemmC, BadCInsAndBatchSizesAreRefusedBeforeSending) {
+  constexpr uint32_t m = 4, n = 4, k = 4;
+  const std::vector<uint16_t> a(2 * m * k, 0x3c00), b(2 * k * n, 0x3c00), c_in(2 * m * n);
+  std::vector<uint16_t> c(2 * m * n, kPoison);
+  hgemm_gemm_options_t* options = hgemm_gemm_options_create();
+  hgemm_gemm_options_set_beta(options, 1.0f);
+  hgemm_gemm_options_set_c_in(options, c_in.data(), 2 * m * n);  // one C_in, for a batch of 2
+  hgemm_gemm_options_set_batch(options, 2);
+  Error e;
+  hgemm_gemm(client_, options, m, n, k, a.data(), 2 * a.size(), b.data(), 2 * b.size(),
+             c.data(), 2 * c.size(), nullptr, &e.code, &e.message);
+  EXPECT_EQ(e.code, HGEMM_INVALID_ARGUMENT);
+  EXPECT_NE(e.text().find("c_in_bytes is 32; a C_in of 2 4x4 fp16 is 64 bytes"),
+            std::string::npos)
+      << e.text();
+  hgemm_gemm_options_set_c_in(options, c_in.data(), 2 * c_in.size());
+  hgemm_gemm_options_set_c_in_handle(options, "h");
+  hgemm_gemm(client_, options, m, n, k, a.data(), 2 * a.size(), b.data(), 2 * b.size(),
+             c.data(), 2 * c.size(), nullptr, &e.code, &e.message);
+  EXPECT_EQ(e.code, HGEMM_INVALID_ARGUMENT);
+  EXPECT_NE(e.text().find("both as bytes and by handle"), std::string::npos) << e.text();
+  hgemm_gemm_options_set_c_in_handle(options, "");
+  // A of one matrix for a batch of 2.
+  hgemm_gemm(client_, options, m, n, k, a.data(), a.size(), b.data(), 2 * b.size(), c.data(),
+             2 * c.size(), nullptr, &e.code, &e.message);
+  EXPECT_EQ(e.code, HGEMM_INVALID_ARGUMENT);
+  EXPECT_NE(e.text().find("a_bytes is 32"), std::string::npos) << e.text();
+  EXPECT_EQ(c, std::vector<uint16_t>(2 * m * n, kPoison));
+  hgemm_gemm_options_destroy(options);
+}
+
+// [revision 3] Persistent streams.
+
+// Reads the stream's answers until `count` GEMMs are answered; each answer's id, status and kept
+// C's handle (empty if none) by gemm_id.
+struct StreamAnswer {
+  int code = -1;
+  std::string message;
+  std::string c_handle;
+};
+std::map<uint64_t, StreamAnswer> ReadAnswers(hgemm_stream_t* stream, size_t count) {
+  std::map<uint64_t, StreamAnswer> answers;
+  while (answers.size() < count) {
+    Error e;
+    uint64_t id = 0;
+    char* c_handle = nullptr;
+    hgemm_gemm_info_t info;
+    if (hgemm_stream_next(stream, &id, &info, &c_handle, nullptr, &e.code, &e.message) == 0) {
+      ADD_FAILURE() << "the stream ended after " << answers.size() << " answers: " << e.text();
+      break;
+    }
+    EXPECT_EQ(answers.count(id), 0u) << "gemm_id " << id << " answered twice";
+    answers[id] = {e.code, e.text(), c_handle == nullptr ? "" : c_handle};
+    if (e.code == HGEMM_OK) {
+      EXPECT_EQ(info.streamed, 1);
+    }
+    hgemm_free(c_handle);
+  }
+  return answers;
+}
+
+TEST_F(HgemmC, StreamAnswersGemmsSubmittedFromManyThreads) {
+  Error e;
+  hgemm_stream_t* stream = hgemm_stream_open(client_, nullptr, &e.code, &e.message);
+  ASSERT_NE(stream, nullptr) << e.text();
+  constexpr int kThreads = 4, kEach = 5;
+  std::vector<FormGemm> gemms;
+  for (int i = 0; i < kThreads * kEach; ++i) {
+    // Every form, one of them over 1 MiB each way (several chunks).
+    const uint32_t m = i == 7 ? 700 : 20 + i;
+    gemms.emplace_back(m, i == 7 ? 900 : 30 + i, i == 7 ? 800 : 25 + 2 * i, AllForms()[i % 16],
+                       100 + i);
+  }
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      hgemm_gemm_options_t* options = hgemm_gemm_options_create();
+      for (int i = t * kEach; i < (t + 1) * kEach; ++i) {
+        FormGemm& g = gemms[i];
+        g.SetOptions(options);
+        Error submit;
+        hgemm_stream_submit(stream, 1000 + i, options, g.m, g.n, g.k, g.a.data(), 2 * g.a.size(),
+                            g.b.data(), 2 * g.b.size(), g.c.data(), 2 * g.c.size(), 0, 0,
+                            &submit.code, &submit.message);
+        EXPECT_EQ(submit.code, HGEMM_OK) << submit.text();
+      }
+      hgemm_gemm_options_destroy(options);
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  const std::map<uint64_t, StreamAnswer> answers = ReadAnswers(stream, gemms.size());
+  for (size_t i = 0; i < gemms.size(); ++i) {
+    ASSERT_EQ(answers.count(1000 + i), 1u) << i;
+    EXPECT_EQ(answers.at(1000 + i).code, HGEMM_OK) << answers.at(1000 + i).message;
+    EXPECT_LT(gemms[i].Error(), gemms[i].Tolerance()) << gemms[i].Name();
+  }
+  // Closed: later GEMMs are refused, and the stream ends cleanly.
+  hgemm_stream_close(stream);
+  hgemm_stream_submit(stream, 1, nullptr, 1, 1, 1, gemms[0].a.data(), 2, gemms[0].b.data(), 2,
+                      gemms[0].c.data(), 2, 0, 0, &e.code, &e.message);
+  EXPECT_EQ(e.code, HGEMM_FAILED_PRECONDITION) << e.text();
+  uint64_t id = 0;
+  EXPECT_EQ(hgemm_stream_next(stream, &id, nullptr, nullptr, nullptr, &e.code, &e.message), 0);
+  EXPECT_EQ(e.code, HGEMM_OK) << e.text();
+  EXPECT_EQ(hgemm_stream_next(stream, &id, nullptr, nullptr, nullptr, &e.code, &e.message), 0);
+  EXPECT_EQ(e.code, HGEMM_OK) << e.text();
+  hgemm_stream_destroy(stream);
+}
+
+TEST_F(HgemmC, StreamKeepsCFailsAGemmAloneAndRefusesBadSubmits) {
+  constexpr uint32_t m = 21, n = 17, k = 33;
+  std::mt19937_64 rng(14);
+  const std::vector<uint16_t> a = hgemm::RandomHalfMatrix(m * k, rng);
+  const std::vector<uint16_t> b = hgemm::RandomHalfMatrix(k * n, rng);
+  const std::vector<float> reference = hgemm::ReferenceGemm(a.data(), b.data(), m, n, k);
+  Error e;
+  hgemm_stream_t* stream = hgemm_stream_open(client_, nullptr, &e.code, &e.message);
+  ASSERT_NE(stream, nullptr) << e.text();
+  std::vector<uint16_t> c(m * n, kPoison), unused(m * n, kPoison);
+  // Refused before sending: a short C buffer, C given with keep_c, an id in use.
+  hgemm_stream_submit(stream, 0, nullptr, m, n, k, a.data(), 2 * a.size(), b.data(),
+                      2 * b.size(), unused.data(), 2 * unused.size() - 2, 0, 0, &e.code,
+                      &e.message);
+  EXPECT_EQ(e.code, HGEMM_INVALID_ARGUMENT);
+  EXPECT_NE(e.text().find("c_capacity"), std::string::npos) << e.text();
+  hgemm_stream_submit(stream, 0, nullptr, m, n, k, a.data(), 2 * a.size(), b.data(),
+                      2 * b.size(), unused.data(), 2 * unused.size(), 1, 0, &e.code, &e.message);
+  EXPECT_EQ(e.code, HGEMM_INVALID_ARGUMENT);
+  EXPECT_NE(e.text().find("keep_c"), std::string::npos) << e.text();
+
+  hgemm_stream_submit(stream, 7, nullptr, m, n, k, a.data(), 2 * a.size(), b.data(),
+                      2 * b.size(), nullptr, 0, 1, 60, &e.code, &e.message);
+  ASSERT_EQ(e.code, HGEMM_OK) << e.text();
+  hgemm_stream_submit(stream, 7, nullptr, m, n, k, a.data(), 2 * a.size(), b.data(),
+                      2 * b.size(), c.data(), 2 * c.size(), 0, 0, &e.code, &e.message);
+  EXPECT_EQ(e.code, HGEMM_INVALID_ARGUMENT);
+  EXPECT_NE(e.text().find("gemm_id 7 is in use"), std::string::npos) << e.text();
+  // B by an unknown handle: that GEMM fails alone.
+  hgemm_gemm_options_t* unknown = hgemm_gemm_options_create();
+  hgemm_gemm_options_set_b_handle(unknown, "no-such-matrix");
+  hgemm_stream_submit(stream, 8, unknown, m, n, k, a.data(), 2 * a.size(), nullptr, 0,
+                      unused.data(), 2 * unused.size(), 0, 0, &e.code, &e.message);
+  ASSERT_EQ(e.code, HGEMM_OK) << e.text();
+  hgemm_gemm_options_destroy(unknown);
+  hgemm_stream_submit(stream, 9, nullptr, m, n, k, a.data(), 2 * a.size(), b.data(),
+                      2 * b.size(), c.data(), 2 * c.size(), 0, 0, &e.code, &e.message);
+  ASSERT_EQ(e.code, HGEMM_OK) << e.text();
+  const std::map<uint64_t, StreamAnswer> answers = ReadAnswers(stream, 3);
+  EXPECT_EQ(answers.at(8).code, HGEMM_NOT_FOUND) << answers.at(8).message;
+  EXPECT_EQ(answers.at(9).code, HGEMM_OK) << answers.at(9).message;
+  EXPECT_LT(hgemm::RelativeFrobeniusError(c.data(), reference.data(), c.size()),
+            hgemm::kServiceTolerance.fp32_acc);
+  EXPECT_EQ(unused, std::vector<uint16_t>(m * n, kPoison));
+  ASSERT_EQ(answers.at(7).code, HGEMM_OK) << answers.at(7).message;
+  const std::string kept = answers.at(7).c_handle;
+  ASSERT_FALSE(kept.empty());
+  std::vector<uint16_t> downloaded(m * n, kPoison);
+  EXPECT_EQ(hgemm_download(client_, nullptr, kept.c_str(), 0, 0, downloaded.data(),
+                           2 * downloaded.size(), &e.code, &e.message),
+            2 * downloaded.size())
+      << e.text();
+  EXPECT_LT(hgemm::RelativeFrobeniusError(downloaded.data(), reference.data(), c.size()),
+            hgemm::kServiceTolerance.fp32_acc);
+  EXPECT_EQ(hgemm_release(client_, nullptr, kept.c_str(), &e.code, &e.message), 2 * c.size());
+  hgemm_stream_destroy(stream);  // open, nothing in flight
+}
+
+TEST_F(HgemmC, CancelEndsAStreamAndDestroyDoesNotWaitForAnswers) {
+  constexpr uint32_t size = 1024;
+  std::mt19937_64 rng(15);
+  const std::vector<uint16_t> a = hgemm::RandomHalfMatrix(size * size, rng);
+  std::vector<std::vector<uint16_t>> c(4, std::vector<uint16_t>(size * size, kPoison));
+  Error e;
+  hgemm_stream_t* stream = hgemm_stream_open(client_, nullptr, &e.code, &e.message);
+  ASSERT_NE(stream, nullptr) << e.text();
+  for (uint64_t i = 0; i < c.size(); ++i) {
+    hgemm_stream_submit(stream, i, nullptr, size, size, size, a.data(), 2 * a.size(), a.data(),
+                        2 * a.size(), c[i].data(), 2 * c[i].size(), 0, 0, &e.code, &e.message);
+    ASSERT_EQ(e.code, HGEMM_OK) << e.text();
+  }
+  hgemm_stream_cancel(stream);
+  uint64_t id = 0;
+  int answered = 0;
+  while (hgemm_stream_next(stream, &id, nullptr, nullptr, nullptr, &e.code, &e.message) == 1) {
+    ++answered;
+  }
+  EXPECT_EQ(e.code, HGEMM_CANCELLED) << e.text();
+  EXPECT_LT(answered, 4);
+  hgemm_stream_submit(stream, 9, nullptr, size, size, size, a.data(), 2 * a.size(), a.data(),
+                      2 * a.size(), c[0].data(), 2 * c[0].size(), 0, 0, &e.code, &e.message);
+  EXPECT_EQ(e.code, HGEMM_FAILED_PRECONDITION) << e.text();
+  hgemm_stream_destroy(stream);
+
+  // Destroyed with GEMMs in flight, never read.
+  stream = hgemm_stream_open(client_, nullptr, &e.code, &e.message);
+  ASSERT_NE(stream, nullptr) << e.text();
+  for (uint64_t i = 0; i < 2; ++i) {
+    hgemm_stream_submit(stream, i, nullptr, size, size, size, a.data(), 2 * a.size(), a.data(),
+                        2 * a.size(), c[i].data(), 2 * c[i].size(), 0, 0, &e.code, &e.message);
+    ASSERT_EQ(e.code, HGEMM_OK) << e.text();
+  }
+  hgemm_stream_destroy(stream);
+}
+
+TEST(HgemmCAbi, StreamToAnUnreachableServerEndsUnavailable) {
+  Error e;
+  hgemm_client_t* client =
+      hgemm_client_create(("127.0.0.1:" + std::to_string(hgemm::subprocess::FreePort())).c_str(),
+                          nullptr, &e.code, &e.message);
+  ASSERT_NE(client, nullptr) << e.text();
+  hgemm_stream_t* stream = hgemm_stream_open(client, nullptr, &e.code, &e.message);
+  ASSERT_NE(stream, nullptr) << e.text();
+  const uint16_t one = 0x3c00;
+  uint16_t c = kPoison;
+  hgemm_stream_submit(stream, 0, nullptr, 1, 1, 1, &one, 2, &one, 2, &c, 2, 0, 0, &e.code,
+                      &e.message);
+  EXPECT_EQ(e.code, HGEMM_OK) << e.text();
+  uint64_t id = 0;
+  EXPECT_EQ(hgemm_stream_next(stream, &id, nullptr, nullptr, nullptr, &e.code, &e.message), 0);
+  EXPECT_EQ(e.code, HGEMM_UNAVAILABLE) << e.text();
+  EXPECT_EQ(c, kPoison);
+  hgemm_stream_destroy(stream);
+  hgemm_client_destroy(client);
+}
+
+TEST_F(HgemmC, GemmManyKeepsTheCsAskedFor) {
+  constexpr uint32_t m = 26, n = 19, k = 31;
+  std::mt19937_64 rng(16);
+  const std::vector<uint16_t> a = hgemm::RandomHalfMatrix(m * k, rng);
+  const std::vector<uint16_t> b = hgemm::RandomHalfMatrix(k * n, rng);
+  const std::vector<float> reference = hgemm::ReferenceGemm(a.data(), b.data(), m, n, k);
+  std::vector<uint16_t> c(m * n, kPoison);
+  hgemm_batch_t* batch = hgemm_batch_create();
+  Error e;
+  ASSERT_EQ(hgemm_batch_add_keep_c(batch, nullptr, m, n, k, a.data(), 2 * a.size(), b.data(),
+                                   2 * b.size(), 60, &e.code, &e.message),
+            0u)
+      << e.text();
+  ASSERT_EQ(hgemm_batch_add(batch, nullptr, m, n, k, a.data(), 2 * a.size(), b.data(),
+                            2 * b.size(), c.data(), 2 * c.size(), &e.code, &e.message),
+            1u)
+      << e.text();
+  EXPECT_EQ(hgemm_batch_c_handle(batch, 0, nullptr), nullptr);  // not run yet
+  hgemm_gemm_many(client_, batch, nullptr, nullptr, 0, &e.code, &e.message);
+  ASSERT_EQ(e.code, HGEMM_OK) << e.text();
+  EXPECT_EQ(hgemm_batch_c_handle(batch, 1, nullptr), nullptr);  // C came back
+  EXPECT_LT(hgemm::RelativeFrobeniusError(c.data(), reference.data(), c.size()),
+            hgemm::kServiceTolerance.fp32_acc);
+  hgemm_matrix_info_t c_info;
+  char* kept = hgemm_batch_c_handle(batch, 0, &c_info);
+  ASSERT_NE(kept, nullptr);
+  EXPECT_EQ(c_info.rows, m);
+  EXPECT_EQ(c_info.cols, n);
+  std::vector<uint16_t> downloaded(m * n, kPoison);
+  EXPECT_EQ(hgemm_download(client_, nullptr, kept, 0, 0, downloaded.data(),
+                           2 * downloaded.size(), &e.code, &e.message),
+            2 * downloaded.size())
+      << e.text();
+  EXPECT_LT(hgemm::RelativeFrobeniusError(downloaded.data(), reference.data(), c.size()),
+            hgemm::kServiceTolerance.fp32_acc);
+  EXPECT_EQ(hgemm_release(client_, nullptr, kept, &e.code, &e.message), 2 * c.size());
+  hgemm_free(kept);
+  hgemm_batch_destroy(batch);
+}
+
+TEST(HgemmCAbi, StreamOutlivesItsClient) {
+  const std::string address = "127.0.0.1:" + std::to_string(hgemm::subprocess::FreePort());
+  ChildProcess server(hgemm::subprocess::RunfilePath("server/hgemm_server"),
+                      {"--backend=cpu", "--cpu_workers=1", "--listen=" + address});
+  constexpr uint32_t m = 12, n = 10, k = 14;
+  std::mt19937_64 rng(17);
+  const std::vector<uint16_t> a = hgemm::RandomHalfMatrix(m * k, rng);
+  const std::vector<uint16_t> b = hgemm::RandomHalfMatrix(k * n, rng);
+  const std::vector<float> reference = hgemm::ReferenceGemm(a.data(), b.data(), m, n, k);
+  hgemm_client_options_t* options = hgemm_client_options_create();
+  hgemm_client_options_set_retry_policy(options, 60, 500, 500, 1.0);  // while the server starts
+  Error e;
+  hgemm_client_t* client = hgemm_client_create(address.c_str(), options, &e.code, &e.message);
+  hgemm_client_options_destroy(options);
+  ASSERT_NE(client, nullptr) << e.text();
+  hgemm_server_info_t* info = hgemm_server_info(client, nullptr, &e.code, &e.message);
+  ASSERT_NE(info, nullptr) << e.text();
+  hgemm_server_info_destroy(info);
+  hgemm_stream_t* stream = hgemm_stream_open(client, nullptr, &e.code, &e.message);
+  ASSERT_NE(stream, nullptr) << e.text();
+  hgemm_client_destroy(client);
+  std::vector<uint16_t> c(m * n, kPoison);
+  hgemm_stream_submit(stream, 0, nullptr, m, n, k, a.data(), 2 * a.size(), b.data(),
+                      2 * b.size(), c.data(), 2 * c.size(), 0, 0, &e.code, &e.message);
+  ASSERT_EQ(e.code, HGEMM_OK) << e.text();
+  EXPECT_EQ(ReadAnswers(stream, 1).at(0).code, HGEMM_OK);
+  EXPECT_LT(hgemm::RelativeFrobeniusError(c.data(), reference.data(), c.size()),
+            hgemm::kServiceTolerance.fp32_acc);
+  hgemm_stream_close(stream);
+  uint64_t id = 0;
+  EXPECT_EQ(hgemm_stream_next(stream, &id, nullptr, nullptr, nullptr, &e.code, &e.message), 0);
+  EXPECT_EQ(e.code, HGEMM_OK) << e.text();
+  hgemm_stream_destroy(stream);
 }
 
 }  // namespace

@@ -200,12 +200,8 @@ class Calls:
                 return result
         yield from self._server_limit(spec, mode, timeout)
         if self._on_native_core(spec):
-            c, info = yield from self._on_native(self.native.gemm,
-                                                 (spec, self._native_path(spec, mode), out),
-                                                 timeout, idempotent=True,
-                                                 nbytes=spec.payload_bytes + spec.c_bytes,
-                                                 start=self.native.gemm_start)
-            return native_result(spec, c, info, details, as_torch, started, out)
+            return (yield from self._native_gemm(spec, mode, out, details, as_torch, timeout,
+                                                 started))
         if self.config.streams(spec, mode):
             result = (yield from self._many([spec], timeout, details, as_torch, started))[0]
             if isinstance(result, _errors.Error):
@@ -215,6 +211,23 @@ class Calls:
         response = yield from self._unary("Gemm", spec.unary_request(), timeout,
                                           idempotent=not keep_c, replica=replica)
         return with_out(unary_result(self.client, spec, response, details, as_torch, started), out)
+
+    def _native_gemm(self, spec: Spec, mode, out, details, as_torch, timeout, started):
+        """gemm through the native core: C into `out` or a new array, or kept on the server
+        (keep_c: the sync client only, hgemm_gemm_keep_c blocks)."""
+        if spec.keep_c:
+            matrix, info = yield from self._on_native(self.native.gemm_keep_c,
+                                                      (spec, self.config.streams(spec, mode)),
+                                                      timeout, idempotent=False,
+                                                      nbytes=spec.payload_bytes)
+            return native_result(spec, ResidentMatrix(self.client, matrix), info, details,
+                                 as_torch, started, None)
+        c, info = yield from self._on_native(self.native.gemm,
+                                             (spec, self._native_path(spec, mode), out),
+                                             timeout, idempotent=True,
+                                             nbytes=spec.payload_bytes + spec.c_bytes,
+                                             start=self.native.gemm_start)
+        return native_result(spec, c, info, details, as_torch, started, out)
 
     def _gemm_in_regions(self, spec: Spec, out, details, as_torch, timeout, started):
         """The GEMM as a unary Gemm naming {region, offset} for the parts in shared memory: those
@@ -351,11 +364,14 @@ class Calls:
         """Strided-batched GEMM in one call: C[i] = alpha·A[i]·B[i] + beta·c[i] for A
         (batch×m×k) and B (batch×k×n), e.g. 3-D float16 arrays or lists of matrices; c
         (batch×m×n of C's type) only with beta ≠ 0. Returns C as a batch×m×n array (a GemmResult
-        with details=True). Options as gemm's; goes through grpcio (GemmRequest.batch)."""
+        with details=True). Options as gemm's (GemmRequest.batch)."""
         started = time.monotonic()
         spec = batched_spec(a, b, accumulation=accumulation, kernel=kernel, request_id=request_id,
                             c_dtype=c_dtype, alpha=alpha, beta=beta, c=c)
         yield from self._server_limit(spec, mode, timeout)
+        if self._on_native_core(spec):
+            return (yield from self._native_gemm(spec, mode, None, details, as_torch, timeout,
+                                                 started))
         if self.config.streams(spec, mode):
             result = (yield from self._many([spec], timeout, details, as_torch, started))[0]
             if isinstance(result, _errors.Error):
@@ -421,11 +437,10 @@ class Calls:
         return self.config.streams(spec, mode)
 
     def _on_native_core(self, spec: Spec) -> bool:
-        """Whether a GEMM goes through the native core: one is loaded and the GEMM returns C
-        (keep_c's handle is not in the C ABI) of fp16 or bf16 inputs (the types it sends),
-        unscaled and single (the C ABI has no alpha, beta, C_in or batch)."""
-        return (self.native is not None and not spec.keep_c and spec.dtype in ("fp16", "bf16")
-                and not spec.scaled() and spec.batch == 1)
+        """Whether a GEMM goes through the native core: one is loaded, and the GEMM returns C or
+        keeps it with a blocking call (hgemm_gemm_keep_c, a batch: the sync client's; an
+        awaited GEMM carries no kept C)."""
+        return self.native is not None and (not spec.keep_c or self.blocking)
 
     def _many(self, specs: List[Spec], timeout, details, as_torch, started):
         groups, outcomes = by_replica(dict(enumerate(specs)))
@@ -502,10 +517,10 @@ class Calls:
         array, dtype, _ = _arrays.as_operand(matrix, "matrix", allow_transposed=False)
         # A shared buffer (same host): the server copies it from the region, no chunks sent.
         region = self.shm.find(array) if self.shm.enabled and replica is None else None
-        if (self.native is not None and self.blocking and device_id is None and dtype == "fp16"
-                and region is None):
+        if self.native is not None and self.blocking and region is None:
             info = yield from self._on_native(self.native.upload,
-                                              (array, ttl, label, replica_of(replica)), timeout,
+                                              (array, dtype, device_id, ttl, label,
+                                               replica_of(replica)), timeout,
                                               idempotent=False, nbytes=array.nbytes,
                                               desc="hgemm upload")
             return ResidentMatrix(self.client, info)
@@ -527,6 +542,14 @@ class Calls:
                  timeout: Optional[float] = None):
         """A resident matrix's values as a float16 ndarray (float32 for an fp32 or bf16 one; or a
         torch tensor with as_torch)."""
+        if self.native is not None and self.blocking:  # into one buffer, by pointer
+            buf = DownloadBuffer(matrix.rows, matrix.cols, dtype=matrix.dtype)
+            buf.buf = np.empty(buf.nbytes, dtype=np.uint8)
+            buf.received = yield from self._on_native(self.native.download,
+                                                      (matrix.handle, buf.buf), timeout,
+                                                      idempotent=True, nbytes=buf.nbytes,
+                                                      desc="hgemm download")
+            return _arrays.to_output(buf.array(), as_torch)
         bar = _progress.bar(self.config.progress, matrix.bytes, "hgemm download")
 
         def attempt(stub, t):
@@ -563,8 +586,12 @@ class Calls:
         """This client's resident matrices (a list of ResidentMatrix, with .client_bytes and
         .quota_bytes). Over several replicas, those of `replica` (an address; None: of the one
         the balanced call reaches)."""
-        response = yield from self._unary("ListMatrices", pb.ListMatricesRequest(), timeout,
-                                          idempotent=True, replica=replica or "")
+        if self.native is not None and self.blocking:
+            response = yield from self._on_native(self.native.matrices, (replica or "",),
+                                                  timeout, idempotent=True, nbytes=0)
+        else:
+            response = yield from self._unary("ListMatrices", pb.ListMatricesRequest(), timeout,
+                                              idempotent=True, replica=replica or "")
         out = MatrixList(ResidentMatrix(self.client, m) for m in response.matrices)
         out.client_bytes, out.quota_bytes = response.client_bytes, response.quota_bytes
         return out

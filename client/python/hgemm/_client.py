@@ -88,9 +88,9 @@ class Client:
         are named in the Gemm call instead of sent (server: --allow_shared_memory; where it
         refuses, GEMMs of ordinary arrays go as bytes). Regions are unregistered on close().
 
-    Core: GEMMs (but keep_c ones and gemm_many's), uploads and releases go through the native
-    core (libhgemm_client.so, the GIL released for the call) when hgemm.info() reports it, else
-    through grpcio; every other call goes through grpcio.
+    Core: GEMMs, gemm_many, resident matrices (upload, download, matrices, release) go through
+    the native core (libhgemm_client.so, the GIL released for the call) when hgemm.info()
+    reports it, else through grpcio; hgemm.info()["features"] says which core serves what.
     """
 
     def __init__(self, target: str = "127.0.0.1:50051", **options):

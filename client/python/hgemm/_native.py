@@ -9,10 +9,11 @@ an array allocated here, while other threads run.
 Which core: $HGEMM_TRANSPORT "native" (the library must load: OSError otherwise), "grpcio", or
 "auto" / unset (native when the library loads). The library is $HGEMM_NATIVE_LIB, else
 libhgemm_client.so beside this file (pip install copies it there). hgemm.info() says which.
-The sync Client's GEMMs (any layout and types: transposed views go as stored, by pointer),
-gemm_many, uploads and releases go through it, and the aio client's GEMMs (hgemm_gemm_async, a
-completion callback); the rest (streams, downloads, listings, keep_c, upload(device_id=), bf16
-uploads, channel_options, the aio client's other calls) stays on grpcio.
+The sync Client's GEMMs (any layout and types: transposed views go as stored, by pointer; alpha,
+beta, C inputs, batches, keep_c), gemm_many, uploads, downloads (into one buffer), listings and
+releases go through it, and so do both clients' stream()s (hgemm_stream_t) and the aio client's
+GEMMs (hgemm_gemm_async, a completion callback); NATIVE_FEATURES says what stays on grpcio
+(shared memory, info, kernels, the aio client's other calls, channel_options).
 
 Thread safety: the library is loaded once under a lock; a NativeClient is thread-safe (one
 hgemm_client_t serves many threads).
@@ -21,6 +22,7 @@ import ctypes
 import os
 import re
 import threading
+import weakref
 from typing import Dict, Optional, Sequence
 
 import grpc
@@ -32,7 +34,9 @@ from ._resident import handle_replica
 
 LIBRARY_NAME = "libhgemm_client.so"
 ABI_VERSION = 1  # HGEMM_ABI_VERSION of the client/c/hgemm.h this module binds
-ABI_REVISION = 2  # the HGEMM_ABI_REVISION whose functions it calls (batches, transposes, types)
+# The HGEMM_ABI_REVISION whose functions it calls (2: batches, transposes, types; 3: typed
+# uploads, downloads, listings, keep_c, alpha/beta/C_in/batch).
+ABI_REVISION = 3
 MODE_AUTO, MODE_UNARY, MODE_STREAM = 0, 1, 2
 # HGEMM_DTYPE_* (proto DataType's values) of a Spec's dtype names.
 _DTYPES = {"fp16": pb.DATA_TYPE_FP16, "bf16": pb.DATA_TYPE_BF16, "fp32": pb.DATA_TYPE_FP32}
@@ -152,10 +156,33 @@ def use_native() -> bool:
         return False
 
 
+# What the native core serves of a client that uses it, by feature (hgemm.info()'s
+# "features"); "grpcio" where the C ABI has no call for it yet. A client with channel_options
+# makes every call through grpcio.
+NATIVE_FEATURES = {
+    "gemm": "native",                # any layout and types, alpha/beta/c, out=, keep_c
+    "gemm_batched": "native",
+    "gemm_many": "native",
+    "upload": "native",              # but from a shared buffer: the server copies it there
+    "download": "native",
+    "release": "native",
+    "matrices": "native",
+    "stream": "native",              # Client.stream(): a persistent GemmStream
+    "shared_memory": "grpcio",       # shared_buffer(), regions(), GEMMs naming regions
+    "info": "grpcio",
+    "kernels": "grpcio",
+    "aio.gemm": "native",            # but keep_c: grpcio
+    "aio.stream": "native",
+    "aio.other": "grpcio",           # the aio client's other calls
+}
+
+
 def info() -> dict:
-    """hgemm.info(): which core new sync clients use ("native" or "grpcio"), the library's path
-    and ABI version (None when not loaded), and why the native core is not used (None if it is)."""
-    out = {"core": "grpcio", "library": None, "abi_version": None, "reason": None}
+    """hgemm.info(): which core new sync clients use ("native" or "grpcio"), the library's path,
+    ABI version and revision (None when not loaded), why the native core is not used (None if
+    it is), and "features": which core serves each feature (NATIVE_FEATURES when native)."""
+    out = {"core": "grpcio", "library": None, "abi_version": None, "abi_revision": None,
+           "reason": None, "features": {feature: "grpcio" for feature in NATIVE_FEATURES}}
     wanted = transport()
     if wanted == "grpcio":
         out["reason"] = "HGEMM_TRANSPORT=grpcio"
@@ -165,7 +192,8 @@ def info() -> dict:
     except OSError as e:
         out["reason"] = str(e)
         return out
-    out.update(core="native", library=library_path(), abi_version=lib.hgemm_abi_version())
+    out.update(core="native", library=library_path(), abi_version=lib.hgemm_abi_version(),
+               abi_revision=lib.hgemm_abi_revision(), features=dict(NATIVE_FEATURES))
     return out
 
 
@@ -194,6 +222,7 @@ def _declare(lib):
     err = (ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_void_p))
     signatures = {
         "hgemm_abi_version": (ctypes.c_int, ()),
+        "hgemm_abi_revision": (ctypes.c_int, ()),
         "hgemm_free": (None, (p,)),
         "hgemm_client_options_create": (p, ()),
         "hgemm_client_options_destroy": (None, (p,)),
@@ -241,6 +270,41 @@ def _declare(lib):
         "hgemm_batch_add": (size, (p, p, u32, u32, u32, p, size, p, size, p, size) + err),
         "hgemm_gemm_many": (None, (p, p, p, ctypes.POINTER(size), size) + err),
         "hgemm_batch_result": (ctypes.c_ubyte, (p, size, ctypes.POINTER(GemmInfo)) + err),
+        "hgemm_batch_add_keep_c": (size, (p, p, u32, u32, u32, p, size, p, size, u32) + err),
+        "hgemm_batch_c_handle": (p, (p, size, ctypes.POINTER(MatrixInfo))),
+        "hgemm_gemm_options_set_alpha": (None, (p, ctypes.c_float)),
+        "hgemm_gemm_options_set_beta": (None, (p, ctypes.c_float)),
+        "hgemm_gemm_options_set_c_in": (None, (p, p, size)),
+        "hgemm_gemm_options_set_c_in_handle": (None, (p, cstr)),
+        "hgemm_gemm_options_set_batch": (None, (p, u32)),
+        "hgemm_upload_typed": (p, (p, p, u32, u32, ctypes.c_int, ctypes.c_int, p, size, u32, cstr,
+                                   ctypes.POINTER(MatrixInfo)) + err),
+        "hgemm_gemm_keep_c": (p, (p, p, u32, u32, u32, p, size, p, size, u32,
+                                  ctypes.POINTER(GemmInfo), ctypes.POINTER(MatrixInfo)) + err),
+        "hgemm_download": (ctypes.c_uint64, (p, p, cstr, ctypes.c_uint64, ctypes.c_uint64, p,
+                                             size) + err),
+        "hgemm_list_matrices": (p, (p, p) + err),
+        "hgemm_matrix_list_destroy": (None, (p,)),
+        "hgemm_matrix_list_size": (size, (p,)),
+        "hgemm_matrix_list_client_bytes": (ctypes.c_uint64, (p,)),
+        "hgemm_matrix_list_quota_bytes": (ctypes.c_uint64, (p,)),
+        "hgemm_matrix_list_info": (None, (p, size, ctypes.POINTER(MatrixInfo))),
+        "hgemm_matrix_list_handle": (cstr, (p, size)),
+        "hgemm_matrix_list_label": (cstr, (p, size)),
+        "hgemm_matrix_list_replica": (cstr, (p, size)),
+        "hgemm_matrix_list_dtype": (ctypes.c_int, (p, size)),
+        "hgemm_matrix_list_age_seconds": (ctypes.c_double, (p, size)),
+        "hgemm_matrix_list_idle_seconds": (ctypes.c_double, (p, size)),
+        "hgemm_stream_open": (p, (p, p) + err),
+        "hgemm_stream_submit": (None, (p, ctypes.c_uint64, p, u32, u32, u32, p, size, p, size, p,
+                                       size, ctypes.c_ubyte, u32) + err),
+        "hgemm_stream_next": (ctypes.c_int, (p, ctypes.POINTER(ctypes.c_uint64),
+                                             ctypes.POINTER(GemmInfo),
+                                             ctypes.POINTER(ctypes.c_void_p),
+                                             ctypes.POINTER(MatrixInfo)) + err),
+        "hgemm_stream_close": (None, (p,)),
+        "hgemm_stream_cancel": (None, (p,)),
+        "hgemm_stream_destroy": (None, (p,)),
     }
     for name, (restype, argtypes) in signatures.items():
         fn = getattr(lib, name)
@@ -292,14 +356,18 @@ class NativeClient:
                 options, policy.attempts, int(policy.initial_backoff_s * 1e3),
                 int(policy.max_backoff_s * 1e3), policy.multiplier)
             self._client = self._checked(lib.hgemm_client_create, _encode(target), options)
+            self._streams = weakref.WeakSet()  # open NativeStreams, cancelled by close()
         except NativeRpcError as e:
             raise ValueError(e.details()) from None
         finally:
             lib.hgemm_client_options_destroy(options)
 
     def close(self) -> None:
-        """Frees the client, once its asynchronous GEMMs still running are over (the library
-        waits for them, the GIL released)."""
+        """Cancels its open streams (their GEMMs not yet answered fail with Cancelled, as a closed
+        grpcio channel's) and frees the client, once its asynchronous GEMMs still running are
+        over (the library waits for them, the GIL released)."""
+        for stream in list(self._streams):
+            stream.cancel()
         client, self._client = self._client, None
         if client:
             self._lib.hgemm_client_destroy(client)
@@ -343,6 +411,13 @@ class NativeClient:
         lib.hgemm_gemm_options_set_transpose_b(options, int(spec.b.transposed))
         lib.hgemm_gemm_options_set_dtype(options, _DTYPES[spec.dtype])
         lib.hgemm_gemm_options_set_c_dtype(options, _DTYPES[spec.c_dtype])
+        if spec.alpha is not None:
+            lib.hgemm_gemm_options_set_alpha(options, spec.alpha)
+        lib.hgemm_gemm_options_set_beta(options, spec.beta)
+        if spec.c_in is not None:  # read from spec's array, which outlives the call
+            lib.hgemm_gemm_options_set_c_in(options, spec.c_in.ctypes.data, spec.c_in.nbytes)
+        lib.hgemm_gemm_options_set_c_in_handle(options, spec.c_in_handle.encode())
+        lib.hgemm_gemm_options_set_batch(options, spec.batch)
         return options
 
     def gemm(self, spec, streamed: Optional[bool], out: Optional[np.ndarray],
@@ -350,7 +425,8 @@ class NativeClient:
         """(C, GemmInfo) of a Spec sent as it is (operands from the arrays' memory, transposed
         views as stored, or by handle); C is written into `out`, else into a new buffer and
         returned as spec.c_array makes it (float16, float32, bf16 widened to float32).
-        REQUIRES: not spec.keep_c; out is None or passed _arrays.check_out (of C's type)."""
+        REQUIRES: not spec.keep_c (gemm_keep_c); out is None or passed _arrays.check_out (of
+        C's type)."""
         options = self._gemm_options(spec, _mode(streamed), timeout)
         try:
             buffer = np.empty(spec.c_bytes, dtype=np.uint8) if out is None else out
@@ -389,29 +465,91 @@ class NativeClient:
             self._lib.hgemm_gemm_options_destroy(options)
         return NativeCall(self._lib, call)
 
-    def batch(self, specs: dict) -> "NativeBatch":
-        """A NativeBatch of these GEMMs (none with keep_c), by their ids."""
-        return NativeBatch(self, specs)
-
-    def upload(self, array: np.ndarray, ttl: int, label: str, replica: str,
-               timeout: Optional[float]) -> pb.MatrixInfo:
-        """Uploads a C-contiguous float16 matrix; its MatrixInfo (as the server's, but for the
-        fields the C ABI does not carry: age, idle time, owner)."""
-        options = self._call_options(timeout, replica)
-        info = MatrixInfo()
+    def gemm_keep_c(self, spec, streamed: Optional[bool], timeout: Optional[float]):
+        """(MatrixInfo of the C kept on the server, GemmInfo) of a Spec with keep_c."""
+        options = self._gemm_options(spec, _mode(streamed), timeout)
+        info, c_info = GemmInfo(), MatrixInfo()
         try:
-            handle = self._checked(self._lib.hgemm_upload, self._client, options,
-                                   array.shape[0], array.shape[1], array.ctypes.data,
-                                   array.nbytes, int(ttl), label.encode(), ctypes.byref(info))
+            handle = self._checked(self._lib.hgemm_gemm_keep_c, self._client, options, spec.m,
+                                   spec.n, spec.k, *_operand(spec.a), *_operand(spec.b),
+                                   spec.c_ttl, ctypes.byref(info), ctypes.byref(c_info))
         finally:
-            self._lib.hgemm_call_options_destroy(options)
+            self._lib.hgemm_gemm_options_destroy(options)
+        return self._matrix_info(handle, c_info, "", spec.c_dtype), info
+
+    def _matrix_info(self, handle, info: MatrixInfo, label: str, dtype: str) -> pb.MatrixInfo:
+        """A MatrixInfo of a handle the library returned (freed here) and its hgemm_matrix_info_t
+        (the server's, but for the fields the C ABI does not carry: age, idle time, owner)."""
         try:
             text = ctypes.string_at(handle).decode()
         finally:
             self._lib.hgemm_free(handle)
         return pb.MatrixInfo(handle=text, rows=info.rows, cols=info.cols, bytes=info.bytes,
                              device_id=info.device_id, ttl_seconds=info.ttl_seconds, label=label,
-                             replica=handle_replica(text))
+                             replica=handle_replica(text), dtype=_DTYPES[dtype])
+
+    def open_stream(self, replica: str) -> "NativeStream":
+        stream = NativeStream(self, replica)
+        self._streams.add(stream)
+        return stream
+
+    def batch(self, specs: dict) -> "NativeBatch":
+        """A NativeBatch of these GEMMs (none with keep_c), by their ids."""
+        return NativeBatch(self, specs)
+
+    def upload(self, array: np.ndarray, dtype: str, device_id: Optional[int], ttl: int,
+               label: str, replica: str, timeout: Optional[float]) -> pb.MatrixInfo:
+        """Uploads a C-contiguous 2-byte matrix of `dtype` ("fp16" or "bf16"), sent from the
+        array's memory; its MatrixInfo."""
+        options = self._call_options(timeout, replica)
+        info = MatrixInfo()
+        try:
+            handle = self._checked(self._lib.hgemm_upload_typed, self._client, options,
+                                   array.shape[0], array.shape[1], _DTYPES[dtype],
+                                   -1 if device_id is None else device_id, array.ctypes.data,
+                                   array.nbytes, int(ttl), label.encode(), ctypes.byref(info))
+        finally:
+            self._lib.hgemm_call_options_destroy(options)
+        return self._matrix_info(handle, info, label, dtype)
+
+    def download(self, handle: str, into: np.ndarray, timeout: Optional[float]) -> int:
+        """The resident matrix's bytes written into `into` (a C-contiguous uint8 array, its
+        size); returns the bytes written."""
+        options = self._call_options(timeout)
+        try:
+            return self._checked(self._lib.hgemm_download, self._client, options, handle.encode(),
+                                 0, 0, into.ctypes.data, into.nbytes)
+        finally:
+            self._lib.hgemm_call_options_destroy(options)
+
+    def matrices(self, replica: str, timeout: Optional[float]) -> pb.ListMatricesResponse:
+        """ListMatrices of `replica` ("": balanced), as the server's response but for the fields
+        the C ABI does not carry (owner, missing_bytes, transient)."""
+        options = self._call_options(timeout, replica)
+        try:
+            listed = self._checked(self._lib.hgemm_list_matrices, self._client, options)
+        finally:
+            self._lib.hgemm_call_options_destroy(options)
+        lib = self._lib
+        try:
+            response = pb.ListMatricesResponse(
+                client_bytes=lib.hgemm_matrix_list_client_bytes(listed),
+                quota_bytes=lib.hgemm_matrix_list_quota_bytes(listed))
+            for i in range(lib.hgemm_matrix_list_size(listed)):
+                info = MatrixInfo()
+                lib.hgemm_matrix_list_info(listed, i, ctypes.byref(info))
+                response.matrices.add(
+                    handle=lib.hgemm_matrix_list_handle(listed, i).decode(), rows=info.rows,
+                    cols=info.cols, bytes=info.bytes, device_id=info.device_id,
+                    ttl_seconds=info.ttl_seconds,
+                    label=lib.hgemm_matrix_list_label(listed, i).decode(),
+                    replica=lib.hgemm_matrix_list_replica(listed, i).decode(),
+                    dtype=lib.hgemm_matrix_list_dtype(listed, i),
+                    age_seconds=lib.hgemm_matrix_list_age_seconds(listed, i),
+                    idle_seconds=lib.hgemm_matrix_list_idle_seconds(listed, i))
+            return response
+        finally:
+            lib.hgemm_matrix_list_destroy(listed)
 
     def release(self, handle: str, timeout: Optional[float]) -> int:
         """The bytes the server freed."""
@@ -442,7 +580,7 @@ class NativeCall:
 
 class NativeBatch:
     """gemm_many's GEMMs in an hgemm_batch_t (C ABI revision 2), each with a C buffer of its
-    own: run() sends some of them on a GemmStream per replica (blocking, the GIL released),
+    own (or kept on the server: keep_c, revision 3): run() sends some of them on a GemmStream per replica (blocking, the GIL released),
     outcome() reads what came of each, as a StreamCollector does. Thread safety: one thread at a
     time (a gemm_many call owns it); close() frees the batch."""
 
@@ -450,17 +588,24 @@ class NativeBatch:
         self._native, self._lib = native, native._lib
         self.specs = specs
         self.protocol_error = None  # StreamCollector's; the C++ core folds it into run()'s error
-        self._buffers = {i: np.empty(spec.c_bytes, dtype=np.uint8) for i, spec in specs.items()}
+        self._buffers = {i: np.empty(spec.c_bytes, dtype=np.uint8) for i, spec in specs.items()
+                         if not spec.keep_c}
         self._index: Dict[int, int] = {}  # spec id → the GEMM's index in the batch
         self._batch = self._lib.hgemm_batch_create()
         try:
             for i, spec in specs.items():
                 options = native._gemm_options(spec)
                 try:
-                    buffer = self._buffers[i]
-                    self._index[i] = native._checked(
-                        self._lib.hgemm_batch_add, self._batch, options, spec.m, spec.n, spec.k,
-                        *_operand(spec.a), *_operand(spec.b), buffer.ctypes.data, buffer.nbytes)
+                    gemm = (spec.m, spec.n, spec.k, *_operand(spec.a), *_operand(spec.b))
+                    if spec.keep_c:
+                        self._index[i] = native._checked(
+                            self._lib.hgemm_batch_add_keep_c, self._batch, options, *gemm,
+                            spec.c_ttl)
+                    else:
+                        buffer = self._buffers[i]
+                        self._index[i] = native._checked(
+                            self._lib.hgemm_batch_add, self._batch, options, *gemm,
+                            buffer.ctypes.data, buffer.nbytes)
                 finally:
                     self._lib.hgemm_gemm_options_destroy(options)
         except BaseException:
@@ -499,17 +644,106 @@ class NativeBatch:
             return None
         if err is not None:
             return _errors.from_code(err.code(), err.details(), index=i)
-        done = pb.GemmDone(
-            timing=pb.Timing(queue_wait_ms=info.queue_wait_ms,
-                             host_to_device_ms=info.host_to_device_ms, kernel_ms=info.kernel_ms,
-                             device_to_host_ms=info.device_to_host_ms,
-                             server_total_ms=info.server_total_ms, tflops=info.tflops),
-            execution=pb.Execution(kernel=info.kernel.decode(), accumulation=info.accumulation,
-                                   backend=info.backend.decode(), device_id=info.device_id,
-                                   device_name=info.device_name.decode(),
-                                   stream_id=info.stream_id),
-            request_id=info.request_id.decode())
-        return self.specs[i].c_array(self._buffers[i]), done
+        spec = self.specs[i]
+        if not spec.keep_c:
+            return spec.c_array(self._buffers[i]), _gemm_done(info)
+        c_info = MatrixInfo()
+        handle = self._lib.hgemm_batch_c_handle(self._batch, self._index[i], ctypes.byref(c_info))
+        if not handle:
+            return _errors.Internal("the server kept no C (keep_c_resident ignored?)", index=i)
+        return None, _gemm_done(info, self._native._matrix_info(handle, c_info, "",
+                                                                spec.c_dtype))
+
+
+class NativeStream:
+    """One persistent GemmStream of the native core (hgemm_stream_t): hgemm.Stream's call and
+    request queue. submit() hands a GEMM to the stream's writer thread (A and B copied, C's
+    buffer made here), next() waits for the next answer (the GIL released), put_nowait(None)
+    half-closes (StreamSession's end of the requests), cancel() ends it, close() frees it once
+    it is over. Thread safety: submit, put_nowait and cancel from any thread; next from one
+    (the session's reader) at a time; close after next has said the stream is over."""
+
+    def __init__(self, native: NativeClient, replica: str):
+        self._native, self._lib = native, native._lib
+        self._lock = threading.Lock()  # the handle against close()
+        self._c: Dict[int, tuple] = {}  # gemm_id → (Spec, C's buffer), until answered
+        options = native._call_options(None, replica)  # no deadline: the stream lives on
+        try:
+            self._stream = native._checked(self._lib.hgemm_stream_open, native._client, options)
+        finally:
+            self._lib.hgemm_call_options_destroy(options)
+        self.end = None  # once next() returned None: the stream's NativeRpcError, if it failed
+
+    def submit(self, gemm_id: int, spec) -> None:
+        """Sends a GEMM tagged gemm_id. Raises NativeRpcError if the library refuses it; a GEMM
+        submitted as the stream ends is left to the stream's end (never answered)."""
+        buffer = None if spec.keep_c else np.empty(spec.c_bytes, dtype=np.uint8)
+        options = self._native._gemm_options(spec)
+        try:
+            with self._lock:
+                self._c[gemm_id] = (spec, buffer)
+                _, err = self._native._status(
+                    self._lib.hgemm_stream_submit, self._stream, gemm_id, options, spec.m, spec.n,
+                    spec.k, *_operand(spec.a), *_operand(spec.b),
+                    None if buffer is None else buffer.ctypes.data,
+                    0 if buffer is None else buffer.nbytes, int(spec.keep_c), spec.c_ttl)
+                if err is not None and err.code() != grpc.StatusCode.FAILED_PRECONDITION:
+                    del self._c[gemm_id]
+                    raise err
+        finally:
+            self._lib.hgemm_gemm_options_destroy(options)
+
+    def next(self):
+        """(gemm_id, outcome) of the next answer, the outcome an hgemm.Error or (C or None for a
+        kept C, a GemmDone); None once the stream is over (self.end says how)."""
+        gemm_id, info = ctypes.c_uint64(0), GemmInfo()
+        c_handle, c_info = ctypes.c_void_p(None), MatrixInfo()
+        answered, err = self._native._status(self._lib.hgemm_stream_next, self._stream,
+                                             ctypes.byref(gemm_id), ctypes.byref(info),
+                                             ctypes.byref(c_handle), ctypes.byref(c_info))
+        if not answered:
+            self.end = err
+            return None
+        with self._lock:
+            spec, buffer = self._c.pop(gemm_id.value)
+        if err is not None:
+            return gemm_id.value, _errors.from_code(err.code(), err.details())
+        c_matrix = (self._native._matrix_info(c_handle.value, c_info, "", spec.c_dtype)
+                    if c_handle.value else None)
+        c = None if spec.keep_c else spec.c_array(buffer)
+        return gemm_id.value, (c, _gemm_done(info, c_matrix))
+
+    def put_nowait(self, item) -> None:
+        """StreamSession's end of the requests (item None): half-closes the stream."""
+        assert item is None, item
+        with self._lock:
+            if self._stream:
+                self._lib.hgemm_stream_close(self._stream)
+
+    def cancel(self) -> None:
+        with self._lock:
+            if self._stream:
+                self._lib.hgemm_stream_cancel(self._stream)
+
+    def close(self) -> None:
+        with self._lock:
+            stream, self._stream = self._stream, None
+            self._c.clear()
+        if stream:
+            self._lib.hgemm_stream_destroy(stream)
+
+
+def _gemm_done(info: GemmInfo, c_matrix: Optional[pb.MatrixInfo] = None) -> pb.GemmDone:
+    """The GemmDone a GemmInfo (and a kept C) stands for."""
+    return pb.GemmDone(
+        timing=pb.Timing(queue_wait_ms=info.queue_wait_ms,
+                         host_to_device_ms=info.host_to_device_ms, kernel_ms=info.kernel_ms,
+                         device_to_host_ms=info.device_to_host_ms,
+                         server_total_ms=info.server_total_ms, tflops=info.tflops),
+        execution=pb.Execution(kernel=info.kernel.decode(), accumulation=info.accumulation,
+                               backend=info.backend.decode(), device_id=info.device_id,
+                               device_name=info.device_name.decode(), stream_id=info.stream_id),
+        request_id=info.request_id.decode(), c_matrix=c_matrix)
 
 
 def _operand(operand):

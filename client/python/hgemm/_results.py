@@ -151,9 +151,9 @@ def region_result(spec: Spec, raw: _wire.GemmResponse, c, details: bool, started
 
 
 def native_result(spec: Spec, c, info, details: bool, as_torch, started: float, out):
-    """What gemm returns from the native core's C and GemmInfo (hgemm/_native.py); C is `out`
-    as it is when the caller gave one."""
-    if out is None:
+    """What gemm returns from the native core's C (a ResidentMatrix with keep_c) and GemmInfo
+    (hgemm/_native.py); C is `out` as it is when the caller gave one."""
+    if out is None and not spec.keep_c:
         c = c_output(spec, c, as_torch)
     if not details:
         return c

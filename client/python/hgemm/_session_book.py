@@ -49,6 +49,11 @@ class SessionBook:
         self.collector.specs[i] = p.spec
         return i
 
+    def drop(self, i: int) -> None:
+        """Forgets GEMM i, which the stream refused before sending it."""
+        self.pending.pop(i)
+        self.collector.specs.pop(i)
+
     @property
     def protocol_error(self) -> Optional[_errors.Error]:
         return self.collector.protocol_error
@@ -58,8 +63,13 @@ class SessionBook:
         if i is None:
             return [], []
         outcome = self.collector.outcome(i)
-        self.collector.specs.pop(i)
         self.collector.done.pop(i)
+        return self.answered(i, outcome)
+
+    def answered(self, i: int, outcome):
+        """GEMM i's outcome, assembled (StreamCollector.outcome's; the native core's, whose C
+        went straight into its buffer); returns (finished, retry) as consume."""
+        self.collector.specs.pop(i)
         p = self.pending.pop(i)
         if isinstance(outcome, _errors.Error):
             outcome.index = None

@@ -8,6 +8,7 @@ from typing import Optional
 
 import grpc
 
+from ._native import NativeStream
 from ._stream_session import StreamSession
 
 
@@ -42,7 +43,9 @@ class Stream(StreamSession):
     FailedPrecondition.
 
     A reader thread per open stream takes the answers; gRPC writes the requests from a thread
-    of its own.
+    of its own. On the native core (hgemm.info()) the stream is the library's (hgemm_stream_t:
+    its own writer thread, C written straight into each GEMM's array, the GIL released while
+    the reader waits); on grpcio, grpcio's.
     """
 
     def __init__(self, client, replica: Optional[str]):
@@ -102,13 +105,33 @@ class Stream(StreamSession):
         return future
 
     def _open(self) -> None:
+        call = self._open_native()
+        if call is not None:
+            self._start_reader(self._read_native, call)
+            return
         q = queue.SimpleQueue()
         call = self._stub().GemmStream(_requests(q), metadata=self._config.metadata)
         self._queue, self._call = q, call
-        reader = threading.Thread(target=self._read, args=(call, q), name="hgemm-stream-reader",
+        self._start_reader(self._read, call, q)
+
+    def _start_reader(self, read, *args) -> None:
+        reader = threading.Thread(target=read, args=args, name="hgemm-stream-reader",
                                   daemon=True)
         self._readers.append(reader)
         reader.start()
+
+    def _read_native(self, call: NativeStream) -> None:
+        """The reader of a native stream: each answer, then the stream's end (as _read)."""
+        while True:
+            answer = call.next()  # the GIL released while it waits
+            if answer is None:
+                break
+            self._native_answer(answer)
+        finished, retry = self._ended(call, self._native_end(call))
+        call.close()
+        with self._lock:
+            self._readers.remove(threading.current_thread())
+        self._settle(finished, retry)
 
     def _later(self, delay_s: float, fn, *args) -> None:
         if not delay_s:

@@ -7,6 +7,9 @@ A subclass brings the I/O:
   _new_future(): the future that submit() returns.
   _open(): opens a GemmStream to self._replica, setting self._call and self._queue (the queue of
     its requests: each GEMM's message generator, then None for the client's half-close).
+  On the native core, _open() sets both to _open_native()'s NativeStream instead (GEMMs are
+  submitted to it, None half-closes it) and its reader takes (gemm_id, outcome) answers from
+  NativeStream.next() to _native_answer(), then the end to _ended().
   _later(delay_s, fn, *args): calls fn(*args) after delay_s seconds.
   _now_idle(): with _lock held, when the last outstanding result has been delivered.
 Its reader hands each answer to _answered() and, once the stream is over, _ended()'s outcome
@@ -23,6 +26,7 @@ from typing import Optional, Union
 import grpc
 
 from . import _errors
+from ._native import NativeStream
 from ._results import streamed_result
 from ._routes import explain_unreachable, session_replica
 from ._session_book import Pending, SessionBook
@@ -88,7 +92,28 @@ class StreamSession:
         if self._queue is None:
             self._open()
         i = self._book.add(pending)
-        self._queue.put_nowait(pending.spec.stream_messages(i, self._config.chunk_bytes))
+        self._put(i, pending.spec)
+
+    def _put(self, i: int, spec: Spec) -> None:
+        """Queues GEMM i's messages on the open stream, or submits it to the native core's."""
+        if not isinstance(self._queue, NativeStream):
+            self._queue.put_nowait(spec.stream_messages(i, self._config.chunk_bytes))
+            return
+        try:
+            self._queue.submit(i, spec)
+        except grpc.RpcError as e:  # refused before sending
+            self._book.drop(i)
+            raise _errors.from_rpc_error(e) from None
+
+    def _open_native(self) -> Optional[NativeStream]:
+        """A native stream to self._replica, set as the open call and queue, when the client
+        uses the native core; else None."""
+        native = self._client._calls.native
+        if native is None:
+            return None
+        call = native.open_stream(self._replica or "")
+        self._queue = self._call = call
+        return call
 
     def _end_stream(self) -> None:
         if self._queue is not None:
@@ -108,6 +133,15 @@ class StreamSession:
         if broken:
             call.cancel()
         return not broken
+
+    def _native_answer(self, answer) -> None:
+        """One answer of a native stream, (gemm_id, outcome)."""
+        with self._lock:
+            finished, retry = self._book.answered(*answer)
+        self._settle(finished, retry)
+
+    def _native_end(self, call: NativeStream) -> Optional[_errors.Error]:
+        return None if call.end is None else self._unreachable(call.end)
 
     def _unreachable(self, e: grpc.RpcError) -> _errors.Error:
         return explain_unreachable(_errors.from_rpc_error(e), self._replica or "")

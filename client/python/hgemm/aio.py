@@ -146,7 +146,8 @@ class Stream(StreamSession):
     """hgemm.Stream for asyncio: one GemmStream kept open for many GEMMs, pipelined. submit()
     returns an asyncio.Future; gemm() and close() are coroutines; `async with` closes (or
     cancels, if the block raises). Behaviour, errors, retries and replicas as hgemm.Stream. A
-    writer and a reader task per open stream, on the loop the stream was first used on."""
+    writer and a reader task per open stream, on the loop the stream was first used on (on the
+    native core, a reader task awaiting the library's answers from the loop's executor)."""
 
     def __init__(self, client: Client, replica: Optional[str]):
         super().__init__(client, replica)
@@ -197,13 +198,39 @@ class Stream(StreamSession):
         return future
 
     def _open(self) -> None:
+        call = self._open_native()
+        if call is not None:
+            self._start(self._read_native(call))
+            return
         q = asyncio.Queue()
         call = self._stub().GemmStream(metadata=self._config.metadata)
         self._queue, self._call = q, call
         for coroutine in (self._send(call, q), self._read(call, q)):
-            task = asyncio.ensure_future(coroutine)
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            self._start(coroutine)
+
+    def _start(self, coroutine) -> None:
+        task = asyncio.ensure_future(coroutine)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _read_native(self, call) -> None:
+        """The reader of a native stream: each answer awaited from a thread of the loop's
+        executor (blocking in the library, the GIL released), then the stream's end."""
+        loop = asyncio.get_running_loop()
+        try:
+            while True:
+                answer = await loop.run_in_executor(None, call.next)
+                if answer is None:
+                    break
+                self._native_answer(answer)
+        except asyncio.CancelledError:
+            # The loop is going: the executor's next() ends soon; the handle is not freed, as
+            # next() may still be running in it.
+            call.cancel()
+            self._settle(*self._ended(call, _errors.Cancelled("the stream was cancelled")))
+            return
+        self._settle(*self._ended(call, self._native_end(call)))
+        call.close()
 
     def _later(self, delay_s: float, fn, *args) -> None:
         asyncio.get_running_loop().call_later(delay_s, fn, *args)

@@ -241,3 +241,134 @@ def test_native_core_sends_the_largest_gemms_as_parallel_parts(rng):
         assert parts and float(parts[0].split()[-1]) >= 2, text
     finally:
         s.stop()
+
+
+def _native_only_client(address, **options):
+    """_native_client whose grpcio resident-matrix methods fail too."""
+    c = _native_client(address, **options)
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a call went through grpcio")
+    for name in ("UploadMatrix", "DownloadMatrix", "ListMatrices", "ReleaseMatrix"):
+        setattr(c._stub, name, refuse)
+    return c
+
+
+def test_info_says_which_core_serves_each_feature():
+    info = hgemm.info()
+    assert set(info["features"]) >= {"gemm", "gemm_many", "upload", "download", "matrices",
+                                     "release", "stream", "shared_memory"}
+    if info["core"] == "native":
+        assert info["abi_revision"] >= 3
+        assert info["features"]["download"] == info["features"]["gemm"] == "native"
+    else:
+        assert set(info["features"].values()) == {"grpcio"}
+
+
+def test_native_resident_matrices_upload_list_download_keep_c_release(server, rng):
+    m, n, k = 45, 38, 61
+    a, b = fp16(rng, m, k), fp16(rng, k, n)
+    with _native_only_client(server.address, timeout=60) as c:
+        hb = c.upload(b, ttl=120, label="native B")
+        assert hb.shape == (k, n) and hb.replica == "" and hb.dtype == "fp16"
+        listed = {x.handle: x for x in c.matrices()}
+        assert listed[hb.handle].label == "native B" and listed[hb.handle].shape == (k, n)
+        assert listed[hb.handle].dtype == "fp16" and listed[hb.handle].ttl_seconds == 120
+        assert c.matrices().client_bytes >= b.nbytes
+        assert np.array_equal(hb.download(), b)
+        for mode in ("unary", "stream"):
+            hc = c.gemm(a, hb, keep_c=True, c_ttl=60, mode=mode)
+            assert isinstance(hc, hgemm.ResidentMatrix) and hc.shape == (m, n)
+            got = hc.download()
+            assert got.dtype == np.float16 and _error64(got, a, b) < FP32_TOLERANCE
+            # The kept C as the C input of a scaled GEMM (by handle): 0.5·A·B − 1.25·C.
+            scaled = c.gemm(a, hb, alpha=0.5, beta=-1.25, c=hc, accumulation="fp32", mode=mode)
+            ref = 0.5 * (a.astype(np.float64) @ b.astype(np.float64)) - 1.25 * got
+            assert np.linalg.norm(scaled - ref) / np.linalg.norm(ref) < FP32_TOLERANCE
+            assert hc.release() == m * n * 2
+        kept, plain = c.gemm_many([(a, hb, {"keep_c": True}), (a, b)])
+        assert isinstance(kept, hgemm.ResidentMatrix) and kept.shape == (m, n)
+        assert _error64(kept.download(), a, b) < FP32_TOLERANCE
+        assert _error64(plain, a, b) < FP32_TOLERANCE
+        kept.release()
+        kept32 = c.gemm(a, b, keep_c=True, c_dtype="fp32", details=True)
+        assert kept32.c.dtype == "fp32" and kept32.execution.backend == "cpu"
+        c32 = kept32.c.download()
+        assert c32.dtype == np.float32 and _error64(c32, a, b) < 1e-5
+        kept32.c.release()
+        assert hb.release() == b.nbytes
+        with pytest.raises(hgemm.NotFound):
+            c.download(hb)
+        assert hb.handle not in {x.handle for x in c.matrices()}
+
+
+@pytest.mark.parametrize("mode", ["unary", "stream"])
+def test_native_scaled_and_batched_gemms(server, rng, mode):
+    m, n, k, batch = 23, 31, 40, 3
+    with _native_client(server.address, timeout=60) as c:
+        a, b, c_in = fp16(rng, m, k), fp16(rng, k, n), fp16(rng, m, n)
+        out = c.gemm(a, b, alpha=2.0, beta=0.5, c=c_in, accumulation="fp32", mode=mode)
+        ref = 2.0 * (a.astype(np.float64) @ b.astype(np.float64)) + 0.5 * c_in
+        assert np.linalg.norm(out - ref) / np.linalg.norm(ref) < FP32_TOLERANCE
+        As = np.stack([fp16(rng, m, k) for _ in range(batch)])
+        Bs = np.stack([fp16(rng, k, n) for _ in range(batch)])
+        Cs = np.stack([fp16(rng, m, n) for _ in range(batch)])
+        got = c.gemm_batched(As, Bs, alpha=-1.0, beta=2.0, c=Cs, accumulation="fp32", mode=mode)
+        assert got.shape == (batch, m, n)
+        for i in range(batch):
+            ref = -(As[i].astype(np.float64) @ Bs[i].astype(np.float64)) + 2.0 * Cs[i]
+            assert np.linalg.norm(got[i] - ref) / np.linalg.norm(ref) < FP32_TOLERANCE, i
+
+
+def test_native_stream_never_touches_grpcio(server, rng):
+    import concurrent.futures
+    pairs = [(fp16(rng, 10 + i, 20 + i), fp16(rng, 20 + i, 15 + i)) for i in range(12)]
+    pairs.append((fp16(rng, 700, 800), fp16(rng, 800, 900)))  # several chunks each way
+    with _native_only_client(server.address, timeout=60) as c:
+        with c.stream() as s, concurrent.futures.ThreadPoolExecutor(4) as pool:
+            results = list(pool.map(lambda p: s.gemm(*p, details=True), pairs))
+            hb = c.upload(pairs[0][1])
+            hc = s.gemm(pairs[0][0], hb, keep_c=True)
+            assert _error64(hc.download(), *pairs[0]) < FP32_TOLERANCE
+            hc.release()
+            hb.release()
+            with pytest.raises(hgemm.NotFound):  # fails alone; the stream goes on
+                s.gemm(pairs[0][0], hb)
+            assert _error64(s.gemm(*pairs[1]), *pairs[1]) < FP32_TOLERANCE
+    for (a, b), r in zip(pairs, results):
+        assert r.c.shape == (a.shape[0], b.shape[1]) and r.execution.backend == "cpu"
+        assert _error64(r.c, a, b) < FP32_TOLERANCE
+
+
+def test_closing_a_native_client_cancels_its_open_streams(server, rng):
+    a = fp16(rng, 1024, 1024)
+    c = _native_client(server.address, timeout=60)
+    s = c.stream()
+    futures = [s.submit(a, a) for _ in range(3)]
+    c.close()
+    for f in futures:  # answered before the close, or cancelled by it
+        if f.exception(timeout=60) is None:
+            assert _error64(f.result(), a, a) < FP32_TOLERANCE
+        else:
+            assert isinstance(f.exception(), hgemm.Cancelled), f.exception()
+
+
+def test_aio_stream_on_the_native_core(server, rng):
+    import asyncio
+    if hgemm.info()["core"] != "native":
+        pytest.skip("the native core is not in use: " + str(hgemm.info()["reason"]))
+    pairs = [(fp16(rng, 10 + i, 12), fp16(rng, 12, 9 + i)) for i in range(8)]
+
+    async def main():
+        async with hgemm.aio.Client(server.address, timeout=60) as c:
+            def refuse(*args, **kwargs):
+                raise AssertionError("a stream went through grpcio")
+            c._stub.GemmStream = refuse
+            async with c.stream() as s:
+                results = await asyncio.gather(*(s.gemm(a, b) for a, b in pairs))
+                with pytest.raises(hgemm.InvalidArgument, match="no_such_kernel"):
+                    await s.gemm(*pairs[0], kernel="no_such_kernel")
+                assert _error64(await s.gemm(*pairs[1]), *pairs[1]) < FP32_TOLERANCE
+            for (a, b), r in zip(pairs, results):
+                assert _error64(r, a, b) < FP32_TOLERANCE
+    asyncio.run(main())

@@ -110,16 +110,18 @@ def test_session_replica():
 # Against the real server.
 
 class StreamCount:
-    """Counts the GemmStreams a client opens."""
+    """Counts the GemmStreams a client opens (through grpcio or the native core)."""
 
     def __init__(self, client, monkeypatch):
         self.opened = 0
-        gemm_stream = client._stub.GemmStream
+        native = client._calls.native
+        owner, name = (client._stub, "GemmStream") if native is None else (native, "open_stream")
+        open_stream = getattr(owner, name)
 
         def counted(*args, **kwargs):
             self.opened += 1
-            return gemm_stream(*args, **kwargs)
-        monkeypatch.setattr(client._stub, "GemmStream", counted)
+            return open_stream(*args, **kwargs)
+        monkeypatch.setattr(owner, name, counted)
 
 
 def test_many_gemms_on_one_stream(client, rng, monkeypatch):
