@@ -275,5 +275,74 @@ TEST(Registry, AutoPicksAKernelThatTakesTheLayout) {
       << CheckProblem(*FindVariant("auto"), p);
 }
 
+// Issue 29: strided batches. Strides default to packed items; items may not overlap; items 0
+// and 1 are checked as single GEMMs (item 1 is the least aligned).
+TEST(Registry, BatchStridesAndItems) {
+  GemmProblem p = AlignedProblem(64, 48, 32);
+  p.batch = 3;
+  p.transpose_b = true;  // B stored 48×32
+  p.c_type = DataType::kFp32;
+  const BatchStrides packed = StridesOf(p);
+  EXPECT_EQ(packed.a, 64 * 32);
+  EXPECT_EQ(packed.b, 48 * 32);
+  EXPECT_EQ(packed.c, 64 * 48);
+  p.ldc = 56;
+  EXPECT_EQ(StridesOf(p).c, 64 * 56);
+  p.stride_a = 5000;
+  const GemmProblem item = BatchItem(p, 2);
+  EXPECT_EQ(item.batch, 1);
+  EXPECT_EQ(item.stride_a, 0);
+  EXPECT_EQ(static_cast<const char*>(item.a) - static_cast<const char*>(p.a), 2 * 5000 * 2);
+  EXPECT_EQ(static_cast<const char*>(item.b) - static_cast<const char*>(p.b), 2 * 48 * 32 * 2);
+  EXPECT_EQ(static_cast<char*>(item.c) - static_cast<char*>(p.c), 2 * 64 * 56 * 4);
+  EXPECT_EQ(item.ldc, 56);
+}
+
+TEST(Registry, RefusesBadBatchesByName) {
+  const VariantInfo& cublas = *FindVariant("cublas");
+  GemmProblem p = AlignedProblem(64, 64, 64);
+  p.batch = 0;
+  EXPECT_NE(CheckProblem(cublas, p).find("batch must be >= 1"), std::string::npos);
+  p.batch = 4;
+  EXPECT_EQ(CheckProblem(cublas, p), "");
+  EXPECT_EQ(CheckProblem(FallbackVariant(), p), "");  // a loop of launches
+  p.stride_b = 64 * 64 - 1;
+  EXPECT_NE(CheckProblem(cublas, p).find("stride_b 4095 is below one item's extent 4096"),
+            std::string::npos)
+      << CheckProblem(cublas, p);
+  p.stride_b = int64_t(1) << 62;
+  EXPECT_NE(CheckProblem(cublas, p).find("overflows"), std::string::npos);
+  // Item 1 of an odd stride is not 16-byte aligned: the 16-byte kernels refuse it by item.
+  p.stride_b = 64 * 64 + 1;
+  for (const VariantInfo& v : Variants()) {
+    if (v.kind != VariantKind::kKernel || v.is_fallback || !CheckProblem(v, BatchItem(p, 0)).empty())
+      continue;
+    EXPECT_NE(CheckProblem(v, p).find("batch item 1: "), std::string::npos) << v.name;
+    EXPECT_NE(CheckProblem(v, p).find("aligned"), std::string::npos) << v.name;
+  }
+  EXPECT_EQ(CheckProblem(cublas, p), "");
+  EXPECT_EQ(CheckProblem(FallbackVariant(), p), "");
+}
+
+TEST(Registry, GroupsAreRefusedBeforeAnyLaunch) {
+  LaunchContext ctx(nullptr);  // nothing below reaches the device
+  const VariantInfo& cublas = *FindVariant("cublas");
+  EXPECT_EQ(LaunchGrouped(cublas, {}, ctx), "the group is empty");
+  GemmProblem batched = AlignedProblem(64, 64, 64);
+  batched.batch = 2;
+  EXPECT_NE(LaunchGrouped(cublas, {AlignedProblem(64, 64, 64), batched}, ctx)
+                .find("problem 1: batch must be 1"),
+            std::string::npos);
+  GemmProblem odd = AlignedProblem(64, 63, 64);
+  for (const VariantInfo& v : Variants()) {
+    if (v.kind != VariantKind::kKernel || v.is_fallback ||
+        !CheckProblem(v, AlignedProblem(64, 64, 64)).empty())
+      continue;
+    EXPECT_NE(LaunchGrouped(v, {AlignedProblem(64, 64, 64), odd}, ctx).find("problem 1: "),
+              std::string::npos)
+        << v.name;
+  }
+}
+
 }  // namespace
 }  // namespace hgemm::kernels
