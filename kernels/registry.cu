@@ -73,6 +73,7 @@ VariantInfo PaddedVariant(const VariantInfo& inner) {
   v.types = kTypesFp16;
   v.strided = false;
   v.check_layout = nullptr;
+  v.batched = false;  // a batch: one padded launch per item
   return v;
 }
 
@@ -93,7 +94,7 @@ std::vector<VariantInfo> BuildVariants() {
   }
   all.push_back(VariantInfo{"cublas",
                             "cublasGemmEx with the problem's ops and types (fp32 compute for fp32 "
-                            "acc, fp16 for fp16 acc)",
+                            "acc, fp16 for fp16 acc); a batch: cublasGemmStridedBatchedEx",
                             true, true, 0, 50, &AnyShape, "any m, n, k >= 1",
                             VariantKind::kCublas, false, 0, 0, 0, 0, "", nullptr, kAllLayouts,
                             kAllTypes, /*strided=*/true, nullptr, /*batched=*/true});

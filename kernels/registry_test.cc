@@ -344,5 +344,38 @@ TEST(Registry, GroupsAreRefusedBeforeAnyLaunch) {
   }
 }
 
+// The wgmma family runs a batch in one launch (3-D tensor maps, the item outermost), so its
+// strides obey TMA's rules; the older families loop and need only aligned items.
+TEST(Registry, WgmmaTakesBatchesInOneLaunch) {
+  EXPECT_TRUE(FindVariant("cublas")->batched);
+  EXPECT_FALSE(FindVariant("auto")->batched);  // resolves to a kernel first
+  for (const VariantInfo& v : Variants()) {
+    if (v.kind == VariantKind::kKernel || v.kind == VariantKind::kPadded) {
+      EXPECT_EQ(v.batched, v.name.rfind("wgmma_", 0) == 0) << v.name;
+    }
+  }
+  const VariantInfo* w = FindVariant("wgmma_128x256_s4_g8");
+  if (w == nullptr) GTEST_SKIP() << "no wgmma family on this machine";
+  GemmProblem p = AlignedProblem(136, 264, 104);
+  p.batch = 5;
+  p.transpose_a = true;
+  EXPECT_EQ(CheckProblem(*w, p), "");
+  p.stride_a = 136 * 104 + 16;  // gaps of 16 elements: 32 bytes
+  p.stride_c = 136 * 264 + 8;
+  EXPECT_EQ(CheckProblem(*w, p), "");
+  p.stride_c = 136 * 264 + 4;  // fp16: item 1 of C 8 bytes off 16-byte alignment
+  EXPECT_NE(CheckProblem(*w, p).find("batch item 1: "), std::string::npos);
+  p.c_type = DataType::kFp32;  // fp32: item 1 aligned, but the stride is not a multiple of 8
+  EXPECT_NE(CheckProblem(*w, p).find("stride_c must be a multiple of 8"), std::string::npos)
+      << CheckProblem(*w, p);
+  p.stride_c = 0;
+  p.m = 1 << 20;  // 8192 row tiles × 2 column tiles × 2^18 items reaches 2^31 tiles
+  p.n = 512;
+  p.transpose_a = false;
+  p.batch = 1 << 18;
+  p.stride_a = p.stride_b = 0;
+  EXPECT_NE(CheckProblem(*w, p).find("reaches 2^31"), std::string::npos) << CheckProblem(*w, p);
+}
+
 }  // namespace
 }  // namespace hgemm::kernels

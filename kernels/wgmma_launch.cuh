@@ -14,6 +14,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <type_traits>
 
 #include "kernels/launch.cuh"
@@ -22,14 +23,16 @@
 
 namespace hgemm::kernels::internal {
 
-// The tensor map of a row-major matrix of rows×cols elements of `type` (fp16, bf16 or fp32)
-// whose rows lie `ld` elements apart, read in boxes of box_rows×box_cols (box_cols × the element
-// size = 128 bytes, one swizzle row), 128-byte swizzle; from a process-wide cache or newly encoded (wgmma_variants.cu).
-// Returns false if encoding failed.
-bool TensorMap(const void* ptr, int rows, int cols, int ld, int box_rows, int box_cols,
-               CUtensorMapDataType type, CUtensorMap* out);
+// The tensor map of `batch` row-major matrices of rows×cols elements of `type` (fp16, bf16 or
+// fp32) whose rows lie `ld` elements apart and whose items lie `item_stride` elements apart (a
+// 3-D map, the item outermost), read in boxes of box_rows×box_cols of one item (box_cols × the
+// element size = 128 bytes, one swizzle row), 128-byte swizzle; from a process-wide cache or
+// newly encoded (wgmma_variants.cu). Returns false if encoding failed.
+bool TensorMap(const void* ptr, int rows, int cols, int ld, int batch, int64_t item_stride,
+               int box_rows, int box_cols, CUtensorMapDataType type, CUtensorMap* out);
 
-// Enqueues C = op(A)·op(B) with WgmmaGemmKernel<...> on `stream`.
+// Enqueues C = op(A)·op(B) with WgmmaGemmKernel<...> on `stream`: one launch for the whole
+// batch.
 // REQUIRES: CheckProblem passed for a wgmma variant of this configuration, p.transpose_a ==
 // TRANS_A, p.transpose_b == TRANS_B, p.ab_type the type T and p.c_type TC. Returns the CUDA
 // error (cudaErrorInvalidValue if a tensor map could not be encoded).
@@ -47,22 +50,26 @@ cudaError_t LaunchWgmmaGemm(const GemmProblem& p, cudaStream_t stream) {
   int device = 0;
   HGEMM_RETURN_IF_CUDA_ERROR(cudaGetDevice(&device));
   HGEMM_RETURN_IF_CUDA_ERROR(detail::OptInDynamicSmem<kernel>(device, Cfg::kSmemBytes));
-  // Stored extents: A is m×k (k×m transposed), B k×n (n×k transposed), C m×n.
+  // Stored extents: A is m×k (k×m transposed), B k×n (n×k transposed), C m×n; a batch's items
+  // StridesOf apart.
   const int a_rows = TRANS_A ? p.k : p.m, a_cols = TRANS_A ? p.m : p.k;
   const int b_rows = TRANS_B ? p.n : p.k, b_cols = TRANS_B ? p.k : p.n;
+  const BatchStrides strides = StridesOf(p);
   CUtensorMap map_a, map_b, map_c;
-  if (!TensorMap(p.a, a_rows, a_cols, p.lda ? p.lda : a_cols, TRANS_A ? 64 : Cfg::BM, 64, kType,
-                 &map_a) ||
-      !TensorMap(p.b, b_rows, b_cols, p.ldb ? p.ldb : b_cols, TRANS_B ? BN : 64, 64, kType,
-                 &map_b) ||
-      !TensorMap(p.c, p.m, p.n, p.ldc ? p.ldc : p.n, 64, kFp32Out ? 32 : 64,
+  if (!TensorMap(p.a, a_rows, a_cols, p.lda ? p.lda : a_cols, p.batch, strides.a,
+                 TRANS_A ? 64 : Cfg::BM, 64, kType, &map_a) ||
+      !TensorMap(p.b, b_rows, b_cols, p.ldb ? p.ldb : b_cols, p.batch, strides.b,
+                 TRANS_B ? BN : 64, 64, kType, &map_b) ||
+      !TensorMap(p.c, p.m, p.n, p.ldc ? p.ldc : p.n, p.batch, strides.c, 64, kFp32Out ? 32 : 64,
                  kFp32Out ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32 : kType, &map_c))
     return cudaErrorInvalidValue;
   int sms = 0;
   HGEMM_RETURN_IF_CUDA_ERROR(detail::SmCount(device, &sms));
-  const long long tiles = (long long)((p.m + Cfg::BM - 1) / Cfg::BM) * ((p.n + BN - 1) / BN);
+  const long long tiles =
+      (long long)((p.m + Cfg::BM - 1) / Cfg::BM) * ((p.n + BN - 1) / BN) * p.batch;
   const int grid = int(std::min<long long>(tiles, sms));
-  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(map_a, map_b, map_c, p.m, p.n, p.k);
+  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(map_a, map_b, map_c, p.m, p.n, p.k,
+                                                            p.batch);
   return cudaGetLastError();
 }
 

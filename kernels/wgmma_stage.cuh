@@ -25,6 +25,10 @@
 //   * The grid is persistent (at most one block per SM, tiles strided by the grid); tiles are
 //     visited in groups of GROUP_M tile rows, column by column, so that the blocks running at
 //     once share A row blocks and B column blocks in L2.
+//   * Strided batches in the same launch: every tensor map is 3-D, the batch item outermost
+//     (its stride the item stride; 1 item for a single GEMM), and the tile loop runs over
+//     batch × tiles, item by item, so that a batch of small GEMMs fills the machine as one grid
+//     instead of one launch per item. Boxes stay within an item's rows and columns.
 //   * Accumulation is always fp32 on the tensor cores: on sm_90 the f32 and f16 wgmma forms run
 //     at the same rate, so fp16-accumulation requests get the same kernel (docs/kernels.md,
 //     "What fp16 accumulation means").
@@ -42,7 +46,9 @@
 //     the stream. Real waits last microseconds.
 //
 // REQUIRES (checked by the registry): every stored row stride a 16-byte multiple (N % 8 == 0,
-// K % 8 == 0, M % 8 == 0 with TRANS_A, lda/ldb/ldc % 8 == 0), 16-byte aligned A, B, C.
+// K % 8 == 0, M % 8 == 0 with TRANS_A, lda/ldb/ldc % 8 == 0), 16-byte aligned A, B, C; batch
+// item strides 16-byte multiples under 2^40 bytes, at least one item's extent; batch × tiles <
+// 2^31.
 // Thread safety: LaunchWgmmaStage may be called from any thread.
 #ifndef HGEMM_KERNELS_WGMMA_STAGE_CUH_
 #define HGEMM_KERNELS_WGMMA_STAGE_CUH_
@@ -103,25 +109,27 @@ __device__ __forceinline__ void MbarArriveExpectTx(uint32_t bar, uint32_t bytes)
                : "memory");
 }
 
-// 2-D TMA load of the box at (c0 = innermost coordinate, c1) into shared memory at `dst`,
-// completing its bytes on `bar`. Boxes reaching past the tensor are zero-filled (and still
-// count their full size).
-__device__ __forceinline__ void TmaLoad2d(uint32_t dst, const CUtensorMap* map, int c0, int c1,
-                                          uint32_t bar) {
+// 3-D TMA load of the box at (c0 = innermost coordinate, c1, item) into shared memory at
+// `dst`, completing its bytes on `bar`. The outermost dimension is the batch item (1 for a
+// single GEMM). Boxes reaching past the item's rows or columns are zero-filled (and still count
+// their full size); they never reach into the next item.
+__device__ __forceinline__ void TmaLoad3d(uint32_t dst, const CUtensorMap* map, int c0, int c1,
+                                          int item, uint32_t bar) {
   asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
-      " [%0], [%1, {%2, %3}], [%4];\n" ::"r"(dst),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(bar)
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(item), "r"(bar)
       : "memory");
 }
 
-// 2-D TMA store of the box at (c0, c1) from shared memory at `src`; parts past the tensor are
-// not written. Commit and wait with the bulk-group functions below.
-__device__ __forceinline__ void TmaStore2d(const CUtensorMap* map, uint32_t src, int c0, int c1) {
+// 3-D TMA store of the box at (c0, c1, item) from shared memory at `src`; parts past the
+// item's rows or columns are not written. Commit and wait with the bulk-group functions below.
+__device__ __forceinline__ void TmaStore3d(const CUtensorMap* map, uint32_t src, int c0, int c1,
+                                           int item) {
   asm volatile(
-      "cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];\n" ::"l"(
+      "cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%2, %3, %4}], [%1];\n" ::"l"(
           reinterpret_cast<uint64_t>(map)),
-      "r"(src), "r"(c0), "r"(c1)
+      "r"(src), "r"(c0), "r"(c1), "r"(item)
       : "memory");
 }
 __device__ __forceinline__ void BulkCommit() {
@@ -232,7 +240,8 @@ template <int BN, int CONSUMERS, int K_STAGE, int GROUP_M, bool TRANS_A = false,
 __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
     WgmmaGemmKernel(const __grid_constant__ CUtensorMap map_a,
                     const __grid_constant__ CUtensorMap map_b,
-                    const __grid_constant__ CUtensorMap map_c, int M, int N, int K) {
+                    const __grid_constant__ CUtensorMap map_c, int M, int N, int K,
+                    int batch) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using Cfg = WgmmaStage<BN, CONSUMERS, K_STAGE, GROUP_M>;
   constexpr int BM = Cfg::BM, BK = Cfg::BK;
@@ -262,8 +271,12 @@ __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
   __syncthreads();
 
   const int tiles_m = (M + BM - 1) / BM, tiles_n = (N + BN - 1) / BN;
-  const int num_tiles = tiles_m * tiles_n, k_tiles = (K + BK - 1) / BK;
-  auto tile_coords = [&](int t, int& tm, int& tn) {
+  const int tiles_per_item = tiles_m * tiles_n;
+  const int num_tiles = tiles_per_item * batch, k_tiles = (K + BK - 1) / BK;
+  // Tile t: item t / tiles_per_item, then the grouped order within the item.
+  auto tile_coords = [&](int t, int& item, int& tm, int& tn) {
+    item = t / tiles_per_item;
+    t -= item * tiles_per_item;
     const int per_group = GROUP_M * tiles_n;
     const int first_m = (t / per_group) * GROUP_M;
     const int rows = min(tiles_m - first_m, GROUP_M);
@@ -278,8 +291,8 @@ __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
     if (threadIdx.x == 0) {
       int it = 0;  // K tiles issued so far, over all of this block's tiles
       for (int t = blockIdx.x; t < num_tiles; t += gridDim.x) {
-        int tm, tn;
-        tile_coords(t, tm, tn);
+        int item, tm, tn;
+        tile_coords(t, item, tm, tn);
         for (int kt = 0; kt < k_tiles; ++kt, ++it) {
           const int s = it % K_STAGE;
           MbarWait(empty(s), ((it / K_STAGE) & 1) ^ 1);  // the first round passes at once
@@ -287,18 +300,18 @@ __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
           if constexpr (TRANS_A) {
 #pragma unroll
             for (int j = 0; j < BM / 64; ++j)
-              TmaLoad2d(stage_a(s) + j * Cfg::kAChunkBytes, &map_a, tm * BM + 64 * j, kt * BK,
-                        full(s));
+              TmaLoad3d(stage_a(s) + j * Cfg::kAChunkBytes, &map_a, tm * BM + 64 * j, kt * BK,
+                        item, full(s));
           } else {
-            TmaLoad2d(stage_a(s), &map_a, kt * BK, tm * BM, full(s));
+            TmaLoad3d(stage_a(s), &map_a, kt * BK, tm * BM, item, full(s));
           }
           if constexpr (TRANS_B) {
-            TmaLoad2d(stage_b(s), &map_b, kt * BK, tn * BN, full(s));
+            TmaLoad3d(stage_b(s), &map_b, kt * BK, tn * BN, item, full(s));
           } else {
 #pragma unroll
             for (int j = 0; j < BN / 64; ++j)
-              TmaLoad2d(stage_b(s) + j * Cfg::kBChunkBytes, &map_b, tn * BN + 64 * j, kt * BK,
-                        full(s));
+              TmaLoad3d(stage_b(s) + j * Cfg::kBChunkBytes, &map_b, tn * BN + 64 * j, kt * BK,
+                        item, full(s));
           }
         }
       }
@@ -315,8 +328,8 @@ __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
     float acc[Cfg::kAcc];
     int it = 0;  // K tiles consumed so far, in the producer's order
     for (int t = blockIdx.x; t < num_tiles; t += gridDim.x) {
-      int tm, tn;
-      tile_coords(t, tm, tn);
+      int item, tm, tn;
+      tile_coords(t, item, tm, tn);
       for (int kt = 0; kt < k_tiles; ++kt, ++it) {
         const int s = it % K_STAGE;
         MbarWait(full(s), (it / K_STAGE) & 1);
@@ -371,8 +384,9 @@ __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
           FenceProxyAsync();
           NamedBarrier(1 + c, 128);
           if (leader) {
-            TmaStore2d(&map_c, buf, tn * BN + 64 * j, tm * BM + c * 64);
-            TmaStore2d(&map_c, buf + Cfg::kCChunkBytes, tn * BN + 64 * j + 32, tm * BM + c * 64);
+            TmaStore3d(&map_c, buf, tn * BN + 64 * j, tm * BM + c * 64, item);
+            TmaStore3d(&map_c, buf + Cfg::kCChunkBytes, tn * BN + 64 * j + 32, tm * BM + c * 64,
+                       item);
             BulkCommit();
           }
         }
@@ -394,7 +408,7 @@ __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
           FenceProxyAsync();
           NamedBarrier(1 + c, 128);
           if (leader) {
-            TmaStore2d(&map_c, buf, tn * BN + 64 * j, tm * BM + c * 64);
+            TmaStore3d(&map_c, buf, tn * BN + 64 * j, tm * BM + c * 64, item);
             BulkCommit();
           }
         }

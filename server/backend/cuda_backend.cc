@@ -5,6 +5,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <climits>
 #include <cstring>
 #include <functional>
 #include <thread>
@@ -483,6 +484,11 @@ absl::Status CudaBackend::RunOnSlot(int slot_index, const GemmJob& job, GemmRepo
 
   const Accumulation acc = job.accumulation;
   const int m = int(shape.m), n = int(shape.n), kk = int(shape.k);
+  if (shape.batch > INT_MAX) {  // GemmProblem's int (validation allows up to 2^40 elements)
+    return status::InvalidArgument(
+        "batch", fmt::format("the CUDA backend takes up to {} GEMMs per batch, got {}", INT_MAX,
+                             shape.batch));
+  }
   const k::GemmProblem problem{.a = d_a,
                                .b = d_b,
                                .c = scaled ? d_t : d_c,
@@ -493,23 +499,13 @@ absl::Status CudaBackend::RunOnSlot(int slot_index, const GemmJob& job, GemmRepo
                                .transpose_a = job.transpose_a,
                                .transpose_b = job.transpose_b,
                                .ab_type = KernelType(shape.ab_type),
-                               .c_type = scaled ? k::DataType::kFp32 : KernelType(shape.c_type)};
-  // A batch: one launch per GEMM, each at its matrices' offsets (T's with alpha/beta).
-  const size_t c_matrix_bytes =
-      scaled ? size_t(shape.m) * size_t(shape.n) * sizeof(float) : size_t(shape.CMatrixBytes());
-  auto batch_item = [&](int64_t i) {
-    k::GemmProblem item = problem;
-    item.a = d_a + i * shape.AMatrixBytes();
-    item.b = d_b + i * shape.BMatrixBytes();
-    item.c = static_cast<char*>(problem.c) + i * c_matrix_bytes;
-    return item;
-  };
-  // Item 1's pointers are the least aligned of a batch (item i's offsets are multiples of its):
-  // the kernel is chosen and checked for them.
-  const k::GemmProblem least_aligned = shape.batch > 1 ? batch_item(1) : problem;
-  // ChooseAutoFor sends NN fp16 to ChooseAuto, as before.
+                               .c_type = scaled ? k::DataType::kFp32 : KernelType(shape.c_type),
+                               .batch = int(shape.batch)};  // packed items (strides 0)
+  // ChooseAutoFor sends NN fp16 to ChooseAuto, as before; the registry checks a batch's items
+  // (item 1 is the least aligned) and runs it as one launch where the kernel takes batches
+  // (the wgmma family), else one launch per item.
   const k::VariantInfo* variant = job.kernel == "auto"
-                                      ? k::ChooseAutoFor(least_aligned, *slot.launch_context)
+                                      ? k::ChooseAutoFor(problem, *slot.launch_context)
                                       : k::FindVariant(job.kernel);
   if (variant == nullptr && job.kernel == "auto") {
     return status::InvalidArgument(
@@ -518,7 +514,7 @@ absl::Status CudaBackend::RunOnSlot(int slot_index, const GemmJob& job, GemmRepo
                                       k::TypesName(problem.ab_type, problem.c_type)));
   }
   if (variant == nullptr) return status::InvalidArgument("options.kernel", "unknown: " + job.kernel);
-  if (std::string why = k::CheckProblem(*variant, least_aligned); !why.empty()) {
+  if (std::string why = k::CheckProblem(*variant, problem); !why.empty()) {
     return status::InvalidArgument("options.kernel", variant->name + ": " + why);
   }
 
@@ -538,11 +534,11 @@ absl::Status CudaBackend::RunOnSlot(int slot_index, const GemmJob& job, GemmRepo
     }
   }
   CUDA_TRY(slot, kEvent, cudaEventRecord(slot.h2d_done, slot.stream));
-  for (int64_t i = 0; i < shape.batch; ++i) {
-    const k::GemmProblem item = batch_item(i);
+  {
     const cudaError_t injected = HGEMM_CUDA(kLaunch, cudaSuccess);  // cudaSuccess in release
-    if (std::string error = injected != cudaSuccess ? std::string("launch refused")
-                                                    : k::Launch(*variant, item, *slot.launch_context);
+    if (std::string error = injected != cudaSuccess
+                                ? std::string("launch refused")
+                                : k::Launch(*variant, problem, *slot.launch_context);
         !error.empty()) {
       cudaError_t e = injected != cudaSuccess ? injected : cudaPeekAtLastError();
       return Fail(slot, e == cudaSuccess ? cudaErrorUnknown : e,
