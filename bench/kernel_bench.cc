@@ -323,8 +323,12 @@ class Bench {
 
  private:
   // Elements to allocate per part: either layout's stored rows with their padding.
-  size_t ElemsA(const Part& p) const { return size_t(p.batch) * (p.m + case_.pad) * (p.k + case_.pad); }
-  size_t ElemsB(const Part& p) const { return size_t(p.batch) * (p.k + case_.pad) * (p.n + case_.pad); }
+  size_t ElemsA(const Part& p) const {
+    return size_t(p.batch) * (p.m + case_.pad) * (p.k + case_.pad);
+  }
+  size_t ElemsB(const Part& p) const {
+    return size_t(p.batch) * (p.k + case_.pad) * (p.n + case_.pad);
+  }
   size_t ElemsC(const Part& p) const { return size_t(p.batch) * p.m * (p.n + case_.pad); }
   size_t OutputElems() const {
     size_t n = 0;
@@ -520,7 +524,10 @@ int Main(int argc, char** argv) {
     if (mode == Mode::kGrouped) {
       Case c{mode, parts.empty() ? DefaultGroup() : parts};
       int lo = INT_MAX, hi = 0;
-      for (const Part& p : c.parts) lo = std::min({lo, p.m, p.n, p.k}), hi = std::max({hi, p.m, p.n, p.k});
+      for (const Part& p : c.parts) {
+        lo = std::min({lo, p.m, p.n, p.k});
+        hi = std::max({hi, p.m, p.n, p.k});
+      }
       c.label = std::to_string(c.parts.size()) + " shapes " + std::to_string(lo) + ".." +
                 std::to_string(hi);
       cases.push_back(c);

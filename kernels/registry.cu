@@ -74,6 +74,7 @@ VariantInfo PaddedVariant(const VariantInfo& inner) {
   v.strided = false;
   v.check_layout = nullptr;
   v.batched = false;  // a batch: one padded launch per item
+  v.launch_grouped = nullptr;
   return v;
 }
 
@@ -94,7 +95,8 @@ std::vector<VariantInfo> BuildVariants() {
   }
   all.push_back(VariantInfo{"cublas",
                             "cublasGemmEx with the problem's ops and types (fp32 compute for fp32 "
-                            "acc, fp16 for fp16 acc); a batch: cublasGemmStridedBatchedEx",
+                            "acc, fp16 for fp16 acc); a batch: cublasGemmStridedBatchedEx; a "
+                            "group: cublasGemmGroupedBatchedEx",
                             true, true, 0, 50, &AnyShape, "any m, n, k >= 1",
                             VariantKind::kCublas, false, 0, 0, 0, 0, "", nullptr, kAllLayouts,
                             kAllTypes, /*strided=*/true, nullptr, /*batched=*/true});
@@ -519,6 +521,13 @@ std::string LaunchGrouped(const VariantInfo& v, const std::vector<GemmProblem>& 
       return "problem " + std::to_string(i) + ": " + why;
   }
   if (v.kind == VariantKind::kCublas) return LaunchCublasGrouped(problems, ctx);
+  const GemmProblem& first = problems.front();
+  const bool one_form =
+      std::all_of(problems.begin(), problems.end(), [&](const GemmProblem& p) {
+        return p.transpose_a == first.transpose_a && p.transpose_b == first.transpose_b &&
+               p.ab_type == first.ab_type && p.c_type == first.c_type;
+      });
+  if (v.launch_grouped != nullptr && one_form) return v.launch_grouped(problems, ctx);
   for (size_t i = 0; i < problems.size(); ++i)
     if (std::string e = Launch(v, problems[i], ctx); !e.empty())
       return "problem " + std::to_string(i) + ": " + e;

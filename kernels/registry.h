@@ -139,6 +139,11 @@ struct VariantInfo {
   // Runs a whole batch (GemmProblem::batch > 1) in one launch; the others take a batch as one
   // launch per item (Launch loops). Its further requirements go through check_layout.
   bool batched = false;
+  // Runs a group (LaunchGrouped) of one layout and type pair in one launch; nullptr: the group
+  // is a loop of Launch. REQUIRES: CheckProblem passed for every problem. Returns "" or the
+  // error.
+  std::string (*launch_grouped)(const std::vector<GemmProblem>& problems,
+                                LaunchContext& ctx) = nullptr;
 
   bool Supports(Accumulation acc) const { return acc == Accumulation::kFp16 ? fp16_acc : fp32_acc; }
   bool SupportsLayout(bool transpose_a, bool transpose_b) const {
@@ -205,9 +210,11 @@ std::string Launch(const VariantInfo& variant, const GemmProblem& problem, Launc
 
 // A group of GEMMs of different shapes (cublasGemmGroupedBatchedEx's problem, each its own
 // group of one): "cublas" runs them as one cublasGemmGroupedBatchedEx (fp32 compute; its device
-// array of pointers in ctx's kGroupScratch), every other variant as a loop of Launch, one per
-// problem, in order; no variant takes a group in one launch of its own yet. Returns the first
-// error, naming the problem's index. REQUIRES: each problem has batch = 1.
+// array of pointers in ctx's kGroupScratch); a variant with launch_grouped (the wgmma family)
+// as one launch when all problems share one layout and type pair (their tensor maps in
+// kGroupScratch); anything else as a loop of Launch, one per problem, in order. Each problem
+// must have batch = 1 and pass CheckProblem; the first refusal or error names the problem's
+// index.
 std::string LaunchGrouped(const VariantInfo& variant, const std::vector<GemmProblem>& problems,
                           LaunchContext& ctx);
 

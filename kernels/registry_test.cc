@@ -345,13 +345,16 @@ TEST(Registry, GroupsAreRefusedBeforeAnyLaunch) {
 }
 
 // The wgmma family runs a batch in one launch (3-D tensor maps, the item outermost), so its
-// strides obey TMA's rules; the older families loop and need only aligned items.
-TEST(Registry, WgmmaTakesBatchesInOneLaunch) {
+// strides obey TMA's rules, and a group in one launch; the older families loop and need only
+// aligned items.
+TEST(Registry, WgmmaTakesBatchesAndGroupsInOneLaunch) {
   EXPECT_TRUE(FindVariant("cublas")->batched);
   EXPECT_FALSE(FindVariant("auto")->batched);  // resolves to a kernel first
   for (const VariantInfo& v : Variants()) {
     if (v.kind == VariantKind::kKernel || v.kind == VariantKind::kPadded) {
-      EXPECT_EQ(v.batched, v.name.rfind("wgmma_", 0) == 0) << v.name;
+      const bool wgmma = v.name.rfind("wgmma_", 0) == 0;
+      EXPECT_EQ(v.batched, wgmma) << v.name;
+      EXPECT_EQ(v.launch_grouped != nullptr, wgmma) << v.name;
     }
   }
   const VariantInfo* w = FindVariant("wgmma_128x256_s4_g8");

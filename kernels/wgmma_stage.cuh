@@ -29,6 +29,11 @@
 //     (its stride the item stride; 1 item for a single GEMM), and the tile loop runs over
 //     batch × tiles, item by item, so that a batch of small GEMMs fills the machine as one grid
 //     instead of one launch per item. Boxes stay within an item's rows and columns.
+//   * Groups (problems of different shapes, one layout and type pair) in the same launch: each
+//     problem's tensor maps and shape lie in a device array (GroupProblem) with the index of
+//     its first tile; a block walks its tiles forward with a cursor over the problems and
+//     acquires a problem's maps (fence.proxy.tensormap) when it reaches it. K varies per
+//     problem, so the ring's stage count runs on across tiles of different K.
 //   * Accumulation is always fp32 on the tensor cores: on sm_90 the f32 and f16 wgmma forms run
 //     at the same rate, so fp16-accumulation requests get the same kernel (docs/kernels.md,
 //     "What fp16 accumulation means").
@@ -132,6 +137,14 @@ __device__ __forceinline__ void TmaStore3d(const CUtensorMap* map, uint32_t src,
       "r"(src), "r"(c0), "r"(c1), "r"(item)
       : "memory");
 }
+// Makes a tensor map in global memory that the host wrote before the launch visible to the
+// tensor-map proxy that TMA reads it through (grouped launches; 128 bytes, one CUtensorMap).
+__device__ __forceinline__ void TensorMapAcquire(const CUtensorMap* map) {
+  asm volatile("fence.proxy.tensormap::generic.acquire.gpu [%0], 128;\n" ::"l"(
+                   reinterpret_cast<uint64_t>(map))
+               : "memory");
+}
+
 __device__ __forceinline__ void BulkCommit() {
   asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
 }
@@ -228,8 +241,40 @@ struct WgmmaStage {
   static constexpr int kAcc = BN / 2;  // fp32 accumulators per consumer thread
 };
 
-// Tensor maps (row-major T, 128-byte swizzle), boxes as stored: A of BM rows × 64 K (TRANS_A:
-// 64 K rows × 64 M columns), B of 64 K × 64 columns (TRANS_B: BN rows × 64 K), C of 64 × 64.
+// One problem of a grouped launch, in a device array the host fills before the launch: its
+// tensor maps (one item each), its shape and the index of its first tile in the launch.
+struct GroupProblem {
+  CUtensorMap a, b, c;
+  int m, n, k, first_tile;
+};
+static_assert(alignof(GroupProblem) % 64 == 0,
+              "TMA reads a tensor map at a 64-byte aligned address");
+
+// Tile t of an item (or problem) of tiles_m × tiles_n tiles, in groups of GROUP_M tile rows
+// visited column by column.
+template <int GROUP_M>
+__device__ __forceinline__ void GroupedOrder(int t, int tiles_m, int tiles_n, int& tm, int& tn) {
+  const int per_group = GROUP_M * tiles_n;
+  const int first_m = (t / per_group) * GROUP_M;
+  const int rows = min(tiles_m - first_m, GROUP_M);
+  const int r = t % per_group;
+  tm = first_m + r % rows;
+  tn = r / rows;
+}
+
+// Where one tile's work lies: its group problem (nullptr in a batch), the batch item, the
+// tile, its K tiles.
+struct TileWork {
+  const GroupProblem* problem;
+  int item, tm, tn, k_tiles;
+};
+
+// Tensor maps (row-major T, 128-byte swizzle; 3-D, the batch item outermost), boxes as stored:
+// A of BM rows × 64 K (TRANS_A: 64 K rows × 64 M columns), B of 64 K × 64 columns (TRANS_B: BN
+// rows × 64 K), C of 64 × 64. Either a strided batch (group_count = 0: map_a/b/c, M, N, K;
+// num_tiles = the items × the tiles of M×N) or a group (group_count ≥ 1 problems of `group`,
+// each with its own maps and shape, in order of first_tile; num_tiles = all their tiles;
+// map_a/b/c, M, N and K unused).
 // @tparam BN, CONSUMERS, K_STAGE, GROUP_M  see WgmmaStage.
 // @tparam TRANS_A  A is stored k×m (op(A) = Aᵀ): read M-major.
 // @tparam TRANS_B  B is stored n×k (op(B) = Bᵀ): read K-major.
@@ -241,7 +286,7 @@ __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
     WgmmaGemmKernel(const __grid_constant__ CUtensorMap map_a,
                     const __grid_constant__ CUtensorMap map_b,
                     const __grid_constant__ CUtensorMap map_c, int M, int N, int K,
-                    int batch) {
+                    int num_tiles, const GroupProblem* __restrict__ group, int group_count) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using Cfg = WgmmaStage<BN, CONSUMERS, K_STAGE, GROUP_M>;
   constexpr int BM = Cfg::BM, BK = Cfg::BK;
@@ -272,17 +317,36 @@ __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
 
   const int tiles_m = (M + BM - 1) / BM, tiles_n = (N + BN - 1) / BN;
   const int tiles_per_item = tiles_m * tiles_n;
-  const int num_tiles = tiles_per_item * batch, k_tiles = (K + BK - 1) / BK;
-  // Tile t: item t / tiles_per_item, then the grouped order within the item.
-  auto tile_coords = [&](int t, int& item, int& tm, int& tn) {
-    item = t / tiles_per_item;
-    t -= item * tiles_per_item;
-    const int per_group = GROUP_M * tiles_n;
-    const int first_m = (t / per_group) * GROUP_M;
-    const int rows = min(tiles_m - first_m, GROUP_M);
-    const int r = t % per_group;
-    tm = first_m + r % rows;
-    tn = r / rows;
+  // Tile t of a batch: item t / tiles_per_item, then the grouped order within the item. Of a
+  // group: the problem whose tiles hold t (a block's tiles only move forward, and so does its
+  // cursor), then the grouped order within the problem.
+  int cursor = -1;
+  // The maps of a tile: the grid constants in a batch, the problem's in a group.
+  auto maps_a = [&](const TileWork& w) { return w.problem ? &w.problem->a : &map_a; };
+  auto maps_b = [&](const TileWork& w) { return w.problem ? &w.problem->b : &map_b; };
+  auto maps_c = [&](const TileWork& w) { return w.problem ? &w.problem->c : &map_c; };
+  auto locate = [&](int t, TileWork& w) {
+    if (group_count == 0) {
+      w.problem = nullptr;
+      w.item = t / tiles_per_item;
+      GroupedOrder<GROUP_M>(t - w.item * tiles_per_item, tiles_m, tiles_n, w.tm, w.tn);
+      w.k_tiles = (K + BK - 1) / BK;
+      return;
+    }
+    int p = max(cursor, 0);
+    while (p + 1 < group_count && group[p + 1].first_tile <= t) ++p;
+    const GroupProblem& g = group[p];
+    w.problem = &g;
+    if (p != cursor) {
+      TensorMapAcquire(&g.a);
+      TensorMapAcquire(&g.b);
+      TensorMapAcquire(&g.c);
+      cursor = p;
+    }
+    w.item = 0;
+    GroupedOrder<GROUP_M>(t - g.first_tile, (g.m + BM - 1) / BM, (g.n + BN - 1) / BN, w.tm,
+                          w.tn);
+    w.k_tiles = (g.k + BK - 1) / BK;
   };
 
   if (threadIdx.x < 128) {
@@ -291,26 +355,27 @@ __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
     if (threadIdx.x == 0) {
       int it = 0;  // K tiles issued so far, over all of this block's tiles
       for (int t = blockIdx.x; t < num_tiles; t += gridDim.x) {
-        int item, tm, tn;
-        tile_coords(t, item, tm, tn);
-        for (int kt = 0; kt < k_tiles; ++kt, ++it) {
+        TileWork w;
+        locate(t, w);
+        const int item = w.item, tm = w.tm, tn = w.tn;
+        for (int kt = 0; kt < w.k_tiles; ++kt, ++it) {
           const int s = it % K_STAGE;
           MbarWait(empty(s), ((it / K_STAGE) & 1) ^ 1);  // the first round passes at once
           MbarArriveExpectTx(full(s), Cfg::kStageBytes);
           if constexpr (TRANS_A) {
 #pragma unroll
             for (int j = 0; j < BM / 64; ++j)
-              TmaLoad3d(stage_a(s) + j * Cfg::kAChunkBytes, &map_a, tm * BM + 64 * j, kt * BK,
+              TmaLoad3d(stage_a(s) + j * Cfg::kAChunkBytes, maps_a(w), tm * BM + 64 * j, kt * BK,
                         item, full(s));
           } else {
-            TmaLoad3d(stage_a(s), &map_a, kt * BK, tm * BM, item, full(s));
+            TmaLoad3d(stage_a(s), maps_a(w), kt * BK, tm * BM, item, full(s));
           }
           if constexpr (TRANS_B) {
-            TmaLoad3d(stage_b(s), &map_b, kt * BK, tn * BN, item, full(s));
+            TmaLoad3d(stage_b(s), maps_b(w), kt * BK, tn * BN, item, full(s));
           } else {
 #pragma unroll
             for (int j = 0; j < BN / 64; ++j)
-              TmaLoad3d(stage_b(s) + j * Cfg::kBChunkBytes, &map_b, tn * BN + 64 * j, kt * BK,
+              TmaLoad3d(stage_b(s) + j * Cfg::kBChunkBytes, maps_b(w), tn * BN + 64 * j, kt * BK,
                         item, full(s));
           }
         }
@@ -328,9 +393,10 @@ __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
     float acc[Cfg::kAcc];
     int it = 0;  // K tiles consumed so far, in the producer's order
     for (int t = blockIdx.x; t < num_tiles; t += gridDim.x) {
-      int item, tm, tn;
-      tile_coords(t, item, tm, tn);
-      for (int kt = 0; kt < k_tiles; ++kt, ++it) {
+      TileWork w;
+      locate(t, w);
+      const int item = w.item, tm = w.tm, tn = w.tn;
+      for (int kt = 0; kt < w.k_tiles; ++kt, ++it) {
         const int s = it % K_STAGE;
         MbarWait(full(s), (it / K_STAGE) & 1);
         const uint32_t a0 = stage_a(s) + c * 64 * 128;  // 64 rows of 128 bytes (or box c)
@@ -384,8 +450,8 @@ __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
           FenceProxyAsync();
           NamedBarrier(1 + c, 128);
           if (leader) {
-            TmaStore3d(&map_c, buf, tn * BN + 64 * j, tm * BM + c * 64, item);
-            TmaStore3d(&map_c, buf + Cfg::kCChunkBytes, tn * BN + 64 * j + 32, tm * BM + c * 64,
+            TmaStore3d(maps_c(w), buf, tn * BN + 64 * j, tm * BM + c * 64, item);
+            TmaStore3d(maps_c(w), buf + Cfg::kCChunkBytes, tn * BN + 64 * j + 32, tm * BM + c * 64,
                        item);
             BulkCommit();
           }
@@ -408,7 +474,7 @@ __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
           FenceProxyAsync();
           NamedBarrier(1 + c, 128);
           if (leader) {
-            TmaStore3d(&map_c, buf, tn * BN + 64 * j, tm * BM + c * 64, item);
+            TmaStore3d(maps_c(w), buf, tn * BN + 64 * j, tm * BM + c * 64, item);
             BulkCommit();
           }
         }

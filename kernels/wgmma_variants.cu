@@ -4,7 +4,7 @@
 // (cuTensorMapEncodeTiled through cudaGetDriverEntryPointByVersion, so nothing links libcuda)
 // cached per (pointer, shape, strides, batch, box, type). Names read wgmma_<BM>x<BN>_s<K_STAGE>_g<GROUP_M>;
 // each variant takes the four layouts (NN, NT, TN, TT), fp16 or bf16 (C of the input type or
-// fp32) and a strided batch in one launch.
+// fp32), and a strided batch or a group of shapes in one launch.
 #include <cuda.h>
 #include <cudaTypedefs.h>
 
@@ -104,6 +104,26 @@ struct Wgmma {
     return fp32_c ? Run<__half, float>(p, stream) : Run<__half, __half>(p, stream);
   }
 
+  template <typename T, typename TC>
+  static std::string RunGrouped(const std::vector<GemmProblem>& ps, LaunchContext& ctx) {
+    const GemmProblem& p = ps.front();
+    if (p.transpose_a)
+      return p.transpose_b
+                 ? LaunchWgmmaGrouped<BN, CONSUMERS, K_STAGE, GROUP_M, true, true, T, TC>(ps, ctx)
+                 : LaunchWgmmaGrouped<BN, CONSUMERS, K_STAGE, GROUP_M, true, false, T, TC>(ps, ctx);
+    return p.transpose_b
+               ? LaunchWgmmaGrouped<BN, CONSUMERS, K_STAGE, GROUP_M, false, true, T, TC>(ps, ctx)
+               : LaunchWgmmaGrouped<BN, CONSUMERS, K_STAGE, GROUP_M, false, false, T, TC>(ps, ctx);
+  }
+  // The registry passes problems of one layout and type pair (the first's).
+  static std::string LaunchGrouped(const std::vector<GemmProblem>& ps, LaunchContext& ctx) {
+    const bool fp32_c = ps.front().c_type == DataType::kFp32;
+    if (ps.front().ab_type == DataType::kBf16)
+      return fp32_c ? RunGrouped<__nv_bfloat16, float>(ps, ctx)
+                    : RunGrouped<__nv_bfloat16, __nv_bfloat16>(ps, ctx);
+    return fp32_c ? RunGrouped<__half, float>(ps, ctx) : RunGrouped<__half, __half>(ps, ctx);
+  }
+
   // The tile count must fit in int (the kernel's tile index).
   static bool CanImplement(int m, int n, int k) {
     return m >= 1 && n >= 8 && k >= 8 && n % 8 == 0 && k % 8 == 0 &&
@@ -165,7 +185,8 @@ struct Wgmma {
                        kAllTypes,
                        /*strided=*/true,
                        &CheckLayout,
-                       /*batched=*/true};
+                       /*batched=*/true,
+                       &LaunchGrouped};
   }
 };
 
