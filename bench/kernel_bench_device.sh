@@ -2,10 +2,12 @@
 # One device call: correctness sweep, compute-sanitizer (memcheck, racecheck) on odd shapes, and
 # the kernel benchmark with its plot. Run from the repository root on the GPU machine after
 #   ../shared/tools/gpu-bundle.sh [--out $GPU_DIR] bazel-bin/kernels/gemm_correctness_test \
-#       bazel-bin/kernels/registry_test bazel-bin/bench/kernel_bench
+#       bazel-bin/kernels/registry_test bazel-bin/kernels/batched_gemm_test \
+#       bazel-bin/bench/kernel_bench
 # usage: bench/kernel_bench_device.sh OUT_DIR [SANITIZER_TIMEOUT_S] [BENCH_ARGS...]
 # CORRECTNESS_FILTER (gtest filter of the sweep), MEMCHECK_FILTER and RACECHECK_FILTER narrow the
-# sections, e.g. to one family: CORRECTNESS_FILTER='*wgmma*' MEMCHECK_FILTER='Small/*wgmma*'.
+# sections, e.g. to one family: CORRECTNESS_FILTER='*wgmma*' MEMCHECK_FILTER='Small/*wgmma*';
+# BATCHED_FILTER the strided-batch and group sweep (batched_gemm_test, where bundled).
 set -uo pipefail
 out=${1:?out dir}; shift
 san_timeout=${1:-120}; shift || true
@@ -20,6 +22,12 @@ t0=$SECONDS
 "$gpu"/bin/gemm_correctness_test --gtest_brief=1 --gtest_filter="${CORRECTNESS_FILTER:-*}" \
   >> "$out/correctness.log" 2>&1
 echo "gemm_correctness_test rc=$? ($((SECONDS - t0)) s)"
+if [ -x "$gpu"/bin/batched_gemm_test ]; then
+  t0=$SECONDS
+  "$gpu"/bin/batched_gemm_test --gtest_brief=1 --gtest_filter="${BATCHED_FILTER:-*}" \
+    > "$out/batched.log" 2>&1
+  echo "batched_gemm_test rc=$? ($((SECONDS - t0)) s): $(grep -cE '^\[  FAILED  \] Batches' "$out/batched.log") failed"
+fi
 python3 - "$out/correctness.log" <<'PY'
 import re, sys
 worst = {}
@@ -48,6 +56,13 @@ t0=$SECONDS
 timeout "$san_timeout" compute-sanitizer --tool racecheck --racecheck-report all --error-exitcode 9 \
   "$gpu"/bin/gemm_correctness_test --gtest_brief=1 --gtest_filter="$odd" > "$out/racecheck.log" 2>&1
 echo "racecheck rc=$? ($((SECONDS - t0)) s): $(grep -E 'RACECHECK SUMMARY|ERROR SUMMARY' "$out/racecheck.log" | tail -1)"
+if [ -x "$gpu"/bin/batched_gemm_test ]; then
+  t0=$SECONDS  # one-launch batches and groups: out-of-item reads and writes
+  timeout "$san_timeout" compute-sanitizer --tool memcheck --error-exitcode 9 \
+    "$gpu"/bin/batched_gemm_test --gtest_brief=1 --gtest_filter='*wgmma_64x128_s8_g8_*_fp16_fp32acc' \
+    > "$out/memcheck_batched.log" 2>&1
+  echo "memcheck batched rc=$? ($((SECONDS - t0)) s): $(grep -E 'ERROR SUMMARY' "$out/memcheck_batched.log" | tail -1)"
+fi
 
 echo "== benchmark"
 t0=$SECONDS

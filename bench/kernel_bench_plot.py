@@ -15,9 +15,10 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 
 def case(r):
-    """The x-axis label: the shape, with the layout and types where not NN fp16 (older CSVs
-    have neither column)."""
-    s = f'{r["m"]}x{r["n"]}x{r["k"]}'
+    """The x-axis label: the shape (or, beyond plain GEMMs, the mode and case), with the layout
+    and types where not NN fp16 (older CSVs have none of these columns)."""
+    mode = r.get("mode", "plain")
+    s = f'{r["m"]}x{r["n"]}x{r["k"]}' if mode == "plain" else f'{mode} {r["case"]}'
     form = f'{r.get("layout", "NN")} {r.get("types", "fp16")}'
     return s if form == "NN fp16" else f"{s} {form}"
 

@@ -102,6 +102,8 @@ const VariantInfo* Tune(const GemmProblem& form, LaunchContext& ctx,
   p.b = base + a_bytes;
   p.c = base + a_bytes + b_bytes;
   p.lda = p.ldb = p.ldc = 0;
+  p.batch = 1;  // one item of a batch's shape
+  p.stride_a = p.stride_b = p.stride_c = 0;
   cudaStream_t stream = ctx.stream();
   // Random data: zeros run faster than real inputs and would skew the choice.
   const bool filled =

@@ -4,9 +4,13 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <climits>
 #include <cstdint>
 #include <cstdlib>
+#include <iterator>
 #include <string>
+#include <tuple>
+#include <vector>
 
 #include "kernels/align.h"
 #include "kernels/cuda_check.h"
@@ -39,6 +43,7 @@ Stored StoredB(const GemmProblem& p) {
   return {rows, cols, p.ldb == 0 ? cols : p.ldb};
 }
 Stored StoredC(const GemmProblem& p) { return {p.m, p.n, p.ldc == 0 ? p.n : p.ldc}; }
+int64_t Extent(const Stored& s) { return int64_t(s.rows) * s.ld; }
 
 bool IsDefaultForm(const GemmProblem& p) {
   return !p.transpose_a && !p.transpose_b && p.ab_type == DataType::kFp16 &&
@@ -65,6 +70,8 @@ VariantInfo PaddedVariant(const VariantInfo& inner) {
   v.launch = nullptr;
   v.strided = true;  // a padded copy is packed
   v.check_layout = nullptr;
+  v.batched = false;  // a batch: one padded launch per item
+  v.launch_grouped = nullptr;
   return v;
 }
 
@@ -85,10 +92,11 @@ std::vector<VariantInfo> BuildVariants() {
   }
   all.push_back(VariantInfo{"cublas",
                             "cublasGemmEx with the problem's ops and types (fp32 compute for fp32 "
-                            "acc, fp16 for fp16 acc)",
+                            "acc, fp16 for fp16 acc); a batch: cublasGemmStridedBatchedEx; a "
+                            "group: cublasGemmGroupedBatchedEx",
                             true, true, 0, 50, &AnyShape, "any m, n, k >= 1",
                             VariantKind::kCublas, false, 0, 0, 0, 0, "", nullptr, kAllLayouts,
-                            kAllTypes, /*strided=*/true, nullptr});
+                            kAllTypes, /*strided=*/true, nullptr, /*batched=*/true});
   all.push_back(VariantInfo{"auto",
                             "tuned per shape bucket (and layout, types) among the project's kernels",
                             true, true, 0, 90, &AnyShape, "any m, n, k >= 1", VariantKind::kAuto,
@@ -112,7 +120,9 @@ cudaDataType_t CublasType(DataType t) {
   return CUDA_R_16F;
 }
 
-std::string LaunchCublas(const GemmProblem& p, LaunchContext& ctx) {
+// cublasGemmEx, or cublasGemmStridedBatchedEx for a batch, with scalars of `compute`'s type.
+std::string CublasGemm(const GemmProblem& p, const void* alpha, const void* beta,
+                       cublasComputeType_t compute, LaunchContext& ctx) {
   std::string error;
   cublasHandle_t handle = ctx.cublas(&error);
   if (handle == nullptr) return error;
@@ -123,17 +133,83 @@ std::string LaunchCublas(const GemmProblem& p, LaunchContext& ctx) {
   const cublasOperation_t op_a = p.transpose_a ? CUBLAS_OP_T : CUBLAS_OP_N;
   const int ldb = StoredB(p).ld, lda = StoredA(p).ld, ldc = StoredC(p).ld;
   const cudaDataType_t ab = CublasType(p.ab_type), c = CublasType(p.c_type);
-  cublasStatus_t s;
+  if (p.batch == 1) {
+    if (cublasStatus_t s = cublasGemmEx(handle, op_b, op_a, p.n, p.m, p.k, alpha, p.b, ab, ldb,
+                                        p.a, ab, lda, beta, p.c, c, ldc, compute,
+                                        CUBLAS_GEMM_DEFAULT);
+        s != CUBLAS_STATUS_SUCCESS)
+      return CublasError("cublasGemmEx", s);
+    return "";
+  }
+  const BatchStrides st = StridesOf(p);
+  if (cublasStatus_t s = cublasGemmStridedBatchedEx(
+          handle, op_b, op_a, p.n, p.m, p.k, alpha, p.b, ab, ldb, st.b, p.a, ab, lda, st.a, beta,
+          p.c, c, ldc, st.c, p.batch, compute, CUBLAS_GEMM_DEFAULT);
+      s != CUBLAS_STATUS_SUCCESS)
+    return CublasError("cublasGemmStridedBatchedEx", s);
+  return "";
+}
+
+std::string LaunchCublas(const GemmProblem& p, LaunchContext& ctx) {
   if (p.accumulation == Accumulation::kFp32) {
     const float alpha = 1.f, beta = 0.f;
-    s = cublasGemmEx(handle, op_b, op_a, p.n, p.m, p.k, &alpha, p.b, ab, ldb, p.a, ab, lda, &beta,
-                     p.c, c, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
-  } else {
-    const __half alpha = __float2half(1.f), beta = __float2half(0.f);
-    s = cublasGemmEx(handle, op_b, op_a, p.n, p.m, p.k, &alpha, p.b, ab, ldb, p.a, ab, lda, &beta,
-                     p.c, c, ldc, CUBLAS_COMPUTE_16F, CUBLAS_GEMM_DEFAULT);
+    return CublasGemm(p, &alpha, &beta, CUBLAS_COMPUTE_32F, ctx);
   }
-  if (s != CUBLAS_STATUS_SUCCESS) return CublasError("cublasGemmEx", s);
+  const __half alpha = __float2half(1.f), beta = __float2half(0.f);
+  return CublasGemm(p, &alpha, &beta, CUBLAS_COMPUTE_16F, ctx);
+}
+
+// One cublasGemmGroupedBatchedEx, each problem a group of one. Its scalars and shapes are host
+// arrays; the operand pointers a device array (staged through kGroupScratch).
+std::string LaunchCublasGrouped(const std::vector<GemmProblem>& problems, LaunchContext& ctx) {
+  const GemmProblem& first = problems.front();
+  if (first.accumulation != Accumulation::kFp32)
+    return "cublasGemmGroupedBatchedEx computes in fp32 only: use fp32 accumulation";
+  const size_t count = problems.size();
+  std::vector<cublasOperation_t> op_b(count), op_a(count);
+  std::vector<int> rows(count), cols(count), depth(count), ldb(count), lda(count), ldc(count),
+      sizes(count, 1);
+  std::vector<float> alpha(count, 1.f), beta(count, 0.f);
+  std::vector<const void*> pointers(3 * count);  // all B, then all A, then all C
+  for (size_t i = 0; i < count; ++i) {
+    const GemmProblem& p = problems[i];
+    if (p.ab_type != first.ab_type || p.c_type != first.c_type ||
+        p.accumulation != first.accumulation)
+      return "problem " + std::to_string(i) +
+             ": cublasGemmGroupedBatchedEx takes one set of element types and one accumulation "
+             "for the whole group";
+    op_b[i] = p.transpose_b ? CUBLAS_OP_T : CUBLAS_OP_N;  // as in CublasGemm: B first
+    op_a[i] = p.transpose_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+    rows[i] = p.n;
+    cols[i] = p.m;
+    depth[i] = p.k;
+    ldb[i] = StoredB(p).ld;
+    lda[i] = StoredA(p).ld;
+    ldc[i] = StoredC(p).ld;
+    pointers[i] = p.b;
+    pointers[count + i] = p.a;
+    pointers[2 * count + i] = p.c;
+  }
+  std::string error;
+  cublasHandle_t handle = ctx.cublas(&error);
+  if (handle == nullptr) return error;
+  auto* device_pointers = static_cast<const void**>(
+      ctx.Scratch(LaunchContext::kGroupScratch, pointers.size() * sizeof(void*), &error));
+  if (device_pointers == nullptr) return error;
+  // From pageable memory: returns once the host vector has been staged.
+  if (cudaError_t e = cudaMemcpyAsync(device_pointers, pointers.data(),
+                                      pointers.size() * sizeof(void*), cudaMemcpyHostToDevice,
+                                      ctx.stream());
+      e != cudaSuccess)
+    return CudaErrorText("copying the group's pointers", e);
+  const cudaDataType_t ab = CublasType(first.ab_type), c = CublasType(first.c_type);
+  if (cublasStatus_t s = cublasGemmGroupedBatchedEx(
+          handle, op_b.data(), op_a.data(), rows.data(), cols.data(), depth.data(), alpha.data(),
+          device_pointers, ab, ldb.data(), device_pointers + count, ab, lda.data(), beta.data(),
+          const_cast<void* const*>(device_pointers + 2 * count), c, ldc.data(), int(count),
+          sizes.data(), CUBLAS_COMPUTE_32F);
+      s != CUBLAS_STATUS_SUCCESS)
+    return CublasError("cublasGemmGroupedBatchedEx", s);
   return "";
 }
 
@@ -206,7 +282,49 @@ std::string LaunchPadded(const VariantInfo& v, const GemmProblem& p, LaunchConte
   return "";
 }
 
+// A batch's strides (items may not overlap; the last item's end must fit in int64), then items
+// 0 and 1 as single GEMMs (item i's offsets are multiples of item 1's, so together they are the
+// least aligned), then a one-launch variant's own batch requirements.
+std::string CheckBatch(const VariantInfo& v, const GemmProblem& p) {
+  if (p.batch < 1) return "batch must be >= 1, got " + std::to_string(p.batch);
+  const BatchStrides s = StridesOf(p);
+  for (auto [name, stride, extent] :
+       {std::tuple{"stride_a", s.a, Extent(StoredA(p))}, std::tuple{"stride_b", s.b, Extent(StoredB(p))},
+        std::tuple{"stride_c", s.c, Extent(StoredC(p))}}) {
+    if (stride < extent)
+      return std::string(name) + " " + std::to_string(stride) + " is below one item's extent " +
+             std::to_string(extent) + " (stored rows × ld; items may not overlap)";
+    if (stride > INT64_MAX / p.batch)
+      return std::string(name) + " " + std::to_string(stride) + " × batch " +
+             std::to_string(p.batch) + " overflows";
+  }
+  for (int i : {0, 1})
+    if (std::string why = CheckProblem(v, BatchItem(p, i)); !why.empty())
+      return "batch item " + std::to_string(i) + ": " + why;
+  if (v.batched && v.check_layout != nullptr)
+    if (std::string why = v.check_layout(p); !why.empty()) return "variant " + v.name + ": " + why;
+  return "";
+}
+
 }  // namespace
+
+BatchStrides StridesOf(const GemmProblem& p) {
+  return {p.stride_a != 0 ? p.stride_a : Extent(StoredA(p)),
+          p.stride_b != 0 ? p.stride_b : Extent(StoredB(p)),
+          p.stride_c != 0 ? p.stride_c : Extent(StoredC(p))};
+}
+
+GemmProblem BatchItem(const GemmProblem& p, int i) {
+  const BatchStrides s = StridesOf(p);
+  GemmProblem item = p;
+  item.batch = 1;
+  item.stride_a = item.stride_b = item.stride_c = 0;
+  const size_t ab_bytes = DataTypeBytes(p.ab_type), c_bytes = DataTypeBytes(p.c_type);
+  item.a = static_cast<const char*>(p.a) + i * s.a * int64_t(ab_bytes);
+  item.b = static_cast<const char*>(p.b) + i * s.b * int64_t(ab_bytes);
+  item.c = static_cast<char*>(p.c) + i * s.c * int64_t(c_bytes);
+  return item;
+}
 
 const std::vector<VariantInfo>& Variants() {
   static const std::vector<VariantInfo>* const variants =
@@ -230,7 +348,8 @@ LaunchContext::LaunchContext(cudaStream_t stream) : stream_(stream) {}
 
 LaunchContext::~LaunchContext() {
   if (cublas_ != nullptr) cublasDestroy(cublas_);
-  if (scratch_[0] != nullptr || scratch_[1] != nullptr) cudaStreamSynchronize(stream_);
+  if (std::any_of(std::begin(scratch_), std::end(scratch_), [](void* p) { return p != nullptr; }))
+    cudaStreamSynchronize(stream_);
   for (void* p : scratch_)
     if (p != nullptr) cudaFree(p);
 }
@@ -252,7 +371,7 @@ cublasHandle_t LaunchContext::cublas(std::string* error) {
 }
 
 void* LaunchContext::Scratch(int slot, size_t bytes, std::string* error) {
-  if (slot != kTuningScratch && slot != kPaddingScratch) {
+  if (slot < 0 || slot >= kScratchSlots) {
     *error = "no scratch slot " + std::to_string(slot);
     return nullptr;
   }
@@ -320,6 +439,7 @@ std::string TypesList(unsigned bits) {
 }
 
 std::string CheckProblem(const VariantInfo& v, const GemmProblem& p) {
+  if (p.batch != 1) return CheckBatch(v, p);
   if (p.m < 1 || p.n < 1 || p.k < 1)
     return "m, n and k must be >= 1, got " + std::to_string(p.m) + "x" + std::to_string(p.n) +
            "x" + std::to_string(p.k);
@@ -380,6 +500,12 @@ const VariantInfo* AutoVariantFor(const GemmProblem& p) {
 
 std::string Launch(const VariantInfo& v, const GemmProblem& p, LaunchContext& ctx) {
   if (std::string why = CheckProblem(v, p); !why.empty()) return why;
+  if (p.batch > 1 && !v.batched && v.kind != VariantKind::kAuto) {
+    for (int i = 0; i < p.batch; ++i)
+      if (std::string e = Launch(v, BatchItem(p, i), ctx); !e.empty())
+        return "batch item " + std::to_string(i) + ": " + e;
+    return "";
+  }
   switch (v.kind) {
     case VariantKind::kCublas:
       return LaunchCublas(p, ctx);
@@ -400,6 +526,35 @@ std::string Launch(const VariantInfo& v, const GemmProblem& p, LaunchContext& ct
       return "";
   }
   return "unknown variant kind";
+}
+
+std::string LaunchGrouped(const VariantInfo& v, const std::vector<GemmProblem>& problems,
+                          LaunchContext& ctx) {
+  if (problems.empty()) return "the group is empty";
+  for (size_t i = 0; i < problems.size(); ++i) {
+    if (problems[i].batch != 1) return "problem " + std::to_string(i) + ": batch must be 1 in a group";
+    if (std::string why = CheckProblem(v, problems[i]); !why.empty())
+      return "problem " + std::to_string(i) + ": " + why;
+  }
+  if (v.kind == VariantKind::kCublas) return LaunchCublasGrouped(problems, ctx);
+  const GemmProblem& first = problems.front();
+  const bool one_form =
+      std::all_of(problems.begin(), problems.end(), [&](const GemmProblem& p) {
+        return p.transpose_a == first.transpose_a && p.transpose_b == first.transpose_b &&
+               p.ab_type == first.ab_type && p.c_type == first.c_type;
+      });
+  if (v.launch_grouped != nullptr && one_form) return v.launch_grouped(problems, ctx);
+  for (size_t i = 0; i < problems.size(); ++i)
+    if (std::string e = Launch(v, problems[i], ctx); !e.empty())
+      return "problem " + std::to_string(i) + ": " + e;
+  return "";
+}
+
+std::string LaunchCublasScaled(const GemmProblem& p, float alpha, float beta, LaunchContext& ctx) {
+  const VariantInfo* cublas = FindVariant("cublas");
+  if (std::string why = CheckProblem(*cublas, p); !why.empty()) return why;
+  if (p.accumulation != Accumulation::kFp32) return "the scaled cuBLAS call computes in fp32";
+  return CublasGemm(p, &alpha, &beta, CUBLAS_COMPUTE_32F, ctx);
 }
 
 }  // namespace hgemm::kernels

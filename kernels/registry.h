@@ -20,6 +20,7 @@
 #include <cuda_runtime.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -60,7 +61,22 @@ struct GemmProblem {
   DataType c_type = DataType::kFp16;   // ab_type, or fp32 (with fp32 accumulation)
   // Elements between consecutive stored rows (>= the stored row length); 0 = densely packed.
   int lda = 0, ldb = 0, ldc = 0;
+  // A strided batch (cublasGemmStridedBatchedEx): `batch` GEMMs of this shape, item i's A, B
+  // and C at a, b, c plus i·stride_a / stride_b / stride_c elements. A stride of 0 means the
+  // matrices packed one after the other (stored rows × ld); a given one is at least that (items
+  // do not overlap). batch = 1 is the single GEMM.
+  int batch = 1;
+  int64_t stride_a = 0, stride_b = 0, stride_c = 0;
 };
+
+// The element strides between a batch's items, with 0 (packed) resolved.
+struct BatchStrides {
+  int64_t a, b, c;
+};
+BatchStrides StridesOf(const GemmProblem& p);
+
+// Item i of a batch as a single GEMM (batch = 1, pointers offset). REQUIRES: 0 <= i < batch.
+GemmProblem BatchItem(const GemmProblem& p, int i);
 
 // Layouts as bits of VariantInfo::layouts, named by BLAS convention (first letter A, second B;
 // N = as stored, T = transposed): NN (the default), NT (B stored n×k), TN (A stored k×m), TT.
@@ -120,6 +136,14 @@ struct VariantInfo {
   // Further requirements of the non-default layouts, types or strides (e.g. TMA's 16-byte row
   // strides of a transposed A); nullptr: none. Returns why not, or an empty string.
   std::string (*check_layout)(const GemmProblem& problem) = nullptr;
+  // Runs a whole batch (GemmProblem::batch > 1) in one launch; the others take a batch as one
+  // launch per item (Launch loops). Its further requirements go through check_layout.
+  bool batched = false;
+  // Runs a group (LaunchGrouped) of one layout and type pair in one launch; nullptr: the group
+  // is a loop of Launch. REQUIRES: CheckProblem passed for every problem. Returns "" or the
+  // error.
+  std::string (*launch_grouped)(const std::vector<GemmProblem>& problems,
+                                LaunchContext& ctx) = nullptr;
 
   bool Supports(Accumulation acc) const { return acc == Accumulation::kFp16 ? fp16_acc : fp32_acc; }
   bool SupportsLayout(bool transpose_a, bool transpose_b) const {
@@ -154,30 +178,51 @@ class LaunchContext {
   // if creation fails.
   cublasHandle_t cublas(std::string* error);
 
-  // Device scratch of at least `bytes` in one of two slots (kTuningScratch for ChooseAuto's
-  // operands, kPaddingScratch for pad8_ variants), owned by the context and grown on demand (the
-  // old buffer is freed after synchronizing the stream). Work enqueued on stream() may use it
-  // until the next call for the same slot. Returns nullptr and sets *error on failure.
+  // Device scratch of at least `bytes` in one of three slots (kTuningScratch for ChooseAuto's
+  // operands, kPaddingScratch for pad8_ variants, kGroupScratch for LaunchGrouped's pointer
+  // arrays), owned by the context and grown on demand (the old buffer is freed after
+  // synchronizing the stream). Work enqueued on stream() may use it until the next call for the
+  // same slot. Returns nullptr and sets *error on failure.
   static constexpr int kTuningScratch = 0;
   static constexpr int kPaddingScratch = 1;
+  static constexpr int kGroupScratch = 2;
+  static constexpr int kScratchSlots = 3;
   void* Scratch(int slot, size_t bytes, std::string* error);
 
  private:
   cudaStream_t stream_;
   cublasHandle_t cublas_ = nullptr;
-  void* scratch_[2] = {nullptr, nullptr};
-  size_t scratch_bytes_[2] = {0, 0};
+  void* scratch_[kScratchSlots] = {nullptr, nullptr, nullptr};
+  size_t scratch_bytes_[kScratchSlots] = {0, 0, 0};
 };
 
 // Why `variant` cannot run `problem`, or an empty string if it can (shape, accumulation, layout,
-// element types, strides, pointers and their alignment). Does not touch the device.
+// element types, strides, pointers and their alignment; for a batch, its strides and items 0
+// and 1, the least aligned). Does not touch the device.
 std::string CheckProblem(const VariantInfo& variant, const GemmProblem& problem);
 
 // Enqueues C = op(A)·op(B) on ctx's stream (asynchronous). Returns an empty string on success,
 // else a message (CUDA/cuBLAS error text, or why the variant can't take this problem).
 // "auto" first resolves through ChooseAutoFor (which may synchronize ctx's stream once per
-// bucket and form).
+// bucket and form). A batch is one launch where the variant is `batched` (cublas: one
+// cublasGemmStridedBatchedEx), else one launch per item.
 std::string Launch(const VariantInfo& variant, const GemmProblem& problem, LaunchContext& ctx);
+
+// A group of GEMMs of different shapes (cublasGemmGroupedBatchedEx's problem, each its own
+// group of one): "cublas" runs them as one cublasGemmGroupedBatchedEx (fp32 compute; its device
+// array of pointers in ctx's kGroupScratch); a variant with launch_grouped (the wgmma family)
+// as one launch when all problems share one layout and type pair (their tensor maps in
+// kGroupScratch); anything else as a loop of Launch, one per problem, in order. Each problem
+// must have batch = 1 and pass CheckProblem; the first refusal or error names the problem's
+// index.
+std::string LaunchGrouped(const VariantInfo& variant, const std::vector<GemmProblem>& problems,
+                          LaunchContext& ctx);
+
+// cuBLAS's own α/β, for kernel_bench's comparison with the service's T + ScaleEpilogue: C =
+// alpha·op(A)·op(B) + beta·C in place (C holds C_in on entry), through cublasGemmEx
+// (cublasGemmStridedBatchedEx for a batch) with fp32 compute. Asynchronous like Launch.
+std::string LaunchCublasScaled(const GemmProblem& problem, float alpha, float beta,
+                               LaunchContext& ctx);
 
 // The kernel "auto" runs for this shape and accumulation: on first use of the shape bucket it
 // times the candidate kernels (the project's own, never cuBLAS) on ctx's stream with scratch

@@ -286,5 +286,110 @@ TEST(Registry, AutoPicksAKernelThatTakesTheLayout) {
   EXPECT_EQ(CheckProblem(*FindVariant("auto"), p), "");
 }
 
+// Issue 29: strided batches. Strides default to packed items; items may not overlap; items 0
+// and 1 are checked as single GEMMs (item 1 is the least aligned).
+TEST(Registry, BatchStridesAndItems) {
+  GemmProblem p = AlignedProblem(64, 48, 32);
+  p.batch = 3;
+  p.transpose_b = true;  // B stored 48×32
+  p.c_type = DataType::kFp32;
+  const BatchStrides packed = StridesOf(p);
+  EXPECT_EQ(packed.a, 64 * 32);
+  EXPECT_EQ(packed.b, 48 * 32);
+  EXPECT_EQ(packed.c, 64 * 48);
+  p.ldc = 56;
+  EXPECT_EQ(StridesOf(p).c, 64 * 56);
+  p.stride_a = 5000;
+  const GemmProblem item = BatchItem(p, 2);
+  EXPECT_EQ(item.batch, 1);
+  EXPECT_EQ(item.stride_a, 0);
+  EXPECT_EQ(static_cast<const char*>(item.a) - static_cast<const char*>(p.a), 2 * 5000 * 2);
+  EXPECT_EQ(static_cast<const char*>(item.b) - static_cast<const char*>(p.b), 2 * 48 * 32 * 2);
+  EXPECT_EQ(static_cast<char*>(item.c) - static_cast<char*>(p.c), 2 * 64 * 56 * 4);
+  EXPECT_EQ(item.ldc, 56);
+}
+
+TEST(Registry, RefusesBadBatchesByName) {
+  const VariantInfo& cublas = *FindVariant("cublas");
+  GemmProblem p = AlignedProblem(64, 64, 64);
+  p.batch = 0;
+  EXPECT_NE(CheckProblem(cublas, p).find("batch must be >= 1"), std::string::npos);
+  p.batch = 4;
+  EXPECT_EQ(CheckProblem(cublas, p), "");
+  EXPECT_EQ(CheckProblem(FallbackVariant(), p), "");  // a loop of launches
+  p.stride_b = 64 * 64 - 1;
+  EXPECT_NE(CheckProblem(cublas, p).find("stride_b 4095 is below one item's extent 4096"),
+            std::string::npos)
+      << CheckProblem(cublas, p);
+  p.stride_b = int64_t(1) << 62;
+  EXPECT_NE(CheckProblem(cublas, p).find("overflows"), std::string::npos);
+  // Item 1 of an odd stride is not 16-byte aligned: the 16-byte kernels refuse it by item.
+  p.stride_b = 64 * 64 + 1;
+  for (const VariantInfo& v : Variants()) {
+    if (v.kind != VariantKind::kKernel || v.is_fallback || !CheckProblem(v, BatchItem(p, 0)).empty())
+      continue;
+    EXPECT_NE(CheckProblem(v, p).find("batch item 1: "), std::string::npos) << v.name;
+    EXPECT_NE(CheckProblem(v, p).find("aligned"), std::string::npos) << v.name;
+  }
+  EXPECT_EQ(CheckProblem(cublas, p), "");
+  EXPECT_EQ(CheckProblem(FallbackVariant(), p), "");
+}
+
+TEST(Registry, GroupsAreRefusedBeforeAnyLaunch) {
+  LaunchContext ctx(nullptr);  // nothing below reaches the device
+  const VariantInfo& cublas = *FindVariant("cublas");
+  EXPECT_EQ(LaunchGrouped(cublas, {}, ctx), "the group is empty");
+  GemmProblem batched = AlignedProblem(64, 64, 64);
+  batched.batch = 2;
+  EXPECT_NE(LaunchGrouped(cublas, {AlignedProblem(64, 64, 64), batched}, ctx)
+                .find("problem 1: batch must be 1"),
+            std::string::npos);
+  GemmProblem odd = AlignedProblem(64, 63, 64);
+  for (const VariantInfo& v : Variants()) {
+    if (v.kind != VariantKind::kKernel || v.is_fallback ||
+        !CheckProblem(v, AlignedProblem(64, 64, 64)).empty())
+      continue;
+    EXPECT_NE(LaunchGrouped(v, {AlignedProblem(64, 64, 64), odd}, ctx).find("problem 1: "),
+              std::string::npos)
+        << v.name;
+  }
+}
+
+// The wgmma family runs a batch in one launch (3-D tensor maps, the item outermost), so its
+// strides obey TMA's rules, and a group in one launch; the older families loop and need only
+// aligned items.
+TEST(Registry, WgmmaTakesBatchesAndGroupsInOneLaunch) {
+  EXPECT_TRUE(FindVariant("cublas")->batched);
+  EXPECT_FALSE(FindVariant("auto")->batched);  // resolves to a kernel first
+  for (const VariantInfo& v : Variants()) {
+    if (v.kind == VariantKind::kKernel || v.kind == VariantKind::kPadded) {
+      const bool wgmma = v.name.rfind("wgmma_", 0) == 0;
+      EXPECT_EQ(v.batched, wgmma) << v.name;
+      EXPECT_EQ(v.launch_grouped != nullptr, wgmma) << v.name;
+    }
+  }
+  const VariantInfo* w = FindVariant("wgmma_128x256_s4_g8");
+  if (w == nullptr) GTEST_SKIP() << "no wgmma family on this machine";
+  GemmProblem p = AlignedProblem(136, 264, 104);
+  p.batch = 5;
+  p.transpose_a = true;
+  EXPECT_EQ(CheckProblem(*w, p), "");
+  p.stride_a = 136 * 104 + 16;  // gaps of 16 elements: 32 bytes
+  p.stride_c = 136 * 264 + 8;
+  EXPECT_EQ(CheckProblem(*w, p), "");
+  p.stride_c = 136 * 264 + 4;  // fp16: item 1 of C 8 bytes off 16-byte alignment
+  EXPECT_NE(CheckProblem(*w, p).find("batch item 1: "), std::string::npos);
+  p.c_type = DataType::kFp32;  // fp32: item 1 aligned, but the stride is not a multiple of 8
+  EXPECT_NE(CheckProblem(*w, p).find("stride_c must be a multiple of 8"), std::string::npos)
+      << CheckProblem(*w, p);
+  p.stride_c = 0;
+  p.m = 1 << 20;  // 8192 row tiles × 2 column tiles × 2^18 items reaches 2^31 tiles
+  p.n = 512;
+  p.transpose_a = false;
+  p.batch = 1 << 18;
+  p.stride_a = p.stride_b = 0;
+  EXPECT_NE(CheckProblem(*w, p).find("reaches 2^31"), std::string::npos) << CheckProblem(*w, p);
+}
+
 }  // namespace
 }  // namespace hgemm::kernels

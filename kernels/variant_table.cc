@@ -12,7 +12,9 @@ std::string FormatVariantTable() {
     const bool tiled = v.block_m > 0;
     const std::string acc = v.fp16_acc && v.fp32_acc ? "fp16, fp32" : v.fp16_acc ? "fp16" : "fp32";
     out += "| `" + v.name + "` | " + acc + " | " + LayoutList(v.layouts) + " | " +
-           TypesList(v.types) + (v.strided ? ", strided" : "") + " | " +
+           TypesList(v.types) + (v.strided ? ", strided" : "") +
+           (v.batched ? ", batch in one launch" : "") +
+           (v.launch_grouped != nullptr ? ", group in one launch" : "") + " | " +
            (tiled ? std::to_string(v.block_m) + "×" + std::to_string(v.block_n) : "-") + " | " +
            (tiled ? std::to_string(v.stages) : "-") + " | " +
            (v.smem_bytes > 0 ? std::to_string((v.smem_bytes + 1023) / 1024) + " KB" : "-") +

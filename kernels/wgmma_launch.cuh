@@ -4,7 +4,8 @@
 // wgmma_instances_f32out.cu), so that the registry's
 // wgmma_variants.cu compiles none of the kernels; HGEMM_WGMMA_INSTANCES names them all.
 //
-// Thread safety: LaunchWgmmaGemm and TensorMap may be called from any thread.
+// Thread safety: LaunchWgmmaGemm and TensorMap may be called from any thread; LaunchWgmmaGrouped
+// from the thread that owns its LaunchContext.
 #ifndef HGEMM_KERNELS_WGMMA_LAUNCH_CUH_
 #define HGEMM_KERNELS_WGMMA_LAUNCH_CUH_
 
@@ -14,22 +15,28 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdint>
+#include <string>
+#include <vector>
 #include <type_traits>
 
+#include "kernels/cuda_check.h"
 #include "kernels/launch.cuh"
 #include "kernels/registry.h"
 #include "kernels/wgmma_stage.cuh"
 
 namespace hgemm::kernels::internal {
 
-// The tensor map of a row-major matrix of rows×cols elements of `type` (fp16, bf16 or fp32)
-// whose rows lie `ld` elements apart, read in boxes of box_rows×box_cols (box_cols × the element
-// size = 128 bytes, one swizzle row), 128-byte swizzle; from a process-wide cache or newly encoded (wgmma_variants.cu).
-// Returns false if encoding failed.
-bool TensorMap(const void* ptr, int rows, int cols, int ld, int box_rows, int box_cols,
-               CUtensorMapDataType type, CUtensorMap* out);
+// The tensor map of `batch` row-major matrices of rows×cols elements of `type` (fp16, bf16 or
+// fp32) whose rows lie `ld` elements apart and whose items lie `item_stride` elements apart (a
+// 3-D map, the item outermost), read in boxes of box_rows×box_cols of one item (box_cols × the
+// element size = 128 bytes, one swizzle row), 128-byte swizzle; from a process-wide cache or
+// newly encoded (wgmma_variants.cu). Returns false if encoding failed.
+bool TensorMap(const void* ptr, int rows, int cols, int ld, int batch, int64_t item_stride,
+               int box_rows, int box_cols, CUtensorMapDataType type, CUtensorMap* out);
 
-// Enqueues C = op(A)·op(B) with WgmmaGemmKernel<...> on `stream`.
+// Enqueues C = op(A)·op(B) with WgmmaGemmKernel<...> on `stream`: one launch for the whole
+// batch.
 // REQUIRES: CheckProblem passed for a wgmma variant of this configuration, p.transpose_a ==
 // TRANS_A, p.transpose_b == TRANS_B, p.ab_type the type T and p.c_type TC. Returns the CUDA
 // error (cudaErrorInvalidValue if a tensor map could not be encoded).
@@ -47,23 +54,90 @@ cudaError_t LaunchWgmmaGemm(const GemmProblem& p, cudaStream_t stream) {
   int device = 0;
   HGEMM_RETURN_IF_CUDA_ERROR(cudaGetDevice(&device));
   HGEMM_RETURN_IF_CUDA_ERROR(detail::OptInDynamicSmem<kernel>(device, Cfg::kSmemBytes));
-  // Stored extents: A is m×k (k×m transposed), B k×n (n×k transposed), C m×n.
+  // Stored extents: A is m×k (k×m transposed), B k×n (n×k transposed), C m×n; a batch's items
+  // StridesOf apart.
   const int a_rows = TRANS_A ? p.k : p.m, a_cols = TRANS_A ? p.m : p.k;
   const int b_rows = TRANS_B ? p.n : p.k, b_cols = TRANS_B ? p.k : p.n;
+  const BatchStrides strides = StridesOf(p);
   CUtensorMap map_a, map_b, map_c;
-  if (!TensorMap(p.a, a_rows, a_cols, p.lda ? p.lda : a_cols, TRANS_A ? 64 : Cfg::BM, 64, kType,
-                 &map_a) ||
-      !TensorMap(p.b, b_rows, b_cols, p.ldb ? p.ldb : b_cols, TRANS_B ? BN : 64, 64, kType,
-                 &map_b) ||
-      !TensorMap(p.c, p.m, p.n, p.ldc ? p.ldc : p.n, 64, kFp32Out ? 32 : 64,
+  if (!TensorMap(p.a, a_rows, a_cols, p.lda ? p.lda : a_cols, p.batch, strides.a,
+                 TRANS_A ? 64 : Cfg::BM, 64, kType, &map_a) ||
+      !TensorMap(p.b, b_rows, b_cols, p.ldb ? p.ldb : b_cols, p.batch, strides.b,
+                 TRANS_B ? BN : 64, 64, kType, &map_b) ||
+      !TensorMap(p.c, p.m, p.n, p.ldc ? p.ldc : p.n, p.batch, strides.c, 64, kFp32Out ? 32 : 64,
                  kFp32Out ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32 : kType, &map_c))
     return cudaErrorInvalidValue;
   int sms = 0;
   HGEMM_RETURN_IF_CUDA_ERROR(detail::SmCount(device, &sms));
-  const long long tiles = (long long)((p.m + Cfg::BM - 1) / Cfg::BM) * ((p.n + BN - 1) / BN);
+  const long long tiles =
+      (long long)((p.m + Cfg::BM - 1) / Cfg::BM) * ((p.n + BN - 1) / BN) * p.batch;
   const int grid = int(std::min<long long>(tiles, sms));
-  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(map_a, map_b, map_c, p.m, p.n, p.k);
+  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(map_a, map_b, map_c, p.m, p.n, p.k,
+                                                            int(tiles), nullptr, 0);
   return cudaGetLastError();
+}
+
+// Enqueues a group of GEMMs of different shapes (one layout and type pair: TRANS_A, TRANS_B, T,
+// TC) as one launch of WgmmaGemmKernel<...> on ctx's stream: each problem's tensor maps and
+// shape go into a device array in ctx's kGroupScratch (copied on the stream; the kernel reads
+// it). Returns "" or the error. REQUIRES: CheckProblem passed for every problem (batch 1) on a
+// wgmma variant of this configuration, and all of them have this layout and these types.
+template <int BN, int CONSUMERS, int K_STAGE, int GROUP_M, bool TRANS_A, bool TRANS_B, typename T,
+          typename TC>
+std::string LaunchWgmmaGrouped(const std::vector<GemmProblem>& problems, LaunchContext& ctx) {
+  using Cfg = detail::WgmmaStage<BN, CONSUMERS, K_STAGE, GROUP_M>;
+  constexpr auto* kernel =
+      &detail::WgmmaGemmKernel<BN, CONSUMERS, K_STAGE, GROUP_M, TRANS_A, TRANS_B, T, TC>;
+  constexpr bool kFp32Out = std::is_same_v<TC, float>;
+  constexpr CUtensorMapDataType kType = std::is_same_v<T, __nv_bfloat16>
+                                            ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                            : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+  int device = 0;
+  if (cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return CudaErrorText("cudaGetDevice", e);
+  if (cudaError_t e = detail::OptInDynamicSmem<kernel>(device, Cfg::kSmemBytes); e != cudaSuccess)
+    return CudaErrorText("shared memory opt-in", e);
+  std::vector<detail::GroupProblem> host(problems.size());
+  long long tiles = 0;
+  for (size_t i = 0; i < problems.size(); ++i) {
+    const GemmProblem& p = problems[i];
+    const int a_rows = TRANS_A ? p.k : p.m, a_cols = TRANS_A ? p.m : p.k;
+    const int b_rows = TRANS_B ? p.n : p.k, b_cols = TRANS_B ? p.k : p.n;
+    const BatchStrides strides = StridesOf(p);  // one item each
+    detail::GroupProblem& g = host[i];
+    if (!TensorMap(p.a, a_rows, a_cols, p.lda ? p.lda : a_cols, 1, strides.a,
+                   TRANS_A ? 64 : Cfg::BM, 64, kType, &g.a) ||
+        !TensorMap(p.b, b_rows, b_cols, p.ldb ? p.ldb : b_cols, 1, strides.b,
+                   TRANS_B ? BN : 64, 64, kType, &g.b) ||
+        !TensorMap(p.c, p.m, p.n, p.ldc ? p.ldc : p.n, 1, strides.c, 64, kFp32Out ? 32 : 64,
+                   kFp32Out ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32 : kType, &g.c))
+      return "problem " + std::to_string(i) + ": a tensor map could not be encoded";
+    g.m = p.m;
+    g.n = p.n;
+    g.k = p.k;
+    g.first_tile = int(tiles);
+    tiles += (long long)((p.m + Cfg::BM - 1) / Cfg::BM) * ((p.n + BN - 1) / BN);
+    if (tiles >= (1ll << 31)) return "the group's tiles reach 2^31 (the kernel's tile index)";
+  }
+  std::string error;
+  const size_t bytes = host.size() * sizeof(detail::GroupProblem);
+  auto* device_group =
+      static_cast<detail::GroupProblem*>(ctx.Scratch(LaunchContext::kGroupScratch, bytes, &error));
+  if (device_group == nullptr) return error;
+  // From pageable memory: returns once `host` has been staged; ordered before the kernel.
+  if (cudaError_t e = cudaMemcpyAsync(device_group, host.data(), bytes, cudaMemcpyHostToDevice,
+                                      ctx.stream());
+      e != cudaSuccess)
+    return CudaErrorText("copying the group's tensor maps", e);
+  int sms = 0;
+  if (cudaError_t e = detail::SmCount(device, &sms); e != cudaSuccess)
+    return CudaErrorText("SM count", e);
+  const int grid = int(std::min<long long>(tiles, sms));
+  // The grid-constant maps are unused in a group: any valid map fills them.
+  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, ctx.stream()>>>(
+      host[0].a, host[0].b, host[0].c, 0, 0, 0, int(tiles), device_group, int(host.size()));
+  if (cudaError_t e = cudaGetLastError(); e != cudaSuccess)
+    return CudaErrorText("grouped launch", e);
+  return "";
 }
 
 // Every instantiation, as X(BN, CONSUMERS, K_STAGE, GROUP_M, TRANS_A, TRANS_B, T, TC): the kept
@@ -80,9 +154,14 @@ cudaError_t LaunchWgmmaGemm(const GemmProblem& p, cudaStream_t stream) {
 
 #define HGEMM_WGMMA_EXTERN(BN, C, S, G, TA, TB, T, TC)                                       \
   extern template cudaError_t LaunchWgmmaGemm<BN, C, S, G, TA, TB, T, TC>(const GemmProblem&, \
-                                                                          cudaStream_t);
-#define HGEMM_WGMMA_INSTANTIATE(BN, C, S, G, TA, TB, T, TC) \
-  template cudaError_t LaunchWgmmaGemm<BN, C, S, G, TA, TB, T, TC>(const GemmProblem&, cudaStream_t);
+                                                                          cudaStream_t);      \
+  extern template std::string LaunchWgmmaGrouped<BN, C, S, G, TA, TB, T, TC>(                 \
+      const std::vector<GemmProblem>&, LaunchContext&);
+#define HGEMM_WGMMA_INSTANTIATE(BN, C, S, G, TA, TB, T, TC)                                     \
+  template cudaError_t LaunchWgmmaGemm<BN, C, S, G, TA, TB, T, TC>(const GemmProblem&,           \
+                                                                   cudaStream_t);                \
+  template std::string LaunchWgmmaGrouped<BN, C, S, G, TA, TB, T, TC>(                            \
+      const std::vector<GemmProblem>&, LaunchContext&);
 
 HGEMM_WGMMA_INSTANCES(HGEMM_WGMMA_EXTERN, __half, __half)
 HGEMM_WGMMA_INSTANCES(HGEMM_WGMMA_EXTERN, __nv_bfloat16, __nv_bfloat16)

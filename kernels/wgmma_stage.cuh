@@ -25,6 +25,15 @@
 //   * The grid is persistent (at most one block per SM, tiles strided by the grid); tiles are
 //     visited in groups of GROUP_M tile rows, column by column, so that the blocks running at
 //     once share A row blocks and B column blocks in L2.
+//   * Strided batches in the same launch: every tensor map is 3-D, the batch item outermost
+//     (its stride the item stride; 1 item for a single GEMM), and the tile loop runs over
+//     batch × tiles, item by item, so that a batch of small GEMMs fills the machine as one grid
+//     instead of one launch per item. Boxes stay within an item's rows and columns.
+//   * Groups (problems of different shapes, one layout and type pair) in the same launch: each
+//     problem's tensor maps and shape lie in a device array (GroupProblem) with the index of
+//     its first tile; a block walks its tiles forward with a cursor over the problems and
+//     acquires a problem's maps (fence.proxy.tensormap) when it reaches it. K varies per
+//     problem, so the ring's stage count runs on across tiles of different K.
 //   * Accumulation is always fp32 on the tensor cores: on sm_90 the f32 and f16 wgmma forms run
 //     at the same rate, so fp16-accumulation requests get the same kernel (docs/kernels.md,
 //     "What fp16 accumulation means").
@@ -42,7 +51,9 @@
 //     the stream. Real waits last microseconds.
 //
 // REQUIRES (checked by the registry): every stored row stride a 16-byte multiple (N % 8 == 0,
-// K % 8 == 0, M % 8 == 0 with TRANS_A, lda/ldb/ldc % 8 == 0), 16-byte aligned A, B, C.
+// K % 8 == 0, M % 8 == 0 with TRANS_A, lda/ldb/ldc % 8 == 0), 16-byte aligned A, B, C; batch
+// item strides 16-byte multiples under 2^40 bytes, at least one item's extent; batch × tiles <
+// 2^31.
 // Thread safety: LaunchWgmmaStage may be called from any thread.
 #ifndef HGEMM_KERNELS_WGMMA_STAGE_CUH_
 #define HGEMM_KERNELS_WGMMA_STAGE_CUH_
@@ -103,27 +114,37 @@ __device__ __forceinline__ void MbarArriveExpectTx(uint32_t bar, uint32_t bytes)
                : "memory");
 }
 
-// 2-D TMA load of the box at (c0 = innermost coordinate, c1) into shared memory at `dst`,
-// completing its bytes on `bar`. Boxes reaching past the tensor are zero-filled (and still
-// count their full size).
-__device__ __forceinline__ void TmaLoad2d(uint32_t dst, const CUtensorMap* map, int c0, int c1,
-                                          uint32_t bar) {
+// 3-D TMA load of the box at (c0 = innermost coordinate, c1, item) into shared memory at
+// `dst`, completing its bytes on `bar`. The outermost dimension is the batch item (1 for a
+// single GEMM). Boxes reaching past the item's rows or columns are zero-filled (and still count
+// their full size); they never reach into the next item.
+__device__ __forceinline__ void TmaLoad3d(uint32_t dst, const CUtensorMap* map, int c0, int c1,
+                                          int item, uint32_t bar) {
   asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
-      " [%0], [%1, {%2, %3}], [%4];\n" ::"r"(dst),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(bar)
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(item), "r"(bar)
       : "memory");
 }
 
-// 2-D TMA store of the box at (c0, c1) from shared memory at `src`; parts past the tensor are
-// not written. Commit and wait with the bulk-group functions below.
-__device__ __forceinline__ void TmaStore2d(const CUtensorMap* map, uint32_t src, int c0, int c1) {
+// 3-D TMA store of the box at (c0, c1, item) from shared memory at `src`; parts past the
+// item's rows or columns are not written. Commit and wait with the bulk-group functions below.
+__device__ __forceinline__ void TmaStore3d(const CUtensorMap* map, uint32_t src, int c0, int c1,
+                                           int item) {
   asm volatile(
-      "cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];\n" ::"l"(
+      "cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%2, %3, %4}], [%1];\n" ::"l"(
           reinterpret_cast<uint64_t>(map)),
-      "r"(src), "r"(c0), "r"(c1)
+      "r"(src), "r"(c0), "r"(c1), "r"(item)
       : "memory");
 }
+// Makes a tensor map in global memory that the host wrote before the launch visible to the
+// tensor-map proxy that TMA reads it through (grouped launches; 128 bytes, one CUtensorMap).
+__device__ __forceinline__ void TensorMapAcquire(const CUtensorMap* map) {
+  asm volatile("fence.proxy.tensormap::generic.acquire.gpu [%0], 128;\n" ::"l"(
+                   reinterpret_cast<uint64_t>(map))
+               : "memory");
+}
+
 __device__ __forceinline__ void BulkCommit() {
   asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
 }
@@ -220,8 +241,40 @@ struct WgmmaStage {
   static constexpr int kAcc = BN / 2;  // fp32 accumulators per consumer thread
 };
 
-// Tensor maps (row-major T, 128-byte swizzle), boxes as stored: A of BM rows × 64 K (TRANS_A:
-// 64 K rows × 64 M columns), B of 64 K × 64 columns (TRANS_B: BN rows × 64 K), C of 64 × 64.
+// One problem of a grouped launch, in a device array the host fills before the launch: its
+// tensor maps (one item each), its shape and the index of its first tile in the launch.
+struct GroupProblem {
+  CUtensorMap a, b, c;
+  int m, n, k, first_tile;
+};
+static_assert(alignof(GroupProblem) % 64 == 0,
+              "TMA reads a tensor map at a 64-byte aligned address");
+
+// Tile t of an item (or problem) of tiles_m × tiles_n tiles, in groups of GROUP_M tile rows
+// visited column by column.
+template <int GROUP_M>
+__device__ __forceinline__ void GroupedOrder(int t, int tiles_m, int tiles_n, int& tm, int& tn) {
+  const int per_group = GROUP_M * tiles_n;
+  const int first_m = (t / per_group) * GROUP_M;
+  const int rows = min(tiles_m - first_m, GROUP_M);
+  const int r = t % per_group;
+  tm = first_m + r % rows;
+  tn = r / rows;
+}
+
+// Where one tile's work lies: its group problem (nullptr in a batch), the batch item, the
+// tile, its K tiles.
+struct TileWork {
+  const GroupProblem* problem;
+  int item, tm, tn, k_tiles;
+};
+
+// Tensor maps (row-major T, 128-byte swizzle; 3-D, the batch item outermost), boxes as stored:
+// A of BM rows × 64 K (TRANS_A: 64 K rows × 64 M columns), B of 64 K × 64 columns (TRANS_B: BN
+// rows × 64 K), C of 64 × 64. Either a strided batch (group_count = 0: map_a/b/c, M, N, K;
+// num_tiles = the items × the tiles of M×N) or a group (group_count ≥ 1 problems of `group`,
+// each with its own maps and shape, in order of first_tile; num_tiles = all their tiles;
+// map_a/b/c, M, N and K unused).
 // @tparam BN, CONSUMERS, K_STAGE, GROUP_M  see WgmmaStage.
 // @tparam TRANS_A  A is stored k×m (op(A) = Aᵀ): read M-major.
 // @tparam TRANS_B  B is stored n×k (op(B) = Bᵀ): read K-major.
@@ -232,7 +285,8 @@ template <int BN, int CONSUMERS, int K_STAGE, int GROUP_M, bool TRANS_A = false,
 __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
     WgmmaGemmKernel(const __grid_constant__ CUtensorMap map_a,
                     const __grid_constant__ CUtensorMap map_b,
-                    const __grid_constant__ CUtensorMap map_c, int M, int N, int K) {
+                    const __grid_constant__ CUtensorMap map_c, int M, int N, int K,
+                    int num_tiles, const GroupProblem* __restrict__ group, int group_count) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using Cfg = WgmmaStage<BN, CONSUMERS, K_STAGE, GROUP_M>;
   constexpr int BM = Cfg::BM, BK = Cfg::BK;
@@ -262,14 +316,37 @@ __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
   __syncthreads();
 
   const int tiles_m = (M + BM - 1) / BM, tiles_n = (N + BN - 1) / BN;
-  const int num_tiles = tiles_m * tiles_n, k_tiles = (K + BK - 1) / BK;
-  auto tile_coords = [&](int t, int& tm, int& tn) {
-    const int per_group = GROUP_M * tiles_n;
-    const int first_m = (t / per_group) * GROUP_M;
-    const int rows = min(tiles_m - first_m, GROUP_M);
-    const int r = t % per_group;
-    tm = first_m + r % rows;
-    tn = r / rows;
+  const int tiles_per_item = tiles_m * tiles_n;
+  // Tile t of a batch: item t / tiles_per_item, then the grouped order within the item. Of a
+  // group: the problem whose tiles hold t (a block's tiles only move forward, and so does its
+  // cursor), then the grouped order within the problem.
+  int cursor = -1;
+  // The maps of a tile: the grid constants in a batch, the problem's in a group.
+  auto maps_a = [&](const TileWork& w) { return w.problem ? &w.problem->a : &map_a; };
+  auto maps_b = [&](const TileWork& w) { return w.problem ? &w.problem->b : &map_b; };
+  auto maps_c = [&](const TileWork& w) { return w.problem ? &w.problem->c : &map_c; };
+  auto locate = [&](int t, TileWork& w) {
+    if (group_count == 0) {
+      w.problem = nullptr;
+      w.item = t / tiles_per_item;
+      GroupedOrder<GROUP_M>(t - w.item * tiles_per_item, tiles_m, tiles_n, w.tm, w.tn);
+      w.k_tiles = (K + BK - 1) / BK;
+      return;
+    }
+    int p = max(cursor, 0);
+    while (p + 1 < group_count && group[p + 1].first_tile <= t) ++p;
+    const GroupProblem& g = group[p];
+    w.problem = &g;
+    if (p != cursor) {
+      TensorMapAcquire(&g.a);
+      TensorMapAcquire(&g.b);
+      TensorMapAcquire(&g.c);
+      cursor = p;
+    }
+    w.item = 0;
+    GroupedOrder<GROUP_M>(t - g.first_tile, (g.m + BM - 1) / BM, (g.n + BN - 1) / BN, w.tm,
+                          w.tn);
+    w.k_tiles = (g.k + BK - 1) / BK;
   };
 
   if (threadIdx.x < 128) {
@@ -278,27 +355,28 @@ __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
     if (threadIdx.x == 0) {
       int it = 0;  // K tiles issued so far, over all of this block's tiles
       for (int t = blockIdx.x; t < num_tiles; t += gridDim.x) {
-        int tm, tn;
-        tile_coords(t, tm, tn);
-        for (int kt = 0; kt < k_tiles; ++kt, ++it) {
+        TileWork w;
+        locate(t, w);
+        const int item = w.item, tm = w.tm, tn = w.tn;
+        for (int kt = 0; kt < w.k_tiles; ++kt, ++it) {
           const int s = it % K_STAGE;
           MbarWait(empty(s), ((it / K_STAGE) & 1) ^ 1);  // the first round passes at once
           MbarArriveExpectTx(full(s), Cfg::kStageBytes);
           if constexpr (TRANS_A) {
 #pragma unroll
             for (int j = 0; j < BM / 64; ++j)
-              TmaLoad2d(stage_a(s) + j * Cfg::kAChunkBytes, &map_a, tm * BM + 64 * j, kt * BK,
-                        full(s));
+              TmaLoad3d(stage_a(s) + j * Cfg::kAChunkBytes, maps_a(w), tm * BM + 64 * j, kt * BK,
+                        item, full(s));
           } else {
-            TmaLoad2d(stage_a(s), &map_a, kt * BK, tm * BM, full(s));
+            TmaLoad3d(stage_a(s), maps_a(w), kt * BK, tm * BM, item, full(s));
           }
           if constexpr (TRANS_B) {
-            TmaLoad2d(stage_b(s), &map_b, kt * BK, tn * BN, full(s));
+            TmaLoad3d(stage_b(s), maps_b(w), kt * BK, tn * BN, item, full(s));
           } else {
 #pragma unroll
             for (int j = 0; j < BN / 64; ++j)
-              TmaLoad2d(stage_b(s) + j * Cfg::kBChunkBytes, &map_b, tn * BN + 64 * j, kt * BK,
-                        full(s));
+              TmaLoad3d(stage_b(s) + j * Cfg::kBChunkBytes, maps_b(w), tn * BN + 64 * j, kt * BK,
+                        item, full(s));
           }
         }
       }
@@ -315,9 +393,10 @@ __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
     float acc[Cfg::kAcc];
     int it = 0;  // K tiles consumed so far, in the producer's order
     for (int t = blockIdx.x; t < num_tiles; t += gridDim.x) {
-      int tm, tn;
-      tile_coords(t, tm, tn);
-      for (int kt = 0; kt < k_tiles; ++kt, ++it) {
+      TileWork w;
+      locate(t, w);
+      const int item = w.item, tm = w.tm, tn = w.tn;
+      for (int kt = 0; kt < w.k_tiles; ++kt, ++it) {
         const int s = it % K_STAGE;
         MbarWait(full(s), (it / K_STAGE) & 1);
         const uint32_t a0 = stage_a(s) + c * 64 * 128;  // 64 rows of 128 bytes (or box c)
@@ -371,8 +450,9 @@ __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
           FenceProxyAsync();
           NamedBarrier(1 + c, 128);
           if (leader) {
-            TmaStore2d(&map_c, buf, tn * BN + 64 * j, tm * BM + c * 64);
-            TmaStore2d(&map_c, buf + Cfg::kCChunkBytes, tn * BN + 64 * j + 32, tm * BM + c * 64);
+            TmaStore3d(maps_c(w), buf, tn * BN + 64 * j, tm * BM + c * 64, item);
+            TmaStore3d(maps_c(w), buf + Cfg::kCChunkBytes, tn * BN + 64 * j + 32, tm * BM + c * 64,
+                       item);
             BulkCommit();
           }
         }
@@ -394,7 +474,7 @@ __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
           FenceProxyAsync();
           NamedBarrier(1 + c, 128);
           if (leader) {
-            TmaStore2d(&map_c, buf, tn * BN + 64 * j, tm * BM + c * 64);
+            TmaStore3d(maps_c(w), buf, tn * BN + 64 * j, tm * BM + c * 64, item);
             BulkCommit();
           }
         }

@@ -2,9 +2,9 @@
 // their host side: the dispatch of a problem's layout and element type to the instantiation
 // (kernels/wgmma_launch.cuh; compiled in wgmma_instances_*.cu) and the tensor maps
 // (cuTensorMapEncodeTiled through cudaGetDriverEntryPointByVersion, so nothing links libcuda)
-// cached per (pointer, shape, stride, box, type). Names read wgmma_<BM>x<BN>_s<K_STAGE>_g<GROUP_M>;
-// each variant takes the four layouts (NN, NT, TN, TT) and fp16 or bf16 (C of the input type
-// or fp32).
+// cached per (pointer, shape, strides, batch, box, type). Names read wgmma_<BM>x<BN>_s<K_STAGE>_g<GROUP_M>;
+// each variant takes the four layouts (NN, NT, TN, TT), fp16 or bf16 (C of the input type or
+// fp32), and a strided batch or a group of shapes in one launch.
 #include <cuda.h>
 #include <cudaTypedefs.h>
 
@@ -36,9 +36,8 @@ PFN_cuTensorMapEncodeTiled_v12000 EncodeFn() {
   return fn;
 }
 
-// A row-major matrix of rows×cols with rows ld elements apart, read in boxes of
-// box_rows×box_cols (box_cols = 64 two-byte elements = one 128-byte swizzle row), of a type.
-using MapKey = std::tuple<const void*, int, int, int, int, int, int>;
+// TensorMap's arguments: pointer, rows, cols, ld, batch, item stride, box rows, box cols, type.
+using MapKey = std::tuple<const void*, int, int, int, int, int64_t, int, int, int>;
 
 std::mutex& MapMutex() {
   static auto* mu = new std::mutex;
@@ -52,9 +51,9 @@ constexpr size_t kMaxCachedMaps = 4096;
 
 }  // namespace
 
-bool TensorMap(const void* ptr, int rows, int cols, int ld, int box_rows, int box_cols,
-               CUtensorMapDataType type, CUtensorMap* out) {
-  const MapKey key{ptr, rows, cols, ld, box_rows, box_cols, int(type)};
+bool TensorMap(const void* ptr, int rows, int cols, int ld, int batch, int64_t item_stride,
+               int box_rows, int box_cols, CUtensorMapDataType type, CUtensorMap* out) {
+  const MapKey key{ptr, rows, cols, ld, batch, item_stride, box_rows, box_cols, int(type)};
   std::lock_guard<std::mutex> lock(MapMutex());
   auto& cache = MapCache();
   if (auto it = cache.find(key); it != cache.end()) {
@@ -63,13 +62,13 @@ bool TensorMap(const void* ptr, int rows, int cols, int ld, int box_rows, int bo
   }
   PFN_cuTensorMapEncodeTiled_v12000 encode = EncodeFn();
   if (encode == nullptr) return false;
-  const cuuint64_t dims[2] = {cuuint64_t(cols), cuuint64_t(rows)};
+  const cuuint64_t dims[3] = {cuuint64_t(cols), cuuint64_t(rows), cuuint64_t(batch)};
   const cuuint64_t elem_bytes = type == CU_TENSOR_MAP_DATA_TYPE_FLOAT32 ? 4 : 2;
-  const cuuint64_t strides[1] = {cuuint64_t(ld) * elem_bytes};
-  const cuuint32_t box[2] = {cuuint32_t(box_cols), cuuint32_t(box_rows)};
-  const cuuint32_t elem_strides[2] = {1, 1};
+  const cuuint64_t strides[2] = {cuuint64_t(ld) * elem_bytes, cuuint64_t(item_stride) * elem_bytes};
+  const cuuint32_t box[3] = {cuuint32_t(box_cols), cuuint32_t(box_rows), 1};
+  const cuuint32_t elem_strides[3] = {1, 1, 1};
   CUtensorMap map;
-  if (encode(&map, type, 2, const_cast<void*>(ptr), dims, strides, box,
+  if (encode(&map, type, 3, const_cast<void*>(ptr), dims, strides, box,
              elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
              CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
     return false;
@@ -105,6 +104,26 @@ struct Wgmma {
     return fp32_c ? Run<__half, float>(p, stream) : Run<__half, __half>(p, stream);
   }
 
+  template <typename T, typename TC>
+  static std::string RunGrouped(const std::vector<GemmProblem>& ps, LaunchContext& ctx) {
+    const GemmProblem& p = ps.front();
+    if (p.transpose_a)
+      return p.transpose_b
+                 ? LaunchWgmmaGrouped<BN, CONSUMERS, K_STAGE, GROUP_M, true, true, T, TC>(ps, ctx)
+                 : LaunchWgmmaGrouped<BN, CONSUMERS, K_STAGE, GROUP_M, true, false, T, TC>(ps, ctx);
+    return p.transpose_b
+               ? LaunchWgmmaGrouped<BN, CONSUMERS, K_STAGE, GROUP_M, false, true, T, TC>(ps, ctx)
+               : LaunchWgmmaGrouped<BN, CONSUMERS, K_STAGE, GROUP_M, false, false, T, TC>(ps, ctx);
+  }
+  // The registry passes problems of one layout and type pair (the first's).
+  static std::string LaunchGrouped(const std::vector<GemmProblem>& ps, LaunchContext& ctx) {
+    const bool fp32_c = ps.front().c_type == DataType::kFp32;
+    if (ps.front().ab_type == DataType::kBf16)
+      return fp32_c ? RunGrouped<__nv_bfloat16, float>(ps, ctx)
+                    : RunGrouped<__nv_bfloat16, __nv_bfloat16>(ps, ctx);
+    return fp32_c ? RunGrouped<__half, float>(ps, ctx) : RunGrouped<__half, __half>(ps, ctx);
+  }
+
   // The tile count must fit in int (the kernel's tile index).
   static bool CanImplement(int m, int n, int k) {
     return m >= 1 && n >= 8 && k >= 8 && n % 8 == 0 && k % 8 == 0 &&
@@ -121,6 +140,25 @@ struct Wgmma {
       if (ld % 8 != 0)
         return std::string(name) + " must be a multiple of 8 (16-byte TMA row strides), got " +
                std::to_string(ld);
+    if (p.batch > 1) {
+      // The item is the tensor maps' outermost dimension: its stride obeys TMA's stride rules.
+      const BatchStrides s = StridesOf(p);
+      const int64_t c_bytes = int64_t(DataTypeBytes(p.c_type));
+      for (auto [name, stride, bytes] : {std::tuple{"stride_a", s.a, int64_t(2)},
+                                         std::tuple{"stride_b", s.b, int64_t(2)},
+                                         std::tuple{"stride_c", s.c, c_bytes}}) {
+        if (stride % 8 != 0)
+          return std::string(name) + " must be a multiple of 8 (16-byte TMA strides), got " +
+                 std::to_string(stride);
+        if (stride >= (int64_t(1) << 40) / bytes)
+          return std::string(name) + " " + std::to_string(stride) +
+                 " reaches 2^40 bytes, TMA's largest stride";
+      }
+      const long long tiles = (long long)((p.m + Cfg::BM - 1) / Cfg::BM) * ((p.n + BN - 1) / BN);
+      if (tiles * p.batch >= (1ll << 31))
+        return "batch " + std::to_string(p.batch) + " × " + std::to_string(tiles) +
+               " tiles reaches 2^31 (the kernel's tile index)";
+    }
     return "";
   }
 
@@ -133,7 +171,8 @@ struct Wgmma {
                        /*min_sm=*/90,
                        &CanImplement,
                        Vec16Constraints(/*fp16_only=*/false) +
-                           "; m % 8 == 0 if transpose_a; lda, ldb, ldc % 8 == 0; sm_90",
+                           "; m % 8 == 0 if transpose_a; lda, ldb, ldc % 8 == 0; batch strides "
+                           "% 8 == 0; sm_90",
                        VariantKind::kKernel,
                        /*is_fallback=*/false,
                        /*swizzle_stride=*/0,
@@ -145,7 +184,9 @@ struct Wgmma {
                        kAllLayouts,
                        kAllTypes,
                        /*strided=*/true,
-                       &CheckLayout};
+                       &CheckLayout,
+                       /*batched=*/true,
+                       &LaunchGrouped};
   }
 };
 

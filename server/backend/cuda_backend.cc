@@ -5,6 +5,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <climits>
 #include <cstring>
 #include <functional>
 #include <thread>
@@ -486,7 +487,12 @@ absl::Status CudaBackend::RunOnSlot(int slot_index, const GemmJob& job, GemmRepo
                                  : slot.device_buffer + a_space + b_space + c_space + t_space;
 
   const Accumulation acc = job.accumulation;
-  // What every problem of the job shares (the items below set their matrices and sizes).
+  if (shape.batch > INT_MAX) {  // GemmProblem's int (validation allows up to 2^40 elements)
+    return status::InvalidArgument(
+        "batch", fmt::format("the CUDA backend takes up to {} GEMMs per batch, got {}", INT_MAX,
+                             shape.batch));
+  }
+  // What every problem of the job shares (a group's items below set their matrices and sizes).
   const k::GemmProblem problem{.a = d_a,
                                .b = d_b,
                                .c = scaled ? d_t : d_c,
@@ -494,27 +500,39 @@ absl::Status CudaBackend::RunOnSlot(int slot_index, const GemmJob& job, GemmRepo
                                .transpose_a = job.transpose_a,
                                .transpose_b = job.transpose_b,
                                .ab_type = KernelType(shape.ab_type),
-                               .c_type = scaled ? k::DataType::kFp32 : KernelType(shape.c_type)};
-  // A batch or a group: one launch per problem, each at its matrices' offsets (T's with
-  // alpha/beta).
+                               .c_type = scaled ? k::DataType::kFp32 : KernelType(shape.c_type),
+                               .batch = int(shape.batch)};  // packed items (strides 0)
+  // A batch is one problem: the registry checks its items (item 1 is the least aligned) and runs
+  // it as one launch where the kernel takes batches (the wgmma family), else one per item. A
+  // group: one problem per item at its matrices' offsets (T's with alpha/beta).
   const size_t c_element_bytes =
       scaled ? sizeof(float) : size_t(ElementBytes(shape.c_type));
   std::vector<k::GemmProblem> items;
   std::vector<int64_t> item_flops;
-  size_t a_offset = 0, b_offset = 0, c_offset = 0;  // bytes
-  for (const ProblemDims& p : shape.Problems()) {
+  if (shape.Grouped()) {
+    size_t a_offset = 0, b_offset = 0, c_offset = 0;  // bytes
+    for (const ProblemDims& p : shape.Problems()) {
+      k::GemmProblem item = problem;
+      item.a = d_a + a_offset;
+      item.b = d_b + b_offset;
+      item.c = static_cast<char*>(problem.c) + c_offset;
+      item.m = int(p.m);
+      item.n = int(p.n);
+      item.k = int(p.k);
+      item.batch = 1;
+      items.push_back(item);
+      item_flops.push_back(2 * p.m * p.n * p.k);
+      a_offset += size_t(MatrixBytes(p.m, p.k, shape.ab_type));
+      b_offset += size_t(MatrixBytes(p.k, p.n, shape.ab_type));
+      c_offset += size_t(p.m * p.n) * c_element_bytes;
+    }
+  } else {
     k::GemmProblem item = problem;
-    item.a = d_a + a_offset;
-    item.b = d_b + b_offset;
-    item.c = static_cast<char*>(problem.c) + c_offset;
-    item.m = int(p.m);
-    item.n = int(p.n);
-    item.k = int(p.k);
+    item.m = int(shape.m);
+    item.n = int(shape.n);
+    item.k = int(shape.k);
     items.push_back(item);
-    item_flops.push_back(2 * p.m * p.n * p.k);
-    a_offset += size_t(MatrixBytes(p.m, p.k, shape.ab_type));
-    b_offset += size_t(MatrixBytes(p.k, p.n, shape.ab_type));
-    c_offset += size_t(p.m * p.n) * c_element_bytes;
+    item_flops.push_back(shape.Flops());
   }
   // The variant for `item`, chosen (ChooseAutoFor sends NN fp16 to ChooseAuto, as before) and
   // checked; `where` names a group's problem in a refusal.
@@ -539,20 +557,9 @@ absl::Status CudaBackend::RunOnSlot(int slot_index, const GemmJob& job, GemmRepo
     return absl::OkStatus();
   };
   std::vector<const k::VariantInfo*> variants(items.size());
-  if (shape.Grouped()) {  // shapes differ: a variant per problem
-    for (size_t i = 0; i < items.size(); ++i) {
-      if (absl::Status s = choose(items[i], fmt::format("group[{}]: ", i), &variants[i]); !s.ok()) {
-        return s;
-      }
-    }
-  } else {
-    // One variant for a batch, chosen and checked for item 1's pointers: the least aligned
-    // (item i's offsets are multiples of its).
-    if (absl::Status s = choose(items[std::min<size_t>(1, items.size() - 1)], "", &variants[0]);
-        !s.ok()) {
-      return s;
-    }
-    std::fill(variants.begin(), variants.end(), variants[0]);
+  for (size_t i = 0; i < items.size(); ++i) {
+    const std::string where = shape.Grouped() ? fmt::format("group[{}]: ", i) : "";
+    if (absl::Status s = choose(items[i], where, &variants[i]); !s.ok()) return s;
   }
   // What the report names: the variant of the problem with the most work.
   const k::VariantInfo* variant =
@@ -574,15 +581,23 @@ absl::Status CudaBackend::RunOnSlot(int slot_index, const GemmJob& job, GemmRepo
     }
   }
   CUDA_TRY(slot, kEvent, cudaEventRecord(slot.h2d_done, slot.stream));
-  for (size_t i = 0; i < items.size(); ++i) {
+  // A group runs as one launch (LaunchGrouped) when the variant of its largest problem takes
+  // every problem, else one launch per problem with its own variant.
+  const bool one_grouped_launch =
+      shape.Grouped() && std::all_of(items.begin(), items.end(), [&](const k::GemmProblem& item) {
+        return k::CheckProblem(*variant, item).empty();
+      });
+  for (size_t i = 0; i < (one_grouped_launch ? 1 : items.size()); ++i) {
+    const k::VariantInfo& launched = one_grouped_launch ? *variant : *variants[i];
     const cudaError_t injected = HGEMM_CUDA(kLaunch, cudaSuccess);  // cudaSuccess in release
-    if (std::string error = injected != cudaSuccess
-                                ? std::string("launch refused")
-                                : k::Launch(*variants[i], items[i], *slot.launch_context);
+    if (std::string error =
+            injected != cudaSuccess ? std::string("launch refused")
+            : one_grouped_launch    ? k::LaunchGrouped(launched, items, *slot.launch_context)
+                                    : k::Launch(launched, items[i], *slot.launch_context);
         !error.empty()) {
       cudaError_t e = injected != cudaSuccess ? injected : cudaPeekAtLastError();
       return Fail(slot, e == cudaSuccess ? cudaErrorUnknown : e,
-                  fmt::format("kernel {}: {}", variants[i]->name, error));
+                  fmt::format("kernel {}: {}", launched.name, error));
     }
   }
   if (scaled) {  // one epilogue over every problem's T: they are packed as C's are

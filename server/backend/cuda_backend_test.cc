@@ -295,13 +295,16 @@ TEST_F(CudaBackendTest, ScaledEveryKernelLayoutAndTypeMatchesFloat64) {
   EXPECT_GT(ran, 0) << "no kernel takes alpha/beta";
 }
 
-// Strided-batched: one launch per GEMM at its offsets, aligned and odd shapes (odd ones leave
-// later matrices less aligned than the first), with and without alpha/beta. Against float64.
+// Strided-batched: one launch for the batch where the kernel takes batches (the wgmma family:
+// aligned shapes, odd M included, whose last row tiles must stay inside their item), else one
+// per GEMM at its offsets (odd shapes leave later matrices less aligned than the first), with
+// and without alpha/beta. Against float64.
 TEST_F(CudaBackendTest, BatchedGemmsMatchFloat64) {
   std::mt19937_64 rng(41);
   for (auto [m, n, k, batch, beta] :
        {std::tuple{64, 128, 64, 5, 0.0f}, std::tuple{33, 17, 9, 3, 0.0f},
-        std::tuple{128, 64, 96, 4, -1.0f}, std::tuple{7, 5, 3, 6, 2.0f}}) {
+        std::tuple{128, 64, 96, 4, -1.0f}, std::tuple{7, 5, 3, 6, 2.0f},
+        std::tuple{129, 136, 40, 7, 0.0f}}) {
     for (v1::DataType c_type : {v1::DATA_TYPE_FP16, v1::DATA_TYPE_FP32}) {
       v1::GemmRequest r = FormRequest(m, n, k, false, true, v1::DATA_TYPE_FP16, c_type, rng, batch);
       r.set_beta(beta);

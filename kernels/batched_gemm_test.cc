@@ -1,0 +1,275 @@
+// Strided batches and groups (issue 29) on the GPU: every variant × layout × type pair it takes,
+// odd batch counts and odd shapes, against a float64 reference computed on the host from the
+// very inputs the kernel read. C is poisoned with NaN first, and the gaps between a batch's
+// items (strides past the packed ones) must still hold the poison afterwards: a one-launch
+// batch (the wgmma family's 3-D tensor maps) may write nothing outside its items. Skips
+// without a GPU.
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "kernels/fill.h"
+#include "kernels/registry.h"
+#include "proto/numerics/error_stats.h"
+#include "proto/numerics/fp16.h"
+
+namespace hgemm::kernels {
+namespace {
+
+#define ASSERT_CUDA(expr)                                                       \
+  do {                                                                          \
+    const cudaError_t e_ = (expr);                                              \
+    ASSERT_EQ(e_, cudaSuccess) << #expr << ": " << cudaGetErrorString(e_);      \
+  } while (0)
+
+struct Form {
+  std::string variant;
+  bool ta, tb;
+  DataType ab, c;
+  Accumulation acc;
+};
+
+struct TypeCombo {
+  DataType ab, c;
+  Accumulation acc;
+};
+const TypeCombo kTypeCombos[] = {
+    {DataType::kFp16, DataType::kFp16, Accumulation::kFp32},
+    {DataType::kFp16, DataType::kFp16, Accumulation::kFp16},
+    {DataType::kFp16, DataType::kFp32, Accumulation::kFp32},
+    {DataType::kBf16, DataType::kBf16, Accumulation::kFp32},
+    {DataType::kBf16, DataType::kFp32, Accumulation::kFp32},
+};
+
+std::vector<Form> Forms() {
+  std::vector<Form> forms;
+  for (const VariantInfo& v : Variants())
+    for (int layout = 0; layout < 4; ++layout)
+      for (const TypeCombo& t : kTypeCombos)
+        if (v.SupportsLayout(layout & 2, layout & 1) && v.SupportsTypes(t.ab, t.c) &&
+            v.Supports(t.acc))
+          forms.push_back({v.name, bool(layout & 2), bool(layout & 1), t.ab, t.c, t.acc});
+  return forms;
+}
+
+std::string FormName(const ::testing::TestParamInfo<Form>& info) {
+  const Form& f = info.param;
+  std::string types = TypesName(f.ab, f.c);
+  if (auto arrow = types.find("→"); arrow != std::string::npos) types.replace(arrow, 3, "_to_");
+  return f.variant + "_" + LayoutName(f.ta, f.tb) + "_" + types + "_" + AccumulationName(f.acc) +
+         "acc";
+}
+
+bool HaveGpu(int* cc) {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+    cudaGetLastError();
+    return false;
+  }
+  cudaDeviceProp prop{};
+  if (cudaGetDeviceProperties(&prop, 0) != cudaSuccess) return false;
+  *cc = prop.major * 10 + prop.minor;
+  return true;
+}
+
+uint64_t NextSeed() {
+  static uint64_t seed = 0xba7c4;
+  return ++seed;
+}
+
+// One GEMM shape of a batch or group, with `gap` elements between consecutive items' matrices
+// (0: packed).
+struct Shape {
+  int batch, m, n, k, gap;
+};
+
+class BatchedGemm : public ::testing::TestWithParam<Form> {
+ protected:
+  void SetUp() override {
+    if (!HaveGpu(&cc_)) GTEST_SKIP() << "no CUDA device";
+    variant_ = FindVariant(GetParam().variant);
+    ASSERT_NE(variant_, nullptr);
+    if (variant_->min_sm > cc_) GTEST_SKIP() << variant_->name << " needs sm_" << variant_->min_sm;
+    ASSERT_CUDA(cudaStreamCreate(&stream_));
+    ctx_ = std::make_unique<LaunchContext>(stream_);
+  }
+  void TearDown() override {
+    ctx_.reset();
+    for (void* p : buffers_) cudaFree(p);
+    if (stream_ != nullptr) cudaStreamDestroy(stream_);
+  }
+  void* Alloc(size_t bytes) {
+    void* p = nullptr;
+    EXPECT_EQ(cudaMalloc(&p, bytes), cudaSuccess);
+    buffers_.push_back(p);
+    return p;
+  }
+
+  // A problem of `s` in this form with fresh random A and B (gaps included) and C all NaN.
+  GemmProblem MakeProblem(const Shape& s) {
+    const Form& f = GetParam();
+    GemmProblem p{nullptr, nullptr, nullptr, s.m, s.n, s.k, f.acc};
+    p.transpose_a = f.ta;
+    p.transpose_b = f.tb;
+    p.ab_type = f.ab;
+    p.c_type = f.c;
+    p.batch = s.batch;
+    const int64_t a = int64_t(s.m) * s.k + s.gap, b = int64_t(s.k) * s.n + s.gap,
+                  c = int64_t(s.m) * s.n + s.gap;
+    if (s.gap > 0) {
+      p.stride_a = a;
+      p.stride_b = b;
+      p.stride_c = c;
+    }
+    const size_t ab_bytes = DataTypeBytes(f.ab);
+    p.a = Alloc(size_t(a) * s.batch * ab_bytes);
+    p.b = Alloc(size_t(b) * s.batch * ab_bytes);
+    p.c = Alloc(size_t(c) * s.batch * DataTypeBytes(f.c));
+    if (HasFailure()) return p;
+    for (auto [ptr, count] : {std::pair{p.a, size_t(a) * s.batch}, std::pair{p.b, size_t(b) * s.batch}}) {
+      void* data = const_cast<void*>(ptr);
+      EXPECT_EQ(f.ab == DataType::kBf16
+                    ? FillUniform(static_cast<__nv_bfloat16*>(data), count, NextSeed(), -1.f, 1.f,
+                                  stream_)
+                    : FillUniform(static_cast<__half*>(data), count, NextSeed(), -1.f, 1.f,
+                                  stream_),
+                cudaSuccess);
+    }
+    EXPECT_EQ(FillBits(static_cast<__half*>(p.c), size_t(c) * s.batch * DataTypeBytes(f.c) / 2,
+                       Poison(), stream_),
+              cudaSuccess);
+    return p;
+  }
+
+  // 0x7E00 is an fp16 NaN, 0x7FC0 a bf16 one and, in both halves, an fp32 one.
+  uint16_t Poison() const { return GetParam().c == DataType::kFp16 ? 0x7E00 : 0x7FC0; }
+
+  // Checks every item of `p` (run and synchronized) against float64 sums of its inputs, and
+  // that the gaps between items still hold the poison.
+  void ExpectMatchesFloat64(const GemmProblem& p) {
+    const Form& f = GetParam();
+    const BatchStrides st = StridesOf(p);
+    const size_t ab_bytes = DataTypeBytes(f.ab), c_bytes = DataTypeBytes(f.c);
+    auto to_float = [&](const void* device, int64_t count, size_t bytes, bool bf16,
+                        std::vector<float>* out) {
+      std::vector<unsigned char> raw(size_t(count) * bytes);
+      ASSERT_CUDA(cudaMemcpy(raw.data(), device, raw.size(), cudaMemcpyDeviceToHost));
+      out->resize(count);
+      if (bytes == 4)
+        std::memcpy(out->data(), raw.data(), raw.size());
+      else if (bf16)
+        Bf16ToFloat(reinterpret_cast<const uint16_t*>(raw.data()), out->data(), count);
+      else
+        HalfToFloat(reinterpret_cast<const uint16_t*>(raw.data()), out->data(), count);
+    };
+    std::vector<float> a, b, c;
+    const bool bf16 = f.ab == DataType::kBf16;
+    ASSERT_NO_FATAL_FAILURE(to_float(p.a, st.a * p.batch, ab_bytes, bf16, &a));
+    ASSERT_NO_FATAL_FAILURE(to_float(p.b, st.b * p.batch, ab_bytes, bf16, &b));
+    std::vector<unsigned char> raw_c(size_t(st.c) * p.batch * c_bytes);
+    ASSERT_CUDA(cudaMemcpy(raw_c.data(), p.c, raw_c.size(), cudaMemcpyDeviceToHost));
+    ASSERT_NO_FATAL_FAILURE(to_float(p.c, st.c * p.batch, c_bytes, f.c == DataType::kBf16, &c));
+    const int64_t lda = f.ta ? p.m : p.k, ldb = f.tb ? p.k : p.n, items = int64_t(p.m) * p.n;
+    std::vector<float> ours, reference;  // the items' C, packed
+    int64_t gap_writes = 0;
+    for (int t = 0; t < p.batch; ++t) {
+      const float* at = a.data() + t * st.a;
+      const float* bt = b.data() + t * st.b;
+      for (int i = 0; i < p.m; ++i)
+        for (int j = 0; j < p.n; ++j) {
+          double sum = 0;
+          for (int l = 0; l < p.k; ++l)
+            sum += double(f.ta ? at[l * lda + i] : at[i * lda + l]) *
+                   double(f.tb ? bt[j * ldb + l] : bt[l * ldb + j]);
+          reference.push_back(float(sum));
+          ours.push_back(c[size_t(t * st.c + int64_t(i) * p.n + j)]);
+        }
+      // The gap after item t: every byte still the poison's.
+      for (int64_t e = t * st.c + items; e < (t + 1) * st.c; ++e)
+        for (size_t byte = 0; byte < c_bytes; byte += 2) {
+          uint16_t bits;
+          std::memcpy(&bits, raw_c.data() + e * c_bytes + byte, 2);
+          gap_writes += bits != Poison();
+        }
+    }
+    EXPECT_EQ(gap_writes, 0) << "elements written between items";
+    const ErrorStats stats =
+        CompareToReference(ours.data(), reference.data(), int64_t(ours.size()));
+    const double bar = f.c == DataType::kBf16   ? kKernelToleranceBf16
+                       : f.c == DataType::kFp32 ? kKernelTolerance.fp32_acc
+                                                : kKernelTolerance.For(f.acc == Accumulation::kFp16);
+    EXPECT_EQ(stats.nan_count, 0u) << stats.ToString();
+    EXPECT_LE(stats.rel_frobenius, bar) << stats.ToString();
+    std::printf("[ batch ] %-26s %s %-9s %s %dx%dx%dx%d stride_c %lld rel_frob=%.3e\n",
+                variant_->name.c_str(), LayoutName(f.ta, f.tb), TypesName(f.ab, f.c).c_str(),
+                AccumulationName(f.acc), p.batch, p.m, p.n, p.k, (long long)st.c,
+                stats.rel_frobenius);
+  }
+
+  int cc_ = 0;
+  const VariantInfo* variant_ = nullptr;
+  cudaStream_t stream_ = nullptr;
+  std::unique_ptr<LaunchContext> ctx_;
+  std::vector<void*> buffers_;
+};
+
+// Odd batch counts; odd M (a transposed A refuses it in the wgmma family: then Launch must
+// refuse too); gaps of 8 and 64 elements between items.
+const Shape kBatches[] = {
+    {3, 72, 136, 40, 0}, {5, 129, 264, 104, 0}, {7, 33, 72, 24, 64},
+    {1, 64, 128, 64, 0}, {9, 264, 520, 136, 8}, {2, 7, 8, 8, 0},
+};
+
+TEST_P(BatchedGemm, StridedBatchMatchesFloat64) {
+  for (const Shape& s : kBatches) {
+    SCOPED_TRACE(std::to_string(s.batch) + "x" + std::to_string(s.m) + "x" + std::to_string(s.n) +
+                 "x" + std::to_string(s.k) + " gap " + std::to_string(s.gap));
+    const GemmProblem p = MakeProblem(s);
+    ASSERT_FALSE(HasFailure());
+    if (!CheckProblem(*variant_, p).empty()) {
+      EXPECT_NE(Launch(*variant_, p, *ctx_), "") << "launched a batch it refuses";
+      continue;
+    }
+    ASSERT_EQ(Launch(*variant_, p, *ctx_), "");
+    ASSERT_CUDA(cudaStreamSynchronize(stream_));
+    ASSERT_NO_FATAL_FAILURE(ExpectMatchesFloat64(p));
+  }
+}
+
+// A group of different shapes through LaunchGrouped (cublas: cublasGemmGroupedBatchedEx;
+// the kernels: a loop of launches), each problem against its float64 reference.
+TEST_P(BatchedGemm, GroupMatchesFloat64) {
+  const Shape kGroup[] = {{1, 72, 136, 40, 0},  {1, 33, 264, 104, 0}, {1, 129, 72, 24, 0},
+                          {1, 264, 520, 136, 0}, {1, 8, 8, 8, 0},      {1, 200, 64, 512, 0}};
+  std::vector<GemmProblem> problems;
+  for (const Shape& s : kGroup) {
+    problems.push_back(MakeProblem(s));
+    ASSERT_FALSE(HasFailure());
+    if (!CheckProblem(*variant_, problems.back()).empty()) {
+      EXPECT_NE(LaunchGrouped(*variant_, problems, *ctx_), "") << "launched a group it refuses";
+      problems.pop_back();
+    }
+  }
+  if (problems.size() < 2) GTEST_SKIP() << variant_->name << " takes too few of the group's shapes";
+  const std::string error = LaunchGrouped(*variant_, problems, *ctx_);
+  if (variant_->kind == VariantKind::kCublas && GetParam().acc == Accumulation::kFp16) {
+    EXPECT_NE(error.find("fp32 only"), std::string::npos) << error;
+    return;
+  }
+  ASSERT_EQ(error, "");
+  ASSERT_CUDA(cudaStreamSynchronize(stream_));
+  for (const GemmProblem& p : problems) ASSERT_NO_FATAL_FAILURE(ExpectMatchesFloat64(p));
+}
+
+const std::vector<Form> kForms = Forms();
+INSTANTIATE_TEST_SUITE_P(Batches, BatchedGemm, ::testing::ValuesIn(kForms), FormName);
+
+}  // namespace
+}  // namespace hgemm::kernels
