@@ -50,23 +50,18 @@ PartSession::~PartSession() {
 }
 
 int64_t PartSession::OnRead(v1::PartRequest& message) {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (reads_done_) return 0;  // ended meanwhile: nothing more is read
-    reading_ = true;  // the message is being acted on: the call can't finish under it
-    last_read_ = Clock::now();
-  }
-  absl::Status s;
   const int64_t received = received_;
-  try {
-    s = header_.handle().empty() ? ConsumeHeader(message) : ConsumeChunk(message);
-  } catch (...) {
-    s = status::FromCurrentException("UploadPart");
+  absl::Status s;
+  auto consume = [&] {
+    return header_.handle().empty() ? ConsumeHeader(message) : ConsumeChunk(message);
+  };
+  if (!ActOnRead(mu_, reads_, "UploadPart", consume, &s)) {
+    return 0;  // ended meanwhile: nothing more is read
   }
   std::lock_guard<std::mutex> lock(mu_);
-  reading_ = false;
+  reads_.acting = false;
   if (!s.ok()) FailLocked(s);
-  if (!reads_done_) {
+  if (!reads_.done) {
     transport_->StartRead();
   } else {
     MaybeFinishLocked();
@@ -76,7 +71,7 @@ int64_t PartSession::OnRead(v1::PartRequest& message) {
 
 void PartSession::OnReadsDone() {
   std::lock_guard<std::mutex> lock(mu_);
-  if (reads_done_) return;  // ended already (a failure, the idle timeout)
+  if (reads_.done) return;  // ended already (a failure, the idle timeout)
   if (header_.handle().empty()) {
     FailLocked(status::InvalidArgument("header", "no header was sent"));
   } else if (received_ != length_) {
@@ -84,13 +79,13 @@ void PartSession::OnReadsDone() {
         "chunk", fmt::format("the part ended after {} of the {} bytes its header announced",
                              received_, length_)));
   }
-  reads_done_ = true;
+  reads_.done = true;
   MaybeFinishLocked();
 }
 
 void PartSession::ExpireIdle(Clock::time_point cutoff) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (reads_done_ || reading_ || last_read_ >= cutoff) return;
+  if (!reads_.IdleSince(cutoff)) return;
   // The read outstanding completes after Finish, and is ignored.
   FailLocked(status::Idle(fmt::format("UploadPart: no message for {} s; the part was dropped",
                                       idle_timeout_.count())));
@@ -157,11 +152,11 @@ void PartSession::Written(const absl::Status& s) {
 
 void PartSession::FailLocked(const absl::Status& s) {
   if (error_.ok()) error_ = s;
-  reads_done_ = true;
+  reads_.done = true;
 }
 
 void PartSession::MaybeFinishLocked() {
-  if (finished_ || !reads_done_ || reading_ || writes_in_flight_ > 0) return;
+  if (finished_ || !reads_.done || reads_.acting || writes_in_flight_ > 0) return;
   finished_ = true;
   absl::Status s = error_;
   int64_t missing = 0;

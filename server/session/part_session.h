@@ -24,6 +24,7 @@
 
 #include "proto/hgemm.pb.h"
 #include "server/session/gemm_core.h"
+#include "server/session/read_state.h"
 
 namespace hgemm {
 
@@ -92,9 +93,7 @@ class PartSession {
   std::shared_ptr<ResidentBuffer> buffer_;      // guarded by mu_; while claimed
   int64_t writes_in_flight_ = 0;                // guarded by mu_
   absl::Status error_;                          // guarded by mu_; a broken rule, a failed write
-  bool reads_done_ = false;                     // guarded by mu_
-  bool reading_ = false;                        // guarded by mu_; a message is being acted on
-  Clock::time_point last_read_ = Clock::now();  // guarded by mu_
+  ReadState reads_;                             // guarded by mu_
   bool finished_ = false;                       // guarded by mu_
 };
 

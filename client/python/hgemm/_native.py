@@ -32,7 +32,8 @@ from ._resident import handle_replica
 
 LIBRARY_NAME = "libhgemm_client.so"
 ABI_VERSION = 1  # HGEMM_ABI_VERSION of the client/c/hgemm.h this module binds
-ABI_REVISION = 2  # the HGEMM_ABI_REVISION whose functions it calls (batches, transposes, types)
+ABI_REVISION = 3  # the HGEMM_ABI_REVISION whose functions it calls (batches, transposes, types,
+                  # parallel_min_bytes)
 MODE_AUTO, MODE_UNARY, MODE_STREAM = 0, 1, 2
 # HGEMM_DTYPE_* (proto DataType's values) of a Spec's dtype names.
 _DTYPES = {"fp16": pb.DATA_TYPE_FP16, "bf16": pb.DATA_TYPE_BF16, "fp32": pb.DATA_TYPE_FP32}
@@ -210,6 +211,7 @@ def _declare(lib):
                                                          ctypes.c_double)),
         "hgemm_client_create": (p, (cstr, p) + err),
         "hgemm_client_destroy": (None, (p,)),
+        "hgemm_client_parallel_min_bytes": (i64, (p,)),
         "hgemm_gemm_options_create": (p, ()),
         "hgemm_gemm_options_destroy": (None, (p,)),
         "hgemm_gemm_options_set_kernel": (None, (p, cstr)),
@@ -292,6 +294,8 @@ class NativeClient:
                 options, policy.attempts, int(policy.initial_backoff_s * 1e3),
                 int(policy.max_backoff_s * 1e3), policy.multiplier)
             self._client = self._checked(lib.hgemm_client_create, _encode(target), options)
+            # GEMMs moving this many bytes of A, B and C go as parallel parts (HGEMM_MODE_AUTO).
+            self.parallel_min_bytes = lib.hgemm_client_parallel_min_bytes(self._client)
         except NativeRpcError as e:
             raise ValueError(e.details()) from None
         finally:
