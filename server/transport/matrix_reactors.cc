@@ -118,7 +118,8 @@ class UploadPartReactor final : public grpc::ServerReadReactor<v1::PartRequest>,
 };
 
 // DownloadMatrix: the device copy (of the whole matrix, or of the range asked for) runs on an
-// upload thread, then the chunks go out one by one.
+// upload thread, straight into chunk-sized host buffers that then become the chunks' data in
+// turn (swapped into the message, not copied), one write at a time.
 class DownloadMatrixReactor final : public grpc::ServerWriteReactor<v1::ResultChunk> {
  public:
   DownloadMatrixReactor(const CallServices& services, grpc::CallbackServerContext* context,
@@ -151,11 +152,14 @@ class DownloadMatrixReactor final : public grpc::ServerWriteReactor<v1::ResultCh
     core.uploads().Post([this, &core, buffer = m.buffer] {
       absl::Status read;
       try {
-        data_ = buffers_.Take(end_ - first_);
-        read = first_ == 0 && end_ == buffer->bytes
-                   ? core.backend().ReadResident(*buffer, data_.data())
-                   : core.backend().ReadResidentRange(*buffer, first_, end_ - first_,
-                                                       data_.data());
+        for (int64_t at = first_; at < end_ && read.ok(); at += chunk_bytes_) {
+          const int64_t size = std::min(chunk_bytes_, end_ - at);
+          pieces_.push_back(buffers_.Take(size));
+          read = size == buffer->bytes
+                     ? core.backend().ReadResident(*buffer, pieces_.back().data())
+                     : core.backend().ReadResidentRange(*buffer, at, size,
+                                                        pieces_.back().data());
+        }
       } catch (...) {
         read = status::FromCurrentException("DownloadMatrix");
       }
@@ -170,7 +174,8 @@ class DownloadMatrixReactor final : public grpc::ServerWriteReactor<v1::ResultCh
   }
 
   void OnDone() override {
-    buffers_.Give(std::move(data_));
+    for (std::string& piece : pieces_) buffers_.Give(std::move(piece));
+    buffers_.Give(std::move(*chunk_.mutable_data()));
     delete this;
   }
 
@@ -180,13 +185,14 @@ class DownloadMatrixReactor final : public grpc::ServerWriteReactor<v1::ResultCh
     Finish(ToGrpcStatus(s));
   }
 
-  // Chunk offsets are the matrix's; data_ holds bytes [first_, end_).
+  // Chunk offsets are the matrix's; pieces_[i] holds the i-th chunk of [first_, end_).
   void NextWrite() {
     if (offset_ >= end_) return Answer(absl::OkStatus());
-    const int64_t size = std::min<int64_t>(chunk_bytes_, end_ - offset_);
+    std::string& piece = pieces_[size_t((offset_ - first_) / chunk_bytes_)];
+    const int64_t size = int64_t(piece.size());
     services_.log->Sent(Rpc::kDownloadMatrix, size, *context_);
     chunk_.set_offset(offset_);
-    chunk_.set_data(data_.data() + (offset_ - first_), size);
+    chunk_.mutable_data()->swap(piece);  // the sent piece goes back in its place
     chunk_.set_total_bytes(offset_ == 0 ? total_ : 0);
     offset_ += size;
     StartWrite(&chunk_);
@@ -197,7 +203,7 @@ class DownloadMatrixReactor final : public grpc::ServerWriteReactor<v1::ResultCh
   const std::string owner_;
   const int64_t chunk_bytes_;
   HostBufferPool& buffers_;
-  std::string data_;
+  std::vector<std::string> pieces_;  // from the pool: the chunks' data, read off the device
   int64_t total_ = 0;            // the matrix's bytes
   int64_t first_ = 0, end_ = 0;  // the bytes asked for
   int64_t offset_ = 0;           // the next chunk's
