@@ -49,12 +49,10 @@ PartSession::~PartSession() {
   std::lock_guard<std::mutex> lock(mu_);  // whoever called Finish has let go of mu_
 }
 
-int64_t PartSession::OnRead(v1::PartRequest& message) {
+template <typename Consume>
+int64_t PartSession::Read(Consume consume) {
   const int64_t received = received_;
   absl::Status s;
-  auto consume = [&] {
-    return header_.handle().empty() ? ConsumeHeader(message) : ConsumeChunk(message);
-  };
   if (!ActOnRead(mu_, reads_, "UploadPart", consume, &s)) {
     return 0;  // ended meanwhile: nothing more is read
   }
@@ -67,6 +65,23 @@ int64_t PartSession::OnRead(v1::PartRequest& message) {
     MaybeFinishLocked();
   }
   return received_ - received;
+}
+
+int64_t PartSession::OnRead(v1::PartRequest& message) {
+  return Read([&] {
+    if (header_.handle().empty()) return ConsumeHeader(message);
+    if (!message.has_chunk()) return status::InvalidArgument("header", "sent twice");
+    return ConsumeChunk(std::move(*message.mutable_chunk()));
+  });
+}
+
+int64_t PartSession::OnChunk(WireBytes chunk) {
+  return Read([&] {
+    if (header_.handle().empty()) {
+      return status::InvalidArgument("header", "the first message must be a header");
+    }
+    return ConsumeChunk(std::move(chunk));
+  });
 }
 
 void PartSession::OnReadsDone() {
@@ -120,9 +135,8 @@ absl::Status PartSession::ConsumeHeader(const v1::PartRequest& message) {
   return absl::OkStatus();
 }
 
-absl::Status PartSession::ConsumeChunk(v1::PartRequest& message) {
-  if (!message.has_chunk()) return status::InvalidArgument("header", "sent twice");
-  const int64_t size = int64_t(message.chunk().size());
+absl::Status PartSession::ConsumeChunk(WireBytes chunk) {
+  const int64_t size = chunk.size();
   if (size > length_ - received_) {
     return status::InvalidArgument(
         "chunk", fmt::format("more bytes than the header announced: {} + {} of a {}-byte part",
@@ -135,8 +149,7 @@ absl::Status PartSession::ConsumeChunk(v1::PartRequest& message) {
     buffer = buffer_;
     writes_in_flight_++;
   }
-  core_.uploads().Write(std::move(buffer), offset_ + received_,
-                        std::move(*message.mutable_chunk()),
+  core_.uploads().Write(std::move(buffer), offset_ + received_, std::move(chunk),
                         [this](const absl::Status& s, double) { Written(s); });
   received_ += size;
   return absl::OkStatus();

@@ -281,11 +281,11 @@ grpc::ServerUnaryReactor* GemmServiceImpl::CreateUpload(grpc::CallbackServerCont
   return reactor;
 }
 
-grpc::ServerReadReactor<v1::PartRequest>* GemmServiceImpl::UploadPart(
-    grpc::CallbackServerContext* context, v1::PartResponse* response) {
+grpc::ServerReadReactor<grpc::ByteBuffer>* GemmServiceImpl::UploadPart(
+    grpc::CallbackServerContext* context, grpc::ByteBuffer* response) {
   Principal caller;
   if (absl::Status s = Identify(Rpc::kUploadPart, context, &caller); !s.ok()) {
-    return new RefusedCall<grpc::ServerReadReactor<v1::PartRequest>>(s);
+    return new RefusedCall<grpc::ServerReadReactor<grpc::ByteBuffer>>(s);
   }
   return NewUploadPartReactor(call_services_, context, std::move(caller.name), response);
 }

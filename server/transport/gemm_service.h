@@ -52,7 +52,9 @@ struct ServiceOptions {
   RegionStoreOptions regions;
 };
 
-class GemmServiceImpl final : public v1::GemmService::CallbackService {
+// UploadPart is registered raw (ByteBuffer): its chunks skip protobuf's copy (part_chunk.h).
+class GemmServiceImpl final
+    : public v1::GemmService::WithRawCallbackMethod_UploadPart<v1::GemmService::CallbackService> {
  public:
   // `scheduler`, `backend`, `store`, `uploads`, `metrics` (null: none kept) and
   // `authenticator` (null: authentication off) must outlive the service. Every call is
@@ -103,8 +105,8 @@ class GemmServiceImpl final : public v1::GemmService::CallbackService {
   grpc::ServerUnaryReactor* CreateUpload(grpc::CallbackServerContext* context,
                                          const v1::UploadCreateRequest* request,
                                          v1::MatrixInfo* response) override;
-  grpc::ServerReadReactor<v1::PartRequest>* UploadPart(grpc::CallbackServerContext* context,
-                                                        v1::PartResponse* response) override;
+  grpc::ServerReadReactor<grpc::ByteBuffer>* UploadPart(grpc::CallbackServerContext* context,
+                                                        grpc::ByteBuffer* response) override;
 
  private:
   // Who `context`'s call is from; if nobody authenticated, the status to finish it with (the
