@@ -1,6 +1,6 @@
 // Pieces of requests that the service-level fuzz targets (service_fuzz, transport_fuzz) draw
-// alike: operand bytes, handles, GemmOptions, GemmStream headers and chunks, UploadMatrix
-// messages. Thread safety: stateless.
+// alike: operand bytes, handles, GemmOptions, unary Gemm requests, GemmStream headers and
+// chunks, UploadMatrix messages. Thread safety: stateless.
 #ifndef HGEMM_SERVER_FUZZ_FUZZ_REQUESTS_H_
 #define HGEMM_SERVER_FUZZ_FUZZ_REQUESTS_H_
 
@@ -40,6 +40,21 @@ inline void Options(FuzzedDataProvider& in, v1::GemmOptions* o) {
   static const char* kKernels[] = {"", "auto", "openblas_sgemm", "nope"};
   o->set_kernel(kKernels[in.ConsumeIntegralInRange<int>(0, 3)]);
   o->set_accumulation(v1::Accumulation(in.ConsumeIntegralInRange<int>(0, 3)));
+}
+
+// A unary Gemm: boundary dimensions, A and B mostly as bytes, else handles, options, sometimes
+// keep_c.
+inline void UnaryRequest(FuzzedDataProvider& in, const std::vector<std::string>& handles,
+                         v1::GemmRequest* r) {
+  r->set_m(Dim(in));
+  r->set_n(Dim(in));
+  r->set_k(Dim(in));
+  if (in.ConsumeIntegralInRange<int>(0, 2) == 0) r->set_a_handle(Handle(in, handles));
+  else r->set_a(OperandBytes(in, r->m(), r->k()));
+  if (in.ConsumeIntegralInRange<int>(0, 2) == 0) r->set_b_handle(Handle(in, handles));
+  else r->set_b(OperandBytes(in, r->k(), r->n()));
+  Options(in, r->mutable_options());
+  r->set_keep_c_resident(in.ConsumeIntegralInRange<int>(0, 3) == 0);
 }
 
 // A GemmStream header of `id`: boundary dimensions, sometimes handles for A and B, options,

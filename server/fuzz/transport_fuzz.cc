@@ -28,23 +28,14 @@ namespace {
 using fuzz::Check;
 using fuzz::Context;
 using fuzz::Handle;
-using fuzz::OperandBytes;
-using fuzz::Options;
 using fuzz::StreamChunk;
 using fuzz::StreamHeader;
+using fuzz::UnaryRequest;
 using fuzz::UploadMessage;
 
 void Unary(FuzzedDataProvider& in, const std::string& client, std::vector<std::string>& handles) {
   v1::GemmRequest r;
-  r.set_m(fuzz::Dim(in));
-  r.set_n(fuzz::Dim(in));
-  r.set_k(fuzz::Dim(in));
-  if (in.ConsumeIntegralInRange<int>(0, 2) == 0) r.set_a_handle(Handle(in, handles));
-  else r.set_a(OperandBytes(in, r.m(), r.k()));
-  if (in.ConsumeIntegralInRange<int>(0, 2) == 0) r.set_b_handle(Handle(in, handles));
-  else r.set_b(OperandBytes(in, r.k(), r.n()));
-  Options(in, r.mutable_options());
-  r.set_keep_c_resident(in.ConsumeIntegralInRange<int>(0, 3) == 0);
+  UnaryRequest(in, handles, &r);
   r.set_c_transient(in.ConsumeBool());
   grpc::ClientContext context;
   Context(&context, client);
