@@ -1,5 +1,7 @@
 #include "server/transport/gemm_service.h"
 
+#include <google/protobuf/descriptor.h>
+
 #include <memory>
 #include <utility>
 
@@ -26,7 +28,20 @@ GemmServiceImpl::GemmServiceImpl(Scheduler* scheduler, Backend* backend, MatrixS
       authenticator_(authenticator != nullptr ? authenticator : &no_authentication_),
       stream_options_{.stream_chunk_bytes = options_.stream_chunk_bytes,
                       .max_stream_pending_bytes = options_.max_stream_pending_bytes,
-                      .idle_timeout = options_.idle_timeout} {}
+                      .idle_timeout = options_.idle_timeout} {
+  // What the generated WithRawCallbackMethod_UploadPart does, without the class wrapper that
+  // would hide the typed UploadPart it replaces; the index is looked up, not hard-coded.
+  const int upload_part = google::protobuf::DescriptorPool::generated_pool()
+                              ->FindServiceByName(v1::GemmService::service_full_name())
+                              ->FindMethodByName("UploadPart")
+                              ->index();
+  MarkMethodRawCallback(
+      upload_part,
+      new grpc::internal::CallbackClientStreamingHandler<grpc::ByteBuffer, grpc::ByteBuffer>(
+          [this](grpc::CallbackServerContext* context, grpc::ByteBuffer* response) {
+            return UploadPartRaw(context, response);
+          }));
+}
 
 GemmServiceImpl::~GemmServiceImpl() = default;
 
@@ -281,7 +296,7 @@ grpc::ServerUnaryReactor* GemmServiceImpl::CreateUpload(grpc::CallbackServerCont
   return reactor;
 }
 
-grpc::ServerReadReactor<grpc::ByteBuffer>* GemmServiceImpl::UploadPart(
+grpc::ServerReadReactor<grpc::ByteBuffer>* GemmServiceImpl::UploadPartRaw(
     grpc::CallbackServerContext* context, grpc::ByteBuffer* response) {
   Principal caller;
   if (absl::Status s = Identify(Rpc::kUploadPart, context, &caller); !s.ok()) {

@@ -52,9 +52,7 @@ struct ServiceOptions {
   RegionStoreOptions regions;
 };
 
-// UploadPart is registered raw (ByteBuffer): its chunks skip protobuf's copy (part_chunk.h).
-class GemmServiceImpl final
-    : public v1::GemmService::WithRawCallbackMethod_UploadPart<v1::GemmService::CallbackService> {
+class GemmServiceImpl final : public v1::GemmService::CallbackService {
  public:
   // `scheduler`, `backend`, `store`, `uploads`, `metrics` (null: none kept) and
   // `authenticator` (null: authentication off) must outlive the service. Every call is
@@ -105,8 +103,10 @@ class GemmServiceImpl final
   grpc::ServerUnaryReactor* CreateUpload(grpc::CallbackServerContext* context,
                                          const v1::UploadCreateRequest* request,
                                          v1::MatrixInfo* response) override;
-  grpc::ServerReadReactor<grpc::ByteBuffer>* UploadPart(grpc::CallbackServerContext* context,
-                                                        grpc::ByteBuffer* response) override;
+  // UploadPart is registered raw (ByteBuffer in and out: its chunks skip protobuf's copy,
+  // part_chunk.h) in place of the generated typed handler, which is never called.
+  grpc::ServerReadReactor<grpc::ByteBuffer>* UploadPartRaw(grpc::CallbackServerContext* context,
+                                                           grpc::ByteBuffer* response);
 
  private:
   // Who `context`'s call is from; if nobody authenticated, the status to finish it with (the
