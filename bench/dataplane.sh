@@ -14,17 +14,17 @@
 # table: per point req/s, p50 and wire GB/s of each path, and the best raw-TCP GB/s.
 set -euo pipefail
 quick=0 bin="" certs="" backend=""
+cd "$(dirname "$0")/.."
+# shellcheck source=bench/run_lib.sh
+source bench/run_lib.sh
 while (($#)); do
+  bench_option "$@"
+  ((taken)) && { shift "$taken"; continue; }
   case $1 in
-    --quick) quick=1; shift ;;
-    --bin) bin=$2; shift 2 ;;
-    --certs) certs=$2; shift 2 ;;
-    --backend) backend=$2; shift 2 ;;
     -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
     *) echo "dataplane.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
-cd "$(dirname "$0")/.."
 out=${OUT:-./out}
 mkdir -p "$out"
 if ((quick)); then
@@ -40,24 +40,14 @@ else
 fi
 modes=${MODES:-"plaintext tls"}
 
-# shellcheck source=bench/run_lib.sh
-source bench/run_lib.sh
-if [[ -z $bin && -x .gpu-serve/bin/hgemm_load ]]; then  # tools/gpu_e2e.sh's bundle
-  bin=.gpu-serve/bin
-  # shellcheck disable=SC1091
-  [[ -f .gpu-serve/env.sh ]] && source .gpu-serve/env.sh
-fi
-pick_bin_dirs "$bin"
+pick_bundle_or_bin_dirs "$bin"
 server_bin=$(find_bin hgemm_server)
 load_bin=$(find_bin hgemm_load)
 tcp_bin=$(find_bin tcp_ceiling)
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"; cleanup' EXIT INT TERM
-if [[ -z $certs ]]; then
-  certs=$work/certs
-  tools/make_test_certs.sh "$certs"
-fi
+make_certs_unless_given "$work"
 port=50181
 socket=$work/hgemm.sock
 

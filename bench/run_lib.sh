@@ -1,7 +1,22 @@
 # shellcheck shell=bash
 # Shared by the benchmark scripts that start hgemm_server and friends as processes
-# (bench/load_run.sh, bench/metrics_cost.sh, bench/tls_cost.sh). Source it from the repository
-# root after `set -euo pipefail`; messages name the sourcing script.
+# (bench/load_run.sh, bench/metrics_cost.sh, bench/tls_cost.sh, bench/dataplane.sh). Source it
+# from the repository root after `set -euo pipefail`; messages name the sourcing script.
+
+# bench_option ARGS...: takes the first word of ARGS (and its value) when it is an option every
+# measuring script has: --quick (quick=1), --bin DIR, --certs DIR, --backend NAME (into the
+# variables of those names). Sets `taken` to how many words it took, 0 for another option.
+# shellcheck disable=SC2034  # the variables are the sourcing script's
+bench_option() {
+  taken=0
+  case $1 in
+    --quick) quick=1; taken=1 ;;
+    --bin | --certs | --backend)
+      (($# >= 2)) || { echo "${0##*/}: $1 needs a value" >&2; exit 2; }
+      printf -v "${1#--}" %s "$2"
+      taken=2 ;;
+  esac
+}
 
 # pick_bin_dirs DIR: where find_bin looks. DIR if given; else the GPU bundle .gpu/bin (its
 # env.sh sourced for the libraries); else Bazel's output trees.
@@ -16,6 +31,27 @@ pick_bin_dirs() {
   else
     # bazel-bin follows the last build's configuration; look in each.
     bin_dirs=(bazel-bin bazel-out/k8-fastbuild/bin bazel-out/k8-opt/bin)
+  fi
+}
+
+# pick_bundle_or_bin_dirs DIR: pick_bin_dirs, with tools/gpu_e2e.sh's bundle (.gpu-serve/bin, its
+# env.sh sourced for the libraries) first when DIR is empty.
+pick_bundle_or_bin_dirs() {
+  local dir=$1
+  if [[ -z $dir && -x .gpu-serve/bin/hgemm_load ]]; then
+    dir=.gpu-serve/bin
+    # shellcheck disable=SC1091
+    [[ -f .gpu-serve/env.sh ]] && source .gpu-serve/env.sh
+  fi
+  pick_bin_dirs "$dir"
+}
+
+# make_certs_unless_given WORK: keeps $certs (a tools/make_test_certs.sh folder) when set, else
+# makes test certificates under WORK/certs with openssl and points $certs there.
+make_certs_unless_given() {
+  if [[ -z $certs ]]; then
+    certs=$1/certs
+    tools/make_test_certs.sh "$certs"
   fi
 }
 

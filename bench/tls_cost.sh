@@ -19,20 +19,20 @@
 set -euo pipefail
 
 quick=0 bin="" certs="" port=50171 backend="" points="" modes="plaintext tls tls+token"
+cd "$(dirname "$0")/.."
+# shellcheck source=bench/run_lib.sh
+source bench/run_lib.sh
 while (($#)); do
+  bench_option "$@"
+  ((taken)) && { shift "$taken"; continue; }
   case $1 in
-    --quick) quick=1; shift ;;
-    --bin) bin=$2; shift 2 ;;
-    --certs) certs=$2; shift 2 ;;
     --points) points=$2; shift 2 ;;
     --modes) modes=$2; shift 2 ;;
     --port) port=$2; shift 2 ;;
-    --backend) backend=$2; shift 2 ;;
     -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
     *) echo "tls_cost.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
-cd "$(dirname "$0")/.."
 out=${OUT:-./out}
 mkdir -p "$out"
 if ((quick)); then
@@ -45,14 +45,7 @@ else
   window_flags=()
 fi
 
-# shellcheck source=bench/run_lib.sh
-source bench/run_lib.sh
-if [[ -z $bin && -x .gpu-serve/bin/hgemm_load ]]; then  # tools/gpu_e2e.sh's bundle
-  bin=.gpu-serve/bin
-  # shellcheck disable=SC1091
-  [[ -f .gpu-serve/env.sh ]] && source .gpu-serve/env.sh
-fi
-pick_bin_dirs "$bin"
+pick_bundle_or_bin_dirs "$bin"
 server_bin=$(find_bin hgemm_server)
 load_bin=$(find_bin hgemm_load)
 
@@ -64,10 +57,7 @@ cleanup() {
   rm -rf "$work"
 }
 trap cleanup EXIT INT TERM
-if [[ -z $certs ]]; then
-  certs=$work/certs
-  tools/make_test_certs.sh "$certs"
-fi
+make_certs_unless_given "$work"
 token=tls-cost-token
 echo "$token" >"$work/token"
 echo "bench $(printf %s "$token" | sha256sum | cut -d' ' -f1)" >"$work/tokens"

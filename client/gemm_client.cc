@@ -558,6 +558,9 @@ grpc::Status GemmClient::RunParts(const v1::GemmRequest& request, v1::GemmRespon
     std::string handle;
   };
   std::vector<Upload> uploads;
+  // After a failure, only to free the server's memory early: the call's own status is the one
+  // to report, and an upload whose release fails (the connection that failed the call, say) is
+  // transient, so the server releases it after upload_idle_timeout unused (MatrixStore).
   auto release_uploads = [&] {
     for (const Upload& u : uploads) (void)ReleaseMatrix(u.handle, options);
   };

@@ -450,6 +450,10 @@ void hgemm_client_destroy(hgemm_client_t* client) {
   delete client;
 }
 
+int64_t hgemm_client_parallel_min_bytes(const hgemm_client_t* client) {
+  return client->defaults.parallel_min_bytes;
+}
+
 // GEMM options.
 hgemm_gemm_options_t* hgemm_gemm_options_create(void) {
   return new (std::nothrow) hgemm_gemm_options_t;

@@ -48,7 +48,7 @@ extern "C" {
 #endif
 
 #define HGEMM_ABI_VERSION 1
-#define HGEMM_ABI_REVISION 3
+#define HGEMM_ABI_REVISION 4
 
 /* gRPC status codes (grpc::StatusCode), as *code reports them. */
 enum {
@@ -211,6 +211,10 @@ HGEMM_EXPORT hgemm_client_t* hgemm_client_create(const char* target,
  * frees the client and closes its channels. REQUIRES: no blocking call of it is running, and
  * none of its done callbacks calls this. */
 HGEMM_EXPORT void hgemm_client_destroy(hgemm_client_t* client);
+/* The bytes (A, B and C) from which the client's HGEMM_MODE_AUTO GEMMs go as parallel parts
+ * (CallOptions::parallel_min_bytes), for a binding that picks unary or stream itself below it
+ * [revision 4]. */
+HGEMM_EXPORT int64_t hgemm_client_parallel_min_bytes(const hgemm_client_t* client);
 
 /* GEMM options (hgemm_gemm()). */
 

@@ -153,7 +153,7 @@ ChildProcess* HgemmC::server_ = nullptr;
 TEST(HgemmCAbi, VersionAndStatusNames) {
   EXPECT_EQ(hgemm_abi_version(), HGEMM_ABI_VERSION);
   EXPECT_EQ(hgemm_abi_revision(), HGEMM_ABI_REVISION);
-  EXPECT_GE(hgemm_abi_revision(), 2);
+  EXPECT_GE(hgemm_abi_revision(), 4);
   EXPECT_STREQ(hgemm_status_name(HGEMM_NOT_FOUND), "NOT_FOUND");
   EXPECT_STREQ(hgemm_status_name(HGEMM_UNAUTHENTICATED), "UNAUTHENTICATED");
   EXPECT_STREQ(hgemm_status_name(99), "UNKNOWN");
@@ -232,7 +232,9 @@ TEST_F(HgemmC, UnaryAndStreamedGemmsMatchTheReference) {
   EXPECT_LT(RandomGemm(67, 45, 129, HGEMM_MODE_STREAM, 2, &info),
             hgemm::kServiceTolerance.fp32_acc);
   EXPECT_EQ(info.streamed, 1);
-  // Auto: over the 3 MiB unary limit (C is 1100·1500·2 bytes) it streams.
+  // Auto: over the 3 MiB unary limit (C is 1100·1500·2 bytes), under parallel_min_bytes, it
+  // streams.
+  EXPECT_LT(2 * (1100 * 64 + 64 * 1500 + 1100 * 1500), hgemm_client_parallel_min_bytes(client_));
   EXPECT_LT(RandomGemm(1100, 1500, 64, HGEMM_MODE_AUTO, 3, &info),
             hgemm::kServiceTolerance.fp32_acc);
   EXPECT_EQ(info.streamed, 1);
@@ -243,6 +245,7 @@ TEST_F(HgemmC, UnaryAndStreamedGemmsMatchTheReference) {
 TEST_F(HgemmC, AutoSendsTheLargestGemmsAsParallelParts) {
   // A, B and C past the client's parallel_min_bytes (16 MiB; C is 3000·3000·2 bytes): parts over
   // their own connections, not the GemmStream the 3 MiB unary limit would pick.
+  EXPECT_GE(2 * (3000 * 16 + 16 * 3000 + 3000 * 3000), hgemm_client_parallel_min_bytes(client_));
   hgemm_gemm_info_t info;
   EXPECT_LT(RandomGemm(3000, 3000, 16, HGEMM_MODE_AUTO, 5, &info),
             hgemm::kServiceTolerance.fp32_acc);

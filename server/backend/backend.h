@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <absl/status/status.h>
@@ -70,6 +71,19 @@ class Backend {
   // REQUIRES: offset + bytes <= buffer.bytes.
   virtual absl::Status WriteResident(ResidentBuffer& buffer, int64_t offset, const void* host,
                                      int64_t bytes) = 0;
+  // Copies `pieces`, one after the other, to `offset` in a resident buffer (a chunk as it
+  // arrived: gRPC's receive slices); blocks until done. This default writes piece by piece
+  // (WriteResident's rules); a backend whose copies cost a call each gathers them first.
+  // REQUIRES: offset + the pieces' bytes <= buffer.bytes.
+  virtual absl::Status WriteResidentPieces(ResidentBuffer& buffer, int64_t offset,
+                                           const std::vector<std::string_view>& pieces) {
+    for (std::string_view piece : pieces) {
+      absl::Status s = WriteResident(buffer, offset, piece.data(), int64_t(piece.size()));
+      if (!s.ok()) return s;
+      offset += int64_t(piece.size());
+    }
+    return absl::OkStatus();
+  }
   // Copies the whole buffer to `host` (buffer.bytes bytes); blocks until done. Thread-safe.
   virtual absl::Status ReadResident(const ResidentBuffer& buffer, void* host) = 0;
   // Copies bytes [offset, offset + bytes) of the buffer to `host`; blocks until done.

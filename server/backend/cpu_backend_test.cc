@@ -6,6 +6,8 @@
 #include <cstring>
 #include <random>
 #include <tuple>
+#include <string>
+#include <string_view>
 #include <vector>
 
 #include "proto/numerics/error_stats.h"
@@ -162,6 +164,24 @@ TEST(CpuBackend, GroupedProblemsOverwritePoisonedCAndMatchFloat64) {
   }
   EXPECT_EQ(grouped_c, plain_c);
   EXPECT_LT(RelativeErrorOfC(r, grouped_c), kKernelTolerance.fp32_acc);
+}
+
+TEST(CpuBackend, PiecesLandOneAfterTheOther) {
+  auto backend = MakeCpuBackend({.workers = 1});
+  std::shared_ptr<ResidentBuffer> buffer;
+  ASSERT_TRUE(backend->AllocateResident(0, 64, &buffer).ok());
+  const std::string poison(64, '\x7f');
+  ASSERT_TRUE(backend->WriteResident(*buffer, 0, poison.data(), 64).ok());
+  std::mt19937_64 rng(3);
+  std::string bytes(40, '\0');
+  for (char& c : bytes) c = char(rng() | 1);  // never all zeros
+  const std::vector<std::string_view> pieces = {std::string_view(bytes).substr(0, 1),
+                                                std::string_view(bytes).substr(1, 30),
+                                                std::string_view(bytes).substr(31)};
+  ASSERT_TRUE(backend->WriteResidentPieces(*buffer, 8, pieces).ok());
+  std::string stored(64, '\0');
+  ASSERT_TRUE(backend->ReadResident(*buffer, stored.data()).ok());
+  EXPECT_EQ(stored, poison.substr(0, 8) + bytes + poison.substr(48));
 }
 
 }  // namespace

@@ -8,6 +8,8 @@
 #include <climits>
 #include <cstring>
 #include <functional>
+#include <string>
+#include <string_view>
 #include <thread>
 #include <tuple>
 #include <vector>
@@ -165,6 +167,8 @@ class CudaBackend final : public Backend {
                                 std::shared_ptr<ResidentBuffer>* buffer) override;
   absl::Status WriteResident(ResidentBuffer& buffer, int64_t offset, const void* host,
                              int64_t bytes) override;
+  absl::Status WriteResidentPieces(ResidentBuffer& buffer, int64_t offset,
+                                   const std::vector<std::string_view>& pieces) override;
   absl::Status ReadResident(const ResidentBuffer& buffer, void* host) override;
   absl::Status ReadResidentRange(const ResidentBuffer& buffer, int64_t offset, int64_t bytes,
                                  void* host) override;
@@ -309,6 +313,19 @@ absl::Status CudaBackend::WriteResident(ResidentBuffer& buffer, int64_t offset, 
                                         int64_t bytes) {
   return CopyResident(*devices_[buffer.device_index], static_cast<char*>(buffer.data) + offset,
                       host, bytes, cudaMemcpyHostToDevice);
+}
+
+absl::Status CudaBackend::WriteResidentPieces(ResidentBuffer& buffer, int64_t offset,
+                                              const std::vector<std::string_view>& pieces) {
+  if (pieces.size() == 1) {
+    return WriteResident(buffer, offset, pieces[0].data(), int64_t(pieces[0].size()));
+  }
+  // One device copy per chunk, not one per slice (each is a call and a wait). The upload
+  // thread's buffer is reused: no allocation, no page faults once it has grown to a chunk.
+  thread_local std::string gathered;
+  gathered.clear();
+  for (std::string_view piece : pieces) gathered.append(piece);
+  return WriteResident(buffer, offset, gathered.data(), int64_t(gathered.size()));
 }
 
 absl::Status CudaBackend::ReadResident(const ResidentBuffer& buffer, void* host) {

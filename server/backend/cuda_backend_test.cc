@@ -7,8 +7,11 @@
 #include <gtest/gtest.h>
 
 #include <random>
+#include <string>
+#include <string_view>
 #include <thread>
 #include <tuple>
+#include <vector>
 
 #include "proto/numerics/cpu_gemm.h"
 #include "proto/numerics/error_stats.h"
@@ -364,6 +367,32 @@ TEST_F(CudaBackendTest, GroupedGemmsMatchFloat64) {
                 ab == v1::DATA_TYPE_BF16 ? kKernelToleranceBf16 : kKernelTolerance.fp32_acc)
           << report.kernel << " " << v1::DataType_Name(ab) << " beta " << beta;
     }
+  }
+}
+
+TEST_F(CudaBackendTest, PiecesLandOneAfterTheOther) {
+  // A chunk as gRPC's slices: gathered on the upload thread, copied to the device at once.
+  std::shared_ptr<ResidentBuffer> buffer;
+  ASSERT_TRUE(backend_->AllocateResident(0, 1 << 20, &buffer).ok());
+  const std::string poison(1 << 20, '\x7f');
+  ASSERT_TRUE(backend_->WriteResident(*buffer, 0, poison.data(), buffer->bytes).ok());
+  std::mt19937_64 rng(5);
+  std::string bytes(300000, '\0');
+  for (char& c : bytes) c = char(rng() | 1);  // never all zeros
+  for (size_t slice : {size_t{300000}, size_t{8192}, size_t{1000}}) {  // one piece, and many
+    std::vector<std::string_view> pieces;
+    for (size_t at = 0; at < bytes.size(); at += slice) {
+      pieces.push_back(std::string_view(bytes).substr(at, slice));
+    }
+    const int64_t offset = 4096 + int64_t(slice);
+    ASSERT_TRUE(backend_->WriteResidentPieces(*buffer, offset, pieces).ok());
+    std::string stored(bytes.size(), '\0');
+    ASSERT_TRUE(backend_->ReadResidentRange(*buffer, offset, int64_t(bytes.size()), stored.data())
+                    .ok());
+    EXPECT_EQ(stored, bytes) << slice;
+    std::string before(4096, '\0');
+    ASSERT_TRUE(backend_->ReadResidentRange(*buffer, 0, 4096, before.data()).ok());
+    EXPECT_EQ(before, poison.substr(0, 4096));
   }
 }
 

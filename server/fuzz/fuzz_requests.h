@@ -1,5 +1,6 @@
 // Pieces of requests that the service-level fuzz targets (service_fuzz, transport_fuzz) draw
-// alike: operand bytes, handles and GemmOptions. Thread safety: stateless.
+// alike: operand bytes, handles, GemmOptions, unary Gemm requests, GemmStream headers and
+// chunks, UploadMatrix messages. Thread safety: stateless.
 #ifndef HGEMM_SERVER_FUZZ_FUZZ_REQUESTS_H_
 #define HGEMM_SERVER_FUZZ_FUZZ_REQUESTS_H_
 
@@ -39,6 +40,68 @@ inline void Options(FuzzedDataProvider& in, v1::GemmOptions* o) {
   static const char* kKernels[] = {"", "auto", "openblas_sgemm", "nope"};
   o->set_kernel(kKernels[in.ConsumeIntegralInRange<int>(0, 3)]);
   o->set_accumulation(v1::Accumulation(in.ConsumeIntegralInRange<int>(0, 3)));
+}
+
+// A unary Gemm: boundary dimensions, A and B mostly as bytes, else handles, options, sometimes
+// keep_c.
+inline void UnaryRequest(FuzzedDataProvider& in, const std::vector<std::string>& handles,
+                         v1::GemmRequest* r) {
+  r->set_m(Dim(in));
+  r->set_n(Dim(in));
+  r->set_k(Dim(in));
+  if (in.ConsumeIntegralInRange<int>(0, 2) == 0) r->set_a_handle(Handle(in, handles));
+  else r->set_a(OperandBytes(in, r->m(), r->k()));
+  if (in.ConsumeIntegralInRange<int>(0, 2) == 0) r->set_b_handle(Handle(in, handles));
+  else r->set_b(OperandBytes(in, r->k(), r->n()));
+  Options(in, r->mutable_options());
+  r->set_keep_c_resident(in.ConsumeIntegralInRange<int>(0, 3) == 0);
+}
+
+// A GemmStream header of `id`: boundary dimensions, sometimes handles for A and B, options,
+// sometimes keep_c. `next_offsets` (of A and B, indexed by v1::Operand) start again at 0.
+inline void StreamHeader(FuzzedDataProvider& in, uint64_t id,
+                         const std::vector<std::string>& handles, uint64_t (&next_offsets)[3],
+                         v1::GemmHeader* h) {
+  h->set_gemm_id(id);
+  h->set_m(Dim(in));
+  h->set_n(Dim(in));
+  h->set_k(Dim(in));
+  if (in.ConsumeIntegralInRange<int>(0, 3) == 0) h->set_a_handle(Handle(in, handles));
+  if (in.ConsumeIntegralInRange<int>(0, 3) == 0) h->set_b_handle(Handle(in, handles));
+  Options(in, h->mutable_options());
+  h->set_keep_c_resident(in.ConsumeIntegralInRange<int>(0, 3) == 0);
+  next_offsets[1] = next_offsets[2] = 0;
+}
+
+// A chunk of A or B of `id`: up to 64 KiB, mostly at the operand's next offset (advanced).
+inline void StreamChunk(FuzzedDataProvider& in, uint64_t id, uint64_t (&next_offsets)[3],
+                        v1::MatrixChunk* c) {
+  c->set_gemm_id(id);
+  const int operand = in.ConsumeIntegralInRange<int>(1, 2);
+  c->set_operand(v1::Operand(operand));
+  c->set_offset(in.ConsumeIntegralInRange<int>(0, 7) == 0 ? in.ConsumeIntegral<uint64_t>()
+                                                         : next_offsets[operand]);
+  const size_t size = in.ConsumeIntegralInRange<size_t>(1, 1 << 16);
+  c->set_data(std::string(size, '\0'));
+  next_offsets[operand] += size;
+}
+
+// An UploadMatrix message of a rows x cols matrix: mostly a header when `first`, else mostly a
+// chunk (the whole matrix, when small, or a fuzzed length).
+inline void UploadMessage(FuzzedDataProvider& in, bool first, uint32_t rows, uint32_t cols,
+                          v1::UploadMatrixRequest* m) {
+  if (first ? in.ConsumeIntegralInRange<int>(0, 7) != 0 : in.ConsumeIntegralInRange<int>(0, 7) == 0) {
+    m->mutable_header()->set_rows(rows);
+    m->mutable_header()->set_cols(cols);
+    if (in.ConsumeBool()) m->mutable_header()->set_device_id(in.ConsumeIntegralInRange<int>(-2, 1));
+    m->mutable_header()->set_label(in.ConsumeRandomLengthString(200));
+  } else {
+    const unsigned __int128 exact = Bytes(rows, cols);
+    m->set_chunk(std::string(in.ConsumeBool() && exact <= (1u << 16)
+                                 ? size_t(exact)
+                                 : in.ConsumeIntegralInRange<size_t>(0, 4096),
+                             '\0'));
+  }
 }
 
 }  // namespace hgemm::fuzz

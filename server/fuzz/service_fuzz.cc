@@ -25,8 +25,10 @@ namespace {
 
 using fuzz::Services;
 using fuzz::Handle;
-using fuzz::OperandBytes;
-using fuzz::Options;
+using fuzz::StreamChunk;
+using fuzz::StreamHeader;
+using fuzz::UnaryRequest;
+using fuzz::UploadMessage;
 
 // Mostly a deadline the call meets; sometimes one already passed.
 Clock::time_point Deadline(FuzzedDataProvider& in) {
@@ -36,15 +38,7 @@ Clock::time_point Deadline(FuzzedDataProvider& in) {
 
 void Unary(FuzzedDataProvider& in, const std::string& client, std::vector<std::string>& handles) {
   v1::GemmRequest r;
-  r.set_m(fuzz::Dim(in));
-  r.set_n(fuzz::Dim(in));
-  r.set_k(fuzz::Dim(in));
-  if (in.ConsumeIntegralInRange<int>(0, 2) == 0) r.set_a_handle(Handle(in, handles));
-  else r.set_a(OperandBytes(in, r.m(), r.k()));
-  if (in.ConsumeIntegralInRange<int>(0, 2) == 0) r.set_b_handle(Handle(in, handles));
-  else r.set_b(OperandBytes(in, r.k(), r.n()));
-  Options(in, r.mutable_options());
-  r.set_keep_c_resident(in.ConsumeIntegralInRange<int>(0, 3) == 0);
+  UnaryRequest(in, handles, &r);
   const Clock::time_point deadline = Deadline(in);
   const bool cancelled = in.ConsumeIntegralInRange<int>(0, 7) == 0;
   std::string c;
@@ -72,34 +66,17 @@ void Stream(FuzzedDataProvider& in, const std::string& client, std::vector<std::
       case 3:
       case 4:
       case 5: {
-        v1::GemmHeader* h = m.mutable_header();
-        h->set_gemm_id(id);
-        h->set_m(fuzz::Dim(in));
-        h->set_n(fuzz::Dim(in));
-        h->set_k(fuzz::Dim(in));
-        if (in.ConsumeIntegralInRange<int>(0, 3) == 0) h->set_a_handle(Handle(in, handles));
-        if (in.ConsumeIntegralInRange<int>(0, 3) == 0) h->set_b_handle(Handle(in, handles));
-        Options(in, h->mutable_options());
-        h->set_keep_c_resident(in.ConsumeIntegralInRange<int>(0, 3) == 0);
-        offsets[id][1] = offsets[id][2] = 0;
+        StreamHeader(in, id, handles, offsets[id], m.mutable_header());
         break;
       }
       default: {
-        v1::MatrixChunk* c = m.mutable_chunk();
-        c->set_gemm_id(id);
-        const int operand = in.ConsumeIntegralInRange<int>(1, 2);
-        c->set_operand(v1::Operand(operand));
-        c->set_offset(in.ConsumeIntegralInRange<int>(0, 7) == 0 ? in.ConsumeIntegral<uint64_t>()
-                                                               : offsets[id][operand]);
-        const size_t size = in.ConsumeIntegralInRange<size_t>(1, 1 << 16);
-        c->set_data(std::string(size, '\0'));
-        offsets[id][operand] += size;
+        StreamChunk(in, id, offsets[id], m.mutable_chunk());
       }
     }
-    if (!stream.Send(m)) break;
+    if (!stream.Deliver(m)) break;
   }
   stream.Close(/*cancel=*/in.ConsumeIntegralInRange<int>(0, 7) == 0);
-  stream.WaitFinished().IgnoreError();  // checked in Finish
+  stream.Outcome().IgnoreError();  // checked in Finish
   for (const fuzz::FuzzStream::Done& done : stream.answers()) {
     if (!done.kept_c.empty()) handles.push_back(done.kept_c);
   }
@@ -115,23 +92,12 @@ void Upload(FuzzedDataProvider& in, const std::string& client, std::vector<std::
       continue;
     }
     v1::UploadMatrixRequest m;
-    if (i == 0 ? in.ConsumeIntegralInRange<int>(0, 7) != 0 : in.ConsumeIntegralInRange<int>(0, 7) == 0) {
-      m.mutable_header()->set_rows(rows);
-      m.mutable_header()->set_cols(cols);
-      if (in.ConsumeBool()) m.mutable_header()->set_device_id(in.ConsumeIntegralInRange<int>(-2, 1));
-      m.mutable_header()->set_label(in.ConsumeRandomLengthString(200));
-    } else {
-      const unsigned __int128 exact = fuzz::Bytes(rows, cols);
-      m.set_chunk(std::string(in.ConsumeBool() && exact <= (1u << 16)
-                                  ? size_t(exact)
-                                  : in.ConsumeIntegralInRange<size_t>(0, 4096),
-                              '\0'));
-    }
-    if (!upload.Send(m)) break;
+    UploadMessage(in, i == 0, rows, cols, &m);
+    if (!upload.Deliver(m)) break;
   }
   upload.Close(/*cancel=*/in.ConsumeIntegralInRange<int>(0, 7) == 0);
   ResidentMatrix matrix;
-  if (upload.WaitFinished(&matrix).ok()) handles.push_back(matrix.handle);
+  if (upload.Outcome(&matrix).ok()) handles.push_back(matrix.handle);
 }
 
 void Others(FuzzedDataProvider& in, const std::string& client, std::vector<std::string>& handles) {

@@ -7,8 +7,8 @@
 // what the session layer costs, so a campaign gets to its depth.
 //
 // Like gRPC, the fake transports answer each Start* later, never from inside it: the fuzzing
-// thread delivers a message only while a read is outstanding and completes each write in
-// Pump. Besides "no crash", they check the StreamTransport / UploadTransport contract (one
+// thread delivers a message only while a read is outstanding (FakeReadCall) and completes each
+// write while it waits. Besides "no crash", they check the StreamTransport / UploadTransport contract (one
 // read and one write at a time, nothing after Finish, Finish once), that every call ends
 // within kCallDeadline, that C arrives in order and whole, and that no status shows a wrapped
 // number.
@@ -27,6 +27,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "proto/hgemm.pb.h"
@@ -36,6 +37,7 @@
 #include "server/session/stream_session.h"
 #include "server/session/upload_session.h"
 #include "server/session/validation.h"
+#include "server/testing/fake_read_call.h"
 #include "server/transport/convert.h"
 
 namespace hgemm::fuzz {
@@ -129,9 +131,13 @@ inline absl::Status RunGemm(const std::string& owner, const v1::GemmRequest& req
   return answer->status;
 }
 
+inline void ContractBroken(const std::string& what) { Fail(what.c_str(), ""); }
+
 // One GemmStream call: a StreamSession over this transport. The caller sends messages, then
-// closes its side or cancels; WaitFinished() pumps the call to its end.
-class FuzzStream final : public StreamTransport {
+// closes its side or cancels; Outcome() pumps the call to its end, completing each write on
+// the fuzzing thread.
+class FuzzStream final
+    : public FakeReadCall<StreamTransport, StreamSession, v1::GemmStreamRequest> {
  public:
   struct Done {
     uint64_t gemm_id;
@@ -140,72 +146,33 @@ class FuzzStream final : public StreamTransport {
   };
 
   FuzzStream(const std::string& owner, Clock::time_point deadline)
-      : session_(Services().core, Services().stream, this, owner, deadline, "") {}
+      : FakeReadCall(&ContractBroken, kCallDeadline) {
+    Open(Services().core, Services().stream, this, owner, deadline, "");
+  }
   ~FuzzStream() override {
     Close(/*cancel=*/false);
-    WaitFinished().IgnoreError();  // checked in Finish
+    WaitFinished();
   }
 
-  StreamSession& session() { return session_; }
-
-  // Delivers `message` as the outstanding read; false when the session reads no more.
-  bool Send(v1::GemmStreamRequest& message) {
-    std::unique_lock<std::mutex> lock(mu_);
-    PumpUntil(lock, [this] { return read_started_ || finished_; });
-    if (finished_) return false;  // gRPC delivers nothing after Finish
-    read_started_ = false;
-    lock.unlock();
-    session_.OnRead(message);
-    return true;
-  }
   // The client half-closes, or (`cancel`) goes away: the outstanding read completes with
   // ok = false, and so do later writes when cancelled.
   void Close(bool cancel) {
     if (cancel) cancelled_ = true;
-    std::unique_lock<std::mutex> lock(mu_);
-    PumpUntil(lock, [this] { return read_started_ || finished_; });
-    CompleteReadLocked(lock);
+    CloseReads();
   }
   // Pumps until the session finishes the call; its status.
-  absl::Status WaitFinished() {
-    std::unique_lock<std::mutex> lock(mu_);
-    PumpUntil(lock, [this] { return finished_; });
-    CompleteReadLocked(lock);  // gRPC ends a read still outstanding after Finish
+  absl::Status Outcome() {
+    WaitFinished();
+    std::lock_guard<std::mutex> lock(mu_);
     return status_;
   }
   const std::vector<Done>& answers() const { return answers_; }  // REQUIRES: finished
 
  private:
-  // Completes writes as they come until `done()` (called with mu_ held).
-  template <typename Predicate>
-  void PumpUntil(std::unique_lock<std::mutex>& lock, Predicate done) {
-    const auto give_up = std::chrono::steady_clock::now() + kCallDeadline;
-    while (!done()) {
-      if (writing_) {
-        writing_ = false;
-        lock.unlock();
-        session_.OnWriteDone(!cancelled_);
-        lock.lock();
-      } else if (!changed_.wait_until(lock, give_up, [&] { return done() || writing_; })) {
-        Fail("a GemmStream call hangs", "");
-      }
-    }
-  }
-  void CompleteReadLocked(std::unique_lock<std::mutex>& lock) {
-    if (!read_started_) return;
-    read_started_ = false;
-    lock.unlock();
-    session_.OnReadsDone();
-    lock.lock();
-  }
+  bool WriteWaitingLocked() const override { return writing_; }
+  bool TakeWriteLocked() override { return std::exchange(writing_, false); }
+  void CompleteWrite() override { session().OnWriteDone(!cancelled_); }
 
-  void StartRead() override {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (read_started_ || finished_)
-      Fail("StartRead", read_started_ ? "two at once" : "after Finish");
-    read_started_ = true;
-    changed_.notify_all();
-  }
   void StartWriteChunk(uint64_t gemm_id, int64_t offset, std::string_view data) override {
     std::lock_guard<std::mutex> lock(mu_);
     StartWriteLocked();
@@ -236,110 +203,61 @@ class FuzzStream final : public StreamTransport {
   }
   void Finish(const absl::Status& status) override {
     std::lock_guard<std::mutex> lock(mu_);
-    if (finished_ || writing_) Fail("Finish", finished_ ? "twice" : "with a write outstanding");
+    if (writing_) Fail("Finish", "with a write outstanding");
     CheckMessage(status);
-    finished_ = true;
     status_ = status;
-    changed_.notify_all();
+    FinishedLocked();
   }
   bool IsCancelled() const override { return cancelled_; }
 
   std::atomic<bool> cancelled_{false};
-  std::mutex mu_;
-  std::condition_variable changed_;
-  bool read_started_ = true;  // the reactor starts the first read itself
-  bool writing_ = false;
-  bool finished_ = false;
-  absl::Status status_;
-  std::map<uint64_t, int64_t> c_bytes_;  // C received so far, per gemm_id
-  std::vector<Done> answers_;
-  StreamSession session_;  // last: it calls back into the members above
+  bool writing_ = false;  // guarded by mu_
+  absl::Status status_;   // guarded by mu_
+  std::map<uint64_t, int64_t> c_bytes_;  // guarded by mu_; C received so far, per gemm_id
+  std::vector<Done> answers_;            // guarded by mu_
 };
 
 // One UploadMatrix call: an UploadSession over this transport, driven as FuzzStream is.
-class FuzzUpload final : public UploadTransport {
+class FuzzUpload final
+    : public FakeReadCall<UploadTransport, UploadSession, v1::UploadMatrixRequest> {
  public:
-  explicit FuzzUpload(const std::string& owner)
-      : session_(Services().core, this, owner, Services().stream.idle_timeout) {}
+  explicit FuzzUpload(const std::string& owner) : FakeReadCall(&ContractBroken, kCallDeadline) {
+    Open(Services().core, this, owner, Services().stream.idle_timeout);
+  }
   ~FuzzUpload() override {
     Close(/*cancel=*/false);
-    WaitFinished().IgnoreError();  // checked in Finish
+    Outcome().IgnoreError();  // checked in Finish
   }
 
-  UploadSession& session() { return session_; }
-
-  bool Send(v1::UploadMatrixRequest& message) {
-    std::unique_lock<std::mutex> lock(mu_);
-    WaitUntil(lock, [this] { return read_started_ || finished_; });
-    if (finished_) return false;  // gRPC delivers nothing after Finish
-    read_started_ = false;
-    lock.unlock();
-    session_.OnRead(message);
-    return true;
-  }
   void Close(bool cancel) {
     if (cancel) cancelled_ = true;
-    std::unique_lock<std::mutex> lock(mu_);
-    WaitUntil(lock, [this] { return read_started_ || finished_; });
-    CompleteReadLocked(lock);
+    CloseReads();
   }
   // Waits for the call's end, then tells the session it is over (as the reactor's OnDone
   // does): the status, and the matrix registered on OK.
-  absl::Status WaitFinished(ResidentMatrix* matrix = nullptr) {
-    std::unique_lock<std::mutex> lock(mu_);
-    WaitUntil(lock, [this] { return finished_; });
-    CompleteReadLocked(lock);
-    if (!call_done_) {
-      call_done_ = true;
-      lock.unlock();
-      session_.OnCallDone(cancelled_);
-      lock.lock();
-    }
+  absl::Status Outcome(ResidentMatrix* matrix = nullptr) {
+    WaitFinished();
+    if (!std::exchange(call_done_, true)) session().OnCallDone(cancelled_);
+    std::lock_guard<std::mutex> lock(mu_);
     if (matrix != nullptr) *matrix = matrix_;
     return status_;
   }
 
  private:
-  template <typename Predicate>
-  void WaitUntil(std::unique_lock<std::mutex>& lock, Predicate done) {
-    if (!changed_.wait_for(lock, kCallDeadline, done)) Fail("an UploadMatrix call hangs", "");
-  }
-  void CompleteReadLocked(std::unique_lock<std::mutex>& lock) {
-    if (!read_started_) return;
-    read_started_ = false;
-    lock.unlock();
-    session_.OnReadsDone();
-    lock.lock();
-  }
-
-  void StartRead() override {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (read_started_ || finished_)
-      Fail("StartRead", read_started_ ? "two at once" : "after Finish");
-    read_started_ = true;
-    changed_.notify_all();
-  }
   void Finish(const absl::Status& status, const ResidentMatrix& matrix) override {
     std::lock_guard<std::mutex> lock(mu_);
-    if (finished_) Fail("Finish", "twice");
     CheckMessage(status);
     if (status.ok() && !matrix.buffer) Fail("an upload finished OK without a matrix", "");
-    finished_ = true;
     status_ = status;
     matrix_ = matrix;
-    changed_.notify_all();
+    FinishedLocked();
   }
   bool IsCancelled() const override { return cancelled_; }
 
   std::atomic<bool> cancelled_{false};
-  std::mutex mu_;
-  std::condition_variable changed_;
-  bool read_started_ = true;
-  bool finished_ = false;
-  bool call_done_ = false;
-  absl::Status status_;
-  ResidentMatrix matrix_;
-  UploadSession session_;  // last: it calls back into the members above
+  bool call_done_ = false;  // the driving thread's
+  absl::Status status_;     // guarded by mu_
+  ResidentMatrix matrix_;   // guarded by mu_
 };
 
 }  // namespace hgemm::fuzz

@@ -74,11 +74,11 @@ void Upload(FuzzedDataProvider& in) {
         m.set_chunk(std::move(chunk));
       }
     }
-    if (!upload.Send(m)) break;
+    if (!upload.Deliver(m)) break;
   }
   upload.Close(cancelled);
   ResidentMatrix matrix;
-  const absl::Status s = upload.WaitFinished(&matrix);
+  const absl::Status s = upload.Outcome(&matrix);
   MatrixStore& store = Services().store;
   if (s.ok()) {
     if (cancelled || expired) fuzz::Fail("UploadMatrix accepted a cancelled or expired upload", "");

@@ -18,19 +18,19 @@ UploadQueue::~UploadQueue() {
   for (std::thread& worker : workers_) worker.join();
 }
 
-void UploadQueue::Write(std::shared_ptr<ResidentBuffer> buffer, int64_t offset, std::string data,
+void UploadQueue::Write(std::shared_ptr<ResidentBuffer> buffer, int64_t offset, WireBytes data,
                         WriteDone done) {
   Post([this, buffer = std::move(buffer), offset, data = std::move(data),
         done = std::move(done)]() mutable {
     const auto start = Clock::now();
     absl::Status s;
     try {
-      s = backend_->WriteResident(*buffer, offset, data.data(), int64_t(data.size()));
+      s = backend_->WriteResidentPieces(*buffer, offset, data.pieces());
     } catch (...) {
       s = status::FromCurrentException("copy to the device");
     }
     const double copy_ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
-    data = std::string();  // free the chunk before the callback runs
+    data = WireBytes();  // free the chunk before the callback runs
     buffer.reset();
     done(s, copy_ms);
   });

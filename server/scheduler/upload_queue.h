@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "server/backend/backend.h"
+#include "server/core/wire_bytes.h"
 
 namespace hgemm {
 
@@ -32,9 +33,9 @@ class UploadQueue {
   UploadQueue(const UploadQueue&) = delete;
   UploadQueue& operator=(const UploadQueue&) = delete;
 
-  // Copies `data` to `offset` in `buffer`, later, then calls `done`. Never calls it inline.
-  // REQUIRES: offset + data.size() <= buffer->bytes.
-  void Write(std::shared_ptr<ResidentBuffer> buffer, int64_t offset, std::string data,
+  // Copies `data` (piece by piece) to `offset` in `buffer`, later, then calls `done`. Never
+  // calls it inline. REQUIRES: offset + data.size() <= buffer->bytes.
+  void Write(std::shared_ptr<ResidentBuffer> buffer, int64_t offset, WireBytes data,
              WriteDone done);
 
   // Runs `work` later on an upload thread, in order with the writes and work posted before it

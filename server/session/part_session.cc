@@ -49,24 +49,17 @@ PartSession::~PartSession() {
   std::lock_guard<std::mutex> lock(mu_);  // whoever called Finish has let go of mu_
 }
 
-int64_t PartSession::OnRead(v1::PartRequest& message) {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (reads_done_) return 0;  // ended meanwhile: nothing more is read
-    reading_ = true;  // the message is being acted on: the call can't finish under it
-    last_read_ = Clock::now();
-  }
-  absl::Status s;
+template <typename Consume>
+int64_t PartSession::Read(Consume consume) {
   const int64_t received = received_;
-  try {
-    s = header_.handle().empty() ? ConsumeHeader(message) : ConsumeChunk(message);
-  } catch (...) {
-    s = status::FromCurrentException("UploadPart");
+  absl::Status s;
+  if (!ActOnRead(mu_, reads_, "UploadPart", consume, &s)) {
+    return 0;  // ended meanwhile: nothing more is read
   }
   std::lock_guard<std::mutex> lock(mu_);
-  reading_ = false;
+  reads_.acting = false;
   if (!s.ok()) FailLocked(s);
-  if (!reads_done_) {
+  if (!reads_.done) {
     transport_->StartRead();
   } else {
     MaybeFinishLocked();
@@ -74,9 +67,26 @@ int64_t PartSession::OnRead(v1::PartRequest& message) {
   return received_ - received;
 }
 
+int64_t PartSession::OnRead(v1::PartRequest& message) {
+  return Read([&] {
+    if (header_.handle().empty()) return ConsumeHeader(message);
+    if (!message.has_chunk()) return status::InvalidArgument("header", "sent twice");
+    return ConsumeChunk(std::move(*message.mutable_chunk()));
+  });
+}
+
+int64_t PartSession::OnChunk(WireBytes chunk) {
+  return Read([&] {
+    if (header_.handle().empty()) {
+      return status::InvalidArgument("header", "the first message must be a header");
+    }
+    return ConsumeChunk(std::move(chunk));
+  });
+}
+
 void PartSession::OnReadsDone() {
   std::lock_guard<std::mutex> lock(mu_);
-  if (reads_done_) return;  // ended already (a failure, the idle timeout)
+  if (reads_.done) return;  // ended already (a failure, the idle timeout)
   if (header_.handle().empty()) {
     FailLocked(status::InvalidArgument("header", "no header was sent"));
   } else if (received_ != length_) {
@@ -84,13 +94,13 @@ void PartSession::OnReadsDone() {
         "chunk", fmt::format("the part ended after {} of the {} bytes its header announced",
                              received_, length_)));
   }
-  reads_done_ = true;
+  reads_.done = true;
   MaybeFinishLocked();
 }
 
 void PartSession::ExpireIdle(Clock::time_point cutoff) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (reads_done_ || reading_ || last_read_ >= cutoff) return;
+  if (!reads_.IdleSince(cutoff)) return;
   // The read outstanding completes after Finish, and is ignored.
   FailLocked(status::Idle(fmt::format("UploadPart: no message for {} s; the part was dropped",
                                       idle_timeout_.count())));
@@ -125,9 +135,8 @@ absl::Status PartSession::ConsumeHeader(const v1::PartRequest& message) {
   return absl::OkStatus();
 }
 
-absl::Status PartSession::ConsumeChunk(v1::PartRequest& message) {
-  if (!message.has_chunk()) return status::InvalidArgument("header", "sent twice");
-  const int64_t size = int64_t(message.chunk().size());
+absl::Status PartSession::ConsumeChunk(WireBytes chunk) {
+  const int64_t size = chunk.size();
   if (size > length_ - received_) {
     return status::InvalidArgument(
         "chunk", fmt::format("more bytes than the header announced: {} + {} of a {}-byte part",
@@ -140,8 +149,7 @@ absl::Status PartSession::ConsumeChunk(v1::PartRequest& message) {
     buffer = buffer_;
     writes_in_flight_++;
   }
-  core_.uploads().Write(std::move(buffer), offset_ + received_,
-                        std::move(*message.mutable_chunk()),
+  core_.uploads().Write(std::move(buffer), offset_ + received_, std::move(chunk),
                         [this](const absl::Status& s, double) { Written(s); });
   received_ += size;
   return absl::OkStatus();
@@ -157,11 +165,11 @@ void PartSession::Written(const absl::Status& s) {
 
 void PartSession::FailLocked(const absl::Status& s) {
   if (error_.ok()) error_ = s;
-  reads_done_ = true;
+  reads_.done = true;
 }
 
 void PartSession::MaybeFinishLocked() {
-  if (finished_ || !reads_done_ || reading_ || writes_in_flight_ > 0) return;
+  if (finished_ || !reads_.done || reads_.acting || writes_in_flight_ > 0) return;
   finished_ = true;
   absl::Status s = error_;
   int64_t missing = 0;

@@ -23,7 +23,9 @@
 #include <string>
 
 #include "proto/hgemm.pb.h"
+#include "server/core/wire_bytes.h"
 #include "server/session/gemm_core.h"
+#include "server/session/read_state.h"
 
 namespace hgemm {
 
@@ -65,14 +67,20 @@ class PartSession {
   // A message was read (its chunk is moved out). A broken rule ends the call once nothing is
   // in flight. Returns the part's bytes it brought.
   int64_t OnRead(v1::PartRequest& message);
+  // A message holding only a chunk was read, as OnRead, its bytes still where they arrived
+  // (the transport's fast path: no protobuf string on the way).
+  int64_t OnChunk(WireBytes chunk);
   // The client has sent everything (or went away).
   void OnReadsDone();
   // Ends the part (DEADLINE_EXCEEDED) if no message came since before `cutoff`.
   void ExpireIdle(Clock::time_point cutoff);
 
  private:
+  // Acts on one read message through `consume` (ActOnRead), then reads on or finishes.
+  template <typename Consume>
+  int64_t Read(Consume consume);
   absl::Status ConsumeHeader(const v1::PartRequest& message);
-  absl::Status ConsumeChunk(v1::PartRequest& message);
+  absl::Status ConsumeChunk(WireBytes chunk);
   void Written(const absl::Status& s);
   // Ends the reads with `s` unless an earlier error stands. REQUIRES: mu_ held.
   void FailLocked(const absl::Status& s);
@@ -92,9 +100,7 @@ class PartSession {
   std::shared_ptr<ResidentBuffer> buffer_;      // guarded by mu_; while claimed
   int64_t writes_in_flight_ = 0;                // guarded by mu_
   absl::Status error_;                          // guarded by mu_; a broken rule, a failed write
-  bool reads_done_ = false;                     // guarded by mu_
-  bool reading_ = false;                        // guarded by mu_; a message is being acted on
-  Clock::time_point last_read_ = Clock::now();  // guarded by mu_
+  ReadState reads_;                             // guarded by mu_
   bool finished_ = false;                       // guarded by mu_
 };
 

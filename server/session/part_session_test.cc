@@ -10,33 +10,22 @@
 #include <thread>
 
 #include "server/backend/cpu_backend.h"
+#include "server/testing/fake_read_call.h"
 
 namespace hgemm {
 namespace {
 
-// One UploadPart call: a session over a transport that records its reads and its finish.
-class TestPart final : public PartTransport {
+void AddFailure(const std::string& what) { ADD_FAILURE() << what; }
+
+// One UploadPart call: a session over a transport that records its finish.
+class TestPart final : public FakeReadCall<PartTransport, PartSession, v1::PartRequest> {
  public:
   TestPart(const GemmCore& core, std::string owner, std::chrono::seconds idle)
-      : session_(core, this, std::move(owner), idle) {}
-  ~TestPart() override { EXPECT_TRUE(Wait()) << "the call never finished"; }
-
-  PartSession& session() { return session_; }
-
-  // Delivers a message as the outstanding read; false when no read was started for it.
-  bool Deliver(v1::PartRequest message) {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (!read_started_) return false;
-      read_started_ = false;
-    }
-    session_.OnRead(message);
-    return true;
+      : FakeReadCall(&AddFailure, std::chrono::seconds(20)) {
+    Open(core, this, std::move(owner), idle);
   }
-  bool Wait() {
-    std::unique_lock<std::mutex> lock(mu_);
-    return changed_.wait_for(lock, std::chrono::seconds(20), [this] { return finished_; });
-  }
+  ~TestPart() override { WaitFinished(); }
+
   absl::Status status() {
     std::lock_guard<std::mutex> lock(mu_);
     return status_;
@@ -47,27 +36,15 @@ class TestPart final : public PartTransport {
   }
 
  private:
-  void StartRead() override {
-    std::lock_guard<std::mutex> lock(mu_);
-    EXPECT_FALSE(read_started_) << "two reads at once";
-    read_started_ = true;
-  }
   void Finish(const absl::Status& status, int64_t missing) override {
     std::lock_guard<std::mutex> lock(mu_);
-    EXPECT_FALSE(finished_) << "finished twice";
-    finished_ = true;
     status_ = status;
     missing_ = missing;
-    changed_.notify_all();
+    FinishedLocked();
   }
 
-  std::mutex mu_;
-  std::condition_variable changed_;
-  bool read_started_ = true;  // the transport starts the first read
-  bool finished_ = false;
   absl::Status status_;
   int64_t missing_ = -1;
-  PartSession session_;  // last: it calls back into the members above
 };
 
 v1::PartRequest Header(const std::string& handle, uint64_t offset, uint64_t length) {
@@ -124,9 +101,9 @@ class PartSessionTest : public ::testing::Test {
       for (size_t at = 0; at < bytes.size(); at += chunk) {
         if (!part->Deliver(Chunk(bytes.substr(at, chunk)))) break;
       }
-      part->session().OnReadsDone();
+      part->CloseReads();
     }
-    EXPECT_TRUE(part->Wait());
+    EXPECT_TRUE(part->WaitFinished());
     return part;
   }
 
@@ -206,7 +183,7 @@ TEST_F(PartSessionTest, APartOfWrongSizeIsRefusedAndItsRangeCanBeSentAgain) {
   ASSERT_TRUE(larger->Deliver(Chunk(RandomBytes(8))));
   ASSERT_TRUE(larger->Deliver(Chunk(RandomBytes(8))));  // 16 of 10 bytes: refused
   EXPECT_FALSE(larger->Deliver(Chunk(RandomBytes(1))));  // and no further read
-  ASSERT_TRUE(larger->Wait());
+  ASSERT_TRUE(larger->WaitFinished());
   EXPECT_EQ(larger->status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(larger->status().message().find("more bytes than the header announced"),
             std::string::npos)
@@ -215,8 +192,8 @@ TEST_F(PartSessionTest, APartOfWrongSizeIsRefusedAndItsRangeCanBeSentAgain) {
   auto shorter = std::make_unique<TestPart>(core_, "alice", std::chrono::seconds(60));
   ASSERT_TRUE(shorter->Deliver(Header(upload.handle, 0, 10)));
   ASSERT_TRUE(shorter->Deliver(Chunk(RandomBytes(4))));
-  shorter->session().OnReadsDone();
-  ASSERT_TRUE(shorter->Wait());
+  shorter->CloseReads();
+  ASSERT_TRUE(shorter->WaitFinished());
   EXPECT_EQ(shorter->status().code(), absl::StatusCode::kInvalidArgument);
   // Neither counted: the whole matrix goes in again, and none of their bytes stayed.
   auto whole = Send(upload.handle, 0, bytes);
@@ -239,7 +216,7 @@ TEST_F(PartSessionTest, BadHeadersAreRefused) {
   EXPECT_EQ(Send("", 0, RandomBytes(2))->status().code(), absl::StatusCode::kInvalidArgument);
   auto no_header = std::make_unique<TestPart>(core_, "alice", std::chrono::seconds(60));
   ASSERT_TRUE(no_header->Deliver(Chunk("xy")));
-  ASSERT_TRUE(no_header->Wait());
+  ASSERT_TRUE(no_header->WaitFinished());
   EXPECT_EQ(no_header->status().code(), absl::StatusCode::kInvalidArgument);
   v1::UploadCreateRequest request;  // a header of 0 rows
   request.mutable_header()->set_cols(3);
@@ -295,7 +272,7 @@ TEST_F(PartSessionTest, AnIdlePartIsDroppedAndGivesItsRangeBack) {
   ASSERT_TRUE(idle->Deliver(Header(upload.handle, 0, 16)));
   ASSERT_TRUE(idle->Deliver(Chunk(RandomBytes(3))));
   idle->session().ExpireIdle(Clock::now() + std::chrono::seconds(1));
-  ASSERT_TRUE(idle->Wait());
+  ASSERT_TRUE(idle->WaitFinished());
   EXPECT_EQ(idle->status().code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_EQ(Send(upload.handle, 0, RandomBytes(16))->missing(), 0);
 }

@@ -14,6 +14,7 @@
 
 #include "proto/numerics/cpu_gemm.h"
 #include "server/backend/cpu_backend.h"
+#include "server/testing/fake_read_call.h"
 #include "server/testing/test_requests.h"
 
 namespace hgemm {
@@ -39,15 +40,21 @@ struct Output {
   ResidentMatrix kept_c;   // kDone
 };
 
+void AddFailure(const std::string& what) { ADD_FAILURE() << what; }
+
 // One stream: a session over a transport that records what it is asked to write and, like
 // gRPC, completes each write later on another thread. The test plays the client: it delivers
 // messages while a read is outstanding.
-class TestStream final : public StreamTransport {
+class TestStream final
+    : public FakeReadCall<StreamTransport, StreamSession, v1::GemmStreamRequest> {
  public:
   TestStream(const GemmCore& core, const StreamOptions& options, std::string owner)
-      : session_(core, options, this, std::move(owner), Clock::time_point::max(), "") {}
+      : FakeReadCall(&AddFailure, std::chrono::seconds(60)) {
+    Open(core, options, this, std::move(owner), Clock::time_point::max(), "");
+    acker_ = std::thread([this] { AckWrites(); });
+  }
   ~TestStream() override {
-    EXPECT_TRUE(WaitFor([this] { return finished_; })) << "the call never finished";
+    WaitFinished();
     {
       std::lock_guard<std::mutex> lock(mu_);
       stopping_ = true;
@@ -56,26 +63,10 @@ class TestStream final : public StreamTransport {
     acker_.join();
   }
 
-  StreamSession& session() { return session_; }
-
-  // Delivers `message` as the outstanding read. False (and nothing delivered) when the
-  // session started no read for it: it stopped reading.
-  bool Deliver(v1::GemmStreamRequest message) {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (!read_started_) return false;
-      read_started_ = false;
-    }
-    session_.OnRead(message);
-    return true;
-  }
-  // The client closes its side: the outstanding read completes with ok = false.
-  void CloseReads() { session_.OnReadsDone(); }
-
   // The GemmDone of `gemm_id` (the first one, once written), and the C chunks before it.
   Output WaitDone(uint64_t gemm_id, std::string* c = nullptr) {
     Output done{.kind = Output::kFinish};
-    EXPECT_TRUE(WaitFor([&] {
+    EXPECT_TRUE(WaitUntil([&] {
       for (const Output& o : outputs_) {
         if (o.kind == Output::kDone && o.gemm_id == gemm_id) return done = o, true;
       }
@@ -94,13 +85,9 @@ class TestStream final : public StreamTransport {
     return done;
   }
   absl::Status WaitFinish() {
-    EXPECT_TRUE(WaitFor([this] { return finished_; })) << "the call never finished";
+    EXPECT_TRUE(WaitFinished()) << "the call never finished";
     std::lock_guard<std::mutex> lock(mu_);
     return finish_status_;
-  }
-  bool finished() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return finished_;
   }
   std::vector<Output> outputs() {
     std::lock_guard<std::mutex> lock(mu_);
@@ -108,11 +95,6 @@ class TestStream final : public StreamTransport {
   }
 
  private:
-  void StartRead() override {
-    std::lock_guard<std::mutex> lock(mu_);
-    EXPECT_FALSE(read_started_) << "two reads at once";
-    read_started_ = true;
-  }
   void StartWriteChunk(uint64_t gemm_id, int64_t offset, std::string_view data) override {
     Record({.kind = Output::kChunk, .gemm_id = gemm_id, .offset = offset, .data = std::string(data)});
   }
@@ -123,12 +105,10 @@ class TestStream final : public StreamTransport {
   }
   void Finish(const absl::Status& status) override {
     std::lock_guard<std::mutex> lock(mu_);
-    EXPECT_FALSE(finished_) << "finished twice";
     EXPECT_FALSE(writing_) << "finished with a write outstanding";
-    finished_ = true;
     finish_status_ = status;
     outputs_.push_back({.kind = Output::kFinish, .status = status});
-    changed_.notify_all();
+    FinishedLocked();
   }
   bool IsCancelled() const override { return false; }
 
@@ -149,28 +129,16 @@ class TestStream final : public StreamTransport {
       if (stopping_) return;
       writing_ = false;
       lock.unlock();
-      session_.OnWriteDone(true);
+      session().OnWriteDone(true);
       lock.lock();
     }
   }
 
-  // Waits until `done` (called with mu_ held) holds; false if it never came (the session hangs).
-  template <typename Predicate>
-  bool WaitFor(Predicate done) {
-    std::unique_lock<std::mutex> lock(mu_);
-    return changed_.wait_for(lock, std::chrono::seconds(60), done);
-  }
-
-  std::mutex mu_;
-  std::condition_variable changed_;
-  bool read_started_ = true;  // the reactor starts the first read itself
   bool writing_ = false;
-  bool finished_ = false;
   bool stopping_ = false;
   absl::Status finish_status_;
   std::vector<Output> outputs_;
-  StreamSession session_;  // after the state its callbacks touch
-  std::thread acker_{[this] { AckWrites(); }};
+  std::thread acker_;
 };
 
 // Real core services on the CPU backend, as the server composes them.

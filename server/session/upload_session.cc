@@ -50,25 +50,18 @@ UploadSession::~UploadSession() {
 }
 
 int64_t UploadSession::OnRead(v1::UploadMatrixRequest& message) {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (reads_done_) return 0;  // ended meanwhile: nothing more is read
-    reading_ = true;  // the message is being acted on: the call can't finish under it
-    last_read_ = Clock::now();
-  }
-  absl::Status s;
   const int64_t received = received_;
-  try {
-    s = header_seen_ ? ConsumeChunk(message) : ConsumeHeader(message);
-  } catch (...) {
-    s = status::FromCurrentException("UploadMatrix");
+  absl::Status s;
+  auto consume = [&] { return header_seen_ ? ConsumeChunk(message) : ConsumeHeader(message); };
+  if (!ActOnRead(mu_, reads_, "UploadMatrix", consume, &s)) {
+    return 0;  // ended meanwhile: nothing more is read
   }
   // Bytes of this message: a region's are not (see region_bytes()).
   const int64_t accepted = received_ - received - (received == 0 ? region_bytes() : 0);
   {
     std::lock_guard<std::mutex> lock(mu_);
-    reading_ = false;
-    if (s.ok() && !reads_done_) {
+    reads_.acting = false;
+    if (s.ok() && !reads_.done) {
       transport_->StartRead();
       return accepted;
     }
@@ -85,7 +78,7 @@ int64_t UploadSession::OnRead(v1::UploadMatrixRequest& message) {
 void UploadSession::OnReadsDone() {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (reads_done_) return;  // ended already (a failure, the idle timeout)
+    if (reads_.done) return;  // ended already (a failure, the idle timeout)
   }
   absl::Status s;
   if (!header_seen_) {
@@ -96,14 +89,14 @@ void UploadSession::OnReadsDone() {
   }
   if (!s.ok()) return Fail(s);
   std::lock_guard<std::mutex> lock(mu_);
-  reads_done_ = true;
+  reads_.done = true;
   MaybeFinishLocked();
 }
 
 void UploadSession::ExpireIdle(Clock::time_point cutoff) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (reads_done_ || reading_ || last_read_ >= cutoff) return;
+    if (!reads_.IdleSince(cutoff)) return;
   }
   // The read outstanding completes after Finish, and is ignored.
   Fail(status::Idle(fmt::format("UploadMatrix: no message for {} s; the upload was dropped",
@@ -196,7 +189,7 @@ void UploadSession::Settled(const absl::Status& s, std::shared_ptr<ResidentBuffe
   buffer_ = std::move(buffer);
   if (!s.ok() && error_.ok()) {
     error_ = s;
-    reads_done_ = true;  // the read outstanding completes after Finish, and is ignored
+    reads_.done = true;  // the read outstanding completes after Finish, and is ignored
   }
   MaybeFinishLocked();
 }
@@ -206,7 +199,7 @@ void UploadSession::Fail(const absl::Status& s) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (error_.ok()) error_ = s;
-    reads_done_ = true;
+    reads_.done = true;
     arriving = arriving_;
   }
   if (arriving) arriving->Drop(s);
@@ -215,7 +208,7 @@ void UploadSession::Fail(const absl::Status& s) {
 }
 
 void UploadSession::MaybeFinishLocked() {
-  if (finished_ || !reads_done_ || reading_ || (arriving_ && !settled_)) return;
+  if (finished_ || !reads_.done || reads_.acting || (arriving_ && !settled_)) return;
   finished_ = true;
   absl::Status s = error_.ok() ? settled_status_ : error_;
   // A client that cancelled won't learn the handle: registering the matrix would leak it.

@@ -22,6 +22,7 @@
 #include "proto/hgemm.pb.h"
 #include "server/session/arriving_buffer.h"
 #include "server/session/gemm_core.h"
+#include "server/session/read_state.h"
 
 namespace hgemm {
 
@@ -99,9 +100,7 @@ class UploadSession {
   absl::Status settled_status_;               // guarded by mu_
   std::shared_ptr<ResidentBuffer> buffer_;    // guarded by mu_; once settled OK
   absl::Status error_;                        // guarded by mu_; a broken rule
-  bool reads_done_ = false;                   // guarded by mu_
-  bool reading_ = false;                      // guarded by mu_; a message is being acted on
-  Clock::time_point last_read_ = Clock::now();  // guarded by mu_
+  ReadState reads_;                           // guarded by mu_
   bool finished_ = false;                     // guarded by mu_
   std::string registered_;                    // guarded by mu_; the handle once registered
 };

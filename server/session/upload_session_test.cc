@@ -9,33 +9,23 @@
 #include <string>
 
 #include "server/backend/cpu_backend.h"
+#include "server/testing/fake_read_call.h"
 
 namespace hgemm {
 namespace {
 
-// One UploadMatrix call: a session over a transport that records its reads and its finish.
-class TestUpload final : public UploadTransport {
+void AddFailure(const std::string& what) { ADD_FAILURE() << what; }
+
+// One UploadMatrix call: a session over a transport that records its finish.
+class TestUpload final
+    : public FakeReadCall<UploadTransport, UploadSession, v1::UploadMatrixRequest> {
  public:
   TestUpload(const GemmCore& core, std::string owner, std::chrono::seconds idle)
-      : session_(core, this, std::move(owner), idle) {}
-  ~TestUpload() override { EXPECT_TRUE(Wait()) << "the call never finished"; }
-
-  UploadSession& session() { return session_; }
-
-  // Delivers a message as the outstanding read; false when no read was started for it.
-  bool Deliver(v1::UploadMatrixRequest message) {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (!read_started_) return false;
-      read_started_ = false;
-    }
-    session_.OnRead(message);
-    return true;
+      : FakeReadCall(&AddFailure, std::chrono::seconds(20)) {
+    Open(core, this, std::move(owner), idle);
   }
-  bool Wait() {
-    std::unique_lock<std::mutex> lock(mu_);
-    return changed_.wait_for(lock, std::chrono::seconds(20), [this] { return finished_; });
-  }
+  ~TestUpload() override { WaitFinished(); }
+
   absl::Status status() {
     std::lock_guard<std::mutex> lock(mu_);
     return status_;
@@ -46,28 +36,16 @@ class TestUpload final : public UploadTransport {
   }
 
  private:
-  void StartRead() override {
-    std::lock_guard<std::mutex> lock(mu_);
-    EXPECT_FALSE(read_started_) << "two reads at once";
-    read_started_ = true;
-  }
   void Finish(const absl::Status& status, const ResidentMatrix& matrix) override {
     std::lock_guard<std::mutex> lock(mu_);
-    EXPECT_FALSE(finished_) << "finished twice";
-    finished_ = true;
     status_ = status;
     matrix_ = matrix;
-    changed_.notify_all();
+    FinishedLocked();
   }
   bool IsCancelled() const override { return false; }
 
-  std::mutex mu_;
-  std::condition_variable changed_;
-  bool read_started_ = true;  // the transport starts the first read
-  bool finished_ = false;
   absl::Status status_;
   ResidentMatrix matrix_;
-  UploadSession session_;  // last: it calls back into the members above
 };
 
 v1::UploadMatrixRequest Header(uint32_t rows, uint32_t cols) {
@@ -109,8 +87,8 @@ TEST_F(UploadSessionTest, RegistersTheMatrixWithEveryByte) {
   ASSERT_TRUE(upload->Deliver(Header(6, 10)));
   ASSERT_TRUE(upload->Deliver(Chunk(bytes.substr(0, 50))));
   ASSERT_TRUE(upload->Deliver(Chunk(bytes.substr(50))));
-  upload->session().OnReadsDone();
-  ASSERT_TRUE(upload->Wait());
+  upload->CloseReads();
+  ASSERT_TRUE(upload->WaitFinished());
   ASSERT_TRUE(upload->status().ok()) << upload->status();
   const ResidentMatrix m = upload->matrix();
   EXPECT_EQ(m.rows, 6u);
@@ -126,7 +104,7 @@ TEST_F(UploadSessionTest, AChunkPastTheEndIsRefusedAndNothingStaysHeld) {
   ASSERT_TRUE(upload->Deliver(Header(2, 2)));
   ASSERT_TRUE(upload->Deliver(Chunk(RandomBytes(6))));
   ASSERT_TRUE(upload->Deliver(Chunk(RandomBytes(4))));  // 10 of 8 bytes
-  ASSERT_TRUE(upload->Wait());
+  ASSERT_TRUE(upload->WaitFinished());
   EXPECT_EQ(upload->status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(upload->status().message().find("past the end"), std::string::npos);
   EXPECT_TRUE(store_.List("alice").empty());
@@ -137,8 +115,8 @@ TEST_F(UploadSessionTest, AnUploadThatEndsShortIsRefused) {
   auto upload = Open();
   ASSERT_TRUE(upload->Deliver(Header(4, 4)));
   ASSERT_TRUE(upload->Deliver(Chunk(RandomBytes(10))));
-  upload->session().OnReadsDone();
-  ASSERT_TRUE(upload->Wait());
+  upload->CloseReads();
+  ASSERT_TRUE(upload->WaitFinished());
   EXPECT_EQ(upload->status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(upload->status().message().find("10 of the matrix's 32 bytes"), std::string::npos);
   EXPECT_EQ(store_.ClientBytes("alice"), 0);
@@ -146,12 +124,12 @@ TEST_F(UploadSessionTest, AnUploadThatEndsShortIsRefused) {
 
 TEST_F(UploadSessionTest, NoHeaderAndABadHeaderAreRefused) {
   auto none = Open();
-  none->session().OnReadsDone();
-  ASSERT_TRUE(none->Wait());
+  none->CloseReads();
+  ASSERT_TRUE(none->WaitFinished());
   EXPECT_EQ(none->status().code(), absl::StatusCode::kInvalidArgument);
   auto bad = Open();
   ASSERT_TRUE(bad->Deliver(Header(0, 4)));
-  ASSERT_TRUE(bad->Wait());
+  ASSERT_TRUE(bad->WaitFinished());
   EXPECT_EQ(bad->status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(bad->status().message().find("header.rows"), std::string::npos);
 }
@@ -161,9 +139,9 @@ TEST_F(UploadSessionTest, AnIdleUploadIsDroppedAndLaterReadsAreIgnored) {
   ASSERT_TRUE(upload->Deliver(Header(4, 4)));
   ASSERT_TRUE(upload->Deliver(Chunk(RandomBytes(8))));
   upload->session().ExpireIdle(Clock::now() + std::chrono::hours(1));
-  ASSERT_TRUE(upload->Wait());
+  ASSERT_TRUE(upload->WaitFinished());
   EXPECT_EQ(upload->status().code(), absl::StatusCode::kDeadlineExceeded);
-  upload->session().OnReadsDone();  // the read outstanding completes: nothing happens
+  upload->CloseReads();  // the read outstanding completes: nothing happens
   EXPECT_EQ(store_.ClientBytes("alice"), 0);
 }
 
@@ -171,8 +149,8 @@ TEST_F(UploadSessionTest, AMatrixTheClientNeverLearnedOfIsReleased) {
   auto upload = Open();
   ASSERT_TRUE(upload->Deliver(Header(2, 2)));
   ASSERT_TRUE(upload->Deliver(Chunk(RandomBytes(8))));
-  upload->session().OnReadsDone();
-  ASSERT_TRUE(upload->Wait());
+  upload->CloseReads();
+  ASSERT_TRUE(upload->WaitFinished());
   ASSERT_TRUE(upload->status().ok());
   EXPECT_EQ(store_.List("alice").size(), 1u);
   upload->session().OnCallDone(/*cancelled=*/true);

@@ -1,5 +1,7 @@
 #include "server/transport/gemm_service.h"
 
+#include <google/protobuf/descriptor.h>
+
 #include <algorithm>
 #include <memory>
 #include <utility>
@@ -27,7 +29,20 @@ GemmServiceImpl::GemmServiceImpl(Scheduler* scheduler, Backend* backend, MatrixS
       authenticator_(authenticator != nullptr ? authenticator : &no_authentication_),
       stream_options_{.stream_chunk_bytes = options_.stream_chunk_bytes,
                       .max_stream_pending_bytes = options_.max_stream_pending_bytes,
-                      .idle_timeout = options_.idle_timeout} {}
+                      .idle_timeout = options_.idle_timeout} {
+  // What the generated WithRawCallbackMethod_UploadPart does, without the class wrapper that
+  // would hide the typed UploadPart it replaces; the index is looked up, not hard-coded.
+  const int upload_part = google::protobuf::DescriptorPool::generated_pool()
+                              ->FindServiceByName(v1::GemmService::service_full_name())
+                              ->FindMethodByName("UploadPart")
+                              ->index();
+  MarkMethodRawCallback(
+      upload_part,
+      new grpc::internal::CallbackClientStreamingHandler<grpc::ByteBuffer, grpc::ByteBuffer>(
+          [this](grpc::CallbackServerContext* context, grpc::ByteBuffer* response) {
+            return UploadPartRaw(context, response);
+          }));
+}
 
 GemmServiceImpl::~GemmServiceImpl() = default;
 
@@ -287,11 +302,11 @@ grpc::ServerUnaryReactor* GemmServiceImpl::CreateUpload(grpc::CallbackServerCont
   return reactor;
 }
 
-grpc::ServerReadReactor<v1::PartRequest>* GemmServiceImpl::UploadPart(
-    grpc::CallbackServerContext* context, v1::PartResponse* response) {
+grpc::ServerReadReactor<grpc::ByteBuffer>* GemmServiceImpl::UploadPartRaw(
+    grpc::CallbackServerContext* context, grpc::ByteBuffer* response) {
   Principal caller;
   if (absl::Status s = Identify(Rpc::kUploadPart, context, &caller); !s.ok()) {
-    return new RefusedCall<grpc::ServerReadReactor<v1::PartRequest>>(s);
+    return new RefusedCall<grpc::ServerReadReactor<grpc::ByteBuffer>>(s);
   }
   return NewUploadPartReactor(call_services_, context, std::move(caller.name), response);
 }

@@ -103,8 +103,10 @@ class GemmServiceImpl final : public v1::GemmService::CallbackService {
   grpc::ServerUnaryReactor* CreateUpload(grpc::CallbackServerContext* context,
                                          const v1::UploadCreateRequest* request,
                                          v1::MatrixInfo* response) override;
-  grpc::ServerReadReactor<v1::PartRequest>* UploadPart(grpc::CallbackServerContext* context,
-                                                        v1::PartResponse* response) override;
+  // UploadPart is registered raw (ByteBuffer in and out: its chunks skip protobuf's copy,
+  // part_chunk.h) in place of the generated typed handler, which is never called.
+  grpc::ServerReadReactor<grpc::ByteBuffer>* UploadPartRaw(grpc::CallbackServerContext* context,
+                                                           grpc::ByteBuffer* response);
 
  private:
   // Who `context`'s call is from; if nobody authenticated, the status to finish it with (the

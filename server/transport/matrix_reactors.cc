@@ -11,6 +11,7 @@
 #include "server/session/part_session.h"
 #include "server/session/upload_session.h"
 #include "server/transport/convert.h"
+#include "server/transport/part_chunk.h"
 #include "server/transport/status_util.h"
 
 namespace hgemm {
@@ -70,25 +71,27 @@ class UploadMatrixReactor final : public grpc::ServerReadReactor<v1::UploadMatri
   UploadSession session_;            // last: it calls back into the members above
 };
 
-// UploadPart: the reads and the finish its PartSession asks for, and the call's metrics.
-class UploadPartReactor final : public grpc::ServerReadReactor<v1::PartRequest>,
+// UploadPart: the reads and the finish its PartSession asks for, and the call's metrics. The
+// method is registered raw (ByteBuffer in and out) so that a chunk's bytes go from gRPC's
+// slices to the upload queue without a protobuf string (PartChunkOf); the wire is unchanged.
+class UploadPartReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer>,
                                 public TrackedCall,
                                 public PartTransport {
  public:
   UploadPartReactor(const CallServices& services, grpc::CallbackServerContext* context,
-                    std::string owner, v1::PartResponse* response)
+                    std::string owner, grpc::ByteBuffer* response)
       : services_(services),
         context_(context),
         owner_(std::move(owner)),
         response_(response),
         session_(*services.core, this, owner_, services.calls->idle_timeout()) {
-    grpc::ServerReadReactor<v1::PartRequest>::StartRead(&request_);
+    grpc::ServerReadReactor<grpc::ByteBuffer>::StartRead(&request_);
     services_.calls->Track(this);
   }
 
   void OnReadDone(bool ok) override {
     if (!ok) return session_.OnReadsDone();  // the client has sent everything (or went away)
-    services_.log->Received(Rpc::kUploadPart, session_.OnRead(request_), *context_);
+    services_.log->Received(Rpc::kUploadPart, Consume(), *context_);
   }
 
   void OnDone() override {
@@ -100,25 +103,48 @@ class UploadPartReactor final : public grpc::ServerReadReactor<v1::PartRequest>,
   void ExpireIdle(Clock::time_point cutoff) override { session_.ExpireIdle(cutoff); }
 
  private:
+  // The message read: a plain chunk as its slices, anything else parsed. A message that does
+  // not parse ends the reads, as a typed method's failed read does.
+  int64_t Consume() {
+    WireBytes chunk;
+    if (PartChunkOf(request_, &chunk)) return session_.OnChunk(std::move(chunk));
+    v1::PartRequest message;
+    if (!grpc::SerializationTraits<v1::PartRequest>::Deserialize(&request_, &message).ok()) {
+      session_.OnReadsDone();
+      return 0;
+    }
+    return session_.OnRead(message);
+  }
+
   // PartTransport (called with the session's mutex held):
-  void StartRead() override { grpc::ServerReadReactor<v1::PartRequest>::StartRead(&request_); }
+  void StartRead() override { grpc::ServerReadReactor<grpc::ByteBuffer>::StartRead(&request_); }
 
   void Finish(const absl::Status& status, int64_t missing_bytes) override {
-    if (status.ok()) response_->set_missing_bytes(missing_bytes);
-    services_.log->Answered(Rpc::kUploadPart, status, context_, owner_);
-    grpc::ServerReadReactor<v1::PartRequest>::Finish(ToGrpcStatus(status));
+    absl::Status s = status;
+    if (s.ok()) {
+      v1::PartResponse response;
+      response.set_missing_bytes(missing_bytes);
+      bool own_buffer = false;
+      if (!grpc::SerializationTraits<v1::PartResponse>::Serialize(response, response_, &own_buffer)
+               .ok()) {
+        s = absl::InternalError("UploadPart: the response did not serialize");
+      }
+    }
+    services_.log->Answered(Rpc::kUploadPart, s, context_, owner_);
+    grpc::ServerReadReactor<grpc::ByteBuffer>::Finish(ToGrpcStatus(s));
   }
 
   const CallServices& services_;
   grpc::CallbackServerContext* const context_;
   const std::string owner_;
-  v1::PartResponse* const response_;
-  v1::PartRequest request_;  // the read in flight
-  PartSession session_;      // last: it calls back into the members above
+  grpc::ByteBuffer* const response_;
+  grpc::ByteBuffer request_;  // the read in flight
+  PartSession session_;       // last: it calls back into the members above
 };
 
 // DownloadMatrix: the device copy (of the whole matrix, or of the range asked for) runs on an
-// upload thread, then the chunks go out one by one.
+// upload thread, straight into chunk-sized host buffers that then become the chunks' data in
+// turn (swapped into the message, not copied), one write at a time.
 class DownloadMatrixReactor final : public grpc::ServerWriteReactor<v1::ResultChunk> {
  public:
   DownloadMatrixReactor(const CallServices& services, grpc::CallbackServerContext* context,
@@ -151,11 +177,14 @@ class DownloadMatrixReactor final : public grpc::ServerWriteReactor<v1::ResultCh
     core.uploads().Post([this, &core, buffer = m.buffer] {
       absl::Status read;
       try {
-        data_ = buffers_.Take(end_ - first_);
-        read = first_ == 0 && end_ == buffer->bytes
-                   ? core.backend().ReadResident(*buffer, data_.data())
-                   : core.backend().ReadResidentRange(*buffer, first_, end_ - first_,
-                                                       data_.data());
+        for (int64_t at = first_; at < end_ && read.ok(); at += chunk_bytes_) {
+          const int64_t size = std::min(chunk_bytes_, end_ - at);
+          pieces_.push_back(buffers_.Take(size));
+          read = size == buffer->bytes
+                     ? core.backend().ReadResident(*buffer, pieces_.back().data())
+                     : core.backend().ReadResidentRange(*buffer, at, size,
+                                                        pieces_.back().data());
+        }
       } catch (...) {
         read = status::FromCurrentException("DownloadMatrix");
       }
@@ -170,7 +199,8 @@ class DownloadMatrixReactor final : public grpc::ServerWriteReactor<v1::ResultCh
   }
 
   void OnDone() override {
-    buffers_.Give(std::move(data_));
+    for (std::string& piece : pieces_) buffers_.Give(std::move(piece));
+    buffers_.Give(std::move(*chunk_.mutable_data()));
     delete this;
   }
 
@@ -180,13 +210,14 @@ class DownloadMatrixReactor final : public grpc::ServerWriteReactor<v1::ResultCh
     Finish(ToGrpcStatus(s));
   }
 
-  // Chunk offsets are the matrix's; data_ holds bytes [first_, end_).
+  // Chunk offsets are the matrix's; pieces_[i] holds the i-th chunk of [first_, end_).
   void NextWrite() {
     if (offset_ >= end_) return Answer(absl::OkStatus());
-    const int64_t size = std::min<int64_t>(chunk_bytes_, end_ - offset_);
+    std::string& piece = pieces_[size_t((offset_ - first_) / chunk_bytes_)];
+    const int64_t size = int64_t(piece.size());
     services_.log->Sent(Rpc::kDownloadMatrix, size, *context_);
     chunk_.set_offset(offset_);
-    chunk_.set_data(data_.data() + (offset_ - first_), size);
+    chunk_.mutable_data()->swap(piece);  // the sent piece goes back in its place
     chunk_.set_total_bytes(offset_ == 0 ? total_ : 0);
     offset_ += size;
     StartWrite(&chunk_);
@@ -197,7 +228,7 @@ class DownloadMatrixReactor final : public grpc::ServerWriteReactor<v1::ResultCh
   const std::string owner_;
   const int64_t chunk_bytes_;
   HostBufferPool& buffers_;
-  std::string data_;
+  std::vector<std::string> pieces_;  // from the pool: the chunks' data, read off the device
   int64_t total_ = 0;            // the matrix's bytes
   int64_t first_ = 0, end_ = 0;  // the bytes asked for
   int64_t offset_ = 0;           // the next chunk's
@@ -210,10 +241,9 @@ grpc::ServerReadReactor<v1::UploadMatrixRequest>* NewUploadMatrixReactor(
   return new UploadMatrixReactor(services, context, std::move(owner), response);
 }
 
-grpc::ServerReadReactor<v1::PartRequest>* NewUploadPartReactor(const CallServices& services,
-                                                               grpc::CallbackServerContext* context,
-                                                               std::string owner,
-                                                               v1::PartResponse* response) {
+grpc::ServerReadReactor<grpc::ByteBuffer>* NewUploadPartReactor(
+    const CallServices& services, grpc::CallbackServerContext* context, std::string owner,
+    grpc::ByteBuffer* response) {
   return new UploadPartReactor(services, context, std::move(owner), response);
 }
 

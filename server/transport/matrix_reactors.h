@@ -23,12 +23,12 @@ grpc::ServerReadReactor<v1::UploadMatrixRequest>* NewUploadMatrixReactor(
     const CallServices& services, grpc::CallbackServerContext* context, std::string owner,
     v1::MatrixInfo* response);
 
-// The reactor of an UploadPart call of `owner` (already identified), answering in `response`.
-// It deletes itself when the call is done. REQUIRES: `services`' pointees outlive the call.
-grpc::ServerReadReactor<v1::PartRequest>* NewUploadPartReactor(const CallServices& services,
-                                                               grpc::CallbackServerContext* context,
-                                                               std::string owner,
-                                                               v1::PartResponse* response);
+// The reactor of an UploadPart call of `owner` (already identified), raw: PartRequest messages
+// in, a serialized PartResponse in `response`. It deletes itself when the call is done.
+// REQUIRES: `services`' pointees outlive the call.
+grpc::ServerReadReactor<grpc::ByteBuffer>* NewUploadPartReactor(
+    const CallServices& services, grpc::CallbackServerContext* context, std::string owner,
+    grpc::ByteBuffer* response);
 
 // The reactor of a DownloadMatrix call of `owner` (already identified). It deletes itself when
 // the call is done. REQUIRES: `services`' pointees outlive the call.

@@ -31,10 +31,6 @@ from ._spec import GroupSpec, Spec, batched_spec, normalize_pairs, stream_reques
 from ._stream_collector import StreamCollector
 from ._transfers import DownloadBuffer, upload_messages
 
-# The native core's CallOptions::parallel_min_bytes (client/gemm_client.h): GEMMs moving this
-# many bytes of A, B and C go as parallel parts (HGEMM_MODE_AUTO).
-_PARTS_MIN_BYTES = 16 << 20
-
 
 @dataclasses.dataclass
 class Rpc:
@@ -432,7 +428,7 @@ class Calls:
         several connections) for one in auto mode as large as the core's parallel_min_bytes,
         else whether it streams."""
         if ((mode or self.config.mode) == "auto" and not spec.scaled() and spec.batch == 1
-                and spec.payload_bytes + spec.c_bytes >= _PARTS_MIN_BYTES):
+                and spec.payload_bytes + spec.c_bytes >= self.native.parallel_min_bytes):
             return None
         return self.config.streams(spec, mode)
 

@@ -35,8 +35,8 @@ from ._resident import handle_replica
 LIBRARY_NAME = "libhgemm_client.so"
 ABI_VERSION = 1  # HGEMM_ABI_VERSION of the client/c/hgemm.h this module binds
 # The HGEMM_ABI_REVISION whose functions it calls (2: batches, transposes, types; 3: typed
-# uploads, downloads, listings, keep_c, alpha/beta/C_in/batch).
-ABI_REVISION = 3
+# uploads, downloads, listings, keep_c, alpha/beta/C_in/batch; 4: parallel_min_bytes).
+ABI_REVISION = 4
 MODE_AUTO, MODE_UNARY, MODE_STREAM = 0, 1, 2
 # HGEMM_DTYPE_* (proto DataType's values) of a Spec's dtype names.
 _DTYPES = {"fp16": pb.DATA_TYPE_FP16, "bf16": pb.DATA_TYPE_BF16, "fp32": pb.DATA_TYPE_FP32}
@@ -239,6 +239,7 @@ def _declare(lib):
                                                          ctypes.c_double)),
         "hgemm_client_create": (p, (cstr, p) + err),
         "hgemm_client_destroy": (None, (p,)),
+        "hgemm_client_parallel_min_bytes": (i64, (p,)),
         "hgemm_gemm_options_create": (p, ()),
         "hgemm_gemm_options_destroy": (None, (p,)),
         "hgemm_gemm_options_set_kernel": (None, (p, cstr)),
@@ -357,6 +358,8 @@ class NativeClient:
                 int(policy.max_backoff_s * 1e3), policy.multiplier)
             self._client = self._checked(lib.hgemm_client_create, _encode(target), options)
             self._streams = weakref.WeakSet()  # open NativeStreams, cancelled by close()
+            # GEMMs moving this many bytes of A, B and C go as parallel parts (HGEMM_MODE_AUTO).
+            self.parallel_min_bytes = lib.hgemm_client_parallel_min_bytes(self._client)
         except NativeRpcError as e:
             raise ValueError(e.details()) from None
         finally:
