@@ -55,14 +55,16 @@ if [[ ${1:-} == --bundle ]]; then
     //bench:hgemm_load //bench:echo_server //bench:completion_latency //bench:hgemm_soak \
     //server/backend:cuda_fault_test //server/backend:cuda_sticky_fault_test \
     //server:device_failure_test //server:hgemm_server_fault_injection \
-    //server:memory_pressure_test //client/c:libhgemm_client.so //bench:tcp_ceiling
+    //server:memory_pressure_test //client/c:libhgemm_client.so //bench:tcp_ceiling \
+    //bench:kernel_bench //kernels:batched_gemm_test
   ../shared/tools/gpu-bundle.sh --out .gpu-serve bazel-bin/server/hgemm_server \
     bazel-bin/client/hgemm_client bazel-bin/server/backend/cuda_backend_test \
     bazel-bin/bench/hgemm_load bazel-bin/bench/echo_server bazel-bin/bench/completion_latency \
     bazel-bin/bench/hgemm_soak bazel-bin/server/backend/cuda_fault_test \
     bazel-bin/server/backend/cuda_sticky_fault_test bazel-bin/server/device_failure_test \
     bazel-bin/server/hgemm_server_fault_injection bazel-bin/server/memory_pressure_test \
-    bazel-bin/client/c/libhgemm_client.so bazel-bin/bench/tcp_ceiling
+    bazel-bin/client/c/libhgemm_client.so bazel-bin/bench/tcp_ceiling \
+    bazel-bin/bench/kernel_bench bazel-bin/kernels/batched_gemm_test
   tools/make_test_certs.sh .gpu-serve/certs  # the GPU machine may have no openssl
   mkdir -p .gpu-pack
   grep -qx "/.gpu-pack/" .git/info/exclude || echo "/.gpu-pack/" >> .git/info/exclude
