@@ -623,6 +623,7 @@ int Main(int argc, char** argv) {
                            r.median_ms, r.tflops, ratio, cublas_err, r.rel_err,
                            r.note.empty() ? "ok" : r.note.c_str(), ModeName(c.mode), shape.batch,
                            c.label.c_str(), err_ratio);
+            if (csv) std::fflush(csv);  // rows survive a run cut short by a device-call limit
           }
           char line[320];
           std::snprintf(line, sizeof line,
