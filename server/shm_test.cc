@@ -5,7 +5,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <condition_variable>
 #include <cstring>
 #include <filesystem>
 #include <future>
@@ -21,6 +20,7 @@
 #include "server/backend/cpu_backend.h"
 #include "server/server.h"
 #include "server/testing/forwarding_backend.h"
+#include "server/testing/gated_backend.h"
 #include "server/testing/memfd.h"
 #include "server/testing/test_requests.h"
 
@@ -36,38 +36,6 @@ double ErrorAgainstReference(const uint16_t* a, const uint16_t* b, const uint16_
 const uint16_t* Half(const std::string& bytes) {
   return reinterpret_cast<const uint16_t*>(bytes.data());
 }
-
-// The CPU backend, with GEMMs held before they run until Open(): a GEMM that is "running"
-// for as long as a test needs.
-class GatedBackend final : public ForwardingBackend {
- public:
-  using ForwardingBackend::ForwardingBackend;
-  void Open() {
-    std::lock_guard<std::mutex> lock(mu_);
-    open_ = true;
-    changed_.notify_all();
-  }
-  // Blocks until a GEMM waits at the gate.
-  void AwaitWaiting() {
-    std::unique_lock<std::mutex> lock(mu_);
-    changed_.wait(lock, [&] { return waiting_ > 0; });
-  }
-  absl::Status Run(int slot, const GemmJob& job, GemmReport* report) override {
-    {
-      std::unique_lock<std::mutex> lock(mu_);
-      ++waiting_;
-      changed_.notify_all();
-      changed_.wait(lock, [&] { return open_; });
-    }
-    return ForwardingBackend::Run(slot, job, report);
-  }
-
- private:
-  std::mutex mu_;
-  std::condition_variable changed_;
-  bool open_ = false;  // guarded by mu_
-  int waiting_ = 0;    // guarded by mu_
-};
 
 class ShmTest : public ::testing::Test {
  protected:
@@ -455,6 +423,98 @@ TEST_F(ShmTest, ResidentMatrixUploadedFromARegion) {
   EXPECT_EQ(s.error_code(), grpc::StatusCode::OUT_OF_RANGE);
   EXPECT_NE(s.error_message().find("header.region"), std::string::npos) << s.error_message();
   EXPECT_EQ(upload(64, "", &info, tcp_.get()).error_code(), grpc::StatusCode::PERMISSION_DENIED);
+}
+
+// The CPU backend with the pinning of a GPU backend faked: PinHostMemory succeeds (or fails with
+// `pin_error`), and Run records which operands came as pinned host memory.
+class FakePinningBackend final : public ForwardingBackend {
+ public:
+  FakePinningBackend(std::unique_ptr<Backend> inner, absl::Status pin_error)
+      : ForwardingBackend(std::move(inner)), pin_error_(std::move(pin_error)) {}
+  absl::Status PinHostMemory(void*, int64_t, std::function<void()>* unpin) override {
+    if (!pin_error_.ok()) return pin_error_;
+    std::lock_guard<std::mutex> lock(mu_);
+    ++pinned_;
+    *unpin = [this] {
+      std::lock_guard<std::mutex> lock(mu_);
+      --pinned_;
+    };
+    return absl::OkStatus();
+  }
+  absl::Status Run(int slot, const GemmJob& job, GemmReport* report) override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      last_ = job.pinned;
+    }
+    return ForwardingBackend::Run(slot, job, report);
+  }
+  GemmJob::PinnedHost last() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return last_;
+  }
+  int pinned() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return pinned_;
+  }
+
+ private:
+  const absl::Status pin_error_;
+  std::mutex mu_;
+  GemmJob::PinnedHost last_;  // guarded by mu_
+  int pinned_ = 0;            // regions pinned now; guarded by mu_
+};
+
+// A backend that pins host memory (CUDA's DMA path) gets the region operands and C as pinned
+// memory, inline ones not; ListRegions says dma; unregistering unpins. When pinning fails
+// (RLIMIT_MEMLOCK, say) the region still serves, through staging: dma false, nothing pinned.
+TEST_F(ShmTest, RegionsArePinnedForDmaOrFallBackToStaging) {
+  for (const absl::Status& pin_error :
+       {absl::OkStatus(), absl::ResourceExhaustedError("cudaHostRegister: out of memory")}) {
+    SCOPED_TRACE(pin_error.ToString());
+    auto pinning = std::make_unique<FakePinningBackend>(MakeCpuBackend({.workers = 1}), pin_error);
+    FakePinningBackend* backend = pinning.get();
+    StartServer(SharedMemoryOn(), std::move(pinning));
+    const v1::GemmRequest r = RandomRequest(kM, kN, kK, rng_);
+    TestMemfd file(r.a().size() + 2 * kM * kN);
+    Write(file, 0, r.a());
+    Write(file, r.a().size(), std::string(2 * kM * kN, '\xff'));  // C poisoned: NaN
+    v1::RegionInfo info;
+    ASSERT_TRUE(Register(file, r.a().size() + 2 * kM * kN, &info).ok());
+    EXPECT_EQ(info.dma(), pin_error.ok());
+    EXPECT_EQ(backend->pinned(), pin_error.ok() ? 1 : 0);
+    v1::GemmRequest shm = r;
+    SetRegion(shm.mutable_a_region(), info.region(), 0);
+    SetRegion(shm.mutable_c_region(), info.region(), r.a().size());
+    v1::GemmResponse response;
+    grpc::Status s = Gemm(shm, &response);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    EXPECT_LT(ErrorAgainstReference(Half(r.a()), Half(r.b()),
+                                    Half(Read(file, r.a().size(), 2 * kM * kN)), kM, kN, kK),
+              kServiceTolerance.fp32_acc);
+    const GemmJob::PinnedHost pinned = backend->last();
+    EXPECT_EQ(pinned.a, pin_error.ok());
+    EXPECT_FALSE(pinned.b);  // inline
+    EXPECT_FALSE(pinned.c_in);
+    EXPECT_EQ(pinned.c, pin_error.ok());
+
+    grpc::ClientContext context;
+    context.AddMetadata("x-client-id", "alice");
+    v1::ListRegionsResponse list;
+    ASSERT_TRUE(unix_->ListRegions(&context, {}, &list).ok());
+    ASSERT_EQ(list.regions_size(), 1);
+    EXPECT_EQ(list.regions(0).dma(), pin_error.ok());
+    ASSERT_TRUE(Unregister(info.region()).ok());
+    EXPECT_EQ(backend->pinned(), 0);
+  }
+}
+
+// The CPU backend has nothing to pin: its regions say dma false.
+TEST_F(ShmTest, CpuBackendRegionsAreNotDma) {
+  StartServer(SharedMemoryOn());
+  TestMemfd file(4096);
+  v1::RegionInfo info;
+  ASSERT_TRUE(Register(file, 4096, &info).ok());
+  EXPECT_FALSE(info.dma());
 }
 
 TEST_F(ShmTest, CRegionWithKeepCResidentIsInvalid) {

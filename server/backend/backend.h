@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -80,6 +81,17 @@ class Backend {
     if (absl::Status s = ReadResident(buffer, whole.data()); !s.ok()) return s;
     std::memcpy(host, whole.data() + offset, bytes);
     return absl::OkStatus();
+  }
+
+  // Page-locks the host memory [data, data + bytes) for direct DMA (CUDA: cudaHostRegister),
+  // so that Run copies the operands and C of a job whose GemmJob::pinned says so straight
+  // between that memory and the device, without staging. On OK, *unpin is what undoes it: to
+  // be called once, after the last Run using the memory has returned and before the memory is
+  // unmapped. UNIMPLEMENTED when the backend has nothing to gain (the CPU: its "device" is host
+  // memory); another error when it could not (e.g. RLIMIT_MEMLOCK): the memory then serves as
+  // any host memory (staged copies). Thread-safe.
+  virtual absl::Status PinHostMemory(void* data, int64_t bytes, std::function<void()>* unpin) {
+    return absl::UnimplementedError(Name() + " backend: host memory needs no pinning");
   }
 
   // False once device `device_index` (a Devices() index) has failed for good (a sticky CUDA

@@ -165,6 +165,8 @@ class CudaBackend final : public Backend {
   absl::Status ReadResidentRange(const ResidentBuffer& buffer, int64_t offset, int64_t bytes,
                                  void* host) override;
 
+  absl::Status PinHostMemory(void* data, int64_t bytes, std::function<void()>* unpin) override;
+
   bool DeviceHealthy(int device_index) const override {
     return devices_[device_index]->healthy.load();
   }
@@ -195,6 +197,9 @@ class CudaBackend final : public Backend {
   absl::Status CopyToDevice(Slot& slot, char* dst, const char* src, size_t bytes);
   absl::Status CopyToHost(Slot& slot, char* dst, const char* src, size_t bytes,
                           const std::function<void(int64_t)>& progress, double* d2h_ms);
+  // Device → pinned host memory (GemmJob::pinned.c) in one DMA, then waits for it.
+  absl::Status CopyToPinnedHost(Slot& slot, char* dst, const char* src, size_t bytes,
+                                const std::function<void(int64_t)>& progress, double* d2h_ms);
 
   const CudaBackendOptions options_;
   std::vector<std::unique_ptr<Device>> devices_;
@@ -319,6 +324,31 @@ absl::Status CudaBackend::ReadResidentRange(const ResidentBuffer& buffer, int64_
                       cudaMemcpyDeviceToHost);
 }
 
+// Portable: the pages count as pinned for every device's context, so any slot may DMA them.
+absl::Status CudaBackend::PinHostMemory(void* data, int64_t bytes, std::function<void()>* unpin) {
+  // Registration needs a current context; that of any device serves all (portable).
+  if (cudaError_t e = cudaSetDevice(devices_.front()->ordinal); e != cudaSuccess) {
+    cudaGetLastError();
+    return status::BackendFailure(fmt::format("cudaSetDevice({}): {}", devices_.front()->ordinal,
+                                              cudaGetErrorString(e)));
+  }
+  if (cudaError_t e = cudaHostRegister(data, size_t(bytes), cudaHostRegisterPortable);
+      e != cudaSuccess) {
+    cudaGetLastError();
+    const std::string message =
+        fmt::format("cudaHostRegister of {} bytes: {}", bytes, cudaGetErrorString(e));
+    return e == cudaErrorMemoryAllocation ? status::OverLimit(message)
+                                          : status::BackendFailure(message);
+  }
+  *unpin = [data] {
+    if (cudaError_t e = cudaHostUnregister(data); e != cudaSuccess) {
+      cudaGetLastError();
+      spdlog::error("cudaHostUnregister of a shared-memory region: {}", cudaGetErrorString(e));
+    }
+  };
+  return absl::OkStatus();
+}
+
 // Runs on the calling thread's own default stream (cudaStreamPerThread), so that copies from
 // several threads, and the slots' streams, do not wait for each other.
 absl::Status CudaBackend::CopyResident(Device& device, void* dst, const void* src, int64_t bytes,
@@ -404,6 +434,20 @@ absl::Status CudaBackend::CopyToHost(Slot& slot, char* dst, const char* src, siz
   CUDA_TRY(slot, kEvent, cudaEventElapsedTime(&device_ms, slot.kernel_done, slot.d2h_done));
   *d2h_ms = device_ms + Milliseconds(Clock::now() - tail_start);
   slot.staging.next += pieces;
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::CopyToPinnedHost(Slot& slot, char* dst, const char* src, size_t bytes,
+                                           const std::function<void(int64_t)>& progress,
+                                           double* d2h_ms) {
+  CUDA_TRY(slot, kCopyToHost,
+           cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, slot.stream));
+  CUDA_TRY(slot, kEvent, cudaEventRecord(slot.d2h_done, slot.stream));
+  CUDA_TRY(slot, kEvent, cudaEventSynchronize(slot.d2h_done));
+  float device_ms = 0;
+  CUDA_TRY(slot, kEvent, cudaEventElapsedTime(&device_ms, slot.kernel_done, slot.d2h_done));
+  *d2h_ms = device_ms;
+  if (progress) progress(int64_t(bytes));
   return absl::OkStatus();
 }
 
@@ -523,15 +567,21 @@ absl::Status CudaBackend::RunOnSlot(int slot_index, const GemmJob& job, GemmRepo
   }
 
   CUDA_TRY(slot, kEvent, cudaEventRecord(slot.start, slot.stream));
-  for (auto [resident, here_already, dst, host, bytes] :
-       {std::tuple{job.a_resident.get(), a_here, d_a, static_cast<const void*>(job.a), a_bytes},
-        std::tuple{job.b_resident.get(), b_here, d_b, static_cast<const void*>(job.b), b_bytes},
-        std::tuple{job.c_in_resident.get(), c_in_here, d_c_in, job.c_in, c_in_bytes}}) {
+  for (auto [resident, here_already, dst, host, bytes, pinned] :
+       {std::tuple{job.a_resident.get(), a_here, d_a, static_cast<const void*>(job.a), a_bytes,
+                   job.pinned.a},
+        std::tuple{job.b_resident.get(), b_here, d_b, static_cast<const void*>(job.b), b_bytes,
+                   job.pinned.b},
+        std::tuple{job.c_in_resident.get(), c_in_here, d_c_in, job.c_in, c_in_bytes,
+                   job.pinned.c_in}}) {
     if (here_already || bytes == 0) continue;
     if (resident != nullptr) {
       CUDA_TRY(slot, kCopyToDevice,
                cudaMemcpyPeerAsync(dst, device.ordinal, resident->data,
                                    devices_[resident->device_index]->ordinal, bytes, slot.stream));
+    } else if (pinned) {
+      CUDA_TRY(slot, kCopyToDevice,
+               cudaMemcpyAsync(dst, host, bytes, cudaMemcpyHostToDevice, slot.stream));
     } else if (absl::Status s = CopyToDevice(slot, dst, reinterpret_cast<const char*>(host), bytes);
                !s.ok()) {
       return s;
@@ -563,8 +613,12 @@ absl::Status CudaBackend::RunOnSlot(int slot_index, const GemmJob& job, GemmRepo
   if (job.keep_c) {
     CUDA_TRY(slot, kEvent, WaitForKernel(slot, double(shape.Flops())));
   } else {
-    absl::Status s = CopyToHost(slot, reinterpret_cast<char*>(job.c), d_c, c_bytes, job.c_progress,
-                                &d2h_ms);
+    absl::Status s =
+        job.pinned.c
+            ? CopyToPinnedHost(slot, reinterpret_cast<char*>(job.c), d_c, c_bytes, job.c_progress,
+                               &d2h_ms)
+            : CopyToHost(slot, reinterpret_cast<char*>(job.c), d_c, c_bytes, job.c_progress,
+                         &d2h_ms);
     if (!s.ok()) return s;
   }
   float h2d_ms = 0, kernel_ms = 0;

@@ -81,6 +81,12 @@ struct GemmJob {
   float beta = 0;
   const void* c_in = nullptr;
   std::shared_ptr<ResidentBuffer> c_in_resident;
+  // Which of a, b, c_in and c are host memory the backend pinned (Backend::PinHostMemory: a
+  // shared-memory region): it copies them by DMA straight from or to that memory, unstaged.
+  struct PinnedHost {
+    bool a = false, b = false, c_in = false, c = false;
+  };
+  PinnedHost pinned;
   // Whether C is more than op(A)·op(B): the backend must apply alpha and beta.
   bool Scaled() const { return alpha != 1 || beta != 0; }
   // Leave C on the backend: Run allocates it and returns it in GemmReport::c_resident.

@@ -8,8 +8,11 @@
 
 #include <cerrno>
 #include <cstring>
+#include <functional>
 #include <random>
 #include <utility>
+
+#include <spdlog/spdlog.h>
 
 #include "server/core/status.h"
 
@@ -70,6 +73,7 @@ RegionLease& RegionLease::operator=(RegionLease&& other) noexcept {
     mapping_ = std::move(other.mapping_);
     handle_ = std::move(other.handle_);
     data_ = std::exchange(other.data_, nullptr);
+    pinned_ = std::exchange(other.pinned_, false);
   }
   return *this;
 }
@@ -79,9 +83,11 @@ void RegionLease::Release() {
   std::exchange(store_, nullptr)->Unlease(handle_);
   mapping_.reset();
   data_ = nullptr;
+  pinned_ = false;
 }
 
-RegionStore::RegionStore(RegionStoreOptions options) : options_(std::move(options)) {}
+RegionStore::RegionStore(RegionStoreOptions options, Backend* backend)
+    : options_(std::move(options)), backend_(backend) {}
 
 RegionStore::~RegionStore() = default;
 
@@ -143,9 +149,54 @@ absl::Status RegionStore::Register(const std::string& owner, const std::string& 
     return status::InvalidArgument(
         "byte_size", fmt::format("{} bytes, but the file has {}", bytes, int64_t(st.st_size)));
   }
+  // Mapped and pinned without mu_ (pinning a large region takes a while, and GEMMs acquire
+  // leases under mu_): the quota is checked before, and again once the region is in hand.
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ExpireLocked(Clock::now());
+    if (absl::Status s = CheckQuotaLocked(owner, bytes); !s.ok()) return s;
+  }
+  void* base = mmap(nullptr, size_t(bytes), PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
+  if (base == MAP_FAILED) {
+    const int e = errno;
+    if (e == ENOMEM) return status::OverLimit(fmt::format("mapping {} bytes: {}", bytes, strerror(e)));
+    return status::FailedPrecondition(fmt::format("path {}: cannot map it: {}", status::Quote(path), strerror(e)));
+  }
+  std::function<void()> unpin;
+  absl::Status pinned = backend_ != nullptr
+                            ? backend_->PinHostMemory(base, bytes, &unpin)
+                            : absl::UnimplementedError("no backend");
+  const bool dma_failed = !pinned.ok() && pinned.code() != absl::StatusCode::kUnimplemented;
+  if (dma_failed) {
+    spdlog::warn("region of {} bytes for {}: GEMMs copy through staging, not by DMA: {}", bytes,
+                 owner, status::Message(pinned));
+  }
+  Entry entry;
+  entry.base = static_cast<uint8_t*>(base);
+  entry.mapping = std::shared_ptr<void>(base, [bytes, unpin = std::move(unpin)](void* p) {
+    if (unpin) unpin();
+    munmap(p, size_t(bytes));
+  });
   std::lock_guard<std::mutex> lock(mu_);
   const Clock::time_point now = Clock::now();
   ExpireLocked(now);
+  // A refusal unpins and unmaps the region (entry) once mu_ is released.
+  if (absl::Status s = CheckQuotaLocked(owner, bytes); !s.ok()) return s;
+  entry.info = {.handle = NewRegionHandle(),
+                .owner = owner,
+                .label = label,
+                .bytes = bytes,
+                .created = now,
+                .last_used = now,
+                .ttl = options_.ttl,
+                .dma = pinned.ok(),
+                .dma_failed = dma_failed};
+  *info = entry.info;
+  regions_.emplace(entry.info.handle, std::move(entry));
+  return absl::OkStatus();
+}
+
+absl::Status RegionStore::CheckQuotaLocked(const std::string& owner, int64_t bytes) const {
   int regions = 0;
   int64_t held = 0;
   for (const auto& [handle, entry] : regions_) {
@@ -164,24 +215,6 @@ absl::Status RegionStore::Register(const std::string& owner, const std::string& 
         "{} registered)",
         bytes, options_.max_bytes_per_owner, held));
   }
-  void* base = mmap(nullptr, size_t(bytes), PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
-  if (base == MAP_FAILED) {
-    const int e = errno;
-    if (e == ENOMEM) return status::OverLimit(fmt::format("mapping {} bytes: {}", bytes, strerror(e)));
-    return status::FailedPrecondition(fmt::format("path {}: cannot map it: {}", status::Quote(path), strerror(e)));
-  }
-  Entry entry;
-  entry.base = static_cast<uint8_t*>(base);
-  entry.mapping = std::shared_ptr<void>(base, [bytes](void* p) { munmap(p, size_t(bytes)); });
-  entry.info = {.handle = NewRegionHandle(),
-                .owner = owner,
-                .label = label,
-                .bytes = bytes,
-                .created = now,
-                .last_used = now,
-                .ttl = options_.ttl};
-  *info = entry.info;
-  regions_.emplace(entry.info.handle, std::move(entry));
   return absl::OkStatus();
 }
 
@@ -232,6 +265,7 @@ absl::Status RegionStore::Acquire(const std::string& owner, const std::string& h
   taken.mapping_ = entry.mapping;
   taken.handle_ = handle;
   taken.data_ = entry.base + offset;
+  taken.pinned_ = entry.info.dma;
   ++entry.info.leases;
   entry.info.last_used = now;
   *lease = std::move(taken);
@@ -279,6 +313,14 @@ std::vector<RegionStore::OwnerUsage> RegionStore::UsageByOwner() {
   std::vector<OwnerUsage> out;
   for (auto& [owner, usage] : by_owner) out.push_back(std::move(usage));
   return out;
+}
+
+int64_t RegionStore::StagedRegions() {
+  std::lock_guard<std::mutex> lock(mu_);
+  ExpireLocked(Clock::now());
+  int64_t staged = 0;
+  for (const auto& [handle, entry] : regions_) staged += entry.info.dma_failed ? 1 : 0;
+  return staged;
 }
 
 void RegionStore::ExpireLocked(Clock::time_point now) {

@@ -15,6 +15,12 @@
 // the regions of a client that went away without unregistering are reclaimed. Every offset
 // and size is checked in 64-bit arithmetic that cannot overflow.
 //
+// Register also pins the mapping with the backend (Backend::PinHostMemory: cudaHostRegister)
+// so that GEMMs copy between it and the device by DMA, without staging; it is unpinned when the
+// last holder of the mapping (the store or a lease) lets go, just before it is unmapped, so
+// never under a running copy. When pinning fails (e.g. RLIMIT_MEMLOCK) the region still works
+// through staged copies: the failure is logged and counted (StagedRegions).
+//
 // No gRPC: the transport says whether the call came over a Unix socket (CheckAllowed).
 // Thread safety: all methods are thread-safe. The store must outlive its leases.
 #ifndef HGEMM_SERVER_RESIDENT_REGION_STORE_H_
@@ -30,6 +36,7 @@
 #include <string>
 #include <vector>
 
+#include "server/backend/backend.h"
 #include "server/core/job.h"
 
 namespace hgemm {
@@ -53,6 +60,10 @@ struct RegionInfo {
   Clock::time_point created, last_used;
   std::chrono::seconds ttl{0};
   int64_t leases = 0;  // GEMMs using it now
+  // Pinned by the backend: its copies to and from devices are DMA straight from its pages.
+  bool dma = false;
+  // The backend could have pinned it but failed (it copies through staging instead).
+  bool dma_failed = false;
 };
 
 class RegionStore;
@@ -69,6 +80,8 @@ class RegionLease {
 
   // The first byte leased, inside the mapping. REQUIRES: not empty.
   uint8_t* data() const { return data_; }
+  // The region is pinned by the backend (RegionInfo::dma).
+  bool pinned() const { return pinned_; }
   bool empty() const { return store_ == nullptr; }
   // Gives the hold back now (idempotent).
   void Release();
@@ -79,11 +92,14 @@ class RegionLease {
   std::shared_ptr<void> mapping_;  // keeps the mapping even past the store's entry
   std::string handle_;
   uint8_t* data_ = nullptr;
+  bool pinned_ = false;
 };
 
 class RegionStore {
  public:
-  explicit RegionStore(RegionStoreOptions options);
+  // `backend` (may be null: no pinning) pins each region (see above) and must outlive the
+  // store and its leases.
+  explicit RegionStore(RegionStoreOptions options, Backend* backend = nullptr);
   RegionStore(const RegionStore&) = delete;
   RegionStore& operator=(const RegionStore&) = delete;
   ~RegionStore();  // REQUIRES: no lease left
@@ -120,20 +136,26 @@ class RegionStore {
     int64_t bytes = 0;
   };
   std::vector<OwnerUsage> UsageByOwner();
+  // Registered regions the backend failed to pin (RegionInfo::dma_failed).
+  int64_t StagedRegions();
   const RegionStoreOptions& options() const { return options_; }
 
  private:
   friend class RegionLease;
   struct Entry {
     RegionInfo info;
-    std::shared_ptr<void> mapping;  // munmap()s when the last holder goes
+    std::shared_ptr<void> mapping;  // unpins and munmap()s when the last holder goes
     uint8_t* base = nullptr;
   };
   void Unlease(const std::string& handle);
+  // RESOURCE_EXHAUSTED if `bytes` more in one more region would pass `owner`'s quota.
+  // REQUIRES: mu_ held.
+  absl::Status CheckQuotaLocked(const std::string& owner, int64_t bytes) const;
   // Drops regions idle past the ttl. REQUIRES: mu_ held.
   void ExpireLocked(Clock::time_point now);
 
   const RegionStoreOptions options_;
+  Backend* const backend_;
   std::mutex mu_;
   std::map<std::string, Entry> regions_;  // guarded by mu_; by handle
 };

@@ -60,7 +60,7 @@ GemmCore::GemmCore(Scheduler* scheduler, Backend* backend, MatrixStore* store,
       resolver_(store, scheduler),
       client_pending_(options_.max_client_pending_bytes),
       host_buffers_(options_.result_buffer_pool_bytes),
-      regions_(options_.regions) {}
+      regions_(options_.regions, backend) {}
 
 absl::Status GemmCore::Admit(const std::string& owner, GemmOrder order,
                              AdmittedGemm* admitted) const {
@@ -122,13 +122,14 @@ absl::Status GemmCore::AcquireRegions(const std::string& owner, const GemmOrder&
     return absl::OkStatus();
   };
   // The mapped bytes are used in place: the CPU backend reads and writes them, the CUDA one
-  // copies from and to them as it does for inline operands.
+  // copies from and to them, by DMA when it pinned the region (job.pinned).
   if (order.a.kind == Kind::kRegion) {
     if (absl::Status s = lease(order.a.handle, order.a.offset, job.shape.ABytes(), "a_region");
         !s.ok()) {
       return s;
     }
     job.a = reinterpret_cast<const uint16_t*>(gemm->regions_.back().data());
+    job.pinned.a = gemm->regions_.back().pinned();
   }
   if (order.b.kind == Kind::kRegion) {
     if (absl::Status s = lease(order.b.handle, order.b.offset, job.shape.BBytes(), "b_region");
@@ -136,6 +137,7 @@ absl::Status GemmCore::AcquireRegions(const std::string& owner, const GemmOrder&
       return s;
     }
     job.b = reinterpret_cast<const uint16_t*>(gemm->regions_.back().data());
+    job.pinned.b = gemm->regions_.back().pinned();
   }
   if (order.c_in.kind == Kind::kRegion) {
     if (absl::Status s =
@@ -144,6 +146,7 @@ absl::Status GemmCore::AcquireRegions(const std::string& owner, const GemmOrder&
       return s;
     }
     job.c_in = gemm->regions_.back().data();
+    job.pinned.c_in = gemm->regions_.back().pinned();
   }
   if (c_region) {
     if (absl::Status s = lease(order.c.region, order.c.offset, job.shape.CBytes(), "c_region");
@@ -151,6 +154,7 @@ absl::Status GemmCore::AcquireRegions(const std::string& owner, const GemmOrder&
       return s;
     }
     job.c = reinterpret_cast<uint16_t*>(gemm->regions_.back().data());
+    job.pinned.c = gemm->regions_.back().pinned();
   }
   return absl::OkStatus();
 }

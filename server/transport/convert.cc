@@ -116,6 +116,7 @@ void ToProto(const RegionInfo& region, v1::RegionInfo* info) {
   info->set_idle_seconds(std::chrono::duration<double>(now - region.last_used).count());
   info->set_ttl_seconds(region.ttl.count());
   info->set_in_use(uint32_t(region.leases));
+  info->set_dma(region.dma);
 }
 
 void ToProto(const ResidentMatrix& m, int device_id, const std::string& replica,
