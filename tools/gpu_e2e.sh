@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # End to end on a GPU machine, in sections (default: all but load):
-#   tests     the CUDA backend's GoogleTests
+#   tests     the CUDA backend's GoogleTests, and shm_dma_test (shared-memory regions by DMA)
 #   e2e       hgemm_server (CUDA) on 127.0.0.1 driven by hgemm_client: odd shapes, both
 #             accumulations, cuBLAS, a streamed 8192³, all checked against a CPU reference
 #   overlap   aggregate throughput with 1 vs 4 CUDA streams at the same client concurrency:
@@ -54,14 +54,16 @@ if [[ ${1:-} == --bundle ]]; then
     //bench:hgemm_load //bench:echo_server //bench:completion_latency //bench:hgemm_soak \
     //server/backend:cuda_fault_test //server/backend:cuda_sticky_fault_test \
     //server:device_failure_test //server:hgemm_server_fault_injection \
-    //server:memory_pressure_test //client/c:libhgemm_client.so //bench:tcp_ceiling
+    //server:memory_pressure_test //client/c:libhgemm_client.so //bench:tcp_ceiling \
+    //server:shm_dma_test
   ../shared/tools/gpu-bundle.sh --out .gpu-serve bazel-bin/server/hgemm_server \
     bazel-bin/client/hgemm_client bazel-bin/server/backend/cuda_backend_test \
     bazel-bin/bench/hgemm_load bazel-bin/bench/echo_server bazel-bin/bench/completion_latency \
     bazel-bin/bench/hgemm_soak bazel-bin/server/backend/cuda_fault_test \
     bazel-bin/server/backend/cuda_sticky_fault_test bazel-bin/server/device_failure_test \
     bazel-bin/server/hgemm_server_fault_injection bazel-bin/server/memory_pressure_test \
-    bazel-bin/client/c/libhgemm_client.so bazel-bin/bench/tcp_ceiling
+    bazel-bin/client/c/libhgemm_client.so bazel-bin/bench/tcp_ceiling \
+    bazel-bin/server/shm_dma_test
   tools/make_test_certs.sh .gpu-serve/certs  # the GPU machine may have no openssl
   mkdir -p .gpu-pack
   grep -qx "/.gpu-pack/" .git/info/exclude || echo "/.gpu-pack/" >> .git/info/exclude
@@ -81,6 +83,9 @@ if want tests; then
   echo "== cuda_backend_test"
   timeout 300 cuda_backend_test 2>&1 | tee "$out/cuda_backend_test.log" |
     grep -E "^\[ +(OK|FAILED|SKIPPED|PASSED) |Failure|error" | head -40 || true
+  echo "== shm_dma_test"
+  timeout 300 shm_dma_test 2>&1 | tee "$out/shm_dma_test.log" |
+    grep -E "^\[ +(OK|FAILED|SKIPPED|PASSED) |Failure|error" | head -20 || true
 fi
 
 if want latency; then
