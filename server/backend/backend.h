@@ -94,6 +94,19 @@ class Backend {
     return absl::UnimplementedError(Name() + " backend: host memory needs no pinning");
   }
 
+  // Opens device memory another process shares by CUDA IPC: `ipc_handle` (the 64 bytes of a
+  // cudaIpcMemHandle_t) on the device named `device` (its UUID "GPU-..." or PCI bus id), as a
+  // buffer of its first `bytes` bytes on that device, which closes the mapping when its last
+  // reference goes. FAILED_PRECONDITION: a backend without CUDA, a device that is not one of
+  // this backend's (the message names it), or memory on another device than the one named;
+  // INVALID_ARGUMENT naming "cuda_ipc.handle" (does not open) or "byte_size" (past the end of
+  // the shared allocation). Thread-safe.
+  virtual absl::Status OpenIpcMemory(const std::string& ipc_handle, const std::string& device,
+                                     int64_t bytes, std::shared_ptr<ResidentBuffer>* buffer) {
+    return absl::FailedPreconditionError(
+        "CUDA IPC needs the CUDA backend (this server runs the " + Name() + " backend)");
+  }
+
   // False once device `device_index` (a Devices() index) has failed for good (a sticky CUDA
   // error: the context is unusable). Its GEMMs and resident operations are refused with
   // UNAVAILABLE from then on (status::DeviceFailed); the scheduler sends it no more work.

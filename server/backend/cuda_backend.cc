@@ -4,7 +4,10 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include <cuda.h>
+
 #include <algorithm>
+#include <cctype>
 #include <cstring>
 #include <functional>
 #include <thread>
@@ -166,6 +169,8 @@ class CudaBackend final : public Backend {
                                  void* host) override;
 
   absl::Status PinHostMemory(void* data, int64_t bytes, std::function<void()>* unpin) override;
+  absl::Status OpenIpcMemory(const std::string& ipc_handle, const std::string& device,
+                             int64_t bytes, std::shared_ptr<ResidentBuffer>* buffer) override;
 
   bool DeviceHealthy(int device_index) const override {
     return devices_[device_index]->healthy.load();
@@ -174,6 +179,8 @@ class CudaBackend final : public Backend {
   absl::Status Run(int slot_index, const GemmJob& job, GemmReport* report) override;
 
  private:
+  // The index of the device whose UUID ("GPU-...") or PCI bus id is `name` (any case), or -1.
+  int FindDeviceByName(const std::string& name) const;
   // Direct device-to-device copies where the hardware allows them (NVLink, PCIe P2P); resident
   // operands copied to an idle device otherwise go through the host.
   void EnablePeerAccess();
@@ -349,6 +356,137 @@ absl::Status CudaBackend::PinHostMemory(void* data, int64_t bytes, std::function
   return absl::OkStatus();
 }
 
+// "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx", as nvidia-smi -L prints a device's UUID.
+std::string UuidName(const cudaUUID_t& uuid) {
+  std::string hex;
+  for (int i = 0; i < 16; ++i) {
+    if (i == 4 || i == 6 || i == 8 || i == 10) hex += '-';
+    hex += fmt::format("{:02x}", static_cast<unsigned char>(uuid.bytes[i]));
+  }
+  return "GPU-" + hex;
+}
+
+std::string Lowercase(std::string s) {
+  for (char& c : s) c = char(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
+
+int CudaBackend::FindDeviceByName(const std::string& name) const {
+  const std::string wanted = Lowercase(name);
+  for (size_t i = 0; i < devices_.size(); ++i) {
+    char bus_id[32] = {};
+    const bool has_bus_id =
+        cudaDeviceGetPCIBusId(bus_id, sizeof(bus_id), devices_[i]->ordinal) == cudaSuccess;
+    cudaGetLastError();
+    if (wanted == Lowercase(UuidName(devices_[i]->props.uuid)) ||
+        (has_bus_id && wanted == Lowercase(bus_id))) {
+      return int(i);
+    }
+  }
+  return -1;
+}
+
+// The size of the allocation starting at `base` (cuMemGetAddressRange, reached through the
+// runtime so that nothing links the driver library), or an error.
+absl::Status AllocationSize(void* base, size_t* size) {
+  using GetAddressRange = CUresult (*)(CUdeviceptr*, size_t*, CUdeviceptr);
+  void* entry = nullptr;
+  cudaDriverEntryPointQueryResult found{};
+  if (cudaError_t e = cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &entry, 12000,
+                                                       cudaEnableDefault, &found);
+      e != cudaSuccess || found != cudaDriverEntryPointSuccess || entry == nullptr) {
+    cudaGetLastError();
+    return status::BackendFailure("cuMemGetAddressRange is not available from the driver");
+  }
+  CUdeviceptr range_base = 0;
+  if (CUresult r = reinterpret_cast<GetAddressRange>(entry)(&range_base, size,
+                                                            reinterpret_cast<CUdeviceptr>(base));
+      r != CUDA_SUCCESS) {
+    return status::BackendFailure(fmt::format("cuMemGetAddressRange: error {}", int(r)));
+  }
+  if (range_base != reinterpret_cast<CUdeviceptr>(base)) {
+    return status::BackendFailure("the opened memory is not the start of its allocation");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::OpenIpcMemory(const std::string& ipc_handle, const std::string& device,
+                                        int64_t bytes, std::shared_ptr<ResidentBuffer>* buffer) {
+  cudaIpcMemHandle_t handle{};
+  if (ipc_handle.size() != sizeof(handle)) {
+    return status::InvalidArgument("cuda_ipc.handle",
+                                   fmt::format("{} bytes; a cudaIpcMemHandle_t has {}",
+                                               ipc_handle.size(), sizeof(handle)));
+  }
+  std::memcpy(&handle, ipc_handle.data(), sizeof(handle));
+  const int index = FindDeviceByName(device);
+  if (index < 0) {
+    std::string mine;
+    for (const auto& d : devices_) {
+      char bus_id[32] = {};
+      if (cudaDeviceGetPCIBusId(bus_id, sizeof(bus_id), d->ordinal) != cudaSuccess) {
+        cudaGetLastError();
+      }
+      mine += fmt::format("{}{} {} ({})", mine.empty() ? "" : ", ", d->ordinal,
+                          UuidName(d->props.uuid), bus_id);
+    }
+    return status::FailedPrecondition(fmt::format(
+        "device {} is not one of this server's devices ({}); CUDA IPC memory is used only on "
+        "its own device, never copied to another",
+        status::Quote(device), mine));
+  }
+  Device& d = *devices_[index];
+  if (!d.healthy) return Refused(d);
+  if (cudaError_t e = cudaSetDevice(d.ordinal); e != cudaSuccess) {
+    cudaGetLastError();
+    return status::BackendFailure(fmt::format("cudaSetDevice({}): {}", d.ordinal,
+                                              cudaGetErrorString(e)));
+  }
+  void* data = nullptr;
+  if (cudaError_t e = cudaIpcOpenMemHandle(&data, handle, cudaIpcMemLazyEnablePeerAccess);
+      e != cudaSuccess) {
+    cudaGetLastError();
+    return status::InvalidArgument(
+        "cuda_ipc.handle",
+        fmt::format("cudaIpcOpenMemHandle on device {}: {}", d.ordinal, cudaGetErrorString(e)));
+  }
+  const int ordinal = d.ordinal;
+  auto close = [ordinal](void* p) {
+    cudaSetDevice(ordinal);
+    if (cudaError_t e = cudaIpcCloseMemHandle(p); e != cudaSuccess) {
+      cudaGetLastError();
+      spdlog::error("cudaIpcCloseMemHandle on device {}: {}", ordinal, cudaGetErrorString(e));
+    }
+  };
+  // Peer access would open another device's memory here too: refused, as it would make every
+  // copy of it a cross-device one.
+  cudaPointerAttributes attributes{};
+  if (cudaError_t e = cudaPointerGetAttributes(&attributes, data); e != cudaSuccess) {
+    cudaGetLastError();
+    close(data);
+    return status::BackendFailure(
+        fmt::format("cudaPointerGetAttributes of CUDA IPC memory: {}", cudaGetErrorString(e)));
+  }
+  if (attributes.device != ordinal) {
+    close(data);
+    return status::FailedPrecondition(fmt::format(
+        "the CUDA IPC handle's memory is on device {}, not on {} (device {}) as named",
+        attributes.device, status::Quote(device), ordinal));
+  }
+  size_t size = 0;
+  if (absl::Status s = AllocationSize(data, &size); !s.ok()) {
+    close(data);
+    return s;
+  }
+  if (uint64_t(bytes) > size) {
+    close(data);
+    return status::InvalidArgument(
+        "byte_size", fmt::format("{} bytes, but the shared allocation has {}", bytes, size));
+  }
+  *buffer = std::make_shared<ResidentBuffer>(index, bytes, data, close);
+  return absl::OkStatus();
+}
+
 // Runs on the calling thread's own default stream (cudaStreamPerThread), so that copies from
 // several threads, and the slots' streams, do not wait for each other.
 absl::Status CudaBackend::CopyResident(Device& device, void* dst, const void* src, int64_t bytes,
@@ -498,7 +636,14 @@ absl::Status CudaBackend::RunOnSlot(int slot_index, const GemmJob& job, GemmRepo
   const bool b_here = job.b_resident && job.b_resident->device_index == here;
   const size_t a_space = a_here ? 0 : k::AlignUp(a_bytes);
   const size_t b_space = b_here ? 0 : k::AlignUp(b_bytes);
-  const size_t c_space = job.keep_c ? 0 : k::AlignUp(c_bytes);
+  // C straight into a client's device memory (CUDA IPC): only on its own device.
+  if (job.c_device && job.c_device->device_index != here) {
+    return status::FailedPrecondition(fmt::format(
+        "C's CUDA IPC memory is on device {}, not on device {} that runs the GEMM",
+        devices_[job.c_device->device_index]->ordinal, device.ordinal));
+  }
+  const bool c_on_device = job.keep_c || job.c_device;
+  const size_t c_space = c_on_device ? 0 : k::AlignUp(c_bytes);
   // Scaled (alpha/beta): the variant writes T = op(A)·op(B) in fp32, into C itself when C is
   // fp32, else into its own space; C_in (read with beta ≠ 0) comes over unless resident here.
   const bool scaled = job.Scaled();
@@ -518,8 +663,9 @@ absl::Status CudaBackend::RunOnSlot(int slot_index, const GemmJob& job, GemmRepo
   }
   char* d_a = a_here ? static_cast<char*>(job.a_resident->data) : slot.device_buffer;
   char* d_b = b_here ? static_cast<char*>(job.b_resident->data) : slot.device_buffer + a_space;
-  char* d_c = job.keep_c ? static_cast<char*>(report->c_resident->data)
-                         : slot.device_buffer + a_space + b_space;
+  char* d_c = job.keep_c     ? static_cast<char*>(report->c_resident->data)
+              : job.c_device ? static_cast<char*>(job.c_device->data)
+                             : slot.device_buffer + a_space + b_space;
   char* d_t = t_space > 0 ? slot.device_buffer + a_space + b_space + c_space : d_c;
   char* d_c_in = c_in_bytes == 0 ? nullptr
                  : c_in_here     ? static_cast<char*>(job.c_in_resident->data)
@@ -610,7 +756,7 @@ absl::Status CudaBackend::RunOnSlot(int slot_index, const GemmJob& job, GemmRepo
 #endif
   CUDA_TRY(slot, kEvent, cudaEventRecord(slot.kernel_done, slot.stream));
   double d2h_ms = 0;
-  if (job.keep_c) {
+  if (c_on_device) {
     CUDA_TRY(slot, kEvent, WaitForKernel(slot, double(shape.Flops())));
   } else {
     absl::Status s =

@@ -74,6 +74,7 @@ RegionLease& RegionLease::operator=(RegionLease&& other) noexcept {
     handle_ = std::move(other.handle_);
     data_ = std::exchange(other.data_, nullptr);
     pinned_ = std::exchange(other.pinned_, false);
+    device_view_ = std::move(other.device_view_);
   }
   return *this;
 }
@@ -84,6 +85,7 @@ void RegionLease::Release() {
   mapping_.reset();
   data_ = nullptr;
   pinned_ = false;
+  device_view_.reset();
 }
 
 RegionStore::RegionStore(RegionStoreOptions options, Backend* backend)
@@ -110,8 +112,7 @@ absl::Status RegionStore::Register(const std::string& owner, const std::string& 
     return status::InvalidArgument(
         "path", fmt::format("{}: expected /proc/<pid>/fd/<fd> of a sealed memfd", status::Quote(path)));
   }
-  if (bytes <= 0) return status::InvalidArgument("byte_size", "must be at least 1");
-  if (label.size() > 128) return status::InvalidArgument("label", "longer than 128 bytes");
+  if (absl::Status s = CheckSizeAndLabel(bytes, label); !s.ok()) return s;
   // O_PATH first: no open side effects (a FIFO, a device) before the file is known to be a
   // regular one.
   Fd probe(open(path.c_str(), O_PATH | O_CLOEXEC));
@@ -177,20 +178,56 @@ absl::Status RegionStore::Register(const std::string& owner, const std::string& 
     if (unpin) unpin();
     munmap(p, size_t(bytes));
   });
+  entry.info.dma = pinned.ok();
+  entry.info.dma_failed = dma_failed;
+  return Add(owner, label, bytes, std::move(entry), info);
+}
+
+absl::Status RegionStore::RegisterCudaIpc(const std::string& owner, const std::string& ipc_handle,
+                                          const std::string& device, int64_t bytes,
+                                          const std::string& label, RegionInfo* info) {
+  if (absl::Status s = CheckSizeAndLabel(bytes, label); !s.ok()) return s;
+  if (backend_ == nullptr) {
+    return status::FailedPrecondition("CUDA IPC needs the CUDA backend (this server has none)");
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ExpireLocked(Clock::now());
+    if (absl::Status s = CheckQuotaLocked(owner, bytes); !s.ok()) return s;
+  }
+  Entry entry;
+  if (absl::Status s = backend_->OpenIpcMemory(ipc_handle, device, bytes, &entry.device_memory);
+      !s.ok()) {
+    return s;
+  }
+  entry.mapping = entry.device_memory;
+  entry.base = static_cast<uint8_t*>(entry.device_memory->data);
+  entry.info.cuda_ipc = true;
+  entry.info.device_index = entry.device_memory->device_index;
+  entry.info.device_id = backend_->Devices()[entry.info.device_index].id;
+  return Add(owner, label, bytes, std::move(entry), info);
+}
+
+absl::Status RegionStore::CheckSizeAndLabel(int64_t bytes, const std::string& label) {
+  if (bytes <= 0) return status::InvalidArgument("byte_size", "must be at least 1");
+  if (label.size() > 128) return status::InvalidArgument("label", "longer than 128 bytes");
+  return absl::OkStatus();
+}
+
+absl::Status RegionStore::Add(const std::string& owner, const std::string& label, int64_t bytes,
+                              Entry entry, RegionInfo* info) {
   std::lock_guard<std::mutex> lock(mu_);
   const Clock::time_point now = Clock::now();
   ExpireLocked(now);
-  // A refusal unpins and unmaps the region (entry) once mu_ is released.
+  // A refusal drops the entry (unpinned and unmapped, or closed) once mu_ is released: it was
+  // moved into this function's parameter, destroyed after `lock`.
   if (absl::Status s = CheckQuotaLocked(owner, bytes); !s.ok()) return s;
-  entry.info = {.handle = NewRegionHandle(),
-                .owner = owner,
-                .label = label,
-                .bytes = bytes,
-                .created = now,
-                .last_used = now,
-                .ttl = options_.ttl,
-                .dma = pinned.ok(),
-                .dma_failed = dma_failed};
+  entry.info.handle = NewRegionHandle();
+  entry.info.owner = owner;
+  entry.info.label = label;
+  entry.info.bytes = bytes;
+  entry.info.created = entry.info.last_used = now;
+  entry.info.ttl = options_.ttl;
   *info = entry.info;
   regions_.emplace(entry.info.handle, std::move(entry));
   return absl::OkStatus();
@@ -266,6 +303,13 @@ absl::Status RegionStore::Acquire(const std::string& owner, const std::string& h
   taken.handle_ = handle;
   taken.data_ = entry.base + offset;
   taken.pinned_ = entry.info.dma;
+  if (entry.device_memory) {
+    // A view of the leased bytes that holds the region open.
+    taken.device_view_ = std::make_shared<ResidentBuffer>(
+        entry.info.device_index, bytes, entry.base + offset,
+        [open = entry.device_memory](void*) {});
+    taken.data_ = nullptr;  // device memory: no host pointer
+  }
   ++entry.info.leases;
   entry.info.last_used = now;
   *lease = std::move(taken);

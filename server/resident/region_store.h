@@ -21,6 +21,11 @@
 // never under a running copy. When pinning fails (e.g. RLIMIT_MEMLOCK) the region still works
 // through staged copies: the failure is logged and counted (StagedRegions).
 //
+// A CUDA IPC region (RegisterCudaIpc) is a client's device memory, opened by the backend
+// (Backend::OpenIpcMemory) on its device; the same rules of owners, quotas, bounds, leases and
+// expiry apply. Its leases hand out device buffers (RegionLease::device_view), never host
+// pointers, and it is closed when the last holder lets go.
+//
 // No gRPC: the transport says whether the call came over a Unix socket (CheckAllowed).
 // Thread safety: all methods are thread-safe. The store must outlive its leases.
 #ifndef HGEMM_SERVER_RESIDENT_REGION_STORE_H_
@@ -64,6 +69,10 @@ struct RegionInfo {
   bool dma = false;
   // The backend could have pinned it but failed (it copies through staging instead).
   bool dma_failed = false;
+  // A CUDA IPC region: the Backend::Devices() index and id of the device it lives on.
+  bool cuda_ipc = false;
+  int device_index = -1;
+  int device_id = -1;
 };
 
 class RegionStore;
@@ -78,8 +87,12 @@ class RegionLease {
   RegionLease& operator=(RegionLease&& other) noexcept;
   ~RegionLease() { Release(); }
 
-  // The first byte leased, inside the mapping. REQUIRES: not empty.
+  // The first byte leased, inside the mapping. REQUIRES: not empty, a region of host memory
+  // (device_view() is null).
   uint8_t* data() const { return data_; }
+  // A CUDA IPC region's leased bytes, as a buffer on its device (holding the region open);
+  // null for a region of host memory.
+  const std::shared_ptr<ResidentBuffer>& device_view() const { return device_view_; }
   // The region is pinned by the backend (RegionInfo::dma).
   bool pinned() const { return pinned_; }
   bool empty() const { return store_ == nullptr; }
@@ -93,6 +106,7 @@ class RegionLease {
   std::string handle_;
   uint8_t* data_ = nullptr;
   bool pinned_ = false;
+  std::shared_ptr<ResidentBuffer> device_view_;
 };
 
 class RegionStore {
@@ -115,6 +129,16 @@ class RegionStore {
   // REQUIRES: CheckAllowed passed for the call.
   absl::Status Register(const std::string& owner, const std::string& path, int64_t bytes,
                         const std::string& label, RegionInfo* info);
+
+  // Opens `bytes` of the device memory a client shares by CUDA IPC (`ipc_handle`, on the
+  // device named `device`) as a new region of `owner`. Errors: those of
+  // Backend::OpenIpcMemory (FAILED_PRECONDITION without the CUDA backend or for a device not
+  // the server's; INVALID_ARGUMENT for a handle that does not open or a size past the
+  // allocation), INVALID_ARGUMENT (bytes, label), RESOURCE_EXHAUSTED (the owner's quota).
+  // REQUIRES: CheckAllowed passed for the call.
+  absl::Status RegisterCudaIpc(const std::string& owner, const std::string& ipc_handle,
+                               const std::string& device, int64_t bytes,
+                               const std::string& label, RegionInfo* info);
 
   // Unmaps `owner`'s region `handle`: NOT_FOUND (none of this owner's), FAILED_PRECONDITION
   // (GEMMs hold it: unregister once they are answered).
@@ -146,7 +170,14 @@ class RegionStore {
     RegionInfo info;
     std::shared_ptr<void> mapping;  // unpins and munmap()s when the last holder goes
     uint8_t* base = nullptr;
+    std::shared_ptr<ResidentBuffer> device_memory;  // a CUDA IPC region's (also `mapping`)
   };
+  // Adds `entry` (its mapping made) as a region of `owner`, or RESOURCE_EXHAUSTED (then the
+  // entry is dropped, after mu_ is released).
+  absl::Status Add(const std::string& owner, const std::string& label, int64_t bytes,
+                   Entry entry, RegionInfo* info);
+  // Checks `bytes` and `label` of a new region.
+  static absl::Status CheckSizeAndLabel(int64_t bytes, const std::string& label);
   void Unlease(const std::string& handle);
   // RESOURCE_EXHAUSTED if `bytes` more in one more region would pass `owner`'s quota.
   // REQUIRES: mu_ held.

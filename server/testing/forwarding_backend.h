@@ -41,6 +41,10 @@ class ForwardingBackend : public Backend {
   absl::Status PinHostMemory(void* data, int64_t bytes, std::function<void()>* unpin) override {
     return inner_->PinHostMemory(data, bytes, unpin);
   }
+  absl::Status OpenIpcMemory(const std::string& ipc_handle, const std::string& device,
+                             int64_t bytes, std::shared_ptr<ResidentBuffer>* buffer) override {
+    return inner_->OpenIpcMemory(ipc_handle, device, bytes, buffer);
+  }
   absl::Status Run(int slot, const GemmJob& job, GemmReport* report) override {
     return inner_->Run(slot, job, report);
   }
