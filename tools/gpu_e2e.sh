@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # End to end on a GPU machine, in sections (default: all but load):
-#   tests     the CUDA backend's GoogleTests, and shm_dma_test (shared-memory regions by DMA)
+#   tests     the CUDA backend's GoogleTests, shm_dma_test (shared-memory regions by DMA) and
+#             cuda_ipc_test (CUDA IPC regions, against hgemm_server as a child process)
 #   e2e       hgemm_server (CUDA) on 127.0.0.1 driven by hgemm_client: odd shapes, both
 #             accumulations, cuBLAS, a streamed 8192³, all checked against a CPU reference
 #   overlap   aggregate throughput with 1 vs 4 CUDA streams at the same client concurrency:
@@ -55,7 +56,7 @@ if [[ ${1:-} == --bundle ]]; then
     //server/backend:cuda_fault_test //server/backend:cuda_sticky_fault_test \
     //server:device_failure_test //server:hgemm_server_fault_injection \
     //server:memory_pressure_test //client/c:libhgemm_client.so //bench:tcp_ceiling \
-    //server:shm_dma_test
+    //server:shm_dma_test //server:cuda_ipc_test
   ../shared/tools/gpu-bundle.sh --out .gpu-serve bazel-bin/server/hgemm_server \
     bazel-bin/client/hgemm_client bazel-bin/server/backend/cuda_backend_test \
     bazel-bin/bench/hgemm_load bazel-bin/bench/echo_server bazel-bin/bench/completion_latency \
@@ -63,7 +64,7 @@ if [[ ${1:-} == --bundle ]]; then
     bazel-bin/server/backend/cuda_sticky_fault_test bazel-bin/server/device_failure_test \
     bazel-bin/server/hgemm_server_fault_injection bazel-bin/server/memory_pressure_test \
     bazel-bin/client/c/libhgemm_client.so bazel-bin/bench/tcp_ceiling \
-    bazel-bin/server/shm_dma_test
+    bazel-bin/server/shm_dma_test bazel-bin/server/cuda_ipc_test
   tools/make_test_certs.sh .gpu-serve/certs  # the GPU machine may have no openssl
   mkdir -p .gpu-pack
   grep -qx "/.gpu-pack/" .git/info/exclude || echo "/.gpu-pack/" >> .git/info/exclude
@@ -86,6 +87,10 @@ if want tests; then
   echo "== shm_dma_test"
   timeout 300 shm_dma_test 2>&1 | tee "$out/shm_dma_test.log" |
     grep -E "^\[ +(OK|FAILED|SKIPPED|PASSED) |Failure|error" | head -20 || true
+  echo "== cuda_ipc_test"
+  HGEMM_SERVER_BINARY="$(command -v hgemm_server)" timeout 300 cuda_ipc_test 2>&1 |
+    tee "$out/cuda_ipc_test.log" | grep -E "^\[ +(OK|FAILED|SKIPPED|PASSED) |Failure|error" |
+    head -20 || true
 fi
 
 if want latency; then
