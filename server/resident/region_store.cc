@@ -164,9 +164,9 @@ absl::Status RegionStore::Register(const std::string& owner, const std::string& 
     return status::FailedPrecondition(fmt::format("path {}: cannot map it: {}", status::Quote(path), strerror(e)));
   }
   std::function<void()> unpin;
-  absl::Status pinned = backend_ != nullptr
+  absl::Status pinned = backend_ != nullptr && options_.pin_for_dma
                             ? backend_->PinHostMemory(base, bytes, &unpin)
-                            : absl::UnimplementedError("no backend");
+                            : absl::UnimplementedError("not pinned");
   const bool dma_failed = !pinned.ok() && pinned.code() != absl::StatusCode::kUnimplemented;
   if (dma_failed) {
     spdlog::warn("region of {} bytes for {}: GEMMs copy through staging, not by DMA: {}", bytes,

@@ -54,6 +54,9 @@ struct RegionStoreOptions {
   int64_t max_bytes_per_owner = int64_t{64} << 30;
   // A region no GEMM used for this long is released; 0: kept until unregistered.
   std::chrono::seconds ttl{0};
+  // Pin each region of host memory for DMA (Backend::PinHostMemory); false: staged copies,
+  // and no memory locked.
+  bool pin_for_dma = true;
 };
 
 // What a region is, as listed.

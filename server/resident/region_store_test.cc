@@ -271,6 +271,18 @@ TEST(RegionStore, PinnedAtRegistrationUnpinnedAfterTheLastLease) {
   EXPECT_EQ(store.StagedRegions(), 0);
 }
 
+// Pinning turned off (--pin_shared_memory=false): nothing pinned, no failure counted.
+TEST(RegionStore, PinningTurnedOff) {
+  PinRecorder backend;
+  RegionStore store({.allow_shared_memory = true, .pin_for_dma = false}, &backend);
+  Memfd file(4096);
+  RegionInfo info;
+  ASSERT_TRUE(store.Register("alice", file.path(), 4096, "", &info).ok());
+  EXPECT_FALSE(info.dma);
+  EXPECT_EQ(backend.pin_calls, 0);
+  EXPECT_EQ(store.StagedRegions(), 0);
+}
+
 // A failed pin leaves a working region that goes through staging, counted as such.
 TEST(RegionStore, FailedPinFallsBackToStagingAndIsCounted) {
   PinRecorder backend(absl::ResourceExhaustedError("cudaHostRegister: out of memory"));
