@@ -610,7 +610,7 @@ cudaError_t CudaBackend::WaitForKernel(const Slot& slot, double flops) const {
 absl::Status CudaBackend::Run(int slot_index, const GemmJob& job, GemmReport* report) {
   Device& device = *slots_[slot_index]->device;
   for (const ResidentBuffer* r :
-       {job.a_resident.get(), job.b_resident.get(), job.c_in_resident.get()}) {
+       {job.a_resident.get(), job.b_resident.get(), job.c_in_resident.get(), job.c_device.get()}) {
     if (r != nullptr && !devices_[r->device_index]->healthy) return Refused(*devices_[r->device_index]);
   }
   if (!device.healthy) return Refused(device);
