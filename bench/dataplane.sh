@@ -15,7 +15,7 @@
 #              Without a GPU (--quick) the CUDA IPC and memcpy figures are n/a.
 #   --bin DIR  where the binaries are (default: tools/gpu_e2e.sh's bundle, else bazel-bin)
 #   --certs DIR  made by tools/make_test_certs.sh (default: made now with openssl)
-# Env: POINTS ("SHAPE:CONCURRENCY ..."), PARTS (the --parallel_parts sweep), MODES ("plaintext
+# Env: POINTS ("SHAPE:CONCURRENCY ..."), PARTS (the --parallel_parts sweep), MAX_POINT_S (20), MODES ("plaintext
 # tls"). Writes $OUT (default ./out)/dataplane.csv, dataplane_tcp.txt and dataplane.md, the
 # table: per point req/s, p50 and wire GB/s of each path, and the best raw-TCP GB/s.
 set -euo pipefail
@@ -43,7 +43,7 @@ else
   backend=${backend:-cuda}
   points=${POINTS:-"2048x2048x2048:1 2048x2048x2048:16 8192x8192x8192:1"}
   parts=${PARTS:-"1,2,4,8"}
-  window_flags=(--max_point_s=20)
+  window_flags=(--max_point_s="${MAX_POINT_S:-20}")
 fi
 modes=${MODES:-"plaintext tls"}
 

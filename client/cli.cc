@@ -97,6 +97,65 @@ std::string CheckLimits(const GemmDims& d, const v1::Limits& limits, const Plan&
   return "";
 }
 
+std::string ParseGroup(const std::string& text, std::vector<GemmDims>* group) {
+  std::vector<GemmDims> parsed;
+  std::stringstream in(text);
+  for (std::string item; std::getline(in, item, ',');) {
+    GemmDims dims;
+    if (std::string e = ParseGemmDims(item, &dims); !e.empty()) {
+      return fmt::format("--group: problem {} ('{}'): {}", parsed.size(), item.substr(0, 64), e);
+    }
+    parsed.push_back(dims);
+  }
+  if (parsed.empty() || text.back() == ',') {
+    return "--group: give one MxNxK per problem, comma-separated (no empty problem)";
+  }
+  *group = std::move(parsed);
+  return "";
+}
+
+std::string CheckGroupLimits(const std::vector<GemmDims>& group, bool c_fp32, bool c_input,
+                             const v1::Limits& limits) {
+  if (limits.max_group_problems() == 0) {
+    return "the server takes no grouped GEMMs (a server from before them: "
+           "limits.max_group_problems is 0)";
+  }
+  if (group.size() > limits.max_group_problems()) {
+    return fmt::format("a group of {} problems; the server takes at most {} (max_group_problems)",
+                       group.size(), limits.max_group_problems());
+  }
+  std::optional<uint64_t> a = 0, b = 0, c = 0;  // fp16/bf16 bytes (2 per element) of each
+  for (const GemmDims& d : group) {
+    a = CheckedAdd(a, MatrixBytes(d.m, d.k));
+    b = CheckedAdd(b, MatrixBytes(d.k, d.n));
+    c = CheckedAdd(c, MatrixBytes(d.m, d.n));
+  }
+  const uint64_t max_elements = limits.max_elements_per_matrix();
+  for (auto [name, bytes] : {std::pair{"A", a}, std::pair{"B", b}, std::pair{"C", c}}) {
+    if (max_elements != 0 && (!bytes || *bytes / 2 > max_elements)) {
+      return fmt::format("the group's {} matrices have {} elements together; the server takes at "
+                         "most {} (max_elements_per_matrix)",
+                         name, bytes ? fmt::format("{}", *bytes / 2) : "more than 2^63",
+                         max_elements);
+    }
+  }
+  const std::optional<uint64_t> c_bytes = c_fp32 ? CheckedAdd(c, c) : c;
+  const std::optional<uint64_t> sent = CheckedAdd(CheckedAdd(a, b), c_input ? c_bytes : 0);
+  const std::optional<uint64_t> gemm = CheckedAdd(sent, c_bytes);
+  if (limits.max_queued_bytes() != 0 && (!gemm || *gemm > limits.max_queued_bytes())) {
+    return fmt::format("the group's operands and results take {} bytes; the server takes at most "
+                       "{} per GEMM (max_queued_bytes)",
+                       Bytes(gemm), limits.max_queued_bytes());
+  }
+  const std::optional<uint64_t> message = CheckedAdd(sent, kUnaryOverheadBytes);
+  if (limits.max_message_bytes() != 0 && (!message || *message > limits.max_message_bytes())) {
+    return fmt::format("the group's operands take {} bytes in one unary request; the server's "
+                       "largest message is {} bytes (max_message_bytes)",
+                       Bytes(sent), limits.max_message_bytes());
+  }
+  return "";
+}
+
 std::string ParseHandleList(const std::string& text, std::vector<std::string>* handles) {
   handles->clear();
   std::set<std::string> seen;

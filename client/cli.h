@@ -48,6 +48,20 @@ inline constexpr uint64_t kUnaryOverheadBytes = 4096;
 // (max_elements_per_matrix)". Sizes are computed in checked uint64: never a wrapped number.
 std::string CheckLimits(const GemmDims& dims, const v1::Limits& limits, const Plan& plan);
 
+// Parses "MxNxK,MxNxK,..." (--group): at least one problem, each as ParseGemmDims takes it.
+// Returns "" or what is wrong, naming the problem by position ("problem 2: ..."); *group is
+// untouched on failure.
+std::string ParseGroup(const std::string& text, std::vector<GemmDims>* group);
+
+// Checks a grouped GEMM (GemmRequest.group: A and B of 2 bytes per element, C of 4 with
+// `c_fp32` else 2, C_in too with `c_input`) against the server's `limits`, before anything is
+// allocated: a server that takes no groups (max_group_problems 0: from before them), the
+// number of problems, each operand's elements summed over the group (max_elements_per_matrix),
+// operand + result bytes (max_queued_bytes), and the one unary message it travels in
+// (max_message_bytes). Returns "" or a message naming the limit. Checked uint64 arithmetic.
+std::string CheckGroupLimits(const std::vector<GemmDims>& group, bool c_fp32, bool c_input,
+                             const v1::Limits& limits);
+
 // Parses "H1,H2,..." (--release): non-empty handles, no duplicates. Returns "" or what is wrong.
 std::string ParseHandleList(const std::string& text, std::vector<std::string>* handles);
 

@@ -154,6 +154,45 @@ TEST(Cli, ParseHandleList) {
   EXPECT_NE(ParseHandleList(",", &handles), "");
 }
 
+TEST(Cli, ParseGroupNamesTheProblem) {
+  std::vector<GemmDims> group;
+  ASSERT_EQ(ParseGroup("64x32x16,1x2x3", &group), "");
+  ASSERT_EQ(group.size(), 2u);
+  EXPECT_EQ(group[1].Name(), "1x2x3");
+  EXPECT_NE(ParseGroup("64x32x16,1x0x3", &group).find("problem 1 ('1x0x3')"), std::string::npos);
+  EXPECT_NE(ParseGroup("64x32x16,", &group), "");
+  EXPECT_NE(ParseGroup(",", &group), "");
+  EXPECT_EQ(group.size(), 2u);  // untouched by the failures
+}
+
+TEST(Cli, CheckGroupLimitsSumsOverTheGroup) {
+  v1::Limits limits;
+  limits.set_max_elements_per_matrix(1000);
+  limits.set_max_group_problems(3);
+  const std::vector<GemmDims> group = {{.m = 20, .n = 10, .k = 30}, {.m = 10, .n = 10, .k = 30}};
+  EXPECT_EQ(CheckGroupLimits(group, false, false, limits), "");
+  const std::vector<GemmDims> over = {{.m = 20, .n = 10, .k = 30}, {.m = 20, .n = 10, .k = 30}};
+  EXPECT_NE(CheckGroupLimits(over, false, false, limits)
+                .find("A matrices have 1200 elements together"),
+            std::string::npos);
+  EXPECT_NE(CheckGroupLimits({group[0], group[0], group[1], group[1]}, false, false, limits)
+                .find("a group of 4 problems; the server takes at most 3"),
+            std::string::npos);
+  limits.set_max_message_bytes(2 * (600 + 300 + 300 + 300) + kUnaryOverheadBytes - 1);
+  EXPECT_NE(CheckGroupLimits(group, false, false, limits).find("max_message_bytes"),
+            std::string::npos);
+  // Elements that wrap uint64 when summed are refused, not wrapped.
+  limits.set_max_elements_per_matrix(0);
+  limits.set_max_message_bytes(0);
+  const GemmDims huge{.m = UINT32_MAX, .n = 1, .k = UINT32_MAX};
+  limits.set_max_queued_bytes(UINT64_MAX);
+  EXPECT_NE(CheckGroupLimits({huge, huge}, false, false, limits).find("more than 2^64"),
+            std::string::npos);
+  limits.set_max_group_problems(0);  // a server from before groups
+  EXPECT_NE(CheckGroupLimits(group, false, false, limits).find("takes no grouped GEMMs"),
+            std::string::npos);
+}
+
 TEST(Cli, FormatMatrixListShowsShapeBytesAndExpiry) {
   v1::ListMatricesResponse list;
   v1::MatrixInfo* m = list.add_matrices();
@@ -314,6 +353,31 @@ TEST_F(HgemmClientBinaryTest, ScaledBatchedGemmPassesItsCheck) {
       EXPECT_TRUE(Contains(r.out, ": OK")) << Describe(r);
     }
   }
+}
+
+TEST_F(HgemmClientBinaryTest, GroupedGemmPassesItsCheck) {
+  for (const char* c_dtype : {"--c_dtype=bf16", "--c_dtype=fp32"}) {
+    ClientRun r = Run({"--group=33x48x40,1x7x130,64x1x9", "--dtype=bf16", c_dtype, "--transpose_b",
+                       "--alpha=0.5", "--beta=-1.5", "--check", "--repeat=2"});
+    EXPECT_EQ(r.exit_code, 0) << Describe(r);
+    EXPECT_TRUE(Contains(r.out, "grouped GEMM of 3 problems")) << Describe(r);
+    EXPECT_TRUE(Contains(r.out, "check: 3 problems")) << Describe(r);
+    EXPECT_TRUE(Contains(r.out, ": OK")) << Describe(r);
+  }
+}
+
+TEST_F(HgemmClientBinaryTest, GroupsTheServerWouldRefuseAreRefusedBeforeSending) {
+  ClientRun r = Run({"--group=20000x20000x1,1x1x1", "--check"});
+  EXPECT_EQ(r.exit_code, 1) << Describe(r);
+  EXPECT_TRUE(Contains(r.err, "refused before sending: the group's C matrices have 400000001"))
+      << Describe(r);
+  r = Run({"--group=2x2x2,2x0x2"});
+  EXPECT_EQ(r.exit_code, 1) << Describe(r);
+  EXPECT_TRUE(Contains(r.err, "--group: problem 1 ('2x0x2')")) << Describe(r);
+  r = Run({"--group=2x2x2", "--batch=2"});
+  EXPECT_EQ(r.exit_code, 1) << Describe(r);
+  EXPECT_TRUE(Contains(r.err, "not with --shape")) << Describe(r);
+  EXPECT_EQ(AdmittedGemms(), 0u);  // nothing was sent
 }
 
 // Issue 12, item 7. Before: 4294967296 wrapped through sscanf into an m·k of 2^32 elements

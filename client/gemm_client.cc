@@ -507,6 +507,7 @@ grpc::Status GemmClient::StreamOn(const Route& route,
 }
 
 bool GemmClient::ShouldStream(const v1::GemmRequest& request, const CallOptions& options) {
+  if (request.group_size() > 0) return false;  // GemmStream takes no groups
   // A C kept on the server does not travel back.
   const int64_t c_bytes = request.keep_c_resident() ? 0 : ResultBytes(request);
   return int64_t(request.a().size() + request.b().size() + request.c_in().size()) >
@@ -517,10 +518,11 @@ bool GemmClient::ShouldStream(const v1::GemmRequest& request, const CallOptions&
 bool GemmClient::ShouldSendParts(const v1::GemmRequest& request, const CallOptions& options) {
   const bool no_region = !request.has_a_region() && !request.has_b_region() &&
                          !request.has_c_region() && !request.keep_c_resident();
-  // Parts carry one plain GEMM's A and B: a C input (alpha/beta) or a batch goes the old way.
+  // Parts carry one plain GEMM's A and B: a C input (alpha/beta), a batch or a group goes the
+  // old way.
   const bool plain = !request.has_alpha() && request.beta() == 0 &&
                      request.c_in_source_case() == v1::GemmRequest::C_IN_SOURCE_NOT_SET &&
-                     request.batch() <= 1;
+                     request.batch() <= 1 && request.group_size() == 0;
   const int64_t bytes = int64_t(request.a().size() + request.b().size()) + ResultBytes(request);
   return options.parallel_parts > 1 && no_region && plain && bytes >= options.parallel_min_bytes &&
          (request.a_source_case() == v1::GemmRequest::kA ||
@@ -635,9 +637,79 @@ grpc::Status GemmClient::Run(const v1::GemmRequest& request, v1::GemmResponse* r
 }
 
 int64_t GemmClient::ResultBytes(const v1::GemmRequest& request) {
-  const bool fp32 = request.c_dtype() == v1::DATA_TYPE_FP32;
-  return (fp32 ? 4 : 2) * int64_t(request.m()) * request.n() *
-         std::max<int64_t>(request.batch(), 1);
+  const int64_t element_bytes = request.c_dtype() == v1::DATA_TYPE_FP32 ? 4 : 2;
+  if (request.group_size() == 0) {
+    return element_bytes * int64_t(request.m()) * request.n() *
+           std::max<int64_t>(request.batch(), 1);
+  }
+  int64_t bytes = 0;
+  for (const v1::GroupedProblem& p : request.group()) {
+    bytes += element_bytes * int64_t(p.m()) * p.n();
+  }
+  return bytes;
+}
+
+grpc::Status GemmClient::GemmGrouped(const v1::GemmRequest& form,
+                                     const std::vector<GroupedOperands>& problems,
+                                     std::vector<std::string>* c, v1::GemmResponse* response,
+                                     const CallOptions& options) const {
+  if (problems.empty()) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        "problems: a grouped GEMM needs at least one problem");
+  }
+  v1::GemmRequest request;
+  request.set_transpose_a(form.transpose_a());
+  request.set_transpose_b(form.transpose_b());
+  request.set_dtype(form.dtype());
+  request.set_c_dtype(form.c_dtype());
+  if (form.has_alpha()) request.set_alpha(form.alpha());
+  request.set_beta(form.beta());
+  *request.mutable_options() = form.options();
+  const uint64_t c_element_bytes = form.c_dtype() == v1::DATA_TYPE_FP32 ? 4 : 2;
+  for (size_t i = 0; i < problems.size(); ++i) {
+    const GroupedOperands& p = problems[i];
+    // uint64 products of uint32 dimensions: exact.
+    for (auto [name, have, want] :
+         {std::tuple{"a", p.a.size(), 2 * uint64_t(p.m) * p.k},
+          std::tuple{"b", p.b.size(), 2 * uint64_t(p.k) * p.n},
+          std::tuple{"c_in", p.c_in.size(), c_element_bytes * p.m * p.n}}) {
+      if (std::string_view(name) == "c_in" && form.beta() == 0) continue;  // never read
+      if (have != want) {
+        return grpc::Status(
+            grpc::StatusCode::INVALID_ARGUMENT,
+            fmt::format("problems[{}].{}: {} bytes; problem {}x{}x{} (m x n x k) takes {}", i,
+                        name, have, p.m, p.n, p.k, want));
+      }
+    }
+    v1::GroupedProblem* dims = request.add_group();
+    dims->set_m(p.m);
+    dims->set_n(p.n);
+    dims->set_k(p.k);
+    request.mutable_a()->append(p.a);
+    request.mutable_b()->append(p.b);
+    if (form.beta() != 0) request.mutable_c_in()->append(p.c_in);
+  }
+  v1::GemmResponse answer;
+  grpc::Status s = Gemm(request, &answer, options);
+  if (!s.ok()) return s;
+  if (int64_t(answer.c().size()) != ResultBytes(request)) {
+    return grpc::Status(grpc::StatusCode::INTERNAL,
+                        fmt::format("the server sent {} bytes of C; the group's C takes {} (a "
+                                    "server from before grouped GEMMs?)",
+                                    answer.c().size(), ResultBytes(request)));
+  }
+  c->clear();
+  size_t offset = 0;
+  for (const GroupedOperands& p : problems) {
+    const size_t bytes = c_element_bytes * p.m * p.n;
+    c->push_back(answer.c().substr(offset, bytes));
+    offset += bytes;
+  }
+  if (response != nullptr) {
+    answer.clear_c();
+    *response = std::move(answer);
+  }
+  return grpc::Status::OK;
 }
 
 grpc::Status GemmClient::UploadMatrix(uint32_t rows, uint32_t cols, const std::string& data,

@@ -31,6 +31,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "proto/hgemm.grpc.pb.h"
@@ -107,6 +108,14 @@ struct CBuffer {
   size_t capacity = 0;  // bytes
 };
 
+// One problem of GemmClient::GemmGrouped: its dimensions and its operands as stored (A m×k, or
+// k×m with transpose_a; B k×n, or n×k with transpose_b) in the grouped request's dtype, and C_in
+// (m×n of its c_dtype) read only with beta ≠ 0. The views must stay valid during the call.
+struct GroupedOperands {
+  uint32_t m = 0, n = 0, k = 0;
+  std::string_view a, b, c_in;
+};
+
 using GemmStreamWriter = grpc::ClientReaderWriter<v1::GemmStreamRequest, v1::GemmStreamResponse>;
 
 // The messages of one GEMM on a GemmStream, one at a time: its header (tagged `gemm_id`), then
@@ -153,6 +162,16 @@ class GemmClient {
   grpc::Status Gemm(const v1::GemmRequest& request, v1::GemmResponse* response,
                     const CallOptions& options = {}) const;
 
+  // One grouped GEMM (GemmRequest.group) in one unary Gemm call: `form` gives what the problems
+  // share (transpose_a/b, dtype, c_dtype, alpha, beta, options; its m, n, k, batch, operands
+  // and group are ignored), `problems` their sizes and operands, packed in order here. On OK,
+  // (*c)[i] holds problem i's C (m×n of c_dtype) and *response (if not null) the timing and
+  // execution (its c moved out). INVALID_ARGUMENT before any call for an empty group or an
+  // operand of the wrong size (naming "problems[i].a"); the server checks the rest.
+  grpc::Status GemmGrouped(const v1::GemmRequest& form, const std::vector<GroupedOperands>& problems,
+                           std::vector<std::string>* c, v1::GemmResponse* response = nullptr,
+                           const CallOptions& options = {}) const;
+
   // All `requests` on one GemmStream call (gemm_id = index) per replica they name (one call for
   // all when they name none). On return, results[i] belongs to requests[i]. The returned status
   // is the streams' (the first that failed): a GEMM can fail on its own (its results[i].status,
@@ -183,7 +202,8 @@ class GemmClient {
                  GemmDone done) const;
 
   // Parallel parts for the largest payloads (CallOptions::parallel_min_bytes), else Gemm for
-  // small payloads, a one-GEMM GemmStream for large ones; returns that GEMM's status.
+  // small payloads, a one-GEMM GemmStream for large ones (a grouped GEMM: always Gemm);
+  // returns that GEMM's status.
   grpc::Status Run(const v1::GemmRequest& request, v1::GemmResponse* response,
                    const CallOptions& options = {}) const;
 
@@ -234,7 +254,8 @@ class GemmClient {
   // True if Run() would stream this request.
   static bool ShouldStream(const v1::GemmRequest& request, const CallOptions& options);
 
-  // Bytes of the request's C (batch·m·n elements of its c_dtype: 4 bytes for FP32, else 2).
+  // Bytes of the request's C (batch·m·n elements of its c_dtype, or the sum of its group's m·n:
+  // 4 bytes for FP32, else 2).
   static int64_t ResultBytes(const v1::GemmRequest& request);
 
  private:

@@ -10,6 +10,7 @@
 //   hgemm_client --server=unix:/run/hgemm/hgemm.sock --transport=shm --shape=2048x2048x2048 --check
 //   hgemm_client --shape=512x384x256 --dtype=bf16 --c_dtype=fp32 --alpha=0.5 --beta=-1 --check
 //   hgemm_client --shape=512x512x512 --batch=64 --check   # strided-batched, operands packed
+//   hgemm_client --group=512x256x128,64x2048x1024,1x4096x4096 --check   # grouped: one call
 // Random fp16 (or --dtype=bf16) inputs in [-1, 1) unless --a/--b give float16 .npy files;
 // --transpose_a / --transpose_b send A stored k×m / B stored n×k (the files as stored too),
 // --c_dtype=fp32 asks for an fp32 C, --alpha / --beta scale it (C = alpha·op(A)·op(B) +
@@ -28,6 +29,8 @@
 #include <cstring>
 #include <memory>
 #include <random>
+#include <string_view>
+#include <vector>
 
 #include "client/cli.h"
 #include "client/connect_flags.h"
@@ -114,6 +117,101 @@ int ReleaseResident(const hgemm::GemmClient& client, const hgemm::CallOptions& c
   return failures == 0 ? 0 : 1;
 }
 
+// A grouped GEMM (--group): random operands of `form` per problem in one unary Gemm call,
+// `repeat` times; --check compares each problem's C with its fp32 reference.
+struct GroupRun {
+  std::vector<hgemm::GemmDims> group;
+  hgemm::GemmForm form;
+  GemmRequest shared;  // what the problems share: form, scales, options
+  uint64_t seed = 0;
+  int repeat = 1;
+  bool check = false;
+  double tolerance = 0;  // 0: the service's tolerance for the form
+};
+
+int RunGroup(const hgemm::GemmClient& client, const hgemm::CallOptions& call,
+             const GroupRun& run) {
+  const GemmRequest& shared = run.shared;
+  const int64_t c_element_bytes = run.form.c_fp32 ? 4 : 2;
+  std::mt19937_64 rng(run.seed);
+  std::vector<std::string> a, b, c_in;
+  double flops = 0;
+  for (const hgemm::GemmDims& d : run.group) {
+    a.push_back(hgemm::HalfBytes(hgemm::RandomHalfMatrix(int64_t(d.m) * d.k, rng, run.form.bf16)));
+    b.push_back(hgemm::HalfBytes(hgemm::RandomHalfMatrix(int64_t(d.k) * d.n, rng, run.form.bf16)));
+    if (shared.beta() != 0) {
+      const int64_t count = int64_t(d.m) * d.n;
+      if (run.form.c_fp32) {
+        std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+        std::vector<float> values(count);
+        for (float& v : values) v = uniform(rng);
+        c_in.emplace_back(reinterpret_cast<const char*>(values.data()), 4 * values.size());
+      } else {
+        c_in.push_back(hgemm::HalfBytes(hgemm::RandomHalfMatrix(count, rng, run.form.bf16)));
+      }
+    }
+    flops += d.Flops();
+  }
+  std::vector<hgemm::GroupedOperands> problems;
+  for (size_t i = 0; i < run.group.size(); ++i) {
+    const hgemm::GemmDims& d = run.group[i];
+    problems.push_back({.m = d.m, .n = d.n, .k = d.k, .a = a[i], .b = b[i],
+                        .c_in = shared.beta() != 0 ? std::string_view(c_in[i]) : std::string_view()});
+  }
+  std::printf("grouped GEMM of %zu problems (%.3g GFLOP) %s%s in one unary Gemm, kernel %s\n",
+              run.group.size(), flops / 1e9, shared.transpose_a() ? "T" : "N",
+              shared.transpose_b() ? "T" : "N", shared.options().kernel().c_str());
+  std::printf("%5s %10s %10s %10s %8s  %s\n", "run", "queue_ms", "kernel_ms", "client_ms",
+              "TFLOP/s", "kernel@device");
+  std::vector<std::string> c;
+  GemmResponse response;
+  for (int i = 1; i <= run.repeat; ++i) {
+    const auto start = std::chrono::steady_clock::now();
+    if (grpc::Status s = client.GemmGrouped(shared, problems, &c, &response, call); !s.ok()) {
+      return Fail(s);
+    }
+    const double client_ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+    const auto& t = response.timing();
+    std::printf("%5d %10.3f %10.3f %10.3f %8.2f  %s @ %s\n", i, t.queue_wait_ms(), t.kernel_ms(),
+                client_ms, t.tflops(), response.execution().kernel().c_str(),
+                response.execution().device_name().c_str());
+  }
+  if (!run.check) return 0;
+  const double tolerance =
+      run.tolerance > 0
+          ? run.tolerance
+          : hgemm::ServiceTolerance(
+                response.execution().accumulation() == hgemm::v1::ACCUMULATION_FP16, run.form);
+  double worst = 0;
+  for (size_t i = 0; i < run.group.size(); ++i) {
+    const hgemm::GemmDims& d = run.group[i];
+    const std::vector<float> reference = hgemm::ReferenceGemm(
+        reinterpret_cast<const uint16_t*>(a[i].data()),
+        reinterpret_cast<const uint16_t*>(b[i].data()), d.m, d.n, d.k, run.form,
+        {.alpha = shared.has_alpha() ? shared.alpha() : 1.0f,
+         .beta = shared.beta(),
+         .c_in = shared.beta() != 0 ? c_in[i].data() : nullptr});
+    if (int64_t(c[i].size()) != c_element_bytes * int64_t(reference.size())) {
+      return Fail(fmt::format("problem {}: C has {} bytes; expected {}", i, c[i].size(),
+                              c_element_bytes * reference.size()));
+    }
+    const hgemm::ErrorStats stats =
+        hgemm::CompareToReference(c[i].data(), reference.data(), reference.size(), run.form);
+    const double error = stats.nan_count > 0 ? INFINITY : stats.rel_frobenius;
+    if (!(error <= tolerance)) {
+      std::printf("check: problem %zu (%s): relative Frobenius error %.3e (tolerance %.0e): FAILED\n",
+                  i, d.Name().c_str(), error, tolerance);
+      return 1;
+    }
+    worst = std::max(worst, error);
+  }
+  std::printf("check: %zu problems, worst relative Frobenius error vs fp32 reference %.3e "
+              "(tolerance %.0e): OK\n",
+              run.group.size(), worst, tolerance);
+  return 0;
+}
+
 int Main(int argc, char** argv);
 
 }  // namespace
@@ -143,7 +241,7 @@ int Main(int argc, char** argv) {
   float alpha = 1, beta = 0;
   uint32_t batch = 1;
   bool check = false, info = false, list = false, transpose_a = false, transpose_b = false;
-  std::string release, dtype = "fp16", c_dtype, transport = "grpc";
+  std::string release, dtype = "fp16", c_dtype, transport = "grpc", group_text;
 
   CLI::App app{"hgemm_client: fp16 GEMM on an hgemm-serve server"};
   app.add_option("--server", server,
@@ -168,6 +266,9 @@ int Main(int argc, char** argv) {
                  "strided-batched: this many GEMMs of the shape in one call, random operands "
                  "packed one after the other (the server checks the batch's size)")
       ->check(CLI::Range(1u, 65536u));
+  app.add_option("--group", group_text,
+                 "grouped: MxNxK,MxNxK,... problems of their own shapes in one call (random "
+                 "operands of --dtype, one form, --alpha/--beta shared), C back per problem");
   app.add_option("--kernel", kernel, "kernel variant (see --info) or auto")->capture_default_str();
   app.add_option("--accumulation", accumulation, "fp16 or fp32")
       ->check(CLI::IsMember({"fp16", "fp32"}))->capture_default_str();
@@ -282,19 +383,56 @@ int Main(int argc, char** argv) {
   call.parallel_min_bytes = mode == "parts" ? 0 : parallel_min_bytes;
   if (mode == "parts" && parallel_parts < 2) return Fail("--mode=parts needs --parallel_parts of 2 or more");
 
+  std::vector<hgemm::GemmDims> group;
+  if (!group_text.empty()) {
+    if (std::string e = hgemm::cli::ParseGroup(group_text, &group); !e.empty()) return Fail(e);
+    if (!shape.empty() || !a_path.empty() || batch > 1 || resident != "none" || shm ||
+        !out_path.empty() || (mode != "auto" && mode != "unary")) {
+      return Fail("--group sends random inline operands in one unary Gemm: not with --shape, "
+                  "--a/--b, --batch, --resident, --transport=shm, --out or --mode=stream/parts");
+    }
+  }
+
   hgemm::GemmClient client(server, connect);
   if (info) {
     hgemm::v1::ServerInfo server_info;
     if (grpc::Status s = client.GetServerInfo(&server_info, call); !s.ok()) return Fail(s);
     PrintServerInfo(client);
   }
-  const bool gemm_asked = !shape.empty() || !a_path.empty();
+  const bool gemm_asked = !shape.empty() || !a_path.empty() || !group.empty();
   if (list || !release_handles.empty()) {
     int rc = release_handles.empty() ? 0 : ReleaseResident(client, call, release_handles);
     if (list && rc == 0) rc = ListResident(client, call);
     if (rc != 0 || !gemm_asked) return rc;
   } else if (info && !gemm_asked) {
     return 0;
+  }
+
+  if (!group.empty()) {
+    hgemm::v1::ServerInfo server_info;
+    if (grpc::Status s = client.GetServerInfo(&server_info, call); !s.ok()) {
+      return Fail(fmt::format("cannot read the server's limits (GetServerInfo): {} (gRPC status {})",
+                              s.error_message(), static_cast<int>(s.error_code())));
+    }
+    if (std::string e =
+            hgemm::cli::CheckGroupLimits(group, form.c_fp32, beta != 0, server_info.limits());
+        !e.empty()) {
+      return Fail("refused before sending: " + e);
+    }
+    GroupRun run{.group = group, .form = form, .seed = seed, .repeat = repeat, .check = check,
+                 .tolerance = tolerance};
+    run.shared.set_transpose_a(transpose_a);
+    run.shared.set_transpose_b(transpose_b);
+    run.shared.set_dtype(form.bf16 ? hgemm::v1::DATA_TYPE_BF16 : hgemm::v1::DATA_TYPE_UNSPECIFIED);
+    run.shared.set_c_dtype(form.c_fp32 ? hgemm::v1::DATA_TYPE_FP32
+                                       : hgemm::v1::DATA_TYPE_UNSPECIFIED);
+    if (alpha_flag->count() > 0) run.shared.set_alpha(alpha);
+    run.shared.set_beta(beta);
+    run.shared.mutable_options()->set_kernel(kernel);
+    run.shared.mutable_options()->set_accumulation(
+        accumulation == "fp16" ? hgemm::v1::ACCUMULATION_FP16 : hgemm::v1::ACCUMULATION_FP32);
+    run.shared.mutable_options()->set_request_id(request_id);
+    return RunGroup(client, call, run);
   }
 
   // The server's limits, before a byte of A or B is allocated.

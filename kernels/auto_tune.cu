@@ -212,9 +212,14 @@ const VariantInfo* ChooseAutoFor(const GemmProblem& p, LaunchContext& ctx) {
     auto it = Cache().find(key);
     if (it != Cache().end() && CheckProblem(*it->second, p).empty()) return it->second;
   }
+  // The kernels that read the operands in place; where none does (odd K or N, strides, pointers),
+  // the padded wrappers.
   std::vector<const VariantInfo*> candidates;
-  for (const VariantInfo& v : Variants())
-    if (v.kind == VariantKind::kKernel && CheckProblem(v, p).empty()) candidates.push_back(&v);
+  for (VariantKind kind : {VariantKind::kKernel, VariantKind::kPadded}) {
+    for (const VariantInfo& v : Variants())
+      if (v.kind == kind && CheckProblem(v, p).empty()) candidates.push_back(&v);
+    if (!candidates.empty()) break;
+  }
   if (candidates.empty()) return nullptr;
   const VariantInfo* best =
       candidates.size() == 1 ? candidates.front() : Tune(p, ctx, candidates);

@@ -33,13 +33,15 @@ __global__ void FillBitsKernel(__half* data, size_t count, uint16_t bits) {
     data[i] = __ushort_as_half(bits);
 }
 
-__global__ void CopyPaddedKernel(__half* __restrict__ dst, int dst_rows, int dst_cols,
-                                 const __half* __restrict__ src, int src_rows, int src_cols) {
+__global__ void CopyPaddedKernel(uint16_t* __restrict__ dst, int dst_rows, int dst_cols,
+                                 const uint16_t* __restrict__ src, int rows, int cols, int src_ld,
+                                 bool src_transposed) {
   const size_t count = size_t(dst_rows) * dst_cols;
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < count;
        i += size_t(gridDim.x) * blockDim.x) {
     const int r = int(i / dst_cols), c = int(i % dst_cols);
-    dst[i] = (r < src_rows && c < src_cols) ? src[size_t(r) * src_cols + c] : __float2half(0.f);
+    const size_t at = src_transposed ? size_t(c) * src_ld + r : size_t(r) * src_ld + c;
+    dst[i] = (r < rows && c < cols) ? src[at] : uint16_t{0};  // +0 in fp16 and bf16
   }
 }
 
@@ -62,11 +64,11 @@ cudaError_t FillUniform(__nv_bfloat16* data, size_t count, uint64_t seed, float 
   return cudaGetLastError();
 }
 
-cudaError_t CopyPadded(__half* dst, int dst_rows, int dst_cols, const __half* src, int src_rows,
-                       int src_cols, cudaStream_t stream) {
+cudaError_t CopyPadded(uint16_t* dst, int dst_rows, int dst_cols, const uint16_t* src, int rows,
+                       int cols, int src_ld, bool src_transposed, cudaStream_t stream) {
   const size_t count = size_t(dst_rows) * dst_cols;
-  CopyPaddedKernel<<<GridFor(count), 256, 0, stream>>>(dst, dst_rows, dst_cols, src, src_rows,
-                                                       src_cols);
+  CopyPaddedKernel<<<GridFor(count), 256, 0, stream>>>(dst, dst_rows, dst_cols, src, rows, cols,
+                                                       src_ld, src_transposed);
   return cudaGetLastError();
 }
 

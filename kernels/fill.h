@@ -27,10 +27,12 @@ cudaError_t FillUniform(__nv_bfloat16* data, size_t count, uint64_t seed, float 
 // for bf16 data 0x7FC0, and over fp32 data 0x7FC0 in both halves is a NaN too).
 cudaError_t FillBits(__half* data, size_t count, uint16_t bits, cudaStream_t stream);
 
-// Copies the row-major src (src_rows × src_cols) into the row-major dst (dst_rows × dst_cols):
-// dst[r][c] = src[r][c] where both exist, 0 elsewhere in dst.
-cudaError_t CopyPadded(__half* dst, int dst_rows, int dst_cols, const __half* src, int src_rows,
-                       int src_cols, cudaStream_t stream);
+// Copies the logical matrix S (rows × cols, 2-byte elements: fp16 or bf16 bits) into the packed
+// row-major dst (dst_rows × dst_cols): dst[r][c] = S[r][c] where both exist, 0 elsewhere in dst.
+// S is stored row-major with src_ld elements between rows, or transposed (S[r][c] at
+// src[c * src_ld + r]) when src_transposed: a padded copy is also an NN, packed one.
+cudaError_t CopyPadded(uint16_t* dst, int dst_rows, int dst_cols, const uint16_t* src, int rows,
+                       int cols, int src_ld, bool src_transposed, cudaStream_t stream);
 
 }  // namespace hgemm::kernels
 

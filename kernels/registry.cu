@@ -51,7 +51,7 @@ bool PaddedShape(int m, int n, int k) {
 }
 
 // pad8_<inner>: runs `inner` on zero-padded copies, so it takes what inner supports and needs
-// (accumulations, shared memory, SM) on any shape.
+// (accumulations, layouts, types, shared memory, SM) on any shape and any strides.
 VariantInfo PaddedVariant(const VariantInfo& inner) {
   VariantInfo v = inner;
   v.name = "pad8_" + inner.name;
@@ -63,10 +63,7 @@ VariantInfo PaddedVariant(const VariantInfo& inner) {
   v.swizzle_stride = 0;
   v.inner = inner.name;
   v.launch = nullptr;
-  // The padding copies are NN fp16 packed.
-  v.layouts = kLayoutNN;
-  v.types = kTypesFp16;
-  v.strided = false;
+  v.strided = true;  // a padded copy is packed
   v.check_layout = nullptr;
   return v;
 }
@@ -141,18 +138,27 @@ std::string LaunchCublas(const GemmProblem& p, LaunchContext& ctx) {
 }
 
 // pad8_<inner>: copies whichever operands the 16-byte kernel cannot read in place (K or N not a
-// multiple of 8, or a pointer not 16-byte aligned) into zero-padded scratch, runs the inner
-// kernel on (m, n8, k8), and copies C back. Zero columns of A and rows of B add nothing.
+// multiple of 8, a row stride that is not, a pointer not 16-byte aligned, a layout the kernel
+// does not take) into zero-padded, packed, untransposed scratch, runs the inner kernel on
+// (m, n8, k8), and copies C back. Zero columns of A and rows of B add nothing.
 std::string LaunchPadded(const VariantInfo& v, const GemmProblem& p, LaunchContext& ctx) {
   const VariantInfo* inner = FindVariant(v.inner);
   if (inner == nullptr || inner->kind != VariantKind::kKernel) return "bad inner variant " + v.inner;
   const int k8 = (p.k + 7) / 8 * 8, n8 = (p.n + 7) / 8 * 8;
-  const bool pad_a = k8 != p.k || !Aligned16(p.a);
-  const bool pad_b = k8 != p.k || n8 != p.n || !Aligned16(p.b);
-  const bool pad_c = n8 != p.n || !Aligned16(p.c);
-  const size_t a_bytes = pad_a ? AlignUp(size_t(p.m) * k8 * 2) : 0;
-  const size_t b_bytes = pad_b ? AlignUp(size_t(k8) * n8 * 2) : 0;
-  const size_t c_bytes = pad_c ? AlignUp(size_t(p.m) * n8 * 2) : 0;
+  const Stored sa = StoredA(p), sb = StoredB(p), sc = StoredC(p);
+  // In place: the inner kernel reads the stored matrix as it is (16-byte rows and pointer, a
+  // layout it takes; a kernel without strides only packed rows).
+  auto in_place = [&](const void* ptr, Stored s) {
+    return Aligned16(ptr) && s.cols % 8 == 0 && s.ld % 8 == 0 && (inner->strided || s.ld == s.cols);
+  };
+  const bool layout_ok = inner->SupportsLayout(p.transpose_a, p.transpose_b);
+  const bool pad_a = k8 != p.k || !in_place(p.a, sa) || (p.transpose_a && !layout_ok);
+  const bool pad_b = k8 != p.k || n8 != p.n || !in_place(p.b, sb) || (p.transpose_b && !layout_ok);
+  const bool pad_c = n8 != p.n || !in_place(p.c, sc);
+  const size_t ab = DataTypeBytes(p.ab_type), cb = DataTypeBytes(p.c_type);
+  const size_t a_bytes = pad_a ? AlignUp(size_t(p.m) * k8 * ab) : 0;
+  const size_t b_bytes = pad_b ? AlignUp(size_t(k8) * n8 * ab) : 0;
+  const size_t c_bytes = pad_c ? AlignUp(size_t(p.m) * n8 * cb) : 0;
   unsigned char* base = nullptr;
   if (a_bytes + b_bytes + c_bytes > 0) {
     std::string error;
@@ -165,26 +171,35 @@ std::string LaunchPadded(const VariantInfo& v, const GemmProblem& p, LaunchConte
   q.n = n8;
   q.k = k8;
   if (pad_a) {
-    auto* a = reinterpret_cast<__half*>(base);
-    if (cudaError_t e = CopyPadded(a, p.m, k8, static_cast<const __half*>(p.a), p.m, p.k, stream);
+    auto* a = reinterpret_cast<uint16_t*>(base);
+    if (cudaError_t e = CopyPadded(a, p.m, k8, static_cast<const uint16_t*>(p.a), p.m, p.k, sa.ld,
+                                   p.transpose_a, stream);
         e != cudaSuccess)
       return CudaErrorText("padding a", e);
     q.a = a;
+    q.transpose_a = false;
+    q.lda = 0;
   }
   if (pad_b) {
-    auto* b = reinterpret_cast<__half*>(base + a_bytes);
-    if (cudaError_t e = CopyPadded(b, k8, n8, static_cast<const __half*>(p.b), p.k, p.n, stream);
+    auto* b = reinterpret_cast<uint16_t*>(base + a_bytes);
+    if (cudaError_t e = CopyPadded(b, k8, n8, static_cast<const uint16_t*>(p.b), p.k, p.n, sb.ld,
+                                   p.transpose_b, stream);
         e != cudaSuccess)
       return CudaErrorText("padding b", e);
     q.b = b;
+    q.transpose_b = false;
+    q.ldb = 0;
   }
-  if (pad_c) q.c = reinterpret_cast<__half*>(base + a_bytes + b_bytes);
+  if (pad_c) {
+    q.c = base + a_bytes + b_bytes;
+    q.ldc = 0;
+  }
   if (std::string why = CheckProblem(*inner, q); !why.empty()) return why;
   if (cudaError_t e = inner->launch(q, inner->swizzle_stride, stream); e != cudaSuccess)
     return CudaErrorText(("launch of " + inner->name).c_str(), e);
   if (pad_c) {
-    if (cudaError_t e = CopyPadded(static_cast<__half*>(p.c), p.m, p.n,
-                                   static_cast<const __half*>(q.c), p.m, n8, stream);
+    if (cudaError_t e = cudaMemcpy2DAsync(p.c, sc.ld * cb, q.c, size_t(n8) * cb, size_t(p.n) * cb,
+                                          p.m, cudaMemcpyDeviceToDevice, stream);
         e != cudaSuccess)
       return CudaErrorText("unpadding c", e);
   }
@@ -357,8 +372,9 @@ std::string CheckProblem(const VariantInfo& v, const GemmProblem& p) {
 const VariantInfo* AutoVariantFor(const GemmProblem& p) {
   const VariantInfo& preferred = DefaultVariant(p.m, p.n, p.k, p.accumulation);
   if (CheckProblem(preferred, p).empty()) return &preferred;
-  for (const VariantInfo& v : Variants())
-    if (v.kind == VariantKind::kKernel && CheckProblem(v, p).empty()) return &v;
+  for (VariantKind kind : {VariantKind::kKernel, VariantKind::kPadded})
+    for (const VariantInfo& v : Variants())
+      if (v.kind == kind && CheckProblem(v, p).empty()) return &v;
   return nullptr;
 }
 

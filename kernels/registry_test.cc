@@ -161,8 +161,8 @@ TEST(Registry, EveryVariantTakesTheDefaultProblem) {
 
 TEST(Registry, OlderFamiliesRefuseOtherLayoutsAndTypesByName) {
   for (const VariantInfo& v : Variants()) {
-    if (v.name.rfind("wgmma_", 0) == 0 || v.kind == VariantKind::kCublas ||
-        v.kind == VariantKind::kAuto)
+    if (v.name.rfind("wgmma_", 0) == 0 || v.name.rfind("pad8_wgmma_", 0) == 0 ||
+        v.kind == VariantKind::kCublas || v.kind == VariantKind::kAuto)
       continue;
     GemmProblem p = AlignedProblem(128, 128, 128);
     if (!v.Supports(Accumulation::kFp32)) p.accumulation = Accumulation::kFp16;
@@ -182,7 +182,7 @@ TEST(Registry, OlderFamiliesRefuseOtherLayoutsAndTypesByName) {
     }
     p.ab_type = p.c_type = DataType::kFp16;
     p.ldb = 136;
-    if (v.Supports(Accumulation::kFp32)) {
+    if (v.Supports(Accumulation::kFp32) && v.kind != VariantKind::kPadded) {
       EXPECT_NE(CheckProblem(v, p).find("densely packed"), std::string::npos) << v.name;
     }
   }
@@ -245,13 +245,24 @@ TEST(Registry, RefusesBadTypePairsAndStrides) {
       << CheckProblem(cublas, p);
 }
 
-TEST(Registry, PaddedVariantsAreNnFp16Only) {
+// A padded wrapper takes the layouts and types of its inner kernel, any strides (its copies are
+// packed) and any shape.
+TEST(Registry, PaddedVariantsTakeTheirKernelsFormsAtAnyShapeAndStride) {
+  int padded = 0;
   for (const VariantInfo& v : Variants()) {
     if (v.kind != VariantKind::kPadded) continue;
-    EXPECT_EQ(v.layouts, kLayoutNN) << v.name;
-    EXPECT_EQ(v.types, kTypesFp16) << v.name;
-    EXPECT_FALSE(v.strided) << v.name;
+    ++padded;
+    const VariantInfo* inner = FindVariant(v.inner);
+    ASSERT_NE(inner, nullptr) << v.name;
+    EXPECT_EQ(v.layouts, inner->layouts) << v.name;
+    EXPECT_EQ(v.types, inner->types) << v.name;
+    EXPECT_TRUE(v.strided) << v.name;
+    GemmProblem p = AlignedProblem(33, 17, 9);
+    p.ldb = 21;
+    if (!v.Supports(Accumulation::kFp32)) p.accumulation = Accumulation::kFp16;
+    EXPECT_EQ(CheckProblem(v, p), "") << v.name;
   }
+  EXPECT_GT(padded, 0);
 }
 
 TEST(Registry, AutoPicksAKernelThatTakesTheLayout) {
@@ -267,12 +278,12 @@ TEST(Registry, AutoPicksAKernelThatTakesTheLayout) {
   EXPECT_EQ(CheckProblem(*chosen, p), "") << chosen->name;
   EXPECT_EQ(chosen->kind, VariantKind::kKernel);
   EXPECT_EQ(CheckProblem(*FindVariant("auto"), p), "");
-  // No kernel takes an odd N with a transposed B: auto refuses it up front, by name.
+  // No kernel reads an odd N with a transposed B in place: the padded wgmma wrapper takes it.
   p.n = 4095;
-  EXPECT_EQ(AutoVariantFor(p), nullptr);
-  EXPECT_NE(CheckProblem(*FindVariant("auto"), p).find("auto: no kernel on this device takes layout NT"),
-            std::string::npos)
-      << CheckProblem(*FindVariant("auto"), p);
+  chosen = AutoVariantFor(p);
+  ASSERT_NE(chosen, nullptr);
+  EXPECT_EQ(chosen->kind, VariantKind::kPadded) << chosen->name;
+  EXPECT_EQ(CheckProblem(*FindVariant("auto"), p), "");
 }
 
 }  // namespace

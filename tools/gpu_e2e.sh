@@ -22,7 +22,8 @@
 #   python    the Python client (client/python) vs hgemm_load: bench/python_client_bench.py
 #             (2048³ unary c=16, 128x8192x8192 with B resident; needs python3 with grpcio, numpy)
 #   blas      issue 29 through the server: bf16 with transpose_b, fp32 C, alpha/beta with C_in,
-#             a strided batch, each --check'ed by hgemm_client against the CPU reference
+#             a strided batch, grouped GEMMs, each --check'ed by hgemm_client against the CPU
+#             reference
 #   dataplane bench/dataplane.sh: one GEMM's bytes over gRPC, parallel parts and shared memory
 #             (then --same_host: gRPC vs shm staging vs shm DMA vs CUDA IPC next to pinned
 #             cudaMemcpy, issue 31's table)
@@ -178,7 +179,10 @@ if want pressure; then
     flags=()
     [[ $lru == on ]] && flags=(--resident_lru_eviction)
     echo "-- LRU eviction $lru; GPU memory used before the server: $(gpu_memory)"
+    # The per-client quota (32 GiB by default) raised past the card, so that device memory is
+    # what runs out.
     hgemm_server --listen=127.0.0.1:$pport --backend=cuda --streams_per_device=4 "${flags[@]}" \
+      --resident_quota_bytes=$((1 << 40)) \
       >"$out/pressure_server_lru_$lru.log" 2>&1 &
     pressure_pid=$!
     if wait_for_server $pport; then
@@ -250,6 +254,11 @@ if want blas; then
   client --shape=1024x1024x1024 --dtype=bf16 --alpha=1.5 --beta=-1 --mode=stream --check ||
     echo "FAILED: streamed bf16 alpha/beta"
   client --shape=512x512x512 --batch=64 --check --repeat=2 || echo "FAILED: batch 64"
+  # Grouped: shapes from 1 to 2048 (odd ones too), a per-problem launch for now.
+  client --group=2048x2048x2048,64x64x64,1x4096x4096,1000x999x1001,512x128x2048,37x5x3 \
+    --check --repeat=2 || echo "FAILED: group"
+  client --group=1024x512x256,33x17x65,256x1024x512 --dtype=bf16 --transpose_b --c_dtype=fp32 \
+    --alpha=0.5 --beta=-1 --check || echo "FAILED: group bf16 NT alpha/beta"
 fi
 
 if want resident; then

@@ -34,6 +34,7 @@ struct KernelDescription {
   unsigned layouts = kLayoutNNBit;  // LayoutBit()s it takes (server/core/shape.h)
   unsigned types = kTypesFp16Bit;   // TypesBit()s it takes
   unsigned scaled_types = 0;        // the TypesBit()s for which it takes alpha and beta
+  bool grouped = false;             // it takes grouped GEMMs (GemmShape::group)
 };
 
 class Backend {

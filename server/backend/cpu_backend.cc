@@ -34,7 +34,8 @@ class CpuBackend final : public Backend {
              .fp32_accumulation = true,
              .layouts = kAllLayoutBits,
              .types = kAllTypesBits,
-             .scaled_types = kAllTypesBits}};
+             .scaled_types = kAllTypesBits,
+             .grouped = true}};
   }
 
   int NumSlots() const override { return options_.workers; }
@@ -102,15 +103,18 @@ class CpuBackend final : public Backend {
                         .bf16 = shape.ab_type == ElementType::kBf16,
                         .c_fp32 = shape.c_type == ElementType::kFp32};
     auto start = Clock::now();
-    // A batch: its matrices one after the other in each buffer.
-    const int64_t a_elements = shape.AMatrixBytes() / 2, b_elements = shape.BMatrixBytes() / 2;
-    const int64_t c_bytes = shape.CMatrixBytes();
-    for (int64_t i = 0; i < shape.batch; ++i) {
-      CpuGemm(a + i * a_elements, b + i * b_elements, static_cast<char*>(c) + i * c_bytes, shape.m,
-              shape.n, shape.k, form,
+    // A batch or a group: its matrices one after the other in each buffer.
+    const int64_t c_element_bytes = ElementBytes(shape.c_type);
+    int64_t a_offset = 0, b_offset = 0, c_offset = 0;  // elements
+    for (const ProblemDims& p : shape.Problems()) {
+      CpuGemm(a + a_offset, b + b_offset, static_cast<char*>(c) + c_offset * c_element_bytes,
+              p.m, p.n, p.k, form,
               {.alpha = job.alpha,
                .beta = job.beta,
-               .c_in = shape.c_input ? c_in + i * c_bytes : nullptr});
+               .c_in = shape.c_input ? c_in + c_offset * c_element_bytes : nullptr});
+      a_offset += p.m * p.k;
+      b_offset += p.k * p.n;
+      c_offset += p.m * p.n;
     }
     report->kernel_ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
     report->kernel = kKernelName;

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <tuple>
 #include <vector>
 
 #include "proto/numerics/error_stats.h"
@@ -105,6 +106,62 @@ TEST(CpuBackend, ScaledCMatchesFloat64InPlaceAndBetaZeroReadsNoCIn) {
       }
     }
   }
+}
+
+// Grouped: problems of their own shapes packed in order, alpha/beta with C_in, into a C
+// poisoned with NaN; each problem's C matches float64, and a group of one is bit-identical to
+// the plain GEMM.
+TEST(CpuBackend, GroupedProblemsOverwritePoisonedCAndMatchFloat64) {
+  std::unique_ptr<Backend> backend = MakeCpuBackend({});
+  std::mt19937_64 rng(71);
+  const std::vector<std::tuple<uint32_t, uint32_t, uint32_t>> problems = {
+      {7, 5, 3}, {1, 1, 1}, {33, 17, 65}, {2, 40, 9}};
+  for (v1::DataType ab : {v1::DATA_TYPE_FP16, v1::DATA_TYPE_BF16}) {
+    for (v1::DataType c_type : {ab, v1::DATA_TYPE_FP32}) {
+      v1::GemmRequest r = GroupRequest(problems, true, false, ab, c_type, rng);
+      r.set_alpha(-0.75f);
+      r.set_beta(1.25f);
+      SetRandomCIn(&r, rng);
+      GemmJob job;
+      job.shape.ab_type = ab == v1::DATA_TYPE_BF16 ? ElementType::kBf16 : ElementType::kFp16;
+      job.shape.c_type = c_type == v1::DATA_TYPE_FP32 ? ElementType::kFp32 : job.shape.ab_type;
+      job.shape.c_input = true;
+      for (auto [m, n, k] : problems) job.shape.group.push_back({m, n, k});
+      job.transpose_a = true;
+      job.a = reinterpret_cast<const uint16_t*>(r.a().data());
+      job.b = reinterpret_cast<const uint16_t*>(r.b().data());
+      job.alpha = -0.75f;
+      job.beta = 1.25f;
+      job.c_in = r.c_in().data();
+      std::string c(job.shape.CBytes(), '\xFF');
+      job.c = c.data();
+      GemmReport report;
+      ASSERT_TRUE(backend->Run(0, job, &report).ok());
+      const double tolerance = c_type == v1::DATA_TYPE_FP32 ? kKernelTolerance.fp32_acc
+                               : ab == v1::DATA_TYPE_BF16   ? kKernelToleranceBf16
+                                                            : kKernelTolerance.fp32_acc;
+      EXPECT_LT(RelativeErrorOfC(r, c), tolerance)
+          << v1::DataType_Name(ab) << " -> " << v1::DataType_Name(c_type);
+    }
+  }
+  v1::GemmRequest r = GroupRequest({{13, 9, 21}}, false, false, v1::DATA_TYPE_FP16,
+                                   v1::DATA_TYPE_FP16, rng);
+  std::string grouped_c(2 * 13 * 9, '\xFF'), plain_c(2 * 13 * 9, '\xFF');
+  for (bool grouped : {true, false}) {
+    GemmJob job;
+    if (grouped) {
+      job.shape.group = {{13, 9, 21}};
+    } else {
+      job.shape = {.m = 13, .n = 9, .k = 21};
+    }
+    job.a = reinterpret_cast<const uint16_t*>(r.a().data());
+    job.b = reinterpret_cast<const uint16_t*>(r.b().data());
+    job.c = grouped ? grouped_c.data() : plain_c.data();
+    GemmReport report;
+    ASSERT_TRUE(backend->Run(0, job, &report).ok());
+  }
+  EXPECT_EQ(grouped_c, plain_c);
+  EXPECT_LT(RelativeErrorOfC(r, grouped_c), kKernelTolerance.fp32_acc);
 }
 
 }  // namespace

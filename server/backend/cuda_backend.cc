@@ -12,6 +12,7 @@
 #include <functional>
 #include <thread>
 #include <tuple>
+#include <vector>
 
 #include "kernels/align.h"
 #include "kernels/registry.h"
@@ -141,7 +142,9 @@ class CudaBackend final : public Backend {
                      .fp32_accumulation = v.fp32_acc,
                      .layouts = v.layouts,  // the same bits (checked above)
                      .types = v.types,
-                     .scaled_types = ScaledTypes(v)});
+                     .scaled_types = ScaledTypes(v),
+                     // A group runs as one launch per problem (RunOnSlot).
+                     .grouped = true});
     }
     return out;
   }
@@ -647,7 +650,8 @@ absl::Status CudaBackend::RunOnSlot(int slot_index, const GemmJob& job, GemmRepo
   // Scaled (alpha/beta): the variant writes T = op(A)·op(B) in fp32, into C itself when C is
   // fp32, else into its own space; C_in (read with beta ≠ 0) comes over unless resident here.
   const bool scaled = job.Scaled();
-  const size_t t_bytes = size_t(shape.batch) * size_t(shape.m) * size_t(shape.n) * sizeof(float);
+  const size_t c_elements = size_t(c_bytes) / size_t(ElementBytes(shape.c_type));
+  const size_t t_bytes = c_elements * sizeof(float);
   const size_t t_space =
       scaled && shape.c_type != ElementType::kFp32 ? k::AlignUp(t_bytes) : 0;
   const size_t c_in_bytes = shape.CInBytes();
@@ -672,45 +676,77 @@ absl::Status CudaBackend::RunOnSlot(int slot_index, const GemmJob& job, GemmRepo
                                  : slot.device_buffer + a_space + b_space + c_space + t_space;
 
   const Accumulation acc = job.accumulation;
-  const int m = int(shape.m), n = int(shape.n), kk = int(shape.k);
+  // What every problem of the job shares (the items below set their matrices and sizes).
   const k::GemmProblem problem{.a = d_a,
                                .b = d_b,
                                .c = scaled ? d_t : d_c,
-                               .m = m,
-                               .n = n,
-                               .k = kk,
                                .accumulation = acc,
                                .transpose_a = job.transpose_a,
                                .transpose_b = job.transpose_b,
                                .ab_type = KernelType(shape.ab_type),
                                .c_type = scaled ? k::DataType::kFp32 : KernelType(shape.c_type)};
-  // A batch: one launch per GEMM, each at its matrices' offsets (T's with alpha/beta).
-  const size_t c_matrix_bytes =
-      scaled ? size_t(shape.m) * size_t(shape.n) * sizeof(float) : size_t(shape.CMatrixBytes());
-  auto batch_item = [&](int64_t i) {
+  // A batch or a group: one launch per problem, each at its matrices' offsets (T's with
+  // alpha/beta).
+  const size_t c_element_bytes =
+      scaled ? sizeof(float) : size_t(ElementBytes(shape.c_type));
+  std::vector<k::GemmProblem> items;
+  std::vector<int64_t> item_flops;
+  size_t a_offset = 0, b_offset = 0, c_offset = 0;  // bytes
+  for (const ProblemDims& p : shape.Problems()) {
     k::GemmProblem item = problem;
-    item.a = d_a + i * shape.AMatrixBytes();
-    item.b = d_b + i * shape.BMatrixBytes();
-    item.c = static_cast<char*>(problem.c) + i * c_matrix_bytes;
-    return item;
+    item.a = d_a + a_offset;
+    item.b = d_b + b_offset;
+    item.c = static_cast<char*>(problem.c) + c_offset;
+    item.m = int(p.m);
+    item.n = int(p.n);
+    item.k = int(p.k);
+    items.push_back(item);
+    item_flops.push_back(2 * p.m * p.n * p.k);
+    a_offset += size_t(MatrixBytes(p.m, p.k, shape.ab_type));
+    b_offset += size_t(MatrixBytes(p.k, p.n, shape.ab_type));
+    c_offset += size_t(p.m * p.n) * c_element_bytes;
+  }
+  // The variant for `item`, chosen (ChooseAutoFor sends NN fp16 to ChooseAuto, as before) and
+  // checked; `where` names a group's problem in a refusal.
+  auto choose = [&](const k::GemmProblem& item, const std::string& where,
+                    const k::VariantInfo** out) -> absl::Status {
+    const k::VariantInfo* variant = job.kernel == "auto"
+                                        ? k::ChooseAutoFor(item, *slot.launch_context)
+                                        : k::FindVariant(job.kernel);
+    if (variant == nullptr && job.kernel == "auto") {
+      return status::InvalidArgument(
+          "options.kernel", fmt::format("{}no kernel for 'auto' takes {} {} on this device", where,
+                                        k::LayoutName(job.transpose_a, job.transpose_b),
+                                        k::TypesName(problem.ab_type, problem.c_type)));
+    }
+    if (variant == nullptr) {
+      return status::InvalidArgument("options.kernel", "unknown: " + job.kernel);
+    }
+    if (std::string why = k::CheckProblem(*variant, item); !why.empty()) {
+      return status::InvalidArgument("options.kernel", where + variant->name + ": " + why);
+    }
+    *out = variant;
+    return absl::OkStatus();
   };
-  // Item 1's pointers are the least aligned of a batch (item i's offsets are multiples of its):
-  // the kernel is chosen and checked for them.
-  const k::GemmProblem least_aligned = shape.batch > 1 ? batch_item(1) : problem;
-  // ChooseAutoFor sends NN fp16 to ChooseAuto, as before.
-  const k::VariantInfo* variant = job.kernel == "auto"
-                                      ? k::ChooseAutoFor(least_aligned, *slot.launch_context)
-                                      : k::FindVariant(job.kernel);
-  if (variant == nullptr && job.kernel == "auto") {
-    return status::InvalidArgument(
-        "options.kernel", fmt::format("no kernel for 'auto' takes {} {} on this device",
-                                      k::LayoutName(job.transpose_a, job.transpose_b),
-                                      k::TypesName(problem.ab_type, problem.c_type)));
+  std::vector<const k::VariantInfo*> variants(items.size());
+  if (shape.Grouped()) {  // shapes differ: a variant per problem
+    for (size_t i = 0; i < items.size(); ++i) {
+      if (absl::Status s = choose(items[i], fmt::format("group[{}]: ", i), &variants[i]); !s.ok()) {
+        return s;
+      }
+    }
+  } else {
+    // One variant for a batch, chosen and checked for item 1's pointers: the least aligned
+    // (item i's offsets are multiples of its).
+    if (absl::Status s = choose(items[std::min<size_t>(1, items.size() - 1)], "", &variants[0]);
+        !s.ok()) {
+      return s;
+    }
+    std::fill(variants.begin(), variants.end(), variants[0]);
   }
-  if (variant == nullptr) return status::InvalidArgument("options.kernel", "unknown: " + job.kernel);
-  if (std::string why = k::CheckProblem(*variant, least_aligned); !why.empty()) {
-    return status::InvalidArgument("options.kernel", variant->name + ": " + why);
-  }
+  // What the report names: the variant of the problem with the most work.
+  const k::VariantInfo* variant =
+      variants[std::max_element(item_flops.begin(), item_flops.end()) - item_flops.begin()];
 
   CUDA_TRY(slot, kEvent, cudaEventRecord(slot.start, slot.stream));
   for (auto [resident, here_already, dst, host, bytes, pinned] :
@@ -734,22 +770,21 @@ absl::Status CudaBackend::RunOnSlot(int slot_index, const GemmJob& job, GemmRepo
     }
   }
   CUDA_TRY(slot, kEvent, cudaEventRecord(slot.h2d_done, slot.stream));
-  for (int64_t i = 0; i < shape.batch; ++i) {
-    const k::GemmProblem item = batch_item(i);
+  for (size_t i = 0; i < items.size(); ++i) {
     const cudaError_t injected = HGEMM_CUDA(kLaunch, cudaSuccess);  // cudaSuccess in release
-    if (std::string error = injected != cudaSuccess ? std::string("launch refused")
-                                                    : k::Launch(*variant, item, *slot.launch_context);
+    if (std::string error = injected != cudaSuccess
+                                ? std::string("launch refused")
+                                : k::Launch(*variants[i], items[i], *slot.launch_context);
         !error.empty()) {
       cudaError_t e = injected != cudaSuccess ? injected : cudaPeekAtLastError();
       return Fail(slot, e == cudaSuccess ? cudaErrorUnknown : e,
-                  fmt::format("kernel {}: {}", variant->name, error));
+                  fmt::format("kernel {}: {}", variants[i]->name, error));
     }
   }
-  if (scaled) {
+  if (scaled) {  // one epilogue over every problem's T: they are packed as C's are
     CUDA_TRY(slot, kLaunch,
-             k::ScaleEpilogue(reinterpret_cast<const float*>(d_t), d_c_in, d_c,
-                              shape.batch * shape.m * shape.n, job.alpha, job.beta,
-                              KernelType(shape.c_type), slot.stream));
+             k::ScaleEpilogue(reinterpret_cast<const float*>(d_t), d_c_in, d_c, int64_t(c_elements),
+                              job.alpha, job.beta, KernelType(shape.c_type), slot.stream));
   }
 #ifdef HGEMM_FAULT_INJECTION
   if (auto after_launch = FaultInjector::Global().TakeAfterLaunch()) after_launch(slot.stream);

@@ -4,6 +4,7 @@
 #define HGEMM_SERVER_CORE_SHAPE_H_
 
 #include <cstdint>
+#include <vector>
 
 namespace hgemm {
 
@@ -48,6 +49,11 @@ constexpr int64_t MatrixBytes(uint32_t rows, uint32_t cols,
   return ElementBytes(type) * int64_t(MatrixElements(rows, cols));
 }
 
+// The dimensions of one problem of a GEMM.
+struct ProblemDims {
+  int64_t m = 0, n = 0, k = 0;
+};
+
 // A GEMM's m, n, k. Made by ValidateShape (server/validation.h), which guarantees each is in
 // [1, 2^32) and each of A, B, C has at most kMaxElementsPerMatrix elements; the sizes below
 // REQUIRE that.
@@ -62,18 +68,47 @@ struct GemmShape {
   // GEMMs of this shape in one job (strided-batched): each operand and C hold `batch` matrices
   // packed one after the other. ValidateBatch keeps batch·(elements of each) within the limit.
   int64_t batch = 1;
+  // Grouped (cublasGemmGroupedBatchedEx, one problem per group): problems of their own sizes in
+  // one job, each operand and C holding theirs packed in order; then m, n, k are 0 and batch 1.
+  // Empty: not grouped. ValidateGroup keeps each operand's elements summed over the group
+  // within the limit.
+  std::vector<ProblemDims> group;
 
-  int64_t Flops() const { return 2 * m * n * k * batch; }
+  bool Grouped() const { return !group.empty(); }
+  // The job's problems in the order of their matrices: the group's, or `batch` of (m, n, k).
+  std::vector<ProblemDims> Problems() const {
+    return Grouped() ? group : std::vector<ProblemDims>(size_t(batch), ProblemDims{m, n, k});
+  }
+  int64_t Flops() const {
+    return Sum([](const ProblemDims& p) { return 2 * p.m * p.n * p.k; });
+  }
   // Bytes of one A, B (of ab_type; a transposed operand has the same size) and C (of c_type).
   int64_t AMatrixBytes() const { return MatrixBytes(m, k, ab_type); }
   int64_t BMatrixBytes() const { return MatrixBytes(k, n, ab_type); }
   int64_t CMatrixBytes() const { return MatrixBytes(m, n, c_type); }
-  // Bytes of the whole batch's A, B, C and C_in (0 without c_input), and of all of them.
-  int64_t ABytes() const { return batch * AMatrixBytes(); }
-  int64_t BBytes() const { return batch * BMatrixBytes(); }
-  int64_t CBytes() const { return batch * CMatrixBytes(); }
+  // Bytes of the whole batch's (or group's) A, B, C and C_in (0 without c_input), and of all
+  // of them.
+  int64_t ABytes() const {
+    return Sum([this](const ProblemDims& p) { return MatrixBytes(p.m, p.k, ab_type); });
+  }
+  int64_t BBytes() const {
+    return Sum([this](const ProblemDims& p) { return MatrixBytes(p.k, p.n, ab_type); });
+  }
+  int64_t CBytes() const {
+    return Sum([this](const ProblemDims& p) { return MatrixBytes(p.m, p.n, c_type); });
+  }
   int64_t CInBytes() const { return c_input ? CBytes() : 0; }
   int64_t Bytes() const { return ABytes() + BBytes() + CBytes() + CInBytes(); }
+
+ private:
+  // `per_problem` summed over the problems (a batch's are equal: one product).
+  template <typename PerProblem>
+  int64_t Sum(PerProblem per_problem) const {
+    if (!Grouped()) return batch * per_problem(ProblemDims{m, n, k});
+    int64_t total = 0;
+    for (const ProblemDims& p : group) total += per_problem(p);
+    return total;
+  }
 };
 
 }  // namespace hgemm

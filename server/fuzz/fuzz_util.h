@@ -55,7 +55,8 @@ inline int64_t WrappedBytes(uint32_t rows, uint32_t cols) {
 // A status message must not show a wrapped (negative) size: "-" and 4 or more digits. A
 // client's own enum value echoed back ("unknown value -33818674", "enum value -1610612744":
 // proto3 enums are any int32) is what it sent, not a wrap, so a number right after "value "
-// does not count.
+// does not count, nor does a float (digits then '.' or 'e': "beta: -249909.12" is the client's
+// scale factor; sizes are integers).
 inline bool ShowsNegativeNumber(const std::string& message) {
   static constexpr char kEchoedEnum[] = "value ";
   constexpr size_t kEchoedEnumLength = sizeof(kEchoedEnum) - 1;
@@ -67,7 +68,10 @@ inline bool ShowsNegativeNumber(const std::string& message) {
     if (message[i] == '-' && digit(i + 1) && digit(i + 2) && digit(i + 3) && digit(i + 4) &&
         !echoed_enum &&
         (i == 0 || message[i - 1] == ' ' || message[i - 1] == '(' || message[i - 1] == '=')) {
-      return true;
+      size_t end = i + 5;
+      while (end < message.size() && digit(end)) ++end;
+      const bool a_float = end < message.size() && (message[end] == '.' || message[end] == 'e');
+      if (!a_float) return true;
     }
   }
   return false;

@@ -5,10 +5,14 @@
 // operand length that is exact, the int64-wrapped 2·m·k, or arbitrary.
 // Checked: an accepted request has m, n, k ≥ 1, every matrix within the element limit and
 // operands of exactly 2·rows·cols bytes (exact arithmetic; fp16 and bf16 alike), and a layout
-// and types that its kernel takes; no message shows a negative number.
+// and types that its kernel takes; an accepted group (GemmRequest.group) has at most
+// max_group_problems problems of m, n, k ≥ 1, each operand's elements summed over them within
+// the limit and operands of exactly the summed bytes; no message shows a negative number.
 #include <fuzzer/FuzzedDataProvider.h>
 
 #include <fmt/format.h>
+
+#include <tuple>
 
 #include "server/core/status.h"
 #include "server/fuzz/fuzz_util.h"
@@ -21,10 +25,12 @@ const RequestRules& Rules(int which) {
   static const RequestRules* rules[2] = {
       [] {
         auto* r = new RequestRules;
+        r->max_group_problems = 8;
         r->kernels = {{.name = "openblas_sgemm",
                        .fp32_accumulation = true,
                        .layouts = kAllLayoutBits,
-                       .types = kAllTypesBits},
+                       .types = kAllTypesBits,
+                       .grouped = true},
                       {.name = "both", .fp16_accumulation = true, .fp32_accumulation = true}};
         return r;
       }(),
@@ -85,11 +91,42 @@ void CheckMessage(const absl::Status& s) {
   if (status::Message(s).size() > 2048) fuzz::Fail("message longer than 2 KiB", status::Message(s).substr(0, 200));
 }
 
+void CheckGroupAccepted(const v1::GemmRequest& r, const RequestRules& rules, const GemmJob& job) {
+  const std::string what = fmt::format("group of {}", r.group_size());
+  if (r.group_size() > rules.max_group_problems) fuzz::Fail("accepted too many problems", what);
+  if (r.m() != 0 || r.n() != 0 || r.k() != 0 || r.batch() > 1) {
+    fuzz::Fail("accepted a group with m, n, k or a batch", what);
+  }
+  if (job.shape.group.size() != size_t(r.group_size())) fuzz::Fail("group size differs", what);
+  const unsigned __int128 limit = MaxElementsPerMatrix(rules);
+  unsigned __int128 a = 0, b = 0, c = 0;
+  for (int i = 0; i < r.group_size(); ++i) {
+    const v1::GroupedProblem& p = r.group(i);
+    if (p.m() == 0 || p.n() == 0 || p.k() == 0) fuzz::Fail("accepted a zero dimension", what);
+    const ProblemDims& d = job.shape.group[i];
+    if (d.m != p.m() || d.n != p.n() || d.k != p.k()) fuzz::Fail("problem differs", what);
+    a += fuzz::Bytes(p.m(), p.k());
+    b += fuzz::Bytes(p.k(), p.n());
+    c += fuzz::Bytes(p.m(), p.n());
+  }
+  if (a / 2 > limit || b / 2 > limit || c / 2 > limit) {
+    fuzz::Fail("accepted a group over the element limit", what);
+  }
+  if (a != r.a().size() || b != r.b().size()) {
+    fuzz::Fail("accepted a group's operands of the wrong size",
+               fmt::format("{}: {} and {} bytes", what, r.a().size(), r.b().size()));
+  }
+}
+
 void Request(const v1::GemmRequest& r, const RequestRules& rules) {
   GemmJob job;
   absl::Status s = ValidateGemmRequest(r, rules, &job);
   CheckMessage(s);
   if (!s.ok()) return;
+  if (r.group_size() > 0) {
+    CheckGroupAccepted(r, rules, job);
+    return;
+  }
   CheckAccepted(rules, r.m(), r.n(), r.k(), job);
   if (!r.has_a_handle() && fuzz::Bytes(r.m(), r.k()) != r.a().size()) {
     fuzz::Fail("accepted a of the wrong size", fmt::format("{}x{}x{}: {} bytes", r.m(), r.n(),
@@ -128,6 +165,31 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   FuzzedDataProvider in(data + 1, size - 1);
   v1::GemmRequest r;
+  if (mode & 1) {  // a group: boundary dimensions, operands of the summed sizes or arbitrary
+    const int count = in.ConsumeIntegralInRange<int>(0, 10);
+    for (int i = 0; i < count; ++i) {
+      v1::GroupedProblem* p = r.add_group();
+      p->set_m(fuzz::Dim(in));
+      p->set_n(fuzz::Dim(in));
+      p->set_k(fuzz::Dim(in));
+      // Exact where small; a few bytes otherwise (ten problems' wrapped sizes would not fit
+      // the fuzzer's memory).
+      for (auto [rows, cols, bytes] : {std::tuple{p->m(), p->k(), r.mutable_a()},
+                                       std::tuple{p->k(), p->n(), r.mutable_b()}}) {
+        const unsigned __int128 exact = fuzz::Bytes(rows, cols);
+        bytes->append(in.ConsumeBool() && exact <= (1u << 16)
+                          ? size_t(exact)
+                          : in.ConsumeIntegralInRange<size_t>(0, 64),
+                      '\0');
+      }
+    }
+    if (in.ConsumeBool()) r.set_batch(in.ConsumeIntegralInRange<uint32_t>(0, 3));
+    if (in.ConsumeBool()) r.set_m(fuzz::Dim(in));
+    static const char* kKernels[] = {"", "auto", "openblas_sgemm", "both", "nope"};
+    r.mutable_options()->set_kernel(kKernels[in.ConsumeIntegralInRange<int>(0, 4)]);
+    Request(r, rules);
+    return 0;
+  }
   r.set_m(fuzz::Dim(in));
   r.set_n(fuzz::Dim(in));
   r.set_k(fuzz::Dim(in));

@@ -192,9 +192,12 @@ absl::Status Scheduler::RunEntry(int slot, const Entry& entry, GemmReport* out) 
       std::chrono::duration<double, std::milli>(Clock::now() - entry.admitted).count();
   if (spdlog::should_log(spdlog::level::debug)) {  // the message costs a format per GEMM
     logging::Log(spdlog::level::debug,
-                 fmt::format("gemm {}x{}x{} kernel={} slot={} status={} queue={:.3f}ms "
+                 fmt::format("gemm {} kernel={} slot={} status={} queue={:.3f}ms "
                              "kernel={:.3f}ms total={:.3f}ms",
-                             job.shape.m, job.shape.n, job.shape.k, report.kernel, slot,
+                             job.shape.Grouped()
+                                 ? fmt::format("group of {}", job.shape.group.size())
+                                 : fmt::format("{}x{}x{}", job.shape.m, job.shape.n, job.shape.k),
+                             report.kernel, slot,
                              status::CodeName(result.code()), report.queue_wait_ms,
                              report.kernel_ms, report.server_total_ms),
                  {{"request_id", job.request_id}, {"traceparent", job.traceparent}});

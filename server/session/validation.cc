@@ -4,6 +4,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <string_view>
+#include <tuple>
+#include <utility>
 
 #include "server/core/status.h"
 
@@ -333,6 +336,105 @@ absl::Status ValidateBatch(uint32_t batch, const std::string& single_matrix_fiel
   return absl::OkStatus();
 }
 
+absl::Status ValidateGroup(const v1::GemmRequest& request, const RequestRules& rules,
+                           GemmJob* job) {
+  const int64_t count = request.group_size();
+  if (count > rules.max_group_problems) {
+    return status::OverLimit(fmt::format("group has {} problems; this server takes at most {}",
+                                         count, rules.max_group_problems));
+  }
+  for (auto [field, value, most] : {std::tuple{"m", request.m(), 0u}, std::tuple{"n", request.n(), 0u},
+                                    std::tuple{"k", request.k(), 0u},
+                                    std::tuple{"batch", request.batch(), 1u}}) {
+    if (value > most) {
+      return status::InvalidArgument(
+          field, fmt::format("{} with a group (each problem has its own m, n, k in group[i]; "
+                             "leave m, n, k 0 and batch 0 or 1)",
+                             value));
+    }
+  }
+  const std::string single_source_field =
+      request.has_a_handle()      ? "a_handle"
+      : request.has_b_handle()    ? "b_handle"
+      : request.has_c_in_handle() ? "c_in_handle"
+      : request.has_a_region()    ? "a_region"
+      : request.has_b_region()    ? "b_region"
+      : request.has_c_in_region() ? "c_in_region"
+      : request.has_c_region()    ? "c_region"
+      : request.keep_c_resident() ? "keep_c_resident"
+                                  : "";
+  if (!single_source_field.empty()) {
+    return status::InvalidArgument(
+        single_source_field,
+        "a grouped GEMM takes its operands inline (a, b, c_in as bytes) and sends C back");
+  }
+  const bool auto_kernel = job->kernel == "auto";
+  if (std::none_of(rules.kernels.begin(), rules.kernels.end(), [&](const KernelDescription& k) {
+        return k.grouped && (auto_kernel || k.name == job->kernel);
+      })) {
+    return status::InvalidArgument(
+        "options.kernel",
+        fmt::format("'{}' takes no grouped GEMMs (ListKernels: KernelInfo.grouped says which do)",
+                    job->kernel));
+  }
+  // Each problem's matrices are within the limit, so a sum stays far inside int64 until it
+  // passes the limit, where the loop stops.
+  const int64_t limit = MaxElementsPerMatrix(rules);
+  int64_t a_elements = 0, b_elements = 0, c_elements = 0;
+  std::vector<ProblemDims> group;
+  group.reserve(size_t(count));
+  for (int i = 0; i < int(count); ++i) {
+    const v1::GroupedProblem& p = request.group(i);
+    for (auto [field, value] : {std::pair{"m", p.m()}, std::pair{"n", p.n()}, std::pair{"k", p.k()}}) {
+      if (value == 0) {
+        return status::InvalidArgument(fmt::format("group[{}].{}", i, field), "must be at least 1");
+      }
+    }
+    GemmShape one;
+    if (absl::Status s = ValidateShape(p.m(), p.n(), p.k(), rules, &one); !s.ok()) {
+      return absl::Status(s.code(), fmt::format("group[{}]: {}", i, std::string(s.message())));
+    }
+    a_elements += one.m * one.k;
+    b_elements += one.k * one.n;
+    c_elements += one.m * one.n;
+    for (auto [name, elements] : {std::pair{"A", a_elements}, std::pair{"B", b_elements},
+                                  std::pair{"C", c_elements}}) {
+      if (elements > limit) {
+        return status::OverLimit(fmt::format(
+            "group: the {} matrices of problems 0..{} have {} elements together; this server "
+            "takes at most {} per operand",
+            name, i, elements, limit));
+      }
+    }
+    group.push_back({one.m, one.n, one.k});
+  }
+  job->shape.m = job->shape.n = job->shape.k = 0;
+  job->shape.batch = 1;
+  job->shape.group = std::move(group);
+  return absl::OkStatus();
+}
+
+namespace {
+
+// The byte lengths of a grouped request's inline operands. REQUIRES: ValidateGroup passed.
+absl::Status ValidateGroupBytes(const v1::GemmRequest& request, const GemmShape& shape) {
+  for (auto [field, have, want, type] :
+       {std::tuple{"a", request.a().size(), shape.ABytes(), shape.ab_type},
+        std::tuple{"b", request.b().size(), shape.BBytes(), shape.ab_type},
+        std::tuple{"c_in", request.c_in().size(), shape.CInBytes(), shape.c_type}}) {
+    if (std::string_view(field) == "c_in" && !shape.c_input) continue;  // never read
+    if (int64_t(have) != want) {
+      return status::InvalidArgument(
+          field, fmt::format("{} bytes; the {} problems' matrices ({}, as stored, packed in "
+                             "order) take exactly {}",
+                             have, shape.group.size(), ElementTypeName(type), want));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::Status ValidateGemmRequest(const v1::GemmRequest& request, const RequestRules& rules,
                                  GemmJob* job) {
   absl::Status s = ValidateOptions(request.options(), rules, "options", job);
@@ -347,6 +449,10 @@ absl::Status ValidateGemmRequest(const v1::GemmRequest& request, const RequestRu
                         "", job);
       !s.ok()) {
     return s;
+  }
+  if (request.group_size() > 0) {
+    if (s = ValidateGroup(request, rules, job); !s.ok()) return s;
+    return ValidateGroupBytes(request, job->shape);
   }
   if (s = ValidateShape(request.m(), request.n(), request.k(), rules, &job->shape); !s.ok()) return s;
   if (s = ValidateHandles(request); !s.ok()) return s;

@@ -20,6 +20,8 @@ struct RequestRules {
   // Capped at kMaxElementsPerMatrix (see MaxElementsPerMatrix).
   int64_t max_elements_per_matrix = int64_t{1} << 28;
   std::vector<KernelDescription> kernels;  // the backend's; "auto" is always accepted
+  // Problems one grouped GEMM (GemmRequest.group) may have; more → RESOURCE_EXHAUSTED.
+  int64_t max_group_problems = 1024;
 };
 
 inline constexpr size_t kMaxRequestIdBytes = 128;
@@ -84,10 +86,20 @@ absl::Status ValidateScale(bool has_alpha, float alpha, float beta, bool has_c_i
 absl::Status ValidateBatch(uint32_t batch, const std::string& single_matrix_field,
                            const RequestRules& rules, const std::string& prefix, GemmJob* job);
 
+// Grouped (field 70 of GemmRequest, non-empty): m, n, k 0 and batch ≤ 1 (INVALID_ARGUMENT
+// naming them), at most rules.max_group_problems problems (RESOURCE_EXHAUSTED), each with
+// m, n, k ≥ 1 (INVALID_ARGUMENT naming "group[i].m") and its matrices within the limit, and
+// each of A, B, C summed over the group within MaxElementsPerMatrix (RESOURCE_EXHAUSTED, in
+// checked arithmetic), the kernel (job->kernel, "auto" included) taking groups, and no operand
+// or C by handle or region, nor a kept C. Fills job->shape.group. REQUIRES: ValidateOptions
+// passed.
+absl::Status ValidateGroup(const v1::GemmRequest& request, const RequestRules& rules,
+                           GemmJob* job);
+
 // A whole unary request: options, form, shape, a handle set only if non-empty, and a/b of
 // exactly batch·m·k and batch·k·n elements of the dtype unless given by handle, the scales, the
-// batch, and an inline C_in (read only with beta ≠ 0) of exactly batch·m·n elements of c_dtype.
-// Fills
+// batch, and an inline C_in (read only with beta ≠ 0) of exactly batch·m·n elements of c_dtype;
+// a grouped one (ValidateGroup) with a, b and C_in of exactly the group's summed sizes. Fills
 // everything of `job` but the buffers and callbacks.
 absl::Status ValidateGemmRequest(const v1::GemmRequest& request, const RequestRules& rules,
                                  GemmJob* job);

@@ -3,6 +3,9 @@
 #include <gtest/gtest.h>
 
 #include <limits>
+#include <string>
+#include <tuple>
+#include <vector>
 
 namespace hgemm {
 namespace {
@@ -353,6 +356,99 @@ TEST(Validation, BatchSizesTheOperandsAndKeepsThemInTheLimit) {
   header.set_a_handle("h");
   s = ValidateGemmHeader(header, Rules(), &job);
   EXPECT_EQ(s.message().rfind("header.a_handle: holds one matrix", 0), 0u) << s.message();
+}
+
+// A grouped request of fp16 problems (m, n, k each), operands of the right sizes.
+v1::GemmRequest GroupedRequest(const std::vector<std::tuple<uint32_t, uint32_t, uint32_t>>& problems) {
+  v1::GemmRequest r;
+  for (auto [m, n, k] : problems) {
+    v1::GroupedProblem* p = r.add_group();
+    p->set_m(m);
+    p->set_n(n);
+    p->set_k(k);
+    r.mutable_a()->append(2 * m * k, '\1');
+    r.mutable_b()->append(2 * k * n, '\1');
+  }
+  return r;
+}
+
+RequestRules GroupedRules() {
+  RequestRules rules = Rules();
+  rules.kernels[1].grouped = true;  // "fp32only" takes groups (and alpha/beta), "fast" does not
+  rules.kernels[1].scaled_types = kTypesFp16Bit;
+  rules.max_group_problems = 3;
+  return rules;
+}
+
+TEST(Validation, GroupSizesTheOperandsFromItsProblems) {
+  GemmJob job;
+  ASSERT_TRUE(ValidateGemmRequest(GroupedRequest({{3, 5, 7}, {1, 2, 9}}), GroupedRules(), &job).ok());
+  ASSERT_EQ(job.shape.group.size(), 2u);
+  EXPECT_EQ(job.shape.group[1].k, 9);
+  EXPECT_EQ(job.shape.m, 0);
+  EXPECT_EQ(job.shape.ABytes(), 2 * (3 * 7 + 1 * 9));
+  EXPECT_EQ(job.shape.BBytes(), 2 * (7 * 5 + 9 * 2));
+  EXPECT_EQ(job.shape.CBytes(), 2 * (3 * 5 + 1 * 2));
+  EXPECT_EQ(job.shape.Flops(), 2 * (3 * 5 * 7 + 1 * 2 * 9));
+}
+
+TEST(Validation, GroupRefusalsNameTheirField) {
+  const v1::GemmRequest good = GroupedRequest({{3, 5, 7}, {1, 2, 9}});
+  auto refused = [](const v1::GemmRequest& r, const RequestRules& rules, absl::StatusCode code,
+                    const std::string& prefix) {
+    GemmJob job;
+    absl::Status s = ValidateGemmRequest(r, rules, &job);
+    EXPECT_EQ(s.code(), code) << s.message();
+    EXPECT_EQ(s.message().rfind(prefix, 0), 0u) << s.message();
+  };
+  v1::GemmRequest r = good;
+  r.set_m(3);
+  refused(r, GroupedRules(), absl::StatusCode::kInvalidArgument, "m: 3 with a group");
+  r = good;
+  r.set_batch(2);
+  refused(r, GroupedRules(), absl::StatusCode::kInvalidArgument, "batch: 2 with a group");
+  r = good;
+  r.mutable_group(1)->set_n(0);
+  refused(r, GroupedRules(), absl::StatusCode::kInvalidArgument, "group[1].n: must be at least 1");
+  r = good;
+  r.mutable_a()->pop_back();
+  refused(r, GroupedRules(), absl::StatusCode::kInvalidArgument, "a: 59 bytes");
+  r = good;
+  r.mutable_b()->append("xx");
+  refused(r, GroupedRules(), absl::StatusCode::kInvalidArgument, "b: 108 bytes");
+  r = good;
+  r.set_beta(2);
+  r.set_c_in(std::string(2 * 15, '\1'));  // C_0 only: C_1 missing
+  refused(r, GroupedRules(), absl::StatusCode::kInvalidArgument, "c_in: 30 bytes");
+  r = good;
+  r.set_b_handle("m-1");
+  refused(r, GroupedRules(), absl::StatusCode::kInvalidArgument, "b_handle: a grouped GEMM");
+  r = good;
+  r.mutable_c_region()->set_region("r-1");
+  refused(r, GroupedRules(), absl::StatusCode::kInvalidArgument, "c_region: a grouped GEMM");
+  r = good;
+  r.set_keep_c_resident(true);
+  refused(r, GroupedRules(), absl::StatusCode::kInvalidArgument, "keep_c_resident:");
+  r = good;
+  r.mutable_options()->set_kernel("fast");
+  refused(r, GroupedRules(), absl::StatusCode::kInvalidArgument, "options.kernel: 'fast' takes no");
+  refused(good, Rules(), absl::StatusCode::kInvalidArgument, "options.kernel: 'auto' takes no");
+  refused(GroupedRequest({{1, 1, 1}, {1, 1, 1}, {1, 1, 1}, {1, 1, 1}}), GroupedRules(),
+          absl::StatusCode::kResourceExhausted, "group has 4 problems");
+  // Each problem within the limit of 2^20 elements, the sum over the group past it.
+  r = GroupedRequest({});
+  for (int i = 0; i < 2; ++i) {
+    v1::GroupedProblem* p = r.add_group();
+    p->set_m(1024);
+    p->set_n(1);
+    p->set_k(600);
+  }
+  refused(r, GroupedRules(), absl::StatusCode::kResourceExhausted,
+          "group: the A matrices of problems 0..1 have 1228800 elements");
+  // One problem past it, with dimensions whose products overflow 32 bits.
+  r.mutable_group(0)->set_m(4000000000u);
+  r.mutable_group(0)->set_k(4000000000u);
+  refused(r, GroupedRules(), absl::StatusCode::kResourceExhausted, "group[0]: A (m x k)");
 }
 
 }  // namespace

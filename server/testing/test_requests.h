@@ -1,5 +1,5 @@
 // Requests for the server's tests: a unary GemmRequest with fresh random fp16 operands (never
-// all zeros), one of any layout and types with its float64 reference, and the header and
+// all zeros), one of any layout and types (batched or grouped) with its float64 reference, and the header and
 // chunk messages of a GemmStream. Test-only.
 #ifndef HGEMM_SERVER_TESTING_TEST_REQUESTS_H_
 #define HGEMM_SERVER_TESTING_TEST_REQUESTS_H_
@@ -10,6 +10,7 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -53,9 +54,40 @@ inline v1::GemmRequest FormRequest(uint32_t m, uint32_t n, uint32_t k, bool tran
   return r;
 }
 
-// An inline C_in for `r` (m×n of its c_dtype): random values, never all zeros.
+// A grouped request (GemmRequest.group) of `problems` (m, n, k each) and one form: random
+// operands of each problem as stored, packed in order.
+inline v1::GemmRequest GroupRequest(
+    const std::vector<std::tuple<uint32_t, uint32_t, uint32_t>>& problems, bool transpose_a,
+    bool transpose_b, v1::DataType dtype, v1::DataType c_dtype, std::mt19937_64& rng) {
+  v1::GemmRequest r;
+  r.set_transpose_a(transpose_a);
+  r.set_transpose_b(transpose_b);
+  r.set_dtype(dtype);
+  r.set_c_dtype(c_dtype);
+  const bool bf16 = dtype == v1::DATA_TYPE_BF16;
+  for (auto [m, n, k] : problems) {
+    v1::GroupedProblem* p = r.add_group();
+    p->set_m(m);
+    p->set_n(n);
+    p->set_k(k);
+    r.mutable_a()->append(HalfBytes(RandomHalfMatrix(int64_t(m) * k, rng, bf16)));
+    r.mutable_b()->append(HalfBytes(RandomHalfMatrix(int64_t(k) * n, rng, bf16)));
+  }
+  return r;
+}
+
+// The problems of a request in the order of its matrices: its group, or batch × (m, n, k).
+inline std::vector<std::tuple<int64_t, int64_t, int64_t>> RequestProblems(const v1::GemmRequest& r) {
+  std::vector<std::tuple<int64_t, int64_t, int64_t>> problems;
+  for (const v1::GroupedProblem& p : r.group()) problems.emplace_back(p.m(), p.n(), p.k());
+  if (r.group_size() == 0) problems.assign(std::max<uint32_t>(r.batch(), 1), {r.m(), r.n(), r.k()});
+  return problems;
+}
+
+// An inline C_in for `r` (m×n of its c_dtype per problem): random values, never all zeros.
 inline void SetRandomCIn(v1::GemmRequest* r, std::mt19937_64& rng) {
-  const int64_t count = int64_t(r->m()) * r->n() * std::max<uint32_t>(r->batch(), 1);
+  int64_t count = 0;
+  for (auto [m, n, k] : RequestProblems(*r)) count += m * n;
   if (r->c_dtype() == v1::DATA_TYPE_FP32) {
     std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
     std::vector<float> c(count);
@@ -68,9 +100,8 @@ inline void SetRandomCIn(v1::GemmRequest* r, std::mt19937_64& rng) {
 
 // alpha·op(A)·op(B) + beta·C_in of a request with inline operands (C_in read only when beta
 // ≠ 0, as the service does), in float64 by the definition (no BLAS).
-// With r.batch() > 1, the batch's C_i one after the other.
+// With r.batch() > 1 or a group, the problems' C_i one after the other.
 inline std::vector<double> Float64Reference(const v1::GemmRequest& r) {
-  const int64_t m = r.m(), n = r.n(), k = r.k(), batch = std::max<int64_t>(r.batch(), 1);
   const bool bf16 = r.dtype() == v1::DATA_TYPE_BF16;
   auto value = [bf16](const std::string& bytes, int64_t i) {
     uint16_t h;
@@ -84,9 +115,11 @@ inline std::vector<double> Float64Reference(const v1::GemmRequest& r) {
     return double(f);
   };
   const double alpha = r.has_alpha() ? r.alpha() : 1.0, beta = r.beta();
-  std::vector<double> c(batch * m * n);
-  for (int64_t g = 0; g < batch; ++g) {
-    const int64_t a0 = g * m * k, b0 = g * k * n, c0 = g * m * n;
+  std::vector<double> c;
+  int64_t a0 = 0, b0 = 0;  // the problem's first element of A and B
+  for (auto [m, n, k] : RequestProblems(r)) {
+    const int64_t c0 = int64_t(c.size());
+    c.resize(c0 + m * n);
     for (int64_t i = 0; i < m; ++i) {
       for (int64_t j = 0; j < n; ++j) {
         double sum = 0;
@@ -97,6 +130,8 @@ inline std::vector<double> Float64Reference(const v1::GemmRequest& r) {
         c[c0 + i * n + j] = alpha * sum + (beta != 0 ? beta * c_in(c0 + i * n + j) : 0.0);
       }
     }
+    a0 += m * k;
+    b0 += k * n;
   }
   return c;
 }

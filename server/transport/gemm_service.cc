@@ -1,5 +1,6 @@
 #include "server/transport/gemm_service.h"
 
+#include <algorithm>
 #include <memory>
 #include <utility>
 
@@ -165,7 +166,11 @@ grpc::ServerUnaryReactor* GemmServiceImpl::ListKernels(grpc::CallbackServerConte
       if (k.fp16_accumulation) info->add_accumulations(v1::ACCUMULATION_FP16);
       if (k.fp32_accumulation) info->add_accumulations(v1::ACCUMULATION_FP32);
       DescribeForms(k.layouts, k.types, k.scaled_types, info);
+      info->set_grouped(k.grouped);
     }
+    auto_kernel->set_grouped(
+        std::any_of(options_.rules.kernels.begin(), options_.rules.kernels.end(),
+                    [](const KernelDescription& k) { return k.grouped; }));
     DescribeForms(AutoLayouts(options_.rules), AutoTypes(options_.rules),
                   AutoScaledTypes(options_.rules), auto_kernel);
     if (AutoSupports(options_.rules, Accumulation::kFp16)) {
@@ -194,6 +199,7 @@ grpc::ServerUnaryReactor* GemmServiceImpl::GetServerInfo(grpc::CallbackServerCon
     }
     v1::Limits* limits = response->mutable_limits();
     limits->set_max_elements_per_matrix(options_.rules.max_elements_per_matrix);
+    limits->set_max_group_problems(uint32_t(options_.rules.max_group_problems));
     limits->set_max_queued_requests(options_.scheduler.max_queued_requests);
     limits->set_max_queued_bytes(options_.scheduler.max_queued_bytes);
     limits->set_max_message_bytes(options_.max_message_bytes);

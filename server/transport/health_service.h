@@ -38,13 +38,14 @@ class HealthService final : public grpc::health::v1::Health::CallbackService {
       grpc::CallbackServerContext* context,
       const grpc::health::v1::HealthCheckRequest* request) override;
 
+  // Called by a Watch call's reactor when it is done: no more updates go to it.
+  void Forget(HealthWatchReactor* watch);
+
  private:
-  friend class HealthWatchReactor;
   using ServingStatus = grpc::health::v1::HealthCheckResponse::ServingStatus;
 
   // The status of `service` (SERVICE_UNKNOWN if not one of ours). REQUIRES: mu_ held.
   ServingStatus StatusLocked(const std::string& service) const;
-  void Forget(HealthWatchReactor* watch);
 
   std::mutex mu_;
   std::map<std::string, ServingStatus> statuses_;  // guarded by mu_

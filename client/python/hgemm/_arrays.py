@@ -4,7 +4,8 @@ The wire format is fp16 (or bf16), little-endian, row-major, dense (proto/hgemm.
   * float16 arrays go as they are; a transposed view of a C-contiguous array (B.T, an
     nn.Linear weight's .t()) goes as stored, flagged transposed (as_operand); other
     non-C-contiguous or big-endian ones are copied first.
-  * torch.bfloat16 tensors (and numpy arrays of ml_dtypes' bfloat16) go as bf16 (as_operand).
+  * torch.bfloat16 tensors (and numpy arrays of ml_dtypes' bfloat16) go as bf16 (as_operand),
+    and so do uint16 arrays of bf16 bit patterns with dtype="bf16".
     A bf16 C comes back as float32 (exact) in numpy, as torch.bfloat16 with as_torch.
   * float32 / float64 arrays are converted to float16 with a ConversionWarning (the server
     computes in fp16 anyway); values outside fp16's range (|x| > 65504) raise ValueError
@@ -56,12 +57,26 @@ def _transposed_view(x) -> bool:
             and x.T.flags.c_contiguous)
 
 
-def as_operand(x, name: str, allow_transposed: bool = True):
+def as_operand(x, name: str, allow_transposed: bool = True, dtype=None):
     """(array, dtype, transposed): x as stored, 2-D and C-contiguous, of dtype "fp16" (a float16
     array, as as_fp16_matrix) or "bf16" (uint16 bit patterns); transposed when x is a transposed
-    view that goes as stored (the caller sends op(X) = storedᵀ), never when not allowed."""
+    view that goes as stored (the caller sends op(X) = storedᵀ), never when not allowed.
+    dtype: None (from x: bf16 for torch.bfloat16 or ml_dtypes' bfloat16, else fp16), "fp16",
+    or "bf16" (x's uint16 elements are bf16 bit patterns, for numpy without ml_dtypes)."""
+    if dtype not in (None, "fp16", "bf16"):
+        raise ValueError(f"dtype must be None (from the arrays), 'fp16' or 'bf16'; got {dtype!r}")
     transposed = allow_transposed and _transposed_view(x)
     stored = (x.t() if is_torch_tensor(x) else x.T) if transposed else x
+    if dtype == "bf16" and not _is_bf16(stored):
+        if not isinstance(stored, np.ndarray) or stored.dtype != np.uint16:
+            what = f"torch {x.dtype}" if is_torch_tensor(x) else str(np.asarray(x).dtype)
+            raise TypeError(f"{name} has dtype {what}; dtype='bf16' takes uint16 arrays of bf16 "
+                            f"bit patterns (or torch.bfloat16 tensors)")
+        bits = np.ascontiguousarray(stored, dtype="<u2")
+        _check_matrix_shape(bits.shape, name)
+        return bits, "bf16", transposed
+    if dtype == "fp16" and _is_bf16(stored):
+        raise TypeError(f"{name} is bfloat16; dtype='fp16' takes float16 (or leave dtype None)")
     if not _is_bf16(stored):
         matrix = as_fp16_matrix(stored, name + ".T" if transposed else name)
         return matrix, "fp16", transposed

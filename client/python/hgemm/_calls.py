@@ -23,11 +23,12 @@ from ._config import ClientConfig
 from ._many_rounds import ManyRound
 from ._proto import hgemm_pb2 as pb
 from ._resident import MatrixList, ResidentMatrix, handle_replica, replica_of
-from ._results import (Kernel, c_output, finish_many, kernels_from_proto, native_result,
-                       region_result, streamed_result, unary_result, with_out)
+from ._results import (Kernel, c_output, finish_many, group_result, kernels_from_proto,
+                       native_result, region_result, streamed_result, unary_result, with_out)
 from ._retry import Deadline, should_retry
 from ._routes import Routes, by_replica, explain_unreachable
-from ._spec import ACCUMULATIONS, Spec, batched_spec, normalize_pairs, stream_requests
+from ._spec import (ACCUMULATIONS, GroupSpec, Spec, batched_spec, normalize_pairs,
+                    stream_requests)
 from ._stream_collector import StreamCollector
 from ._transfers import DownloadBuffer, upload_messages
 
@@ -159,12 +160,16 @@ class Calls:
              keep_c: bool = False, c_ttl: int = 0, request_id: str = "", details: bool = False,
              as_torch=False, mode: Optional[str] = None, timeout: Optional[float] = None,
              out: Optional[np.ndarray] = None, c_dtype: Optional[str] = None,
-             alpha: Optional[float] = None, beta: float = 0.0, c=None):
+             alpha: Optional[float] = None, beta: float = 0.0, c=None,
+             dtype: Optional[str] = None, transpose_a: bool = False, transpose_b: bool = False):
         """C = A·B. A (m×k) and B (k×n): float16 numpy arrays, torch tensors, or ResidentMatrix.
         A transposed view (B.T of a C-contiguous B, a weight's .t()) is sent as stored with
-        transpose_b (or transpose_a) set, not copied. torch.bfloat16 tensors (both operands) go
-        as bf16. c_dtype: None (C of the inputs' type; a bf16 C is float32 in numpy, bfloat16
-        with as_torch) or "fp32" (a float32 C).
+        transpose_b (or transpose_a) set, not copied; transpose_b=True says the same of B as
+        given (stored n×k: C = A·Bᵀ, BLAS's "T"), transpose_a=True of A (stored k×m).
+        torch.bfloat16 tensors (both operands) go as bf16; dtype="bf16" takes numpy uint16
+        arrays of bf16 bit patterns (numpy has no bfloat16 without ml_dtypes), dtype None
+        infers the type from the arrays. c_dtype: None (C of the inputs' type; a bf16 C is
+        float32 in numpy, bfloat16 with as_torch) or "fp32" (a float32 C).
 
         Returns C as an m×n float16 ndarray (a torch tensor with as_torch=True, or on a device
         with as_torch="cuda:0"); with keep_c=True a ResidentMatrix instead; with details=True a
@@ -183,7 +188,8 @@ class Calls:
         """
         started = time.monotonic()
         spec = Spec(a, b, accumulation=accumulation, kernel=kernel, keep_c=keep_c, c_ttl=c_ttl,
-                    request_id=request_id, c_dtype=c_dtype, alpha=alpha, beta=beta, c=c)
+                    request_id=request_id, c_dtype=c_dtype, alpha=alpha, beta=beta, c=c,
+                    dtype=dtype, transpose_a=transpose_a, transpose_b=transpose_b)
         replica = spec.replica()
         if out is not None and spec.c_dtype == "bf16":
             raise ValueError("out= takes a float16 or float32 C; this GEMM's C is bf16")
@@ -421,6 +427,28 @@ class Calls:
         response = yield from self._unary("Gemm", spec.unary_request(), timeout,
                                           idempotent=True, replica="")
         return unary_result(self.client, spec, response, details, as_torch, started)
+
+    def gemm_grouped(self, pairs, *, alpha: Optional[float] = None, beta: float = 0.0, c=None,
+                     c_dtype: Optional[str] = None, dtype: Optional[str] = None,
+                     transpose_a: bool = False, transpose_b: bool = False,
+                     accumulation: Optional[str] = None, kernel: str = "auto",
+                     request_id: str = "", details: bool = False, as_torch=False,
+                     timeout: Optional[float] = None) -> list:
+        """Grouped GEMM in one call (cublasGemmGroupedBatchedEx's model): C[i] = alpha·A[i]·B[i]
+        + beta·c[i] for pairs [(A0, B0), (A1, B1), ...] of their own shapes, one dtype, layout,
+        C type, scale and kernel for all. Operands as gemm takes them (arrays or tensors, not
+        ResidentMatrix; transposed views, transpose_a/b and dtype as gemm's); c: one C_in per
+        pair, only with beta ≠ 0. Returns the list of C[i] (as gemm returns C; a GemmResult
+        whose c is that list with details=True). One unary Gemm through grpcio on either core
+        (the C ABI has no groups), so the operands must fit the server's message limit; a
+        server without groups (ListKernels: Kernel.grouped) raises InvalidArgument."""
+        started = time.monotonic()
+        group = GroupSpec(pairs, c=c, accumulation=accumulation, kernel=kernel,
+                          request_id=request_id, c_dtype=c_dtype, alpha=alpha, beta=beta,
+                          dtype=dtype, transpose_a=transpose_a, transpose_b=transpose_b)
+        response = yield from self._unary("Gemm", group.unary_request(), timeout,
+                                          idempotent=True)
+        return group_result(group, response, details, as_torch, started)
 
     def gemm_many(self, pairs, *, accumulation: Optional[str] = None, kernel: str = "auto",
                   keep_c: bool = False, c_ttl: int = 0, details: bool = False, as_torch=False,

@@ -123,6 +123,7 @@ class Client:
     gemm = _blocking(_calls.Calls.gemm)
     gemm_many = _blocking(_calls.Calls.gemm_many)
     gemm_batched = _blocking(_calls.Calls.gemm_batched)
+    gemm_grouped = _blocking(_calls.Calls.gemm_grouped)
     upload = _blocking(_calls.Calls.upload)
     download = _blocking(_calls.Calls.download)
     release = _blocking(_calls.Calls.release)

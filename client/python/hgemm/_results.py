@@ -67,13 +67,15 @@ class GemmResult:
 class Kernel:
     """A kernel variant from ListKernels: the name for kernel=, its accumulations, layouts ("NN",
     "NT", "TN", "TT") and (input type, C type) pairs (("fp16", "fp16"), ("bf16", "fp32"), ...),
-    and the pairs for which it takes alpha/beta (scaled_types)."""
+    and the pairs for which it takes alpha/beta (scaled_types), and whether it takes grouped
+    GEMMs (gemm_grouped)."""
     name: str
     description: str
     accumulations: Tuple[str, ...]
     layouts: Tuple[str, ...] = ()
     types: Tuple[Tuple[str, str], ...] = ()
     scaled_types: Tuple[Tuple[str, str], ...] = ()
+    grouped: bool = False
 
 
 def _type_pairs(pairs) -> Tuple[Tuple[str, str], ...]:
@@ -84,7 +86,8 @@ def _type_pairs(pairs) -> Tuple[Tuple[str, str], ...]:
 def kernels_from_proto(response: pb.ListKernelsResponse) -> List[Kernel]:
     return [Kernel(k.name, k.description,
                    tuple(_ACCUMULATION_NAMES.get(a, str(a)) for a in k.accumulations),
-                   tuple(k.layouts), _type_pairs(k.types), _type_pairs(k.scaled_types))
+                   tuple(k.layouts), _type_pairs(k.types), _type_pairs(k.scaled_types),
+                   k.grouped)
             for k in response.kernels]
 
 
@@ -113,6 +116,26 @@ def unary_result(client, spec: Spec, raw: _wire.GemmResponse, details: bool, as_
     if not details:
         return c
     return GemmResult(c, Timing.from_proto(response.timing),
+                      Execution.from_proto(response.execution), response.request_id,
+                      (time.monotonic() - started) * 1e3)
+
+
+def group_result(group, raw: _wire.GemmResponse, details: bool, as_torch, started: float):
+    """What gemm_grouped returns: each problem's C (as gemm's), in order; with details a
+    GemmResult whose c is that list."""
+    response = raw.message
+    buf = raw.c_bytes(group.c_bytes)
+    if buf is None:
+        start, end = raw.c_range or (0, 0)
+        raise _errors.Internal(f"the server sent {end - start} bytes of C; the group's C is "
+                               f"{group.c_bytes} (a server from before grouped GEMMs?)")
+    cs, offset = [], 0
+    for spec in group.specs:
+        cs.append(c_output(spec, spec.c_array(buf[offset:offset + spec.c_bytes]), as_torch))
+        offset += spec.c_bytes
+    if not details:
+        return cs
+    return GemmResult(cs, Timing.from_proto(response.timing),
                       Execution.from_proto(response.execution), response.request_id,
                       (time.monotonic() - started) * 1e3)
 

@@ -24,14 +24,23 @@ class Operand:
     dtype "fp16" or "bf16"."""
     __slots__ = ("rows", "cols", "array", "handle", "dtype", "transposed")
 
-    def __init__(self, x, name: str):
+    def __init__(self, x, name: str, dtype=None, transpose: bool = False):
+        """transpose: x is stored transposed (op(X) = xᵀ: BLAS's "T"), as passing x's
+        transposed view would say. dtype: as _arrays.as_operand's."""
         if isinstance(x, ResidentMatrix) or (hasattr(x, "handle") and hasattr(x, "rows")
                                              and not _arrays.is_torch_tensor(x)):
             self.rows, self.cols, self.array, self.handle = int(x.rows), int(x.cols), None, x.handle
             self.dtype = getattr(x, "dtype", "fp16")
-            self.transposed = False
+            self.transposed = bool(transpose)
+            if self.transposed:
+                self.rows, self.cols = self.cols, self.rows
         else:
-            self.array, self.dtype, self.transposed = _arrays.as_operand(x, name)
+            if transpose:
+                if np.ndim(x) != 2:
+                    raise ValueError(f"{name} must be a 2-D matrix; it has shape "
+                                     f"{tuple(np.shape(x))}")
+                x = x.t() if _arrays.is_torch_tensor(x) else np.asarray(x).T
+            self.array, self.dtype, self.transposed = _arrays.as_operand(x, name, dtype=dtype)
             stored_rows, stored_cols = self.array.shape
             self.rows, self.cols = ((stored_cols, stored_rows) if self.transposed
                                     else (stored_rows, stored_cols))
@@ -50,10 +59,10 @@ class Spec:
 
     def __init__(self, a, b, *, accumulation=None, kernel="auto", keep_c=False, c_ttl=0,
                  request_id="", c_dtype=None, alpha=None, beta=0.0, c=None, batch=1,
-                 index=None):
+                 index=None, dtype=None, transpose_a=False, transpose_b=False):
         where = "" if index is None else f"pair {index}: "
-        self.a = Operand(a, where + "A")
-        self.b = Operand(b, where + "B")
+        self.a = Operand(a, where + "A", dtype, transpose_a)
+        self.b = Operand(b, where + "B", dtype, transpose_b)
         if self.a.dtype != self.b.dtype:
             raise ValueError(f"{where}A is {self.a.dtype} and B is {self.b.dtype}: mixing dtypes; "
                              f"convert one (A and B go as one type)")
@@ -192,6 +201,54 @@ def batched_spec(a, b, **options) -> Spec:
     for operand, array in zip((spec.a, spec.b), packed):
         operand.array, operand.transposed = array, False  # packed as op(X), not as stored
     return spec
+
+
+class GroupSpec:
+    """gemm_grouped's GEMM: problems of their own shapes in one unary Gemm (GemmRequest.group),
+    their operands packed in order, one form for all (dtype, layout, C type, scales, options).
+    Operands as gemm takes them, but not by handle; where the problems' layouts differ (some
+    transposed views, some not), the transposed ones are copied into op(X) form."""
+
+    def __init__(self, pairs, *, c=None, **options):
+        pairs = list(pairs)
+        if not pairs:
+            raise ValueError("gemm_grouped takes at least one (A, B) pair")
+        beta = float(options.get("beta", 0.0))
+        if beta != 0 and (c is None or len(c) != len(pairs)):
+            raise ValueError(f"beta={beta} needs c: one C_in per pair ({len(pairs)}), m x n of "
+                             f"C's type each")
+        self.specs = []
+        for i, item in enumerate(pairs):
+            if not isinstance(item, (tuple, list)) or len(item) != 2:
+                raise ValueError(f"pair {i}: expected (A, B); got {type(item).__name__}")
+            self.specs.append(Spec(item[0], item[1], index=i,
+                                   c=None if beta == 0 else c[i], **options))
+        if len({s.dtype for s in self.specs}) > 1:
+            raise ValueError("the pairs mix dtypes (fp16 and bf16): a group has one type")
+        for name in ("a", "b"):
+            operands = [getattr(s, name) for s in self.specs]
+            if any(op.handle for op in operands):
+                raise ValueError(f"{name.upper()}: a grouped GEMM takes arrays, not resident "
+                                 f"matrices")
+            if len({op.transposed for op in operands}) > 1:
+                for op in operands:
+                    if op.transposed:
+                        op.array, op.transposed = np.ascontiguousarray(op.array.T), False
+
+    @property
+    def c_bytes(self) -> int:
+        return sum(s.c_bytes for s in self.specs)
+
+    def unary_request(self) -> bytes:
+        """The serialized GemmRequest: the group's problems, A's, B's (and C_in's) packed."""
+        first = self.specs[0]
+        small = pb.GemmRequest(options=first.options, **first._form())
+        for s in self.specs:
+            small.group.add(m=s.m, n=s.n, k=s.k)
+        if first.beta != 0:
+            small.c_in = b"".join(s.c_in.tobytes() for s in self.specs)
+        return _wire.gemm_request(small, np.concatenate([s.a.bytes_view() for s in self.specs]),
+                                  np.concatenate([s.b.bytes_view() for s in self.specs]))
 
 
 def stream_requests(specs: Dict[int, Spec], order: Sequence[int], chunk_bytes: int, progress):

@@ -131,6 +131,7 @@ class Client:
     gemm = _awaitable(_calls.Calls.gemm)
     gemm_many = _awaitable(_calls.Calls.gemm_many)
     gemm_batched = _awaitable(_calls.Calls.gemm_batched)
+    gemm_grouped = _awaitable(_calls.Calls.gemm_grouped)
     upload = _awaitable(_calls.Calls.upload)
     download = _awaitable(_calls.Calls.download)
     release = _awaitable(_calls.Calls.release)
