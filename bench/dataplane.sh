@@ -5,15 +5,21 @@
 # point over gRPC (one call per GEMM), over parallel parts (--parallel_parts), and (plaintext
 # only: the socket has no TLS) through shared memory over the socket. bench/tcp_ceiling runs the
 # same shapes over 1, 2, 4 and 8 plain sockets first.
-#   bench/dataplane.sh [--quick] [--bin DIR] [--certs DIR] [--backend cuda|cpu]
+#   bench/dataplane.sh [--quick] [--same_host] [--bin DIR] [--certs DIR] [--backend cuda|cpu]
 #   --quick    small shapes on the CPU backend (a check of the script, not a measurement)
+#   --same_host  instead: issue 31's same-host table, one run, plaintext: per point gRPC (one
+#              Gemm call over TCP), shm staging (a server with --pin_shared_memory=false), shm
+#              DMA (regions pinned, the default) and CUDA IPC (bench/cuda_ipc_load: A, B, C in
+#              the client's GPU memory), next to pinned cudaMemcpy bandwidth and the ideal
+#              H2D(A+B) + kernel + D2H(C) at that bandwidth; $OUT/same_host.csv and .md.
+#              Without a GPU (--quick) the CUDA IPC and memcpy figures are n/a.
 #   --bin DIR  where the binaries are (default: tools/gpu_e2e.sh's bundle, else bazel-bin)
 #   --certs DIR  made by tools/make_test_certs.sh (default: made now with openssl)
 # Env: POINTS ("SHAPE:CONCURRENCY ..."), PARTS (the --parallel_parts sweep), MAX_POINT_S (20), MODES ("plaintext
 # tls"). Writes $OUT (default ./out)/dataplane.csv, dataplane_tcp.txt and dataplane.md, the
 # table: per point req/s, p50 and wire GB/s of each path, and the best raw-TCP GB/s.
 set -euo pipefail
-quick=0 bin="" certs="" backend=""
+quick=0 same_host=0 bin="" certs="" backend=""
 cd "$(dirname "$0")/.."
 # shellcheck source=bench/run_lib.sh
 source bench/run_lib.sh
@@ -21,7 +27,8 @@ while (($#)); do
   bench_option "$@"
   ((taken)) && { shift "$taken"; continue; }
   case $1 in
-    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
+    --same_host) same_host=1; shift ;;
+    -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
     *) echo "dataplane.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -50,6 +57,112 @@ trap 'rm -rf "$work"; cleanup' EXIT INT TERM
 make_certs_unless_given "$work"
 port=50181
 socket=$work/hgemm.sock
+
+# Issue 31's same-host table: the paths of one GEMM's bytes on this host, in one run.
+if ((same_host)); then
+  ipc_bin=$(find_bin cuda_ipc_load 2>/dev/null || true)
+  has_gpu=0
+  [[ $backend == cuda && -n $ipc_bin ]] && has_gpu=1
+  table=$out/same_host.csv
+  echo "path,shape,concurrency,requests_per_s,p50_ms,p99_ms,kernel_ms,errors,h2d_gb_per_s,d2h_gb_per_s,ideal_ms" >"$table"
+  # Pinned cudaMemcpy of each shape's bytes: A + B up, C down.
+  declare -A memcpy_line
+  for point in $points; do
+    shape=${point%%:*}
+    if ((has_gpu)) && [[ -z ${memcpy_line[$shape]:-} ]]; then
+      memcpy_line[$shape]=$(timeout 120 "$ipc_bin" --memcpy --shape="$shape" | tail -1)
+      echo "${memcpy_line[$shape]}"
+    fi
+  done
+  # hgemm_load over one transport against the server now running: its row in the table.
+  load_point() {  # path shape concurrency transport-flags...
+    local path=$1 shape=$2 concurrency=$3 rows=$work/rows.csv
+    shift 3
+    rm -f "$rows"
+    timeout 540 "$load_bin" --server="127.0.0.1:$port" --shm_server="unix:$socket" --verify=1 \
+      --wait_for_server_s=120 --shapes="$shape" --mode=unary --parallel_parts=1 \
+      --concurrency="$concurrency" "${window_flags[@]}" --csv="$rows" "$@" \
+      >>"$out/same_host_load.log" 2>&1
+    python3 - "$rows" "$path" >>"$table" <<'PY'
+import csv, sys
+for r in csv.DictReader(open(sys.argv[1])):
+    if r["target"] in ("service", "shm"):
+        print(",".join([sys.argv[2], r["shape"], r["concurrency"], r["requests_per_s"],
+                        r["p50_ms"], r["p99_ms"], r["server_kernel_ms"] or "", r["errors"],
+                        "", "", ""]))
+PY
+  }
+  for pinned in false true; do
+    server_flags=(--listen="127.0.0.1:$port" --listen="unix:$socket" --allow_shared_memory
+                  --pin_shared_memory="$pinned" --backend="$backend" --log_level=warn
+                  --drain_deadline_s=2)
+    [[ $backend == cpu ]] && server_flags+=(--cpu_workers=2)
+    echo "== hgemm_server ${server_flags[*]}"
+    "$server_bin" "${server_flags[@]}" >"$out/same_host_server_pinned_$pinned.log" 2>&1 &
+    current=$!
+    pids+=("$current")
+    wait_port "$port" 120 "$current" "$out/same_host_server_pinned_$pinned.log"
+    for point in $points; do
+      IFS=: read -r shape concurrency <<<"$point"
+      if [[ $pinned == false ]]; then
+        load_point grpc "$shape" "$concurrency" --transport=grpc
+        load_point "shm staging" "$shape" "$concurrency" --transport=shm
+      else
+        load_point "shm dma" "$shape" "$concurrency" --transport=shm
+        if ((has_gpu)); then
+          line=$(timeout 300 "$ipc_bin" --server="unix:$socket" --shape="$shape" \
+                   --concurrency="$concurrency" --seconds=5 | tail -1) || true
+          echo "$line"
+          # cuda_ipc SHAPE CONC REQ/S P50 P99 KERNEL ERRORS
+          read -r _ ishape iconc irate ip50 ip99 ikernel ierrors <<<"$line"
+          [[ -n ${ierrors:-} ]] &&
+            echo "cuda ipc,$ishape,$iconc,$irate,$ip50,$ip99,$ikernel,$ierrors,,," >>"$table"
+        fi
+      fi
+    done
+    kill -TERM "$current"
+    wait "$current" || true
+    current=""
+    pids=()
+  done
+  for shape in "${!memcpy_line[@]}"; do
+    # pinned_memcpy SHAPE H2D_GBPS D2H_GBPS H2D_AB_MS D2H_C_MS
+    read -r _ _ h2d d2h h2d_ms d2h_ms <<<"${memcpy_line[$shape]}"
+    echo "pinned memcpy,$shape,,,,,,,$h2d,$d2h,$h2d_ms+$d2h_ms" >>"$table"
+  done
+  python3 - "$table" <<'PY' | tee "$out/same_host.md"
+import csv, sys
+rows = list(csv.DictReader(open(sys.argv[1])))
+copy = {r["shape"]: r for r in rows if r["path"] == "pinned memcpy"}
+kernel = {}
+for r in rows:  # the kernel's median as the CUDA IPC run (else the first run) reported it
+    if r["kernel_ms"] and (r["path"] == "cuda ipc" or r["shape"] not in kernel):
+        kernel[r["shape"]] = float(r["kernel_ms"])
+print("ideal: H2D of A+B + kernel + D2H of C at the pinned cudaMemcpy rate (CUDA IPC: the "
+      "kernel alone)\n")
+print("| shape | conc | path | req/s | p50 ms | p99 ms | kernel ms | p50 / ideal | errors |")
+print("|---|---|---|---|---|---|---|---|---|")
+for r in rows:
+    if r["path"] == "pinned memcpy":
+        continue
+    c = copy.get(r["shape"])
+    ideal = None
+    if c and r["shape"] in kernel:
+        h2d, d2h = (float(x) for x in c["ideal_ms"].split("+"))
+        ideal = kernel[r["shape"]] + (0 if r["path"] == "cuda ipc" else h2d + d2h)
+    ratio = f"{float(r['p50_ms']) / ideal:.2f}" if ideal else "n/a"
+    print(f"| {r['shape']} | {r['concurrency']} | {r['path']} | {float(r['requests_per_s']):.1f} | "
+          f"{float(r['p50_ms']):.2f} | {float(r['p99_ms']):.2f} | {r['kernel_ms'] or 'n/a'} | "
+          f"{ratio} | {r['errors']} |")
+print()
+for shape, c in copy.items():
+    print(f"pinned cudaMemcpy {shape}: A+B up {c['h2d_gb_per_s']} GB/s, C down "
+          f"{c['d2h_gb_per_s']} GB/s ({c['ideal_ms']} ms)")
+if not copy:
+    print("pinned cudaMemcpy and CUDA IPC: n/a (no GPU)")
+PY
+  exit 0
+fi
 
 echo "== raw TCP: the same bytes over N plain sockets"
 : >"$out/dataplane_tcp.txt"

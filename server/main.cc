@@ -165,6 +165,10 @@ int main(int argc, char** argv) {
                "accept shared-memory regions (sealed memfds, RegisterRegion) on calls over a "
                "unix: listener; off: refused with FAILED_PRECONDITION")
       ->envname("HGEMM_ALLOW_SHARED_MEMORY");
+  app.add_option("--pin_shared_memory", server_options.service.regions.pin_for_dma,
+                 "pin each region's pages for the GPUs (cudaHostRegister) so that operands and C "
+                 "travel by DMA; false: through staging buffers (locks no memory)")
+      ->envname("HGEMM_PIN_SHARED_MEMORY")->capture_default_str();
   int64_t region_ttl_s = 3600;
   app.add_option("--region_ttl_s", region_ttl_s,
                  "a region no GEMM used for this long is released (the regions of a client that "

@@ -166,6 +166,8 @@ TEST_F(MetricsTest, CountsExactlyTheCallsMade) {
   EXPECT_EQ(s.Get("hgemm_running_gemms"), 0);
   EXPECT_EQ(s.Get("hgemm_admitted_bytes"), 0);
   EXPECT_EQ(s.Get("hgemm_upload_queue_writes"), 0);
+  ASSERT_TRUE(s.Has("hgemm_shared_regions_staged"));
+  EXPECT_EQ(s.Get("hgemm_shared_regions_staged"), 0);
   const std::string device = std::to_string(server_->backend().Devices()[0].id);
   EXPECT_EQ(s.Get(R"(hgemm_resident_matrices{device=")" + device + "\"}"), 1);
   EXPECT_EQ(s.Get(R"(hgemm_resident_bytes{device=")" + device + "\"}"), 2.0 * 12 * 10);

@@ -153,6 +153,7 @@ std::unique_ptr<HgemmServer> HgemmServer::Start(ServerOptions options,
           for (const RegionStore::OwnerUsage& u : s->service_->regions().UsageByOwner()) {
             load.region_owners.push_back({u.owner, u.regions, u.bytes});
           }
+          load.staged_regions = s->service_->regions().StagedRegions();
           return load;
         });
   }

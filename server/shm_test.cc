@@ -5,11 +5,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <condition_variable>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <future>
 #include <limits>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <random>
@@ -21,6 +22,7 @@
 #include "server/backend/cpu_backend.h"
 #include "server/server.h"
 #include "server/testing/forwarding_backend.h"
+#include "server/testing/gated_backend.h"
 #include "server/testing/memfd.h"
 #include "server/testing/test_requests.h"
 
@@ -36,38 +38,6 @@ double ErrorAgainstReference(const uint16_t* a, const uint16_t* b, const uint16_
 const uint16_t* Half(const std::string& bytes) {
   return reinterpret_cast<const uint16_t*>(bytes.data());
 }
-
-// The CPU backend, with GEMMs held before they run until Open(): a GEMM that is "running"
-// for as long as a test needs.
-class GatedBackend final : public ForwardingBackend {
- public:
-  using ForwardingBackend::ForwardingBackend;
-  void Open() {
-    std::lock_guard<std::mutex> lock(mu_);
-    open_ = true;
-    changed_.notify_all();
-  }
-  // Blocks until a GEMM waits at the gate.
-  void AwaitWaiting() {
-    std::unique_lock<std::mutex> lock(mu_);
-    changed_.wait(lock, [&] { return waiting_ > 0; });
-  }
-  absl::Status Run(int slot, const GemmJob& job, GemmReport* report) override {
-    {
-      std::unique_lock<std::mutex> lock(mu_);
-      ++waiting_;
-      changed_.notify_all();
-      changed_.wait(lock, [&] { return open_; });
-    }
-    return ForwardingBackend::Run(slot, job, report);
-  }
-
- private:
-  std::mutex mu_;
-  std::condition_variable changed_;
-  bool open_ = false;  // guarded by mu_
-  int waiting_ = 0;    // guarded by mu_
-};
 
 class ShmTest : public ::testing::Test {
  protected:
@@ -455,6 +425,226 @@ TEST_F(ShmTest, ResidentMatrixUploadedFromARegion) {
   EXPECT_EQ(s.error_code(), grpc::StatusCode::OUT_OF_RANGE);
   EXPECT_NE(s.error_message().find("header.region"), std::string::npos) << s.error_message();
   EXPECT_EQ(upload(64, "", &info, tcp_.get()).error_code(), grpc::StatusCode::PERMISSION_DENIED);
+}
+
+// The CPU backend with the pinning of a GPU backend faked: PinHostMemory succeeds (or fails with
+// `pin_error`), and Run records which operands came as pinned host memory.
+class FakePinningBackend final : public ForwardingBackend {
+ public:
+  FakePinningBackend(std::unique_ptr<Backend> inner, absl::Status pin_error)
+      : ForwardingBackend(std::move(inner)), pin_error_(std::move(pin_error)) {}
+  absl::Status PinHostMemory(void*, int64_t, std::function<void()>* unpin) override {
+    if (!pin_error_.ok()) return pin_error_;
+    std::lock_guard<std::mutex> lock(mu_);
+    ++pinned_;
+    *unpin = [this] {
+      std::lock_guard<std::mutex> lock(mu_);
+      --pinned_;
+    };
+    return absl::OkStatus();
+  }
+  absl::Status Run(int slot, const GemmJob& job, GemmReport* report) override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      last_ = job.pinned;
+    }
+    return ForwardingBackend::Run(slot, job, report);
+  }
+  GemmJob::PinnedHost last() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return last_;
+  }
+  int pinned() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return pinned_;
+  }
+
+ private:
+  const absl::Status pin_error_;
+  std::mutex mu_;
+  GemmJob::PinnedHost last_;  // guarded by mu_
+  int pinned_ = 0;            // regions pinned now; guarded by mu_
+};
+
+// A backend that pins host memory (CUDA's DMA path) gets the region operands and C as pinned
+// memory, inline ones not; ListRegions says dma; unregistering unpins. When pinning fails
+// (RLIMIT_MEMLOCK, say) the region still serves, through staging: dma false, nothing pinned.
+TEST_F(ShmTest, RegionsArePinnedForDmaOrFallBackToStaging) {
+  for (const absl::Status& pin_error :
+       {absl::OkStatus(), absl::ResourceExhaustedError("cudaHostRegister: out of memory")}) {
+    SCOPED_TRACE(pin_error.ToString());
+    auto pinning = std::make_unique<FakePinningBackend>(MakeCpuBackend({.workers = 1}), pin_error);
+    FakePinningBackend* backend = pinning.get();
+    StartServer(SharedMemoryOn(), std::move(pinning));
+    const v1::GemmRequest r = RandomRequest(kM, kN, kK, rng_);
+    TestMemfd file(r.a().size() + 2 * kM * kN);
+    Write(file, 0, r.a());
+    Write(file, r.a().size(), std::string(2 * kM * kN, '\xff'));  // C poisoned: NaN
+    v1::RegionInfo info;
+    ASSERT_TRUE(Register(file, r.a().size() + 2 * kM * kN, &info).ok());
+    EXPECT_EQ(info.dma(), pin_error.ok());
+    EXPECT_EQ(backend->pinned(), pin_error.ok() ? 1 : 0);
+    v1::GemmRequest shm = r;
+    SetRegion(shm.mutable_a_region(), info.region(), 0);
+    SetRegion(shm.mutable_c_region(), info.region(), r.a().size());
+    v1::GemmResponse response;
+    grpc::Status s = Gemm(shm, &response);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    EXPECT_LT(ErrorAgainstReference(Half(r.a()), Half(r.b()),
+                                    Half(Read(file, r.a().size(), 2 * kM * kN)), kM, kN, kK),
+              kServiceTolerance.fp32_acc);
+    const GemmJob::PinnedHost pinned = backend->last();
+    EXPECT_EQ(pinned.a, pin_error.ok());
+    EXPECT_FALSE(pinned.b);  // inline
+    EXPECT_FALSE(pinned.c_in);
+    EXPECT_EQ(pinned.c, pin_error.ok());
+
+    grpc::ClientContext context;
+    context.AddMetadata("x-client-id", "alice");
+    v1::ListRegionsResponse list;
+    ASSERT_TRUE(unix_->ListRegions(&context, {}, &list).ok());
+    ASSERT_EQ(list.regions_size(), 1);
+    EXPECT_EQ(list.regions(0).dma(), pin_error.ok());
+    ASSERT_TRUE(Unregister(info.region()).ok());
+    EXPECT_EQ(backend->pinned(), 0);
+  }
+}
+
+// The CPU backend has nothing to pin: its regions say dma false.
+TEST_F(ShmTest, CpuBackendRegionsAreNotDma) {
+  StartServer(SharedMemoryOn());
+  TestMemfd file(4096);
+  v1::RegionInfo info;
+  ASSERT_TRUE(Register(file, 4096, &info).ok());
+  EXPECT_FALSE(info.dma());
+}
+
+// CUDA IPC regions where the server cannot open them: the CPU backend refuses by name, and
+// the request's own mistakes are INVALID_ARGUMENT; the rules of system regions come first.
+TEST_F(ShmTest, CudaIpcRegionsAreRefusedOnTheCpuBackend) {
+  StartServer(SharedMemoryOn());
+  auto register_ipc = [&](const std::string& path, v1::GemmService::Stub* stub) {
+    grpc::ClientContext context;
+    v1::RegisterRegionRequest request;
+    request.set_path(path);
+    request.set_byte_size(4096);
+    request.mutable_cuda_ipc()->set_handle(std::string(64, '\x5a'));
+    request.mutable_cuda_ipc()->set_device("GPU-00000000-0000-0000-0000-000000000000");
+    v1::RegionInfo info;
+    return stub->RegisterRegion(&context, request, &info);
+  };
+  grpc::Status s = register_ipc("", unix_.get());
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_NE(s.error_message().find("CUDA IPC needs the CUDA backend"), std::string::npos)
+      << s.error_message();
+  s = register_ipc("/proc/1/fd/3", unix_.get());
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(s.error_message().find("path"), std::string::npos) << s.error_message();
+  EXPECT_EQ(register_ipc("", tcp_.get()).error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  StartServer(ServerOptions{});
+  s = register_ipc("", unix_.get());
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_NE(s.error_message().find("--allow_shared_memory"), std::string::npos);
+}
+
+// The CPU backend posing as a GPU with CUDA IPC: a "handle" names one of the test's buffers of
+// "device memory" (resident buffers of the CPU backend, i.e. host memory) on the device
+// "GPU-fake"; any other device is not the server's.
+class FakeIpcBackend final : public ForwardingBackend {
+ public:
+  using ForwardingBackend::ForwardingBackend;
+  // Device memory of `bytes`, shared under the returned handle.
+  std::string Share(int64_t bytes, std::shared_ptr<ResidentBuffer>* memory) {
+    EXPECT_TRUE(AllocateResident(0, bytes, memory).ok());
+    std::string handle(64, '\0');
+    std::snprintf(handle.data(), handle.size(), "fake-%zu", shared_.size());
+    shared_[handle] = *memory;
+    return handle;
+  }
+  absl::Status OpenIpcMemory(const std::string& handle, const std::string& device, int64_t bytes,
+                             std::shared_ptr<ResidentBuffer>* buffer) override {
+    if (device != "GPU-fake") return absl::FailedPreconditionError("not one of its devices");
+    auto it = shared_.find(handle);
+    if (it == shared_.end()) return absl::InvalidArgumentError("cuda_ipc.handle: does not open");
+    if (bytes > it->second->bytes) return absl::InvalidArgumentError("byte_size: too large");
+    *buffer = std::make_shared<ResidentBuffer>(0, bytes, it->second->data,
+                                               [memory = it->second](void*) {});
+    return absl::OkStatus();
+  }
+
+ private:
+  std::map<std::string, std::shared_ptr<ResidentBuffer>> shared_;  // by handle
+};
+
+// A, B and C_in read from a CUDA IPC region and C written into it in place (the GEMM's device
+// buffers, no host copy), against float64; ListRegions names the device; the region's bounds,
+// owner and unregistering are those of system regions.
+TEST_F(ShmTest, CudaIpcRegionUsedInPlace) {
+  auto fake = std::make_unique<FakeIpcBackend>(MakeCpuBackend({.workers = 1}));
+  FakeIpcBackend* backend = fake.get();
+  StartServer(SharedMemoryOn(), std::move(fake));
+  v1::GemmRequest r = RandomRequest(kM, kN, kK, rng_);
+  r.set_alpha(0.5f);
+  r.set_beta(2.0f);
+  SetRandomCIn(&r, rng_);
+  const int64_t bytes = r.a().size() + r.b().size() + r.c_in().size();
+  std::shared_ptr<ResidentBuffer> memory;
+  const std::string handle = backend->Share(bytes, &memory);
+  char* device = static_cast<char*>(memory->data);
+  std::memcpy(device, r.a().data(), r.a().size());
+  std::memcpy(device + r.a().size(), r.b().data(), r.b().size());
+  const int64_t c_offset = r.a().size() + r.b().size();
+  std::memcpy(device + c_offset, r.c_in().data(), r.c_in().size());
+
+  auto register_ipc = [&](const std::string& ipc_handle, const std::string& device_name,
+                          int64_t size, v1::RegionInfo* info) {
+    grpc::ClientContext context;
+    context.AddMetadata("x-client-id", "alice");
+    v1::RegisterRegionRequest request;
+    request.set_byte_size(size);
+    request.mutable_cuda_ipc()->set_handle(ipc_handle);
+    request.mutable_cuda_ipc()->set_device(device_name);
+    return unix_->RegisterRegion(&context, request, info);
+  };
+  v1::RegionInfo info;
+  EXPECT_EQ(register_ipc(handle, "GPU-other", bytes, &info).error_code(),
+            grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_EQ(register_ipc(std::string(64, 'x'), "GPU-fake", bytes, &info).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(register_ipc(handle, "GPU-fake", bytes + 1, &info).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+  grpc::Status s = register_ipc(handle, "GPU-fake", bytes, &info);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_TRUE(info.cuda_ipc());
+  EXPECT_EQ(info.device_id(), uint32_t(server_->backend().Devices()[0].id));
+  EXPECT_FALSE(info.dma());
+
+  v1::GemmRequest ipc = r;
+  SetRegion(ipc.mutable_a_region(), info.region(), 0);
+  SetRegion(ipc.mutable_b_region(), info.region(), r.a().size());
+  SetRegion(ipc.mutable_c_in_region(), info.region(), c_offset);
+  SetRegion(ipc.mutable_c_region(), info.region(), c_offset);
+  v1::GemmResponse response;
+  s = Gemm(ipc, &response);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_TRUE(response.c().empty());
+  EXPECT_LT(RelativeErrorOfC(r, std::string(device + c_offset, 2 * kM * kN)),
+            kServiceTolerance.fp32_acc);
+
+  SetRegion(ipc.mutable_c_region(), info.region(), c_offset + 2);  // one element past the end
+  s = Gemm(ipc, &response);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::OUT_OF_RANGE);
+  EXPECT_NE(s.error_message().find("c_region"), std::string::npos) << s.error_message();
+  EXPECT_EQ(Gemm(ipc, &response, "mallory").error_code(), grpc::StatusCode::NOT_FOUND);
+  grpc::ClientContext context;
+  context.AddMetadata("x-client-id", "alice");
+  v1::ListRegionsResponse list;
+  ASSERT_TRUE(unix_->ListRegions(&context, {}, &list).ok());
+  ASSERT_EQ(list.regions_size(), 1);
+  EXPECT_TRUE(list.regions(0).cuda_ipc());
+  EXPECT_TRUE(Unregister(info.region()).ok());
+  SetRegion(ipc.mutable_c_region(), info.region(), c_offset);
+  EXPECT_EQ(Gemm(ipc, &response).error_code(), grpc::StatusCode::NOT_FOUND);
 }
 
 TEST_F(ShmTest, CRegionWithKeepCResidentIsInvalid) {

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # End to end on a GPU machine, in sections (default: all but load):
-#   tests     the CUDA backend's GoogleTests
+#   tests     the CUDA backend's GoogleTests, shm_dma_test (shared-memory regions by DMA) and
+#             cuda_ipc_test (CUDA IPC regions, against hgemm_server as a child process)
 #   e2e       hgemm_server (CUDA) on 127.0.0.1 driven by hgemm_client: odd shapes, both
 #             accumulations, cuBLAS, a streamed 8192³, all checked against a CPU reference
 #   overlap   aggregate throughput with 1 vs 4 CUDA streams at the same client concurrency:
@@ -24,6 +25,8 @@
 #             a strided batch, grouped GEMMs, each --check'ed by hgemm_client against the CPU
 #             reference
 #   dataplane bench/dataplane.sh: one GEMM's bytes over gRPC, parallel parts and shared memory
+#             (then --same_host: gRPC vs shm staging vs shm DMA vs CUDA IPC next to pinned
+#             cudaMemcpy, issue 31's table)
 #             (plaintext and TLS) next to bench/tcp_ceiling's raw-TCP ceiling (issues 27, 31)
 #   tls       bench/tls_cost.sh: hgemm_load at 2048³ unary c=16 and 256³ c=64 against plaintext,
 #             TLS and TLS + token servers (certificates made at --bundle, valid for 2 days)
@@ -56,7 +59,8 @@ if [[ ${1:-} == --bundle ]]; then
     //server/backend:cuda_fault_test //server/backend:cuda_sticky_fault_test \
     //server:device_failure_test //server:hgemm_server_fault_injection \
     //server:memory_pressure_test //client/c:libhgemm_client.so //bench:tcp_ceiling \
-    //bench:kernel_bench //kernels:batched_gemm_test
+    //bench:kernel_bench //kernels:batched_gemm_test \
+    //server:shm_dma_test //server:cuda_ipc_test //bench:cuda_ipc_load
   ../shared/tools/gpu-bundle.sh --out .gpu-serve bazel-bin/server/hgemm_server \
     bazel-bin/client/hgemm_client bazel-bin/server/backend/cuda_backend_test \
     bazel-bin/bench/hgemm_load bazel-bin/bench/echo_server bazel-bin/bench/completion_latency \
@@ -64,7 +68,8 @@ if [[ ${1:-} == --bundle ]]; then
     bazel-bin/server/backend/cuda_sticky_fault_test bazel-bin/server/device_failure_test \
     bazel-bin/server/hgemm_server_fault_injection bazel-bin/server/memory_pressure_test \
     bazel-bin/client/c/libhgemm_client.so bazel-bin/bench/tcp_ceiling \
-    bazel-bin/bench/kernel_bench bazel-bin/kernels/batched_gemm_test
+    bazel-bin/bench/kernel_bench bazel-bin/kernels/batched_gemm_test \
+    bazel-bin/server/shm_dma_test bazel-bin/server/cuda_ipc_test bazel-bin/bench/cuda_ipc_load
   tools/make_test_certs.sh .gpu-serve/certs  # the GPU machine may have no openssl
   mkdir -p .gpu-pack
   grep -qx "/.gpu-pack/" .git/info/exclude || echo "/.gpu-pack/" >> .git/info/exclude
@@ -84,6 +89,13 @@ if want tests; then
   echo "== cuda_backend_test"
   timeout 300 cuda_backend_test 2>&1 | tee "$out/cuda_backend_test.log" |
     grep -E "^\[ +(OK|FAILED|SKIPPED|PASSED) |Failure|error" | head -40 || true
+  echo "== shm_dma_test"
+  timeout 300 shm_dma_test 2>&1 | tee "$out/shm_dma_test.log" |
+    grep -E "^\[ +(OK|FAILED|SKIPPED|PASSED) |Failure|error" | head -20 || true
+  echo "== cuda_ipc_test"
+  HGEMM_SERVER_BINARY="$(command -v hgemm_server)" timeout 300 cuda_ipc_test 2>&1 |
+    tee "$out/cuda_ipc_test.log" | grep -E "^\[ +(OK|FAILED|SKIPPED|PASSED) |Failure|error" |
+    head -20 || true
 fi
 
 if want latency; then
@@ -376,6 +388,8 @@ if want dataplane; then
   echo "== the data plane (bench/dataplane.sh)"
   OUT=$out timeout 580 bench/dataplane.sh --bin "$PWD/.gpu-serve/bin" --certs .gpu-serve/certs ||
     echo "FAILED: dataplane.sh"
+  OUT=$out timeout 580 bench/dataplane.sh --same_host --bin "$PWD/.gpu-serve/bin" \
+    --certs .gpu-serve/certs || echo "FAILED: dataplane.sh --same_host"
 fi
 if want tls; then
   echo "== the cost of TLS (bench/tls_cost.sh)"

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -95,6 +96,30 @@ class Backend {
     if (absl::Status s = ReadResident(buffer, whole.data()); !s.ok()) return s;
     std::memcpy(host, whole.data() + offset, bytes);
     return absl::OkStatus();
+  }
+
+  // Page-locks the host memory [data, data + bytes) for direct DMA (CUDA: cudaHostRegister),
+  // so that Run copies the operands and C of a job whose GemmJob::pinned says so straight
+  // between that memory and the device, without staging. On OK, *unpin is what undoes it: to
+  // be called once, after the last Run using the memory has returned and before the memory is
+  // unmapped. UNIMPLEMENTED when the backend has nothing to gain (the CPU: its "device" is host
+  // memory); another error when it could not (e.g. RLIMIT_MEMLOCK): the memory then serves as
+  // any host memory (staged copies). Thread-safe.
+  virtual absl::Status PinHostMemory(void* data, int64_t bytes, std::function<void()>* unpin) {
+    return absl::UnimplementedError(Name() + " backend: host memory needs no pinning");
+  }
+
+  // Opens device memory another process shares by CUDA IPC: `ipc_handle` (the 64 bytes of a
+  // cudaIpcMemHandle_t) on the device named `device` (its UUID "GPU-..." or PCI bus id), as a
+  // buffer of its first `bytes` bytes on that device, which closes the mapping when its last
+  // reference goes. FAILED_PRECONDITION: a backend without CUDA, a device that is not one of
+  // this backend's (the message names it), or memory on another device than the one named;
+  // INVALID_ARGUMENT naming "cuda_ipc.handle" (does not open) or "byte_size" (past the end of
+  // the shared allocation). Thread-safe.
+  virtual absl::Status OpenIpcMemory(const std::string& ipc_handle, const std::string& device,
+                                     int64_t bytes, std::shared_ptr<ResidentBuffer>* buffer) {
+    return absl::FailedPreconditionError(
+        "CUDA IPC needs the CUDA backend (this server runs the " + Name() + " backend)");
   }
 
   // False once device `device_index` (a Devices() index) has failed for good (a sticky CUDA

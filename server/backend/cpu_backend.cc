@@ -87,7 +87,8 @@ class CpuBackend final : public Backend {
 
   absl::Status Run(int slot, const GemmJob& job, GemmReport* report) override {
     const GemmShape& shape = job.shape;
-    void* c = job.c;
+    // Its "device" memory is host memory: a C on the device is written like any C.
+    void* c = job.c_device ? job.c_device->data : job.c;
     if (job.keep_c) {
       absl::Status s = AllocateResident(0, shape.CBytes(), &report->c_resident);
       if (!s.ok()) return s;

@@ -4,7 +4,10 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include <cuda.h>
+
 #include <algorithm>
+#include <cctype>
 #include <climits>
 #include <cstring>
 #include <functional>
@@ -173,6 +176,10 @@ class CudaBackend final : public Backend {
   absl::Status ReadResidentRange(const ResidentBuffer& buffer, int64_t offset, int64_t bytes,
                                  void* host) override;
 
+  absl::Status PinHostMemory(void* data, int64_t bytes, std::function<void()>* unpin) override;
+  absl::Status OpenIpcMemory(const std::string& ipc_handle, const std::string& device,
+                             int64_t bytes, std::shared_ptr<ResidentBuffer>* buffer) override;
+
   bool DeviceHealthy(int device_index) const override {
     return devices_[device_index]->healthy.load();
   }
@@ -180,6 +187,8 @@ class CudaBackend final : public Backend {
   absl::Status Run(int slot_index, const GemmJob& job, GemmReport* report) override;
 
  private:
+  // The index of the device whose UUID ("GPU-...") or PCI bus id is `name` (any case), or -1.
+  int FindDeviceByName(const std::string& name) const;
   // Direct device-to-device copies where the hardware allows them (NVLink, PCIe P2P); resident
   // operands copied to an idle device otherwise go through the host.
   void EnablePeerAccess();
@@ -203,6 +212,9 @@ class CudaBackend final : public Backend {
   absl::Status CopyToDevice(Slot& slot, char* dst, const char* src, size_t bytes);
   absl::Status CopyToHost(Slot& slot, char* dst, const char* src, size_t bytes,
                           const std::function<void(int64_t)>& progress, double* d2h_ms);
+  // Device → pinned host memory (GemmJob::pinned.c) in one DMA, then waits for it.
+  absl::Status CopyToPinnedHost(Slot& slot, char* dst, const char* src, size_t bytes,
+                                const std::function<void(int64_t)>& progress, double* d2h_ms);
 
   const CudaBackendOptions options_;
   std::vector<std::unique_ptr<Device>> devices_;
@@ -340,6 +352,162 @@ absl::Status CudaBackend::ReadResidentRange(const ResidentBuffer& buffer, int64_
                       cudaMemcpyDeviceToHost);
 }
 
+// Portable: the pages count as pinned for every device's context, so any slot may DMA them.
+absl::Status CudaBackend::PinHostMemory(void* data, int64_t bytes, std::function<void()>* unpin) {
+  // Registration needs a current context; that of any device serves all (portable).
+  if (cudaError_t e = cudaSetDevice(devices_.front()->ordinal); e != cudaSuccess) {
+    cudaGetLastError();
+    return status::BackendFailure(fmt::format("cudaSetDevice({}): {}", devices_.front()->ordinal,
+                                              cudaGetErrorString(e)));
+  }
+  if (cudaError_t e = cudaHostRegister(data, size_t(bytes), cudaHostRegisterPortable);
+      e != cudaSuccess) {
+    cudaGetLastError();
+    const std::string message =
+        fmt::format("cudaHostRegister of {} bytes: {}", bytes, cudaGetErrorString(e));
+    return e == cudaErrorMemoryAllocation ? status::OverLimit(message)
+                                          : status::BackendFailure(message);
+  }
+  *unpin = [data] {
+    if (cudaError_t e = cudaHostUnregister(data); e != cudaSuccess) {
+      cudaGetLastError();
+      spdlog::error("cudaHostUnregister of a shared-memory region: {}", cudaGetErrorString(e));
+    }
+  };
+  return absl::OkStatus();
+}
+
+// "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx", as nvidia-smi -L prints a device's UUID.
+std::string UuidName(const cudaUUID_t& uuid) {
+  std::string hex;
+  for (int i = 0; i < 16; ++i) {
+    if (i == 4 || i == 6 || i == 8 || i == 10) hex += '-';
+    hex += fmt::format("{:02x}", static_cast<unsigned char>(uuid.bytes[i]));
+  }
+  return "GPU-" + hex;
+}
+
+std::string Lowercase(std::string s) {
+  for (char& c : s) c = char(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
+
+int CudaBackend::FindDeviceByName(const std::string& name) const {
+  const std::string wanted = Lowercase(name);
+  for (size_t i = 0; i < devices_.size(); ++i) {
+    char bus_id[32] = {};
+    const bool has_bus_id =
+        cudaDeviceGetPCIBusId(bus_id, sizeof(bus_id), devices_[i]->ordinal) == cudaSuccess;
+    cudaGetLastError();
+    if (wanted == Lowercase(UuidName(devices_[i]->props.uuid)) ||
+        (has_bus_id && wanted == Lowercase(bus_id))) {
+      return int(i);
+    }
+  }
+  return -1;
+}
+
+// The size of the allocation starting at `base` (cuMemGetAddressRange, reached through the
+// runtime so that nothing links the driver library), or an error.
+absl::Status AllocationSize(void* base, size_t* size) {
+  using GetAddressRange = CUresult (*)(CUdeviceptr*, size_t*, CUdeviceptr);
+  void* entry = nullptr;
+  cudaDriverEntryPointQueryResult found{};
+  if (cudaError_t e = cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &entry, 12000,
+                                                       cudaEnableDefault, &found);
+      e != cudaSuccess || found != cudaDriverEntryPointSuccess || entry == nullptr) {
+    cudaGetLastError();
+    return status::BackendFailure("cuMemGetAddressRange is not available from the driver");
+  }
+  CUdeviceptr range_base = 0;
+  if (CUresult r = reinterpret_cast<GetAddressRange>(entry)(&range_base, size,
+                                                            reinterpret_cast<CUdeviceptr>(base));
+      r != CUDA_SUCCESS) {
+    return status::BackendFailure(fmt::format("cuMemGetAddressRange: error {}", int(r)));
+  }
+  if (range_base != reinterpret_cast<CUdeviceptr>(base)) {
+    return status::BackendFailure("the opened memory is not the start of its allocation");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::OpenIpcMemory(const std::string& ipc_handle, const std::string& device,
+                                        int64_t bytes, std::shared_ptr<ResidentBuffer>* buffer) {
+  cudaIpcMemHandle_t handle{};
+  if (ipc_handle.size() != sizeof(handle)) {
+    return status::InvalidArgument("cuda_ipc.handle",
+                                   fmt::format("{} bytes; a cudaIpcMemHandle_t has {}",
+                                               ipc_handle.size(), sizeof(handle)));
+  }
+  std::memcpy(&handle, ipc_handle.data(), sizeof(handle));
+  const int index = FindDeviceByName(device);
+  if (index < 0) {
+    std::string mine;
+    for (const auto& d : devices_) {
+      char bus_id[32] = {};
+      if (cudaDeviceGetPCIBusId(bus_id, sizeof(bus_id), d->ordinal) != cudaSuccess) {
+        cudaGetLastError();
+      }
+      mine += fmt::format("{}{} {} ({})", mine.empty() ? "" : ", ", d->ordinal,
+                          UuidName(d->props.uuid), bus_id);
+    }
+    return status::FailedPrecondition(fmt::format(
+        "device {} is not one of this server's devices ({}); CUDA IPC memory is used only on "
+        "its own device, never copied to another",
+        status::Quote(device), mine));
+  }
+  Device& d = *devices_[index];
+  if (!d.healthy) return Refused(d);
+  if (cudaError_t e = cudaSetDevice(d.ordinal); e != cudaSuccess) {
+    cudaGetLastError();
+    return status::BackendFailure(fmt::format("cudaSetDevice({}): {}", d.ordinal,
+                                              cudaGetErrorString(e)));
+  }
+  void* data = nullptr;
+  if (cudaError_t e = cudaIpcOpenMemHandle(&data, handle, cudaIpcMemLazyEnablePeerAccess);
+      e != cudaSuccess) {
+    cudaGetLastError();
+    return status::InvalidArgument(
+        "cuda_ipc.handle",
+        fmt::format("cudaIpcOpenMemHandle on device {}: {}", d.ordinal, cudaGetErrorString(e)));
+  }
+  const int ordinal = d.ordinal;
+  auto close = [ordinal](void* p) {
+    cudaSetDevice(ordinal);
+    if (cudaError_t e = cudaIpcCloseMemHandle(p); e != cudaSuccess) {
+      cudaGetLastError();
+      spdlog::error("cudaIpcCloseMemHandle on device {}: {}", ordinal, cudaGetErrorString(e));
+    }
+  };
+  // Peer access would open another device's memory here too: refused, as it would make every
+  // copy of it a cross-device one.
+  cudaPointerAttributes attributes{};
+  if (cudaError_t e = cudaPointerGetAttributes(&attributes, data); e != cudaSuccess) {
+    cudaGetLastError();
+    close(data);
+    return status::BackendFailure(
+        fmt::format("cudaPointerGetAttributes of CUDA IPC memory: {}", cudaGetErrorString(e)));
+  }
+  if (attributes.device != ordinal) {
+    close(data);
+    return status::FailedPrecondition(fmt::format(
+        "the CUDA IPC handle's memory is on device {}, not on {} (device {}) as named",
+        attributes.device, status::Quote(device), ordinal));
+  }
+  size_t size = 0;
+  if (absl::Status s = AllocationSize(data, &size); !s.ok()) {
+    close(data);
+    return s;
+  }
+  if (uint64_t(bytes) > size) {
+    close(data);
+    return status::InvalidArgument(
+        "byte_size", fmt::format("{} bytes, but the shared allocation has {}", bytes, size));
+  }
+  *buffer = std::make_shared<ResidentBuffer>(index, bytes, data, close);
+  return absl::OkStatus();
+}
+
 // Runs on the calling thread's own default stream (cudaStreamPerThread), so that copies from
 // several threads, and the slots' streams, do not wait for each other.
 absl::Status CudaBackend::CopyResident(Device& device, void* dst, const void* src, int64_t bytes,
@@ -428,6 +596,20 @@ absl::Status CudaBackend::CopyToHost(Slot& slot, char* dst, const char* src, siz
   return absl::OkStatus();
 }
 
+absl::Status CudaBackend::CopyToPinnedHost(Slot& slot, char* dst, const char* src, size_t bytes,
+                                           const std::function<void(int64_t)>& progress,
+                                           double* d2h_ms) {
+  CUDA_TRY(slot, kCopyToHost,
+           cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, slot.stream));
+  CUDA_TRY(slot, kEvent, cudaEventRecord(slot.d2h_done, slot.stream));
+  CUDA_TRY(slot, kEvent, cudaEventSynchronize(slot.d2h_done));
+  float device_ms = 0;
+  CUDA_TRY(slot, kEvent, cudaEventElapsedTime(&device_ms, slot.kernel_done, slot.d2h_done));
+  *d2h_ms = device_ms;
+  if (progress) progress(int64_t(bytes));
+  return absl::OkStatus();
+}
+
 cudaError_t CudaBackend::WaitForKernel(const Slot& slot, double flops) const {
   if (options_.completion_spin.count() > 0) {
     // sleep_for overshoots by up to the timer slack (50 us by default on Linux).
@@ -449,7 +631,7 @@ cudaError_t CudaBackend::WaitForKernel(const Slot& slot, double flops) const {
 absl::Status CudaBackend::Run(int slot_index, const GemmJob& job, GemmReport* report) {
   Device& device = *slots_[slot_index]->device;
   for (const ResidentBuffer* r :
-       {job.a_resident.get(), job.b_resident.get(), job.c_in_resident.get()}) {
+       {job.a_resident.get(), job.b_resident.get(), job.c_in_resident.get(), job.c_device.get()}) {
     if (r != nullptr && !devices_[r->device_index]->healthy) return Refused(*devices_[r->device_index]);
   }
   if (!device.healthy) return Refused(device);
@@ -475,7 +657,14 @@ absl::Status CudaBackend::RunOnSlot(int slot_index, const GemmJob& job, GemmRepo
   const bool b_here = job.b_resident && job.b_resident->device_index == here;
   const size_t a_space = a_here ? 0 : k::AlignUp(a_bytes);
   const size_t b_space = b_here ? 0 : k::AlignUp(b_bytes);
-  const size_t c_space = job.keep_c ? 0 : k::AlignUp(c_bytes);
+  // C straight into a client's device memory (CUDA IPC): only on its own device.
+  if (job.c_device && job.c_device->device_index != here) {
+    return status::FailedPrecondition(fmt::format(
+        "C's CUDA IPC memory is on device {}, not on device {} that runs the GEMM",
+        devices_[job.c_device->device_index]->ordinal, device.ordinal));
+  }
+  const bool c_on_device = job.keep_c || job.c_device;
+  const size_t c_space = c_on_device ? 0 : k::AlignUp(c_bytes);
   // Scaled (alpha/beta): the variant writes T = op(A)·op(B) in fp32, into C itself when C is
   // fp32, else into its own space; C_in (read with beta ≠ 0) comes over unless resident here.
   const bool scaled = job.Scaled();
@@ -496,8 +685,9 @@ absl::Status CudaBackend::RunOnSlot(int slot_index, const GemmJob& job, GemmRepo
   }
   char* d_a = a_here ? static_cast<char*>(job.a_resident->data) : slot.device_buffer;
   char* d_b = b_here ? static_cast<char*>(job.b_resident->data) : slot.device_buffer + a_space;
-  char* d_c = job.keep_c ? static_cast<char*>(report->c_resident->data)
-                         : slot.device_buffer + a_space + b_space;
+  char* d_c = job.keep_c     ? static_cast<char*>(report->c_resident->data)
+              : job.c_device ? static_cast<char*>(job.c_device->data)
+                             : slot.device_buffer + a_space + b_space;
   char* d_t = t_space > 0 ? slot.device_buffer + a_space + b_space + c_space : d_c;
   char* d_c_in = c_in_bytes == 0 ? nullptr
                  : c_in_here     ? static_cast<char*>(job.c_in_resident->data)
@@ -583,15 +773,21 @@ absl::Status CudaBackend::RunOnSlot(int slot_index, const GemmJob& job, GemmRepo
       variants[std::max_element(item_flops.begin(), item_flops.end()) - item_flops.begin()];
 
   CUDA_TRY(slot, kEvent, cudaEventRecord(slot.start, slot.stream));
-  for (auto [resident, here_already, dst, host, bytes] :
-       {std::tuple{job.a_resident.get(), a_here, d_a, static_cast<const void*>(job.a), a_bytes},
-        std::tuple{job.b_resident.get(), b_here, d_b, static_cast<const void*>(job.b), b_bytes},
-        std::tuple{job.c_in_resident.get(), c_in_here, d_c_in, job.c_in, c_in_bytes}}) {
+  for (auto [resident, here_already, dst, host, bytes, pinned] :
+       {std::tuple{job.a_resident.get(), a_here, d_a, static_cast<const void*>(job.a), a_bytes,
+                   job.pinned.a},
+        std::tuple{job.b_resident.get(), b_here, d_b, static_cast<const void*>(job.b), b_bytes,
+                   job.pinned.b},
+        std::tuple{job.c_in_resident.get(), c_in_here, d_c_in, job.c_in, c_in_bytes,
+                   job.pinned.c_in}}) {
     if (here_already || bytes == 0) continue;
     if (resident != nullptr) {
       CUDA_TRY(slot, kCopyToDevice,
                cudaMemcpyPeerAsync(dst, device.ordinal, resident->data,
                                    devices_[resident->device_index]->ordinal, bytes, slot.stream));
+    } else if (pinned) {
+      CUDA_TRY(slot, kCopyToDevice,
+               cudaMemcpyAsync(dst, host, bytes, cudaMemcpyHostToDevice, slot.stream));
     } else if (absl::Status s = CopyToDevice(slot, dst, reinterpret_cast<const char*>(host), bytes);
                !s.ok()) {
       return s;
@@ -627,11 +823,15 @@ absl::Status CudaBackend::RunOnSlot(int slot_index, const GemmJob& job, GemmRepo
 #endif
   CUDA_TRY(slot, kEvent, cudaEventRecord(slot.kernel_done, slot.stream));
   double d2h_ms = 0;
-  if (job.keep_c) {
+  if (c_on_device) {
     CUDA_TRY(slot, kEvent, WaitForKernel(slot, double(shape.Flops())));
   } else {
-    absl::Status s = CopyToHost(slot, reinterpret_cast<char*>(job.c), d_c, c_bytes, job.c_progress,
-                                &d2h_ms);
+    absl::Status s =
+        job.pinned.c
+            ? CopyToPinnedHost(slot, reinterpret_cast<char*>(job.c), d_c, c_bytes, job.c_progress,
+                               &d2h_ms)
+            : CopyToHost(slot, reinterpret_cast<char*>(job.c), d_c, c_bytes, job.c_progress,
+                         &d2h_ms);
     if (!s.ok()) return s;
   }
   float h2d_ms = 0, kernel_ms = 0;

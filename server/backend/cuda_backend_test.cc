@@ -3,9 +3,12 @@
 #include "server/backend/cuda_backend.h"
 
 #include <cuda_runtime.h>
+#include <sys/mman.h>
 
 #include <gtest/gtest.h>
 
+#include <cstring>
+#include <functional>
 #include <random>
 #include <string>
 #include <string_view>
@@ -296,6 +299,67 @@ TEST_F(CudaBackendTest, ScaledEveryKernelLayoutAndTypeMatchesFloat64) {
     }
   }
   EXPECT_GT(ran, 0) << "no kernel takes alpha/beta";
+}
+
+// Host memory pinned by PinHostMemory (as a shared-memory region is): A, B and C_in copied to
+// the device and C back by DMA straight from and to it, unstaged; C poisoned first and written
+// over C_in in place (C = alpha·A·B + beta·C). Larger than a staging piece, so a staged copy
+// would take several. Against the fp32 reference of the scaled GEMM. A second pin of the same
+// memory fails cleanly (the caller then stages), and unpinning leaves the memory usable.
+TEST_F(CudaBackendTest, PinnedHostMemoryGoesByDmaWithoutStaging) {
+  const int64_t m = 2304, n = 2048, k = 2080;  // A 9.1, B 8.1, C 9 MiB: past an 8 MiB piece
+  const int64_t a_bytes = m * k * 2, b_bytes = k * n * 2, c_bytes = m * n * 2;
+  const int64_t bytes = a_bytes + b_bytes + c_bytes;
+  // A mapping as a region's: page-aligned, MAP_SHARED.
+  void* base = mmap(nullptr, size_t(bytes), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS,
+                    -1, 0);
+  ASSERT_NE(base, MAP_FAILED);
+  char* mem = static_cast<char*>(base);
+  std::function<void()> unpin;
+  absl::Status pinned = backend_->PinHostMemory(base, bytes, &unpin);
+  ASSERT_TRUE(pinned.ok()) << pinned.message();
+  ASSERT_TRUE(unpin);
+  std::function<void()> again;
+  EXPECT_FALSE(backend_->PinHostMemory(base, bytes, &again).ok());  // already registered
+  EXPECT_FALSE(again);
+
+  std::mt19937_64 rng(43);
+  const std::vector<uint16_t> a = RandomHalfMatrix(m * k, rng), b = RandomHalfMatrix(k * n, rng),
+                              c_in = RandomHalfMatrix(m * n, rng);
+  std::memcpy(mem, a.data(), a_bytes);
+  std::memcpy(mem + a_bytes, b.data(), b_bytes);
+  char* c = mem + a_bytes + b_bytes;
+  for (float beta : {0.0f, 0.5f}) {
+    SCOPED_TRACE(beta);
+    if (beta == 0) {
+      std::memset(c, 0xFF, c_bytes);  // NaN: an element not written fails the check
+    } else {
+      std::memcpy(c, c_in.data(), c_bytes);  // C_in, overwritten by C in place
+    }
+    GemmJob job;
+    job.shape = {.m = m, .n = n, .k = k, .c_input = beta != 0};
+    job.kernel = "auto";
+    job.a = reinterpret_cast<const uint16_t*>(mem);
+    job.b = reinterpret_cast<const uint16_t*>(mem + a_bytes);
+    job.c = c;
+    job.alpha = 1.5f;
+    job.beta = beta;
+    job.c_in = beta != 0 ? c : nullptr;
+    job.pinned = {.a = true, .b = true, .c_in = beta != 0, .c = true};
+    int64_t reported = 0;
+    job.c_progress = [&](int64_t ready) { reported = ready; };
+    GemmReport report;
+    absl::Status s = backend_->Run(2, job, &report);
+    ASSERT_TRUE(s.ok()) << s.message();
+    EXPECT_EQ(reported, c_bytes);
+    const GemmScale scale{.alpha = 1.5f, .beta = beta, .c_in = c_in.data()};
+    const std::vector<float> reference = ReferenceGemm(a.data(), b.data(), m, n, k, {}, scale);
+    EXPECT_LE(RelativeFrobeniusError(reinterpret_cast<const uint16_t*>(c), reference.data(), m * n),
+              kKernelTolerance.fp32_acc);
+  }
+  unpin();
+  std::memset(c, 0xFF, c_bytes);  // still ordinary memory of this process
+  ASSERT_EQ(munmap(base, size_t(bytes)), 0);
 }
 
 // Strided-batched: one launch for the batch where the kernel takes batches (the wgmma family:

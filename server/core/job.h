@@ -81,6 +81,15 @@ struct GemmJob {
   float beta = 0;
   const void* c_in = nullptr;
   std::shared_ptr<ResidentBuffer> c_in_resident;
+  // Which of a, b, c_in and c are host memory the backend pinned (Backend::PinHostMemory: a
+  // shared-memory region): it copies them by DMA straight from or to that memory, unstaged.
+  struct PinnedHost {
+    bool a = false, b = false, c_in = false, c = false;
+  };
+  PinnedHost pinned;
+  // Write C straight into this device buffer (a client's CUDA IPC memory, on the device the job
+  // runs on) instead of to `c`. Not with keep_c.
+  std::shared_ptr<ResidentBuffer> c_device;
   // Whether C is more than op(A)·op(B): the backend must apply alpha and beta.
   bool Scaled() const { return alpha != 1 || beta != 0; }
   // Leave C on the backend: Run allocates it and returns it in GemmReport::c_resident.
@@ -88,6 +97,9 @@ struct GemmJob {
   // The device holding the job's resident operands, where it runs (unless the scheduler moves
   // it to an idle device: SchedulerOptions::copy_resident_to_idle_device); -1: any.
   int device_index = -1;
+  // Run on device_index and nowhere else (an operand or C is a client's device memory): never
+  // moved to an idle device, whose copy would be a silent cross-device copy.
+  bool stay_on_device = false;
   Clock::time_point deadline = Clock::time_point::max();
   // Called by the backend as C reaches `c`, from the thread running the job: bytes [0, ready)
   // are final. Lets the transport send C while the rest is still being copied. May be empty.

@@ -92,7 +92,13 @@ ServiceMetrics::ServiceMetrics(const std::string& version, const std::string& ba
                                .Name("hgemm_upload_queue_writes")
                                .Help("Chunk copies to the device waiting for an upload thread")
                                .Register(registry_)
-                               .Add({})) {
+                               .Add({})),
+      staged_regions_(prometheus::BuildGauge()
+                          .Name("hgemm_shared_regions_staged")
+                          .Help("Registered shared-memory regions the backend failed to pin for "
+                                "DMA: their GEMMs copy through staging buffers")
+                          .Register(registry_)
+                          .Add({})) {
   auto& received = prometheus::BuildCounter()
                        .Name("hgemm_received_bytes_total")
                        .Help("Operand bytes received (A, B, streamed chunks, uploaded matrices)")
@@ -245,6 +251,7 @@ std::vector<prometheus::MetricFamily> ServiceMetrics::Collect() const {
     running_.Set(double(load.running));
     admitted_bytes_.Set(double(load.admitted_bytes));
     upload_queue_writes_.Set(double(load.upload_queue_writes));
+    staged_regions_.Set(double(load.staged_regions));
     for (const LoadSample::Device& d : load.devices) {
       resident_bytes_.Add({{"device", d.id}}).Set(double(d.resident_bytes));
       resident_matrices_.Add({{"device", d.id}}).Set(double(d.resident_matrices));

@@ -25,6 +25,9 @@
 //                                         registered shared-memory regions and their bytes per
 //                                         owner: the kMaxRegionOwners largest owners by name,
 //                                         the rest summed as "other"
+//   hgemm_shared_regions_staged          registered regions the backend failed to pin for DMA
+//                                         (cudaHostRegister, e.g. over RLIMIT_MEMLOCK): their
+//                                         GEMMs copy through staging buffers instead
 //   hgemm_gemm_stage_seconds{stage,backend,kernel}
 //                                         histogram per stage (queue_wait, host_to_device,
 //                                         kernel, device_to_host, server_total) of GEMMs that
@@ -103,6 +106,7 @@ struct LoadSample {
   int64_t running = 0;
   int64_t admitted_bytes = 0;
   int64_t upload_queue_writes = 0;
+  int64_t staged_regions = 0;  // RegionStore::StagedRegions
   struct Device {
     std::string id;  // DeviceDescription::id, as a string
     int64_t resident_bytes = 0;
@@ -171,6 +175,7 @@ class ServiceMetrics final : public prometheus::Collectable {
   prometheus::Gauge& running_;
   prometheus::Gauge& admitted_bytes_;
   prometheus::Gauge& upload_queue_writes_;
+  prometheus::Gauge& staged_regions_;
   std::array<prometheus::Counter*, kNumRpcs> received_bytes_{};  // null: the method moves no matrices
   std::array<prometheus::Counter*, kNumRpcs> sent_bytes_{};
   // [path][0: received, 1: sent]

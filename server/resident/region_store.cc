@@ -8,8 +8,11 @@
 
 #include <cerrno>
 #include <cstring>
+#include <functional>
 #include <random>
 #include <utility>
+
+#include <spdlog/spdlog.h>
 
 #include "server/core/status.h"
 
@@ -70,6 +73,8 @@ RegionLease& RegionLease::operator=(RegionLease&& other) noexcept {
     mapping_ = std::move(other.mapping_);
     handle_ = std::move(other.handle_);
     data_ = std::exchange(other.data_, nullptr);
+    pinned_ = std::exchange(other.pinned_, false);
+    device_view_ = std::move(other.device_view_);
   }
   return *this;
 }
@@ -79,9 +84,12 @@ void RegionLease::Release() {
   std::exchange(store_, nullptr)->Unlease(handle_);
   mapping_.reset();
   data_ = nullptr;
+  pinned_ = false;
+  device_view_.reset();
 }
 
-RegionStore::RegionStore(RegionStoreOptions options) : options_(std::move(options)) {}
+RegionStore::RegionStore(RegionStoreOptions options, Backend* backend)
+    : options_(std::move(options)), backend_(backend) {}
 
 RegionStore::~RegionStore() = default;
 
@@ -104,8 +112,7 @@ absl::Status RegionStore::Register(const std::string& owner, const std::string& 
     return status::InvalidArgument(
         "path", fmt::format("{}: expected /proc/<pid>/fd/<fd> of a sealed memfd", status::Quote(path)));
   }
-  if (bytes <= 0) return status::InvalidArgument("byte_size", "must be at least 1");
-  if (label.size() > 128) return status::InvalidArgument("label", "longer than 128 bytes");
+  if (absl::Status s = CheckSizeAndLabel(bytes, label); !s.ok()) return s;
   // O_PATH first: no open side effects (a FIFO, a device) before the file is known to be a
   // regular one.
   Fd probe(open(path.c_str(), O_PATH | O_CLOEXEC));
@@ -143,9 +150,90 @@ absl::Status RegionStore::Register(const std::string& owner, const std::string& 
     return status::InvalidArgument(
         "byte_size", fmt::format("{} bytes, but the file has {}", bytes, int64_t(st.st_size)));
   }
+  // Mapped and pinned without mu_ (pinning a large region takes a while, and GEMMs acquire
+  // leases under mu_): the quota is checked before, and again once the region is in hand.
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ExpireLocked(Clock::now());
+    if (absl::Status s = CheckQuotaLocked(owner, bytes); !s.ok()) return s;
+  }
+  void* base = mmap(nullptr, size_t(bytes), PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
+  if (base == MAP_FAILED) {
+    const int e = errno;
+    if (e == ENOMEM) return status::OverLimit(fmt::format("mapping {} bytes: {}", bytes, strerror(e)));
+    return status::FailedPrecondition(fmt::format("path {}: cannot map it: {}", status::Quote(path), strerror(e)));
+  }
+  std::function<void()> unpin;
+  absl::Status pinned = backend_ != nullptr && options_.pin_for_dma
+                            ? backend_->PinHostMemory(base, bytes, &unpin)
+                            : absl::UnimplementedError("not pinned");
+  const bool dma_failed = !pinned.ok() && pinned.code() != absl::StatusCode::kUnimplemented;
+  if (dma_failed) {
+    spdlog::warn("region of {} bytes for {}: GEMMs copy through staging, not by DMA: {}", bytes,
+                 owner, status::Message(pinned));
+  }
+  Entry entry;
+  entry.base = static_cast<uint8_t*>(base);
+  entry.mapping = std::shared_ptr<void>(base, [bytes, unpin = std::move(unpin)](void* p) {
+    if (unpin) unpin();
+    munmap(p, size_t(bytes));
+  });
+  entry.info.dma = pinned.ok();
+  entry.info.dma_failed = dma_failed;
+  return Add(owner, label, bytes, std::move(entry), info);
+}
+
+absl::Status RegionStore::RegisterCudaIpc(const std::string& owner, const std::string& ipc_handle,
+                                          const std::string& device, int64_t bytes,
+                                          const std::string& label, RegionInfo* info) {
+  if (absl::Status s = CheckSizeAndLabel(bytes, label); !s.ok()) return s;
+  if (backend_ == nullptr) {
+    return status::FailedPrecondition("CUDA IPC needs the CUDA backend (this server has none)");
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ExpireLocked(Clock::now());
+    if (absl::Status s = CheckQuotaLocked(owner, bytes); !s.ok()) return s;
+  }
+  Entry entry;
+  if (absl::Status s = backend_->OpenIpcMemory(ipc_handle, device, bytes, &entry.device_memory);
+      !s.ok()) {
+    return s;
+  }
+  entry.mapping = entry.device_memory;
+  entry.base = static_cast<uint8_t*>(entry.device_memory->data);
+  entry.info.cuda_ipc = true;
+  entry.info.device_index = entry.device_memory->device_index;
+  entry.info.device_id = backend_->Devices()[entry.info.device_index].id;
+  return Add(owner, label, bytes, std::move(entry), info);
+}
+
+absl::Status RegionStore::CheckSizeAndLabel(int64_t bytes, const std::string& label) {
+  if (bytes <= 0) return status::InvalidArgument("byte_size", "must be at least 1");
+  if (label.size() > 128) return status::InvalidArgument("label", "longer than 128 bytes");
+  return absl::OkStatus();
+}
+
+absl::Status RegionStore::Add(const std::string& owner, const std::string& label, int64_t bytes,
+                              Entry entry, RegionInfo* info) {
   std::lock_guard<std::mutex> lock(mu_);
   const Clock::time_point now = Clock::now();
   ExpireLocked(now);
+  // A refusal drops the entry (unpinned and unmapped, or closed) once mu_ is released: it was
+  // moved into this function's parameter, destroyed after `lock`.
+  if (absl::Status s = CheckQuotaLocked(owner, bytes); !s.ok()) return s;
+  entry.info.handle = NewRegionHandle();
+  entry.info.owner = owner;
+  entry.info.label = label;
+  entry.info.bytes = bytes;
+  entry.info.created = entry.info.last_used = now;
+  entry.info.ttl = options_.ttl;
+  *info = entry.info;
+  regions_.emplace(entry.info.handle, std::move(entry));
+  return absl::OkStatus();
+}
+
+absl::Status RegionStore::CheckQuotaLocked(const std::string& owner, int64_t bytes) const {
   int regions = 0;
   int64_t held = 0;
   for (const auto& [handle, entry] : regions_) {
@@ -164,24 +252,6 @@ absl::Status RegionStore::Register(const std::string& owner, const std::string& 
         "{} registered)",
         bytes, options_.max_bytes_per_owner, held));
   }
-  void* base = mmap(nullptr, size_t(bytes), PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
-  if (base == MAP_FAILED) {
-    const int e = errno;
-    if (e == ENOMEM) return status::OverLimit(fmt::format("mapping {} bytes: {}", bytes, strerror(e)));
-    return status::FailedPrecondition(fmt::format("path {}: cannot map it: {}", status::Quote(path), strerror(e)));
-  }
-  Entry entry;
-  entry.base = static_cast<uint8_t*>(base);
-  entry.mapping = std::shared_ptr<void>(base, [bytes](void* p) { munmap(p, size_t(bytes)); });
-  entry.info = {.handle = NewRegionHandle(),
-                .owner = owner,
-                .label = label,
-                .bytes = bytes,
-                .created = now,
-                .last_used = now,
-                .ttl = options_.ttl};
-  *info = entry.info;
-  regions_.emplace(entry.info.handle, std::move(entry));
   return absl::OkStatus();
 }
 
@@ -232,6 +302,14 @@ absl::Status RegionStore::Acquire(const std::string& owner, const std::string& h
   taken.mapping_ = entry.mapping;
   taken.handle_ = handle;
   taken.data_ = entry.base + offset;
+  taken.pinned_ = entry.info.dma;
+  if (entry.device_memory) {
+    // A view of the leased bytes that holds the region open.
+    taken.device_view_ = std::make_shared<ResidentBuffer>(
+        entry.info.device_index, bytes, entry.base + offset,
+        [open = entry.device_memory](void*) {});
+    taken.data_ = nullptr;  // device memory: no host pointer
+  }
   ++entry.info.leases;
   entry.info.last_used = now;
   *lease = std::move(taken);
@@ -279,6 +357,14 @@ std::vector<RegionStore::OwnerUsage> RegionStore::UsageByOwner() {
   std::vector<OwnerUsage> out;
   for (auto& [owner, usage] : by_owner) out.push_back(std::move(usage));
   return out;
+}
+
+int64_t RegionStore::StagedRegions() {
+  std::lock_guard<std::mutex> lock(mu_);
+  ExpireLocked(Clock::now());
+  int64_t staged = 0;
+  for (const auto& [handle, entry] : regions_) staged += entry.info.dma_failed ? 1 : 0;
+  return staged;
 }
 
 void RegionStore::ExpireLocked(Clock::time_point now) {

@@ -15,6 +15,17 @@
 // the regions of a client that went away without unregistering are reclaimed. Every offset
 // and size is checked in 64-bit arithmetic that cannot overflow.
 //
+// Register also pins the mapping with the backend (Backend::PinHostMemory: cudaHostRegister)
+// so that GEMMs copy between it and the device by DMA, without staging; it is unpinned when the
+// last holder of the mapping (the store or a lease) lets go, just before it is unmapped, so
+// never under a running copy. When pinning fails (e.g. RLIMIT_MEMLOCK) the region still works
+// through staged copies: the failure is logged and counted (StagedRegions).
+//
+// A CUDA IPC region (RegisterCudaIpc) is a client's device memory, opened by the backend
+// (Backend::OpenIpcMemory) on its device; the same rules of owners, quotas, bounds, leases and
+// expiry apply. Its leases hand out device buffers (RegionLease::device_view), never host
+// pointers, and it is closed when the last holder lets go.
+//
 // No gRPC: the transport says whether the call came over a Unix socket (CheckAllowed).
 // Thread safety: all methods are thread-safe. The store must outlive its leases.
 #ifndef HGEMM_SERVER_RESIDENT_REGION_STORE_H_
@@ -30,6 +41,7 @@
 #include <string>
 #include <vector>
 
+#include "server/backend/backend.h"
 #include "server/core/job.h"
 
 namespace hgemm {
@@ -42,6 +54,9 @@ struct RegionStoreOptions {
   int64_t max_bytes_per_owner = int64_t{64} << 30;
   // A region no GEMM used for this long is released; 0: kept until unregistered.
   std::chrono::seconds ttl{0};
+  // Pin each region of host memory for DMA (Backend::PinHostMemory); false: staged copies,
+  // and no memory locked.
+  bool pin_for_dma = true;
 };
 
 // What a region is, as listed.
@@ -53,6 +68,14 @@ struct RegionInfo {
   Clock::time_point created, last_used;
   std::chrono::seconds ttl{0};
   int64_t leases = 0;  // GEMMs using it now
+  // Pinned by the backend: its copies to and from devices are DMA straight from its pages.
+  bool dma = false;
+  // The backend could have pinned it but failed (it copies through staging instead).
+  bool dma_failed = false;
+  // A CUDA IPC region: the Backend::Devices() index and id of the device it lives on.
+  bool cuda_ipc = false;
+  int device_index = -1;
+  int device_id = -1;
 };
 
 class RegionStore;
@@ -67,8 +90,14 @@ class RegionLease {
   RegionLease& operator=(RegionLease&& other) noexcept;
   ~RegionLease() { Release(); }
 
-  // The first byte leased, inside the mapping. REQUIRES: not empty.
+  // The first byte leased, inside the mapping. REQUIRES: not empty, a region of host memory
+  // (device_view() is null).
   uint8_t* data() const { return data_; }
+  // A CUDA IPC region's leased bytes, as a buffer on its device (holding the region open);
+  // null for a region of host memory.
+  const std::shared_ptr<ResidentBuffer>& device_view() const { return device_view_; }
+  // The region is pinned by the backend (RegionInfo::dma).
+  bool pinned() const { return pinned_; }
   bool empty() const { return store_ == nullptr; }
   // Gives the hold back now (idempotent).
   void Release();
@@ -79,11 +108,15 @@ class RegionLease {
   std::shared_ptr<void> mapping_;  // keeps the mapping even past the store's entry
   std::string handle_;
   uint8_t* data_ = nullptr;
+  bool pinned_ = false;
+  std::shared_ptr<ResidentBuffer> device_view_;
 };
 
 class RegionStore {
  public:
-  explicit RegionStore(RegionStoreOptions options);
+  // `backend` (may be null: no pinning) pins each region (see above) and must outlive the
+  // store and its leases.
+  explicit RegionStore(RegionStoreOptions options, Backend* backend = nullptr);
   RegionStore(const RegionStore&) = delete;
   RegionStore& operator=(const RegionStore&) = delete;
   ~RegionStore();  // REQUIRES: no lease left
@@ -99,6 +132,16 @@ class RegionStore {
   // REQUIRES: CheckAllowed passed for the call.
   absl::Status Register(const std::string& owner, const std::string& path, int64_t bytes,
                         const std::string& label, RegionInfo* info);
+
+  // Opens `bytes` of the device memory a client shares by CUDA IPC (`ipc_handle`, on the
+  // device named `device`) as a new region of `owner`. Errors: those of
+  // Backend::OpenIpcMemory (FAILED_PRECONDITION without the CUDA backend or for a device not
+  // the server's; INVALID_ARGUMENT for a handle that does not open or a size past the
+  // allocation), INVALID_ARGUMENT (bytes, label), RESOURCE_EXHAUSTED (the owner's quota).
+  // REQUIRES: CheckAllowed passed for the call.
+  absl::Status RegisterCudaIpc(const std::string& owner, const std::string& ipc_handle,
+                               const std::string& device, int64_t bytes,
+                               const std::string& label, RegionInfo* info);
 
   // Unmaps `owner`'s region `handle`: NOT_FOUND (none of this owner's), FAILED_PRECONDITION
   // (GEMMs hold it: unregister once they are answered).
@@ -120,20 +163,33 @@ class RegionStore {
     int64_t bytes = 0;
   };
   std::vector<OwnerUsage> UsageByOwner();
+  // Registered regions the backend failed to pin (RegionInfo::dma_failed).
+  int64_t StagedRegions();
   const RegionStoreOptions& options() const { return options_; }
 
  private:
   friend class RegionLease;
   struct Entry {
     RegionInfo info;
-    std::shared_ptr<void> mapping;  // munmap()s when the last holder goes
+    std::shared_ptr<void> mapping;  // unpins and munmap()s when the last holder goes
     uint8_t* base = nullptr;
+    std::shared_ptr<ResidentBuffer> device_memory;  // a CUDA IPC region's (also `mapping`)
   };
+  // Adds `entry` (its mapping made) as a region of `owner`, or RESOURCE_EXHAUSTED (then the
+  // entry is dropped, after mu_ is released).
+  absl::Status Add(const std::string& owner, const std::string& label, int64_t bytes,
+                   Entry entry, RegionInfo* info);
+  // Checks `bytes` and `label` of a new region.
+  static absl::Status CheckSizeAndLabel(int64_t bytes, const std::string& label);
   void Unlease(const std::string& handle);
+  // RESOURCE_EXHAUSTED if `bytes` more in one more region would pass `owner`'s quota.
+  // REQUIRES: mu_ held.
+  absl::Status CheckQuotaLocked(const std::string& owner, int64_t bytes) const;
   // Drops regions idle past the ttl. REQUIRES: mu_ held.
   void ExpireLocked(Clock::time_point now);
 
   const RegionStoreOptions options_;
+  Backend* const backend_;
   std::mutex mu_;
   std::map<std::string, Entry> regions_;  // guarded by mu_; by handle
 };

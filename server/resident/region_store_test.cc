@@ -7,10 +7,13 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <functional>
 #include <limits>
 #include <string>
 #include <thread>
 
+#include "server/backend/cpu_backend.h"
+#include "server/testing/forwarding_backend.h"
 #include "server/testing/memfd.h"
 
 namespace hgemm {
@@ -214,6 +217,114 @@ TEST(RegionStore, UnusedRegionsExpireLeasedOnesStay) {
   const std::vector<RegionInfo> left = store.List("alice");
   ASSERT_EQ(left.size(), 1u);
   EXPECT_EQ(left[0].handle, held.handle);
+}
+
+// A backend that pins host memory as CUDA's does (or fails to, with `pin_error`), and records
+// what is pinned now; an unpin checks that the memory is still mapped (it reads it).
+class PinRecorder final : public ForwardingBackend {
+ public:
+  explicit PinRecorder(absl::Status pin_error = absl::OkStatus())
+      : ForwardingBackend(MakeCpuBackend({})), pin_error_(std::move(pin_error)) {}
+  absl::Status PinHostMemory(void* data, int64_t bytes, std::function<void()>* unpin) override {
+    ++pin_calls;
+    if (!pin_error_.ok()) return pin_error_;
+    ++pinned;
+    *unpin = [this, data, bytes] {
+      volatile const uint8_t* last = static_cast<const uint8_t*>(data) + bytes - 1;
+      last_byte_at_unpin = *last;  // SIGSEGV if it were already unmapped
+      --pinned;
+    };
+    return absl::OkStatus();
+  }
+  int pin_calls = 0;
+  int pinned = 0;
+  int last_byte_at_unpin = -1;
+
+ private:
+  const absl::Status pin_error_;
+};
+
+// Pinned once at registration; a lease says so; unpinned once, when the region is
+// unregistered after its last lease, before it is unmapped.
+TEST(RegionStore, PinnedAtRegistrationUnpinnedAfterTheLastLease) {
+  PinRecorder backend;
+  RegionStore store(Allowed(), &backend);
+  Memfd file(4096);
+  ASSERT_EQ(pwrite(file.fd(), "\x2a", 1, 4095), 1);
+  RegionInfo info;
+  ASSERT_TRUE(store.Register("alice", file.path(), 4096, "", &info).ok());
+  EXPECT_TRUE(info.dma);
+  EXPECT_EQ(backend.pinned, 1);
+  RegionLease lease;
+  ASSERT_TRUE(store.Acquire("alice", info.handle, 0, 2, "a_region", &lease).ok());
+  EXPECT_TRUE(lease.pinned());
+  int64_t freed = 0;
+  EXPECT_EQ(store.Unregister("alice", info.handle, &freed).code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(backend.pinned, 1);
+  lease.Release();
+  EXPECT_EQ(backend.pinned, 1);  // still registered
+  ASSERT_TRUE(store.Unregister("alice", info.handle, &freed).ok());
+  EXPECT_EQ(backend.pinned, 0);
+  EXPECT_EQ(backend.last_byte_at_unpin, 0x2a);
+  EXPECT_EQ(backend.pin_calls, 1);
+  EXPECT_EQ(store.StagedRegions(), 0);
+}
+
+// Pinning turned off (--pin_shared_memory=false): nothing pinned, no failure counted.
+TEST(RegionStore, PinningTurnedOff) {
+  PinRecorder backend;
+  RegionStore store({.allow_shared_memory = true, .pin_for_dma = false}, &backend);
+  Memfd file(4096);
+  RegionInfo info;
+  ASSERT_TRUE(store.Register("alice", file.path(), 4096, "", &info).ok());
+  EXPECT_FALSE(info.dma);
+  EXPECT_EQ(backend.pin_calls, 0);
+  EXPECT_EQ(store.StagedRegions(), 0);
+}
+
+// A failed pin leaves a working region that goes through staging, counted as such.
+TEST(RegionStore, FailedPinFallsBackToStagingAndIsCounted) {
+  PinRecorder backend(absl::ResourceExhaustedError("cudaHostRegister: out of memory"));
+  RegionStore store(Allowed(), &backend);
+  Memfd file(4096);
+  RegionInfo info;
+  ASSERT_TRUE(store.Register("alice", file.path(), 4096, "", &info).ok());
+  EXPECT_FALSE(info.dma);
+  EXPECT_TRUE(info.dma_failed);
+  EXPECT_EQ(store.StagedRegions(), 1);
+  RegionLease lease;
+  ASSERT_TRUE(store.Acquire("alice", info.handle, 0, 2, "a_region", &lease).ok());
+  EXPECT_FALSE(lease.pinned());
+  lease.Release();
+  int64_t freed = 0;
+  ASSERT_TRUE(store.Unregister("alice", info.handle, &freed).ok());
+  EXPECT_EQ(store.StagedRegions(), 0);
+}
+
+// A backend with nothing to pin (the CPU's UNIMPLEMENTED) is no failure.
+TEST(RegionStore, BackendWithoutPinningIsNoFailure) {
+  auto cpu = MakeCpuBackend({});
+  RegionStore store(Allowed(), cpu.get());
+  Memfd file(4096);
+  RegionInfo info;
+  ASSERT_TRUE(store.Register("alice", file.path(), 4096, "", &info).ok());
+  EXPECT_FALSE(info.dma);
+  EXPECT_FALSE(info.dma_failed);
+  EXPECT_EQ(store.StagedRegions(), 0);
+}
+
+// Over the quota: refused before anything is pinned.
+TEST(RegionStore, OverTheQuotaNothingIsPinned) {
+  PinRecorder backend;
+  RegionStore store({.allow_shared_memory = true, .max_bytes_per_owner = 4096}, &backend);
+  Memfd a(4096), b(4096);
+  RegionInfo info;
+  ASSERT_TRUE(store.Register("alice", a.path(), 4096, "", &info).ok());
+  EXPECT_EQ(store.Register("alice", b.path(), 4096, "", &info).code(),
+            absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(backend.pin_calls, 1);
+  EXPECT_EQ(backend.pinned, 1);
 }
 
 TEST(RegionStore, AllowedOnlyWhenOnAndOverAUnixSocket) {

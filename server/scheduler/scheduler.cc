@@ -87,7 +87,7 @@ absl::Status Scheduler::Enqueue(GemmJob job, GemmDone done) {
 int Scheduler::PlaceLocked(const GemmJob& job) const {
   if (job.device_index < 0) return LeastLoadedDeviceLocked();
   const DeviceQueue& home = devices_[job.device_index];
-  if (!options_.copy_resident_to_idle_device ||
+  if (!options_.copy_resident_to_idle_device || job.stay_on_device ||
       int64_t(home.entries.size()) + home.running < home.slots) {
     return job.device_index;
   }

@@ -60,7 +60,7 @@ GemmCore::GemmCore(Scheduler* scheduler, Backend* backend, MatrixStore* store,
       resolver_(store, scheduler),
       client_pending_(options_.max_client_pending_bytes),
       host_buffers_(options_.result_buffer_pool_bytes),
-      regions_(options_.regions) {}
+      regions_(options_.regions, backend) {}
 
 absl::Status GemmCore::Admit(const std::string& owner, GemmOrder order,
                              AdmittedGemm* admitted) const {
@@ -112,45 +112,79 @@ absl::Status GemmCore::AcquireRegions(const std::string& owner, const GemmOrder&
   }
   if (absl::Status s = regions_.CheckAllowed(order.over_unix_socket); !s.ok()) return s;
   GemmJob& job = gemm->job_;
+  const int resident_device = job.device_index;  // of resident operands, or -1
+  std::string ipc_field;                          // the first CUDA IPC region's field
+  // Leases `bytes` at `offset` of `region` for `field`: a region of host memory gives
+  // `*host` (and whether it is pinned); a CUDA IPC region gives `*on_device`, and places the
+  // GEMM on its device, refusing operands on another one.
   auto lease = [&](const std::string& region, uint64_t offset, int64_t bytes,
-                   const char* field) -> absl::Status {
+                   const std::string& field, void** host, bool* pinned,
+                   std::shared_ptr<ResidentBuffer>* on_device) -> absl::Status {
     RegionLease taken;
     if (absl::Status s = regions_.Acquire(owner, region, offset, bytes, field, &taken); !s.ok()) {
       return s;
+    }
+    if (const std::shared_ptr<ResidentBuffer>& view = taken.device_view()) {
+      const int device = view->device_index;
+      if (job.device_index >= 0 && job.device_index != device) {
+        const int other = job.device_index;
+        const auto devices = backend_->Devices();
+        return status::FailedPrecondition(fmt::format(
+            "{}: the CUDA IPC region is on device {}, but {} is on device {}; a GEMM runs on "
+            "one device and never copies a client's device memory to another",
+            field, devices[device].id,
+            ipc_field.empty() && resident_device >= 0 ? "a resident operand" : ipc_field,
+            devices[other].id));
+      }
+      job.device_index = device;
+      job.stay_on_device = true;
+      if (ipc_field.empty()) ipc_field = field;
+      *on_device = view;
+    } else {
+      *host = taken.data();
+      *pinned = taken.pinned();
     }
     gemm->regions_.push_back(std::move(taken));
     return absl::OkStatus();
   };
   // The mapped bytes are used in place: the CPU backend reads and writes them, the CUDA one
-  // copies from and to them as it does for inline operands.
+  // copies from and to them, by DMA when it pinned the region (job.pinned); CUDA IPC memory is
+  // read as a resident operand and C written into it, on its device.
+  void* host = nullptr;
   if (order.a.kind == Kind::kRegion) {
-    if (absl::Status s = lease(order.a.handle, order.a.offset, job.shape.ABytes(), "a_region");
+    if (absl::Status s = lease(order.a.handle, order.a.offset, job.shape.ABytes(), "a_region",
+                               &host, &job.pinned.a, &job.a_resident);
         !s.ok()) {
       return s;
     }
-    job.a = reinterpret_cast<const uint16_t*>(gemm->regions_.back().data());
+    job.a = static_cast<const uint16_t*>(host);
   }
+  host = nullptr;
   if (order.b.kind == Kind::kRegion) {
-    if (absl::Status s = lease(order.b.handle, order.b.offset, job.shape.BBytes(), "b_region");
+    if (absl::Status s = lease(order.b.handle, order.b.offset, job.shape.BBytes(), "b_region",
+                               &host, &job.pinned.b, &job.b_resident);
         !s.ok()) {
       return s;
     }
-    job.b = reinterpret_cast<const uint16_t*>(gemm->regions_.back().data());
+    job.b = static_cast<const uint16_t*>(host);
   }
+  host = nullptr;
   if (order.c_in.kind == Kind::kRegion) {
-    if (absl::Status s =
-            lease(order.c_in.handle, order.c_in.offset, job.shape.CInBytes(), "c_in_region");
+    if (absl::Status s = lease(order.c_in.handle, order.c_in.offset, job.shape.CInBytes(),
+                               "c_in_region", &host, &job.pinned.c_in, &job.c_in_resident);
         !s.ok()) {
       return s;
     }
-    job.c_in = gemm->regions_.back().data();
+    job.c_in = host;
   }
+  host = nullptr;
   if (c_region) {
-    if (absl::Status s = lease(order.c.region, order.c.offset, job.shape.CBytes(), "c_region");
+    if (absl::Status s = lease(order.c.region, order.c.offset, job.shape.CBytes(), "c_region",
+                               &host, &job.pinned.c, &job.c_device);
         !s.ok()) {
       return s;
     }
-    job.c = reinterpret_cast<uint16_t*>(gemm->regions_.back().data());
+    if (!job.c_device) job.c = host;
   }
   return absl::OkStatus();
 }

@@ -43,7 +43,7 @@ struct OperandSource {
     kResident,  // `handle`: a resident matrix of the owner (a transient one is released once
               // the GEMM has run)
     kArriving,  // in pieces, after admission, into an ArrivingBuffer on the GEMM's device
-    kRegion,    // `handle`: a shared-memory region of the owner, from byte `offset`
+    kRegion,    // `handle`: a shared-memory or CUDA IPC region of the owner, from byte `offset`
     kNone,      // no bytes: an operand the GEMM does not have (C_in without beta)
   };
   Kind kind = Kind::kInline;
@@ -215,7 +215,10 @@ class GemmCore {
   RegionStore& regions() const { return regions_; }
 
  private:
-  // The leases of `order`'s regions into `gemm` (its job's a, b, c pointing into them).
+  // The leases of `order`'s regions into `gemm`: its job's a, b, c_in and c point into regions
+  // of host memory (job.pinned saying which the backend pinned); CUDA IPC regions become its
+  // resident operands and c_device, and keep the job on their device (FAILED_PRECONDITION for
+  // operands on another one).
   absl::Status AcquireRegions(const std::string& owner, const GemmOrder& order,
                               AdmittedGemm* gemm) const;
 

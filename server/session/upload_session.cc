@@ -135,7 +135,16 @@ absl::Status UploadSession::ConsumeHeader(const v1::UploadMatrixRequest& message
         !s.ok()) {
       return s;
     }
-    region_data.assign(reinterpret_cast<const char*>(lease.data()), size_t(bytes_));
+    if (const std::shared_ptr<ResidentBuffer>& view = lease.device_view()) {
+      // CUDA IPC memory: read off its device.
+      region_data.resize(size_t(bytes_));
+      if (absl::Status s = core_.backend().ReadResidentRange(*view, 0, bytes_, region_data.data());
+          !s.ok()) {
+        return status::WithContext("header.region", s);
+      }
+    } else {
+      region_data.assign(reinterpret_cast<const char*>(lease.data()), size_t(bytes_));
+    }
   }
   QuotaReservation quota;
   if (absl::Status s = core_.store().Reserve(owner_, bytes_, &quota); !s.ok()) return s;

@@ -4,6 +4,7 @@
 #ifndef HGEMM_SERVER_TESTING_FORWARDING_BACKEND_H_
 #define HGEMM_SERVER_TESTING_FORWARDING_BACKEND_H_
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -36,6 +37,13 @@ class ForwardingBackend : public Backend {
   absl::Status ReadResidentRange(const ResidentBuffer& buffer, int64_t offset, int64_t bytes,
                                  void* host) override {
     return inner_->ReadResidentRange(buffer, offset, bytes, host);
+  }
+  absl::Status PinHostMemory(void* data, int64_t bytes, std::function<void()>* unpin) override {
+    return inner_->PinHostMemory(data, bytes, unpin);
+  }
+  absl::Status OpenIpcMemory(const std::string& ipc_handle, const std::string& device,
+                             int64_t bytes, std::shared_ptr<ResidentBuffer>* buffer) override {
+    return inner_->OpenIpcMemory(ipc_handle, device, bytes, buffer);
   }
   absl::Status Run(int slot, const GemmJob& job, GemmReport* report) override {
     return inner_->Run(slot, job, report);

@@ -116,6 +116,9 @@ void ToProto(const RegionInfo& region, v1::RegionInfo* info) {
   info->set_idle_seconds(std::chrono::duration<double>(now - region.last_used).count());
   info->set_ttl_seconds(region.ttl.count());
   info->set_in_use(uint32_t(region.leases));
+  info->set_dma(region.dma);
+  info->set_cuda_ipc(region.cuda_ipc);
+  if (region.cuda_ipc) info->set_device_id(uint32_t(region.device_id));
 }
 
 void ToProto(const ResidentMatrix& m, int device_id, const std::string& replica,

@@ -321,8 +321,16 @@ grpc::ServerUnaryReactor* GemmServiceImpl::RegisterRegion(grpc::CallbackServerCo
       return status::InvalidArgument("byte_size", "larger than 2^63 - 1");
     }
     RegionInfo info;
-    absl::Status s = regions.Register(caller.name, request->path(), int64_t(request->byte_size()),
-                                      request->label(), &info);
+    if (request->has_cuda_ipc() && !request->path().empty()) {
+      return status::InvalidArgument("path", "give either path or cuda_ipc, not both");
+    }
+    absl::Status s =
+        request->has_cuda_ipc()
+            ? regions.RegisterCudaIpc(caller.name, request->cuda_ipc().handle(),
+                                      request->cuda_ipc().device(),
+                                      int64_t(request->byte_size()), request->label(), &info)
+            : regions.Register(caller.name, request->path(), int64_t(request->byte_size()),
+                               request->label(), &info);
     if (s.ok()) ToProto(info, response);
     return s;
   });

@@ -11,6 +11,7 @@ hgemm.aio.Client has the same methods for asyncio. The reference is client/pytho
 from . import aio
 from ._arrays import ConversionWarning
 from ._client import Client
+from ._cuda_ipc import CudaRegion, cuda_region
 from ._resident import MatrixList, ResidentMatrix
 from ._results import Execution, GemmResult, Kernel, Timing
 from ._retry import RetryPolicy
@@ -29,5 +30,5 @@ __all__ = [
     "MatrixList", "RetryPolicy", "ConversionWarning", "pb", "Error", "Cancelled", "Unknown",
     "InvalidArgument", "DeadlineExceeded", "NotFound", "AlreadyExists", "PermissionDenied",
     "ResourceExhausted", "FailedPrecondition", "Aborted", "OutOfRange", "Unimplemented",
-    "Internal", "Unavailable", "DataLoss", "Unauthenticated", "info",
+    "Internal", "Unavailable", "DataLoss", "Unauthenticated", "info", "cuda_region", "CudaRegion",
 ]

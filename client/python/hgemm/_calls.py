@@ -18,7 +18,7 @@ from typing import Callable, List, Optional
 import grpc
 import numpy as np
 
-from . import _arrays, _errors, _native, _progress, _shm
+from . import _arrays, _cuda_ipc, _errors, _native, _progress, _shm
 from ._config import ClientConfig
 from ._many_rounds import ManyRound
 from ._proto import hgemm_pb2 as pb
@@ -27,7 +27,8 @@ from ._results import (Kernel, c_output, finish_many, group_result, kernels_from
                        native_result, region_result, streamed_result, unary_result, with_out)
 from ._retry import Deadline, should_retry
 from ._routes import Routes, by_replica, explain_unreachable
-from ._spec import GroupSpec, Spec, batched_spec, normalize_pairs, stream_requests
+from ._spec import (ACCUMULATIONS, GroupSpec, Spec, batched_spec, normalize_pairs,
+                    stream_requests)
 from ._stream_collector import StreamCollector
 from ._transfers import DownloadBuffer, upload_messages
 
@@ -347,6 +348,67 @@ class Calls:
             raise
         self.shm.add_buffer(region)
         return region.bytes.view(dtype).reshape(shape)
+
+    def cuda_gemm(self, a, b, out, *, alpha: Optional[float] = None, beta: float = 0.0,
+                  accumulation: Optional[str] = None, kernel: str = "auto",
+                  request_id: str = "", timeout: Optional[float] = None):
+        """out = alpha·a·b + beta·out on the GPU that holds them, by CUDA IPC (same host: a
+        unix: target, a CUDA server started with --allow_shared_memory): a (m×k), b (k×n) and
+        out (m×n) are C-contiguous torch CUDA tensors on one device; a and b float16 or both
+        bfloat16, out of their type or float32. The server reads a and b from this process's
+        device memory and writes C into out in place: no host copy. Each allocation is
+        registered once (hgemm.cuda_region) and unregistered when the client closes. Work
+        queued on the tensors' device is waited for first. Returns out; raises ValueError or
+        TypeError for tensors it cannot take, the server's error (FailedPrecondition: a CPU
+        server, or a device not the server's) otherwise."""
+        if not self.shm.enabled:
+            raise ValueError(f"CUDA IPC needs the server's Unix socket (a unix: target); this "
+                             f"client's is {self.config.target!r}")
+        for name, t in (("a", a), ("b", b), ("out", out)):
+            if not _arrays.is_torch_tensor(t) or not t.is_cuda or t.dim() != 2:
+                raise TypeError(f"{name} must be a 2-D torch CUDA tensor")
+            if t.device != a.device:
+                raise ValueError(f"{name} is on {t.device}, a on {a.device}: one device only")
+        import torch
+        (m, k), (k_b, n) = a.shape, b.shape
+        if k_b != k or tuple(out.shape) != (m, n):
+            raise ValueError(f"shapes do not chain: a {tuple(a.shape)}, b {tuple(b.shape)}, "
+                             f"out {tuple(out.shape)}")
+        types = {torch.float16: pb.DATA_TYPE_FP16, torch.bfloat16: pb.DATA_TYPE_BF16}
+        if a.dtype not in types or b.dtype != a.dtype:
+            raise TypeError(f"a and b must both be float16 or both bfloat16; got {a.dtype}, "
+                            f"{b.dtype}")
+        if out.dtype not in (a.dtype, torch.float32):
+            raise TypeError(f"out must be {a.dtype} or float32; got {out.dtype}")
+        if accumulation not in ACCUMULATIONS:
+            raise ValueError(f"accumulation must be 'fp16', 'fp32' or None; got {accumulation!r}")
+        torch.cuda.synchronize(a.device)  # the server reads what queued work writes
+        refs = {}
+        for name, t in (("a", a), ("b", b), ("c", out)):
+            region = _cuda_ipc.cuda_region(t)
+            key = region.key + (region.handle,)
+            registration = self.shm.cuda_registration(key)
+            if registration is None:
+                info = yield from self._unary("RegisterRegion", pb.RegisterRegionRequest(
+                    byte_size=region.nbytes, label="hgemm_cuda",
+                    cuda_ipc=pb.CudaIpcMemory(handle=region.handle, device=region.device)),
+                    timeout, idempotent=False)
+                registration = _shm.CudaIpcRegistration(info.region)
+                self.shm.add_cuda(key, registration)
+            refs[name] = pb.RegionRef(region=registration.handle, offset=region.offset)
+        request = pb.GemmRequest(
+            m=m, n=n, k=k, a_region=refs["a"], b_region=refs["b"], c_region=refs["c"],
+            dtype=types[a.dtype],
+            c_dtype=pb.DATA_TYPE_FP32 if out.dtype == torch.float32 else pb.DATA_TYPE_UNSPECIFIED,
+            beta=beta, options=pb.GemmOptions(kernel=kernel, request_id=request_id,
+                                              accumulation=ACCUMULATIONS[accumulation]))
+        if alpha is not None:
+            request.alpha = alpha
+        if beta != 0:
+            request.c_in_region.CopyFrom(refs["c"])
+        # Not retried with beta: a first try that ran would have changed C_in.
+        yield from self._unary("Gemm", request, timeout, idempotent=beta == 0)
+        return out
 
     def regions(self, *, timeout: Optional[float] = None) -> pb.ListRegionsResponse:
         """ListRegions: this client's registered regions (.regions, .client_bytes, quotas)."""

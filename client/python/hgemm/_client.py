@@ -131,4 +131,5 @@ class Client:
     info = _blocking(_calls.Calls.info)
     kernels = _blocking(_calls.Calls.kernels)
     shared_buffer = _blocking(_calls.Calls.shared_buffer)
+    cuda_gemm = _blocking(_calls.Calls.cuda_gemm)
     regions = _blocking(_calls.Calls.regions)

@@ -20,7 +20,7 @@ import fcntl
 import mmap
 import os
 import threading
-from typing import List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -71,6 +71,17 @@ class Region:
             self.fd = -1
 
 
+class CudaIpcRegistration:
+    """A client's device memory registered by CUDA IPC (`handle`: the server's name for it);
+    nothing to close here (the memory is the tensor's)."""
+
+    def __init__(self, handle: str):
+        self.handle = handle
+
+    def close(self) -> None:
+        pass
+
+
 class ArenaPlan:
     """Which parts of one GEMM go through an arena: the operands to copy in (name, array) and
     the bytes of C, laid out at aligned offsets."""
@@ -103,6 +114,9 @@ class SharedMemory:
         self._buffers: List[Region] = []  # registered, each the region of one shared buffer
         self._arenas: List[Region] = []   # registered, every arena
         self._free: List[Region] = []     # the arenas no GEMM has now
+        # registered CUDA IPC allocations, by (device, base address, IPC handle): a new
+        # allocation at an old address has a new handle
+        self._cuda: Dict[tuple, CudaIpcRegistration] = {}
 
     def add_buffer(self, region: Region) -> None:
         with self._lock:
@@ -162,9 +176,17 @@ class SharedMemory:
         with self._lock:
             self._free.append(arena)
 
-    def take_all(self) -> List[Region]:
+    def cuda_registration(self, key: tuple) -> Optional[CudaIpcRegistration]:
+        with self._lock:
+            return self._cuda.get(key)
+
+    def add_cuda(self, key: tuple, registration: CudaIpcRegistration) -> None:
+        with self._lock:
+            self._cuda[key] = registration
+
+    def take_all(self) -> list:
         """Every region, now out of the books (close: to unregister)."""
         with self._lock:
-            regions = self._buffers + self._arenas
-            self._buffers, self._arenas, self._free = [], [], []
+            regions = self._buffers + self._arenas + list(self._cuda.values())
+            self._buffers, self._arenas, self._free, self._cuda = [], [], [], {}
             return regions

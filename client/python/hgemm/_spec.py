@@ -12,7 +12,7 @@ from . import _arrays, _errors, _wire
 from ._proto import hgemm_pb2 as pb
 from ._resident import ResidentMatrix, handle_replica
 
-_ACCUMULATIONS = {None: pb.ACCUMULATION_UNSPECIFIED, "default": pb.ACCUMULATION_UNSPECIFIED,
+ACCUMULATIONS = {None: pb.ACCUMULATION_UNSPECIFIED, "default": pb.ACCUMULATION_UNSPECIFIED,
                   "fp16": pb.ACCUMULATION_FP16, "fp32": pb.ACCUMULATION_FP32}
 DTYPES = {"fp16": pb.DATA_TYPE_FP16, "bf16": pb.DATA_TYPE_BF16, "fp32": pb.DATA_TYPE_FP32}
 DTYPE_NAMES = {pb.DATA_TYPE_UNSPECIFIED: "fp16", **{v: k for k, v in DTYPES.items()}}
@@ -75,11 +75,11 @@ class Spec:
             raise ValueError(f"{where}A is {self.a.rows}x{self.a.cols} and B is "
                              f"{self.b.rows}x{self.b.cols}: A's columns must equal B's rows")
         self.m, self.k, self.n = self.a.rows, self.a.cols, self.b.cols
-        if accumulation not in _ACCUMULATIONS:
+        if accumulation not in ACCUMULATIONS:
             raise ValueError(f"accumulation must be 'fp16', 'fp32' or None (the server's default, "
                              f"fp32); got {accumulation!r}")
         self.options = pb.GemmOptions(kernel=kernel or "auto",
-                                      accumulation=_ACCUMULATIONS[accumulation],
+                                      accumulation=ACCUMULATIONS[accumulation],
                                       request_id=request_id)
         self.keep_c = bool(keep_c)
         self.c_ttl = int(c_ttl)

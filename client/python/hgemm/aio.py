@@ -139,6 +139,7 @@ class Client:
     info = _awaitable(_calls.Calls.info)
     kernels = _awaitable(_calls.Calls.kernels)
     shared_buffer = _awaitable(_calls.Calls.shared_buffer)
+    cuda_gemm = _awaitable(_calls.Calls.cuda_gemm)
     regions = _awaitable(_calls.Calls.regions)
 
 

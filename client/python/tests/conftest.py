@@ -31,16 +31,16 @@ def free_port() -> int:
 
 class Server:
     """hgemm_server with `flags`; `client` are the hgemm.Client options that reach it (TLS,
-    token), used to wait until it serves."""
+    token), used to wait until it serves; `backend` its --backend."""
 
-    def __init__(self, *flags, client=None, listen="127.0.0.1:0"):
+    def __init__(self, *flags, client=None, listen="127.0.0.1:0", backend="cpu"):
         binary = os.environ.get("HGEMM_SERVER_BIN") or str(REPO / "bazel-bin/server/hgemm_server")
         if not os.access(binary, os.X_OK):
             pytest.fail(f"no server binary at {binary}: run `bazel build //server:hgemm_server` "
                         f"or set HGEMM_SERVER_BIN")
         self.log = tempfile.NamedTemporaryFile(prefix="hgemm_server_", suffix=".log", delete=False)
         self.process = subprocess.Popen(
-            [binary, f"--listen={listen}", "--backend=cpu", *flags],
+            [binary, f"--listen={listen}", f"--backend={backend}", *flags],
             stdout=self.log, stderr=subprocess.STDOUT)
         self.address = None
         deadline = time.monotonic() + 120
@@ -93,10 +93,10 @@ class UnixServer(Server):
     """A Server that also listens on a Unix socket in a directory of its own; `unix` is the
     target that reaches it there ("unix:/tmp/.../hgemm.sock")."""
 
-    def __init__(self, *flags):
+    def __init__(self, *flags, backend="cpu"):
         self.socket_dir = tempfile.mkdtemp(prefix="hgemm_sock_")
         self.unix = f"unix:{self.socket_dir}/hgemm.sock"
-        super().__init__(f"--listen={self.unix}", *flags)
+        super().__init__(f"--listen={self.unix}", *flags, backend=backend)
 
     def stop(self) -> None:
         super().stop()

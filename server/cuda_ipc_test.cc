@@ -1,0 +1,200 @@
+// CUDA IPC regions end to end (issue 31): this process is the client holding device memory
+// (cudaMalloc, cudaIpcGetMemHandle) and hgemm_server --backend=cuda runs as a child process (a
+// handle cannot be opened by the process that made it), reached over its Unix socket. GEMMs read
+// A, B and C_in from the client's device memory and write C into it in place; bad handles,
+// devices that are not the server's and sizes past the allocation get clear statuses and the
+// server keeps serving. Skips when no usable GPU is present.
+// HGEMM_SERVER_BINARY names the server binary outside Bazel (tools/gpu_e2e.sh).
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <memory>
+#include <random>
+#include <string>
+
+#include "client/gemm_client.h"
+#include "proto/numerics/error_stats.h"
+#include "server/testing/child_process.h"
+#include "server/testing/test_requests.h"
+
+namespace hgemm {
+namespace {
+
+// "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx", as nvidia-smi -L prints it.
+std::string Uuid(int ordinal) {
+  cudaDeviceProp props{};
+  if (cudaGetDeviceProperties(&props, ordinal) != cudaSuccess) return "";
+  std::string out = "GPU-";
+  for (int i = 0; i < 16; ++i) {
+    if (i == 4 || i == 6 || i == 8 || i == 10) out += '-';
+    char hex[3];
+    std::snprintf(hex, sizeof(hex), "%02x", static_cast<unsigned char>(props.uuid.bytes[i]));
+    out += hex;
+  }
+  return out;
+}
+
+class CudaIpcTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+      cudaGetLastError();
+      GTEST_SKIP() << "no GPU";
+    }
+    ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+    char dir[] = "/tmp/hgemm_cuda_ipc_test_XXXXXX";
+    ASSERT_NE(mkdtemp(dir), nullptr);
+    dir_ = dir;
+    const char* binary = std::getenv("HGEMM_SERVER_BINARY");
+    const std::string socket = dir_ + "/hgemm.sock";
+    server_ = std::make_unique<subprocess::ChildProcess>(
+        binary != nullptr ? binary : subprocess::RunfilePath("server/hgemm_server"),
+        std::vector<std::string>{
+            "--backend=cuda", "--streams_per_device=2", "--allow_shared_memory",
+            "--listen=127.0.0.1:" + std::to_string(subprocess::FreePort()),
+            "--listen=unix:" + socket});
+    auto channel = Connect("unix:" + socket);
+    if (!channel->WaitForConnected(std::chrono::system_clock::now() + std::chrono::seconds(60))) {
+      GTEST_SKIP() << "hgemm_server --backend=cuda did not start (no usable GPU?): "
+                   << server_->Output();
+    }
+    stub_ = v1::GemmService::NewStub(channel);
+  }
+  void TearDown() override {
+    stub_.reset();
+    server_.reset();
+    if (!dir_.empty()) std::filesystem::remove_all(dir_);
+  }
+
+  // Device memory of `bytes` on device 0 and its IPC handle.
+  struct SharedMemory {
+    void* data = nullptr;
+    std::string handle;
+    ~SharedMemory() {
+      if (data != nullptr) cudaFree(data);
+    }
+  };
+  static void Share(int64_t bytes, SharedMemory* memory) {
+    ASSERT_EQ(cudaMalloc(&memory->data, size_t(bytes)), cudaSuccess);
+    cudaIpcMemHandle_t handle;
+    ASSERT_EQ(cudaIpcGetMemHandle(&handle, memory->data), cudaSuccess);
+    memory->handle.assign(reinterpret_cast<const char*>(&handle), sizeof(handle));
+  }
+  grpc::Status RegisterIpc(const std::string& handle, const std::string& device, int64_t bytes,
+                           v1::RegionInfo* info) {
+    grpc::ClientContext context;
+    v1::RegisterRegionRequest request;
+    request.set_byte_size(bytes);
+    request.mutable_cuda_ipc()->set_handle(handle);
+    request.mutable_cuda_ipc()->set_device(device);
+    return stub_->RegisterRegion(&context, request, info);
+  }
+  grpc::Status Unregister(const std::string& region) {
+    grpc::ClientContext context;
+    v1::UnregisterRegionRequest request;
+    request.set_region(region);
+    v1::UnregisterRegionResponse response;
+    return stub_->UnregisterRegion(&context, request, &response);
+  }
+  grpc::Status Gemm(const v1::GemmRequest& request, v1::GemmResponse* response) {
+    grpc::ClientContext context;
+    return stub_->Gemm(&context, request, response);
+  }
+  static void SetRegion(v1::RegionRef* ref, const std::string& region, uint64_t offset) {
+    ref->set_region(region);
+    ref->set_offset(offset);
+  }
+  static void ToDevice(void* device, int64_t offset, const std::string& bytes) {
+    ASSERT_EQ(cudaMemcpy(static_cast<char*>(device) + offset, bytes.data(), bytes.size(),
+                         cudaMemcpyHostToDevice),
+              cudaSuccess);
+  }
+  static std::string FromDevice(const void* device, int64_t offset, int64_t bytes) {
+    std::string out(bytes, '\0');
+    EXPECT_EQ(cudaMemcpy(out.data(), static_cast<const char*>(device) + offset, bytes,
+                         cudaMemcpyDeviceToHost),
+              cudaSuccess);
+    return out;
+  }
+
+  // `r` with A, B and C_in in the client's device memory (registered by `device_name`) and C
+  // written over C_in in place; returns C as the device memory holds it afterwards.
+  std::string GemmInPlace(const v1::GemmRequest& r, const std::string& device_name) {
+    const int64_t c_bytes = int64_t(r.m()) * r.n() * 2;
+    const int64_t c_offset = r.a().size() + r.b().size();
+    const int64_t bytes = c_offset + c_bytes;
+    SharedMemory memory;
+    Share(bytes, &memory);
+    ToDevice(memory.data, 0, r.a());
+    ToDevice(memory.data, r.a().size(), r.b());
+    if (r.beta() != 0) {
+      ToDevice(memory.data, c_offset, r.c_in());
+    } else {
+      EXPECT_EQ(cudaMemset(static_cast<char*>(memory.data) + c_offset, 0xFF, c_bytes), cudaSuccess);
+    }
+    v1::RegionInfo info;
+    grpc::Status s = RegisterIpc(memory.handle, device_name, bytes, &info);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    if (!s.ok()) return "";
+    EXPECT_TRUE(info.cuda_ipc());
+    v1::GemmRequest ipc = r;
+    SetRegion(ipc.mutable_a_region(), info.region(), 0);
+    SetRegion(ipc.mutable_b_region(), info.region(), r.a().size());
+    if (r.beta() != 0) SetRegion(ipc.mutable_c_in_region(), info.region(), c_offset);
+    SetRegion(ipc.mutable_c_region(), info.region(), c_offset);
+    v1::GemmResponse response;
+    s = Gemm(ipc, &response);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    EXPECT_TRUE(response.c().empty());
+    EXPECT_TRUE(Unregister(info.region()).ok());
+    return FromDevice(memory.data, c_offset, c_bytes);
+  }
+
+  std::string dir_;
+  std::mt19937_64 rng_{20261205};
+  std::unique_ptr<subprocess::ChildProcess> server_;
+  std::unique_ptr<v1::GemmService::Stub> stub_;
+};
+
+TEST_F(CudaIpcTest, GemmInPlaceOnTheClientsDeviceMemory) {
+  char bus_id[32] = {};
+  ASSERT_EQ(cudaDeviceGetPCIBusId(bus_id, sizeof(bus_id), 0), cudaSuccess);
+  v1::GemmRequest scaled = RandomRequest(257, 129, 95, rng_);
+  scaled.set_alpha(0.75f);
+  scaled.set_beta(-1.5f);
+  SetRandomCIn(&scaled, rng_);
+  EXPECT_LT(RelativeErrorOfC(scaled, GemmInPlace(scaled, bus_id)), kServiceTolerance.fp32_acc);
+  const v1::GemmRequest plain = RandomRequest(512, 384, 640, rng_);
+  EXPECT_LT(RelativeErrorOfC(plain, GemmInPlace(plain, Uuid(0))), kServiceTolerance.fp32_acc);
+}
+
+TEST_F(CudaIpcTest, BadHandlesDevicesAndSizesAreRefusedAndTheServerKeepsServing) {
+  SharedMemory memory;
+  Share(1 << 20, &memory);
+  v1::RegionInfo info;
+  grpc::Status s = RegisterIpc(memory.handle, "GPU-00000000-0000-0000-0000-000000000000", 1 << 20,
+                               &info);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << s.error_message();
+  EXPECT_NE(s.error_message().find("GPU-00000000"), std::string::npos) << s.error_message();
+  s = RegisterIpc(std::string(64, '\x5a'), Uuid(0), 1 << 20, &info);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+  EXPECT_NE(s.error_message().find("cuda_ipc.handle"), std::string::npos) << s.error_message();
+  s = RegisterIpc(memory.handle.substr(0, 10), Uuid(0), 1 << 20, &info);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+  s = RegisterIpc(memory.handle, Uuid(0), (1 << 20) + (64 << 20), &info);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+  EXPECT_NE(s.error_message().find("byte_size"), std::string::npos) << s.error_message();
+
+  const v1::GemmRequest r = RandomRequest(64, 48, 80, rng_);
+  v1::GemmResponse response;
+  ASSERT_TRUE(Gemm(r, &response).ok());
+  EXPECT_LT(RelativeErrorOfC(r, response.c()), kServiceTolerance.fp32_acc);
+}
+
+}  // namespace
+}  // namespace hgemm
