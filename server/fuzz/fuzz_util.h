@@ -70,8 +70,10 @@ inline bool ShowsNegativeNumber(const std::string& message) {
         (i == 0 || message[i - 1] == ' ' || message[i - 1] == '(' || message[i - 1] == '=')) {
       size_t end = i + 5;
       while (end < message.size() && digit(end)) ++end;
-      const bool a_float = end < message.size() && (message[end] == '.' || message[end] == 'e');
-      if (!a_float) return true;
+      const bool a_float = (end < message.size() && (message[end] == '.' || message[end] == 'e')) ||
+                           (i >= 7 && message.compare(i - 7, 7, "alpha: ") == 0) ||
+                           (i >= 6 && message.compare(i - 6, 6, "beta: ") == 0);
+      if (!a_float) return true;  // alpha and beta are floats, printed whole when integral
     }
   }
   return false;
