@@ -4,11 +4,12 @@
 // guarded fallback for shapes the 16-byte path cannot take ("wmma_64x64_s2_ssmem_unaligned"), a
 // padded wrapper that copies unaligned operands into zero-padded scratch and runs a 16-byte
 // kernel ("pad8_<kernel>"), a split-K wrapper that runs a kernel on s slices of K into fp32
-// partials and sums them ("splitk<s>_<kernel>", for skinny M), cuBLAS ("cublas") or "auto" (resolved per shape bucket by ChooseAuto). All compute
-// C = op(A)·op(B) on row-major storage, accumulating in fp16 or fp32. The default problem is
-// "NN" fp16: A m×k, B k×n, C m×n, densely packed; each variant says which further layouts
-// (transposed A and/or B, BLAS semantics), element types (bf16 inputs, fp32 C) and row strides
-// it takes (VariantInfo::layouts, types, strided), and CheckProblem refuses the rest by name.
+// partials and sums them ("splitk<s>_<kernel>", for skinny M), cuBLAS ("cublas") or "auto"
+// (resolved per shape bucket by ChooseAuto). All compute C = op(A)·op(B) on row-major storage,
+// accumulating in fp16 or fp32. The default problem is "NN" fp16: A m×k, B k×n, C m×n, densely
+// packed; each variant says which further layouts (transposed A and/or B, BLAS semantics),
+// element types (bf16 inputs, fp32 C) and row strides it takes (VariantInfo::layouts, types,
+// strided), and CheckProblem refuses the rest by name.
 //
 // Thread safety: Variants(), FindVariant(), Launch() and ChooseAuto() may be called from any
 // thread; a LaunchContext is not thread-safe and belongs to one worker (one stream).
@@ -186,9 +187,10 @@ class LaunchContext {
 
   // Device scratch of at least `bytes` in one of four slots (kTuningScratch for ChooseAuto's
   // operands, kPaddingScratch for pad8_ variants, kGroupScratch for LaunchGrouped's pointer
-  // arrays, kSplitKScratch for the fp32 partials of splitk variants), owned by the context and grown on demand (the old buffer is freed after
-  // synchronizing the stream). Work enqueued on stream() may use it until the next call for the
-  // same slot. Returns nullptr and sets *error on failure.
+  // arrays, kSplitKScratch for the fp32 partials of splitk variants), owned by the context and
+  // grown on demand (the old buffer is freed after synchronizing the stream). Work enqueued on
+  // stream() may use it until the next call for the same slot. Returns nullptr and sets *error
+  // on failure.
   static constexpr int kTuningScratch = 0;
   static constexpr int kPaddingScratch = 1;
   static constexpr int kGroupScratch = 2;
