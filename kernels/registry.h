@@ -264,6 +264,12 @@ struct KSlices {
 };
 KSlices SliceK(int k, int s);
 
+// The problems a splitk variant launches for `p` (batch 1), one per slice of SliceK(p.k, s):
+// slice i reads op(A)'s columns and op(B)'s rows [i·depth, i·depth + k_i) in place (pointers
+// offset, the whole matrices' row strides) and writes C_i = its m×n fp32 partial, packed, at
+// partials + i·m·n (fp32 accumulation). No device work.
+std::vector<GemmProblem> SplitKProblems(const GemmProblem& p, int s, float* partials);
+
 // The cached auto choice for the bucket of this shape, or nullptr if it has not been tuned.
 const VariantInfo* CachedAutoChoice(int m, int n, int k, Accumulation acc);
 

@@ -2,8 +2,11 @@
 #include "kernels/registry.h"
 
 #include <cstdint>
+#include <cstdlib>
+#include <memory>
 #include <set>
 #include <string>
+#include <vector>
 
 #include <gtest/gtest.h>
 
@@ -488,6 +491,86 @@ TEST(Registry, SliceKCutsWholeTilesAndLeavesTheRestToTheLast) {
   EXPECT_EQ(SliceK(100, 2).count, 2);   // 64 + 36
   EXPECT_EQ(SliceK(56, 8).count, 1);    // K under one tile: one slice
   EXPECT_EQ(SliceK(4104, 4).depth, 1088);
+}
+
+// SplitKProblems on host memory (pointers are only offset, never dereferenced by it): for every
+// layout, with and without row strides, K not a multiple of s·8 and K under s·64, the slices'
+// products read through each slice's own pointers and row strides sum to the whole product,
+// exactly (small integers), and each slice passes the inner kernel's CheckProblem.
+TEST(Registry, SplitKSlicesSumToTheWholeProduct) {
+  const VariantInfo* inner = FindVariant("wgmma_64x128_s8_g8");
+  struct Case {
+    int m, n, k, pad;
+  };
+  for (bool ta : {false, true})
+    for (bool tb : {false, true})
+      for (const Case& c : {Case{16, 24, 1000, 0}, Case{8, 16, 200, 8}, Case{7, 8, 72, 0},
+                            Case{64, 8, 4104, 16}, Case{1, 16, 40, 0}}) {
+        if (ta && c.m % 8 != 0) continue;  // refused by name (SplitKRefusesByName...)
+        const int a_rows = ta ? c.k : c.m, a_cols = ta ? c.m : c.k;
+        const int b_rows = tb ? c.n : c.k, b_cols = tb ? c.k : c.n;
+        const int lda = a_cols + c.pad, ldb = b_cols + c.pad;
+        auto alloc16 = [](size_t elements) {  // 16-byte aligned, as device memory is
+          return std::unique_ptr<uint16_t[], void (*)(void*)>(
+              static_cast<uint16_t*>(std::aligned_alloc(64, (elements * 2 + 63) / 64 * 64)),
+              &std::free);
+        };
+        auto a = alloc16(size_t(a_rows) * lda), b = alloc16(size_t(b_rows) * ldb);
+        for (size_t i = 0; i < size_t(a_rows) * lda; ++i) a[i] = uint16_t(i * 7 % 13);
+        for (size_t i = 0; i < size_t(b_rows) * ldb; ++i) b[i] = uint16_t(i * 5 % 11);
+        // op(A)·op(B) over columns/rows [0, k) of operands stored at `pa`, `pb` with row strides
+        // lda, ldb: element (i, j).
+        auto product = [&](const uint16_t* pa, const uint16_t* pb, int ld_a, int ld_b, int k,
+                           int i, int j) {
+          double sum = 0;
+          for (int l = 0; l < k; ++l)
+            sum += double(ta ? pa[size_t(l) * ld_a + i] : pa[size_t(i) * ld_a + l]) *
+                   double(tb ? pb[size_t(j) * ld_b + l] : pb[size_t(l) * ld_b + j]);
+          return sum;
+        };
+        GemmProblem p{a.get(), b.get(), reinterpret_cast<void*>(uintptr_t{3} << 20), c.m, c.n,
+                      c.k, Accumulation::kFp16};
+        p.transpose_a = ta;
+        p.transpose_b = tb;
+        if (c.pad > 0) {
+          p.lda = lda;
+          p.ldb = ldb;
+        }
+        std::vector<float> partials(size_t(8) * c.m * c.n);
+        for (int s : {2, 4, 8}) {
+          const std::string where = std::string(LayoutName(ta, tb)) + " " +
+                                    std::to_string(c.m) + "x" + std::to_string(c.n) + "x" +
+                                    std::to_string(c.k) + " pad " + std::to_string(c.pad) +
+                                    " s=" + std::to_string(s);
+          const std::vector<GemmProblem> parts = SplitKProblems(p, s, partials.data());
+          ASSERT_EQ(int(parts.size()), SliceK(c.k, s).count) << where;
+          int k_total = 0;
+          for (size_t i = 0; i < parts.size(); ++i) {
+            const GemmProblem& q = parts[i];
+            k_total += q.k;
+            EXPECT_EQ(q.m, c.m) << where;
+            EXPECT_EQ(q.n, c.n) << where;
+            EXPECT_EQ(q.k % 8, 0) << where;
+            EXPECT_EQ(q.c_type, DataType::kFp32) << where;
+            EXPECT_EQ(q.accumulation, Accumulation::kFp32) << where;
+            EXPECT_EQ(q.c, partials.data() + i * c.m * c.n) << where;
+            EXPECT_EQ(q.ldc, 0) << where;
+            if (inner != nullptr) {
+              EXPECT_EQ(CheckProblem(*inner, q), "") << where << " slice " << i;
+            }
+          }
+          EXPECT_EQ(k_total, c.k) << where;
+          for (int i = 0; i < c.m; ++i)
+            for (int j = 0; j < c.n; ++j) {
+              double sum = 0;
+              for (const GemmProblem& q : parts)
+                sum += product(static_cast<const uint16_t*>(q.a),
+                               static_cast<const uint16_t*>(q.b), q.lda, q.ldb, q.k, i, j);
+              ASSERT_EQ(sum, product(a.get(), b.get(), lda, ldb, c.k, i, j))
+                  << where << " at " << i << "," << j;
+            }
+        }
+      }
 }
 
 }  // namespace

@@ -73,6 +73,30 @@ std::string LaunchSplitK(const VariantInfo& v, const GemmProblem& p, LaunchConte
       LaunchContext::kSplitKScratch, size_t(slices.count) * slice_elements * sizeof(float),
       &error));
   if (partials == nullptr) return error;
+  const std::vector<GemmProblem> parts = SplitKProblems(p, v.split_k, partials);
+  if (std::string e = LaunchGrouped(*inner, parts, ctx); !e.empty()) return inner->name + ": " + e;
+  const int ldc = p.ldc != 0 ? p.ldc : p.n;
+  if (cudaError_t e = SplitKReduce(partials, slices.count, slice_elements, p.m, p.n, nullptr, p.c,
+                                   ldc, 1.0f, 0.0f, p.c_type, ctx.stream());
+      e != cudaSuccess)
+    return CudaErrorText("split-K reduce", e);
+  return "";
+}
+
+}  // namespace hgemm::kernels::internal
+
+namespace hgemm::kernels {
+
+KSlices SliceK(int k, int s) {
+  constexpr int64_t kAlign = internal::kSliceAlignK;
+  const int64_t per_slice = (int64_t(k) + s - 1) / s;
+  const int64_t depth = (per_slice + kAlign - 1) / kAlign * kAlign;  // int64: k near 2^31
+  return {int((k + depth - 1) / depth), int(std::min<int64_t>(depth, k))};
+}
+
+std::vector<GemmProblem> SplitKProblems(const GemmProblem& p, int s, float* partials) {
+  const KSlices slices = SliceK(p.k, s);
+  const int64_t slice_elements = int64_t(p.m) * p.n;
   // Stored row strides: slices keep the whole matrix's, so a slice is a window of it.
   const int lda = p.lda != 0 ? p.lda : (p.transpose_a ? p.m : p.k);
   const int ldb = p.ldb != 0 ? p.ldb : (p.transpose_b ? p.k : p.n);
@@ -94,24 +118,7 @@ std::string LaunchSplitK(const VariantInfo& v, const GemmProblem& p, LaunchConte
     q.accumulation = Accumulation::kFp32;  // fp32 partials (the wgmma family's accumulators)
     parts.push_back(q);
   }
-  if (std::string e = LaunchGrouped(*inner, parts, ctx); !e.empty()) return inner->name + ": " + e;
-  const int ldc = p.ldc != 0 ? p.ldc : p.n;
-  if (cudaError_t e = SplitKReduce(partials, slices.count, slice_elements, p.m, p.n, nullptr, p.c,
-                                   ldc, 1.0f, 0.0f, p.c_type, ctx.stream());
-      e != cudaSuccess)
-    return CudaErrorText("split-K reduce", e);
-  return "";
-}
-
-}  // namespace hgemm::kernels::internal
-
-namespace hgemm::kernels {
-
-KSlices SliceK(int k, int s) {
-  constexpr int64_t kAlign = internal::kSliceAlignK;
-  const int64_t per_slice = (int64_t(k) + s - 1) / s;
-  const int64_t depth = (per_slice + kAlign - 1) / kAlign * kAlign;  // int64: k near 2^31
-  return {int((k + depth - 1) / depth), int(std::min<int64_t>(depth, k))};
+  return parts;
 }
 
 }  // namespace hgemm::kernels
