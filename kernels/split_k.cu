@@ -29,7 +29,7 @@ constexpr int kSliceAlignK = 64;
 
 template <int S>
 bool SplitKShape(int m, int n, int k) {
-  return m >= 1 && m <= kSplitKMaxM && n >= 8 && k >= 8 && n % 8 == 0 && k % 8 == 0 &&
+  return Vec16Shape(m, n, k, /*block_m=*/64) && n >= 8 && k >= 8 && m <= kSplitKMaxM &&
          size_t(S) * size_t(m) * size_t(n) * sizeof(float) <= kSplitKMaxPartialBytes;
 }
 
