@@ -8,12 +8,15 @@
 // buffer sets to exceed L2, so no launch reads operands the previous one left in cache (C_in of
 // mode scaled excepted: one copy, which our epilogue reads and cuBLAS copies into each C once).
 // Modes (--modes; Mode below): plain GEMMs, alpha/beta with C_in, padded row strides, strided
-// batches and groups of different shapes, each against the matching cuBLAS entry point.
+// batches and groups of different shapes, each against the matching cuBLAS entry point, and
+// skinny M (split-K). Every row also reports TB/s: the operands' minimal bytes (A and B read
+// once, C written once) over the time.
 //
 //   kernel_bench [--csv out.csv] [--variants a,b] [--shapes 4096x4096x4096,...] [--acc fp16|fp32|both]
 //                [--layouts NN,NT,TN,TT] [--types fp16,bf16,fp16_fp32,bf16_fp32]
-//                [--modes plain,scaled,ld,batched,grouped] [--batched 64x512x512x512,...]
-//                [--grouped 256x512x128,...] [--ld_pad 64] [--alpha 0.75] [--beta 0.5]
+//                [--modes plain,scaled,ld,batched,grouped,skinny] [--batched 64x512x512x512,...]
+//                [--grouped 256x512x128,...] [--skinny 16x8192x8192,...] [--ld_pad 64]
+//                [--alpha 0.75] [--beta 0.5]
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -57,8 +60,11 @@ std::vector<std::string> Split(const std::string& s, char sep) {
 //   batched  a packed strided batch (Launch: one      vs cublasGemmStridedBatchedEx
 //            launch where the variant is batched)
 //   grouped  a list of shapes (LaunchGrouped)         vs cublasGemmGroupedBatchedEx
-enum class Mode { kPlain, kScaled, kLd, kBatched, kGrouped };
-constexpr const char* kModeNames[] = {"plain", "scaled", "ld", "batched", "grouped"};
+//   skinny   plain, on the --skinny shapes (M <= 128), vs cublasGemmEx
+//            for the splitk variants, their inner
+//            kernels and auto (unless --variants)
+enum class Mode { kPlain, kScaled, kLd, kBatched, kGrouped, kSkinny };
+constexpr const char* kModeNames[] = {"plain", "scaled", "ld", "batched", "grouped", "skinny"};
 const char* ModeName(Mode m) { return kModeNames[int(m)]; }
 
 // One GEMM (or strided batch of them) of a case: a grouped case has several.
@@ -78,6 +84,14 @@ struct Case {
     for (const Part& p : parts) f += 2.0 * p.batch * p.m * p.n * double(p.k);
     return f;
   }
+  // The least a GEMM must move: A and B read once (ab_bytes each element), C written once.
+  double MinimalBytes(size_t ab_bytes, size_t c_bytes) const {
+    double bytes = 0;
+    for (const Part& p : parts)
+      bytes += double(p.batch) * (double(ab_bytes) * (double(p.m) * p.k + double(p.k) * p.n) +
+                                  double(c_bytes) * p.m * p.n);
+    return bytes;
+  }
 };
 
 struct Buffers {
@@ -93,7 +107,7 @@ struct Form {
 struct Result {
   std::string variant;
   Accumulation acc;
-  double median_ms = 0, tflops = 0, rel_err = 0;
+  double median_ms = 0, tflops = 0, tbps = 0, rel_err = 0;
   bool ok = false;
   std::string note;
 };
@@ -317,6 +331,8 @@ class Bench {
     }
     r.median_ms = bench::Median(ms);
     r.tflops = case_.Flops() / (r.median_ms * 1e-3) / 1e12;
+    r.tbps = case_.MinimalBytes(DataTypeBytes(form_.ab), DataTypeBytes(form_.c)) /
+             (r.median_ms * 1e-3) / 1e12;
     r.ok = true;
     return r;
   }
@@ -451,6 +467,8 @@ int Main(int argc, char** argv) {
   std::string layouts_arg = "NN", types_arg = "fp16", modes_arg = "plain";
   std::string batched_arg = "64x512x512x512,16x1024x1024x1024,8x2048x2048x2048,256x128x128x128";
   std::string grouped_arg;
+  std::string skinny_arg =
+      "1x8192x8192,8x8192x8192,16x8192x8192,32x8192x8192,64x8192x8192,128x8192x8192";
   int warmup = 5, repeats = 20, ld_pad = 64;
   float alpha = 0.75f, beta = 0.5f;
   bool no_check = false;
@@ -464,10 +482,14 @@ int Main(int argc, char** argv) {
                  "comma-separated fp16, bf16 (C of the input type), fp16_fp32, bf16_fp32 (fp32 C)");
   app.add_option("--modes", modes_arg,
                  "comma-separated plain, scaled (alpha/beta with C_in), ld (padded row strides), "
-                 "batched (--batched), grouped (--grouped)");
+                 "batched (--batched), grouped (--grouped), skinny (--skinny)");
   app.add_option("--batched", batched_arg, "comma-separated BxMxNxK strided batches (mode batched)");
   app.add_option("--grouped", grouped_arg,
                  "comma-separated MxNxK of one group (mode grouped; default: 64 shapes from 64 to 2048)");
+  app.add_option("--skinny", skinny_arg,
+                 "comma-separated MxNxK of mode skinny (default: M = 1, 8, 16, 32, 64, 128 by "
+                 "8192x8192); rows: the splitk variants, their kernels, auto and cublas unless "
+                 "--variants");
   app.add_option("--ld_pad", ld_pad, "elements added to every stored row in mode ld (a multiple of 8)")
       ->check(CLI::Range(1, 1 << 20));
   app.add_option("--alpha", alpha, "alpha of mode scaled");
@@ -495,6 +517,22 @@ int Main(int argc, char** argv) {
   // cuBLAS first in every shape, so that each ratio has its denominator.
   std::stable_partition(variants.begin(), variants.end(),
                         [](const VariantInfo* v) { return v->kind == VariantKind::kCublas; });
+  // Mode skinny's rows unless --variants: cuBLAS, the kernels the splitk variants wrap (what
+  // runs without a split), the splitk variants, and auto (which measures all of them).
+  std::vector<const VariantInfo*> skinny_variants = variants;
+  if (variants_arg.empty()) {
+    skinny_variants = {FindVariant("cublas")};
+    for (const VariantInfo& v : Variants()) {
+      if (v.kind != VariantKind::kSplitK) continue;
+      const VariantInfo* inner = FindVariant(v.inner);
+      if (std::find(skinny_variants.begin(), skinny_variants.end(), inner) ==
+          skinny_variants.end())
+        skinny_variants.push_back(inner);
+    }
+    for (const VariantInfo& v : Variants())
+      if (v.kind == VariantKind::kSplitK || v.kind == VariantKind::kAuto)
+        skinny_variants.push_back(&v);
+  }
   // The cases, mode by mode in the order given.
   std::vector<Case> cases;
   auto parse_parts = [](const std::string& list, bool batched, std::vector<Part>* parts) {
@@ -511,13 +549,15 @@ int Main(int argc, char** argv) {
   for (const std::string& name : Split(modes_arg, ',')) {
     const auto* found = std::find(std::begin(kModeNames), std::end(kModeNames), name);
     if (found == std::end(kModeNames)) {
-      std::fprintf(stderr, "bad mode %s (plain, scaled, ld, batched or grouped)\n", name.c_str());
+      std::fprintf(stderr, "bad mode %s (plain, scaled, ld, batched, grouped or skinny)\n",
+                   name.c_str());
       return 2;
     }
     const Mode mode = Mode(found - std::begin(kModeNames));
     std::vector<Part> parts;
     if (!parse_parts(mode == Mode::kBatched ? batched_arg
                      : mode == Mode::kGrouped ? grouped_arg
+                     : mode == Mode::kSkinny  ? skinny_arg
                                               : shapes_arg,
                      mode == Mode::kBatched, &parts))
       return 2;
@@ -578,7 +618,7 @@ int Main(int argc, char** argv) {
   if (csv)
     std::fprintf(csv,
                  "device,variant,acc,layout,types,m,n,k,median_ms,tflops,ratio_to_cublas,"
-                 "cublas_rel_err,rel_err,status,mode,batch,case,error_ratio\n");
+                 "cublas_rel_err,rel_err,status,mode,batch,case,error_ratio,tbps\n");
 
   int wrong = 0;
   std::vector<std::string> best_lines;  // per case, form and accumulation: the fastest own kernel
@@ -599,7 +639,7 @@ int Main(int argc, char** argv) {
           }
           double cublas_tflops = 0, cublas_err = 0;
           Result best;
-          for (const VariantInfo* v : variants) {
+          for (const VariantInfo* v : c.mode == Mode::kSkinny ? skinny_variants : variants) {
             if (!bench.Refusal(*v, acc).empty()) continue;
             if (v->min_sm > prop.major * 10 + prop.minor) continue;
             Result r = bench.Run(*v, acc, ctx);
@@ -611,25 +651,25 @@ int Main(int argc, char** argv) {
             const double err_ratio = cublas_err > 0 ? r.rel_err / cublas_err : 0;
             if (r.note.rfind("WRONG", 0) == 0) ++wrong;
             if (r.ok && v->kind != VariantKind::kCublas && r.tflops > best.tflops) best = r;
-            std::printf("%-34s %s %s %-9s %-26s %9.4f ms %7.1f TFLOP/s %5.3fx cublas err %.2e (%.2fx cublas's) %s\n",
+            std::printf("%-34s %s %s %-9s %-26s %9.4f ms %7.1f TFLOP/s %5.2f TB/s %5.3fx cublas err %.2e (%.2fx cublas's) %s\n",
                         v->name.c_str(), AccumulationName(acc), LayoutName(form.ta, form.tb),
-                        types.c_str(), label.c_str(), r.median_ms, r.tflops, ratio, r.rel_err,
-                        err_ratio, r.note.c_str());
+                        types.c_str(), label.c_str(), r.median_ms, r.tflops, r.tbps, ratio,
+                        r.rel_err, err_ratio, r.note.c_str());
             std::fflush(stdout);
             if (csv)
-              std::fprintf(csv, "%s,%s,%s,%s,%s,%d,%d,%d,%.5f,%.2f,%.4f,%.3e,%.3e,%s,%s,%d,%s,%.3f\n",
+              std::fprintf(csv, "%s,%s,%s,%s,%s,%d,%d,%d,%.5f,%.2f,%.4f,%.3e,%.3e,%s,%s,%d,%s,%.3f,%.3f\n",
                            prop.name, v->name.c_str(), AccumulationName(acc),
                            LayoutName(form.ta, form.tb), types.c_str(), shape.m, shape.n, shape.k,
                            r.median_ms, r.tflops, ratio, cublas_err, r.rel_err,
                            r.note.empty() ? "ok" : r.note.c_str(), ModeName(c.mode), shape.batch,
-                           c.label.c_str(), err_ratio);
+                           c.label.c_str(), err_ratio, r.tbps);
             if (csv) std::fflush(csv);  // rows survive a run cut short by a device-call limit
           }
-          char line[320];
+          char line[384];
           std::snprintf(line, sizeof line,
-                        "%-26s %s %s %-9s cublas %6.1f  best %-32s %6.1f TFLOP/s %5.3fx  err %.2e vs cublas %.2e",
+                        "%-26s %s %s %-9s cublas %6.1f  best %-32s %6.1f TFLOP/s %5.2f TB/s %5.3fx  err %.2e vs cublas %.2e",
                         label.c_str(), AccumulationName(acc), LayoutName(form.ta, form.tb),
-                        types.c_str(), cublas_tflops, best.variant.c_str(), best.tflops,
+                        types.c_str(), cublas_tflops, best.variant.c_str(), best.tflops, best.tbps,
                         cublas_tflops > 0 ? best.tflops / cublas_tflops : 0.0, best.rel_err,
                         cublas_err);
           best_lines.push_back(line);

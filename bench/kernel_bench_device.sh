@@ -3,11 +3,13 @@
 # the kernel benchmark with its plot. Run from the repository root on the GPU machine after
 #   ../shared/tools/gpu-bundle.sh [--out $GPU_DIR] bazel-bin/kernels/gemm_correctness_test \
 #       bazel-bin/kernels/registry_test bazel-bin/kernels/batched_gemm_test \
-#       bazel-bin/bench/kernel_bench
+#       bazel-bin/kernels/split_k_test bazel-bin/bench/kernel_bench
 # usage: bench/kernel_bench_device.sh OUT_DIR [SANITIZER_TIMEOUT_S] [BENCH_ARGS...]
 # CORRECTNESS_FILTER (gtest filter of the sweep), MEMCHECK_FILTER and RACECHECK_FILTER narrow the
 # sections, e.g. to one family: CORRECTNESS_FILTER='*wgmma*' MEMCHECK_FILTER='Small/*wgmma*';
-# BATCHED_FILTER the strided-batch and group sweep (batched_gemm_test, where bundled).
+# BATCHED_FILTER the strided-batch and group sweep (batched_gemm_test, where bundled). Where
+# split_k_test is bundled it runs too (skinny M, issue 29); `--modes skinny` among BENCH_ARGS
+# adds the split-K benchmark.
 set -uo pipefail
 out=${1:?out dir}; shift
 san_timeout=${1:-120}; shift || true
@@ -27,6 +29,11 @@ if [ -x "$gpu"/bin/batched_gemm_test ]; then
   "$gpu"/bin/batched_gemm_test --gtest_brief=1 --gtest_filter="${BATCHED_FILTER:-*}" \
     > "$out/batched.log" 2>&1
   echo "batched_gemm_test rc=$? ($((SECONDS - t0)) s): $(grep -cE '^\[  FAILED  \] Batches' "$out/batched.log") failed"
+fi
+if [ -x "$gpu"/bin/split_k_test ]; then
+  t0=$SECONDS
+  "$gpu"/bin/split_k_test --gtest_brief=1 > "$out/split_k.log" 2>&1
+  echo "split_k_test rc=$? ($((SECONDS - t0)) s): $(grep -cE '^\[  FAILED  \] (SplitK|Reduce)' "$out/split_k.log") failed"
 fi
 python3 - "$out/correctness.log" <<'PY'
 import re, sys
@@ -62,6 +69,15 @@ if [ -x "$gpu"/bin/batched_gemm_test ]; then
     "$gpu"/bin/batched_gemm_test --gtest_brief=1 --gtest_filter='*wgmma_64x128_s8_g8_*_fp16_fp32acc' \
     > "$out/memcheck_batched.log" 2>&1
   echo "memcheck batched rc=$? ($((SECONDS - t0)) s): $(grep -E 'ERROR SUMMARY' "$out/memcheck_batched.log" | tail -1)"
+fi
+
+if [ -x "$gpu"/bin/split_k_test ]; then
+  t0=$SECONDS  # slices read at offsets inside A and B, partials and the reduce's row padding
+  timeout "$san_timeout" compute-sanitizer --tool memcheck --error-exitcode 9 \
+    "$gpu"/bin/split_k_test --gtest_brief=1 \
+    --gtest_filter='*splitk*_64x128_*_7x264x72:*splitk*_64x128_*_65x264x1000:*_ld:Reduce/*' \
+    > "$out/memcheck_split_k.log" 2>&1
+  echo "memcheck split_k rc=$? ($((SECONDS - t0)) s): $(grep -E 'ERROR SUMMARY' "$out/memcheck_split_k.log" | tail -1)"
 fi
 
 echo "== benchmark"

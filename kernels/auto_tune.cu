@@ -55,13 +55,18 @@ std::map<BucketKey, const VariantInfo*>& Cache() {  // guarded by CacheMutex()
   return *cache;
 }
 
+// Variants that read the operands where they are: the 16-byte kernels and the split-K
+// wrappers over them (these take skinny M only).
+bool ReadsInPlace(const VariantInfo& v) {
+  return (v.kind == VariantKind::kKernel && !v.is_fallback) || v.kind == VariantKind::kSplitK;
+}
+
 // The kernels that can take the shape; for shapes the 16-byte kernels cannot take, the padded
 // wrappers and the fallback compete instead.
 std::vector<const VariantInfo*> Candidates(int m, int n, int k, Accumulation acc) {
   std::vector<const VariantInfo*> out;
   for (const VariantInfo& v : Variants())
-    if (v.kind == VariantKind::kKernel && !v.is_fallback && v.Supports(acc) &&
-        v.can_implement(m, n, k))
+    if (ReadsInPlace(v) && v.Supports(acc) && v.can_implement(m, n, k))
       out.push_back(&v);
   if (!out.empty()) return out;
   for (const VariantInfo& v : Variants())
@@ -214,12 +219,15 @@ const VariantInfo* ChooseAutoFor(const GemmProblem& p, LaunchContext& ctx) {
     auto it = Cache().find(key);
     if (it != Cache().end() && CheckProblem(*it->second, p).empty()) return it->second;
   }
-  // The kernels that read the operands in place; where none does (odd K or N, strides, pointers),
-  // the padded wrappers.
+  // The variants that read the operands in place (kernels, the fallback included, and split-K
+  // wrappers); where none does (odd K or N, strides, pointers), the padded wrappers.
   std::vector<const VariantInfo*> candidates;
-  for (VariantKind kind : {VariantKind::kKernel, VariantKind::kPadded}) {
+  for (bool in_place : {true, false}) {
     for (const VariantInfo& v : Variants())
-      if (v.kind == kind && CheckProblem(v, p).empty()) candidates.push_back(&v);
+      if ((in_place ? v.kind == VariantKind::kKernel || v.kind == VariantKind::kSplitK
+                    : v.kind == VariantKind::kPadded) &&
+          CheckProblem(v, p).empty())
+        candidates.push_back(&v);
     if (!candidates.empty()) break;
   }
   if (candidates.empty()) return nullptr;

@@ -90,6 +90,15 @@ std::vector<VariantInfo> BuildVariants() {
                            [&](const VariantInfo& v) { return v.name == inner; });
     if (it != all.end()) all.push_back(PaddedVariant(*it));
   }
+  // Split-K wrappers for skinny M over the two wgmma tiles with the fewest rows (auto measures
+  // them against the kernels; docs/kernels_notes.md predicts s = 2 at M <= 64).
+  for (const char* inner : {"wgmma_64x128_s8_g8", "wgmma_128x128_s6_g8"}) {
+    auto it = std::find_if(all.begin(), all.end(),
+                           [&](const VariantInfo& v) { return v.name == inner; });
+    if (it == all.end()) continue;
+    const VariantInfo base = *it;  // push_back may move *it
+    for (int s : {2, 4, 8}) all.push_back(internal::SplitKVariant(base, s));
+  }
   all.push_back(VariantInfo{"cublas",
                             "cublasGemmEx with the problem's ops and types (fp32 compute for fp32 "
                             "acc, fp16 for fp16 acc); a batch: cublasGemmStridedBatchedEx; a "
@@ -478,7 +487,7 @@ std::string CheckProblem(const VariantInfo& v, const GemmProblem& p) {
            "; " + FallbackVariant().name + " takes any shape)";
   if (v.check_layout != nullptr)
     if (std::string why = v.check_layout(p); !why.empty()) return "variant " + v.name + ": " + why;
-  if (v.kind == VariantKind::kKernel && !v.is_fallback &&
+  if ((v.kind == VariantKind::kSplitK || (v.kind == VariantKind::kKernel && !v.is_fallback)) &&
       !(Aligned16(p.a) && Aligned16(p.b) && Aligned16(p.c)))
     return "variant " + v.name + " needs 16-byte aligned a, b and c";
   if (v.kind == VariantKind::kAuto && !IsDefaultForm(p) && AutoVariantFor(p) == nullptr)
@@ -520,6 +529,8 @@ std::string Launch(const VariantInfo& v, const GemmProblem& p, LaunchContext& ct
     }
     case VariantKind::kPadded:
       return LaunchPadded(v, p, ctx);
+    case VariantKind::kSplitK:
+      return internal::LaunchSplitK(v, p, ctx);
     case VariantKind::kKernel:
       if (cudaError_t e = v.launch(p, v.swizzle_stride, ctx.stream()); e != cudaSuccess)
         return CudaErrorText(("launch of " + v.name).c_str(), e);

@@ -3,11 +3,13 @@
 // A variant is one instantiated kernel configuration (e.g. "wmma_128x128_s3_dsmem_swz"), the
 // guarded fallback for shapes the 16-byte path cannot take ("wmma_64x64_s2_ssmem_unaligned"), a
 // padded wrapper that copies unaligned operands into zero-padded scratch and runs a 16-byte
-// kernel ("pad8_<kernel>"), cuBLAS ("cublas") or "auto" (resolved per shape bucket by ChooseAuto). All compute
-// C = op(A)·op(B) on row-major storage, accumulating in fp16 or fp32. The default problem is
-// "NN" fp16: A m×k, B k×n, C m×n, densely packed; each variant says which further layouts
-// (transposed A and/or B, BLAS semantics), element types (bf16 inputs, fp32 C) and row strides
-// it takes (VariantInfo::layouts, types, strided), and CheckProblem refuses the rest by name.
+// kernel ("pad8_<kernel>"), a split-K wrapper that runs a kernel on s slices of K into fp32
+// partials and sums them ("splitk<s>_<kernel>", for skinny M), cuBLAS ("cublas") or "auto"
+// (resolved per shape bucket by ChooseAuto). All compute C = op(A)·op(B) on row-major storage,
+// accumulating in fp16 or fp32. The default problem is "NN" fp16: A m×k, B k×n, C m×n, densely
+// packed; each variant says which further layouts (transposed A and/or B, BLAS semantics),
+// element types (bf16 inputs, fp32 C) and row strides it takes (VariantInfo::layouts, types,
+// strided), and CheckProblem refuses the rest by name.
 //
 // Thread safety: Variants(), FindVariant(), Launch() and ChooseAuto() may be called from any
 // thread; a LaunchContext is not thread-safe and belongs to one worker (one stream).
@@ -105,6 +107,8 @@ class LaunchContext;
 enum class VariantKind {
   kKernel,  // one of the project's kernels
   kPadded,  // pads K and N to multiples of 8 in LaunchContext scratch, then runs `inner`
+  kSplitK,  // runs `inner` on split_k slices of K (one grouped launch) into fp32 partials in
+            // LaunchContext scratch, then sums them into C (SplitKReduce)
   kCublas,  // cublasGemmEx
   kAuto,    // resolved through ChooseAuto at launch
 };
@@ -125,7 +129,8 @@ struct VariantInfo {
   int swizzle_stride;       // block swizzle band in columns; 0 = no swizzle
   int block_m, block_n;     // block tile (0 for cublas/auto)
   int stages;               // cp.async pipeline depth (0 for cublas/auto)
-  std::string inner;        // kPadded: the 16-byte kernel it runs on the padded copies
+  std::string inner;        // kPadded / kSplitK: the kernel it runs (on the padded copies, on
+                            // the slices of K)
   // Enqueues the kernel on `stream`; nullptr for cublas/auto. REQUIRES: can_implement and the
   // accumulation checked; returns the CUDA launch error.
   cudaError_t (*launch)(const GemmProblem& problem, int swizzle_stride, cudaStream_t stream);
@@ -144,6 +149,8 @@ struct VariantInfo {
   // error.
   std::string (*launch_grouped)(const std::vector<GemmProblem>& problems,
                                 LaunchContext& ctx) = nullptr;
+  // kSplitK: how many slices K is cut into at most (fewer where K is short; 0 otherwise).
+  int split_k = 0;
 
   bool Supports(Accumulation acc) const { return acc == Accumulation::kFp16 ? fp16_acc : fp32_acc; }
   bool SupportsLayout(bool transpose_a, bool transpose_b) const {
@@ -178,22 +185,24 @@ class LaunchContext {
   // if creation fails.
   cublasHandle_t cublas(std::string* error);
 
-  // Device scratch of at least `bytes` in one of three slots (kTuningScratch for ChooseAuto's
+  // Device scratch of at least `bytes` in one of four slots (kTuningScratch for ChooseAuto's
   // operands, kPaddingScratch for pad8_ variants, kGroupScratch for LaunchGrouped's pointer
-  // arrays), owned by the context and grown on demand (the old buffer is freed after
-  // synchronizing the stream). Work enqueued on stream() may use it until the next call for the
-  // same slot. Returns nullptr and sets *error on failure.
+  // arrays, kSplitKScratch for the fp32 partials of splitk variants), owned by the context and
+  // grown on demand (the old buffer is freed after synchronizing the stream). Work enqueued on
+  // stream() may use it until the next call for the same slot. Returns nullptr and sets *error
+  // on failure.
   static constexpr int kTuningScratch = 0;
   static constexpr int kPaddingScratch = 1;
   static constexpr int kGroupScratch = 2;
-  static constexpr int kScratchSlots = 3;
+  static constexpr int kSplitKScratch = 3;
+  static constexpr int kScratchSlots = 4;
   void* Scratch(int slot, size_t bytes, std::string* error);
 
  private:
   cudaStream_t stream_;
   cublasHandle_t cublas_ = nullptr;
-  void* scratch_[kScratchSlots] = {nullptr, nullptr, nullptr};
-  size_t scratch_bytes_[kScratchSlots] = {0, 0, 0};
+  void* scratch_[kScratchSlots] = {};
+  size_t scratch_bytes_[kScratchSlots] = {};
 };
 
 // Why `variant` cannot run `problem`, or an empty string if it can (shape, accumulation, layout,
@@ -247,6 +256,19 @@ const VariantInfo* AutoVariantFor(const GemmProblem& problem);
 // process-wide. nullptr if no kernel takes the problem; AutoVariantFor's choice, uncached, if
 // tuning cannot run.
 const VariantInfo* ChooseAutoFor(const GemmProblem& problem, LaunchContext& ctx);
+
+// How a splitk variant cuts K into at most s slices: `count` slices, all but the last `depth`
+// deep (a multiple of the wgmma K tile, 64), the last the rest (1 to depth). REQUIRES: k, s >= 1.
+struct KSlices {
+  int count, depth;
+};
+KSlices SliceK(int k, int s);
+
+// The problems a splitk variant launches for `p` (batch 1), one per slice of SliceK(p.k, s):
+// slice i reads op(A)'s columns and op(B)'s rows [i·depth, i·depth + k_i) in place (pointers
+// offset, the whole matrices' row strides) and writes C_i = its m×n fp32 partial, packed, at
+// partials + i·m·n (fp32 accumulation). No device work.
+std::vector<GemmProblem> SplitKProblems(const GemmProblem& p, int s, float* partials);
 
 // The cached auto choice for the bucket of this shape, or nullptr if it has not been tuned.
 const VariantInfo* CachedAutoChoice(int m, int n, int k, Accumulation acc);

@@ -2,8 +2,11 @@
 #include "kernels/registry.h"
 
 #include <cstdint>
+#include <cstdlib>
+#include <memory>
 #include <set>
 #include <string>
+#include <vector>
 
 #include <gtest/gtest.h>
 
@@ -162,7 +165,8 @@ TEST(Registry, EveryVariantTakesTheDefaultProblem) {
 TEST(Registry, OlderFamiliesRefuseOtherLayoutsAndTypesByName) {
   for (const VariantInfo& v : Variants()) {
     if (v.name.rfind("wgmma_", 0) == 0 || v.name.rfind("pad8_wgmma_", 0) == 0 ||
-        v.kind == VariantKind::kCublas || v.kind == VariantKind::kAuto)
+        v.kind == VariantKind::kSplitK || v.kind == VariantKind::kCublas ||
+        v.kind == VariantKind::kAuto)
       continue;
     GemmProblem p = AlignedProblem(128, 128, 128);
     if (!v.Supports(Accumulation::kFp32)) p.accumulation = Accumulation::kFp16;
@@ -389,6 +393,184 @@ TEST(Registry, WgmmaTakesBatchesAndGroupsInOneLaunch) {
   p.batch = 1 << 18;
   p.stride_a = p.stride_b = 0;
   EXPECT_NE(CheckProblem(*w, p).find("reaches 2^31"), std::string::npos) << CheckProblem(*w, p);
+}
+
+// Issue 29, skinny M: splitk<s>_<inner> for s in {2, 4, 8} over the 64x128 and 128x128 wgmma
+// kernels, taking what the inner kernel takes (it reads the operands in place) at m <= 256.
+TEST(Registry, SplitKVariantsWrapAWgmmaKernel) {
+  if (FindVariant("wgmma_64x128_s8_g8") == nullptr) GTEST_SKIP() << "no wgmma family here";
+  int split = 0;
+  for (const char* inner : {"wgmma_64x128_s8_g8", "wgmma_128x128_s6_g8"})
+    for (int s : {2, 4, 8}) {
+      const std::string name = "splitk" + std::to_string(s) + "_" + inner;
+      const VariantInfo* v = FindVariant(name);
+      ASSERT_NE(v, nullptr) << name;
+      EXPECT_EQ(v->kind, VariantKind::kSplitK) << name;
+      EXPECT_EQ(v->split_k, s) << name;
+      EXPECT_EQ(v->inner, inner) << name;
+      const VariantInfo& in = *FindVariant(inner);
+      EXPECT_EQ(v->layouts, in.layouts) << name;
+      EXPECT_EQ(v->types, in.types) << name;
+      EXPECT_EQ(v->strided, in.strided) << name;
+      EXPECT_TRUE(v->fp16_acc && v->fp32_acc) << name;
+      EXPECT_EQ(v->min_sm, 90) << name;
+      EXPECT_FALSE(v->batched) << name;  // a batch or a group: one split launch per item
+      EXPECT_EQ(v->launch_grouped, nullptr) << name;
+      EXPECT_EQ(v->launch, nullptr) << name;
+      EXPECT_FALSE(v->is_fallback) << name;
+      // Skinny shapes, up to 64 MiB of fp32 partials; K and N as the inner kernel needs them.
+      for (int m : {1, 7, 16, 64, 65, 128, 256}) {
+        EXPECT_TRUE(v->can_implement(m, 8192, 8192)) << name << " m=" << m;
+      }
+      EXPECT_TRUE(v->can_implement(1, 8, 8)) << name;
+      EXPECT_FALSE(v->can_implement(257, 8192, 8192)) << name;
+      EXPECT_FALSE(v->can_implement(16, 8196, 8192)) << name;
+      EXPECT_FALSE(v->can_implement(16, 8192, 8188)) << name;
+      EXPECT_FALSE(v->can_implement(0, 8192, 8192)) << name;
+      EXPECT_FALSE(v->can_implement(256, (64 << 20) / (4 * s * 256) + 8, 64)) << name;
+      ++split;
+    }
+  EXPECT_EQ(split, 6);
+}
+
+TEST(Registry, SplitKRefusesByNameWhatItsKernelRefuses) {
+  const VariantInfo* v = FindVariant("splitk4_wgmma_64x128_s8_g8");
+  if (v == nullptr) GTEST_SKIP() << "no wgmma family here";
+  for (bool ta : {false, true})
+    for (bool tb : {false, true})
+      for (DataType t : {DataType::kFp16, DataType::kBf16})
+        for (DataType c : {t, DataType::kFp32}) {
+          GemmProblem p = AlignedProblem(16, 8192, 8192);
+          p.transpose_a = ta;
+          p.transpose_b = tb;
+          p.ab_type = t;
+          p.c_type = c;
+          EXPECT_EQ(CheckProblem(*v, p), "") << LayoutName(ta, tb) << " " << TypesName(t, c);
+        }
+  GemmProblem p = AlignedProblem(7, 8192, 8192);
+  p.transpose_a = true;  // A stored k×m: rows of 7 elements are not 16-byte strides
+  EXPECT_NE(CheckProblem(*v, p).find("transpose_a needs m % 8 == 0"), std::string::npos)
+      << CheckProblem(*v, p);
+  p = AlignedProblem(16, 8192, 8192);
+  p.lda = 8196;
+  EXPECT_NE(CheckProblem(*v, p).find("lda must be a multiple of 8"), std::string::npos);
+  p = AlignedProblem(300, 8192, 8192);
+  EXPECT_NE(CheckProblem(*v, p).find("cannot take 300x8192x8192"), std::string::npos)
+      << CheckProblem(*v, p);
+  p = AlignedProblem(16, 8192, 8192);
+  p.b = reinterpret_cast<const void*>((uintptr_t{2} << 20) + 8);
+  EXPECT_NE(CheckProblem(*v, p).find("aligned"), std::string::npos) << CheckProblem(*v, p);
+  p = AlignedProblem(16, 8192, 8192);
+  p.ab_type = p.c_type = DataType::kBf16;
+  p.accumulation = Accumulation::kFp16;
+  EXPECT_NE(CheckProblem(*v, p).find("fp16 accumulation takes fp16"), std::string::npos);
+}
+
+// Slices are whole 64-deep K tiles but the last, which takes the rest; short K gets fewer.
+TEST(Registry, SliceKCutsWholeTilesAndLeavesTheRestToTheLast) {
+  for (int s : {1, 2, 3, 4, 8})
+    for (int k : {8, 16, 56, 64, 72, 100, 128, 136, 200, 504, 1000, 4104, 8192, 8200, 65536,
+                  2147483640}) {
+      const KSlices slices = SliceK(k, s);
+      ASSERT_GE(slices.count, 1) << k << " " << s;
+      EXPECT_LE(slices.count, s) << k << " " << s;
+      const int64_t last = int64_t(k) - int64_t(slices.count - 1) * slices.depth;
+      EXPECT_GE(last, 1) << k << " " << s;
+      EXPECT_LE(last, slices.depth) << k << " " << s;
+      if (slices.count > 1) {
+        EXPECT_EQ(slices.depth % 64, 0) << k << " " << s;
+      }
+      if (k % 8 == 0) {
+        EXPECT_EQ(last % 8, 0) << k << " " << s;  // the inner kernel's K alignment
+      }
+    }
+  EXPECT_EQ(SliceK(8192, 2).count, 2);
+  EXPECT_EQ(SliceK(8192, 2).depth, 4096);
+  EXPECT_EQ(SliceK(8192, 8).depth, 1024);
+  EXPECT_EQ(SliceK(200, 8).count, 4);   // 64 + 64 + 64 + 8: fewer slices than s when K is short
+  EXPECT_EQ(SliceK(100, 2).count, 2);   // 64 + 36
+  EXPECT_EQ(SliceK(56, 8).count, 1);    // K under one tile: one slice
+  EXPECT_EQ(SliceK(4104, 4).depth, 1088);
+}
+
+// SplitKProblems on host memory (pointers are only offset, never dereferenced by it): for every
+// layout, with and without row strides, K not a multiple of s·8 and K under s·64, the slices'
+// products read through each slice's own pointers and row strides sum to the whole product,
+// exactly (small integers), and each slice passes the inner kernel's CheckProblem.
+TEST(Registry, SplitKSlicesSumToTheWholeProduct) {
+  const VariantInfo* inner = FindVariant("wgmma_64x128_s8_g8");
+  struct Case {
+    int m, n, k, pad;
+  };
+  for (bool ta : {false, true})
+    for (bool tb : {false, true})
+      for (const Case& c : {Case{16, 24, 1000, 0}, Case{8, 16, 200, 8}, Case{7, 8, 72, 0},
+                            Case{64, 8, 4104, 16}, Case{1, 16, 40, 0}}) {
+        if (ta && c.m % 8 != 0) continue;  // refused by name (SplitKRefusesByName...)
+        const int a_rows = ta ? c.k : c.m, a_cols = ta ? c.m : c.k;
+        const int b_rows = tb ? c.n : c.k, b_cols = tb ? c.k : c.n;
+        const int lda = a_cols + c.pad, ldb = b_cols + c.pad;
+        auto alloc16 = [](size_t elements) {  // 16-byte aligned, as device memory is
+          return std::unique_ptr<uint16_t[], void (*)(void*)>(
+              static_cast<uint16_t*>(std::aligned_alloc(64, (elements * 2 + 63) / 64 * 64)),
+              &std::free);
+        };
+        auto a = alloc16(size_t(a_rows) * lda), b = alloc16(size_t(b_rows) * ldb);
+        for (size_t i = 0; i < size_t(a_rows) * lda; ++i) a[i] = uint16_t(i * 7 % 13);
+        for (size_t i = 0; i < size_t(b_rows) * ldb; ++i) b[i] = uint16_t(i * 5 % 11);
+        // op(A)·op(B) over columns/rows [0, k) of operands stored at `pa`, `pb` with row strides
+        // lda, ldb: element (i, j).
+        auto product = [&](const uint16_t* pa, const uint16_t* pb, int ld_a, int ld_b, int k,
+                           int i, int j) {
+          double sum = 0;
+          for (int l = 0; l < k; ++l)
+            sum += double(ta ? pa[size_t(l) * ld_a + i] : pa[size_t(i) * ld_a + l]) *
+                   double(tb ? pb[size_t(j) * ld_b + l] : pb[size_t(l) * ld_b + j]);
+          return sum;
+        };
+        GemmProblem p{a.get(), b.get(), reinterpret_cast<void*>(uintptr_t{3} << 20), c.m, c.n,
+                      c.k, Accumulation::kFp16};
+        p.transpose_a = ta;
+        p.transpose_b = tb;
+        if (c.pad > 0) {
+          p.lda = lda;
+          p.ldb = ldb;
+        }
+        std::vector<float> partials(size_t(8) * c.m * c.n);
+        for (int s : {2, 4, 8}) {
+          const std::string where = std::string(LayoutName(ta, tb)) + " " +
+                                    std::to_string(c.m) + "x" + std::to_string(c.n) + "x" +
+                                    std::to_string(c.k) + " pad " + std::to_string(c.pad) +
+                                    " s=" + std::to_string(s);
+          const std::vector<GemmProblem> parts = SplitKProblems(p, s, partials.data());
+          ASSERT_EQ(int(parts.size()), SliceK(c.k, s).count) << where;
+          int k_total = 0;
+          for (size_t i = 0; i < parts.size(); ++i) {
+            const GemmProblem& q = parts[i];
+            k_total += q.k;
+            EXPECT_EQ(q.m, c.m) << where;
+            EXPECT_EQ(q.n, c.n) << where;
+            EXPECT_EQ(q.k % 8, 0) << where;
+            EXPECT_EQ(q.c_type, DataType::kFp32) << where;
+            EXPECT_EQ(q.accumulation, Accumulation::kFp32) << where;
+            EXPECT_EQ(q.c, partials.data() + i * c.m * c.n) << where;
+            EXPECT_EQ(q.ldc, 0) << where;
+            if (inner != nullptr) {
+              EXPECT_EQ(CheckProblem(*inner, q), "") << where << " slice " << i;
+            }
+          }
+          EXPECT_EQ(k_total, c.k) << where;
+          for (int i = 0; i < c.m; ++i)
+            for (int j = 0; j < c.n; ++j) {
+              double sum = 0;
+              for (const GemmProblem& q : parts)
+                sum += product(static_cast<const uint16_t*>(q.a),
+                               static_cast<const uint16_t*>(q.b), q.lda, q.ldb, q.k, i, j);
+              ASSERT_EQ(sum, product(a.get(), b.get(), lda, ldb, c.k, i, j))
+                  << where << " at " << i << "," << j;
+            }
+        }
+      }
 }
 
 }  // namespace

@@ -34,8 +34,33 @@ __global__ void ScaleEpilogueKernel(const float* t, const CType* __restrict__ c_
   }
 }
 
+// Threads run along a row (coalesced, one column each) and blocks along the rows, both
+// grid-stride; each thread's loads of the s partials are independent, so they overlap. c_in
+// and c are not __restrict__: C may be scaled in place (each element read, then written, by
+// one thread).
+template <typename CType>
+__global__ void SplitKReduceKernel(const float* __restrict__ partials, int slices,
+                                   int64_t slice_stride, int m, int n,
+                                   const CType* c_in, CType* c, int ldc,
+                                   float alpha, float beta) {
+  for (int row = blockIdx.y; row < m; row += gridDim.y) {
+    for (int col = blockIdx.x * blockDim.x + threadIdx.x; col < n; col += gridDim.x * blockDim.x) {
+      float sum = 0.0f;
+      if (alpha != 0) {
+        const float* p = partials + int64_t(row) * n + col;
+        for (int i = 0; i < slices; ++i) sum += p[i * slice_stride];
+      }
+      const int64_t at = int64_t(row) * ldc + col;
+      float value = alpha * sum;
+      if (beta != 0) value += beta * ToFloat(c_in[at]);
+      c[at] = FromFloat<CType>(value);
+    }
+  }
+}
+
 constexpr int kThreads = 256;
 constexpr int64_t kMaxBlocks = 8192;  // a few waves on 132 SMs; the loop covers the rest
+constexpr int kMaxRowBlocks = 65535;  // gridDim.y's limit
 
 template <typename CType>
 cudaError_t Launch(const float* t, const void* c_in, void* c, int64_t count, float alpha,
@@ -46,7 +71,40 @@ cudaError_t Launch(const float* t, const void* c_in, void* c, int64_t count, flo
   return cudaGetLastError();
 }
 
+template <typename CType>
+cudaError_t LaunchReduce(const float* partials, int slices, int64_t slice_stride, int m, int n,
+                         const void* c_in, void* c, int ldc, float alpha, float beta,
+                         cudaStream_t stream) {
+  const int column_blocks = int(std::min<int64_t>((n + kThreads - 1) / kThreads, kMaxBlocks));
+  const int row_blocks = int(std::min<int64_t>(
+      std::min<int64_t>(m, kMaxRowBlocks), std::max<int64_t>(1, kMaxBlocks / column_blocks)));
+  SplitKReduceKernel<CType><<<dim3(column_blocks, row_blocks), kThreads, 0, stream>>>(
+      partials, slices, slice_stride, m, n, static_cast<const CType*>(c_in),
+      static_cast<CType*>(c), ldc, alpha, beta);
+  return cudaGetLastError();
+}
+
 }  // namespace
+
+cudaError_t SplitKReduce(const float* partials, int slices, int64_t slice_stride, int m, int n,
+                         const void* c_in, void* c, int ldc, float alpha, float beta,
+                         DataType c_type, cudaStream_t stream) {
+  if (slices < 1 || m < 1 || n < 1 || ldc < n || slice_stride < int64_t(m) * n ||
+      (alpha != 0 && partials == nullptr) || (beta != 0 && c_in == nullptr) || c == nullptr)
+    return cudaErrorInvalidValue;
+  switch (c_type) {
+    case DataType::kFp16:
+      return LaunchReduce<__half>(partials, slices, slice_stride, m, n, c_in, c, ldc, alpha, beta,
+                                  stream);
+    case DataType::kBf16:
+      return LaunchReduce<__nv_bfloat16>(partials, slices, slice_stride, m, n, c_in, c, ldc,
+                                         alpha, beta, stream);
+    case DataType::kFp32:
+      return LaunchReduce<float>(partials, slices, slice_stride, m, n, c_in, c, ldc, alpha, beta,
+                                 stream);
+  }
+  return cudaErrorInvalidValue;
+}
 
 cudaError_t ScaleEpilogue(const float* t, const void* c_in, void* c, int64_t count, float alpha,
                           float beta, DataType c_type, cudaStream_t stream) {

@@ -1,5 +1,6 @@
 // The alpha/beta epilogue of a GEMM as its own elementwise kernel: C = alpha·T + beta·C_in,
-// where T = op(A)·op(B) is an fp32 result a GEMM kernel wrote first. fp32 math, one rounding
+// where T = op(A)·op(B) is an fp32 result a GEMM kernel wrote first; and the split-K reduce,
+// the same epilogue over T = the sum of s fp32 partial products (splitk variants). fp32 math, one rounding
 // to C's type, so the service's C equals BLAS's C = alpha·op(A)·op(B) + beta·C up to that
 // rounding. A fused version (the wgmma epilogue reading C_in tile by tile) is predicted in
 // docs/kernels_notes.md.
@@ -23,6 +24,17 @@ namespace hgemm::kernels {
 // REQUIRES: count ≥ 1; t, c and (with beta ≠ 0) c_in hold count elements on the current device.
 cudaError_t ScaleEpilogue(const float* t, const void* c_in, void* c, int64_t count, float alpha,
                           float beta, DataType c_type, cudaStream_t stream);
+
+// For every row r < m and column j < n: c[r·ldc + j] = alpha·Σ_i partials[i·slice_stride +
+// r·n + j] + beta·c_in[r·ldc + j] over the `slices` packed m×n fp32 partials, summed in fp32 in
+// slice order and rounded once to c_type (fp16, bf16 or fp32; c_in has that type and C's row
+// stride). beta == 0 reads no c_in (it may be null; a NaN there stays out of C), alpha == 0
+// reads no partials. Returns cudaErrorInvalidValue for a bad argument, else the launch error.
+// REQUIRES: the partials, c and (with beta ≠ 0) c_in are device memory of the current device;
+// the partials overlap neither (c_in may be c: in place); slice_stride >= m·n.
+cudaError_t SplitKReduce(const float* partials, int slices, int64_t slice_stride, int m, int n,
+                         const void* c_in, void* c, int ldc, float alpha, float beta,
+                         DataType c_type, cudaStream_t stream);
 
 }  // namespace hgemm::kernels
 

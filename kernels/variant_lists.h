@@ -20,6 +20,14 @@ std::vector<VariantInfo> MmaVariants();
 // are all of another compute capability.
 std::vector<VariantInfo> WgmmaVariants();
 
+// splitk<s>_<inner> over a wgmma kernel (kernels/split_k.cu): the inner's layouts, types and
+// strides, m up to 256, s·m·n fp32 partials of at most 64 MiB.
+VariantInfo SplitKVariant(const VariantInfo& inner, int s);
+
+// Runs a splitk variant (Launch's kSplitK case). REQUIRES: CheckProblem passed, batch 1.
+// Returns "" or the error.
+std::string LaunchSplitK(const VariantInfo& v, const GemmProblem& p, LaunchContext& ctx);
+
 // The longest K the mma.sync and WMMA families accumulate in fp16 registers: up to it their
 // error is cuBLAS's fp16-compute error (2.35e-3 for both at 4096^3, docs/kernels_notes.md run 4);
 // beyond it fp16 rounding of the running sums grows past twice that (issue 17: 8e-2 at K = 65536).

@@ -21,6 +21,11 @@
 #             /metrics after the point next to hgemm_load's numbers (issue 15)
 #   python    the Python client (client/python) vs hgemm_load: bench/python_client_bench.py
 #             (2048³ unary c=16, 128x8192x8192 with B resident; needs python3 with grpcio, numpy)
+#   skinny    issue 29's skinny M: kernels/split_k_test (every splitk variant, layout and type on
+#             edge shapes, SplitKReduce's alpha/beta), then kernel_bench --modes skinny (M = 1..128
+#             by 8192x8192, NN and NT, fp16 and bf16: the splitk variants, their kernels, auto and
+#             cuBLAS, TFLOP/s and TB/s; CSV in $OUT), then hgemm_client --check through the server
+#             with a splitk kernel named and with auto (in section blas's server)
 #   blas      issue 29 through the server: bf16 with transpose_b, fp32 C, alpha/beta with C_in,
 #             a strided batch, grouped GEMMs, each --check'ed by hgemm_client against the CPU
 #             reference
@@ -59,7 +64,7 @@ if [[ ${1:-} == --bundle ]]; then
     //server/backend:cuda_fault_test //server/backend:cuda_sticky_fault_test \
     //server:device_failure_test //server:hgemm_server_fault_injection \
     //server:memory_pressure_test //client/c:libhgemm_client.so //bench:tcp_ceiling \
-    //bench:kernel_bench //kernels:batched_gemm_test \
+    //bench:kernel_bench //kernels:batched_gemm_test //kernels:split_k_test \
     //server:shm_dma_test //server:cuda_ipc_test //bench:cuda_ipc_load
   ../shared/tools/gpu-bundle.sh --out .gpu-serve bazel-bin/server/hgemm_server \
     bazel-bin/client/hgemm_client bazel-bin/server/backend/cuda_backend_test \
@@ -69,7 +74,7 @@ if [[ ${1:-} == --bundle ]]; then
     bazel-bin/server/hgemm_server_fault_injection bazel-bin/server/memory_pressure_test \
     bazel-bin/client/c/libhgemm_client.so bazel-bin/bench/tcp_ceiling \
     bazel-bin/bench/kernel_bench bazel-bin/kernels/batched_gemm_test \
-    bazel-bin/server/shm_dma_test bazel-bin/server/cuda_ipc_test bazel-bin/bench/cuda_ipc_load
+    bazel-bin/kernels/split_k_test bazel-bin/server/shm_dma_test bazel-bin/server/cuda_ipc_test bazel-bin/bench/cuda_ipc_load
   tools/make_test_certs.sh .gpu-serve/certs  # the GPU machine may have no openssl
   mkdir -p .gpu-pack
   grep -qx "/.gpu-pack/" .git/info/exclude || echo "/.gpu-pack/" >> .git/info/exclude
@@ -101,6 +106,16 @@ fi
 if want latency; then
   echo "== completion latency"
   timeout 120 completion_latency 2>&1 | tee "$out/completion_latency.log"
+fi
+
+if want skinny; then
+  echo "== skinny M: split-K (issue 29)"
+  timeout 300 split_k_test --gtest_brief=1 >"$out/split_k_test.log" 2>&1; echo "split_k_test rc=$?"
+  grep -E "^\[  (PASSED|FAILED)  \]|^\[ auto   \]|tests ran" "$out/split_k_test.log" | head -30
+  timeout 400 kernel_bench --modes skinny --layouts NN,NT --types fp16,bf16 --acc fp32 \
+    --csv "$out/kernel_bench_skinny.csv" >"$out/kernel_bench_skinny.log" 2>&1
+  echo "kernel_bench skinny rc=$?"
+  sed -n "/^fastest own kernel/,\$p" "$out/kernel_bench_skinny.log"
 fi
 
 # Waits until a server answers on 127.0.0.1:$1 (30 s at most).
@@ -256,6 +271,13 @@ if want blas; then
   client --shape=1024x1024x1024 --dtype=bf16 --alpha=1.5 --beta=-1 --mode=stream --check ||
     echo "FAILED: streamed bf16 alpha/beta"
   client --shape=512x512x512 --batch=64 --check --repeat=2 || echo "FAILED: batch 64"
+  if want skinny; then  # split-K through the backend's LaunchContext scratch
+    client --shape=16x8192x8192 --kernel=splitk2_wgmma_64x128_s8_g8 --check --repeat=2 ||
+      echo "FAILED: splitk2 16x8192x8192"
+    client --shape=64x4096x8192 --dtype=bf16 --transpose_b --kernel=splitk4_wgmma_128x128_s6_g8 \
+      --alpha=0.5 --beta=2 --check --repeat=2 || echo "FAILED: splitk4 bf16 NT alpha/beta"
+    client --shape=1x8192x8192 --check --repeat=3 || echo "FAILED: auto 1x8192x8192"
+  fi
   # Grouped: shapes from 1 to 2048 (odd ones too), a per-problem launch for now.
   client --group=2048x2048x2048,64x64x64,1x4096x4096,1000x999x1001,512x128x2048,37x5x3 \
     --check --repeat=2 || echo "FAILED: group"
