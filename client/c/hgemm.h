@@ -48,7 +48,7 @@ extern "C" {
 #endif
 
 #define HGEMM_ABI_VERSION 1
-#define HGEMM_ABI_REVISION 4
+#define HGEMM_ABI_REVISION 5
 
 /* gRPC status codes (grpc::StatusCode), as *code reports them. */
 enum {
@@ -105,6 +105,8 @@ typedef struct hgemm_batch_t hgemm_batch_t; /* [revision 2] */
 typedef struct hgemm_call_t hgemm_call_t;   /* [revision 2] */
 typedef struct hgemm_matrix_list_t hgemm_matrix_list_t; /* [revision 3] */
 typedef struct hgemm_stream_t hgemm_stream_t;           /* [revision 3] */
+typedef struct hgemm_region_t hgemm_region_t;           /* [revision 5] */
+typedef struct hgemm_region_list_t hgemm_region_list_t; /* [revision 5] */
 
 /* What the server reports of one GEMM: proto Timing and Execution. Strings longer than their
  * array are cut off (always NUL-terminated). */
@@ -277,6 +279,24 @@ HGEMM_EXPORT void hgemm_gemm_options_set_c_in_handle(hgemm_gemm_options_t* optio
  * (each buffer `batch` times one matrix's bytes; 0 or 1: one GEMM). Operands by handle take
  * batch <= 1 (the server's INVALID_ARGUMENT). */
 HGEMM_EXPORT void hgemm_gemm_options_set_batch(hgemm_gemm_options_t* options, uint32_t batch);
+
+/* [revision 5] Operands and C in shared memory (same host: a "unix:" target, the server
+ * started with --allow_shared_memory; see hgemm_region_create()): {region, offset} of the
+ * bytes A, B, C_in or C would hold, `region` the server's handle (hgemm_region_handle(), or
+ * any region of this client); "" clears. An operand named so is not passed (a or b NULL and 0
+ * bytes, C_in not set by hgemm_gemm_options_set_c_in); a C named so is written there by the
+ * server (pass c NULL and c_capacity 0). Only hgemm_gemm() takes them, and sends such a GEMM
+ * as one Gemm call whatever its mode; the other GEMM calls refuse them (INVALID_ARGUMENT). The
+ * server checks the rest: NOT_FOUND for a region that is not this client's, OUT_OF_RANGE for
+ * bytes past its end, INVALID_ARGUMENT for an odd offset. */
+HGEMM_EXPORT void hgemm_gemm_options_set_a_region(hgemm_gemm_options_t* options,
+                                                  const char* region, uint64_t offset);
+HGEMM_EXPORT void hgemm_gemm_options_set_b_region(hgemm_gemm_options_t* options,
+                                                  const char* region, uint64_t offset);
+HGEMM_EXPORT void hgemm_gemm_options_set_c_in_region(hgemm_gemm_options_t* options,
+                                                     const char* region, uint64_t offset);
+HGEMM_EXPORT void hgemm_gemm_options_set_c_region(hgemm_gemm_options_t* options,
+                                                  const char* region, uint64_t offset);
 
 /* Options of the other calls (upload, release, server info). */
 
@@ -516,6 +536,68 @@ HGEMM_EXPORT double hgemm_matrix_list_idle_seconds(const hgemm_matrix_list_t* li
  * options may be NULL. */
 HGEMM_EXPORT uint64_t hgemm_release(hgemm_client_t* client, const hgemm_call_options_t* options,
                                     const char* handle, int* code, char** errptr);
+
+/* [revision 5] Shared buffers: memory of this process the server maps too (client/
+ * shared_region.h: a sealed memfd), registered as a region of this client. GEMMs name
+ * {hgemm_region_handle(), offset} instead of sending bytes (hgemm_gemm_options_set_a_region).
+ * Thread safety: a region's handle, data pointer and size never change; its bytes are the
+ * caller's to synchronize (C is final once the hgemm_gemm() that writes it has returned). */
+
+/* Makes a zero-filled region of `bytes` (>= 1) and registers it with the server (options may
+ * be NULL; label: free-form, shown by the listing, at most 128 bytes). Returns NULL on
+ * failure: INVALID_ARGUMENT for 0 bytes, INTERNAL naming the system call when the memfd cannot
+ * be made, else the server's status (FAILED_PRECONDITION over TCP or without
+ * --allow_shared_memory, RESOURCE_EXHAUSTED over the client's quota). Not retried. Free with
+ * hgemm_region_destroy(). */
+HGEMM_EXPORT hgemm_region_t* hgemm_region_create(hgemm_client_t* client,
+                                                 const hgemm_call_options_t* options,
+                                                 size_t bytes, const char* label, int* code,
+                                                 char** errptr);
+/* The region's server handle ("r-..."; lives as long as the region), its memory (writable,
+ * 4096-byte aligned) and size. */
+HGEMM_EXPORT const char* hgemm_region_handle(const hgemm_region_t* region);
+HGEMM_EXPORT void* hgemm_region_data(const hgemm_region_t* region);
+HGEMM_EXPORT size_t hgemm_region_bytes(const hgemm_region_t* region);
+/* Unmaps the memory here and frees the region object; does not unregister it (the server
+ * keeps its own mapping until hgemm_unregister_region() or its --region_ttl_s). region may be
+ * NULL. REQUIRES: no call naming it is running, and nothing reads its memory any more. */
+HGEMM_EXPORT void hgemm_region_destroy(hgemm_region_t* region);
+/* UnregisterRegion: the server unmaps region `handle` (any of this client's, by handle).
+ * Errors: the server's (NOT_FOUND if it is not this client's, FAILED_PRECONDITION while GEMMs
+ * use it). options may be NULL. */
+HGEMM_EXPORT void hgemm_unregister_region(hgemm_client_t* client,
+                                          const hgemm_call_options_t* options,
+                                          const char* handle, int* code, char** errptr);
+
+/* A region as ListRegions describes it (proto RegionInfo). Strings longer than their array are
+ * cut off (always NUL-terminated). */
+typedef struct hgemm_region_info_t {
+  char region[64]; /* the handle */
+  uint64_t byte_size;
+  char label[136];
+  double age_seconds;
+  double idle_seconds; /* since a GEMM last used it */
+  double ttl_seconds;  /* released when idle this long; 0: until unregistered */
+  uint32_t in_use;     /* GEMMs using it now */
+  unsigned char dma;   /* pinned for the server's GPUs */
+  unsigned char cuda_ipc;
+  uint32_t device_id; /* for cuda_ipc: the server's device */
+} hgemm_region_info_t;
+
+/* ListRegions: this client's regions on the server the call reaches (options may be NULL).
+ * Returns NULL on failure. Free with hgemm_region_list_destroy(). Read-only: any thread. */
+HGEMM_EXPORT hgemm_region_list_t* hgemm_list_regions(hgemm_client_t* client,
+                                                     const hgemm_call_options_t* options,
+                                                     int* code, char** errptr);
+HGEMM_EXPORT void hgemm_region_list_destroy(hgemm_region_list_t* list);
+HGEMM_EXPORT size_t hgemm_region_list_size(const hgemm_region_list_t* list);
+/* The client's region bytes, and its quotas (bytes, regions). */
+HGEMM_EXPORT uint64_t hgemm_region_list_client_bytes(const hgemm_region_list_t* list);
+HGEMM_EXPORT uint64_t hgemm_region_list_quota_bytes(const hgemm_region_list_t* list);
+HGEMM_EXPORT uint32_t hgemm_region_list_quota_regions(const hgemm_region_list_t* list);
+/* Region i. REQUIRES: i < hgemm_region_list_size(list). */
+HGEMM_EXPORT void hgemm_region_list_info(const hgemm_region_list_t* list, size_t i,
+                                         hgemm_region_info_t* info);
 
 /* GetServerInfo of the replica the call reaches (options may be NULL). Returns NULL on failure.
  * Free with hgemm_server_info_destroy(). */

@@ -94,11 +94,20 @@ class HgemmC : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     address_ = new std::string("127.0.0.1:" + std::to_string(hgemm::subprocess::FreePort()));
+    // Also on a Unix socket, where shared memory is allowed (the region tests).
+    char dir[] = "/tmp/hgemm_c_XXXXXX";
+    socket_dir_ = new std::string(mkdtemp(dir) == nullptr ? "/tmp" : dir);
+    unix_target_ = new std::string("unix:" + *socket_dir_ + "/hgemm.sock");
     server_ = new ChildProcess(hgemm::subprocess::RunfilePath("server/hgemm_server"),
-                               {"--backend=cpu", "--cpu_workers=2", "--listen=" + *address_});
+                               {"--backend=cpu", "--cpu_workers=2", "--listen=" + *address_,
+                                "--listen=" + *unix_target_, "--allow_shared_memory"});
   }
   static void TearDownTestSuite() {
     delete server_;
+    unlink((*socket_dir_ + "/hgemm.sock").c_str());
+    rmdir(socket_dir_->c_str());
+    delete socket_dir_;
+    delete unix_target_;
     delete address_;
   }
 
@@ -143,12 +152,50 @@ class HgemmC : public ::testing::Test {
   }
 
   static std::string* address_;
+  static std::string* socket_dir_;
+  static std::string* unix_target_;  // the server's Unix socket: shared memory allowed
   static ChildProcess* server_;
   hgemm_client_t* client_ = nullptr;
 };
 
 std::string* HgemmC::address_ = nullptr;
+std::string* HgemmC::socket_dir_ = nullptr;
+std::string* HgemmC::unix_target_ = nullptr;
 ChildProcess* HgemmC::server_ = nullptr;
+
+// Shared memory over the server's Unix socket: clients of their own client ids (regions belong
+// to a client).
+class HgemmCRegions : public HgemmC {
+ protected:
+  void SetUp() override {
+    HgemmC::SetUp();  // waits for the server
+    local_ = LocalClient("hgemm_c_regions");
+    ASSERT_NE(local_, nullptr);
+  }
+  void TearDown() override {
+    hgemm_client_destroy(local_);
+    HgemmC::TearDown();
+  }
+  static hgemm_client_t* LocalClient(const char* client_id) {
+    hgemm_client_options_t* options = hgemm_client_options_create();
+    hgemm_client_options_set_client_id(options, client_id);
+    Error e;
+    hgemm_client_t* client = hgemm_client_create(unix_target_->c_str(), options, &e.code,
+                                                 &e.message);
+    hgemm_client_options_destroy(options);
+    EXPECT_NE(client, nullptr) << e.text();
+    return client;
+  }
+  // A registered region of `bytes`; fails the test on an error.
+  static hgemm_region_t* Region(hgemm_client_t* client, size_t bytes, const char* label) {
+    Error e;
+    hgemm_region_t* region = hgemm_region_create(client, nullptr, bytes, label, &e.code,
+                                                 &e.message);
+    EXPECT_NE(region, nullptr) << e.text();
+    return region;
+  }
+  hgemm_client_t* local_ = nullptr;
+};
 
 TEST(HgemmCAbi, VersionAndStatusNames) {
   EXPECT_EQ(hgemm_abi_version(), HGEMM_ABI_VERSION);
@@ -1315,3 +1362,178 @@ TEST(HgemmCAbi, StreamOutlivesItsClient) {
 }
 
 }  // namespace
+
+TEST_F(HgemmCRegions, GemmOfRegionsMatchesTheReferenceAndCIsWrittenInPlace) {
+  constexpr uint32_t m = 70, n = 48, k = 90;
+  std::mt19937_64 rng(40);
+  const std::vector<uint16_t> a = hgemm::RandomHalfMatrix(m * k, rng);
+  const std::vector<uint16_t> b = hgemm::RandomHalfMatrix(k * n, rng);
+  // A at an offset inside its region; B and C in a region each, C poisoned, with a guard after.
+  hgemm_region_t* ra = Region(local_, 2 * (64 + a.size()), "a");
+  hgemm_region_t* rb = Region(local_, 2 * b.size(), "b");
+  hgemm_region_t* rc = Region(local_, 2 * (m * n + 16), "c");
+  ASSERT_TRUE(ra != nullptr && rb != nullptr && rc != nullptr);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(hgemm_region_data(ra)) % 4096, 0u);
+  EXPECT_EQ(hgemm_region_bytes(rb), 2 * b.size());
+  std::memcpy(static_cast<char*>(hgemm_region_data(ra)) + 128, a.data(), 2 * a.size());
+  std::memcpy(hgemm_region_data(rb), b.data(), 2 * b.size());
+  uint16_t* c = static_cast<uint16_t*>(hgemm_region_data(rc));
+  std::fill(c, c + m * n + 16, kPoison);
+
+  hgemm_gemm_options_t* options = hgemm_gemm_options_create();
+  hgemm_gemm_options_set_a_region(options, hgemm_region_handle(ra), 128);
+  hgemm_gemm_options_set_b_region(options, hgemm_region_handle(rb), 0);
+  hgemm_gemm_options_set_c_region(options, hgemm_region_handle(rc), 0);
+  hgemm_gemm_options_set_mode(options, HGEMM_MODE_STREAM);  // ignored: regions go unary
+  hgemm_gemm_info_t info;
+  Error e;
+  hgemm_gemm(local_, options, m, n, k, nullptr, 0, nullptr, 0, nullptr, 0, &info, &e.code,
+             &e.message);
+  ASSERT_EQ(e.code, HGEMM_OK) << e.text();
+  EXPECT_EQ(info.streamed, 0);
+  EXPECT_STREQ(info.backend, "cpu");
+  const std::vector<float> reference = hgemm::ReferenceGemm(a.data(), b.data(), m, n, k);
+  EXPECT_LT(hgemm::RelativeFrobeniusError(c, reference.data(), m * n),
+            hgemm::kServiceTolerance.fp32_acc);
+  EXPECT_EQ(std::vector<uint16_t>(c + m * n, c + m * n + 16), std::vector<uint16_t>(16, kPoison));
+
+  // C_in from a region: C = 1·A·B + 1·C (the C just computed), into the caller's buffer.
+  hgemm_gemm_options_set_c_region(options, "", 0);
+  hgemm_gemm_options_set_beta(options, 1.0f);
+  hgemm_gemm_options_set_c_in_region(options, hgemm_region_handle(rc), 0);
+  std::vector<uint16_t> twice(m * n, kPoison);
+  hgemm_gemm(local_, options, m, n, k, nullptr, 0, nullptr, 0, twice.data(), 2 * twice.size(),
+             nullptr, &e.code, &e.message);
+  ASSERT_EQ(e.code, HGEMM_OK) << e.text();
+  std::vector<float> doubled(reference);
+  for (float& x : doubled) x *= 2;
+  EXPECT_LT(hgemm::RelativeFrobeniusError(twice.data(), doubled.data(), m * n),
+            hgemm::kServiceTolerance.fp32_acc);
+  hgemm_gemm_options_destroy(options);
+
+  // The listing names the three; one unregistered, two are left.
+  hgemm_region_list_t* list = hgemm_list_regions(local_, nullptr, &e.code, &e.message);
+  ASSERT_NE(list, nullptr) << e.text();
+  ASSERT_EQ(hgemm_region_list_size(list), 3u);
+  std::vector<std::string> labels;
+  uint64_t bytes = 0;
+  for (size_t i = 0; i < 3; ++i) {
+    hgemm_region_info_t r;
+    hgemm_region_list_info(list, i, &r);
+    labels.push_back(r.label);
+    bytes += r.byte_size;
+    EXPECT_EQ(std::string(r.region).rfind("r-", 0), 0u) << r.region;
+  }
+  std::sort(labels.begin(), labels.end());
+  EXPECT_EQ(labels, (std::vector<std::string>{"a", "b", "c"}));
+  EXPECT_EQ(hgemm_region_list_client_bytes(list), bytes);
+  EXPECT_GE(hgemm_region_list_quota_bytes(list), bytes);
+  EXPECT_GE(hgemm_region_list_quota_regions(list), 3u);
+  hgemm_region_list_destroy(list);
+  hgemm_unregister_region(local_, nullptr, hgemm_region_handle(rc), &e.code, &e.message);
+  EXPECT_EQ(e.code, HGEMM_OK) << e.text();
+  list = hgemm_list_regions(local_, nullptr, &e.code, &e.message);
+  ASSERT_NE(list, nullptr) << e.text();
+  EXPECT_EQ(hgemm_region_list_size(list), 2u);
+  hgemm_region_list_destroy(list);
+  // Unregistered twice: the server's NOT_FOUND.
+  hgemm_unregister_region(local_, nullptr, hgemm_region_handle(rc), &e.code, &e.message);
+  EXPECT_EQ(e.code, HGEMM_NOT_FOUND) << e.text();
+  for (hgemm_region_t* r : {ra, rb}) {
+    hgemm_unregister_region(local_, nullptr, hgemm_region_handle(r), &e.code, &e.message);
+    EXPECT_EQ(e.code, HGEMM_OK) << e.text();
+    hgemm_region_destroy(r);
+  }
+  hgemm_region_destroy(rc);
+}
+
+TEST_F(HgemmCRegions, ForeignRegionsOffsetsPastTheEndAndMisuseAreClearErrors) {
+  constexpr uint32_t m = 8, n = 8, k = 8;
+  std::mt19937_64 rng(41);
+  const std::vector<uint16_t> b = hgemm::RandomHalfMatrix(k * n, rng);
+  hgemm_region_t* mine = Region(local_, 2 * m * k, "mine");
+  hgemm_client_t* other = LocalClient("hgemm_c_regions_other");
+  ASSERT_TRUE(mine != nullptr && other != nullptr);
+  hgemm_region_t* theirs = Region(other, 2 * m * k, "theirs");
+  ASSERT_NE(theirs, nullptr);
+  std::vector<uint16_t> c(m * n, kPoison);
+  auto gemm_with_a_in = [&](const char* region, uint64_t offset, Error* e) {
+    hgemm_gemm_options_t* options = hgemm_gemm_options_create();
+    hgemm_gemm_options_set_a_region(options, region, offset);
+    hgemm_gemm(local_, options, m, n, k, nullptr, 0, b.data(), 2 * b.size(), c.data(),
+               2 * c.size(), nullptr, &e->code, &e->message);
+    hgemm_gemm_options_destroy(options);
+  };
+  {  // another client's region is not found (its handle names nothing of this client)
+    Error e;
+    gemm_with_a_in(hgemm_region_handle(theirs), 0, &e);
+    EXPECT_EQ(e.code, HGEMM_NOT_FOUND) << e.text();
+  }
+  {  // A's 128 bytes from offset 2 pass the region's end
+    Error e;
+    gemm_with_a_in(hgemm_region_handle(mine), 2, &e);
+    EXPECT_EQ(e.code, HGEMM_OUT_OF_RANGE) << e.text();
+  }
+  {  // C named in a region while a buffer is passed too: refused before sending
+    Error e;
+    hgemm_gemm_options_t* options = hgemm_gemm_options_create();
+    hgemm_gemm_options_set_c_region(options, hgemm_region_handle(mine), 0);
+    hgemm_gemm(local_, options, m, n, k, b.data(), 2 * b.size(), b.data(), 2 * b.size(),
+               c.data(), 2 * c.size(), nullptr, &e.code, &e.message);
+    EXPECT_EQ(e.code, HGEMM_INVALID_ARGUMENT) << e.text();
+    EXPECT_NE(e.text().find("c_region"), std::string::npos) << e.text();
+    // A in a region and passed as bytes too.
+    hgemm_gemm_options_set_c_region(options, "", 0);
+    hgemm_gemm_options_set_a_region(options, hgemm_region_handle(mine), 0);
+    hgemm_gemm(local_, options, m, n, k, b.data(), 2 * b.size(), b.data(), 2 * b.size(),
+               c.data(), 2 * c.size(), nullptr, &e.code, &e.message);
+    EXPECT_EQ(e.code, HGEMM_INVALID_ARGUMENT) << e.text();
+    EXPECT_NE(e.text().find("region"), std::string::npos) << e.text();
+    // The other GEMM calls take no regions.
+    hgemm_batch_t* batch = hgemm_batch_create();
+    EXPECT_EQ(hgemm_batch_add(batch, options, m, n, k, nullptr, 0, b.data(), 2 * b.size(),
+                              c.data(), 2 * c.size(), &e.code, &e.message),
+              SIZE_MAX);
+    EXPECT_EQ(e.code, HGEMM_INVALID_ARGUMENT) << e.text();
+    EXPECT_NE(e.text().find("only hgemm_gemm()"), std::string::npos) << e.text();
+    hgemm_batch_destroy(batch);
+    hgemm_gemm_options_destroy(options);
+  }
+  // A too-small C region: OUT_OF_RANGE, and nothing written (the region's bytes are its own).
+  hgemm_region_t* small_c = Region(local_, 2 * (m * n - 1), "small_c");
+  ASSERT_NE(small_c, nullptr);
+  uint16_t* small = static_cast<uint16_t*>(hgemm_region_data(small_c));
+  std::fill(small, small + m * n - 1, kPoison);
+  {
+    Error e;
+    hgemm_gemm_options_t* options = hgemm_gemm_options_create();
+    hgemm_gemm_options_set_c_region(options, hgemm_region_handle(small_c), 0);
+    hgemm_gemm(local_, options, m, n, k, b.data(), 2 * b.size(), b.data(), 2 * b.size(), nullptr,
+               0, nullptr, &e.code, &e.message);
+    hgemm_gemm_options_destroy(options);
+    EXPECT_EQ(e.code, HGEMM_OUT_OF_RANGE) << e.text();
+    EXPECT_EQ(std::vector<uint16_t>(small, small + m * n - 1),
+              std::vector<uint16_t>(m * n - 1, kPoison));
+  }
+  EXPECT_EQ(c, std::vector<uint16_t>(m * n, kPoison));
+  {  // zero bytes: refused here
+    Error e;
+    EXPECT_EQ(hgemm_region_create(local_, nullptr, 0, "", &e.code, &e.message), nullptr);
+    EXPECT_EQ(e.code, HGEMM_INVALID_ARGUMENT) << e.text();
+  }
+  {  // over TCP the server refuses regions (no Unix socket: not the same host)
+    Error e;
+    EXPECT_EQ(hgemm_region_create(client_, nullptr, 64, "tcp", &e.code, &e.message), nullptr);
+    EXPECT_NE(e.code, HGEMM_OK);
+    EXPECT_FALSE(e.text().empty());
+  }
+  Error e;
+  hgemm_unregister_region(other, nullptr, hgemm_region_handle(theirs), &e.code, &e.message);
+  EXPECT_EQ(e.code, HGEMM_OK) << e.text();
+  hgemm_region_destroy(theirs);
+  hgemm_client_destroy(other);
+  for (hgemm_region_t* r : {mine, small_c}) {
+    hgemm_unregister_region(local_, nullptr, hgemm_region_handle(r), &e.code, &e.message);
+    hgemm_region_destroy(r);
+  }
+}

@@ -253,11 +253,19 @@ class Calls:
                     refs[name] = pb.RegionRef(region=arena.handle, offset=at)
                 if plan.c_bytes:
                     refs["c"] = pb.RegionRef(region=arena.handle, offset=plan.offsets["c"])
-            response = yield from self._unary("Gemm", spec.unary_request(refs), timeout,
-                                              idempotent=not spec.keep_c)
-            if "c" not in refs:
-                return with_out(unary_result(self.client, spec, response, details, as_torch,
-                                             started), out)
+            if self._native_regions() and not spec.keep_c:
+                c, info = yield from self._on_native(self.native.gemm_in_regions,
+                                                     (spec, refs, None if "c" in refs else out),
+                                                     timeout, idempotent=True, nbytes=0)
+                if "c" not in refs:
+                    return native_result(spec, c, info, details, as_torch, started, out)
+                response = None
+            else:
+                response = yield from self._unary("Gemm", spec.unary_request(refs), timeout,
+                                                  idempotent=not spec.keep_c)
+                if "c" not in refs:
+                    return with_out(unary_result(self.client, spec, response, details,
+                                                 as_torch, started), out)
             if c_in_out is not None:
                 c = out
             else:  # out of the arena, which the next GEMM reuses
@@ -268,6 +276,8 @@ class Calls:
                 else:
                     np.copyto(out, c)
                     c = out
+            if response is None:  # the native core's: C as it is
+                return native_result(spec, c, info, details, as_torch, started, c)
             return region_result(spec, response, c, details, started)
         finally:
             if arena is not None:
@@ -282,35 +292,50 @@ class Calls:
             yield from self._unregister_quietly(region, timeout)
         if arena is not None:
             return arena
-        arena = _shm.Region(self.shm.new_arena_bytes(nbytes), "hgemm_arena")
         try:
-            yield from self._register(arena, timeout)
+            arena = yield from self._new_region(self.shm.new_arena_bytes(nbytes), "hgemm_arena",
+                                                timeout)
         except (_errors.PermissionDenied, _errors.FailedPrecondition,
                 _errors.Unimplemented) as e:
-            arena.close()
             self.shm.arena_refused = e
             return None
         except _errors.ResourceExhausted:
-            arena.close()
             return None
-        except BaseException:
-            arena.close()
-            raise
         self.shm.add_arena(arena)
         return arena
 
-    def _register(self, region: _shm.Region, timeout):
-        info = yield from self._unary("RegisterRegion", pb.RegisterRegionRequest(
-            path=region.path, byte_size=region.nbytes, label=region.label), timeout,
-            idempotent=False)
-        region.handle = info.region
+    def _native_regions(self) -> bool:
+        """Whether regions and GEMMs naming them go through the native core (the sync client's;
+        the asyncio client's go through grpcio)."""
+        return self.native is not None and self.blocking
 
-    def _unregister_quietly(self, region: _shm.Region, timeout):
+    def _new_region(self, nbytes: int, label: str, timeout):
+        """A registered region of nbytes: made and registered by the native core, else a memfd
+        made here and registered by a RegisterRegion call."""
+        if self._native_regions():
+            return (yield from self._on_native(self.native.region_create, (nbytes, label),
+                                               timeout, idempotent=False, nbytes=0))
+        region = _shm.Region(nbytes, label)
+        try:
+            info = yield from self._unary("RegisterRegion", pb.RegisterRegionRequest(
+                path=region.path, byte_size=region.nbytes, label=region.label), timeout,
+                idempotent=False)
+        except BaseException:
+            region.close()
+            raise
+        region.handle = info.region
+        return region
+
+    def _unregister_quietly(self, region, timeout):
         """Unregisters and closes a region; a failure leaves it to the server's --region_ttl_s."""
         try:
-            yield from self._unary("UnregisterRegion",
-                                   pb.UnregisterRegionRequest(region=region.handle), timeout,
-                                   idempotent=True)
+            if self._native_regions():
+                yield from self._on_native(self.native.unregister_region, (region.handle,),
+                                           timeout, idempotent=True, nbytes=0)
+            else:
+                yield from self._unary("UnregisterRegion",
+                                       pb.UnregisterRegionRequest(region=region.handle), timeout,
+                                       idempotent=True)
         except _errors.Error:
             pass
         finally:
@@ -339,13 +364,8 @@ class Calls:
         shape = (int(shape),) if np.isscalar(shape) else tuple(int(d) for d in shape)
         if not shape or min(shape) < 1:
             raise ValueError(f"a shared buffer of shape {shape} would be empty")
-        region = _shm.Region(int(np.prod(shape, dtype=np.int64)) * dtype.itemsize,
-                             label or "hgemm_buffer")
-        try:
-            yield from self._register(region, timeout)
-        except BaseException:
-            region.close()
-            raise
+        region = yield from self._new_region(int(np.prod(shape, dtype=np.int64)) * dtype.itemsize,
+                                             label or "hgemm_buffer", timeout)
         self.shm.add_buffer(region)
         return region.bytes.view(dtype).reshape(shape)
 
@@ -412,6 +432,9 @@ class Calls:
 
     def regions(self, *, timeout: Optional[float] = None) -> pb.ListRegionsResponse:
         """ListRegions: this client's registered regions (.regions, .client_bytes, quotas)."""
+        if self._native_regions():
+            return (yield from self._on_native(self.native.regions, (), timeout,
+                                               idempotent=True, nbytes=0))
         return (yield from self._unary("ListRegions", pb.ListRegionsRequest(), timeout,
                                        idempotent=True))
 

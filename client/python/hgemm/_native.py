@@ -28,15 +28,16 @@ from typing import Dict, Optional, Sequence
 import grpc
 import numpy as np
 
-from . import _errors
+from . import _errors, _shm
 from ._proto import hgemm_pb2 as pb
 from ._resident import handle_replica
 
 LIBRARY_NAME = "libhgemm_client.so"
 ABI_VERSION = 1  # HGEMM_ABI_VERSION of the client/c/hgemm.h this module binds
 # The HGEMM_ABI_REVISION whose functions it calls (2: batches, transposes, types; 3: typed
-# uploads, downloads, listings, keep_c, alpha/beta/C_in/batch; 4: parallel_min_bytes).
-ABI_REVISION = 4
+# uploads, downloads, listings, keep_c, alpha/beta/C_in/batch; 4: parallel_min_bytes; 5: shared
+# memory regions).
+ABI_REVISION = 5
 MODE_AUTO, MODE_UNARY, MODE_STREAM = 0, 1, 2
 # HGEMM_DTYPE_* (proto DataType's values) of a Spec's dtype names.
 _DTYPES = {"fp16": pb.DATA_TYPE_FP16, "bf16": pb.DATA_TYPE_BF16, "fp32": pb.DATA_TYPE_FP32}
@@ -69,6 +70,15 @@ class MatrixInfo(ctypes.Structure):
     """hgemm_matrix_info_t."""
     _fields_ = [("rows", ctypes.c_uint32), ("cols", ctypes.c_uint32), ("bytes", ctypes.c_uint64),
                 ("device_id", ctypes.c_int), ("ttl_seconds", ctypes.c_double)]
+
+
+class RegionInfo(ctypes.Structure):
+    """hgemm_region_info_t."""
+    _fields_ = [("region", ctypes.c_char * 64), ("byte_size", ctypes.c_uint64),
+                ("label", ctypes.c_char * 136), ("age_seconds", ctypes.c_double),
+                ("idle_seconds", ctypes.c_double), ("ttl_seconds", ctypes.c_double),
+                ("in_use", ctypes.c_uint32), ("dma", ctypes.c_ubyte), ("cuda_ipc", ctypes.c_ubyte),
+                ("device_id", ctypes.c_uint32)]
 
 
 # hgemm_gemm_done_fn: (user_data, code, message, info).
@@ -168,7 +178,7 @@ NATIVE_FEATURES = {
     "release": "native",
     "matrices": "native",
     "stream": "native",              # Client.stream(): a persistent GemmStream
-    "shared_memory": "grpcio",       # shared_buffer(), regions(), GEMMs naming regions
+    "shared_memory": "native",       # shared_buffer(), regions(), GEMMs naming regions
     "info": "grpcio",
     "kernels": "grpcio",
     "aio.gemm": "native",            # but keep_c: grpcio
@@ -306,6 +316,23 @@ def _declare(lib):
         "hgemm_stream_close": (None, (p,)),
         "hgemm_stream_cancel": (None, (p,)),
         "hgemm_stream_destroy": (None, (p,)),
+        "hgemm_gemm_options_set_a_region": (None, (p, cstr, ctypes.c_uint64)),
+        "hgemm_gemm_options_set_b_region": (None, (p, cstr, ctypes.c_uint64)),
+        "hgemm_gemm_options_set_c_in_region": (None, (p, cstr, ctypes.c_uint64)),
+        "hgemm_gemm_options_set_c_region": (None, (p, cstr, ctypes.c_uint64)),
+        "hgemm_region_create": (p, (p, p, size, cstr) + err),
+        "hgemm_region_handle": (cstr, (p,)),
+        "hgemm_region_data": (p, (p,)),
+        "hgemm_region_bytes": (size, (p,)),
+        "hgemm_region_destroy": (None, (p,)),
+        "hgemm_unregister_region": (None, (p, p, cstr) + err),
+        "hgemm_list_regions": (p, (p, p) + err),
+        "hgemm_region_list_destroy": (None, (p,)),
+        "hgemm_region_list_size": (size, (p,)),
+        "hgemm_region_list_client_bytes": (ctypes.c_uint64, (p,)),
+        "hgemm_region_list_quota_bytes": (ctypes.c_uint64, (p,)),
+        "hgemm_region_list_quota_regions": (ctypes.c_uint32, (p,)),
+        "hgemm_region_list_info": (None, (p, size, ctypes.POINTER(RegionInfo))),
     }
     for name, (restype, argtypes) in signatures.items():
         fn = getattr(lib, name)
@@ -441,6 +468,76 @@ class NativeClient:
         finally:
             self._lib.hgemm_gemm_options_destroy(options)
 
+    def gemm_in_regions(self, spec, refs: dict, out: Optional[np.ndarray],
+                        timeout: Optional[float]):
+        """(C or None, GemmInfo) of a Spec whose parts named in refs ({"a" / "b" / "c":
+        RegionRef}) are in shared memory, as one Gemm call: C written into its region when
+        refs has "c" (None returned), else as gemm() returns it. REQUIRES: not spec.keep_c."""
+        options = self._gemm_options(spec, MODE_UNARY, timeout)
+        try:
+            lib = self._lib
+            for name, setter in (("a", lib.hgemm_gemm_options_set_a_region),
+                                 ("b", lib.hgemm_gemm_options_set_b_region),
+                                 ("c", lib.hgemm_gemm_options_set_c_region)):
+                if name in refs:
+                    setter(options, refs[name].region.encode(), refs[name].offset)
+            a = (None, 0) if "a" in refs else _operand(spec.a)
+            b = (None, 0) if "b" in refs else _operand(spec.b)
+            buffer = (None if "c" in refs else
+                      np.empty(spec.c_bytes, dtype=np.uint8) if out is None else out)
+            info = GemmInfo()
+            self._checked(lib.hgemm_gemm, self._client, options, spec.m, spec.n, spec.k, *a, *b,
+                          None if buffer is None else buffer.ctypes.data,
+                          0 if buffer is None else buffer.nbytes, ctypes.byref(info))
+            if buffer is None:
+                return None, info
+            return (out if out is not None else spec.c_array(buffer)), info
+        finally:
+            self._lib.hgemm_gemm_options_destroy(options)
+
+    def region_create(self, nbytes: int, label: str, timeout: Optional[float]) -> "NativeRegion":
+        """A zero-filled region of nbytes made by the core (a sealed memfd) and registered."""
+        options = self._call_options(timeout)
+        try:
+            region = self._checked(self._lib.hgemm_region_create, self._client, options, nbytes,
+                                   label.encode())
+        finally:
+            self._lib.hgemm_call_options_destroy(options)
+        return NativeRegion(self._lib, region, label)
+
+    def unregister_region(self, handle: str, timeout: Optional[float]) -> None:
+        options = self._call_options(timeout)
+        try:
+            self._checked(self._lib.hgemm_unregister_region, self._client, options,
+                          handle.encode())
+        finally:
+            self._lib.hgemm_call_options_destroy(options)
+
+    def regions(self, timeout: Optional[float]) -> pb.ListRegionsResponse:
+        """ListRegions, as the server's response."""
+        options = self._call_options(timeout)
+        try:
+            listed = self._checked(self._lib.hgemm_list_regions, self._client, options)
+        finally:
+            self._lib.hgemm_call_options_destroy(options)
+        lib = self._lib
+        try:
+            response = pb.ListRegionsResponse(
+                client_bytes=lib.hgemm_region_list_client_bytes(listed),
+                quota_bytes=lib.hgemm_region_list_quota_bytes(listed),
+                quota_regions=lib.hgemm_region_list_quota_regions(listed))
+            for i in range(lib.hgemm_region_list_size(listed)):
+                r = RegionInfo()
+                lib.hgemm_region_list_info(listed, i, ctypes.byref(r))
+                response.regions.add(
+                    region=r.region.decode(), byte_size=r.byte_size, label=r.label.decode(),
+                    age_seconds=r.age_seconds, idle_seconds=r.idle_seconds,
+                    ttl_seconds=r.ttl_seconds, in_use=r.in_use, dma=bool(r.dma),
+                    cuda_ipc=bool(r.cuda_ipc), device_id=r.device_id)
+            return response
+        finally:
+            lib.hgemm_region_list_destroy(listed)
+
     def gemm_start(self, spec, streamed: Optional[bool], out: Optional[np.ndarray],
                    timeout: Optional[float], on_done) -> "NativeCall":
         """gemm() without waiting: returns at once, and on_done((C, GemmInfo), None) or
@@ -561,6 +658,30 @@ class NativeClient:
             return self._checked(self._lib.hgemm_release, self._client, options, handle.encode())
         finally:
             self._lib.hgemm_call_options_destroy(options)
+
+
+class _RegionMemory:
+    """An hgemm_region_t's memory as numpy sees it (__array_interface__): the arrays over it
+    keep this alive, and the last one gone frees the region here (hgemm_region_destroy), so
+    that no array outlives the mapping."""
+
+    def __init__(self, lib, region):
+        self._lib, self._region = lib, region
+        self.__array_interface__ = {
+            "shape": (lib.hgemm_region_bytes(region),), "typestr": "|u1", "version": 3,
+            "data": (lib.hgemm_region_data(region), False)}
+
+    def __del__(self):
+        self._lib.hgemm_region_destroy(self._region)
+
+
+class NativeRegion(_shm.MappedRegion):
+    """A region the native core made and registered (hgemm_region_t): its memory stays mapped
+    as long as arrays over it live, unregistered or not."""
+
+    def __init__(self, lib, region, label: str):
+        memory = _RegionMemory(lib, region)  # owns the region from here
+        super().__init__(np.asarray(memory), label, lib.hgemm_region_handle(region).decode())
 
 
 class NativeCall:
