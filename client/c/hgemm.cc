@@ -4,6 +4,7 @@
 #include "client/c/hgemm.h"
 
 #include <fmt/format.h>
+#include <google/protobuf/util/json_util.h>
 
 #include <algorithm>
 #include <condition_variable>
@@ -386,6 +387,20 @@ grpc::Status Retried(const hgemm_client_t* client, const hgemm::CallOptions& cal
                             });
 }
 
+// `message` as the header's JSON (hgemm_server_info_json), malloc()ed; INTERNAL if protobuf
+// cannot print it.
+char* JsonOf(const google::protobuf::Message& message, int* code, char** errptr) {
+  google::protobuf::util::JsonPrintOptions options;
+  options.preserve_proto_field_names = true;
+  std::string json;
+  const auto printed = google::protobuf::util::MessageToJsonString(message, &json, options);
+  if (!printed.ok()) {
+    Fail(grpc::StatusCode::INTERNAL, "printing JSON: " + printed.ToString(), code, errptr);
+    return nullptr;
+  }
+  return CopyString(json);
+}
+
 }  // namespace
 
 extern "C" {
@@ -641,6 +656,61 @@ void hgemm_gemm(hgemm_client_t* client, const hgemm_gemm_options_t* options, uin
       return;
     }
     if (info != nullptr) FillInfo(response, streamed, info);
+  } catch (...) {
+    SaveException(code, errptr);
+  }
+}
+
+void hgemm_gemm_grouped(hgemm_client_t* client, const hgemm_gemm_options_t* options,
+                        const hgemm_group_problem_t* problems, size_t count,
+                        hgemm_gemm_info_t* info, int* code, char** errptr) {
+  try {
+    const hgemm_gemm_options_t defaults;
+    if (options == nullptr) options = &defaults;
+    const hgemm_gemm_options_t& o = *options;
+    if (!o.a_handle.empty() || !o.b_handle.empty() || !o.c_in_handle.empty() ||
+        !o.a_region.region().empty() || !o.b_region.region().empty() ||
+        !o.c_in_region.region().empty() || !o.c_region.region().empty() ||
+        o.c_in != nullptr || o.batch > 1 || o.mode == HGEMM_MODE_STREAM) {
+      Fail(grpc::StatusCode::INVALID_ARGUMENT,
+           "options: a grouped GEMM takes no handles, regions, C_in (pass each problem's), "
+           "batch or stream mode",
+           code, errptr);
+      return;
+    }
+    // The form: types, layout, scales and options (no operands; CheckSizes checks the types).
+    hgemm_gemm_options_t problem_options = o;
+    std::vector<hgemm::GroupedOperands> operands(count);
+    for (size_t i = 0; i < count; ++i) {
+      const hgemm_group_problem_t& p = problems[i];
+      problem_options.c_in = p.c_in;
+      problem_options.c_in_bytes = p.c_in_bytes;
+      const grpc::Status checked = CheckSizes(problem_options, p.m, p.n, p.k, p.a, p.a_bytes, p.b,
+                                              p.b_bytes, p.c == nullptr ? 0 : p.c_capacity);
+      if (!checked.ok()) {
+        Fail(checked.error_code(), fmt::format("problems[{}].{}", i, checked.error_message()),
+             code, errptr);
+        return;
+      }
+      operands[i] = {p.m, p.n, p.k, {static_cast<const char*>(p.a), p.a_bytes},
+                     {static_cast<const char*>(p.b), p.b_bytes},
+                     {static_cast<const char*>(p.c_in), p.c_in == nullptr ? 0 : p.c_in_bytes}};
+    }
+    hgemm::v1::GemmRequest form;
+    BuildRequest(o, 0, 0, 0, nullptr, 0, nullptr, 0, &form);
+    std::vector<std::string> c;
+    hgemm::v1::GemmResponse response;
+    if (SaveStatus(Retried(client, CallOptionsOf(client, o.timeout_ms, ""), /*idempotent=*/true,
+                           [&](const hgemm::CallOptions& call) {
+                             return client->client.GemmGrouped(form, operands, &c, &response,
+                                                               call);
+                           }),
+                   code, errptr)) {
+      return;
+    }
+    // GemmGrouped checked each C's size against its problem, and CheckSizes each capacity.
+    for (size_t i = 0; i < count; ++i) std::memcpy(problems[i].c, c[i].data(), c[i].size());
+    if (info != nullptr) FillInfo(response, false, info);
   } catch (...) {
     SaveException(code, errptr);
   }
@@ -1298,3 +1368,39 @@ uint64_t hgemm_server_info_max_elements_per_matrix(const hgemm_server_info_t* in
 }
 
 }  // extern "C"
+
+char* hgemm_server_info_json(hgemm_client_t* client, const hgemm_call_options_t* options,
+                             int* code, char** errptr) {
+  try {
+    hgemm::v1::ServerInfo info;
+    if (SaveStatus(Retried(client, CallOptionsOf(client, options), true,
+                           [&](const hgemm::CallOptions& call) {
+                             return client->client.GetServerInfo(&info, call);
+                           }),
+                   code, errptr)) {
+      return nullptr;
+    }
+    return JsonOf(info, code, errptr);
+  } catch (...) {
+    SaveException(code, errptr);
+  }
+  return nullptr;
+}
+
+char* hgemm_list_kernels_json(hgemm_client_t* client, const hgemm_call_options_t* options,
+                              int* code, char** errptr) {
+  try {
+    hgemm::v1::ListKernelsResponse kernels;
+    if (SaveStatus(Retried(client, CallOptionsOf(client, options), true,
+                           [&](const hgemm::CallOptions& call) {
+                             return client->client.ListKernels(&kernels, call);
+                           }),
+                   code, errptr)) {
+      return nullptr;
+    }
+    return JsonOf(kernels, code, errptr);
+  } catch (...) {
+    SaveException(code, errptr);
+  }
+  return nullptr;
+}

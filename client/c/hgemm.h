@@ -280,6 +280,22 @@ HGEMM_EXPORT void hgemm_gemm_options_set_c_in_handle(hgemm_gemm_options_t* optio
  * batch <= 1 (the server's INVALID_ARGUMENT). */
 HGEMM_EXPORT void hgemm_gemm_options_set_batch(hgemm_gemm_options_t* options, uint32_t batch);
 
+/* [revision 5] One problem of a grouped GEMM (hgemm_gemm_grouped): its sizes, A (2·m·k bytes),
+ * B (2·k·n), C_in (m·n of C's type; read only when beta != 0, else NULL and 0) and the buffer
+ * its C is written into (c_capacity bytes, at least m·n of C's type). Every buffer stays the
+ * caller's. */
+typedef struct hgemm_group_problem_t {
+  uint32_t m, n, k;
+  const void* a;
+  size_t a_bytes;
+  const void* b;
+  size_t b_bytes;
+  const void* c_in;
+  size_t c_in_bytes;
+  void* c;
+  size_t c_capacity;
+} hgemm_group_problem_t;
+
 /* [revision 5] Operands and C in shared memory (same host: a "unix:" target, the server
  * started with --allow_shared_memory; see hgemm_region_create()): {region, offset} of the
  * bytes A, B, C_in or C would hold, `region` the server's handle (hgemm_region_handle(), or
@@ -378,6 +394,19 @@ HGEMM_EXPORT void hgemm_gemm_many(hgemm_client_t* client, hgemm_batch_t* batch,
 HGEMM_EXPORT unsigned char hgemm_batch_result(const hgemm_batch_t* batch, size_t i,
                                               hgemm_gemm_info_t* info, int* code,
                                               char** errptr);
+
+/* [revision 5] A grouped GEMM (proto GemmRequest.group) in one unary Gemm call: `count`
+ * problems of their own sizes (problems[i]) and one form for all, the options' (transposes,
+ * dtype, c_dtype, alpha, beta, kernel, accumulation, request_id, timeout; options may be NULL).
+ * On HGEMM_OK problem i's C is in problems[i].c; info (may be NULL): the call's timing and
+ * execution. Errors before sending (nothing written): INVALID_ARGUMENT for count 0, options
+ * naming handles, regions, a C_in, a batch or a mode other than HGEMM_MODE_AUTO and
+ * HGEMM_MODE_UNARY, and a problem's operand or C buffer of the wrong size (naming
+ * "problems[i]."); else the server's status (INVALID_ARGUMENT from a server without groups, or
+ * past its max_group_problems). Retried as hgemm_gemm() (idempotent). */
+HGEMM_EXPORT void hgemm_gemm_grouped(hgemm_client_t* client, const hgemm_gemm_options_t* options,
+                                     const hgemm_group_problem_t* problems, size_t count,
+                                     hgemm_gemm_info_t* info, int* code, char** errptr);
 
 /* [revision 2] GEMMs that do not block: hgemm_gemm_async() starts one and returns; `done` is
  * called once it is over, on a thread of the library (no thread is made per call).
@@ -617,6 +646,20 @@ HGEMM_EXPORT uint64_t hgemm_server_info_device_memory_bytes(const hgemm_server_i
 /* Limits: the largest message the server accepts, and the elements of one matrix. */
 HGEMM_EXPORT uint64_t hgemm_server_info_max_message_bytes(const hgemm_server_info_t* info);
 HGEMM_EXPORT uint64_t hgemm_server_info_max_elements_per_matrix(const hgemm_server_info_t* info);
+
+/* [revision 5] GetServerInfo and ListKernels as JSON: the proto3 JSON mapping of proto/
+ * hgemm.proto's ServerInfo and ListKernelsResponse, field names as in the proto (snake_case),
+ * fields at their default value left out, 64-bit integers as strings and enums by name (as
+ * protobuf's JsonPrintOptions with preserve_proto_field_names). New proto fields appear as new
+ * keys: a reader ignores keys it does not know. Of the replica the call reaches (the options'
+ * replica, else balanced; options may be NULL). Returns the JSON (malloc()ed, NUL-terminated;
+ * hgemm_free()), NULL on failure (the server's status). Retried as hgemm_server_info(). */
+HGEMM_EXPORT char* hgemm_server_info_json(hgemm_client_t* client,
+                                          const hgemm_call_options_t* options, int* code,
+                                          char** errptr);
+HGEMM_EXPORT char* hgemm_list_kernels_json(hgemm_client_t* client,
+                                           const hgemm_call_options_t* options, int* code,
+                                           char** errptr);
 
 #ifdef __cplusplus
 } /* extern "C" */

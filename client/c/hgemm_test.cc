@@ -1537,3 +1537,38 @@ TEST_F(HgemmCRegions, ForeignRegionsOffsetsPastTheEndAndMisuseAreClearErrors) {
     hgemm_region_destroy(r);
   }
 }
+
+TEST_F(HgemmC, ServerInfoAndKernelsAsJson) {
+  Error e;
+  char* info = hgemm_server_info_json(client_, nullptr, &e.code, &e.message);
+  ASSERT_NE(info, nullptr) << e.text();
+  const std::string info_json = info;
+  hgemm_free(info);
+  EXPECT_EQ(info_json.front(), '{');
+  EXPECT_NE(info_json.find("\"backend\":\"cpu\""), std::string::npos) << info_json;
+  // 64-bit integers as strings, proto field names.
+  EXPECT_NE(info_json.find("\"max_message_bytes\":\""), std::string::npos) << info_json;
+  char* kernels = hgemm_list_kernels_json(client_, nullptr, &e.code, &e.message);
+  ASSERT_NE(kernels, nullptr) << e.text();
+  const std::string kernels_json = kernels;
+  hgemm_free(kernels);
+  EXPECT_EQ(kernels_json.rfind("{\"kernels\":[{\"name\":", 0), 0u) << kernels_json;
+  EXPECT_NE(kernels_json.find("\"accumulations\":[\"ACCUMULATION_"), std::string::npos)
+      << kernels_json;
+}
+
+TEST(HgemmCAbi, JsonOfAnUnreachableServerIsUnavailable) {
+  const std::string target = "127.0.0.1:" + std::to_string(hgemm::subprocess::FreePort());
+  hgemm_client_options_t* options = hgemm_client_options_create();
+  hgemm_client_options_set_retry_policy(options, 1, 0, 0, 1.0);
+  hgemm_client_options_set_timeout_ms(options, 2000);
+  Error e;
+  hgemm_client_t* client = hgemm_client_create(target.c_str(), options, &e.code, &e.message);
+  hgemm_client_options_destroy(options);
+  ASSERT_NE(client, nullptr) << e.text();
+  EXPECT_EQ(hgemm_server_info_json(client, nullptr, &e.code, &e.message), nullptr);
+  EXPECT_EQ(e.code, HGEMM_UNAVAILABLE) << e.text();
+  EXPECT_EQ(hgemm_list_kernels_json(client, nullptr, &e.code, &e.message), nullptr);
+  EXPECT_EQ(e.code, HGEMM_UNAVAILABLE) << e.text();
+  hgemm_client_destroy(client);
+}

@@ -682,10 +682,18 @@ class Calls:
              timeout: Optional[float] = None) -> pb.ServerInfo:
         """GetServerInfo: version, backend, devices, limits, load, replica (a
         hgemm_pb2.ServerInfo), of `replica` if given, else of the replica the call reaches."""
+        if self.native is not None and self.blocking:
+            return (yield from self._on_native(self.native.server_info, (replica or "",),
+                                               timeout, idempotent=True, nbytes=0))
         return (yield from self._unary("GetServerInfo", pb.GetServerInfoRequest(), timeout,
                                        idempotent=True, replica=replica or ""))
 
     def kernels(self, *, timeout: Optional[float] = None) -> List[Kernel]:
         """ListKernels: the kernel names for kernel=, with their accumulations."""
-        return kernels_from_proto((yield from self._unary("ListKernels", pb.ListKernelsRequest(),
-                                                          timeout, idempotent=True)))
+        if self.native is not None and self.blocking:
+            response = yield from self._on_native(self.native.kernels, (), timeout,
+                                                  idempotent=True, nbytes=0)
+        else:
+            response = yield from self._unary("ListKernels", pb.ListKernelsRequest(), timeout,
+                                              idempotent=True)
+        return kernels_from_proto(response)

@@ -27,6 +27,7 @@ from typing import Dict, Optional, Sequence
 
 import grpc
 import numpy as np
+from google.protobuf import json_format
 
 from . import _errors, _shm
 from ._proto import hgemm_pb2 as pb
@@ -179,8 +180,8 @@ NATIVE_FEATURES = {
     "matrices": "native",
     "stream": "native",              # Client.stream(): a persistent GemmStream
     "shared_memory": "native",       # shared_buffer(), regions(), GEMMs naming regions
-    "info": "grpcio",
-    "kernels": "grpcio",
+    "info": "native",
+    "kernels": "native",
     "aio.gemm": "native",            # but keep_c: grpcio
     "aio.stream": "native",
     "aio.other": "grpcio",           # the aio client's other calls
@@ -333,6 +334,8 @@ def _declare(lib):
         "hgemm_region_list_quota_bytes": (ctypes.c_uint64, (p,)),
         "hgemm_region_list_quota_regions": (ctypes.c_uint32, (p,)),
         "hgemm_region_list_info": (None, (p, size, ctypes.POINTER(RegionInfo))),
+        "hgemm_server_info_json": (p, (p, p) + err),
+        "hgemm_list_kernels_json": (p, (p, p) + err),
     }
     for name, (restype, argtypes) in signatures.items():
         fn = getattr(lib, name)
@@ -650,6 +653,29 @@ class NativeClient:
             return response
         finally:
             lib.hgemm_matrix_list_destroy(listed)
+
+    def server_info(self, replica: str, timeout: Optional[float]) -> pb.ServerInfo:
+        """GetServerInfo of `replica` ("": balanced)."""
+        return self._json_call(self._lib.hgemm_server_info_json, pb.ServerInfo(), replica,
+                               timeout)
+
+    def kernels(self, timeout: Optional[float]) -> pb.ListKernelsResponse:
+        return self._json_call(self._lib.hgemm_list_kernels_json, pb.ListKernelsResponse(), "",
+                               timeout)
+
+    def _json_call(self, fn, message, replica: str, timeout: Optional[float]):
+        """`message` filled from the JSON fn returns (C ABI revision 5; keys of fields newer
+        than this module's proto are ignored)."""
+        options = self._call_options(timeout, replica)
+        try:
+            text = self._checked(fn, self._client, options)
+        finally:
+            self._lib.hgemm_call_options_destroy(options)
+        try:
+            return json_format.Parse(ctypes.string_at(text).decode(), message,
+                                     ignore_unknown_fields=True)
+        finally:
+            self._lib.hgemm_free(text)
 
     def release(self, handle: str, timeout: Optional[float]) -> int:
         """The bytes the server freed."""
