@@ -23,6 +23,7 @@
 
 #include "proto/numerics/cpu_gemm.h"
 #include "proto/numerics/error_stats.h"
+#include "proto/numerics/fp16.h"
 #include "server/testing/child_process.h"
 
 namespace {
@@ -1571,4 +1572,64 @@ TEST(HgemmCAbi, JsonOfAnUnreachableServerIsUnavailable) {
   EXPECT_EQ(hgemm_list_kernels_json(client, nullptr, &e.code, &e.message), nullptr);
   EXPECT_EQ(e.code, HGEMM_UNAVAILABLE) << e.text();
   hgemm_client_destroy(client);
+}
+
+TEST_F(HgemmC, GroupedGemmWritesEachProblemsCAndRefusesBadBuffers) {
+  const std::vector<std::tuple<uint32_t, uint32_t, uint32_t>> shapes = {
+      {33, 17, 40}, {8, 64, 16}, {70, 5, 33}};
+  std::mt19937_64 rng(50);
+  std::vector<std::vector<uint16_t>> a, b, c_in, c;
+  for (auto [m, n, k] : shapes) {
+    a.push_back(hgemm::RandomHalfMatrix(int64_t{m} * k, rng));
+    b.push_back(hgemm::RandomHalfMatrix(int64_t{k} * n, rng));
+    c_in.push_back(hgemm::RandomHalfMatrix(int64_t{m} * n, rng));
+    c.emplace_back(size_t{m} * n + 8, kPoison);  // a guard after each C
+  }
+  std::vector<hgemm_group_problem_t> problems;
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    auto [m, n, k] = shapes[i];
+    problems.push_back({m, n, k, a[i].data(), 2 * a[i].size(), b[i].data(), 2 * b[i].size(),
+                        c_in[i].data(), 2 * c_in[i].size(), c[i].data(), 2 * size_t{m} * n});
+  }
+  // C = 0.5·A·B + 2·C_in
+  hgemm_gemm_options_t* options = hgemm_gemm_options_create();
+  hgemm_gemm_options_set_alpha(options, 0.5f);
+  hgemm_gemm_options_set_beta(options, 2.0f);
+  hgemm_gemm_info_t info;
+  Error e;
+  hgemm_gemm_grouped(client_, options, problems.data(), problems.size(), &info, &e.code,
+                     &e.message);
+  ASSERT_EQ(e.code, HGEMM_OK) << e.text();
+  EXPECT_STREQ(info.backend, "cpu");
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    auto [m, n, k] = shapes[i];
+    std::vector<float> reference = hgemm::ReferenceGemm(a[i].data(), b[i].data(), m, n, k);
+    for (size_t j = 0; j < reference.size(); ++j) {
+      reference[j] = 0.5f * reference[j] + 2.0f * hgemm::HalfToFloat(c_in[i][j]);
+    }
+    EXPECT_LT(hgemm::RelativeFrobeniusError(c[i].data(), reference.data(), m * n),
+              hgemm::kServiceTolerance.fp32_acc)
+        << "problem " << i;
+    EXPECT_EQ(std::vector<uint16_t>(c[i].end() - 8, c[i].end()), std::vector<uint16_t>(8, kPoison));
+  }
+  // Problem 1's C buffer one element short: refused, nothing written anywhere.
+  for (auto& buffer : c) std::fill(buffer.begin(), buffer.end(), kPoison);
+  problems[1].c_capacity -= 2;
+  hgemm_gemm_grouped(client_, options, problems.data(), problems.size(), nullptr, &e.code,
+                     &e.message);
+  EXPECT_EQ(e.code, HGEMM_INVALID_ARGUMENT);
+  EXPECT_EQ(e.text().rfind("problems[1].c_capacity is 1022 bytes", 0), 0u) << e.text();
+  for (const auto& buffer : c) EXPECT_EQ(buffer, std::vector<uint16_t>(buffer.size(), kPoison));
+  problems[1].c_capacity += 2;
+  // Options naming a handle, and an empty group.
+  hgemm_gemm_options_set_a_handle(options, "m-0");
+  hgemm_gemm_grouped(client_, options, problems.data(), problems.size(), nullptr, &e.code,
+                     &e.message);
+  EXPECT_EQ(e.code, HGEMM_INVALID_ARGUMENT);
+  EXPECT_NE(e.text().find("handles"), std::string::npos) << e.text();
+  hgemm_gemm_options_set_a_handle(options, "");
+  hgemm_gemm_grouped(client_, options, problems.data(), 0, nullptr, &e.code, &e.message);
+  EXPECT_EQ(e.code, HGEMM_INVALID_ARGUMENT);
+  EXPECT_NE(e.text().find("problems"), std::string::npos) << e.text();
+  hgemm_gemm_options_destroy(options);
 }

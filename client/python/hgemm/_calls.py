@@ -474,13 +474,20 @@ class Calls:
         C type, scale and kernel for all. Operands as gemm takes them (arrays or tensors, not
         ResidentMatrix; transposed views, transpose_a/b and dtype as gemm's); c: one C_in per
         pair, only with beta ≠ 0. Returns the list of C[i] (as gemm returns C; a GemmResult
-        whose c is that list with details=True). One unary Gemm through grpcio on either core
-        (the C ABI has no groups), so the operands must fit the server's message limit; a
-        server without groups (ListKernels: Kernel.grouped) raises InvalidArgument."""
+        whose c is that list with details=True). One unary Gemm (hgemm_gemm_grouped on the
+        native core), so the operands must fit the server's message limit; a server without
+        groups (ListKernels: Kernel.grouped) raises InvalidArgument."""
         started = time.monotonic()
         group = GroupSpec(pairs, c=c, accumulation=accumulation, kernel=kernel,
                           request_id=request_id, c_dtype=c_dtype, alpha=alpha, beta=beta,
                           dtype=dtype, transpose_a=transpose_a, transpose_b=transpose_b)
+        if self.native is not None and self.blocking:
+            cs, info = yield from self._on_native(self.native.gemm_grouped, (group,), timeout,
+                                                  idempotent=True,
+                                                  nbytes=sum(s.payload_bytes + s.c_bytes
+                                                             for s in group.specs))
+            cs = [c_output(spec, c, as_torch) for spec, c in zip(group.specs, cs)]
+            return native_result(group.specs[0], cs, info, details, as_torch, started, cs)
         response = yield from self._unary("Gemm", group.unary_request(), timeout,
                                           idempotent=True)
         return group_result(group, response, details, as_torch, started)

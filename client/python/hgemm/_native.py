@@ -10,10 +10,11 @@ Which core: $HGEMM_TRANSPORT "native" (the library must load: OSError otherwise)
 "auto" / unset (native when the library loads). The library is $HGEMM_NATIVE_LIB, else
 libhgemm_client.so beside this file (pip install copies it there). hgemm.info() says which.
 The sync Client's GEMMs (any layout and types: transposed views go as stored, by pointer; alpha,
-beta, C inputs, batches, keep_c), gemm_many, uploads, downloads (into one buffer), listings and
-releases go through it, and so do both clients' stream()s (hgemm_stream_t) and the aio client's
+beta, C inputs, batches, keep_c, groups, operands and C in shared-memory regions the library
+makes), gemm_many, uploads, downloads (into one buffer), listings, releases, regions, info and
+kernels go through it, and so do both clients' stream()s (hgemm_stream_t) and the aio client's
 GEMMs (hgemm_gemm_async, a completion callback); NATIVE_FEATURES says what stays on grpcio
-(shared memory, info, kernels, the aio client's other calls, channel_options).
+(the aio client's other calls and keep_c, channel_options).
 
 Thread safety: the library is loaded once under a lock; a NativeClient is thread-safe (one
 hgemm_client_t serves many threads).
@@ -80,6 +81,15 @@ class RegionInfo(ctypes.Structure):
                 ("idle_seconds", ctypes.c_double), ("ttl_seconds", ctypes.c_double),
                 ("in_use", ctypes.c_uint32), ("dma", ctypes.c_ubyte), ("cuda_ipc", ctypes.c_ubyte),
                 ("device_id", ctypes.c_uint32)]
+
+
+class GroupProblem(ctypes.Structure):
+    """hgemm_group_problem_t."""
+    _fields_ = [("m", ctypes.c_uint32), ("n", ctypes.c_uint32), ("k", ctypes.c_uint32),
+                ("a", ctypes.c_void_p), ("a_bytes", ctypes.c_size_t),
+                ("b", ctypes.c_void_p), ("b_bytes", ctypes.c_size_t),
+                ("c_in", ctypes.c_void_p), ("c_in_bytes", ctypes.c_size_t),
+                ("c", ctypes.c_void_p), ("c_capacity", ctypes.c_size_t)]
 
 
 # hgemm_gemm_done_fn: (user_data, code, message, info).
@@ -173,6 +183,7 @@ def use_native() -> bool:
 NATIVE_FEATURES = {
     "gemm": "native",                # any layout and types, alpha/beta/c, out=, keep_c
     "gemm_batched": "native",
+    "gemm_grouped": "native",
     "gemm_many": "native",
     "upload": "native",              # but from a shared buffer: the server copies it there
     "download": "native",
@@ -183,6 +194,7 @@ NATIVE_FEATURES = {
     "info": "native",
     "kernels": "native",
     "aio.gemm": "native",            # but keep_c: grpcio
+    # Also on grpcio: CUDA IPC (cuda_gemm), upload of a shared buffer, keep_c with regions.
     "aio.stream": "native",
     "aio.other": "grpcio",           # the aio client's other calls
 }
@@ -335,6 +347,8 @@ def _declare(lib):
         "hgemm_region_list_quota_regions": (ctypes.c_uint32, (p,)),
         "hgemm_region_list_info": (None, (p, size, ctypes.POINTER(RegionInfo))),
         "hgemm_server_info_json": (p, (p, p) + err),
+        "hgemm_gemm_grouped": (None, (p, p, ctypes.POINTER(GroupProblem), size,
+                                      ctypes.POINTER(GemmInfo)) + err),
         "hgemm_list_kernels_json": (p, (p, p) + err),
     }
     for name, (restype, argtypes) in signatures.items():
@@ -497,6 +511,32 @@ class NativeClient:
             return (out if out is not None else spec.c_array(buffer)), info
         finally:
             self._lib.hgemm_gemm_options_destroy(options)
+
+    def gemm_grouped(self, group, timeout: Optional[float]):
+        """([C of each problem, as gemm returns it], GemmInfo) of a GroupSpec, in one Gemm call;
+        operands from the arrays' memory, each C written into a buffer of its own."""
+        specs = group.specs
+        # The group's form (types, layout, scales, options) is each spec's; its C_ins are the
+        # problems'.
+        options = self._gemm_options(specs[0], MODE_UNARY, timeout)
+        self._lib.hgemm_gemm_options_set_c_in(options, None, 0)
+        buffers = [np.empty(spec.c_bytes, dtype=np.uint8) for spec in specs]
+        problems = (GroupProblem * len(specs))()
+        for problem, spec, buffer in zip(problems, specs, buffers):
+            c_in = spec.c_in
+            problem.m, problem.n, problem.k = spec.m, spec.n, spec.k
+            problem.a, problem.a_bytes = _operand(spec.a)
+            problem.b, problem.b_bytes = _operand(spec.b)
+            if c_in is not None:
+                problem.c_in, problem.c_in_bytes = c_in.ctypes.data, c_in.nbytes
+            problem.c, problem.c_capacity = buffer.ctypes.data, buffer.nbytes
+        info = GemmInfo()
+        try:
+            self._checked(self._lib.hgemm_gemm_grouped, self._client, options, problems,
+                          len(specs), ctypes.byref(info))
+        finally:
+            self._lib.hgemm_gemm_options_destroy(options)
+        return [spec.c_array(buffer) for spec, buffer in zip(specs, buffers)], info
 
     def region_create(self, nbytes: int, label: str, timeout: Optional[float]) -> "NativeRegion":
         """A zero-filled region of nbytes made by the core (a sealed memfd) and registered."""
