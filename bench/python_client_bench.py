@@ -210,7 +210,8 @@ def run_cpp(args, row):
             print(f"python_client_bench: hgemm_load failed ({r.returncode}):\n{r.stderr[-2000:]}",
                   file=sys.stderr)
             return None
-        rows = [x for x in csv.DictReader(open(f.name)) if x["target"] == "service"]
+        rows = [x for x in csv.DictReader(open(f.name))
+                if x["target"] == ("shm" if shm else "service")]
         if not rows:
             return None
         gemms = int(rows[0]["requests"]) + int(rows[0].get("warmup_requests") or 0)
