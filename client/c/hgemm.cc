@@ -12,6 +12,7 @@
 #include <cstring>
 #include <deque>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <new>
@@ -717,31 +718,45 @@ void hgemm_gemm_grouped(hgemm_client_t* client, const hgemm_gemm_options_t* opti
 }
 
 // Asynchronous GEMMs.
-hgemm_call_t* hgemm_gemm_async(hgemm_client_t* client, const hgemm_gemm_options_t* options,
-                               uint32_t m, uint32_t n, uint32_t k, const void* a, size_t a_bytes,
-                               const void* b, size_t b_bytes, void* c, size_t c_capacity,
-                               hgemm_gemm_done_fn done, void* user_data, int* code,
-                               char** errptr) {
+namespace {
+
+// What an asynchronous GEMM comes to, told to its caller on a gRPC thread: hgemm_gemm_done_fn's
+// or, for a kept C, hgemm_keep_c_done_fn's arguments.
+using AsyncDone = std::function<void(const grpc::Status&, const hgemm::v1::GemmResponse&, bool)>;
+
+// hgemm_gemm_async() and hgemm_gemm_keep_c_async(): keep_c keeps C on the server for
+// c_ttl_seconds (c NULL and 0).
+hgemm_call_t* StartGemm(hgemm_client_t* client, const hgemm_gemm_options_t* options, uint32_t m,
+                        uint32_t n, uint32_t k, const void* a, size_t a_bytes, const void* b,
+                        size_t b_bytes, void* c, size_t c_capacity, bool keep_c,
+                        uint32_t c_ttl_seconds, AsyncDone tell, int* code, char** errptr) {
   try {
     const hgemm_gemm_options_t defaults;
     if (options == nullptr) options = &defaults;
-    if (SaveStatus(CheckSizes(*options, m, n, k, a, a_bytes, b, b_bytes, c_capacity), code,
-                   errptr)) {
+    if (SaveStatus(CheckSizes(*options, m, n, k, a, a_bytes, b, b_bytes,
+                              keep_c ? SIZE_MAX : c_capacity),
+                   code, errptr)) {
       return nullptr;
     }
     hgemm::v1::GemmRequest request;
     BuildRequest(*options, m, n, k, a, a_bytes, b, b_bytes, &request);
+    request.set_keep_c_resident(keep_c);
+    request.set_c_ttl_seconds(c_ttl_seconds);
     const hgemm::CallOptions call = CallOptionsOf(client, options->timeout_ms, "");
     const bool streamed = options->mode == HGEMM_MODE_STREAM ||
                           (options->mode == HGEMM_MODE_AUTO &&
                            hgemm::GemmClient::ShouldStream(request, call));
-    const size_t c_bytes = hgemm::GemmClient::ResultBytes(request);
+    const size_t c_bytes = keep_c ? 0 : hgemm::GemmClient::ResultBytes(request);
     auto handle = std::make_unique<hgemm_call_t>();
     handle->context = std::make_shared<grpc::ClientContext>();
     // On a gRPC thread: a unary C is copied out of its response, then the caller is told.
-    auto finish = [c, c_bytes, streamed, done, user_data, running = client->async.Enter()](
-                      grpc::Status status, hgemm::v1::GemmResponse response) {
-      if (status.ok() && !streamed) {
+    auto finish = [c, c_bytes, streamed, keep_c, tell = std::move(tell),
+                   running = client->async.Enter()](grpc::Status status,
+                                                    hgemm::v1::GemmResponse response) {
+      if (status.ok() && keep_c && !response.has_c_matrix()) {
+        status = grpc::Status(grpc::StatusCode::INTERNAL,
+                              "the server kept no C (keep_c_resident ignored?)");
+      } else if (status.ok() && !streamed && !keep_c) {
         if (response.c().size() == c_bytes) {
           std::memcpy(c, response.c().data(), c_bytes);
         } else {
@@ -751,13 +766,7 @@ hgemm_call_t* hgemm_gemm_async(hgemm_client_t* client, const hgemm_gemm_options_
                                             c_bytes));
         }
       }
-      if (!status.ok()) {
-        done(user_data, status.error_code(), status.error_message().c_str(), nullptr);
-        return;
-      }
-      hgemm_gemm_info_t info;
-      FillInfo(response, streamed, &info);
-      done(user_data, HGEMM_OK, "", &info);
+      tell(status, response, streamed);
     };
     client->client.GemmAsync(std::move(request), streamed, {static_cast<char*>(c), c_capacity},
                              call, handle->context, std::move(finish));
@@ -767,6 +776,48 @@ hgemm_call_t* hgemm_gemm_async(hgemm_client_t* client, const hgemm_gemm_options_
     SaveException(code, errptr);
   }
   return nullptr;
+}
+
+}  // namespace
+
+hgemm_call_t* hgemm_gemm_async(hgemm_client_t* client, const hgemm_gemm_options_t* options,
+                               uint32_t m, uint32_t n, uint32_t k, const void* a, size_t a_bytes,
+                               const void* b, size_t b_bytes, void* c, size_t c_capacity,
+                               hgemm_gemm_done_fn done, void* user_data, int* code,
+                               char** errptr) {
+  auto tell = [done, user_data](const grpc::Status& status,
+                                const hgemm::v1::GemmResponse& response, bool streamed) {
+    if (!status.ok()) {
+      done(user_data, status.error_code(), status.error_message().c_str(), nullptr);
+      return;
+    }
+    hgemm_gemm_info_t info;
+    FillInfo(response, streamed, &info);
+    done(user_data, HGEMM_OK, "", &info);
+  };
+  return StartGemm(client, options, m, n, k, a, a_bytes, b, b_bytes, c, c_capacity,
+                   /*keep_c=*/false, 0, std::move(tell), code, errptr);
+}
+
+hgemm_call_t* hgemm_gemm_keep_c_async(hgemm_client_t* client, const hgemm_gemm_options_t* options,
+                                      uint32_t m, uint32_t n, uint32_t k, const void* a,
+                                      size_t a_bytes, const void* b, size_t b_bytes,
+                                      uint32_t c_ttl_seconds, hgemm_keep_c_done_fn done,
+                                      void* user_data, int* code, char** errptr) {
+  auto tell = [done, user_data](const grpc::Status& status,
+                                const hgemm::v1::GemmResponse& response, bool streamed) {
+    if (!status.ok()) {
+      done(user_data, status.error_code(), status.error_message().c_str(), nullptr, nullptr,
+           nullptr);
+      return;
+    }
+    hgemm_gemm_info_t info;
+    FillInfo(response, streamed, &info);
+    const hgemm_matrix_info_t c_info = MatrixInfoOf(response.c_matrix());
+    done(user_data, HGEMM_OK, "", &info, response.c_matrix().handle().c_str(), &c_info);
+  };
+  return StartGemm(client, options, m, n, k, a, a_bytes, b, b_bytes, nullptr, 0, /*keep_c=*/true,
+                   c_ttl_seconds, std::move(tell), code, errptr);
 }
 
 void hgemm_call_cancel(hgemm_call_t* call) { call->context->TryCancel(); }

@@ -430,6 +430,22 @@ HGEMM_EXPORT hgemm_call_t* hgemm_gemm_async(hgemm_client_t* client,
                                             const void* b, size_t b_bytes, void* c,
                                             size_t c_capacity, hgemm_gemm_done_fn done,
                                             void* user_data, int* code, char** errptr);
+/* [revision 5] hgemm_gemm_async() of hgemm_gemm_keep_c(): C stays on the server for
+ * c_ttl_seconds. done(user_data, code, message, info, c_handle, c_info) runs exactly once, as
+ * hgemm_gemm_async()'s; on HGEMM_OK c_handle is the kept C's handle and c_info the m×n C as the
+ * server describes it (valid during the call only: copy what is kept), else both are NULL.
+ * Mode as hgemm_gemm_keep_c()'s (HGEMM_MODE_AUTO: a GemmStream above the unary limit). Not
+ * retried. Ownership: a and b stay the caller's and must stay alive until done has run. */
+typedef void (*hgemm_keep_c_done_fn)(void* user_data, int code, const char* message,
+                                     const hgemm_gemm_info_t* info, const char* c_handle,
+                                     const hgemm_matrix_info_t* c_info);
+HGEMM_EXPORT hgemm_call_t* hgemm_gemm_keep_c_async(hgemm_client_t* client,
+                                                   const hgemm_gemm_options_t* options,
+                                                   uint32_t m, uint32_t n, uint32_t k,
+                                                   const void* a, size_t a_bytes, const void* b,
+                                                   size_t b_bytes, uint32_t c_ttl_seconds,
+                                                   hgemm_keep_c_done_fn done, void* user_data,
+                                                   int* code, char** errptr);
 /* Cancels the call: if it is not over yet, done runs soon with HGEMM_CANCELLED (C may have been
  * partly written). Any thread, any time before hgemm_call_destroy(); a no-op once it is over. */
 HGEMM_EXPORT void hgemm_call_cancel(hgemm_call_t* call);

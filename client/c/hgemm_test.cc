@@ -1633,3 +1633,88 @@ TEST_F(HgemmC, GroupedGemmWritesEachProblemsCAndRefusesBadBuffers) {
   EXPECT_NE(e.text().find("problems"), std::string::npos) << e.text();
   hgemm_gemm_options_destroy(options);
 }
+
+// What hgemm_gemm_keep_c_async's done was called with, once.
+struct KeptC {
+  std::mutex mu;
+  std::condition_variable cv;
+  int calls = 0;
+  int code = -1;
+  std::string message, handle;
+  hgemm_matrix_info_t c_info{};
+  bool handle_null = true;
+
+  static void Done(void* user_data, int code, const char* message, const hgemm_gemm_info_t*,
+                   const char* c_handle, const hgemm_matrix_info_t* c_info) {
+    auto* self = static_cast<KeptC*>(user_data);
+    std::lock_guard<std::mutex> lock(self->mu);
+    ++self->calls;
+    self->code = code;
+    self->message = message;
+    self->handle_null = c_handle == nullptr;
+    if (c_handle != nullptr) self->handle = c_handle;
+    if (c_info != nullptr) self->c_info = *c_info;
+    self->cv.notify_all();
+  }
+  void Wait() {
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return calls > 0; });
+  }
+};
+
+TEST_F(HgemmC, AsyncKeepCGivesTheKeptCsHandle) {
+  constexpr uint32_t m = 37, n = 29, k = 41;
+  std::mt19937_64 rng(60);
+  const std::vector<uint16_t> a = hgemm::RandomHalfMatrix(m * k, rng);
+  const std::vector<uint16_t> b = hgemm::RandomHalfMatrix(k * n, rng);
+  for (int mode : {HGEMM_MODE_UNARY, HGEMM_MODE_STREAM}) {
+    KeptC kept;
+    hgemm_gemm_options_t* options = hgemm_gemm_options_create();
+    hgemm_gemm_options_set_mode(options, mode);
+    Error e;
+    hgemm_call_t* call =
+        hgemm_gemm_keep_c_async(client_, options, m, n, k, a.data(), 2 * a.size(), b.data(),
+                                2 * b.size(), 60, &KeptC::Done, &kept, &e.code, &e.message);
+    hgemm_gemm_options_destroy(options);
+    ASSERT_NE(call, nullptr) << e.text();
+    kept.Wait();
+    hgemm_call_destroy(call);
+    ASSERT_EQ(kept.code, HGEMM_OK) << kept.message;
+    EXPECT_EQ(kept.calls, 1);
+    ASSERT_FALSE(kept.handle_null);
+    EXPECT_EQ(kept.c_info.rows, m);
+    EXPECT_EQ(kept.c_info.cols, n);
+    std::vector<uint16_t> c(m * n, kPoison);
+    EXPECT_EQ(hgemm_download(client_, nullptr, kept.handle.c_str(), 0, 0, c.data(), 2 * c.size(),
+                             &e.code, &e.message),
+              2u * m * n)
+        << e.text();
+    const std::vector<float> reference = hgemm::ReferenceGemm(a.data(), b.data(), m, n, k);
+    EXPECT_LT(hgemm::RelativeFrobeniusError(c.data(), reference.data(), m * n),
+              hgemm::kServiceTolerance.fp32_acc)
+        << "mode " << mode;
+    EXPECT_EQ(hgemm_release(client_, nullptr, kept.handle.c_str(), &e.code, &e.message),
+              2u * m * n)
+        << e.text();
+  }
+  // A failure comes through done with no handle; wrong sizes are refused and done never runs.
+  KeptC failed;
+  hgemm_gemm_options_t* options = hgemm_gemm_options_create();
+  hgemm_gemm_options_set_b_handle(options, "no-such-matrix");
+  Error e;
+  hgemm_call_t* call = hgemm_gemm_keep_c_async(client_, options, m, n, k, a.data(), 2 * a.size(),
+                                               nullptr, 0, 60, &KeptC::Done, &failed, &e.code,
+                                               &e.message);
+  ASSERT_NE(call, nullptr) << e.text();
+  failed.Wait();
+  hgemm_call_destroy(call);
+  EXPECT_NE(failed.code, HGEMM_OK);
+  EXPECT_TRUE(failed.handle_null);
+  KeptC never;
+  EXPECT_EQ(hgemm_gemm_keep_c_async(client_, nullptr, m, n, k, a.data(), 10, b.data(),
+                                    2 * b.size(), 60, &KeptC::Done, &never, &e.code, &e.message),
+            nullptr);
+  EXPECT_EQ(e.code, HGEMM_INVALID_ARGUMENT);
+  EXPECT_EQ(never.calls, 0);
+  hgemm_gemm_options_destroy(options);
+}

@@ -210,13 +210,13 @@ class Calls:
         return with_out(unary_result(self.client, spec, response, details, as_torch, started), out)
 
     def _native_gemm(self, spec: Spec, mode, out, details, as_torch, timeout, started):
-        """gemm through the native core: C into `out` or a new array, or kept on the server
-        (keep_c: the sync client only, hgemm_gemm_keep_c blocks)."""
+        """gemm through the native core: C into `out` or a new array, or kept on the server."""
         if spec.keep_c:
             matrix, info = yield from self._on_native(self.native.gemm_keep_c,
                                                       (spec, self.config.streams(spec, mode)),
                                                       timeout, idempotent=False,
-                                                      nbytes=spec.payload_bytes)
+                                                      nbytes=spec.payload_bytes,
+                                                      start=self.native.gemm_keep_c_start)
             return native_result(spec, ResidentMatrix(self.client, matrix), info, details,
                                  as_torch, started, None)
         c, info = yield from self._on_native(self.native.gemm,
@@ -525,10 +525,9 @@ class Calls:
         return self.config.streams(spec, mode)
 
     def _on_native_core(self, spec: Spec) -> bool:
-        """Whether a GEMM goes through the native core: one is loaded, and the GEMM returns C or
-        keeps it with a blocking call (hgemm_gemm_keep_c, a batch: the sync client's; an
-        awaited GEMM carries no kept C)."""
-        return self.native is not None and (not spec.keep_c or self.blocking)
+        """Whether a GEMM goes through the native core: whenever one is loaded (a kept C too:
+        hgemm_gemm_keep_c on the sync client, hgemm_gemm_keep_c_async awaited on asyncio)."""
+        return self.native is not None
 
     def _many(self, specs: List[Spec], timeout, details, as_torch, started):
         groups, outcomes = by_replica(dict(enumerate(specs)))

@@ -14,7 +14,7 @@ beta, C inputs, batches, keep_c, groups, operands and C in shared-memory regions
 makes), gemm_many, uploads, downloads (into one buffer), listings, releases, regions, info and
 kernels go through it, and so do both clients' stream()s (hgemm_stream_t) and the aio client's
 GEMMs (hgemm_gemm_async, a completion callback); NATIVE_FEATURES says what stays on grpcio
-(the aio client's other calls and keep_c, channel_options).
+(the aio client's other calls, channel_options).
 
 Thread safety: the library is loaded once under a lock; a NativeClient is thread-safe (one
 hgemm_client_t serves many threads).
@@ -95,6 +95,10 @@ class GroupProblem(ctypes.Structure):
 # hgemm_gemm_done_fn: (user_data, code, message, info).
 _DONE_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int, ctypes.c_char_p,
                             ctypes.POINTER(GemmInfo))
+# hgemm_keep_c_done_fn: (user_data, code, message, info, c_handle, c_info).
+_KEEP_C_DONE_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int, ctypes.c_char_p,
+                                   ctypes.POINTER(GemmInfo), ctypes.c_char_p,
+                                   ctypes.POINTER(MatrixInfo))
 
 
 class _InFlight:
@@ -132,6 +136,19 @@ def _on_gemm_done(user_data, code, message, info):
                                      (message or b"").decode(errors="replace")))
     else:
         on_done(GemmInfo.from_buffer_copy(info.contents), None)
+
+
+@_KEEP_C_DONE_FN
+def _on_keep_c_done(user_data, code, message, info, c_handle, c_info):
+    """hgemm_keep_c_done_fn, on a library thread: the call's on_done gets (GemmInfo, the kept
+    C's handle, its MatrixInfo), copied (the library's are valid during this call only)."""
+    on_done = _in_flight.pop(user_data)
+    if code != 0:
+        on_done(None, NativeRpcError(_CODES.get(code, grpc.StatusCode.UNKNOWN),
+                                     (message or b"").decode(errors="replace")))
+    else:
+        on_done((GemmInfo.from_buffer_copy(info.contents), c_handle.decode(),
+                 MatrixInfo.from_buffer_copy(c_info.contents)), None)
 
 
 def library_path() -> str:
@@ -193,7 +210,7 @@ NATIVE_FEATURES = {
     "shared_memory": "native",       # shared_buffer(), regions(), GEMMs naming regions
     "info": "native",
     "kernels": "native",
-    "aio.gemm": "native",            # but keep_c: grpcio
+    "aio.gemm": "native",            # keep_c too
     # Also on grpcio: CUDA IPC (cuda_gemm), upload of a shared buffer, keep_c with regions.
     "aio.stream": "native",
     "aio.other": "grpcio",           # the aio client's other calls
@@ -347,6 +364,8 @@ def _declare(lib):
         "hgemm_region_list_quota_regions": (ctypes.c_uint32, (p,)),
         "hgemm_region_list_info": (None, (p, size, ctypes.POINTER(RegionInfo))),
         "hgemm_server_info_json": (p, (p, p) + err),
+        "hgemm_gemm_keep_c_async": (p, (p, p, u32, u32, u32, p, size, p, size, u32,
+                                        _KEEP_C_DONE_FN, p) + err),
         "hgemm_gemm_grouped": (None, (p, p, ctypes.POINTER(GroupProblem), size,
                                       ctypes.POINTER(GemmInfo)) + err),
         "hgemm_list_kernels_json": (p, (p, p) + err),
@@ -620,16 +639,39 @@ class NativeClient:
             self._lib.hgemm_gemm_options_destroy(options)
         return self._matrix_info(handle, c_info, "", spec.c_dtype), info
 
+    def gemm_keep_c_start(self, spec, streamed: Optional[bool], timeout: Optional[float],
+                          on_done) -> "NativeCall":
+        """gemm_keep_c() without waiting (hgemm_gemm_keep_c_async): on_done((MatrixInfo of the
+        kept C, GemmInfo), None) or on_done(None, NativeRpcError) runs later, once, as
+        gemm_start's. Raises NativeRpcError (on_done never runs) when refused before sending."""
+        options = self._gemm_options(spec, _mode(streamed), timeout)
+
+        def done(result, err):
+            if err is not None:
+                on_done(None, err)
+            else:
+                info, handle, c_info = result
+                on_done((_matrix_info_of(handle, c_info, "", spec.c_dtype), info), None)
+        key = _in_flight.add(done, spec)
+        try:
+            call = self._checked(self._lib.hgemm_gemm_keep_c_async, self._client, options,
+                                 spec.m, spec.n, spec.k, *_operand(spec.a), *_operand(spec.b),
+                                 spec.c_ttl, _on_keep_c_done, key)
+        except BaseException:
+            _in_flight.pop(key)  # refused: done never runs
+            raise
+        finally:
+            self._lib.hgemm_gemm_options_destroy(options)
+        return NativeCall(self._lib, call)
+
     def _matrix_info(self, handle, info: MatrixInfo, label: str, dtype: str) -> pb.MatrixInfo:
-        """A MatrixInfo of a handle the library returned (freed here) and its hgemm_matrix_info_t
-        (the server's, but for the fields the C ABI does not carry: age, idle time, owner)."""
+        """_matrix_info_of a handle the library returned (freed here)."""
         try:
             text = ctypes.string_at(handle).decode()
         finally:
             self._lib.hgemm_free(handle)
-        return pb.MatrixInfo(handle=text, rows=info.rows, cols=info.cols, bytes=info.bytes,
-                             device_id=info.device_id, ttl_seconds=info.ttl_seconds, label=label,
-                             replica=handle_replica(text), dtype=_DTYPES[dtype])
+        return _matrix_info_of(text, info, label, dtype)
+
 
     def open_stream(self, replica: str) -> "NativeStream":
         stream = NativeStream(self, replica)
@@ -941,3 +983,11 @@ def _operand(operand):
     if operand.array is None:
         return None, 0
     return operand.array.ctypes.data, operand.array.nbytes
+
+
+def _matrix_info_of(handle: str, info: MatrixInfo, label: str, dtype: str) -> pb.MatrixInfo:
+    """A MatrixInfo of a handle and its hgemm_matrix_info_t (the server's, but for the fields the
+    C ABI does not carry: age, idle time, owner)."""
+    return pb.MatrixInfo(handle=handle, rows=info.rows, cols=info.cols, bytes=info.bytes,
+                         device_id=info.device_id, ttl_seconds=info.ttl_seconds, label=label,
+                         replica=handle_replica(handle), dtype=_DTYPES[dtype])

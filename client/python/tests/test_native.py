@@ -412,3 +412,26 @@ def test_native_shared_memory_info_kernels_and_groups_never_touch_grpcio(shm_ser
     with hgemm.Client(shm_server.unix, client_id="native-shm") as again:
         assert list(again.regions().regions) == []
     assert np.isnan(out).sum() == 0
+
+
+def test_native_aio_keep_c_is_awaited_through_the_core(server, rng):
+    """aio gemm(keep_c=True), unary and streamed, through hgemm_gemm_keep_c_async: grpcio's Gemm
+    and GemmStream fail."""
+    if hgemm.info()["core"] != "native":
+        pytest.skip("the native core is not in use: " + str(hgemm.info()["reason"]))
+    import asyncio
+    a, b = fp16(rng, 33, 21), fp16(rng, 21, 17)
+
+    async def main():
+        async with hgemm.aio.Client(server.address, timeout=60) as c:
+            def refuse(*args, **kwargs):
+                raise AssertionError("a GEMM went through grpcio")
+            c._stub.Gemm = c._stub.GemmStream = refuse
+            for mode in ("unary", "stream"):
+                hc = await c.gemm(a, b, keep_c=True, mode=mode)
+                assert hc.shape == (33, 17) and hc.dtype == "fp16"
+                assert rel_error(await hc.download(), a, b) < FP32_TOLERANCE
+                assert await hc.release() == hc.bytes
+            with pytest.raises(hgemm.NotFound):  # a failure through the completion
+                await c.gemm(hc, b[:17], keep_c=True)
+    asyncio.run(main())
