@@ -278,7 +278,7 @@ grpc::Status CheckSizes(const hgemm_gemm_options_t& options, uint32_t m, uint32_
   if (c_in_in_region && (options.c_in != nullptr || !options.c_in_handle.empty())) {
     return bad("c_in: given in a region and as bytes or by handle; pass one");
   }
-  if (c_in_region && (c_capacity != 0)) {
+  if (c_in_region && c_capacity != 0) {
     return bad("c: pass NULL and 0 bytes for a C written into a region (c_region)");
   }
   if (options.dtype < HGEMM_DTYPE_DEFAULT || options.dtype > HGEMM_DTYPE_BF16) {
