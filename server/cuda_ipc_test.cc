@@ -7,7 +7,6 @@
 // HGEMM_SERVER_BINARY names the server binary outside Bazel (tools/gpu_e2e.sh).
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
-#include <stdlib.h>
 
 #include <chrono>
 #include <cstring>
@@ -48,17 +47,13 @@ class CudaIpcTest : public RegionTest {
     }
     ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
     MakeSocketDir();
-    const char* binary = std::getenv("HGEMM_SERVER_BINARY");
-    server_ = std::make_unique<subprocess::ChildProcess>(
-        binary != nullptr ? binary : subprocess::RunfilePath("server/hgemm_server"),
-        std::vector<std::string>{
-            "--backend=cuda", "--streams_per_device=2", "--allow_shared_memory",
-            "--listen=127.0.0.1:" + std::to_string(subprocess::FreePort()),
-            "--listen=" + socket_address()});
+    server_ = std::make_unique<subprocess::ServerProcess>(std::vector<std::string>{
+        "--backend=cuda", "--streams_per_device=2", "--allow_shared_memory",
+        "--listen=" + socket_address()});
     auto channel = Connect(socket_address());
     if (!channel->WaitForConnected(std::chrono::system_clock::now() + std::chrono::seconds(60))) {
       GTEST_SKIP() << "hgemm_server --backend=cuda did not start (no usable GPU?): "
-                   << server_->Output();
+                   << server_->process().Output();
     }
     stub_ = v1::GemmService::NewStub(channel);
   }
@@ -129,7 +124,7 @@ class CudaIpcTest : public RegionTest {
   }
 
   std::mt19937_64 rng_{20261205};
-  std::unique_ptr<subprocess::ChildProcess> server_;
+  std::unique_ptr<subprocess::ServerProcess> server_;
 };
 
 TEST_F(CudaIpcTest, GemmInPlaceOnTheClientsDeviceMemory) {
