@@ -15,6 +15,7 @@
 
 #include <gtest/gtest.h>
 
+#include "kernels/assert_cuda.h"
 #include "kernels/registry.h"
 #include "kernels/testing.h"
 #include "proto/numerics/error_stats.h"
@@ -22,12 +23,6 @@
 
 namespace hgemm::kernels {
 namespace {
-
-#define ASSERT_CUDA(expr)                                                       \
-  do {                                                                          \
-    const cudaError_t e_ = (expr);                                              \
-    ASSERT_EQ(e_, cudaSuccess) << #expr << ": " << cudaGetErrorString(e_);      \
-  } while (0)
 
 struct Form {
   std::string variant;

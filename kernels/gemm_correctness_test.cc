@@ -11,17 +11,12 @@
 #include <gtest/gtest.h>
 
 #include "proto/numerics/error_stats.h"
+#include "kernels/assert_cuda.h"
 #include "kernels/registry.h"
 #include "kernels/testing.h"
 
 namespace hgemm::kernels {
 namespace {
-
-#define ASSERT_CUDA(expr)                                                       \
-  do {                                                                          \
-    const cudaError_t e_ = (expr);                                              \
-    ASSERT_EQ(e_, cudaSuccess) << #expr << ": " << cudaGetErrorString(e_);      \
-  } while (0)
 
 struct Shape {
   int m, n, k;
