@@ -27,7 +27,7 @@
 
 namespace {
 
-using hgemm::subprocess::ChildProcess;
+using hgemm::subprocess::ServerProcess;
 
 constexpr uint16_t kPoison = 0x7e00;  // an fp16 NaN: any value left unwritten fails the check
 // NaN as fp16, bf16 and (two of them) fp32: C buffers of any type are filled with it first.
@@ -92,34 +92,14 @@ struct Error {
 
 class HgemmC : public ::testing::Test {
  protected:
-  static void SetUpTestSuite() {
-    address_ = new std::string("127.0.0.1:" + std::to_string(hgemm::subprocess::FreePort()));
-    server_ = new ChildProcess(hgemm::subprocess::RunfilePath("server/hgemm_server"),
-                               {"--backend=cpu", "--cpu_workers=2", "--listen=" + *address_});
-  }
-  static void TearDownTestSuite() {
-    delete server_;
-    delete address_;
-  }
+  static void SetUpTestSuite() { server_ = new ServerProcess({"--backend=cpu", "--cpu_workers=2"}); }
+  static void TearDownTestSuite() { delete server_; }
 
   void SetUp() override {
+    ASSERT_TRUE(server_->WaitUntilListening()) << server_->process().Output();
     Error e;
-    client_ = hgemm_client_create(address_->c_str(), nullptr, &e.code, &e.message);
+    client_ = hgemm_client_create(server_->address().c_str(), nullptr, &e.code, &e.message);
     ASSERT_NE(client_, nullptr) << e.text();
-    // The server is up once GetServerInfo answers.
-    hgemm_call_options_t* call = hgemm_call_options_create();
-    hgemm_call_options_set_timeout_ms(call, 500);
-    for (int tries = 0; tries < 120; ++tries) {
-      Error info_error;
-      hgemm_server_info_t* info = hgemm_server_info(client_, call, &info_error.code,
-                                                    &info_error.message);
-      if (info != nullptr) {
-        hgemm_server_info_destroy(info);
-        break;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(500));
-    }
-    hgemm_call_options_destroy(call);
   }
   void TearDown() override { hgemm_client_destroy(client_); }
 
@@ -142,13 +122,22 @@ class HgemmC : public ::testing::Test {
     return hgemm::RelativeFrobeniusError(c.data(), reference.data(), c.size());
   }
 
-  static std::string* address_;
-  static ChildProcess* server_;
+  static ServerProcess* server_;
   hgemm_client_t* client_ = nullptr;
 };
 
-std::string* HgemmC::address_ = nullptr;
-ChildProcess* HgemmC::server_ = nullptr;
+ServerProcess* HgemmC::server_ = nullptr;
+
+// A client of a free port on 127.0.0.1, where no server listens, made with `options` (null:
+// the defaults), which it destroys. Null (and a failure) if hgemm_client_create fails.
+hgemm_client_t* ClientOfNoServer(hgemm_client_options_t* options) {
+  const std::string address = "127.0.0.1:" + std::to_string(hgemm::subprocess::FreePort());
+  Error e;
+  hgemm_client_t* client = hgemm_client_create(address.c_str(), options, &e.code, &e.message);
+  if (options != nullptr) hgemm_client_options_destroy(options);
+  EXPECT_NE(client, nullptr) << e.text();
+  return client;
+}
 
 TEST(HgemmCAbi, VersionAndStatusNames) {
   EXPECT_EQ(hgemm_abi_version(), HGEMM_ABI_VERSION);
@@ -187,12 +176,9 @@ TEST(HgemmCAbi, BadRetryPoliciesAreInvalidArgument) {
 TEST(HgemmCAbi, RetriesOfAnUnreachableServerEndUnavailable) {
   hgemm_client_options_t* options = hgemm_client_options_create();
   hgemm_client_options_set_retry_policy(options, 3, 1, 2, 2.0);
+  hgemm_client_t* client = ClientOfNoServer(options);
+  ASSERT_NE(client, nullptr);
   Error e;
-  hgemm_client_t* client =
-      hgemm_client_create(("127.0.0.1:" + std::to_string(hgemm::subprocess::FreePort())).c_str(),
-                          options, &e.code, &e.message);
-  hgemm_client_options_destroy(options);
-  ASSERT_NE(client, nullptr) << e.text();
   const uint16_t one = 0x3c00;
   uint16_t c = kPoison;
   hgemm_gemm(client, nullptr, 1, 1, 1, &one, 2, &one, 2, &c, 2, nullptr, &e.code, &e.message);
@@ -207,12 +193,9 @@ TEST(HgemmCAbi, RetriesOfAnUnreachableServerEndUnavailable) {
 TEST(HgemmCAbi, UnreachableServerIsUnavailable) {
   hgemm_client_options_t* options = hgemm_client_options_create();
   hgemm_client_options_set_timeout_ms(options, 5000);
+  hgemm_client_t* client = ClientOfNoServer(options);
+  ASSERT_NE(client, nullptr);
   Error e;
-  hgemm_client_t* client =
-      hgemm_client_create(("127.0.0.1:" + std::to_string(hgemm::subprocess::FreePort())).c_str(),
-                          options, &e.code, &e.message);
-  hgemm_client_options_destroy(options);
-  ASSERT_NE(client, nullptr) << e.text();
   const uint16_t one = 0x3c00;
   uint16_t c = kPoison;
   hgemm_gemm(client, nullptr, 1, 1, 1, &one, 2, &one, 2, &c, 2, nullptr, &e.code, &e.message);
@@ -520,12 +503,9 @@ TEST_F(HgemmC, GemmManyAddRefusesWrongSizesAndAddsNothing) {
 TEST(HgemmCAbi, GemmManyOnAnUnreachableServerLeavesEveryGemmUnanswered) {
   hgemm_client_options_t* client_options = hgemm_client_options_create();
   hgemm_client_options_set_timeout_ms(client_options, 5000);
+  hgemm_client_t* client = ClientOfNoServer(client_options);
+  ASSERT_NE(client, nullptr);
   Error e;
-  hgemm_client_t* client =
-      hgemm_client_create(("127.0.0.1:" + std::to_string(hgemm::subprocess::FreePort())).c_str(),
-                          client_options, &e.code, &e.message);
-  hgemm_client_options_destroy(client_options);
-  ASSERT_NE(client, nullptr) << e.text();
   FormGemm one(4, 4, 4, {}, 21), two(4, 4, 4, {.c_fp32 = true}, 22);
   hgemm_batch_t* batch = hgemm_batch_create();
   AddToBatch(batch, one);
@@ -770,7 +750,7 @@ TEST(HgemmCAbi, CancelEndsAnAsyncGemmWithCancelled) {
 
 TEST_F(HgemmC, ClientDestroyWaitsForItsAsyncGemms) {
   Error e;
-  hgemm_client_t* client = hgemm_client_create(address_->c_str(), nullptr, &e.code, &e.message);
+  hgemm_client_t* client = hgemm_client_create(server_->address().c_str(), nullptr, &e.code, &e.message);
   ASSERT_NE(client, nullptr) << e.text();
   std::vector<FormGemm> gemms;
   for (size_t i = 0; i < 12; ++i) gemms.emplace_back(64, 48, 96, AllForms()[i], 700 + i);
@@ -1219,11 +1199,9 @@ TEST_F(HgemmC, CancelEndsAStreamAndDestroyDoesNotWaitForAnswers) {
 }
 
 TEST(HgemmCAbi, StreamToAnUnreachableServerEndsUnavailable) {
+  hgemm_client_t* client = ClientOfNoServer(nullptr);
+  ASSERT_NE(client, nullptr);
   Error e;
-  hgemm_client_t* client =
-      hgemm_client_create(("127.0.0.1:" + std::to_string(hgemm::subprocess::FreePort())).c_str(),
-                          nullptr, &e.code, &e.message);
-  ASSERT_NE(client, nullptr) << e.text();
   hgemm_stream_t* stream = hgemm_stream_open(client, nullptr, &e.code, &e.message);
   ASSERT_NE(stream, nullptr) << e.text();
   const uint16_t one = 0x3c00;
@@ -1280,19 +1258,16 @@ TEST_F(HgemmC, GemmManyKeepsTheCsAskedFor) {
 }
 
 TEST(HgemmCAbi, StreamOutlivesItsClient) {
-  const std::string address = "127.0.0.1:" + std::to_string(hgemm::subprocess::FreePort());
-  ChildProcess server(hgemm::subprocess::RunfilePath("server/hgemm_server"),
-                      {"--backend=cpu", "--cpu_workers=1", "--listen=" + address});
+  ServerProcess server({"--backend=cpu", "--cpu_workers=1"});
+  ASSERT_TRUE(server.WaitUntilListening()) << server.process().Output();
   constexpr uint32_t m = 12, n = 10, k = 14;
   std::mt19937_64 rng(17);
   const std::vector<uint16_t> a = hgemm::RandomHalfMatrix(m * k, rng);
   const std::vector<uint16_t> b = hgemm::RandomHalfMatrix(k * n, rng);
   const std::vector<float> reference = hgemm::ReferenceGemm(a.data(), b.data(), m, n, k);
-  hgemm_client_options_t* options = hgemm_client_options_create();
-  hgemm_client_options_set_retry_policy(options, 60, 500, 500, 1.0);  // while the server starts
   Error e;
-  hgemm_client_t* client = hgemm_client_create(address.c_str(), options, &e.code, &e.message);
-  hgemm_client_options_destroy(options);
+  hgemm_client_t* client =
+      hgemm_client_create(server.address().c_str(), nullptr, &e.code, &e.message);
   ASSERT_NE(client, nullptr) << e.text();
   hgemm_server_info_t* info = hgemm_server_info(client, nullptr, &e.code, &e.message);
   ASSERT_NE(info, nullptr) << e.text();
