@@ -58,6 +58,28 @@ make_certs_unless_given "$work"
 port=50181
 socket=$work/hgemm.sock
 
+# start_server LOG FLAGS...: hgemm_server on 127.0.0.1:$port with FLAGS besides the ones every
+# run has (backend, quiet log, short drain, 2 CPU workers), its output in LOG; returns once it
+# listens. stop_server ends it.
+start_server() {
+  local log=$1
+  shift
+  local flags=(--listen="127.0.0.1:$port" --backend="$backend" --log_level=warn
+               --drain_deadline_s=2 "$@")
+  [[ $backend == cpu ]] && flags+=(--cpu_workers=2)
+  echo "== hgemm_server ${flags[*]}"
+  "$server_bin" "${flags[@]}" >"$log" 2>&1 &
+  current=$!
+  pids+=("$current")
+  wait_port "$port" 120 "$current" "$log"
+}
+stop_server() {
+  kill -TERM "$current"
+  wait "$current" || true
+  current=""
+  pids=()
+}
+
 # Issue 31's same-host table: the paths of one GEMM's bytes on this host, in one run.
 if ((same_host)); then
   ipc_bin=$(find_bin cuda_ipc_load 2>/dev/null || true)
@@ -93,15 +115,8 @@ for r in csv.DictReader(open(sys.argv[1])):
 PY
   }
   for pinned in false true; do
-    server_flags=(--listen="127.0.0.1:$port" --listen="unix:$socket" --allow_shared_memory
-                  --pin_shared_memory="$pinned" --backend="$backend" --log_level=warn
-                  --drain_deadline_s=2)
-    [[ $backend == cpu ]] && server_flags+=(--cpu_workers=2)
-    echo "== hgemm_server ${server_flags[*]}"
-    "$server_bin" "${server_flags[@]}" >"$out/same_host_server_pinned_$pinned.log" 2>&1 &
-    current=$!
-    pids+=("$current")
-    wait_port "$port" 120 "$current" "$out/same_host_server_pinned_$pinned.log"
+    start_server "$out/same_host_server_pinned_$pinned.log" --listen="unix:$socket" \
+      --allow_shared_memory --pin_shared_memory="$pinned"
     for point in $points; do
       IFS=: read -r shape concurrency <<<"$point"
       if [[ $pinned == false ]]; then
@@ -120,10 +135,7 @@ PY
         fi
       fi
     done
-    kill -TERM "$current"
-    wait "$current" || true
-    current=""
-    pids=()
+    stop_server
   done
   for shape in "${!memcpy_line[@]}"; do
     # pinned_memcpy SHAPE H2D_GBPS D2H_GBPS H2D_AB_MS D2H_C_MS
@@ -174,8 +186,7 @@ done
 csv=$out/dataplane.csv
 rm -f "$csv"
 for mode in $modes; do
-  server_flags=(--listen="127.0.0.1:$port" --backend="$backend" --log_level=warn
-                --drain_deadline_s=2)
+  server_flags=()
   load_flags=(--server="127.0.0.1:$port" --verify=1 --wait_for_server_s=120)
   # Parallel parts over gRPC (1: one Gemm call), then shared memory (parts do not apply).
   sweeps=("--transport=grpc --parallel_parts=$parts")
@@ -187,12 +198,8 @@ for mode in $modes; do
     load_flags+=(--shm_server="unix:$socket")
     sweeps+=("--transport=shm")
   fi
-  [[ $backend == cpu ]] && server_flags+=(--cpu_workers=2)
-  echo "== $mode: hgemm_server ${server_flags[*]}"
-  "$server_bin" "${server_flags[@]}" >"$out/dataplane_server_$mode.log" 2>&1 &
-  current=$!
-  pids+=("$current")
-  wait_port "$port" 120 "$current" "$out/dataplane_server_$mode.log"
+  echo "== $mode"
+  start_server "$out/dataplane_server_$mode.log" "${server_flags[@]}"
   for point in $points; do
     IFS=: read -r shape concurrency <<<"$point"
     for sweep in "${sweeps[@]}"; do
@@ -206,10 +213,7 @@ for mode in $modes; do
       tail -n +2 "$rows" | sed "s/^/$mode,/" >>"$csv"
     done
   done
-  kill -TERM "$current"
-  wait "$current" || true
-  current=""
-  pids=()
+  stop_server
 done
 
 python3 - "$csv" "$out/dataplane_tcp.txt" <<'PY' | tee "$out/dataplane.md"

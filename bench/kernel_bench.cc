@@ -307,9 +307,7 @@ class Bench {
               : CompareToReference(reinterpret_cast<const uint16_t*>(out.data()),
                                    host_ref_.data(), count);
       r.rel_err = st.rel_frobenius;
-      const double bar = form_.c == DataType::kBf16   ? kKernelToleranceBf16
-                         : form_.c == DataType::kFp32 ? kKernelTolerance.fp32_acc
-                                                      : kKernelTolerance.For(acc == Accumulation::kFp16);
+      const double bar = testing::ToleranceFor(form_.c, acc);
       if (st.nan_count > 0) {
         r.note = "WRONG " + st.ToString();
         return r;

@@ -197,4 +197,13 @@ std::string FormatMatrixList(const v1::ListMatricesResponse& list) {
   return out;
 }
 
+WireBytes RequestWireBytes(const v1::GemmRequest& request, uint64_t c_element_bytes) {
+  WireBytes bytes;
+  bytes.up = request.a().size() + request.b().size() + request.c_in().size();
+  if (!request.keep_c_resident() && !request.has_c_region()) {
+    bytes.down = c_element_bytes * request.m() * request.n() * std::max<uint32_t>(request.batch(), 1);
+  }
+  return bytes;
+}
+
 }  // namespace hgemm::cli

@@ -48,6 +48,16 @@ inline constexpr uint64_t kUnaryOverheadBytes = 4096;
 // (max_elements_per_matrix)". Sizes are computed in checked uint64: never a wrapped number.
 std::string CheckLimits(const GemmDims& dims, const v1::Limits& limits, const Plan& plan);
 
+// The bytes one GemmRequest moves over the wire. up: the operands it carries inline (A, B and
+// C_in, every item of a batch; nothing of a resident or shared-memory operand). down: C inline,
+// c_element_bytes per element of every item of a batch; 0 if C stays on the server
+// (keep_c_resident) or is written into a shared-memory region (c_region).
+struct WireBytes {
+  uint64_t up = 0;
+  uint64_t down = 0;
+};
+WireBytes RequestWireBytes(const v1::GemmRequest& request, uint64_t c_element_bytes);
+
 // Parses "MxNxK,MxNxK,..." (--group): at least one problem, each as ParseGemmDims takes it.
 // Returns "" or what is wrong, naming the problem by position ("problem 2: ..."); *group is
 // untouched on failure.

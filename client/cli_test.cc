@@ -145,6 +145,40 @@ TEST(Cli, AKeptCDoesNotCountTowardsStreaming) {
   EXPECT_TRUE(GemmClient::ShouldStream(request, {}));
 }
 
+// A batch's C comes back once per item (hgemm_client printed "0.5 MiB down" for 64 items of
+// 512x512); C_in travels up; a C kept on the server or written into a region does not travel.
+TEST(Cli, WireBytesCountEveryItemOfABatch) {
+  v1::GemmRequest request;
+  request.set_m(512);
+  request.set_n(512);
+  request.set_k(512);
+  request.set_a(std::string(size_t{64} * 512 * 512 * 2, '\0'));
+  request.set_b(std::string(size_t{64} * 512 * 512 * 2, '\0'));
+  request.set_batch(64);
+  WireBytes bytes = RequestWireBytes(request, 2);
+  EXPECT_EQ(bytes.up, uint64_t{64} << 20);
+  EXPECT_EQ(bytes.down, uint64_t{32} << 20);
+  EXPECT_EQ(RequestWireBytes(request, 4).down, uint64_t{64} << 20);  // fp32 C
+  request.set_c_in(std::string(size_t{64} * 512 * 512 * 2, '\0'));
+  EXPECT_EQ(RequestWireBytes(request, 2).up, uint64_t{96} << 20);
+
+  request.clear_batch();  // one GEMM: batch unset
+  request.clear_c_in();
+  request.set_a(std::string(size_t{512} * 512 * 2, '\0'));
+  request.set_b(std::string(size_t{512} * 512 * 2, '\0'));
+  bytes = RequestWireBytes(request, 2);
+  EXPECT_EQ(bytes.up, uint64_t{1} << 20);
+  EXPECT_EQ(bytes.down, uint64_t{1} << 19);
+  request.set_keep_c_resident(true);
+  EXPECT_EQ(RequestWireBytes(request, 2).down, 0u);
+  request.set_keep_c_resident(false);
+  request.mutable_c_region()->set_region("r");
+  request.mutable_a_region()->set_region("r");  // A no longer inline
+  bytes = RequestWireBytes(request, 2);
+  EXPECT_EQ(bytes.up, uint64_t{1} << 19);
+  EXPECT_EQ(bytes.down, 0u);
+}
+
 TEST(Cli, ParseHandleList) {
   std::vector<std::string> handles;
   ASSERT_EQ(ParseHandleList("abc,def", &handles), "");
@@ -353,6 +387,13 @@ TEST_F(HgemmClientBinaryTest, ScaledBatchedGemmPassesItsCheck) {
       EXPECT_TRUE(Contains(r.out, ": OK")) << Describe(r);
     }
   }
+}
+
+TEST_F(HgemmClientBinaryTest, SummaryCountsEveryItemOfABatch) {
+  // 64 items of 128x128x128 fp16: A and B 2 MiB each, C 2 MiB.
+  ClientRun r = Run({"--shape=128x128x128", "--batch=64"});
+  EXPECT_EQ(r.exit_code, 0) << Describe(r);
+  EXPECT_TRUE(Contains(r.out, "4.0 MiB up, 2.0 MiB down")) << Describe(r);
 }
 
 TEST_F(HgemmClientBinaryTest, GroupedGemmPassesItsCheck) {

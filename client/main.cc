@@ -583,9 +583,8 @@ int Main(int argc, char** argv) {
   const bool stream = !shm && !parts &&
                       (mode == "stream" ||
                        (mode == "auto" && hgemm::GemmClient::ShouldStream(request, call)));
-  const double wire_bytes =
-      double(request.a().size() + request.b().size()) +
-      (request.keep_c_resident() || shm ? 0.0 : double(c_element_bytes) * request.m() * request.n());
+  const hgemm::cli::WireBytes wire = hgemm::cli::RequestWireBytes(request, c_element_bytes);
+  const double wire_bytes = double(wire.up + wire.down);
   if (request.has_alpha() || request.beta() != 0) {
     std::printf("C = %g op(A) op(B) + %g C_in\n", alpha, beta);
   }
@@ -598,9 +597,7 @@ int Main(int argc, char** argv) {
               : stream ? "GemmStream"
                        : "unary Gemm",
               kernel.c_str(), accumulation.c_str(),
-              (request.a().size() + request.b().size()) / 1048576.0,
-              request.keep_c_resident() || shm ? 0.0
-                                               : double(c_element_bytes) * request.m() * request.n() / 1048576.0);
+              wire.up / 1048576.0, wire.down / 1048576.0);
   std::printf("%5s %10s %9s %10s %9s %10s %10s %8s %8s  %s\n", "run", "queue_ms", "h2d_ms",
               "kernel_ms", "d2h_ms", "server_ms", "client_ms", "TFLOP/s", "wire_GB/s",
               "kernel@device");

@@ -51,18 +51,19 @@ double ErrorOf(const std::string& c, const std::string& a, const std::string& b,
 class ReplicasTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    const std::string binary = subprocess::RunfilePath("server/hgemm_server");
     for (int i = 0; i < kReplicas; ++i) {
-      addresses_.push_back("127.0.0.1:" + std::to_string(subprocess::FreePort()));
-      servers_.push_back(std::make_unique<ChildProcess>(
-          binary, std::vector<std::string>{"--backend=cpu", "--cpu_workers=2",
-                                           "--listen=" + addresses_[i],
-                                           "--advertise_address=" + addresses_[i]}));
+      const int port = subprocess::FreePort();
+      addresses_.push_back("127.0.0.1:" + std::to_string(port));
+      servers_.push_back(std::make_unique<subprocess::ServerProcess>(
+          std::vector<std::string>{"--backend=cpu", "--cpu_workers=2",
+                                   "--advertise_address=" + addresses_[i]},
+          port));
       target_ += (i == 0 ? "ipv4:" : ",") + addresses_[i];
     }
     for (int i = 0; i < kReplicas; ++i) {
-      ASSERT_TRUE(Connect(addresses_[i])->WaitForConnected(std::chrono::system_clock::now() + 60s))
-          << "replica " << addresses_[i] << " did not come up:\n" << servers_[i]->Output();
+      ASSERT_TRUE(servers_[i]->WaitUntilListening())
+          << "replica " << addresses_[i] << " did not come up:\n"
+          << servers_[i]->process().Output();
     }
     client_ = std::make_unique<GemmClient>(target_);
   }
@@ -80,7 +81,7 @@ class ReplicasTest : public ::testing::Test {
   }
 
   std::vector<std::string> addresses_;
-  std::vector<std::unique_ptr<ChildProcess>> servers_;
+  std::vector<std::unique_ptr<subprocess::ServerProcess>> servers_;
   std::string target_;
   std::unique_ptr<GemmClient> client_;
 };
@@ -253,7 +254,7 @@ TEST_F(ReplicasTest, AGoneReplicaFailsOnlyTheCallsNamingItsHandles) {
   v1::GemmResponse response;
   ASSERT_TRUE(gemm_with(handles[1], &response).ok());  // its channel is open and ready
 
-  servers_[1]->Kill(SIGKILL);
+  servers_[1]->process().Kill(SIGKILL);
 
   auto expect_gone = [&](const grpc::Status& s, const char* call) {
     SCOPED_TRACE(call);

@@ -15,19 +15,14 @@
 
 #include <gtest/gtest.h>
 
-#include "kernels/fill.h"
+#include "kernels/assert_cuda.h"
 #include "kernels/registry.h"
+#include "kernels/testing.h"
 #include "proto/numerics/error_stats.h"
 #include "proto/numerics/fp16.h"
 
 namespace hgemm::kernels {
 namespace {
-
-#define ASSERT_CUDA(expr)                                                       \
-  do {                                                                          \
-    const cudaError_t e_ = (expr);                                              \
-    ASSERT_EQ(e_, cudaSuccess) << #expr << ": " << cudaGetErrorString(e_);      \
-  } while (0)
 
 struct Form {
   std::string variant;
@@ -36,23 +31,11 @@ struct Form {
   Accumulation acc;
 };
 
-struct TypeCombo {
-  DataType ab, c;
-  Accumulation acc;
-};
-const TypeCombo kTypeCombos[] = {
-    {DataType::kFp16, DataType::kFp16, Accumulation::kFp32},
-    {DataType::kFp16, DataType::kFp16, Accumulation::kFp16},
-    {DataType::kFp16, DataType::kFp32, Accumulation::kFp32},
-    {DataType::kBf16, DataType::kBf16, Accumulation::kFp32},
-    {DataType::kBf16, DataType::kFp32, Accumulation::kFp32},
-};
-
 std::vector<Form> Forms() {
   std::vector<Form> forms;
   for (const VariantInfo& v : Variants())
     for (int layout = 0; layout < 4; ++layout)
-      for (const TypeCombo& t : kTypeCombos)
+      for (const testing::TypeCombo& t : testing::kTypeCombos)
         if (v.SupportsLayout(layout & 2, layout & 1) && v.SupportsTypes(t.ab, t.c) &&
             v.Supports(t.acc))
           forms.push_back({v.name, bool(layout & 2), bool(layout & 1), t.ab, t.c, t.acc});
@@ -61,27 +44,8 @@ std::vector<Form> Forms() {
 
 std::string FormName(const ::testing::TestParamInfo<Form>& info) {
   const Form& f = info.param;
-  std::string types = TypesName(f.ab, f.c);
-  if (auto arrow = types.find("→"); arrow != std::string::npos) types.replace(arrow, 3, "_to_");
-  return f.variant + "_" + LayoutName(f.ta, f.tb) + "_" + types + "_" + AccumulationName(f.acc) +
-         "acc";
-}
-
-bool HaveGpu(int* cc) {
-  int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
-    cudaGetLastError();
-    return false;
-  }
-  cudaDeviceProp prop{};
-  if (cudaGetDeviceProperties(&prop, 0) != cudaSuccess) return false;
-  *cc = prop.major * 10 + prop.minor;
-  return true;
-}
-
-uint64_t NextSeed() {
-  static uint64_t seed = 0xba7c4;
-  return ++seed;
+  return f.variant + "_" + LayoutName(f.ta, f.tb) + "_" + testing::TypesTestName(f.ab, f.c) + "_" +
+         AccumulationName(f.acc) + "acc";
 }
 
 // One GEMM shape of a batch or group, with `gap` elements between consecutive items' matrices
@@ -93,7 +57,7 @@ struct Shape {
 class BatchedGemm : public ::testing::TestWithParam<Form> {
  protected:
   void SetUp() override {
-    if (!HaveGpu(&cc_)) GTEST_SKIP() << "no CUDA device";
+    if (!testing::HaveGpu(&cc_)) GTEST_SKIP() << "no CUDA device";
     variant_ = FindVariant(GetParam().variant);
     ASSERT_NE(variant_, nullptr);
     if (variant_->min_sm > cc_) GTEST_SKIP() << variant_->name << " needs sm_" << variant_->min_sm;
@@ -133,23 +97,14 @@ class BatchedGemm : public ::testing::TestWithParam<Form> {
     p.b = Alloc(size_t(b) * s.batch * ab_bytes);
     p.c = Alloc(size_t(c) * s.batch * DataTypeBytes(f.c));
     if (HasFailure()) return p;
-    for (auto [ptr, count] : {std::pair{p.a, size_t(a) * s.batch}, std::pair{p.b, size_t(b) * s.batch}}) {
-      void* data = const_cast<void*>(ptr);
-      EXPECT_EQ(f.ab == DataType::kBf16
-                    ? FillUniform(static_cast<__nv_bfloat16*>(data), count, NextSeed(), -1.f, 1.f,
-                                  stream_)
-                    : FillUniform(static_cast<__half*>(data), count, NextSeed(), -1.f, 1.f,
-                                  stream_),
-                cudaSuccess);
-    }
-    EXPECT_EQ(FillBits(static_cast<__half*>(p.c), size_t(c) * s.batch * DataTypeBytes(f.c) / 2,
-                       Poison(), stream_),
+    EXPECT_EQ(testing::FillRandom(const_cast<void*>(p.a), size_t(a) * s.batch, f.ab, stream_),
+              cudaSuccess);
+    EXPECT_EQ(testing::FillRandom(const_cast<void*>(p.b), size_t(b) * s.batch, f.ab, stream_),
+              cudaSuccess);
+    EXPECT_EQ(testing::Poison(p.c, size_t(c) * s.batch * DataTypeBytes(f.c), f.c, stream_),
               cudaSuccess);
     return p;
   }
-
-  // 0x7E00 is an fp16 NaN, 0x7FC0 a bf16 one and, in both halves, an fp32 one.
-  uint16_t Poison() const { return GetParam().c == DataType::kFp16 ? 0x7E00 : 0x7FC0; }
 
   // Checks every item of `p` (run and synchronized) against float64 sums of its inputs, and
   // that the gaps between items still hold the poison.
@@ -196,15 +151,13 @@ class BatchedGemm : public ::testing::TestWithParam<Form> {
         for (size_t byte = 0; byte < c_bytes; byte += 2) {
           uint16_t bits;
           std::memcpy(&bits, raw_c.data() + e * c_bytes + byte, 2);
-          gap_writes += bits != Poison();
+          gap_writes += bits != testing::PoisonBits(f.c);
         }
     }
     EXPECT_EQ(gap_writes, 0) << "elements written between items";
     const ErrorStats stats =
         CompareToReference(ours.data(), reference.data(), int64_t(ours.size()));
-    const double bar = f.c == DataType::kBf16   ? kKernelToleranceBf16
-                       : f.c == DataType::kFp32 ? kKernelTolerance.fp32_acc
-                                                : kKernelTolerance.For(f.acc == Accumulation::kFp16);
+    const double bar = testing::ToleranceFor(f.c, f.acc);
     EXPECT_EQ(stats.nan_count, 0u) << stats.ToString();
     EXPECT_LE(stats.rel_frobenius, bar) << stats.ToString();
     std::printf("[ batch ] %-26s %s %-9s %s %dx%dx%dx%d stride_c %lld rel_frob=%.3e\n",

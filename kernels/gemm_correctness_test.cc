@@ -10,19 +10,13 @@
 
 #include <gtest/gtest.h>
 
-#include "kernels/fill.h"
 #include "proto/numerics/error_stats.h"
+#include "kernels/assert_cuda.h"
 #include "kernels/registry.h"
 #include "kernels/testing.h"
 
 namespace hgemm::kernels {
 namespace {
-
-#define ASSERT_CUDA(expr)                                                       \
-  do {                                                                          \
-    const cudaError_t e_ = (expr);                                              \
-    ASSERT_EQ(e_, cudaSuccess) << #expr << ": " << cudaGetErrorString(e_);      \
-  } while (0)
 
 struct Shape {
   int m, n, k;
@@ -60,27 +54,10 @@ std::string CaseName(const ::testing::TestParamInfo<Case>& info) {
          std::to_string(c.shape.n) + "x" + std::to_string(c.shape.k);
 }
 
-bool HaveGpu(int* cc) {
-  int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
-    cudaGetLastError();
-    return false;
-  }
-  cudaDeviceProp prop{};
-  if (cudaGetDeviceProperties(&prop, 0) != cudaSuccess) return false;
-  *cc = prop.major * 10 + prop.minor;
-  return true;
-}
-
-uint64_t NextSeed() {
-  static uint64_t seed = 0x5eed;
-  return ++seed;
-}
-
 class GemmCorrectness : public ::testing::TestWithParam<Case> {
  protected:
   void SetUp() override {
-    if (!HaveGpu(&cc_)) GTEST_SKIP() << "no CUDA device";
+    if (!testing::HaveGpu(&cc_)) GTEST_SKIP() << "no CUDA device";
     ASSERT_CUDA(cudaStreamCreate(&stream_));
   }
   void TearDown() override {
@@ -112,9 +89,9 @@ TEST_P(GemmCorrectness, MatchesFp32Reference) {
   auto* out = reinterpret_cast<__half*>(Alloc<uint16_t>(size_t(m) * n));
   float* ref = Alloc<float>(size_t(m) * n);
   ASSERT_FALSE(HasFailure());
-  ASSERT_CUDA(FillUniform(a, size_t(m) * k, NextSeed(), -1.f, 1.f, stream_));
-  ASSERT_CUDA(FillUniform(b, size_t(k) * n, NextSeed(), -1.f, 1.f, stream_));
-  ASSERT_CUDA(FillBits(out, size_t(m) * n, 0x7E00, stream_));  // NaN: unwritten outputs fail
+  ASSERT_CUDA(testing::FillRandom(a, size_t(m) * k, DataType::kFp16, stream_));
+  ASSERT_CUDA(testing::FillRandom(b, size_t(k) * n, DataType::kFp16, stream_));
+  ASSERT_CUDA(testing::Poison(out, size_t(m) * n * 2, DataType::kFp16, stream_));
   ASSERT_CUDA(testing::ReferenceGemm(a, b, ref, m, n, k, stream_));
 
   LaunchContext ctx(stream_);
@@ -183,8 +160,8 @@ TEST_P(LongKFp16, WithinTwiceCublasError) {
   auto* out = reinterpret_cast<__half*>(Alloc<uint16_t>(size_t(m) * n));
   float* ref = Alloc<float>(size_t(m) * n);
   ASSERT_FALSE(HasFailure());
-  ASSERT_CUDA(FillUniform(a, size_t(m) * k, NextSeed(), -1.f, 1.f, stream_));
-  ASSERT_CUDA(FillUniform(b, size_t(k) * n, NextSeed(), -1.f, 1.f, stream_));
+  ASSERT_CUDA(testing::FillRandom(a, size_t(m) * k, DataType::kFp16, stream_));
+  ASSERT_CUDA(testing::FillRandom(b, size_t(k) * n, DataType::kFp16, stream_));
   ASSERT_CUDA(testing::ReferenceGemm(a, b, ref, m, n, k, stream_));
   std::vector<float> host_ref(size_t(m) * n);
   ASSERT_CUDA(cudaMemcpyAsync(host_ref.data(), ref, host_ref.size() * sizeof(float),
@@ -192,7 +169,7 @@ TEST_P(LongKFp16, WithinTwiceCublasError) {
 
   LaunchContext ctx(stream_);
   auto run = [&](const VariantInfo& variant, ErrorStats* stats) {
-    ASSERT_CUDA(FillBits(out, size_t(m) * n, 0x7E00, stream_));  // NaN: unwritten outputs fail
+    ASSERT_CUDA(testing::Poison(out, size_t(m) * n * 2, DataType::kFp16, stream_));
     ASSERT_EQ(Launch(variant, GemmProblem{a, b, out, m, n, k, Accumulation::kFp16}, ctx), "");
     ASSERT_CUDA(cudaStreamSynchronize(stream_));
     std::vector<uint16_t> host_out(size_t(m) * n);
@@ -237,23 +214,11 @@ const Shape kLayoutShapes[] = {
 };
 const Shape kStridedShapes[] = {{136, 264, 104}, {1000, 1000, 1000}};
 
-struct TypeCombo {
-  DataType ab, c;
-  Accumulation acc;
-};
-const TypeCombo kTypeCombos[] = {
-    {DataType::kFp16, DataType::kFp16, Accumulation::kFp32},
-    {DataType::kFp16, DataType::kFp16, Accumulation::kFp16},
-    {DataType::kFp16, DataType::kFp32, Accumulation::kFp32},
-    {DataType::kBf16, DataType::kBf16, Accumulation::kFp32},
-    {DataType::kBf16, DataType::kFp32, Accumulation::kFp32},
-};
-
 std::vector<LayoutCase> LayoutCases() {
   std::vector<LayoutCase> cases;
   for (const VariantInfo& v : Variants())
     for (int layout = 0; layout < 4; ++layout)
-      for (const TypeCombo& t : kTypeCombos) {
+      for (const testing::TypeCombo& t : testing::kTypeCombos) {
         const bool ta = layout & 2, tb = layout & 1;
         // NN fp16 packed is the Small/Large suites' case.
         const bool beyond = ta || tb || t.ab != DataType::kFp16 || t.c != DataType::kFp16;
@@ -271,9 +236,7 @@ std::vector<LayoutCase> LayoutCases() {
 
 std::string LayoutCaseName(const ::testing::TestParamInfo<LayoutCase>& info) {
   const LayoutCase& c = info.param;
-  std::string types = TypesName(c.ab, c.c);
-  if (auto arrow = types.find("→"); arrow != std::string::npos) types.replace(arrow, 3, "_to_");
-  return c.variant + "_" + LayoutName(c.ta, c.tb) + "_" + types + "_" +
+  return c.variant + "_" + LayoutName(c.ta, c.tb) + "_" + testing::TypesTestName(c.ab, c.c) + "_" +
          AccumulationName(c.acc) + "acc_" + std::to_string(c.shape.m) + "x" +
          std::to_string(c.shape.n) + "x" + std::to_string(c.shape.k) + (c.strided ? "_ld" : "");
 }
@@ -281,7 +244,7 @@ std::string LayoutCaseName(const ::testing::TestParamInfo<LayoutCase>& info) {
 class LayoutCorrectness : public ::testing::TestWithParam<LayoutCase> {
  protected:
   void SetUp() override {
-    if (!HaveGpu(&cc_)) GTEST_SKIP() << "no CUDA device";
+    if (!testing::HaveGpu(&cc_)) GTEST_SKIP() << "no CUDA device";
     ASSERT_CUDA(cudaStreamCreate(&stream_));
   }
   void TearDown() override {
@@ -293,12 +256,6 @@ class LayoutCorrectness : public ::testing::TestWithParam<LayoutCase> {
     EXPECT_EQ(cudaMalloc(&p, bytes), cudaSuccess);
     buffers_.push_back(p);
     return p;
-  }
-  cudaError_t Fill(void* data, size_t count, DataType t) {
-    return t == DataType::kBf16
-               ? FillUniform(static_cast<__nv_bfloat16*>(data), count, NextSeed(), -1.f, 1.f,
-                             stream_)
-               : FillUniform(static_cast<__half*>(data), count, NextSeed(), -1.f, 1.f, stream_);
   }
 
   int cc_ = 0;
@@ -325,8 +282,8 @@ TEST_P(LayoutCorrectness, MatchesFp32ReferenceAndCublas) {
   void* out = Alloc(size_t(m) * ldc * c_bytes);
   auto* ref = static_cast<float*>(Alloc(size_t(m) * n * sizeof(float)));
   ASSERT_FALSE(HasFailure());
-  ASSERT_CUDA(Fill(a, size_t(a_rows) * lda, c.ab));
-  ASSERT_CUDA(Fill(b, size_t(b_rows) * ldb, c.ab));
+  ASSERT_CUDA(testing::FillRandom(a, size_t(a_rows) * lda, c.ab, stream_));
+  ASSERT_CUDA(testing::FillRandom(b, size_t(b_rows) * ldb, c.ab, stream_));
   ASSERT_CUDA(testing::ReferenceGemmEx(a, b, ref, m, n, k, c.ta, c.tb, lda, ldb,
                                        c.ab == DataType::kBf16, stream_));
   std::vector<float> host_ref(size_t(m) * n);
@@ -352,8 +309,7 @@ TEST_P(LayoutCorrectness, MatchesFp32ReferenceAndCublas) {
   }
   auto run = [&](const VariantInfo& variant, ErrorStats* stats) {
     // NaN in every element of C, the padding between rows included.
-    ASSERT_CUDA(FillBits(static_cast<__half*>(out), size_t(m) * ldc * c_bytes / 2,
-                         c.c == DataType::kFp16 ? 0x7E00 : 0x7FC0, stream_));
+    ASSERT_CUDA(testing::Poison(out, size_t(m) * ldc * c_bytes, c.c, stream_));
     ASSERT_EQ(Launch(variant, p, ctx), "");
     ASSERT_CUDA(cudaGetLastError());
     ASSERT_CUDA(cudaStreamSynchronize(stream_));
@@ -375,9 +331,7 @@ TEST_P(LayoutCorrectness, MatchesFp32ReferenceAndCublas) {
   ErrorStats ours, theirs;
   ASSERT_NO_FATAL_FAILURE(run(*v, &ours));
   ASSERT_NO_FATAL_FAILURE(run(*cublas, &theirs));
-  const double bar = c.c == DataType::kBf16 ? kKernelToleranceBf16
-                     : c.c == DataType::kFp32 ? kKernelTolerance.fp32_acc
-                                              : kKernelTolerance.For(c.acc == Accumulation::kFp16);
+  const double bar = testing::ToleranceFor(c.c, c.acc);
   const std::string where =
       ours.first_bad == SIZE_MAX
           ? std::string("-")
@@ -401,7 +355,7 @@ INSTANTIATE_TEST_SUITE_P(Layouts, LayoutCorrectness, ::testing::ValuesIn(kLayout
 // A second launch of the same bucket must reuse the tuned choice.
 TEST(AutoTune, CachesTheChoicePerBucket) {
   int cc = 0;
-  if (!HaveGpu(&cc)) GTEST_SKIP() << "no CUDA device";
+  if (!testing::HaveGpu(&cc)) GTEST_SKIP() << "no CUDA device";
   cudaStream_t stream;
   ASSERT_CUDA(cudaStreamCreate(&stream));
   {

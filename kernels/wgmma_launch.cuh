@@ -4,7 +4,7 @@
 // wgmma_instances_f32out.cu), so that the registry's
 // wgmma_variants.cu compiles none of the kernels; HGEMM_WGMMA_INSTANCES names them all.
 //
-// Thread safety: LaunchWgmmaGemm and TensorMap may be called from any thread; LaunchWgmmaGrouped
+// Thread safety: LaunchWgmmaGemm, TensorMap and ProblemTensorMaps may be called from any thread; LaunchWgmmaGrouped
 // from the thread that owns its LaunchContext.
 #ifndef HGEMM_KERNELS_WGMMA_LAUNCH_CUH_
 #define HGEMM_KERNELS_WGMMA_LAUNCH_CUH_
@@ -35,6 +35,30 @@ namespace hgemm::kernels::internal {
 bool TensorMap(const void* ptr, int rows, int cols, int ld, int batch, int64_t item_stride,
                int box_rows, int box_cols, CUtensorMapDataType type, CUtensorMap* out);
 
+// A, B and C's tensor maps of `p` as WgmmaGemmKernel<BN, ...> reads them (its A boxes BM rows,
+// B boxes BN; 64 along K), over `batch` items StridesOf(p) apart: p.batch for one launch of the
+// batch, 1 for one problem of a group. Returns false if one could not be encoded.
+// @tparam BM  the kernel's row block tile (WgmmaStage::BM, 64 · CONSUMERS).
+// @tparam BN, TRANS_A, TRANS_B, T, TC  see detail::WgmmaGemmKernel.
+template <int BM, int BN, bool TRANS_A, bool TRANS_B, typename T, typename TC>
+bool ProblemTensorMaps(const GemmProblem& p, int batch, CUtensorMap* a, CUtensorMap* b,
+                       CUtensorMap* c) {
+  constexpr bool kFp32Out = std::is_same_v<TC, float>;
+  constexpr CUtensorMapDataType kType = std::is_same_v<T, __nv_bfloat16>
+                                            ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                            : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+  // Stored extents: A is m×k (k×m transposed), B k×n (n×k transposed), C m×n.
+  const int a_rows = TRANS_A ? p.k : p.m, a_cols = TRANS_A ? p.m : p.k;
+  const int b_rows = TRANS_B ? p.n : p.k, b_cols = TRANS_B ? p.k : p.n;
+  const BatchStrides strides = StridesOf(p);
+  return TensorMap(p.a, a_rows, a_cols, p.lda ? p.lda : a_cols, batch, strides.a,
+                   TRANS_A ? 64 : BM, 64, kType, a) &&
+         TensorMap(p.b, b_rows, b_cols, p.ldb ? p.ldb : b_cols, batch, strides.b,
+                   TRANS_B ? BN : 64, 64, kType, b) &&
+         TensorMap(p.c, p.m, p.n, p.ldc ? p.ldc : p.n, batch, strides.c, 64, kFp32Out ? 32 : 64,
+                   kFp32Out ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32 : kType, c);
+}
+
 // Enqueues C = op(A)·op(B) with WgmmaGemmKernel<...> on `stream`: one launch for the whole
 // batch.
 // REQUIRES: CheckProblem passed for a wgmma variant of this configuration, p.transpose_a ==
@@ -47,25 +71,12 @@ cudaError_t LaunchWgmmaGemm(const GemmProblem& p, cudaStream_t stream) {
   using Cfg = detail::WgmmaStage<BN, CONSUMERS, K_STAGE, GROUP_M>;
   constexpr auto* kernel =
       &detail::WgmmaGemmKernel<BN, CONSUMERS, K_STAGE, GROUP_M, TRANS_A, TRANS_B, T, TC>;
-  constexpr bool kFp32Out = std::is_same_v<TC, float>;
-  constexpr CUtensorMapDataType kType = std::is_same_v<T, __nv_bfloat16>
-                                            ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
-                                            : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
   int device = 0;
   HGEMM_RETURN_IF_CUDA_ERROR(cudaGetDevice(&device));
   HGEMM_RETURN_IF_CUDA_ERROR(detail::OptInDynamicSmem<kernel>(device, Cfg::kSmemBytes));
-  // Stored extents: A is m×k (k×m transposed), B k×n (n×k transposed), C m×n; a batch's items
-  // StridesOf apart.
-  const int a_rows = TRANS_A ? p.k : p.m, a_cols = TRANS_A ? p.m : p.k;
-  const int b_rows = TRANS_B ? p.n : p.k, b_cols = TRANS_B ? p.k : p.n;
-  const BatchStrides strides = StridesOf(p);
   CUtensorMap map_a, map_b, map_c;
-  if (!TensorMap(p.a, a_rows, a_cols, p.lda ? p.lda : a_cols, p.batch, strides.a,
-                 TRANS_A ? 64 : Cfg::BM, 64, kType, &map_a) ||
-      !TensorMap(p.b, b_rows, b_cols, p.ldb ? p.ldb : b_cols, p.batch, strides.b,
-                 TRANS_B ? BN : 64, 64, kType, &map_b) ||
-      !TensorMap(p.c, p.m, p.n, p.ldc ? p.ldc : p.n, p.batch, strides.c, 64, kFp32Out ? 32 : 64,
-                 kFp32Out ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32 : kType, &map_c))
+  if (!ProblemTensorMaps<Cfg::BM, BN, TRANS_A, TRANS_B, T, TC>(p, p.batch, &map_a, &map_b,
+                                                               &map_c))
     return cudaErrorInvalidValue;
   int sms = 0;
   HGEMM_RETURN_IF_CUDA_ERROR(detail::SmCount(device, &sms));
@@ -88,10 +99,6 @@ std::string LaunchWgmmaGrouped(const std::vector<GemmProblem>& problems, LaunchC
   using Cfg = detail::WgmmaStage<BN, CONSUMERS, K_STAGE, GROUP_M>;
   constexpr auto* kernel =
       &detail::WgmmaGemmKernel<BN, CONSUMERS, K_STAGE, GROUP_M, TRANS_A, TRANS_B, T, TC>;
-  constexpr bool kFp32Out = std::is_same_v<TC, float>;
-  constexpr CUtensorMapDataType kType = std::is_same_v<T, __nv_bfloat16>
-                                            ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
-                                            : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
   int device = 0;
   if (cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return CudaErrorText("cudaGetDevice", e);
   if (cudaError_t e = detail::OptInDynamicSmem<kernel>(device, Cfg::kSmemBytes); e != cudaSuccess)
@@ -100,16 +107,8 @@ std::string LaunchWgmmaGrouped(const std::vector<GemmProblem>& problems, LaunchC
   long long tiles = 0;
   for (size_t i = 0; i < problems.size(); ++i) {
     const GemmProblem& p = problems[i];
-    const int a_rows = TRANS_A ? p.k : p.m, a_cols = TRANS_A ? p.m : p.k;
-    const int b_rows = TRANS_B ? p.n : p.k, b_cols = TRANS_B ? p.k : p.n;
-    const BatchStrides strides = StridesOf(p);  // one item each
     detail::GroupProblem& g = host[i];
-    if (!TensorMap(p.a, a_rows, a_cols, p.lda ? p.lda : a_cols, 1, strides.a,
-                   TRANS_A ? 64 : Cfg::BM, 64, kType, &g.a) ||
-        !TensorMap(p.b, b_rows, b_cols, p.ldb ? p.ldb : b_cols, 1, strides.b,
-                   TRANS_B ? BN : 64, 64, kType, &g.b) ||
-        !TensorMap(p.c, p.m, p.n, p.ldc ? p.ldc : p.n, 1, strides.c, 64, kFp32Out ? 32 : 64,
-                   kFp32Out ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32 : kType, &g.c))
+    if (!ProblemTensorMaps<Cfg::BM, BN, TRANS_A, TRANS_B, T, TC>(p, 1, &g.a, &g.b, &g.c))
       return "problem " + std::to_string(i) + ": a tensor map could not be encoded";
     g.m = p.m;
     g.n = p.n;

@@ -7,11 +7,9 @@
 // HGEMM_SERVER_BINARY names the server binary outside Bazel (tools/gpu_e2e.sh).
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
-#include <stdlib.h>
 
 #include <chrono>
 #include <cstring>
-#include <filesystem>
 #include <memory>
 #include <random>
 #include <string>
@@ -19,6 +17,7 @@
 #include "client/gemm_client.h"
 #include "proto/numerics/error_stats.h"
 #include "server/testing/child_process.h"
+#include "server/testing/region_test.h"
 #include "server/testing/test_requests.h"
 
 namespace hgemm {
@@ -38,7 +37,7 @@ std::string Uuid(int ordinal) {
   return out;
 }
 
-class CudaIpcTest : public ::testing::Test {
+class CudaIpcTest : public RegionTest {
  protected:
   void SetUp() override {
     int count = 0;
@@ -47,28 +46,21 @@ class CudaIpcTest : public ::testing::Test {
       GTEST_SKIP() << "no GPU";
     }
     ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
-    char dir[] = "/tmp/hgemm_cuda_ipc_test_XXXXXX";
-    ASSERT_NE(mkdtemp(dir), nullptr);
-    dir_ = dir;
-    const char* binary = std::getenv("HGEMM_SERVER_BINARY");
-    const std::string socket = dir_ + "/hgemm.sock";
-    server_ = std::make_unique<subprocess::ChildProcess>(
-        binary != nullptr ? binary : subprocess::RunfilePath("server/hgemm_server"),
-        std::vector<std::string>{
-            "--backend=cuda", "--streams_per_device=2", "--allow_shared_memory",
-            "--listen=127.0.0.1:" + std::to_string(subprocess::FreePort()),
-            "--listen=unix:" + socket});
-    auto channel = Connect("unix:" + socket);
+    MakeSocketDir();
+    server_ = std::make_unique<subprocess::ServerProcess>(std::vector<std::string>{
+        "--backend=cuda", "--streams_per_device=2", "--allow_shared_memory",
+        "--listen=" + socket_address()});
+    auto channel = Connect(socket_address());
     if (!channel->WaitForConnected(std::chrono::system_clock::now() + std::chrono::seconds(60))) {
       GTEST_SKIP() << "hgemm_server --backend=cuda did not start (no usable GPU?): "
-                   << server_->Output();
+                   << server_->process().Output();
     }
     stub_ = v1::GemmService::NewStub(channel);
   }
   void TearDown() override {
     stub_.reset();
     server_.reset();
-    if (!dir_.empty()) std::filesystem::remove_all(dir_);
+    RegionTest::TearDown();
   }
 
   // Device memory of `bytes` on device 0 and its IPC handle.
@@ -84,30 +76,6 @@ class CudaIpcTest : public ::testing::Test {
     cudaIpcMemHandle_t handle;
     ASSERT_EQ(cudaIpcGetMemHandle(&handle, memory->data), cudaSuccess);
     memory->handle.assign(reinterpret_cast<const char*>(&handle), sizeof(handle));
-  }
-  grpc::Status RegisterIpc(const std::string& handle, const std::string& device, int64_t bytes,
-                           v1::RegionInfo* info) {
-    grpc::ClientContext context;
-    v1::RegisterRegionRequest request;
-    request.set_byte_size(bytes);
-    request.mutable_cuda_ipc()->set_handle(handle);
-    request.mutable_cuda_ipc()->set_device(device);
-    return stub_->RegisterRegion(&context, request, info);
-  }
-  grpc::Status Unregister(const std::string& region) {
-    grpc::ClientContext context;
-    v1::UnregisterRegionRequest request;
-    request.set_region(region);
-    v1::UnregisterRegionResponse response;
-    return stub_->UnregisterRegion(&context, request, &response);
-  }
-  grpc::Status Gemm(const v1::GemmRequest& request, v1::GemmResponse* response) {
-    grpc::ClientContext context;
-    return stub_->Gemm(&context, request, response);
-  }
-  static void SetRegion(v1::RegionRef* ref, const std::string& region, uint64_t offset) {
-    ref->set_region(region);
-    ref->set_offset(offset);
   }
   static void ToDevice(void* device, int64_t offset, const std::string& bytes) {
     ASSERT_EQ(cudaMemcpy(static_cast<char*>(device) + offset, bytes.data(), bytes.size(),
@@ -155,10 +123,8 @@ class CudaIpcTest : public ::testing::Test {
     return FromDevice(memory.data, c_offset, c_bytes);
   }
 
-  std::string dir_;
   std::mt19937_64 rng_{20261205};
-  std::unique_ptr<subprocess::ChildProcess> server_;
-  std::unique_ptr<v1::GemmService::Stub> stub_;
+  std::unique_ptr<subprocess::ServerProcess> server_;
 };
 
 TEST_F(CudaIpcTest, GemmInPlaceOnTheClientsDeviceMemory) {

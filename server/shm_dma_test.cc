@@ -3,10 +3,7 @@
 // (cudaHostRegister) and copies A, B, C_in and C between it and the device without staging.
 // Skips when no usable GPU is present.
 #include <gtest/gtest.h>
-#include <stdlib.h>
-#include <unistd.h>
 
-#include <filesystem>
 #include <future>
 #include <memory>
 #include <random>
@@ -19,6 +16,7 @@
 #include "server/testing/forwarding_backend.h"
 #include "server/testing/gated_backend.h"
 #include "server/testing/memfd.h"
+#include "server/testing/region_test.h"
 #include "server/testing/test_requests.h"
 
 namespace hgemm {
@@ -33,20 +31,18 @@ class NoPinBackend final : public ForwardingBackend {
   }
 };
 
-class ShmDmaTest : public ::testing::Test {
+class ShmDmaTest : public RegionTest {
  protected:
   void SetUp() override {
     std::string error;
     if (!MakeCudaBackend({.streams_per_device = 2}, &error)) {
       GTEST_SKIP() << "no usable GPU: " << error;
     }
-    char dir[] = "/tmp/hgemm_shm_dma_test_XXXXXX";
-    ASSERT_NE(mkdtemp(dir), nullptr);
-    dir_ = dir;
+    MakeSocketDir();
   }
   void TearDown() override {
     server_.reset();
-    if (!dir_.empty()) std::filesystem::remove_all(dir_);
+    RegionTest::TearDown();
   }
 
   // A server on the CUDA backend (wrapped by `wrap` if given) with shared memory on.
@@ -57,43 +53,12 @@ class ShmDmaTest : public ::testing::Test {
     if (wrap) backend = wrap(std::move(backend));
     ServerOptions options;
     options.listen_address = "127.0.0.1:0";
-    options.more_listen_addresses = {"unix:" + dir_ + "/hgemm.sock"};
+    options.more_listen_addresses = {socket_address()};
     options.service.regions.allow_shared_memory = true;
     server_ = HgemmServer::Start(options, std::move(backend));
     ASSERT_NE(server_, nullptr);
     stub_ = v1::GemmService::NewStub(
-        grpc::CreateChannel("unix:" + dir_ + "/hgemm.sock", grpc::InsecureChannelCredentials()));
-  }
-
-  grpc::Status Register(const TestMemfd& file, int64_t bytes, v1::RegionInfo* info) {
-    grpc::ClientContext context;
-    v1::RegisterRegionRequest request;
-    request.set_path(file.path());
-    request.set_byte_size(bytes);
-    return stub_->RegisterRegion(&context, request, info);
-  }
-  grpc::Status Unregister(const std::string& region) {
-    grpc::ClientContext context;
-    v1::UnregisterRegionRequest request;
-    request.set_region(region);
-    v1::UnregisterRegionResponse response;
-    return stub_->UnregisterRegion(&context, request, &response);
-  }
-  grpc::Status Gemm(const v1::GemmRequest& request, v1::GemmResponse* response) {
-    grpc::ClientContext context;
-    return stub_->Gemm(&context, request, response);
-  }
-  static void Write(const TestMemfd& file, int64_t offset, const std::string& bytes) {
-    ASSERT_EQ(pwrite(file.fd(), bytes.data(), bytes.size(), offset), ssize_t(bytes.size()));
-  }
-  static std::string Read(const TestMemfd& file, int64_t offset, int64_t bytes) {
-    std::string out(bytes, '\0');
-    EXPECT_EQ(pread(file.fd(), out.data(), bytes, offset), ssize_t(bytes));
-    return out;
-  }
-  static void SetRegion(v1::RegionRef* ref, const std::string& region, uint64_t offset) {
-    ref->set_region(region);
-    ref->set_offset(offset);
+        grpc::CreateChannel(socket_address(), grpc::InsecureChannelCredentials()));
   }
 
   // `r`'s A, B and C_in (with beta ≠ 0) in one region, C poisoned in another: the GEMM by
@@ -127,10 +92,8 @@ class ShmDmaTest : public ::testing::Test {
     return Read(out, 0, c_bytes);
   }
 
-  std::string dir_;
   std::mt19937_64 rng_{20261205};
   std::unique_ptr<HgemmServer> server_;
-  std::unique_ptr<v1::GemmService::Stub> stub_;
 };
 
 // An odd shape with alpha/beta and C_in from a region, against float64; a large one (each

@@ -1,13 +1,11 @@
 // End to end over a real Unix socket (in a temporary directory) with the CPU backend: the
 // listener beside TCP, and shared-memory regions (real memfds) named by Gemm calls.
 #include <gtest/gtest.h>
-#include <stdlib.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdio>
 #include <cstring>
-#include <filesystem>
 #include <future>
 #include <limits>
 #include <map>
@@ -24,6 +22,7 @@
 #include "server/testing/forwarding_backend.h"
 #include "server/testing/gated_backend.h"
 #include "server/testing/memfd.h"
+#include "server/testing/region_test.h"
 #include "server/testing/test_requests.h"
 
 namespace hgemm {
@@ -39,27 +38,22 @@ const uint16_t* Half(const std::string& bytes) {
   return reinterpret_cast<const uint16_t*>(bytes.data());
 }
 
-class ShmTest : public ::testing::Test {
+class ShmTest : public RegionTest {
  protected:
-  void SetUp() override {
-    char dir[] = "/tmp/hgemm_shm_test_XXXXXX";
-    ASSERT_NE(mkdtemp(dir), nullptr);
-    dir_ = dir;
-    socket_path_ = dir_ + "/hgemm.sock";
-  }
+  void SetUp() override { MakeSocketDir(); }
   void TearDown() override {
     server_.reset();
-    std::filesystem::remove_all(dir_);
+    RegionTest::TearDown();
   }
 
   void StartServer(ServerOptions options, std::unique_ptr<Backend> backend = nullptr) {
     server_.reset();
     options.listen_address = "127.0.0.1:0";
-    options.more_listen_addresses = {"unix:" + socket_path_};
+    options.more_listen_addresses = {socket_address()};
     if (!backend) backend = MakeCpuBackend({.workers = 2});
     server_ = HgemmServer::Start(options, std::move(backend));
     ASSERT_NE(server_, nullptr);
-    unix_ = v1::GemmService::NewStub(Connect("unix:" + socket_path_));
+    stub_ = v1::GemmService::NewStub(Connect(socket_address()));
     tcp_ = v1::GemmService::NewStub(Connect("127.0.0.1:" + std::to_string(server_->port())));
   }
 
@@ -69,49 +63,9 @@ class ShmTest : public ::testing::Test {
     return options;
   }
 
-  // Registers `bytes` of `file` over the Unix socket as client `client_id`.
-  grpc::Status Register(const TestMemfd& file, int64_t bytes, v1::RegionInfo* info,
-                        const std::string& client_id = "alice",
-                        v1::GemmService::Stub* stub = nullptr) {
-    grpc::ClientContext context;
-    context.AddMetadata("x-client-id", client_id);
-    v1::RegisterRegionRequest request;
-    request.set_path(file.path());
-    request.set_byte_size(bytes);
-    return (stub ? stub : unix_.get())->RegisterRegion(&context, request, info);
-  }
-  grpc::Status Unregister(const std::string& region, const std::string& client_id = "alice") {
-    grpc::ClientContext context;
-    context.AddMetadata("x-client-id", client_id);
-    v1::UnregisterRegionRequest request;
-    request.set_region(region);
-    v1::UnregisterRegionResponse response;
-    return unix_->UnregisterRegion(&context, request, &response);
-  }
-  grpc::Status Gemm(const v1::GemmRequest& request, v1::GemmResponse* response,
-                    const std::string& client_id = "alice", v1::GemmService::Stub* stub = nullptr) {
-    grpc::ClientContext context;
-    context.AddMetadata("x-client-id", client_id);
-    return (stub ? stub : unix_.get())->Gemm(&context, request, response);
-  }
-  // `bytes` written at `offset` of `file`.
-  static void Write(const TestMemfd& file, int64_t offset, const std::string& bytes) {
-    ASSERT_EQ(pwrite(file.fd(), bytes.data(), bytes.size(), offset), ssize_t(bytes.size()));
-  }
-  static std::string Read(const TestMemfd& file, int64_t offset, int64_t bytes) {
-    std::string out(bytes, '\0');
-    EXPECT_EQ(pread(file.fd(), out.data(), bytes, offset), ssize_t(bytes));
-    return out;
-  }
-  static void SetRegion(v1::RegionRef* ref, const std::string& region, uint64_t offset) {
-    ref->set_region(region);
-    ref->set_offset(offset);
-  }
-
-  std::string dir_, socket_path_;
   std::mt19937_64 rng_{20261204};
   std::unique_ptr<HgemmServer> server_;
-  std::unique_ptr<v1::GemmService::Stub> unix_, tcp_;
+  std::unique_ptr<v1::GemmService::Stub> tcp_;
 };
 
 TEST_F(ShmTest, UnixSocketServesBesideTcpWithItsMode) {
@@ -119,10 +73,10 @@ TEST_F(ShmTest, UnixSocketServesBesideTcpWithItsMode) {
   options.unix_socket_mode = 0660;
   StartServer(options);
   struct stat st {};
-  ASSERT_EQ(stat(socket_path_.c_str(), &st), 0);
+  ASSERT_EQ(stat(socket_path().c_str(), &st), 0);
   EXPECT_TRUE(S_ISSOCK(st.st_mode));
   EXPECT_EQ(st.st_mode & 0777, 0660u);
-  for (v1::GemmService::Stub* stub : {unix_.get(), tcp_.get()}) {
+  for (v1::GemmService::Stub* stub : {stub_.get(), tcp_.get()}) {
     v1::GemmRequest r = RandomRequest(19, 7, 33, rng_);
     v1::GemmResponse response;
     grpc::ClientContext context;
@@ -163,7 +117,7 @@ TEST_F(ShmTest, RegisterUseUnregister) {
   grpc::ClientContext context;
   context.AddMetadata("x-client-id", "alice");
   v1::ListRegionsResponse list;
-  ASSERT_TRUE(unix_->ListRegions(&context, {}, &list).ok());
+  ASSERT_TRUE(stub_->ListRegions(&context, {}, &list).ok());
   EXPECT_EQ(list.regions_size(), 2);
   EXPECT_EQ(list.client_bytes(), r.a().size() + 64 + r.b().size() + 2 * kM * kN);
   EXPECT_TRUE(Unregister(in.region()).ok());
@@ -406,22 +360,22 @@ TEST_F(ShmTest, ResidentMatrixUploadedFromARegion) {
     context.AddMetadata("x-client-id", "alice");
     v1::DownloadMatrixRequest request;
     request.set_handle(handle);
-    auto reader = unix_->DownloadMatrix(&context, request);
+    auto reader = stub_->DownloadMatrix(&context, request);
     std::string got;
     for (v1::ResultChunk chunk; reader->Read(&chunk);) got += chunk.data();
     EXPECT_TRUE(reader->Finish().ok());
     return got;
   };
   v1::MatrixInfo info;
-  grpc::Status s = upload(64, "", &info, unix_.get());
+  grpc::Status s = upload(64, "", &info, stub_.get());
   ASSERT_TRUE(s.ok()) << s.error_message();
   EXPECT_EQ(info.bytes(), bytes.size());
   EXPECT_EQ(download(info.handle()), bytes);
   Write(file, 64, std::string(bytes.size(), '\0'));  // copied at the upload: no later effect
   EXPECT_EQ(download(info.handle()), bytes);
 
-  EXPECT_EQ(upload(64, "xx", &info, unix_.get()).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
-  s = upload(66, "", &info, unix_.get());  // one element past the end
+  EXPECT_EQ(upload(64, "xx", &info, stub_.get()).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  s = upload(66, "", &info, stub_.get());  // one element past the end
   EXPECT_EQ(s.error_code(), grpc::StatusCode::OUT_OF_RANGE);
   EXPECT_NE(s.error_message().find("header.region"), std::string::npos) << s.error_message();
   EXPECT_EQ(upload(64, "", &info, tcp_.get()).error_code(), grpc::StatusCode::PERMISSION_DENIED);
@@ -502,7 +456,7 @@ TEST_F(ShmTest, RegionsArePinnedForDmaOrFallBackToStaging) {
     grpc::ClientContext context;
     context.AddMetadata("x-client-id", "alice");
     v1::ListRegionsResponse list;
-    ASSERT_TRUE(unix_->ListRegions(&context, {}, &list).ok());
+    ASSERT_TRUE(stub_->ListRegions(&context, {}, &list).ok());
     ASSERT_EQ(list.regions_size(), 1);
     EXPECT_EQ(list.regions(0).dma(), pin_error.ok());
     ASSERT_TRUE(Unregister(info.region()).ok());
@@ -533,16 +487,16 @@ TEST_F(ShmTest, CudaIpcRegionsAreRefusedOnTheCpuBackend) {
     v1::RegionInfo info;
     return stub->RegisterRegion(&context, request, &info);
   };
-  grpc::Status s = register_ipc("", unix_.get());
+  grpc::Status s = register_ipc("", stub_.get());
   EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
   EXPECT_NE(s.error_message().find("CUDA IPC needs the CUDA backend"), std::string::npos)
       << s.error_message();
-  s = register_ipc("/proc/1/fd/3", unix_.get());
+  s = register_ipc("/proc/1/fd/3", stub_.get());
   EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_NE(s.error_message().find("path"), std::string::npos) << s.error_message();
   EXPECT_EQ(register_ipc("", tcp_.get()).error_code(), grpc::StatusCode::PERMISSION_DENIED);
   StartServer(ServerOptions{});
-  s = register_ipc("", unix_.get());
+  s = register_ipc("", stub_.get());
   EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
   EXPECT_NE(s.error_message().find("--allow_shared_memory"), std::string::npos);
 }
@@ -596,24 +550,14 @@ TEST_F(ShmTest, CudaIpcRegionUsedInPlace) {
   const int64_t c_offset = r.a().size() + r.b().size();
   std::memcpy(device + c_offset, r.c_in().data(), r.c_in().size());
 
-  auto register_ipc = [&](const std::string& ipc_handle, const std::string& device_name,
-                          int64_t size, v1::RegionInfo* info) {
-    grpc::ClientContext context;
-    context.AddMetadata("x-client-id", "alice");
-    v1::RegisterRegionRequest request;
-    request.set_byte_size(size);
-    request.mutable_cuda_ipc()->set_handle(ipc_handle);
-    request.mutable_cuda_ipc()->set_device(device_name);
-    return unix_->RegisterRegion(&context, request, info);
-  };
   v1::RegionInfo info;
-  EXPECT_EQ(register_ipc(handle, "GPU-other", bytes, &info).error_code(),
+  EXPECT_EQ(RegisterIpc(handle, "GPU-other", bytes, &info).error_code(),
             grpc::StatusCode::FAILED_PRECONDITION);
-  EXPECT_EQ(register_ipc(std::string(64, 'x'), "GPU-fake", bytes, &info).error_code(),
+  EXPECT_EQ(RegisterIpc(std::string(64, 'x'), "GPU-fake", bytes, &info).error_code(),
             grpc::StatusCode::INVALID_ARGUMENT);
-  EXPECT_EQ(register_ipc(handle, "GPU-fake", bytes + 1, &info).error_code(),
+  EXPECT_EQ(RegisterIpc(handle, "GPU-fake", bytes + 1, &info).error_code(),
             grpc::StatusCode::INVALID_ARGUMENT);
-  grpc::Status s = register_ipc(handle, "GPU-fake", bytes, &info);
+  grpc::Status s = RegisterIpc(handle, "GPU-fake", bytes, &info);
   ASSERT_TRUE(s.ok()) << s.error_message();
   EXPECT_TRUE(info.cuda_ipc());
   EXPECT_EQ(info.device_id(), uint32_t(server_->backend().Devices()[0].id));
@@ -639,7 +583,7 @@ TEST_F(ShmTest, CudaIpcRegionUsedInPlace) {
   grpc::ClientContext context;
   context.AddMetadata("x-client-id", "alice");
   v1::ListRegionsResponse list;
-  ASSERT_TRUE(unix_->ListRegions(&context, {}, &list).ok());
+  ASSERT_TRUE(stub_->ListRegions(&context, {}, &list).ok());
   ASSERT_EQ(list.regions_size(), 1);
   EXPECT_TRUE(list.regions(0).cuda_ipc());
   EXPECT_TRUE(Unregister(info.region()).ok());

@@ -28,7 +28,7 @@
 
 namespace {
 
-using hgemm::subprocess::ChildProcess;
+using hgemm::subprocess::ServerProcess;
 
 constexpr uint16_t kPoison = 0x7e00;  // an fp16 NaN: any value left unwritten fails the check
 // NaN as fp16, bf16 and (two of them) fp32: C buffers of any type are filled with it first.
@@ -94,14 +94,12 @@ struct Error {
 class HgemmC : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    address_ = new std::string("127.0.0.1:" + std::to_string(hgemm::subprocess::FreePort()));
     // Also on a Unix socket, where shared memory is allowed (the region tests).
     char dir[] = "/tmp/hgemm_c_XXXXXX";
     socket_dir_ = new std::string(mkdtemp(dir) == nullptr ? "/tmp" : dir);
     unix_target_ = new std::string("unix:" + *socket_dir_ + "/hgemm.sock");
-    server_ = new ChildProcess(hgemm::subprocess::RunfilePath("server/hgemm_server"),
-                               {"--backend=cpu", "--cpu_workers=2", "--listen=" + *address_,
-                                "--listen=" + *unix_target_, "--allow_shared_memory"});
+    server_ = new ServerProcess({"--backend=cpu", "--cpu_workers=2", "--listen=" + *unix_target_,
+                                 "--allow_shared_memory"});
   }
   static void TearDownTestSuite() {
     delete server_;
@@ -109,27 +107,13 @@ class HgemmC : public ::testing::Test {
     rmdir(socket_dir_->c_str());
     delete socket_dir_;
     delete unix_target_;
-    delete address_;
   }
 
   void SetUp() override {
+    ASSERT_TRUE(server_->WaitUntilListening()) << server_->process().Output();
     Error e;
-    client_ = hgemm_client_create(address_->c_str(), nullptr, &e.code, &e.message);
+    client_ = hgemm_client_create(server_->address().c_str(), nullptr, &e.code, &e.message);
     ASSERT_NE(client_, nullptr) << e.text();
-    // The server is up once GetServerInfo answers.
-    hgemm_call_options_t* call = hgemm_call_options_create();
-    hgemm_call_options_set_timeout_ms(call, 500);
-    for (int tries = 0; tries < 120; ++tries) {
-      Error info_error;
-      hgemm_server_info_t* info = hgemm_server_info(client_, call, &info_error.code,
-                                                    &info_error.message);
-      if (info != nullptr) {
-        hgemm_server_info_destroy(info);
-        break;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(500));
-    }
-    hgemm_call_options_destroy(call);
   }
   void TearDown() override { hgemm_client_destroy(client_); }
 
@@ -152,17 +136,26 @@ class HgemmC : public ::testing::Test {
     return hgemm::RelativeFrobeniusError(c.data(), reference.data(), c.size());
   }
 
-  static std::string* address_;
   static std::string* socket_dir_;
   static std::string* unix_target_;  // the server's Unix socket: shared memory allowed
-  static ChildProcess* server_;
+  static ServerProcess* server_;
   hgemm_client_t* client_ = nullptr;
 };
 
-std::string* HgemmC::address_ = nullptr;
 std::string* HgemmC::socket_dir_ = nullptr;
 std::string* HgemmC::unix_target_ = nullptr;
-ChildProcess* HgemmC::server_ = nullptr;
+ServerProcess* HgemmC::server_ = nullptr;
+
+// A client of a free port on 127.0.0.1, where no server listens, made with `options` (null:
+// the defaults), which it destroys. Null (and a failure) if hgemm_client_create fails.
+hgemm_client_t* ClientOfNoServer(hgemm_client_options_t* options) {
+  const std::string address = "127.0.0.1:" + std::to_string(hgemm::subprocess::FreePort());
+  Error e;
+  hgemm_client_t* client = hgemm_client_create(address.c_str(), options, &e.code, &e.message);
+  if (options != nullptr) hgemm_client_options_destroy(options);
+  EXPECT_NE(client, nullptr) << e.text();
+  return client;
+}
 
 // Shared memory over the server's Unix socket: clients of their own client ids (regions belong
 // to a client).
@@ -235,12 +228,9 @@ TEST(HgemmCAbi, BadRetryPoliciesAreInvalidArgument) {
 TEST(HgemmCAbi, RetriesOfAnUnreachableServerEndUnavailable) {
   hgemm_client_options_t* options = hgemm_client_options_create();
   hgemm_client_options_set_retry_policy(options, 3, 1, 2, 2.0);
+  hgemm_client_t* client = ClientOfNoServer(options);
+  ASSERT_NE(client, nullptr);
   Error e;
-  hgemm_client_t* client =
-      hgemm_client_create(("127.0.0.1:" + std::to_string(hgemm::subprocess::FreePort())).c_str(),
-                          options, &e.code, &e.message);
-  hgemm_client_options_destroy(options);
-  ASSERT_NE(client, nullptr) << e.text();
   const uint16_t one = 0x3c00;
   uint16_t c = kPoison;
   hgemm_gemm(client, nullptr, 1, 1, 1, &one, 2, &one, 2, &c, 2, nullptr, &e.code, &e.message);
@@ -255,12 +245,9 @@ TEST(HgemmCAbi, RetriesOfAnUnreachableServerEndUnavailable) {
 TEST(HgemmCAbi, UnreachableServerIsUnavailable) {
   hgemm_client_options_t* options = hgemm_client_options_create();
   hgemm_client_options_set_timeout_ms(options, 5000);
+  hgemm_client_t* client = ClientOfNoServer(options);
+  ASSERT_NE(client, nullptr);
   Error e;
-  hgemm_client_t* client =
-      hgemm_client_create(("127.0.0.1:" + std::to_string(hgemm::subprocess::FreePort())).c_str(),
-                          options, &e.code, &e.message);
-  hgemm_client_options_destroy(options);
-  ASSERT_NE(client, nullptr) << e.text();
   const uint16_t one = 0x3c00;
   uint16_t c = kPoison;
   hgemm_gemm(client, nullptr, 1, 1, 1, &one, 2, &one, 2, &c, 2, nullptr, &e.code, &e.message);
@@ -568,12 +555,9 @@ TEST_F(HgemmC, GemmManyAddRefusesWrongSizesAndAddsNothing) {
 TEST(HgemmCAbi, GemmManyOnAnUnreachableServerLeavesEveryGemmUnanswered) {
   hgemm_client_options_t* client_options = hgemm_client_options_create();
   hgemm_client_options_set_timeout_ms(client_options, 5000);
+  hgemm_client_t* client = ClientOfNoServer(client_options);
+  ASSERT_NE(client, nullptr);
   Error e;
-  hgemm_client_t* client =
-      hgemm_client_create(("127.0.0.1:" + std::to_string(hgemm::subprocess::FreePort())).c_str(),
-                          client_options, &e.code, &e.message);
-  hgemm_client_options_destroy(client_options);
-  ASSERT_NE(client, nullptr) << e.text();
   FormGemm one(4, 4, 4, {}, 21), two(4, 4, 4, {.c_fp32 = true}, 22);
   hgemm_batch_t* batch = hgemm_batch_create();
   AddToBatch(batch, one);
@@ -818,7 +802,7 @@ TEST(HgemmCAbi, CancelEndsAnAsyncGemmWithCancelled) {
 
 TEST_F(HgemmC, ClientDestroyWaitsForItsAsyncGemms) {
   Error e;
-  hgemm_client_t* client = hgemm_client_create(address_->c_str(), nullptr, &e.code, &e.message);
+  hgemm_client_t* client = hgemm_client_create(server_->address().c_str(), nullptr, &e.code, &e.message);
   ASSERT_NE(client, nullptr) << e.text();
   std::vector<FormGemm> gemms;
   for (size_t i = 0; i < 12; ++i) gemms.emplace_back(64, 48, 96, AllForms()[i], 700 + i);
@@ -1267,11 +1251,9 @@ TEST_F(HgemmC, CancelEndsAStreamAndDestroyDoesNotWaitForAnswers) {
 }
 
 TEST(HgemmCAbi, StreamToAnUnreachableServerEndsUnavailable) {
+  hgemm_client_t* client = ClientOfNoServer(nullptr);
+  ASSERT_NE(client, nullptr);
   Error e;
-  hgemm_client_t* client =
-      hgemm_client_create(("127.0.0.1:" + std::to_string(hgemm::subprocess::FreePort())).c_str(),
-                          nullptr, &e.code, &e.message);
-  ASSERT_NE(client, nullptr) << e.text();
   hgemm_stream_t* stream = hgemm_stream_open(client, nullptr, &e.code, &e.message);
   ASSERT_NE(stream, nullptr) << e.text();
   const uint16_t one = 0x3c00;
@@ -1328,19 +1310,16 @@ TEST_F(HgemmC, GemmManyKeepsTheCsAskedFor) {
 }
 
 TEST(HgemmCAbi, StreamOutlivesItsClient) {
-  const std::string address = "127.0.0.1:" + std::to_string(hgemm::subprocess::FreePort());
-  ChildProcess server(hgemm::subprocess::RunfilePath("server/hgemm_server"),
-                      {"--backend=cpu", "--cpu_workers=1", "--listen=" + address});
+  ServerProcess server({"--backend=cpu", "--cpu_workers=1"});
+  ASSERT_TRUE(server.WaitUntilListening()) << server.process().Output();
   constexpr uint32_t m = 12, n = 10, k = 14;
   std::mt19937_64 rng(17);
   const std::vector<uint16_t> a = hgemm::RandomHalfMatrix(m * k, rng);
   const std::vector<uint16_t> b = hgemm::RandomHalfMatrix(k * n, rng);
   const std::vector<float> reference = hgemm::ReferenceGemm(a.data(), b.data(), m, n, k);
-  hgemm_client_options_t* options = hgemm_client_options_create();
-  hgemm_client_options_set_retry_policy(options, 60, 500, 500, 1.0);  // while the server starts
   Error e;
-  hgemm_client_t* client = hgemm_client_create(address.c_str(), options, &e.code, &e.message);
-  hgemm_client_options_destroy(options);
+  hgemm_client_t* client =
+      hgemm_client_create(server.address().c_str(), nullptr, &e.code, &e.message);
   ASSERT_NE(client, nullptr) << e.text();
   hgemm_server_info_t* info = hgemm_server_info(client, nullptr, &e.code, &e.message);
   ASSERT_NE(info, nullptr) << e.text();
@@ -1559,14 +1538,12 @@ TEST_F(HgemmC, ServerInfoAndKernelsAsJson) {
 }
 
 TEST(HgemmCAbi, JsonOfAnUnreachableServerIsUnavailable) {
-  const std::string target = "127.0.0.1:" + std::to_string(hgemm::subprocess::FreePort());
   hgemm_client_options_t* options = hgemm_client_options_create();
   hgemm_client_options_set_retry_policy(options, 1, 0, 0, 1.0);
   hgemm_client_options_set_timeout_ms(options, 2000);
+  hgemm_client_t* client = ClientOfNoServer(options);
+  ASSERT_NE(client, nullptr);
   Error e;
-  hgemm_client_t* client = hgemm_client_create(target.c_str(), options, &e.code, &e.message);
-  hgemm_client_options_destroy(options);
-  ASSERT_NE(client, nullptr) << e.text();
   EXPECT_EQ(hgemm_server_info_json(client, nullptr, &e.code, &e.message), nullptr);
   EXPECT_EQ(e.code, HGEMM_UNAVAILABLE) << e.text();
   EXPECT_EQ(hgemm_list_kernels_json(client, nullptr, &e.code, &e.message), nullptr);

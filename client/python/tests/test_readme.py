@@ -1,6 +1,8 @@
-"""The README's same-host quickstart, its two blocks run as they are written there: the shell
-block (but its `bazel build` line: tools/test_python.sh built the server) in a fresh directory
-whose bazel-bin/server/hgemm_server is the server under test, then the Python block there."""
+"""The README's quickstarts run as they are written there. The Python quickstart: its Python
+block against a test server (its address in place of 127.0.0.1:50051), printing the core in use.
+The same-host quickstart: its shell block (but its `bazel build` line: tools/test_python.sh built
+the server) in a fresh directory whose bazel-bin/server/hgemm_server is the server under test,
+then its Python block there."""
 import os
 import pathlib
 import re
@@ -12,14 +14,15 @@ import time
 import hgemm
 from conftest import REPO
 
-SECTION = "### Same host: Unix socket and shared memory (Python)"
+QUICKSTART = "## Quickstart (Python)"
+SAME_HOST = "### Same host: Unix socket and shared memory (Python)"
 
 
-def quickstart_blocks():
-    """(shell block, Python block) of the README's same-host quickstart."""
+def quickstart_blocks(heading):
+    """(shell block, Python block) of the README's section under `heading`."""
     text = (REPO / "README.md").read_text()
-    assert SECTION in text, f"README.md has no section {SECTION!r}"
-    section = re.split(r"\n##+ ", text.split(SECTION, 1)[1], maxsplit=1)[0]
+    assert heading in text, f"README.md has no section {heading!r}"
+    section = re.split(r"\n##+ ", text.split(heading, 1)[1], maxsplit=1)[0]
     sh = re.search(r"```sh\n(.*?)```", section, re.S)
     py = re.search(r"```python\n(.*?)```", section, re.S)
     assert sh and py, "the section lost its ```sh or ```python block"
@@ -41,8 +44,28 @@ def _stop(pid: int) -> None:
     os.kill(pid, signal.SIGKILL)
 
 
+def _run_python_block(py, cwd):
+    # The hgemm under test (the installed one, or the source tree's) whatever the cwd.
+    env = dict(os.environ, PYTHONPATH=str(pathlib.Path(hgemm.__file__).parents[1]))
+    return subprocess.run([sys.executable, "-c", py], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=600)
+
+
+def test_readme_quickstart(server, tmp_path):
+    sh, py = quickstart_blocks(QUICKSTART)
+    lines = sh.splitlines()
+    serve = next(i for i, line in enumerate(lines) if line.startswith("tools/demo.sh --keep &"))
+    # The Python block runs only once the server answers: the shell block waits for it.
+    assert lines[serve + 1].startswith("until ") and "--info" in lines[serve + 1], lines
+    assert py.count("127.0.0.1:50051") == 1, py
+    run = _run_python_block(py.replace("127.0.0.1:50051", server.address), tmp_path)
+    assert run.returncode == 0, (f"the README's Python block failed:\n{run.stderr}\n"
+                                 f"server log:\n{server.log_text()}")
+    assert run.stdout.split() == [hgemm.info()["core"]], run.stdout
+
+
 def test_readme_same_host_quickstart(tmp_path):
-    sh, py = quickstart_blocks()
+    sh, py = quickstart_blocks(SAME_HOST)
     lines = sh.splitlines()
     assert lines[0].startswith("bazel build "), lines[0]
     binary = os.environ.get("HGEMM_SERVER_BIN") or str(REPO / "bazel-bin/server/hgemm_server")
@@ -56,10 +79,7 @@ def test_readme_same_host_quickstart(tmp_path):
                        check=True)
     pid = int((tmp_path / "server.pid").read_text())
     try:
-        # The hgemm under test (the installed one, or the source tree's) whatever the cwd.
-        env = dict(os.environ, PYTHONPATH=str(pathlib.Path(hgemm.__file__).parents[1]))
-        run = subprocess.run([sys.executable, "-c", py], cwd=tmp_path, env=env,
-                             capture_output=True, text=True, timeout=600)
+        run = _run_python_block(py, tmp_path)
         assert run.returncode == 0, (f"the README's Python block failed:\n{run.stderr}\n"
                                      f"server log:\n{log_path.read_text()}")
         assert "C matches numpy" in run.stdout, run.stdout
