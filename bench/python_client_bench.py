@@ -18,6 +18,11 @@ all threads) per GEMM: what the client costs, however fast the server is.
 
 With --hgemm_load, every point is also run by hgemm_load (same shape, mode, resident mode and
 concurrency) and the table shows the ratio python / C++ of requests per second (target ≥ 0.9).
+
+Mode "shm" (same host: --server=unix:PATH of a server with --allow_shared_memory, resident
+none): each worker's A, B and C live in shared buffers of its client (c.shared_buffer), and
+each GEMM is c.gemm(A, B, out=C): a unary Gemm naming the regions, nothing sent but names
+(hgemm_load: --transport=shm).
 Its CPU time per GEMM ("C++ CPU ms") is the child process's user + system time over all the
 GEMMs it ran (verification and warm-up included: an upper bound).
 
@@ -59,8 +64,10 @@ DEFAULT_POINTS = [
 def parse_point(text):
     shape, mode, resident, conc = text.split(":")
     m, n, k = (int(x) for x in shape.split("x"))
-    if mode not in ("unary", "stream") or resident not in ("none", "b"):
-        raise ValueError(f"point {text!r}: mode unary|stream, resident none|b")
+    if mode not in ("unary", "stream", "shm") or resident not in ("none", "b"):
+        raise ValueError(f"point {text!r}: mode unary|stream|shm, resident none|b")
+    if mode == "shm" and resident != "none":
+        raise ValueError(f"point {text!r}: shm takes resident none (A and B in shared buffers)")
     return (m, n, k), mode, resident, [int(c) for c in conc.split(",")]
 
 
@@ -113,7 +120,14 @@ def run_point(args, transport, shape, mode, resident, concurrency, a, b):
 
     def worker(i):
         operand_b = handles[i] if handles[i] is not None else b
-        if streams[i] is not None:
+        operand_a = a
+        if mode == "shm":  # A, B and C in the client's shared buffers: names only
+            operand_a, operand_b = shared_copy(clients[i], a), shared_copy(clients[i], b)
+            out = clients[i].shared_buffer((m, n))
+
+            def gemm(a, b, **options):
+                return clients[i].gemm(a, b, out=out, **options)
+        elif streams[i] is not None:
             gemm = streams[i].gemm
         else:
             def gemm(a, b, **options):
@@ -123,7 +137,7 @@ def run_point(args, transport, shape, mode, resident, concurrency, a, b):
             if t0 >= stop:
                 return
             try:
-                r = gemm(a, operand_b, details=True)
+                r = gemm(operand_a, operand_b, details=True)
             except hgemm.Error as e:
                 with lock:
                     errors.append(e.status)
@@ -149,7 +163,7 @@ def run_point(args, transport, shape, mode, resident, concurrency, a, b):
         c.close()
     lat = np.array(latencies) * 1e3
     sent = 2 * m * k + (0 if resident == "b" else 2 * k * n)
-    wire = sent + 2 * m * n
+    wire = 0 if mode == "shm" else sent + 2 * m * n
     rps = len(lat) / args.duration_s
     return {
         "core": transport, "shape": f"{m}x{n}x{k}", "mode": mode, "resident": resident,
@@ -162,6 +176,13 @@ def run_point(args, transport, shape, mode, resident, concurrency, a, b):
         "server_kernel_ms": float(np.mean(kernel_ms)) if kernel_ms else float("nan"),
         "client_cpu_ms": 1e3 * (cpu_s[1] - cpu_s[0]) / len(lat) if len(lat) else float("nan"),
     }
+
+
+def shared_copy(client, x):
+    """x copied into a shared buffer of the client."""
+    buffer = client.shared_buffer(x.shape)
+    buffer[:] = x
+    return buffer
 
 
 def _cpu_seconds() -> float:
@@ -177,8 +198,10 @@ def _children_cpu_seconds() -> float:
 def run_cpp(args, row):
     """hgemm_load at the row's point: (req/s, CPU ms per GEMM over its whole run), or None."""
     with tempfile.NamedTemporaryFile(suffix=".csv") as f:
+        shm = row["mode"] == "shm"
         cmd = [args.hgemm_load, f"--server={args.server}", f"--shapes={row['shape']}",
-               f"--mode={row['mode']}", f"--resident={row['resident']}",
+               f"--mode={'unary' if shm else row['mode']}", f"--resident={row['resident']}",
+               f"--transport={'shm' if shm else 'grpc'}",
                f"--concurrency={row['concurrency']}", f"--csv={f.name}", "--verify=1"]
         cpu_before = _children_cpu_seconds()
         r = subprocess.run(cmd, capture_output=True, text=True)
@@ -187,7 +210,8 @@ def run_cpp(args, row):
             print(f"python_client_bench: hgemm_load failed ({r.returncode}):\n{r.stderr[-2000:]}",
                   file=sys.stderr)
             return None
-        rows = [x for x in csv.DictReader(open(f.name)) if x["target"] == "service"]
+        rows = [x for x in csv.DictReader(open(f.name))
+                if x["target"] == ("shm" if shm else "service")]
         if not rows:
             return None
         gemms = int(rows[0]["requests"]) + int(rows[0].get("warmup_requests") or 0)
@@ -226,7 +250,7 @@ def main():
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     p.add_argument("--server", default="127.0.0.1:50051")
     p.add_argument("--points", nargs="*", default=DEFAULT_POINTS,
-                   help="MxNxK:unary|stream:none|b:C1,C2,... (default: the issue-16 points)")
+                   help="MxNxK:unary|stream|shm:none|b:C1,C2,... (default: the issue-16 points)")
     p.add_argument("--warmup_s", type=float, default=2.0)
     p.add_argument("--duration_s", type=float, default=5.0)
     p.add_argument("--timeout_s", type=float, default=120.0)

@@ -4,6 +4,7 @@
 #include "client/c/hgemm.h"
 
 #include <fmt/format.h>
+#include <google/protobuf/util/json_util.h>
 
 #include <algorithm>
 #include <condition_variable>
@@ -11,6 +12,7 @@
 #include <cstring>
 #include <deque>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <new>
@@ -22,6 +24,7 @@
 
 #include "client/gemm_client.h"
 #include "client/retry.h"
+#include "client/shared_region.h"
 
 struct hgemm_client_options_t {
   hgemm::ConnectOptions connect;
@@ -77,6 +80,8 @@ struct hgemm_gemm_options_t {
   size_t c_in_bytes = 0;
   std::string c_in_handle;
   uint32_t batch = 0;
+  // {region, offset} of the parts in shared memory (an empty region: none).
+  hgemm::v1::RegionRef a_region, b_region, c_in_region, c_region;
 };
 
 struct hgemm_call_options_t {
@@ -90,6 +95,15 @@ struct hgemm_matrix_list_t {
 
 struct hgemm_server_info_t {
   hgemm::v1::ServerInfo proto;
+};
+
+struct hgemm_region_t {
+  std::unique_ptr<hgemm::SharedRegion> memory;
+  std::string handle;
+};
+
+struct hgemm_region_list_t {
+  hgemm::v1::ListRegionsResponse proto;
 };
 
 struct hgemm_call_t {
@@ -245,10 +259,28 @@ void FillInfo(const hgemm::v1::GemmResponse& response, bool streamed, hgemm_gemm
 // The checks made before anything is sent: the types, and operand and C sizes against m, n, k.
 grpc::Status CheckSizes(const hgemm_gemm_options_t& options, uint32_t m, uint32_t n, uint32_t k,
                         const void* a, size_t a_bytes, const void* b, size_t b_bytes,
-                        size_t c_capacity) {
+                        size_t c_capacity, bool takes_regions = false) {
   auto bad = [](const std::string& message) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, message);
   };
+  const bool a_in_region = !options.a_region.region().empty();
+  const bool b_in_region = !options.b_region.region().empty();
+  const bool c_in_in_region = !options.c_in_region.region().empty();
+  const bool c_in_region = !options.c_region.region().empty();
+  if (!takes_regions && (a_in_region || b_in_region || c_in_in_region || c_in_region)) {
+    return bad("regions: only hgemm_gemm() takes operands or C in shared memory");
+  }
+  if ((a_in_region && !options.a_handle.empty()) || (b_in_region && !options.b_handle.empty())) {
+    return bad(a_in_region && !options.a_handle.empty()
+                   ? "a: given both by handle and in a region; pass one"
+                   : "b: given both by handle and in a region; pass one");
+  }
+  if (c_in_in_region && (options.c_in != nullptr || !options.c_in_handle.empty())) {
+    return bad("c_in: given in a region and as bytes or by handle; pass one");
+  }
+  if (c_in_region && c_capacity != 0) {
+    return bad("c: pass NULL and 0 bytes for a C written into a region (c_region)");
+  }
   if (options.dtype < HGEMM_DTYPE_DEFAULT || options.dtype > HGEMM_DTYPE_BF16) {
     return bad(fmt::format("dtype {} is not HGEMM_DTYPE_DEFAULT, _FP16 or _BF16 (A and B)",
                            options.dtype));
@@ -256,7 +288,9 @@ grpc::Status CheckSizes(const hgemm_gemm_options_t& options, uint32_t m, uint32_
   if (options.c_dtype < HGEMM_DTYPE_DEFAULT || options.c_dtype > HGEMM_DTYPE_FP32) {
     return bad(fmt::format("c_dtype {} is not one of HGEMM_DTYPE_*", options.c_dtype));
   }
-  const bool a_by_handle = !options.a_handle.empty(), b_by_handle = !options.b_handle.empty();
+  // An operand by handle or in a region is not passed.
+  const bool a_by_handle = !options.a_handle.empty() || a_in_region;
+  const bool b_by_handle = !options.b_handle.empty() || b_in_region;
   const char* type = options.dtype == HGEMM_DTYPE_BF16 ? "bf16" : "fp16";
   const char* c_type = options.c_dtype == HGEMM_DTYPE_FP32 ? "fp32" : type;
   const unsigned c_size = options.c_dtype == HGEMM_DTYPE_FP32 ? 4 : 2;
@@ -267,12 +301,12 @@ grpc::Status CheckSizes(const hgemm_gemm_options_t& options, uint32_t m, uint32_
   const unsigned __int128 b_want = batch * 2 * k * n;
   const unsigned __int128 c_want = batch * c_size * m * n;
   if (a_by_handle ? a != nullptr || a_bytes != 0 : a_bytes != a_want || (a == nullptr && a_bytes)) {
-    return bad(a_by_handle ? "a: pass NULL and 0 bytes for an A given by handle"
+    return bad(a_by_handle ? "a: pass NULL and 0 bytes for an A given by handle or region"
                            : fmt::format("a_bytes is {}; an {}x{} {} A is {} bytes", a_bytes, m,
                                          k, type, static_cast<uint64_t>(a_want)));
   }
   if (b_by_handle ? b != nullptr || b_bytes != 0 : b_bytes != b_want || (b == nullptr && b_bytes)) {
-    return bad(b_by_handle ? "b: pass NULL and 0 bytes for a B given by handle"
+    return bad(b_by_handle ? "b: pass NULL and 0 bytes for a B given by handle or region"
                            : fmt::format("b_bytes is {}; a {}x{} {} B is {} bytes", b_bytes, k,
                                          n, type, static_cast<uint64_t>(b_want)));
   }
@@ -286,7 +320,7 @@ grpc::Status CheckSizes(const hgemm_gemm_options_t& options, uint32_t m, uint32_
                              static_cast<uint64_t>(c_want)));
     }
   }
-  if (c_capacity < c_want) {
+  if (!c_in_region && c_capacity < c_want) {
     return bad(fmt::format("c_capacity is {} bytes; an {}x{} {} C needs {} (nothing was sent)",
                            c_capacity, m, n, c_type, static_cast<uint64_t>(c_want)));
   }
@@ -304,16 +338,21 @@ void BuildRequest(const hgemm_gemm_options_t& options, uint32_t m, uint32_t n, u
   request->mutable_options()->set_accumulation(
       static_cast<hgemm::v1::Accumulation>(options.accumulation));
   request->mutable_options()->set_request_id(options.request_id);
-  if (options.a_handle.empty()) {
+  if (!options.a_region.region().empty()) {
+    *request->mutable_a_region() = options.a_region;
+  } else if (options.a_handle.empty()) {
     request->set_a(a, a_bytes);
   } else {
     request->set_a_handle(options.a_handle);
   }
-  if (options.b_handle.empty()) {
+  if (!options.b_region.region().empty()) {
+    *request->mutable_b_region() = options.b_region;
+  } else if (options.b_handle.empty()) {
     request->set_b(b, b_bytes);
   } else {
     request->set_b_handle(options.b_handle);
   }
+  if (!options.c_region.region().empty()) *request->mutable_c_region() = options.c_region;
   // HGEMM_DTYPE_* are proto DataType's values.
   request->set_transpose_a(options.transpose_a);
   request->set_transpose_b(options.transpose_b);
@@ -326,6 +365,8 @@ void BuildRequest(const hgemm_gemm_options_t& options, uint32_t m, uint32_t n, u
     request->set_c_in(options.c_in, options.c_in_bytes);
   } else if (options.beta != 0 && !options.c_in_handle.empty()) {
     request->set_c_in_handle(options.c_in_handle);
+  } else if (options.beta != 0 && !options.c_in_region.region().empty()) {
+    *request->mutable_c_in_region() = options.c_in_region;
   }
   request->set_batch(options.batch);
 }
@@ -345,6 +386,20 @@ grpc::Status Retried(const hgemm_client_t* client, const hgemm::CallOptions& cal
                               try_call.timeout = remaining;
                               return attempt(try_call);
                             });
+}
+
+// `message` as the header's JSON (hgemm_server_info_json), malloc()ed; INTERNAL if protobuf
+// cannot print it.
+char* JsonOf(const google::protobuf::Message& message, int* code, char** errptr) {
+  google::protobuf::util::JsonPrintOptions options;
+  options.preserve_proto_field_names = true;
+  std::string json;
+  const auto printed = google::protobuf::util::MessageToJsonString(message, &json, options);
+  if (!printed.ok()) {
+    Fail(grpc::StatusCode::INTERNAL, "printing JSON: " + printed.ToString(), code, errptr);
+    return nullptr;
+  }
+  return CopyString(json);
 }
 
 }  // namespace
@@ -505,6 +560,28 @@ void hgemm_gemm_options_set_c_in(hgemm_gemm_options_t* options, const void* c_in
 void hgemm_gemm_options_set_c_in_handle(hgemm_gemm_options_t* options, const char* handle) {
   options->c_in_handle = handle;
 }
+namespace {
+void SetRegion(hgemm::v1::RegionRef* ref, const char* region, uint64_t offset) {
+  ref->set_region(region);
+  ref->set_offset(offset);
+}
+}  // namespace
+void hgemm_gemm_options_set_a_region(hgemm_gemm_options_t* options, const char* region,
+                                     uint64_t offset) {
+  SetRegion(&options->a_region, region, offset);
+}
+void hgemm_gemm_options_set_b_region(hgemm_gemm_options_t* options, const char* region,
+                                     uint64_t offset) {
+  SetRegion(&options->b_region, region, offset);
+}
+void hgemm_gemm_options_set_c_in_region(hgemm_gemm_options_t* options, const char* region,
+                                        uint64_t offset) {
+  SetRegion(&options->c_in_region, region, offset);
+}
+void hgemm_gemm_options_set_c_region(hgemm_gemm_options_t* options, const char* region,
+                                     uint64_t offset) {
+  SetRegion(&options->c_region, region, offset);
+}
 void hgemm_gemm_options_set_batch(hgemm_gemm_options_t* options, uint32_t batch) {
   options->batch = batch;
 }
@@ -529,20 +606,24 @@ void hgemm_gemm(hgemm_client_t* client, const hgemm_gemm_options_t* options, uin
   try {
     const hgemm_gemm_options_t defaults;
     if (options == nullptr) options = &defaults;
-    if (SaveStatus(CheckSizes(*options, m, n, k, a, a_bytes, b, b_bytes, c_capacity), code,
-                   errptr)) {
+    if (SaveStatus(CheckSizes(*options, m, n, k, a, a_bytes, b, b_bytes, c_capacity,
+                              /*takes_regions=*/true),
+                   code, errptr)) {
       return;
     }
     hgemm::v1::GemmRequest request;
     BuildRequest(*options, m, n, k, a, a_bytes, b, b_bytes, &request);
     const hgemm::CallOptions call = CallOptionsOf(client, options->timeout_ms, "");
+    // Regions are named by unary Gemm calls only.
+    const bool regions = request.has_a_region() || request.has_b_region() ||
+                         request.has_c_in_region() || request.has_c_region();
     // Auto: parallel parts for the largest GEMMs (GemmClient::Run, C copied once out of the
     // ranged downloads), else a stream above the unary limit.
-    const bool parts = options->mode == HGEMM_MODE_AUTO &&
+    const bool parts = !regions && options->mode == HGEMM_MODE_AUTO &&
                        hgemm::GemmClient::ShouldSendParts(request, call);
-    const bool streamed = options->mode == HGEMM_MODE_STREAM ||
-                          (options->mode == HGEMM_MODE_AUTO && !parts &&
-                           hgemm::GemmClient::ShouldStream(request, call));
+    const bool streamed = !regions && (options->mode == HGEMM_MODE_STREAM ||
+                                       (options->mode == HGEMM_MODE_AUTO && !parts &&
+                                        hgemm::GemmClient::ShouldStream(request, call)));
     hgemm::v1::GemmResponse response;
     // One try: C's chunks straight into the caller's buffer, or one copy out of the response.
     auto attempt = [&](std::chrono::milliseconds remaining) {
@@ -558,7 +639,7 @@ void hgemm_gemm(hgemm_client_t* client, const hgemm_gemm_options_t* options, uin
       }
       grpc::Status status = parts ? client->client.Run(request, &response, try_call)
                                   : client->client.Gemm(request, &response, try_call);
-      if (!status.ok()) return status;
+      if (!status.ok() || request.has_c_region()) return status;  // C is in the region
       const size_t c_bytes = hgemm::GemmClient::ResultBytes(request);
       if (response.c().size() != c_bytes) {
         return grpc::Status(grpc::StatusCode::INTERNAL,
@@ -568,8 +649,10 @@ void hgemm_gemm(hgemm_client_t* client, const hgemm_gemm_options_t* options, uin
       std::memcpy(c, response.c().data(), c_bytes);
       return status;
     };
-    // A GEMM that returns C is idempotent: any UNAVAILABLE may be tried again.
-    if (SaveStatus(hgemm::WithRetries(client->retry, call.timeout, /*idempotent=*/true, attempt),
+    // A GEMM is idempotent unless C_in is read from the region its C overwrites: any other
+    // UNAVAILABLE may be tried again.
+    const bool idempotent = !(request.has_c_region() && request.has_c_in_region());
+    if (SaveStatus(hgemm::WithRetries(client->retry, call.timeout, idempotent, attempt),
                    code, errptr)) {
       return;
     }
@@ -579,32 +662,101 @@ void hgemm_gemm(hgemm_client_t* client, const hgemm_gemm_options_t* options, uin
   }
 }
 
-// Asynchronous GEMMs.
-hgemm_call_t* hgemm_gemm_async(hgemm_client_t* client, const hgemm_gemm_options_t* options,
-                               uint32_t m, uint32_t n, uint32_t k, const void* a, size_t a_bytes,
-                               const void* b, size_t b_bytes, void* c, size_t c_capacity,
-                               hgemm_gemm_done_fn done, void* user_data, int* code,
-                               char** errptr) {
+void hgemm_gemm_grouped(hgemm_client_t* client, const hgemm_gemm_options_t* options,
+                        const hgemm_group_problem_t* problems, size_t count,
+                        hgemm_gemm_info_t* info, int* code, char** errptr) {
   try {
     const hgemm_gemm_options_t defaults;
     if (options == nullptr) options = &defaults;
-    if (SaveStatus(CheckSizes(*options, m, n, k, a, a_bytes, b, b_bytes, c_capacity), code,
-                   errptr)) {
+    const hgemm_gemm_options_t& o = *options;
+    if (!o.a_handle.empty() || !o.b_handle.empty() || !o.c_in_handle.empty() ||
+        !o.a_region.region().empty() || !o.b_region.region().empty() ||
+        !o.c_in_region.region().empty() || !o.c_region.region().empty() ||
+        o.c_in != nullptr || o.batch > 1 || o.mode == HGEMM_MODE_STREAM) {
+      Fail(grpc::StatusCode::INVALID_ARGUMENT,
+           "options: a grouped GEMM takes no handles, regions, C_in (pass each problem's), "
+           "batch or stream mode",
+           code, errptr);
+      return;
+    }
+    // The form: types, layout, scales and options (no operands; CheckSizes checks the types).
+    hgemm_gemm_options_t problem_options = o;
+    std::vector<hgemm::GroupedOperands> operands(count);
+    for (size_t i = 0; i < count; ++i) {
+      const hgemm_group_problem_t& p = problems[i];
+      problem_options.c_in = p.c_in;
+      problem_options.c_in_bytes = p.c_in_bytes;
+      const grpc::Status checked = CheckSizes(problem_options, p.m, p.n, p.k, p.a, p.a_bytes, p.b,
+                                              p.b_bytes, p.c == nullptr ? 0 : p.c_capacity);
+      if (!checked.ok()) {
+        Fail(checked.error_code(), fmt::format("problems[{}].{}", i, checked.error_message()),
+             code, errptr);
+        return;
+      }
+      operands[i] = {p.m, p.n, p.k, {static_cast<const char*>(p.a), p.a_bytes},
+                     {static_cast<const char*>(p.b), p.b_bytes},
+                     {static_cast<const char*>(p.c_in), p.c_in == nullptr ? 0 : p.c_in_bytes}};
+    }
+    hgemm::v1::GemmRequest form;
+    BuildRequest(o, 0, 0, 0, nullptr, 0, nullptr, 0, &form);
+    std::vector<std::string> c;
+    hgemm::v1::GemmResponse response;
+    if (SaveStatus(Retried(client, CallOptionsOf(client, o.timeout_ms, ""), /*idempotent=*/true,
+                           [&](const hgemm::CallOptions& call) {
+                             return client->client.GemmGrouped(form, operands, &c, &response,
+                                                               call);
+                           }),
+                   code, errptr)) {
+      return;
+    }
+    // GemmGrouped checked each C's size against its problem, and CheckSizes each capacity.
+    for (size_t i = 0; i < count; ++i) std::memcpy(problems[i].c, c[i].data(), c[i].size());
+    if (info != nullptr) FillInfo(response, false, info);
+  } catch (...) {
+    SaveException(code, errptr);
+  }
+}
+
+// Asynchronous GEMMs.
+namespace {
+
+// What an asynchronous GEMM comes to, told to its caller on a gRPC thread: hgemm_gemm_done_fn's
+// or, for a kept C, hgemm_keep_c_done_fn's arguments.
+using AsyncDone = std::function<void(const grpc::Status&, const hgemm::v1::GemmResponse&, bool)>;
+
+// hgemm_gemm_async() and hgemm_gemm_keep_c_async(): keep_c keeps C on the server for
+// c_ttl_seconds (c NULL and 0).
+hgemm_call_t* StartGemm(hgemm_client_t* client, const hgemm_gemm_options_t* options, uint32_t m,
+                        uint32_t n, uint32_t k, const void* a, size_t a_bytes, const void* b,
+                        size_t b_bytes, void* c, size_t c_capacity, bool keep_c,
+                        uint32_t c_ttl_seconds, AsyncDone tell, int* code, char** errptr) {
+  try {
+    const hgemm_gemm_options_t defaults;
+    if (options == nullptr) options = &defaults;
+    if (SaveStatus(CheckSizes(*options, m, n, k, a, a_bytes, b, b_bytes,
+                              keep_c ? SIZE_MAX : c_capacity),
+                   code, errptr)) {
       return nullptr;
     }
     hgemm::v1::GemmRequest request;
     BuildRequest(*options, m, n, k, a, a_bytes, b, b_bytes, &request);
+    request.set_keep_c_resident(keep_c);
+    request.set_c_ttl_seconds(c_ttl_seconds);
     const hgemm::CallOptions call = CallOptionsOf(client, options->timeout_ms, "");
     const bool streamed = options->mode == HGEMM_MODE_STREAM ||
                           (options->mode == HGEMM_MODE_AUTO &&
                            hgemm::GemmClient::ShouldStream(request, call));
-    const size_t c_bytes = hgemm::GemmClient::ResultBytes(request);
+    const size_t c_bytes = keep_c ? 0 : hgemm::GemmClient::ResultBytes(request);
     auto handle = std::make_unique<hgemm_call_t>();
     handle->context = std::make_shared<grpc::ClientContext>();
     // On a gRPC thread: a unary C is copied out of its response, then the caller is told.
-    auto finish = [c, c_bytes, streamed, done, user_data, running = client->async.Enter()](
-                      grpc::Status status, hgemm::v1::GemmResponse response) {
-      if (status.ok() && !streamed) {
+    auto finish = [c, c_bytes, streamed, keep_c, tell = std::move(tell),
+                   running = client->async.Enter()](grpc::Status status,
+                                                    hgemm::v1::GemmResponse response) {
+      if (status.ok() && keep_c && !response.has_c_matrix()) {
+        status = grpc::Status(grpc::StatusCode::INTERNAL,
+                              "the server kept no C (keep_c_resident ignored?)");
+      } else if (status.ok() && !streamed && !keep_c) {
         if (response.c().size() == c_bytes) {
           std::memcpy(c, response.c().data(), c_bytes);
         } else {
@@ -614,13 +766,7 @@ hgemm_call_t* hgemm_gemm_async(hgemm_client_t* client, const hgemm_gemm_options_
                                             c_bytes));
         }
       }
-      if (!status.ok()) {
-        done(user_data, status.error_code(), status.error_message().c_str(), nullptr);
-        return;
-      }
-      hgemm_gemm_info_t info;
-      FillInfo(response, streamed, &info);
-      done(user_data, HGEMM_OK, "", &info);
+      tell(status, response, streamed);
     };
     client->client.GemmAsync(std::move(request), streamed, {static_cast<char*>(c), c_capacity},
                              call, handle->context, std::move(finish));
@@ -630,6 +776,48 @@ hgemm_call_t* hgemm_gemm_async(hgemm_client_t* client, const hgemm_gemm_options_
     SaveException(code, errptr);
   }
   return nullptr;
+}
+
+}  // namespace
+
+hgemm_call_t* hgemm_gemm_async(hgemm_client_t* client, const hgemm_gemm_options_t* options,
+                               uint32_t m, uint32_t n, uint32_t k, const void* a, size_t a_bytes,
+                               const void* b, size_t b_bytes, void* c, size_t c_capacity,
+                               hgemm_gemm_done_fn done, void* user_data, int* code,
+                               char** errptr) {
+  auto tell = [done, user_data](const grpc::Status& status,
+                                const hgemm::v1::GemmResponse& response, bool streamed) {
+    if (!status.ok()) {
+      done(user_data, status.error_code(), status.error_message().c_str(), nullptr);
+      return;
+    }
+    hgemm_gemm_info_t info;
+    FillInfo(response, streamed, &info);
+    done(user_data, HGEMM_OK, "", &info);
+  };
+  return StartGemm(client, options, m, n, k, a, a_bytes, b, b_bytes, c, c_capacity,
+                   /*keep_c=*/false, 0, std::move(tell), code, errptr);
+}
+
+hgemm_call_t* hgemm_gemm_keep_c_async(hgemm_client_t* client, const hgemm_gemm_options_t* options,
+                                      uint32_t m, uint32_t n, uint32_t k, const void* a,
+                                      size_t a_bytes, const void* b, size_t b_bytes,
+                                      uint32_t c_ttl_seconds, hgemm_keep_c_done_fn done,
+                                      void* user_data, int* code, char** errptr) {
+  auto tell = [done, user_data](const grpc::Status& status,
+                                const hgemm::v1::GemmResponse& response, bool streamed) {
+    if (!status.ok()) {
+      done(user_data, status.error_code(), status.error_message().c_str(), nullptr, nullptr,
+           nullptr);
+      return;
+    }
+    hgemm_gemm_info_t info;
+    FillInfo(response, streamed, &info);
+    const hgemm_matrix_info_t c_info = MatrixInfoOf(response.c_matrix());
+    done(user_data, HGEMM_OK, "", &info, response.c_matrix().handle().c_str(), &c_info);
+  };
+  return StartGemm(client, options, m, n, k, a, a_bytes, b, b_bytes, nullptr, 0, /*keep_c=*/true,
+                   c_ttl_seconds, std::move(tell), code, errptr);
 }
 
 void hgemm_call_cancel(hgemm_call_t* call) { call->context->TryCancel(); }
@@ -1088,6 +1276,103 @@ uint64_t hgemm_release(hgemm_client_t* client, const hgemm_call_options_t* optio
   return 0;
 }
 
+hgemm_region_t* hgemm_region_create(hgemm_client_t* client, const hgemm_call_options_t* options,
+                                    size_t bytes, const char* label, int* code, char** errptr) {
+  try {
+    if (bytes == 0) {
+      Fail(grpc::StatusCode::INVALID_ARGUMENT, "bytes: a region holds at least 1 byte", code,
+           errptr);
+      return nullptr;
+    }
+    auto region = std::make_unique<hgemm_region_t>();
+    std::string error;
+    region->memory = hgemm::SharedRegion::Create(static_cast<int64_t>(bytes), &error);
+    if (region->memory == nullptr) {
+      Fail(grpc::StatusCode::INTERNAL, error, code, errptr);
+      return nullptr;
+    }
+    hgemm::v1::RegionInfo info;
+    // Not retried: a first try that registered would leave a second region behind.
+    if (SaveStatus(client->client.RegisterRegion(region->memory->path(), region->memory->bytes(),
+                                                 label, &info, CallOptionsOf(client, options)),
+                   code, errptr)) {
+      return nullptr;
+    }
+    region->handle = info.region();
+    return region.release();
+  } catch (...) {
+    SaveException(code, errptr);
+  }
+  return nullptr;
+}
+
+const char* hgemm_region_handle(const hgemm_region_t* region) { return region->handle.c_str(); }
+void* hgemm_region_data(const hgemm_region_t* region) { return region->memory->data(); }
+size_t hgemm_region_bytes(const hgemm_region_t* region) {
+  return static_cast<size_t>(region->memory->bytes());
+}
+void hgemm_region_destroy(hgemm_region_t* region) { delete region; }
+
+void hgemm_unregister_region(hgemm_client_t* client, const hgemm_call_options_t* options,
+                             const char* handle, int* code, char** errptr) {
+  try {
+    SaveStatus(Retried(client, CallOptionsOf(client, options), /*idempotent=*/true,
+                       [&](const hgemm::CallOptions& call) {
+                         return client->client.UnregisterRegion(handle, call);
+                       }),
+               code, errptr);
+  } catch (...) {
+    SaveException(code, errptr);
+  }
+}
+
+hgemm_region_list_t* hgemm_list_regions(hgemm_client_t* client,
+                                        const hgemm_call_options_t* options, int* code,
+                                        char** errptr) {
+  try {
+    auto list = std::make_unique<hgemm_region_list_t>();
+    if (SaveStatus(Retried(client, CallOptionsOf(client, options), /*idempotent=*/true,
+                           [&](const hgemm::CallOptions& call) {
+                             return client->client.ListRegions(&list->proto, call);
+                           }),
+                   code, errptr)) {
+      return nullptr;
+    }
+    return list.release();
+  } catch (...) {
+    SaveException(code, errptr);
+  }
+  return nullptr;
+}
+
+void hgemm_region_list_destroy(hgemm_region_list_t* list) { delete list; }
+size_t hgemm_region_list_size(const hgemm_region_list_t* list) {
+  return static_cast<size_t>(list->proto.regions_size());
+}
+uint64_t hgemm_region_list_client_bytes(const hgemm_region_list_t* list) {
+  return list->proto.client_bytes();
+}
+uint64_t hgemm_region_list_quota_bytes(const hgemm_region_list_t* list) {
+  return list->proto.quota_bytes();
+}
+uint32_t hgemm_region_list_quota_regions(const hgemm_region_list_t* list) {
+  return list->proto.quota_regions();
+}
+void hgemm_region_list_info(const hgemm_region_list_t* list, size_t i, hgemm_region_info_t* info) {
+  const hgemm::v1::RegionInfo& r = list->proto.regions(static_cast<int>(i));
+  *info = hgemm_region_info_t{};
+  CopyInto(info->region, r.region());
+  info->byte_size = r.byte_size();
+  CopyInto(info->label, r.label());
+  info->age_seconds = r.age_seconds();
+  info->idle_seconds = r.idle_seconds();
+  info->ttl_seconds = r.ttl_seconds();
+  info->in_use = r.in_use();
+  info->dma = r.dma() ? 1 : 0;
+  info->cuda_ipc = r.cuda_ipc() ? 1 : 0;
+  info->device_id = r.device_id();
+}
+
 hgemm_server_info_t* hgemm_server_info(hgemm_client_t* client,
                                        const hgemm_call_options_t* options, int* code,
                                        char** errptr) {
@@ -1134,3 +1419,39 @@ uint64_t hgemm_server_info_max_elements_per_matrix(const hgemm_server_info_t* in
 }
 
 }  // extern "C"
+
+char* hgemm_server_info_json(hgemm_client_t* client, const hgemm_call_options_t* options,
+                             int* code, char** errptr) {
+  try {
+    hgemm::v1::ServerInfo info;
+    if (SaveStatus(Retried(client, CallOptionsOf(client, options), true,
+                           [&](const hgemm::CallOptions& call) {
+                             return client->client.GetServerInfo(&info, call);
+                           }),
+                   code, errptr)) {
+      return nullptr;
+    }
+    return JsonOf(info, code, errptr);
+  } catch (...) {
+    SaveException(code, errptr);
+  }
+  return nullptr;
+}
+
+char* hgemm_list_kernels_json(hgemm_client_t* client, const hgemm_call_options_t* options,
+                              int* code, char** errptr) {
+  try {
+    hgemm::v1::ListKernelsResponse kernels;
+    if (SaveStatus(Retried(client, CallOptionsOf(client, options), true,
+                           [&](const hgemm::CallOptions& call) {
+                             return client->client.ListKernels(&kernels, call);
+                           }),
+                   code, errptr)) {
+      return nullptr;
+    }
+    return JsonOf(kernels, code, errptr);
+  } catch (...) {
+    SaveException(code, errptr);
+  }
+  return nullptr;
+}

@@ -48,7 +48,7 @@ extern "C" {
 #endif
 
 #define HGEMM_ABI_VERSION 1
-#define HGEMM_ABI_REVISION 4
+#define HGEMM_ABI_REVISION 5
 
 /* gRPC status codes (grpc::StatusCode), as *code reports them. */
 enum {
@@ -105,6 +105,8 @@ typedef struct hgemm_batch_t hgemm_batch_t; /* [revision 2] */
 typedef struct hgemm_call_t hgemm_call_t;   /* [revision 2] */
 typedef struct hgemm_matrix_list_t hgemm_matrix_list_t; /* [revision 3] */
 typedef struct hgemm_stream_t hgemm_stream_t;           /* [revision 3] */
+typedef struct hgemm_region_t hgemm_region_t;           /* [revision 5] */
+typedef struct hgemm_region_list_t hgemm_region_list_t; /* [revision 5] */
 
 /* What the server reports of one GEMM: proto Timing and Execution. Strings longer than their
  * array are cut off (always NUL-terminated). */
@@ -278,6 +280,40 @@ HGEMM_EXPORT void hgemm_gemm_options_set_c_in_handle(hgemm_gemm_options_t* optio
  * batch <= 1 (the server's INVALID_ARGUMENT). */
 HGEMM_EXPORT void hgemm_gemm_options_set_batch(hgemm_gemm_options_t* options, uint32_t batch);
 
+/* [revision 5] One problem of a grouped GEMM (hgemm_gemm_grouped): its sizes, A (2·m·k bytes),
+ * B (2·k·n), C_in (m·n of C's type; read only when beta != 0, else NULL and 0) and the buffer
+ * its C is written into (c_capacity bytes, at least m·n of C's type). Every buffer stays the
+ * caller's. */
+typedef struct hgemm_group_problem_t {
+  uint32_t m, n, k;
+  const void* a;
+  size_t a_bytes;
+  const void* b;
+  size_t b_bytes;
+  const void* c_in;
+  size_t c_in_bytes;
+  void* c;
+  size_t c_capacity;
+} hgemm_group_problem_t;
+
+/* [revision 5] Operands and C in shared memory (same host: a "unix:" target, the server
+ * started with --allow_shared_memory; see hgemm_region_create()): {region, offset} of the
+ * bytes A, B, C_in or C would hold, `region` the server's handle (hgemm_region_handle(), or
+ * any region of this client); "" clears. An operand named so is not passed (a or b NULL and 0
+ * bytes, C_in not set by hgemm_gemm_options_set_c_in); a C named so is written there by the
+ * server (pass c NULL and c_capacity 0). Only hgemm_gemm() takes them, and sends such a GEMM
+ * as one Gemm call whatever its mode; the other GEMM calls refuse them (INVALID_ARGUMENT). The
+ * server checks the rest: NOT_FOUND for a region that is not this client's, OUT_OF_RANGE for
+ * bytes past its end, INVALID_ARGUMENT for an odd offset. */
+HGEMM_EXPORT void hgemm_gemm_options_set_a_region(hgemm_gemm_options_t* options,
+                                                  const char* region, uint64_t offset);
+HGEMM_EXPORT void hgemm_gemm_options_set_b_region(hgemm_gemm_options_t* options,
+                                                  const char* region, uint64_t offset);
+HGEMM_EXPORT void hgemm_gemm_options_set_c_in_region(hgemm_gemm_options_t* options,
+                                                     const char* region, uint64_t offset);
+HGEMM_EXPORT void hgemm_gemm_options_set_c_region(hgemm_gemm_options_t* options,
+                                                  const char* region, uint64_t offset);
+
 /* Options of the other calls (upload, release, server info). */
 
 /* Defaults: the client's timeout, balanced over the target. */
@@ -359,6 +395,19 @@ HGEMM_EXPORT unsigned char hgemm_batch_result(const hgemm_batch_t* batch, size_t
                                               hgemm_gemm_info_t* info, int* code,
                                               char** errptr);
 
+/* [revision 5] A grouped GEMM (proto GemmRequest.group) in one unary Gemm call: `count`
+ * problems of their own sizes (problems[i]) and one form for all, the options' (transposes,
+ * dtype, c_dtype, alpha, beta, kernel, accumulation, request_id, timeout; options may be NULL).
+ * On HGEMM_OK problem i's C is in problems[i].c; info (may be NULL): the call's timing and
+ * execution. Errors before sending (nothing written): INVALID_ARGUMENT for count 0, options
+ * naming handles, regions, a C_in, a batch or a mode other than HGEMM_MODE_AUTO and
+ * HGEMM_MODE_UNARY, and a problem's operand or C buffer of the wrong size (naming
+ * "problems[i]."); else the server's status (INVALID_ARGUMENT from a server without groups, or
+ * past its max_group_problems). Retried as hgemm_gemm() (idempotent). */
+HGEMM_EXPORT void hgemm_gemm_grouped(hgemm_client_t* client, const hgemm_gemm_options_t* options,
+                                     const hgemm_group_problem_t* problems, size_t count,
+                                     hgemm_gemm_info_t* info, int* code, char** errptr);
+
 /* [revision 2] GEMMs that do not block: hgemm_gemm_async() starts one and returns; `done` is
  * called once it is over, on a thread of the library (no thread is made per call).
  *
@@ -381,6 +430,22 @@ HGEMM_EXPORT hgemm_call_t* hgemm_gemm_async(hgemm_client_t* client,
                                             const void* b, size_t b_bytes, void* c,
                                             size_t c_capacity, hgemm_gemm_done_fn done,
                                             void* user_data, int* code, char** errptr);
+/* [revision 5] hgemm_gemm_async() of hgemm_gemm_keep_c(): C stays on the server for
+ * c_ttl_seconds. done(user_data, code, message, info, c_handle, c_info) runs exactly once, as
+ * hgemm_gemm_async()'s; on HGEMM_OK c_handle is the kept C's handle and c_info the m×n C as the
+ * server describes it (valid during the call only: copy what is kept), else both are NULL.
+ * Mode as hgemm_gemm_keep_c()'s (HGEMM_MODE_AUTO: a GemmStream above the unary limit). Not
+ * retried. Ownership: a and b stay the caller's and must stay alive until done has run. */
+typedef void (*hgemm_keep_c_done_fn)(void* user_data, int code, const char* message,
+                                     const hgemm_gemm_info_t* info, const char* c_handle,
+                                     const hgemm_matrix_info_t* c_info);
+HGEMM_EXPORT hgemm_call_t* hgemm_gemm_keep_c_async(hgemm_client_t* client,
+                                                   const hgemm_gemm_options_t* options,
+                                                   uint32_t m, uint32_t n, uint32_t k,
+                                                   const void* a, size_t a_bytes, const void* b,
+                                                   size_t b_bytes, uint32_t c_ttl_seconds,
+                                                   hgemm_keep_c_done_fn done, void* user_data,
+                                                   int* code, char** errptr);
 /* Cancels the call: if it is not over yet, done runs soon with HGEMM_CANCELLED (C may have been
  * partly written). Any thread, any time before hgemm_call_destroy(); a no-op once it is over. */
 HGEMM_EXPORT void hgemm_call_cancel(hgemm_call_t* call);
@@ -517,6 +582,68 @@ HGEMM_EXPORT double hgemm_matrix_list_idle_seconds(const hgemm_matrix_list_t* li
 HGEMM_EXPORT uint64_t hgemm_release(hgemm_client_t* client, const hgemm_call_options_t* options,
                                     const char* handle, int* code, char** errptr);
 
+/* [revision 5] Shared buffers: memory of this process the server maps too (client/
+ * shared_region.h: a sealed memfd), registered as a region of this client. GEMMs name
+ * {hgemm_region_handle(), offset} instead of sending bytes (hgemm_gemm_options_set_a_region).
+ * Thread safety: a region's handle, data pointer and size never change; its bytes are the
+ * caller's to synchronize (C is final once the hgemm_gemm() that writes it has returned). */
+
+/* Makes a zero-filled region of `bytes` (>= 1) and registers it with the server (options may
+ * be NULL; label: free-form, shown by the listing, at most 128 bytes). Returns NULL on
+ * failure: INVALID_ARGUMENT for 0 bytes, INTERNAL naming the system call when the memfd cannot
+ * be made, else the server's status (FAILED_PRECONDITION over TCP or without
+ * --allow_shared_memory, RESOURCE_EXHAUSTED over the client's quota). Not retried. Free with
+ * hgemm_region_destroy(). */
+HGEMM_EXPORT hgemm_region_t* hgemm_region_create(hgemm_client_t* client,
+                                                 const hgemm_call_options_t* options,
+                                                 size_t bytes, const char* label, int* code,
+                                                 char** errptr);
+/* The region's server handle ("r-..."; lives as long as the region), its memory (writable,
+ * 4096-byte aligned) and size. */
+HGEMM_EXPORT const char* hgemm_region_handle(const hgemm_region_t* region);
+HGEMM_EXPORT void* hgemm_region_data(const hgemm_region_t* region);
+HGEMM_EXPORT size_t hgemm_region_bytes(const hgemm_region_t* region);
+/* Unmaps the memory here and frees the region object; does not unregister it (the server
+ * keeps its own mapping until hgemm_unregister_region() or its --region_ttl_s). region may be
+ * NULL. REQUIRES: no call naming it is running, and nothing reads its memory any more. */
+HGEMM_EXPORT void hgemm_region_destroy(hgemm_region_t* region);
+/* UnregisterRegion: the server unmaps region `handle` (any of this client's, by handle).
+ * Errors: the server's (NOT_FOUND if it is not this client's, FAILED_PRECONDITION while GEMMs
+ * use it). options may be NULL. */
+HGEMM_EXPORT void hgemm_unregister_region(hgemm_client_t* client,
+                                          const hgemm_call_options_t* options,
+                                          const char* handle, int* code, char** errptr);
+
+/* A region as ListRegions describes it (proto RegionInfo). Strings longer than their array are
+ * cut off (always NUL-terminated). */
+typedef struct hgemm_region_info_t {
+  char region[64]; /* the handle */
+  uint64_t byte_size;
+  char label[136];
+  double age_seconds;
+  double idle_seconds; /* since a GEMM last used it */
+  double ttl_seconds;  /* released when idle this long; 0: until unregistered */
+  uint32_t in_use;     /* GEMMs using it now */
+  unsigned char dma;   /* pinned for the server's GPUs */
+  unsigned char cuda_ipc;
+  uint32_t device_id; /* for cuda_ipc: the server's device */
+} hgemm_region_info_t;
+
+/* ListRegions: this client's regions on the server the call reaches (options may be NULL).
+ * Returns NULL on failure. Free with hgemm_region_list_destroy(). Read-only: any thread. */
+HGEMM_EXPORT hgemm_region_list_t* hgemm_list_regions(hgemm_client_t* client,
+                                                     const hgemm_call_options_t* options,
+                                                     int* code, char** errptr);
+HGEMM_EXPORT void hgemm_region_list_destroy(hgemm_region_list_t* list);
+HGEMM_EXPORT size_t hgemm_region_list_size(const hgemm_region_list_t* list);
+/* The client's region bytes, and its quotas (bytes, regions). */
+HGEMM_EXPORT uint64_t hgemm_region_list_client_bytes(const hgemm_region_list_t* list);
+HGEMM_EXPORT uint64_t hgemm_region_list_quota_bytes(const hgemm_region_list_t* list);
+HGEMM_EXPORT uint32_t hgemm_region_list_quota_regions(const hgemm_region_list_t* list);
+/* Region i. REQUIRES: i < hgemm_region_list_size(list). */
+HGEMM_EXPORT void hgemm_region_list_info(const hgemm_region_list_t* list, size_t i,
+                                         hgemm_region_info_t* info);
+
 /* GetServerInfo of the replica the call reaches (options may be NULL). Returns NULL on failure.
  * Free with hgemm_server_info_destroy(). */
 HGEMM_EXPORT hgemm_server_info_t* hgemm_server_info(hgemm_client_t* client,
@@ -535,6 +662,20 @@ HGEMM_EXPORT uint64_t hgemm_server_info_device_memory_bytes(const hgemm_server_i
 /* Limits: the largest message the server accepts, and the elements of one matrix. */
 HGEMM_EXPORT uint64_t hgemm_server_info_max_message_bytes(const hgemm_server_info_t* info);
 HGEMM_EXPORT uint64_t hgemm_server_info_max_elements_per_matrix(const hgemm_server_info_t* info);
+
+/* [revision 5] GetServerInfo and ListKernels as JSON: the proto3 JSON mapping of proto/
+ * hgemm.proto's ServerInfo and ListKernelsResponse, field names as in the proto (snake_case),
+ * fields at their default value left out, 64-bit integers as strings and enums by name (as
+ * protobuf's JsonPrintOptions with preserve_proto_field_names). New proto fields appear as new
+ * keys: a reader ignores keys it does not know. Of the replica the call reaches (the options'
+ * replica, else balanced; options may be NULL). Returns the JSON (malloc()ed, NUL-terminated;
+ * hgemm_free()), NULL on failure (the server's status). Retried as hgemm_server_info(). */
+HGEMM_EXPORT char* hgemm_server_info_json(hgemm_client_t* client,
+                                          const hgemm_call_options_t* options, int* code,
+                                          char** errptr);
+HGEMM_EXPORT char* hgemm_list_kernels_json(hgemm_client_t* client,
+                                           const hgemm_call_options_t* options, int* code,
+                                           char** errptr);
 
 #ifdef __cplusplus
 } /* extern "C" */

@@ -23,6 +23,7 @@
 
 #include "proto/numerics/cpu_gemm.h"
 #include "proto/numerics/error_stats.h"
+#include "proto/numerics/fp16.h"
 #include "server/testing/child_process.h"
 
 namespace {
@@ -92,8 +93,21 @@ struct Error {
 
 class HgemmC : public ::testing::Test {
  protected:
-  static void SetUpTestSuite() { server_ = new ServerProcess({"--backend=cpu", "--cpu_workers=2"}); }
-  static void TearDownTestSuite() { delete server_; }
+  static void SetUpTestSuite() {
+    // Also on a Unix socket, where shared memory is allowed (the region tests).
+    char dir[] = "/tmp/hgemm_c_XXXXXX";
+    socket_dir_ = new std::string(mkdtemp(dir) == nullptr ? "/tmp" : dir);
+    unix_target_ = new std::string("unix:" + *socket_dir_ + "/hgemm.sock");
+    server_ = new ServerProcess({"--backend=cpu", "--cpu_workers=2", "--listen=" + *unix_target_,
+                                 "--allow_shared_memory"});
+  }
+  static void TearDownTestSuite() {
+    delete server_;
+    unlink((*socket_dir_ + "/hgemm.sock").c_str());
+    rmdir(socket_dir_->c_str());
+    delete socket_dir_;
+    delete unix_target_;
+  }
 
   void SetUp() override {
     ASSERT_TRUE(server_->WaitUntilListening()) << server_->process().Output();
@@ -122,10 +136,14 @@ class HgemmC : public ::testing::Test {
     return hgemm::RelativeFrobeniusError(c.data(), reference.data(), c.size());
   }
 
+  static std::string* socket_dir_;
+  static std::string* unix_target_;  // the server's Unix socket: shared memory allowed
   static ServerProcess* server_;
   hgemm_client_t* client_ = nullptr;
 };
 
+std::string* HgemmC::socket_dir_ = nullptr;
+std::string* HgemmC::unix_target_ = nullptr;
 ServerProcess* HgemmC::server_ = nullptr;
 
 // A client of a free port on 127.0.0.1, where no server listens, made with `options` (null:
@@ -138,6 +156,40 @@ hgemm_client_t* ClientOfNoServer(hgemm_client_options_t* options) {
   EXPECT_NE(client, nullptr) << e.text();
   return client;
 }
+
+// Shared memory over the server's Unix socket: clients of their own client ids (regions belong
+// to a client).
+class HgemmCRegions : public HgemmC {
+ protected:
+  void SetUp() override {
+    HgemmC::SetUp();  // waits for the server
+    local_ = LocalClient("hgemm_c_regions");
+    ASSERT_NE(local_, nullptr);
+  }
+  void TearDown() override {
+    hgemm_client_destroy(local_);
+    HgemmC::TearDown();
+  }
+  static hgemm_client_t* LocalClient(const char* client_id) {
+    hgemm_client_options_t* options = hgemm_client_options_create();
+    hgemm_client_options_set_client_id(options, client_id);
+    Error e;
+    hgemm_client_t* client = hgemm_client_create(unix_target_->c_str(), options, &e.code,
+                                                 &e.message);
+    hgemm_client_options_destroy(options);
+    EXPECT_NE(client, nullptr) << e.text();
+    return client;
+  }
+  // A registered region of `bytes`; fails the test on an error.
+  static hgemm_region_t* Region(hgemm_client_t* client, size_t bytes, const char* label) {
+    Error e;
+    hgemm_region_t* region = hgemm_region_create(client, nullptr, bytes, label, &e.code,
+                                                 &e.message);
+    EXPECT_NE(region, nullptr) << e.text();
+    return region;
+  }
+  hgemm_client_t* local_ = nullptr;
+};
 
 TEST(HgemmCAbi, VersionAndStatusNames) {
   EXPECT_EQ(hgemm_abi_version(), HGEMM_ABI_VERSION);
@@ -1290,3 +1342,356 @@ TEST(HgemmCAbi, StreamOutlivesItsClient) {
 }
 
 }  // namespace
+
+TEST_F(HgemmCRegions, GemmOfRegionsMatchesTheReferenceAndCIsWrittenInPlace) {
+  constexpr uint32_t m = 70, n = 48, k = 90;
+  std::mt19937_64 rng(40);
+  const std::vector<uint16_t> a = hgemm::RandomHalfMatrix(m * k, rng);
+  const std::vector<uint16_t> b = hgemm::RandomHalfMatrix(k * n, rng);
+  // A at an offset inside its region; B and C in a region each, C poisoned, with a guard after.
+  hgemm_region_t* ra = Region(local_, 2 * (64 + a.size()), "a");
+  hgemm_region_t* rb = Region(local_, 2 * b.size(), "b");
+  hgemm_region_t* rc = Region(local_, 2 * (m * n + 16), "c");
+  ASSERT_TRUE(ra != nullptr && rb != nullptr && rc != nullptr);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(hgemm_region_data(ra)) % 4096, 0u);
+  EXPECT_EQ(hgemm_region_bytes(rb), 2 * b.size());
+  std::memcpy(static_cast<char*>(hgemm_region_data(ra)) + 128, a.data(), 2 * a.size());
+  std::memcpy(hgemm_region_data(rb), b.data(), 2 * b.size());
+  uint16_t* c = static_cast<uint16_t*>(hgemm_region_data(rc));
+  std::fill(c, c + m * n + 16, kPoison);
+
+  hgemm_gemm_options_t* options = hgemm_gemm_options_create();
+  hgemm_gemm_options_set_a_region(options, hgemm_region_handle(ra), 128);
+  hgemm_gemm_options_set_b_region(options, hgemm_region_handle(rb), 0);
+  hgemm_gemm_options_set_c_region(options, hgemm_region_handle(rc), 0);
+  hgemm_gemm_options_set_mode(options, HGEMM_MODE_STREAM);  // ignored: regions go unary
+  hgemm_gemm_info_t info;
+  Error e;
+  hgemm_gemm(local_, options, m, n, k, nullptr, 0, nullptr, 0, nullptr, 0, &info, &e.code,
+             &e.message);
+  ASSERT_EQ(e.code, HGEMM_OK) << e.text();
+  EXPECT_EQ(info.streamed, 0);
+  EXPECT_STREQ(info.backend, "cpu");
+  const std::vector<float> reference = hgemm::ReferenceGemm(a.data(), b.data(), m, n, k);
+  EXPECT_LT(hgemm::RelativeFrobeniusError(c, reference.data(), m * n),
+            hgemm::kServiceTolerance.fp32_acc);
+  EXPECT_EQ(std::vector<uint16_t>(c + m * n, c + m * n + 16), std::vector<uint16_t>(16, kPoison));
+
+  // C_in from a region: C = 1·A·B + 1·C (the C just computed), into the caller's buffer.
+  hgemm_gemm_options_set_c_region(options, "", 0);
+  hgemm_gemm_options_set_beta(options, 1.0f);
+  hgemm_gemm_options_set_c_in_region(options, hgemm_region_handle(rc), 0);
+  std::vector<uint16_t> twice(m * n, kPoison);
+  hgemm_gemm(local_, options, m, n, k, nullptr, 0, nullptr, 0, twice.data(), 2 * twice.size(),
+             nullptr, &e.code, &e.message);
+  ASSERT_EQ(e.code, HGEMM_OK) << e.text();
+  std::vector<float> doubled(reference);
+  for (float& x : doubled) x *= 2;
+  EXPECT_LT(hgemm::RelativeFrobeniusError(twice.data(), doubled.data(), m * n),
+            hgemm::kServiceTolerance.fp32_acc);
+  hgemm_gemm_options_destroy(options);
+
+  // The listing names the three; one unregistered, two are left.
+  hgemm_region_list_t* list = hgemm_list_regions(local_, nullptr, &e.code, &e.message);
+  ASSERT_NE(list, nullptr) << e.text();
+  ASSERT_EQ(hgemm_region_list_size(list), 3u);
+  std::vector<std::string> labels;
+  uint64_t bytes = 0;
+  for (size_t i = 0; i < 3; ++i) {
+    hgemm_region_info_t r;
+    hgemm_region_list_info(list, i, &r);
+    labels.push_back(r.label);
+    bytes += r.byte_size;
+    EXPECT_EQ(std::string(r.region).rfind("r-", 0), 0u) << r.region;
+  }
+  std::sort(labels.begin(), labels.end());
+  EXPECT_EQ(labels, (std::vector<std::string>{"a", "b", "c"}));
+  EXPECT_EQ(hgemm_region_list_client_bytes(list), bytes);
+  EXPECT_GE(hgemm_region_list_quota_bytes(list), bytes);
+  EXPECT_GE(hgemm_region_list_quota_regions(list), 3u);
+  hgemm_region_list_destroy(list);
+  hgemm_unregister_region(local_, nullptr, hgemm_region_handle(rc), &e.code, &e.message);
+  EXPECT_EQ(e.code, HGEMM_OK) << e.text();
+  list = hgemm_list_regions(local_, nullptr, &e.code, &e.message);
+  ASSERT_NE(list, nullptr) << e.text();
+  EXPECT_EQ(hgemm_region_list_size(list), 2u);
+  hgemm_region_list_destroy(list);
+  // Unregistered twice: the server's NOT_FOUND.
+  hgemm_unregister_region(local_, nullptr, hgemm_region_handle(rc), &e.code, &e.message);
+  EXPECT_EQ(e.code, HGEMM_NOT_FOUND) << e.text();
+  for (hgemm_region_t* r : {ra, rb}) {
+    hgemm_unregister_region(local_, nullptr, hgemm_region_handle(r), &e.code, &e.message);
+    EXPECT_EQ(e.code, HGEMM_OK) << e.text();
+    hgemm_region_destroy(r);
+  }
+  hgemm_region_destroy(rc);
+}
+
+TEST_F(HgemmCRegions, ForeignRegionsOffsetsPastTheEndAndMisuseAreClearErrors) {
+  constexpr uint32_t m = 8, n = 8, k = 8;
+  std::mt19937_64 rng(41);
+  const std::vector<uint16_t> b = hgemm::RandomHalfMatrix(k * n, rng);
+  hgemm_region_t* mine = Region(local_, 2 * m * k, "mine");
+  hgemm_client_t* other = LocalClient("hgemm_c_regions_other");
+  ASSERT_TRUE(mine != nullptr && other != nullptr);
+  hgemm_region_t* theirs = Region(other, 2 * m * k, "theirs");
+  ASSERT_NE(theirs, nullptr);
+  std::vector<uint16_t> c(m * n, kPoison);
+  auto gemm_with_a_in = [&](const char* region, uint64_t offset, Error* e) {
+    hgemm_gemm_options_t* options = hgemm_gemm_options_create();
+    hgemm_gemm_options_set_a_region(options, region, offset);
+    hgemm_gemm(local_, options, m, n, k, nullptr, 0, b.data(), 2 * b.size(), c.data(),
+               2 * c.size(), nullptr, &e->code, &e->message);
+    hgemm_gemm_options_destroy(options);
+  };
+  {  // another client's region is not found (its handle names nothing of this client)
+    Error e;
+    gemm_with_a_in(hgemm_region_handle(theirs), 0, &e);
+    EXPECT_EQ(e.code, HGEMM_NOT_FOUND) << e.text();
+  }
+  {  // A's 128 bytes from offset 2 pass the region's end
+    Error e;
+    gemm_with_a_in(hgemm_region_handle(mine), 2, &e);
+    EXPECT_EQ(e.code, HGEMM_OUT_OF_RANGE) << e.text();
+  }
+  {  // C named in a region while a buffer is passed too: refused before sending
+    Error e;
+    hgemm_gemm_options_t* options = hgemm_gemm_options_create();
+    hgemm_gemm_options_set_c_region(options, hgemm_region_handle(mine), 0);
+    hgemm_gemm(local_, options, m, n, k, b.data(), 2 * b.size(), b.data(), 2 * b.size(),
+               c.data(), 2 * c.size(), nullptr, &e.code, &e.message);
+    EXPECT_EQ(e.code, HGEMM_INVALID_ARGUMENT) << e.text();
+    EXPECT_NE(e.text().find("c_region"), std::string::npos) << e.text();
+    // A in a region and passed as bytes too.
+    hgemm_gemm_options_set_c_region(options, "", 0);
+    hgemm_gemm_options_set_a_region(options, hgemm_region_handle(mine), 0);
+    hgemm_gemm(local_, options, m, n, k, b.data(), 2 * b.size(), b.data(), 2 * b.size(),
+               c.data(), 2 * c.size(), nullptr, &e.code, &e.message);
+    EXPECT_EQ(e.code, HGEMM_INVALID_ARGUMENT) << e.text();
+    EXPECT_NE(e.text().find("region"), std::string::npos) << e.text();
+    // The other GEMM calls take no regions.
+    hgemm_batch_t* batch = hgemm_batch_create();
+    EXPECT_EQ(hgemm_batch_add(batch, options, m, n, k, nullptr, 0, b.data(), 2 * b.size(),
+                              c.data(), 2 * c.size(), &e.code, &e.message),
+              SIZE_MAX);
+    EXPECT_EQ(e.code, HGEMM_INVALID_ARGUMENT) << e.text();
+    EXPECT_NE(e.text().find("only hgemm_gemm()"), std::string::npos) << e.text();
+    hgemm_batch_destroy(batch);
+    hgemm_gemm_options_destroy(options);
+  }
+  // A too-small C region: OUT_OF_RANGE, and nothing written (the region's bytes are its own).
+  hgemm_region_t* small_c = Region(local_, 2 * (m * n - 1), "small_c");
+  ASSERT_NE(small_c, nullptr);
+  uint16_t* small = static_cast<uint16_t*>(hgemm_region_data(small_c));
+  std::fill(small, small + m * n - 1, kPoison);
+  {
+    Error e;
+    hgemm_gemm_options_t* options = hgemm_gemm_options_create();
+    hgemm_gemm_options_set_c_region(options, hgemm_region_handle(small_c), 0);
+    hgemm_gemm(local_, options, m, n, k, b.data(), 2 * b.size(), b.data(), 2 * b.size(), nullptr,
+               0, nullptr, &e.code, &e.message);
+    hgemm_gemm_options_destroy(options);
+    EXPECT_EQ(e.code, HGEMM_OUT_OF_RANGE) << e.text();
+    EXPECT_EQ(std::vector<uint16_t>(small, small + m * n - 1),
+              std::vector<uint16_t>(m * n - 1, kPoison));
+  }
+  EXPECT_EQ(c, std::vector<uint16_t>(m * n, kPoison));
+  {  // zero bytes: refused here
+    Error e;
+    EXPECT_EQ(hgemm_region_create(local_, nullptr, 0, "", &e.code, &e.message), nullptr);
+    EXPECT_EQ(e.code, HGEMM_INVALID_ARGUMENT) << e.text();
+  }
+  {  // over TCP the server refuses regions (no Unix socket: not the same host)
+    Error e;
+    EXPECT_EQ(hgemm_region_create(client_, nullptr, 64, "tcp", &e.code, &e.message), nullptr);
+    EXPECT_NE(e.code, HGEMM_OK);
+    EXPECT_FALSE(e.text().empty());
+  }
+  Error e;
+  hgemm_unregister_region(other, nullptr, hgemm_region_handle(theirs), &e.code, &e.message);
+  EXPECT_EQ(e.code, HGEMM_OK) << e.text();
+  hgemm_region_destroy(theirs);
+  hgemm_client_destroy(other);
+  for (hgemm_region_t* r : {mine, small_c}) {
+    hgemm_unregister_region(local_, nullptr, hgemm_region_handle(r), &e.code, &e.message);
+    hgemm_region_destroy(r);
+  }
+}
+
+TEST_F(HgemmC, ServerInfoAndKernelsAsJson) {
+  Error e;
+  char* info = hgemm_server_info_json(client_, nullptr, &e.code, &e.message);
+  ASSERT_NE(info, nullptr) << e.text();
+  const std::string info_json = info;
+  hgemm_free(info);
+  EXPECT_EQ(info_json.front(), '{');
+  EXPECT_NE(info_json.find("\"backend\":\"cpu\""), std::string::npos) << info_json;
+  // 64-bit integers as strings, proto field names.
+  EXPECT_NE(info_json.find("\"max_message_bytes\":\""), std::string::npos) << info_json;
+  char* kernels = hgemm_list_kernels_json(client_, nullptr, &e.code, &e.message);
+  ASSERT_NE(kernels, nullptr) << e.text();
+  const std::string kernels_json = kernels;
+  hgemm_free(kernels);
+  EXPECT_EQ(kernels_json.rfind("{\"kernels\":[{\"name\":", 0), 0u) << kernels_json;
+  EXPECT_NE(kernels_json.find("\"accumulations\":[\"ACCUMULATION_"), std::string::npos)
+      << kernels_json;
+}
+
+TEST(HgemmCAbi, JsonOfAnUnreachableServerIsUnavailable) {
+  hgemm_client_options_t* options = hgemm_client_options_create();
+  hgemm_client_options_set_retry_policy(options, 1, 0, 0, 1.0);
+  hgemm_client_options_set_timeout_ms(options, 2000);
+  hgemm_client_t* client = ClientOfNoServer(options);
+  ASSERT_NE(client, nullptr);
+  Error e;
+  EXPECT_EQ(hgemm_server_info_json(client, nullptr, &e.code, &e.message), nullptr);
+  EXPECT_EQ(e.code, HGEMM_UNAVAILABLE) << e.text();
+  EXPECT_EQ(hgemm_list_kernels_json(client, nullptr, &e.code, &e.message), nullptr);
+  EXPECT_EQ(e.code, HGEMM_UNAVAILABLE) << e.text();
+  hgemm_client_destroy(client);
+}
+
+TEST_F(HgemmC, GroupedGemmWritesEachProblemsCAndRefusesBadBuffers) {
+  const std::vector<std::tuple<uint32_t, uint32_t, uint32_t>> shapes = {
+      {33, 17, 40}, {8, 64, 16}, {70, 5, 33}};
+  std::mt19937_64 rng(50);
+  std::vector<std::vector<uint16_t>> a, b, c_in, c;
+  for (auto [m, n, k] : shapes) {
+    a.push_back(hgemm::RandomHalfMatrix(int64_t{m} * k, rng));
+    b.push_back(hgemm::RandomHalfMatrix(int64_t{k} * n, rng));
+    c_in.push_back(hgemm::RandomHalfMatrix(int64_t{m} * n, rng));
+    c.emplace_back(size_t{m} * n + 8, kPoison);  // a guard after each C
+  }
+  std::vector<hgemm_group_problem_t> problems;
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    auto [m, n, k] = shapes[i];
+    problems.push_back({m, n, k, a[i].data(), 2 * a[i].size(), b[i].data(), 2 * b[i].size(),
+                        c_in[i].data(), 2 * c_in[i].size(), c[i].data(), 2 * size_t{m} * n});
+  }
+  // C = 0.5·A·B + 2·C_in
+  hgemm_gemm_options_t* options = hgemm_gemm_options_create();
+  hgemm_gemm_options_set_alpha(options, 0.5f);
+  hgemm_gemm_options_set_beta(options, 2.0f);
+  hgemm_gemm_info_t info;
+  Error e;
+  hgemm_gemm_grouped(client_, options, problems.data(), problems.size(), &info, &e.code,
+                     &e.message);
+  ASSERT_EQ(e.code, HGEMM_OK) << e.text();
+  EXPECT_STREQ(info.backend, "cpu");
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    auto [m, n, k] = shapes[i];
+    std::vector<float> reference = hgemm::ReferenceGemm(a[i].data(), b[i].data(), m, n, k);
+    for (size_t j = 0; j < reference.size(); ++j) {
+      reference[j] = 0.5f * reference[j] + 2.0f * hgemm::HalfToFloat(c_in[i][j]);
+    }
+    EXPECT_LT(hgemm::RelativeFrobeniusError(c[i].data(), reference.data(), m * n),
+              hgemm::kServiceTolerance.fp32_acc)
+        << "problem " << i;
+    EXPECT_EQ(std::vector<uint16_t>(c[i].end() - 8, c[i].end()), std::vector<uint16_t>(8, kPoison));
+  }
+  // Problem 1's C buffer one element short: refused, nothing written anywhere.
+  for (auto& buffer : c) std::fill(buffer.begin(), buffer.end(), kPoison);
+  problems[1].c_capacity -= 2;
+  hgemm_gemm_grouped(client_, options, problems.data(), problems.size(), nullptr, &e.code,
+                     &e.message);
+  EXPECT_EQ(e.code, HGEMM_INVALID_ARGUMENT);
+  EXPECT_EQ(e.text().rfind("problems[1].c_capacity is 1022 bytes", 0), 0u) << e.text();
+  for (const auto& buffer : c) EXPECT_EQ(buffer, std::vector<uint16_t>(buffer.size(), kPoison));
+  problems[1].c_capacity += 2;
+  // Options naming a handle, and an empty group.
+  hgemm_gemm_options_set_a_handle(options, "m-0");
+  hgemm_gemm_grouped(client_, options, problems.data(), problems.size(), nullptr, &e.code,
+                     &e.message);
+  EXPECT_EQ(e.code, HGEMM_INVALID_ARGUMENT);
+  EXPECT_NE(e.text().find("handles"), std::string::npos) << e.text();
+  hgemm_gemm_options_set_a_handle(options, "");
+  hgemm_gemm_grouped(client_, options, problems.data(), 0, nullptr, &e.code, &e.message);
+  EXPECT_EQ(e.code, HGEMM_INVALID_ARGUMENT);
+  EXPECT_NE(e.text().find("problems"), std::string::npos) << e.text();
+  hgemm_gemm_options_destroy(options);
+}
+
+// What hgemm_gemm_keep_c_async's done was called with, once.
+struct KeptC {
+  std::mutex mu;
+  std::condition_variable cv;
+  int calls = 0;
+  int code = -1;
+  std::string message, handle;
+  hgemm_matrix_info_t c_info{};
+  bool handle_null = true;
+
+  static void Done(void* user_data, int code, const char* message, const hgemm_gemm_info_t*,
+                   const char* c_handle, const hgemm_matrix_info_t* c_info) {
+    auto* self = static_cast<KeptC*>(user_data);
+    std::lock_guard<std::mutex> lock(self->mu);
+    ++self->calls;
+    self->code = code;
+    self->message = message;
+    self->handle_null = c_handle == nullptr;
+    if (c_handle != nullptr) self->handle = c_handle;
+    if (c_info != nullptr) self->c_info = *c_info;
+    self->cv.notify_all();
+  }
+  void Wait() {
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return calls > 0; });
+  }
+};
+
+TEST_F(HgemmC, AsyncKeepCGivesTheKeptCsHandle) {
+  constexpr uint32_t m = 37, n = 29, k = 41;
+  std::mt19937_64 rng(60);
+  const std::vector<uint16_t> a = hgemm::RandomHalfMatrix(m * k, rng);
+  const std::vector<uint16_t> b = hgemm::RandomHalfMatrix(k * n, rng);
+  for (int mode : {HGEMM_MODE_UNARY, HGEMM_MODE_STREAM}) {
+    KeptC kept;
+    hgemm_gemm_options_t* options = hgemm_gemm_options_create();
+    hgemm_gemm_options_set_mode(options, mode);
+    Error e;
+    hgemm_call_t* call =
+        hgemm_gemm_keep_c_async(client_, options, m, n, k, a.data(), 2 * a.size(), b.data(),
+                                2 * b.size(), 60, &KeptC::Done, &kept, &e.code, &e.message);
+    hgemm_gemm_options_destroy(options);
+    ASSERT_NE(call, nullptr) << e.text();
+    kept.Wait();
+    hgemm_call_destroy(call);
+    ASSERT_EQ(kept.code, HGEMM_OK) << kept.message;
+    EXPECT_EQ(kept.calls, 1);
+    ASSERT_FALSE(kept.handle_null);
+    EXPECT_EQ(kept.c_info.rows, m);
+    EXPECT_EQ(kept.c_info.cols, n);
+    std::vector<uint16_t> c(m * n, kPoison);
+    EXPECT_EQ(hgemm_download(client_, nullptr, kept.handle.c_str(), 0, 0, c.data(), 2 * c.size(),
+                             &e.code, &e.message),
+              2u * m * n)
+        << e.text();
+    const std::vector<float> reference = hgemm::ReferenceGemm(a.data(), b.data(), m, n, k);
+    EXPECT_LT(hgemm::RelativeFrobeniusError(c.data(), reference.data(), m * n),
+              hgemm::kServiceTolerance.fp32_acc)
+        << "mode " << mode;
+    EXPECT_EQ(hgemm_release(client_, nullptr, kept.handle.c_str(), &e.code, &e.message),
+              2u * m * n)
+        << e.text();
+  }
+  // A failure comes through done with no handle; wrong sizes are refused and done never runs.
+  KeptC failed;
+  hgemm_gemm_options_t* options = hgemm_gemm_options_create();
+  hgemm_gemm_options_set_b_handle(options, "no-such-matrix");
+  Error e;
+  hgemm_call_t* call = hgemm_gemm_keep_c_async(client_, options, m, n, k, a.data(), 2 * a.size(),
+                                               nullptr, 0, 60, &KeptC::Done, &failed, &e.code,
+                                               &e.message);
+  ASSERT_NE(call, nullptr) << e.text();
+  failed.Wait();
+  hgemm_call_destroy(call);
+  EXPECT_NE(failed.code, HGEMM_OK);
+  EXPECT_TRUE(failed.handle_null);
+  KeptC never;
+  EXPECT_EQ(hgemm_gemm_keep_c_async(client_, nullptr, m, n, k, a.data(), 10, b.data(),
+                                    2 * b.size(), 60, &KeptC::Done, &never, &e.code, &e.message),
+            nullptr);
+  EXPECT_EQ(e.code, HGEMM_INVALID_ARGUMENT);
+  EXPECT_EQ(never.calls, 0);
+  hgemm_gemm_options_destroy(options);
+}

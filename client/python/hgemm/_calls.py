@@ -210,13 +210,13 @@ class Calls:
         return with_out(unary_result(self.client, spec, response, details, as_torch, started), out)
 
     def _native_gemm(self, spec: Spec, mode, out, details, as_torch, timeout, started):
-        """gemm through the native core: C into `out` or a new array, or kept on the server
-        (keep_c: the sync client only, hgemm_gemm_keep_c blocks)."""
+        """gemm through the native core: C into `out` or a new array, or kept on the server."""
         if spec.keep_c:
             matrix, info = yield from self._on_native(self.native.gemm_keep_c,
                                                       (spec, self.config.streams(spec, mode)),
                                                       timeout, idempotent=False,
-                                                      nbytes=spec.payload_bytes)
+                                                      nbytes=spec.payload_bytes,
+                                                      start=self.native.gemm_keep_c_start)
             return native_result(spec, ResidentMatrix(self.client, matrix), info, details,
                                  as_torch, started, None)
         c, info = yield from self._on_native(self.native.gemm,
@@ -253,11 +253,19 @@ class Calls:
                     refs[name] = pb.RegionRef(region=arena.handle, offset=at)
                 if plan.c_bytes:
                     refs["c"] = pb.RegionRef(region=arena.handle, offset=plan.offsets["c"])
-            response = yield from self._unary("Gemm", spec.unary_request(refs), timeout,
-                                              idempotent=not spec.keep_c)
-            if "c" not in refs:
-                return with_out(unary_result(self.client, spec, response, details, as_torch,
-                                             started), out)
+            if self._native_regions() and not spec.keep_c:
+                c, info = yield from self._on_native(self.native.gemm_in_regions,
+                                                     (spec, refs, None if "c" in refs else out),
+                                                     timeout, idempotent=True, nbytes=0)
+                if "c" not in refs:
+                    return native_result(spec, c, info, details, as_torch, started, out)
+                response = None
+            else:
+                response = yield from self._unary("Gemm", spec.unary_request(refs), timeout,
+                                                  idempotent=not spec.keep_c)
+                if "c" not in refs:
+                    return with_out(unary_result(self.client, spec, response, details,
+                                                 as_torch, started), out)
             if c_in_out is not None:
                 c = out
             else:  # out of the arena, which the next GEMM reuses
@@ -268,6 +276,8 @@ class Calls:
                 else:
                     np.copyto(out, c)
                     c = out
+            if response is None:  # the native core's: C as it is
+                return native_result(spec, c, info, details, as_torch, started, c)
             return region_result(spec, response, c, details, started)
         finally:
             if arena is not None:
@@ -282,35 +292,50 @@ class Calls:
             yield from self._unregister_quietly(region, timeout)
         if arena is not None:
             return arena
-        arena = _shm.Region(self.shm.new_arena_bytes(nbytes), "hgemm_arena")
         try:
-            yield from self._register(arena, timeout)
+            arena = yield from self._new_region(self.shm.new_arena_bytes(nbytes), "hgemm_arena",
+                                                timeout)
         except (_errors.PermissionDenied, _errors.FailedPrecondition,
                 _errors.Unimplemented) as e:
-            arena.close()
             self.shm.arena_refused = e
             return None
         except _errors.ResourceExhausted:
-            arena.close()
             return None
-        except BaseException:
-            arena.close()
-            raise
         self.shm.add_arena(arena)
         return arena
 
-    def _register(self, region: _shm.Region, timeout):
-        info = yield from self._unary("RegisterRegion", pb.RegisterRegionRequest(
-            path=region.path, byte_size=region.nbytes, label=region.label), timeout,
-            idempotent=False)
-        region.handle = info.region
+    def _native_regions(self) -> bool:
+        """Whether regions and GEMMs naming them go through the native core (the sync client's;
+        the asyncio client's go through grpcio)."""
+        return self.native is not None and self.blocking
 
-    def _unregister_quietly(self, region: _shm.Region, timeout):
+    def _new_region(self, nbytes: int, label: str, timeout):
+        """A registered region of nbytes: made and registered by the native core, else a memfd
+        made here and registered by a RegisterRegion call."""
+        if self._native_regions():
+            return (yield from self._on_native(self.native.region_create, (nbytes, label),
+                                               timeout, idempotent=False, nbytes=0))
+        region = _shm.Region(nbytes, label)
+        try:
+            info = yield from self._unary("RegisterRegion", pb.RegisterRegionRequest(
+                path=region.path, byte_size=region.nbytes, label=region.label), timeout,
+                idempotent=False)
+        except BaseException:
+            region.close()
+            raise
+        region.handle = info.region
+        return region
+
+    def _unregister_quietly(self, region, timeout):
         """Unregisters and closes a region; a failure leaves it to the server's --region_ttl_s."""
         try:
-            yield from self._unary("UnregisterRegion",
-                                   pb.UnregisterRegionRequest(region=region.handle), timeout,
-                                   idempotent=True)
+            if self._native_regions():
+                yield from self._on_native(self.native.unregister_region, (region.handle,),
+                                           timeout, idempotent=True, nbytes=0)
+            else:
+                yield from self._unary("UnregisterRegion",
+                                       pb.UnregisterRegionRequest(region=region.handle), timeout,
+                                       idempotent=True)
         except _errors.Error:
             pass
         finally:
@@ -339,13 +364,8 @@ class Calls:
         shape = (int(shape),) if np.isscalar(shape) else tuple(int(d) for d in shape)
         if not shape or min(shape) < 1:
             raise ValueError(f"a shared buffer of shape {shape} would be empty")
-        region = _shm.Region(int(np.prod(shape, dtype=np.int64)) * dtype.itemsize,
-                             label or "hgemm_buffer")
-        try:
-            yield from self._register(region, timeout)
-        except BaseException:
-            region.close()
-            raise
+        region = yield from self._new_region(int(np.prod(shape, dtype=np.int64)) * dtype.itemsize,
+                                             label or "hgemm_buffer", timeout)
         self.shm.add_buffer(region)
         return region.bytes.view(dtype).reshape(shape)
 
@@ -412,6 +432,9 @@ class Calls:
 
     def regions(self, *, timeout: Optional[float] = None) -> pb.ListRegionsResponse:
         """ListRegions: this client's registered regions (.regions, .client_bytes, quotas)."""
+        if self._native_regions():
+            return (yield from self._on_native(self.native.regions, (), timeout,
+                                               idempotent=True, nbytes=0))
         return (yield from self._unary("ListRegions", pb.ListRegionsRequest(), timeout,
                                        idempotent=True))
 
@@ -451,13 +474,20 @@ class Calls:
         C type, scale and kernel for all. Operands as gemm takes them (arrays or tensors, not
         ResidentMatrix; transposed views, transpose_a/b and dtype as gemm's); c: one C_in per
         pair, only with beta ≠ 0. Returns the list of C[i] (as gemm returns C; a GemmResult
-        whose c is that list with details=True). One unary Gemm through grpcio on either core
-        (the C ABI has no groups), so the operands must fit the server's message limit; a
-        server without groups (ListKernels: Kernel.grouped) raises InvalidArgument."""
+        whose c is that list with details=True). One unary Gemm (hgemm_gemm_grouped on the
+        native core), so the operands must fit the server's message limit; a server without
+        groups (ListKernels: Kernel.grouped) raises InvalidArgument."""
         started = time.monotonic()
         group = GroupSpec(pairs, c=c, accumulation=accumulation, kernel=kernel,
                           request_id=request_id, c_dtype=c_dtype, alpha=alpha, beta=beta,
                           dtype=dtype, transpose_a=transpose_a, transpose_b=transpose_b)
+        if self.native is not None and self.blocking:
+            cs, info = yield from self._on_native(self.native.gemm_grouped, (group,), timeout,
+                                                  idempotent=True,
+                                                  nbytes=sum(s.payload_bytes + s.c_bytes
+                                                             for s in group.specs))
+            cs = [c_output(spec, c, as_torch) for spec, c in zip(group.specs, cs)]
+            return native_result(group.specs[0], cs, info, details, as_torch, started, cs)
         response = yield from self._unary("Gemm", group.unary_request(), timeout,
                                           idempotent=True)
         return group_result(group, response, details, as_torch, started)
@@ -495,10 +525,9 @@ class Calls:
         return self.config.streams(spec, mode)
 
     def _on_native_core(self, spec: Spec) -> bool:
-        """Whether a GEMM goes through the native core: one is loaded, and the GEMM returns C or
-        keeps it with a blocking call (hgemm_gemm_keep_c, a batch: the sync client's; an
-        awaited GEMM carries no kept C)."""
-        return self.native is not None and (not spec.keep_c or self.blocking)
+        """Whether a GEMM goes through the native core: whenever one is loaded (a kept C too:
+        hgemm_gemm_keep_c on the sync client, hgemm_gemm_keep_c_async awaited on asyncio)."""
+        return self.native is not None
 
     def _many(self, specs: List[Spec], timeout, details, as_torch, started):
         groups, outcomes = by_replica(dict(enumerate(specs)))
@@ -659,10 +688,18 @@ class Calls:
              timeout: Optional[float] = None) -> pb.ServerInfo:
         """GetServerInfo: version, backend, devices, limits, load, replica (a
         hgemm_pb2.ServerInfo), of `replica` if given, else of the replica the call reaches."""
+        if self.native is not None and self.blocking:
+            return (yield from self._on_native(self.native.server_info, (replica or "",),
+                                               timeout, idempotent=True, nbytes=0))
         return (yield from self._unary("GetServerInfo", pb.GetServerInfoRequest(), timeout,
                                        idempotent=True, replica=replica or ""))
 
     def kernels(self, *, timeout: Optional[float] = None) -> List[Kernel]:
         """ListKernels: the kernel names for kernel=, with their accumulations."""
-        return kernels_from_proto((yield from self._unary("ListKernels", pb.ListKernelsRequest(),
-                                                          timeout, idempotent=True)))
+        if self.native is not None and self.blocking:
+            response = yield from self._on_native(self.native.kernels, (), timeout,
+                                                  idempotent=True, nbytes=0)
+        else:
+            response = yield from self._unary("ListKernels", pb.ListKernelsRequest(), timeout,
+                                              idempotent=True)
+        return kernels_from_proto(response)

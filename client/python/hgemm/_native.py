@@ -10,10 +10,11 @@ Which core: $HGEMM_TRANSPORT "native" (the library must load: OSError otherwise)
 "auto" / unset (native when the library loads). The library is $HGEMM_NATIVE_LIB, else
 libhgemm_client.so beside this file (pip install copies it there). hgemm.info() says which.
 The sync Client's GEMMs (any layout and types: transposed views go as stored, by pointer; alpha,
-beta, C inputs, batches, keep_c), gemm_many, uploads, downloads (into one buffer), listings and
-releases go through it, and so do both clients' stream()s (hgemm_stream_t) and the aio client's
+beta, C inputs, batches, keep_c, groups, operands and C in shared-memory regions the library
+makes), gemm_many, uploads, downloads (into one buffer), listings, releases, regions, info and
+kernels go through it, and so do both clients' stream()s (hgemm_stream_t) and the aio client's
 GEMMs (hgemm_gemm_async, a completion callback); NATIVE_FEATURES says what stays on grpcio
-(shared memory, info, kernels, the aio client's other calls, channel_options).
+(the aio client's other calls, channel_options).
 
 Thread safety: the library is loaded once under a lock; a NativeClient is thread-safe (one
 hgemm_client_t serves many threads).
@@ -27,16 +28,18 @@ from typing import Dict, Optional, Sequence
 
 import grpc
 import numpy as np
+from google.protobuf import json_format
 
-from . import _errors
+from . import _errors, _shm
 from ._proto import hgemm_pb2 as pb
 from ._resident import handle_replica
 
 LIBRARY_NAME = "libhgemm_client.so"
 ABI_VERSION = 1  # HGEMM_ABI_VERSION of the client/c/hgemm.h this module binds
 # The HGEMM_ABI_REVISION whose functions it calls (2: batches, transposes, types; 3: typed
-# uploads, downloads, listings, keep_c, alpha/beta/C_in/batch; 4: parallel_min_bytes).
-ABI_REVISION = 4
+# uploads, downloads, listings, keep_c, alpha/beta/C_in/batch; 4: parallel_min_bytes; 5: shared
+# memory regions).
+ABI_REVISION = 5
 MODE_AUTO, MODE_UNARY, MODE_STREAM = 0, 1, 2
 # HGEMM_DTYPE_* (proto DataType's values) of a Spec's dtype names.
 _DTYPES = {"fp16": pb.DATA_TYPE_FP16, "bf16": pb.DATA_TYPE_BF16, "fp32": pb.DATA_TYPE_FP32}
@@ -71,9 +74,31 @@ class MatrixInfo(ctypes.Structure):
                 ("device_id", ctypes.c_int), ("ttl_seconds", ctypes.c_double)]
 
 
+class RegionInfo(ctypes.Structure):
+    """hgemm_region_info_t."""
+    _fields_ = [("region", ctypes.c_char * 64), ("byte_size", ctypes.c_uint64),
+                ("label", ctypes.c_char * 136), ("age_seconds", ctypes.c_double),
+                ("idle_seconds", ctypes.c_double), ("ttl_seconds", ctypes.c_double),
+                ("in_use", ctypes.c_uint32), ("dma", ctypes.c_ubyte), ("cuda_ipc", ctypes.c_ubyte),
+                ("device_id", ctypes.c_uint32)]
+
+
+class GroupProblem(ctypes.Structure):
+    """hgemm_group_problem_t."""
+    _fields_ = [("m", ctypes.c_uint32), ("n", ctypes.c_uint32), ("k", ctypes.c_uint32),
+                ("a", ctypes.c_void_p), ("a_bytes", ctypes.c_size_t),
+                ("b", ctypes.c_void_p), ("b_bytes", ctypes.c_size_t),
+                ("c_in", ctypes.c_void_p), ("c_in_bytes", ctypes.c_size_t),
+                ("c", ctypes.c_void_p), ("c_capacity", ctypes.c_size_t)]
+
+
 # hgemm_gemm_done_fn: (user_data, code, message, info).
 _DONE_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int, ctypes.c_char_p,
                             ctypes.POINTER(GemmInfo))
+# hgemm_keep_c_done_fn: (user_data, code, message, info, c_handle, c_info).
+_KEEP_C_DONE_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int, ctypes.c_char_p,
+                                   ctypes.POINTER(GemmInfo), ctypes.c_char_p,
+                                   ctypes.POINTER(MatrixInfo))
 
 
 class _InFlight:
@@ -111,6 +136,19 @@ def _on_gemm_done(user_data, code, message, info):
                                      (message or b"").decode(errors="replace")))
     else:
         on_done(GemmInfo.from_buffer_copy(info.contents), None)
+
+
+@_KEEP_C_DONE_FN
+def _on_keep_c_done(user_data, code, message, info, c_handle, c_info):
+    """hgemm_keep_c_done_fn, on a library thread: the call's on_done gets (GemmInfo, the kept
+    C's handle, its MatrixInfo), copied (the library's are valid during this call only)."""
+    on_done = _in_flight.pop(user_data)
+    if code != 0:
+        on_done(None, NativeRpcError(_CODES.get(code, grpc.StatusCode.UNKNOWN),
+                                     (message or b"").decode(errors="replace")))
+    else:
+        on_done((GemmInfo.from_buffer_copy(info.contents), c_handle.decode(),
+                 MatrixInfo.from_buffer_copy(c_info.contents)), None)
 
 
 def library_path() -> str:
@@ -162,16 +200,18 @@ def use_native() -> bool:
 NATIVE_FEATURES = {
     "gemm": "native",                # any layout and types, alpha/beta/c, out=, keep_c
     "gemm_batched": "native",
+    "gemm_grouped": "native",
     "gemm_many": "native",
     "upload": "native",              # but from a shared buffer: the server copies it there
     "download": "native",
     "release": "native",
     "matrices": "native",
     "stream": "native",              # Client.stream(): a persistent GemmStream
-    "shared_memory": "grpcio",       # shared_buffer(), regions(), GEMMs naming regions
-    "info": "grpcio",
-    "kernels": "grpcio",
-    "aio.gemm": "native",            # but keep_c: grpcio
+    "shared_memory": "native",       # shared_buffer(), regions(), GEMMs naming regions
+    "info": "native",
+    "kernels": "native",
+    "aio.gemm": "native",            # keep_c too
+    # Also on grpcio: CUDA IPC (cuda_gemm), upload of a shared buffer, keep_c with regions.
     "aio.stream": "native",
     "aio.other": "grpcio",           # the aio client's other calls
 }
@@ -306,6 +346,29 @@ def _declare(lib):
         "hgemm_stream_close": (None, (p,)),
         "hgemm_stream_cancel": (None, (p,)),
         "hgemm_stream_destroy": (None, (p,)),
+        "hgemm_gemm_options_set_a_region": (None, (p, cstr, ctypes.c_uint64)),
+        "hgemm_gemm_options_set_b_region": (None, (p, cstr, ctypes.c_uint64)),
+        "hgemm_gemm_options_set_c_in_region": (None, (p, cstr, ctypes.c_uint64)),
+        "hgemm_gemm_options_set_c_region": (None, (p, cstr, ctypes.c_uint64)),
+        "hgemm_region_create": (p, (p, p, size, cstr) + err),
+        "hgemm_region_handle": (cstr, (p,)),
+        "hgemm_region_data": (p, (p,)),
+        "hgemm_region_bytes": (size, (p,)),
+        "hgemm_region_destroy": (None, (p,)),
+        "hgemm_unregister_region": (None, (p, p, cstr) + err),
+        "hgemm_list_regions": (p, (p, p) + err),
+        "hgemm_region_list_destroy": (None, (p,)),
+        "hgemm_region_list_size": (size, (p,)),
+        "hgemm_region_list_client_bytes": (ctypes.c_uint64, (p,)),
+        "hgemm_region_list_quota_bytes": (ctypes.c_uint64, (p,)),
+        "hgemm_region_list_quota_regions": (ctypes.c_uint32, (p,)),
+        "hgemm_region_list_info": (None, (p, size, ctypes.POINTER(RegionInfo))),
+        "hgemm_server_info_json": (p, (p, p) + err),
+        "hgemm_gemm_keep_c_async": (p, (p, p, u32, u32, u32, p, size, p, size, u32,
+                                        _KEEP_C_DONE_FN, p) + err),
+        "hgemm_gemm_grouped": (None, (p, p, ctypes.POINTER(GroupProblem), size,
+                                      ctypes.POINTER(GemmInfo)) + err),
+        "hgemm_list_kernels_json": (p, (p, p) + err),
     }
     for name, (restype, argtypes) in signatures.items():
         fn = getattr(lib, name)
@@ -441,6 +504,102 @@ class NativeClient:
         finally:
             self._lib.hgemm_gemm_options_destroy(options)
 
+    def gemm_in_regions(self, spec, refs: dict, out: Optional[np.ndarray],
+                        timeout: Optional[float]):
+        """(C or None, GemmInfo) of a Spec whose parts named in refs ({"a" / "b" / "c":
+        RegionRef}) are in shared memory, as one Gemm call: C written into its region when
+        refs has "c" (None returned), else as gemm() returns it. REQUIRES: not spec.keep_c."""
+        options = self._gemm_options(spec, MODE_UNARY, timeout)
+        try:
+            lib = self._lib
+            for name, setter in (("a", lib.hgemm_gemm_options_set_a_region),
+                                 ("b", lib.hgemm_gemm_options_set_b_region),
+                                 ("c", lib.hgemm_gemm_options_set_c_region)):
+                if name in refs:
+                    setter(options, refs[name].region.encode(), refs[name].offset)
+            a = (None, 0) if "a" in refs else _operand(spec.a)
+            b = (None, 0) if "b" in refs else _operand(spec.b)
+            buffer = (None if "c" in refs else
+                      np.empty(spec.c_bytes, dtype=np.uint8) if out is None else out)
+            info = GemmInfo()
+            self._checked(lib.hgemm_gemm, self._client, options, spec.m, spec.n, spec.k, *a, *b,
+                          None if buffer is None else buffer.ctypes.data,
+                          0 if buffer is None else buffer.nbytes, ctypes.byref(info))
+            if buffer is None:
+                return None, info
+            return (out if out is not None else spec.c_array(buffer)), info
+        finally:
+            self._lib.hgemm_gemm_options_destroy(options)
+
+    def gemm_grouped(self, group, timeout: Optional[float]):
+        """([C of each problem, as gemm returns it], GemmInfo) of a GroupSpec, in one Gemm call;
+        operands from the arrays' memory, each C written into a buffer of its own."""
+        specs = group.specs
+        # The group's form (types, layout, scales, options) is each spec's; its C_ins are the
+        # problems'.
+        options = self._gemm_options(specs[0], MODE_UNARY, timeout)
+        self._lib.hgemm_gemm_options_set_c_in(options, None, 0)
+        buffers = [np.empty(spec.c_bytes, dtype=np.uint8) for spec in specs]
+        problems = (GroupProblem * len(specs))()
+        for problem, spec, buffer in zip(problems, specs, buffers):
+            c_in = spec.c_in
+            problem.m, problem.n, problem.k = spec.m, spec.n, spec.k
+            problem.a, problem.a_bytes = _operand(spec.a)
+            problem.b, problem.b_bytes = _operand(spec.b)
+            if c_in is not None:
+                problem.c_in, problem.c_in_bytes = c_in.ctypes.data, c_in.nbytes
+            problem.c, problem.c_capacity = buffer.ctypes.data, buffer.nbytes
+        info = GemmInfo()
+        try:
+            self._checked(self._lib.hgemm_gemm_grouped, self._client, options, problems,
+                          len(specs), ctypes.byref(info))
+        finally:
+            self._lib.hgemm_gemm_options_destroy(options)
+        return [spec.c_array(buffer) for spec, buffer in zip(specs, buffers)], info
+
+    def region_create(self, nbytes: int, label: str, timeout: Optional[float]) -> "NativeRegion":
+        """A zero-filled region of nbytes made by the core (a sealed memfd) and registered."""
+        options = self._call_options(timeout)
+        try:
+            region = self._checked(self._lib.hgemm_region_create, self._client, options, nbytes,
+                                   label.encode())
+        finally:
+            self._lib.hgemm_call_options_destroy(options)
+        return NativeRegion(self._lib, region, label)
+
+    def unregister_region(self, handle: str, timeout: Optional[float]) -> None:
+        options = self._call_options(timeout)
+        try:
+            self._checked(self._lib.hgemm_unregister_region, self._client, options,
+                          handle.encode())
+        finally:
+            self._lib.hgemm_call_options_destroy(options)
+
+    def regions(self, timeout: Optional[float]) -> pb.ListRegionsResponse:
+        """ListRegions, as the server's response."""
+        options = self._call_options(timeout)
+        try:
+            listed = self._checked(self._lib.hgemm_list_regions, self._client, options)
+        finally:
+            self._lib.hgemm_call_options_destroy(options)
+        lib = self._lib
+        try:
+            response = pb.ListRegionsResponse(
+                client_bytes=lib.hgemm_region_list_client_bytes(listed),
+                quota_bytes=lib.hgemm_region_list_quota_bytes(listed),
+                quota_regions=lib.hgemm_region_list_quota_regions(listed))
+            for i in range(lib.hgemm_region_list_size(listed)):
+                r = RegionInfo()
+                lib.hgemm_region_list_info(listed, i, ctypes.byref(r))
+                response.regions.add(
+                    region=r.region.decode(), byte_size=r.byte_size, label=r.label.decode(),
+                    age_seconds=r.age_seconds, idle_seconds=r.idle_seconds,
+                    ttl_seconds=r.ttl_seconds, in_use=r.in_use, dma=bool(r.dma),
+                    cuda_ipc=bool(r.cuda_ipc), device_id=r.device_id)
+            return response
+        finally:
+            lib.hgemm_region_list_destroy(listed)
+
     def gemm_start(self, spec, streamed: Optional[bool], out: Optional[np.ndarray],
                    timeout: Optional[float], on_done) -> "NativeCall":
         """gemm() without waiting: returns at once, and on_done((C, GemmInfo), None) or
@@ -480,16 +639,39 @@ class NativeClient:
             self._lib.hgemm_gemm_options_destroy(options)
         return self._matrix_info(handle, c_info, "", spec.c_dtype), info
 
+    def gemm_keep_c_start(self, spec, streamed: Optional[bool], timeout: Optional[float],
+                          on_done) -> "NativeCall":
+        """gemm_keep_c() without waiting (hgemm_gemm_keep_c_async): on_done((MatrixInfo of the
+        kept C, GemmInfo), None) or on_done(None, NativeRpcError) runs later, once, as
+        gemm_start's. Raises NativeRpcError (on_done never runs) when refused before sending."""
+        options = self._gemm_options(spec, _mode(streamed), timeout)
+
+        def done(result, err):
+            if err is not None:
+                on_done(None, err)
+            else:
+                info, handle, c_info = result
+                on_done((_matrix_info_of(handle, c_info, "", spec.c_dtype), info), None)
+        key = _in_flight.add(done, spec)
+        try:
+            call = self._checked(self._lib.hgemm_gemm_keep_c_async, self._client, options,
+                                 spec.m, spec.n, spec.k, *_operand(spec.a), *_operand(spec.b),
+                                 spec.c_ttl, _on_keep_c_done, key)
+        except BaseException:
+            _in_flight.pop(key)  # refused: done never runs
+            raise
+        finally:
+            self._lib.hgemm_gemm_options_destroy(options)
+        return NativeCall(self._lib, call)
+
     def _matrix_info(self, handle, info: MatrixInfo, label: str, dtype: str) -> pb.MatrixInfo:
-        """A MatrixInfo of a handle the library returned (freed here) and its hgemm_matrix_info_t
-        (the server's, but for the fields the C ABI does not carry: age, idle time, owner)."""
+        """_matrix_info_of a handle the library returned (freed here)."""
         try:
             text = ctypes.string_at(handle).decode()
         finally:
             self._lib.hgemm_free(handle)
-        return pb.MatrixInfo(handle=text, rows=info.rows, cols=info.cols, bytes=info.bytes,
-                             device_id=info.device_id, ttl_seconds=info.ttl_seconds, label=label,
-                             replica=handle_replica(text), dtype=_DTYPES[dtype])
+        return _matrix_info_of(text, info, label, dtype)
+
 
     def open_stream(self, replica: str) -> "NativeStream":
         stream = NativeStream(self, replica)
@@ -554,6 +736,29 @@ class NativeClient:
         finally:
             lib.hgemm_matrix_list_destroy(listed)
 
+    def server_info(self, replica: str, timeout: Optional[float]) -> pb.ServerInfo:
+        """GetServerInfo of `replica` ("": balanced)."""
+        return self._json_call(self._lib.hgemm_server_info_json, pb.ServerInfo(), replica,
+                               timeout)
+
+    def kernels(self, timeout: Optional[float]) -> pb.ListKernelsResponse:
+        return self._json_call(self._lib.hgemm_list_kernels_json, pb.ListKernelsResponse(), "",
+                               timeout)
+
+    def _json_call(self, fn, message, replica: str, timeout: Optional[float]):
+        """`message` filled from the JSON fn returns (C ABI revision 5; keys of fields newer
+        than this module's proto are ignored)."""
+        options = self._call_options(timeout, replica)
+        try:
+            text = self._checked(fn, self._client, options)
+        finally:
+            self._lib.hgemm_call_options_destroy(options)
+        try:
+            return json_format.Parse(ctypes.string_at(text).decode(), message,
+                                     ignore_unknown_fields=True)
+        finally:
+            self._lib.hgemm_free(text)
+
     def release(self, handle: str, timeout: Optional[float]) -> int:
         """The bytes the server freed."""
         options = self._call_options(timeout)
@@ -561,6 +766,30 @@ class NativeClient:
             return self._checked(self._lib.hgemm_release, self._client, options, handle.encode())
         finally:
             self._lib.hgemm_call_options_destroy(options)
+
+
+class _RegionMemory:
+    """An hgemm_region_t's memory as numpy sees it (__array_interface__): the arrays over it
+    keep this alive, and the last one gone frees the region here (hgemm_region_destroy), so
+    that no array outlives the mapping."""
+
+    def __init__(self, lib, region):
+        self._lib, self._region = lib, region
+        self.__array_interface__ = {
+            "shape": (lib.hgemm_region_bytes(region),), "typestr": "|u1", "version": 3,
+            "data": (lib.hgemm_region_data(region), False)}
+
+    def __del__(self):
+        self._lib.hgemm_region_destroy(self._region)
+
+
+class NativeRegion(_shm.MappedRegion):
+    """A region the native core made and registered (hgemm_region_t): its memory stays mapped
+    as long as arrays over it live, unregistered or not."""
+
+    def __init__(self, lib, region, label: str):
+        memory = _RegionMemory(lib, region)  # owns the region from here
+        super().__init__(np.asarray(memory), label, lib.hgemm_region_handle(region).decode())
 
 
 class NativeCall:
@@ -754,3 +983,11 @@ def _operand(operand):
     if operand.array is None:
         return None, 0
     return operand.array.ctypes.data, operand.array.nbytes
+
+
+def _matrix_info_of(handle: str, info: MatrixInfo, label: str, dtype: str) -> pb.MatrixInfo:
+    """A MatrixInfo of a handle and its hgemm_matrix_info_t (the server's, but for the fields the
+    C ABI does not carry: age, idle time, owner)."""
+    return pb.MatrixInfo(handle=handle, rows=info.rows, cols=info.cols, bytes=info.bytes,
+                         device_id=info.device_id, ttl_seconds=info.ttl_seconds, label=label,
+                         replica=handle_replica(handle), dtype=_DTYPES[dtype])

@@ -35,27 +35,15 @@ def _aligned(n: int) -> int:
     return (n + ALIGN - 1) // ALIGN * ALIGN
 
 
-class Region:
-    """A sealed memfd of `nbytes` (≥ 1), mapped read-write; `handle` is the server's name for it
-    once registered ("" before). The mapping lives as long as arrays over it do, even after
-    close() (which closes the file descriptor)."""
+class MappedRegion:
+    """Memory shared with the server: `bytes` (a uint8 array over all `nbytes` of it), `handle`
+    the server's name for it once registered ("" before). The memory lives as long as arrays
+    over it do, even after close(). Made here (Region, registered by a RegisterRegion call) or
+    by the native core (_native.NativeRegion, registered as it is made)."""
 
-    def __init__(self, nbytes: int, label: str):
-        fd = os.memfd_create(label, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
-        try:
-            os.ftruncate(fd, nbytes)
-            fcntl.fcntl(fd, fcntl.F_ADD_SEALS, _SEALS)
-            self.bytes = np.frombuffer(mmap.mmap(fd, nbytes), dtype=np.uint8)
-        except BaseException:
-            os.close(fd)
-            raise
-        self.fd, self.nbytes, self.label, self.handle = fd, nbytes, label, ""
-        self.address = self.bytes.ctypes.data
-
-    @property
-    def path(self) -> str:
-        """The name the server opens it by."""
-        return f"/proc/{os.getpid()}/fd/{self.fd}"
+    def __init__(self, memory: np.ndarray, label: str, handle: str = ""):
+        self.bytes, self.nbytes, self.label, self.handle = memory, memory.nbytes, label, handle
+        self.address = memory.ctypes.data
 
     def offset_of(self, array: np.ndarray) -> Optional[int]:
         """The offset of a C-contiguous array's bytes in this region, None if they are not all
@@ -64,6 +52,30 @@ class Region:
         if self.address <= start and start + array.nbytes <= self.address + self.nbytes:
             return start - self.address
         return None
+
+    def close(self) -> None:
+        """Lets go of what the region holds here but its memory."""
+
+
+class Region(MappedRegion):
+    """A sealed memfd of `nbytes` (≥ 1), mapped read-write; close() closes the file
+    descriptor."""
+
+    def __init__(self, nbytes: int, label: str):
+        fd = os.memfd_create(label, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+        try:
+            os.ftruncate(fd, nbytes)
+            fcntl.fcntl(fd, fcntl.F_ADD_SEALS, _SEALS)
+            super().__init__(np.frombuffer(mmap.mmap(fd, nbytes), dtype=np.uint8), label)
+        except BaseException:
+            os.close(fd)
+            raise
+        self.fd = fd
+
+    @property
+    def path(self) -> str:
+        """The name the server opens it by."""
+        return f"/proc/{os.getpid()}/fd/{self.fd}"
 
     def close(self) -> None:
         if self.fd >= 0:
@@ -111,14 +123,14 @@ class SharedMemory:
         self.min_bytes = min_bytes
         self.arena_refused = None
         self._lock = threading.Lock()
-        self._buffers: List[Region] = []  # registered, each the region of one shared buffer
-        self._arenas: List[Region] = []   # registered, every arena
-        self._free: List[Region] = []     # the arenas no GEMM has now
+        self._buffers: List[MappedRegion] = []  # registered, each one shared buffer's
+        self._arenas: List[MappedRegion] = []   # registered, every arena
+        self._free: List[MappedRegion] = []     # the arenas no GEMM has now
         # registered CUDA IPC allocations, by (device, base address, IPC handle): a new
         # allocation at an old address has a new handle
         self._cuda: Dict[tuple, CudaIpcRegistration] = {}
 
-    def add_buffer(self, region: Region) -> None:
+    def add_buffer(self, region: MappedRegion) -> None:
         with self._lock:
             self._buffers.append(region)
 
@@ -144,7 +156,7 @@ class SharedMemory:
         c_bytes = c_bytes if c_bytes >= self.min_bytes else 0
         return ArenaPlan(copies, c_bytes) if copies or c_bytes else None
 
-    def take_arena(self, nbytes: int) -> Tuple[Optional[Region], List[Region]]:
+    def take_arena(self, nbytes: int) -> Tuple[Optional[MappedRegion], List[MappedRegion]]:
         """(a free arena of at least nbytes, or None: make one; the free arenas too small to
         keep, now out of the books, to unregister)."""
         with self._lock:
@@ -168,11 +180,11 @@ class SharedMemory:
             size *= 2
         return size
 
-    def add_arena(self, region: Region) -> None:
+    def add_arena(self, region: MappedRegion) -> None:
         with self._lock:
             self._arenas.append(region)
 
-    def give_back(self, arena: Region) -> None:
+    def give_back(self, arena: MappedRegion) -> None:
         with self._lock:
             self._free.append(arena)
 

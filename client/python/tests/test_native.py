@@ -372,3 +372,66 @@ def test_aio_stream_on_the_native_core(server, rng):
             for (a, b), r in zip(pairs, results):
                 assert _error64(r, a, b) < FP32_TOLERANCE
     asyncio.run(main())
+
+
+def test_native_shared_memory_info_kernels_and_groups_never_touch_grpcio(shm_server, rng):
+    """Shared buffers, the arena, regions(), info(), kernels() and gemm_grouped through the C
+    ABI: every grpcio method they would use fails."""
+    c = _native_client(shm_server.unix, client_id="native-shm", shared_memory_min_bytes=1,
+                       timeout=60)
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a call went through grpcio")
+    for name in ("RegisterRegion", "UnregisterRegion", "ListRegions", "GetServerInfo",
+                 "ListKernels"):
+        setattr(c._stub, name, refuse)
+    with c:
+        assert c.info().backend == "cpu" and c.info().limits.max_message_bytes > 0
+        assert "cpu" in [k.name for k in c.kernels()] or c.kernels()
+        a = c.shared_buffer((64, 48))
+        a[:] = fp16(rng, 64, 48)
+        b = fp16(rng, 48, 40)  # through the arena (min bytes 1)
+        out = c.shared_buffer((64, 40))
+        out[:] = np.nan
+        r = c.gemm(a, b, out=out, details=True)
+        assert r.c is out and rel_error(out, a, b) < FP32_TOLERANCE
+        assert r.execution.backend == "cpu"
+        assert rel_error(c.gemm(a, b), a, b) < FP32_TOLERANCE  # C out of the arena
+        listed = c.regions()
+        assert sorted(x.label for x in listed.regions) == ["hgemm_arena", "hgemm_buffer",
+                                                          "hgemm_buffer"]
+        assert listed.client_bytes == sum(x.byte_size for x in listed.regions)
+        pairs = [(fp16(rng, m, k), fp16(rng, k, n)) for m, n, k in [(9, 17, 33), (40, 8, 16)]]
+        c_ins = [fp16(rng, 9, 17), fp16(rng, 40, 8)]
+        cs = c.gemm_grouped(pairs, alpha=0.5, beta=2.0, c=c_ins)
+        for (x, y), c_in, got in zip(pairs, c_ins, cs):
+            ref = 0.5 * (x.astype(np.float64) @ y.astype(np.float64)) + 2.0 * c_in
+            assert got.dtype == np.float16
+            assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < FP32_TOLERANCE
+    # close() unregistered them through the core; the array stays readable.
+    with hgemm.Client(shm_server.unix, client_id="native-shm") as again:
+        assert list(again.regions().regions) == []
+    assert np.isnan(out).sum() == 0
+
+
+def test_native_aio_keep_c_is_awaited_through_the_core(server, rng):
+    """aio gemm(keep_c=True), unary and streamed, through hgemm_gemm_keep_c_async: grpcio's Gemm
+    and GemmStream fail."""
+    if hgemm.info()["core"] != "native":
+        pytest.skip("the native core is not in use: " + str(hgemm.info()["reason"]))
+    import asyncio
+    a, b = fp16(rng, 33, 21), fp16(rng, 21, 17)
+
+    async def main():
+        async with hgemm.aio.Client(server.address, timeout=60) as c:
+            def refuse(*args, **kwargs):
+                raise AssertionError("a GEMM went through grpcio")
+            c._stub.Gemm = c._stub.GemmStream = refuse
+            for mode in ("unary", "stream"):
+                hc = await c.gemm(a, b, keep_c=True, mode=mode)
+                assert hc.shape == (33, 17) and hc.dtype == "fp16"
+                assert rel_error(await hc.download(), a, b) < FP32_TOLERANCE
+                assert await hc.release() == hc.bytes
+            with pytest.raises(hgemm.NotFound):  # a failure through the completion
+                await c.gemm(hc, b[:17], keep_c=True)
+    asyncio.run(main())

@@ -12,8 +12,9 @@ from conftest import FP32_TOLERANCE, fp16, rel_error
 
 
 class GemmSizes:
-    """The serialized size of every unary Gemm request the client sends (shared memory always
-    goes through grpcio's stub)."""
+    """The serialized size of every unary Gemm request the client sends: through grpcio's stub,
+    or, on the native core, of the request the core builds of a GEMM naming regions (the same
+    GemmRequest, made by hgemm_gemm)."""
 
     def __init__(self, client, monkeypatch):
         self.sizes = []
@@ -23,6 +24,14 @@ class GemmSizes:
             self.sizes.append(len(request))
             return gemm(request, *args, **kwargs)
         monkeypatch.setattr(client._stub, "Gemm", sized)
+        native = client._calls.native
+        if native is not None:
+            in_regions = native.gemm_in_regions
+
+            def sized_in_regions(spec, refs, *args):
+                self.sizes.append(len(spec.unary_request(refs)))
+                return in_regions(spec, refs, *args)
+            monkeypatch.setattr(native, "gemm_in_regions", sized_in_regions)
 
 
 def unix_client(server, **options):
