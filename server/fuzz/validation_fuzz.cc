@@ -73,6 +73,14 @@ bool Operand(FuzzedDataProvider& in, uint32_t rows, uint32_t cols, std::string* 
   }
 }
 
+// Where Operand's wrapped sizes live, reserved once: a resize within the capacity fills only
+// the bytes it adds. Never freed (the fuzzer ends the process).
+std::string* SpareOperand() {
+  auto* spare = new std::string;
+  spare->reserve(size_t{1} << 29);
+  return spare;
+}
+
 void CheckAccepted(const RequestRules& rules, uint32_t m, uint32_t n, uint32_t k,
                    const GemmJob& job) {
   const std::string shape = fmt::format("{}x{}x{}", m, n, k);
@@ -207,8 +215,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   r.set_m(fuzz::Dim(in));
   r.set_n(fuzz::Dim(in));
   r.set_k(fuzz::Dim(in));
-  static std::string* spare_a = new std::string;
-  static std::string* spare_b = new std::string;
+  static std::string* spare_a = SpareOperand();
+  static std::string* spare_b = SpareOperand();
   bool lent_a = false, lent_b = false;
   switch (in.ConsumeIntegralInRange<int>(0, 3)) {
     case 0: r.set_a_handle(""); break;
