@@ -5,16 +5,17 @@
 # sharing the target's corpus directory (each picks up the others' new inputs), for SECONDS.
 #   tools/fuzz_campaign.sh SECONDS [TARGET=WORKERS...]
 # Without TARGET=WORKERS, the schedule for 16 cores that gives every target >= 10^6 executions
-# in 540 s at the per-core rates of bench/results/fuzz_depth_2core (transport ~340/s, service
-# ~2 700/s, upload ~4 300/s, validation ~9 600/s, stream_assembler > 15 000/s; 1.7x margin or
-# more): transport=10 service=2 upload=1 validation=1 stream_assembler=1 (15 processes).
+# in 540 s (one device call) at the rates measured on the 2-core dev VM (docs/soak.md, "Fuzzing
+# at depth"; per CPU second: transport ~290, service ~2 800, upload ~4 000, validation ~14 700,
+# stream_assembler ~17 600; >= 10^6 even at that loaded VM's wall rates):
+# transport=10 service=2 upload=2 validation=1 stream_assembler=1.
 #
 # Not fork mode: libFuzzer's -fork restarts each job after 1, 2, 3... seconds, so every job
 # pays the process start (transport_fuzz: a server), the replay of its corpus and libFuzzer's
 # warm-up again; long-lived workers pay them once. Leaks are checked at each worker's exit
 # (LeakSanitizer, ASAN_OPTIONS=detect_leaks=1) rather than after every input (-detect_leaks=0):
 # the services keep state across inputs, so nearly every input allocates more than it frees,
-# and libFuzzer re-ran it and scanned the heap each time (4-15x the cost of an execution).
+# and libFuzzer re-ran it and scanned the heap each time (3-15x the cost of an execution).
 # A worker that stops early (crash, hang, OOM, leak) is started again for the time left; its
 # input is kept under $OUT/artifacts (crash-*, timeout-*, oom-*, leak-*) and its log under
 # $OUT/logs ($FUZZ_BUNDLE: another bundle than .gpu-fuzz). Ends with a table: target, workers,
@@ -24,7 +25,7 @@ cd "$(dirname "$0")/.."
 seconds=$1
 shift
 schedule=("$@")
-((${#schedule[@]})) || schedule=(transport=10 service=2 upload=1 validation=1 stream_assembler=1)
+((${#schedule[@]})) || schedule=(transport=10 service=2 upload=2 validation=1 stream_assembler=1)
 bundle=${FUZZ_BUNDLE:-.gpu-fuzz}
 source "$bundle/env.sh"
 out=${OUT:-/tmp/hgemm-fuzz-campaign}
