@@ -32,10 +32,11 @@ out=${OUT:-/tmp/hgemm-fuzz-campaign}
 mkdir -p "$out/artifacts" "$out/logs"
 end=$((SECONDS + seconds))
 
-# worker TARGET INDEX: runs TARGET until the campaign's end, again after each early stop.
+# worker TARGET INDEX: runs TARGET until the campaign's end, again after an early stop (at most
+# 10 runs: a leak that each run's exit finds again would otherwise loop).
 worker() {
   local t=$1 w=$2 run=0 left
-  while left=$((end - SECONDS)) && ((left > 5)); do
+  while left=$((end - SECONDS)) && ((left > 5 && run < 10)); do
     ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
       "${t}_fuzz" -max_total_time="$left" -timeout=10 -rss_limit_mb=4096 -max_len=65536 \
       -detect_leaks=0 -print_final_stats=1 -seed=$((1000 * w + run + 1)) \
