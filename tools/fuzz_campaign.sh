@@ -18,8 +18,10 @@
 # and libFuzzer re-ran it and scanned the heap each time (3-15x the cost of an execution).
 # A worker that stops early (crash, hang, OOM, leak) is started again for the time left; its
 # input is kept under $OUT/artifacts (crash-*, timeout-*, oom-*, leak-*) and its log under
-# $OUT/logs ($FUZZ_BUNDLE: another bundle than .gpu-fuzz). Ends with a table: target, workers,
-# executions, crashes, hangs; exit status 0 when no worker found anything.
+# $OUT/logs ($FUZZ_BUNDLE: another bundle than .gpu-fuzz); the grown corpora go to
+# $OUT/corpus.tgz. Ends with a table: target, workers, executions, crashes, hangs; exit status
+# 0 when no worker found anything. A run takes SECONDS plus the workers' exit (LeakSanitizer's
+# scan: seconds).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 seconds=$1
@@ -52,6 +54,8 @@ for spec in "${schedule[@]}"; do
   for ((w = 0; w < workers; w++)); do worker "$t" "$w" & done
 done
 wait
+# The grown corpora, one file (to minimise with -merge=1 into server/fuzz/corpus).
+tar czf "$out/corpus.tgz" -C "$bundle" corpus
 
 # A run's executions: its final stats, else (killed) its last status line.
 executions() {
