@@ -5,10 +5,10 @@
 # sharing the target's corpus directory (each picks up the others' new inputs), for SECONDS.
 #   tools/fuzz_campaign.sh SECONDS [TARGET=WORKERS...]
 # Without TARGET=WORKERS, the schedule for 16 cores that gives every target >= 10^6 executions
-# in 540 s (one device call) at the rates measured on the 2-core dev VM (docs/soak.md, "Fuzzing
-# at depth"; per CPU second: transport ~290, service ~2 800, upload ~4 000, validation ~14 700,
-# stream_assembler ~17 600; >= 10^6 even at that loaded VM's wall rates):
-# transport=10 service=2 upload=2 validation=1 stream_assembler=1.
+# in 540 s (one device call) at the per-process rates measured on the loaded 2-core dev VM
+# (docs/soak.md, "Fuzzing at depth"; per wall second: transport ~277, service ~1 400, upload
+# ~1 700, validation ~4 200, stream_assembler ~4 900; 1.3x margin or more):
+# transport=9 service=3 upload=2 validation=1 stream_assembler=1.
 #
 # Not fork mode: libFuzzer's -fork restarts each job after 1, 2, 3... seconds, so every job
 # pays the process start (transport_fuzz: a server), the replay of its corpus and libFuzzer's
@@ -27,7 +27,7 @@ cd "$(dirname "$0")/.."
 seconds=$1
 shift
 schedule=("$@")
-((${#schedule[@]})) || schedule=(transport=10 service=2 upload=2 validation=1 stream_assembler=1)
+((${#schedule[@]})) || schedule=(transport=9 service=3 upload=2 validation=1 stream_assembler=1)
 bundle=${FUZZ_BUNDLE:-.gpu-fuzz}
 source "$bundle/env.sh"
 out=${OUT:-/tmp/hgemm-fuzz-campaign}
