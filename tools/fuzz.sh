@@ -2,9 +2,13 @@
 # Builds the libFuzzer targets of //server/fuzz with clang (ASan + UBSan, leak detection on) in a
 # separate Bazel output base, then runs each for a bounded time (default 60 s) from its seed
 # corpus (server/fuzz/corpus/<target>), $FUZZ_JOBS (default: the number of cores) at a time.
-# Fails on any crash, leak, hang (-timeout: 30 s, since an input of validation_fuzz may build a
-# 512 MiB operand, ~10 s under ASan on a loaded 2-core machine) or OOM (-rss_limit_mb). Crash inputs go to
-# $FUZZ_ARTIFACTS (default /tmp/hgemm-fuzz/artifacts).
+# Fails on any crash, leak, hang (-timeout: 30 s, since an input of validation_fuzz may fill a
+# 512 MiB operand, seconds under ASan on a loaded 2-core machine) or OOM (-rss_limit_mb). Leaks
+# are checked when each target exits (LeakSanitizer), not after every input (-detect_leaks=0):
+# the services keep state across inputs, so nearly every input allocates more than it frees and
+# libFuzzer would re-run it and scan the heap, 3-15x the cost of an execution
+# (docs/soak.md, "Fuzzing at depth"). Crash inputs go to $FUZZ_ARTIFACTS (default
+# /tmp/hgemm-fuzz/artifacts).
 # Prints "fuzz: N passed, N failed" and one "fuzz <target>: <executions> execs" line per target.
 #   tools/fuzz.sh [seconds per target]
 set -uo pipefail
@@ -35,7 +39,7 @@ run_target() {
   rm -f "$work/$t.rc"
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
     "$bin/server/fuzz/${t}_fuzz" -max_total_time="$seconds" -timeout=30 -rss_limit_mb=4096 \
-    -max_len=65536 -print_final_stats=1 -artifact_prefix="$artifacts/$t-" \
+    -max_len=65536 -detect_leaks=0 -print_final_stats=1 -artifact_prefix="$artifacts/$t-" \
     "$corpus" "server/fuzz/corpus/$t" >"$work/$t.log" 2>&1
   echo $? >"$work/$t.rc"
 }

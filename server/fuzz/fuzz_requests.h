@@ -73,7 +73,10 @@ inline void StreamHeader(FuzzedDataProvider& in, uint64_t id,
   next_offsets[1] = next_offsets[2] = 0;
 }
 
-// A chunk of A or B of `id`: up to 64 KiB, mostly at the operand's next offset (advanced).
+// A chunk of A or B of `id`: up to one byte more than the largest operand the harnesses'
+// servers take (kMaxElementsPerMatrix fp16 values), so that a chunk can fill or overrun any
+// operand while an input sends no more bytes than that takes; mostly at the operand's next
+// offset (advanced).
 inline void StreamChunk(FuzzedDataProvider& in, uint64_t id, uint64_t (&next_offsets)[3],
                         v1::MatrixChunk* c) {
   c->set_gemm_id(id);
@@ -81,7 +84,7 @@ inline void StreamChunk(FuzzedDataProvider& in, uint64_t id, uint64_t (&next_off
   c->set_operand(v1::Operand(operand));
   c->set_offset(in.ConsumeIntegralInRange<int>(0, 7) == 0 ? in.ConsumeIntegral<uint64_t>()
                                                          : next_offsets[operand]);
-  const size_t size = in.ConsumeIntegralInRange<size_t>(1, 1 << 16);
+  const size_t size = in.ConsumeIntegralInRange<size_t>(1, 2 * kMaxElementsPerMatrix + 1);
   c->set_data(std::string(size, '\0'));
   next_offsets[operand] += size;
 }

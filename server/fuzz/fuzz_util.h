@@ -56,7 +56,8 @@ inline int64_t WrappedBytes(uint32_t rows, uint32_t cols) {
 // client's own enum value echoed back ("unknown value -33818674", "enum value -1610612744":
 // proto3 enums are any int32) is what it sent, not a wrap, so a number right after "value "
 // does not count, nor does a float (digits then '.' or 'e': "beta: -249909.12" is the client's
-// scale factor; sizes are integers).
+// scale factor, printed with a decimal point or an exponent even when integral; sizes are
+// integers).
 inline bool ShowsNegativeNumber(const std::string& message) {
   static constexpr char kEchoedEnum[] = "value ";
   constexpr size_t kEchoedEnumLength = sizeof(kEchoedEnum) - 1;
@@ -70,10 +71,8 @@ inline bool ShowsNegativeNumber(const std::string& message) {
         (i == 0 || message[i - 1] == ' ' || message[i - 1] == '(' || message[i - 1] == '=')) {
       size_t end = i + 5;
       while (end < message.size() && digit(end)) ++end;
-      const bool a_float = (end < message.size() && (message[end] == '.' || message[end] == 'e')) ||
-                           (i >= 7 && message.compare(i - 7, 7, "alpha: ") == 0) ||
-                           (i >= 6 && message.compare(i - 6, 6, "beta: ") == 0);
-      if (!a_float) return true;  // alpha and beta are floats, printed whole when integral
+      const bool a_float = end < message.size() && (message[end] == '.' || message[end] == 'e');
+      if (!a_float) return true;
     }
   }
   return false;

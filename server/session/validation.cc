@@ -24,6 +24,14 @@ absl::Status CheckElements(const char* matrix, uint32_t rows, uint32_t cols,
   return absl::OkStatus();
 }
 
+// A scale factor as a float always: shortest round-trip digits, with ".0" added to an integral
+// value (fmt prints -1608507300.0f as "-1608507300", which reads like a wrapped integer size).
+std::string ScaleText(float scale) {
+  std::string text = fmt::format("{}", scale);
+  if (text.find_first_not_of("-0123456789") == std::string::npos) text += ".0";
+  return text;
+}
+
 constexpr char kNoRegion[] = "empty (the handle RegisterRegion returned)";
 
 // A handle that is set must name something: an empty one would leave its operand without
@@ -265,16 +273,15 @@ absl::Status ValidateScale(bool has_alpha, float alpha, float beta, bool has_c_i
                            const RequestRules& rules, const std::string& prefix, GemmJob* job) {
   if (!has_alpha) alpha = 1;
   if (!std::isfinite(alpha)) {
-    return status::InvalidArgument(prefix + "alpha", fmt::format("{} is not a finite number", alpha));
+    return status::InvalidArgument(prefix + "alpha", ScaleText(alpha) + " is not a finite number");
   }
   if (!std::isfinite(beta)) {
-    return status::InvalidArgument(prefix + "beta", fmt::format("{} is not a finite number", beta));
+    return status::InvalidArgument(prefix + "beta", ScaleText(beta) + " is not a finite number");
   }
   if (beta != 0 && !has_c_in) {
     return status::InvalidArgument(
         prefix + "beta",
-        fmt::format("{} needs a C input (c_in, c_in_handle or c_in_region), and none was given",
-                    beta));
+        ScaleText(beta) + " needs a C input (c_in, c_in_handle or c_in_region), and none was given");
   }
   job->alpha = alpha;
   job->beta = beta;

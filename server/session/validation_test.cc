@@ -290,6 +290,22 @@ TEST(Validation, ScalesNeedAKernelThatTakesThem) {
   EXPECT_EQ(s.message().rfind("options.accumulation:", 0), 0u) << s.message();
 }
 
+// Scale factors print as floats, so that an integral one can't read as a wrapped size.
+TEST(Validation, ScaleFactorsPrintAsFloats) {
+  RequestRules rules = Rules();
+  GemmJob job;
+  v1::GemmRequest r = Request(3, 5, 7);
+  r.set_beta(-1608507300.0f);
+  absl::Status s = ValidateGemmRequest(r, rules, &job);
+  EXPECT_EQ(s.message().rfind("beta: -1608507300.0 needs a C input", 0), 0u) << s.message();
+  r.set_beta(-249909.12f);
+  s = ValidateGemmRequest(r, rules, &job);
+  EXPECT_EQ(s.message().rfind("beta: -249909.12 needs a C input", 0), 0u) << s.message();
+  r.set_beta(-1e30f);
+  s = ValidateGemmRequest(r, rules, &job);
+  EXPECT_EQ(s.message().rfind("beta: -1e+30 needs a C input", 0), 0u) << s.message();
+}
+
 TEST(Validation, BetaNeedsACInputOfCsSize) {
   RequestRules rules = Rules();
   rules.kernels[1].scaled_types = kAllTypesBits;
@@ -297,7 +313,7 @@ TEST(Validation, BetaNeedsACInputOfCsSize) {
   v1::GemmRequest r = Request(3, 5, 7);
   r.set_beta(1);
   absl::Status s = ValidateGemmRequest(r, rules, &job);
-  EXPECT_EQ(s.message().rfind("beta: 1 needs a C input", 0), 0u) << s.message();
+  EXPECT_EQ(s.message().rfind("beta: 1.0 needs a C input", 0), 0u) << s.message();
   r.set_c_in(std::string(2 * 3 * 5 - 1, '\1'));
   s = ValidateGemmRequest(r, rules, &job);
   EXPECT_EQ(s.message().rfind("c_in: 29 bytes", 0), 0u) << s.message();
