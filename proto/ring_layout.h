@@ -11,10 +11,10 @@
 // index i & (entries - 1). The client writes SQ entries, then the SQ tail (release); the
 // server reads the tail (acquire), copies each entry out once and writes the SQ head. The
 // server writes CQ entries, then the CQ tail; the client reads them and writes the CQ head.
-// A side that found nothing to do for a while sets its "sleeping" word, checks once more and
-// sleeps on a futex (FUTEX_WAIT, not private: the words are in a shared mapping): the server
-// on sq_tail, the client on cq_tail. The other side wakes it (FUTEX_WAKE on that word) after
-// publishing, only when the word is set.
+// A side that found nothing to do for a while sets its "sleeping" word to 1, checks once more
+// and sleeps on that word while it is 1 (FUTEX_WAIT, not private: the words are in a shared
+// mapping). The other side, after publishing, swaps the word to 0 and wakes it (FUTEX_WAKE)
+// only if it was 1: a wake that comes before the sleep makes the sleep return at once.
 //
 // The server trusts nothing in the ring: the sizes are its own copy of AttachRingRequest's,
 // every entry is copied out before it is read, and an impossible tail or head detaches the
@@ -45,8 +45,8 @@ struct RingHeader {
   alignas(kRingCacheLine) std::atomic<uint32_t> sq_tail;  // the client's: entries published
   alignas(kRingCacheLine) std::atomic<uint32_t> cq_head;  // the client's: completions reaped
   alignas(kRingCacheLine) std::atomic<uint32_t> cq_tail;  // the server's: completions published
-  alignas(kRingCacheLine) std::atomic<uint32_t> server_sleeping;  // 1: wake it on sq_tail
-  alignas(kRingCacheLine) std::atomic<uint32_t> client_sleeping;  // 1: wake it on cq_tail
+  alignas(kRingCacheLine) std::atomic<uint32_t> server_sleeping;  // 1: the server sleeps on it
+  alignas(kRingCacheLine) std::atomic<uint32_t> client_sleeping;  // 1: a client thread does
 };
 static_assert(std::atomic<uint32_t>::is_always_lock_free, "futex words must be plain words");
 
@@ -85,7 +85,7 @@ struct RingSubmission {
   RingOperand a, b;     // region or matrix
   RingOperand c_in;     // read only when beta ≠ 0
   RingOperand c;        // a region
-  uint8_t reserved[16];
+  uint8_t reserved[8];
 };
 static_assert(sizeof(RingSubmission) == 128);
 
@@ -118,6 +118,11 @@ inline void RingFutexWait(std::atomic<uint32_t>* word, uint32_t expected, int64_
 // Wakes every sleeper on `word`.
 inline void RingFutexWake(std::atomic<uint32_t>* word) {
   syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, INT32_MAX, nullptr, nullptr, 0);
+}
+
+// The waker's half: clears a "sleeping" word and wakes its sleeper if there was one.
+inline void RingWakeSleeper(std::atomic<uint32_t>* sleeping) {
+  if (sleeping->exchange(0) != 0) RingFutexWake(sleeping);
 }
 
 }  // namespace hgemm
