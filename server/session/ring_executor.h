@@ -41,7 +41,7 @@ struct RingOptions {
   // GEMMs of one ring admitted and not yet completed, at most.
   uint32_t max_in_flight = 64;
   // Rings one owner may have attached at once.
-  int max_rings_per_owner = 4;
+  int max_rings_per_owner = 16;
 };
 
 // What AttachRing names.

@@ -98,23 +98,32 @@ class TestRing {
 
 RingOperand InRegion(uint32_t slot, uint64_t offset) { return {kRingOperandRegion, slot, offset}; }
 
-// What the ring's on_detached reported.
+// What the ring's on_detached reported: its code and message as plain values (absl's
+// shared status payload, uninstrumented, would look like a race to TSan).
+struct Detached {
+  absl::StatusCode code;
+  std::string message;
+};
 struct DetachReport {
   std::mutex mu;
   std::condition_variable changed;
-  std::optional<absl::Status> reason;
+  std::optional<Detached> reason;  // guarded by mu
 
   RingDetached Callback() {
     return [this](const absl::Status& s) {
       std::lock_guard<std::mutex> lock(mu);
-      reason = s;
+      reason = Detached{s.code(), std::string(s.message())};
       changed.notify_all();
     };
   }
-  std::optional<absl::Status> Await() {
+  std::optional<Detached> Await() {
     std::unique_lock<std::mutex> lock(mu);
     changed.wait_for(lock, kPatience, [&] { return reason.has_value(); });
     return reason;
+  }
+  bool Seen() {
+    std::lock_guard<std::mutex> lock(mu);
+    return reason.has_value();
   }
 };
 
@@ -187,7 +196,7 @@ TEST_F(RingExecutorTest, GemmThroughTheRingMatchesTheReference) {
     EXPECT_GT(done->server_total_ms, 0.0f);
   }
   executor->Stop();
-  EXPECT_FALSE(detached.reason.has_value());
+  EXPECT_FALSE(detached.Seen());
 }
 
 TEST_F(RingExecutorTest, BadEntriesCompleteWithTheirErrorAndTheRingGoesOn) {
@@ -303,10 +312,10 @@ TEST_F(RingExecutorTest, ATailTooFarAheadDetachesTheRingAndOthersKeepWorking) {
   auto good_ring = Attach(good, good.Spec({data.handle()}), &good_detached);
   bad.header()->sq_tail.store(bad.header()->sq_head.load() + 1000);
   RingWakeSleeper(&bad.header()->server_sleeping);
-  std::optional<absl::Status> reason = bad_detached.Await();
+  std::optional<Detached> reason = bad_detached.Await();
   ASSERT_TRUE(reason.has_value());
-  EXPECT_EQ(reason->code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(reason->message().find("sq_tail"), std::string::npos) << *reason;
+  EXPECT_EQ(reason->code, absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(reason->message.find("sq_tail"), std::string::npos) << reason->message;
   EXPECT_EQ(registry_.Attached(), 1);
   Fill(data);
   good.Submit(Good(5));
@@ -325,10 +334,10 @@ TEST_F(RingExecutorTest, ACqHeadPastTheTailDetachesTheRing) {
   auto executor = Attach(ring, ring.Spec({data.handle()}), &detached);
   ring.header()->cq_head.store(12345);
   ring.Submit(Good(1));  // the server looks at the CQ head before taking it
-  std::optional<absl::Status> reason = detached.Await();
+  std::optional<Detached> reason = detached.Await();
   ASSERT_TRUE(reason.has_value());
-  EXPECT_EQ(reason->code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(reason->message().find("cq_head"), std::string::npos) << *reason;
+  EXPECT_EQ(reason->code, absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(reason->message.find("cq_head"), std::string::npos) << reason->message;
   executor->Stop();
 }
 
@@ -346,7 +355,7 @@ TEST_F(RingExecutorTest, GarbageOverTheWholeRingNeverHurtsTheServer) {
   uint8_t* bytes = reinterpret_cast<uint8_t*>(hostile.header());
   RingHeader* h = hostile.header();
   int plausible_rounds = 0;
-  for (int round = 0; round < 300 && !hostile_detached.reason.has_value(); ++round) {
+  for (int round = 0; round < 300 && !hostile_detached.Seen(); ++round) {
     // Garbage over the entries every round, over the header too every 50th.
     const uint64_t from = round % 50 == 49 ? 0 : RingSqOffset();
     for (uint64_t i = from; i + 8 <= RingBytes(4, 4); i += 8) {
@@ -394,7 +403,7 @@ TEST_F(RingExecutorTest, StoppingReleasesTheRingRegionAndTheSlots) {
   EXPECT_TRUE(core_.regions().Unregister("alice", data.handle(), &freed).ok())
       << "a bound slot holds nothing";
   EXPECT_EQ(registry_.Attached(), 0);
-  EXPECT_FALSE(detached.reason.has_value());
+  EXPECT_FALSE(detached.Seen());
 }
 
 // One worker held at a gate, a queue of one: the third GEMM finds the queue full.
