@@ -84,7 +84,7 @@ struct RingSubmission {
   uint64_t timeout_us;  // 0: none; else the GEMM's deadline, from when the server reads it
   RingOperand a, b;     // region or matrix
   RingOperand c_in;     // read only when beta ≠ 0
-  RingOperand c;        // a region
+  RingOperand c;        // a region, or a matrix that C is written into in place
   uint8_t reserved[8];
 };
 static_assert(sizeof(RingSubmission) == 128);

@@ -145,6 +145,48 @@ TEST_F(RingTest, GemmsThroughTheRingMatchTheReference) {
   }
 }
 
+// All resident: A, B and C are resident matrices (C written in place), so a GEMM moves no
+// bytes at all: what the ring is for on a GPU.
+TEST_F(RingTest, AllResidentGemmWritesCInPlace) {
+  constexpr uint32_t m = 40, n = 56, k = 72;
+  std::vector<uint16_t> a(m * k), b(k * n), poison(m * n, kHalfNan);
+  auto upload = [&](uint32_t rows, uint32_t cols, const std::vector<uint16_t>& values) {
+    v1::MatrixInfo info;
+    grpc::Status s = client_->UploadMatrix(
+        rows, cols, {reinterpret_cast<const char*>(values.data()), values.size() * 2}, &info, 0,
+        "", call_);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    return info.handle();
+  };
+  std::unique_ptr<RingClient> ring;
+  for (int round = 0; round < 2; ++round) {
+    FillRandom(a.data(), m * k);
+    FillRandom(b.data(), k * n);
+    // Fresh operands: uploaded again, bound again (a new ring over the new handles).
+    const std::string a_handle = upload(m, k, a), b_handle = upload(k, n, b);
+    const std::string c_handle = upload(m, n, poison);
+    ring = Attach({}, {a_handle, b_handle, c_handle});
+    ASSERT_NE(ring, nullptr);
+    grpc::Status s = ring->Gemm(Entry(m, n, k, {kRingOperandMatrix, 0, 0},
+                                      {kRingOperandMatrix, 1, 0}, {kRingOperandMatrix, 2, 0}));
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    std::string c;
+    ASSERT_TRUE(client_->DownloadMatrix(c_handle, &c, call_).ok());
+    ASSERT_EQ(c.size(), size_t(2 * m * n));
+    std::vector<float> reference = ReferenceGemm(a.data(), b.data(), m, n, k);
+    EXPECT_LT(RelativeFrobeniusError(reinterpret_cast<const uint16_t*>(c.data()),
+                                     reference.data(), m * n), 1e-3);
+  }
+  // C's matrix may not be an operand too, and must have C's shape.
+  grpc::Status s = ring->Gemm(Entry(m, n, k, {kRingOperandMatrix, 0, 0}, {kRingOperandMatrix, 1, 0},
+                                    {kRingOperandMatrix, 0, 0}));
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(s.error_message().find("c_handle"), std::string::npos) << s.error_message();
+  s = ring->Gemm(Entry(m, n, k, {kRingOperandMatrix, 0, 0}, {kRingOperandMatrix, 1, 0},
+                       {kRingOperandMatrix, 1, 0}));
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+}
+
 TEST_F(RingTest, ManyThreadsShareOneRing) {
   constexpr uint32_t m = 32, n = 24, k = 40;
   constexpr int kThreads = 4, kPerThread = 30;

@@ -134,6 +134,7 @@ absl::Status RingExecutor::Attach(const GemmCore* core, RingRegistry* registry, 
     std::thread([executor]() mutable {
       RingRegistry* registry = executor->registry_;
       executor->Run();
+      executor->ThreadDone();
       executor.reset();  // may be the last holder: the ring's lease goes back before the count
       registry->ThreadEnded();
     }).detach();
@@ -187,7 +188,18 @@ void RingExecutor::Stop() {
     on_detached_ = nullptr;
   }
   Unregister();
-  RingWakeSleeper(&header()->server_sleeping);
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!ring_.empty()) RingWakeSleeper(&header()->server_sleeping);
+}
+
+void RingExecutor::ThreadDone() {
+  std::lock_guard<std::mutex> lock(mu_);
+  thread_done_ = true;
+  ReleaseRingIfDoneLocked();
+}
+
+void RingExecutor::ReleaseRingIfDoneLocked() {
+  if (thread_done_ && in_flight_ == 0) ring_.Release();
 }
 
 void RingExecutor::Detach(const absl::Status& reason) {
@@ -309,14 +321,13 @@ absl::Status RingExecutor::Submit(const RingSubmission& entry) {
 
   // One operand: its slot resolved into the request (for validation) and the order.
   auto bind = [&](const char* name, const RingOperand& operand, bool may_be_none,
-                  bool may_be_matrix, v1::RegionRef* region, std::string* handle,
+                  v1::RegionRef* region, std::string* handle,
                   OperandSource* source) -> absl::Status {
     switch (operand.kind) {
       case kRingOperandNone:
         if (may_be_none) return absl::OkStatus();
         return status::InvalidArgument(fmt::format("{}.kind", name),
-                                       may_be_matrix ? "needs a region or a matrix slot"
-                                                     : "needs a region slot");
+                                       "needs a region or a matrix slot");
       case kRingOperandRegion:
         if (operand.slot >= regions_.size()) {
           return status::InvalidArgument(
@@ -329,9 +340,6 @@ absl::Status RingExecutor::Submit(const RingSubmission& entry) {
         *source = OperandSource::Region(regions_[operand.slot], operand.offset);
         return absl::OkStatus();
       case kRingOperandMatrix:
-        if (!may_be_matrix) {
-          return status::InvalidArgument(fmt::format("{}.kind", name), "needs a region slot");
-        }
         if (operand.slot >= matrices_.size()) {
           return status::InvalidArgument(
               fmt::format("{}.slot", name),
@@ -348,7 +356,7 @@ absl::Status RingExecutor::Submit(const RingSubmission& entry) {
   };
   v1::RegionRef region;
   std::string handle;
-  if (absl::Status s = bind("a", entry.a, false, true, &region, &handle, &order.a); !s.ok()) {
+  if (absl::Status s = bind("a", entry.a, false, &region, &handle, &order.a); !s.ok()) {
     return s;
   }
   if (handle.empty()) {
@@ -358,7 +366,7 @@ absl::Status RingExecutor::Submit(const RingSubmission& entry) {
   }
   region.Clear();
   handle.clear();
-  if (absl::Status s = bind("b", entry.b, false, true, &region, &handle, &order.b); !s.ok()) {
+  if (absl::Status s = bind("b", entry.b, false, &region, &handle, &order.b); !s.ok()) {
     return s;
   }
   if (handle.empty()) {
@@ -368,19 +376,24 @@ absl::Status RingExecutor::Submit(const RingSubmission& entry) {
   }
   region.Clear();
   handle.clear();
-  if (absl::Status s = bind("c_in", entry.c_in, true, true, &region, &handle, &order.c_in);
+  if (absl::Status s = bind("c_in", entry.c_in, true, &region, &handle, &order.c_in);
       !s.ok()) {
     return s;
   }
   if (!handle.empty()) request.set_c_in_handle(handle);
   if (!region.region().empty()) *request.mutable_c_in_region() = region;
   OperandSource c_source;
-  if (absl::Status s = bind("c", entry.c, false, false, request.mutable_c_region(), &handle,
-                            &c_source);
-      !s.ok()) {
+  region.Clear();
+  handle.clear();
+  if (absl::Status s = bind("c", entry.c, false, &region, &handle, &c_source); !s.ok()) {
     return s;
   }
-  order.c = ResultSink::Region(c_source.handle, c_source.offset);
+  if (handle.empty()) {
+    *request.mutable_c_region() = region;
+    order.c = ResultSink::Region(c_source.handle, c_source.offset);
+  } else {
+    order.c = ResultSink::IntoResident(handle);
+  }
   if (absl::Status s = ValidateGemmRequest(request, core_->rules(), &order.job); !s.ok()) return s;
   order.over_unix_socket = over_unix_socket_;
   if (entry.timeout_us > 0) {
@@ -408,17 +421,18 @@ void RingExecutor::Complete(uint64_t user_data, const absl::Status& status,
   }
   const size_t length = std::min(status.message().size(), sizeof(completion.message) - 1);
   std::memcpy(completion.message, status.message().data(), length);
-  RingHeader* h = header();
   {
     std::lock_guard<std::mutex> lock(mu_);
+    RingHeader* h = header();
     std::memcpy(&cq_[cq_tail_ & (cq_entries_ - 1)], &completion, sizeof(completion));
     ++cq_tail_;
     h->cq_tail.store(cq_tail_, std::memory_order_release);
     --in_flight_;
+    RingWakeSleeper(&h->client_sleeping);
+    if (waiting_for_room_.load()) RingWakeSleeper(&h->server_sleeping);
+    ReleaseRingIfDoneLocked();
   }
   if (on_entry_) on_entry_(status.code());
-  RingWakeSleeper(&h->client_sleeping);
-  if (waiting_for_room_.load()) RingWakeSleeper(&h->server_sleeping);
 }
 
 }  // namespace hgemm

@@ -100,8 +100,9 @@ class RingExecutor : public std::enable_shared_from_this<RingExecutor> {
                              std::shared_ptr<RingExecutor>* ring);
 
   // Detaches: the thread takes no more entries and ends soon (it is woken); GEMMs in flight
-  // still complete into the ring (its mapping is held until they do). Once it returns,
-  // on_detached is never called. Never waits for a GEMM; idempotent.
+  // still complete into the ring. The ring's region is let go (it may be unregistered) once
+  // the thread has ended and they have. Once it returns, on_detached is never called. Never
+  // waits for a GEMM; idempotent.
   void Stop();
 
   uint32_t max_in_flight() const { return max_in_flight_; }
@@ -127,6 +128,10 @@ class RingExecutor : public std::enable_shared_from_this<RingExecutor> {
   void Detach(const absl::Status& reason);
   // Gives back the owner's ring count (once).
   void Unregister();
+  // The ring thread has ended: the ring's region is let go once no GEMM is in flight.
+  void ThreadDone();
+  // Lets go of the ring's region when nothing can write into it any more. REQUIRES: mu_ held.
+  void ReleaseRingIfDoneLocked();
 
   const GemmCore* const core_;
   RingRegistry* const registry_;
@@ -136,7 +141,8 @@ class RingExecutor : public std::enable_shared_from_this<RingExecutor> {
   const uint32_t max_in_flight_;
   const int64_t spin_us_;
   const std::vector<std::string> regions_, matrices_;
-  const RegionLease ring_;  // the ring's mapping, held while anything uses it
+  RegionLease ring_;  // guarded by mu_ once the thread runs: the ring's mapping, held until
+                      // the thread has ended and no GEMM is in flight
   const RingSubmission* const sq_;
   RingCompletion* const cq_;
   const RingEntryObserver on_entry_;
@@ -145,6 +151,7 @@ class RingExecutor : public std::enable_shared_from_this<RingExecutor> {
   std::mutex mu_;
   uint32_t cq_tail_ = 0;    // guarded by mu_
   uint32_t in_flight_ = 0;  // guarded by mu_
+  bool thread_done_ = false;  // guarded by mu_
   std::atomic<bool> waiting_for_room_{false};
   std::atomic<bool> stopping_{false};
   std::atomic<bool> registered_{true};
