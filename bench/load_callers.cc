@@ -194,7 +194,7 @@ class RingCaller final : public Caller {
       : client_(client),
         options_(ShmUnaryCaller::CallOptionsOf(o)),
         c_(client_, o, options_),
-        timeout_us_(uint64_t(o.call_timeout_s * 1e6)) {}
+        timeout_(int64_t(o.call_timeout_s * 1e6)) {}
   void Call(const Payload& p, const v1::GemmRequest& request, Sample* s) override {
     if (!c_.setup_error().empty()) {
       return SetError(int(grpc::StatusCode::INTERNAL), c_.setup_error(), s);
@@ -211,29 +211,9 @@ class RingCaller final : public Caller {
     if (operands != operands_ || request.b_region().region() != operands_) {
       return SetError(int(grpc::StatusCode::INTERNAL), "A and B must be in the ring's region", s);
     }
-    RingSubmission entry{};
-    entry.m = request.m();
-    entry.n = request.n();
-    entry.k = request.k();
-    entry.flags = (request.transpose_a() ? kRingTransposeA : 0) |
-                  (request.transpose_b() ? kRingTransposeB : 0) |
-                  (request.has_alpha() ? kRingHasAlpha : 0);
-    entry.dtype = uint32_t(request.dtype());
-    entry.c_dtype = uint32_t(request.c_dtype());
-    entry.accumulation = uint32_t(request.options().accumulation());
-    const int kernel = ring_->KernelIndex(request.options().kernel());
-    if (kernel < 0) {
-      return SetError(int(grpc::StatusCode::INVALID_ARGUMENT),
-                      "no kernel " + request.options().kernel() + " on the server", s);
-    }
-    entry.kernel = uint32_t(kernel);
-    entry.alpha = request.alpha();
-    entry.beta = request.beta();
-    entry.timeout_us = timeout_us_;
-    entry.a = {kRingOperandRegion, 0, request.a_region().offset()};
-    entry.b = {kRingOperandRegion, 0, request.b_region().offset()};
-    if (request.has_c_in_region()) {
-      entry.c_in = {kRingOperandRegion, 0, request.c_in_region().offset()};
+    RingSubmission entry;
+    if (grpc::Status e = ring_->ToSubmission(request, "", timeout_, &entry); !e.ok()) {
+      return SetStatus(e, s);
     }
     entry.c = {kRingOperandRegion, 1, 0};
     RingCompletion done{};
@@ -253,7 +233,7 @@ class RingCaller final : public Caller {
   GemmClient client_;
   const CallOptions options_;
   OwnCRegion c_;
-  const uint64_t timeout_us_;
+  const std::chrono::microseconds timeout_;
   std::unique_ptr<RingClient> ring_;  // detached before c_ is unregistered
   std::string operands_;
   int64_t reply_size_ = 0;

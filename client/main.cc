@@ -8,6 +8,7 @@
 //   hgemm_client --release=HANDLE1,HANDLE2 --client_id=me
 //   hgemm_client --server=ipv4:10.0.0.1:50051,10.0.0.2:50051 --resident=all --check  # replicas
 //   hgemm_client --server=unix:/run/hgemm/hgemm.sock --transport=shm --shape=2048x2048x2048 --check
+//   hgemm_client --server=unix:/run/hgemm/hgemm.sock --transport=ring --shape=256x256x256 --repeat=20
 //   hgemm_client --shape=512x384x256 --dtype=bf16 --c_dtype=fp32 --alpha=0.5 --beta=-1 --check
 //   hgemm_client --shape=512x512x512 --batch=64 --check   # strided-batched, operands packed
 //   hgemm_client --group=512x256x128,64x2048x1024,1x4096x4096 --check   # grouped: one call
@@ -37,6 +38,7 @@
 #include "client/gemm_client.h"
 #include "client/gemm_dims.h"
 #include "client/npy.h"
+#include "client/ring_client.h"
 #include "client/shared_region.h"
 #include "proto/numerics/cpu_gemm.h"
 #include "proto/numerics/error_stats.h"
@@ -300,8 +302,10 @@ int Main(int argc, char** argv) {
   app.add_option("--timeout_s", timeout_s, "deadline of each call in seconds (0: none)");
   app.add_option("--transport", transport,
                  "grpc: operands and C in the messages; shm: A, B and C in one shared-memory "
-                 "region (same host: a unix: --server started with --allow_shared_memory)")
-      ->check(CLI::IsMember({"grpc", "shm"}))->capture_default_str();
+                 "region (same host: a unix: --server started with --allow_shared_memory), "
+                 "named by unary Gemm calls; ring: the same region, named by the entries of a "
+                 "submission ring (AttachRing: no gRPC call per GEMM)")
+      ->check(CLI::IsMember({"grpc", "shm", "ring"}))->capture_default_str();
   app.add_flag("--check", check, "compare C with a local fp32-accumulate reference");
   app.add_option("--tolerance", tolerance,
                  "largest relative Frobenius error --check accepts (default 1e-3 for fp32, 2e-2 for fp16)");
@@ -368,7 +372,8 @@ int Main(int argc, char** argv) {
                              .c_fp32 = c_dtype == "fp32"};
   const uint64_t c_element_bytes = form.c_fp32 ? 4 : 2;
 
-  const bool shm = transport == "shm";
+  const bool through_ring = transport == "ring";
+  const bool shm = transport == "shm" || through_ring;  // A, B and C in a region
   if (batch > 1 && (!a_path.empty() || shm || resident != "none" || !out_path.empty())) {
     return Fail("--batch takes random inline operands: not with --a/--b, --transport=shm, "
                 "--resident or --out");
@@ -578,6 +583,19 @@ int Main(int argc, char** argv) {
                 region->bytes() / 1048576.0,
                 std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
   }
+  std::unique_ptr<hgemm::RingClient> ring;
+  hgemm::RingSubmission ring_entry;
+  if (through_ring) {
+    const auto start = std::chrono::steady_clock::now();
+    grpc::Status s;
+    ring = hgemm::RingClient::Attach(client, {region_handle}, {}, {.call = call}, &s);
+    if (!ring) return Fail(s);
+    s = ring->ToSubmission(request, "", std::chrono::duration_cast<std::chrono::microseconds>(call.timeout),
+                           &ring_entry);
+    if (!s.ok()) return Fail(s);
+    std::printf("attached a submission ring in %.1f ms\n",
+                std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
+  }
   const bool parts = !shm && (mode == "parts" || mode == "auto") &&
                      hgemm::GemmClient::ShouldSendParts(request, call);
   const bool stream = !shm && !parts &&
@@ -593,7 +611,8 @@ int Main(int argc, char** argv) {
   std::printf("GEMM %ux%ux%u (m x n x k) %s%s %s->%s via %s, kernel %s, accumulation %s, %.1f MiB up, %.1f MiB down\n",
               request.m(), request.n(), request.k(), transpose_a ? "T" : "N", transpose_b ? "T" : "N",
               dtype.c_str(), c_dtype.c_str(),
-              shm      ? "unary Gemm, A, B and C in shared memory"
+              through_ring ? "a submission ring, A, B and C in shared memory"
+              : shm    ? "unary Gemm, A, B and C in shared memory"
               : parts  ? fmt::format("{} parallel parts", parallel_parts).c_str()
               : stream ? "GemmStream"
                        : "unary Gemm",
@@ -622,6 +641,15 @@ int Main(int argc, char** argv) {
         status = results[0].status;
         response = std::move(results[0].response);
       }
+    } else if (through_ring) {
+      hgemm::RingCompletion done{};
+      status = ring->Gemm(ring_entry, &done);
+      // A completion carries timings, not the execution: the accumulation asked for.
+      response.mutable_timing()->set_queue_wait_ms(done.queue_wait_ms);
+      response.mutable_timing()->set_kernel_ms(done.kernel_ms);
+      response.mutable_timing()->set_server_total_ms(done.server_total_ms);
+      response.mutable_timing()->set_tflops(done.tflops);
+      response.mutable_execution()->set_accumulation(request.options().accumulation());
     } else {
       status = client.Gemm(request, &response, call);
     }
@@ -652,6 +680,7 @@ int Main(int argc, char** argv) {
     std::printf("downloaded the kept C in %.1f ms\n",
                 std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
   }
+  ring.reset();  // detached before its region goes
   if (shm) {  // C is in the region: copied out for --check and --out
     response.set_c(reinterpret_cast<const char*>(region->data() + c_offset),
                    c_element_bytes * request.m() * request.n());

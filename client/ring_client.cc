@@ -1,5 +1,6 @@
 #include "client/ring_client.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <utility>
@@ -46,6 +47,8 @@ std::unique_ptr<RingClient> RingClient::Attach(const GemmClient& client,
   if (!status->ok()) return nullptr;
   std::unique_ptr<RingClient> ring(new RingClient(client, std::move(memory), options));
   ring->region_ = info.region();
+  ring->regions_ = regions;
+  ring->matrices_ = matrices;
 
   // The attach call lives as long as the ring: the options' timeout is not its deadline.
   if (!options.call.client_id.empty()) {
@@ -127,6 +130,70 @@ int RingClient::KernelIndex(const std::string& name) const {
     if (attached_.kernels(i) == name) return i + 1;
   }
   return -1;
+}
+
+grpc::Status RingClient::ToSubmission(const v1::GemmRequest& request, const std::string& c_matrix,
+                                      std::chrono::microseconds timeout,
+                                      RingSubmission* entry) const {
+  auto invalid = [](const std::string& field, const std::string& why) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, field + ": " + why);
+  };
+  if (!request.a().empty() || !request.b().empty() || !request.c_in().empty()) {
+    return invalid("a", "a ring entry carries no bytes: name operands by region or handle");
+  }
+  if (request.keep_c_resident()) return invalid("keep_c_resident", "not through a ring");
+  if (request.batch() > 1 || request.group_size() > 0) {
+    return invalid("batch", "a ring entry is one GEMM");
+  }
+  auto slot = [](const std::vector<std::string>& bound, const std::string& handle) {
+    const auto it = std::find(bound.begin(), bound.end(), handle);
+    return it == bound.end() ? -1 : int(it - bound.begin());
+  };
+  // {kind, slot, offset} of a region or a handle.
+  auto operand = [&](const char* field, bool has_region, const v1::RegionRef& region,
+                     const std::string& handle, RingOperand* out) -> grpc::Status {
+    if (has_region) {
+      const int i = slot(regions_, region.region());
+      if (i < 0) return invalid(field, "region " + region.region() + " is bound to no slot");
+      *out = {kRingOperandRegion, uint32_t(i), region.offset()};
+    } else if (!handle.empty()) {
+      const int i = slot(matrices_, handle);
+      if (i < 0) return invalid(field, "matrix " + handle + " is bound to no slot");
+      *out = {kRingOperandMatrix, uint32_t(i), 0};
+    }
+    return grpc::Status::OK;
+  };
+  *entry = RingSubmission{};
+  entry->m = request.m();
+  entry->n = request.n();
+  entry->k = request.k();
+  entry->flags = (request.transpose_a() ? kRingTransposeA : 0) |
+                 (request.transpose_b() ? kRingTransposeB : 0) |
+                 (request.has_alpha() ? kRingHasAlpha : 0);
+  entry->dtype = uint32_t(request.dtype());
+  entry->c_dtype = uint32_t(request.c_dtype());
+  entry->accumulation = uint32_t(request.options().accumulation());
+  const int kernel = KernelIndex(request.options().kernel());
+  if (kernel < 0) {
+    return invalid("options.kernel", "the server has no kernel " + request.options().kernel());
+  }
+  entry->kernel = uint32_t(kernel);
+  entry->alpha = request.alpha();
+  entry->beta = request.beta();
+  entry->timeout_us = uint64_t(timeout.count());
+  grpc::Status s = operand("a", request.has_a_region(), request.a_region(), request.a_handle(),
+                           &entry->a);
+  if (s.ok()) {
+    s = operand("b", request.has_b_region(), request.b_region(), request.b_handle(), &entry->b);
+  }
+  if (s.ok()) {
+    s = operand("c_in", request.has_c_in_region(), request.c_in_region(),
+                request.c_in_handle(), &entry->c_in);
+  }
+  if (s.ok()) {
+    s = operand("c", request.has_c_region(), request.c_region(), c_matrix, &entry->c);
+  }
+  return s;
 }
 
 uint64_t RingClient::Submit(const RingSubmission& gemm) {

@@ -19,6 +19,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <map>
@@ -69,6 +70,13 @@ class RingClient {
 
   // RingSubmission.kernel for a kernel name ("" or "auto": 0); -1 if the server has none.
   int KernelIndex(const std::string& name) const;
+  // The entry for a GemmRequest whose operands are named by region or handle, each bound to
+  // a slot of this ring, and C by c_region, or (`c_matrix`, a bound matrix slot's handle)
+  // written in place into a resident matrix; timeout_us from `timeout`. INVALID_ARGUMENT
+  // naming the field for what a ring entry cannot say (bytes, keep_c_resident, a batch or a
+  // group, a handle or region bound to no slot, a kernel the server lacks).
+  grpc::Status ToSubmission(const v1::GemmRequest& request, const std::string& c_matrix,
+                            std::chrono::microseconds timeout, RingSubmission* entry) const;
   const v1::RingAttached& attached() const { return attached_; }
   // OK while attached; else why the ring ended.
   grpc::Status detached() const;
@@ -91,6 +99,7 @@ class RingClient {
   RingSubmission* const sq_;
   const RingCompletion* const cq_;
   std::string region_;  // the ring's region handle
+  std::vector<std::string> regions_, matrices_;  // the slots
   v1::RingAttached attached_;
   std::unique_ptr<v1::GemmService::Stub> stub_;
   grpc::ClientContext attach_context_;
