@@ -373,12 +373,19 @@ int Main(int argc, char** argv) {
   const uint64_t c_element_bytes = form.c_fp32 ? 4 : 2;
 
   const bool through_ring = transport == "ring";
-  const bool shm = transport == "shm" || through_ring;  // A, B and C in a region
+  // Through the ring: A, B and C in a region, or (--resident=all) resident matrices, C
+  // written in place into one uploaded for the run.
+  const bool ring_resident = through_ring && resident == "all";
+  const bool shm = transport == "shm" || (through_ring && !ring_resident);  // A, B, C in a region
   if (batch > 1 && (!a_path.empty() || shm || resident != "none" || !out_path.empty())) {
     return Fail("--batch takes random inline operands: not with --a/--b, --transport=shm, "
                 "--resident or --out");
   }
-  if (shm && resident != "none") return Fail("--transport=shm and --resident exclude each other");
+  if (transport == "shm" && resident != "none") {
+    return Fail("--transport=shm and --resident exclude each other");
+  }
+  if (through_ring && resident == "b") return Fail("--transport=ring takes --resident=none or all");
+  if (through_ring && mode == "stream") return Fail("--transport=ring is not --mode=stream");
   if (shm && mode == "stream") return Fail("--transport=shm sends unary Gemm calls, not --mode=stream");
   hgemm::CallOptions call;
   call.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
@@ -545,7 +552,7 @@ int Main(int argc, char** argv) {
       if (is_a) request.set_a_handle(info.handle());
       else request.set_b_handle(info.handle());
     }
-    request.set_keep_c_resident(resident == "all");
+    request.set_keep_c_resident(resident == "all" && !ring_resident);
     std::printf("uploaded %s once%s in %.1f ms; each call sends %.1f MiB\n",
                 resident == "all" ? "A and B" : "B",
                 upload.replica.empty() ? "" : (" to replica " + upload.replica).c_str(),
@@ -585,12 +592,34 @@ int Main(int argc, char** argv) {
   }
   std::unique_ptr<hgemm::RingClient> ring;
   hgemm::RingSubmission ring_entry;
+  std::string ring_c;  // ring_resident: the matrix C is written into, poisoned first
+  if (ring_resident) {
+    const uint32_t nan_bits = form.c_fp32 ? 0x7fc00000u : 0x7e00u;
+    std::string poison(c_element_bytes * request.m() * request.n(), '\0');
+    for (size_t i = 0; i < poison.size(); i += c_element_bytes) {
+      std::memcpy(&poison[i], &nan_bits, c_element_bytes);
+    }
+    hgemm::v1::MatrixInfo info;
+    if (grpc::Status s = client.UploadMatrix(request.m(), request.n(), poison, &info, 0, "C", call,
+                                             form.c_fp32 ? hgemm::v1::DATA_TYPE_FP32
+                                                         : request.dtype());
+        !s.ok()) {
+      return Fail(s);
+    }
+    ring_c = info.handle();
+    uploaded.push_back(ring_c);
+  }
   if (through_ring) {
     const auto start = std::chrono::steady_clock::now();
     grpc::Status s;
-    ring = hgemm::RingClient::Attach(client, {region_handle}, {}, {.call = call}, &s);
+    ring = hgemm::RingClient::Attach(
+        client, shm ? std::vector<std::string>{region_handle} : std::vector<std::string>{},
+        ring_resident ? std::vector<std::string>{request.a_handle(), request.b_handle(), ring_c}
+                      : std::vector<std::string>{},
+        {.call = call}, &s);
     if (!ring) return Fail(s);
-    s = ring->ToSubmission(request, "", std::chrono::duration_cast<std::chrono::microseconds>(call.timeout),
+    s = ring->ToSubmission(request, ring_c,
+                           std::chrono::duration_cast<std::chrono::microseconds>(call.timeout),
                            &ring_entry);
     if (!s.ok()) return Fail(s);
     std::printf("attached a submission ring in %.1f ms\n",
@@ -603,7 +632,7 @@ int Main(int argc, char** argv) {
                        (mode == "auto" && hgemm::GemmClient::ShouldStream(request, call)));
   const double wire_bytes =
       double(request.a().size() + request.b().size()) +
-      (request.keep_c_resident() || shm ? 0.0 : double(c_element_bytes) * request.m() * request.n());
+      (request.keep_c_resident() || shm || ring_resident ? 0.0 : double(c_element_bytes) * request.m() * request.n());
   if (request.has_alpha() || request.beta() != 0) {
     std::printf("C = %g op(A) op(B) + %g C_in\n", alpha, beta);
   }
@@ -611,15 +640,16 @@ int Main(int argc, char** argv) {
   std::printf("GEMM %ux%ux%u (m x n x k) %s%s %s->%s via %s, kernel %s, accumulation %s, %.1f MiB up, %.1f MiB down\n",
               request.m(), request.n(), request.k(), transpose_a ? "T" : "N", transpose_b ? "T" : "N",
               dtype.c_str(), c_dtype.c_str(),
-              through_ring ? "a submission ring, A, B and C in shared memory"
+              ring_resident ? "a submission ring, A, B and C resident (C written in place)"
+              : through_ring ? "a submission ring, A, B and C in shared memory"
               : shm    ? "unary Gemm, A, B and C in shared memory"
               : parts  ? fmt::format("{} parallel parts", parallel_parts).c_str()
               : stream ? "GemmStream"
                        : "unary Gemm",
               kernel.c_str(), accumulation.c_str(),
               (request.a().size() + request.b().size()) / 1048576.0,
-              request.keep_c_resident() || shm ? 0.0
-                                               : double(c_element_bytes) * request.m() * request.n() / 1048576.0);
+              request.keep_c_resident() || shm || ring_resident ? 0.0
+                                                                : double(c_element_bytes) * request.m() * request.n() / 1048576.0);
   std::printf("%5s %10s %9s %10s %9s %10s %10s %8s %8s  %s\n", "run", "queue_ms", "h2d_ms",
               "kernel_ms", "d2h_ms", "server_ms", "client_ms", "TFLOP/s", "wire_GB/s",
               "kernel@device");
@@ -681,6 +711,11 @@ int Main(int argc, char** argv) {
                 std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
   }
   ring.reset();  // detached before its region goes
+  if (ring_resident && (check || !out_path.empty())) {
+    if (grpc::Status s = client.DownloadMatrix(ring_c, response.mutable_c(), call); !s.ok()) {
+      return Fail(s);
+    }
+  }
   if (shm) {  // C is in the region: copied out for --check and --out
     response.set_c(reinterpret_cast<const char*>(region->data() + c_offset),
                    c_element_bytes * request.m() * request.n());
