@@ -420,7 +420,7 @@ void RingExecutor::Complete(uint64_t user_data, const absl::Status& status,
     completion.tflops = float(report->Tflops(shape));
   }
   const size_t length = std::min(status.message().size(), sizeof(completion.message) - 1);
-  std::memcpy(completion.message, status.message().data(), length);
+  if (length > 0) std::memcpy(completion.message, status.message().data(), length);  // OK: null
   {
     std::lock_guard<std::mutex> lock(mu_);
     RingHeader* h = header();
