@@ -9,9 +9,12 @@
 #   --quick    small shapes on the CPU backend (a check of the script, not a measurement)
 #   --same_host  instead: issue 31's same-host table, one run, plaintext: per point gRPC (one
 #              Gemm call over TCP), shm staging (a server with --pin_shared_memory=false), shm
-#              DMA (regions pinned, the default) and CUDA IPC (bench/cuda_ipc_load: A, B, C in
-#              the client's GPU memory), next to pinned cudaMemcpy bandwidth and the ideal
-#              H2D(A+B) + kernel + D2H(C) at that bandwidth; $OUT/same_host.csv and .md.
+#              DMA (regions pinned, the default), the same regions through a submission ring
+#              (--transport=ring) and CUDA IPC (bench/cuda_ipc_load: A, B, C in the client's GPU
+#              memory), next to pinned cudaMemcpy bandwidth and the ideal H2D(A+B) + kernel +
+#              D2H(C) at that bandwidth; then all-resident (ALL_RESIDENT_SHAPE, 8192³: A, B and
+#              C on the GPU) over gRPC unary and through the ring, hgemm_client --repeat=21,
+#              against the kernel alone; $OUT/same_host.csv and .md.
 #              Without a GPU (--quick) the CUDA IPC and memcpy figures are n/a.
 #   --bin DIR  where the binaries are (default: tools/gpu_e2e.sh's bundle, else bazel-bin)
 #   --certs DIR  made by tools/make_test_certs.sh (default: made now with openssl)
@@ -108,7 +111,7 @@ if ((same_host)); then
     python3 - "$rows" "$path" >>"$table" <<'PY'
 import csv, sys
 for r in csv.DictReader(open(sys.argv[1])):
-    if r["target"] in ("service", "shm"):
+    if r["target"] in ("service", "shm", "ring"):
         print(",".join([sys.argv[2], r["shape"], r["concurrency"], r["requests_per_s"],
                         r["p50_ms"], r["p99_ms"], r["server_kernel_ms"] or "", r["errors"],
                         "", "", ""]))
@@ -124,6 +127,7 @@ PY
         load_point "shm staging" "$shape" "$concurrency" --transport=shm
       else
         load_point "shm dma" "$shape" "$concurrency" --transport=shm
+        load_point "ring" "$shape" "$concurrency" --transport=ring
         if ((has_gpu)); then
           line=$(timeout 300 "$ipc_bin" --server="unix:$socket" --shape="$shape" \
                    --concurrency="$concurrency" --seconds=5 | tail -1) || true
@@ -135,6 +139,30 @@ PY
         fi
       fi
     done
+    if [[ $pinned == true ]]; then
+      # All resident, one GEMM at a time: gRPC unary (kept C) vs the ring (C written in place);
+      # the row's p50 and kernel are the medians of hgemm_client's runs 2..21.
+      client_bin=$(find_bin hgemm_client)
+      resident_shape=${ALL_RESIDENT_SHAPE:-$( ((quick)) && echo 256x256x256 || echo 8192x8192x8192)}
+      for path in "all-resident grpc" "all-resident ring"; do
+        flags=(--server="unix:$socket" --shape="$resident_shape" --resident=all --repeat=21)
+        [[ $path == *ring ]] && flags+=(--transport=ring) || flags+=(--mode=unary)
+        timeout 600 "$client_bin" "${flags[@]}" >"$work/client.txt" 2>&1 || true
+        cat "$work/client.txt" >>"$out/same_host_load.log"
+        python3 - "$work/client.txt" "$path" "$resident_shape" >>"$table" <<'PY'
+import statistics, sys
+runs = [l.split() for l in open(sys.argv[1]) if l.split() and l.split()[0].isdigit()]
+runs = runs[1:] or runs  # run 1 warms up
+if runs:
+    client = statistics.median(float(r[6]) for r in runs)
+    kernel = statistics.median(float(r[3]) for r in runs)
+    print(f"{sys.argv[2]},{sys.argv[3]},1,{1000 / client:.1f},{client:.3f},"
+          f"{max(float(r[6]) for r in runs):.3f},{kernel:.3f},0,,,")
+else:
+    print(f"{sys.argv[2]},{sys.argv[3]},1,0,0,0,,1,,,")
+PY
+      done
+    fi
     stop_server
   done
   for shape in "${!memcpy_line[@]}"; do
@@ -150,8 +178,8 @@ kernel = {}
 for r in rows:  # the kernel's median as the CUDA IPC run (else the first run) reported it
     if r["kernel_ms"] and (r["path"] == "cuda ipc" or r["shape"] not in kernel):
         kernel[r["shape"]] = float(r["kernel_ms"])
-print("ideal: H2D of A+B + kernel + D2H of C at the pinned cudaMemcpy rate (CUDA IPC: the "
-      "kernel alone)\n")
+print("ideal: H2D of A+B + kernel + D2H of C at the pinned cudaMemcpy rate (CUDA IPC and "
+      "all-resident: the kernel alone; all-resident p99 is the slowest of 20 runs)\n")
 print("| shape | conc | path | req/s | p50 ms | p99 ms | kernel ms | p50 / ideal | errors |")
 print("|---|---|---|---|---|---|---|---|---|")
 for r in rows:
@@ -159,7 +187,9 @@ for r in rows:
         continue
     c = copy.get(r["shape"])
     ideal = None
-    if c and r["shape"] in kernel:
+    if r["path"].startswith("all-resident") and r["kernel_ms"]:
+        ideal = float(r["kernel_ms"])  # nothing moves: the kernel alone (its own median)
+    elif c and r["shape"] in kernel:
         h2d, d2h = (float(x) for x in c["ideal_ms"].split("+"))
         ideal = kernel[r["shape"]] + (0 if r["path"] == "cuda ipc" else h2d + d2h)
     ratio = f"{float(r['p50_ms']) / ideal:.2f}" if ideal else "n/a"

@@ -244,7 +244,7 @@ VerifyResult LoadGenerator::Verify(const std::string& target, int per_shape,
   std::vector<std::string> uploaded;
   int code = 0;
   SharedOperands shared;
-  if (std::string e = transport == Transport::kShm
+  if (std::string e = transport != Transport::kGrpc
                           ? PrepareSharedRequests(client, &requests, &owned, &shared, &code)
                           : PrepareRequests(Target::kService, client, &requests, &owned,
                                             &uploaded, &code);
@@ -322,6 +322,7 @@ VerifyResult LoadGenerator::Verify(const std::string& target, int per_shape,
           "{} rows {}..{}{}: kernel {} ({}) on {} [{}], relative error {:.2e} (tolerance {:.0e}): {}",
           shape.Name(), row0, row0 + rows - 1,
           transport == Transport::kShm         ? " (A, B, C in shared memory)"
+          : transport == Transport::kRing      ? " (A, B, C in shared memory, through a ring)"
           : options_.resident == Resident::kNone ? ""
           : options_.resident == Resident::kB  ? " (B resident)"
                                                : " (A, B resident; kept C downloaded)",
@@ -370,7 +371,7 @@ PointResult LoadGenerator::RunPoint(Target kind, const std::string& target, int 
     const Clock::time_point upload_start = Clock::now();
     int code = 0;
     std::string e =
-        kind == Target::kService && transport == Transport::kShm
+        kind == Target::kService && transport != Transport::kGrpc
             ? PrepareSharedRequests(clients[0], &requests, &owned, &shared, &code)
             : PrepareRequests(kind, clients[0], &requests, &owned, &uploaded, &code);
     result.upload_s = Seconds(Clock::now() - upload_start);

@@ -5,7 +5,7 @@
 //   hgemm_load --server=... --shapes=128x8192x8192 --resident=b     (B uploaded once, A sent)
 //   hgemm_load --server=... --shapes=4096x4096x4096 --resident=all  (only handles on the wire)
 //   hgemm_load --server=... --metrics_url=http://127.0.0.1:9090/metrics  (the server's counts too)
-//   hgemm_load --server=127.0.0.1:50051 --shm_server=unix:/run/hgemm/hgemm.sock --transport=grpc,shm
+//   hgemm_load --server=127.0.0.1:50051 --shm_server=unix:/run/hgemm/hgemm.sock --transport=grpc,shm,ring
 //                      (each point over gRPC and through shared memory, same host, one run)
 // Exit status: 0; 1 bad flags or no server; 3 the correctness guard failed (nothing measured);
 // 4 a point completed no successful call.
@@ -55,8 +55,22 @@ int main(int argc, char** argv) {
   app.add_option("--shapes", shapes, "shape mix: MxNxK[:weight],...")->capture_default_str();
   app.add_option("--transport", transport,
                  "grpc (operands and C in the messages), shm (A, B and C in shared memory, named "
-                 "by unary Gemm calls over --shm_server), or grpc,shm: every point both ways")
-      ->check(CLI::IsMember({"grpc", "shm", "grpc,shm", "shm,grpc"}))->capture_default_str();
+                 "by unary Gemm calls over --shm_server), ring (the same regions named by a "
+                 "submission ring per worker, AttachRing over --shm_server), or a list such as "
+                 "grpc,shm,ring: every point each way")
+      ->check([](const std::string& list) {
+        std::vector<std::string> names;
+        for (size_t at = 0; at <= list.size();) {
+          const size_t comma = std::min(list.find(',', at), list.size());
+          const std::string name = list.substr(at, comma - at);
+          if (name != "grpc" && name != "shm" && name != "ring") {
+            return "unknown transport '" + name + "' (grpc, shm, ring)";
+          }
+          at = comma + 1;
+        }
+        return std::string();
+      })
+      ->capture_default_str();
   app.add_option("--shm_server", shm_server,
                  "the server's unix: socket for --transport=shm (default: --server if it is one; "
                  "the server needs --allow_shared_memory)");
@@ -163,18 +177,21 @@ int main(int argc, char** argv) {
   std::vector<Transport> transports;
   if (transport.find("grpc") != std::string::npos) transports.push_back(Transport::kGrpc);
   if (transport.find("shm") != std::string::npos) transports.push_back(Transport::kShm);
+  if (transport.find("ring") != std::string::npos) transports.push_back(Transport::kRing);
   if (shm_server.empty() && server.rfind("unix:", 0) == 0) shm_server = server;
-  if (transport.find("shm") != std::string::npos) {
+  const bool same_host = transport.find("shm") != std::string::npos ||
+                         transport.find("ring") != std::string::npos;
+  if (same_host) {
     if (shm_server.rfind("unix:", 0) != 0) {
-      return Fail("--transport=shm needs the server's Unix socket: --shm_server=unix:PATH (or a "
-                  "unix: --server)");
+      return Fail("--transport=shm and ring need the server's Unix socket: "
+                  "--shm_server=unix:PATH (or a unix: --server)");
     }
     if (o.mode != hgemm::bench::Mode::kUnary || o.resident != hgemm::bench::Resident::kNone) {
-      return Fail("--transport=shm takes --mode=unary and --resident=none");
+      return Fail("--transport=shm and ring take --mode=unary and --resident=none");
     }
   }
   // Where the service points of a transport go.
-  auto target_of = [&](Transport t) { return t == Transport::kShm ? shm_server : server; };
+  auto target_of = [&](Transport t) { return t == Transport::kGrpc ? server : shm_server; };
 
   // Where the service runs (and its reply chunk size, which the echo stream copies).
   hgemm::v1::ServerInfo info;
@@ -204,9 +221,10 @@ int main(int argc, char** argv) {
                   ? "one channel for all workers"
                   : fmt::format("one channel per {} worker(s)", o.workers_per_channel).c_str());
 
-  if (transport.find("shm") != std::string::npos) {
+  if (same_host) {
     std::printf("transport %s: shared memory over %s (A and B in one region per point, C in "
-                "one per worker)\n", transport.c_str(), shm_server.c_str());
+                "one per worker; ring: a submission ring per worker)\n", transport.c_str(),
+                shm_server.c_str());
   }
   LoadGenerator generator(o);
   if (o.resident != hgemm::bench::Resident::kNone) {

@@ -512,32 +512,38 @@ class HgemmLoadShmTest : public ::testing::Test {
   std::unique_ptr<HgemmServer> server_;
 };
 
+// Unary calls naming regions (shm), and the same through a submission ring per worker (ring).
 TEST_F(HgemmLoadShmTest, VerifiesAndRunsAPointThroughSharedMemory) {
   StartServer(/*allow_shared_memory=*/true);
-  LoadOptions o = HgemmLoadTest::ShortRun(Mode::kUnary);
-  o.client_id = "load-shm";
-  for (bool transpose : {false, true}) {
-    o.form.transpose_b = transpose;
+  for (Transport transport : {Transport::kShm, Transport::kRing}) {
+    const std::string name = TransportName(transport);
+    SCOPED_TRACE(name);
+    LoadOptions o = HgemmLoadTest::ShortRun(Mode::kUnary);
+    o.client_id = "load-" + name;
+    for (bool transpose : {false, true}) {
+      o.form.transpose_b = transpose;
+      LoadGenerator generator(o);
+      VerifyResult v = generator.Verify(unix_target_, 2, transport);
+      EXPECT_EQ(v.checked, 4);
+      EXPECT_EQ(v.failed, 0) << testing::PrintToString(v.lines);
+      ASSERT_FALSE(v.lines.empty());
+      EXPECT_NE(v.lines[0].find("shared memory"), std::string::npos) << v.lines[0];
+    }
     LoadGenerator generator(o);
-    VerifyResult v = generator.Verify(unix_target_, 2, Transport::kShm);
-    EXPECT_EQ(v.checked, 4);
-    EXPECT_EQ(v.failed, 0) << testing::PrintToString(v.lines);
-    ASSERT_FALSE(v.lines.empty());
-    EXPECT_NE(v.lines[0].find("shared memory"), std::string::npos) << v.lines[0];
+    PointResult p = generator.RunPoint(Target::kService, unix_target_, 3, 0, transport);
+    EXPECT_EQ(p.transport, transport);
+    EXPECT_TRUE(p.error_codes.empty()) << p.first_error;
+    ASSERT_EQ(p.stats.size(), 3u);
+    EXPECT_GT(p.stats[0].requests, 0);
+    EXPECT_EQ(p.stats[0].server.count, p.stats[0].requests);
+    for (const PointStats& s : p.stats) ExpectConsistent(s);
+    EXPECT_EQ(FormatTableRows(p, nullptr).rfind(name + " ", 0), 0u) << FormatTableRows(p, nullptr);
+    std::ostringstream csv;
+    WriteCsvRows(csv, p, nullptr, "test device", "cpu");
+    EXPECT_NE(csv.str().find(",cpu," + name + ",unary,none,"), std::string::npos) << csv.str();
+    // The point's regions, the workers' and their rings' are released.
+    EXPECT_EQ(RegionsOf(o.client_id), 0);
   }
-  LoadGenerator generator(o);
-  PointResult p = generator.RunPoint(Target::kService, unix_target_, 3, 0, Transport::kShm);
-  EXPECT_EQ(p.transport, Transport::kShm);
-  EXPECT_TRUE(p.error_codes.empty()) << p.first_error;
-  ASSERT_EQ(p.stats.size(), 3u);
-  EXPECT_GT(p.stats[0].requests, 0);
-  EXPECT_EQ(p.stats[0].server.count, p.stats[0].requests);
-  for (const PointStats& s : p.stats) ExpectConsistent(s);
-  EXPECT_EQ(FormatTableRows(p, nullptr).rfind("shm ", 0), 0u) << FormatTableRows(p, nullptr);
-  std::ostringstream csv;
-  WriteCsvRows(csv, p, nullptr, "test device", "cpu");
-  EXPECT_NE(csv.str().find(",cpu,shm,unary,none,"), std::string::npos) << csv.str();
-  EXPECT_EQ(RegionsOf("load-shm"), 0);  // the point's regions and the workers' are released
 }
 
 TEST_F(HgemmLoadShmTest, SaysWhySharedMemoryIsRefused) {

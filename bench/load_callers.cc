@@ -8,6 +8,7 @@
 #include <map>
 #include <utility>
 
+#include "client/ring_client.h"
 #include "client/shared_region.h"
 
 namespace hgemm::bench::load_internal {
@@ -104,13 +105,12 @@ class ServiceUnaryCaller final : public Caller {
   v1::GemmResponse response_;
 };
 
-// GemmService.Gemm with C written into a region of this caller (the request names A and B
-// in shared memory already): only small messages travel, over the Unix socket.
-class ShmUnaryCaller final : public Caller {
+// A region of one caller for C, as large as the largest C of the shapes, registered for the
+// caller's life.
+class OwnCRegion {
  public:
-  ShmUnaryCaller(const GemmClient& client, const LoadOptions& o) : client_(client) {
-    options_.timeout = std::chrono::milliseconds(int64_t(o.call_timeout_s * 1000));
-    options_.client_id = o.client_id;
+  OwnCRegion(const GemmClient& client, const LoadOptions& o, const CallOptions& options)
+      : client_(client), options_(options) {
     int64_t c_bytes = 1;
     for (const Shape& shape : o.shapes) c_bytes = std::max(c_bytes, shape.ReplyBytes());
     std::string error;
@@ -124,14 +124,38 @@ class ShmUnaryCaller final : public Caller {
                                            &info, options_);
     handle_ = info.region();
   }
-  ~ShmUnaryCaller() override {
+  ~OwnCRegion() {
     if (!handle_.empty()) client_.UnregisterRegion(handle_, options_);  // best effort (TTL)
   }
+  const std::string& handle() const { return handle_; }
+  std::string_view bytes(int64_t size) const {
+    return region_ ? std::string_view(reinterpret_cast<const char*>(region_->data()), size)
+                   : std::string_view();
+  }
+  const std::string& setup_error() const { return setup_error_; }
+  const grpc::Status& setup_status() const { return setup_status_; }
+
+ private:
+  const GemmClient& client_;
+  const CallOptions options_;
+  std::unique_ptr<SharedRegion> region_;
+  std::string handle_, setup_error_;
+  grpc::Status setup_status_;
+};
+
+// GemmService.Gemm with C written into a region of this caller (the request names A and B
+// in shared memory already): only small messages travel, over the Unix socket.
+class ShmUnaryCaller final : public Caller {
+ public:
+  ShmUnaryCaller(const GemmClient& client, const LoadOptions& o)
+      : client_(client), options_(CallOptionsOf(o)), c_(client_, o, options_) {}
   void Call(const Payload& p, const v1::GemmRequest& request, Sample* s) override {
-    if (!setup_error_.empty()) return SetError(int(grpc::StatusCode::INTERNAL), setup_error_, s);
-    if (!setup_status_.ok()) return SetStatus(setup_status_, s);
+    if (!c_.setup_error().empty()) {
+      return SetError(int(grpc::StatusCode::INTERNAL), c_.setup_error(), s);
+    }
+    if (!c_.setup_status().ok()) return SetStatus(c_.setup_status(), s);
     request_ = request;
-    request_.mutable_c_region()->set_region(handle_);
+    request_.mutable_c_region()->set_region(c_.handle());
     request_.mutable_c_region()->set_offset(0);
     SetStatus(client_.Gemm(request_, &response_, options_), s);
     if (s->code != 0) return;
@@ -144,19 +168,74 @@ class ShmUnaryCaller final : public Caller {
     execution_ = response_.execution();
     reply_size_ = p.shape.ReplyBytes();
   }
-  std::string_view reply() const override {
-    return region_ ? std::string_view(reinterpret_cast<const char*>(region_->data()), reply_size_)
-                   : std::string_view();
+  std::string_view reply() const override { return c_.bytes(reply_size_); }
+
+  static CallOptions CallOptionsOf(const LoadOptions& o) {
+    CallOptions options;
+    options.timeout = std::chrono::milliseconds(int64_t(o.call_timeout_s * 1000));
+    options.client_id = o.client_id;
+    return options;
   }
 
  private:
   GemmClient client_;
-  CallOptions options_;
-  std::unique_ptr<SharedRegion> region_;
-  std::string handle_, setup_error_;
-  grpc::Status setup_status_;
+  const CallOptions options_;
+  OwnCRegion c_;
   v1::GemmRequest request_;
   v1::GemmResponse response_;
+  int64_t reply_size_ = 0;
+};
+
+// The same GEMMs through a submission ring of this caller (RingClient), attached at its first
+// call with A's and B's region (slot 0) and its C region (slot 1): no gRPC call per GEMM.
+class RingCaller final : public Caller {
+ public:
+  RingCaller(const GemmClient& client, const LoadOptions& o)
+      : client_(client),
+        options_(ShmUnaryCaller::CallOptionsOf(o)),
+        c_(client_, o, options_),
+        timeout_(int64_t(o.call_timeout_s * 1e6)) {}
+  void Call(const Payload& p, const v1::GemmRequest& request, Sample* s) override {
+    if (!c_.setup_error().empty()) {
+      return SetError(int(grpc::StatusCode::INTERNAL), c_.setup_error(), s);
+    }
+    if (!c_.setup_status().ok()) return SetStatus(c_.setup_status(), s);
+    const std::string& operands = request.a_region().region();
+    if (!ring_) {
+      grpc::Status attached;
+      ring_ = RingClient::Attach(client_, {operands, c_.handle()}, {},
+                                 {.sq_entries = 4, .cq_entries = 4, .call = options_}, &attached);
+      if (!ring_) return SetStatus(attached, s);
+      operands_ = operands;
+    }
+    if (operands != operands_ || request.b_region().region() != operands_) {
+      return SetError(int(grpc::StatusCode::INTERNAL), "A and B must be in the ring's region", s);
+    }
+    RingSubmission entry;
+    if (grpc::Status e = ring_->ToSubmission(request, "", timeout_, &entry); !e.ok()) {
+      return SetStatus(e, s);
+    }
+    entry.c = {kRingOperandRegion, 1, 0};
+    RingCompletion done{};
+    SetStatus(ring_->Gemm(entry, &done), s);
+    if (s->code != 0) return;
+    s->queue_ms = done.queue_wait_ms;
+    s->kernel_ms = done.kernel_ms;
+    s->total_ms = done.server_total_ms;
+    // A completion names no kernel: what was asked for.
+    execution_.set_kernel(request.options().kernel().empty() ? "auto" : request.options().kernel());
+    execution_.set_accumulation(request.options().accumulation());
+    reply_size_ = p.shape.ReplyBytes();
+  }
+  std::string_view reply() const override { return c_.bytes(reply_size_); }
+
+ private:
+  GemmClient client_;
+  const CallOptions options_;
+  OwnCRegion c_;
+  const std::chrono::microseconds timeout_;
+  std::unique_ptr<RingClient> ring_;  // detached before c_ is unregistered
+  std::string operands_;
   int64_t reply_size_ = 0;
 };
 
@@ -383,6 +462,9 @@ std::unique_ptr<Caller> MakeCaller(Target kind, const LoadOptions& o, const Gemm
                                    Transport transport) {
   if (kind == Target::kService && transport == Transport::kShm) {
     return std::make_unique<ShmUnaryCaller>(client, o);
+  }
+  if (kind == Target::kService && transport == Transport::kRing) {
+    return std::make_unique<RingCaller>(client, o);
   }
   if (kind == Target::kService) {
     if (o.mode == Mode::kUnary) {

@@ -62,7 +62,9 @@ const char* ModeName(Mode mode) { return mode == Mode::kUnary ? "unary" : "strea
 const char* TargetName(Target target) { return target == Target::kService ? "service" : "echo"; }
 
 const char* TransportName(Transport transport) {
-  return transport == Transport::kShm ? "shm" : "grpc";
+  return transport == Transport::kShm    ? "shm"
+         : transport == Transport::kRing ? "ring"
+                                         : "grpc";
 }
 
 const char* ResidentName(Resident resident) {

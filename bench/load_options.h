@@ -36,14 +36,16 @@ enum class Mode { kUnary, kStream };
 enum class Target { kService, kEcho };
 // How a service point's operands and C travel: in the gRPC messages, or (kShm, same host: a
 // unix: target, a server with --allow_shared_memory) in shared-memory regions that unary Gemm
-// calls name: A and B of every shape in one region registered per point, C in one per worker.
-enum class Transport { kGrpc, kShm };
+// calls name: A and B of every shape in one region registered per point, C in one per worker;
+// or (kRing) the same regions named by the entries of a submission ring per worker (AttachRing),
+// no gRPC call per GEMM.
+enum class Transport { kGrpc, kShm, kRing };
 // Which operands live on the server: none (A and B sent, C returned), B (A sent, C returned),
 // all (A and B by handle, C kept on the server: only handles cross the wire).
 enum class Resident { kNone, kB, kAll };
 const char* ModeName(Mode mode);
 const char* TargetName(Target target);
-const char* TransportName(Transport transport);  // "grpc", "shm"
+const char* TransportName(Transport transport);  // "grpc", "shm", "ring"
 const char* ResidentName(Resident resident);  // "none", "b", "all"
 // Parses "none", "b" or "all". Returns false for anything else.
 bool ParseResident(const std::string& text, Resident* resident);

@@ -23,10 +23,12 @@ std::string ErrorCodes(const PointResult& p) {
   return out;
 }
 
-// The target column: "service" (gRPC), "shm" (the service through shared memory) or "echo".
+// The target column: "service" (gRPC), "shm" or "ring" (the service through shared memory:
+// unary calls or a submission ring) or "echo".
 const char* TargetLabel(const PointResult& p) {
-  return p.target == Target::kService && p.transport == Transport::kShm ? "shm"
-                                                                        : TargetName(p.target);
+  return p.target == Target::kService && p.transport != Transport::kGrpc
+             ? TransportName(p.transport)
+             : TargetName(p.target);
 }
 
 // The mode column: "unary", "stream", or "partsN" for N parallel parts.

@@ -8,6 +8,7 @@
 //   hgemm_client --release=HANDLE1,HANDLE2 --client_id=me
 //   hgemm_client --server=ipv4:10.0.0.1:50051,10.0.0.2:50051 --resident=all --check  # replicas
 //   hgemm_client --server=unix:/run/hgemm/hgemm.sock --transport=shm --shape=2048x2048x2048 --check
+//   hgemm_client --server=unix:/run/hgemm/hgemm.sock --transport=ring --shape=256x256x256 --repeat=20
 //   hgemm_client --shape=512x384x256 --dtype=bf16 --c_dtype=fp32 --alpha=0.5 --beta=-1 --check
 //   hgemm_client --shape=512x512x512 --batch=64 --check   # strided-batched, operands packed
 //   hgemm_client --group=512x256x128,64x2048x1024,1x4096x4096 --check   # grouped: one call
@@ -37,6 +38,7 @@
 #include "client/gemm_client.h"
 #include "client/gemm_dims.h"
 #include "client/npy.h"
+#include "client/ring_client.h"
 #include "client/shared_region.h"
 #include "proto/numerics/cpu_gemm.h"
 #include "proto/numerics/error_stats.h"
@@ -300,8 +302,10 @@ int Main(int argc, char** argv) {
   app.add_option("--timeout_s", timeout_s, "deadline of each call in seconds (0: none)");
   app.add_option("--transport", transport,
                  "grpc: operands and C in the messages; shm: A, B and C in one shared-memory "
-                 "region (same host: a unix: --server started with --allow_shared_memory)")
-      ->check(CLI::IsMember({"grpc", "shm"}))->capture_default_str();
+                 "region (same host: a unix: --server started with --allow_shared_memory), "
+                 "named by unary Gemm calls; ring: the same region, named by the entries of a "
+                 "submission ring (AttachRing: no gRPC call per GEMM)")
+      ->check(CLI::IsMember({"grpc", "shm", "ring"}))->capture_default_str();
   app.add_flag("--check", check, "compare C with a local fp32-accumulate reference");
   app.add_option("--tolerance", tolerance,
                  "largest relative Frobenius error --check accepts (default 1e-3 for fp32, 2e-2 for fp16)");
@@ -368,12 +372,20 @@ int Main(int argc, char** argv) {
                              .c_fp32 = c_dtype == "fp32"};
   const uint64_t c_element_bytes = form.c_fp32 ? 4 : 2;
 
-  const bool shm = transport == "shm";
+  const bool through_ring = transport == "ring";
+  // Through the ring: A, B and C in a region, or (--resident=all) resident matrices, C
+  // written in place into one uploaded for the run.
+  const bool ring_resident = through_ring && resident == "all";
+  const bool shm = transport == "shm" || (through_ring && !ring_resident);  // A, B, C in a region
   if (batch > 1 && (!a_path.empty() || shm || resident != "none" || !out_path.empty())) {
     return Fail("--batch takes random inline operands: not with --a/--b, --transport=shm, "
                 "--resident or --out");
   }
-  if (shm && resident != "none") return Fail("--transport=shm and --resident exclude each other");
+  if (transport == "shm" && resident != "none") {
+    return Fail("--transport=shm and --resident exclude each other");
+  }
+  if (through_ring && resident == "b") return Fail("--transport=ring takes --resident=none or all");
+  if (through_ring && mode == "stream") return Fail("--transport=ring is not --mode=stream");
   if (shm && mode == "stream") return Fail("--transport=shm sends unary Gemm calls, not --mode=stream");
   hgemm::CallOptions call;
   call.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
@@ -540,7 +552,7 @@ int Main(int argc, char** argv) {
       if (is_a) request.set_a_handle(info.handle());
       else request.set_b_handle(info.handle());
     }
-    request.set_keep_c_resident(resident == "all");
+    request.set_keep_c_resident(resident == "all" && !ring_resident);
     std::printf("uploaded %s once%s in %.1f ms; each call sends %.1f MiB\n",
                 resident == "all" ? "A and B" : "B",
                 upload.replica.empty() ? "" : (" to replica " + upload.replica).c_str(),
@@ -578,12 +590,48 @@ int Main(int argc, char** argv) {
                 region->bytes() / 1048576.0,
                 std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
   }
+  std::unique_ptr<hgemm::RingClient> ring;
+  hgemm::RingSubmission ring_entry;
+  std::string ring_c;  // ring_resident: the matrix C is written into, poisoned first
+  if (ring_resident) {
+    const uint32_t nan_bits = form.c_fp32 ? 0x7fc00000u : 0x7e00u;
+    std::string poison(c_element_bytes * request.m() * request.n(), '\0');
+    for (size_t i = 0; i < poison.size(); i += c_element_bytes) {
+      std::memcpy(&poison[i], &nan_bits, c_element_bytes);
+    }
+    hgemm::v1::MatrixInfo info;
+    if (grpc::Status s = client.UploadMatrix(request.m(), request.n(), poison, &info, 0, "C", call,
+                                             form.c_fp32 ? hgemm::v1::DATA_TYPE_FP32
+                                                         : request.dtype());
+        !s.ok()) {
+      return Fail(s);
+    }
+    ring_c = info.handle();
+    uploaded.push_back(ring_c);
+  }
+  if (through_ring) {
+    const auto start = std::chrono::steady_clock::now();
+    grpc::Status s;
+    ring = hgemm::RingClient::Attach(
+        client, shm ? std::vector<std::string>{region_handle} : std::vector<std::string>{},
+        ring_resident ? std::vector<std::string>{request.a_handle(), request.b_handle(), ring_c}
+                      : std::vector<std::string>{},
+        {.call = call}, &s);
+    if (!ring) return Fail(s);
+    s = ring->ToSubmission(request, ring_c,
+                           std::chrono::duration_cast<std::chrono::microseconds>(call.timeout),
+                           &ring_entry);
+    if (!s.ok()) return Fail(s);
+    std::printf("attached a submission ring in %.1f ms\n",
+                std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
+  }
   const bool parts = !shm && (mode == "parts" || mode == "auto") &&
                      hgemm::GemmClient::ShouldSendParts(request, call);
   const bool stream = !shm && !parts &&
                       (mode == "stream" ||
                        (mode == "auto" && hgemm::GemmClient::ShouldStream(request, call)));
-  const hgemm::cli::WireBytes wire = hgemm::cli::RequestWireBytes(request, c_element_bytes);
+  hgemm::cli::WireBytes wire = hgemm::cli::RequestWireBytes(request, c_element_bytes);
+  if (shm || ring_resident) wire.down = 0;  // C lands in a region or a resident matrix
   const double wire_bytes = double(wire.up + wire.down);
   if (request.has_alpha() || request.beta() != 0) {
     std::printf("C = %g op(A) op(B) + %g C_in\n", alpha, beta);
@@ -592,7 +640,9 @@ int Main(int argc, char** argv) {
   std::printf("GEMM %ux%ux%u (m x n x k) %s%s %s->%s via %s, kernel %s, accumulation %s, %.1f MiB up, %.1f MiB down\n",
               request.m(), request.n(), request.k(), transpose_a ? "T" : "N", transpose_b ? "T" : "N",
               dtype.c_str(), c_dtype.c_str(),
-              shm      ? "unary Gemm, A, B and C in shared memory"
+              ring_resident ? "a submission ring, A, B and C resident (C written in place)"
+              : through_ring ? "a submission ring, A, B and C in shared memory"
+              : shm    ? "unary Gemm, A, B and C in shared memory"
               : parts  ? fmt::format("{} parallel parts", parallel_parts).c_str()
               : stream ? "GemmStream"
                        : "unary Gemm",
@@ -619,6 +669,15 @@ int Main(int argc, char** argv) {
         status = results[0].status;
         response = std::move(results[0].response);
       }
+    } else if (through_ring) {
+      hgemm::RingCompletion done{};
+      status = ring->Gemm(ring_entry, &done);
+      // A completion carries timings, not the execution: the accumulation asked for.
+      response.mutable_timing()->set_queue_wait_ms(done.queue_wait_ms);
+      response.mutable_timing()->set_kernel_ms(done.kernel_ms);
+      response.mutable_timing()->set_server_total_ms(done.server_total_ms);
+      response.mutable_timing()->set_tflops(done.tflops);
+      response.mutable_execution()->set_accumulation(request.options().accumulation());
     } else {
       status = client.Gemm(request, &response, call);
     }
@@ -648,6 +707,12 @@ int Main(int argc, char** argv) {
     }
     std::printf("downloaded the kept C in %.1f ms\n",
                 std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
+  }
+  ring.reset();  // detached before its region goes
+  if (ring_resident && (check || !out_path.empty())) {
+    if (grpc::Status s = client.DownloadMatrix(ring_c, response.mutable_c(), call); !s.ok()) {
+      return Fail(s);
+    }
   }
   if (shm) {  // C is in the region: copied out for --check and --out
     response.set_c(reinterpret_cast<const char*>(region->data() + c_offset),

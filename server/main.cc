@@ -181,6 +181,17 @@ int main(int argc, char** argv) {
                  "bytes of the shared-memory regions one client may have registered")
       ->envname("HGEMM_MAX_REGION_BYTES_PER_CLIENT")->check(CLI::PositiveNumber)
       ->capture_default_str();
+  app.add_option("--ring_spin_us", server_options.service.rings.spin_us,
+                 "how long a submission ring's thread polls for the client's next entry before it "
+                 "sleeps on the ring's futex (lower latency for one CPU core per busy ring)")
+      ->envname("HGEMM_RING_SPIN_US")->check(CLI::Range(int64_t{0}, int64_t{100000}))
+      ->capture_default_str();
+  app.add_option("--ring_max_in_flight", server_options.service.rings.max_in_flight,
+                 "GEMMs of one submission ring admitted and not yet completed, at most")
+      ->envname("HGEMM_RING_MAX_IN_FLIGHT")->check(CLI::Range(1, 4096))->capture_default_str();
+  app.add_option("--max_rings_per_client", server_options.service.rings.max_rings_per_owner,
+                 "submission rings (AttachRing) one client may have attached at once")
+      ->envname("HGEMM_MAX_RINGS_PER_CLIENT")->check(CLI::Range(1, 1024))->capture_default_str();
   app.add_option("--drain_deadline_s", drain_deadline_s,
                  "on SIGTERM/SIGINT, seconds in-flight calls get before they are cancelled")
       ->envname("HGEMM_DRAIN_DEADLINE_S")->check(CLI::Range(0, 3600))->capture_default_str();

@@ -154,6 +154,7 @@ std::unique_ptr<HgemmServer> HgemmServer::Start(ServerOptions options,
             load.region_owners.push_back({u.owner, u.regions, u.bytes});
           }
           load.staged_regions = s->service_->regions().StagedRegions();
+          load.rings_attached = s->service_->rings().Attached();
           return load;
         });
   }

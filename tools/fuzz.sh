@@ -14,7 +14,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 seconds=${1:-60}
-targets=(validation stream_assembler upload service transport)
+targets=(validation stream_assembler upload service transport ring)
 parallel=${FUZZ_JOBS:-$(nproc)}
 work=${FUZZ_WORK:-/tmp/hgemm-fuzz}
 artifacts=${FUZZ_ARTIFACTS:-$work/artifacts}

@@ -13,7 +13,7 @@ constexpr std::array<const char*, kNumRpcs> kRpcNames = {
     "Gemm",          "GemmStream",    "ListKernels",  "GetServerInfo",
     "UploadMatrix",  "ReleaseMatrix", "ListMatrices", "DownloadMatrix",
     "RegisterRegion", "UnregisterRegion", "ListRegions", "CreateUpload",
-    "UploadPart",
+    "UploadPart",    "AttachRing",
 };
 
 constexpr std::array<const char*, 5> kStageNames = {
@@ -51,6 +51,11 @@ ServiceMetrics::ServiceMetrics(const std::string& version, const std::string& ba
       stream_calls_(prometheus::BuildCounter()
                         .Name("hgemm_stream_calls_total")
                         .Help("GemmStream calls by the status they ended with")
+                        .Register(registry_)),
+      ring_entries_(prometheus::BuildCounter()
+                        .Name("hgemm_ring_entries_total")
+                        .Help("GEMMs submitted through submission rings, by the status of "
+                              "their completion")
                         .Register(registry_)),
       stage_seconds_(prometheus::BuildHistogram()
                          .Name("hgemm_gemm_stage_seconds")
@@ -97,6 +102,11 @@ ServiceMetrics::ServiceMetrics(const std::string& version, const std::string& ba
                           .Name("hgemm_shared_regions_staged")
                           .Help("Registered shared-memory regions the backend failed to pin for "
                                 "DMA: their GEMMs copy through staging buffers")
+                          .Register(registry_)
+                          .Add({})),
+      rings_attached_(prometheus::BuildGauge()
+                          .Name("hgemm_rings_attached")
+                          .Help("Submission rings attached now (AttachRing calls open)")
                           .Register(registry_)
                           .Add({})) {
   auto& received = prometheus::BuildCounter()
@@ -164,6 +174,16 @@ void ServiceMetrics::CountStreamCall(absl::StatusCode code) {
   if (counter == nullptr) {
     counter = &stream_calls_.Add({{"code", status::CodeName(absl::StatusCode(c))}});
     stream_call_counters_[c].store(counter, std::memory_order_release);
+  }
+  counter->Increment();
+}
+
+void ServiceMetrics::CountRingEntry(absl::StatusCode code) {
+  const int c = CodeIndex(code);
+  prometheus::Counter* counter = ring_entry_counters_[c].load(std::memory_order_acquire);
+  if (counter == nullptr) {
+    counter = &ring_entries_.Add({{"code", status::CodeName(absl::StatusCode(c))}});
+    ring_entry_counters_[c].store(counter, std::memory_order_release);
   }
   counter->Increment();
 }
@@ -252,6 +272,7 @@ std::vector<prometheus::MetricFamily> ServiceMetrics::Collect() const {
     admitted_bytes_.Set(double(load.admitted_bytes));
     upload_queue_writes_.Set(double(load.upload_queue_writes));
     staged_regions_.Set(double(load.staged_regions));
+    rings_attached_.Set(double(load.rings_attached));
     for (const LoadSample::Device& d : load.devices) {
       resident_bytes_.Add({{"device", d.id}}).Set(double(d.resident_bytes));
       resident_matrices_.Add({{"device", d.id}}).Set(double(d.resident_matrices));

@@ -25,6 +25,9 @@
 //                                         registered shared-memory regions and their bytes per
 //                                         owner: the kMaxRegionOwners largest owners by name,
 //                                         the rest summed as "other"
+//   hgemm_ring_entries_total{code}       GEMMs submitted through submission rings (AttachRing),
+//                                         by the status of their completion
+//   hgemm_rings_attached                  submission rings attached now
 //   hgemm_shared_regions_staged          registered regions the backend failed to pin for DMA
 //                                         (cudaHostRegister, e.g. over RLIMIT_MEMLOCK): their
 //                                         GEMMs copy through staging buffers instead
@@ -91,8 +94,9 @@ enum class Rpc {
   kListRegions,
   kCreateUpload,
   kUploadPart,
+  kAttachRing,
 };
-inline constexpr int kNumRpcs = 13;
+inline constexpr int kNumRpcs = 14;
 
 // How a call's matrix bytes travel (hgemm_transport_bytes_total's label).
 enum class DataPath { kTcp, kUnix, kShm };
@@ -107,6 +111,7 @@ struct LoadSample {
   int64_t admitted_bytes = 0;
   int64_t upload_queue_writes = 0;
   int64_t staged_regions = 0;  // RegionStore::StagedRegions
+  int64_t rings_attached = 0;  // RingRegistry::Attached
   struct Device {
     std::string id;  // DeviceDescription::id, as a string
     int64_t resident_bytes = 0;
@@ -135,6 +140,8 @@ class ServiceMetrics final : public prometheus::Collectable {
   void CountCall(Rpc rpc, absl::StatusCode code);
   // One GemmStream call ended with `code`.
   void CountStreamCall(absl::StatusCode code);
+  // One GEMM of a submission ring completed with `code`.
+  void CountRingEntry(absl::StatusCode code);
   void AddReceivedBytes(Rpc rpc, int64_t bytes);
   void AddSentBytes(Rpc rpc, int64_t bytes);
   // Matrix bytes received or sent (`sent`) by way of `path`.
@@ -166,6 +173,7 @@ class ServiceMetrics final : public prometheus::Collectable {
   prometheus::Registry registry_;
   prometheus::Family<prometheus::Counter>& requests_;
   prometheus::Family<prometheus::Counter>& stream_calls_;
+  prometheus::Family<prometheus::Counter>& ring_entries_;
   prometheus::Family<prometheus::Histogram>& stage_seconds_;
   prometheus::Family<prometheus::Gauge>& kernel_tflops_;
   prometheus::Family<prometheus::Gauge>& resident_bytes_;
@@ -176,6 +184,7 @@ class ServiceMetrics final : public prometheus::Collectable {
   prometheus::Gauge& admitted_bytes_;
   prometheus::Gauge& upload_queue_writes_;
   prometheus::Gauge& staged_regions_;
+  prometheus::Gauge& rings_attached_;
   std::array<prometheus::Counter*, kNumRpcs> received_bytes_{};  // null: the method moves no matrices
   std::array<prometheus::Counter*, kNumRpcs> sent_bytes_{};
   // [path][0: received, 1: sent]
@@ -183,6 +192,7 @@ class ServiceMetrics final : public prometheus::Collectable {
   // Created on first use: only the (rpc, code) pairs seen appear in the text.
   std::array<std::array<std::atomic<prometheus::Counter*>, kNumCodes>, kNumRpcs> request_counters_{};
   std::array<std::atomic<prometheus::Counter*>, kNumCodes> stream_call_counters_{};
+  std::array<std::atomic<prometheus::Counter*>, kNumCodes> ring_entry_counters_{};
 
   std::mutex mu_;
   std::map<std::string, KernelSeries> kernels_;  // guarded by mu_

@@ -79,6 +79,7 @@ absl::Status GemmCore::Admit(const std::string& owner, GemmOrder order,
           {.a_handle = order.a.kind == Kind::kResident ? order.a.handle : "",
            .b_handle = order.b.kind == Kind::kResident ? order.b.handle : "",
            .c_in_handle = order.c_in.kind == Kind::kResident ? order.c_in.handle : "",
+           .c_handle = order.c.kind == ResultSink::Kind::kIntoResident ? order.c.region : "",
            .keep_c = keep_c},
           &job, &gemm.c_quota_, &gemm.transient_operands_);
       !s.ok()) {

@@ -68,10 +68,11 @@ struct ResultSink {
     kHost,          // into host memory the caller sets as job().c before Run
     kKeepResident,  // stays on the device as a new resident matrix of the owner
     kRegion,        // into the owner's shared-memory region `region` at byte `offset`
+    kIntoResident,  // in place into the owner's resident matrix `region` (m×n of C's type)
   };
   Kind kind = Kind::kHost;
   uint32_t ttl_seconds = 0;  // kKeepResident: 0 is the store's default
-  std::string region;        // kRegion
+  std::string region;        // kRegion; kIntoResident: the matrix's handle
   uint64_t offset = 0;       // kRegion
   bool transient = false;    // kKeepResident: a transient matrix (ttl_seconds unused)
 
@@ -81,6 +82,9 @@ struct ResultSink {
   }
   static ResultSink Region(std::string region, uint64_t offset) {
     return {Kind::kRegion, 0, std::move(region), offset};
+  }
+  static ResultSink IntoResident(std::string matrix) {
+    return {Kind::kIntoResident, 0, std::move(matrix)};
   }
 };
 

@@ -32,24 +32,33 @@ absl::Status ResidentResolver::Resolve(const std::string& owner,
                                                "k x n", &job->b_resident};
   const Operand c_in{operands.c_in_handle, "c_in_handle", shape.m, shape.n, "m x n",
                      &job->c_in_resident};
-  for (const Operand& o : {a, b, c_in}) {
+  const Operand c{operands.c_handle, "c_handle", shape.m, shape.n, "m x n", &job->c_device};
+  for (const std::string* operand : {&operands.a_handle, &operands.b_handle, &operands.c_in_handle}) {
+    if (!c.handle.empty() && *operand == c.handle) {
+      return status::InvalidArgument(
+          c.field, fmt::format("matrix {} is also an operand of this GEMM; C is written in place",
+                               status::Quote(c.handle)));
+    }
+  }
+  for (const Operand& o : {a, b, c_in, c}) {
     if (o.handle.empty()) continue;
     ResidentMatrix m;
     if (absl::Status s = store_->Lookup(owner, o.handle, o.field, &m); !s.ok()) return s;
-    if (o.slot == &job->c_in_resident && m.dtype != shape.c_type) {
+    const bool c_typed = o.slot == &job->c_in_resident || o.slot == &job->c_device;
+    if (c_typed && m.dtype != shape.c_type) {
       return status::InvalidArgument(
           o.field, fmt::format("matrix {} is {}, this GEMM's C is {} (C_in has c_dtype's type)",
                                status::Quote(o.handle), ElementTypeName(m.dtype),
                                ElementTypeName(shape.c_type)));
     }
-    if (o.slot != &job->c_in_resident && m.dtype == ElementType::kFp32) {
+    if (!c_typed && m.dtype == ElementType::kFp32) {
       return status::InvalidArgument(
           o.field, fmt::format("matrix {} is fp32 (a C kept with c_dtype FP32), this GEMM's dtype "
                                "is {} (mixing dtypes: operands are fp16 or bf16; download it, "
                                "convert and upload it)",
                                status::Quote(o.handle), ElementTypeName(shape.ab_type)));
     }
-    if (o.slot != &job->c_in_resident && m.dtype != shape.ab_type) {
+    if (!c_typed && m.dtype != shape.ab_type) {
       return status::InvalidArgument(
           o.field, fmt::format("matrix {} is {}, this GEMM's dtype is {} (mixing dtypes: upload "
                                "it as {}, or send the GEMM's dtype as {})",
@@ -61,6 +70,19 @@ absl::Status ResidentResolver::Resolve(const std::string& owner,
       return status::InvalidArgument(
           o.field, fmt::format("matrix {} is {}x{}; this GEMM needs {}x{} ({})",
                                status::Quote(o.handle), m.rows, m.cols, o.rows, o.cols, o.layout));
+    }
+    // C written in place decides the device: the backend writes C only on the device it runs.
+    if (o.slot == &job->c_device) {
+      if ((job->a_resident && job->a_resident->device_index != m.buffer->device_index) ||
+          (job->b_resident && job->b_resident->device_index != m.buffer->device_index)) {
+        return status::FailedPrecondition(fmt::format(
+            "c_handle: matrix {} is on another device than this GEMM's resident operands",
+            status::Quote(o.handle)));
+      }
+      job->device_index = m.buffer->device_index;
+      job->stay_on_device = true;
+      *o.slot = m.buffer;
+      continue;
     }
     // Operands on different devices: run where the larger of A and B lives (C_in decides
     // only alone).

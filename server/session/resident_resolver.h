@@ -30,6 +30,9 @@ struct ResidentOperands {
   std::string a_handle;
   std::string b_handle;
   std::string c_in_handle;  // m×n of C's type (any, fp32 included: e.g. a C kept before)
+  // C written in place into this matrix (m×n of C's type; not A's, B's or C_in's): the GEMM
+  // runs on its device.
+  std::string c_handle;
   bool keep_c = false;
 };
 
@@ -38,11 +41,12 @@ class ResidentResolver {
   ResidentResolver(MatrixStore* store, const Scheduler* scheduler)
       : store_(store), scheduler_(scheduler) {}
 
-  // Sets job->a_resident / b_resident / c_in_resident from the handles (marking them used),
-  // pins the job to their device and, for keep_c, reserves C's bytes of `owner`'s quota in
-  // *c_quota and sets job->keep_c. Errors: NOT_FOUND (a handle; the message names its field),
-  // INVALID_ARGUMENT (a matrix of the wrong shape or dtype), RESOURCE_EXHAUSTED (keep_c_resident:
-  // over the quota). On an error nothing stays reserved. *transient_handles (when given) gets
+  // Sets job->a_resident / b_resident / c_in_resident (and c_device for c_handle) from the
+  // handles (marking them used), pins the job to their device and, for keep_c, reserves C's
+  // bytes of `owner`'s quota in *c_quota and sets job->keep_c. Errors: NOT_FOUND (a handle; the
+  // message names its field), INVALID_ARGUMENT (a matrix of the wrong shape or dtype; C's
+  // matrix also an operand), FAILED_PRECONDITION (C's matrix on another device than A's or
+  // B's), RESOURCE_EXHAUSTED (keep_c_resident: over the quota). On an error nothing stays reserved. *transient_handles (when given) gets
   // the handles of transient matrices among the operands. REQUIRES: job->shape is validated.
   absl::Status Resolve(const std::string& owner, const ResidentOperands& operands, GemmJob* job,
                        QuotaReservation* c_quota,

@@ -68,6 +68,10 @@ void CallLog::SharedMemory(int64_t received, int64_t sent) const {
   metrics_->AddTransportBytes(DataPath::kShm, /*sent=*/true, sent);
 }
 
+void CallLog::RingEntry(absl::StatusCode code) const {
+  if (metrics_ != nullptr) metrics_->CountRingEntry(code);
+}
+
 TrackedCalls::TrackedCalls(std::chrono::seconds idle_timeout)
     : idle_timeout_(idle_timeout), janitor_([this] { ExpireIdleCalls(); }) {}
 

@@ -22,6 +22,7 @@
 #include "server/core/job.h"
 #include "server/metrics/metrics.h"
 #include "server/session/gemm_core.h"
+#include "server/session/ring_executor.h"
 #include "server/session/stream_session.h"
 
 namespace hgemm {
@@ -49,6 +50,9 @@ class CallLog {
   void Sent(Rpc rpc, int64_t bytes, const grpc::ServerContextBase& context) const;
   // Matrix bytes a GEMM read from (A, B) and wrote to (C) shared-memory regions.
   void SharedMemory(int64_t received, int64_t sent) const;
+  // A GEMM of a submission ring completed with `code` (its ring's AttachRing call is answered
+  // by Answered when the ring ends).
+  void RingEntry(absl::StatusCode code) const;
 
  private:
   ServiceMetrics* const metrics_;
@@ -99,6 +103,7 @@ struct CallServices {
   const CallLog* log = nullptr;
   TrackedCalls* calls = nullptr;
   const StreamOptions* stream = nullptr;
+  RingRegistry* rings = nullptr;
 };
 
 // Describes a resident matrix of `core` for the wire.

@@ -10,6 +10,7 @@
 #include "server/session/part_session.h"
 #include "server/transport/convert.h"
 #include "server/transport/matrix_reactors.h"
+#include "server/transport/ring_reactor.h"
 #include "server/transport/status_util.h"
 #include "server/transport/stream_reactor.h"
 
@@ -309,6 +310,15 @@ grpc::ServerReadReactor<grpc::ByteBuffer>* GemmServiceImpl::UploadPartRaw(
     return new RefusedCall<grpc::ServerReadReactor<grpc::ByteBuffer>>(s);
   }
   return NewUploadPartReactor(call_services_, context, std::move(caller.name), response);
+}
+
+grpc::ServerWriteReactor<v1::RingEvent>* GemmServiceImpl::AttachRing(
+    grpc::CallbackServerContext* context, const v1::AttachRingRequest* request) {
+  Principal caller;
+  if (absl::Status s = Identify(Rpc::kAttachRing, context, &caller); !s.ok()) {
+    return new RefusedCall<grpc::ServerWriteReactor<v1::RingEvent>>(s);
+  }
+  return NewAttachRingReactor(call_services_, context, std::move(caller.name), *request);
 }
 
 grpc::ServerUnaryReactor* GemmServiceImpl::RegisterRegion(grpc::CallbackServerContext* context,

@@ -24,6 +24,7 @@
 #include "server/scheduler/scheduler.h"
 #include "server/scheduler/upload_queue.h"
 #include "server/session/gemm_core.h"
+#include "server/session/ring_executor.h"
 #include "server/session/stream_session.h"
 #include "server/transport/call_services.h"
 
@@ -50,6 +51,8 @@ struct ServiceOptions {
   MatrixStoreOptions resident;
   // Same-host shared-memory regions (off unless allow_shared_memory).
   RegionStoreOptions regions;
+  // Submission rings (AttachRing; they need shared memory allowed).
+  RingOptions rings;
 };
 
 class GemmServiceImpl final : public v1::GemmService::CallbackService {
@@ -69,6 +72,8 @@ class GemmServiceImpl final : public v1::GemmService::CallbackService {
   void Drain();
   // The shared-memory regions (for the metrics' per-owner gauges).
   RegionStore& regions() const { return core_.regions(); }
+  // The submission rings attached (for the metrics).
+  RingRegistry& rings() { return rings_; }
 
   grpc::ServerUnaryReactor* Gemm(grpc::CallbackServerContext* context,
                                  const v1::GemmRequest* request,
@@ -105,6 +110,8 @@ class GemmServiceImpl final : public v1::GemmService::CallbackService {
                                          v1::MatrixInfo* response) override;
   // UploadPart is registered raw (ByteBuffer in and out: its chunks skip protobuf's copy,
   // part_chunk.h) in place of the generated typed handler, which is never called.
+  grpc::ServerWriteReactor<v1::RingEvent>* AttachRing(grpc::CallbackServerContext* context,
+                                                     const v1::AttachRingRequest* request) override;
   grpc::ServerReadReactor<grpc::ByteBuffer>* UploadPartRaw(grpc::CallbackServerContext* context,
                                                            grpc::ByteBuffer* response);
 
@@ -130,8 +137,13 @@ class GemmServiceImpl final : public v1::GemmService::CallbackService {
   const Authenticator* const authenticator_;  // never null
   const StreamOptions stream_options_;
   TrackedCalls calls_{options_.idle_timeout};
-  const CallServices call_services_{
-      .core = &core_, .log = &log_, .calls = &calls_, .stream = &stream_options_};
+  // After core_: destroyed first, it waits for the ring threads, which use the core.
+  RingRegistry rings_{options_.rings};
+  const CallServices call_services_{.core = &core_,
+                                    .log = &log_,
+                                    .calls = &calls_,
+                                    .stream = &stream_options_,
+                                    .rings = &rings_};
 };
 
 }  // namespace hgemm

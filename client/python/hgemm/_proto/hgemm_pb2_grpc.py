@@ -79,6 +79,11 @@ class GemmServiceStub(object):
                 request_serializer=hgemm__pb2.PartRequest.SerializeToString,
                 response_deserializer=hgemm__pb2.PartResponse.FromString,
                 )
+        self.AttachRing = channel.unary_stream(
+                '/hgemm.v1.GemmService/AttachRing',
+                request_serializer=hgemm__pb2.AttachRingRequest.SerializeToString,
+                response_deserializer=hgemm__pb2.RingEvent.FromString,
+                )
 
 
 class GemmServiceServicer(object):
@@ -196,6 +201,18 @@ class GemmServiceServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def AttachRing(self, request, context):
+        """Same host (see "Submission ring"): attaches a submission/completion ring that lives in a
+        region of the caller. The first message (`attached`) says the ring is served; from then
+        on GEMMs go through the ring's memory, not through gRPC, and the call stays open as long
+        as the ring is attached: the client ends the call (or exits) to detach it; the server ends
+        it with the reason when it detaches the ring (a protocol error: INVALID_ARGUMENT; a
+        shutdown: UNAVAILABLE).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_GemmServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -263,6 +280,11 @@ def add_GemmServiceServicer_to_server(servicer, server):
                     servicer.UploadPart,
                     request_deserializer=hgemm__pb2.PartRequest.FromString,
                     response_serializer=hgemm__pb2.PartResponse.SerializeToString,
+            ),
+            'AttachRing': grpc.unary_stream_rpc_method_handler(
+                    servicer.AttachRing,
+                    request_deserializer=hgemm__pb2.AttachRingRequest.FromString,
+                    response_serializer=hgemm__pb2.RingEvent.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -492,5 +514,22 @@ class GemmService(object):
         return grpc.experimental.stream_unary(request_iterator, target, '/hgemm.v1.GemmService/UploadPart',
             hgemm__pb2.PartRequest.SerializeToString,
             hgemm__pb2.PartResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def AttachRing(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(request, target, '/hgemm.v1.GemmService/AttachRing',
+            hgemm__pb2.AttachRingRequest.SerializeToString,
+            hgemm__pb2.RingEvent.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)

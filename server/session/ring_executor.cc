@@ -1,0 +1,438 @@
+#include "server/session/ring_executor.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <utility>
+
+#include "server/core/status.h"
+#include "server/session/validation.h"
+
+namespace hgemm {
+namespace {
+
+// The longest a ring thread sleeps without looking (a wake-up lost to a hostile client costs
+// this, nothing more).
+constexpr int64_t kMaxSleepNs = 10'000'000;
+// Entry timeouts past this are refused (it keeps the deadline's arithmetic far from overflow).
+constexpr uint64_t kMaxTimeoutUs = uint64_t{24} * 3600 * 1000000;
+
+bool PowerOfTwoUpTo(uint32_t n, uint32_t max) { return n >= 1 && n <= max && (n & (n - 1)) == 0; }
+
+// Copies an entry out of memory the client may be writing: each word read exactly once.
+RingSubmission CopyOut(const RingSubmission* shared) {
+  static_assert(sizeof(RingSubmission) % sizeof(uint64_t) == 0);
+  uint64_t words[sizeof(RingSubmission) / sizeof(uint64_t)];
+  const volatile uint64_t* from = reinterpret_cast<const volatile uint64_t*>(shared);
+  for (size_t i = 0; i < std::size(words); ++i) words[i] = from[i];
+  RingSubmission entry;
+  std::memcpy(&entry, words, sizeof(entry));
+  return entry;
+}
+
+void CpuRelax() {
+#if defined(__x86_64__)
+  __builtin_ia32_pause();
+#endif
+}
+
+}  // namespace
+
+RingRegistry::~RingRegistry() {
+  std::unique_lock<std::mutex> lock(mu_);
+  threads_ended_.wait(lock, [this] { return threads_ == 0; });
+}
+
+int64_t RingRegistry::Attached() {
+  std::lock_guard<std::mutex> lock(mu_);
+  int64_t n = 0;
+  for (const auto& [owner, rings] : rings_) n += rings;
+  return n;
+}
+
+absl::Status RingRegistry::Add(const std::string& owner) {
+  std::lock_guard<std::mutex> lock(mu_);
+  int& rings = rings_[owner];
+  if (rings >= options_.max_rings_per_owner) {
+    if (rings == 0) rings_.erase(owner);
+    return status::OverLimit(fmt::format("this client has {} rings attached (--max_rings_per_client)",
+                                         options_.max_rings_per_owner));
+  }
+  ++rings;
+  return absl::OkStatus();
+}
+
+void RingRegistry::Remove(const std::string& owner) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = rings_.find(owner);
+  if (it != rings_.end() && --it->second <= 0) rings_.erase(it);
+}
+
+void RingRegistry::ThreadStarted() {
+  std::lock_guard<std::mutex> lock(mu_);
+  ++threads_;
+}
+
+void RingRegistry::ThreadEnded() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (--threads_ == 0) threads_ended_.notify_all();
+}
+
+absl::Status RingExecutor::Attach(const GemmCore* core, RingRegistry* registry, std::string owner,
+                                  bool over_unix_socket, const RingSpec& spec,
+                                  RingEntryObserver on_entry, RingDetached on_detached,
+                                  std::shared_ptr<RingExecutor>* ring) {
+  RegionStore& regions = core->regions();
+  if (absl::Status s = regions.CheckAllowed(over_unix_socket); !s.ok()) return s;
+  if (!PowerOfTwoUpTo(spec.sq_entries, kRingMaxEntries)) {
+    return status::InvalidArgument(
+        "sq_entries", fmt::format("{} is not a power of two from 1 to {}", spec.sq_entries,
+                                  kRingMaxEntries));
+  }
+  if (!PowerOfTwoUpTo(spec.cq_entries, kRingMaxEntries)) {
+    return status::InvalidArgument(
+        "cq_entries", fmt::format("{} is not a power of two from 1 to {}", spec.cq_entries,
+                                  kRingMaxEntries));
+  }
+  for (size_t i = 0; i < spec.regions.size(); ++i) {
+    if (spec.regions[i].empty()) {
+      return status::InvalidArgument(fmt::format("regions[{}]", i), "empty region handle");
+    }
+  }
+  for (size_t i = 0; i < spec.matrices.size(); ++i) {
+    if (spec.matrices[i].empty()) {
+      return status::InvalidArgument(fmt::format("matrices[{}]", i), "empty matrix handle");
+    }
+  }
+  RegionLease lease;
+  if (absl::Status s = regions.Acquire(owner, spec.ring_region, 0,
+                                       int64_t(RingBytes(spec.sq_entries, spec.cq_entries)),
+                                       "ring_region", &lease);
+      !s.ok()) {
+    return s;
+  }
+  if (lease.device_view()) {
+    return status::InvalidArgument("ring_region", "a CUDA IPC region cannot hold a ring");
+  }
+  // Read once, here: after the attach nothing in the header but the atomics is looked at.
+  const volatile RingHeader* header = reinterpret_cast<const volatile RingHeader*>(lease.data());
+  const uint32_t magic = header->magic, version = header->version;
+  if (magic != kRingMagic || version != kRingVersion) {
+    return status::InvalidArgument(
+        "ring_region", fmt::format("the ring's header has magic {:#x} and version {}; expected "
+                                   "{:#x} and {} (proto/ring_layout.h)",
+                                   magic, version, kRingMagic, kRingVersion));
+  }
+  if (absl::Status s = registry->Add(owner); !s.ok()) return s;
+  auto executor = std::make_shared<RingExecutor>(core, registry, std::move(owner),
+                                                 over_unix_socket, spec, std::move(lease),
+                                                 std::move(on_entry), std::move(on_detached));
+  registry->ThreadStarted();
+  try {
+    std::thread([executor]() mutable {
+      RingRegistry* registry = executor->registry_;
+      executor->Run();
+      executor->ThreadDone();
+      executor.reset();  // may be the last holder: the ring's lease goes back before the count
+      registry->ThreadEnded();
+    }).detach();
+  } catch (...) {
+    registry->ThreadEnded();
+    executor->Unregister();
+    return status::FromCurrentException("starting a ring thread");
+  }
+  *ring = std::move(executor);
+  return absl::OkStatus();
+}
+
+RingExecutor::RingExecutor(const GemmCore* core, RingRegistry* registry, std::string owner,
+                           bool over_unix_socket, const RingSpec& spec, RegionLease ring,
+                           RingEntryObserver on_entry, RingDetached on_detached)
+    : core_(core),
+      registry_(registry),
+      owner_(std::move(owner)),
+      over_unix_socket_(over_unix_socket),
+      sq_entries_(spec.sq_entries),
+      cq_entries_(spec.cq_entries),
+      max_in_flight_(std::max<uint32_t>(1, registry->options().max_in_flight)),
+      spin_us_(registry->options().spin_us),
+      regions_(spec.regions),
+      matrices_(spec.matrices),
+      ring_(std::move(ring)),
+      sq_(reinterpret_cast<const RingSubmission*>(ring_.data() + RingSqOffset())),
+      cq_(reinterpret_cast<RingCompletion*>(ring_.data() + RingCqOffset(spec.sq_entries))),
+      on_entry_(std::move(on_entry)),
+      on_detached_(std::move(on_detached)) {
+  // The server's own counts start where the client's do (a fresh ring has them at 0; any
+  // other value only shifts both sides alike).
+  RingHeader* h = header();
+  sq_head_ = h->sq_tail.load(std::memory_order_acquire);
+  h->sq_head.store(sq_head_, std::memory_order_release);
+  cq_tail_ = h->cq_head.load(std::memory_order_acquire);
+  h->cq_tail.store(cq_tail_, std::memory_order_release);
+}
+
+RingExecutor::~RingExecutor() { Unregister(); }
+
+void RingExecutor::Unregister() {
+  if (registered_.exchange(false)) registry_->Remove(owner_);
+}
+
+void RingExecutor::Stop() {
+  stopping_.store(true);
+  // From the ring thread (on_detached_ itself stops the ring): the callback is taken already.
+  if (thread_id_.load() != std::this_thread::get_id()) {
+    std::lock_guard<std::mutex> lock(detach_mu_);
+    on_detached_ = nullptr;
+  }
+  Unregister();
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!ring_.empty()) RingWakeSleeper(&header()->server_sleeping);
+}
+
+void RingExecutor::ThreadDone() {
+  std::lock_guard<std::mutex> lock(mu_);
+  thread_done_ = true;
+  ReleaseRingIfDoneLocked();
+}
+
+void RingExecutor::ReleaseRingIfDoneLocked() {
+  if (thread_done_ && in_flight_ == 0) ring_.Release();
+}
+
+void RingExecutor::Detach(const absl::Status& reason) {
+  stopping_.store(true);
+  Unregister();
+  std::lock_guard<std::mutex> lock(detach_mu_);
+  if (RingDetached detached = std::exchange(on_detached_, nullptr)) detached(reason);
+}
+
+absl::Status RingExecutor::HasRoom(bool* room) {
+  const uint32_t cq_head = header()->cq_head.load(std::memory_order_acquire);
+  std::lock_guard<std::mutex> lock(mu_);
+  const uint32_t unreaped = cq_tail_ - cq_head;
+  if (unreaped > cq_entries_) {
+    return status::InvalidArgument(
+        "cq_head", fmt::format("{} is {} completions behind the server's tail {}, more than "
+                               "the ring's {}", cq_head, unreaped, cq_tail_, cq_entries_));
+  }
+  *room = in_flight_ < max_in_flight_ && unreaped + in_flight_ < cq_entries_;
+  if (*room) ++in_flight_;  // the entry about to be taken
+  return absl::OkStatus();
+}
+
+void RingExecutor::Run() {
+  thread_id_.store(std::this_thread::get_id());
+  RingHeader* h = header();
+  const auto spin = std::chrono::microseconds(spin_us_);
+  auto spin_until = Clock::now() + spin;
+  while (!stopping_.load(std::memory_order_acquire)) {
+    const uint32_t tail = h->sq_tail.load(std::memory_order_acquire);
+    const uint32_t pending = tail - sq_head_;
+    if (pending > sq_entries_) {
+      Detach(status::InvalidArgument(
+          "sq_tail", fmt::format("{} is {} entries ahead of the server's head {}, more than "
+                                 "the ring's {}", tail, pending, sq_head_, sq_entries_)));
+      return;
+    }
+    bool room = false;
+    if (pending > 0) {
+      if (absl::Status s = HasRoom(&room); !s.ok()) {
+        Detach(s);
+        return;
+      }
+    }
+    if (room) {
+      const RingSubmission entry = CopyOut(&sq_[sq_head_ & (sq_entries_ - 1)]);
+      ++sq_head_;
+      h->sq_head.store(sq_head_, std::memory_order_release);
+      absl::Status s;
+      try {
+        s = Submit(entry);
+      } catch (...) {
+        s = status::FromCurrentException("ring entry");
+      }
+      if (!s.ok()) Complete(entry.user_data, s, nullptr, GemmShape{});
+      spin_until = Clock::now() + spin;
+      continue;
+    }
+    if (Clock::now() < spin_until) {
+      CpuRelax();
+      continue;
+    }
+    // Sleep until the client publishes (or a completion makes room); the second look closes
+    // the race with a publish that did not see the word yet.
+    waiting_for_room_.store(pending > 0);
+    h->server_sleeping.store(1);
+    const bool nothing_new = h->sq_tail.load() == tail;
+    bool still_full = pending > 0;
+    if (pending > 0) {
+      std::lock_guard<std::mutex> lock(mu_);
+      const uint32_t cq_head = h->cq_head.load(std::memory_order_acquire);
+      still_full = !(in_flight_ < max_in_flight_ && cq_tail_ - cq_head + in_flight_ < cq_entries_);
+    }
+    if (!stopping_.load() && (pending == 0 ? nothing_new : still_full)) {
+      RingFutexWait(&h->server_sleeping, 1, kMaxSleepNs);
+    }
+    h->server_sleeping.store(0);
+    waiting_for_room_.store(false);
+    spin_until = Clock::now() + spin;
+  }
+}
+
+absl::Status RingExecutor::Submit(const RingSubmission& entry) {
+  v1::GemmRequest request;
+  GemmOrder order;
+  request.set_m(entry.m);
+  request.set_n(entry.n);
+  request.set_k(entry.k);
+  constexpr uint32_t kKnownFlags = kRingTransposeA | kRingTransposeB | kRingHasAlpha;
+  if ((entry.flags & ~kKnownFlags) != 0) {
+    return status::InvalidArgument("flags", fmt::format("unknown bits {:#x}", entry.flags & ~kKnownFlags));
+  }
+  request.set_transpose_a((entry.flags & kRingTransposeA) != 0);
+  request.set_transpose_b((entry.flags & kRingTransposeB) != 0);
+  if (entry.dtype > INT32_MAX || !v1::DataType_IsValid(int(entry.dtype))) {
+    return status::InvalidArgument("dtype", fmt::format("{} is not a DataType", entry.dtype));
+  }
+  if (entry.c_dtype > INT32_MAX || !v1::DataType_IsValid(int(entry.c_dtype))) {
+    return status::InvalidArgument("c_dtype", fmt::format("{} is not a DataType", entry.c_dtype));
+  }
+  if (entry.accumulation > INT32_MAX || !v1::Accumulation_IsValid(int(entry.accumulation))) {
+    return status::InvalidArgument("accumulation",
+                                   fmt::format("{} is not an Accumulation", entry.accumulation));
+  }
+  request.set_dtype(v1::DataType(entry.dtype));
+  request.set_c_dtype(v1::DataType(entry.c_dtype));
+  request.mutable_options()->set_accumulation(v1::Accumulation(entry.accumulation));
+  const std::vector<KernelDescription>& kernels = core_->rules().kernels;
+  if (entry.kernel > kernels.size()) {
+    return status::InvalidArgument(
+        "kernel", fmt::format("index {}; RingAttached.kernels has {}", entry.kernel, kernels.size()));
+  }
+  if (entry.kernel > 0) request.mutable_options()->set_kernel(kernels[entry.kernel - 1].name);
+  if ((entry.flags & kRingHasAlpha) != 0) request.set_alpha(entry.alpha);
+  request.set_beta(entry.beta);
+  if (entry.timeout_us > kMaxTimeoutUs) {
+    return status::InvalidArgument("timeout_us", fmt::format("{} is more than a day", entry.timeout_us));
+  }
+
+  // One operand: its slot resolved into the request (for validation) and the order.
+  auto bind = [&](const char* name, const RingOperand& operand, bool may_be_none,
+                  v1::RegionRef* region, std::string* handle,
+                  OperandSource* source) -> absl::Status {
+    switch (operand.kind) {
+      case kRingOperandNone:
+        if (may_be_none) return absl::OkStatus();
+        return status::InvalidArgument(fmt::format("{}.kind", name),
+                                       "needs a region or a matrix slot");
+      case kRingOperandRegion:
+        if (operand.slot >= regions_.size()) {
+          return status::InvalidArgument(
+              fmt::format("{}.slot", name),
+              fmt::format("region slot {} is not bound (the ring binds {})", operand.slot,
+                          regions_.size()));
+        }
+        region->set_region(regions_[operand.slot]);
+        region->set_offset(operand.offset);
+        *source = OperandSource::Region(regions_[operand.slot], operand.offset);
+        return absl::OkStatus();
+      case kRingOperandMatrix:
+        if (operand.slot >= matrices_.size()) {
+          return status::InvalidArgument(
+              fmt::format("{}.slot", name),
+              fmt::format("matrix slot {} is not bound (the ring binds {})", operand.slot,
+                          matrices_.size()));
+        }
+        *handle = matrices_[operand.slot];
+        *source = OperandSource::Resident(matrices_[operand.slot]);
+        return absl::OkStatus();
+      default:
+        return status::InvalidArgument(fmt::format("{}.kind", name),
+                                       fmt::format("unknown kind {}", operand.kind));
+    }
+  };
+  v1::RegionRef region;
+  std::string handle;
+  if (absl::Status s = bind("a", entry.a, false, &region, &handle, &order.a); !s.ok()) {
+    return s;
+  }
+  if (handle.empty()) {
+    *request.mutable_a_region() = region;
+  } else {
+    request.set_a_handle(handle);
+  }
+  region.Clear();
+  handle.clear();
+  if (absl::Status s = bind("b", entry.b, false, &region, &handle, &order.b); !s.ok()) {
+    return s;
+  }
+  if (handle.empty()) {
+    *request.mutable_b_region() = region;
+  } else {
+    request.set_b_handle(handle);
+  }
+  region.Clear();
+  handle.clear();
+  if (absl::Status s = bind("c_in", entry.c_in, true, &region, &handle, &order.c_in);
+      !s.ok()) {
+    return s;
+  }
+  if (!handle.empty()) request.set_c_in_handle(handle);
+  if (!region.region().empty()) *request.mutable_c_in_region() = region;
+  OperandSource c_source;
+  region.Clear();
+  handle.clear();
+  if (absl::Status s = bind("c", entry.c, false, &region, &handle, &c_source); !s.ok()) {
+    return s;
+  }
+  if (handle.empty()) {
+    *request.mutable_c_region() = region;
+    order.c = ResultSink::Region(c_source.handle, c_source.offset);
+  } else {
+    order.c = ResultSink::IntoResident(handle);
+  }
+  if (absl::Status s = ValidateGemmRequest(request, core_->rules(), &order.job); !s.ok()) return s;
+  order.over_unix_socket = over_unix_socket_;
+  if (entry.timeout_us > 0) {
+    order.job.deadline = Clock::now() + std::chrono::microseconds(entry.timeout_us);
+  }
+  AdmittedGemm admitted;
+  if (absl::Status s = core_->Admit(owner_, std::move(order), &admitted); !s.ok()) return s;
+  const GemmShape shape = admitted.job().shape;
+  return core_->Run(std::move(admitted), [self = shared_from_this(), user_data = entry.user_data,
+                                          shape](const absl::Status& status, GemmResult result) {
+    self->Complete(user_data, status, &result.report, shape);
+  });
+}
+
+void RingExecutor::Complete(uint64_t user_data, const absl::Status& status,
+                            const GemmReport* report, const GemmShape& shape) {
+  RingCompletion completion{};
+  completion.user_data = user_data;
+  completion.code = int32_t(status.code());
+  if (report != nullptr && status.ok()) {
+    completion.queue_wait_ms = float(report->queue_wait_ms);
+    completion.kernel_ms = float(report->kernel_ms);
+    completion.server_total_ms = float(report->server_total_ms);
+    completion.tflops = float(report->Tflops(shape));
+  }
+  const size_t length = std::min(status.message().size(), sizeof(completion.message) - 1);
+  if (length > 0) std::memcpy(completion.message, status.message().data(), length);  // OK: null
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    RingHeader* h = header();
+    std::memcpy(&cq_[cq_tail_ & (cq_entries_ - 1)], &completion, sizeof(completion));
+    ++cq_tail_;
+    h->cq_tail.store(cq_tail_, std::memory_order_release);
+    --in_flight_;
+    RingWakeSleeper(&h->client_sleeping);
+    if (waiting_for_room_.load()) RingWakeSleeper(&h->server_sleeping);
+    ReleaseRingIfDoneLocked();
+  }
+  if (on_entry_) on_entry_(status.code());
+}
+
+}  // namespace hgemm
