@@ -91,13 +91,12 @@ class Calls:
 
     # The retry loop around one call (to `replica`, "" for the target).
     def _call(self, attempt, timeout, idempotent: bool, replica: str = ""):
-        """attempt(stub, timeout_s): the steps of one try, repeated while RetryPolicy allows."""
+        """attempt(timeout_s): the steps of one try, repeated while RetryPolicy allows."""
         deadline = Deadline(self.config.call_timeout(timeout))
         policy = self.config.policy
-        stub = self.routes.stub(replica)
         for tried in range(policy.attempts):
             try:
-                return (yield from attempt(stub, deadline.remaining()))
+                return (yield from attempt(deadline.remaining()))
             except grpc.RpcError as e:
                 err = _errors.from_rpc_error(e)
             delay = policy.delay(tried)
@@ -121,9 +120,9 @@ class Calls:
                    start=None):
         """fn(*args, timeout_s) of the native core: one blocking call, which the core retries
         itself (on asyncio, awaited on the native client's pool); or on asyncio start (the same
-        without blocking, no retries in the core) retried as _call. The C++ client routes by handle and explains unreachable replicas itself. A
-        progress bar for the nbytes the call moves fills when it returns (the native core
-        reports no chunks)."""
+        without blocking, no retries in the core) retried as _call. The C++ client routes by
+        handle and explains unreachable replicas itself. A progress bar for the nbytes the call
+        moves fills when it returns (the native core reports no chunks)."""
         bar = _progress.bar(self.config.progress, nbytes, desc)
         try:
             if self.blocking or start is None:  # one call: the core retries it (client/retry.h)
@@ -134,7 +133,7 @@ class Calls:
                     raise _errors.from_rpc_error(e) from None
             else:
                 result = yield from self._call(
-                    lambda stub, t: self._native_call(fn, *args, t, start=start), timeout,
+                    lambda t: self._native_call(fn, *args, t, start=start), timeout,
                     idempotent)
             if bar is not None:
                 bar.update(nbytes)
@@ -144,7 +143,8 @@ class Calls:
 
     def _unary(self, name: str, request, timeout, idempotent: bool, replica: str = ""):
         """GemmService.<name>(request), retried as _call."""
-        return (yield from self._call(lambda stub, t: self._rpc(getattr(stub, name), request, t),
+        stub = self.routes.stub(replica)
+        return (yield from self._call(lambda t: self._rpc(getattr(stub, name), request, t),
                                       timeout, idempotent, replica))
 
     def _server_limit(self, spec, mode, timeout):
@@ -615,7 +615,9 @@ class Calls:
             return ResidentMatrix(self.client, info)
         bar = _progress.bar(self.config.progress, array.nbytes, "hgemm upload")
 
-        def attempt(stub, t):
+        stub = self.routes.stub(replica_of(replica))
+
+        def attempt(t):
             messages = upload_messages(array, ttl, label, device_id, self.config.chunk_bytes, bar,
                                        dtype=pb.DATA_TYPE_BF16 if dtype == "bf16"
                                        else pb.DATA_TYPE_UNSPECIFIED, region=region)
@@ -641,7 +643,9 @@ class Calls:
             return _arrays.to_output(buf.array(), as_torch)
         bar = _progress.bar(self.config.progress, matrix.bytes, "hgemm download")
 
-        def attempt(stub, t):
+        stub = self.routes.stub(handle_replica(matrix.handle))
+
+        def attempt(t):
             buf = DownloadBuffer(matrix.rows, matrix.cols, bar, matrix.dtype)
             yield from self._rpc(stub.DownloadMatrix, pb.DownloadMatrixRequest(handle=matrix.handle),
                                  t, on_response=buf.add)

@@ -493,3 +493,31 @@ def test_native_aio_other_calls_never_touch_grpcio(shm_server, rng):
             assert threading.active_count() <= threads_before + _native.BLOCKING_CALL_THREADS + 1
     asyncio.run(main())
     assert hgemm.info()["features"]["aio.other"] == "native"
+
+
+def test_a_native_client_opens_no_grpcio_channel(server, rng):
+    """A client on the native core makes no grpcio channel for what the core serves (GEMMs,
+    resident matrices, info), sync or asyncio; one is made at first use by a call that needs
+    grpcio (here a test's direct stub call)."""
+    if hgemm.info()["core"] != "native":
+        pytest.skip("the native core is not in use: " + str(hgemm.info()["reason"]))
+    import asyncio
+    a, b = fp16(rng, 24, 40), fp16(rng, 40, 8)
+    with hgemm.Client(server.address, timeout=60) as c:
+        assert rel_error(c.gemm(a, b), a, b) < FP32_TOLERANCE
+        with c.upload(b) as hb:
+            assert rel_error(c.gemm_many([(a, hb)])[0], a, b) < FP32_TOLERANCE
+        assert c.info().backend == "cpu"
+        assert c._calls.routes.channels() == []
+        c._stub.GetServerInfo(hgemm.pb.GetServerInfoRequest(), timeout=30)
+        assert len(c._calls.routes.channels()) == 1
+
+    async def main():
+        async with hgemm.aio.Client(server.address, timeout=60) as c:
+            assert rel_error(await c.gemm(a, b), a, b) < FP32_TOLERANCE
+            hb = await c.upload(b)
+            assert rel_error(await c.gemm(a, hb), a, b) < FP32_TOLERANCE
+            await hb.release()
+            await c.info()
+            assert c._calls.routes.channels() == []
+    asyncio.run(main())
