@@ -521,3 +521,41 @@ def test_a_native_client_opens_no_grpcio_channel(server, rng):
             await c.info()
             assert c._calls.routes.channels() == []
     asyncio.run(main())
+
+
+def test_native_aio_cancelled_gemm_many_frees_its_batch_once_the_run_is_over(rng, monkeypatch):
+    """A cancelled aio gemm_many whose blocking run is under way in the native client's pool
+    (waiting on a server that never answers): the task ends at once, the batch is freed only
+    when the run ends (its timeout), and close() waits for that."""
+    if hgemm.info()["core"] != "native":
+        pytest.skip("the native core is not in use: " + str(hgemm.info()["reason"]))
+    import asyncio
+    import socket
+    from hgemm import _native
+    batches = []
+    make_batch = _native.NativeClient.batch
+
+    def recorded(self, specs):
+        batches.append(make_batch(self, specs))
+        return batches[-1]
+    monkeypatch.setattr(_native.NativeClient, "batch", recorded)
+    silent = socket.socket()  # listens, never accepts
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(16)
+    address = "127.0.0.1:%d" % silent.getsockname()[1]
+
+    async def main():
+        async with hgemm.aio.Client(address, retries=1) as c:
+            task = asyncio.ensure_future(c.gemm_many([(fp16(rng, 8, 8), fp16(rng, 8, 8))] * 3,
+                                                     timeout=1.5))
+            await asyncio.sleep(0.3)  # the run is waiting on the silent server
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            assert len(batches) == 1 and batches[0]._closed
+            assert batches[0]._batch is not None  # still in use by the run
+        assert batches[0]._batch is None  # close() waited for the run, which freed it
+    try:
+        asyncio.run(main())
+    finally:
+        silent.close()
