@@ -12,6 +12,7 @@ Thread safety: a Calls is shared by every call of its client (ClientConfig and R
 thread-safe); each method call is a generator of its own, driven by one thread or task.
 """
 import dataclasses
+import functools
 import time
 from typing import Callable, List, Optional
 
@@ -90,13 +91,12 @@ class Calls:
 
     # The retry loop around one call (to `replica`, "" for the target).
     def _call(self, attempt, timeout, idempotent: bool, replica: str = ""):
-        """attempt(stub, timeout_s): the steps of one try, repeated while RetryPolicy allows."""
+        """attempt(timeout_s): the steps of one try, repeated while RetryPolicy allows."""
         deadline = Deadline(self.config.call_timeout(timeout))
         policy = self.config.policy
-        stub = self.routes.stub(replica)
         for tried in range(policy.attempts):
             try:
-                return (yield from attempt(stub, deadline.remaining()))
+                return (yield from attempt(deadline.remaining()))
             except grpc.RpcError as e:
                 err = _errors.from_rpc_error(e)
             delay = policy.delay(tried)
@@ -110,19 +110,22 @@ class Calls:
         return (yield Rpc(method, request, timeout, self.config.metadata, **how))
 
     def _native_call(self, fn, *args, start=None):
-        """The one step of a native call: comes to fn's result."""
+        """The one step of a native call: comes to fn's result. On asyncio, a call without an
+        asynchronous C entry point (start None) is awaited on the native client's pool."""
+        if start is None and not self.blocking:
+            start = functools.partial(self.native.start_blocking, fn)
         return (yield Native(fn, args, start))
 
     def _on_native(self, fn, args, timeout, idempotent: bool, nbytes: int, desc: str = "hgemm",
                    start=None):
         """fn(*args, timeout_s) of the native core: one blocking call, which the core retries
-        itself; or on asyncio start (the same without blocking, no retries in the core) retried
-        as _call. The C++ client routes by handle and explains unreachable replicas itself. A
-        progress bar for the nbytes the call moves fills when it returns (the native core
-        reports no chunks)."""
+        itself (on asyncio, awaited on the native client's pool); or on asyncio start (the same
+        without blocking, no retries in the core) retried as _call. The C++ client routes by
+        handle and explains unreachable replicas itself. A progress bar for the nbytes the call
+        moves fills when it returns (the native core reports no chunks)."""
         bar = _progress.bar(self.config.progress, nbytes, desc)
         try:
-            if self.blocking:  # one call: the core retries it (client/retry.h)
+            if self.blocking or start is None:  # one call: the core retries it (client/retry.h)
                 try:
                     result = yield from self._native_call(fn, *args,
                                                           self.config.call_timeout(timeout))
@@ -130,7 +133,7 @@ class Calls:
                     raise _errors.from_rpc_error(e) from None
             else:
                 result = yield from self._call(
-                    lambda stub, t: self._native_call(fn, *args, t, start=start), timeout,
+                    lambda t: self._native_call(fn, *args, t, start=start), timeout,
                     idempotent)
             if bar is not None:
                 bar.update(nbytes)
@@ -140,7 +143,8 @@ class Calls:
 
     def _unary(self, name: str, request, timeout, idempotent: bool, replica: str = ""):
         """GemmService.<name>(request), retried as _call."""
-        return (yield from self._call(lambda stub, t: self._rpc(getattr(stub, name), request, t),
+        stub = self.routes.stub(replica)
+        return (yield from self._call(lambda t: self._rpc(getattr(stub, name), request, t),
                                       timeout, idempotent, replica))
 
     def _server_limit(self, spec, mode, timeout):
@@ -305,9 +309,8 @@ class Calls:
         return arena
 
     def _native_regions(self) -> bool:
-        """Whether regions and GEMMs naming them go through the native core (the sync client's;
-        the asyncio client's go through grpcio)."""
-        return self.native is not None and self.blocking
+        """Whether regions and GEMMs naming them go through the native core."""
+        return self.native is not None
 
     def _new_region(self, nbytes: int, label: str, timeout):
         """A registered region of nbytes: made and registered by the native core, else a memfd
@@ -481,7 +484,7 @@ class Calls:
         group = GroupSpec(pairs, c=c, accumulation=accumulation, kernel=kernel,
                           request_id=request_id, c_dtype=c_dtype, alpha=alpha, beta=beta,
                           dtype=dtype, transpose_a=transpose_a, transpose_b=transpose_b)
-        if self.native is not None and self.blocking:
+        if self.native is not None:
             cs, info = yield from self._on_native(self.native.gemm_grouped, (group,), timeout,
                                                   idempotent=True,
                                                   nbytes=sum(s.payload_bytes + s.c_bytes
@@ -534,22 +537,21 @@ class Calls:
         deadline = Deadline(self.config.call_timeout(timeout))
         total = sum(s.payload_bytes + s.c_bytes for s in specs)
         bar = _progress.bar(self.config.progress, total, "hgemm")
-        batch = None
+        batches = []  # the native core's, one per replica (asyncio runs them at once)
         try:
-            if self.blocking and all(self._on_native_core(s) for s in specs):
-                batch = self.native.batch({i: s for by_id in groups.values()
-                                           for i, s in by_id.items()})
-            if batch is None:
-                rounds = [self._stream_rounds(replica, by_id, deadline, bar)
-                          for replica, by_id in groups.items()]
-            else:
+            if all(self._on_native_core(s) for s in specs):
+                for by_id in groups.values():
+                    batches.append(self.native.batch(by_id))
                 rounds = [self._native_rounds(batch, replica, by_id, deadline, bar)
+                          for batch, (replica, by_id) in zip(batches, groups.items())]
+            else:
+                rounds = [self._stream_rounds(replica, by_id, deadline, bar)
                           for replica, by_id in groups.items()]
             done = yield AllOf(rounds)
             for by_id, rounds in zip(groups.values(), done):
                 outcomes.update((i, rounds.outcome(i)) for i in by_id)
         finally:
-            if batch is not None:
+            for batch in batches:
                 batch.close()
             _progress.close(bar)
         return [streamed_result(self.client, specs[i], outcomes[i], details, as_torch, started)
@@ -604,7 +606,7 @@ class Calls:
         array, dtype, _ = _arrays.as_operand(matrix, "matrix", allow_transposed=False)
         # A shared buffer (same host): the server copies it from the region, no chunks sent.
         region = self.shm.find(array) if self.shm.enabled and replica is None else None
-        if self.native is not None and self.blocking and region is None:
+        if self.native is not None and region is None:
             info = yield from self._on_native(self.native.upload,
                                               (array, dtype, device_id, ttl, label,
                                                replica_of(replica)), timeout,
@@ -613,7 +615,9 @@ class Calls:
             return ResidentMatrix(self.client, info)
         bar = _progress.bar(self.config.progress, array.nbytes, "hgemm upload")
 
-        def attempt(stub, t):
+        stub = self.routes.stub(replica_of(replica))
+
+        def attempt(t):
             messages = upload_messages(array, ttl, label, device_id, self.config.chunk_bytes, bar,
                                        dtype=pb.DATA_TYPE_BF16 if dtype == "bf16"
                                        else pb.DATA_TYPE_UNSPECIFIED, region=region)
@@ -629,7 +633,7 @@ class Calls:
                  timeout: Optional[float] = None):
         """A resident matrix's values as a float16 ndarray (float32 for an fp32 or bf16 one; or a
         torch tensor with as_torch)."""
-        if self.native is not None and self.blocking:  # into one buffer, by pointer
+        if self.native is not None:  # into one buffer, by pointer
             buf = DownloadBuffer(matrix.rows, matrix.cols, dtype=matrix.dtype)
             buf.buf = np.empty(buf.nbytes, dtype=np.uint8)
             buf.received = yield from self._on_native(self.native.download,
@@ -639,7 +643,9 @@ class Calls:
             return _arrays.to_output(buf.array(), as_torch)
         bar = _progress.bar(self.config.progress, matrix.bytes, "hgemm download")
 
-        def attempt(stub, t):
+        stub = self.routes.stub(handle_replica(matrix.handle))
+
+        def attempt(t):
             buf = DownloadBuffer(matrix.rows, matrix.cols, bar, matrix.dtype)
             yield from self._rpc(stub.DownloadMatrix, pb.DownloadMatrixRequest(handle=matrix.handle),
                                  t, on_response=buf.add)
@@ -655,7 +661,7 @@ class Calls:
         """Frees a resident matrix; returns the bytes freed. NotFound if it is gone already."""
         if getattr(matrix, "released", False):
             return 0
-        if self.native is not None and self.blocking:
+        if self.native is not None:
             freed = yield from self._on_native(self.native.release, (matrix.handle,), timeout,
                                                idempotent=False, nbytes=0)
         else:
@@ -673,7 +679,7 @@ class Calls:
         """This client's resident matrices (a list of ResidentMatrix, with .client_bytes and
         .quota_bytes). Over several replicas, those of `replica` (an address; None: of the one
         the balanced call reaches)."""
-        if self.native is not None and self.blocking:
+        if self.native is not None:
             response = yield from self._on_native(self.native.matrices, (replica or "",),
                                                   timeout, idempotent=True, nbytes=0)
         else:
@@ -688,7 +694,7 @@ class Calls:
              timeout: Optional[float] = None) -> pb.ServerInfo:
         """GetServerInfo: version, backend, devices, limits, load, replica (a
         hgemm_pb2.ServerInfo), of `replica` if given, else of the replica the call reaches."""
-        if self.native is not None and self.blocking:
+        if self.native is not None:
             return (yield from self._on_native(self.native.server_info, (replica or "",),
                                                timeout, idempotent=True, nbytes=0))
         return (yield from self._unary("GetServerInfo", pb.GetServerInfoRequest(), timeout,
@@ -696,7 +702,7 @@ class Calls:
 
     def kernels(self, *, timeout: Optional[float] = None) -> List[Kernel]:
         """ListKernels: the kernel names for kernel=, with their accumulations."""
-        if self.native is not None and self.blocking:
+        if self.native is not None:
             response = yield from self._on_native(self.native.kernels, (), timeout,
                                                   idempotent=True, nbytes=0)
         else:

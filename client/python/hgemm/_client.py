@@ -96,7 +96,9 @@ class Client:
     def __init__(self, target: str = "127.0.0.1:50051", **options):
         self._calls = _calls.Calls(self, grpc, target, **options)
         self._config = self._calls.config
-        self._stub = self._calls.routes.stub("")  # the target's (tests wrap its methods)
+
+    # The target's grpcio stub, its channel made at first use (tests wrap its methods).
+    _stub = property(lambda self: self._calls.routes.stub(""))
 
     # Lifetime.
     def close(self) -> None:

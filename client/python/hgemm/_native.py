@@ -12,13 +12,15 @@ libhgemm_client.so beside this file (pip install copies it there). hgemm.info() 
 The sync Client's GEMMs (any layout and types: transposed views go as stored, by pointer; alpha,
 beta, C inputs, batches, keep_c, groups, operands and C in shared-memory regions the library
 makes), gemm_many, uploads, downloads (into one buffer), listings, releases, regions, info and
-kernels go through it, and so do both clients' stream()s (hgemm_stream_t) and the aio client's
-GEMMs (hgemm_gemm_async, a completion callback); NATIVE_FEATURES says what stays on grpcio
-(the aio client's other calls, channel_options).
+kernels go through it, and so do both clients' stream()s (hgemm_stream_t), the aio client's
+GEMMs (hgemm_gemm_async, a completion callback) and its other calls (the blocking C calls on a
+bounded pool of the NativeClient, their completion handed to the loop); NATIVE_FEATURES says
+what stays on grpcio (CUDA IPC, channel_options).
 
 Thread safety: the library is loaded once under a lock; a NativeClient is thread-safe (one
 hgemm_client_t serves many threads).
 """
+import concurrent.futures
 import ctypes
 import os
 import re
@@ -36,6 +38,10 @@ from ._resident import handle_replica
 
 LIBRARY_NAME = "libhgemm_client.so"
 ABI_VERSION = 1  # HGEMM_ABI_VERSION of the client/c/hgemm.h this module binds
+# The asyncio client's calls that have no asynchronous C entry point run, blocking in the
+# library with the GIL released, on this many threads of their NativeClient (made as needed),
+# their completion handed to the loop: a bounded pool, not a thread per call.
+BLOCKING_CALL_THREADS = 8
 # The HGEMM_ABI_REVISION whose functions it calls (2: batches, transposes, types; 3: typed
 # uploads, downloads, listings, keep_c, alpha/beta/C_in/batch; 4: parallel_min_bytes; 5: shared
 # memory regions).
@@ -213,7 +219,7 @@ NATIVE_FEATURES = {
     "aio.gemm": "native",            # keep_c too
     # Also on grpcio: CUDA IPC (cuda_gemm), upload of a shared buffer, keep_c with regions.
     "aio.stream": "native",
-    "aio.other": "grpcio",           # the aio client's other calls
+    "aio.other": "native",           # the aio client's other calls (but CUDA IPC)
 }
 
 
@@ -420,6 +426,9 @@ class NativeClient:
                 options, policy.attempts, int(policy.initial_backoff_s * 1e3),
                 int(policy.max_backoff_s * 1e3), policy.multiplier)
             self._client = self._checked(lib.hgemm_client_create, _encode(target), options)
+            # The asyncio client's blocking calls (start_blocking); threads made at first use.
+            self._blocking_calls = concurrent.futures.ThreadPoolExecutor(
+                BLOCKING_CALL_THREADS, thread_name_prefix="hgemm-native")
             self._streams = weakref.WeakSet()  # open NativeStreams, cancelled by close()
             # GEMMs moving this many bytes of A, B and C go as parallel parts (HGEMM_MODE_AUTO).
             self.parallel_min_bytes = lib.hgemm_client_parallel_min_bytes(self._client)
@@ -434,9 +443,26 @@ class NativeClient:
         over (the library waits for them, the GIL released)."""
         for stream in list(self._streams):
             stream.cancel()
+        self._blocking_calls.shutdown(wait=True)  # their completions ran: nothing uses client
         client, self._client = self._client, None
         if client:
             self._lib.hgemm_client_destroy(client)
+
+    def start_blocking(self, fn, *args) -> "BlockingCall":
+        """fn(*args, on_done) made without blocking: fn(*args) (a blocking call of this
+        client) runs on one of its BLOCKING_CALL_THREADS, then on_done(result, None) or
+        on_done(None, the exception) runs there, once. As gemm_start's on_done, it must not
+        block. The arguments stay alive until on_done has run."""
+        *args, on_done = args
+
+        def run():
+            try:
+                result = fn(*args)
+            except BaseException as e:  # the caller's to raise, on its loop
+                on_done(None, e)
+                return
+            on_done(result, None)
+        return BlockingCall(self._blocking_calls.submit(run))
 
     def _checked(self, fn, *args):
         """fn(*args, &code, &errptr); raises NativeRpcError on failure."""
@@ -810,11 +836,27 @@ class NativeCall:
             self._lib.hgemm_call_destroy(call)
 
 
+class BlockingCall:
+    """A NativeClient.start_blocking call, with NativeCall's methods: cancel() stops it if it
+    has not started (its on_done then never runs: the awaiting task is cancelled already); a
+    call that started runs to its end (its deadline bounds it). Thread safety: one owner."""
+
+    def __init__(self, future: concurrent.futures.Future):
+        self._future = future
+
+    def cancel(self) -> None:
+        self._future.cancel()
+
+    def close(self) -> None:
+        pass  # nothing to free: the pool lets go of the call when it is over
+
+
 class NativeBatch:
     """gemm_many's GEMMs in an hgemm_batch_t (C ABI revision 2), each with a C buffer of its
     own (or kept on the server: keep_c, revision 3): run() sends some of them on a GemmStream per replica (blocking, the GIL released),
     outcome() reads what came of each, as a StreamCollector does. Thread safety: one thread at a
-    time (a gemm_many call owns it); close() frees the batch."""
+    time (a gemm_many call owns it), but close() may come while run() goes on in the native
+    client's pool (an asyncio gemm_many cancelled): the batch is freed once run() is over."""
 
     def __init__(self, native: NativeClient, specs: dict):
         self._native, self._lib = native, native._lib
@@ -823,6 +865,9 @@ class NativeBatch:
         self._buffers = {i: np.empty(spec.c_bytes, dtype=np.uint8) for i, spec in specs.items()
                          if not spec.keep_c}
         self._index: Dict[int, int] = {}  # spec id → the GEMM's index in the batch
+        self._lock = threading.Lock()  # _running and _closed, against run() on another thread
+        self._running = False
+        self._closed = False
         self._batch = self._lib.hgemm_batch_create()
         try:
             for i, spec in specs.items():
@@ -845,7 +890,11 @@ class NativeBatch:
             raise
 
     def close(self) -> None:
-        batch, self._batch = self._batch, None
+        with self._lock:
+            self._closed = True
+            if self._running:  # run()'s end frees it
+                return
+            batch, self._batch = self._batch, None
         if batch:
             self._lib.hgemm_batch_destroy(batch)
 
@@ -855,11 +904,17 @@ class NativeBatch:
         message naming the spec id I of the GEMM it ended at (as culprit_of reads it)."""
         indices = (ctypes.c_size_t * len(ids))(*(self._index[i] for i in ids))
         options = self._native._call_options(timeout, replica)
+        with self._lock:
+            self._running = True
         try:
             _, err = self._native._status(self._lib.hgemm_gemm_many, self._native._client,
                                           self._batch, options, indices, len(ids))
         finally:
             self._lib.hgemm_call_options_destroy(options)
+            with self._lock:
+                self._running = False
+            if self._closed:
+                self.close()
         if err is not None:
             m = _GEMM_ID.match(err.details())
             if m and int(m.group(1)) < len(ids):  # the gemm_id of the stream: a place in `ids`

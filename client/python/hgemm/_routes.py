@@ -14,33 +14,32 @@ from ._spec import Spec
 
 
 class Routes:
-    """The channels of one client: the target's, over which calls naming no handle are
-    balanced (round_robin), and one per replica for the calls naming its handles, made with
-    ClientConfig.make_channel at first use and kept. Thread-safe."""
+    """The grpcio channels of one client: the target's, over which calls naming no handle are
+    balanced (round_robin), and one per replica for the calls naming its handles, each made
+    with ClientConfig.make_channel at first use and kept (a client on the native core makes
+    none unless a call goes through grpcio). Thread-safe."""
 
     def __init__(self, config: ClientConfig, grpc_module):
         self._config = config
         self._module = grpc_module  # grpc or grpc.aio
         self._lock = threading.Lock()
-        channel = config.make_channel(config.target, grpc_module)
-        self.target = (channel, _wire.Stub(channel, pb_grpc.GemmServiceStub(channel)))
-        self._replicas = {}
+        self._routes = {}  # replica ("": the target) → (channel, stub)
 
     def stub(self, replica: str):
         """The stub for `replica` ("": the target's)."""
-        if not replica:
-            return self.target[1]
         with self._lock:
-            route = self._replicas.get(replica)
+            route = self._routes.get(replica)
             if route is None:
-                channel = self._config.make_channel(replica, self._module)
-                route = self._replicas[replica] = (
+                channel = self._config.make_channel(replica or self._config.target,
+                                                    self._module)
+                route = self._routes[replica] = (
                     channel, _wire.Stub(channel, pb_grpc.GemmServiceStub(channel)))
             return route[1]
 
     def channels(self) -> list:
+        """The channels made so far."""
         with self._lock:
-            return [self.target[0]] + [channel for channel, _ in self._replicas.values()]
+            return [channel for channel, _ in self._routes.values()]
 
 
 def explain_unreachable(err: _errors.Error, replica: str) -> _errors.Error:

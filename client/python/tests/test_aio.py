@@ -109,7 +109,9 @@ def test_aio_internal_after_the_deadline_is_deadline_exceeded(server, rng):
         return upload
 
     async def main():
-        async with hgemm.aio.Client(server.address, timeout=60) as c:
+        # grpcio's behaviour: a client with channel_options stays on grpcio on either core.
+        async with hgemm.aio.Client(server.address, timeout=60,
+                                    channel_options=[("grpc.enable_retries", 0)]) as c:
             c._stub.UploadMatrix = upload_failing(after_deadline=True)
             with pytest.raises(hgemm.DeadlineExceeded) as e:
                 await c.upload(b, timeout=0.05)

@@ -435,3 +435,127 @@ def test_native_aio_keep_c_is_awaited_through_the_core(server, rng):
             with pytest.raises(hgemm.NotFound):  # a failure through the completion
                 await c.gemm(hc, b[:17], keep_c=True)
     asyncio.run(main())
+
+
+_EVERY_GRPCIO_METHOD = ("Gemm", "GemmStream", "UploadMatrix", "DownloadMatrix", "ListMatrices",
+                        "ReleaseMatrix", "GetServerInfo", "ListKernels", "RegisterRegion",
+                        "UnregisterRegion", "ListRegions")
+
+
+def test_native_aio_other_calls_never_touch_grpcio(shm_server, rng):
+    """The aio client's uploads, downloads, listings, releases, info, kernels, shared buffers,
+    regions, groups and gemm_many through the native core (the blocking C calls on the native
+    client's bounded pool): every grpcio method fails, and no thread is made per call."""
+    if hgemm.info()["core"] != "native":
+        pytest.skip("the native core is not in use: " + str(hgemm.info()["reason"]))
+    import asyncio
+    import threading
+    from hgemm import _native
+    a, b = fp16(rng, 40, 24), fp16(rng, 24, 16)
+    threads_before = threading.active_count()
+
+    async def main():
+        async with hgemm.aio.Client(shm_server.unix, client_id="native-aio-other", timeout=60,
+                                    shared_memory_min_bytes=1) as c:
+            def refuse(*args, **kwargs):
+                raise AssertionError("a call went through grpcio")
+            for name in _EVERY_GRPCIO_METHOD:
+                setattr(c._stub, name, refuse)
+            info, kernels = await asyncio.gather(c.info(), c.kernels())
+            assert info.backend == "cpu" and kernels
+            hbs = await asyncio.gather(*(c.upload(b, label=f"b{i}") for i in range(12)))
+            listed = await c.matrices()
+            assert sorted(m.label for m in listed) == sorted(f"b{i}" for i in range(12))
+            downloaded = await asyncio.gather(*(hb.download() for hb in hbs))
+            assert all(np.array_equal(d, b) for d in downloaded)
+            x = await c.shared_buffer((40, 24))
+            x[:] = a
+            out = await c.shared_buffer((40, 16))
+            out[:] = np.nan
+            assert (await c.gemm(x, b, out=out)) is out  # b through the arena
+            assert rel_error(out, a, b) < FP32_TOLERANCE
+            assert rel_error(await c.gemm(x, hbs[0]), a, b) < FP32_TOLERANCE
+            assert sorted(r.label for r in (await c.regions()).regions) == [
+                "hgemm_arena", "hgemm_buffer", "hgemm_buffer"]
+            cs = await c.gemm_many([(a, hb) for hb in hbs[:4]] + [(a, b)])
+            assert all(rel_error(got, a, b) < FP32_TOLERANCE for got in cs)
+            y = fp16(rng, 9, 16)
+            grouped = await c.gemm_grouped([(a, b), (y, b.T)])
+            assert rel_error(grouped[0], a, b) < FP32_TOLERANCE
+            assert rel_error(grouped[1], y, b.T) < FP32_TOLERANCE
+            freed = await asyncio.gather(*(hb.release() for hb in hbs))
+            assert freed == [hb.bytes for hb in hbs]
+            assert list(await c.matrices()) == []
+            with pytest.raises(hgemm.NotFound):  # failures come back through the completion
+                await c.release(hgemm.ResidentMatrix(c, hbs[0].info))
+            with pytest.raises(hgemm.NotFound):
+                await hbs[1].download()
+            assert threading.active_count() <= threads_before + _native.BLOCKING_CALL_THREADS + 1
+    asyncio.run(main())
+    assert hgemm.info()["features"]["aio.other"] == "native"
+
+
+def test_a_native_client_opens_no_grpcio_channel(server, rng):
+    """A client on the native core makes no grpcio channel for what the core serves (GEMMs,
+    resident matrices, info), sync or asyncio; one is made at first use by a call that needs
+    grpcio (here a test's direct stub call)."""
+    if hgemm.info()["core"] != "native":
+        pytest.skip("the native core is not in use: " + str(hgemm.info()["reason"]))
+    import asyncio
+    a, b = fp16(rng, 24, 40), fp16(rng, 40, 8)
+    with hgemm.Client(server.address, timeout=60) as c:
+        assert rel_error(c.gemm(a, b), a, b) < FP32_TOLERANCE
+        with c.upload(b) as hb:
+            assert rel_error(c.gemm_many([(a, hb)])[0], a, b) < FP32_TOLERANCE
+        assert c.info().backend == "cpu"
+        assert c._calls.routes.channels() == []
+        c._stub.GetServerInfo(hgemm.pb.GetServerInfoRequest(), timeout=30)
+        assert len(c._calls.routes.channels()) == 1
+
+    async def main():
+        async with hgemm.aio.Client(server.address, timeout=60) as c:
+            assert rel_error(await c.gemm(a, b), a, b) < FP32_TOLERANCE
+            hb = await c.upload(b)
+            assert rel_error(await c.gemm(a, hb), a, b) < FP32_TOLERANCE
+            await hb.release()
+            await c.info()
+            assert c._calls.routes.channels() == []
+    asyncio.run(main())
+
+
+def test_native_aio_cancelled_gemm_many_frees_its_batch_once_the_run_is_over(rng, monkeypatch):
+    """A cancelled aio gemm_many whose blocking run is under way in the native client's pool
+    (waiting on a server that never answers): the task ends at once, the batch is freed only
+    when the run ends (its timeout), and close() waits for that."""
+    if hgemm.info()["core"] != "native":
+        pytest.skip("the native core is not in use: " + str(hgemm.info()["reason"]))
+    import asyncio
+    import socket
+    from hgemm import _native
+    batches = []
+    make_batch = _native.NativeClient.batch
+
+    def recorded(self, specs):
+        batches.append(make_batch(self, specs))
+        return batches[-1]
+    monkeypatch.setattr(_native.NativeClient, "batch", recorded)
+    silent = socket.socket()  # listens, never accepts
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(16)
+    address = "127.0.0.1:%d" % silent.getsockname()[1]
+
+    async def main():
+        async with hgemm.aio.Client(address, retries=1) as c:
+            task = asyncio.ensure_future(c.gemm_many([(fp16(rng, 8, 8), fp16(rng, 8, 8))] * 3,
+                                                     timeout=1.5))
+            await asyncio.sleep(0.3)  # the run is waiting on the silent server
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            assert len(batches) == 1 and batches[0]._closed
+            assert batches[0]._batch is not None  # still in use by the run
+        assert batches[0]._batch is None  # close() waited for the run, which freed it
+    try:
+        asyncio.run(main())
+    finally:
+        silent.close()
