@@ -16,7 +16,7 @@
 
 #include <gtest/gtest.h>
 
-#include "kernels/fill.h"
+#include "kernels/assert_cuda.h"
 #include "kernels/registry.h"
 #include "kernels/scale_epilogue.h"
 #include "kernels/testing.h"
@@ -26,28 +26,7 @@
 namespace hgemm::kernels {
 namespace {
 
-#define ASSERT_CUDA(expr)                                                       \
-  do {                                                                          \
-    const cudaError_t e_ = (expr);                                              \
-    ASSERT_EQ(e_, cudaSuccess) << #expr << ": " << cudaGetErrorString(e_);      \
-  } while (0)
-
-bool HaveGpu(int* cc) {
-  int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
-    cudaGetLastError();
-    return false;
-  }
-  cudaDeviceProp prop{};
-  if (cudaGetDeviceProperties(&prop, 0) != cudaSuccess) return false;
-  *cc = prop.major * 10 + prop.minor;
-  return true;
-}
-
-uint64_t NextSeed() {
-  static uint64_t seed = 0x5b117;
-  return ++seed;
-}
+using testing::HaveGpu;
 
 struct Shape {
   int m, n, k;
@@ -89,9 +68,7 @@ std::vector<SplitCase> Cases() {
 
 std::string CaseName(const ::testing::TestParamInfo<SplitCase>& info) {
   const SplitCase& c = info.param;
-  std::string types = TypesName(c.ab, c.c);
-  if (auto arrow = types.find("→"); arrow != std::string::npos) types.replace(arrow, 3, "_to_");
-  return c.variant + "_" + LayoutName(c.ta, c.tb) + "_" + types + "_" +
+  return c.variant + "_" + LayoutName(c.ta, c.tb) + "_" + testing::TypesTestName(c.ab, c.c) + "_" +
          std::to_string(c.shape.m) + "x" + std::to_string(c.shape.n) + "x" +
          std::to_string(c.shape.k) + (c.strided ? "_ld" : "");
 }
@@ -114,16 +91,11 @@ class GpuTest {
     return p;
   }
   cudaError_t Fill(void* data, size_t count, DataType t) {
-    return t == DataType::kBf16
-               ? FillUniform(static_cast<__nv_bfloat16*>(data), count, NextSeed(), -1.f, 1.f,
-                             stream_)
-               : FillUniform(static_cast<__half*>(data), count, NextSeed(), -1.f, 1.f, stream_);
+    return testing::FillRandom(data, count, t, stream_);
   }
-  // NaN in every element of `count` elements of type t: 0x7E00 is an fp16 NaN, 0x7FC0 a bf16
-  // one and, in both halves, an fp32 one.
+  // NaN in every one of `count` elements of type t.
   cudaError_t Poison(void* data, size_t count, DataType t) {
-    return FillBits(static_cast<__half*>(data), count * DataTypeBytes(t) / 2,
-                    t == DataType::kFp16 ? 0x7E00 : 0x7FC0, stream_);
+    return testing::Poison(data, count * DataTypeBytes(t), t, stream_);
   }
 
   int cc_ = 0;

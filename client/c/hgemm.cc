@@ -1420,38 +1420,40 @@ uint64_t hgemm_server_info_max_elements_per_matrix(const hgemm_server_info_t* in
 
 }  // extern "C"
 
-char* hgemm_server_info_json(hgemm_client_t* client, const hgemm_call_options_t* options,
-                             int* code, char** errptr) {
+namespace {
+
+// One retried RPC whose answer goes back as proto3 JSON: `rpc(&answer, call)`.
+template <typename Answer, typename Rpc>
+char* JsonOfCall(hgemm_client_t* client, const hgemm_call_options_t* options, int* code,
+                 char** errptr, Rpc rpc) {
   try {
-    hgemm::v1::ServerInfo info;
+    Answer answer;
     if (SaveStatus(Retried(client, CallOptionsOf(client, options), true,
-                           [&](const hgemm::CallOptions& call) {
-                             return client->client.GetServerInfo(&info, call);
-                           }),
+                           [&](const hgemm::CallOptions& call) { return rpc(&answer, call); }),
                    code, errptr)) {
       return nullptr;
     }
-    return JsonOf(info, code, errptr);
+    return JsonOf(answer, code, errptr);
   } catch (...) {
     SaveException(code, errptr);
   }
   return nullptr;
 }
 
+}  // namespace
+
+char* hgemm_server_info_json(hgemm_client_t* client, const hgemm_call_options_t* options,
+                             int* code, char** errptr) {
+  return JsonOfCall<hgemm::v1::ServerInfo>(
+      client, options, code, errptr, [client](auto* info, const hgemm::CallOptions& call) {
+        return client->client.GetServerInfo(info, call);
+      });
+}
+
 char* hgemm_list_kernels_json(hgemm_client_t* client, const hgemm_call_options_t* options,
                               int* code, char** errptr) {
-  try {
-    hgemm::v1::ListKernelsResponse kernels;
-    if (SaveStatus(Retried(client, CallOptionsOf(client, options), true,
-                           [&](const hgemm::CallOptions& call) {
-                             return client->client.ListKernels(&kernels, call);
-                           }),
-                   code, errptr)) {
-      return nullptr;
-    }
-    return JsonOf(kernels, code, errptr);
-  } catch (...) {
-    SaveException(code, errptr);
-  }
-  return nullptr;
+  return JsonOfCall<hgemm::v1::ListKernelsResponse>(
+      client, options, code, errptr, [client](auto* kernels, const hgemm::CallOptions& call) {
+        return client->client.ListKernels(kernels, call);
+      });
 }
