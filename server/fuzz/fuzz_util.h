@@ -5,6 +5,7 @@
 
 #include <fuzzer/FuzzedDataProvider.h>
 
+#include <cctype>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -57,11 +58,19 @@ inline int64_t WrappedBytes(uint32_t rows, uint32_t cols) {
 // proto3 enums are any int32) is what it sent, not a wrap, so a number right after "value "
 // does not count, nor does a float (digits then '.' or 'e': "beta: -249909.12" is the client's
 // scale factor, printed with a decimal point or an exponent even when integral; sizes are
-// integers).
+// integers), nor does anything inside a client's own string quoted by status::Quote ("matrix
+// '...=-0383...' does not exist": Quote escapes every quote inside, so its quotes pair up).
 inline bool ShowsNegativeNumber(const std::string& message) {
   static constexpr char kEchoedEnum[] = "value ";
   constexpr size_t kEchoedEnumLength = sizeof(kEchoedEnum) - 1;
+  bool in_client_string = false;
   for (size_t i = 0; i + 4 < message.size(); ++i) {
+    // Quote's opening quote follows no letter or digit; a prose apostrophe ("operand's") does.
+    if (message[i] == '\'' &&
+        (in_client_string || i == 0 || !std::isalnum(uint8_t(message[i - 1])))) {
+      in_client_string = !in_client_string;
+    }
+    if (in_client_string) continue;
     auto digit = [&](size_t j) { return message[j] >= '0' && message[j] <= '9'; };
     const bool echoed_enum =
         i >= kEchoedEnumLength &&
