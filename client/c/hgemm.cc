@@ -1413,6 +1413,7 @@ void hgemm_ring_gemm(hgemm_ring_t* ring, const hgemm_gemm_options_t* options, ui
   }
 }
 
+const char* hgemm_ring_region(const hgemm_ring_t* ring) { return ring->ring->region().c_str(); }
 void hgemm_ring_close(hgemm_ring_t* ring) { delete ring; }
 
 hgemm_region_list_t* hgemm_list_regions(hgemm_client_t* client,

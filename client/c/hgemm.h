@@ -649,6 +649,10 @@ HGEMM_EXPORT hgemm_ring_t* hgemm_ring_open(hgemm_client_t* client,
 HGEMM_EXPORT void hgemm_ring_gemm(hgemm_ring_t* ring, const hgemm_gemm_options_t* options,
                                   uint32_t m, uint32_t n, uint32_t k, hgemm_gemm_info_t* info,
                                   int* code, char** errptr);
+/* The handle of the ring's own region: registered while the ring lives, which
+ * hgemm_list_regions() lists (label "ring") and the client's quota counts. Lives as long as
+ * the ring. */
+HGEMM_EXPORT const char* hgemm_ring_region(const hgemm_ring_t* ring);
 /* Detaches the ring (the server lets go of it) and unregisters its memory. ring may be NULL.
  * REQUIRES: no hgemm_ring_gemm() of it is running. */
 HGEMM_EXPORT void hgemm_ring_close(hgemm_ring_t* ring);

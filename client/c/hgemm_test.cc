@@ -1681,8 +1681,23 @@ TEST_F(HgemmCRing, OpenRefusalsAndCloseWhileIdleLeaveNoRegionBehind) {
   ASSERT_NE(list, nullptr) << e.text();
   EXPECT_EQ(hgemm_region_list_size(list), 2u);
   hgemm_region_list_destroy(list);
+  // An open ring's region is listed, under the handle hgemm_ring_region gives.
   hgemm_ring_t* ring = OpenRing(&e);
   ASSERT_NE(ring, nullptr) << e.text();
+  list = hgemm_list_regions(local_, nullptr, &e.code, &e.message);
+  ASSERT_NE(list, nullptr) << e.text();
+  ASSERT_EQ(hgemm_region_list_size(list), 3u);
+  int rings = 0;
+  for (size_t i = 0; i < 3; ++i) {
+    hgemm_region_info_t r;
+    hgemm_region_list_info(list, i, &r);
+    if (std::string(r.label) == "ring") {
+      ++rings;
+      EXPECT_STREQ(r.region, hgemm_ring_region(ring));
+    }
+  }
+  EXPECT_EQ(rings, 1);
+  hgemm_region_list_destroy(list);
   EXPECT_LT(RingGemm(ring, 0), hgemm::kServiceTolerance.fp32_acc);
   hgemm_ring_close(ring);
 }

@@ -259,11 +259,12 @@ class Calls:
                 if plan.c_bytes:
                     refs["c"] = pb.RegionRef(region=arena.handle, offset=plan.offsets["c"])
             if self._native_regions() and not spec.keep_c:
-                # details=True goes as a Gemm call: a ring's completion carries the timings
-                # alone, not the execution (kernel, backend, device) nor the request id.
+                # The ring takes GEMMs of shared buffers alone (an arena's copies cost more
+                # than the call), and not details=True: a ring's completion carries the
+                # timings alone, not the execution (kernel, backend, device) nor the request id.
                 c, info = yield from self._on_native(self.native.gemm_in_regions,
                                                      (spec, refs, None if "c" in refs else out,
-                                                      not details),
+                                                      arena is None and not details),
                                                      timeout, idempotent=True, nbytes=0)
                 if "c" not in refs:
                     return native_result(spec, c, info, details, as_torch, started, out)

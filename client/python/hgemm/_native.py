@@ -369,6 +369,7 @@ def _declare(lib):
         "hgemm_ring_open": (p, (p, p, ctypes.POINTER(cstr), size, ctypes.POINTER(cstr), size,
                                 u32) + err),
         "hgemm_ring_gemm": (None, (p, p, u32, u32, u32, ctypes.POINTER(GemmInfo)) + err),
+        "hgemm_ring_region": (cstr, (p,)),
         "hgemm_ring_close": (None, (p,)),
         "hgemm_region_list_destroy": (None, (p,)),
         "hgemm_region_list_size": (size, (p,)),
@@ -648,7 +649,10 @@ class NativeClient:
             self._lib.hgemm_call_options_destroy(options)
 
     def regions(self, timeout: Optional[float]) -> pb.ListRegionsResponse:
-        """ListRegions, as the server's response."""
+        """ListRegions, as the server's response, but for the rings' own regions (how GEMMs
+        travel, as the channels: the listing is the same on both cores; client_bytes still
+        counts them, as the quota does)."""
+        rings = set() if self._rings is None else self._rings.regions()
         options = self._call_options(timeout)
         try:
             listed = self._checked(self._lib.hgemm_list_regions, self._client, options)
@@ -663,6 +667,8 @@ class NativeClient:
             for i in range(lib.hgemm_region_list_size(listed)):
                 r = RegionInfo()
                 lib.hgemm_region_list_info(listed, i, ctypes.byref(r))
+                if r.region.decode() in rings:
+                    continue
                 response.regions.add(
                     region=r.region.decode(), byte_size=r.byte_size, label=r.label.decode(),
                     age_seconds=r.age_seconds, idle_seconds=r.idle_seconds,
@@ -857,6 +863,7 @@ class _Ring:
         self.ring = native._checked(native._lib.hgemm_ring_open, native._client, None,
                                     (ctypes.c_char_p * len(handles))(*handles), len(handles),
                                     None, 0, 0)
+        self.region = native._lib.hgemm_ring_region(self.ring).decode()
 
     def close(self) -> None:
         ring, self.ring = self.ring, None
@@ -879,6 +886,7 @@ class _Rings:
         self._native = native
         self._lock = threading.Lock()
         self._ring = None  # the _Ring new GEMMs take
+        self._open = set()  # every _Ring not closed yet: the current one and retired ones in use
         self.refused = None  # the NativeRpcError that turned rings off
 
     def acquire(self, regions: frozenset) -> Optional[_Ring]:
@@ -899,6 +907,7 @@ class _Rings:
                     return None  # else (e.g. RESOURCE_EXHAUSTED: too many rings) this GEMM only
                 self._retire_locked()
                 self._ring = ring = fresh
+                self._open.add(fresh)
             ring.users += 1
             return ring
 
@@ -909,18 +918,27 @@ class _Rings:
             if retire and ring is self._ring:
                 self._retire_locked()
             elif ring.retired and ring.users == 0:
-                ring.close()
+                self._close_locked(ring)
 
     def close(self) -> None:
         with self._lock:
             self._retire_locked()
+
+    def regions(self) -> set:
+        """The handles of the rings' own regions (the client's, but not its buffers)."""
+        with self._lock:
+            return {ring.region for ring in self._open}
 
     def _retire_locked(self) -> None:
         ring, self._ring = self._ring, None
         if ring is not None:
             ring.retired = True
             if ring.users == 0:
-                ring.close()
+                self._close_locked(ring)
+
+    def _close_locked(self, ring: _Ring) -> None:
+        self._open.discard(ring)
+        ring.close()
 
 
 class _RegionMemory:

@@ -87,6 +87,8 @@ def test_gemms_of_shared_buffers_go_through_the_ring(shm_server, rng, monkeypatc
         assert rel_error(out32, a, b) < FP32_TOLERANCE
         if outcomes is not None:
             assert outcomes == ["ring"] * 5
+        # The ring's own region is not the client's buffer: regions() lists the buffers alone.
+        assert sorted(r.label for r in c.regions().regions) == ["hgemm_buffer"] * 8
 
 
 def test_many_threads_share_one_ring(shm_server, rng, monkeypatch):
