@@ -3,6 +3,7 @@ real server over its Unix socket (CPU backend): results against numpy, many thre
 ring, errors mapped as the Gemm call's, a ring reopened for new regions, turned off by option
 or $HGEMM_RING. On the grpcio core the same calls go as Gemm calls and must give the same
 results and errors."""
+import asyncio
 import concurrent.futures
 import uuid
 
@@ -182,3 +183,21 @@ def test_details_and_c_inputs_go_as_gemm_calls(shm_server, rng, monkeypatch):
         assert np.linalg.norm(out - ref) / np.linalg.norm(ref) < FP32_TOLERANCE
         assert outcomes in (None, [])
 
+
+
+def test_aio_client_gemms_of_shared_buffers_go_through_the_ring(shm_server, rng, monkeypatch):
+    async def main():
+        async with hgemm.aio.Client(shm_server.unix, client_id=f"ring-{uuid.uuid4().hex[:8]}",
+                                    timeout=120) as c:
+            outcomes = ring_gemms(c, monkeypatch)
+            a, b = await c.shared_buffer((48, 64)), await c.shared_buffer((64, 40))
+            a[:], b[:] = fp16(rng, 48, 64), fp16(rng, 64, 40)
+            outs = [await c.shared_buffer((48, 40)) for _ in range(4)]
+            for out in outs:
+                out[...] = np.nan
+            await asyncio.gather(*(c.gemm(a, b, out=out) for out in outs))
+            for out in outs:
+                assert rel_error(out, a, b) < FP32_TOLERANCE
+            if outcomes is not None:
+                assert outcomes == ["ring"] * 4
+    asyncio.run(main())
