@@ -201,3 +201,19 @@ def test_aio_client_gemms_of_shared_buffers_go_through_the_ring(shm_server, rng,
             if outcomes is not None:
                 assert outcomes == ["ring"] * 4
     asyncio.run(main())
+
+
+def test_a_server_that_refuses_rings_is_not_asked_again(server, monkeypatch):
+    """Over TCP, to a server without --allow_shared_memory, the ring's region is refused
+    (FAILED_PRECONDITION): the client's rings are off from then on, without asking again
+    (GEMMs go as Gemm calls)."""
+    with hgemm.Client(server.address, timeout=120) as c:
+        native = c._calls.native
+        if native is None:
+            pytest.skip("the native core is not in use")
+        rings = _native._Rings(native)
+        assert rings.acquire(frozenset(["r-none"])) is None
+        assert rings.refused.code().name == "FAILED_PRECONDITION"
+        monkeypatch.setattr(_native, "_Ring", None)  # any new ring would fail here
+        assert rings.acquire(frozenset(["r-none"])) is None
+        rings.close()
