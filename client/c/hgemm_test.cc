@@ -1613,6 +1613,36 @@ TEST_F(HgemmCRing, GemmsFromManyThreadsMatchTheReference) {
   hgemm_ring_close(ring);
 }
 
+TEST_F(HgemmCRing, ResidentBMatchesTheReferenceAndAnUnboundHandleIsRefused) {
+  Error e;
+  char* b = hgemm_upload(local_, nullptr, k, n, b_.data(), 2 * b_.size(), 0, "ring b", nullptr,
+                         &e.code, &e.message);
+  ASSERT_NE(b, nullptr) << e.text();
+  const char* regions[] = {hgemm_region_handle(operands_), hgemm_region_handle(c_)};
+  const char* matrices[] = {b};
+  hgemm_ring_t* ring =
+      hgemm_ring_open(local_, nullptr, regions, 2, matrices, 1, 0, &e.code, &e.message);
+  ASSERT_NE(ring, nullptr) << e.text();
+  std::fill(C(0), C(0) + m * n, kPoison);
+  hgemm_gemm_options_t* options = Options(0);
+  hgemm_gemm_options_set_b_region(options, "", 0);
+  hgemm_gemm_options_set_b_handle(options, b);
+  hgemm_ring_gemm(ring, options, m, n, k, nullptr, &e.code, &e.message);
+  ASSERT_EQ(e.code, HGEMM_OK) << e.text();
+  EXPECT_LT(hgemm::RelativeFrobeniusError(C(0), reference_.data(), m * n),
+            hgemm::kServiceTolerance.fp32_acc);
+  // A handle bound to no slot of this ring: refused before submitting, naming b.
+  hgemm_gemm_options_set_b_handle(options, "m-not-bound");
+  hgemm_ring_gemm(ring, options, m, n, k, nullptr, &e.code, &e.message);
+  EXPECT_EQ(e.code, HGEMM_INVALID_ARGUMENT) << e.text();
+  EXPECT_EQ(e.text().rfind("b: matrix m-not-bound is bound to no slot", 0), 0u) << e.text();
+  hgemm_gemm_options_destroy(options);
+  hgemm_ring_close(ring);
+  hgemm_release(local_, nullptr, b, &e.code, &e.message);
+  EXPECT_EQ(e.code, HGEMM_OK) << e.text();
+  hgemm_free(b);
+}
+
 TEST_F(HgemmCRing, BadGemmsAreClearErrorsAndTheRingKeepsWorking) {
   Error e;
   hgemm_ring_t* ring = OpenRing(&e);
