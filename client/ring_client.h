@@ -78,6 +78,8 @@ class RingClient {
   grpc::Status ToSubmission(const v1::GemmRequest& request, const std::string& c_matrix,
                             std::chrono::microseconds timeout, RingSubmission* entry) const;
   const v1::RingAttached& attached() const { return attached_; }
+  // The handle of the ring's own region (registered while the ring lives, label "ring").
+  const std::string& region() const { return region_; }
   // OK while attached; else why the ring ended.
   grpc::Status detached() const;
 

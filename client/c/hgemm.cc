@@ -24,6 +24,7 @@
 
 #include "client/gemm_client.h"
 #include "client/retry.h"
+#include "client/ring_client.h"
 #include "client/shared_region.h"
 
 struct hgemm_client_options_t {
@@ -100,6 +101,11 @@ struct hgemm_server_info_t {
 struct hgemm_region_t {
   std::unique_ptr<hgemm::SharedRegion> memory;
   std::string handle;
+};
+
+struct hgemm_ring_t {
+  const hgemm_client_t* client;
+  std::unique_ptr<hgemm::RingClient> ring;
 };
 
 struct hgemm_region_list_t {
@@ -1325,6 +1331,90 @@ void hgemm_unregister_region(hgemm_client_t* client, const hgemm_call_options_t*
     SaveException(code, errptr);
   }
 }
+
+hgemm_ring_t* hgemm_ring_open(hgemm_client_t* client, const hgemm_call_options_t* options,
+                              const char* const* regions, size_t region_count,
+                              const char* const* matrices, size_t matrix_count, uint32_t entries,
+                              int* code, char** errptr) {
+  try {
+    if (entries == 0) entries = 64;
+    if (entries > hgemm::kRingMaxEntries || (entries & (entries - 1)) != 0) {
+      Fail(grpc::StatusCode::INVALID_ARGUMENT,
+           fmt::format("entries is {}; a ring takes a power of two up to {}", entries,
+                       hgemm::kRingMaxEntries),
+           code, errptr);
+      return nullptr;
+    }
+    hgemm::RingClientOptions ring_options;
+    ring_options.sq_entries = ring_options.cq_entries = entries;
+    ring_options.call = CallOptionsOf(client, options);
+    grpc::Status status;
+    auto ring = std::make_unique<hgemm_ring_t>();
+    ring->client = client;
+    ring->ring = hgemm::RingClient::Attach(
+        client->client, std::vector<std::string>(regions, regions + region_count),
+        std::vector<std::string>(matrices, matrices + matrix_count), ring_options, &status);
+    if (SaveStatus(status, code, errptr)) return nullptr;
+    return ring.release();
+  } catch (...) {
+    SaveException(code, errptr);
+  }
+  return nullptr;
+}
+
+void hgemm_ring_gemm(hgemm_ring_t* ring, const hgemm_gemm_options_t* options, uint32_t m,
+                     uint32_t n, uint32_t k, hgemm_gemm_info_t* info, int* code, char** errptr) {
+  try {
+    const hgemm_gemm_options_t defaults;
+    if (options == nullptr) options = &defaults;
+    if (options->c_region.region().empty()) {
+      Fail(grpc::StatusCode::INVALID_ARGUMENT,
+           "c: a ring GEMM writes C into a region (hgemm_gemm_options_set_c_region)", code,
+           errptr);
+      return;
+    }
+    if (options->c_in != nullptr || options->c_in_bytes != 0) {
+      Fail(grpc::StatusCode::INVALID_ARGUMENT,
+           "c_in: a ring entry carries no bytes: name C_in by region or handle", code, errptr);
+      return;
+    }
+    const bool a_named = !options->a_region.region().empty() || !options->a_handle.empty();
+    const bool b_named = !options->b_region.region().empty() || !options->b_handle.empty();
+    if (!a_named || !b_named) {
+      Fail(grpc::StatusCode::INVALID_ARGUMENT,
+           std::string(a_named ? "b" : "a") +
+               ": a ring entry carries no bytes: name it by region or handle",
+           code, errptr);
+      return;
+    }
+    if (SaveStatus(CheckSizes(*options, m, n, k, nullptr, 0, nullptr, 0, 0,
+                              /*takes_regions=*/true),
+                   code, errptr)) {
+      return;
+    }
+    hgemm::v1::GemmRequest request;
+    BuildRequest(*options, m, n, k, nullptr, 0, nullptr, 0, &request);
+    const hgemm::CallOptions call = CallOptionsOf(ring->client, options->timeout_ms, "");
+    hgemm::RingSubmission entry;
+    if (SaveStatus(ring->ring->ToSubmission(request, "", call.timeout, &entry), code, errptr)) {
+      return;
+    }
+    hgemm::RingCompletion completion{};
+    if (SaveStatus(ring->ring->Gemm(entry, &completion), code, errptr)) return;
+    if (info != nullptr) {
+      *info = hgemm_gemm_info_t{};
+      info->queue_wait_ms = completion.queue_wait_ms;
+      info->kernel_ms = completion.kernel_ms;
+      info->server_total_ms = completion.server_total_ms;
+      info->tflops = completion.tflops;
+    }
+  } catch (...) {
+    SaveException(code, errptr);
+  }
+}
+
+const char* hgemm_ring_region(const hgemm_ring_t* ring) { return ring->ring->region().c_str(); }
+void hgemm_ring_close(hgemm_ring_t* ring) { delete ring; }
 
 hgemm_region_list_t* hgemm_list_regions(hgemm_client_t* client,
                                         const hgemm_call_options_t* options, int* code,

@@ -48,7 +48,7 @@ extern "C" {
 #endif
 
 #define HGEMM_ABI_VERSION 1
-#define HGEMM_ABI_REVISION 5
+#define HGEMM_ABI_REVISION 6
 
 /* gRPC status codes (grpc::StatusCode), as *code reports them. */
 enum {
@@ -107,6 +107,7 @@ typedef struct hgemm_matrix_list_t hgemm_matrix_list_t; /* [revision 3] */
 typedef struct hgemm_stream_t hgemm_stream_t;           /* [revision 3] */
 typedef struct hgemm_region_t hgemm_region_t;           /* [revision 5] */
 typedef struct hgemm_region_list_t hgemm_region_list_t; /* [revision 5] */
+typedef struct hgemm_ring_t hgemm_ring_t;               /* [revision 6] */
 
 /* What the server reports of one GEMM: proto Timing and Execution. Strings longer than their
  * array are cut off (always NUL-terminated). */
@@ -613,6 +614,48 @@ HGEMM_EXPORT void hgemm_region_destroy(hgemm_region_t* region);
 HGEMM_EXPORT void hgemm_unregister_region(hgemm_client_t* client,
                                           const hgemm_call_options_t* options,
                                           const char* handle, int* code, char** errptr);
+
+/* [revision 6] A submission ring (docs/data_plane.md, "Submission ring"; client/ring_client.h):
+ * after the ring is opened, a GEMM whose A, B (and C_in) are in regions or resident matrices and
+ * whose C goes to a region is one entry written into shared memory and one completion read
+ * back, with no gRPC call. Same host only: a "unix:" target and --allow_shared_memory.
+ * Thread safety: hgemm_ring_gemm() may be called from any number of threads at once (one ring
+ * shared by all). Ownership: the ring is the caller's (hgemm_ring_close()); the client must
+ * outlive it. */
+
+/* Makes, registers and attaches a ring of `entries` submission and completion slots (a power of
+ * two, at most 4096; 0: 64), binding `regions` (region handles of this client,
+ * hgemm_region_handle()) and `matrices` (resident-matrix handles) for its GEMMs to name; a
+ * handle bound to no slot cannot be used through this ring (open another). The arrays may be
+ * NULL when their count is 0; the strings are copied. options (may be NULL): the timeout of
+ * the setup calls. Returns NULL on failure: INVALID_ARGUMENT for bad entries, INTERNAL naming
+ * the system call when the memfd cannot be made, else the server's status
+ * (PERMISSION_DENIED over TCP, FAILED_PRECONDITION without --allow_shared_memory,
+ * RESOURCE_EXHAUSTED past --max_rings_per_client). Not retried. */
+HGEMM_EXPORT hgemm_ring_t* hgemm_ring_open(hgemm_client_t* client,
+                                           const hgemm_call_options_t* options,
+                                           const char* const* regions, size_t region_count,
+                                           const char* const* matrices, size_t matrix_count,
+                                           uint32_t entries, int* code, char** errptr);
+/* hgemm_gemm() through the ring, blocking: A and B named by region (bound to a slot) or handle,
+ * C by hgemm_gemm_options_set_c_region (its region bound to a slot), C_in (beta != 0) by region
+ * or handle; options as hgemm_gemm() takes them, but for mode, request_id and batch. info (may
+ * be NULL) gets queue_wait_ms, kernel_ms, server_total_ms and tflops (the rest zero/empty).
+ * Errors: INVALID_ARGUMENT before anything is submitted for what a ring entry cannot say (bytes,
+ * a batch, a C not in a region, a handle bound to no slot: the message names the field); the
+ * server's status for the entry (NOT_FOUND, OUT_OF_RANGE, INVALID_ARGUMENT naming the field:
+ * the ring keeps working); or, once the server detached the ring (shutdown: UNAVAILABLE), that
+ * reason, for this and every later GEMM of the ring. Not retried. */
+HGEMM_EXPORT void hgemm_ring_gemm(hgemm_ring_t* ring, const hgemm_gemm_options_t* options,
+                                  uint32_t m, uint32_t n, uint32_t k, hgemm_gemm_info_t* info,
+                                  int* code, char** errptr);
+/* The handle of the ring's own region: registered while the ring lives, which
+ * hgemm_list_regions() lists (label "ring") and the client's quota counts. Lives as long as
+ * the ring. */
+HGEMM_EXPORT const char* hgemm_ring_region(const hgemm_ring_t* ring);
+/* Detaches the ring (the server lets go of it) and unregisters its memory. ring may be NULL.
+ * REQUIRES: no hgemm_ring_gemm() of it is running. */
+HGEMM_EXPORT void hgemm_ring_close(hgemm_ring_t* ring);
 
 /* A region as ListRegions describes it (proto RegionInfo). Strings longer than their array are
  * cut off (always NUL-terminated). */

@@ -1518,6 +1518,220 @@ TEST_F(HgemmCRegions, ForeignRegionsOffsetsPastTheEndAndMisuseAreClearErrors) {
   }
 }
 
+// [revision 6] Rings: A and B in one region, each thread's C at its own offset of another.
+class HgemmCRing : public HgemmCRegions {
+ protected:
+  static constexpr uint32_t m = 40, n = 24, k = 56;
+  static constexpr size_t kSlots = 8;  // C slots in the C region
+  void SetUp() override {
+    HgemmCRegions::SetUp();
+    std::mt19937_64 rng(61);
+    a_ = hgemm::RandomHalfMatrix(m * k, rng);
+    b_ = hgemm::RandomHalfMatrix(k * n, rng);
+    reference_ = hgemm::ReferenceGemm(a_.data(), b_.data(), m, n, k);
+    operands_ = Region(local_, 2 * (a_.size() + b_.size()), "ring operands");
+    c_ = Region(local_, 2 * m * n * kSlots, "ring c");
+    ASSERT_TRUE(operands_ != nullptr && c_ != nullptr);
+    char* data = static_cast<char*>(hgemm_region_data(operands_));
+    std::memcpy(data, a_.data(), 2 * a_.size());
+    std::memcpy(data + 2 * a_.size(), b_.data(), 2 * b_.size());
+  }
+  void TearDown() override {
+    Error e;
+    for (hgemm_region_t* r : {operands_, c_}) {
+      if (r == nullptr) continue;
+      hgemm_unregister_region(local_, nullptr, hgemm_region_handle(r), &e.code, &e.message);
+      EXPECT_EQ(e.code, HGEMM_OK) << e.text();
+      hgemm_region_destroy(r);
+    }
+    HgemmCRegions::TearDown();
+  }
+  hgemm_ring_t* OpenRing(Error* e) {
+    const char* regions[] = {hgemm_region_handle(operands_), hgemm_region_handle(c_)};
+    return hgemm_ring_open(local_, nullptr, regions, 2, nullptr, 0, 16, &e->code, &e->message);
+  }
+  // Options of the GEMM whose C goes to C slot `slot` (the caller destroys them).
+  hgemm_gemm_options_t* Options(size_t slot) const {
+    hgemm_gemm_options_t* options = hgemm_gemm_options_create();
+    hgemm_gemm_options_set_a_region(options, hgemm_region_handle(operands_), 0);
+    hgemm_gemm_options_set_b_region(options, hgemm_region_handle(operands_), 2 * a_.size());
+    hgemm_gemm_options_set_c_region(options, hgemm_region_handle(c_), 2 * m * n * slot);
+    return options;
+  }
+  uint16_t* C(size_t slot) const {
+    return static_cast<uint16_t*>(hgemm_region_data(c_)) + m * n * slot;
+  }
+  // One GEMM through `ring` into C slot `slot`, poisoned first: its error against the reference.
+  double RingGemm(hgemm_ring_t* ring, size_t slot) {
+    std::fill(C(slot), C(slot) + m * n, kPoison);
+    hgemm_gemm_options_t* options = Options(slot);
+    hgemm_gemm_info_t info;
+    Error e;
+    hgemm_ring_gemm(ring, options, m, n, k, &info, &e.code, &e.message);
+    hgemm_gemm_options_destroy(options);
+    EXPECT_EQ(e.code, HGEMM_OK) << e.text();
+    if (e.code != HGEMM_OK) return INFINITY;
+    EXPECT_GT(info.server_total_ms, 0.0);
+    return hgemm::RelativeFrobeniusError(C(slot), reference_.data(), m * n);
+  }
+  std::vector<uint16_t> a_, b_;
+  std::vector<float> reference_;
+  hgemm_region_t* operands_ = nullptr;
+  hgemm_region_t* c_ = nullptr;
+};
+
+TEST_F(HgemmCRing, GemmsFromManyThreadsMatchTheReference) {
+  Error e;
+  hgemm_ring_t* ring = OpenRing(&e);
+  ASSERT_NE(ring, nullptr) << e.text();
+  EXPECT_LT(RingGemm(ring, 0), hgemm::kServiceTolerance.fp32_acc);
+  // C_in from the region: C = A·B + 1·(slot 0's C), into slot 1.
+  std::fill(C(1), C(1) + m * n, kPoison);
+  hgemm_gemm_options_t* options = Options(1);
+  hgemm_gemm_options_set_beta(options, 1.0f);
+  hgemm_gemm_options_set_c_in_region(options, hgemm_region_handle(c_), 0);
+  hgemm_ring_gemm(ring, options, m, n, k, nullptr, &e.code, &e.message);
+  hgemm_gemm_options_destroy(options);
+  ASSERT_EQ(e.code, HGEMM_OK) << e.text();
+  std::vector<float> doubled(reference_);
+  for (float& x : doubled) x *= 2;
+  EXPECT_LT(hgemm::RelativeFrobeniusError(C(1), doubled.data(), m * n),
+            hgemm::kServiceTolerance.fp32_acc);
+
+  constexpr int kThreads = 4, kGemms = 20;
+  std::vector<double> worst(kThreads, 0);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < kGemms; ++i) worst[t] = std::max(worst[t], RingGemm(ring, 2 + t));
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  for (int t = 0; t < kThreads; ++t) {
+    EXPECT_LT(worst[t], hgemm::kServiceTolerance.fp32_acc) << "thread " << t;
+  }
+  hgemm_ring_close(ring);
+}
+
+TEST_F(HgemmCRing, ResidentBMatchesTheReferenceAndAnUnboundHandleIsRefused) {
+  Error e;
+  char* b = hgemm_upload(local_, nullptr, k, n, b_.data(), 2 * b_.size(), 0, "ring b", nullptr,
+                         &e.code, &e.message);
+  ASSERT_NE(b, nullptr) << e.text();
+  const char* regions[] = {hgemm_region_handle(operands_), hgemm_region_handle(c_)};
+  const char* matrices[] = {b};
+  hgemm_ring_t* ring =
+      hgemm_ring_open(local_, nullptr, regions, 2, matrices, 1, 0, &e.code, &e.message);
+  ASSERT_NE(ring, nullptr) << e.text();
+  std::fill(C(0), C(0) + m * n, kPoison);
+  hgemm_gemm_options_t* options = Options(0);
+  hgemm_gemm_options_set_b_region(options, "", 0);
+  hgemm_gemm_options_set_b_handle(options, b);
+  hgemm_ring_gemm(ring, options, m, n, k, nullptr, &e.code, &e.message);
+  ASSERT_EQ(e.code, HGEMM_OK) << e.text();
+  EXPECT_LT(hgemm::RelativeFrobeniusError(C(0), reference_.data(), m * n),
+            hgemm::kServiceTolerance.fp32_acc);
+  // A handle bound to no slot of this ring: refused before submitting, naming b.
+  hgemm_gemm_options_set_b_handle(options, "m-not-bound");
+  hgemm_ring_gemm(ring, options, m, n, k, nullptr, &e.code, &e.message);
+  EXPECT_EQ(e.code, HGEMM_INVALID_ARGUMENT) << e.text();
+  EXPECT_EQ(e.text().rfind("b: matrix m-not-bound is bound to no slot", 0), 0u) << e.text();
+  hgemm_gemm_options_destroy(options);
+  hgemm_ring_close(ring);
+  hgemm_release(local_, nullptr, b, &e.code, &e.message);
+  EXPECT_EQ(e.code, HGEMM_OK) << e.text();
+  hgemm_free(b);
+}
+
+TEST_F(HgemmCRing, BadGemmsAreClearErrorsAndTheRingKeepsWorking) {
+  Error e;
+  hgemm_ring_t* ring = OpenRing(&e);
+  ASSERT_NE(ring, nullptr) << e.text();
+  // The server's: C one element past the region's end, an odd offset.
+  hgemm_gemm_options_t* options = Options(0);
+  hgemm_gemm_options_set_c_region(options, hgemm_region_handle(c_), 2 * m * n * (kSlots - 1) + 2);
+  hgemm_ring_gemm(ring, options, m, n, k, nullptr, &e.code, &e.message);
+  EXPECT_EQ(e.code, HGEMM_OUT_OF_RANGE) << e.text();
+  EXPECT_EQ(e.text().rfind("c_region: ", 0), 0u) << e.text();
+  EXPECT_LT(RingGemm(ring, 0), hgemm::kServiceTolerance.fp32_acc);
+  hgemm_gemm_options_set_c_region(options, hgemm_region_handle(c_), 1);
+  hgemm_ring_gemm(ring, options, m, n, k, nullptr, &e.code, &e.message);
+  EXPECT_EQ(e.code, HGEMM_INVALID_ARGUMENT) << e.text();
+  EXPECT_LT(RingGemm(ring, 0), hgemm::kServiceTolerance.fp32_acc);
+  hgemm_gemm_options_destroy(options);
+
+  // Refused before submitting: a region bound to no slot, C not in a region, A as bytes.
+  hgemm_region_t* unbound = Region(local_, 2 * m * n, "unbound");
+  ASSERT_NE(unbound, nullptr);
+  options = Options(0);
+  hgemm_gemm_options_set_c_region(options, hgemm_region_handle(unbound), 0);
+  hgemm_ring_gemm(ring, options, m, n, k, nullptr, &e.code, &e.message);
+  EXPECT_EQ(e.code, HGEMM_INVALID_ARGUMENT) << e.text();
+  EXPECT_NE(e.text().find("bound to no slot"), std::string::npos) << e.text();
+  hgemm_gemm_options_set_c_region(options, "", 0);
+  hgemm_ring_gemm(ring, options, m, n, k, nullptr, &e.code, &e.message);
+  EXPECT_EQ(e.code, HGEMM_INVALID_ARGUMENT) << e.text();
+  EXPECT_EQ(e.text().rfind("c:", 0), 0u) << e.text();
+  hgemm_gemm_options_destroy(options);
+  options = Options(0);
+  hgemm_gemm_options_set_a_region(options, "", 0);
+  hgemm_ring_gemm(ring, options, m, n, k, nullptr, &e.code, &e.message);
+  EXPECT_EQ(e.code, HGEMM_INVALID_ARGUMENT) << e.text();
+  EXPECT_EQ(e.text().rfind("a:", 0), 0u) << e.text();
+  hgemm_gemm_options_destroy(options);
+  EXPECT_LT(RingGemm(ring, 0), hgemm::kServiceTolerance.fp32_acc);
+  hgemm_ring_close(ring);
+  hgemm_unregister_region(local_, nullptr, hgemm_region_handle(unbound), &e.code, &e.message);
+  EXPECT_EQ(e.code, HGEMM_OK) << e.text();
+  hgemm_region_destroy(unbound);
+}
+
+TEST_F(HgemmCRing, OpenRefusalsAndCloseWhileIdleLeaveNoRegionBehind) {
+  Error e;
+  // Entries not a power of two; over TCP (no shared memory there).
+  const char* regions[] = {hgemm_region_handle(operands_)};
+  EXPECT_EQ(hgemm_ring_open(local_, nullptr, regions, 1, nullptr, 0, 48, &e.code, &e.message),
+            nullptr);
+  EXPECT_EQ(e.code, HGEMM_INVALID_ARGUMENT) << e.text();
+  EXPECT_NE(e.text().find("entries"), std::string::npos) << e.text();
+  EXPECT_EQ(hgemm_ring_open(client_, nullptr, regions, 1, nullptr, 0, 0, &e.code, &e.message),
+            nullptr);
+  EXPECT_EQ(e.code, HGEMM_PERMISSION_DENIED) << e.text();
+  EXPECT_NE(e.text().find("Unix socket"), std::string::npos) << e.text();
+
+  // Opened and closed idle, twice: only the two regions of the test are left, and a ring
+  // opened after them works.
+  for (int i = 0; i < 2; ++i) {
+    hgemm_ring_t* ring = OpenRing(&e);
+    ASSERT_NE(ring, nullptr) << e.text();
+    hgemm_ring_close(ring);
+  }
+  hgemm_ring_close(nullptr);
+  hgemm_region_list_t* list = hgemm_list_regions(local_, nullptr, &e.code, &e.message);
+  ASSERT_NE(list, nullptr) << e.text();
+  EXPECT_EQ(hgemm_region_list_size(list), 2u);
+  hgemm_region_list_destroy(list);
+  // An open ring's region is listed, under the handle hgemm_ring_region gives.
+  hgemm_ring_t* ring = OpenRing(&e);
+  ASSERT_NE(ring, nullptr) << e.text();
+  list = hgemm_list_regions(local_, nullptr, &e.code, &e.message);
+  ASSERT_NE(list, nullptr) << e.text();
+  ASSERT_EQ(hgemm_region_list_size(list), 3u);
+  int rings = 0;
+  for (size_t i = 0; i < 3; ++i) {
+    hgemm_region_info_t r;
+    hgemm_region_list_info(list, i, &r);
+    if (std::string(r.label) == "ring") {
+      ++rings;
+      EXPECT_STREQ(r.region, hgemm_ring_region(ring));
+    }
+  }
+  EXPECT_EQ(rings, 1);
+  hgemm_region_list_destroy(list);
+  EXPECT_LT(RingGemm(ring, 0), hgemm::kServiceTolerance.fp32_acc);
+  hgemm_ring_close(ring);
+}
+
 TEST_F(HgemmC, ServerInfoAndKernelsAsJson) {
   Error e;
   char* info = hgemm_server_info_json(client_, nullptr, &e.code, &e.message);

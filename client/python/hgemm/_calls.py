@@ -85,7 +85,8 @@ class Calls:
         if not self.config.has_channel_options and _native.use_native():
             c = self.config
             self.native = _native.NativeClient(target, c.tls_files, c.token, c.client_id,
-                                               c.traceparent, c.chunk_bytes, c.policy)
+                                               c.traceparent, c.chunk_bytes, c.policy,
+                                               ring=c.ring)
         self.shm = _shm.SharedMemory(target, self.config.shared_memory,
                                      self.config.shared_memory_min_bytes)
 
@@ -258,8 +259,12 @@ class Calls:
                 if plan.c_bytes:
                     refs["c"] = pb.RegionRef(region=arena.handle, offset=plan.offsets["c"])
             if self._native_regions() and not spec.keep_c:
+                # The ring takes GEMMs of shared buffers alone (an arena's copies cost more
+                # than the call), and not details=True: a ring's completion carries the
+                # timings alone, not the execution (kernel, backend, device) nor the request id.
                 c, info = yield from self._on_native(self.native.gemm_in_regions,
-                                                     (spec, refs, None if "c" in refs else out),
+                                                     (spec, refs, None if "c" in refs else out,
+                                                      arena is None and not details),
                                                      timeout, idempotent=True, nbytes=0)
                 if "c" not in refs:
                     return native_result(spec, c, info, details, as_torch, started, out)

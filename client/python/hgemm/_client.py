@@ -87,6 +87,10 @@ class Client:
         shared_memory_min_bytes (default 1 MiB; copied through a region the client keeps),
         are named in the Gemm call instead of sent (server: --allow_shared_memory; where it
         refuses, GEMMs of ordinary arrays go as bytes). Regions are unregistered on close().
+      ring: None (on unless $HGEMM_RING=0), True or False. On the native core, a GEMM whose A,
+        B and C are all in shared memory (no C input, details=False) goes through a submission
+        ring shared by the client's threads (one entry in shared memory, no gRPC call per
+        GEMM; opened at first use, closed on close()), else as a Gemm call naming the regions.
 
     Core: GEMMs, gemm_many, resident matrices (upload, download, matrices, release) go through
     the native core (libhgemm_client.so, the GIL released for the call) when hgemm.info()

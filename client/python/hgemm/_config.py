@@ -4,6 +4,7 @@ and the choice of unary or GemmStream for each GEMM.
 Thread safety: read-only once made, but for max_message_bytes, which the first GEMM that needs
 it sets from GetServerInfo (calls racing to set it store the same value).
 """
+import os
 from typing import Optional
 
 from . import _malloc
@@ -24,7 +25,7 @@ class ClientConfig:
                  tls_server_name=None, token=None, token_file=None, client_id=None, traceparent=None, timeout=None,
                  mode="auto", unary_limit_bytes=32 << 20, chunk_bytes=1 << 20, retries=5,
                  progress=None, channel_options=(), shared_memory=None,
-                 shared_memory_min_bytes=1 << 20):
+                 shared_memory_min_bytes=1 << 20, ring=None):
         if mode not in ("auto", "unary", "stream"):
             raise ValueError(f"mode must be 'auto', 'unary' or 'stream'; got {mode!r}")
         if chunk_bytes < 1:
@@ -43,6 +44,9 @@ class ClientConfig:
         self.policy = RetryPolicy(attempts=max(1, retries))
         self.progress = progress
         self.shared_memory, self.shared_memory_min_bytes = shared_memory, shared_memory_min_bytes
+        # Submission rings for GEMMs of regions (native core): on unless turned off here or by
+        # $HGEMM_RING=0.
+        self.ring = os.environ.get("HGEMM_RING", "1") != "0" if ring is None else bool(ring)
         metadata = []
         token = read_token(token, token_file)
         self.token, self.client_id, self.traceparent = token, client_id, traceparent

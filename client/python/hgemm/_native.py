@@ -15,7 +15,9 @@ makes), gemm_many, uploads, downloads (into one buffer), listings, releases, reg
 kernels go through it, and so do both clients' stream()s (hgemm_stream_t), the aio client's
 GEMMs (hgemm_gemm_async, a completion callback) and its other calls (the blocking C calls on a
 bounded pool of the NativeClient, their completion handed to the loop); NATIVE_FEATURES says
-what stays on grpcio (CUDA IPC, channel_options).
+what stays on grpcio (CUDA IPC, channel_options). GEMMs whose A, B and C are all in regions go
+through a submission ring (hgemm_ring_t: no gRPC call per GEMM) unless the client's ring=False
+or $HGEMM_RING=0.
 
 Thread safety: the library is loaded once under a lock; a NativeClient is thread-safe (one
 hgemm_client_t serves many threads).
@@ -44,8 +46,8 @@ ABI_VERSION = 1  # HGEMM_ABI_VERSION of the client/c/hgemm.h this module binds
 BLOCKING_CALL_THREADS = 8
 # The HGEMM_ABI_REVISION whose functions it calls (2: batches, transposes, types; 3: typed
 # uploads, downloads, listings, keep_c, alpha/beta/C_in/batch; 4: parallel_min_bytes; 5: shared
-# memory regions).
-ABI_REVISION = 5
+# memory regions; 6: submission rings).
+ABI_REVISION = 6
 MODE_AUTO, MODE_UNARY, MODE_STREAM = 0, 1, 2
 # HGEMM_DTYPE_* (proto DataType's values) of a Spec's dtype names.
 _DTYPES = {"fp16": pb.DATA_TYPE_FP16, "bf16": pb.DATA_TYPE_BF16, "fp32": pb.DATA_TYPE_FP32}
@@ -214,6 +216,7 @@ NATIVE_FEATURES = {
     "matrices": "native",
     "stream": "native",              # Client.stream(): a persistent GemmStream
     "shared_memory": "native",       # shared_buffer(), regions(), GEMMs naming regions
+    "ring": "native",                # GEMMs of A, B and C all in regions: a submission ring
     "info": "native",
     "kernels": "native",
     "aio.gemm": "native",            # keep_c too
@@ -363,6 +366,11 @@ def _declare(lib):
         "hgemm_region_destroy": (None, (p,)),
         "hgemm_unregister_region": (None, (p, p, cstr) + err),
         "hgemm_list_regions": (p, (p, p) + err),
+        "hgemm_ring_open": (p, (p, p, ctypes.POINTER(cstr), size, ctypes.POINTER(cstr), size,
+                                u32) + err),
+        "hgemm_ring_gemm": (None, (p, p, u32, u32, u32, ctypes.POINTER(GemmInfo)) + err),
+        "hgemm_ring_region": (cstr, (p,)),
+        "hgemm_ring_close": (None, (p,)),
         "hgemm_region_list_destroy": (None, (p,)),
         "hgemm_region_list_size": (size, (p,)),
         "hgemm_region_list_client_bytes": (ctypes.c_uint64, (p,)),
@@ -410,7 +418,7 @@ class NativeClient:
     """One hgemm_client_t, made from a ClientConfig's connection options. Thread-safe."""
 
     def __init__(self, target: str, tls: dict, token: Optional[str], client_id: Optional[str],
-                 traceparent: Optional[str], chunk_bytes: int, policy):
+                 traceparent: Optional[str], chunk_bytes: int, policy, ring: bool = True):
         self._lib = lib = load()
         options = lib.hgemm_client_options_create()
         try:
@@ -432,6 +440,8 @@ class NativeClient:
             self._streams = weakref.WeakSet()  # open NativeStreams, cancelled by close()
             # GEMMs moving this many bytes of A, B and C go as parallel parts (HGEMM_MODE_AUTO).
             self.parallel_min_bytes = lib.hgemm_client_parallel_min_bytes(self._client)
+            # GEMMs of regions only go through a submission ring (None: never).
+            self._rings = _Rings(self) if ring else None
         except NativeRpcError as e:
             raise ValueError(e.details()) from None
         finally:
@@ -444,6 +454,8 @@ class NativeClient:
         for stream in list(self._streams):
             stream.cancel()
         self._blocking_calls.shutdown(wait=True)  # their completions ran: nothing uses client
+        if self._rings is not None:
+            self._rings.close()
         client, self._client = self._client, None
         if client:
             self._lib.hgemm_client_destroy(client)
@@ -530,11 +542,19 @@ class NativeClient:
         finally:
             self._lib.hgemm_gemm_options_destroy(options)
 
-    def gemm_in_regions(self, spec, refs: dict, out: Optional[np.ndarray],
+    def gemm_in_regions(self, spec, refs: dict, out: Optional[np.ndarray], use_ring: bool,
                         timeout: Optional[float]):
         """(C or None, GemmInfo) of a Spec whose parts named in refs ({"a" / "b" / "c":
         RegionRef}) are in shared memory, as one Gemm call: C written into its region when
-        refs has "c" (None returned), else as gemm() returns it. REQUIRES: not spec.keep_c."""
+        refs has "c" (None returned), else as gemm() returns it. With use_ring, a GEMM that a
+        ring entry can say (A, B and C all in regions, no C input, batch or request id) goes
+        through the client's ring instead, and as a Gemm call where the ring is refused or
+        UNAVAILABLE (the ring detached, the server's queue full: the call's retries apply).
+        REQUIRES: not spec.keep_c."""
+        if use_ring and self._rings is not None and _ring_entry_fits(spec, refs):
+            done = self._ring_gemm(spec, refs, timeout)
+            if done is not None:
+                return done
         options = self._gemm_options(spec, MODE_UNARY, timeout)
         try:
             lib = self._lib
@@ -556,6 +576,33 @@ class NativeClient:
             return (out if out is not None else spec.c_array(buffer)), info
         finally:
             self._lib.hgemm_gemm_options_destroy(options)
+
+    def _ring_gemm(self, spec, refs: dict, timeout: Optional[float]):
+        """(None, GemmInfo) of the GEMM through the ring (C in its region); None when it did not
+        run there (no ring, or UNAVAILABLE); raises the entry's other errors."""
+        ring = self._rings.acquire(frozenset(refs[name].region for name in ("a", "b", "c")))
+        if ring is None:
+            return None
+        lib = self._lib
+        options = self._gemm_options(spec, MODE_UNARY, timeout)
+        unavailable = False
+        try:
+            for name, setter in (("a", lib.hgemm_gemm_options_set_a_region),
+                                 ("b", lib.hgemm_gemm_options_set_b_region),
+                                 ("c", lib.hgemm_gemm_options_set_c_region)):
+                setter(options, refs[name].region.encode(), refs[name].offset)
+            info = GemmInfo()
+            _, err = self._status(lib.hgemm_ring_gemm, ring.ring, options, spec.m, spec.n,
+                                  spec.k, ctypes.byref(info))
+            if err is None:
+                return None, info
+            if err.code() != grpc.StatusCode.UNAVAILABLE:
+                raise err
+            unavailable = True
+            return None
+        finally:
+            lib.hgemm_gemm_options_destroy(options)
+            self._rings.release(ring, retire=unavailable)
 
     def gemm_grouped(self, group, timeout: Optional[float]):
         """([C of each problem, as gemm returns it], GemmInfo) of a GroupSpec, in one Gemm call;
@@ -602,7 +649,10 @@ class NativeClient:
             self._lib.hgemm_call_options_destroy(options)
 
     def regions(self, timeout: Optional[float]) -> pb.ListRegionsResponse:
-        """ListRegions, as the server's response."""
+        """ListRegions, as the server's response, but for the rings' own regions (how GEMMs
+        travel, as the channels: the listing is the same on both cores; client_bytes still
+        counts them, as the quota does)."""
+        rings = set() if self._rings is None else self._rings.regions()
         options = self._call_options(timeout)
         try:
             listed = self._checked(self._lib.hgemm_list_regions, self._client, options)
@@ -617,6 +667,8 @@ class NativeClient:
             for i in range(lib.hgemm_region_list_size(listed)):
                 r = RegionInfo()
                 lib.hgemm_region_list_info(listed, i, ctypes.byref(r))
+                if r.region.decode() in rings:
+                    continue
                 response.regions.add(
                     region=r.region.decode(), byte_size=r.byte_size, label=r.label.decode(),
                     age_seconds=r.age_seconds, idle_seconds=r.idle_seconds,
@@ -792,6 +844,101 @@ class NativeClient:
             return self._checked(self._lib.hgemm_release, self._client, options, handle.encode())
         finally:
             self._lib.hgemm_call_options_destroy(options)
+
+
+def _ring_entry_fits(spec, refs: dict) -> bool:
+    """Whether a ring entry says all of this GEMM: A, B and C in regions, no C input, one GEMM,
+    and no request id (a completion echoes none)."""
+    return (all(name in refs for name in ("a", "b", "c")) and spec.c_in is None
+            and not spec.c_in_handle and spec.batch <= 1 and not spec.options.request_id)
+
+
+class _Ring:
+    """One hgemm_ring_t, binding `bound` (region handles). users and retired: _Rings's, under
+    its lock."""
+
+    def __init__(self, native: NativeClient, bound: frozenset):
+        handles = [handle.encode() for handle in sorted(bound)]
+        self._lib, self.bound, self.users, self.retired = native._lib, bound, 0, False
+        self.ring = native._checked(native._lib.hgemm_ring_open, native._client, None,
+                                    (ctypes.c_char_p * len(handles))(*handles), len(handles),
+                                    None, 0, 0)
+        self.region = native._lib.hgemm_ring_region(self.ring).decode()
+
+    def close(self) -> None:
+        ring, self.ring = self.ring, None
+        if ring:
+            self._lib.hgemm_ring_close(ring)
+
+
+class _Rings:
+    """A NativeClient's submission ring, shared by all its threads and opened at first use. A
+    ring binds the regions its GEMMs may name when it is opened, so a GEMM naming one it lacks
+    opens another binding both (up to MAX_BOUND; past that, the GEMM's alone); the old one is
+    closed once its last GEMM is over. A server that refuses rings for good (none over TCP,
+    shared memory not allowed, a server without AttachRing) is not asked again. Thread-safe."""
+
+    MAX_BOUND = 64
+    _REFUSED_FOR_GOOD = (grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.FAILED_PRECONDITION,
+                         grpc.StatusCode.UNIMPLEMENTED)
+
+    def __init__(self, native: NativeClient):
+        self._native = native
+        self._lock = threading.Lock()
+        self._ring = None  # the _Ring new GEMMs take
+        self._open = set()  # every _Ring not closed yet: the current one and retired ones in use
+        self.refused = None  # the NativeRpcError that turned rings off
+
+    def acquire(self, regions: frozenset) -> Optional[_Ring]:
+        """The ring for a GEMM naming `regions` (give it back with release), or None when no ring
+        can be had (the GEMM goes as a Gemm call)."""
+        with self._lock:
+            if self.refused is not None:
+                return None
+            ring = self._ring
+            if ring is None or not regions <= ring.bound:
+                bound = regions if ring is None else ring.bound | regions
+                try:
+                    fresh = _Ring(self._native,
+                                  bound if len(bound) <= self.MAX_BOUND else regions)
+                except NativeRpcError as e:
+                    if e.code() in self._REFUSED_FOR_GOOD:
+                        self.refused = e
+                    return None  # else (e.g. RESOURCE_EXHAUSTED: too many rings) this GEMM only
+                self._retire_locked()
+                self._ring = ring = fresh
+                self._open.add(fresh)
+            ring.users += 1
+            return ring
+
+    def release(self, ring: _Ring, retire: bool) -> None:
+        """A GEMM is over with `ring`; retire: new GEMMs open another."""
+        with self._lock:
+            ring.users -= 1
+            if retire and ring is self._ring:
+                self._retire_locked()
+            elif ring.retired and ring.users == 0:
+                self._close_locked(ring)
+
+    def close(self) -> None:
+        with self._lock:
+            self._retire_locked()
+
+    def regions(self) -> set:
+        """The handles of the rings' own regions (the client's, but not its buffers)."""
+        with self._lock:
+            return {ring.region for ring in self._open}
+
+    def _retire_locked(self) -> None:
+        ring, self._ring = self._ring, None
+        if ring is not None:
+            ring.retired = True
+            if ring.users == 0:
+                self._close_locked(ring)
+
+    def _close_locked(self, ring: _Ring) -> None:
+        self._open.discard(ring)
+        ring.close()
 
 
 class _RegionMemory:
