@@ -245,8 +245,13 @@ int main(int argc, char** argv) {
                  server->metrics_port());
   }
   const hgemm::Backend& b = server->backend();
-  spdlog::info("hgemm-serve {} listening on {} (port {})", hgemm::kVersion,
-               server_options.listen_address, server->port());
+  // A Unix socket has no port: gRPC reports 1 for it, which would read as a TCP port.
+  if (server_options.listen_address.rfind("unix:", 0) == 0) {
+    spdlog::info("hgemm-serve {} listening on {}", hgemm::kVersion, server_options.listen_address);
+  } else {
+    spdlog::info("hgemm-serve {} listening on {} (port {})", hgemm::kVersion,
+                 server_options.listen_address, server->port());
+  }
   for (const std::string& address : server_options.more_listen_addresses) {
     spdlog::info("also listening on {}", address);
   }
