@@ -97,8 +97,7 @@ bool Detached(std::mutex& mu, const std::optional<std::string>& detached) {
 }
 
 // Waiting for the server's threads (the ring's, the scheduler's), which run meanwhile: yield
-// the core at first, then sleep briefly (a poll that sleeps 100 us every time cost more CPU in
-// wake-ups than the wait saved, and most waits end within a few yields).
+// the core at first (most waits end within a few yields), then sleep briefly.
 void Pause(int polls) {
   if (polls < 64) {
     std::this_thread::yield();

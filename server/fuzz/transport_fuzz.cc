@@ -53,9 +53,9 @@ void Stream(FuzzedDataProvider& in, const std::string& client, std::vector<std::
   grpc::ClientContext context;
   Context(&context, client);
   auto stream = fuzz::Stub().GemmStream(&context);
-  // Answers are read while requests are written, as a client must: the in-process transport
-  // buffers nothing, so a server write completes only when read, and the server reads no more
-  // while its answer is unread (over TCP, the window hid a client that never reads).
+  // Answers are read while requests are written, as a client must: over the in-process
+  // transport no flow-control window absorbs them, and a stream written whole before reading
+  // stalled until its deadline (over TCP the window hid it).
   std::vector<std::string> kept;  // C's kept resident, the reader's until joined
   std::thread reader([&] {
     v1::GemmStreamResponse response;

@@ -1,9 +1,9 @@
 // The server transport_fuzz talks to: one HgemmServer (CPU backend, the limits of fuzz_util.h)
 // for the whole fuzzing process, reached through gRPC's in-process transport (the server's
-// services, reactors, message limits and status mapping as over TCP, without the sockets,
-// HTTP/2 framing and polling threads that were most of an execution's CPU: docs/soak.md,
-// "Fuzzing at depth"). Its scheduler's workers sleep as soon as their queue is empty (no idle
-// spin: up to 1 ms of CPU per GEMM otherwise, for a latency nobody measures here). Every call gets
+// services, reactors, message limits and status mapping as over TCP, without sockets and
+// HTTP/2). Its scheduler's workers sleep as soon as their queue is empty (no idle spin: CPU
+// per GEMM for a latency nobody measures here). What an execution costs: docs/soak.md,
+// "Fuzzing at depth". Every call gets
 // kCallDeadline; DEADLINE_EXCEEDED means the server never answered, and Check()
 // abort()s on it (a crash for libFuzzer), as on a status message showing a wrapped number.
 // Include it in exactly one file of a target: it defines LLVMFuzzerInitialize, which starts the
