@@ -4,11 +4,18 @@
 # under .gpu-fuzz/corpus/<target>) all at once, each as WORKERS long-lived libFuzzer processes
 # sharing the target's corpus directory (each picks up the others' new inputs), for SECONDS.
 #   tools/fuzz_campaign.sh SECONDS [TARGET=WORKERS...]
-# Without TARGET=WORKERS, the schedule for 16 cores that gives every target >= 10^6 executions
-# in 540 s (one device call) at the per-process rates measured on the loaded 2-core dev VM
-# (docs/soak.md, "Fuzzing at depth"; per wall second: transport ~277, service ~1 400, upload
-# ~1 700, validation ~4 200, stream_assembler ~4 900; 1.3x margin or more):
-# transport=9 service=3 upload=2 validation=1 stream_assembler=1.
+# Without TARGET=WORKERS, the schedule for 16 cores: 19 processes (ring's workers spend most of
+# their time waiting on the ring's thread hand-offs, ~0.3 core each; service's and upload's part
+# of it), projected from the rates per CPU second measured on the loaded 2-core dev VM
+# (docs/soak.md, "Fuzzing at depth"), a worker taken as a full core except ring's (half):
+#   transport        8 x 540 s x   275/s = 1.19 M   (275 per CPU s)
+#   ring             5 x 540 s x   370/s = 1.0 M    (740 per CPU s; no margin at half a core,
+#                                                    2.0 M at a full one)
+#   service          2 x 540 s x 1 390/s = 1.50 M
+#   upload           2 x 540 s x 1 700/s = 1.84 M
+#   validation       1 x 540 s x 4 230/s = 2.28 M
+#   stream_assembler 1 x 540 s x 4 930/s = 2.66 M
+# transport's and ring's margins are thin: the table at the end says whether each got 10^6.
 #
 # Not fork mode: libFuzzer's -fork restarts each job after 1, 2, 3... seconds, so every job
 # pays the process start (transport_fuzz: a server), the replay of its corpus and libFuzzer's
@@ -27,7 +34,7 @@ cd "$(dirname "$0")/.."
 seconds=$1
 shift
 schedule=("$@")
-((${#schedule[@]})) || schedule=(transport=9 service=3 upload=2 validation=1 stream_assembler=1)
+((${#schedule[@]})) || schedule=(transport=8 ring=5 service=2 upload=2 validation=1 stream_assembler=1)
 bundle=${FUZZ_BUNDLE:-.gpu-fuzz}
 source "$bundle/env.sh"
 out=${OUT:-/tmp/hgemm-fuzz-campaign}

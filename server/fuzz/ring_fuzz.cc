@@ -91,6 +91,21 @@ RingOperand Operand(FuzzedDataProvider& in) {
   return o;
 }
 
+bool Detached(std::mutex& mu, const std::optional<std::string>& detached) {
+  std::lock_guard<std::mutex> lock(mu);
+  return detached.has_value();
+}
+
+// Waiting for the server's threads (the ring's, the scheduler's), which run meanwhile: yield
+// the core at first (most waits end within a few yields), then sleep briefly.
+void Pause(int polls) {
+  if (polls < 64) {
+    std::this_thread::yield();
+  } else {
+    std::this_thread::sleep_for(std::chrono::microseconds(20));
+  }
+}
+
 }  // namespace
 }  // namespace hgemm::fuzz
 
@@ -123,6 +138,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   auto* sq = reinterpret_cast<RingSubmission*>(s.ring.base + RingSqOffset());
   auto* cq = reinterpret_cast<RingCompletion*>(s.ring.base + RingCqOffset(kEntries));
   uint32_t tail = 0, head = 0;
+  bool scribbled = false;
   auto reap = [&] {
     const uint32_t published = h->cq_tail.load();
     // This harness scribbles over the CQ tail too: a tail past the ring's size is its own.
@@ -167,6 +183,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         RingWakeSleeper(&h->server_sleeping);
         break;
       case 3: {  // scribble a header word
+        scribbled = true;
         std::atomic<uint32_t>* words[] = {&h->sq_head, &h->sq_tail, &h->cq_head, &h->cq_tail,
                                           &h->server_sleeping, &h->client_sleeping};
         words[in.ConsumeIntegralInRange<size_t>(0, 5)]->store(in.ConsumeIntegral<uint32_t>());
@@ -177,18 +194,27 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         reap();
     }
   }
-  // Give the server a moment to complete what it took (or to detach), reaping meanwhile.
+  // Let the server look at what this input left (take what was published, or detach on a
+  // scribbled word), reaping so that the CQ has room: until it sleeps with nothing new to
+  // take (its sleeping word, which it sets only after a last look at the SQ tail), or detaches.
   const auto settle = std::chrono::steady_clock::now() + std::chrono::milliseconds(20);
-  while (std::chrono::steady_clock::now() < settle &&
-         !(h->sq_head.load() == h->sq_tail.load() && h->cq_tail.load() == head)) {
-    reap();
-    std::this_thread::sleep_for(std::chrono::microseconds(100));
+  for (int polls = 0; !Detached(mu, detached) && std::chrono::steady_clock::now() < settle;
+       ++polls) {
+    if (h->cq_tail.load() != head) {
+      reap();  // wakes the server if it waits for room
+    } else if (h->server_sleeping.load() == 1 && (scribbled || h->sq_head.load() == tail)) {
+      break;
+    }
+    Pause(polls);
   }
   executor->Stop();
+  // Stop wakes the ring thread only through the sleeping word, which this input may have
+  // cleared: a client may always wake it (else it sleeps out its 10 ms futex wait).
+  RingFutexWake(&h->server_sleeping);
   executor.reset();
   // The ring thread ends and its GEMMs complete: then the ring's region has no lease left.
   const auto give_up = std::chrono::steady_clock::now() + kCallDeadline;
-  while (true) {
+  for (int polls = 0;; ++polls) {
     int64_t leases = -1;
     for (const RegionInfo& r : s.core.regions().List("fuzz")) {
       if (r.handle == s.ring.handle) leases = r.leases;
@@ -197,7 +223,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (std::chrono::steady_clock::now() > give_up) {
       Fail("a stopped ring still holds its region", std::to_string(leases) + " leases");
     }
-    std::this_thread::sleep_for(std::chrono::microseconds(100));
+    Pause(polls);
   }
+  reap();  // what completed after the stop
   return 0;
 }

@@ -1,5 +1,9 @@
 // The server transport_fuzz talks to: one HgemmServer (CPU backend, the limits of fuzz_util.h)
-// on 127.0.0.1 for the whole fuzzing process, reached through a real channel. Every call gets
+// for the whole fuzzing process, reached through gRPC's in-process transport (the server's
+// services, reactors, message limits and status mapping as over TCP, without sockets and
+// HTTP/2). Its scheduler's workers sleep as soon as their queue is empty (no idle spin: CPU
+// per GEMM for a latency nobody measures here). What an execution costs: docs/soak.md,
+// "Fuzzing at depth". Every call gets
 // kCallDeadline; DEADLINE_EXCEEDED means the server never answered, and Check()
 // abort()s on it (a crash for libFuzzer), as on a status message showing a wrapped number.
 // Include it in exactly one file of a target: it defines LLVMFuzzerInitialize, which starts the
@@ -30,6 +34,7 @@ inline v1::GemmService::Stub& Stub() {
     options.max_message_bytes = 8 << 20;
     options.drain_deadline = std::chrono::milliseconds(2000);
     options.upload_threads = kUploadThreads;
+    options.service.scheduler.idle_spin = std::chrono::microseconds(0);
     options.service.rules.max_elements_per_matrix = kMaxElementsPerMatrix;
     options.service.stream_chunk_bytes = kStreamChunkBytes;
     options.service.max_stream_pending_bytes = kMaxPendingBytes;
@@ -43,9 +48,7 @@ inline v1::GemmService::Stub& Stub() {
     if (server == nullptr) std::abort();
     grpc::ChannelArguments args;
     args.SetMaxReceiveMessageSize(-1);
-    auto channel = grpc::CreateCustomChannel("127.0.0.1:" + std::to_string(server->port()),
-                                             grpc::InsecureChannelCredentials(), args);
-    return v1::GemmService::NewStub(channel).release();
+    return v1::GemmService::NewStub(server->InProcessChannel(args)).release();
   }();
   return *stub;
 }
