@@ -501,8 +501,10 @@ void RingExecutor::Complete(uint64_t user_data, absl::Status status, const GemmR
     completion.server_total_ms = float(report->server_total_ms);
     completion.tflops = float(report->Tflops(shape));
   }
-  const std::string_view message =
-      status.ok() && kept_c != nullptr ? std::string_view(*kept_c) : status.message();
+  const std::string_view message = status.ok() && kept_c != nullptr
+                                       ? std::string_view(*kept_c)
+                                       : std::string_view(status.message().data(),
+                                                          status.message().size());
   const size_t length = std::min(message.size(), kRingMaxHandleBytes);
   if (length > 0) std::memcpy(completion.message, message.data(), length);  // OK: null
   {

@@ -57,6 +57,8 @@ struct RingSpec {
   std::vector<std::string> matrices;  // resident matrix slots
 };
 
+class RingExecutor;
+
 class RingRegistry {
  public:
   explicit RingRegistry(RingOptions options) : options_(options) {}
