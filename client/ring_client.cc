@@ -335,7 +335,11 @@ grpc::Status RingClient::Wait(uint64_t ticket, RingCompletion* completion,
                           "written until its late completion: RingClient::Drain)");
     }
     if (reaping_) {
-      changed_.wait_until(lock, deadline);
+      if (deadline == std::chrono::steady_clock::time_point::max()) {
+        changed_.wait(lock);
+      } else {
+        changed_.wait_until(lock, deadline);
+      }
       continue;
     }
     reaping_ = true;

@@ -613,7 +613,8 @@ class NativeClient:
             return None
         handle, info = done
         kept = pb.MatrixInfo(handle=handle, rows=spec.m, cols=spec.n,
-                             bytes=spec.c_bytes, label="", replica=handle_replica(handle),
+                             bytes=(4 if spec.c_dtype == "fp32" else 2) * spec.m * spec.n,
+                             label="", replica=handle_replica(handle),
                              dtype=_DTYPES[spec.c_dtype])
         return kept, info
 
