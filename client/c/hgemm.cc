@@ -1391,7 +1391,8 @@ void RingGemm(hgemm_ring_t* ring, const hgemm_gemm_options_t* options, uint32_t 
          code, errptr);
     return;
   }
-  if (SaveStatus(CheckSizes(*options, m, n, k, nullptr, 0, nullptr, 0, 0,
+  // A kept C needs no room here (as hgemm_gemm_keep_c's check); one in a region none either.
+  if (SaveStatus(CheckSizes(*options, m, n, k, nullptr, 0, nullptr, 0, keep_c ? SIZE_MAX : 0,
                             /*takes_regions=*/true),
                  code, errptr)) {
     return;
