@@ -1,7 +1,10 @@
 #include "client/ring_client.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <utility>
 
@@ -12,17 +15,42 @@ namespace {
 constexpr int64_t kMaxSleepNs = 10'000'000;
 
 grpc::Status ToStatus(const RingCompletion& completion) {
-  if (completion.code == 0) return grpc::Status::OK;
+  if (completion.code == 0) return grpc::Status::OK;  // a kept C's handle is no message
   const int code = completion.code > 0 && completion.code <= 16 ? completion.code
                                                                 : int(grpc::StatusCode::UNKNOWN);
   const size_t length = strnlen(completion.message, sizeof(completion.message));
   return grpc::Status(grpc::StatusCode(code), std::string(completion.message, length));
 }
 
+const char* CodeName(grpc::StatusCode code) {
+  static constexpr const char* kNames[] = {
+      "OK",           "CANCELLED",          "UNKNOWN",           "INVALID_ARGUMENT",
+      "DEADLINE_EXCEEDED", "NOT_FOUND",     "ALREADY_EXISTS",    "PERMISSION_DENIED",
+      "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION", "ABORTED",    "OUT_OF_RANGE",
+      "UNIMPLEMENTED", "INTERNAL",          "UNAVAILABLE",       "DATA_LOSS",
+      "UNAUTHENTICATED"};
+  const int i = int(code);
+  return i >= 0 && i < int(std::size(kNames)) ? kNames[i] : "UNKNOWN";
+}
+
+// A completion the client answers itself (the entry never reached the server).
+RingCompletion LocalCompletion(uint64_t ticket, grpc::StatusCode code, const char* message) {
+  RingCompletion completion{};
+  completion.user_data = ticket;
+  completion.code = int32_t(code);
+  std::snprintf(completion.message, sizeof(completion.message), "%s", message);
+  return completion;
+}
+
 void CpuRelax() {
 #if defined(__x86_64__)
   __builtin_ia32_pause();
 #endif
+}
+
+std::chrono::steady_clock::time_point DeadlineOf(const RingSubmission& entry) {
+  return std::chrono::steady_clock::time_point(
+      std::chrono::nanoseconds(int64_t(std::min<uint64_t>(entry.deadline_ns, INT64_MAX))));
 }
 
 }  // namespace
@@ -80,11 +108,16 @@ std::unique_ptr<RingClient> RingClient::Attach(const GemmClient& client,
     v1::RingEvent more;
     while (self->attach_call_->Read(&more)) {
     }
-    grpc::Status end = self->attach_call_->Finish();
-    if (end.ok()) end = grpc::Status(grpc::StatusCode::UNAVAILABLE, "the server ended the ring");
+    const grpc::Status end = self->attach_call_->Finish();
+    // UNAVAILABLE whatever ended it: the GEMM itself was not at fault, and the gRPC path (or
+    // a new ring) may serve it.
+    const std::string why = end.ok() ? "the server ended the ring"
+                                     : fmt::format("AttachRing ended with {}: {}",
+                                                   CodeName(end.error_code()), end.error_message());
     {
       std::lock_guard<std::mutex> lock(self->mu_);
-      self->detached_ = grpc::Status(end.error_code(), "the ring was detached: " + end.error_message());
+      self->detached_ =
+          grpc::Status(grpc::StatusCode::UNAVAILABLE, "the ring was detached (" + why + ")");
       self->detached_flag_.store(true);
     }
     self->changed_.notify_all();
@@ -124,6 +157,56 @@ grpc::Status RingClient::detached() const {
   return detached_;
 }
 
+bool RingClient::HasRegion(const std::string& region) const {
+  std::lock_guard<std::mutex> lock(slots_mu_);
+  return std::find(regions_.begin(), regions_.end(), region) != regions_.end();
+}
+
+bool RingClient::HasMatrix(const std::string& matrix) const {
+  std::lock_guard<std::mutex> lock(slots_mu_);
+  return std::find(matrices_.begin(), matrices_.end(), matrix) != matrices_.end();
+}
+
+std::string RingClient::KeptHandle(const RingCompletion& completion) {
+  return std::string(completion.message, strnlen(completion.message, sizeof(completion.message)));
+}
+
+grpc::Status RingClient::Bind(const std::vector<std::string>& regions,
+                              const std::vector<std::string>& matrices) {
+  std::lock_guard<std::mutex> lock(slots_mu_);
+  v1::BindRingSlotsRequest request;
+  request.set_ring_region(region_);
+  auto unbound = [](const std::vector<std::string>& bound, const std::string& handle) {
+    return std::find(bound.begin(), bound.end(), handle) == bound.end();
+  };
+  for (const std::string& region : regions) {
+    if (unbound(regions_, region)) request.add_regions(region);
+  }
+  for (const std::string& matrix : matrices) {
+    if (unbound(matrices_, matrix)) request.add_matrices(matrix);
+  }
+  if (request.regions().empty() && request.matrices().empty()) return grpc::Status::OK;
+  grpc::ClientContext context;
+  if (!options_.call.client_id.empty()) context.AddMetadata("x-client-id", options_.call.client_id);
+  if (options_.call.timeout.count() > 0) {
+    context.set_deadline(std::chrono::system_clock::now() + options_.call.timeout);
+  }
+  v1::RingSlots slots;
+  grpc::Status s = stub_->BindRingSlots(&context, request, &slots);
+  if (!s.ok()) return s;
+  // Slots are appended after the server's last one, which is ours: this mutex orders binds.
+  if (slots.first_region_slot() != regions_.size() ||
+      slots.first_matrix_slot() != matrices_.size()) {
+    return grpc::Status(grpc::StatusCode::INTERNAL,
+                        fmt::format("BindRingSlots answered slots {} and {}; the client has {} "
+                                    "and {} bound", slots.first_region_slot(),
+                                    slots.first_matrix_slot(), regions_.size(), matrices_.size()));
+  }
+  regions_.insert(regions_.end(), request.regions().begin(), request.regions().end());
+  matrices_.insert(matrices_.end(), request.matrices().begin(), request.matrices().end());
+  return grpc::Status::OK;
+}
+
 int RingClient::KernelIndex(const std::string& name) const {
   if (name.empty() || name == "auto") return 0;
   for (int i = 0; i < attached_.kernels_size(); ++i) {
@@ -141,7 +224,13 @@ grpc::Status RingClient::ToSubmission(const v1::GemmRequest& request, const std:
   if (!request.a().empty() || !request.b().empty() || !request.c_in().empty()) {
     return invalid("a", "a ring entry carries no bytes: name operands by region or handle");
   }
-  if (request.keep_c_resident()) return invalid("keep_c_resident", "not through a ring");
+  if (request.keep_c_resident() && (request.has_c_region() || !c_matrix.empty())) {
+    return invalid("keep_c_resident", "C goes either to a region or stays resident, not both");
+  }
+  if (request.c_ttl_seconds() != 0 || request.c_transient()) {
+    return invalid(request.c_transient() ? "c_transient" : "c_ttl_seconds",
+                   "a C kept through a ring has the server's default TTL");
+  }
   if (request.batch() > 1 || request.group_size() > 0) {
     return invalid("batch", "a ring entry is one GEMM");
   }
@@ -169,7 +258,8 @@ grpc::Status RingClient::ToSubmission(const v1::GemmRequest& request, const std:
   entry->k = request.k();
   entry->flags = (request.transpose_a() ? kRingTransposeA : 0) |
                  (request.transpose_b() ? kRingTransposeB : 0) |
-                 (request.has_alpha() ? kRingHasAlpha : 0);
+                 (request.has_alpha() ? kRingHasAlpha : 0) |
+                 (request.keep_c_resident() ? kRingKeepC : 0);
   entry->dtype = uint32_t(request.dtype());
   entry->c_dtype = uint32_t(request.c_dtype());
   entry->accumulation = uint32_t(request.options().accumulation());
@@ -180,7 +270,13 @@ grpc::Status RingClient::ToSubmission(const v1::GemmRequest& request, const std:
   entry->kernel = uint32_t(kernel);
   entry->alpha = request.alpha();
   entry->beta = request.beta();
-  entry->timeout_us = uint64_t(timeout.count());
+  if (timeout.count() > 0) {
+    entry->flags |= kRingHasDeadline;
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    entry->deadline_ns = uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                      deadline.time_since_epoch()).count());
+  }
+  std::lock_guard<std::mutex> lock(slots_mu_);
   grpc::Status s = operand("a", request.has_a_region(), request.a_region(), request.a_handle(),
                            &entry->a);
   if (s.ok()) {
@@ -190,7 +286,7 @@ grpc::Status RingClient::ToSubmission(const v1::GemmRequest& request, const std:
     s = operand("c_in", request.has_c_in_region(), request.c_in_region(),
                 request.c_in_handle(), &entry->c_in);
   }
-  if (s.ok()) {
+  if (s.ok() && !request.keep_c_resident()) {
     s = operand("c", request.has_c_region(), request.c_region(), c_matrix, &entry->c);
   }
   return s;
@@ -202,6 +298,13 @@ uint64_t RingClient::Submit(const RingSubmission& gemm) {
   const uint32_t mask = options_.sq_entries - 1;
   while (sq_tail_ - header()->sq_head.load(std::memory_order_acquire) >= options_.sq_entries) {
     if (detached_flag_.load()) return ticket;  // never sent: Wait answers with the reason
+    if ((gemm.flags & kRingHasDeadline) != 0 && DeadlineOf(gemm) <= std::chrono::steady_clock::now()) {
+      std::lock_guard<std::mutex> done_lock(mu_);
+      done_[ticket] = LocalCompletion(ticket, grpc::StatusCode::DEADLINE_EXCEEDED,
+                                      "the deadline passed while the ring's submission queue "
+                                      "was full");
+      return ticket;
+    }
     TryReap();  // the server takes no more while the completion queue is full
     std::this_thread::yield();
   }
@@ -214,7 +317,8 @@ uint64_t RingClient::Submit(const RingSubmission& gemm) {
   return ticket;
 }
 
-grpc::Status RingClient::Wait(uint64_t ticket, RingCompletion* completion) {
+grpc::Status RingClient::Wait(uint64_t ticket, RingCompletion* completion,
+                              std::chrono::steady_clock::time_point deadline) {
   std::unique_lock<std::mutex> lock(mu_);
   while (true) {
     if (auto it = done_.find(ticket); it != done_.end()) {
@@ -224,13 +328,23 @@ grpc::Status RingClient::Wait(uint64_t ticket, RingCompletion* completion) {
       return s;
     }
     if (detached_flag_.load()) return detached_;
+    if (std::chrono::steady_clock::now() >= deadline) {
+      abandoned_.insert(ticket);  // Reap drops its completion
+      return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
+                          "the ring GEMM did not complete by its deadline (its C may still be "
+                          "written until its late completion: RingClient::Drain)");
+    }
     if (reaping_) {
-      changed_.wait(lock);
+      if (deadline == std::chrono::steady_clock::time_point::max()) {
+        changed_.wait(lock);
+      } else {
+        changed_.wait_until(lock, deadline);
+      }
       continue;
     }
     reaping_ = true;
     lock.unlock();
-    AwaitCompletions();
+    AwaitCompletions(deadline);
     Reap();
     lock.lock();
     reaping_ = false;
@@ -239,7 +353,29 @@ grpc::Status RingClient::Wait(uint64_t ticket, RingCompletion* completion) {
 }
 
 grpc::Status RingClient::Gemm(const RingSubmission& gemm, RingCompletion* completion) {
-  return Wait(Submit(gemm), completion);
+  const auto deadline = (gemm.flags & kRingHasDeadline) != 0
+                            ? DeadlineOf(gemm)
+                            : std::chrono::steady_clock::time_point::max();
+  return Wait(Submit(gemm), completion, deadline);
+}
+
+grpc::Status RingClient::Drain() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (reaped_.load() != submitted_.load()) {
+    if (detached_flag_.load()) return detached_;
+    if (reaping_) {
+      changed_.wait(lock);
+      continue;
+    }
+    reaping_ = true;
+    lock.unlock();
+    AwaitCompletions(std::chrono::steady_clock::time_point::max());
+    Reap();
+    lock.lock();
+    reaping_ = false;
+    changed_.notify_all();
+  }
+  return grpc::Status::OK;
 }
 
 void RingClient::TryReap() {
@@ -266,20 +402,26 @@ void RingClient::Reap() {
   reaped_.fetch_add(reaped.size());
   if (server_may_wait) RingWakeSleeper(&h->server_sleeping);
   std::lock_guard<std::mutex> lock(mu_);
-  for (const RingCompletion& c : reaped) done_[c.user_data] = c;
+  for (const RingCompletion& c : reaped) {
+    if (abandoned_.erase(c.user_data) == 0) done_[c.user_data] = c;
+  }
 }
 
-void RingClient::AwaitCompletions() {
+void RingClient::AwaitCompletions(std::chrono::steady_clock::time_point deadline) {
   RingHeader* h = header();
   const auto spin_until = std::chrono::steady_clock::now() + std::chrono::microseconds(options_.spin_us);
   while (h->cq_tail.load(std::memory_order_acquire) == cq_head_ && !detached_flag_.load()) {
-    if (std::chrono::steady_clock::now() < spin_until) {
+    const auto now = std::chrono::steady_clock::now();
+    if (now >= deadline) return;
+    if (now < spin_until) {
       CpuRelax();
       continue;
     }
+    const int64_t left_ns =
+        std::chrono::duration_cast<std::chrono::nanoseconds>(deadline - now).count();
     h->client_sleeping.store(1);
     if (h->cq_tail.load() == cq_head_ && !detached_flag_.load()) {
-      RingFutexWait(&h->client_sleeping, 1, kMaxSleepNs);
+      RingFutexWait(&h->client_sleeping, 1, std::max<int64_t>(1, std::min(kMaxSleepNs, left_ns)));
     }
     h->client_sleeping.store(0);
   }

@@ -29,6 +29,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstddef>
 #include <cstdint>
 
 namespace hgemm {
@@ -70,6 +71,12 @@ enum RingSubmissionFlags : uint32_t {
   kRingTransposeA = 1,  // GemmRequest.transpose_a
   kRingTransposeB = 2,
   kRingHasAlpha = 4,  // alpha is set (else 1)
+  // C stays on the server as a new resident matrix of the owner (GemmRequest.keep_c_resident;
+  // `c` is kRingOperandNone): an OK completion's message is its handle.
+  kRingKeepC = 8,
+  // deadline_ns is set: an entry the server reads after it, or would start after it, completes
+  // with DEADLINE_EXCEEDED without running (its C is not written).
+  kRingHasDeadline = 16,
 };
 
 // One GEMM, as GemmRequest would say it.
@@ -84,8 +91,12 @@ struct RingSubmission {
   uint64_t timeout_us;  // 0: none; else the GEMM's deadline, from when the server reads it
   RingOperand a, b;     // region or matrix
   RingOperand c_in;     // read only when beta ≠ 0
-  RingOperand c;        // a region, or a matrix that C is written into in place
-  uint8_t reserved[8];
+  RingOperand c;        // a region, or a matrix that C is written into in place; or
+                        // kRingOperandNone with kRingKeepC
+  // With kRingHasDeadline: CLOCK_MONOTONIC nanoseconds (std::chrono::steady_clock on Linux),
+  // the same clock for both sides on one host (outside time namespaces), so that time spent
+  // waiting in the SQ counts, unlike timeout_us's.
+  uint64_t deadline_ns;
 };
 static_assert(sizeof(RingSubmission) == 128);
 
@@ -95,8 +106,11 @@ struct RingCompletion {
   int32_t code;  // google.rpc.Code (as grpc::StatusCode): 0 OK
   uint32_t reserved;
   float queue_wait_ms, kernel_ms, server_total_ms, tflops;
-  char message[96];  // the status message, cut to fit, NUL-terminated
+  // The status message, cut to fit, NUL-terminated; on OK of a kRingKeepC entry the kept C's
+  // handle (at most kRingMaxHandleBytes).
+  char message[96];
 };
+inline constexpr size_t kRingMaxHandleBytes = sizeof(RingCompletion::message) - 1;
 static_assert(sizeof(RingCompletion) == 128);
 
 // Offsets and the region size a ring of these counts takes.

@@ -5,6 +5,8 @@
 #include <stdlib.h>
 #include <sys/mman.h>
 
+#include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
@@ -22,6 +24,7 @@
 #include "proto/numerics/fp16.h"
 #include "server/backend/cpu_backend.h"
 #include "server/server.h"
+#include "server/testing/child_process.h"
 
 namespace hgemm {
 namespace {
@@ -311,12 +314,14 @@ TEST_F(RingTest, AScribbledRingIsDetachedAndTheServerServesOthers) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
   grpc::Status s = bad->detached();
-  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_NE(s.error_message().find("INVALID_ARGUMENT"), std::string::npos) << s.error_message();
   EXPECT_NE(s.error_message().find("sq_tail"), std::string::npos) << s.error_message();
   // A GEMM on the detached ring gets the reason, not a hang.
   s = bad->Gemm(Entry(m, n, k, {kRingOperandRegion, 0, 0}, {kRingOperandRegion, 0, 512},
                       {kRingOperandRegion, 0, 1024}));
-  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_NE(s.error_message().find("sq_tail"), std::string::npos) << s.error_message();
   s = good->Gemm(Entry(m, n, k, {kRingOperandRegion, 0, 0}, {kRingOperandRegion, 0, 512},
                        {kRingOperandRegion, 0, 1024}));
   EXPECT_TRUE(s.ok()) << s.error_message();
@@ -370,6 +375,263 @@ TEST_F(RingTest, EndingTheCallReleasesTheRing) {
   ASSERT_TRUE(client_->ListRegions(&list, call_).ok());
   ASSERT_EQ(list.regions_size(), 1) << "only the data region is left";
   EXPECT_EQ(list.regions(0).region(), data_handle);
+}
+
+// keep_c through the ring: C stays on the server, its handle in the completion; bound after
+// the attach (BindRingSlots), the kept C is the next GEMM's A.
+TEST_F(RingTest, KeptCThroughTheRingChainsIntoTheNextGemm) {
+  constexpr uint32_t m = 48, n = 40, k = 56;
+  constexpr uint64_t a_at = 0, b_at = 2 * m * k, b2_at = b_at + 2 * k * n, c_at = b2_at + 2 * n * n;
+  std::string data_handle;
+  auto data = Region(int64_t(c_at + 2 * m * n), &data_handle);
+  FillRandom(Half(*data, a_at), m * k);
+  FillRandom(Half(*data, b_at), k * n);
+  FillRandom(Half(*data, b2_at), n * n);
+  std::fill_n(Half(*data, c_at), m * n, kHalfNan);
+  auto ring = Attach({data_handle});
+  ASSERT_NE(ring, nullptr);
+  v1::GemmRequest request;
+  request.set_m(m);
+  request.set_n(n);
+  request.set_k(k);
+  request.mutable_a_region()->set_region(data_handle);
+  request.mutable_a_region()->set_offset(a_at);
+  request.mutable_b_region()->set_region(data_handle);
+  request.mutable_b_region()->set_offset(b_at);
+  request.set_keep_c_resident(true);
+  RingSubmission entry;
+  grpc::Status s = ring->ToSubmission(request, "", std::chrono::microseconds(0), &entry);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(entry.flags & kRingKeepC, uint32_t(kRingKeepC));
+  EXPECT_EQ(entry.c.kind, uint32_t(kRingOperandNone));
+  RingCompletion done{};
+  s = ring->Gemm(entry, &done);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  const std::string kept = RingClient::KeptHandle(done);
+  ASSERT_EQ(kept.rfind("m-", 0), 0u) << kept;
+  std::string c;
+  ASSERT_TRUE(client_->DownloadMatrix(kept, &c, call_).ok());
+  ASSERT_EQ(c.size(), size_t(2 * m * n));
+  std::vector<float> reference = ReferenceGemm(Half(*data, a_at), Half(*data, b_at), m, n, k);
+  EXPECT_LT(RelativeFrobeniusError(reinterpret_cast<const uint16_t*>(c.data()), reference.data(),
+                                   m * n), 1e-3);
+  EXPECT_TRUE(std::all_of(Half(*data, c_at), Half(*data, c_at) + m * n,
+                          [](uint16_t v) { return v == kHalfNan; }))
+      << "a kept C is written nowhere in the regions";
+
+  // The kept C is bound after the attach and is A of C2 = C · B2 (into the region).
+  EXPECT_FALSE(ring->HasMatrix(kept));
+  ASSERT_TRUE(ring->Bind({}, {kept}).ok());
+  EXPECT_TRUE(ring->HasMatrix(kept));
+  v1::GemmRequest next;
+  next.set_m(m);
+  next.set_n(n);
+  next.set_k(n);
+  next.set_a_handle(kept);
+  next.mutable_b_region()->set_region(data_handle);
+  next.mutable_b_region()->set_offset(b2_at);
+  next.mutable_c_region()->set_region(data_handle);
+  next.mutable_c_region()->set_offset(c_at);
+  s = ring->ToSubmission(next, "", std::chrono::microseconds(0), &entry);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  s = ring->Gemm(entry);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  reference = ReferenceGemm(reinterpret_cast<const uint16_t*>(c.data()), Half(*data, b2_at), m, n, n);
+  EXPECT_LT(RelativeFrobeniusError(Half(*data, c_at), reference.data(), m * n), 1e-3);
+
+  // keep_c with a C named too is refused, by the client and by the server.
+  request.mutable_c_region()->set_region(data_handle);
+  s = ring->ToSubmission(request, "", std::chrono::microseconds(0), &entry);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(s.error_message().find("keep_c_resident"), std::string::npos) << s.error_message();
+  RingSubmission both = Entry(m, n, k, {kRingOperandRegion, 0, a_at}, {kRingOperandRegion, 0, b_at},
+                              {kRingOperandRegion, 0, c_at});
+  both.flags = kRingKeepC;
+  s = ring->Gemm(both);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(s.error_message().find("c.kind"), std::string::npos) << s.error_message();
+}
+
+// Slots bound after the attach: a region registered and a matrix uploaded once the ring runs
+// are usable from it; BindRingSlots finds only the caller's own attached ring.
+TEST_F(RingTest, SlotsBoundAfterTheAttachAreUsable) {
+  constexpr uint32_t m = 24, n = 32, k = 40;
+  auto ring = Attach({});
+  ASSERT_NE(ring, nullptr);
+  std::string data_handle;
+  auto data = Region(int64_t(2 * (m * k + m * n)), &data_handle);  // A, then C
+  std::vector<uint16_t> b(k * n);
+  FillRandom(b.data(), k * n);
+  v1::MatrixInfo matrix;
+  ASSERT_TRUE(client_->UploadMatrix(k, n, {reinterpret_cast<const char*>(b.data()), 2 * k * n},
+                                    &matrix, 0, "", call_).ok());
+  const RingSubmission gemm = Entry(m, n, k, {kRingOperandRegion, 0, 0},
+                                    {kRingOperandMatrix, 0, 0},
+                                    {kRingOperandRegion, 0, 2 * m * k});
+  grpc::Status s = ring->Gemm(gemm);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << "nothing is bound yet";
+  EXPECT_NE(s.error_message().find("a.slot"), std::string::npos) << s.error_message();
+  ASSERT_TRUE(ring->Bind({data_handle}, {matrix.handle()}).ok());
+  ASSERT_TRUE(ring->Bind({data_handle}, {}).ok()) << "binding a bound handle again is a no-op";
+  FillRandom(Half(*data, 0), m * k);
+  std::fill_n(Half(*data, 2 * m * k), m * n, kHalfNan);
+  s = ring->Gemm(gemm);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  std::vector<float> reference = ReferenceGemm(Half(*data, 0), b.data(), m, n, k);
+  EXPECT_LT(RelativeFrobeniusError(Half(*data, 2 * m * k), reference.data(), m * n), 1e-3);
+
+  // BindRingSlots itself: another principal, a region that holds no ring, an empty handle.
+  auto stub = v1::GemmService::NewStub(client_->ChannelTo(""));
+  auto bind = [&](const std::string& client_id, const std::string& ring_region,
+                  const std::string& region) {
+    grpc::ClientContext context;
+    context.AddMetadata("x-client-id", client_id);
+    v1::BindRingSlotsRequest request;
+    request.set_ring_region(ring_region);
+    request.add_regions(region);
+    v1::RingSlots slots;
+    return stub->BindRingSlots(&context, request, &slots);
+  };
+  EXPECT_EQ(bind("mallory", ring->region(), data_handle).error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_EQ(bind("alice", data_handle, data_handle).error_code(), grpc::StatusCode::NOT_FOUND);
+  s = bind("alice", ring->region(), "");
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(s.error_message().find("regions[0]"), std::string::npos) << s.error_message();
+}
+
+// Deadlines. An entry whose deadline passed before the server read it is answered
+// DEADLINE_EXCEEDED without running (its C untouched). A GEMM the caller stops waiting for
+// returns DEADLINE_EXCEEDED at once; its late completion is dropped when it comes, and C then
+// holds the whole product (the server ran it: no deadline in the entry) and nothing after.
+TEST_F(RingTest, DeadlinesAnswerOnTimeAndLateCompletionsAreDropped) {
+  constexpr uint32_t small = 32, big = 768;
+  constexpr uint64_t b_at = 2 * uint64_t{big} * big, c_at = 2 * b_at;
+  std::string data_handle;
+  auto data = Region(int64_t(3 * b_at), &data_handle);
+  auto ring = Attach({data_handle});
+  ASSERT_NE(ring, nullptr);
+  FillRandom(Half(*data, 0), uint64_t{big} * big);
+  FillRandom(Half(*data, b_at), uint64_t{big} * big);
+  const RingOperand a{kRingOperandRegion, 0, 0}, b{kRingOperandRegion, 0, b_at},
+      c{kRingOperandRegion, 0, c_at};
+
+  std::fill_n(Half(*data, c_at), small * small, kHalfNan);
+  RingSubmission expired = Entry(small, small, small, a, b, c);
+  expired.flags = kRingHasDeadline;
+  expired.deadline_ns = uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                     std::chrono::steady_clock::now().time_since_epoch())
+                                     .count());
+  grpc::Status s = ring->Gemm(expired);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << s.error_message();
+  EXPECT_TRUE(std::all_of(Half(*data, c_at), Half(*data, c_at) + small * small,
+                          [](uint16_t v) { return v == kHalfNan; }))
+      << "an expired entry does not run";
+
+  // 768^3 on the CPU backend takes far longer than the 1 ms the caller waits.
+  std::fill_n(Half(*data, c_at), uint64_t{big} * big, kHalfNan);
+  const uint64_t ticket = ring->Submit(Entry(big, big, big, a, b, c));
+  s = ring->Wait(ticket, nullptr, std::chrono::steady_clock::now() + std::chrono::milliseconds(1));
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << s.error_message();
+  ASSERT_TRUE(ring->Drain().ok());
+  std::vector<float> reference = ReferenceGemm(Half(*data, 0), Half(*data, b_at), big, big, big);
+  EXPECT_LT(RelativeFrobeniusError(Half(*data, c_at), reference.data(), uint64_t{big} * big), 1e-3)
+      << "the late GEMM wrote all of C";
+  // The ring goes on, and the late completion was not handed to anyone.
+  std::fill_n(Half(*data, c_at), small * small, kHalfNan);
+  FillRandom(Half(*data, 0), small * small);
+  s = ring->Gemm(Entry(small, small, small, a, {kRingOperandRegion, 0, 0}, c));
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  reference = ReferenceGemm(Half(*data, 0), Half(*data, 0), small, small, small);
+  EXPECT_LT(RelativeFrobeniusError(Half(*data, c_at), reference.data(), small * small), 1e-3);
+  // ToSubmission turns a timeout into the entry's deadline.
+  v1::GemmRequest request;
+  request.set_m(small);
+  request.set_n(small);
+  request.set_k(small);
+  request.mutable_a_region()->set_region(data_handle);
+  request.mutable_b_region()->set_region(data_handle);
+  request.mutable_c_region()->set_region(data_handle);
+  request.mutable_c_region()->set_offset(c_at);
+  RingSubmission entry;
+  ASSERT_TRUE(ring->ToSubmission(request, "", std::chrono::seconds(30), &entry).ok());
+  EXPECT_EQ(entry.flags & kRingHasDeadline, uint32_t(kRingHasDeadline));
+  EXPECT_GT(entry.deadline_ns, expired.deadline_ns);
+  EXPECT_TRUE(ring->Gemm(entry).ok());
+}
+
+// A server process killed while threads run GEMMs through its ring: every GEMM is either
+// correct or UNAVAILABLE, none hangs, and the ring says why it ended.
+TEST(RingServerProcess, AKilledServerFailsEveryGemmInFlightWithUnavailable) {
+  char dir[] = "/tmp/hgemm_ring_kill_XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  const std::string socket = std::string(dir) + "/hgemm.sock";
+  subprocess::ServerProcess server(
+      {"--backend=cpu", "--listen=unix:" + socket, "--allow_shared_memory"});
+  ASSERT_TRUE(server.WaitUntilListening()) << server.process().Output();
+  GemmClient client("unix:" + socket);
+  constexpr uint32_t m = 64, n = 64, k = 64;
+  constexpr int kThreads = 4;
+  constexpr uint64_t b_at = 2 * m * k, c_base = b_at + 2 * k * n, c_bytes = 2 * m * n;
+  std::string error;
+  auto data = SharedRegion::Create(int64_t(c_base + kThreads * c_bytes), &error);
+  ASSERT_NE(data, nullptr) << error;
+  v1::RegionInfo info;
+  ASSERT_TRUE(client.RegisterRegion(data->path(), data->bytes(), "data", &info, {}).ok());
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> value(-1.0f, 1.0f);
+  uint16_t* ab = reinterpret_cast<uint16_t*>(data->data());
+  for (uint64_t i = 0; i < m * k + k * n; ++i) ab[i] = FloatToHalf(value(rng));
+  const std::vector<float> reference = ReferenceGemm(ab, ab + m * k, m, n, k);
+  grpc::Status s;
+  auto ring = RingClient::Attach(client, {info.region()}, {}, {.spin_us = 20}, &s);
+  ASSERT_NE(ring, nullptr) << s.error_message();
+  std::atomic<int> completed{0};
+  std::vector<int> wrong(kThreads, 0), other(kThreads, 0);
+  std::vector<std::string> last(kThreads);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      const uint64_t c_at = c_base + t * c_bytes;
+      uint16_t* c = reinterpret_cast<uint16_t*>(data->data() + c_at);
+      while (true) {
+        std::fill_n(c, m * n, kHalfNan);
+        RingSubmission e{};
+        e.m = m;
+        e.n = n;
+        e.k = k;
+        e.a = {kRingOperandRegion, 0, 0};
+        e.b = {kRingOperandRegion, 0, b_at};
+        e.c = {kRingOperandRegion, 0, c_at};
+        const grpc::Status status = ring->Gemm(e);
+        if (status.ok()) {
+          if (RelativeFrobeniusError(c, reference.data(), m * n) > 1e-3) ++wrong[t];
+          ++completed;
+          continue;
+        }
+        if (status.error_code() == grpc::StatusCode::UNAVAILABLE && ring->detached().ok()) {
+          continue;  // the server's queue was full
+        }
+        if (status.error_code() != grpc::StatusCode::UNAVAILABLE) ++other[t];
+        last[t] = status.error_message();
+        return;
+      }
+    });
+  }
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (completed.load() < 200 && std::chrono::steady_clock::now() < give_up) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  EXPECT_GE(completed.load(), 200) << server.process().Output();
+  server.process().Kill(SIGKILL);
+  for (std::thread& t : threads) t.join();  // a GEMM that hangs hangs the test (its timeout)
+  for (int t = 0; t < kThreads; ++t) {
+    EXPECT_EQ(wrong[t], 0) << "thread " << t;
+    EXPECT_EQ(other[t], 0) << "thread " << t << ": " << last[t];
+    EXPECT_NE(last[t].find("the ring was detached"), std::string::npos) << last[t];
+  }
+  EXPECT_EQ(ring->detached().error_code(), grpc::StatusCode::UNAVAILABLE);
+  ring.reset();
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

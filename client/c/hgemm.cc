@@ -1362,52 +1362,99 @@ hgemm_ring_t* hgemm_ring_open(hgemm_client_t* client, const hgemm_call_options_t
   return nullptr;
 }
 
+namespace {
+
+// hgemm_ring_gemm and hgemm_ring_gemm_keep_c: *kept gets the kept C's handle with keep_c.
+void RingGemm(hgemm_ring_t* ring, const hgemm_gemm_options_t* options, uint32_t m, uint32_t n,
+              uint32_t k, bool keep_c, hgemm_gemm_info_t* info, std::string* kept, int* code,
+              char** errptr) {
+  const hgemm_gemm_options_t defaults;
+  if (options == nullptr) options = &defaults;
+  if (keep_c != options->c_region.region().empty()) {
+    Fail(grpc::StatusCode::INVALID_ARGUMENT,
+         keep_c ? "c: a kept C goes to no region (hgemm_gemm_options_set_c_region)"
+                : "c: a ring GEMM writes C into a region (hgemm_gemm_options_set_c_region)",
+         code, errptr);
+    return;
+  }
+  if (options->c_in != nullptr || options->c_in_bytes != 0) {
+    Fail(grpc::StatusCode::INVALID_ARGUMENT,
+         "c_in: a ring entry carries no bytes: name C_in by region or handle", code, errptr);
+    return;
+  }
+  const bool a_named = !options->a_region.region().empty() || !options->a_handle.empty();
+  const bool b_named = !options->b_region.region().empty() || !options->b_handle.empty();
+  if (!a_named || !b_named) {
+    Fail(grpc::StatusCode::INVALID_ARGUMENT,
+         std::string(a_named ? "b" : "a") +
+             ": a ring entry carries no bytes: name it by region or handle",
+         code, errptr);
+    return;
+  }
+  // A kept C needs no room here (as hgemm_gemm_keep_c's check); one in a region none either.
+  if (SaveStatus(CheckSizes(*options, m, n, k, nullptr, 0, nullptr, 0, keep_c ? SIZE_MAX : 0,
+                            /*takes_regions=*/true),
+                 code, errptr)) {
+    return;
+  }
+  hgemm::v1::GemmRequest request;
+  BuildRequest(*options, m, n, k, nullptr, 0, nullptr, 0, &request);
+  request.set_keep_c_resident(keep_c);
+  const hgemm::CallOptions call = CallOptionsOf(ring->client, options->timeout_ms, "");
+  hgemm::RingSubmission entry;
+  if (SaveStatus(ring->ring->ToSubmission(request, "", call.timeout, &entry), code, errptr)) {
+    return;
+  }
+  hgemm::RingCompletion completion{};
+  if (SaveStatus(ring->ring->Gemm(entry, &completion), code, errptr)) return;
+  if (info != nullptr) {
+    *info = hgemm_gemm_info_t{};
+    info->queue_wait_ms = completion.queue_wait_ms;
+    info->kernel_ms = completion.kernel_ms;
+    info->server_total_ms = completion.server_total_ms;
+    info->tflops = completion.tflops;
+  }
+  if (keep_c) *kept = hgemm::RingClient::KeptHandle(completion);
+}
+
+}  // namespace
+
 void hgemm_ring_gemm(hgemm_ring_t* ring, const hgemm_gemm_options_t* options, uint32_t m,
                      uint32_t n, uint32_t k, hgemm_gemm_info_t* info, int* code, char** errptr) {
   try {
-    const hgemm_gemm_options_t defaults;
-    if (options == nullptr) options = &defaults;
-    if (options->c_region.region().empty()) {
-      Fail(grpc::StatusCode::INVALID_ARGUMENT,
-           "c: a ring GEMM writes C into a region (hgemm_gemm_options_set_c_region)", code,
-           errptr);
-      return;
-    }
-    if (options->c_in != nullptr || options->c_in_bytes != 0) {
-      Fail(grpc::StatusCode::INVALID_ARGUMENT,
-           "c_in: a ring entry carries no bytes: name C_in by region or handle", code, errptr);
-      return;
-    }
-    const bool a_named = !options->a_region.region().empty() || !options->a_handle.empty();
-    const bool b_named = !options->b_region.region().empty() || !options->b_handle.empty();
-    if (!a_named || !b_named) {
-      Fail(grpc::StatusCode::INVALID_ARGUMENT,
-           std::string(a_named ? "b" : "a") +
-               ": a ring entry carries no bytes: name it by region or handle",
-           code, errptr);
-      return;
-    }
-    if (SaveStatus(CheckSizes(*options, m, n, k, nullptr, 0, nullptr, 0, 0,
-                              /*takes_regions=*/true),
-                   code, errptr)) {
-      return;
-    }
-    hgemm::v1::GemmRequest request;
-    BuildRequest(*options, m, n, k, nullptr, 0, nullptr, 0, &request);
-    const hgemm::CallOptions call = CallOptionsOf(ring->client, options->timeout_ms, "");
-    hgemm::RingSubmission entry;
-    if (SaveStatus(ring->ring->ToSubmission(request, "", call.timeout, &entry), code, errptr)) {
-      return;
-    }
-    hgemm::RingCompletion completion{};
-    if (SaveStatus(ring->ring->Gemm(entry, &completion), code, errptr)) return;
-    if (info != nullptr) {
-      *info = hgemm_gemm_info_t{};
-      info->queue_wait_ms = completion.queue_wait_ms;
-      info->kernel_ms = completion.kernel_ms;
-      info->server_total_ms = completion.server_total_ms;
-      info->tflops = completion.tflops;
-    }
+    RingGemm(ring, options, m, n, k, /*keep_c=*/false, info, nullptr, code, errptr);
+  } catch (...) {
+    SaveException(code, errptr);
+  }
+}
+
+char* hgemm_ring_gemm_keep_c(hgemm_ring_t* ring, const hgemm_gemm_options_t* options, uint32_t m,
+                             uint32_t n, uint32_t k, hgemm_gemm_info_t* info, int* code,
+                             char** errptr) {
+  try {
+    std::string kept;
+    RingGemm(ring, options, m, n, k, /*keep_c=*/true, info, &kept, code, errptr);
+    return kept.empty() ? nullptr : CopyString(kept);
+  } catch (...) {
+    SaveException(code, errptr);
+    return nullptr;
+  }
+}
+
+void hgemm_ring_bind(hgemm_ring_t* ring, const char* const* regions, size_t region_count,
+                     const char* const* matrices, size_t matrix_count, int* code, char** errptr) {
+  try {
+    SaveStatus(ring->ring->Bind(std::vector<std::string>(regions, regions + region_count),
+                                std::vector<std::string>(matrices, matrices + matrix_count)),
+               code, errptr);
+  } catch (...) {
+    SaveException(code, errptr);
+  }
+}
+
+void hgemm_ring_drain(hgemm_ring_t* ring, int* code, char** errptr) {
+  try {
+    SaveStatus(ring->ring->Drain(), code, errptr);
   } catch (...) {
     SaveException(code, errptr);
   }

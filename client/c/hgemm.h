@@ -48,7 +48,7 @@ extern "C" {
 #endif
 
 #define HGEMM_ABI_VERSION 1
-#define HGEMM_ABI_REVISION 6
+#define HGEMM_ABI_REVISION 8
 
 /* gRPC status codes (grpc::StatusCode), as *code reports them. */
 enum {
@@ -626,7 +626,8 @@ HGEMM_EXPORT void hgemm_unregister_region(hgemm_client_t* client,
 /* Makes, registers and attaches a ring of `entries` submission and completion slots (a power of
  * two, at most 4096; 0: 64), binding `regions` (region handles of this client,
  * hgemm_region_handle()) and `matrices` (resident-matrix handles) for its GEMMs to name; a
- * handle bound to no slot cannot be used through this ring (open another). The arrays may be
+ * handle bound to no slot cannot be used through this ring until hgemm_ring_bind() binds it
+ * [revision 8] (before: open another). The arrays may be
  * NULL when their count is 0; the strings are copied. options (may be NULL): the timeout of
  * the setup calls. Returns NULL on failure: INVALID_ARGUMENT for bad entries, INTERNAL naming
  * the system call when the memfd cannot be made, else the server's status
@@ -644,11 +645,37 @@ HGEMM_EXPORT hgemm_ring_t* hgemm_ring_open(hgemm_client_t* client,
  * Errors: INVALID_ARGUMENT before anything is submitted for what a ring entry cannot say (bytes,
  * a batch, a C not in a region, a handle bound to no slot: the message names the field); the
  * server's status for the entry (NOT_FOUND, OUT_OF_RANGE, INVALID_ARGUMENT naming the field:
- * the ring keeps working); or, once the server detached the ring (shutdown: UNAVAILABLE), that
- * reason, for this and every later GEMM of the ring. Not retried. */
+ * the ring keeps working); or, once the ring ended (the server shut down, restarted or was
+ * killed, the AttachRing call ended, a protocol error), UNAVAILABLE with the reason, for this
+ * GEMM in flight and every later GEMM of the ring (none hangs; the GEMM may go as
+ * hgemm_gemm() instead). Not retried.
+ * [revision 8] Deadline: the options' timeout (else the client's), from this call, is the
+ * entry's deadline. Not complete by then: DEADLINE_EXCEEDED. The server does not start an
+ * entry whose deadline passed (C's bytes are left as they were), but one it started before
+ * runs to the end and writes all of C afterwards, until its late completion comes back (it
+ * is dropped): C's region must not be reused before hgemm_ring_drain(). The server holds the
+ * regions of a GEMM in flight (hgemm_unregister_region() is FAILED_PRECONDITION meanwhile). */
 HGEMM_EXPORT void hgemm_ring_gemm(hgemm_ring_t* ring, const hgemm_gemm_options_t* options,
                                   uint32_t m, uint32_t n, uint32_t k, hgemm_gemm_info_t* info,
                                   int* code, char** errptr);
+/* [revision 8] hgemm_ring_gemm() whose C stays on the server as a new resident matrix (as
+ * hgemm_gemm_keep_c(), with the server's default TTL): no C region may be set. Returns its
+ * handle (malloc()ed; hgemm_free()), NULL on failure (hgemm_ring_gemm()'s errors). */
+HGEMM_EXPORT char* hgemm_ring_gemm_keep_c(hgemm_ring_t* ring, const hgemm_gemm_options_t* options,
+                                          uint32_t m, uint32_t n, uint32_t k,
+                                          hgemm_gemm_info_t* info, int* code, char** errptr);
+/* [revision 8] Binds more region and matrix handles (as hgemm_ring_open()'s) to the open ring
+ * (BindRingSlots), e.g. a region registered or a matrix uploaded after the open; handles bound
+ * already are skipped. Errors: the server's (NOT_FOUND once the ring ended, RESOURCE_EXHAUSTED
+ * past 4096 slots of either kind); nothing is bound then. The arrays may be NULL when their
+ * count is 0. */
+HGEMM_EXPORT void hgemm_ring_bind(hgemm_ring_t* ring, const char* const* regions,
+                                  size_t region_count, const char* const* matrices,
+                                  size_t matrix_count, int* code, char** errptr);
+/* [revision 8] Waits until every GEMM of the ring submitted so far has completed, those that
+ * returned DEADLINE_EXCEEDED included: after it the server writes none of their C any more.
+ * UNAVAILABLE at once once the ring ended. */
+HGEMM_EXPORT void hgemm_ring_drain(hgemm_ring_t* ring, int* code, char** errptr);
 /* The handle of the ring's own region: registered while the ring lives, which
  * hgemm_list_regions() lists (label "ring") and the client's quota counts. Lives as long as
  * the ring. */

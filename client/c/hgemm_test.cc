@@ -10,10 +10,14 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <condition_variable>
 #include <cstring>
+#include <filesystem>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <random>
 #include <string>
@@ -1684,6 +1688,190 @@ TEST_F(HgemmCRing, BadGemmsAreClearErrorsAndTheRingKeepsWorking) {
   hgemm_unregister_region(local_, nullptr, hgemm_region_handle(unbound), &e.code, &e.message);
   EXPECT_EQ(e.code, HGEMM_OK) << e.text();
   hgemm_region_destroy(unbound);
+}
+
+// [revision 8] A kept C through the ring (downloaded against the reference), and a region
+// registered after the open bound to the ring and used as C.
+TEST_F(HgemmCRing, KeptCAndSlotsBoundAfterTheOpen) {
+  Error e;
+  hgemm_ring_t* ring = OpenRing(&e);
+  ASSERT_NE(ring, nullptr) << e.text();
+  hgemm_gemm_options_t* options = Options(0);
+  // keep_c names no C region.
+  char* kept = hgemm_ring_gemm_keep_c(ring, options, m, n, k, nullptr, &e.code, &e.message);
+  EXPECT_EQ(kept, nullptr);
+  EXPECT_EQ(e.code, HGEMM_INVALID_ARGUMENT) << e.text();
+  EXPECT_EQ(e.text().rfind("c:", 0), 0u) << e.text();
+  hgemm_gemm_options_set_c_region(options, "", 0);
+  hgemm_gemm_info_t info;
+  kept = hgemm_ring_gemm_keep_c(ring, options, m, n, k, &info, &e.code, &e.message);
+  ASSERT_NE(kept, nullptr) << e.text();
+  EXPECT_EQ(std::string(kept).rfind("m-", 0), 0u) << kept;
+  EXPECT_GT(info.server_total_ms, 0.0);
+  std::vector<uint16_t> c(m * n, kPoison);
+  hgemm_download(local_, nullptr, kept, 0, 0, c.data(), 2 * c.size(), &e.code, &e.message);
+  ASSERT_EQ(e.code, HGEMM_OK) << e.text();
+  EXPECT_LT(hgemm::RelativeFrobeniusError(c.data(), reference_.data(), m * n),
+            hgemm::kServiceTolerance.fp32_acc);
+
+  // A region made after the open: bound to no slot until hgemm_ring_bind.
+  hgemm_region_t* late = Region(local_, 2 * m * n, "late c");
+  ASSERT_NE(late, nullptr);
+  hgemm_gemm_options_set_c_region(options, hgemm_region_handle(late), 0);
+  hgemm_ring_gemm(ring, options, m, n, k, nullptr, &e.code, &e.message);
+  EXPECT_EQ(e.code, HGEMM_INVALID_ARGUMENT) << e.text();
+  EXPECT_NE(e.text().find("bound to no slot"), std::string::npos) << e.text();
+  const char* regions[] = {hgemm_region_handle(late)};
+  hgemm_ring_bind(ring, regions, 1, nullptr, 0, &e.code, &e.message);
+  ASSERT_EQ(e.code, HGEMM_OK) << e.text();
+  uint16_t* late_c = static_cast<uint16_t*>(hgemm_region_data(late));
+  std::fill(late_c, late_c + m * n, kPoison);
+  hgemm_ring_gemm(ring, options, m, n, k, nullptr, &e.code, &e.message);
+  ASSERT_EQ(e.code, HGEMM_OK) << e.text();
+  EXPECT_LT(hgemm::RelativeFrobeniusError(late_c, reference_.data(), m * n),
+            hgemm::kServiceTolerance.fp32_acc);
+  hgemm_gemm_options_destroy(options);
+  hgemm_ring_drain(ring, &e.code, &e.message);
+  EXPECT_EQ(e.code, HGEMM_OK) << e.text();
+  hgemm_ring_close(ring);
+  hgemm_release(local_, nullptr, kept, &e.code, &e.message);
+  EXPECT_EQ(e.code, HGEMM_OK) << e.text();
+  hgemm_free(kept);
+  hgemm_unregister_region(local_, nullptr, hgemm_region_handle(late), &e.code, &e.message);
+  EXPECT_EQ(e.code, HGEMM_OK) << e.text();
+  hgemm_region_destroy(late);
+}
+
+// [revision 8] A ring GEMM past its timeout: DEADLINE_EXCEEDED for the caller. After
+// hgemm_ring_drain, C holds either its old bytes (the server skipped the late entry) or the
+// whole product (it had started it): nothing in between. The ring goes on.
+TEST_F(HgemmCRing, ARingGemmPastItsTimeoutIsDeadlineExceededAndDrainEndsIt) {
+  constexpr uint32_t big = 768;
+  constexpr size_t elements = size_t{big} * big;
+  std::mt19937_64 rng(62);
+  const std::vector<uint16_t> a = hgemm::RandomHalfMatrix(elements, rng);
+  const std::vector<uint16_t> b = hgemm::RandomHalfMatrix(elements, rng);
+  hgemm_region_t* region = Region(local_, 3 * 2 * elements, "big");
+  ASSERT_NE(region, nullptr);
+  uint16_t* data = static_cast<uint16_t*>(hgemm_region_data(region));
+  std::copy(a.begin(), a.end(), data);
+  std::copy(b.begin(), b.end(), data + elements);
+  uint16_t* c = data + 2 * elements;
+  std::fill(c, c + elements, kPoison);
+  Error e;
+  const char* regions[] = {hgemm_region_handle(region)};
+  hgemm_ring_t* ring =
+      hgemm_ring_open(local_, nullptr, regions, 1, nullptr, 0, 0, &e.code, &e.message);
+  ASSERT_NE(ring, nullptr) << e.text();
+  hgemm_gemm_options_t* options = hgemm_gemm_options_create();
+  hgemm_gemm_options_set_a_region(options, regions[0], 0);
+  hgemm_gemm_options_set_b_region(options, regions[0], 2 * elements);
+  hgemm_gemm_options_set_c_region(options, regions[0], 4 * elements);
+  hgemm_gemm_options_set_timeout_ms(options, 1);  // 768^3 on the CPU backend takes far longer
+  hgemm_ring_gemm(ring, options, big, big, big, nullptr, &e.code, &e.message);
+  EXPECT_EQ(e.code, HGEMM_DEADLINE_EXCEEDED) << e.text();
+  hgemm_ring_drain(ring, &e.code, &e.message);
+  ASSERT_EQ(e.code, HGEMM_OK) << e.text();
+  const std::vector<float> reference = hgemm::ReferenceGemm(a.data(), b.data(), big, big, big);
+  const bool untouched = std::all_of(c, c + elements, [](uint16_t v) { return v == kPoison; });
+  if (!untouched) {
+    EXPECT_LT(hgemm::RelativeFrobeniusError(c, reference.data(), elements),
+              hgemm::kServiceTolerance.fp32_acc)
+        << "C is either untouched or the whole product";
+  }
+  // Without the timeout the same GEMM completes, and the late one's completion went nowhere.
+  std::fill(c, c + elements, kPoison);
+  hgemm_gemm_options_set_timeout_ms(options, 600000);
+  hgemm_ring_gemm(ring, options, big, big, big, nullptr, &e.code, &e.message);
+  ASSERT_EQ(e.code, HGEMM_OK) << e.text();
+  EXPECT_LT(hgemm::RelativeFrobeniusError(c, reference.data(), elements),
+            hgemm::kServiceTolerance.fp32_acc);
+  hgemm_gemm_options_destroy(options);
+  hgemm_ring_close(ring);
+  hgemm_unregister_region(local_, nullptr, regions[0], &e.code, &e.message);
+  EXPECT_EQ(e.code, HGEMM_OK) << e.text();
+  hgemm_region_destroy(region);
+}
+
+// [revision 8] The server process killed while threads run ring GEMMs: each gets a correct C
+// or UNAVAILABLE (never a hang), and the ring refuses later GEMMs with UNAVAILABLE too.
+TEST(HgemmCRingServerKilled, EveryGemmIsCorrectOrUnavailable) {
+  char dir[] = "/tmp/hgemm_c_ring_kill_XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  const std::string target = std::string("unix:") + dir + "/hgemm.sock";
+  auto server = std::make_unique<ServerProcess>(
+      std::vector<std::string>{"--backend=cpu", "--listen=" + target, "--allow_shared_memory"});
+  ASSERT_TRUE(server->WaitUntilListening()) << server->process().Output();
+  Error e;
+  hgemm_client_t* client = hgemm_client_create(target.c_str(), nullptr, &e.code, &e.message);
+  ASSERT_NE(client, nullptr) << e.text();
+  constexpr uint32_t m = 64, n = 64, k = 64;
+  constexpr int kThreads = 4;
+  std::mt19937_64 rng(63);
+  const std::vector<uint16_t> a = hgemm::RandomHalfMatrix(m * k, rng);
+  const std::vector<uint16_t> b = hgemm::RandomHalfMatrix(k * n, rng);
+  const std::vector<float> reference = hgemm::ReferenceGemm(a.data(), b.data(), m, n, k);
+  hgemm_region_t* region = hgemm_region_create(client, nullptr, 2 * (m * k + k * n + kThreads * m * n),
+                                               "kill", &e.code, &e.message);
+  ASSERT_NE(region, nullptr) << e.text();
+  uint16_t* data = static_cast<uint16_t*>(hgemm_region_data(region));
+  std::copy(a.begin(), a.end(), data);
+  std::copy(b.begin(), b.end(), data + m * k);
+  const char* regions[] = {hgemm_region_handle(region)};
+  hgemm_ring_t* ring = hgemm_ring_open(client, nullptr, regions, 1, nullptr, 0, 0, &e.code, &e.message);
+  ASSERT_NE(ring, nullptr) << e.text();
+  std::atomic<int> completed{0};
+  std::vector<int> wrong(kThreads, 0), other(kThreads, 0);
+  std::vector<std::string> last(kThreads);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      const size_t c_at = m * k + k * n + size_t(t) * m * n;
+      uint16_t* c = data + c_at;
+      hgemm_gemm_options_t* options = hgemm_gemm_options_create();
+      hgemm_gemm_options_set_a_region(options, regions[0], 0);
+      hgemm_gemm_options_set_b_region(options, regions[0], 2 * m * k);
+      hgemm_gemm_options_set_c_region(options, regions[0], 2 * c_at);
+      while (true) {
+        std::fill(c, c + m * n, kPoison);
+        Error error;
+        hgemm_ring_gemm(ring, options, m, n, k, nullptr, &error.code, &error.message);
+        if (error.code == HGEMM_OK) {
+          if (hgemm::RelativeFrobeniusError(c, reference.data(), m * n) >
+              hgemm::kServiceTolerance.fp32_acc) {
+            ++wrong[t];
+          }
+          ++completed;
+          continue;
+        }
+        last[t] = error.text();
+        if (error.code == HGEMM_UNAVAILABLE && last[t].find("the ring was detached") == std::string::npos) {
+          continue;  // the server's queue was full
+        }
+        if (error.code != HGEMM_UNAVAILABLE) ++other[t];
+        break;
+      }
+      hgemm_gemm_options_destroy(options);
+    });
+  }
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (completed.load() < 200 && std::chrono::steady_clock::now() < give_up) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  EXPECT_GE(completed.load(), 200);
+  server->process().Kill(SIGKILL);
+  for (std::thread& thread : threads) thread.join();  // a hang is the test's timeout
+  for (int t = 0; t < kThreads; ++t) {
+    EXPECT_EQ(wrong[t], 0) << "thread " << t;
+    EXPECT_EQ(other[t], 0) << "thread " << t << ": " << last[t];
+  }
+  hgemm_ring_drain(ring, &e.code, &e.message);
+  EXPECT_EQ(e.code, HGEMM_UNAVAILABLE) << e.text();
+  hgemm_ring_close(ring);
+  hgemm_region_destroy(region);
+  hgemm_client_destroy(client);
+  server.reset();
+  std::filesystem::remove_all(dir);
 }
 
 TEST_F(HgemmCRing, OpenRefusalsAndCloseWhileIdleLeaveNoRegionBehind) {

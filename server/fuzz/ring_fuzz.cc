@@ -3,8 +3,11 @@
 // server serves it. Each execution attaches a ring (a real memfd, registered as a region, with
 // a data region and an unbound matrix as slots), plays the ops the input draws (write an entry
 // made of the input's bytes with boundary dimensions, kinds, slots and offsets mixed in;
-// publish the SQ tail, sometimes far ahead; scribble a header word; reap completions), then
-// stops the ring. Besides "no crash" (ASan: no access outside the mappings), it checks that
+// publish the SQ tail, sometimes far ahead; scribble a header word; reap completions; entries
+// may keep C (kRingKeepC: the kept matrix is released when reaped) or carry a deadline around
+// now (kRingHasDeadline), and some bind more slots (RingExecutor::Bind, as BindRingSlots),
+// all drawn from the entry's own bytes so that the corpus decodes as before), then stops the
+// ring. Besides "no crash" (ASan: no access outside the mappings), it checks that
 // every completion carries a code in 0..16 and a NUL-terminated message, that a detach says
 // why (INVALID_ARGUMENT naming sq_tail or cq_head), and that once stopped the ring lets go of
 // its region within kCallDeadline (its thread never blocks; its GEMMs complete).
@@ -149,6 +152,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       if (std::memchr(c.message, 0, sizeof(c.message)) == nullptr) {
         Fail("a completion message without its NUL", "");
       }
+      if (c.code == 0 && std::strncmp(c.message, "m-", 2) == 0) {  // a kept C
+        int64_t freed = 0;
+        s.store.Release("fuzz", c.message, &freed).IgnoreError();
+      }
     }
     h->cq_head.store(head);
     RingWakeSleeper(&h->server_sleeping);
@@ -164,7 +171,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
           e.m = Dim(in);
           e.n = Dim(in);
           e.k = Dim(in);
-          e.flags &= 7;
+          e.flags &= kRingTransposeA | kRingTransposeB | kRingHasAlpha | kRingKeepC |
+                     kRingHasDeadline;
+          // A deadline from 1 ms ago to 1 ms ahead, from the entry's bytes.
+          e.deadline_ns = uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                       std::chrono::steady_clock::now().time_since_epoch())
+                                       .count()) +
+                          e.deadline_ns % 2000000 - 1000000;
           e.dtype %= 4;
           e.c_dtype %= 4;
           e.accumulation %= 3;
@@ -176,6 +189,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
           e.c = Operand(in);
         }
         sq[tail % kEntries] = e;
+        if (e.user_data % 8 == 0) {  // more slots, bound while the ring runs (or refused)
+          uint32_t first_region = 0, first_matrix = 0;
+          const absl::Status bound = executor->Bind(
+              {e.user_data % 16 == 0 ? s.data.handle : ""}, {"m-unbound"}, &first_region,
+              &first_matrix);
+          if (bound.ok() == (e.user_data % 16 != 0)) Fail("Bind", std::string(bound.message()));
+        }
         break;
       }
       case 2:  // publish

@@ -13,7 +13,7 @@ constexpr std::array<const char*, kNumRpcs> kRpcNames = {
     "Gemm",          "GemmStream",    "ListKernels",  "GetServerInfo",
     "UploadMatrix",  "ReleaseMatrix", "ListMatrices", "DownloadMatrix",
     "RegisterRegion", "UnregisterRegion", "ListRegions", "CreateUpload",
-    "UploadPart",    "AttachRing",
+    "UploadPart",    "AttachRing",    "BindRingSlots",
 };
 
 constexpr std::array<const char*, 5> kStageNames = {

@@ -95,8 +95,9 @@ enum class Rpc {
   kCreateUpload,
   kUploadPart,
   kAttachRing,
+  kBindRingSlots,
 };
-inline constexpr int kNumRpcs = 14;
+inline constexpr int kNumRpcs = 15;
 
 // How a call's matrix bytes travel (hgemm_transport_bytes_total's label).
 enum class DataPath { kTcp, kUnix, kShm };

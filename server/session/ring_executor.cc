@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <string_view>
 #include <utility>
 
 #include "server/core/status.h"
@@ -64,10 +65,29 @@ absl::Status RingRegistry::Add(const std::string& owner) {
   return absl::OkStatus();
 }
 
-void RingRegistry::Remove(const std::string& owner) {
+void RingRegistry::Index(const std::string& owner, const std::string& ring_region,
+                         const std::shared_ptr<RingExecutor>& ring) {
+  std::lock_guard<std::mutex> lock(mu_);
+  by_region_[{owner, ring_region}] = ring;
+}
+
+void RingRegistry::Remove(const std::string& owner, const std::string& ring_region) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = rings_.find(owner);
   if (it != rings_.end() && --it->second <= 0) rings_.erase(it);
+  by_region_.erase({owner, ring_region});
+}
+
+absl::Status RingRegistry::Find(const std::string& owner, const std::string& ring_region,
+                                std::shared_ptr<RingExecutor>* ring) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = by_region_.find({owner, ring_region});
+  if (it != by_region_.end()) *ring = it->second.lock();
+  if (it == by_region_.end() || *ring == nullptr) {
+    return status::NotFound(fmt::format("ring_region: no ring of this client is attached over "
+                                        "region {}", status::Quote(ring_region)));
+  }
+  return absl::OkStatus();
 }
 
 void RingRegistry::ThreadStarted() {
@@ -106,6 +126,11 @@ absl::Status RingExecutor::Attach(const GemmCore* core, RingRegistry* registry, 
       return status::InvalidArgument(fmt::format("matrices[{}]", i), "empty matrix handle");
     }
   }
+  const uint32_t max_slots = registry->options().max_slots;
+  if (spec.regions.size() > max_slots || spec.matrices.size() > max_slots) {
+    return status::InvalidArgument(spec.regions.size() > max_slots ? "regions" : "matrices",
+                                   fmt::format("more than {} slots", max_slots));
+  }
   RegionLease lease;
   if (absl::Status s = regions.Acquire(owner, spec.ring_region, 0,
                                        int64_t(RingBytes(spec.sq_entries, spec.cq_entries)),
@@ -129,6 +154,7 @@ absl::Status RingExecutor::Attach(const GemmCore* core, RingRegistry* registry, 
   auto executor = std::make_shared<RingExecutor>(core, registry, std::move(owner),
                                                  over_unix_socket, spec, std::move(lease),
                                                  std::move(on_entry), std::move(on_detached));
+  registry->Index(executor->owner_, executor->ring_region_, executor);
   registry->ThreadStarted();
   try {
     std::thread([executor]() mutable {
@@ -158,6 +184,7 @@ RingExecutor::RingExecutor(const GemmCore* core, RingRegistry* registry, std::st
       cq_entries_(spec.cq_entries),
       max_in_flight_(std::max<uint32_t>(1, registry->options().max_in_flight)),
       spin_us_(registry->options().spin_us),
+      ring_region_(spec.ring_region),
       regions_(spec.regions),
       matrices_(spec.matrices),
       ring_(std::move(ring)),
@@ -177,7 +204,35 @@ RingExecutor::RingExecutor(const GemmCore* core, RingRegistry* registry, std::st
 RingExecutor::~RingExecutor() { Unregister(); }
 
 void RingExecutor::Unregister() {
-  if (registered_.exchange(false)) registry_->Remove(owner_);
+  if (registered_.exchange(false)) registry_->Remove(owner_, ring_region_);
+}
+
+absl::Status RingExecutor::Bind(const std::vector<std::string>& regions,
+                                const std::vector<std::string>& matrices,
+                                uint32_t* first_region, uint32_t* first_matrix) {
+  for (size_t i = 0; i < regions.size(); ++i) {
+    if (regions[i].empty()) {
+      return status::InvalidArgument(fmt::format("regions[{}]", i), "empty region handle");
+    }
+  }
+  for (size_t i = 0; i < matrices.size(); ++i) {
+    if (matrices[i].empty()) {
+      return status::InvalidArgument(fmt::format("matrices[{}]", i), "empty matrix handle");
+    }
+  }
+  const uint32_t max_slots = registry_->options().max_slots;
+  std::lock_guard<std::mutex> lock(slots_mu_);
+  if (regions.size() > max_slots - regions_.size() ||
+      matrices.size() > max_slots - matrices_.size()) {
+    return status::OverLimit(fmt::format(
+        "the ring would bind {} region and {} matrix slots, more than {} of either",
+        regions_.size() + regions.size(), matrices_.size() + matrices.size(), max_slots));
+  }
+  *first_region = uint32_t(regions_.size());
+  *first_matrix = uint32_t(matrices_.size());
+  regions_.insert(regions_.end(), regions.begin(), regions.end());
+  matrices_.insert(matrices_.end(), matrices.begin(), matrices.end());
+  return absl::OkStatus();
 }
 
 void RingExecutor::Stop() {
@@ -254,7 +309,7 @@ void RingExecutor::Run() {
       } catch (...) {
         s = status::FromCurrentException("ring entry");
       }
-      if (!s.ok()) Complete(entry.user_data, s, nullptr, GemmShape{});
+      if (!s.ok()) Complete(entry.user_data, s, nullptr, GemmShape{}, nullptr);
       spin_until = Clock::now() + spin;
       continue;
     }
@@ -288,7 +343,8 @@ absl::Status RingExecutor::Submit(const RingSubmission& entry) {
   request.set_m(entry.m);
   request.set_n(entry.n);
   request.set_k(entry.k);
-  constexpr uint32_t kKnownFlags = kRingTransposeA | kRingTransposeB | kRingHasAlpha;
+  constexpr uint32_t kKnownFlags =
+      kRingTransposeA | kRingTransposeB | kRingHasAlpha | kRingKeepC | kRingHasDeadline;
   if ((entry.flags & ~kKnownFlags) != 0) {
     return status::InvalidArgument("flags", fmt::format("unknown bits {:#x}", entry.flags & ~kKnownFlags));
   }
@@ -318,6 +374,20 @@ absl::Status RingExecutor::Submit(const RingSubmission& entry) {
   if (entry.timeout_us > kMaxTimeoutUs) {
     return status::InvalidArgument("timeout_us", fmt::format("{} is more than a day", entry.timeout_us));
   }
+  // The entry's own deadline: one that passed while it waited in the SQ is not run at all.
+  const auto now = Clock::now();
+  auto deadline = Clock::time_point::max();
+  if ((entry.flags & kRingHasDeadline) != 0) {
+    if (entry.deadline_ns > uint64_t(INT64_MAX)) {
+      return status::InvalidArgument("deadline_ns", fmt::format("{} is past 2^63 - 1", entry.deadline_ns));
+    }
+    deadline = Clock::time_point(std::chrono::nanoseconds(int64_t(entry.deadline_ns)));
+    if (deadline <= now) return status::DeadlineExpired(0);
+  }
+  if (entry.timeout_us > 0) {
+    deadline = std::min(deadline, now + std::chrono::microseconds(entry.timeout_us));
+  }
+  const bool keep_c = (entry.flags & kRingKeepC) != 0;
 
   // One operand: its slot resolved into the request (for validation) and the order.
   auto bind = [&](const char* name, const RingOperand& operand, bool may_be_none,
@@ -354,6 +424,7 @@ absl::Status RingExecutor::Submit(const RingSubmission& entry) {
                                        fmt::format("unknown kind {}", operand.kind));
     }
   };
+  std::unique_lock<std::mutex> slots_lock(slots_mu_);
   v1::RegionRef region;
   std::string handle;
   if (absl::Status s = bind("a", entry.a, false, &region, &handle, &order.a); !s.ok()) {
@@ -385,31 +456,42 @@ absl::Status RingExecutor::Submit(const RingSubmission& entry) {
   OperandSource c_source;
   region.Clear();
   handle.clear();
-  if (absl::Status s = bind("c", entry.c, false, &region, &handle, &c_source); !s.ok()) {
+  if (keep_c) {
+    if (entry.c.kind != kRingOperandNone) {
+      return status::InvalidArgument("c.kind", "C stays resident (kRingKeepC): name no C");
+    }
+    request.set_keep_c_resident(true);
+    order.c = ResultSink::KeepResident(0);
+  } else if (absl::Status s = bind("c", entry.c, false, &region, &handle, &c_source); !s.ok()) {
     return s;
-  }
-  if (handle.empty()) {
+  } else if (handle.empty()) {
     *request.mutable_c_region() = region;
     order.c = ResultSink::Region(c_source.handle, c_source.offset);
   } else {
     order.c = ResultSink::IntoResident(handle);
   }
+  slots_lock.unlock();
   if (absl::Status s = ValidateGemmRequest(request, core_->rules(), &order.job); !s.ok()) return s;
   order.over_unix_socket = over_unix_socket_;
-  if (entry.timeout_us > 0) {
-    order.job.deadline = Clock::now() + std::chrono::microseconds(entry.timeout_us);
-  }
+  order.job.deadline = deadline;
   AdmittedGemm admitted;
   if (absl::Status s = core_->Admit(owner_, std::move(order), &admitted); !s.ok()) return s;
   const GemmShape shape = admitted.job().shape;
   return core_->Run(std::move(admitted), [self = shared_from_this(), user_data = entry.user_data,
                                           shape](const absl::Status& status, GemmResult result) {
-    self->Complete(user_data, status, &result.report, shape);
+    self->Complete(user_data, status, &result.report, shape,
+                   result.kept_c.buffer ? &result.kept_c.handle : nullptr);
   });
 }
 
-void RingExecutor::Complete(uint64_t user_data, const absl::Status& status,
-                            const GemmReport* report, const GemmShape& shape) {
+void RingExecutor::Complete(uint64_t user_data, absl::Status status, const GemmReport* report,
+                            const GemmShape& shape, const std::string* kept_c) {
+  if (status.ok() && kept_c != nullptr && kept_c->size() > kRingMaxHandleBytes) {
+    // Never with the store's handles ("m-" and 32 hex digits); a C that could not be named
+    // would stay in the store until its TTL.
+    status = absl::InternalError(fmt::format("the kept C's handle has {} bytes, more than a ring "
+                                          "completion holds", kept_c->size()));
+  }
   RingCompletion completion{};
   completion.user_data = user_data;
   completion.code = int32_t(status.code());
@@ -419,8 +501,12 @@ void RingExecutor::Complete(uint64_t user_data, const absl::Status& status,
     completion.server_total_ms = float(report->server_total_ms);
     completion.tflops = float(report->Tflops(shape));
   }
-  const size_t length = std::min(status.message().size(), sizeof(completion.message) - 1);
-  if (length > 0) std::memcpy(completion.message, status.message().data(), length);  // OK: null
+  const std::string_view message = status.ok() && kept_c != nullptr
+                                       ? std::string_view(*kept_c)
+                                       : std::string_view(status.message().data(),
+                                                          status.message().size());
+  const size_t length = std::min(message.size(), kRingMaxHandleBytes);
+  if (length > 0) std::memcpy(completion.message, message.data(), length);  // OK: null
   {
     std::lock_guard<std::mutex> lock(mu_);
     RingHeader* h = header();

@@ -10,8 +10,9 @@
 // or a wait that does not end). Work per ring is bounded: at most max_in_flight GEMMs, and
 // never more than the CQ has room for.
 //
-// RingRegistry counts the rings attached (per owner, bounded) and their threads; it must
-// outlive every executor and waits for their threads when destroyed.
+// RingRegistry counts the rings attached (per owner, bounded) and their threads, and finds an
+// owner's attached ring by its ring region (BindRingSlots); it must outlive every executor and
+// waits for their threads when destroyed.
 // Thread safety: all methods are thread-safe.
 #ifndef HGEMM_SERVER_SESSION_RING_EXECUTOR_H_
 #define HGEMM_SERVER_SESSION_RING_EXECUTOR_H_
@@ -23,6 +24,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <utility>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -42,6 +44,8 @@ struct RingOptions {
   uint32_t max_in_flight = 64;
   // Rings one owner may have attached at once.
   int max_rings_per_owner = 16;
+  // Region slots, and matrix slots, one ring may bind (at the attach and by Bind together).
+  uint32_t max_slots = 4096;
 };
 
 // What AttachRing names.
@@ -53,6 +57,8 @@ struct RingSpec {
   std::vector<std::string> matrices;  // resident matrix slots
 };
 
+class RingExecutor;
+
 class RingRegistry {
  public:
   explicit RingRegistry(RingOptions options) : options_(options) {}
@@ -63,18 +69,27 @@ class RingRegistry {
   // Rings attached now, over all owners.
   int64_t Attached();
   const RingOptions& options() const { return options_; }
+  // `owner`'s ring attached over its region `ring_region`, or NOT_FOUND naming ring_region
+  // (none, another owner's, or detached).
+  absl::Status Find(const std::string& owner, const std::string& ring_region,
+                    std::shared_ptr<RingExecutor>* ring);
 
  private:
   friend class RingExecutor;
   // RESOURCE_EXHAUSTED past options().max_rings_per_owner.
   absl::Status Add(const std::string& owner);
-  void Remove(const std::string& owner);
+  // Makes `ring` findable (once attached) and forgets it.
+  void Index(const std::string& owner, const std::string& ring_region,
+             const std::shared_ptr<RingExecutor>& ring);
+  void Remove(const std::string& owner, const std::string& ring_region);
   void ThreadStarted();
   void ThreadEnded();
 
   const RingOptions options_;
   std::mutex mu_;
   std::map<std::string, int> rings_;  // guarded by mu_; owners with rings
+  // guarded by mu_: attached rings by {owner, ring region}
+  std::map<std::pair<std::string, std::string>, std::weak_ptr<RingExecutor>> by_region_;
   int threads_ = 0;                   // guarded by mu_
   std::condition_variable threads_ended_;
 };
@@ -105,6 +120,14 @@ class RingExecutor : public std::enable_shared_from_this<RingExecutor> {
   // waits for a GEMM; idempotent.
   void Stop();
 
+  // Binds more slots after the attach (BindRingSlots): `regions` become region slots from
+  // *first_region on, `matrices` matrix slots from *first_matrix on, for entries the ring
+  // takes from now on. Handles are resolved per GEMM, as at the attach. INVALID_ARGUMENT for an
+  // empty handle; RESOURCE_EXHAUSTED past RingOptions::max_slots (nothing bound).
+  absl::Status Bind(const std::vector<std::string>& regions,
+                    const std::vector<std::string>& matrices, uint32_t* first_region,
+                    uint32_t* first_matrix);
+
   uint32_t max_in_flight() const { return max_in_flight_; }
 
   RingExecutor(const GemmCore* core, RingRegistry* registry, std::string owner,
@@ -121,9 +144,10 @@ class RingExecutor : public std::enable_shared_from_this<RingExecutor> {
   absl::Status HasRoom(bool* room);
   // Submits one copied-out entry: OK once the scheduler took it, else why not.
   absl::Status Submit(const RingSubmission& entry);
-  // Writes the outcome of the entry `user_data` into the CQ and wakes whoever sleeps.
-  void Complete(uint64_t user_data, const absl::Status& status, const GemmReport* report,
-                const GemmShape& shape);
+  // Writes the outcome of the entry `user_data` into the CQ and wakes whoever sleeps; on OK,
+  // `kept_c` (may be null) is the handle of the C it kept.
+  void Complete(uint64_t user_data, absl::Status status, const GemmReport* report,
+                const GemmShape& shape, const std::string* kept_c);
   // A protocol error: the ring stops and on_detached hears why.
   void Detach(const absl::Status& reason);
   // Gives back the owner's ring count (once).
@@ -140,7 +164,9 @@ class RingExecutor : public std::enable_shared_from_this<RingExecutor> {
   const uint32_t sq_entries_, cq_entries_;
   const uint32_t max_in_flight_;
   const int64_t spin_us_;
-  const std::vector<std::string> regions_, matrices_;
+  const std::string ring_region_;
+  std::mutex slots_mu_;
+  std::vector<std::string> regions_, matrices_;  // guarded by slots_mu_; the slots
   RegionLease ring_;  // guarded by mu_ once the thread runs: the ring's mapping, held until
                       // the thread has ended and no GEMM is in flight
   const RingSubmission* const sq_;

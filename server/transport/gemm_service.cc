@@ -321,6 +321,26 @@ grpc::ServerWriteReactor<v1::RingEvent>* GemmServiceImpl::AttachRing(
   return NewAttachRingReactor(call_services_, context, std::move(caller.name), *request);
 }
 
+grpc::ServerUnaryReactor* GemmServiceImpl::BindRingSlots(grpc::CallbackServerContext* context,
+                                                         const v1::BindRingSlotsRequest* request,
+                                                         v1::RingSlots* response) {
+  return Unary(Rpc::kBindRingSlots, context, [&](const Principal& caller) {
+    if (absl::Status s = core_.regions().CheckAllowed(OverUnixSocket(*context)); !s.ok()) return s;
+    std::shared_ptr<RingExecutor> ring;
+    if (absl::Status s = call_services_.rings->Find(caller.name, request->ring_region(), &ring);
+        !s.ok()) {
+      return s;
+    }
+    uint32_t first_region = 0, first_matrix = 0;
+    absl::Status s = ring->Bind({request->regions().begin(), request->regions().end()},
+                                {request->matrices().begin(), request->matrices().end()},
+                                &first_region, &first_matrix);
+    response->set_first_region_slot(first_region);
+    response->set_first_matrix_slot(first_matrix);
+    return s;
+  });
+}
+
 grpc::ServerUnaryReactor* GemmServiceImpl::RegisterRegion(grpc::CallbackServerContext* context,
                                                           const v1::RegisterRegionRequest* request,
                                                           v1::RegionInfo* response) {

@@ -112,6 +112,9 @@ class GemmServiceImpl final : public v1::GemmService::CallbackService {
   // part_chunk.h) in place of the generated typed handler, which is never called.
   grpc::ServerWriteReactor<v1::RingEvent>* AttachRing(grpc::CallbackServerContext* context,
                                                      const v1::AttachRingRequest* request) override;
+  grpc::ServerUnaryReactor* BindRingSlots(grpc::CallbackServerContext* context,
+                                          const v1::BindRingSlotsRequest* request,
+                                          v1::RingSlots* response) override;
   grpc::ServerReadReactor<grpc::ByteBuffer>* UploadPartRaw(grpc::CallbackServerContext* context,
                                                            grpc::ByteBuffer* response);
 

@@ -258,6 +258,15 @@ class Calls:
                     refs[name] = pb.RegionRef(region=arena.handle, offset=at)
                 if plan.c_bytes:
                     refs["c"] = pb.RegionRef(region=arena.handle, offset=plan.offsets["c"])
+            if spec.keep_c and arena is None and not details and self._native_regions():
+                # A and B both shared buffers: the kept C through the ring when it can.
+                kept = yield from self._on_native(self.native.gemm_keep_c_in_regions,
+                                                  (spec, refs), timeout, idempotent=False,
+                                                  nbytes=0)
+                if kept is not None:
+                    matrix, info = kept
+                    return native_result(spec, ResidentMatrix(self.client, matrix), info,
+                                         details, as_torch, started, None)
             if self._native_regions() and not spec.keep_c:
                 # The ring takes GEMMs of shared buffers alone (an arena's copies cost more
                 # than the call), and not details=True: a ring's completion carries the

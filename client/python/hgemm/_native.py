@@ -24,6 +24,7 @@ hgemm_client_t serves many threads).
 """
 import concurrent.futures
 import ctypes
+import logging
 import os
 import re
 import threading
@@ -46,8 +47,8 @@ ABI_VERSION = 1  # HGEMM_ABI_VERSION of the client/c/hgemm.h this module binds
 BLOCKING_CALL_THREADS = 8
 # The HGEMM_ABI_REVISION whose functions it calls (2: batches, transposes, types; 3: typed
 # uploads, downloads, listings, keep_c, alpha/beta/C_in/batch; 4: parallel_min_bytes; 5: shared
-# memory regions; 6: submission rings).
-ABI_REVISION = 6
+# memory regions; 6: submission rings; 8: rings keep C, bind slots after the open, drain).
+ABI_REVISION = 8
 MODE_AUTO, MODE_UNARY, MODE_STREAM = 0, 1, 2
 # HGEMM_DTYPE_* (proto DataType's values) of a Spec's dtype names.
 _DTYPES = {"fp16": pb.DATA_TYPE_FP16, "bf16": pb.DATA_TYPE_BF16, "fp32": pb.DATA_TYPE_FP32}
@@ -216,7 +217,7 @@ NATIVE_FEATURES = {
     "matrices": "native",
     "stream": "native",              # Client.stream(): a persistent GemmStream
     "shared_memory": "native",       # shared_buffer(), regions(), GEMMs naming regions
-    "ring": "native",                # GEMMs of A, B and C all in regions: a submission ring
+    "ring": "native",                # GEMMs of A and B in regions, C too or kept: a ring
     "info": "native",
     "kernels": "native",
     "aio.gemm": "native",            # keep_c too
@@ -243,7 +244,26 @@ def info() -> dict:
         return out
     out.update(core="native", library=library_path(), abi_version=lib.hgemm_abi_version(),
                abi_revision=lib.hgemm_abi_revision(), features=dict(NATIVE_FEATURES))
+    with _ring_fallbacks_lock:
+        out["ring_fallbacks"] = dict(_ring_fallbacks)
     return out
+
+
+# GEMMs of this process that a ring was meant for and that went as Gemm calls because the ring
+# ended (UNAVAILABLE: the server restarted, went away or detached it) or none could be opened
+# (e.g. RESOURCE_EXHAUSTED past --max_rings_per_client): hgemm.info() says how many and the
+# last reason; a ring that ends, and a refusal for good, are logged once (logger "hgemm").
+_ring_fallbacks = {"count": 0, "last_reason": None}
+_ring_fallbacks_lock = threading.Lock()
+_log = logging.getLogger("hgemm")
+
+
+def _ring_fell_back(reason: str, first: bool) -> None:
+    with _ring_fallbacks_lock:
+        _ring_fallbacks["count"] += 1
+        _ring_fallbacks["last_reason"] = reason
+    if first:
+        _log.warning("hgemm: no submission ring (%s); GEMMs go as Gemm calls", reason)
 
 
 def _checked_library(lib):
@@ -369,6 +389,10 @@ def _declare(lib):
         "hgemm_ring_open": (p, (p, p, ctypes.POINTER(cstr), size, ctypes.POINTER(cstr), size,
                                 u32) + err),
         "hgemm_ring_gemm": (None, (p, p, u32, u32, u32, ctypes.POINTER(GemmInfo)) + err),
+        "hgemm_ring_gemm_keep_c": (p, (p, p, u32, u32, u32, ctypes.POINTER(GemmInfo)) + err),
+        "hgemm_ring_bind": (None, (p, ctypes.POINTER(cstr), size, ctypes.POINTER(cstr), size)
+                            + err),
+        "hgemm_ring_drain": (None, (p,) + err),
         "hgemm_ring_region": (cstr, (p,)),
         "hgemm_ring_close": (None, (p,)),
         "hgemm_region_list_destroy": (None, (p,)),
@@ -550,7 +574,8 @@ class NativeClient:
         ring entry can say (A, B and C all in regions, no C input, batch or request id) goes
         through the client's ring instead, and as a Gemm call where the ring is refused or
         UNAVAILABLE (the ring detached, the server's queue full: the call's retries apply).
-        REQUIRES: not spec.keep_c."""
+        A ring GEMM past `timeout` raises DEADLINE_EXCEEDED; its C region may still be written
+        until the late GEMM ends (ring_drain()). REQUIRES: not spec.keep_c."""
         if use_ring and self._rings is not None and _ring_entry_fits(spec, refs):
             done = self._ring_gemm(spec, refs, timeout)
             if done is not None:
@@ -577,10 +602,28 @@ class NativeClient:
         finally:
             self._lib.hgemm_gemm_options_destroy(options)
 
+    def gemm_keep_c_in_regions(self, spec, refs: dict, timeout: Optional[float]):
+        """(MatrixInfo of the kept C, GemmInfo) of a keep_c Spec whose A and B are in regions
+        (refs), through the client's ring; None when it did not run there (no ring, it does not
+        fit an entry, or UNAVAILABLE): the caller sends it as a Gemm call."""
+        if self._rings is None or not _ring_entry_fits(spec, refs):
+            return None
+        done = self._ring_gemm(spec, refs, timeout)
+        if done is None:
+            return None
+        handle, info = done
+        kept = pb.MatrixInfo(handle=handle, rows=spec.m, cols=spec.n,
+                             bytes=(4 if spec.c_dtype == "fp32" else 2) * spec.m * spec.n,
+                             label="", replica=handle_replica(handle),
+                             dtype=_DTYPES[spec.c_dtype])
+        return kept, info
+
     def _ring_gemm(self, spec, refs: dict, timeout: Optional[float]):
-        """(None, GemmInfo) of the GEMM through the ring (C in its region); None when it did not
-        run there (no ring, or UNAVAILABLE); raises the entry's other errors."""
-        ring = self._rings.acquire(frozenset(refs[name].region for name in ("a", "b", "c")))
+        """(None, GemmInfo) of the GEMM through the ring (C in its region), or (the kept C's
+        handle, GemmInfo) with keep_c; None when it did not run there (no ring, or
+        UNAVAILABLE); raises the entry's other errors."""
+        names = ("a", "b") if spec.keep_c else ("a", "b", "c")
+        ring = self._rings.acquire(frozenset(refs[name].region for name in names))
         if ring is None:
             return None
         lib = self._lib
@@ -590,19 +633,36 @@ class NativeClient:
             for name, setter in (("a", lib.hgemm_gemm_options_set_a_region),
                                  ("b", lib.hgemm_gemm_options_set_b_region),
                                  ("c", lib.hgemm_gemm_options_set_c_region)):
-                setter(options, refs[name].region.encode(), refs[name].offset)
+                if name in names:
+                    setter(options, refs[name].region.encode(), refs[name].offset)
             info = GemmInfo()
-            _, err = self._status(lib.hgemm_ring_gemm, ring.ring, options, spec.m, spec.n,
-                                  spec.k, ctypes.byref(info))
-            if err is None:
-                return None, info
+            if spec.keep_c:
+                handle, err = self._status(lib.hgemm_ring_gemm_keep_c, ring.ring, options, spec.m,
+                                           spec.n, spec.k, ctypes.byref(info))
+                if err is None:
+                    try:
+                        return ctypes.string_at(handle).decode(), info
+                    finally:
+                        lib.hgemm_free(handle)
+            else:
+                _, err = self._status(lib.hgemm_ring_gemm, ring.ring, options, spec.m, spec.n,
+                                      spec.k, ctypes.byref(info))
+                if err is None:
+                    return None, info
             if err.code() != grpc.StatusCode.UNAVAILABLE:
                 raise err
             unavailable = True
+            _ring_fell_back(err.details(), first=self._rings.ended(ring))
             return None
         finally:
             lib.hgemm_gemm_options_destroy(options)
             self._rings.release(ring, retire=unavailable)
+
+    def ring_drain(self) -> None:
+        """Waits until every GEMM sent through the client's ring so far has ended, those that
+        raised DEADLINE_EXCEEDED included: their C regions are written no more."""
+        if self._rings is not None:
+            self._rings.drain()
 
     def gemm_grouped(self, group, timeout: Optional[float]):
         """([C of each problem, as gemm returns it], GemmInfo) of a GroupSpec, in one Gemm call;
@@ -847,9 +907,14 @@ class NativeClient:
 
 
 def _ring_entry_fits(spec, refs: dict) -> bool:
-    """Whether a ring entry says all of this GEMM: A, B and C in regions, no C input, one GEMM,
-    and no request id (a completion echoes none)."""
-    return (all(name in refs for name in ("a", "b", "c")) and spec.c_in is None
+    """Whether a ring entry says all of this GEMM: A and B in regions, C too or kept (with the
+    server's default TTL), no C input, one GEMM, and no request id (a completion echoes
+    none)."""
+    if spec.keep_c:
+        c_fits = "c" not in refs and not spec.c_ttl
+    else:
+        c_fits = "c" in refs
+    return (c_fits and "a" in refs and "b" in refs and spec.c_in is None
             and not spec.c_in_handle and spec.batch <= 1 and not spec.options.request_id)
 
 
@@ -859,11 +924,24 @@ class _Ring:
 
     def __init__(self, native: NativeClient, bound: frozenset):
         handles = [handle.encode() for handle in sorted(bound)]
-        self._lib, self.bound, self.users, self.retired = native._lib, bound, 0, False
+        self._native, self._lib = native, native._lib
+        self.bound, self.users, self.retired, self.ended = bound, 0, False, False
         self.ring = native._checked(native._lib.hgemm_ring_open, native._client, None,
                                     (ctypes.c_char_p * len(handles))(*handles), len(handles),
                                     None, 0, 0)
         self.region = native._lib.hgemm_ring_region(self.ring).decode()
+
+    def bind(self, regions: frozenset) -> None:
+        """Binds more regions to the open ring (hgemm_ring_bind); raises NativeRpcError."""
+        handles = [handle.encode() for handle in sorted(regions - self.bound)]
+        self._native._checked(self._lib.hgemm_ring_bind, self.ring,
+                              (ctypes.c_char_p * len(handles))(*handles), len(handles), None, 0)
+        self.bound = self.bound | regions
+
+    def drain(self) -> None:
+        _, err = self._native._status(self._lib.hgemm_ring_drain, self.ring)
+        if err is not None and err.code() != grpc.StatusCode.UNAVAILABLE:
+            raise err  # an ended ring has nothing left to wait for
 
     def close(self) -> None:
         ring, self.ring = self.ring, None
@@ -873,9 +951,10 @@ class _Ring:
 
 class _Rings:
     """A NativeClient's submission ring, shared by all its threads and opened at first use. A
-    ring binds the regions its GEMMs may name when it is opened, so a GEMM naming one it lacks
-    opens another binding both (up to MAX_BOUND; past that, the GEMM's alone); the old one is
-    closed once its last GEMM is over. A server that refuses rings for good (none over TCP,
+    GEMM naming a region the ring lacks binds it to the open ring (hgemm_ring_bind, up to
+    MAX_BOUND); past that, or if the bind fails, it opens another binding both (or the GEMM's
+    alone); the old one is closed once its last GEMM is over. A ring that ends (UNAVAILABLE) is
+    retired: the next GEMM opens a new one, or goes as a Gemm call if that is refused. A server that refuses rings for good (none over TCP,
     shared memory not allowed, a server without AttachRing) is not asked again. Thread-safe."""
 
     MAX_BOUND = 64
@@ -896,6 +975,12 @@ class _Rings:
             if self.refused is not None:
                 return None
             ring = self._ring
+            if ring is not None and not regions <= ring.bound and \
+                    len(ring.bound | regions) <= self.MAX_BOUND:
+                try:
+                    ring.bind(regions)
+                except NativeRpcError:
+                    pass  # a new ring binds them below
             if ring is None or not regions <= ring.bound:
                 bound = regions if ring is None else ring.bound | regions
                 try:
@@ -904,7 +989,9 @@ class _Rings:
                 except NativeRpcError as e:
                     if e.code() in self._REFUSED_FOR_GOOD:
                         self.refused = e
-                    return None  # else (e.g. RESOURCE_EXHAUSTED: too many rings) this GEMM only
+                    # else (e.g. RESOURCE_EXHAUSTED: too many rings) this GEMM only
+                    _ring_fell_back(e.details(), first=self.refused is e)
+                    return None
                 self._retire_locked()
                 self._ring = ring = fresh
                 self._open.add(fresh)
@@ -923,6 +1010,25 @@ class _Rings:
     def close(self) -> None:
         with self._lock:
             self._retire_locked()
+
+    def ended(self, ring: _Ring) -> bool:
+        """Marks `ring` ended; whether this is the first GEMM to find it so."""
+        with self._lock:
+            first, ring.ended = not ring.ended, True
+            return first
+
+    def drain(self) -> None:
+        """ring_drain() of every ring still open."""
+        with self._lock:
+            rings = list(self._open)
+            for ring in rings:
+                ring.users += 1  # not closed under the drain
+        try:
+            for ring in rings:
+                ring.drain()
+        finally:
+            for ring in rings:
+                self.release(ring, retire=False)
 
     def regions(self) -> set:
         """The handles of the rings' own regions (the client's, but not its buffers)."""

@@ -1,10 +1,14 @@
-"""GEMMs of shared buffers through a submission ring (native core, C ABI revision 6) against a
-real server over its Unix socket (CPU backend): results against numpy, many threads on one
-ring, errors mapped as the Gemm call's, a ring reopened for new regions, turned off by option
-or $HGEMM_RING. On the grpcio core the same calls go as Gemm calls and must give the same
+"""GEMMs of shared buffers through a submission ring (native core, C ABI revisions 6 and 8)
+against a real server over its Unix socket (CPU backend): results against numpy, many threads
+on one ring, errors mapped as the Gemm call's, new regions bound to the open ring, kept C,
+timeouts, fallback to Gemm calls (too many rings, a killed server), turned off by option or
+$HGEMM_RING. On the grpcio core the same calls go as Gemm calls and must give the same
 results and errors."""
 import asyncio
 import concurrent.futures
+import logging
+import threading
+import time
 import uuid
 
 import numpy as np
@@ -13,7 +17,7 @@ import pytest
 import hgemm
 from hgemm import _native
 from hgemm._proto import hgemm_pb2 as pb
-from conftest import FP32_TOLERANCE, fp16, rel_error
+from conftest import FP32_TOLERANCE, UnixServer, fp16, rel_error
 
 
 def unix_client(server, **options):
@@ -111,8 +115,8 @@ def test_many_threads_share_one_ring(shm_server, rng, monkeypatch):
             assert outcomes == ["ring"] * 60
 
 
-def test_a_new_region_opens_another_ring_and_close_leaves_no_region(shm_server, rng,
-                                                                    monkeypatch):
+def test_a_new_region_is_bound_to_the_open_ring_and_close_leaves_no_region(shm_server, rng,
+                                                                           monkeypatch):
     client_id = f"ring-{uuid.uuid4().hex[:8]}"
     with hgemm.Client(shm_server.unix, client_id=client_id, timeout=120) as c:
         outcomes = ring_gemms(c, monkeypatch)
@@ -126,11 +130,13 @@ def test_a_new_region_opens_another_ring_and_close_leaves_no_region(shm_server, 
         c.gemm(a2, b, out=out)
         assert rel_error(out, a2, b) < FP32_TOLERANCE
         out[...] = np.nan
-        c.gemm(a, b, out=out)  # the new ring binds the first regions too
+        c.gemm(a, b, out=out)
         assert rel_error(out, a, b) < FP32_TOLERANCE
         if outcomes is not None:
             assert outcomes == ["ring"] * 3
-            assert first.ring is None and c._calls.native._rings._ring is not first
+            # a2's region was bound to the ring already open (hgemm_ring_bind), not a new one.
+            assert first.ring is not None and c._calls.native._rings._ring is first
+            assert c._calls.shm.find(a2).region in first.bound
     with hgemm.Client(shm_server.unix, client_id=client_id, timeout=120) as after:
         assert list(after.regions().regions) == []  # buffers and rings alike
 
@@ -217,3 +223,110 @@ def test_a_server_that_refuses_rings_is_not_asked_again(server, monkeypatch):
         monkeypatch.setattr(_native, "_Ring", None)  # any new ring would fail here
         assert rings.acquire(frozenset(["r-none"])) is None
         rings.close()
+
+
+def test_kept_c_goes_through_the_ring(shm_server, rng, monkeypatch):
+    """keep_c=True with A and B in shared buffers: one ring entry, C stays on the server."""
+    with unix_client(shm_server) as c:
+        outcomes = ring_gemms(c, monkeypatch)
+        a, b = buffers(c, rng, 36, 28, 44)
+        kept = c.gemm(a, b, keep_c=True)
+        assert isinstance(kept, hgemm.ResidentMatrix)
+        assert (kept.rows, kept.cols) == (36, 28)
+        assert rel_error(kept.download(), a, b) < FP32_TOLERANCE
+        # The kept C as the next GEMM's A (a resident operand: a Gemm call).
+        b2 = c.shared_buffer((28, 20))
+        b2[:] = fp16(rng, 28, 20)
+        c2 = c.gemm(kept, b2)
+        ref = (np.asarray(a, np.float64) @ np.asarray(b, np.float64)).astype(np.float16)
+        assert rel_error(c2, ref, b2) < FP32_TOLERANCE
+        kept.release()
+        if outcomes is not None:
+            assert outcomes == ["ring"]
+
+
+def test_a_ring_gemm_past_its_timeout_is_deadline_exceeded(shm_server, rng):
+    """timeout= is the ring entry's deadline: DEADLINE_EXCEEDED on time. After ring_drain() C
+    holds its old bytes (the server skipped the late entry) or the whole product."""
+    with unix_client(shm_server) as c:
+        a, b = buffers(c, rng, 768, 768, 768)  # far longer than 1 ms on the CPU backend
+        out = poisoned(c, 768, 768)
+        with pytest.raises(hgemm.DeadlineExceeded):
+            c.gemm(a, b, out=out, timeout=0.001)
+        if c._calls.native is None:
+            return  # a Gemm call: nothing to drain
+        c._calls.native.ring_drain()
+        if not np.isnan(out).all():
+            assert rel_error(out, a, b) < FP32_TOLERANCE
+        out[...] = np.nan
+        c.gemm(a, b, out=out)
+        assert rel_error(out, a, b) < FP32_TOLERANCE
+
+
+def test_too_many_rings_fall_back_to_gemm_calls_and_info_says_so(rng, monkeypatch):
+    server = UnixServer("--cpu_workers=2", "--allow_shared_memory", "--max_rings_per_client=1")
+    try:
+        client_id = f"ring-{uuid.uuid4().hex[:8]}"
+        with hgemm.Client(server.unix, client_id=client_id, timeout=120) as first, \
+                hgemm.Client(server.unix, client_id=client_id, timeout=120) as second:
+            before = hgemm.info().get("ring_fallbacks", {}).get("count", 0)
+            outcomes = ring_gemms(second, monkeypatch)
+            for c in (first, second):
+                a, b = buffers(c, rng, 24, 20, 28)
+                out = poisoned(c, 24, 20)
+                c.gemm(a, b, out=out)
+                assert rel_error(out, a, b) < FP32_TOLERANCE
+            if outcomes is not None:
+                assert outcomes == ["fallback"]
+                fallbacks = hgemm.info()["ring_fallbacks"]
+                assert fallbacks["count"] == before + 1
+                assert "max_rings_per_client" in fallbacks["last_reason"]
+    finally:
+        server.stop()
+
+
+def test_a_killed_server_ends_every_ring_gemm_correct_or_unavailable(rng, caplog):
+    """Threads run ring GEMMs while the server process is killed: each GEMM either matches
+    numpy or raises Unavailable (the ring's GEMM in flight gets UNAVAILABLE, the Gemm call it
+    falls back to finds no server): none hangs; the fallback is counted and logged."""
+    server = UnixServer("--cpu_workers=2", "--allow_shared_memory")
+    try:
+        with hgemm.Client(server.unix, client_id=f"ring-{uuid.uuid4().hex[:8]}", timeout=30,
+                          retries=1) as c:
+            before = hgemm.info().get("ring_fallbacks", {}).get("count", 0)
+            a, b = buffers(c, rng, 64, 64, 64)
+            outs = [poisoned(c, 64, 64) for _ in range(4)]
+            done = [0] * len(outs)
+            ended = [None] * len(outs)
+            wrong = []
+
+            def work(i):
+                out = outs[i]
+                while True:
+                    out[...] = np.nan
+                    try:
+                        c.gemm(a, b, out=out)
+                    except hgemm.Error as e:
+                        ended[i] = e
+                        return
+                    if rel_error(out, a, b) >= FP32_TOLERANCE:
+                        wrong.append(i)
+                    done[i] += 1
+            threads = [threading.Thread(target=work, args=(i,)) for i in range(len(outs))]
+            with caplog.at_level(logging.WARNING, logger="hgemm"):
+                for t in threads:
+                    t.start()
+                deadline = time.monotonic() + 60
+                while sum(done) < 100 and time.monotonic() < deadline:
+                    time.sleep(0.001)
+                server.process.kill()
+                for t in threads:
+                    t.join(timeout=120)
+                    assert not t.is_alive(), "a GEMM hung after the server was killed"
+            assert sum(done) >= 100 and not wrong
+            assert all(isinstance(e, hgemm.Unavailable) for e in ended), ended
+            if c._calls.native is not None:
+                assert hgemm.info()["ring_fallbacks"]["count"] > before
+                assert any("no submission ring" in r.getMessage() for r in caplog.records)
+    finally:
+        server.stop()

@@ -84,6 +84,11 @@ class GemmServiceStub(object):
                 request_serializer=hgemm__pb2.AttachRingRequest.SerializeToString,
                 response_deserializer=hgemm__pb2.RingEvent.FromString,
                 )
+        self.BindRingSlots = channel.unary_unary(
+                '/hgemm.v1.GemmService/BindRingSlots',
+                request_serializer=hgemm__pb2.BindRingSlotsRequest.SerializeToString,
+                response_deserializer=hgemm__pb2.RingSlots.FromString,
+                )
 
 
 class GemmServiceServicer(object):
@@ -213,6 +218,17 @@ class GemmServiceServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def BindRingSlots(self, request, context):
+        """Same host: binds more region and matrix slots to the caller's attached ring (e.g. a region
+        registered or a matrix uploaded after AttachRing), appended after those bound so far.
+        Errors: those of shared memory; NOT_FOUND (no ring of the caller attached over
+        ring_region); INVALID_ARGUMENT (an empty handle); RESOURCE_EXHAUSTED (past 4096 slots of
+        either kind).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_GemmServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -285,6 +301,11 @@ def add_GemmServiceServicer_to_server(servicer, server):
                     servicer.AttachRing,
                     request_deserializer=hgemm__pb2.AttachRingRequest.FromString,
                     response_serializer=hgemm__pb2.RingEvent.SerializeToString,
+            ),
+            'BindRingSlots': grpc.unary_unary_rpc_method_handler(
+                    servicer.BindRingSlots,
+                    request_deserializer=hgemm__pb2.BindRingSlotsRequest.FromString,
+                    response_serializer=hgemm__pb2.RingSlots.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -531,5 +552,22 @@ class GemmService(object):
         return grpc.experimental.unary_stream(request, target, '/hgemm.v1.GemmService/AttachRing',
             hgemm__pb2.AttachRingRequest.SerializeToString,
             hgemm__pb2.RingEvent.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def BindRingSlots(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/hgemm.v1.GemmService/BindRingSlots',
+            hgemm__pb2.BindRingSlotsRequest.SerializeToString,
+            hgemm__pb2.RingSlots.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
