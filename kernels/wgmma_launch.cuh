@@ -54,7 +54,7 @@ bool ProblemTensorMaps(const GemmProblem& p, int batch, CUtensorMap* a, CUtensor
   const int b_rows = TRANS_B ? p.n : p.k, b_cols = TRANS_B ? p.k : p.n;
   const BatchStrides strides = StridesOf(p);
   // C_in shares C's shape, row stride, item stride and boxes.
-  auto c_map = [&](void* ptr, CUtensorMap* out) {
+  auto c_map = [&](const void* ptr, CUtensorMap* out) {
     return TensorMap(ptr, p.m, p.n, p.ldc ? p.ldc : p.n, batch, strides.c, 64,
                      kFp32Out ? 32 : 64, kFp32Out ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32 : kType, out);
   };
@@ -68,7 +68,7 @@ bool ProblemTensorMaps(const GemmProblem& p, int batch, CUtensorMap* a, CUtensor
     *c_in = *c;
     return true;
   }
-  return c_map(const_cast<void*>(p.c_in), c_in);
+  return c_map(p.c_in, c_in);
 }
 
 // Enqueues C = p.alpha·op(A)·op(B) + p.beta·C_in with WgmmaGemmKernel<...> on `stream`: one
