@@ -669,35 +669,36 @@ int Main(int argc, char** argv) {
           }
           double cublas_tflops = 0, cublas_err = 0;
           Result best;
+          const std::vector<ScalePath> paths =
+              c.mode == Mode::kScaled ? std::vector{ScalePath::kFused, ScalePath::kSeparate}
+                                      : std::vector{ScalePath::kNone};
           for (const VariantInfo* v : c.mode == Mode::kSkinny ? skinny_variants : variants)
-           for (ScalePath path : c.mode == Mode::kScaled
-                                     ? std::vector{ScalePath::kFused, ScalePath::kSeparate}
-                                     : std::vector{ScalePath::kNone}) {
-            if (!bench.Refusal(*v, acc, path).empty()) continue;
-            if (v->min_sm > prop.major * 10 + prop.minor) continue;
-            Result r = bench.Run(*v, acc, ctx, path);
-            if (v->kind == VariantKind::kCublas && r.ok) {
-              cublas_tflops = r.tflops;
-              cublas_err = r.rel_err;
+            for (ScalePath path : paths) {
+              if (!bench.Refusal(*v, acc, path).empty()) continue;
+              if (v->min_sm > prop.major * 10 + prop.minor) continue;
+              Result r = bench.Run(*v, acc, ctx, path);
+              if (v->kind == VariantKind::kCublas && r.ok) {
+                cublas_tflops = r.tflops;
+                cublas_err = r.rel_err;
+              }
+              const double ratio = cublas_tflops > 0 && r.ok ? r.tflops / cublas_tflops : 0;
+              const double err_ratio = cublas_err > 0 ? r.rel_err / cublas_err : 0;
+              if (r.note.rfind("WRONG", 0) == 0) ++wrong;
+              if (r.ok && v->kind != VariantKind::kCublas && r.tflops > best.tflops) best = r;
+              std::printf("%-34s %-8s %s %s %-9s %-26s %9.4f ms %7.1f TFLOP/s %5.2f TB/s %5.3fx cublas err %.2e (%.2fx cublas's) %s\n",
+                          v->name.c_str(), ScalePathName(path), AccumulationName(acc),
+                          LayoutName(form.ta, form.tb), types.c_str(), label.c_str(), r.median_ms,
+                          r.tflops, r.tbps, ratio, r.rel_err, err_ratio, r.note.c_str());
+              std::fflush(stdout);
+              if (csv)
+                std::fprintf(csv, "%s,%s,%s,%s,%s,%d,%d,%d,%.5f,%.2f,%.4f,%.3e,%.3e,%s,%s,%d,%s,%.3f,%.3f,%s\n",
+                             prop.name, v->name.c_str(), AccumulationName(acc),
+                             LayoutName(form.ta, form.tb), types.c_str(), shape.m, shape.n, shape.k,
+                             r.median_ms, r.tflops, ratio, cublas_err, r.rel_err,
+                             r.note.empty() ? "ok" : r.note.c_str(), ModeName(c.mode), shape.batch,
+                             c.label.c_str(), err_ratio, r.tbps, ScalePathName(path));
+              if (csv) std::fflush(csv);  // rows survive a run cut short by a device-call limit
             }
-            const double ratio = cublas_tflops > 0 && r.ok ? r.tflops / cublas_tflops : 0;
-            const double err_ratio = cublas_err > 0 ? r.rel_err / cublas_err : 0;
-            if (r.note.rfind("WRONG", 0) == 0) ++wrong;
-            if (r.ok && v->kind != VariantKind::kCublas && r.tflops > best.tflops) best = r;
-            std::printf("%-34s %-8s %s %s %-9s %-26s %9.4f ms %7.1f TFLOP/s %5.2f TB/s %5.3fx cublas err %.2e (%.2fx cublas's) %s\n",
-                        v->name.c_str(), ScalePathName(path), AccumulationName(acc),
-                        LayoutName(form.ta, form.tb), types.c_str(), label.c_str(), r.median_ms,
-                        r.tflops, r.tbps, ratio, r.rel_err, err_ratio, r.note.c_str());
-            std::fflush(stdout);
-            if (csv)
-              std::fprintf(csv, "%s,%s,%s,%s,%s,%d,%d,%d,%.5f,%.2f,%.4f,%.3e,%.3e,%s,%s,%d,%s,%.3f,%.3f,%s\n",
-                           prop.name, v->name.c_str(), AccumulationName(acc),
-                           LayoutName(form.ta, form.tb), types.c_str(), shape.m, shape.n, shape.k,
-                           r.median_ms, r.tflops, ratio, cublas_err, r.rel_err,
-                           r.note.empty() ? "ok" : r.note.c_str(), ModeName(c.mode), shape.batch,
-                           c.label.c_str(), err_ratio, r.tbps, ScalePathName(path));
-            if (csv) std::fflush(csv);  // rows survive a run cut short by a device-call limit
-          }
           char line[384];
           std::snprintf(line, sizeof line,
                         "%-26s %s %s %-9s cublas %6.1f  best %-32s %6.1f TFLOP/s %5.2f TB/s %5.3fx  err %.2e vs cublas %.2e",
