@@ -382,7 +382,7 @@ std::vector<ScaledCase> ScaledCases() {
                                            {-0.5f, 1.f},  {-0.5f, 0.25f}, {2.f, 0.f},
                                            {2.f, 1.f},    {2.f, 0.25f}};
   const Shape kGridShapes[] = {{255, 264, 104}, {1000, 1000, 1000}};
-  const Shape kFormShapes[] = {{7, 8, 16}, {33, 72, 24}, {129, 264, 104}, {264, 520, 136}};
+  const Shape kFormShapes[] = {{7, 8, 16}, {129, 264, 104}, {264, 520, 136}};
   const Shape kInPlace = {136, 264, 104};
   std::vector<ScaledCase> cases;
   for (const VariantInfo& v : Variants()) {
