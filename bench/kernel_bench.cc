@@ -54,8 +54,12 @@ std::vector<std::string> Split(const std::string& s, char sep) {
 
 // What a row measures, each against the matching cuBLAS call (the "cublas" variant):
 //   plain    C = op(A)·op(B)                          vs cublasGemmEx
-//   scaled   T = op(A)·op(B) in fp32, then            vs cublasGemmEx with alpha, beta and C_in
-//            ScaleEpilogue (the CUDA backend's path)     in C (fp32 compute)
+//   scaled   two rows per variant (column scale_path): vs cublasGemmEx with alpha, beta and C_in
+//            fused: alpha, beta and C_in in the          in C (fp32 compute)
+//            launch (variants with fused_scale);
+//            separate: T = op(A)·op(B) in fp32, then
+//            ScaleEpilogue (the backend's path for
+//            the others)
 //   ld       every stored row padded by --ld_pad      vs cublasGemmEx with the same lda/ldb/ldc
 //   batched  a packed strided batch (Launch: one      vs cublasGemmStridedBatchedEx
 //            launch where the variant is batched)
@@ -66,6 +70,13 @@ std::vector<std::string> Split(const std::string& s, char sep) {
 enum class Mode { kPlain, kScaled, kLd, kBatched, kGrouped, kSkinny };
 constexpr const char* kModeNames[] = {"plain", "scaled", "ld", "batched", "grouped", "skinny"};
 const char* ModeName(Mode m) { return kModeNames[int(m)]; }
+
+// How a scaled row applies alpha/beta: in the variant's own epilogue (fused; cuBLAS's rows), or
+// T in fp32 then ScaleEpilogue (separate). kNone for the other modes.
+enum class ScalePath { kNone, kFused, kSeparate };
+const char* ScalePathName(ScalePath p) {
+  return p == ScalePath::kFused ? "fused" : p == ScalePath::kSeparate ? "separate" : "";
+}
 
 // One GEMM (or strided batch of them) of a case: a grouped case has several.
 struct Part {
@@ -107,6 +118,7 @@ struct Form {
 struct Result {
   std::string variant;
   Accumulation acc;
+  ScalePath path = ScalePath::kNone;
   double median_ms = 0, tflops = 0, tbps = 0, rel_err = 0;
   bool ok = false;
   std::string note;
@@ -224,21 +236,41 @@ class Bench {
     return p;
   }
 
-  // Why `v` cannot run this case in this form, or "".
-  std::string Refusal(const VariantInfo& v, Accumulation acc) const {
+  // Part j of set i as a scaled problem of `path`: alpha, beta and C_in (fused; cuBLAS reads
+  // C_in from C, where Run put it), or the unscaled problem into T (separate).
+  GemmProblem ScaledProblem(int i, size_t j, Accumulation acc, const VariantInfo& v,
+                            ScalePath path) const {
+    GemmProblem p = Problem(i, j, acc);
+    if (path == ScalePath::kSeparate) {
+      p.c = t_[j];
+      p.c_type = DataType::kFp32;  // the separate path writes T in fp32 first
+      return p;
+    }
+    p.alpha = alpha_;
+    p.beta = beta_;
+    p.c_in = v.kind == VariantKind::kCublas ? p.c : c_in_[j];
+    return p;
+  }
+
+  // Why `v` cannot run this case in this form (scaled: on `path`), or "".
+  std::string Refusal(const VariantInfo& v, Accumulation acc,
+                      ScalePath path = ScalePath::kNone) const {
     for (size_t j = 0; j < case_.parts.size(); ++j) {
       GemmProblem p = Problem(0, j, acc);
-      if (case_.mode == Mode::kScaled && v.kind != VariantKind::kCublas) {
-        p.c_type = DataType::kFp32;  // our path writes T in fp32 first
+      if (case_.mode == Mode::kScaled) {
         if (acc != Accumulation::kFp32) return "scaled rows run fp32 accumulation";
+        if (v.kind == VariantKind::kCublas && path == ScalePath::kSeparate)
+          return "cuBLAS scales in its own call";
+        p = ScaledProblem(0, j, acc, v, path);
       }
       if (std::string why = CheckProblem(v, p); !why.empty()) return why;
     }
     return "";
   }
 
-  Result Run(const VariantInfo& v, Accumulation acc, LaunchContext& ctx) {
-    Result r{v.name, acc};
+  Result Run(const VariantInfo& v, Accumulation acc, LaunchContext& ctx,
+             ScalePath path = ScalePath::kNone) {
+    Result r{v.name, acc, path};
     const bool cublas = v.kind == VariantKind::kCublas;
     auto launch = [&](int i) -> std::string {
       switch (case_.mode) {
@@ -248,14 +280,13 @@ class Bench {
           return LaunchGrouped(v, problems, ctx);
         }
         case Mode::kScaled: {
-          const GemmProblem p = Problem(i, 0, acc);
-          if (cublas) return LaunchCublasScaled(p, alpha_, beta_, ctx);
-          GemmProblem t = p;  // the backend's path: T in fp32, then the epilogue
-          t.c = t_[0];
-          t.c_type = DataType::kFp32;
-          if (std::string e = Launch(v, t, ctx); !e.empty()) return e;
-          const int64_t count = int64_t(p.batch) * p.m * p.n;
-          if (cudaError_t e = ScaleEpilogue(t_[0], c_in_[0], p.c, count, alpha_, beta_, p.c_type,
+          const GemmProblem p = ScaledProblem(i, 0, acc, v, path);
+          if (path == ScalePath::kFused) return Launch(v, p, ctx);
+          // The backend's separate path: T in fp32, then the epilogue.
+          if (std::string e = Launch(v, p, ctx); !e.empty()) return e;
+          const GemmProblem c = Problem(i, 0, acc);
+          const int64_t count = int64_t(c.batch) * c.m * c.n;
+          if (cudaError_t e = ScaleEpilogue(t_[0], c_in_[0], c.c, count, alpha_, beta_, c.c_type,
                                             stream_);
               e != cudaSuccess)
             return CudaErrorText("ScaleEpilogue", e);
@@ -267,8 +298,9 @@ class Bench {
     };
     const size_t c_bytes = DataTypeBytes(form_.c);
     // Correctness first (this also warms up, tunes "auto" and creates the cuBLAS handle). NaN
-    // poison: 0x7E00 is an fp16 NaN, 0x7FC0 a bf16 one and, in both halves, an fp32 one.
-    // cuBLAS's scaled call reads C as C_in instead: every set's C gets C_in.
+    // poison: 0x7E00 is an fp16 NaN, 0x7FC0 a bf16 one and, in both halves, an fp32 one (so a
+    // fused epilogue that read C instead of C_in shows). cuBLAS's scaled call reads C as C_in
+    // instead: every set's C gets C_in.
     for (Buffers& set : sets_)
       for (size_t j = 0; j < case_.parts.size(); ++j) {
         const size_t bytes = ElemsC(case_.parts[j]) * c_bytes;
@@ -616,7 +648,7 @@ int Main(int argc, char** argv) {
   if (csv)
     std::fprintf(csv,
                  "device,variant,acc,layout,types,m,n,k,median_ms,tflops,ratio_to_cublas,"
-                 "cublas_rel_err,rel_err,status,mode,batch,case,error_ratio,tbps\n");
+                 "cublas_rel_err,rel_err,status,mode,batch,case,error_ratio,tbps,scale_path\n");
 
   int wrong = 0;
   std::vector<std::string> best_lines;  // per case, form and accumulation: the fastest own kernel
@@ -637,37 +669,46 @@ int Main(int argc, char** argv) {
           }
           double cublas_tflops = 0, cublas_err = 0;
           Result best;
-          for (const VariantInfo* v : c.mode == Mode::kSkinny ? skinny_variants : variants) {
-            if (!bench.Refusal(*v, acc).empty()) continue;
-            if (v->min_sm > prop.major * 10 + prop.minor) continue;
-            Result r = bench.Run(*v, acc, ctx);
-            if (v->kind == VariantKind::kCublas && r.ok) {
-              cublas_tflops = r.tflops;
-              cublas_err = r.rel_err;
+          const std::vector<ScalePath> paths =
+              c.mode == Mode::kScaled ? std::vector{ScalePath::kFused, ScalePath::kSeparate}
+                                      : std::vector{ScalePath::kNone};
+          for (const VariantInfo* v : c.mode == Mode::kSkinny ? skinny_variants : variants)
+            for (ScalePath path : paths) {
+              if (!bench.Refusal(*v, acc, path).empty()) continue;
+              if (v->min_sm > prop.major * 10 + prop.minor) continue;
+              Result r = bench.Run(*v, acc, ctx, path);
+              if (v->kind == VariantKind::kCublas && r.ok) {
+                cublas_tflops = r.tflops;
+                cublas_err = r.rel_err;
+              }
+              const double ratio = cublas_tflops > 0 && r.ok ? r.tflops / cublas_tflops : 0;
+              const double err_ratio = cublas_err > 0 ? r.rel_err / cublas_err : 0;
+              if (r.note.rfind("WRONG", 0) == 0) ++wrong;
+              if (r.ok && v->kind != VariantKind::kCublas && r.tflops > best.tflops) best = r;
+              std::printf("%-34s %-8s %s %s %-9s %-26s %9.4f ms %7.1f TFLOP/s %5.2f TB/s %5.3fx cublas err %.2e (%.2fx cublas's) %s\n",
+                          v->name.c_str(), ScalePathName(path), AccumulationName(acc),
+                          LayoutName(form.ta, form.tb), types.c_str(), label.c_str(), r.median_ms,
+                          r.tflops, r.tbps, ratio, r.rel_err, err_ratio, r.note.c_str());
+              std::fflush(stdout);
+              if (csv)
+                std::fprintf(csv, "%s,%s,%s,%s,%s,%d,%d,%d,%.5f,%.2f,%.4f,%.3e,%.3e,%s,%s,%d,%s,%.3f,%.3f,%s\n",
+                             prop.name, v->name.c_str(), AccumulationName(acc),
+                             LayoutName(form.ta, form.tb), types.c_str(), shape.m, shape.n, shape.k,
+                             r.median_ms, r.tflops, ratio, cublas_err, r.rel_err,
+                             r.note.empty() ? "ok" : r.note.c_str(), ModeName(c.mode), shape.batch,
+                             c.label.c_str(), err_ratio, r.tbps, ScalePathName(path));
+              if (csv) std::fflush(csv);  // rows survive a run cut short by a device-call limit
             }
-            const double ratio = cublas_tflops > 0 && r.ok ? r.tflops / cublas_tflops : 0;
-            const double err_ratio = cublas_err > 0 ? r.rel_err / cublas_err : 0;
-            if (r.note.rfind("WRONG", 0) == 0) ++wrong;
-            if (r.ok && v->kind != VariantKind::kCublas && r.tflops > best.tflops) best = r;
-            std::printf("%-34s %s %s %-9s %-26s %9.4f ms %7.1f TFLOP/s %5.2f TB/s %5.3fx cublas err %.2e (%.2fx cublas's) %s\n",
-                        v->name.c_str(), AccumulationName(acc), LayoutName(form.ta, form.tb),
-                        types.c_str(), label.c_str(), r.median_ms, r.tflops, r.tbps, ratio,
-                        r.rel_err, err_ratio, r.note.c_str());
-            std::fflush(stdout);
-            if (csv)
-              std::fprintf(csv, "%s,%s,%s,%s,%s,%d,%d,%d,%.5f,%.2f,%.4f,%.3e,%.3e,%s,%s,%d,%s,%.3f,%.3f\n",
-                           prop.name, v->name.c_str(), AccumulationName(acc),
-                           LayoutName(form.ta, form.tb), types.c_str(), shape.m, shape.n, shape.k,
-                           r.median_ms, r.tflops, ratio, cublas_err, r.rel_err,
-                           r.note.empty() ? "ok" : r.note.c_str(), ModeName(c.mode), shape.batch,
-                           c.label.c_str(), err_ratio, r.tbps);
-            if (csv) std::fflush(csv);  // rows survive a run cut short by a device-call limit
-          }
           char line[384];
           std::snprintf(line, sizeof line,
                         "%-26s %s %s %-9s cublas %6.1f  best %-32s %6.1f TFLOP/s %5.2f TB/s %5.3fx  err %.2e vs cublas %.2e",
                         label.c_str(), AccumulationName(acc), LayoutName(form.ta, form.tb),
-                        types.c_str(), cublas_tflops, best.variant.c_str(), best.tflops, best.tbps,
+                        types.c_str(), cublas_tflops,
+                        (best.variant + (best.path == ScalePath::kNone
+                                             ? ""
+                                             : std::string("/") + ScalePathName(best.path)))
+                            .c_str(),
+                        best.tflops, best.tbps,
                         cublas_tflops > 0 ? best.tflops / cublas_tflops : 0.0, best.rel_err,
                         cublas_err);
           best_lines.push_back(line);

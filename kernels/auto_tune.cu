@@ -24,7 +24,8 @@ constexpr int kTimedRuns = 3;
 
 // Shapes in one bucket share a choice: each extent rounded up to a power of two (at least 16),
 // plus whether the 16-byte path applies, the accumulation and the form (layout bit | type-pair
-// bit << 4; 0 for NN fp16, whose buckets ChooseAuto fills).
+// bit << 4 | scaling << 8, scaling 1 for alpha only, 2 with beta; 0 for NN fp16 unscaled, whose
+// buckets ChooseAuto fills).
 struct BucketKey {
   int m, n, k;
   bool vec16;
@@ -109,6 +110,7 @@ const VariantInfo* Tune(const GemmProblem& form, LaunchContext& ctx,
   p.lda = p.ldb = p.ldc = 0;
   p.batch = 1;  // one item of a batch's shape
   p.stride_a = p.stride_b = p.stride_c = 0;
+  p.c_in = p.beta != 0.0f ? p.c : nullptr;  // a scaled form reads C_in in place
   cudaStream_t stream = ctx.stream();
   // Random data: zeros run faster than real inputs and would skew the choice.
   const bool filled =
@@ -208,12 +210,15 @@ const VariantInfo& ChooseAuto(int m, int n, int k, Accumulation acc, LaunchConte
 }
 
 const VariantInfo* ChooseAutoFor(const GemmProblem& p, LaunchContext& ctx) {
-  const bool default_form = !p.transpose_a && !p.transpose_b && p.ab_type == DataType::kFp16 &&
-                            p.c_type == DataType::kFp16;
+  const bool default_form = !Scaled(p) && !p.transpose_a && !p.transpose_b &&
+                            p.ab_type == DataType::kFp16 && p.c_type == DataType::kFp16;
   if (default_form && p.lda == 0 && p.ldb == 0 && p.ldc == 0)
     return &ChooseAuto(p.m, p.n, p.k, p.accumulation, ctx);
   BucketKey key = KeyFor(p.m, p.n, p.k, p.accumulation);
-  key.form = LayoutBit(p.transpose_a, p.transpose_b) | (TypesBit(p.ab_type, p.c_type) << 4);
+  // Scaled problems tune apart (only fused variants take them, and reading C_in costs time).
+  const unsigned scaling = !Scaled(p) ? 0 : p.beta == 0.0f ? 1 : 2;
+  key.form = LayoutBit(p.transpose_a, p.transpose_b) | (TypesBit(p.ab_type, p.c_type) << 4) |
+             (scaling << 8);
   {
     std::lock_guard<std::mutex> lock(CacheMutex());
     auto it = Cache().find(key);

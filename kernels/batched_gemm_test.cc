@@ -106,31 +106,51 @@ class BatchedGemm : public ::testing::TestWithParam<Form> {
     return p;
   }
 
-  // Checks every item of `p` (run and synchronized) against float64 sums of its inputs, and
-  // that the gaps between items still hold the poison.
-  void ExpectMatchesFloat64(const GemmProblem& p) {
+  // Gives `p` alpha and beta and a C_in of C's type, shape and strides: its own buffer of
+  // fresh random values, or (in_place) C itself refilled so; with beta 0, all NaN instead (it
+  // must not be read). *host gets C_in as floats, items StridesOf(p).c apart, for the reference.
+  void Scale(GemmProblem& p, float alpha, float beta, bool in_place, std::vector<float>* host) {
+    const Form& f = GetParam();
+    const int64_t count = StridesOf(p).c * p.batch;
+    const size_t bytes = size_t(count) * DataTypeBytes(f.c);
+    void* c_in = in_place ? p.c : Alloc(bytes);
+    if (HasFailure()) return;
+    EXPECT_EQ(beta != 0 ? testing::FillRandom(c_in, size_t(count), f.c, stream_)
+                        : testing::Poison(c_in, bytes, f.c, stream_),
+              cudaSuccess);
+    p.alpha = alpha;
+    p.beta = beta;
+    p.c_in = c_in;
+    ToFloat(c_in, count, f.c, host);
+  }
+
+  // `count` elements of `type` at `device` as floats (synchronous).
+  void ToFloat(const void* device, int64_t count, DataType type, std::vector<float>* out) {
+    const size_t bytes = DataTypeBytes(type);
+    std::vector<unsigned char> raw(size_t(count) * bytes);
+    ASSERT_CUDA(cudaMemcpy(raw.data(), device, raw.size(), cudaMemcpyDeviceToHost));
+    out->resize(count);
+    if (type == DataType::kFp32)
+      std::memcpy(out->data(), raw.data(), raw.size());
+    else if (type == DataType::kBf16)
+      Bf16ToFloat(reinterpret_cast<const uint16_t*>(raw.data()), out->data(), count);
+    else
+      HalfToFloat(reinterpret_cast<const uint16_t*>(raw.data()), out->data(), count);
+  }
+
+  // Checks every item of `p` (run and synchronized) against float64 sums of its inputs (times
+  // p.alpha, plus p.beta times `c_in`, Scale's copy, where beta is not 0), and that the gaps
+  // between items still hold the poison.
+  void ExpectMatchesFloat64(const GemmProblem& p, const std::vector<float>& c_in = {}) {
     const Form& f = GetParam();
     const BatchStrides st = StridesOf(p);
-    const size_t ab_bytes = DataTypeBytes(f.ab), c_bytes = DataTypeBytes(f.c);
-    auto to_float = [&](const void* device, int64_t count, size_t bytes, bool bf16,
-                        std::vector<float>* out) {
-      std::vector<unsigned char> raw(size_t(count) * bytes);
-      ASSERT_CUDA(cudaMemcpy(raw.data(), device, raw.size(), cudaMemcpyDeviceToHost));
-      out->resize(count);
-      if (bytes == 4)
-        std::memcpy(out->data(), raw.data(), raw.size());
-      else if (bf16)
-        Bf16ToFloat(reinterpret_cast<const uint16_t*>(raw.data()), out->data(), count);
-      else
-        HalfToFloat(reinterpret_cast<const uint16_t*>(raw.data()), out->data(), count);
-    };
+    const size_t c_bytes = DataTypeBytes(f.c);
     std::vector<float> a, b, c;
-    const bool bf16 = f.ab == DataType::kBf16;
-    ASSERT_NO_FATAL_FAILURE(to_float(p.a, st.a * p.batch, ab_bytes, bf16, &a));
-    ASSERT_NO_FATAL_FAILURE(to_float(p.b, st.b * p.batch, ab_bytes, bf16, &b));
+    ASSERT_NO_FATAL_FAILURE(ToFloat(p.a, st.a * p.batch, f.ab, &a));
+    ASSERT_NO_FATAL_FAILURE(ToFloat(p.b, st.b * p.batch, f.ab, &b));
     std::vector<unsigned char> raw_c(size_t(st.c) * p.batch * c_bytes);
     ASSERT_CUDA(cudaMemcpy(raw_c.data(), p.c, raw_c.size(), cudaMemcpyDeviceToHost));
-    ASSERT_NO_FATAL_FAILURE(to_float(p.c, st.c * p.batch, c_bytes, f.c == DataType::kBf16, &c));
+    ASSERT_NO_FATAL_FAILURE(ToFloat(p.c, st.c * p.batch, f.c, &c));
     const int64_t lda = f.ta ? p.m : p.k, ldb = f.tb ? p.k : p.n, items = int64_t(p.m) * p.n;
     std::vector<float> ours, reference;  // the items' C, packed
     int64_t gap_writes = 0;
@@ -143,8 +163,10 @@ class BatchedGemm : public ::testing::TestWithParam<Form> {
           for (int l = 0; l < p.k; ++l)
             sum += double(f.ta ? at[l * lda + i] : at[i * lda + l]) *
                    double(f.tb ? bt[j * ldb + l] : bt[l * ldb + j]);
-          reference.push_back(float(sum));
-          ours.push_back(c[size_t(t * st.c + int64_t(i) * p.n + j)]);
+          const size_t at = size_t(t * st.c + int64_t(i) * p.n + j);
+          reference.push_back(
+              float(double(p.alpha) * sum + (p.beta != 0 ? double(p.beta) * c_in[at] : 0.0)));
+          ours.push_back(c[at]);
         }
       // The gap after item t: every byte still the poison's.
       for (int64_t e = t * st.c + items; e < (t + 1) * st.c; ++e)
@@ -160,10 +182,10 @@ class BatchedGemm : public ::testing::TestWithParam<Form> {
     const double bar = testing::ToleranceFor(f.c, f.acc);
     EXPECT_EQ(stats.nan_count, 0u) << stats.ToString();
     EXPECT_LE(stats.rel_frobenius, bar) << stats.ToString();
-    std::printf("[ batch ] %-26s %s %-9s %s %dx%dx%dx%d stride_c %lld rel_frob=%.3e\n",
+    std::printf("[ batch ] %-26s %s %-9s %s %dx%dx%dx%d stride_c %lld a=%g b=%g%s rel_frob=%.3e\n",
                 variant_->name.c_str(), LayoutName(f.ta, f.tb), TypesName(f.ab, f.c).c_str(),
-                AccumulationName(f.acc), p.batch, p.m, p.n, p.k, (long long)st.c,
-                stats.rel_frobenius);
+                AccumulationName(f.acc), p.batch, p.m, p.n, p.k, (long long)st.c, p.alpha,
+                p.beta, p.c_in == p.c ? " in place" : "", stats.rel_frobenius);
   }
 
   int cc_ = 0;
@@ -219,6 +241,58 @@ TEST_P(BatchedGemm, GroupMatchesFloat64) {
   ASSERT_EQ(error, "");
   ASSERT_CUDA(cudaStreamSynchronize(stream_));
   for (const GemmProblem& p : problems) ASSERT_NO_FATAL_FAILURE(ExpectMatchesFloat64(p));
+}
+
+// α/β on batches and groups, for the variants that apply them (fused_scale): each item's and
+// each problem's own C_in (the item stride of C; a group: per-problem C_in), C_in aliasing C,
+// and β = 0 with C_in all NaN.
+TEST_P(BatchedGemm, ScaledBatchAndGroupMatchFloat64) {
+  if (!variant_->fused_scale) GTEST_SKIP() << variant_->name << " does not apply alpha/beta";
+  struct Scaled {
+    Shape shape;
+    float alpha, beta;
+    bool in_place;
+  };
+  const Scaled kScaled[] = {{{5, 129, 264, 104, 8}, -0.5f, 0.25f, false},
+                            {{3, 72, 136, 40, 0}, 2.f, 1.f, true},
+                            {{7, 33, 72, 24, 64}, 2.f, 0.f, false}};
+  for (const Scaled& sc : kScaled) {
+    const Shape& s = sc.shape;
+    SCOPED_TRACE(std::to_string(s.batch) + "x" + std::to_string(s.m) + "x" + std::to_string(s.n) +
+                 "x" + std::to_string(s.k) + " alpha " + std::to_string(sc.alpha) + " beta " +
+                 std::to_string(sc.beta) + (sc.in_place ? " in place" : ""));
+    GemmProblem p = MakeProblem(s);
+    std::vector<float> c_in;
+    Scale(p, sc.alpha, sc.beta, sc.in_place, &c_in);
+    ASSERT_FALSE(HasFailure());
+    if (!CheckProblem(*variant_, p).empty()) {
+      EXPECT_NE(Launch(*variant_, p, *ctx_), "") << "launched a batch it refuses";
+      continue;
+    }
+    ASSERT_EQ(Launch(*variant_, p, *ctx_), "");
+    ASSERT_CUDA(cudaStreamSynchronize(stream_));
+    ASSERT_NO_FATAL_FAILURE(ExpectMatchesFloat64(p, c_in));
+  }
+  if (variant_->kind == VariantKind::kCublas && GetParam().acc == Accumulation::kFp16)
+    return;  // cublasGemmGroupedBatchedEx: fp32 only (GroupMatchesFloat64)
+  const Shape kGroup[] = {{1, 72, 136, 40, 0}, {1, 136, 264, 104, 0}, {1, 8, 8, 8, 0}};
+  std::vector<GemmProblem> problems;
+  std::vector<std::vector<float>> c_ins;
+  for (const Shape& s : kGroup) {
+    problems.push_back(MakeProblem(s));
+    c_ins.emplace_back();
+    Scale(problems.back(), -0.5f, 0.25f, /*in_place=*/false, &c_ins.back());
+    ASSERT_FALSE(HasFailure());
+    if (!CheckProblem(*variant_, problems.back()).empty()) {
+      problems.pop_back();
+      c_ins.pop_back();
+    }
+  }
+  if (problems.size() < 2) return;
+  ASSERT_EQ(LaunchGrouped(*variant_, problems, *ctx_), "");
+  ASSERT_CUDA(cudaStreamSynchronize(stream_));
+  for (size_t i = 0; i < problems.size(); ++i)
+    ASSERT_NO_FATAL_FAILURE(ExpectMatchesFloat64(problems[i], c_ins[i]));
 }
 
 const std::vector<Form> kForms = Forms();

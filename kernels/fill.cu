@@ -15,8 +15,9 @@ __device__ __forceinline__ uint64_t SplitMix64(uint64_t x) {
 
 __device__ __forceinline__ void Store(__half* p, float x) { *p = __float2half(x); }
 __device__ __forceinline__ void Store(__nv_bfloat16* p, float x) { *p = __float2bfloat16(x); }
+__device__ __forceinline__ void Store(float* p, float x) { *p = x; }
 
-// @tparam T  __half or __nv_bfloat16.
+// @tparam T  __half, __nv_bfloat16 or float.
 template <typename T>
 __global__ void FillUniformKernel(T* data, size_t count, uint64_t seed, float lo, float span) {
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < count;
@@ -59,6 +60,12 @@ cudaError_t FillUniform(__half* data, size_t count, uint64_t seed, float lo, flo
 }
 
 cudaError_t FillUniform(__nv_bfloat16* data, size_t count, uint64_t seed, float lo, float hi,
+                        cudaStream_t stream) {
+  FillUniformKernel<<<GridFor(count), 256, 0, stream>>>(data, count, seed, lo, hi - lo);
+  return cudaGetLastError();
+}
+
+cudaError_t FillUniform(float* data, size_t count, uint64_t seed, float lo, float hi,
                         cudaStream_t stream) {
   FillUniformKernel<<<GridFor(count), 256, 0, stream>>>(data, count, seed, lo, hi - lo);
   return cudaGetLastError();

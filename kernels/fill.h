@@ -1,4 +1,4 @@
-// Device-side fills for fp16 (and bf16) buffers: seeded uniform random values (tests, benchmarks, tuning
+// Device-side fills for fp16 (and bf16, fp32) buffers: seeded uniform random values (tests, benchmarks, tuning
 // scratch), a constant bit pattern (poisoning outputs before a check), and a zero-padding copy.
 //
 // Thread safety: stateless; each call enqueues one kernel on `stream` and returns its launch error.
@@ -21,6 +21,10 @@ cudaError_t FillUniform(__half* data, size_t count, uint64_t seed, float lo, flo
 
 // The same for bf16 data (values rounded to bf16).
 cudaError_t FillUniform(__nv_bfloat16* data, size_t count, uint64_t seed, float lo, float hi,
+                        cudaStream_t stream);
+
+// The same for fp32 data (a C input of fp32 C, α/β tests).
+cudaError_t FillUniform(float* data, size_t count, uint64_t seed, float lo, float hi,
                         cudaStream_t stream);
 
 // Sets every element of data[0..count) to the fp16 bit pattern `bits` (0x7E00 is a quiet NaN;

@@ -5,12 +5,15 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <gtest/gtest.h>
 
 #include "proto/numerics/error_stats.h"
+#include "proto/numerics/fp16.h"
 #include "kernels/assert_cuda.h"
 #include "kernels/registry.h"
 #include "kernels/testing.h"
@@ -241,7 +244,9 @@ std::string LayoutCaseName(const ::testing::TestParamInfo<LayoutCase>& info) {
          std::to_string(c.shape.n) + "x" + std::to_string(c.shape.k) + (c.strided ? "_ld" : "");
 }
 
-class LayoutCorrectness : public ::testing::TestWithParam<LayoutCase> {
+// A parameterized GPU test's stream and device buffers (freed after the test).
+template <typename Param>
+class DeviceCase : public ::testing::TestWithParam<Param> {
  protected:
   void SetUp() override {
     if (!testing::HaveGpu(&cc_)) GTEST_SKIP() << "no CUDA device";
@@ -262,6 +267,7 @@ class LayoutCorrectness : public ::testing::TestWithParam<LayoutCase> {
   cudaStream_t stream_ = nullptr;
   std::vector<void*> buffers_;
 };
+using LayoutCorrectness = DeviceCase<LayoutCase>;
 
 TEST_P(LayoutCorrectness, MatchesFp32ReferenceAndCublas) {
   const LayoutCase& c = GetParam();
@@ -351,6 +357,185 @@ TEST_P(LayoutCorrectness, MatchesFp32ReferenceAndCublas) {
 const std::vector<LayoutCase> kLayoutCases = LayoutCases();
 INSTANTIATE_TEST_SUITE_P(Layouts, LayoutCorrectness, ::testing::ValuesIn(kLayoutCases),
                          LayoutCaseName);
+
+// α/β (issue 29): every variant that applies them itself (VariantInfo::fused_scale: the wgmma
+// family in its epilogue, splitk in its reduce, cublas, auto), every layout and type pair it
+// takes, odd shapes: C = α·op(A)·op(B) + β·C_in with C_in fresh and random of C's type (its own
+// buffer, or C itself: in place), checked against α·ref + β·C_in from the fp32 reference and
+// the very C_in the kernel read, within the bar of C's type and, on 4096+ outputs, within twice
+// cuBLAS's error with the same α, β and C_in. β = 0 runs with C_in all NaN (C itself too when
+// in place): a kernel that reads it fails. NN fp16 gets the whole α ∈ {1, -0.5, 2} × β ∈ {0, 1,
+// 0.25} grid; the other forms α = -0.5 with β = 0.25 and α = 2 with β = 0.
+struct ScaledCase {
+  std::string variant;
+  bool ta, tb;
+  DataType ab, c;
+  Accumulation acc;
+  float alpha, beta;
+  Shape shape;
+  bool in_place;  // c_in == c
+  bool strided;   // lda, ldb, ldc = stored row length + 8
+};
+
+std::vector<ScaledCase> ScaledCases() {
+  const std::pair<float, float> kGrid[] = {{1.f, 1.f},    {1.f, 0.25f}, {-0.5f, 0.f},
+                                           {-0.5f, 1.f},  {-0.5f, 0.25f}, {2.f, 0.f},
+                                           {2.f, 1.f},    {2.f, 0.25f}};
+  const Shape kGridShapes[] = {{255, 264, 104}, {1000, 1000, 1000}};
+  const Shape kFormShapes[] = {{7, 8, 16}, {129, 264, 104}, {264, 520, 136}};
+  const Shape kInPlace = {136, 264, 104};
+  std::vector<ScaledCase> cases;
+  for (const VariantInfo& v : Variants()) {
+    if (!v.fused_scale) continue;
+    for (int layout = 0; layout < 4; ++layout)
+      for (const testing::TypeCombo& t : testing::kTypeCombos) {
+        const bool ta = layout & 2, tb = layout & 1;
+        if (!v.SupportsLayout(ta, tb) || !v.SupportsTypes(t.ab, t.c) || !v.Supports(t.acc))
+          continue;
+        auto add = [&](float alpha, float beta, Shape s, bool in_place, bool strided) {
+          cases.push_back({v.name, ta, tb, t.ab, t.c, t.acc, alpha, beta, s, in_place, strided});
+        };
+        const bool nn_fp16 = !ta && !tb && t.ab == DataType::kFp16 && t.c == DataType::kFp16;
+        if (nn_fp16 && t.acc == Accumulation::kFp32)
+          for (auto [alpha, beta] : kGrid)
+            for (const Shape& s : kGridShapes) add(alpha, beta, s, false, false);
+        for (const Shape& s : kFormShapes) {
+          add(-0.5f, 0.25f, s, false, false);
+          add(2.f, 0.f, s, false, false);
+        }
+        add(2.f, 1.f, kInPlace, true, false);
+        add(-0.5f, 0.f, kInPlace, true, false);
+        if (v.strided && t.acc == Accumulation::kFp32) add(-0.5f, 0.25f, kInPlace, false, true);
+      }
+  }
+  return cases;
+}
+
+std::string ScaledCaseName(const ::testing::TestParamInfo<ScaledCase>& info) {
+  const ScaledCase& c = info.param;
+  auto number = [](float x) {  // "m0_5" for -0.5, "0_25", "2"
+    std::string text = std::to_string(x);
+    text.erase(text.find_last_not_of('0') + 1);
+    if (text.back() == '.') text.pop_back();
+    for (char& ch : text) ch = ch == '-' ? 'm' : ch == '.' ? '_' : ch;
+    return text;
+  };
+  return c.variant + "_" + LayoutName(c.ta, c.tb) + "_" + testing::TypesTestName(c.ab, c.c) + "_" +
+         AccumulationName(c.acc) + "acc_a" + number(c.alpha) + "_b" + number(c.beta) + "_" +
+         std::to_string(c.shape.m) + "x" + std::to_string(c.shape.n) + "x" +
+         std::to_string(c.shape.k) + (c.in_place ? "_inplace" : "") + (c.strided ? "_ld" : "");
+}
+
+using ScaledCorrectness = DeviceCase<ScaledCase>;
+
+TEST_P(ScaledCorrectness, MatchesReferenceAndCublas) {
+  const ScaledCase& c = GetParam();
+  const VariantInfo* v = FindVariant(c.variant);
+  const VariantInfo* cublas = FindVariant("cublas");
+  ASSERT_NE(v, nullptr);
+  ASSERT_NE(cublas, nullptr);
+  if (v->min_sm > cc_) GTEST_SKIP() << v->name << " needs sm_" << v->min_sm;
+  const int m = c.shape.m, n = c.shape.n, k = c.shape.k;
+  const int a_rows = c.ta ? k : m, a_cols = c.ta ? m : k;
+  const int b_rows = c.tb ? n : k, b_cols = c.tb ? k : n;
+  const int pad = c.strided ? 8 : 0;
+  const int lda = a_cols + pad, ldb = b_cols + pad, ldc = n + pad;
+  const size_t ab_bytes = DataTypeBytes(c.ab), c_bytes = DataTypeBytes(c.c);
+  const size_t c_total = size_t(m) * ldc * c_bytes;  // C and C_in: m rows, ldc apart
+  void* a = Alloc(size_t(a_rows) * lda * ab_bytes);
+  void* b = Alloc(size_t(b_rows) * ldb * ab_bytes);
+  void* out = Alloc(c_total);
+  void* c_in = c.in_place ? out : Alloc(c_total);
+  void* c_in_source = Alloc(c_total);  // what C_in holds before each run
+  auto* ref = static_cast<float*>(Alloc(size_t(m) * n * sizeof(float)));
+  ASSERT_FALSE(HasFailure());
+  ASSERT_CUDA(testing::FillRandom(a, size_t(a_rows) * lda, c.ab, stream_));
+  ASSERT_CUDA(testing::FillRandom(b, size_t(b_rows) * ldb, c.ab, stream_));
+  if (c.beta != 0)
+    ASSERT_CUDA(testing::FillRandom(c_in_source, c_total / c_bytes, c.c, stream_));
+  else  // must not be read
+    ASSERT_CUDA(testing::Poison(c_in_source, c_total, c.c, stream_));
+  ASSERT_CUDA(testing::ReferenceGemmEx(a, b, ref, m, n, k, c.ta, c.tb, lda, ldb,
+                                       c.ab == DataType::kBf16, stream_));
+  std::vector<float> expected(size_t(m) * n);
+  ASSERT_CUDA(cudaMemcpyAsync(expected.data(), ref, expected.size() * sizeof(float),
+                              cudaMemcpyDeviceToHost, stream_));
+  std::vector<unsigned char> c_in_bits(size_t(m) * n * c_bytes);
+  ASSERT_CUDA(cudaMemcpy2DAsync(c_in_bits.data(), size_t(n) * c_bytes, c_in_source,
+                                size_t(ldc) * c_bytes, size_t(n) * c_bytes, m,
+                                cudaMemcpyDeviceToHost, stream_));
+  ASSERT_CUDA(cudaStreamSynchronize(stream_));
+  for (size_t i = 0; i < expected.size(); ++i) {
+    const unsigned char* e = c_in_bits.data() + i * c_bytes;
+    uint16_t bits = 0;
+    if (c_bytes == 2) std::memcpy(&bits, e, 2);
+    float in = 0;
+    if (c.c == DataType::kFp32) std::memcpy(&in, e, 4);
+    else in = c.c == DataType::kBf16 ? Bf16ToFloat(bits) : HalfToFloat(bits);
+    expected[i] = float(double(c.alpha) * expected[i] + (c.beta != 0 ? double(c.beta) * in : 0.0));
+  }
+
+  GemmProblem p{a, b, out, m, n, k, c.acc};
+  p.transpose_a = c.ta;
+  p.transpose_b = c.tb;
+  p.ab_type = c.ab;
+  p.c_type = c.c;
+  p.alpha = c.alpha;
+  p.beta = c.beta;
+  p.c_in = c_in;
+  if (c.strided) {
+    p.lda = lda;
+    p.ldb = ldb;
+    p.ldc = ldc;
+  }
+  LaunchContext ctx(stream_);
+  if (const std::string why = CheckProblem(*v, p); !why.empty()) {
+    EXPECT_NE(Launch(*v, p, ctx), "") << v->name << " launched a problem it refuses";
+    GTEST_SKIP() << why;
+  }
+  auto run = [&](const VariantInfo& variant, ErrorStats* stats) {
+    if (!c.in_place) ASSERT_CUDA(testing::Poison(out, c_total, c.c, stream_));
+    ASSERT_CUDA(cudaMemcpyAsync(c_in, c_in_source, c_total, cudaMemcpyDeviceToDevice, stream_));
+    ASSERT_EQ(Launch(variant, p, ctx), "");
+    ASSERT_CUDA(cudaGetLastError());
+    ASSERT_CUDA(cudaStreamSynchronize(stream_));
+    std::vector<unsigned char> host(size_t(m) * n * c_bytes);
+    ASSERT_CUDA(cudaMemcpy2D(host.data(), size_t(n) * c_bytes, out, size_t(ldc) * c_bytes,
+                             size_t(n) * c_bytes, m, cudaMemcpyDeviceToHost));
+    const int64_t count = int64_t(m) * n;
+    if (c.c == DataType::kFp32)
+      *stats = CompareToReference(reinterpret_cast<const float*>(host.data()), expected.data(),
+                                  count);
+    else if (c.c == DataType::kBf16)
+      *stats = CompareBf16ToReference(reinterpret_cast<const uint16_t*>(host.data()),
+                                      expected.data(), count);
+    else
+      *stats = CompareToReference(reinterpret_cast<const uint16_t*>(host.data()),
+                                  expected.data(), count);
+  };
+  ErrorStats ours, theirs;
+  ASSERT_NO_FATAL_FAILURE(run(*v, &ours));
+  ASSERT_NO_FATAL_FAILURE(run(*cublas, &theirs));
+  const double bar = testing::ToleranceFor(c.c, c.acc);
+  const std::string where =
+      ours.first_bad == SIZE_MAX
+          ? std::string("-")
+          : std::to_string(ours.first_bad / n) + "," + std::to_string(ours.first_bad % n);
+  EXPECT_EQ(ours.nan_count, 0u) << ours.ToString() << " first bad (row,col)=" << where;
+  EXPECT_LE(ours.rel_frobenius, bar) << ours.ToString() << " worst (row,col)=" << where;
+  if (int64_t(m) * n >= 4096) {
+    EXPECT_LE(ours.rel_frobenius, 2 * theirs.rel_frobenius)
+        << ours.ToString() << " vs cublas " << theirs.ToString();
+  }
+  std::printf("[ scaled ] %-30s %s %-9s %s a=%g b=%g %5dx%5dx%5d%s%s rel_frob=%.3e cublas=%.3e\n",
+              v->name.c_str(), LayoutName(c.ta, c.tb), TypesName(c.ab, c.c).c_str(),
+              AccumulationName(c.acc), c.alpha, c.beta, m, n, k, c.in_place ? " in place" : "",
+              c.strided ? " ld+8" : "", ours.rel_frobenius, theirs.rel_frobenius);
+}
+
+const std::vector<ScaledCase> kScaledCases = ScaledCases();
+INSTANTIATE_TEST_SUITE_P(Scaled, ScaledCorrectness, ::testing::ValuesIn(kScaledCases),
+                         ScaledCaseName);
 
 // A second launch of the same bucket must reuse the tuned choice.
 TEST(AutoTune, CachesTheChoicePerBucket) {

@@ -46,7 +46,7 @@ Stored StoredC(const GemmProblem& p) { return {p.m, p.n, p.ldc == 0 ? p.n : p.ld
 int64_t Extent(const Stored& s) { return int64_t(s.rows) * s.ld; }
 
 bool IsDefaultForm(const GemmProblem& p) {
-  return !p.transpose_a && !p.transpose_b && p.ab_type == DataType::kFp16 &&
+  return !Scaled(p) && !p.transpose_a && !p.transpose_b && p.ab_type == DataType::kFp16 &&
          p.c_type == DataType::kFp16 && StoredA(p).ld == p.k && StoredB(p).ld == p.n &&
          StoredC(p).ld == p.n;
 }
@@ -72,6 +72,7 @@ VariantInfo PaddedVariant(const VariantInfo& inner) {
   v.check_layout = nullptr;
   v.batched = false;  // a batch: one padded launch per item
   v.launch_grouped = nullptr;
+  v.fused_scale = false;  // C goes through a padded copy; the backend scales it afterwards
   return v;
 }
 
@@ -99,18 +100,22 @@ std::vector<VariantInfo> BuildVariants() {
     const VariantInfo base = *it;  // push_back may move *it
     for (int s : {2, 4, 8}) all.push_back(internal::SplitKVariant(base, s));
   }
-  all.push_back(VariantInfo{"cublas",
+  VariantInfo cublas{"cublas",
                             "cublasGemmEx with the problem's ops and types (fp32 compute for fp32 "
                             "acc, fp16 for fp16 acc); a batch: cublasGemmStridedBatchedEx; a "
                             "group: cublasGemmGroupedBatchedEx",
                             true, true, 0, 50, &AnyShape, "any m, n, k >= 1",
                             VariantKind::kCublas, false, 0, 0, 0, 0, "", nullptr, kAllLayouts,
-                            kAllTypes, /*strided=*/true, nullptr, /*batched=*/true});
-  all.push_back(VariantInfo{"auto",
+                            kAllTypes, /*strided=*/true, nullptr, /*batched=*/true};
+  cublas.fused_scale = true;  // cublasGemmEx's own alpha and beta
+  all.push_back(cublas);
+  VariantInfo automatic{"auto",
                             "tuned per shape bucket (and layout, types) among the project's kernels",
                             true, true, 0, 90, &AnyShape, "any m, n, k >= 1", VariantKind::kAuto,
                             false, 0, 0, 0, 0, "", nullptr, kAllLayouts, kAllTypes,
-                            /*strided=*/true, nullptr});
+                            /*strided=*/true, nullptr};
+  automatic.fused_scale = true;  // a scaled problem is tuned among the fused variants
+  all.push_back(automatic);
   return all;
 }
 
@@ -159,12 +164,27 @@ std::string CublasGemm(const GemmProblem& p, const void* alpha, const void* beta
   return "";
 }
 
-std::string LaunchCublas(const GemmProblem& p, LaunchContext& ctx) {
-  if (p.accumulation == Accumulation::kFp32) {
-    const float alpha = 1.f, beta = 0.f;
-    return CublasGemm(p, &alpha, &beta, CUBLAS_COMPUTE_32F, ctx);
+// cuBLAS reads C_in from C: copies each item's C_in into its C (same type, ldc and item
+// stride) on ctx's stream, unless beta is 0 or c_in is c.
+std::string CopyCInToC(const GemmProblem& p, LaunchContext& ctx) {
+  if (p.beta == 0.0f || p.c_in == p.c) return "";
+  const size_t bytes = DataTypeBytes(p.c_type);
+  const size_t pitch = size_t(StoredC(p).ld) * bytes;
+  for (int i = 0; i < p.batch; ++i) {
+    const GemmProblem item = BatchItem(p, i);
+    if (cudaError_t e = cudaMemcpy2DAsync(item.c, pitch, item.c_in, pitch, size_t(p.n) * bytes,
+                                          p.m, cudaMemcpyDeviceToDevice, ctx.stream());
+        e != cudaSuccess)
+      return CudaErrorText("copying c_in into c", e);
   }
-  const __half alpha = __float2half(1.f), beta = __float2half(0.f);
+  return "";
+}
+
+std::string LaunchCublas(const GemmProblem& p, LaunchContext& ctx) {
+  if (std::string e = CopyCInToC(p, ctx); !e.empty()) return e;
+  if (p.accumulation == Accumulation::kFp32)
+    return CublasGemm(p, &p.alpha, &p.beta, CUBLAS_COMPUTE_32F, ctx);
+  const __half alpha = __float2half(p.alpha), beta = __float2half(p.beta);
   return CublasGemm(p, &alpha, &beta, CUBLAS_COMPUTE_16F, ctx);
 }
 
@@ -178,7 +198,7 @@ std::string LaunchCublasGrouped(const std::vector<GemmProblem>& problems, Launch
   std::vector<cublasOperation_t> op_b(count), op_a(count);
   std::vector<int> rows(count), cols(count), depth(count), ldb(count), lda(count), ldc(count),
       sizes(count, 1);
-  std::vector<float> alpha(count, 1.f), beta(count, 0.f);
+  std::vector<float> alpha(count), beta(count);
   std::vector<const void*> pointers(3 * count);  // all B, then all A, then all C
   for (size_t i = 0; i < count; ++i) {
     const GemmProblem& p = problems[i];
@@ -195,6 +215,9 @@ std::string LaunchCublasGrouped(const std::vector<GemmProblem>& problems, Launch
     ldb[i] = StoredB(p).ld;
     lda[i] = StoredA(p).ld;
     ldc[i] = StoredC(p).ld;
+    alpha[i] = p.alpha;
+    beta[i] = p.beta;
+    if (std::string e = CopyCInToC(p, ctx); !e.empty()) return "problem " + std::to_string(i) + ": " + e;
     pointers[i] = p.b;
     pointers[count + i] = p.a;
     pointers[2 * count + i] = p.c;
@@ -332,6 +355,7 @@ GemmProblem BatchItem(const GemmProblem& p, int i) {
   item.a = static_cast<const char*>(p.a) + i * s.a * int64_t(ab_bytes);
   item.b = static_cast<const char*>(p.b) + i * s.b * int64_t(ab_bytes);
   item.c = static_cast<char*>(p.c) + i * s.c * int64_t(c_bytes);
+  if (p.c_in != nullptr) item.c_in = static_cast<const char*>(p.c_in) + i * s.c * int64_t(c_bytes);
   return item;
 }
 
@@ -468,6 +492,15 @@ std::string CheckProblem(const VariantInfo& v, const GemmProblem& p) {
   if (!v.Supports(p.accumulation))
     return "variant " + v.name + " does not support " + AccumulationName(p.accumulation) +
            " accumulation";
+  if (Scaled(p)) {
+    if (!v.fused_scale)
+      return "variant " + v.name + " does not apply alpha and beta itself (alpha " +
+             std::to_string(p.alpha) + ", beta " + std::to_string(p.beta) +
+             "); the wgmma_*, splitk*, cublas and auto variants do";
+    if (p.beta != 0.0f && p.c_in == nullptr) return "beta != 0 needs c_in (C's input)";
+    if (p.beta != 0.0f && v.kind == VariantKind::kKernel && !Aligned16(p.c_in))
+      return "variant " + v.name + " needs a 16-byte aligned c_in (its tiles are read by TMA)";
+  }
   if (!v.SupportsLayout(p.transpose_a, p.transpose_b))
     return "variant " + v.name + " does not take layout " +
            LayoutName(p.transpose_a, p.transpose_b) + " (transpose_a=" +
@@ -552,20 +585,14 @@ std::string LaunchGrouped(const VariantInfo& v, const std::vector<GemmProblem>& 
   const bool one_form =
       std::all_of(problems.begin(), problems.end(), [&](const GemmProblem& p) {
         return p.transpose_a == first.transpose_a && p.transpose_b == first.transpose_b &&
-               p.ab_type == first.ab_type && p.c_type == first.c_type;
+               p.ab_type == first.ab_type && p.c_type == first.c_type &&
+               p.alpha == first.alpha && p.beta == first.beta;
       });
   if (v.launch_grouped != nullptr && one_form) return v.launch_grouped(problems, ctx);
   for (size_t i = 0; i < problems.size(); ++i)
     if (std::string e = Launch(v, problems[i], ctx); !e.empty())
       return "problem " + std::to_string(i) + ": " + e;
   return "";
-}
-
-std::string LaunchCublasScaled(const GemmProblem& p, float alpha, float beta, LaunchContext& ctx) {
-  const VariantInfo* cublas = FindVariant("cublas");
-  if (std::string why = CheckProblem(*cublas, p); !why.empty()) return why;
-  if (p.accumulation != Accumulation::kFp32) return "the scaled cuBLAS call computes in fp32";
-  return CublasGemm(p, &alpha, &beta, CUBLAS_COMPUTE_32F, ctx);
 }
 
 }  // namespace hgemm::kernels

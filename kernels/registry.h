@@ -69,7 +69,18 @@ struct GemmProblem {
   // do not overlap). batch = 1 is the single GEMM.
   int batch = 1;
   int64_t stride_a = 0, stride_b = 0, stride_c = 0;
+  // Scaling (cublasGemmEx's α/β): C = alpha·op(A)·op(B) + beta·C_in, in fp32, rounded once to
+  // C's type. c_in has C's type, row stride (ldc) and item stride (stride_c); it may be c itself
+  // (in place). beta == 0 never reads c_in (it may be null; NaN there stays out of C); alpha ==
+  // 0 does not form op(A)·op(B). Only variants with VariantInfo::fused_scale take alpha != 1 or
+  // beta != 0; the others are refused by CheckProblem (the CUDA backend then runs them into an
+  // fp32 T and applies ScaleEpilogue).
+  float alpha = 1.0f, beta = 0.0f;
+  const void* c_in = nullptr;
 };
+
+// True if `p` asks for α/β scaling (alpha != 1 or beta != 0).
+inline bool Scaled(const GemmProblem& p) { return p.alpha != 1.0f || p.beta != 0.0f; }
 
 // The element strides between a batch's items, with 0 (packed) resolved.
 struct BatchStrides {
@@ -151,6 +162,10 @@ struct VariantInfo {
                                 LaunchContext& ctx) = nullptr;
   // kSplitK: how many slices K is cut into at most (fewer where K is short; 0 otherwise).
   int split_k = 0;
+  // Applies GemmProblem's alpha/beta (reading c_in) itself, in its own epilogue: the wgmma
+  // family, the split-K wrappers (in the reduce), cublas (cublasGemmEx's α/β) and auto (which
+  // then picks among the fused kernels).
+  bool fused_scale = false;
 
   bool Supports(Accumulation acc) const { return acc == Accumulation::kFp16 ? fp16_acc : fp32_acc; }
   bool SupportsLayout(bool transpose_a, bool transpose_b) const {
@@ -210,7 +225,9 @@ class LaunchContext {
 // and 1, the least aligned). Does not touch the device.
 std::string CheckProblem(const VariantInfo& variant, const GemmProblem& problem);
 
-// Enqueues C = op(A)·op(B) on ctx's stream (asynchronous). Returns an empty string on success,
+// Enqueues C = alpha·op(A)·op(B) + beta·C_in on ctx's stream (asynchronous; see GemmProblem; a
+// scaled problem on cublas first copies C_in into C where c_in is not c, then calls
+// cublasGemmEx with alpha and beta). Returns an empty string on success,
 // else a message (CUDA/cuBLAS error text, or why the variant can't take this problem).
 // "auto" first resolves through ChooseAutoFor (which may synchronize ctx's stream once per
 // bucket and form). A batch is one launch where the variant is `batched` (cublas: one
@@ -226,12 +243,6 @@ std::string Launch(const VariantInfo& variant, const GemmProblem& problem, Launc
 // index.
 std::string LaunchGrouped(const VariantInfo& variant, const std::vector<GemmProblem>& problems,
                           LaunchContext& ctx);
-
-// cuBLAS's own α/β, for kernel_bench's comparison with the service's T + ScaleEpilogue: C =
-// alpha·op(A)·op(B) + beta·C in place (C holds C_in on entry), through cublasGemmEx
-// (cublasGemmStridedBatchedEx for a batch) with fp32 compute. Asynchronous like Launch.
-std::string LaunchCublasScaled(const GemmProblem& problem, float alpha, float beta,
-                               LaunchContext& ctx);
 
 // The kernel "auto" runs for this shape and accumulation: on first use of the shape bucket it
 // times the candidate kernels (the project's own, never cuBLAS) on ctx's stream with scratch

@@ -466,6 +466,71 @@ TEST(Registry, SplitKRefusesByNameWhatItsKernelRefuses) {
   EXPECT_NE(CheckProblem(*v, p).find("fp16 accumulation takes fp16"), std::string::npos);
 }
 
+// α/β: which variants apply them themselves (fused_scale; ListKernels reports it), and what
+// CheckProblem refuses by name: scaling on a variant that does not fuse it (the backend then
+// runs the separate T + ScaleEpilogue path), beta without C_in, an unaligned C_in for TMA.
+TEST(Registry, FusedScaleVariantsAndTheirRefusals) {
+  for (const VariantInfo& v : Variants()) {
+    const bool wgmma = v.name.rfind("wgmma_", 0) == 0;
+    const bool expected = wgmma || v.kind == VariantKind::kSplitK ||
+                          v.kind == VariantKind::kCublas || v.kind == VariantKind::kAuto;
+    EXPECT_EQ(v.fused_scale, expected) << v.name;
+  }
+  GemmProblem p = AlignedProblem(136, 264, 104);
+  p.alpha = 2.0f;  // alpha alone is scaling too
+  const VariantInfo& mma = *FindVariant("mma_128x128_bk32_s4_swz");
+  EXPECT_NE(CheckProblem(mma, p).find("does not apply alpha and beta itself"), std::string::npos)
+      << CheckProblem(mma, p);
+  EXPECT_EQ(CheckProblem(*FindVariant("cublas"), p), "");
+  const VariantInfo* pad = FindVariant("pad8_mma_128x128_bk32_s4_swz");
+  ASSERT_NE(pad, nullptr);
+  EXPECT_NE(CheckProblem(*pad, p).find("alpha and beta"), std::string::npos);
+  p.alpha = 1.0f;
+  EXPECT_EQ(CheckProblem(mma, p), "");  // alpha 1, beta 0: the plain GEMM
+  p.beta = 0.5f;  // and no c_in
+  EXPECT_NE(CheckProblem(*FindVariant("cublas"), p).find("beta != 0 needs c_in"),
+            std::string::npos);
+  const VariantInfo* wgmma = FindVariant("wgmma_128x256_s4_g8");
+  if (wgmma == nullptr) GTEST_SKIP() << "no wgmma family here";
+  p.c_in = reinterpret_cast<const void*>((uintptr_t{4} << 20) + 8);
+  EXPECT_NE(CheckProblem(*wgmma, p).find("16-byte aligned c_in"), std::string::npos)
+      << CheckProblem(*wgmma, p);
+  EXPECT_EQ(CheckProblem(*FindVariant("splitk2_wgmma_64x128_s8_g8"), p), "");  // the reduce
+  p.c_in = p.c;  // in place
+  EXPECT_EQ(CheckProblem(*wgmma, p), "");
+  p.beta = 0.0f;
+  p.alpha = -0.5f;
+  p.c_in = nullptr;  // beta 0 reads no c_in
+  EXPECT_EQ(CheckProblem(*wgmma, p), "");
+}
+
+// A batch's items each get their own C_in, at C's item stride; split-K slices are unscaled
+// (the reduce applies alpha and beta once).
+TEST(Registry, ScaledBatchItemsAndSplitKSlices) {
+  GemmProblem p = AlignedProblem(64, 128, 256);
+  p.alpha = 2.0f;
+  p.beta = 0.25f;
+  p.c_in = reinterpret_cast<const void*>(uintptr_t{5} << 20);
+  p.batch = 3;
+  p.stride_c = 64 * 128 + 8;
+  const GemmProblem item = BatchItem(p, 2);
+  EXPECT_EQ(item.c_in, static_cast<const char*>(p.c_in) + 2 * (64 * 128 + 8) * 2);
+  EXPECT_EQ(item.alpha, 2.0f);
+  EXPECT_EQ(item.beta, 0.25f);
+  GemmProblem unscaled = p;
+  unscaled.c_in = nullptr;
+  unscaled.beta = 0.0f;
+  EXPECT_EQ(BatchItem(unscaled, 2).c_in, nullptr);
+  std::vector<float> partials(4 * 64 * 128);
+  p.batch = 1;
+  p.stride_c = 0;
+  for (const GemmProblem& q : SplitKProblems(p, 4, partials.data())) {
+    EXPECT_EQ(q.alpha, 1.0f);
+    EXPECT_EQ(q.beta, 0.0f);
+    EXPECT_EQ(q.c_in, nullptr);
+  }
+}
+
 // Slices are whole 64-deep K tiles but the last, which takes the rest; short K gets fewer.
 TEST(Registry, SliceKCutsWholeTilesAndLeavesTheRestToTheLast) {
   for (int s : {1, 2, 3, 4, 8})

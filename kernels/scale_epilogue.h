@@ -2,8 +2,9 @@
 // where T = op(A)·op(B) is an fp32 result a GEMM kernel wrote first; and the split-K reduce,
 // the same epilogue over T = the sum of s fp32 partial products (splitk variants). fp32 math, one rounding
 // to C's type, so the service's C equals BLAS's C = alpha·op(A)·op(B) + beta·C up to that
-// rounding. A fused version (the wgmma epilogue reading C_in tile by tile) is predicted in
-// docs/kernels_notes.md.
+// rounding. ScaleEpilogue is the CUDA backend's path for variants that do not apply alpha/beta
+// themselves (VariantInfo::fused_scale: the wgmma epilogue reads C_in tile by tile instead;
+// docs/kernels_notes.md, "α/β fused").
 //
 // Thread safety: stateless; each call enqueues one kernel on `stream` and returns its launch
 // error.

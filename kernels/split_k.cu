@@ -48,7 +48,7 @@ VariantInfo SplitKVariant(const VariantInfo& inner, int s) {
   VariantInfo v = inner;
   v.name = "splitk" + std::to_string(s) + "_" + inner.name;
   v.description = "K in " + std::to_string(s) + " slices as one grouped launch of " + inner.name +
-                  " into fp32 partials, then a reduce (skinny M)";
+                  " into fp32 partials, then a reduce (skinny M; applies alpha/beta)";
   v.can_implement = ShapeFor(s);
   v.constraints = "m <= " + std::to_string(kSplitKMaxM) + ", " + Vec16Constraints(false) +
                   ", s·m·n·4 <= " + std::to_string(kSplitKMaxPartialBytes >> 20) +
@@ -60,6 +60,7 @@ VariantInfo SplitKVariant(const VariantInfo& inner, int s) {
   v.batched = false;           // a batch: one split launch per item
   v.launch_grouped = nullptr;  // a group: one split launch per problem
   v.split_k = s;
+  v.fused_scale = true;  // SplitKReduce applies alpha and beta
   return v;  // layouts, types, strides and check_layout: the inner kernel's (it reads in place)
 }
 
@@ -76,8 +77,9 @@ std::string LaunchSplitK(const VariantInfo& v, const GemmProblem& p, LaunchConte
   const std::vector<GemmProblem> parts = SplitKProblems(p, v.split_k, partials);
   if (std::string e = LaunchGrouped(*inner, parts, ctx); !e.empty()) return inner->name + ": " + e;
   const int ldc = p.ldc != 0 ? p.ldc : p.n;
-  if (cudaError_t e = SplitKReduce(partials, slices.count, slice_elements, p.m, p.n, nullptr, p.c,
-                                   ldc, 1.0f, 0.0f, p.c_type, ctx.stream());
+  // α/β applied in the reduce (fused_scale): C_in read there with beta != 0, in place allowed.
+  if (cudaError_t e = SplitKReduce(partials, slices.count, slice_elements, p.m, p.n, p.c_in, p.c,
+                                   ldc, p.alpha, p.beta, p.c_type, ctx.stream());
       e != cudaSuccess)
     return CudaErrorText("split-K reduce", e);
   return "";
@@ -116,6 +118,9 @@ std::vector<GemmProblem> SplitKProblems(const GemmProblem& p, int s, float* part
     q.ldc = 0;
     q.c_type = DataType::kFp32;
     q.accumulation = Accumulation::kFp32;  // fp32 partials (the wgmma family's accumulators)
+    q.alpha = 1.0f;  // the reduce scales the sum
+    q.beta = 0.0f;
+    q.c_in = nullptr;
     parts.push_back(q);
   }
   return parts;

@@ -38,6 +38,10 @@ struct SplitCase {
   DataType ab, c;
   Shape shape;
   bool strided;  // lda, ldb, ldc = stored row length + 8
+  // α/β, applied by the reduce: C = alpha·op(A)·op(B) + beta·C_in (C_in random of C's type, all
+  // NaN where beta is 0; in_place: C_in is C).
+  float alpha = 1.f, beta = 0.f;
+  bool in_place = false;
 };
 
 // K = 1000: not a multiple of s·8 for s = 2, 4, 8 (the last slice is short); K = 72 and 40:
@@ -47,6 +51,7 @@ const Shape kShapes[] = {
 };
 const Shape kLargeShape = {16, 8192, 8192};
 const Shape kStridedShape = {16, 1032, 4104};
+const Shape kScaledShape = {65, 264, 1000};
 
 std::vector<SplitCase> Cases() {
   std::vector<SplitCase> cases;
@@ -60,6 +65,14 @@ std::vector<SplitCase> Cases() {
           if (c == ab && !ta) cases.push_back({v.name, ta, tb, ab, c, kLargeShape, false});
         }
         cases.push_back({v.name, ta, tb, ab, ab, kStridedShape, true});
+        if (ta) continue;
+        // α/β: the reduce reads C_in with C's row stride; in place; β = 0 never reads it.
+        for (DataType c : {ab, DataType::kFp32}) {
+          cases.push_back({v.name, ta, tb, ab, c, kScaledShape, false, -0.5f, 0.25f, false});
+          cases.push_back({v.name, ta, tb, ab, c, kScaledShape, false, 2.f, 1.f, true});
+          cases.push_back({v.name, ta, tb, ab, c, kScaledShape, false, 2.f, 0.f, false});
+        }
+        cases.push_back({v.name, ta, tb, ab, ab, kStridedShape, true, -0.5f, 0.25f, false});
       }
     }
   }
@@ -68,9 +81,16 @@ std::vector<SplitCase> Cases() {
 
 std::string CaseName(const ::testing::TestParamInfo<SplitCase>& info) {
   const SplitCase& c = info.param;
+  const bool scaled = c.alpha != 1.f || c.beta != 0.f;
+  auto hundredths = [](float x) {  // "m50" for -0.5 (test names take letters, digits and _)
+    const int h = int(x * 100);
+    return (h < 0 ? "m" : "") + std::to_string(h < 0 ? -h : h);
+  };
   return c.variant + "_" + LayoutName(c.ta, c.tb) + "_" + testing::TypesTestName(c.ab, c.c) + "_" +
          std::to_string(c.shape.m) + "x" + std::to_string(c.shape.n) + "x" +
-         std::to_string(c.shape.k) + (c.strided ? "_ld" : "");
+         std::to_string(c.shape.k) + (c.strided ? "_ld" : "") +
+         (scaled ? "_alpha" + hundredths(c.alpha) + "_beta" + hundredths(c.beta) : "") +
+         (c.in_place ? "_inplace" : "");
 }
 
 class GpuTest {
@@ -148,12 +168,44 @@ TEST_P(SplitKCorrectness, MatchesFp32ReferenceAndCublas) {
   std::vector<float> host_ref(size_t(m) * n);
   ASSERT_CUDA(cudaMemcpyAsync(host_ref.data(), ref, host_ref.size() * sizeof(float),
                               cudaMemcpyDeviceToHost, stream_));
+  // α/β: C_in's values (rows ldc apart) as they are before each run, and the reference of
+  // alpha·op(A)·op(B) + beta·C_in.
+  const bool scaled = c.alpha != 1.f || c.beta != 0.f;
+  void* c_in = !scaled ? nullptr : c.in_place ? out : Alloc(size_t(m) * ldc * c_bytes);
+  void* c_in_source = scaled ? Alloc(size_t(m) * ldc * c_bytes) : nullptr;
+  ASSERT_FALSE(HasFailure());
+  if (scaled) {
+    ASSERT_CUDA(c.beta != 0 ? Fill(c_in_source, size_t(m) * ldc, c.c)
+                            : Poison(c_in_source, size_t(m) * ldc, c.c));
+    ASSERT_CUDA(cudaStreamSynchronize(stream_));
+    std::vector<unsigned char> bits(size_t(m) * ldc * c_bytes);
+    ASSERT_CUDA(cudaMemcpy(bits.data(), c_in_source, bits.size(), cudaMemcpyDeviceToHost));
+    for (int r = 0; r < m; ++r)
+      for (int j = 0; j < n; ++j) {
+        const unsigned char* e = bits.data() + (size_t(r) * ldc + j) * c_bytes;
+        uint16_t half_bits = 0;
+        float in = 0;
+        if (c.c == DataType::kFp32) {
+          std::memcpy(&in, e, 4);
+        } else {
+          std::memcpy(&half_bits, e, 2);
+          in = c.c == DataType::kBf16 ? Bf16ToFloat(half_bits) : HalfToFloat(half_bits);
+        }
+        float& expected = host_ref[size_t(r) * n + j];
+        expected = float(double(c.alpha) * expected + (c.beta != 0 ? double(c.beta) * in : 0.0));
+      }
+  }
 
   GemmProblem p{a, b, out, m, n, k, Accumulation::kFp32};
   p.transpose_a = c.ta;
   p.transpose_b = c.tb;
   p.ab_type = c.ab;
   p.c_type = c.c;
+  if (scaled) {
+    p.alpha = c.alpha;
+    p.beta = c.beta;
+    p.c_in = c_in;
+  }
   if (c.strided) {
     p.lda = lda;
     p.ldb = ldb;
@@ -167,7 +219,10 @@ TEST_P(SplitKCorrectness, MatchesFp32ReferenceAndCublas) {
     GTEST_SKIP() << why;
   }
   auto run = [&](const VariantInfo& variant, ErrorStats* stats) {
-    ASSERT_CUDA(Poison(out, size_t(m) * ldc, c.c));
+    if (!c.in_place) ASSERT_CUDA(Poison(out, size_t(m) * ldc, c.c));
+    if (scaled)
+      ASSERT_CUDA(cudaMemcpyAsync(c_in, c_in_source, size_t(m) * ldc * c_bytes,
+                                  cudaMemcpyDeviceToDevice, stream_));
     ASSERT_EQ(Launch(variant, p, ctx), "");
     ASSERT_CUDA(cudaGetLastError());
     ASSERT_CUDA(cudaStreamSynchronize(stream_));
@@ -202,10 +257,10 @@ TEST_P(SplitKCorrectness, MatchesFp32ReferenceAndCublas) {
         << ours.ToString() << " vs cublas " << theirs.ToString();
   }
   const KSlices slices = SliceK(k, v->split_k);
-  std::printf("[ splitk ] %-28s %s %-9s %5dx%5dx%5d%s slices=%d×%d rel_frob=%.3e cublas=%.3e\n",
+  std::printf("[ splitk ] %-28s %s %-9s %5dx%5dx%5d%s a=%g b=%g%s slices=%d×%d rel_frob=%.3e cublas=%.3e\n",
               v->name.c_str(), LayoutName(c.ta, c.tb), TypesName(c.ab, c.c).c_str(), m, n, k,
-              c.strided ? " ld+8" : "", slices.count, slices.depth, ours.rel_frobenius,
-              theirs.rel_frobenius);
+              c.strided ? " ld+8" : "", c.alpha, c.beta, c.in_place ? " in place" : "",
+              slices.count, slices.depth, ours.rel_frobenius, theirs.rel_frobenius);
 }
 
 const std::vector<SplitCase> kCases = Cases();

@@ -23,10 +23,15 @@ uint64_t NextSeed() {
 }
 
 cudaError_t FillRandom(void* data, size_t count, DataType type, cudaStream_t stream) {
-  return type == DataType::kBf16
-             ? FillUniform(static_cast<__nv_bfloat16*>(data), count, NextSeed(), -1.f, 1.f,
-                           stream)
-             : FillUniform(static_cast<__half*>(data), count, NextSeed(), -1.f, 1.f, stream);
+  switch (type) {
+    case DataType::kBf16:
+      return FillUniform(static_cast<__nv_bfloat16*>(data), count, NextSeed(), -1.f, 1.f, stream);
+    case DataType::kFp32:
+      return FillUniform(static_cast<float*>(data), count, NextSeed(), -1.f, 1.f, stream);
+    case DataType::kFp16:
+      break;
+  }
+  return FillUniform(static_cast<__half*>(data), count, NextSeed(), -1.f, 1.f, stream);
 }
 
 uint16_t PoisonBits(DataType type) { return type == DataType::kFp16 ? 0x7E00 : 0x7FC0; }

@@ -27,8 +27,8 @@ bool HaveGpu(int* cc);
 // A fresh seed per call (a counter): every buffer filled in a test process gets its own values.
 uint64_t NextSeed();
 
-// Fills count elements of `type` (fp16 or bf16) at `data` with values uniform in [-1, 1), the
-// inputs kKernelTolerance is set for, from a fresh seed.
+// Fills count elements of `type` (fp16, bf16, or fp32 for a C input) at `data` with values
+// uniform in [-1, 1), the inputs kKernelTolerance is set for, from a fresh seed.
 cudaError_t FillRandom(void* data, size_t count, DataType type, cudaStream_t stream);
 
 // The NaN bit pattern of a C of `type` (fp16 0x7E00; bf16 0x7FC0, and over fp32 C 0x7FC0 in both

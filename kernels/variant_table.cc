@@ -14,7 +14,8 @@ std::string FormatVariantTable() {
     out += "| `" + v.name + "` | " + acc + " | " + LayoutList(v.layouts) + " | " +
            TypesList(v.types) + (v.strided ? ", strided" : "") +
            (v.batched ? ", batch in one launch" : "") +
-           (v.launch_grouped != nullptr ? ", group in one launch" : "") + " | " +
+           (v.launch_grouped != nullptr ? ", group in one launch" : "") +
+           (v.fused_scale ? ", fused α/β" : "") + " | " +
            (tiled ? std::to_string(v.block_m) + "×" + std::to_string(v.block_n) : "-") + " | " +
            (tiled ? std::to_string(v.stages) : "-") + " | " +
            (v.smem_bytes > 0 ? std::to_string((v.smem_bytes + 1023) / 1024) + " KB" : "-") +

@@ -35,14 +35,16 @@ namespace hgemm::kernels::internal {
 bool TensorMap(const void* ptr, int rows, int cols, int ld, int batch, int64_t item_stride,
                int box_rows, int box_cols, CUtensorMapDataType type, CUtensorMap* out);
 
-// A, B and C's tensor maps of `p` as WgmmaGemmKernel<BN, ...> reads them (its A boxes BM rows,
-// B boxes BN; 64 along K), over `batch` items StridesOf(p) apart: p.batch for one launch of the
-// batch, 1 for one problem of a group. Returns false if one could not be encoded.
+// A, B, C and C_in's tensor maps of `p` as WgmmaGemmKernel<BN, ...> reads them (its A boxes BM
+// rows, B boxes BN; 64 along K; C_in as C, at p.c_in, where p.beta != 0, else a copy of C's
+// map, which the kernel then never reads through), over `batch` items StridesOf(p) apart:
+// p.batch for one launch of the batch, 1 for one problem of a group. Returns false if one could
+// not be encoded.
 // @tparam BM  the kernel's row block tile (WgmmaStage::BM, 64 · CONSUMERS).
 // @tparam BN, TRANS_A, TRANS_B, T, TC  see detail::WgmmaGemmKernel.
 template <int BM, int BN, bool TRANS_A, bool TRANS_B, typename T, typename TC>
 bool ProblemTensorMaps(const GemmProblem& p, int batch, CUtensorMap* a, CUtensorMap* b,
-                       CUtensorMap* c) {
+                       CUtensorMap* c, CUtensorMap* c_in) {
   constexpr bool kFp32Out = std::is_same_v<TC, float>;
   constexpr CUtensorMapDataType kType = std::is_same_v<T, __nv_bfloat16>
                                             ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
@@ -51,16 +53,26 @@ bool ProblemTensorMaps(const GemmProblem& p, int batch, CUtensorMap* a, CUtensor
   const int a_rows = TRANS_A ? p.k : p.m, a_cols = TRANS_A ? p.m : p.k;
   const int b_rows = TRANS_B ? p.n : p.k, b_cols = TRANS_B ? p.k : p.n;
   const BatchStrides strides = StridesOf(p);
-  return TensorMap(p.a, a_rows, a_cols, p.lda ? p.lda : a_cols, batch, strides.a,
-                   TRANS_A ? 64 : BM, 64, kType, a) &&
-         TensorMap(p.b, b_rows, b_cols, p.ldb ? p.ldb : b_cols, batch, strides.b,
-                   TRANS_B ? BN : 64, 64, kType, b) &&
-         TensorMap(p.c, p.m, p.n, p.ldc ? p.ldc : p.n, batch, strides.c, 64, kFp32Out ? 32 : 64,
-                   kFp32Out ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32 : kType, c);
+  // C_in shares C's shape, row stride, item stride and boxes.
+  auto c_map = [&](const void* ptr, CUtensorMap* out) {
+    return TensorMap(ptr, p.m, p.n, p.ldc ? p.ldc : p.n, batch, strides.c, 64,
+                     kFp32Out ? 32 : 64, kFp32Out ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32 : kType, out);
+  };
+  if (!TensorMap(p.a, a_rows, a_cols, p.lda ? p.lda : a_cols, batch, strides.a,
+                 TRANS_A ? 64 : BM, 64, kType, a) ||
+      !TensorMap(p.b, b_rows, b_cols, p.ldb ? p.ldb : b_cols, batch, strides.b,
+                 TRANS_B ? BN : 64, 64, kType, b) ||
+      !c_map(p.c, c))
+    return false;
+  if (p.beta == 0.0f) {
+    *c_in = *c;
+    return true;
+  }
+  return c_map(p.c_in, c_in);
 }
 
-// Enqueues C = op(A)·op(B) with WgmmaGemmKernel<...> on `stream`: one launch for the whole
-// batch.
+// Enqueues C = p.alpha·op(A)·op(B) + p.beta·C_in with WgmmaGemmKernel<...> on `stream`: one
+// launch for the whole batch.
 // REQUIRES: CheckProblem passed for a wgmma variant of this configuration, p.transpose_a ==
 // TRANS_A, p.transpose_b == TRANS_B, p.ab_type the type T and p.c_type TC. Returns the CUDA
 // error (cudaErrorInvalidValue if a tensor map could not be encoded).
@@ -74,17 +86,17 @@ cudaError_t LaunchWgmmaGemm(const GemmProblem& p, cudaStream_t stream) {
   int device = 0;
   HGEMM_RETURN_IF_CUDA_ERROR(cudaGetDevice(&device));
   HGEMM_RETURN_IF_CUDA_ERROR(detail::OptInDynamicSmem<kernel>(device, Cfg::kSmemBytes));
-  CUtensorMap map_a, map_b, map_c;
-  if (!ProblemTensorMaps<Cfg::BM, BN, TRANS_A, TRANS_B, T, TC>(p, p.batch, &map_a, &map_b,
-                                                               &map_c))
+  CUtensorMap map_a, map_b, map_c, map_c_in;
+  if (!ProblemTensorMaps<Cfg::BM, BN, TRANS_A, TRANS_B, T, TC>(p, p.batch, &map_a, &map_b, &map_c,
+                                                               &map_c_in))
     return cudaErrorInvalidValue;
   int sms = 0;
   HGEMM_RETURN_IF_CUDA_ERROR(detail::SmCount(device, &sms));
   const long long tiles =
       (long long)((p.m + Cfg::BM - 1) / Cfg::BM) * ((p.n + BN - 1) / BN) * p.batch;
   const int grid = int(std::min<long long>(tiles, sms));
-  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(map_a, map_b, map_c, p.m, p.n, p.k,
-                                                            int(tiles), nullptr, 0);
+  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(
+      map_a, map_b, map_c, map_c_in, p.m, p.n, p.k, int(tiles), nullptr, 0, p.alpha, p.beta);
   return cudaGetLastError();
 }
 
@@ -92,7 +104,8 @@ cudaError_t LaunchWgmmaGemm(const GemmProblem& p, cudaStream_t stream) {
 // TC) as one launch of WgmmaGemmKernel<...> on ctx's stream: each problem's tensor maps and
 // shape go into a device array in ctx's kGroupScratch (copied on the stream; the kernel reads
 // it). Returns "" or the error. REQUIRES: CheckProblem passed for every problem (batch 1) on a
-// wgmma variant of this configuration, and all of them have this layout and these types.
+// wgmma variant of this configuration, and all of them have this layout, these types and one
+// alpha and beta (kernel arguments; each problem has its own C_in).
 template <int BN, int CONSUMERS, int K_STAGE, int GROUP_M, bool TRANS_A, bool TRANS_B, typename T,
           typename TC>
 std::string LaunchWgmmaGrouped(const std::vector<GemmProblem>& problems, LaunchContext& ctx) {
@@ -108,7 +121,9 @@ std::string LaunchWgmmaGrouped(const std::vector<GemmProblem>& problems, LaunchC
   for (size_t i = 0; i < problems.size(); ++i) {
     const GemmProblem& p = problems[i];
     detail::GroupProblem& g = host[i];
-    if (!ProblemTensorMaps<Cfg::BM, BN, TRANS_A, TRANS_B, T, TC>(p, 1, &g.a, &g.b, &g.c))
+    if (p.alpha != problems.front().alpha || p.beta != problems.front().beta)
+      return "problem " + std::to_string(i) + ": one launch takes one alpha and beta";
+    if (!ProblemTensorMaps<Cfg::BM, BN, TRANS_A, TRANS_B, T, TC>(p, 1, &g.a, &g.b, &g.c, &g.c_in))
       return "problem " + std::to_string(i) + ": a tensor map could not be encoded";
     g.m = p.m;
     g.n = p.n;
@@ -133,7 +148,8 @@ std::string LaunchWgmmaGrouped(const std::vector<GemmProblem>& problems, LaunchC
   const int grid = int(std::min<long long>(tiles, sms));
   // The grid-constant maps are unused in a group: any valid map fills them.
   kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, ctx.stream()>>>(
-      host[0].a, host[0].b, host[0].c, 0, 0, 0, int(tiles), device_group, int(host.size()));
+      host[0].a, host[0].b, host[0].c, host[0].c_in, 0, 0, 0, int(tiles), device_group,
+      int(host.size()), problems.front().alpha, problems.front().beta);
   if (cudaError_t e = cudaGetLastError(); e != cudaSuccess)
     return CudaErrorText("grouped launch", e);
   return "";

@@ -44,8 +44,17 @@
 //     C (TC = float) needs twice the bytes per chunk: the same 16 KB per consumer hold one
 //     64×64 fp32 chunk as two 64-row × 32-column boxes (128-byte rows, swizzled alike), single-
 //     buffered (each chunk waits for the previous store's reads).
-//   * Edges: TMA zero-fills load boxes past M, N and K (they add nothing to the sums) and clips
-//     stores at M and N.
+//   * α/β (C = α·acc + β·C_in, cublasGemmEx's scaling): a runtime argument, one uniform branch
+//     per tile between the plain epilogue and the scaled one. With β ≠ 0 the leader prefetches
+//     the slab's C_in boxes into L2 at the tile's start, and TMA loads C_in chunk by chunk into
+//     the same staging buffer, through a tensor map of C_in with C's boxes: each thread reads
+//     its C_in pair at the very address it then overwrites with its result (one mbarrier per
+//     buffer). The first pair of chunks is loaded while the last K tile's wgmma runs. β = 0
+//     reads no C_in (NaN there stays out). C_in may be C: each element's C_in is read by its
+//     chunk's load, which completes before the chunk's result is written and stored, and no
+//     other chunk or tile touches it (docs/kernels_notes.md, "α/β fused").
+//   * Edges: TMA zero-fills load boxes past M, N and K (they add nothing to the sums; a C_in box
+//     reads zeros there) and clips stores at M and N.
 //   * Watchdog: an mbarrier wait that lasts HGEMM_MBAR_TIMEOUT_NS (default 10 s; 0 disables)
 //     traps, so a lost arrival or a wrong transaction count fails the launch instead of hanging
 //     the stream. Real waits last microseconds.
@@ -137,6 +146,14 @@ __device__ __forceinline__ void TmaStore3d(const CUtensorMap* map, uint32_t src,
       "r"(src), "r"(c0), "r"(c1), "r"(item)
       : "memory");
 }
+// Asks TMA to bring the box at (c0, c1, item) into L2 (no shared memory, no completion to wait
+// for): C_in of a scaled tile, so that its loads in the epilogue hit L2.
+__device__ __forceinline__ void TmaPrefetchL2(const CUtensorMap* map, int c0, int c1, int item) {
+  asm volatile("cp.async.bulk.prefetch.tensor.3d.L2.global.tile [%0, {%1, %2, %3}];\n" ::"l"(
+                   reinterpret_cast<uint64_t>(map)),
+               "r"(c0), "r"(c1), "r"(item)
+               : "memory");
+}
 // Makes a tensor map in global memory that the host wrote before the launch visible to the
 // tensor-map proxy that TMA reads it through (grouped launches; 128 bytes, one CUtensorMap).
 __device__ __forceinline__ void TensorMapAcquire(const CUtensorMap* map) {
@@ -171,6 +188,16 @@ __device__ __forceinline__ void StShared(uint32_t addr, uint32_t v) {
 __device__ __forceinline__ void StShared(uint32_t addr, float lo, float hi) {
   asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(lo), "f"(hi) : "memory");
 }
+__device__ __forceinline__ uint32_t LdShared(uint32_t addr) {
+  uint32_t v;
+  asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(v) : "r"(addr) : "memory");
+  return v;
+}
+__device__ __forceinline__ float2 LdSharedF2(uint32_t addr) {
+  float2 v;
+  asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(v.x), "=f"(v.y) : "r"(addr) : "memory");
+  return v;
+}
 // Two fp32 accumulators rounded to the output type T (__half or __nv_bfloat16), packed low-first.
 template <typename T>
 __device__ __forceinline__ uint32_t PackPair(float lo, float hi);
@@ -183,6 +210,17 @@ template <>
 __device__ __forceinline__ uint32_t PackPair<__nv_bfloat16>(float lo, float hi) {
   __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
   return *reinterpret_cast<uint32_t*>(&v);
+}
+// The inverse of PackPair: two packed elements of T, low first, as fp32.
+template <typename T>
+__device__ __forceinline__ float2 UnpackPair(uint32_t v);
+template <>
+__device__ __forceinline__ float2 UnpackPair<__half>(uint32_t v) {
+  return __half22float2(*reinterpret_cast<half2*>(&v));
+}
+template <>
+__device__ __forceinline__ float2 UnpackPair<__nv_bfloat16>(uint32_t v) {
+  return __bfloat1622float2(*reinterpret_cast<__nv_bfloat162*>(&v));
 }
 
 // wgmma shared-memory matrix descriptor with 128-byte swizzle: start address, leading and
@@ -234,17 +272,18 @@ struct WgmmaStage {
   static constexpr int kCChunkBytes = 64 * 64 * 2;
   static constexpr int kCStageBytes = CONSUMERS * 2 * kCChunkBytes;
   // 1024 bytes of slack to align the ring, the ring, the epilogue's staging, then a full and an
-  // empty barrier per stage.
+  // empty barrier per stage and, per consumer, one C_in barrier per staging buffer (α/β).
   static constexpr size_t kSmemBytes =
-      size_t(K_STAGE) * kStageBytes + kCStageBytes + 1024 + 16 * K_STAGE;
+      size_t(K_STAGE) * kStageBytes + kCStageBytes + 1024 + 16 * K_STAGE + 16 * CONSUMERS;
   static_assert(kSmemBytes <= 227 * 1024, "an sm_90 block gets at most 227 KB of shared memory");
   static constexpr int kAcc = BN / 2;  // fp32 accumulators per consumer thread
 };
 
 // One problem of a grouped launch, in a device array the host fills before the launch: its
-// tensor maps (one item each), its shape and the index of its first tile in the launch.
+// tensor maps (one item each; c_in is C_in's, read with β ≠ 0, else a copy of c), its shape and
+// the index of its first tile in the launch.
 struct GroupProblem {
-  CUtensorMap a, b, c;
+  CUtensorMap a, b, c, c_in;
   int m, n, k, first_tile;
 };
 static_assert(alignof(GroupProblem) % 64 == 0,
@@ -271,10 +310,12 @@ struct TileWork {
 
 // Tensor maps (row-major T, 128-byte swizzle; 3-D, the batch item outermost), boxes as stored:
 // A of BM rows × 64 K (TRANS_A: 64 K rows × 64 M columns), B of 64 K × 64 columns (TRANS_B: BN
-// rows × 64 K), C of 64 × 64. Either a strided batch (group_count = 0: map_a/b/c, M, N, K;
-// num_tiles = the items × the tiles of M×N) or a group (group_count ≥ 1 problems of `group`,
-// each with its own maps and shape, in order of first_tile; num_tiles = all their tiles;
-// map_a/b/c, M, N and K unused).
+// rows × 64 K), C and C_in of 64 × 64 (C's type). Either a strided batch (group_count = 0:
+// map_a/b/c/c_in, M, N, K; num_tiles = the items × the tiles of M×N) or a group (group_count ≥
+// 1 problems of `group`, each with its own maps and shape, in order of first_tile; num_tiles =
+// all their tiles; map_a/b/c/c_in, M, N and K unused). C = alpha·op(A)·op(B) + beta·C_in, for
+// the whole launch; alpha = 1, beta = 0 is the plain GEMM (the epilogue as before), beta = 0
+// never reads C_in (map_c_in may then be any valid map).
 // @tparam BN, CONSUMERS, K_STAGE, GROUP_M  see WgmmaStage.
 // @tparam TRANS_A  A is stored k×m (op(A) = Aᵀ): read M-major.
 // @tparam TRANS_B  B is stored n×k (op(B) = Bᵀ): read K-major.
@@ -285,8 +326,10 @@ template <int BN, int CONSUMERS, int K_STAGE, int GROUP_M, bool TRANS_A = false,
 __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
     WgmmaGemmKernel(const __grid_constant__ CUtensorMap map_a,
                     const __grid_constant__ CUtensorMap map_b,
-                    const __grid_constant__ CUtensorMap map_c, int M, int N, int K,
-                    int num_tiles, const GroupProblem* __restrict__ group, int group_count) {
+                    const __grid_constant__ CUtensorMap map_c,
+                    const __grid_constant__ CUtensorMap map_c_in, int M, int N, int K,
+                    int num_tiles, const GroupProblem* __restrict__ group, int group_count,
+                    float alpha, float beta) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using Cfg = WgmmaStage<BN, CONSUMERS, K_STAGE, GROUP_M>;
   constexpr int BM = Cfg::BM, BK = Cfg::BK;
@@ -303,6 +346,8 @@ __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
   const uint32_t bars = c_stage + Cfg::kCStageBytes;
   auto full = [&](int s) { return bars + 8 * s; };
   auto empty = [&](int s) { return bars + 8 * (K_STAGE + s); };
+  // Consumer c's C_in barrier of staging buffer b (0 or 1): the leader's expect_tx, the load's bytes.
+  auto c_in_full = [&](int c, int b) { return bars + 8 * (2 * K_STAGE + 2 * c + b); };
   auto stage_a = [&](int s) { return ring + s * Cfg::kStageBytes; };
   auto stage_b = [&](int s) { return ring + s * Cfg::kStageBytes + Cfg::kStageABytes; };
 
@@ -310,6 +355,10 @@ __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
     for (int s = 0; s < K_STAGE; ++s) {
       MbarInit(full(s), 1);
       MbarInit(empty(s), CONSUMERS);
+    }
+    for (int c = 0; c < CONSUMERS; ++c) {
+      MbarInit(c_in_full(c, 0), 1);
+      MbarInit(c_in_full(c, 1), 1);
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
@@ -325,6 +374,7 @@ __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
   auto maps_a = [&](const TileWork& w) { return w.problem ? &w.problem->a : &map_a; };
   auto maps_b = [&](const TileWork& w) { return w.problem ? &w.problem->b : &map_b; };
   auto maps_c = [&](const TileWork& w) { return w.problem ? &w.problem->c : &map_c; };
+  auto maps_c_in = [&](const TileWork& w) { return w.problem ? &w.problem->c_in : &map_c_in; };
   auto locate = [&](int t, TileWork& w) {
     if (group_count == 0) {
       w.problem = nullptr;
@@ -341,6 +391,7 @@ __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
       TensorMapAcquire(&g.a);
       TensorMapAcquire(&g.b);
       TensorMapAcquire(&g.c);
+      TensorMapAcquire(&g.c_in);
       cursor = p;
     }
     w.item = 0;
@@ -390,12 +441,35 @@ __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
     auto release = [&](int s) {
       if (leader) MbarArrive(empty(s));
     };
+    // Uniform over the launch: the plain epilogue unless alpha or beta asks for scaling.
+    const bool scaled = alpha != 1.0f || beta != 0.0f;
+    const bool read_c_in = beta != 0.0f;
+    // C_in chunks this consumer has consumed so far (all tiles): the parity of its barriers. A
+    // tile has BN / 64 chunks, an even count, so chunk j of a tile uses buffer j % 2.
+    int c_in_chunks = 0;
     float acc[Cfg::kAcc];
     int it = 0;  // K tiles consumed so far, in the producer's order
     for (int t = blockIdx.x; t < num_tiles; t += gridDim.x) {
       TileWork w;
       locate(t, w);
       const int item = w.item, tm = w.tm, tn = w.tn;
+      const int c_row = tm * BM + c * 64;  // the slab's first row of C
+      // C_in chunk j (64 columns) into its staging buffer(s), completing on its barrier: two
+      // 64×32 boxes filling both buffers for fp32, one 64×64 box into buffer j % 2 otherwise.
+      // REQUIRES: the stores that last read the buffer(s) have read them (BulkWaitRead).
+      auto load_c_in = [&](int j) {
+        const uint32_t buf = c_stage + (c * 2 + (kFp32Out ? 0 : j % 2)) * Cfg::kCChunkBytes;
+        const uint32_t bar = c_in_full(c, kFp32Out ? 0 : j % 2);
+        MbarArriveExpectTx(bar, kFp32Out ? 2 * Cfg::kCChunkBytes : Cfg::kCChunkBytes);
+        TmaLoad3d(buf, maps_c_in(w), tn * BN + 64 * j, c_row, item, bar);
+        if constexpr (kFp32Out)
+          TmaLoad3d(buf + Cfg::kCChunkBytes, maps_c_in(w), tn * BN + 64 * j + 32, c_row, item, bar);
+      };
+      if (read_c_in && leader) {
+#pragma unroll
+        for (int x = 0; x < BN; x += kFp32Out ? 32 : 64)
+          TmaPrefetchL2(maps_c_in(w), tn * BN + x, c_row, item);
+      }
       for (int kt = 0; kt < w.k_tiles; ++kt, ++it) {
         const int s = it % K_STAGE;
         MbarWait(full(s), (it / K_STAGE) & 1);
@@ -416,6 +490,13 @@ __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
         WgmmaWait<1>();
         if (kt > 0) release((it + K_STAGE - 1) % K_STAGE);
       }
+      // While the last K tile's group runs: C_in's first chunks (a pair of 16-bit ones, or one
+      // fp32 one), once the previous tile's stores have read the buffers (long since).
+      if (read_c_in && leader) {
+        BulkWaitRead<0>();
+        load_c_in(0);
+        if constexpr (!kFp32Out) load_c_in(1);
+      }
       WgmmaWait<0>();
 #pragma unroll
       for (int i = 0; i < Cfg::kAcc; ++i) FenceReg(acc[i]);
@@ -428,56 +509,111 @@ __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
       // the stores are free of bank conflicts.
       const int r = warp * 16 + lane / 4;
       const uint32_t unit_xor = (r & 7) << 4;
-      if constexpr (kFp32Out) {
-        // fp32: columns 8jj + 2(lane%4) + {0,1} of the chunk are bytes 32jj + 8(lane%4) of its
-        // 256-byte row: box jj / 4 (32 columns, 128-byte rows), unit 2(jj%4) + (lane%4)/2,
-        // 8 bytes in. The 8 rows of a store fill each unit position twice: two wavefronts for
-        // 256 bytes, the minimum.
-        const uint32_t buf = c_stage + c * 2 * Cfg::kCChunkBytes;
+      // alpha·acc (0 where alpha is 0: A·B is not formed, as BLAS), fp32.
+      auto times_alpha = [&](float x) { return alpha != 0.0f ? alpha * x : 0.0f; };
+      // One instantiation per value of kScaled: the plain one is the epilogue of old.
+      auto epilogue = [&](auto scaled_tag) {
+        constexpr bool kScaled = decltype(scaled_tag)::value;
+        if constexpr (kFp32Out) {
+          // fp32: columns 8jj + 2(lane%4) + {0,1} of the chunk are bytes 32jj + 8(lane%4) of
+          // its 256-byte row: box jj / 4 (32 columns, 128-byte rows), unit 2(jj%4) +
+          // (lane%4)/2, 8 bytes in. The 8 rows of a store fill each unit position twice: two
+          // wavefronts for 256 bytes, the minimum.
+          const uint32_t buf = c_stage + c * 2 * Cfg::kCChunkBytes;
 #pragma unroll
-        for (int j = 0; j < BN / 64; ++j) {
-          if (leader) BulkWaitRead<0>();  // the previous chunk's stores have read the buffer
-          NamedBarrier(1 + c, 128);
+          for (int j = 0; j < BN / 64; ++j) {
+            if (leader) {
+              BulkWaitRead<0>();  // the previous chunk's stores have read the buffer
+              if (kScaled && read_c_in && j > 0) load_c_in(j);
+            }
+            NamedBarrier(1 + c, 128);
+            if (kScaled && read_c_in) MbarWait(c_in_full(c, 0), (c_in_chunks + j) & 1);
 #pragma unroll
-          for (int jj = 0; jj < 8; ++jj) {
-            const int a = 4 * (8 * j + jj);
-            const uint32_t unit = 2 * (jj % 4) + (lane % 4) / 2;
-            const uint32_t addr = buf + (jj / 4) * Cfg::kCChunkBytes + r * 128 +
-                                  ((unit << 4) ^ unit_xor) + 8 * (lane % 2);
-            StShared(addr, acc[a], acc[a + 1]);
-            StShared(addr + 8 * 128, acc[a + 2], acc[a + 3]);
+            for (int jj = 0; jj < 8; ++jj) {
+              const int a = 4 * (8 * j + jj);
+              const uint32_t unit = 2 * (jj % 4) + (lane % 4) / 2;
+              const uint32_t addr = buf + (jj / 4) * Cfg::kCChunkBytes + r * 128 +
+                                    ((unit << 4) ^ unit_xor) + 8 * (lane % 2);
+              if constexpr (kScaled) {
+                float2 top = make_float2(times_alpha(acc[a]), times_alpha(acc[a + 1]));
+                float2 bottom = make_float2(times_alpha(acc[a + 2]), times_alpha(acc[a + 3]));
+                if (read_c_in) {
+                  const float2 in_top = LdSharedF2(addr), in_bottom = LdSharedF2(addr + 8 * 128);
+                  top.x += beta * in_top.x;
+                  top.y += beta * in_top.y;
+                  bottom.x += beta * in_bottom.x;
+                  bottom.y += beta * in_bottom.y;
+                }
+                StShared(addr, top.x, top.y);
+                StShared(addr + 8 * 128, bottom.x, bottom.y);
+              } else {
+                StShared(addr, acc[a], acc[a + 1]);
+                StShared(addr + 8 * 128, acc[a + 2], acc[a + 3]);
+              }
+            }
+            FenceProxyAsync();
+            NamedBarrier(1 + c, 128);
+            if (leader) {
+              TmaStore3d(maps_c(w), buf, tn * BN + 64 * j, c_row, item);
+              TmaStore3d(maps_c(w), buf + Cfg::kCChunkBytes, tn * BN + 64 * j + 32, c_row, item);
+              BulkCommit();
+            }
           }
-          FenceProxyAsync();
-          NamedBarrier(1 + c, 128);
-          if (leader) {
-            TmaStore3d(maps_c(w), buf, tn * BN + 64 * j, tm * BM + c * 64, item);
-            TmaStore3d(maps_c(w), buf + Cfg::kCChunkBytes, tn * BN + 64 * j + 32, tm * BM + c * 64,
-                       item);
-            BulkCommit();
+        } else {
+          const uint32_t row_base =
+              c_stage + c * 2 * Cfg::kCChunkBytes + r * 128 + 4 * (lane % 4);
+#pragma unroll
+          for (int j = 0; j < BN / 64; ++j) {
+            const uint32_t buf = c_stage + (c * 2 + j % 2) * Cfg::kCChunkBytes;
+            if (leader) {
+              // A new pair of C_in chunks once the previous pair's stores have read both
+              // buffers (pair 0 came during the main loop).
+              if (kScaled && read_c_in && j % 2 == 0 && j > 0) {
+                BulkWaitRead<0>();
+                load_c_in(j);
+                load_c_in(j + 1);
+              }
+              // The store that last read this buffer (two chunks ago) must have finished reading.
+              BulkWaitRead<1>();
+            }
+            NamedBarrier(1 + c, 128);
+            if (kScaled && read_c_in) MbarWait(c_in_full(c, j % 2), ((c_in_chunks + j) / 2) & 1);
+#pragma unroll
+            for (int jj = 0; jj < 8; ++jj) {
+              const int a = 4 * (8 * j + jj);
+              const uint32_t addr = row_base + (j % 2) * Cfg::kCChunkBytes + ((jj << 4) ^ unit_xor);
+              if constexpr (kScaled) {
+                float2 top = make_float2(times_alpha(acc[a]), times_alpha(acc[a + 1]));
+                float2 bottom = make_float2(times_alpha(acc[a + 2]), times_alpha(acc[a + 3]));
+                if (read_c_in) {
+                  const float2 in_top = UnpackPair<T>(LdShared(addr));
+                  const float2 in_bottom = UnpackPair<T>(LdShared(addr + 8 * 128));
+                  top.x += beta * in_top.x;
+                  top.y += beta * in_top.y;
+                  bottom.x += beta * in_bottom.x;
+                  bottom.y += beta * in_bottom.y;
+                }
+                StShared(addr, PackPair<T>(top.x, top.y));
+                StShared(addr + 8 * 128, PackPair<T>(bottom.x, bottom.y));
+              } else {
+                StShared(addr, PackPair<T>(acc[a], acc[a + 1]));
+                StShared(addr + 8 * 128, PackPair<T>(acc[a + 2], acc[a + 3]));
+              }
+            }
+            FenceProxyAsync();
+            NamedBarrier(1 + c, 128);
+            if (leader) {
+              TmaStore3d(maps_c(w), buf, tn * BN + 64 * j, c_row, item);
+              BulkCommit();
+            }
           }
         }
+      };
+      if (scaled) {
+        epilogue(std::true_type{});
+        if (read_c_in) c_in_chunks += BN / 64;
       } else {
-        const uint32_t row_base = c_stage + c * 2 * Cfg::kCChunkBytes + r * 128 + 4 * (lane % 4);
-#pragma unroll
-        for (int j = 0; j < BN / 64; ++j) {
-          const uint32_t buf = c_stage + (c * 2 + j % 2) * Cfg::kCChunkBytes;
-          // The store that last read this buffer (two chunks ago) must have finished reading.
-          if (leader) BulkWaitRead<1>();
-          NamedBarrier(1 + c, 128);
-#pragma unroll
-          for (int jj = 0; jj < 8; ++jj) {
-            const int a = 4 * (8 * j + jj);
-            const uint32_t addr = row_base + (j % 2) * Cfg::kCChunkBytes + ((jj << 4) ^ unit_xor);
-            StShared(addr, PackPair<T>(acc[a], acc[a + 1]));
-            StShared(addr + 8 * 128, PackPair<T>(acc[a + 2], acc[a + 3]));
-          }
-          FenceProxyAsync();
-          NamedBarrier(1 + c, 128);
-          if (leader) {
-            TmaStore3d(maps_c(w), buf, tn * BN + 64 * j, tm * BM + c * 64, item);
-            BulkCommit();
-          }
-        }
+        epilogue(std::false_type{});
       }
     }
     // The block's shared memory must outlive the last stores' reads of it.

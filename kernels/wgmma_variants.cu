@@ -186,7 +186,9 @@ struct Wgmma {
                        /*strided=*/true,
                        &CheckLayout,
                        /*batched=*/true,
-                       &LaunchGrouped};
+                       &LaunchGrouped,
+                       /*split_k=*/0,
+                       /*fused_scale=*/true};
   }
 };
 

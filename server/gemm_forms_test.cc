@@ -434,6 +434,8 @@ TEST_F(GemmFormsTest, ListKernelsSaysWhichTakeAlphaBeta) {
     ASSERT_EQ(k.scaled_types_size(), 4) << k.name();
     EXPECT_EQ(k.scaled_types(3).dtype(), v1::DATA_TYPE_BF16);
     EXPECT_EQ(k.scaled_types(3).c_dtype(), v1::DATA_TYPE_FP32);
+    // The CPU backend's sgemm applies alpha/beta in the same call, and so does auto here.
+    EXPECT_TRUE(k.fused_scale()) << k.name();
   }
 }
 

@@ -26,6 +26,11 @@
 #             by 8192x8192, NN and NT, fp16 and bf16: the splitk variants, their kernels, auto and
 #             cuBLAS, TFLOP/s and TB/s; CSV in $OUT), then hgemm_client --check through the server
 #             with a splitk kernel named and with auto (in section blas's server)
+#   scaled    issue 29's fused α/β: gemm_correctness_test Scaled/* (every fused variant, layout,
+#             type pair, α × β, in place, β = 0 with NaN C_in), batched_gemm_test's and
+#             split_k_test's scaled cases, then kernel_bench --modes scaled (rows fused and
+#             separate against cublasGemmEx with α, β and C_in; CSV in $OUT) at 2048³, 4096³,
+#             8192³, 128 and 16 × 8192 × 8192
 #   blas      issue 29 through the server: bf16 with transpose_b, fp32 C, alpha/beta with C_in,
 #             a strided batch, grouped GEMMs, each --check'ed by hgemm_client against the CPU
 #             reference
@@ -65,7 +70,7 @@ if [[ ${1:-} == --bundle ]]; then
     //server:device_failure_test //server:hgemm_server_fault_injection \
     //server:memory_pressure_test //client/c:libhgemm_client.so //bench:tcp_ceiling \
     //bench:kernel_bench //kernels:batched_gemm_test //kernels:split_k_test \
-    //server:shm_dma_test //server:cuda_ipc_test //bench:cuda_ipc_load
+    //kernels:gemm_correctness_test //server:shm_dma_test //server:cuda_ipc_test //bench:cuda_ipc_load
   ../shared/tools/gpu-bundle.sh --out .gpu-serve bazel-bin/server/hgemm_server \
     bazel-bin/client/hgemm_client bazel-bin/server/backend/cuda_backend_test \
     bazel-bin/bench/hgemm_load bazel-bin/bench/echo_server bazel-bin/bench/completion_latency \
@@ -74,7 +79,8 @@ if [[ ${1:-} == --bundle ]]; then
     bazel-bin/server/hgemm_server_fault_injection bazel-bin/server/memory_pressure_test \
     bazel-bin/client/c/libhgemm_client.so bazel-bin/bench/tcp_ceiling \
     bazel-bin/bench/kernel_bench bazel-bin/kernels/batched_gemm_test \
-    bazel-bin/kernels/split_k_test bazel-bin/server/shm_dma_test bazel-bin/server/cuda_ipc_test bazel-bin/bench/cuda_ipc_load
+    bazel-bin/kernels/split_k_test bazel-bin/kernels/gemm_correctness_test \
+    bazel-bin/server/shm_dma_test bazel-bin/server/cuda_ipc_test bazel-bin/bench/cuda_ipc_load
   tools/make_test_certs.sh .gpu-serve/certs  # the GPU machine may have no openssl
   mkdir -p .gpu-pack
   grep -qx "/.gpu-pack/" .git/info/exclude || echo "/.gpu-pack/" >> .git/info/exclude
@@ -116,6 +122,23 @@ if want skinny; then
     --csv "$out/kernel_bench_skinny.csv" >"$out/kernel_bench_skinny.log" 2>&1
   echo "kernel_bench skinny rc=$?"
   sed -n "/^fastest own kernel/,\$p" "$out/kernel_bench_skinny.log"
+fi
+
+if want scaled; then
+  echo "== fused alpha/beta (issue 29)"
+  timeout 400 gemm_correctness_test --gtest_filter='Scaled/*' --gtest_brief=1 \
+    >"$out/scaled_correctness.log" 2>&1; echo "gemm_correctness_test Scaled rc=$?"
+  timeout 300 batched_gemm_test --gtest_filter='*Scaled*' --gtest_brief=1 \
+    >"$out/scaled_batched.log" 2>&1; echo "batched_gemm_test Scaled rc=$?"
+  timeout 300 split_k_test --gtest_filter='*_alpha*' --gtest_brief=1 \
+    >"$out/scaled_split_k.log" 2>&1; echo "split_k_test scaled rc=$?"
+  grep -hE "^\[  (PASSED|FAILED)  \]|tests ran" "$out"/scaled_*.log | head -30
+  timeout 500 kernel_bench --modes scaled --acc fp32 --layouts NN,NT --types fp16,bf16,fp16_fp32 \
+    --shapes 2048x2048x2048,4096x4096x4096,8192x8192x8192,128x8192x8192,16x8192x8192 \
+    --variants wgmma_128x256_s4_g8,wgmma_128x128_s6_g8,wgmma_64x128_s8_g8,splitk2_wgmma_64x128_s8_g8,auto,cublas \
+    --csv "$out/kernel_bench_scaled.csv" >"$out/kernel_bench_scaled.log" 2>&1
+  echo "kernel_bench scaled rc=$?"
+  sed -n "/^fastest own kernel/,\$p" "$out/kernel_bench_scaled.log"
 fi
 
 # Waits until a server answers on 127.0.0.1:$1 (30 s at most).

@@ -36,6 +36,7 @@ struct KernelDescription {
   unsigned types = kTypesFp16Bit;   // TypesBit()s it takes
   unsigned scaled_types = 0;        // the TypesBit()s for which it takes alpha and beta
   bool grouped = false;             // it takes grouped GEMMs (GemmShape::group)
+  bool fused_scale = false;         // applies alpha/beta itself (no second pass over an fp32 T)
 };
 
 class Backend {

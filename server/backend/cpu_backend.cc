@@ -35,7 +35,8 @@ class CpuBackend final : public Backend {
              .layouts = kAllLayoutBits,
              .types = kAllTypesBits,
              .scaled_types = kAllTypesBits,
-             .grouped = true}};
+             .grouped = true,
+             .fused_scale = true}};  // cblas_sgemm's own alpha and beta
   }
 
   int NumSlots() const override { return options_.workers; }

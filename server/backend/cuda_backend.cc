@@ -75,8 +75,9 @@ k::DataType KernelType(ElementType type) {
   return k::DataType::kFp16;
 }
 
-// alpha/beta run the variant into an fp32 T and then the epilogue (kernels/scale_epilogue.h):
-// a variant takes them for the input types whose fp32 C it takes, for either C type.
+// alpha/beta: a variant with fused_scale applies them itself; the others run into an fp32 T and
+// then the epilogue (kernels/scale_epilogue.h). Either way a variant takes them for the input
+// types whose fp32 C it takes, for either C type.
 unsigned ScaledTypes(const k::VariantInfo& v) {
   unsigned bits = 0;
   for (ElementType ab : {ElementType::kFp16, ElementType::kBf16}) {
@@ -147,7 +148,8 @@ class CudaBackend final : public Backend {
                      .types = v.types,
                      .scaled_types = ScaledTypes(v),
                      // A group runs as one launch per problem (RunOnSlot).
-                     .grouped = true});
+                     .grouped = true,
+                     .fused_scale = v.fused_scale});
     }
     return out;
   }
@@ -665,8 +667,10 @@ absl::Status CudaBackend::RunOnSlot(int slot_index, const GemmJob& job, GemmRepo
   }
   const bool c_on_device = job.keep_c || job.c_device;
   const size_t c_space = c_on_device ? 0 : k::AlignUp(c_bytes);
-  // Scaled (alpha/beta): the variant writes T = op(A)·op(B) in fp32, into C itself when C is
-  // fp32, else into its own space; C_in (read with beta ≠ 0) comes over unless resident here.
+  // Scaled (alpha/beta): a variant with fused_scale writes C = alpha·op(A)·op(B) + beta·C_in
+  // itself; otherwise it writes T = op(A)·op(B) in fp32, into C itself when C is fp32, else
+  // into its own space (reserved either way: the variant is chosen below, on device pointers),
+  // and ScaleEpilogue follows. C_in (read with beta ≠ 0) comes over unless resident here.
   const bool scaled = job.Scaled();
   const size_t c_elements = size_t(c_bytes) / size_t(ElementBytes(shape.c_type));
   const size_t t_bytes = c_elements * sizeof(float);
@@ -699,30 +703,44 @@ absl::Status CudaBackend::RunOnSlot(int slot_index, const GemmJob& job, GemmRepo
         "batch", fmt::format("the CUDA backend takes up to {} GEMMs per batch, got {}", INT_MAX,
                              shape.batch));
   }
-  // What every problem of the job shares (a group's items below set their matrices and sizes).
-  const k::GemmProblem problem{.a = d_a,
-                               .b = d_b,
-                               .c = scaled ? d_t : d_c,
-                               .accumulation = acc,
-                               .transpose_a = job.transpose_a,
-                               .transpose_b = job.transpose_b,
-                               .ab_type = KernelType(shape.ab_type),
-                               .c_type = scaled ? k::DataType::kFp32 : KernelType(shape.c_type),
-                               .batch = int(shape.batch)};  // packed items (strides 0)
-  // A batch is one problem: the registry checks its items (item 1 is the least aligned) and runs
-  // it as one launch where the kernel takes batches (the wgmma family), else one per item. A
-  // group: one problem per item at its matrices' offsets (T's with alpha/beta).
-  const size_t c_element_bytes =
-      scaled ? sizeof(float) : size_t(ElementBytes(shape.c_type));
-  std::vector<k::GemmProblem> items;
+  // The job's problems: one (a batch is one problem: the registry checks its items, item 1 the
+  // least aligned, and runs it as one launch where the kernel takes batches, the wgmma family,
+  // else one per item), or one per problem of a group at its matrices' offsets. `t_form`: the
+  // separate path's unscaled problems into T (fp32), else C = alpha·op(A)·op(B) + beta·C_in.
   std::vector<int64_t> item_flops;
-  if (shape.Grouped()) {
-    size_t a_offset = 0, b_offset = 0, c_offset = 0;  // bytes
+  auto make_items = [&](bool t_form) {
+    const k::GemmProblem problem{.a = d_a,
+                                 .b = d_b,
+                                 .c = t_form ? d_t : d_c,
+                                 .accumulation = acc,
+                                 .transpose_a = job.transpose_a,
+                                 .transpose_b = job.transpose_b,
+                                 .ab_type = KernelType(shape.ab_type),
+                                 .c_type = t_form ? k::DataType::kFp32 : KernelType(shape.c_type),
+                                 .batch = int(shape.batch),  // packed items (strides 0)
+                                 .alpha = t_form ? 1.0f : job.alpha,
+                                 .beta = t_form ? 0.0f : job.beta,
+                                 .c_in = t_form ? nullptr : d_c_in};
+    std::vector<k::GemmProblem> items;
+    item_flops.clear();
+    if (!shape.Grouped()) {
+      k::GemmProblem item = problem;
+      item.m = int(shape.m);
+      item.n = int(shape.n);
+      item.k = int(shape.k);
+      items.push_back(item);
+      item_flops.push_back(shape.Flops());
+      return items;
+    }
+    const size_t c_element_bytes = t_form ? sizeof(float) : size_t(ElementBytes(shape.c_type));
+    size_t a_offset = 0, b_offset = 0, c_elements_before = 0;
     for (const ProblemDims& p : shape.Problems()) {
       k::GemmProblem item = problem;
       item.a = d_a + a_offset;
       item.b = d_b + b_offset;
-      item.c = static_cast<char*>(problem.c) + c_offset;
+      item.c = static_cast<char*>(problem.c) + c_elements_before * c_element_bytes;
+      if (item.c_in != nullptr)  // packed as C is
+        item.c_in = d_c_in + c_elements_before * size_t(ElementBytes(shape.c_type));
       item.m = int(p.m);
       item.n = int(p.n);
       item.k = int(p.k);
@@ -731,18 +749,13 @@ absl::Status CudaBackend::RunOnSlot(int slot_index, const GemmJob& job, GemmRepo
       item_flops.push_back(2 * p.m * p.n * p.k);
       a_offset += size_t(MatrixBytes(p.m, p.k, shape.ab_type));
       b_offset += size_t(MatrixBytes(p.k, p.n, shape.ab_type));
-      c_offset += size_t(p.m * p.n) * c_element_bytes;
+      c_elements_before += size_t(p.m * p.n);
     }
-  } else {
-    k::GemmProblem item = problem;
-    item.m = int(shape.m);
-    item.n = int(shape.n);
-    item.k = int(shape.k);
-    items.push_back(item);
-    item_flops.push_back(shape.Flops());
-  }
-  // The variant for `item`, chosen (ChooseAutoFor sends NN fp16 to ChooseAuto, as before) and
-  // checked; `where` names a group's problem in a refusal.
+    return items;
+  };
+  // The variant for `item`, chosen (ChooseAutoFor sends NN fp16 to ChooseAuto, as before; a
+  // scaled item it tunes among the fused variants) and checked; `where` names a group's
+  // problem in a refusal.
   auto choose = [&](const k::GemmProblem& item, const std::string& where,
                     const k::VariantInfo** out) -> absl::Status {
     const k::VariantInfo* variant = job.kernel == "auto"
@@ -752,7 +765,7 @@ absl::Status CudaBackend::RunOnSlot(int slot_index, const GemmJob& job, GemmRepo
       return status::InvalidArgument(
           "options.kernel", fmt::format("{}no kernel for 'auto' takes {} {} on this device", where,
                                         k::LayoutName(job.transpose_a, job.transpose_b),
-                                        k::TypesName(problem.ab_type, problem.c_type)));
+                                        k::TypesName(item.ab_type, item.c_type)));
     }
     if (variant == nullptr) {
       return status::InvalidArgument("options.kernel", "unknown: " + job.kernel);
@@ -763,10 +776,23 @@ absl::Status CudaBackend::RunOnSlot(int slot_index, const GemmJob& job, GemmRepo
     *out = variant;
     return absl::OkStatus();
   };
-  std::vector<const k::VariantInfo*> variants(items.size());
-  for (size_t i = 0; i < items.size(); ++i) {
-    const std::string where = shape.Grouped() ? fmt::format("group[{}]: ", i) : "";
-    if (absl::Status s = choose(items[i], where, &variants[i]); !s.ok()) return s;
+  std::vector<k::GemmProblem> items;
+  std::vector<const k::VariantInfo*> variants;
+  auto choose_all = [&](bool t_form) -> absl::Status {
+    items = make_items(t_form);
+    variants.assign(items.size(), nullptr);
+    for (size_t i = 0; i < items.size(); ++i) {
+      const std::string where = shape.Grouped() ? fmt::format("group[{}]: ", i) : "";
+      if (absl::Status s = choose(items[i], where, &variants[i]); !s.ok()) return s;
+    }
+    return absl::OkStatus();
+  };
+  // Fused where every problem's variant takes alpha/beta itself, else the separate path (whose
+  // refusal, if any, is the one reported).
+  const bool fused = choose_all(/*t_form=*/false).ok();
+  const bool separate_epilogue = scaled && !fused;
+  if (!fused) {
+    if (absl::Status s = choose_all(/*t_form=*/scaled); !s.ok()) return s;
   }
   // What the report names: the variant of the problem with the most work.
   const k::VariantInfo* variant =
@@ -813,7 +839,7 @@ absl::Status CudaBackend::RunOnSlot(int slot_index, const GemmJob& job, GemmRepo
                   fmt::format("kernel {}: {}", launched.name, error));
     }
   }
-  if (scaled) {  // one epilogue over every problem's T: they are packed as C's are
+  if (separate_epilogue) {  // one epilogue over every problem's T: they are packed as C's are
     CUDA_TRY(slot, kLaunch,
              k::ScaleEpilogue(reinterpret_cast<const float*>(d_t), d_c_in, d_c, int64_t(c_elements),
                               job.alpha, job.beta, KernelType(shape.c_type), slot.stream));

@@ -224,7 +224,8 @@ TEST_F(CudaBackendTest, DescribesDevices) {
   EXPECT_EQ(backend_->Name(), "cuda");
 }
 
-// alpha/beta (the fp32 T and the scale epilogue) for every kernel that takes them, each layout
+// alpha/beta (fused in the kernel where it has fused_scale: the wgmma family, splitk, cublas,
+// auto; else the fp32 T and the scale epilogue) for every kernel that takes them, each layout
 // and type pair it takes, C_in inline or resident, C poisoned with NaN; with beta 0 a NaN C_in
 // stays out of C. Against float64.
 TEST_F(CudaBackendTest, ScaledEveryKernelLayoutAndTypeMatchesFloat64) {

@@ -183,10 +183,14 @@ grpc::ServerUnaryReactor* GemmServiceImpl::ListKernels(grpc::CallbackServerConte
       if (k.fp32_accumulation) info->add_accumulations(v1::ACCUMULATION_FP32);
       DescribeForms(k.layouts, k.types, k.scaled_types, info);
       info->set_grouped(k.grouped);
+      info->set_fused_scale(k.fused_scale);
     }
     auto_kernel->set_grouped(
         std::any_of(options_.rules.kernels.begin(), options_.rules.kernels.end(),
                     [](const KernelDescription& k) { return k.grouped; }));
+    auto_kernel->set_fused_scale(
+        std::any_of(options_.rules.kernels.begin(), options_.rules.kernels.end(),
+                    [](const KernelDescription& k) { return k.fused_scale; }));
     DescribeForms(AutoLayouts(options_.rules), AutoTypes(options_.rules),
                   AutoScaledTypes(options_.rules), auto_kernel);
     if (AutoSupports(options_.rules, Accumulation::kFp16)) {

@@ -67,8 +67,9 @@ class GemmResult:
 class Kernel:
     """A kernel variant from ListKernels: the name for kernel=, its accumulations, layouts ("NN",
     "NT", "TN", "TT") and (input type, C type) pairs (("fp16", "fp16"), ("bf16", "fp32"), ...),
-    and the pairs for which it takes alpha/beta (scaled_types), and whether it takes grouped
-    GEMMs (gemm_grouped)."""
+    and the pairs for which it takes alpha/beta (scaled_types), whether it takes grouped
+    GEMMs (gemm_grouped), and whether its own epilogue applies alpha/beta (fused_scale; else the
+    server runs a second pass over an fp32 intermediate)."""
     name: str
     description: str
     accumulations: Tuple[str, ...]
@@ -76,6 +77,7 @@ class Kernel:
     types: Tuple[Tuple[str, str], ...] = ()
     scaled_types: Tuple[Tuple[str, str], ...] = ()
     grouped: bool = False
+    fused_scale: bool = False
 
 
 def _type_pairs(pairs) -> Tuple[Tuple[str, str], ...]:
@@ -87,7 +89,7 @@ def kernels_from_proto(response: pb.ListKernelsResponse) -> List[Kernel]:
     return [Kernel(k.name, k.description,
                    tuple(_ACCUMULATION_NAMES.get(a, str(a)) for a in k.accumulations),
                    tuple(k.layouts), _type_pairs(k.types), _type_pairs(k.scaled_types),
-                   k.grouped)
+                   k.grouped, k.fused_scale)
             for k in response.kernels]
 
 

@@ -58,6 +58,7 @@ def test_scale_mistakes_are_refused_locally(rng):
 def test_kernels_say_which_take_alpha_beta(client):
     for k in client.kernels():
         assert ("bf16", "fp32") in k.scaled_types, k
+        assert k.fused_scale, k  # the CPU backend's sgemm applies them in the same call
 
 
 @pytest.mark.parametrize("mode", ["unary", "stream"])
