@@ -149,7 +149,7 @@ class CudaBackend final : public Backend {
                      .scaled_types = ScaledTypes(v),
                      // A group runs as one launch per problem (RunOnSlot).
                      .grouped = true,
-                     .fused_scale = v.fused_scale});
+                     .fused_scale = v.fused_scale && options_.fused_scale});
     }
     return out;
   }
@@ -789,7 +789,7 @@ absl::Status CudaBackend::RunOnSlot(int slot_index, const GemmJob& job, GemmRepo
   };
   // Fused where every problem's variant takes alpha/beta itself, else the separate path (whose
   // refusal, if any, is the one reported).
-  const bool fused = choose_all(/*t_form=*/false).ok();
+  const bool fused = (!scaled || options_.fused_scale) && choose_all(/*t_form=*/false).ok();
   const bool separate_epilogue = scaled && !fused;
   if (!fused) {
     if (absl::Status s = choose_all(/*t_form=*/scaled); !s.ok()) return s;

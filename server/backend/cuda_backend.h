@@ -41,6 +41,10 @@ struct CudaBackendOptions {
   // wake-up comes ~0.08 ms late on the H200 (bench/results/completion_latency_h200.log).
   // 0 = always the blocking wait.
   std::chrono::microseconds completion_spin{1000};
+  // alpha/beta applied inside the kernels that can (fused_scale variants) instead of a second
+  // pass over an fp32 T. Off until an H200 run has checked the fused epilogue (written without
+  // a GPU; docs/kernels_notes.md): a wrong epilogue would return wrong C's or fault the device.
+  bool fused_scale = false;
 };
 
 // Returns nullptr and sets *error when no usable device is present (no driver, no GPU, or a

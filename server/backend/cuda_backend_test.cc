@@ -7,8 +7,10 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <functional>
+#include <memory>
 #include <random>
 #include <string>
 #include <string_view>
@@ -224,12 +226,11 @@ TEST_F(CudaBackendTest, DescribesDevices) {
   EXPECT_EQ(backend_->Name(), "cuda");
 }
 
-// alpha/beta (fused in the kernel where it has fused_scale: the wgmma family, splitk, cublas,
-// auto; else the fp32 T and the scale epilogue) for every kernel that takes them, each layout
-// and type pair it takes, C_in inline or resident, C poisoned with NaN; with beta 0 a NaN C_in
-// stays out of C. Against float64.
-TEST_F(CudaBackendTest, ScaledEveryKernelLayoutAndTypeMatchesFloat64) {
-  std::vector<KernelDescription> kernels = backend_->Kernels();
+// alpha/beta on `backend` for every kernel that takes them, each layout and type pair it
+// takes, C_in inline or resident, C poisoned with NaN; with beta 0 a NaN C_in stays out of C.
+// Against float64.
+void ExpectScaledSweepMatchesFloat64(Backend& backend) {
+  std::vector<KernelDescription> kernels = backend.Kernels();
   KernelDescription auto_kernel{.name = "auto", .fp32_accumulation = true};
   for (const KernelDescription& k : kernels) {
     auto_kernel.layouts |= k.layouts;
@@ -270,15 +271,15 @@ TEST_F(CudaBackendTest, ScaledEveryKernelLayoutAndTypeMatchesFloat64) {
             job.beta = beta;
             job.c_in = r.c_in().data();
             if (resident) {
-              ASSERT_TRUE(backend_->AllocateResident(0, r.c_in().size(), &job.c_in_resident).ok());
-              ASSERT_TRUE(backend_->WriteResident(*job.c_in_resident, 0, r.c_in().data(),
+              ASSERT_TRUE(backend.AllocateResident(0, r.c_in().size(), &job.c_in_resident).ok());
+              ASSERT_TRUE(backend.WriteResident(*job.c_in_resident, 0, r.c_in().data(),
                                                   r.c_in().size()).ok());
               job.c_in = nullptr;
             }
             std::string c(job.shape.CBytes(), '\xFF');
             job.c = c.data();
             GemmReport report;
-            absl::Status s = backend_->Run(1, job, &report);
+            absl::Status s = backend.Run(1, job, &report);
             // A kernel for aligned shapes may refuse an odd one (m = 255 with transpose_a, say)
             // by name; auto must take every one.
             if (s.code() == absl::StatusCode::kInvalidArgument && kernel.name != "auto" &&
@@ -300,6 +301,25 @@ TEST_F(CudaBackendTest, ScaledEveryKernelLayoutAndTypeMatchesFloat64) {
     }
   }
   EXPECT_GT(ran, 0) << "no kernel takes alpha/beta";
+}
+
+// The default: the variant writes an fp32 T, the scale epilogue follows.
+TEST_F(CudaBackendTest, ScaledEveryKernelLayoutAndTypeMatchesFloat64) {
+  ExpectScaledSweepMatchesFloat64(*backend_);
+}
+
+// --fused_scale: alpha/beta inside the kernels that have fused_scale (the wgmma family, splitk,
+// cublas, auto), the separate pass for the rest.
+TEST_F(CudaBackendTest, ScaledFusedEveryKernelLayoutAndTypeMatchesFloat64) {
+  std::string error;
+  std::unique_ptr<Backend> fused =
+      MakeCudaBackend({.devices = {0}, .streams_per_device = 2, .fused_scale = true}, &error);
+  ASSERT_NE(fused, nullptr) << error;
+  const std::vector<KernelDescription> kernels = fused->Kernels();
+  EXPECT_TRUE(std::any_of(kernels.begin(), kernels.end(),
+                          [](const KernelDescription& k) { return k.fused_scale; }))
+      << "no kernel fuses alpha/beta";
+  ExpectScaledSweepMatchesFloat64(*fused);
 }
 
 // Host memory pinned by PinHostMemory (as a shared-memory region is): A, B and C_in copied to
