@@ -26,6 +26,14 @@
 #             by 8192x8192, NN and NT, fp16 and bf16: the splitk variants, their kernels, auto and
 #             cuBLAS, TFLOP/s and TB/s; CSV in $OUT), then hgemm_client --check through the server
 #             with a splitk kernel named and with auto (in section blas's server)
+#   pingpong  issue 29's ping-pong kernel (wgmma_pp_*, experimental: out of auto until this has
+#             run): gemm_correctness_test on every wgmma_pp_ case (NN both accumulations, every
+#             layout × type pair on odd shapes and 2-8 tiles per block, long K, row strides; C
+#             poisoned; within 2× cuBLAS's error) and batched_gemm_test's, then kernel_bench
+#             (plain, fp32 accumulation) at 2048³, 4096³ (twice) and 8192³, NN/NT/TN/TT × fp16,
+#             bf16, fp16→fp32, bf16→fp32: cuBLAS, the cooperative 128x256 and 128x128 kernels
+#             and the ping-pong ones, TFLOP/s and ratios; CSV in $OUT. docs/kernels_notes.md
+#             ("Ping-pong consumers") holds the prediction to compare with
 #   blas      issue 29 through the server: bf16 with transpose_b, fp32 C, alpha/beta with C_in,
 #             a strided batch, grouped GEMMs, each --check'ed by hgemm_client against the CPU
 #             reference
@@ -65,7 +73,7 @@ if [[ ${1:-} == --bundle ]]; then
     //server:device_failure_test //server:hgemm_server_fault_injection \
     //server:memory_pressure_test //client/c:libhgemm_client.so //bench:tcp_ceiling \
     //bench:kernel_bench //kernels:batched_gemm_test //kernels:split_k_test \
-    //server:shm_dma_test //server:cuda_ipc_test //bench:cuda_ipc_load
+    //kernels:gemm_correctness_test //server:shm_dma_test //server:cuda_ipc_test //bench:cuda_ipc_load
   ../shared/tools/gpu-bundle.sh --out .gpu-serve bazel-bin/server/hgemm_server \
     bazel-bin/client/hgemm_client bazel-bin/server/backend/cuda_backend_test \
     bazel-bin/bench/hgemm_load bazel-bin/bench/echo_server bazel-bin/bench/completion_latency \
@@ -74,7 +82,8 @@ if [[ ${1:-} == --bundle ]]; then
     bazel-bin/server/hgemm_server_fault_injection bazel-bin/server/memory_pressure_test \
     bazel-bin/client/c/libhgemm_client.so bazel-bin/bench/tcp_ceiling \
     bazel-bin/bench/kernel_bench bazel-bin/kernels/batched_gemm_test \
-    bazel-bin/kernels/split_k_test bazel-bin/server/shm_dma_test bazel-bin/server/cuda_ipc_test bazel-bin/bench/cuda_ipc_load
+    bazel-bin/kernels/split_k_test bazel-bin/kernels/gemm_correctness_test \
+    bazel-bin/server/shm_dma_test bazel-bin/server/cuda_ipc_test bazel-bin/bench/cuda_ipc_load
   tools/make_test_certs.sh .gpu-serve/certs  # the GPU machine may have no openssl
   mkdir -p .gpu-pack
   grep -qx "/.gpu-pack/" .git/info/exclude || echo "/.gpu-pack/" >> .git/info/exclude
@@ -116,6 +125,28 @@ if want skinny; then
     --csv "$out/kernel_bench_skinny.csv" >"$out/kernel_bench_skinny.log" 2>&1
   echo "kernel_bench skinny rc=$?"
   sed -n "/^fastest own kernel/,\$p" "$out/kernel_bench_skinny.log"
+fi
+
+if want pingpong; then
+  echo "== ping-pong wgmma (issue 29, beyond parity)"
+  rc=0
+  timeout 500 gemm_correctness_test --gtest_filter='*wgmma_pp_*' --gtest_brief=1 \
+    >"$out/pingpong_correctness.log" 2>&1 || rc=$?
+  echo "gemm_correctness_test (wgmma_pp_*) rc=$rc"
+  grep -E "^\[  (PASSED|FAILED)  \]|tests ran" "$out/pingpong_correctness.log" | head -30
+  rc=0
+  timeout 300 batched_gemm_test --gtest_filter='*wgmma_pp_*' --gtest_brief=1 \
+    >"$out/pingpong_batched.log" 2>&1 || rc=$?
+  echo "batched_gemm_test (wgmma_pp_*) rc=$rc"
+  grep -E "^\[  (PASSED|FAILED)  \]|tests ran" "$out/pingpong_batched.log" | head -30
+  rc=0
+  timeout 500 kernel_bench --modes plain --acc fp32 --layouts NN,NT,TN,TT \
+    --types fp16,bf16,fp16_fp32,bf16_fp32 \
+    --shapes 2048x2048x2048,4096x4096x4096,8192x8192x8192,4096x4096x4096 \
+    --variants cublas,wgmma_128x256_s4_g8,wgmma_128x128_s6_g8,wgmma_pp_128x128_s6_g8 \
+    --csv "$out/kernel_bench_pingpong.csv" >"$out/kernel_bench_pingpong.log" 2>&1 || rc=$?
+  echo "kernel_bench pingpong rc=$rc"
+  sed -n "/^fastest own kernel/,\$p" "$out/kernel_bench_pingpong.log"
 fi
 
 # Waits until a server answers on 127.0.0.1:$1 (30 s at most).
