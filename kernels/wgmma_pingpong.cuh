@@ -16,11 +16,14 @@
 //     turn over as soon as its own last K tile is issued, before waiting for the wgmma to
 //     drain. So while consumer 0 converts and stores its accumulators, consumer 1 keeps the
 //     tensor cores busy, and the other way round.
-//     The turn is two hardware named barriers (one per consumer, 256 threads): a consumer
-//     waits on its own with bar.sync (128 threads) and the other arrives with bar.arrive (128).
-//     A barrier never holds two pending arrivals: the arriver must itself have had its turn in
-//     between. A consumer hands the turn over only if the block has a next tile (whose owner
-//     then waits for it), so no arrival is left pending at exit.
+//     The turn is two hardware named barriers (one per consumer, 256 threads; FlashAttention-3's
+//     warp-scheduler barriers): a consumer waits on its own with bar.sync (128 threads) and the
+//     other arrives with bar.arrive (128). A barrier never holds two pending arrivals: the
+//     arriver must itself have had its turn in between. A consumer hands the turn over only if
+//     the block has a next tile (whose owner then waits for it), so no arrival is left pending
+//     at exit. The turn also keeps the ring's parity waits sound: a consumer starts tile j only
+//     after the other has waited on every stage of tile j − 1, so each stage it waits on has
+//     been filled for every earlier K tile, and the phase it waits for is the next one.
 //   * Epilogue: the cooperative kernel's, per 64-row slab: 64×64 chunks through a double-
 //     buffered 128-byte-swizzled shared tile and TMA tensor stores (fp32 C: two 64×32 boxes,
 //     single-buffered), 16 KB of staging per consumer.
