@@ -57,9 +57,10 @@ std::map<BucketKey, const VariantInfo*>& Cache() {  // guarded by CacheMutex()
 }
 
 // Variants that read the operands where they are: the 16-byte kernels and the split-K
-// wrappers over them (these take skinny M only).
+// wrappers over them (these take skinny M only); experimental ones only with the opt-in.
 bool ReadsInPlace(const VariantInfo& v) {
-  return (v.kind == VariantKind::kKernel && !v.is_fallback) || v.kind == VariantKind::kSplitK;
+  return ((v.kind == VariantKind::kKernel && !v.is_fallback) || v.kind == VariantKind::kSplitK) &&
+         AutoMayUse(v);
 }
 
 // The kernels that can take the shape; for shapes the 16-byte kernels cannot take, the padded
@@ -75,6 +76,12 @@ std::vector<const VariantInfo*> Candidates(int m, int n, int k, Accumulation acc
         v.can_implement(m, n, k))
       out.push_back(&v);
   return out;
+}
+
+// NN fp16 with lda, ldb, ldc 0: ChooseAuto's problem (its buckets are keyed by shape alone).
+bool IsDefaultFormPacked(const GemmProblem& p) {
+  return !Scaled(p) && !p.transpose_a && !p.transpose_b && p.ab_type == DataType::kFp16 &&
+         p.c_type == DataType::kFp16 && p.lda == 0 && p.ldb == 0 && p.ldc == 0;
 }
 
 // The current device's SM count; without a device (CI, tests) the H200's 132, on which the
@@ -209,11 +216,25 @@ const VariantInfo& ChooseAuto(int m, int n, int k, Accumulation acc, LaunchConte
   return it->second->can_implement(m, n, k) ? *it->second : *best;
 }
 
+std::vector<const VariantInfo*> AutoCandidates(const GemmProblem& p) {
+  if (IsDefaultFormPacked(p)) return Candidates(p.m, p.n, p.k, p.accumulation);
+  // The variants that read the operands in place (kernels, the fallback included, and split-K
+  // wrappers); where none does (odd K or N, strides, pointers), the padded wrappers.
+  // Experimental ones only with the opt-in.
+  std::vector<const VariantInfo*> candidates;
+  for (bool in_place : {true, false}) {
+    for (const VariantInfo& v : Variants())
+      if ((in_place ? v.kind == VariantKind::kKernel || v.kind == VariantKind::kSplitK
+                    : v.kind == VariantKind::kPadded) &&
+          AutoMayUse(v) && CheckProblem(v, p).empty())
+        candidates.push_back(&v);
+    if (!candidates.empty()) break;
+  }
+  return candidates;
+}
+
 const VariantInfo* ChooseAutoFor(const GemmProblem& p, LaunchContext& ctx) {
-  const bool default_form = !Scaled(p) && !p.transpose_a && !p.transpose_b &&
-                            p.ab_type == DataType::kFp16 && p.c_type == DataType::kFp16;
-  if (default_form && p.lda == 0 && p.ldb == 0 && p.ldc == 0)
-    return &ChooseAuto(p.m, p.n, p.k, p.accumulation, ctx);
+  if (IsDefaultFormPacked(p)) return &ChooseAuto(p.m, p.n, p.k, p.accumulation, ctx);
   BucketKey key = KeyFor(p.m, p.n, p.k, p.accumulation);
   // Scaled problems tune apart (only fused variants take them, and reading C_in costs time).
   const unsigned scaling = !Scaled(p) ? 0 : p.beta == 0.0f ? 1 : 2;
@@ -224,17 +245,7 @@ const VariantInfo* ChooseAutoFor(const GemmProblem& p, LaunchContext& ctx) {
     auto it = Cache().find(key);
     if (it != Cache().end() && CheckProblem(*it->second, p).empty()) return it->second;
   }
-  // The variants that read the operands in place (kernels, the fallback included, and split-K
-  // wrappers); where none does (odd K or N, strides, pointers), the padded wrappers.
-  std::vector<const VariantInfo*> candidates;
-  for (bool in_place : {true, false}) {
-    for (const VariantInfo& v : Variants())
-      if ((in_place ? v.kind == VariantKind::kKernel || v.kind == VariantKind::kSplitK
-                    : v.kind == VariantKind::kPadded) &&
-          CheckProblem(v, p).empty())
-        candidates.push_back(&v);
-    if (!candidates.empty()) break;
-  }
+  const std::vector<const VariantInfo*> candidates = AutoCandidates(p);
   if (candidates.empty()) return nullptr;
   const VariantInfo* best =
       candidates.size() == 1 ? candidates.front() : Tune(p, ctx, candidates);

@@ -537,6 +537,31 @@ const std::vector<ScaledCase> kScaledCases = ScaledCases();
 INSTANTIATE_TEST_SUITE_P(Scaled, ScaledCorrectness, ::testing::ValuesIn(kScaledCases),
                          ScaledCaseName);
 
+// The persistent wgmma kernels (cooperative and ping-pong) with several tiles per block on a
+// 132-SM H200, every form: 17×23 = 391 tiles of 128×128 (2 or 3 per block: the ping-pong
+// consumers' turns end on either one) with 7 K tiles against a 6-stage ring, and 1024 tiles of
+// a single K tile (7 or 8 per block: the ring's phases run on across tiles).
+const Shape kPersistentShapes[] = {{17 * 128, 23 * 128, 392}, {4096, 4096, 8}};
+
+std::vector<LayoutCase> PersistentCases() {
+  std::vector<LayoutCase> cases;
+  for (const VariantInfo& v : Variants()) {
+    if (v.kind != VariantKind::kKernel || v.name.rfind("wgmma_", 0) != 0) continue;
+    for (int layout = 0; layout < 4; ++layout)
+      for (const testing::TypeCombo& t : testing::kTypeCombos)
+        if (v.SupportsLayout(layout & 2, layout & 1) && v.SupportsTypes(t.ab, t.c) &&
+            v.Supports(t.acc))
+          for (const Shape& s : kPersistentShapes)
+            cases.push_back({v.name, bool(layout & 2), bool(layout & 1), t.ab, t.c, t.acc, s,
+                             false});
+  }
+  return cases;
+}
+
+const std::vector<LayoutCase> kPersistentCases = PersistentCases();
+INSTANTIATE_TEST_SUITE_P(Persistent, LayoutCorrectness, ::testing::ValuesIn(kPersistentCases),
+                         LayoutCaseName);
+
 // A second launch of the same bucket must reuse the tuned choice.
 TEST(AutoTune, CachesTheChoicePerBucket) {
   int cc = 0;

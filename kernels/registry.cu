@@ -371,6 +371,11 @@ const VariantInfo* FindVariant(std::string_view name) {
   return nullptr;
 }
 
+bool AutoTakesExperimental() {
+  const char* opt_in = std::getenv("HGEMM_AUTO_EXPERIMENTAL");
+  return opt_in != nullptr && std::string(opt_in) == "1";
+}
+
 const VariantInfo& FallbackVariant() {
   for (const VariantInfo& v : Variants())
     if (v.is_fallback) return v;
@@ -536,7 +541,7 @@ const VariantInfo* AutoVariantFor(const GemmProblem& p) {
   if (CheckProblem(preferred, p).empty()) return &preferred;
   for (VariantKind kind : {VariantKind::kKernel, VariantKind::kPadded})
     for (const VariantInfo& v : Variants())
-      if (v.kind == kind && CheckProblem(v, p).empty()) return &v;
+      if (v.kind == kind && AutoMayUse(v) && CheckProblem(v, p).empty()) return &v;
   return nullptr;
 }
 

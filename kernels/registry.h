@@ -166,6 +166,9 @@ struct VariantInfo {
   // family, the split-K wrappers (in the reduce), cublas (cublasGemmEx's α/β) and auto (which
   // then picks among the fused kernels).
   bool fused_scale = false;
+  // Registered but not yet measured on a GPU: explicit requests run it, "auto" does not
+  // consider it unless AutoTakesExperimental() (docs/kernels.md, "Experimental variants").
+  bool experimental = false;
 
   bool Supports(Accumulation acc) const { return acc == Accumulation::kFp16 ? fp16_acc : fp32_acc; }
   bool SupportsLayout(bool transpose_a, bool transpose_b) const {
@@ -183,6 +186,13 @@ const VariantInfo* FindVariant(std::string_view name);
 
 // The fallback variant (any shape, any alignment, both accumulations).
 const VariantInfo& FallbackVariant();
+
+// True if the environment opts "auto" into experimental variants (HGEMM_AUTO_EXPERIMENTAL=1,
+// read on every call). Thread-safe as far as getenv is (no concurrent setenv).
+bool AutoTakesExperimental();
+
+// True if "auto" may consider `v`: any variant but an experimental one without the opt-in.
+inline bool AutoMayUse(const VariantInfo& v) { return !v.experimental || AutoTakesExperimental(); }
 
 // Per-stream resources: a lazily created cuBLAS handle bound to the stream and scratch buffers
 // for tuning. One per worker stream; not thread-safe; the caller owns the stream, which must
@@ -267,6 +277,11 @@ const VariantInfo* AutoVariantFor(const GemmProblem& problem);
 // process-wide. nullptr if no kernel takes the problem; AutoVariantFor's choice, uncached, if
 // tuning cannot run.
 const VariantInfo* ChooseAutoFor(const GemmProblem& problem, LaunchContext& ctx);
+
+// The variants "auto" measures for `problem` (ChooseAuto's for NN fp16 packed, ChooseAutoFor's
+// otherwise): those that read the operands in place, else the padded wrappers and the fallback;
+// experimental ones only where AutoTakesExperimental(). No device work.
+std::vector<const VariantInfo*> AutoCandidates(const GemmProblem& problem);
 
 // How a splitk variant cuts K into at most s slices: `count` slices, all but the last `depth`
 // deep (a multiple of the wgmma K tile, 64), the last the rest (1 to depth). REQUIRES: k, s >= 1.

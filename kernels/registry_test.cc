@@ -1,6 +1,7 @@
 // Registry contracts that need no GPU: names, lookup, constraints and the fallback.
 #include "kernels/registry.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <memory>
@@ -368,8 +369,9 @@ TEST(Registry, WgmmaTakesBatchesAndGroupsInOneLaunch) {
   for (const VariantInfo& v : Variants()) {
     if (v.kind == VariantKind::kKernel || v.kind == VariantKind::kPadded) {
       const bool wgmma = v.name.rfind("wgmma_", 0) == 0;
+      const bool pingpong = v.name.rfind("wgmma_pp_", 0) == 0;  // a group: a loop of launches
       EXPECT_EQ(v.batched, wgmma) << v.name;
-      EXPECT_EQ(v.launch_grouped != nullptr, wgmma) << v.name;
+      EXPECT_EQ(v.launch_grouped != nullptr, wgmma && !pingpong) << v.name;
     }
   }
   const VariantInfo* w = FindVariant("wgmma_128x256_s4_g8");
@@ -393,6 +395,123 @@ TEST(Registry, WgmmaTakesBatchesAndGroupsInOneLaunch) {
   p.batch = 1 << 18;
   p.stride_a = p.stride_b = 0;
   EXPECT_NE(CheckProblem(*w, p).find("reaches 2^31"), std::string::npos) << CheckProblem(*w, p);
+}
+
+// Issue 29, beyond parity: the ping-pong kernel is registered with the cooperative 128x128
+// kernel's forms and shape rules (the same output tile and tensor maps), groups as a loop, and
+// marked experimental until a GPU has measured it.
+TEST(Registry, PingpongTakesTheCooperativeTilesFormsAndIsExperimental) {
+  const VariantInfo* pp = FindVariant("wgmma_pp_128x128_s6_g8");
+  const VariantInfo* same_tile = FindVariant("wgmma_128x128_s6_g8");
+  if (same_tile == nullptr) {
+    EXPECT_EQ(pp, nullptr) << "listed on a machine without the wgmma family";
+    GTEST_SKIP() << "no wgmma family on this machine";
+  }
+  ASSERT_NE(pp, nullptr);
+  EXPECT_TRUE(pp->experimental);
+  EXPECT_EQ(pp->kind, VariantKind::kKernel);
+  EXPECT_NE(pp->launch, same_tile->launch);
+  EXPECT_EQ(pp->launch_grouped, nullptr);
+  EXPECT_TRUE(pp->batched && pp->strided);
+  EXPECT_EQ(pp->layouts, kAllLayouts);
+  EXPECT_EQ(pp->types, kAllTypes);
+  EXPECT_TRUE(pp->fp16_acc && pp->fp32_acc);
+  EXPECT_EQ(pp->min_sm, 90);
+  EXPECT_EQ(pp->block_m, 128);
+  EXPECT_EQ(pp->block_n, 128);
+  EXPECT_EQ(pp->stages, 6);
+  // Six 32 KB stages and two consumers' 16 KB of C staging, within an sm_90 block's 227 KB.
+  EXPECT_GE(pp->smem_bytes, 6u * 32768 + 2 * 16384);
+  EXPECT_LE(pp->smem_bytes, 227u * 1024);
+  for (const VariantInfo& v : Variants())
+    EXPECT_TRUE(!v.experimental || v.name.rfind("wgmma_pp_", 0) == 0) << v.name;
+  // The same refusals as the cooperative kernel of the same tile, word for word but the name.
+  auto verdict = [](const VariantInfo& v, const GemmProblem& p) {
+    std::string why = CheckProblem(v, p);
+    for (size_t at; (at = why.find(v.name)) != std::string::npos;) why.replace(at, v.name.size(), "V");
+    return why;
+  };
+  std::vector<GemmProblem> problems;
+  for (bool ta : {false, true})
+    for (bool tb : {false, true})
+      for (DataType ab : {DataType::kFp16, DataType::kBf16})
+        for (DataType c : {ab, DataType::kFp32}) {
+          GemmProblem p = AlignedProblem(136, 264, 104);
+          p.transpose_a = ta;
+          p.transpose_b = tb;
+          p.ab_type = ab;
+          p.c_type = c;
+          problems.push_back(p);
+          p.m = 33;  // a transposed A needs m % 8 == 0
+          problems.push_back(p);
+          p.m = 136;
+          p.ldb = (tb ? 104 : 264) + 4;  // not a 16-byte multiple
+          problems.push_back(p);
+          p.ldb = 0;
+          p.batch = 3;
+          p.stride_c = 136 * 264 + 4;
+          problems.push_back(p);
+        }
+  GemmProblem p = AlignedProblem(4096, 4095, 4096);  // N not a multiple of 8
+  problems.push_back(p);
+  p = AlignedProblem(64, 64, 64);
+  p.accumulation = Accumulation::kFp16;
+  problems.push_back(p);
+  int refused = 0;
+  for (const GemmProblem& q : problems) {
+    EXPECT_EQ(verdict(*pp, q), verdict(*same_tile, q))
+        << LayoutName(q.transpose_a, q.transpose_b) << " " << TypesName(q.ab_type, q.c_type)
+        << " " << q.m << "x" << q.n << "x" << q.k << " batch " << q.batch;
+    refused += !CheckProblem(*pp, q).empty();
+  }
+  EXPECT_GT(refused, 0);
+  EXPECT_LT(refused, int(problems.size()));
+}
+
+// "auto" leaves experimental variants out unless HGEMM_AUTO_EXPERIMENTAL=1; explicit requests
+// may name them.
+TEST(Registry, AutoSkipsExperimentalVariantsUnlessOptedIn) {
+  const VariantInfo* pp = FindVariant("wgmma_pp_128x128_s6_g8");
+  if (pp == nullptr) GTEST_SKIP() << "no wgmma family on this machine";
+  ASSERT_EQ(unsetenv("HGEMM_AUTO_EXPERIMENTAL"), 0);
+  ASSERT_FALSE(AutoTakesExperimental());
+  std::vector<GemmProblem> problems;
+  for (bool tb : {false, true})
+    for (DataType ab : {DataType::kFp16, DataType::kBf16}) {
+      GemmProblem p = AlignedProblem(4096, 4096, 4096);
+      p.transpose_b = tb;
+      p.ab_type = p.c_type = ab;
+      problems.push_back(p);
+      p.c_type = DataType::kFp32;
+      problems.push_back(p);
+    }
+  problems.push_back(AlignedProblem(8192, 8192, 8192));
+  problems.back().accumulation = Accumulation::kFp16;
+  auto has_pp = [&](const GemmProblem& p) {
+    const std::vector<const VariantInfo*> c = AutoCandidates(p);
+    return std::find(c.begin(), c.end(), pp) != c.end();
+  };
+  for (const GemmProblem& p : problems) {
+    EXPECT_EQ(CheckProblem(*pp, p), "");  // an explicit request takes it
+    EXPECT_FALSE(has_pp(p)) << LayoutName(p.transpose_a, p.transpose_b) << " "
+                            << TypesName(p.ab_type, p.c_type);
+    const std::vector<const VariantInfo*> c = AutoCandidates(p);
+    EXPECT_FALSE(c.empty());
+    for (const VariantInfo* v : c) EXPECT_FALSE(v->experimental) << v->name;
+    const VariantInfo* untuned = AutoVariantFor(p);
+    ASSERT_NE(untuned, nullptr);
+    EXPECT_FALSE(untuned->experimental) << untuned->name;
+  }
+  // Anything but "1" is not the opt-in.
+  ASSERT_EQ(setenv("HGEMM_AUTO_EXPERIMENTAL", "yes", 1), 0);
+  EXPECT_FALSE(AutoTakesExperimental());
+  EXPECT_FALSE(has_pp(problems.front()));
+  ASSERT_EQ(setenv("HGEMM_AUTO_EXPERIMENTAL", "1", 1), 0);
+  EXPECT_TRUE(AutoTakesExperimental());
+  for (const GemmProblem& p : problems)
+    EXPECT_TRUE(has_pp(p)) << LayoutName(p.transpose_a, p.transpose_b) << " "
+                           << TypesName(p.ab_type, p.c_type);
+  ASSERT_EQ(unsetenv("HGEMM_AUTO_EXPERIMENTAL"), 0);
 }
 
 // Issue 29, skinny M: splitk<s>_<inner> for s in {2, 4, 8} over the 64x128 and 128x128 wgmma

@@ -4,7 +4,9 @@
 // (cuTensorMapEncodeTiled through cudaGetDriverEntryPointByVersion, so nothing links libcuda)
 // cached per (pointer, shape, strides, batch, box, type). Names read wgmma_<BM>x<BN>_s<K_STAGE>_g<GROUP_M>;
 // each variant takes the four layouts (NN, NT, TN, TT), fp16 or bf16 (C of the input type or
-// fp32), and a strided batch or a group of shapes in one launch.
+// fp32), and a strided batch or a group of shapes in one launch. wgmma_pp_<BM>x<BN>_... are the
+// ping-pong kernels (wgmma_pingpong.cuh; BM×BN is each consumer's tile): the same forms and
+// batches, a group as one launch per problem, experimental (not in auto) until measured.
 #include <cuda.h>
 #include <cudaTypedefs.h>
 
@@ -19,6 +21,7 @@
 #include "kernels/launch.cuh"
 #include "kernels/variant_lists.h"
 #include "kernels/wgmma_launch.cuh"
+#include "kernels/wgmma_pingpong_launch.cuh"
 
 namespace hgemm::kernels::internal {
 namespace {
@@ -192,12 +195,53 @@ struct Wgmma {
   }
 };
 
+// The ping-pong schedule (kernels/wgmma_pingpong.cuh): each of the two consumer warpgroups
+// owns a BM×BN tile. The shape rules are the cooperative kernel's of the same output tile
+// (Wgmma<BN, 2, ...>: BM = 128); a group runs as a loop of launches (launch_grouped nullptr).
+// Experimental: explicit requests only, until an H200 run has measured it.
+// @tparam BN, K_STAGE, GROUP_M  see detail::WgmmaPingpong.
+template <int BN, int K_STAGE, int GROUP_M>
+struct WgmmaPp {
+  using Cfg = detail::WgmmaPingpong<BN, K_STAGE, GROUP_M>;
+  using SameTile = Wgmma<BN, 2, K_STAGE, GROUP_M>;
+  static_assert(SameTile::Cfg::BM == Cfg::BM, "the shape rules are those of the same tile");
+
+  template <typename T, typename TC>
+  static cudaError_t Run(const GemmProblem& p, cudaStream_t stream) {
+    if (p.transpose_a)
+      return p.transpose_b ? LaunchWgmmaPingpong<BN, K_STAGE, GROUP_M, true, true, T, TC>(p, stream)
+                           : LaunchWgmmaPingpong<BN, K_STAGE, GROUP_M, true, false, T, TC>(p, stream);
+    return p.transpose_b ? LaunchWgmmaPingpong<BN, K_STAGE, GROUP_M, false, true, T, TC>(p, stream)
+                         : LaunchWgmmaPingpong<BN, K_STAGE, GROUP_M, false, false, T, TC>(p, stream);
+  }
+  static cudaError_t Launch(const GemmProblem& p, int /*swizzle_stride*/, cudaStream_t stream) {
+    const bool fp32_c = p.c_type == DataType::kFp32;
+    if (p.ab_type == DataType::kBf16)
+      return fp32_c ? Run<__nv_bfloat16, float>(p, stream)
+                    : Run<__nv_bfloat16, __nv_bfloat16>(p, stream);
+    return fp32_c ? Run<__half, float>(p, stream) : Run<__half, __half>(p, stream);
+  }
+
+  static VariantInfo Info(const char* name, const char* description) {
+    VariantInfo v = SameTile::Info(name, description);
+    v.smem_bytes = Cfg::kSmemBytes;
+    v.stages = K_STAGE;
+    v.launch = &Launch;
+    v.launch_grouped = nullptr;
+    v.experimental = true;
+    return v;
+  }
+};
+
 // Kept after H200 runs 4-6 (docs/kernels_notes.md): 128x256 for large outputs, 128x128 where
 // 128x256 tiles leave SMs idle, 64x128 for M <= 128.
 //                     BN  consumers stages group_m
 using W128x256S4    = Wgmma<256, 2, 4, 8>;
 using W128x128S6    = Wgmma<128, 2, 6, 8>;
 using W64x128S8     = Wgmma<128, 1, 8, 8>;
+// Ping-pong, predicted in docs/kernels_notes.md ("Ping-pong consumers"); not yet measured.
+//                     BN  stages group_m
+using Pp128x128S6   = WgmmaPp<128, 6, 8>;
 
 // sm_90a machine code runs on compute capability 9.0 only. True if a device of that capability
 // is visible, or if no device is (so that the registry's contracts stay testable without one).
@@ -225,6 +269,7 @@ std::vector<VariantInfo> WgmmaVariants() {
       W128x256S4::Info("wgmma_128x256_s4_g8", "TMA + wgmma m64n256k16, 2 consumer warpgroups, 4 stages, persistent, TMA-store epilogue"),
       W128x128S6::Info("wgmma_128x128_s6_g8", "TMA + wgmma m64n128k16, 2 consumer warpgroups, 6 stages, persistent, TMA-store epilogue"),
       W64x128S8::Info("wgmma_64x128_s8_g8", "TMA + wgmma m64n128k16, 1 consumer warpgroup, 8 stages, persistent, TMA-store epilogue (small M)"),
+      Pp128x128S6::Info("wgmma_pp_128x128_s6_g8", "TMA + wgmma m64n128k16, ping-pong: 2 consumer warpgroups with a 128x128 tile each, taking turns on the tensor cores, 6 stages, persistent, TMA-store epilogue; experimental (not in auto until measured on a GPU), a group as one launch per problem"),
   };
 }
 

@@ -31,6 +31,14 @@
 #             split_k_test's scaled cases, then kernel_bench --modes scaled (rows fused and
 #             separate against cublasGemmEx with α, β and C_in; CSV in $OUT) at 2048³, 4096³,
 #             8192³, 128 and 16 × 8192 × 8192
+#   pingpong  issue 29's ping-pong kernel (wgmma_pp_*, experimental: out of auto until this has
+#             run): gemm_correctness_test on every wgmma_pp_ case (NN both accumulations, every
+#             layout × type pair on odd shapes and 2-8 tiles per block, long K, row strides; C
+#             poisoned; within 2× cuBLAS's error) and batched_gemm_test's, then kernel_bench
+#             (plain, fp32 accumulation) at 2048³, 4096³ (twice) and 8192³, NN/NT/TN/TT × fp16,
+#             bf16, fp16→fp32, bf16→fp32: cuBLAS, the cooperative 128x256 and 128x128 kernels
+#             and the ping-pong ones, TFLOP/s and ratios; CSV in $OUT. docs/kernels_notes.md
+#             ("Ping-pong consumers") holds the prediction to compare with
 #   blas      issue 29 through the server: bf16 with transpose_b, fp32 C, alpha/beta with C_in,
 #             a strided batch, grouped GEMMs, each --check'ed by hgemm_client against the CPU
 #             reference
@@ -139,6 +147,28 @@ if want scaled; then
     --csv "$out/kernel_bench_scaled.csv" >"$out/kernel_bench_scaled.log" 2>&1
   echo "kernel_bench scaled rc=$?"
   sed -n "/^fastest own kernel/,\$p" "$out/kernel_bench_scaled.log"
+fi
+
+if want pingpong; then
+  echo "== ping-pong wgmma (issue 29, beyond parity)"
+  rc=0
+  timeout 500 gemm_correctness_test --gtest_filter='*wgmma_pp_*' --gtest_brief=1 \
+    >"$out/pingpong_correctness.log" 2>&1 || rc=$?
+  echo "gemm_correctness_test (wgmma_pp_*) rc=$rc"
+  grep -E "^\[  (PASSED|FAILED)  \]|tests ran" "$out/pingpong_correctness.log" | head -30
+  rc=0
+  timeout 300 batched_gemm_test --gtest_filter='*wgmma_pp_*' --gtest_brief=1 \
+    >"$out/pingpong_batched.log" 2>&1 || rc=$?
+  echo "batched_gemm_test (wgmma_pp_*) rc=$rc"
+  grep -E "^\[  (PASSED|FAILED)  \]|tests ran" "$out/pingpong_batched.log" | head -30
+  rc=0
+  timeout 500 kernel_bench --modes plain --acc fp32 --layouts NN,NT,TN,TT \
+    --types fp16,bf16,fp16_fp32,bf16_fp32 \
+    --shapes 2048x2048x2048,4096x4096x4096,8192x8192x8192,4096x4096x4096 \
+    --variants cublas,wgmma_128x256_s4_g8,wgmma_128x128_s6_g8,wgmma_pp_128x128_s6_g8 \
+    --csv "$out/kernel_bench_pingpong.csv" >"$out/kernel_bench_pingpong.log" 2>&1 || rc=$?
+  echo "kernel_bench pingpong rc=$rc"
+  sed -n "/^fastest own kernel/,\$p" "$out/kernel_bench_pingpong.log"
 fi
 
 # Waits until a server answers on 127.0.0.1:$1 (30 s at most).
