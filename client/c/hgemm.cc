@@ -89,7 +89,7 @@ class CompletionThreads {
   // Queues the call. Throws (nothing queued) when no thread can be made for it.
   void Add(std::shared_ptr<StartedCall> call);
   // Calls not started: done(CANCELLED); running ones are interrupted and waited for; the
-  // threads joined. REQUIRES: no Add() meanwhile or after.
+  // threads joined. REQUIRES: no Add() meanwhile or after but from a done.
   void Stop();
 
  private:
@@ -1633,7 +1633,9 @@ char* hgemm_list_kernels_json(hgemm_client_t* client, const hgemm_call_options_t
 void CompletionThreads::Add(std::shared_ptr<StartedCall> call) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (idle_ == 0 && threads_.size() < HGEMM_COMPLETION_THREADS) {
+    // Stopping (a done starting another call): Stop() is joining threads_, and the thread of
+    // that done reports this call.
+    if (!stopping_ && idle_ == 0 && threads_.size() < HGEMM_COMPLETION_THREADS) {
       try {
         threads_.emplace_back(&CompletionThreads::Work, this);
       } catch (const std::system_error&) {
