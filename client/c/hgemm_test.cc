@@ -2110,6 +2110,127 @@ TEST_F(HgemmC, StartedCallFailuresAndResultsComeThroughDone) {
   hgemm_stream_destroy(stream);
 }
 
+TEST_F(HgemmC, StartedBatchGroupAndListingMatchTheReference) {
+  std::vector<FormGemm> gemms;
+  for (size_t i = 0; i < 6; ++i) {  // the group's (4 and 5): plain fp16
+    gemms.emplace_back(17 + i, 29, 35, i < 4 ? AllForms()[3 * i] : hgemm::GemmForm{}, 60 + i);
+  }
+  hgemm_batch_t* batch = hgemm_batch_create();
+  for (size_t i = 0; i < 4; ++i) EXPECT_EQ(AddToBatch(batch, gemms[i]), i);
+  std::vector<hgemm_group_problem_t> problems;
+  for (size_t i = 4; i < 6; ++i) {
+    FormGemm& g = gemms[i];
+    problems.push_back({g.m, g.n, g.k, g.a.data(), 2 * g.a.size(), g.b.data(), 2 * g.b.size(),
+                        nullptr, 0, g.c.data(), 2 * g.c.size()});
+  }
+  Started started(3);
+  Error e;
+  const size_t chosen[] = {0, 2, 3};  // GEMM 1 is left unsent
+  hgemm_call_t* many = hgemm_gemm_many_start(client_, batch, nullptr, chosen, 3, &Started::Done,
+                                             started.Of(0), &e.code, &e.message);
+  hgemm_call_t* grouped =
+      hgemm_gemm_grouped_start(client_, nullptr, problems.data(), problems.size(),
+                               &Started::Done, started.Of(1), &e.code, &e.message);
+  hgemm_call_t* listed = hgemm_list_matrices_start(client_, nullptr, &Started::Done,
+                                                   started.Of(2), &e.code, &e.message);
+  ASSERT_TRUE(many != nullptr && grouped != nullptr && listed != nullptr) << e.text();
+  const std::vector<Started::Outcome>& o = started.Wait(3);
+  for (const Started::Outcome& outcome : o) {
+    EXPECT_EQ(outcome.calls, 1);
+    EXPECT_EQ(outcome.code, HGEMM_OK) << outcome.message;
+  }
+  for (size_t i : chosen) {
+    EXPECT_EQ(hgemm_batch_result(batch, i, nullptr, &e.code, &e.message), 1) << i;
+    EXPECT_LT(gemms[i].Error(), gemms[i].Tolerance()) << gemms[i].Name();
+  }
+  EXPECT_EQ(hgemm_batch_result(batch, 1, nullptr, &e.code, &e.message), 0);  // not sent
+  EXPECT_EQ(gemms[1].c, std::vector<uint16_t>(gemms[1].c.size(), kPoisonAnyType));
+  EXPECT_STREQ(o[1].gemm_info.backend, "cpu");
+  for (size_t i = 4; i < 6; ++i) EXPECT_LT(gemms[i].Error(), gemms[i].Tolerance()) << i;
+  for (hgemm_call_t* call : {many, grouped, listed}) hgemm_call_destroy(call);
+  hgemm_batch_destroy(batch);
+}
+
+// The list a done took (hgemm_result_take_region_list), for the test below.
+struct TakenList {
+  hgemm_region_list_t* list = nullptr;
+  hgemm_region_t* region = nullptr;
+  int code = -1;
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  static void Done(void* user_data, hgemm_result_t* result) {
+    auto* self = static_cast<TakenList*>(user_data);
+    std::lock_guard<std::mutex> lock(self->mu);
+    self->code = hgemm_result_code(result, nullptr);
+    self->list = hgemm_result_take_region_list(result);
+    self->region = hgemm_result_take_region(result);
+    EXPECT_EQ(hgemm_result_take_region_list(result), nullptr);  // taken once
+    self->done = true;
+    self->cv.notify_all();
+  }
+  void Wait() {
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return done; });
+  }
+};
+
+TEST_F(HgemmCRing, StartedRingGemmsRegionsAndListingsMatchTheReference) {
+  Error e;
+  hgemm_ring_t* ring = OpenRing(&e);
+  ASSERT_NE(ring, nullptr) << e.text();
+  Started started(kSlots);
+  std::vector<hgemm_call_t*> calls;
+  for (size_t slot = 0; slot < kSlots; ++slot) {
+    std::fill(C(slot), C(slot) + m * n, kPoison);
+    hgemm_gemm_options_t* options = Options(slot);
+    calls.push_back(hgemm_ring_gemm_start(ring, options, m, n, k, &Started::Done,
+                                          started.Of(slot), &e.code, &e.message));
+    hgemm_gemm_options_destroy(options);  // copied by the call
+    ASSERT_NE(calls.back(), nullptr) << e.text();
+  }
+  const std::vector<Started::Outcome>& o = started.Wait(kSlots);
+  for (size_t slot = 0; slot < kSlots; ++slot) {
+    EXPECT_EQ(o[slot].calls, 1);
+    ASSERT_EQ(o[slot].code, HGEMM_OK) << o[slot].message;
+    EXPECT_GT(o[slot].gemm_info.server_total_ms, 0.0);
+    EXPECT_LT(hgemm::RelativeFrobeniusError(C(slot), reference_.data(), m * n),
+              hgemm::kServiceTolerance.fp32_acc)
+        << slot;
+  }
+  for (hgemm_call_t* call : calls) hgemm_call_destroy(call);
+  hgemm_ring_close(ring);
+
+  TakenList made;
+  hgemm_call_destroy(hgemm_region_create_start(local_, nullptr, 4096, "started",
+                                               &TakenList::Done, &made, &e.code, &e.message));
+  made.Wait();
+  ASSERT_EQ(made.code, HGEMM_OK);
+  ASSERT_NE(made.region, nullptr);
+  EXPECT_EQ(hgemm_region_bytes(made.region), 4096u);
+  TakenList listed;
+  hgemm_call_destroy(hgemm_list_regions_start(local_, nullptr, &TakenList::Done, &listed,
+                                              &e.code, &e.message));
+  listed.Wait();
+  ASSERT_EQ(listed.code, HGEMM_OK);
+  ASSERT_NE(listed.list, nullptr);
+  bool found = false;
+  for (size_t i = 0; i < hgemm_region_list_size(listed.list); ++i) {
+    hgemm_region_info_t info;
+    hgemm_region_list_info(listed.list, i, &info);
+    found |= std::string(info.region) == hgemm_region_handle(made.region);
+  }
+  EXPECT_TRUE(found);
+  hgemm_region_list_destroy(listed.list);
+  Started unregistered(1);
+  hgemm_call_destroy(hgemm_unregister_region_start(local_, nullptr,
+                                                   hgemm_region_handle(made.region),
+                                                   &Started::Done, unregistered.Of(0), &e.code,
+                                                   &e.message));
+  EXPECT_EQ(unregistered.Wait(1)[0].code, HGEMM_OK) << unregistered.Wait(1)[0].message;
+  hgemm_region_destroy(made.region);
+}
+
 // Opens `count` streams of `client` and a next_start on each, with nothing submitted: each
 // holds a completion thread until its stream is cancelled (calls[i] for user_data Of(i)).
 std::vector<hgemm_stream_t*> HoldCompletionThreads(hgemm_client_t* client, Started& started,

@@ -605,8 +605,8 @@ def test_native_aio_calls_in_flight_make_no_thread_per_call(shm_server, rng):
         try:
             hbs = await asyncio.gather(*(c.upload(b, label="in-flight") for _ in range(n)))
             x, y, z = (await c.shared_buffer((24, 40)), await c.shared_buffer((40, 16)),
-                       [await c.shared_buffer((24, 16)) for _ in range(n)])
-            x[:], y[:] = a, b
+                       await c.shared_buffer((n, 24, 16)))  # each GEMM's C: a slice of z
+            x[:], y[:], z[:] = a, b, np.nan
             python_before, os_before = _python_threads(), os_threads()
             async with c.stream() as s:
                 calls = ([c.gemm(a, b) for _ in range(n)]
