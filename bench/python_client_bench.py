@@ -34,9 +34,16 @@ go through the library (hgemm.info()["features"], printed first, says which core
 After the per-core table, a comparison table puts each point's cores and hgemm_load on one
 line: req/s of grpcio, native and C++, each core's ratio to C++, and the CPU ms per GEMM of
 each. The CSV has the per-core rows (cpp_client_cpu_ms: hgemm_load's CPU ms per GEMM).
+--aio_points: the asyncio client on the native core next to the sync one, one client each:
+KIND:MxNxK:C1,C2 with KIND "gemm" (c.gemm(A, B, mode="unary"): hgemm_gemm_async), "grouped"
+(c.gemm_grouped([(A, B)] * 2): hgemm_gemm_grouped_start, run on the core's completion threads)
+or "info" (c.info(): hgemm_server_info_json_start); sync: C threads in a closed loop, aio: C
+tasks on one event loop (no thread of Python's; the table says how many Python threads the
+process had meanwhile). "aio" is empty ("--aio_points" alone) to skip it.
 Needs the hgemm package (pip install ./client/python, or PYTHONPATH=client/python).
 """
 import argparse
+import asyncio
 import csv
 import os
 import resource
@@ -54,6 +61,7 @@ except ImportError:  # run from a clone without installing
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "client", "python"))
     import hgemm
 
+DEFAULT_AIO_POINTS = ["gemm:256x256x256:1,16", "grouped:256x256x256:16", "info:1x1x1:16"]
 DEFAULT_POINTS = [
     "2048x2048x2048:unary:none:16",
     "128x8192x8192:unary:b:1,4",
@@ -178,6 +186,98 @@ def run_point(args, transport, shape, mode, resident, concurrency, a, b):
     }
 
 
+def aio_call(kind: str, a, b):
+    """The call of an --aio_points KIND, as fn(client) → what to call or await."""
+    if kind == "gemm":
+        return lambda c: c.gemm(a, b, mode="unary")
+    if kind == "grouped":
+        return lambda c: c.gemm_grouped([(a, b), (a, b)])
+    if kind == "info":
+        return lambda c: c.info()
+    raise ValueError(f"--aio_points kind {kind!r}: gemm, grouped or info")
+
+
+def run_aio_point(args, kind: str, concurrency: int, a, b) -> dict:
+    """req/s and CPU ms per call of `kind` on the native core: sync (threads) and aio (tasks)."""
+    call = aio_call(kind, a, b)
+    out = {}
+
+    def window(count_calls):
+        """Runs count_calls(stop) (→ calls made in the window) after warm-up; req/s, CPU ms."""
+        start = time.monotonic() + args.warmup_s
+        stop = start + args.duration_s
+        calls, cpu = count_calls(start, stop)
+        return calls / args.duration_s, 1e3 * cpu / calls if calls else float("nan")
+
+    with clients_on("native", 1, args)[0] as c:
+        def sync_calls(start, stop):
+            counts, cpu = [0] * concurrency, []
+
+            def worker(i):
+                while time.monotonic() < stop:
+                    t0 = time.monotonic()
+                    call(c)
+                    if t0 >= start and time.monotonic() <= stop:
+                        counts[i] += 1
+            threads = [threading.Thread(target=worker, args=(i,)) for i in range(concurrency)]
+            for t in threads:
+                t.start()
+            time.sleep(max(0.0, start - time.monotonic()))
+            cpu.append(_cpu_seconds())
+            time.sleep(max(0.0, stop - time.monotonic()))
+            cpu.append(_cpu_seconds())
+            for t in threads:
+                t.join()
+            return sum(counts), cpu[1] - cpu[0]
+        out["sync"] = window(sync_calls)
+
+    async def aio_calls(start, stop):
+        before = os.environ.get("HGEMM_TRANSPORT")
+        os.environ["HGEMM_TRANSPORT"] = "native"
+        try:
+            client = hgemm.aio.Client(args.server, timeout=args.timeout_s)
+        finally:
+            if before is None:
+                del os.environ["HGEMM_TRANSPORT"]
+            else:
+                os.environ["HGEMM_TRANSPORT"] = before
+        counts, cpu, threads = [0] * concurrency, [], []
+
+        async def worker(i):
+            while time.monotonic() < stop:
+                t0 = time.monotonic()
+                await call(client)
+                if t0 >= start and time.monotonic() <= stop:
+                    counts[i] += 1
+
+        async def sample():
+            await asyncio.sleep(max(0.0, start - time.monotonic()))
+            cpu.append(_cpu_seconds())
+            threads.append(threading.active_count())
+            await asyncio.sleep(max(0.0, stop - time.monotonic()))
+            cpu.append(_cpu_seconds())
+        try:
+            await asyncio.gather(sample(), *(worker(i) for i in range(concurrency)))
+        finally:
+            await client.close()
+        out["python_threads"] = threads[0]
+        return sum(counts), cpu[1] - cpu[0]
+    out["aio"] = window(lambda start, stop: asyncio.run(aio_calls(start, stop)))
+    return out
+
+
+def print_aio(rows) -> None:
+    print()
+    print("| kind | shape | conc | sync req/s | aio req/s | aio/sync | sync CPU ms | aio CPU ms | "
+          "Python threads (aio) |")
+    print("| --- | --- |" + " ---: |" * 7)
+    for kind, shape, conc, r in rows:
+        (sync_rps, sync_cpu), (aio_rps, aio_cpu) = r["sync"], r["aio"]
+        print(f"| {kind} | {shape} | {conc} | {sync_rps:.1f} | {aio_rps:.1f} | "
+              f"{aio_rps / sync_rps if sync_rps else float('nan'):.2f} | {sync_cpu:.2f} | "
+              f"{aio_cpu:.2f} | {r['python_threads']} |")
+
+
 def shared_copy(client, x):
     """x copied into a shared buffer of the client."""
     buffer = client.shared_buffer(x.shape)
@@ -259,6 +359,8 @@ def main():
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--transports", nargs="*", default=["native", "grpcio"],
                    choices=["native", "grpcio"], help="the client's cores to measure")
+    p.add_argument("--aio_points", nargs="*", default=DEFAULT_AIO_POINTS,
+                   help="KIND:MxNxK:C1,C2,... (KIND gemm|grouped|info): aio vs sync, native core")
     args = p.parse_args()
     transports = [t for t in args.transports if transport_available(t, args)]
     print(f"hgemm.info(): {hgemm.info()}")
@@ -304,7 +406,18 @@ def main():
               f"{r['payload_gb_per_s']:.2f} | {r['server_kernel_ms']:.3f} | "
               f"{r['client_cpu_ms']:.2f} | {cpp} | {ratio} |")
     print_comparison(rows)
-    if args.csv:
+    if args.aio_points and "native" in transports:
+        aio_rows = []
+        for text in args.aio_points:
+            kind, shape, conc = text.split(":")
+            m, n, k = (int(x) for x in shape.split("x"))
+            a = rng.uniform(-1, 1, (m, k)).astype(np.float16)
+            b = rng.uniform(-1, 1, (k, n)).astype(np.float16)
+            for c in (int(x) for x in conc.split(",")):
+                aio_rows.append((kind, shape, c, run_aio_point(args, kind, c, a, b)))
+                print(f"  aio {kind} {shape} c={c}: {aio_rows[-1][3]}", file=sys.stderr)
+        print_aio(aio_rows)
+    if args.csv and rows:
         with open(args.csv, "w", newline="") as f:
             w = csv.DictWriter(f, fieldnames=list(rows[0]))
             w.writeheader()

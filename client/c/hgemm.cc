@@ -18,8 +18,11 @@
 #include <new>
 #include <optional>
 #include <string>
+#include <system_error>
 #include <thread>
 #include <unordered_map>
+#include <unordered_set>
+#include <utility>
 #include <vector>
 
 #include "client/gemm_client.h"
@@ -56,11 +59,59 @@ class AsyncCount {
   int64_t running_ = 0;
 };
 
+// A call of a *_start function (revision 7): `run` fills the result on a completion thread,
+// then `done` gets it, exactly once.
+struct StartedCall {
+  std::function<void(hgemm_result_t*)> run;
+  std::function<void()> interrupt;  // ends it while it runs (stream next: cancels the stream)
+  hgemm_done_fn done = nullptr;
+  void* user_data = nullptr;
+
+  // Before it starts: it will not run (done gets CANCELLED). Running: interrupt, if any.
+  void Cancel() {
+    std::lock_guard<std::mutex> lock(mu);
+    cancelled = true;
+    // Under the lock: the call cannot finish (and its stream be freed) meanwhile.
+    if (started && !finished && interrupt) interrupt();
+  }
+
+  std::mutex mu;  // guards what follows
+  bool cancelled = false;
+  bool started = false;
+  bool finished = false;
+};
+
+// The client's completion threads: at most HGEMM_COMPLETION_THREADS, made as calls need them,
+// each taking queued calls in order. Thread-safe.
+class CompletionThreads {
+ public:
+  ~CompletionThreads() { Stop(); }
+  // Queues the call. Throws (nothing queued) when no thread can be made for it.
+  void Add(std::shared_ptr<StartedCall> call);
+  // Calls not started: done(CANCELLED); running ones are interrupted and waited for; the
+  // threads joined. REQUIRES: no Add() meanwhile or after but from a done.
+  void Stop();
+
+ private:
+  void Work();
+  // One call: run unless cancelled or stopping, then done.
+  static void Finish(StartedCall& call, bool stopping);
+
+  std::mutex mu_;  // guards what follows
+  std::condition_variable wake_;
+  std::deque<std::shared_ptr<StartedCall>> queue_;
+  std::unordered_set<StartedCall*> running_;
+  std::vector<std::thread> threads_;
+  int idle_ = 0;  // threads waiting for a call
+  bool stopping_ = false;
+};
+
 struct hgemm_client_t {
   hgemm::GemmClient client;
   hgemm::CallOptions defaults;  // timeout, chunk size, unary limit, client id, traceparent
   hgemm::RetryPolicy retry;     // of the blocking calls
   AsyncCount async;
+  CompletionThreads completions;  // of the *_start calls
 };
 
 struct hgemm_gemm_options_t {
@@ -104,7 +155,7 @@ struct hgemm_region_t {
 };
 
 struct hgemm_ring_t {
-  const hgemm_client_t* client;
+  hgemm_client_t* client;
   std::unique_ptr<hgemm::RingClient> ring;
 };
 
@@ -113,7 +164,33 @@ struct hgemm_region_list_t {
 };
 
 struct hgemm_call_t {
-  std::shared_ptr<grpc::ClientContext> context;  // shared with the call in flight
+  std::shared_ptr<grpc::ClientContext> context;  // an async GEMM's, shared with the call
+  std::shared_ptr<StartedCall> started;          // or a *_start call's
+};
+
+// What a *_start call comes to (hgemm_result_*); what done does not take is freed with it.
+struct hgemm_result_t {
+  int code = HGEMM_OK;
+  char* error = nullptr;  // the message on failure (malloc()ed)
+  uint64_t value = 0;
+  uint64_t gemm_id = 0;
+  char* string = nullptr;
+  hgemm_matrix_list_t* matrix_list = nullptr;
+  hgemm_region_list_t* region_list = nullptr;
+  hgemm_region_t* region = nullptr;
+  hgemm_gemm_info_t gemm_info{};
+  hgemm_matrix_info_t matrix_info{};
+
+  hgemm_result_t() = default;
+  hgemm_result_t(const hgemm_result_t&) = delete;
+  hgemm_result_t& operator=(const hgemm_result_t&) = delete;
+  ~hgemm_result_t() {
+    std::free(error);
+    std::free(string);
+    delete matrix_list;
+    delete region_list;
+    delete region;
+  }
 };
 
 struct hgemm_batch_t {
@@ -506,6 +583,7 @@ hgemm_client_t* hgemm_client_create(const char* target, const hgemm_client_optio
 }
 
 void hgemm_client_destroy(hgemm_client_t* client) {
+  client->completions.Stop();
   // Until every asynchronous GEMM's completion is gone, gRPC may still run it on its threads.
   client->async.WaitIdle();
   delete client;
@@ -826,7 +904,10 @@ hgemm_call_t* hgemm_gemm_keep_c_async(hgemm_client_t* client, const hgemm_gemm_o
                    c_ttl_seconds, std::move(tell), code, errptr);
 }
 
-void hgemm_call_cancel(hgemm_call_t* call) { call->context->TryCancel(); }
+void hgemm_call_cancel(hgemm_call_t* call) {
+  if (call->context != nullptr) call->context->TryCancel();
+  if (call->started != nullptr) call->started->Cancel();
+}
 void hgemm_call_destroy(hgemm_call_t* call) { delete call; }
 
 // Batches.
@@ -1594,3 +1675,307 @@ char* hgemm_list_kernels_json(hgemm_client_t* client, const hgemm_call_options_t
         return client->client.ListKernels(kernels, call);
       });
 }
+
+// Calls that do not block (revision 7).
+void CompletionThreads::Add(std::shared_ptr<StartedCall> call) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    // Stopping (a done starting another call): Stop() is joining threads_, and the thread of
+    // that done reports this call.
+    if (!stopping_ && idle_ == 0 && threads_.size() < HGEMM_COMPLETION_THREADS) {
+      try {
+        threads_.emplace_back(&CompletionThreads::Work, this);
+      } catch (const std::system_error&) {
+        if (threads_.empty()) throw;  // no thread would ever run it
+      }
+    }
+    queue_.push_back(std::move(call));
+  }
+  wake_.notify_one();
+}
+
+void CompletionThreads::Stop() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_) return;
+    stopping_ = true;
+    for (StartedCall* call : running_) call->Cancel();
+  }
+  wake_.notify_all();
+  for (std::thread& thread : threads_) thread.join();
+}
+
+void CompletionThreads::Work() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (true) {
+    ++idle_;
+    wake_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+    --idle_;
+    if (queue_.empty()) return;  // stopping, every call reported
+    std::shared_ptr<StartedCall> call = std::move(queue_.front());
+    queue_.pop_front();
+    const bool stopping = stopping_;
+    running_.insert(call.get());
+    lock.unlock();
+    Finish(*call, stopping);
+    lock.lock();
+    running_.erase(call.get());
+  }
+}
+
+void CompletionThreads::Finish(StartedCall& call, bool stopping) {
+  hgemm_result_t result;
+  bool run;
+  {
+    std::lock_guard<std::mutex> lock(call.mu);
+    run = !call.cancelled && !stopping;
+    call.started = run;
+  }
+  if (run) {
+    try {
+      call.run(&result);
+    } catch (...) {
+      SaveException(&result.code, &result.error);
+    }
+  } else {
+    Fail(grpc::StatusCode::CANCELLED,
+         stopping ? "the client was destroyed before the call started"
+                  : "the call was cancelled before it started",
+         &result.code, &result.error);
+  }
+  {
+    std::lock_guard<std::mutex> lock(call.mu);
+    call.finished = true;
+  }
+  call.done(call.user_data, &result);
+}
+
+namespace {
+
+// Queues make_run() (the call's `run`) on the client's completion threads and returns its
+// handle; NULL (done never runs) with *code / *errptr when it cannot be queued.
+template <typename MakeRun>
+hgemm_call_t* StartCall(hgemm_client_t* client, hgemm_done_fn done, void* user_data, int* code,
+                        char** errptr, MakeRun make_run,
+                        std::function<void()> interrupt = nullptr) {
+  try {
+    auto call = std::make_shared<StartedCall>();
+    call->run = make_run();
+    call->interrupt = std::move(interrupt);
+    call->done = done;
+    call->user_data = user_data;
+    auto handle = std::make_unique<hgemm_call_t>();
+    handle->started = call;
+    client->completions.Add(std::move(call));
+    *code = HGEMM_OK;
+    return handle.release();
+  } catch (...) {
+    SaveException(code, errptr);
+  }
+  return nullptr;
+}
+
+// Options copied for a call that runs later (NULL stays NULL).
+template <typename Options>
+std::optional<Options> CopyOf(const Options* options) {
+  return options == nullptr ? std::nullopt : std::optional<Options>(*options);
+}
+template <typename Options>
+const Options* PointerTo(const std::optional<Options>& options) {
+  return options ? &*options : nullptr;
+}
+
+}  // namespace
+
+extern "C" {
+
+int hgemm_result_code(const hgemm_result_t* result, const char** message) {
+  if (message != nullptr) *message = result->error == nullptr ? "" : result->error;
+  return result->code;
+}
+uint64_t hgemm_result_value(const hgemm_result_t* result) { return result->value; }
+uint64_t hgemm_result_gemm_id(const hgemm_result_t* result) { return result->gemm_id; }
+char* hgemm_result_take_string(hgemm_result_t* result) {
+  return std::exchange(result->string, nullptr);
+}
+hgemm_matrix_list_t* hgemm_result_take_matrix_list(hgemm_result_t* result) {
+  return std::exchange(result->matrix_list, nullptr);
+}
+hgemm_region_list_t* hgemm_result_take_region_list(hgemm_result_t* result) {
+  return std::exchange(result->region_list, nullptr);
+}
+hgemm_region_t* hgemm_result_take_region(hgemm_result_t* result) {
+  return std::exchange(result->region, nullptr);
+}
+void hgemm_result_gemm_info(const hgemm_result_t* result, hgemm_gemm_info_t* info) {
+  *info = result->gemm_info;
+}
+void hgemm_result_matrix_info(const hgemm_result_t* result, hgemm_matrix_info_t* info) {
+  *info = result->matrix_info;
+}
+
+hgemm_call_t* hgemm_gemm_start(hgemm_client_t* client, const hgemm_gemm_options_t* options,
+                               uint32_t m, uint32_t n, uint32_t k, const void* a, size_t a_bytes,
+                               const void* b, size_t b_bytes, void* c, size_t c_capacity,
+                               hgemm_done_fn done, void* user_data, int* code, char** errptr) {
+  return StartCall(client, done, user_data, code, errptr, [&] {
+    return [=, options = CopyOf(options)](hgemm_result_t* r) {
+      hgemm_gemm(client, PointerTo(options), m, n, k, a, a_bytes, b, b_bytes, c, c_capacity,
+                 &r->gemm_info, &r->code, &r->error);
+    };
+  });
+}
+
+hgemm_call_t* hgemm_gemm_grouped_start(hgemm_client_t* client,
+                                       const hgemm_gemm_options_t* options,
+                                       const hgemm_group_problem_t* problems, size_t count,
+                                       hgemm_done_fn done, void* user_data, int* code,
+                                       char** errptr) {
+  return StartCall(client, done, user_data, code, errptr, [&] {
+    return [=, options = CopyOf(options)](hgemm_result_t* r) {
+      hgemm_gemm_grouped(client, PointerTo(options), problems, count, &r->gemm_info, &r->code,
+                         &r->error);
+    };
+  });
+}
+
+hgemm_call_t* hgemm_gemm_many_start(hgemm_client_t* client, hgemm_batch_t* batch,
+                                    const hgemm_call_options_t* options, const size_t* indices,
+                                    size_t count, hgemm_done_fn done, void* user_data, int* code,
+                                    char** errptr) {
+  return StartCall(client, done, user_data, code, errptr, [&] {
+    std::optional<std::vector<size_t>> sent;
+    if (indices != nullptr) sent.emplace(indices, indices + count);
+    return [=, options = CopyOf(options)](hgemm_result_t* r) {
+      hgemm_gemm_many(client, batch, PointerTo(options), sent ? sent->data() : nullptr, count,
+                      &r->code, &r->error);
+    };
+  });
+}
+
+hgemm_call_t* hgemm_upload_start(hgemm_client_t* client, const hgemm_call_options_t* options,
+                                 uint32_t rows, uint32_t cols, int dtype, int device_id,
+                                 const void* data, size_t data_bytes, uint32_t ttl_seconds,
+                                 const char* label, hgemm_done_fn done, void* user_data,
+                                 int* code, char** errptr) {
+  return StartCall(client, done, user_data, code, errptr, [&] {
+    return [=, options = CopyOf(options), label = std::string(label)](hgemm_result_t* r) {
+      r->string = hgemm_upload_typed(client, PointerTo(options), rows, cols, dtype, device_id,
+                                     data, data_bytes, ttl_seconds, label.c_str(),
+                                     &r->matrix_info, &r->code, &r->error);
+    };
+  });
+}
+
+hgemm_call_t* hgemm_download_start(hgemm_client_t* client, const hgemm_call_options_t* options,
+                                   const char* handle, uint64_t offset, uint64_t length,
+                                   void* into, size_t capacity, hgemm_done_fn done,
+                                   void* user_data, int* code, char** errptr) {
+  return StartCall(client, done, user_data, code, errptr, [&] {
+    return [=, options = CopyOf(options), handle = std::string(handle)](hgemm_result_t* r) {
+      r->value = hgemm_download(client, PointerTo(options), handle.c_str(), offset, length, into,
+                                capacity, &r->code, &r->error);
+    };
+  });
+}
+
+hgemm_call_t* hgemm_release_start(hgemm_client_t* client, const hgemm_call_options_t* options,
+                                  const char* handle, hgemm_done_fn done, void* user_data,
+                                  int* code, char** errptr) {
+  return StartCall(client, done, user_data, code, errptr, [&] {
+    return [=, options = CopyOf(options), handle = std::string(handle)](hgemm_result_t* r) {
+      r->value = hgemm_release(client, PointerTo(options), handle.c_str(), &r->code, &r->error);
+    };
+  });
+}
+
+hgemm_call_t* hgemm_list_matrices_start(hgemm_client_t* client,
+                                        const hgemm_call_options_t* options, hgemm_done_fn done,
+                                        void* user_data, int* code, char** errptr) {
+  return StartCall(client, done, user_data, code, errptr, [&] {
+    return [=, options = CopyOf(options)](hgemm_result_t* r) {
+      r->matrix_list = hgemm_list_matrices(client, PointerTo(options), &r->code, &r->error);
+    };
+  });
+}
+
+hgemm_call_t* hgemm_list_regions_start(hgemm_client_t* client,
+                                       const hgemm_call_options_t* options, hgemm_done_fn done,
+                                       void* user_data, int* code, char** errptr) {
+  return StartCall(client, done, user_data, code, errptr, [&] {
+    return [=, options = CopyOf(options)](hgemm_result_t* r) {
+      r->region_list = hgemm_list_regions(client, PointerTo(options), &r->code, &r->error);
+    };
+  });
+}
+
+hgemm_call_t* hgemm_server_info_json_start(hgemm_client_t* client,
+                                           const hgemm_call_options_t* options,
+                                           hgemm_done_fn done, void* user_data, int* code,
+                                           char** errptr) {
+  return StartCall(client, done, user_data, code, errptr, [&] {
+    return [=, options = CopyOf(options)](hgemm_result_t* r) {
+      r->string = hgemm_server_info_json(client, PointerTo(options), &r->code, &r->error);
+    };
+  });
+}
+
+hgemm_call_t* hgemm_list_kernels_json_start(hgemm_client_t* client,
+                                            const hgemm_call_options_t* options,
+                                            hgemm_done_fn done, void* user_data, int* code,
+                                            char** errptr) {
+  return StartCall(client, done, user_data, code, errptr, [&] {
+    return [=, options = CopyOf(options)](hgemm_result_t* r) {
+      r->string = hgemm_list_kernels_json(client, PointerTo(options), &r->code, &r->error);
+    };
+  });
+}
+
+hgemm_call_t* hgemm_region_create_start(hgemm_client_t* client,
+                                        const hgemm_call_options_t* options, size_t bytes,
+                                        const char* label, hgemm_done_fn done, void* user_data,
+                                        int* code, char** errptr) {
+  return StartCall(client, done, user_data, code, errptr, [&] {
+    return [=, options = CopyOf(options), label = std::string(label)](hgemm_result_t* r) {
+      r->region = hgemm_region_create(client, PointerTo(options), bytes, label.c_str(), &r->code,
+                                      &r->error);
+    };
+  });
+}
+
+hgemm_call_t* hgemm_unregister_region_start(hgemm_client_t* client,
+                                            const hgemm_call_options_t* options,
+                                            const char* handle, hgemm_done_fn done,
+                                            void* user_data, int* code, char** errptr) {
+  return StartCall(client, done, user_data, code, errptr, [&] {
+    return [=, options = CopyOf(options), handle = std::string(handle)](hgemm_result_t* r) {
+      hgemm_unregister_region(client, PointerTo(options), handle.c_str(), &r->code, &r->error);
+    };
+  });
+}
+
+hgemm_call_t* hgemm_ring_gemm_start(hgemm_ring_t* ring, const hgemm_gemm_options_t* options,
+                                    uint32_t m, uint32_t n, uint32_t k, hgemm_done_fn done,
+                                    void* user_data, int* code, char** errptr) {
+  return StartCall(ring->client, done, user_data, code, errptr, [&] {
+    return [=, options = CopyOf(options)](hgemm_result_t* r) {
+      hgemm_ring_gemm(ring, PointerTo(options), m, n, k, &r->gemm_info, &r->code, &r->error);
+    };
+  });
+}
+
+hgemm_call_t* hgemm_stream_next_start(hgemm_client_t* client, hgemm_stream_t* stream,
+                                      hgemm_done_fn done, void* user_data, int* code,
+                                      char** errptr) {
+  return StartCall(
+      client, done, user_data, code, errptr,
+      [&] {
+        return [=](hgemm_result_t* r) {
+          r->value = hgemm_stream_next(stream, &r->gemm_id, &r->gemm_info, &r->string,
+                                       &r->matrix_info, &r->code, &r->error);
+        };
+      },
+      [stream] { hgemm_stream_cancel(stream); });
+}
+
+}  // extern "C"

@@ -19,7 +19,9 @@
  *
  * Thread safety: an hgemm_client_t may be used from many threads at once (each call is
  * independent, and blocks only its own thread); an options object may be read by many calls at
- * once but must not be changed meanwhile.
+ * once but must not be changed meanwhile. Every blocking call but the ring's also has a form
+ * that does not block (hgemm_gemm_async and the *_start functions of revision 7), whose
+ * callback runs on a thread of the library.
  *
  * Symbols: the library exports only the hgemm_* functions (built with -fvisibility=hidden and a
  * linker version script), so it can be loaded next to another copy of gRPC or protobuf (e.g.
@@ -108,6 +110,7 @@ typedef struct hgemm_stream_t hgemm_stream_t;           /* [revision 3] */
 typedef struct hgemm_region_t hgemm_region_t;           /* [revision 5] */
 typedef struct hgemm_region_list_t hgemm_region_list_t; /* [revision 5] */
 typedef struct hgemm_ring_t hgemm_ring_t;               /* [revision 6] */
+typedef struct hgemm_result_t hgemm_result_t;           /* [revision 7] */
 
 /* What the server reports of one GEMM: proto Timing and Execution. Strings longer than their
  * array are cut off (always NUL-terminated). */
@@ -211,8 +214,10 @@ HGEMM_EXPORT hgemm_client_t* hgemm_client_create(const char* target,
                                                  const hgemm_client_options_t* options,
                                                  int* code, char** errptr);
 /* Waits until every hgemm_gemm_async() of the client is over (its done has returned), then
- * frees the client and closes its channels. REQUIRES: no blocking call of it is running, and
- * none of its done callbacks calls this. */
+ * frees the client and closes its channels. [revision 7] Calls of the *_start functions not
+ * started yet get done(HGEMM_CANCELLED); running ones are waited for (a stream next's stream is
+ * cancelled), and the client's completion threads joined. REQUIRES: no blocking call of it is
+ * running, and none of its done callbacks calls this. */
 HGEMM_EXPORT void hgemm_client_destroy(hgemm_client_t* client);
 /* The bytes (A, B and C) from which the client's HGEMM_MODE_AUTO GEMMs go as parallel parts
  * (CallOptions::parallel_min_bytes), for a binding that picks unary or stream itself below it
@@ -448,7 +453,9 @@ HGEMM_EXPORT hgemm_call_t* hgemm_gemm_keep_c_async(hgemm_client_t* client,
                                                    hgemm_keep_c_done_fn done, void* user_data,
                                                    int* code, char** errptr);
 /* Cancels the call: if it is not over yet, done runs soon with HGEMM_CANCELLED (C may have been
- * partly written). Any thread, any time before hgemm_call_destroy(); a no-op once it is over. */
+ * partly written). Any thread, any time before hgemm_call_destroy(); a no-op once it is over.
+ * [revision 7] For a *_start call: see "Exactly once" below (a call not started yet is
+ * CANCELLED; a running one goes on to its end). */
 HGEMM_EXPORT void hgemm_call_cancel(hgemm_call_t* call);
 /* Frees the handle (the GEMM goes on; done still runs). call may be NULL. */
 HGEMM_EXPORT void hgemm_call_destroy(hgemm_call_t* call);
@@ -746,6 +753,152 @@ HGEMM_EXPORT char* hgemm_server_info_json(hgemm_client_t* client,
 HGEMM_EXPORT char* hgemm_list_kernels_json(hgemm_client_t* client,
                                            const hgemm_call_options_t* options, int* code,
                                            char** errptr);
+
+/* [revision 7] Calls that do not block: each hgemm_X_start() below takes hgemm_X()'s arguments
+ * (the call options and GEMM options are copied), returns at once with a call handle, and
+ * reports the outcome once, to one callback type:
+ *
+ *   done(user_data, result): result is the call's status and what it returned
+ *   (hgemm_result_*() read it). It is valid during done only; what done takes from it
+ *   (hgemm_result_take_*) is done's to free.
+ *
+ * Where done runs: on one of the client's completion threads (at most
+ * HGEMM_COMPLETION_THREADS of them, made as needed, shared by every call of the client: never
+ * a thread per call), never on the thread that called *_start, and never while the library
+ * holds a lock. The call itself runs there too, blocking that thread (the core's blocking call,
+ * with its retries, client/retry.h); calls beyond the threads' number wait their turn in order.
+ * done must not block for long (it holds up that thread) and must not destroy the client.
+ *
+ * Exactly once: done runs exactly once for every handle *_start returned: with the call's
+ * outcome; with HGEMM_CANCELLED when hgemm_call_cancel() came before the call started; or with
+ * HGEMM_CANCELLED when the client is destroyed before it started. A call already running when
+ * cancelled (or when the client is destroyed) runs to its end, bounded by its deadline, and done
+ * gets its outcome; hgemm_stream_next_start()'s is the exception: cancelling it cancels the
+ * stream (hgemm_stream_cancel()), so it ends soon. *_start returns NULL, and done never runs,
+ * only when the call cannot be queued (out of memory: RESOURCE_EXHAUSTED in *code / *errptr).
+ *
+ * Ownership: buffers the call reads or writes (operands, `into`, a batch's C buffers, a
+ * grouped GEMM's problems and their buffers) stay the caller's and must stay alive, unread,
+ * until done has run. The call handle is freed with hgemm_call_destroy() (any time: the call
+ * goes on and done still runs); hgemm_call_cancel() as for hgemm_gemm_async(). Client destroy:
+ * hgemm_client_destroy() reports HGEMM_CANCELLED to the calls not started, waits for the
+ * running ones' done, then frees the client. */
+#define HGEMM_COMPLETION_THREADS 8
+typedef void (*hgemm_done_fn)(void* user_data, hgemm_result_t* result);
+
+/* The call's status: HGEMM_OK or the code its blocking form would have set; *message (may be
+ * NULL) its text ("" on success), valid during done. */
+HGEMM_EXPORT int hgemm_result_code(const hgemm_result_t* result, const char** message);
+/* The number the blocking form returns: bytes freed (release), bytes written (download), 1 or 0
+ * (stream next: answered, or the stream is over); 0 otherwise. */
+HGEMM_EXPORT uint64_t hgemm_result_value(const hgemm_result_t* result);
+/* Stream next: the gemm_id answered (when hgemm_result_value() is 1). */
+HGEMM_EXPORT uint64_t hgemm_result_gemm_id(const hgemm_result_t* result);
+/* The string the blocking form returns (upload: the handle; JSON calls: the JSON; a kept C's
+ * handle of stream next), malloc()ed, now the caller's (hgemm_free()); NULL when there is none
+ * or it was taken already. */
+HGEMM_EXPORT char* hgemm_result_take_string(hgemm_result_t* result);
+/* The object the blocking form returns, now the caller's (its *_destroy()); NULL when there is
+ * none or it was taken already. */
+HGEMM_EXPORT hgemm_matrix_list_t* hgemm_result_take_matrix_list(hgemm_result_t* result);
+HGEMM_EXPORT hgemm_region_list_t* hgemm_result_take_region_list(hgemm_result_t* result);
+HGEMM_EXPORT hgemm_region_t* hgemm_result_take_region(hgemm_result_t* result);
+/* The info the blocking form fills: a GEMM's timing and execution (gemm, grouped, ring, stream
+ * next), a matrix's description (upload, stream next's kept C). Zeroes when there is none. */
+HGEMM_EXPORT void hgemm_result_gemm_info(const hgemm_result_t* result, hgemm_gemm_info_t* info);
+HGEMM_EXPORT void hgemm_result_matrix_info(const hgemm_result_t* result,
+                                           hgemm_matrix_info_t* info);
+
+/* hgemm_gemm() (regions, parallel parts and its retries included); C in c when done gets
+ * HGEMM_OK; info: hgemm_result_gemm_info(). The checks made before sending are made when the
+ * call runs (their INVALID_ARGUMENT goes to done). */
+HGEMM_EXPORT hgemm_call_t* hgemm_gemm_start(hgemm_client_t* client,
+                                            const hgemm_gemm_options_t* options, uint32_t m,
+                                            uint32_t n, uint32_t k, const void* a, size_t a_bytes,
+                                            const void* b, size_t b_bytes, void* c,
+                                            size_t c_capacity, hgemm_done_fn done,
+                                            void* user_data, int* code, char** errptr);
+/* hgemm_gemm_grouped(); problems (the array too) stay the caller's until done has run. */
+HGEMM_EXPORT hgemm_call_t* hgemm_gemm_grouped_start(hgemm_client_t* client,
+                                                    const hgemm_gemm_options_t* options,
+                                                    const hgemm_group_problem_t* problems,
+                                                    size_t count, hgemm_done_fn done,
+                                                    void* user_data, int* code, char** errptr);
+/* hgemm_gemm_many() (indices are copied); read each GEMM with hgemm_batch_result() once done
+ * has run. REQUIRES: the batch is not used otherwise until then. */
+HGEMM_EXPORT hgemm_call_t* hgemm_gemm_many_start(hgemm_client_t* client, hgemm_batch_t* batch,
+                                                 const hgemm_call_options_t* options,
+                                                 const size_t* indices, size_t count,
+                                                 hgemm_done_fn done, void* user_data, int* code,
+                                                 char** errptr);
+/* hgemm_upload_typed() (label copied): hgemm_result_take_string() is the handle,
+ * hgemm_result_matrix_info() the matrix. */
+HGEMM_EXPORT hgemm_call_t* hgemm_upload_start(hgemm_client_t* client,
+                                              const hgemm_call_options_t* options, uint32_t rows,
+                                              uint32_t cols, int dtype, int device_id,
+                                              const void* data, size_t data_bytes,
+                                              uint32_t ttl_seconds, const char* label,
+                                              hgemm_done_fn done, void* user_data, int* code,
+                                              char** errptr);
+/* hgemm_download(): hgemm_result_value() is the bytes written into `into`. */
+HGEMM_EXPORT hgemm_call_t* hgemm_download_start(hgemm_client_t* client,
+                                                const hgemm_call_options_t* options,
+                                                const char* handle, uint64_t offset,
+                                                uint64_t length, void* into, size_t capacity,
+                                                hgemm_done_fn done, void* user_data, int* code,
+                                                char** errptr);
+/* hgemm_release(): hgemm_result_value() is the bytes freed. */
+HGEMM_EXPORT hgemm_call_t* hgemm_release_start(hgemm_client_t* client,
+                                               const hgemm_call_options_t* options,
+                                               const char* handle, hgemm_done_fn done,
+                                               void* user_data, int* code, char** errptr);
+/* hgemm_list_matrices() / hgemm_list_regions(): hgemm_result_take_matrix_list() /
+ * hgemm_result_take_region_list(). */
+HGEMM_EXPORT hgemm_call_t* hgemm_list_matrices_start(hgemm_client_t* client,
+                                                     const hgemm_call_options_t* options,
+                                                     hgemm_done_fn done, void* user_data,
+                                                     int* code, char** errptr);
+HGEMM_EXPORT hgemm_call_t* hgemm_list_regions_start(hgemm_client_t* client,
+                                                    const hgemm_call_options_t* options,
+                                                    hgemm_done_fn done, void* user_data,
+                                                    int* code, char** errptr);
+/* hgemm_server_info_json() / hgemm_list_kernels_json(): hgemm_result_take_string(). */
+HGEMM_EXPORT hgemm_call_t* hgemm_server_info_json_start(hgemm_client_t* client,
+                                                        const hgemm_call_options_t* options,
+                                                        hgemm_done_fn done, void* user_data,
+                                                        int* code, char** errptr);
+HGEMM_EXPORT hgemm_call_t* hgemm_list_kernels_json_start(hgemm_client_t* client,
+                                                         const hgemm_call_options_t* options,
+                                                         hgemm_done_fn done, void* user_data,
+                                                         int* code, char** errptr);
+/* hgemm_region_create() (label copied): hgemm_result_take_region(). */
+HGEMM_EXPORT hgemm_call_t* hgemm_region_create_start(hgemm_client_t* client,
+                                                     const hgemm_call_options_t* options,
+                                                     size_t bytes, const char* label,
+                                                     hgemm_done_fn done, void* user_data,
+                                                     int* code, char** errptr);
+/* hgemm_unregister_region(). */
+HGEMM_EXPORT hgemm_call_t* hgemm_unregister_region_start(hgemm_client_t* client,
+                                                         const hgemm_call_options_t* options,
+                                                         const char* handle, hgemm_done_fn done,
+                                                         void* user_data, int* code,
+                                                         char** errptr);
+/* hgemm_ring_gemm() on the completion threads of the client the ring was opened with:
+ * hgemm_result_gemm_info(). REQUIRES: the ring is not closed until done has run. */
+HGEMM_EXPORT hgemm_call_t* hgemm_ring_gemm_start(hgemm_ring_t* ring,
+                                                 const hgemm_gemm_options_t* options, uint32_t m,
+                                                 uint32_t n, uint32_t k, hgemm_done_fn done,
+                                                 void* user_data, int* code, char** errptr);
+/* hgemm_stream_next() on `client`'s completion threads: hgemm_result_value() is its return
+ * (1: an answer, 0: the stream is over), hgemm_result_gemm_id() the GEMM answered,
+ * hgemm_result_code() its status (or the stream's end), hgemm_result_gemm_info(),
+ * hgemm_result_take_string() a kept C's handle and hgemm_result_matrix_info() its matrix. It
+ * holds a completion thread until an answer comes: start it while GEMMs are outstanding or the
+ * stream is closed or cancelled. Cancelling it cancels the stream. REQUIRES: no other next of
+ * the stream is running or started and not done; the stream is destroyed only after done. */
+HGEMM_EXPORT hgemm_call_t* hgemm_stream_next_start(hgemm_client_t* client,
+                                                   hgemm_stream_t* stream, hgemm_done_fn done,
+                                                   void* user_data, int* code, char** errptr);
 
 #ifdef __cplusplus
 } /* extern "C" */

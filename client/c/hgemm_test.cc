@@ -2097,3 +2097,412 @@ TEST_F(HgemmC, AsyncKeepCGivesTheKeptCsHandle) {
   EXPECT_EQ(never.calls, 0);
   hgemm_gemm_options_destroy(options);
 }
+
+namespace {
+
+// What the done callbacks of *_start calls (revision 7) report, and a wait for them.
+class Started {
+ public:
+  struct Outcome {
+    int calls = 0;  // how many times done ran for this call (must be 1)
+    int code = -1;
+    std::string message;
+    uint64_t value = 0;
+    uint64_t gemm_id = 0;
+    std::string string;  // hgemm_result_take_string's
+    hgemm_matrix_info_t matrix_info{};
+    hgemm_gemm_info_t gemm_info{};
+    std::thread::id thread;  // where done ran
+  };
+
+  explicit Started(size_t count) : outcomes_(count), contexts_(count) {
+    for (size_t i = 0; i < count; ++i) contexts_[i] = {this, i};
+  }
+
+  // user_data of call i.
+  void* Of(size_t i) { return &contexts_[i]; }
+
+  static void Done(void* user_data, hgemm_result_t* result) {
+    auto* context = static_cast<Context*>(user_data);
+    Started& self = *context->started;
+    const char* message = nullptr;
+    const int code = hgemm_result_code(result, &message);
+    char* string = hgemm_result_take_string(result);
+    std::lock_guard<std::mutex> lock(self.mu_);
+    Outcome& outcome = self.outcomes_[context->i];
+    ++outcome.calls;
+    outcome.code = code;
+    outcome.message = message;
+    outcome.value = hgemm_result_value(result);
+    outcome.gemm_id = hgemm_result_gemm_id(result);
+    outcome.string = string == nullptr ? "" : string;
+    hgemm_free(string);
+    hgemm_result_matrix_info(result, &outcome.matrix_info);
+    hgemm_result_gemm_info(result, &outcome.gemm_info);
+    outcome.thread = std::this_thread::get_id();
+    ++self.done_;
+    self.cv_.notify_all();
+  }
+
+  // Waits until `count` callbacks have run; the outcomes then.
+  const std::vector<Outcome>& Wait(size_t count) {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return done_ >= count; });
+    return outcomes_;
+  }
+  size_t done() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return done_;
+  }
+
+ private:
+  struct Context {
+    Started* started;
+    size_t i;
+  };
+  std::mutex mu_;
+  std::condition_variable cv_;
+  size_t done_ = 0;
+  std::vector<Outcome> outcomes_;
+  std::vector<Context> contexts_;
+};
+
+TEST_F(HgemmC, StartedCallsFromManyThreadsEachCompleteOnceOffTheCallersThread) {
+  // 64 calls in flight at once, 8 threads starting 8 each: GEMMs, uploads, kernels as JSON and
+  // releases of a handle that does not exist.
+  constexpr int kThreads = 8, kEach = 8, kCalls = kThreads * kEach;
+  std::vector<FormGemm> gemms;
+  for (int i = 0; i < kCalls; ++i) gemms.emplace_back(9 + i, 20, 33, AllForms()[i % 16], 900 + i);
+  Started started(kCalls);
+  std::vector<hgemm_call_t*> calls(kCalls);
+  std::vector<std::thread::id> starters(kCalls);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = t * kEach; i < (t + 1) * kEach; ++i) {
+        FormGemm& g = gemms[i];
+        starters[i] = std::this_thread::get_id();
+        Error e;
+        if (i % 4 == 0) {
+          hgemm_gemm_options_t* options = hgemm_gemm_options_create();
+          g.SetOptions(options);
+          calls[i] = hgemm_gemm_start(client_, options, g.m, g.n, g.k, g.a.data(),
+                                      2 * g.a.size(), g.b.data(), 2 * g.b.size(), g.c.data(),
+                                      2 * g.c.size(), &Started::Done, started.Of(i), &e.code,
+                                      &e.message);
+          hgemm_gemm_options_destroy(options);
+        } else if (i % 4 == 1) {
+          calls[i] = hgemm_upload_start(client_, nullptr, g.m, g.k, HGEMM_DTYPE_FP16, -1,
+                                        g.a.data(), 2 * size_t{g.m} * g.k, 0, "started",
+                                        &Started::Done, started.Of(i), &e.code, &e.message);
+        } else if (i % 4 == 2) {
+          calls[i] = hgemm_list_kernels_json_start(client_, nullptr, &Started::Done,
+                                                   started.Of(i), &e.code, &e.message);
+        } else {
+          calls[i] = hgemm_release_start(client_, nullptr, "m-no-such", &Started::Done,
+                                         started.Of(i), &e.code, &e.message);
+        }
+        EXPECT_NE(calls[i], nullptr) << e.text();
+        EXPECT_EQ(e.code, HGEMM_OK);
+      }
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  const std::vector<Started::Outcome>& outcomes = started.Wait(kCalls);
+  std::vector<std::string> uploaded;
+  for (int i = 0; i < kCalls; ++i) {
+    const Started::Outcome& o = outcomes[i];
+    EXPECT_EQ(o.calls, 1) << i;
+    EXPECT_NE(o.thread, starters[i]) << i;
+    if (i % 4 == 3) {
+      EXPECT_EQ(o.code, HGEMM_NOT_FOUND) << i << ": " << o.message;
+      EXPECT_NE(o.message.find("m-no-such"), std::string::npos) << o.message;
+      continue;
+    }
+    ASSERT_EQ(o.code, HGEMM_OK) << i << ": " << o.message;
+    if (i % 4 == 0) {
+      EXPECT_STREQ(o.gemm_info.backend, "cpu");
+      EXPECT_LT(gemms[i].Error(), gemms[i].Tolerance()) << gemms[i].Name() << " " << i;
+    } else if (i % 4 == 1) {
+      EXPECT_EQ(o.matrix_info.rows, gemms[i].m);
+      EXPECT_EQ(o.matrix_info.cols, gemms[i].k);
+      EXPECT_FALSE(o.string.empty());
+      uploaded.push_back(o.string);
+    } else {
+      EXPECT_NE(o.string.find("\"kernels\""), std::string::npos) << o.string;
+    }
+  }
+  for (hgemm_call_t* call : calls) hgemm_call_destroy(call);
+  // The uploads are there: released (blocking), each its bytes.
+  for (const std::string& handle : uploaded) {
+    Error e;
+    EXPECT_GT(hgemm_release(client_, nullptr, handle.c_str(), &e.code, &e.message), 0u)
+        << e.text();
+  }
+}
+
+TEST_F(HgemmC, StartedCallFailuresAndResultsComeThroughDone) {
+  FormGemm gemm(12, 10, 8, {}, 77);
+  Started started(6);
+  std::vector<hgemm_call_t*> calls;
+  Error e;
+  std::vector<uint16_t> into(64, kPoison);
+  // Checks made before sending, now when the call runs: C's buffer one element short.
+  calls.push_back(hgemm_gemm_start(client_, nullptr, gemm.m, gemm.n, gemm.k, gemm.a.data(),
+                                   2 * gemm.a.size(), gemm.b.data(), 2 * gemm.b.size(),
+                                   gemm.c.data(), 2 * gemm.c.size() - 2, &Started::Done,
+                                   started.Of(0), &e.code, &e.message));
+  calls.push_back(hgemm_download_start(client_, nullptr, "m-no-such", 0, 0, into.data(),
+                                       2 * into.size(), &Started::Done, started.Of(1), &e.code,
+                                       &e.message));
+  calls.push_back(hgemm_unregister_region_start(client_, nullptr, "r-no-such", &Started::Done,
+                                                started.Of(2), &e.code, &e.message));
+  calls.push_back(hgemm_server_info_json_start(client_, nullptr, &Started::Done, started.Of(3),
+                                               &e.code, &e.message));
+  // A stream's answer through next_start: its gemm_id, C and info.
+  hgemm_stream_t* stream = hgemm_stream_open(client_, nullptr, &e.code, &e.message);
+  ASSERT_NE(stream, nullptr) << e.text();
+  FormGemm streamed(15, 9, 21, {}, 78);
+  hgemm_stream_submit(stream, 4242, nullptr, streamed.m, streamed.n, streamed.k,
+                      streamed.a.data(), 2 * streamed.a.size(), streamed.b.data(),
+                      2 * streamed.b.size(), streamed.c.data(), 2 * streamed.c.size(), 0, 0,
+                      &e.code, &e.message);
+  ASSERT_EQ(e.code, HGEMM_OK) << e.text();
+  calls.push_back(hgemm_stream_next_start(client_, stream, &Started::Done, started.Of(4),
+                                          &e.code, &e.message));
+  for (hgemm_call_t* call : calls) ASSERT_NE(call, nullptr);
+  started.Wait(5);
+  // Closed and every GEMM answered: the next next is the stream's clean end.
+  hgemm_stream_close(stream);
+  calls.push_back(hgemm_stream_next_start(client_, stream, &Started::Done, started.Of(5),
+                                          &e.code, &e.message));
+  const std::vector<Started::Outcome>& o = started.Wait(6);
+  EXPECT_EQ(o[0].code, HGEMM_INVALID_ARGUMENT) << o[0].message;
+  EXPECT_NE(o[0].message.find("c_capacity"), std::string::npos) << o[0].message;
+  EXPECT_EQ(gemm.c, std::vector<uint16_t>(gemm.c.size(), kPoisonAnyType));
+  EXPECT_EQ(o[1].code, HGEMM_NOT_FOUND) << o[1].message;
+  EXPECT_EQ(o[1].value, 0u);
+  EXPECT_EQ(into, std::vector<uint16_t>(64, kPoison));
+  EXPECT_EQ(o[2].code, HGEMM_PERMISSION_DENIED) << o[2].message;  // regions: unix: only
+  EXPECT_EQ(o[3].code, HGEMM_OK) << o[3].message;
+  EXPECT_NE(o[3].string.find("\"backend\":\"cpu\""), std::string::npos) << o[3].string;
+  EXPECT_EQ(o[4].code, HGEMM_OK) << o[4].message;
+  EXPECT_EQ(o[4].value, 1u);
+  EXPECT_EQ(o[4].gemm_id, 4242u);
+  EXPECT_EQ(o[4].gemm_info.streamed, 1);
+  EXPECT_LT(streamed.Error(), streamed.Tolerance());
+  EXPECT_EQ(o[5].code, HGEMM_OK) << o[5].message;
+  EXPECT_EQ(o[5].value, 0u);
+  for (const Started::Outcome& outcome : o) EXPECT_EQ(outcome.calls, 1);
+  for (hgemm_call_t* call : calls) hgemm_call_destroy(call);
+  hgemm_stream_destroy(stream);
+}
+
+TEST_F(HgemmC, StartedBatchGroupAndListingMatchTheReference) {
+  std::vector<FormGemm> gemms;
+  for (size_t i = 0; i < 6; ++i) {  // the group's (4 and 5): plain fp16
+    gemms.emplace_back(17 + i, 29, 35, i < 4 ? AllForms()[3 * i] : hgemm::GemmForm{}, 60 + i);
+  }
+  hgemm_batch_t* batch = hgemm_batch_create();
+  for (size_t i = 0; i < 4; ++i) EXPECT_EQ(AddToBatch(batch, gemms[i]), i);
+  std::vector<hgemm_group_problem_t> problems;
+  for (size_t i = 4; i < 6; ++i) {
+    FormGemm& g = gemms[i];
+    problems.push_back({g.m, g.n, g.k, g.a.data(), 2 * g.a.size(), g.b.data(), 2 * g.b.size(),
+                        nullptr, 0, g.c.data(), 2 * g.c.size()});
+  }
+  Started started(3);
+  Error e;
+  const size_t chosen[] = {0, 2, 3};  // GEMM 1 is left unsent
+  hgemm_call_t* many = hgemm_gemm_many_start(client_, batch, nullptr, chosen, 3, &Started::Done,
+                                             started.Of(0), &e.code, &e.message);
+  hgemm_call_t* grouped =
+      hgemm_gemm_grouped_start(client_, nullptr, problems.data(), problems.size(),
+                               &Started::Done, started.Of(1), &e.code, &e.message);
+  hgemm_call_t* listed = hgemm_list_matrices_start(client_, nullptr, &Started::Done,
+                                                   started.Of(2), &e.code, &e.message);
+  ASSERT_TRUE(many != nullptr && grouped != nullptr && listed != nullptr) << e.text();
+  const std::vector<Started::Outcome>& o = started.Wait(3);
+  for (const Started::Outcome& outcome : o) {
+    EXPECT_EQ(outcome.calls, 1);
+    EXPECT_EQ(outcome.code, HGEMM_OK) << outcome.message;
+  }
+  for (size_t i : chosen) {
+    EXPECT_EQ(hgemm_batch_result(batch, i, nullptr, &e.code, &e.message), 1) << i;
+    EXPECT_LT(gemms[i].Error(), gemms[i].Tolerance()) << gemms[i].Name();
+  }
+  EXPECT_EQ(hgemm_batch_result(batch, 1, nullptr, &e.code, &e.message), 0);  // not sent
+  EXPECT_EQ(gemms[1].c, std::vector<uint16_t>(gemms[1].c.size(), kPoisonAnyType));
+  EXPECT_STREQ(o[1].gemm_info.backend, "cpu");
+  for (size_t i = 4; i < 6; ++i) EXPECT_LT(gemms[i].Error(), gemms[i].Tolerance()) << i;
+  for (hgemm_call_t* call : {many, grouped, listed}) hgemm_call_destroy(call);
+  hgemm_batch_destroy(batch);
+}
+
+// The list a done took (hgemm_result_take_region_list), for the test below.
+struct TakenList {
+  hgemm_region_list_t* list = nullptr;
+  hgemm_region_t* region = nullptr;
+  int code = -1;
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  static void Done(void* user_data, hgemm_result_t* result) {
+    auto* self = static_cast<TakenList*>(user_data);
+    std::lock_guard<std::mutex> lock(self->mu);
+    self->code = hgemm_result_code(result, nullptr);
+    self->list = hgemm_result_take_region_list(result);
+    self->region = hgemm_result_take_region(result);
+    EXPECT_EQ(hgemm_result_take_region_list(result), nullptr);  // taken once
+    self->done = true;
+    self->cv.notify_all();
+  }
+  void Wait() {
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return done; });
+  }
+};
+
+TEST_F(HgemmCRing, StartedRingGemmsRegionsAndListingsMatchTheReference) {
+  Error e;
+  hgemm_ring_t* ring = OpenRing(&e);
+  ASSERT_NE(ring, nullptr) << e.text();
+  Started started(kSlots);
+  std::vector<hgemm_call_t*> calls;
+  for (size_t slot = 0; slot < kSlots; ++slot) {
+    std::fill(C(slot), C(slot) + m * n, kPoison);
+    hgemm_gemm_options_t* options = Options(slot);
+    calls.push_back(hgemm_ring_gemm_start(ring, options, m, n, k, &Started::Done,
+                                          started.Of(slot), &e.code, &e.message));
+    hgemm_gemm_options_destroy(options);  // copied by the call
+    ASSERT_NE(calls.back(), nullptr) << e.text();
+  }
+  const std::vector<Started::Outcome>& o = started.Wait(kSlots);
+  for (size_t slot = 0; slot < kSlots; ++slot) {
+    EXPECT_EQ(o[slot].calls, 1);
+    ASSERT_EQ(o[slot].code, HGEMM_OK) << o[slot].message;
+    EXPECT_GT(o[slot].gemm_info.server_total_ms, 0.0);
+    EXPECT_LT(hgemm::RelativeFrobeniusError(C(slot), reference_.data(), m * n),
+              hgemm::kServiceTolerance.fp32_acc)
+        << slot;
+  }
+  for (hgemm_call_t* call : calls) hgemm_call_destroy(call);
+  hgemm_ring_close(ring);
+
+  TakenList made;
+  hgemm_call_destroy(hgemm_region_create_start(local_, nullptr, 4096, "started",
+                                               &TakenList::Done, &made, &e.code, &e.message));
+  made.Wait();
+  ASSERT_EQ(made.code, HGEMM_OK);
+  ASSERT_NE(made.region, nullptr);
+  EXPECT_EQ(hgemm_region_bytes(made.region), 4096u);
+  TakenList listed;
+  hgemm_call_destroy(hgemm_list_regions_start(local_, nullptr, &TakenList::Done, &listed,
+                                              &e.code, &e.message));
+  listed.Wait();
+  ASSERT_EQ(listed.code, HGEMM_OK);
+  ASSERT_NE(listed.list, nullptr);
+  bool found = false;
+  for (size_t i = 0; i < hgemm_region_list_size(listed.list); ++i) {
+    hgemm_region_info_t info;
+    hgemm_region_list_info(listed.list, i, &info);
+    found |= std::string(info.region) == hgemm_region_handle(made.region);
+  }
+  EXPECT_TRUE(found);
+  hgemm_region_list_destroy(listed.list);
+  Started unregistered(1);
+  hgemm_call_destroy(hgemm_unregister_region_start(local_, nullptr,
+                                                   hgemm_region_handle(made.region),
+                                                   &Started::Done, unregistered.Of(0), &e.code,
+                                                   &e.message));
+  EXPECT_EQ(unregistered.Wait(1)[0].code, HGEMM_OK) << unregistered.Wait(1)[0].message;
+  hgemm_region_destroy(made.region);
+}
+
+// Opens `count` streams of `client` and a next_start on each, with nothing submitted: each
+// holds a completion thread until its stream is cancelled (calls[i] for user_data Of(i)).
+std::vector<hgemm_stream_t*> HoldCompletionThreads(hgemm_client_t* client, Started& started,
+                                                   size_t count,
+                                                   std::vector<hgemm_call_t*>* calls) {
+  std::vector<hgemm_stream_t*> streams;
+  for (size_t i = 0; i < count; ++i) {
+    Error e;
+    streams.push_back(hgemm_stream_open(client, nullptr, &e.code, &e.message));
+    EXPECT_NE(streams.back(), nullptr) << e.text();
+    calls->push_back(hgemm_stream_next_start(client, streams.back(), &Started::Done,
+                                             started.Of(i), &e.code, &e.message));
+    EXPECT_NE(calls->back(), nullptr) << e.text();
+  }
+  return streams;
+}
+
+TEST_F(HgemmC, CancelledStartedCallsEndCancelledExactlyOnce) {
+  // Every completion thread holds a stream's next: the calls started next wait their turn.
+  constexpr size_t kHolders = HGEMM_COMPLETION_THREADS, kQueued = 16;
+  Started started(kHolders + kQueued);
+  std::vector<hgemm_call_t*> calls;
+  std::vector<hgemm_stream_t*> streams =
+      HoldCompletionThreads(client_, started, kHolders, &calls);
+  std::vector<uint16_t> data(64 * 64, 0x3c00);
+  for (size_t i = kHolders; i < kHolders + kQueued; ++i) {
+    Error e;
+    calls.push_back(hgemm_upload_start(client_, nullptr, 64, 64, HGEMM_DTYPE_FP16, -1,
+                                       data.data(), 2 * data.size(), 0, "never",
+                                       &Started::Done, started.Of(i), &e.code, &e.message));
+    ASSERT_NE(calls.back(), nullptr) << e.text();
+  }
+  // Not started: cancelled, their done runs once a thread is free. Then the running nexts:
+  // cancelling them cancels their streams.
+  for (size_t i = kHolders; i < calls.size(); ++i) hgemm_call_cancel(calls[i]);
+  EXPECT_EQ(started.done(), 0u);
+  for (size_t i = 0; i < kHolders; ++i) hgemm_call_cancel(calls[i]);
+  const std::vector<Started::Outcome>& o = started.Wait(kHolders + kQueued);
+  for (size_t i = 0; i < o.size(); ++i) {
+    EXPECT_EQ(o[i].calls, 1) << i;
+    EXPECT_EQ(o[i].code, HGEMM_CANCELLED) << i << ": " << o[i].message;
+    EXPECT_EQ(o[i].value, 0u) << i;  // a next: the stream is over; an upload: no handle
+    EXPECT_TRUE(o[i].string.empty()) << i;
+  }
+  for (hgemm_call_t* call : calls) {
+    hgemm_call_cancel(call);  // over already: a no-op
+    hgemm_call_destroy(call);
+  }
+  for (hgemm_stream_t* stream : streams) hgemm_stream_destroy(stream);
+  // Nothing was uploaded.
+  Error e;
+  hgemm_matrix_list_t* list = hgemm_list_matrices(client_, nullptr, &e.code, &e.message);
+  ASSERT_NE(list, nullptr) << e.text();
+  for (size_t i = 0; i < hgemm_matrix_list_size(list); ++i) {
+    EXPECT_STRNE(hgemm_matrix_list_label(list, i), "never");
+  }
+  hgemm_matrix_list_destroy(list);
+}
+
+TEST_F(HgemmC, ClientDestroyEndsItsStartedCallsExactlyOnce) {
+  Error e;
+  hgemm_client_t* client =
+      hgemm_client_create(server_->address().c_str(), nullptr, &e.code, &e.message);
+  ASSERT_NE(client, nullptr) << e.text();
+  constexpr size_t kHolders = HGEMM_COMPLETION_THREADS, kQueued = 24;
+  Started started(kHolders + kQueued);
+  std::vector<hgemm_call_t*> calls;
+  std::vector<hgemm_stream_t*> streams = HoldCompletionThreads(client, started, kHolders, &calls);
+  for (size_t i = kHolders; i < kHolders + kQueued; ++i) {
+    calls.push_back(hgemm_server_info_json_start(client, nullptr, &Started::Done, started.Of(i),
+                                                 &e.code, &e.message));
+    ASSERT_NE(calls.back(), nullptr) << e.text();
+  }
+  for (size_t i = 0; i < calls.size(); i += 2) hgemm_call_destroy(calls[i]);  // handles go
+  hgemm_client_destroy(client);  // at once, every call in flight: each done has run after it
+  EXPECT_EQ(started.done(), kHolders + kQueued);
+  const std::vector<Started::Outcome>& o = started.Wait(kHolders + kQueued);
+  for (size_t i = 0; i < o.size(); ++i) {
+    EXPECT_EQ(o[i].calls, 1) << i;
+    EXPECT_EQ(o[i].code, HGEMM_CANCELLED) << i << ": " << o[i].message;
+  }
+  EXPECT_NE(o[kHolders].message.find("destroyed"), std::string::npos) << o[kHolders].message;
+  for (size_t i = 1; i < calls.size(); i += 2) hgemm_call_destroy(calls[i]);
+  for (hgemm_stream_t* stream : streams) hgemm_stream_destroy(stream);  // they outlive it
+}
+
+}  // namespace

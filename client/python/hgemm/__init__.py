@@ -7,6 +7,7 @@
             C = s.gemm(A, B)
 
 hgemm.aio.Client has the same methods for asyncio. The reference is client/python/README.md.
+On the native core nothing here imports grpc (grpcio is loaded only by the fallback's calls).
 """
 from . import aio
 from ._arrays import ConversionWarning
@@ -19,8 +20,8 @@ from ._stream import Stream
 from ._native import info
 from ._errors import (Aborted, AlreadyExists, Cancelled, DataLoss, DeadlineExceeded, Error,
                       FailedPrecondition, Internal, InvalidArgument, NotFound, OutOfRange,
-                      PermissionDenied, ResourceExhausted, Unauthenticated, Unavailable,
-                      Unimplemented, Unknown)
+                      PermissionDenied, ResourceExhausted, StatusCode, Unauthenticated,
+                      Unavailable, Unimplemented, Unknown)
 from ._proto import hgemm_pb2 as pb
 
 __version__ = "0.1.0"
@@ -30,5 +31,6 @@ __all__ = [
     "MatrixList", "RetryPolicy", "ConversionWarning", "pb", "Error", "Cancelled", "Unknown",
     "InvalidArgument", "DeadlineExceeded", "NotFound", "AlreadyExists", "PermissionDenied",
     "ResourceExhausted", "FailedPrecondition", "Aborted", "OutOfRange", "Unimplemented",
-    "Internal", "Unavailable", "DataLoss", "Unauthenticated", "info", "cuda_region", "CudaRegion",
+    "Internal", "Unavailable", "DataLoss", "Unauthenticated", "StatusCode", "info",
+    "cuda_region", "CudaRegion",
 ]

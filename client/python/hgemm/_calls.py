@@ -2,9 +2,10 @@
 
 A method of Calls checks its arguments, builds the requests, and yields each piece of I/O it
 needs as a step: Rpc (one gRPC call), Native (one call of the native core: blocking on the sync
-client, with a completion callback on asyncio), Sleep (a backoff) or AllOf (several step generators, whose results it gets as a list).
-What a step came to is sent back in, or thrown in where it raised (grpc.RpcError: the call
-failed); the method's return value is the client method's result.
+client, with a completion callback on asyncio), Sleep (a backoff) or AllOf (several step
+generators, whose results it gets as a list). What a step came to is sent back in, or thrown in
+where it raised (grpc.RpcError or _errors.CallFailed: the call failed); the method's return
+value is the client method's result.
 hgemm.Client does the steps with blocking calls and hgemm.aio.Client with awaits: those drivers
 are the clients' only I/O. The methods are annotated with what the clients return.
 
@@ -12,11 +13,9 @@ Thread safety: a Calls is shared by every call of its client (ClientConfig and R
 thread-safe); each method call is a generator of its own, driven by one thread or task.
 """
 import dataclasses
-import functools
 import time
 from typing import Callable, List, Optional
 
-import grpc
 import numpy as np
 
 from . import _arrays, _cuda_ipc, _errors, _native, _progress, _shm
@@ -73,15 +72,15 @@ class AllOf:
 class Calls:
     """A client's state (config, channels) and its methods as step generators."""
 
-    def __init__(self, client, grpc_module, target: str, **options):
+    def __init__(self, client, blocking: bool, target: str, **options):
         self.client = client  # what the ResidentMatrix objects made here call back
         self.config = ClientConfig(target, **options)
-        self.routes = Routes(self.config, grpc_module)
+        self.routes = Routes(self.config, aio=not blocking)
         # The native core (hgemm/_native.py), when it is chosen and the client needs no grpcio
         # channel options; None: every call goes through grpcio. The asyncio client (blocking:
-        # False) takes only the calls it can await, those whose Native step has a start.
+        # False) awaits each native call through its Native step's start.
         self.native = None
-        self.blocking = grpc_module is grpc
+        self.blocking = blocking
         if not self.config.has_channel_options and _native.use_native():
             c = self.config
             self.native = _native.NativeClient(target, c.tls_files, c.token, c.client_id,
@@ -98,7 +97,7 @@ class Calls:
         for tried in range(policy.attempts):
             try:
                 return (yield from attempt(deadline.remaining()))
-            except grpc.RpcError as e:
+            except _errors.rpc_errors() as e:
                 err = _errors.from_rpc_error(e)
             delay = policy.delay(tried)
             if (tried + 1 == policy.attempts or not should_retry(err, idempotent)
@@ -111,26 +110,25 @@ class Calls:
         return (yield Rpc(method, request, timeout, self.config.metadata, **how))
 
     def _native_call(self, fn, *args, start=None):
-        """The one step of a native call: comes to fn's result. On asyncio, a call without an
-        asynchronous C entry point (start None) is awaited on the native client's pool."""
-        if start is None and not self.blocking:
-            start = functools.partial(self.native.start_blocking, fn)
+        """The one step of a native call: comes to fn's result (on asyncio, start's)."""
         return (yield Native(fn, args, start))
 
     def _on_native(self, fn, args, timeout, idempotent: bool, nbytes: int, desc: str = "hgemm",
-                   start=None):
-        """fn(*args, timeout_s) of the native core: one blocking call, which the core retries
-        itself (on asyncio, awaited on the native client's pool); or on asyncio start (the same
-        without blocking, no retries in the core) retried as _call. The C++ client routes by
-        handle and explains unreachable replicas itself. A progress bar for the nbytes the call
-        moves fills when it returns (the native core reports no chunks)."""
+                   start=None, start_retries: bool = False):
+        """fn(*args, timeout_s) of the native core: on the sync client one blocking call, which
+        the core retries itself (client/retry.h); on asyncio start(*args, timeout_s, on_done),
+        the same without blocking, one call when the core retries it (start_retries: a *_start
+        call of revision 7), else (hgemm_gemm_async) retried here as _call. The C++ client
+        routes by handle and explains unreachable replicas itself. A progress bar for the
+        nbytes the call moves fills when it returns (the native core reports no chunks)."""
         bar = _progress.bar(self.config.progress, nbytes, desc)
         try:
-            if self.blocking or start is None:  # one call: the core retries it (client/retry.h)
+            if self.blocking or start_retries:
                 try:
                     result = yield from self._native_call(fn, *args,
-                                                          self.config.call_timeout(timeout))
-                except grpc.RpcError as e:
+                                                          self.config.call_timeout(timeout),
+                                                          start=start)
+                except _errors.rpc_errors() as e:
                     raise _errors.from_rpc_error(e) from None
             else:
                 result = yield from self._call(
@@ -274,7 +272,9 @@ class Calls:
                 c, info = yield from self._on_native(self.native.gemm_in_regions,
                                                      (spec, refs, None if "c" in refs else out,
                                                       arena is None and not details),
-                                                     timeout, idempotent=True, nbytes=0)
+                                                     timeout, idempotent=True, nbytes=0,
+                                                     start=self.native.gemm_in_regions_start,
+                                                     start_retries=True)
                 if "c" not in refs:
                     return native_result(spec, c, info, details, as_torch, started, out)
                 response = None
@@ -331,7 +331,9 @@ class Calls:
         made here and registered by a RegisterRegion call."""
         if self._native_regions():
             return (yield from self._on_native(self.native.region_create, (nbytes, label),
-                                               timeout, idempotent=False, nbytes=0))
+                                               timeout, idempotent=False, nbytes=0,
+                                               start=self.native.region_create_start,
+                                               start_retries=True))
         region = _shm.Region(nbytes, label)
         try:
             info = yield from self._unary("RegisterRegion", pb.RegisterRegionRequest(
@@ -348,7 +350,9 @@ class Calls:
         try:
             if self._native_regions():
                 yield from self._on_native(self.native.unregister_region, (region.handle,),
-                                           timeout, idempotent=True, nbytes=0)
+                                           timeout, idempotent=True, nbytes=0,
+                                           start=self.native.unregister_region_start,
+                                           start_retries=True)
             else:
                 yield from self._unary("UnregisterRegion",
                                        pb.UnregisterRegionRequest(region=region.handle), timeout,
@@ -451,7 +455,9 @@ class Calls:
         """ListRegions: this client's registered regions (.regions, .client_bytes, quotas)."""
         if self._native_regions():
             return (yield from self._on_native(self.native.regions, (), timeout,
-                                               idempotent=True, nbytes=0))
+                                               idempotent=True, nbytes=0,
+                                               start=self.native.regions_start,
+                                               start_retries=True))
         return (yield from self._unary("ListRegions", pb.ListRegionsRequest(), timeout,
                                        idempotent=True))
 
@@ -502,7 +508,9 @@ class Calls:
             cs, info = yield from self._on_native(self.native.gemm_grouped, (group,), timeout,
                                                   idempotent=True,
                                                   nbytes=sum(s.payload_bytes + s.c_bytes
-                                                             for s in group.specs))
+                                                             for s in group.specs),
+                                                  start=self.native.gemm_grouped_start,
+                                                  start_retries=True)
             cs = [c_output(spec, c, as_torch) for spec, c in zip(group.specs, cs)]
             return native_result(group.specs[0], cs, info, details, as_torch, started, cs)
         response = yield from self._unary("Gemm", group.unary_request(), timeout,
@@ -579,8 +587,9 @@ class Calls:
             sent = rounds.pending
             stream_err = None
             try:
-                yield from self._native_call(batch.run, sent, replica, deadline.remaining())
-            except grpc.RpcError as e:  # the C++ core explains unreachable replicas itself
+                yield from self._native_call(batch.run, sent, replica, deadline.remaining(),
+                                         start=batch.run_start)
+            except _errors.rpc_errors() as e:  # the C++ core explains unreachable replicas
                 stream_err = _errors.from_rpc_error(e)
             delay = rounds.settle(batch, stream_err)
             if bar is not None:
@@ -600,7 +609,7 @@ class Calls:
             try:
                 yield from self._rpc(stub.GemmStream, requests, deadline.remaining(),
                                      streams_request=True, on_response=collector.consume)
-            except grpc.RpcError as e:
+            except _errors.rpc_errors() as e:
                 stream_err = explain_unreachable(_errors.from_rpc_error(e), replica)
             delay = rounds.settle(collector, stream_err)
             if delay:
@@ -625,7 +634,8 @@ class Calls:
                                               (array, dtype, device_id, ttl, label,
                                                replica_of(replica)), timeout,
                                               idempotent=False, nbytes=array.nbytes,
-                                              desc="hgemm upload")
+                                              desc="hgemm upload", start=self.native.upload_start,
+                                              start_retries=True)
             return ResidentMatrix(self.client, info)
         bar = _progress.bar(self.config.progress, array.nbytes, "hgemm upload")
 
@@ -653,7 +663,9 @@ class Calls:
             buf.received = yield from self._on_native(self.native.download,
                                                       (matrix.handle, buf.buf), timeout,
                                                       idempotent=True, nbytes=buf.nbytes,
-                                                      desc="hgemm download")
+                                                      desc="hgemm download",
+                                                      start=self.native.download_start,
+                                                      start_retries=True)
             return _arrays.to_output(buf.array(), as_torch)
         bar = _progress.bar(self.config.progress, matrix.bytes, "hgemm download")
 
@@ -677,7 +689,9 @@ class Calls:
             return 0
         if self.native is not None:
             freed = yield from self._on_native(self.native.release, (matrix.handle,), timeout,
-                                               idempotent=False, nbytes=0)
+                                               idempotent=False, nbytes=0,
+                                               start=self.native.release_start,
+                                               start_retries=True)
         else:
             response = yield from self._unary("ReleaseMatrix",
                                               pb.ReleaseMatrixRequest(handle=matrix.handle),
@@ -695,7 +709,9 @@ class Calls:
         the balanced call reaches)."""
         if self.native is not None:
             response = yield from self._on_native(self.native.matrices, (replica or "",),
-                                                  timeout, idempotent=True, nbytes=0)
+                                                  timeout, idempotent=True, nbytes=0,
+                                                  start=self.native.matrices_start,
+                                                  start_retries=True)
         else:
             response = yield from self._unary("ListMatrices", pb.ListMatricesRequest(), timeout,
                                               idempotent=True, replica=replica or "")
@@ -710,7 +726,9 @@ class Calls:
         hgemm_pb2.ServerInfo), of `replica` if given, else of the replica the call reaches."""
         if self.native is not None:
             return (yield from self._on_native(self.native.server_info, (replica or "",),
-                                               timeout, idempotent=True, nbytes=0))
+                                               timeout, idempotent=True, nbytes=0,
+                                               start=self.native.server_info_start,
+                                               start_retries=True))
         return (yield from self._unary("GetServerInfo", pb.GetServerInfoRequest(), timeout,
                                        idempotent=True, replica=replica or ""))
 
@@ -718,7 +736,9 @@ class Calls:
         """ListKernels: the kernel names for kernel=, with their accumulations."""
         if self.native is not None:
             response = yield from self._on_native(self.native.kernels, (), timeout,
-                                                  idempotent=True, nbytes=0)
+                                                  idempotent=True, nbytes=0,
+                                                  start=self.native.kernels_start,
+                                                  start_retries=True)
         else:
             response = yield from self._unary("ListKernels", pb.ListKernelsRequest(), timeout,
                                               idempotent=True)

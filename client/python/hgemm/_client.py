@@ -3,8 +3,6 @@ Thread-safe (see Client)."""
 import functools
 import time
 
-import grpc
-
 from . import _calls, _resident, _stream
 
 
@@ -98,7 +96,7 @@ class Client:
     """
 
     def __init__(self, target: str = "127.0.0.1:50051", **options):
-        self._calls = _calls.Calls(self, grpc, target, **options)
+        self._calls = _calls.Calls(self, True, target, **options)
         self._config = self._calls.config
 
     # The target's grpcio stub, its channel made at first use (tests wrap its methods).

@@ -6,8 +6,6 @@ Thread safety: the functions keep no state (they read files).
 import os
 from typing import Optional
 
-import grpc
-
 
 def read_token(token: Optional[str], token_file: Optional[str]) -> Optional[str]:
     if token is None and token_file:
@@ -18,8 +16,8 @@ def read_token(token: Optional[str], token_file: Optional[str]) -> Optional[str]
     return token
 
 
-def tls_credentials(tls, tls_ca, tls_cert, tls_key) -> Optional[grpc.ChannelCredentials]:
-    """Channel credentials, or None for plaintext. TLS is on with tls=True (system roots) or any
+def tls_credentials(tls, tls_ca, tls_cert, tls_key):
+    """grpc.ChannelCredentials, or None for plaintext (grpc not imported then). TLS is on with tls=True (system roots) or any
     of the certificate paths; tls_cert/tls_key (PEM) are the client's certificate for mTLS."""
     if not (tls or tls_ca or tls_cert or tls_key):
         return None
@@ -31,6 +29,7 @@ def tls_credentials(tls, tls_ca, tls_cert, tls_key) -> Optional[grpc.ChannelCred
             return None
         with open(path, "rb") as f:
             return f.read()
+    import grpc  # TLS on grpcio's channels only: a plaintext client need not load it
     return grpc.ssl_channel_credentials(root_certificates=read(tls_ca),
                                         private_key=read(tls_key),
                                         certificate_chain=read(tls_cert))

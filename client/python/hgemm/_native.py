@@ -12,17 +12,18 @@ libhgemm_client.so beside this file (pip install copies it there). hgemm.info() 
 The sync Client's GEMMs (any layout and types: transposed views go as stored, by pointer; alpha,
 beta, C inputs, batches, keep_c, groups, operands and C in shared-memory regions the library
 makes), gemm_many, uploads, downloads (into one buffer), listings, releases, regions, info and
-kernels go through it, and so do both clients' stream()s (hgemm_stream_t), the aio client's
-GEMMs (hgemm_gemm_async, a completion callback) and its other calls (the blocking C calls on a
-bounded pool of the NativeClient, their completion handed to the loop); NATIVE_FEATURES says
-what stays on grpcio (CUDA IPC, channel_options). GEMMs whose A, B and C are all in regions go
+kernels go through it, and so do both clients' stream()s (hgemm_stream_t). The aio client awaits
+every native call through a completion callback (no thread of Python's per call): its GEMMs
+through hgemm_gemm_async, the rest through the *_start calls of C ABI revision 7, whose done
+runs on the core's own completion threads; NATIVE_FEATURES says what stays on grpcio (CUDA IPC,
+channel_options). Nothing here imports grpc: a native client of a process that never imports
+grpcio keeps it that way. GEMMs whose A, B and C are all in regions go
 through a submission ring (hgemm_ring_t: no gRPC call per GEMM) unless the client's ring=False
 or $HGEMM_RING=0.
 
 Thread safety: the library is loaded once under a lock; a NativeClient is thread-safe (one
 hgemm_client_t serves many threads).
 """
-import concurrent.futures
 import ctypes
 import logging
 import os
@@ -31,7 +32,6 @@ import threading
 import weakref
 from typing import Dict, Optional, Sequence
 
-import grpc
 import numpy as np
 from google.protobuf import json_format
 
@@ -41,13 +41,10 @@ from ._resident import handle_replica
 
 LIBRARY_NAME = "libhgemm_client.so"
 ABI_VERSION = 1  # HGEMM_ABI_VERSION of the client/c/hgemm.h this module binds
-# The asyncio client's calls that have no asynchronous C entry point run, blocking in the
-# library with the GIL released, on this many threads of their NativeClient (made as needed),
-# their completion handed to the loop: a bounded pool, not a thread per call.
-BLOCKING_CALL_THREADS = 8
 # The HGEMM_ABI_REVISION whose functions it calls (2: batches, transposes, types; 3: typed
 # uploads, downloads, listings, keep_c, alpha/beta/C_in/batch; 4: parallel_min_bytes; 5: shared
-# memory regions; 6: submission rings; 8: rings keep C, bind slots after the open, drain).
+# memory regions; 6: submission rings; 7: the *_start calls, awaited by the aio client; 8: rings
+# keep C, bind slots after the open, drain).
 ABI_REVISION = 8
 MODE_AUTO, MODE_UNARY, MODE_STREAM = 0, 1, 2
 # HGEMM_DTYPE_* (proto DataType's values) of a Spec's dtype names.
@@ -60,7 +57,6 @@ def _mode(streamed: Optional[bool]) -> int:
     """The C ABI's mode of a GEMM: None lets the core pick (parallel parts for the largest,
     else by size), else a GemmStream or one Gemm call."""
     return MODE_AUTO if streamed is None else MODE_STREAM if streamed else MODE_UNARY
-_CODES = {code.value[0]: code for code in grpc.StatusCode}
 
 _lock = threading.Lock()
 _library = None  # the loaded ctypes.CDLL, or the OSError that loading it raised
@@ -108,10 +104,12 @@ _DONE_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int, ctypes.c_char_p
 _KEEP_C_DONE_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int, ctypes.c_char_p,
                                    ctypes.POINTER(GemmInfo), ctypes.c_char_p,
                                    ctypes.POINTER(MatrixInfo))
+# hgemm_done_fn (revision 7): (user_data, hgemm_result_t*).
+_RESULT_DONE_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p)
 
 
 class _InFlight:
-    """The asynchronous GEMMs started and not yet done, by the key passed as user_data: each
+    """The asynchronous calls started and not yet done, by the key passed as user_data: each
     keeps what the library reads and writes (operands, C) alive until its done has run, whatever
     became of the Python call meanwhile (a cancelled task). One ctypes callback, made once and
     never freed, serves them all, so no callback can be freed while the library may call it."""
@@ -141,7 +139,7 @@ def _on_gemm_done(user_data, code, message, info):
     """hgemm_gemm_done_fn, on a library thread: hands the outcome to the call's on_done."""
     on_done = _in_flight.pop(user_data)
     if code != 0:
-        on_done(None, NativeRpcError(_CODES.get(code, grpc.StatusCode.UNKNOWN),
+        on_done(None, NativeRpcError(_errors.StatusCode.of(code),
                                      (message or b"").decode(errors="replace")))
     else:
         on_done(GemmInfo.from_buffer_copy(info.contents), None)
@@ -153,11 +151,32 @@ def _on_keep_c_done(user_data, code, message, info, c_handle, c_info):
     C's handle, its MatrixInfo), copied (the library's are valid during this call only)."""
     on_done = _in_flight.pop(user_data)
     if code != 0:
-        on_done(None, NativeRpcError(_CODES.get(code, grpc.StatusCode.UNKNOWN),
+        on_done(None, NativeRpcError(_errors.StatusCode.of(code),
                                      (message or b"").decode(errors="replace")))
     else:
         on_done((GemmInfo.from_buffer_copy(info.contents), c_handle.decode(),
                  MatrixInfo.from_buffer_copy(c_info.contents)), None)
+
+
+@_RESULT_DONE_FN
+def _on_result(user_data, result):
+    """hgemm_done_fn, on a completion thread of the core: the call's on_done gets read(result)
+    (what the call returned, copied or taken: the result lives during this call only), or its
+    NativeRpcError; a call that reads_errors gets read(result, the error or None) either way."""
+    on_done, read, reads_errors = _in_flight.pop(user_data)
+    message = ctypes.c_char_p()
+    code = _library.hgemm_result_code(result, ctypes.byref(message))
+    err = None if code == 0 else NativeRpcError(_errors.StatusCode.of(code),
+                                                (message.value or b"").decode(errors="replace"))
+    if err is not None and not reads_errors:
+        on_done(None, err)
+        return
+    try:
+        value = read(result, err) if reads_errors else read(result)
+    except BaseException as e:  # the awaiting task's to raise
+        on_done(None, e)
+        return
+    on_done(value, None)
 
 
 def library_path() -> str:
@@ -289,6 +308,7 @@ def _declare(lib):
     p, cstr, i64, u32, size = (ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int64, ctypes.c_uint32,
                                ctypes.c_size_t)
     err = (ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_void_p))
+    done = (_RESULT_DONE_FN, p)
     signatures = {
         "hgemm_abi_version": (ctypes.c_int, ()),
         "hgemm_abi_revision": (ctypes.c_int, ()),
@@ -407,6 +427,32 @@ def _declare(lib):
         "hgemm_gemm_grouped": (None, (p, p, ctypes.POINTER(GroupProblem), size,
                                       ctypes.POINTER(GemmInfo)) + err),
         "hgemm_list_kernels_json": (p, (p, p) + err),
+        "hgemm_result_code": (ctypes.c_int, (p, ctypes.POINTER(cstr))),
+        "hgemm_result_value": (ctypes.c_uint64, (p,)),
+        "hgemm_result_gemm_id": (ctypes.c_uint64, (p,)),
+        "hgemm_result_take_string": (p, (p,)),
+        "hgemm_result_take_matrix_list": (p, (p,)),
+        "hgemm_result_take_region_list": (p, (p,)),
+        "hgemm_result_take_region": (p, (p,)),
+        "hgemm_result_gemm_info": (None, (p, ctypes.POINTER(GemmInfo))),
+        "hgemm_result_matrix_info": (None, (p, ctypes.POINTER(MatrixInfo))),
+        "hgemm_gemm_start": (p, (p, p, u32, u32, u32, p, size, p, size, p, size) + done + err),
+        "hgemm_gemm_grouped_start": (p, (p, p, ctypes.POINTER(GroupProblem), size) + done
+                                     + err),
+        "hgemm_gemm_many_start": (p, (p, p, p, ctypes.POINTER(size), size) + done + err),
+        "hgemm_upload_start": (p, (p, p, u32, u32, ctypes.c_int, ctypes.c_int, p, size, u32,
+                                   cstr) + done + err),
+        "hgemm_download_start": (p, (p, p, cstr, ctypes.c_uint64, ctypes.c_uint64, p, size)
+                                 + done + err),
+        "hgemm_release_start": (p, (p, p, cstr) + done + err),
+        "hgemm_list_matrices_start": (p, (p, p) + done + err),
+        "hgemm_list_regions_start": (p, (p, p) + done + err),
+        "hgemm_server_info_json_start": (p, (p, p) + done + err),
+        "hgemm_list_kernels_json_start": (p, (p, p) + done + err),
+        "hgemm_region_create_start": (p, (p, p, size, cstr) + done + err),
+        "hgemm_unregister_region_start": (p, (p, p, cstr) + done + err),
+        "hgemm_ring_gemm_start": (p, (p, p, u32, u32, u32) + done + err),
+        "hgemm_stream_next_start": (p, (p, p) + done + err),
     }
     for name, (restype, argtypes) in signatures.items():
         fn = getattr(lib, name)
@@ -414,19 +460,9 @@ def _declare(lib):
     return lib
 
 
-class NativeRpcError(grpc.RpcError):
+class NativeRpcError(_errors.CallFailed):
     """A failed native call, read like grpcio's errors (code(), details()), so that the retry
     loop and hgemm.Error's mapping treat both cores alike."""
-
-    def __init__(self, code: grpc.StatusCode, details: str):
-        super().__init__(f"{code.name}: {details}")
-        self._code, self._details = code, details
-
-    def code(self) -> grpc.StatusCode:
-        return self._code
-
-    def details(self) -> str:
-        return self._details
 
 
 def _timeout_ms(timeout: Optional[float]) -> int:
@@ -458,9 +494,6 @@ class NativeClient:
                 options, policy.attempts, int(policy.initial_backoff_s * 1e3),
                 int(policy.max_backoff_s * 1e3), policy.multiplier)
             self._client = self._checked(lib.hgemm_client_create, _encode(target), options)
-            # The asyncio client's blocking calls (start_blocking); threads made at first use.
-            self._blocking_calls = concurrent.futures.ThreadPoolExecutor(
-                BLOCKING_CALL_THREADS, thread_name_prefix="hgemm-native")
             self._streams = weakref.WeakSet()  # open NativeStreams, cancelled by close()
             # GEMMs moving this many bytes of A, B and C go as parallel parts (HGEMM_MODE_AUTO).
             self.parallel_min_bytes = lib.hgemm_client_parallel_min_bytes(self._client)
@@ -477,28 +510,25 @@ class NativeClient:
         over (the library waits for them, the GIL released)."""
         for stream in list(self._streams):
             stream.cancel()
-        self._blocking_calls.shutdown(wait=True)  # their completions ran: nothing uses client
         if self._rings is not None:
             self._rings.close()
         client, self._client = self._client, None
         if client:
             self._lib.hgemm_client_destroy(client)
 
-    def start_blocking(self, fn, *args) -> "BlockingCall":
-        """fn(*args, on_done) made without blocking: fn(*args) (a blocking call of this
-        client) runs on one of its BLOCKING_CALL_THREADS, then on_done(result, None) or
-        on_done(None, the exception) runs there, once. As gemm_start's on_done, it must not
-        block. The arguments stay alive until on_done has run."""
-        *args, on_done = args
-
-        def run():
-            try:
-                result = fn(*args)
-            except BaseException as e:  # the caller's to raise, on its loop
-                on_done(None, e)
-                return
-            on_done(result, None)
-        return BlockingCall(self._blocking_calls.submit(run))
+    def _start(self, start_fn, args: tuple, read, keep, on_done,
+               reads_errors: bool = False) -> "NativeCall":
+        """start_fn(*args, done, key, &code, &errptr), a *_start call of revision 7: returns its
+        NativeCall, and on_done(read(result), None) or on_done(None, the error) runs later,
+        once, on a completion thread of the core. keep (what the call reads and writes) stays
+        alive until then. Raises NativeRpcError (on_done never runs) when it cannot start."""
+        key = _in_flight.add((on_done, read, reads_errors), keep)
+        try:
+            call = self._checked(start_fn, *args, _on_result, key)
+        except BaseException:
+            _in_flight.pop(key)  # refused: done never runs
+            raise
+        return NativeCall(self._lib, call)
 
     def _checked(self, fn, *args):
         """fn(*args, &code, &errptr); raises NativeRpcError on failure."""
@@ -522,7 +552,7 @@ class NativeClient:
             return result, None
         details = ctypes.string_at(message.value).decode(errors="replace") if message else ""
         self._lib.hgemm_free(message)
-        return result, NativeRpcError(_CODES.get(code.value, grpc.StatusCode.UNKNOWN), details)
+        return result, NativeRpcError(_errors.StatusCode.of(code.value), details)
 
     def _gemm_options(self, spec, mode: int = 0, timeout: Optional[float] = None):
         """An hgemm_gemm_options_t of a Spec (the caller destroys it)."""
@@ -580,25 +610,59 @@ class NativeClient:
             done = self._ring_gemm(spec, refs, timeout)
             if done is not None:
                 return done
+        options, args, buffer = self._regions_gemm(spec, refs, out, timeout)
+        try:
+            info = GemmInfo()
+            self._checked(self._lib.hgemm_gemm, self._client, options, *args, ctypes.byref(info))
+        finally:
+            self._lib.hgemm_gemm_options_destroy(options)
+        return _regions_c(spec, out, buffer), info
+
+    def gemm_in_regions_start(self, spec, refs: dict, out: Optional[np.ndarray], use_ring: bool,
+                              timeout: Optional[float], on_done) -> "NativeCall":
+        """gemm_in_regions() without blocking: through the ring (hgemm_ring_gemm_start; opening
+        a ring, once, blocks), then, where the ring is refused or UNAVAILABLE, as a Gemm call
+        (hgemm_gemm_start)."""
+        ring = None
+        if use_ring and self._rings is not None and _ring_entry_fits(spec, refs):
+            ring = self._rings.acquire(frozenset(refs[name].region for name in ("a", "b", "c")))
+        if ring is None:
+            return self._regions_gemm_start(spec, refs, out, timeout, on_done)
+        chain = _ChainedCall()
+
+        def ring_done(info, err):
+            unavailable = err is not None and err.code() == _errors.StatusCode.UNAVAILABLE
+            self._rings.release(ring, retire=unavailable)
+            if not unavailable:
+                on_done(None if err else (None, info), err)
+                return
+            try:
+                chain.then(lambda: self._regions_gemm_start(spec, refs, out, timeout, on_done))
+            except BaseException as e:  # refused before sending
+                on_done(None, e)
         options = self._gemm_options(spec, MODE_UNARY, timeout)
         try:
             lib = self._lib
             for name, setter in (("a", lib.hgemm_gemm_options_set_a_region),
                                  ("b", lib.hgemm_gemm_options_set_b_region),
                                  ("c", lib.hgemm_gemm_options_set_c_region)):
-                if name in refs:
-                    setter(options, refs[name].region.encode(), refs[name].offset)
-            a = (None, 0) if "a" in refs else _operand(spec.a)
-            b = (None, 0) if "b" in refs else _operand(spec.b)
-            buffer = (None if "c" in refs else
-                      np.empty(spec.c_bytes, dtype=np.uint8) if out is None else out)
-            info = GemmInfo()
-            self._checked(lib.hgemm_gemm, self._client, options, spec.m, spec.n, spec.k, *a, *b,
-                          None if buffer is None else buffer.ctypes.data,
-                          0 if buffer is None else buffer.nbytes, ctypes.byref(info))
-            if buffer is None:
-                return None, info
-            return (out if out is not None else spec.c_array(buffer)), info
+                setter(options, refs[name].region.encode(), refs[name].offset)
+            chain.then(lambda: self._start(lib.hgemm_ring_gemm_start,
+                                           (ring.ring, options, spec.m, spec.n, spec.k),
+                                           lambda r: _gemm_info_of(lib, r), spec, ring_done))
+        except BaseException:
+            self._rings.release(ring, retire=False)
+            raise
+        finally:
+            lib.hgemm_gemm_options_destroy(options)
+        return chain
+
+    def _regions_gemm_start(self, spec, refs, out, timeout, on_done) -> "NativeCall":
+        options, args, buffer = self._regions_gemm(spec, refs, out, timeout)
+        try:
+            return self._start(self._lib.hgemm_gemm_start, (self._client, options) + args,
+                               lambda r: (_regions_c(spec, out, buffer),
+                                          _gemm_info_of(self._lib, r)), (spec, buffer), on_done)
         finally:
             self._lib.hgemm_gemm_options_destroy(options)
 
@@ -617,6 +681,25 @@ class NativeClient:
                              label="", replica=handle_replica(handle),
                              dtype=_DTYPES[spec.c_dtype])
         return kept, info
+
+    def _regions_gemm(self, spec, refs: dict, out: Optional[np.ndarray],
+                      timeout: Optional[float]):
+        """(GEMM options, hgemm_gemm's m, n, k, a, b and c arguments, C's buffer or None) of
+        gemm_in_regions' Gemm call; the caller destroys the options."""
+        options = self._gemm_options(spec, MODE_UNARY, timeout)
+        lib = self._lib
+        for name, setter in (("a", lib.hgemm_gemm_options_set_a_region),
+                             ("b", lib.hgemm_gemm_options_set_b_region),
+                             ("c", lib.hgemm_gemm_options_set_c_region)):
+            if name in refs:
+                setter(options, refs[name].region.encode(), refs[name].offset)
+        a = (None, 0) if "a" in refs else _operand(spec.a)
+        b = (None, 0) if "b" in refs else _operand(spec.b)
+        buffer = (None if "c" in refs else
+                  np.empty(spec.c_bytes, dtype=np.uint8) if out is None else out)
+        return options, (spec.m, spec.n, spec.k, *a, *b,
+                         None if buffer is None else buffer.ctypes.data,
+                         0 if buffer is None else buffer.nbytes), buffer
 
     def _ring_gemm(self, spec, refs: dict, timeout: Optional[float]):
         """(None, GemmInfo) of the GEMM through the ring (C in its region), or (the kept C's
@@ -649,7 +732,7 @@ class NativeClient:
                                       spec.k, ctypes.byref(info))
                 if err is None:
                     return None, info
-            if err.code() != grpc.StatusCode.UNAVAILABLE:
+            if err.code() != _errors.StatusCode.UNAVAILABLE:
                 raise err
             unavailable = True
             _ring_fell_back(err.details(), first=self._rings.ended(ring))
@@ -672,16 +755,7 @@ class NativeClient:
         # problems'.
         options = self._gemm_options(specs[0], MODE_UNARY, timeout)
         self._lib.hgemm_gemm_options_set_c_in(options, None, 0)
-        buffers = [np.empty(spec.c_bytes, dtype=np.uint8) for spec in specs]
-        problems = (GroupProblem * len(specs))()
-        for problem, spec, buffer in zip(problems, specs, buffers):
-            c_in = spec.c_in
-            problem.m, problem.n, problem.k = spec.m, spec.n, spec.k
-            problem.a, problem.a_bytes = _operand(spec.a)
-            problem.b, problem.b_bytes = _operand(spec.b)
-            if c_in is not None:
-                problem.c_in, problem.c_in_bytes = c_in.ctypes.data, c_in.nbytes
-            problem.c, problem.c_capacity = buffer.ctypes.data, buffer.nbytes
+        problems, buffers = _group_problems(specs)
         info = GemmInfo()
         try:
             self._checked(self._lib.hgemm_gemm_grouped, self._client, options, problems,
@@ -689,6 +763,21 @@ class NativeClient:
         finally:
             self._lib.hgemm_gemm_options_destroy(options)
         return [spec.c_array(buffer) for spec, buffer in zip(specs, buffers)], info
+
+    def gemm_grouped_start(self, group, timeout: Optional[float], on_done) -> "NativeCall":
+        """gemm_grouped() without blocking (hgemm_gemm_grouped_start)."""
+        specs = group.specs
+        options = self._gemm_options(specs[0], MODE_UNARY, timeout)
+        self._lib.hgemm_gemm_options_set_c_in(options, None, 0)
+        problems, buffers = _group_problems(specs)
+        try:
+            return self._start(self._lib.hgemm_gemm_grouped_start,
+                               (self._client, options, problems, len(specs)),
+                               lambda r: ([spec.c_array(b) for spec, b in zip(specs, buffers)],
+                                          _gemm_info_of(self._lib, r)),
+                               (group, problems, buffers), on_done)
+        finally:
+            self._lib.hgemm_gemm_options_destroy(options)
 
     def region_create(self, nbytes: int, label: str, timeout: Optional[float]) -> "NativeRegion":
         """A zero-filled region of nbytes made by the core (a sealed memfd) and registered."""
@@ -699,6 +788,18 @@ class NativeClient:
         finally:
             self._lib.hgemm_call_options_destroy(options)
         return NativeRegion(self._lib, region, label)
+
+    def region_create_start(self, nbytes: int, label: str, timeout: Optional[float],
+                            on_done) -> "NativeCall":
+        return self._call_start(self._lib.hgemm_region_create_start, (nbytes, label.encode()),
+                                timeout, "", lambda r: NativeRegion(
+                                    self._lib, self._lib.hgemm_result_take_region(r), label),
+                                None, on_done)
+
+    def unregister_region_start(self, handle: str, timeout: Optional[float],
+                                on_done) -> "NativeCall":
+        return self._call_start(self._lib.hgemm_unregister_region_start, (handle.encode(),),
+                                timeout, "", lambda r: None, None, on_done)
 
     def unregister_region(self, handle: str, timeout: Optional[float]) -> None:
         options = self._call_options(timeout)
@@ -712,12 +813,22 @@ class NativeClient:
         """ListRegions, as the server's response, but for the rings' own regions (how GEMMs
         travel, as the channels: the listing is the same on both cores; client_bytes still
         counts them, as the quota does)."""
-        rings = set() if self._rings is None else self._rings.regions()
         options = self._call_options(timeout)
         try:
             listed = self._checked(self._lib.hgemm_list_regions, self._client, options)
         finally:
             self._lib.hgemm_call_options_destroy(options)
+        return self._region_list(listed)
+
+    def regions_start(self, timeout: Optional[float], on_done) -> "NativeCall":
+        """regions() without blocking (hgemm_list_regions_start)."""
+        return self._call_start(self._lib.hgemm_list_regions_start, (), timeout, "", lambda r:
+                                self._region_list(self._lib.hgemm_result_take_region_list(r)),
+                                None, on_done)
+
+    def _region_list(self, listed) -> pb.ListRegionsResponse:
+        """The response of an hgemm_region_list_t (freed here)."""
+        rings = set() if self._rings is None else self._rings.regions()
         lib = self._lib
         try:
             response = pb.ListRegionsResponse(
@@ -835,6 +946,28 @@ class NativeClient:
             self._lib.hgemm_call_options_destroy(options)
         return self._matrix_info(handle, info, label, dtype)
 
+    def upload_start(self, array: np.ndarray, dtype: str, device_id: Optional[int], ttl: int,
+                     label: str, replica: str, timeout: Optional[float],
+                     on_done) -> "NativeCall":
+        """upload() without blocking: the array stays alive until on_done has run."""
+        def read(result):
+            info = MatrixInfo()
+            self._lib.hgemm_result_matrix_info(result, ctypes.byref(info))
+            return self._matrix_info(self._lib.hgemm_result_take_string(result), info, label,
+                                     dtype)
+        return self._call_start(self._lib.hgemm_upload_start,
+                                (array.shape[0], array.shape[1], _DTYPES[dtype],
+                                 -1 if device_id is None else device_id, array.ctypes.data,
+                                 array.nbytes, int(ttl), label.encode()), timeout, replica, read,
+                                array, on_done)
+
+    def download_start(self, handle: str, into: np.ndarray, timeout: Optional[float],
+                       on_done) -> "NativeCall":
+        """download() without blocking: `into` stays alive until on_done has run."""
+        return self._call_start(self._lib.hgemm_download_start,
+                                (handle.encode(), 0, 0, into.ctypes.data, into.nbytes), timeout,
+                                "", self._lib.hgemm_result_value, into, on_done)
+
     def download(self, handle: str, into: np.ndarray, timeout: Optional[float]) -> int:
         """The resident matrix's bytes written into `into` (a C-contiguous uint8 array, its
         size); returns the bytes written."""
@@ -853,6 +986,16 @@ class NativeClient:
             listed = self._checked(self._lib.hgemm_list_matrices, self._client, options)
         finally:
             self._lib.hgemm_call_options_destroy(options)
+        return self._matrix_list(listed)
+
+    def matrices_start(self, replica: str, timeout: Optional[float], on_done) -> "NativeCall":
+        """matrices() without blocking (hgemm_list_matrices_start)."""
+        return self._call_start(self._lib.hgemm_list_matrices_start, (), timeout, replica,
+                                lambda r: self._matrix_list(
+                                    self._lib.hgemm_result_take_matrix_list(r)), None, on_done)
+
+    def _matrix_list(self, listed) -> pb.ListMatricesResponse:
+        """The response of an hgemm_matrix_list_t (freed here)."""
         lib = self._lib
         try:
             response = pb.ListMatricesResponse(
@@ -879,9 +1022,28 @@ class NativeClient:
         return self._json_call(self._lib.hgemm_server_info_json, pb.ServerInfo(), replica,
                                timeout)
 
+    def server_info_start(self, replica: str, timeout: Optional[float], on_done) -> "NativeCall":
+        return self._call_start(self._lib.hgemm_server_info_json_start, (), timeout, replica,
+                                lambda r: self._json_of(self._lib.hgemm_result_take_string(r),
+                                                        pb.ServerInfo()), None, on_done)
+
     def kernels(self, timeout: Optional[float]) -> pb.ListKernelsResponse:
         return self._json_call(self._lib.hgemm_list_kernels_json, pb.ListKernelsResponse(), "",
                                timeout)
+
+    def kernels_start(self, timeout: Optional[float], on_done) -> "NativeCall":
+        return self._call_start(self._lib.hgemm_list_kernels_json_start, (), timeout, "",
+                                lambda r: self._json_of(self._lib.hgemm_result_take_string(r),
+                                                        pb.ListKernelsResponse()), None, on_done)
+
+    def _call_start(self, start_fn, args: tuple, timeout: Optional[float], replica: str, read,
+                    keep, on_done) -> "NativeCall":
+        """_start of a call taking (client, call options, *args) (the options are copied)."""
+        options = self._call_options(timeout, replica)
+        try:
+            return self._start(start_fn, (self._client, options) + args, read, keep, on_done)
+        finally:
+            self._lib.hgemm_call_options_destroy(options)
 
     def _json_call(self, fn, message, replica: str, timeout: Optional[float]):
         """`message` filled from the JSON fn returns (C ABI revision 5; keys of fields newer
@@ -891,6 +1053,10 @@ class NativeClient:
             text = self._checked(fn, self._client, options)
         finally:
             self._lib.hgemm_call_options_destroy(options)
+        return self._json_of(text, message)
+
+    def _json_of(self, text, message):
+        """`message` filled from JSON the library returned (freed here)."""
         try:
             return json_format.Parse(ctypes.string_at(text).decode(), message,
                                      ignore_unknown_fields=True)
@@ -904,6 +1070,10 @@ class NativeClient:
             return self._checked(self._lib.hgemm_release, self._client, options, handle.encode())
         finally:
             self._lib.hgemm_call_options_destroy(options)
+
+    def release_start(self, handle: str, timeout: Optional[float], on_done) -> "NativeCall":
+        return self._call_start(self._lib.hgemm_release_start, (handle.encode(),), timeout, "",
+                                self._lib.hgemm_result_value, None, on_done)
 
 
 def _ring_entry_fits(spec, refs: dict) -> bool:
@@ -940,7 +1110,7 @@ class _Ring:
 
     def drain(self) -> None:
         _, err = self._native._status(self._lib.hgemm_ring_drain, self.ring)
-        if err is not None and err.code() != grpc.StatusCode.UNAVAILABLE:
+        if err is not None and err.code() != _errors.StatusCode.UNAVAILABLE:
             raise err  # an ended ring has nothing left to wait for
 
     def close(self) -> None:
@@ -958,8 +1128,8 @@ class _Rings:
     shared memory not allowed, a server without AttachRing) is not asked again. Thread-safe."""
 
     MAX_BOUND = 64
-    _REFUSED_FOR_GOOD = (grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.FAILED_PRECONDITION,
-                         grpc.StatusCode.UNIMPLEMENTED)
+    _REFUSED_FOR_GOOD = (_errors.StatusCode.PERMISSION_DENIED, _errors.StatusCode.FAILED_PRECONDITION,
+                         _errors.StatusCode.UNIMPLEMENTED)
 
     def __init__(self, native: NativeClient):
         self._native = native
@@ -1089,19 +1259,42 @@ class NativeCall:
             self._lib.hgemm_call_destroy(call)
 
 
-class BlockingCall:
-    """A NativeClient.start_blocking call, with NativeCall's methods: cancel() stops it if it
-    has not started (its on_done then never runs: the awaiting task is cancelled already); a
-    call that started runs to its end (its deadline bounds it). Thread safety: one owner."""
+class _ChainedCall:
+    """NativeCall's methods over a chain of calls, one after the other (a ring GEMM, then the
+    Gemm call it falls back to): cancel() cancels the current one and any started after it.
+    Thread safety: then() on a completion thread, cancel() and close() on the owner's."""
 
-    def __init__(self, future: concurrent.futures.Future):
-        self._future = future
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._calls = []
+        self._cancelled = False
+        self._closed = False
+
+    def then(self, start) -> None:
+        """start() (a NativeCall) is the chain's current call."""
+        call = start()
+        with self._lock:
+            cancelled, closed = self._cancelled, self._closed
+            if not closed:
+                self._calls.append(call)
+        if cancelled:
+            call.cancel()
+        if closed:
+            call.close()
 
     def cancel(self) -> None:
-        self._future.cancel()
+        with self._lock:
+            self._cancelled = True
+            calls = list(self._calls)
+        for call in calls:
+            call.cancel()
 
     def close(self) -> None:
-        pass  # nothing to free: the pool lets go of the call when it is over
+        with self._lock:
+            self._closed = True
+            calls, self._calls = self._calls, []
+        for call in calls:
+            call.close()
 
 
 class NativeBatch:
@@ -1169,11 +1362,44 @@ class NativeBatch:
             if self._closed:
                 self.close()
         if err is not None:
-            m = _GEMM_ID.match(err.details())
-            if m and int(m.group(1)) < len(ids):  # the gemm_id of the stream: a place in `ids`
-                err = NativeRpcError(err.code(), f"gemm_id {ids[int(m.group(1))]}: "
-                                                 f"{err.details()[m.end():]}")
-            raise err
+            raise self._named(err, ids)
+
+    def run_start(self, ids: Sequence[int], replica: str, timeout: Optional[float],
+                  on_done) -> "NativeCall":
+        """run() without blocking (hgemm_gemm_many_start): on_done(None, None) once every GEMM
+        is read with outcome(), or on_done(None, the stream's NativeRpcError) as run() raises
+        it. The batch is freed after close() once on_done has run."""
+        indices = (ctypes.c_size_t * len(ids))(*(self._index[i] for i in ids))
+        options = self._native._call_options(timeout, replica)
+        with self._lock:
+            self._running = True
+
+        def done(result, err):
+            with self._lock:
+                self._running = False
+            if self._closed:
+                self.close()
+            on_done(result, None if err is None else self._named(err, ids))
+        try:
+            return self._native._start(self._lib.hgemm_gemm_many_start,
+                                       (self._native._client, self._batch, options, indices,
+                                        len(ids)), lambda r: None, indices, done)
+        except BaseException:
+            with self._lock:
+                self._running = False
+            raise
+        finally:
+            self._lib.hgemm_call_options_destroy(options)
+
+    @staticmethod
+    def _named(err, ids: Sequence[int]):
+        """The stream's error, its "gemm_id I: " (a place in `ids`) naming spec id ids[I] (as
+        culprit_of reads it)."""
+        m = _GEMM_ID.match(err.details())
+        if m and int(m.group(1)) < len(ids):
+            return NativeRpcError(err.code(), f"gemm_id {ids[int(m.group(1))]}: "
+                                              f"{err.details()[m.end():]}")
+        return err
 
     def outcome(self, i: int):
         """StreamCollector.outcome's: None while unanswered; an Error; or (C, a GemmDone)."""
@@ -1213,6 +1439,7 @@ class NativeStream:
         finally:
             self._lib.hgemm_call_options_destroy(options)
         self.end = None  # once next() returned None: the stream's NativeRpcError, if it failed
+        self._ending = False  # half-closed or cancelled
 
     def submit(self, gemm_id: int, spec) -> None:
         """Sends a GEMM tagged gemm_id. Raises NativeRpcError if the library refuses it; a GEMM
@@ -1227,7 +1454,7 @@ class NativeStream:
                     spec.k, *_operand(spec.a), *_operand(spec.b),
                     None if buffer is None else buffer.ctypes.data,
                     0 if buffer is None else buffer.nbytes, int(spec.keep_c), spec.c_ttl)
-                if err is not None and err.code() != grpc.StatusCode.FAILED_PRECONDITION:
+                if err is not None and err.code() != _errors.StatusCode.FAILED_PRECONDITION:
                     del self._c[gemm_id]
                     raise err
         finally:
@@ -1244,26 +1471,55 @@ class NativeStream:
         if not answered:
             self.end = err
             return None
+        return self._answer(gemm_id.value, err, info, c_handle.value, c_info)
+
+    def _answer(self, gemm_id: int, err, info: GemmInfo, c_handle, c_info: MatrixInfo):
+        """next()'s (gemm_id, outcome) of an answer (c_handle, the library's, freed here)."""
         with self._lock:
-            spec, buffer = self._c.pop(gemm_id.value)
+            spec, buffer = self._c.pop(gemm_id)
         if err is not None:
-            return gemm_id.value, _errors.from_code(err.code(), err.details())
-        c_matrix = (self._native._matrix_info(c_handle.value, c_info, "", spec.c_dtype)
-                    if c_handle.value else None)
+            return gemm_id, _errors.from_code(err.code(), err.details())
+        c_matrix = (self._native._matrix_info(c_handle, c_info, "", spec.c_dtype)
+                    if c_handle else None)
         c = None if spec.keep_c else spec.c_array(buffer)
-        return gemm_id.value, (c, _gemm_done(info, c_matrix))
+        return gemm_id, (c, _gemm_done(info, c_matrix))
+
+    def next_start(self, on_done) -> "NativeCall":
+        """next() without blocking (hgemm_stream_next_start): on_done(what next() returns,
+        None) on a completion thread of the core. Cancelling it cancels the stream."""
+        def read(result, err):
+            if not self._lib.hgemm_result_value(result):
+                self.end = err
+                return None
+            info, c_info = GemmInfo(), MatrixInfo()
+            self._lib.hgemm_result_gemm_info(result, ctypes.byref(info))
+            self._lib.hgemm_result_matrix_info(result, ctypes.byref(c_info))
+            return self._answer(self._lib.hgemm_result_gemm_id(result), err, info,
+                                self._lib.hgemm_result_take_string(result), c_info)
+        return self._native._start(self._lib.hgemm_stream_next_start,
+                                   (self._native._client, self._stream), read, None, on_done,
+                                   reads_errors=True)
 
     def put_nowait(self, item) -> None:
         """StreamSession's end of the requests (item None): half-closes the stream."""
         assert item is None, item
         with self._lock:
+            self._ending = True
             if self._stream:
                 self._lib.hgemm_stream_close(self._stream)
 
     def cancel(self) -> None:
         with self._lock:
+            self._ending = True
             if self._stream:
                 self._lib.hgemm_stream_cancel(self._stream)
+
+    def wants_read(self) -> bool:
+        """Whether a next() would end: GEMMs are unanswered, or the stream is closed or
+        cancelled (its end comes). A next_start() holds a completion thread of the core until
+        then, so the aio reader starts one only when this is True."""
+        with self._lock:
+            return bool(self._c) or self._ending
 
     def close(self) -> None:
         with self._lock:
@@ -1284,6 +1540,35 @@ def _gemm_done(info: GemmInfo, c_matrix: Optional[pb.MatrixInfo] = None) -> pb.G
                                backend=info.backend.decode(), device_id=info.device_id,
                                device_name=info.device_name.decode(), stream_id=info.stream_id),
         request_id=info.request_id.decode(), c_matrix=c_matrix)
+
+
+def _gemm_info_of(lib, result) -> GemmInfo:
+    """The GemmInfo of an hgemm_result_t."""
+    info = GemmInfo()
+    lib.hgemm_result_gemm_info(result, ctypes.byref(info))
+    return info
+
+
+def _regions_c(spec, out: Optional[np.ndarray], buffer: Optional[np.ndarray]):
+    """C of a GEMM naming regions: None when it went into its region, else as gemm returns it."""
+    if buffer is None:
+        return None
+    return out if out is not None else spec.c_array(buffer)
+
+
+def _group_problems(specs):
+    """(hgemm_group_problem_t array, C buffers) of a group's specs."""
+    buffers = [np.empty(spec.c_bytes, dtype=np.uint8) for spec in specs]
+    problems = (GroupProblem * len(specs))()
+    for problem, spec, buffer in zip(problems, specs, buffers):
+        c_in = spec.c_in
+        problem.m, problem.n, problem.k = spec.m, spec.n, spec.k
+        problem.a, problem.a_bytes = _operand(spec.a)
+        problem.b, problem.b_bytes = _operand(spec.b)
+        if c_in is not None:
+            problem.c_in, problem.c_in_bytes = c_in.ctypes.data, c_in.nbytes
+        problem.c, problem.c_capacity = buffer.ctypes.data, buffer.nbytes
+    return problems, buffers
 
 
 def _operand(operand):

@@ -9,7 +9,6 @@ from typing import Dict, Optional
 
 from . import _errors, _wire
 from ._config import ClientConfig
-from ._proto import hgemm_pb2_grpc as pb_grpc
 from ._spec import Spec
 
 
@@ -19,9 +18,9 @@ class Routes:
     with ClientConfig.make_channel at first use and kept (a client on the native core makes
     none unless a call goes through grpcio). Thread-safe."""
 
-    def __init__(self, config: ClientConfig, grpc_module):
+    def __init__(self, config: ClientConfig, aio: bool):
         self._config = config
-        self._module = grpc_module  # grpc or grpc.aio
+        self._aio = aio  # channels of grpc.aio, else of grpc (imported at the first channel)
         self._lock = threading.Lock()
         self._routes = {}  # replica ("": the target) → (channel, stub)
 
@@ -30,8 +29,11 @@ class Routes:
         with self._lock:
             route = self._routes.get(replica)
             if route is None:
+                import grpc  # only here: the native core's clients never load grpcio
+                import grpc.aio
+                from ._proto import hgemm_pb2_grpc as pb_grpc
                 channel = self._config.make_channel(replica or self._config.target,
-                                                    self._module)
+                                                    grpc.aio if self._aio else grpc)
                 route = self._routes[replica] = (
                     channel, _wire.Stub(channel, pb_grpc.GemmServiceStub(channel)))
             return route[1]

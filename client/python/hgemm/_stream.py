@@ -6,8 +6,7 @@ import queue
 import threading
 from typing import Optional
 
-import grpc
-
+from . import _errors
 from ._native import NativeStream
 from ._stream_session import StreamSession
 
@@ -151,7 +150,7 @@ class Stream(StreamSession):
             for message in call:
                 if not self._answered(call, message):
                     break
-        except grpc.RpcError as e:
+        except _errors.rpc_errors() as e:
             err = self._unreachable(e)
         finished, retry = self._ended(q, err)
         with self._lock:

@@ -23,7 +23,6 @@ import concurrent.futures
 import time
 from typing import Optional, Union
 
-import grpc
 
 from . import _errors
 from ._native import NativeStream
@@ -101,7 +100,7 @@ class StreamSession:
             return
         try:
             self._queue.submit(i, spec)
-        except grpc.RpcError as e:  # refused before sending
+        except _errors.rpc_errors() as e:  # refused before sending
             self._book.drop(i)
             raise _errors.from_rpc_error(e) from None
 
@@ -143,7 +142,7 @@ class StreamSession:
     def _native_end(self, call: NativeStream) -> Optional[_errors.Error]:
         return None if call.end is None else self._unreachable(call.end)
 
-    def _unreachable(self, e: grpc.RpcError) -> _errors.Error:
+    def _unreachable(self, e: Exception) -> _errors.Error:
         return explain_unreachable(_errors.from_rpc_error(e), self._replica or "")
 
     def _ended(self, q, err: Optional[_errors.Error]):

@@ -1,6 +1,7 @@
-"""hgemm.aio.Client: the asyncio client (grpc.aio), with the methods of hgemm.Client as
-coroutines. ResidentMatrix.release() / .download() are coroutines here, and `async with
-await c.upload(B) as hb:` releases at the end of the block.
+"""hgemm.aio.Client: the asyncio client, with the methods of hgemm.Client as coroutines: on the
+native core each call awaited through a completion callback (no thread of Python's per call,
+grpc not imported), else through grpc.aio. ResidentMatrix.release() / .download() are
+coroutines here, and `async with await c.upload(B) as hb:` releases at the end of the block.
 
     async with hgemm.aio.Client("127.0.0.1:50051") as c:
         C = await c.gemm(A, B)
@@ -14,9 +15,6 @@ import asyncio
 import contextlib
 import functools
 from typing import Optional
-
-import grpc
-import grpc.aio
 
 from . import _calls, _errors, _resident
 from ._client import Client as _SyncClient
@@ -56,7 +54,7 @@ async def _do(step):
             return await call
         async for response in call:
             step.on_response(response)
-    except grpc.RpcError as e:
+    except _errors.rpc_errors() as e:
         reported = _errors.past_deadline(e, step.timeout, loop.time() - started)
         if reported is e:
             raise
@@ -73,9 +71,15 @@ def _settle(future: asyncio.Future, result, error) -> None:
 
 
 async def _native(step):
-    """A native call started with its completion callback (no thread of ours per call): the
-    callback runs on a core thread and hands the outcome to this loop. Cancelling the task
-    cancels the call; what the call reads and writes stays alive until it is over (_native.py)."""
+    """A native call started with its completion callback (no thread of ours per call)."""
+    return await _started(lambda on_done: step.start(*step.args, on_done))
+
+
+async def _started(start):
+    """What start(on_done) comes to: start makes a native call (a NativeCall back) whose
+    on_done(result, error) runs on a thread of the core and hands the outcome to this loop.
+    Cancelling the task cancels the call; what the call reads and writes stays alive until it
+    is over (_native.py)."""
     loop = asyncio.get_running_loop()
     future = loop.create_future()
 
@@ -84,7 +88,7 @@ async def _native(step):
             loop.call_soon_threadsafe(_settle, future, result, error)
         except RuntimeError:  # the loop is closed: nobody waits for the result any more
             pass
-    call = step.start(*step.args, on_done)
+    call = start(on_done)
     try:
         return await future
     except asyncio.CancelledError:
@@ -106,7 +110,7 @@ class Client:
     __doc__ = (__doc__ or "") + "\n\nArguments as hgemm.Client:\n" + (_SyncClient.__doc__ or "")
 
     def __init__(self, target: str = "127.0.0.1:50051", **options):
-        self._calls = _calls.Calls(self, grpc.aio, target, **options)
+        self._calls = _calls.Calls(self, False, target, **options)
         self._config = self._calls.config
 
     # The target's grpcio stub, its channel made at first use (tests wrap its methods).
@@ -116,7 +120,10 @@ class Client:
         await _run(self._calls.release_regions())
         for channel in self._calls.routes.channels():
             await channel.close()
-        if self._calls.native is not None:  # waits for its GEMMs in flight, off the loop
+        if self._calls.native is not None:
+            # hgemm_client_destroy waits for the calls still in flight (those of tasks cancelled
+            # meanwhile: a running call is not interrupted) and joins the core's threads: a
+            # blocking wait, once per client, kept off the loop on its default executor.
             await asyncio.get_running_loop().run_in_executor(None, self._calls.native.close)
 
     async def __aenter__(self):
@@ -150,13 +157,15 @@ class Stream(StreamSession):
     returns an asyncio.Future; gemm() and close() are coroutines; `async with` closes (or
     cancels, if the block raises). Behaviour, errors, retries and replicas as hgemm.Stream. A
     writer and a reader task per open stream, on the loop the stream was first used on (on the
-    native core, a reader task awaiting the library's answers from the loop's executor)."""
+    native core, a reader task awaiting each answer through hgemm_stream_next_start's
+    callback, started only while GEMMs are unanswered or the stream is ending)."""
 
     def __init__(self, client: Client, replica: Optional[str]):
         super().__init__(client, replica)
         self._lock = contextlib.nullcontext()  # the loop runs one callback at a time
         self._tasks = set()
         self._idle = None  # an asyncio.Event, set when nothing is outstanding
+        self._reader_wake = None  # an asyncio.Event: a native stream has something to read
 
     async def gemm(self, a, b, *, timeout: Optional[float] = None, **options):
         """As hgemm.Stream.gemm."""
@@ -203,7 +212,8 @@ class Stream(StreamSession):
     def _open(self) -> None:
         call = self._open_native()
         if call is not None:
-            self._start(self._read_native(call))
+            self._reader_wake = asyncio.Event()
+            self._start(self._read_native(call, self._reader_wake))
             return
         q = asyncio.Queue()
         call = self._stub().GemmStream(metadata=self._config.metadata)
@@ -216,24 +226,43 @@ class Stream(StreamSession):
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _read_native(self, call) -> None:
-        """The reader of a native stream: each answer awaited from a thread of the loop's
-        executor (blocking in the library, the GIL released), then the stream's end."""
-        loop = asyncio.get_running_loop()
+    async def _read_native(self, call, wake: asyncio.Event) -> None:
+        """The reader of a native stream: each answer awaited through a completion callback
+        (hgemm_stream_next_start), started only when there is one to wait for (a waiting next
+        holds one of the core's completion threads), then the stream's end."""
         try:
             while True:
-                answer = await loop.run_in_executor(None, call.next)
+                while not call.wants_read():
+                    wake.clear()
+                    await wake.wait()
+                answer = await _started(call.next_start)
                 if answer is None:
                     break
                 self._native_answer(answer)
         except asyncio.CancelledError:
-            # The loop is going: the executor's next() ends soon; the handle is not freed, as
-            # next() may still be running in it.
+            # The loop is going: cancelling the next cancels the stream, whose handle is not
+            # freed (the next's callback may still be to come).
             call.cancel()
             self._settle(*self._ended(call, _errors.Cancelled("the stream was cancelled")))
             return
         self._settle(*self._ended(call, self._native_end(call)))
         call.close()
+
+    def _put(self, i: int, spec) -> None:
+        super()._put(i, spec)
+        self._wake_reader()
+
+    def _end_stream(self) -> None:
+        super()._end_stream()
+        self._wake_reader()
+
+    def _cancel_call(self) -> None:
+        super()._cancel_call()
+        self._wake_reader()
+
+    def _wake_reader(self) -> None:
+        if self._reader_wake is not None:
+            self._reader_wake.set()
 
     def _later(self, delay_s: float, fn, *args) -> None:
         asyncio.get_running_loop().call_later(delay_s, fn, *args)
@@ -252,18 +281,19 @@ class Stream(StreamSession):
                     return
                 for message in messages:
                     await call.write(message)
-        except (grpc.RpcError, asyncio.InvalidStateError):
+        except _errors.rpc_errors() + (asyncio.InvalidStateError,):
             return  # the call is over; the reader reports why
 
     async def _read(self, call, q) -> None:
         """The reader task: answers until the stream ends, then what becomes of the rest."""
+        import grpc.aio  # loaded by this stream's channel
         err = None
         try:
             while True:
                 message = await call.read()
                 if message is grpc.aio.EOF or not self._answered(call, message):
                     break
-        except grpc.RpcError as e:
+        except _errors.rpc_errors() as e:
             err = self._unreachable(e)
         except asyncio.CancelledError:
             err = _errors.Cancelled("the stream was cancelled")

@@ -1,5 +1,6 @@
 """The choice of core (hgemm.info(), $HGEMM_TRANSPORT, $HGEMM_NATIVE_LIB) and what only the
 native core does. The rest of the suite runs against both cores (tools/test_python.sh)."""
+import concurrent.futures
 import os
 import subprocess
 import sys
@@ -442,25 +443,49 @@ _EVERY_GRPCIO_METHOD = ("Gemm", "GemmStream", "UploadMatrix", "DownloadMatrix", 
                         "UnregisterRegion", "ListRegions")
 
 
+def _python_threads() -> int:
+    """Threads Python made (not the library's threads that ran a callback into Python)."""
+    import threading
+    return sum(not isinstance(t, threading._DummyThread) for t in threading.enumerate())
+
+
+class _NoExecutor(concurrent.futures.ThreadPoolExecutor):
+    """A loop's default executor that fails when used (no call may go to a thread pool) until
+    closing is set: close() waits for the core's threads there."""
+    used = 0
+
+    def __init__(self):
+        super().__init__(1)
+        self.closing = False
+
+    def submit(self, *args, **kwargs):
+        if self.closing:
+            return super().submit(*args, **kwargs)
+        _NoExecutor.used += 1
+        raise AssertionError("a native aio call went to the loop's executor")
+
+
 def test_native_aio_other_calls_never_touch_grpcio(shm_server, rng):
     """The aio client's uploads, downloads, listings, releases, info, kernels, shared buffers,
-    regions, groups and gemm_many through the native core (the blocking C calls on the native
-    client's bounded pool): every grpcio method fails, and no thread is made per call."""
+    regions, groups and gemm_many through the native core (C ABI revision 7's *_start calls,
+    awaited through their completion callback): every grpcio method fails, no Python thread is
+    made and the loop's executor is never used."""
     if hgemm.info()["core"] != "native":
         pytest.skip("the native core is not in use: " + str(hgemm.info()["reason"]))
     import asyncio
-    import threading
-    from hgemm import _native
     a, b = fp16(rng, 40, 24), fp16(rng, 24, 16)
-    threads_before = threading.active_count()
 
     async def main():
-        async with hgemm.aio.Client(shm_server.unix, client_id="native-aio-other", timeout=60,
-                                    shared_memory_min_bytes=1) as c:
+        executor = _NoExecutor()
+        asyncio.get_running_loop().set_default_executor(executor)
+        c = hgemm.aio.Client(shm_server.unix, client_id="native-aio-other", timeout=60,
+                             shared_memory_min_bytes=1)
+        try:
             def refuse(*args, **kwargs):
                 raise AssertionError("a call went through grpcio")
             for name in _EVERY_GRPCIO_METHOD:
                 setattr(c._stub, name, refuse)
+            threads_before = _python_threads()  # grpcio's channel (the stub above) made its own
             info, kernels = await asyncio.gather(c.info(), c.kernels())
             assert info.backend == "cpu" and kernels
             hbs = await asyncio.gather(*(c.upload(b, label=f"b{i}") for i in range(12)))
@@ -490,7 +515,10 @@ def test_native_aio_other_calls_never_touch_grpcio(shm_server, rng):
                 await c.release(hgemm.ResidentMatrix(c, hbs[0].info))
             with pytest.raises(hgemm.NotFound):
                 await hbs[1].download()
-            assert threading.active_count() <= threads_before + _native.BLOCKING_CALL_THREADS + 1
+            assert _python_threads() <= threads_before  # none made (others may end)
+        finally:
+            executor.closing = True
+            await c.close()
     asyncio.run(main())
     assert hgemm.info()["features"]["aio.other"] == "native"
 
@@ -559,3 +587,144 @@ def test_native_aio_cancelled_gemm_many_frees_its_batch_once_the_run_is_over(rng
         asyncio.run(main())
     finally:
         silent.close()
+
+
+def test_native_aio_calls_in_flight_make_no_thread_per_call(shm_server, rng):
+    """32 aio calls of each kind in flight at once on the native core (GEMMs, kept Cs, GEMMs of
+    shared buffers through the ring, uploads, downloads, releases, listings, info, kernels,
+    groups, gemm_many, stream GEMMs): no Python thread is made, the loop's executor is never
+    used, and the process's threads grow by the core's bounded completion threads and gRPC's
+    own, not by one per call."""
+    if hgemm.info()["core"] != "native":
+        pytest.skip("the native core is not in use: " + str(hgemm.info()["reason"]))
+    import asyncio
+    n = 32
+    a, b = fp16(rng, 24, 40), fp16(rng, 40, 16)
+
+    def os_threads() -> int:
+        return len(os.listdir("/proc/self/task"))
+
+    async def main():
+        executor = _NoExecutor()
+        asyncio.get_running_loop().set_default_executor(executor)
+        c = hgemm.aio.Client(shm_server.unix, client_id="aio-in-flight", timeout=120)
+        try:
+            hbs = await asyncio.gather(*(c.upload(b, label="in-flight") for _ in range(n)))
+            x, y, z = (await c.shared_buffer((24, 40)), await c.shared_buffer((40, 16)),
+                       await c.shared_buffer((n, 24, 16)))  # each GEMM's C: a slice of z
+            x[:], y[:], z[:] = a, b, np.nan
+            python_before, os_before = _python_threads(), os_threads()
+            async with c.stream() as s:
+                calls = ([c.gemm(a, b) for _ in range(n)]
+                         + [c.gemm(a, b, keep_c=True) for _ in range(n)]
+                         + [c.gemm(x, y, out=z[i]) for i in range(n)]
+                         + [c.upload(b) for _ in range(n)]
+                         + [hb.download() for hb in hbs]
+                         + [c.matrices() for _ in range(n)] + [c.regions() for _ in range(n)]
+                         + [c.info() for _ in range(n)] + [c.kernels() for _ in range(n)]
+                         + [c.gemm_grouped([(a, b), (a, b)]) for _ in range(n)]
+                         + [c.gemm_many([(a, b)] * 2) for _ in range(n)]
+                         + [s.gemm(a, b) for _ in range(n)])
+                tasks = [asyncio.ensure_future(call) for call in calls]
+                await asyncio.sleep(0.05)  # all started, most in flight
+                during = os_threads()
+                assert _python_threads() <= python_before  # none made (others may end)
+                results = await asyncio.gather(*tasks)
+            assert during - os_before < n, (os_before, during)
+            kinds = [results[i * n:(i + 1) * n] for i in range(len(calls) // n)]
+            gemms, kept, ring, uploaded, downloaded = kinds[:5]
+            assert all(rel_error(got, a, b) < FP32_TOLERANCE for got in gemms + kinds[11])
+            assert all(rel_error(got, a, b) < FP32_TOLERANCE for got in z)
+            assert all(np.shares_memory(got, z[i]) for i, got in enumerate(ring))
+            assert all(np.array_equal(d, b) for d in downloaded)
+            assert all(g[0].shape == (24, 16) for g in kinds[9]) and len(kinds[10][0]) == 2
+            released = await asyncio.gather(*(m.release() for m in hbs + uploaded + kept))
+            assert all(freed > 0 for freed in released)
+            assert _NoExecutor.used == 0
+        finally:
+            executor.closing = True
+            await c.close()
+    asyncio.run(main())
+
+
+def test_native_aio_cancelled_calls_settle_and_close_waits(server, rng):
+    """aio calls on the native core cancelled while in flight (their tasks end at once with
+    CancelledError); close() then returns once the core has run each completion."""
+    if hgemm.info()["core"] != "native":
+        pytest.skip("the native core is not in use: " + str(hgemm.info()["reason"]))
+    import asyncio
+    a, b = fp16(rng, 64, 64), fp16(rng, 64, 64)
+
+    async def main():
+        async with hgemm.aio.Client(server.address, timeout=60) as c:
+            tasks = [asyncio.ensure_future(call) for _ in range(16)
+                     for call in (c.upload(b), c.info(), c.gemm_grouped([(a, b)]))]
+            await asyncio.sleep(0)
+            for task in tasks:
+                task.cancel()
+            outcomes = await asyncio.gather(*tasks, return_exceptions=True)
+            assert all(isinstance(o, (asyncio.CancelledError, hgemm.ResidentMatrix,
+                                      hgemm.pb.ServerInfo, list)) for o in outcomes)
+            assert rel_error(await c.gemm(a, b), a, b) < FP32_TOLERANCE  # still serving
+    asyncio.run(main())
+
+
+_NO_GRPC = """
+import asyncio, sys
+import numpy as np
+import hgemm
+assert "grpc" not in sys.modules, "import hgemm imported grpc"
+target = sys.argv[1]
+rng = np.random.default_rng(5)
+a = rng.standard_normal((24, 40)).astype(np.float16)
+b = rng.standard_normal((40, 16)).astype(np.float16)
+ref = a.astype(np.float64) @ b.astype(np.float64)
+def check(c):
+    c = np.asarray(c, dtype=np.float64)
+    err = np.linalg.norm(c - ref) / np.linalg.norm(ref)
+    assert err < 1e-2, err
+with hgemm.Client(target, timeout=60) as c:
+    check(c.gemm(a, b))
+    with c.upload(b) as hb:
+        check(c.gemm(a, hb))
+    x, y, z = c.shared_buffer((24, 40)), c.shared_buffer((40, 16)), c.shared_buffer((24, 16))
+    x[:], y[:], z[:] = a, b, np.nan
+    c.gemm(x, y, out=z)  # through the ring
+    check(z)
+    check(c.gemm(a, b, out=np.empty((24, 16), np.float16)))
+    with c.stream() as s:
+        check(s.gemm(a, b))
+async def main():
+    async with hgemm.aio.Client(target, timeout=60) as c:
+        check(await c.gemm(a, b))
+        hb = await c.upload(b)
+        check(await c.gemm(a, hb))
+        await hb.release()
+        x, y, z = (await c.shared_buffer((24, 40)), await c.shared_buffer((40, 16)),
+                   await c.shared_buffer((24, 16)))
+        x[:], y[:], z[:] = a, b, np.nan
+        await c.gemm(x, y, out=z)
+        check(z)
+        async with c.stream() as s:
+            check(await s.gemm(a, b))
+        try:
+            await c.download(hgemm.ResidentMatrix(c, hb.info))
+        except hgemm.NotFound as e:
+            assert e.code == hgemm.StatusCode.NOT_FOUND
+asyncio.run(main())
+assert hgemm.info()["core"] == "native"
+assert "grpc" not in sys.modules, sorted(m for m in sys.modules if "grpc" in m)
+print("no grpc")
+"""
+
+
+def test_native_core_never_imports_grpc(shm_server):
+    """`import hgemm`, then sync and asyncio clients on the native core doing GEMMs, uploads,
+    shared buffers, a ring and a stream against a real server: grpc is never imported."""
+    if hgemm.info()["core"] != "native":
+        pytest.skip("the native core is not in use: " + str(hgemm.info()["reason"]))
+    out = subprocess.run([sys.executable, "-c", _NO_GRPC, shm_server.unix],
+                         env={**os.environ, "HGEMM_TRANSPORT": "native"}, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "no grpc"

@@ -106,6 +106,23 @@ def test_every_status_code_maps_to_its_subclass():
     assert isinstance(_errors.from_code(99, "?"), hgemm.Unknown)
 
 
+def test_status_codes_equal_grpcs_without_importing_it():
+    """hgemm.StatusCode (what Error.code holds, grpc-free) compares and hashes as the
+    grpc.StatusCode member of its name, both ways, so code written against grpcio's codes
+    works on either core."""
+    assert [c.name for c in hgemm.StatusCode] == [c.name for c in grpc.StatusCode]
+    for ours, theirs in zip(hgemm.StatusCode, grpc.StatusCode):
+        assert ours == theirs and theirs == ours and not ours != theirs
+        assert ours.value == theirs.value and hash(ours) == hash(theirs)
+        assert {theirs: 1}[ours] == 1 and ours in (theirs,)
+        assert hgemm.StatusCode.of(theirs) is ours is hgemm.StatusCode.of(theirs.value[0])
+    assert hgemm.StatusCode.NOT_FOUND != grpc.StatusCode.INTERNAL
+    assert hgemm.StatusCode.NOT_FOUND != "NOT_FOUND"
+    err = hgemm.NotFound("gone")
+    assert err.code == grpc.StatusCode.NOT_FOUND and err.code is hgemm.StatusCode.NOT_FOUND
+    assert hgemm.NotFound("gone", code=grpc.StatusCode.NOT_FOUND).code is err.code
+
+
 class RecordingServicer(pb_grpc.GemmServiceServicer):
     def __init__(self):
         self.metadata = []
