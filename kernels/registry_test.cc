@@ -537,6 +537,7 @@ TEST(Registry, SplitKVariantsWrapAWgmmaKernel) {
       EXPECT_EQ(v->launch_grouped, nullptr) << name;
       EXPECT_EQ(v->launch, nullptr) << name;
       EXPECT_FALSE(v->is_fallback) << name;
+      EXPECT_TRUE(v->experimental) << name;  // out of auto until a GPU run has checked it
       // Skinny shapes, up to 64 MiB of fp32 partials; K and N as the inner kernel needs them.
       for (int m : {1, 7, 16, 64, 65, 128, 256}) {
         EXPECT_TRUE(v->can_implement(m, 8192, 8192)) << name << " m=" << m;

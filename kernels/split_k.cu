@@ -61,6 +61,9 @@ VariantInfo SplitKVariant(const VariantInfo& inner, int s) {
   v.launch_grouped = nullptr;  // a group: one split launch per problem
   v.split_k = s;
   v.fused_scale = true;  // SplitKReduce applies alpha and beta
+  // Written without a GPU (session 9): out of auto until tools/gpu_e2e.sh skinny has checked and
+  // measured it on one (docs/kernels.md, "Experimental variants").
+  v.experimental = true;
   return v;  // layouts, types, strides and check_layout: the inner kernel's (it reads in place)
 }
 
