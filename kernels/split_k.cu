@@ -64,6 +64,7 @@ VariantInfo SplitKVariant(const VariantInfo& inner, int s) {
   // Written without a GPU (session 9): out of auto until tools/gpu_e2e.sh skinny has checked and
   // measured it on one (docs/kernels.md, "Experimental variants").
   v.experimental = true;
+  v.description += "; experimental (not in auto until measured on a GPU)";
   return v;  // layouts, types, strides and check_layout: the inner kernel's (it reads in place)
 }
 

@@ -37,9 +37,11 @@ cudaError_t LaunchWgmmaPingpong(const GemmProblem& p, cudaStream_t stream) {
   int device = 0;
   HGEMM_RETURN_IF_CUDA_ERROR(cudaGetDevice(&device));
   HGEMM_RETURN_IF_CUDA_ERROR(detail::OptInDynamicSmem<kernel>(device, Cfg::kSmemBytes));
-  CUtensorMap map_a, map_b, map_c;
+  // No fused alpha/beta here (VariantInfo::fused_scale is false, so a scaled problem never
+  // arrives): C_in's map is made and unused.
+  CUtensorMap map_a, map_b, map_c, map_c_in;
   if (!ProblemTensorMaps<Cfg::BM, BN, TRANS_A, TRANS_B, T, TC>(p, p.batch, &map_a, &map_b,
-                                                               &map_c))
+                                                               &map_c, &map_c_in))
     return cudaErrorInvalidValue;
   int sms = 0;
   HGEMM_RETURN_IF_CUDA_ERROR(detail::SmCount(device, &sms));
