@@ -128,9 +128,9 @@ class Stream(StreamSession):
             self._native_answer(answer)
         finished, retry = self._ended(call, self._native_end(call))
         call.close()
-        with self._lock:
-            self._readers.remove(threading.current_thread())
         self._settle(finished, retry)
+        with self._lock:  # after settling: cancel() returns once every future is done
+            self._readers.remove(threading.current_thread())
 
     def _later(self, delay_s: float, fn, *args) -> None:
         if not delay_s:
@@ -153,6 +153,6 @@ class Stream(StreamSession):
         except _errors.rpc_errors() as e:
             err = self._unreachable(e)
         finished, retry = self._ended(q, err)
-        with self._lock:
-            self._readers.remove(threading.current_thread())
         self._settle(finished, retry)
+        with self._lock:  # after settling: cancel() returns once every future is done
+            self._readers.remove(threading.current_thread())
