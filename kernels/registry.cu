@@ -194,6 +194,14 @@ std::string LaunchCublasGrouped(const std::vector<GemmProblem>& problems, Launch
   const GemmProblem& first = problems.front();
   if (first.accumulation != Accumulation::kFp32)
     return "cublasGemmGroupedBatchedEx computes in fp32 only: use fp32 accumulation";
+  // It takes C of the inputs' type alone (CUBLAS_STATUS_NOT_SUPPORTED for fp16 -> fp32 on the
+  // H100, cuBLAS 13): such a group is a loop of cublasGemmEx calls.
+  if (first.c_type != first.ab_type) {
+    for (size_t i = 0; i < problems.size(); ++i)
+      if (std::string e = LaunchCublas(problems[i], ctx); !e.empty())
+        return "problem " + std::to_string(i) + ": " + e;
+    return "";
+  }
   const size_t count = problems.size();
   std::vector<cublasOperation_t> op_b(count), op_a(count);
   std::vector<int> rows(count), cols(count), depth(count), ldb(count), lda(count), ldc(count),

@@ -229,6 +229,7 @@ struct WgmmaPp {
     v.launch = &Launch;
     v.launch_grouped = nullptr;
     v.experimental = true;
+    v.fused_scale = false;  // its epilogue stores op(A)·op(B) alone; the backend scales after
     return v;
   }
 };

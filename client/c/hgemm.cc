@@ -30,8 +30,22 @@
 #include "client/ring_client.h"
 #include "client/shared_region.h"
 
-struct hgemm_client_options_t {
+namespace {
+
+// Each client its own TCP connection, as the Python fallback's channels (use_local_subchannel_pool)
+// and hgemm_load's workers: gRPC would otherwise share one between every client of the process
+// with equal settings, and clients made for concurrency would queue on it (H100 run: 16 native
+// clients at 2048³ unary got 0.62x the grpcio fallback's req/s).
+hgemm::ConnectOptions OwnConnection() {
   hgemm::ConnectOptions connect;
+  connect.private_subchannels = true;
+  return connect;
+}
+
+}  // namespace
+
+struct hgemm_client_options_t {
+  hgemm::ConnectOptions connect = OwnConnection();
   hgemm::CallOptions call;
   hgemm::RetryPolicy retry;
 };
