@@ -109,13 +109,11 @@ class MemoryPressureTest : public ::testing::TestWithParam<bool> {
     return std::string(reinterpret_cast<const char*>(m.data()), 2 * m.size());
   }
   // A refusal names these bytes: the own server's budget, or any of `asked`, as asked or
-  // rounded up to the CUDA backend's allocation granularity.
+  // rounded up to the CUDA backend's size class.
   std::vector<int64_t> Named(const std::vector<int64_t>& asked) const {
     if (target_.empty()) return {kBudget};
     std::vector<int64_t> named = asked;
-    constexpr int64_t kGranularity = DeviceMemory::kResidentGranularity;
-    for (int64_t bytes : asked)
-      named.push_back((bytes + kGranularity - 1) / kGranularity * kGranularity);
+    for (int64_t bytes : asked) named.push_back(DeviceMemory::SizeClass(bytes));
     return named;
   }
 

@@ -6,6 +6,14 @@
 
 namespace hgemm {
 
+int64_t DeviceMemory::SizeClass(int64_t bytes) {
+  if (bytes >= kResidentGranularity)
+    return (bytes + kResidentGranularity - 1) / kResidentGranularity * kResidentGranularity;
+  int64_t size = kSmallestClass;
+  while (size < bytes) size *= 2;
+  return size;
+}
+
 bool DeviceMemory::Reserve(int64_t bytes) {
   if (TryReserve(bytes)) return true;
   ReleaseCache();
@@ -21,7 +29,7 @@ bool DeviceMemory::TryReserve(int64_t bytes) {
 absl::Status DeviceMemory::AllocateResident(int64_t bytes,
                                             std::shared_ptr<ResidentBuffer>* buffer) {
   if (bytes <= 0) return status::BackendFailure(fmt::format("resident buffer of {} bytes", bytes));
-  const int64_t size = (bytes + kResidentGranularity - 1) / kResidentGranularity * kResidentGranularity;
+  const int64_t size = SizeClass(bytes);
   void* data = TakeCached(size);
   if (data == nullptr) {
     if (!Reserve(size)) {

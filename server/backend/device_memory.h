@@ -1,8 +1,9 @@
 // DeviceMemory: one device's memory budget and its cache of freed resident buffers.
 //
 // The budget is shared by the slots' buffers (Reserve / Unreserve) and by resident matrices and
-// kept results (AllocateResident). Resident buffers are allocated in size classes (multiples of
-// kResidentGranularity) and, when their last reference goes, kept by size for the next request
+// kept results (AllocateResident). Resident buffers are allocated in size classes (SizeClass:
+// powers of two below the driver's 2 MiB page, multiples of it from there) and, when their last
+// reference goes, kept by size for the next request
 // of that class: a steady flow of kept results then allocates nothing, and the driver's free
 // (cudaFree synchronizes the device) runs only when the budget needs the memory. Cached bytes
 // stay counted as used. The raw allocations go through a DeviceAllocator, so the accounting is
@@ -37,9 +38,18 @@ class DeviceAllocator {
 
 class DeviceMemory {
  public:
-  // Resident buffers come in multiples of the driver's 2 MiB granularity, so that a cached
-  // buffer fits every later request of its size class.
+  // Resident buffers of 2 MiB (the driver's page) and more come in multiples of it, so that a
+  // cached buffer fits every later request of its size class.
   static constexpr int64_t kResidentGranularity = int64_t{2} << 20;
+  // The smallest size class.
+  static constexpr int64_t kSmallestClass = int64_t{4} << 10;
+
+  // The bytes a resident buffer of `bytes` takes from the budget: the next power of two from
+  // kSmallestClass below kResidentGranularity (the driver packs such allocations into shared
+  // pages, so that a tiny matrix does not hold 2 MiB: the H100 soak's 2 548 leftover 48x48
+  // uploads held 5 GB as whole pages), else the next multiple of kResidentGranularity.
+  // REQUIRES: bytes > 0.
+  static int64_t SizeClass(int64_t bytes);
 
   // The memory of device `device_index` (a Backend::Devices() index; `ordinal` names it in
   // messages) with `budget_bytes` to hand out. REQUIRES: `allocator` outlives it.

@@ -5,6 +5,7 @@
 #include <memory>
 #include <set>
 #include <string>
+#include <vector>
 
 namespace hgemm {
 namespace {
@@ -52,9 +53,33 @@ TEST_F(DeviceMemoryTest, ChargesWholeSizeClassesAndKeepsTheAskedBytes) {
   EXPECT_EQ(memory_.used_bytes(), 2 * kClass);
 }
 
+// Small buffers take powers of two, not a 2 MiB page each (the H100 soak's leftover 48x48
+// uploads: 4.6 KB each, 2 MiB of budget each before).
+TEST_F(DeviceMemoryTest, SmallBuffersTakePowersOfTwoLargeOnesWholePages) {
+  constexpr int64_t kSmall = DeviceMemory::kSmallestClass;
+  EXPECT_EQ(DeviceMemory::SizeClass(1), kSmall);
+  EXPECT_EQ(DeviceMemory::SizeClass(kSmall), kSmall);
+  EXPECT_EQ(DeviceMemory::SizeClass(kSmall + 1), 2 * kSmall);
+  EXPECT_EQ(DeviceMemory::SizeClass(48 * 48 * 2), 2 * kSmall);
+  EXPECT_EQ(DeviceMemory::SizeClass((int64_t{1} << 20) + 1), kClass);
+  EXPECT_EQ(DeviceMemory::SizeClass(kClass - 1), kClass);
+  EXPECT_EQ(DeviceMemory::SizeClass(kClass), kClass);
+  EXPECT_EQ(DeviceMemory::SizeClass(kClass + 1), 2 * kClass);
+  EXPECT_EQ(DeviceMemory::SizeClass(int64_t{48} << 30), int64_t{48} << 30);
+  std::vector<std::shared_ptr<ResidentBuffer>> tiny(100);
+  for (auto& buffer : tiny) ASSERT_TRUE(memory_.AllocateResident(48 * 48 * 2, &buffer).ok());
+  EXPECT_EQ(memory_.used_bytes(), 100 * 2 * kSmall);
+  tiny.clear();  // cached by their class, and reused by it
+  ASSERT_EQ(memory_.cached_bytes(), 100 * 2 * kSmall);
+  std::shared_ptr<ResidentBuffer> again;
+  ASSERT_TRUE(memory_.AllocateResident(5000, &again).ok());
+  EXPECT_EQ(allocator_.allocations, 100);
+  EXPECT_EQ(memory_.used_bytes(), 100 * 2 * kSmall);
+}
+
 TEST_F(DeviceMemoryTest, AFreedBufferIsReusedForItsSizeClassAndStaysCounted) {
   std::shared_ptr<ResidentBuffer> buffer;
-  ASSERT_TRUE(memory_.AllocateResident(100, &buffer).ok());
+  ASSERT_TRUE(memory_.AllocateResident(kClass - 100, &buffer).ok());
   void* data = buffer->data;
   buffer.reset();
   EXPECT_EQ(memory_.cached_bytes(), kClass);
@@ -75,15 +100,15 @@ TEST_F(DeviceMemoryTest, RefusesPastTheBudgetAfterFreeingTheCache) {
   // A cached buffer of another class is returned to the driver when the budget needs it.
   big.reset();
   EXPECT_EQ(allocator_.live(), 2u);
-  ASSERT_TRUE(memory_.AllocateResident(1, &big).ok());  // 1 class: not the cached one of 2
+  ASSERT_TRUE(memory_.AllocateResident(1, &big).ok());  // the smallest class: not the cached 2
   EXPECT_EQ(allocator_.allocations, 3);
   EXPECT_EQ(memory_.cached_bytes(), 0);
-  EXPECT_EQ(memory_.used_bytes(), 2 * kClass);
+  EXPECT_EQ(memory_.used_bytes(), kClass + DeviceMemory::kSmallestClass);
 }
 
 TEST_F(DeviceMemoryTest, ReserveEmptiesTheCacheOnlyWhenItMustAndUnreserveGivesBack) {
   std::shared_ptr<ResidentBuffer> buffer;
-  ASSERT_TRUE(memory_.AllocateResident(1, &buffer).ok());
+  ASSERT_TRUE(memory_.AllocateResident(kClass, &buffer).ok());
   buffer.reset();
   ASSERT_TRUE(memory_.Reserve(2 * kClass));  // fits beside the cached class
   EXPECT_EQ(memory_.cached_bytes(), kClass);
