@@ -1,0 +1,103 @@
+#!/usr/bin/env bash
+# One device call, within its limits: sections of tools/gpu_e2e.sh (or the short steps below),
+# each under its own time limit, all under a budget, with a fuzz campaign in the background on
+# the cores they leave, and every log in one file ($OUT/results.tgz: a call returns at most 8
+# files). Unpacks the bundles that tools/gpu_e2e.sh --bundle (.gpu-pack/serve.tar.xz) and the
+# fuzz bundle (.gpu-pack/fuzz.tar.xz, docs/soak.md "The campaign") made here; the device call
+# carries .gpu-pack.
+#   tools/gpu_call.sh BUDGET_S FUZZ NAME=LIMIT_S...
+#     BUDGET_S  seconds the whole call may take (sections that no longer fit are skipped)
+#     FUZZ      a tools/fuzz_campaign.sh schedule ("transport=8 ring=5 ...", niced) or -
+#     NAME      a gpu_e2e.sh section, or: layouts, scaled_quick, python_quick, samehost_quick
+# Why: session 11's first call ran 7 sections in 150 s of a 600 s limit (several stopped at
+# their first failure); the next calls never got a machine. Short steps with their own limits
+# make each call count.
+set -u
+cd "$(dirname "$0")/.." || exit 1
+budget=$1 fuzz=$2
+shift 2
+start=$SECONDS final=${OUT:-out}
+results=/tmp/gpu_call_results
+rm -rf $results && mkdir -p $results "$final"
+tar xJf .gpu-pack/serve.tar.xz
+[[ $fuzz != - ]] && tar xJf .gpu-pack/fuzz.tar.xz
+source .gpu-serve/env.sh
+{ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; nproc; } |
+  tee $results/gpu.txt
+elapsed() { echo $((SECONDS - start)); }
+
+# Issue 29's layout table: 4096³ and 8192³, every layout, fp16 and bf16, fp32 accumulation.
+layouts() {
+  kernel_bench --modes plain --acc fp32 --layouts NN,NT,TN,TT --types fp16,bf16 \
+    --shapes 4096x4096x4096,8192x8192x8192 \
+    --variants cublas,wgmma_128x256_s4_g8,wgmma_128x128_s6_g8,wgmma_pp_128x128_s6_g8 \
+    --csv "$OUT/layouts.csv" >"$OUT/layouts.log" 2>&1
+  echo "kernel_bench layouts rc=$?"
+  sed -n "/^fastest own kernel/,\$p" "$OUT/layouts.log"
+}
+# Fused vs separate α/β (whether --fused_scale should be the default), NN only.
+scaled_quick() {
+  kernel_bench --modes scaled --acc fp32 --layouts NN --types fp16,bf16 \
+    --shapes 2048x2048x2048,4096x4096x4096,8192x8192x8192 \
+    --variants wgmma_128x256_s4_g8,auto,cublas --csv "$OUT/scaled.csv" >"$OUT/scaled.log" 2>&1
+  echo "kernel_bench scaled rc=$?"
+  sed -n "/^fastest own kernel/,\$p" "$OUT/scaled.log"
+}
+# Issue 28's three transport-bound points, native and grpcio cores next to hgemm_load.
+python_quick() {
+  hgemm_server --listen=127.0.0.1:50159 --backend=cuda --streams_per_device=4 \
+    >"$OUT/server.log" 2>&1 &
+  local server=$!
+  for _ in $(seq 150); do
+    hgemm_client --server=127.0.0.1:50159 --info >/dev/null 2>&1 && break
+    sleep 0.2
+  done
+  HGEMM_NATIVE_LIB=$PWD/.gpu-serve/bin/libhgemm_client.so PYTHONPATH=client/python \
+    PYTHONUNBUFFERED=1 python3 bench/python_client_bench.py --server=127.0.0.1:50159 \
+    --hgemm_load="$(command -v hgemm_load)" --points 2048x2048x2048:unary:none:16 \
+    128x8192x8192:unary:b:4 128x8192x8192:stream:b:4 --aio_points --duration_s 4 \
+    --csv="$OUT/python.csv" | tee "$OUT/python.md"
+  kill -TERM $server
+  wait $server
+}
+# Issue 31's same-host table at 2048³ (c=1 and 16) and 8192³ (c=1).
+samehost_quick() {
+  POINTS="2048x2048x2048:1 2048x2048x2048:16 8192x8192x8192:1" MAX_POINT_S=8 \
+    bench/dataplane.sh --same_host --bin "$PWD/.gpu-serve/bin" --certs .gpu-serve/certs
+}
+
+fuzzer=
+if [[ $fuzz != - ]]; then
+  fuzz_s=$((budget - 45))
+  # shellcheck disable=SC2086
+  (OUT=$results/fuzz nice -n 19 timeout -k 10 $((fuzz_s + 40)) tools/fuzz_campaign.sh $fuzz_s \
+    $fuzz >$results/fuzz_table.txt 2>&1) &
+  fuzzer=$!
+fi
+for spec in "$@"; do
+  name=${spec%%=*} limit=${spec#*=}
+  left=$((budget - $(elapsed) - 30))
+  if ((left < 30)); then
+    echo "SKIP $name ($left s left)"
+    continue
+  fi
+  ((limit > left)) && limit=$left
+  echo "=== $name (limit $limit s) at $(elapsed) s"
+  export OUT=$results/$name
+  mkdir -p "$OUT"
+  if declare -F "$name" >/dev/null; then
+    export -f "${name?}"
+    timeout -k 5 "$limit" bash -c "$name" >"$results/$name.log" 2>&1
+  else
+    timeout -k 5 "$limit" tools/gpu_e2e.sh "$name" >"$results/$name.log" 2>&1
+  fi
+  echo "$name rc=$? at $(elapsed) s"
+  grep -E "FAILED|PASSED|rc=|tests ran|lost|wrong|exit status" "$results/$name.log" | head -20
+done
+if [[ -n $fuzzer ]]; then
+  wait $fuzzer
+  echo "== fuzz at $(elapsed) s"
+  tail -9 $results/fuzz_table.txt
+fi
+tar czf "$final/results.tgz" -C $results . && ls -la "$final"
+echo "done at $(elapsed) s"
