@@ -81,10 +81,9 @@ std::vector<const VariantInfo*> Candidates(int m, int n, int k, Accumulation acc
 // NN fp16 with lda, ldb, ldc 0 and 16-byte aligned operands: ChooseAuto's problem (its buckets
 // are keyed by shape alone). A group's later problems sit at any offset of its packed matrices.
 bool IsDefaultFormPacked(const GemmProblem& p) {
-  const auto aligned = [](const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15) == 0; };
   return !Scaled(p) && !p.transpose_a && !p.transpose_b && p.ab_type == DataType::kFp16 &&
-         p.c_type == DataType::kFp16 && p.lda == 0 && p.ldb == 0 && p.ldc == 0 && aligned(p.a) &&
-         aligned(p.b) && aligned(p.c);
+         p.c_type == DataType::kFp16 && p.lda == 0 && p.ldb == 0 && p.ldc == 0 && Aligned16(p.a) &&
+         Aligned16(p.b) && Aligned16(p.c);
 }
 
 // The current device's SM count; without a device (CI, tests) the H200's 132, on which the

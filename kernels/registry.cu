@@ -119,8 +119,6 @@ std::vector<VariantInfo> BuildVariants() {
   return all;
 }
 
-bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
-
 std::string CublasError(const char* what, cublasStatus_t s) {
   return std::string(what) + ": " + cublasGetStatusName(s) + " (" + cublasGetStatusString(s) + ")";
 }
