@@ -43,22 +43,10 @@ scaled_quick() {
   echo "kernel_bench scaled rc=$?"
   sed -n "/^fastest own kernel/,\$p" "$OUT/scaled.log"
 }
-# Issue 28's three transport-bound points, native and grpcio cores next to hgemm_load.
+# Issue 28's three transport-bound points (gpu_e2e.sh's python section, fewer points, no aio).
 python_quick() {
-  hgemm_server --listen=127.0.0.1:50159 --backend=cuda --streams_per_device=4 \
-    >"$OUT/server.log" 2>&1 &
-  local server=$!
-  for _ in $(seq 150); do
-    hgemm_client --server=127.0.0.1:50159 --info >/dev/null 2>&1 && break
-    sleep 0.2
-  done
-  HGEMM_NATIVE_LIB=$PWD/.gpu-serve/bin/libhgemm_client.so PYTHONPATH=client/python \
-    PYTHONUNBUFFERED=1 python3 bench/python_client_bench.py --server=127.0.0.1:50159 \
-    --hgemm_load="$(command -v hgemm_load)" --points 2048x2048x2048:unary:none:16 \
-    128x8192x8192:unary:b:4 128x8192x8192:stream:b:4 --aio_points --duration_s 4 \
-    --csv="$OUT/python.csv" | tee "$OUT/python.md"
-  kill -TERM $server
-  wait $server
+  PYTHON_BENCH_ARGS="--points 2048x2048x2048:unary:none:16 128x8192x8192:unary:b:4
+    128x8192x8192:stream:b:4 --aio_points --duration_s 4" tools/gpu_e2e.sh python
 }
 # Issue 31's same-host table at 2048³ (c=1 and 16) and 8192³ (c=1).
 samehost_quick() {

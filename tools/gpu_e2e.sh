@@ -20,7 +20,8 @@
 #   metrics   bench/metrics_cost.sh: 256³ unary c=64 req/s without and with --metrics_listen, and
 #             /metrics after the point next to hgemm_load's numbers (issue 15)
 #   python    the Python client (client/python) vs hgemm_load: bench/python_client_bench.py
-#             (2048³ unary c=16, 128x8192x8192 with B resident; needs python3 with grpcio, numpy)
+#             (2048³ unary c=16, 128x8192x8192 with B resident; needs python3 with grpcio, numpy;
+#             PYTHON_BENCH_ARGS: more flags, e.g. other --points)
 #   skinny    issue 29's skinny M: kernels/split_k_test (every splitk variant, layout and type on
 #             edge shapes, SplitKReduce's alpha/beta), then kernel_bench --modes skinny (M = 1..128
 #             by 8192x8192, NN and NT, fp16 and bf16: the splitk variants, their kernels, auto and
@@ -458,10 +459,12 @@ if want python; then
     sleep 0.2
   done
   # The Python client's native core (client/c) from the bundle.
+  # shellcheck disable=SC2086  # PYTHON_BENCH_ARGS: flags, split on purpose
   HGEMM_NATIVE_LIB=$PWD/.gpu-serve/bin/libhgemm_client.so PYTHONPATH=client/python \
     timeout 420 python3 bench/python_client_bench.py \
     --server=127.0.0.1:$((port + 4)) --hgemm_load="$(command -v hgemm_load)" \
-    --csv="$out/python_client_bench.csv" | tee "$out/python_client_bench.md" ||
+    --csv="$out/python_client_bench.csv" ${PYTHON_BENCH_ARGS:-} |
+    tee "$out/python_client_bench.md" ||
     echo "FAILED: python_client_bench"
   kill -TERM $python_pid; wait $python_pid || true
 fi
