@@ -8,7 +8,7 @@
 #   tools/gpu_call.sh BUDGET_S FUZZ NAME=LIMIT_S...
 #     BUDGET_S  seconds the whole call may take (sections that no longer fit are skipped)
 #     FUZZ      a tools/fuzz_campaign.sh schedule ("transport=8 ring=5 ...", niced) or -
-#     NAME      a gpu_e2e.sh section, or: layouts, scaled_quick, python_quick, samehost_quick
+#     NAME      a gpu_e2e.sh section, or: batched, layouts, scaled_quick, python_quick, samehost_quick
 # Why: session 11's first call ran 7 sections in 150 s of a 600 s limit (several stopped at
 # their first failure); the next calls never got a machine. Short steps with their own limits
 # make each call count.
@@ -26,6 +26,12 @@ source .gpu-serve/env.sh
   tee $results/gpu.txt
 elapsed() { echo $((SECONDS - start)); }
 
+# Every batched and grouped case (session 11's failures: cuBLAS fp32-C groups, ping-pong α/β).
+batched() {
+  batched_gemm_test --gtest_brief=1 >"$OUT/batched_gemm_test.log" 2>&1
+  echo "batched_gemm_test rc=$?"
+  grep -E "^\[  (PASSED|FAILED) " "$OUT/batched_gemm_test.log" | head -20
+}
 # Issue 29's layout table: 4096³ and 8192³, every layout, fp16 and bf16, fp32 accumulation.
 layouts() {
   kernel_bench --modes plain --acc fp32 --layouts NN,NT,TN,TT --types fp16,bf16 \
@@ -87,5 +93,9 @@ if [[ -n $fuzzer ]]; then
   echo "== fuzz at $(elapsed) s"
   tail -9 $results/fuzz_table.txt
 fi
+# The fuzz logs' last 20 kB each: whole, they reach hundreds of MB (a call returns a few tens).
+for log in "$results"/fuzz/logs/*.log; do
+  [[ -f $log ]] && tail -c 20000 "$log" >"$log.tail" && rm "$log"
+done
 tar czf "$final/results.tgz" -C $results . && ls -la "$final"
 echo "done at $(elapsed) s"
