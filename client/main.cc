@@ -625,9 +625,11 @@ int Main(int argc, char** argv) {
     std::printf("attached a submission ring in %.1f ms\n",
                 std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
   }
-  const bool parts = !shm && (mode == "parts" || mode == "auto") &&
+  // Through the ring, every run goes by the ring (a large C, which would otherwise stream,
+  // is written in place).
+  const bool parts = !shm && !through_ring && (mode == "parts" || mode == "auto") &&
                      hgemm::GemmClient::ShouldSendParts(request, call);
-  const bool stream = !shm && !parts &&
+  const bool stream = !shm && !through_ring && !parts &&
                       (mode == "stream" ||
                        (mode == "auto" && hgemm::GemmClient::ShouldStream(request, call)));
   hgemm::cli::WireBytes wire = hgemm::cli::RequestWireBytes(request, c_element_bytes);
