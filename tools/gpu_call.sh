@@ -8,7 +8,8 @@
 #   tools/gpu_call.sh BUDGET_S FUZZ NAME=LIMIT_S...
 #     BUDGET_S  seconds the whole call may take (sections that no longer fit are skipped)
 #     FUZZ      a tools/fuzz_campaign.sh schedule ("transport=8 ring=5 ...", niced) or -
-#     NAME      a gpu_e2e.sh section, or: batched, layouts, scaled_quick, python_quick, samehost_quick
+#     NAME      a gpu_e2e.sh section, or: batched, layouts, resident_ring, python_shm,
+#               scaled_quick, python_quick, samehost_quick
 # Why: session 11's first call ran 7 sections in 150 s of a 600 s limit (several stopped at
 # their first failure); the next calls never got a machine. Short steps with their own limits
 # make each call count.
@@ -58,6 +59,42 @@ python_quick() {
 samehost_quick() {
   POINTS="2048x2048x2048:1 2048x2048x2048:16 8192x8192x8192:1" MAX_POINT_S=8 \
     bench/dataplane.sh --same_host --bin "$PWD/.gpu-serve/bin" --certs .gpu-serve/certs
+}
+
+# A CUDA server on a Unix socket with shared memory allowed, for the same-host steps below.
+start_samehost_server() {
+  sock=$(mktemp -d)/hgemm.sock
+  hgemm_server --listen=127.0.0.1:50231 --listen="unix:$sock" --backend=cuda --allow_shared_memory \
+    --log_level=warn >"$OUT/server.log" 2>&1 &
+  server_pid=$!
+  for _ in $(seq 150); do
+    hgemm_client --server="unix:$sock" --info >/dev/null 2>&1 && return 0
+    sleep 0.2
+  done
+  echo "FAILED: the server did not start"
+  return 1
+}
+# Issue 31's all-resident 8192³ (gRPC unary vs the ring, 21 runs each; hgemm_client's run 1
+# warms up; the ring's C checked at 1024x2048x512) and CUDA IPC 8192³ c=1, one server.
+resident_ring() {
+  start_samehost_server || return 1
+  hgemm_client --server="unix:$sock" --shape=1024x2048x512 --resident=all --transport=ring \
+    --check | tail -3
+  for path in --mode=unary --transport=ring; do
+    hgemm_client --server="unix:$sock" --shape=8192x8192x8192 --resident=all --repeat=21 $path |
+      tail -23
+  done
+  cuda_ipc_load --server="unix:$sock" --shape=8192x8192x8192 --concurrency=1 --seconds=4
+  kill -TERM $server_pid; wait $server_pid
+}
+# Issue 31's Python point: shared buffers (native core) against hgemm_load --transport=shm.
+python_shm() {
+  start_samehost_server || return 1
+  HGEMM_NATIVE_LIB=$PWD/.gpu-serve/bin/libhgemm_client.so PYTHONPATH=client/python \
+    python3 bench/python_client_bench.py --server="unix:$sock" --transports native \
+    --hgemm_load="$(command -v hgemm_load)" --points 2048x2048x2048:shm:none:1,16 \
+    8192x8192x8192:shm:none:1 --aio_points --duration_s 3 --csv "$OUT/python_shm.csv"
+  kill -TERM $server_pid; wait $server_pid
 }
 
 fuzzer=
