@@ -96,6 +96,7 @@ python_shm() {
     8192x8192x8192:shm:none:1 --aio_points --duration_s 3 --csv "$OUT/python_shm.csv"
   kill -TERM $server_pid; wait $server_pid
 }
+export -f start_samehost_server  # the steps run in child shells
 
 fuzzer=
 if [[ $fuzz != - ]]; then
