@@ -76,14 +76,6 @@ class HgemmServer {
   // The port of the health-only listener; 0 when health_listen is empty.
   int health_port() const { return health_port_; }
   const Backend& backend() const { return *backend_; }
-  // A channel to this server through gRPC's in-process transport (transport_fuzz's): the same
-  // services, message limits and authentication as a TCP client's calls, without sockets or
-  // HTTP/2. No flow-control window absorbs a stream's writes: a client that writes a whole
-  // GemmStream before reading its answers can stall (seen in transport_fuzz), so it reads while
-  // it writes. Its peer is neither unix: nor fd:, so shared memory is refused on it, as on TCP.
-  std::shared_ptr<grpc::Channel> InProcessChannel(const grpc::ChannelArguments& args) {
-    return server_->InProcessChannel(args);
-  }
 
   // Health NOT_SERVING, stop accepting calls, let in-flight ones finish until the drain
   // deadline (then cancel them), run what was admitted, stop workers, then stop serving

@@ -7,7 +7,7 @@
 # carries .gpu-pack.
 #   tools/gpu_call.sh BUDGET_S FUZZ NAME=LIMIT_S...
 #     BUDGET_S  seconds the whole call may take (sections that no longer fit are skipped)
-#     FUZZ      a tools/fuzz_campaign.sh schedule ("transport=8 ring=5 ...", niced) or -
+#     FUZZ      a tools/fuzz_campaign.sh schedule ("transport=11 ring=3 ...", niced) or -
 #     NAME      a gpu_e2e.sh section, or: batched, layouts, resident_ring, python_shm,
 #               scaled_quick, python_quick, samehost_quick
 # Why: session 11's first call ran 7 sections in 150 s of a 600 s limit (several stopped at
