@@ -2,10 +2,12 @@
 // same-host hgemm_server by CUDA IPC (issue 31), for bench/dataplane.sh's same-host table; and
 // the pinned cudaMemcpy bandwidth the other paths are held against.
 //   cuda_ipc_load --server=unix:/run/hgemm/hgemm.sock --shape=2048x2048x2048 --concurrency=1
+//   cuda_ipc_load --server=unix:/run/hgemm/hgemm.sock --shape=8192x8192x8192 --transport=ring
 //   cuda_ipc_load --memcpy --shape=8192x8192x8192
 // Each worker cudaMallocs its own A | B | C, registers it once (RegisterRegion with cuda_ipc)
-// and sends unary Gemm calls naming its regions for --seconds; worker 0's first C is checked by
-// Freivalds' test. Prints one line per run:
+// and sends unary Gemm calls naming its regions for --seconds (--transport=ring: through a
+// submission ring of its own, gRPC out of each GEMM's path); worker 0's first C is checked by
+// Freivalds' test. Prints one line per run (cuda_ipc_ring with the ring):
 //   cuda_ipc SHAPE CONC req/s P50_MS P99_MS KERNEL_P50_MS ERRORS
 //   pinned_memcpy SHAPE H2D_GBPS D2H_GBPS H2D_AB_MS D2H_C_MS
 #include <cuda_runtime.h>
@@ -28,6 +30,7 @@
 #include "bench/soak.h"
 #include "client/gemm_client.h"
 #include "client/gemm_dims.h"
+#include "client/ring_client.h"
 #include "proto/numerics/cpu_gemm.h"
 
 namespace {
@@ -90,8 +93,10 @@ struct WorkerResult {
   double check_error = -1;  // Freivalds' estimate of worker 0's first C (-1: not checked)
 };
 
+// `ring_over` (not null): the GEMMs go through a ring attached over that client.
 void RunWorker(int index, const hgemm::GemmDims& dims, hgemm::v1::GemmService::Stub* stub,
-               int device, Clock::time_point until, bool verify, WorkerResult* result) {
+               const hgemm::GemmClient* ring_over, int device, Clock::time_point until,
+               bool verify, WorkerResult* result) {
   Check(cudaSetDevice(device), "cudaSetDevice");
   std::mt19937_64 rng(1000 + index);
   const std::vector<uint16_t> a = hgemm::RandomHalfMatrix(int64_t(dims.m) * dims.k, rng);
@@ -132,19 +137,40 @@ void RunWorker(int index, const hgemm::GemmDims& dims, hgemm::v1::GemmService::S
   set(request.mutable_a_region(), 0);
   set(request.mutable_b_region(), a_bytes);
   set(request.mutable_c_region(), a_bytes + b_bytes);
+  std::unique_ptr<hgemm::RingClient> ring;
+  hgemm::RingSubmission entry;
+  if (ring_over != nullptr) {
+    grpc::Status s;
+    ring = hgemm::RingClient::Attach(*ring_over, {info.region()}, {}, {}, &s);
+    if (ring) s = ring->ToSubmission(request, "", std::chrono::microseconds(0), &entry);
+    if (!s.ok()) {
+      result->errors = 1;
+      result->first_error = "ring: " + s.error_message();
+      until = Clock::now();  // no GEMMs; the region is unregistered below
+    }
+  }
   bool first = true;
   while (Clock::now() < until) {
-    grpc::ClientContext context;
-    hgemm::v1::GemmResponse response;
+    grpc::Status s;
+    double kernel_ms = 0;
     const auto start = Clock::now();
-    grpc::Status s = stub->Gemm(&context, request, &response);
+    if (ring) {
+      hgemm::RingCompletion done{};
+      s = ring->Gemm(entry, &done);
+      kernel_ms = done.kernel_ms;
+    } else {
+      grpc::ClientContext context;
+      hgemm::v1::GemmResponse response;
+      s = stub->Gemm(&context, request, &response);
+      kernel_ms = response.timing().kernel_ms();
+    }
     const double ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
     if (!s.ok()) {
       if (result->errors++ == 0) result->first_error = s.error_message();
       continue;
     }
     result->latency_ms.push_back(ms);
-    result->kernel_ms.push_back(response.timing().kernel_ms());
+    result->kernel_ms.push_back(kernel_ms);
     if (first && verify) {
       std::vector<uint16_t> c(size_t(dims.m) * dims.n);
       Check(cudaMemcpy(c.data(), memory + a_bytes + b_bytes, c_bytes, cudaMemcpyDeviceToHost),
@@ -154,6 +180,7 @@ void RunWorker(int index, const hgemm::GemmDims& dims, hgemm::v1::GemmService::S
     }
     first = false;
   }
+  ring.reset();  // detached before its region goes
   grpc::ClientContext context;
   hgemm::v1::UnregisterRegionRequest unregister;
   unregister.set_region(info.region());
@@ -165,7 +192,7 @@ void RunWorker(int index, const hgemm::GemmDims& dims, hgemm::v1::GemmService::S
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string server = "unix:/run/hgemm/hgemm.sock", shape = "2048x2048x2048";
+  std::string server = "unix:/run/hgemm/hgemm.sock", shape = "2048x2048x2048", transport = "grpc";
   int concurrency = 1, device = 0, repeat = 10;
   double seconds = 5, warmup_s = 1;
   bool memcpy_only = false, verify = true;
@@ -177,6 +204,9 @@ int main(int argc, char** argv) {
   app.add_option("--seconds", seconds, "measured time")->capture_default_str();
   app.add_option("--warmup_s", warmup_s, "GEMMs before measuring")->capture_default_str();
   app.add_option("--verify", verify, "check worker 0's first C (Freivalds)")->capture_default_str();
+  app.add_option("--transport", transport, "grpc (unary Gemm calls) or ring")
+      ->check(CLI::IsMember({"grpc", "ring"}))
+      ->capture_default_str();
   app.add_flag("--memcpy", memcpy_only, "measure pinned cudaMemcpy bandwidth instead");
   app.add_option("--repeat", repeat, "copies per direction for --memcpy")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
@@ -193,6 +223,8 @@ int main(int argc, char** argv) {
     }
     auto channel = hgemm::Connect(server);
     auto stub = hgemm::v1::GemmService::NewStub(channel);
+    const hgemm::GemmClient client(channel);
+    const hgemm::GemmClient* ring_over = transport == "ring" ? &client : nullptr;
     auto run = [&](double run_s, bool check, std::vector<WorkerResult>* results) {
       results->assign(concurrency, {});
       const auto until = Clock::now() + std::chrono::duration_cast<Clock::duration>(
@@ -201,7 +233,8 @@ int main(int argc, char** argv) {
       for (int i = 0; i < concurrency; ++i) {
         workers.emplace_back([&, i] {
           try {
-            RunWorker(i, dims, stub.get(), device, until, check && i == 0, &(*results)[i]);
+            RunWorker(i, dims, stub.get(), ring_over, device, until, check && i == 0,
+                      &(*results)[i]);
           } catch (const std::exception& e) {
             (*results)[i].errors++;
             (*results)[i].first_error = e.what();
@@ -225,7 +258,8 @@ int main(int argc, char** argv) {
       if (errors == 0 && r.errors > 0) first_error = r.first_error;
       errors += r.errors;
     }
-    std::printf("cuda_ipc %s %d %.1f %.3f %.3f %.3f %d\n", shape.c_str(), concurrency,
+    std::printf("%s %s %d %.1f %.3f %.3f %.3f %d\n",
+                transport == "ring" ? "cuda_ipc_ring" : "cuda_ipc", shape.c_str(), concurrency,
                 double(latency.size()) / elapsed, Percentile(latency, 0.5),
                 Percentile(latency, 0.99), Percentile(kernel, 0.5), errors);
     if (check_error >= 0) std::fprintf(stderr, "cuda_ipc_load: first C's error %.2e\n", check_error);

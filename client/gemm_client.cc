@@ -2,10 +2,17 @@
 
 #include <fmt/format.h>
 
+#include <google/protobuf/io/coded_stream.h>
+#include <google/protobuf/io/zero_copy_stream_impl_lite.h>
+#include <google/protobuf/wire_format_lite.h>
+#include <grpcpp/impl/client_unary_call.h>
+#include <grpcpp/impl/rpc_method.h>
 #include <grpcpp/support/client_interceptor.h>
+#include <grpcpp/support/proto_buffer_reader.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <climits>
 #include <cstring>
 #include <fstream>
 #include <functional>
@@ -18,6 +25,110 @@
 #include <utility>
 
 #include "proto/handle.h"
+
+namespace hgemm {
+namespace {
+
+// GemmInPlace's messages: a GemmRequest whose a and b fields are appended as slices of the
+// caller's memory, and a GemmResponse whose c field is read straight into the caller's buffer.
+// Protobuf's wire format allows fields in any order, so the bytes are Gemm's.
+struct InPlaceRequest {
+  const v1::GemmRequest* rest;
+  OperandBytes operands;
+};
+struct InPlaceResponse {
+  v1::GemmResponse* rest;
+  CBuffer c_into;
+  size_t c_expected = 0;
+  bool c_seen = false;
+  // Why the response could not be taken. Kept here: a failed Deserialize reaches the caller
+  // as UNIMPLEMENTED "No message returned for unary request".
+  grpc::Status error;
+};
+
+constexpr int kGemmRequestA = v1::GemmRequest::kAFieldNumber;
+constexpr int kGemmRequestB = v1::GemmRequest::kBFieldNumber;
+constexpr int kGemmResponseC = v1::GemmResponse::kCFieldNumber;
+
+}  // namespace
+}  // namespace hgemm
+
+namespace grpc {
+
+template <>
+class SerializationTraits<hgemm::InPlaceRequest, void> {
+ public:
+  static Status Serialize(const hgemm::InPlaceRequest& message, ByteBuffer* buffer,
+                          bool* own_buffer) {
+    using google::protobuf::internal::WireFormatLite;
+    std::vector<Slice> slices;
+    slices.emplace_back(message.rest->SerializeAsString());
+    auto append = [&](int field, const void* data, size_t bytes) {
+      if (data == nullptr) return;
+      uint8_t key[16];
+      uint8_t* end = google::protobuf::io::CodedOutputStream::WriteTagToArray(
+          WireFormatLite::MakeTag(field, WireFormatLite::WIRETYPE_LENGTH_DELIMITED), key);
+      end = google::protobuf::io::CodedOutputStream::WriteVarint64ToArray(bytes, end);
+      slices.emplace_back(key, size_t(end - key));
+      if (bytes > 0) slices.emplace_back(data, bytes, Slice::STATIC_SLICE);  // no copy
+    };
+    append(hgemm::kGemmRequestA, message.operands.a, message.operands.a_bytes);
+    append(hgemm::kGemmRequestB, message.operands.b, message.operands.b_bytes);
+    ByteBuffer composed(slices.data(), slices.size());
+    buffer->Swap(&composed);
+    *own_buffer = true;
+    return Status::OK;
+  }
+};
+
+template <>
+class SerializationTraits<hgemm::InPlaceResponse, void> {
+ public:
+  static Status Deserialize(ByteBuffer* buffer, hgemm::InPlaceResponse* message) {
+    using google::protobuf::internal::WireFormatLite;
+    Status status = Status::OK;
+    {
+      ProtoBufferReader reader(buffer);
+      google::protobuf::io::CodedInputStream input(&reader);
+      input.SetTotalBytesLimit(INT_MAX);
+      std::string rest;
+      {
+        google::protobuf::io::StringOutputStream rest_stream(&rest);
+        google::protobuf::io::CodedOutputStream rest_out(&rest_stream);
+        while (const uint32_t tag = input.ReadTag()) {
+          if (tag == WireFormatLite::MakeTag(hgemm::kGemmResponseC,
+                                             WireFormatLite::WIRETYPE_LENGTH_DELIMITED)) {
+            uint64_t bytes = 0;
+            if (!input.ReadVarint64(&bytes)) break;
+            if (bytes != message->c_expected || bytes > message->c_into.capacity) {
+              status = Status(StatusCode::INTERNAL,
+                              fmt::format("the server sent {} bytes of C; {} were expected and "
+                                          "the buffer holds {}",
+                                          bytes, message->c_expected, message->c_into.capacity));
+              break;
+            }
+            if (!input.ReadRaw(message->c_into.data, int(bytes))) break;
+            message->c_seen = true;
+          } else if (!WireFormatLite::SkipField(&input, tag, &rest_out)) {
+            break;
+          }
+        }
+      }
+      if (status.ok() && (!input.ConsumedEntireMessage() || !message->rest->ParseFromString(rest))) {
+        status = Status(StatusCode::INTERNAL, "the Gemm response did not parse");
+      } else if (status.ok() && !message->c_seen && message->c_expected > 0) {
+        status = Status(StatusCode::INTERNAL,
+                        fmt::format("the server sent no C; {} bytes were expected",
+                                    message->c_expected));
+      }
+    }
+    buffer->Clear();
+    message->error = status;
+    return Status::OK;
+  }
+};
+
+}  // namespace grpc
 
 namespace hgemm {
 namespace {
@@ -405,6 +516,25 @@ grpc::Status GemmClient::Gemm(const v1::GemmRequest& request, v1::GemmResponse* 
                             route.channel.get());
 }
 
+grpc::Status GemmClient::GemmInPlace(const v1::GemmRequest& request, OperandBytes operands,
+                                     CBuffer c_into, v1::GemmResponse* response,
+                                     const CallOptions& options) const {
+  std::string replica;
+  if (grpc::Status s = ReplicaOf(request, &replica); !s.ok()) return s;
+  const Route route = RouteTo(replica.empty() ? options.replica : replica);
+  grpc::ClientContext context;
+  ApplyDeadline(options, &context);
+  // The method as the generated stub names it (service and method from the descriptor).
+  static const std::string method =
+      std::string("/") + v1::GemmService::service_full_name() + "/Gemm";
+  const grpc::internal::RpcMethod rpc(method.c_str(), grpc::internal::RpcMethod::NORMAL_RPC);
+  InPlaceResponse in_place{response, c_into, size_t(ResultBytes(request))};
+  const grpc::Status status = grpc::internal::BlockingUnaryCall(
+      route.channel.get(), rpc, &context, InPlaceRequest{&request, operands}, &in_place);
+  if (status.ok()) return in_place.error;
+  return ExplainUnreachable(status, route.replica, route.channel.get());
+}
+
 void GemmClient::GemmAsync(v1::GemmRequest request, bool streamed, CBuffer c_into,
                            const CallOptions& options,
                            std::shared_ptr<grpc::ClientContext> context, GemmDone done) const {
@@ -513,16 +643,18 @@ grpc::Status GemmClient::StreamOn(const Route& route,
                      : ExplainUnreachable(status, route.replica, route.channel.get());
 }
 
-bool GemmClient::ShouldStream(const v1::GemmRequest& request, const CallOptions& options) {
+bool GemmClient::ShouldStream(const v1::GemmRequest& request, const CallOptions& options,
+                              const OperandBytes& detached) {
   if (request.group_size() > 0) return false;  // GemmStream takes no groups
   // A C kept on the server does not travel back.
   const int64_t c_bytes = request.keep_c_resident() ? 0 : ResultBytes(request);
-  return int64_t(request.a().size() + request.b().size() + request.c_in().size()) >
-             options.unary_limit_bytes ||
+  return int64_t(request.a().size() + request.b().size() + request.c_in().size() +
+                 detached.a_bytes + detached.b_bytes) > options.unary_limit_bytes ||
          c_bytes > options.unary_limit_bytes;
 }
 
-bool GemmClient::ShouldSendParts(const v1::GemmRequest& request, const CallOptions& options) {
+bool GemmClient::ShouldSendParts(const v1::GemmRequest& request, const CallOptions& options,
+                                 const OperandBytes& detached) {
   const bool no_region = !request.has_a_region() && !request.has_b_region() &&
                          !request.has_c_region() && !request.keep_c_resident();
   // Parts carry one plain GEMM's A and B: a C input (alpha/beta), a batch or a group goes the
@@ -530,10 +662,13 @@ bool GemmClient::ShouldSendParts(const v1::GemmRequest& request, const CallOptio
   const bool plain = !request.has_alpha() && request.beta() == 0 &&
                      request.c_in_source_case() == v1::GemmRequest::C_IN_SOURCE_NOT_SET &&
                      request.batch() <= 1 && request.group_size() == 0;
-  const int64_t bytes = int64_t(request.a().size() + request.b().size()) + ResultBytes(request);
+  const int64_t bytes = int64_t(request.a().size() + request.b().size() + detached.a_bytes +
+                                detached.b_bytes) +
+                        ResultBytes(request);
   return options.parallel_parts > 1 && no_region && plain && bytes >= options.parallel_min_bytes &&
          (request.a_source_case() == v1::GemmRequest::kA ||
-          request.b_source_case() == v1::GemmRequest::kB);
+          request.b_source_case() == v1::GemmRequest::kB || detached.a != nullptr ||
+          detached.b != nullptr);
 }
 
 grpc::Status GemmClient::RunParts(const v1::GemmRequest& request, v1::GemmResponse* response,

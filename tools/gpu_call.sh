@@ -75,7 +75,8 @@ start_samehost_server() {
   return 1
 }
 # Issue 31's all-resident 8192³ (gRPC unary vs the ring, 21 runs each; hgemm_client's run 1
-# warms up; the ring's C checked at 1024x2048x512) and CUDA IPC 8192³ c=1, one server.
+# warms up; the ring's C checked at 1024x2048x512) and CUDA IPC 8192³ c=1 (unary Gemm calls,
+# then a ring), one server.
 resident_ring() {
   start_samehost_server || return 1
   hgemm_client --server="unix:$sock" --shape=1024x2048x512 --resident=all --transport=ring \
@@ -84,7 +85,10 @@ resident_ring() {
     hgemm_client --server="unix:$sock" --shape=8192x8192x8192 --resident=all --repeat=21 $path |
       tail -23
   done
-  cuda_ipc_load --server="unix:$sock" --shape=8192x8192x8192 --concurrency=1 --seconds=4
+  for transport in grpc ring; do
+    cuda_ipc_load --server="unix:$sock" --shape=8192x8192x8192 --concurrency=1 --seconds=4 \
+      --transport=$transport
+  done
   kill -TERM $server_pid; wait $server_pid
 }
 # Issue 31's Python point: shared buffers (native core) against hgemm_load --transport=shm.

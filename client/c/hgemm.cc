@@ -424,10 +424,12 @@ grpc::Status CheckSizes(const hgemm_gemm_options_t& options, uint32_t m, uint32_
   return grpc::Status::OK;
 }
 
-// The GemmRequest of hgemm_gemm()'s arguments (sizes checked); A and B are copied into it.
+// The GemmRequest of hgemm_gemm()'s arguments (sizes checked). A and B sent as bytes are copied
+// into it, or with `detached` only named there (GemmClient::GemmInPlace sends them from the
+// caller's memory).
 void BuildRequest(const hgemm_gemm_options_t& options, uint32_t m, uint32_t n, uint32_t k,
                   const void* a, size_t a_bytes, const void* b, size_t b_bytes,
-                  hgemm::v1::GemmRequest* request) {
+                  hgemm::v1::GemmRequest* request, hgemm::OperandBytes* detached = nullptr) {
   request->set_m(m);
   request->set_n(n);
   request->set_k(k);
@@ -437,6 +439,8 @@ void BuildRequest(const hgemm_gemm_options_t& options, uint32_t m, uint32_t n, u
   request->mutable_options()->set_request_id(options.request_id);
   if (!options.a_region.region().empty()) {
     *request->mutable_a_region() = options.a_region;
+  } else if (options.a_handle.empty() && detached != nullptr) {
+    *detached = {.a = a != nullptr ? a : "", .a_bytes = a_bytes};
   } else if (options.a_handle.empty()) {
     request->set_a(a, a_bytes);
   } else {
@@ -444,6 +448,9 @@ void BuildRequest(const hgemm_gemm_options_t& options, uint32_t m, uint32_t n, u
   }
   if (!options.b_region.region().empty()) {
     *request->mutable_b_region() = options.b_region;
+  } else if (options.b_handle.empty() && detached != nullptr) {
+    detached->b = b != nullptr ? b : "";
+    detached->b_bytes = b_bytes;
   } else if (options.b_handle.empty()) {
     request->set_b(b, b_bytes);
   } else {
@@ -710,7 +717,8 @@ void hgemm_gemm(hgemm_client_t* client, const hgemm_gemm_options_t* options, uin
       return;
     }
     hgemm::v1::GemmRequest request;
-    BuildRequest(*options, m, n, k, a, a_bytes, b, b_bytes, &request);
+    hgemm::OperandBytes detached;
+    BuildRequest(*options, m, n, k, a, a_bytes, b, b_bytes, &request, &detached);
     const hgemm::CallOptions call = CallOptionsOf(client, options->timeout_ms, "");
     // Regions are named by unary Gemm calls only.
     const bool regions = request.has_a_region() || request.has_b_region() ||
@@ -718,10 +726,16 @@ void hgemm_gemm(hgemm_client_t* client, const hgemm_gemm_options_t* options, uin
     // Auto: parallel parts for the largest GEMMs (GemmClient::Run, C copied once out of the
     // ranged downloads), else a stream above the unary limit.
     const bool parts = !regions && options->mode == HGEMM_MODE_AUTO &&
-                       hgemm::GemmClient::ShouldSendParts(request, call);
+                       hgemm::GemmClient::ShouldSendParts(request, call, detached);
     const bool streamed = !regions && (options->mode == HGEMM_MODE_STREAM ||
                                        (options->mode == HGEMM_MODE_AUTO && !parts &&
-                                        hgemm::GemmClient::ShouldStream(request, call)));
+                                        hgemm::GemmClient::ShouldStream(request, call, detached)));
+    // A unary call whose C comes back: A and B leave from the caller's memory and C lands in
+    // `c`, no copy through the request or the response (GemmInPlace). Streams and parts take
+    // A and B in the request.
+    const bool in_place = !parts && !streamed && !request.has_c_region();
+    if (!in_place && detached.a != nullptr) request.set_a(detached.a, detached.a_bytes);
+    if (!in_place && detached.b != nullptr) request.set_b(detached.b, detached.b_bytes);
     hgemm::v1::GemmResponse response;
     // One try: C's chunks straight into the caller's buffer, or one copy out of the response.
     auto attempt = [&](std::chrono::milliseconds remaining) {
@@ -734,6 +748,10 @@ void hgemm_gemm(hgemm_client_t* client, const hgemm_gemm_options_t* options, uin
         if (status.ok()) status = results[0].status;
         if (status.ok()) response = std::move(results[0].response);
         return status;
+      }
+      if (in_place) {
+        return client->client.GemmInPlace(request, detached,
+                                          {static_cast<char*>(c), c_capacity}, &response, try_call);
       }
       grpc::Status status = parts ? client->client.Run(request, &response, try_call)
                                   : client->client.Gemm(request, &response, try_call);

@@ -1,0 +1,118 @@
+// GemmClient::GemmInPlace against a real server (CPU backend) on 127.0.0.1: A and B sent from
+// the caller's memory, C written into the caller's buffer, checked against an fp32 reference;
+// a buffer too small for C is an INTERNAL error with nothing written past it.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "client/gemm_client.h"
+#include "proto/numerics/cpu_gemm.h"
+#include "server/backend/cpu_backend.h"
+#include "server/server.h"
+
+namespace hgemm {
+namespace {
+
+constexpr uint16_t kPoison = 0x7e00;  // fp16 NaN
+
+class GemmInPlaceTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ServerOptions options;
+    options.listen_address = "127.0.0.1:0";
+    server_ = HgemmServer::Start(options, MakeCpuBackend({.workers = 2}));
+    ASSERT_NE(server_, nullptr);
+    client_ = std::make_unique<GemmClient>(Connect("127.0.0.1:" + std::to_string(server_->port())));
+  }
+
+  std::unique_ptr<HgemmServer> server_;
+  std::unique_ptr<GemmClient> client_;
+};
+
+v1::GemmRequest Shape(uint32_t m, uint32_t n, uint32_t k) {
+  v1::GemmRequest request;
+  request.set_m(m);
+  request.set_n(n);
+  request.set_k(k);
+  return request;
+}
+
+TEST_F(GemmInPlaceTest, OperandsFromTheCallersMemoryAndCIntoItsBuffer) {
+  std::mt19937_64 rng(7);
+  for (const auto& [m, n, k] : {std::tuple{1u, 1u, 1u}, {37u, 53u, 71u}, {128u, 96u, 300u}}) {
+    const std::vector<uint16_t> a = RandomHalfMatrix(int64_t(m) * k, rng);
+    const std::vector<uint16_t> b = RandomHalfMatrix(int64_t(k) * n, rng);
+    std::vector<uint16_t> c(size_t(m) * n + 4, kPoison);  // 4 guard elements past C
+    v1::GemmResponse response;
+    const grpc::Status s = client_->GemmInPlace(
+        Shape(m, n, k), {.a = a.data(), .a_bytes = 2 * a.size(), .b = b.data(), .b_bytes = 2 * b.size()},
+        {reinterpret_cast<char*>(c.data()), 2 * size_t(m) * n}, &response);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    EXPECT_TRUE(response.c().empty());
+    EXPECT_GT(response.timing().server_total_ms(), 0) << "the rest of the response is parsed";
+    const std::vector<float> reference = ReferenceGemm(a.data(), b.data(), m, n, k);
+    const ErrorStats e = CompareToReference(c.data(), reference.data(), int64_t(m) * n, {});
+    EXPECT_EQ(e.nan_count, 0u) << m << "x" << n << "x" << k;
+    EXPECT_LT(e.rel_frobenius, ServiceTolerance(false, {})) << m << "x" << n << "x" << k;
+    for (size_t i = size_t(m) * n; i < c.size(); ++i) EXPECT_EQ(c[i], kPoison);
+  }
+}
+
+TEST_F(GemmInPlaceTest, AResidentBAndAnInPlaceA) {
+  std::mt19937_64 rng(8);
+  const uint32_t m = 20, n = 30, k = 40;
+  const std::vector<uint16_t> a = RandomHalfMatrix(m * k, rng), b = RandomHalfMatrix(k * n, rng);
+  v1::MatrixInfo info;
+  ASSERT_TRUE(client_->UploadMatrix(k, n, HalfBytes(b), &info).ok());
+  v1::GemmRequest request = Shape(m, n, k);
+  request.set_b_handle(info.handle());
+  std::vector<uint16_t> c(m * n, kPoison);
+  v1::GemmResponse response;
+  const grpc::Status s = client_->GemmInPlace(request, {.a = a.data(), .a_bytes = 2 * a.size()},
+                                              {reinterpret_cast<char*>(c.data()), 2 * c.size()},
+                                              &response);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  const std::vector<float> reference = ReferenceGemm(a.data(), b.data(), m, n, k);
+  EXPECT_LT(CompareToReference(c.data(), reference.data(), m * n, {}).rel_frobenius,
+            ServiceTolerance(false, {}));
+}
+
+TEST_F(GemmInPlaceTest, ABufferTooSmallForCIsAnErrorAndNothingIsWrittenPastIt) {
+  std::mt19937_64 rng(9);
+  const uint32_t m = 16, n = 16, k = 16;
+  const std::vector<uint16_t> a = RandomHalfMatrix(m * k, rng), b = RandomHalfMatrix(k * n, rng);
+  std::vector<uint16_t> c(m * n, kPoison);
+  const size_t capacity = 2 * (c.size() - 1);  // one element short
+  v1::GemmResponse response;
+  const grpc::Status s = client_->GemmInPlace(
+      Shape(m, n, k), {.a = a.data(), .a_bytes = 2 * a.size(), .b = b.data(), .b_bytes = 2 * b.size()},
+      {reinterpret_cast<char*>(c.data()), capacity}, &response);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INTERNAL) << s.error_message();
+  EXPECT_NE(s.error_message().find("the buffer holds"), std::string::npos) << s.error_message();
+  for (uint16_t x : c) EXPECT_EQ(x, kPoison);
+  // The server answered it and keeps serving; a right-sized call succeeds.
+  EXPECT_TRUE(client_->GemmInPlace(Shape(m, n, k),
+                                   {.a = a.data(), .a_bytes = 2 * a.size(), .b = b.data(),
+                                    .b_bytes = 2 * b.size()},
+                                   {reinterpret_cast<char*>(c.data()), 2 * c.size()}, &response)
+                  .ok());
+}
+
+TEST_F(GemmInPlaceTest, TheServersRefusalsComeBackAsForGemm) {
+  const std::vector<uint16_t> a(10, 0x3c00);
+  std::vector<uint16_t> c(4, kPoison);
+  v1::GemmResponse response;
+  // A of 10 elements for a 2x3 A: the server names the operand.
+  const grpc::Status s = client_->GemmInPlace(Shape(2, 2, 3), {.a = a.data(), .a_bytes = 20, .b = a.data(), .b_bytes = 12},
+                                              {reinterpret_cast<char*>(c.data()), 8}, &response);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+  for (uint16_t x : c) EXPECT_EQ(x, kPoison);
+}
+
+}  // namespace
+}  // namespace hgemm
