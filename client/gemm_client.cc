@@ -505,11 +505,18 @@ GemmClient::Route GemmClient::RouteFor(const std::string& handle, const CallOpti
   return RouteTo(replica.empty() ? options.replica : replica);
 }
 
-grpc::Status GemmClient::Gemm(const v1::GemmRequest& request, v1::GemmResponse* response,
-                              const CallOptions& options) const {
+grpc::Status GemmClient::RouteOf(const v1::GemmRequest& request, const CallOptions& options,
+                                 Route* route) const {
   std::string replica;
   if (grpc::Status s = ReplicaOf(request, &replica); !s.ok()) return s;
-  const Route route = RouteTo(replica.empty() ? options.replica : replica);
+  *route = RouteTo(replica.empty() ? options.replica : replica);
+  return grpc::Status::OK;
+}
+
+grpc::Status GemmClient::Gemm(const v1::GemmRequest& request, v1::GemmResponse* response,
+                              const CallOptions& options) const {
+  Route route;
+  if (grpc::Status s = RouteOf(request, options, &route); !s.ok()) return s;
   grpc::ClientContext context;
   ApplyDeadline(options, &context);
   return ExplainUnreachable(route.stub->Gemm(&context, request, response), route.replica,
@@ -519,9 +526,8 @@ grpc::Status GemmClient::Gemm(const v1::GemmRequest& request, v1::GemmResponse* 
 grpc::Status GemmClient::GemmInPlace(const v1::GemmRequest& request, OperandBytes operands,
                                      CBuffer c_into, v1::GemmResponse* response,
                                      const CallOptions& options) const {
-  std::string replica;
-  if (grpc::Status s = ReplicaOf(request, &replica); !s.ok()) return s;
-  const Route route = RouteTo(replica.empty() ? options.replica : replica);
+  Route route;
+  if (grpc::Status s = RouteOf(request, options, &route); !s.ok()) return s;
   grpc::ClientContext context;
   ApplyDeadline(options, &context);
   // The method as the generated stub names it (service and method from the descriptor).

@@ -307,6 +307,9 @@ class GemmClient {
   struct Routes;
 
   Route RouteTo(const std::string& replica) const;
+  // The route of a GEMM: its handles' replica (ReplicaOf), else options.replica.
+  grpc::Status RouteOf(const v1::GemmRequest& request, const CallOptions& options,
+                       Route* route) const;
   // Part connection `index` to the replica of `handle` (or the target).
   Route PartRouteFor(const std::string& handle, int index) const;
   // Run() as parallel parts; UNIMPLEMENTED from a server without CreateUpload.
