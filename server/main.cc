@@ -114,9 +114,9 @@ int main(int argc, char** argv) {
   app.add_option("--device_memory_fraction", backend_options.cuda.device_memory_fraction,
                  "share of each device's free memory the streams' buffers may use")
       ->envname("HGEMM_DEVICE_MEMORY_FRACTION")->check(CLI::Range(0.05, 0.98))->capture_default_str();
-  app.add_flag("--fused_scale", backend_options.cuda.fused_scale,
-               "alpha/beta inside the kernels that can (not yet checked on a GPU; default: a "
-               "separate epilogue pass)")
+  app.add_flag("--fused_scale,!--no_fused_scale", backend_options.cuda.fused_scale,
+               "alpha/beta inside the kernels that can (--no_fused_scale: a separate epilogue "
+               "pass over an fp32 intermediate)")
       ->envname("HGEMM_FUSED_SCALE");
   int64_t spin_us = 1000;
   app.add_option("--spin_us", spin_us,
