@@ -411,6 +411,24 @@ int ConnectionsTo(int port) {
   return count;
 }
 
+// ConnectionsTo(port) once it has held for 200 ms (at most 5 s): the connections of earlier
+// tests' clients close after hgemm_client_destroy returns, so a count taken at once may still
+// hold one (a CI run counted 2 new connections for 3 clients).
+int SettledConnectionsTo(int port) {
+  using Clock = std::chrono::steady_clock;
+  const auto deadline = Clock::now() + std::chrono::seconds(5);
+  int count = ConnectionsTo(port);
+  auto since = Clock::now();
+  while (Clock::now() < deadline && Clock::now() - since < std::chrono::milliseconds(200)) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    if (const int now = ConnectionsTo(port); now != count) {
+      count = now;
+      since = Clock::now();
+    }
+  }
+  return count;
+}
+
 // Each client opens its own TCP connection, as each channel of the Python fallback
 // (use_local_subchannel_pool) and each of hgemm_load's workers: gRPC would otherwise share one
 // between all the clients of a process, and clients made for concurrency would queue on it (the
@@ -418,7 +436,7 @@ int ConnectionsTo(int port) {
 TEST_F(HgemmC, EachClientOpensItsOwnConnection) {
   const std::string& address = server_->address();
   const int port = std::stoi(address.substr(address.rfind(':') + 1));
-  const int before = ConnectionsTo(port);
+  const int before = SettledConnectionsTo(port);
   std::vector<hgemm_client_t*> clients;
   for (int i = 0; i < 3; ++i) {
     Error e;
@@ -428,7 +446,7 @@ TEST_F(HgemmC, EachClientOpensItsOwnConnection) {
     ASSERT_NE(info, nullptr) << e.text();
     hgemm_server_info_destroy(info);
   }
-  EXPECT_EQ(ConnectionsTo(port) - before, 3) << address;
+  EXPECT_EQ(SettledConnectionsTo(port) - before, 3) << address;
   for (hgemm_client_t* client : clients) hgemm_client_destroy(client);
 }
 
