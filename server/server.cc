@@ -11,6 +11,7 @@
 #include <string_view>
 #include <vector>
 
+#include "server/transport/peer_connections.h"
 #include "server/transport/status_util.h"
 
 namespace hgemm {
@@ -211,7 +212,10 @@ std::unique_ptr<HgemmServer> HgemmServer::Start(ServerOptions options,
       spdlog::error("cannot listen on {}", opts.more_listen_addresses[i]);
       return nullptr;  // ~HgemmServer stops the gRPC server
     }
+    if (UnixSocketPath(opts.more_listen_addresses[i]).empty())
+      server->tcp_ports_.push_back(more_ports[i]);
   }
+  if (UnixSocketPath(opts.listen_address).empty()) server->tcp_ports_.push_back(server->port_);
   if (own_unix_sockets) {
     for (const std::string& address : ListenAddresses(opts)) {
       const std::string path = UnixSocketPath(address);
@@ -286,8 +290,37 @@ void HgemmServer::Shutdown() {
   server_->Shutdown(std::chrono::system_clock::now() + options_.drain_deadline);
   scheduler_->Shutdown();
   server_->Wait();
+  WaitForPeersToClose();
   metrics_http_.reset();  // joins its thread: no scrape runs once Shutdown returns
   spdlog::info("stopped");
+}
+
+void HgemmServer::WaitForPeersToClose() {
+  // Every call is answered, but the last bytes of an answer may still be in gRPC's write queue
+  // or the socket's send buffer, and the peer's flow-control updates keep arriving. A process
+  // that exits now closes sockets with unread input, which resets them and drops those bytes
+  // (a client saw "Connection reset by peer" for a drained stream). After the GOAWAY, a gRPC
+  // client closes its connection once it has read its last answer: wait for that, bounded.
+  constexpr auto kBound = std::chrono::seconds(2);
+  const auto start = std::chrono::steady_clock::now();
+  auto open = [this] {
+    int count = 0;
+    for (int port : tcp_ports_) count += OpenTcpConnections(port);
+    return count;
+  };
+  int still_open = open();
+  while (still_open > 0 && std::chrono::steady_clock::now() - start < kBound) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    still_open = open();
+  }
+  const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(
+      std::chrono::steady_clock::now() - start);
+  if (still_open > 0) {
+    spdlog::warn("{} client connection(s) still open {} ms after the drain; closing them",
+                 still_open, waited.count());
+  } else {
+    spdlog::debug("client connections closed {} ms after the drain", waited.count());
+  }
 }
 
 }  // namespace hgemm

@@ -78,13 +78,16 @@ class HgemmServer {
   const Backend& backend() const { return *backend_; }
 
   // Health NOT_SERVING, stop accepting calls, let in-flight ones finish until the drain
-  // deadline (then cancel them), run what was admitted, stop workers, then stop serving
-  // /metrics (it answers throughout the drain). Idempotent.
+  // deadline (then cancel them), run what was admitted, stop workers, wait (at most 2 s) for
+  // the clients to close their connections once they have read their answers, then stop
+  // serving /metrics (it answers throughout the drain). Idempotent.
   void Shutdown();
 
  private:
   HgemmServer(ServerOptions options, std::unique_ptr<Backend> backend);
   void WatchHealth();
+  // Until the clients have closed their TCP connections to tcp_ports_, at most 2 s.
+  void WaitForPeersToClose();
 
   const ServerOptions options_;
   std::unique_ptr<Backend> backend_;
@@ -105,6 +108,7 @@ class HgemmServer {
   // hand connections to).
   std::vector<std::unique_ptr<UnixListener>> unix_listeners_;
   int port_ = 0;
+  std::vector<int> tcp_ports_;  // port_ and more, less the Unix sockets
   int health_port_ = 0;
   std::unique_ptr<MetricsHttpServer> metrics_http_;  // last: it calls metrics_ until destroyed
   int metrics_port_ = 0;
