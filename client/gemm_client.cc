@@ -133,6 +133,13 @@ class SerializationTraits<hgemm::InPlaceResponse, void> {
 namespace hgemm {
 namespace {
 
+// GemmService.Gemm as the generated stub names it, for calls with GemmInPlace's messages.
+const grpc::internal::RpcMethod& GemmMethod() {
+  static const std::string name = std::string("/") + v1::GemmService::service_full_name() + "/Gemm";
+  static const grpc::internal::RpcMethod method(name.c_str(), grpc::internal::RpcMethod::NORMAL_RPC);
+  return method;
+}
+
 void ApplyDeadline(const CallOptions& options, grpc::ClientContext* context) {
   if (options.timeout.count() > 0) {
     context->set_deadline(std::chrono::system_clock::now() + options.timeout);
@@ -530,19 +537,15 @@ grpc::Status GemmClient::GemmInPlace(const v1::GemmRequest& request, OperandByte
   if (grpc::Status s = RouteOf(request, options, &route); !s.ok()) return s;
   grpc::ClientContext context;
   ApplyDeadline(options, &context);
-  // The method as the generated stub names it (service and method from the descriptor).
-  static const std::string method =
-      std::string("/") + v1::GemmService::service_full_name() + "/Gemm";
-  const grpc::internal::RpcMethod rpc(method.c_str(), grpc::internal::RpcMethod::NORMAL_RPC);
   InPlaceResponse in_place{response, c_into, size_t(ResultBytes(request))};
   const grpc::Status status = grpc::internal::BlockingUnaryCall(
-      route.channel.get(), rpc, &context, InPlaceRequest{&request, operands}, &in_place);
+      route.channel.get(), GemmMethod(), &context, InPlaceRequest{&request, operands}, &in_place);
   if (status.ok()) return in_place.error;
   return ExplainUnreachable(status, route.replica, route.channel.get());
 }
 
-void GemmClient::GemmAsync(v1::GemmRequest request, bool streamed, CBuffer c_into,
-                           const CallOptions& options,
+void GemmClient::GemmAsync(v1::GemmRequest request, OperandBytes operands, bool streamed,
+                           CBuffer c_into, const CallOptions& options,
                            std::shared_ptr<grpc::ClientContext> context, GemmDone done) const {
   std::string replica;
   if (grpc::Status s = ReplicaOf(request, &replica); !s.ok()) {
@@ -551,7 +554,9 @@ void GemmClient::GemmAsync(v1::GemmRequest request, bool streamed, CBuffer c_int
   }
   const Route route = RouteTo(replica.empty() ? options.replica : replica);
   ApplyDeadline(options, context.get());
-  if (streamed) {
+  if (streamed) {  // the chunks are cut from the request's operands
+    if (operands.a != nullptr) request.set_a(operands.a, operands.a_bytes);
+    if (operands.b != nullptr) request.set_b(operands.b, operands.b_bytes);
     auto* call = new AsyncStreamedGemm(std::move(request), c_into, options.chunk_bytes, context,
                                        route.replica, route.channel.get(), std::move(done));
     call->Start(route.stub.get());
@@ -559,21 +564,28 @@ void GemmClient::GemmAsync(v1::GemmRequest request, bool streamed, CBuffer c_int
   }
   // What the call uses lives with the callback, which gRPC keeps until it has run; `done` is
   // destroyed last (as in AsyncStreamedGemm). The channel is the client's (no reference here).
+  // A and B leave from the caller's memory and C lands in c_into, as in GemmInPlace.
   struct Unary {
     GemmDone done;
     std::shared_ptr<grpc::ClientContext> context;
     v1::GemmRequest request;
     v1::GemmResponse response;
+    InPlaceRequest in_place_request;
+    InPlaceResponse in_place_response;
   };
+  const bool c_returned = !request.keep_c_resident() && !request.has_c_region();
+  const size_t c_expected = c_returned ? size_t(ResultBytes(request)) : 0;
   auto unary = std::make_shared<Unary>(
       Unary{std::move(done), std::move(context), std::move(request), v1::GemmResponse()});
-  grpc::ClientContext* unary_context = unary->context.get();
-  route.stub->async()->Gemm(unary_context, &unary->request, &unary->response,
-                            [unary, replica = route.replica,
-                             channel = route.channel.get()](grpc::Status status) {
-                              unary->done(ExplainUnreachable(status, replica, channel),
-                                          std::move(unary->response));
-                            });
+  unary->in_place_request = {&unary->request, operands};
+  unary->in_place_response = {&unary->response, c_into, c_expected};
+  grpc::internal::CallbackUnaryCall(
+      route.channel.get(), GemmMethod(), unary->context.get(), &unary->in_place_request,
+      &unary->in_place_response,
+      [unary, replica = route.replica, channel = route.channel.get()](grpc::Status status) {
+        if (status.ok()) status = unary->in_place_response.error;
+        unary->done(ExplainUnreachable(status, replica, channel), std::move(unary->response));
+      });
 }
 
 grpc::Status GemmClient::GemmStream(const std::vector<const v1::GemmRequest*>& requests,

@@ -210,19 +210,22 @@ class GemmClient {
                                                grpc::ClientContext* context) const;
 
   // What GemmAsync comes to: the GEMM's status (as GemmStream's or Gemm's would be) and its
-  // response (C in response.c() when unary; written into c_into when streamed).
+  // response (C is in c_into, not in response.c()).
   using GemmDone = std::function<void(grpc::Status, v1::GemmResponse)>;
-  // Starts one GEMM and returns without waiting: a unary Gemm, or when `streamed` a one-GEMM
-  // GemmStream whose C goes into c_into as it arrives (a chunk past its capacity: INTERNAL).
+  // Starts one GEMM and returns without waiting. Unary: GemmInPlace's call (A and B sent from
+  // `operands`, request.a and request.b unset; C, unless kept or written to a region, read into
+  // c_into: INTERNAL when it is not ResultBytes or does not fit). `streamed`: a one-GEMM
+  // GemmStream (A and B copied from `operands` into its chunks) whose C goes into c_into as it
+  // arrives (a chunk past its capacity: INTERNAL).
   // `done` runs exactly once: on a gRPC thread, or on this one before returning when the GEMM
   // is refused at once (FAILED_PRECONDITION: handles on two replicas). It must not block.
   // context->TryCancel() from any thread ends the GEMM (CANCELLED); its deadline and metadata
   // are set here from `options`, and the GEMM keeps it until done has run. REQUIRES: context is
-  // fresh; c_into's memory stays alive until done runs; the client (its channels) stays alive
+  // fresh; the operands' and c_into's memory stay alive until done runs; the client (its channels) stays alive
   // until `done` has been destroyed, which happens after the call let go of the context and
   // channel. (A gRPC callback thread must not drop the last reference to a channel: gRPC would
   // shut down its callback queue from its own thread.)
-  void GemmAsync(v1::GemmRequest request, bool streamed, CBuffer c_into,
+  void GemmAsync(v1::GemmRequest request, OperandBytes operands, bool streamed, CBuffer c_into,
                  const CallOptions& options, std::shared_ptr<grpc::ClientContext> context,
                  GemmDone done) const;
 

@@ -855,37 +855,28 @@ hgemm_call_t* StartGemm(hgemm_client_t* client, const hgemm_gemm_options_t* opti
       return nullptr;
     }
     hgemm::v1::GemmRequest request;
-    BuildRequest(*options, m, n, k, a, a_bytes, b, b_bytes, &request);
+    hgemm::OperandBytes detached;  // sent from the caller's memory (GemmAsync)
+    BuildRequest(*options, m, n, k, a, a_bytes, b, b_bytes, &request, &detached);
     request.set_keep_c_resident(keep_c);
     request.set_c_ttl_seconds(c_ttl_seconds);
     const hgemm::CallOptions call = CallOptionsOf(client, options->timeout_ms, "");
     const bool streamed = options->mode == HGEMM_MODE_STREAM ||
                           (options->mode == HGEMM_MODE_AUTO &&
-                           hgemm::GemmClient::ShouldStream(request, call));
-    const size_t c_bytes = keep_c ? 0 : hgemm::GemmClient::ResultBytes(request);
+                           hgemm::GemmClient::ShouldStream(request, call, detached));
     auto handle = std::make_unique<hgemm_call_t>();
     handle->context = std::make_shared<grpc::ClientContext>();
-    // On a gRPC thread: a unary C is copied out of its response, then the caller is told.
-    auto finish = [c, c_bytes, streamed, keep_c, tell = std::move(tell),
+    auto finish = [keep_c, streamed, tell = std::move(tell),
                    running = client->async.Enter()](grpc::Status status,
                                                     hgemm::v1::GemmResponse response) {
       if (status.ok() && keep_c && !response.has_c_matrix()) {
         status = grpc::Status(grpc::StatusCode::INTERNAL,
                               "the server kept no C (keep_c_resident ignored?)");
-      } else if (status.ok() && !streamed && !keep_c) {
-        if (response.c().size() == c_bytes) {
-          std::memcpy(c, response.c().data(), c_bytes);
-        } else {
-          status = grpc::Status(grpc::StatusCode::INTERNAL,
-                                fmt::format("the server sent {} bytes of C; {}x{} is {}",
-                                            response.c().size(), response.m(), response.n(),
-                                            c_bytes));
-        }
       }
       tell(status, response, streamed);
     };
-    client->client.GemmAsync(std::move(request), streamed, {static_cast<char*>(c), c_capacity},
-                             call, handle->context, std::move(finish));
+    client->client.GemmAsync(std::move(request), detached, streamed,
+                             {static_cast<char*>(c), c_capacity}, call, handle->context,
+                             std::move(finish));
     *code = HGEMM_OK;
     return handle.release();
   } catch (...) {
