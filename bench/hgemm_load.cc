@@ -12,6 +12,7 @@
 #include <set>
 #include <thread>
 
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include "bench/load_callers.h"
@@ -449,9 +450,17 @@ PointResult LoadGenerator::RunPoint(Target kind, const std::string& target, int 
   }
   result.warmup_requests = int64_t(recorder.size());
 
+  // This process's CPU time (user + system, every thread): what the client costs per call.
+  auto cpu_seconds = [] {
+    rusage r{};
+    getrusage(RUSAGE_SELF, &r);
+    return double(r.ru_utime.tv_sec + r.ru_stime.tv_sec) +
+           1e-6 * double(r.ru_utime.tv_usec + r.ru_stime.tv_usec);
+  };
   struct Window {
     size_t begin = 0, end = 0;
     double t0 = 0, t1 = 0;
+    double cpu0 = 0, cpu1 = 0;  // cpu_seconds()
     double requests_per_s = 0, p50_ms = 0;
     int64_t ok = 0;
   };
@@ -470,6 +479,7 @@ PointResult LoadGenerator::RunPoint(Target kind, const std::string& target, int 
     Window w;
     w.begin = recorder.size();
     w.t0 = elapsed();
+    w.cpu0 = cpu_seconds();
     while (elapsed() < o.max_point_s) {
       if (elapsed() - w.t0 >= o.window_s &&
           recorder.size() - w.begin >= size_t(o.min_window_requests)) {
@@ -478,6 +488,7 @@ PointResult LoadGenerator::RunPoint(Target kind, const std::string& target, int 
       std::this_thread::sleep_for(poll);
     }
     w.t1 = elapsed();
+    w.cpu1 = cpu_seconds();
     w.end = recorder.size();
     std::vector<double> latencies;
     for (const Sample& s : recorder.Slice(w.begin, w.end)) {
@@ -521,6 +532,7 @@ PointResult LoadGenerator::RunPoint(Target kind, const std::string& target, int 
     const size_t first = result.stable ? windows.size() - o.stable_windows : 0;
     measured = recorder.Slice(windows[first].begin, windows.back().end);
     seconds = windows.back().t1 - windows[first].t0;
+    result.client_cpu_s = windows.back().cpu1 - windows[first].cpu0;
   }
   result.stats.push_back(Summarize(measured, -1, seconds, o.shapes, kind, o.resident));
   if (o.shapes.size() > 1) {

@@ -429,11 +429,17 @@ TEST_F(HgemmLoadTest, ServerMetricsCountTheCallsOfAPoint) {
     std::getline(in, header);
     std::getline(in, first);   // the mix: the point's server counts
     std::getline(in, second);  // one shape of the mix: none
-    EXPECT_NE(header.find(",calls,metrics_rpc,metrics_requests,metrics_ok,metrics_agree,"),
+    EXPECT_NE(header.find(",calls,client_cpu_ms,metrics_rpc,metrics_requests,metrics_ok,"
+                          "metrics_agree,"),
               std::string::npos);
-    EXPECT_NE(first.find(fmt::format(",{},{},{},{},1,{},", p.calls, rpc, p.calls, p.calls, p.calls)),
+    // The calls took this process's CPU time; per successful call on the mix's row only.
+    EXPECT_GT(p.client_cpu_s, 0);
+    EXPECT_NE(first.find(fmt::format(",{},{:.4g},{},{},{},1,{},", p.calls,
+                                     1e3 * p.client_cpu_s / double(p.stats[0].requests), rpc,
+                                     p.calls, p.calls, p.calls)),
               std::string::npos)
         << first;
+    EXPECT_NE(second.find(fmt::format(",{},,", p.calls)), std::string::npos) << second;
     EXPECT_EQ(second.substr(second.size() - 10), ",,,,,,,,,,") << second;
   }
 }

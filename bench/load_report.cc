@@ -102,7 +102,7 @@ void WriteCsvHeader(std::ostream& out) {
          "requests_per_s,p50_ms,p90_ms,p99_ms,mean_ms,min_ms,max_ms,gflops,payload_gb_per_s,"
          "echo_payload_gb_per_s,ratio_to_echo,server_queue_ms,server_h2d_ms,server_kernel_ms,"
          "server_d2h_ms,server_total_ms,windows,stable,warmup_requests,error_codes,shapes,"
-         "parallel_parts,gemm_gb_per_s,calls,"
+         "parallel_parts,gemm_gb_per_s,calls,client_cpu_ms,"
          "metrics_rpc,metrics_requests,metrics_ok,metrics_agree,metrics_gemms,metrics_queue_ms,"
          "metrics_h2d_ms,metrics_kernel_ms,metrics_d2h_ms,metrics_total_ms\n";
 }
@@ -131,8 +131,13 @@ void WriteCsvRows(std::ostream& out, const PointResult& p, const PointResult* ec
         server ? fmt::format("{:.6g}", s.server.d2h_ms) : "",
         server ? fmt::format("{:.6g}", s.server.total_ms) : "", p.windows, p.stable ? 1 : 0,
         p.warmup_requests, quote(ErrorCodes(p)), quote(p.shapes));
-    const ServerMetricsDelta* m = &s == &p.stats[0] && p.server_metrics ? &*p.server_metrics : nullptr;
-    out << fmt::format(",{},{:.6g},{}", p.parallel_parts, GemmGbPerS(s), p.calls);
+    // The process's CPU per call and the server's metrics: on the all-shapes row only.
+    const bool all_shapes = &s == &p.stats[0];
+    const ServerMetricsDelta* m = all_shapes && p.server_metrics ? &*p.server_metrics : nullptr;
+    out << fmt::format(",{},{:.6g},{},{}", p.parallel_parts, GemmGbPerS(s), p.calls,
+                       all_shapes && s.requests > 0
+                           ? fmt::format("{:.4g}", 1e3 * p.client_cpu_s / double(s.requests))
+                           : "");
     if (m != nullptr) {
       out << fmt::format(",{},{},{},{},{},{:.6g},{:.6g},{:.6g},{:.6g},{:.6g}\n", m->rpc, m->requests,
                          m->ok_requests, m->Agrees() ? 1 : 0, m->gemms, m->queue_ms, m->h2d_ms,

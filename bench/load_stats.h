@@ -62,6 +62,9 @@ struct PointResult {
   int64_t warmup_requests = 0;
   int64_t calls = 0;  // every call of the point (warm-up, windows, the last ones), any outcome
   std::vector<double> window_requests_per_s;  // each window's successful calls/s, in order
+  // This process's CPU time (user + system, all threads) over the windows the stats cover:
+  // the client's own cost (stats[0].requests calls), without the warm-up or --verify.
+  double client_cpu_s = 0;
   std::map<int, int64_t> error_codes;  // gRPC code (-1: wrong C size) → count, whole point
   std::string first_error;
   double upload_s = 0;  // uploading the resident operands before the warm-up (not measured)

@@ -23,8 +23,9 @@ Mode "shm" (same host: --server=unix:PATH of a server with --allow_shared_memory
 none): each worker's A, B and C live in shared buffers of its client (c.shared_buffer), and
 each GEMM is c.gemm(A, B, out=C): a unary Gemm naming the regions, nothing sent but names
 (hgemm_load: --transport=shm).
-Its CPU time per GEMM ("C++ CPU ms") is the child process's user + system time over all the
-GEMMs it ran (verification and warm-up included: an upper bound).
+hgemm_load's CPU time per GEMM ("C++ CPU ms") is its own user + system time over its measured
+windows (its CSV's client_cpu_ms: no warm-up, no verification), the figure "py CPU ms" is
+held against.
 
 --transports: the client's cores to measure, each point once per core ($HGEMM_TRANSPORT for the
 point's clients; default both): "native" (libhgemm_client.so, client/c; skipped with a line
@@ -290,22 +291,16 @@ def _cpu_seconds() -> float:
     return r.ru_utime + r.ru_stime
 
 
-def _children_cpu_seconds() -> float:
-    r = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return r.ru_utime + r.ru_stime
-
-
 def run_cpp(args, row):
-    """hgemm_load at the row's point: (req/s, CPU ms per GEMM over its whole run), or None."""
+    """hgemm_load at the row's point: (req/s, its CPU ms per GEMM over the measured windows),
+    or None."""
     with tempfile.NamedTemporaryFile(suffix=".csv") as f:
         shm = row["mode"] == "shm"
         cmd = [args.hgemm_load, f"--server={args.server}", f"--shapes={row['shape']}",
                f"--mode={'unary' if shm else row['mode']}", f"--resident={row['resident']}",
                f"--transport={'shm' if shm else 'grpc'}",
                f"--concurrency={row['concurrency']}", f"--csv={f.name}", "--verify=1"]
-        cpu_before = _children_cpu_seconds()
         r = subprocess.run(cmd, capture_output=True, text=True)
-        cpu_s = _children_cpu_seconds() - cpu_before
         if r.returncode != 0:
             print(f"python_client_bench: hgemm_load failed ({r.returncode}):\n{r.stderr[-2000:]}",
                   file=sys.stderr)
@@ -314,8 +309,8 @@ def run_cpp(args, row):
                 if x["target"] == ("shm" if shm else "service")]
         if not rows:
             return None
-        gemms = int(rows[0]["requests"]) + int(rows[0].get("warmup_requests") or 0)
-        return float(rows[0]["requests_per_s"]), 1e3 * cpu_s / gemms if gemms else float("nan")
+        cpu_ms = rows[0]["client_cpu_ms"]
+        return float(rows[0]["requests_per_s"]), float(cpu_ms) if cpu_ms else float("nan")
 
 
 def _number(x, digits: int) -> str:
