@@ -369,9 +369,11 @@ TEST(Registry, WgmmaTakesBatchesAndGroupsInOneLaunch) {
   for (const VariantInfo& v : Variants()) {
     if (v.kind == VariantKind::kKernel || v.kind == VariantKind::kPadded) {
       const bool wgmma = v.name.rfind("wgmma_", 0) == 0;
-      const bool pingpong = v.name.rfind("wgmma_pp_", 0) == 0;  // a group: a loop of launches
+      // Ping-pong and cluster kernels run a group as a loop of launches.
+      const bool loops_groups = v.name.rfind("wgmma_pp_", 0) == 0 ||
+                                v.name.find("_cluster2") != std::string::npos;
       EXPECT_EQ(v.batched, wgmma) << v.name;
-      EXPECT_EQ(v.launch_grouped != nullptr, wgmma && !pingpong) << v.name;
+      EXPECT_EQ(v.launch_grouped != nullptr, wgmma && !loops_groups) << v.name;
     }
   }
   const VariantInfo* w = FindVariant("wgmma_128x256_s4_g8");
@@ -395,6 +397,36 @@ TEST(Registry, WgmmaTakesBatchesAndGroupsInOneLaunch) {
   p.batch = 1 << 18;
   p.stride_a = p.stride_b = 0;
   EXPECT_NE(CheckProblem(*w, p).find("reaches 2^31"), std::string::npos) << CheckProblem(*w, p);
+}
+
+// Issue 29, beyond parity: the cluster-pair kernel is the cooperative 128x256 kernel's shape
+// rules and forms, but C of the input type only (its fp32-C kernels are not compiled: a
+// problem asking for one is refused before any launch), a group as a loop of launches, and
+// experimental.
+TEST(Registry, ClusterPairTakesTheCooperativeTilesShapesWithCOfTheInputType) {
+  const VariantInfo* cluster = FindVariant("wgmma_128x256_s4_g4_cluster2");
+  const VariantInfo* same_tile = FindVariant("wgmma_128x256_s4_g8");
+  if (same_tile == nullptr) {
+    EXPECT_EQ(cluster, nullptr) << "listed on a machine without the wgmma family";
+    GTEST_SKIP() << "no wgmma family on this machine";
+  }
+  ASSERT_NE(cluster, nullptr);
+  EXPECT_TRUE(cluster->experimental);
+  EXPECT_EQ(cluster->launch_grouped, nullptr);
+  EXPECT_TRUE(cluster->batched && cluster->strided && cluster->fused_scale);
+  EXPECT_EQ(cluster->layouts, kAllLayouts);
+  EXPECT_TRUE(cluster->SupportsTypes(DataType::kFp16, DataType::kFp16));
+  EXPECT_TRUE(cluster->SupportsTypes(DataType::kBf16, DataType::kBf16));
+  EXPECT_FALSE(cluster->SupportsTypes(DataType::kFp16, DataType::kFp32));
+  EXPECT_FALSE(cluster->SupportsTypes(DataType::kBf16, DataType::kFp32));
+  EXPECT_EQ(cluster->block_m, 128);
+  EXPECT_EQ(cluster->block_n, 256);
+  EXPECT_EQ(cluster->smem_bytes, same_tile->smem_bytes);
+  GemmProblem p = AlignedProblem(256, 512, 128);
+  EXPECT_EQ(CheckProblem(*cluster, p), "");
+  p.c_type = DataType::kFp32;
+  EXPECT_NE(CheckProblem(*cluster, p), "");
+  EXPECT_EQ(CheckProblem(*same_tile, p), "");
 }
 
 // Issue 29, beyond parity: the ping-pong kernel is registered with the cooperative 128x128
@@ -423,10 +455,11 @@ TEST(Registry, PingpongTakesTheCooperativeTilesFormsAndIsExperimental) {
   // Six 32 KB stages and two consumers' 16 KB of C staging, within an sm_90 block's 227 KB.
   EXPECT_GE(pp->smem_bytes, 6u * 32768 + 2 * 16384);
   EXPECT_LE(pp->smem_bytes, 227u * 1024);
-  // Experimental: only what has not yet run on a GPU (the ping-pong and split-K variants).
+  // Experimental: only what has not yet run on a GPU (the ping-pong, cluster and split-K
+  // variants).
   for (const VariantInfo& v : Variants())
     EXPECT_TRUE(!v.experimental || v.name.rfind("wgmma_pp_", 0) == 0 ||
-                v.kind == VariantKind::kSplitK)
+                v.name.find("_cluster2") != std::string::npos || v.kind == VariantKind::kSplitK)
         << v.name;
   // The same refusals as the cooperative kernel of the same tile, word for word but the name.
   auto verdict = [](const VariantInfo& v, const GemmProblem& p) {

@@ -72,32 +72,60 @@ bool ProblemTensorMaps(const GemmProblem& p, int batch, CUtensorMap* a, CUtensor
 }
 
 // Enqueues C = p.alpha·op(A)·op(B) + p.beta·C_in with WgmmaGemmKernel<...> on `stream`: one
-// launch for the whole batch.
+// launch for the whole batch; with CLUSTER_M = 2, in clusters of two blocks sharing B (as many
+// as fit at once: cudaOccupancyMaxActiveClusters).
 // REQUIRES: CheckProblem passed for a wgmma variant of this configuration, p.transpose_a ==
 // TRANS_A, p.transpose_b == TRANS_B, p.ab_type the type T and p.c_type TC. Returns the CUDA
 // error (cudaErrorInvalidValue if a tensor map could not be encoded).
-// @tparam BN, CONSUMERS, K_STAGE, GROUP_M, TRANS_A, TRANS_B, T, TC  see detail::WgmmaGemmKernel.
+// @tparam BN, CONSUMERS, K_STAGE, GROUP_M, TRANS_A, TRANS_B, T, TC, CLUSTER_M  see
+//         detail::WgmmaGemmKernel.
 template <int BN, int CONSUMERS, int K_STAGE, int GROUP_M, bool TRANS_A, bool TRANS_B, typename T,
-          typename TC>
+          typename TC, int CLUSTER_M = 1>
 cudaError_t LaunchWgmmaGemm(const GemmProblem& p, cudaStream_t stream) {
   using Cfg = detail::WgmmaStage<BN, CONSUMERS, K_STAGE, GROUP_M>;
   constexpr auto* kernel =
-      &detail::WgmmaGemmKernel<BN, CONSUMERS, K_STAGE, GROUP_M, TRANS_A, TRANS_B, T, TC>;
+      &detail::WgmmaGemmKernel<BN, CONSUMERS, K_STAGE, GROUP_M, TRANS_A, TRANS_B, T, TC, CLUSTER_M>;
   int device = 0;
   HGEMM_RETURN_IF_CUDA_ERROR(cudaGetDevice(&device));
   HGEMM_RETURN_IF_CUDA_ERROR(detail::OptInDynamicSmem<kernel>(device, Cfg::kSmemBytes));
   CUtensorMap map_a, map_b, map_c, map_c_in;
-  if (!ProblemTensorMaps<Cfg::BM, BN, TRANS_A, TRANS_B, T, TC>(p, p.batch, &map_a, &map_b, &map_c,
-                                                               &map_c_in))
+  // In a cluster each block loads half of B's tile: a TRANS_B box of BN / 2 rows.
+  if (!ProblemTensorMaps<Cfg::BM, BN / CLUSTER_M, TRANS_A, TRANS_B, T, TC>(
+          p, p.batch, &map_a, &map_b, &map_c, &map_c_in))
     return cudaErrorInvalidValue;
-  int sms = 0;
-  HGEMM_RETURN_IF_CUDA_ERROR(detail::SmCount(device, &sms));
-  const long long tiles =
-      (long long)((p.m + Cfg::BM - 1) / Cfg::BM) * ((p.n + BN - 1) / BN) * p.batch;
-  const int grid = int(std::min<long long>(tiles, sms));
-  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(
-      map_a, map_b, map_c, map_c_in, p.m, p.n, p.k, int(tiles), nullptr, 0, p.alpha, p.beta);
-  return cudaGetLastError();
+  const long long tile_rows = (p.m + Cfg::BM - 1) / Cfg::BM;
+  if constexpr (CLUSTER_M > 1) {
+    // The kernel's units: pairs of tile rows × tile columns × items.
+    const long long units =
+        (tile_rows + CLUSTER_M - 1) / CLUSTER_M * ((p.n + BN - 1) / BN) * p.batch;
+    cudaLaunchAttribute cluster;
+    cluster.id = cudaLaunchAttributeClusterDimension;
+    cluster.val.clusterDim.x = CLUSTER_M;
+    cluster.val.clusterDim.y = 1;
+    cluster.val.clusterDim.z = 1;
+    cudaLaunchConfig_t config = {};
+    config.gridDim = dim3(CLUSTER_M);
+    config.blockDim = dim3(Cfg::kThreads);
+    config.dynamicSmemBytes = Cfg::kSmemBytes;
+    config.stream = stream;
+    config.attrs = &cluster;
+    config.numAttrs = 1;
+    int clusters = 0;
+    HGEMM_RETURN_IF_CUDA_ERROR(cudaOccupancyMaxActiveClusters(&clusters, kernel, &config));
+    if (clusters < 1) return cudaErrorInvalidConfiguration;
+    config.gridDim = dim3(unsigned(std::min<long long>(units, clusters)) * CLUSTER_M);
+    return cudaLaunchKernelEx(&config, kernel, map_a, map_b, map_c, map_c_in, p.m, p.n, p.k,
+                              int(units), static_cast<const detail::GroupProblem*>(nullptr), 0,
+                              p.alpha, p.beta);
+  } else {
+    int sms = 0;
+    HGEMM_RETURN_IF_CUDA_ERROR(detail::SmCount(device, &sms));
+    const long long tiles = tile_rows * ((p.n + BN - 1) / BN) * p.batch;
+    const int grid = int(std::min<long long>(tiles, sms));
+    kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(
+        map_a, map_b, map_c, map_c_in, p.m, p.n, p.k, int(tiles), nullptr, 0, p.alpha, p.beta);
+    return cudaGetLastError();
+  }
 }
 
 // Enqueues a group of GEMMs of different shapes (one layout and type pair: TRANS_A, TRANS_B, T,
@@ -182,6 +210,22 @@ HGEMM_WGMMA_INSTANCES(HGEMM_WGMMA_EXTERN, __half, __half)
 HGEMM_WGMMA_INSTANCES(HGEMM_WGMMA_EXTERN, __nv_bfloat16, __nv_bfloat16)
 HGEMM_WGMMA_INSTANCES(HGEMM_WGMMA_EXTERN, __half, float)
 HGEMM_WGMMA_INSTANCES(HGEMM_WGMMA_EXTERN, __nv_bfloat16, float)
+
+// The cluster-pair configuration (CLUSTER_M = 2; wgmma_cluster_instances.cu), experimental: the
+// 128×256 tile, C of the input type only, no groups (each costs 8 kernels of nvcc time).
+#define HGEMM_WGMMA_CLUSTER_INSTANCES(X, T) \
+  X(256, 2, 4, 4, false, false, T, T, 2)    \
+  X(256, 2, 4, 4, false, true, T, T, 2)     \
+  X(256, 2, 4, 4, true, false, T, T, 2)     \
+  X(256, 2, 4, 4, true, true, T, T, 2)
+#define HGEMM_WGMMA_CLUSTER_EXTERN(BN, C, S, G, TA, TB, T, TC, CM) \
+  extern template cudaError_t LaunchWgmmaGemm<BN, C, S, G, TA, TB, T, TC, CM>(const GemmProblem&, \
+                                                                              cudaStream_t);
+#define HGEMM_WGMMA_CLUSTER_INSTANTIATE(BN, C, S, G, TA, TB, T, TC, CM) \
+  template cudaError_t LaunchWgmmaGemm<BN, C, S, G, TA, TB, T, TC, CM>(const GemmProblem&, \
+                                                                       cudaStream_t);
+HGEMM_WGMMA_CLUSTER_INSTANCES(HGEMM_WGMMA_CLUSTER_EXTERN, __half)
+HGEMM_WGMMA_CLUSTER_INSTANCES(HGEMM_WGMMA_CLUSTER_EXTERN, __nv_bfloat16)
 
 }  // namespace hgemm::kernels::internal
 

@@ -55,6 +55,16 @@
 //     other chunk or tile touches it (docs/kernels_notes.md, "α/β fused").
 //   * Edges: TMA zero-fills load boxes past M, N and K (they add nothing to the sums; a C_in box
 //     reads zeros there) and clips stores at M and N.
+//   * CLUSTER_M = 2 (experimental): blocks run in clusters of two along M. The two blocks of
+//     a cluster take tile rows 2i and 2i + 1 of the same tile column, so they need the same B
+//     tile: each loads half of it and TMA multicasts that half into both blocks' stages, which
+//     halves B's traffic from L2 (at 8192³ the 128×256 tiles pull ~12.9 GB through L2 in
+//     ~1.45 ms, ~8.9 TB/s: docs/kernels_notes.md, "Session 13"). A stage is then written by
+//     both producers, so its "empty" barrier counts the consumers of both blocks (each
+//     consumer arrives on its own block's and its peer's), and a block leaves only after a
+//     cluster barrier, when no peer can still arrive on its barriers. The tile order runs over
+//     pairs of tile rows; past an odd M's last tile row a block computes a tile of zeros
+//     whose stores TMA clips away entirely. Not for groups.
 //   * Watchdog: an mbarrier wait that lasts HGEMM_MBAR_TIMEOUT_NS (default 10 s; 0 disables)
 //     traps, so a lost arrival or a wrong transaction count fails the launch instead of hanging
 //     the stream. Real waits last microseconds.
@@ -134,6 +144,42 @@ __device__ __forceinline__ void TmaLoad3d(uint32_t dst, const CUtensorMap* map, 
       " [%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(dst),
       "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(item), "r"(bar)
       : "memory");
+}
+
+// TmaLoad3d into the same shared-memory offset `dst` of every block of the cluster in
+// `cta_mask` (bit r: cluster rank r), completing its bytes on each one's barrier at offset
+// `bar`.
+__device__ __forceinline__ void TmaLoad3dMulticast(uint32_t dst, const CUtensorMap* map, int c0,
+                                                   int c1, int item, uint32_t bar,
+                                                   uint16_t cta_mask) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+      ".multicast::cluster [%0], [%1, {%2, %3, %4}], [%5], %6;\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(item), "r"(bar), "h"(cta_mask)
+      : "memory");
+}
+
+// Arrives on the barrier at shared-memory offset `bar` of cluster rank `cta` (this block's own
+// rank included).
+__device__ __forceinline__ void MbarArriveCluster(uint32_t bar, uint32_t cta) {
+  asm volatile(
+      "{\n.reg .b32 remote;\nmapa.shared::cluster.u32 remote, %0, %1;\n"
+      "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [remote];\n}\n" ::"r"(bar),
+      "r"(cta)
+      : "memory");
+}
+
+// Every thread of every block of the cluster arrives, then waits for all of them: memory
+// operations before it (barrier initialisation, remote arrivals) are visible after it. Not
+// .aligned: a warp may reach it diverged (the producer warp's elected thread comes last).
+__device__ __forceinline__ void ClusterSync() {
+  asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
+}
+
+__device__ __forceinline__ uint32_t ClusterRank() {
+  uint32_t rank;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(rank));
+  return rank;
 }
 
 // 3-D TMA store of the box at (c0, c1, item) from shared memory at `src`; parts past the
@@ -321,8 +367,12 @@ struct TileWork {
 // @tparam TRANS_B  B is stored n×k (op(B) = Bᵀ): read K-major.
 // @tparam T        element type of A and B: __half or __nv_bfloat16.
 // @tparam TC       element type of C: T, or float (C's tensor map then has boxes of 64 × 32).
+// @tparam CLUSTER_M  1, or 2: clusters of two blocks along M sharing B (the header says how);
+//                  then num_tiles counts pairs of tile rows × tile columns × items, B's tensor
+//                  map has half-width boxes (TRANS_B: BN / 2 rows), the grid is a whole number
+//                  of clusters, and group_count is 0.
 template <int BN, int CONSUMERS, int K_STAGE, int GROUP_M, bool TRANS_A = false,
-          bool TRANS_B = false, typename T = __half, typename TC = T>
+          bool TRANS_B = false, typename T = __half, typename TC = T, int CLUSTER_M = 1>
 __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
     WgmmaGemmKernel(const __grid_constant__ CUtensorMap map_a,
                     const __grid_constant__ CUtensorMap map_b,
@@ -351,10 +401,11 @@ __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
   auto stage_a = [&](int s) { return ring + s * Cfg::kStageBytes; };
   auto stage_b = [&](int s) { return ring + s * Cfg::kStageBytes + Cfg::kStageABytes; };
 
+  static_assert(CLUSTER_M == 1 || CLUSTER_M == 2, "clusters of one or two blocks along M");
   if (threadIdx.x == 0) {
     for (int s = 0; s < K_STAGE; ++s) {
       MbarInit(full(s), 1);
-      MbarInit(empty(s), CONSUMERS);
+      MbarInit(empty(s), CONSUMERS * CLUSTER_M);  // a stage is read by every block it fills
     }
     for (int c = 0; c < CONSUMERS; ++c) {
       MbarInit(c_in_full(c, 0), 1);
@@ -362,10 +413,20 @@ __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
-  __syncthreads();
+  // With a peer, its barriers must be initialised before this block multicasts or arrives.
+  if constexpr (CLUSTER_M > 1) {
+    ClusterSync();
+  } else {
+    __syncthreads();
+  }
+  // This block's rank in its cluster. The tile loops below run over the cluster's units, from
+  // blockIdx.x / CLUSTER_M in strides of the grid's clusters (blocks, when CLUSTER_M is 1).
+  const int rank = CLUSTER_M > 1 ? int(ClusterRank()) : 0;
 
   const int tiles_m = (M + BM - 1) / BM, tiles_n = (N + BN - 1) / BN;
-  const int tiles_per_item = tiles_m * tiles_n;
+  // Rows of the tile order: pairs of tile rows in a cluster (tile row CLUSTER_M·i + rank).
+  const int unit_rows = (tiles_m + CLUSTER_M - 1) / CLUSTER_M;
+  const int tiles_per_item = unit_rows * tiles_n;
   // Tile t of a batch: item t / tiles_per_item, then the grouped order within the item. Of a
   // group: the problem whose tiles hold t (a block's tiles only move forward, and so does its
   // cursor), then the grouped order within the problem.
@@ -379,7 +440,8 @@ __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
     if (group_count == 0) {
       w.problem = nullptr;
       w.item = t / tiles_per_item;
-      GroupedOrder<GROUP_M>(t - w.item * tiles_per_item, tiles_m, tiles_n, w.tm, w.tn);
+      GroupedOrder<GROUP_M>(t - w.item * tiles_per_item, unit_rows, tiles_n, w.tm, w.tn);
+      w.tm = w.tm * CLUSTER_M + rank;
       w.k_tiles = (K + BK - 1) / BK;
       return;
     }
@@ -405,7 +467,7 @@ __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
     asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n");
     if (threadIdx.x == 0) {
       int it = 0;  // K tiles issued so far, over all of this block's tiles
-      for (int t = blockIdx.x; t < num_tiles; t += gridDim.x) {
+      for (int t = blockIdx.x / CLUSTER_M; t < num_tiles; t += gridDim.x / CLUSTER_M) {
         TileWork w;
         locate(t, w);
         const int item = w.item, tm = w.tm, tn = w.tn;
@@ -421,7 +483,20 @@ __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
           } else {
             TmaLoad3d(stage_a(s), maps_a(w), kt * BK, tm * BM, item, full(s));
           }
-          if constexpr (TRANS_B) {
+          if constexpr (CLUSTER_M > 1) {
+            // This block's half of B, into both blocks: BN / 2 rows of 128 bytes (TRANS_B), or
+            // BN / 128 of the 64-column boxes.
+            constexpr uint16_t kBoth = 0b11;
+            if constexpr (TRANS_B) {
+              TmaLoad3dMulticast(stage_b(s) + rank * (BN / 2) * 128, maps_b(w), kt * BK,
+                                 tn * BN + rank * (BN / 2), item, full(s), kBoth);
+            } else {
+#pragma unroll
+              for (int j = rank * BN / 128; j < (rank + 1) * BN / 128; ++j)
+                TmaLoad3dMulticast(stage_b(s) + j * Cfg::kBChunkBytes, maps_b(w), tn * BN + 64 * j,
+                                   kt * BK, item, full(s), kBoth);
+            }
+          } else if constexpr (TRANS_B) {
             TmaLoad3d(stage_b(s), maps_b(w), kt * BK, tn * BN, item, full(s));
           } else {
 #pragma unroll
@@ -439,7 +514,13 @@ __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
     const int lane = threadIdx.x % 32, warp = (threadIdx.x / 32) % 4;
     const bool leader = threadIdx.x % 128 == 0;  // releases stages, issues the C stores
     auto release = [&](int s) {
-      if (leader) MbarArrive(empty(s));
+      if (!leader) return;
+      if constexpr (CLUSTER_M > 1) {
+#pragma unroll
+        for (int r = 0; r < CLUSTER_M; ++r) MbarArriveCluster(empty(s), r);
+      } else {
+        MbarArrive(empty(s));
+      }
     };
     // Uniform over the launch: the plain epilogue unless alpha or beta asks for scaling.
     const bool scaled = alpha != 1.0f || beta != 0.0f;
@@ -449,7 +530,7 @@ __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
     int c_in_chunks = 0;
     float acc[Cfg::kAcc];
     int it = 0;  // K tiles consumed so far, in the producer's order
-    for (int t = blockIdx.x; t < num_tiles; t += gridDim.x) {
+    for (int t = blockIdx.x / CLUSTER_M; t < num_tiles; t += gridDim.x / CLUSTER_M) {
       TileWork w;
       locate(t, w);
       const int item = w.item, tm = w.tm, tn = w.tn;
@@ -619,6 +700,8 @@ __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
     // The block's shared memory must outlive the last stores' reads of it.
     if (leader) BulkWaitAll();
   }
+  // The peer's consumers arrive on this block's barriers until their last K tile.
+  if constexpr (CLUSTER_M > 1) ClusterSync();
 #endif
 }
 

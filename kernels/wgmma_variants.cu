@@ -7,6 +7,8 @@
 // fp32), and a strided batch or a group of shapes in one launch. wgmma_pp_<BM>x<BN>_... are the
 // ping-pong kernels (wgmma_pingpong.cuh; BM×BN is each consumer's tile): the same forms and
 // batches, a group as one launch per problem, experimental (not in auto) until measured.
+// A _cluster2 suffix: clusters of two blocks along M sharing B (wgmma_stage.cuh, CLUSTER_M),
+// C of the input type only, a group as one launch per problem, experimental.
 #include <cuda.h>
 #include <cudaTypedefs.h>
 
@@ -84,27 +86,36 @@ bool TensorMap(const void* ptr, int rows, int cols, int ld, int batch, int64_t i
 namespace {
 
 // @tparam BN, CONSUMERS, K_STAGE, GROUP_M  see detail::WgmmaStage.
-template <int BN, int CONSUMERS, int K_STAGE, int GROUP_M>
+// @tparam CLUSTER_M  see detail::WgmmaGemmKernel: 2 is instantiated for C of the input type
+//                    only and runs a group as one launch per problem.
+template <int BN, int CONSUMERS, int K_STAGE, int GROUP_M, int CLUSTER_M = 1>
 struct Wgmma {
   using Cfg = detail::WgmmaStage<BN, CONSUMERS, K_STAGE, GROUP_M>;
 
   // Both accumulations run the fp32-accumulating kernel (wgmma_stage.cuh says why).
   template <typename T, typename TC>
   static cudaError_t Run(const GemmProblem& p, cudaStream_t stream) {
+    constexpr int G = GROUP_M, CM = CLUSTER_M;
     if (p.transpose_a)
       return p.transpose_b
-                 ? LaunchWgmmaGemm<BN, CONSUMERS, K_STAGE, GROUP_M, true, true, T, TC>(p, stream)
-                 : LaunchWgmmaGemm<BN, CONSUMERS, K_STAGE, GROUP_M, true, false, T, TC>(p, stream);
+                 ? LaunchWgmmaGemm<BN, CONSUMERS, K_STAGE, G, true, true, T, TC, CM>(p, stream)
+                 : LaunchWgmmaGemm<BN, CONSUMERS, K_STAGE, G, true, false, T, TC, CM>(p, stream);
     return p.transpose_b
-               ? LaunchWgmmaGemm<BN, CONSUMERS, K_STAGE, GROUP_M, false, true, T, TC>(p, stream)
-               : LaunchWgmmaGemm<BN, CONSUMERS, K_STAGE, GROUP_M, false, false, T, TC>(p, stream);
+               ? LaunchWgmmaGemm<BN, CONSUMERS, K_STAGE, G, false, true, T, TC, CM>(p, stream)
+               : LaunchWgmmaGemm<BN, CONSUMERS, K_STAGE, G, false, false, T, TC, CM>(p, stream);
   }
   static cudaError_t Launch(const GemmProblem& p, int /*swizzle_stride*/, cudaStream_t stream) {
     const bool fp32_c = p.c_type == DataType::kFp32;
-    if (p.ab_type == DataType::kBf16)
-      return fp32_c ? Run<__nv_bfloat16, float>(p, stream)
-                    : Run<__nv_bfloat16, __nv_bfloat16>(p, stream);
-    return fp32_c ? Run<__half, float>(p, stream) : Run<__half, __half>(p, stream);
+    if constexpr (CLUSTER_M > 1) {  // Info's types: C of the input type
+      if (fp32_c) return cudaErrorNotSupported;
+      return p.ab_type == DataType::kBf16 ? Run<__nv_bfloat16, __nv_bfloat16>(p, stream)
+                                          : Run<__half, __half>(p, stream);
+    } else {
+      if (p.ab_type == DataType::kBf16)
+        return fp32_c ? Run<__nv_bfloat16, float>(p, stream)
+                      : Run<__nv_bfloat16, __nv_bfloat16>(p, stream);
+      return fp32_c ? Run<__half, float>(p, stream) : Run<__half, __half>(p, stream);
+    }
   }
 
   template <typename T, typename TC>
@@ -166,32 +177,40 @@ struct Wgmma {
   }
 
   static VariantInfo Info(const char* name, const char* description) {
-    return VariantInfo{name,
-                       description,
-                       /*fp16_acc=*/true,
-                       /*fp32_acc=*/true,
-                       Cfg::kSmemBytes,
-                       /*min_sm=*/90,
-                       &CanImplement,
-                       Vec16Constraints(/*fp16_only=*/false) +
-                           "; m % 8 == 0 if transpose_a; lda, ldb, ldc % 8 == 0; batch strides "
-                           "% 8 == 0; sm_90",
-                       VariantKind::kKernel,
-                       /*is_fallback=*/false,
-                       /*swizzle_stride=*/0,
-                       Cfg::BM,
-                       BN,
-                       K_STAGE,
-                       /*inner=*/"",
-                       &Launch,
-                       kAllLayouts,
-                       kAllTypes,
-                       /*strided=*/true,
-                       &CheckLayout,
-                       /*batched=*/true,
-                       &LaunchGrouped,
-                       /*split_k=*/0,
-                       /*fused_scale=*/true};
+    VariantInfo v{name,
+                  description,
+                  /*fp16_acc=*/true,
+                  /*fp32_acc=*/true,
+                  Cfg::kSmemBytes,
+                  /*min_sm=*/90,
+                  &CanImplement,
+                  Vec16Constraints(/*fp16_only=*/false) +
+                      "; m % 8 == 0 if transpose_a; lda, ldb, ldc % 8 == 0; batch strides "
+                      "% 8 == 0; sm_90",
+                  VariantKind::kKernel,
+                  /*is_fallback=*/false,
+                  /*swizzle_stride=*/0,
+                  Cfg::BM,
+                  BN,
+                  K_STAGE,
+                  /*inner=*/"",
+                  &Launch,
+                  kAllLayouts,
+                  kAllTypes,
+                  /*strided=*/true,
+                  &CheckLayout,
+                  /*batched=*/true,
+                  /*launch_grouped=*/nullptr,
+                  /*split_k=*/0,
+                  /*fused_scale=*/true};
+    if constexpr (CLUSTER_M > 1) {
+      v.types = TypesBit(DataType::kFp16, DataType::kFp16) |
+                TypesBit(DataType::kBf16, DataType::kBf16);
+      v.experimental = true;
+    } else {
+      v.launch_grouped = &LaunchGrouped;
+    }
+    return v;
   }
 };
 
@@ -240,6 +259,10 @@ struct WgmmaPp {
 using W128x256S4    = Wgmma<256, 2, 4, 8>;
 using W128x128S6    = Wgmma<128, 2, 6, 8>;
 using W64x128S8     = Wgmma<128, 1, 8, 8>;
+// Clusters of two blocks along M sharing B by multicast (docs/kernels_notes.md, "Session 13");
+// group_m counts pairs of tile rows. Not yet measured.
+//                     BN  consumers stages group_m cluster_m
+using W128x256S4C2  = Wgmma<256, 2, 4, 4, 2>;
 // Ping-pong, predicted in docs/kernels_notes.md ("Ping-pong consumers"); not yet measured.
 //                     BN  stages group_m
 using Pp128x128S6   = WgmmaPp<128, 6, 8>;
@@ -270,6 +293,7 @@ std::vector<VariantInfo> WgmmaVariants() {
       W128x256S4::Info("wgmma_128x256_s4_g8", "TMA + wgmma m64n256k16, 2 consumer warpgroups, 4 stages, persistent, TMA-store epilogue"),
       W128x128S6::Info("wgmma_128x128_s6_g8", "TMA + wgmma m64n128k16, 2 consumer warpgroups, 6 stages, persistent, TMA-store epilogue"),
       W64x128S8::Info("wgmma_64x128_s8_g8", "TMA + wgmma m64n128k16, 1 consumer warpgroup, 8 stages, persistent, TMA-store epilogue (small M)"),
+      W128x256S4C2::Info("wgmma_128x256_s4_g4_cluster2", "TMA + wgmma m64n256k16, 2 consumer warpgroups, 4 stages, persistent, TMA-store epilogue, clusters of 2 blocks along M each loading half of the shared B tile by TMA multicast; experimental (not in auto until measured on a GPU), C of the input type only, a group as one launch per problem"),
       Pp128x128S6::Info("wgmma_pp_128x128_s6_g8", "TMA + wgmma m64n128k16, ping-pong: 2 consumer warpgroups with a 128x128 tile each, taking turns on the tensor cores, 6 stages, persistent, TMA-store epilogue; experimental (not in auto until measured on a GPU), a group as one launch per problem"),
   };
 }

@@ -40,6 +40,10 @@
 #             bf16, fp16→fp32, bf16→fp32: cuBLAS, the cooperative 128x256 and 128x128 kernels
 #             and the ping-pong ones, TFLOP/s and ratios; CSV in $OUT. docs/kernels_notes.md
 #             ("Ping-pong consumers") holds the prediction to compare with
+#   cluster   issue 29's cluster-pair kernel (wgmma_128x256_s4_g4_cluster2, experimental): the
+#             same steps as pingpong for it, kernel_bench at 4096³, 8192³ (twice) and
+#             8320x8192x8192 (an odd count of tile rows) against cuBLAS and the 128x256 kernel
+#             (docs/kernels_notes.md, "Session 13")
 #   blas      issue 29 through the server: bf16 with transpose_b, fp32 C, alpha/beta with C_in,
 #             a strided batch, grouped GEMMs, each --check'ed by hgemm_client against the CPU
 #             reference
@@ -156,26 +160,37 @@ if want scaled; then
   sed -n "/^fastest own kernel/,\$p" "$out/kernel_bench_scaled.log"
 fi
 
-if want pingpong; then
-  echo "== ping-pong wgmma (issue 29, beyond parity)"
+# experimental_kernel NAME PATTERN VARIANTS SHAPES: an experimental kernel's first run (issue 29,
+# beyond parity): gemm_correctness_test's and batched_gemm_test's cases of the variants whose
+# names match PATTERN, then kernel_bench (plain, fp32 accumulation) of VARIANTS at SHAPES, every
+# layout, fp16 and bf16 (and fp32 C where the variant takes it); CSV in $OUT.
+experimental_kernel() {
+  local name=$1 pattern=$2 variants=$3 shapes=$4 rc=0
+  echo "== $name (issue 29, beyond parity; experimental: out of auto until this has run)"
+  timeout 500 gemm_correctness_test --gtest_filter="$pattern" --gtest_brief=1 \
+    >"$out/${name}_correctness.log" 2>&1 || rc=$?
+  echo "gemm_correctness_test ($pattern) rc=$rc"
+  grep -E "^\[  (PASSED|FAILED)  \]|tests ran" "$out/${name}_correctness.log" | head -30 || true
   rc=0
-  timeout 500 gemm_correctness_test --gtest_filter='*wgmma_pp_*' --gtest_brief=1 \
-    >"$out/pingpong_correctness.log" 2>&1 || rc=$?
-  echo "gemm_correctness_test (wgmma_pp_*) rc=$rc"
-  grep -E "^\[  (PASSED|FAILED)  \]|tests ran" "$out/pingpong_correctness.log" | head -30 || true
-  rc=0
-  timeout 300 batched_gemm_test --gtest_filter='*wgmma_pp_*' --gtest_brief=1 \
-    >"$out/pingpong_batched.log" 2>&1 || rc=$?
-  echo "batched_gemm_test (wgmma_pp_*) rc=$rc"
-  grep -E "^\[  (PASSED|FAILED)  \]|tests ran" "$out/pingpong_batched.log" | head -30 || true
+  timeout 300 batched_gemm_test --gtest_filter="$pattern" --gtest_brief=1 \
+    >"$out/${name}_batched.log" 2>&1 || rc=$?
+  echo "batched_gemm_test ($pattern) rc=$rc"
+  grep -E "^\[  (PASSED|FAILED)  \]|tests ran" "$out/${name}_batched.log" | head -30 || true
   rc=0
   timeout 500 kernel_bench --modes plain --acc fp32 --layouts NN,NT,TN,TT \
-    --types fp16,bf16,fp16_fp32,bf16_fp32 \
-    --shapes 2048x2048x2048,4096x4096x4096,8192x8192x8192,4096x4096x4096 \
-    --variants cublas,wgmma_128x256_s4_g8,wgmma_128x128_s6_g8,wgmma_pp_128x128_s6_g8 \
-    --csv "$out/kernel_bench_pingpong.csv" >"$out/kernel_bench_pingpong.log" 2>&1 || rc=$?
-  echo "kernel_bench pingpong rc=$rc"
-  sed -n "/^fastest own kernel/,\$p" "$out/kernel_bench_pingpong.log"
+    --types fp16,bf16,fp16_fp32,bf16_fp32 --shapes "$shapes" --variants "$variants" \
+    --csv "$out/kernel_bench_$name.csv" >"$out/kernel_bench_$name.log" 2>&1 || rc=$?
+  echo "kernel_bench $name rc=$rc"
+  sed -n "/^fastest own kernel/,\$p" "$out/kernel_bench_$name.log"
+}
+if want pingpong; then
+  experimental_kernel pingpong '*wgmma_pp_*' \
+    cublas,wgmma_128x256_s4_g8,wgmma_128x128_s6_g8,wgmma_pp_128x128_s6_g8 \
+    2048x2048x2048,4096x4096x4096,8192x8192x8192,4096x4096x4096
+fi
+if want cluster; then
+  experimental_kernel cluster '*cluster2*' cublas,wgmma_128x256_s4_g8,wgmma_128x256_s4_g4_cluster2 \
+    4096x4096x4096,8192x8192x8192,8192x8192x8192,8320x8192x8192
 fi
 
 # Waits until a server answers on 127.0.0.1:$1 (30 s at most).
