@@ -384,8 +384,11 @@ def main():
                 row["ratio"] = row["requests_per_s"] / cpp_rps if cpp_rps else None
                 row["cpp_client_cpu_ms"] = cpp_cpu_ms
                 rows.append(row)
+                # Each point as it ends, with its C++ figures: a run cut short keeps its ratios.
                 print(f"  {transport}: {row['shape']} {mode} resident={resident} c={conc}: "
-                      f"{row['requests_per_s']:.1f} req/s", file=sys.stderr)
+                      f"{row['requests_per_s']:.1f} req/s, {row['client_cpu_ms']:.2f} CPU ms; "
+                      f"hgemm_load {_number(cpp_rps, 1)} req/s, {_number(cpp_cpu_ms, 2)} CPU ms; "
+                      f"python/C++ {_number(row['ratio'], 3)}", file=sys.stderr)
 
     print()
     print("| core | shape | mode | resident | conc | req/s | p50 ms | p99 ms | GB/s wire | "
