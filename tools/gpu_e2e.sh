@@ -160,12 +160,12 @@ if want scaled; then
   sed -n "/^fastest own kernel/,\$p" "$out/kernel_bench_scaled.log"
 fi
 
-# experimental_kernel NAME PATTERN VARIANTS SHAPES: an experimental kernel's first run (issue 29,
-# beyond parity): gemm_correctness_test's and batched_gemm_test's cases of the variants whose
-# names match PATTERN, then kernel_bench (plain, fp32 accumulation) of VARIANTS at SHAPES, every
-# layout, fp16 and bf16 (and fp32 C where the variant takes it); CSV in $OUT.
+# experimental_kernel NAME PATTERN VARIANTS SHAPES TYPES: an experimental kernel's first run
+# (issue 29, beyond parity): gemm_correctness_test's and batched_gemm_test's cases of the
+# variants whose names match PATTERN, then kernel_bench (plain, fp32 accumulation) of VARIANTS at
+# SHAPES, every layout, the kernel_bench --types TYPES; CSV in $OUT.
 experimental_kernel() {
-  local name=$1 pattern=$2 variants=$3 shapes=$4 rc=0
+  local name=$1 pattern=$2 variants=$3 shapes=$4 types=$5 rc=0
   echo "== $name (issue 29, beyond parity; experimental: out of auto until this has run)"
   timeout 500 gemm_correctness_test --gtest_filter="$pattern" --gtest_brief=1 \
     >"$out/${name}_correctness.log" 2>&1 || rc=$?
@@ -178,7 +178,7 @@ experimental_kernel() {
   grep -E "^\[  (PASSED|FAILED)  \]|tests ran" "$out/${name}_batched.log" | head -30 || true
   rc=0
   timeout 500 kernel_bench --modes plain --acc fp32 --layouts NN,NT,TN,TT \
-    --types fp16,bf16,fp16_fp32,bf16_fp32 --shapes "$shapes" --variants "$variants" \
+    --types "$types" --shapes "$shapes" --variants "$variants" \
     --csv "$out/kernel_bench_$name.csv" >"$out/kernel_bench_$name.log" 2>&1 || rc=$?
   echo "kernel_bench $name rc=$rc"
   sed -n "/^fastest own kernel/,\$p" "$out/kernel_bench_$name.log"
@@ -186,11 +186,11 @@ experimental_kernel() {
 if want pingpong; then
   experimental_kernel pingpong '*wgmma_pp_*' \
     cublas,wgmma_128x256_s4_g8,wgmma_128x128_s6_g8,wgmma_pp_128x128_s6_g8 \
-    2048x2048x2048,4096x4096x4096,8192x8192x8192,4096x4096x4096
+    2048x2048x2048,4096x4096x4096,8192x8192x8192,4096x4096x4096 fp16,bf16,fp16_fp32,bf16_fp32
 fi
 if want cluster; then
   experimental_kernel cluster '*cluster2*' cublas,wgmma_128x256_s4_g8,wgmma_128x256_s4_g4_cluster2 \
-    4096x4096x4096,8192x8192x8192,8192x8192x8192,8320x8192x8192
+    4096x4096x4096,8192x8192x8192,8192x8192x8192,8320x8192x8192 fp16,bf16  # C of the input type
 fi
 
 # Waits until a server answers on 127.0.0.1:$1 (30 s at most).
