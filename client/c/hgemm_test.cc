@@ -16,12 +16,10 @@
 #include <condition_variable>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <random>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <tuple>
@@ -31,6 +29,7 @@
 #include "proto/numerics/error_stats.h"
 #include "proto/numerics/fp16.h"
 #include "server/testing/child_process.h"
+#include "server/transport/peer_connections.h"
 
 namespace {
 
@@ -390,38 +389,18 @@ TEST_F(HgemmC, ServerInfo) {
   hgemm_server_info_destroy(info);
 }
 
-// Established TCP connections on this host whose remote end's port is `port` (the client ends
-// of connections to a server there), from /proc/net/tcp and tcp6.
-int ConnectionsTo(int port) {
-  int count = 0;
-  for (const char* table : {"/proc/net/tcp", "/proc/net/tcp6"}) {
-    std::ifstream tcp(table);
-    std::string line;
-    std::getline(tcp, line);  // the header
-    while (std::getline(tcp, line)) {
-      std::istringstream fields(line);
-      std::string slot, local, remote, state;
-      fields >> slot >> local >> remote >> state;  // remote: "0100007F:C350" (address:port, hex)
-      const size_t colon = remote.find(':');
-      if (state == "01" && colon != std::string::npos &&
-          std::stoi(remote.substr(colon + 1), nullptr, 16) == port)
-        ++count;
-    }
-  }
-  return count;
-}
-
-// ConnectionsTo(port) once it has held for 200 ms (at most 5 s): the connections of earlier
-// tests' clients close after hgemm_client_destroy returns, so a count taken at once may still
-// hold one (a CI run counted 2 new connections for 3 clients).
+// The server's open TCP connections on `port` (OpenTcpConnections: the server is a child in
+// this network namespace) once the count has held for 200 ms (at most 5 s): the connections of
+// earlier tests' clients close after hgemm_client_destroy returns, so a count taken at once may
+// still hold one (a CI run counted 2 new connections for 3 clients).
 int SettledConnectionsTo(int port) {
   using Clock = std::chrono::steady_clock;
   const auto deadline = Clock::now() + std::chrono::seconds(5);
-  int count = ConnectionsTo(port);
+  int count = hgemm::OpenTcpConnections(port);
   auto since = Clock::now();
   while (Clock::now() < deadline && Clock::now() - since < std::chrono::milliseconds(200)) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    if (const int now = ConnectionsTo(port); now != count) {
+    if (const int now = hgemm::OpenTcpConnections(port); now != count) {
       count = now;
       since = Clock::now();
     }
