@@ -140,6 +140,13 @@ const grpc::internal::RpcMethod& GemmMethod() {
   return method;
 }
 
+// Bytes of C a Gemm answer carries, which GemmInPlace's response expects: none when C stays on
+// the server or goes to a region.
+size_t ReturnedCBytes(const v1::GemmRequest& request) {
+  if (request.keep_c_resident() || request.has_c_region()) return 0;
+  return size_t(GemmClient::ResultBytes(request));
+}
+
 void ApplyDeadline(const CallOptions& options, grpc::ClientContext* context) {
   if (options.timeout.count() > 0) {
     context->set_deadline(std::chrono::system_clock::now() + options.timeout);
@@ -537,7 +544,7 @@ grpc::Status GemmClient::GemmInPlace(const v1::GemmRequest& request, OperandByte
   if (grpc::Status s = RouteOf(request, options, &route); !s.ok()) return s;
   grpc::ClientContext context;
   ApplyDeadline(options, &context);
-  InPlaceResponse in_place{response, c_into, size_t(ResultBytes(request))};
+  InPlaceResponse in_place{response, c_into, ReturnedCBytes(request)};
   const grpc::Status status = grpc::internal::BlockingUnaryCall(
       route.channel.get(), GemmMethod(), &context, InPlaceRequest{&request, operands}, &in_place);
   if (status.ok()) return in_place.error;
@@ -573,12 +580,10 @@ void GemmClient::GemmAsync(v1::GemmRequest request, OperandBytes operands, bool 
     InPlaceRequest in_place_request;
     InPlaceResponse in_place_response;
   };
-  const bool c_returned = !request.keep_c_resident() && !request.has_c_region();
-  const size_t c_expected = c_returned ? size_t(ResultBytes(request)) : 0;
   auto unary = std::make_shared<Unary>(
       Unary{std::move(done), std::move(context), std::move(request), v1::GemmResponse()});
   unary->in_place_request = {&unary->request, operands};
-  unary->in_place_response = {&unary->response, c_into, c_expected};
+  unary->in_place_response = {&unary->response, c_into, ReturnedCBytes(unary->request)};
   grpc::internal::CallbackUnaryCall(
       route.channel.get(), GemmMethod(), unary->context.get(), &unary->in_place_request,
       &unary->in_place_response,

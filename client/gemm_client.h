@@ -172,8 +172,9 @@ class GemmClient {
   // The same call without copying the operands or C through protobuf strings: A and B go to
   // gRPC as slices of the caller's memory (`operands`, in place of request.a and request.b,
   // which must be unset; a null pointer sends no field), and C is copied once, out of gRPC's
-  // buffers, into `c_into` (response->c() stays empty). The wire is Gemm's. INTERNAL, nothing
-  // written past c_into, when the server's C is not ResultBytes(request) or does not fit.
+  // buffers, into `c_into` (response->c() stays empty; no C is expected when it is kept on the
+  // server or goes to a region). The wire is Gemm's. INTERNAL, nothing written past c_into,
+  // when the server's C is not ResultBytes(request) or does not fit.
   // REQUIRES: the memory stays valid until the call returns. Why: the C ABI (Python's native
   // core) copied A, B and C twice more than hgemm_load per call (~6 ms of CPU at 2048³).
   grpc::Status GemmInPlace(const v1::GemmRequest& request, OperandBytes operands, CBuffer c_into,
@@ -213,18 +214,17 @@ class GemmClient {
   // response (C is in c_into, not in response.c()).
   using GemmDone = std::function<void(grpc::Status, v1::GemmResponse)>;
   // Starts one GEMM and returns without waiting. Unary: GemmInPlace's call (A and B sent from
-  // `operands`, request.a and request.b unset; C, unless kept or written to a region, read into
-  // c_into: INTERNAL when it is not ResultBytes or does not fit). `streamed`: a one-GEMM
+  // `operands`, request.a and request.b unset; C read into c_into). `streamed`: a one-GEMM
   // GemmStream (A and B copied from `operands` into its chunks) whose C goes into c_into as it
   // arrives (a chunk past its capacity: INTERNAL).
   // `done` runs exactly once: on a gRPC thread, or on this one before returning when the GEMM
   // is refused at once (FAILED_PRECONDITION: handles on two replicas). It must not block.
   // context->TryCancel() from any thread ends the GEMM (CANCELLED); its deadline and metadata
   // are set here from `options`, and the GEMM keeps it until done has run. REQUIRES: context is
-  // fresh; the operands' and c_into's memory stay alive until done runs; the client (its channels) stays alive
-  // until `done` has been destroyed, which happens after the call let go of the context and
-  // channel. (A gRPC callback thread must not drop the last reference to a channel: gRPC would
-  // shut down its callback queue from its own thread.)
+  // fresh; the operands' and c_into's memory stay alive until done runs; the client (its
+  // channels) stays alive until `done` has been destroyed, which happens after the call let go
+  // of the context and channel. (A gRPC callback thread must not drop the last reference to a
+  // channel: gRPC would shut down its callback queue from its own thread.)
   void GemmAsync(v1::GemmRequest request, OperandBytes operands, bool streamed, CBuffer c_into,
                  const CallOptions& options, std::shared_ptr<grpc::ClientContext> context,
                  GemmDone done) const;
