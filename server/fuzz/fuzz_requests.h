@@ -6,7 +6,9 @@
 
 #include <fuzzer/FuzzedDataProvider.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -57,10 +59,13 @@ inline void UnaryRequest(FuzzedDataProvider& in, const std::vector<std::string>&
   r->set_keep_c_resident(in.ConsumeIntegralInRange<int>(0, 3) == 0);
 }
 
+// The next byte offset of each operand of a streamed GEMM, indexed by v1::Operand (A, B, C_in).
+using NextOffsets = uint64_t[4];
+
 // A GemmStream header of `id`: boundary dimensions, sometimes handles for A and B, options,
-// sometimes keep_c. `next_offsets` (of A and B, indexed by v1::Operand) start again at 0.
+// sometimes keep_c. `next_offsets` start again at 0.
 inline void StreamHeader(FuzzedDataProvider& in, uint64_t id,
-                         const std::vector<std::string>& handles, uint64_t (&next_offsets)[3],
+                         const std::vector<std::string>& handles, NextOffsets& next_offsets,
                          v1::GemmHeader* h) {
   h->set_gemm_id(id);
   h->set_m(Dim(in));
@@ -70,17 +75,17 @@ inline void StreamHeader(FuzzedDataProvider& in, uint64_t id,
   if (in.ConsumeIntegralInRange<int>(0, 3) == 0) h->set_b_handle(Handle(in, handles));
   Options(in, h->mutable_options());
   h->set_keep_c_resident(in.ConsumeIntegralInRange<int>(0, 3) == 0);
-  next_offsets[1] = next_offsets[2] = 0;
+  std::fill(std::begin(next_offsets), std::end(next_offsets), 0);
 }
 
-// A chunk of A or B of `id`: up to one byte more than the largest operand the harnesses'
-// servers take (kMaxElementsPerMatrix fp16 values), so that a chunk can fill or overrun any
-// operand while an input sends no more bytes than that takes; mostly at the operand's next
-// offset (advanced).
-inline void StreamChunk(FuzzedDataProvider& in, uint64_t id, uint64_t (&next_offsets)[3],
-                        v1::MatrixChunk* c) {
+// A chunk of A or B (up to `last_operand`: OPERAND_C adds C_in) of `id`: up to one byte more
+// than the largest operand the harnesses' servers take (kMaxElementsPerMatrix fp16 values), so
+// that a chunk can fill or overrun any operand while an input sends no more bytes than that
+// takes; mostly at the operand's next offset (advanced).
+inline void StreamChunk(FuzzedDataProvider& in, uint64_t id, NextOffsets& next_offsets,
+                        v1::MatrixChunk* c, v1::Operand last_operand = v1::OPERAND_B) {
   c->set_gemm_id(id);
-  const int operand = in.ConsumeIntegralInRange<int>(1, 2);
+  const int operand = in.ConsumeIntegralInRange<int>(1, int(last_operand));
   c->set_operand(v1::Operand(operand));
   c->set_offset(in.ConsumeIntegralInRange<int>(0, 7) == 0 ? in.ConsumeIntegral<uint64_t>()
                                                          : next_offsets[operand]);

@@ -23,6 +23,10 @@ inline constexpr int64_t kStreamChunkBytes = 16 << 10;
 inline constexpr int64_t kMaxPendingBytes = 64 << 20;  // per stream and per client
 inline constexpr int64_t kQuotaBytesPerClient = 16 << 20;
 inline constexpr int64_t kBackendBytes = 64 << 20;  // the CPU backend's largest job and budget
+// Shared-memory regions one client may hold at once, and their bytes: the quota's edge is
+// within an input's reach.
+inline constexpr int kRegionsPerClient = 4;
+inline constexpr int64_t kRegionBytesPerClient = 160 << 10;
 inline constexpr int kCpuWorkers = 2;
 inline constexpr int kUploadThreads = 2;
 // A call not answered within this never will be: a hang.

@@ -42,7 +42,8 @@
 
 namespace hgemm::fuzz {
 
-// The parts of the service below its transport, composed once per process (Services()).
+// The parts of the service below its transport, composed once per process (Services()), with
+// shared-memory regions allowed.
 struct SessionServices {
   SessionServices()
       : backend(MakeCpuBackend({.workers = kCpuWorkers,
@@ -55,7 +56,10 @@ struct SessionServices {
              {.rules = {.max_elements_per_matrix = kMaxElementsPerMatrix,
                         .kernels = backend->Kernels()},
               .max_client_pending_bytes = kMaxPendingBytes,
-              .result_buffer_pool_bytes = 4 << 20}) {
+              .result_buffer_pool_bytes = 4 << 20,
+              .regions = {.allow_shared_memory = true,
+                          .max_regions_per_owner = kRegionsPerClient,
+                          .max_bytes_per_owner = kRegionBytesPerClient}}) {
     stream.stream_chunk_bytes = kStreamChunkBytes;
     stream.max_stream_pending_bytes = kMaxPendingBytes;
     stream.idle_timeout = std::chrono::seconds(1);  // named in ExpireIdle's refusals only
@@ -81,23 +85,26 @@ inline void CheckMessage(const absl::Status& s) {
 }
 
 // One unary Gemm as its handler runs it (validation, the order, admission, the run), answered
-// within kCallDeadline. `cancelled`: the client has gone away. On OK, `c` holds C (sent to the
-// host) or `kept` the matrix kept resident.
+// within kCallDeadline. `cancelled`: the client has gone away; `over_unix_socket`: the call
+// came over one (regions allowed). On OK, `c` holds C (sent to the host; poisoned with 0xFF
+// bytes, NaN in every type, before the run), or `kept` the matrix kept resident, or C is in
+// the request's c_region.
 inline absl::Status RunGemm(const std::string& owner, const v1::GemmRequest& request,
-                            Clock::time_point deadline, bool cancelled, std::string* c,
-                            ResidentMatrix* kept) {
+                            Clock::time_point deadline, bool cancelled, bool over_unix_socket,
+                            std::string* c, ResidentMatrix* kept) {
   SessionServices& services = Services();
   GemmOrder order;
   if (absl::Status s = ValidateGemmRequest(request, services.core.rules(), &order.job); !s.ok()) {
     return s;
   }
-  ToOrder(request, /*over_unix_socket=*/false, &order);
+  ToOrder(request, over_unix_socket, &order);
   const bool c_to_host = order.c.kind == ResultSink::Kind::kHost;
+  const bool keep_c = order.c.kind == ResultSink::Kind::kKeepResident;
   AdmittedGemm admitted;
   if (absl::Status s = services.core.Admit(owner, std::move(order), &admitted); !s.ok()) return s;
   const int64_t c_bytes = admitted.job().shape.CBytes();
   if (c_to_host) {
-    c->assign(size_t(c_bytes), '\0');
+    c->assign(size_t(c_bytes), '\xff');
     admitted.job().c = c->data();
   }
   admitted.job().deadline = deadline;
@@ -126,8 +133,8 @@ inline absl::Status RunGemm(const std::string& owner, const v1::GemmRequest& req
   if (!answer->done.wait_for(lock, kCallDeadline, [&] { return answer->answered; })) {
     Fail("Gemm not answered within its deadline", "");
   }
-  if (answer->status.ok() && !c_to_host) *kept = answer->result.kept_c;
-  if (answer->status.ok() && !c_to_host && !kept->buffer) Fail("Gemm kept no C", "");
+  if (answer->status.ok() && keep_c) *kept = answer->result.kept_c;
+  if (answer->status.ok() && keep_c && !kept->buffer) Fail("Gemm kept no C", "");
   return answer->status;
 }
 
@@ -221,8 +228,10 @@ class FuzzStream final
 class FuzzUpload final
     : public FakeReadCall<UploadTransport, UploadSession, v1::UploadMatrixRequest> {
  public:
-  explicit FuzzUpload(const std::string& owner) : FakeReadCall(&ContractBroken, kCallDeadline) {
-    Open(Services().core, this, owner, Services().stream.idle_timeout);
+  // `over_unix_socket`: the call came over one (a header may name a region).
+  explicit FuzzUpload(const std::string& owner, bool over_unix_socket = false)
+      : FakeReadCall(&ContractBroken, kCallDeadline) {
+    Open(Services().core, this, owner, Services().stream.idle_timeout, over_unix_socket);
   }
   ~FuzzUpload() override {
     Close(/*cancel=*/false);

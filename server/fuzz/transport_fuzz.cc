@@ -68,7 +68,7 @@ void Stream(FuzzedDataProvider& in, const std::string& client, std::vector<std::
   });
   const int messages = in.ConsumeIntegralInRange<int>(0, 12);
   const int cancel_at = in.ConsumeIntegralInRange<int>(0, 2 * messages + 1);  // past: never
-  uint64_t offsets[4][3] = {};
+  fuzz::NextOffsets offsets[4] = {};
   for (int i = 0; i < messages; ++i) {
     if (i == cancel_at) context.TryCancel();
     v1::GemmStreamRequest m;
