@@ -165,6 +165,17 @@ float Scale(FuzzedDataProvider& in, bool beta) {
   }
 }
 
+// The form of a GemmRequest or GemmHeader: transposes, types, α, β.
+template <typename Message>
+void Form(FuzzedDataProvider& in, Message* m) {
+  m->set_transpose_a(in.ConsumeBool());
+  m->set_transpose_b(in.ConsumeBool());
+  m->set_dtype(Type(in));
+  m->set_c_dtype(Type(in));
+  if (in.ConsumeBool()) m->set_alpha(Scale(in, false));
+  m->set_beta(Scale(in, true));
+}
+
 int64_t ElementSize(v1::DataType t) { return t == v1::DATA_TYPE_FP32 ? 4 : 2; }
 
 // Byte lengths of a request's operands as its fields make them exact (128-bit: no wrap).
@@ -208,12 +219,7 @@ struct Placement {
 };
 Placement BlasRequest(FuzzedDataProvider& in, const std::vector<std::string>& handles,
                       const Regions& regions, v1::GemmRequest* r) {
-  r->set_transpose_a(in.ConsumeBool());
-  r->set_transpose_b(in.ConsumeBool());
-  r->set_dtype(Type(in));
-  r->set_c_dtype(Type(in));
-  if (in.ConsumeBool()) r->set_alpha(Scale(in, false));
-  r->set_beta(Scale(in, true));
+  Form(in, r);
   switch (in.ConsumeIntegralInRange<int>(0, 7)) {
     case 0: r->set_batch(in.ConsumeIntegralInRange<uint32_t>(0, 4)); break;
     case 1: r->set_batch(fuzz::Dim(in)); break;
@@ -297,12 +303,7 @@ void Unary(FuzzedDataProvider& in, const std::string& client, std::vector<std::s
 // The BLAS fields of a streamed GEMM's header: transposes, types, α/β, a C_in handle, a batch.
 void BlasHeader(FuzzedDataProvider& in, const std::vector<std::string>& handles,
                 v1::GemmHeader* h) {
-  h->set_transpose_a(in.ConsumeBool());
-  h->set_transpose_b(in.ConsumeBool());
-  h->set_dtype(Type(in));
-  h->set_c_dtype(Type(in));
-  if (in.ConsumeBool()) h->set_alpha(Scale(in, false));
-  h->set_beta(Scale(in, true));
+  Form(in, h);
   if (in.ConsumeIntegralInRange<int>(0, 3) == 0) h->set_c_in_handle(Handle(in, handles));
   if (in.ConsumeIntegralInRange<int>(0, 3) == 0) h->set_batch(in.ConsumeIntegralInRange<uint32_t>(0, 4));
 }
