@@ -576,6 +576,7 @@ std::string Launch(const VariantInfo& v, const GemmProblem& p, LaunchContext& ct
     case VariantKind::kSplitK:
       return internal::LaunchSplitK(v, p, ctx);
     case VariantKind::kKernel:
+      if (v.launch_with_context != nullptr) return v.launch_with_context(p, ctx);
       if (cudaError_t e = v.launch(p, v.swizzle_stride, ctx.stream()); e != cudaSuccess)
         return CudaErrorText(("launch of " + v.name).c_str(), e);
       return "";

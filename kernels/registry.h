@@ -169,6 +169,9 @@ struct VariantInfo {
   // Registered but not yet measured on a GPU: explicit requests run it, "auto" does not
   // consider it unless AutoTakesExperimental() (docs/kernels.md, "Experimental variants").
   bool experimental = false;
+  // A kernel that needs its LaunchContext (scratch) launches through this instead of `launch`
+  // (then nullptr). Returns "" or the error.
+  std::string (*launch_with_context)(const GemmProblem& problem, LaunchContext& ctx) = nullptr;
 
   bool Supports(Accumulation acc) const { return acc == Accumulation::kFp16 ? fp16_acc : fp32_acc; }
   bool SupportsLayout(bool transpose_a, bool transpose_b) const {
@@ -210,9 +213,10 @@ class LaunchContext {
   // if creation fails.
   cublasHandle_t cublas(std::string* error);
 
-  // Device scratch of at least `bytes` in one of four slots (kTuningScratch for ChooseAuto's
+  // Device scratch of at least `bytes` in one of five slots (kTuningScratch for ChooseAuto's
   // operands, kPaddingScratch for pad8_ variants, kGroupScratch for LaunchGrouped's pointer
-  // arrays, kSplitKScratch for the fp32 partials of splitk variants), owned by the context and
+  // arrays, kSplitKScratch for the fp32 partials of splitk variants, kStreamKScratch for a
+  // stream-K tail's partial tiles and counters), owned by the context and
   // grown on demand (the old buffer is freed after synchronizing the stream). Work enqueued on
   // stream() may use it until the next call for the same slot. Returns nullptr and sets *error
   // on failure.
@@ -220,7 +224,8 @@ class LaunchContext {
   static constexpr int kPaddingScratch = 1;
   static constexpr int kGroupScratch = 2;
   static constexpr int kSplitKScratch = 3;
-  static constexpr int kScratchSlots = 4;
+  static constexpr int kStreamKScratch = 4;
+  static constexpr int kScratchSlots = 5;
   void* Scratch(int slot, size_t bytes, std::string* error);
 
  private:

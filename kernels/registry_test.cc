@@ -23,7 +23,8 @@ TEST(Registry, NamesAreUniqueAndFindable) {
     EXPECT_TRUE(v.fp16_acc || v.fp32_acc) << v.name;
     EXPECT_NE(v.can_implement, nullptr) << v.name;
     if (v.kind == VariantKind::kKernel) {
-      EXPECT_NE(v.launch, nullptr) << v.name;
+      EXPECT_NE(v.launch == nullptr, v.launch_with_context == nullptr)
+          << v.name << ": one launch function";
       EXPECT_GT(v.smem_bytes, 0u) << v.name;
       EXPECT_LE(v.smem_bytes, 227u * 1024) << v.name;
       EXPECT_GT(v.stages, 1) << v.name;
@@ -429,6 +430,36 @@ TEST(Registry, ClusterPairTakesTheCooperativeTilesShapesWithCOfTheInputType) {
   EXPECT_EQ(CheckProblem(*same_tile, p), "");
 }
 
+// Issue 29, 8192³ at or above cuBLAS: the stream-K kernel takes the cooperative 128x256
+// kernel's shapes and forms but C of the input type only, launches through its LaunchContext
+// (the tail's scratch), runs a group as the plain kernel's one launch, and is experimental.
+TEST(Registry, StreamKTakesTheCooperativeTilesShapesThroughItsContext) {
+  const VariantInfo* sk = FindVariant("wgmma_128x256_s4_g8_sk");
+  const VariantInfo* same_tile = FindVariant("wgmma_128x256_s4_g8");
+  if (same_tile == nullptr) {
+    EXPECT_EQ(sk, nullptr) << "listed on a machine without the wgmma family";
+    GTEST_SKIP() << "no wgmma family on this machine";
+  }
+  ASSERT_NE(sk, nullptr);
+  EXPECT_TRUE(sk->experimental);
+  EXPECT_EQ(sk->kind, VariantKind::kKernel);
+  EXPECT_EQ(sk->launch, nullptr);
+  EXPECT_NE(sk->launch_with_context, nullptr);
+  EXPECT_EQ(sk->launch_grouped, same_tile->launch_grouped);
+  EXPECT_TRUE(sk->batched && sk->strided && sk->fused_scale);
+  EXPECT_EQ(sk->layouts, kAllLayouts);
+  EXPECT_TRUE(sk->SupportsTypes(DataType::kFp16, DataType::kFp16));
+  EXPECT_TRUE(sk->SupportsTypes(DataType::kBf16, DataType::kBf16));
+  EXPECT_FALSE(sk->SupportsTypes(DataType::kFp16, DataType::kFp32));
+  EXPECT_EQ(sk->block_m, 128);
+  EXPECT_EQ(sk->block_n, 256);
+  EXPECT_EQ(sk->smem_bytes, same_tile->smem_bytes);
+  GemmProblem p = AlignedProblem(8192, 8192, 8192);
+  EXPECT_EQ(CheckProblem(*sk, p), "");
+  p.c_type = DataType::kFp32;
+  EXPECT_NE(CheckProblem(*sk, p), "");
+}
+
 // Issue 29, beyond parity: the ping-pong kernel is registered with the cooperative 128x128
 // kernel's forms and shape rules (the same output tile and tensor maps), groups as a loop, and
 // marked experimental until a GPU has measured it.
@@ -455,11 +486,15 @@ TEST(Registry, PingpongTakesTheCooperativeTilesFormsAndIsExperimental) {
   // Six 32 KB stages and two consumers' 16 KB of C staging, within an sm_90 block's 227 KB.
   EXPECT_GE(pp->smem_bytes, 6u * 32768 + 2 * 16384);
   EXPECT_LE(pp->smem_bytes, 227u * 1024);
-  // Experimental: only what has not yet run on a GPU (the ping-pong, cluster and split-K
-  // variants).
+  // Experimental: only what has not yet run on a GPU (the ping-pong, cluster, stream-K and
+  // split-K variants).
+  auto ends_with = [](const std::string& s, const std::string& tail) {
+    return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
+  };
   for (const VariantInfo& v : Variants())
     EXPECT_TRUE(!v.experimental || v.name.rfind("wgmma_pp_", 0) == 0 ||
-                v.name.find("_cluster2") != std::string::npos || v.kind == VariantKind::kSplitK)
+                v.name.find("_cluster2") != std::string::npos || ends_with(v.name, "_sk") ||
+                v.kind == VariantKind::kSplitK)
         << v.name;
   // The same refusals as the cooperative kernel of the same tile, word for word but the name.
   auto verdict = [](const VariantInfo& v, const GemmProblem& p) {

@@ -23,6 +23,7 @@
 #include "kernels/cuda_check.h"
 #include "kernels/launch.cuh"
 #include "kernels/registry.h"
+#include "kernels/stream_k.h"
 #include "kernels/wgmma_stage.cuh"
 
 namespace hgemm::kernels::internal {
@@ -116,16 +117,67 @@ cudaError_t LaunchWgmmaGemm(const GemmProblem& p, cudaStream_t stream) {
     config.gridDim = dim3(unsigned(std::min<long long>(units, clusters)) * CLUSTER_M);
     return cudaLaunchKernelEx(&config, kernel, map_a, map_b, map_c, map_c_in, p.m, p.n, p.k,
                               int(units), static_cast<const detail::GroupProblem*>(nullptr), 0,
-                              p.alpha, p.beta);
+                              p.alpha, p.beta, detail::StreamKTail{});
   } else {
     int sms = 0;
     HGEMM_RETURN_IF_CUDA_ERROR(detail::SmCount(device, &sms));
     const long long tiles = tile_rows * ((p.n + BN - 1) / BN) * p.batch;
     const int grid = int(std::min<long long>(tiles, sms));
     kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(
-        map_a, map_b, map_c, map_c_in, p.m, p.n, p.k, int(tiles), nullptr, 0, p.alpha, p.beta);
+        map_a, map_b, map_c, map_c_in, p.m, p.n, p.k, int(tiles), nullptr, 0, p.alpha, p.beta,
+        detail::StreamKTail{});
     return cudaGetLastError();
   }
+}
+
+// Enqueues C = p.alpha·op(A)·op(B) + p.beta·C_in with WgmmaGemmKernel<..., STREAM_K = true> on
+// ctx's stream: one block per SM runs the whole waves of tiles, and the tiles of a last,
+// partial wave are cut along K over the blocks (kernels/stream_k.h), their sums meeting in
+// ctx's kStreamKScratch (2 slots of BM·BN floats per block sharing them, and a counter per
+// tile and consumer, zeroed on the stream first). Without such a tail it is the plain kernel's
+// launch. Returns "" or the error. REQUIRES: as LaunchWgmmaGemm.
+// @tparam BN, CONSUMERS, K_STAGE, GROUP_M, TRANS_A, TRANS_B, T, TC  see detail::WgmmaGemmKernel.
+template <int BN, int CONSUMERS, int K_STAGE, int GROUP_M, bool TRANS_A, bool TRANS_B, typename T,
+          typename TC>
+std::string LaunchWgmmaStreamK(const GemmProblem& p, LaunchContext& ctx) {
+  using Cfg = detail::WgmmaStage<BN, CONSUMERS, K_STAGE, GROUP_M>;
+  constexpr auto* kernel = &detail::WgmmaGemmKernel<BN, CONSUMERS, K_STAGE, GROUP_M, TRANS_A,
+                                                    TRANS_B, T, TC, /*CLUSTER_M=*/1, true>;
+  int device = 0;
+  if (cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return CudaErrorText("cudaGetDevice", e);
+  if (cudaError_t e = detail::OptInDynamicSmem<kernel>(device, Cfg::kSmemBytes); e != cudaSuccess)
+    return CudaErrorText("shared memory opt-in", e);
+  CUtensorMap map_a, map_b, map_c, map_c_in;
+  if (!ProblemTensorMaps<Cfg::BM, BN, TRANS_A, TRANS_B, T, TC>(p, p.batch, &map_a, &map_b, &map_c,
+                                                               &map_c_in))
+    return "a tensor map could not be encoded";
+  int sms = 0;
+  if (cudaError_t e = detail::SmCount(device, &sms); e != cudaSuccess)
+    return CudaErrorText("SM count", e);
+  const long long tiles =
+      (long long)((p.m + Cfg::BM - 1) / Cfg::BM) * ((p.n + BN - 1) / BN) * p.batch;
+  const StreamKPlan plan = PlanStreamK(tiles, (p.k + Cfg::BK - 1) / Cfg::BK, sms);
+  detail::StreamKTail tail;
+  tail.split = plan.split;
+  if (plan.split.tail_tiles > 0) {
+    const size_t partial_bytes =
+        size_t(plan.split.tail_blocks) * 2 * Cfg::BM * BN * sizeof(float);
+    const size_t counter_bytes = size_t(plan.split.tail_tiles) * CONSUMERS * sizeof(int);
+    std::string error;
+    auto* scratch = static_cast<char*>(
+        ctx.Scratch(LaunchContext::kStreamKScratch, partial_bytes + counter_bytes, &error));
+    if (scratch == nullptr) return error;
+    tail.partials = reinterpret_cast<float*>(scratch);
+    tail.counters = reinterpret_cast<int*>(scratch + partial_bytes);
+    if (cudaError_t e = cudaMemsetAsync(tail.counters, 0, counter_bytes, ctx.stream());
+        e != cudaSuccess)
+      return CudaErrorText("zeroing the stream-K counters", e);
+  }
+  kernel<<<plan.grid, Cfg::kThreads, Cfg::kSmemBytes, ctx.stream()>>>(
+      map_a, map_b, map_c, map_c_in, p.m, p.n, p.k, int(plan.whole_tiles), nullptr, 0, p.alpha,
+      p.beta, tail);
+  if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return CudaErrorText("stream-K launch", e);
+  return "";
 }
 
 // Enqueues a group of GEMMs of different shapes (one layout and type pair: TRANS_A, TRANS_B, T,
@@ -177,7 +229,7 @@ std::string LaunchWgmmaGrouped(const std::vector<GemmProblem>& problems, LaunchC
   // The grid-constant maps are unused in a group: any valid map fills them.
   kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, ctx.stream()>>>(
       host[0].a, host[0].b, host[0].c, host[0].c_in, 0, 0, 0, int(tiles), device_group,
-      int(host.size()), problems.front().alpha, problems.front().beta);
+      int(host.size()), problems.front().alpha, problems.front().beta, detail::StreamKTail{});
   if (cudaError_t e = cudaGetLastError(); e != cudaSuccess)
     return CudaErrorText("grouped launch", e);
   return "";
@@ -226,6 +278,19 @@ HGEMM_WGMMA_INSTANCES(HGEMM_WGMMA_EXTERN, __nv_bfloat16, float)
                                                                        cudaStream_t);
 HGEMM_WGMMA_CLUSTER_INSTANCES(HGEMM_WGMMA_CLUSTER_EXTERN, __half)
 HGEMM_WGMMA_CLUSTER_INSTANCES(HGEMM_WGMMA_CLUSTER_EXTERN, __nv_bfloat16)
+
+// The stream-K configuration (wgmma_streamk_instances.cu), experimental: the 128×256 tile, C of
+// the input type only.
+#define HGEMM_WGMMA_STREAMK_INSTANCES(X, T)   \
+  HGEMM_WGMMA_LAYOUTS(X, 256, 2, 4, 8, T, T)
+#define HGEMM_WGMMA_STREAMK_EXTERN(BN, C, S, G, TA, TB, T, TC)                                   \
+  extern template std::string LaunchWgmmaStreamK<BN, C, S, G, TA, TB, T, TC>(const GemmProblem&, \
+                                                                             LaunchContext&);
+#define HGEMM_WGMMA_STREAMK_INSTANTIATE(BN, C, S, G, TA, TB, T, TC)                       \
+  template std::string LaunchWgmmaStreamK<BN, C, S, G, TA, TB, T, TC>(const GemmProblem&, \
+                                                                      LaunchContext&);
+HGEMM_WGMMA_STREAMK_INSTANCES(HGEMM_WGMMA_STREAMK_EXTERN, __half)
+HGEMM_WGMMA_STREAMK_INSTANCES(HGEMM_WGMMA_STREAMK_EXTERN, __nv_bfloat16)
 
 }  // namespace hgemm::kernels::internal
 

@@ -65,6 +65,15 @@
 //     cluster barrier, when no peer can still arrive on its barriers. The tile order runs over
 //     pairs of tile rows; past an odd M's last tile row a block computes a tile of zeros
 //     whose stores TMA clips away entirely. Not for groups.
+//   * STREAM_K (experimental): the tiles of a last, partial wave are cut along K evenly over
+//     the blocks (kernels/stream_k.h) instead of leaving the SMs without a tile idle for a
+//     whole tile's time: at 8192³, 2048 128×256 tiles on 132 SMs are 15.5 waves, so ~3 % of
+//     the plain grid's time has SMs waiting. A block whose share ends or starts inside a tile
+//     writes its fp32 accumulators to a slot in global memory, fences, and counts itself in;
+//     the block that completes the count reads all the tile's slots back in block order
+//     (the same C whichever block comes last), then runs the usual epilogue (α/β included).
+//     Nothing waits on another block, so co-residency is not assumed. Not for groups or
+//     clusters.
 //   * Watchdog: an mbarrier wait that lasts HGEMM_MBAR_TIMEOUT_NS (default 10 s; 0 disables)
 //     traps, so a lost arrival or a wrong transaction count fails the launch instead of hanging
 //     the stream. Real waits last microseconds.
@@ -85,6 +94,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "kernels/stream_k.h"
 #include "kernels/wgmma_ops.cuh"
 
 #ifndef HGEMM_MBAR_TIMEOUT_NS
@@ -228,6 +238,17 @@ __device__ __forceinline__ void FenceProxyAsync() {
 __device__ __forceinline__ void NamedBarrier(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
+// NamedBarrier that also returns whether `p` held in any of its threads (bar.red.or).
+__device__ __forceinline__ bool NamedBarrierAny(int id, int threads, bool p) {
+  uint32_t any;
+  asm volatile(
+      "{\n.reg .pred p, q;\nsetp.ne.u32 p, %1, 0;\nbar.red.or.pred q, %2, %3, p;\n"
+      "selp.u32 %0, 1, 0, q;\n}\n"
+      : "=r"(any)
+      : "r"(uint32_t(p)), "r"(id), "r"(threads)
+      : "memory");
+  return any != 0;
+}
 __device__ __forceinline__ void StShared(uint32_t addr, uint32_t v) {
   asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
 }
@@ -335,6 +356,16 @@ struct GroupProblem {
 static_assert(alignof(GroupProblem) % 64 == 0,
               "TMA reads a tensor map at a 64-byte aligned address");
 
+// The stream-K tail of a launch (STREAM_K; kernels/stream_k.h says how it is split): where its
+// blocks leave their fp32 sums of shared tiles, tail_blocks × 2 slots × BM·BN floats, each
+// consumer's 64×BN laid out [accumulator][thread], and how many of a tile's blocks have left
+// theirs, tail_tiles × CONSUMERS counters, 0 at the launch.
+struct StreamKTail {
+  float* partials = nullptr;
+  int* counters = nullptr;
+  StreamKSplit split;
+};
+
 // Tile t of an item (or problem) of tiles_m × tiles_n tiles, in groups of GROUP_M tile rows
 // visited column by column.
 template <int GROUP_M>
@@ -371,15 +402,19 @@ struct TileWork {
 //                  then num_tiles counts pairs of tile rows × tile columns × items, B's tensor
 //                  map has half-width boxes (TRANS_B: BN / 2 rows), the grid is a whole number
 //                  of clusters, and group_count is 0.
+// @tparam STREAM_K  num_tiles are the whole waves; `tail` the tiles after them, cut along K
+//                  (the header says how); group_count is 0 and CLUSTER_M 1. Otherwise `tail`
+//                  is unused.
 template <int BN, int CONSUMERS, int K_STAGE, int GROUP_M, bool TRANS_A = false,
-          bool TRANS_B = false, typename T = __half, typename TC = T, int CLUSTER_M = 1>
+          bool TRANS_B = false, typename T = __half, typename TC = T, int CLUSTER_M = 1,
+          bool STREAM_K = false>
 __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
     WgmmaGemmKernel(const __grid_constant__ CUtensorMap map_a,
                     const __grid_constant__ CUtensorMap map_b,
                     const __grid_constant__ CUtensorMap map_c,
                     const __grid_constant__ CUtensorMap map_c_in, int M, int N, int K,
                     int num_tiles, const GroupProblem* __restrict__ group, int group_count,
-                    float alpha, float beta) {
+                    float alpha, float beta, StreamKTail tail) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using Cfg = WgmmaStage<BN, CONSUMERS, K_STAGE, GROUP_M>;
   constexpr int BM = Cfg::BM, BK = Cfg::BK;
@@ -402,6 +437,7 @@ __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
   auto stage_b = [&](int s) { return ring + s * Cfg::kStageBytes + Cfg::kStageABytes; };
 
   static_assert(CLUSTER_M == 1 || CLUSTER_M == 2, "clusters of one or two blocks along M");
+  static_assert(!STREAM_K || CLUSTER_M == 1, "a stream-K tail is shared by single blocks");
   if (threadIdx.x == 0) {
     for (int s = 0; s < K_STAGE; ++s) {
       MbarInit(full(s), 1);
@@ -461,17 +497,28 @@ __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
                           w.tn);
     w.k_tiles = (g.k + BK - 1) / BK;
   };
+  // With STREAM_K, after the block's whole tiles: its share of the tail, f(w, kb, ke, st) for K
+  // tiles [kb, ke) of tail tile st.
+  auto for_each_tail_unit = [&](auto&& f) {
+    if constexpr (STREAM_K) {
+      const int k_tiles = (K + BK - 1) / BK;
+      ForEachTailUnit(tail.split, k_tiles, int(blockIdx.x), [&](int st, int kb, int ke) {
+        TileWork w;
+        locate(num_tiles + st, w);
+        f(w, kb, ke, st);
+      });
+    }
+  };
 
   if (threadIdx.x < 128) {
     // Producer warpgroup: one thread issues every TMA.
     asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n");
     if (threadIdx.x == 0) {
       int it = 0;  // K tiles issued so far, over all of this block's tiles
-      for (int t = blockIdx.x / CLUSTER_M; t < num_tiles; t += gridDim.x / CLUSTER_M) {
-        TileWork w;
-        locate(t, w);
+      // K tiles [kb, ke) of tile w.
+      auto produce = [&](const TileWork& w, int kb, int ke, int /*st*/) {
         const int item = w.item, tm = w.tm, tn = w.tn;
-        for (int kt = 0; kt < w.k_tiles; ++kt, ++it) {
+        for (int kt = kb; kt < ke; ++kt, ++it) {
           const int s = it % K_STAGE;
           MbarWait(empty(s), ((it / K_STAGE) & 1) ^ 1);  // the first round passes at once
           MbarArriveExpectTx(full(s), Cfg::kStageBytes);
@@ -505,7 +552,13 @@ __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
                         item, full(s));
           }
         }
+      };
+      for (int t = blockIdx.x / CLUSTER_M; t < num_tiles; t += gridDim.x / CLUSTER_M) {
+        TileWork w;
+        locate(t, w);
+        produce(w, 0, w.k_tiles, -1);
       }
+      for_each_tail_unit(produce);
     }
   } else {
     // Consumer warpgroups.
@@ -530,10 +583,12 @@ __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
     int c_in_chunks = 0;
     float acc[Cfg::kAcc];
     int it = 0;  // K tiles consumed so far, in the producer's order
-    for (int t = blockIdx.x / CLUSTER_M; t < num_tiles; t += gridDim.x / CLUSTER_M) {
-      TileWork w;
-      locate(t, w);
+    // K tiles [kb, ke) of tile w, then its epilogue. st ≥ 0: tail tile st (STREAM_K), whose
+    // other K tiles other blocks may hold: then the sums meet first, and only the block that
+    // completes the tile stores it.
+    auto consume = [&](const TileWork& w, int kb, int ke, int st) {
       const int item = w.item, tm = w.tm, tn = w.tn;
+      const bool shared_tile = STREAM_K && st >= 0 && (kb > 0 || ke < w.k_tiles);
       const int c_row = tm * BM + c * 64;  // the slab's first row of C
       // C_in chunk j (64 columns) into its staging buffer(s), completing on its barrier: two
       // 64×32 boxes filling both buffers for fp32, one 64×64 box into buffer j % 2 otherwise.
@@ -551,7 +606,7 @@ __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
         for (int x = 0; x < BN; x += kFp32Out ? 32 : 64)
           TmaPrefetchL2(maps_c_in(w), tn * BN + x, c_row, item);
       }
-      for (int kt = 0; kt < w.k_tiles; ++kt, ++it) {
+      for (int kt = kb; kt < ke; ++kt, ++it) {
         const int s = it % K_STAGE;
         MbarWait(full(s), (it / K_STAGE) & 1);
         const uint32_t a0 = stage_a(s) + c * 64 * 128;  // 64 rows of 128 bytes (or box c)
@@ -564,16 +619,16 @@ __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
                                           : GmmaDesc(a0 + kk * 32, 16, 1024);
           const uint64_t desc_b = TRANS_B ? GmmaDesc(b0 + kk * 32, 16, 1024)
                                           : GmmaDesc(b0 + kk * 2048, Cfg::kBChunkBytes, 1024);
-          Wgmma<BN, kBf16, TRANS_A ? 1 : 0, TRANS_B ? 0 : 1>(acc, desc_a, desc_b, kt > 0 || kk > 0);
+          Wgmma<BN, kBf16, TRANS_A ? 1 : 0, TRANS_B ? 0 : 1>(acc, desc_a, desc_b, kt > kb || kk > 0);
         }
         WgmmaCommit();
         // The previous K tile's group has completed: release its stage.
         WgmmaWait<1>();
-        if (kt > 0) release((it + K_STAGE - 1) % K_STAGE);
+        if (kt > kb) release((it + K_STAGE - 1) % K_STAGE);
       }
       // While the last K tile's group runs: C_in's first chunks (a pair of 16-bit ones, or one
       // fp32 one), once the previous tile's stores have read the buffers (long since).
-      if (read_c_in && leader) {
+      if (read_c_in && leader && !shared_tile) {
         BulkWaitRead<0>();
         load_c_in(0);
         if constexpr (!kFp32Out) load_c_in(1);
@@ -582,6 +637,42 @@ __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
 #pragma unroll
       for (int i = 0; i < Cfg::kAcc; ++i) FenceReg(acc[i]);
       release((it + K_STAGE - 1) % K_STAGE);
+      if constexpr (STREAM_K) {
+        if (shared_tile) {
+          // This block's sums out (its slot of the tile), fenced, then counted in; the block
+          // whose count completes the tile's reads every slot back in block order.
+          const int k_tiles = w.k_tiles;
+          const TailBlocks sharing = TailBlocksOf(tail.split, k_tiles, st);
+          auto sums = [&](int b) {
+            const size_t slot = size_t(b) * 2 + TailSlot(tail.split, k_tiles, b, st);
+            return tail.partials + (slot * CONSUMERS + c) * size_t(64 * BN) + threadIdx.x % 128;
+          };
+          float* const mine = sums(int(blockIdx.x));
+#pragma unroll
+          for (int i = 0; i < Cfg::kAcc; ++i) __stcg(mine + 128 * i, acc[i]);
+          __threadfence();
+          NamedBarrier(1 + c, 128);  // every thread's sums are out before the count
+          bool completes = false;
+          if (leader) {
+            completes = atomicAdd(tail.counters + st * CONSUMERS + c, 1) ==
+                        sharing.last - sharing.first;
+          }
+          if (!NamedBarrierAny(1 + c, 128, completes)) return;  // another block stores it
+          __threadfence();
+#pragma unroll
+          for (int i = 0; i < Cfg::kAcc; ++i) acc[i] = __ldcg(sums(sharing.first) + 128 * i);
+          for (int b = sharing.first + 1; b <= sharing.last; ++b) {
+            const float* const theirs = sums(b);
+#pragma unroll
+            for (int i = 0; i < Cfg::kAcc; ++i) acc[i] += __ldcg(theirs + 128 * i);
+          }
+          if (read_c_in && leader) {  // as the whole tiles do during their last K tile
+            BulkWaitRead<0>();
+            load_c_in(0);
+            if constexpr (!kFp32Out) load_c_in(1);
+          }
+        }
+      }
       // Epilogue: accumulator 4j + {0,1} is row lane/4 of the warp's 16, columns
       // 8j + 2(lane%4) + {0,1}; 4j + {2,3} the same columns 8 rows down.
       // This thread's rows r and r + 8 of the slab, bytes 4(lane%4) .. +3 of each 16-byte unit.
@@ -696,7 +787,13 @@ __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
       } else {
         epilogue(std::false_type{});
       }
+    };
+    for (int t = blockIdx.x / CLUSTER_M; t < num_tiles; t += gridDim.x / CLUSTER_M) {
+      TileWork w;
+      locate(t, w);
+      consume(w, 0, w.k_tiles, -1);
     }
+    for_each_tail_unit(consume);
     // The block's shared memory must outlive the last stores' reads of it.
     if (leader) BulkWaitAll();
   }

@@ -8,7 +8,8 @@
 // ping-pong kernels (wgmma_pingpong.cuh; BM×BN is each consumer's tile): the same forms and
 // batches, a group as one launch per problem, experimental (not in auto) until measured.
 // A _cluster2 suffix: clusters of two blocks along M sharing B (wgmma_stage.cuh, CLUSTER_M),
-// C of the input type only, a group as one launch per problem, experimental.
+// C of the input type only, a group as one launch per problem, experimental. A _sk suffix: a
+// stream-K tail (STREAM_K), C of the input type only, experimental.
 #include <cuda.h>
 #include <cudaTypedefs.h>
 
@@ -214,6 +215,38 @@ struct Wgmma {
   }
 };
 
+// The stream-K tail (wgmma_stage.cuh, STREAM_K; kernels/stream_k.h) on a configuration's tile:
+// the plain kernel's shape rules, its launch through the LaunchContext (the tail's scratch), C
+// of the input type only; a group runs as the plain kernel's one launch. Experimental.
+// @tparam BN, CONSUMERS, K_STAGE, GROUP_M  see detail::WgmmaStage.
+template <int BN, int CONSUMERS, int K_STAGE, int GROUP_M>
+struct WgmmaSk {
+  using Plain = Wgmma<BN, CONSUMERS, K_STAGE, GROUP_M>;
+
+  template <typename T>
+  static std::string Run(const GemmProblem& p, LaunchContext& ctx) {
+    constexpr int C = CONSUMERS, S = K_STAGE, G = GROUP_M;
+    if (p.transpose_a)
+      return p.transpose_b ? LaunchWgmmaStreamK<BN, C, S, G, true, true, T, T>(p, ctx)
+                           : LaunchWgmmaStreamK<BN, C, S, G, true, false, T, T>(p, ctx);
+    return p.transpose_b ? LaunchWgmmaStreamK<BN, C, S, G, false, true, T, T>(p, ctx)
+                         : LaunchWgmmaStreamK<BN, C, S, G, false, false, T, T>(p, ctx);
+  }
+  static std::string Launch(const GemmProblem& p, LaunchContext& ctx) {
+    if (p.c_type != p.ab_type) return "C of the input type only";  // Info's types
+    return p.ab_type == DataType::kBf16 ? Run<__nv_bfloat16>(p, ctx) : Run<__half>(p, ctx);
+  }
+
+  static VariantInfo Info(const char* name, const char* description) {
+    VariantInfo v = Plain::Info(name, description);
+    v.launch = nullptr;
+    v.launch_with_context = &Launch;
+    v.types = TypesBit(DataType::kFp16, DataType::kFp16) | TypesBit(DataType::kBf16, DataType::kBf16);
+    v.experimental = true;
+    return v;
+  }
+};
+
 // The ping-pong schedule (kernels/wgmma_pingpong.cuh): each of the two consumer warpgroups
 // owns a BM×BN tile. The shape rules are the cooperative kernel's of the same output tile
 // (Wgmma<BN, 2, ...>: BM = 128); a group runs as a loop of launches (launch_grouped nullptr).
@@ -263,6 +296,8 @@ using W64x128S8     = Wgmma<128, 1, 8, 8>;
 // group_m counts pairs of tile rows. Not yet measured.
 //                     BN  consumers stages group_m cluster_m
 using W128x256S4C2  = Wgmma<256, 2, 4, 4, 2>;
+// The 128x256 tile with a stream-K tail (docs/kernels_notes.md, "Session 14"); not yet measured.
+using W128x256S4Sk  = WgmmaSk<256, 2, 4, 8>;
 // Ping-pong, predicted in docs/kernels_notes.md ("Ping-pong consumers"); not yet measured.
 //                     BN  stages group_m
 using Pp128x128S6   = WgmmaPp<128, 6, 8>;
@@ -294,6 +329,7 @@ std::vector<VariantInfo> WgmmaVariants() {
       W128x128S6::Info("wgmma_128x128_s6_g8", "TMA + wgmma m64n128k16, 2 consumer warpgroups, 6 stages, persistent, TMA-store epilogue"),
       W64x128S8::Info("wgmma_64x128_s8_g8", "TMA + wgmma m64n128k16, 1 consumer warpgroup, 8 stages, persistent, TMA-store epilogue (small M)"),
       W128x256S4C2::Info("wgmma_128x256_s4_g4_cluster2", "TMA + wgmma m64n256k16, 2 consumer warpgroups, 4 stages, persistent, TMA-store epilogue, clusters of 2 blocks along M each loading half of the shared B tile by TMA multicast; experimental (not in auto until measured on a GPU), C of the input type only, a group as one launch per problem"),
+      W128x256S4Sk::Info("wgmma_128x256_s4_g8_sk", "TMA + wgmma m64n256k16, 2 consumer warpgroups, 4 stages, persistent, TMA-store epilogue; the tiles of a last, partial wave cut along K over all the blocks (stream-K), their fp32 sums meeting in global memory; experimental (not in auto until measured on a GPU), C of the input type only"),
       Pp128x128S6::Info("wgmma_pp_128x128_s6_g8", "TMA + wgmma m64n128k16, ping-pong: 2 consumer warpgroups with a 128x128 tile each, taking turns on the tensor cores, 6 stages, persistent, TMA-store epilogue; experimental (not in auto until measured on a GPU), a group as one launch per problem"),
   };
 }

@@ -44,6 +44,9 @@
 #             same steps as pingpong for it, kernel_bench at 4096³, 8192³ (twice) and
 #             8320x8192x8192 (an odd count of tile rows) against cuBLAS and the 128x256 kernel
 #             (docs/kernels_notes.md, "Session 13")
+#   streamk   issue 29's stream-K kernel (wgmma_128x256_s4_g8_sk, experimental): the same steps
+#             for it, kernel_bench at 4096³, 8192³ (twice) and 8320x8192x8192 against cuBLAS and
+#             the 128x256 kernel (docs/kernels_notes.md, "Session 14")
 #   blas      issue 29 through the server: bf16 with transpose_b, fp32 C, alpha/beta with C_in,
 #             a strided batch, grouped GEMMs, each --check'ed by hgemm_client against the CPU
 #             reference
@@ -190,6 +193,10 @@ if want pingpong; then
 fi
 if want cluster; then
   experimental_kernel cluster '*cluster2*' cublas,wgmma_128x256_s4_g8,wgmma_128x256_s4_g4_cluster2 \
+    4096x4096x4096,8192x8192x8192,8192x8192x8192,8320x8192x8192 fp16,bf16  # C of the input type
+fi
+if want streamk; then
+  experimental_kernel streamk '*g8_sk*' cublas,wgmma_128x256_s4_g8,wgmma_128x256_s4_g8_sk \
     4096x4096x4096,8192x8192x8192,8192x8192x8192,8320x8192x8192 fp16,bf16  # C of the input type
 fi
 
