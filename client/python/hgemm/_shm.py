@@ -45,11 +45,10 @@ class MappedRegion:
         self.bytes, self.nbytes, self.label, self.handle = memory, memory.nbytes, label, handle
         self.address = memory.ctypes.data
 
-    def offset_of(self, array: np.ndarray) -> Optional[int]:
-        """The offset of a C-contiguous array's bytes in this region, None if they are not all
+    def offset_of(self, start: int, nbytes: int) -> Optional[int]:
+        """The offset in this region of `nbytes` at address `start`, None if they are not all
         inside it."""
-        start = array.__array_interface__["data"][0]
-        if self.address <= start and start + array.nbytes <= self.address + self.nbytes:
+        if self.address <= start and start + nbytes <= self.address + self.nbytes:
             return start - self.address
         return None
 
@@ -138,9 +137,10 @@ class SharedMemory:
         """Where `array` lives among the shared buffers (None: elsewhere, or not C-contiguous)."""
         if array is None or not array.flags.c_contiguous:
             return None
+        start, nbytes = array.__array_interface__["data"][0], array.nbytes
         with self._lock:
             for region in self._buffers:
-                offset = region.offset_of(array)
+                offset = region.offset_of(start, nbytes)
                 if offset is not None:
                     return pb.RegionRef(region=region.handle, offset=offset)
         return None
