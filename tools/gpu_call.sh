@@ -33,11 +33,13 @@ batched() {
   echo "batched_gemm_test rc=$?"
   grep -E "^\[  (PASSED|FAILED) " "$OUT/batched_gemm_test.log" | head -20
 }
-# Issue 29's layout table: 4096³ and 8192³, every layout, fp16 and bf16, fp32 accumulation.
+# Issue 29's layout table: 4096³ and 8192³, every layout, fp16 and bf16, fp32 accumulation; the
+# plain 128x256 kernel against its stream-K and cluster-pair variants (the ping-pong measured
+# 0.75-0.93x in session 12).
 layouts() {
   kernel_bench --modes plain --acc fp32 --layouts NN,NT,TN,TT --types fp16,bf16 \
     --shapes 4096x4096x4096,8192x8192x8192 \
-    --variants cublas,wgmma_128x256_s4_g8,wgmma_128x128_s6_g8,wgmma_pp_128x128_s6_g8 \
+    --variants cublas,wgmma_128x256_s4_g8,wgmma_128x256_s4_g8_sk,wgmma_128x256_s4_g4_cluster2 \
     --csv "$OUT/layouts.csv" >"$OUT/layouts.log" 2>&1
   echo "kernel_bench layouts rc=$?"
   sed -n "/^fastest own kernel/,\$p" "$OUT/layouts.log"
