@@ -17,13 +17,18 @@
 
 namespace hgemm::fuzz {
 
+// Mostly `exact` bytes of `fill` (when at most `limit`), else a short wrong length.
+inline std::string ExactOrShort(FuzzedDataProvider& in, unsigned __int128 exact, char fill,
+                                size_t limit) {
+  if (in.ConsumeIntegralInRange<int>(0, 3) != 0 && exact <= limit) {
+    return std::string(size_t(exact), fill);
+  }
+  return std::string(in.ConsumeIntegralInRange<size_t>(0, 64), fill);
+}
+
 // Mostly the exact 2·rows·cols bytes (when small), else a short wrong length.
 inline std::string OperandBytes(FuzzedDataProvider& in, uint32_t rows, uint32_t cols) {
-  const unsigned __int128 exact = Bytes(rows, cols);
-  if (in.ConsumeIntegralInRange<int>(0, 3) != 0 && exact <= (1u << 16)) {
-    return std::string(size_t(exact), '\0');
-  }
-  return std::string(in.ConsumeIntegralInRange<size_t>(0, 64), '\0');
+  return ExactOrShort(in, Bytes(rows, cols), '\0', 1u << 16);
 }
 
 // "", fuzz bytes, an over-long name, or mostly a handle an earlier call of the input got.

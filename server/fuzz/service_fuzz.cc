@@ -50,6 +50,8 @@ using fuzz::UploadMessage;
 // The largest file a region of an input is made of: 2x the largest operand (fuzz_util.h), so
 // that offsets put operands inside, at the end of and past a region.
 constexpr int64_t kRegionFileBytes = 4 * fuzz::kMaxElementsPerMatrix;
+// The largest exact operand an input sends inline (a batch's or a group's too).
+constexpr size_t kMaxInlineBytes = 1u << 18;
 
 // A region of one of the input's clients: a memfd of this process, sealed against shrinking
 // unless drawn otherwise, and mapped here too, where the harness poisons and reads C. Its
@@ -202,14 +204,6 @@ ExactBytes Exact(const v1::GemmRequest& r) {
   return e;
 }
 
-// Mostly `exact` bytes (when small) of `fill`, else a short wrong length.
-std::string Bytes(FuzzedDataProvider& in, unsigned __int128 exact, char fill) {
-  if (in.ConsumeIntegralInRange<int>(0, 3) != 0 && exact <= (1u << 18)) {
-    return std::string(size_t(exact), fill);
-  }
-  return std::string(in.ConsumeIntegralInRange<size_t>(0, 64), fill);
-}
-
 // The BLAS fields of a unary request (transposes, types, α/β and C_in, a batch or a group) and
 // its operands re-drawn to the sizes those make exact; some of A, B, C_in and C in regions.
 // Returns where C goes in a region and the regions the request reads.
@@ -240,13 +234,13 @@ Placement BlasRequest(FuzzedDataProvider& in, const std::vector<std::string>& ha
     default: break;
   }
   const ExactBytes exact = Exact(*r);
-  if (r->a_handle().empty()) r->set_a(Bytes(in, exact.a, '\0'));
-  if (r->b_handle().empty()) r->set_b(Bytes(in, exact.b, '\0'));
+  if (r->a_handle().empty()) r->set_a(fuzz::ExactOrShort(in, exact.a, '\0', kMaxInlineBytes));
+  if (r->b_handle().empty()) r->set_b(fuzz::ExactOrShort(in, exact.b, '\0', kMaxInlineBytes));
   // C_in: NaN where β = 0 (it must not be read), zeros otherwise.
   const char c_in_fill = r->beta() == 0 ? '\xff' : '\0';
   Placement placement;
   switch (in.ConsumeIntegralInRange<int>(0, 5)) {
-    case 0: case 1: r->set_c_in(Bytes(in, exact.c, c_in_fill)); break;
+    case 0: case 1: r->set_c_in(fuzz::ExactOrShort(in, exact.c, c_in_fill, kMaxInlineBytes)); break;
     case 2: r->set_c_in_handle(Handle(in, handles)); break;
     case 3: {
       Placed p = InRegion(in, regions, uint64_t(std::min<unsigned __int128>(exact.c, UINT64_MAX)),
