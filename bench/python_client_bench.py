@@ -22,7 +22,9 @@ concurrency) and the table shows the ratio python / C++ of requests per second (
 Mode "shm" (same host: --server=unix:PATH of a server with --allow_shared_memory, resident
 none): each worker's A, B and C live in shared buffers of its client (c.shared_buffer), and
 each GEMM is c.gemm(A, B, out=C): a unary Gemm naming the regions, nothing sent but names
-(hgemm_load: --transport=shm).
+(hgemm_load: --transport=shm). --prepared: unary and shm GEMMs are g() of a PreparedGemm made
+once per worker (g = c.prepare(A, B, out=C)): the client's checks and options once, one call
+into the native core per GEMM.
 hgemm_load's CPU time per GEMM ("C++ CPU ms") is its own user + system time over its measured
 windows (its CSV's client_cpu_ms: no warm-up, no verification), the figure "py CPU ms" is
 held against.
@@ -46,6 +48,7 @@ Needs the hgemm package (pip install ./client/python, or PYTHONPATH=client/pytho
 import argparse
 import asyncio
 import csv
+import functools
 import os
 import resource
 import subprocess
@@ -130,23 +133,24 @@ def run_point(args, transport, shape, mode, resident, concurrency, a, b):
     def worker(i):
         operand_b = handles[i] if handles[i] is not None else b
         operand_a = a
+        options = {"details": True}
         if mode == "shm":  # A, B and C in the client's shared buffers: names only
             operand_a, operand_b = shared_copy(clients[i], a), shared_copy(clients[i], b)
-            out = clients[i].shared_buffer((m, n))
-
-            def gemm(a, b, **options):
-                return clients[i].gemm(a, b, out=out, **options)
-        elif streams[i] is not None:
-            gemm = streams[i].gemm
+            options["out"] = clients[i].shared_buffer((m, n))
+        elif streams[i] is None:
+            options["mode"] = "unary"
+        if streams[i] is not None:
+            gemm = functools.partial(streams[i].gemm, operand_a, operand_b, **options)
+        elif args.prepared:
+            gemm = clients[i].prepare(operand_a, operand_b, **options)
         else:
-            def gemm(a, b, **options):
-                return clients[i].gemm(a, b, mode="unary", **options)
+            gemm = functools.partial(clients[i].gemm, operand_a, operand_b, **options)
         while True:
             t0 = time.monotonic()
             if t0 >= stop:
                 return
             try:
-                r = gemm(operand_a, operand_b, details=True)
+                r = gemm()
             except hgemm.Error as e:
                 with lock:
                     errors.append(e.status)
@@ -175,8 +179,8 @@ def run_point(args, transport, shape, mode, resident, concurrency, a, b):
     wire = 0 if mode == "shm" else sent + 2 * m * n
     rps = len(lat) / args.duration_s
     return {
-        "core": transport, "shape": f"{m}x{n}x{k}", "mode": mode, "resident": resident,
-        "concurrency": concurrency,
+        "core": transport, "prepared": bool(args.prepared and mode != "stream"),
+        "shape": f"{m}x{n}x{k}", "mode": mode, "resident": resident, "concurrency": concurrency,
         "requests": len(lat), "errors": len(errors), "requests_per_s": rps,
         "p50_ms": float(np.percentile(lat, 50)) if len(lat) else float("nan"),
         "p99_ms": float(np.percentile(lat, 99)) if len(lat) else float("nan"),
@@ -351,6 +355,9 @@ def main():
     p.add_argument("--timeout_s", type=float, default=120.0)
     p.add_argument("--hgemm_load", help="path of hgemm_load: also run each point in C++")
     p.add_argument("--csv", help="write the rows as CSV")
+    p.add_argument("--prepared", action="store_true",
+                   help="unary and shm points call a PreparedGemm made once per worker "
+                        "(g = c.prepare(A, B, ...); g() per GEMM) instead of c.gemm")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--transports", nargs="*", default=["native", "grpcio"],
                    choices=["native", "grpcio"], help="the client's cores to measure")

@@ -93,13 +93,17 @@ resident_ring() {
   done
   kill -TERM $server_pid; wait $server_pid
 }
-# Issue 31's Python point: shared buffers (native core) against hgemm_load --transport=shm.
+# Issue 31's Python point: shared buffers (native core) against hgemm_load --transport=shm,
+# with a PreparedGemm per worker first, then c.gemm per GEMM.
 python_shm() {
   start_samehost_server || return 1
-  HGEMM_NATIVE_LIB=$PWD/.gpu-serve/bin/libhgemm_client.so PYTHONPATH=client/python \
-    python3 bench/python_client_bench.py --server="unix:$sock" --transports native \
-    --hgemm_load="$(command -v hgemm_load)" --points 2048x2048x2048:shm:none:1,16 \
-    8192x8192x8192:shm:none:1 --aio_points --duration_s 3 --csv "$OUT/python_shm.csv"
+  for call in prepared gemm; do
+    HGEMM_NATIVE_LIB=$PWD/.gpu-serve/bin/libhgemm_client.so PYTHONPATH=client/python \
+      python3 bench/python_client_bench.py --server="unix:$sock" --transports native \
+      --hgemm_load="$(command -v hgemm_load)" --points 2048x2048x2048:shm:none:1,16 \
+      8192x8192x8192:shm:none:1 --aio_points --duration_s 3 \
+      --csv "$OUT/python_shm_$call.csv" $([[ $call == prepared ]] && echo --prepared)
+  done
   kill -TERM $server_pid; wait $server_pid
 }
 export -f start_samehost_server  # the steps run in child shells

@@ -5,6 +5,7 @@
         C = c.gemm(A, B)        # float16 numpy arrays or torch tensors in, float16 numpy out
         with c.stream() as s:   # one GemmStream for many GEMMs
             C = s.gemm(A, B)
+        g = c.prepare(A, B, out=C)  # the same GEMM many times: g() per step
 
 hgemm.aio.Client has the same methods for asyncio. The reference is client/python/README.md.
 On the native core nothing here imports grpc (grpcio is loaded only by the fallback's calls).
@@ -18,6 +19,7 @@ from ._results import Execution, GemmResult, Kernel, Timing
 from ._retry import RetryPolicy
 from ._stream import Stream
 from ._native import info
+from ._prepared import PreparedGemm
 from ._errors import (Aborted, AlreadyExists, Cancelled, DataLoss, DeadlineExceeded, Error,
                       FailedPrecondition, Internal, InvalidArgument, NotFound, OutOfRange,
                       PermissionDenied, ResourceExhausted, StatusCode, Unauthenticated,
@@ -32,5 +34,5 @@ __all__ = [
     "InvalidArgument", "DeadlineExceeded", "NotFound", "AlreadyExists", "PermissionDenied",
     "ResourceExhausted", "FailedPrecondition", "Aborted", "OutOfRange", "Unimplemented",
     "Internal", "Unavailable", "DataLoss", "Unauthenticated", "StatusCode", "info",
-    "cuda_region", "CudaRegion",
+    "cuda_region", "CudaRegion", "PreparedGemm",
 ]

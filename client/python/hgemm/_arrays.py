@@ -17,6 +17,7 @@ so that C is not copied once more (np.array(C) or C.copy() for a writable one); 
 are ordinary tensors.
 """
 import warnings
+from typing import Optional
 
 import numpy as np
 
@@ -94,6 +95,19 @@ def as_operand(x, name: str, allow_transposed: bool = True, dtype=None):
         bits = np.ascontiguousarray(stored).view("<u2")
     _check_matrix_shape(bits.shape, name)
     return bits, "bf16", transposed
+
+
+def same_memory(array: Optional[np.ndarray], x) -> bool:
+    """Whether `array` (what is sent of x, or None: nothing) starts where x's own memory does,
+    i.e. it is x as stored and no copy or conversion of it."""
+    if array is None:
+        return True
+    address = array.__array_interface__["data"][0]
+    if isinstance(x, np.ndarray):
+        return x.__array_interface__["data"][0] == address
+    if is_torch_tensor(x):
+        return x.device.type == "cpu" and x.data_ptr() == address
+    return False
 
 
 def _check_matrix_shape(shape, name: str) -> None:

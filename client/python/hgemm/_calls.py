@@ -21,6 +21,7 @@ import numpy as np
 from . import _arrays, _cuda_ipc, _errors, _native, _progress, _shm
 from ._config import ClientConfig
 from ._many_rounds import ManyRound
+from ._prepared import PreparedGemm
 from ._proto import hgemm_pb2 as pb
 from ._resident import MatrixList, ResidentMatrix, handle_replica, replica_of
 from ._results import (Kernel, c_output, finish_many, group_result, kernels_from_proto,
@@ -67,6 +68,19 @@ class AllOf:
     """Step generators to run to their results (a list, in their order): at once on asyncio,
     one after the other on the sync client."""
     steps: list
+
+
+# prepare()'s keyword arguments: those of Spec, and those of the call.
+_SPEC_ARGS = ("accumulation", "kernel", "keep_c", "c_ttl", "request_id", "c_dtype", "alpha",
+              "beta", "c", "dtype", "transpose_a", "transpose_b")
+_CALL_ARGS = ("details", "as_torch", "mode", "timeout", "out")
+
+
+def _as_given(spec: Spec, a, b, c) -> bool:
+    """Whether the Spec's arrays are the caller's memory (no conversion or copy made), so that
+    a prepared call reads what the caller writes there later."""
+    return (_arrays.same_memory(spec.a.array, a) and _arrays.same_memory(spec.b.array, b)
+            and _arrays.same_memory(spec.c_in, c))
 
 
 class Calls:
@@ -211,6 +225,51 @@ class Calls:
         response = yield from self._unary("Gemm", spec.unary_request(), timeout,
                                           idempotent=not keep_c, replica=replica)
         return with_out(unary_result(self.client, spec, response, details, as_torch, started), out)
+
+    def prepare(self, a, b, **options):
+        """gemm(a, b, **options) made ready to run many times: a PreparedGemm g, whose g()
+        runs it on the operands' contents at the time of the call and returns what gemm
+        returns. On the native core, the operands' checks, the options and the shared buffers
+        named are done here once, and g() is one call into the core; g.native says whether it
+        is (see PreparedGemm). Raises what gemm raises for these arguments before sending.
+
+            g = c.prepare(A, B, out=C)   # A, B, C: e.g. shared buffers, refilled each step
+            for _ in range(steps):
+                A[:] = next_batch(); g()  # C holds A·B
+        """
+        spec_args = {name: options[name] for name in _SPEC_ARGS if name in options}
+        unknown = set(options) - set(_SPEC_ARGS) - set(_CALL_ARGS)
+        if unknown:
+            raise TypeError(f"prepare() got unexpected keyword arguments {sorted(unknown)}")
+        spec = Spec(a, b, **spec_args)
+        out, mode, timeout = options.get("out"), options.get("mode"), options.get("timeout")
+        replica = spec.replica()
+        if out is not None and spec.c_dtype == "bf16":
+            raise ValueError("out= takes a float16 or float32 C; this GEMM's C is bf16")
+        _arrays.check_out(out, spec.m, spec.n, spec.keep_c, options.get("as_torch", False),
+                          spec.c_dtype)
+        plan = None
+        if (self.blocking and self.native is not None and not spec.keep_c and not replica
+                and _as_given(spec, a, b, options.get("c"))):
+            refs = {}
+            if self.shm.enabled:
+                refs = {name: ref for name, ref in (("a", self.shm.find(spec.a.array)),
+                                                     ("b", self.shm.find(spec.b.array)),
+                                                     ("c", self.shm.find(out)))
+                        if ref is not None}
+                if self.shm.arena_parts([(name, operand.array) for name, operand
+                                         in (("a", spec.a), ("b", spec.b)) if name not in refs],
+                                        0 if "c" in refs else spec.c_bytes) is not None:
+                    refs = None  # copies through the arena: each call as gemm
+            if refs is not None:
+                if not refs:
+                    yield from self._server_limit(spec, mode, timeout)
+                plan = self.native.prepare(
+                    spec, refs, out, _native.MODE_UNARY if refs else
+                    _native._mode(self._native_path(spec, mode)),
+                    use_ring=not options.get("details", False),
+                    timeout=self.config.call_timeout(timeout))
+        return PreparedGemm(self.client, a, b, options, plan, spec, out)
 
     def _native_gemm(self, spec: Spec, mode, out, details, as_torch, timeout, started):
         """gemm through the native core: C into `out` or a new array, or kept on the server."""

@@ -128,6 +128,7 @@ class Client:
     gemm_many = _blocking(_calls.Calls.gemm_many)
     gemm_batched = _blocking(_calls.Calls.gemm_batched)
     gemm_grouped = _blocking(_calls.Calls.gemm_grouped)
+    prepare = _blocking(_calls.Calls.prepare)
     upload = _blocking(_calls.Calls.upload)
     download = _blocking(_calls.Calls.download)
     release = _blocking(_calls.Calls.release)

@@ -654,13 +654,9 @@ class NativeClient:
                 chain.then(lambda: self._regions_gemm_start(spec, refs, out, timeout, on_done))
             except BaseException as e:  # refused before sending
                 on_done(None, e)
-        options = self._gemm_options(spec, MODE_UNARY, timeout)
+        lib = self._lib
+        options = self._regions_options(spec, refs, timeout)
         try:
-            lib = self._lib
-            for name, setter in (("a", lib.hgemm_gemm_options_set_a_region),
-                                 ("b", lib.hgemm_gemm_options_set_b_region),
-                                 ("c", lib.hgemm_gemm_options_set_c_region)):
-                setter(options, refs[name].region.encode(), refs[name].offset)
             chain.then(lambda: self._start(lib.hgemm_ring_gemm_start,
                                            (ring.ring, options, spec.m, spec.n, spec.k),
                                            lambda r: _gemm_info_of(lib, r), spec, ring_done))
@@ -700,13 +696,7 @@ class NativeClient:
                       timeout: Optional[float]):
         """(GEMM options, hgemm_gemm's m, n, k, a, b and c arguments, C's buffer or None) of
         gemm_in_regions' Gemm call; the caller destroys the options."""
-        options = self._gemm_options(spec, MODE_UNARY, timeout)
-        lib = self._lib
-        for name, setter in (("a", lib.hgemm_gemm_options_set_a_region),
-                             ("b", lib.hgemm_gemm_options_set_b_region),
-                             ("c", lib.hgemm_gemm_options_set_c_region)):
-            if name in refs:
-                setter(options, refs[name].region.encode(), refs[name].offset)
+        options = self._regions_options(spec, refs, timeout)
         a = (None, 0) if "a" in refs else _operand(spec.a)
         b = (None, 0) if "b" in refs else _operand(spec.b)
         buffer = (None if "c" in refs else
@@ -720,18 +710,32 @@ class NativeClient:
         handle, GemmInfo) with keep_c; None when it did not run there (no ring, or
         UNAVAILABLE); raises the entry's other errors."""
         names = ("a", "b") if spec.keep_c else ("a", "b", "c")
-        ring = self._rings.acquire(frozenset(refs[name].region for name in names))
+        options = self._regions_options(spec, {name: refs[name] for name in names}, timeout)
+        try:
+            return self._ring_run(spec, frozenset(refs[name].region for name in names), options)
+        finally:
+            self._lib.hgemm_gemm_options_destroy(options)
+
+    def _regions_options(self, spec, refs: dict, timeout: Optional[float]):
+        """The unary GEMM options of a Spec naming the regions of refs (the caller destroys
+        them)."""
+        options = self._gemm_options(spec, MODE_UNARY, timeout)
+        lib = self._lib
+        for name, setter in (("a", lib.hgemm_gemm_options_set_a_region),
+                             ("b", lib.hgemm_gemm_options_set_b_region),
+                             ("c", lib.hgemm_gemm_options_set_c_region)):
+            if name in refs:
+                setter(options, refs[name].region.encode(), refs[name].offset)
+        return options
+
+    def _ring_run(self, spec, regions: frozenset, options):
+        """_ring_gemm with its options made: one entry in the ring that binds `regions`."""
+        ring = self._rings.acquire(regions)
         if ring is None:
             return None
         lib = self._lib
-        options = self._gemm_options(spec, MODE_UNARY, timeout)
         unavailable = False
         try:
-            for name, setter in (("a", lib.hgemm_gemm_options_set_a_region),
-                                 ("b", lib.hgemm_gemm_options_set_b_region),
-                                 ("c", lib.hgemm_gemm_options_set_c_region)):
-                if name in names:
-                    setter(options, refs[name].region.encode(), refs[name].offset)
             info = GemmInfo()
             if spec.keep_c:
                 handle, err = self._status(lib.hgemm_ring_gemm_keep_c, ring.ring, options, spec.m,
@@ -752,8 +756,14 @@ class NativeClient:
             _ring_fell_back(err.details(), first=self._rings.ended(ring))
             return None
         finally:
-            lib.hgemm_gemm_options_destroy(options)
             self._rings.release(ring, retire=unavailable)
+
+    def prepare(self, spec, refs: dict, out: Optional[np.ndarray], mode: int, use_ring: bool,
+                timeout: Optional[float]) -> "PreparedNative":
+        """A PreparedNative of a Spec whose operands are the caller's memory (refs: the parts
+        in shared buffers, as gemm_in_regions takes them). REQUIRES: not spec.keep_c; out as
+        gemm()'s."""
+        return PreparedNative(self, spec, refs, out, mode, use_ring, timeout)
 
     def ring_drain(self) -> None:
         """Waits until every GEMM sent through the client's ring so far has ended, those that
@@ -1100,6 +1110,59 @@ def _ring_entry_fits(spec, refs: dict) -> bool:
         c_fits = "c" in refs
     return (c_fits and "a" in refs and "b" in refs and spec.c_in is None
             and not spec.c_in_handle and spec.batch <= 1 and not spec.options.request_id)
+
+
+class PreparedNative:
+    """One GEMM's native-core arguments made once (its options, with the regions it names, and
+    the operands' pointers), run as often as asked: each run() is one hgemm_ring_gemm or
+    hgemm_gemm call that reads the operands' memory as it is then. Thread safety: run() from
+    many threads at once (the options are only read; runs sharing an `out` write C into it
+    alike); close() once no run is in progress."""
+
+    def __init__(self, native: NativeClient, spec, refs: dict, out: Optional[np.ndarray],
+                 mode: int, use_ring: bool, timeout: Optional[float]):
+        self._native, self._spec, self._out = native, spec, out
+        self._options, self._ring_regions = None, None
+        # C's (pointer, bytes): None for a new array each run; (None, 0) when C goes into its
+        # region.
+        self._c = ((None, 0) if "c" in refs else
+                   None if out is None else (out.ctypes.data, out.nbytes))
+        if refs:
+            self._options = native._regions_options(spec, refs, timeout)
+            if use_ring and native._rings is not None and _ring_entry_fits(spec, refs):
+                self._ring_regions = frozenset(refs[name].region for name in ("a", "b", "c"))
+        else:
+            self._options = native._gemm_options(spec, mode, timeout)
+        a = (None, 0) if "a" in refs else _operand(spec.a)
+        b = (None, 0) if "b" in refs else _operand(spec.b)
+        self._args = (spec.m, spec.n, spec.k, *a, *b)
+
+    def run(self):
+        """(C, GemmInfo): C is `out` (C written there, or into its region: `out` is a shared
+        buffer) or a new array as gemm() returns it. A GEMM the ring cannot take now
+        (UNAVAILABLE) goes as a Gemm call. Raises NativeRpcError."""
+        native = self._native
+        if self._ring_regions is not None:
+            done = native._ring_run(self._spec, self._ring_regions, self._options)
+            if done is not None:
+                return self._out, done[1]
+        info = GemmInfo()
+        if self._c is not None:
+            native._checked(native._lib.hgemm_gemm, native._client, self._options, *self._args,
+                            *self._c, ctypes.byref(info))
+            return self._out, info
+        buffer = np.empty(self._spec.c_bytes, dtype=np.uint8)
+        native._checked(native._lib.hgemm_gemm, native._client, self._options, *self._args,
+                        buffer.ctypes.data, buffer.nbytes, ctypes.byref(info))
+        return self._spec.c_array(buffer), info
+
+    def close(self) -> None:
+        options, self._options = self._options, None
+        if options:
+            self._native._lib.hgemm_gemm_options_destroy(options)
+
+    def __del__(self):
+        self.close()
 
 
 class _Ring:

@@ -138,6 +138,7 @@ class Client:
         return Stream(self, None if replica is None else _resident.replica_of(replica))
 
     gemm = _awaitable(_calls.Calls.gemm)
+    prepare = _awaitable(_calls.Calls.prepare)
     gemm_many = _awaitable(_calls.Calls.gemm_many)
     gemm_batched = _awaitable(_calls.Calls.gemm_batched)
     gemm_grouped = _awaitable(_calls.Calls.gemm_grouped)
