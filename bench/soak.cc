@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "bench/hgemm_load.h"
+#include "bench/stats.h"
 #include "client/gemm_client.h"
 #include "proto/numerics/cpu_gemm.h"
 #include "proto/numerics/fp16.h"
@@ -74,6 +75,10 @@ class Tally {
     std::lock_guard<std::mutex> lock(mu_);
     unanswered_ += n;
   }
+  void Took(const std::string& action, double ms) {
+    std::lock_guard<std::mutex> lock(mu_);
+    action_ms_[action].push_back(ms);
+  }
 
   void Fill(SoakResult* r) const {
     std::lock_guard<std::mutex> lock(mu_);
@@ -85,6 +90,7 @@ class Tally {
     r->max_error = max_error_;
     r->unanswered = unanswered_;
     r->problems = problems_;
+    r->action_ms = action_ms_;
   }
 
  private:
@@ -99,6 +105,7 @@ class Tally {
   std::map<std::pair<std::string, int>, int64_t> by_kind_status_;  // guarded by mu_
   int64_t lost_ = 0, wrong_ = 0, verified_ = 0, unanswered_ = 0;    // guarded by mu_
   double max_error_ = 0;                                            // guarded by mu_
+  std::map<std::string, std::vector<double>> action_ms_;            // guarded by mu_
   std::vector<std::string> problems_;                               // guarded by mu_
 };
 
@@ -150,24 +157,37 @@ class SoakClient {
                                       o_.weight_cancel, o_.weight_deadline, o_.weight_large};
     std::discrete_distribution<int> pick(weights.begin(), weights.end());
     while (!tally_->Done()) {
-      switch (pick(rng_)) {
-        case 0: Unary(); break;
-        case 1: Stream(kNormal); break;
-        case 2: Resident(); break;
-        case 3:
-          switch (std::uniform_int_distribution<int>(0, 2)(rng_)) {
-            case 0: CancelUnary(); break;
-            case 1: Stream(kCancel); break;
-            default: CancelUpload(); break;
-          }
-          break;
-        case 4: Coin() ? DeadlineUnary() : Stream(kDeadline); break;
-        default: Large(); break;
-      }
+      const auto started = Clock::now();
+      const char* action = RunAction(pick(rng_));
+      tally_->Took(action,
+                   std::chrono::duration<double, std::milli>(Clock::now() - started).count());
     }
   }
 
  private:
+  // Runs the action of weight index `picked`; returns its name (the latency table's row).
+  const char* RunAction(int picked) {
+    switch (picked) {
+      case 0: Unary(); return "unary";
+      case 1: Stream(kNormal); return "stream";
+      case 2: Resident(); return "resident";
+      case 3:
+        switch (std::uniform_int_distribution<int>(0, 2)(rng_)) {
+          case 0: CancelUnary(); return "cancel_unary";
+          case 1: Stream(kCancel); return "cancel_stream";
+          default: CancelUpload(); return "cancel_upload";
+        }
+      case 4:
+        if (Coin()) {
+          DeadlineUnary();
+          return "deadline_unary";
+        }
+        Stream(kDeadline);
+        return "deadline_stream";
+      default: Large(); return "large";
+    }
+  }
+
   enum StreamMode { kNormal, kCancel, kDeadline };
 
   std::chrono::milliseconds SafetyTimeout() const {
@@ -605,6 +625,14 @@ std::string FormatSoakResult(const SoakResult& r, const SoakOptions& o) {
     out += fmt::format("large GEMMs up to {0}x{0}x{0} (weight {1}); Cs over {2} multiply-adds "
                        "checked with Freivalds' test (2 random vectors)\n",
                        o.large_max_dim, o.weight_large, o.full_check_max_mnk);
+  }
+  out += fmt::format("{:<22} {:>9} {:>10} {:>10} {:>10}\n", "action (client ms)", "count", "p50",
+                     "p99", "max");
+  for (const auto& [action, samples] : r.action_ms) {
+    std::vector<double> sorted = samples;
+    std::sort(sorted.begin(), sorted.end());
+    out += fmt::format("{:<22} {:>9} {:>10.2f} {:>10.2f} {:>10.2f}\n", action, sorted.size(),
+                       Percentile(sorted, 50), Percentile(sorted, 99), sorted.back());
   }
   for (const std::string& p : r.problems) out += "  " + p + "\n";
   return out;

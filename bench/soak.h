@@ -73,6 +73,9 @@ struct SoakResult {
   int64_t unanswered = 0;      // streamed GEMMs without a done on a stream that failed (expected)
   double seconds = 0;
   std::vector<std::string> problems;  // the first lost/wrong cases, described (at most 20)
+  // Action (unary, stream, resident, large, cancel_*, deadline_*: one pick of the client's
+  // loop, all its calls) → the client's wall time of each, in ms.
+  std::map<std::string, std::vector<double>> action_ms;
 };
 
 // Freivalds' test of C ≈ A·B (row-major fp16, m×k by k×n) in O(mk + kn + mn) per random vector

@@ -56,9 +56,19 @@ TEST_F(SoakTest, ShortRunCountsEveryKindAndLosesNothing) {
   for (const char* kind : {"unary", "stream", "stream_gemm", "upload", "release"}) {
     EXPECT_TRUE(kinds.count(kind)) << kind;
   }
+  // Every action the loop picks is timed once, and the table prints its percentiles.
+  int64_t timed = 0;
+  for (const char* action : {"unary", "stream", "resident"}) {
+    ASSERT_TRUE(r.action_ms.count(action)) << action;
+    for (double ms : r.action_ms.at(action)) EXPECT_GT(ms, 0) << action;
+  }
+  for (const auto& [action, samples] : r.action_ms) timed += int64_t(samples.size());
+  EXPECT_LE(timed, r.requests);  // an action makes one request or more
   const std::string text = FormatSoakResult(r, options_);
   EXPECT_NE(text.find("lost responses: 0"), std::string::npos) << text;
   EXPECT_NE(text.find("wrong results: 0"), std::string::npos) << text;
+  EXPECT_NE(text.find("action (client ms)"), std::string::npos) << text;
+  EXPECT_NE(text.find("p99"), std::string::npos) << text;
 }
 
 TEST_F(SoakTest, ImpossibleToleranceMakesEveryCWrong) {
