@@ -15,6 +15,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -111,9 +112,14 @@ cudaError_t LaunchWgmmaGemm(const GemmProblem& p, cudaStream_t stream) {
     config.stream = stream;
     config.attrs = &cluster;
     config.numAttrs = 1;
-    int clusters = 0;
-    HGEMM_RETURN_IF_CUDA_ERROR(cudaOccupancyMaxActiveClusters(&clusters, kernel, &config));
-    if (clusters < 1) return cudaErrorInvalidConfiguration;
+    // Per device and kernel, as SmCount: the query is host time inside every launch otherwise.
+    static std::atomic<int> max_clusters[64] = {};
+    int clusters = device < 64 ? max_clusters[device].load(std::memory_order_relaxed) : 0;
+    if (clusters < 1) {
+      HGEMM_RETURN_IF_CUDA_ERROR(cudaOccupancyMaxActiveClusters(&clusters, kernel, &config));
+      if (clusters < 1) return cudaErrorInvalidConfiguration;
+      if (device < 64) max_clusters[device].store(clusters, std::memory_order_relaxed);
+    }
     config.gridDim = dim3(unsigned(std::min<long long>(units, clusters)) * CLUSTER_M);
     return cudaLaunchKernelEx(&config, kernel, map_a, map_b, map_c, map_c_in, p.m, p.n, p.k,
                               int(units), static_cast<const detail::GroupProblem*>(nullptr), 0,

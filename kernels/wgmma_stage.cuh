@@ -170,11 +170,14 @@ __device__ __forceinline__ void TmaLoad3dMulticast(uint32_t dst, const CUtensorM
 }
 
 // Arrives on the barrier at shared-memory offset `bar` of cluster rank `cta` (this block's own
-// rank included).
+// rank included). The default .release.cta, as CUTLASS's ClusterBarrier::arrive: a consumer's
+// reads of a stage are over once wgmma.wait_group returns, so nothing needs a wider fence, and
+// ptxas makes .release.cluster a GPU-scope fence before every arrive (session 15: the cluster
+// pair at 0.40-0.46x cuBLAS, two such arrives per K tile).
 __device__ __forceinline__ void MbarArriveCluster(uint32_t bar, uint32_t cta) {
   asm volatile(
       "{\n.reg .b32 remote;\nmapa.shared::cluster.u32 remote, %0, %1;\n"
-      "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [remote];\n}\n" ::"r"(bar),
+      "mbarrier.arrive.shared::cluster.b64 _, [remote];\n}\n" ::"r"(bar),
       "r"(cta)
       : "memory");
 }
