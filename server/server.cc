@@ -9,6 +9,7 @@
 #include <exception>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 #include "server/transport/peer_connections.h"
@@ -287,12 +288,27 @@ void HgemmServer::Shutdown() {
   service_->Drain();    // idle streams end now, busy ones once their work is answered
   unix_listeners_.clear();  // no new connections on the Unix sockets
   spdlog::info("draining: in-flight calls have {} ms", options_.drain_deadline.count());
-  server_->Shutdown(std::chrono::system_clock::now() + options_.drain_deadline);
+  const auto deadline = std::chrono::system_clock::now() + options_.drain_deadline;
+  WaitForAdmittedWork(deadline);
+  server_->Shutdown(deadline);
   scheduler_->Shutdown();
   server_->Wait();
   WaitForPeersToClose();
   metrics_http_.reset();  // joins its thread: no scrape runs once Shutdown returns
   spdlog::info("stopped");
+}
+
+void HgemmServer::WaitForAdmittedWork(std::chrono::system_clock::time_point deadline) {
+  // gRPC closes a connection as soon as its last call is over after Shutdown, and a socket
+  // closed with unread input (the client's flow-control updates for the answer just sent) is
+  // reset: the client may lose that answer (CI: a drained stream ended "Connection reset by
+  // peer"). So the answers go out before Shutdown, while the transports still read.
+  const int64_t admitted = scheduler_->GetStats().admitted_total;
+  while (scheduler_->GetStats().completed_total < admitted &&
+         std::chrono::system_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
 }
 
 void HgemmServer::WaitForPeersToClose() {

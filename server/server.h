@@ -77,8 +77,9 @@ class HgemmServer {
   int health_port() const { return health_port_; }
   const Backend& backend() const { return *backend_; }
 
-  // Health NOT_SERVING, stop accepting calls, let in-flight ones finish until the drain
-  // deadline (then cancel them), run what was admitted, stop workers, wait (at most 2 s) for
+  // Health NOT_SERVING, let the GEMMs admitted so far finish, stop accepting calls, let
+  // in-flight ones finish until the drain deadline (then cancel them), run what was
+  // admitted, stop workers, wait (at most 2 s) for
   // the clients to close their connections once they have read their answers, then stop
   // serving /metrics (it answers throughout the drain). Idempotent.
   void Shutdown();
@@ -88,6 +89,9 @@ class HgemmServer {
   void WatchHealth();
   // Until the clients have closed their TCP connections to tcp_ports_, at most 2 s.
   void WaitForPeersToClose();
+  // Until the GEMMs admitted so far have completed (at most until `deadline`), then 50 ms for
+  // their answers to reach the clients and the clients' last frames to come back.
+  void WaitForAdmittedWork(std::chrono::system_clock::time_point deadline);
 
   const ServerOptions options_;
   std::unique_ptr<Backend> backend_;
