@@ -477,6 +477,8 @@ def _encode(s: Optional[str]) -> bytes:
 class NativeClient:
     """One hgemm_client_t, made from a ClientConfig's connection options. Thread-safe."""
 
+    _handle = None  # the hgemm_client_t until close()
+
     def __init__(self, target: str, tls: dict, token: Optional[str], client_id: Optional[str],
                  traceparent: Optional[str], chunk_bytes: int, policy, ring: bool = True):
         self._lib = lib = load()
@@ -493,7 +495,7 @@ class NativeClient:
             lib.hgemm_client_options_set_retry_policy(
                 options, policy.attempts, int(policy.initial_backoff_s * 1e3),
                 int(policy.max_backoff_s * 1e3), policy.multiplier)
-            self._client = self._checked(lib.hgemm_client_create, _encode(target), options)
+            self._handle = self._checked(lib.hgemm_client_create, _encode(target), options)
             self._streams = weakref.WeakSet()  # open NativeStreams, cancelled by close()
             # GEMMs moving this many bytes of A, B and C go as parallel parts (HGEMM_MODE_AUTO).
             self.parallel_min_bytes = lib.hgemm_client_parallel_min_bytes(self._client)
@@ -512,9 +514,16 @@ class NativeClient:
             stream.cancel()
         if self._rings is not None:
             self._rings.close()
-        client, self._client = self._client, None
+        client, self._handle = self._handle, None
         if client:
             self._lib.hgemm_client_destroy(client)
+
+    @property
+    def _client(self):
+        """The hgemm_client_t. ValueError once closed: the library takes no NULL client."""
+        if self._handle is None:
+            raise ValueError("this hgemm client is closed")
+        return self._handle
 
     def _start(self, start_fn, args: tuple, read, keep, on_done,
                reads_errors: bool = False) -> "NativeCall":

@@ -386,3 +386,14 @@ def test_client_id_owns_matrices(server, rng):
         with alice.upload(b) as hb:
             assert hb.handle in [m.handle for m in alice.matrices()]
             assert hb.handle not in [m.handle for m in bob.matrices()]
+
+
+def test_calls_after_close_raise_value_error(server, rng):
+    c = hgemm.Client(server.address, timeout=30)
+    a = fp16(rng, 4, 4)
+    g = c.prepare(a, a)
+    c.info()
+    c.close()
+    for call in (lambda: c.gemm(a, a), g, c.info, lambda: c.upload(a)):
+        with pytest.raises(ValueError, match="closed"):  # not a crash of the process
+            call()
