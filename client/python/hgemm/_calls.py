@@ -76,6 +76,13 @@ _SPEC_ARGS = ("accumulation", "kernel", "keep_c", "c_ttl", "request_id", "c_dtyp
 _CALL_ARGS = ("details", "as_torch", "mode", "timeout", "out")
 
 
+def _check_out(spec: Spec, out, as_torch) -> None:
+    """gemm's out= for this GEMM: ValueError unless None or an array C can be written into."""
+    if out is not None and spec.c_dtype == "bf16":
+        raise ValueError("out= takes a float16 or float32 C; this GEMM's C is bf16")
+    _arrays.check_out(out, spec.m, spec.n, spec.keep_c, as_torch, spec.c_dtype)
+
+
 def _as_given(spec: Spec, a, b, c) -> bool:
     """Whether the Spec's arrays are the caller's memory (no conversion or copy made), so that
     a prepared call reads what the caller writes there later."""
@@ -204,9 +211,7 @@ class Calls:
                     request_id=request_id, c_dtype=c_dtype, alpha=alpha, beta=beta, c=c,
                     dtype=dtype, transpose_a=transpose_a, transpose_b=transpose_b)
         replica = spec.replica()
-        if out is not None and spec.c_dtype == "bf16":
-            raise ValueError("out= takes a float16 or float32 C; this GEMM's C is bf16")
-        _arrays.check_out(out, spec.m, spec.n, keep_c, as_torch, spec.c_dtype)
+        _check_out(spec, out, as_torch)
         if self.shm.enabled and not replica:
             result = yield from self._gemm_in_regions(spec, out, details, as_torch, timeout,
                                                       started)
@@ -244,10 +249,7 @@ class Calls:
         spec = Spec(a, b, **spec_args)
         out, mode, timeout = options.get("out"), options.get("mode"), options.get("timeout")
         replica = spec.replica()
-        if out is not None and spec.c_dtype == "bf16":
-            raise ValueError("out= takes a float16 or float32 C; this GEMM's C is bf16")
-        _arrays.check_out(out, spec.m, spec.n, spec.keep_c, options.get("as_torch", False),
-                          spec.c_dtype)
+        _check_out(spec, out, options.get("as_torch", False))
         plan = None
         if (self.blocking and self.native is not None and not spec.keep_c and not replica
                 and _as_given(spec, a, b, options.get("c"))):
