@@ -267,8 +267,7 @@ class Calls:
                 if not refs:
                     yield from self._server_limit(spec, mode, timeout)
                 plan = self.native.prepare(
-                    spec, refs, out, _native.MODE_UNARY if refs else
-                    _native._mode(self._native_path(spec, mode)),
+                    spec, refs, out, _native._mode(self._native_path(spec, mode)),
                     use_ring=not options.get("details", False),
                     timeout=self.config.call_timeout(timeout))
         return PreparedGemm(self.client, a, b, options, plan, spec, out)

@@ -706,11 +706,9 @@ class NativeClient:
         """(GEMM options, hgemm_gemm's m, n, k, a, b and c arguments, C's buffer or None) of
         gemm_in_regions' Gemm call; the caller destroys the options."""
         options = self._regions_options(spec, refs, timeout)
-        a = (None, 0) if "a" in refs else _operand(spec.a)
-        b = (None, 0) if "b" in refs else _operand(spec.b)
         buffer = (None if "c" in refs else
                   np.empty(spec.c_bytes, dtype=np.uint8) if out is None else out)
-        return options, (spec.m, spec.n, spec.k, *a, *b,
+        return options, (*_operand_args(spec, refs),
                          None if buffer is None else buffer.ctypes.data,
                          0 if buffer is None else buffer.nbytes), buffer
 
@@ -725,10 +723,11 @@ class NativeClient:
         finally:
             self._lib.hgemm_gemm_options_destroy(options)
 
-    def _regions_options(self, spec, refs: dict, timeout: Optional[float]):
-        """The unary GEMM options of a Spec naming the regions of refs (the caller destroys
-        them)."""
-        options = self._gemm_options(spec, MODE_UNARY, timeout)
+    def _regions_options(self, spec, refs: dict, timeout: Optional[float],
+                         mode: int = MODE_UNARY):
+        """The GEMM options of a Spec naming the regions of refs (the caller destroys them);
+        a GEMM naming regions goes unary."""
+        options = self._gemm_options(spec, mode, timeout)
         lib = self._lib
         for name, setter in (("a", lib.hgemm_gemm_options_set_a_region),
                              ("b", lib.hgemm_gemm_options_set_b_region),
@@ -770,8 +769,8 @@ class NativeClient:
     def prepare(self, spec, refs: dict, out: Optional[np.ndarray], mode: int, use_ring: bool,
                 timeout: Optional[float]) -> "PreparedNative":
         """A PreparedNative of a Spec whose operands are the caller's memory (refs: the parts
-        in shared buffers, as gemm_in_regions takes them). REQUIRES: not spec.keep_c; out as
-        gemm()'s."""
+        in shared buffers, as gemm_in_regions takes them); mode: gemm()'s, for a GEMM naming no
+        region (one naming regions goes unary). REQUIRES: not spec.keep_c; out as gemm()'s."""
         return PreparedNative(self, spec, refs, out, mode, use_ring, timeout)
 
     def ring_drain(self) -> None:
@@ -1136,15 +1135,11 @@ class PreparedNative:
         # region.
         self._c = ((None, 0) if "c" in refs else
                    None if out is None else (out.ctypes.data, out.nbytes))
-        if refs:
-            self._options = native._regions_options(spec, refs, timeout)
-            if use_ring and native._rings is not None and _ring_entry_fits(spec, refs):
-                self._ring_regions = frozenset(refs[name].region for name in ("a", "b", "c"))
-        else:
-            self._options = native._gemm_options(spec, mode, timeout)
-        a = (None, 0) if "a" in refs else _operand(spec.a)
-        b = (None, 0) if "b" in refs else _operand(spec.b)
-        self._args = (spec.m, spec.n, spec.k, *a, *b)
+        self._options = native._regions_options(spec, refs, timeout,
+                                                MODE_UNARY if refs else mode)
+        if use_ring and native._rings is not None and _ring_entry_fits(spec, refs):
+            self._ring_regions = frozenset(refs[name].region for name in ("a", "b", "c"))
+        self._args = _operand_args(spec, refs)
 
     def run(self):
         """(C, GemmInfo): C is `out` (C written there, or into its region: `out` is a shared
@@ -1655,6 +1650,14 @@ def _group_problems(specs):
             problem.c_in, problem.c_in_bytes = c_in.ctypes.data, c_in.nbytes
         problem.c, problem.c_capacity = buffer.ctypes.data, buffer.nbytes
     return problems, buffers
+
+
+def _operand_args(spec, refs: dict) -> tuple:
+    """hgemm_gemm's m, n, k, a and b arguments of a Spec: (NULL, 0) for an operand in its
+    region (refs), else its array's memory."""
+    a = (None, 0) if "a" in refs else _operand(spec.a)
+    b = (None, 0) if "b" in refs else _operand(spec.b)
+    return (spec.m, spec.n, spec.k, *a, *b)
 
 
 def _operand(operand):
