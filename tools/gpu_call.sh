@@ -8,7 +8,7 @@
 #   tools/gpu_call.sh BUDGET_S FUZZ NAME=LIMIT_S...
 #     BUDGET_S  seconds the whole call may take (sections that no longer fit are skipped)
 #     FUZZ      a tools/fuzz_campaign.sh schedule ("transport=11 ring=3 ...", niced) or -
-#     NAME      a gpu_e2e.sh section, or: batched, layouts, resident_ring, python_shm,
+#     NAME      a gpu_e2e.sh section, or: batched, layouts, kb_table, resident_ring, python_shm,
 #               scaled_quick, python_quick, samehost_quick
 # Why: session 11's first call ran 7 sections in 150 s of a 600 s limit (several stopped at
 # their first failure); the next calls never got a machine. Short steps with their own limits
@@ -43,6 +43,31 @@ layouts() {
     --csv "$OUT/layouts.csv" >"$OUT/layouts.log" 2>&1
   echo "kernel_bench layouts rc=$?"
   sed -n "/^fastest own kernel/,\$p" "$OUT/layouts.log"
+}
+# Issue 29's feature table (docs/kernels.md, "cuBLAS entry points and ours") on one card: every
+# row's shapes against the matching cuBLAS call, one CSV per mode (skinny M with the experimental
+# splitk variants in auto's choice).
+kb_table() {
+  local shapes=4096x4096x4096,8192x8192x8192,2048x2048x2048,128x8192x8192
+  kernel_bench --modes plain --acc fp32 --layouts NN,NT,TN,TT --types fp16,bf16,fp16_fp32,bf16_fp32 \
+    --shapes $shapes --variants cublas,wgmma_128x256_s4_g8,wgmma_128x128_s6_g8 \
+    --csv "$OUT/plain.csv" >"$OUT/plain.log" 2>&1
+  echo "kernel_bench plain rc=$?"
+  kernel_bench --modes ld,scaled --acc fp32 --layouts NN,TT --types fp16,bf16 \
+    --shapes 4096x4096x4096,8192x8192x8192,2048x2048x2048,4097x4096x4095 \
+    --variants cublas,wgmma_128x256_s4_g8,wgmma_128x128_s6_g8 \
+    --csv "$OUT/ld_scaled.csv" >"$OUT/ld_scaled.log" 2>&1
+  echo "kernel_bench ld,scaled rc=$?"
+  kernel_bench --modes batched,grouped --acc fp32 --layouts NN,NT --types fp16,bf16 \
+    --variants cublas,wgmma_128x256_s4_g8,wgmma_128x128_s6_g8,wgmma_64x128_s8_g8 \
+    --csv "$OUT/batched_grouped.csv" >"$OUT/batched_grouped.log" 2>&1
+  echo "kernel_bench batched,grouped rc=$?"
+  HGEMM_AUTO_EXPERIMENTAL=1 kernel_bench --modes skinny --acc fp32 --layouts NN,NT \
+    --types fp16,bf16 --csv "$OUT/skinny.csv" >"$OUT/skinny.log" 2>&1
+  echo "kernel_bench skinny rc=$?"
+  for mode in plain ld_scaled batched_grouped skinny; do
+    sed -n "/^fastest own kernel/,\$p" "$OUT/$mode.log"
+  done
 }
 # Fused vs separate α/β (whether --fused_scale should be the default), NN only.
 scaled_quick() {
