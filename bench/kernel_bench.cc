@@ -9,8 +9,8 @@
 // mode scaled excepted: one copy, which our epilogue reads and cuBLAS copies into each C once).
 // Modes (--modes; Mode below): plain GEMMs, alpha/beta with C_in, padded row strides, strided
 // batches and groups of different shapes, each against the matching cuBLAS entry point, and
-// skinny M (split-K). Every row also reports TB/s: the operands' minimal bytes (A and B read
-// once, C written once) over the time.
+// skinny M (split-K; the device's copy bandwidth, their bound, measured first). Every row also
+// reports TB/s: the operands' minimal bytes (A and B read once, C written once) over the time.
 //
 //   kernel_bench [--csv out.csv] [--variants a,b] [--shapes 4096x4096x4096,...] [--acc fp16|fp32|both]
 //                [--layouts NN,NT,TN,TT] [--types fp16,bf16,fp16_fp32,bf16_fp32]
@@ -446,6 +446,34 @@ class Bench {
 };
 
 // "BxMxNxK" (batched cases) or "MxNxK"; "" or what is wrong.
+// The device's copy bandwidth, the bound of mode skinny (issue 29: >= 85 % of it): the median
+// of `repeats` cudaMemcpyAsync's of 512 MiB device to device, counted as read + write, in TB/s.
+// 512 MiB: ten times an H200's L2, so the copy streams from memory as a skinny B does.
+double DeviceCopyTbps(cudaStream_t stream, int repeats) {
+  constexpr size_t kBytes = size_t{512} << 20;
+  void* src = nullptr;
+  void* dst = nullptr;
+  HGEMM_CHECK_CUDA(cudaMalloc(&src, kBytes));
+  HGEMM_CHECK_CUDA(cudaMalloc(&dst, kBytes));
+  HGEMM_CHECK_CUDA(cudaMemsetAsync(src, 0x3c, kBytes, stream));
+  cudaEvent_t start, stop;
+  HGEMM_CHECK_CUDA(cudaEventCreate(&start));
+  HGEMM_CHECK_CUDA(cudaEventCreate(&stop));
+  std::vector<float> ms(repeats);
+  for (int i = -2; i < repeats; ++i) {  // two untimed copies first
+    HGEMM_CHECK_CUDA(cudaEventRecord(start, stream));
+    HGEMM_CHECK_CUDA(cudaMemcpyAsync(dst, src, kBytes, cudaMemcpyDeviceToDevice, stream));
+    HGEMM_CHECK_CUDA(cudaEventRecord(stop, stream));
+    HGEMM_CHECK_CUDA(cudaEventSynchronize(stop));
+    if (i >= 0) HGEMM_CHECK_CUDA(cudaEventElapsedTime(&ms[i], start, stop));
+  }
+  HGEMM_CHECK_CUDA(cudaEventDestroy(start));
+  HGEMM_CHECK_CUDA(cudaEventDestroy(stop));
+  HGEMM_CHECK_CUDA(cudaFree(src));
+  HGEMM_CHECK_CUDA(cudaFree(dst));
+  return 2.0 * kBytes / (bench::Median(ms) * 1e-3) / 1e12;
+}
+
 std::string ParsePart(const std::string& text, bool batched, Part* part) {
   std::string dims_text = text;
   if (batched) {
@@ -639,6 +667,12 @@ int Main(int argc, char** argv) {
   const cudaDeviceProp& prop = bench.prop();
   std::printf("device: %s, %d SMs, sm_%d%d, L2 %d MB\n", prop.name, prop.multiProcessorCount,
               prop.major, prop.minor, prop.l2CacheSize >> 20);
+  double copy_tbps = 0;  // mode skinny's bound, measured when a skinny case runs
+  if (std::any_of(cases.begin(), cases.end(), [](const Case& c) { return c.mode == Mode::kSkinny; })) {
+    copy_tbps = DeviceCopyTbps(stream, repeats);
+    std::printf("device copy: %.2f TB/s (cudaMemcpyAsync device to device, 512 MiB, read + write)\n",
+                copy_tbps);
+  }
   FILE* csv = csv_path.empty() ? nullptr : std::fopen(csv_path.c_str(), "w");
   if (!csv_path.empty() && csv == nullptr) {
     std::fprintf(stderr, "cannot write %s\n", csv_path.c_str());
@@ -711,7 +745,12 @@ int Main(int argc, char** argv) {
                         best.tflops, best.tbps,
                         cublas_tflops > 0 ? best.tflops / cublas_tflops : 0.0, best.rel_err,
                         cublas_err);
-          best_lines.push_back(line);
+          std::string best_line = line;
+          if (c.mode == Mode::kSkinny && copy_tbps > 0) {
+            std::snprintf(line, sizeof line, "  %.0f %% of copy", 100 * best.tbps / copy_tbps);
+            best_line += line;
+          }
+          best_lines.push_back(best_line);
         }
       }
     }
