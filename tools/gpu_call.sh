@@ -8,7 +8,7 @@
 #   tools/gpu_call.sh BUDGET_S FUZZ NAME=LIMIT_S...
 #     BUDGET_S  seconds the whole call may take (sections that no longer fit are skipped)
 #     FUZZ      a tools/fuzz_campaign.sh schedule ("transport=11 ring=3 ...", niced) or -
-#     NAME      a gpu_e2e.sh section, or: batched, layouts, kb_table, resident_ring, python_shm,
+#     NAME      a gpu_e2e.sh section, or: batched, layouts, kb_table, kb_small, resident_ring, python_shm,
 #               scaled_quick, python_quick, samehost_quick
 # Why: session 11's first call ran 7 sections in 150 s of a 600 s limit (several stopped at
 # their first failure); the next calls never got a machine. Short steps with their own limits
@@ -44,15 +44,25 @@ layouts() {
   echo "kernel_bench layouts rc=$?"
   sed -n "/^fastest own kernel/,\$p" "$OUT/layouts.log"
 }
+# kb_plain SHAPES: the table's plain rows (every layout and type pair, the three wgmma tiles:
+# 64x128 is the fastest at M = 128).
+kb_plain() {
+  kernel_bench --modes plain --acc fp32 --layouts NN,NT,TN,TT --types fp16,bf16,fp16_fp32,bf16_fp32 \
+    --shapes "$1" --variants cublas,wgmma_128x256_s4_g8,wgmma_128x128_s6_g8,wgmma_64x128_s8_g8 \
+    --csv "$OUT/plain.csv" >"$OUT/plain.log" 2>&1
+  echo "kernel_bench plain rc=$?"
+}
+# The table's small shapes alone (2048³ and 128x8192x8192).
+kb_small() {
+  kb_plain 2048x2048x2048,128x8192x8192
+  sed -n "/^fastest own kernel/,\$p" "$OUT/plain.log"
+}
 # Issue 29's feature table (docs/kernels.md, "cuBLAS entry points and ours") on one card: every
 # row's shapes against the matching cuBLAS call, one CSV per mode (skinny M with the experimental
 # splitk variants in auto's choice).
 kb_table() {
   local shapes=4096x4096x4096,8192x8192x8192,2048x2048x2048,128x8192x8192
-  kernel_bench --modes plain --acc fp32 --layouts NN,NT,TN,TT --types fp16,bf16,fp16_fp32,bf16_fp32 \
-    --shapes $shapes --variants cublas,wgmma_128x256_s4_g8,wgmma_128x128_s6_g8 \
-    --csv "$OUT/plain.csv" >"$OUT/plain.log" 2>&1
-  echo "kernel_bench plain rc=$?"
+  kb_plain "$shapes"
   kernel_bench --modes ld,scaled --acc fp32 --layouts NN,TT --types fp16,bf16 \
     --shapes 4096x4096x4096,8192x8192x8192,2048x2048x2048,4097x4096x4095 \
     --variants cublas,wgmma_128x256_s4_g8,wgmma_128x128_s6_g8 \
@@ -132,7 +142,7 @@ python_shm() {
   done
   kill -TERM $server_pid; wait $server_pid
 }
-export -f start_samehost_server  # the steps run in child shells
+export -f start_samehost_server kb_plain  # the steps run in child shells
 
 fuzzer=
 if [[ $fuzz != - ]]; then
