@@ -4,10 +4,13 @@ Thread-safe: a lock guards the session's state (see Stream)."""
 import concurrent.futures
 import queue
 import threading
+import time
 from typing import Optional
 
 from . import _errors
 from ._native import NativeStream
+from ._session_book import Pending
+from ._spec import Spec
 from ._stream_session import StreamSession
 
 
@@ -53,10 +56,15 @@ class Stream(StreamSession):
         self._idle = threading.Condition(self._lock)  # notified when nothing is outstanding
         self._readers = []
 
-    def gemm(self, a, b, *, timeout: Optional[float] = None, **options):
+    def gemm(self, a, b, *, timeout: Optional[float] = None, details: bool = False,
+             as_torch=False, **spec_options):
         """C = A·B on this stream: submit(...).result(), waiting at most `timeout` seconds (the
-        client's default timeout if None)."""
-        future = self.submit(a, b, **options)
+        client's default timeout if None). On the native core A and B go out from the arrays
+        themselves (this call waits for them), not from copies as submit()'s do."""
+        started = time.monotonic()
+        spec = Spec(a, b, **spec_options)
+        future = self._submit(Pending(spec, self._new_future(), details, as_torch, started,
+                                      borrow=True))
         timeout = self._config.call_timeout(timeout)
         try:
             return future.result(timeout=timeout)

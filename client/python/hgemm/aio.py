@@ -249,8 +249,8 @@ class Stream(StreamSession):
         self._settle(*self._ended(call, self._native_end(call)))
         call.close()
 
-    def _put(self, i: int, spec) -> None:
-        super()._put(i, spec)
+    def _put(self, i: int, pending) -> None:
+        super()._put(i, pending)
         self._wake_reader()
 
     def _end_stream(self) -> None:
