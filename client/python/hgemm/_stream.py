@@ -4,13 +4,10 @@ Thread-safe: a lock guards the session's state (see Stream)."""
 import concurrent.futures
 import queue
 import threading
-import time
 from typing import Optional
 
 from . import _errors
 from ._native import NativeStream
-from ._session_book import Pending
-from ._spec import Spec
 from ._stream_session import StreamSession
 
 
@@ -61,10 +58,7 @@ class Stream(StreamSession):
         """C = A·B on this stream: submit(...).result(), waiting at most `timeout` seconds (the
         client's default timeout if None). On the native core A and B go out from the arrays
         themselves (this call waits for them), not from copies as submit()'s do."""
-        started = time.monotonic()
-        spec = Spec(a, b, **spec_options)
-        future = self._submit(Pending(spec, self._new_future(), details, as_torch, started,
-                                      borrow=True))
+        future = self._submit_waited(a, b, details, as_torch, spec_options)
         timeout = self._config.call_timeout(timeout)
         try:
             return future.result(timeout=timeout)

@@ -59,6 +59,14 @@ class StreamSession:
                     request_id=request_id)
         return self._submit(Pending(spec, self._new_future(), details, as_torch, started))
 
+    def _submit_waited(self, a, b, details: bool, as_torch, spec_options: dict):
+        """gemm()'s submit: its caller waits for the answer, so the native core sends A and B
+        from the arrays themselves (Pending.borrow) instead of copies."""
+        started = time.monotonic()
+        spec = Spec(a, b, **spec_options)
+        return self._submit(Pending(spec, self._new_future(), details, as_torch, started,
+                                    borrow=True))
+
     def _submit(self, pending: Pending):
         """submit()'s: writes pending's GEMM on the stream; returns its future."""
         spec = pending.spec

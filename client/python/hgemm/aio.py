@@ -168,9 +168,10 @@ class Stream(StreamSession):
         self._idle = None  # an asyncio.Event, set when nothing is outstanding
         self._reader_wake = None  # an asyncio.Event: a native stream has something to read
 
-    async def gemm(self, a, b, *, timeout: Optional[float] = None, **options):
+    async def gemm(self, a, b, *, timeout: Optional[float] = None, details: bool = False,
+                   as_torch=False, **spec_options):
         """As hgemm.Stream.gemm."""
-        future = self.submit(a, b, **options)
+        future = self._submit_waited(a, b, details, as_torch, spec_options)
         timeout = self._config.call_timeout(timeout)
         try:
             return await asyncio.wait_for(asyncio.shield(future), timeout)
