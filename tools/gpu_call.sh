@@ -87,10 +87,10 @@ scaled_quick() {
   echo "kernel_bench scaled rc=$?"
   sed -n "/^fastest own kernel/,\$p" "$OUT/scaled.log"
 }
-# Issue 28's three transport-bound points (gpu_e2e.sh's python section, fewer points, no aio),
+# Issue 28's table (gpu_e2e.sh's python section: the issue's points, no aio),
 # the stream point at 1, 4 and 8 workers (req/s must rise with workers as hgemm_load's does).
 python_quick() {
-  PYTHON_BENCH_ARGS="--points 2048x2048x2048:unary:none:16 128x8192x8192:unary:b:4
+  PYTHON_BENCH_ARGS="--points 2048x2048x2048:unary:none:16 128x8192x8192:unary:b:1,4
     128x8192x8192:stream:b:1,4,8 --aio_points --duration_s 4" tools/gpu_e2e.sh python
 }
 # Issue 31's same-host table at 2048³ (c=1 and 16) and 8192³ (c=1).
