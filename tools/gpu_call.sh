@@ -9,7 +9,7 @@
 #     BUDGET_S  seconds the whole call may take (sections that no longer fit are skipped)
 #     FUZZ      a tools/fuzz_campaign.sh schedule ("transport=11 ring=3 ...", niced) or -
 #     NAME      a gpu_e2e.sh section, or: batched, layouts, kb_table, kb_small, resident_ring, python_shm,
-#               scaled_quick, python_quick, samehost_quick
+#               scaled_quick, python_quick, python_stream, samehost_quick, samehost_8192
 # Why: session 11's first call ran 7 sections in 150 s of a 600 s limit (several stopped at
 # their first failure); the next calls never got a machine. Short steps with their own limits
 # make each call count.
@@ -92,6 +92,16 @@ scaled_quick() {
 python_quick() {
   PYTHON_BENCH_ARGS="--points 2048x2048x2048:unary:none:16 128x8192x8192:unary:b:1,4
     128x8192x8192:stream:b:1,4,8 --aio_points --duration_s 4" tools/gpu_e2e.sh python
+}
+# Issue 28's stream points alone (and unary c=1), for a short call.
+python_stream() {
+  PYTHON_BENCH_ARGS="--points 128x8192x8192:unary:b:1 128x8192x8192:stream:b:1,4,8 --aio_points
+    --duration_s 3" tools/gpu_e2e.sh python
+}
+# Issue 31's same-host table at 8192³ alone (every path, gRPC among them), for a short call.
+samehost_8192() {
+  POINTS="8192x8192x8192:1" MAX_POINT_S=8 \
+    bench/dataplane.sh --same_host --bin "$PWD/.gpu-serve/bin" --certs .gpu-serve/certs
 }
 # Issue 31's same-host table at 2048³ (c=1 and 16) and 8192³ (c=1).
 samehost_quick() {
