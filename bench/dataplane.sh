@@ -14,7 +14,8 @@
 #              memory), next to pinned cudaMemcpy bandwidth and the ideal H2D(A+B) + kernel +
 #              D2H(C) at that bandwidth; then all-resident (ALL_RESIDENT_SHAPE, 8192³: A, B and
 #              C on the GPU) over gRPC unary and through the ring, hgemm_client --repeat=21,
-#              against the kernel alone; $OUT/same_host.csv and .md.
+#              against the kernel alone; $OUT/same_host.csv and .md, and with matplotlib
+#              the picture bench/same_host_plot.py draws ($OUT/same_host.png)
 #              Without a GPU (--quick) the CUDA IPC and memcpy figures are n/a.
 #   --bin DIR  where the binaries are (default: tools/gpu_e2e.sh's bundle, else bazel-bin)
 #   --certs DIR  made by tools/make_test_certs.sh (default: made now with openssl)
@@ -31,7 +32,7 @@ while (($#)); do
   ((taken)) && { shift "$taken"; continue; }
   case $1 in
     --same_host) same_host=1; shift ;;
-    -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
     *) echo "dataplane.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -203,6 +204,11 @@ for shape, c in copy.items():
 if not copy:
     print("pinned cudaMemcpy and CUDA IPC: n/a (no GPU)")
 PY
+  if python3 -c 'import matplotlib' 2>/dev/null; then
+    python3 bench/same_host_plot.py "$table" "$out/same_host.png" || echo "dataplane.sh: the plot failed"
+  else
+    echo "dataplane.sh: no matplotlib; skipped the plot (bench/same_host_plot.py $table OUT.png)"
+  fi
   exit 0
 fi
 
