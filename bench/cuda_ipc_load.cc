@@ -96,20 +96,26 @@ struct WorkerResult {
 // `ring_over` (not null): the GEMMs go through a ring attached over that client. GEMMs for
 // `run_s` from the end of this worker's setup (its random operands, registration and ring take
 // seconds at 8192³; counted in, they made req/s a fraction of 1 / latency).
+// `gap_bytes` between A, B and C in the one allocation: at 8192³ they sit 128 MiB apart without
+// it, and the kernel on this memory timed 1.53-1.64 ms against 1.43 on the server's own (H200,
+// session 16; H100 1.57 / 1.45): a gap tells whether the power-of-two offsets are why.
 void RunWorker(int index, const hgemm::GemmDims& dims, hgemm::v1::GemmService::Stub* stub,
-               const hgemm::GemmClient* ring_over, int device, double run_s, bool verify,
+               const hgemm::GemmClient* ring_over, int device, double run_s, size_t gap_bytes,
+               bool verify,
                WorkerResult* result) {
   Check(cudaSetDevice(device), "cudaSetDevice");
   std::mt19937_64 rng(1000 + index);
   const std::vector<uint16_t> a = hgemm::RandomHalfMatrix(int64_t(dims.m) * dims.k, rng);
   const std::vector<uint16_t> b = hgemm::RandomHalfMatrix(int64_t(dims.k) * dims.n, rng);
   const size_t a_bytes = size_t(dims.ABytes()), b_bytes = size_t(dims.BBytes());
-  const size_t c_bytes = size_t(dims.CBytes()), bytes = a_bytes + b_bytes + c_bytes;
+  const size_t c_bytes = size_t(dims.CBytes());
+  const size_t b_offset = a_bytes + gap_bytes, c_offset = b_offset + b_bytes + gap_bytes;
+  const size_t bytes = c_offset + c_bytes;
   char* memory = nullptr;
   Check(cudaMalloc(&memory, bytes), "cudaMalloc");
   Check(cudaMemcpy(memory, a.data(), a_bytes, cudaMemcpyHostToDevice), "cudaMemcpy A");
-  Check(cudaMemcpy(memory + a_bytes, b.data(), b_bytes, cudaMemcpyHostToDevice), "cudaMemcpy B");
-  Check(cudaMemset(memory + a_bytes + b_bytes, 0xFF, c_bytes), "cudaMemset C");
+  Check(cudaMemcpy(memory + b_offset, b.data(), b_bytes, cudaMemcpyHostToDevice), "cudaMemcpy B");
+  Check(cudaMemset(memory + c_offset, 0xFF, c_bytes), "cudaMemset C");
   cudaIpcMemHandle_t handle;
   Check(cudaIpcGetMemHandle(&handle, memory), "cudaIpcGetMemHandle");
 
@@ -137,8 +143,8 @@ void RunWorker(int index, const hgemm::GemmDims& dims, hgemm::v1::GemmService::S
     ref->set_offset(offset);
   };
   set(request.mutable_a_region(), 0);
-  set(request.mutable_b_region(), a_bytes);
-  set(request.mutable_c_region(), a_bytes + b_bytes);
+  set(request.mutable_b_region(), b_offset);
+  set(request.mutable_c_region(), c_offset);
   std::unique_ptr<hgemm::RingClient> ring;
   hgemm::RingSubmission entry;
   if (ring_over != nullptr) {
@@ -177,7 +183,7 @@ void RunWorker(int index, const hgemm::GemmDims& dims, hgemm::v1::GemmService::S
     result->kernel_ms.push_back(kernel_ms);
     if (first && verify) {
       std::vector<uint16_t> c(size_t(dims.m) * dims.n);
-      Check(cudaMemcpy(c.data(), memory + a_bytes + b_bytes, c_bytes, cudaMemcpyDeviceToHost),
+      Check(cudaMemcpy(c.data(), memory + c_offset, c_bytes, cudaMemcpyDeviceToHost),
             "cudaMemcpy C");
       result->check_error =
           hgemm::bench::FreivaldsError(a.data(), b.data(), c.data(), dims.m, dims.n, dims.k, 4, 7);
@@ -199,6 +205,7 @@ int main(int argc, char** argv) {
   std::string server = "unix:/run/hgemm/hgemm.sock", shape = "2048x2048x2048", transport = "grpc";
   int concurrency = 1, device = 0, repeat = 10;
   double seconds = 5, warmup_s = 1;
+  size_t gap_bytes = 0;
   bool memcpy_only = false, verify = true;
   CLI::App app{"cuda_ipc_load: GEMMs on this process's GPU memory, shared by CUDA IPC"};
   app.add_option("--server", server, "the server's Unix socket (unix:PATH)")->capture_default_str();
@@ -211,9 +218,15 @@ int main(int argc, char** argv) {
   app.add_option("--transport", transport, "grpc (unary Gemm calls) or ring")
       ->check(CLI::IsMember({"grpc", "ring"}))
       ->capture_default_str();
+  app.add_option("--gap_bytes", gap_bytes, "bytes left between A, B and C (a multiple of 256)")
+      ->capture_default_str();
   app.add_flag("--memcpy", memcpy_only, "measure pinned cudaMemcpy bandwidth instead");
   app.add_option("--repeat", repeat, "copies per direction for --memcpy")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
+  if (gap_bytes % 256 != 0) {
+    std::fprintf(stderr, "cuda_ipc_load: --gap_bytes must be a multiple of 256\n");
+    return 2;
+  }
   hgemm::GemmDims dims;
   if (std::string e = hgemm::ParseGemmDims(shape, &dims); !e.empty()) {
     std::fprintf(stderr, "cuda_ipc_load: --shape: %s\n", e.c_str());
@@ -235,7 +248,7 @@ int main(int argc, char** argv) {
       for (int i = 0; i < concurrency; ++i) {
         workers.emplace_back([&, i] {
           try {
-            RunWorker(i, dims, stub.get(), ring_over, device, run_s, check && i == 0,
+            RunWorker(i, dims, stub.get(), ring_over, device, run_s, gap_bytes, check && i == 0,
                       &(*results)[i]);
           } catch (const std::exception& e) {
             (*results)[i].errors++;
