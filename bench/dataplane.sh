@@ -204,8 +204,9 @@ for shape, c in copy.items():
 if not copy:
     print("pinned cudaMemcpy and CUDA IPC: n/a (no GPU)")
 PY
-  if python3 -c 'import matplotlib' 2>/dev/null; then
-    python3 bench/same_host_plot.py "$table" "$out/same_host.png" || echo "dataplane.sh: the plot failed"
+  py=$(python_with_matplotlib)
+  if [[ -n $py ]]; then
+    "$py" bench/same_host_plot.py "$table" "$out/same_host.png" || echo "dataplane.sh: the plot failed"
   else
     echo "dataplane.sh: no matplotlib; skipped the plot (bench/same_host_plot.py $table OUT.png)"
   fi

@@ -169,10 +169,7 @@ PY
   csv=$plain_csv
 fi
 
-py=""
-for p in python3 /usr/bin/python3; do
-  if "$p" -c 'import matplotlib' 2>/dev/null; then py=$p; break; fi
-done
+py=$(python_with_matplotlib)
 if [[ $plain == 0 ]]; then
   :
 elif [[ -n $py ]]; then

@@ -104,3 +104,10 @@ describe_host() {  # backend bin-dir: what a result file should say about where 
   fi
   echo "backend: $1, binaries: $2"
 }
+
+python_with_matplotlib() {  # the first of python3, /usr/bin/python3 that has matplotlib, or ""
+  local p
+  for p in python3 /usr/bin/python3; do
+    if "$p" -c 'import matplotlib' 2>/dev/null; then echo "$p"; return; fi
+  done
+}
