@@ -218,13 +218,11 @@ struct hgemm_batch_t {
   std::vector<Gemm> gemms;
 };
 
-// A persistent GemmStream: a writer thread sends queued GEMMs in order (their A and B copied into
-// the queued request, or borrowed from the caller); hgemm_stream_next reads.
+// A persistent GemmStream: a writer thread sends queued GEMMs in order; hgemm_stream_next reads.
 struct hgemm_stream_t {
   struct Queued {
     uint64_t gemm_id;
     hgemm::v1::GemmRequest request;
-    hgemm::OperandBytes borrowed;  // hgemm_stream_submit_borrowed's A and B (else none)
   };
   int64_t chunk_bytes = 0;
   std::unique_ptr<const hgemm::GemmClient> client;  // a copy: the stream keeps the channels
@@ -252,8 +250,7 @@ struct hgemm_stream_t {
       queue.pop_front();
       lock.unlock();
       const bool written =
-          hgemm::WriteStreamedGemm(next.request, next.gemm_id, chunk_bytes, stream.get(),
-                                   next.borrowed);
+          hgemm::WriteStreamedGemm(next.request, next.gemm_id, chunk_bytes, stream.get());
       lock.lock();
       if (!written) return;  // the call is over: the reader learns why
     }
@@ -1236,14 +1233,11 @@ hgemm_stream_t* hgemm_stream_open(hgemm_client_t* client, const hgemm_call_optio
   return nullptr;
 }
 
-namespace {
-
-// hgemm_stream_submit (borrow: hgemm_stream_submit_borrowed, A and B not copied).
-void SubmitToStream(hgemm_stream_t* stream, uint64_t gemm_id,
-                    const hgemm_gemm_options_t* options, uint32_t m, uint32_t n, uint32_t k,
-                    const void* a, size_t a_bytes, const void* b, size_t b_bytes, void* c,
-                    size_t c_capacity, unsigned char keep_c, uint32_t c_ttl_seconds, bool borrow,
-                    int* code, char** errptr) {
+void hgemm_stream_submit(hgemm_stream_t* stream, uint64_t gemm_id,
+                         const hgemm_gemm_options_t* options, uint32_t m, uint32_t n, uint32_t k,
+                         const void* a, size_t a_bytes, const void* b, size_t b_bytes, void* c,
+                         size_t c_capacity, unsigned char keep_c, uint32_t c_ttl_seconds,
+                         int* code, char** errptr) {
   try {
     const hgemm_gemm_options_t defaults;
     if (options == nullptr) options = &defaults;
@@ -1257,9 +1251,8 @@ void SubmitToStream(hgemm_stream_t* stream, uint64_t gemm_id,
                    code, errptr)) {
       return;
     }
-    hgemm_stream_t::Queued queued{gemm_id, {}, {}};
-    BuildRequest(*options, m, n, k, a, a_bytes, b, b_bytes, &queued.request,
-                 borrow ? &queued.borrowed : nullptr);
+    hgemm_stream_t::Queued queued{gemm_id, {}};
+    BuildRequest(*options, m, n, k, a, a_bytes, b, b_bytes, &queued.request);
     queued.request.set_keep_c_resident(keep_c != 0);
     queued.request.set_c_ttl_seconds(c_ttl_seconds);
     {
@@ -1282,27 +1275,6 @@ void SubmitToStream(hgemm_stream_t* stream, uint64_t gemm_id,
   } catch (...) {
     SaveException(code, errptr);
   }
-}
-
-}  // namespace
-
-void hgemm_stream_submit(hgemm_stream_t* stream, uint64_t gemm_id,
-                         const hgemm_gemm_options_t* options, uint32_t m, uint32_t n, uint32_t k,
-                         const void* a, size_t a_bytes, const void* b, size_t b_bytes, void* c,
-                         size_t c_capacity, unsigned char keep_c, uint32_t c_ttl_seconds,
-                         int* code, char** errptr) {
-  SubmitToStream(stream, gemm_id, options, m, n, k, a, a_bytes, b, b_bytes, c, c_capacity, keep_c,
-                 c_ttl_seconds, /*borrow=*/false, code, errptr);
-}
-
-void hgemm_stream_submit_borrowed(hgemm_stream_t* stream, uint64_t gemm_id,
-                                  const hgemm_gemm_options_t* options, uint32_t m, uint32_t n,
-                                  uint32_t k, const void* a, size_t a_bytes, const void* b,
-                                  size_t b_bytes, void* c, size_t c_capacity,
-                                  unsigned char keep_c, uint32_t c_ttl_seconds, int* code,
-                                  char** errptr) {
-  SubmitToStream(stream, gemm_id, options, m, n, k, a, a_bytes, b, b_bytes, c, c_capacity, keep_c,
-                 c_ttl_seconds, /*borrow=*/true, code, errptr);
 }
 
 int hgemm_stream_next(hgemm_stream_t* stream, uint64_t* gemm_id, hgemm_gemm_info_t* info,

@@ -1172,10 +1172,9 @@ TEST_F(HgemmC, StreamAnswersGemmsSubmittedFromManyThreads) {
         FormGemm& g = gemms[i];
         g.SetOptions(options);
         Error submit;
-        // Every other GEMM borrowed: its A and B sent from g's memory (the 1 MiB one among them).
-        (i % 2 == 0 ? hgemm_stream_submit : hgemm_stream_submit_borrowed)(
-            stream, 1000 + i, options, g.m, g.n, g.k, g.a.data(), 2 * g.a.size(), g.b.data(),
-            2 * g.b.size(), g.c.data(), 2 * g.c.size(), 0, 0, &submit.code, &submit.message);
+        hgemm_stream_submit(stream, 1000 + i, options, g.m, g.n, g.k, g.a.data(), 2 * g.a.size(),
+                            g.b.data(), 2 * g.b.size(), g.c.data(), 2 * g.c.size(), 0, 0,
+                            &submit.code, &submit.message);
         EXPECT_EQ(submit.code, HGEMM_OK) << submit.text();
       }
       hgemm_gemm_options_destroy(options);

@@ -14,14 +14,12 @@ from ._stream_collector import StreamCollector
 
 class Pending:
     """One GEMM of a Client.stream() session: its Spec, the future its result goes to, how the
-    result is wanted, and its tries so far. borrow: the submitter waits for the result, so the
-    native core may send the operands from the Spec's arrays instead of copies."""
-    __slots__ = ("spec", "future", "details", "as_torch", "started", "attempt", "borrow")
+    result is wanted, and its tries so far."""
+    __slots__ = ("spec", "future", "details", "as_torch", "started", "attempt")
 
-    def __init__(self, spec: Spec, future, details: bool, as_torch, started: float,
-                 borrow: bool = False):
+    def __init__(self, spec: Spec, future, details: bool, as_torch, started: float):
         self.spec, self.future, self.details = spec, future, details
-        self.as_torch, self.started, self.attempt, self.borrow = as_torch, started, 0, borrow
+        self.as_torch, self.started, self.attempt = as_torch, started, 0
 
 
 class SessionBook:

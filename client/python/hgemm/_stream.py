@@ -53,12 +53,10 @@ class Stream(StreamSession):
         self._idle = threading.Condition(self._lock)  # notified when nothing is outstanding
         self._readers = []
 
-    def gemm(self, a, b, *, timeout: Optional[float] = None, details: bool = False,
-             as_torch=False, **spec_options):
+    def gemm(self, a, b, *, timeout: Optional[float] = None, **options):
         """C = A·B on this stream: submit(...).result(), waiting at most `timeout` seconds (the
-        client's default timeout if None). On the native core A and B go out from the arrays
-        themselves (this call waits for them), not from copies as submit()'s do."""
-        future = self._submit_waited(a, b, details, as_torch, spec_options)
+        client's default timeout if None)."""
+        future = self.submit(a, b, **options)
         timeout = self._config.call_timeout(timeout)
         try:
             return future.result(timeout=timeout)

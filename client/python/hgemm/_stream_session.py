@@ -57,19 +57,7 @@ class StreamSession:
         started = time.monotonic()
         spec = Spec(a, b, accumulation=accumulation, kernel=kernel, keep_c=keep_c, c_ttl=c_ttl,
                     request_id=request_id)
-        return self._submit(Pending(spec, self._new_future(), details, as_torch, started))
-
-    def _submit_waited(self, a, b, details: bool, as_torch, spec_options: dict):
-        """gemm()'s submit: its caller waits for the answer, so the native core sends A and B
-        from the arrays themselves (Pending.borrow) instead of copies."""
-        started = time.monotonic()
-        spec = Spec(a, b, **spec_options)
-        return self._submit(Pending(spec, self._new_future(), details, as_torch, started,
-                                    borrow=True))
-
-    def _submit(self, pending: Pending):
-        """submit()'s: writes pending's GEMM on the stream; returns its future."""
-        spec = pending.spec
+        pending = Pending(spec, self._new_future(), details, as_torch, started)
         with self._lock:
             if self._closing:
                 raise RuntimeError("the stream is closed")
@@ -103,15 +91,15 @@ class StreamSession:
         if self._queue is None:
             self._open()
         i = self._book.add(pending)
-        self._put(i, pending)
+        self._put(i, pending.spec)
 
-    def _put(self, i: int, pending: Pending) -> None:
+    def _put(self, i: int, spec: Spec) -> None:
         """Queues GEMM i's messages on the open stream, or submits it to the native core's."""
         if not isinstance(self._queue, NativeStream):
-            self._queue.put_nowait(pending.spec.stream_messages(i, self._config.chunk_bytes))
+            self._queue.put_nowait(spec.stream_messages(i, self._config.chunk_bytes))
             return
         try:
-            self._queue.submit(i, pending.spec, pending.borrow)
+            self._queue.submit(i, spec)
         except _errors.rpc_errors() as e:  # refused before sending
             self._book.drop(i)
             raise _errors.from_rpc_error(e) from None

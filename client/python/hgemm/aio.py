@@ -168,10 +168,9 @@ class Stream(StreamSession):
         self._idle = None  # an asyncio.Event, set when nothing is outstanding
         self._reader_wake = None  # an asyncio.Event: a native stream has something to read
 
-    async def gemm(self, a, b, *, timeout: Optional[float] = None, details: bool = False,
-                   as_torch=False, **spec_options):
+    async def gemm(self, a, b, *, timeout: Optional[float] = None, **options):
         """As hgemm.Stream.gemm."""
-        future = self._submit_waited(a, b, details, as_torch, spec_options)
+        future = self.submit(a, b, **options)
         timeout = self._config.call_timeout(timeout)
         try:
             return await asyncio.wait_for(asyncio.shield(future), timeout)
@@ -250,8 +249,8 @@ class Stream(StreamSession):
         self._settle(*self._ended(call, self._native_end(call)))
         call.close()
 
-    def _put(self, i: int, pending) -> None:
-        super()._put(i, pending)
+    def _put(self, i: int, spec) -> None:
+        super()._put(i, spec)
         self._wake_reader()
 
     def _end_stream(self) -> None:
