@@ -101,8 +101,7 @@ struct WorkerResult {
 // session 16; H100 1.57 / 1.45): a gap tells whether the power-of-two offsets are why.
 void RunWorker(int index, const hgemm::GemmDims& dims, hgemm::v1::GemmService::Stub* stub,
                const hgemm::GemmClient* ring_over, int device, double run_s, size_t gap_bytes,
-               bool verify,
-               WorkerResult* result) {
+               bool verify, WorkerResult* result) {
   Check(cudaSetDevice(device), "cudaSetDevice");
   std::mt19937_64 rng(1000 + index);
   const std::vector<uint16_t> a = hgemm::RandomHalfMatrix(int64_t(dims.m) * dims.k, rng);

@@ -445,7 +445,6 @@ class Bench {
   std::vector<float> host_ref_, host_c_in_;
 };
 
-// "BxMxNxK" (batched cases) or "MxNxK"; "" or what is wrong.
 // The device's copy bandwidth, the bound of mode skinny (issue 29: >= 85 % of it): the median
 // of `repeats` cudaMemcpyAsync's of 512 MiB device to device, counted as read + write, in TB/s.
 // 512 MiB: ten times an H200's L2, so the copy streams from memory as a skinny B does.
@@ -474,6 +473,7 @@ double DeviceCopyTbps(cudaStream_t stream, int repeats) {
   return 2.0 * kBytes / (bench::Median(ms) * 1e-3) / 1e12;
 }
 
+// "BxMxNxK" (batched cases) or "MxNxK"; "" or what is wrong.
 std::string ParsePart(const std::string& text, bool batched, Part* part) {
   std::string dims_text = text;
   if (batched) {
@@ -668,10 +668,11 @@ int Main(int argc, char** argv) {
   std::printf("device: %s, %d SMs, sm_%d%d, L2 %d MB\n", prop.name, prop.multiProcessorCount,
               prop.major, prop.minor, prop.l2CacheSize >> 20);
   double copy_tbps = 0;  // mode skinny's bound, measured when a skinny case runs
-  if (std::any_of(cases.begin(), cases.end(), [](const Case& c) { return c.mode == Mode::kSkinny; })) {
+  if (std::any_of(cases.begin(), cases.end(),
+                  [](const Case& c) { return c.mode == Mode::kSkinny; })) {
     copy_tbps = DeviceCopyTbps(stream, repeats);
-    std::printf("device copy: %.2f TB/s (cudaMemcpyAsync device to device, 512 MiB, read + write)\n",
-                copy_tbps);
+    std::printf("device copy: %.2f TB/s (cudaMemcpyAsync device to device, 512 MiB, "
+                "read + write)\n", copy_tbps);
   }
   FILE* csv = csv_path.empty() ? nullptr : std::fopen(csv_path.c_str(), "w");
   if (!csv_path.empty() && csv == nullptr) {
