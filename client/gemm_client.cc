@@ -400,13 +400,17 @@ bool StreamedGemmMessages::Next(v1::GemmStreamRequest* message) {
   }
   // An operand given by handle has no bytes here (a() of an unset oneof is empty). C_in is
   // sent only when the server reads it (beta != 0); a region has no stream form.
-  static const std::string kNoBytes;
   static constexpr v1::Operand kOperands[] = {v1::OPERAND_A, v1::OPERAND_B, v1::OPERAND_C};
+  auto view = [](const void* data, size_t size, const std::string& otherwise) {
+    return data != nullptr ? std::string_view(static_cast<const char*>(data), size)
+                           : std::string_view(otherwise);
+  };
   for (; operand_ < 3; ++operand_, offset_ = 0) {
-    const std::string& bytes = operand_ == 0   ? request_.a()
-                               : operand_ == 1 ? request_.b()
-                               : request_.beta() != 0 ? request_.c_in()
-                                                      : kNoBytes;
+    const std::string_view bytes =
+        operand_ == 0          ? view(detached_.a, detached_.a_bytes, request_.a())
+        : operand_ == 1        ? view(detached_.b, detached_.b_bytes, request_.b())
+        : request_.beta() != 0 ? std::string_view(request_.c_in())
+                               : std::string_view();
     if (offset_ >= bytes.size()) continue;
     v1::MatrixChunk* chunk = message->mutable_chunk();
     chunk->set_gemm_id(gemm_id_);

@@ -127,12 +127,15 @@ struct GroupedOperands {
 using GemmStreamWriter = grpc::ClientReaderWriter<v1::GemmStreamRequest, v1::GemmStreamResponse>;
 
 // The messages of one GEMM on a GemmStream, one at a time: its header (tagged `gemm_id`), then
-// A and B in chunks of `chunk_bytes` (none for an operand given by handle). Thread safety: one
-// user. REQUIRES: `request` outlives it.
+// A and B in chunks of `chunk_bytes` (none for an operand given by handle). `detached`: A and B
+// read from the caller's memory it names instead of the request's bytes (an operand it leaves
+// null: the request's). Thread safety: one user. REQUIRES: `request` and the memory `detached`
+// names outlive it.
 class StreamedGemmMessages {
  public:
-  StreamedGemmMessages(const v1::GemmRequest& request, uint64_t gemm_id, int64_t chunk_bytes)
-      : request_(request), gemm_id_(gemm_id), chunk_bytes_(chunk_bytes) {}
+  StreamedGemmMessages(const v1::GemmRequest& request, uint64_t gemm_id, int64_t chunk_bytes,
+                       const OperandBytes& detached = {})
+      : request_(request), gemm_id_(gemm_id), chunk_bytes_(chunk_bytes), detached_(detached) {}
   // The next message into *message; false when there are none left.
   bool Next(v1::GemmStreamRequest* message);
 
@@ -140,6 +143,7 @@ class StreamedGemmMessages {
   const v1::GemmRequest& request_;
   const uint64_t gemm_id_;
   const int64_t chunk_bytes_;
+  const OperandBytes detached_;
   bool header_sent_ = false;
   int operand_ = 0;    // 0: A, 1: B, 2: C_in, 3: done
   size_t offset_ = 0;  // within the operand

@@ -218,17 +218,28 @@ struct hgemm_batch_t {
   std::vector<Gemm> gemms;
 };
 
-// A persistent GemmStream: a writer thread sends queued GEMMs in order; hgemm_stream_next reads.
+// A persistent GemmStream: a writer thread sends queued GEMMs in order (their A and B copied into
+// the queued request, or borrowed from the caller); hgemm_stream_next reads.
 struct hgemm_stream_t {
   struct Queued {
     uint64_t gemm_id;
     hgemm::v1::GemmRequest request;
+    hgemm::OperandBytes borrowed;  // hgemm_stream_submit_borrowed's A and B (else none)
   };
   int64_t chunk_bytes = 0;
   std::unique_ptr<const hgemm::GemmClient> client;  // a copy: the stream keeps the channels
   grpc::ClientContext context;
   std::unique_ptr<hgemm::GemmStreamWriter> stream;
   std::thread writer;
+
+  // The writer reads a GEMM's operands (borrowed ones are the caller's memory) only under
+  // borrow_mu and only while the GEMM is unanswered; the reader marks the GEMM it answers
+  // (Answered) under borrow_mu before the caller learns of it and may free them. The server
+  // answers a refused GEMM at once and drops the chunks still to come, so the writer may still
+  // be sending it. Lock order: borrow_mu, then mu.
+  std::mutex borrow_mu;
+  uint64_t writing_id = 0;        // guarded by borrow_mu: the GEMM the writer sends or sent last
+  bool writing_answered = false;  // guarded by borrow_mu: its answer was read
 
   std::mutex mu;  // guards what follows
   std::condition_variable wake;  // the writer's: a GEMM queued, or closing
@@ -242,20 +253,41 @@ struct hgemm_stream_t {
   grpc::Status protocol_error;
 
   void Write() {
-    std::unique_lock<std::mutex> lock(mu);
     while (true) {
+      std::unique_lock<std::mutex> lock(mu);
       wake.wait(lock, [&] { return closing || !queue.empty(); });
       if (queue.empty()) break;  // closing, everything written
+      lock.unlock();
+      std::unique_lock<std::mutex> borrow(borrow_mu);
+      lock.lock();
+      if (queue.empty()) continue;  // answered meanwhile (a server that broke the protocol)
       Queued next = std::move(queue.front());
       queue.pop_front();
+      writing_id = next.gemm_id;
+      writing_answered = false;
       lock.unlock();
-      const bool written =
-          hgemm::WriteStreamedGemm(next.request, next.gemm_id, chunk_bytes, stream.get());
-      lock.lock();
-      if (!written) return;  // the call is over: the reader learns why
+      hgemm::StreamedGemmMessages messages(next.request, next.gemm_id, chunk_bytes,
+                                           next.borrowed);
+      hgemm::v1::GemmStreamRequest message;
+      // Once answered, the rest of it would be dropped by the server anyway.
+      while (!writing_answered && messages.Next(&message)) {
+        borrow.unlock();  // the message holds its own copy of the chunk
+        if (!stream->Write(message)) return;  // the call is over: the reader learns why
+        borrow.lock();
+      }
     }
-    lock.unlock();
     stream->WritesDone();
+  }
+
+  // The reader's, before it hands GEMM `gemm_id`'s answer to the caller: the writer reads its
+  // operands no more, and `gemm_id` may be submitted again.
+  void Answered(uint64_t gemm_id) {
+    std::lock_guard<std::mutex> borrow(borrow_mu);
+    if (writing_id == gemm_id) writing_answered = true;
+    std::lock_guard<std::mutex> lock(mu);
+    in_flight.erase(gemm_id);
+    // Answered before it was sent: only a server that broke the protocol does that.
+    std::erase_if(queue, [&](const Queued& q) { return q.gemm_id == gemm_id; });
   }
 
   // Ends the writer (the call is over, or being torn down) and takes the call's status.
@@ -1233,11 +1265,14 @@ hgemm_stream_t* hgemm_stream_open(hgemm_client_t* client, const hgemm_call_optio
   return nullptr;
 }
 
-void hgemm_stream_submit(hgemm_stream_t* stream, uint64_t gemm_id,
-                         const hgemm_gemm_options_t* options, uint32_t m, uint32_t n, uint32_t k,
-                         const void* a, size_t a_bytes, const void* b, size_t b_bytes, void* c,
-                         size_t c_capacity, unsigned char keep_c, uint32_t c_ttl_seconds,
-                         int* code, char** errptr) {
+namespace {
+
+// hgemm_stream_submit (borrow: hgemm_stream_submit_borrowed, A and B not copied).
+void SubmitToStream(hgemm_stream_t* stream, uint64_t gemm_id,
+                    const hgemm_gemm_options_t* options, uint32_t m, uint32_t n, uint32_t k,
+                    const void* a, size_t a_bytes, const void* b, size_t b_bytes, void* c,
+                    size_t c_capacity, unsigned char keep_c, uint32_t c_ttl_seconds, bool borrow,
+                    int* code, char** errptr) {
   try {
     const hgemm_gemm_options_t defaults;
     if (options == nullptr) options = &defaults;
@@ -1251,8 +1286,9 @@ void hgemm_stream_submit(hgemm_stream_t* stream, uint64_t gemm_id,
                    code, errptr)) {
       return;
     }
-    hgemm_stream_t::Queued queued{gemm_id, {}};
-    BuildRequest(*options, m, n, k, a, a_bytes, b, b_bytes, &queued.request);
+    hgemm_stream_t::Queued queued{gemm_id, {}, {}};
+    BuildRequest(*options, m, n, k, a, a_bytes, b, b_bytes, &queued.request,
+                 borrow ? &queued.borrowed : nullptr);
     queued.request.set_keep_c_resident(keep_c != 0);
     queued.request.set_c_ttl_seconds(c_ttl_seconds);
     {
@@ -1277,6 +1313,27 @@ void hgemm_stream_submit(hgemm_stream_t* stream, uint64_t gemm_id,
   }
 }
 
+}  // namespace
+
+void hgemm_stream_submit(hgemm_stream_t* stream, uint64_t gemm_id,
+                         const hgemm_gemm_options_t* options, uint32_t m, uint32_t n, uint32_t k,
+                         const void* a, size_t a_bytes, const void* b, size_t b_bytes, void* c,
+                         size_t c_capacity, unsigned char keep_c, uint32_t c_ttl_seconds,
+                         int* code, char** errptr) {
+  SubmitToStream(stream, gemm_id, options, m, n, k, a, a_bytes, b, b_bytes, c, c_capacity, keep_c,
+                 c_ttl_seconds, /*borrow=*/false, code, errptr);
+}
+
+void hgemm_stream_submit_borrowed(hgemm_stream_t* stream, uint64_t gemm_id,
+                                  const hgemm_gemm_options_t* options, uint32_t m, uint32_t n,
+                                  uint32_t k, const void* a, size_t a_bytes, const void* b,
+                                  size_t b_bytes, void* c, size_t c_capacity,
+                                  unsigned char keep_c, uint32_t c_ttl_seconds, int* code,
+                                  char** errptr) {
+  SubmitToStream(stream, gemm_id, options, m, n, k, a, a_bytes, b, b_bytes, c, c_capacity, keep_c,
+                 c_ttl_seconds, /*borrow=*/true, code, errptr);
+}
+
 int hgemm_stream_next(hgemm_stream_t* stream, uint64_t* gemm_id, hgemm_gemm_info_t* info,
                       char** c_handle, hgemm_matrix_info_t* c_info, int* code, char** errptr) {
   try {
@@ -1292,7 +1349,6 @@ int hgemm_stream_next(hgemm_stream_t* stream, uint64_t* gemm_id, hgemm_gemm_info
         if (it != stream->in_flight.end()) {
           known = true;
           into = it->second;
-          if (message.has_done()) stream->in_flight.erase(it);
         }
       }
       auto broken = [&](const std::string& what) {
@@ -1312,6 +1368,7 @@ int hgemm_stream_next(hgemm_stream_t* stream, uint64_t* gemm_id, hgemm_gemm_info
           std::memcpy(into.data + chunk.offset(), chunk.data().data(), chunk.data().size());
         }
       } else if (message.has_done()) {
+        stream->Answered(message.gemm_id());
         const hgemm::v1::GemmDone& done = message.done();
         *gemm_id = message.gemm_id();
         if (SaveStatus(grpc::Status(static_cast<grpc::StatusCode>(done.status_code()),

@@ -50,7 +50,7 @@ extern "C" {
 #endif
 
 #define HGEMM_ABI_VERSION 1
-#define HGEMM_ABI_REVISION 8
+#define HGEMM_ABI_REVISION 9
 
 /* gRPC status codes (grpc::StatusCode), as *code reports them. */
 enum {
@@ -492,6 +492,17 @@ HGEMM_EXPORT void hgemm_stream_submit(hgemm_stream_t* stream, uint64_t gemm_id,
                                       size_t b_bytes, void* c, size_t c_capacity,
                                       unsigned char keep_c, uint32_t c_ttl_seconds, int* code,
                                       char** errptr);
+/* [revision 9] hgemm_stream_submit() without copying A and B: the stream's writer sends them
+ * from a and b, which must stay alive and unchanged until hgemm_stream_next() has returned this
+ * GEMM's answer, or has returned 0, or the stream is destroyed. Saves a copy of the operands per
+ * GEMM. Once hgemm_stream_next() returns the answer, the writer reads a and b no more: the server
+ * may refuse a GEMM before all of it was sent, and the rest of it is then not sent. */
+HGEMM_EXPORT void hgemm_stream_submit_borrowed(hgemm_stream_t* stream, uint64_t gemm_id,
+                                               const hgemm_gemm_options_t* options, uint32_t m,
+                                               uint32_t n, uint32_t k, const void* a,
+                                               size_t a_bytes, const void* b, size_t b_bytes,
+                                               void* c, size_t c_capacity, unsigned char keep_c,
+                                               uint32_t c_ttl_seconds, int* code, char** errptr);
 /* Waits for the next answer (the server's order: usually submission order). Returns 1 with
  * *gemm_id the GEMM answered and *code / *errptr its status (the GEMM failed alone: the stream
  * goes on); on HGEMM_OK, C is in its buffer, info (may be NULL) gets its timing and execution,

@@ -1172,9 +1172,10 @@ TEST_F(HgemmC, StreamAnswersGemmsSubmittedFromManyThreads) {
         FormGemm& g = gemms[i];
         g.SetOptions(options);
         Error submit;
-        hgemm_stream_submit(stream, 1000 + i, options, g.m, g.n, g.k, g.a.data(), 2 * g.a.size(),
-                            g.b.data(), 2 * g.b.size(), g.c.data(), 2 * g.c.size(), 0, 0,
-                            &submit.code, &submit.message);
+        // Every other GEMM borrowed: its A and B sent from g's memory (the 1 MiB one among them).
+        (i % 2 == 0 ? hgemm_stream_submit : hgemm_stream_submit_borrowed)(
+            stream, 1000 + i, options, g.m, g.n, g.k, g.a.data(), 2 * g.a.size(), g.b.data(),
+            2 * g.b.size(), g.c.data(), 2 * g.c.size(), 0, 0, &submit.code, &submit.message);
         EXPECT_EQ(submit.code, HGEMM_OK) << submit.text();
       }
       hgemm_gemm_options_destroy(options);
@@ -1256,6 +1257,62 @@ TEST_F(HgemmC, StreamKeepsCFailsAGemmAloneAndRefusesBadSubmits) {
             hgemm::kServiceTolerance.fp32_acc);
   EXPECT_EQ(hgemm_release(client_, nullptr, kept.c_str(), &e.code, &e.message), 2 * c.size());
   hgemm_stream_destroy(stream);  // open, nothing in flight
+}
+
+// The server refuses a GEMM whose B handle does not exist at its header and drops the chunks
+// still to come: the answer arrives while the writer is still sending A (4 KiB chunks of 8 MiB).
+// Once the answer is read, the borrowed A is freed: under ASan, a writer still reading it fails
+// here. The stream then goes on with the next GEMMs, borrowed, right.
+TEST_F(HgemmC, StreamStopsReadingABorrowedGemmOnceAnswered) {
+  Error e;
+  hgemm_client_options_t* client_options = hgemm_client_options_create();
+  hgemm_client_options_set_chunk_bytes(client_options, 4096);
+  hgemm_client_t* client =
+      hgemm_client_create(server_->address().c_str(), client_options, &e.code, &e.message);
+  hgemm_client_options_destroy(client_options);
+  ASSERT_NE(client, nullptr) << e.text();
+  hgemm_stream_t* stream = hgemm_stream_open(client, nullptr, &e.code, &e.message);
+  ASSERT_NE(stream, nullptr) << e.text();
+  constexpr uint32_t m = 2048, n = 8, k = 2048;
+  std::mt19937_64 rng(16);
+  auto big_a = std::make_unique<std::vector<uint16_t>>(hgemm::RandomHalfMatrix(m * k, rng));
+  std::vector<uint16_t> unused(m * n, kPoison);
+  hgemm_gemm_options_t* unknown = hgemm_gemm_options_create();
+  hgemm_gemm_options_set_b_handle(unknown, "no-such-matrix");
+  for (uint64_t round = 0; round < 3; ++round) {
+    hgemm_stream_submit_borrowed(stream, round, unknown, m, n, k, big_a->data(),
+                                 2 * big_a->size(), nullptr, 0, unused.data(),
+                                 2 * unused.size(), 0, 0, &e.code, &e.message);
+    ASSERT_EQ(e.code, HGEMM_OK) << e.text();
+    const std::map<uint64_t, StreamAnswer> refused = ReadAnswers(stream, 1);
+    ASSERT_EQ(refused.count(round), 1u);
+    EXPECT_EQ(refused.at(round).code, HGEMM_NOT_FOUND) << refused.at(round).message;
+    big_a.reset();  // answered: the caller may free A
+    // Then borrowed GEMMs that succeed, the id just answered among them.
+    std::vector<FormGemm> gemms;
+    for (int i = 0; i < 3; ++i) gemms.emplace_back(40 + i, 50, 60 + i, AllForms()[i], 200 + i);
+    for (int i = 0; i < 3; ++i) {
+      FormGemm& g = gemms[i];
+      hgemm_gemm_options_t* options = hgemm_gemm_options_create();
+      g.SetOptions(options);
+      hgemm_stream_submit_borrowed(stream, round + 10 * i, options, g.m, g.n, g.k, g.a.data(),
+                                   2 * g.a.size(), g.b.data(), 2 * g.b.size(), g.c.data(),
+                                   2 * g.c.size(), 0, 0, &e.code, &e.message);
+      hgemm_gemm_options_destroy(options);
+      ASSERT_EQ(e.code, HGEMM_OK) << e.text();
+    }
+    const std::map<uint64_t, StreamAnswer> answers = ReadAnswers(stream, 3);
+    for (int i = 0; i < 3; ++i) {
+      ASSERT_EQ(answers.count(round + 10 * i), 1u) << i;
+      EXPECT_EQ(answers.at(round + 10 * i).code, HGEMM_OK) << answers.at(round + 10 * i).message;
+      EXPECT_LT(gemms[i].Error(), gemms[i].Tolerance()) << gemms[i].Name();
+    }
+    big_a = std::make_unique<std::vector<uint16_t>>(hgemm::RandomHalfMatrix(m * k, rng));
+  }
+  EXPECT_EQ(unused, std::vector<uint16_t>(m * n, kPoison));
+  hgemm_gemm_options_destroy(unknown);
+  hgemm_stream_destroy(stream);
+  hgemm_client_destroy(client);
 }
 
 TEST_F(HgemmC, CancelEndsAStreamAndDestroyDoesNotWaitForAnswers) {

@@ -44,8 +44,8 @@ ABI_VERSION = 1  # HGEMM_ABI_VERSION of the client/c/hgemm.h this module binds
 # The HGEMM_ABI_REVISION whose functions it calls (2: batches, transposes, types; 3: typed
 # uploads, downloads, listings, keep_c, alpha/beta/C_in/batch; 4: parallel_min_bytes; 5: shared
 # memory regions; 6: submission rings; 7: the *_start calls, awaited by the aio client; 8: rings
-# keep C, bind slots after the open, drain).
-ABI_REVISION = 8
+# keep C, bind slots after the open, drain; 9: borrowed stream operands).
+ABI_REVISION = 9
 MODE_AUTO, MODE_UNARY, MODE_STREAM = 0, 1, 2
 # HGEMM_DTYPE_* (proto DataType's values) of a Spec's dtype names.
 _DTYPES = {"fp16": pb.DATA_TYPE_FP16, "bf16": pb.DATA_TYPE_BF16, "fp32": pb.DATA_TYPE_FP32}
@@ -388,6 +388,8 @@ def _declare(lib):
         "hgemm_stream_open": (p, (p, p) + err),
         "hgemm_stream_submit": (None, (p, ctypes.c_uint64, p, u32, u32, u32, p, size, p, size, p,
                                        size, ctypes.c_ubyte, u32) + err),
+        "hgemm_stream_submit_borrowed": (None, (p, ctypes.c_uint64, p, u32, u32, u32, p, size, p,
+                                                size, p, size, ctypes.c_ubyte, u32) + err),
         "hgemm_stream_next": (ctypes.c_int, (p, ctypes.POINTER(ctypes.c_uint64),
                                              ctypes.POINTER(GemmInfo),
                                              ctypes.POINTER(ctypes.c_void_p),
@@ -1523,16 +1525,19 @@ class NativeStream:
         self._ending = False  # half-closed or cancelled
 
     def submit(self, gemm_id: int, spec) -> None:
-        """Sends a GEMM tagged gemm_id. Raises NativeRpcError if the library refuses it; a GEMM
-        submitted as the stream ends is left to the stream's end (never answered)."""
+        """Sends a GEMM tagged gemm_id, A and B from spec's arrays themselves (borrowed: spec is
+        kept with its C's buffer until the answer is read or the stream is destroyed; the arrays
+        must not change meanwhile, as Stream.submit documents). Raises NativeRpcError if the
+        library refuses it; a GEMM submitted as the stream ends is left to the stream's end
+        (never answered)."""
         buffer = None if spec.keep_c else np.empty(spec.c_bytes, dtype=np.uint8)
         options = self._native._gemm_options(spec)
         try:
             with self._lock:
                 self._c[gemm_id] = (spec, buffer)
                 _, err = self._native._status(
-                    self._lib.hgemm_stream_submit, self._stream, gemm_id, options, spec.m, spec.n,
-                    spec.k, *_operand(spec.a), *_operand(spec.b),
+                    self._lib.hgemm_stream_submit_borrowed, self._stream, gemm_id, options,
+                    spec.m, spec.n, spec.k, *_operand(spec.a), *_operand(spec.b),
                     None if buffer is None else buffer.ctypes.data,
                     0 if buffer is None else buffer.nbytes, int(spec.keep_c), spec.c_ttl)
                 if err is not None and err.code() != _errors.StatusCode.FAILED_PRECONDITION:
@@ -1605,9 +1610,10 @@ class NativeStream:
     def close(self) -> None:
         with self._lock:
             stream, self._stream = self._stream, None
-            self._c.clear()
         if stream:
-            self._lib.hgemm_stream_destroy(stream)
+            self._lib.hgemm_stream_destroy(stream)  # its writer done with borrowed operands
+        with self._lock:
+            self._c.clear()
 
 
 def _gemm_done(info: GemmInfo, c_matrix: Optional[pb.MatrixInfo] = None) -> pb.GemmDone:
