@@ -23,9 +23,9 @@ def main(csv_path: str, png: str) -> None:
     rows = list(csv.DictReader(open(csv_path)))
     lines = {}  # path → [(MiB, p50 ms)]
     ideal = []
-    kernel = {}  # as dataplane.sh's table: the CUDA IPC run's kernel, else the first run's
+    kernel = {}  # the ideal's kernel: the first row's with a kernel time (the staging run's)
     for r in rows:
-        if r["kernel_ms"] and (r["path"] == "cuda ipc" or r["shape"] not in kernel):
+        if r["kernel_ms"] and r["shape"] not in kernel:
             kernel[r["shape"]] = float(r["kernel_ms"])
     for r in rows:
         if r["path"] == "pinned memcpy":

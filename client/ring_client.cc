@@ -13,6 +13,9 @@ namespace {
 
 // The longest a waiting thread sleeps without looking (a lost wake-up costs this).
 constexpr int64_t kMaxSleepNs = 10'000'000;
+// How far around the predicted completion the reaper polls: a futex timeout overshoots by up to
+// the timer slack (50 µs by default), and GEMM times jitter.
+constexpr std::chrono::microseconds kPollMargin(150);
 
 grpc::Status ToStatus(const RingCompletion& completion) {
   if (completion.code == 0) return grpc::Status::OK;  // a kept C's handle is no message
@@ -409,22 +412,28 @@ void RingClient::Reap() {
 
 void RingClient::AwaitCompletions(std::chrono::steady_clock::time_point deadline) {
   RingHeader* h = header();
-  const auto spin_until = std::chrono::steady_clock::now() + std::chrono::microseconds(options_.spin_us);
+  const auto start = std::chrono::steady_clock::now();
+  const auto spin_until = start + std::chrono::microseconds(options_.spin_us);
+  const auto expected = start + last_wait_;
   while (h->cq_tail.load(std::memory_order_acquire) == cq_head_ && !detached_flag_.load()) {
     const auto now = std::chrono::steady_clock::now();
     if (now >= deadline) return;
-    if (now < spin_until) {
+    if (now < spin_until || (now >= expected - kPollMargin && now < expected + kPollMargin)) {
       CpuRelax();
       continue;
     }
+    // Until the predicted completion's window, else the deadline; a completion wakes it.
+    const auto wake = now < expected - kPollMargin ? std::min(expected - kPollMargin, deadline)
+                                                   : deadline;
     const int64_t left_ns =
-        std::chrono::duration_cast<std::chrono::nanoseconds>(deadline - now).count();
+        std::chrono::duration_cast<std::chrono::nanoseconds>(wake - now).count();
     h->client_sleeping.store(1);
     if (h->cq_tail.load() == cq_head_ && !detached_flag_.load()) {
       RingFutexWait(&h->client_sleeping, 1, std::max<int64_t>(1, std::min(kMaxSleepNs, left_ns)));
     }
     h->client_sleeping.store(0);
   }
+  if (!detached_flag_.load()) last_wait_ = std::chrono::steady_clock::now() - start;
 }
 
 }  // namespace hgemm

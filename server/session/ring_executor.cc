@@ -319,7 +319,6 @@ void RingExecutor::Run() {
     }
     // Sleep until the client publishes (or a completion makes room); the second look closes
     // the race with a publish that did not see the word yet.
-    waiting_for_room_.store(pending > 0);
     h->server_sleeping.store(1);
     const bool nothing_new = h->sq_tail.load() == tail;
     bool still_full = pending > 0;
@@ -332,7 +331,6 @@ void RingExecutor::Run() {
       RingFutexWait(&h->server_sleeping, 1, kMaxSleepNs);
     }
     h->server_sleeping.store(0);
-    waiting_for_room_.store(false);
     spin_until = Clock::now() + spin;
   }
 }
@@ -515,7 +513,9 @@ void RingExecutor::Complete(uint64_t user_data, absl::Status status, const GemmR
     h->cq_tail.store(cq_tail_, std::memory_order_release);
     --in_flight_;
     RingWakeSleeper(&h->client_sleeping);
-    if (waiting_for_room_.load()) RingWakeSleeper(&h->server_sleeping);
+    // Also when not waiting for room: a client waiting for this GEMM often submits its next
+    // one at once, and the ring thread, polling again, takes it without a futex wake-up.
+    RingWakeSleeper(&h->server_sleeping);
     ReleaseRingIfDoneLocked();
   }
   if (on_entry_) on_entry_(status.code());

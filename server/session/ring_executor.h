@@ -178,7 +178,6 @@ class RingExecutor : public std::enable_shared_from_this<RingExecutor> {
   uint32_t cq_tail_ = 0;    // guarded by mu_
   uint32_t in_flight_ = 0;  // guarded by mu_
   bool thread_done_ = false;  // guarded by mu_
-  std::atomic<bool> waiting_for_room_{false};
   std::atomic<bool> stopping_{false};
   std::atomic<bool> registered_{true};
   std::atomic<std::thread::id> thread_id_{};  // the ring thread, once it runs
