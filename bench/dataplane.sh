@@ -138,7 +138,7 @@ PY
             echo "$line"
             # cuda_ipc[_ring] SHAPE CONC REQ/S P50 P99 KERNEL ERRORS
             read -r _ ishape iconc irate ip50 ip99 ikernel ierrors <<<"$line"
-            path="cuda ipc$([[ $transport == ring ]] && echo " ring")"
+            if [[ $transport == ring ]]; then path="cuda ipc ring"; else path="cuda ipc"; fi
             [[ -n ${ierrors:-} ]] &&
               echo "$path,$ishape,$iconc,$irate,$ip50,$ip99,$ikernel,$ierrors,,," >>"$table"
           done
