@@ -80,6 +80,8 @@ std::vector<VariantInfo> BuildVariants() {
   std::vector<VariantInfo> all = internal::WgmmaVariants();
   std::vector<VariantInfo> mma = internal::MmaVariants();
   all.insert(all.end(), mma.begin(), mma.end());
+  std::vector<VariantInfo> skinny = internal::SkinnyVariants();
+  all.insert(all.end(), skinny.begin(), skinny.end());
   std::vector<VariantInfo> wmma = internal::WmmaVariants();
   all.insert(all.end(), wmma.begin(), wmma.end());
   // Fallbacks after the fast kernels, keeping each family's order.

@@ -20,6 +20,9 @@ std::vector<VariantInfo> MmaVariants();
 // are all of another compute capability.
 std::vector<VariantInfo> WgmmaVariants();
 
+// skinny_m16 (kernels/skinny_stream.cu): M <= 16, split-K reduced in the launch; experimental.
+std::vector<VariantInfo> SkinnyVariants();
+
 // splitk<s>_<inner> over a wgmma kernel (kernels/split_k.cu): the inner's layouts, types and
 // strides, m up to 256, s·m·n fp32 partials of at most 64 MiB.
 VariantInfo SplitKVariant(const VariantInfo& inner, int s);
