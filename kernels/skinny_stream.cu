@@ -3,8 +3,8 @@
 // a few rows of A; the wgmma kernels' 64-row tiles are >= 75 % padding there, and one block per
 // 128 columns leaves half the SMs idle (docs/kernels_notes.md, "Session 16": 64–70 % of the
 // device copy at M <= 16). Here:
-//   * each block takes one panel of BN = 128 columns and one slab of K, so that the grid is two
-//     blocks per SM whatever N is (split-K across the slabs);
+//   * each block takes one panel of BN = 128 columns and one slab of K, so that the grid fills
+//     one wave of two blocks per SM (split-K across the slabs);
 //   * B's tiles (BK = 64 rows of the panel, 16 KiB) and A's (16 x 64) stream through a 6-stage
 //     cp.async ring (108 KiB, two blocks per SM: ~200 KiB of B in flight per SM);
 //   * mma.sync.m16n8k16 with A as the 16-row operand (rows past M zero, no further padding) and B
@@ -258,14 +258,15 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
   }
 }
 
-// Slabs for this shape: enough blocks for kBlocksPerSm per SM, slabs of whole K tiles and at
-// least kMinSlabK deep.
+// Slabs for this shape: as many as fill one wave of kBlocksPerSm blocks per SM without starting
+// a second (a partial second wave would run alone), slabs of whole K tiles at least kMinSlabK
+// deep.
 struct Slabs {
   int count, depth;
 };
 Slabs SlabsFor(int n, int k, int sms) {
   const int panels = DivCeil(n, kBN);
-  int count = std::max(1, DivCeil(kBlocksPerSm * sms, panels));
+  int count = std::max(1, kBlocksPerSm * sms / panels);
   count = std::min(count, std::max(1, k / kMinSlabK));
   const int depth = DivCeil(DivCeil(k, count), kBK) * kBK;
   return {DivCeil(k, depth), depth};
