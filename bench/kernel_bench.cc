@@ -576,7 +576,8 @@ int Main(int argc, char** argv) {
   std::stable_partition(variants.begin(), variants.end(),
                         [](const VariantInfo* v) { return v->kind == VariantKind::kCublas; });
   // Mode skinny's rows unless --variants: cuBLAS, the kernels the splitk variants wrap (what
-  // runs without a split), the splitk variants, and auto (which measures all of them).
+  // runs without a split), the splitk variants, skinny_m16, and auto (which measures all of
+  // them).
   std::vector<const VariantInfo*> skinny_variants = variants;
   if (variants_arg.empty()) {
     skinny_variants = {FindVariant("cublas")};
@@ -588,7 +589,7 @@ int Main(int argc, char** argv) {
         skinny_variants.push_back(inner);
     }
     for (const VariantInfo& v : Variants())
-      if (v.kind == VariantKind::kSplitK || v.kind == VariantKind::kAuto)
+      if (v.kind == VariantKind::kSplitK || v.kind == VariantKind::kAuto || v.name == "skinny_m16")
         skinny_variants.push_back(&v);
   }
   // The cases, mode by mode in the order given.
