@@ -55,7 +55,7 @@ TEST(Registry, VariantNamedInTheIssueExists) {
 TEST(Registry, FastKernelsRejectNOrKNotMultipleOf8) {
   for (const VariantInfo& v : Variants()) {
     if (v.kind != VariantKind::kKernel || v.is_fallback) continue;
-    EXPECT_TRUE(v.can_implement(1000, 1000, 1000)) << v.name;
+    EXPECT_TRUE(v.can_implement(v.name == "skinny_m16" ? 16 : 1000, 1000, 1000)) << v.name;
     EXPECT_TRUE(v.can_implement(1, 8, 8)) << v.name;
     EXPECT_FALSE(v.can_implement(64, 65, 64)) << v.name;
     EXPECT_FALSE(v.can_implement(64, 64, 17)) << v.name;
@@ -167,8 +167,8 @@ TEST(Registry, EveryVariantTakesTheDefaultProblem) {
 TEST(Registry, OlderFamiliesRefuseOtherLayoutsAndTypesByName) {
   for (const VariantInfo& v : Variants()) {
     if (v.name.rfind("wgmma_", 0) == 0 || v.name.rfind("pad8_wgmma_", 0) == 0 ||
-        v.kind == VariantKind::kSplitK || v.kind == VariantKind::kCublas ||
-        v.kind == VariantKind::kAuto)
+        v.name == "skinny_m16" || v.kind == VariantKind::kSplitK ||
+        v.kind == VariantKind::kCublas || v.kind == VariantKind::kAuto)
       continue;
     GemmProblem p = AlignedProblem(128, 128, 128);
     if (!v.Supports(Accumulation::kFp32)) p.accumulation = Accumulation::kFp16;
@@ -192,6 +192,45 @@ TEST(Registry, OlderFamiliesRefuseOtherLayoutsAndTypesByName) {
       EXPECT_NE(CheckProblem(v, p).find("densely packed"), std::string::npos) << v.name;
     }
   }
+}
+
+// skinny_m16 takes M <= 16, NN and NT, fp16 or bf16 in, C of that type or fp32, packed, fp32
+// accumulation, through its LaunchContext (the split's partials), out of auto until measured;
+// the rest it refuses by name.
+TEST(Registry, SkinnyTakesSmallMNnAndNtAndRefusesTheRest) {
+  const VariantInfo* v = FindVariant("skinny_m16");
+  ASSERT_NE(v, nullptr);
+  EXPECT_TRUE(v->experimental);
+  EXPECT_FALSE(v->fused_scale);
+  EXPECT_NE(v->launch_with_context, nullptr);
+  EXPECT_LE(v->smem_bytes, 227u * 1024);
+  EXPECT_TRUE(v->can_implement(1, 8192, 8192));
+  EXPECT_TRUE(v->can_implement(16, 8, 8));
+  EXPECT_FALSE(v->can_implement(17, 8192, 8192));
+  EXPECT_FALSE(v->can_implement(16, 8192, 8190));
+  GemmProblem p = AlignedProblem(16, 128, 128);
+  for (bool tb : {false, true})
+    for (DataType ab : {DataType::kFp16, DataType::kBf16})
+      for (DataType c : {ab, DataType::kFp32}) {
+        p.transpose_b = tb;
+        p.ab_type = ab;
+        p.c_type = c;
+        EXPECT_EQ(CheckProblem(*v, p), "") << tb << DataTypeName(ab) << DataTypeName(c);
+      }
+  p = AlignedProblem(16, 128, 128);
+  p.transpose_a = true;
+  EXPECT_NE(CheckProblem(*v, p).find("layout TN"), std::string::npos) << CheckProblem(*v, p);
+  p = AlignedProblem(17, 128, 128);
+  EXPECT_NE(CheckProblem(*v, p).find("m <= 16"), std::string::npos) << CheckProblem(*v, p);
+  p = AlignedProblem(16, 128, 128);
+  p.accumulation = Accumulation::kFp16;
+  EXPECT_NE(CheckProblem(*v, p), "");
+  p = AlignedProblem(16, 128, 128);
+  p.ldb = 136;
+  EXPECT_NE(CheckProblem(*v, p).find("densely packed"), std::string::npos) << CheckProblem(*v, p);
+  GemmProblem skinny = AlignedProblem(8, 8192, 8192);
+  for (const VariantInfo* candidate : AutoCandidates(skinny))
+    EXPECT_NE(candidate->name, "skinny_m16") << "auto took an experimental variant";
 }
 
 TEST(Registry, WgmmaTakesEveryLayoutBf16AndFp32C) {
@@ -486,15 +525,15 @@ TEST(Registry, PingpongTakesTheCooperativeTilesFormsAndIsExperimental) {
   // Six 32 KB stages and two consumers' 16 KB of C staging, within an sm_90 block's 227 KB.
   EXPECT_GE(pp->smem_bytes, 6u * 32768 + 2 * 16384);
   EXPECT_LE(pp->smem_bytes, 227u * 1024);
-  // Experimental: only what has not yet run on a GPU (the ping-pong, cluster, stream-K and
-  // split-K variants).
+  // Experimental: only what has not yet run on a GPU (the ping-pong, cluster, stream-K,
+  // split-K and skinny_m16 variants).
   auto ends_with = [](const std::string& s, const std::string& tail) {
     return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
   };
   for (const VariantInfo& v : Variants())
     EXPECT_TRUE(!v.experimental || v.name.rfind("wgmma_pp_", 0) == 0 ||
                 v.name.find("_cluster2") != std::string::npos || ends_with(v.name, "_sk") ||
-                v.kind == VariantKind::kSplitK)
+                v.kind == VariantKind::kSplitK || v.name == "skinny_m16")
         << v.name;
   // The same refusals as the cooperative kernel of the same tile, word for word but the name.
   auto verdict = [](const VariantInfo& v, const GemmProblem& p) {
