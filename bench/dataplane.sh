@@ -213,7 +213,8 @@ if not copy:
 PY
   py=$(python_with_matplotlib)
   if [[ -n $py ]]; then
-    "$py" bench/same_host_plot.py "$table" "$out/same_host.png" || echo "dataplane.sh: the plot failed"
+    "$py" bench/same_host_plot.py "$table" "$out/same_host.png" ||
+      echo "dataplane.sh: the plot failed"
   else
     echo "dataplane.sh: no matplotlib; skipped the plot (bench/same_host_plot.py $table OUT.png)"
   fi

@@ -30,6 +30,7 @@
 #include "kernels/cp_async.cuh"
 #include "kernels/cuda_check.h"
 #include "kernels/launch.cuh"
+#include "kernels/mma_stage.cuh"
 #include "kernels/registry.h"
 #include "kernels/variant_lists.h"
 
@@ -40,7 +41,11 @@ using detail::CpAsync16ZeroFill;
 using detail::CpAsyncCommit;
 using detail::CpAsyncWait;
 using detail::DivCeil;
+using detail::LdMatrixX4;
+using detail::LdMatrixX4Trans;
+using detail::MmaAcc;
 using detail::SmemAddr;
+using detail::SwizzledChunk;
 using detail::kWarpSize;
 
 constexpr int kMaxM = 16;       // one mma.sync row tile
@@ -58,40 +63,18 @@ constexpr int kSmemBytes = kStages * kStageBytes;
 // A slab shorter than this leaves the ring too little to stream.
 constexpr int kMinSlabK = 4 * kBK;
 
-// 16-byte chunk `chunk` of row `row` of a shared tile with `chunks` per row, XOR-swizzled over
-// 8 rows: the 8 rows an ldmatrix phase reads (and a cp.async phase writes) at one logical chunk
-// fall in distinct bank groups. REQUIRES: chunks is a multiple of 8.
-__device__ __forceinline__ int TileChunk(int row, int chunk, int chunks) {
-  return row * chunks + (chunk ^ (row & 7));
-}
-
-__device__ __forceinline__ void LdMatrixX4(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-__device__ __forceinline__ void LdMatrixX4Trans(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-
 // acc += a (16x16, row) · b (16x8, col), fp32 accumulators, inputs of type T.
 template <typename T>
-__device__ __forceinline__ void Mma(float (&acc)[4], const uint32_t (&a)[4], uint32_t b0,
-                                    uint32_t b1) {
+__device__ __forceinline__ void Mma(MmaAcc<float>& acc, const uint32_t (&a)[4],
+                                    const uint32_t (&b)[2]) {
   if constexpr (std::is_same_v<T, __half>) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-        "{%8,%9}, {%0,%1,%2,%3};\n"
-        : "+f"(acc[0]), "+f"(acc[1]), "+f"(acc[2]), "+f"(acc[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    detail::Mma16816(acc, a, b);
   } else {
     asm volatile(
         "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
         "{%8,%9}, {%0,%1,%2,%3};\n"
-        : "+f"(acc[0]), "+f"(acc[1]), "+f"(acc[2]), "+f"(acc[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+        : "+f"(acc.v[0]), "+f"(acc.v[1]), "+f"(acc.v[2]), "+f"(acc.v[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
   }
 }
 
@@ -131,7 +114,8 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
     const int stage = i / ((kMaxM - m) * (kBK / 8));
     const int rest = i % ((kMaxM - m) * (kBK / 8));
     const int row = m + rest / (kBK / 8), chunk = rest % (kBK / 8);
-    *reinterpret_cast<uint4*>(smem + stage * kStageBytes + TileChunk(row, chunk, kBK / 8) * 16) =
+    unsigned char* a_tile = smem + stage * kStageBytes;
+    *reinterpret_cast<uint4*>(a_tile + SwizzledChunk<kBK / 8>(row, chunk) * 16) =
         make_uint4(0, 0, 0, 0);
   }
 
@@ -145,7 +129,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
       const int kk = kt + chunk * 8;
       if (row < m) {
         const bool valid = kk < k1;
-        CpAsync16ZeroFill(SmemAddr(stage + TileChunk(row, chunk, kBK / 8) * 16),
+        CpAsync16ZeroFill(SmemAddr(stage + SwizzledChunk<kBK / 8>(row, chunk) * 16),
                           valid ? A + int64_t(row) * k + kk : A, valid);
       }
     }
@@ -157,19 +141,19 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
         const int row = c / (kBN / 8), chunk = c % (kBN / 8);
         const int kk = kt + row, nn = n0 + chunk * 8;
         const bool valid = kk < k1 && nn < n;
-        CpAsync16ZeroFill(SmemAddr(b_tile + TileChunk(row, chunk, kBN / 8) * 16),
+        CpAsync16ZeroFill(SmemAddr(b_tile + SwizzledChunk<kBN / 8>(row, chunk) * 16),
                           valid ? B + int64_t(kk) * n + nn : B, valid);
       } else {  // 128 rows of n, 8 chunks of 8 k
         const int row = c / (kBK / 8), chunk = c % (kBK / 8);
         const int nn = n0 + row, kk = kt + chunk * 8;
         const bool valid = kk < k1 && nn < n;
-        CpAsync16ZeroFill(SmemAddr(b_tile + TileChunk(row, chunk, kBK / 8) * 16),
+        CpAsync16ZeroFill(SmemAddr(b_tile + SwizzledChunk<kBK / 8>(row, chunk) * 16),
                           valid ? B + int64_t(nn) * k + kk : B, valid);
       }
     }
   };
 
-  float acc[4][4] = {};  // this warp's 4 column tiles of 8: rows g and g+8, column pairs
+  MmaAcc<float> acc[4] = {};  // this warp's 4 column tiles of 8: rows g and g+8, column pairs
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) {
     if (s < tiles) load(s, s);
@@ -186,22 +170,23 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
 #pragma unroll
     for (int ks = 0; ks < kBK / 16; ++ks) {
       uint32_t a[4];  // rows lane % 16 at k chunk 2·ks + lane / 16
-      LdMatrixX4(a, a_base + TileChunk(lane % 16, 2 * ks + lane / 16, kBK / 8) * 16);
+      LdMatrixX4(a, a_base + SwizzledChunk<kBK / 8>(lane % 16, 2 * ks + lane / 16) * 16);
 #pragma unroll
       for (int pair = 0; pair < 2; ++pair) {  // column tiles 2·pair and 2·pair + 1
         const int col = warp * 32 + pair * 16;  // the pair's first column in the panel
-        uint32_t b[4];
+        uint32_t b[4];  // b[0..1]: column tile 2·pair, b[2..3]: 2·pair + 1
         if constexpr (!TRANS_B) {
           // Matrices (k 0-7, n 0-7), (k 8-15, n 0-7), (k 0-7, n 8-15), (k 8-15, n 8-15).
           const int row = 16 * ks + lane % 16, chunk = col / 8 + lane / 16;
-          LdMatrixX4Trans(b, b_base + TileChunk(row, chunk, kBN / 8) * 16);
+          LdMatrixX4Trans(b[0], b[1], b[2], b[3],
+                          b_base + SwizzledChunk<kBN / 8>(row, chunk) * 16);
         } else {
           // Matrices (n 0-7, k 0-7), (n 0-7, k 8-15), (n 8-15, k 0-7), (n 8-15, k 8-15).
           const int row = col + (lane / 16) * 8 + lane % 8, chunk = 2 * ks + (lane / 8) % 2;
-          LdMatrixX4(b, b_base + TileChunk(row, chunk, kBK / 8) * 16);
+          LdMatrixX4(b, b_base + SwizzledChunk<kBK / 8>(row, chunk) * 16);
         }
-        Mma<T>(acc[2 * pair], a, b[0], b[1]);
-        Mma<T>(acc[2 * pair + 1], a, b[2], b[3]);
+        Mma<T>(acc[2 * pair], a, {b[0], b[1]});
+        Mma<T>(acc[2 * pair + 1], a, {b[2], b[3]});
       }
     }
   }
@@ -216,8 +201,8 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
     for (int tile = 0; tile < 4; ++tile) {
       const int nn = column(tile);
       if (nn >= n) continue;
-      if (g < m) StorePair(C + int64_t(g) * n + nn, acc[tile][0], acc[tile][1]);
-      if (g + 8 < m) StorePair(C + int64_t(g + 8) * n + nn, acc[tile][2], acc[tile][3]);
+      if (g < m) StorePair(C + int64_t(g) * n + nn, acc[tile].v[0], acc[tile].v[1]);
+      if (g + 8 < m) StorePair(C + int64_t(g + 8) * n + nn, acc[tile].v[2], acc[tile].v[3]);
     }
     return;
   }
@@ -227,9 +212,9 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
     const int nn = column(tile);
     if (nn >= n) continue;
     if (g < m) *reinterpret_cast<float2*>(mine + int64_t(g) * n + nn) =
-        make_float2(acc[tile][0], acc[tile][1]);
+        make_float2(acc[tile].v[0], acc[tile].v[1]);
     if (g + 8 < m) *reinterpret_cast<float2*>(mine + int64_t(g + 8) * n + nn) =
-        make_float2(acc[tile][2], acc[tile][3]);
+        make_float2(acc[tile].v[2], acc[tile].v[3]);
   }
   // The last block of this panel to arrive sums the slabs (the threadfence makes this block's
   // partial visible before its arrival counts).
@@ -276,8 +261,10 @@ template <typename T, typename CT, bool TRANS_B>
 std::string Run(const GemmProblem& p, LaunchContext& ctx) {
   constexpr auto kernel = &SkinnyKernel<T, CT, TRANS_B>;
   int device = 0, sms = 0;
-  if (cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return CudaErrorText("cudaGetDevice", e);
-  if (cudaError_t e = detail::SmCount(device, &sms); e != cudaSuccess) return CudaErrorText("SM count", e);
+  if (cudaError_t e = cudaGetDevice(&device); e != cudaSuccess)
+    return CudaErrorText("cudaGetDevice", e);
+  if (cudaError_t e = detail::SmCount(device, &sms); e != cudaSuccess)
+    return CudaErrorText("SM count", e);
   const Slabs slabs = SlabsFor(p.n, p.k, sms);
   const int panels = DivCeil(p.n, kBN);
   SplitScratch split{nullptr, nullptr};

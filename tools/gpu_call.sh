@@ -91,7 +91,8 @@ scaled_quick() {
 # the stream point at 1, 4 and 8 workers (req/s must rise with workers as hgemm_load's does).
 python_quick() {
   PYTHON_BENCH_ARGS="--points 2048x2048x2048:unary:none:16 128x8192x8192:unary:b:1,4
-    128x8192x8192:stream:b:1,4,8 --aio_points --duration_s ${PY_DURATION_S:-4}" tools/gpu_e2e.sh python
+    128x8192x8192:stream:b:1,4,8 --aio_points
+    --duration_s ${PY_DURATION_S:-4}" tools/gpu_e2e.sh python
 }
 # Issue 28's stream points alone (and unary c=1), for a short call.
 python_stream() {

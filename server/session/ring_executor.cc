@@ -317,8 +317,9 @@ void RingExecutor::Run() {
       CpuRelax();
       continue;
     }
-    // Sleep until the client publishes (or a completion makes room); the second look closes
-    // the race with a publish that did not see the word yet.
+    // Sleep until the client publishes or a completion wakes it (Complete: room, or the
+    // client's next submission soon); the second look closes the race with a publish that did
+    // not see the word yet.
     h->server_sleeping.store(1);
     const bool nothing_new = h->sq_tail.load() == tail;
     bool still_full = pending > 0;
