@@ -210,6 +210,7 @@ ExactBytes Exact(const v1::GemmRequest& r) {
 struct Placement {
   Placed c;
   std::vector<Placed> reads;
+  Placed nan_c_in;  // a C_in in a region filled with NaN (β = 0), zeroed after the call
 };
 Placement BlasRequest(FuzzedDataProvider& in, const std::vector<std::string>& handles,
                       const Regions& regions, v1::GemmRequest* r) {
@@ -239,27 +240,28 @@ Placement BlasRequest(FuzzedDataProvider& in, const std::vector<std::string>& ha
   // C_in: NaN where β = 0 (it must not be read), zeros otherwise.
   const char c_in_fill = r->beta() == 0 ? '\xff' : '\0';
   Placement placement;
+  Placed c_in;
   switch (in.ConsumeIntegralInRange<int>(0, 5)) {
     case 0: case 1: r->set_c_in(fuzz::ExactOrShort(in, exact.c, c_in_fill, kMaxInlineBytes)); break;
     case 2: r->set_c_in_handle(Handle(in, handles)); break;
-    case 3: {
-      Placed p = InRegion(in, regions, uint64_t(std::min<unsigned __int128>(exact.c, UINT64_MAX)),
-                          r->mutable_c_in_region());
-      if (Within(p)) std::fill_n(p.region->base + p.offset, p.bytes, uint8_t(c_in_fill));
-      placement.reads.push_back(p);
+    case 3:
+      c_in = InRegion(in, regions, uint64_t(std::min<unsigned __int128>(exact.c, UINT64_MAX)),
+                      r->mutable_c_in_region());
       break;
-    }
     default: break;
   }
   const auto clamp = [](unsigned __int128 v) { return uint64_t(std::min<unsigned __int128>(v, UINT64_MAX)); };
-  if (in.ConsumeIntegralInRange<int>(0, 3) == 0) {
-    placement.reads.push_back(InRegion(in, regions, clamp(exact.a), r->mutable_a_region()));
-  }
-  if (in.ConsumeIntegralInRange<int>(0, 3) == 0) {
-    placement.reads.push_back(InRegion(in, regions, clamp(exact.b), r->mutable_b_region()));
-  }
+  Placed a, b;
+  if (in.ConsumeIntegralInRange<int>(0, 3) == 0) a = InRegion(in, regions, clamp(exact.a), r->mutable_a_region());
+  if (in.ConsumeIntegralInRange<int>(0, 3) == 0) b = InRegion(in, regions, clamp(exact.b), r->mutable_b_region());
   if (in.ConsumeIntegralInRange<int>(0, 3) == 0) {
     placement.c = InRegion(in, regions, clamp(exact.c), r->mutable_c_region());
+  }
+  placement.reads = {c_in, a, b};
+  // A NaN C_in in a region only where neither A nor B shares its bytes: they would read NaN.
+  if (r->beta() == 0 && Within(c_in) && !Overlap(a, c_in) && !Overlap(b, c_in)) {
+    std::fill_n(c_in.region->base + c_in.offset, c_in.bytes, uint8_t(0xff));
+    placement.nan_c_in = c_in;
   }
   return placement;
 }
@@ -291,6 +293,8 @@ void Unary(FuzzedDataProvider& in, const std::string& client, std::vector<std::s
       std::fill_n(c_region.region->base + c_region.offset, c_region.bytes, 0);
     }
   }
+  const Placed& nan = placement.nan_c_in;
+  if (Within(nan)) std::fill_n(nan.region->base + nan.offset, nan.bytes, 0);  // for later calls
   if (s.ok() && r.keep_c_resident() && !r.has_c_region()) handles.push_back(kept.handle);
 }
 
