@@ -46,6 +46,77 @@ struct InPlaceResponse {
   grpc::Status error;
 };
 
+// StreamAnswer's reading of a GemmStreamResponse from `input`: a chunk's data straight into
+// C's buffer. False if the bytes do not parse; a chunk that cannot be written sets
+// answer->problem and is skipped. gemm_id and offset are 0 until their fields come (proto3
+// leaves out zeros); one that comes after the data it places, a second chunk, done or data
+// field, is a problem.
+bool ReadStreamAnswer(google::protobuf::io::CodedInputStream* input, StreamAnswer* answer) {
+  using google::protobuf::internal::WireFormatLite;
+  constexpr auto kVarint = WireFormatLite::WIRETYPE_VARINT;
+  constexpr auto kBytes = WireFormatLite::WIRETYPE_LENGTH_DELIMITED;
+  const auto out_of_order = [&] {
+    answer->problem =
+        "a GemmStream answer is not in the form protobuf writes (gemm_id, then one chunk: offset, "
+        "then data; or one done)";
+    return true;
+  };
+  while (const uint32_t tag = input->ReadTag()) {
+    if (tag == WireFormatLite::MakeTag(v1::GemmStreamResponse::kGemmIdFieldNumber, kVarint)) {
+      if (answer->has_chunk) return out_of_order();
+      if (!input->ReadVarint64(&answer->gemm_id)) return false;
+    } else if (tag == WireFormatLite::MakeTag(v1::GemmStreamResponse::kDoneFieldNumber, kBytes)) {
+      if (answer->has_chunk || answer->has_done) return out_of_order();
+      std::string bytes;
+      uint32_t length = 0;
+      if (!input->ReadVarint32(&length) || !input->ReadString(&bytes, int(length)) ||
+          !answer->done.ParseFromString(bytes)) {
+        return false;
+      }
+      answer->has_done = true;
+    } else if (tag == WireFormatLite::MakeTag(v1::GemmStreamResponse::kChunkFieldNumber, kBytes)) {
+      if (answer->has_chunk || answer->has_done) return out_of_order();
+      uint32_t length = 0;
+      if (!input->ReadVarint32(&length) || length > INT_MAX) return false;
+      const auto limit = input->PushLimit(int(length));
+      uint64_t offset = 0;
+      bool data_seen = false;
+      while (const uint32_t chunk_tag = input->ReadTag()) {
+        if (chunk_tag == WireFormatLite::MakeTag(v1::ResultChunk::kOffsetFieldNumber, kVarint)) {
+          if (data_seen) return out_of_order();
+          if (!input->ReadVarint64(&offset)) return false;
+        } else if (chunk_tag == WireFormatLite::MakeTag(v1::ResultChunk::kDataFieldNumber, kBytes)) {
+          if (data_seen) return out_of_order();
+          uint32_t bytes = 0;
+          if (!input->ReadVarint32(&bytes) || bytes > INT_MAX) return false;
+          data_seen = true;
+          CBuffer c;
+          if (!answer->c_of || !answer->c_of(answer->gemm_id, &c)) {
+            answer->problem = fmt::format("the server answered gemm_id {}, which is not in flight",
+                                          answer->gemm_id);
+          } else if (offset > c.capacity || bytes > c.capacity - offset) {
+            answer->problem = fmt::format("gemm_id {}: result chunk past the end of C's {} bytes",
+                                          answer->gemm_id, c.capacity);
+          } else {
+            if (!input->ReadRaw(c.data + offset, int(bytes))) return false;
+            continue;
+          }
+          if (!input->Skip(int(bytes))) return false;
+        } else if (!WireFormatLite::SkipField(input, chunk_tag)) {
+          return false;
+        }
+      }
+      // At the chunk's end, not at the input's: a chunk cut short does not parse.
+      if (!input->ConsumedEntireMessage() || input->BytesUntilLimit() != 0) return false;
+      input->PopLimit(limit);
+      answer->has_chunk = true;
+    } else if (!WireFormatLite::SkipField(input, tag)) {
+      return false;
+    }
+  }
+  return true;
+}
+
 constexpr int kGemmRequestA = v1::GemmRequest::kAFieldNumber;
 constexpr int kGemmRequestB = v1::GemmRequest::kBFieldNumber;
 constexpr int kGemmResponseC = v1::GemmResponse::kCFieldNumber;
@@ -128,6 +199,26 @@ class SerializationTraits<hgemm::InPlaceResponse, void> {
   }
 };
 
+Status SerializationTraits<hgemm::StreamAnswer, void>::Deserialize(ByteBuffer* buffer,
+                                                                   hgemm::StreamAnswer* answer) {
+  answer->gemm_id = 0;
+  answer->has_chunk = answer->has_done = false;
+  answer->done.Clear();
+  answer->problem.clear();
+  {
+    ProtoBufferReader reader(buffer);
+    google::protobuf::io::CodedInputStream input(&reader);
+    input.SetTotalBytesLimit(INT_MAX);
+    if (!hgemm::ReadStreamAnswer(&input, answer) ||
+        (answer->problem.empty() && !input.ConsumedEntireMessage())) {
+      answer->has_chunk = answer->has_done = false;
+      answer->problem = "a GemmStream answer did not parse";
+    }
+  }
+  buffer->Clear();
+  return Status::OK;
+}
+
 }  // namespace grpc
 
 namespace hgemm {
@@ -157,11 +248,24 @@ void ApplyDeadline(const CallOptions& options, grpc::ClientContext* context) {
 
 // Writes every request's header and chunks; stops early if the stream breaks.
 void WriteRequests(const std::vector<const v1::GemmRequest*>& requests, int64_t chunk_bytes,
-                   GemmStreamWriter* stream) {
+                   GemmAnswerStream* stream) {
   for (size_t id = 0; id < requests.size(); ++id) {
-    if (!WriteStreamedGemm(*requests[id], id, chunk_bytes, stream)) return;
+    StreamedGemmMessages messages(*requests[id], id, chunk_bytes);
+    grpc::ByteBuffer message;
+    while (messages.Next(&message)) {
+      if (!stream->Write(message)) return;
+    }
   }
   stream->WritesDone();
+}
+
+// GemmService.GemmStream as the generated stub names it, for streams of StreamAnswers.
+const grpc::internal::RpcMethod& GemmStreamMethod() {
+  static const std::string name =
+      std::string("/") + v1::GemmService::service_full_name() + "/GemmStream";
+  static const grpc::internal::RpcMethod method(name.c_str(),
+                                                grpc::internal::RpcMethod::BIDI_STREAMING);
+  return method;
 }
 
 // results before a GemmStream's answers: one per request, unanswered, with room for C unless it
@@ -180,38 +284,42 @@ void StartResults(const std::vector<const v1::GemmRequest*>& requests,
   }
 }
 
-// One message of a GemmStream's answers into results (a chunk of C into its buffer, a done into
-// its status and response); a message that breaks the protocol sets *protocol_error instead.
-void TakeAnswer(const v1::GemmStreamResponse& message, std::vector<StreamedGemm>* results,
-                const std::vector<CBuffer>* c_into, grpc::Status* protocol_error) {
-  if (message.gemm_id() >= results->size()) {
-    *protocol_error = grpc::Status(grpc::StatusCode::INTERNAL,
-                                   fmt::format("server answered unknown gemm_id {}", message.gemm_id()));
+// Where a GemmStream's answers put C (StreamAnswer::c_of): results[id]'s C, or c_into[id].
+std::function<bool(uint64_t, CBuffer*)> ResultBuffers(std::vector<StreamedGemm>* results,
+                                                      const std::vector<CBuffer>* c_into) {
+  return [results, c_into](uint64_t id, CBuffer* c) {
+    if (id >= results->size()) return false;
+    std::string* kept = (*results)[id].response.mutable_c();
+    *c = c_into != nullptr ? (*c_into)[id] : CBuffer{kept->data(), kept->size()};
+    return true;
+  };
+}
+
+// One answer of a GemmStream into results (its chunk is in C already; a done sets its GEMM's
+// status and response); an answer that breaks the protocol sets *protocol_error instead.
+void TakeAnswer(const StreamAnswer& answer, std::vector<StreamedGemm>* results,
+                grpc::Status* protocol_error) {
+  if (!answer.problem.empty()) {
+    *protocol_error = grpc::Status(grpc::StatusCode::INTERNAL, answer.problem);
     return;
   }
-  StreamedGemm& result = (*results)[message.gemm_id()];
-  if (message.has_chunk()) {
-    const v1::ResultChunk& chunk = message.chunk();
-    char* c = c_into == nullptr ? result.response.mutable_c()->data()
-                                : (*c_into)[message.gemm_id()].data;
-    const size_t c_size = c_into == nullptr ? result.response.c().size()
-                                            : (*c_into)[message.gemm_id()].capacity;
-    if (chunk.offset() > c_size || chunk.data().size() > c_size - chunk.offset()) {
-      *protocol_error = grpc::Status(grpc::StatusCode::INTERNAL, "result chunk past the end of C");
-      return;
-    }
-    std::copy(chunk.data().begin(), chunk.data().end(), c + chunk.offset());
-  } else if (message.has_done()) {
-    const v1::GemmDone& done = message.done();
-    result.answered = true;
-    result.status = grpc::Status(static_cast<grpc::StatusCode>(done.status_code()),
-                                 done.status_message());
-    if (!result.status.ok()) result.response.clear_c();
-    *result.response.mutable_timing() = done.timing();
-    *result.response.mutable_execution() = done.execution();
-    result.response.set_request_id(done.request_id());
-    if (done.has_c_matrix()) *result.response.mutable_c_matrix() = done.c_matrix();
+  if (!answer.has_done) return;
+  if (answer.gemm_id >= results->size()) {
+    *protocol_error = grpc::Status(
+        grpc::StatusCode::INTERNAL,
+        fmt::format("the server answered gemm_id {}, which is not in flight", answer.gemm_id));
+    return;
   }
+  StreamedGemm& result = (*results)[answer.gemm_id];
+  const v1::GemmDone& done = answer.done;
+  result.answered = true;
+  result.status = grpc::Status(static_cast<grpc::StatusCode>(done.status_code()),
+                               done.status_message());
+  if (!result.status.ok()) result.response.clear_c();
+  *result.response.mutable_timing() = done.timing();
+  *result.response.mutable_execution() = done.execution();
+  result.response.set_request_id(done.request_id());
+  if (done.has_c_matrix()) *result.response.mutable_c_matrix() = done.c_matrix();
 }
 
 // A call to `replica` that could not reach it: say what that means for the matrices there.
@@ -272,8 +380,7 @@ class BearerTokenFactory final : public grpc::experimental::ClientInterceptorFac
 // writes its header and chunks one after the other while reading C's chunks into c_into, then
 // hands the outcome to `done` and deletes itself. Thread safety: gRPC runs one reaction at a
 // time per direction; reads and writes touch disjoint members.
-class AsyncStreamedGemm final
-    : public grpc::ClientBidiReactor<v1::GemmStreamRequest, v1::GemmStreamResponse> {
+class AsyncStreamedGemm final : public grpc::ClientBidiReactor<grpc::ByteBuffer, StreamAnswer> {
  public:
   AsyncStreamedGemm(v1::GemmRequest request, CBuffer c_into, int64_t chunk_bytes,
                     std::shared_ptr<grpc::ClientContext> context, std::string replica,
@@ -286,11 +393,13 @@ class AsyncStreamedGemm final
         replica_(std::move(replica)),
         channel_(channel) {
     StartResults({&request_}, &c_into_, &results_);
+    answer_.c_of = ResultBuffers(&results_, &c_into_);
   }
 
-  // Starts the call on `stub`. After this, the reactor owns itself.
-  void Start(v1::GemmService::Stub* stub) {
-    stub->async()->GemmStream(context_.get(), this);
+  // Starts the call. After this, the reactor owns itself.
+  void Start() {
+    grpc::internal::ClientCallbackReaderWriterFactory<grpc::ByteBuffer, StreamAnswer>::Create(
+        channel_, GemmStreamMethod(), context_.get(), this);
     StartRead(&answer_);
     NextWrite();
     StartCall();
@@ -301,7 +410,7 @@ class AsyncStreamedGemm final
   }
   void OnReadDone(bool ok) override {
     if (!ok) return;
-    TakeAnswer(answer_, &results_, &c_into_, &protocol_error_);
+    TakeAnswer(answer_, &results_, &protocol_error_);
     StartRead(&answer_);
   }
   void OnDone(const grpc::Status& status) override {
@@ -331,8 +440,8 @@ class AsyncStreamedGemm final
   const std::shared_ptr<grpc::ClientContext> context_;
   const std::string replica_;
   grpc::Channel* const channel_;  // the client's, which outlives the call (GemmAsync)
-  v1::GemmStreamRequest message_;  // the write in flight
-  v1::GemmStreamResponse answer_;  // the read in flight
+  grpc::ByteBuffer message_;  // the write in flight
+  StreamAnswer answer_;       // the read in flight
   std::vector<StreamedGemm> results_;
   grpc::Status protocol_error_;
 };
@@ -376,6 +485,47 @@ struct GemmClient::Routes {
 };
 
 bool StreamedGemmMessages::Next(v1::GemmStreamRequest* message) {
+  std::string_view data;
+  if (!NextWithoutData(message, &data)) return false;
+  if (message->has_chunk()) message->mutable_chunk()->set_data(data.data(), data.size());
+  return true;
+}
+
+bool StreamedGemmMessages::Next(grpc::ByteBuffer* wire) {
+  using google::protobuf::io::CodedOutputStream;
+  using google::protobuf::internal::WireFormatLite;
+  v1::GemmStreamRequest message;
+  std::string_view data;
+  if (!NextWithoutData(&message, &data)) return false;
+  if (!message.has_chunk()) {
+    grpc::Slice whole(message.SerializeAsString());
+    *wire = grpc::ByteBuffer(&whole, 1);
+    return true;
+  }
+  // GemmStreamRequest{chunk: MatrixChunk{gemm_id, operand, offset, data}}: every byte before
+  // the data in one small slice, the data in another.
+  const std::string fields = message.chunk().SerializeAsString();
+  const uint32_t data_key =
+      WireFormatLite::MakeTag(v1::MatrixChunk::kDataFieldNumber, WireFormatLite::WIRETYPE_LENGTH_DELIMITED);
+  const size_t chunk_bytes = fields.size() + CodedOutputStream::VarintSize32(data_key) +
+                             CodedOutputStream::VarintSize64(data.size()) + data.size();
+  uint8_t head[32];
+  uint8_t* end = CodedOutputStream::WriteTagToArray(
+      WireFormatLite::MakeTag(v1::GemmStreamRequest::kChunkFieldNumber,
+                              WireFormatLite::WIRETYPE_LENGTH_DELIMITED),
+      head);
+  end = CodedOutputStream::WriteVarint64ToArray(chunk_bytes, end);
+  std::string prefix(reinterpret_cast<const char*>(head), size_t(end - head));
+  prefix += fields;
+  end = CodedOutputStream::WriteTagToArray(data_key, head);
+  end = CodedOutputStream::WriteVarint64ToArray(data.size(), end);
+  prefix.append(reinterpret_cast<const char*>(head), size_t(end - head));
+  grpc::Slice slices[] = {grpc::Slice(prefix), grpc::Slice(data.data(), data.size())};
+  *wire = grpc::ByteBuffer(slices, 2);
+  return true;
+}
+
+bool StreamedGemmMessages::NextWithoutData(v1::GemmStreamRequest* message, std::string_view* data) {
   if (!header_sent_) {
     header_sent_ = true;
     v1::GemmHeader* header = message->mutable_header();
@@ -416,9 +566,8 @@ bool StreamedGemmMessages::Next(v1::GemmStreamRequest* message) {
     chunk->set_gemm_id(gemm_id_);
     chunk->set_operand(kOperands[operand_]);
     chunk->set_offset(offset_);
-    const size_t size = std::min<size_t>(chunk_bytes_, bytes.size() - offset_);
-    chunk->set_data(bytes.data() + offset_, size);
-    offset_ += size;
+    *data = bytes.substr(offset_, std::min<size_t>(chunk_bytes_, bytes.size() - offset_));
+    offset_ += data->size();
     return true;
   }
   return false;
@@ -570,7 +719,7 @@ void GemmClient::GemmAsync(v1::GemmRequest request, OperandBytes operands, bool 
     if (operands.b != nullptr) request.set_b(operands.b, operands.b_bytes);
     auto* call = new AsyncStreamedGemm(std::move(request), c_into, options.chunk_bytes, context,
                                        route.replica, route.channel.get(), std::move(done));
-    call->Start(route.stub.get());
+    call->Start();
     return;
   }
   // What the call uses lives with the callback, which gRPC keeps until it has run; `done` is
@@ -643,11 +792,13 @@ grpc::Status GemmClient::GemmStream(const std::vector<const v1::GemmRequest*>& r
   return first_failure;
 }
 
-std::unique_ptr<GemmStreamWriter> GemmClient::OpenStream(const std::string& replica,
+std::unique_ptr<GemmAnswerStream> GemmClient::OpenStream(const std::string& replica,
                                                          const CallOptions& options,
                                                          grpc::ClientContext* context) const {
   ApplyDeadline(options, context);
-  return RouteTo(replica).stub->GemmStream(context);
+  return std::unique_ptr<GemmAnswerStream>(
+      grpc::internal::ClientReaderWriterFactory<grpc::ByteBuffer, StreamAnswer>::Create(
+          RouteTo(replica).channel.get(), GemmStreamMethod(), context));
 }
 
 grpc::Status GemmClient::StreamOn(const Route& route,
@@ -657,13 +808,13 @@ grpc::Status GemmClient::StreamOn(const Route& route,
                                   const std::vector<CBuffer>* c_into) const {
   StartResults(requests, c_into, results);
   grpc::ClientContext context;
-  ApplyDeadline(options, &context);
-  auto stream = route.stub->GemmStream(&context);
+  std::unique_ptr<GemmAnswerStream> stream = OpenStream(route.replica, options, &context);
   // Writing and reading run at once: the server answers early GEMMs while later ones upload.
   std::thread writer(WriteRequests, std::cref(requests), options.chunk_bytes, stream.get());
-  v1::GemmStreamResponse message;
+  StreamAnswer answer;
+  answer.c_of = ResultBuffers(results, c_into);
   grpc::Status protocol_error;
-  while (stream->Read(&message)) TakeAnswer(message, results, c_into, &protocol_error);
+  while (stream->Read(&answer)) TakeAnswer(answer, results, &protocol_error);
   writer.join();
   grpc::Status status = stream->Finish();
   return status.ok() ? protocol_error

@@ -126,6 +126,45 @@ struct GroupedOperands {
 
 using GemmStreamWriter = grpc::ClientReaderWriter<v1::GemmStreamRequest, v1::GemmStreamResponse>;
 
+// One GemmStreamResponse as GemmClient::OpenStream's stream reads it: a chunk of C goes from
+// gRPC's buffer straight into the buffer `c_of` names for its GEMM, copied once (a
+// GemmStreamResponse would hold it in a string first, one more copy of every C). An answer is
+// expected in the form protobuf writes it (gemm_id, then one chunk: offset, then data; or one
+// done); any other form is a `problem`.
+// Thread safety: one Read at a time fills it; c_of runs inside that Read, on its thread.
+struct StreamAnswer {
+  // The reader's: C's buffer of GEMM `gemm_id`; false if that GEMM is not in flight.
+  std::function<bool(uint64_t gemm_id, CBuffer* c)> c_of;
+
+  // What one Read took: a chunk (already in C's buffer) or a done, unless `problem` says why
+  // the answer could not be taken (a chunk of a GEMM not in flight or past the end of its C,
+  // not written; another form; bytes that do not parse). A reader breaks the stream on a
+  // problem: what an answer with one may have written into a C is never answered as that C.
+  uint64_t gemm_id = 0;
+  bool has_chunk = false;
+  bool has_done = false;
+  v1::GemmDone done;
+  std::string problem;
+};
+}  // namespace hgemm
+
+namespace grpc {
+// How gRPC reads a StreamAnswer (gemm_client.cc). Always OK: bytes that do not parse become the
+// answer's problem, which the reader turns into a broken stream (a failed Read would leave the
+// GEMMs in flight unanswered).
+template <>
+class SerializationTraits<hgemm::StreamAnswer, void> {
+ public:
+  static Status Deserialize(ByteBuffer* buffer, hgemm::StreamAnswer* answer);
+};
+}  // namespace grpc
+
+namespace hgemm {
+
+// A GemmStream that writes serialized GemmStreamRequests (StreamedGemmMessages' wire form) and
+// reads StreamAnswers.
+using GemmAnswerStream = grpc::ClientReaderWriter<grpc::ByteBuffer, StreamAnswer>;
+
 // The messages of one GEMM on a GemmStream, one at a time: its header (tagged `gemm_id`), then
 // A and B in chunks of `chunk_bytes` (none for an operand given by handle). `detached`: A and B
 // read from the caller's memory it names instead of the request's bytes (an operand it leaves
@@ -138,8 +177,14 @@ class StreamedGemmMessages {
       : request_(request), gemm_id_(gemm_id), chunk_bytes_(chunk_bytes), detached_(detached) {}
   // The next message into *message; false when there are none left.
   bool Next(v1::GemmStreamRequest* message);
+  // The same, serialized into *wire: a chunk's data copied once, into the buffer's own memory
+  // (a message would hold it in a string, copied again when gRPC serializes it).
+  bool Next(grpc::ByteBuffer* wire);
 
  private:
+  // The next message, a chunk's data left out (as *data; empty for a header).
+  bool NextWithoutData(v1::GemmStreamRequest* message, std::string_view* data);
+
   const v1::GemmRequest& request_;
   const uint64_t gemm_id_;
   const int64_t chunk_bytes_;
@@ -208,9 +253,10 @@ class GemmClient {
 
   // Opens a GemmStream to `replica` ("": the target) with the options' metadata and deadline
   // (none when timeout is 0), for a caller that writes GEMMs onto it and reads the answers
-  // itself (WriteStreamedGemm; the C ABI's persistent streams). REQUIRES: `context` is fresh and
-  // outlives the stream, and the client outlives both.
-  std::unique_ptr<GemmStreamWriter> OpenStream(const std::string& replica,
+  // itself (StreamedGemmMessages; the C ABI's persistent streams), C's chunks read into the
+  // buffers of their GEMMs (StreamAnswer). REQUIRES: `context` is fresh and outlives the
+  // stream, and the client outlives both.
+  std::unique_ptr<GemmAnswerStream> OpenStream(const std::string& replica,
                                                const CallOptions& options,
                                                grpc::ClientContext* context) const;
 

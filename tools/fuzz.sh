@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Builds the libFuzzer targets of //server/fuzz with clang (ASan + UBSan, leak detection on) in a
-# separate Bazel output base, then runs each for a bounded time (default 60 s) from its seed
-# corpus (server/fuzz/corpus/<target>), $FUZZ_JOBS (default: the number of cores) at a time.
+# Builds the libFuzzer targets of //server/fuzz and //client/fuzz with clang (ASan + UBSan, leak
+# detection on) in a separate Bazel output base, then runs each for a bounded time (default
+# 60 s) from its seed corpus (<package>/corpus/<target>), $FUZZ_JOBS (default: the number of
+# cores) at a time.
 # Fails on any crash, leak, hang (-timeout: 30 s, since an input of validation_fuzz may fill a
 # 512 MiB operand, seconds under ASan on a loaded 2-core machine) or OOM (-rss_limit_mb). Leaks
 # are checked when each target exits (LeakSanitizer), not after every input (-detect_leaks=0):
@@ -14,7 +15,9 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 seconds=${1:-60}
-targets=(validation stream_assembler upload service transport ring)
+targets=(validation stream_assembler upload service transport ring stream_answer)
+# package_of TARGET: the folder of its fuzz target and seed corpus.
+package_of() { [[ $1 == stream_answer ]] && echo client/fuzz || echo server/fuzz; }
 parallel=${FUZZ_JOBS:-$(nproc)}
 work=${FUZZ_WORK:-/tmp/hgemm-fuzz}
 artifacts=${FUZZ_ARTIFACTS:-$work/artifacts}
@@ -24,7 +27,7 @@ mkdir -p "$artifacts"
 # and the symlink prefix keeps this server off the workspace's bazel-bin / bazel-testlogs.
 bazel_clang=(bazel --output_base="${FUZZ_OUTPUT_BASE:-$HOME/.cache/bazel-clang}")
 labels=()
-for t in "${targets[@]}"; do labels+=("//server/fuzz:${t}_fuzz"); done
+for t in "${targets[@]}"; do labels+=("//$(package_of "$t"):${t}_fuzz"); done
 if ! "${bazel_clang[@]}" build --config=fuzz --action_env=CC=clang \
     --symlink_prefix=/tmp/bazel-clang- "${labels[@]}"; then
   echo "fuzz: 0 passed, ${#targets[@]} failed (build)"
@@ -38,9 +41,9 @@ run_target() {
   mkdir -p "$corpus"
   rm -f "$work/$t.rc"
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-    "$bin/server/fuzz/${t}_fuzz" -max_total_time="$seconds" -timeout=30 -rss_limit_mb=4096 \
+    "$bin/$(package_of "$t")/${t}_fuzz" -max_total_time="$seconds" -timeout=30 -rss_limit_mb=4096 \
     -max_len=65536 -detect_leaks=0 -print_final_stats=1 -artifact_prefix="$artifacts/$t-" \
-    "$corpus" "server/fuzz/corpus/$t" >"$work/$t.log" 2>&1
+    "$corpus" "$(package_of "$t")/corpus/$t" >"$work/$t.log" 2>&1
   echo $? >"$work/$t.rc"
 }
 for t in "${targets[@]}"; do

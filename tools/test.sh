@@ -25,7 +25,7 @@ asan_tests=(//server/session:validation_test //server/session:stream_assembler_t
             //server/backend:cpu_backend_test //server:gemm_forms_test //bench:soak_test //bench:echo_service_test //client:cli_test
             //server/session:part_session_test //server:parts_test //server:grouped_gemm_test
             //server/transport:part_chunk_test //server/resident:region_store_test //server:shm_test
-            //server/session:ring_executor_test //server:ring_test //client/c:hgemm_test)
+            //server/session:ring_executor_test //server:ring_test //client/c:hgemm_test //client:stream_wire_test)
 tsan_tests=(//server/session:host_buffer_pool_test //server/session:stream_session_test //server/session:upload_session_test //server/session:arriving_buffer_test //server/scheduler:scheduler_test //server/auth:token_table_test //server/auth:unix_peers_test
             //server/scheduler:upload_queue_test //server/resident:matrix_store_test //server/session:part_session_test
             //server/resident:region_store_test //server/session:ring_executor_test)

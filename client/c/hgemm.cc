@@ -229,7 +229,7 @@ struct hgemm_stream_t {
   int64_t chunk_bytes = 0;
   std::unique_ptr<const hgemm::GemmClient> client;  // a copy: the stream keeps the channels
   grpc::ClientContext context;
-  std::unique_ptr<hgemm::GemmStreamWriter> stream;
+  std::unique_ptr<hgemm::GemmAnswerStream> stream;
   std::thread writer;
 
   // The writer reads a GEMM's operands (borrowed ones are the caller's memory) only under
@@ -248,6 +248,7 @@ struct hgemm_stream_t {
   std::unordered_map<uint64_t, hgemm::CBuffer> in_flight;  // submitted, not yet answered
 
   // The reader's (one at a time).
+  hgemm::StreamAnswer answer;  // its c_of: the in-flight GEMM's buffer
   bool over = false;
   grpc::Status end;  // once over
   grpc::Status protocol_error;
@@ -268,7 +269,7 @@ struct hgemm_stream_t {
       lock.unlock();
       hgemm::StreamedGemmMessages messages(next.request, next.gemm_id, chunk_bytes,
                                            next.borrowed);
-      hgemm::v1::GemmStreamRequest message;
+      grpc::ByteBuffer message;
       // Once answered, the rest of it would be dropped by the server anyway.
       while (!writing_answered && messages.Next(&message)) {
         borrow.unlock();  // the message holds its own copy of the chunk
@@ -1255,6 +1256,13 @@ hgemm_stream_t* hgemm_stream_open(hgemm_client_t* client, const hgemm_call_optio
     auto stream = std::make_unique<hgemm_stream_t>();
     stream->chunk_bytes = call.chunk_bytes;
     stream->client = std::make_unique<const hgemm::GemmClient>(client->client);
+    stream->answer.c_of = [s = stream.get()](uint64_t gemm_id, hgemm::CBuffer* c) {
+      std::lock_guard<std::mutex> lock(s->mu);
+      auto it = s->in_flight.find(gemm_id);
+      if (it == s->in_flight.end()) return false;
+      *c = it->second;
+      return true;
+    };
     stream->stream = stream->client->OpenStream(call.replica, call, &stream->context);
     stream->writer = std::thread(&hgemm_stream_t::Write, stream.get());
     *code = HGEMM_OK;
@@ -1338,39 +1346,29 @@ int hgemm_stream_next(hgemm_stream_t* stream, uint64_t* gemm_id, hgemm_gemm_info
                       char** c_handle, hgemm_matrix_info_t* c_info, int* code, char** errptr) {
   try {
     if (c_handle != nullptr) *c_handle = nullptr;
-    hgemm::v1::GemmStreamResponse message;
-    while (!stream->over && stream->stream->Read(&message)) {
+    hgemm::StreamAnswer& answer = stream->answer;
+    while (!stream->over && stream->stream->Read(&answer)) {
       if (!stream->protocol_error.ok()) continue;  // draining a cancelled call
-      hgemm::CBuffer into;
-      bool known = false;
-      {
-        std::lock_guard<std::mutex> lock(stream->mu);
-        auto it = stream->in_flight.find(message.gemm_id());
-        if (it != stream->in_flight.end()) {
-          known = true;
-          into = it->second;
-        }
-      }
       auto broken = [&](const std::string& what) {
         stream->protocol_error = grpc::Status(grpc::StatusCode::INTERNAL, what);
         stream->context.TryCancel();
       };
-      if (!known) {
-        broken(fmt::format("the server answered gemm_id {}, which is not in flight",
-                           message.gemm_id()));
-      } else if (message.has_chunk()) {
-        const hgemm::v1::ResultChunk& chunk = message.chunk();
-        if (chunk.offset() > into.capacity ||
-            chunk.data().size() > into.capacity - chunk.offset()) {
-          broken(fmt::format("gemm_id {}: result chunk past the end of C's {} bytes",
-                             message.gemm_id(), into.capacity));
-        } else {
-          std::memcpy(into.data + chunk.offset(), chunk.data().data(), chunk.data().size());
+      if (!answer.problem.empty()) {
+        broken(answer.problem);
+      } else if (answer.has_done) {
+        bool known;
+        {
+          std::lock_guard<std::mutex> lock(stream->mu);
+          known = stream->in_flight.count(answer.gemm_id) != 0;
         }
-      } else if (message.has_done()) {
-        stream->Answered(message.gemm_id());
-        const hgemm::v1::GemmDone& done = message.done();
-        *gemm_id = message.gemm_id();
+        if (!known) {
+          broken(fmt::format("the server answered gemm_id {}, which is not in flight",
+                             answer.gemm_id));
+          continue;
+        }
+        stream->Answered(answer.gemm_id);
+        *gemm_id = answer.gemm_id;
+        const hgemm::v1::GemmDone& done = answer.done;
         if (SaveStatus(grpc::Status(static_cast<grpc::StatusCode>(done.status_code()),
                                     done.status_message()),
                        code, errptr)) {
@@ -1416,8 +1414,8 @@ void hgemm_stream_destroy(hgemm_stream_t* stream) {
   if (stream == nullptr) return;
   if (!stream->over) {
     stream->context.TryCancel();
-    hgemm::v1::GemmStreamResponse message;
-    while (stream->stream->Read(&message)) {
+    hgemm::StreamAnswer discarded;  // no c_of: nothing is written into the GEMMs' buffers
+    while (stream->stream->Read(&discarded)) {
     }
     stream->Finish();
   }
