@@ -1495,13 +1495,13 @@ class NativeBatch:
             return _errors.from_code(err.code(), err.details(), index=i)
         spec = self.specs[i]
         if not spec.keep_c:
-            return spec.c_array(self._buffers[i]), _gemm_done(info)
+            return spec.c_array(self._buffers[i]), _LazyGemmDone(info)
         c_info = MatrixInfo()
         handle = self._lib.hgemm_batch_c_handle(self._batch, self._index[i], ctypes.byref(c_info))
         if not handle:
             return _errors.Internal("the server kept no C (keep_c_resident ignored?)", index=i)
-        return None, _gemm_done(info, self._native._matrix_info(handle, c_info, "",
-                                                                spec.c_dtype))
+        return None, _LazyGemmDone(info, self._native._matrix_info(handle, c_info, "",
+                                                                   spec.c_dtype))
 
 
 class NativeStream:
@@ -1568,7 +1568,7 @@ class NativeStream:
         c_matrix = (self._native._matrix_info(c_handle, c_info, "", spec.c_dtype)
                     if c_handle else None)
         c = None if spec.keep_c else spec.c_array(buffer)
-        return gemm_id, (c, _gemm_done(info, c_matrix))
+        return gemm_id, (c, _LazyGemmDone(info, c_matrix))
 
     def next_start(self, on_done) -> "NativeCall":
         """next() without blocking (hgemm_stream_next_start): on_done(what next() returns,
@@ -1614,6 +1614,21 @@ class NativeStream:
             self._lib.hgemm_stream_destroy(stream)  # its writer done with borrowed operands
         with self._lock:
             self._c.clear()
+
+
+class _LazyGemmDone:
+    """The pb.GemmDone of a GemmInfo (and a kept C), made when first looked at: most results
+    (no details=True) never are, and making one between GEMMs that move megabytes costs
+    ~70 µs of cold caches (bench/results/local_session18/stream_copies.md). Read-only."""
+    __slots__ = ("_info", "_c_matrix", "_done")
+
+    def __init__(self, info: GemmInfo, c_matrix: Optional[pb.MatrixInfo] = None):
+        self._info, self._c_matrix, self._done = info, c_matrix, None
+
+    def __getattr__(self, name):  # only for what is not a slot: the GemmDone's fields
+        if self._done is None:
+            self._done = _gemm_done(self._info, self._c_matrix)
+        return getattr(self._done, name)
 
 
 def _gemm_done(info: GemmInfo, c_matrix: Optional[pb.MatrixInfo] = None) -> pb.GemmDone:
