@@ -6,7 +6,7 @@
 //   * each block takes one panel of BN = 128 columns and one slab of K, so that the grid fills
 //     one wave of two blocks per SM (split-K across the slabs);
 //   * B's tiles (BK = 64 rows of the panel, 16 KiB) and A's (16 x 64) stream through a 6-stage
-//     cp.async ring (108 KiB, two blocks per SM: ~200 KiB of B in flight per SM);
+//     cp.async ring (108 KiB; two blocks per SM: up to 160 KiB of B in flight per SM);
 //   * mma.sync.m16n8k16 with A as the 16-row operand (rows past M zero, no further padding) and B
 //     from shared memory by ldmatrix (.trans for B stored k x n, plain for B stored n x k: NT);
 //   * the slabs' fp32 partials are summed in the same launch: every block writes its partial to
