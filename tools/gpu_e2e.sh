@@ -23,7 +23,8 @@
 #             (2048³ unary c=16, 128x8192x8192 with B resident; needs python3 with grpcio, numpy;
 #             PYTHON_BENCH_ARGS: more flags, e.g. other --points)
 #   skinny    issue 29's skinny M: kernels/split_k_test (every splitk variant, layout and type on
-#             edge shapes, SplitKReduce's alpha/beta), then kernel_bench --modes skinny (M = 1..128
+#             edge shapes, SplitKReduce's alpha/beta), gemm_correctness_test's skinny_m16 cases,
+#             then kernel_bench --modes skinny (M = 1..128
 #             by 8192x8192, NN and NT, fp16 and bf16: the splitk variants, their kernels, auto and
 #             cuBLAS, TFLOP/s and TB/s; CSV in $OUT), then hgemm_client --check through the server
 #             with a splitk kernel named and with auto (in section blas's server)
@@ -137,6 +138,11 @@ if want skinny; then
   HGEMM_AUTO_EXPERIMENTAL=1 timeout 300 split_k_test --gtest_brief=1 >"$out/split_k_test.log" 2>&1 &&
     echo "split_k_test rc=0" || echo "split_k_test rc=$?"
   grep -E "^\[  (PASSED|FAILED)  \]|^\[ auto   \]|tests ran" "$out/split_k_test.log" | head -30 || true
+  # skinny_m16 has never run on a GPU (session 17): every case of it, every layout and type.
+  timeout 300 gemm_correctness_test --gtest_filter='*skinny_m16*' --gtest_brief=1 \
+    >"$out/skinny_correctness.log" 2>&1 && echo "gemm_correctness_test skinny_m16 rc=0" ||
+    echo "gemm_correctness_test skinny_m16 rc=$?"
+  grep -E "^\[  (PASSED|FAILED)  \]|tests ran" "$out/skinny_correctness.log" | head -20 || true
   HGEMM_AUTO_EXPERIMENTAL=1 timeout 400 kernel_bench --modes skinny --layouts NN,NT --types fp16,bf16 --acc fp32 \
     --csv "$out/kernel_bench_skinny.csv" >"$out/kernel_bench_skinny.log" 2>&1 &&
     echo "kernel_bench skinny rc=0" || echo "kernel_bench skinny rc=$?"
