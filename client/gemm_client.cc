@@ -55,6 +55,10 @@ bool ReadStreamAnswer(google::protobuf::io::CodedInputStream* input, StreamAnswe
   using google::protobuf::internal::WireFormatLite;
   constexpr auto kVarint = WireFormatLite::WIRETYPE_VARINT;
   constexpr auto kBytes = WireFormatLite::WIRETYPE_LENGTH_DELIMITED;
+  const auto not_in_flight = [&] {
+    answer->problem =
+        fmt::format("the server answered gemm_id {}, which is not in flight", answer->gemm_id);
+  };
   const auto out_of_order = [&] {
     answer->problem =
         "a GemmStream answer is not in the form protobuf writes (gemm_id, then one chunk: offset, "
@@ -92,8 +96,7 @@ bool ReadStreamAnswer(google::protobuf::io::CodedInputStream* input, StreamAnswe
           data_seen = true;
           CBuffer c;
           if (!answer->c_of || !answer->c_of(answer->gemm_id, &c)) {
-            answer->problem = fmt::format("the server answered gemm_id {}, which is not in flight",
-                                          answer->gemm_id);
+            not_in_flight();
           } else if (offset > c.capacity || bytes > c.capacity - offset) {
             answer->problem = fmt::format("gemm_id {}: result chunk past the end of C's {} bytes",
                                           answer->gemm_id, c.capacity);
@@ -114,6 +117,9 @@ bool ReadStreamAnswer(google::protobuf::io::CodedInputStream* input, StreamAnswe
       return false;
     }
   }
+  // A done's gemm_id may come after it: its GEMM is looked up once the answer is read.
+  CBuffer c;
+  if (answer->has_done && (!answer->c_of || !answer->c_of(answer->gemm_id, &c))) not_in_flight();
   return true;
 }
 
@@ -297,6 +303,7 @@ std::function<bool(uint64_t, CBuffer*)> ResultBuffers(std::vector<StreamedGemm>*
 
 // One answer of a GemmStream into results (its chunk is in C already; a done sets its GEMM's
 // status and response); an answer that breaks the protocol sets *protocol_error instead.
+// REQUIRES: answer.c_of is ResultBuffers(results, ...) (a done past results is a problem).
 void TakeAnswer(const StreamAnswer& answer, std::vector<StreamedGemm>* results,
                 grpc::Status* protocol_error) {
   if (!answer.problem.empty()) {
@@ -304,12 +311,6 @@ void TakeAnswer(const StreamAnswer& answer, std::vector<StreamedGemm>* results,
     return;
   }
   if (!answer.has_done) return;
-  if (answer.gemm_id >= results->size()) {
-    *protocol_error = grpc::Status(
-        grpc::StatusCode::INTERNAL,
-        fmt::format("the server answered gemm_id {}, which is not in flight", answer.gemm_id));
-    return;
-  }
   StreamedGemm& result = (*results)[answer.gemm_id];
   const v1::GemmDone& done = answer.done;
   result.answered = true;

@@ -137,8 +137,8 @@ struct StreamAnswer {
   std::function<bool(uint64_t gemm_id, CBuffer* c)> c_of;
 
   // What one Read took: a chunk (already in C's buffer) or a done, unless `problem` says why
-  // the answer could not be taken (a chunk of a GEMM not in flight or past the end of its C,
-  // not written; another form; bytes that do not parse). A reader breaks the stream on a
+  // the answer could not be taken (a chunk or done of a GEMM not in flight, a chunk past the
+  // end of its C: not written; another form; bytes that do not parse). A reader breaks the stream on a
   // problem: what an answer with one may have written into a C is never answered as that C.
   uint64_t gemm_id = 0;
   bool has_chunk = false;

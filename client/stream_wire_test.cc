@@ -112,6 +112,20 @@ TEST_F(StreamAnswerTest, AChunkOfAGemmNotInFlightIsAProblemAndWritesNothing) {
   EXPECT_EQ(c_, std::string(16, '#'));
 }
 
+TEST_F(StreamAnswerTest, ADoneOfAGemmNotInFlightIsAProblem) {
+  v1::GemmStreamResponse response;
+  response.set_gemm_id(8);
+  response.mutable_done()->set_status_code(0);
+  Read(response.SerializeAsString());
+  EXPECT_EQ(answer_.problem, "the server answered gemm_id 8, which is not in flight");
+  v1::GemmStreamResponse id_after_done;  // gemm_id written after the done: still looked up
+  id_after_done.set_gemm_id(7);
+  response.clear_gemm_id();
+  Read(response.SerializeAsString() + id_after_done.SerializeAsString());
+  EXPECT_EQ(answer_.problem, "");
+  EXPECT_TRUE(answer_.has_done);
+}
+
 TEST_F(StreamAnswerTest, AChunkPastTheEndOfCIsAProblemAndWritesNothing) {
   Read(Chunk(7, 13, "wxyz"));
   EXPECT_EQ(answer_.problem, "gemm_id 7: result chunk past the end of C's 16 bytes");
