@@ -9,7 +9,7 @@
 #     BUDGET_S  seconds the whole call may take (sections that no longer fit are skipped)
 #     FUZZ      a tools/fuzz_campaign.sh schedule ("transport=11 ring=3 ...", niced) or -
 #     NAME      a gpu_e2e.sh section, or: batched, layouts, kb_table, kb_small, resident_ring, python_shm,
-#               scaled_quick, python_quick, python_stream, samehost_quick, samehost_8192
+#               skinny_m16, scaled_quick, python_quick, python_stream, samehost_quick, samehost_8192
 # Why: session 11's first call ran 7 sections in 150 s of a 600 s limit (several stopped at
 # their first failure); the next calls never got a machine. Short steps with their own limits
 # make each call count.
@@ -78,6 +78,17 @@ kb_table() {
   for mode in plain ld_scaled batched_grouped skinny; do
     sed -n "/^fastest own kernel/,\$p" "$OUT/$mode.log"
   done
+}
+# skinny_m16's first GPU run alone: its correctness cases, then kernel_bench skinny (gpu_e2e.sh's
+# skinny section without split_k_test, which passed in session 16).
+skinny_m16() {
+  gemm_correctness_test --gtest_filter='*skinny_m16*' --gtest_brief=1 >"$OUT/correctness.log" 2>&1
+  echo "gemm_correctness_test skinny_m16 rc=$?"
+  grep -E "^\[  (PASSED|FAILED)  \]|tests ran" "$OUT/correctness.log" | head -20
+  HGEMM_AUTO_EXPERIMENTAL=1 kernel_bench --modes skinny --layouts NN,NT --types fp16,bf16 \
+    --acc fp32 --csv "$OUT/skinny.csv" >"$OUT/skinny.log" 2>&1
+  echo "kernel_bench skinny rc=$?"
+  sed -n "/^fastest own kernel/,\$p" "$OUT/skinny.log"
 }
 # Fused vs separate α/β (whether --fused_scale should be the default), NN only.
 scaled_quick() {
