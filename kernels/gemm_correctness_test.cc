@@ -40,6 +40,9 @@ const Shape kSmallShapes[] = {
 const Shape kLargeShapes[] = {
     {1000, 1000, 1000}, {4097, 4096, 4095}, {4097, 4096, 4096}, {8192, 64, 4096},
     {2048, 2048, 2048}, {520, 1032, 2056},  {8, 4096, 1024},
+    // skinny_m16's split-K edges: a partial last panel and slab (K not a multiple of 64),
+    // N past 8192, and K deep enough for many slabs over few panels.
+    {13, 1000, 4104},   {16, 8200, 2056},   {3, 264, 32776},
 };
 
 std::vector<Case> Cases(const Shape* begin, const Shape* end) {
@@ -213,7 +216,7 @@ struct LayoutCase {
 const Shape kLayoutShapes[] = {
     {1, 8, 8},      {7, 5, 3},       {8, 8, 8},        {33, 72, 24},     {64, 136, 40},
     {136, 72, 24},  {255, 257, 100}, {264, 136, 104},  {129, 264, 104},  {1000, 1000, 1000},
-    {2056, 1032, 520},
+    {2056, 1032, 520},  {13, 1000, 4104},
 };
 const Shape kStridedShapes[] = {{136, 264, 104}, {1000, 1000, 1000}};
 
