@@ -195,12 +195,12 @@ TEST(Registry, OlderFamiliesRefuseOtherLayoutsAndTypesByName) {
 }
 
 // skinny_m16 takes M <= 16, NN and NT, fp16 or bf16 in, C of that type or fp32, packed, fp32
-// accumulation, through its LaunchContext (the split's partials), out of auto until measured;
-// the rest it refuses by name.
+// accumulation, through its LaunchContext (the split's partials), and is among auto's
+// candidates there (measured on a GPU in session 19); the rest it refuses by name.
 TEST(Registry, SkinnyTakesSmallMNnAndNtAndRefusesTheRest) {
   const VariantInfo* v = FindVariant("skinny_m16");
   ASSERT_NE(v, nullptr);
-  EXPECT_TRUE(v->experimental);
+  EXPECT_FALSE(v->experimental);
   EXPECT_FALSE(v->fused_scale);
   EXPECT_NE(v->launch_with_context, nullptr);
   EXPECT_LE(v->smem_bytes, 227u * 1024);
@@ -228,9 +228,15 @@ TEST(Registry, SkinnyTakesSmallMNnAndNtAndRefusesTheRest) {
   p = AlignedProblem(16, 128, 128);
   p.ldb = 136;
   EXPECT_NE(CheckProblem(*v, p).find("densely packed"), std::string::npos) << CheckProblem(*v, p);
-  GemmProblem skinny = AlignedProblem(8, 8192, 8192);
-  for (const VariantInfo* candidate : AutoCandidates(skinny))
-    EXPECT_NE(candidate->name, "skinny_m16") << "auto took an experimental variant";
+  for (bool tb : {false, true}) {
+    GemmProblem skinny = AlignedProblem(8, 8192, 8192);
+    skinny.transpose_b = tb;
+    std::vector<const VariantInfo*> candidates = AutoCandidates(skinny);
+    EXPECT_NE(std::find(candidates.begin(), candidates.end(), v), candidates.end()) << tb;
+  }
+  std::vector<const VariantInfo*> past_16 = AutoCandidates(AlignedProblem(17, 8192, 8192));
+  EXPECT_FALSE(past_16.empty());
+  EXPECT_EQ(std::find(past_16.begin(), past_16.end(), v), past_16.end());
 }
 
 TEST(Registry, WgmmaTakesEveryLayoutBf16AndFp32C) {
@@ -525,15 +531,15 @@ TEST(Registry, PingpongTakesTheCooperativeTilesFormsAndIsExperimental) {
   // Six 32 KB stages and two consumers' 16 KB of C staging, within an sm_90 block's 227 KB.
   EXPECT_GE(pp->smem_bytes, 6u * 32768 + 2 * 16384);
   EXPECT_LE(pp->smem_bytes, 227u * 1024);
-  // Experimental: only what has not yet run on a GPU (the ping-pong, cluster, stream-K,
-  // split-K and skinny_m16 variants).
+  // Experimental: the ping-pong, cluster, stream-K and split-K variants (what has not yet run
+  // on a GPU, or ran and did not earn auto's time).
   auto ends_with = [](const std::string& s, const std::string& tail) {
     return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
   };
   for (const VariantInfo& v : Variants())
     EXPECT_TRUE(!v.experimental || v.name.rfind("wgmma_pp_", 0) == 0 ||
                 v.name.find("_cluster2") != std::string::npos || ends_with(v.name, "_sk") ||
-                v.kind == VariantKind::kSplitK || v.name == "skinny_m16")
+                v.kind == VariantKind::kSplitK)
         << v.name;
   // The same refusals as the cooperative kernel of the same tile, word for word but the name.
   auto verdict = [](const VariantInfo& v, const GemmProblem& p) {

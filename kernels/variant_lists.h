@@ -20,7 +20,7 @@ std::vector<VariantInfo> MmaVariants();
 // are all of another compute capability.
 std::vector<VariantInfo> WgmmaVariants();
 
-// skinny_m16 (kernels/skinny_stream.cu): M <= 16, split-K reduced in the launch; experimental.
+// skinny_m16 (kernels/skinny_stream.cu): M <= 16, split-K reduced in the launch.
 std::vector<VariantInfo> SkinnyVariants();
 
 // splitk<s>_<inner> over a wgmma kernel (kernels/split_k.cu): the inner's layouts, types and
