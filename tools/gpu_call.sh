@@ -9,7 +9,7 @@
 #     BUDGET_S  seconds the whole call may take (sections that no longer fit are skipped)
 #     FUZZ      a tools/fuzz_campaign.sh schedule ("transport=11 ring=3 ...", niced) or -
 #     NAME      a gpu_e2e.sh section, or: batched, layouts, kb_table, kb_small, resident_ring, python_shm,
-#               skinny_check, scaled_quick, python_quick, python_stream, samehost_quick,
+#               skinny_check, skinny_server, scaled_quick, python_quick, python_stream, samehost_quick,
 #               samehost_8192
 # Why: session 11's first call ran 7 sections in 150 s of a 600 s limit (several stopped at
 # their first failure); the next calls never got a machine. Short steps with their own limits
@@ -111,6 +111,25 @@ skinny_check() {
       echo "ncu $layout $variant rc=$?"
     done
   done
+}
+# skinny_m16 through the server (the backend's LaunchContext scratch, its separate α/β epilogue,
+# a stream) and as auto's candidate (no HGEMM_AUTO_EXPERIMENTAL): each --check'ed against the CPU
+# reference, then kernel_bench skinny's auto rows at M = 1, 8, 16.
+skinny_server() {
+  start_samehost_server || return 1
+  local c=(hgemm_client --server="unix:$sock" --check --repeat=2)
+  "${c[@]}" --shape=1x8192x8192 || echo "FAILED: auto 1x8192x8192"
+  "${c[@]}" --shape=13x1000x4104 --kernel=skinny_m16 || echo "FAILED: skinny_m16 13x1000x4104"
+  "${c[@]}" --shape=16x8192x8192 --dtype=bf16 --transpose_b --c_dtype=fp32 --kernel=skinny_m16 ||
+    echo "FAILED: skinny_m16 bf16 NT fp32 C"
+  "${c[@]}" --shape=8x4096x4096 --alpha=0.5 --beta=2 --kernel=skinny_m16 ||
+    echo "FAILED: skinny_m16 alpha/beta"
+  "${c[@]}" --shape=5x8192x8192 --mode=stream --kernel=skinny_m16 || echo "FAILED: skinny_m16 stream"
+  kill -TERM $server_pid; wait $server_pid
+  kernel_bench --modes skinny --skinny 1x8192x8192,8x8192x8192,16x8192x8192 --layouts NN,NT \
+    --types fp16,bf16 --acc fp32 --csv "$OUT/skinny_auto.csv" >"$OUT/skinny_auto.log" 2>&1
+  echo "kernel_bench skinny rc=$?"
+  grep -E "^(auto|skinny_m16|wgmma_64x128_s8_g8|cublas) " "$OUT/skinny_auto.log"
 }
 # Fused vs separate α/β (whether --fused_scale should be the default), NN only.
 scaled_quick() {
