@@ -22,8 +22,9 @@ namespace {
 constexpr size_t kMaxTuneScratchBytes = size_t{3} << 30;
 constexpr int kTimedRuns = 3;
 
-// Shapes in one bucket share a choice: each extent rounded up to a power of two (at least 16),
-// plus whether the 16-byte path applies, the accumulation and the form (layout bit | type-pair
+// Shapes in one bucket share a choice: each extent rounded up to a power of two (n and k at
+// least 16; m from 1, because under 16 rows the fastest kernel changes: skinny_m16 at m = 1,
+// the 64x128 wgmma kernel on NT at m = 16, session 19), plus whether the 16-byte path applies, the accumulation and the form (layout bit | type-pair
 // bit << 4 | scaling << 8, scaling 1 for alpha only, 2 with beta; 0 for NN fp16 unscaled, whose
 // buckets ChooseAuto fills).
 struct BucketKey {
@@ -36,14 +37,15 @@ struct BucketKey {
   }
 };
 
-int RoundUpPow2(int x) {
-  int p = 16;
+int RoundUpPow2(int x, int floor) {
+  int p = floor;
   while (p < x && p < (1 << 30)) p <<= 1;
   return p;
 }
 
 BucketKey KeyFor(int m, int n, int k, Accumulation acc) {
-  return {RoundUpPow2(m), RoundUpPow2(n), RoundUpPow2(k), n % 8 == 0 && k % 8 == 0, acc};
+  return {RoundUpPow2(m, 1), RoundUpPow2(n, 16), RoundUpPow2(k, 16), n % 8 == 0 && k % 8 == 0,
+          acc};
 }
 
 std::mutex& CacheMutex() {

@@ -582,6 +582,14 @@ TEST(AutoTune, CachesTheChoicePerBucket) {
     EXPECT_TRUE(odd.is_fallback || odd.kind == VariantKind::kPadded) << odd.name;
     std::printf("[ auto   ] 1000x1000x999 fp32 -> %s\n", odd.name.c_str());
     std::printf("[ auto   ] 1024^3 fp32 -> %s\n", first.name.c_str());
+    // Under 16 rows m buckets by its own power of two: one row is not tuned for sixteen.
+    const VariantInfo& one_row = ChooseAuto(1, 4096, 4096, Accumulation::kFp32, ctx);
+    EXPECT_EQ(CachedAutoChoice(1, 4096, 4096, Accumulation::kFp32), &one_row);
+    EXPECT_EQ(CachedAutoChoice(16, 4096, 4096, Accumulation::kFp32), nullptr);
+    const VariantInfo& rows16 = ChooseAuto(16, 4096, 4096, Accumulation::kFp32, ctx);
+    EXPECT_EQ(CachedAutoChoice(9, 4096, 4096, Accumulation::kFp32), &rows16);
+    std::printf("[ auto   ] 1x4096x4096 fp32 -> %s, 16x4096x4096 -> %s\n", one_row.name.c_str(),
+                rows16.name.c_str());
   }
   {
     // Other layouts and types: tuned per (bucket, layout, types) among the kernels that take them.
