@@ -138,7 +138,7 @@ if want skinny; then
   HGEMM_AUTO_EXPERIMENTAL=1 timeout 300 split_k_test --gtest_brief=1 >"$out/split_k_test.log" 2>&1 &&
     echo "split_k_test rc=0" || echo "split_k_test rc=$?"
   grep -E "^\[  (PASSED|FAILED)  \]|^\[ auto   \]|tests ran" "$out/split_k_test.log" | head -30 || true
-  # skinny_m16 has never run on a GPU (session 17): every case of it, every layout and type.
+  # skinny_m16 (in auto since session 19): every case of it, every layout and type.
   timeout 300 gemm_correctness_test --gtest_filter='*skinny_m16*' --gtest_brief=1 \
     >"$out/skinny_correctness.log" 2>&1 && echo "gemm_correctness_test skinny_m16 rc=0" ||
     echo "gemm_correctness_test skinny_m16 rc=$?"
