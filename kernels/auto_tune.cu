@@ -24,9 +24,9 @@ constexpr int kTimedRuns = 3;
 
 // Shapes in one bucket share a choice: each extent rounded up to a power of two (n and k at
 // least 16; m from 1, because under 16 rows the fastest kernel changes: skinny_m16 at m = 1,
-// the 64x128 wgmma kernel on NT at m = 16, session 19), plus whether the 16-byte path applies, the accumulation and the form (layout bit | type-pair
-// bit << 4 | scaling << 8, scaling 1 for alpha only, 2 with beta; 0 for NN fp16 unscaled, whose
-// buckets ChooseAuto fills).
+// the 64x128 wgmma kernel on NT at m = 16, session 19), plus whether the 16-byte path applies,
+// the accumulation and the form (layout bit | type-pair bit << 4 | scaling << 8, scaling 1 for
+// alpha only, 2 with beta; 0 for NN fp16 unscaled, whose buckets ChooseAuto fills).
 struct BucketKey {
   int m, n, k;
   bool vec16;

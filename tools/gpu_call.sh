@@ -9,8 +9,8 @@
 #     BUDGET_S  seconds the whole call may take (sections that no longer fit are skipped)
 #     FUZZ      a tools/fuzz_campaign.sh schedule ("transport=11 ring=3 ...", niced) or -
 #     NAME      a gpu_e2e.sh section, or: batched, layouts, kb_table, kb_small, resident_ring, python_shm,
-#               skinny_check, skinny_server, scaled_quick, python_quick, python_stream, samehost_quick,
-#               samehost_8192
+#               skinny_check, skinny_server, scaled_quick, python_quick, python_stream,
+#               samehost_quick, samehost_8192
 # Why: session 11's first call ran 7 sections in 150 s of a 600 s limit (several stopped at
 # their first failure); the next calls never got a machine. Short steps with their own limits
 # make each call count.
@@ -124,7 +124,8 @@ skinny_server() {
     echo "FAILED: skinny_m16 bf16 NT fp32 C"
   "${c[@]}" --shape=8x4096x4096 --alpha=0.5 --beta=2 --kernel=skinny_m16 ||
     echo "FAILED: skinny_m16 alpha/beta"
-  "${c[@]}" --shape=5x8192x8192 --mode=stream --kernel=skinny_m16 || echo "FAILED: skinny_m16 stream"
+  "${c[@]}" --shape=5x8192x8192 --mode=stream --kernel=skinny_m16 ||
+    echo "FAILED: skinny_m16 stream"
   kill -TERM $server_pid; wait $server_pid
   kernel_bench --modes skinny --skinny 1x8192x8192,8x8192x8192,16x8192x8192 --layouts NN,NT \
     --types fp16,bf16 --acc fp32 --csv "$OUT/skinny_auto.csv" >"$OUT/skinny_auto.log" 2>&1
