@@ -138,8 +138,9 @@ struct StreamAnswer {
 
   // What one Read took: a chunk (already in C's buffer) or a done, unless `problem` says why
   // the answer could not be taken (a chunk or done of a GEMM not in flight, a chunk past the
-  // end of its C: not written; another form; bytes that do not parse). A reader breaks the stream on a
-  // problem: what an answer with one may have written into a C is never answered as that C.
+  // end of its C: not written; another form; bytes that do not parse). A reader breaks the
+  // stream on a problem: what an answer with one may have written into a C is never answered
+  // as that C.
   uint64_t gemm_id = 0;
   bool has_chunk = false;
   bool has_done = false;
