@@ -108,7 +108,10 @@ void RunWorker(int index, const hgemm::GemmDims& dims, hgemm::v1::GemmService::S
   const std::vector<uint16_t> b = hgemm::RandomHalfMatrix(int64_t(dims.k) * dims.n, rng);
   const size_t a_bytes = size_t(dims.ABytes()), b_bytes = size_t(dims.BBytes());
   const size_t c_bytes = size_t(dims.CBytes());
-  const size_t b_offset = a_bytes + gap_bytes, c_offset = b_offset + b_bytes + gap_bytes;
+  // Parts at 256-byte boundaries (the server takes region offsets that are multiples of 16).
+  auto aligned = [](size_t at) { return (at + 255) / 256 * 256; };
+  const size_t b_offset = aligned(a_bytes + gap_bytes);
+  const size_t c_offset = aligned(b_offset + b_bytes + gap_bytes);
   const size_t bytes = c_offset + c_bytes;
   char* memory = nullptr;
   Check(cudaMalloc(&memory, bytes), "cudaMalloc");

@@ -120,7 +120,7 @@ PY
   }
   for pinned in false true; do
     start_server "$out/same_host_server_pinned_$pinned.log" --listen="unix:$socket" \
-      --allow_shared_memory --pin_shared_memory="$pinned"
+      --allow_shared_memory --allow_cuda_ipc --pin_shared_memory="$pinned"
     for point in $points; do
       IFS=: read -r shape concurrency <<<"$point"
       if [[ $pinned == false ]]; then

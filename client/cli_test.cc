@@ -395,7 +395,8 @@ TEST_F(HgemmClientBinaryTest, SmallGemmPassesItsCheck) {
 
 // A C over the unary limit (4 MiB) would go by GemmStream; through the ring it is written in
 // place. Session 12's H100 run timed GemmStream while the table said "ring" (170 ms, not 1.6).
-// A ring completion names no kernel; a Gemm or GemmStream response does.
+// A ring completion names its kernel and device as a Gemm response does (it used to print
+// " (fp32) @  stream 0").
 TEST_F(HgemmClientBinaryTest, AllResidentRingRunsGoByTheRingWhateverCsSize) {
   std::vector<std::string> args = {"--server=unix:" + socket_, "--shape=1024x2048x16",
                                    "--resident=all", "--transport=ring", "--repeat=2", "--check"};
@@ -403,7 +404,8 @@ TEST_F(HgemmClientBinaryTest, AllResidentRingRunsGoByTheRingWhateverCsSize) {
   EXPECT_EQ(r.exit_code, 0) << Describe(r);
   EXPECT_TRUE(Contains(r.out, "via a submission ring")) << Describe(r);
   EXPECT_TRUE(Contains(r.out, "check: relative Frobenius error")) << Describe(r);
-  EXPECT_FALSE(Contains(r.out, "openblas_sgemm")) << Describe(r);
+  EXPECT_TRUE(Contains(r.out, "openblas_sgemm")) << Describe(r);
+  EXPECT_FALSE(Contains(r.out, "@  stream")) << Describe(r);
 }
 
 TEST_F(HgemmClientBinaryTest, ScaledBatchedGemmPassesItsCheck) {

@@ -40,6 +40,7 @@
 #include "client/npy.h"
 #include "client/ring_client.h"
 #include "client/shared_region.h"
+#include "proto/ring_execution.h"
 #include "proto/numerics/cpu_gemm.h"
 #include "proto/numerics/error_stats.h"
 
@@ -559,11 +560,13 @@ int Main(int argc, char** argv) {
                 std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count(),
                 request.a().size() / 1048576.0);
   }
-  // Shared memory: A, B and C in one region (8-byte aligned parts), registered for this run.
+  // Shared memory: A, B and C in one region (parts 64-byte aligned: the server wants 16),
+  // registered for this run.
   std::unique_ptr<hgemm::SharedRegion> region;
   std::string region_handle;
-  const int64_t b_offset = (int64_t(a_bytes.size()) + 7) / 8 * 8;
-  const int64_t c_offset = b_offset + (int64_t(b_bytes.size()) + 7) / 8 * 8;
+  auto aligned = [](int64_t bytes) { return (bytes + 63) / 64 * 64; };
+  const int64_t b_offset = aligned(int64_t(a_bytes.size()));
+  const int64_t c_offset = b_offset + aligned(int64_t(b_bytes.size()));
   if (shm) {
     const auto start = std::chrono::steady_clock::now();
     std::string error;
@@ -674,12 +677,14 @@ int Main(int argc, char** argv) {
     } else if (through_ring) {
       hgemm::RingCompletion done{};
       status = ring->Gemm(ring_entry, &done);
-      // A completion carries timings, not the execution: the accumulation asked for.
       response.mutable_timing()->set_queue_wait_ms(done.queue_wait_ms);
       response.mutable_timing()->set_kernel_ms(done.kernel_ms);
       response.mutable_timing()->set_server_total_ms(done.server_total_ms);
       response.mutable_timing()->set_tflops(done.tflops);
-      response.mutable_execution()->set_accumulation(request.options().accumulation());
+      // A server that names no execution in its completions: the accumulation asked for.
+      if (!hgemm::RingExecution(done, ring->attached(), response.mutable_execution())) {
+        response.mutable_execution()->set_accumulation(request.options().accumulation());
+      }
     } else {
       status = client.Gemm(request, &response, call);
     }

@@ -20,9 +20,16 @@ std::unique_ptr<SharedRegion> SharedRegion::Create(int64_t bytes, std::string* e
   }
   const int fd = memfd_create("hgemm_region", MFD_CLOEXEC | MFD_ALLOW_SEALING);
   if (fd < 0) return fail("memfd_create");
-  // Sized first, then sealed: from here on the file can grow, never shrink.
-  if (ftruncate(fd, bytes) != 0 || fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK) != 0) {
-    std::unique_ptr<SharedRegion> none = fail("ftruncate/F_ADD_SEALS");
+  // Sized and allocated first (the server refuses holes: its touch of them would allocate
+  // memory on the server's account), then sealed: from here on the file can grow, never shrink.
+  if (const int e = posix_fallocate(fd, 0, bytes); e != 0) {
+    errno = e;
+    std::unique_ptr<SharedRegion> none = fail("posix_fallocate");
+    close(fd);
+    return none;
+  }
+  if (fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK) != 0) {
+    std::unique_ptr<SharedRegion> none = fail("F_ADD_SEALS");
     close(fd);
     return none;
   }

@@ -100,15 +100,31 @@ struct RingSubmission {
 };
 static_assert(sizeof(RingSubmission) == 128);
 
+enum RingCompletionFlags : uint32_t {
+  // kernel, accumulation, device_id and stream_id are set: what ran the GEMM (on OK).
+  kRingCompletionExecution = 1,
+};
+
 // How one GEMM ended.
+//
+// The execution fields took the last 8 bytes of what was a 96-byte message, and the flags
+// word was a reserved one, always 0: a client built before them reads a message that still
+// ends at its NUL and ignores the rest, and a client built after them, served by a server
+// from before, sees no kRingCompletionExecution. So kRingVersion stays 1.
 struct RingCompletion {
   uint64_t user_data;
-  int32_t code;  // google.rpc.Code (as grpc::StatusCode): 0 OK
-  uint32_t reserved;
+  int32_t code;    // google.rpc.Code (as grpc::StatusCode): 0 OK
+  uint32_t flags;  // RingCompletionFlags
   float queue_wait_ms, kernel_ms, server_total_ms, tflops;
   // The status message, cut to fit, NUL-terminated; on OK of a kRingKeepC entry the kept C's
   // handle (at most kRingMaxHandleBytes).
-  char message[96];
+  char message[88];
+  // With kRingCompletionExecution, what GemmResponse.execution says of a Gemm call; the
+  // names are in the ring's RingAttached (proto/ring_execution.h resolves them).
+  uint16_t kernel;        // i: RingAttached.kernels[i - 1]; 0: a kernel not in that list
+  uint16_t accumulation;  // the v1::Accumulation used
+  int16_t device_id;      // Execution.device_id (-1 on the CPU backend): RingAttached.devices
+  uint16_t stream_id;     // Execution.stream_id
 };
 inline constexpr size_t kRingMaxHandleBytes = sizeof(RingCompletion::message) - 1;
 static_assert(sizeof(RingCompletion) == 128);

@@ -4,6 +4,7 @@
 #include <signal.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <sstream>
@@ -135,6 +136,12 @@ int main(int argc, char** argv) {
   app.add_option("--max_queued_requests", server_options.service.scheduler.max_queued_requests,
                  "GEMMs waiting for a stream; more get UNAVAILABLE")
       ->envname("HGEMM_MAX_QUEUED_REQUESTS")->capture_default_str();
+  // Unset: a quarter of --max_queued_requests, whatever that is set to.
+  int64_t max_queued_per_client = -1;
+  app.add_option("--max_queued_per_client", max_queued_per_client,
+                 "of those, GEMMs of one client; more of its get UNAVAILABLE while other clients' "
+                 "are still admitted (default: a quarter of --max_queued_requests; 0: no limit)")
+      ->envname("HGEMM_MAX_QUEUED_PER_CLIENT")->check(CLI::NonNegativeNumber);
   app.add_option("--max_queued_bytes", server_options.service.scheduler.max_queued_bytes,
                  "operand+result bytes of admitted GEMMs; more get UNAVAILABLE")
       ->envname("HGEMM_MAX_QUEUED_BYTES")->capture_default_str();
@@ -185,6 +192,16 @@ int main(int argc, char** argv) {
                  "bytes of the shared-memory regions one client may have registered")
       ->envname("HGEMM_MAX_REGION_BYTES_PER_CLIENT")->check(CLI::PositiveNumber)
       ->capture_default_str();
+  app.add_option("--max_region_bytes_total", server_options.service.regions.max_host_bytes,
+                 "bytes of the shared-memory regions of all clients together: the server pins "
+                 "them, so keep it below the memory the server may lock (its container's limit)")
+      ->envname("HGEMM_MAX_REGION_BYTES_TOTAL")->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_flag("--allow_cuda_ipc", server_options.service.regions.allow_cuda_ipc,
+               "accept CUDA IPC regions (RegisterRegion.cuda_ipc) from the unix: listeners' "
+               "callers: trusted clients only, since an exporter that frees its memory during a "
+               "GEMM can fault the GPU for everyone (docs/same_host_security.md)")
+      ->envname("HGEMM_ALLOW_CUDA_IPC");
   app.add_option("--ring_spin_us", server_options.service.rings.spin_us,
                  "how long a submission ring's thread polls for the client's next entry before it "
                  "sleeps on the ring's futex (lower latency for one CPU core per busy ring)")
@@ -218,6 +235,10 @@ int main(int argc, char** argv) {
   backend_options.cuda.devices = ParseDeviceList(devices);
   backend_options.cuda.completion_spin = std::chrono::microseconds(spin_us);
   server_options.service.scheduler.idle_spin = std::chrono::microseconds(spin_us);
+  hgemm::SchedulerOptions& scheduler = server_options.service.scheduler;
+  scheduler.max_queued_per_owner = max_queued_per_client >= 0
+                                       ? max_queued_per_client
+                                       : std::max<int64_t>(1, scheduler.max_queued_requests / 4);
   server_options.drain_deadline = std::chrono::seconds(drain_deadline_s);
   server_options.tls.client_certificates = tls_client_auth == "require"
                                                ? hgemm::ClientCertificates::kRequire
@@ -284,9 +305,11 @@ int main(int argc, char** argv) {
                    d.compute_capability, d.memory_bytes >> 20, d.slots);
     }
   }
-  spdlog::info("limits: {} elements per matrix, {} queued GEMMs, {} queued bytes, {} bytes per message",
+  spdlog::info("limits: {} elements per matrix, {} queued GEMMs ({} per client), {} queued bytes, "
+               "{} bytes per message",
                server_options.service.rules.max_elements_per_matrix,
                server_options.service.scheduler.max_queued_requests,
+               server_options.service.scheduler.max_queued_per_owner,
                server_options.service.scheduler.max_queued_bytes, server_options.max_message_bytes);
 
   // Until a signal, or until no device is usable (sticky faults): then drain and exit

@@ -337,11 +337,15 @@ TEST(MetricsShm, BytesByTransportAndRegionsPerOwner) {
   // The 16 largest owners by name (c01..c16), the other two summed (alice's 4096, c00's 8192).
   const auto regions = scrape.Series("hgemm_shared_regions");
   EXPECT_EQ(regions.size(), 17u) << body;
-  EXPECT_EQ(scrape.Get(R"(hgemm_shared_regions{principal="id:c16"})"), 1);
-  EXPECT_EQ(scrape.Get(R"(hgemm_shared_region_bytes{principal="id:c16"})"), 4096 * 18);
+  // Over the Unix socket an x-client-id names a client within the caller's uid.
+  const std::string c16 = fmt::format("uid:{}/id:c16", getuid());
+  EXPECT_EQ(scrape.Get(fmt::format(R"(hgemm_shared_regions{{principal="{}"}})", c16)), 1);
+  EXPECT_EQ(scrape.Get(fmt::format(R"(hgemm_shared_region_bytes{{principal="{}"}})", c16)),
+            4096 * 18);
   EXPECT_EQ(scrape.Get(R"(hgemm_shared_regions{principal="other"})"), 2);
   EXPECT_EQ(scrape.Get(R"(hgemm_shared_region_bytes{principal="other"})"), 4096 + 8192);
-  EXPECT_FALSE(scrape.Has(R"(hgemm_shared_regions{principal="id:alice"})"));
+  EXPECT_FALSE(scrape.Has(
+      fmt::format(R"(hgemm_shared_regions{{principal="uid:{}/id:alice"}})", getuid())));
 
   // Unregistered (info is c16's region): the owner's series goes.
   ASSERT_TRUE(unix_client.UnregisterRegion(info.region(), {.client_id = "c16"}).ok());

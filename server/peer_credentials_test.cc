@@ -125,5 +125,42 @@ TEST_F(PeerCredentialsTest, WithoutAuthenticationTheUidNamesClientsWithoutAnId) 
   EXPECT_EQ(list.matrices_size(), 0);
 }
 
+// Over the Unix socket an x-client-id names a client within the caller's uid: the same id over
+// TCP (or from another uid) is another principal, and cannot reach its matrices.
+TEST_F(PeerCredentialsTest, AnIdOverTheUnixSocketIsNamedWithinTheUid) {
+  Start(ServerOptions{});
+  const GemmClient unix_client = Client(unix_), tcp_client = Client(tcp_);
+  ASSERT_TRUE(Upload(unix_client, {.client_id = "alice"}).ok());
+  v1::ListMatricesResponse list;
+  ASSERT_TRUE(unix_client.ListMatrices(&list, {.client_id = "alice"}).ok());
+  EXPECT_EQ(list.matrices_size(), 1);
+  ASSERT_TRUE(tcp_client.ListMatrices(&list, {.client_id = "alice"}).ok());
+  EXPECT_EQ(list.matrices_size(), 0);
+  ASSERT_TRUE(unix_client.ListMatrices(&list).ok());  // the uid itself is another client too
+  EXPECT_EQ(list.matrices_size(), 0);
+}
+
+// With TLS on TCP the Unix socket is still the server's own: the kernel names its callers
+// (uid principal, --allowed_uids), in plaintext, while TCP keeps TLS.
+TEST_F(PeerCredentialsTest, TlsOnTcpKeepsTheKernelsWordOnTheUnixSocket) {
+  const std::string certs = testing::MakeTestCerts();
+  ServerOptions options;
+  options.tls.cert_path = certs + "/server.pem";
+  options.tls.key_path = certs + "/server.key";
+  options.auth.tokens_file = TokensFile();
+  options.auth.allowed_uids = {getuid()};
+  Start(options);
+  const GemmClient admin = Client(unix_);  // no token: "uid:<mine>", an administrator
+  ASSERT_TRUE(Upload(admin).ok());
+  EXPECT_EQ(Owners(admin), (std::vector<std::string>{me_}));
+  v1::ServerInfo info;
+  EXPECT_FALSE(Client(tcp_).GetServerInfo(&info, {.timeout = 10s}).ok());  // TCP wants TLS
+  ConnectOptions tls;
+  tls.tls_ca = certs + "/ca.pem";
+  tls.tls_server_name = "localhost";
+  tls.token = "alice-token";
+  EXPECT_TRUE(GemmClient(Connect(tcp_, tls)).GetServerInfo(&info, {.timeout = 10s}).ok());
+}
+
 }  // namespace
 }  // namespace hgemm

@@ -22,6 +22,7 @@
 #include "proto/numerics/cpu_gemm.h"
 #include "proto/numerics/error_stats.h"
 #include "proto/numerics/fp16.h"
+#include "proto/ring_execution.h"
 #include "server/backend/cpu_backend.h"
 #include "server/server.h"
 #include "server/testing/child_process.h"
@@ -113,7 +114,9 @@ class RingTest : public ::testing::Test {
 
 TEST_F(RingTest, GemmsThroughTheRingMatchTheReference) {
   constexpr uint32_t m = 67, n = 45, k = 129;
-  constexpr uint64_t a_at = 0, b_at = 2 * m * k, c_at = b_at + 2 * k * n;
+  // Parts at 64-byte boundaries: the server takes region offsets that are multiples of 16.
+  constexpr uint64_t a_at = 0, b_at = (2 * m * k + 63) / 64 * 64;
+  constexpr uint64_t c_at = b_at + (2 * k * n + 63) / 64 * 64;
   std::string data_handle;
   auto data = Region(int64_t(c_at + 2 * m * n), &data_handle);
   // B also as a resident matrix, in matrix slot 0.
@@ -240,7 +243,7 @@ TEST_F(RingTest, ABadEntryIsAnsweredAndTheRingGoesOn) {
   EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_NE(s.error_message().find("a.slot"), std::string::npos) << s.error_message();
   s = ring->Gemm(Entry(m, n, k, {kRingOperandRegion, 0, 0}, {kRingOperandRegion, 0, 512},
-                       {kRingOperandRegion, 0, 1026}));  // C one element past the end
+                       {kRingOperandRegion, 0, 1040}));  // C past the end
   EXPECT_EQ(s.error_code(), grpc::StatusCode::OUT_OF_RANGE);
   EXPECT_NE(s.error_message().find("c_region"), std::string::npos) << s.error_message();
   FillRandom(Half(*data, 0), 2 * m * n);
@@ -248,6 +251,57 @@ TEST_F(RingTest, ABadEntryIsAnsweredAndTheRingGoesOn) {
                        {kRingOperandRegion, 0, 1024}));
   EXPECT_TRUE(s.ok()) << s.error_message();
   EXPECT_TRUE(ring->detached().ok());
+}
+
+// A ring's completion says what ran its GEMM, as a Gemm call's answer does: completions used
+// to carry timings only, and hgemm_client --transport=ring printed no kernel and no device.
+TEST_F(RingTest, CompletionsNameTheKernelAndDeviceAsAGemmCallDoes) {
+  constexpr uint32_t m = 21, n = 13, k = 34;
+  // Parts at 64-byte boundaries: the server takes region offsets that are multiples of 16.
+  constexpr uint64_t a_at = 0, b_at = (2 * m * k + 63) / 64 * 64;
+  constexpr uint64_t c_at = b_at + (2 * k * n + 63) / 64 * 64;
+  std::string data_handle;
+  auto data = Region(int64_t(c_at + 2 * m * n), &data_handle);
+  FillRandom(Half(*data, a_at), m * k);
+  FillRandom(Half(*data, b_at), k * n);
+  auto ring = Attach({data_handle});
+  ASSERT_NE(ring, nullptr);
+  RingCompletion done{};
+  grpc::Status s = ring->Gemm(Entry(m, n, k, {kRingOperandRegion, 0, a_at},
+                                    {kRingOperandRegion, 0, b_at}, {kRingOperandRegion, 0, c_at}),
+                              &done);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  v1::Execution through_ring;
+  ASSERT_TRUE(RingExecution(done, ring->attached(), &through_ring));
+
+  v1::GemmRequest request;  // the same GEMM as a Gemm call, its operands as bytes
+  request.set_m(m);
+  request.set_n(n);
+  request.set_k(k);
+  request.set_a(reinterpret_cast<const char*>(Half(*data, a_at)), 2 * m * k);
+  request.set_b(reinterpret_cast<const char*>(Half(*data, b_at)), 2 * k * n);
+  v1::GemmResponse response;
+  s = tcp_->Gemm(request, &response, call_);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  const v1::Execution& unary = response.execution();
+  EXPECT_FALSE(through_ring.kernel().empty());
+  EXPECT_EQ(through_ring.kernel(), unary.kernel());
+  EXPECT_EQ(through_ring.accumulation(), unary.accumulation());
+  EXPECT_EQ(through_ring.backend(), unary.backend());
+  EXPECT_EQ(through_ring.device_id(), unary.device_id());
+  EXPECT_FALSE(through_ring.device_name().empty());
+  EXPECT_EQ(through_ring.device_name(), unary.device_name());
+  EXPECT_GE(through_ring.stream_id(), 0);  // one of the CPU backend's 2 workers, as unary's
+  EXPECT_LT(through_ring.stream_id(), 2);
+
+  // A failed entry ran nowhere: its completion names nothing.
+  RingCompletion failed{};
+  s = ring->Gemm(Entry(m, n, k, {kRingOperandRegion, 7, 0}, {kRingOperandRegion, 0, b_at},
+                       {kRingOperandRegion, 0, c_at}),
+                 &failed);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(failed.flags & kRingCompletionExecution, 0u);
+  EXPECT_FALSE(RingExecution(failed, ring->attached(), &through_ring));
 }
 
 TEST_F(RingTest, AttachFollowsTheRulesOfSharedMemory) {

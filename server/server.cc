@@ -2,9 +2,7 @@
 
 #include <grpcpp/security/auth_metadata_processor.h>
 #include <spdlog/spdlog.h>
-#include <sys/stat.h>
 
-#include <cerrno>
 #include <cstring>
 #include <exception>
 #include <string>
@@ -64,10 +62,6 @@ std::string CheckSecurity(const ServerOptions& o) {
   if (o.auth.protect_reflection && o.tls.cert_path.empty()) {
     return "--auth_protect_reflection needs TLS (--tls_cert): gRPC checks reflection calls on "
            "secure ports only";
-  }
-  if (!o.auth.allowed_uids.empty() && !o.tls.cert_path.empty()) {
-    return "--allowed_uids needs plaintext unix: listeners (the server accepts those itself, for "
-           "the peers' SO_PEERCRED; with --tls_cert gRPC does)";
   }
   if (o.auth.protect_reflection && o.auth.tokens_file.empty() && !o.auth.principal_from_cert) {
     return "--auth_protect_reflection needs authentication (--auth_tokens_file or "
@@ -183,11 +177,12 @@ std::unique_ptr<HgemmServer> HgemmServer::Start(ServerOptions options,
   server->reflection_ = std::make_unique<ReflectionService>(std::vector<std::string>{
       kServiceName, "grpc.health.v1.Health", "grpc.reflection.v1alpha.ServerReflection"});
   grpc::ServerBuilder builder;
-  // Plaintext unix: addresses are accepted by the server itself (UnixListener, below), for the
-  // peers' SO_PEERCRED; with TLS, gRPC listens there too.
-  const bool own_unix_sockets = opts.tls.cert_path.empty();
+  // unix: addresses are accepted by the server itself (UnixListener, below), for the peers'
+  // SO_PEERCRED, and served in plaintext also when TCP has TLS: on one host the kernel already
+  // names the peer and nobody else sees the bytes, while gRPC's own Unix listener would make
+  // every local caller the same anonymous peer.
   auto listen = [&](const std::string& address, int* port) {
-    if (own_unix_sockets && !UnixSocketPath(address).empty()) {
+    if (!UnixSocketPath(address).empty()) {
       *port = 1;  // as gRPC reports a Unix socket's
     } else {
       builder.AddListeningPort(address, credentials, port);
@@ -217,27 +212,16 @@ std::unique_ptr<HgemmServer> HgemmServer::Start(ServerOptions options,
       server->tcp_ports_.push_back(more_ports[i]);
   }
   if (UnixSocketPath(opts.listen_address).empty()) server->tcp_ports_.push_back(server->port_);
-  if (own_unix_sockets) {
-    for (const std::string& address : ListenAddresses(opts)) {
-      const std::string path = UnixSocketPath(address);
-      if (path.empty()) continue;
-      auto listener = UnixListener::Start(path, opts.unix_socket_mode, server->server_.get(),
-                                          &server->unix_peers_, &error);
-      if (!listener) {
-        spdlog::error("cannot listen on {}: {}", address, error);
-        return nullptr;  // ~HgemmServer stops the gRPC server
-      }
-      server->unix_listeners_.push_back(std::move(listener));
+  for (const std::string& address : ListenAddresses(opts)) {
+    const std::string path = UnixSocketPath(address);
+    if (path.empty()) continue;
+    auto listener = UnixListener::Start(path, opts.unix_socket_mode, server->server_.get(),
+                                        &server->unix_peers_, &error);
+    if (!listener) {
+      spdlog::error("cannot listen on {}: {}", address, error);
+      return nullptr;  // ~HgemmServer stops the gRPC server
     }
-  } else if (opts.unix_socket_mode >= 0) {
-    for (const std::string& address : ListenAddresses(opts)) {
-      const std::string path = UnixSocketPath(address);
-      if (!path.empty() && chmod(path.c_str(), mode_t(opts.unix_socket_mode)) != 0) {
-        spdlog::error("cannot set the mode of {} to {:o} (--unix_socket_mode): {}", path,
-                      opts.unix_socket_mode, strerror(errno));
-        return nullptr;
-      }
-    }
+    server->unix_listeners_.push_back(std::move(listener));
   }
   if (server->metrics_) {
     server->metrics_http_ = MetricsHttpServer::Start(opts.metrics_listen, server->metrics_, &error);

@@ -77,7 +77,8 @@ class HgemmServer {
   int health_port() const { return health_port_; }
   const Backend& backend() const { return *backend_; }
 
-  // Health NOT_SERVING, let the GEMMs admitted so far finish, stop accepting calls, let
+  // Health NOT_SERVING, refuse every new call (UNAVAILABLE: retry elsewhere; gRPC itself
+  // takes them until it stops), let the GEMMs admitted so far finish, stop accepting calls, let
   // in-flight ones finish until the drain deadline (then cancel them), run what was admitted,
   // stop workers, wait (at most 2 s) for the clients to close their connections once they have
   // read their answers, then stop serving /metrics (it answers throughout the drain).

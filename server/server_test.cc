@@ -15,6 +15,7 @@
 #include "proto/numerics/fp16.h"
 #include "server/backend/cpu_backend.h"
 #include "server/testing/forwarding_backend.h"
+#include "server/testing/gated_backend.h"
 #include "server/testing/test_requests.h"
 
 namespace hgemm {
@@ -536,6 +537,151 @@ TEST_F(ServerTest, ShutdownEndsIdleStreamsWithUnavailable) {
   EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE) << s.error_message();
   ASSERT_EQ(done.count(1), 1u) << s.error_message();
   EXPECT_EQ(done[1].status_code(), 0) << done[1].status_message();
+}
+
+// Between the start of the drain and grpc::Server::Shutdown (which waits for the GEMMs
+// admitted before), gRPC still takes calls: a new Gemm used to be admitted and then wait out its
+// deadline behind them (or be answered by a server going away). Now every new call is refused
+// at once with UNAVAILABLE, on an open connection or a new one, while the GEMM admitted before
+// the drain runs and is answered.
+TEST(ServerDrain, NewCallsAreRefusedAtOnceWhileAdmittedGemmsFinish) {
+  auto gated = std::make_unique<GatedBackend>(MakeCpuBackend({.workers = 2}));
+  GatedBackend* gate = gated.get();
+  ServerOptions options;
+  options.listen_address = "127.0.0.1:0";
+  options.drain_deadline = std::chrono::seconds(120);
+  std::unique_ptr<HgemmServer> server = HgemmServer::Start(options, std::move(gated));
+  ASSERT_NE(server, nullptr);
+  const std::string target = "127.0.0.1:" + std::to_string(server->port());
+  std::shared_ptr<v1::GemmService::Stub> stub = v1::GemmService::NewStub(Connect(target));
+  auto deadline = [](grpc::ClientContext* context) {
+    context->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
+  };
+  std::mt19937_64 rng(11);
+  const v1::GemmRequest held_request = RandomRequest(33, 17, 65, rng);
+  v1::GemmResponse held_response;
+  grpc::Status held_status;
+  std::thread held([&] {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(120));
+    held_status = stub->Gemm(&context, held_request, &held_response);
+  });
+  gate->AwaitWaiting();  // admitted, and running until the gate opens
+  std::thread shutdown([&] { server->Shutdown(); });
+
+  // The drain has begun once a call is refused (before, calls were answered until the drain
+  // deadline: the bound only keeps a failure from waiting that long).
+  grpc::Status info;
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  do {
+    grpc::ClientContext context;
+    deadline(&context);
+    v1::ServerInfo response;
+    info = stub->GetServerInfo(&context, v1::GetServerInfoRequest(), &response);
+  } while (info.ok() && std::chrono::steady_clock::now() < give_up);
+  EXPECT_EQ(info.error_code(), grpc::StatusCode::UNAVAILABLE) << info.error_message();
+
+  for (bool new_connection : {false, true}) {
+    SCOPED_TRACE(new_connection ? "a new connection" : "the open connection");
+    std::shared_ptr<v1::GemmService::Stub> caller =
+        new_connection ? v1::GemmService::NewStub(Connect(target)) : stub;
+    grpc::ClientContext context;
+    deadline(&context);
+    v1::GemmResponse response;
+    grpc::Status s = caller->Gemm(&context, RandomRequest(8, 8, 8, rng), &response);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE) << s.error_message();
+    EXPECT_NE(s.error_message().find("shutting down"), std::string::npos) << s.error_message();
+  }
+  {
+    grpc::ClientContext context;
+    deadline(&context);
+    v1::ListKernelsResponse response;
+    grpc::Status s = stub->ListKernels(&context, v1::ListKernelsRequest(), &response);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE) << s.error_message();
+  }
+  {
+    grpc::ClientContext context;
+    deadline(&context);
+    auto stream = stub->GemmStream(&context);
+    v1::GemmStreamResponse response;
+    while (stream->Read(&response)) {
+    }
+    grpc::Status s = stream->Finish();
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE) << s.error_message();
+  }
+
+  gate->Open();
+  held.join();
+  shutdown.join();
+  ASSERT_TRUE(held_status.ok()) << held_status.error_message();
+  EXPECT_LT(ErrorAgainstReference(held_request, held_response.c()), kServiceTolerance.fp32_acc);
+}
+
+// One client could fill the scheduler's whole queue (16 rings of 64 GEMMs in flight, say), and
+// every other client got "queue full". Each now has a share of it: past its share a client's
+// GEMM is refused (UNAVAILABLE, naming the flag) while another client's is still admitted.
+TEST(ServerFairness, OneClientCannotTakeMoreThanItsShareOfTheQueue) {
+  auto gated = std::make_unique<GatedBackend>(MakeCpuBackend({.workers = 1}));
+  GatedBackend* gate = gated.get();
+  ServerOptions options;
+  options.listen_address = "127.0.0.1:0";
+  options.service.scheduler.max_queued_requests = 8;
+  options.service.scheduler.max_queued_per_owner = 2;
+  std::unique_ptr<HgemmServer> server = HgemmServer::Start(options, std::move(gated));
+  ASSERT_NE(server, nullptr);
+  std::unique_ptr<v1::GemmService::Stub> stub =
+      v1::GemmService::NewStub(Connect("127.0.0.1:" + std::to_string(server->port())));
+  std::mt19937_64 rng(12);
+  // A GEMM of `client` (the principal "x-client-id" names over TCP), on a thread of its own.
+  struct Call {
+    v1::GemmRequest request;
+    v1::GemmResponse response;
+    grpc::Status status;
+    std::thread thread;
+  };
+  auto gemm = [&](const std::string& client, Call* call) {
+    grpc::ClientContext context;
+    context.AddMetadata("x-client-id", client);
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+    call->status = stub->Gemm(&context, call->request, &call->response);
+  };
+  auto queued = [&] {
+    grpc::ClientContext context;
+    v1::ServerInfo info;
+    EXPECT_TRUE(stub->GetServerInfo(&context, v1::GetServerInfoRequest(), &info).ok());
+    return info.load().queued();
+  };
+  std::vector<std::unique_ptr<Call>> alice;
+  for (int i = 0; i < 3; ++i) {  // one running (held at the gate), two queued: her share
+    alice.push_back(std::make_unique<Call>());
+    alice.back()->request = RandomRequest(9, 7, 5, rng);
+    alice.back()->thread = std::thread(gemm, "alice", alice.back().get());
+    if (i == 0) gate->AwaitWaiting();
+  }
+  while (queued() < 2) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+
+  Call over{.request = RandomRequest(9, 7, 5, rng)};
+  gemm("alice", &over);
+  EXPECT_EQ(over.status.error_code(), grpc::StatusCode::UNAVAILABLE)
+      << over.status.error_message();
+  EXPECT_NE(over.status.error_message().find("--max_queued_per_client"), std::string::npos)
+      << over.status.error_message();
+
+  Call bob{.request = RandomRequest(13, 11, 9, rng)};
+  bob.thread = std::thread(gemm, "bob", &bob);
+  while (queued() < 3) std::this_thread::sleep_for(std::chrono::milliseconds(1));  // admitted
+  gate->Open();
+  bob.thread.join();
+  ASSERT_TRUE(bob.status.ok()) << bob.status.error_message();
+  EXPECT_LT(ErrorAgainstReference(bob.request, bob.response.c()), kServiceTolerance.fp32_acc);
+  for (auto& call : alice) {
+    call->thread.join();
+    EXPECT_TRUE(call->status.ok()) << call->status.error_message();
+  }
+  v1::ServerInfo info;
+  grpc::ClientContext context;
+  ASSERT_TRUE(stub->GetServerInfo(&context, v1::GetServerInfoRequest(), &info).ok());
+  EXPECT_EQ(info.limits().max_queued_per_client(), 2u);
 }
 
 TEST_F(ServerTest, ClientCancelMidStreamLeavesServerServing) {

@@ -65,11 +65,12 @@ class ShmDmaTest : public RegionTest {
   // regions; returns C as the region holds it. `dma`: what RegisterRegion must say.
   std::string GemmByRegions(const v1::GemmRequest& r, bool dma) {
     const int64_t c_bytes = int64_t(r.m()) * r.n() * 2;
-    const int64_t in_bytes = r.a().size() + r.b().size() + r.c_in().size();
+    const int64_t b_offset = Pad(r.a().size()), c_in_offset = b_offset + Pad(r.b().size());
+    const int64_t in_bytes = c_in_offset + r.c_in().size();
     TestMemfd in(in_bytes), out(c_bytes);
     Write(in, 0, r.a());
-    Write(in, r.a().size(), r.b());
-    Write(in, r.a().size() + r.b().size(), r.c_in());
+    Write(in, b_offset, r.b());
+    Write(in, c_in_offset, r.c_in());
     Write(out, 0, std::string(c_bytes, '\xff'));  // NaN: an element not written fails
     v1::RegionInfo in_info, out_info;
     EXPECT_TRUE(Register(in, in_bytes, &in_info).ok());
@@ -78,10 +79,8 @@ class ShmDmaTest : public RegionTest {
     EXPECT_EQ(out_info.dma(), dma);
     v1::GemmRequest shm = r;
     SetRegion(shm.mutable_a_region(), in_info.region(), 0);
-    SetRegion(shm.mutable_b_region(), in_info.region(), r.a().size());
-    if (!r.c_in().empty()) {
-      SetRegion(shm.mutable_c_in_region(), in_info.region(), r.a().size() + r.b().size());
-    }
+    SetRegion(shm.mutable_b_region(), in_info.region(), b_offset);
+    if (!r.c_in().empty()) SetRegion(shm.mutable_c_in_region(), in_info.region(), c_in_offset);
     SetRegion(shm.mutable_c_region(), out_info.region(), 0);
     v1::GemmResponse response;
     grpc::Status s = Gemm(shm, &response);

@@ -93,18 +93,18 @@ constexpr uint32_t kM = 33, kN = 17, kK = 65;
 TEST_F(ShmTest, RegisterUseUnregister) {
   StartServer(SharedMemoryOn());
   const v1::GemmRequest r = RandomRequest(kM, kN, kK, rng_);
-  TestMemfd operands(r.a().size() + 64 + r.b().size()), result(2 * kM * kN);
+  TestMemfd operands(Pad(r.a().size()) + r.b().size()), result(2 * kM * kN);
   Write(operands, 0, r.a());
-  Write(operands, r.a().size() + 64, r.b());
+  Write(operands, Pad(r.a().size()), r.b());
   v1::RegionInfo in, out;
-  ASSERT_TRUE(Register(operands, r.a().size() + 64 + r.b().size(), &in).ok());
+  ASSERT_TRUE(Register(operands, Pad(r.a().size()) + r.b().size(), &in).ok());
   ASSERT_TRUE(Register(result, 2 * kM * kN, &out).ok());
   v1::GemmRequest shm;
   shm.set_m(kM);
   shm.set_n(kN);
   shm.set_k(kK);
   SetRegion(shm.mutable_a_region(), in.region(), 0);
-  SetRegion(shm.mutable_b_region(), in.region(), r.a().size() + 64);
+  SetRegion(shm.mutable_b_region(), in.region(), Pad(r.a().size()));
   SetRegion(shm.mutable_c_region(), out.region(), 0);
   v1::GemmResponse response;
   grpc::Status s = Gemm(shm, &response);
@@ -119,7 +119,7 @@ TEST_F(ShmTest, RegisterUseUnregister) {
   v1::ListRegionsResponse list;
   ASSERT_TRUE(stub_->ListRegions(&context, {}, &list).ok());
   EXPECT_EQ(list.regions_size(), 2);
-  EXPECT_EQ(list.client_bytes(), r.a().size() + 64 + r.b().size() + 2 * kM * kN);
+  EXPECT_EQ(list.client_bytes(), Pad(r.a().size()) + r.b().size() + 2 * kM * kN);
   EXPECT_TRUE(Unregister(in.region()).ok());
   EXPECT_TRUE(Unregister(out.region()).ok());
   s = Gemm(shm, &response);
@@ -165,44 +165,73 @@ TEST_F(ShmTest, CInRegionUpdatedInPlace) {
   ASSERT_TRUE(s.ok()) << s.error_message();
   EXPECT_LT(RelativeErrorOfC(r, Read(file, 4096, r.c_in().size())), kServiceTolerance.fp32_acc);
 
-  SetRegion(shm.mutable_c_in_region(), info.region(), 4098);  // C_in past the region's end
+  SetRegion(shm.mutable_c_in_region(), info.region(), 4112);  // C_in past the region's end
   s = Gemm(shm, &response);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::OUT_OF_RANGE) << s.error_message();
   EXPECT_NE(s.error_message().find("c_in_region"), std::string::npos) << s.error_message();
 }
 
 // An operand ending exactly at the region's end is taken; one byte more is OUT_OF_RANGE (and
-// an odd offset INVALID_ARGUMENT); offsets near 2^64 don't wrap around.
+// an offset off the 16-byte alignment INVALID_ARGUMENT); offsets near 2^64 don't wrap around.
 TEST_F(ShmTest, BoundsAndOverflowingOffsets) {
   StartServer(SharedMemoryOn());
   const v1::GemmRequest r = RandomRequest(kM, kN, kK, rng_);
   const int64_t c_bytes = 2 * kM * kN;
-  TestMemfd file(c_bytes + 2);
+  TestMemfd file(c_bytes + 16);
   v1::RegionInfo exact, short_by_one;
-  ASSERT_TRUE(Register(file, c_bytes + 2, &exact).ok());
-  ASSERT_TRUE(Register(file, c_bytes + 1, &short_by_one).ok());
+  ASSERT_TRUE(Register(file, c_bytes + 16, &exact).ok());
+  ASSERT_TRUE(Register(file, c_bytes + 15, &short_by_one).ok());
   v1::GemmRequest shm = r;
   v1::GemmResponse response;
-  SetRegion(shm.mutable_c_region(), exact.region(), 2);  // C's last byte is the region's last
+  SetRegion(shm.mutable_c_region(), exact.region(), 16);  // C's last byte is the region's last
   grpc::Status s = Gemm(shm, &response);
   ASSERT_TRUE(s.ok()) << s.error_message();
-  EXPECT_LT(ErrorAgainstReference(Half(r.a()), Half(r.b()), Half(Read(file, 2, c_bytes)), kM, kN,
+  EXPECT_LT(ErrorAgainstReference(Half(r.a()), Half(r.b()), Half(Read(file, 16, c_bytes)), kM, kN,
                                   kK),
             kServiceTolerance.fp32_acc);
-  SetRegion(shm.mutable_c_region(), short_by_one.region(), 2);  // one byte past the end
+  SetRegion(shm.mutable_c_region(), short_by_one.region(), 16);  // one byte past the end
   s = Gemm(shm, &response);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::OUT_OF_RANGE) << s.error_message();
   EXPECT_NE(s.error_message().find("c_region"), std::string::npos) << s.error_message();
-  SetRegion(shm.mutable_c_region(), exact.region(), 3);
-  s = Gemm(shm, &response);
-  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+  for (uint64_t offset : {3, 2, 8}) {
+    SetRegion(shm.mutable_c_region(), exact.region(), offset);
+    s = Gemm(shm, &response);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+  }
   const uint64_t max = std::numeric_limits<uint64_t>::max();
   for (uint64_t offset : {max - 1, max - uint64_t(c_bytes) + 1, uint64_t{1} << 63}) {
     shm = r;
-    SetRegion(shm.mutable_a_region(), exact.region(), offset & ~uint64_t{1});
+    SetRegion(shm.mutable_a_region(), exact.region(), offset & ~uint64_t{15});
     s = Gemm(shm, &response);
     EXPECT_EQ(s.error_code(), grpc::StatusCode::OUT_OF_RANGE) << offset << " " << s.error_message();
   }
+}
+
+// A client names another process's sealed memfd as its region, to read it through a GEMM (as
+// C_in with alpha = 0, beta = 1): refused before the server opens anything, with the same
+// answer whether or not the descriptor exists.
+TEST_F(ShmTest, AnotherProcesssMemfdCannotBeRegistered) {
+  StartServer(SharedMemoryOn());
+  OtherProcessMemfd victim;
+  ASSERT_GT(victim.pid(), 0);
+  ASSERT_GE(victim.fd(), 0);
+  v1::RegisterRegionRequest request;
+  request.set_path(victim.path());
+  request.set_byte_size(4096);
+  v1::RegionInfo info;
+  grpc::Status s = RegisterRegion(request, &info, kClient, nullptr);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED) << s.error_message();
+  request.set_path(victim.path(/*past=*/97));
+  grpc::Status none = RegisterRegion(request, &info, kClient, nullptr);
+  EXPECT_EQ(none.error_code(), s.error_code()) << none.error_message();
+  grpc::ClientContext context;
+  context.AddMetadata("x-client-id", kClient);
+  v1::ListRegionsResponse list;
+  ASSERT_TRUE(stub_->ListRegions(&context, {}, &list).ok());
+  EXPECT_EQ(list.regions_size(), 0);
+  // Its own memfds still register.
+  TestMemfd mine(4096);
+  EXPECT_TRUE(Register(mine, 4096, &info).ok());
 }
 
 TEST_F(ShmTest, ForeignAndUnknownRegionsAreNotFound) {
@@ -300,7 +329,10 @@ TEST_F(ShmTest, QuotaOfRegionsAndBytes) {
   s = Register(big, 2 * 4096 + 2, &info);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << s.error_message();
   EXPECT_TRUE(Register(big, 2 * 4096, &info).ok());
-  EXPECT_TRUE(Register(c, 4096, &info, "bob").ok());  // the quota is per client
+  // Over a Unix socket an x-client-id names a principal within the caller's uid, whose quota
+  // it shares: a new name escapes nothing.
+  s = Register(c, 4096, &info, "bob");
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << s.error_message();
 }
 
 TEST_F(ShmTest, RefusedOverTcpAndWhenOff) {
@@ -375,7 +407,7 @@ TEST_F(ShmTest, ResidentMatrixUploadedFromARegion) {
   EXPECT_EQ(download(info.handle()), bytes);
 
   EXPECT_EQ(upload(64, "xx", &info, stub_.get()).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
-  s = upload(66, "", &info, stub_.get());  // one element past the end
+  s = upload(80, "", &info, stub_.get());  // past the end
   EXPECT_EQ(s.error_code(), grpc::StatusCode::OUT_OF_RANGE);
   EXPECT_NE(s.error_message().find("header.region"), std::string::npos) << s.error_message();
   EXPECT_EQ(upload(64, "", &info, tcp_.get()).error_code(), grpc::StatusCode::PERMISSION_DENIED);
@@ -431,21 +463,21 @@ TEST_F(ShmTest, RegionsArePinnedForDmaOrFallBackToStaging) {
     FakePinningBackend* backend = pinning.get();
     StartServer(SharedMemoryOn(), std::move(pinning));
     const v1::GemmRequest r = RandomRequest(kM, kN, kK, rng_);
-    TestMemfd file(r.a().size() + 2 * kM * kN);
+    TestMemfd file(Pad(r.a().size()) + 2 * kM * kN);
     Write(file, 0, r.a());
-    Write(file, r.a().size(), std::string(2 * kM * kN, '\xff'));  // C poisoned: NaN
+    Write(file, Pad(r.a().size()), std::string(2 * kM * kN, '\xff'));  // C poisoned: NaN
     v1::RegionInfo info;
-    ASSERT_TRUE(Register(file, r.a().size() + 2 * kM * kN, &info).ok());
+    ASSERT_TRUE(Register(file, Pad(r.a().size()) + 2 * kM * kN, &info).ok());
     EXPECT_EQ(info.dma(), pin_error.ok());
     EXPECT_EQ(backend->pinned(), pin_error.ok() ? 1 : 0);
     v1::GemmRequest shm = r;
     SetRegion(shm.mutable_a_region(), info.region(), 0);
-    SetRegion(shm.mutable_c_region(), info.region(), r.a().size());
+    SetRegion(shm.mutable_c_region(), info.region(), Pad(r.a().size()));
     v1::GemmResponse response;
     grpc::Status s = Gemm(shm, &response);
     ASSERT_TRUE(s.ok()) << s.error_message();
     EXPECT_LT(ErrorAgainstReference(Half(r.a()), Half(r.b()),
-                                    Half(Read(file, r.a().size(), 2 * kM * kN)), kM, kN, kK),
+                                    Half(Read(file, Pad(r.a().size()), 2 * kM * kN)), kM, kN, kK),
               kServiceTolerance.fp32_acc);
     const GemmJob::PinnedHost pinned = backend->last();
     EXPECT_EQ(pinned.a, pin_error.ok());
@@ -476,7 +508,9 @@ TEST_F(ShmTest, CpuBackendRegionsAreNotDma) {
 // CUDA IPC regions where the server cannot open them: the CPU backend refuses by name, and
 // the request's own mistakes are INVALID_ARGUMENT; the rules of system regions come first.
 TEST_F(ShmTest, CudaIpcRegionsAreRefusedOnTheCpuBackend) {
-  StartServer(SharedMemoryOn());
+  ServerOptions options = SharedMemoryOn();
+  options.service.regions.allow_cuda_ipc = true;
+  StartServer(options);
   auto register_ipc = [&](const std::string& path, v1::GemmService::Stub* stub) {
     grpc::ClientContext context;
     v1::RegisterRegionRequest request;
@@ -536,18 +570,21 @@ class FakeIpcBackend final : public ForwardingBackend {
 TEST_F(ShmTest, CudaIpcRegionUsedInPlace) {
   auto fake = std::make_unique<FakeIpcBackend>(MakeCpuBackend({.workers = 1}));
   FakeIpcBackend* backend = fake.get();
-  StartServer(SharedMemoryOn(), std::move(fake));
+  ServerOptions options = SharedMemoryOn();
+  options.service.regions.allow_cuda_ipc = true;
+  StartServer(options, std::move(fake));
   v1::GemmRequest r = RandomRequest(kM, kN, kK, rng_);
   r.set_alpha(0.5f);
   r.set_beta(2.0f);
   SetRandomCIn(&r, rng_);
-  const int64_t bytes = r.a().size() + r.b().size() + r.c_in().size();
+  const int64_t b_offset = Pad(r.a().size());
+  const int64_t c_offset = b_offset + Pad(r.b().size());
+  const int64_t bytes = c_offset + r.c_in().size();
   std::shared_ptr<ResidentBuffer> memory;
   const std::string handle = backend->Share(bytes, &memory);
   char* device = static_cast<char*>(memory->data);
   std::memcpy(device, r.a().data(), r.a().size());
-  std::memcpy(device + r.a().size(), r.b().data(), r.b().size());
-  const int64_t c_offset = r.a().size() + r.b().size();
+  std::memcpy(device + b_offset, r.b().data(), r.b().size());
   std::memcpy(device + c_offset, r.c_in().data(), r.c_in().size());
 
   v1::RegionInfo info;
@@ -565,7 +602,7 @@ TEST_F(ShmTest, CudaIpcRegionUsedInPlace) {
 
   v1::GemmRequest ipc = r;
   SetRegion(ipc.mutable_a_region(), info.region(), 0);
-  SetRegion(ipc.mutable_b_region(), info.region(), r.a().size());
+  SetRegion(ipc.mutable_b_region(), info.region(), b_offset);
   SetRegion(ipc.mutable_c_in_region(), info.region(), c_offset);
   SetRegion(ipc.mutable_c_region(), info.region(), c_offset);
   v1::GemmResponse response;
@@ -575,7 +612,7 @@ TEST_F(ShmTest, CudaIpcRegionUsedInPlace) {
   EXPECT_LT(RelativeErrorOfC(r, std::string(device + c_offset, 2 * kM * kN)),
             kServiceTolerance.fp32_acc);
 
-  SetRegion(ipc.mutable_c_region(), info.region(), c_offset + 2);  // one element past the end
+  SetRegion(ipc.mutable_c_region(), info.region(), c_offset + 16);  // past the end
   s = Gemm(ipc, &response);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::OUT_OF_RANGE);
   EXPECT_NE(s.error_message().find("c_region"), std::string::npos) << s.error_message();

@@ -1551,9 +1551,9 @@ TEST_F(HgemmCRegions, ForeignRegionsOffsetsPastTheEndAndMisuseAreClearErrors) {
     gemm_with_a_in(hgemm_region_handle(theirs), 0, &e);
     EXPECT_EQ(e.code, HGEMM_NOT_FOUND) << e.text();
   }
-  {  // A's 128 bytes from offset 2 pass the region's end
+  {  // A's bytes from offset 16 pass the region's end
     Error e;
-    gemm_with_a_in(hgemm_region_handle(mine), 2, &e);
+    gemm_with_a_in(hgemm_region_handle(mine), 16, &e);
     EXPECT_EQ(e.code, HGEMM_OUT_OF_RANGE) << e.text();
   }
   {  // C named in a region while a buffer is passed too: refused before sending
@@ -1749,9 +1749,9 @@ TEST_F(HgemmCRing, BadGemmsAreClearErrorsAndTheRingKeepsWorking) {
   Error e;
   hgemm_ring_t* ring = OpenRing(&e);
   ASSERT_NE(ring, nullptr) << e.text();
-  // The server's: C one element past the region's end, an odd offset.
+  // The server's: C past the region's end, an offset off the alignment.
   hgemm_gemm_options_t* options = Options(0);
-  hgemm_gemm_options_set_c_region(options, hgemm_region_handle(c_), 2 * m * n * (kSlots - 1) + 2);
+  hgemm_gemm_options_set_c_region(options, hgemm_region_handle(c_), 2 * m * n * (kSlots - 1) + 16);
   hgemm_ring_gemm(ring, options, m, n, k, nullptr, &e.code, &e.message);
   EXPECT_EQ(e.code, HGEMM_OUT_OF_RANGE) << e.text();
   EXPECT_EQ(e.text().rfind("c_region: ", 0), 0u) << e.text();

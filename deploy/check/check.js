@@ -49,6 +49,8 @@ const SERVER_ENV = {
   HGEMM_REGION_TTL_S: intIn(0, Number.MAX_SAFE_INTEGER),
   HGEMM_MAX_REGIONS_PER_CLIENT: intIn(1, 1 << 20),
   HGEMM_MAX_REGION_BYTES_PER_CLIENT: intIn(1, Number.MAX_SAFE_INTEGER),
+  HGEMM_MAX_REGION_BYTES_TOTAL: intIn(1, Number.MAX_SAFE_INTEGER),
+  HGEMM_ALLOW_CUDA_IPC: (v) => ["true", "false", "1", "0"].includes(v) || "true|false",
   HGEMM_METRICS_LISTEN: (v) => v === "" || /^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9.-]+):\d{1,5}$/.test(v) || "host:port, or empty (off)",
   HGEMM_BACKEND: (v) => ["auto", "cuda", "cpu"].includes(v) || "auto|cuda|cpu",
   HGEMM_DEVICES: (v) => /^(\d+(,\d+)*)?$/.test(v) || "comma-separated device ordinals, or empty",

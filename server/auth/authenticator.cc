@@ -74,10 +74,14 @@ absl::Status Authenticator::FromCredentials(
   return absl::OkStatus();
 }
 
+std::optional<PeerCredentials> Authenticator::UnixPeer(
+    const grpc::ServerContextBase& context) const {
+  return unix_peers_ != nullptr ? unix_peers_->Find(context.peer()) : std::nullopt;
+}
+
 absl::Status Authenticator::Identify(const grpc::ServerContextBase& context,
                                      Principal* caller) const {
-  const std::optional<PeerCredentials> peer =
-      unix_peers_ != nullptr ? unix_peers_->Find(context.peer()) : std::nullopt;
+  const std::optional<PeerCredentials> peer = UnixPeer(context);
   if (peer && !allowed_uids_.empty() &&
       std::find(allowed_uids_.begin(), allowed_uids_.end(), peer->uid) == allowed_uids_.end()) {
     return status::PermissionDenied("uid " + std::to_string(peer->uid) +
@@ -85,10 +89,14 @@ absl::Status Authenticator::Identify(const grpc::ServerContextBase& context,
   }
   const auto& metadata = context.client_metadata();
   if (!enabled()) {
-    *caller = Principal{peer && metadata.find("x-client-id") == metadata.end()
-                            ? UidPrincipal(peer->uid)
-                            : ClientIdentity(context),
-                        false};
+    // Over a Unix socket the kernel's uid comes first, so that an x-client-id can never name
+    // another uid's principal nor escape this uid's quotas (RegionStore's accounts).
+    std::string name = ClientIdentity(context);
+    if (peer) {
+      const bool named = metadata.find("x-client-id") != metadata.end();
+      name = named ? UidPrincipal(peer->uid) + "/" + name : UidPrincipal(peer->uid);
+    }
+    *caller = Principal{std::move(name), false};
     return absl::OkStatus();
   }
   if (peer && metadata.find("authorization") == metadata.end()) {  // the kernel vouches

@@ -8,7 +8,10 @@
 // subject alternative name, else its common name); a call with neither is UNAUTHENTICATED.
 // Calls over the server's own Unix sockets (UnixPeers: the kernel's SO_PEERCRED) are more:
 // a uid outside allowed_uids is PERMISSION_DENIED whatever else it sends, and the peer's uid
-// is the principal "uid:N" of a call that sends no token (on) or no x-client-id (off).
+// is the principal "uid:N" of a call that sends no token (on); off, it is "uid:N", or
+// "uid:N/id:X" for a call sending x-client-id X: one uid's callers may name themselves apart,
+// but never as another uid, and their quotas are the uid's
+// (RegionStore counts "A/B" against account A).
 // Tokens are never logged nor echoed in a status.
 // Thread safety: all methods are thread-safe.
 #ifndef HGEMM_SERVER_AUTH_AUTHENTICATOR_H_
@@ -20,6 +23,7 @@
 
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -56,6 +60,10 @@ class Authenticator {
 
   // The caller of `context`: OK with *caller set, else UNAUTHENTICATED saying what is missing.
   absl::Status Identify(const grpc::ServerContextBase& context, Principal* caller) const;
+
+  // The kernel's word on the caller of `context` when it came over one of the server's own
+  // Unix sockets; nullopt for any other call.
+  std::optional<PeerCredentials> UnixPeer(const grpc::ServerContextBase& context) const;
 
   // Identify() with authentication on, from a call's metadata and its peer's credentials
   // (`auth` may be null: plaintext).

@@ -13,6 +13,7 @@
 
 #include <sys/types.h>
 
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string_view>
@@ -20,10 +21,36 @@
 
 namespace hgemm {
 
+// A pidfd: a reference to one process that, unlike its pid, can never name another process
+// once that one has exited. Closed on destruction. Thread safety: immutable.
+class ProcessHandle {
+ public:
+  // The process at the other end of the connected Unix socket `socket_fd` (SO_PEERPIDFD where
+  // the kernel has it, else pidfd_open of its SO_PEERCRED `pid`); null if the kernel offers
+  // neither or the process is gone.
+  static std::shared_ptr<const ProcessHandle> OfPeer(int socket_fd, pid_t pid);
+  // Of process `pid` (pidfd_open); null if there is none. For tests and the fallback above.
+  static std::shared_ptr<const ProcessHandle> Open(pid_t pid);
+  ~ProcessHandle();
+  ProcessHandle(const ProcessHandle&) = delete;
+  ProcessHandle& operator=(const ProcessHandle&) = delete;
+
+  pid_t pid() const { return pid_; }
+  // False once the process has exited (then its pid may already name another process).
+  bool Alive() const;
+
+ private:
+  ProcessHandle(int fd, pid_t pid) : fd_(fd), pid_(pid) {}
+  const int fd_;
+  const pid_t pid_;
+};
+
 struct PeerCredentials {
   uid_t uid = 0;
   gid_t gid = 0;
   pid_t pid = 0;  // when it connected
+  // The process `pid` named when it connected (null: the kernel has no pidfds).
+  std::shared_ptr<const ProcessHandle> process;
 };
 
 class UnixPeers {

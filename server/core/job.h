@@ -63,6 +63,9 @@ struct GemmJob {
   std::string kernel = "auto";  // a backend variant name, or "auto"
   Accumulation accumulation = Accumulation::kFp32;
   std::string request_id;
+  // Whose share of the scheduler's queue the GEMM counts against: its principal's account
+  // (RegionStore::Account: one uid's named clients share one), so that new names escape nothing.
+  std::string owner;
   // The call's W3C traceparent, already checked (server/core/logging.h), for the log; "" if none.
   std::string traceparent;
   // C = op(A)·op(B) (BLAS semantics): A is stored k×m when transpose_a, B n×k when

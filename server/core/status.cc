@@ -75,7 +75,7 @@ absl::Status QueueFull(const std::string& what) {
 }
 
 absl::Status ShuttingDown() {
-  return Make(absl::StatusCode::kUnavailable, "server is shutting down");
+  return Make(absl::StatusCode::kUnavailable, "server is shutting down; retry elsewhere");
 }
 
 absl::Status DeadlineExpired(double waited_ms) {

@@ -8,7 +8,8 @@
 // now (kRingHasDeadline), and some bind more slots (RingExecutor::Bind, as BindRingSlots),
 // all drawn from the entry's own bytes so that the corpus decodes as before), then stops the
 // ring. Besides "no crash" (ASan: no access outside the mappings), it checks that
-// every completion carries a code in 0..16 and a NUL-terminated message, that a detach says
+// every completion carries a code in 0..16, a NUL-terminated message and an execution only when
+// OK (a kernel of the ring's table, a valid accumulation), that a detach says
 // why (INVALID_ARGUMENT naming sq_tail or cq_head), and that once stopped the ring lets go of
 // its region within kCallDeadline (its thread never blocks; its GEMMs complete).
 #include <fuzzer/FuzzedDataProvider.h>
@@ -41,7 +42,7 @@ struct Mapped {
     if (p == MAP_FAILED) Fail("mmap", "cannot map the memfd");
     base = static_cast<uint8_t*>(p);
     RegionInfo info;
-    if (absl::Status s = regions.Register("fuzz", file.path(), bytes, "fuzz", &info); !s.ok()) {
+    if (absl::Status s = regions.Register("fuzz", ThisProcess(), file.path(), bytes, "fuzz", &info); !s.ok()) {
       Fail("Register", std::string(s.message()));
     }
     handle = info.handle;
@@ -86,9 +87,10 @@ RingOperand Operand(FuzzedDataProvider& in) {
   RingOperand o{};
   o.kind = in.ConsumeBool() ? in.ConsumeIntegralInRange<uint32_t>(0, 3) : in.ConsumeIntegral<uint32_t>();
   o.slot = in.ConsumeBool() ? in.ConsumeIntegralInRange<uint32_t>(0, 2) : in.ConsumeIntegral<uint32_t>();
-  switch (in.ConsumeIntegralInRange<int>(0, 3)) {
-    case 0: o.offset = 2 * in.ConsumeIntegralInRange<uint64_t>(0, kDataBytes / 2); break;
-    case 1: o.offset = UINT64_MAX - in.ConsumeIntegralInRange<uint64_t>(0, 4096); break;
+  switch (in.ConsumeIntegralInRange<int>(0, 4)) {
+    case 0: o.offset = 16 * in.ConsumeIntegralInRange<uint64_t>(0, kDataBytes / 16); break;
+    case 1: o.offset = 2 * in.ConsumeIntegralInRange<uint64_t>(0, kDataBytes / 2); break;
+    case 2: o.offset = UINT64_MAX - in.ConsumeIntegralInRange<uint64_t>(0, 4096); break;
     default: o.offset = in.ConsumeIntegral<uint64_t>();
   }
   return o;
@@ -151,6 +153,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       if (c.code < 0 || c.code > 16) Fail("a completion code outside 0..16", std::to_string(c.code));
       if (std::memchr(c.message, 0, sizeof(c.message)) == nullptr) {
         Fail("a completion message without its NUL", "");
+      }
+      // What ran it: only for a GEMM that ran, naming a kernel of the ring's table.
+      if ((c.flags & ~uint32_t{kRingCompletionExecution}) != 0 ||
+          ((c.flags & kRingCompletionExecution) != 0 &&
+           (c.code != 0 || c.kernel > s.core.rules().kernels.size() ||
+            !v1::Accumulation_IsValid(c.accumulation)))) {
+        Fail("a completion's execution", std::to_string(c.flags) + " " + std::to_string(c.kernel));
       }
       if (c.code == 0 && std::strncmp(c.message, "m-", 2) == 0) {  // a kept C
         int64_t freed = 0;

@@ -101,7 +101,8 @@ uint64_t RegionOffset(FuzzedDataProvider& in, const ClientRegion* region, uint64
     case 2: return 2 * in.ConsumeIntegralInRange<uint64_t>(0, room / 2) + 1;
     case 3: return UINT64_MAX - 2 * in.ConsumeIntegralInRange<uint64_t>(0, 8) - 1;
     case 4: return in.ConsumeIntegral<uint64_t>();
-    default: return 2 * in.ConsumeIntegralInRange<uint64_t>(0, room / 2);
+    case 5: return 2 * in.ConsumeIntegralInRange<uint64_t>(0, room / 2);  // element-aligned
+    default: return kRegionAlignment * in.ConsumeIntegralInRange<uint64_t>(0, room / kRegionAlignment);
   }
 }
 
@@ -286,6 +287,11 @@ void Unary(FuzzedDataProvider& in, const std::string& client, std::vector<std::s
   absl::Status s = fuzz::RunGemm(client, r, deadline, cancelled, over_unix_socket, &c, &kept);
   fuzz::CheckMessage(s);
   if (s.ok() && !c.empty()) CheckZeros(reinterpret_cast<const uint8_t*>(c.data()), c.size(), "host C");
+  for (const v1::RegionRef* ref : {&r.a_region(), &r.b_region(), &r.c_in_region(), &r.c_region()}) {
+    if (s.ok() && !ref->region().empty() && ref->offset() % kRegionAlignment != 0) {
+      fuzz::Fail("a GEMM ran with a region offset off the alignment", std::to_string(ref->offset()));
+    }
+  }
   if (poisoned) {
     if (s.ok()) {
       CheckZeros(c_region.region->base + c_region.offset, c_region.bytes, "C in a region");
@@ -396,10 +402,14 @@ void RegionCall(FuzzedDataProvider& in, const std::string& client, Regions& regi
                                     ? std::string(in.ConsumeIntegralInRange<size_t>(0, 300), 'l')
                                     : "fuzz";
       RegionInfo info;
-      const absl::Status s = store.Register(client, path, asked, label, &info);
+      // Mostly this process (its own memfds); sometimes a process it is not.
+      RegisteringProcess caller = ThisProcess();
+      if (in.ConsumeIntegralInRange<int>(0, 15) == 0) caller.pid = getppid();
+      const absl::Status s = store.Register(client, caller, path, asked, label, &info);
       fuzz::CheckMessage(s);
       if (s.ok()) {
         if (!sealed) fuzz::Fail("a region whose file can shrink was registered", path);
+        if (caller.pid != getpid()) fuzz::Fail("another process's file was registered", path);
         if (info.bytes != asked || asked > region->bytes) {
           fuzz::Fail("a region registered with another size", std::to_string(asked));
         }

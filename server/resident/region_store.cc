@@ -3,10 +3,13 @@
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <sys/mman.h>
+#include <linux/magic.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <random>
@@ -64,6 +67,11 @@ absl::Status UnknownRegion(const std::string& handle) {
       status::Quote(handle)));
 }
 
+// The pid of a path IsProcFdPath accepted.
+pid_t PathPid(const std::string& path) {
+  return pid_t(std::strtoll(path.c_str() + sizeof("/proc/") - 1, nullptr, 10));
+}
+
 }  // namespace
 
 RegionLease& RegionLease::operator=(RegionLease&& other) noexcept {
@@ -106,22 +114,72 @@ absl::Status RegionStore::CheckAllowed(bool over_unix_socket) const {
   return absl::OkStatus();
 }
 
-absl::Status RegionStore::Register(const std::string& owner, const std::string& path,
-                                   int64_t bytes, const std::string& label, RegionInfo* info) {
+class RegionStore::Reservation {
+ public:
+  Reservation(RegionStore* store, std::string account, int64_t bytes, bool host_memory)
+      : store_(store), account_(std::move(account)), bytes_(bytes), host_memory_(host_memory) {}
+  ~Reservation() {
+    std::lock_guard<std::mutex> lock(store_->mu_);
+    auto it = store_->reserved_.find(account_);
+    if (--it->second.first == 0) {
+      store_->reserved_.erase(it);
+    } else {
+      it->second.second -= bytes_;
+    }
+    if (host_memory_) store_->reserved_host_bytes_ -= bytes_;
+  }
+  Reservation(const Reservation&) = delete;
+  Reservation& operator=(const Reservation&) = delete;
+
+ private:
+  RegionStore* const store_;
+  const std::string account_;
+  const int64_t bytes_;
+  const bool host_memory_;
+};
+
+std::string RegionStore::Account(const std::string& owner) {
+  return owner.substr(0, owner.find('/'));
+}
+
+absl::Status RegionStore::Register(const std::string& owner, const RegisteringProcess& caller,
+                                   const std::string& path, int64_t bytes,
+                                   const std::string& label, RegionInfo* info) {
   if (!IsProcFdPath(path)) {
     return status::InvalidArgument(
         "path", fmt::format("{}: expected /proc/<pid>/fd/<fd> of a sealed memfd", status::Quote(path)));
   }
   if (absl::Status s = CheckSizeAndLabel(bytes, label); !s.ok()) return s;
+  // Nothing is opened unless the path is the caller's own: otherwise the server would read or
+  // write another process's memory for it, and its answers would tell which fds exist.
+  if (PathPid(path) != caller.pid) {
+    return status::PermissionDenied(fmt::format(
+        "path {}: only the calling process's own file descriptors can be registered (the "
+        "caller is pid {})",
+        status::Quote(path), caller.pid));
+  }
+  if (!caller.alive) {
+    return status::FailedPrecondition(
+        "this kernel offers no pidfd for the caller (Linux 5.3 or newer is needed), so the "
+        "server cannot tell its /proc/<pid> from a reused pid's");
+  }
   // O_PATH first: no open side effects (a FIFO, a device) before the file is known to be a
   // regular one.
   Fd probe(open(path.c_str(), O_PATH | O_CLOEXEC));
+  const int open_error = errno;
+  // After the open: if the caller still lives, its pid was never reused, so the file opened
+  // was the caller's.
+  if (!caller.alive()) {
+    return status::PermissionDenied(
+        fmt::format("path {}: the calling process has exited", status::Quote(path)));
+  }
   if (probe.get() < 0) {
-    const int e = errno;
-    if (e == EACCES || e == EPERM) {
-      return status::PermissionDenied(fmt::format("path {}: {}", status::Quote(path), strerror(e)));
+    if (open_error == EACCES || open_error == EPERM) {
+      return status::PermissionDenied(
+          fmt::format("path {}: {}", status::Quote(path), strerror(open_error)));
     }
-    return status::InvalidArgument("path", fmt::format("{}: {}", status::Quote(path), strerror(e)));
+    return status::InvalidArgument(
+        "path", fmt::format("{}: {}", status::Quote(path), strerror(open_error)));
   }
   struct stat st {};
   if (fstat(probe.get(), &st) != 0 || !S_ISREG(st.st_mode)) {
@@ -132,6 +190,15 @@ absl::Status RegionStore::Register(const std::string& owner, const std::string& 
     return status::PermissionDenied(
         fmt::format("path {}: cannot open it for reading and writing: {}", status::Quote(path),
                     strerror(errno)));
+  }
+  // tmpfs only: a hugetlbfs memfd can have a huge page freed under the mapping (a punched
+  // hole), and the server's next touch of it would be SIGBUS; files on disk can fail I/O.
+  struct statfs fs {};
+  if (fstatfs(fd.get(), &fs) != 0 || fs.f_type != TMPFS_MAGIC) {
+    return status::FailedPrecondition(fmt::format(
+        "path {}: not a memfd on tmpfs (memfd_create without MFD_HUGETLB); hugetlb memfds and "
+        "files on disk are refused",
+        status::Quote(path)));
   }
   const int seals = fcntl(fd.get(), F_GET_SEALS);
   if (seals < 0 || (seals & F_SEAL_SHRINK) == 0) {
@@ -150,13 +217,23 @@ absl::Status RegionStore::Register(const std::string& owner, const std::string& 
     return status::InvalidArgument(
         "byte_size", fmt::format("{} bytes, but the file has {}", bytes, int64_t(st.st_size)));
   }
-  // Mapped and pinned without mu_ (pinning a large region takes a while, and GEMMs acquire
-  // leases under mu_): the quota is checked before, and again once the region is in hand.
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    ExpireLocked(Clock::now());
-    if (absl::Status s = CheckQuotaLocked(owner, bytes); !s.ok()) return s;
+  // Pages the client never allocated would be allocated by the server's pinning or reads, in
+  // the server's memory: the client pays for its regions by allocating all of the file first
+  // (st_blocks counts written and fallocate()d pages alike; SEEK_HOLE sees the latter as holes).
+  const int64_t page = sysconf(_SC_PAGESIZE);
+  const int64_t allocated = int64_t(st.st_blocks) * 512;
+  if (allocated < (int64_t(st.st_size) + page - 1) / page * page) {
+    return status::FailedPrecondition(fmt::format(
+        "path {}: only {} of its {} bytes are allocated (a sparse file): write them or "
+        "fallocate(fd, 0, 0, size) before registering",
+        status::Quote(path), allocated, int64_t(st.st_size)));
   }
+  std::unique_ptr<Reservation> reservation;
+  if (absl::Status s = Reserve(owner, bytes, /*host_memory=*/true, &reservation); !s.ok()) {
+    return s;
+  }
+  // Mapped and pinned without mu_ (pinning a large region takes a while, and GEMMs acquire
+  // leases under mu_), under the reservation.
   void* base = mmap(nullptr, size_t(bytes), PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
   if (base == MAP_FAILED) {
     const int e = errno;
@@ -176,24 +253,31 @@ absl::Status RegionStore::Register(const std::string& owner, const std::string& 
   entry.base = static_cast<uint8_t*>(base);
   entry.mapping = std::shared_ptr<void>(base, [bytes, unpin = std::move(unpin)](void* p) {
     if (unpin) unpin();
-    munmap(p, size_t(bytes));
+    if (munmap(p, size_t(bytes)) != 0) {
+      spdlog::error("munmap of a region of {} bytes: {}", bytes, strerror(errno));
+    }
   });
   entry.info.dma = pinned.ok();
   entry.info.dma_failed = dma_failed;
-  return Add(owner, label, bytes, std::move(entry), info);
+  Add(owner, label, bytes, std::move(entry), std::move(reservation), info);
+  return absl::OkStatus();
 }
 
 absl::Status RegionStore::RegisterCudaIpc(const std::string& owner, const std::string& ipc_handle,
                                           const std::string& device, int64_t bytes,
                                           const std::string& label, RegionInfo* info) {
+  if (!options_.allow_cuda_ipc) {
+    return status::FailedPrecondition(
+        "CUDA IPC regions are off on this server (--allow_cuda_ipc: for trusted clients only, "
+        "since the server cannot check what a handle names, see docs/same_host_security.md)");
+  }
   if (absl::Status s = CheckSizeAndLabel(bytes, label); !s.ok()) return s;
   if (backend_ == nullptr) {
     return status::FailedPrecondition("CUDA IPC needs the CUDA backend (this server has none)");
   }
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    ExpireLocked(Clock::now());
-    if (absl::Status s = CheckQuotaLocked(owner, bytes); !s.ok()) return s;
+  std::unique_ptr<Reservation> reservation;
+  if (absl::Status s = Reserve(owner, bytes, /*host_memory=*/false, &reservation); !s.ok()) {
+    return s;
   }
   Entry entry;
   if (absl::Status s = backend_->OpenIpcMemory(ipc_handle, device, bytes, &entry.device_memory);
@@ -205,7 +289,8 @@ absl::Status RegionStore::RegisterCudaIpc(const std::string& owner, const std::s
   entry.info.cuda_ipc = true;
   entry.info.device_index = entry.device_memory->device_index;
   entry.info.device_id = backend_->Devices()[entry.info.device_index].id;
-  return Add(owner, label, bytes, std::move(entry), info);
+  Add(owner, label, bytes, std::move(entry), std::move(reservation), info);
+  return absl::OkStatus();
 }
 
 absl::Status RegionStore::CheckSizeAndLabel(int64_t bytes, const std::string& label) {
@@ -214,30 +299,49 @@ absl::Status RegionStore::CheckSizeAndLabel(int64_t bytes, const std::string& la
   return absl::OkStatus();
 }
 
-absl::Status RegionStore::Add(const std::string& owner, const std::string& label, int64_t bytes,
-                              Entry entry, RegionInfo* info) {
+absl::Status RegionStore::Reserve(const std::string& owner, int64_t bytes, bool host_memory,
+                                  std::unique_ptr<Reservation>* reservation) {
+  Released released;
   std::lock_guard<std::mutex> lock(mu_);
-  const Clock::time_point now = Clock::now();
-  ExpireLocked(now);
-  // A refusal drops the entry (unpinned and unmapped, or closed) once mu_ is released: it was
-  // moved into this function's parameter, destroyed after `lock`.
-  if (absl::Status s = CheckQuotaLocked(owner, bytes); !s.ok()) return s;
-  entry.info.handle = NewRegionHandle();
-  entry.info.owner = owner;
-  entry.info.label = label;
-  entry.info.bytes = bytes;
-  entry.info.created = entry.info.last_used = now;
-  entry.info.ttl = options_.ttl;
-  *info = entry.info;
-  regions_.emplace(entry.info.handle, std::move(entry));
+  ExpireLocked(Clock::now(), &released);
+  const std::string account = Account(owner);
+  if (absl::Status s = CheckQuotaLocked(account, bytes, host_memory); !s.ok()) return s;
+  auto& [regions, held] = reserved_[account];
+  ++regions;
+  held += bytes;
+  if (host_memory) reserved_host_bytes_ += bytes;
+  *reservation = std::make_unique<Reservation>(this, account, bytes, host_memory);
   return absl::OkStatus();
 }
 
-absl::Status RegionStore::CheckQuotaLocked(const std::string& owner, int64_t bytes) const {
+void RegionStore::Add(const std::string& owner, const std::string& label, int64_t bytes,
+                      Entry entry, std::unique_ptr<Reservation> reservation, RegionInfo* info) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    const Clock::time_point now = Clock::now();
+    entry.info.handle = NewRegionHandle();
+    entry.info.owner = owner;
+    entry.info.label = label;
+    entry.info.bytes = bytes;
+    entry.info.created = entry.info.last_used = now;
+    entry.info.ttl = options_.ttl;
+    *info = entry.info;
+    regions_.emplace(entry.info.handle, std::move(entry));
+  }
+  reservation.reset();  // the region counts in its place now (takes mu_)
+}
+
+absl::Status RegionStore::CheckQuotaLocked(const std::string& account, int64_t bytes,
+                                           bool host_memory) const {
   int regions = 0;
-  int64_t held = 0;
+  int64_t held = 0, host_bytes = reserved_host_bytes_;
+  if (auto it = reserved_.find(account); it != reserved_.end()) {
+    regions += it->second.first;
+    held += it->second.second;
+  }
   for (const auto& [handle, entry] : regions_) {
-    if (entry.info.owner != owner) continue;
+    if (!entry.info.cuda_ipc) host_bytes += entry.info.bytes;
+    if (Account(entry.info.owner) != account) continue;
     ++regions;
     held += entry.info.bytes;
   }
@@ -252,15 +356,21 @@ absl::Status RegionStore::CheckQuotaLocked(const std::string& owner, int64_t byt
         "{} registered)",
         bytes, options_.max_bytes_per_owner, held));
   }
+  if (host_memory && bytes > options_.max_host_bytes - host_bytes) {
+    return status::OverLimit(fmt::format(
+        "{} more bytes would put the regions of all clients over {} (--max_region_bytes_total; "
+        "{} registered)",
+        bytes, options_.max_host_bytes, host_bytes));
+  }
   return absl::OkStatus();
 }
 
 absl::Status RegionStore::Unregister(const std::string& owner, const std::string& handle,
                                      int64_t* freed) {
   *freed = 0;
-  std::shared_ptr<void> mapping;  // unmapped after mu_ is released
+  Released released;  // unmapped after mu_ is released
   std::lock_guard<std::mutex> lock(mu_);
-  ExpireLocked(Clock::now());
+  ExpireLocked(Clock::now(), &released);
   auto it = regions_.find(handle);
   if (it == regions_.end() || it->second.info.owner != owner) return UnknownRegion(handle);
   if (it->second.info.leases > 0) {
@@ -269,7 +379,7 @@ absl::Status RegionStore::Unregister(const std::string& owner, const std::string
         status::Quote(handle), it->second.info.leases));
   }
   *freed = it->second.info.bytes;
-  mapping = std::move(it->second.mapping);
+  released.push_back(std::move(it->second.mapping));
   regions_.erase(it);
   return absl::OkStatus();
 }
@@ -278,17 +388,21 @@ absl::Status RegionStore::Acquire(const std::string& owner, const std::string& h
                                   uint64_t offset, int64_t bytes, const std::string& field,
                                   RegionLease* lease) {
   lease->Release();  // before mu_: giving a lease back takes it
+  Released released;
   std::lock_guard<std::mutex> lock(mu_);
   const Clock::time_point now = Clock::now();
-  ExpireLocked(now);
+  ExpireLocked(now, &released);
   auto it = regions_.find(handle);
   if (it == regions_.end() || it->second.info.owner != owner) {
     return status::WithContext(field, UnknownRegion(handle));
   }
   Entry& entry = it->second;
-  if (offset % 2 != 0) {
-    return status::InvalidArgument(field + ".offset",
-                                   fmt::format("{} is odd: fp16 elements are 2-byte aligned", offset));
+  if (offset % kRegionAlignment != 0) {
+    return status::InvalidArgument(
+        field + ".offset",
+        fmt::format("{} is not a multiple of {}: operands are used in place by DMA and the "
+                    "kernels, which need {}-byte alignment",
+                    offset, kRegionAlignment, kRegionAlignment));
   }
   // Neither side can overflow: both are at most the region's size (an int64_t > 0).
   const uint64_t size = uint64_t(entry.info.bytes);
@@ -325,8 +439,9 @@ void RegionStore::Unlease(const std::string& handle) {
 }
 
 std::vector<RegionInfo> RegionStore::List(const std::string& owner) {
+  Released released;
   std::lock_guard<std::mutex> lock(mu_);
-  ExpireLocked(Clock::now());
+  ExpireLocked(Clock::now(), &released);
   std::vector<RegionInfo> out;
   for (const auto& [handle, entry] : regions_) {
     if (entry.info.owner == owner) out.push_back(entry.info);
@@ -335,18 +450,20 @@ std::vector<RegionInfo> RegionStore::List(const std::string& owner) {
 }
 
 int64_t RegionStore::OwnerBytes(const std::string& owner) {
+  Released released;
   std::lock_guard<std::mutex> lock(mu_);
-  ExpireLocked(Clock::now());
+  ExpireLocked(Clock::now(), &released);
   int64_t bytes = 0;
   for (const auto& [handle, entry] : regions_) {
-    if (entry.info.owner == owner) bytes += entry.info.bytes;
+    if (Account(entry.info.owner) == Account(owner)) bytes += entry.info.bytes;
   }
   return bytes;
 }
 
 std::vector<RegionStore::OwnerUsage> RegionStore::UsageByOwner() {
+  Released released;
   std::lock_guard<std::mutex> lock(mu_);
-  ExpireLocked(Clock::now());
+  ExpireLocked(Clock::now(), &released);
   std::map<std::string, OwnerUsage> by_owner;
   for (const auto& [handle, entry] : regions_) {
     OwnerUsage& usage = by_owner[entry.info.owner];
@@ -360,19 +477,21 @@ std::vector<RegionStore::OwnerUsage> RegionStore::UsageByOwner() {
 }
 
 int64_t RegionStore::StagedRegions() {
+  Released released;
   std::lock_guard<std::mutex> lock(mu_);
-  ExpireLocked(Clock::now());
+  ExpireLocked(Clock::now(), &released);
   int64_t staged = 0;
   for (const auto& [handle, entry] : regions_) staged += entry.info.dma_failed ? 1 : 0;
   return staged;
 }
 
-void RegionStore::ExpireLocked(Clock::time_point now) {
+void RegionStore::ExpireLocked(Clock::time_point now, Released* released) {
   if (options_.ttl.count() <= 0) return;
   for (auto it = regions_.begin(); it != regions_.end();) {
     const RegionInfo& info = it->second.info;
     if (info.leases == 0 && now - info.last_used >= info.ttl) {
-      it = regions_.erase(it);  // no lease holds the mapping: unmapped here
+      released->push_back(std::move(it->second.mapping));  // no lease holds it
+      it = regions_.erase(it);
     } else {
       ++it;
     }

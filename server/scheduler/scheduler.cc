@@ -67,6 +67,14 @@ absl::Status Scheduler::Enqueue(GemmJob job, GemmDone done) {
     if (queued_ >= options_.max_queued_requests) {
       return status::QueueFull(fmt::format("queue full: {} GEMMs waiting", queued_));
     }
+    const auto owner = queued_by_owner_.find(job.owner);
+    const int64_t owner_queued = owner != queued_by_owner_.end() ? owner->second : 0;
+    if (options_.max_queued_per_owner > 0 && owner_queued >= options_.max_queued_per_owner) {
+      return status::QueueFull(fmt::format(
+          "queue full for this client: {} of its GEMMs waiting, its whole share "
+          "(--max_queued_per_client)",
+          owner_queued));
+    }
     if (admitted_bytes_ + bytes > options_.max_queued_bytes) {
       return status::QueueFull(fmt::format("queue full: {} of {} bytes admitted", admitted_bytes_,
                                            options_.max_queued_bytes));
@@ -77,6 +85,7 @@ absl::Status Scheduler::Enqueue(GemmJob job, GemmDone done) {
     device.entries.push_back({std::move(job), std::move(done), Clock::now()});
     device.waiting.store(int64_t(device.entries.size()), std::memory_order_release);
     queued_++;
+    queued_by_owner_[device.entries.back().job.owner]++;
     admitted_total_++;
     admitted_bytes_ += bytes;
     device.work_available.notify_one();
@@ -135,6 +144,9 @@ void Scheduler::WorkerLoop(int slot) {
       device.entries.pop_front();
       device.waiting.store(int64_t(device.entries.size()), std::memory_order_relaxed);
       queued_--;
+      if (auto owner = queued_by_owner_.find(entry.job.owner); --owner->second == 0) {
+        queued_by_owner_.erase(owner);
+      }
       device.running++;
     }
     GemmReport report;

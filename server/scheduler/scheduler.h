@@ -17,7 +17,9 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <map>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -29,6 +31,10 @@ namespace hgemm {
 struct SchedulerOptions {
   // Jobs admitted but not yet running, over all devices; more → UNAVAILABLE.
   int64_t max_queued_requests = 256;
+  // Of those, the jobs of one owner (GemmJob::owner); more of its → UNAVAILABLE while others'
+  // are still admitted, so that one client (16 rings of 64 GEMMs in flight, say) cannot fill
+  // the queue for everyone. 0: no per-owner bound.
+  int64_t max_queued_per_owner = 64;
   // Operand + result bytes of all admitted (queued or running) jobs; a job that would pass it
   // → UNAVAILABLE, a job larger than it on its own → RESOURCE_EXHAUSTED.
   int64_t max_queued_bytes = int64_t{16} << 30;
@@ -53,7 +59,8 @@ class Scheduler {
   Scheduler& operator=(const Scheduler&) = delete;
 
   // Admits `job` or says why not: RESOURCE_EXHAUSTED (larger than a limit), UNAVAILABLE (queue
-  // full now, shutting down, or the job's device or every device has failed). On OK, `done`
+  // full now, or its owner's share of it; shutting down; the job's device or every device has
+  // failed). On OK, `done`
   // runs exactly once, later, on a worker thread: with the backend's status,
   // DEADLINE_EXCEEDED, CANCELLED, or UNAVAILABLE (its device failed while it waited). Never
   // calls `done` inline.
@@ -111,6 +118,7 @@ class Scheduler {
   mutable std::mutex mu_;
   std::vector<DeviceQueue> devices_;  // guarded by mu_
   int64_t queued_ = 0;                // guarded by mu_
+  std::map<std::string, int64_t> queued_by_owner_;  // guarded by mu_; owners with > 0
   int64_t admitted_bytes_ = 0;        // guarded by mu_
   int64_t admitted_total_ = 0;        // guarded by mu_
   int64_t completed_total_ = 0;       // guarded by mu_

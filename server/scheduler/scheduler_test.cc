@@ -6,6 +6,7 @@
 #include <future>
 #include <mutex>
 #include <set>
+#include <string>
 
 namespace hgemm {
 namespace {
@@ -132,6 +133,53 @@ TEST(Scheduler, FullQueueIsUnavailableAndRecovers) {
   results.WaitFor(3);
   EXPECT_TRUE(scheduler.Enqueue(Job(), results.Callback()).ok());
   results.WaitFor(4);
+}
+
+GemmJob OwnedJob(const std::string& owner) {
+  GemmJob job = Job();
+  job.owner = owner;
+  return job;
+}
+
+TEST(Scheduler, OneOwnerCannotTakeMoreThanItsShareOfTheQueue) {
+  GatedBackend backend(1, 1);
+  Scheduler scheduler(&backend, {.max_queued_requests = 8, .max_queued_per_owner = 2});
+  Results results;
+  ASSERT_TRUE(scheduler.Enqueue(OwnedJob("alice"), results.Callback()).ok());
+  backend.WaitRunning(1);  // running: no longer queued, so not counted
+  ASSERT_TRUE(scheduler.Enqueue(OwnedJob("alice"), results.Callback()).ok());
+  ASSERT_TRUE(scheduler.Enqueue(OwnedJob("alice"), results.Callback()).ok());
+  absl::Status over = scheduler.Enqueue(OwnedJob("alice"), results.Callback());
+  EXPECT_EQ(over.code(), absl::StatusCode::kUnavailable);
+  EXPECT_NE(over.message().find("--max_queued_per_client"), std::string::npos) << over.message();
+  // The queue has room, and another owner has a share of its own.
+  ASSERT_TRUE(scheduler.Enqueue(OwnedJob("bob"), results.Callback()).ok());
+  ASSERT_TRUE(scheduler.Enqueue(OwnedJob("bob"), results.Callback()).ok());
+  EXPECT_EQ(scheduler.Enqueue(OwnedJob("bob"), results.Callback()).code(),
+            absl::StatusCode::kUnavailable);
+  EXPECT_EQ(scheduler.GetStats().queued, 4);
+  backend.Open();
+  results.WaitFor(5);
+  // Their jobs have run: the shares are free again.
+  EXPECT_TRUE(scheduler.Enqueue(OwnedJob("alice"), results.Callback()).ok());
+  EXPECT_TRUE(scheduler.Enqueue(OwnedJob("bob"), results.Callback()).ok());
+  results.WaitFor(7);
+  for (auto& [code, report] : results.done) EXPECT_EQ(code, absl::StatusCode::kOk);
+
+  // 0: no share; one owner may fill the whole queue.
+  GatedBackend unshared_backend(1, 1);
+  Scheduler unshared(&unshared_backend, {.max_queued_requests = 4, .max_queued_per_owner = 0});
+  Results unshared_results;
+  ASSERT_TRUE(unshared.Enqueue(OwnedJob("alice"), unshared_results.Callback()).ok());
+  unshared_backend.WaitRunning(1);
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_TRUE(unshared.Enqueue(OwnedJob("alice"), unshared_results.Callback()).ok()) << i;
+  }
+  absl::Status full = unshared.Enqueue(OwnedJob("bob"), unshared_results.Callback());
+  EXPECT_EQ(full.code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(full.message().find("--max_queued_per_client"), std::string::npos) << full.message();
+  unshared_backend.Open();
+  unshared_results.WaitFor(5);
 }
 
 TEST(Scheduler, ByteBudget) {

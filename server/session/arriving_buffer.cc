@@ -37,7 +37,7 @@ void ArrivingBuffer::Allocated(const absl::Status& s, std::shared_ptr<ResidentBu
   MaybeSettle(lock);
 }
 
-void ArrivingBuffer::Add(int64_t offset, std::string data) {
+void ArrivingBuffer::Add(int64_t offset, WireBytes data) {
   std::unique_lock<std::mutex> lock(mu_);
   if (!settled_ || dropped_) return;
   if (!tally_.error().ok()) {  // a copy failed: the rest is counted, not copied
@@ -60,7 +60,7 @@ void ArrivingBuffer::Drop(absl::Status why) {
   MaybeSettle(lock);
 }
 
-void ArrivingBuffer::CopyLocked(int64_t offset, std::string data) {
+void ArrivingBuffer::CopyLocked(int64_t offset, WireBytes data) {
   const int64_t size = int64_t(data.size());
   writes_in_flight_++;
   uploads_->Write(buffer_, offset, std::move(data),

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "server/core/job.h"
+#include "server/core/wire_bytes.h"
 #include "server/scheduler/upload_queue.h"
 
 namespace hgemm {
@@ -43,7 +44,7 @@ class ArrivingBuffer : public std::enable_shared_from_this<ArrivingBuffer> {
   // `data` belongs at byte `offset`: copied when the buffer exists (dropped once the buffer
   // has failed or been dropped). REQUIRES: the pieces cover each byte of [0, bytes) once (the
   // caller's order rules check it).
-  void Add(int64_t offset, std::string data);
+  void Add(int64_t offset, WireBytes data);
 
   // Nothing more will be added: what was not copied yet is dropped, and the buffer settles
   // with `why` once the work in flight has landed (inside this call when none is). No effect
@@ -54,7 +55,7 @@ class ArrivingBuffer : public std::enable_shared_from_this<ArrivingBuffer> {
   ArrivingBuffer(UploadQueue* uploads, int64_t bytes, Settled settled)
       : uploads_(uploads), tally_(bytes), settled_(std::move(settled)) {}
   void Allocated(const absl::Status& s, std::shared_ptr<ResidentBuffer> buffer);
-  void CopyLocked(int64_t offset, std::string data);
+  void CopyLocked(int64_t offset, WireBytes data);
   void Copied(const absl::Status& s, int64_t bytes, double copy_ms);
   // Settles if nothing is outstanding; releases `lock` either way.
   void MaybeSettle(std::unique_lock<std::mutex>& lock);
@@ -63,7 +64,7 @@ class ArrivingBuffer : public std::enable_shared_from_this<ArrivingBuffer> {
   std::mutex mu_;
   bool allocating_ = true;                                // guarded by mu_
   std::shared_ptr<ResidentBuffer> buffer_;                // guarded by mu_
-  std::vector<std::pair<int64_t, std::string>> early_;    // guarded by mu_; before buffer_
+  std::vector<std::pair<int64_t, WireBytes>> early_;    // guarded by mu_; before buffer_
   int64_t writes_in_flight_ = 0;                          // guarded by mu_
   // Bytes landed (or counted after a failure), the first failure (a copy, the allocation,
   // Drop's reason) and the copy time.

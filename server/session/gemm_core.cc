@@ -69,6 +69,7 @@ absl::Status GemmCore::Admit(const std::string& owner, GemmOrder order,
   gemm.owner_ = owner;
   gemm.job_ = std::move(order.job);
   GemmJob& job = gemm.job_;
+  job.owner = RegionStore::Account(owner);
   // Before C's buffer is made: the size limits say whether it may be.
   if (absl::Status s = scheduler_->CheckSize(job.shape); !s.ok()) return s;
   const bool keep_c = order.c.kind == ResultSink::Kind::kKeepResident;

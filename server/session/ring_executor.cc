@@ -483,6 +483,14 @@ absl::Status RingExecutor::Submit(const RingSubmission& entry) {
   });
 }
 
+uint16_t RingExecutor::KernelIndex(const std::string& kernel) const {
+  const std::vector<KernelDescription>& kernels = core_->rules().kernels;
+  for (size_t i = 0; i < kernels.size() && i < UINT16_MAX; ++i) {
+    if (kernels[i].name == kernel) return uint16_t(i + 1);
+  }
+  return 0;
+}
+
 void RingExecutor::Complete(uint64_t user_data, absl::Status status, const GemmReport* report,
                             const GemmShape& shape, const std::string* kept_c) {
   if (status.ok() && kept_c != nullptr && kept_c->size() > kRingMaxHandleBytes) {
@@ -499,6 +507,13 @@ void RingExecutor::Complete(uint64_t user_data, absl::Status status, const GemmR
     completion.kernel_ms = float(report->kernel_ms);
     completion.server_total_ms = float(report->server_total_ms);
     completion.tflops = float(report->Tflops(shape));
+    completion.flags |= kRingCompletionExecution;
+    completion.kernel = KernelIndex(report->kernel);
+    completion.accumulation = report->accumulation == Accumulation::kFp16
+                                  ? uint16_t(v1::ACCUMULATION_FP16)
+                                  : uint16_t(v1::ACCUMULATION_FP32);
+    completion.device_id = int16_t(report->device_id);
+    completion.stream_id = uint16_t(report->stream_id);
   }
   const std::string_view message = status.ok() && kept_c != nullptr
                                        ? std::string_view(*kept_c)

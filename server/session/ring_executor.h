@@ -144,8 +144,11 @@ class RingExecutor : public std::enable_shared_from_this<RingExecutor> {
   absl::Status HasRoom(bool* room);
   // Submits one copied-out entry: OK once the scheduler took it, else why not.
   absl::Status Submit(const RingSubmission& entry);
+  // The RingCompletion.kernel of `kernel`: its index in the kernel table the attach sent
+  // (RingAttached.kernels) plus one; 0 if it is not there.
+  uint16_t KernelIndex(const std::string& kernel) const;
   // Writes the outcome of the entry `user_data` into the CQ and wakes whoever sleeps; on OK,
-  // `kept_c` (may be null) is the handle of the C it kept.
+  // `kept_c` (may be null) is the handle of the C it kept, and `report` says what ran it.
   void Complete(uint64_t user_data, absl::Status status, const GemmReport* report,
                 const GemmShape& shape, const std::string* kept_c);
   // A protocol error: the ring stops and on_detached hears why.

@@ -35,7 +35,7 @@ class MappedRegion {
     EXPECT_NE(base, MAP_FAILED);
     base_ = static_cast<uint8_t*>(base);
     RegionInfo info;
-    EXPECT_TRUE(regions.Register(owner, file_.path(), bytes, "test", &info).ok());
+    EXPECT_TRUE(regions.Register(owner, ThisProcess(), file_.path(), bytes, "test", &info).ok());
     handle_ = info.handle;
   }
   ~MappedRegion() { munmap(base_, bytes_); }
@@ -237,14 +237,16 @@ TEST_F(RingExecutorTest, BadEntriesCompleteWithTheirErrorAndTheRingGoesOn) {
                    absl::StatusCode::kInvalidArgument, "flags"});
   cases.push_back({"another owner's region", with([](RingSubmission& e) { e.a.slot = 1; }),
                    absl::StatusCode::kNotFound, "a_region"});
-  cases.push_back({"C one element past the end",
-                   with([](RingSubmission& e) { e.c.offset = kC + 2; }),
+  cases.push_back({"C past the end",
+                   with([](RingSubmission& e) { e.c.offset = kC + 16; }),
                    absl::StatusCode::kOutOfRange, "c_region"});
   cases.push_back({"offset that overflows",
-                   with([](RingSubmission& e) { e.a.offset = UINT64_MAX - 1; }),
+                   with([](RingSubmission& e) { e.a.offset = UINT64_MAX - 15; }),
                    absl::StatusCode::kOutOfRange, "a_region"});
   cases.push_back({"odd offset", with([](RingSubmission& e) { e.b.offset = kB + 1; }),
                    absl::StatusCode::kInvalidArgument, "b_region"});
+  cases.push_back({"C off the 16-byte alignment", with([](RingSubmission& e) { e.c.offset = kC - 2; }),
+                   absl::StatusCode::kInvalidArgument, "c_region"});
   cases.push_back({"beta without C_in", with([](RingSubmission& e) { e.beta = 1; }),
                    absl::StatusCode::kInvalidArgument, "beta"});
   for (size_t i = 0; i < cases.size(); ++i) {

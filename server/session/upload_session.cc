@@ -123,31 +123,35 @@ absl::Status UploadSession::ConsumeHeader(const v1::UploadMatrixRequest& message
     return s;
   }
   bytes_ = MatrixBytes(header_.rows(), header_.cols(), dtype_);
-  // From a region: its bytes copied out under a lease, which ends with the copy.
-  std::string region_data;
+  // The quota first: nothing is allocated or copied for a matrix its owner may not keep.
+  QuotaReservation quota;
+  if (absl::Status s = core_.store().Reserve(owner_, bytes_, &quota); !s.ok()) return s;
+  // From a region: its bytes go to the upload threads with the lease, which holds the region
+  // until they are copied (no copy here, on the RPC thread).
+  WireBytes region_data;
   if (header_.has_region()) {
     RegionStore& regions = core_.regions();
     if (absl::Status s = regions.CheckAllowed(over_unix_socket_); !s.ok()) return s;
-    RegionLease lease;
+    auto lease = std::make_shared<RegionLease>();
     if (absl::Status s = regions.Acquire(owner_, header_.region().region(),
                                          header_.region().offset(), bytes_, "header.region",
-                                         &lease);
+                                         lease.get());
         !s.ok()) {
       return s;
     }
-    if (const std::shared_ptr<ResidentBuffer>& view = lease.device_view()) {
+    if (const std::shared_ptr<ResidentBuffer>& view = lease->device_view()) {
       // CUDA IPC memory: read off its device.
-      region_data.resize(size_t(bytes_));
-      if (absl::Status s = core_.backend().ReadResidentRange(*view, 0, bytes_, region_data.data());
+      std::string bytes(size_t(bytes_), '\0');
+      if (absl::Status s = core_.backend().ReadResidentRange(*view, 0, bytes_, bytes.data());
           !s.ok()) {
         return status::WithContext("header.region", s);
       }
+      region_data = WireBytes(std::move(bytes));
     } else {
-      region_data.assign(reinterpret_cast<const char*>(lease.data()), size_t(bytes_));
+      const std::string_view leased(reinterpret_cast<const char*>(lease->data()), size_t(bytes_));
+      region_data = WireBytes({leased}, std::move(lease));
     }
   }
-  QuotaReservation quota;
-  if (absl::Status s = core_.store().Reserve(owner_, bytes_, &quota); !s.ok()) return s;
   header_seen_ = true;
   std::shared_ptr<ArrivingBuffer> arriving;
   std::unique_lock<std::mutex> lock(mu_);

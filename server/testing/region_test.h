@@ -74,6 +74,10 @@ class RegionTest : public ::testing::Test {
     return (stub ? stub : stub_.get())->Gemm(&context, request, response);
   }
 
+  // `bytes` rounded up to where the next part of a region may start (the server takes offsets
+  // that are multiples of 16; 64 keeps parts on cache lines as clients do).
+  static int64_t Pad(int64_t bytes) { return (bytes + 63) / 64 * 64; }
+
   // `bytes` written at `offset` of `file`, and read back.
   static void Write(const TestMemfd& file, int64_t offset, const std::string& bytes) {
     ASSERT_EQ(pwrite(file.fd(), bytes.data(), bytes.size(), offset), ssize_t(bytes.size()));
@@ -93,7 +97,7 @@ class RegionTest : public ::testing::Test {
   std::string dir_;
   std::unique_ptr<v1::GemmService::Stub> stub_;  // over socket_address()
 
- private:
+  // Sends `request` as client `client_id` (over `stub`, else stub_).
   grpc::Status RegisterRegion(const v1::RegisterRegionRequest& request, v1::RegionInfo* info,
                               const std::string& client_id, v1::GemmService::Stub* stub) {
     grpc::ClientContext context;

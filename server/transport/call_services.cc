@@ -113,6 +113,34 @@ void TrackedCalls::ExpireIdleCalls() {
   }
 }
 
+CallGate::Pass& CallGate::Pass::operator=(Pass&& other) noexcept {
+  if (this != &other) {
+    Leave();
+    gate_ = std::exchange(other.gate_, nullptr);
+  }
+  return *this;
+}
+
+void CallGate::Pass::Leave() {
+  CallGate* gate = std::exchange(gate_, nullptr);
+  if (gate == nullptr) return;
+  std::lock_guard<std::mutex> lock(gate->mu_);
+  if (--gate->passes_ == 0) gate->passes_returned_.notify_all();
+}
+
+CallGate::Pass CallGate::Enter() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (closed_) return Pass();
+  ++passes_;
+  return Pass(this);
+}
+
+void CallGate::Close() {
+  std::unique_lock<std::mutex> lock(mu_);
+  closed_ = true;
+  passes_returned_.wait(lock, [this] { return passes_ == 0; });
+}
+
 void Describe(const GemmCore& core, const ResidentMatrix& matrix, v1::MatrixInfo* info) {
   ToProto(matrix, core.DeviceId(matrix), core.replica(), info);
 }

@@ -17,6 +17,7 @@
 #include <set>
 #include <string_view>
 #include <thread>
+#include <utility>
 
 #include "proto/hgemm.pb.h"
 #include "server/core/job.h"
@@ -95,6 +96,47 @@ class TrackedCalls {
   bool stopping_ = false;          // guarded by mu_; ends the janitor
   std::condition_variable janitor_wake_;
   std::thread janitor_;  // last: it starts once everything above is constructed
+};
+
+// Whether new calls may start: open until Close() (the drain). A call let in holds a Pass while
+// its handler hands its work on (to the scheduler, to a reactor), and Close() waits for the
+// passes out; handlers never wait, so that is brief. Once Close() has returned, every GEMM of a
+// call let in before it has been admitted or refused: what the drain waits for is known.
+// Thread safety: thread-safe.
+class CallGate {
+ public:
+  // A call's leave to start; empty (false) if it was refused.
+  class Pass {
+   public:
+    Pass() = default;
+    Pass(Pass&& other) noexcept : gate_(std::exchange(other.gate_, nullptr)) {}
+    Pass& operator=(Pass&& other) noexcept;
+    ~Pass() { Leave(); }
+    explicit operator bool() const { return gate_ != nullptr; }
+
+   private:
+    friend class CallGate;
+    explicit Pass(CallGate* gate) : gate_(gate) {}
+    void Leave();
+
+    CallGate* gate_ = nullptr;
+  };
+
+  CallGate() = default;
+  CallGate(const CallGate&) = delete;
+  CallGate& operator=(const CallGate&) = delete;
+
+  // A pass, or an empty one once Close() has begun.
+  Pass Enter();
+  // Refuses every call from now on, then waits until no pass is held. REQUIRES: the caller
+  // holds no pass. Idempotent.
+  void Close();
+
+ private:
+  std::mutex mu_;
+  std::condition_variable passes_returned_;
+  int passes_ = 0;      // guarded by mu_
+  bool closed_ = false;  // guarded by mu_
 };
 
 // Everything a reactor needs. The pointees outlive every call.

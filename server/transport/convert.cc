@@ -60,6 +60,14 @@ v1::Accumulation ToProto(Accumulation accumulation) {
   return accumulation == Accumulation::kFp16 ? v1::ACCUMULATION_FP16 : v1::ACCUMULATION_FP32;
 }
 
+void ToProto(const DeviceDescription& description, v1::Device* device) {
+  device->set_id(description.id);
+  device->set_name(description.name);
+  device->set_memory_bytes(description.memory_bytes);
+  device->set_streams(description.slots);
+  device->set_compute_capability(description.compute_capability);
+}
+
 v1::DataType ToProto(ElementType type) {
   switch (type) {
     case ElementType::kFp16:

@@ -48,6 +48,9 @@ void DescribeForms(unsigned layouts, unsigned types, unsigned scaled_types, v1::
 void ToProto(const GemmShape& shape, const GemmResult& result, v1::Timing* timing,
              v1::Execution* execution);
 
+// Describes a backend device.
+void ToProto(const DeviceDescription& description, v1::Device* device);
+
 // Describes a shared-memory region.
 void ToProto(const RegionInfo& region, v1::RegionInfo* info);
 

@@ -47,11 +47,19 @@ GemmServiceImpl::GemmServiceImpl(Scheduler* scheduler, Backend* backend, MatrixS
 
 GemmServiceImpl::~GemmServiceImpl() = default;
 
-void GemmServiceImpl::Drain() { calls_.Drain(); }
+void GemmServiceImpl::Drain() {
+  gate_.Close();
+  calls_.Drain();
+}
 
 absl::Status GemmServiceImpl::Identify(Rpc rpc, const grpc::CallbackServerContext* context,
-                                       Principal* caller) const {
-  absl::Status s = authenticator_->Identify(*context, caller);
+                                       Principal* caller, CallGate::Pass* pass) const {
+  // gRPC takes calls until grpc::Server::Shutdown, which comes only once the GEMMs admitted
+  // before the drain are answered: a call let in meanwhile would be run, or wait out its
+  // deadline, on a server going away.
+  CallGate::Pass entered = gate_.Enter();
+  absl::Status s = entered ? authenticator_->Identify(*context, caller) : status::ShuttingDown();
+  if (pass != nullptr) *pass = std::move(entered);
   if (s.ok()) return s;
   if (rpc == Rpc::kGemmStream) {
     log_.StreamEnded(s, context, "");
@@ -66,7 +74,8 @@ grpc::ServerUnaryReactor* GemmServiceImpl::Unary(Rpc rpc, grpc::CallbackServerCo
                                                  Answer answer) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   Principal caller;
-  absl::Status s = Identify(rpc, context, &caller);
+  CallGate::Pass pass;
+  absl::Status s = Identify(rpc, context, &caller, &pass);
   if (s.ok()) {
     s = answer(caller);
     log_.Answered(rpc, s, context, caller.name);
@@ -77,7 +86,8 @@ grpc::ServerUnaryReactor* GemmServiceImpl::Unary(Rpc rpc, grpc::CallbackServerCo
 
 namespace {
 
-// A call refused before it started (its caller is not authenticated): finished at once.
+// A call refused before it started (the drain has begun, or its caller is not
+// authenticated): finished at once.
 template <typename Reactor>
 class RefusedCall final : public Reactor {
  public:
@@ -95,7 +105,8 @@ grpc::ServerUnaryReactor* GemmServiceImpl::Gemm(grpc::CallbackServerContext* con
                 int64_t(request->a().size() + request->b().size() + request->c_in().size()),
                 *context);
   Principal caller;
-  if (absl::Status s = Identify(Rpc::kGemm, context, &caller); !s.ok()) {
+  CallGate::Pass pass;
+  if (absl::Status s = Identify(Rpc::kGemm, context, &caller, &pass); !s.ok()) {
     reactor->Finish(ToGrpcStatus(s));
     return reactor;
   }
@@ -162,7 +173,8 @@ absl::Status GemmServiceImpl::AdmitGemm(grpc::CallbackServerContext* context,
 grpc::ServerBidiReactor<v1::GemmStreamRequest, v1::GemmStreamResponse>*
 GemmServiceImpl::GemmStream(grpc::CallbackServerContext* context) {
   Principal caller;
-  if (absl::Status s = Identify(Rpc::kGemmStream, context, &caller); !s.ok()) {
+  CallGate::Pass pass;
+  if (absl::Status s = Identify(Rpc::kGemmStream, context, &caller, &pass); !s.ok()) {
     return new RefusedCall<grpc::ServerBidiReactor<v1::GemmStreamRequest, v1::GemmStreamResponse>>(s);
   }
   return NewGemmStreamReactor(call_services_, context, std::move(caller.name));
@@ -210,17 +222,13 @@ grpc::ServerUnaryReactor* GemmServiceImpl::GetServerInfo(grpc::CallbackServerCon
     response->set_version(kVersion);
     response->set_backend(core_.backend().Name());
     for (const DeviceDescription& d : core_.backend().Devices()) {
-      v1::Device* device = response->add_devices();
-      device->set_id(d.id);
-      device->set_name(d.name);
-      device->set_memory_bytes(d.memory_bytes);
-      device->set_streams(d.slots);
-      device->set_compute_capability(d.compute_capability);
+      ToProto(d, response->add_devices());
     }
     v1::Limits* limits = response->mutable_limits();
     limits->set_max_elements_per_matrix(options_.rules.max_elements_per_matrix);
     limits->set_max_group_problems(uint32_t(options_.rules.max_group_problems));
     limits->set_max_queued_requests(options_.scheduler.max_queued_requests);
+    limits->set_max_queued_per_client(uint64_t(options_.scheduler.max_queued_per_owner));
     limits->set_max_queued_bytes(options_.scheduler.max_queued_bytes);
     limits->set_max_message_bytes(options_.max_message_bytes);
     limits->set_stream_chunk_bytes(options_.stream_chunk_bytes);
@@ -244,7 +252,8 @@ grpc::ServerUnaryReactor* GemmServiceImpl::GetServerInfo(grpc::CallbackServerCon
 grpc::ServerReadReactor<v1::UploadMatrixRequest>* GemmServiceImpl::UploadMatrix(
     grpc::CallbackServerContext* context, v1::MatrixInfo* response) {
   Principal caller;
-  if (absl::Status s = Identify(Rpc::kUploadMatrix, context, &caller); !s.ok()) {
+  CallGate::Pass pass;
+  if (absl::Status s = Identify(Rpc::kUploadMatrix, context, &caller, &pass); !s.ok()) {
     return new RefusedCall<grpc::ServerReadReactor<v1::UploadMatrixRequest>>(s);
   }
   return NewUploadMatrixReactor(call_services_, context, std::move(caller.name), response);
@@ -281,7 +290,8 @@ grpc::ServerUnaryReactor* GemmServiceImpl::ListMatrices(grpc::CallbackServerCont
 grpc::ServerWriteReactor<v1::ResultChunk>* GemmServiceImpl::DownloadMatrix(
     grpc::CallbackServerContext* context, const v1::DownloadMatrixRequest* request) {
   Principal caller;
-  if (absl::Status s = Identify(Rpc::kDownloadMatrix, context, &caller); !s.ok()) {
+  CallGate::Pass pass;
+  if (absl::Status s = Identify(Rpc::kDownloadMatrix, context, &caller, &pass); !s.ok()) {
     return new RefusedCall<grpc::ServerWriteReactor<v1::ResultChunk>>(s);
   }
   return NewDownloadMatrixReactor(call_services_, context, std::move(caller.name), *request);
@@ -292,7 +302,8 @@ grpc::ServerUnaryReactor* GemmServiceImpl::CreateUpload(grpc::CallbackServerCont
                                                         v1::MatrixInfo* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   Principal caller;
-  if (absl::Status s = Identify(Rpc::kCreateUpload, context, &caller); !s.ok()) {
+  CallGate::Pass pass;
+  if (absl::Status s = Identify(Rpc::kCreateUpload, context, &caller, &pass); !s.ok()) {
     reactor->Finish(ToGrpcStatus(s));
     return reactor;
   }
@@ -310,7 +321,8 @@ grpc::ServerUnaryReactor* GemmServiceImpl::CreateUpload(grpc::CallbackServerCont
 grpc::ServerReadReactor<grpc::ByteBuffer>* GemmServiceImpl::UploadPartRaw(
     grpc::CallbackServerContext* context, grpc::ByteBuffer* response) {
   Principal caller;
-  if (absl::Status s = Identify(Rpc::kUploadPart, context, &caller); !s.ok()) {
+  CallGate::Pass pass;
+  if (absl::Status s = Identify(Rpc::kUploadPart, context, &caller, &pass); !s.ok()) {
     return new RefusedCall<grpc::ServerReadReactor<grpc::ByteBuffer>>(s);
   }
   return NewUploadPartReactor(call_services_, context, std::move(caller.name), response);
@@ -319,7 +331,8 @@ grpc::ServerReadReactor<grpc::ByteBuffer>* GemmServiceImpl::UploadPartRaw(
 grpc::ServerWriteReactor<v1::RingEvent>* GemmServiceImpl::AttachRing(
     grpc::CallbackServerContext* context, const v1::AttachRingRequest* request) {
   Principal caller;
-  if (absl::Status s = Identify(Rpc::kAttachRing, context, &caller); !s.ok()) {
+  CallGate::Pass pass;
+  if (absl::Status s = Identify(Rpc::kAttachRing, context, &caller, &pass); !s.ok()) {
     return new RefusedCall<grpc::ServerWriteReactor<v1::RingEvent>>(s);
   }
   return NewAttachRingReactor(call_services_, context, std::move(caller.name), *request);
@@ -348,26 +361,53 @@ grpc::ServerUnaryReactor* GemmServiceImpl::BindRingSlots(grpc::CallbackServerCon
 grpc::ServerUnaryReactor* GemmServiceImpl::RegisterRegion(grpc::CallbackServerContext* context,
                                                           const v1::RegisterRegionRequest* request,
                                                           v1::RegionInfo* response) {
-  return Unary(Rpc::kRegisterRegion, context, [&](const Principal& caller) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  Principal caller;
+  absl::Status s = Identify(Rpc::kRegisterRegion, context, &caller);
+  const bool identified = s.ok();  // else Identify logged the refusal
+  if (s.ok()) s = core_.regions().CheckAllowed(OverUnixSocket(*context));
+  if (s.ok() && request->byte_size() > uint64_t(INT64_MAX)) {
+    s = status::InvalidArgument("byte_size", "larger than 2^63 - 1");
+  }
+  if (s.ok() && request->has_cuda_ipc() && !request->path().empty()) {
+    s = status::InvalidArgument("path", "give either path or cuda_ipc, not both");
+  }
+  // The process the kernel says is calling: only its own file descriptors may be registered.
+  RegisteringProcess process;
+  if (const std::optional<PeerCredentials> peer = authenticator_->UnixPeer(*context)) {
+    process.pid = peer->pid;
+    if (peer->process) process.alive = [handle = peer->process] { return handle->Alive(); };
+  } else if (s.ok() && !request->has_cuda_ipc()) {
+    s = status::PermissionDenied(
+        "this connection has no kernel credentials (SO_PEERCRED): register over a unix: "
+        "listener of the server's own");
+  }
+  if (!s.ok()) {
+    if (identified) log_.Answered(Rpc::kRegisterRegion, s, context, caller.name);
+    reactor->Finish(ToGrpcStatus(s));
+    return reactor;
+  }
+  // Mapping and pinning a large region takes a while: not on a gRPC thread.
+  core_.uploads().Post([this, context, request, response, reactor, caller = std::move(caller),
+                        process = std::move(process)] {
     RegionStore& regions = core_.regions();
-    if (absl::Status s = regions.CheckAllowed(OverUnixSocket(*context)); !s.ok()) return s;
-    if (request->byte_size() > uint64_t(INT64_MAX)) {
-      return status::InvalidArgument("byte_size", "larger than 2^63 - 1");
-    }
     RegionInfo info;
-    if (request->has_cuda_ipc() && !request->path().empty()) {
-      return status::InvalidArgument("path", "give either path or cuda_ipc, not both");
+    absl::Status s;
+    try {
+      s = request->has_cuda_ipc()
+              ? regions.RegisterCudaIpc(caller.name, request->cuda_ipc().handle(),
+                                        request->cuda_ipc().device(),
+                                        int64_t(request->byte_size()), request->label(), &info)
+              : regions.Register(caller.name, process, request->path(),
+                                 int64_t(request->byte_size()), request->label(), &info);
+    } catch (...) {
+      s = status::FromCurrentException("RegisterRegion");
     }
-    absl::Status s =
-        request->has_cuda_ipc()
-            ? regions.RegisterCudaIpc(caller.name, request->cuda_ipc().handle(),
-                                      request->cuda_ipc().device(),
-                                      int64_t(request->byte_size()), request->label(), &info)
-            : regions.Register(caller.name, request->path(), int64_t(request->byte_size()),
-                               request->label(), &info);
     if (s.ok()) ToProto(info, response);
-    return s;
+    log_.Answered(Rpc::kRegisterRegion, s, context, caller.name);
+    reactor->Finish(ToGrpcStatus(s));
   });
+  return reactor;
 }
 
 grpc::ServerUnaryReactor* GemmServiceImpl::UnregisterRegion(

@@ -66,9 +66,12 @@ class GemmServiceImpl final : public v1::GemmService::CallbackService {
                   const Authenticator* authenticator = nullptr);
   ~GemmServiceImpl() override;  // REQUIRES: no call in progress (the server has shut down)
 
-  // Shutdown has begun (call before grpc::Server::Shutdown): open streams refuse new GEMMs
-  // with UNAVAILABLE, and each ends with UNAVAILABLE as soon as its in-flight work is
-  // answered — at once if it is idle — instead of holding the drain until its deadline.
+  // Shutdown has begun (call before grpc::Server::Shutdown, which lets calls in until then):
+  // every new call is refused at once with UNAVAILABLE (retry elsewhere); open streams refuse
+  // new GEMMs with UNAVAILABLE, and each ends with UNAVAILABLE as soon as its in-flight work
+  // is answered — at once if it is idle — instead of holding the drain until its deadline.
+  // Returns once the calls let in before have handed their GEMMs on (Scheduler::Stats counts
+  // them as admitted). Idempotent.
   void Drain();
   // The shared-memory regions (for the metrics' per-owner gauges).
   RegionStore& regions() const { return core_.regions(); }
@@ -119,12 +122,14 @@ class GemmServiceImpl final : public v1::GemmService::CallbackService {
                                                            grpc::ByteBuffer* response);
 
  private:
-  // Who `context`'s call is from; if nobody authenticated, the status to finish it with (the
-  // refusal is counted and logged here).
-  absl::Status Identify(Rpc rpc, const grpc::CallbackServerContext* context,
-                        Principal* caller) const;
-  // A unary call answered at once: identified, then `answer` fills the response and says how
-  // the call ends.
+  // Lets a new call in and says who it is from; else the status to finish it with (counted and
+  // logged here): UNAVAILABLE once the drain has begun (nothing of the call started), or the
+  // authenticator's refusal. A call that starts GEMMs passes `pass` and holds it until its
+  // handler has handed them on (to the core, or to its reactor); the drain waits for that.
+  absl::Status Identify(Rpc rpc, const grpc::CallbackServerContext* context, Principal* caller,
+                        CallGate::Pass* pass = nullptr) const;
+  // A unary call answered at once: let in, then `answer` fills the response and says how the
+  // call ends.
   template <typename Answer>
   grpc::ServerUnaryReactor* Unary(Rpc rpc, grpc::CallbackServerContext* context, Answer answer);
   // Gemm up to the core: OK once the GEMM is admitted and running (its callback answers the
@@ -139,6 +144,7 @@ class GemmServiceImpl final : public v1::GemmService::CallbackService {
   const Authenticator no_authentication_;
   const Authenticator* const authenticator_;  // never null
   const StreamOptions stream_options_;
+  mutable CallGate gate_;  // closed by Drain()
   TrackedCalls calls_{options_.idle_timeout};
   // After core_: destroyed first, it waits for the ring threads, which use the core.
   RingRegistry rings_{options_.rings};

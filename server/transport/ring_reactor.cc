@@ -39,6 +39,10 @@ class AttachRingReactor final : public grpc::ServerWriteReactor<v1::RingEvent>,
     for (const KernelDescription& kernel : services_.core->rules().kernels) {
       attached->add_kernels(kernel.name);
     }
+    // What a completion's device id and Execution.backend stand for (proto/ring_execution.h).
+    const Backend& backend = services_.core->backend();
+    attached->set_backend(backend.Name());
+    for (const DeviceDescription& d : backend.Devices()) ToProto(d, attached->add_devices());
     writing_ = true;
     StartWrite(&event_);
   }

@@ -107,7 +107,10 @@ void UnixListener::AcceptLoop() {
       close(fd);
       continue;
     }
-    peers_->Add(fd, {.uid = credentials.uid, .gid = credentials.gid, .pid = credentials.pid});
+    peers_->Add(fd, {.uid = credentials.uid,
+                     .gid = credentials.gid,
+                     .pid = credentials.pid,
+                     .process = ProcessHandle::OfPeer(fd, credentials.pid)});
     grpc::AddInsecureChannelFromFd(server_, fd);  // gRPC owns fd now
   }
 }

@@ -28,6 +28,7 @@ from ._proto import hgemm_pb2 as pb
 
 _SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
 ALIGN = 64  # where each part of an arena starts: a cache line, and any element's alignment
+SERVER_ALIGN = 16  # what the server requires of every region offset (it uses them in place)
 ARENA_MIN_BYTES = 16 << 20
 
 
@@ -47,8 +48,10 @@ class MappedRegion:
 
     def offset_of(self, start: int, nbytes: int) -> Optional[int]:
         """The offset in this region of `nbytes` at address `start`, None if they are not all
-        inside it."""
-        if self.address <= start and start + nbytes <= self.address + self.nbytes:
+        inside it or start where the server cannot use them in place (it requires
+        SERVER_ALIGN)."""
+        if (self.address <= start and start + nbytes <= self.address + self.nbytes
+                and (start - self.address) % SERVER_ALIGN == 0):
             return start - self.address
         return None
 
@@ -63,7 +66,9 @@ class Region(MappedRegion):
     def __init__(self, nbytes: int, label: str):
         fd = os.memfd_create(label, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
         try:
-            os.ftruncate(fd, nbytes)
+            # Allocated, not only sized: the server refuses holes (its touch of them would
+            # allocate memory on the server's account).
+            os.posix_fallocate(fd, 0, nbytes)
             fcntl.fcntl(fd, fcntl.F_ADD_SEALS, _SEALS)
             super().__init__(np.frombuffer(mmap.mmap(fd, nbytes), dtype=np.uint8), label)
         except BaseException:

@@ -49,7 +49,7 @@ def _cuda_torch():
 def cuda_server():
     """hgemm_server --backend=cuda with shared memory on, over its Unix socket."""
     _cuda_torch()
-    s = UnixServer("--allow_shared_memory", backend="cuda")
+    s = UnixServer("--allow_shared_memory", "--allow_cuda_ipc", backend="cuda")
     yield s
     s.stop()
 
