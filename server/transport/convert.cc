@@ -13,9 +13,9 @@ Clock::time_point SteadyDeadline(const grpc::ServerContextBase& context) {
 }
 
 bool OverUnixSocket(const grpc::ServerContextBase& context) {
-  // "fd:N": a connection the server accepted on its own Unix socket (server/auth/unix_peers.h).
-  const std::string peer = context.peer();
-  return peer.rfind("unix:", 0) == 0 || peer.rfind("fd:", 0) == 0;
+  // "fd:N": a connection the server accepted on its own Unix socket (server/auth/unix_peers.h);
+  // gRPC itself listens on none.
+  return context.peer().rfind("fd:", 0) == 0;
 }
 
 std::string_view CallTraceparent(const grpc::ServerContextBase& context) {
