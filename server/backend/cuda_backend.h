@@ -38,14 +38,14 @@ struct CudaBackendOptions {
   int staging_buffers = 3;
   // Waiting for a kernel whose C stays resident: sleep through the time the kernel needs at
   // the device's peak rate, then poll for up to this long before the blocking wait, whose
-  // wake-up comes ~0.08 ms late on the H200 (bench/results/completion_latency_h200.log).
+  // wake-up comes ~0.08 ms late on the H200 (docs/results/h200/completion_latency.md).
   // 0 = always the blocking wait.
   std::chrono::microseconds completion_spin{1000};
   // alpha/beta applied inside the kernels that can (fused_scale variants) instead of a second
   // pass over an fp32 T. On since the H100 runs of sessions 11-12 checked the fused epilogue
   // (Scaled/* and batched_gemm_test's scaled cases, cuda_backend_test) and measured it: fused
   // 0.99-1.18x cuBLAS against 0.80-0.87x for the separate pass at 2048³-8192³
-  // (bench/results/h100_session12/call1/scaled_quick).
+  // (docs/kernels_notes.md, "Session 12").
   bool fused_scale = true;
 };
 

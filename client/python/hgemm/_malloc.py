@@ -7,7 +7,7 @@ mapping and gives freed memory at the top of a heap back to the kernel past its 
 so each call's buffers arrive as fresh pages (the adaptive threshold stops at the largest size
 freed so far, and a request of exactly that size is still mapped), and the page faults cost more
 than the copies themselves: with B resident, hundreds of faults per 128x8192x8192 GEMM
-(bench/results/python_client_profile_local.md). The settings are process-wide and cost memory
+(docs/results/cpu/python_client_profile.md). The settings are process-wide and cost memory
 that is kept, not returned: up to TRIM_THRESHOLD_BYTES of freed memory per malloc arena.
 
 tune() applies them once per process (the first Client does), unless the environment chose:

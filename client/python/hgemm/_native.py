@@ -1619,7 +1619,7 @@ class NativeStream:
 class _LazyGemmDone:
     """The pb.GemmDone of a GemmInfo (and a kept C), made when first looked at: most results
     (no details=True) never are, and making one between GEMMs that move megabytes costs
-    ~70 µs of cold caches (bench/results/local_session18/stream_copies.md). Read-only."""
+    ~70 µs of cold caches (docs/results/cpu/python_stream_copies.md). Read-only."""
     __slots__ = ("_info", "_c_matrix", "_done")
 
     def __init__(self, info: GemmInfo, c_matrix: Optional[pb.MatrixInfo] = None):
