@@ -26,15 +26,15 @@ def test_cuda_gemm_needs_the_unix_socket(server):
 
 
 def test_cpu_server_refuses_a_cuda_ipc_region_by_name(shm_server):
-    # The request a torch client sends, with a handle that is never opened: the CPU backend
-    # refuses first.
+    # The request a torch client sends, with a handle that is never opened: a server without
+    # --allow_cuda_ipc refuses it before anything else.
     with unix_client(shm_server) as c:
         with pytest.raises(grpc.RpcError) as refused:
             c._stub.RegisterRegion(hgemm.pb.RegisterRegionRequest(
                 byte_size=4096, cuda_ipc=hgemm.pb.CudaIpcMemory(
                     handle=bytes(64), device="0000:00:00.0")))
         assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
-        assert "CUDA IPC needs the CUDA backend" in refused.value.details()
+        assert "--allow_cuda_ipc" in refused.value.details()
         c.gemm(np.ones((4, 4), np.float16), np.ones((4, 4), np.float16))  # still serving
 
 
