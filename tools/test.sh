@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Every test: install what is missing, then `bazel test //...` (GoogleTest; tests that need a
-# GPU skip without one), the server's tests again under ASan + UBSan and the threaded ones under
+# GPU skip without one), the tests tagged "asan" again under ASan + UBSan and those tagged "tsan" under
 # TSan (.bazelrc configs asan, tsan), deploy/check.sh (lint and schema checks of the container
 # and Kubernetes manifests), tools/curl_check.sh (the README's grpcurl walk-through over TLS with
 # buf curl), the Python client's tests, and the fuzz targets for $HGEMM_FUZZ_SECONDS (default 60)
@@ -13,25 +13,11 @@ tools/bootstrap.sh || exit 1
 bazel test //... "$@"
 status=$?
 logdirs=("$(bazel info bazel-testlogs)")
-# Sanitizer runs: outputs under their own platform suffix; no symlinks, so bazel-bin stays the
-# normal build's.
-asan_tests=(//server/session:validation_test //server/session:stream_assembler_test //server/session:host_buffer_pool_test
-            //server/core:logging_test //server/core:status_test //client:metrics_scrape_test
-            //server:server_test //server:server_process_test //server:metrics_test //server:memory_pressure_test
-            //server:security_test //server/session:stream_session_test //server/session:upload_session_test //server/session:arriving_buffer_test //server/backend:device_memory_test //server/auth:token_table_test //server/auth:server_tls_test
-            //server:peer_credentials_test //server/auth:unix_peers_test
-            //server/scheduler:scheduler_test
-            //server/scheduler:upload_queue_test //server/resident:matrix_store_test
-            //server/backend:cpu_backend_test //server:gemm_forms_test //bench:soak_test //bench:echo_service_test //client:cli_test
-            //server/session:part_session_test //server:parts_test //server:grouped_gemm_test
-            //server/transport:part_chunk_test //server/resident:region_store_test //server:shm_test
-            //server/session:ring_executor_test //server:ring_test //client/c:hgemm_test //client:stream_wire_test)
-tsan_tests=(//server/session:host_buffer_pool_test //server/session:stream_session_test //server/session:upload_session_test //server/session:arriving_buffer_test //server/scheduler:scheduler_test //server/auth:token_table_test //server/auth:unix_peers_test
-            //server/scheduler:upload_queue_test //server/resident:matrix_store_test //server/session:part_session_test
-            //server/resident:region_store_test //server/session:ring_executor_test)
+# Sanitizer runs: the tests tagged "asan" (ASan + UBSan) and "tsan" in their BUILD files; outputs
+# under their own platform suffix, no symlinks, so bazel-bin stays the normal build's.
 for config in asan tsan; do
-  tests_var="${config}_tests[@]"
-  bazel test --config=$config --symlink_prefix=/ "${!tests_var}" || status=1
+  mapfile -t tagged < <(bazel query "attr(tags, \"\\b$config\\b\", tests(//...))")
+  bazel test --config=$config --symlink_prefix=/ "${tagged[@]}" || status=1
   logdirs+=("$(bazel info --config=$config bazel-testlogs)")
 done
 passed=0 failed=0 skipped=0
