@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# Every test: install what is missing, then `bazel test //...` (GoogleTest; tests that need a
-# GPU skip without one), the tests tagged "asan" again under ASan + UBSan and those tagged "tsan" under
-# TSan (.bazelrc configs asan, tsan), deploy/check.sh (lint and schema checks of the container
-# and Kubernetes manifests), tools/curl_check.sh (the README's grpcurl walk-through over TLS with
-# buf curl), the Python client's tests, and the fuzz targets for $HGEMM_FUZZ_SECONDS (default 60)
-# each (tools/fuzz.sh). Ends with a summary line "N passed, N failed, N skipped" counted over all
+# Every test: install what is missing, then `bazel test //...` (GoogleTest; tests that need a GPU
+# skip without one), the tests tagged "asan" again under ASan + UBSan and those tagged "tsan" under
+# TSan (.bazelrc configs asan, tsan), deploy/check.sh (lint and schema checks of the container and
+# Kubernetes manifests), tools/curl_check.sh (the README's grpcurl walk-through over TLS with buf
+# curl), the Python client's tests, and the fuzz targets for $HGEMM_FUZZ_SECONDS (default 60) each
+# (tools/fuzz.sh). Ends with a summary line "N passed, N failed, N skipped" counted over all
 # GoogleTest cases (sanitizer runs included), deploy and curl checks, Python tests and fuzz targets.
 set -uo pipefail
 cd "$(dirname "$0")/.."

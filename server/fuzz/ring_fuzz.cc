@@ -42,7 +42,9 @@ struct Mapped {
     if (p == MAP_FAILED) Fail("mmap", "cannot map the memfd");
     base = static_cast<uint8_t*>(p);
     RegionInfo info;
-    if (absl::Status s = regions.Register("fuzz", ThisProcess(), file.path(), bytes, "fuzz", &info); !s.ok()) {
+    if (absl::Status s =
+            regions.Register("fuzz", ThisProcess(), file.path(), bytes, "fuzz", &info);
+        !s.ok()) {
       Fail("Register", std::string(s.message()));
     }
     handle = info.handle;

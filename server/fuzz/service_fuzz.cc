@@ -103,7 +103,8 @@ uint64_t RegionOffset(FuzzedDataProvider& in, const ClientRegion* region, uint64
     case 3: return UINT64_MAX - 2 * in.ConsumeIntegralInRange<uint64_t>(0, 8) - 1;
     case 4: return in.ConsumeIntegral<uint64_t>();
     case 5: return 2 * in.ConsumeIntegralInRange<uint64_t>(0, room / 2);  // element-aligned
-    default: return kRegionAlignment * in.ConsumeIntegralInRange<uint64_t>(0, room / kRegionAlignment);
+    default:
+      return kRegionAlignment * in.ConsumeIntegralInRange<uint64_t>(0, room / kRegionAlignment);
   }
 }
 
@@ -289,8 +290,9 @@ void Unary(FuzzedDataProvider& in, const std::string& client, std::vector<std::s
   fuzz::CheckMessage(s);
   if (s.ok() && !c.empty()) CheckZeros(reinterpret_cast<const uint8_t*>(c.data()), c.size(), "host C");
   // No region the GEMM used may sit off the alignment (C_in is not read when beta is 0).
-  for (const auto& [field, ref] : {std::pair{"a_region", &r.a_region()}, {"b_region", &r.b_region()},
-                                   {"c_in_region", &r.c_in_region()}, {"c_region", &r.c_region()}}) {
+  for (const auto& [field, ref] :
+       {std::pair{"a_region", &r.a_region()}, {"b_region", &r.b_region()},
+        {"c_in_region", &r.c_in_region()}, {"c_region", &r.c_region()}}) {
     const bool used = ref != &r.c_in_region() || r.beta() != 0;
     if (s.ok() && used && !ref->region().empty() && ref->offset() % kRegionAlignment != 0) {
       fuzz::Fail("a GEMM ran with a region offset off the alignment",

@@ -1,30 +1,29 @@
 // RegionStore: the system shared-memory regions that same-host clients registered, by handle.
 //
-// A region is a memfd of the client, named by its path /proc/<client pid>/fd/<fd> (gRPC passes
-// no file descriptors) and sealed against shrinking (memfd_create(MFD_ALLOW_SEALING), then
-// fcntl(F_ADD_SEALS, F_SEAL_SHRINK)). Register refuses, before opening anything, a path whose
-// pid is not the registering process's own (the kernel's word on the caller, checked through
-// its pidfd so that a reused pid cannot pass: see Register), so that a caller can never make
-// the server open another process's file. It then refuses (FAILED_PRECONDITION) a file that is
-// not on tmpfs (a hugetlb memfd can lose a page under the mapping: SIGBUS), without
-// F_SEAL_SHRINK, smaller than the size asked for, or with unallocated pages in that size (the
-// server's first touch would allocate them, charged to the server: memory the client never
-// paid for), and maps it: since the file can never become shorter than the mapping, no access
-// inside it can raise SIGBUS, whatever the client does to its file afterwards (its ftruncate
-// fails with EPERM).
+// A region is a memfd of the client, named by its path /proc/<client pid>/fd/<fd> (gRPC passes no
+// file descriptors) and sealed against shrinking (memfd_create(MFD_ALLOW_SEALING), then
+// fcntl(F_ADD_SEALS, F_SEAL_SHRINK)). Register refuses, before opening anything, a path whose pid
+// is not the registering process's own (the kernel's word on the caller, checked through its pidfd
+// so that a reused pid cannot pass: see Register), so that a caller can never make the server open
+// another process's file. It then refuses (FAILED_PRECONDITION) a file that is not on tmpfs (a
+// hugetlb memfd can lose a page under the mapping: SIGBUS), without F_SEAL_SHRINK, smaller than the
+// size asked for, or with unallocated pages in that size (the server's first touch would allocate
+// them, charged to the server: memory the client never paid for), and maps it: since the file can
+// never become shorter than the mapping, no access inside it can raise SIGBUS, whatever the client
+// does to its file afterwards (its ftruncate fails with EPERM).
 //
-// Regions belong to their owner (the caller's principal): another owner's handle is NOT_FOUND
-// with the message of a handle that never existed. Quotas of regions and bytes are per
-// account: the owner up to its first '/' ("uid:1000" for "uid:1000/id:alice", see
-// server/auth/authenticator.h), so that naming oneself anew escapes no quota; all accounts'
-// regions of host memory together are capped too (max_host_bytes: the server pins them, so
-// this is memory locked by the server). A registration reserves its share before it maps
-// anything, so that concurrent registrations cannot all pass one check. Offsets are multiples
-// of kRegionAlignment. A GEMM holds a RegionLease on each region it reads or writes; while any lease is
-// held, Unregister is refused (FAILED_PRECONDITION) and the mapping stays, so nothing is ever
-// unmapped under a running copy. A region unused (no lease) for `ttl` is released: that is how
-// the regions of a client that went away without unregistering are reclaimed. Every offset
-// and size is checked in 64-bit arithmetic that cannot overflow.
+// Regions belong to their owner (the caller's principal): another owner's handle is NOT_FOUND with
+// the message of a handle that never existed. Quotas of regions and bytes are per account: the
+// owner up to its first '/' ("uid:1000" for "uid:1000/id:alice", see server/auth/authenticator.h),
+// so that naming oneself anew escapes no quota; all accounts' regions of host memory together are
+// capped too (max_host_bytes: the server pins them, so this is memory locked by the server). A
+// registration reserves its share before it maps anything, so that concurrent registrations cannot
+// all pass one check. Offsets are multiples of kRegionAlignment. A GEMM holds a RegionLease on each
+// region it reads or writes; while any lease is held, Unregister is refused (FAILED_PRECONDITION)
+// and the mapping stays, so nothing is ever unmapped under a running copy. A region unused (no
+// lease) for `ttl` is released: that is how the regions of a client that went away without
+// unregistering are reclaimed. Every offset and size is checked in 64-bit arithmetic that cannot
+// overflow.
 //
 // Register also pins the mapping with the backend (Backend::PinHostMemory: cudaHostRegister)
 // so that GEMMs copy between it and the device by DMA, without staging; it is unpinned when the
@@ -34,10 +33,11 @@
 //
 // A CUDA IPC region (RegisterCudaIpc) is a client's device memory, opened by the backend
 // (Backend::OpenIpcMemory) on its device; the same rules of owners, quotas, bounds, leases and
-// expiry apply. It is off unless allow_cuda_ipc: the server cannot check what a handle names,
-// and an exporter that frees its memory while a GEMM uses it can fault the device for every
-// client, so only trusted clients may be let in (docs/same_host_security.md). Its leases hand out device buffers (RegionLease::device_view), never host
-// pointers, and it is closed when the last holder lets go.
+// expiry apply. It is off unless allow_cuda_ipc: the server cannot check what a handle names, and
+// an exporter that frees its memory while a GEMM uses it can fault the device for every client, so
+// only trusted clients may be let in (docs/same_host_security.md). Its leases hand out device
+// buffers (RegionLease::device_view), never host pointers, and it is closed when the last holder
+// lets go.
 //
 // No gRPC: the transport says whether the call came over a Unix socket (CheckAllowed).
 // Thread safety: all methods are thread-safe. The store must outlive its leases.

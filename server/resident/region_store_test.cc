@@ -139,7 +139,8 @@ TEST(RegionStore, UnsealedMemfdIsRefused) {
   FILE* tmp = tmpfile();
   ASSERT_NE(tmp, nullptr);
   ASSERT_EQ(ftruncate(fileno(tmp), 4096), 0);
-  s = store.Register("alice", ThisProcess(), "/proc/self/fd/" + std::to_string(fileno(tmp)), 4096, "", &info);
+  s = store.Register("alice", ThisProcess(), "/proc/self/fd/" + std::to_string(fileno(tmp)), 4096,
+                     "", &info);
   fclose(tmp);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;  // not /proc/<pid>/fd/<fd>
   EXPECT_TRUE(store.List("alice").empty());
@@ -152,8 +153,8 @@ TEST(RegionStore, RegularFileIsRefused) {
   ASSERT_EQ(ftruncate(fileno(tmp), 4096), 0);
   RegionInfo info;
   absl::Status s = store.Register(
-      "alice", ThisProcess(), "/proc/" + std::to_string(getpid()) + "/fd/" + std::to_string(fileno(tmp)), 4096,
-      "", &info);
+      "alice", ThisProcess(),
+      "/proc/" + std::to_string(getpid()) + "/fd/" + std::to_string(fileno(tmp)), 4096, "", &info);
   fclose(tmp);
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
 }

@@ -245,7 +245,8 @@ TEST_F(RingExecutorTest, BadEntriesCompleteWithTheirErrorAndTheRingGoesOn) {
                    absl::StatusCode::kOutOfRange, "a_region"});
   cases.push_back({"odd offset", with([](RingSubmission& e) { e.b.offset = kB + 1; }),
                    absl::StatusCode::kInvalidArgument, "b_region"});
-  cases.push_back({"C off the 16-byte alignment", with([](RingSubmission& e) { e.c.offset = kC - 2; }),
+  cases.push_back({"C off the 16-byte alignment",
+                   with([](RingSubmission& e) { e.c.offset = kC - 2; }),
                    absl::StatusCode::kInvalidArgument, "c_region"});
   cases.push_back({"beta without C_in", with([](RingSubmission& e) { e.beta = 1; }),
                    absl::StatusCode::kInvalidArgument, "beta"});
