@@ -184,9 +184,11 @@ std::string LoadGenerator::PrepareSharedRequests(
     *code = int(grpc::StatusCode::INVALID_ARGUMENT);
     return "shared memory takes unary calls without resident operands";
   }
-  auto aligned = [](int64_t bytes) { return (bytes + 63) / 64 * 64; };
   int64_t total = 0;
-  for (const auto& p : payloads_) total += aligned(p->shape.ABytes()) + aligned(p->shape.BBytes());
+  for (const auto& p : payloads_) {
+    total += SharedRegion::AlignPart(p->shape.ABytes());
+    total += SharedRegion::AlignPart(p->shape.BBytes());
+  }
   std::string error;
   shared->region = SharedRegion::Create(total, &error);
   if (!shared->region) {
@@ -201,7 +203,7 @@ std::string LoadGenerator::PrepareSharedRequests(
     for (int i = 0; i < 2; ++i) {
       std::memcpy(shared->region->data() + at, operands[i]->data(), operands[i]->size());
       refs[i]->set_offset(uint64_t(at));
-      at += aligned(int64_t(operands[i]->size()));
+      at += SharedRegion::AlignPart(int64_t(operands[i]->size()));
     }
     requests->push_back(r.get());
     owned->push_back(std::move(r));

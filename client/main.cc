@@ -560,13 +560,11 @@ int Main(int argc, char** argv) {
                 std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count(),
                 request.a().size() / 1048576.0);
   }
-  // Shared memory: A, B and C in one region (parts 64-byte aligned: the server wants 16),
-  // registered for this run.
+  // Shared memory: A, B and C in one region, registered for this run.
   std::unique_ptr<hgemm::SharedRegion> region;
   std::string region_handle;
-  auto aligned = [](int64_t bytes) { return (bytes + 63) / 64 * 64; };
-  const int64_t b_offset = aligned(int64_t(a_bytes.size()));
-  const int64_t c_offset = b_offset + aligned(int64_t(b_bytes.size()));
+  const int64_t b_offset = hgemm::SharedRegion::AlignPart(int64_t(a_bytes.size()));
+  const int64_t c_offset = b_offset + hgemm::SharedRegion::AlignPart(int64_t(b_bytes.size()));
   if (shm) {
     const auto start = std::chrono::steady_clock::now();
     std::string error;

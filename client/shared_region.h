@@ -23,6 +23,9 @@ class SharedRegion {
   // A new sealed memfd of `bytes` (≥ 1) bytes, zero-filled and mapped; nullptr with *error
   // (naming the system call and errno) if it cannot be made.
   static std::unique_ptr<SharedRegion> Create(int64_t bytes, std::string* error);
+  // `bytes` rounded up to where the next part of a region starts: a cache line, and so a
+  // multiple of the 16 bytes the server requires of every region offset.
+  static constexpr int64_t AlignPart(int64_t bytes) { return (bytes + 63) / 64 * 64; }
   ~SharedRegion();  // unmaps and closes (the server keeps its own mapping until unregistered)
   SharedRegion(const SharedRegion&) = delete;
   SharedRegion& operator=(const SharedRegion&) = delete;

@@ -114,9 +114,8 @@ class RingTest : public ::testing::Test {
 
 TEST_F(RingTest, GemmsThroughTheRingMatchTheReference) {
   constexpr uint32_t m = 67, n = 45, k = 129;
-  // Parts at 64-byte boundaries: the server takes region offsets that are multiples of 16.
-  constexpr uint64_t a_at = 0, b_at = (2 * m * k + 63) / 64 * 64;
-  constexpr uint64_t c_at = b_at + (2 * k * n + 63) / 64 * 64;
+  constexpr uint64_t a_at = 0, b_at = SharedRegion::AlignPart(2 * m * k);
+  constexpr uint64_t c_at = b_at + SharedRegion::AlignPart(2 * k * n);
   std::string data_handle;
   auto data = Region(int64_t(c_at + 2 * m * n), &data_handle);
   // B also as a resident matrix, in matrix slot 0.
@@ -257,9 +256,8 @@ TEST_F(RingTest, ABadEntryIsAnsweredAndTheRingGoesOn) {
 // to carry timings only, and hgemm_client --transport=ring printed no kernel and no device.
 TEST_F(RingTest, CompletionsNameTheKernelAndDeviceAsAGemmCallDoes) {
   constexpr uint32_t m = 21, n = 13, k = 34;
-  // Parts at 64-byte boundaries: the server takes region offsets that are multiples of 16.
-  constexpr uint64_t a_at = 0, b_at = (2 * m * k + 63) / 64 * 64;
-  constexpr uint64_t c_at = b_at + (2 * k * n + 63) / 64 * 64;
+  constexpr uint64_t a_at = 0, b_at = SharedRegion::AlignPart(2 * m * k);
+  constexpr uint64_t c_at = b_at + SharedRegion::AlignPart(2 * k * n);
   std::string data_handle;
   auto data = Region(int64_t(c_at + 2 * m * n), &data_handle);
   FillRandom(Half(*data, a_at), m * k);

@@ -453,9 +453,10 @@ int64_t RegionStore::OwnerBytes(const std::string& owner) {
   Released released;
   std::lock_guard<std::mutex> lock(mu_);
   ExpireLocked(Clock::now(), &released);
+  const std::string account = Account(owner);
   int64_t bytes = 0;
   for (const auto& [handle, entry] : regions_) {
-    if (Account(entry.info.owner) == Account(owner)) bytes += entry.info.bytes;
+    if (Account(entry.info.owner) == account) bytes += entry.info.bytes;
   }
   return bytes;
 }
