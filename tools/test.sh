@@ -16,8 +16,8 @@ logdirs=("$(bazel info bazel-testlogs)")
 # Sanitizer runs: the tests tagged "asan" (ASan + UBSan) and "tsan" in their BUILD files; outputs
 # under their own platform suffix, no symlinks, so bazel-bin stays the normal build's.
 for config in asan tsan; do
-  mapfile -t tagged < <(bazel query "attr(tags, \"\\b$config\\b\", tests(//...))")
-  bazel test --config=$config --symlink_prefix=/ "${tagged[@]}" || status=1
+  bazel test --config=$config --symlink_prefix=/ --build_tag_filters=$config \
+    --test_tag_filters=$config //... || status=1
   logdirs+=("$(bazel info --config=$config bazel-testlogs)")
 done
 passed=0 failed=0 skipped=0

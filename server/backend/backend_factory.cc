@@ -22,8 +22,11 @@ std::unique_ptr<Backend> CreateBackend(const BackendOptions& options, std::strin
       spdlog::warn("fault injection armed: {}", armed);
     }
   }
-#else
+#elif defined(HGEMM_WITH_CUDA)
   std::unique_ptr<Backend> cuda = MakeCudaBackend(options.cuda, error);
+#else
+  *error = "this server was built without CUDA (no toolkit at build time)";
+  std::unique_ptr<Backend> cuda;
 #endif
   if (cuda || options.kind == "cuda") return cuda;
   spdlog::info("no usable GPU ({}); using the CPU backend", *error);
