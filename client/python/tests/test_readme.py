@@ -87,3 +87,44 @@ def test_readme_same_host_quickstart(tmp_path):
         assert "regions: 4" in run.stdout, run.stdout
     finally:
         _stop(pid)
+
+
+def _names_in(text):
+    """Every word of the README that names something of this repository: inline code, link
+    targets and the words of code blocks whose first path component is a top-level entry of
+    the repository (so `hgemm.v1.GemmService/Gemm` or `/usr/local/cuda` are not taken), and
+    Bazel labels (`//pkg:name`, `@hgemm_serve//pkg:name`)."""
+    words = re.findall(r"`([^`\n]+)`", text) + re.findall(r"\]\(([^)\s]+)\)", text)
+    for block in re.findall(r"```\w*\n(.*?)```", text, re.S):
+        words += block.split()
+    top = {p.name for p in REPO.iterdir()} | {"bazel-bin"}
+    names = set()
+    for word in words:
+        for token in re.split(r"[\s=,'\"();]+", word):
+            token = token.rstrip(".:")
+            if re.fullmatch(r"(@hgemm_serve)?//[\w/.-]*:[\w.+-]+", token):
+                names.add(token)
+            elif "/" in token and token.split("/")[0] in top and "*" not in token:
+                names.add(token)
+    return names
+
+
+def _exists(name):
+    """Whether `name` (a path, a bazel-bin/ output or a label) is in the repository."""
+    if name.startswith(("//", "@hgemm_serve//")):
+        package, target = name.split("//", 1)[1].split(":")
+    elif name.startswith("bazel-bin/"):
+        package, _, target = name[len("bazel-bin/"):].rpartition("/")
+    else:
+        return (REPO / name).exists()
+    build = REPO / package / "BUILD"
+    return build.exists() and f'name = "{target}"' in build.read_text()
+
+
+def test_readme_names_only_what_exists():
+    names = _names_in((REPO / "README.md").read_text())
+    # The check must see the README's paths, commands and labels at all.
+    assert {"tools/demo.sh", "docs/errors.md", "bazel-bin/client/hgemm_client",
+            "@hgemm_serve//client:gemm_client"} <= names, sorted(names)
+    missing = sorted(n for n in names if not _exists(n))
+    assert not missing, f"README.md names what the repository does not have: {missing}"
