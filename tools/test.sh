@@ -13,12 +13,22 @@ tools/bootstrap.sh || exit 1
 bazel test //... "$@"
 status=$?
 logdirs=("$(bazel info bazel-testlogs)")
-# Sanitizer runs: the tests tagged "asan" (ASan + UBSan) and "tsan" in their BUILD files; outputs
-# under their own platform suffix, no symlinks, so bazel-bin stays the normal build's.
+# Sanitizer runs: the tests tagged "asan" (ASan + UBSan, built by clang in the fuzz targets'
+# output base: they share its objects) and "tsan" in their BUILD files; outputs under their own
+# platform suffix, no symlinks, so bazel-bin stays the normal build's.
+bazel_clang=(bazel --output_base="${FUZZ_OUTPUT_BASE:-$HOME/.cache/bazel-clang}")
+# The workspace's packages by name: that output base takes the normal build's bazel-* links for
+# folders of the workspace.
+packages=(//:all)
+for d in */; do
+  [[ $d != bazel-* && -n $(find "$d" -name BUILD -print -quit) ]] && packages+=("//${d%/}/...")
+done
 for config in asan tsan; do
-  bazel test --config=$config --symlink_prefix=/ --build_tag_filters=$config \
-    --test_tag_filters=$config //... || status=1
-  logdirs+=("$(bazel info --config=$config bazel-testlogs)")
+  runner=(bazel)
+  [[ $config == asan ]] && runner=("${bazel_clang[@]}")
+  "${runner[@]}" test --config=$config --symlink_prefix=/ --build_tag_filters=$config \
+    --test_tag_filters=$config "${packages[@]}" || status=1
+  logdirs+=("$("${runner[@]}" info --config=$config bazel-testlogs)")
 done
 passed=0 failed=0 skipped=0
 # run_step NAME COMMAND...: runs a step that ends with the line "NAME: N passed, N failed" (and
