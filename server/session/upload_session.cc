@@ -8,6 +8,29 @@
 #include "server/session/validation.h"
 
 namespace hgemm {
+namespace {
+
+// The wire's DataType, or false for a value outside the enum. UNSPECIFIED gives `unspecified`.
+bool FromProto(v1::DataType type, ElementType unspecified, ElementType* out) {
+  switch (type) {
+    case v1::DATA_TYPE_UNSPECIFIED:
+      *out = unspecified;
+      return true;
+    case v1::DATA_TYPE_FP16:
+      *out = ElementType::kFp16;
+      return true;
+    case v1::DATA_TYPE_BF16:
+      *out = ElementType::kBf16;
+      return true;
+    case v1::DATA_TYPE_FP32:
+      *out = ElementType::kFp32;
+      return true;
+    default:
+      return false;
+  }
+}
+
+}  // namespace
 
 absl::Status CheckMatrixHeader(const GemmCore& core, const v1::MatrixHeader& header,
                                const std::string& field, int* device_index, ElementType* dtype) {

@@ -128,8 +128,8 @@ absl::Status GemmServiceImpl::AdmitGemm(grpc::CallbackServerContext* context,
                                         v1::GemmResponse* response,
                                         grpc::ServerUnaryReactor* reactor) {
   GemmOrder order;
-  if (absl::Status s = ValidateGemmRequest(request, options_.rules, &order.job); !s.ok()) return s;
-  ToOrder(request, OverUnixSocket(*context), &order);
+  if (absl::Status s = ValidateGemm(ToSpec(request), options_.rules, &order); !s.ok()) return s;
+  order.over_unix_socket = OverUnixSocket(*context);
   const bool c_to_host = order.c.kind == ResultSink::Kind::kHost;
   const bool a_shared = request.has_a_region(), b_shared = request.has_b_region();
   const bool c_shared = request.has_c_region();
