@@ -231,8 +231,7 @@ class FuzzStream final : public FakeReadCall<StreamTransport, StreamSession, Str
 };
 
 // One UploadMatrix call: an UploadSession over this transport, driven as FuzzStream is.
-class FuzzUpload final
-    : public FakeReadCall<UploadTransport, UploadSession, v1::UploadMatrixRequest> {
+class FuzzUpload final : public FakeReadCall<UploadTransport, UploadSession, UploadMessage> {
  public:
   // `over_unix_socket`: the call came over one (a header may name a region).
   explicit FuzzUpload(const std::string& owner, bool over_unix_socket = false)
@@ -242,6 +241,12 @@ class FuzzUpload final
   ~FuzzUpload() override {
     Close(/*cancel=*/false);
     Outcome().IgnoreError();  // checked in Finish
+  }
+
+  // Delivers `message` as FakeReadCall::Deliver does (its chunk's bytes are moved out).
+  bool Deliver(v1::UploadMatrixRequest& message) {
+    UploadMessage read = ToUploadMessage(message);
+    return FakeReadCall::Deliver(read);
   }
 
   void Close(bool cancel) {

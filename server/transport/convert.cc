@@ -164,6 +164,41 @@ StreamMessage ToStreamMessage(v1::GemmStreamRequest& message) {
   }
 }
 
+MatrixSpec ToSpec(const v1::MatrixHeader& header) {
+  MatrixSpec spec{.rows = header.rows(),
+                  .cols = header.cols(),
+                  .dtype = FromProto(header.dtype()),
+                  .ttl_seconds = header.ttl_seconds(),
+                  .label = header.label()};
+  if (header.has_device_id()) spec.device_id = header.device_id();
+  if (header.has_region()) spec.source = ToSource(header.region());
+  return spec;
+}
+
+UploadMessage ToUploadMessage(v1::UploadMatrixRequest& message) {
+  switch (message.message_case()) {
+    case v1::UploadMatrixRequest::kHeader:
+      return {ToSpec(message.header())};
+    case v1::UploadMatrixRequest::kChunk:
+      return {WireBytes(std::move(*message.mutable_chunk()))};
+    default:
+      return {};
+  }
+}
+
+PartMessage ToPartMessage(v1::PartRequest& message) {
+  switch (message.message_case()) {
+    case v1::PartRequest::kHeader: {
+      const v1::PartHeader& header = message.header();
+      return {PartSpec{header.handle(), header.offset(), header.length()}};
+    }
+    case v1::PartRequest::kChunk:
+      return {WireBytes(std::move(*message.mutable_chunk()))};
+    default:
+      return {};
+  }
+}
+
 v1::Accumulation ToProto(Accumulation accumulation) {
   return accumulation == Accumulation::kFp16 ? v1::ACCUMULATION_FP16 : v1::ACCUMULATION_FP32;
 }

@@ -17,7 +17,9 @@
 #include "server/resident/matrix_store.h"
 #include "server/session/gemm_core.h"
 #include "server/session/gemm_spec.h"
+#include "server/session/part_session.h"
 #include "server/session/stream_assembler.h"
+#include "server/session/upload_session.h"
 
 namespace hgemm {
 
@@ -46,6 +48,16 @@ GemmSpec ToSpec(const v1::GemmHeader& header);
 
 // A GemmStream message as its session reads it. A chunk's bytes are moved out of `message`.
 StreamMessage ToStreamMessage(v1::GemmStreamRequest& message);
+
+// A resident matrix's header (UploadMatrix, CreateUpload).
+MatrixSpec ToSpec(const v1::MatrixHeader& header);
+
+// An UploadMatrix message as its session reads it. A chunk's bytes are moved out of `message`.
+UploadMessage ToUploadMessage(v1::UploadMatrixRequest& message);
+
+// An UploadPart message (parsed: not a plain chunk, see part_chunk.h) as its session reads it.
+// A chunk's bytes are moved out of `message`.
+PartMessage ToPartMessage(v1::PartRequest& message);
 
 v1::Accumulation ToProto(Accumulation accumulation);
 v1::DataType ToProto(ElementType type);

@@ -308,7 +308,7 @@ grpc::ServerUnaryReactor* GemmServiceImpl::CreateUpload(grpc::CallbackServerCont
     return reactor;
   }
   // Answered once the matrix is allocated (on an upload thread), or at once when refused.
-  hgemm::CreateUpload(core_, caller.name, *request,
+  hgemm::CreateUpload(core_, caller.name, ToSpec(request->header()), request->transient(),
                       [this, context, reactor, response, owner = caller.name](
                           const absl::Status& s, const ResidentMatrix& matrix) {
                         if (s.ok()) Describe(core_, matrix, response);
