@@ -144,7 +144,8 @@ inline void ContractBroken(const std::string& what) { Fail(what.c_str(), ""); }
 // One GemmStream call: a StreamSession over this transport. The caller sends messages (wire
 // messages converted as the reactor converts them), then closes its side or cancels;
 // Outcome() pumps the call to its end, completing each write on the fuzzing thread.
-class FuzzStream final : public FakeReadCall<StreamTransport, StreamSession, StreamMessage> {
+class FuzzStream final
+    : public FakeReadCall<StreamTransport, StreamSession, hgemm::StreamMessage> {
  public:
   struct Done {
     uint64_t gemm_id;
@@ -163,7 +164,7 @@ class FuzzStream final : public FakeReadCall<StreamTransport, StreamSession, Str
 
   // Delivers `message` as FakeReadCall::Deliver does (its chunk's bytes are moved out).
   bool Deliver(v1::GemmStreamRequest& message) {
-    StreamMessage read = ToStreamMessage(message);
+    hgemm::StreamMessage read = ToStreamMessage(message);
     return FakeReadCall::Deliver(read);
   }
 
@@ -230,8 +231,11 @@ class FuzzStream final : public FakeReadCall<StreamTransport, StreamSession, Str
   std::vector<Done> answers_;            // guarded by mu_
 };
 
-// One UploadMatrix call: an UploadSession over this transport, driven as FuzzStream is.
-class FuzzUpload final : public FakeReadCall<UploadTransport, UploadSession, UploadMessage> {
+// One UploadMatrix call: an UploadSession over this transport, driven as FuzzStream is. (The
+// session's message type is named in full: fuzz::UploadMessage of fuzz_requests.h draws a
+// wire message.)
+class FuzzUpload final
+    : public FakeReadCall<UploadTransport, UploadSession, hgemm::UploadMessage> {
  public:
   // `over_unix_socket`: the call came over one (a header may name a region).
   explicit FuzzUpload(const std::string& owner, bool over_unix_socket = false)
@@ -245,7 +249,7 @@ class FuzzUpload final : public FakeReadCall<UploadTransport, UploadSession, Upl
 
   // Delivers `message` as FakeReadCall::Deliver does (its chunk's bytes are moved out).
   bool Deliver(v1::UploadMatrixRequest& message) {
-    UploadMessage read = ToUploadMessage(message);
+    hgemm::UploadMessage read = ToUploadMessage(message);
     return FakeReadCall::Deliver(read);
   }
 

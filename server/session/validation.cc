@@ -36,8 +36,6 @@ constexpr char kNoRegion[] = "empty (the handle RegisterRegion returned)";
 
 // A handle that is set must name something: an empty one would leave its operand without
 // bytes (the resolver has nothing to look up, the length check was skipped for it).
-// A handle that is set must name something: an empty one would leave its operand without
-// bytes (the resolver has nothing to look up, the length check was skipped for it).
 absl::Status ValidateHandles(const GemmSpec& spec) {
   using Kind = OperandSource::Kind;
   auto empty_handle = [](const OperandSource& source) {
