@@ -128,8 +128,8 @@ absl::Status GemmServiceImpl::AdmitGemm(grpc::CallbackServerContext* context,
                                         v1::GemmResponse* response,
                                         grpc::ServerUnaryReactor* reactor) {
   GemmOrder order;
-  if (absl::Status s = ValidateGemmRequest(request, options_.rules, &order.job); !s.ok()) return s;
-  ToOrder(request, OverUnixSocket(*context), &order);
+  if (absl::Status s = ValidateGemm(ToSpec(request), options_.rules, &order); !s.ok()) return s;
+  order.over_unix_socket = OverUnixSocket(*context);
   const bool c_to_host = order.c.kind == ResultSink::Kind::kHost;
   const bool a_shared = request.has_a_region(), b_shared = request.has_b_region();
   const bool c_shared = request.has_c_region();
@@ -308,7 +308,7 @@ grpc::ServerUnaryReactor* GemmServiceImpl::CreateUpload(grpc::CallbackServerCont
     return reactor;
   }
   // Answered once the matrix is allocated (on an upload thread), or at once when refused.
-  hgemm::CreateUpload(core_, caller.name, *request,
+  hgemm::CreateUpload(core_, caller.name, ToSpec(request->header()), request->transient(),
                       [this, context, reactor, response, owner = caller.name](
                           const absl::Status& s, const ResidentMatrix& matrix) {
                         if (s.ok()) Describe(core_, matrix, response);

@@ -36,7 +36,8 @@ class UploadMatrixReactor final : public grpc::ServerReadReactor<v1::UploadMatri
   void OnReadDone(bool ok) override {
     if (!ok) return session_.OnReadsDone();  // the client has sent everything (or went away)
     const int64_t region_before = session_.region_bytes();
-    services_.log->Received(Rpc::kUploadMatrix, session_.OnRead(request_), *context_);
+    UploadMessage message = ToUploadMessage(request_);
+    services_.log->Received(Rpc::kUploadMatrix, session_.OnRead(message), *context_);
     services_.log->SharedMemory(session_.region_bytes() - region_before, 0);
   }
 
@@ -107,12 +108,16 @@ class UploadPartReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer>
   // not parse ends the reads, as a typed method's failed read does.
   int64_t Consume() {
     WireBytes chunk;
-    if (PartChunkOf(request_, &chunk)) return session_.OnChunk(std::move(chunk));
-    v1::PartRequest message;
-    if (!grpc::SerializationTraits<v1::PartRequest>::Deserialize(&request_, &message).ok()) {
+    if (PartChunkOf(request_, &chunk)) {
+      PartMessage message{std::move(chunk)};
+      return session_.OnRead(message);
+    }
+    v1::PartRequest parsed;
+    if (!grpc::SerializationTraits<v1::PartRequest>::Deserialize(&request_, &parsed).ok()) {
       session_.OnReadsDone();
       return 0;
     }
+    PartMessage message = ToPartMessage(parsed);
     return session_.OnRead(message);
   }
 
