@@ -50,6 +50,15 @@ struct GemmReport {
   std::string device_name;
   int stream_id = 0;
   std::shared_ptr<ResidentBuffer> c_resident;  // C, when the job asked to keep it
+  // Freivalds' check of C (GemmJob::verify_repetitions; server/verify/freivalds.h): its time
+  // (over every run of the GEMM), the repetitions C passed (0: not checked), and what failed
+  // ("" when it passed or was not checked).
+  double verify_ms = 0;
+  int verified_repetitions = 0;
+  std::string verify_failure;
+  // C is a rerun's, on another slot: the first run's C failed its check on device
+  // `suspect_device` (a Devices() index; -1: no rerun).
+  int suspect_device = -1;
 
   double Tflops(const GemmShape& shape) const {
     return kernel_ms > 0 ? shape.Flops() / (kernel_ms * 1e9) : 0;
@@ -109,6 +118,10 @@ struct GemmJob {
   std::function<void(int64_t ready)> c_progress;
   // True once the client has gone away; checked before the job runs. May be empty.
   std::function<bool()> is_cancelled;
+  // Check C with this many repetitions of Freivalds' method before answering (0: no check;
+  // the scheduler raises it to its default, SchedulerOptions::verify_repetitions). A backend
+  // checks it in Run; the scheduler reruns a GEMM that fails (server/verify/freivalds.h).
+  int verify_repetitions = 0;
 };
 
 // Called exactly once per admitted job, on a scheduler worker thread.
