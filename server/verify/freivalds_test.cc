@@ -5,13 +5,13 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
-#include <functional>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "proto/numerics/cpu_gemm.h"
 #include "proto/numerics/fp16.h"
+#include "server/testing/c_faults.h"
 
 namespace hgemm::verify {
 namespace {
@@ -182,61 +182,20 @@ TEST(Freivalds, LegitimateOverflowPasses) {
   EXPECT_EQ(g.Check(FreshSeed()), "");
 }
 
-// The fault injector of these tests: what it does to C, and the 2-norm of the error it puts
-// into the corrupted row (the deviation it adds is Gaussian with that standard deviation).
-struct Fault {
-  std::string name;
-  std::function<void(HostGemm*, int64_t row, int64_t col)> apply;
-};
-
-void FlipBit(HostGemm* g, int64_t index, int bit) {
-  char* p = g->c.data() + index * g->CElementBytes();
-  if (g->CElementBytes() == 2) {
-    uint16_t h;
-    std::memcpy(&h, p, 2);
-    h ^= uint16_t(1u << bit);
-    std::memcpy(p, &h, 2);
-  } else {
-    uint32_t f;
-    std::memcpy(&f, p, 4);
-    f ^= 1u << bit;
-    std::memcpy(p, &f, 4);
-  }
-}
-
-void SetC(HostGemm* g, int64_t index, float value) {
-  char* p = g->c.data() + index * g->CElementBytes();
-  switch (g->form.c_type) {
-    case ElementType::kFp16: {
-      const uint16_t h = FloatToHalf(value);
-      std::memcpy(p, &h, 2);
-      return;
-    }
-    case ElementType::kBf16: {
-      const uint16_t h = FloatToBf16(value);
-      std::memcpy(p, &h, 2);
-      return;
-    }
-    case ElementType::kFp32:
-      std::memcpy(p, &value, 4);
-      return;
-  }
-}
-
 // Counts detections of `fault` over `trials` fresh vectors and checks the rate against the
 // one docs/verification.md promises per repetition, erfc(√2·t/‖e‖) with t the row's bound and
 // ‖e‖ the 2-norm of the error the fault put into the row; returns the measured rate.
-double MeasureDetection(const Form& form, const Fault& fault, int trials, std::mt19937_64& rng) {
+double MeasureDetection(const Form& form, CFault fault, int trials, std::mt19937_64& rng) {
   HostGemm g = MakeGemm(form, rng);
   const HostGemm correct = g;
   const int64_t row = int64_t(rng() % uint64_t(form.m)), col = int64_t(rng() % uint64_t(form.n));
-  fault.apply(&g, row, col);
+  CorruptC(fault, form.c_type, form.n, g.c.data(), row, col);
   double error_sq = 0;
   for (int64_t j = 0; j < form.n; ++j) {
     const double e = double(g.CAt(row * form.n + j)) - correct.CAt(row * form.n + j);
     error_sq += std::isnan(e) ? INFINITY : e * e;  // a NaN (an infinity flipped in) is huge
   }
-  EXPECT_GT(error_sq, 0) << fault.name;
+  EXPECT_GT(error_sq, 0) << CFaultName(fault);
   // The row's bound, from the corrupted C's norms (what the check computes).
   RowSums sums;
   HostExpected(form, g.a.data(), g.c_in.data(), HostB(form, g.b.data(), 1), &sums);
@@ -248,10 +207,10 @@ double MeasureDetection(const Form& form, const Fault& fault, int trials, std::m
   for (int trial = 0; trial < trials; ++trial) detected += g.Check(FreshSeed()).empty() ? 0 : 1;
   const double rate = double(detected) / trials;
   std::printf("%-18s %-40s error %-9.3g bound %-9.3g promised %.3f detected %.3f\n",
-              fault.name.c_str(), Describe(form).c_str(), std::sqrt(error_sq), t, promised, rate);
+              CFaultName(fault).c_str(), Describe(form).c_str(), std::sqrt(error_sq), t, promised, rate);
   // Binomial slack: 4 standard deviations of the measured rate.
   const double slack = 4 * std::sqrt(promised * (1 - promised) / trials) + 1.0 / trials;
-  EXPECT_GE(rate, promised - slack) << fault.name << " " << Describe(form) << ": detected "
+  EXPECT_GE(rate, promised - slack) << CFaultName(fault) << " " << Describe(form) << ": detected "
                                     << detected << " of " << trials << ", promised " << promised;
   return rate;
 }
@@ -263,34 +222,11 @@ TEST(Freivalds, DetectsFaultsAtThePromisedRates) {
   const Form bf16_fp32{.m = 48, .n = 64, .k = 256, .ab_type = ElementType::kBf16,
                        .c_type = ElementType::kFp32, .alpha = 0.5f, .beta = -2};
   for (const Form& form : {fp16, bf16_fp32}) {
-    const int bits = form.c_type == ElementType::kFp32 ? 32 : 16;
-    const int mantissa_top = form.c_type == ElementType::kFp32 ? 22
-                             : form.c_type == ElementType::kFp16 ? 9 : 6;
-    const std::vector<Fault> faults = {
-        {"exponent bit flip", [&](HostGemm* g, int64_t i, int64_t j) {
-           FlipBit(g, i * form.n + j, bits - 2);  // the exponent's top bit
-         }},
-        {"sign bit flip", [&](HostGemm* g, int64_t i, int64_t j) {
-           FlipBit(g, i * form.n + j, bits - 1);
-         }},
-        {"mantissa bit flip", [&](HostGemm* g, int64_t i, int64_t j) {
-           FlipBit(g, i * form.n + j, mantissa_top);
-         }},
-        {"small error", [&](HostGemm* g, int64_t i, int64_t j) {
-           SetC(g, i * form.n + j, g->CAt(i * form.n + j) + 0.25f);
-         }},
-        {"large error", [&](HostGemm* g, int64_t i, int64_t j) {
-           SetC(g, i * form.n + j, g->CAt(i * form.n + j) + 1000.0f);
-         }},
-        {"row zeroed", [&](HostGemm* g, int64_t i, int64_t) {
-           for (int64_t j = 0; j < form.n; ++j) SetC(g, i * form.n + j, 0);
-         }},
-    };
-    for (const Fault& fault : faults) {
+    for (CFault fault : kAllCFaults) {
       const double rate = MeasureDetection(form, fault, kTrials, rng);
-      if (fault.name == "large error" || fault.name == "row zeroed" ||
-          fault.name == "exponent bit flip") {
-        EXPECT_GE(rate, 0.95) << fault.name << " " << Describe(form);
+      if (fault == CFault::kLargeError || fault == CFault::kRowZeroed ||
+          fault == CFault::kExponentBit) {
+        EXPECT_GE(rate, 0.95) << CFaultName(fault) << " " << Describe(form);
       }
     }
   }
