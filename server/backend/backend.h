@@ -59,7 +59,7 @@ class Backend {
   // Runs `job` to completion on `slot`: job.c holds C when it returns OK (or, with job.keep_c,
   // report->c_resident does). `job.kernel` is a name from Kernels() or "auto" (validated
   // before). Fills everything in `report` but queue_wait_ms, server_total_ms and
-  // suspect_device. With job.verify_repetitions > 0 it also checks C by Freivalds' method
+  // suspect_device_id. With job.verify_repetitions > 0 it also checks C by Freivalds' method
   // (server/verify/freivalds.h) before returning, and says how in report's verify fields: a
   // C that fails its check still returns OK (with report->verify_failure set); the caller
   // decides what to do with it.

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "kernels/accumulation.h"
@@ -56,9 +57,9 @@ struct GemmReport {
   double verify_ms = 0;
   int verified_repetitions = 0;
   std::string verify_failure;
-  // C is a rerun's, on another slot: the first run's C failed its check on device
-  // `suspect_device` (a Devices() index; -1: no rerun).
-  int suspect_device = -1;
+  // Set when C is a rerun's, on another slot: the first run's C failed its check on the
+  // device with this id (DeviceDescription::id).
+  std::optional<int> suspect_device_id;
 
   double Tflops(const GemmShape& shape) const {
     return kernel_ms > 0 ? shape.Flops() / (kernel_ms * 1e9) : 0;
@@ -118,9 +119,11 @@ struct GemmJob {
   std::function<void(int64_t ready)> c_progress;
   // True once the client has gone away; checked before the job runs. May be empty.
   std::function<bool()> is_cancelled;
-  // Check C with this many repetitions of Freivalds' method before answering (0: no check;
-  // the scheduler raises it to its default, SchedulerOptions::verify_repetitions). A backend
-  // checks it in Run; the scheduler reruns a GEMM that fails (server/verify/freivalds.h).
+  // Check C by Freivalds' method before answering (server/verify/freivalds.h), with
+  // verify_repetitions fresh vectors (0: SchedulerOptions::verify_repetitions). The scheduler
+  // also checks jobs that don't ask when SchedulerOptions::verify_all says so, sets the count a
+  // backend sees (> 0: the backend checks C in Run) and reruns a GEMM that fails.
+  bool verify = false;
   int verify_repetitions = 0;
 };
 

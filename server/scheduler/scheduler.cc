@@ -250,8 +250,11 @@ const char* CInInsideC(const GemmJob& job) {
 }  // namespace
 
 absl::Status Scheduler::RunVerified(int slot, const GemmJob& original, GemmReport* report) {
-  const int repetitions = std::max(original.verify_repetitions, options_.verify_repetitions);
-  if (repetitions <= 0) return RunOnSlot(slot, original, report);
+  if (!original.verify && !options_.verify_all) return RunOnSlot(slot, original, report);
+  int repetitions = original.verify_repetitions > 0 ? original.verify_repetitions
+                                                    : options_.verify_repetitions;
+  if (options_.verify_all) repetitions = std::max(repetitions, options_.verify_repetitions);
+  repetitions = std::max(repetitions, 1);
   GemmJob job = original;
   job.verify_repetitions = repetitions;
   job.c_progress = nullptr;  // no byte of C may leave before it has passed
@@ -312,7 +315,7 @@ absl::Status Scheduler::RunVerified(int slot, const GemmJob& original, GemmRepor
                              "device {} is suspect",
                              rerun.device_id, rerun.stream_id, report->device_id),
                  {{"request_id", job.request_id}, {"traceparent", job.traceparent}});
-    rerun.suspect_device = device;
+    rerun.suspect_device_id = backend_->Devices()[device].id;
     *report = std::move(rerun);
     return absl::OkStatus();
   }

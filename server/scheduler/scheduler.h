@@ -9,8 +9,7 @@
 // jobs: jobs go to a healthy device, jobs pinned to the failed one are refused with
 // UNAVAILABLE, and the jobs still queued on it are answered UNAVAILABLE without running.
 //
-// Verified GEMMs (GemmJob::verify_repetitions, or SchedulerOptions::verify_repetitions for
-// all): the backend checks C by Freivalds' method (server/verify/freivalds.h) as it runs the
+// Verified GEMMs (GemmJob::verify, or every GEMM with SchedulerOptions::verify_all): the backend checks C by Freivalds' method (server/verify/freivalds.h) as it runs the
 // job. A C that fails its check is never answered: the job is rerun once on another slot (of
 // another healthy device where there is one) and answered with the rerun's C if that passes,
 // the first device counted as suspect; if the rerun fails too, the answer is DATA_LOSS. A
@@ -56,9 +55,12 @@ struct SchedulerOptions {
   // arriving meanwhile starts without a thread wake-up (0.03-0.1 ms on the H200 host, measured
   // in docs/kernels_notes.md "Fixed costs"). Costs at most this much CPU per job; 0 = never poll.
   std::chrono::microseconds idle_spin{1000};
-  // Check every GEMM's C with this many repetitions of Freivalds' method (--verify); a job
-  // asking for more keeps its own count. 0: only the jobs that ask are checked.
-  int verify_repetitions = 0;
+  // Check every GEMM's C by Freivalds' method (--verify), not only those that ask
+  // (GemmJob::verify).
+  bool verify_all = false;
+  // Repetitions of the check (fresh vectors r) for a job that names none; with verify_all, the
+  // least any job gets.
+  int verify_repetitions = 1;
   // Failed checks after which a device is taken out of service (Backend::TakeOutOfService:
   // its work is refused, and health turns NOT_SERVING once no device is left); 0: never.
   int verify_failures_to_retire = 3;

@@ -111,6 +111,7 @@ struct TestGemm {
     job.alpha = alpha;
     job.beta = beta;
     job.c_in = c_in.empty() ? nullptr : c_in.data();
+    job.verify = true;
     job.verify_repetitions = 2;
     reference = ReferenceGemm(a.data(), b.data(), m, n, k, form,
                               {.alpha = alpha, .beta = beta, .c_in = job.c_in});
@@ -156,7 +157,7 @@ TEST(Verify, CorrectGemmsOfEveryFormPass) {
             ASSERT_TRUE(answer.status.ok()) << answer.status;
             EXPECT_EQ(answer.report.verified_repetitions, 2);
             EXPECT_EQ(answer.report.verify_failure, "");
-            EXPECT_EQ(answer.report.suspect_device, -1);
+            EXPECT_FALSE(answer.report.suspect_device_id.has_value());
             EXPECT_LT(g.Error(), ServiceTolerance(false, form));
           }
         }
@@ -170,9 +171,11 @@ TEST(Verify, CorrectGemmsOfEveryFormPass) {
 
 TEST(Verify, TheServerDefaultChecksEveryGemm) {
   FaultyDevices backend(1);
-  Scheduler scheduler(&backend, {.verify_repetitions = 3, .verify_failures_to_retire = 0});
+  Scheduler scheduler(&backend,
+                      {.verify_all = true, .verify_repetitions = 3, .verify_failures_to_retire = 0});
   std::mt19937_64 rng(12);
   TestGemm g(16, 16, 64, rng);
+  g.job.verify = false;
   g.job.verify_repetitions = 0;
   const Answer answer = RunJob(scheduler, g.job);
   ASSERT_TRUE(answer.status.ok()) << answer.status;
@@ -190,7 +193,7 @@ TEST(Verify, ACorruptedRunIsRerunOnAnotherDeviceAndAnsweredRight) {
     const Answer answer = RunJob(scheduler, g.job);
     ASSERT_TRUE(answer.status.ok()) << CFaultName(fault) << ": " << answer.status;
     EXPECT_EQ(answer.report.device_id, 1);
-    EXPECT_EQ(answer.report.suspect_device, 0);
+    EXPECT_EQ(answer.report.suspect_device_id, 0);
     EXPECT_EQ(answer.report.verify_failure, "");
     EXPECT_LT(g.Error(), ServiceTolerance(false, g.form)) << CFaultName(fault);
     const auto stats = scheduler.GetVerifyStats();
@@ -212,7 +215,7 @@ TEST(Verify, OneDeviceRerunsOnItsOtherSlot) {
   TestGemm g(8, 8, 32, rng);
   const Answer answer = RunJob(scheduler, g.job);
   ASSERT_TRUE(answer.status.ok()) << answer.status;
-  EXPECT_EQ(answer.report.suspect_device, 0);
+  EXPECT_EQ(answer.report.suspect_device_id, -1);  // the CPU's id
   EXPECT_LT(g.Error(), ServiceTolerance(false, g.form));
   EXPECT_EQ(scheduler.GetVerifyStats()[0].reruns, 1);
 }
@@ -242,7 +245,7 @@ TEST(Verify, InPlaceGemmIsRerunFromItsOriginalCIn) {
   g.job.device_index = 0;
   const Answer answer = RunJob(scheduler, g.job);
   ASSERT_TRUE(answer.status.ok()) << answer.status;
-  EXPECT_EQ(answer.report.suspect_device, 0);
+  EXPECT_EQ(answer.report.suspect_device_id, 0);
   EXPECT_LT(g.Error(), ServiceTolerance(false, g.form));
 }
 

@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "server/core/status.h"
+#include "server/verify/freivalds.h"
 
 namespace hgemm {
 namespace {
@@ -167,6 +168,13 @@ absl::Status ValidateOptions(const v1::GemmOptions& options, const RequestRules&
                                                kMaxRequestIdBytes));
   }
   job->request_id = options.request_id();
+  if (options.verify_repetitions() > uint32_t(verify::kMaxRepetitions)) {
+    return status::InvalidArgument(
+        field + ".verify_repetitions",
+        fmt::format("{}; at most {}", options.verify_repetitions(), verify::kMaxRepetitions));
+  }
+  job->verify = options.verify();
+  job->verify_repetitions = options.verify() ? int(options.verify_repetitions()) : 0;
   switch (options.accumulation()) {
     case v1::ACCUMULATION_FP16:
       job->accumulation = Accumulation::kFp16;
