@@ -725,8 +725,9 @@ int Main(int argc, char** argv) {
                 "stream %d%s\n",
                 run, t.queue_wait_ms(), t.host_to_device_ms(), t.kernel_ms(), t.device_to_host_ms(),
                 t.verify_ms(), t.server_total_ms(), client_ms, t.tflops(),
-                wire_bytes / client_ms / 1e6, e.kernel().c_str(), AccumulationName(e.accumulation()),
-                e.device_name().c_str(), e.stream_id(), VerifiedNote(e).c_str());
+                wire_bytes / client_ms / 1e6, e.kernel().c_str(),
+                AccumulationName(e.accumulation()), e.device_name().c_str(), e.stream_id(),
+                VerifiedNote(e).c_str());
   }
 
   if (response.has_c_matrix() && (check || !out_path.empty())) {

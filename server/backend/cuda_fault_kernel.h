@@ -1,8 +1,9 @@
-// Test-only kernels: one that damages C (LaunchXorWord), and one that makes a real sticky device fault: one thread writes to an address no
-// allocation maps, which ends the kernel with cudaErrorIllegalAddress and leaves the device's
-// CUDA context unusable for the rest of the process (every later call on it fails).
-// Used through FaultInjector::ArmAfterLaunch (fault_injector.h).
-// Thread safety: none needed (one launch).
+// Test-only kernels: one that damages C (LaunchXorWord, through
+// FaultInjector::ArmCorruptOutput), and one that makes a real sticky device fault: one thread
+// writes to an address no allocation maps, which ends the kernel with cudaErrorIllegalAddress
+// and leaves the device's CUDA context unusable for the rest of the process (every later call
+// on it fails; through FaultInjector::ArmAfterLaunch, fault_injector.h).
+// Thread safety: none needed (one launch each).
 #ifndef HGEMM_SERVER_BACKEND_CUDA_FAULT_KERNEL_H_
 #define HGEMM_SERVER_BACKEND_CUDA_FAULT_KERNEL_H_
 

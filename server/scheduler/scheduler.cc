@@ -250,7 +250,12 @@ const char* CInInsideC(const GemmJob& job) {
 }  // namespace
 
 absl::Status Scheduler::RunVerified(int slot, const GemmJob& original, GemmReport* report) {
-  if (!original.verify && !options_.verify_all) return RunOnSlot(slot, original, report);
+  if (!original.verify && !options_.verify_all) {
+    if (original.verify_repetitions == 0) return RunOnSlot(slot, original, report);
+    GemmJob unchecked = original;  // a count without `verify` asks for nothing
+    unchecked.verify_repetitions = 0;
+    return RunOnSlot(slot, unchecked, report);
+  }
   int repetitions = original.verify_repetitions > 0 ? original.verify_repetitions
                                                     : options_.verify_repetitions;
   if (options_.verify_all) repetitions = std::max(repetitions, options_.verify_repetitions);

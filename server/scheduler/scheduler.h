@@ -9,8 +9,9 @@
 // jobs: jobs go to a healthy device, jobs pinned to the failed one are refused with
 // UNAVAILABLE, and the jobs still queued on it are answered UNAVAILABLE without running.
 //
-// Verified GEMMs (GemmJob::verify, or every GEMM with SchedulerOptions::verify_all): the backend checks C by Freivalds' method (server/verify/freivalds.h) as it runs the
-// job. A C that fails its check is never answered: the job is rerun once on another slot (of
+// Verified GEMMs (GemmJob::verify, or every GEMM with SchedulerOptions::verify_all): the
+// backend checks C by Freivalds' method (server/verify/freivalds.h) as it runs the job. A C
+// that fails its check is never answered: the job is rerun once on another slot (of
 // another healthy device where there is one) and answered with the rerun's C if that passes,
 // the first device counted as suspect; if the rerun fails too, the answer is DATA_LOSS. A
 // device whose checks fail SchedulerOptions::verify_failures_to_retire times is taken out of

@@ -27,9 +27,11 @@ namespace {
 class FaultyDevices final : public ForwardingBackend {
  public:
   explicit FaultyDevices(int devices)
-      : ForwardingBackend(MakeCpuBackend({.workers = devices,
-                                          .after_gemm = [this](int slot, const GemmJob& job,
-                                                               void* c) { Inject(slot, job, c); }})),
+      : ForwardingBackend(MakeCpuBackend(
+            {.workers = devices,
+             .after_gemm = [this](int slot, const GemmJob& job, void* c) {
+               Inject(slot, job, c);
+             }})),
         devices_(devices) {}
 
   std::vector<DeviceDescription> Devices() const override {
@@ -172,7 +174,9 @@ TEST(Verify, CorrectGemmsOfEveryFormPass) {
 TEST(Verify, TheServerDefaultChecksEveryGemm) {
   FaultyDevices backend(1);
   Scheduler scheduler(&backend,
-                      {.verify_all = true, .verify_repetitions = 3, .verify_failures_to_retire = 0});
+                      {.verify_all = true,
+                       .verify_repetitions = 3,
+                       .verify_failures_to_retire = 0});
   std::mt19937_64 rng(12);
   TestGemm g(16, 16, 64, rng);
   g.job.verify = false;
@@ -180,6 +184,18 @@ TEST(Verify, TheServerDefaultChecksEveryGemm) {
   const Answer answer = RunJob(scheduler, g.job);
   ASSERT_TRUE(answer.status.ok()) << answer.status;
   EXPECT_EQ(answer.report.verified_repetitions, 3);
+}
+
+TEST(Verify, AJobThatDoesNotAskIsNotChecked) {
+  FaultyDevices backend(1);
+  Scheduler scheduler(&backend, {});
+  std::mt19937_64 rng(18);
+  TestGemm g(16, 16, 64, rng);
+  g.job.verify = false;  // a repetition count alone asks for nothing
+  const Answer answer = RunJob(scheduler, g.job);
+  ASSERT_TRUE(answer.status.ok()) << answer.status;
+  EXPECT_EQ(answer.report.verified_repetitions, 0);
+  EXPECT_EQ(answer.report.verify_ms, 0);
 }
 
 TEST(Verify, ACorruptedRunIsRerunOnAnotherDeviceAndAnsweredRight) {

@@ -114,7 +114,8 @@ double Tolerance(const Form& form, double a_sq, double b_sq, double c_sq, double
   const double k = double(form.k), n = double(form.n);
   const bool fp16_acc = form.accumulation == Accumulation::kFp16;
   const double u_acc = fp16_acc ? 0x1p-11 : kU32;
-  const double e_ab = 2 * u_acc * (std::sqrt(k) + k / 16) + kU32 * (std::sqrt(n) + std::sqrt(k) + 3);
+  const double e_ab =
+      2 * u_acc * (std::sqrt(k) + k / 16) + kU32 * (std::sqrt(n) + std::sqrt(k) + 3);
   const double e_in = kU32 * (std::sqrt(n) + 3);
   const double e_c = UnitOf(form.c_type) + kU32 * (std::sqrt(n) + 1);
   double sigma = e_c * std::sqrt(c_sq);

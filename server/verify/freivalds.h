@@ -152,7 +152,8 @@ class ResidentBCache {
     Key key;
     std::shared_ptr<const Value> value;
   };
-  static bool Same(const std::weak_ptr<ResidentBuffer>& a, const std::shared_ptr<ResidentBuffer>& b) {
+  static bool Same(const std::weak_ptr<ResidentBuffer>& a,
+                   const std::shared_ptr<ResidentBuffer>& b) {
     return !a.owner_before(b) && !b.owner_before(a);
   }
 

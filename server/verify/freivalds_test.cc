@@ -84,7 +84,9 @@ HostGemm MakeGemm(const Form& form, std::mt19937_64& rng, bool positive = false)
   }
   g.c.assign(c_bytes, char(0x7F));  // poison: the GEMM writes every element
   CpuGemm(g.a.data(), g.b.data(), g.c.data(), form.m, form.n, form.k, NumericsForm(form),
-          {.alpha = form.alpha, .beta = form.beta, .c_in = g.c_in.empty() ? nullptr : g.c_in.data()});
+          {.alpha = form.alpha,
+           .beta = form.beta,
+           .c_in = g.c_in.empty() ? nullptr : g.c_in.data()});
   return g;
 }
 
@@ -202,12 +204,14 @@ double MeasureDetection(const Form& form, CFault fault, int trials, std::mt19937
   HostCr(form, g.c.data(), 1, &sums);
   const double t = Tolerance(form, sums.a_sq[row], sums.b_sq, sums.c_sq[row],
                              sums.c_in_sq.empty() ? 0 : sums.c_in_sq[row]);
-  const double promised = std::isfinite(error_sq) ? std::erfc(std::sqrt(2.0) * t / std::sqrt(error_sq)) : 1;
+  const double promised =
+      std::isfinite(error_sq) ? std::erfc(std::sqrt(2.0) * t / std::sqrt(error_sq)) : 1;
   int detected = 0;
   for (int trial = 0; trial < trials; ++trial) detected += g.Check(FreshSeed()).empty() ? 0 : 1;
   const double rate = double(detected) / trials;
   std::printf("%-18s %-40s error %-9.3g bound %-9.3g promised %.3f detected %.3f\n",
-              CFaultName(fault).c_str(), Describe(form).c_str(), std::sqrt(error_sq), t, promised, rate);
+              CFaultName(fault).c_str(), Describe(form).c_str(), std::sqrt(error_sq), t,
+              promised, rate);
   // Binomial slack: 4 standard deviations of the measured rate.
   const double slack = 4 * std::sqrt(promised * (1 - promised) / trials) + 1.0 / trials;
   EXPECT_GE(rate, promised - slack) << CFaultName(fault) << " " << Describe(form) << ": detected "
