@@ -72,6 +72,7 @@ void CopyTiming(const v1::Timing& t, Sample* s) {
   s->kernel_ms = t.kernel_ms();
   s->d2h_ms = t.device_to_host_ms();
   s->total_ms = t.server_total_ms();
+  s->verify_ms = t.verify_ms();
 }
 
 // GemmService.Gemm through the client library, or with `parallel_parts` > 1 every GEMM as

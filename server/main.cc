@@ -169,6 +169,19 @@ int main(int argc, char** argv) {
                "run a GEMM whose resident operands live on a saturated GPU on an idle one, copying "
                "the operands over")
       ->envname("HGEMM_RESIDENT_COPY_TO_IDLE_DEVICE")->capture_default_str();
+  app.add_flag("--verify", server_options.service.scheduler.verify_all,
+               "check every GEMM's C by Freivalds' method before answering "
+               "(docs/verification.md), not only those that ask (GemmOptions.verify)")
+      ->envname("HGEMM_VERIFY");
+  app.add_option("--verify_repetitions", server_options.service.scheduler.verify_repetitions,
+                 "repetitions of the check (fresh random vectors) for a GEMM that names none")
+      ->envname("HGEMM_VERIFY_REPETITIONS")->check(CLI::Range(1, 8))->capture_default_str();
+  app.add_option("--verify_failures_to_retire",
+                 server_options.service.scheduler.verify_failures_to_retire,
+                 "failed Freivalds checks after which a device is taken out of service, as after "
+                 "a sticky fault (0: never)")
+      ->envname("HGEMM_VERIFY_FAILURES_TO_RETIRE")->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   app.add_flag("--resident_lru_eviction", server_options.service.resident.lru_eviction,
                "when device memory is full, evict least recently used resident matrices")
       ->envname("HGEMM_RESIDENT_LRU_EVICTION");

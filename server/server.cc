@@ -142,9 +142,11 @@ std::unique_ptr<HgemmServer> HgemmServer::Start(ServerOptions options,
           load.admitted_bytes = stats.admitted_bytes;
           load.upload_queue_writes = s->uploads_->Pending();
           const std::vector<MatrixStore::DeviceUsage> usage = s->store_->UsageByDevice();
+          const std::vector<Scheduler::VerifyStats> verify = s->scheduler_->GetVerifyStats();
           for (size_t i = 0; i < usage.size() && i < devices.size(); ++i) {
             load.devices.push_back({std::to_string(devices[i].id), usage[i].bytes, usage[i].matrices,
-                                    !s->backend_->DeviceHealthy(int(i))});
+                                    !s->backend_->DeviceHealthy(int(i)), verify[i].verified,
+                                    verify[i].failures, verify[i].reruns, verify[i].suspect});
           }
           for (const RegionStore::OwnerUsage& u : s->service_->regions().UsageByOwner()) {
             load.region_owners.push_back({u.owner, u.regions, u.bytes});

@@ -100,6 +100,10 @@ absl::Status DeviceFailed(const std::string& what) {
   return Make(absl::StatusCode::kUnavailable, what + "; retry on another server");
 }
 
+absl::Status VerifyFailed(const std::string& what) {
+  return Make(absl::StatusCode::kDataLoss, what);
+}
+
 absl::Status Unauthenticated(const std::string& what) {
   return Make(absl::StatusCode::kUnauthenticated, what);
 }

@@ -16,6 +16,8 @@
 //                       not sealed against shrinking, a region in use is unregistered
 //   PERMISSION_DENIED   shared memory asked for over a connection that is not a Unix socket,
 //                       or a region's file the server may not open
+//   DATA_LOSS           C failed its Freivalds check on two runs (server/verify): no C is
+//                       returned (C's memory in a region or resident matrix holds no result)
 // Messages are cut at 1024 characters, as TF Serving does. The transport turns these into
 // gRPC statuses in one place (server/status_util.h); nothing below it knows of gRPC.
 // Thread safety: pure functions, callable from any thread.
@@ -42,6 +44,8 @@ absl::Status BackendFailure(const std::string& what);
 // A device that has failed for good (a sticky CUDA error) refused or aborted the work
 // (UNAVAILABLE): nothing it computed is returned. `what` names the device and the error.
 absl::Status DeviceFailed(const std::string& what);
+// C failed its Freivalds check on its run and on its rerun (DATA_LOSS); `what` names both.
+absl::Status VerifyFailed(const std::string& what);
 absl::Status Unauthenticated(const std::string& what);
 absl::Status OutOfRange(const std::string& field, const std::string& problem);
 absl::Status FailedPrecondition(const std::string& what);

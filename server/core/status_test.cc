@@ -23,6 +23,7 @@ TEST(Status, NamedConstructorsKeepOneCodeEach) {
   EXPECT_EQ(DeviceFailed("device 0: illegal address").code(), absl::StatusCode::kUnavailable);
   EXPECT_EQ(DeviceFailed("device 0: illegal address").message(),
             "device 0: illegal address; retry on another server");
+  EXPECT_EQ(VerifyFailed("C failed its check twice").code(), absl::StatusCode::kDataLoss);
 }
 
 TEST(Status, MessagesAreCutAt1024Bytes) {

@@ -103,6 +103,8 @@ struct GemmSpec {
     std::string kernel;  // "" or "auto": the server picks
     WireEnum<Accumulation> accumulation;  // unset: FP32
     std::string request_id;
+    bool verify = false;              // check C before answering (server/verify)
+    uint32_t verify_repetitions = 0;  // 0: the server's default
   };
   Options options;
   bool transpose_a = false;  // A is stored k×m

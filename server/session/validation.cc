@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "server/core/status.h"
+#include "server/verify/freivalds.h"
 
 namespace hgemm {
 namespace {
@@ -162,6 +163,13 @@ absl::Status ValidateOptions(const GemmSpec& spec, const RequestRules& rules, Ge
                                                kMaxRequestIdBytes));
   }
   job->request_id = options.request_id;
+  if (options.verify_repetitions > uint32_t(verify::kMaxRepetitions)) {
+    return status::InvalidArgument(
+        spec.Field("options.verify_repetitions"),
+        fmt::format("{}; at most {}", options.verify_repetitions, verify::kMaxRepetitions));
+  }
+  job->verify = options.verify;
+  job->verify_repetitions = options.verify ? int(options.verify_repetitions) : 0;
   if (!options.accumulation.known) {
     return status::InvalidArgument(spec.Field("options.accumulation"),
                                    fmt::format("unknown value {}", options.accumulation.number));

@@ -58,7 +58,9 @@ namespace {
 GemmSpec::Options ToSpec(const v1::GemmOptions& options) {
   return {.kernel = options.kernel(),
           .accumulation = FromProto(options.accumulation()),
-          .request_id = options.request_id()};
+          .request_id = options.request_id(),
+          .verify = options.verify(),
+          .verify_repetitions = options.verify_repetitions()};
 }
 
 OperandSource ToSource(const v1::RegionRef& region) {
@@ -250,11 +252,14 @@ void ToProto(const GemmShape& shape, const GemmResult& result, v1::Timing* timin
   timing->set_device_to_host_ms(report.device_to_host_ms);
   timing->set_server_total_ms(report.server_total_ms);
   timing->set_tflops(report.Tflops(shape));
+  timing->set_verify_ms(report.verify_ms);
   execution->set_kernel(report.kernel);
   execution->set_accumulation(ToProto(report.accumulation));
   execution->set_device_id(report.device_id);
   execution->set_device_name(report.device_name);
   execution->set_stream_id(report.stream_id);
+  execution->set_verified_repetitions(uint32_t(report.verified_repetitions));
+  if (report.suspect_device_id) execution->set_suspect_device_id(*report.suspect_device_id);
   execution->set_backend(result.backend);
 }
 
