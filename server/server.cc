@@ -112,6 +112,10 @@ std::unique_ptr<HgemmServer> HgemmServer::Start(ServerOptions options,
                                                 std::unique_ptr<Backend> backend) {
   options.service.rules.kernels = backend->Kernels();
   options.service.max_message_bytes = options.max_message_bytes;
+  options.service.tls = !options.tls.cert_path.empty();
+  for (const std::string& address : ListenAddresses(options)) {
+    if (!UnixSocketPath(address).empty()) options.service.unix_socket = true;
+  }
   std::unique_ptr<HgemmServer> server(new HgemmServer(std::move(options), std::move(backend)));
   const ServerOptions& opts = server->options_;
   std::string error;

@@ -58,7 +58,7 @@ class CpuBackend final : public Backend {
     }
     if (resident_bytes_.fetch_add(bytes) + bytes > options_.resident_budget_bytes) {
       resident_bytes_ -= bytes;
-      return status::OverLimit(fmt::format(
+      return status::OverLimit("device_memory", fmt::format(
           "{} more bytes of resident memory would pass the CPU backend's budget of {} bytes "
           "({} in use)",
           bytes, options_.resident_budget_bytes, resident_bytes_.load()));
@@ -67,7 +67,8 @@ class CpuBackend final : public Backend {
     std::unique_ptr<char[]> data(new (std::nothrow) char[bytes]);
     if (!data) {
       resident_bytes_ -= bytes;
-      return status::OverLimit(fmt::format("out of host memory for {} bytes", bytes));
+      return status::OverLimit("host_memory",
+                               fmt::format("out of host memory for {} bytes", bytes));
     }
     *buffer = std::make_shared<ResidentBuffer>(device_index, bytes, data.release(),
                                                [this, bytes](void* p) {

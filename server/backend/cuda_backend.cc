@@ -311,7 +311,7 @@ absl::Status CudaBackend::Fail(Slot& slot, cudaError_t e, const std::string& wha
     return status::DeviceFailed(message + " (the device has failed; the server must restart)");
   }
   spdlog::error("{}", message);
-  if (e == cudaErrorMemoryAllocation) return status::OverLimit(message);
+  if (e == cudaErrorMemoryAllocation) return status::OverLimit("device_memory", message);
   return status::BackendFailure(message);
 }
 
@@ -333,7 +333,7 @@ absl::Status CudaBackend::EnsureCapacity(Slot& slot, size_t bytes) {
   if (bytes <= slot.device_capacity) return absl::OkStatus();
   Device& device = *slot.device;
   if (!device.memory->Reserve(bytes - slot.device_capacity)) {
-    return status::OverLimit(fmt::format(
+    return status::OverLimit("device_memory", fmt::format(
         "the GEMM needs {} bytes on device {}; {} of its {}-byte budget are in use by streams "
         "and resident matrices",
         bytes, device.ordinal, device.memory->used_bytes(), device.memory->budget_bytes()));
@@ -362,7 +362,8 @@ absl::Status CudaBackend::AllocateResident(int device_index, int64_t bytes,
   if (!device.healthy) return Refused(device);
   if (cudaError_t e = HGEMM_CUDA(kDeviceAlloc, cudaSuccess); e != cudaSuccess) {
     // Injected (test builds): what DeviceMemory answers when the driver has no memory.
-    return status::OverLimit(fmt::format("device {}: cudaMalloc({}) for a resident matrix: {}",
+    return status::OverLimit("device_memory",
+                             fmt::format("device {}: cudaMalloc({}) for a resident matrix: {}",
                                          device.ordinal, bytes, cudaGetErrorString(e)));
   }
   return device.memory->AllocateResident(bytes, buffer);
@@ -413,7 +414,7 @@ absl::Status CudaBackend::PinHostMemory(void* data, int64_t bytes, std::function
     cudaGetLastError();
     const std::string message =
         fmt::format("cudaHostRegister of {} bytes: {}", bytes, cudaGetErrorString(e));
-    return e == cudaErrorMemoryAllocation ? status::OverLimit(message)
+    return e == cudaErrorMemoryAllocation ? status::OverLimit("host_memory", message)
                                           : status::BackendFailure(message);
   }
   *unpin = [data] {

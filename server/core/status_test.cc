@@ -37,6 +37,58 @@ TEST(Status, WithContextKeepsTheCode) {
   EXPECT_EQ(s.message(), "keep_c_resident: quota");
 }
 
+TEST(StatusDetails, NameTheFieldTheLimitAndTheRetryDelay) {
+  const Details bad = DetailsOf(InvalidArgument("header.m", "must be at least 1"));
+  EXPECT_EQ(bad.reason, "INVALID_FIELD");
+  EXPECT_EQ(bad.field, "header.m");
+  EXPECT_EQ(bad.field_problem, "must be at least 1");
+  EXPECT_FALSE(bad.retry_delay);
+  const Details past = DetailsOf(OutOfRange("a_region", "past the end"));
+  EXPECT_EQ(past.reason, "OUT_OF_RANGE");
+  EXPECT_EQ(past.field, "a_region");
+  const Details over = DetailsOf(OverLimit("max_queued_bytes", "too big"));
+  EXPECT_EQ(over.reason, "OVER_LIMIT");
+  EXPECT_EQ(over.limit, "max_queued_bytes");
+  EXPECT_EQ(DetailsOf(OverLimit("too big")).limit, "");
+  const Details full = DetailsOf(QueueFull("queue full"));
+  EXPECT_EQ(full.reason, "QUEUE_FULL");
+  ASSERT_TRUE(full.retry_delay);
+  EXPECT_EQ(*full.retry_delay, kQueueFullRetryDelay);
+  const Details stopping = DetailsOf(ShuttingDown());
+  EXPECT_EQ(stopping.reason, "SHUTTING_DOWN");
+  ASSERT_TRUE(stopping.retry_delay);
+  EXPECT_EQ(stopping.retry_delay->count(), 0);
+  const Details failed = DetailsOf(DeviceFailed("device 0"));
+  EXPECT_EQ(failed.reason, "DEVICE_FAILED");
+  EXPECT_FALSE(failed.retry_delay) << "a failed device is not retried on the same server";
+  EXPECT_EQ(DetailsOf(absl::InternalError("made elsewhere")).reason, "");
+}
+
+TEST(StatusDetails, EveryConstructorGivesItsOwnReason) {
+  std::set<std::string> reasons;
+  for (const absl::Status& s :
+       {InvalidArgument("f", "p"), NotFound("x"), OverLimit("x"), QueueFull("x"), ShuttingDown(),
+        DeadlineExpired(1), Cancelled(), Idle("x"), BackendFailure("x"), DeviceFailed("x"),
+        VerifyFailed("x"), Unauthenticated("x"), OutOfRange("f", "p"), FailedPrecondition("x"),
+        PermissionDenied("x")}) {
+    const std::string reason = DetailsOf(s).reason;
+    EXPECT_FALSE(reason.empty()) << s;
+    reasons.insert(reason);
+  }
+  EXPECT_EQ(reasons.size(), 15u);
+}
+
+TEST(StatusDetails, SurviveWithContext) {
+  const Details field = DetailsOf(WithContext("gemm_id 3", InvalidArgument("header.k", "0")));
+  EXPECT_EQ(field.field, "header.k");
+  EXPECT_EQ(field.field_problem, "0");
+  EXPECT_EQ(DetailsOf(WithContext("keep_c_resident", OverLimit("resident_quota_bytes", "q"))).limit,
+            "resident_quota_bytes");
+  const Details full = DetailsOf(WithContext("gemm_id 1", QueueFull("queue full")));
+  EXPECT_EQ(full.reason, "QUEUE_FULL");
+  EXPECT_TRUE(full.retry_delay);
+}
+
 TEST(Status, FromCurrentExceptionMapsBadAllocToResourceExhausted) {
   absl::Status s;
   try {
@@ -45,6 +97,7 @@ TEST(Status, FromCurrentExceptionMapsBadAllocToResourceExhausted) {
     s = FromCurrentException("test");
   }
   EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(DetailsOf(s).limit, "host_memory");
   try {
     throw std::runtime_error("boom");
   } catch (...) {

@@ -36,9 +36,13 @@ Scheduler::~Scheduler() { Shutdown(); }
 absl::Status Scheduler::CheckSize(const GemmShape& shape) const {
   const int64_t bytes = shape.Bytes();
   if (bytes > options_.max_queued_bytes || bytes > backend_->MaxJobBytes()) {
-    return status::OverLimit(fmt::format(
-        "the GEMM needs {} bytes of operands and result; this server takes at most {} per GEMM",
-        bytes, std::min(options_.max_queued_bytes, backend_->MaxJobBytes())));
+    // The smaller of the two is the one passed.
+    const bool queue_limit = options_.max_queued_bytes <= backend_->MaxJobBytes();
+    return status::OverLimit(
+        queue_limit ? "max_queued_bytes" : "device_memory",
+        fmt::format("the GEMM needs {} bytes of operands and result; this server takes at most "
+                    "{} per GEMM",
+                    bytes, std::min(options_.max_queued_bytes, backend_->MaxJobBytes())));
   }
   return absl::OkStatus();
 }

@@ -245,6 +245,16 @@ grpc::ServerUnaryReactor* GemmServiceImpl::GetServerInfo(grpc::CallbackServerCon
     load->set_admitted_total(stats.admitted_total);
     load->set_completed_total(stats.completed_total);
     response->set_replica(options_.resident.replica);
+    v1::Features* features = response->mutable_features();
+    features->set_shared_memory(options_.regions.allow_shared_memory);
+    features->set_unix_socket(options_.unix_socket);
+    features->set_cuda_ipc(options_.regions.allow_shared_memory &&
+                           options_.regions.allow_cuda_ipc && core_.backend().Name() == "cuda");
+    features->set_submission_ring(options_.regions.allow_shared_memory);
+    features->set_parallel_parts(true);
+    features->set_tls(options_.tls);
+    features->set_authentication(authenticator_->enabled());
+    features->set_error_details(true);
     return absl::OkStatus();
   });
 }

@@ -69,6 +69,7 @@ class GemmStreamReactor final
     const grpc::Status answer = ToGrpcStatus(status);
     done->set_status_code(answer.error_code());
     done->set_status_message(answer.error_message());
+    if (!status.ok()) *done->mutable_status() = ToRpcStatus(status);
     const GemmJob& job = gemm.order.job;
     done->set_request_id(job.request_id);
     services_.log->Answered(Rpc::kGemmStream, status, context_, owner_, job.request_id,
