@@ -24,6 +24,7 @@
 #include <tuple>
 #include <utility>
 
+#include "client/error_details.h"
 #include "proto/handle.h"
 
 namespace hgemm {
@@ -314,8 +315,7 @@ void TakeAnswer(const StreamAnswer& answer, std::vector<StreamedGemm>* results,
   StreamedGemm& result = (*results)[answer.gemm_id];
   const v1::GemmDone& done = answer.done;
   result.answered = true;
-  result.status = grpc::Status(static_cast<grpc::StatusCode>(done.status_code()),
-                               done.status_message());
+  result.status = StatusOf(done);
   if (!result.status.ok()) result.response.clear_c();
   *result.response.mutable_timing() = done.timing();
   *result.response.mutable_execution() = done.execution();
