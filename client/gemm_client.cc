@@ -327,6 +327,7 @@ void TakeAnswer(const StreamAnswer& answer, std::vector<StreamedGemm>* results,
 grpc::Status ExplainUnreachable(grpc::Status status, const std::string& replica,
                                 grpc::Channel* channel) {
   if (replica.empty() || status.error_code() != grpc::StatusCode::UNAVAILABLE ||
+      !ErrorDetailsOf(status).domain.empty() ||
       channel->GetState(/*try_to_connect=*/false) == GRPC_CHANNEL_READY) {
     return status;  // a replica that answered (e.g. its queue is full) speaks for itself
   }

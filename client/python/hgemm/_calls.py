@@ -120,7 +120,7 @@ class Calls:
                 return (yield from attempt(deadline.remaining()))
             except _errors.rpc_errors() as e:
                 err = _errors.from_rpc_error(e)
-            delay = policy.delay(tried)
+            delay = policy.delay(tried, [err])
             if (tried + 1 == policy.attempts or not should_retry(err, idempotent)
                     or not deadline.allows(delay)):
                 raise explain_unreachable(err, replica)
