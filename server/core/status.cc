@@ -25,9 +25,10 @@ std::string Cut(std::string text) {
   return text;
 }
 
-absl::Status Make(absl::StatusCode code, std::string message, const char* reason) {
+// `reason`: Details::reason; null leaves it empty (the transport then sends the code's name).
+absl::Status Make(absl::StatusCode code, std::string message, const char* reason = nullptr) {
   absl::Status s(code, Cut(std::move(message)));
-  s.SetPayload(kReasonPayload, absl::Cord(reason));
+  if (reason != nullptr) s.SetPayload(kReasonPayload, absl::Cord(reason));
   return s;
 }
 

@@ -73,7 +73,7 @@ inline constexpr std::chrono::milliseconds kQueueFullRetryDelay{50};
 // docs/errors.md). Kept as payloads of plain strings, the core having no protobuf.
 struct Details {
   // ErrorInfo.reason: which constructor made it, e.g. "QUEUE_FULL", "DEVICE_FAILED"; empty for
-  // a status made elsewhere (absl's own).
+  // a status that names none (absl's own): the transport then sends the code's name.
   std::string reason;
   // BadRequest.FieldViolation (INVALID_ARGUMENT, OUT_OF_RANGE): the field's path in the request
   // ("header.options.kernel", "a_region.offset") and what is wrong with it; empty: none.
