@@ -25,10 +25,10 @@ std::string Cut(std::string text) {
   return text;
 }
 
-// `reason`: Details::reason; null leaves it empty (the transport then sends the code's name).
-absl::Status Make(absl::StatusCode code, std::string message, const char* reason = nullptr) {
+// `reason`: Details::reason.
+absl::Status Make(absl::StatusCode code, std::string message, const char* reason) {
   absl::Status s(code, Cut(std::move(message)));
-  if (reason != nullptr) s.SetPayload(kReasonPayload, absl::Cord(reason));
+  s.SetPayload(kReasonPayload, absl::Cord(reason));
   return s;
 }
 
