@@ -263,6 +263,8 @@ TEST_F(ErrorDetailsTest, ServerInfoListsTheFeatures) {
   ASSERT_TRUE(info.has_features());
   EXPECT_TRUE(info.features().error_details());
   EXPECT_TRUE(info.features().parallel_parts());
+  EXPECT_TRUE(info.features().verification());
+  EXPECT_FALSE(info.features().verify_all());
   EXPECT_FALSE(info.features().shared_memory());
   EXPECT_FALSE(info.features().unix_socket());
   EXPECT_FALSE(info.features().tls());
@@ -270,10 +272,12 @@ TEST_F(ErrorDetailsTest, ServerInfoListsTheFeatures) {
   EXPECT_FALSE(info.features().cuda_ipc()) << "the CPU backend has none";
   ServerOptions options;
   options.service.regions.allow_shared_memory = true;
+  options.service.scheduler.verify_all = true;
   Start(options);
   ASSERT_TRUE(client_->GetServerInfo(&info).ok());
   EXPECT_TRUE(info.features().shared_memory());
   EXPECT_TRUE(info.features().submission_ring());
+  EXPECT_TRUE(info.features().verify_all());
 }
 
 }  // namespace

@@ -255,6 +255,8 @@ grpc::ServerUnaryReactor* GemmServiceImpl::GetServerInfo(grpc::CallbackServerCon
     features->set_tls(options_.tls);
     features->set_authentication(authenticator_->enabled());
     features->set_error_details(true);
+    features->set_verification(true);
+    features->set_verify_all(options_.scheduler.verify_all);
     return absl::OkStatus();
   });
 }
