@@ -242,7 +242,12 @@ TEST_F(ErrorDetailsTest, StreamedGemmWhoseChunksStopIsIdleInItsGemmDone) {
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() + 30s);
   auto stream = stub->GemmStream(&context);
-  ASSERT_TRUE(stream->Write(StreamHeader(7, 4, 4, 4)));  // and no chunk of A or B
+  v1::GemmStreamRequest header;
+  header.mutable_header()->set_gemm_id(7);
+  header.mutable_header()->set_m(4);
+  header.mutable_header()->set_n(4);
+  header.mutable_header()->set_k(4);
+  ASSERT_TRUE(stream->Write(header));  // and no chunk of A or B
   v1::GemmStreamResponse answer;
   ASSERT_TRUE(stream->Read(&answer));
   ASSERT_TRUE(answer.has_done());
