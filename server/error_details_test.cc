@@ -155,12 +155,15 @@ TEST_F(ErrorDetailsTest, ResourceExhaustedNamesTheLimit) {
   ServerOptions options;
   options.service.resident.quota_bytes_per_client = 1024;
   options.service.scheduler.max_queued_bytes = 4096;
+  options.service.rules.max_elements_per_matrix = 2048;
   Start(options);
   v1::MatrixInfo matrix;
   const grpc::Status quota = Upload(32, 32, &matrix);  // 2048 bytes
   const grpc::Status queue_bytes = Gemm(RandomRequest(32, 32, 32, rng_));  // 6144 bytes
+  const grpc::Status elements = Gemm(RandomRequest(64, 64, 8, rng_));      // C: 4096 elements
   for (const auto& [status, limit] : {std::pair{quota, "resident_quota_bytes"},
-                                      std::pair{queue_bytes, "max_queued_bytes"}}) {
+                                      std::pair{queue_bytes, "max_queued_bytes"},
+                                      std::pair{elements, "max_elements_per_matrix"}}) {
     ASSERT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << status.error_message();
     const ErrorDetails d = DetailsOf(status);
     EXPECT_EQ(d.reason, "OVER_LIMIT");

@@ -104,13 +104,9 @@ absl::Status NotFound(const std::string& what) {
 }
 
 absl::Status OverLimit(const std::string& limit, const std::string& what) {
-  absl::Status s = OverLimit(what);
+  absl::Status s = Make(absl::StatusCode::kResourceExhausted, what, "OVER_LIMIT");
   s.SetPayload(kLimitPayload, absl::Cord(limit));
   return s;
-}
-
-absl::Status OverLimit(const std::string& what) {
-  return Make(absl::StatusCode::kResourceExhausted, what, "OVER_LIMIT");
 }
 
 absl::Status QueueFull(const std::string& what) {

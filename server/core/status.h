@@ -39,9 +39,8 @@ namespace hgemm::status {
 
 absl::Status InvalidArgument(const std::string& field, const std::string& problem);
 absl::Status NotFound(const std::string& what);
-// `limit` names the limit passed (Details::limit); the form without it names none.
+// `limit` names the limit passed (Details::limit), so that a program can tell which one.
 absl::Status OverLimit(const std::string& limit, const std::string& what);
-absl::Status OverLimit(const std::string& what);
 // The queue (or the device memory it admits into) is full: nothing ran; retry after
 // kQueueFullRetryDelay.
 absl::Status QueueFull(const std::string& what);
@@ -81,7 +80,8 @@ struct Details {
   std::string field_problem;
   // QuotaFailure.Violation.subject (RESOURCE_EXHAUSTED): the limit passed, by the name of the
   // server flag that sets it without "--" ("max_queued_bytes", also ServerInfo.limits' field
-  // where that has one), or "device_memory", "host_memory"; empty: not named.
+  // where that has one), or for the limits no flag sets "max_group_problems", "ring_slots",
+  // "device_memory", "host_memory"; empty only for a status not made by OverLimit.
   std::string limit;
   // RetryInfo.retry_delay (UNAVAILABLE that ran nothing): wait at least this, then retry.
   std::optional<std::chrono::milliseconds> retry_delay;

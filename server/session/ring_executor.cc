@@ -95,8 +95,10 @@ absl::Status RingRegistry::Add(const std::string& owner) {
   int& rings = rings_[owner];
   if (rings >= options_.max_rings_per_owner) {
     if (rings == 0) rings_.erase(owner);
-    return status::OverLimit(fmt::format("this client has {} rings attached (--max_rings_per_client)",
-                                         options_.max_rings_per_owner));
+    return status::OverLimit(
+        "max_rings_per_client",
+        fmt::format("this client has {} rings attached (--max_rings_per_client)",
+                    options_.max_rings_per_owner));
   }
   ++rings;
   return absl::OkStatus();
@@ -261,7 +263,7 @@ absl::Status RingExecutor::Bind(const std::vector<std::string>& regions,
   std::lock_guard<std::mutex> lock(slots_mu_);
   if (regions.size() > max_slots - regions_.size() ||
       matrices.size() > max_slots - matrices_.size()) {
-    return status::OverLimit(fmt::format(
+    return status::OverLimit("ring_slots", fmt::format(
         "the ring would bind {} region and {} matrix slots, more than {} of either",
         regions_.size() + regions.size(), matrices_.size() + matrices.size(), max_slots));
   }

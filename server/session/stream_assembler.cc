@@ -39,7 +39,7 @@ absl::Status StreamAssembler::ConsumeHeader(const StreamMessage::Header& header,
   const int64_t chunked_bytes = gemm->ChunkedBytes();
   if (pending_bytes_ + chunked_bytes > max_pending_bytes_) {
     RefuseHeader(std::move(gemm),
-                 status::OverLimit(fmt::format(
+                 status::OverLimit("max_stream_pending_bytes", fmt::format(
                      "gemm_id {}: its operands ({} bytes) would put this stream's incomplete "
                      "GEMMs over {} bytes (--max_stream_pending_bytes)",
                      id, chunked_bytes, max_pending_bytes_)),

@@ -18,9 +18,10 @@ absl::Status CheckElements(const char* matrix, uint32_t rows, uint32_t cols,
                            const RequestRules& rules) {
   const uint64_t elements = MatrixElements(rows, cols);
   if (elements > uint64_t(MaxElementsPerMatrix(rules))) {
-    return status::OverLimit(fmt::format("{} has {}x{} = {} elements; this server takes at most {}",
-                                         matrix, rows, cols, elements,
-                                         MaxElementsPerMatrix(rules)));
+    return status::OverLimit(
+        "max_elements_per_matrix",
+        fmt::format("{} has {}x{} = {} elements; this server takes at most {}", matrix, rows,
+                    cols, elements, MaxElementsPerMatrix(rules)));
   }
   return absl::OkStatus();
 }
@@ -347,7 +348,7 @@ absl::Status ValidateBatch(const GemmSpec& spec, const std::string& single_matri
                                 std::pair{"B", shape.k * shape.n},
                                 std::pair{"C", shape.m * shape.n}}) {
     if (elements > limit / int64_t(batch)) {
-      return status::OverLimit(fmt::format(
+      return status::OverLimit("max_elements_per_matrix", fmt::format(
           "{}: {} matrices {} of {} elements each are {} elements; this server takes at most "
           "{} per operand",
           spec.Field("batch"), batch, name, elements, uint64_t(batch) * uint64_t(elements), limit));
@@ -365,8 +366,10 @@ absl::Status ValidateBatch(const GemmSpec& spec, const std::string& single_matri
 absl::Status ValidateGroup(const GemmSpec& spec, const RequestRules& rules, GemmJob* job) {
   const int64_t count = int64_t(spec.group.size());
   if (count > rules.max_group_problems) {
-    return status::OverLimit(fmt::format("group has {} problems; this server takes at most {}",
-                                         count, rules.max_group_problems));
+    return status::OverLimit(
+        "max_group_problems",
+        fmt::format("group has {} problems; this server takes at most {}", count,
+                    rules.max_group_problems));
   }
   for (auto [field, value, most] : {std::tuple{"m", spec.m, 0u}, std::tuple{"n", spec.n, 0u},
                                     std::tuple{"k", spec.k, 0u},
@@ -427,7 +430,7 @@ absl::Status ValidateGroup(const GemmSpec& spec, const RequestRules& rules, Gemm
     for (auto [name, elements] : {std::pair{"A", a_elements}, std::pair{"B", b_elements},
                                   std::pair{"C", c_elements}}) {
       if (elements > limit) {
-        return status::OverLimit(fmt::format(
+        return status::OverLimit("max_elements_per_matrix", fmt::format(
             "group: the {} matrices of problems 0..{} have {} elements together; this server "
             "takes at most {} per operand",
             name, i, elements, limit));
