@@ -47,7 +47,8 @@ def find_or_build_library():
     given = os.environ.get("HGEMM_NATIVE_LIB")
     if given:
         if not os.path.isfile(given):
-            raise SystemExit(f"hgemm setup: HGEMM_NATIVE_LIB={given} is not a file")
+            raise SystemExit(f"hgemm setup: HGEMM_NATIVE_LIB={given} is not a file (pip runs "
+                             f"this in {HERE}: give an absolute path)")
         return given
     if os.environ.get("HGEMM_BUILD_NATIVE") == "0":
         _warn("HGEMM_BUILD_NATIVE=0: installing without the native core (grpcio only)")
@@ -71,11 +72,15 @@ def find_or_build_library():
 class BuildPyWithLibrary(build_py):
     def run(self):
         super().run()
+        package = pathlib.Path(self.build_lib, "hgemm")
         library = find_or_build_library()
-        if library is not None:
-            bundled = bundle_libs.bundle(library, os.path.join(self.build_lib, "hgemm"))
-            _warn(f"bundled {LIBRARY}, and in hgemm/{bundle_libs.LIBS} the {len(bundled)} "
-                  f"libraries it needs beyond the system's")
+        if library is None:  # nor the copies an earlier build left in build/: a pure wheel
+            (package / LIBRARY).unlink(missing_ok=True)
+            shutil.rmtree(package / bundle_libs.LIBS, ignore_errors=True)
+            return
+        bundled = bundle_libs.bundle(library, package)
+        _warn(f"bundled {LIBRARY}, and in hgemm/{bundle_libs.LIBS} the {len(bundled)} libraries "
+              f"it needs beyond the system's")
 
 
 class BinaryDistribution(Distribution):
