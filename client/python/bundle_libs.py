@@ -8,12 +8,12 @@ process that already loaded another copy under the original name (grpcio, torch)
 and the library gets its own. RUNPATH is $ORIGIN/.libs on the library and $ORIGIN on the bundled
 ones (DT_RUNPATH serves only an object's own dependencies, so each needs one).
 
-The system's libraries (SYSTEM) are manylinux's policy: glibc's and the GCC runtime's, present
-on every glibc Linux. libstdc++ and libgcc_s are never bundled because a process must have one
-C++ runtime (exceptions and std:: types cross libraries), and the Python process may have loaded
-it already. Everything else is bundled, libz too (manylinux does not promise it). The wheel
-still needs a glibc and a libstdc++ at least as new as the build machine's: the symbol versions
-the library and the bundled ones use (Debian 12: glibc 2.34, GLIBCXX_3.4.30).
+The system's libraries (SYSTEM) follow manylinux's policy: glibc's and the GCC runtime's, taken
+to be on every glibc Linux. libstdc++ and libgcc_s are never bundled because a process must have
+one C++ runtime (exceptions and std:: types cross libraries), and the Python process may have
+loaded it already. Everything else is bundled, libz too (manylinux does not promise it). The
+target still needs a glibc and a libstdc++ as new as the symbol versions the library and the
+bundled ones use (built on Debian 12: GLIBC_2.34, GLIBCXX_3.4.30).
 
     python3 bundle_libs.py LIBRARY PACKAGE_DIR   # what setup.py does; prints the bundled names
 """
