@@ -22,6 +22,7 @@ packages=(
   clang libclang-rt-14-dev                 # tools/fuzz.sh (libFuzzer, ASan, UBSan)
   python3-grpcio python3-numpy python3-protobuf   # client/python (the hgemm package)
   python3-pip python3-setuptools python3-wheel python3-venv  # pip install ./client/python
+  patchelf                                 # client/python/bundle_libs.py (the portable wheel)
   python3-pytest python3-tqdm                     # tools/test_python.sh; transfer progress bars
 )
 

@@ -5,7 +5,8 @@
 # over Debian's packages (/usr/bin/python3 -m venv --system-site-packages; the python3 on PATH
 # may be a pyenv one without them), checks that the installed package loads it, and runs pytest
 # twice: HGEMM_TRANSPORT=native (the C ABI, client/c) and HGEMM_TRANSPORT=grpcio (the
-# pure-Python fallback); the suite also checks the committed gRPC stubs against the proto. Each
+# pure-Python fallback); the suite also checks the committed gRPC stubs against the proto, and
+# (native run) builds the portable wheel and runs its native core in a bare venv. Each
 # run ends with its line "python-native: ..." / "python-grpcio: ...", and the script with their
 # sum, "python: N passed, N failed, N skipped" (pytest's errors count as failed), which
 # tools/test.sh folds into its summary.
@@ -20,6 +21,7 @@ tools/bootstrap.sh >&2 || { summary 0 1 0; exit 1; }
 bazel build //server:hgemm_server //client/c:libhgemm_client.so || { summary 0 1 0; exit 1; }
 bin=$(bazel info bazel-bin)
 export HGEMM_SERVER_BIN="${HGEMM_SERVER_BIN:-$bin/server/hgemm_server}"
+export HGEMM_CLIENT_LIB="$bin/client/c/libhgemm_client.so"  # test_wheel.py bundles it
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT

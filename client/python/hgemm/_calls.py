@@ -14,9 +14,10 @@ thread-safe); each method call is a generator of its own, driven by one thread o
 """
 import dataclasses
 import time
-from typing import Callable, List, Optional
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
+import numpy.typing as npt
 
 from . import _arrays, _cuda_ipc, _errors, _native, _progress, _shm
 from ._config import ClientConfig
@@ -32,6 +33,7 @@ from ._spec import (ACCUMULATIONS, GroupSpec, Spec, batched_spec, normalize_pair
                     stream_requests)
 from ._stream_collector import StreamCollector
 from ._transfers import DownloadBuffer, upload_messages
+from ._types import Array, AsTorch, Operand, Output
 
 
 @dataclasses.dataclass
@@ -176,13 +178,14 @@ class Calls:
                 self.config.max_message_bytes = 4 << 20  # assume the smallest a server takes
 
     # GEMMs.
-    def gemm(self, a, b, *, accumulation: Optional[str] = None, kernel: str = "auto",
-             keep_c: bool = False, c_ttl: int = 0, request_id: str = "", details: bool = False,
-             as_torch=False, mode: Optional[str] = None, timeout: Optional[float] = None,
-             out: Optional[np.ndarray] = None, c_dtype: Optional[str] = None,
-             alpha: Optional[float] = None, beta: float = 0.0, c=None,
-             dtype: Optional[str] = None, transpose_a: bool = False, transpose_b: bool = False,
-             verify: bool = False, verify_repetitions: int = 0):
+    def gemm(self, a: Operand, b: Operand, *, accumulation: Optional[str] = None,
+             kernel: str = "auto", keep_c: bool = False, c_ttl: int = 0, request_id: str = "",
+             details: bool = False, as_torch: AsTorch = False, mode: Optional[str] = None,
+             timeout: Optional[float] = None, out: Optional[np.ndarray] = None,
+             c_dtype: Optional[str] = None, alpha: Optional[float] = None, beta: float = 0.0,
+             c: Optional[Operand] = None, dtype: Optional[str] = None,
+             transpose_a: bool = False, transpose_b: bool = False, verify: bool = False,
+             verify_repetitions: int = 0) -> Output:
         """C = A·B. A (m×k) and B (k×n): float16 numpy arrays, torch tensors, or ResidentMatrix.
         A transposed view (B.T of a C-contiguous B, a weight's .t()) is sent as stored with
         transpose_b (or transpose_a) set, not copied; transpose_b=True says the same of B as
@@ -236,7 +239,7 @@ class Calls:
                                           idempotent=not keep_c, replica=replica)
         return with_out(unary_result(self.client, spec, response, details, as_torch, started), out)
 
-    def prepare(self, a, b, **options):
+    def prepare(self, a: Operand, b: Operand, **options: Any) -> PreparedGemm:
         """gemm(a, b, **options) made ready to run many times: a PreparedGemm g, whose g()
         runs it on the operands' contents at the time of the call and returns what gemm
         returns. On the native core, the operands' checks, the options and the shared buffers
@@ -434,8 +437,8 @@ class Calls:
         for region in self.shm.take_all():
             yield from self._unregister_quietly(region, 2.0 if timeout is None else timeout)
 
-    def shared_buffer(self, shape, dtype=np.float16, *, label: str = "",
-                      timeout: Optional[float] = None) -> np.ndarray:
+    def shared_buffer(self, shape: Union[int, Sequence[int]], dtype: npt.DTypeLike = np.float16,
+                      *, label: str = "", timeout: Optional[float] = None) -> np.ndarray:
         """A zero-filled, writable ndarray of `shape` and `dtype` (float16: operands and C;
         float32: an fp32 C) living in a shared-memory region of its own, registered with the
         server (same host: a unix: target, server started with --allow_shared_memory). A GEMM
@@ -455,9 +458,9 @@ class Calls:
         self.shm.add_buffer(region)
         return region.bytes.view(dtype).reshape(shape)
 
-    def cuda_gemm(self, a, b, out, *, alpha: Optional[float] = None, beta: float = 0.0,
-                  accumulation: Optional[str] = None, kernel: str = "auto",
-                  request_id: str = "", timeout: Optional[float] = None):
+    def cuda_gemm(self, a: Array, b: Array, out: Array, *, alpha: Optional[float] = None,
+                  beta: float = 0.0, accumulation: Optional[str] = None, kernel: str = "auto",
+                  request_id: str = "", timeout: Optional[float] = None) -> Array:
         """out = alpha·a·b + beta·out on the GPU that holds them, by CUDA IPC (same host: a
         unix: target, a CUDA server started with --allow_shared_memory): a (m×k), b (k×n) and
         out (m×n) are C-contiguous torch CUDA tensors on one device; a and b float16 or both
@@ -526,10 +529,12 @@ class Calls:
         return (yield from self._unary("ListRegions", pb.ListRegionsRequest(), timeout,
                                        idempotent=True))
 
-    def gemm_batched(self, a, b, *, alpha: Optional[float] = None, beta: float = 0.0, c=None,
+    def gemm_batched(self, a: Operand, b: Operand, *, alpha: Optional[float] = None,
+                     beta: float = 0.0, c: Optional[Operand] = None,
                      c_dtype: Optional[str] = None, accumulation: Optional[str] = None,
                      kernel: str = "auto", request_id: str = "", details: bool = False,
-                     as_torch=False, mode: Optional[str] = None, timeout: Optional[float] = None):
+                     as_torch: AsTorch = False, mode: Optional[str] = None,
+                     timeout: Optional[float] = None) -> Output:
         """Strided-batched GEMM in one call: C[i] = alpha·A[i]·B[i] + beta·c[i] for A
         (batch×m×k) and B (batch×k×n), e.g. 3-D float16 arrays or lists of matrices; c
         (batch×m×n of C's type) only with beta ≠ 0. Returns C as a batch×m×n array (a GemmResult
@@ -551,12 +556,13 @@ class Calls:
                                           idempotent=True, replica="")
         return unary_result(self.client, spec, response, details, as_torch, started)
 
-    def gemm_grouped(self, pairs, *, alpha: Optional[float] = None, beta: float = 0.0, c=None,
-                     c_dtype: Optional[str] = None, dtype: Optional[str] = None,
-                     transpose_a: bool = False, transpose_b: bool = False,
-                     accumulation: Optional[str] = None, kernel: str = "auto",
-                     request_id: str = "", details: bool = False, as_torch=False,
-                     timeout: Optional[float] = None) -> list:
+    def gemm_grouped(self, pairs: Sequence[Tuple[Array, Array]], *,
+                     alpha: Optional[float] = None, beta: float = 0.0,
+                     c: Optional[Sequence[Array]] = None, c_dtype: Optional[str] = None,
+                     dtype: Optional[str] = None, transpose_a: bool = False,
+                     transpose_b: bool = False, accumulation: Optional[str] = None,
+                     kernel: str = "auto", request_id: str = "", details: bool = False,
+                     as_torch: AsTorch = False, timeout: Optional[float] = None) -> Output:
         """Grouped GEMM in one call (cublasGemmGroupedBatchedEx's model): C[i] = alpha·A[i]·B[i]
         + beta·c[i] for pairs [(A0, B0), (A1, B1), ...] of their own shapes, one dtype, layout,
         C type, scale and kernel for all. Operands as gemm takes them (arrays or tensors, not
@@ -582,10 +588,12 @@ class Calls:
                                           idempotent=True)
         return group_result(group, response, details, as_torch, started)
 
-    def gemm_many(self, pairs, *, accumulation: Optional[str] = None, kernel: str = "auto",
-                  keep_c: bool = False, c_ttl: int = 0, details: bool = False, as_torch=False,
-                  return_exceptions: bool = False, timeout: Optional[float] = None,
-                  c_dtype: Optional[str] = None) -> list:
+    def gemm_many(self, pairs: Iterable[Union[Tuple[Operand, Operand],
+                                              Tuple[Operand, Operand, Dict[str, Any]]]], *,
+                  accumulation: Optional[str] = None, kernel: str = "auto",
+                  keep_c: bool = False, c_ttl: int = 0, details: bool = False,
+                  as_torch: AsTorch = False, return_exceptions: bool = False,
+                  timeout: Optional[float] = None, c_dtype: Optional[str] = None) -> List[Output]:
         """Many GEMMs on one GemmStream, pipelined (the server works on early GEMMs while later
         ones upload); results come back in the order of `pairs`.
 
@@ -683,8 +691,10 @@ class Calls:
         return rounds
 
     # Resident matrices.
-    def upload(self, matrix, *, ttl: int = 0, label: str = "", device_id: Optional[int] = None,
-               replica=None, timeout: Optional[float] = None) -> ResidentMatrix:
+    def upload(self, matrix: Array, *, ttl: int = 0, label: str = "",
+               device_id: Optional[int] = None,
+               replica: Union[None, str, ResidentMatrix] = None,
+               timeout: Optional[float] = None) -> ResidentMatrix:
         """Uploads a matrix (float16 ndarray or tensor, or a torch.bfloat16 tensor: a bf16
         matrix, for GEMMs of bf16) and returns its ResidentMatrix (as stored: a transposed view
         is copied).
@@ -719,8 +729,8 @@ class Calls:
             _progress.close(bar)
         return ResidentMatrix(self.client, info)
 
-    def download(self, matrix: ResidentMatrix, *, as_torch=False,
-                 timeout: Optional[float] = None):
+    def download(self, matrix: ResidentMatrix, *, as_torch: AsTorch = False,
+                 timeout: Optional[float] = None) -> Output:
         """A resident matrix's values as a float16 ndarray (float32 for an fp32 or bf16 one; or a
         torch tensor with as_torch)."""
         if self.native is not None:  # into one buffer, by pointer

@@ -2,8 +2,14 @@
 Thread-safe (see Client)."""
 import functools
 import time
+from typing import TYPE_CHECKING, Any, Callable, TypeVar, Union
 
 from . import _calls, _resident, _stream
+
+if TYPE_CHECKING:  # typing has them from Python 3.10; type checkers bring typing_extensions
+    from typing_extensions import Concatenate, ParamSpec
+    _P = ParamSpec("_P")
+_R = TypeVar("_R")
 
 
 def _run(steps):
@@ -35,8 +41,10 @@ def _do(step):
         step.on_response(response)
 
 
-def _blocking(steps):
-    """Calls.<method> as the Client method that runs it here."""
+def _blocking(steps: "Callable[Concatenate[_calls.Calls, _P], _R]"
+              ) -> "Callable[Concatenate[Client, _P], _R]":
+    """Calls.<method> as the Client method that runs it here (its signature and result, for a
+    type checker too: a Calls method is annotated with what the client returns)."""
     @functools.wraps(steps)
     def method(self, *args, **kwargs):
         return _run(steps(self._calls, *args, **kwargs))
@@ -95,7 +103,7 @@ class Client:
     reports it, else through grpcio; hgemm.info()["features"] says which core serves what.
     """
 
-    def __init__(self, target: str = "127.0.0.1:50051", **options):
+    def __init__(self, target: str = "127.0.0.1:50051", **options: Any) -> None:
         self._calls = _calls.Calls(self, True, target, **options)
         self._config = self._calls.config
 
@@ -110,13 +118,14 @@ class Client:
         if self._calls.native is not None:
             self._calls.native.close()
 
-    def __enter__(self):
+    def __enter__(self) -> "Client":
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def stream(self, *, replica=None) -> _stream.Stream:
+    def stream(self, *, replica: Union[None, str, _resident.ResidentMatrix] = None
+               ) -> _stream.Stream:
         """An hgemm.Stream: one GemmStream kept open for many GEMMs, pipelined
         (`with c.stream() as s: C = s.gemm(A, B)`; s.submit(A, B) returns a Future). For many
         GEMMs over time from a loop or several threads, without a stream's setup per GEMM.

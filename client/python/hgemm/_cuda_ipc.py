@@ -12,9 +12,12 @@ cuDeviceGetPCIBusId the device's PCI bus id, which the server matches against it
 Thread safety: cuda_region is thread-safe; a CudaRegion is an immutable description.
 """
 import ctypes
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 from ._arrays import is_torch_tensor
+
+if TYPE_CHECKING:
+    import torch  # optional at run time: only a type checker reads the name
 
 _HANDLE_BYTES = 64
 _driver: Optional[ctypes.CDLL] = None
@@ -52,7 +55,7 @@ class CudaRegion:
         return (self.device, self.base)
 
 
-def cuda_region(tensor) -> CudaRegion:
+def cuda_region(tensor: "torch.Tensor") -> CudaRegion:
     """The CUDA IPC description of a C-contiguous torch CUDA tensor (float16, bfloat16 or
     float32): what Client.cuda_gemm registers once per allocation. Raises TypeError for
     anything else, RuntimeError when the driver refuses (e.g. memory from cudaMallocAsync

@@ -5,7 +5,7 @@ importing grpc (the native core never loads grpcio).
 import dataclasses
 import enum
 import sys
-from typing import Optional, Tuple
+from typing import Any, List, Optional, Tuple
 
 from google.protobuf import message as _message
 
@@ -137,12 +137,13 @@ class Error(Exception):
     rpc_status: Optional[status_pb2.Status] = None
 
     def __init__(self, message: str, code: Optional[StatusCode] = None,
-                 index: Optional[int] = None, rpc_status=None):
+                 index: Optional[int] = None,
+                 rpc_status: Optional[status_pb2.Status] = None) -> None:
         if code is not None:
             self.code = StatusCode.of(code)
         self.message = message
         self.index = index
-        self.results = None
+        self.results: Optional[List[Any]] = None
         if rpc_status is not None:
             self._read_details(rpc_status)
         super().__init__(message)

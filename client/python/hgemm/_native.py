@@ -30,7 +30,7 @@ import os
 import re
 import threading
 import weakref
-from typing import Dict, Optional, Sequence
+from typing import Any, Dict, Optional, Sequence
 
 import numpy as np
 from google.protobuf import json_format
@@ -243,7 +243,7 @@ NATIVE_FEATURES = {
 }
 
 
-def info() -> dict:
+def info() -> Dict[str, Any]:
     """hgemm.info(): which core new sync clients use ("native" or "grpcio"), the library's path,
     ABI version and revision (None when not loaded), why the native core is not used (None if
     it is), and "features": which core serves each feature (NATIVE_FEATURES when native)."""

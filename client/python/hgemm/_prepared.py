@@ -4,9 +4,11 @@ Thread safety: a PreparedGemm may be called from many threads at once, as its cl
 sharing an `out` write C into it alike); close() once no call is in progress.
 """
 import time
+from typing import Any
 
 from . import _errors
 from ._results import native_result
+from ._types import Output
 
 
 class PreparedGemm:
@@ -35,7 +37,7 @@ class PreparedGemm:
         """Whether each call is one call into the native core."""
         return self._plan is not None
 
-    def __call__(self):
+    def __call__(self) -> Output:
         plan = self._plan
         if plan is None:
             if self._closed:
@@ -55,8 +57,8 @@ class PreparedGemm:
         if plan is not None:
             plan.close()
 
-    def __enter__(self):
+    def __enter__(self) -> "PreparedGemm":
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.close()

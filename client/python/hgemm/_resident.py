@@ -4,6 +4,7 @@ Thread safety: a ResidentMatrix's methods are its client's (thread-safe as that 
 `released` is a flag its client's release() sets once. The functions keep no state.
 """
 import inspect
+from typing import Any, Union
 
 from . import _errors
 from ._proto import hgemm_pb2 as pb
@@ -30,9 +31,9 @@ class ResidentMatrix:
     def __init__(self, client, info: pb.MatrixInfo):
         self._client = client
         self.info = info
-        self.handle = info.handle
-        self.rows = info.rows
-        self.cols = info.cols
+        self.handle: str = info.handle
+        self.rows: int = info.rows
+        self.cols: int = info.cols
         self.released = False
 
     shape = property(lambda self: (self.rows, self.cols))
@@ -44,27 +45,27 @@ class ResidentMatrix:
     dtype = property(lambda self: {pb.DATA_TYPE_BF16: "bf16",
                                    pb.DATA_TYPE_FP32: "fp32"}.get(self.info.dtype, "fp16"))
 
-    def download(self, **kwargs):
+    def download(self, **kwargs: Any) -> Any:  # Client.download's; on hgemm.aio a coroutine
         """C's (or the upload's) values as a float16 ndarray; see Client.download."""
         return self._client.download(self, **kwargs)
 
-    def release(self, **kwargs):
+    def release(self, **kwargs: Any) -> Any:  # the int of Client.release; on hgemm.aio a coroutine
         """Frees it on the server; returns the bytes freed (0 if this object released it before)."""
         return self._client.release(self, **kwargs)
 
-    def __enter__(self):
+    def __enter__(self) -> "ResidentMatrix":
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         try:
             self.release()
         except _errors.NotFound:
             pass
 
-    async def __aenter__(self):
+    async def __aenter__(self) -> "ResidentMatrix":
         return self
 
-    async def __aexit__(self, *exc):
+    async def __aexit__(self, *exc: object) -> None:
         try:
             r = self.release()
             if inspect.isawaitable(r):
@@ -84,7 +85,7 @@ def handle_replica(handle: str) -> str:
     return "" if at < 0 else handle[at + 1:]
 
 
-def replica_of(where) -> str:
+def replica_of(where: Union[None, str, ResidentMatrix]) -> str:
     """upload(replica=...)'s argument as an address: a ResidentMatrix (its replica), an
     address, or None ("": balanced)."""
     if where is None:

@@ -4,11 +4,12 @@ Thread-safe: a lock guards the session's state (see Stream)."""
 import concurrent.futures
 import queue
 import threading
-from typing import Optional
+from typing import Any, Optional
 
 from . import _errors
 from ._native import NativeStream
 from ._stream_session import StreamSession
+from ._types import Operand, Output
 
 
 def _requests(q: "queue.SimpleQueue"):
@@ -53,7 +54,8 @@ class Stream(StreamSession):
         self._idle = threading.Condition(self._lock)  # notified when nothing is outstanding
         self._readers = []
 
-    def gemm(self, a, b, *, timeout: Optional[float] = None, **options):
+    def gemm(self, a: Operand, b: Operand, *, timeout: Optional[float] = None,
+             **options: Any) -> Output:
         """C = A·B on this stream: submit(...).result(), waiting at most `timeout` seconds (the
         client's default timeout if None)."""
         future = self.submit(a, b, **options)
@@ -88,10 +90,10 @@ class Stream(StreamSession):
             if reader is not threading.current_thread():  # e.g. cancel() in a done-callback
                 reader.join()
 
-    def __enter__(self):
+    def __enter__(self) -> "Stream":
         return self
 
-    def __exit__(self, exc_type, *exc):
+    def __exit__(self, exc_type: Optional[type], *exc: object) -> None:
         if exc_type is None:
             self.close()
         else:

@@ -30,6 +30,7 @@ from ._results import streamed_result
 from ._routes import explain_unreachable, session_replica
 from ._session_book import Pending, SessionBook
 from ._spec import Spec
+from ._types import AsTorch, Operand
 
 
 class StreamSession:
@@ -46,10 +47,10 @@ class StreamSession:
         self._closing = False
         self._cancelled = False
 
-    def submit(self, a, b, *, accumulation: Optional[str] = None, kernel: str = "auto",
-               keep_c: bool = False, c_ttl: int = 0, request_id: str = "",
-               details: bool = False,
-               as_torch=False) -> Union[concurrent.futures.Future, asyncio.Future]:
+    def submit(self, a: Operand, b: Operand, *, accumulation: Optional[str] = None,
+               kernel: str = "auto", keep_c: bool = False, c_ttl: int = 0,
+               request_id: str = "", details: bool = False,
+               as_torch: AsTorch = False) -> Union[concurrent.futures.Future, asyncio.Future]:
         """Writes one GEMM on the stream; returns a Future of what Client.gemm would return
         (its exception: the GEMM's hgemm.Error). Arguments as Client.gemm. hgemm.Stream: a
         concurrent.futures.Future; hgemm.aio.Stream: an asyncio.Future, submitted from the

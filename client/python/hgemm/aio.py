@@ -14,11 +14,17 @@ Thread safety: a Client and its streams belong to the event loop's thread.
 import asyncio
 import contextlib
 import functools
-from typing import Optional
+from typing import TYPE_CHECKING, Any, Callable, Coroutine, Optional, TypeVar, Union
 
 from . import _calls, _errors, _resident
 from ._client import Client as _SyncClient
 from ._stream_session import StreamSession
+from ._types import Operand, Output
+
+if TYPE_CHECKING:  # typing has them from Python 3.10; type checkers bring typing_extensions
+    from typing_extensions import Concatenate, ParamSpec
+    _P = ParamSpec("_P")
+_R = TypeVar("_R")
 
 
 # The client: Calls' methods with their steps done by awaits. The stream: StreamSession's I/O as
@@ -98,8 +104,10 @@ async def _started(start):
         call.close()
 
 
-def _awaitable(steps):
-    """Calls.<method> as the coroutine of hgemm.aio.Client that runs it."""
+def _awaitable(steps: "Callable[Concatenate[_calls.Calls, _P], _R]"
+               ) -> "Callable[Concatenate[Client, _P], Coroutine[Any, Any, _R]]":
+    """Calls.<method> as the coroutine of hgemm.aio.Client that runs it (its signature, and its
+    result awaited, for a type checker too)."""
     @functools.wraps(steps)
     async def method(self, *args, **kwargs):
         return await _run(steps(self._calls, *args, **kwargs))
@@ -109,7 +117,7 @@ def _awaitable(steps):
 class Client:
     __doc__ = (__doc__ or "") + "\n\nArguments as hgemm.Client:\n" + (_SyncClient.__doc__ or "")
 
-    def __init__(self, target: str = "127.0.0.1:50051", **options):
+    def __init__(self, target: str = "127.0.0.1:50051", **options: Any) -> None:
         self._calls = _calls.Calls(self, False, target, **options)
         self._config = self._calls.config
 
@@ -126,13 +134,14 @@ class Client:
             # blocking wait, once per client, kept off the loop on its default executor.
             await asyncio.get_running_loop().run_in_executor(None, self._calls.native.close)
 
-    async def __aenter__(self):
+    async def __aenter__(self) -> "Client":
         return self
 
-    async def __aexit__(self, *exc):
+    async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    def stream(self, *, replica=None) -> "Stream":
+    def stream(self, *, replica: Union[None, str, _resident.ResidentMatrix] = None
+               ) -> "Stream":
         """As hgemm.Client.stream: an hgemm.aio.Stream (`async with c.stream() as s:
         C = await s.gemm(A, B)`)."""
         return Stream(self, None if replica is None else _resident.replica_of(replica))
@@ -168,7 +177,8 @@ class Stream(StreamSession):
         self._idle = None  # an asyncio.Event, set when nothing is outstanding
         self._reader_wake = None  # an asyncio.Event: a native stream has something to read
 
-    async def gemm(self, a, b, *, timeout: Optional[float] = None, **options):
+    async def gemm(self, a: Operand, b: Operand, *, timeout: Optional[float] = None,
+                   **options: Any) -> Output:
         """As hgemm.Stream.gemm."""
         future = self.submit(a, b, **options)
         timeout = self._config.call_timeout(timeout)
@@ -193,10 +203,10 @@ class Stream(StreamSession):
         self._cancel_call()
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
-    async def __aenter__(self):
+    async def __aenter__(self) -> "Stream":
         return self
 
-    async def __aexit__(self, exc_type, *exc):
+    async def __aexit__(self, exc_type: Optional[type], *exc: object) -> None:
         if exc_type is None:
             await self.close()
         else:
