@@ -197,6 +197,7 @@ std::unique_ptr<HgemmServer> HgemmServer::Start(ServerOptions options,
   const int max_message = static_cast<int>(std::min<int64_t>(opts.max_message_bytes, INT32_MAX));
   builder.SetMaxReceiveMessageSize(max_message);
   builder.SetMaxSendMessageSize(max_message);
+  ApplyGrpcArgs(opts.grpc_args, &builder);
   server->server_ = builder.BuildAndStart();
   if (!server->server_ || server->port_ == 0) {
     spdlog::error("cannot listen on {}", opts.listen_address);

@@ -49,10 +49,10 @@ UploadSession::~UploadSession() {
   std::lock_guard<std::mutex> lock(mu_);  // whoever called Finish has let go of mu_
 }
 
-int64_t UploadSession::OnRead(v1::UploadMatrixRequest& message) {
+template <typename Consume>
+int64_t UploadSession::Read(Consume consume) {
   const int64_t received = received_;
   absl::Status s;
-  auto consume = [&] { return header_seen_ ? ConsumeChunk(message) : ConsumeHeader(message); };
   if (!ActOnRead(mu_, reads_, "UploadMatrix", consume, &s)) {
     return 0;  // ended meanwhile: nothing more is read
   }
@@ -73,6 +73,23 @@ int64_t UploadSession::OnRead(v1::UploadMatrixRequest& message) {
   std::lock_guard<std::mutex> lock(mu_);
   MaybeFinishLocked();
   return accepted;
+}
+
+int64_t UploadSession::OnRead(v1::UploadMatrixRequest& message) {
+  return Read([&] {
+    if (!header_seen_) return ConsumeHeader(message);
+    if (!message.has_chunk()) return status::InvalidArgument("header", "sent twice");
+    return ConsumeChunk(WireBytes(std::move(*message.mutable_chunk())));
+  });
+}
+
+int64_t UploadSession::OnChunk(WireBytes chunk) {
+  return Read([&] {
+    if (!header_seen_) {
+      return status::InvalidArgument("header", "the first message must be a header");
+    }
+    return ConsumeChunk(std::move(chunk));
+  });
 }
 
 void UploadSession::OnReadsDone() {
@@ -173,12 +190,11 @@ absl::Status UploadSession::ConsumeHeader(const v1::UploadMatrixRequest& message
   return absl::OkStatus();
 }
 
-absl::Status UploadSession::ConsumeChunk(v1::UploadMatrixRequest& message) {
-  if (!message.has_chunk()) return status::InvalidArgument("header", "sent twice");
+absl::Status UploadSession::ConsumeChunk(WireBytes chunk) {
   if (from_region_) {
     return status::InvalidArgument("chunk", "the header named a region: no chunk may follow");
   }
-  const int64_t size = message.chunk().size();
+  const int64_t size = chunk.size();
   if (received_ + size > bytes_) {
     return status::InvalidArgument(
         "chunk",
@@ -189,7 +205,7 @@ absl::Status UploadSession::ConsumeChunk(v1::UploadMatrixRequest& message) {
     std::lock_guard<std::mutex> lock(mu_);
     arriving = arriving_;
   }
-  arriving->Add(received_, std::move(*message.mutable_chunk()));
+  arriving->Add(received_, std::move(chunk));
   received_ += size;
   return absl::OkStatus();
 }

@@ -20,6 +20,7 @@
 #include <string>
 
 #include "proto/hgemm.pb.h"
+#include "server/core/wire_bytes.h"
 #include "server/session/arriving_buffer.h"
 #include "server/session/gemm_core.h"
 #include "server/session/read_state.h"
@@ -61,6 +62,9 @@ class UploadSession {
   // INVALID_ARGUMENT once nothing is in flight. Returns the matrix bytes it brought (none for a
   // header naming a region: see region_bytes()).
   int64_t OnRead(v1::UploadMatrixRequest& message);
+  // A message holding only a chunk was read, as OnRead, its bytes still where they arrived
+  // (the transport's fast path: no protobuf string on the way).
+  int64_t OnChunk(WireBytes chunk);
   // The client has sent everything (or went away).
   void OnReadsDone();
   // Ends the upload (DEADLINE_EXCEEDED) if no message came since before `cutoff`.
@@ -72,8 +76,11 @@ class UploadSession {
   int64_t region_bytes() const { return from_region_ ? bytes_ : 0; }
 
  private:
+  // Acts on one read message through `consume` (ActOnRead), then reads on or finishes.
+  template <typename Consume>
+  int64_t Read(Consume consume);
   absl::Status ConsumeHeader(const v1::UploadMatrixRequest& message);
-  absl::Status ConsumeChunk(v1::UploadMatrixRequest& message);
+  absl::Status ConsumeChunk(WireBytes chunk);
   void Settled(const absl::Status& s, std::shared_ptr<ResidentBuffer> buffer);
   // Ends the reads with `s` (unless an earlier error stands) and drops what is still arriving.
   // REQUIRES: mu_ not held.
