@@ -123,7 +123,7 @@ for setting in $settings; do
       server_after=$(cpu_ms "$current")
       # The server's CPU over the whole run (warm-up and the verified GEMM included) per GEMM
       # it served; the client's is hgemm_load's own, over its measured windows.
-      /usr/bin/python3 - "$rows" "$setting" "${setting_args[$setting]}" "$parts" \
+      python3 - "$rows" "$setting" "${setting_args[$setting]}" "$parts" \
         "$((${server_after%.*} - ${server_before%.*}))" >>"$csv" <<'PY'
 import csv, sys
 rows_path, setting, args, parts, server_ms = sys.argv[1:6]
@@ -145,7 +145,7 @@ PY
 done
 echo "load average: $(cut -d' ' -f1-3 /proc/loadavg)" | tee -a "$out/grpc_knobs_host.txt"
 
-/usr/bin/python3 - "$csv" "$out/grpc_knobs_tcp.txt" "$out/grpc_knobs_host.txt" <<'PY' |
+python3 - "$csv" "$out/grpc_knobs_tcp.txt" "$out/grpc_knobs_host.txt" <<'PY' |
 import csv, sys
 rows = list(csv.DictReader(open(sys.argv[1])))
 tcp = {}
