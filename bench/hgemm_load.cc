@@ -77,6 +77,8 @@ LoadGenerator::LoadGenerator(LoadOptions options) : options_(std::move(options))
     p->gemm.set_b(reinterpret_cast<const char*>(b.data()), 2 * b.size());
     p->gemm.mutable_options()->set_kernel(options_.kernel);
     p->gemm.mutable_options()->set_accumulation(options_.accumulation);
+    p->gemm.mutable_options()->set_verify(options_.verify);
+    p->gemm.mutable_options()->set_verify_repetitions(uint32_t(options_.verify_repetitions));
     std::string* payload = p->echo.mutable_payload();
     payload->reserve(SentBytes(shape, options_.resident));
     if (options_.resident != Resident::kAll) payload->append(p->gemm.a());

@@ -97,6 +97,13 @@ int main(int argc, char** argv) {
                  "x-client-id of every call (owner of the resident matrices; default "
                  "hgemm_load-<pid>)");
   app.add_option("--kernel", o.kernel, "kernel variant (GemmOptions.kernel)")->capture_default_str();
+  // --verify is the client-side correctness guard below.
+  app.add_flag("--server_verify", o.verify,
+               "ask the server to check every C by Freivalds' method (GemmOptions.verify; its "
+               "cost is the verify_ms column)");
+  app.add_option("--server_verify_repetitions", o.verify_repetitions,
+                 "repetitions of that check (0: the server's default)")
+      ->check(CLI::Range(0, 8))->capture_default_str();
   std::string dtype = "fp16", c_dtype;
   app.add_flag("--transpose_a", o.form.transpose_a, "A stored k x m (C = A^T B)");
   app.add_flag("--transpose_b", o.form.transpose_b, "B stored n x k (C = A B^T)");

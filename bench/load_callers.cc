@@ -8,6 +8,7 @@
 #include <map>
 #include <utility>
 
+#include "client/error_details.h"
 #include "client/ring_client.h"
 #include "client/shared_region.h"
 
@@ -72,6 +73,7 @@ void CopyTiming(const v1::Timing& t, Sample* s) {
   s->kernel_ms = t.kernel_ms();
   s->d2h_ms = t.device_to_host_ms();
   s->total_ms = t.server_total_ms();
+  s->verify_ms = t.verify_ms();
 }
 
 // GemmService.Gemm through the client library, or with `parallel_parts` > 1 every GEMM as
@@ -382,7 +384,7 @@ class ServiceStreamCaller final
         received += data.size();
       } else if (response_.has_done()) {
         const v1::GemmDone& done = response_.done();
-        SetStatus(grpc::Status(grpc::StatusCode(done.status_code()), done.status_message()), s);
+        SetStatus(StatusOf(done), s);
         CheckSize(p, request, received, s);
         CheckKept(p, request, done.c_matrix(), s);
         CopyTiming(done.timing(), s);

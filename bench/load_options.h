@@ -64,6 +64,10 @@ struct LoadOptions {
   int parallel_parts = 1;
   std::string kernel = "auto";
   v1::Accumulation accumulation = v1::ACCUMULATION_UNSPECIFIED;
+  // Ask the server to check every C by Freivalds' method (GemmOptions.verify), with this many
+  // repetitions (0: the server's default); its cost shows as the server's verify_ms.
+  bool verify = false;
+  int verify_repetitions = 0;
   // Layout and types of every GEMM (--transpose_a, --transpose_b, --dtype, --c_dtype); the
   // shapes' c_fp32 follow form.c_fp32.
   GemmForm form;

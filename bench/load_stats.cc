@@ -31,12 +31,15 @@ PointStats Summarize(const std::vector<Sample>& samples, int shape, double secon
     b.kernel_ms += s.kernel_ms;
     b.d2h_ms += s.d2h_ms;
     b.total_ms += s.total_ms;
+    b.verify_ms += s.verify_ms;
   }
   st.requests = int64_t(latencies.size());
   if (st.requests == 0) return st;
   ServerBreakdown& b = st.server;
   if (b.count > 0) {
-    for (double* v : {&b.queue_ms, &b.h2d_ms, &b.kernel_ms, &b.d2h_ms, &b.total_ms}) *v /= b.count;
+    for (double* v : {&b.queue_ms, &b.h2d_ms, &b.kernel_ms, &b.d2h_ms, &b.total_ms, &b.verify_ms}) {
+      *v /= b.count;
+    }
   }
   std::sort(latencies.begin(), latencies.end());
   st.p50_ms = Percentile(latencies, 50);

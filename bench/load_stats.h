@@ -24,12 +24,14 @@ struct Sample {
   int shape = 0;
   int code = 0;           // 0: OK; a gRPC status code; kWrongReplySize
   double queue_ms = 0, h2d_ms = 0, kernel_ms = 0, d2h_ms = 0, total_ms = 0;
+  double verify_ms = 0;  // the server's Freivalds check (GemmOptions.verify)
 };
 
 // Means of the server-reported timing of successful calls, in milliseconds.
 struct ServerBreakdown {
   int64_t count = 0;
   double queue_ms = 0, h2d_ms = 0, kernel_ms = 0, d2h_ms = 0, total_ms = 0;
+  double verify_ms = 0;
 };
 
 // The measured windows of one point, for all shapes together or for one shape of the mix.

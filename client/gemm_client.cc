@@ -27,6 +27,7 @@
 #include <tuple>
 #include <utility>
 
+#include "client/error_details.h"
 #include "proto/handle.h"
 
 namespace hgemm {
@@ -366,8 +367,7 @@ void TakeAnswer(const StreamAnswer& answer, std::vector<StreamedGemm>* results,
   StreamedGemm& result = (*results)[answer.gemm_id];
   const v1::GemmDone& done = answer.done;
   result.answered = true;
-  result.status = grpc::Status(static_cast<grpc::StatusCode>(done.status_code()),
-                               done.status_message());
+  result.status = StatusOf(done);
   if (!result.status.ok()) result.response.clear_c();
   *result.response.mutable_timing() = done.timing();
   *result.response.mutable_execution() = done.execution();
@@ -379,6 +379,7 @@ void TakeAnswer(const StreamAnswer& answer, std::vector<StreamedGemm>* results,
 grpc::Status ExplainUnreachable(grpc::Status status, const std::string& replica,
                                 grpc::Channel* channel) {
   if (replica.empty() || status.error_code() != grpc::StatusCode::UNAVAILABLE ||
+      !ErrorDetailsOf(status).domain.empty() ||
       channel->GetState(/*try_to_connect=*/false) == GRPC_CHANNEL_READY) {
     return status;  // a replica that answered (e.g. its queue is full) speaks for itself
   }

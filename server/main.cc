@@ -163,6 +163,18 @@ int main(int argc, char** argv) {
                  "largest gRPC message accepted (unary Gemm)")
       ->envname("HGEMM_MAX_MESSAGE_BYTES")->check(CLI::Range(int64_t{4} << 20, int64_t{INT32_MAX}))
       ->capture_default_str();
+  int64_t max_connection_age_s = 0, max_connection_age_grace_s = 0;
+  app.add_option("--max_connection_age_s", max_connection_age_s,
+                 "a client connection this old (±10 %) is sent a GOAWAY, so that its client "
+                 "reconnects and re-resolves the server's name and reaches replicas added since "
+                 "(a round_robin channel over a headless Service); 0: never")
+      ->envname("HGEMM_MAX_CONNECTION_AGE_S")->check(CLI::Range(0, 86400))->capture_default_str();
+  app.add_option("--max_connection_age_grace_s", max_connection_age_grace_s,
+                 "then, how long the calls still open on it may go on before it is closed (they "
+                 "end UNAVAILABLE); 0: until they end. Keep 0 where submission rings are used: "
+                 "an AttachRing call stays open as long as its ring is attached")
+      ->envname("HGEMM_MAX_CONNECTION_AGE_GRACE_S")->check(CLI::Range(0, 86400))
+      ->capture_default_str();
   app.add_option("--max_stream_pending_bytes", server_options.service.max_stream_pending_bytes,
                  "operand bytes one GemmStream may hold for GEMMs whose chunks are still coming")
       ->envname("HGEMM_MAX_STREAM_PENDING_BYTES")->check(CLI::PositiveNumber)->capture_default_str();
@@ -183,6 +195,19 @@ int main(int argc, char** argv) {
                "run a GEMM whose resident operands live on a saturated GPU on an idle one, copying "
                "the operands over")
       ->envname("HGEMM_RESIDENT_COPY_TO_IDLE_DEVICE")->capture_default_str();
+  app.add_flag("--verify", server_options.service.scheduler.verify_all,
+               "check every GEMM's C by Freivalds' method before answering "
+               "(docs/verification.md), not only those that ask (GemmOptions.verify)")
+      ->envname("HGEMM_VERIFY");
+  app.add_option("--verify_repetitions", server_options.service.scheduler.verify_repetitions,
+                 "repetitions of the check (fresh random vectors) for a GEMM that names none")
+      ->envname("HGEMM_VERIFY_REPETITIONS")->check(CLI::Range(1, 8))->capture_default_str();
+  app.add_option("--verify_failures_to_retire",
+                 server_options.service.scheduler.verify_failures_to_retire,
+                 "failed Freivalds checks after which a device is taken out of service, as after "
+                 "a sticky fault (0: never)")
+      ->envname("HGEMM_VERIFY_FAILURES_TO_RETIRE")->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   app.add_flag("--resident_lru_eviction", server_options.service.resident.lru_eviction,
                "when device memory is full, evict least recently used resident matrices")
       ->envname("HGEMM_RESIDENT_LRU_EVICTION");
@@ -256,6 +281,8 @@ int main(int argc, char** argv) {
                                        ? max_queued_per_client
                                        : std::max<int64_t>(1, scheduler.max_queued_requests / 4);
   server_options.drain_deadline = std::chrono::seconds(drain_deadline_s);
+  server_options.max_connection_age = std::chrono::seconds(max_connection_age_s);
+  server_options.max_connection_age_grace = std::chrono::seconds(max_connection_age_grace_s);
   server_options.tls.client_certificates = tls_client_auth == "require"
                                                ? hgemm::ClientCertificates::kRequire
                                                : hgemm::ClientCertificates::kRequest;
@@ -327,6 +354,13 @@ int main(int argc, char** argv) {
                server_options.service.scheduler.max_queued_requests,
                server_options.service.scheduler.max_queued_per_owner,
                server_options.service.scheduler.max_queued_bytes, server_options.max_message_bytes);
+
+  if (max_connection_age_s > 0) {
+    spdlog::info("connections: a GOAWAY after {} s, then closed {}", max_connection_age_s,
+                 max_connection_age_grace_s > 0
+                     ? fmt::format("{} s later", max_connection_age_grace_s)
+                     : std::string("once their calls have ended"));
+  }
 
   // Until a signal, or until no device is usable (sticky faults): then drain and exit
   // kExitDeviceFailed, so that the orchestrator restarts the server.

@@ -3,6 +3,7 @@
 #include <grpcpp/security/auth_metadata_processor.h>
 #include <spdlog/spdlog.h>
 
+#include <cstdint>
 #include <cstring>
 #include <exception>
 #include <string>
@@ -70,6 +71,20 @@ std::string CheckSecurity(const ServerOptions& o) {
   return "";
 }
 
+// "" if the connection age options fit together, else why not (naming the flags).
+std::string CheckConnectionAge(const ServerOptions& o) {
+  constexpr std::chrono::milliseconds kMax{INT32_MAX};  // gRPC takes an int of milliseconds
+  if (o.max_connection_age.count() < 0 || o.max_connection_age > kMax ||
+      o.max_connection_age_grace.count() < 0 || o.max_connection_age_grace > kMax) {
+    return "--max_connection_age_s and --max_connection_age_grace_s must be in [0, 2147483] "
+           "(gRPC takes them as an int of milliseconds)";
+  }
+  if (o.max_connection_age_grace.count() > 0 && o.max_connection_age.count() == 0) {
+    return "--max_connection_age_grace_s needs --max_connection_age_s";
+  }
+  return "";
+}
+
 constexpr char kUnixPrefix[] = "unix:";
 
 // The socket file of a "unix:PATH" address; "" for any other address.
@@ -97,10 +112,15 @@ std::unique_ptr<HgemmServer> HgemmServer::Start(ServerOptions options,
                                                 std::unique_ptr<Backend> backend) {
   options.service.rules.kernels = backend->Kernels();
   options.service.max_message_bytes = options.max_message_bytes;
+  options.service.tls = !options.tls.cert_path.empty();
+  for (const std::string& address : ListenAddresses(options)) {
+    if (!UnixSocketPath(address).empty()) options.service.unix_socket = true;
+  }
   std::unique_ptr<HgemmServer> server(new HgemmServer(std::move(options), std::move(backend)));
   const ServerOptions& opts = server->options_;
   std::string error;
-  if (error = CheckSecurity(opts); !error.empty()) {
+  if (error = CheckSecurity(opts); error.empty()) error = CheckConnectionAge(opts);
+  if (!error.empty()) {
     spdlog::critical("{}", error);
     return nullptr;
   }
@@ -142,9 +162,11 @@ std::unique_ptr<HgemmServer> HgemmServer::Start(ServerOptions options,
           load.admitted_bytes = stats.admitted_bytes;
           load.upload_queue_writes = s->uploads_->Pending();
           const std::vector<MatrixStore::DeviceUsage> usage = s->store_->UsageByDevice();
+          const std::vector<Scheduler::VerifyStats> verify = s->scheduler_->GetVerifyStats();
           for (size_t i = 0; i < usage.size() && i < devices.size(); ++i) {
             load.devices.push_back({std::to_string(devices[i].id), usage[i].bytes, usage[i].matrices,
-                                    !s->backend_->DeviceHealthy(int(i))});
+                                    !s->backend_->DeviceHealthy(int(i)), verify[i].verified,
+                                    verify[i].failures, verify[i].reruns, verify[i].suspect});
           }
           for (const RegionStore::OwnerUsage& u : s->service_->regions().UsageByOwner()) {
             load.region_owners.push_back({u.owner, u.regions, u.bytes});
@@ -197,6 +219,14 @@ std::unique_ptr<HgemmServer> HgemmServer::Start(ServerOptions options,
   const int max_message = static_cast<int>(std::min<int64_t>(opts.max_message_bytes, INT32_MAX));
   builder.SetMaxReceiveMessageSize(max_message);
   builder.SetMaxSendMessageSize(max_message);
+  if (opts.max_connection_age.count() > 0) {
+    builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_AGE_MS,
+                               static_cast<int>(opts.max_connection_age.count()));
+  }
+  if (opts.max_connection_age_grace.count() > 0) {
+    builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_AGE_GRACE_MS,
+                               static_cast<int>(opts.max_connection_age_grace.count()));
+  }
   ApplyGrpcArgs(opts.grpc_args, &builder);
   server->server_ = builder.BuildAndStart();
   if (!server->server_ || server->port_ == 0) {

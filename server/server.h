@@ -50,6 +50,16 @@ struct ServerOptions {
   int64_t max_message_bytes = int64_t{1} << 30;
   // On Shutdown(): how long in-flight calls may take before they are cancelled.
   std::chrono::milliseconds drain_deadline{20000};
+  // A connection this old (gRPC adds up to ±10 % of jitter) is sent a GOAWAY: its client
+  // reconnects for its next call and re-resolves the server's name, so a round_robin channel
+  // over a headless Service reaches replicas added since it connected. Applies to the unix:
+  // sockets' connections too (they reconnect to the same server). 0: connections never age.
+  std::chrono::milliseconds max_connection_age{0};
+  // After that GOAWAY, how long the calls still open on the connection may go on before it is
+  // closed under them (they end UNAVAILABLE). 0: until they end, however long (a long
+  // GemmStream then stays where it is; an AttachRing call, open while its ring is attached,
+  // must not be cut). Needs max_connection_age.
+  std::chrono::milliseconds max_connection_age_grace{0};
   // Threads copying streamed operands and uploaded matrices to the device as chunks arrive.
   int upload_threads = 4;
   // TLS on listen_address when tls.cert_path is set; else plaintext (a warning is logged if

@@ -26,6 +26,7 @@
 
 #include <google/protobuf/descriptor.h>
 #include <google/protobuf/descriptor.pb.h>
+#include <google/protobuf/descriptor_database.h>
 #include <google/protobuf/dynamic_message.h>
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
@@ -187,16 +188,18 @@ void ReflectionOnlyClientMultiplies(const std::shared_ptr<grpc::Channel>& channe
   EXPECT_NE(std::find(services.begin(), services.end(), "hgemm.v1.GemmService"), services.end());
   EXPECT_NE(std::find(services.begin(), services.end(), "grpc.health.v1.Health"), services.end());
 
-  // Descriptors of the service, as the server sends them.
+  // Descriptors of the service, as the server sends them (a file before its imports: the
+  // pool builds each from the database once its imports are in).
   reflection::ServerReflectionRequest symbol;
   symbol.set_file_containing_symbol("hgemm.v1.GemmService");
-  pb::DescriptorPool pool;
+  pb::SimpleDescriptorDatabase received;
   const reflection::ServerReflectionResponse files = Reflect(channel, symbol);
   for (const std::string& bytes : files.file_descriptor_response().file_descriptor_proto()) {
     pb::FileDescriptorProto file;
     ASSERT_TRUE(file.ParseFromString(bytes));
-    ASSERT_NE(pool.BuildFile(file), nullptr) << file.name();
+    ASSERT_TRUE(received.Add(file)) << file.name();
   }
+  pb::DescriptorPool pool(&received);
   const pb::MethodDescriptor* gemm = pool.FindMethodByName("hgemm.v1.GemmService.Gemm");
   ASSERT_NE(gemm, nullptr);
 
@@ -331,12 +334,13 @@ TEST_F(ServerProcessTest, ReflectionDescribesEveryListedService) {
     const reflection::ServerReflectionResponse files = Reflect(channel_, symbol);
     ASSERT_FALSE(files.has_error_response())
         << service.name() << ": " << files.error_response().error_message();
-    pb::DescriptorPool pool;
+    pb::SimpleDescriptorDatabase received;  // a file comes before its imports
     for (const std::string& bytes : files.file_descriptor_response().file_descriptor_proto()) {
       pb::FileDescriptorProto file;
       ASSERT_TRUE(file.ParseFromString(bytes));
-      pool.BuildFile(file);  // dependencies come before their users
+      ASSERT_TRUE(received.Add(file)) << file.name();
     }
+    pb::DescriptorPool pool(&received);
     EXPECT_NE(pool.FindServiceByName(service.name()), nullptr) << service.name();
   }
 }

@@ -28,12 +28,11 @@ mkdir -p "$artifacts"
 bazel_clang=(bazel --output_base="${FUZZ_OUTPUT_BASE:-$HOME/.cache/bazel-clang}")
 labels=()
 for t in "${targets[@]}"; do labels+=("//$(package_of "$t"):${t}_fuzz"); done
-if ! "${bazel_clang[@]}" build --config=fuzz --action_env=CC=clang \
-    --symlink_prefix=/tmp/bazel-clang- "${labels[@]}"; then
+if ! "${bazel_clang[@]}" build --config=fuzz --symlink_prefix=/tmp/bazel-clang- "${labels[@]}"; then
   echo "fuzz: 0 passed, ${#targets[@]} failed (build)"
   exit 1
 fi
-bin=$("${bazel_clang[@]}" info --config=fuzz --action_env=CC=clang bazel-bin)
+bin=$("${bazel_clang[@]}" info --config=fuzz bazel-bin)
 
 # run_target TARGET: one bounded run; its exit status goes to $work/TARGET.rc.
 run_target() {

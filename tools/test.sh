@@ -5,20 +5,38 @@
 # Kubernetes manifests), tools/curl_check.sh (the README's grpcurl walk-through over TLS with buf
 # curl), the Python client's tests, and the fuzz targets for $HGEMM_FUZZ_SECONDS (default 60) each
 # (tools/fuzz.sh). Ends with a summary line "N passed, N failed, N skipped" counted over all
-# GoogleTest cases (sanitizer runs included), deploy and curl checks, Python tests and fuzz targets.
+# GoogleTest cases (sanitizer runs included), deploy and curl checks, Python tests and fuzz targets,
+# and a line "time: STAGE N s, ..." (the wall time of each stage, to keep CI's length in view).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
+times=() last=$SECONDS
+# timed STAGE: records the wall time since the previous stage ended.
+timed() { times+=("$1 $((SECONDS - last)) s"); last=$SECONDS; }
+
 tools/bootstrap.sh || exit 1
+timed bootstrap
 bazel test //... "$@"
 status=$?
+timed test
 logdirs=("$(bazel info bazel-testlogs)")
-# Sanitizer runs: the tests tagged "asan" (ASan + UBSan) and "tsan" in their BUILD files; outputs
-# under their own platform suffix, no symlinks, so bazel-bin stays the normal build's.
+# Sanitizer runs: the tests tagged "asan" (ASan + UBSan, built by clang in the fuzz targets'
+# output base: they share its objects) and "tsan" in their BUILD files; outputs under their own
+# platform suffix, no symlinks, so bazel-bin stays the normal build's.
+bazel_clang=(bazel --output_base="${FUZZ_OUTPUT_BASE:-$HOME/.cache/bazel-clang}")
+# The workspace's packages by name: that output base takes the normal build's bazel-* links for
+# folders of the workspace.
+packages=(//:all)
+for d in */; do
+  [[ $d != bazel-* && -n $(find "$d" -name BUILD -print -quit) ]] && packages+=("//${d%/}/...")
+done
 for config in asan tsan; do
-  bazel test --config=$config --symlink_prefix=/ --build_tag_filters=$config \
-    --test_tag_filters=$config //... || status=1
-  logdirs+=("$(bazel info --config=$config bazel-testlogs)")
+  runner=(bazel)
+  [[ $config == asan ]] && runner=("${bazel_clang[@]}")
+  "${runner[@]}" test --config=$config --symlink_prefix=/ --build_tag_filters=$config \
+    --test_tag_filters=$config "${packages[@]}" || status=1
+  logdirs+=("$("${runner[@]}" info --config=$config bazel-testlogs)")
+  timed $config
 done
 passed=0 failed=0 skipped=0
 # run_step NAME COMMAND...: runs a step that ends with the line "NAME: N passed, N failed" (and
@@ -34,6 +52,7 @@ run_step() {
                                           END {print p+0, f+0, s+0}' "$log")
   ((rc == 0 || f > 0)) || f=1
   passed=$((passed + p)) failed=$((failed + f)) skipped=$((skipped + s))
+  timed "$name"
 }
 run_step deploy bash deploy/check.sh
 # The README's grpcurl walk-through over TLS and tokens, run with buf curl.
@@ -50,5 +69,6 @@ for log in $(find -L "${logdirs[@]}" -name test.log 2>/dev/null); do
     END {print p+0, f+0, s+0}' "$log")
   passed=$((passed + p)) failed=$((failed + f)) skipped=$((skipped + s))
 done
+(IFS=,; echo "time: ${times[*]}" | sed 's/,/, /g')
 echo "tests: $passed passed, $failed failed, $skipped skipped"
 exit $status

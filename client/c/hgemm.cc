@@ -25,6 +25,7 @@
 #include <utility>
 #include <vector>
 
+#include "client/error_details.h"
 #include "client/gemm_client.h"
 #include "client/retry.h"
 #include "client/ring_client.h"
@@ -319,10 +320,24 @@ char* CopyString(const std::string& s) {
   return out;
 }
 
+// The details of the last failure reported on this thread (hgemm_error_*).
+struct LastError {
+  std::string status;  // the serialized google.rpc.Status; empty: none
+  hgemm::ErrorDetails details;
+};
+thread_local LastError last_error;
+
+// A failure is being reported on this thread: its details become hgemm_error_*'s.
+void KeepDetails(const grpc::Status& status) {
+  last_error.status = status.error_details();
+  last_error.details = hgemm::ErrorDetailsOf(status);
+}
+
 // *code and *errptr for `status` (leveldb's SaveError, with the code). True if it failed.
 bool SaveStatus(const grpc::Status& status, int* code, char** errptr) {
   *code = status.error_code();
   if (status.ok()) return false;
+  KeepDetails(status);
   std::free(*errptr);
   *errptr = CopyString(status.error_message());
   return true;
@@ -552,6 +567,32 @@ const char* hgemm_status_name(int code) {
 }
 
 void hgemm_free(void* ptr) { std::free(ptr); }
+
+const char* hgemm_error_reason(void) { return last_error.details.reason.c_str(); }
+size_t hgemm_error_field_violation_count(void) {
+  return last_error.details.field_violations.size();
+}
+const char* hgemm_error_field_violation(size_t i, const char** description) {
+  const hgemm::FieldViolation& v = last_error.details.field_violations[i];
+  if (description != nullptr) *description = v.description.c_str();
+  return v.field.c_str();
+}
+size_t hgemm_error_quota_violation_count(void) {
+  return last_error.details.quota_violations.size();
+}
+const char* hgemm_error_quota_violation(size_t i, const char** description) {
+  const hgemm::QuotaViolation& v = last_error.details.quota_violations[i];
+  if (description != nullptr) *description = v.description.c_str();
+  return v.subject.c_str();
+}
+int64_t hgemm_error_retry_delay_ms(void) {
+  const auto& delay = last_error.details.retry_delay;
+  return delay ? int64_t(delay->count()) : -1;
+}
+const void* hgemm_error_status(size_t* bytes) {
+  *bytes = last_error.status.size();
+  return last_error.status.data();
+}
 
 // Client options.
 hgemm_client_options_t* hgemm_client_options_create(void) {
@@ -928,6 +969,7 @@ hgemm_call_t* hgemm_gemm_async(hgemm_client_t* client, const hgemm_gemm_options_
   auto tell = [done, user_data](const grpc::Status& status,
                                 const hgemm::v1::GemmResponse& response, bool streamed) {
     if (!status.ok()) {
+      KeepDetails(status);
       done(user_data, status.error_code(), status.error_message().c_str(), nullptr);
       return;
     }
@@ -947,6 +989,7 @@ hgemm_call_t* hgemm_gemm_keep_c_async(hgemm_client_t* client, const hgemm_gemm_o
   auto tell = [done, user_data](const grpc::Status& status,
                                 const hgemm::v1::GemmResponse& response, bool streamed) {
     if (!status.ok()) {
+      KeepDetails(status);
       done(user_data, status.error_code(), status.error_message().c_str(), nullptr, nullptr,
            nullptr);
       return;
@@ -1359,9 +1402,7 @@ int hgemm_stream_next(hgemm_stream_t* stream, uint64_t* gemm_id, hgemm_gemm_info
         stream->Answered(answer.gemm_id);
         *gemm_id = answer.gemm_id;
         const hgemm::v1::GemmDone& done = answer.done;
-        if (SaveStatus(grpc::Status(static_cast<grpc::StatusCode>(done.status_code()),
-                                    done.status_message()),
-                       code, errptr)) {
+        if (SaveStatus(hgemm::StatusOf(done), code, errptr)) {
           return 1;
         }
         if (info != nullptr) {

@@ -50,7 +50,7 @@ extern "C" {
 #endif
 
 #define HGEMM_ABI_VERSION 1
-#define HGEMM_ABI_REVISION 9
+#define HGEMM_ABI_REVISION 10
 
 /* gRPC status codes (grpc::StatusCode), as *code reports them. */
 enum {
@@ -150,6 +150,32 @@ HGEMM_EXPORT int hgemm_abi_revision(void);
 HGEMM_EXPORT const char* hgemm_status_name(int code);
 /* Frees what the library returned (messages, handles). ptr may be NULL. */
 HGEMM_EXPORT void hgemm_free(void* ptr);
+
+/* [revision 10] Error details (docs/errors.md, "Details"): what the server said of the last
+ * failure the library reported on the calling thread, beyond its code and message, so that a
+ * program acts on the field, the limit or the retry delay without reading the message. A
+ * failure is reported by a call's *code, by hgemm_batch_result() and hgemm_stream_next() for
+ * one GEMM, and to a done callback (hgemm_gemm_async(), hgemm_gemm_keep_c_async(), and the
+ * *_start calls, whose done runs on the thread that ran the call): read them right there. Each
+ * failure replaces them (with none for a failure without details: the library's own checks,
+ * gRPC's errors, a server from before them); a success leaves them. Strings and bytes stay
+ * valid until the next failure reported on the thread. */
+/* ErrorInfo.reason, e.g. "QUEUE_FULL", "INVALID_FIELD" ("": none). */
+HGEMM_EXPORT const char* hgemm_error_reason(void);
+/* BadRequest: the fields that are wrong. Violation i's field path ("header.options.kernel"),
+ * and in *description (may be NULL) what is wrong with it. REQUIRES: i < the count. */
+HGEMM_EXPORT size_t hgemm_error_field_violation_count(void);
+HGEMM_EXPORT const char* hgemm_error_field_violation(size_t i, const char** description);
+/* QuotaFailure: the limits passed. Violation i's subject (the limit: a server flag's name such
+ * as "max_queued_bytes"), and in *description (may be NULL) its text. REQUIRES: i < count. */
+HGEMM_EXPORT size_t hgemm_error_quota_violation_count(void);
+HGEMM_EXPORT const char* hgemm_error_quota_violation(size_t i, const char** description);
+/* RetryInfo: the request ran nothing; wait at least this many milliseconds, then send it again.
+ * -1: no RetryInfo. */
+HGEMM_EXPORT int64_t hgemm_error_retry_delay_ms(void);
+/* The whole google.rpc.Status, serialized (proto/google/rpc/status.proto), for a binding that
+ * reads it with protobuf; *bytes its length (0 and a non-NULL pointer when there is none). */
+HGEMM_EXPORT const void* hgemm_error_status(size_t* bytes);
 
 /* Client options: how hgemm_client_create() connects, and defaults of its calls. */
 

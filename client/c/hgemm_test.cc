@@ -312,6 +312,80 @@ TEST_F(HgemmC, ZeroDimensionIsTheServersInvalidArgument) {
   EXPECT_NE(e.text().find("k"), std::string::npos) << e.text();
 }
 
+// What hgemm_error_* say on the calling thread now.
+struct Details {
+  std::string reason;
+  std::vector<std::string> fields;
+  int64_t retry_delay_ms = 0;
+  size_t status_bytes = 0;
+
+  static Details Now() {
+    Details d{.reason = hgemm_error_reason(), .retry_delay_ms = hgemm_error_retry_delay_ms()};
+    for (size_t i = 0; i < hgemm_error_field_violation_count(); ++i) {
+      const char* description = nullptr;
+      d.fields.push_back(hgemm_error_field_violation(i, &description));
+      EXPECT_NE(std::string(description), "") << "a violation says what is wrong";
+    }
+    hgemm_error_status(&d.status_bytes);
+    return d;
+  }
+};
+
+TEST_F(HgemmC, ErrorDetailsNameTheFieldOnEveryPath) {
+  const uint16_t one = 0x3c00;
+  uint16_t c = kPoison;
+  hgemm_gemm_options_t* options = hgemm_gemm_options_create();
+  for (int mode : {HGEMM_MODE_UNARY, HGEMM_MODE_STREAM}) {
+    hgemm_gemm_options_set_mode(options, mode);
+    Error e;
+    hgemm_gemm(client_, options, 1, 1, 0, &one, 0, &one, 0, &c, 2, nullptr, &e.code, &e.message);
+    ASSERT_EQ(e.code, HGEMM_INVALID_ARGUMENT) << e.text();
+    const Details d = Details::Now();
+    EXPECT_EQ(d.reason, "INVALID_FIELD") << mode;
+    EXPECT_EQ(d.fields, std::vector<std::string>{"k"}) << "GemmRequest.k, GemmHeader.k";
+    EXPECT_EQ(d.retry_delay_ms, -1);
+    EXPECT_GT(d.status_bytes, 0u);
+  }
+  // A done callback reads them on its own thread.
+  struct Seen {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool done = false;
+    int code = 0;
+    Details details;
+  } seen;
+  hgemm_gemm_options_set_mode(options, HGEMM_MODE_UNARY);
+  Error e;
+  hgemm_call_t* call = hgemm_gemm_async(
+      client_, options, 1, 0, 1, &one, 2, &one, 0, &c, 0,
+      [](void* user_data, int code, const char*, const hgemm_gemm_info_t*) {
+        auto* seen = static_cast<Seen*>(user_data);
+        std::lock_guard<std::mutex> lock(seen->mu);
+        seen->code = code;
+        seen->details = Details::Now();
+        seen->done = true;
+        seen->cv.notify_all();
+      },
+      &seen, &e.code, &e.message);
+  ASSERT_NE(call, nullptr) << e.text();
+  {
+    std::unique_lock<std::mutex> lock(seen.mu);
+    ASSERT_TRUE(seen.cv.wait_for(lock, std::chrono::seconds(30), [&] { return seen.done; }));
+  }
+  hgemm_call_destroy(call);
+  EXPECT_EQ(seen.code, HGEMM_INVALID_ARGUMENT);
+  EXPECT_EQ(seen.details.reason, "INVALID_FIELD");
+  EXPECT_EQ(seen.details.fields, std::vector<std::string>{"n"});
+  // A failure of the library's own (C's buffer too small) has none: it replaces them.
+  hgemm_gemm(client_, nullptr, 2, 2, 2, &one, 8, &one, 8, &c, 2, nullptr, &e.code, &e.message);
+  ASSERT_EQ(e.code, HGEMM_INVALID_ARGUMENT) << e.text();
+  const Details none = Details::Now();
+  EXPECT_EQ(none.reason, "");
+  EXPECT_TRUE(none.fields.empty());
+  EXPECT_EQ(none.status_bytes, 0u);
+  hgemm_gemm_options_destroy(options);
+}
+
 TEST_F(HgemmC, TooSmallCBufferIsAnErrorAndNothingIsWrittenPastIt) {
   constexpr uint32_t m = 8, n = 8, k = 8;
   std::mt19937_64 rng(5);

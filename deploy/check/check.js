@@ -19,7 +19,13 @@
 //      read-only root filesystem with a writable /tmp, Services, PDB and HPA that select or
 //      target the workload (a Deployment, or a StatefulSet whose replicas advertise their own
 //      DNS names through its headless Service, for resident matrices), and agreement with deploy/docker/Dockerfile (user id, port,
-//      CUDA base images) and .dockerignore (nothing the build needs is left out).
+//      CUDA base images) and .dockerignore (nothing the build needs is left out). Also: Hopper
+//      node affinity, a connection age (without a grace where submission rings may be open),
+//      no CUDA IPC, a NetworkPolicy that lets clients and Prometheus in, and alerts that name
+//      only metrics and label values the server exports.
+//   5. The components under deploy/k8s/components combine: no kustomization uses a forbidden
+//      pair (FORBIDDEN), and every other pair, and each largest allowed set, renders and passes
+//      the schema and the rules of 4.
 //
 // Usage: node check.js --repo REPO --work DIR   (NODE_PATH must reach the npm packages;
 // deploy/check.sh sets it up). Prints one line per check and ends with
@@ -65,6 +71,21 @@ const SERVER_ENV = {
   HGEMM_MAX_QUEUED_BYTES: intIn(1, Number.MAX_SAFE_INTEGER),
   HGEMM_MAX_MESSAGE_BYTES: intIn(4 << 20, 2 ** 31 - 1),
   HGEMM_DRAIN_DEADLINE_S: intIn(0, 3600),
+  HGEMM_MAX_CONNECTION_AGE_S: intIn(0, 86400),
+  HGEMM_MAX_CONNECTION_AGE_GRACE_S: intIn(0, 86400),
+  HGEMM_VERIFY: (v) => ["true", "false", "1", "0"].includes(v) || "true|false",
+  HGEMM_VERIFY_REPETITIONS: intIn(1, 8),
+  HGEMM_VERIFY_FAILURES_TO_RETIRE: intIn(0, Number.MAX_SAFE_INTEGER),
+  HGEMM_FUSED_SCALE: (v) => ["true", "false", "1", "0"].includes(v) || "true|false",
+  HGEMM_SPIN_US: intIn(0, 100000),
+  HGEMM_MAX_QUEUED_PER_CLIENT: intIn(0, Number.MAX_SAFE_INTEGER),
+  HGEMM_MAX_STREAM_PENDING_BYTES: intIn(1, Number.MAX_SAFE_INTEGER),
+  HGEMM_MAX_CLIENT_PENDING_BYTES: intIn(1, Number.MAX_SAFE_INTEGER),
+  HGEMM_STREAM_IDLE_TIMEOUT_S: intIn(1, 86400),
+  HGEMM_PIN_SHARED_MEMORY: (v) => ["true", "false", "1", "0"].includes(v) || "true|false",
+  HGEMM_RING_SPIN_US: intIn(0, 100000),
+  HGEMM_RING_MAX_IN_FLIGHT: intIn(1, 4096),
+  HGEMM_MAX_RINGS_PER_CLIENT: intIn(1, 1024),
   HGEMM_RESIDENT_QUOTA_BYTES: intIn(0, Number.MAX_SAFE_INTEGER),
   // GetServerInfo reports it as a uint32.
   HGEMM_RESIDENT_TTL_S: intIn(0, 2 ** 32 - 1),
@@ -91,6 +112,9 @@ const SERVER_DEFAULT_PORT = 50051;
 // Idle shared-memory regions are released after this long (--region_ttl_s; 0 would keep those
 // of a client that went away until the pod restarts).
 const SERVER_DEFAULT_REGION_TTL_S = 3600;
+// Connections never age by default (--max_connection_age_s 0): clients would keep the pods they
+// first resolved, and never reach the ones scale-out adds.
+const SERVER_DEFAULT_MAX_CONNECTION_AGE_S = 0;
 const HEALTH_SERVICES = ["", "hgemm.v1.GemmService"];
 const K8S_DEFAULT_GRACE_S = 30;
 // Seconds left between the end of the drain and SIGKILL, for the process to exit after its
@@ -225,7 +249,9 @@ const tsDocs = []; // {file, label}
 const TS_DIR = path.join(WORK, "ts");
 fs.mkdirSync(TS_DIR, { recursive: true });
 
-function schemaProblems(doc, label, { partial }) {
+// typescript: false leaves the unknown-field check out (renderings of combinations, made of
+// files that are checked on their own).
+function schemaProblems(doc, label, { partial, typescript = true }) {
   const mod = modelModule(doc);
   if (!mod) return [`${label}: no Kubernetes schema for apiVersion ${doc && doc.apiVersion}, kind ${doc && doc.kind}`];
   const problems = [];
@@ -237,6 +263,7 @@ function schemaProblems(doc, label, { partial }) {
       problems.push(`${label}: ${e.message}`);
     }
   }
+  if (!typescript) return problems;
   const file = path.join(TS_DIR, `doc${tsDocs.length}.ts`);
   const type = partial ? `DeepPartial<I${doc.kind}>` : `I${doc.kind}`;
   fs.writeFileSync(
@@ -304,15 +331,22 @@ const kustomizations = walk(K8S)
       if (!fs.existsSync(p)) problems.push(`${rel(file)}: resource ${r} does not exist`);
       else if (fs.statSync(p).isFile()) resources.push(p);
     }
+    const components = [];
     for (const c of k.components || []) {
       if (!fs.existsSync(path.join(dir, c, "kustomization.yaml"))) problems.push(`${rel(file)}: component ${c} has no kustomization.yaml`);
+      else components.push(path.resolve(dir, c));
     }
+    const bases = (k.resources || []).map((r) => path.resolve(dir, r))
+      .filter((p) => fs.existsSync(p) && fs.statSync(p).isDirectory());
     for (const p of k.patches || []) if (p.path) patches.push(path.resolve(dir, p.path));
     for (const legacy of ["patchesStrategicMerge", "patchesJson6902", "commonLabels", "bases", "vars"]) {
       if (legacy in k) problems.push(`${rel(file)}: ${legacy} is deprecated in kustomize v5; use the current field`);
     }
     for (const g of k.configMapGenerator || []) for (const e of g.envs || []) envFiles.push(path.resolve(dir, e));
-    return { file, dir, kind: k.kind, resources, patches, envFiles, problems };
+    return {
+      file, dir, kind: k.kind, resources, patches, envFiles, problems, components, bases,
+      images: k.images,
+    };
   });
 
 check("kustomizations found and readable",
@@ -323,6 +357,59 @@ check("kustomizations found and readable",
   const orphans = walk(K8S).filter((f) => !known.has(f)).map((f) => `${rel(f)} is named by no kustomization (or is not .yaml)`);
   check("every file under deploy/k8s is used by a kustomization", orphans);
 }
+
+// The image and its tag are named once, so that a release changes one line.
+const BASE = path.join(K8S, "base");
+{
+  const base = kustomizations.find((k) => k.dir === BASE);
+  const p = [];
+  const named = (i) => i.name === "hgemm-serve" && i.newName && i.newTag;
+  if (!base || !(base.images || []).some(named)) {
+    p.push("deploy/k8s/base/kustomization.yaml: images: must give hgemm-serve newName and newTag");
+  }
+  for (const k of kustomizations.filter((x) => x !== base && x.images)) {
+    p.push(`${rel(k.file)} sets images: the image and its tag are named once, in deploy/k8s/base ` +
+      "(an overlay of your own may override them)");
+  }
+  check("the image is named in one place (deploy/k8s/base)", p);
+}
+
+// Each optional feature is a component (a directory under deploy/k8s/components); the overlays,
+// and those users write, combine them. These pairs do not work together.
+const COMPONENTS = path.join(K8S, "components");
+const FORBIDDEN = [
+  {
+    pair: ["hpa", "statefulset"],
+    why: "the HPA scales the Deployment, which components/statefulset replaces, and scaling a " +
+      "StatefulSet down drops the resident matrices of the replicas it removes: scale the " +
+      "StatefulSet by hand",
+  },
+  {
+    pair: ["hpa", "same-host"],
+    why: "clients in the pod call only their own pod's server (Unix socket, shared memory), so " +
+      "the pods an HPA adds take none of their load and the queue depth it scales on never falls",
+  },
+];
+function forbiddenIn(names) {
+  return FORBIDDEN.filter((f) => f.pair.every((n) => names.includes(n)));
+}
+const kustomizationAt = new Map(kustomizations.map((k) => [k.dir, k]));
+// The components a kustomization includes, its own and those of the kustomizations it builds on,
+// by name under deploy/k8s/components (e.g. "hpa", "statefulset/template").
+function componentsOf(k, seen = new Set()) {
+  const out = new Set();
+  for (const d of [...k.components, ...k.bases]) {
+    if (seen.has(d)) continue;
+    seen.add(d);
+    if (k.components.includes(d)) out.add(path.relative(COMPONENTS, d));
+    const sub = kustomizationAt.get(d);
+    if (sub) for (const c of componentsOf(sub, seen)) out.add(c);
+  }
+  return out;
+}
+check("no kustomization combines components that conflict", kustomizations.flatMap((k) =>
+  forbiddenIn([...componentsOf(k)]).map((f) =>
+    `${rel(k.dir)} combines components/${f.pair[0]} with components/${f.pair[1]}: ${f.why}`)));
 
 // Names of HGEMM_* variables the server's sources mention, once server/ exists.
 let serverKnown = null;
@@ -336,6 +423,23 @@ let serverKnown = null;
     if (names.size > 0) serverKnown = names;
   }
   if (!serverKnown) note("server/ sources name no HGEMM_* variable yet: env keys checked against the built-in flag list only");
+}
+
+// Both ways: every variable server/main.cc reads is known here (an overlay could not set one
+// that is not), and every one known here is read there.
+{
+  const main = path.join(REPO, "server", "main.cc");
+  if (fs.existsSync(main)) {
+    const source = fs.readFileSync(main, "utf8");
+    const envnames = /envname\("(HGEMM_[A-Z0-9_]+)"\)/g;
+    const flags = new Set([...source.matchAll(envnames)].map((m) => m[1]));
+    check("check.js knows the variables of server/main.cc", [
+      ...[...flags].filter((k) => !(k in SERVER_ENV))
+        .map((k) => `${k} (server/main.cc) is missing from SERVER_ENV in deploy/check/check.js`),
+      ...Object.keys(SERVER_ENV).filter((k) => !flags.has(k))
+        .map((k) => `${k} is in SERVER_ENV but no envname of server/main.cc`),
+    ]);
+  }
 }
 
 const envOf = new Map(); // env file -> parsed env
@@ -414,27 +518,33 @@ const renderers = [];
   note(`rendering with ${renderers.map((r) => r.label).join(" and ") || "nothing"}${renderers.length > 1 ? "; the results must be equal" : ""}`);
 }
 
+// Renders the kustomization in `dir` with renderer `r`: {docs (null on failure), text, problems}.
+function render(r, dir, name) {
+  const out = cp.spawnSync(r.argv[0], [...r.argv.slice(1), dir],
+    { encoding: "utf8", maxBuffer: 64 << 20, timeout: 120000 });
+  const problems = [];
+  if (out.status !== 0) {
+    const why = (out.stderr || String(out.error)).trim();
+    return { docs: null, problems: [`${r.label} failed:\n${why}`] };
+  }
+  const parsed = parseYaml(out.stdout, `${r.label} ${name}`);
+  problems.push(...parsed.errors);
+  if (out.stderr.trim()) problems.push(`${r.label} printed warnings:\n${out.stderr.trim()}`);
+  return { docs: parsed.docs, text: out.stdout, problems };
+}
+
 const rendered = []; // {name, docs}
 for (const k of kustomizations.filter((k) => k.kind === "Kustomization")) {
   const name = rel(k.dir);
   let first = null;
   for (const r of renderers) {
-    const out = cp.spawnSync(r.argv[0], [...r.argv.slice(1), k.dir], { encoding: "utf8", maxBuffer: 64 << 20, timeout: 120000 });
-    const problems = [];
-    let docs = null;
-    if (out.status !== 0) problems.push(`${r.label} failed:\n${(out.stderr || String(out.error)).trim()}`);
-    else {
-      const parsed = parseYaml(out.stdout, `${r.label} ${name}`);
-      problems.push(...parsed.errors);
-      if (out.stderr.trim()) problems.push(`${r.label} printed warnings:\n${out.stderr.trim()}`);
-      docs = parsed.docs;
-      if (first && JSON.stringify(canonical(docs)) !== JSON.stringify(canonical(first.docs)))
-        problems.push(`${r.label} renders differently from ${first.label}`);
-    }
+    const { docs, text, problems } = render(r, k.dir, name);
+    if (docs && first && JSON.stringify(canonical(docs)) !== JSON.stringify(canonical(first.docs)))
+      problems.push(`${r.label} renders differently from ${first.label}`);
     check(`render ${name} with ${r.label}`, problems);
     if (docs && !first) {
       first = { label: r.label, docs };
-      fs.writeFileSync(path.join(WORK, `${name.replace(/\//g, "_")}.yaml`), out.stdout);
+      fs.writeFileSync(path.join(WORK, `${name.replace(/\//g, "_")}.yaml`), text);
       rendered.push({ name, docs });
     }
   }
@@ -455,6 +565,54 @@ function preStopSeconds(c) {
   const cmd = (h.exec && h.exec.command) || [];
   if (cmd.length === 2 && /(^|\/)sleep$/.test(cmd[0]) && /^\d+$/.test(cmd[1])) return Number(cmd[1]);
   return null; // some other hook: its length is unknown
+}
+
+// The pod template's pin to Hopper nodes: the kernels are sm_90a, which runs on compute
+// capability 9.0 alone. NVIDIA GPU Feature Discovery's labels that name an architecture must
+// name Hopper; other keys (a provider's node-pool label) are the operator's choice.
+const HOPPER_LABELS = {
+  "nvidia.com/gpu.compute.major": (v) => v === "9",
+  "nvidia.com/gpu.compute.minor": (v) => v === "0",
+  "nvidia.com/gpu.family": (v) => v === "hopper",
+  "nvidia.com/gpu.product": (v) => /(^|-)(GH200|H100|H200|H800|H20)(-|$)/.test(v),
+};
+function hopperProblems(pod, where) {
+  const p = [];
+  const affinity = (pod.affinity || {}).nodeAffinity || {};
+  const required = affinity.requiredDuringSchedulingIgnoredDuringExecution || {};
+  const terms = required.nodeSelectorTerms || [];
+  const selector = pod.nodeSelector || {};
+  if (terms.length === 0 && Object.keys(selector).length === 0) {
+    p.push(`${where}: no required node affinity (or nodeSelector) for Hopper GPUs: the kernels ` +
+      "are sm_90a only, and the pod would crash-loop on other GPUs");
+  }
+  for (const [k, v] of Object.entries(selector)) {
+    if (k in HOPPER_LABELS && !HOPPER_LABELS[k](String(v))) {
+      p.push(`${where}: nodeSelector ${k}=${v} is not a Hopper GPU's (sm_90a)`);
+    }
+  }
+  terms.forEach((t, i) => {
+    const at = `${where}: nodeSelectorTerms[${i}]`;
+    const exprs = t.matchExpressions || [];
+    if (exprs.length === 0 && (t.matchFields || []).length === 0) {
+      p.push(`${at} is empty: it admits every node`);
+    }
+    // compute.minor 0 alone admits Ampere's 8.0.
+    const keys = exprs.map((e) => e.key).filter((k) => k in HOPPER_LABELS);
+    if (keys.length && keys.every((k) => k === "nvidia.com/gpu.compute.minor")) {
+      p.push(`${at} pins nvidia.com/gpu.compute.minor without the major (or gpu.family, ` +
+        "gpu.product): it admits GPUs other than Hopper");
+    }
+    for (const e of exprs.filter((x) => x.key in HOPPER_LABELS)) {
+      const values = e.values || [];
+      const hopper = values.length && values.every((v) => HOPPER_LABELS[e.key](String(v)));
+      if (e.operator !== "In" || !hopper) {
+        p.push(`${at}: ${e.key} ${e.operator} [${values.join(", ")}] admits GPUs other than ` +
+          "Hopper (the kernels are sm_90a)");
+      }
+    }
+  });
+  return p;
 }
 
 // A StatefulSet's replicas: the headless Service names them, and each advertises its own name.
@@ -549,6 +707,25 @@ function deploymentProblems(dep, all) {
   const memLimit = bytesOf(res.limits && res.limits.memory);
   if (!(queued <= memLimit / 2)) p.push(`${where}: HGEMM_MAX_QUEUED_BYTES ${queued} is more than half the memory limit ${res.limits && res.limits.memory}`);
 
+  p.push(...hopperProblems(pod, where));
+
+  // Connection age: without it a round_robin client keeps the pods it resolved first.
+  const age = Number(env.HGEMM_MAX_CONNECTION_AGE_S ?? SERVER_DEFAULT_MAX_CONNECTION_AGE_S);
+  const ageGrace = Number(env.HGEMM_MAX_CONNECTION_AGE_GRACE_S ?? 0);
+  if (!(age > 0)) {
+    p.push(`${where}: HGEMM_MAX_CONNECTION_AGE_S is ${age}: clients keep their first connections ` +
+      "and never reach the pods scale-out adds; set e.g. 300");
+  }
+  if (ageGrace > 0 && !(age > 0)) {
+    p.push(`${where}: HGEMM_MAX_CONNECTION_AGE_GRACE_S without HGEMM_MAX_CONNECTION_AGE_S: the ` +
+      "server refuses to start");
+  }
+  if (["true", "1"].includes(env.HGEMM_ALLOW_CUDA_IPC)) {
+    p.push(`${where}: HGEMM_ALLOW_CUDA_IPC: no client can use CUDA IPC from another container ` +
+      "or pod (the device plugin gives each container its own GPUs, and a CUDA IPC handle " +
+      "opens only on the exporter's GPU); use shared memory (components/same-host)");
+  }
+
   // Resident matrices expire: abandoned uploads must not fill the GPUs.
   const ttl = Number(env.HGEMM_RESIDENT_TTL_S ?? SERVER_DEFAULT_RESIDENT_TTL_S);
   if (!(ttl > 0)) p.push(`${where}: HGEMM_RESIDENT_TTL_S is ${ttl}: resident matrices would never expire; set a default TTL (e.g. 3600)`);
@@ -620,6 +797,12 @@ function deploymentProblems(dep, all) {
   if (["true", "1"].includes(env.HGEMM_ALLOW_SHARED_MEMORY)) {
     if (!listens.some((a) => a.startsWith("unix:"))) p.push(`${where}: HGEMM_ALLOW_SHARED_MEMORY without a unix: socket in HGEMM_LISTEN (shared memory is accepted over Unix sockets only)`);
     if (pod.shareProcessNamespace !== true) p.push(`${where}: HGEMM_ALLOW_SHARED_MEMORY needs shareProcessNamespace: true (the server opens its clients' memfds by /proc/<pid>/fd/<fd>)`);
+    if (ageGrace > 0) {
+      p.push(`${where}: HGEMM_MAX_CONNECTION_AGE_GRACE_S ${ageGrace} with shared memory on: ` +
+        "every AttachRing call (open as long as its submission ring is attached) would be cut, " +
+        `and its ring detached, about HGEMM_MAX_CONNECTION_AGE_S + ${ageGrace} s after it ` +
+        "connected; set 0");
+    }
     if (!(Number(env.HGEMM_REGION_TTL_S ?? SERVER_DEFAULT_REGION_TTL_S) > 0)) p.push(`${where}: HGEMM_REGION_TTL_S is 0: the regions of a client that went away would never be released`);
     // Opening another process's /proc/<pid>/fd takes its uid (CAP_SYS_PTRACE is dropped).
     const allowed = (env.HGEMM_ALLOWED_UIDS || "").split(",").filter((x) => x);
@@ -633,16 +816,114 @@ function deploymentProblems(dep, all) {
   return p;
 }
 
-for (const { name, docs } of rendered) {
+// What a NetworkPolicy must let through: clients to the gRPC port, Prometheus to the metrics
+// port (the HPA and the alerts read it).
+function networkPolicyProblems(np, deps) {
+  const where = `NetworkPolicy/${np.metadata.name}`;
+  const spec = np.spec || {};
+  const selector = spec.podSelector && spec.podSelector.matchLabels;
+  const dep = deps.find((d) => isSubset(selector, d.spec.template.metadata.labels));
+  if (!dep) return [`${where}: podSelector matches no Deployment's or StatefulSet's pods`];
+  const p = [];
+  if (!(spec.policyTypes || ["Ingress"]).includes("Ingress")) {
+    p.push(`${where}: policyTypes without Ingress: it restricts nothing coming in`);
+  }
+  const isServer = (c) => (c.ports || []).some((x) => x.name === "grpc");
+  const ports = dep.spec.template.spec.containers.find(isServer).ports;
+  for (const rule of spec.ingress || []) {
+    for (const x of rule.ports || []) {
+      if (!ports.some((c) => c.name === x.port || c.containerPort === x.port)) {
+        p.push(`${where}: ingress port ${x.port} is no container port of the server`);
+      }
+    }
+  }
+  const reaches = (name) => {
+    const port = ports.find((c) => c.name === name);
+    return (spec.ingress || []).some((rule) =>
+      !rule.ports || rule.ports.some((x) => x.port === name || x.port === port.containerPort));
+  };
+  if (!reaches("grpc")) p.push(`${where}: no ingress rule lets clients reach the gRPC port`);
+  if (ports.some((c) => c.name === "metrics") && !reaches("metrics")) {
+    p.push(`${where}: no ingress rule lets Prometheus reach the metrics port (the HPA and the ` +
+      "alerts would go blind)");
+  }
+  return p;
+}
+
+// The metrics the server exports (server/metrics/metrics.cc) and the label values alerts may
+// filter on; null where server/ is absent.
+const GRPC_CODES = [
+  "OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED", "NOT_FOUND",
+  "ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION", "ABORTED",
+  "OUT_OF_RANGE", "UNIMPLEMENTED", "INTERNAL", "UNAVAILABLE", "DATA_LOSS", "UNAUTHENTICATED",
+];
+const serverMetrics = (() => {
+  const f = path.join(REPO, "server", "metrics", "metrics.cc");
+  if (!fs.existsSync(f)) return null;
+  const src = fs.readFileSync(f, "utf8");
+  const named = /\.Name\("(hgemm_[a-z0-9_]+)"\)|MetricFamily\s+\w+\{"(hgemm_[a-z0-9_]+)"/g;
+  const names = new Set([...src.matchAll(named)].map((m) => m[1] || m[2]));
+  const histogram = /BuildHistogram\(\)\s*\.Name\("(hgemm_[a-z0-9_]+)"\)/g;
+  const histograms = new Set([...src.matchAll(histogram)].map((m) => m[1]));
+  const stages = ((/kStageNames = \{([^}]*)\}/.exec(src) || [])[1] || "").match(/[a-z_]+/g) || [];
+  return { names, histograms, labelValues: { code: new Set(GRPC_CODES), stage: new Set(stages) } };
+})();
+if (!serverMetrics) {
+  note("server/metrics/metrics.cc is absent: alerts are not checked against the exported metrics");
+}
+
+// Alerts name metrics and label values the server exports (a typo would never fire), and carry
+// what Alertmanager routes and shows.
+function prometheusRuleProblems(pr) {
+  const where = `PrometheusRule/${pr.metadata.name}`;
+  const rules = ((pr.spec && pr.spec.groups) || []).flatMap((g) => g.rules || []);
+  if (rules.length === 0) return [`${where}: no rules`];
+  const p = [];
+  for (const r of rules) {
+    const at = `${where}: ${r.alert || r.record}`;
+    if (r.alert) {
+      if (!["critical", "warning", "info"].includes((r.labels || {}).severity)) {
+        p.push(`${at}: labels.severity should be critical, warning or info`);
+      }
+      if (!(r.annotations || {}).summary) p.push(`${at}: no annotations.summary`);
+    }
+    const expr = String(r.expr);
+    let depth = 0;
+    for (const ch of expr) if ((depth += ch === "(" ? 1 : ch === ")" ? -1 : 0) < 0) break;
+    if (depth !== 0) p.push(`${at}: unbalanced parentheses in expr`);
+    if (!serverMetrics) continue;
+    for (const [m] of expr.matchAll(/\bhgemm_[a-z0-9_]+/g)) {
+      const family = m.replace(/_(bucket|sum|count)$/, "");
+      if (!serverMetrics.names.has(m) && !(family !== m && serverMetrics.histograms.has(family))) {
+        p.push(`${at}: ${m} is not a metric the server exports (server/metrics/metrics.cc)`);
+      }
+    }
+    for (const [, label, op, value] of expr.matchAll(/\b([a-z_]+)\s*(=~|!~|!=|=)\s*"([^"]*)"/g)) {
+      const known = serverMetrics.labelValues[label];
+      if (!known) continue;
+      for (const v of op.endsWith("~") ? value.split("|") : [value]) {
+        if (/^[A-Za-z_]+$/.test(v) && !known.has(v)) {
+          const values = [...known].join(", ");
+          p.push(`${at}: ${label} "${v}" is not a value the server reports (${values})`);
+        }
+      }
+    }
+  }
+  return p;
+}
+
+// Problems of one rendering: {schema, deployment, selection}, for one check each.
+function renderedProblems(name, docs, { typescript }) {
   const schema = [];
-  docs.forEach((d, i) => schema.push(...schemaProblems(d, `${name}#${i + 1} ${d.kind}/${d.metadata && d.metadata.name}`, { partial: false })));
-  check(`schema: rendered ${name}`, schema);
+  docs.forEach((d, i) => {
+    const label = `${name}#${i + 1} ${d.kind}/${d.metadata && d.metadata.name}`;
+    schema.push(...schemaProblems(d, label, { partial: false, typescript }));
+  });
 
   const deps = docs.filter((d) => d.kind === "Deployment" || d.kind === "StatefulSet");
   const p = [];
   if (deps.length === 0) p.push("no Deployment or StatefulSet rendered");
   for (const d of deps) p.push(...deploymentProblems(d, docs));
-  check(`deployment rules: ${name}`, p);
 
   const s = [];
   const services = docs.filter((d) => d.kind === "Service");
@@ -685,7 +966,114 @@ for (const { name, docs } of rendered) {
       if ((ep.path || "/metrics") !== "/metrics") s.push(`${where}: path ${ep.path} is not /metrics, the only path the server answers`);
     }
   }
-  check(`services, PDB, HPA and ServiceMonitor select the server: ${name}`, s);
+  for (const np of docs.filter((d) => d.kind === "NetworkPolicy")) {
+    s.push(...networkPolicyProblems(np, deps));
+  }
+  for (const rule of docs.filter((d) => d.kind === "PrometheusRule")) {
+    s.push(...prometheusRuleProblems(rule));
+  }
+  return { schema, deployment: p, selection: s };
+}
+
+for (const { name, docs } of rendered) {
+  const { schema, deployment, selection } = renderedProblems(name, docs, { typescript: true });
+  check(`schema: rendered ${name}`, schema);
+  check(`deployment rules: ${name}`, deployment);
+  check("services, PDB, HPA, ServiceMonitor, NetworkPolicy and PrometheusRule fit the server: " +
+    name, selection);
+}
+
+// ---------------------------------------------------------------------------------------------
+// 5. Combinations: every pair of components that is not forbidden, and each largest set of
+// them without a forbidden pair, rendered over base/ with the pinned renderer, must pass the
+// schema and the rules (TypeScript has checked each file already). A combination with
+// components/statefulset must render the same with it listed first and last: the other
+// components patch whichever workload is there. (Every set would be 200-odd renderings; the
+// conflicts found so far are all between two components.) HGEMM_DEPLOY_CHECK_COMBINATIONS=0
+// skips them (the self-test's copies that break nothing they would find).
+
+if (process.env.HGEMM_DEPLOY_CHECK_COMBINATIONS === "0") {
+  note("combinations of components not rendered (HGEMM_DEPLOY_CHECK_COMBINATIONS=0)");
+} else if (renderers.length) {
+  const features = fs.readdirSync(COMPONENTS)
+    .filter((n) => fs.existsSync(path.join(COMPONENTS, n, "kustomization.yaml"))).sort();
+  const namesOf = (mask) => features.filter((_, i) => mask & (1 << i));
+  // Each rendering is a kustomization of its own in a namespace of its own, so that one run of
+  // kustomize renders a batch of them side by side (a run costs about a second before its first
+  // object, and a batch's cost grows faster than its size); only if a batch fails are its
+  // kustomizations rendered one by one, to tell which.
+  const variants = []; // {name, list, namespace, dir, docs}
+  const root = path.join(WORK, "combinations");
+  const kustomization = (fields) =>
+    YAML.stringify({
+      apiVersion: "kustomize.config.k8s.io/v1beta1", kind: "Kustomization", ...fields,
+    });
+  const addVariant = (name, list) => {
+    const namespace = `combination-${variants.length}`;
+    const dir = path.join(root, namespace);
+    fs.mkdirSync(dir, { recursive: true });
+    fs.writeFileSync(path.join(dir, "kustomization.yaml"), kustomization({
+      namespace,
+      resources: [path.relative(dir, BASE)],
+      components: list.map((n) => path.relative(dir, path.join(COMPONENTS, n))),
+    }));
+    variants.push({ name, list, namespace, dir });
+    return variants[variants.length - 1];
+  };
+  const allowed = [];
+  for (let mask = 1; mask < 1 << features.length; mask++) {
+    if (forbiddenIn(namesOf(mask)).length === 0) allowed.push(mask);
+  }
+  const largest = allowed.filter((m) => !allowed.some((o) => o !== m && (o & m) === m));
+  const sets = [];
+  for (const mask of allowed.filter((m) => largest.includes(m) || namesOf(m).length === 2)) {
+    const set = namesOf(mask);
+    const rest = set.filter((n) => n !== "statefulset");
+    const sts = rest.length < set.length;
+    sets.push({
+      name: set.join("+"),
+      main: addVariant(set.join("+"), sts ? ["statefulset", ...rest] : set),
+      last: sts ? addVariant(set.join("+"), [...rest, "statefulset"]) : null,
+    });
+  }
+  const p = FORBIDDEN.flatMap((f) => f.pair.filter((n) => !features.includes(n))
+    .map((n) => `FORBIDDEN in check.js names components/${n}, which does not exist`));
+  const BATCH = 12;
+  for (let b = 0; b < variants.length; b += BATCH) {
+    const batch = variants.slice(b, b + BATCH);
+    const dir = path.join(root, `batch-${b / BATCH}`);
+    fs.mkdirSync(dir, { recursive: true });
+    fs.writeFileSync(path.join(dir, "kustomization.yaml"),
+      kustomization({ resources: batch.map((v) => path.relative(dir, v.dir)) }));
+    const all = render(renderers[0], dir, `combinations ${b}-${b + batch.length - 1}`);
+    for (const v of batch) {
+      const ok = all.docs && all.problems.length === 0;
+      const own = (d) => d.metadata && d.metadata.namespace === v.namespace;
+      v.docs = ok ? all.docs.filter(own) : null;
+      if (!v.docs) {
+        const one = render(renderers[0], v.dir, v.name);
+        p.push(...one.problems.map((x) => `${v.name}: ${x}`));
+        v.docs = one.docs;
+      }
+    }
+  }
+  const withoutNamespace = (d) => ({ ...d, metadata: { ...d.metadata, namespace: undefined } });
+  const strip = (docs) => JSON.stringify(canonical(docs.map(withoutNamespace)));
+  for (const { name, main, last } of sets) {
+    if (!main.docs) continue;
+    if (last && last.docs && strip(last.docs) !== strip(main.docs)) {
+      p.push(`${name}: renders differently with components/statefulset listed first and last: ` +
+        "a component patches the Deployment only (give its patches the target kind " +
+        "Deployment|StatefulSet)");
+    }
+    const found = renderedProblems(name, main.docs, { typescript: false });
+    const all = [...found.schema, ...found.deployment, ...found.selection];
+    p.push(...all.map((x) => `${name}: ${x}`));
+  }
+  const largestNames = largest.map((m) => namesOf(m).join("+")).join(" and ");
+  check(`allowed combinations of components render and pass the rules: ${sets.length} ` +
+    `(every pair, and ${largestNames})`, p);
+  note(`never combined: ${FORBIDDEN.map((f) => f.pair.join(" + ")).join(", ")}`);
 }
 
 // ---------------------------------------------------------------------------------------------

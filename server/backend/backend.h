@@ -58,7 +58,11 @@ class Backend {
 
   // Runs `job` to completion on `slot`: job.c holds C when it returns OK (or, with job.keep_c,
   // report->c_resident does). `job.kernel` is a name from Kernels() or "auto" (validated
-  // before). Fills everything in `report` but queue_wait_ms and server_total_ms.
+  // before). Fills everything in `report` but queue_wait_ms, server_total_ms and
+  // suspect_device_id. With job.verify_repetitions > 0 it also checks C by Freivalds' method
+  // (server/verify/freivalds.h) before returning, and says how in report's verify fields: a
+  // C that fails its check still returns OK (with report->verify_failure set); the caller
+  // decides what to do with it.
   // Resident operands on another device than SlotDevice(slot) are copied over for this run.
   // REQUIRES: one caller per slot at a time.
   virtual absl::Status Run(int slot, const GemmJob& job, GemmReport* report) = 0;
@@ -128,6 +132,12 @@ class Backend {
   // UNAVAILABLE from then on (status::DeviceFailed); the scheduler sends it no more work.
   // Never turns true again. Thread-safe.
   virtual bool DeviceHealthy(int device_index) const { return true; }
+
+  // Takes device `device_index` out of service for good, as a sticky error does: DeviceHealthy
+  // turns false and `why` is logged. The scheduler's answer to a device whose results keep
+  // failing their checks. A backend whose devices never fail (a test's fake) ignores it.
+  // Thread-safe.
+  virtual void TakeOutOfService(int device_index, const std::string& why) {}
 
   // False once no device is usable: every device has failed (health turns NOT_SERVING and the
   // server drains and exits non-zero). Thread-safe.

@@ -1,6 +1,7 @@
 #include "server/backend/cpu_backend.h"
 
 #include <fmt/format.h>
+#include <spdlog/spdlog.h>
 
 #include <atomic>
 #include <cstring>
@@ -8,11 +9,13 @@
 #include <memory>
 #include <mutex>
 #include <new>
+#include <string>
 #include <utility>
 #include <vector>
 
 #include "proto/numerics/cpu_gemm.h"
 #include "server/core/status.h"
+#include "server/verify/freivalds.h"
 
 namespace hgemm {
 namespace {
@@ -21,6 +24,10 @@ constexpr char kKernelName[] = "openblas_sgemm";
 
 // Resident buffers this small are left to malloc, whose heap reuses them anyway.
 constexpr int64_t kMinReusedBytes = int64_t{1} << 20;
+
+double MillisecondsSince(Clock::time_point start) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+}
 
 class CpuBackend final : public Backend {
  public:
@@ -60,7 +67,7 @@ class CpuBackend final : public Backend {
     }
     if (resident_bytes_.fetch_add(bytes) + bytes > options_.resident_budget_bytes) {
       resident_bytes_ -= bytes;
-      return status::OverLimit(fmt::format(
+      return status::OverLimit("device_memory", fmt::format(
           "{} more bytes of resident memory would pass the CPU backend's budget of {} bytes "
           "({} in use)",
           bytes, options_.resident_budget_bytes, resident_bytes_.load()));
@@ -70,7 +77,8 @@ class CpuBackend final : public Backend {
     if (data == nullptr) data = new (std::nothrow) char[bytes];
     if (data == nullptr) {
       resident_bytes_ -= bytes;
-      return status::OverLimit(fmt::format("out of host memory for {} bytes", bytes));
+      return status::OverLimit("host_memory",
+                               fmt::format("out of host memory for {} bytes", bytes));
     }
     *buffer = std::make_shared<ResidentBuffer>(device_index, bytes, data,
                                                [this, bytes](void* p) {
@@ -82,6 +90,7 @@ class CpuBackend final : public Backend {
 
   absl::Status WriteResident(ResidentBuffer& buffer, int64_t offset, const void* host,
                              int64_t bytes) override {
+    b_sides_.Forget(&buffer);
     std::memcpy(static_cast<char*>(buffer.data) + offset, host, bytes);
     return absl::OkStatus();
   }
@@ -97,10 +106,19 @@ class CpuBackend final : public Backend {
     return absl::OkStatus();
   }
 
+  bool DeviceHealthy(int) const override { return healthy_.load(); }
+
+  void TakeOutOfService(int, const std::string& why) override {
+    if (!healthy_.exchange(false)) return;
+    spdlog::critical("the CPU backend is taken out of service: {}", why);
+  }
+
   absl::Status Run(int slot, const GemmJob& job, GemmReport* report) override {
+    if (!healthy_) return status::DeviceFailed("the CPU backend was taken out of service");
     const GemmShape& shape = job.shape;
     // Its "device" memory is host memory: a C on the device is written like any C.
     void* c = job.c_device ? job.c_device->data : job.c;
+    if (job.c_device) b_sides_.Forget(job.c_device.get());
     if (job.keep_c) {
       absl::Status s = AllocateResident(0, shape.CBytes(), &report->c_resident);
       if (!s.ok()) return s;
@@ -110,25 +128,70 @@ class CpuBackend final : public Backend {
     const auto* b = job.b_resident ? static_cast<const uint16_t*>(job.b_resident->data) : job.b;
     const auto* c_in = static_cast<const char*>(job.c_in_resident ? job.c_in_resident->data
                                                                    : job.c_in);
+    // A batch or a group: its matrices one after the other in each buffer.
+    struct Problem {
+      ProblemDims dims;
+      const uint16_t* a;
+      const uint16_t* b;
+      const char* c_in;
+      char* c;
+    };
+    std::vector<Problem> problems;
+    const int64_t c_element_bytes = ElementBytes(shape.c_type);
+    int64_t a_offset = 0, b_offset = 0, c_offset = 0;  // elements
+    for (const ProblemDims& p : shape.Problems()) {
+      problems.push_back({p, a + a_offset, b + b_offset,
+                          shape.c_input ? c_in + c_offset * c_element_bytes : nullptr,
+                          static_cast<char*>(c) + c_offset * c_element_bytes});
+      a_offset += p.m * p.k;
+      b_offset += p.k * p.n;
+      c_offset += p.m * p.n;
+    }
+    // The check's side that reads A, B and C_in comes first: C_in may be C's own memory.
+    const int repetitions = job.verify_repetitions;
+    std::vector<std::vector<verify::RowSums>> sums(repetitions,
+                                                   std::vector<verify::RowSums>(problems.size()));
+    std::vector<std::vector<uint64_t>> seeds(repetitions, std::vector<uint64_t>(problems.size()));
+    auto verify_start = Clock::now();
+    for (int rep = 0; rep < repetitions; ++rep) {
+      for (size_t i = 0; i < problems.size(); ++i) {
+        const verify::Form form = verify::FormOf(job, problems[i].dims);
+        const std::shared_ptr<const verify::HostBSide> side =
+            BSide(job, form, problems.size() == 1, problems[i].b, rep);
+        seeds[rep][i] = side->seed;
+        verify::HostExpected(form, problems[i].a, problems[i].c_in, *side, &sums[rep][i]);
+      }
+    }
+    report->verify_ms = repetitions > 0 ? MillisecondsSince(verify_start) : 0;
+
     const GemmForm form{.transpose_a = job.transpose_a,
                         .transpose_b = job.transpose_b,
                         .bf16 = shape.ab_type == ElementType::kBf16,
                         .c_fp32 = shape.c_type == ElementType::kFp32};
     auto start = Clock::now();
-    // A batch or a group: its matrices one after the other in each buffer.
-    const int64_t c_element_bytes = ElementBytes(shape.c_type);
-    int64_t a_offset = 0, b_offset = 0, c_offset = 0;  // elements
-    for (const ProblemDims& p : shape.Problems()) {
-      CpuGemm(a + a_offset, b + b_offset, static_cast<char*>(c) + c_offset * c_element_bytes,
-              p.m, p.n, p.k, form,
-              {.alpha = job.alpha,
-               .beta = job.beta,
-               .c_in = shape.c_input ? c_in + c_offset * c_element_bytes : nullptr});
-      a_offset += p.m * p.k;
-      b_offset += p.k * p.n;
-      c_offset += p.m * p.n;
+    for (const Problem& p : problems) {
+      CpuGemm(p.a, p.b, p.c, p.dims.m, p.dims.n, p.dims.k, form,
+              {.alpha = job.alpha, .beta = job.beta, .c_in = p.c_in});
     }
-    report->kernel_ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+    report->kernel_ms = MillisecondsSince(start);
+    if (options_.after_gemm) options_.after_gemm(slot, job, c);
+
+    verify_start = Clock::now();
+    for (int rep = 0; rep < repetitions && report->verify_failure.empty(); ++rep) {
+      for (size_t i = 0; i < problems.size(); ++i) {
+        const verify::Form form = verify::FormOf(job, problems[i].dims);
+        verify::HostCr(form, problems[i].c, seeds[rep][i], &sums[rep][i]);
+        if (std::string failed = verify::CheckRows(form, sums[rep][i]); !failed.empty()) {
+          report->verify_failure = fmt::format("problem {}, repetition {} of {}: {}", i, rep + 1,
+                                               repetitions, failed);
+          break;
+        }
+      }
+    }
+    if (repetitions > 0) {
+      report->verify_ms += MillisecondsSince(verify_start);
+      report->verified_repetitions = report->verify_failure.empty() ? repetitions : 0;
+    }
     report->kernel = kKernelName;
     report->accumulation = Accumulation::kFp32;
     report->device_id = -1;
@@ -172,11 +235,30 @@ class CpuBackend final : public Backend {
     for (char* p : freed) delete[] p;  // unmapping takes a while: not under the mutex
   }
 
+  // The B side of repetition `rep` of the check of a problem `form` of `job` whose B is at `b`:
+  // kept per resident B (a job of one problem), else drawn afresh.
+  std::shared_ptr<const verify::HostBSide> BSide(const GemmJob& job, const verify::Form& form,
+                                                 bool one_problem, const uint16_t* b, int rep) {
+    const bool cached = job.b_resident && one_problem;
+    const verify::ResidentBCache<verify::HostBSide>::Key key{
+        .k = form.k, .n = form.n, .type = form.ab_type, .transposed = form.transpose_b,
+        .repetition = rep};
+    if (cached) {
+      if (auto side = b_sides_.Find(job.b_resident, key)) return side;
+    }
+    auto side = std::make_shared<const verify::HostBSide>(
+        verify::HostB(form, b, verify::FreshSeed()));
+    if (cached) b_sides_.Put(job.b_resident, key, side);
+    return side;
+  }
+
   const CpuBackendOptions options_;
   std::atomic<int64_t> resident_bytes_{0};
   std::mutex reuse_mu_;
   std::vector<std::pair<int64_t, char*>> reusable_;  // guarded by reuse_mu_; bytes, data
   int64_t reusable_bytes_ = 0;                       // guarded by reuse_mu_
+  std::atomic<bool> healthy_{true};
+  verify::ResidentBCache<verify::HostBSide> b_sides_;
 };
 
 }  // namespace

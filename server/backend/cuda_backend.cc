@@ -23,7 +23,9 @@
 #include "server/backend/cuda_device.h"
 #include "server/backend/cuda_errors.h"
 #include "server/backend/cuda_slot.h"
+#include "server/backend/cuda_verify.h"
 #include "server/core/status.h"
+#include "server/verify/freivalds.h"
 
 // Test builds (cuda_backend_fault_injection) consult the fault injector at each call site;
 // release builds make the plain call.
@@ -90,6 +92,41 @@ unsigned ScaledTypes(const k::VariantInfo& v) {
 
 using Device = CudaDevice;
 using Slot = CudaSlot;
+
+// The B side of the check kept per resident B (verify::ResidentBCache): op(B)·r followed by
+// the squares of op(B)'s rows (2k floats on B's device) for the vector `seed`, written once
+// `ready` has completed (the stream that computed them may still be running when another
+// slot finds them).
+struct DeviceBSide {
+  uint64_t seed = 0;
+  float* x = nullptr;
+  cudaEvent_t ready = nullptr;
+  ~DeviceBSide() {
+    if (ready != nullptr) cudaEventDestroy(ready);
+    cudaFree(x);
+  }
+};
+
+// One repetition of the check of one problem: its form, operands on the device, and its floats
+// in the slot's verify space: r (n) | x = op(B)·r (k) | op(B)'s row squares (k) | then m each
+// of op(A)·x, op(A)'s row squares, C_in·r, C_in's row squares, C·r, C's row squares.
+struct CheckItem {
+  verify::Form form;
+  const char* a;
+  const char* b;
+  const char* c_in;
+  const char* c;
+  float* floats;
+  const float* x;  // in `floats`, or the cached B side's
+  int repetition;
+  size_t problem;
+
+  static size_t Floats(const ProblemDims& p) { return size_t(p.n + 2 * p.k + 6 * p.m); }
+  float* r() const { return floats; }
+  float* own_x() const { return floats + form.n; }
+  float* b_sq() const { return floats + form.n + form.k; }
+  float* row(int i) const { return floats + form.n + 2 * form.k + i * form.m; }
+};
 
 class CudaBackend final : public Backend {
  public:
@@ -185,6 +222,9 @@ class CudaBackend final : public Backend {
   bool DeviceHealthy(int device_index) const override {
     return devices_[device_index]->healthy.load();
   }
+  void TakeOutOfService(int device_index, const std::string& why) override {
+    MarkFailed(*devices_[device_index], why);
+  }
 
   absl::Status Run(int slot_index, const GemmJob& job, GemmReport* report) override;
 
@@ -207,6 +247,10 @@ class CudaBackend final : public Backend {
   absl::Status EnsureCapacity(Slot& slot, size_t bytes);
   // Run on a healthy device.
   absl::Status RunOnSlot(int slot_index, const GemmJob& job, GemmReport* report);
+  // The check's vectors (`floats` floats from `d_verify`) to the host, each item's rows checked
+  // (verify::CheckRows), and report's verify fields filled. REQUIRES: the check's kernels done.
+  absl::Status CheckOnHost(Slot& slot, const std::vector<CheckItem>& checks,
+                           const float* d_verify, size_t floats, GemmReport* report);
   // Waits for slot.kernel_done of a kernel of `flops` (see CudaBackendOptions::completion_spin).
   cudaError_t WaitForKernel(const Slot& slot, double flops) const;
   absl::Status CopyResident(Device& device, void* dst, const void* src, int64_t bytes,
@@ -222,6 +266,7 @@ class CudaBackend final : public Backend {
   std::vector<std::unique_ptr<Device>> devices_;
   std::vector<std::unique_ptr<Slot>> slots_;
   std::vector<int> slot_device_index_;
+  verify::ResidentBCache<DeviceBSide> b_sides_;
 };
 
 // `expr` (a CUDA call of class `site`, FaultSite) or return its failure (Fail).
@@ -266,7 +311,7 @@ absl::Status CudaBackend::Fail(Slot& slot, cudaError_t e, const std::string& wha
     return status::DeviceFailed(message + " (the device has failed; the server must restart)");
   }
   spdlog::error("{}", message);
-  if (e == cudaErrorMemoryAllocation) return status::OverLimit(message);
+  if (e == cudaErrorMemoryAllocation) return status::OverLimit("device_memory", message);
   return status::BackendFailure(message);
 }
 
@@ -288,7 +333,7 @@ absl::Status CudaBackend::EnsureCapacity(Slot& slot, size_t bytes) {
   if (bytes <= slot.device_capacity) return absl::OkStatus();
   Device& device = *slot.device;
   if (!device.memory->Reserve(bytes - slot.device_capacity)) {
-    return status::OverLimit(fmt::format(
+    return status::OverLimit("device_memory", fmt::format(
         "the GEMM needs {} bytes on device {}; {} of its {}-byte budget are in use by streams "
         "and resident matrices",
         bytes, device.ordinal, device.memory->used_bytes(), device.memory->budget_bytes()));
@@ -317,7 +362,8 @@ absl::Status CudaBackend::AllocateResident(int device_index, int64_t bytes,
   if (!device.healthy) return Refused(device);
   if (cudaError_t e = HGEMM_CUDA(kDeviceAlloc, cudaSuccess); e != cudaSuccess) {
     // Injected (test builds): what DeviceMemory answers when the driver has no memory.
-    return status::OverLimit(fmt::format("device {}: cudaMalloc({}) for a resident matrix: {}",
+    return status::OverLimit("device_memory",
+                             fmt::format("device {}: cudaMalloc({}) for a resident matrix: {}",
                                          device.ordinal, bytes, cudaGetErrorString(e)));
   }
   return device.memory->AllocateResident(bytes, buffer);
@@ -325,6 +371,7 @@ absl::Status CudaBackend::AllocateResident(int device_index, int64_t bytes,
 
 absl::Status CudaBackend::WriteResident(ResidentBuffer& buffer, int64_t offset, const void* host,
                                         int64_t bytes) {
+  b_sides_.Forget(&buffer);
   return CopyResident(*devices_[buffer.device_index], static_cast<char*>(buffer.data) + offset,
                       host, bytes, cudaMemcpyHostToDevice);
 }
@@ -367,7 +414,7 @@ absl::Status CudaBackend::PinHostMemory(void* data, int64_t bytes, std::function
     cudaGetLastError();
     const std::string message =
         fmt::format("cudaHostRegister of {} bytes: {}", bytes, cudaGetErrorString(e));
-    return e == cudaErrorMemoryAllocation ? status::OverLimit(message)
+    return e == cudaErrorMemoryAllocation ? status::OverLimit("host_memory", message)
                                           : status::BackendFailure(message);
   }
   *unpin = [data] {
@@ -612,6 +659,43 @@ absl::Status CudaBackend::CopyToPinnedHost(Slot& slot, char* dst, const char* sr
   return absl::OkStatus();
 }
 
+absl::Status CudaBackend::CheckOnHost(Slot& slot, const std::vector<CheckItem>& checks,
+                                      const float* d_verify, size_t floats, GemmReport* report) {
+  std::vector<float> host(floats);
+  CUDA_TRY(slot, kCopyToHost,
+           cudaMemcpyAsync(host.data(), d_verify, floats * sizeof(float), cudaMemcpyDeviceToHost,
+                           slot.stream));
+  CUDA_TRY(slot, kStream, cudaStreamSynchronize(slot.stream));
+  int repetitions = 0;
+  for (const CheckItem& item : checks) {
+    const verify::Form& f = item.form;
+    const float* base = host.data() + (item.floats - d_verify);
+    auto row = [&](int i) { return std::vector<float>(base + f.n + 2 * f.k + i * f.m,
+                                                      base + f.n + 2 * f.k + (i + 1) * f.m); };
+    verify::RowSums sums{.cr = row(4), .a_sq = row(1), .c_sq = row(5)};
+    const std::vector<float> ax = row(0), c_in_r = row(2);
+    if (f.beta != 0) sums.c_in_sq = row(3);
+    sums.expected.resize(f.m);
+    for (int64_t i = 0; i < f.m; ++i) {
+      sums.expected[i] = f.alpha * ax[i] + (f.beta != 0 ? f.beta * c_in_r[i] : 0.0f);
+    }
+    for (int64_t l = 0; l < f.k; ++l) sums.b_sq += base[f.n + f.k + l];
+    if (std::string failed = verify::CheckRows(f, sums); !failed.empty()) {
+      report->verify_failure = fmt::format("problem {}, repetition {} of {}: {}", item.problem,
+                                           item.repetition + 1, checks.back().repetition + 1,
+                                           failed);
+      break;
+    }
+    repetitions = item.repetition + 1;
+  }
+  report->verified_repetitions = report->verify_failure.empty() ? repetitions : 0;
+  float prepare_ms = 0, check_ms = 0;
+  CUDA_TRY(slot, kEvent, cudaEventElapsedTime(&prepare_ms, slot.h2d_done, slot.verify_prepared));
+  CUDA_TRY(slot, kEvent, cudaEventElapsedTime(&check_ms, slot.kernel_done, slot.verify_done));
+  report->verify_ms = prepare_ms + check_ms;
+  return absl::OkStatus();
+}
+
 cudaError_t CudaBackend::WaitForKernel(const Slot& slot, double flops) const {
   if (options_.completion_spin.count() > 0) {
     // sleep_for overshoots by up to the timer slack (50 us by default on Linux).
@@ -679,10 +763,19 @@ absl::Status CudaBackend::RunOnSlot(int slot_index, const GemmJob& job, GemmRepo
   const size_t c_in_bytes = shape.CInBytes();
   const bool c_in_here = job.c_in_resident && job.c_in_resident->device_index == here;
   const size_t c_in_space = c_in_bytes == 0 || c_in_here ? 0 : k::AlignUp(c_in_bytes);
-  if (absl::Status s = EnsureCapacity(slot, a_space + b_space + c_space + t_space + c_in_space);
+  // The check's vectors (CheckItem), per repetition and problem.
+  const int repetitions = job.verify_repetitions;
+  const std::vector<ProblemDims> problems = shape.Problems();
+  size_t verify_floats = 0;
+  for (const ProblemDims& p : problems) verify_floats += CheckItem::Floats(p);
+  const size_t verify_space =
+      repetitions > 0 ? k::AlignUp(size_t(repetitions) * verify_floats * sizeof(float)) : 0;
+  if (absl::Status s = EnsureCapacity(
+          slot, a_space + b_space + c_space + t_space + c_in_space + verify_space);
       !s.ok()) {
     return s;
   }
+  if (job.c_device) b_sides_.Forget(job.c_device.get());
   if (job.keep_c) {
     absl::Status s = AllocateResident(here, c_bytes, &report->c_resident);
     if (!s.ok()) return s;
@@ -696,6 +789,8 @@ absl::Status CudaBackend::RunOnSlot(int slot_index, const GemmJob& job, GemmRepo
   char* d_c_in = c_in_bytes == 0 ? nullptr
                  : c_in_here     ? static_cast<char*>(job.c_in_resident->data)
                                  : slot.device_buffer + a_space + b_space + c_space + t_space;
+  auto* d_verify = reinterpret_cast<float*>(slot.device_buffer + a_space + b_space + c_space +
+                                            t_space + c_in_space);
 
   const Accumulation acc = job.accumulation;
   if (shape.batch > INT_MAX) {  // GemmProblem's int (validation allows up to 2^40 elements)
@@ -820,6 +915,76 @@ absl::Status CudaBackend::RunOnSlot(int slot_index, const GemmJob& job, GemmRepo
     }
   }
   CUDA_TRY(slot, kEvent, cudaEventRecord(slot.h2d_done, slot.stream));
+  // The check's side that reads A, B and C_in runs before the GEMM: C_in may be C's memory.
+  std::vector<CheckItem> checks;
+  std::vector<std::shared_ptr<const DeviceBSide>> b_sides;  // held until the check is done
+  if (repetitions > 0) {
+    // One problem whose B is resident here: its B side is kept with B (not for client memory,
+    // which its owner may rewrite between GEMMs).
+    const bool cache_b = b_here && problems.size() == 1 && !job.stay_on_device;
+    float* floats = d_verify;
+    for (int rep = 0; rep < repetitions; ++rep) {
+      size_t a_offset = 0, b_offset = 0, c_offset = 0;  // bytes
+      for (size_t i = 0; i < problems.size(); ++i) {
+        const ProblemDims& p = problems[i];
+        CheckItem item{.form = verify::FormOf(job, p),
+                       .a = d_a + a_offset,
+                       .b = d_b + b_offset,
+                       .c_in = d_c_in == nullptr ? nullptr : d_c_in + c_offset,
+                       .c = d_c + c_offset,
+                       .floats = floats,
+                       .x = floats + p.n,
+                       .repetition = rep,
+                       .problem = i};
+        a_offset += size_t(MatrixBytes(p.m, p.k, shape.ab_type));
+        b_offset += size_t(MatrixBytes(p.k, p.n, shape.ab_type));
+        c_offset += size_t(MatrixBytes(p.m, p.n, shape.c_type));
+        floats += CheckItem::Floats(p);
+        const verify::Form& f = item.form;
+        std::shared_ptr<const DeviceBSide> kept;
+        const verify::ResidentBCache<DeviceBSide>::Key key{
+            .k = f.k, .n = f.n, .type = f.ab_type, .transposed = f.transpose_b, .repetition = rep};
+        if (cache_b) kept = b_sides_.Find(job.b_resident, key);
+        const uint64_t seed = kept ? kept->seed : verify::FreshSeed();
+        CUDA_TRY(slot, kLaunch, LaunchGaussianVector(seed, f.n, item.r(), slot.stream));
+        if (kept) {
+          CUDA_TRY(slot, kEvent, cudaStreamWaitEvent(slot.stream, kept->ready, 0));
+        } else if (cache_b) {
+          auto side = std::make_shared<DeviceBSide>();
+          side->seed = seed;
+          CUDA_TRY(slot, kDeviceAlloc, cudaMalloc(&side->x, 2 * size_t(f.k) * sizeof(float)));
+          CUDA_TRY(slot, kEvent, cudaEventCreateWithFlags(&side->ready, cudaEventDisableTiming));
+          CUDA_TRY(slot, kLaunch,
+                   LaunchVerifyMatVec(item.b, f.ab_type, f.k, f.n, f.transpose_b, item.r(),
+                                      side->x, side->x + f.k, slot.stream));
+          CUDA_TRY(slot, kEvent, cudaEventRecord(side->ready, slot.stream));
+          b_sides_.Put(job.b_resident, key, side);
+          kept = side;
+        } else {
+          CUDA_TRY(slot, kLaunch,
+                   LaunchVerifyMatVec(item.b, f.ab_type, f.k, f.n, f.transpose_b, item.r(),
+                                      item.own_x(), item.b_sq(), slot.stream));
+        }
+        if (kept) {  // its squares come back with the rest
+          item.x = kept->x;
+          CUDA_TRY(slot, kCopyToDevice,
+                   cudaMemcpyAsync(item.b_sq(), kept->x + f.k, size_t(f.k) * sizeof(float),
+                                   cudaMemcpyDeviceToDevice, slot.stream));
+          b_sides.push_back(kept);
+        }
+        CUDA_TRY(slot, kLaunch,
+                 LaunchVerifyMatVec(item.a, f.ab_type, f.m, f.k, f.transpose_a, item.x,
+                                    item.row(0), item.row(1), slot.stream));
+        if (f.beta != 0) {
+          CUDA_TRY(slot, kLaunch,
+                   LaunchVerifyMatVec(item.c_in, f.c_type, f.m, f.n, false, item.r(), item.row(2),
+                                      item.row(3), slot.stream));
+        }
+        checks.push_back(item);
+      }
+    }
+    CUDA_TRY(slot, kEvent, cudaEventRecord(slot.verify_prepared, slot.stream));
+  }
   // A group runs as one launch (LaunchGrouped) when the variant of its largest problem takes
   // every problem, else one launch per problem with its own variant.
   const bool one_grouped_launch =
@@ -846,8 +1011,18 @@ absl::Status CudaBackend::RunOnSlot(int slot_index, const GemmJob& job, GemmRepo
   }
 #ifdef HGEMM_FAULT_INJECTION
   if (auto after_launch = FaultInjector::Global().TakeAfterLaunch()) after_launch(slot.stream);
+  if (auto corrupt = FaultInjector::Global().TakeCorruptOutput()) {
+    corrupt(slot.stream, d_c, int64_t(c_bytes));
+  }
 #endif
   CUDA_TRY(slot, kEvent, cudaEventRecord(slot.kernel_done, slot.stream));
+  // The check's C side, where the GEMM left C, before C leaves the device.
+  for (const CheckItem& item : checks) {
+    CUDA_TRY(slot, kLaunch,
+             LaunchVerifyMatVec(item.c, item.form.c_type, item.form.m, item.form.n, false,
+                                item.r(), item.row(4), item.row(5), slot.stream));
+  }
+  if (repetitions > 0) CUDA_TRY(slot, kEvent, cudaEventRecord(slot.verify_done, slot.stream));
   double d2h_ms = 0;
   if (c_on_device) {
     CUDA_TRY(slot, kEvent, WaitForKernel(slot, double(shape.Flops())));
@@ -860,9 +1035,18 @@ absl::Status CudaBackend::RunOnSlot(int slot_index, const GemmJob& job, GemmRepo
                          &d2h_ms);
     if (!s.ok()) return s;
   }
+  if (repetitions > 0) {
+    CUDA_TRY(slot, kEvent, cudaEventSynchronize(slot.verify_done));
+    if (absl::Status s = CheckOnHost(slot, checks, d_verify, verify_floats * repetitions, report);
+        !s.ok()) {
+      return s;
+    }
+  }
   float h2d_ms = 0, kernel_ms = 0;
   CUDA_TRY(slot, kEvent, cudaEventElapsedTime(&h2d_ms, slot.start, slot.h2d_done));
-  CUDA_TRY(slot, kEvent, cudaEventElapsedTime(&kernel_ms, slot.h2d_done, slot.kernel_done));
+  CUDA_TRY(slot, kEvent,
+           cudaEventElapsedTime(&kernel_ms, repetitions > 0 ? slot.verify_prepared : slot.h2d_done,
+                                slot.kernel_done));
   report->host_to_device_ms = h2d_ms;
   report->kernel_ms = kernel_ms;
   report->device_to_host_ms = d2h_ms;

@@ -11,7 +11,8 @@ std::string CudaSlot::Init(int staging_buffers, int64_t staging_piece_bytes,
   const int ordinal = device->ordinal;
   std::string error = CheckCuda(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), ordinal,
                                 "cudaStreamCreate");
-  for (cudaEvent_t* e : {&start, &h2d_done, &kernel_done, &d2h_done}) {
+  for (cudaEvent_t* e :
+       {&start, &h2d_done, &kernel_done, &d2h_done, &verify_prepared, &verify_done}) {
     if (error.empty()) {
       error = CheckCuda(cudaEventCreateWithFlags(e, cudaEventBlockingSync), ordinal,
                         "cudaEventCreate");
@@ -36,7 +37,7 @@ CudaSlot::~CudaSlot() {
   launch_context.reset();  // before the stream it is bound to
   cudaFree(device_buffer);
   device->memory->Unreserve(device_capacity);
-  for (cudaEvent_t e : {start, h2d_done, kernel_done, d2h_done}) {
+  for (cudaEvent_t e : {start, h2d_done, kernel_done, d2h_done, verify_prepared, verify_done}) {
     if (e != nullptr) cudaEventDestroy(e);
   }
   if (stream != nullptr) cudaStreamDestroy(stream);

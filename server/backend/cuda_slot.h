@@ -40,6 +40,9 @@ struct CudaSlot {
   size_t device_capacity = 0;     // bytes of device_buffer, claimed in the device's budget
   PinnedStagingRing staging;
   cudaEvent_t start = nullptr, h2d_done = nullptr, kernel_done = nullptr, d2h_done = nullptr;
+  // Around the passes of a Freivalds check (GemmJob::verify_repetitions): after those before
+  // the GEMM, after those after it.
+  cudaEvent_t verify_prepared = nullptr, verify_done = nullptr;
 };
 
 }  // namespace hgemm

@@ -33,7 +33,7 @@ absl::Status DeviceMemory::AllocateResident(int64_t bytes,
   void* data = TakeCached(size);
   if (data == nullptr) {
     if (!Reserve(size)) {
-      return status::OverLimit(fmt::format(
+      return status::OverLimit("device_memory", fmt::format(
           "{} more bytes would pass device {}'s memory budget ({} of {} in use by streams and "
           "resident matrices)",
           size, ordinal_, used_bytes(), budget_bytes_));
@@ -42,7 +42,7 @@ absl::Status DeviceMemory::AllocateResident(int64_t bytes,
     data = allocator_->Allocate(size, &error);
     if (data == nullptr) {
       used_bytes_ -= size;
-      return status::OverLimit(fmt::format("device {}: {}", ordinal_, error));
+      return status::OverLimit("device_memory", fmt::format("device {}: {}", ordinal_, error));
     }
   }
   *buffer = std::make_shared<ResidentBuffer>(device_index_, bytes, data,

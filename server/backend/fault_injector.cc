@@ -40,11 +40,29 @@ void FaultInjector::ArmAfterLaunch(std::function<void(cudaStream_t)> launch, int
   armed_ = true;
 }
 
+void FaultInjector::ArmCorruptOutput(
+    std::function<void(cudaStream_t, void*, int64_t)> corrupt, int count) {
+  std::lock_guard<std::mutex> lock(mu_);
+  corrupt_output_ = std::move(corrupt);
+  corrupt_output_count_ = count;
+  armed_ = true;
+}
+
+std::function<void(cudaStream_t, void*, int64_t)> FaultInjector::TakeCorruptOutput() {
+  if (!armed_.load(std::memory_order_acquire)) return nullptr;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (corrupt_output_count_ <= 0) return nullptr;
+  if (--corrupt_output_count_ == 0) return std::exchange(corrupt_output_, nullptr);
+  return corrupt_output_;
+}
+
 void FaultInjector::Reset() {
   std::lock_guard<std::mutex> lock(mu_);
   sites_ = {};
   after_launch_ = nullptr;
   after_launch_skip_ = 0;
+  corrupt_output_ = nullptr;
+  corrupt_output_count_ = 0;
   armed_ = false;
 }
 

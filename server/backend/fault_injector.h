@@ -55,6 +55,12 @@ class FaultInjector {
   // After the GEMM kernel launch that follows the next `skip_launches` ones, `launch` runs with
   // the slot's stream (a test kernel that faults, making the device's context unusable). Once.
   void ArmAfterLaunch(std::function<void(cudaStream_t)> launch, int skip_launches = 0);
+  // After the GEMM of the next `count` runs, before their Freivalds check reads C (and before C
+  // leaves the device), `corrupt` runs with the slot's stream, C on the device and its bytes:
+  // a test kernel that damages C as a faulty device would (LaunchXorWord,
+  // cuda_fault_kernel.h).
+  void ArmCorruptOutput(std::function<void(cudaStream_t, void* c, int64_t c_bytes)> corrupt,
+                        int count = 1);
   // Arms from the environment (hgemm_server_fault_injection): HGEMM_FAULT_STICKY_AFTER=N makes
   // a real sticky fault (cuda_fault_kernel.h) after the (N+1)-th GEMM kernel launch. Returns
   // what it armed, for the log ("" when nothing).
@@ -67,6 +73,8 @@ class FaultInjector {
   // At the launch site, after a successful launch: what ArmAfterLaunch armed (consumed), or an
   // empty function.
   std::function<void(cudaStream_t)> TakeAfterLaunch();
+  // After a GEMM: what ArmCorruptOutput armed (one of its runs), or an empty function.
+  std::function<void(cudaStream_t, void*, int64_t)> TakeCorruptOutput();
 
   // Faults injected at `site` since the last Reset().
   int64_t injected(FaultSite site) const;
@@ -83,6 +91,8 @@ class FaultInjector {
   std::array<Armed, kNumFaultSites> sites_;            // guarded by mu_
   std::function<void(cudaStream_t)> after_launch_;    // guarded by mu_
   int after_launch_skip_ = 0;                         // guarded by mu_
+  std::function<void(cudaStream_t, void*, int64_t)> corrupt_output_;  // guarded by mu_
+  int corrupt_output_count_ = 0;                                      // guarded by mu_
 };
 
 // The CUDA backend compiled with its fault-injection sites (see above); otherwise as

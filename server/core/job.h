@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "kernels/accumulation.h"
@@ -50,6 +51,15 @@ struct GemmReport {
   std::string device_name;
   int stream_id = 0;
   std::shared_ptr<ResidentBuffer> c_resident;  // C, when the job asked to keep it
+  // Freivalds' check of C (GemmJob::verify_repetitions; server/verify/freivalds.h): its time
+  // (over every run of the GEMM), the repetitions C passed (0: not checked), and what failed
+  // ("" when it passed or was not checked).
+  double verify_ms = 0;
+  int verified_repetitions = 0;
+  std::string verify_failure;
+  // Set when C is a rerun's, on another slot: the first run's C failed its check on the
+  // device with this id (DeviceDescription::id).
+  std::optional<int> suspect_device_id;
 
   double Tflops(const GemmShape& shape) const {
     return kernel_ms > 0 ? shape.Flops() / (kernel_ms * 1e9) : 0;
@@ -109,6 +119,12 @@ struct GemmJob {
   std::function<void(int64_t ready)> c_progress;
   // True once the client has gone away; checked before the job runs. May be empty.
   std::function<bool()> is_cancelled;
+  // Check C by Freivalds' method before answering (server/verify/freivalds.h), with
+  // verify_repetitions fresh vectors (0: SchedulerOptions::verify_repetitions). The scheduler
+  // also checks jobs that don't ask when SchedulerOptions::verify_all says so, sets the count a
+  // backend sees (> 0: the backend checks C in Run) and reruns a GEMM that fails.
+  bool verify = false;
+  int verify_repetitions = 0;
 };
 
 // Called exactly once per admitted job, on a scheduler worker thread.

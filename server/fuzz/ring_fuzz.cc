@@ -9,7 +9,7 @@
 // all drawn from the entry's own bytes so that the corpus decodes as before), then stops the
 // ring. Besides "no crash" (ASan: no access outside the mappings), it checks that
 // every completion carries a code in 0..16, a NUL-terminated message and an execution only when
-// OK (a kernel of the ring's table, a valid accumulation), that a detach says
+// OK (a kernel of the ring's table, FP16 or FP32 accumulation), that a detach says
 // why (INVALID_ARGUMENT naming sq_tail or cq_head), and that once stopped the ring lets go of
 // its region within kCallDeadline (its thread never blocks; its GEMMs complete).
 #include <fuzzer/FuzzedDataProvider.h>
@@ -160,7 +160,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       if ((c.flags & ~uint32_t{kRingCompletionExecution}) != 0 ||
           ((c.flags & kRingCompletionExecution) != 0 &&
            (c.code != 0 || c.kernel > s.core.rules().kernels.size() ||
-            !v1::Accumulation_IsValid(c.accumulation)))) {
+            (c.accumulation != kRingAccumulationFp16 &&
+             c.accumulation != kRingAccumulationFp32)))) {
         Fail("a completion's execution", std::to_string(c.flags) + " " + std::to_string(c.kernel));
       }
       if (c.code == 0 && std::strncmp(c.message, "m-", 2) == 0) {  // a kept C

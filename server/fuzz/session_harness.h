@@ -84,7 +84,8 @@ inline void CheckMessage(const absl::Status& s) {
   }
 }
 
-// One unary Gemm as its handler runs it (validation, the order, admission, the run), answered
+// One unary Gemm as its handler runs it (the request converted and validated into an order,
+// admission, the run), answered
 // within kCallDeadline. `cancelled`: the client has gone away; `over_unix_socket`: the call
 // came over one (regions allowed). On OK, `c` holds C (sent to the host; poisoned with 0xFF
 // bytes, NaN in every type, before the run), or `kept` the matrix kept resident, or C is in
@@ -94,10 +95,10 @@ inline absl::Status RunGemm(const std::string& owner, const v1::GemmRequest& req
                             std::string* c, ResidentMatrix* kept) {
   SessionServices& services = Services();
   GemmOrder order;
-  if (absl::Status s = ValidateGemmRequest(request, services.core.rules(), &order.job); !s.ok()) {
+  if (absl::Status s = ValidateGemm(ToSpec(request), services.core.rules(), &order); !s.ok()) {
     return s;
   }
-  ToOrder(request, over_unix_socket, &order);
+  order.over_unix_socket = over_unix_socket;
   const bool c_to_host = order.c.kind == ResultSink::Kind::kHost;
   const bool keep_c = order.c.kind == ResultSink::Kind::kKeepResident;
   AdmittedGemm admitted;
@@ -140,11 +141,11 @@ inline absl::Status RunGemm(const std::string& owner, const v1::GemmRequest& req
 
 inline void ContractBroken(const std::string& what) { Fail(what.c_str(), ""); }
 
-// One GemmStream call: a StreamSession over this transport. The caller sends messages, then
-// closes its side or cancels; Outcome() pumps the call to its end, completing each write on
-// the fuzzing thread.
+// One GemmStream call: a StreamSession over this transport. The caller sends messages (wire
+// messages converted as the reactor converts them), then closes its side or cancels;
+// Outcome() pumps the call to its end, completing each write on the fuzzing thread.
 class FuzzStream final
-    : public FakeReadCall<StreamTransport, StreamSession, v1::GemmStreamRequest> {
+    : public FakeReadCall<StreamTransport, StreamSession, hgemm::StreamMessage> {
  public:
   struct Done {
     uint64_t gemm_id;
@@ -159,6 +160,12 @@ class FuzzStream final
   ~FuzzStream() override {
     Close(/*cancel=*/false);
     WaitFinished();
+  }
+
+  // Delivers `message` as FakeReadCall::Deliver does (its chunk's bytes are moved out).
+  bool Deliver(v1::GemmStreamRequest& message) {
+    hgemm::StreamMessage read = ToStreamMessage(message);
+    return FakeReadCall::Deliver(read);
   }
 
   // The client half-closes, or (`cancel`) goes away: the outstanding read completes with
@@ -197,10 +204,10 @@ class FuzzStream final
     CheckMessage(status);
     const int64_t received = c_bytes_[gemm.gemm_id];
     c_bytes_.erase(gemm.gemm_id);  // the id may come again
-    if (status.ok() && !gemm.keep_c && received != gemm.job.shape.CBytes()) {
+    if (status.ok() && !gemm.keep_c() && received != gemm.order.job.shape.CBytes()) {
       Fail("a GemmDone after a C of the wrong size", std::to_string(gemm.gemm_id));
     }
-    if (status.ok() && gemm.keep_c && !result.kept_c.buffer) Fail("a GemmDone kept no C", "");
+    if (status.ok() && gemm.keep_c() && !result.kept_c.buffer) Fail("a GemmDone kept no C", "");
     answers_.push_back({gemm.gemm_id, status, result.kept_c.handle});
   }
   void StartWriteLocked() {
@@ -224,9 +231,11 @@ class FuzzStream final
   std::vector<Done> answers_;            // guarded by mu_
 };
 
-// One UploadMatrix call: an UploadSession over this transport, driven as FuzzStream is.
+// One UploadMatrix call: an UploadSession over this transport, driven as FuzzStream is. (The
+// session's message type is named in full: fuzz::UploadMessage of fuzz_requests.h draws a
+// wire message.)
 class FuzzUpload final
-    : public FakeReadCall<UploadTransport, UploadSession, v1::UploadMatrixRequest> {
+    : public FakeReadCall<UploadTransport, UploadSession, hgemm::UploadMessage> {
  public:
   // `over_unix_socket`: the call came over one (a header may name a region).
   explicit FuzzUpload(const std::string& owner, bool over_unix_socket = false)
@@ -236,6 +245,12 @@ class FuzzUpload final
   ~FuzzUpload() override {
     Close(/*cancel=*/false);
     Outcome().IgnoreError();  // checked in Finish
+  }
+
+  // Delivers `message` as FakeReadCall::Deliver does (its chunk's bytes are moved out).
+  bool Deliver(v1::UploadMatrixRequest& message) {
+    hgemm::UploadMessage read = ToUploadMessage(message);
+    return FakeReadCall::Deliver(read);
   }
 
   void Close(bool cancel) {

@@ -1,4 +1,5 @@
-// libFuzzer target: a StreamAssembler fed a sequence of GemmStreamRequest messages.
+// libFuzzer target: a StreamAssembler fed a sequence of GemmStreamRequest messages, converted
+// as the stream's reactor converts them (ToStreamMessage).
 // Input: FuzzedDataProvider picks, per step, a header (gemm_id from a few, boundary
 // dimensions, handles or none), a chunk (operand, an offset that is mostly the expected one,
 // 1..4096 bytes), a Release of an answered GEMM, or a raw message parsed from fuzz bytes.
@@ -14,6 +15,7 @@
 #include "server/core/status.h"
 #include "server/fuzz/fuzz_util.h"
 #include "server/session/stream_assembler.h"
+#include "server/transport/convert.h"
 
 namespace hgemm {
 namespace {
@@ -87,7 +89,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         if (!message.ParseFromString(in.ConsumeRandomLengthString(256))) continue;
     }
     StreamEvent event;
-    absl::Status s = assembler.Consume(message, &event);
+    StreamMessage read = ToStreamMessage(message);
+    absl::Status s = assembler.Consume(read, &event);
     if (fuzz::ShowsNegativeNumber(status::Message(s))) {
       fuzz::Fail("a message shows a wrapped negative number", status::Message(s));
     }
@@ -100,8 +103,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       const v1::GemmHeader& h = message.header();
       if (h.m() == 0 || h.n() == 0 || h.k() == 0) fuzz::Fail("accepted a zero dimension", "");
       Model m{fuzz::Bytes(h.m(), h.k()), fuzz::Bytes(h.k(), h.n()), 0, 0};
-      if (!g.a_handle.empty()) m.a_received = m.a_bytes;
-      if (!g.b_handle.empty()) m.b_received = m.b_bytes;
+      if (g.order.a.kind == OperandSource::Kind::kResident) m.a_received = m.a_bytes;
+      if (g.order.b.kind == OperandSource::Kind::kResident) m.b_received = m.b_bytes;
       if (m.a_received < m.a_bytes || m.b_received < m.b_bytes) {
         pending[g.gemm_id] = m;
       } else {
@@ -113,7 +116,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       auto it = pending.find(c.gemm_id);
       if (it == pending.end()) fuzz::Fail("chunk for a GEMM the model has no header for", "");
       Model& m = it->second;
-      const bool is_a = c.operand == v1::OPERAND_A;
+      const bool is_a = c.operand == ChunkOperand::kA;
       unsigned __int128& received = is_a ? m.a_received : m.b_received;
       const unsigned __int128 total = is_a ? m.a_bytes : m.b_bytes;
       if (c.offset < 0 || (unsigned __int128)c.offset != received ||

@@ -1,4 +1,5 @@
-// libFuzzer target: ValidateGemmRequest / ValidateGemmHeader.
+// libFuzzer target: ValidateGemm of a GemmRequest or a GemmHeader, converted as the transport
+// converts them (ToSpec).
 // Input: byte 0 picks the mode. Even: the rest is a serialized GemmRequest (odd: GemmHeader),
 // mutated as protobuf wire bytes (seeds: server/fuzz/corpus/validation). Mode bytes ≥ 0x80:
 // the rest drives FuzzedDataProvider, which builds a request with boundary dimensions and an
@@ -18,6 +19,7 @@
 #include "server/core/status.h"
 #include "server/fuzz/fuzz_util.h"
 #include "server/session/validation.h"
+#include "server/transport/convert.h"
 
 namespace hgemm {
 namespace {
@@ -141,8 +143,9 @@ void CheckGroupAccepted(const v1::GemmRequest& r, const RequestRules& rules, con
 }
 
 void Request(const v1::GemmRequest& r, const RequestRules& rules) {
-  GemmJob job;
-  absl::Status s = ValidateGemmRequest(r, rules, &job);
+  GemmOrder order;
+  absl::Status s = ValidateGemm(ToSpec(r), rules, &order);
+  const GemmJob& job = order.job;
   CheckMessage(s);
   if (!s.ok()) return;
   if (r.group_size() > 0) {
@@ -161,10 +164,10 @@ void Request(const v1::GemmRequest& r, const RequestRules& rules) {
 }
 
 void Header(const v1::GemmHeader& h, const RequestRules& rules) {
-  GemmJob job;
-  absl::Status s = ValidateGemmHeader(h, rules, &job);
+  GemmOrder order;
+  absl::Status s = ValidateGemm(ToSpec(h), rules, &order);
   CheckMessage(s);
-  if (s.ok()) CheckAccepted(rules, h.m(), h.n(), h.k(), job);
+  if (s.ok()) CheckAccepted(rules, h.m(), h.n(), h.k(), order.job);
 }
 
 }  // namespace

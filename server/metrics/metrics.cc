@@ -262,11 +262,48 @@ void ServiceMetrics::ObserveGemm(const GemmReport& report, double tflops) {
   series.tflops->Set(tflops);
 }
 
+std::vector<prometheus::MetricFamily> ServiceMetrics::VerifyFamilies(
+    const std::vector<LoadSample::Device>& devices) {
+  struct Counted {
+    const char* name;
+    const char* help;
+    int64_t LoadSample::Device::*count;
+  };
+  static constexpr Counted kCounted[] = {
+      {"hgemm_verified_gemms_total", "GEMMs whose C passed its Freivalds check on the device",
+       &LoadSample::Device::verified},
+      {"hgemm_verify_failures_total", "Freivalds checks of C that failed on the device",
+       &LoadSample::Device::verify_failures},
+      {"hgemm_verify_reruns_total",
+       "Reruns on the device of GEMMs whose C failed its Freivalds check elsewhere",
+       &LoadSample::Device::verify_reruns},
+      {"hgemm_verify_suspect_total",
+       "Failed Freivalds checks on the device whose rerun on another slot passed",
+       &LoadSample::Device::verify_suspect},
+  };
+  std::vector<prometheus::MetricFamily> families;
+  for (const Counted& counted : kCounted) {
+    prometheus::MetricFamily family{counted.name, counted.help, prometheus::MetricType::Counter,
+                                    {}};
+    for (const LoadSample::Device& d : devices) {
+      prometheus::ClientMetric metric;
+      metric.label = {{"device", d.id}};
+      metric.counter.value = double(d.*counted.count);
+      family.metric.push_back(metric);
+    }
+    families.push_back(std::move(family));
+  }
+  return families;
+}
+
 std::vector<prometheus::MetricFamily> ServiceMetrics::Collect() const {
   std::vector<prometheus::MetricFamily> regions;
   if (sample_load_) {
     LoadSample load = sample_load_();
     regions = RegionFamilies(std::move(load.region_owners));
+    for (prometheus::MetricFamily& family : VerifyFamilies(load.devices)) {
+      regions.push_back(std::move(family));
+    }
     queued_.Set(double(load.queued));
     running_.Set(double(load.running));
     admitted_bytes_.Set(double(load.admitted_bytes));

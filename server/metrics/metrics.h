@@ -43,6 +43,11 @@
 //   hgemm_device_memory_bytes{device}     each device's memory (DeviceDescription)
 //   hgemm_device_failed{device}           1 once the device has failed for good (a sticky
 //                                         CUDA error, Backend::DeviceHealthy), else 0
+//   hgemm_verified_gemms_total{device}    GEMMs whose C passed its Freivalds check there
+//   hgemm_verify_failures_total{device}   Freivalds checks of C that failed there
+//   hgemm_verify_reruns_total{device}     reruns run there after a check failed elsewhere
+//   hgemm_verify_suspect_total{device}    failed checks there whose rerun passed: the device,
+//                                         not the inputs, was wrong (Scheduler::VerifyStats)
 //   hgemm_build_info{version,backend} 1
 //   hgemm_device_info{device,name,compute_capability} 1
 //
@@ -118,6 +123,8 @@ struct LoadSample {
     int64_t resident_bytes = 0;
     int64_t resident_matrices = 0;
     bool failed = false;  // !Backend::DeviceHealthy
+    // Freivalds' checks there since start (Scheduler::VerifyStats).
+    int64_t verified = 0, verify_failures = 0, verify_reruns = 0, verify_suspect = 0;
   };
   std::vector<Device> devices;
   struct RegionOwner {
@@ -163,6 +170,9 @@ class ServiceMetrics final : public prometheus::Collectable {
   // that owners who left disappear).
   static std::vector<prometheus::MetricFamily> RegionFamilies(
       std::vector<LoadSample::RegionOwner> owners);
+  // The hgemm_verif* counters of `devices`, made at each scrape from the scheduler's counts.
+  static std::vector<prometheus::MetricFamily> VerifyFamilies(
+      const std::vector<LoadSample::Device>& devices);
   struct KernelSeries {
     std::array<prometheus::Histogram*, 5> stages;  // in the order of kStageNames
     prometheus::Gauge* tflops;

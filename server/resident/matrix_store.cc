@@ -67,7 +67,7 @@ absl::Status MatrixStore::Reserve(const std::string& owner, int64_t bytes,
   auto it = client_bytes_.find(owner);
   const int64_t held = it == client_bytes_.end() ? 0 : it->second;
   if (bytes > options_.quota_bytes_per_client - held) {
-    return status::OverLimit(fmt::format(
+    return status::OverLimit("resident_quota_bytes", fmt::format(
         "client {} holds {} resident bytes; {} more would pass its quota of {}",
         status::Quote(owner), held, bytes, options_.quota_bytes_per_client));
   }
@@ -200,7 +200,8 @@ absl::Status MatrixStore::BeginPart(const std::string& owner, const std::string&
                            offset + length, other_offset, other_end));
   }
   if (int64_t(claimed.size()) >= options_.max_parts_per_upload) {
-    return status::OverLimit(fmt::format("{}: matrix {} has taken its {} parts", field,
+    return status::OverLimit("max_parts_per_upload",
+                             fmt::format("{}: matrix {} has taken its {} parts", field,
                                          status::Quote(handle), options_.max_parts_per_upload));
   }
   claimed.emplace(offset, offset + length);

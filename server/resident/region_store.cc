@@ -237,7 +237,10 @@ absl::Status RegionStore::Register(const std::string& owner, const RegisteringPr
   void* base = mmap(nullptr, size_t(bytes), PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
   if (base == MAP_FAILED) {
     const int e = errno;
-    if (e == ENOMEM) return status::OverLimit(fmt::format("mapping {} bytes: {}", bytes, strerror(e)));
+    if (e == ENOMEM) {
+      return status::OverLimit("host_memory",
+                               fmt::format("mapping {} bytes: {}", bytes, strerror(e)));
+    }
     return status::FailedPrecondition(fmt::format("path {}: cannot map it: {}", status::Quote(path), strerror(e)));
   }
   std::function<void()> unpin;
@@ -346,18 +349,19 @@ absl::Status RegionStore::CheckQuotaLocked(const std::string& account, int64_t b
     held += entry.info.bytes;
   }
   if (regions >= options_.max_regions_per_owner) {
-    return status::OverLimit(fmt::format("this client has {} regions registered, the most it "
+    return status::OverLimit("max_regions_per_client",
+                             fmt::format("this client has {} regions registered, the most it "
                                          "may (--max_regions_per_client)",
                                          regions));
   }
   if (bytes > options_.max_bytes_per_owner - held) {
-    return status::OverLimit(fmt::format(
+    return status::OverLimit("max_region_bytes_per_client", fmt::format(
         "{} more bytes would put this client's regions over {} (--max_region_bytes_per_client; "
         "{} registered)",
         bytes, options_.max_bytes_per_owner, held));
   }
   if (host_memory && bytes > options_.max_host_bytes - host_bytes) {
-    return status::OverLimit(fmt::format(
+    return status::OverLimit("max_region_bytes_total", fmt::format(
         "{} more bytes would put the regions of all clients over {} (--max_region_bytes_total; "
         "{} registered)",
         bytes, options_.max_host_bytes, host_bytes));

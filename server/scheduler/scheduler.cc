@@ -4,6 +4,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <cstring>
 #include <limits>
 #include <thread>
 
@@ -17,9 +18,13 @@ int PickLeastLoaded(const std::vector<double>& loads) {
 }
 
 Scheduler::Scheduler(Backend* backend, const SchedulerOptions& options)
-    : backend_(backend), options_(options), devices_(backend->Devices().size()) {
+    : backend_(backend),
+      options_(options),
+      devices_(backend->Devices().size()),
+      verify_stats_(backend->Devices().size()) {
   for (int slot = 0; slot < backend_->NumSlots(); ++slot) {
     devices_[backend_->SlotDevice(slot)].slots++;
+    slot_mu_.push_back(std::make_unique<std::mutex>());
   }
   for (int slot = 0; slot < backend_->NumSlots(); ++slot) {
     workers_.emplace_back([this, slot] { WorkerLoop(slot); });
@@ -31,9 +36,13 @@ Scheduler::~Scheduler() { Shutdown(); }
 absl::Status Scheduler::CheckSize(const GemmShape& shape) const {
   const int64_t bytes = shape.Bytes();
   if (bytes > options_.max_queued_bytes || bytes > backend_->MaxJobBytes()) {
-    return status::OverLimit(fmt::format(
-        "the GEMM needs {} bytes of operands and result; this server takes at most {} per GEMM",
-        bytes, std::min(options_.max_queued_bytes, backend_->MaxJobBytes())));
+    // The smaller of the two is the one passed.
+    const bool queue_limit = options_.max_queued_bytes <= backend_->MaxJobBytes();
+    return status::OverLimit(
+        queue_limit ? "max_queued_bytes" : "device_memory",
+        fmt::format("the GEMM needs {} bytes of operands and result; this server takes at most "
+                    "{} per GEMM",
+                    bytes, std::min(options_.max_queued_bytes, backend_->MaxJobBytes())));
   }
   return absl::OkStatus();
 }
@@ -131,6 +140,11 @@ Scheduler::Stats Scheduler::GetStats() const {
   return stats;
 }
 
+std::vector<Scheduler::VerifyStats> Scheduler::GetVerifyStats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return verify_stats_;
+}
+
 void Scheduler::WorkerLoop(int slot) {
   DeviceQueue& device = devices_[backend_->SlotDevice(slot)];
   while (true) {
@@ -194,11 +208,7 @@ absl::Status Scheduler::RunEntry(int slot, const Entry& entry, GemmReport* out) 
   } else if (started > job.deadline) {
     result = status::DeadlineExpired(report.queue_wait_ms);
   } else {
-    try {
-      result = backend_->Run(slot, job, &report);
-    } catch (...) {
-      result = status::FromCurrentException("GEMM");
-    }
+    result = RunVerified(slot, job, &report);
   }
   report.server_total_ms =
       std::chrono::duration<double, std::milli>(Clock::now() - entry.admitted).count();
@@ -216,6 +226,166 @@ absl::Status Scheduler::RunEntry(int slot, const Entry& entry, GemmReport* out) 
   }
   *out = std::move(report);
   return result;
+}
+
+absl::Status Scheduler::RunOnSlot(int slot, const GemmJob& job, GemmReport* report) {
+  std::lock_guard<std::mutex> lock(*slot_mu_[slot]);
+  try {
+    return backend_->Run(slot, job, report);
+  } catch (...) {
+    return status::FromCurrentException("GEMM");
+  }
+}
+
+namespace {
+
+// Where C_in lies when it is C's own memory (an in-place GEMM: C_in's region or resident
+// matrix is C's), else null: the first run overwrites it, and a rerun needs it.
+const char* CInInsideC(const GemmJob& job) {
+  if (!job.shape.c_input || job.keep_c) return nullptr;
+  const auto* c_in = static_cast<const char*>(job.c_in_resident ? job.c_in_resident->data
+                                                                 : job.c_in);
+  const auto* c = static_cast<const char*>(job.c_device ? job.c_device->data : job.c);
+  const int64_t bytes = job.shape.CBytes();
+  if (c_in == nullptr || c == nullptr) return nullptr;
+  return c_in < c + bytes && c < c_in + bytes ? c_in : nullptr;
+}
+
+}  // namespace
+
+absl::Status Scheduler::RunVerified(int slot, const GemmJob& original, GemmReport* report) {
+  if (!original.verify && !options_.verify_all) {
+    if (original.verify_repetitions == 0) return RunOnSlot(slot, original, report);
+    GemmJob unchecked = original;  // a count without `verify` asks for nothing
+    unchecked.verify_repetitions = 0;
+    return RunOnSlot(slot, unchecked, report);
+  }
+  int repetitions = original.verify_repetitions > 0 ? original.verify_repetitions
+                                                    : options_.verify_repetitions;
+  if (options_.verify_all) repetitions = std::max(repetitions, options_.verify_repetitions);
+  repetitions = std::max(repetitions, 1);
+  GemmJob job = original;
+  job.verify_repetitions = repetitions;
+  job.c_progress = nullptr;  // no byte of C may leave before it has passed
+  // An in-place C_in, kept for the rerun (a copy only when the job is in place).
+  std::vector<char> c_in_copy;
+  if (CInInsideC(job) != nullptr) {
+    c_in_copy.resize(job.shape.CInBytes());
+    if (job.c_in_resident) {
+      if (absl::Status s = backend_->ReadResidentRange(*job.c_in_resident, 0,
+                                                       int64_t(c_in_copy.size()), c_in_copy.data());
+          !s.ok()) {
+        return s;
+      }
+    } else {
+      std::memcpy(c_in_copy.data(), job.c_in, c_in_copy.size());
+    }
+  }
+  const int device = backend_->SlotDevice(slot);
+  if (absl::Status s = RunOnSlot(slot, job, report); !s.ok()) return s;
+  if (report->verify_failure.empty()) {
+    std::lock_guard<std::mutex> lock(mu_);
+    verify_stats_[device].verified++;
+    return absl::OkStatus();
+  }
+  const std::string first_failure = fmt::format("device {} stream {}: {}", report->device_id,
+                                                report->stream_id, report->verify_failure);
+  logging::Log(spdlog::level::err, "gemm C failed its Freivalds check; rerunning: " + first_failure,
+               {{"request_id", job.request_id}, {"traceparent", job.traceparent}});
+  CountVerifyFailure(device, first_failure);
+  if (!c_in_copy.empty()) {
+    job.c_in = c_in_copy.data();
+    job.c_in_resident.reset();
+    job.pinned.c_in = false;
+  }
+  const int rerun_slot = PickRerunSlot(slot, job);
+  const int rerun_device = backend_->SlotDevice(rerun_slot);
+  GemmReport rerun;
+  absl::Status s = backend_->DeviceHealthy(rerun_device) ? RunOnSlot(rerun_slot, job, &rerun)
+                                                         : DeviceFailed(rerun_device);
+  rerun.verify_ms += report->verify_ms;
+  report->c_resident.reset();  // the first run's kept C failed: back to the backend
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    verify_stats_[rerun_device].reruns++;
+    if (s.ok() && rerun.verify_failure.empty()) {
+      verify_stats_[rerun_device].verified++;
+      verify_stats_[device].suspect++;
+    }
+  }
+  if (!s.ok()) {
+    *report = std::move(rerun);
+    return status::WithContext(
+        "the rerun of a GEMM whose C failed its Freivalds check (" + first_failure + ")", s);
+  }
+  if (rerun.verify_failure.empty()) {
+    logging::Log(spdlog::level::warn,
+                 fmt::format("gemm rerun on device {} stream {} passed its Freivalds check; "
+                             "device {} is suspect",
+                             rerun.device_id, rerun.stream_id, report->device_id),
+                 {{"request_id", job.request_id}, {"traceparent", job.traceparent}});
+    rerun.suspect_device_id = backend_->Devices()[device].id;
+    *report = std::move(rerun);
+    return absl::OkStatus();
+  }
+  const std::string second_failure = fmt::format("device {} stream {}: {}", rerun.device_id,
+                                                 rerun.stream_id, rerun.verify_failure);
+  CountVerifyFailure(rerun_device, second_failure);
+  rerun.c_resident.reset();
+  *report = std::move(rerun);
+  return status::VerifyFailed(fmt::format(
+      "C failed its Freivalds check (server/verify) on its run ({}) and on its rerun ({}); no "
+      "C is returned",
+      first_failure, second_failure));
+}
+
+int Scheduler::PickRerunSlot(int failed_slot, const GemmJob& job) {
+  const int failed_device = backend_->SlotDevice(failed_slot);
+  std::vector<int> candidates;  // best first
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!job.stay_on_device) {
+      std::vector<std::pair<double, int>> others;  // (load, device)
+      for (int d = 0; d < int(devices_.size()); ++d) {
+        if (d == failed_device || !backend_->DeviceHealthy(d)) continue;
+        others.push_back({double(devices_[d].entries.size() + devices_[d].running) /
+                              std::max(devices_[d].slots, 1),
+                          d});
+      }
+      std::sort(others.begin(), others.end());
+      for (const auto& [load, d] : others) {
+        for (int s = 0; s < backend_->NumSlots(); ++s) {
+          if (backend_->SlotDevice(s) == d) candidates.push_back(s);
+        }
+      }
+    }
+  }
+  for (int s = 0; s < backend_->NumSlots(); ++s) {
+    if (s != failed_slot && backend_->SlotDevice(s) == failed_device) candidates.push_back(s);
+  }
+  if (candidates.empty()) return failed_slot;
+  for (int s : candidates) {  // an idle slot runs it now
+    if (slot_mu_[s]->try_lock()) {
+      slot_mu_[s]->unlock();
+      return s;
+    }
+  }
+  return candidates.front();
+}
+
+void Scheduler::CountVerifyFailure(int device, const std::string& failure) {
+  int64_t failures = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    failures = ++verify_stats_[device].failures;
+  }
+  const int limit = options_.verify_failures_to_retire;
+  if (limit > 0 && failures >= limit && backend_->DeviceHealthy(device)) {
+    backend_->TakeOutOfService(
+        device, fmt::format("{} of its GEMMs failed their Freivalds check "
+                            "(--verify_failures_to_retire={}); the last: {}",
+                            failures, limit, failure));
+  }
 }
 
 }  // namespace hgemm

@@ -8,6 +8,16 @@
 // A device that has failed (Backend::DeviceHealthy false: a sticky CUDA error) takes no new
 // jobs: jobs go to a healthy device, jobs pinned to the failed one are refused with
 // UNAVAILABLE, and the jobs still queued on it are answered UNAVAILABLE without running.
+//
+// Verified GEMMs (GemmJob::verify, or every GEMM with SchedulerOptions::verify_all): the
+// backend checks C by Freivalds' method (server/verify/freivalds.h) as it runs the job. A C
+// that fails its check is never answered: the job is rerun once on another slot (of
+// another healthy device where there is one) and answered with the rerun's C if that passes,
+// the first device counted as suspect; if the rerun fails too, the answer is DATA_LOSS. A
+// device whose checks fail SchedulerOptions::verify_failures_to_retire times is taken out of
+// service (Backend::TakeOutOfService), as a sticky fault takes it. A worker runs on one slot
+// at a time (each slot has a mutex; the rerun takes the other slot's after releasing its own),
+// so that the backend never sees two callers on one slot.
 // Thread safety: all methods are thread-safe.
 #ifndef HGEMM_SERVER_SCHEDULER_SCHEDULER_H_
 #define HGEMM_SERVER_SCHEDULER_SCHEDULER_H_
@@ -18,6 +28,7 @@
 #include <cstdint>
 #include <deque>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -45,6 +56,15 @@ struct SchedulerOptions {
   // arriving meanwhile starts without a thread wake-up (0.03-0.1 ms on the H200 host, measured
   // in docs/kernels_notes.md "Fixed costs"). Costs at most this much CPU per job; 0 = never poll.
   std::chrono::microseconds idle_spin{1000};
+  // Check every GEMM's C by Freivalds' method (--verify), not only those that ask
+  // (GemmJob::verify).
+  bool verify_all = false;
+  // Repetitions of the check (fresh vectors r) for a job that names none; with verify_all, the
+  // least any job gets.
+  int verify_repetitions = 1;
+  // Failed checks after which a device is taken out of service (Backend::TakeOutOfService:
+  // its work is refused, and health turns NOT_SERVING once no device is left); 0: never.
+  int verify_failures_to_retire = 3;
 };
 
 // The index of the smallest load; ties go to the lowest index. REQUIRES: !loads.empty().
@@ -86,6 +106,15 @@ class Scheduler {
   };
   Stats GetStats() const;
 
+  // Freivalds' checks per device (Backend::Devices() index), since start.
+  struct VerifyStats {
+    int64_t verified = 0;  // GEMMs run there whose C passed its check
+    int64_t failures = 0;  // checks of C that failed there
+    int64_t reruns = 0;    // reruns run there (of a GEMM whose C failed its check elsewhere)
+    int64_t suspect = 0;   // failed checks whose rerun (on another slot) passed
+  };
+  std::vector<VerifyStats> GetVerifyStats() const;
+
  private:
   struct Entry {
     GemmJob job;
@@ -111,6 +140,17 @@ class Scheduler {
   // Runs (or, if cancelled, expired or its device failed, skips) one job; does not call its
   // `done`.
   absl::Status RunEntry(int slot, const Entry& entry, GemmReport* report);
+  // Backend::Run on `slot`, holding the slot's mutex; an exception becomes a status.
+  absl::Status RunOnSlot(int slot, const GemmJob& job, GemmReport* report);
+  // Runs `job` on `slot`, checked if it asks (or the options say so), with the rerun on
+  // another slot and the answer the class comment describes.
+  absl::Status RunVerified(int slot, const GemmJob& job, GemmReport* report);
+  // The slot a rerun of `job` whose C failed its check on `failed_slot` runs on: one of
+  // another healthy device (the least loaded, an idle slot first) unless the job stays on its
+  // device, else another slot of that device, else `failed_slot` itself.
+  int PickRerunSlot(int failed_slot, const GemmJob& job);
+  // Counts a failed check on `device` and takes the device out of service past the limit.
+  void CountVerifyFailure(int device, const std::string& failure);
 
   Backend* const backend_;
   const SchedulerOptions options_;
@@ -123,6 +163,8 @@ class Scheduler {
   int64_t admitted_total_ = 0;        // guarded by mu_
   int64_t completed_total_ = 0;       // guarded by mu_
   bool stopping_ = false;             // guarded by mu_
+  std::vector<VerifyStats> verify_stats_;  // guarded by mu_; per device
+  std::vector<std::unique_ptr<std::mutex>> slot_mu_;  // held while the backend runs on a slot
   std::vector<std::thread> workers_;
 };
 

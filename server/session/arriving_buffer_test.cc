@@ -86,7 +86,7 @@ TEST_F(ArrivingBufferTest, AFailedAllocationSettlesOnceAndLaterPiecesAreDropped)
   Outcome outcome;
   auto arriving = ArrivingBuffer::Start(
       &uploads_, 100,
-      [](std::shared_ptr<ResidentBuffer>*) { return status::OverLimit("no memory (test)"); },
+      [](std::shared_ptr<ResidentBuffer>*) { return status::OverLimit("device_memory", "no memory (test)"); },
       outcome.Callback());
   ASSERT_TRUE(outcome.Wait());
   EXPECT_EQ(outcome.status.code(), absl::StatusCode::kResourceExhausted);

@@ -14,7 +14,7 @@ absl::Status ClientPendingBudget::Charge(const std::string& owner, int64_t bytes
   auto it = pending_bytes_.find(owner);
   const int64_t held = it == pending_bytes_.end() ? 0 : it->second;
   if (bytes > max_bytes_per_client_ - held) {
-    return status::OverLimit(fmt::format(
+    return status::OverLimit("max_client_pending_bytes", fmt::format(
         "its operands ({} bytes) would put this client's incomplete streamed GEMMs over {} "
         "bytes (--max_client_pending_bytes; {} pending now)",
         bytes, max_bytes_per_client_, held));

@@ -5,9 +5,10 @@
 // arriving operands, the run on the scheduler and what happens to C afterwards. It owns the
 // resident resolver, the per-client budget and the pool of host buffers for results.
 //
-// A request's transport (the unary Gemm handler, StreamSession, later shared memory) only
-// says where each operand comes from (OperandSource) and where C goes (ResultSink); a new kind
-// of source is resolved here, in Admit, and touches no transport code.
+// A request's transport (the unary Gemm handler, StreamSession, the submission ring) only says
+// where each operand comes from (OperandSource) and where C goes (ResultSink): a GemmOrder
+// (gemm_spec.h); a new kind of source is resolved here, in Admit, and touches no transport
+// code.
 //
 // Thread safety: all methods are thread-safe. Every pointer given at construction must
 // outlive the core.
@@ -30,76 +31,12 @@
 #include "server/resident/region_store.h"
 #include "server/scheduler/scheduler.h"
 #include "server/scheduler/upload_queue.h"
+#include "server/session/gemm_spec.h"
 #include "server/session/host_buffer_pool.h"
 #include "server/session/resident_resolver.h"
 #include "server/session/validation.h"
 
 namespace hgemm {
-
-// Where the bytes of one operand come from.
-struct OperandSource {
-  enum class Kind {
-    kInline,    // `data`: fp16 elements the caller keeps alive until the GEMM is answered
-    kResident,  // `handle`: a resident matrix of the owner (a transient one is released once
-              // the GEMM has run)
-    kArriving,  // in pieces, after admission, into an ArrivingBuffer on the GEMM's device
-    kRegion,    // `handle`: a shared-memory or CUDA IPC region of the owner, from byte `offset`
-    kNone,      // no bytes: an operand the GEMM does not have (C_in without beta)
-  };
-  Kind kind = Kind::kInline;
-  const uint16_t* data = nullptr;
-  std::string handle;
-  uint64_t offset = 0;  // kRegion
-
-  static OperandSource Inline(const uint16_t* data) { return {Kind::kInline, data, {}}; }
-  static OperandSource Resident(std::string handle) {
-    return {Kind::kResident, nullptr, std::move(handle)};
-  }
-  static OperandSource Arriving() { return {Kind::kArriving, nullptr, {}}; }
-  static OperandSource Region(std::string region, uint64_t offset) {
-    return {Kind::kRegion, nullptr, std::move(region), offset};
-  }
-  static OperandSource None() { return {Kind::kNone, nullptr, {}}; }
-};
-
-// Where C goes.
-struct ResultSink {
-  enum class Kind {
-    kHost,          // into host memory the caller sets as job().c before Run
-    kKeepResident,  // stays on the device as a new resident matrix of the owner
-    kRegion,        // into the owner's shared-memory region `region` at byte `offset`
-    kIntoResident,  // in place into the owner's resident matrix `region` (m×n of C's type)
-  };
-  Kind kind = Kind::kHost;
-  uint32_t ttl_seconds = 0;  // kKeepResident: 0 is the store's default
-  std::string region;        // kRegion; kIntoResident: the matrix's handle
-  uint64_t offset = 0;       // kRegion
-  bool transient = false;    // kKeepResident: a transient matrix (ttl_seconds unused)
-
-  static ResultSink Host() { return {Kind::kHost, 0}; }
-  static ResultSink KeepResident(uint32_t ttl_seconds, bool transient = false) {
-    return {Kind::kKeepResident, ttl_seconds, {}, 0, transient};
-  }
-  static ResultSink Region(std::string region, uint64_t offset) {
-    return {Kind::kRegion, 0, std::move(region), offset};
-  }
-  static ResultSink IntoResident(std::string matrix) {
-    return {Kind::kIntoResident, 0, std::move(matrix)};
-  }
-};
-
-// One GEMM as a transport hands it over.
-struct GemmOrder {
-  GemmJob job;  // validated: shape, kernel, accumulation, scales, request id (buffers unset)
-  OperandSource a, b;
-  // C_in (m×n of C's type), used only when job.shape.c_input (beta ≠ 0); its data is a
-  // uint16_t* view of the bytes whatever C's type.
-  OperandSource c_in = OperandSource::None();
-  ResultSink c;
-  // The call came over a Unix socket (same host): required for regions (with
-  // GemmCoreOptions::regions.allow_shared_memory).
-  bool over_unix_socket = false;
-};
 
 // What a GEMM came to, once it ran.
 struct GemmResult {

@@ -10,23 +10,22 @@
 
 namespace hgemm {
 
-void CreateUpload(const GemmCore& core, const std::string& owner,
-                  const v1::UploadCreateRequest& request, UploadCreated done) {
-  const v1::MatrixHeader& header = request.header();
+void CreateUpload(const GemmCore& core, const std::string& owner, const MatrixSpec& header,
+                  bool transient, UploadCreated done) {
   int device_index = -1;
   ElementType dtype = ElementType::kFp16;
   if (absl::Status s = CheckMatrixHeader(core, header, "header", &device_index, &dtype);
       !s.ok()) {
     return done(s, {});
   }
-  const int64_t bytes = MatrixBytes(header.rows(), header.cols(), dtype);
+  const int64_t bytes = MatrixBytes(header.rows, header.cols, dtype);
   auto quota = std::make_shared<QuotaReservation>();
   if (absl::Status s = core.store().Reserve(owner, bytes, quota.get()); !s.ok()) {
     return done(s, {});
   }
   // The allocation is a device call (cudaMalloc): on an upload thread, never in a reaction.
-  core.uploads().Post([&core, header, transient = request.transient(), device_index, dtype,
-                       bytes, quota, done = std::move(done)] {
+  core.uploads().Post([&core, header, transient, device_index, dtype, bytes, quota,
+                       done = std::move(done)] {
     std::shared_ptr<ResidentBuffer> buffer;
     absl::Status s;
     try {
@@ -35,9 +34,9 @@ void CreateUpload(const GemmCore& core, const std::string& owner,
       s = status::FromCurrentException("CreateUpload");
     }
     if (!s.ok()) return done(s, {});
-    done(s, core.store().AddUpload(std::move(*quota), header.rows(), header.cols(), dtype,
-                                   std::move(buffer), std::chrono::seconds(header.ttl_seconds()),
-                                   header.label(), transient));
+    done(s, core.store().AddUpload(std::move(*quota), header.rows, header.cols, dtype,
+                                   std::move(buffer), std::chrono::seconds(header.ttl_seconds),
+                                   header.label, transient));
   });
 }
 
@@ -49,9 +48,14 @@ PartSession::~PartSession() {
   std::lock_guard<std::mutex> lock(mu_);  // whoever called Finish has let go of mu_
 }
 
-template <typename Consume>
-int64_t PartSession::Read(Consume consume) {
+int64_t PartSession::OnRead(PartMessage& message) {
   const int64_t received = received_;
+  auto consume = [&] {
+    if (header_.handle.empty()) return ConsumeHeader(message);
+    WireBytes* chunk = std::get_if<WireBytes>(&message.content);
+    if (chunk == nullptr) return status::InvalidArgument("header", "sent twice");
+    return ConsumeChunk(std::move(*chunk));
+  };
   absl::Status s;
   if (!ActOnRead(mu_, reads_, "UploadPart", consume, &s)) {
     return 0;  // ended meanwhile: nothing more is read
@@ -67,27 +71,10 @@ int64_t PartSession::Read(Consume consume) {
   return received_ - received;
 }
 
-int64_t PartSession::OnRead(v1::PartRequest& message) {
-  return Read([&] {
-    if (header_.handle().empty()) return ConsumeHeader(message);
-    if (!message.has_chunk()) return status::InvalidArgument("header", "sent twice");
-    return ConsumeChunk(std::move(*message.mutable_chunk()));
-  });
-}
-
-int64_t PartSession::OnChunk(WireBytes chunk) {
-  return Read([&] {
-    if (header_.handle().empty()) {
-      return status::InvalidArgument("header", "the first message must be a header");
-    }
-    return ConsumeChunk(std::move(chunk));
-  });
-}
-
 void PartSession::OnReadsDone() {
   std::lock_guard<std::mutex> lock(mu_);
   if (reads_.done) return;  // ended already (a failure, the idle timeout)
-  if (header_.handle().empty()) {
+  if (header_.handle.empty()) {
     FailLocked(status::InvalidArgument("header", "no header was sent"));
   } else if (received_ != length_) {
     FailLocked(status::InvalidArgument(
@@ -107,28 +94,26 @@ void PartSession::ExpireIdle(Clock::time_point cutoff) {
   MaybeFinishLocked();
 }
 
-absl::Status PartSession::ConsumeHeader(const v1::PartRequest& message) {
-  if (!message.has_header()) {
+absl::Status PartSession::ConsumeHeader(const PartMessage& message) {
+  const PartSpec* header = std::get_if<PartSpec>(&message.content);
+  if (header == nullptr) {
     return status::InvalidArgument("header", "the first message must be a header");
   }
-  if (message.header().handle().empty()) {
+  if (header->handle.empty()) {
     return status::InvalidArgument("header.handle", "must name an upload (CreateUpload)");
   }
-  if (message.header().offset() > uint64_t(INT64_MAX) ||
-      message.header().length() > uint64_t(INT64_MAX)) {
+  if (header->offset > uint64_t(INT64_MAX) || header->length > uint64_t(INT64_MAX)) {
     return status::InvalidArgument("header", "offset and length must be below 2^63");
   }
   std::shared_ptr<ResidentBuffer> buffer;
-  if (absl::Status s = core_.store().BeginPart(owner_, message.header().handle(),
-                                               int64_t(message.header().offset()),
-                                               int64_t(message.header().length()), "header",
-                                               &buffer);
+  if (absl::Status s = core_.store().BeginPart(owner_, header->handle, int64_t(header->offset),
+                                               int64_t(header->length), "header", &buffer);
       !s.ok()) {
     return s;
   }
-  header_ = message.header();
-  offset_ = int64_t(header_.offset());
-  length_ = int64_t(header_.length());
+  header_ = *header;
+  offset_ = int64_t(header_.offset);
+  length_ = int64_t(header_.length);
   std::lock_guard<std::mutex> lock(mu_);
   claimed_ = true;
   buffer_ = std::move(buffer);
@@ -175,7 +160,7 @@ void PartSession::MaybeFinishLocked() {
   int64_t missing = 0;
   if (claimed_) {
     // Only now that no write of it is in flight may a failed part's range be sent again.
-    absl::Status ended = core_.store().EndPart(owner_, header_.handle(), offset_, length_,
+    absl::Status ended = core_.store().EndPart(owner_, header_.handle, offset_, length_,
                                                s.ok(), &missing);
     if (s.ok()) s = ended;
     buffer_.reset();

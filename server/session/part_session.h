@@ -1,5 +1,5 @@
 // PartSession: one UploadPart call (see "Parallel parts" in proto/hgemm.proto) without its
-// transport. The header claims a byte range of an upload in the MatrixStore (BeginPart:
+// transport, which converts each message it reads into a PartMessage. The header claims a byte range of an upload in the MatrixStore (BeginPart:
 // owner, bounds, overlap, the parts limit); each chunk is written into the matrix's buffer on
 // the upload queue as it arrives; once the client is done, exactly the announced bytes came
 // and every write has landed, the range counts (EndPart) and the call ends with the bytes the
@@ -21,13 +21,29 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <variant>
 
-#include "proto/hgemm.pb.h"
 #include "server/core/wire_bytes.h"
 #include "server/session/gemm_core.h"
 #include "server/session/read_state.h"
+#include "server/session/upload_session.h"
 
 namespace hgemm {
+
+// A part's header as its client described it, unchecked: `length` bytes of the upload
+// `handle` (CreateUpload's) from byte `offset`.
+struct PartSpec {
+  std::string handle;
+  uint64_t offset = 0;
+  uint64_t length = 0;
+};
+
+// One UploadPart message as read: the header, or a chunk of the part's bytes (where they
+// arrived: gRPC's slices or the wire's string, never copied); monostate for a message that
+// holds neither.
+struct PartMessage {
+  std::variant<std::monostate, PartSpec, WireBytes> content;
+};
 
 // Answers a CreateUpload, once: OK with the incomplete matrix now in the store, or why not.
 using UploadCreated = std::function<void(const absl::Status&, const ResidentMatrix&)>;
@@ -35,11 +51,11 @@ using UploadCreated = std::function<void(const absl::Status&, const ResidentMatr
 // CreateUpload of `owner` (already identified): checks the header (INVALID_ARGUMENT naming
 // header.*), takes the matrix's bytes of the owner's quota (RESOURCE_EXHAUSTED), allocates its
 // buffer on an upload thread (RESOURCE_EXHAUSTED: the device budget) and registers it with every
-// byte missing (MatrixStore::AddUpload). `done` runs inside this call when the request is
-// refused before the allocation, else on an upload thread.
+// byte missing (MatrixStore::AddUpload), `transient` or not. `done` runs inside this call when
+// the request is refused before the allocation, else on an upload thread.
 // REQUIRES: `core` outlives the allocation.
-void CreateUpload(const GemmCore& core, const std::string& owner,
-                  const v1::UploadCreateRequest& request, UploadCreated done);
+void CreateUpload(const GemmCore& core, const std::string& owner, const MatrixSpec& header,
+                  bool transient, UploadCreated done);
 
 // The call under a PartSession. StartRead is answered later by OnRead or OnReadsDone, never
 // from inside the call; at most one read is started at a time.
@@ -66,20 +82,14 @@ class PartSession {
 
   // A message was read (its chunk is moved out). A broken rule ends the call once nothing is
   // in flight. Returns the part's bytes it brought.
-  int64_t OnRead(v1::PartRequest& message);
-  // A message holding only a chunk was read, as OnRead, its bytes still where they arrived
-  // (the transport's fast path: no protobuf string on the way).
-  int64_t OnChunk(WireBytes chunk);
+  int64_t OnRead(PartMessage& message);
   // The client has sent everything (or went away).
   void OnReadsDone();
   // Ends the part (DEADLINE_EXCEEDED) if no message came since before `cutoff`.
   void ExpireIdle(Clock::time_point cutoff);
 
  private:
-  // Acts on one read message through `consume` (ActOnRead), then reads on or finishes.
-  template <typename Consume>
-  int64_t Read(Consume consume);
-  absl::Status ConsumeHeader(const v1::PartRequest& message);
+  absl::Status ConsumeHeader(const PartMessage& message);
   absl::Status ConsumeChunk(WireBytes chunk);
   void Written(const absl::Status& s);
   // Ends the reads with `s` unless an earlier error stands. REQUIRES: mu_ held.
@@ -91,7 +101,7 @@ class PartSession {
   const std::string owner_;
   const std::chrono::seconds idle_timeout_;
   // The read path's own (reads are serialised):
-  v1::PartHeader header_;
+  PartSpec header_;
   int64_t offset_ = 0, length_ = 0;  // the part's, from the header on
   int64_t received_ = 0;
 

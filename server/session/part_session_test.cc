@@ -18,7 +18,7 @@ namespace {
 void AddFailure(const std::string& what) { ADD_FAILURE() << what; }
 
 // One UploadPart call: a session over a transport that records its finish.
-class TestPart final : public FakeReadCall<PartTransport, PartSession, v1::PartRequest> {
+class TestPart final : public FakeReadCall<PartTransport, PartSession, PartMessage> {
  public:
   TestPart(const GemmCore& core, std::string owner, std::chrono::seconds idle)
       : FakeReadCall(&AddFailure, std::chrono::seconds(20)) {
@@ -47,19 +47,11 @@ class TestPart final : public FakeReadCall<PartTransport, PartSession, v1::PartR
   int64_t missing_ = -1;
 };
 
-v1::PartRequest Header(const std::string& handle, uint64_t offset, uint64_t length) {
-  v1::PartRequest message;
-  message.mutable_header()->set_handle(handle);
-  message.mutable_header()->set_offset(offset);
-  message.mutable_header()->set_length(length);
-  return message;
+PartMessage Header(const std::string& handle, uint64_t offset, uint64_t length) {
+  return {PartSpec{handle, offset, length}};
 }
 
-v1::PartRequest Chunk(std::string bytes) {
-  v1::PartRequest message;
-  message.set_chunk(std::move(bytes));
-  return message;
-}
+PartMessage Chunk(std::string bytes) { return {WireBytes(std::move(bytes))}; }
 
 class PartSessionTest : public ::testing::Test {
  protected:
@@ -72,21 +64,18 @@ class PartSessionTest : public ::testing::Test {
   // A CreateUpload of `owner`, waited for.
   absl::Status Create(uint32_t rows, uint32_t cols, ResidentMatrix* matrix,
                       const std::string& owner = "alice", bool transient = false) {
-    v1::UploadCreateRequest request;
-    request.mutable_header()->set_rows(rows);
-    request.mutable_header()->set_cols(cols);
-    request.set_transient(transient);
     std::mutex mu;
     std::condition_variable done;
     bool answered = false;
     absl::Status status;
-    CreateUpload(core_, owner, request, [&](const absl::Status& s, const ResidentMatrix& m) {
-      std::lock_guard<std::mutex> lock(mu);
-      status = s;
-      *matrix = m;
-      answered = true;
-      done.notify_all();
-    });
+    CreateUpload(core_, owner, {.rows = rows, .cols = cols}, transient,
+                 [&](const absl::Status& s, const ResidentMatrix& m) {
+                   std::lock_guard<std::mutex> lock(mu);
+                   status = s;
+                   *matrix = m;
+                   answered = true;
+                   done.notify_all();
+                 });
     std::unique_lock<std::mutex> lock(mu);
     EXPECT_TRUE(done.wait_for(lock, std::chrono::seconds(20), [&] { return answered; }));
     return status;
@@ -218,10 +207,8 @@ TEST_F(PartSessionTest, BadHeadersAreRefused) {
   ASSERT_TRUE(no_header->Deliver(Chunk("xy")));
   ASSERT_TRUE(no_header->WaitFinished());
   EXPECT_EQ(no_header->status().code(), absl::StatusCode::kInvalidArgument);
-  v1::UploadCreateRequest request;  // a header of 0 rows
-  request.mutable_header()->set_cols(3);
   absl::Status created;
-  CreateUpload(core_, "alice", request,
+  CreateUpload(core_, "alice", {.rows = 0, .cols = 3}, /*transient=*/false,
                [&](const absl::Status& s, const ResidentMatrix&) { created = s; });
   EXPECT_EQ(created.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(created.message().find("header.rows"), std::string::npos) << created;

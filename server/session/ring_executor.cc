@@ -33,6 +33,43 @@ RingSubmission CopyOut(const RingSubmission* shared) {
   return entry;
 }
 
+// An entry's DataType number as the core reads it; false for a number outside the enum.
+bool FromRing(uint32_t number, WireEnum<ElementType>* type) {
+  switch (number) {
+    case kRingDataTypeUnspecified:
+      *type = WireEnum<ElementType>::Unset();
+      return true;
+    case kRingDataTypeFp16:
+      *type = WireEnum<ElementType>::Of(number, ElementType::kFp16);
+      return true;
+    case kRingDataTypeBf16:
+      *type = WireEnum<ElementType>::Of(number, ElementType::kBf16);
+      return true;
+    case kRingDataTypeFp32:
+      *type = WireEnum<ElementType>::Of(number, ElementType::kFp32);
+      return true;
+    default:
+      return false;
+  }
+}
+
+// An entry's Accumulation number as the core reads it; false for a number outside the enum.
+bool FromRing(uint32_t number, WireEnum<Accumulation>* accumulation) {
+  switch (number) {
+    case kRingAccumulationUnspecified:
+      *accumulation = WireEnum<Accumulation>::Unset();
+      return true;
+    case kRingAccumulationFp16:
+      *accumulation = WireEnum<Accumulation>::Of(number, Accumulation::kFp16);
+      return true;
+    case kRingAccumulationFp32:
+      *accumulation = WireEnum<Accumulation>::Of(number, Accumulation::kFp32);
+      return true;
+    default:
+      return false;
+  }
+}
+
 void CpuRelax() {
 #if defined(__x86_64__)
   __builtin_ia32_pause();
@@ -58,8 +95,10 @@ absl::Status RingRegistry::Add(const std::string& owner) {
   int& rings = rings_[owner];
   if (rings >= options_.max_rings_per_owner) {
     if (rings == 0) rings_.erase(owner);
-    return status::OverLimit(fmt::format("this client has {} rings attached (--max_rings_per_client)",
-                                         options_.max_rings_per_owner));
+    return status::OverLimit(
+        "max_rings_per_client",
+        fmt::format("this client has {} rings attached (--max_rings_per_client)",
+                    options_.max_rings_per_owner));
   }
   ++rings;
   return absl::OkStatus();
@@ -224,7 +263,7 @@ absl::Status RingExecutor::Bind(const std::vector<std::string>& regions,
   std::lock_guard<std::mutex> lock(slots_mu_);
   if (regions.size() > max_slots - regions_.size() ||
       matrices.size() > max_slots - matrices_.size()) {
-    return status::OverLimit(fmt::format(
+    return status::OverLimit("ring_slots", fmt::format(
         "the ring would bind {} region and {} matrix slots, more than {} of either",
         regions_.size() + regions.size(), matrices_.size() + matrices.size(), max_slots));
   }
@@ -337,48 +376,48 @@ void RingExecutor::Run() {
 }
 
 absl::Status RingExecutor::Submit(const RingSubmission& entry) {
-  v1::GemmRequest request;
-  GemmOrder order;
-  request.set_m(entry.m);
-  request.set_n(entry.n);
-  request.set_k(entry.k);
   constexpr uint32_t kKnownFlags =
       kRingTransposeA | kRingTransposeB | kRingHasAlpha | kRingKeepC | kRingHasDeadline;
   if ((entry.flags & ~kKnownFlags) != 0) {
-    return status::InvalidArgument("flags", fmt::format("unknown bits {:#x}", entry.flags & ~kKnownFlags));
+    return status::InvalidArgument("flags",
+                                   fmt::format("unknown bits {:#x}", entry.flags & ~kKnownFlags));
   }
-  request.set_transpose_a((entry.flags & kRingTransposeA) != 0);
-  request.set_transpose_b((entry.flags & kRingTransposeB) != 0);
-  if (entry.dtype > INT32_MAX || !v1::DataType_IsValid(int(entry.dtype))) {
+  GemmSpec spec{.m = entry.m,
+                .n = entry.n,
+                .k = entry.k,
+                .transpose_a = (entry.flags & kRingTransposeA) != 0,
+                .transpose_b = (entry.flags & kRingTransposeB) != 0,
+                .beta = entry.beta,
+                .keep_c_resident = (entry.flags & kRingKeepC) != 0};
+  if (!FromRing(entry.dtype, &spec.dtype)) {
     return status::InvalidArgument("dtype", fmt::format("{} is not a DataType", entry.dtype));
   }
-  if (entry.c_dtype > INT32_MAX || !v1::DataType_IsValid(int(entry.c_dtype))) {
+  if (!FromRing(entry.c_dtype, &spec.c_dtype)) {
     return status::InvalidArgument("c_dtype", fmt::format("{} is not a DataType", entry.c_dtype));
   }
-  if (entry.accumulation > INT32_MAX || !v1::Accumulation_IsValid(int(entry.accumulation))) {
+  if (!FromRing(entry.accumulation, &spec.options.accumulation)) {
     return status::InvalidArgument("accumulation",
                                    fmt::format("{} is not an Accumulation", entry.accumulation));
   }
-  request.set_dtype(v1::DataType(entry.dtype));
-  request.set_c_dtype(v1::DataType(entry.c_dtype));
-  request.mutable_options()->set_accumulation(v1::Accumulation(entry.accumulation));
   const std::vector<KernelDescription>& kernels = core_->rules().kernels;
   if (entry.kernel > kernels.size()) {
     return status::InvalidArgument(
-        "kernel", fmt::format("index {}; RingAttached.kernels has {}", entry.kernel, kernels.size()));
+        "kernel",
+        fmt::format("index {}; RingAttached.kernels has {}", entry.kernel, kernels.size()));
   }
-  if (entry.kernel > 0) request.mutable_options()->set_kernel(kernels[entry.kernel - 1].name);
-  if ((entry.flags & kRingHasAlpha) != 0) request.set_alpha(entry.alpha);
-  request.set_beta(entry.beta);
+  if (entry.kernel > 0) spec.options.kernel = kernels[entry.kernel - 1].name;
+  if ((entry.flags & kRingHasAlpha) != 0) spec.alpha = entry.alpha;
   if (entry.timeout_us > kMaxTimeoutUs) {
-    return status::InvalidArgument("timeout_us", fmt::format("{} is more than a day", entry.timeout_us));
+    return status::InvalidArgument("timeout_us",
+                                   fmt::format("{} is more than a day", entry.timeout_us));
   }
   // The entry's own deadline: one that passed while it waited in the SQ is not run at all.
   const auto now = Clock::now();
   auto deadline = Clock::time_point::max();
   if ((entry.flags & kRingHasDeadline) != 0) {
     if (entry.deadline_ns > uint64_t(INT64_MAX)) {
-      return status::InvalidArgument("deadline_ns", fmt::format("{} is past 2^63 - 1", entry.deadline_ns));
+      return status::InvalidArgument("deadline_ns",
+                                     fmt::format("{} is past 2^63 - 1", entry.deadline_ns));
     }
     deadline = Clock::time_point(std::chrono::nanoseconds(int64_t(entry.deadline_ns)));
     if (deadline <= now) return status::DeadlineExpired(0);
@@ -386,11 +425,9 @@ absl::Status RingExecutor::Submit(const RingSubmission& entry) {
   if (entry.timeout_us > 0) {
     deadline = std::min(deadline, now + std::chrono::microseconds(entry.timeout_us));
   }
-  const bool keep_c = (entry.flags & kRingKeepC) != 0;
 
-  // One operand: its slot resolved into the request (for validation) and the order.
+  // One operand: its slot resolved into where its bytes are.
   auto bind = [&](const char* name, const RingOperand& operand, bool may_be_none,
-                  v1::RegionRef* region, std::string* handle,
                   OperandSource* source) -> absl::Status {
     switch (operand.kind) {
       case kRingOperandNone:
@@ -404,8 +441,6 @@ absl::Status RingExecutor::Submit(const RingSubmission& entry) {
               fmt::format("region slot {} is not bound (the ring binds {})", operand.slot,
                           regions_.size()));
         }
-        region->set_region(regions_[operand.slot]);
-        region->set_offset(operand.offset);
         *source = OperandSource::Region(regions_[operand.slot], operand.offset);
         return absl::OkStatus();
       case kRingOperandMatrix:
@@ -415,7 +450,6 @@ absl::Status RingExecutor::Submit(const RingSubmission& entry) {
               fmt::format("matrix slot {} is not bound (the ring binds {})", operand.slot,
                           matrices_.size()));
         }
-        *handle = matrices_[operand.slot];
         *source = OperandSource::Resident(matrices_[operand.slot]);
         return absl::OkStatus();
       default:
@@ -424,53 +458,22 @@ absl::Status RingExecutor::Submit(const RingSubmission& entry) {
     }
   };
   std::unique_lock<std::mutex> slots_lock(slots_mu_);
-  v1::RegionRef region;
-  std::string handle;
-  if (absl::Status s = bind("a", entry.a, false, &region, &handle, &order.a); !s.ok()) {
-    return s;
-  }
-  if (handle.empty()) {
-    *request.mutable_a_region() = region;
-  } else {
-    request.set_a_handle(handle);
-  }
-  region.Clear();
-  handle.clear();
-  if (absl::Status s = bind("b", entry.b, false, &region, &handle, &order.b); !s.ok()) {
-    return s;
-  }
-  if (handle.empty()) {
-    *request.mutable_b_region() = region;
-  } else {
-    request.set_b_handle(handle);
-  }
-  region.Clear();
-  handle.clear();
-  if (absl::Status s = bind("c_in", entry.c_in, true, &region, &handle, &order.c_in);
-      !s.ok()) {
-    return s;
-  }
-  if (!handle.empty()) request.set_c_in_handle(handle);
-  if (!region.region().empty()) *request.mutable_c_in_region() = region;
-  OperandSource c_source;
-  region.Clear();
-  handle.clear();
-  if (keep_c) {
+  if (absl::Status s = bind("a", entry.a, false, &spec.a); !s.ok()) return s;
+  if (absl::Status s = bind("b", entry.b, false, &spec.b); !s.ok()) return s;
+  if (absl::Status s = bind("c_in", entry.c_in, true, &spec.c_in); !s.ok()) return s;
+  if (spec.keep_c_resident) {
     if (entry.c.kind != kRingOperandNone) {
       return status::InvalidArgument("c.kind", "C stays resident (kRingKeepC): name no C");
     }
-    request.set_keep_c_resident(true);
-    order.c = ResultSink::KeepResident(0);
-  } else if (absl::Status s = bind("c", entry.c, false, &region, &handle, &c_source); !s.ok()) {
-    return s;
-  } else if (handle.empty()) {
-    *request.mutable_c_region() = region;
-    order.c = ResultSink::Region(c_source.handle, c_source.offset);
   } else {
-    order.c = ResultSink::IntoResident(handle);
+    OperandSource c;
+    if (absl::Status s = bind("c", entry.c, false, &c); !s.ok()) return s;
+    spec.c = c.kind == OperandSource::Kind::kRegion ? ResultSink::Region(c.handle, c.offset)
+                                                    : ResultSink::IntoResident(c.handle);
   }
   slots_lock.unlock();
-  if (absl::Status s = ValidateGemmRequest(request, core_->rules(), &order.job); !s.ok()) return s;
+  GemmOrder order;
+  if (absl::Status s = ValidateGemm(spec, core_->rules(), &order); !s.ok()) return s;
   order.over_unix_socket = over_unix_socket_;
   order.job.deadline = deadline;
   AdmittedGemm admitted;
@@ -510,8 +513,8 @@ void RingExecutor::Complete(uint64_t user_data, absl::Status status, const GemmR
     completion.flags |= kRingCompletionExecution;
     completion.kernel = KernelIndex(report->kernel);
     completion.accumulation = report->accumulation == Accumulation::kFp16
-                                  ? uint16_t(v1::ACCUMULATION_FP16)
-                                  : uint16_t(v1::ACCUMULATION_FP32);
+                                  ? uint16_t(kRingAccumulationFp16)
+                                  : uint16_t(kRingAccumulationFp32);
     completion.device_id = int16_t(report->device_id);
     completion.stream_id = uint16_t(report->stream_id);
   }

@@ -9,20 +9,20 @@ namespace hgemm {
 StreamAssembler::StreamAssembler(const RequestRules& rules, int64_t max_pending_bytes)
     : rules_(rules), max_pending_bytes_(max_pending_bytes) {}
 
-absl::Status StreamAssembler::Consume(v1::GemmStreamRequest& message, StreamEvent* event) {
+absl::Status StreamAssembler::Consume(StreamMessage& message, StreamEvent* event) {
   *event = StreamEvent{};
-  switch (message.message_case()) {
-    case v1::GemmStreamRequest::kHeader:
-      return ConsumeHeader(message.header(), event);
-    case v1::GemmStreamRequest::kChunk:
-      return ConsumeChunk(*message.mutable_chunk(), event);
-    default:
-      return status::InvalidArgument("message", "neither a header nor a chunk");
+  if (const auto* header = std::get_if<StreamMessage::Header>(&message.content)) {
+    return ConsumeHeader(*header, event);
   }
+  if (auto* chunk = std::get_if<StreamMessage::Chunk>(&message.content)) {
+    return ConsumeChunk(*chunk, event);
+  }
+  return status::InvalidArgument("message", "neither a header nor a chunk");
 }
 
-absl::Status StreamAssembler::ConsumeHeader(const v1::GemmHeader& header, StreamEvent* event) {
-  const uint64_t id = header.gemm_id();
+absl::Status StreamAssembler::ConsumeHeader(const StreamMessage::Header& header,
+                                            StreamEvent* event) {
+  const uint64_t id = header.gemm_id;
   if (in_use_.count(id)) {
     return status::InvalidArgument(
         "header.gemm_id", fmt::format("{} is already in flight on this stream", id));
@@ -31,20 +31,15 @@ absl::Status StreamAssembler::ConsumeHeader(const v1::GemmHeader& header, Stream
   in_use_.insert(id);
   auto gemm = std::make_unique<AnnouncedGemm>();
   gemm->gemm_id = id;
-  absl::Status s = ValidateGemmHeader(header, rules_, &gemm->job);
+  absl::Status s = ValidateGemm(header.spec, rules_, &gemm->order);
   if (!s.ok()) {
     RefuseHeader(std::move(gemm), status::WithContext(fmt::format("gemm_id {}", id), s), event);
     return absl::OkStatus();
   }
-  gemm->a_handle = header.a_handle();
-  gemm->b_handle = header.b_handle();
-  if (gemm->job.shape.c_input) gemm->c_in_handle = header.c_in_handle();
-  gemm->keep_c = header.keep_c_resident();
-  gemm->c_ttl_seconds = header.c_ttl_seconds();
   const int64_t chunked_bytes = gemm->ChunkedBytes();
   if (pending_bytes_ + chunked_bytes > max_pending_bytes_) {
     RefuseHeader(std::move(gemm),
-                 status::OverLimit(fmt::format(
+                 status::OverLimit("max_stream_pending_bytes", fmt::format(
                      "gemm_id {}: its operands ({} bytes) would put this stream's incomplete "
                      "GEMMs over {} bytes (--max_stream_pending_bytes)",
                      id, chunked_bytes, max_pending_bytes_)),
@@ -85,8 +80,8 @@ void StreamAssembler::DropChunksOf(uint64_t gemm_id) {
   }
 }
 
-absl::Status StreamAssembler::ConsumeChunk(v1::MatrixChunk& chunk, StreamEvent* event) {
-  const uint64_t id = chunk.gemm_id();
+absl::Status StreamAssembler::ConsumeChunk(StreamMessage::Chunk& chunk, StreamEvent* event) {
+  const uint64_t id = chunk.gemm_id;
   auto it = pending_.find(id);
   if (it == pending_.end() && dropped_.count(id)) return absl::OkStatus();  // refused: dropped
   if (it == pending_.end()) {
@@ -97,15 +92,15 @@ absl::Status StreamAssembler::ConsumeChunk(v1::MatrixChunk& chunk, StreamEvent* 
   int64_t* received;
   int64_t total;
   const char* name;
-  switch (chunk.operand()) {
-    case v1::OPERAND_A:
+  switch (chunk.operand) {
+    case ChunkOperand::kA:
       if (p.a_bytes == 0) {
         return status::InvalidArgument(
             "chunk.operand", fmt::format("gemm_id {}: A chunk for an A given by handle", id));
       }
       received = &p.a_received, total = p.a_bytes, name = "A";
       break;
-    case v1::OPERAND_B:
+    case ChunkOperand::kB:
       if (p.a_received < p.a_bytes) {
         return status::InvalidArgument(
             "chunk.operand", fmt::format("gemm_id {}: B chunk before all of A ({} of {} bytes)", id,
@@ -117,7 +112,7 @@ absl::Status StreamAssembler::ConsumeChunk(v1::MatrixChunk& chunk, StreamEvent* 
       }
       received = &p.b_received, total = p.b_bytes, name = "B";
       break;
-    case v1::OPERAND_C:
+    case ChunkOperand::kCIn:
       if (p.a_received < p.a_bytes || p.b_received < p.b_bytes) {
         return status::InvalidArgument(
             "chunk.operand", fmt::format("gemm_id {}: C_in chunk before all of A and B", id));
@@ -131,19 +126,20 @@ absl::Status StreamAssembler::ConsumeChunk(v1::MatrixChunk& chunk, StreamEvent* 
       }
       received = &p.c_received, total = p.c_bytes, name = "C_in";
       break;
-    default:
+    default:  // ChunkOperand::kUnknown
       return status::InvalidArgument(
-          "chunk.operand", fmt::format("gemm_id {}: must be OPERAND_A, OPERAND_B or OPERAND_C", id));
+          "chunk.operand",
+          fmt::format("gemm_id {}: must be OPERAND_A, OPERAND_B or OPERAND_C", id));
   }
-  const int64_t size = chunk.data().size();
+  const int64_t size = int64_t(chunk.data.size());
   if (size == 0) {
     return status::InvalidArgument("chunk.data", fmt::format("gemm_id {}: empty chunk", id));
   }
-  if (int64_t(chunk.offset()) != *received) {
+  if (int64_t(chunk.offset) != *received) {
     return status::InvalidArgument(
         "chunk.offset", fmt::format("gemm_id {}: {} chunk at offset {}, expected {} (chunks must "
                                     "be contiguous and in order)",
-                                    id, name, chunk.offset(), *received));
+                                    id, name, chunk.offset, *received));
   }
   if (*received + size > total) {
     return status::InvalidArgument(
@@ -152,9 +148,9 @@ absl::Status StreamAssembler::ConsumeChunk(v1::MatrixChunk& chunk, StreamEvent* 
   }
   auto out = std::make_unique<OperandChunk>();
   out->gemm_id = id;
-  out->operand = chunk.operand();
+  out->operand = chunk.operand;
   out->offset = *received;
-  out->data = std::move(*chunk.mutable_data());
+  out->data = std::move(chunk.data);
   *received += size;
   if (p.a_received == p.a_bytes && p.b_received == p.b_bytes && p.c_received == p.c_bytes) {
     out->last = true;

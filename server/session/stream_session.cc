@@ -67,7 +67,7 @@ void StreamSession::OnReadsDone() {
   MaybeFinishLocked();
 }
 
-int64_t StreamSession::OnRead(v1::GemmStreamRequest& message) {
+int64_t StreamSession::OnRead(StreamMessage& message) {
   std::unique_lock<std::mutex> lock(mu_);
   if (finished_) return 0;  // drained meanwhile: nothing more is read
   StreamEvent event;
@@ -176,18 +176,7 @@ void StreamSession::Start(AnnouncedGemm header) {
 // The stream's GEMM through the core's admission: the chunked operands arrive, the ones named
 // by handle are resident.
 absl::Status StreamSession::Admit(Gemm& gemm) {
-  const AnnouncedGemm& streamed = gemm.streamed;
-  auto source = [](const std::string& handle) {
-    return handle.empty() ? OperandSource::Arriving() : OperandSource::Resident(handle);
-  };
-  return core_.Admit(owner_,
-                     {.job = streamed.job,
-                      .a = source(streamed.a_handle),
-                      .b = source(streamed.b_handle),
-                      .c_in = source(streamed.c_in_handle),
-                      .c = streamed.keep_c ? ResultSink::KeepResident(streamed.c_ttl_seconds)
-                                           : ResultSink::Host()},
-                     &gemm.admitted);
+  return core_.Admit(owner_, gemm.streamed.order, &gemm.admitted);
 }
 
 // Starts an ArrivingBuffer for each chunked operand (its allocation runs on an upload thread).
@@ -266,9 +255,9 @@ int64_t StreamSession::Place(OperandChunk chunk) {
     if (it == receiving_.end()) return 0;  // dropped between the assembler and here
     Gemm& gemm = *it->second;
     gemm.last_chunk = Clock::now();
-    buffer = gemm.arriving[chunk.operand == v1::OPERAND_A   ? 0
-                           : chunk.operand == v1::OPERAND_B ? 1
-                                                            : 2];
+    buffer = gemm.arriving[chunk.operand == ChunkOperand::kA   ? 0
+                           : chunk.operand == ChunkOperand::kB ? 1
+                                                               : 2];
     if (chunk.last) receiving_.erase(it);
   }
   // Not settled: the session does not finish while a buffer has bytes to come.

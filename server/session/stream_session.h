@@ -27,7 +27,6 @@
 #include <string>
 #include <string_view>
 
-#include "proto/hgemm.pb.h"
 #include "server/session/arriving_buffer.h"
 #include "server/session/gemm_core.h"
 #include "server/session/stream_assembler.h"
@@ -83,7 +82,7 @@ class StreamSession {
   // is answered at once and the stream reads on; a broken order rule stops the reads, and the
   // call ends with INVALID_ARGUMENT once what was admitted is answered. Returns the operand
   // bytes of the message taken for a GEMM (0 for a header, or a chunk of a refused GEMM).
-  int64_t OnRead(v1::GemmStreamRequest& message);
+  int64_t OnRead(StreamMessage& message);
   // The client closed its side (or the call was cancelled). GEMMs still missing chunks then
   // make the call end with INVALID_ARGUMENT.
   void OnReadsDone();

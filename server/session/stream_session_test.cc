@@ -15,7 +15,7 @@
 #include "proto/numerics/cpu_gemm.h"
 #include "server/backend/cpu_backend.h"
 #include "server/testing/fake_read_call.h"
-#include "server/testing/test_requests.h"
+#include "server/testing/stream_messages.h"
 
 namespace hgemm {
 namespace {
@@ -46,7 +46,7 @@ void AddFailure(const std::string& what) { ADD_FAILURE() << what; }
 // gRPC, completes each write later on another thread. The test plays the client: it delivers
 // messages while a read is outstanding.
 class TestStream final
-    : public FakeReadCall<StreamTransport, StreamSession, v1::GemmStreamRequest> {
+    : public FakeReadCall<StreamTransport, StreamSession, StreamMessage> {
  public:
   TestStream(const GemmCore& core, const StreamOptions& options, std::string owner)
       : FakeReadCall(&AddFailure, std::chrono::seconds(60)) {
@@ -178,9 +178,9 @@ class StreamSessionTest : public ::testing::Test {
     const Operands ops = Random(m, n, k);
     const size_t half = ops.a.size() / 2;
     ASSERT_TRUE(stream.Deliver(StreamHeader(id, m, n, k)));
-    ASSERT_TRUE(stream.Deliver(StreamChunk(id, v1::OPERAND_A, 0, ops.a.substr(0, half))));
-    ASSERT_TRUE(stream.Deliver(StreamChunk(id, v1::OPERAND_A, half, ops.a.substr(half))));
-    ASSERT_TRUE(stream.Deliver(StreamChunk(id, v1::OPERAND_B, 0, ops.b)));
+    ASSERT_TRUE(stream.Deliver(StreamChunk(id, ChunkOperand::kA, 0, ops.a.substr(0, half))));
+    ASSERT_TRUE(stream.Deliver(StreamChunk(id, ChunkOperand::kA, half, ops.a.substr(half))));
+    ASSERT_TRUE(stream.Deliver(StreamChunk(id, ChunkOperand::kB, 0, ops.b)));
     std::string c;
     const Output done = stream.WaitDone(id, &c);
     ASSERT_TRUE(done.status.ok()) << done.status;
@@ -216,11 +216,11 @@ TEST_F(StreamSessionTest, AGemmRefusedAtItsHeaderIsAnsweredAtOnceAndLaterOnesGoO
   ASSERT_TRUE(stream->Deliver(StreamHeader(1, 4, 4, 4, "no-such-matrix")));
   EXPECT_EQ(stream->WaitDone(1).status.code(), absl::StatusCode::kNotFound);
   // Its B chunks are dropped, and the stream reads on.
-  ASSERT_TRUE(stream->Deliver(StreamChunk(1, v1::OPERAND_B, 0, std::string(32, '\0'))));
+  ASSERT_TRUE(stream->Deliver(StreamChunk(1, ChunkOperand::kB, 0, std::string(32, '\0'))));
   // A bad header: refused by the assembler (INVALID_ARGUMENT); its chunks are dropped too.
   ASSERT_TRUE(stream->Deliver(StreamHeader(2, 0, 4, 4)));
   EXPECT_EQ(stream->WaitDone(2).status.code(), absl::StatusCode::kInvalidArgument);
-  ASSERT_TRUE(stream->Deliver(StreamChunk(2, v1::OPERAND_A, 0, std::string(8, '\0'))));
+  ASSERT_TRUE(stream->Deliver(StreamChunk(2, ChunkOperand::kA, 0, std::string(8, '\0'))));
   RunGemm(*stream, 3, 4, 4, 4);
   stream->CloseReads();
   EXPECT_TRUE(stream->WaitFinish().ok());
@@ -230,11 +230,11 @@ TEST_F(StreamSessionTest, AnIdleGemmIsAnsweredAndItsLateChunksAreDropped) {
   auto stream = Open();
   const Operands ops = Random(4, 4, 4);
   ASSERT_TRUE(stream->Deliver(StreamHeader(1, 4, 4, 4)));
-  ASSERT_TRUE(stream->Deliver(StreamChunk(1, v1::OPERAND_A, 0, ops.a.substr(0, 8))));
+  ASSERT_TRUE(stream->Deliver(StreamChunk(1, ChunkOperand::kA, 0, ops.a.substr(0, 8))));
   stream->session().ExpireIdle(Clock::now() + std::chrono::hours(1));
   EXPECT_EQ(stream->WaitDone(1).status.code(), absl::StatusCode::kDeadlineExceeded);
-  ASSERT_TRUE(stream->Deliver(StreamChunk(1, v1::OPERAND_A, 8, ops.a.substr(8))));
-  ASSERT_TRUE(stream->Deliver(StreamChunk(1, v1::OPERAND_B, 0, ops.b)));
+  ASSERT_TRUE(stream->Deliver(StreamChunk(1, ChunkOperand::kA, 8, ops.a.substr(8))));
+  ASSERT_TRUE(stream->Deliver(StreamChunk(1, ChunkOperand::kB, 0, ops.b)));
   RunGemm(*stream, 2, 4, 4, 4);
   stream->CloseReads();
   EXPECT_TRUE(stream->WaitFinish().ok());
@@ -250,8 +250,8 @@ TEST_F(StreamSessionTest, RefusesAHeaderOverTheStreamsPendingBytes) {
   ASSERT_TRUE(stream->Deliver(StreamHeader(1, 4, 4, 4)));
   ASSERT_TRUE(stream->Deliver(StreamHeader(2, 4, 4, 4)));  // 128 pending: over
   EXPECT_EQ(stream->WaitDone(2).status.code(), absl::StatusCode::kResourceExhausted);
-  ASSERT_TRUE(stream->Deliver(StreamChunk(1, v1::OPERAND_A, 0, ops.a)));
-  ASSERT_TRUE(stream->Deliver(StreamChunk(1, v1::OPERAND_B, 0, ops.b)));
+  ASSERT_TRUE(stream->Deliver(StreamChunk(1, ChunkOperand::kA, 0, ops.a)));
+  ASSERT_TRUE(stream->Deliver(StreamChunk(1, ChunkOperand::kB, 0, ops.b)));
   EXPECT_TRUE(stream->WaitDone(1).status.ok());
   RunGemm(*stream, 3, 4, 4, 4);  // 1 is all in: its bytes are free again
   stream->CloseReads();
@@ -268,8 +268,8 @@ TEST_F(StreamSessionTest, RefusesAHeaderOverTheClientsPendingBytesAcrossStreams)
   EXPECT_EQ(refused.status.code(), absl::StatusCode::kResourceExhausted);
   EXPECT_NE(refused.status.message().find("max_client_pending_bytes"), std::string::npos);
   RunGemm(*other, 1, 4, 4, 4);  // bob has a budget of his own
-  ASSERT_TRUE(first->Deliver(StreamChunk(1, v1::OPERAND_A, 0, ops.a)));
-  ASSERT_TRUE(first->Deliver(StreamChunk(1, v1::OPERAND_B, 0, ops.b)));
+  ASSERT_TRUE(first->Deliver(StreamChunk(1, ChunkOperand::kA, 0, ops.a)));
+  ASSERT_TRUE(first->Deliver(StreamChunk(1, ChunkOperand::kB, 0, ops.b)));
   EXPECT_TRUE(first->WaitDone(1).status.ok());
   RunGemm(*second, 2, 4, 4, 4);  // alice's bytes are free again
   for (TestStream* s : {first.get(), second.get(), other.get()}) {
@@ -289,12 +289,12 @@ TEST_F(StreamSessionTest, DrainRefusesNewGemmsAndWaitsForAHalfReceivedOne) {
   auto stream = Open();
   const Operands ops = Random(4, 4, 4);
   ASSERT_TRUE(stream->Deliver(StreamHeader(1, 4, 4, 4)));
-  ASSERT_TRUE(stream->Deliver(StreamChunk(1, v1::OPERAND_A, 0, ops.a)));
+  ASSERT_TRUE(stream->Deliver(StreamChunk(1, ChunkOperand::kA, 0, ops.a)));
   stream->session().Drain();
   ASSERT_TRUE(stream->Deliver(StreamHeader(2, 4, 4, 4)));
   EXPECT_EQ(stream->WaitDone(2).status.code(), absl::StatusCode::kUnavailable);
   EXPECT_FALSE(stream->finished());  // 1 is half-received
-  ASSERT_TRUE(stream->Deliver(StreamChunk(1, v1::OPERAND_B, 0, ops.b)));
+  ASSERT_TRUE(stream->Deliver(StreamChunk(1, ChunkOperand::kB, 0, ops.b)));
   std::string c;
   EXPECT_TRUE(stream->WaitDone(1, &c).status.ok());
   EXPECT_LT(RelativeFrobeniusError(reinterpret_cast<const uint16_t*>(c.data()),
@@ -306,7 +306,7 @@ TEST_F(StreamSessionTest, DrainRefusesNewGemmsAndWaitsForAHalfReceivedOne) {
 TEST_F(StreamSessionTest, ABrokenOrderRuleStopsTheReadsAndFailsTheCallAfterTheAnswers) {
   auto stream = Open();
   RunGemm(*stream, 1, 4, 4, 4);
-  ASSERT_TRUE(stream->Deliver(StreamChunk(9, v1::OPERAND_A, 0, "xx")));  // no header for 9
+  ASSERT_TRUE(stream->Deliver(StreamChunk(9, ChunkOperand::kA, 0, "xx")));  // no header for 9
   EXPECT_FALSE(stream->Deliver(StreamHeader(10, 4, 4, 4)));               // no read was started
   const absl::Status s = stream->WaitFinish();
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
@@ -318,7 +318,7 @@ TEST_F(StreamSessionTest, ClosingWithAnIncompleteGemmFailsTheCall) {
   auto stream = Open();
   const Operands ops = Random(4, 4, 4);
   ASSERT_TRUE(stream->Deliver(StreamHeader(5, 4, 4, 4)));
-  ASSERT_TRUE(stream->Deliver(StreamChunk(5, v1::OPERAND_A, 0, ops.a)));
+  ASSERT_TRUE(stream->Deliver(StreamChunk(5, ChunkOperand::kA, 0, ops.a)));
   stream->CloseReads();
   const absl::Status s = stream->WaitFinish();
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);

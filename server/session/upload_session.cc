@@ -8,31 +8,32 @@
 #include "server/session/validation.h"
 
 namespace hgemm {
-
-absl::Status CheckMatrixHeader(const GemmCore& core, const v1::MatrixHeader& header,
+absl::Status CheckMatrixHeader(const GemmCore& core, const MatrixSpec& header,
                                const std::string& field, int* device_index, ElementType* dtype) {
   GemmShape shape;  // validate rows x cols as the m x k of a GEMM
-  if (header.rows() == 0) return status::InvalidArgument(field + ".rows", "must be at least 1");
-  if (header.cols() == 0) return status::InvalidArgument(field + ".cols", "must be at least 1");
-  if (absl::Status s = ValidateShape(header.rows(), 1, header.cols(), core.rules(), &shape);
+  if (header.rows == 0) return status::InvalidArgument(field + ".rows", "must be at least 1");
+  if (header.cols == 0) return status::InvalidArgument(field + ".cols", "must be at least 1");
+  if (absl::Status s = ValidateShape(header.rows, 1, header.cols, core.rules(), &shape);
       !s.ok()) {
     return s;
   }
-  if (header.label().size() > kMaxRequestIdBytes) {
+  if (header.label.size() > kMaxRequestIdBytes) {
     return status::InvalidArgument(field + ".label", "at most 128 bytes");
   }
   *device_index = -1;
-  if (header.has_device_id()) {
-    if (absl::Status s = core.FindDevice(header.device_id(), field + ".device_id", device_index);
+  if (header.device_id) {
+    if (absl::Status s = core.FindDevice(*header.device_id, field + ".device_id", device_index);
         !s.ok()) {
       return s;
     }
   }
-  if (!FromProto(header.dtype(), ElementType::kFp16, dtype) || *dtype == ElementType::kFp32) {
+  *dtype = header.dtype.value.value_or(ElementType::kFp16);
+  if (!header.dtype.known || *dtype == ElementType::kFp32) {
     return status::InvalidArgument(
         field + ".dtype",
-        fmt::format("enum value {} is not a type of a resident operand (DATA_TYPE_FP16 or DATA_TYPE_BF16)",
-                    int(header.dtype())));
+        fmt::format("enum value {} is not a type of a resident operand (DATA_TYPE_FP16 or "
+                    "DATA_TYPE_BF16)",
+                    header.dtype.number));
   }
   return absl::OkStatus();
 }
@@ -49,10 +50,10 @@ UploadSession::~UploadSession() {
   std::lock_guard<std::mutex> lock(mu_);  // whoever called Finish has let go of mu_
 }
 
-template <typename Consume>
-int64_t UploadSession::Read(Consume consume) {
+int64_t UploadSession::OnRead(UploadMessage& message) {
   const int64_t received = received_;
   absl::Status s;
+  auto consume = [&] { return header_seen_ ? ConsumeChunk(message) : ConsumeHeader(message); };
   if (!ActOnRead(mu_, reads_, "UploadMatrix", consume, &s)) {
     return 0;  // ended meanwhile: nothing more is read
   }
@@ -73,23 +74,6 @@ int64_t UploadSession::Read(Consume consume) {
   std::lock_guard<std::mutex> lock(mu_);
   MaybeFinishLocked();
   return accepted;
-}
-
-int64_t UploadSession::OnRead(v1::UploadMatrixRequest& message) {
-  return Read([&] {
-    if (!header_seen_) return ConsumeHeader(message);
-    if (!message.has_chunk()) return status::InvalidArgument("header", "sent twice");
-    return ConsumeChunk(WireBytes(std::move(*message.mutable_chunk())));
-  });
-}
-
-int64_t UploadSession::OnChunk(WireBytes chunk) {
-  return Read([&] {
-    if (!header_seen_) {
-      return status::InvalidArgument("header", "the first message must be a header");
-    }
-    return ConsumeChunk(std::move(chunk));
-  });
 }
 
 void UploadSession::OnReadsDone() {
@@ -129,30 +113,31 @@ void UploadSession::OnCallDone(bool cancelled) {
   }
 }
 
-absl::Status UploadSession::ConsumeHeader(const v1::UploadMatrixRequest& message) {
-  if (!message.has_header()) {
+absl::Status UploadSession::ConsumeHeader(const UploadMessage& message) {
+  const MatrixSpec* header = std::get_if<MatrixSpec>(&message.content);
+  if (header == nullptr) {
     return status::InvalidArgument("header", "the first message must be a header");
   }
-  header_ = message.header();
+  header_ = *header;
   int device_index = -1;
   if (absl::Status s = CheckMatrixHeader(core_, header_, "header", &device_index, &dtype_);
       !s.ok()) {
     return s;
   }
-  bytes_ = MatrixBytes(header_.rows(), header_.cols(), dtype_);
+  bytes_ = MatrixBytes(header_.rows, header_.cols, dtype_);
   // The quota first: nothing is allocated or copied for a matrix its owner may not keep.
   QuotaReservation quota;
   if (absl::Status s = core_.store().Reserve(owner_, bytes_, &quota); !s.ok()) return s;
   // From a region: its bytes go to the upload threads with the lease, which holds the region
   // until they are copied (no copy here, on the RPC thread).
   WireBytes region_data;
-  if (header_.has_region()) {
+  const bool from_region = header_.source.kind == OperandSource::Kind::kRegion;
+  if (from_region) {
     RegionStore& regions = core_.regions();
     if (absl::Status s = regions.CheckAllowed(over_unix_socket_); !s.ok()) return s;
     auto lease = std::make_shared<RegionLease>();
-    if (absl::Status s = regions.Acquire(owner_, header_.region().region(),
-                                         header_.region().offset(), bytes_, "header.region",
-                                         lease.get());
+    if (absl::Status s = regions.Acquire(owner_, header_.source.handle, header_.source.offset,
+                                         bytes_, "header.region", lease.get());
         !s.ok()) {
       return s;
     }
@@ -182,7 +167,7 @@ absl::Status UploadSession::ConsumeHeader(const v1::UploadMatrixRequest& message
         Settled(s, std::move(buffer));
       });
   lock.unlock();  // Add may settle the buffer at once, which takes mu_
-  if (header_.has_region()) {
+  if (from_region) {
     from_region_ = true;
     arriving->Add(0, std::move(region_data));
     received_ = bytes_;
@@ -190,11 +175,13 @@ absl::Status UploadSession::ConsumeHeader(const v1::UploadMatrixRequest& message
   return absl::OkStatus();
 }
 
-absl::Status UploadSession::ConsumeChunk(WireBytes chunk) {
+absl::Status UploadSession::ConsumeChunk(UploadMessage& message) {
+  WireBytes* chunk = std::get_if<WireBytes>(&message.content);
+  if (chunk == nullptr) return status::InvalidArgument("header", "sent twice");
   if (from_region_) {
     return status::InvalidArgument("chunk", "the header named a region: no chunk may follow");
   }
-  const int64_t size = chunk.size();
+  const int64_t size = chunk->size();
   if (received_ + size > bytes_) {
     return status::InvalidArgument(
         "chunk",
@@ -205,7 +192,7 @@ absl::Status UploadSession::ConsumeChunk(WireBytes chunk) {
     std::lock_guard<std::mutex> lock(mu_);
     arriving = arriving_;
   }
-  arriving->Add(received_, std::move(chunk));
+  arriving->Add(received_, std::move(*chunk));
   received_ += size;
   return absl::OkStatus();
 }
@@ -244,9 +231,9 @@ void UploadSession::MaybeFinishLocked() {
   if (s.ok() && transport_->IsCancelled()) s = status::Cancelled();
   ResidentMatrix matrix;
   if (s.ok()) {
-    matrix = core_.store().Add(std::move(quota_), header_.rows(), header_.cols(), dtype_,
-                               std::move(buffer_), std::chrono::seconds(header_.ttl_seconds()),
-                               header_.label());
+    matrix = core_.store().Add(std::move(quota_), header_.rows, header_.cols, dtype_,
+                               std::move(buffer_), std::chrono::seconds(header_.ttl_seconds),
+                               header_.label);
     registered_ = matrix.handle;
   } else {  // given back before the client hears of it, so that it can retry at once
     quota_ = QuotaReservation();

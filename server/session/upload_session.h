@@ -1,5 +1,6 @@
 // UploadSession: one UploadMatrix call (see UploadMatrixRequest in proto/hgemm.proto) without
-// its transport. The header is validated, reserves the matrix's bytes of the owner's quota and
+// its transport, which converts each message it reads into an UploadMessage. The header is
+// validated, reserves the matrix's bytes of the owner's quota and
 // starts its ArrivingBuffer on the device it will live on; each chunk goes into that buffer as
 // it arrives; once the client is done and every byte has landed, the matrix is registered in
 // the store and the call ends with it.
@@ -17,19 +18,40 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
+#include <variant>
 
-#include "proto/hgemm.pb.h"
 #include "server/core/wire_bytes.h"
 #include "server/session/arriving_buffer.h"
 #include "server/session/gemm_core.h"
+#include "server/session/gemm_spec.h"
 #include "server/session/read_state.h"
 
 namespace hgemm {
 
+// A resident matrix's header as its client described it (UploadMatrix, CreateUpload),
+// unchecked: rows·cols values of `dtype`, row-major.
+struct MatrixSpec {
+  uint32_t rows = 0, cols = 0;
+  WireEnum<ElementType> dtype;       // unset: fp16
+  std::optional<int32_t> device_id;  // the device it lives on; unset: the store picks
+  uint32_t ttl_seconds = 0;          // 0: the store's default
+  std::string label;
+  // Where its bytes come from: kArriving (chunks after the header) or kRegion (a region of the
+  // owner, read at once; UploadMatrix over a Unix socket).
+  OperandSource source = OperandSource::Arriving();
+};
+
+// One UploadMatrix message as read: the header, or a chunk of the matrix's bytes (the wire's,
+// moved here, never copied); monostate for a message that holds neither.
+struct UploadMessage {
+  std::variant<std::monostate, MatrixSpec, WireBytes> content;
+};
+
 // Checks a matrix's header (UploadMatrix, CreateUpload; messages name `field`.rows, ...): its
 // shape, label, device (*device_index: a Devices() index, or -1 when unset) and dtype.
-absl::Status CheckMatrixHeader(const GemmCore& core, const v1::MatrixHeader& header,
+absl::Status CheckMatrixHeader(const GemmCore& core, const MatrixSpec& header,
                                const std::string& field, int* device_index, ElementType* dtype);
 
 // The call under an UploadSession. StartRead is answered later by OnRead or OnReadsDone,
@@ -61,10 +83,7 @@ class UploadSession {
   // A message was read (its chunk is moved out). A broken rule ends the call with
   // INVALID_ARGUMENT once nothing is in flight. Returns the matrix bytes it brought (none for a
   // header naming a region: see region_bytes()).
-  int64_t OnRead(v1::UploadMatrixRequest& message);
-  // A message holding only a chunk was read, as OnRead, its bytes still where they arrived
-  // (the transport's fast path: no protobuf string on the way).
-  int64_t OnChunk(WireBytes chunk);
+  int64_t OnRead(UploadMessage& message);
   // The client has sent everything (or went away).
   void OnReadsDone();
   // Ends the upload (DEADLINE_EXCEEDED) if no message came since before `cutoff`.
@@ -76,11 +95,8 @@ class UploadSession {
   int64_t region_bytes() const { return from_region_ ? bytes_ : 0; }
 
  private:
-  // Acts on one read message through `consume` (ActOnRead), then reads on or finishes.
-  template <typename Consume>
-  int64_t Read(Consume consume);
-  absl::Status ConsumeHeader(const v1::UploadMatrixRequest& message);
-  absl::Status ConsumeChunk(WireBytes chunk);
+  absl::Status ConsumeHeader(const UploadMessage& message);
+  absl::Status ConsumeChunk(UploadMessage& message);
   void Settled(const absl::Status& s, std::shared_ptr<ResidentBuffer> buffer);
   // Ends the reads with `s` (unless an earlier error stands) and drops what is still arriving.
   // REQUIRES: mu_ not held.
@@ -93,7 +109,7 @@ class UploadSession {
   const std::chrono::seconds idle_timeout_;
   const bool over_unix_socket_;
   // The read path's own (reads are serialised):
-  v1::MatrixHeader header_;
+  MatrixSpec header_;
   bool header_seen_ = false;
   bool from_region_ = false;  // the header named a region: the whole matrix came from it
   int64_t bytes_ = 0;  // the matrix's, from the header on

@@ -17,8 +17,7 @@ namespace {
 void AddFailure(const std::string& what) { ADD_FAILURE() << what; }
 
 // One UploadMatrix call: a session over a transport that records its finish.
-class TestUpload final
-    : public FakeReadCall<UploadTransport, UploadSession, v1::UploadMatrixRequest> {
+class TestUpload final : public FakeReadCall<UploadTransport, UploadSession, UploadMessage> {
  public:
   TestUpload(const GemmCore& core, std::string owner, std::chrono::seconds idle)
       : FakeReadCall(&AddFailure, std::chrono::seconds(20)) {
@@ -48,18 +47,11 @@ class TestUpload final
   ResidentMatrix matrix_;
 };
 
-v1::UploadMatrixRequest Header(uint32_t rows, uint32_t cols) {
-  v1::UploadMatrixRequest message;
-  message.mutable_header()->set_rows(rows);
-  message.mutable_header()->set_cols(cols);
-  return message;
+UploadMessage Header(uint32_t rows, uint32_t cols) {
+  return {MatrixSpec{.rows = rows, .cols = cols}};
 }
 
-v1::UploadMatrixRequest Chunk(std::string bytes) {
-  v1::UploadMatrixRequest message;
-  message.set_chunk(std::move(bytes));
-  return message;
-}
+UploadMessage Chunk(std::string bytes) { return {WireBytes(std::move(bytes))}; }
 
 class UploadSessionTest : public ::testing::Test {
  protected:

@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "server/core/status.h"
+#include "server/verify/freivalds.h"
 
 namespace hgemm {
 namespace {
@@ -17,9 +18,10 @@ absl::Status CheckElements(const char* matrix, uint32_t rows, uint32_t cols,
                            const RequestRules& rules) {
   const uint64_t elements = MatrixElements(rows, cols);
   if (elements > uint64_t(MaxElementsPerMatrix(rules))) {
-    return status::OverLimit(fmt::format("{} has {}x{} = {} elements; this server takes at most {}",
-                                         matrix, rows, cols, elements,
-                                         MaxElementsPerMatrix(rules)));
+    return status::OverLimit(
+        "max_elements_per_matrix",
+        fmt::format("{} has {}x{} = {} elements; this server takes at most {}", matrix, rows,
+                    cols, elements, MaxElementsPerMatrix(rules)));
   }
   return absl::OkStatus();
 }
@@ -36,33 +38,43 @@ constexpr char kNoRegion[] = "empty (the handle RegisterRegion returned)";
 
 // A handle that is set must name something: an empty one would leave its operand without
 // bytes (the resolver has nothing to look up, the length check was skipped for it).
-absl::Status ValidateHandles(const v1::GemmRequest& request) {
-  if (request.has_a_handle() && request.a_handle().empty()) {
-    return status::InvalidArgument("a_handle", "empty (set a, or the handle of a resident matrix)");
+absl::Status ValidateHandles(const GemmSpec& spec) {
+  using Kind = OperandSource::Kind;
+  auto empty_handle = [](const OperandSource& source) {
+    return source.kind == Kind::kResident && source.handle.empty();
+  };
+  auto empty_region = [](const OperandSource& source) {
+    return source.kind == Kind::kRegion && source.handle.empty();
+  };
+  if (empty_handle(spec.a)) {
+    return status::InvalidArgument(spec.Field("a_handle"),
+                                   "empty (set a, or the handle of a resident matrix)");
   }
-  if (request.has_b_handle() && request.b_handle().empty()) {
-    return status::InvalidArgument("b_handle", "empty (set b, or the handle of a resident matrix)");
+  if (empty_handle(spec.b)) {
+    return status::InvalidArgument(spec.Field("b_handle"),
+                                   "empty (set b, or the handle of a resident matrix)");
   }
   // Regions: named, and C goes to one place. Offsets and sizes are checked against the
   // region when it is looked up (RegionStore::Acquire).
-  if (request.has_a_region() && request.a_region().region().empty()) {
-    return status::InvalidArgument("a_region.region", kNoRegion);
+  if (empty_region(spec.a)) {
+    return status::InvalidArgument(spec.Field("a_region.region"), kNoRegion);
   }
-  if (request.has_b_region() && request.b_region().region().empty()) {
-    return status::InvalidArgument("b_region.region", kNoRegion);
+  if (empty_region(spec.b)) {
+    return status::InvalidArgument(spec.Field("b_region.region"), kNoRegion);
   }
-  if (request.has_c_region() && request.c_region().region().empty()) {
-    return status::InvalidArgument("c_region.region", kNoRegion);
+  const bool c_region = spec.c.kind == ResultSink::Kind::kRegion;
+  if (c_region && spec.c.region.empty()) {
+    return status::InvalidArgument(spec.Field("c_region.region"), kNoRegion);
   }
-  if (request.has_c_in_handle() && request.c_in_handle().empty()) {
-    return status::InvalidArgument(
-        "c_in_handle", "empty (set c_in, or the handle of a resident matrix)");
+  if (empty_handle(spec.c_in)) {
+    return status::InvalidArgument(spec.Field("c_in_handle"),
+                                   "empty (set c_in, or the handle of a resident matrix)");
   }
-  if (request.has_c_in_region() && request.c_in_region().region().empty()) {
-    return status::InvalidArgument("c_in_region.region", kNoRegion);
+  if (empty_region(spec.c_in)) {
+    return status::InvalidArgument(spec.Field("c_in_region.region"), kNoRegion);
   }
-  if (request.has_c_region() && request.keep_c_resident()) {
-    return status::InvalidArgument("c_region",
+  if (c_region && spec.keep_c_resident) {
+    return status::InvalidArgument(spec.Field("c_region"),
                                    "C goes either to a region or stays resident, not both");
   }
   return absl::OkStatus();
@@ -120,25 +132,6 @@ std::string TypesNames(unsigned types) {
   return BitNames(types, kNames);
 }
 
-bool FromProto(v1::DataType type, ElementType unspecified, ElementType* out) {
-  switch (type) {
-    case v1::DATA_TYPE_UNSPECIFIED:
-      *out = unspecified;
-      return true;
-    case v1::DATA_TYPE_FP16:
-      *out = ElementType::kFp16;
-      return true;
-    case v1::DATA_TYPE_BF16:
-      *out = ElementType::kBf16;
-      return true;
-    case v1::DATA_TYPE_FP32:
-      *out = ElementType::kFp32;
-      return true;
-    default:
-      return false;
-  }
-}
-
 int64_t MaxElementsPerMatrix(const RequestRules& rules) {
   return std::clamp<int64_t>(rules.max_elements_per_matrix, 1, kMaxElementsPerMatrix);
 }
@@ -159,32 +152,36 @@ absl::Status ValidateShape(uint32_t m, uint32_t n, uint32_t k, const RequestRule
   return absl::OkStatus();
 }
 
-absl::Status ValidateOptions(const v1::GemmOptions& options, const RequestRules& rules,
-                             const std::string& field, GemmJob* job) {
-  if (options.request_id().size() > kMaxRequestIdBytes) {
-    return status::InvalidArgument(field + ".request_id",
-                                   fmt::format("{} bytes; at most {}", options.request_id().size(),
+namespace {
+
+// Request id, kernel name and accumulation. Fills job->request_id first (a refusal of any
+// later field is logged with it), then job->kernel and job->accumulation.
+absl::Status ValidateOptions(const GemmSpec& spec, const RequestRules& rules, GemmJob* job) {
+  const GemmSpec::Options& options = spec.options;
+  if (options.request_id.size() > kMaxRequestIdBytes) {
+    return status::InvalidArgument(spec.Field("options.request_id"),
+                                   fmt::format("{} bytes; at most {}", options.request_id.size(),
                                                kMaxRequestIdBytes));
   }
-  job->request_id = options.request_id();
-  switch (options.accumulation()) {
-    case v1::ACCUMULATION_FP16:
-      job->accumulation = Accumulation::kFp16;
-      break;
-    case v1::ACCUMULATION_UNSPECIFIED:
-    case v1::ACCUMULATION_FP32:
-      job->accumulation = Accumulation::kFp32;
-      break;
-    default:
-      return status::InvalidArgument(field + ".accumulation",
-                                     fmt::format("unknown value {}", int(options.accumulation())));
+  job->request_id = options.request_id;
+  if (options.verify_repetitions > uint32_t(verify::kMaxRepetitions)) {
+    return status::InvalidArgument(
+        spec.Field("options.verify_repetitions"),
+        fmt::format("{}; at most {}", options.verify_repetitions, verify::kMaxRepetitions));
   }
-  const std::string& name = options.kernel();
+  job->verify = options.verify;
+  job->verify_repetitions = options.verify ? int(options.verify_repetitions) : 0;
+  if (!options.accumulation.known) {
+    return status::InvalidArgument(spec.Field("options.accumulation"),
+                                   fmt::format("unknown value {}", options.accumulation.number));
+  }
+  job->accumulation = options.accumulation.value.value_or(Accumulation::kFp32);
+  const std::string& name = options.kernel;
   const bool fp16 = job->accumulation == Accumulation::kFp16;
   if (name.empty() || name == "auto") {
     if (!AutoSupports(rules, job->accumulation)) {
       return status::InvalidArgument(
-          field + ".accumulation",
+          spec.Field("options.accumulation"),
           fmt::format("no kernel of this server has {} accumulation (ListKernels says which do)",
                       fp16 ? "FP16" : "FP32"));
     }
@@ -194,13 +191,14 @@ absl::Status ValidateOptions(const v1::GemmOptions& options, const RequestRules&
                            [&](const KernelDescription& k) { return k.name == name; });
     if (it == rules.kernels.end()) {
       return status::InvalidArgument(
-          field + ".kernel", fmt::format("unknown kernel {}; ListKernels names the kernels of "
-                                         "this server, or use 'auto'",
-                                         status::Quote(name)));
+          spec.Field("options.kernel"),
+          fmt::format("unknown kernel {}; ListKernels names the kernels of this server, or use "
+                      "'auto'",
+                      status::Quote(name)));
     }
     if (fp16 ? !it->fp16_accumulation : !it->fp32_accumulation) {
       return status::InvalidArgument(
-          field + ".accumulation",
+          spec.Field("options.accumulation"),
           fmt::format("kernel '{}' has no {} accumulation", name, fp16 ? "FP16" : "FP32"));
     }
     job->kernel = name;
@@ -208,33 +206,38 @@ absl::Status ValidateOptions(const v1::GemmOptions& options, const RequestRules&
   return absl::OkStatus();
 }
 
-absl::Status ValidateForm(bool transpose_a, bool transpose_b, v1::DataType dtype,
-                          v1::DataType c_dtype, const RequestRules& rules,
-                          const std::string& prefix, GemmJob* job) {
-  ElementType ab = ElementType::kFp16, c = ElementType::kFp16;
-  if (!FromProto(dtype, ElementType::kFp16, &ab) || ab == ElementType::kFp32) {
+// Layout and types: dtype fp16 or bf16, c_dtype the same or fp32, the accumulation FP32
+// unless both are fp16, and the kernel (job->kernel, "auto" included) taking the layout and
+// the types. Fills job->transpose_a/b and job->shape's ab_type and c_type.
+// REQUIRES: ValidateOptions passed.
+absl::Status ValidateForm(const GemmSpec& spec, const RequestRules& rules, GemmJob* job) {
+  const ElementType ab = spec.dtype.value.value_or(ElementType::kFp16);
+  if (!spec.dtype.known || ab == ElementType::kFp32) {
     return status::InvalidArgument(
-        prefix + "dtype",
-        fmt::format("enum value {} is not a type of A and B (DATA_TYPE_FP16 or DATA_TYPE_BF16)", int(dtype)));
+        spec.Field("dtype"),
+        fmt::format("enum value {} is not a type of A and B (DATA_TYPE_FP16 or DATA_TYPE_BF16)",
+                    spec.dtype.number));
   }
-  if (!FromProto(c_dtype, ab, &c) || (c != ab && c != ElementType::kFp32)) {
+  const ElementType c = spec.c_dtype.value.value_or(ab);
+  if (!spec.c_dtype.known || (c != ab && c != ElementType::kFp32)) {
     return status::InvalidArgument(
-        prefix + "c_dtype",
-        fmt::format("enum value {} is not a type of C for {} inputs (UNSPECIFIED, the inputs' type, or "
-                    "DATA_TYPE_FP32)",
-                    int(c_dtype), ElementTypeName(ab)));
+        spec.Field("c_dtype"),
+        fmt::format("enum value {} is not a type of C for {} inputs (UNSPECIFIED, the inputs' "
+                    "type, or DATA_TYPE_FP32)",
+                    spec.c_dtype.number, ElementTypeName(ab)));
   }
-  const std::string options = prefix + "options";
   if (job->accumulation == Accumulation::kFp16 &&
       (ab != ElementType::kFp16 || c != ElementType::kFp16)) {
     return status::InvalidArgument(
-        options + ".accumulation",
-        fmt::format("FP16 accumulation takes fp16 in and out, not {}", TypesNames(TypesBit(ab, c))));
+        spec.Field("options.accumulation"),
+        fmt::format("FP16 accumulation takes fp16 in and out, not {}",
+                    TypesNames(TypesBit(ab, c))));
   }
-  const unsigned layout = LayoutBit(transpose_a, transpose_b), types = TypesBit(ab, c);
+  const unsigned layout = LayoutBit(spec.transpose_a, spec.transpose_b);
+  const unsigned types = TypesBit(ab, c);
   // The field to blame for a layout no kernel takes: the transposed operand (A's first).
-  const std::string layout_field = prefix + (transpose_a ? "transpose_a" : "transpose_b");
-  const std::string types_field = prefix + (ab != ElementType::kFp16 ? "dtype" : "c_dtype");
+  const std::string layout_field = spec.Field(spec.transpose_a ? "transpose_a" : "transpose_b");
+  const std::string types_field = spec.Field(ab != ElementType::kFp16 ? "dtype" : "c_dtype");
   if (job->kernel == "auto") {
     if ((AutoLayouts(rules) & layout) == 0) {
       return status::InvalidArgument(
@@ -262,36 +265,40 @@ absl::Status ValidateForm(bool transpose_a, bool transpose_b, v1::DataType dtype
                                    TypesNames(it->types), TypesNames(types)));
     }
   }
-  job->transpose_a = transpose_a;
-  job->transpose_b = transpose_b;
+  job->transpose_a = spec.transpose_a;
+  job->transpose_b = spec.transpose_b;
   job->shape.ab_type = ab;
   job->shape.c_type = c;
   return absl::OkStatus();
 }
 
-absl::Status ValidateScale(bool has_alpha, float alpha, float beta, bool has_c_in,
-                           const RequestRules& rules, const std::string& prefix, GemmJob* job) {
-  if (!has_alpha) alpha = 1;
+// Scales: alpha (1 when unset) and beta finite; beta ≠ 0 only with a C input; alpha ≠ 1 or
+// beta ≠ 0 only with FP32 accumulation and a kernel (job->kernel, "auto" included) that takes
+// them for the types. Fills job->alpha, job->beta and job->shape.c_input (beta ≠ 0).
+// REQUIRES: ValidateForm passed.
+absl::Status ValidateScale(const GemmSpec& spec, const RequestRules& rules, GemmJob* job) {
+  const float alpha = spec.alpha.value_or(1), beta = spec.beta;
   if (!std::isfinite(alpha)) {
-    return status::InvalidArgument(prefix + "alpha", ScaleText(alpha) + " is not a finite number");
+    return status::InvalidArgument(spec.Field("alpha"),
+                                   ScaleText(alpha) + " is not a finite number");
   }
   if (!std::isfinite(beta)) {
-    return status::InvalidArgument(prefix + "beta", ScaleText(beta) + " is not a finite number");
+    return status::InvalidArgument(spec.Field("beta"), ScaleText(beta) + " is not a finite number");
   }
-  if (beta != 0 && !has_c_in) {
+  if (beta != 0 && spec.c_in.kind == OperandSource::Kind::kNone) {
     return status::InvalidArgument(
-        prefix + "beta",
-        ScaleText(beta) + " needs a C input (c_in, c_in_handle or c_in_region), and none was given");
+        spec.Field("beta"), ScaleText(beta) + " needs a C input (c_in, c_in_handle or "
+                                              "c_in_region), and none was given");
   }
   job->alpha = alpha;
   job->beta = beta;
   job->shape.c_input = beta != 0;
   if (!job->Scaled()) return absl::OkStatus();
   // The field a refusal names: the scale that makes this more than op(A)·op(B).
-  const std::string scale_field = prefix + (beta != 0 ? "beta" : "alpha");
+  const std::string scale_field = spec.Field(beta != 0 ? "beta" : "alpha");
   if (job->accumulation != Accumulation::kFp32) {
     return status::InvalidArgument(
-        prefix + "options.accumulation",
+        spec.Field("options.accumulation"),
         "FP16 accumulation takes no alpha/beta (they need FP32 accumulation)");
   }
   const unsigned types = TypesBit(job->shape.ab_type, job->shape.c_type);
@@ -317,62 +324,78 @@ absl::Status ValidateScale(bool has_alpha, float alpha, float beta, bool has_c_i
   return absl::OkStatus();
 }
 
-absl::Status ValidateBatch(uint32_t batch, const std::string& single_matrix_field,
-                           const RequestRules& rules, const std::string& prefix, GemmJob* job) {
+// Strided-batched: batch 0 or 1 is one GEMM; more needs batch·(elements of each of A, B, C)
+// within MaxElementsPerMatrix (RESOURCE_EXHAUSTED naming the batch's matrix and the limit) and
+// no field that holds one matrix only (`single_matrix_field`, e.g. "a_handle" or
+// "keep_c_resident"; "" when none is set). Fills job->shape.batch.
+// REQUIRES: ValidateShape passed.
+absl::Status ValidateBatch(const GemmSpec& spec, const std::string& single_matrix_field,
+                           const RequestRules& rules, GemmJob* job) {
+  const uint32_t batch = spec.batch;
   GemmShape& shape = job->shape;
   shape.batch = std::max<uint32_t>(batch, 1);
   if (batch <= 1) return absl::OkStatus();
   if (!single_matrix_field.empty()) {
     return status::InvalidArgument(
-        prefix + single_matrix_field,
+        spec.Field(single_matrix_field),
         fmt::format("holds one matrix; a batch of {} takes its operands inline, in a region or "
                     "streamed, and C back (batch 1 for this)",
                     batch));
   }
   // Each operand's buffer is one matrix of batch·rows rows, for the size limits.
   const int64_t limit = MaxElementsPerMatrix(rules);
-  for (auto [name, elements] : {std::pair{"A", shape.m * shape.k}, std::pair{"B", shape.k * shape.n},
+  for (auto [name, elements] : {std::pair{"A", shape.m * shape.k},
+                                std::pair{"B", shape.k * shape.n},
                                 std::pair{"C", shape.m * shape.n}}) {
     if (elements > limit / int64_t(batch)) {
-      return status::OverLimit(fmt::format(
-          "{}batch: {} matrices {} of {} elements each are {} elements; this server takes at most "
+      return status::OverLimit("max_elements_per_matrix", fmt::format(
+          "{}: {} matrices {} of {} elements each are {} elements; this server takes at most "
           "{} per operand",
-          prefix, batch, name, elements, uint64_t(batch) * uint64_t(elements), limit));
+          spec.Field("batch"), batch, name, elements, uint64_t(batch) * uint64_t(elements), limit));
     }
   }
   return absl::OkStatus();
 }
 
-absl::Status ValidateGroup(const v1::GemmRequest& request, const RequestRules& rules,
-                           GemmJob* job) {
-  const int64_t count = request.group_size();
+// Grouped (spec.group non-empty): m, n, k 0 and batch ≤ 1 (INVALID_ARGUMENT naming them), at
+// most rules.max_group_problems problems (RESOURCE_EXHAUSTED), each with m, n, k ≥ 1
+// (INVALID_ARGUMENT naming "group[i].m") and its matrices within the limit, and each of A, B,
+// C summed over the group within MaxElementsPerMatrix (RESOURCE_EXHAUSTED, in checked
+// arithmetic), the kernel (job->kernel, "auto" included) taking groups, and no operand or C by
+// handle or region, nor a kept C. Fills job->shape.group. REQUIRES: ValidateOptions passed.
+absl::Status ValidateGroup(const GemmSpec& spec, const RequestRules& rules, GemmJob* job) {
+  const int64_t count = int64_t(spec.group.size());
   if (count > rules.max_group_problems) {
-    return status::OverLimit(fmt::format("group has {} problems; this server takes at most {}",
-                                         count, rules.max_group_problems));
+    return status::OverLimit(
+        "max_group_problems",
+        fmt::format("group has {} problems; this server takes at most {}", count,
+                    rules.max_group_problems));
   }
-  for (auto [field, value, most] : {std::tuple{"m", request.m(), 0u}, std::tuple{"n", request.n(), 0u},
-                                    std::tuple{"k", request.k(), 0u},
-                                    std::tuple{"batch", request.batch(), 1u}}) {
+  for (auto [field, value, most] : {std::tuple{"m", spec.m, 0u}, std::tuple{"n", spec.n, 0u},
+                                    std::tuple{"k", spec.k, 0u},
+                                    std::tuple{"batch", spec.batch, 1u}}) {
     if (value > most) {
       return status::InvalidArgument(
-          field, fmt::format("{} with a group (each problem has its own m, n, k in group[i]; "
-                             "leave m, n, k 0 and batch 0 or 1)",
-                             value));
+          spec.Field(field),
+          fmt::format("{} with a group (each problem has its own m, n, k in group[i]; leave m, "
+                      "n, k 0 and batch 0 or 1)",
+                      value));
     }
   }
+  using Kind = OperandSource::Kind;
   const std::string single_source_field =
-      request.has_a_handle()      ? "a_handle"
-      : request.has_b_handle()    ? "b_handle"
-      : request.has_c_in_handle() ? "c_in_handle"
-      : request.has_a_region()    ? "a_region"
-      : request.has_b_region()    ? "b_region"
-      : request.has_c_in_region() ? "c_in_region"
-      : request.has_c_region()    ? "c_region"
-      : request.keep_c_resident() ? "keep_c_resident"
-                                  : "";
+      spec.a.kind == Kind::kResident                ? "a_handle"
+      : spec.b.kind == Kind::kResident              ? "b_handle"
+      : spec.c_in.kind == Kind::kResident           ? "c_in_handle"
+      : spec.a.kind == Kind::kRegion                ? "a_region"
+      : spec.b.kind == Kind::kRegion                ? "b_region"
+      : spec.c_in.kind == Kind::kRegion             ? "c_in_region"
+      : spec.c.kind == ResultSink::Kind::kRegion    ? "c_region"
+      : spec.keep_c_resident                        ? "keep_c_resident"
+                                                    : "";
   if (!single_source_field.empty()) {
     return status::InvalidArgument(
-        single_source_field,
+        spec.Field(single_source_field),
         "a grouped GEMM takes its operands inline (a, b, c_in as bytes) and sends C back");
   }
   const bool auto_kernel = job->kernel == "auto";
@@ -380,7 +403,7 @@ absl::Status ValidateGroup(const v1::GemmRequest& request, const RequestRules& r
         return k.grouped && (auto_kernel || k.name == job->kernel);
       })) {
     return status::InvalidArgument(
-        "options.kernel",
+        spec.Field("options.kernel"),
         fmt::format("'{}' takes no grouped GEMMs (ListKernels: KernelInfo.grouped says which do)",
                     job->kernel));
   }
@@ -391,14 +414,14 @@ absl::Status ValidateGroup(const v1::GemmRequest& request, const RequestRules& r
   std::vector<ProblemDims> group;
   group.reserve(size_t(count));
   for (int i = 0; i < int(count); ++i) {
-    const v1::GroupedProblem& p = request.group(i);
-    for (auto [field, value] : {std::pair{"m", p.m()}, std::pair{"n", p.n()}, std::pair{"k", p.k()}}) {
+    const GemmSpec::Problem& p = spec.group[size_t(i)];
+    for (auto [field, value] : {std::pair{"m", p.m}, std::pair{"n", p.n}, std::pair{"k", p.k}}) {
       if (value == 0) {
         return status::InvalidArgument(fmt::format("group[{}].{}", i, field), "must be at least 1");
       }
     }
     GemmShape one;
-    if (absl::Status s = ValidateShape(p.m(), p.n(), p.k(), rules, &one); !s.ok()) {
+    if (absl::Status s = ValidateShape(p.m, p.n, p.k, rules, &one); !s.ok()) {
       return absl::Status(s.code(), fmt::format("group[{}]: {}", i, std::string(s.message())));
     }
     a_elements += one.m * one.k;
@@ -407,7 +430,7 @@ absl::Status ValidateGroup(const v1::GemmRequest& request, const RequestRules& r
     for (auto [name, elements] : {std::pair{"A", a_elements}, std::pair{"B", b_elements},
                                   std::pair{"C", c_elements}}) {
       if (elements > limit) {
-        return status::OverLimit(fmt::format(
+        return status::OverLimit("max_elements_per_matrix", fmt::format(
             "group: the {} matrices of problems 0..{} have {} elements together; this server "
             "takes at most {} per operand",
             name, i, elements, limit));
@@ -421,56 +444,29 @@ absl::Status ValidateGroup(const v1::GemmRequest& request, const RequestRules& r
   return absl::OkStatus();
 }
 
-namespace {
-
 // The byte lengths of a grouped request's inline operands. REQUIRES: ValidateGroup passed.
-absl::Status ValidateGroupBytes(const v1::GemmRequest& request, const GemmShape& shape) {
+absl::Status ValidateGroupBytes(const GemmSpec& spec, const GemmShape& shape) {
   for (auto [field, have, want, type] :
-       {std::tuple{"a", request.a().size(), shape.ABytes(), shape.ab_type},
-        std::tuple{"b", request.b().size(), shape.BBytes(), shape.ab_type},
-        std::tuple{"c_in", request.c_in().size(), shape.CInBytes(), shape.c_type}}) {
+       {std::tuple{"a", spec.a.bytes, shape.ABytes(), shape.ab_type},
+        std::tuple{"b", spec.b.bytes, shape.BBytes(), shape.ab_type},
+        std::tuple{"c_in", spec.c_in.bytes, shape.CInBytes(), shape.c_type}}) {
     if (std::string_view(field) == "c_in" && !shape.c_input) continue;  // never read
-    if (int64_t(have) != want) {
+    if (have != want) {
       return status::InvalidArgument(
-          field, fmt::format("{} bytes; the {} problems' matrices ({}, as stored, packed in "
-                             "order) take exactly {}",
-                             have, shape.group.size(), ElementTypeName(type), want));
+          spec.Field(field), fmt::format("{} bytes; the {} problems' matrices ({}, as stored, "
+                                         "packed in order) take exactly {}",
+                                         have, shape.group.size(), ElementTypeName(type), want));
     }
   }
   return absl::OkStatus();
 }
 
-}  // namespace
-
-absl::Status ValidateGemmRequest(const v1::GemmRequest& request, const RequestRules& rules,
-                                 GemmJob* job) {
-  absl::Status s = ValidateOptions(request.options(), rules, "options", job);
-  if (!s.ok()) return s;
-  if (s = ValidateForm(request.transpose_a(), request.transpose_b(), request.dtype(),
-                       request.c_dtype(), rules, "", job);
-      !s.ok()) {
-    return s;
-  }
-  if (s = ValidateScale(request.has_alpha(), request.alpha(), request.beta(),
-                        request.c_in_source_case() != v1::GemmRequest::C_IN_SOURCE_NOT_SET, rules,
-                        "", job);
-      !s.ok()) {
-    return s;
-  }
-  if (request.group_size() > 0) {
-    if (s = ValidateGroup(request, rules, job); !s.ok()) return s;
-    return ValidateGroupBytes(request, job->shape);
-  }
-  if (s = ValidateShape(request.m(), request.n(), request.k(), rules, &job->shape); !s.ok()) return s;
-  if (s = ValidateHandles(request); !s.ok()) return s;
-  const std::string single_matrix_field =
-      request.has_a_handle()                             ? "a_handle"
-      : request.has_b_handle()                           ? "b_handle"
-      : request.has_c_in_handle() && job->shape.c_input  ? "c_in_handle"
-      : request.keep_c_resident()                        ? "keep_c_resident"
-                                                         : "";
-  if (s = ValidateBatch(request.batch(), single_matrix_field, rules, "", job); !s.ok()) return s;
-  const GemmShape& shape = job->shape;
+// The byte lengths of a single or batched GEMM's inline operands (C_in's only with beta ≠ 0).
+// Operands given by handle or region are checked when they are resolved.
+// REQUIRES: ValidateBatch passed.
+absl::Status ValidateInlineBytes(const GemmSpec& spec, const GemmJob& job) {
+  using Kind = OperandSource::Kind;
+  const GemmShape& shape = job.shape;
   // "N", or "N for the batch of B (M each)".
   auto total = [&](int64_t one_matrix) {
     return shape.batch == 1 ? std::to_string(one_matrix)
@@ -478,59 +474,70 @@ absl::Status ValidateGemmRequest(const v1::GemmRequest& request, const RequestRu
                                           one_matrix * shape.batch, shape.batch, one_matrix);
   };
   if (int64_t want = shape.CBytes();
-      shape.c_input && request.has_c_in() && int64_t(request.c_in().size()) != want) {
+      shape.c_input && spec.c_in.kind == Kind::kInline && spec.c_in.bytes != want) {
     return status::InvalidArgument(
-        "c_in", fmt::format("{} bytes; an {}x{} {} matrix (m x n, c_dtype) takes exactly {}",
-                            request.c_in().size(), shape.m, shape.n, ElementTypeName(shape.c_type),
-                            total(shape.CMatrixBytes())));
+        spec.Field("c_in"),
+        fmt::format("{} bytes; an {}x{} {} matrix (m x n, c_dtype) takes exactly {}",
+                    spec.c_in.bytes, shape.m, shape.n, ElementTypeName(shape.c_type),
+                    total(shape.CMatrixBytes())));
   }
-  // Operands given by handle or region are checked when it is resolved.
-  const bool a_inline = request.a_source_case() == v1::GemmRequest::kA ||
-                        request.a_source_case() == v1::GemmRequest::A_SOURCE_NOT_SET;
-  const bool b_inline = request.b_source_case() == v1::GemmRequest::kB ||
-                        request.b_source_case() == v1::GemmRequest::B_SOURCE_NOT_SET;
-  if (int64_t want = shape.ABytes(); a_inline && int64_t(request.a().size()) != want) {
+  if (int64_t want = shape.ABytes(); spec.a.kind == Kind::kInline && spec.a.bytes != want) {
     return status::InvalidArgument(
-        "a", fmt::format("{} bytes; an {}x{} {} matrix ({}) takes exactly {} (or give a_handle or a_region)",
-                         request.a().size(), job->transpose_a ? shape.k : shape.m,
-                         job->transpose_a ? shape.m : shape.k, ElementTypeName(shape.ab_type),
-                         job->transpose_a ? "k x m, transpose_a" : "m x k",
-                         total(shape.AMatrixBytes())));
+        spec.Field("a"),
+        fmt::format("{} bytes; an {}x{} {} matrix ({}) takes exactly {} (or give a_handle or "
+                    "a_region)",
+                    spec.a.bytes, job.transpose_a ? shape.k : shape.m,
+                    job.transpose_a ? shape.m : shape.k, ElementTypeName(shape.ab_type),
+                    job.transpose_a ? "k x m, transpose_a" : "m x k",
+                    total(shape.AMatrixBytes())));
   }
-  if (int64_t want = shape.BBytes(); b_inline && int64_t(request.b().size()) != want) {
+  if (int64_t want = shape.BBytes(); spec.b.kind == Kind::kInline && spec.b.bytes != want) {
     return status::InvalidArgument(
-        "b", fmt::format("{} bytes; a {}x{} {} matrix ({}) takes exactly {} (or give b_handle or b_region)",
-                         request.b().size(), job->transpose_b ? shape.n : shape.k,
-                         job->transpose_b ? shape.k : shape.n, ElementTypeName(shape.ab_type),
-                         job->transpose_b ? "n x k, transpose_b" : "k x n",
-                         total(shape.BMatrixBytes())));
+        spec.Field("b"),
+        fmt::format("{} bytes; a {}x{} {} matrix ({}) takes exactly {} (or give b_handle or "
+                    "b_region)",
+                    spec.b.bytes, job.transpose_b ? shape.n : shape.k,
+                    job.transpose_b ? shape.k : shape.n, ElementTypeName(shape.ab_type),
+                    job.transpose_b ? "n x k, transpose_b" : "k x n",
+                    total(shape.BMatrixBytes())));
   }
   return absl::OkStatus();
 }
 
-absl::Status ValidateGemmHeader(const v1::GemmHeader& header, const RequestRules& rules,
-                                GemmJob* job) {
-  absl::Status s = ValidateOptions(header.options(), rules, "header.options", job);
+// Options, form, scales, then the group or the shape, handles, batch and inline operands.
+absl::Status ValidateJob(const GemmSpec& spec, const RequestRules& rules, GemmJob* job) {
+  absl::Status s = ValidateOptions(spec, rules, job);
   if (!s.ok()) return s;
-  if (s = ValidateForm(header.transpose_a(), header.transpose_b(), header.dtype(),
-                       header.c_dtype(), rules, "header.", job);
-      !s.ok()) {
-    return s;
+  if (s = ValidateForm(spec, rules, job); !s.ok()) return s;
+  if (s = ValidateScale(spec, rules, job); !s.ok()) return s;
+  if (!spec.group.empty()) {
+    if (s = ValidateGroup(spec, rules, job); !s.ok()) return s;
+    return ValidateGroupBytes(spec, job->shape);
   }
-  // C_in comes by handle or in OPERAND_C chunks: a header always has one.
-  if (s = ValidateScale(header.has_alpha(), header.alpha(), header.beta(), /*has_c_in=*/true,
-                        rules, "header.", job);
-      !s.ok()) {
-    return s;
-  }
-  if (s = ValidateShape(header.m(), header.n(), header.k(), rules, &job->shape); !s.ok()) return s;
+  if (s = ValidateShape(spec.m, spec.n, spec.k, rules, &job->shape); !s.ok()) return s;
+  if (s = ValidateHandles(spec); !s.ok()) return s;
+  using Kind = OperandSource::Kind;
   const std::string single_matrix_field =
-      !header.a_handle().empty()      ? "a_handle"
-      : !header.b_handle().empty()    ? "b_handle"
-      : !header.c_in_handle().empty() && job->shape.c_input ? "c_in_handle"
-      : header.keep_c_resident()      ? "keep_c_resident"
-                                      : "";
-  return ValidateBatch(header.batch(), single_matrix_field, rules, "header.", job);
+      spec.a.kind == Kind::kResident                              ? "a_handle"
+      : spec.b.kind == Kind::kResident                            ? "b_handle"
+      : spec.c_in.kind == Kind::kResident && job->shape.c_input   ? "c_in_handle"
+      : spec.keep_c_resident                                      ? "keep_c_resident"
+                                                                  : "";
+  if (s = ValidateBatch(spec, single_matrix_field, rules, job); !s.ok()) return s;
+  return ValidateInlineBytes(spec, *job);
+}
+
+}  // namespace
+
+absl::Status ValidateGemm(const GemmSpec& spec, const RequestRules& rules, GemmOrder* order) {
+  if (absl::Status s = ValidateJob(spec, rules, &order->job); !s.ok()) return s;
+  order->a = spec.a;
+  order->b = spec.b;
+  // Without beta, C_in is never read: whatever the spec names for it is left alone.
+  order->c_in = order->job.shape.c_input ? spec.c_in : OperandSource::None();
+  order->c = spec.keep_c_resident ? ResultSink::KeepResident(spec.c_ttl_seconds, spec.c_transient)
+                                  : spec.c;
+  return absl::OkStatus();
 }
 
 }  // namespace hgemm

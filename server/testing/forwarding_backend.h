@@ -48,6 +48,12 @@ class ForwardingBackend : public Backend {
   absl::Status Run(int slot, const GemmJob& job, GemmReport* report) override {
     return inner_->Run(slot, job, report);
   }
+  bool DeviceHealthy(int device_index) const override {
+    return inner_->DeviceHealthy(device_index);
+  }
+  void TakeOutOfService(int device_index, const std::string& why) override {
+    inner_->TakeOutOfService(device_index, why);
+  }
 
  private:
   std::unique_ptr<Backend> inner_;

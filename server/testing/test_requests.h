@@ -1,6 +1,6 @@
 // Requests for the server's tests: a unary GemmRequest with fresh random fp16 operands (never
-// all zeros), one of any layout and types (batched or grouped) with its float64 reference, and the header and
-// chunk messages of a GemmStream. Test-only.
+// all zeros), and one of any layout and types (batched or grouped) with its float64 reference.
+// Test-only.
 #ifndef HGEMM_SERVER_TESTING_TEST_REQUESTS_H_
 #define HGEMM_SERVER_TESTING_TEST_REQUESTS_H_
 
@@ -160,31 +160,6 @@ inline double RelativeErrorOfC(const v1::GemmRequest& r, const std::string& c) {
     norm += reference[i] * reference[i];
   }
   return std::sqrt(diff / norm);
-}
-
-// A GemmStream header announcing gemm `id` of m×n×k (A by `a_handle` unless "").
-inline v1::GemmStreamRequest StreamHeader(uint64_t id, uint32_t m, uint32_t n, uint32_t k,
-                                          const std::string& a_handle = "") {
-  v1::GemmStreamRequest message;
-  v1::GemmHeader* h = message.mutable_header();
-  h->set_gemm_id(id);
-  h->set_m(m);
-  h->set_n(n);
-  h->set_k(k);
-  h->set_a_handle(a_handle);
-  return message;
-}
-
-// A GemmStream chunk: `data` at byte `offset` of `operand` of gemm `id`.
-inline v1::GemmStreamRequest StreamChunk(uint64_t id, v1::Operand operand, uint64_t offset,
-                                         std::string data) {
-  v1::GemmStreamRequest message;
-  v1::MatrixChunk* c = message.mutable_chunk();
-  c->set_gemm_id(id);
-  c->set_operand(operand);
-  c->set_offset(offset);
-  c->set_data(std::move(data));
-  return message;
 }
 
 }  // namespace hgemm

@@ -1,6 +1,7 @@
 // Conversions between the wire (protobuf messages, a call's context) and the core vocabulary
-// (server/core): the transport's edge, in one place. Validation of requests is separate
-// (server/session/validation.h).
+// (server/core, server/session/gemm_spec.h): the transport's edge, in one place. Nothing below
+// the transport sees a protobuf message. Validation of requests is separate
+// (server/session/validation.h): a GemmSpec is what the client sent, unchecked.
 // Thread safety: pure functions; a context must be alive while it is read.
 #ifndef HGEMM_SERVER_TRANSPORT_CONVERT_H_
 #define HGEMM_SERVER_TRANSPORT_CONVERT_H_
@@ -15,6 +16,10 @@
 #include "server/core/job.h"
 #include "server/resident/matrix_store.h"
 #include "server/session/gemm_core.h"
+#include "server/session/gemm_spec.h"
+#include "server/session/part_session.h"
+#include "server/session/stream_assembler.h"
+#include "server/session/upload_session.h"
 
 namespace hgemm {
 
@@ -28,14 +33,31 @@ bool OverUnixSocket(const grpc::ServerContextBase& context);
 // The call's W3C trace context ("traceparent" metadata), or "" when absent or malformed.
 std::string_view CallTraceparent(const grpc::ServerContextBase& context);
 
-// An operand's bytes as the fp16 elements a GemmJob points to.
-inline const uint16_t* HalfData(const std::string& bytes) {
-  return reinterpret_cast<const uint16_t*>(bytes.data());
-}
+// A wire enum as the core reads it: its number, and its meaning (none for UNSPECIFIED and for
+// a number outside the enum, which validation refuses by number).
+WireEnum<ElementType> FromProto(v1::DataType type);
+WireEnum<Accumulation> FromProto(v1::Accumulation accumulation);
 
-// Where `request`'s operands come from and where its C goes (order->a, b, c_in, c and
-// over_unix_socket; order->job untouched).
-void ToOrder(const v1::GemmRequest& request, bool over_unix_socket, GemmOrder* order);
+// What a unary request describes. Its inline operands are viewed in place: `request` must
+// outlive the spec and the GEMM made of it.
+GemmSpec ToSpec(const v1::GemmRequest& request);
+
+// What a stream's header describes (fields named "header.*" in refusals). An operand without a
+// handle arrives in chunks.
+GemmSpec ToSpec(const v1::GemmHeader& header);
+
+// A GemmStream message as its session reads it. A chunk's bytes are moved out of `message`.
+StreamMessage ToStreamMessage(v1::GemmStreamRequest& message);
+
+// A resident matrix's header (UploadMatrix, CreateUpload).
+MatrixSpec ToSpec(const v1::MatrixHeader& header);
+
+// An UploadMatrix message as its session reads it. A chunk's bytes are moved out of `message`.
+UploadMessage ToUploadMessage(v1::UploadMatrixRequest& message);
+
+// An UploadPart message (parsed: not a lone chunk, see lone_chunk.h) as its session reads it.
+// A chunk's bytes are moved out of `message`.
+PartMessage ToPartMessage(v1::PartRequest& message);
 
 v1::Accumulation ToProto(Accumulation accumulation);
 v1::DataType ToProto(ElementType type);

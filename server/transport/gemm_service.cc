@@ -133,8 +133,8 @@ absl::Status GemmServiceImpl::AdmitGemm(grpc::CallbackServerContext* context,
                                         v1::GemmResponse* response,
                                         grpc::ServerUnaryReactor* reactor) {
   GemmOrder order;
-  if (absl::Status s = ValidateGemmRequest(request, options_.rules, &order.job); !s.ok()) return s;
-  ToOrder(request, OverUnixSocket(*context), &order);
+  if (absl::Status s = ValidateGemm(ToSpec(request), options_.rules, &order); !s.ok()) return s;
+  order.over_unix_socket = OverUnixSocket(*context);
   const bool c_to_host = order.c.kind == ResultSink::Kind::kHost;
   const bool a_shared = request.has_a_region(), b_shared = request.has_b_region();
   const bool c_shared = request.has_c_region();
@@ -250,6 +250,18 @@ grpc::ServerUnaryReactor* GemmServiceImpl::GetServerInfo(grpc::CallbackServerCon
     load->set_admitted_total(stats.admitted_total);
     load->set_completed_total(stats.completed_total);
     response->set_replica(options_.resident.replica);
+    v1::Features* features = response->mutable_features();
+    features->set_shared_memory(options_.regions.allow_shared_memory);
+    features->set_unix_socket(options_.unix_socket);
+    features->set_cuda_ipc(options_.regions.allow_shared_memory &&
+                           options_.regions.allow_cuda_ipc && core_.backend().Name() == "cuda");
+    features->set_submission_ring(options_.regions.allow_shared_memory);
+    features->set_parallel_parts(true);
+    features->set_tls(options_.tls);
+    features->set_authentication(authenticator_->enabled());
+    features->set_error_details(true);
+    features->set_verification(true);
+    features->set_verify_all(options_.scheduler.verify_all);
     return absl::OkStatus();
   });
 }
@@ -313,7 +325,7 @@ grpc::ServerUnaryReactor* GemmServiceImpl::CreateUpload(grpc::CallbackServerCont
     return reactor;
   }
   // Answered once the matrix is allocated (on an upload thread), or at once when refused.
-  hgemm::CreateUpload(core_, caller.name, *request,
+  hgemm::CreateUpload(core_, caller.name, ToSpec(request->header()), request->transient(),
                       [this, context, reactor, response, owner = caller.name](
                           const absl::Status& s, const ResidentMatrix& matrix) {
                         if (s.ok()) Describe(core_, matrix, response);

@@ -53,6 +53,9 @@ struct ServiceOptions {
   RegionStoreOptions regions;
   // Submission rings (AttachRing; they need shared memory allowed).
   RingOptions rings;
+  // What the server around the service has, for GetServerInfo.features (HgemmServer sets them).
+  bool tls = false;          // TLS on its TCP listeners
+  bool unix_socket = false;  // a unix: listener
 };
 
 class GemmServiceImpl final : public v1::GemmService::CallbackService {

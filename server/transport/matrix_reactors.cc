@@ -33,18 +33,23 @@ absl::Status SerializeAnswer(const Message& message, const char* rpc,
 }
 
 // What an upload reactor does with the message read into `request`: a lone chunk goes to
-// `session`'s OnChunk as its slices; anything else is parsed into a `Message` for its OnRead.
-// A message that does not parse ends the reads, as a typed method's failed read does. Returns
-// the bytes the session accepted.
-template <typename Message, typename Session>
-int64_t ConsumeUploadMessage(grpc::ByteBuffer& request, Session& session) {
+// `session` as its slices; anything else is parsed into a `Message` and converted by `convert`
+// (ToUploadMessage, ToPartMessage). A message that does not parse ends the reads, as a typed
+// method's failed read does. Returns the bytes the session accepted.
+template <typename Message, typename Session, typename Convert>
+int64_t ConsumeUploadMessage(grpc::ByteBuffer& request, Session& session, Convert convert) {
+  using SessionMessage = decltype(convert(std::declval<const Message&>()));
   WireBytes chunk;
-  if (LoneChunkOf(request, &chunk)) return session.OnChunk(std::move(chunk));
-  Message message;
-  if (!grpc::SerializationTraits<Message>::Deserialize(&request, &message).ok()) {
+  if (LoneChunkOf(request, &chunk)) {
+    SessionMessage message{std::move(chunk)};
+    return session.OnRead(message);
+  }
+  Message parsed;
+  if (!grpc::SerializationTraits<Message>::Deserialize(&request, &parsed).ok()) {
     session.OnReadsDone();
     return 0;
   }
+  SessionMessage message = convert(parsed);
   return session.OnRead(message);
 }
 
@@ -72,9 +77,9 @@ class UploadMatrixReactor final : public grpc::ServerReadReactor<grpc::ByteBuffe
   void OnReadDone(bool ok) override {
     if (!ok) return session_.OnReadsDone();  // the client has sent everything (or went away)
     const int64_t region_before = session_.region_bytes();
-    services_.log->Received(Rpc::kUploadMatrix,
-                            ConsumeUploadMessage<v1::UploadMatrixRequest>(request_, session_),
-                            *context_);
+    const int64_t accepted =
+        ConsumeUploadMessage<v1::UploadMatrixRequest>(request_, session_, ToUploadMessage);
+    services_.log->Received(Rpc::kUploadMatrix, accepted, *context_);
     services_.log->SharedMemory(session_.region_bytes() - region_before, 0);
   }
 
@@ -131,8 +136,9 @@ class UploadPartReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer>
 
   void OnReadDone(bool ok) override {
     if (!ok) return session_.OnReadsDone();  // the client has sent everything (or went away)
-    services_.log->Received(Rpc::kUploadPart,
-                            ConsumeUploadMessage<v1::PartRequest>(request_, session_), *context_);
+    const int64_t accepted =
+        ConsumeUploadMessage<v1::PartRequest>(request_, session_, ToPartMessage);
+    services_.log->Received(Rpc::kUploadPart, accepted, *context_);
   }
 
   void OnDone() override {

@@ -29,7 +29,8 @@ class GemmStreamReactor final
 
   void OnReadDone(bool ok) override {
     if (ok) {
-      services_.log->Received(Rpc::kGemmStream, session_.OnRead(request_), *context_);
+      StreamMessage message = ToStreamMessage(request_);
+      services_.log->Received(Rpc::kGemmStream, session_.OnRead(message), *context_);
     } else {  // the client closed its side, or the call was cancelled
       session_.OnReadsDone();
     }
@@ -68,13 +69,15 @@ class GemmStreamReactor final
     const grpc::Status answer = ToGrpcStatus(status);
     done->set_status_code(answer.error_code());
     done->set_status_message(answer.error_message());
-    done->set_request_id(gemm.job.request_id);
-    services_.log->Answered(Rpc::kGemmStream, status, context_, owner_, gemm.job.request_id,
+    if (!status.ok()) *done->mutable_status() = ToRpcStatus(status);
+    const GemmJob& job = gemm.order.job;
+    done->set_request_id(job.request_id);
+    services_.log->Answered(Rpc::kGemmStream, status, context_, owner_, job.request_id,
                             gemm.gemm_id);
     if (status.ok()) {
-      services_.log->Ran(gemm.job.shape, result);
-      ToProto(gemm.job.shape, result, done->mutable_timing(), done->mutable_execution());
-      if (gemm.keep_c && result.kept_c.buffer) {
+      services_.log->Ran(job.shape, result);
+      ToProto(job.shape, result, done->mutable_timing(), done->mutable_execution());
+      if (gemm.keep_c() && result.kept_c.buffer) {
         Describe(*services_.core, result.kept_c, done->mutable_c_matrix());
       }
     }

@@ -21,9 +21,9 @@ from ._stream import Stream
 from ._native import info
 from ._prepared import PreparedGemm
 from ._errors import (Aborted, AlreadyExists, Cancelled, DataLoss, DeadlineExceeded, Error,
-                      FailedPrecondition, Internal, InvalidArgument, NotFound, OutOfRange,
-                      PermissionDenied, ResourceExhausted, StatusCode, Unauthenticated,
-                      Unavailable, Unimplemented, Unknown)
+                      FailedPrecondition, FieldViolation, Internal, InvalidArgument, NotFound,
+                      OutOfRange, PermissionDenied, QuotaViolation, ResourceExhausted,
+                      StatusCode, Unauthenticated, Unavailable, Unimplemented, Unknown)
 from ._proto import hgemm_pb2 as pb
 
 __version__ = "0.1.0"
@@ -33,6 +33,7 @@ __all__ = [
     "MatrixList", "RetryPolicy", "ConversionWarning", "pb", "Error", "Cancelled", "Unknown",
     "InvalidArgument", "DeadlineExceeded", "NotFound", "AlreadyExists", "PermissionDenied",
     "ResourceExhausted", "FailedPrecondition", "Aborted", "OutOfRange", "Unimplemented",
-    "Internal", "Unavailable", "DataLoss", "Unauthenticated", "StatusCode", "info",
+    "Internal", "Unavailable", "DataLoss", "Unauthenticated", "StatusCode", "FieldViolation",
+    "QuotaViolation", "info",
     "cuda_region", "CudaRegion", "PreparedGemm",
 ]

@@ -72,7 +72,7 @@ class AllOf:
 
 # prepare()'s keyword arguments: those of Spec, and those of the call.
 _SPEC_ARGS = ("accumulation", "kernel", "keep_c", "c_ttl", "request_id", "c_dtype", "alpha",
-              "beta", "c", "dtype", "transpose_a", "transpose_b")
+              "beta", "c", "dtype", "transpose_a", "transpose_b", "verify", "verify_repetitions")
 _CALL_ARGS = ("details", "as_torch", "mode", "timeout", "out")
 
 
@@ -120,7 +120,7 @@ class Calls:
                 return (yield from attempt(deadline.remaining()))
             except _errors.rpc_errors() as e:
                 err = _errors.from_rpc_error(e)
-            delay = policy.delay(tried)
+            delay = policy.delay(tried, [err])
             if (tried + 1 == policy.attempts or not should_retry(err, idempotent)
                     or not deadline.allows(delay)):
                 raise explain_unreachable(err, replica)
@@ -181,7 +181,8 @@ class Calls:
              as_torch=False, mode: Optional[str] = None, timeout: Optional[float] = None,
              out: Optional[np.ndarray] = None, c_dtype: Optional[str] = None,
              alpha: Optional[float] = None, beta: float = 0.0, c=None,
-             dtype: Optional[str] = None, transpose_a: bool = False, transpose_b: bool = False):
+             dtype: Optional[str] = None, transpose_a: bool = False, transpose_b: bool = False,
+             verify: bool = False, verify_repetitions: int = 0):
         """C = A·B. A (m×k) and B (k×n): float16 numpy arrays, torch tensors, or ResidentMatrix.
         A transposed view (B.T of a C-contiguous B, a weight's .t()) is sent as stored with
         transpose_b (or transpose_a) set, not copied; transpose_b=True says the same of B as
@@ -203,13 +204,17 @@ class Calls:
         accumulation: None (the server's default, fp32), "fp32" or "fp16". kernel: "auto" or a
         name from kernels(). alpha, beta, c: C = alpha·A·B + beta·c (BLAS semantics, fp32 math,
         one rounding); alpha None is 1; c (m×n, C's type: float16, float32, torch bfloat16 or
-        floats rounded to bf16, or a ResidentMatrix) is sent only when beta ≠ 0. Raises an
-        hgemm.Error subclass on failure.
+        floats rounded to bf16, or a ResidentMatrix) is sent only when beta ≠ 0. verify: the
+        server checks C by Freivalds' method before answering (docs/verification.md), with
+        verify_repetitions random vectors (0: the server's default); a C that fails twice
+        raises hgemm.DataLoss, never returns; details=True shows timing.verify_ms and
+        execution.verified_repetitions. Raises an hgemm.Error subclass on failure.
         """
         started = time.monotonic()
         spec = Spec(a, b, accumulation=accumulation, kernel=kernel, keep_c=keep_c, c_ttl=c_ttl,
                     request_id=request_id, c_dtype=c_dtype, alpha=alpha, beta=beta, c=c,
-                    dtype=dtype, transpose_a=transpose_a, transpose_b=transpose_b)
+                    dtype=dtype, transpose_a=transpose_a, transpose_b=transpose_b,
+                    verify=verify, verify_repetitions=verify_repetitions)
         replica = spec.replica()
         _check_out(spec, out, as_torch)
         if self.shm.enabled and not replica:
@@ -611,8 +616,9 @@ class Calls:
 
     def _on_native_core(self, spec: Spec) -> bool:
         """Whether a GEMM goes through the native core: whenever one is loaded (a kept C too:
-        hgemm_gemm_keep_c on the sync client, hgemm_gemm_keep_c_async awaited on asyncio)."""
-        return self.native is not None
+        hgemm_gemm_keep_c on the sync client, hgemm_gemm_keep_c_async awaited on asyncio), but
+        a verified one (verify=True), which the C ABI cannot ask for: it goes through grpcio."""
+        return self.native is not None and not spec.options.verify
 
     def _many(self, specs: List[Spec], timeout, details, as_torch, started):
         groups, outcomes = by_replica(dict(enumerate(specs)))

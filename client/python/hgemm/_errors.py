@@ -1,9 +1,20 @@
-"""hgemm.Error and its subclasses: one per gRPC status code, mapped in one place; StatusCode,
-gRPC's status codes without importing grpc (the native core never loads grpcio).
+"""hgemm.Error and its subclasses: one per gRPC status code, mapped in one place, with the
+details the server sends (docs/errors.md, "Details"); StatusCode, gRPC's status codes without
+importing grpc (the native core never loads grpcio).
 """
+import dataclasses
 import enum
 import sys
-from typing import Optional
+from typing import Optional, Tuple
+
+from google.protobuf import message as _message
+
+from ._proto import status_pb2
+
+try:  # googleapis-common-protos' (grpcio-status's), when installed: one copy in the process
+    from google.rpc import error_details_pb2
+except ImportError:
+    from ._proto import error_details_pb2
 
 
 class StatusCode(enum.Enum):
@@ -49,17 +60,45 @@ _BY_INT = {code.value[0]: code for code in StatusCode}
 
 class CallFailed(Exception):
     """A failed call read like grpcio's errors (code(), details()) without being one: the native
-    core's (hgemm._native.NativeRpcError) and a deadline reported by grpcio as INTERNAL."""
+    core's (hgemm._native.NativeRpcError) and a deadline reported by grpcio as INTERNAL.
+    rpc_status: the serialized google.rpc.Status the server sent, or None."""
 
-    def __init__(self, code: StatusCode, details: str):
+    def __init__(self, code: StatusCode, details: str, rpc_status: Optional[bytes] = None):
         super().__init__(f"{code.name}: {details}")
-        self._code, self._details = code, details
+        self._code, self._details, self.rpc_status = code, details, rpc_status
 
     def code(self) -> StatusCode:
         return self._code
 
     def details(self) -> str:
         return self._details
+
+
+@dataclasses.dataclass(frozen=True)
+class FieldViolation:
+    """A field of the request that is wrong (google.rpc.BadRequest.FieldViolation)."""
+    field: str        # its path in the request, e.g. "header.options.kernel"
+    description: str  # what is wrong with it
+
+
+@dataclasses.dataclass(frozen=True)
+class QuotaViolation:
+    """A limit the request would pass (google.rpc.QuotaFailure.Violation)."""
+    subject: str      # the limit: a server flag's name, e.g. "max_queued_bytes"
+    description: str
+
+
+def parse_status(data: Optional[bytes]) -> Optional[status_pb2.Status]:
+    """A serialized google.rpc.Status (gRPC's grpc-status-details-bin trailer, the C ABI's
+    hgemm_error_status); None for none or bytes that do not parse."""
+    if not data:
+        return None
+    status = status_pb2.Status()
+    try:
+        status.ParseFromString(data)
+    except _message.DecodeError:
+        return None
+    return status
 
 
 def rpc_errors() -> tuple:
@@ -79,18 +118,56 @@ class Error(Exception):
       index:   for gemm_many, the position of the failing GEMM in the list; else None.
       results: for gemm_many raising, the list of results, with Error instances in place of the
                GEMMs that failed (None for a GEMM the stream never answered).
+    The server's details (docs/errors.md), for a program to act on without reading the message;
+    empty (None, ()) for an error without them (the client's own, gRPC's, an older server's):
+      reason:           ErrorInfo.reason, e.g. "QUEUE_FULL", "INVALID_FIELD".
+      domain:           ErrorInfo.domain, "hgemm".
+      field_violations: the fields that are wrong, FieldViolation(field, description).
+      quota_violations: the limits passed, QuotaViolation(subject, description).
+      retry_delay:      RetryInfo: nothing ran; send it again after at least this many seconds.
+      rpc_status:       the google.rpc.Status itself (for other detail types).
     """
 
     code = StatusCode.UNKNOWN
+    reason: Optional[str] = None
+    domain: Optional[str] = None
+    field_violations: Tuple[FieldViolation, ...] = ()
+    quota_violations: Tuple[QuotaViolation, ...] = ()
+    retry_delay: Optional[float] = None
+    rpc_status: Optional[status_pb2.Status] = None
 
     def __init__(self, message: str, code: Optional[StatusCode] = None,
-                 index: Optional[int] = None):
+                 index: Optional[int] = None, rpc_status=None):
         if code is not None:
             self.code = StatusCode.of(code)
         self.message = message
         self.index = index
         self.results = None
+        if rpc_status is not None:
+            self._read_details(rpc_status)
         super().__init__(message)
+
+    def _read_details(self, rpc_status) -> None:
+        self.rpc_status = rpc_status
+        fields, quotas = [], []
+        for detail in rpc_status.details:
+            if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
+                info = error_details_pb2.ErrorInfo()
+                detail.Unpack(info)
+                self.reason, self.domain = info.reason, info.domain
+            elif detail.Is(error_details_pb2.BadRequest.DESCRIPTOR):
+                bad = error_details_pb2.BadRequest()
+                detail.Unpack(bad)
+                fields += [FieldViolation(v.field, v.description) for v in bad.field_violations]
+            elif detail.Is(error_details_pb2.QuotaFailure.DESCRIPTOR):
+                quota = error_details_pb2.QuotaFailure()
+                detail.Unpack(quota)
+                quotas += [QuotaViolation(v.subject, v.description) for v in quota.violations]
+            elif detail.Is(error_details_pb2.RetryInfo.DESCRIPTOR):
+                retry = error_details_pb2.RetryInfo()
+                detail.Unpack(retry)
+                self.retry_delay = retry.retry_delay.seconds + retry.retry_delay.nanos * 1e-9
+        self.field_violations, self.quota_violations = tuple(fields), tuple(quotas)
 
     @property
     def status(self) -> str:
@@ -129,7 +206,8 @@ class AlreadyExists(Error):
 
 
 class PermissionDenied(Error):
-    """A handle that belongs to another client."""
+    """Shared memory over a connection that is not the Unix socket, a uid the socket does not
+    allow, a region file the server may not open."""
     code = StatusCode.PERMISSION_DENIED
 
 
@@ -155,16 +233,19 @@ class Unimplemented(Error):
 
 
 class Internal(Error):
-    """The backend failed (e.g. a GPU fault), or the server broke the protocol."""
+    """The backend failed on this GEMM alone (a CUDA error that is not sticky), or the server
+    broke the protocol."""
     code = StatusCode.INTERNAL
 
 
 class Unavailable(Error):
-    """The server's queue is full, it is shutting down, or it cannot be reached."""
+    """The server's queue is full or it is shutting down (retry_delay set: nothing ran), the
+    device the GEMM needed failed (reason "DEVICE_FAILED"), or it cannot be reached."""
     code = StatusCode.UNAVAILABLE
 
 
 class DataLoss(Error):
+    """A GEMM whose server-side verification failed twice: report it, do not retry blindly."""
     code = StatusCode.DATA_LOSS
 
 
@@ -179,19 +260,32 @@ _BY_CODE = {cls.code: cls for cls in (
     Internal, Unavailable, DataLoss, Unauthenticated)}
 
 
-def from_code(code, message: str, index: Optional[int] = None) -> Error:
+def from_code(code, message: str, index: Optional[int] = None, rpc_status=None) -> Error:
     """The Error for a StatusCode, a grpc.StatusCode or its integer value
-    (GemmDone.status_code)."""
+    (GemmDone.status_code), with the details of rpc_status (a google.rpc.Status, e.g.
+    GemmDone.status, or another Error's) if given."""
     code = StatusCode.of(code)
     cls = _BY_CODE.get(code, Unknown)
-    return cls(message, code=code, index=index)
+    return cls(message, code=code, index=index, rpc_status=rpc_status)
+
+
+def _sent_status(e: Exception) -> Optional[status_pb2.Status]:
+    """The google.rpc.Status of a failed call: a CallFailed's, or the grpc-status-details-bin
+    trailer of grpcio's (sync or aio)."""
+    if isinstance(e, CallFailed):
+        return parse_status(e.rpc_status)
+    trailing = getattr(e, "trailing_metadata", None)
+    for key, value in (trailing() if callable(trailing) else None) or ():
+        if key == "grpc-status-details-bin":
+            return parse_status(value)
+    return None
 
 
 def from_rpc_error(e: Exception, index: Optional[int] = None) -> Error:
     """The Error for a failed call (grpcio's, sync or aio, or a CallFailed)."""
     code = e.code() if hasattr(e, "code") else None
     details = e.details() if hasattr(e, "details") else str(e)
-    err = from_code(code or StatusCode.UNKNOWN, details or "", index)
+    err = from_code(code or StatusCode.UNKNOWN, details or "", index, _sent_status(e))
     err.__cause__ = e
     return err
 
@@ -208,18 +302,20 @@ def past_deadline(e: Exception, timeout: Optional[float], elapsed: float) -> Exc
     return e
 
 
-# The server's own UNAVAILABLE messages (server/core/status.cc): the work was refused before it
-# ran. With gRPC's own message when no connection could be made, a retry cannot run anything
-# twice.
+# A server from before error details said it refused work before running it in these words
+# only (server/core/status.cc); gRPC says the last when no connection could be made. Either way
+# a retry cannot run anything twice.
 _SERVER_MARKERS = ("retry with backoff", "server is shutting down")
 _NOT_RUN_MARKERS = _SERVER_MARKERS + ("failed to connect",)
 
 
 def sent_by_server(err: Error) -> bool:
     """True for an UNAVAILABLE the server sent (queue full, shutting down), not gRPC's own."""
-    return any(m in err.message for m in _SERVER_MARKERS)
+    return err.domain == "hgemm" or any(m in err.message for m in _SERVER_MARKERS)
 
 
 def unavailable_not_run(err: Error) -> bool:
-    """True for an UNAVAILABLE that certainly did not run the request (safe to repeat)."""
-    return isinstance(err, Unavailable) and any(m in err.message for m in _NOT_RUN_MARKERS)
+    """True for an UNAVAILABLE that certainly did not run the request (safe to repeat): the
+    server said so with a RetryInfo (or its words), or no connection was made."""
+    return isinstance(err, Unavailable) and (
+        err.retry_delay is not None or any(m in err.message for m in _NOT_RUN_MARKERS))

@@ -48,12 +48,14 @@ class ManyRound:
             culprit = culprit_of(stream_err)
             if culprit in unanswered:
                 self.outcomes[culprit] = _errors.from_code(stream_err.code, stream_err.message,
-                                                           index=culprit)
+                                                           index=culprit,
+                                                           rpc_status=stream_err.rpc_status)
                 after = sent[sent.index(culprit) + 1:]
                 resend = [i for i in unanswered if i in after]
                 unanswered = [i for i in unanswered if i != culprit and i not in after]
             for i in unanswered:
-                err = _errors.from_code(stream_err.code, stream_err.message, index=i)
+                err = _errors.from_code(stream_err.code, stream_err.message, index=i,
+                                        rpc_status=stream_err.rpc_status)
                 if should_retry(err, not self.specs[i].keep_c):
                     retry.append((i, err))
                 else:
@@ -63,7 +65,7 @@ class ManyRound:
                 self.outcomes[i] = _errors.Internal("the stream ended without an answer", index=i)
         delay = 0.0
         if retry:
-            delay = self.policy.delay(self.retries)
+            delay = self.policy.delay(self.retries, [err for _, err in retry])
             self.retries += 1
             if self.retries >= self.policy.attempts or not self.deadline.allows(delay):
                 for i, err in retry:

@@ -44,8 +44,8 @@ ABI_VERSION = 1  # HGEMM_ABI_VERSION of the client/c/hgemm.h this module binds
 # The HGEMM_ABI_REVISION whose functions it calls (2: batches, transposes, types; 3: typed
 # uploads, downloads, listings, keep_c, alpha/beta/C_in/batch; 4: parallel_min_bytes; 5: shared
 # memory regions; 6: submission rings; 7: the *_start calls, awaited by the aio client; 8: rings
-# keep C, bind slots after the open, drain; 9: borrowed stream operands).
-ABI_REVISION = 9
+# keep C, bind slots after the open, drain; 9: borrowed stream operands; 10: error details).
+ABI_REVISION = 10
 MODE_AUTO, MODE_UNARY, MODE_STREAM = 0, 1, 2
 # HGEMM_DTYPE_* (proto DataType's values) of a Spec's dtype names.
 _DTYPES = {"fp16": pb.DATA_TYPE_FP16, "bf16": pb.DATA_TYPE_BF16, "fp32": pb.DATA_TYPE_FP32}
@@ -139,8 +139,7 @@ def _on_gemm_done(user_data, code, message, info):
     """hgemm_gemm_done_fn, on a library thread: hands the outcome to the call's on_done."""
     on_done = _in_flight.pop(user_data)
     if code != 0:
-        on_done(None, NativeRpcError(_errors.StatusCode.of(code),
-                                     (message or b"").decode(errors="replace")))
+        on_done(None, NativeRpcError.reported(code, message or b""))
     else:
         on_done(GemmInfo.from_buffer_copy(info.contents), None)
 
@@ -151,8 +150,7 @@ def _on_keep_c_done(user_data, code, message, info, c_handle, c_info):
     C's handle, its MatrixInfo), copied (the library's are valid during this call only)."""
     on_done = _in_flight.pop(user_data)
     if code != 0:
-        on_done(None, NativeRpcError(_errors.StatusCode.of(code),
-                                     (message or b"").decode(errors="replace")))
+        on_done(None, NativeRpcError.reported(code, message or b""))
     else:
         on_done((GemmInfo.from_buffer_copy(info.contents), c_handle.decode(),
                  MatrixInfo.from_buffer_copy(c_info.contents)), None)
@@ -166,8 +164,7 @@ def _on_result(user_data, result):
     on_done, read, reads_errors = _in_flight.pop(user_data)
     message = ctypes.c_char_p()
     code = _library.hgemm_result_code(result, ctypes.byref(message))
-    err = None if code == 0 else NativeRpcError(_errors.StatusCode.of(code),
-                                                (message.value or b"").decode(errors="replace"))
+    err = None if code == 0 else NativeRpcError.reported(code, message.value or b"")
     if err is not None and not reads_errors:
         on_done(None, err)
         return
@@ -313,6 +310,7 @@ def _declare(lib):
         "hgemm_abi_version": (ctypes.c_int, ()),
         "hgemm_abi_revision": (ctypes.c_int, ()),
         "hgemm_free": (None, (p,)),
+        "hgemm_error_status": (p, (ctypes.POINTER(size),)),
         "hgemm_client_options_create": (p, ()),
         "hgemm_client_options_destroy": (None, (p,)),
         "hgemm_client_options_set_tls": (None, (p, ctypes.c_ubyte)),
@@ -466,6 +464,15 @@ class NativeRpcError(_errors.CallFailed):
     """A failed native call, read like grpcio's errors (code(), details()), so that the retry
     loop and hgemm.Error's mapping treat both cores alike."""
 
+    @classmethod
+    def reported(cls, code: int, message: bytes) -> "NativeRpcError":
+        """The failure the library has just reported on this thread, with its details
+        (hgemm_error_status: the server's google.rpc.Status)."""
+        size = ctypes.c_size_t(0)
+        data = _library.hgemm_error_status(ctypes.byref(size))
+        return cls(_errors.StatusCode.of(code), message.decode(errors="replace"),
+                   ctypes.string_at(data, size.value) if size.value else None)
+
 
 def _timeout_ms(timeout: Optional[float]) -> int:
     """A call's deadline for the C ABI: 0 for none, else at least 1 ms."""
@@ -561,9 +568,9 @@ class NativeClient:
         result = fn(*args, ctypes.byref(code), ctypes.byref(message))
         if code.value == 0:
             return result, None
-        details = ctypes.string_at(message.value).decode(errors="replace") if message else ""
+        details = ctypes.string_at(message.value) if message else b""
         self._lib.hgemm_free(message)
-        return result, NativeRpcError(_errors.StatusCode.of(code.value), details)
+        return result, NativeRpcError.reported(code.value, details)
 
     def _gemm_options(self, spec, mode: int = 0, timeout: Optional[float] = None):
         """An hgemm_gemm_options_t of a Spec (the caller destroys it). Only what differs from
@@ -1481,7 +1488,7 @@ class NativeBatch:
         m = _GEMM_ID.match(err.details())
         if m and int(m.group(1)) < len(ids):
             return NativeRpcError(err.code(), f"gemm_id {ids[int(m.group(1))]}: "
-                                              f"{err.details()[m.end():]}")
+                                              f"{err.details()[m.end():]}", err.rpc_status)
         return err
 
     def outcome(self, i: int):
@@ -1492,7 +1499,7 @@ class NativeBatch:
         if not answered:
             return None
         if err is not None:
-            return _errors.from_code(err.code(), err.details(), index=i)
+            return _errors.from_rpc_error(err, index=i)
         spec = self.specs[i]
         if not spec.keep_c:
             return spec.c_array(self._buffers[i]), _LazyGemmDone(info)
@@ -1564,7 +1571,7 @@ class NativeStream:
         with self._lock:
             spec, buffer = self._c.pop(gemm_id)
         if err is not None:
-            return gemm_id, _errors.from_code(err.code(), err.details())
+            return gemm_id, _errors.from_rpc_error(err)
         c_matrix = (self._native._matrix_info(c_handle, c_info, "", spec.c_dtype)
                     if c_handle else None)
         c = None if spec.keep_c else spec.c_array(buffer)

@@ -6,7 +6,7 @@ functions keep no state: thread-safe.
 """
 import dataclasses
 import time
-from typing import List, Tuple
+from typing import List, Optional, Tuple
 
 import numpy as np
 
@@ -28,28 +28,34 @@ class Timing:
     device_to_host_ms: float
     server_total_ms: float
     tflops: float
+    verify_ms: float = 0.0  # the server's Freivalds check of C (gemm(..., verify=True))
 
     @classmethod
     def from_proto(cls, t: pb.Timing) -> "Timing":
         return cls(t.queue_wait_ms, t.host_to_device_ms, t.kernel_ms, t.device_to_host_ms,
-                   t.server_total_ms, t.tflops)
+                   t.server_total_ms, t.tflops, t.verify_ms)
 
 
 @dataclasses.dataclass(frozen=True)
 class Execution:
     """Which hardware ran a GEMM: kernel (never "auto"), accumulation ("fp16"/"fp32"), backend
-    ("cuda"/"cpu"), device id (-1 on CPU) and name, worker stream."""
+    ("cuda"/"cpu"), device id (-1 on CPU) and name, worker stream; with verify=True, the
+    repetitions of the Freivalds check C passed, and the device whose first C failed it when C
+    is a rerun's (None: no rerun)."""
     kernel: str
     accumulation: str
     backend: str
     device_id: int
     device_name: str
     stream_id: int
+    verified_repetitions: int = 0
+    suspect_device_id: Optional[int] = None
 
     @classmethod
     def from_proto(cls, e: pb.Execution) -> "Execution":
         return cls(e.kernel, _ACCUMULATION_NAMES.get(e.accumulation, str(e.accumulation)),
-                   e.backend, e.device_id, e.device_name, e.stream_id)
+                   e.backend, e.device_id, e.device_name, e.stream_id, e.verified_repetitions,
+                   e.suspect_device_id if e.HasField("suspect_device_id") else None)
 
 
 @dataclasses.dataclass

@@ -8,7 +8,7 @@ import dataclasses
 import random
 import re
 import time
-from typing import Optional
+from typing import Optional, Sequence
 
 from . import _errors
 
@@ -31,17 +31,21 @@ class Deadline:
 @dataclasses.dataclass
 class RetryPolicy:
     """UNAVAILABLE is retried with exponential backoff and jitter: always when the server said the
-    request was not run (queue full, shutting down) or no connection was made; for any other
-    UNAVAILABLE only when repeating cannot change anything (a GEMM without keep_c, info, kernels,
-    matrices, download). Never past the call's timeout."""
+    request was not run (a RetryInfo: queue full, shutting down) or no connection was made; for
+    any other UNAVAILABLE only when repeating cannot change anything (a GEMM without keep_c,
+    info, kernels, matrices, download). Never past the call's timeout; never sooner than the
+    RetryInfo's delay."""
     attempts: int = 5               # tries in all, the first included
     initial_backoff_s: float = 0.05
     max_backoff_s: float = 2.0
     multiplier: float = 2.0
 
-    def delay(self, retry: int) -> float:
+    def delay(self, retry: int, errors: Sequence[_errors.Error] = ()) -> float:
+        """The backoff before retry number `retry` (0 for the first) of what failed with
+        `errors`: at least the longest delay their RetryInfo asks for."""
         d = min(self.max_backoff_s, self.initial_backoff_s * self.multiplier ** retry)
-        return d * random.uniform(0.5, 1.0)
+        asked = [e.retry_delay for e in errors if e.retry_delay is not None]
+        return max([d * random.uniform(0.5, 1.0)] + asked)
 
 
 def should_retry(err: _errors.Error, idempotent: bool) -> bool:

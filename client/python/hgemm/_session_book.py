@@ -74,7 +74,7 @@ class SessionBook:
         if isinstance(outcome, _errors.Error):
             outcome.index = None
             if self._retryable(p, outcome):
-                return [], [(p, self._backoff(p))]
+                return [], [(p, self._backoff(p, outcome))]
         return [(p, outcome)], []
 
     def ended(self, err: Optional[_errors.Error]):
@@ -90,14 +90,15 @@ class SessionBook:
             if err is None:
                 finished.append((p, _errors.Internal("the stream ended without an answer")))
             elif culprit in self.pending and i == culprit:
-                finished.append((p, _errors.from_code(err.code, err.message)))
+                finished.append((p, _errors.from_code(err.code, err.message,
+                                                      rpc_status=err.rpc_status)))
             elif culprit in self.pending and i > culprit:
                 retry.append((p, 0.0))  # written after the culprit: never admitted
             else:
-                e = _errors.from_code(err.code, err.message)
+                e = _errors.from_code(err.code, err.message, rpc_status=err.rpc_status)
                 e.__cause__ = err.__cause__
                 if self._retryable(p, e):
-                    retry.append((p, self._backoff(p)))
+                    retry.append((p, self._backoff(p, e)))
                 else:
                     finished.append((p, e))
         self.pending.clear()
@@ -107,7 +108,7 @@ class SessionBook:
     def _retryable(self, p: Pending, err: _errors.Error) -> bool:
         return should_retry(err, not p.spec.keep_c) and p.attempt + 1 < self.policy.attempts
 
-    def _backoff(self, p: Pending) -> float:
-        delay = self.policy.delay(p.attempt)
+    def _backoff(self, p: Pending, err: _errors.Error) -> float:
+        delay = self.policy.delay(p.attempt, [err])
         p.attempt += 1
         return delay

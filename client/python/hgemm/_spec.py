@@ -59,7 +59,8 @@ class Spec:
 
     def __init__(self, a, b, *, accumulation=None, kernel="auto", keep_c=False, c_ttl=0,
                  request_id="", c_dtype=None, alpha=None, beta=0.0, c=None, batch=1,
-                 index=None, dtype=None, transpose_a=False, transpose_b=False):
+                 index=None, dtype=None, transpose_a=False, transpose_b=False, verify=False,
+                 verify_repetitions=0):
         where = "" if index is None else f"pair {index}: "
         self.a = Operand(a, where + "A", dtype, transpose_a)
         self.b = Operand(b, where + "B", dtype, transpose_b)
@@ -78,9 +79,13 @@ class Spec:
         if accumulation not in ACCUMULATIONS:
             raise ValueError(f"accumulation must be 'fp16', 'fp32' or None (the server's default, "
                              f"fp32); got {accumulation!r}")
+        if not 0 <= int(verify_repetitions) <= 8:
+            raise ValueError(f"{where}verify_repetitions must be in [0, 8]; got "
+                             f"{verify_repetitions!r}")
         self.options = pb.GemmOptions(kernel=kernel or "auto",
                                       accumulation=ACCUMULATIONS[accumulation],
-                                      request_id=request_id)
+                                      request_id=request_id, verify=bool(verify),
+                                      verify_repetitions=int(verify_repetitions))
         self.keep_c = bool(keep_c)
         self.c_ttl = int(c_ttl)
         # Strided-batched (batched_spec): the arrays hold `batch` matrices each, packed.

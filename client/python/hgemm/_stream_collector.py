@@ -58,7 +58,8 @@ class StreamCollector:
         if done is None:
             return None
         if done.status_code != 0:
-            return _errors.from_code(done.status_code, done.status_message, index=i)
+            return _errors.from_code(done.status_code, done.status_message, index=i,
+                                     rpc_status=done.status if done.HasField("status") else None)
         spec = self.specs[i]
         if spec.keep_c:
             return None, done

@@ -119,6 +119,20 @@ def test_fp32_accumulation(client, rng, mode):
 
 
 @pytest.mark.parametrize("mode", ["unary", "stream"])
+def test_verified_gemm_shows_its_check(client, rng, mode):
+    a, b = fp16(rng, 96, 130), fp16(rng, 130, 70)
+    r = client.gemm(a, b, verify=True, verify_repetitions=2, details=True, mode=mode)
+    assert rel_error(r.c, a, b) < FP32_TOLERANCE
+    assert r.execution.verified_repetitions == 2
+    assert r.execution.suspect_device_id is None
+    assert r.timing.verify_ms >= 0
+    plain = client.gemm(a, b, details=True, mode=mode)
+    assert plain.execution.verified_repetitions == 0
+    with pytest.raises(ValueError, match="verify_repetitions"):
+        client.gemm(a, b, verify=True, verify_repetitions=9)
+
+
+@pytest.mark.parametrize("mode", ["unary", "stream"])
 def test_fp16_accumulation_result_or_refusal_matches_kernels(client, rng, mode):
     """fp16 accumulation: the server either computes it (within fp16 tolerance, with a kernel
     and accumulation ListKernels lists) or refuses with INVALID_ARGUMENT, and then no concrete

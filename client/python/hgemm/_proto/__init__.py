@@ -1,1 +1,2 @@
-"""Generated from proto/hgemm.proto by client/python/gen_stubs.py; do not edit."""
+"""Generated from proto/hgemm.proto and proto/google/rpc by client/python/gen_stubs.py; do not
+edit."""

@@ -221,9 +221,7 @@ class GemmServiceServicer(object):
     def BindRingSlots(self, request, context):
         """Same host: binds more region and matrix slots to the caller's attached ring (e.g. a region
         registered or a matrix uploaded after AttachRing), appended after those bound so far.
-        Errors: those of shared memory; NOT_FOUND (no ring of the caller attached over
-        ring_region); INVALID_ARGUMENT (an empty handle); RESOURCE_EXHAUSTED (past 4096 slots of
-        either kind).
+        Errors: docs/errors.md.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
