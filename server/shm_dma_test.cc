@@ -11,7 +11,7 @@
 
 #include "proto/numerics/cpu_gemm.h"
 #include "proto/numerics/error_stats.h"
-#include "server/backend/backend_factory.h"
+#include "server/backend/cuda_backend.h"
 #include "server/server.h"
 #include "server/testing/forwarding_backend.h"
 #include "server/testing/gated_backend.h"
