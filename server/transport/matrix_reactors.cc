@@ -38,7 +38,7 @@ absl::Status SerializeAnswer(const Message& message, const char* rpc,
 // method's failed read does. Returns the bytes the session accepted.
 template <typename Message, typename Session, typename Convert>
 int64_t ConsumeUploadMessage(grpc::ByteBuffer& request, Session& session, Convert convert) {
-  using SessionMessage = decltype(convert(std::declval<const Message&>()));
+  using SessionMessage = decltype(convert(std::declval<Message&>()));
   WireBytes chunk;
   if (LoneChunkOf(request, &chunk)) {
     SessionMessage message{std::move(chunk)};
