@@ -26,6 +26,7 @@ void ConnectFlags::Add(CLI::App* app) {
   app->add_option("--token_file", token_file_,
                   "file holding the bearer token (surrounding whitespace ignored); used when "
                   "--token is not given");
+  AddGrpcArgFlag(app, &parsed_.grpc_args);
 }
 
 std::string ConnectFlags::Apply(ConnectOptions* options) const {

@@ -1,7 +1,8 @@
 // ConnectFlags: the command-line flags with which a client binary reaches the server over TLS,
 // mutual TLS and with a token (--tls, --tls_ca, --tls_cert, --tls_key, --tls_server_name,
-// --token, --token_file, $HGEMM_TOKEN): defined once for hgemm_client and hgemm_load, turned
-// into the ConnectOptions that every channel is made with.
+// --token, --token_file, $HGEMM_TOKEN), and gRPC channel arguments (--grpc_arg): defined once
+// for hgemm_client and hgemm_load, turned into the ConnectOptions that every channel is made
+// with.
 // Thread safety: none; used while parsing the command line.
 #ifndef HGEMM_CLIENT_CONNECT_FLAGS_H_
 #define HGEMM_CLIENT_CONNECT_FLAGS_H_

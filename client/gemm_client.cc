@@ -6,6 +6,7 @@
 #include <google/protobuf/io/zero_copy_stream_impl_lite.h>
 #include <google/protobuf/wire_format_lite.h>
 #include <grpcpp/impl/client_unary_call.h>
+#include <grpcpp/support/sync_stream.h>
 #include <grpcpp/impl/rpc_method.h>
 #include <grpcpp/support/client_interceptor.h>
 #include <grpcpp/support/proto_buffer_reader.h>
@@ -16,10 +17,12 @@
 #include <cstring>
 #include <fstream>
 #include <functional>
+#include <memory>
 #include <map>
 #include <mutex>
 #include <sstream>
 #include <stdexcept>
+#include <string_view>
 #include <thread>
 #include <tuple>
 #include <utility>
@@ -273,6 +276,55 @@ const grpc::internal::RpcMethod& GemmStreamMethod() {
   static const grpc::internal::RpcMethod method(name.c_str(),
                                                 grpc::internal::RpcMethod::BIDI_STREAMING);
   return method;
+}
+
+// GemmService's client-streaming uploads as the generated stub names them, for calls that
+// write their chunks as ByteBuffers (WriteUpload).
+const grpc::internal::RpcMethod& UploadMatrixMethod() {
+  static const std::string name =
+      std::string("/") + v1::GemmService::service_full_name() + "/UploadMatrix";
+  static const grpc::internal::RpcMethod method(name.c_str(),
+                                                grpc::internal::RpcMethod::CLIENT_STREAMING);
+  return method;
+}
+const grpc::internal::RpcMethod& UploadPartMethod() {
+  static const std::string name =
+      std::string("/") + v1::GemmService::service_full_name() + "/UploadPart";
+  static const grpc::internal::RpcMethod method(name.c_str(),
+                                                grpc::internal::RpcMethod::CLIENT_STREAMING);
+  return method;
+}
+
+// One upload call (UploadMatrix or UploadPart, `Response` its answer): `header` (an
+// UploadMatrixRequest or PartRequest), then `bytes` as messages of one chunk field each
+// (field 2 in both) of at most chunk_bytes. A chunk's payload is a static slice of `bytes`,
+// not a copy: the call reads the caller's memory, which outlives it. Protobuf's wire format
+// makes these the bytes the generated code would send.
+template <typename Header, typename Response>
+grpc::Status WriteUpload(grpc::Channel* channel, const grpc::internal::RpcMethod& method,
+                         grpc::ClientContext* context, const Header& header, const char* bytes,
+                         uint64_t size, int64_t chunk_bytes, Response* response) {
+  static_assert(Header::kChunkFieldNumber == 2);
+  using google::protobuf::internal::WireFormatLite;
+  std::unique_ptr<grpc::ClientWriter<grpc::ByteBuffer>> stream(
+      grpc::internal::ClientWriterFactory<grpc::ByteBuffer>::Create(
+          channel, method, context, response));
+  grpc::Slice whole(header.SerializeAsString());
+  bool ok = stream->Write(grpc::ByteBuffer(&whole, 1));
+  for (uint64_t at = 0; ok && at < size; at += uint64_t(chunk_bytes)) {
+    const uint64_t length = std::min<uint64_t>(uint64_t(chunk_bytes), size - at);
+    uint8_t key[16];
+    uint8_t* end = google::protobuf::io::CodedOutputStream::WriteTagToArray(
+        WireFormatLite::MakeTag(Header::kChunkFieldNumber,
+                                WireFormatLite::WIRETYPE_LENGTH_DELIMITED),
+        key);
+    end = google::protobuf::io::CodedOutputStream::WriteVarint64ToArray(length, end);
+    grpc::Slice slices[] = {grpc::Slice(key, size_t(end - key)),
+                            grpc::Slice(bytes + at, length, grpc::Slice::STATIC_SLICE)};
+    ok = stream->Write(grpc::ByteBuffer(slices, 2));
+  }
+  stream->WritesDone();
+  return stream->Finish();
 }
 
 // results before a GemmStream's answers: one per request, unanswered, with room for C unless it
@@ -590,6 +642,7 @@ std::shared_ptr<grpc::Channel> Connect(const std::string& target, const ConnectO
   args.SetMaxReceiveMessageSize(-1);
   args.SetMaxSendMessageSize(-1);
   if (options.private_subchannels) args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  ApplyGrpcArgs(options.grpc_args, &args);
   // Calls spread over every address of the target (the replicas), not the first alone.
   args.SetLoadBalancingPolicyName("round_robin");
   std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
@@ -1046,7 +1099,6 @@ grpc::Status GemmClient::UploadMatrix(uint32_t rows, uint32_t cols, std::string_
   const Route route = RouteTo(options.replica);
   grpc::ClientContext context;
   ApplyDeadline(options, &context);
-  auto stream = route.stub->UploadMatrix(&context, info);
   v1::UploadMatrixRequest message;
   v1::MatrixHeader* header = message.mutable_header();
   header->set_rows(rows);
@@ -1055,13 +1107,9 @@ grpc::Status GemmClient::UploadMatrix(uint32_t rows, uint32_t cols, std::string_
   header->set_label(label);
   header->set_dtype(dtype);
   if (device_id >= 0) header->set_device_id(device_id);
-  bool ok = stream->Write(message);
-  for (size_t offset = 0; ok && offset < data.size(); offset += options.chunk_bytes) {
-    message.set_chunk(data.data() + offset, std::min<size_t>(options.chunk_bytes, data.size() - offset));
-    ok = stream->Write(message);
-  }
-  stream->WritesDone();
-  return ExplainUnreachable(stream->Finish(), route.replica, route.channel.get());
+  grpc::Status status = WriteUpload(route.channel.get(), UploadMatrixMethod(), &context, message,
+                                    data.data(), data.size(), options.chunk_bytes, info);
+  return ExplainUnreachable(status, route.replica, route.channel.get());
 }
 
 grpc::Status GemmClient::ReleaseMatrix(const std::string& handle, const CallOptions& options,
@@ -1161,19 +1209,13 @@ grpc::Status GemmClient::UploadPart(const std::string& handle, uint64_t offset,
   grpc::ClientContext context;
   ApplyDeadline(options, &context);
   v1::PartResponse response;
-  auto stream = route.stub->UploadPart(&context, &response);
   v1::PartRequest message;
   v1::PartHeader* header = message.mutable_header();
   header->set_handle(handle);
   header->set_offset(offset);
   header->set_length(length);
-  bool ok = stream->Write(message);
-  for (uint64_t at = 0; ok && at < length; at += options.chunk_bytes) {
-    message.set_chunk(bytes + at, std::min<uint64_t>(options.chunk_bytes, length - at));
-    ok = stream->Write(message);
-  }
-  stream->WritesDone();
-  grpc::Status status = stream->Finish();
+  grpc::Status status = WriteUpload(route.channel.get(), UploadPartMethod(), &context, message,
+                                    bytes, length, options.chunk_bytes, &response);
   if (missing_bytes != nullptr) *missing_bytes = response.missing_bytes();
   return ExplainUnreachable(status, route.replica, route.channel.get());
 }

@@ -34,6 +34,7 @@
 #include <string_view>
 #include <vector>
 
+#include "proto/grpc_args.h"
 #include "proto/hgemm.grpc.pb.h"
 
 namespace hgemm {
@@ -58,6 +59,8 @@ struct ConnectOptions {
   // interceptor rather than call credentials, which gRPC sends only over TLS: the token then
   // goes over plaintext channels too, which is meant for loopback tests only.
   std::string token;
+  // gRPC channel arguments set on every channel (--grpc_arg), for transport experiments.
+  std::vector<GrpcArg> grpc_args;
 
   bool UsesTls() const { return tls || !tls_ca.empty() || !tls_cert.empty() || !tls_key.empty(); }
 };

@@ -227,6 +227,7 @@ std::unique_ptr<HgemmServer> HgemmServer::Start(ServerOptions options,
     builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_AGE_GRACE_MS,
                                static_cast<int>(opts.max_connection_age_grace.count()));
   }
+  ApplyGrpcArgs(opts.grpc_args, &builder);
   server->server_ = builder.BuildAndStart();
   if (!server->server_ || server->port_ == 0) {
     spdlog::error("cannot listen on {}", opts.listen_address);

@@ -18,6 +18,7 @@
 #include <thread>
 #include <vector>
 
+#include "proto/grpc_args.h"
 #include "server/auth/authenticator.h"
 #include "server/auth/server_tls.h"
 #include "server/backend/backend.h"
@@ -70,6 +71,8 @@ struct ServerOptions {
   // TLS); "": none. Port 0 picks a free one (see HgemmServer::health_port()).
   std::string health_listen;
   ServiceOptions service;
+  // gRPC channel arguments set on the server (--grpc_arg), for transport experiments.
+  std::vector<GrpcArg> grpc_args;
 };
 
 class HgemmServer {

@@ -908,5 +908,67 @@ TEST_F(ServerTest, ResidentErrors) {
   ExpectStillServing();
 }
 
+// UploadMatrix is read raw: a lone chunk goes to the matrix as its slices, any other message
+// through protobuf, and both land where they belong.
+TEST_F(ServerTest, UploadMatrixTakesLoneChunksAsSlicesAndOthersThroughProtobuf) {
+  auto stub = v1::GemmService::NewStub(Connect("127.0.0.1:" + std::to_string(server_->port())));
+  std::mt19937_64 rng(11);
+  const std::string bytes = HalfBytes(RandomHalfMatrix(64 * 48, rng));
+  // `messages` on one UploadMatrix call, to its end.
+  auto upload = [&](const std::vector<v1::UploadMatrixRequest>& messages, v1::MatrixInfo* info) {
+    grpc::ClientContext context;
+    auto writer = stub->UploadMatrix(&context, info);
+    for (const v1::UploadMatrixRequest& m : messages) {
+      if (!writer->Write(m)) break;
+    }
+    writer->WritesDone();
+    return writer->Finish();
+  };
+  v1::UploadMatrixRequest header;
+  header.mutable_header()->set_rows(64);
+  header.mutable_header()->set_cols(48);
+  auto chunk = [&](size_t at, size_t size) {
+    v1::UploadMatrixRequest m;
+    m.set_chunk(bytes.substr(at, size));
+    return m;
+  };
+  // The middle chunk carries a field this server does not know: not a lone chunk.
+  v1::UploadMatrixRequest middle = chunk(1000, 3000);
+  middle.GetReflection()->MutableUnknownFields(&middle)->AddVarint(99, 1);
+  v1::MatrixInfo info;
+  ASSERT_TRUE(upload({header, chunk(0, 1000), middle, chunk(4000, bytes.size() - 4000)}, &info)
+                  .ok());
+  EXPECT_EQ(info.rows(), 64u);
+  EXPECT_EQ(info.bytes(), bytes.size());
+  std::string downloaded;
+  ASSERT_TRUE(client_->DownloadMatrix(info.handle(), &downloaded).ok());
+  EXPECT_EQ(downloaded, bytes);
+  // A lone chunk past the end, and one before any header, still get their clear statuses.
+  grpc::Status s = upload({header, chunk(0, 4000), chunk(0, bytes.size())}, &info);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(s.error_message().find("past the end"), std::string::npos) << s.error_message();
+  s = upload({chunk(0, 16), header}, &info);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(s.error_message().find("header"), std::string::npos) << s.error_message();
+  ExpectStillServing();
+}
+
+// The client core writes its upload chunks from the caller's memory (static slices), and an
+// upload's matrix comes back byte for byte, on each path; a --grpc_arg reaches the channels.
+TEST_F(ServerTest, ClientUploadsFromTheCallersMemoryWithGrpcArgs) {
+  ConnectOptions connect;
+  connect.grpc_args = {{"grpc.http2.max_frame_size", 1 << 20}, {"grpc.http2.bdp_probe", 0}};
+  GemmClient client(Connect("127.0.0.1:" + std::to_string(server_->port()), connect));
+  std::mt19937_64 rng(12);
+  const std::string bytes = HalfBytes(RandomHalfMatrix(512 * 300, rng));
+  CallOptions call;
+  call.chunk_bytes = 7000;  // odd chunks: the last one short
+  v1::MatrixInfo info;
+  ASSERT_TRUE(client.UploadMatrix(512, 300, bytes, &info, 0, "", call).ok());
+  std::string downloaded;
+  ASSERT_TRUE(client.DownloadMatrix(info.handle(), &downloaded).ok());
+  EXPECT_EQ(downloaded, bytes);
+}
+
 }  // namespace
 }  // namespace hgemm

@@ -55,6 +55,9 @@
 #             (then --same_host: gRPC vs shm staging vs shm DMA vs CUDA IPC next to pinned
 #             cudaMemcpy, issue 31's table)
 #             (plaintext and TLS) next to bench/tcp_ceiling's raw-TCP ceiling (issues 27, 31)
+#   knobs     bench/grpc_knobs.sh: gRPC's transport knobs (--grpc_arg on the server and
+#             hgemm_load) each alone and together at 2048³ c=1 parts 4, 8192³ c=1 parts 8 and
+#             2048³ c=16 unary and parts 4, next to the raw-TCP ceiling
 #   tls       bench/tls_cost.sh: hgemm_load at 2048³ unary c=16 and 256³ c=64 against plaintext,
 #             TLS and TLS + token servers (certificates made at --bundle, valid for 2 days)
 #   faults    injected CUDA faults (cuda_fault_test), a real sticky fault (cuda_sticky_fault_test,
@@ -502,6 +505,11 @@ if want dataplane; then
     echo "FAILED: dataplane.sh"
   OUT=$out timeout 580 bench/dataplane.sh --same_host --bin "$PWD/.gpu-serve/bin" \
     --certs .gpu-serve/certs || echo "FAILED: dataplane.sh --same_host"
+fi
+if want knobs; then
+  echo "== gRPC's transport knobs (bench/grpc_knobs.sh)"
+  OUT=$out timeout 3000 bench/grpc_knobs.sh --bin "$PWD/.gpu-serve/bin" ||
+    echo "FAILED: grpc_knobs.sh"
 fi
 if want tls; then
   echo "== the cost of TLS (bench/tls_cost.sh)"

@@ -5,9 +5,12 @@
 
 #include <atomic>
 #include <cstring>
+#include <iterator>
 #include <memory>
+#include <mutex>
 #include <new>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "proto/numerics/cpu_gemm.h"
@@ -19,6 +22,9 @@ namespace {
 
 constexpr char kKernelName[] = "openblas_sgemm";
 
+// Resident buffers this small are left to malloc, whose heap reuses them anyway.
+constexpr int64_t kMinReusedBytes = int64_t{1} << 20;
+
 double MillisecondsSince(Clock::time_point start) {
   return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
 }
@@ -26,6 +32,9 @@ double MillisecondsSince(Clock::time_point start) {
 class CpuBackend final : public Backend {
  public:
   explicit CpuBackend(const CpuBackendOptions& options) : options_(options) {}
+  ~CpuBackend() override {
+    for (const auto& [bytes, data] : reusable_) delete[] data;
+  }
 
   std::string Name() const override { return "cpu"; }
 
@@ -64,15 +73,16 @@ class CpuBackend final : public Backend {
           bytes, options_.resident_budget_bytes, resident_bytes_.load()));
     }
     // The budget is host memory the machine may not have: a failed allocation is a refusal.
-    std::unique_ptr<char[]> data(new (std::nothrow) char[bytes]);
-    if (!data) {
+    char* data = TakeReusable(bytes);
+    if (data == nullptr) data = new (std::nothrow) char[bytes];
+    if (data == nullptr) {
       resident_bytes_ -= bytes;
       return status::OverLimit("host_memory",
                                fmt::format("out of host memory for {} bytes", bytes));
     }
-    *buffer = std::make_shared<ResidentBuffer>(device_index, bytes, data.release(),
+    *buffer = std::make_shared<ResidentBuffer>(device_index, bytes, data,
                                                [this, bytes](void* p) {
-                                                 delete[] static_cast<char*>(p);
+                                                 KeepForReuse(static_cast<char*>(p), bytes);
                                                  resident_bytes_ -= bytes;
                                                });
     return absl::OkStatus();
@@ -191,6 +201,40 @@ class CpuBackend final : public Backend {
   }
 
  private:
+  // A kept buffer of exactly `bytes` (the newest), else nullptr.
+  char* TakeReusable(int64_t bytes) {
+    std::lock_guard<std::mutex> lock(reuse_mu_);
+    for (auto it = reusable_.rbegin(); it != reusable_.rend(); ++it) {
+      if (it->first != bytes) continue;
+      char* data = it->second;
+      reusable_bytes_ -= bytes;
+      reusable_.erase(std::next(it).base());
+      return data;
+    }
+    return nullptr;
+  }
+
+  // Keeps a released buffer for reuse, dropping the oldest kept ones past
+  // options_.resident_reuse_bytes; frees it instead if it is small or alone over the limit.
+  void KeepForReuse(char* data, int64_t bytes) {
+    std::vector<char*> freed;
+    {
+      std::lock_guard<std::mutex> lock(reuse_mu_);
+      if (bytes < kMinReusedBytes || bytes > options_.resident_reuse_bytes) {
+        freed.push_back(data);
+      } else {
+        reusable_.emplace_back(bytes, data);
+        reusable_bytes_ += bytes;
+        while (reusable_bytes_ > options_.resident_reuse_bytes) {
+          freed.push_back(reusable_.front().second);
+          reusable_bytes_ -= reusable_.front().first;
+          reusable_.erase(reusable_.begin());
+        }
+      }
+    }
+    for (char* p : freed) delete[] p;  // unmapping takes a while: not under the mutex
+  }
+
   // The B side of repetition `rep` of the check of a problem `form` of `job` whose B is at `b`:
   // kept per resident B (a job of one problem), else drawn afresh.
   std::shared_ptr<const verify::HostBSide> BSide(const GemmJob& job, const verify::Form& form,
@@ -210,6 +254,9 @@ class CpuBackend final : public Backend {
 
   const CpuBackendOptions options_;
   std::atomic<int64_t> resident_bytes_{0};
+  std::mutex reuse_mu_;
+  std::vector<std::pair<int64_t, char*>> reusable_;  // guarded by reuse_mu_; bytes, data
+  int64_t reusable_bytes_ = 0;                       // guarded by reuse_mu_
   std::atomic<bool> healthy_{true};
   verify::ResidentBCache<verify::HostBSide> b_sides_;
 };

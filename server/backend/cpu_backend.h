@@ -19,6 +19,11 @@ struct CpuBackendOptions {
   int64_t max_job_bytes = int64_t{8} << 30;
   // Host memory resident matrices may take in all.
   int64_t resident_budget_bytes = int64_t{8} << 30;
+  // Released resident memory (buffers of at least 1 MiB) kept for the next allocation of the
+  // same size, on top of the budget. Fresh memory costs a page fault and a zeroed page per
+  // 4 KiB at its first touch, which is the upload's copy: most of an upload's server CPU.
+  // Like device memory, a reused buffer holds its last matrix's bytes until overwritten.
+  int64_t resident_reuse_bytes = int64_t{1} << 30;
   // Runs on C (the job's whole C, as written) between the GEMM and its check
   // (GemmJob::verify_repetitions), on the slot's thread: the tests' fault injector, which
   // corrupts C there as a faulty device would. Empty in the server.

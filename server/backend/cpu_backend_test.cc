@@ -184,5 +184,32 @@ TEST(CpuBackend, PiecesLandOneAfterTheOther) {
   EXPECT_EQ(stored, poison.substr(0, 8) + bytes + poison.substr(48));
 }
 
+TEST(CpuBackend, ReleasedMemoryIsReusedUpToItsLimitAndOutsideTheBudget) {
+  constexpr int64_t kMiB = int64_t{1} << 20;
+  auto backend = MakeCpuBackend({.resident_budget_bytes = 4 * kMiB,
+                                 .resident_reuse_bytes = 3 * kMiB});
+  std::shared_ptr<ResidentBuffer> a, b, c;
+  ASSERT_TRUE(backend->AllocateResident(0, 2 * kMiB, &a).ok());
+  ASSERT_TRUE(backend->AllocateResident(0, 2 * kMiB, &b).ok());
+  void* const b_data = b->data;
+  a.reset();  // kept
+  b.reset();  // kept too: a, the oldest, is dropped to stay within 3 MiB
+  // Kept memory is no resident memory: the whole budget is there again.
+  ASSERT_TRUE(backend->AllocateResident(0, 2 * kMiB, &a).ok());
+  EXPECT_EQ(a->data, b_data);
+  ASSERT_TRUE(backend->AllocateResident(0, 2 * kMiB, &b).ok());
+  EXPECT_NE(b->data, a->data);
+  // Another size is never handed a kept buffer.
+  void* const kept = b->data;
+  b.reset();
+  ASSERT_TRUE(backend->AllocateResident(0, kMiB, &c).ok());
+  EXPECT_NE(c->data, kept);
+  const std::string bytes(size_t(kMiB), '\x5a');
+  ASSERT_TRUE(backend->WriteResident(*c, 0, bytes.data(), kMiB).ok());
+  std::string stored(size_t(kMiB), '\0');
+  ASSERT_TRUE(backend->ReadResident(*c, stored.data()).ok());
+  EXPECT_EQ(stored, bytes);
+}
+
 }  // namespace
 }  // namespace hgemm

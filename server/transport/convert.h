@@ -55,7 +55,7 @@ MatrixSpec ToSpec(const v1::MatrixHeader& header);
 // An UploadMatrix message as its session reads it. A chunk's bytes are moved out of `message`.
 UploadMessage ToUploadMessage(v1::UploadMatrixRequest& message);
 
-// An UploadPart message (parsed: not a plain chunk, see part_chunk.h) as its session reads it.
+// An UploadPart message (parsed: not a lone chunk, see lone_chunk.h) as its session reads it.
 // A chunk's bytes are moved out of `message`.
 PartMessage ToPartMessage(v1::PartRequest& message);
 

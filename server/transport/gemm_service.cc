@@ -31,18 +31,23 @@ GemmServiceImpl::GemmServiceImpl(Scheduler* scheduler, Backend* backend, MatrixS
       stream_options_{.stream_chunk_bytes = options_.stream_chunk_bytes,
                       .max_stream_pending_bytes = options_.max_stream_pending_bytes,
                       .idle_timeout = options_.idle_timeout} {
-  // What the generated WithRawCallbackMethod_UploadPart does, without the class wrapper that
-  // would hide the typed UploadPart it replaces; the index is looked up, not hard-coded.
-  const int upload_part = google::protobuf::DescriptorPool::generated_pool()
-                              ->FindServiceByName(v1::GemmService::service_full_name())
-                              ->FindMethodByName("UploadPart")
-                              ->index();
-  MarkMethodRawCallback(
-      upload_part,
-      new grpc::internal::CallbackClientStreamingHandler<grpc::ByteBuffer, grpc::ByteBuffer>(
-          [this](grpc::CallbackServerContext* context, grpc::ByteBuffer* response) {
-            return UploadPartRaw(context, response);
-          }));
+  // What the generated WithRawCallbackMethod_UploadPart (and _UploadMatrix) does, without the
+  // class wrapper that would hide the typed method it replaces; the index is looked up, not
+  // hard-coded.
+  auto mark_raw = [this](const char* method, auto handler) {
+    const int index = google::protobuf::DescriptorPool::generated_pool()
+                          ->FindServiceByName(v1::GemmService::service_full_name())
+                          ->FindMethodByName(method)
+                          ->index();
+    MarkMethodRawCallback(
+        index,
+        new grpc::internal::CallbackClientStreamingHandler<grpc::ByteBuffer, grpc::ByteBuffer>(
+            [this, handler](grpc::CallbackServerContext* context, grpc::ByteBuffer* response) {
+              return (this->*handler)(context, response);
+            }));
+  };
+  mark_raw("UploadMatrix", &GemmServiceImpl::UploadMatrixRaw);
+  mark_raw("UploadPart", &GemmServiceImpl::UploadPartRaw);
 }
 
 GemmServiceImpl::~GemmServiceImpl() = default;
@@ -261,12 +266,12 @@ grpc::ServerUnaryReactor* GemmServiceImpl::GetServerInfo(grpc::CallbackServerCon
   });
 }
 
-grpc::ServerReadReactor<v1::UploadMatrixRequest>* GemmServiceImpl::UploadMatrix(
-    grpc::CallbackServerContext* context, v1::MatrixInfo* response) {
+grpc::ServerReadReactor<grpc::ByteBuffer>* GemmServiceImpl::UploadMatrixRaw(
+    grpc::CallbackServerContext* context, grpc::ByteBuffer* response) {
   Principal caller;
   CallGate::Pass pass;
   if (absl::Status s = Identify(Rpc::kUploadMatrix, context, &caller, &pass); !s.ok()) {
-    return new RefusedCall<grpc::ServerReadReactor<v1::UploadMatrixRequest>>(s);
+    return new RefusedCall<grpc::ServerReadReactor<grpc::ByteBuffer>>(s);
   }
   return NewUploadMatrixReactor(call_services_, context, std::move(caller.name), response);
 }

@@ -92,8 +92,6 @@ class GemmServiceImpl final : public v1::GemmService::CallbackService {
   grpc::ServerUnaryReactor* GetServerInfo(grpc::CallbackServerContext* context,
                                           const v1::GetServerInfoRequest* request,
                                           v1::ServerInfo* response) override;
-  grpc::ServerReadReactor<v1::UploadMatrixRequest>* UploadMatrix(
-      grpc::CallbackServerContext* context, v1::MatrixInfo* response) override;
   grpc::ServerUnaryReactor* ReleaseMatrix(grpc::CallbackServerContext* context,
                                           const v1::ReleaseMatrixRequest* request,
                                           v1::ReleaseMatrixResponse* response) override;
@@ -114,13 +112,16 @@ class GemmServiceImpl final : public v1::GemmService::CallbackService {
   grpc::ServerUnaryReactor* CreateUpload(grpc::CallbackServerContext* context,
                                          const v1::UploadCreateRequest* request,
                                          v1::MatrixInfo* response) override;
-  // UploadPart is registered raw (ByteBuffer in and out: its chunks skip protobuf's copy,
-  // part_chunk.h) in place of the generated typed handler, which is never called.
   grpc::ServerWriteReactor<v1::RingEvent>* AttachRing(grpc::CallbackServerContext* context,
                                                      const v1::AttachRingRequest* request) override;
   grpc::ServerUnaryReactor* BindRingSlots(grpc::CallbackServerContext* context,
                                           const v1::BindRingSlotsRequest* request,
                                           v1::RingSlots* response) override;
+  // UploadMatrix and UploadPart are registered raw (ByteBuffer in and out: their chunks skip
+  // protobuf's copy, lone_chunk.h) in place of the generated typed handlers, which are never
+  // called.
+  grpc::ServerReadReactor<grpc::ByteBuffer>* UploadMatrixRaw(grpc::CallbackServerContext* context,
+                                                             grpc::ByteBuffer* response);
   grpc::ServerReadReactor<grpc::ByteBuffer>* UploadPartRaw(grpc::CallbackServerContext* context,
                                                            grpc::ByteBuffer* response);
 

@@ -11,33 +11,75 @@
 #include "server/session/part_session.h"
 #include "server/session/upload_session.h"
 #include "server/transport/convert.h"
-#include "server/transport/part_chunk.h"
+#include "server/transport/lone_chunk.h"
 #include "server/transport/status_util.h"
 
 namespace hgemm {
 
+namespace {
+
+static_assert(v1::UploadMatrixRequest::kChunkFieldNumber == kLoneChunkField);
+static_assert(v1::PartRequest::kChunkFieldNumber == kLoneChunkField);
+
+// `message` serialized into `response`; INTERNAL naming `rpc` if it does not serialize.
+template <typename Message>
+absl::Status SerializeAnswer(const Message& message, const char* rpc,
+                             grpc::ByteBuffer* response) {
+  bool own_buffer = false;
+  if (!grpc::SerializationTraits<Message>::Serialize(message, response, &own_buffer).ok()) {
+    return absl::InternalError(fmt::format("{}: the response did not serialize", rpc));
+  }
+  return absl::OkStatus();
+}
+
+// What an upload reactor does with the message read into `request`: a lone chunk goes to
+// `session` as its slices; anything else is parsed into a `Message` and converted by `convert`
+// (ToUploadMessage, ToPartMessage). A message that does not parse ends the reads, as a typed
+// method's failed read does. Returns the bytes the session accepted.
+template <typename Message, typename Session, typename Convert>
+int64_t ConsumeUploadMessage(grpc::ByteBuffer& request, Session& session, Convert convert) {
+  using SessionMessage = decltype(convert(std::declval<Message&>()));
+  WireBytes chunk;
+  if (LoneChunkOf(request, &chunk)) {
+    SessionMessage message{std::move(chunk)};
+    return session.OnRead(message);
+  }
+  Message parsed;
+  if (!grpc::SerializationTraits<Message>::Deserialize(&request, &parsed).ok()) {
+    session.OnReadsDone();
+    return 0;
+  }
+  SessionMessage message = convert(parsed);
+  return session.OnRead(message);
+}
+
+}  // namespace
+
 // UploadMatrix: the reads and the finish its UploadSession asks for, and the call's metrics.
-class UploadMatrixReactor final : public grpc::ServerReadReactor<v1::UploadMatrixRequest>,
+// The method is registered raw (ByteBuffer in and out) so that a chunk's bytes go from gRPC's
+// slices to the upload queue without a protobuf string (LoneChunkOf); the wire is unchanged.
+class UploadMatrixReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer>,
                                   public TrackedCall,
                                   public UploadTransport {
  public:
   UploadMatrixReactor(const CallServices& services, grpc::CallbackServerContext* context,
-                      std::string owner, v1::MatrixInfo* response)
+                      std::string owner, grpc::ByteBuffer* response)
       : services_(services),
         context_(context),
         owner_(std::move(owner)),
         response_(response),
         session_(*services.core, this, owner_, services.calls->idle_timeout(),
                  OverUnixSocket(*context)) {
-    grpc::ServerReadReactor<v1::UploadMatrixRequest>::StartRead(&request_);
+    grpc::ServerReadReactor<grpc::ByteBuffer>::StartRead(&request_);
     services_.calls->Track(this);
   }
 
   void OnReadDone(bool ok) override {
     if (!ok) return session_.OnReadsDone();  // the client has sent everything (or went away)
     const int64_t region_before = session_.region_bytes();
-    UploadMessage message = ToUploadMessage(request_);
-    services_.log->Received(Rpc::kUploadMatrix, session_.OnRead(message), *context_);
+    const int64_t accepted =
+        ConsumeUploadMessage<v1::UploadMatrixRequest>(request_, session_, ToUploadMessage);
+    services_.log->Received(Rpc::kUploadMatrix, accepted, *context_);
     services_.log->SharedMemory(session_.region_bytes() - region_before, 0);
   }
 
@@ -52,14 +94,17 @@ class UploadMatrixReactor final : public grpc::ServerReadReactor<v1::UploadMatri
 
  private:
   // UploadTransport (called with the session's mutex held):
-  void StartRead() override {
-    grpc::ServerReadReactor<v1::UploadMatrixRequest>::StartRead(&request_);
-  }
+  void StartRead() override { grpc::ServerReadReactor<grpc::ByteBuffer>::StartRead(&request_); }
 
   void Finish(const absl::Status& status, const ResidentMatrix& matrix) override {
-    if (status.ok()) Describe(*services_.core, matrix, response_);
-    services_.log->Answered(Rpc::kUploadMatrix, status, context_, owner_);
-    grpc::ServerReadReactor<v1::UploadMatrixRequest>::Finish(ToGrpcStatus(status));
+    absl::Status s = status;
+    if (s.ok()) {
+      v1::MatrixInfo info;
+      Describe(*services_.core, matrix, &info);
+      s = SerializeAnswer(info, "UploadMatrix", response_);
+    }
+    services_.log->Answered(Rpc::kUploadMatrix, s, context_, owner_);
+    grpc::ServerReadReactor<grpc::ByteBuffer>::Finish(ToGrpcStatus(s));
   }
 
   bool IsCancelled() const override { return context_->IsCancelled(); }
@@ -67,14 +112,13 @@ class UploadMatrixReactor final : public grpc::ServerReadReactor<v1::UploadMatri
   const CallServices& services_;
   grpc::CallbackServerContext* const context_;
   const std::string owner_;
-  v1::MatrixInfo* const response_;
-  v1::UploadMatrixRequest request_;  // the read in flight
-  UploadSession session_;            // last: it calls back into the members above
+  grpc::ByteBuffer* const response_;
+  grpc::ByteBuffer request_;  // the read in flight
+  UploadSession session_;     // last: it calls back into the members above
 };
 
-// UploadPart: the reads and the finish its PartSession asks for, and the call's metrics. The
-// method is registered raw (ByteBuffer in and out) so that a chunk's bytes go from gRPC's
-// slices to the upload queue without a protobuf string (PartChunkOf); the wire is unchanged.
+// UploadPart: the reads and the finish its PartSession asks for, and the call's metrics. Raw as
+// UploadMatrix, for the same reason.
 class UploadPartReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer>,
                                 public TrackedCall,
                                 public PartTransport {
@@ -92,7 +136,9 @@ class UploadPartReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer>
 
   void OnReadDone(bool ok) override {
     if (!ok) return session_.OnReadsDone();  // the client has sent everything (or went away)
-    services_.log->Received(Rpc::kUploadPart, Consume(), *context_);
+    const int64_t accepted =
+        ConsumeUploadMessage<v1::PartRequest>(request_, session_, ToPartMessage);
+    services_.log->Received(Rpc::kUploadPart, accepted, *context_);
   }
 
   void OnDone() override {
@@ -104,23 +150,6 @@ class UploadPartReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer>
   void ExpireIdle(Clock::time_point cutoff) override { session_.ExpireIdle(cutoff); }
 
  private:
-  // The message read: a plain chunk as its slices, anything else parsed. A message that does
-  // not parse ends the reads, as a typed method's failed read does.
-  int64_t Consume() {
-    WireBytes chunk;
-    if (PartChunkOf(request_, &chunk)) {
-      PartMessage message{std::move(chunk)};
-      return session_.OnRead(message);
-    }
-    v1::PartRequest parsed;
-    if (!grpc::SerializationTraits<v1::PartRequest>::Deserialize(&request_, &parsed).ok()) {
-      session_.OnReadsDone();
-      return 0;
-    }
-    PartMessage message = ToPartMessage(parsed);
-    return session_.OnRead(message);
-  }
-
   // PartTransport (called with the session's mutex held):
   void StartRead() override { grpc::ServerReadReactor<grpc::ByteBuffer>::StartRead(&request_); }
 
@@ -129,11 +158,7 @@ class UploadPartReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer>
     if (s.ok()) {
       v1::PartResponse response;
       response.set_missing_bytes(missing_bytes);
-      bool own_buffer = false;
-      if (!grpc::SerializationTraits<v1::PartResponse>::Serialize(response, response_, &own_buffer)
-               .ok()) {
-        s = absl::InternalError("UploadPart: the response did not serialize");
-      }
+      s = SerializeAnswer(response, "UploadPart", response_);
     }
     services_.log->Answered(Rpc::kUploadPart, s, context_, owner_);
     grpc::ServerReadReactor<grpc::ByteBuffer>::Finish(ToGrpcStatus(s));
@@ -240,9 +265,9 @@ class DownloadMatrixReactor final : public grpc::ServerWriteReactor<v1::ResultCh
   v1::ResultChunk chunk_;
 };
 
-grpc::ServerReadReactor<v1::UploadMatrixRequest>* NewUploadMatrixReactor(
+grpc::ServerReadReactor<grpc::ByteBuffer>* NewUploadMatrixReactor(
     const CallServices& services, grpc::CallbackServerContext* context, std::string owner,
-    v1::MatrixInfo* response) {
+    grpc::ByteBuffer* response) {
   return new UploadMatrixReactor(services, context, std::move(owner), response);
 }
 

@@ -16,12 +16,12 @@
 
 namespace hgemm {
 
-// The reactor of an UploadMatrix call of `owner` (already identified), answering in
-// `response`. It deletes itself when the call is done. REQUIRES: `services`' pointees outlive
-// the call.
-grpc::ServerReadReactor<v1::UploadMatrixRequest>* NewUploadMatrixReactor(
+// The reactor of an UploadMatrix call of `owner` (already identified), raw:
+// UploadMatrixRequest messages in, a serialized MatrixInfo in `response`. It deletes itself
+// when the call is done. REQUIRES: `services`' pointees outlive the call.
+grpc::ServerReadReactor<grpc::ByteBuffer>* NewUploadMatrixReactor(
     const CallServices& services, grpc::CallbackServerContext* context, std::string owner,
-    v1::MatrixInfo* response);
+    grpc::ByteBuffer* response);
 
 // The reactor of an UploadPart call of `owner` (already identified), raw: PartRequest messages
 // in, a serialized PartResponse in `response`. It deletes itself when the call is done.

@@ -1,4 +1,4 @@
-#include "server/transport/part_chunk.h"
+#include "server/transport/lone_chunk.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -8,7 +8,7 @@
 
 namespace hgemm {
 
-bool PartChunkOf(const grpc::ByteBuffer& message, WireBytes* chunk) {
+bool LoneChunkOf(const grpc::ByteBuffer& message, WireBytes* chunk) {
   auto slices = std::make_shared<std::vector<grpc::Slice>>();
   if (!message.Dump(slices.get()).ok()) return false;
   // The tag and the length's varint: at most 11 bytes, which may straddle slices.
@@ -20,7 +20,7 @@ bool PartChunkOf(const grpc::ByteBuffer& message, WireBytes* chunk) {
     head_size += take;
     if (head_size == sizeof(head)) break;
   }
-  constexpr uint8_t kChunkTag = (2 << 3) | 2;  // PartRequest.chunk: field 2, length-delimited
+  constexpr uint8_t kChunkTag = (kLoneChunkField << 3) | 2;  // length-delimited
   if (head_size == 0 || head[0] != kChunkTag) return false;
   uint64_t length = 0;
   size_t at = 1;

@@ -1,4 +1,4 @@
-#include "server/transport/part_chunk.h"
+#include "server/transport/lone_chunk.h"
 
 #include <gtest/gtest.h>
 
@@ -33,7 +33,7 @@ std::string RandomBytes(size_t n) {
   return bytes;
 }
 
-TEST(PartChunkOf, FindsTheChunkWhateverTheSlicing) {
+TEST(LoneChunkOf, FindsTheChunkWhateverTheSlicing) {
   for (size_t size : {size_t{0}, size_t{1}, size_t{127}, size_t{128}, size_t{1} << 20}) {
     v1::PartRequest request;
     request.set_chunk(RandomBytes(size));
@@ -41,25 +41,37 @@ TEST(PartChunkOf, FindsTheChunkWhateverTheSlicing) {
     for (size_t slice_bytes : {size_t{1}, size_t{2}, size_t{7}, size_t{4096}, wire.size()}) {
       if (size == (size_t{1} << 20) && slice_bytes < 4096) continue;  // a million slices
       WireBytes chunk;
-      ASSERT_TRUE(PartChunkOf(Buffer(wire, slice_bytes), &chunk)) << size << " " << slice_bytes;
+      ASSERT_TRUE(LoneChunkOf(Buffer(wire, slice_bytes), &chunk)) << size << " " << slice_bytes;
       EXPECT_EQ(chunk.size(), int64_t(size));
       EXPECT_EQ(Joined(chunk), request.chunk()) << size << " " << slice_bytes;
     }
   }
 }
 
-TEST(PartChunkOf, OutlivesTheMessage) {
+TEST(LoneChunkOf, FindsAnUploadMatrixChunk) {
+  static_assert(v1::UploadMatrixRequest::kChunkFieldNumber == kLoneChunkField);
+  v1::UploadMatrixRequest request;
+  request.set_chunk(RandomBytes(5000));
+  WireBytes chunk;
+  ASSERT_TRUE(LoneChunkOf(Buffer(request.SerializeAsString(), 1024), &chunk));
+  EXPECT_EQ(Joined(chunk), request.chunk());
+  v1::UploadMatrixRequest header;
+  header.mutable_header()->set_rows(1);
+  EXPECT_FALSE(LoneChunkOf(Buffer(header.SerializeAsString(), 1024), &chunk));
+}
+
+TEST(LoneChunkOf, OutlivesTheMessage) {
   v1::PartRequest request;
   request.set_chunk(RandomBytes(100000));
   WireBytes chunk;
   {
     grpc::ByteBuffer message = Buffer(request.SerializeAsString(), 1000);
-    ASSERT_TRUE(PartChunkOf(message, &chunk));
+    ASSERT_TRUE(LoneChunkOf(message, &chunk));
   }
   EXPECT_EQ(Joined(chunk), request.chunk());
 }
 
-TEST(PartChunkOf, LeavesEverythingElseToProtobuf) {
+TEST(LoneChunkOf, LeavesEverythingElseToProtobuf) {
   v1::PartRequest header;
   header.mutable_header()->set_handle("m-1");
   header.mutable_header()->set_length(8);
@@ -77,7 +89,7 @@ TEST(PartChunkOf, LeavesEverythingElseToProtobuf) {
   };
   for (const std::string& wire : others) {
     WireBytes taken("untouched");
-    EXPECT_FALSE(PartChunkOf(Buffer(wire, 3), &taken)) << wire.size();
+    EXPECT_FALSE(LoneChunkOf(Buffer(wire, 3), &taken)) << wire.size();
     EXPECT_EQ(Joined(taken), "untouched");
   }
 }
