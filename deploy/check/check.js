@@ -246,6 +246,9 @@ function modelModule(doc) {
 // tsc run at the end.
 
 const tsDocs = []; // {file, label}
+// HGEMM_DEPLOY_CHECK_TYPESCRIPT=0 leaves tsc out (most of a run's CPU): check.sh's self-tests
+// do, but for the breakages only TypeScript finds.
+const TYPESCRIPT = process.env.HGEMM_DEPLOY_CHECK_TYPESCRIPT !== "0";
 const TS_DIR = path.join(WORK, "ts");
 fs.mkdirSync(TS_DIR, { recursive: true });
 
@@ -263,7 +266,7 @@ function schemaProblems(doc, label, { partial, typescript = true }) {
       problems.push(`${label}: ${e.message}`);
     }
   }
-  if (!typescript) return problems;
+  if (!typescript || !TYPESCRIPT) return problems;
   const file = path.join(TS_DIR, `doc${tsDocs.length}.ts`);
   const type = partial ? `DeepPartial<I${doc.kind}>` : `I${doc.kind}`;
   fs.writeFileSync(
@@ -1139,7 +1142,8 @@ function dockerIgnored(patterns, file) {
   check(".dockerignore keeps the build inputs and drops the rest", p);
 }
 
-runTypeScript();
+if (TYPESCRIPT) runTypeScript();
+else note("unknown fields not checked (HGEMM_DEPLOY_CHECK_TYPESCRIPT=0)");
 
 console.log(`validate: ${passed} passed, ${failed} failed`);
 process.exit(failed ? 1 : 0);
