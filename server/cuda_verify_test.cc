@@ -6,6 +6,7 @@
 
 #include <cuda_runtime.h>
 
+#include <cmath>
 #include <cstring>
 #include <future>
 #include <random>
@@ -88,10 +89,12 @@ struct Gemm {
     job.verify = true;
     job.verify_repetitions = 2;
   }
+  std::vector<float> Reference() const {
+    return ReferenceGemm(a.data(), b.data(), job.shape.m, job.shape.n, job.shape.k, form,
+                         {.alpha = job.alpha, .beta = job.beta, .c_in = job.c_in});
+  }
   double Error() const {
-    const std::vector<float> reference =
-        ReferenceGemm(a.data(), b.data(), job.shape.m, job.shape.n, job.shape.k, form,
-                      {.alpha = job.alpha, .beta = job.beta, .c_in = job.c_in});
+    const std::vector<float> reference = Reference();
     return CompareToReference(c.data(), reference.data(), int64_t(reference.size()), form)
         .rel_frobenius;
   }
@@ -136,13 +139,26 @@ TEST_F(CudaVerify, LongKAndFp16AccumulationPass) {
   }
 }
 
-// Arms the injector to flip `mask` in element (m/2, n/3) of C for the next `runs` GEMMs.
-void CorruptNext(const GemmShape& shape, uint32_t mask, int runs) {
-  const int64_t bytes = ElementBytes(shape.c_type);
-  const int64_t offset = ((shape.m / 2) * shape.n + shape.n / 3) * bytes;
+// Arms the injector to flip the top exponent bit (0x4000) of one fp16 element of g's C for the
+// next `runs` GEMMs: one whose value is in [0.5, 2), where that bit is clear, so that the flip
+// multiplies it by 2^16, an error far above the bound that every repetition of the check finds.
+// (Flipping a set bit instead divides the value by 2^16: an error of about the value, which a
+// repetition may miss.)
+void CorruptNext(const Gemm& g, int runs) {
+  ASSERT_EQ(g.job.shape.c_type, ElementType::kFp16);
+  const std::vector<float> reference = g.Reference();
+  const int64_t size = int64_t(reference.size());
+  const int64_t first = (g.job.shape.m / 2) * g.job.shape.n + g.job.shape.n / 3;
+  int64_t index = -1;
+  for (int64_t i = 0; i < size && index < 0; ++i) {
+    const float value = std::fabs(reference[(first + i) % size]);
+    if (value >= 0.5f && value < 2) index = (first + i) % size;
+  }
+  ASSERT_GE(index, 0) << "no element of C in [0.5, 2)";
+  const int64_t offset = index * int64_t(sizeof(uint16_t));
   FaultInjector::Global().ArmCorruptOutput(
       [=](cudaStream_t stream, void* c, int64_t) {
-        ASSERT_EQ(LaunchXorWord(stream, static_cast<char*>(c) + offset, int(bytes), mask),
+        ASSERT_EQ(LaunchXorWord(stream, static_cast<char*>(c) + offset, 2, 0x4000u),
                   cudaSuccess);
       },
       runs);
@@ -150,9 +166,8 @@ void CorruptNext(const GemmShape& shape, uint32_t mask, int runs) {
 
 TEST_F(CudaVerify, ACorruptedRunIsRerunAndAnsweredRight) {
   std::mt19937_64 rng(23);
-  // The exponent's top bit: a value times 2^16 (or an infinity), caught by every repetition.
   Gemm g(256, 256, 512, {}, 1, 0, rng);
-  CorruptNext(g.job.shape, 0x4000u, 1);
+  CorruptNext(g, 1);
   const Answer answer = Run(g.job);
   ASSERT_TRUE(answer.status.ok()) << answer.status;
   EXPECT_EQ(answer.report.suspect_device_id, backend_->Devices()[0].id);
@@ -163,7 +178,7 @@ TEST_F(CudaVerify, ACorruptedRunIsRerunAndAnsweredRight) {
 TEST_F(CudaVerify, BothRunsCorruptedIsDataLoss) {
   std::mt19937_64 rng(24);
   Gemm g(256, 256, 512, {}, 1, 0, rng);
-  CorruptNext(g.job.shape, 0x4000u, 2);
+  CorruptNext(g, 2);
   const Answer answer = Run(g.job);
   EXPECT_EQ(answer.status.code(), absl::StatusCode::kDataLoss) << answer.status;
 }

@@ -93,8 +93,10 @@ TEST_F(CudaBackendTest, EveryKernelBothAccumulationsOddShapes) {
         bool refused = false;
         double error = RunAndCompare(0, m, n, k, kernel, acc, &report, seed++, &refused);
         if (refused) {  // only aligned-shape kernels may refuse, and never an aligned shape,
-                        // except the split-K wrappers, which take skinny M (<= 256) alone
-          const bool skinny_only = kernel.rfind("splitk", 0) == 0 && m > 256;
+                        // except those made for skinny M alone: the split-K wrappers
+                        // (M <= 256) and skinny_m16 (M <= 16)
+          const bool skinny_only = (kernel.rfind("splitk", 0) == 0 && m > 256) ||
+                                   (kernel == "skinny_m16" && m > 16);
           EXPECT_TRUE(kernel != "auto" && kernel != "cublas" && (n % 8 != 0 || skinny_only))
               << kernel << " " << m << "x" << n << "x" << k;
           continue;
