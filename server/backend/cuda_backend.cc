@@ -248,9 +248,12 @@ class CudaBackend final : public Backend {
   // Run on a healthy device.
   absl::Status RunOnSlot(int slot_index, const GemmJob& job, GemmReport* report);
   // The check's vectors (`floats` floats from `d_verify`) to the host, each item's rows checked
-  // (verify::CheckRows), and report's verify fields filled. REQUIRES: the check's kernels done.
+  // (verify::CheckRows), and report's verify fields filled: verify_ms is the time the check
+  // added after the GEMM, and before it unless `prepared_beside` (its first passes ran beside
+  // the GEMM, whose kernel_ms then holds what they cost it). REQUIRES: the check's kernels done.
   absl::Status CheckOnHost(Slot& slot, const std::vector<CheckItem>& checks,
-                           const float* d_verify, size_t floats, GemmReport* report);
+                           const float* d_verify, size_t floats, bool prepared_beside,
+                           GemmReport* report);
   // Waits for slot.kernel_done of a kernel of `flops` (see CudaBackendOptions::completion_spin).
   cudaError_t WaitForKernel(const Slot& slot, double flops) const;
   absl::Status CopyResident(Device& device, void* dst, const void* src, int64_t bytes,
@@ -660,7 +663,8 @@ absl::Status CudaBackend::CopyToPinnedHost(Slot& slot, char* dst, const char* sr
 }
 
 absl::Status CudaBackend::CheckOnHost(Slot& slot, const std::vector<CheckItem>& checks,
-                                      const float* d_verify, size_t floats, GemmReport* report) {
+                                      const float* d_verify, size_t floats, bool prepared_beside,
+                                      GemmReport* report) {
   std::vector<float> host(floats);
   CUDA_TRY(slot, kCopyToHost,
            cudaMemcpyAsync(host.data(), d_verify, floats * sizeof(float), cudaMemcpyDeviceToHost,
@@ -690,7 +694,9 @@ absl::Status CudaBackend::CheckOnHost(Slot& slot, const std::vector<CheckItem>& 
   }
   report->verified_repetitions = report->verify_failure.empty() ? repetitions : 0;
   float prepare_ms = 0, check_ms = 0;
-  CUDA_TRY(slot, kEvent, cudaEventElapsedTime(&prepare_ms, slot.h2d_done, slot.verify_prepared));
+  if (!prepared_beside) {
+    CUDA_TRY(slot, kEvent, cudaEventElapsedTime(&prepare_ms, slot.h2d_done, slot.verify_prepared));
+  }
   CUDA_TRY(slot, kEvent, cudaEventElapsedTime(&check_ms, slot.kernel_done, slot.verify_done));
   report->verify_ms = prepare_ms + check_ms;
   return absl::OkStatus();
@@ -915,7 +921,10 @@ absl::Status CudaBackend::RunOnSlot(int slot_index, const GemmJob& job, GemmRepo
     }
   }
   CUDA_TRY(slot, kEvent, cudaEventRecord(slot.h2d_done, slot.stream));
-  // The check's side that reads A, B and C_in runs before the GEMM: C_in may be C's memory.
+  // The check's side that reads A, B and C_in runs beside the GEMM (slot.check_stream), or
+  // before it where it reads C_in, which may be C's memory.
+  const bool check_beside = job.beta == 0;
+  cudaStream_t check_stream = check_beside ? slot.check_stream : check_stream;
   std::vector<CheckItem> checks;
   std::vector<std::shared_ptr<const DeviceBSide>> b_sides;  // held until the check is done
   if (repetitions > 0) {
@@ -923,6 +932,7 @@ absl::Status CudaBackend::RunOnSlot(int slot_index, const GemmJob& job, GemmRepo
     // which its owner may rewrite between GEMMs).
     const bool cache_b = b_here && problems.size() == 1 && !job.stay_on_device;
     float* floats = d_verify;
+    if (check_beside) CUDA_TRY(slot, kEvent, cudaStreamWaitEvent(check_stream, slot.h2d_done, 0));
     for (int rep = 0; rep < repetitions; ++rep) {
       size_t a_offset = 0, b_offset = 0, c_offset = 0;  // bytes
       for (size_t i = 0; i < problems.size(); ++i) {
@@ -946,9 +956,9 @@ absl::Status CudaBackend::RunOnSlot(int slot_index, const GemmJob& job, GemmRepo
             .k = f.k, .n = f.n, .type = f.ab_type, .transposed = f.transpose_b, .repetition = rep};
         if (cache_b) kept = b_sides_.Find(job.b_resident, key);
         const uint64_t seed = kept ? kept->seed : verify::FreshSeed();
-        CUDA_TRY(slot, kLaunch, LaunchGaussianVector(seed, f.n, item.r(), slot.stream));
+        CUDA_TRY(slot, kLaunch, LaunchGaussianVector(seed, f.n, item.r(), check_stream));
         if (kept) {
-          CUDA_TRY(slot, kEvent, cudaStreamWaitEvent(slot.stream, kept->ready, 0));
+          CUDA_TRY(slot, kEvent, cudaStreamWaitEvent(check_stream, kept->ready, 0));
         } else if (cache_b) {
           auto side = std::make_shared<DeviceBSide>();
           side->seed = seed;
@@ -956,34 +966,34 @@ absl::Status CudaBackend::RunOnSlot(int slot_index, const GemmJob& job, GemmRepo
           CUDA_TRY(slot, kEvent, cudaEventCreateWithFlags(&side->ready, cudaEventDisableTiming));
           CUDA_TRY(slot, kLaunch,
                    LaunchVerifyMatVec(item.b, f.ab_type, f.k, f.n, f.transpose_b, item.r(),
-                                      side->x, side->x + f.k, slot.stream));
-          CUDA_TRY(slot, kEvent, cudaEventRecord(side->ready, slot.stream));
+                                      side->x, side->x + f.k, check_stream));
+          CUDA_TRY(slot, kEvent, cudaEventRecord(side->ready, check_stream));
           b_sides_.Put(job.b_resident, key, side);
           kept = side;
         } else {
           CUDA_TRY(slot, kLaunch,
                    LaunchVerifyMatVec(item.b, f.ab_type, f.k, f.n, f.transpose_b, item.r(),
-                                      item.own_x(), item.b_sq(), slot.stream));
+                                      item.own_x(), item.b_sq(), check_stream));
         }
         if (kept) {  // its squares come back with the rest
           item.x = kept->x;
           CUDA_TRY(slot, kCopyToDevice,
                    cudaMemcpyAsync(item.b_sq(), kept->x + f.k, size_t(f.k) * sizeof(float),
-                                   cudaMemcpyDeviceToDevice, slot.stream));
+                                   cudaMemcpyDeviceToDevice, check_stream));
           b_sides.push_back(kept);
         }
         CUDA_TRY(slot, kLaunch,
                  LaunchVerifyMatVec(item.a, f.ab_type, f.m, f.k, f.transpose_a, item.x,
-                                    item.row(0), item.row(1), slot.stream));
+                                    item.row(0), item.row(1), check_stream));
         if (f.beta != 0) {
           CUDA_TRY(slot, kLaunch,
                    LaunchVerifyMatVec(item.c_in, f.c_type, f.m, f.n, false, item.r(), item.row(2),
-                                      item.row(3), slot.stream));
+                                      item.row(3), check_stream));
         }
         checks.push_back(item);
       }
     }
-    CUDA_TRY(slot, kEvent, cudaEventRecord(slot.verify_prepared, slot.stream));
+    CUDA_TRY(slot, kEvent, cudaEventRecord(slot.verify_prepared, check_stream));
   }
   // A group runs as one launch (LaunchGrouped) when the variant of its largest problem takes
   // every problem, else one launch per problem with its own variant.
@@ -1016,13 +1026,17 @@ absl::Status CudaBackend::RunOnSlot(int slot_index, const GemmJob& job, GemmRepo
   }
 #endif
   CUDA_TRY(slot, kEvent, cudaEventRecord(slot.kernel_done, slot.stream));
-  // The check's C side, where the GEMM left C, before C leaves the device.
+  // The check's C side, where the GEMM left C, before C leaves the device; then the side that
+  // ran beside the GEMM is waited for.
   for (const CheckItem& item : checks) {
     CUDA_TRY(slot, kLaunch,
              LaunchVerifyMatVec(item.c, item.form.c_type, item.form.m, item.form.n, false,
                                 item.r(), item.row(4), item.row(5), slot.stream));
   }
-  if (repetitions > 0) CUDA_TRY(slot, kEvent, cudaEventRecord(slot.verify_done, slot.stream));
+  if (repetitions > 0) {
+    CUDA_TRY(slot, kEvent, cudaStreamWaitEvent(slot.stream, slot.verify_prepared, 0));
+    CUDA_TRY(slot, kEvent, cudaEventRecord(slot.verify_done, slot.stream));
+  }
   double d2h_ms = 0;
   if (c_on_device) {
     CUDA_TRY(slot, kEvent, WaitForKernel(slot, double(shape.Flops())));
@@ -1037,15 +1051,18 @@ absl::Status CudaBackend::RunOnSlot(int slot_index, const GemmJob& job, GemmRepo
   }
   if (repetitions > 0) {
     CUDA_TRY(slot, kEvent, cudaEventSynchronize(slot.verify_done));
-    if (absl::Status s = CheckOnHost(slot, checks, d_verify, verify_floats * repetitions, report);
+    if (absl::Status s = CheckOnHost(slot, checks, d_verify, verify_floats * repetitions,
+                                 check_beside, report);
         !s.ok()) {
       return s;
     }
   }
   float h2d_ms = 0, kernel_ms = 0;
   CUDA_TRY(slot, kEvent, cudaEventElapsedTime(&h2d_ms, slot.start, slot.h2d_done));
+  // The GEMM starts after the check's first passes where they ran before it on this stream.
+  const bool check_before = repetitions > 0 && !check_beside;
   CUDA_TRY(slot, kEvent,
-           cudaEventElapsedTime(&kernel_ms, repetitions > 0 ? slot.verify_prepared : slot.h2d_done,
+           cudaEventElapsedTime(&kernel_ms, check_before ? slot.verify_prepared : slot.h2d_done,
                                 slot.kernel_done));
   report->host_to_device_ms = h2d_ms;
   report->kernel_ms = kernel_ms;

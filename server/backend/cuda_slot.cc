@@ -11,6 +11,10 @@ std::string CudaSlot::Init(int staging_buffers, int64_t staging_piece_bytes,
   const int ordinal = device->ordinal;
   std::string error = CheckCuda(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), ordinal,
                                 "cudaStreamCreate");
+  if (error.empty()) {
+    error = CheckCuda(cudaStreamCreateWithFlags(&check_stream, cudaStreamNonBlocking), ordinal,
+                      "cudaStreamCreate");
+  }
   for (cudaEvent_t* e :
        {&start, &h2d_done, &kernel_done, &d2h_done, &verify_prepared, &verify_done}) {
     if (error.empty()) {
@@ -34,6 +38,7 @@ std::string CudaSlot::Init(int staging_buffers, int64_t staging_piece_bytes,
 CudaSlot::~CudaSlot() {
   cudaSetDevice(device->ordinal);
   if (stream != nullptr) cudaStreamSynchronize(stream);
+  if (check_stream != nullptr) cudaStreamSynchronize(check_stream);
   launch_context.reset();  // before the stream it is bound to
   cudaFree(device_buffer);
   device->memory->Unreserve(device_capacity);
@@ -41,6 +46,7 @@ CudaSlot::~CudaSlot() {
     if (e != nullptr) cudaEventDestroy(e);
   }
   if (stream != nullptr) cudaStreamDestroy(stream);
+  if (check_stream != nullptr) cudaStreamDestroy(check_stream);
   // The staging ring frees itself after this: nothing is in flight once the stream has
   // synchronized.
 }

@@ -35,13 +35,18 @@ struct CudaSlot {
   CudaDevice* const device;
   const int stream_id;
   cudaStream_t stream = nullptr;
+  // Where the passes of a Freivalds check that read no C (r, op(B)·r, op(A)·x) run while the
+  // GEMM runs on `stream`: memory-bound work beside a compute-bound kernel, off its critical
+  // path. Waits for `h2d_done`; `stream` waits for its `verify_prepared` before the C side ends.
+  cudaStream_t check_stream = nullptr;
   std::unique_ptr<kernels::LaunchContext> launch_context;  // bound to `stream`
   char* device_buffer = nullptr;  // A | B | C, each 256-byte aligned
   size_t device_capacity = 0;     // bytes of device_buffer, claimed in the device's budget
   PinnedStagingRing staging;
   cudaEvent_t start = nullptr, h2d_done = nullptr, kernel_done = nullptr, d2h_done = nullptr;
-  // Around the passes of a Freivalds check (GemmJob::verify_repetitions): after those before
-  // the GEMM, after those after it.
+  // Around the passes of a Freivalds check (GemmJob::verify_repetitions): after those that
+  // read no C (on check_stream, or before the GEMM on `stream` where C_in is read: it may be
+  // C's memory), after those that read C.
   cudaEvent_t verify_prepared = nullptr, verify_done = nullptr;
 };
 
