@@ -31,7 +31,9 @@
 // GemmReport says the batch it ran in. A member the launch could not answer (the launch
 // failed, or its C could not be delivered) and every member of a launch whose check failed
 // is rerun alone, as an unbatched GEMM (verified, with the rerun above), so that one member
-// never decides another's answer. Owners: handles are private to their owner (another
+// never decides another's answer. A launch reads every member's operands before it writes
+// any member's C: GEMMs in flight together have no order among them, as on several slots.
+// Owners: handles are private to their owner (another
 // owner's handle is NOT_FOUND), so a resident B has no two owners; batches stay within one
 // owner all the same, so that no launch ever mixes two clients' rows.
 // Thread safety: all methods are thread-safe.
