@@ -426,6 +426,7 @@ PointResult LoadGenerator::RunPoint(Target kind, const std::string& target, int 
       s.shape = pick(rng);
       caller->Call(*payloads_[s.shape], *requests[s.shape], &s);
       const Clock::time_point end = Clock::now();
+      if (s.code == 0) s.batch_size = int(caller->execution().batch_size());
       s.end_s = Seconds(end - start);
       s.latency_ms = Seconds(end - begin) * 1e3;
       recorder.Add(s, caller->error());

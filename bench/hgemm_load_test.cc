@@ -263,6 +263,9 @@ TEST_F(HgemmLoadTest, ResidentOperandsUnaryAndStream) {
       ASSERT_EQ(p.stats.size(), 3u);
       EXPECT_GT(p.stats[0].requests, 0);
       EXPECT_EQ(p.stats[0].server.count, p.stats[0].requests);
+      // Every call said the launch it ran in (alone, or with the other worker's on one B).
+      EXPECT_GE(p.stats[0].server.batch_size, 1);
+      EXPECT_LE(p.stats[0].server.batch_size, 2);
       for (size_t i = 0; i < p.stats.size(); ++i) {
         const PointStats& s = p.stats[i];
         ExpectConsistent(s, Target::kService, resident);
@@ -440,8 +443,10 @@ TEST_F(HgemmLoadTest, ServerMetricsCountTheCallsOfAPoint) {
               std::string::npos)
         << first;
     EXPECT_NE(second.find(fmt::format(",{},,", p.calls)), std::string::npos) << second;
-    // Its ten metrics columns are empty; server_verify_ms, the last column, follows them.
-    const std::string before_verify = second.substr(0, second.rfind(','));
+    // Its ten metrics columns are empty; server_verify_ms and server_batch_size, the last
+    // columns, follow them.
+    std::string before_verify = second.substr(0, second.rfind(','));
+    before_verify = before_verify.substr(0, before_verify.rfind(','));
     EXPECT_EQ(before_verify.substr(before_verify.size() - 10), ",,,,,,,,,,") << second;
   }
 }

@@ -50,10 +50,10 @@ double GemmGbPerS(const PointStats& s) {
 std::string FormatTableHeader() {
   return fmt::format(
       "{:<7} {:<6} {:<4} {:>4} {:>6} {:<16} {:>7} {:>5} {:>9} {:>9} {:>9} {:>9} {:>9} {:>8} {:>9} "
-      "{:>7} | {:>8} {:>7} {:>9} {:>7} {:>9} {:>9} | {:>3} {:<6}\n",
+      "{:>7} | {:>8} {:>7} {:>9} {:>7} {:>9} {:>9} {:>5} | {:>3} {:<6}\n",
       "target", "mode", "res", "conc", "rate", "shape", "reqs", "err", "req/s", "p50_ms", "p90_ms",
       "p99_ms", "GFLOP/s", "GB/s", "gemm_GB/s", "vs_echo", "queue_ms", "h2d_ms", "kernel_ms", "d2h_ms",
-      "server_ms", "verify_ms", "win", "stable");
+      "server_ms", "verify_ms", "batch", "win", "stable");
 }
 
 std::string FormatTableRows(const PointResult& p, const PointResult* echo) {
@@ -65,11 +65,13 @@ std::string FormatTableRows(const PointResult& p, const PointResult* echo) {
         e && e->payload_gb_per_s > 0 ? fmt::format("{:.2f}", s.payload_gb_per_s / e->payload_gb_per_s) : "-";
     std::string server;
     if (p.target == Target::kService && s.server.count > 0) {
-      server = fmt::format("{:>8.3f} {:>7.3f} {:>9.3f} {:>7.3f} {:>9.3f} {:>9.3f}",
+      server = fmt::format("{:>8.3f} {:>7.3f} {:>9.3f} {:>7.3f} {:>9.3f} {:>9.3f} {:>5.1f}",
                            s.server.queue_ms, s.server.h2d_ms, s.server.kernel_ms,
-                           s.server.d2h_ms, s.server.total_ms, s.server.verify_ms);
+                           s.server.d2h_ms, s.server.total_ms, s.server.verify_ms,
+                           s.server.batch_size);
     } else {
-      server = fmt::format("{:>8} {:>7} {:>9} {:>7} {:>9} {:>9}", "-", "-", "-", "-", "-", "-");
+      server = fmt::format("{:>8} {:>7} {:>9} {:>7} {:>9} {:>9} {:>5}", "-", "-", "-", "-", "-",
+                           "-", "-");
     }
     const std::string gflops = p.target == Target::kService ? fmt::format("{:.1f}", s.gflops) : "-";
     out += fmt::format(
@@ -105,7 +107,8 @@ void WriteCsvHeader(std::ostream& out) {
          "server_d2h_ms,server_total_ms,windows,stable,warmup_requests,error_codes,shapes,"
          "parallel_parts,gemm_gb_per_s,calls,client_cpu_ms,"
          "metrics_rpc,metrics_requests,metrics_ok,metrics_agree,metrics_gemms,metrics_queue_ms,"
-         "metrics_h2d_ms,metrics_kernel_ms,metrics_d2h_ms,metrics_total_ms,server_verify_ms\n";
+         "metrics_h2d_ms,metrics_kernel_ms,metrics_d2h_ms,metrics_total_ms,server_verify_ms,"
+         "server_batch_size\n";
 }
 
 void WriteCsvRows(std::ostream& out, const PointResult& p, const PointResult* echo,
@@ -146,7 +149,8 @@ void WriteCsvRows(std::ostream& out, const PointResult& p, const PointResult* ec
     } else {
       out << ",,,,,,,,,,";
     }
-    out << (server ? fmt::format(",{:.6g}\n", s.server.verify_ms) : ",\n");
+    out << (server ? fmt::format(",{:.6g},{:.4g}\n", s.server.verify_ms, s.server.batch_size)
+                   : ",,\n");
   }
 }
 

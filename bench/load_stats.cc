@@ -32,12 +32,14 @@ PointStats Summarize(const std::vector<Sample>& samples, int shape, double secon
     b.d2h_ms += s.d2h_ms;
     b.total_ms += s.total_ms;
     b.verify_ms += s.verify_ms;
+    b.batch_size += s.batch_size;
   }
   st.requests = int64_t(latencies.size());
   if (st.requests == 0) return st;
   ServerBreakdown& b = st.server;
   if (b.count > 0) {
-    for (double* v : {&b.queue_ms, &b.h2d_ms, &b.kernel_ms, &b.d2h_ms, &b.total_ms, &b.verify_ms}) {
+    for (double* v : {&b.queue_ms, &b.h2d_ms, &b.kernel_ms, &b.d2h_ms, &b.total_ms, &b.verify_ms,
+                      &b.batch_size}) {
       *v /= b.count;
     }
   }

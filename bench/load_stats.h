@@ -25,6 +25,9 @@ struct Sample {
   int code = 0;           // 0: OK; a gRPC status code; kWrongReplySize
   double queue_ms = 0, h2d_ms = 0, kernel_ms = 0, d2h_ms = 0, total_ms = 0;
   double verify_ms = 0;  // the server's Freivalds check (GemmOptions.verify)
+  // GEMMs of the launch that ran it (Execution.batch_size: batched with others against the
+  // same resident B); 0 when the server said none (a ring's completion, an older server).
+  int batch_size = 0;
 };
 
 // Means of the server-reported timing of successful calls, in milliseconds.
@@ -32,6 +35,7 @@ struct ServerBreakdown {
   int64_t count = 0;
   double queue_ms = 0, h2d_ms = 0, kernel_ms = 0, d2h_ms = 0, total_ms = 0;
   double verify_ms = 0;
+  double batch_size = 0;  // mean GEMMs per launch, as the calls saw it (1: none batched)
 };
 
 // The measured windows of one point, for all shapes together or for one shape of the mix.

@@ -208,6 +208,21 @@ int main(int argc, char** argv) {
                  "a sticky fault (0: never)")
       ->envname("HGEMM_VERIFY_FAILURES_TO_RETIRE")->check(CLI::NonNegativeNumber)
       ->capture_default_str();
+  app.add_option("--batching", server_options.service.scheduler.batching,
+                 "run queued GEMMs of one client that share a resident B (same b_handle, form and "
+                 "options) as one GEMM with their rows stacked (docs/operations.md, Batching); "
+                 "off: every GEMM runs alone")
+      ->envname("HGEMM_BATCHING")->capture_default_str();
+  int64_t batch_window_us = 0;
+  app.add_option("--batch_window_us", batch_window_us,
+                 "how long past a batchable GEMM's arrival its worker waits for more GEMMs to "
+                 "share its launch (0: it takes what is queued and waits for nothing)")
+      ->envname("HGEMM_BATCH_WINDOW_US")->check(CLI::Range(int64_t{0}, int64_t{1000000}))
+      ->capture_default_str();
+  app.add_option("--max_batch_rows", server_options.service.scheduler.max_batch_rows,
+                 "rows (the GEMMs' m summed) of one batched launch at most")
+      ->envname("HGEMM_MAX_BATCH_ROWS")->check(CLI::Range(int64_t{1}, int64_t{1} << 20))
+      ->capture_default_str();
   app.add_flag("--resident_lru_eviction", server_options.service.resident.lru_eviction,
                "when device memory is full, evict least recently used resident matrices")
       ->envname("HGEMM_RESIDENT_LRU_EVICTION");
@@ -276,6 +291,7 @@ int main(int argc, char** argv) {
   backend_options.cuda.devices = ParseDeviceList(devices);
   backend_options.cuda.completion_spin = std::chrono::microseconds(spin_us);
   server_options.service.scheduler.idle_spin = std::chrono::microseconds(spin_us);
+  server_options.service.scheduler.batch_window = std::chrono::microseconds(batch_window_us);
   hgemm::SchedulerOptions& scheduler = server_options.service.scheduler;
   scheduler.max_queued_per_owner = max_queued_per_client >= 0
                                        ? max_queued_per_client
@@ -354,6 +370,12 @@ int main(int argc, char** argv) {
                server_options.service.scheduler.max_queued_requests,
                server_options.service.scheduler.max_queued_per_owner,
                server_options.service.scheduler.max_queued_bytes, server_options.max_message_bytes);
+  if (server_options.service.scheduler.batching) {
+    spdlog::info("batching: GEMMs sharing a resident B, up to {} rows per launch, {} us window",
+                 server_options.service.scheduler.max_batch_rows, batch_window_us);
+  } else {
+    spdlog::info("batching: off");
+  }
 
   if (max_connection_age_s > 0) {
     spdlog::info("connections: a GOAWAY after {} s, then closed {}", max_connection_age_s,

@@ -173,6 +173,9 @@ std::unique_ptr<HgemmServer> HgemmServer::Start(ServerOptions options,
           }
           load.staged_regions = s->service_->regions().StagedRegions();
           load.rings_attached = s->service_->rings().Attached();
+          Scheduler::BatchStats batches = s->scheduler_->GetBatchStats();
+          load.batch_members = std::move(batches.by_members);
+          load.batch_rows = std::move(batches.by_rows);
           return load;
         });
   }

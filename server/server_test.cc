@@ -867,7 +867,9 @@ TEST_F(ServerTest, ResidentMixedWithBytesConcurrentlyAndOnStreams) {
   EXPECT_LT(ErrorAgainstReference(plain, results[0].response.c()), kServiceTolerance.fp32_acc);
   std::string c;
   ASSERT_TRUE(client_->DownloadMatrix(results[1].response.c_matrix().handle(), &c).ok());
-  EXPECT_EQ(c, results[0].response.c());  // same inputs, same kernel
+  // The same inputs as results[0]'s, but not bit for bit the same C: the two may have run in
+  // one launch (batching), whose rows change the kernel's blocking.
+  EXPECT_LT(ErrorAgainstReference(plain, c), kServiceTolerance.fp32_acc);
 }
 
 TEST_F(ServerTest, ResidentErrors) {

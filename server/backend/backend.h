@@ -67,6 +67,27 @@ class Backend {
   // REQUIRES: one caller per slot at a time.
   virtual absl::Status Run(int slot, const GemmJob& job, GemmReport* report) = 0;
 
+  // Runs `members` on `slot` as one GEMM along M: their op(A) rows stacked in order, times
+  // their shared B, with C split back into each member's own sink (c, c_device, or a kept C in
+  // its report's c_resident). The members are the scheduler's batch
+  // (server/scheduler/scheduler.h): one problem each (batch 1, no group), the same B (one
+  // b_resident) and the same n, k, types, c_input, transposes, kernel, accumulation, alpha,
+  // beta and verify_repetitions; their m, A, C_in and C sinks are their own.
+  // Returns one status per member and fills (*reports)[i], members[i]'s, with the launch's
+  // times, kernel and check (one check of the stacked C), and batch_size and batch_rows. A
+  // status that is not OK says the member's C is not in its sink: the launch's failure for
+  // every member, or that member's own (its kept C could not be allocated, say). A check
+  // that fails leaves every sink unwritten and every status OK, with each report's
+  // verify_failure set: the caller reruns the members alone. Never looks at is_cancelled,
+  // deadline or c_progress: the caller drops cancelled and expired members first.
+  // This default gathers A and C_in into host memory, runs the stacked GEMM through Run and
+  // copies C out, through this backend's own resident-memory calls; a backend that can gather
+  // on its device overrides it.
+  // REQUIRES: !members.empty(); reports->size() == members.size(); one caller per slot at a
+  // time (as Run).
+  virtual std::vector<absl::Status> RunBatch(int slot, const std::vector<const GemmJob*>& members,
+                                             std::vector<GemmReport>* reports);
+
   // A buffer of `bytes` on device `device_index` (Devices() index) for a resident matrix.
   // RESOURCE_EXHAUSTED when the device's memory budget (shared with the slots' buffers) would
   // be passed. Thread-safe.

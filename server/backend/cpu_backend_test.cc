@@ -2,8 +2,10 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <random>
 #include <tuple>
 #include <string>
@@ -11,6 +13,8 @@
 #include <vector>
 
 #include "proto/numerics/error_stats.h"
+#include "server/testing/c_faults.h"
+#include "server/testing/shared_b_gemms.h"
 #include "server/testing/test_requests.h"
 
 namespace hgemm {
@@ -209,6 +213,105 @@ TEST(CpuBackend, ReleasedMemoryIsReusedUpToItsLimitAndOutsideTheBudget) {
   std::string stored(size_t(kMiB), '\0');
   ASSERT_TRUE(backend->ReadResident(*c, stored.data()).ok());
   EXPECT_EQ(stored, bytes);
+}
+
+// Backend::RunBatch (the default the CPU backend runs): members of different m, each form,
+// scales with C_in (one in place), and every sink get their own C, as one launch.
+TEST(CpuBackend, RunBatchGivesEveryMemberItsOwnC) {
+  auto backend = MakeCpuBackend({.workers = 1});
+  std::mt19937_64 rng(47);
+  const GemmForm forms[] = {{},
+                            {.transpose_a = true, .transpose_b = true, .c_fp32 = true},
+                            {.transpose_a = true, .bf16 = true}};
+  for (const GemmForm& form : forms) {
+    for (auto [alpha, beta] : {std::pair{1.0f, 0.0f}, std::pair{-0.5f, 1.5f}}) {
+      SharedB b(backend.get(), 40, 72, form, rng);
+      std::vector<std::unique_ptr<RowsGemm>> members;
+      members.push_back(std::make_unique<RowsGemm>(backend.get(), b, 1, rng, alpha, beta));
+      members.push_back(std::make_unique<RowsGemm>(backend.get(), b, 5, rng, alpha, beta,
+                                                   CSink::kKeepC));
+      members.push_back(std::make_unique<RowsGemm>(backend.get(), b, 16, rng, alpha, beta,
+                                                   CSink::kDevice));
+      members.push_back(std::make_unique<RowsGemm>(backend.get(), b, 3, rng, alpha, beta,
+                                                   CSink::kHost, /*in_place=*/beta != 0));
+      std::vector<const GemmJob*> jobs;
+      for (const auto& member : members) jobs.push_back(&member->job);
+      std::vector<GemmReport> reports(jobs.size());
+      const std::vector<absl::Status> statuses = backend->RunBatch(0, jobs, &reports);
+      ASSERT_EQ(statuses.size(), jobs.size());
+      for (size_t i = 0; i < jobs.size(); ++i) {
+        SCOPED_TRACE(::testing::Message() << "member " << i << " ta=" << form.transpose_a
+                                          << " tb=" << form.transpose_b << " bf16=" << form.bf16
+                                          << " beta=" << beta);
+        ASSERT_TRUE(statuses[i].ok()) << statuses[i];
+        EXPECT_EQ(reports[i].batch_size, 4);
+        EXPECT_EQ(reports[i].batch_rows, 25);
+        EXPECT_EQ(reports[i].kernel, "openblas_sgemm");
+        EXPECT_TRUE(members[i]->Correct(reports[i]));
+      }
+    }
+  }
+}
+
+// One check of the stacked C: a corrupted launch writes no member's sink, and says so in every
+// report; a clean one passes for all.
+TEST(CpuBackend, RunBatchWhoseCheckFailsWritesNoSink) {
+  std::atomic<int> corrupt{1};
+  auto backend = MakeCpuBackend({.workers = 1, .after_gemm = [&](int, const GemmJob& job, void* c) {
+                                   if (corrupt.fetch_sub(1) > 0) {
+                                     CorruptC(CFault::kLargeError, job.shape.c_type, job.shape.n,
+                                              c, job.shape.m - 1, 0);
+                                   }
+                                 }});
+  std::mt19937_64 rng(53);
+  SharedB b(backend.get(), 24, 56, {}, rng);
+  for (bool corrupted : {true, false}) {
+    std::vector<std::unique_ptr<RowsGemm>> members;
+    std::vector<const GemmJob*> jobs;
+    for (int64_t m : {7, 2, 9}) {
+      members.push_back(std::make_unique<RowsGemm>(backend.get(), b, m, rng));
+      members.back()->job.verify_repetitions = 2;
+      jobs.push_back(&members.back()->job);
+    }
+    std::vector<GemmReport> reports(jobs.size());
+    const std::vector<absl::Status> statuses = backend->RunBatch(0, jobs, &reports);
+    for (size_t i = 0; i < jobs.size(); ++i) {
+      ASSERT_TRUE(statuses[i].ok()) << statuses[i];
+      if (corrupted) {
+        EXPECT_NE(reports[i].verify_failure, "");
+        EXPECT_EQ(reports[i].verified_repetitions, 0);
+        EXPECT_TRUE(members[i]->Untouched()) << i;
+      } else {
+        EXPECT_EQ(reports[i].verify_failure, "");
+        EXPECT_EQ(reports[i].verified_repetitions, 2);
+        EXPECT_TRUE(members[i]->Correct(reports[i]));
+      }
+    }
+  }
+}
+
+// A launch that fails fails every member, their sinks unwritten; a member whose own sink fails
+// (a kept C past the budget) fails alone.
+TEST(CpuBackend, RunBatchFailuresAreTheLaunchsOrTheMembersOwn) {
+  const int64_t n = 32, k = 48, b_bytes = n * k * 2;
+  auto backend = MakeCpuBackend({.workers = 1, .resident_budget_bytes = b_bytes + 1024});
+  std::mt19937_64 rng(59);
+  SharedB b(backend.get(), n, k, {}, rng);
+  RowsGemm host(backend.get(), b, 6, rng);
+  RowsGemm kept(backend.get(), b, 64, rng, 1, 0, CSink::kKeepC);  // 4096 bytes of C
+  std::vector<GemmReport> reports(2);
+  std::vector<absl::Status> statuses = backend->RunBatch(0, {&host.job, &kept.job}, &reports);
+  ASSERT_EQ(statuses.size(), 2u);
+  ASSERT_TRUE(statuses[0].ok()) << statuses[0];
+  EXPECT_TRUE(host.Correct(reports[0]));
+  EXPECT_EQ(statuses[1].code(), absl::StatusCode::kResourceExhausted) << statuses[1];
+  EXPECT_EQ(reports[1].c_resident, nullptr);
+
+  RowsGemm other(backend.get(), b, 6, rng);
+  backend->TakeOutOfService(0, "test");
+  statuses = backend->RunBatch(0, {&other.job, &host.job}, &reports);
+  for (const absl::Status& s : statuses) EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+  EXPECT_TRUE(other.Untouched());
 }
 
 }  // namespace

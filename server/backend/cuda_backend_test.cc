@@ -20,6 +20,7 @@
 
 #include "proto/numerics/cpu_gemm.h"
 #include "proto/numerics/error_stats.h"
+#include "server/testing/shared_b_gemms.h"
 #include "server/testing/test_requests.h"
 
 namespace hgemm {
@@ -482,6 +483,46 @@ TEST_F(CudaBackendTest, PiecesLandOneAfterTheOther) {
     std::string before(4096, '\0');
     ASSERT_TRUE(backend_->ReadResidentRange(*buffer, 0, 4096, before.data()).ok());
     EXPECT_EQ(before, poison.substr(0, 4096));
+  }
+}
+
+// Backend::RunBatch on the GPU (the scheduler's batches): members of different m against one
+// resident B, in several layouts and types, scaled with C_in, into every sink, with the check,
+// each get their own C, within the service's tolerance of the fp32 reference (that of a GEMM
+// run alone).
+TEST_F(CudaBackendTest, RunBatchGivesEveryMemberItsOwnC) {
+  std::mt19937_64 rng(61);
+  const GemmForm forms[] = {{},
+                            {.transpose_b = true},
+                            {.transpose_a = true, .bf16 = true, .c_fp32 = true}};
+  for (const GemmForm& form : forms) {
+    for (auto [alpha, beta] : {std::pair{1.0f, 0.0f}, std::pair{0.5f, -2.0f}}) {
+      SCOPED_TRACE(::testing::Message() << "ta=" << form.transpose_a << " tb="
+                                        << form.transpose_b << " bf16=" << form.bf16
+                                        << " beta=" << beta);
+      SharedB b(backend_, 2048, 2048, form, rng);
+      std::vector<std::unique_ptr<RowsGemm>> members;
+      const std::vector<std::pair<int64_t, CSink>> rows = {
+          {1, CSink::kHost}, {16, CSink::kKeepC}, {7, CSink::kDevice}, {64, CSink::kHost}};
+      std::vector<const GemmJob*> jobs;
+      for (auto [m, sink] : rows) {
+        members.push_back(std::make_unique<RowsGemm>(backend_, b, m, rng, alpha, beta, sink));
+        members.back()->job.verify_repetitions = 1;
+        jobs.push_back(&members.back()->job);
+      }
+      std::vector<GemmReport> reports(jobs.size());
+      const std::vector<absl::Status> statuses = backend_->RunBatch(1, jobs, &reports);
+      ASSERT_EQ(statuses.size(), jobs.size());
+      for (size_t i = 0; i < jobs.size(); ++i) {
+        ASSERT_TRUE(statuses[i].ok()) << i << ": " << statuses[i];
+        EXPECT_EQ(reports[i].batch_size, 4);
+        EXPECT_EQ(reports[i].batch_rows, 1 + 16 + 7 + 64);
+        EXPECT_EQ(reports[i].verify_failure, "");
+        EXPECT_EQ(reports[i].verified_repetitions, 1);
+        EXPECT_GT(reports[i].kernel_ms, 0);
+        EXPECT_TRUE(members[i]->Correct(reports[i])) << i;
+      }
+    }
   }
 }
 

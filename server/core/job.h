@@ -60,9 +60,19 @@ struct GemmReport {
   // Set when C is a rerun's, on another slot: the first run's C failed its check on the
   // device with this id (DeviceDescription::id).
   std::optional<int> suspect_device_id;
+  // The launch that computed C: batch_size GEMMs sharing one resident B, their rows stacked
+  // into one GEMM of batch_rows rows (Backend::RunBatch); 1 and 0 when the GEMM ran alone.
+  // The times and the check above are the launch's.
+  int batch_size = 1;
+  int64_t batch_rows = 0;
 
+  // The launch's rate: a batch's kernel time covers every member's rows.
   double Tflops(const GemmShape& shape) const {
-    return kernel_ms > 0 ? shape.Flops() / (kernel_ms * 1e9) : 0;
+    if (kernel_ms <= 0) return 0;
+    const double flops =
+        batch_size > 1 ? 2.0 * double(batch_rows) * double(shape.n) * double(shape.k)
+                       : double(shape.Flops());
+    return flops / (kernel_ms * 1e9);
   }
 };
 

@@ -1,6 +1,7 @@
 // libFuzzer target: the whole service below its transport (session_harness.h). Each input is a
 // sequence of up to 8 calls of two clients, made through the session layer as the gRPC
-// handlers make them: unary Gemm (some with a passed deadline or a cancelled client),
+// handlers make them: unary Gemm (some with a passed deadline or a cancelled client; some
+// sent at once, each its own rows against one B handle, as the scheduler batches them),
 // GemmStream (headers and chunks, C_in's too; the client half-closes or cancels; the idle
 // timeout or a drain may strike), UploadMatrix (header and chunks, or a header naming a
 // region; closes, cancels, idles out), Release/List/Download, and shared-memory regions
@@ -32,6 +33,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "server/fuzz/fuzz_requests.h"
@@ -311,6 +313,54 @@ void Unary(FuzzedDataProvider& in, const std::string& client, std::vector<std::s
   if (s.ok() && r.keep_c_resident() && !r.has_c_region()) handles.push_back(kept.handle);
 }
 
+// Unary GEMMs of one client sent at once, each its own rows against one B handle: they may
+// share a launch (the scheduler's batching) and must each be answered as alone, C all zeros.
+// B's k and n are the matrix's when the handle is one of the client's, so that most pass
+// validation; some are cancelled or past their deadline.
+void SharedB(FuzzedDataProvider& in, const std::string& client, std::vector<std::string>& handles) {
+  const std::string b = Handle(in, handles);
+  uint32_t k = fuzz::Dim(in), n = fuzz::Dim(in);
+  for (const ResidentMatrix& m : Services().store.List(client)) {
+    if (m.handle == b) std::tie(k, n) = std::pair{m.rows, m.cols};
+  }
+  struct Call {
+    v1::GemmRequest request;
+    Clock::time_point deadline;
+    bool cancelled = false;
+    absl::Status status;
+    std::string c;
+    ResidentMatrix kept;
+  };
+  std::vector<Call> calls(in.ConsumeIntegralInRange<size_t>(2, 4));
+  for (Call& call : calls) {
+    v1::GemmRequest& r = call.request;
+    r.set_m(fuzz::Dim(in));
+    r.set_n(n);
+    r.set_k(k);
+    r.set_a(fuzz::OperandBytes(in, r.m(), k));
+    r.set_b_handle(b);
+    r.set_keep_c_resident(in.ConsumeIntegralInRange<int>(0, 3) == 0);
+    call.deadline = Deadline(in);
+    call.cancelled = in.ConsumeIntegralInRange<int>(0, 7) == 0;
+  }
+  std::vector<std::thread> threads;
+  for (Call& call : calls) {
+    threads.emplace_back([&client, &call] {
+      call.status = fuzz::RunGemm(client, call.request, call.deadline, call.cancelled,
+                                  /*over_unix_socket=*/false, &call.c, &call.kept);
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  for (Call& call : calls) {
+    fuzz::CheckMessage(call.status);
+    if (!call.status.ok()) continue;
+    if (!call.c.empty()) {
+      CheckZeros(reinterpret_cast<const uint8_t*>(call.c.data()), call.c.size(), "host C");
+    }
+    if (call.request.keep_c_resident()) handles.push_back(call.kept.handle);
+  }
+}
+
 // The BLAS fields of a streamed GEMM's header: transposes, types, α/β, a C_in handle, a batch.
 void BlasHeader(FuzzedDataProvider& in, const std::vector<std::string>& handles,
                 v1::GemmHeader* h) {
@@ -523,11 +573,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   Regions regions;  // unmapped after the server let go of them
   for (int call = 0; call < 8 && in.remaining_bytes() > 0; ++call) {
     const std::string client = in.ConsumeBool() ? "fuzz-a" : "fuzz-b";
-    switch (in.ConsumeIntegralInRange<int>(0, 4)) {
+    switch (in.ConsumeIntegralInRange<int>(0, 5)) {
       case 0: Unary(in, client, handles, regions); break;
       case 1: Stream(in, client, handles); break;
       case 2: Upload(in, client, handles, regions); break;
       case 3: RegionCall(in, client, regions); break;
+      case 4: SharedB(in, client, handles); break;
       default: Others(in, client, handles);
     }
   }

@@ -1,6 +1,7 @@
 #include "server/metrics/metrics.h"
 
 #include <algorithm>
+#include <limits>
 #include <string>
 #include <utility>
 
@@ -296,12 +297,52 @@ std::vector<prometheus::MetricFamily> ServiceMetrics::VerifyFamilies(
   return families;
 }
 
+namespace {
+
+// A histogram of exact counts (value → observations) over the buckets `bounds` (and +Inf).
+prometheus::MetricFamily HistogramOf(const char* name, const char* help,
+                                     const std::map<int64_t, int64_t>& counts,
+                                     const std::vector<double>& bounds) {
+  prometheus::ClientMetric metric;
+  for (const auto& [value, count] : counts) {
+    metric.histogram.sample_count += uint64_t(count);
+    metric.histogram.sample_sum += double(value) * double(count);
+  }
+  std::vector<double> upper = bounds;
+  upper.push_back(std::numeric_limits<double>::infinity());
+  for (double bound : upper) {
+    uint64_t cumulative = 0;
+    for (auto it = counts.begin(); it != counts.end() && double(it->first) <= bound; ++it) {
+      cumulative += uint64_t(it->second);
+    }
+    metric.histogram.bucket.push_back({.cumulative_count = cumulative, .upper_bound = bound});
+  }
+  return {name, help, prometheus::MetricType::Histogram, {metric}};
+}
+
+}  // namespace
+
+std::vector<prometheus::MetricFamily> ServiceMetrics::BatchFamilies(const LoadSample& load) {
+  // Powers of two: a batch has at least two members; rows run up to --max_batch_rows.
+  static const std::vector<double> kMembers = {2, 4, 8, 16, 32, 64, 128, 256, 512};
+  static const std::vector<double> kRows = {8,   16,   32,   64,    128,   256,  512,
+                                            1024, 2048, 4096, 8192, 16384, 65536};
+  return {HistogramOf("hgemm_batch_members",
+                      "GEMMs per batched launch (GEMMs sharing a resident B run as one GEMM)",
+                      load.batch_members, kMembers),
+          HistogramOf("hgemm_batch_rows", "Rows (the members' m summed) per batched launch",
+                      load.batch_rows, kRows)};
+}
+
 std::vector<prometheus::MetricFamily> ServiceMetrics::Collect() const {
   std::vector<prometheus::MetricFamily> regions;
   if (sample_load_) {
     LoadSample load = sample_load_();
     regions = RegionFamilies(std::move(load.region_owners));
     for (prometheus::MetricFamily& family : VerifyFamilies(load.devices)) {
+      regions.push_back(std::move(family));
+    }
+    for (prometheus::MetricFamily& family : BatchFamilies(load)) {
       regions.push_back(std::move(family));
     }
     queued_.Set(double(load.queued));

@@ -48,6 +48,11 @@
 //   hgemm_verify_reruns_total{device}     reruns run there after a check failed elsewhere
 //   hgemm_verify_suspect_total{device}    failed checks there whose rerun passed: the device,
 //                                         not the inputs, was wrong (Scheduler::VerifyStats)
+//   hgemm_batch_members, hgemm_batch_rows
+//                                         histograms of the batched launches (GEMMs sharing a
+//                                         resident B run as one, Scheduler::BatchStats): their
+//                                         members and their rows (the members' m summed); the
+//                                         _count of either is the launches since start
 //   hgemm_build_info{version,backend} 1
 //   hgemm_device_info{device,name,compute_capability} 1
 //
@@ -133,6 +138,9 @@ struct LoadSample {
     int64_t bytes = 0;
   };
   std::vector<RegionOwner> region_owners;  // owners with registered regions, any order
+  // The batched launches since start by members and by rows: value → launches
+  // (Scheduler::BatchStats).
+  std::map<int64_t, int64_t> batch_members, batch_rows;
 };
 using LoadSampler = std::function<LoadSample()>;
 
@@ -173,6 +181,8 @@ class ServiceMetrics final : public prometheus::Collectable {
   // The hgemm_verif* counters of `devices`, made at each scrape from the scheduler's counts.
   static std::vector<prometheus::MetricFamily> VerifyFamilies(
       const std::vector<LoadSample::Device>& devices);
+  // The hgemm_batch_* histograms of `load`, made at each scrape from the scheduler's counts.
+  static std::vector<prometheus::MetricFamily> BatchFamilies(const LoadSample& load);
   struct KernelSeries {
     std::array<prometheus::Histogram*, 5> stages;  // in the order of kStageNames
     prometheus::Gauge* tflops;

@@ -98,6 +98,7 @@ absl::Status Scheduler::Enqueue(GemmJob job, GemmDone done) {
     admitted_total_++;
     admitted_bytes_ += bytes;
     device.work_available.notify_one();
+    if (device.gathering > 0) device.member_arrived.notify_all();
   }
   return absl::OkStatus();
 }
@@ -123,7 +124,10 @@ void Scheduler::Shutdown() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     stopping_ = true;
-    for (DeviceQueue& d : devices_) d.work_available.notify_all();
+    for (DeviceQueue& d : devices_) {
+      d.work_available.notify_all();
+      d.member_arrived.notify_all();
+    }
   }
   for (std::thread& worker : workers_) {
     if (worker.joinable()) worker.join();
@@ -145,39 +149,91 @@ std::vector<Scheduler::VerifyStats> Scheduler::GetVerifyStats() const {
   return verify_stats_;
 }
 
+Scheduler::BatchStats Scheduler::GetBatchStats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return batch_stats_;
+}
+
 void Scheduler::WorkerLoop(int slot) {
   DeviceQueue& device = devices_[backend_->SlotDevice(slot)];
   while (true) {
-    Entry entry;
+    std::vector<Entry> batch;  // the entry taken first, then those that joined it
     SpinForWork(device);
     {
       std::unique_lock<std::mutex> lock(mu_);
       device.work_available.wait(lock, [&] { return stopping_ || !device.entries.empty(); });
       if (device.entries.empty()) return;  // stopping, and nothing left to drain
-      entry = std::move(device.entries.front());
-      device.entries.pop_front();
-      device.waiting.store(int64_t(device.entries.size()), std::memory_order_relaxed);
-      queued_--;
-      if (auto owner = queued_by_owner_.find(entry.job.owner); --owner->second == 0) {
-        queued_by_owner_.erase(owner);
-      }
-      device.running++;
+      batch.push_back(TakeLocked(device, device.entries.begin()));
+      if (Batchable(batch.front().job)) GatherLocked(device, lock, &batch);
+    }
+    if (batch.size() > 1) {
+      RunBatch(slot, &batch);
+      continue;
     }
     GemmReport report;
-    const absl::Status result = RunEntry(slot, entry, &report);
-    {
-      // Before `done`: whoever sees the answer sees the load without this job.
-      std::lock_guard<std::mutex> lock(mu_);
-      device.running--;
-      completed_total_++;
-      admitted_bytes_ -= entry.job.shape.Bytes();
-    }
-    try {
-      entry.done(result, report);
-    } catch (...) {  // a transport bug; the worker must live on for the other jobs
-      status::LogCurrentException("GEMM completion");
-    }
+    const absl::Status result = RunEntry(slot, batch.front(), &report);
+    Finish(slot, batch.front(), result, std::move(report));
   }
+}
+
+Scheduler::Entry Scheduler::TakeLocked(DeviceQueue& device, std::deque<Entry>::iterator at) {
+  Entry entry = std::move(*at);
+  device.entries.erase(at);
+  device.waiting.store(int64_t(device.entries.size()), std::memory_order_relaxed);
+  queued_--;
+  if (auto owner = queued_by_owner_.find(entry.job.owner); --owner->second == 0) {
+    queued_by_owner_.erase(owner);
+  }
+  device.running++;
+  return entry;
+}
+
+bool Scheduler::Batchable(const GemmJob& job) const {
+  return options_.batching && job.b_resident && !job.shape.Grouped() && job.shape.batch == 1;
+}
+
+bool Scheduler::SameBatch(const GemmJob& first, const GemmJob& member) const {
+  const GemmShape& f = first.shape;
+  const GemmShape& m = member.shape;
+  return Batchable(member) && member.owner == first.owner &&
+         member.b_resident == first.b_resident && m.n == f.n && m.k == f.k &&
+         m.ab_type == f.ab_type && m.c_type == f.c_type && m.c_input == f.c_input &&
+         member.transpose_a == first.transpose_a && member.transpose_b == first.transpose_b &&
+         member.kernel == first.kernel && member.accumulation == first.accumulation &&
+         member.alpha == first.alpha && member.beta == first.beta &&
+         CheckRepetitions(member) == CheckRepetitions(first);
+}
+
+void Scheduler::GatherLocked(DeviceQueue& device, std::unique_lock<std::mutex>& lock,
+                             std::vector<Entry>* batch) {
+  GemmShape stacked = batch->front().job.shape;  // the batch's GEMM as it grows
+  auto take_joiners = [&] {
+    for (auto it = device.entries.begin();
+         it != device.entries.end() && stacked.m < options_.max_batch_rows;) {
+      GemmShape grown = stacked;
+      grown.m += it->job.shape.m;
+      // batch->front() is read anew: the vector moves as it grows.
+      if (!SameBatch(batch->front().job, it->job) || grown.m > options_.max_batch_rows ||
+          !CheckSize(grown).ok()) {
+        ++it;
+        continue;
+      }
+      stacked = grown;
+      const auto offset = it - device.entries.begin();
+      batch->push_back(TakeLocked(device, it));
+      it = device.entries.begin() + offset;
+    }
+  };
+  take_joiners();
+  if (options_.batch_window.count() <= 0) return;
+  const auto until = batch->front().admitted + options_.batch_window;
+  device.gathering++;
+  while (!stopping_ && stacked.m < options_.max_batch_rows &&
+         device.member_arrived.wait_until(lock, until) == std::cv_status::no_timeout) {
+    take_joiners();
+  }
+  device.gathering--;
+  take_joiners();  // whatever came with the window's end
 }
 
 void Scheduler::SpinForWork(const DeviceQueue& device) const {
@@ -194,38 +250,140 @@ absl::Status Scheduler::DeviceFailed(int device_index) const {
       backend_->Devices()[device_index].id));
 }
 
-absl::Status Scheduler::RunEntry(int slot, const Entry& entry, GemmReport* out) {
+absl::Status Scheduler::Refusal(int slot, const Entry& entry, Clock::time_point started,
+                                double queue_wait_ms) const {
   const GemmJob& job = entry.job;
+  const int device_index = backend_->SlotDevice(slot);
+  if (job.is_cancelled && job.is_cancelled()) return status::Cancelled();
+  // It failed while the job was queued.
+  if (!backend_->DeviceHealthy(device_index)) return DeviceFailed(device_index);
+  if (started > job.deadline) return status::DeadlineExpired(queue_wait_ms);
+  return absl::OkStatus();
+}
+
+absl::Status Scheduler::RunEntry(int slot, const Entry& entry, GemmReport* out) {
   const auto started = Clock::now();
   GemmReport report;
   report.queue_wait_ms = std::chrono::duration<double, std::milli>(started - entry.admitted).count();
-  absl::Status result;
-  const int device_index = backend_->SlotDevice(slot);
-  if (job.is_cancelled && job.is_cancelled()) {
-    result = status::Cancelled();
-  } else if (!backend_->DeviceHealthy(device_index)) {  // it failed while the job was queued
-    result = DeviceFailed(device_index);
-  } else if (started > job.deadline) {
-    result = status::DeadlineExpired(report.queue_wait_ms);
-  } else {
-    result = RunVerified(slot, job, &report);
+  absl::Status result = Refusal(slot, entry, started, report.queue_wait_ms);
+  if (result.ok()) result = RunVerified(slot, entry.job, &report);
+  *out = std::move(report);
+  return result;
+}
+
+void Scheduler::RunBatch(int slot, std::vector<Entry>* batch) {
+  const auto started = Clock::now();
+  auto queue_wait_ms = [&](const Entry& entry) {
+    return std::chrono::duration<double, std::milli>(started - entry.admitted).count();
+  };
+  // Members refused now are answered before the launch, as alone.
+  std::vector<Entry*> members;
+  for (Entry& entry : *batch) {
+    GemmReport report;
+    report.queue_wait_ms = queue_wait_ms(entry);
+    if (absl::Status s = Refusal(slot, entry, started, report.queue_wait_ms); !s.ok()) {
+      Finish(slot, entry, s, std::move(report));
+    } else {
+      members.push_back(&entry);
+    }
   }
+  if (members.empty()) return;
+  if (members.size() == 1) {
+    GemmReport report;
+    report.queue_wait_ms = queue_wait_ms(*members.front());
+    const absl::Status result = RunVerified(slot, members.front()->job, &report);
+    Finish(slot, *members.front(), result, std::move(report));
+    return;
+  }
+  // The members as the backend runs them: checked as RunVerified checks a job alone.
+  std::vector<GemmJob> jobs;
+  std::vector<const GemmJob*> launched;
+  jobs.reserve(members.size());
+  int64_t rows = 0;
+  for (const Entry* entry : members) {
+    jobs.push_back(entry->job);
+    jobs.back().verify_repetitions = CheckRepetitions(entry->job);
+    launched.push_back(&jobs.back());
+    rows += entry->job.shape.m;
+  }
+  const int device = backend_->SlotDevice(slot);
+  std::vector<GemmReport> reports(members.size());
+  std::vector<absl::Status> results;
+  {
+    std::lock_guard<std::mutex> lock(*slot_mu_[slot]);
+    try {
+      results = backend_->RunBatch(slot, launched, &reports);
+    } catch (...) {
+      results.assign(members.size(), status::FromCurrentException("batched GEMM"));
+    }
+  }
+  const bool checked = jobs.front().verify_repetitions > 0;
+  const std::string check_failure = reports.front().verify_failure;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    batch_stats_.batches++;
+    batch_stats_.by_members[int64_t(members.size())]++;
+    batch_stats_.by_rows[rows]++;
+    if (checked && check_failure.empty()) {
+      for (const absl::Status& s : results) verify_stats_[device].verified += s.ok() ? 1 : 0;
+    }
+  }
+  if (!check_failure.empty()) {
+    const std::string failure =
+        fmt::format("device {} stream {}: a batch of {} GEMMs: {}", reports.front().device_id,
+                    reports.front().stream_id, members.size(), check_failure);
+    logging::Log(spdlog::level::err,
+                 "batched gemm C failed its Freivalds check; rerunning its members alone: " +
+                     failure,
+                 {{"request_id", jobs.front().request_id}});
+    CountVerifyFailure(device, failure);
+  }
+  // The members the launch answered first, then the others, each rerun alone.
+  std::vector<Entry*> rerun;
+  for (size_t i = 0; i < members.size(); ++i) {
+    if (!results[i].ok() || !reports[i].verify_failure.empty()) {
+      rerun.push_back(members[i]);
+      continue;
+    }
+    reports[i].queue_wait_ms = queue_wait_ms(*members[i]);
+    Finish(slot, *members[i], results[i], std::move(reports[i]));
+  }
+  for (Entry* entry : rerun) {
+    GemmReport report;
+    report.queue_wait_ms = queue_wait_ms(*entry);
+    const absl::Status result = RunVerified(slot, entry->job, &report);
+    Finish(slot, *entry, result, std::move(report));
+  }
+}
+
+void Scheduler::Finish(int slot, Entry& entry, const absl::Status& result, GemmReport report) {
+  const GemmJob& job = entry.job;
   report.server_total_ms =
       std::chrono::duration<double, std::milli>(Clock::now() - entry.admitted).count();
   if (spdlog::should_log(spdlog::level::debug)) {  // the message costs a format per GEMM
     logging::Log(spdlog::level::debug,
-                 fmt::format("gemm {} kernel={} slot={} status={} queue={:.3f}ms "
+                 fmt::format("gemm {} kernel={} slot={} batch={} status={} queue={:.3f}ms "
                              "kernel={:.3f}ms total={:.3f}ms",
                              job.shape.Grouped()
                                  ? fmt::format("group of {}", job.shape.group.size())
                                  : fmt::format("{}x{}x{}", job.shape.m, job.shape.n, job.shape.k),
-                             report.kernel, slot,
+                             report.kernel, slot, report.batch_size,
                              status::CodeName(result.code()), report.queue_wait_ms,
                              report.kernel_ms, report.server_total_ms),
                  {{"request_id", job.request_id}, {"traceparent", job.traceparent}});
   }
-  *out = std::move(report);
-  return result;
+  {
+    // Before `done`: whoever sees the answer sees the load without this job.
+    std::lock_guard<std::mutex> lock(mu_);
+    devices_[backend_->SlotDevice(slot)].running--;
+    completed_total_++;
+    admitted_bytes_ -= job.shape.Bytes();
+  }
+  try {
+    entry.done(result, report);
+  } catch (...) {  // a transport bug; the worker must live on for the other jobs
+    status::LogCurrentException("GEMM completion");
+  }
 }
 
 absl::Status Scheduler::RunOnSlot(int slot, const GemmJob& job, GemmReport* report) {
@@ -253,17 +411,23 @@ const char* CInInsideC(const GemmJob& job) {
 
 }  // namespace
 
+int Scheduler::CheckRepetitions(const GemmJob& job) const {
+  // A count without `verify` asks for nothing.
+  if (!job.verify && !options_.verify_all) return 0;
+  int repetitions =
+      job.verify_repetitions > 0 ? job.verify_repetitions : options_.verify_repetitions;
+  if (options_.verify_all) repetitions = std::max(repetitions, options_.verify_repetitions);
+  return std::max(repetitions, 1);
+}
+
 absl::Status Scheduler::RunVerified(int slot, const GemmJob& original, GemmReport* report) {
-  if (!original.verify && !options_.verify_all) {
+  const int repetitions = CheckRepetitions(original);
+  if (repetitions == 0) {
     if (original.verify_repetitions == 0) return RunOnSlot(slot, original, report);
-    GemmJob unchecked = original;  // a count without `verify` asks for nothing
+    GemmJob unchecked = original;
     unchecked.verify_repetitions = 0;
     return RunOnSlot(slot, unchecked, report);
   }
-  int repetitions = original.verify_repetitions > 0 ? original.verify_repetitions
-                                                    : options_.verify_repetitions;
-  if (options_.verify_all) repetitions = std::max(repetitions, options_.verify_repetitions);
-  repetitions = std::max(repetitions, 1);
   GemmJob job = original;
   job.verify_repetitions = repetitions;
   job.c_progress = nullptr;  // no byte of C may leave before it has passed

@@ -18,6 +18,24 @@
 // service (Backend::TakeOutOfService), as a sticky fault takes it. A worker runs on one slot
 // at a time (each slot has a mutex; the rerun takes the other slot's after releasing its own),
 // so that the backend never sees two callers on one slot.
+//
+// Batching (SchedulerOptions::batching): the commonest load is many small GEMMs (a few rows
+// each) against one large resident B, each of which reads all of B. A worker that takes such
+// a GEMM also takes, in FIFO order, the GEMMs queued on its device that may share its launch
+// (SameBatch: the same owner, the same b_resident, and the same n, k, types, transposes,
+// kernel, accumulation, alpha, beta and checking), up to max_batch_rows rows, waiting up to
+// batch_window past the first one's admission for more, and runs them as one GEMM along M
+// (Backend::RunBatch): one pass over B for all of them. Everything else stays per GEMM: a
+// cancelled or expired member, or one whose device failed, is answered as it would be alone
+// before the launch; each member is answered with its own C, status and timing, and its
+// GemmReport says the batch it ran in. A member the launch could not answer (the launch
+// failed, or its C could not be delivered) and every member of a launch whose check failed
+// is rerun alone, as an unbatched GEMM (verified, with the rerun above), so that one member
+// never decides another's answer. A launch reads every member's operands before it writes
+// any member's C: GEMMs in flight together have no order among them, as on several slots.
+// Owners: handles are private to their owner (another
+// owner's handle is NOT_FOUND), so a resident B has no two owners; batches stay within one
+// owner all the same, so that no launch ever mixes two clients' rows.
 // Thread safety: all methods are thread-safe.
 #ifndef HGEMM_SERVER_SCHEDULER_SCHEDULER_H_
 #define HGEMM_SERVER_SCHEDULER_SCHEDULER_H_
@@ -65,6 +83,14 @@ struct SchedulerOptions {
   // Failed checks after which a device is taken out of service (Backend::TakeOutOfService:
   // its work is refused, and health turns NOT_SERVING once no device is left); 0: never.
   int verify_failures_to_retire = 3;
+  // Run queued GEMMs that share a resident B as one GEMM (the class comment's batching).
+  bool batching = true;
+  // How long past a batchable GEMM's admission its worker waits for more members before it
+  // launches; 0: it takes what is queued and waits for nothing (a lone GEMM runs at once).
+  // The wait counts against the members' deadlines as any queueing does.
+  std::chrono::microseconds batch_window{0};
+  // Rows (the members' m summed) of one batch at most; a GEMM with more runs alone.
+  int64_t max_batch_rows = 1024;
 };
 
 // The index of the smallest load; ties go to the lowest index. REQUIRES: !loads.empty().
@@ -115,6 +141,16 @@ class Scheduler {
   };
   std::vector<VerifyStats> GetVerifyStats() const;
 
+  // The batches launched since start (two or more members run as one GEMM, whatever the
+  // outcome), by their number of members and by their rows (the members' m summed):
+  // value → batches.
+  struct BatchStats {
+    int64_t batches = 0;
+    std::map<int64_t, int64_t> by_members;
+    std::map<int64_t, int64_t> by_rows;
+  };
+  BatchStats GetBatchStats() const;
+
  private:
   struct Entry {
     GemmJob job;
@@ -127,6 +163,8 @@ class Scheduler {
     int64_t running = 0;
     int slots = 0;
     std::condition_variable work_available;  // wakes one of this device's workers
+    int gathering = 0;  // workers waiting out a batch window here
+    std::condition_variable member_arrived;  // wakes them all at each new entry
   };
 
   int LeastLoadedDeviceLocked() const;
@@ -135,11 +173,30 @@ class Scheduler {
   void WorkerLoop(int slot);
   // Returns when `device` has a job waiting or options_.idle_spin has passed.
   void SpinForWork(const DeviceQueue& device) const;
+  // Removes `at` from `device`'s queue, counted as running. REQUIRES: mu_ held.
+  Entry TakeLocked(DeviceQueue& device, std::deque<Entry>::iterator at);
+  // Whether `job` may run in a batch (options_.batching, a resident B, one problem), and
+  // whether `member` may run in `first`'s batch.
+  bool Batchable(const GemmJob& job) const;
+  bool SameBatch(const GemmJob& first, const GemmJob& member) const;
+  // Adds to *batch (holding its first entry) the entries of `device`'s queue that may join
+  // it, waiting out options_.batch_window for more. REQUIRES: `lock` holds mu_.
+  void GatherLocked(DeviceQueue& device, std::unique_lock<std::mutex>& lock,
+                    std::vector<Entry>* batch);
+  // The repetitions of the check `job` gets (0: not checked).
+  int CheckRepetitions(const GemmJob& job) const;
   // UNAVAILABLE: `device_index` has failed.
   absl::Status DeviceFailed(int device_index) const;
-  // Runs (or, if cancelled, expired or its device failed, skips) one job; does not call its
-  // `done`.
+  // Why `entry` must not run on `slot` now: CANCELLED, UNAVAILABLE (its device failed while
+  // it was queued), DEADLINE_EXCEEDED; else OK. `started`: now; `queue_wait_ms` its wait.
+  absl::Status Refusal(int slot, const Entry& entry, Clock::time_point started,
+                       double queue_wait_ms) const;
+  // Runs (or, if Refusal says so, skips) one job; does not call its `done`.
   absl::Status RunEntry(int slot, const Entry& entry, GemmReport* report);
+  // Runs a batch (two or more entries) on `slot` and answers every member (Finish).
+  void RunBatch(int slot, std::vector<Entry>* batch);
+  // Logs `entry`'s outcome, counts it complete and calls its `done`.
+  void Finish(int slot, Entry& entry, const absl::Status& result, GemmReport report);
   // Backend::Run on `slot`, holding the slot's mutex; an exception becomes a status.
   absl::Status RunOnSlot(int slot, const GemmJob& job, GemmReport* report);
   // Runs `job` on `slot`, checked if it asks (or the options say so), with the rerun on
@@ -164,6 +221,7 @@ class Scheduler {
   int64_t completed_total_ = 0;       // guarded by mu_
   bool stopping_ = false;             // guarded by mu_
   std::vector<VerifyStats> verify_stats_;  // guarded by mu_; per device
+  BatchStats batch_stats_;                 // guarded by mu_
   std::vector<std::unique_ptr<std::mutex>> slot_mu_;  // held while the backend runs on a slot
   std::vector<std::thread> workers_;
 };

@@ -260,6 +260,8 @@ void ToProto(const GemmShape& shape, const GemmResult& result, v1::Timing* timin
   execution->set_stream_id(report.stream_id);
   execution->set_verified_repetitions(uint32_t(report.verified_repetitions));
   if (report.suspect_device_id) execution->set_suspect_device_id(*report.suspect_device_id);
+  execution->set_batch_size(uint32_t(report.batch_size));
+  execution->set_batch_rows(uint64_t(report.batch_rows));
   execution->set_backend(result.backend);
 }
 

@@ -41,7 +41,9 @@ class Execution:
     """Which hardware ran a GEMM: kernel (never "auto"), accumulation ("fp16"/"fp32"), backend
     ("cuda"/"cpu"), device id (-1 on CPU) and name, worker stream; with verify=True, the
     repetitions of the Freivalds check C passed, and the device whose first C failed it when C
-    is a rerun's (None: no rerun)."""
+    is a rerun's (None: no rerun); the launch that computed C: batch_size GEMMs against one
+    resident B run as one, batch_rows rows in all (1 and 0 alone; 0 and 0 from a server from
+    before batching)."""
     kernel: str
     accumulation: str
     backend: str
@@ -50,12 +52,15 @@ class Execution:
     stream_id: int
     verified_repetitions: int = 0
     suspect_device_id: Optional[int] = None
+    batch_size: int = 0
+    batch_rows: int = 0
 
     @classmethod
     def from_proto(cls, e: pb.Execution) -> "Execution":
         return cls(e.kernel, _ACCUMULATION_NAMES.get(e.accumulation, str(e.accumulation)),
                    e.backend, e.device_id, e.device_name, e.stream_id, e.verified_repetitions,
-                   e.suspect_device_id if e.HasField("suspect_device_id") else None)
+                   e.suspect_device_id if e.HasField("suspect_device_id") else None,
+                   e.batch_size, e.batch_rows)
 
 
 @dataclasses.dataclass
