@@ -33,9 +33,9 @@
 // is rerun alone, as an unbatched GEMM (verified, with the rerun above), so that one member
 // never decides another's answer. A launch reads every member's operands before it writes
 // any member's C: GEMMs in flight together have no order among them, as on several slots.
-// Owners: handles are private to their owner (another
-// owner's handle is NOT_FOUND), so a resident B has no two owners; batches stay within one
-// owner all the same, so that no launch ever mixes two clients' rows.
+// Owners: handles are private to their owner (another owner's handle is NOT_FOUND), so a
+// resident B has no two owners; batches stay within one owner all the same, so that no
+// launch ever mixes two clients' rows.
 // Thread safety: all methods are thread-safe.
 #ifndef HGEMM_SERVER_SCHEDULER_SCHEDULER_H_
 #define HGEMM_SERVER_SCHEDULER_SCHEDULER_H_
