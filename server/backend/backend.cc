@@ -6,10 +6,6 @@
 namespace hgemm {
 namespace {
 
-double MillisecondsSince(Clock::time_point start) {
-  return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
-}
-
 // Host memory one thread reuses from batch to batch: fresh memory would cost a page fault per
 // 4 KiB, more than a small batch's GEMM. Past kKeptBytes it is given back after each use.
 class ThreadStaging {

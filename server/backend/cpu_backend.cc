@@ -25,10 +25,6 @@ constexpr char kKernelName[] = "openblas_sgemm";
 // Resident buffers this small are left to malloc, whose heap reuses them anyway.
 constexpr int64_t kMinReusedBytes = int64_t{1} << 20;
 
-double MillisecondsSince(Clock::time_point start) {
-  return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
-}
-
 class CpuBackend final : public Backend {
  public:
   explicit CpuBackend(const CpuBackendOptions& options) : options_(options) {}

@@ -21,6 +21,11 @@ namespace hgemm {
 
 using Clock = std::chrono::steady_clock;
 
+// Milliseconds from `start` to now, for the reports' timings.
+inline double MillisecondsSince(Clock::time_point start) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+}
+
 // A matrix a backend keeps between calls (device memory on CUDA, host memory on the CPU).
 // Freed when the last reference goes: a GEMM holding one keeps it alive past its release.
 struct ResidentBuffer {

@@ -358,8 +358,7 @@ void Scheduler::RunBatch(int slot, std::vector<Entry>* batch) {
 
 void Scheduler::Finish(int slot, Entry& entry, const absl::Status& result, GemmReport report) {
   const GemmJob& job = entry.job;
-  report.server_total_ms =
-      std::chrono::duration<double, std::milli>(Clock::now() - entry.admitted).count();
+  report.server_total_ms = MillisecondsSince(entry.admitted);
   if (spdlog::should_log(spdlog::level::debug)) {  // the message costs a format per GEMM
     logging::Log(spdlog::level::debug,
                  fmt::format("gemm {} kernel={} slot={} batch={} status={} queue={:.3f}ms "

@@ -29,7 +29,7 @@ void UploadQueue::Write(std::shared_ptr<ResidentBuffer> buffer, int64_t offset, 
     } catch (...) {
       s = status::FromCurrentException("copy to the device");
     }
-    const double copy_ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+    const double copy_ms = MillisecondsSince(start);
     data = WireBytes();  // free the chunk before the callback runs
     buffer.reset();
     done(s, copy_ms);
