@@ -137,7 +137,10 @@ Answer RunJob(Scheduler& scheduler, GemmJob job) {
   auto future = answered.get_future();
   const absl::Status admitted =
       scheduler.Enqueue(std::move(job), [&](const absl::Status& s, const GemmReport& r) {
-        answered.set_value({s, r});
+        // A fresh Status, not a copy: a copy shares s's reference-counted message, whose count
+        // lives in Debian's uninstrumented absl, and TSan then sees the worker's final release
+        // race this thread's earlier read of the message.
+        answered.set_value({absl::Status(s.code(), s.message()), r});
       });
   if (!admitted.ok()) return {admitted, {}};
   return future.get();
