@@ -536,6 +536,8 @@ struct GemmClient::Routes {
   std::map<std::string, Route> replicas;  // guarded by mu
   // Part connections by replica ("": the target), each a channel of its own.
   std::map<std::string, std::vector<Route>> parts;  // guarded by mu
+  // Whether each replica ("": the target) offers the bulk channel, once it answered.
+  std::map<std::string, bool> bulk_offered;  // guarded by mu
 };
 
 bool StreamedGemmMessages::Next(v1::GemmStreamRequest* message) {
@@ -954,10 +956,17 @@ grpc::Status GemmClient::RunParts(const v1::GemmRequest& request, v1::GemmRespon
     *handle = info.handle();
     uploads.push_back({inline_bytes, info.handle()});
   }
+  const bool bulk = options.bulk && OffersBulk(uploads[0].handle);
   // Every connection sends an equal share of A's and B's bytes, one after the other.
   uint64_t total = 0;
   for (const Upload& u : uploads) total += u.bytes->size();
-  grpc::Status sent = OnThreads(parts, [&](int route) {
+  auto send_bulk = [&] {
+    return OnThreads(int(uploads.size()), [&](int i) {
+      const Upload& u = uploads[i];
+      return BulkPut(u.handle, 0, u.bytes->data(), u.bytes->size(), parts, options);
+    });
+  };
+  grpc::Status sent = bulk ? send_bulk() : OnThreads(parts, [&](int route) {
     auto [begin, end] = PartRange(total, parts, route);
     uint64_t base = 0;
     for (const Upload& u : uploads) {
@@ -988,11 +997,14 @@ grpc::Status GemmClient::RunParts(const v1::GemmRequest& request, v1::GemmRespon
   const uint64_t c_bytes = ResultBytes(request);
   std::string* c = response->mutable_c();
   c->resize(c_bytes);
-  grpc::Status received = OnThreads(parts, [&](int route) {
-    auto [begin, end] = PartRange(c_bytes, parts, route);
-    if (begin == end) return grpc::Status::OK;
-    return DownloadRange(c_handle, begin, end - begin, c->data() + begin, route, options);
-  });
+  grpc::Status received =
+      bulk ? BulkGet(c_handle, 0, c_bytes, c->data(), parts, options)
+           : OnThreads(parts, [&](int route) {
+               auto [begin, end] = PartRange(c_bytes, parts, route);
+               if (begin == end) return grpc::Status::OK;
+               return DownloadRange(c_handle, begin, end - begin, c->data() + begin, route,
+                                    options);
+             });
   grpc::Status released = ReleaseMatrix(c_handle, options);
   if (!received.ok()) {
     c->clear();
@@ -1233,6 +1245,115 @@ grpc::Status GemmClient::DownloadRange(const std::string& handle, uint64_t offse
                                     length, received));
   }
   return status;
+}
+
+bool GemmClient::OffersBulk(const std::string& handle) const {
+  const std::string replica = ReplicaOf(handle);
+  if (BulkHostOf(replica.empty() ? routes_->target_address : replica).empty()) return false;
+  {
+    std::lock_guard<std::mutex> lock(routes_->mu);
+    if (auto it = routes_->bulk_offered.find(replica); it != routes_->bulk_offered.end()) {
+      return it->second;
+    }
+  }
+  const Route route = RouteTo(replica);
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  v1::ServerInfo info;
+  if (!route.stub->GetServerInfo(&context, v1::GetServerInfoRequest(), &info).ok()) {
+    return false;  // asked again next time: the call that needs it will say what is wrong
+  }
+  std::lock_guard<std::mutex> lock(routes_->mu);
+  return routes_->bulk_offered[replica] = info.features().bulk_channel();
+}
+
+grpc::Status GemmClient::OpenBulk(const std::string& handle, v1::BulkDirection direction,
+                                  uint64_t offset, uint64_t length, int lanes,
+                                  const CallOptions& options, v1::BulkGrant* grant,
+                                  BulkEndpoint* endpoint) const {
+  const Route route = RouteFor(handle, options);
+  grpc::ClientContext context;
+  ApplyDeadline(options, &context);
+  v1::BulkRequest request;
+  request.set_handle(handle);
+  request.set_direction(direction);
+  request.set_offset(offset);
+  request.set_length(length);
+  request.set_lanes(uint32_t(std::max(lanes, 1)));
+  if (grpc::Status s = ExplainUnreachable(route.stub->OpenBulk(&context, request, grant),
+                                          route.replica, route.channel.get());
+      !s.ok()) {
+    return s;
+  }
+  endpoint->host = grant->host().empty()
+                       ? BulkHostOf(route.replica.empty() ? routes_->target_address : route.replica)
+                       : grant->host();
+  endpoint->port = grant->port();
+  if (endpoint->host.empty()) {
+    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                        "bulk channel: this client reaches the server by no TCP host (a unix: "
+                        "target, or a channel it was given)");
+  }
+  // The lanes must tile the range asked for: a lane outside it would make this client read or
+  // write memory that is not the caller's buffer.
+  uint64_t next = offset;
+  for (const v1::BulkLane& lane : grant->lanes()) {
+    if (lane.offset() != next || lane.length() == 0 || lane.length() > offset + length - next) {
+      return grpc::Status(grpc::StatusCode::INTERNAL,
+                          "bulk channel: the server's lanes do not tile the range asked for");
+    }
+    next += lane.length();
+  }
+  if (next != offset + length) {
+    return grpc::Status(grpc::StatusCode::INTERNAL,
+                        "bulk channel: the server's lanes do not cover the range asked for");
+  }
+  return grpc::Status::OK;
+}
+
+namespace {
+
+// How long a lane's send or receive may wait: the call's timeout, else a minute.
+std::chrono::milliseconds LaneTimeout(const CallOptions& options) {
+  return options.timeout.count() > 0 ? options.timeout : std::chrono::milliseconds(60000);
+}
+
+}  // namespace
+
+grpc::Status GemmClient::BulkPut(const std::string& handle, uint64_t offset, const char* bytes,
+                                 uint64_t length, int lanes, const CallOptions& options,
+                                 uint64_t* missing_bytes) const {
+  v1::BulkGrant grant;
+  BulkEndpoint endpoint;
+  if (grpc::Status s = OpenBulk(handle, v1::BULK_PUT, offset, length, lanes, options, &grant,
+                                &endpoint);
+      !s.ok()) {
+    return s;
+  }
+  std::vector<uint64_t> missing(grant.lanes_size(), UINT64_MAX);
+  grpc::Status sent = OnThreads(grant.lanes_size(), [&](int i) {
+    const v1::BulkLane& lane = grant.lanes(i);
+    return PutOverLane(endpoint, lane, bytes + (lane.offset() - offset), LaneTimeout(options),
+                       &missing[i]);
+  });
+  // The lane that landed last saw the fewest bytes missing.
+  if (missing_bytes != nullptr) *missing_bytes = *std::min_element(missing.begin(), missing.end());
+  return sent;
+}
+
+grpc::Status GemmClient::BulkGet(const std::string& handle, uint64_t offset, uint64_t length,
+                                 char* into, int lanes, const CallOptions& options) const {
+  v1::BulkGrant grant;
+  BulkEndpoint endpoint;
+  if (grpc::Status s = OpenBulk(handle, v1::BULK_GET, offset, length, lanes, options, &grant,
+                                &endpoint);
+      !s.ok()) {
+    return s;
+  }
+  return OnThreads(grant.lanes_size(), [&](int i) {
+    const v1::BulkLane& lane = grant.lanes(i);
+    return GetOverLane(endpoint, lane, into + (lane.offset() - offset), LaneTimeout(options));
+  });
 }
 
 grpc::Status GemmClient::DownloadInto(const std::string& handle, uint64_t offset,

@@ -34,6 +34,7 @@
 #include <string_view>
 #include <vector>
 
+#include "client/bulk_lane.h"
 #include "proto/grpc_args.h"
 #include "proto/hgemm.grpc.pb.h"
 
@@ -99,6 +100,11 @@ struct CallOptions {
   // GEMM the old way. Defaults measured on loopback (docs/data_plane.md).
   int parallel_parts = 4;
   int64_t parallel_min_bytes = int64_t{16} << 20;
+  // Parallel parts move their bytes over the bulk channel (plain TCP beside gRPC, "Bulk
+  // channel" in proto/hgemm.proto), parallel_parts lanes each way, where the server offers one
+  // (ServerInfo.features.bulk_channel, asked once per replica); else by UploadPart and ranged
+  // DownloadMatrix calls.
+  bool bulk = true;
   // Where a call that names no handle goes: a replica's address (GemmClient::ReplicaOf of a
   // handle, or MatrixInfo.replica), e.g. to upload B onto the replica that holds A. Empty:
   // balanced over the target. Calls naming a handle go to its replica whatever this says.
@@ -330,6 +336,19 @@ class GemmClient {
   // bytes), on part connection `route` as UploadPart's.
   grpc::Status DownloadRange(const std::string& handle, uint64_t offset, uint64_t length,
                              char* into, int route, const CallOptions& options = {}) const;
+  // The bulk channel (see CallOptions::bulk): bytes [offset, offset + length) of the upload
+  // `handle` (CreateUpload) sent from `bytes` over `lanes` connections at once, each a part
+  // (*missing_bytes, if not null: what the upload still misses after them); or of a matrix
+  // received into `into` (room for `length` bytes). FAILED_PRECONDITION from a server without
+  // a bulk channel, UNIMPLEMENTED from one older than it; else as UploadPart and DownloadRange.
+  grpc::Status BulkPut(const std::string& handle, uint64_t offset, const char* bytes,
+                       uint64_t length, int lanes, const CallOptions& options = {},
+                       uint64_t* missing_bytes = nullptr) const;
+  grpc::Status BulkGet(const std::string& handle, uint64_t offset, uint64_t length, char* into,
+                       int lanes, const CallOptions& options = {}) const;
+  // Whether the replica of `handle` (or the target) offers the bulk channel and this client can
+  // reach it (a TCP target); asked once per replica, then remembered.
+  bool OffersBulk(const std::string& handle) const;
   // True if Run() would send this request as parallel parts: large enough, A or B inline, C
   // returned, and no alpha, beta, C input or batch (those go the old way). `detached`: A and B
   // bytes that will travel beside the request (GemmInPlace's operands), not in it.
@@ -372,6 +391,10 @@ class GemmClient {
   // Run() as parallel parts; UNIMPLEMENTED from a server without CreateUpload.
   grpc::Status RunParts(const v1::GemmRequest& request, v1::GemmResponse* response,
                         const CallOptions& options) const;
+  // OpenBulk on the route of `handle`, and where its lanes connect.
+  grpc::Status OpenBulk(const std::string& handle, v1::BulkDirection direction, uint64_t offset,
+                        uint64_t length, int lanes, const CallOptions& options,
+                        v1::BulkGrant* grant, BulkEndpoint* endpoint) const;
   // One DownloadMatrix call on `route`: DownloadInto's.
   grpc::Status DownloadOn(const Route& route, const std::string& handle, uint64_t offset,
                           uint64_t length, CBuffer into, uint64_t* received,

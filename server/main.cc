@@ -87,6 +87,16 @@ int main(int argc, char** argv) {
   app.add_option("--metrics_listen", server_options.metrics_listen,
                  "HOST:PORT serving Prometheus metrics over HTTP at /metrics (empty: off)")
       ->envname("HGEMM_METRICS_LISTEN");
+  app.add_option("--bulk_listen", server_options.bulk.address,
+                 "HOST:PORT of the bulk channel: large transfers move over plain TCP connections "
+                 "beside gRPC (OpenBulk; plaintext, so not beside --tls_cert; empty: off)")
+      ->envname("HGEMM_BULK_LISTEN");
+  app.add_option("--max_bulk_lanes", server_options.bulk_grants.max_lanes,
+                 "bulk lanes one client may hold granted and not yet connected")
+      ->envname("HGEMM_MAX_BULK_LANES")->check(CLI::Range(1, 1024))->capture_default_str();
+  app.add_option("--max_bulk_connections", server_options.bulk.max_connections,
+                 "bulk connections served at once (more are closed)")
+      ->envname("HGEMM_MAX_BULK_CONNECTIONS")->check(CLI::Range(1, 4096))->capture_default_str();
   app.add_option("--health_listen", server_options.health_listen,
                  "HOST:PORT of a plaintext port serving only grpc.health.v1, for probes that speak "
                  "no TLS (empty: none)")
@@ -305,6 +315,7 @@ int main(int argc, char** argv) {
   server_options.service.resident.default_ttl = std::chrono::seconds(resident_ttl_s);
   server_options.service.idle_timeout = std::chrono::seconds(stream_idle_timeout_s);
   server_options.service.resident.upload_idle_timeout = server_options.service.idle_timeout;
+  server_options.bulk.idle_timeout = server_options.service.idle_timeout;
   server_options.service.regions.ttl = std::chrono::seconds(region_ttl_s);
 
   // Signals are taken by sigwait below, never by a handler: block them before any thread starts.
@@ -350,6 +361,9 @@ int main(int argc, char** argv) {
                server_options.auth.tokens_file.empty() && !server_options.auth.principal_from_cert
                    ? "no authentication (callers named by x-client-id or address)"
                    : "authentication required");
+  if (server->bulk_port() != 0) {
+    spdlog::info("bulk channel on {} (port {})", server_options.bulk.address, server->bulk_port());
+  }
   if (server->health_port() != 0) {
     spdlog::info("health only (plaintext) on {} (port {})", server_options.health_listen,
                  server->health_port());

@@ -96,6 +96,17 @@ std::string UnixSocketPath(const std::string& address) {
   return path;
 }
 
+// The host a bulk lane connects to: --bulk_listen's own, unless it is every interface; then
+// the advertised replica's; else "" (the host the client's call reached).
+std::string BulkHost(const ServerOptions& o) {
+  std::string host = o.bulk.address.substr(0, o.bulk.address.rfind(':'));
+  if (host.empty() || host == "0.0.0.0" || host == "[::]") {
+    const std::string& replica = o.service.resident.replica;
+    host = replica.substr(0, replica.rfind(':'));
+  }
+  return host;
+}
+
 // Every address the service is served on, listen_address first.
 std::vector<std::string> ListenAddresses(const ServerOptions& o) {
   std::vector<std::string> addresses{o.listen_address};
@@ -120,6 +131,10 @@ std::unique_ptr<HgemmServer> HgemmServer::Start(ServerOptions options,
   const ServerOptions& opts = server->options_;
   std::string error;
   if (error = CheckSecurity(opts); error.empty()) error = CheckConnectionAge(opts);
+  if (error.empty() && !opts.bulk.address.empty() && !opts.tls.cert_path.empty()) {
+    error = "--bulk_listen is plaintext and cannot serve beside TLS (--tls_cert): the matrices "
+            "would travel in the clear";
+  }
   if (!error.empty()) {
     spdlog::critical("{}", error);
     return nullptr;
@@ -183,6 +198,23 @@ std::unique_ptr<HgemmServer> HgemmServer::Start(ServerOptions options,
       server->scheduler_.get(), server->backend_.get(), server->store_.get(),
       server->uploads_.get(), opts.service, server->metrics_.get(),
       server->authenticator_.get());
+  if (!opts.bulk.address.empty()) {
+    server->bulk_grants_ = std::make_unique<BulkGrants>(opts.bulk_grants);
+    server->bulk_listener_ =
+        BulkListener::Start(opts.bulk, &server->service_->core(), server->bulk_grants_.get(),
+                            server->metrics_.get(), &error);
+    if (!server->bulk_listener_) {
+      spdlog::critical("cannot listen on {} (--bulk_listen): {}", opts.bulk.address, error);
+      server->scheduler_->Shutdown();
+      return nullptr;
+    }
+    server->service_->ServeBulk(server->bulk_grants_.get(), server->bulk_listener_->port(),
+                                BulkHost(opts));
+    if (!IsLoopback(opts.bulk.address)) {
+      spdlog::warn("bulk channel PLAINTEXT on {}: anyone on the network can read the matrices",
+                   opts.bulk.address);
+    }
+  }
 
   server->health_ = std::make_unique<HealthService>(std::vector<std::string>{kServiceName});
   if (!opts.health_listen.empty()) {
@@ -305,6 +337,7 @@ void HgemmServer::Shutdown() {
   health_->Shutdown();  // NOT_SERVING for good; Watch calls end
   service_->Drain();    // idle streams end now, busy ones once their work is answered
   unix_listeners_.clear();  // no new connections on the Unix sockets
+  bulk_listener_.reset();   // nor bulk lanes; those in progress are cut
   spdlog::info("draining: in-flight calls have {} ms", options_.drain_deadline.count());
   const auto deadline = std::chrono::system_clock::now() + options_.drain_deadline;
   WaitForAdmittedWork(deadline);

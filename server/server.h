@@ -22,6 +22,8 @@
 #include "server/auth/authenticator.h"
 #include "server/auth/server_tls.h"
 #include "server/backend/backend.h"
+#include "server/session/bulk_grants.h"
+#include "server/transport/bulk_listener.h"
 #include "server/transport/gemm_service.h"
 #include "server/transport/health_service.h"
 #include "server/transport/reflection_service.h"
@@ -71,6 +73,10 @@ struct ServerOptions {
   // TLS); "": none. Port 0 picks a free one (see HgemmServer::health_port()).
   std::string health_listen;
   ServiceOptions service;
+  // The bulk channel (proto/hgemm.proto, "Bulk channel"): its listener (address "": none) and
+  // its grants. Plaintext only, so refused beside TLS.
+  BulkListenerOptions bulk;
+  BulkGrantsOptions bulk_grants;
   // gRPC channel arguments set on the server (--grpc_arg), for transport experiments.
   std::vector<GrpcArg> grpc_args;
 };
@@ -88,6 +94,8 @@ class HgemmServer {
   int metrics_port() const { return metrics_port_; }
   // The port of the health-only listener; 0 when health_listen is empty.
   int health_port() const { return health_port_; }
+  // The bulk channel's port; 0 when bulk.address is empty.
+  int bulk_port() const { return bulk_listener_ ? bulk_listener_->port() : 0; }
   const Backend& backend() const { return *backend_; }
 
   // Health NOT_SERVING, refuse every new call (UNAVAILABLE: retry elsewhere; gRPC itself
@@ -116,7 +124,9 @@ class HgemmServer {
   UnixPeers unix_peers_;  // filled by unix_listeners_, read by authenticator_
   std::unique_ptr<Authenticator> authenticator_;
   std::unique_ptr<ServerTls> tls_;  // null: plaintext
+  std::unique_ptr<BulkGrants> bulk_grants_;  // null without a bulk channel
   std::unique_ptr<GemmServiceImpl> service_;
+  std::unique_ptr<BulkListener> bulk_listener_;  // after service_, whose core it serves
   std::unique_ptr<HealthService> health_;
   std::unique_ptr<HealthService> probe_health_;  // the health-only port's; null without one
   std::unique_ptr<ReflectionService> reflection_;

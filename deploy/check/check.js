@@ -93,6 +93,9 @@ const SERVER_ENV = {
   // GetServerInfo reports it as a uint32.
   HGEMM_RESIDENT_TTL_S: intIn(0, 2 ** 32 - 1),
   HGEMM_RESIDENT_LRU_EVICTION: (v) => ["true", "false", "1", "0"].includes(v) || "true|false",
+  HGEMM_BULK_LISTEN: (v) => v === "" || /^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9.-]*):\d{1,5}$/.test(v) || "host:port, or empty (off)",
+  HGEMM_MAX_BULK_LANES: intIn(1, 1024),
+  HGEMM_MAX_BULK_CONNECTIONS: intIn(1, 4096),
   HGEMM_HEALTH_LISTEN: (v) => v === "" || /^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9.-]+):\d{1,5}$/.test(v) || "host:port, or empty (off)",
   HGEMM_TLS_CERT: absolutePath,
   HGEMM_TLS_KEY: absolutePath,

@@ -14,7 +14,7 @@ constexpr std::array<const char*, kNumRpcs> kRpcNames = {
     "Gemm",          "GemmStream",    "ListKernels",  "GetServerInfo",
     "UploadMatrix",  "ReleaseMatrix", "ListMatrices", "DownloadMatrix",
     "RegisterRegion", "UnregisterRegion", "ListRegions", "CreateUpload",
-    "UploadPart",    "AttachRing",    "BindRingSlots",
+    "UploadPart",    "AttachRing",    "BindRingSlots", "OpenBulk",
 };
 
 constexpr std::array<const char*, 5> kStageNames = {
@@ -127,11 +127,12 @@ ServiceMetrics::ServiceMetrics(const std::string& version, const std::string& ba
   }
   auto& transport = prometheus::BuildCounter()
                         .Name("hgemm_transport_bytes_total")
-                        .Help("Matrix bytes by how they travelled: gRPC over tcp or unix, or shm "
-                              "(shared-memory regions)")
+                        .Help("Matrix bytes by how they travelled: gRPC over tcp or unix, shm "
+                              "(shared-memory regions), or bulk (the bulk channel)")
                         .Register(registry_);
-  for (DataPath path : {DataPath::kTcp, DataPath::kUnix, DataPath::kShm}) {
-    const char* name = path == DataPath::kTcp ? "tcp" : path == DataPath::kUnix ? "unix" : "shm";
+  constexpr std::array<const char*, kNumDataPaths> kPathNames = {"tcp", "unix", "shm", "bulk"};
+  for (DataPath path : {DataPath::kTcp, DataPath::kUnix, DataPath::kShm, DataPath::kBulk}) {
+    const char* name = kPathNames[int(path)];
     transport_bytes_[int(path)][0] = &transport.Add({{"transport", name}, {"direction", "received"}});
     transport_bytes_[int(path)][1] = &transport.Add({{"transport", name}, {"direction", "sent"}});
   }

@@ -106,12 +106,14 @@ enum class Rpc {
   kUploadPart,
   kAttachRing,
   kBindRingSlots,
+  kOpenBulk,
 };
-inline constexpr int kNumRpcs = 15;
+inline constexpr int kNumRpcs = 16;
 
-// How a call's matrix bytes travel (hgemm_transport_bytes_total's label).
-enum class DataPath { kTcp, kUnix, kShm };
-inline constexpr int kNumDataPaths = 3;
+// How a call's matrix bytes travel (hgemm_transport_bytes_total's label): gRPC over TCP or a
+// Unix socket, shared-memory regions, or the bulk channel's connections.
+enum class DataPath { kTcp, kUnix, kShm, kBulk };
+inline constexpr int kNumDataPaths = 4;
 // The method's name as in the .proto ("Gemm", "GemmStream", ...).
 const char* RpcName(Rpc rpc);
 

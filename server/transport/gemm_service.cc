@@ -1,5 +1,6 @@
 #include "server/transport/gemm_service.h"
 
+#include <fmt/format.h>
 #include <google/protobuf/descriptor.h>
 
 #include <algorithm>
@@ -262,6 +263,68 @@ grpc::ServerUnaryReactor* GemmServiceImpl::GetServerInfo(grpc::CallbackServerCon
     features->set_error_details(true);
     features->set_verification(true);
     features->set_verify_all(options_.scheduler.verify_all);
+    features->set_bulk_channel(bulk_grants_ != nullptr);
+    if (bulk_grants_ != nullptr) limits->set_max_bulk_lanes(bulk_grants_->options().max_lanes);
+    return absl::OkStatus();
+  });
+}
+
+void GemmServiceImpl::ServeBulk(BulkGrants* grants, int port, std::string host) {
+  bulk_grants_ = grants;
+  bulk_port_ = port;
+  bulk_host_ = std::move(host);
+}
+
+grpc::ServerUnaryReactor* GemmServiceImpl::OpenBulk(grpc::CallbackServerContext* context,
+                                                    const v1::BulkRequest* request,
+                                                    v1::BulkGrant* response) {
+  return Unary(Rpc::kOpenBulk, context, [&](const Principal& caller) {
+    if (bulk_grants_ == nullptr) {
+      return status::FailedPrecondition(
+          "this server has no bulk channel (--bulk_listen); send the bytes by UploadPart and "
+          "DownloadMatrix");
+    }
+    BulkDirection direction;
+    switch (request->direction()) {
+      case v1::BULK_PUT: direction = BulkDirection::kPut; break;
+      case v1::BULK_GET: direction = BulkDirection::kGet; break;
+      default: return status::InvalidArgument("direction", "must be BULK_PUT or BULK_GET");
+    }
+    if (request->offset() > uint64_t(INT64_MAX) || request->length() > uint64_t(INT64_MAX)) {
+      return status::InvalidArgument("offset", "offset and length must be below 2^63");
+    }
+    if (direction == BulkDirection::kGet) {
+      // A PUT's range is checked when its lanes claim their parts (MatrixStore::BeginPart).
+      ResidentMatrix m;
+      if (absl::Status s = core_.store().Lookup(caller.name, request->handle(), "handle", &m);
+          !s.ok()) {
+        return s;
+      }
+      const uint64_t bytes = uint64_t(m.buffer->bytes);
+      if (request->offset() > bytes || request->length() > bytes - request->offset()) {
+        return status::OutOfRange("offset",
+                                  fmt::format("bytes [{}, {} + {}) of a {}-byte matrix",
+                                              request->offset(), request->offset(),
+                                              request->length(), bytes));
+      }
+    }
+    std::vector<BulkLane> lanes;
+    if (absl::Status s = bulk_grants_->Grant(
+            caller.name, request->handle(), direction, int64_t(request->offset()),
+            int64_t(request->length()), int(std::min<uint32_t>(request->lanes(), INT32_MAX)),
+            Clock::now(), &lanes);
+        !s.ok()) {
+      return s;
+    }
+    response->set_host(bulk_host_);
+    response->set_port(uint32_t(bulk_port_));
+    response->set_expires_in_ms(uint32_t(bulk_grants_->options().lifetime.count()));
+    for (BulkLane& lane : lanes) {
+      v1::BulkLane* out = response->add_lanes();
+      out->set_capability(std::move(lane.capability));
+      out->set_offset(uint64_t(lane.offset));
+      out->set_length(uint64_t(lane.length));
+    }
     return absl::OkStatus();
   });
 }

@@ -23,6 +23,7 @@
 #include "server/resident/matrix_store.h"
 #include "server/scheduler/scheduler.h"
 #include "server/scheduler/upload_queue.h"
+#include "server/session/bulk_grants.h"
 #include "server/session/gemm_core.h"
 #include "server/session/ring_executor.h"
 #include "server/session/stream_session.h"
@@ -80,6 +81,12 @@ class GemmServiceImpl final : public v1::GemmService::CallbackService {
   RegionStore& regions() const { return core_.regions(); }
   // The submission rings attached (for the metrics).
   RingRegistry& rings() { return rings_; }
+  // The core the bulk channel's connections serve (server/transport/bulk_listener.h).
+  const GemmCore& core() const { return core_; }
+  // OpenBulk grants lanes from `grants`, for the bulk listener on `port` of `host` (empty: the
+  // host a call reached). Without it OpenBulk is refused. REQUIRES: called before serving;
+  // `grants` outlives the service.
+  void ServeBulk(BulkGrants* grants, int port, std::string host);
 
   grpc::ServerUnaryReactor* Gemm(grpc::CallbackServerContext* context,
                                  const v1::GemmRequest* request,
@@ -117,6 +124,9 @@ class GemmServiceImpl final : public v1::GemmService::CallbackService {
   grpc::ServerUnaryReactor* BindRingSlots(grpc::CallbackServerContext* context,
                                           const v1::BindRingSlotsRequest* request,
                                           v1::RingSlots* response) override;
+  grpc::ServerUnaryReactor* OpenBulk(grpc::CallbackServerContext* context,
+                                     const v1::BulkRequest* request,
+                                     v1::BulkGrant* response) override;
   // UploadMatrix and UploadPart are registered raw (ByteBuffer in and out: their chunks skip
   // protobuf's copy, lone_chunk.h) in place of the generated typed handlers, which are never
   // called.
@@ -144,6 +154,9 @@ class GemmServiceImpl final : public v1::GemmService::CallbackService {
 
   const ServiceOptions options_;
   const GemmCore core_;
+  BulkGrants* bulk_grants_ = nullptr;  // null: no bulk channel
+  int bulk_port_ = 0;
+  std::string bulk_host_;
   const CallLog log_;
   const Authenticator no_authentication_;
   const Authenticator* const authenticator_;  // never null

@@ -1,7 +1,5 @@
 #include "server/transport/metrics_http.h"
 
-#include <arpa/inet.h>
-#include <netdb.h>
 #include <poll.h>
 #include <prometheus/text_serializer.h>
 #include <spdlog/spdlog.h>
@@ -14,6 +12,8 @@
 #include <exception>
 #include <sstream>
 #include <utility>
+
+#include "server/transport/tcp_listen.h"
 
 namespace hgemm {
 namespace {
@@ -36,44 +36,11 @@ std::string Reply(const char* status, const char* content_type, const std::strin
 std::unique_ptr<MetricsHttpServer> MetricsHttpServer::Start(
     const std::string& address, std::shared_ptr<prometheus::Collectable> source,
     std::string* error) {
-  const size_t colon = address.rfind(':');
-  if (colon == std::string::npos) {
-    *error = "not HOST:PORT";
-    return nullptr;
-  }
-  std::string host = address.substr(0, colon);
-  const std::string port = address.substr(colon + 1);
-  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
-    host = host.substr(1, host.size() - 2);
-  }
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
-  addrinfo* found = nullptr;
-  if (int rc = getaddrinfo(host.empty() ? nullptr : host.c_str(), port.c_str(), &hints, &found);
-      rc != 0) {
-    *error = gai_strerror(rc);
-    return nullptr;
-  }
-  int fd = socket(found->ai_family, found->ai_socktype | SOCK_CLOEXEC, found->ai_protocol);
-  const int one = 1;
-  if (fd < 0 || setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) != 0 ||
-      bind(fd, found->ai_addr, found->ai_addrlen) != 0 || listen(fd, 64) != 0) {
-    *error = std::strerror(errno);
-    if (fd >= 0) close(fd);
-    freeaddrinfo(found);
-    return nullptr;
-  }
-  freeaddrinfo(found);
-  sockaddr_storage bound{};
-  socklen_t length = sizeof bound;
-  getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &length);
-  const int bound_port =
-      ntohs(bound.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port
-                                        : reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
+  int port = 0;
+  const int fd = ListenTcp(address, 64, &port, error);
+  if (fd < 0) return nullptr;
   return std::unique_ptr<MetricsHttpServer>(
-      new MetricsHttpServer(fd, bound_port, std::move(source)));
+      new MetricsHttpServer(fd, port, std::move(source)));
 }
 
 MetricsHttpServer::MetricsHttpServer(int fd, int port,

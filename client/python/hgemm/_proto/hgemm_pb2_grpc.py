@@ -89,6 +89,11 @@ class GemmServiceStub(object):
                 request_serializer=hgemm__pb2.BindRingSlotsRequest.SerializeToString,
                 response_deserializer=hgemm__pb2.RingSlots.FromString,
                 )
+        self.OpenBulk = channel.unary_unary(
+                '/hgemm.v1.GemmService/OpenBulk',
+                request_serializer=hgemm__pb2.BulkRequest.SerializeToString,
+                response_deserializer=hgemm__pb2.BulkGrant.FromString,
+                )
 
 
 class GemmServiceServicer(object):
@@ -227,6 +232,16 @@ class GemmServiceServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def OpenBulk(self, request, context):
+        """Bulk channel (see "Bulk channel" above): lanes with their capabilities for a byte range of a
+        matrix of the caller. FAILED_PRECONDITION from a server without --bulk_listen;
+        INVALID_ARGUMENT (lanes, an empty range), OUT_OF_RANGE (past the end), NOT_FOUND (a GET's
+        handle), RESOURCE_EXHAUSTED (max_bulk_lanes outstanding for the caller).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_GemmServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -304,6 +319,11 @@ def add_GemmServiceServicer_to_server(servicer, server):
                     servicer.BindRingSlots,
                     request_deserializer=hgemm__pb2.BindRingSlotsRequest.FromString,
                     response_serializer=hgemm__pb2.RingSlots.SerializeToString,
+            ),
+            'OpenBulk': grpc.unary_unary_rpc_method_handler(
+                    servicer.OpenBulk,
+                    request_deserializer=hgemm__pb2.BulkRequest.FromString,
+                    response_serializer=hgemm__pb2.BulkGrant.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -567,5 +587,22 @@ class GemmService(object):
         return grpc.experimental.unary_unary(request, target, '/hgemm.v1.GemmService/BindRingSlots',
             hgemm__pb2.BindRingSlotsRequest.SerializeToString,
             hgemm__pb2.RingSlots.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def OpenBulk(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/hgemm.v1.GemmService/OpenBulk',
+            hgemm__pb2.BulkRequest.SerializeToString,
+            hgemm__pb2.BulkGrant.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)

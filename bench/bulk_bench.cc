@@ -1,0 +1,215 @@
+// bulk_bench: the bytes of one remote GEMM (A and B up, C down, fp16) between this process and
+// a running hgemm_server, by the two ways GemmClient::Run can move them, side by side: gRPC
+// parallel parts (UploadPart and ranged DownloadMatrix over `lanes` connections) and the bulk
+// channel (OpenBulk, `lanes` TCP connections per operand). No GEMM runs: the bytes alone, to
+// be read next to tcp_ceiling's raw-TCP time for the same shape.
+//   bulk_bench --server=127.0.0.1:50051 --shape=8192x8192x8192 --lanes=1,4,8 --repeat=3
+// The server needs --bulk_listen for the bulk rows. Prints one row per path and lane count:
+// the median exchange, its GB/s (A + B + C bytes over the exchange's wall time), and the
+// client's CPU per exchange (and the server's, given its pid on this host).
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <fstream>
+#include <functional>
+#include <iterator>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "bench/load_options.h"
+#include "client/gemm_client.h"
+#include "client/gemm_dims.h"
+
+namespace hgemm {
+namespace {
+
+double CpuMs() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return (u.ru_utime.tv_sec + u.ru_stime.tv_sec) * 1e3 +
+         (u.ru_utime.tv_usec + u.ru_stime.tv_usec) / 1e3;
+}
+
+// CPU milliseconds process `pid` has used (utime + stime of /proc/PID/stat); 0 when pid is 0.
+double ProcessCpuMs(int pid) {
+  if (pid == 0) return 0;
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+  // Fields after the command name (which may hold spaces) start at its closing parenthesis.
+  std::istringstream fields(text.substr(text.rfind(')') + 2));
+  std::string field;
+  double utime = 0, stime = 0;
+  for (int i = 3; i <= 15 && fields >> field; ++i) {
+    if (i == 14) utime = std::stod(field);
+    if (i == 15) stime = std::stod(field);
+  }
+  return (utime + stime) * 1e3 / double(sysconf(_SC_CLK_TCK));
+}
+
+// Runs work(0) .. work(n - 1) at once; the first failure, else OK.
+grpc::Status Together(int n, const std::function<grpc::Status(int)>& work) {
+  std::vector<grpc::Status> statuses(n);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < n; ++i) threads.emplace_back([&, i] { statuses[i] = work(i); });
+  for (std::thread& t : threads) t.join();
+  for (const grpc::Status& s : statuses) {
+    if (!s.ok()) return s;
+  }
+  return grpc::Status::OK;
+}
+
+void Check(const grpc::Status& s, const char* what) {
+  if (!s.ok()) throw std::runtime_error(fmt::format("{}: {}", what, s.error_message()));
+}
+
+struct Exchange {
+  double up_ms = 0, down_ms = 0, cpu_ms = 0, server_cpu_ms = 0;
+};
+
+// One GEMM's bytes: A and B into new uploads, C out of `c_handle`, by `path` over `lanes`.
+Exchange Move(const GemmClient& client, const std::string& path, int lanes, const GemmDims& d,
+              const std::string& a, const std::string& b, const std::string& c_handle,
+              std::string* c, const CallOptions& options, int server_pid) {
+  const double cpu_start = CpuMs(), server_cpu_start = ProcessCpuMs(server_pid);
+  const auto start = std::chrono::steady_clock::now();
+  struct Upload {
+    const std::string* bytes;
+    uint32_t rows, cols;
+    std::string handle;
+  };
+  std::vector<Upload> uploads = {{&a, d.m, d.k, ""}, {&b, d.k, d.n, ""}};
+  for (Upload& u : uploads) {
+    v1::MatrixInfo info;
+    Check(client.CreateUpload(u.rows, u.cols, v1::DATA_TYPE_FP16, false, &info, options),
+          "CreateUpload");
+    u.handle = info.handle();
+  }
+  if (path == "bulk") {
+    Check(Together(2, [&](int i) {
+            const Upload& u = uploads[i];
+            return client.BulkPut(u.handle, 0, u.bytes->data(), u.bytes->size(), lanes, options);
+          }),
+          "BulkPut");
+  } else {
+    // Each connection sends its share of each operand, as GemmClient::Run's parts do.
+    Check(Together(lanes, [&](int route) {
+            for (const Upload& u : uploads) {
+              const uint64_t size = u.bytes->size(), share = (size / lanes + 1) & ~uint64_t{1};
+              const uint64_t begin = std::min(size, share * route);
+              const uint64_t end = route == lanes - 1 ? size : std::min(size, begin + share);
+              if (begin == end) continue;
+              if (grpc::Status s = client.UploadPart(u.handle, begin, u.bytes->data() + begin,
+                                                     end - begin, route, options);
+                  !s.ok()) {
+                return s;
+              }
+            }
+            return grpc::Status::OK;
+          }),
+          "UploadPart");
+  }
+  const auto uploaded = std::chrono::steady_clock::now();
+  if (path == "bulk") {
+    Check(client.BulkGet(c_handle, 0, c->size(), c->data(), lanes, options), "BulkGet");
+  } else {
+    Check(Together(lanes, [&](int route) {
+            const uint64_t size = c->size(), share = (size / lanes + 1) & ~uint64_t{1};
+            const uint64_t begin = std::min(size, share * route);
+            const uint64_t end = route == lanes - 1 ? size : std::min(size, begin + share);
+            if (begin == end) return grpc::Status::OK;
+            return client.DownloadRange(c_handle, begin, end - begin, c->data() + begin, route,
+                                        options);
+          }),
+          "DownloadRange");
+  }
+  const auto done = std::chrono::steady_clock::now();
+  for (const Upload& u : uploads) Check(client.ReleaseMatrix(u.handle, options), "Release");
+  return {std::chrono::duration<double, std::milli>(uploaded - start).count(),
+          std::chrono::duration<double, std::milli>(done - uploaded).count(),
+          CpuMs() - cpu_start, ProcessCpuMs(server_pid) - server_cpu_start};
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+int Main(int argc, char** argv) {
+  std::string server = "127.0.0.1:50051", shape = "8192x8192x8192", lanes_list = "1,4,8";
+  std::string paths = "grpc,bulk";
+  int repeat = 3, server_pid = 0;
+  CLI::App app{"bulk_bench: one GEMM's bytes by gRPC parts and by the bulk channel"};
+  app.add_option("--server", server, "the server (with --bulk_listen for the bulk rows)")
+      ->capture_default_str();
+  app.add_option("--shape", shape, "MxNxK: A and B go up, C comes back (fp16)")
+      ->capture_default_str();
+  app.add_option("--lanes", lanes_list, "sweep of connections per transfer")
+      ->capture_default_str();
+  app.add_option("--paths", paths, "grpc, bulk, or both")->capture_default_str();
+  app.add_option("--repeat", repeat, "exchanges per point (the median is reported)")
+      ->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--server_pid", server_pid,
+                 "the server's process on this host: its CPU per exchange is reported too");
+  CLI11_PARSE(app, argc, argv);
+  GemmDims d;
+  std::vector<int> lanes;
+  if (std::string e = ParseGemmDims(shape, &d); !e.empty()) throw std::runtime_error(e);
+  if (std::string e = bench::ParseIntList(lanes_list, &lanes); !e.empty()) {
+    throw std::runtime_error("--lanes: " + e);
+  }
+  const GemmClient client(server);
+  CallOptions options;
+  options.client_id = "bulk_bench";
+  std::string a(d.ABytes(), '\1'), b(d.BBytes(), '\2'), c(d.CBytes(), '\0');
+  // C's bytes come from a matrix uploaded once, outside the timing.
+  v1::MatrixInfo c_info;
+  Check(client.UploadMatrix(d.m, d.n, c, &c_info, 0, "bulk_bench C", options), "UploadMatrix");
+  const double bytes = double(d.ABytes() + d.BBytes() + d.CBytes());
+  std::printf("%-16s %-5s %5s %10s %10s %10s %8s %12s %12s\n", "shape", "path", "lanes",
+              "up_ms", "down_ms", "total_ms", "GB/s", "client_cpu", "server_cpu");
+  for (int n : lanes) {
+    for (size_t at = 0; at < paths.size();) {
+      const size_t comma = std::min(paths.find(',', at), paths.size());
+      const std::string path = paths.substr(at, comma - at);
+      at = comma + 1;
+      std::vector<double> up, down, total, cpu, server_cpu;
+      for (int r = 0; r < repeat; ++r) {
+        const Exchange e =
+            Move(client, path, n, d, a, b, c_info.handle(), &c, options, server_pid);
+        up.push_back(e.up_ms);
+        down.push_back(e.down_ms);
+        total.push_back(e.up_ms + e.down_ms);
+        cpu.push_back(e.cpu_ms);
+        server_cpu.push_back(e.server_cpu_ms);
+      }
+      const double t = Median(total);
+      std::printf("%-16s %-5s %5d %10.1f %10.1f %10.1f %8.2f %12.1f %12.1f\n", shape.c_str(),
+                  path.c_str(), n, Median(up), Median(down), t, bytes / t / 1e6, Median(cpu),
+                  Median(server_cpu));
+      std::fflush(stdout);
+    }
+  }
+  Check(client.ReleaseMatrix(c_info.handle(), options), "Release");
+  return 0;
+}
+
+}  // namespace
+}  // namespace hgemm
+
+int main(int argc, char** argv) {
+  try {
+    return hgemm::Main(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bulk_bench: %s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,43 @@
+// One lane of the bulk channel (proto/hgemm.proto, "Bulk channel") on the client side: a TCP
+// connection to the grant's host and port that presents the lane's capability, then sends
+// (PUT) or receives (GET) exactly the lane's bytes, straight from or into the caller's memory.
+// GemmClient::BulkPut and BulkGet run one per lane, on threads of their own.
+// Thread safety: functions without shared state; `data`/`into` belong to the caller.
+#ifndef HGEMM_CLIENT_BULK_LANE_H_
+#define HGEMM_CLIENT_BULK_LANE_H_
+
+#include <grpcpp/support/status.h>
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+
+#include "proto/hgemm.pb.h"
+
+namespace hgemm {
+
+// Where the lanes of a grant connect.
+struct BulkEndpoint {
+  std::string host;  // a name or address, IPv6 without brackets
+  uint32_t port = 0;
+};
+
+// The host to reach the bulk channel at for a gRPC target ("H:P", "[V6]:P", "ipv4:H:P,...",
+// "dns:///H:P"): its first address's host. "" for a target with no TCP host (unix:).
+std::string BulkHostOf(const std::string& target);
+
+// Sends `lane.length()` bytes from `data` (the lane's first byte) over a new connection, each
+// send and receive waiting at most `io_timeout`. OK once the server has them all in the
+// matrix; *missing_bytes: the upload's bytes still missing then. The server's refusal as its
+// status; UNAVAILABLE when the connection fails or ends early.
+grpc::Status PutOverLane(const BulkEndpoint& endpoint, const v1::BulkLane& lane,
+                         const char* data, std::chrono::milliseconds io_timeout,
+                         uint64_t* missing_bytes);
+
+// Receives `lane.length()` bytes into `into` (room for them) as PutOverLane sends.
+grpc::Status GetOverLane(const BulkEndpoint& endpoint, const v1::BulkLane& lane, char* into,
+                         std::chrono::milliseconds io_timeout);
+
+}  // namespace hgemm
+
+#endif  // HGEMM_CLIENT_BULK_LANE_H_

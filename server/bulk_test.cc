@@ -1,0 +1,390 @@
+// The bulk channel end to end (proto/hgemm.proto, "Bulk channel"): a real HgemmServer on
+// 127.0.0.1 (CPU backend) with --bulk_listen, GemmClient's parallel parts over it, and every
+// door of it tried by a hostile peer: capabilities reused, guessed, expired or another
+// principal's, broken hellos, silent and cut connections, too many of them. The server keeps
+// serving through all of it.
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <random>
+#include <string>
+#include <thread>
+
+#include "client/bulk_lane.h"
+#include "client/gemm_client.h"
+#include "client/metrics_scrape.h"
+#include "proto/bulk_wire.h"
+#include "server/backend/cpu_backend.h"
+#include "server/server.h"
+#include "server/testing/test_requests.h"
+
+namespace hgemm {
+namespace {
+
+using namespace std::chrono_literals;
+
+class BulkTest : public ::testing::Test {
+ protected:
+  void Start(bool bulk = true) {
+    ServerOptions options;
+    options.listen_address = "127.0.0.1:0";
+    options.metrics_listen = "127.0.0.1:0";
+    if (bulk) options.bulk.address = "127.0.0.1:0";
+    options.bulk.max_connections = 4;
+    options.bulk.hello_timeout = 300ms;
+    options.bulk.idle_timeout = 1000ms;
+    options.bulk.chunk_bytes = 4096;  // many reads and writes per lane
+    options.bulk_grants.max_lanes = 8;
+    options.bulk_grants.lifetime = lifetime_;
+    server_ = HgemmServer::Start(options, MakeCpuBackend({.workers = 2}));
+    ASSERT_NE(server_, nullptr);
+    client_ = std::make_unique<GemmClient>(address());
+    stub_ = v1::GemmService::NewStub(Connect(address()));
+  }
+
+  std::string address() const { return "127.0.0.1:" + std::to_string(server_->port()); }
+  BulkEndpoint endpoint() const { return {"127.0.0.1", uint32_t(server_->bulk_port())}; }
+
+  CallOptions As(const std::string& client_id) const {
+    CallOptions options;
+    options.client_id = client_id;
+    options.parallel_parts = 3;
+    options.parallel_min_bytes = 0;
+    return options;
+  }
+
+  std::string RandomBytes(size_t n) {
+    std::string bytes(n, '\0');
+    for (char& c : bytes) c = char(rng_() | 1);  // never all zeros
+    return bytes;
+  }
+
+  // An upload of `client_id` (rows × cols fp16) waiting for its bytes.
+  std::string NewUpload(const std::string& client_id, uint32_t rows, uint32_t cols) {
+    v1::MatrixInfo info;
+    grpc::Status s = client_->CreateUpload(rows, cols, v1::DATA_TYPE_FP16, false, &info,
+                                           As(client_id));
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    return info.handle();
+  }
+
+  grpc::Status Open(const std::string& client_id, const std::string& handle,
+                    v1::BulkDirection direction, uint64_t offset, uint64_t length, int lanes,
+                    v1::BulkGrant* grant) {
+    grpc::ClientContext context;
+    context.AddMetadata("x-client-id", client_id);
+    v1::BulkRequest request;
+    request.set_handle(handle);
+    request.set_direction(direction);
+    request.set_offset(offset);
+    request.set_length(length);
+    request.set_lanes(lanes);
+    return stub_->OpenBulk(&context, request, grant);
+  }
+
+  uint64_t Missing(const std::string& client_id, const std::string& handle) {
+    v1::ListMatricesResponse list;
+    EXPECT_TRUE(client_->ListMatrices(&list, As(client_id)).ok());
+    for (const v1::MatrixInfo& m : list.matrices()) {
+      if (m.handle() == handle) return m.missing_bytes();
+    }
+    ADD_FAILURE() << "no matrix " << handle;
+    return 0;
+  }
+
+  double Metric(const std::string& series) {
+    std::string body;
+    EXPECT_EQ(HttpGet("127.0.0.1", server_->metrics_port(), "/metrics", &body), 200);
+    const Scrape scrape = ParseExposition(body);
+    return scrape.Has(series) ? scrape.Get(series) : 0;
+  }
+
+  // A raw connection to the bulk port.
+  int Dial() {
+    const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in to{};
+    to.sin_family = AF_INET;
+    to.sin_port = htons(uint16_t(server_->bulk_port()));
+    to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    EXPECT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&to), sizeof to), 0);
+    return fd;
+  }
+
+  // The server's answer on `fd` (false: it closed without one).
+  static bool Answer(int fd, bulk::Frame* frame) { return bulk::ReceiveFrame(fd, frame); }
+
+  void ExpectStillServing() {
+    v1::GemmRequest r = RandomRequest(40, 24, 56, rng_);
+    v1::GemmResponse response;
+    grpc::Status s = client_->Run(r, &response, As("carol"));
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    EXPECT_LT(RelativeErrorOfC(r, response.c()), kServiceTolerance.fp32_acc);
+  }
+
+  std::chrono::milliseconds lifetime_ = 30000ms;
+  std::mt19937_64 rng_{2026120701};
+  std::unique_ptr<HgemmServer> server_;
+  std::unique_ptr<GemmClient> client_;
+  std::unique_ptr<v1::GemmService::Stub> stub_;
+};
+
+TEST_F(BulkTest, RunSendsPartsOverTheBulkChannel) {
+  Start();
+  for (auto [m, n, k] : {std::tuple{301u, 257u, 199u}, {1u, 3u, 5u}, {64u, 1u, 129u}}) {
+    v1::GemmRequest r = RandomRequest(m, n, k, rng_);
+    v1::GemmResponse response;
+    response.set_c(RandomBytes(2 * m * n));  // poison: every byte must be the server's
+    grpc::Status s = client_->Run(r, &response, As("alice"));
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    EXPECT_LT(RelativeErrorOfC(r, response.c()), kServiceTolerance.fp32_acc);
+  }
+  EXPECT_TRUE(client_->OffersBulk(""));
+  // The operands' and C's bytes went over bulk lanes, none by UploadPart or DownloadMatrix.
+  const double operands = 2.0 * (301 * 199 + 199 * 257 + 1 * 5 + 5 * 3 + 64 * 129 + 129 * 1);
+  const double results = 2.0 * (301 * 257 + 1 * 3 + 64 * 1);
+  EXPECT_EQ(Metric("hgemm_transport_bytes_total{direction=\"received\",transport=\"bulk\"}"),
+            operands);
+  EXPECT_EQ(Metric("hgemm_transport_bytes_total{direction=\"sent\",transport=\"bulk\"}"),
+            results);
+  EXPECT_EQ(Metric("hgemm_received_bytes_total{rpc=\"UploadPart\"}"), 0);
+  EXPECT_EQ(Metric("hgemm_sent_bytes_total{rpc=\"DownloadMatrix\"}"), 0);
+  v1::ListMatricesResponse list;
+  ASSERT_TRUE(client_->ListMatrices(&list, As("alice")).ok());
+  EXPECT_EQ(list.client_bytes(), 0u);  // A, B and C released
+}
+
+TEST_F(BulkTest, PutThenGetRoundTripsEveryByte) {
+  Start();
+  const std::string handle = NewUpload("alice", 123, 77);
+  const std::string bytes = RandomBytes(2 * 123 * 77);
+  uint64_t missing = 1;
+  // Two puts: the first half over 3 lanes, the rest over 5.
+  const uint64_t half = bytes.size() / 2;
+  grpc::Status s = client_->BulkPut(handle, 0, bytes.data(), half, 3, As("alice"), &missing);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(missing, bytes.size() - half);
+  s = client_->BulkPut(handle, half, bytes.data() + half, bytes.size() - half, 5, As("alice"),
+                       &missing);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(missing, 0u);
+  std::string back = RandomBytes(bytes.size());
+  s = client_->BulkGet(handle, 0, bytes.size(), back.data(), 4, As("alice"));
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(back, bytes);
+  std::string range(1001, 'x');
+  s = client_->BulkGet(handle, 999, range.size(), range.data(), 2, As("alice"));
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(range, bytes.substr(999, 1001));
+  std::string by_grpc;
+  ASSERT_TRUE(client_->DownloadMatrix(handle, &by_grpc, As("alice")).ok());
+  EXPECT_EQ(by_grpc, bytes);
+}
+
+TEST_F(BulkTest, ACapabilityServesOnceAndOnlyItsOwnersMatrix) {
+  Start();
+  const std::string handle = NewUpload("alice", 16, 16);
+  const std::string bytes = RandomBytes(512);
+  ASSERT_TRUE(client_->BulkPut(handle, 0, bytes.data(), bytes.size(), 1, As("alice")).ok());
+  v1::BulkGrant grant;
+  ASSERT_TRUE(Open("alice", handle, v1::BULK_GET, 0, 512, 1, &grant).ok());
+  std::string back(512, '\0');
+  ASSERT_TRUE(GetOverLane(endpoint(), grant.lanes(0), back.data(), 2000ms).ok());
+  EXPECT_EQ(back, bytes);
+  // Used: the same capability again is refused.
+  grpc::Status again = GetOverLane(endpoint(), grant.lanes(0), back.data(), 2000ms);
+  EXPECT_EQ(again.error_code(), grpc::StatusCode::PERMISSION_DENIED) << again.error_message();
+  // Another principal cannot read alice's matrix, nor write into her upload.
+  grpc::Status read = Open("bob", handle, v1::BULK_GET, 0, 512, 1, &grant);
+  EXPECT_EQ(read.error_code(), grpc::StatusCode::NOT_FOUND) << read.error_message();
+  const std::string upload = NewUpload("alice", 8, 8);
+  ASSERT_TRUE(Open("bob", upload, v1::BULK_PUT, 0, 128, 1, &grant).ok());
+  const std::string evil = RandomBytes(128);
+  grpc::Status write = PutOverLane(endpoint(), grant.lanes(0), evil.data(), 2000ms, nullptr);
+  EXPECT_EQ(write.error_code(), grpc::StatusCode::NOT_FOUND) << write.error_message();
+  EXPECT_EQ(Missing("alice", upload), 128u);
+  ExpectStillServing();
+}
+
+TEST_F(BulkTest, GuessedAndExpiredCapabilitiesAreRefused) {
+  lifetime_ = 200ms;
+  Start();
+  const std::string handle = NewUpload("alice", 8, 8);
+  v1::BulkGrant grant;
+  ASSERT_TRUE(Open("alice", handle, v1::BULK_PUT, 0, 128, 1, &grant).ok());
+  v1::BulkLane guess = grant.lanes(0);
+  guess.mutable_capability()->at(5) ^= 0x40;
+  const std::string bytes = RandomBytes(128);
+  grpc::Status guessed = PutOverLane(endpoint(), guess, bytes.data(), 2000ms, nullptr);
+  EXPECT_EQ(guessed.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  std::this_thread::sleep_for(400ms);  // twice the lifetime
+  grpc::Status expired = PutOverLane(endpoint(), grant.lanes(0), bytes.data(), 2000ms, nullptr);
+  EXPECT_EQ(expired.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_EQ(guessed.error_message(), expired.error_message());
+  EXPECT_EQ(Missing("alice", handle), 128u);
+}
+
+TEST_F(BulkTest, BrokenHellosAreAnsweredAndClosed) {
+  Start();
+  bulk::Frame frame;
+  {  // The wrong magic.
+    const int fd = Dial();
+    const std::string hello = std::string("HTTP/1.1") + std::string(32, 'x');
+    ASSERT_TRUE(bulk::SendAll(fd, hello.data(), hello.size()));
+    ASSERT_TRUE(Answer(fd, &frame));
+    EXPECT_EQ(frame.code, uint32_t(grpc::StatusCode::INVALID_ARGUMENT)) << frame.message;
+    close(fd);
+  }
+  {  // Half a hello, then silence: the hello timeout.
+    const int fd = Dial();
+    ASSERT_TRUE(bulk::SendAll(fd, bulk::kHelloMagic, 8));
+    ASSERT_TRUE(Answer(fd, &frame));
+    EXPECT_EQ(frame.code, uint32_t(grpc::StatusCode::DEADLINE_EXCEEDED)) << frame.message;
+    close(fd);
+  }
+  {  // Half a hello, then gone.
+    const int fd = Dial();
+    ASSERT_TRUE(bulk::SendAll(fd, bulk::kHelloMagic, 5));
+    close(fd);
+  }
+  ExpectStillServing();
+}
+
+TEST_F(BulkTest, ACutLaneCountsNothingAndItsRangeCanBeSentAgain) {
+  Start();
+  const std::string handle = NewUpload("alice", 64, 64);  // 8 KiB
+  const std::string bytes = RandomBytes(8192);
+  v1::BulkGrant grant;
+  ASSERT_TRUE(Open("alice", handle, v1::BULK_PUT, 0, 8192, 1, &grant).ok());
+  const int fd = Dial();
+  const std::string hello = bulk::Hello(grant.lanes(0).capability());
+  ASSERT_TRUE(bulk::SendAll(fd, hello.data(), hello.size()));
+  bulk::Frame frame;
+  ASSERT_TRUE(Answer(fd, &frame));
+  ASSERT_EQ(frame.code, 0u) << frame.message;
+  ASSERT_TRUE(bulk::SendAll(fd, bytes.data(), 5000));
+  shutdown(fd, SHUT_WR);  // the client is done after 5000 of 8192 bytes
+  ASSERT_TRUE(Answer(fd, &frame));
+  EXPECT_EQ(frame.code, uint32_t(grpc::StatusCode::INVALID_ARGUMENT)) << frame.message;
+  close(fd);
+  EXPECT_EQ(Missing("alice", handle), 8192u);
+  // A stalled lane: the idle timeout ends it, and nothing of it counts either.
+  ASSERT_TRUE(Open("alice", handle, v1::BULK_PUT, 0, 8192, 1, &grant).ok());
+  const int stalled = Dial();
+  const std::string hello2 = bulk::Hello(grant.lanes(0).capability());
+  ASSERT_TRUE(bulk::SendAll(stalled, hello2.data(), hello2.size()));
+  ASSERT_TRUE(Answer(stalled, &frame));
+  ASSERT_TRUE(bulk::SendAll(stalled, bytes.data(), 100));
+  ASSERT_TRUE(Answer(stalled, &frame));
+  EXPECT_EQ(frame.code, uint32_t(grpc::StatusCode::DEADLINE_EXCEEDED)) << frame.message;
+  close(stalled);
+  EXPECT_EQ(Missing("alice", handle), 8192u);
+  uint64_t missing = 1;
+  grpc::Status s = client_->BulkPut(handle, 0, bytes.data(), 8192, 2, As("alice"), &missing);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(missing, 0u);
+  std::string back;
+  ASSERT_TRUE(client_->DownloadMatrix(handle, &back, As("alice")).ok());
+  EXPECT_EQ(back, bytes);
+}
+
+TEST_F(BulkTest, ConnectionsPastTheLimitAreClosed) {
+  Start();
+  std::vector<int> idle;
+  for (int i = 0; i < 4; ++i) idle.push_back(Dial());  // max_connections, saying nothing
+  std::this_thread::sleep_for(100ms);  // all four accepted
+  const int extra = Dial();
+  bulk::Frame frame;
+  ASSERT_TRUE(Answer(extra, &frame));  // refused at once, before any hello
+  EXPECT_EQ(frame.code, uint32_t(grpc::StatusCode::UNAVAILABLE)) << frame.message;
+  char byte;
+  EXPECT_EQ(recv(extra, &byte, 1, 0), 0);  // and closed
+  close(extra);
+  for (int fd : idle) close(fd);
+  // Their lanes end (the connections closed, or the hello timeout): bulk works again.
+  std::this_thread::sleep_for(500ms);
+  ExpectStillServing();
+  const std::string handle = NewUpload("alice", 8, 8);
+  const std::string bytes = RandomBytes(128);
+  grpc::Status s = client_->BulkPut(handle, 0, bytes.data(), 128, 1, As("alice"));
+  EXPECT_TRUE(s.ok()) << s.error_message();
+}
+
+TEST_F(BulkTest, OpenBulkRefusesWhatItCannotGrant) {
+  Start();
+  const std::string handle = NewUpload("alice", 8, 8);
+  const std::string bytes = RandomBytes(128);
+  ASSERT_TRUE(client_->BulkPut(handle, 0, bytes.data(), 128, 1, As("alice")).ok());
+  v1::BulkGrant grant;
+  EXPECT_EQ(Open("alice", handle, v1::BULK_GET, 0, 128, 0, &grant).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(Open("alice", handle, v1::BULK_GET, 0, 128, 9, &grant).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(Open("alice", handle, v1::BULK_GET, 0, 0, 1, &grant).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(Open("alice", handle, v1::BULK_DIRECTION_UNSPECIFIED, 0, 128, 1, &grant).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(Open("alice", handle, v1::BULK_GET, 100, 29, 1, &grant).error_code(),
+            grpc::StatusCode::OUT_OF_RANGE);
+  EXPECT_EQ(Open("alice", handle, v1::BULK_GET, ~uint64_t{0}, 1, 1, &grant).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+  // Granted lanes not yet connected count against the caller's limit (8).
+  ASSERT_TRUE(Open("alice", handle, v1::BULK_GET, 0, 128, 6, &grant).ok());
+  grpc::Status over = Open("alice", handle, v1::BULK_GET, 0, 128, 3, &grant);
+  EXPECT_EQ(over.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << over.error_message();
+  EXPECT_TRUE(Open("bob", "m-nothing", v1::BULK_PUT, 0, 128, 3, &grant).ok());
+}
+
+TEST_F(BulkTest, WithoutABulkChannelRunUsesGrpcParts) {
+  Start(/*bulk=*/false);
+  v1::BulkGrant grant;
+  grpc::Status s = Open("alice", "m-x", v1::BULK_GET, 0, 1, 1, &grant);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << s.error_message();
+  EXPECT_FALSE(client_->OffersBulk(""));
+  v1::GemmRequest r = RandomRequest(70, 50, 90, rng_);
+  v1::GemmResponse response;
+  ASSERT_TRUE(client_->Run(r, &response, As("alice")).ok());
+  EXPECT_LT(RelativeErrorOfC(r, response.c()), kServiceTolerance.fp32_acc);
+  EXPECT_GT(Metric("hgemm_received_bytes_total{rpc=\"UploadPart\"}"), 0);
+}
+
+TEST_F(BulkTest, ShutdownCutsALaneInProgress) {
+  Start();
+  const std::string handle = NewUpload("alice", 64, 64);
+  v1::BulkGrant grant;
+  ASSERT_TRUE(Open("alice", handle, v1::BULK_PUT, 0, 8192, 1, &grant).ok());
+  const int fd = Dial();
+  const std::string hello = bulk::Hello(grant.lanes(0).capability());
+  ASSERT_TRUE(bulk::SendAll(fd, hello.data(), hello.size()));
+  bulk::Frame frame;
+  ASSERT_TRUE(Answer(fd, &frame));
+  ASSERT_TRUE(bulk::SendAll(fd, "0123456789", 10));
+  server_->Shutdown();  // returns: the lane does not hold it
+  char byte;
+  EXPECT_LE(recv(fd, &byte, 1, 0), 1);  // answered or closed, never left hanging
+  close(fd);
+}
+
+TEST(BulkOptions, ThePlaintextChannelIsRefusedBesideTls) {
+  ServerOptions options;
+  options.listen_address = "127.0.0.1:0";
+  options.tls.cert_path = "server.pem";  // never read: the options are refused first
+  options.tls.key_path = "server.key";
+  options.bulk.address = "127.0.0.1:0";
+  EXPECT_EQ(HgemmServer::Start(options, MakeCpuBackend({.workers = 1})), nullptr);
+}
+
+TEST(BulkHost, OfTargets) {
+  EXPECT_EQ(BulkHostOf("127.0.0.1:50051"), "127.0.0.1");
+  EXPECT_EQ(BulkHostOf("ipv4:10.0.0.1:1,10.0.0.2:1"), "10.0.0.1");
+  EXPECT_EQ(BulkHostOf("dns:///svc.ns:50051"), "svc.ns");
+  EXPECT_EQ(BulkHostOf("[::1]:50051"), "::1");
+  EXPECT_EQ(BulkHostOf("ipv6:[fe80::1]:5"), "fe80::1");
+  EXPECT_EQ(BulkHostOf("unix:/run/hgemm.sock"), "");
+  EXPECT_EQ(BulkHostOf(""), "");
+}
+
+}  // namespace
+}  // namespace hgemm

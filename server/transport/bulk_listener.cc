@@ -1,0 +1,267 @@
+#include "server/transport/bulk_listener.h"
+
+#include <fmt/format.h>
+#include <poll.h>
+#include <spdlog/spdlog.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <utility>
+
+#include "proto/bulk_wire.h"
+#include "server/core/status.h"
+#include "server/session/part_session.h"
+#include "server/transport/tcp_listen.h"
+
+namespace hgemm {
+namespace {
+
+constexpr int kPollMs = 100;  // how often the acceptor looks at stopping_
+
+void SetTimeout(int fd, int option, std::chrono::milliseconds timeout) {
+  timeval tv{timeout.count() / 1000, suseconds_t(timeout.count() % 1000 * 1000)};
+  setsockopt(fd, SOL_SOCKET, option, &tv, sizeof tv);
+}
+
+bool SendStatus(int fd, const absl::Status& s, uint64_t value = 0) {
+  const std::string frame =
+      bulk::EncodeFrame({uint32_t(s.code()), status::Message(s), value});
+  return bulk::SendAll(fd, frame.data(), frame.size());
+}
+
+// Why a receive stopped short of what it asked for.
+absl::Status ShortReceive(const char* what, std::chrono::milliseconds idle_timeout) {
+  if (errno == EAGAIN || errno == EWOULDBLOCK) {
+    return status::Idle(fmt::format("bulk channel: no bytes of the {} for {} ms; the lane was "
+                                    "dropped",
+                                    what, idle_timeout.count()));
+  }
+  return status::InvalidArgument(what, "the connection ended before all of it came");
+}
+
+// A PUT lane as the transport of its PartSession: the session asks for reads (StartRead) and
+// ends the part (Finish) from its own threads; the lane's thread does the reads it asked for.
+class PutLane final : public PartTransport {
+ public:
+  PutLane(const GemmCore& core, const BulkTicket& ticket, std::chrono::milliseconds idle)
+      : session_(core, this, ticket.owner,
+                 std::chrono::duration_cast<std::chrono::seconds>(idle)) {}
+
+  void StartRead() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    read_wanted_ = true;
+    changed_.notify_all();
+  }
+
+  void Finish(const absl::Status& status, int64_t missing_bytes) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    status_ = status;
+    missing_bytes_ = missing_bytes;
+    finished_ = true;
+    changed_.notify_all();
+  }
+
+  // Claims the ticket's part (the session's header); if that fails, its status. Else sends
+  // the go-ahead frame and feeds the session the part's bytes from `fd` until it finishes:
+  // its status, and in *missing_bytes the upload's bytes still missing.
+  absl::Status Run(int fd, const BulkTicket& ticket, HostBufferPool& pool, int64_t chunk_bytes,
+                   int64_t* missing_bytes) {
+    PartMessage header{PartSpec{ticket.handle, uint64_t(ticket.offset), uint64_t(ticket.length)}};
+    session_.OnRead(header);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (finished_) return status_;
+    }
+    if (!SendStatus(fd, absl::OkStatus())) session_.OnReadsDone();
+    int64_t received = 0;
+    while (true) {
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        changed_.wait(lock, [&] { return read_wanted_ || finished_; });
+        if (finished_) break;
+        read_wanted_ = false;
+      }
+      if (received == ticket.length) {
+        session_.OnReadsDone();
+        continue;
+      }
+      const int64_t size = std::min(chunk_bytes, ticket.length - received);
+      auto buffer = std::shared_ptr<std::string>(
+          new std::string(pool.Take(size)), [&pool](std::string* b) {
+            pool.Give(std::move(*b));
+            delete b;
+          });
+      const size_t got = bulk::ReceiveAll(fd, buffer->data(), size_t(size));
+      if (got != size_t(size)) {
+        if (errno == EAGAIN || errno == EWOULDBLOCK) {
+          session_.ExpireIdle(Clock::now());
+        } else {
+          session_.OnReadsDone();  // the session says how many bytes of the part came
+        }
+        continue;
+      }
+      received += size;
+      PartMessage chunk{WireBytes({std::string_view(buffer->data(), size_t(size))}, buffer)};
+      session_.OnRead(chunk);
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    *missing_bytes = missing_bytes_;
+    return status_;
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable changed_;
+  bool read_wanted_ = false;  // guarded by mu_
+  bool finished_ = false;     // guarded by mu_
+  absl::Status status_;       // guarded by mu_
+  int64_t missing_bytes_ = 0;  // guarded by mu_
+  PartSession session_;       // last: it calls back into the members above
+};
+
+}  // namespace
+
+std::unique_ptr<BulkListener> BulkListener::Start(BulkListenerOptions options,
+                                                  const GemmCore* core, BulkGrants* grants,
+                                                  ServiceMetrics* metrics,
+                                                  std::string* error) {
+  int port = 0;
+  const int fd = ListenTcp(options.address, 128, &port, error);
+  if (fd < 0) return nullptr;
+  return std::unique_ptr<BulkListener>(
+      new BulkListener(std::move(options), core, grants, metrics, fd, port));
+}
+
+BulkListener::BulkListener(BulkListenerOptions options, const GemmCore* core,
+                           BulkGrants* grants, ServiceMetrics* metrics, int fd, int port)
+    : options_(std::move(options)),
+      core_(core),
+      grants_(grants),
+      metrics_(metrics),
+      listen_fd_(fd),
+      port_(port),
+      acceptor_([this] { AcceptLoop(); }) {}
+
+BulkListener::~BulkListener() {
+  stopping_ = true;
+  acceptor_.join();
+  close(listen_fd_);
+  std::unique_lock<std::mutex> lock(mu_);
+  for (int fd : lanes_) shutdown(fd, SHUT_RDWR);  // their reads and writes fail now
+  lane_ended_.wait(lock, [&] { return lanes_.empty(); });
+}
+
+void BulkListener::AcceptLoop() {
+  while (!stopping_) {
+    pollfd p{listen_fd_, POLLIN, 0};
+    if (poll(&p, 1, kPollMs) <= 0) continue;
+    const int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+    if (fd < 0) continue;
+    std::lock_guard<std::mutex> lock(mu_);
+    if (int(lanes_.size()) >= options_.max_connections) {
+      spdlog::warn("bulk channel: {} connections open (the most); one more refused",
+                   lanes_.size());
+      // Best effort, without waiting: the frame, then the hello if it came (closing on unread
+      // bytes would reset the connection and lose the frame).
+      SetTimeout(fd, SO_SNDTIMEO, std::chrono::milliseconds(100));
+      SendStatus(fd, status::QueueFull(fmt::format(
+                         "bulk channel: {} connections open, the most this server serves",
+                         lanes_.size())));
+      char hello[bulk::kHelloBytes];
+      (void)recv(fd, hello, sizeof hello, MSG_DONTWAIT);
+      close(fd);
+      continue;
+    }
+    lanes_.insert(fd);
+    // Detached: the destructor waits for lanes_ to empty, which is the thread's last act.
+    std::thread([this, fd] { Serve(fd); }).detach();
+  }
+}
+
+void BulkListener::Serve(int fd) {
+  try {
+    SetTimeout(fd, SO_RCVTIMEO, options_.hello_timeout);
+    SetTimeout(fd, SO_SNDTIMEO, options_.idle_timeout);
+    char hello[bulk::kHelloBytes];
+    const size_t got = bulk::ReceiveAll(fd, hello, sizeof hello);
+    BulkTicket ticket;
+    absl::Status s;
+    if (got != sizeof hello) {
+      s = ShortReceive("hello", options_.hello_timeout);
+    } else if (std::string_view(hello, bulk::kMagicBytes) !=
+               std::string_view(bulk::kHelloMagic, bulk::kMagicBytes)) {
+      s = status::InvalidArgument("hello", "does not start with \"HGBULK01\"");
+    } else {
+      s = grants_->Claim(std::string_view(hello + bulk::kMagicBytes, bulk::kCapabilityBytes),
+                         Clock::now(), &ticket);
+    }
+    if (!s.ok()) {
+      spdlog::info("bulk channel: connection refused: {}", status::Message(s));
+      SendStatus(fd, s);
+    } else {
+      SetTimeout(fd, SO_RCVTIMEO, options_.idle_timeout);
+      if (ticket.direction == BulkDirection::kGet) {
+        ServeGet(fd, ticket);
+      } else {
+        ServePut(fd, ticket);
+      }
+    }
+  } catch (...) {
+    status::LogCurrentException("bulk channel");
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  lanes_.erase(fd);
+  close(fd);
+  lane_ended_.notify_all();
+}
+
+void BulkListener::ServeGet(int fd, const BulkTicket& ticket) {
+  ResidentMatrix m;
+  absl::Status s = core_->store().Lookup(ticket.owner, ticket.handle, "handle", &m);
+  if (s.ok() && ticket.offset + ticket.length > m.buffer->bytes) {
+    s = status::OutOfRange("offset", fmt::format("bytes [{}, {} + {}) of a {}-byte matrix",
+                                                 ticket.offset, ticket.offset, ticket.length,
+                                                 m.buffer->bytes));
+  }
+  if (!SendStatus(fd, s) || !s.ok()) return;
+  HostBufferPool& pool = core_->host_buffers();
+  std::string piece = pool.Take(std::min(options_.chunk_bytes, ticket.length));
+  int64_t at = 0;
+  while (at < ticket.length) {
+    const int64_t size = std::min(options_.chunk_bytes, ticket.length - at);
+    s = core_->backend().ReadResidentRange(*m.buffer, ticket.offset + at, size, piece.data());
+    if (!s.ok()) {
+      // No frame can follow bytes: the client sees the lane end short.
+      spdlog::error("bulk channel: reading matrix {}: {}", ticket.handle, status::Message(s));
+      break;
+    }
+    if (!bulk::SendAll(fd, piece.data(), size_t(size))) break;
+    at += size;
+  }
+  pool.Give(std::move(piece));
+  if (metrics_ != nullptr) metrics_->AddTransportBytes(DataPath::kBulk, /*sent=*/true, at);
+}
+
+void BulkListener::ServePut(int fd, const BulkTicket& ticket) {
+  PutLane lane(*core_, ticket, options_.idle_timeout);
+  int64_t missing = 0;
+  const absl::Status s =
+      lane.Run(fd, ticket, core_->host_buffers(), options_.chunk_bytes, &missing);
+  if (metrics_ != nullptr && s.ok()) {
+    metrics_->AddTransportBytes(DataPath::kBulk, /*sent=*/false, ticket.length);
+  }
+  if (!SendStatus(fd, s, s.ok() ? uint64_t(missing) : 0) || s.ok()) return;
+  // A client told to stop mid-part is still sending: closing on its unread bytes would reset
+  // the connection and lose the frame. Read what it sends (at most the lane's bytes) first.
+  shutdown(fd, SHUT_WR);
+  char sink[64 << 10];
+  for (int64_t left = ticket.length; left > 0;) {
+    const ssize_t n = recv(fd, sink, size_t(std::min<int64_t>(left, sizeof sink)), 0);
+    if (n <= 0) break;
+    left -= n;
+  }
+}
+
+}  // namespace hgemm

@@ -1,0 +1,81 @@
+// BulkListener: the bulk channel's TCP listener (proto/hgemm.proto, "Bulk channel"). Each
+// connection is one lane: its hello's capability is claimed from BulkGrants, which says whose
+// bytes it moves, where and which way; a PUT lane is a part of an upload (a PartSession, as
+// UploadPart's, with this connection as its transport), a GET lane reads its range of the
+// matrix and sends it. The bytes go between the socket and the matrix with no framing: received
+// into pooled host buffers and written by the upload queue (PUT), read by the backend into a
+// pooled buffer and sent from it (GET).
+//
+// Every connection has a thread of its own (bulk transfers are few and long); at most
+// max_connections are served at once, more are closed at once. A connection that sends no
+// hello within hello_timeout, or stalls for idle_timeout, is closed: nobody holds a lane by
+// connecting and waiting.
+// Thread safety: Start and the destructor are called by one owner; port() is thread-safe.
+#ifndef HGEMM_SERVER_TRANSPORT_BULK_LISTENER_H_
+#define HGEMM_SERVER_TRANSPORT_BULK_LISTENER_H_
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+
+#include "server/metrics/metrics.h"
+#include "server/session/bulk_grants.h"
+#include "server/session/gemm_core.h"
+
+namespace hgemm {
+
+struct BulkListenerOptions {
+  std::string address;  // HOST:PORT (port 0: a free one)
+  int max_connections = 64;
+  std::chrono::milliseconds hello_timeout{10000};
+  std::chrono::milliseconds idle_timeout{60000};
+  int64_t chunk_bytes = int64_t{4} << 20;  // what one receive or send moves at most
+};
+
+class BulkListener {
+ public:
+  // Listens on options.address; nullptr and the reason in *error if it can't be bound.
+  // Counts the bytes each lane moved in `metrics` (null: none kept) as DataPath::kBulk.
+  // REQUIRES: `core`, `grants` and `metrics` outlive the listener.
+  static std::unique_ptr<BulkListener> Start(BulkListenerOptions options, const GemmCore* core,
+                                             BulkGrants* grants, ServiceMetrics* metrics,
+                                             std::string* error);
+  // Stops accepting, cuts the lanes in progress (a PUT lane's part then counts nothing) and
+  // waits for their threads.
+  ~BulkListener();
+  BulkListener(const BulkListener&) = delete;
+  BulkListener& operator=(const BulkListener&) = delete;
+
+  int port() const { return port_; }
+
+ private:
+  BulkListener(BulkListenerOptions options, const GemmCore* core, BulkGrants* grants,
+               ServiceMetrics* metrics, int fd, int port);
+  void AcceptLoop();
+  // Serves one connection, then closes it.
+  void Serve(int fd);
+  void ServeGet(int fd, const BulkTicket& ticket);
+  void ServePut(int fd, const BulkTicket& ticket);
+
+  const BulkListenerOptions options_;
+  const GemmCore* const core_;
+  BulkGrants* const grants_;
+  ServiceMetrics* const metrics_;
+  const int listen_fd_;
+  const int port_;
+  std::atomic<bool> stopping_{false};
+  std::mutex mu_;
+  std::condition_variable lane_ended_;
+  std::set<int> lanes_;  // guarded by mu_; the connections being served
+  std::thread acceptor_;  // last: starts once the rest is set
+};
+
+}  // namespace hgemm
+
+#endif  // HGEMM_SERVER_TRANSPORT_BULK_LISTENER_H_
