@@ -147,6 +147,7 @@ int Main(int argc, char** argv) {
   std::string server = "127.0.0.1:50051", shape = "8192x8192x8192", lanes_list = "1,4,8";
   std::string paths = "grpc,bulk";
   int repeat = 3, server_pid = 0;
+  ConnectOptions connect;
   CLI::App app{"bulk_bench: one GEMM's bytes by gRPC parts and by the bulk channel"};
   app.add_option("--server", server, "the server (with --bulk_listen for the bulk rows)")
       ->capture_default_str();
@@ -157,6 +158,8 @@ int Main(int argc, char** argv) {
   app.add_option("--paths", paths, "grpc, bulk, or both")->capture_default_str();
   app.add_option("--repeat", repeat, "exchanges per point (the median is reported)")
       ->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--tls_ca", connect.tls_ca,
+                 "PEM CAs of a TLS server (gRPC and, with it, the bulk lanes are TLS)");
   app.add_option("--server_pid", server_pid,
                  "the server's process on this host: its CPU per exchange is reported too");
   CLI11_PARSE(app, argc, argv);
@@ -166,7 +169,8 @@ int Main(int argc, char** argv) {
   if (std::string e = bench::ParseIntList(lanes_list, &lanes); !e.empty()) {
     throw std::runtime_error("--lanes: " + e);
   }
-  const GemmClient client(server);
+  connect.tls = !connect.tls_ca.empty();
+  const GemmClient client(server, connect);
   CallOptions options;
   options.client_id = "bulk_bench";
   std::string a(d.ABytes(), '\1'), b(d.BBytes(), '\2'), c(d.CBytes(), '\0');

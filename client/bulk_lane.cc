@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 #include <netdb.h>
+#include <openssl/err.h>
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <unistd.h>
@@ -10,66 +11,49 @@
 #include <cstring>
 #include <string_view>
 #include <thread>
-#include <utility>
 
 #include "proto/bulk_wire.h"
 
 namespace hgemm {
 namespace {
 
-// A connected socket, closed when it goes.
-class Connection {
- public:
-  Connection() = default;
-  Connection(const Connection&) = delete;
-  Connection& operator=(Connection&& other) noexcept {
-    std::swap(fd_, other.fd_);
-    return *this;
-  }
-  ~Connection() {
-    if (fd_ >= 0) close(fd_);
-  }
-  int fd() const { return fd_; }
+grpc::Status Unavailable(const std::string& what) {
+  return grpc::Status(grpc::StatusCode::UNAVAILABLE, "bulk channel: " + what);
+}
 
-  grpc::Status Open(const BulkEndpoint& endpoint, std::chrono::milliseconds io_timeout) {
-    addrinfo hints{};
-    hints.ai_family = AF_UNSPEC;
-    hints.ai_socktype = SOCK_STREAM;
-    hints.ai_flags = AI_NUMERICSERV;
-    addrinfo* found = nullptr;
-    const std::string port = std::to_string(endpoint.port);
-    if (int rc = getaddrinfo(endpoint.host.c_str(), port.c_str(), &hints, &found); rc != 0) {
-      return Unavailable(fmt::format("resolving {}: {}", endpoint.host, gai_strerror(rc)));
-    }
-    int error = 0;
-    for (addrinfo* a = found; a != nullptr && fd_ < 0; a = a->ai_next) {
-      const int fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
-      if (fd < 0) continue;
-      if (connect(fd, a->ai_addr, a->ai_addrlen) == 0) {
-        fd_ = fd;
-      } else {
-        error = errno;
-        close(fd);
-      }
-    }
-    freeaddrinfo(found);
-    if (fd_ < 0) {
-      return Unavailable(fmt::format("connecting to {}:{}: {}", endpoint.host, endpoint.port,
-                                     std::strerror(error)));
-    }
-    timeval tv{io_timeout.count() / 1000, suseconds_t(io_timeout.count() % 1000 * 1000)};
-    setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-    setsockopt(fd_, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
-    return grpc::Status::OK;
-  }
+std::string ErrnoText() { return errno == 0 ? "end of stream" : std::strerror(errno); }
 
-  static grpc::Status Unavailable(const std::string& what) {
-    return grpc::Status(grpc::StatusCode::UNAVAILABLE, "bulk channel: " + what);
+// A TCP connection to `endpoint`, with `io_timeout` on each send and receive.
+grpc::Status Connect(const BulkEndpoint& endpoint, std::chrono::milliseconds io_timeout,
+                     bulk::Connection* connection) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_NUMERICSERV;
+  addrinfo* found = nullptr;
+  const std::string port = std::to_string(endpoint.port);
+  if (int rc = getaddrinfo(endpoint.host.c_str(), port.c_str(), &hints, &found); rc != 0) {
+    return Unavailable(fmt::format("resolving {}: {}", endpoint.host, gai_strerror(rc)));
   }
-
- private:
-  int fd_ = -1;
-};
+  int fd = -1, error = 0;
+  for (addrinfo* a = found; a != nullptr && fd < 0; a = a->ai_next) {
+    fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+    if (fd >= 0 && connect(fd, a->ai_addr, a->ai_addrlen) != 0) {
+      error = errno;
+      close(std::exchange(fd, -1));
+    }
+  }
+  freeaddrinfo(found);
+  if (fd < 0) {
+    return Unavailable(fmt::format("connecting to {}:{}: {}", endpoint.host, endpoint.port,
+                                   std::strerror(error)));
+  }
+  timeval tv{io_timeout.count() / 1000, suseconds_t(io_timeout.count() % 1000 * 1000)};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+  *connection = bulk::Connection(fd);
+  return grpc::Status::OK;
+}
 
 grpc::Status FromFrame(const bulk::Frame& frame) {
   if (frame.code == 0) return grpc::Status::OK;
@@ -79,25 +63,34 @@ grpc::Status FromFrame(const bulk::Frame& frame) {
   return grpc::Status(code, frame.message);
 }
 
-// Connects and presents the lane's capability; the server's answer to it. A server with all
-// its bulk connections busy answers UNAVAILABLE (or, racing, resets the connection) before it
-// claims the capability: that is tried again, with backoff, while the grant is young.
+// Connects (with TLS where the endpoint has it) and presents the lane's capability; the
+// server's answer to it. A server with all its bulk connections busy answers UNAVAILABLE (or,
+// racing, resets the connection; under TLS it closes it) before it claims the capability:
+// that is tried again, with backoff, while the grant is young.
 grpc::Status OpenLane(const BulkEndpoint& endpoint, const v1::BulkLane& lane,
-                      std::chrono::milliseconds io_timeout, Connection* c) {
+                      std::chrono::milliseconds io_timeout, bulk::Connection* c) {
   constexpr int kAttempts = 8;
   auto backoff = std::chrono::milliseconds(10);
   grpc::Status s;
   for (int attempt = 0; attempt < kAttempts; ++attempt, backoff *= 2) {
     if (attempt > 0) std::this_thread::sleep_for(backoff);
-    *c = Connection();
-    if (s = c->Open(endpoint, io_timeout); !s.ok()) return s;
+    if (s = Connect(endpoint, io_timeout, c); !s.ok()) return s;
+    if (endpoint.tls) {
+      const std::string error = c->HandshakeAsClient(
+          endpoint.tls.get(),
+          endpoint.server_name.empty() ? endpoint.host : endpoint.server_name);
+      if (!error.empty()) {
+        // A refused certificate will not change: only a closed connection is tried again.
+        s = Unavailable(error);
+        if (error.find("certificate") != std::string::npos) return s;
+        continue;
+      }
+    }
     const std::string hello = bulk::Hello(lane.capability());
     bulk::Frame frame;
-    if (!bulk::SendAll(c->fd(), hello.data(), hello.size()) ||
-        !bulk::ReceiveFrame(c->fd(), &frame)) {
-      s = Connection::Unavailable(
-          fmt::format("the server closed the lane before it answered its hello ({})",
-                      errno == 0 ? "end of stream" : std::strerror(errno)));
+    if (!c->SendAll(hello.data(), hello.size()) || !c->ReceiveFrame(&frame)) {
+      s = Unavailable(fmt::format("the server closed the lane before it answered its hello ({})",
+                                  ErrnoText()));
       continue;
     }
     if (s = FromFrame(frame); s.error_code() != grpc::StatusCode::UNAVAILABLE) return s;
@@ -106,6 +99,35 @@ grpc::Status OpenLane(const BulkEndpoint& endpoint, const v1::BulkLane& lane,
 }
 
 }  // namespace
+
+std::shared_ptr<SSL_CTX> NewBulkTlsContext(const BulkTls& tls, std::string* error) {
+  std::shared_ptr<SSL_CTX> context(SSL_CTX_new(TLS_client_method()), &SSL_CTX_free);
+  SSL_CTX* c = context.get();
+  if (c == nullptr || SSL_CTX_set_min_proto_version(c, TLS1_2_VERSION) != 1) {
+    *error = "bulk channel: no TLS client context";
+    return nullptr;
+  }
+  SSL_CTX_set_options(c, SSL_OP_ENABLE_KTLS);
+  SSL_CTX_set_verify(c, SSL_VERIFY_PEER, nullptr);
+  const bool roots = tls.ca_path.empty()
+                         ? SSL_CTX_set_default_verify_paths(c) == 1
+                         : SSL_CTX_load_verify_locations(c, tls.ca_path.c_str(), nullptr) == 1;
+  if (!roots) {
+    *error = "bulk channel: cannot load the CAs " + (tls.ca_path.empty() ? "of the system"
+                                                                        : tls.ca_path);
+    ERR_clear_error();
+    return nullptr;
+  }
+  if (!tls.cert_path.empty() &&
+      (SSL_CTX_use_certificate_chain_file(c, tls.cert_path.c_str()) != 1 ||
+       SSL_CTX_use_PrivateKey_file(c, tls.key_path.c_str(), SSL_FILETYPE_PEM) != 1)) {
+    *error = fmt::format("bulk channel: cannot load the client certificate {} and key {}",
+                         tls.cert_path, tls.key_path);
+    ERR_clear_error();
+    return nullptr;
+  }
+  return context;
+}
 
 std::string BulkHostOf(const std::string& target) {
   std::string_view t = target;
@@ -127,18 +149,17 @@ std::string BulkHostOf(const std::string& target) {
 grpc::Status PutOverLane(const BulkEndpoint& endpoint, const v1::BulkLane& lane,
                          const char* data, std::chrono::milliseconds io_timeout,
                          uint64_t* missing_bytes) {
-  Connection c;
+  bulk::Connection c;
   if (grpc::Status s = OpenLane(endpoint, lane, io_timeout, &c); !s.ok()) return s;
-  const bool sent = bulk::SendAll(c.fd(), data, lane.length());
+  const bool sent = c.SendAll(data, lane.length());
   const int send_error = errno;
   // The server answers after the last byte landed, or at once when it stops the part (and
   // then reads what is still coming, so that its answer is not lost to a reset).
   bulk::Frame frame;
-  if (!bulk::ReceiveFrame(c.fd(), &frame)) {
-    const int why = sent ? errno : send_error;
-    return Connection::Unavailable(
-        fmt::format("the lane ended before the server answered ({})",
-                    why == 0 ? "end of stream" : std::strerror(why)));
+  if (!c.ReceiveFrame(&frame)) {
+    if (!sent) errno = send_error;
+    return Unavailable(
+        fmt::format("the lane ended before the server answered ({})", ErrnoText()));
   }
   if (missing_bytes != nullptr) *missing_bytes = frame.value;
   return FromFrame(frame);
@@ -146,13 +167,12 @@ grpc::Status PutOverLane(const BulkEndpoint& endpoint, const v1::BulkLane& lane,
 
 grpc::Status GetOverLane(const BulkEndpoint& endpoint, const v1::BulkLane& lane, char* into,
                          std::chrono::milliseconds io_timeout) {
-  Connection c;
+  bulk::Connection c;
   if (grpc::Status s = OpenLane(endpoint, lane, io_timeout, &c); !s.ok()) return s;
-  const size_t got = bulk::ReceiveAll(c.fd(), into, lane.length());
+  const size_t got = c.ReceiveAll(into, lane.length());
   if (got != lane.length()) {
-    return Connection::Unavailable(fmt::format(
-        "the lane ended after {} of its {} bytes ({})", got, lane.length(),
-        errno == 0 ? "end of stream" : std::strerror(errno)));
+    return Unavailable(fmt::format("the lane ended after {} of its {} bytes ({})", got,
+                                   lane.length(), ErrnoText()));
   }
   return grpc::Status::OK;
 }

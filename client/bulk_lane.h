@@ -1,25 +1,41 @@
 // One lane of the bulk channel (proto/hgemm.proto, "Bulk channel") on the client side: a TCP
-// connection to the grant's host and port that presents the lane's capability, then sends
-// (PUT) or receives (GET) exactly the lane's bytes, straight from or into the caller's memory.
-// GemmClient::BulkPut and BulkGet run one per lane, on threads of their own.
-// Thread safety: functions without shared state; `data`/`into` belong to the caller.
+// connection (TLS over it when the client's gRPC channel has TLS) to the grant's host and port
+// that presents the lane's capability, then sends (PUT) or receives (GET) exactly the lane's
+// bytes, straight from or into the caller's memory. GemmClient::BulkPut and BulkGet run one
+// per lane, on threads of their own.
+// Thread safety: functions without shared state; `data`/`into` belong to the caller; an
+// endpoint's TLS context may be shared by lanes on several threads (OpenSSL's is).
 #ifndef HGEMM_CLIENT_BULK_LANE_H_
 #define HGEMM_CLIENT_BULK_LANE_H_
 
 #include <grpcpp/support/status.h>
+#include <openssl/ssl.h>
 
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include "proto/hgemm.pb.h"
 
 namespace hgemm {
 
-// Where the lanes of a grant connect.
+// TLS for the lanes, as the client's gRPC channel has it (ConnectOptions' fields).
+struct BulkTls {
+  std::string ca_path;    // PEM CAs the server's certificate is checked against; "": system's
+  std::string cert_path;  // the client's certificate and key (PEM), for mutual TLS
+  std::string key_path;
+};
+
+// A client TLS context for `tls`; null and *error (naming the file) when it cannot be made.
+std::shared_ptr<SSL_CTX> NewBulkTlsContext(const BulkTls& tls, std::string* error);
+
+// Where the lanes of a grant connect, and how.
 struct BulkEndpoint {
   std::string host;  // a name or address, IPv6 without brackets
   uint32_t port = 0;
+  std::shared_ptr<SSL_CTX> tls;  // null: plaintext
+  std::string server_name;       // what the server's certificate must name; "": `host`
 };
 
 // The host to reach the bulk channel at for a gRPC target ("H:P", "[V6]:P", "ipv4:H:P,...",
@@ -29,7 +45,7 @@ std::string BulkHostOf(const std::string& target);
 // Sends `lane.length()` bytes from `data` (the lane's first byte) over a new connection, each
 // send and receive waiting at most `io_timeout`. OK once the server has them all in the
 // matrix; *missing_bytes: the upload's bytes still missing then. The server's refusal as its
-// status; UNAVAILABLE when the connection fails or ends early.
+// status; UNAVAILABLE when the connection (or its TLS handshake) fails or ends early.
 grpc::Status PutOverLane(const BulkEndpoint& endpoint, const v1::BulkLane& lane,
                          const char* data, std::chrono::milliseconds io_timeout,
                          uint64_t* missing_bytes);

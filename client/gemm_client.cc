@@ -1289,6 +1289,13 @@ grpc::Status GemmClient::OpenBulk(const std::string& handle, v1::BulkDirection d
                        ? BulkHostOf(route.replica.empty() ? routes_->target_address : route.replica)
                        : grant->host();
   endpoint->port = grant->port();
+  const ConnectOptions& connect = routes_->connect;
+  if (connect.UsesTls()) {
+    std::string error;
+    endpoint->tls = NewBulkTlsContext({connect.tls_ca, connect.tls_cert, connect.tls_key}, &error);
+    if (!endpoint->tls) return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, error);
+    endpoint->server_name = connect.tls_server_name;
+  }
   if (endpoint->host.empty()) {
     return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
                         "bulk channel: this client reaches the server by no TCP host (a unix: "

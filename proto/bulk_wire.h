@@ -1,15 +1,15 @@
 // The bytes of a bulk-channel connection beside the messages (proto/hgemm.proto, "Bulk
 // channel"), shared by the server and the clients: the hello a lane opens with, the status frame
-// the server answers with, and blocking send/receive of whole buffers on a socket.
-// Thread safety: pure functions; a socket is used by one thread at a time.
+// the server answers with, and blocking send/receive of whole buffers on a lane's connection,
+// plain TCP or TLS over it (OpenSSL; the kernel's record layer, kTLS, where OpenSSL and the
+// kernel offer it).
+// Thread safety: a Connection is used by one thread at a time; the rest are pure functions.
 #ifndef HGEMM_PROTO_BULK_WIRE_H_
 #define HGEMM_PROTO_BULK_WIRE_H_
 
-#include <sys/socket.h>
+#include <openssl/ssl.h>
 
-#include <cerrno>
 #include <cstdint>
-#include <cstring>
 #include <string>
 #include <string_view>
 
@@ -30,73 +30,53 @@ struct Frame {
   uint64_t value = 0;
 };
 
-inline std::string Hello(std::string_view capability) {
-  return std::string(kHelloMagic, kMagicBytes) + std::string(capability);
-}
-
-inline void PutLittleEndian(uint64_t v, int bytes, char* out) {
-  for (int i = 0; i < bytes; ++i) out[i] = char((v >> (8 * i)) & 0xff);
-}
-
-inline uint64_t GetLittleEndian(const char* in, int bytes) {
-  uint64_t v = 0;
-  for (int i = 0; i < bytes; ++i) v |= uint64_t(uint8_t(in[i])) << (8 * i);
-  return v;
-}
-
+std::string Hello(std::string_view capability);
 // The frame's bytes; a message longer than kMaxFrameMessageBytes is cut.
-inline std::string EncodeFrame(const Frame& frame) {
-  const std::string_view message =
-      std::string_view(frame.message).substr(0, kMaxFrameMessageBytes);
-  std::string out(kFrameHeaderBytes, '\0');
-  PutLittleEndian(frame.code, 4, out.data());
-  PutLittleEndian(message.size(), 4, out.data() + 4);
-  PutLittleEndian(frame.value, 8, out.data() + 8);
-  out.append(message);
-  return out;
-}
+std::string EncodeFrame(const Frame& frame);
 
-// Sends all `size` bytes (MSG_NOSIGNAL: a closed peer is an error, not SIGPIPE). False on an
-// error or a send timeout (SO_SNDTIMEO); errno says which.
-inline bool SendAll(int fd, const char* data, size_t size) {
-  while (size > 0) {
-    const ssize_t n = send(fd, data, size, MSG_NOSIGNAL);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return false;
-    data += n;
-    size -= size_t(n);
-  }
-  return true;
-}
+// A lane's connection: a connected TCP socket, and the TLS session over it once a handshake
+// made one. Owns both: closes them when it goes. Timeouts are the socket's (SO_RCVTIMEO,
+// SO_SNDTIMEO); a call that stopped on one leaves errno EAGAIN.
+class Connection {
+ public:
+  Connection() = default;
+  explicit Connection(int fd) : fd_(fd) {}
+  Connection(Connection&& other) noexcept { *this = std::move(other); }
+  Connection& operator=(Connection&& other) noexcept;
+  Connection(const Connection&) = delete;
+  ~Connection();
 
-// Receives up to `size` bytes, stopping early only at the end of the stream, an error or a
-// receive timeout (SO_RCVTIMEO: errno EAGAIN). Returns the bytes received.
-inline size_t ReceiveAll(int fd, char* data, size_t size) {
-  size_t got = 0;
-  while (got < size) {
-    const ssize_t n = recv(fd, data + got, size - got, MSG_WAITALL);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      if (n == 0) errno = 0;
-      break;
-    }
-    got += size_t(n);
-  }
-  return got;
-}
+  int fd() const { return fd_; }
+  bool tls() const { return ssl_ != nullptr; }
+  // Whether the kernel carries the TLS records each way (kTLS): no user-space crypto copy.
+  bool kernel_tls_send() const;
+  bool kernel_tls_receive() const;
 
-// Reads one frame; false if the stream ended or failed first (or announced a message over
-// kMaxFrameMessageBytes).
-inline bool ReceiveFrame(int fd, Frame* frame) {
-  char header[kFrameHeaderBytes];
-  if (ReceiveAll(fd, header, sizeof header) != sizeof header) return false;
-  frame->code = uint32_t(GetLittleEndian(header, 4));
-  const uint32_t message_bytes = uint32_t(GetLittleEndian(header + 4, 4));
-  frame->value = GetLittleEndian(header + 8, 8);
-  if (message_bytes > kMaxFrameMessageBytes) return false;
-  frame->message.resize(message_bytes);
-  return ReceiveAll(fd, frame->message.data(), message_bytes) == message_bytes;
-}
+  // TLS over the socket, as the server (`context` its certificate and client checks) or as the
+  // client (`context` the trusted CAs and its own certificate; `server_name` the name or IP
+  // address the server's certificate must carry, sent as SNI when it is a name). "" once the
+  // handshake is done, else why it failed.
+  std::string HandshakeAsServer(SSL_CTX* context);
+  std::string HandshakeAsClient(SSL_CTX* context, const std::string& server_name);
+
+  // Sends all `size` bytes (a closed peer is an error, not SIGPIPE). False on an error or a
+  // send timeout.
+  bool SendAll(const char* data, size_t size);
+  // Receives up to `size` bytes, stopping early only at the end of the stream (errno 0), an
+  // error or a receive timeout. Returns the bytes received.
+  size_t ReceiveAll(char* data, size_t size);
+  // Reads one frame; false if the stream ended or failed first (or announced a message over
+  // kMaxFrameMessageBytes).
+  bool ReceiveFrame(Frame* frame);
+  // Ends the sending side (TLS: close_notify first); receiving goes on.
+  void ShutdownSend();
+  // Frees the TLS session and gives up the socket without closing it; returns it.
+  int Release();
+
+ private:
+  int fd_ = -1;
+  SSL* ssl_ = nullptr;
+};
 
 }  // namespace hgemm::bulk
 

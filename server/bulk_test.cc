@@ -6,7 +6,6 @@
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
-#include <unistd.h>
 
 #include <chrono>
 #include <random>
@@ -103,18 +102,15 @@ class BulkTest : public ::testing::Test {
   }
 
   // A raw connection to the bulk port.
-  int Dial() {
+  bulk::Connection Dial() {
     const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     sockaddr_in to{};
     to.sin_family = AF_INET;
     to.sin_port = htons(uint16_t(server_->bulk_port()));
     to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     EXPECT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&to), sizeof to), 0);
-    return fd;
+    return bulk::Connection(fd);
   }
-
-  // The server's answer on `fd` (false: it closed without one).
-  static bool Answer(int fd, bulk::Frame* frame) { return bulk::ReceiveFrame(fd, frame); }
 
   void ExpectStillServing() {
     v1::GemmRequest r = RandomRequest(40, 24, 56, rng_);
@@ -230,24 +226,21 @@ TEST_F(BulkTest, BrokenHellosAreAnsweredAndClosed) {
   Start();
   bulk::Frame frame;
   {  // The wrong magic.
-    const int fd = Dial();
+    bulk::Connection c = Dial();
     const std::string hello = std::string("HTTP/1.1") + std::string(32, 'x');
-    ASSERT_TRUE(bulk::SendAll(fd, hello.data(), hello.size()));
-    ASSERT_TRUE(Answer(fd, &frame));
+    ASSERT_TRUE(c.SendAll(hello.data(), hello.size()));
+    ASSERT_TRUE(c.ReceiveFrame(&frame));
     EXPECT_EQ(frame.code, uint32_t(grpc::StatusCode::INVALID_ARGUMENT)) << frame.message;
-    close(fd);
   }
   {  // Half a hello, then silence: the hello timeout.
-    const int fd = Dial();
-    ASSERT_TRUE(bulk::SendAll(fd, bulk::kHelloMagic, 8));
-    ASSERT_TRUE(Answer(fd, &frame));
+    bulk::Connection c = Dial();
+    ASSERT_TRUE(c.SendAll(bulk::kHelloMagic, 8));
+    ASSERT_TRUE(c.ReceiveFrame(&frame));
     EXPECT_EQ(frame.code, uint32_t(grpc::StatusCode::DEADLINE_EXCEEDED)) << frame.message;
-    close(fd);
   }
   {  // Half a hello, then gone.
-    const int fd = Dial();
-    ASSERT_TRUE(bulk::SendAll(fd, bulk::kHelloMagic, 5));
-    close(fd);
+    bulk::Connection c = Dial();
+    ASSERT_TRUE(c.SendAll(bulk::kHelloMagic, 5));
   }
   ExpectStillServing();
 }
@@ -258,28 +251,26 @@ TEST_F(BulkTest, ACutLaneCountsNothingAndItsRangeCanBeSentAgain) {
   const std::string bytes = RandomBytes(8192);
   v1::BulkGrant grant;
   ASSERT_TRUE(Open("alice", handle, v1::BULK_PUT, 0, 8192, 1, &grant).ok());
-  const int fd = Dial();
+  bulk::Connection cut = Dial();
   const std::string hello = bulk::Hello(grant.lanes(0).capability());
-  ASSERT_TRUE(bulk::SendAll(fd, hello.data(), hello.size()));
+  ASSERT_TRUE(cut.SendAll(hello.data(), hello.size()));
   bulk::Frame frame;
-  ASSERT_TRUE(Answer(fd, &frame));
+  ASSERT_TRUE(cut.ReceiveFrame(&frame));
   ASSERT_EQ(frame.code, 0u) << frame.message;
-  ASSERT_TRUE(bulk::SendAll(fd, bytes.data(), 5000));
-  shutdown(fd, SHUT_WR);  // the client is done after 5000 of 8192 bytes
-  ASSERT_TRUE(Answer(fd, &frame));
+  ASSERT_TRUE(cut.SendAll(bytes.data(), 5000));
+  cut.ShutdownSend();  // the client is done after 5000 of 8192 bytes
+  ASSERT_TRUE(cut.ReceiveFrame(&frame));
   EXPECT_EQ(frame.code, uint32_t(grpc::StatusCode::INVALID_ARGUMENT)) << frame.message;
-  close(fd);
   EXPECT_EQ(Missing("alice", handle), 8192u);
   // A stalled lane: the idle timeout ends it, and nothing of it counts either.
   ASSERT_TRUE(Open("alice", handle, v1::BULK_PUT, 0, 8192, 1, &grant).ok());
-  const int stalled = Dial();
+  bulk::Connection stalled = Dial();
   const std::string hello2 = bulk::Hello(grant.lanes(0).capability());
-  ASSERT_TRUE(bulk::SendAll(stalled, hello2.data(), hello2.size()));
-  ASSERT_TRUE(Answer(stalled, &frame));
-  ASSERT_TRUE(bulk::SendAll(stalled, bytes.data(), 100));
-  ASSERT_TRUE(Answer(stalled, &frame));
+  ASSERT_TRUE(stalled.SendAll(hello2.data(), hello2.size()));
+  ASSERT_TRUE(stalled.ReceiveFrame(&frame));
+  ASSERT_TRUE(stalled.SendAll(bytes.data(), 100));
+  ASSERT_TRUE(stalled.ReceiveFrame(&frame));
   EXPECT_EQ(frame.code, uint32_t(grpc::StatusCode::DEADLINE_EXCEEDED)) << frame.message;
-  close(stalled);
   EXPECT_EQ(Missing("alice", handle), 8192u);
   uint64_t missing = 1;
   grpc::Status s = client_->BulkPut(handle, 0, bytes.data(), 8192, 2, As("alice"), &missing);
@@ -292,17 +283,16 @@ TEST_F(BulkTest, ACutLaneCountsNothingAndItsRangeCanBeSentAgain) {
 
 TEST_F(BulkTest, ConnectionsPastTheLimitAreClosed) {
   Start();
-  std::vector<int> idle;
+  std::vector<bulk::Connection> idle;
   for (int i = 0; i < 4; ++i) idle.push_back(Dial());  // max_connections, saying nothing
   std::this_thread::sleep_for(100ms);  // all four accepted
-  const int extra = Dial();
+  bulk::Connection extra = Dial();
   bulk::Frame frame;
-  ASSERT_TRUE(Answer(extra, &frame));  // refused at once, before any hello
+  ASSERT_TRUE(extra.ReceiveFrame(&frame));  // refused at once, before any hello
   EXPECT_EQ(frame.code, uint32_t(grpc::StatusCode::UNAVAILABLE)) << frame.message;
   char byte;
-  EXPECT_EQ(recv(extra, &byte, 1, 0), 0);  // and closed
-  close(extra);
-  for (int fd : idle) close(fd);
+  EXPECT_EQ(recv(extra.fd(), &byte, 1, 0), 0);  // and closed
+  idle.clear();
   // Their lanes end (the connections closed, or the hello timeout): bulk works again.
   std::this_thread::sleep_for(500ms);
   ExpectStillServing();
@@ -355,25 +345,15 @@ TEST_F(BulkTest, ShutdownCutsALaneInProgress) {
   const std::string handle = NewUpload("alice", 64, 64);
   v1::BulkGrant grant;
   ASSERT_TRUE(Open("alice", handle, v1::BULK_PUT, 0, 8192, 1, &grant).ok());
-  const int fd = Dial();
+  bulk::Connection c = Dial();
   const std::string hello = bulk::Hello(grant.lanes(0).capability());
-  ASSERT_TRUE(bulk::SendAll(fd, hello.data(), hello.size()));
+  ASSERT_TRUE(c.SendAll(hello.data(), hello.size()));
   bulk::Frame frame;
-  ASSERT_TRUE(Answer(fd, &frame));
-  ASSERT_TRUE(bulk::SendAll(fd, "0123456789", 10));
+  ASSERT_TRUE(c.ReceiveFrame(&frame));
+  ASSERT_TRUE(c.SendAll("0123456789", 10));
   server_->Shutdown();  // returns: the lane does not hold it
   char byte;
-  EXPECT_LE(recv(fd, &byte, 1, 0), 1);  // answered or closed, never left hanging
-  close(fd);
-}
-
-TEST(BulkOptions, ThePlaintextChannelIsRefusedBesideTls) {
-  ServerOptions options;
-  options.listen_address = "127.0.0.1:0";
-  options.tls.cert_path = "server.pem";  // never read: the options are refused first
-  options.tls.key_path = "server.key";
-  options.bulk.address = "127.0.0.1:0";
-  EXPECT_EQ(HgemmServer::Start(options, MakeCpuBackend({.workers = 1})), nullptr);
+  EXPECT_LE(recv(c.fd(), &byte, 1, 0), 1);  // answered or closed, never left hanging
 }
 
 TEST(BulkHost, OfTargets) {

@@ -88,8 +88,8 @@ int main(int argc, char** argv) {
                  "HOST:PORT serving Prometheus metrics over HTTP at /metrics (empty: off)")
       ->envname("HGEMM_METRICS_LISTEN");
   app.add_option("--bulk_listen", server_options.bulk.address,
-                 "HOST:PORT of the bulk channel: large transfers move over plain TCP connections "
-                 "beside gRPC (OpenBulk; plaintext, so not beside --tls_cert; empty: off)")
+                 "HOST:PORT of the bulk channel: large transfers move over TCP connections of "
+                 "their own beside gRPC (OpenBulk; TLS with --tls_cert; empty: off)")
       ->envname("HGEMM_BULK_LISTEN");
   app.add_option("--max_bulk_lanes", server_options.bulk_grants.max_lanes,
                  "bulk lanes one client may hold granted and not yet connected")

@@ -131,10 +131,6 @@ std::unique_ptr<HgemmServer> HgemmServer::Start(ServerOptions options,
   const ServerOptions& opts = server->options_;
   std::string error;
   if (error = CheckSecurity(opts); error.empty()) error = CheckConnectionAge(opts);
-  if (error.empty() && !opts.bulk.address.empty() && !opts.tls.cert_path.empty()) {
-    error = "--bulk_listen is plaintext and cannot serve beside TLS (--tls_cert): the matrices "
-            "would travel in the clear";
-  }
   if (!error.empty()) {
     spdlog::critical("{}", error);
     return nullptr;
@@ -200,8 +196,15 @@ std::unique_ptr<HgemmServer> HgemmServer::Start(ServerOptions options,
       server->authenticator_.get());
   if (!opts.bulk.address.empty()) {
     server->bulk_grants_ = std::make_unique<BulkGrants>(opts.bulk_grants);
+    BulkListenerOptions bulk = opts.bulk;
+    if (server->tls_) {
+      // The lanes get the files the gRPC port serves: the last good version of each.
+      bulk.tls = {server->tls_->cert_path(), server->tls_->key_path(),
+                  server->tls_->client_ca_path(),
+                  opts.tls.client_certificates == ClientCertificates::kRequire};
+    }
     server->bulk_listener_ =
-        BulkListener::Start(opts.bulk, &server->service_->core(), server->bulk_grants_.get(),
+        BulkListener::Start(bulk, &server->service_->core(), server->bulk_grants_.get(),
                             server->metrics_.get(), &error);
     if (!server->bulk_listener_) {
       spdlog::critical("cannot listen on {} (--bulk_listen): {}", opts.bulk.address, error);
@@ -210,7 +213,7 @@ std::unique_ptr<HgemmServer> HgemmServer::Start(ServerOptions options,
     }
     server->service_->ServeBulk(server->bulk_grants_.get(), server->bulk_listener_->port(),
                                 BulkHost(opts));
-    if (!IsLoopback(opts.bulk.address)) {
+    if (!server->tls_ && !IsLoopback(opts.bulk.address)) {
       spdlog::warn("bulk channel PLAINTEXT on {}: anyone on the network can read the matrices",
                    opts.bulk.address);
     }

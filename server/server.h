@@ -74,7 +74,7 @@ struct ServerOptions {
   std::string health_listen;
   ServiceOptions service;
   // The bulk channel (proto/hgemm.proto, "Bulk channel"): its listener (address "": none) and
-  // its grants. Plaintext only, so refused beside TLS.
+  // its grants. With `tls` its lanes are TLS with the same files (bulk.tls is set from them).
   BulkListenerOptions bulk;
   BulkGrantsOptions bulk_grants;
   // gRPC channel arguments set on the server (--grpc_arg), for transport experiments.

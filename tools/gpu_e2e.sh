@@ -55,6 +55,10 @@
 #             (then --same_host: gRPC vs shm staging vs shm DMA vs CUDA IPC next to pinned
 #             cudaMemcpy, issue 31's table)
 #             (plaintext and TLS) next to bench/tcp_ceiling's raw-TCP ceiling (issues 27, 31)
+#   bulk      the bulk channel against gRPC parts: one 8192³ GEMM's bytes by bench/bulk_bench
+#             (1, 4, 8 lanes; gRPC parts and bulk, client and server CPU) next to
+#             bench/tcp_ceiling's raw TCP in the same run, then hgemm_load 8192³ parts 8 (GEMMs
+#             included) against a server without and with --bulk_listen
 #   knobs     bench/grpc_knobs.sh: gRPC's transport knobs (--grpc_arg on the server and
 #             hgemm_load) each alone and together at 2048³ c=1 parts 4, 8192³ c=1 parts 8 and
 #             2048³ c=16 unary and parts 4, next to the raw-TCP ceiling
@@ -89,6 +93,7 @@ if [[ ${1:-} == --bundle ]]; then
     //server/backend:cuda_fault_test //server/backend:cuda_sticky_fault_test \
     //server:device_failure_test //server:hgemm_server_fault_injection \
     //server:memory_pressure_test //client/c:libhgemm_client.so //bench:tcp_ceiling \
+    //bench:bulk_bench \
     //bench:kernel_bench //kernels:batched_gemm_test //kernels:split_k_test \
     //kernels:gemm_correctness_test //server:shm_dma_test //server:cuda_ipc_test //bench:cuda_ipc_load
   ../shared/tools/gpu-bundle.sh --out .gpu-serve bazel-bin/server/hgemm_server \
@@ -97,7 +102,7 @@ if [[ ${1:-} == --bundle ]]; then
     bazel-bin/bench/hgemm_soak bazel-bin/server/backend/cuda_fault_test \
     bazel-bin/server/backend/cuda_sticky_fault_test bazel-bin/server/device_failure_test \
     bazel-bin/server/hgemm_server_fault_injection bazel-bin/server/memory_pressure_test \
-    bazel-bin/client/c/libhgemm_client.so bazel-bin/bench/tcp_ceiling \
+    bazel-bin/client/c/libhgemm_client.so bazel-bin/bench/tcp_ceiling bazel-bin/bench/bulk_bench \
     bazel-bin/bench/kernel_bench bazel-bin/kernels/batched_gemm_test \
     bazel-bin/kernels/split_k_test bazel-bin/kernels/gemm_correctness_test \
     bazel-bin/server/shm_dma_test bazel-bin/server/cuda_ipc_test bazel-bin/bench/cuda_ipc_load
@@ -505,6 +510,25 @@ if want dataplane; then
     echo "FAILED: dataplane.sh"
   OUT=$out timeout 580 bench/dataplane.sh --same_host --bin "$PWD/.gpu-serve/bin" \
     --certs .gpu-serve/certs || echo "FAILED: dataplane.sh --same_host"
+fi
+if want bulk; then
+  echo "== the bulk channel (bench/bulk_bench, hgemm_load)"
+  hgemm_server --listen=127.0.0.1:50071 --bulk_listen=127.0.0.1:50072 > "$out/bulk_server.log" 2>&1 &
+  bulk_pid=$!
+  hgemm_server --listen=127.0.0.1:50073 > "$out/grpc_server.log" 2>&1 &
+  grpc_pid=$!
+  sleep 5
+  for round in 1 2; do
+    timeout 120 tcp_ceiling --shape=8192x8192x8192 --sockets=1,4,8 --repeat=5 |
+      tee -a "$out/bulk_bench.txt"
+    timeout 240 bulk_bench --server=127.0.0.1:50071 --server_pid=$bulk_pid \
+      --shape=8192x8192x8192 --lanes=1,4,8 --repeat=5 | tee -a "$out/bulk_bench.txt"
+  done
+  for server in 127.0.0.1:50073 127.0.0.1:50071; do
+    timeout 120 hgemm_load --server=$server --shapes=8192x8192x8192 --concurrency=1 \
+      --parallel_parts=8 --max_point_s=20 | tee -a "$out/bulk_load.txt"
+  done
+  kill $bulk_pid $grpc_pid; wait $bulk_pid $grpc_pid 2>/dev/null || true
 fi
 if want knobs; then
   echo "== gRPC's transport knobs (bench/grpc_knobs.sh)"

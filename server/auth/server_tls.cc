@@ -112,6 +112,7 @@ std::unique_ptr<ServerTls> ServerTls::Start(const TlsOptions& options, std::stri
   std::unique_ptr<ServerTls> tls(new ServerTls());
   std::vector<std::string> paths = {options.cert_path, options.key_path};
   const bool mtls = !options.client_ca_path.empty();
+  tls->has_client_ca_ = mtls;
   if (mtls) paths.push_back(options.client_ca_path);
   tls->watch_ = FileWatch::Start(
       paths, options.refresh_period,

@@ -53,6 +53,12 @@ class ServerTls {
 
   // For ServerBuilder::AddListeningPort; serves the last good files.
   std::shared_ptr<grpc::ServerCredentials> credentials() const { return credentials_; }
+  // Paths of the last good files, for TLS stacks other than gRPC's (the bulk channel's
+  // OpenSSL); each file is replaced whole when a new good version comes. client_ca_path() is
+  // "" without mTLS.
+  std::string cert_path() const { return cert_.path(); }
+  std::string key_path() const { return key_.path(); }
+  std::string client_ca_path() const { return has_client_ca_ ? client_ca_.path() : ""; }
 
  private:
   // An in-memory file under a fixed path (/proc/self/fd/N) whose contents are replaced whole.
@@ -69,6 +75,7 @@ class ServerTls {
   ServerTls() = default;
 
   StagedFile cert_, key_, client_ca_;
+  bool has_client_ca_ = false;
   bool staged_ = false;  // touched only by the watch's apply: later versions are reloads
   std::shared_ptr<grpc::experimental::CertificateProviderInterface> provider_;
   std::shared_ptr<grpc::ServerCredentials> credentials_;

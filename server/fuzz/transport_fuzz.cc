@@ -5,21 +5,30 @@
 // (headers and chunks, then a half-close or a cancel), UploadMatrix (header and chunks, then a
 // half-close or a cancel), CreateUpload and UploadPart (parts in range, overlapping, past the
 // end, of the wrong size, for another client's upload), Release/List/Download (whole or
-// ranged, released after), GetServerInfo. Dimensions are biased to
+// ranged, released after), GetServerInfo, OpenBulk and its lanes (the right capability or a
+// mangled one, hellos cut short, fewer or more bytes than the lane's, closed at any point).
+// Dimensions are biased to
 // boundaries (fuzz_util.h), handles come from earlier calls of the input, "", or fuzz bytes.
 // The depth of the service's logic is service_fuzz's, without gRPC: calls are few here because
 // each costs real RPCs.
 // A call left unanswered or a server crash is a failure. At the end of an input every matrix
 // its clients got is released, so inputs stay independent.
 #include <fuzzer/FuzzedDataProvider.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <cstdio>
 #include <memory>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "proto/bulk_wire.h"
 #include "server/fuzz/fuzz_requests.h"
 #include "server/fuzz/transport_harness.h"
 
@@ -198,6 +207,89 @@ void Others(FuzzedDataProvider& in, const std::string& client, std::vector<std::
   }
 }
 
+// One bulk lane as a hostile client speaks it; the server must answer or close within the
+// call deadline.
+void BulkLane(FuzzedDataProvider& in, std::string capability, v1::BulkDirection direction,
+              uint64_t length) {
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in to{};
+  to.sin_family = AF_INET;
+  to.sin_port = htons(uint16_t(fuzz::Server().bulk_port()));
+  to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  timeval deadline{std::chrono::seconds(fuzz::kCallDeadline).count(), 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &deadline, sizeof deadline);
+  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &deadline, sizeof deadline);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&to), sizeof to) != 0) {
+    fuzz::Fail("bulk: cannot connect", std::strerror(errno));
+  }
+  bulk::Connection c(fd);
+  if (in.ConsumeIntegralInRange<int>(0, 7) == 0 && !capability.empty()) {
+    capability[in.ConsumeIntegralInRange<size_t>(0, capability.size() - 1)] ^= 1;
+  }
+  std::string hello = bulk::Hello(capability);
+  if (in.ConsumeIntegralInRange<int>(0, 15) == 0) hello[0] = 'X';
+  hello.resize(in.ConsumeIntegralInRange<int>(0, 7) == 0
+                   ? in.ConsumeIntegralInRange<size_t>(0, hello.size())
+                   : hello.size());
+  // A receive that timed out: the server neither answered nor closed the lane.
+  auto stalled = [](bool received) {
+    if (!received && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      fuzz::Fail("bulk: a lane neither answered nor closed within the call deadline", "");
+    }
+    return received;
+  };
+  bulk::Frame frame;
+  const bool sent = c.SendAll(hello.data(), hello.size());
+  if (hello.size() < bulk::kHelloBytes) c.ShutdownSend();
+  const bool answered = sent && stalled(c.ReceiveFrame(&frame));
+  if (answered && frame.code == 0 && direction == v1::BULK_PUT) {
+    // Fewer bytes than the lane's, as many, or more.
+    const uint64_t size = std::min<uint64_t>(
+        in.ConsumeBool() ? length : in.ConsumeIntegralInRange<uint64_t>(0, length + 64),
+        uint64_t(fuzz::kStreamChunkBytes) * 4);
+    const std::string bytes(size, '\1');
+    (void)c.SendAll(bytes.data(), bytes.size());
+    c.ShutdownSend();
+    stalled(c.ReceiveFrame(&frame));
+  } else if (answered && frame.code == 0) {
+    std::string sink(std::min<uint64_t>(length, 1 << 16), '\0');
+    for (uint64_t left = length; left > 0;) {
+      const size_t want = std::min<uint64_t>(left, sink.size());
+      const size_t got = c.ReceiveAll(sink.data(), want);
+      if (!stalled(got == want)) break;
+      left -= got;
+    }
+  }
+  if (fuzz::ShowsNegativeNumber(frame.message)) {
+    fuzz::Fail("bulk: a frame shows a wrapped negative number", frame.message);
+  }
+}
+
+// OpenBulk for a handle of the input, then some of its lanes (or a made-up capability).
+void Bulk(FuzzedDataProvider& in, const std::string& client, std::vector<std::string>& handles) {
+  v1::BulkRequest r;
+  r.set_handle(Handle(in, handles));
+  r.set_direction(v1::BulkDirection(in.ConsumeIntegralInRange<int>(0, 3)));
+  const bool small = in.ConsumeIntegralInRange<int>(0, 3) != 0;
+  r.set_offset(small ? in.ConsumeIntegralInRange<uint64_t>(0, 4096) : in.ConsumeIntegral<uint64_t>());
+  r.set_length(small ? in.ConsumeIntegralInRange<uint64_t>(0, 1 << 16) : in.ConsumeIntegral<uint64_t>());
+  r.set_lanes(in.ConsumeIntegralInRange<uint32_t>(0, 5));
+  v1::BulkGrant grant;
+  {
+    grpc::ClientContext context;
+    Context(&context, client);
+    Check(fuzz::Stub().OpenBulk(&context, r, &grant), "OpenBulk");
+  }
+  if (grant.lanes().empty()) {
+    BulkLane(in, in.ConsumeBytesAsString(bulk::kCapabilityBytes), r.direction(), 0);
+    return;
+  }
+  const int lanes = in.ConsumeIntegralInRange<int>(1, std::min(grant.lanes_size(), 3));
+  for (int i = 0; i < lanes; ++i) {
+    BulkLane(in, grant.lanes(i).capability(), r.direction(), grant.lanes(i).length());
+  }
+}
+
 void ReleaseAll(const std::string& client) {
   grpc::ClientContext context;
   Context(&context, client);
@@ -225,11 +317,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const bool a = in.ConsumeBool();
     used[a ? 0 : 1] = true;
     const std::string client = a ? "fuzz-a" : "fuzz-b";
-    switch (in.ConsumeIntegralInRange<int>(0, 4)) {
+    switch (in.ConsumeIntegralInRange<int>(0, 5)) {
       case 0: Unary(in, client, handles); break;
       case 1: Stream(in, client, handles); break;
       case 2: Upload(in, client, handles); break;
       case 3: Parts(in, client, handles); break;
+      case 4: Bulk(in, client, handles); break;
       default: Others(in, client, handles);
     }
   }

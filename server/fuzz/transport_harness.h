@@ -9,7 +9,8 @@
 // kCallDeadline; DEADLINE_EXCEEDED means the server never answered, and Check()
 // abort()s on it (a crash for libFuzzer), as on a status message showing a wrapped number.
 // Include it in exactly one file of a target: it defines LLVMFuzzerInitialize, which starts the
-// server. Thread safety: Stub() is started once, from there; the rest is stateless.
+// server. Thread safety: Server() and Stub() are started once, from there; the rest is
+// stateless.
 #ifndef HGEMM_SERVER_FUZZ_TRANSPORT_HARNESS_H_
 #define HGEMM_SERVER_FUZZ_TRANSPORT_HARNESS_H_
 
@@ -28,9 +29,9 @@
 
 namespace hgemm::fuzz {
 
-// Starts the server on first use. Never destroyed: the fuzzer ends the process.
-inline v1::GemmService::Stub& Stub() {
-  static v1::GemmService::Stub* stub = [] {
+// Started on first use. Never destroyed: the fuzzer ends the process.
+inline HgemmServer& Server() {
+  static HgemmServer* server = [] {
     ServerOptions options;
     options.listen_address = "127.0.0.1:0";
     options.max_message_bytes = 8 << 20;
@@ -42,16 +43,29 @@ inline v1::GemmService::Stub& Stub() {
     options.service.max_stream_pending_bytes = kMaxPendingBytes;
     options.service.max_client_pending_bytes = kMaxPendingBytes;
     options.service.resident.quota_bytes_per_client = kQuotaBytesPerClient;
-    auto* server =
+    // The bulk channel, with timeouts short enough that a lane left silent by an input ends
+    // well within kCallDeadline.
+    options.bulk.address = "127.0.0.1:0";
+    options.bulk.hello_timeout = std::chrono::milliseconds(200);
+    options.bulk.idle_timeout = std::chrono::milliseconds(500);
+    options.bulk.chunk_bytes = kStreamChunkBytes;
+    auto* started =
         HgemmServer::Start(options, MakeCpuBackend({.workers = kCpuWorkers,
                                                     .max_job_bytes = kBackendBytes,
                                                     .resident_budget_bytes = kBackendBytes}))
             .release();
-    if (server == nullptr) std::abort();
+    if (started == nullptr) std::abort();
+    return started;
+  }();
+  return *server;
+}
+
+inline v1::GemmService::Stub& Stub() {
+  static v1::GemmService::Stub* stub = [] {
     grpc::ChannelArguments args;
     args.SetMaxReceiveMessageSize(-1);
     return v1::GemmService::NewStub(
-               grpc::CreateCustomChannel("127.0.0.1:" + std::to_string(server->port()),
+               grpc::CreateCustomChannel("127.0.0.1:" + std::to_string(Server().port()),
                                          grpc::InsecureChannelCredentials(), args))
         .release();
   }();

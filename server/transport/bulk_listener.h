@@ -6,6 +6,9 @@
 // into pooled host buffers and written by the upload queue (PUT), read by the backend into a
 // pooled buffer and sent from it (GET).
 //
+// With TLS options each lane is TLS (OpenSSL, kTLS where the kernel has it) with the gRPC
+// port's certificate, and under mTLS the client's certificate is checked as gRPC checks it.
+//
 // Every connection has a thread of its own (bulk transfers are few and long); at most
 // max_connections are served at once, more are closed at once. A connection that sends no
 // hello within hello_timeout, or stalls for idle_timeout, is closed: nobody holds a lane by
@@ -24,6 +27,7 @@
 #include <string>
 #include <thread>
 
+#include "proto/bulk_wire.h"
 #include "server/metrics/metrics.h"
 #include "server/session/bulk_grants.h"
 #include "server/session/gemm_core.h"
@@ -32,6 +36,13 @@ namespace hgemm {
 
 struct BulkListenerOptions {
   std::string address;  // HOST:PORT (port 0: a free one)
+  // TLS on every lane when cert_path is set (the gRPC port's files: PEM certificate chain and
+  // key, and the CAs of client certificates for mTLS), read anew for each connection so that
+  // a rotated certificate serves the next lane.
+  struct Tls {
+    std::string cert_path, key_path, client_ca_path;
+    bool require_client_certificate = false;
+  } tls;
   int max_connections = 64;
   std::chrono::milliseconds hello_timeout{10000};
   std::chrono::milliseconds idle_timeout{60000};
@@ -60,8 +71,10 @@ class BulkListener {
   void AcceptLoop();
   // Serves one connection, then closes it.
   void Serve(int fd);
-  void ServeGet(int fd, const BulkTicket& ticket);
-  void ServePut(int fd, const BulkTicket& ticket);
+  // The hello, the claim of its capability, then the lane's transfer.
+  void ServeLane(bulk::Connection& lane);
+  void ServeGet(bulk::Connection& lane, const BulkTicket& ticket);
+  void ServePut(bulk::Connection& lane, const BulkTicket& ticket);
 
   const BulkListenerOptions options_;
   const GemmCore* const core_;
