@@ -503,13 +503,15 @@ class HgemmLoadShmTest : public ::testing::Test {
     server_.reset();
     std::filesystem::remove_all(dir_);
   }
-  void StartServer(bool allow_shared_memory) {
+  void StartServer(bool allow_shared_memory, int workers = 2) {
     ServerOptions options;
     options.listen_address = "127.0.0.1:0";
     options.more_listen_addresses = {unix_target_};
+    options.metrics_listen = "127.0.0.1:0";
     options.service.regions.allow_shared_memory = allow_shared_memory;
-    server_ = HgemmServer::Start(options, MakeCpuBackend({.workers = 2}));
+    server_ = HgemmServer::Start(options, MakeCpuBackend({.workers = workers}));
     ASSERT_NE(server_, nullptr);
+    metrics_url_ = "http://127.0.0.1:" + std::to_string(server_->metrics_port()) + "/metrics";
   }
   // The regions of `client_id` on the server.
   int RegionsOf(const std::string& client_id) {
@@ -520,8 +522,17 @@ class HgemmLoadShmTest : public ::testing::Test {
     EXPECT_TRUE(client.ListRegions(&regions, call).ok());
     return regions.regions_size();
   }
+  // The resident matrices of `client_id` on the server.
+  int MatricesOf(const std::string& client_id) {
+    GemmClient client(Connect(unix_target_));
+    v1::ListMatricesResponse matrices;
+    CallOptions call;
+    call.client_id = client_id;
+    EXPECT_TRUE(client.ListMatrices(&matrices, call).ok());
+    return matrices.matrices_size();
+  }
 
-  std::string dir_, unix_target_;
+  std::string dir_, unix_target_, metrics_url_;
   std::unique_ptr<HgemmServer> server_;
 };
 
@@ -559,6 +570,59 @@ TEST_F(HgemmLoadShmTest, VerifiesAndRunsAPointThroughSharedMemory) {
   }
 }
 
+// --resident=b through shared memory and the ring: B uploaded once per shape (the ring binds
+// the second shape's as a matrix slot when a call first names it), A and C in shared memory;
+// C is right, the server batches the GEMMs that queue behind its one worker (shm answers say
+// so; a ring's completion cannot), and nothing stays registered or resident afterwards.
+TEST_F(HgemmLoadShmTest, ResidentBThroughSharedMemoryAndTheRing) {
+  StartServer(/*allow_shared_memory=*/true, /*workers=*/1);
+  for (Transport transport : {Transport::kShm, Transport::kRing}) {
+    const std::string name = TransportName(transport);
+    SCOPED_TRACE(name);
+    LoadOptions o = HgemmLoadTest::ShortRun(Mode::kUnary);
+    o.client_id = "load-b-" + name;
+    o.resident = Resident::kB;
+    for (bool transpose : {false, true}) {
+      o.form.transpose_b = transpose;
+      LoadGenerator generator(o);
+      VerifyResult v = generator.Verify(unix_target_, 2, transport);
+      EXPECT_EQ(v.checked, 4);
+      EXPECT_EQ(v.failed, 0) << testing::PrintToString(v.lines);
+      ASSERT_FALSE(v.lines.empty());
+      EXPECT_NE(v.lines.back().find("A, C in shared memory, B resident"), std::string::npos)
+          << v.lines.back();
+      EXPECT_EQ(MatricesOf(o.client_id), 0);
+    }
+    LoadGenerator generator(o);
+    // Eight callers queue behind one worker: a shm point shows batches soon (bounded retries,
+    // no timing asserted).
+    double batch = 0;
+    for (int point = 0; point < 10 && batch <= 1; ++point) {
+      PointResult p = generator.RunPoint(Target::kService, unix_target_, 8, 0, transport);
+      EXPECT_EQ(p.resident, Resident::kB);
+      EXPECT_TRUE(p.error_codes.empty()) << p.first_error;
+      ASSERT_EQ(p.stats.size(), 3u);
+      EXPECT_GT(p.stats[0].requests, 0);
+      EXPECT_EQ(p.stats[0].server.count, p.stats[0].requests);
+      for (const PointStats& s : p.stats) ExpectConsistent(s, Target::kService, Resident::kB);
+      std::ostringstream csv;
+      WriteCsvRows(csv, p, nullptr, "test device", "cpu");
+      EXPECT_NE(csv.str().find(",cpu," + name + ",unary,b,"), std::string::npos) << csv.str();
+      EXPECT_EQ(RegionsOf(o.client_id), 0);
+      EXPECT_EQ(MatricesOf(o.client_id), 0);
+      batch = p.stats[0].server.batch_size;
+      if (transport == Transport::kRing) {
+        EXPECT_EQ(batch, 0) << "a ring's completion says no batch size";
+        break;
+      }
+      EXPECT_GE(batch, 1);
+    }
+    if (transport == Transport::kShm) {
+      EXPECT_GT(batch, 1) << "no batch in ten points";
+    }
+  }
+}
+
 TEST_F(HgemmLoadShmTest, SaysWhySharedMemoryIsRefused) {
   StartServer(/*allow_shared_memory=*/false);
   LoadGenerator generator(HgemmLoadTest::ShortRun(Mode::kUnary));
@@ -568,6 +632,12 @@ TEST_F(HgemmLoadShmTest, SaysWhySharedMemoryIsRefused) {
   LoadGenerator streaming(HgemmLoadTest::ShortRun(Mode::kStream));
   p = streaming.RunPoint(Target::kService, unix_target_, 2, 0, Transport::kShm);
   EXPECT_NE(p.first_error.find("unary"), std::string::npos) << p.first_error;
+  LoadOptions all = HgemmLoadTest::ShortRun(Mode::kUnary);
+  all.resident = Resident::kAll;
+  LoadGenerator all_resident(all);
+  p = all_resident.RunPoint(Target::kService, unix_target_, 2, 0, Transport::kRing);
+  EXPECT_EQ(p.error_codes.count(int(grpc::StatusCode::INVALID_ARGUMENT)), 1u);
+  EXPECT_NE(p.first_error.find("a resident B"), std::string::npos) << p.first_error;
 }
 
 }  // namespace
