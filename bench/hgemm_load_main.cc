@@ -316,7 +316,10 @@ int main(int argc, char** argv) {
       if (hgemm::Scrape after; have_before) {
         if (std::string e = hgemm::bench::ReadServerMetrics(metrics_url, &after); e.empty()) {
           service.server_metrics = hgemm::bench::DiffServerMetrics(
-              before, after, o.mode == hgemm::bench::Mode::kStream ? "GemmStream" : "Gemm",
+              before, after,
+              t == Transport::kRing                        ? "ring"
+              : o.mode == hgemm::bench::Mode::kStream ? "GemmStream"
+                                                           : "Gemm",
               service.calls);
         } else {
           std::fprintf(stderr, "hgemm_load: %s; no server counts for this point\n", e.c_str());
