@@ -240,8 +240,11 @@ int main(int argc, char** argv) {
   if (o.resident != hgemm::bench::Resident::kNone) {
     std::printf("resident operands (%s) owned by client id %s; quota %.1f GiB per client, "
                 "default TTL %u s, LRU eviction %s\n",
-                o.resident == hgemm::bench::Resident::kB ? "B uploaded per point, A sent"
-                                                         : "A and B uploaded per point, C kept",
+                o.resident == hgemm::bench::Resident::kAll ? "A and B uploaded per point, C kept"
+                : !same_host ? "B uploaded per point, A sent"
+                : transport.find("grpc") == std::string::npos
+                    ? "B uploaded per point, A and C in shared memory"
+                    : "B uploaded per point, A sent (shm, ring: A and C in shared memory)",
                 generator.options().client_id.c_str(),
                 double(info.limits().resident_quota_bytes()) / (1 << 30),
                 info.limits().resident_default_ttl_seconds(),
