@@ -4,6 +4,7 @@
 
 #include <cuda_runtime.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include <gtest/gtest.h>
 
@@ -526,16 +527,17 @@ TEST_F(CudaBackendTest, RunBatchGivesEveryMemberItsOwnC) {
   }
 }
 
-// Page-aligned host memory the backend has pinned, as it pins a shared-memory region; unpinned
-// and unmapped when it goes.
+// Page-aligned host memory the backend has pinned, as it pins a shared-memory region (whole
+// pages, as a region's mapping is); unpinned and unmapped when it goes.
 class PinnedBuffer {
  public:
-  PinnedBuffer(Backend* backend, size_t bytes) : bytes_(bytes) {
-    void* base = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  PinnedBuffer(Backend* backend, size_t bytes) : bytes_(WholePages(bytes)) {
+    void* base =
+        mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     EXPECT_NE(base, MAP_FAILED);
     if (base == MAP_FAILED) return;
     data_ = static_cast<char*>(base);
-    const absl::Status s = backend->PinHostMemory(data_, int64_t(bytes), &unpin_);
+    const absl::Status s = backend->PinHostMemory(data_, int64_t(bytes_), &unpin_);
     EXPECT_TRUE(s.ok()) << s;
   }
   ~PinnedBuffer() {
@@ -547,6 +549,11 @@ class PinnedBuffer {
   char* data() const { return data_; }
 
  private:
+  static size_t WholePages(size_t bytes) {
+    const size_t page = size_t(sysconf(_SC_PAGESIZE));
+    return (bytes + page - 1) / page * page;
+  }
+
   const size_t bytes_;
   char* data_ = nullptr;
   std::function<void()> unpin_;
