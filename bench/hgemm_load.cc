@@ -121,20 +121,7 @@ std::string LoadGenerator::PrepareRequests(Target kind, const GemmClient& client
       *out = "echo-placeholder";
       return "";
     }
-    v1::MatrixInfo info;
-    const grpc::Status status = client.UploadMatrix(
-        rows, cols, data, &info, /*ttl_seconds=*/0,
-        fmt::format("hgemm_load {} of {}", which, shape.Name()), call,
-        options_.form.bf16 ? v1::DATA_TYPE_BF16 : v1::DATA_TYPE_UNSPECIFIED);
-    if (!status.ok()) {
-      *code = int(status.error_code());
-      return fmt::format("UploadMatrix {} of {}: {} (code {})", which, shape.Name(),
-                         status.error_message(), *code);
-    }
-    uploaded->push_back(info.handle());
-    *out = info.handle();
-    call.replica = info.replica();  // the shape's other operand goes where this one lives
-    return "";
+    return Upload(client, shape, which, rows, cols, data, &call, uploaded, out, code);
   };
   for (const auto& p : payloads_) {
     const Shape& shape = p->shape;
@@ -168,6 +155,27 @@ std::string LoadGenerator::PrepareRequests(Target kind, const GemmClient& client
   return "";
 }
 
+std::string LoadGenerator::Upload(const GemmClient& client, const Shape& shape,
+                                  const char* which, uint32_t rows, uint32_t cols,
+                                  const std::string& data, CallOptions* call,
+                                  std::vector<std::string>* uploaded, std::string* handle,
+                                  int* code) const {
+  v1::MatrixInfo info;
+  const grpc::Status status = client.UploadMatrix(
+      rows, cols, data, &info, /*ttl_seconds=*/0,
+      fmt::format("hgemm_load {} of {}", which, shape.Name()), *call,
+      options_.form.bf16 ? v1::DATA_TYPE_BF16 : v1::DATA_TYPE_UNSPECIFIED);
+  if (!status.ok()) {
+    *code = int(status.error_code());
+    return fmt::format("UploadMatrix {} of {}: {} (code {})", which, shape.Name(),
+                       status.error_message(), *code);
+  }
+  uploaded->push_back(info.handle());
+  *handle = info.handle();
+  call->replica = info.replica();
+  return "";
+}
+
 void LoadGenerator::ReleaseUploads(const GemmClient& client,
                                    const std::vector<std::string>& handles) const {
   if (handles.empty()) return;
@@ -180,16 +188,17 @@ void LoadGenerator::ReleaseUploads(const GemmClient& client,
 std::string LoadGenerator::PrepareSharedRequests(
     const GemmClient& client, std::vector<const v1::GemmRequest*>* requests,
     std::vector<std::unique_ptr<v1::GemmRequest>>* owned, SharedOperands* shared,
-    int* code) const {
+    std::vector<std::string>* uploaded, int* code) const {
   requests->clear();
-  if (options_.mode != Mode::kUnary || options_.resident != Resident::kNone) {
+  const bool resident_b = options_.resident == Resident::kB;
+  if (options_.mode != Mode::kUnary || (options_.resident != Resident::kNone && !resident_b)) {
     *code = int(grpc::StatusCode::INVALID_ARGUMENT);
-    return "shared memory takes unary calls without resident operands";
+    return "shared memory takes unary calls, with no resident operand or a resident B";
   }
   int64_t total = 0;
   for (const auto& p : payloads_) {
     total += SharedRegion::AlignPart(p->shape.ABytes());
-    total += SharedRegion::AlignPart(p->shape.BBytes());
+    if (!resident_b) total += SharedRegion::AlignPart(p->shape.BBytes());
   }
   std::string error;
   shared->region = SharedRegion::Create(total, &error);
@@ -197,22 +206,36 @@ std::string LoadGenerator::PrepareSharedRequests(
     *code = int(grpc::StatusCode::INTERNAL);
     return "the operands' shared region: " + error;
   }
+  CallOptions call;
+  call.client_id = options_.client_id;
+  call.timeout = std::chrono::milliseconds(int64_t(options_.call_timeout_s * 1000));
   int64_t at = 0;
   for (const auto& p : payloads_) {
     auto r = std::make_unique<v1::GemmRequest>(p->gemm);
-    const std::string* operands[] = {&p->gemm.a(), &p->gemm.b()};
-    v1::RegionRef* refs[] = {r->mutable_a_region(), r->mutable_b_region()};  // clear a and b
-    for (int i = 0; i < 2; ++i) {
-      std::memcpy(shared->region->data() + at, operands[i]->data(), operands[i]->size());
-      refs[i]->set_offset(uint64_t(at));
-      at += SharedRegion::AlignPart(int64_t(operands[i]->size()));
+    std::vector<std::pair<const std::string*, v1::RegionRef*>> in_region = {
+        {&p->gemm.a(), r->mutable_a_region()}};  // clears a
+    if (resident_b) {
+      const Shape& shape = p->shape;
+      const bool tb = options_.form.transpose_b;  // B as stored
+      call.replica.clear();
+      if (std::string e = Upload(client, shape, "B", tb ? shape.n : shape.k,
+                                 tb ? shape.k : shape.n, p->gemm.b(), &call, uploaded,
+                                 r->mutable_b_handle(), code);
+          !e.empty()) {
+        return e;
+      }
+    } else {
+      in_region.push_back({&p->gemm.b(), r->mutable_b_region()});  // clears b
+    }
+    for (auto [operand, ref] : in_region) {
+      std::memcpy(shared->region->data() + at, operand->data(), operand->size());
+      ref->set_offset(uint64_t(at));
+      at += SharedRegion::AlignPart(int64_t(operand->size()));
     }
     requests->push_back(r.get());
     owned->push_back(std::move(r));
   }
-  CallOptions call;
-  call.client_id = options_.client_id;
-  call.timeout = std::chrono::milliseconds(int64_t(options_.call_timeout_s * 1000));
+  call.replica.clear();
   v1::RegionInfo info;
   const grpc::Status status = client.RegisterRegion(
       shared->region->path(), shared->region->bytes(), "hgemm_load A and B", &info, call);
@@ -223,7 +246,7 @@ std::string LoadGenerator::PrepareSharedRequests(
   shared->handle = info.region();
   for (const auto& r : *owned) {
     r->mutable_a_region()->set_region(shared->handle);
-    r->mutable_b_region()->set_region(shared->handle);
+    if (r->has_b_region()) r->mutable_b_region()->set_region(shared->handle);
   }
   return "";
 }
@@ -250,7 +273,8 @@ VerifyResult LoadGenerator::Verify(const std::string& target, int per_shape,
   int code = 0;
   SharedOperands shared;
   if (std::string e = transport != Transport::kGrpc
-                          ? PrepareSharedRequests(client, &requests, &owned, &shared, &code)
+                          ? PrepareSharedRequests(client, &requests, &owned, &shared, &uploaded,
+                                                  &code)
                           : PrepareRequests(Target::kService, client, &requests, &owned,
                                             &uploaded, &code);
       !e.empty()) {
@@ -326,8 +350,12 @@ VerifyResult LoadGenerator::Verify(const std::string& target, int per_shape,
       result.lines.push_back(fmt::format(
           "{} rows {}..{}{}: kernel {} ({}) on {} [{}], relative error {:.2e} (tolerance {:.0e}): {}",
           shape.Name(), row0, row0 + rows - 1,
-          transport == Transport::kShm         ? " (A, B, C in shared memory)"
-          : transport == Transport::kRing      ? " (A, B, C in shared memory, through a ring)"
+          transport != Transport::kGrpc
+              ? fmt::format(" ({}{})",
+                            options_.resident == Resident::kB
+                                ? "A, C in shared memory, B resident"
+                                : "A, B, C in shared memory",
+                            transport == Transport::kRing ? ", through a ring" : "")
           : options_.resident == Resident::kNone ? ""
           : options_.resident == Resident::kB  ? " (B resident)"
                                                : " (A, B resident; kept C downloaded)",
@@ -377,7 +405,7 @@ PointResult LoadGenerator::RunPoint(Target kind, const std::string& target, int 
     int code = 0;
     std::string e =
         kind == Target::kService && transport != Transport::kGrpc
-            ? PrepareSharedRequests(clients[0], &requests, &owned, &shared, &code)
+            ? PrepareSharedRequests(clients[0], &requests, &owned, &shared, &uploaded, &code)
             : PrepareRequests(kind, clients[0], &requests, &owned, &uploaded, &code);
     result.upload_s = Seconds(Clock::now() - upload_start);
     std::set<std::string> replicas;

@@ -20,9 +20,11 @@
 // kept C after the next reply, outside the measured latency. The uploads are released when the
 // point ends. All calls carry LoadOptions::client_id as "x-client-id" (the owner of handles).
 // Shared memory (Transport::kShm; a unix: target of a server with --allow_shared_memory, unary,
-// no resident operands): before a point, A and B of every shape are copied once into one sealed
-// memfd (client/shared_region.h), registered and named by every call; each worker registers a
-// region of its own for C. Both are unregistered when the point ends.
+// resident operands none or B): before a point, A and B of every shape are copied once into one
+// sealed memfd (client/shared_region.h), registered and named by every call; each worker
+// registers a region of its own for C. Both are unregistered when the point ends. With
+// Resident::kB, B is uploaded instead (as over gRPC, one upload per shape shared by all workers)
+// and the region holds A only: the same-host form of the shared-B load that the server batches.
 // Over several replicas (a multi-address target or a DNS name: see client/gemm_client.h), calls
 // naming no handle are balanced; a shape's resident operands live on one replica (A where its
 // first upload went, B with it; so different shapes may land on different replicas), and its
@@ -104,17 +106,26 @@ class LoadGenerator {
                               std::vector<std::unique_ptr<v1::GemmRequest>>* owned,
                               std::vector<std::string>* uploaded, int* code) const;
   void ReleaseUploads(const GemmClient& client, const std::vector<std::string>& handles) const;
+  // Uploads one operand of `shape` (`which`: "A" or "B", rows×cols as stored) with `call`,
+  // whose replica it then sets, so that the shape's other operand goes where this one lives.
+  // Returns "" and the handle in *handle (also added to *uploaded), or what failed (and *code).
+  std::string Upload(const GemmClient& client, const Shape& shape, const char* which,
+                     uint32_t rows, uint32_t cols, const std::string& data, CallOptions* call,
+                     std::vector<std::string>* uploaded, std::string* handle, int* code) const;
   // A and B of every shape in one region (Transport::kShm), registered while a point runs.
   struct SharedOperands {
     std::unique_ptr<SharedRegion> region;
     std::string handle;  // "" until registered
   };
   // The requests of Transport::kShm: each shape's A and B copied into shared->region,
-  // registered, and named by {region, offset}. Returns "" or what failed (and *code).
+  // registered, and named by {region, offset}; with Resident::kB, B uploaded instead (its
+  // handle added to `uploaded`, for ReleaseUploads) and named by b_handle. Returns "" or what
+  // failed (and *code).
   std::string PrepareSharedRequests(const GemmClient& client,
                                     std::vector<const v1::GemmRequest*>* requests,
                                     std::vector<std::unique_ptr<v1::GemmRequest>>* owned,
-                                    SharedOperands* shared, int* code) const;
+                                    SharedOperands* shared, std::vector<std::string>* uploaded,
+                                    int* code) const;
   void ReleaseShared(const GemmClient& client, SharedOperands* shared) const;
   // A client over MakeChannel(target).
   static GemmClient MakeClient(const std::string& target, ConnectOptions connect = {});

@@ -6,7 +6,8 @@
 //   hgemm_load --server=... --shapes=4096x4096x4096 --resident=all  (only handles on the wire)
 //   hgemm_load --server=... --metrics_url=http://127.0.0.1:9090/metrics  (the server's counts too)
 //   hgemm_load --server=127.0.0.1:50051 --shm_server=unix:/run/hgemm/hgemm.sock --transport=grpc,shm,ring
-//                      (each point over gRPC and through shared memory, same host, one run)
+//                      (each point over gRPC and through shared memory, same host, one run;
+//                      with --resident=b, B uploaded once and A and C in shared memory)
 // Exit status: 0; 1 bad flags or no server; 3 the correctness guard failed (nothing measured);
 // 4 a point completed no successful call.
 #include <CLI/CLI.hpp>
@@ -87,7 +88,8 @@ int main(int argc, char** argv) {
   auto* resident_option =
       app.add_option("--resident", resident,
                      "operands kept on the server: none; b (B uploaded once per shape, A sent, C "
-                     "returned); all (A and B uploaded, C kept and released after the next reply)")
+                     "returned; over shm and ring A and C in shared memory); all (A and B "
+                     "uploaded, C kept and released after the next reply; gRPC only)")
           ->check(CLI::IsMember({"none", "b", "all"}))->capture_default_str();
   auto* resident_b_flag = app.add_flag("--resident-b", resident_b, "same as --resident=b");
   auto* resident_all_flag = app.add_flag("--resident-all", resident_all, "same as --resident=all");
@@ -193,8 +195,8 @@ int main(int argc, char** argv) {
       return Fail("--transport=shm and ring need the server's Unix socket: "
                   "--shm_server=unix:PATH (or a unix: --server)");
     }
-    if (o.mode != hgemm::bench::Mode::kUnary || o.resident != hgemm::bench::Resident::kNone) {
-      return Fail("--transport=shm and ring take --mode=unary and --resident=none");
+    if (o.mode != hgemm::bench::Mode::kUnary || o.resident == hgemm::bench::Resident::kAll) {
+      return Fail("--transport=shm and ring take --mode=unary and --resident=none or b");
     }
   }
   // Where the service points of a transport go.
@@ -229,16 +231,20 @@ int main(int argc, char** argv) {
                   : fmt::format("one channel per {} worker(s)", o.workers_per_channel).c_str());
 
   if (same_host) {
-    std::printf("transport %s: shared memory over %s (A and B in one region per point, C in "
+    std::printf("transport %s: shared memory over %s (%s in one region per point, C in "
                 "one per worker; ring: a submission ring per worker)\n", transport.c_str(),
-                shm_server.c_str());
+                shm_server.c_str(),
+                o.resident == hgemm::bench::Resident::kB ? "A (B resident)" : "A and B");
   }
   LoadGenerator generator(o);
   if (o.resident != hgemm::bench::Resident::kNone) {
     std::printf("resident operands (%s) owned by client id %s; quota %.1f GiB per client, "
                 "default TTL %u s, LRU eviction %s\n",
-                o.resident == hgemm::bench::Resident::kB ? "B uploaded per point, A sent"
-                                                         : "A and B uploaded per point, C kept",
+                o.resident == hgemm::bench::Resident::kAll ? "A and B uploaded per point, C kept"
+                : !same_host ? "B uploaded per point, A sent"
+                : transport.find("grpc") == std::string::npos
+                    ? "B uploaded per point, A and C in shared memory"
+                    : "B uploaded per point, A sent (shm, ring: A and C in shared memory)",
                 generator.options().client_id.c_str(),
                 double(info.limits().resident_quota_bytes()) / (1 << 30),
                 info.limits().resident_default_ttl_seconds(),
@@ -313,7 +319,10 @@ int main(int argc, char** argv) {
       if (hgemm::Scrape after; have_before) {
         if (std::string e = hgemm::bench::ReadServerMetrics(metrics_url, &after); e.empty()) {
           service.server_metrics = hgemm::bench::DiffServerMetrics(
-              before, after, o.mode == hgemm::bench::Mode::kStream ? "GemmStream" : "Gemm",
+              before, after,
+              t == Transport::kRing                        ? "ring"
+              : o.mode == hgemm::bench::Mode::kStream ? "GemmStream"
+                                                           : "Gemm",
               service.calls);
         } else {
           std::fprintf(stderr, "hgemm_load: %s; no server counts for this point\n", e.c_str());

@@ -61,6 +61,61 @@ TEST(HgemmLoad, ResidentModesCountOnlyTheBytesOnTheWire) {
   EXPECT_EQ(ReceivedBytes(s, Resident::kAll), 0);
 }
 
+// The server's counts around a point: a ring's GEMMs are its entries (not Gemm calls), and
+// batched launches give the GEMMs per launch that a ring point's batch column shows.
+TEST(HgemmLoad, ServerMetricsCountRingEntriesAndLaunches) {
+  Scrape before, after;
+  before.samples = {{"hgemm_requests_total{code=\"OK\",rpc=\"Gemm\"}", 5},
+                    {"hgemm_ring_entries_total{code=\"OK\"}", 100},
+                    {"hgemm_gemm_stage_seconds_count{stage=\"server_total\"}", 105},
+                    {"hgemm_gemm_stage_seconds_sum{stage=\"server_total\"}", 1},
+                    {"hgemm_batch_members_count", 3},
+                    {"hgemm_batch_members_sum", 9}};
+  after = before;
+  after.samples["hgemm_requests_total{code=\"OK\",rpc=\"Gemm\"}"] = 7;  // another client's
+  after.samples["hgemm_ring_entries_total{code=\"OK\"}"] = 110;
+  after.samples["hgemm_ring_entries_total{code=\"DEADLINE_EXCEEDED\"}"] = 1;
+  after.samples["hgemm_gemm_stage_seconds_count{stage=\"server_total\"}"] = 117;
+  after.samples["hgemm_gemm_stage_seconds_sum{stage=\"server_total\"}"] = 1.012;
+  after.samples["hgemm_batch_members_count"] = 5;  // two launches ran 4 and 4 GEMMs
+  after.samples["hgemm_batch_members_sum"] = 17;
+  const ServerMetricsDelta ring = DiffServerMetrics(before, after, "ring", 11);
+  EXPECT_EQ(ring.requests, 11);
+  EXPECT_EQ(ring.ok_requests, 10);
+  EXPECT_TRUE(ring.Agrees());
+  EXPECT_EQ(ring.gemms, 12);
+  EXPECT_NEAR(ring.total_ms, 1.0, 1e-9);
+  EXPECT_EQ(ring.batches, 2);
+  EXPECT_EQ(ring.batched_gemms, 8);
+  // Over its 10 OK entries: 2 launches of 4, 2 alone.
+  EXPECT_DOUBLE_EQ(ring.GemmsPerLaunch(), 10.0 / 4);
+  const ServerMetricsDelta gemm = DiffServerMetrics(before, after, "Gemm", 2);
+  EXPECT_EQ(gemm.requests, 2);
+  EXPECT_DOUBLE_EQ(gemm.GemmsPerLaunch(), 12.0 / 6);  // over the 12 timed GEMMs
+  EXPECT_NE(FormatServerMetricsRow(ring).find("2 batched launches ran 8 of the GEMMs: 2.50 "
+                                              "GEMMs per launch"),
+            std::string::npos)
+      << FormatServerMetricsRow(ring);
+  EXPECT_DOUBLE_EQ((ServerMetricsDelta{.rpc = "Gemm", .gemms = 4}.GemmsPerLaunch()), 1);
+  EXPECT_DOUBLE_EQ(ServerMetricsDelta{}.GemmsPerLaunch(), 0);
+
+  // The batch column: a ring point's from /metrics, any other's from the answers.
+  PointResult p;
+  p.transport = Transport::kRing;
+  p.stats.push_back(PointStats{.shape = "8x8x8", .requests = 1});
+  p.stats[0].server.count = 1;
+  p.stats[0].server.batch_size = 3;
+  auto batch_column = [](const std::string& row) {
+    const std::string before_bar = row.substr(0, row.rfind('|'));
+    return before_bar.substr(before_bar.find_last_not_of(' ', before_bar.size() - 1) - 4, 5);
+  };
+  EXPECT_EQ(batch_column(FormatTableRows(p, nullptr)), "  3.0");
+  p.server_metrics = ring;
+  EXPECT_EQ(batch_column(FormatTableRows(p, nullptr)), "  2.5");
+  p.transport = Transport::kShm;
+  EXPECT_EQ(batch_column(FormatTableRows(p, nullptr)), "  3.0");
+}
+
 TEST(HgemmLoad, PercentileIsNearestRank) {
   std::vector<double> v;
   for (int i = 1; i <= 100; ++i) v.push_back(i);
@@ -503,13 +558,15 @@ class HgemmLoadShmTest : public ::testing::Test {
     server_.reset();
     std::filesystem::remove_all(dir_);
   }
-  void StartServer(bool allow_shared_memory) {
+  void StartServer(bool allow_shared_memory, int workers = 2) {
     ServerOptions options;
     options.listen_address = "127.0.0.1:0";
     options.more_listen_addresses = {unix_target_};
+    options.metrics_listen = "127.0.0.1:0";
     options.service.regions.allow_shared_memory = allow_shared_memory;
-    server_ = HgemmServer::Start(options, MakeCpuBackend({.workers = 2}));
+    server_ = HgemmServer::Start(options, MakeCpuBackend({.workers = workers}));
     ASSERT_NE(server_, nullptr);
+    metrics_url_ = "http://127.0.0.1:" + std::to_string(server_->metrics_port()) + "/metrics";
   }
   // The regions of `client_id` on the server.
   int RegionsOf(const std::string& client_id) {
@@ -520,8 +577,17 @@ class HgemmLoadShmTest : public ::testing::Test {
     EXPECT_TRUE(client.ListRegions(&regions, call).ok());
     return regions.regions_size();
   }
+  // The resident matrices of `client_id` on the server.
+  int MatricesOf(const std::string& client_id) {
+    GemmClient client(Connect(unix_target_));
+    v1::ListMatricesResponse matrices;
+    CallOptions call;
+    call.client_id = client_id;
+    EXPECT_TRUE(client.ListMatrices(&matrices, call).ok());
+    return matrices.matrices_size();
+  }
 
-  std::string dir_, unix_target_;
+  std::string dir_, unix_target_, metrics_url_;
   std::unique_ptr<HgemmServer> server_;
 };
 
@@ -559,6 +625,72 @@ TEST_F(HgemmLoadShmTest, VerifiesAndRunsAPointThroughSharedMemory) {
   }
 }
 
+// --resident=b through shared memory and the ring: B uploaded once per shape (the ring binds
+// the second shape's as a matrix slot when a call first names it), A and C in shared memory;
+// C is right, the server batches the GEMMs that queue behind its one worker (shm answers say
+// so; for the ring, whose completions cannot, /metrics does: the ring's entries are the point's
+// calls), and nothing stays registered or resident afterwards.
+TEST_F(HgemmLoadShmTest, ResidentBThroughSharedMemoryAndTheRing) {
+  StartServer(/*allow_shared_memory=*/true, /*workers=*/1);
+  for (Transport transport : {Transport::kShm, Transport::kRing}) {
+    const std::string name = TransportName(transport);
+    SCOPED_TRACE(name);
+    LoadOptions o = HgemmLoadTest::ShortRun(Mode::kUnary);
+    o.client_id = "load-b-" + name;
+    o.resident = Resident::kB;
+    for (bool transpose : {false, true}) {
+      o.form.transpose_b = transpose;
+      LoadGenerator generator(o);
+      VerifyResult v = generator.Verify(unix_target_, 2, transport);
+      EXPECT_EQ(v.checked, 4);
+      EXPECT_EQ(v.failed, 0) << testing::PrintToString(v.lines);
+      ASSERT_FALSE(v.lines.empty());
+      EXPECT_NE(v.lines.back().find("A, C in shared memory, B resident"), std::string::npos)
+          << v.lines.back();
+      EXPECT_EQ(MatricesOf(o.client_id), 0);
+    }
+    LoadGenerator generator(o);
+    // Eight callers queue behind one worker: a shm point shows batches soon (bounded retries,
+    // no timing asserted).
+    double batch = 0;
+    for (int point = 0; point < 10 && batch <= 1; ++point) {
+      Scrape before, after;
+      ASSERT_EQ(ReadServerMetrics(metrics_url_, &before), "");
+      PointResult p = generator.RunPoint(Target::kService, unix_target_, 8, 0, transport);
+      ASSERT_EQ(ReadServerMetrics(metrics_url_, &after), "");
+      p.server_metrics = DiffServerMetrics(
+          before, after, transport == Transport::kRing ? "ring" : "Gemm", p.calls);
+      const ServerMetricsDelta& d = *p.server_metrics;
+      EXPECT_EQ(d.requests, p.calls);
+      EXPECT_EQ(d.ok_requests, p.calls);
+      EXPECT_LE(d.batched_gemms, p.calls);
+      EXPECT_LE(2 * d.batches, d.batched_gemms);
+      EXPECT_EQ(p.resident, Resident::kB);
+      EXPECT_TRUE(p.error_codes.empty()) << p.first_error;
+      ASSERT_EQ(p.stats.size(), 3u);
+      EXPECT_GT(p.stats[0].requests, 0);
+      EXPECT_EQ(p.stats[0].server.count, p.stats[0].requests);
+      for (const PointStats& s : p.stats) ExpectConsistent(s, Target::kService, Resident::kB);
+      std::ostringstream csv;
+      WriteCsvRows(csv, p, nullptr, "test device", "cpu");
+      EXPECT_NE(csv.str().find(",cpu," + name + ",unary,b,"), std::string::npos) << csv.str();
+      EXPECT_EQ(RegionsOf(o.client_id), 0);
+      EXPECT_EQ(MatricesOf(o.client_id), 0);
+      if (transport == Transport::kRing) {
+        EXPECT_EQ(p.stats[0].server.batch_size, 0) << "a ring's completion says no batch size";
+        batch = d.GemmsPerLaunch();
+        // The table's batch column and the CSV's server_batch_size say the metrics' figure.
+        EXPECT_NE(csv.str().find(fmt::format(",{:.4g}\n", batch)), std::string::npos)
+            << csv.str();
+      } else {
+        batch = p.stats[0].server.batch_size;
+      }
+      EXPECT_GE(batch, 1);
+    }
+    EXPECT_GT(batch, 1) << "no batch in ten points";
+  }
+}
+
 TEST_F(HgemmLoadShmTest, SaysWhySharedMemoryIsRefused) {
   StartServer(/*allow_shared_memory=*/false);
   LoadGenerator generator(HgemmLoadTest::ShortRun(Mode::kUnary));
@@ -568,6 +700,12 @@ TEST_F(HgemmLoadShmTest, SaysWhySharedMemoryIsRefused) {
   LoadGenerator streaming(HgemmLoadTest::ShortRun(Mode::kStream));
   p = streaming.RunPoint(Target::kService, unix_target_, 2, 0, Transport::kShm);
   EXPECT_NE(p.first_error.find("unary"), std::string::npos) << p.first_error;
+  LoadOptions all = HgemmLoadTest::ShortRun(Mode::kUnary);
+  all.resident = Resident::kAll;
+  LoadGenerator all_resident(all);
+  p = all_resident.RunPoint(Target::kService, unix_target_, 2, 0, Transport::kRing);
+  EXPECT_EQ(p.error_codes.count(int(grpc::StatusCode::INVALID_ARGUMENT)), 1u);
+  EXPECT_NE(p.first_error.find("a resident B"), std::string::npos) << p.first_error;
 }
 
 }  // namespace

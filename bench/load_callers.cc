@@ -189,7 +189,8 @@ class ShmUnaryCaller final : public Caller {
 };
 
 // The same GEMMs through a submission ring of this caller (RingClient), attached at its first
-// call with A's and B's region (slot 0) and its C region (slot 1): no gRPC call per GEMM.
+// call with A's and B's region (slot 0) and its C region (slot 1): no gRPC call per GEMM. A
+// resident B (b_handle) is a matrix slot of the ring, bound when a call first names it.
 class RingCaller final : public Caller {
  public:
   RingCaller(const GemmClient& client, const LoadOptions& o)
@@ -203,15 +204,25 @@ class RingCaller final : public Caller {
     }
     if (!c_.setup_status().ok()) return SetStatus(c_.setup_status(), s);
     const std::string& operands = request.a_region().region();
+    const std::string& b_handle = request.b_handle();
     if (!ring_) {
       grpc::Status attached;
-      ring_ = RingClient::Attach(client_, {operands, c_.handle()}, {},
+      std::vector<std::string> matrices;
+      if (!b_handle.empty()) matrices.push_back(b_handle);
+      ring_ = RingClient::Attach(client_, {operands, c_.handle()}, matrices,
                                  {.sq_entries = 4, .cq_entries = 4, .call = options_}, &attached);
       if (!ring_) return SetStatus(attached, s);
       operands_ = operands;
     }
-    if (operands != operands_ || request.b_region().region() != operands_) {
-      return SetError(int(grpc::StatusCode::INTERNAL), "A and B must be in the ring's region", s);
+    if (operands != operands_ ||
+        (b_handle.empty() && request.b_region().region() != operands_)) {
+      return SetError(int(grpc::StatusCode::INTERNAL),
+                      "A (and B, unless resident) must be in the ring's region", s);
+    }
+    if (!b_handle.empty() && !ring_->HasMatrix(b_handle)) {  // another shape's B
+      if (grpc::Status bound = ring_->Bind({}, {b_handle}); !bound.ok()) {
+        return SetStatus(bound, s);
+      }
     }
     RingSubmission entry;
     if (grpc::Status e = ring_->ToSubmission(request, "", timeout_, &entry); !e.ok()) {

@@ -72,7 +72,8 @@ class Caller {
 // `stream_deadline`. Transport::kShm (kService, unary): C goes into a region of the caller's
 // own, registered here for the caller's life (the requests name A and B in theirs);
 // `shapes` sizes it. Transport::kRing: the same, through a submission ring of the caller's
-// own (RingClient), attached for its life with A's and B's region and C's as slots.
+// own (RingClient), attached for its life with A's and B's region and C's as slots, and a
+// resident B's handle as a matrix slot.
 std::unique_ptr<Caller> MakeCaller(Target kind, const LoadOptions& options,
                                    const GemmClient& client,
                                    std::chrono::system_clock::time_point stream_deadline,

@@ -54,9 +54,12 @@ ServerMetricsDelta DiffServerMetrics(const Scrape& before, const Scrape& after,
   ServerMetricsDelta d;
   d.rpc = rpc;
   d.client_calls = client_calls;
-  auto of_rpc = [&](const std::string& s) { return Label(s, "rpc") == rpc; };
-  d.requests = std::llround(SumDelta(before, after, "hgemm_requests_total", of_rpc));
-  d.ok_requests = std::llround(SumDelta(before, after, "hgemm_requests_total", [&](const std::string& s) {
+  // A ring's GEMMs are entries of its ring, no RPC of their own.
+  const bool ring = rpc == "ring";
+  const std::string calls = ring ? "hgemm_ring_entries_total" : "hgemm_requests_total";
+  auto of_rpc = [&](const std::string& s) { return ring || Label(s, "rpc") == rpc; };
+  d.requests = std::llround(SumDelta(before, after, calls, of_rpc));
+  d.ok_requests = std::llround(SumDelta(before, after, calls, [&](const std::string& s) {
     return of_rpc(s) && Label(s, "code") == "OK";
   }));
   const std::map<std::string, double*> stages = {{"queue_wait", &d.queue_ms},
@@ -71,15 +74,20 @@ ServerMetricsDelta DiffServerMetrics(const Scrape& before, const Scrape& after,
     *mean_ms = count > 0 ? sum / count * 1e3 : 0;
     if (stage == "server_total") d.gemms = std::llround(count);
   }
+  auto all = [](const std::string&) { return true; };
+  d.batches = std::llround(SumDelta(before, after, "hgemm_batch_members_count", all));
+  d.batched_gemms = std::llround(SumDelta(before, after, "hgemm_batch_members_sum", all));
   return d;
 }
 
 std::string FormatServerMetricsRow(const ServerMetricsDelta& d) {
   std::string out = fmt::format(
       "  /metrics: {} {} calls ({} OK) {} the client's {}; {} GEMMs, mean ms: queue {:.3f} "
-      "h2d {:.3f} kernel {:.3f} d2h {:.3f} server {:.3f}\n",
+      "h2d {:.3f} kernel {:.3f} d2h {:.3f} server {:.3f}; {} batched launches ran {} of the "
+      "GEMMs: {:.2f} GEMMs per launch\n",
       d.requests, d.rpc, d.ok_requests, d.Agrees() ? "=" : "!=", d.client_calls, d.gemms,
-      d.queue_ms, d.h2d_ms, d.kernel_ms, d.d2h_ms, d.total_ms);
+      d.queue_ms, d.h2d_ms, d.kernel_ms, d.d2h_ms, d.total_ms, d.batches, d.batched_gemms,
+      d.GemmsPerLaunch());
   if (!d.Agrees()) {
     out += fmt::format(
         "  WARNING: the server counted {} {} calls, the client made {} (another client on the "

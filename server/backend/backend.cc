@@ -40,9 +40,7 @@ absl::Status HostBytes(Backend& backend, const ResidentBuffer* resident, const v
 
 }  // namespace
 
-std::vector<absl::Status> Backend::RunBatch(int slot, const std::vector<const GemmJob*>& members,
-                                            std::vector<GemmReport>* reports) {
-  const auto gather_start = Clock::now();
+GemmJob StackedJob(const std::vector<const GemmJob*>& members) {
   const GemmJob& first = *members.front();
   GemmJob stacked;
   stacked.shape = first.shape;
@@ -64,7 +62,13 @@ std::vector<absl::Status> Backend::RunBatch(int slot, const std::vector<const Ge
   stacked.stay_on_device = first.stay_on_device;
   stacked.verify = first.verify;
   stacked.verify_repetitions = first.verify_repetitions;
+  return stacked;
+}
 
+std::vector<absl::Status> Backend::RunBatch(int slot, const std::vector<const GemmJob*>& members,
+                                            std::vector<GemmReport>* reports) {
+  const auto gather_start = Clock::now();
+  GemmJob stacked = StackedJob(members);
   const GemmShape& shape = stacked.shape;
   const int64_t rows = shape.m, n = shape.n, k = shape.k;
   const int64_t ab = ElementBytes(shape.ab_type), cb = ElementBytes(shape.c_type);

@@ -39,6 +39,12 @@ struct KernelDescription {
   bool fused_scale = false;         // applies alpha/beta itself (no second pass over an fp32 T)
 };
 
+// The one GEMM that runs `members` (a scheduler's batch, Backend::RunBatch) along M: the first
+// member's form, B, kernel, scales, check and device, with m the members' m summed; a, c_in
+// and c unset (the caller points them at the stacked rows), no resident A or C_in, C neither
+// kept nor on a device. REQUIRES: !members.empty().
+GemmJob StackedJob(const std::vector<const GemmJob*>& members);
+
 class Backend {
  public:
   virtual ~Backend() = default;

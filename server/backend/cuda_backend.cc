@@ -227,8 +227,33 @@ class CudaBackend final : public Backend {
   }
 
   absl::Status Run(int slot_index, const GemmJob& job, GemmReport* report) override;
+  // The stacked GEMM with no gather or scatter pass through host memory: each member's rows of
+  // A (and C_in) are copied straight into their rows of the slot's device buffer, and its rows
+  // of C straight out to its sink (RunOnSlot with a BatchIo). A batch with a transposed A
+  // resident on another device (2-D copies stay within a device) takes the default's way.
+  std::vector<absl::Status> RunBatch(int slot_index, const std::vector<const GemmJob*>& members,
+                                     std::vector<GemmReport>* reports) override;
 
  private:
+  // A batch as RunOnSlot runs it (RunBatch): whose rows make up the stacked job's A and C_in,
+  // and where each member's rows of C go. RunOnSlot sets a member's status when its own sink
+  // fails (its kept C cannot be allocated, say) and allocates the kept Cs.
+  struct BatchIo {
+    const std::vector<const GemmJob*>* members;
+    std::vector<absl::Status>* statuses;                   // by member; OK on entry
+    std::vector<std::shared_ptr<ResidentBuffer>>* kept_c;  // by member; for keep_c members
+  };
+  // Host bytes that go to the device.
+  struct HostSource {
+    const char* host;
+    size_t bytes;
+  };
+  // One contiguous copy from the device to host memory.
+  struct HostSpan {
+    char* host;
+    const char* device;
+    size_t bytes;
+  };
   // The index of the device whose UUID ("GPU-...") or PCI bus id is `name` (any case), or -1.
   int FindDeviceByName(const std::string& name) const;
   // Direct device-to-device copies where the hardware allows them (NVLink, PCIe P2P); resident
@@ -245,8 +270,11 @@ class CudaBackend final : public Backend {
   // UNAVAILABLE naming `device` (failed).
   static absl::Status Refused(const Device& device);
   absl::Status EnsureCapacity(Slot& slot, size_t bytes);
-  // Run on a healthy device.
-  absl::Status RunOnSlot(int slot_index, const GemmJob& job, GemmReport* report);
+  // Run on a healthy device; with `batch`, the stacked GEMM of its members (RunBatch), whose
+  // rows of A, C_in and C are copied from and to the members' own memory instead of job.a,
+  // job.c_in and job.c, and whose C reaches no sink when it fails its check.
+  absl::Status RunOnSlot(int slot_index, const GemmJob& job, GemmReport* report,
+                         const BatchIo* batch = nullptr);
   // The check's vectors (`floats` floats from `d_verify`) to the host, each item's rows checked
   // (verify::CheckRows), and report's verify fields filled: verify_ms is the time the check
   // added after the GEMM, and before it unless `prepared_beside` (its first passes ran beside
@@ -259,8 +287,30 @@ class CudaBackend final : public Backend {
   absl::Status CopyResident(Device& device, void* dst, const void* src, int64_t bytes,
                             cudaMemcpyKind kind);
   absl::Status CopyToDevice(Slot& slot, char* dst, const char* src, size_t bytes);
+  // The sources' bytes, back to back from `dst`, staged as one (several to a piece).
+  absl::Status CopyToDevice(Slot& slot, char* dst, const std::vector<HostSource>& sources);
+  // `rows` rows of `width` bytes, back to back at `src` in host memory, to rows `dst_pitch`
+  // apart at `dst`, staged as CopyToDevice (whole rows per piece).
+  absl::Status CopyRowsToDevice(Slot& slot, char* dst, size_t dst_pitch, const char* src,
+                                size_t width, size_t rows);
   absl::Status CopyToHost(Slot& slot, char* dst, const char* src, size_t bytes,
                           const std::function<void(int64_t)>& progress, double* d2h_ms);
+  // The spans' bytes staged through the slot's pinned ring, in order, overlapping the DMA of
+  // later pieces with host copies of earlier ones; then waits for everything on the slot's
+  // stream. `progress` (may be empty) gets the bytes of a lone span that are final. *d2h_ms:
+  // from the event `from` to the last byte on the host.
+  absl::Status CopySpansToHost(Slot& slot, const std::vector<HostSpan>& spans,
+                               const std::function<void(int64_t)>& progress, cudaEvent_t from,
+                               double* d2h_ms);
+  // Each member's A (`c_in`: its C_in) into its rows of the stacked operand at `dst` on the
+  // slot's device (stacked_rows rows in all; a transposed A's are columns): device to device
+  // from a resident buffer, by DMA from pinned memory, else staged through the pinned ring.
+  absl::Status CopyRowsIn(Slot& slot, const std::vector<const GemmJob*>& members, bool c_in,
+                          int64_t stacked_rows, char* dst);
+  // Each member's rows of the stacked C at `d_c` to its own sink (a kept C or a client's
+  // device buffer device to device, pinned memory by DMA, other host memory staged), skipping
+  // members whose status is not OK; then waits for all of them.
+  absl::Status CopyRowsOut(Slot& slot, const BatchIo& batch, const char* d_c, double* d2h_ms);
   // Device → pinned host memory (GemmJob::pinned.c) in one DMA, then waits for it.
   absl::Status CopyToPinnedHost(Slot& slot, char* dst, const char* src, size_t bytes,
                                 const std::function<void(int64_t)>& progress, double* d2h_ms);
@@ -594,58 +644,215 @@ absl::Status CudaBackend::CopyResident(Device& device, void* dst, const void* sr
 // Host → pinned piece → device, piece by piece: copying piece i+1 on the host overlaps the
 // DMA of piece i. A piece is reused once the event recorded after its last copy has fired.
 absl::Status CudaBackend::CopyToDevice(Slot& slot, char* dst, const char* src, size_t bytes) {
+  return CopyToDevice(slot, dst, {HostSource{src, bytes}});
+}
+
+// As above, the sources filling the pieces one after the other: a piece may hold the tail of
+// one source and the head of the next, so that small sources cost a DMA per piece, not each.
+absl::Status CudaBackend::CopyToDevice(Slot& slot, char* dst,
+                                       const std::vector<HostSource>& sources) {
   const size_t piece = options_.staging_piece_bytes;
-  for (size_t offset = 0; offset < bytes; offset += piece) {
-    const size_t n = std::min(piece, bytes - offset);
+  size_t source = 0, taken = 0;  // the next bytes to stage: sources[source] from `taken`
+  size_t offset = 0;             // where the next piece lands, from dst
+  while (true) {
+    while (source < sources.size() && taken == sources[source].bytes) {
+      ++source;
+      taken = 0;
+    }
+    if (source == sources.size()) return absl::OkStatus();
     const size_t r = slot.staging.next++ % slot.staging.size();
     CUDA_TRY(slot, kEvent, cudaEventSynchronize(slot.staging.free_event(r)));
-    std::memcpy(slot.staging.piece(r), src + offset, n);
+    size_t filled = 0;
+    while (filled < piece && source < sources.size()) {
+      const size_t n = std::min(piece - filled, sources[source].bytes - taken);
+      std::memcpy(slot.staging.piece(r) + filled, sources[source].host + taken, n);
+      filled += n;
+      taken += n;
+      if (taken == sources[source].bytes) {
+        ++source;
+        taken = 0;
+      }
+    }
     CUDA_TRY(slot, kCopyToDevice,
-             cudaMemcpyAsync(dst + offset, slot.staging.piece(r), n, cudaMemcpyHostToDevice,
-                             slot.stream));
+             cudaMemcpyAsync(dst + offset, slot.staging.piece(r), filled,
+                             cudaMemcpyHostToDevice, slot.stream));
+    CUDA_TRY(slot, kEvent, cudaEventRecord(slot.staging.free_event(r), slot.stream));
+    offset += filled;
+  }
+}
+
+// Host → pinned piece → device for rows that are `dst_pitch` apart on the device (a member's
+// share of a transposed stacked A): as CopyToDevice, whole rows per piece, each piece one 2-D
+// copy. A row longer than a piece goes through the driver's own staging of pageable memory.
+absl::Status CudaBackend::CopyRowsToDevice(Slot& slot, char* dst, size_t dst_pitch,
+                                           const char* src, size_t width, size_t rows) {
+  const size_t per_piece = size_t(options_.staging_piece_bytes) / width;
+  if (per_piece == 0) {
+    CUDA_TRY(slot, kCopyToDevice,
+             cudaMemcpy2DAsync(dst, dst_pitch, src, width, width, rows, cudaMemcpyHostToDevice,
+                               slot.stream));
+    return absl::OkStatus();
+  }
+  for (size_t row = 0; row < rows; row += per_piece) {
+    const size_t n = std::min(per_piece, rows - row);
+    const size_t r = slot.staging.next++ % slot.staging.size();
+    CUDA_TRY(slot, kEvent, cudaEventSynchronize(slot.staging.free_event(r)));
+    std::memcpy(slot.staging.piece(r), src + row * width, n * width);
+    CUDA_TRY(slot, kCopyToDevice,
+             cudaMemcpy2DAsync(dst + row * dst_pitch, dst_pitch, slot.staging.piece(r), width,
+                               width, n, cudaMemcpyHostToDevice, slot.stream));
     CUDA_TRY(slot, kEvent, cudaEventRecord(slot.staging.free_event(r), slot.stream));
   }
   return absl::OkStatus();
 }
 
-// Device → pinned piece → host: up to staging_buffers pieces in flight; the host copies out
-// the oldest while later ones are still on the wire, and reports each landed piece.
 absl::Status CudaBackend::CopyToHost(Slot& slot, char* dst, const char* src, size_t bytes,
                                      const std::function<void(int64_t)>& progress,
                                      double* d2h_ms) {
+  return CopySpansToHost(slot, {HostSpan{dst, src, bytes}}, progress, slot.kernel_done, d2h_ms);
+}
+
+// Device → pinned piece → host: up to staging_buffers pieces in flight; the host copies out
+// the oldest while later ones are still on the wire, and reports each landed piece. A piece
+// never straddles two spans.
+absl::Status CudaBackend::CopySpansToHost(Slot& slot, const std::vector<HostSpan>& spans,
+                                          const std::function<void(int64_t)>& progress,
+                                          cudaEvent_t from, double* d2h_ms) {
   const size_t piece = options_.staging_piece_bytes;
   const size_t ring = slot.staging.size();
-  const size_t pieces = (bytes + piece - 1) / piece;
+  struct Piece {
+    char* host;
+    const char* device;
+    size_t bytes;
+    size_t final_bytes;  // of its span, once it has landed
+  };
+  std::vector<Piece> pieces;
+  for (const HostSpan& span : spans) {
+    for (size_t offset = 0; offset < span.bytes; offset += piece) {
+      const size_t n = std::min(piece, span.bytes - offset);
+      pieces.push_back({span.host + offset, span.device + offset, n, offset + n});
+    }
+  }
   auto drain = [&](size_t i) -> absl::Status {
     const size_t r = (slot.staging.next + i) % ring;
     CUDA_TRY(slot, kEvent, cudaEventSynchronize(slot.staging.free_event(r)));
-    std::memcpy(dst + i * piece, slot.staging.piece(r), std::min(piece, bytes - i * piece));
-    if (progress) progress(int64_t(std::min((i + 1) * piece, bytes)));
+    std::memcpy(pieces[i].host, slot.staging.piece(r), pieces[i].bytes);
+    if (progress) progress(int64_t(pieces[i].final_bytes));
     return absl::OkStatus();
   };
-  for (size_t i = 0; i < pieces; ++i) {
+  for (size_t i = 0; i < pieces.size(); ++i) {
     if (i >= ring) {
       if (absl::Status s = drain(i - ring); !s.ok()) return s;
     }
     const size_t r = (slot.staging.next + i) % ring;
     CUDA_TRY(slot, kEvent, cudaEventSynchronize(slot.staging.free_event(r)));  // H2D use done
     CUDA_TRY(slot, kCopyToHost,
-             cudaMemcpyAsync(slot.staging.piece(r), src + i * piece,
-                             std::min(piece, bytes - i * piece), cudaMemcpyDeviceToHost,
-                             slot.stream));
+             cudaMemcpyAsync(slot.staging.piece(r), pieces[i].device, pieces[i].bytes,
+                             cudaMemcpyDeviceToHost, slot.stream));
     CUDA_TRY(slot, kEvent, cudaEventRecord(slot.staging.free_event(r), slot.stream));
   }
   CUDA_TRY(slot, kEvent, cudaEventRecord(slot.d2h_done, slot.stream));
   CUDA_TRY(slot, kEvent, cudaEventSynchronize(slot.d2h_done));
   const auto tail_start = Clock::now();
-  for (size_t i = pieces > ring ? pieces - ring : 0; i < pieces; ++i) {
+  for (size_t i = pieces.size() > ring ? pieces.size() - ring : 0; i < pieces.size(); ++i) {
     if (absl::Status s = drain(i); !s.ok()) return s;
   }
   float device_ms = 0;
-  CUDA_TRY(slot, kEvent, cudaEventElapsedTime(&device_ms, slot.kernel_done, slot.d2h_done));
+  CUDA_TRY(slot, kEvent, cudaEventElapsedTime(&device_ms, from, slot.d2h_done));
   *d2h_ms = device_ms + Milliseconds(Clock::now() - tail_start);
-  slot.staging.next += pieces;
+  slot.staging.next += pieces.size();
   return absl::OkStatus();
+}
+
+absl::Status CudaBackend::CopyRowsIn(Slot& slot, const std::vector<const GemmJob*>& members,
+                                     bool c_in, int64_t stacked_rows, char* dst) {
+  const GemmJob& first = *members.front();
+  const GemmShape& shape = first.shape;
+  const int here = slot.device->ordinal;
+  const size_t element = size_t(ElementBytes(c_in ? shape.c_type : shape.ab_type));
+  const size_t cols = size_t(c_in ? shape.n : shape.k);
+  // Stored k×m, a transposed A's rows are columns [row, row + m) of the k×stacked_rows A.
+  const bool as_columns = !c_in && first.transpose_a;
+  // Staged members next to each other fill a run of rows, staged as one.
+  char* run_dst = nullptr;
+  std::vector<HostSource> run;
+  auto flush = [&]() -> absl::Status {
+    absl::Status s = run.empty() ? absl::OkStatus() : CopyToDevice(slot, run_dst, run);
+    run.clear();
+    return s;
+  };
+  size_t row = 0;
+  for (const GemmJob* member : members) {
+    const size_t m = size_t(member->shape.m);
+    const ResidentBuffer* resident = c_in ? member->c_in_resident.get() : member->a_resident.get();
+    const void* host = c_in ? member->c_in : static_cast<const void*>(member->a);
+    const bool pinned = c_in ? member->pinned.c_in : member->pinned.a;
+    const char* src = static_cast<const char*>(resident != nullptr ? resident->data : host);
+    const int from = resident != nullptr ? devices_[resident->device_index]->ordinal : here;
+    if (as_columns) {
+      char* to = dst + row * element;
+      const size_t width = m * element, pitch = size_t(stacked_rows) * element;
+      if (resident != nullptr && from != here) {  // RunBatch sends these the default's way
+        return status::BackendFailure(fmt::format(
+            "device {} stream {}: a transposed A resident on device {} in a batch", here,
+            slot.stream_id, from));
+      }
+      if (resident != nullptr || pinned) {
+        CUDA_TRY(slot, kCopyToDevice,
+                 cudaMemcpy2DAsync(to, pitch, src, width, width, cols,
+                                   resident != nullptr ? cudaMemcpyDeviceToDevice
+                                                       : cudaMemcpyHostToDevice,
+                                   slot.stream));
+      } else if (absl::Status s = CopyRowsToDevice(slot, to, pitch, src, width, cols); !s.ok()) {
+        return s;
+      }
+    } else {
+      char* to = dst + row * cols * element;
+      const size_t bytes = m * cols * element;
+      if (resident == nullptr && !pinned) {
+        if (run.empty()) run_dst = to;
+        run.push_back({src, bytes});
+      } else if (absl::Status s = flush(); !s.ok()) {
+        return s;
+      } else if (resident != nullptr && from != here) {
+        CUDA_TRY(slot, kCopyToDevice,
+                 cudaMemcpyPeerAsync(to, here, src, from, bytes, slot.stream));
+      } else {
+        CUDA_TRY(slot, kCopyToDevice,
+                 cudaMemcpyAsync(to, src, bytes,
+                                 resident != nullptr ? cudaMemcpyDeviceToDevice
+                                                     : cudaMemcpyHostToDevice,
+                                 slot.stream));
+      }
+    }
+    row += m;
+  }
+  return flush();
+}
+
+absl::Status CudaBackend::CopyRowsOut(Slot& slot, const BatchIo& batch, const char* d_c,
+                                      double* d2h_ms) {
+  CUDA_TRY(slot, kEvent, cudaEventRecord(slot.rows_out_start, slot.stream));
+  std::vector<HostSpan> staged;
+  size_t offset = 0;
+  for (size_t i = 0; i < batch.members->size(); ++i) {
+    const GemmJob& member = *(*batch.members)[i];
+    const size_t bytes = size_t(member.shape.CBytes());
+    const char* src = d_c + offset;
+    offset += bytes;
+    if (!(*batch.statuses)[i].ok()) continue;  // its sink could not be had
+    if (member.keep_c || member.c_device) {
+      void* to = member.keep_c ? (*batch.kept_c)[i]->data : member.c_device->data;
+      CUDA_TRY(slot, kCopyToHost,
+               cudaMemcpyAsync(to, src, bytes, cudaMemcpyDeviceToDevice, slot.stream));
+    } else if (member.pinned.c) {
+      CUDA_TRY(slot, kCopyToHost,
+               cudaMemcpyAsync(member.c, src, bytes, cudaMemcpyDeviceToHost, slot.stream));
+    } else {
+      staged.push_back({static_cast<char*>(member.c), src, bytes});
+    }
+  }
+  return CopySpansToHost(slot, staged, nullptr, slot.rows_out_start, d2h_ms);
 }
 
 absl::Status CudaBackend::CopyToPinnedHost(Slot& slot, char* dst, const char* src, size_t bytes,
@@ -735,7 +942,52 @@ absl::Status CudaBackend::Run(int slot_index, const GemmJob& job, GemmReport* re
   return s;
 }
 
-absl::Status CudaBackend::RunOnSlot(int slot_index, const GemmJob& job, GemmReport* report) {
+std::vector<absl::Status> CudaBackend::RunBatch(int slot_index,
+                                                const std::vector<const GemmJob*>& members,
+                                                std::vector<GemmReport>* reports) {
+  const int here = SlotDevice(slot_index);
+  for (const GemmJob* member : members) {
+    if (member->transpose_a && member->a_resident && member->a_resident->device_index != here) {
+      return Backend::RunBatch(slot_index, members, reports);
+    }
+  }
+  Device& device = *slots_[slot_index]->device;
+  auto everyone = [&](const absl::Status& s) {
+    return std::vector<absl::Status>(members.size(), s);
+  };
+  for (const GemmJob* member : members) {
+    for (const ResidentBuffer* r : {member->a_resident.get(), member->b_resident.get(),
+                                    member->c_in_resident.get(), member->c_device.get()}) {
+      if (r != nullptr && !devices_[r->device_index]->healthy) {
+        return everyone(Refused(*devices_[r->device_index]));
+      }
+    }
+  }
+  if (!device.healthy) return everyone(Refused(device));
+  const GemmJob stacked = StackedJob(members);
+  std::vector<absl::Status> statuses(members.size());
+  std::vector<std::shared_ptr<ResidentBuffer>> kept_c(members.size());
+  const BatchIo batch{.members = &members, .statuses = &statuses, .kept_c = &kept_c};
+  GemmReport launch;
+  absl::Status s = RunOnSlot(slot_index, stacked, &launch, &batch);
+  // As Run: no C computed on a device that has failed meanwhile is delivered. The stream is
+  // idle (Fail), so the kept Cs go back to the cache as `kept_c` goes.
+  if (s.ok() && !device.healthy) s = Refused(device);
+  if (!s.ok()) return everyone(s);
+  launch.batch_size = int(members.size());
+  launch.batch_rows = stacked.shape.m;
+  for (size_t i = 0; i < members.size(); ++i) {
+    (*reports)[i] = launch;
+    // A C that failed its check went to no sink, kept ones included.
+    if (launch.verify_failure.empty() && statuses[i].ok()) {
+      (*reports)[i].c_resident = std::move(kept_c[i]);
+    }
+  }
+  return statuses;
+}
+
+absl::Status CudaBackend::RunOnSlot(int slot_index, const GemmJob& job, GemmReport* report,
+                                    const BatchIo* batch) {
   Slot& slot = *slots_[slot_index];
   Device& device = *slot.device;
   CUDA_TRY(slot, kStream, cudaSetDevice(device.ordinal));
@@ -785,6 +1037,20 @@ absl::Status CudaBackend::RunOnSlot(int slot_index, const GemmJob& job, GemmRepo
   if (job.keep_c) {
     absl::Status s = AllocateResident(here, c_bytes, &report->c_resident);
     if (!s.ok()) return s;
+  }
+  // A batch's sinks on the device, each member's own: a failure is that member's alone.
+  for (size_t i = 0; batch != nullptr && i < batch->members->size(); ++i) {
+    const GemmJob& member = *(*batch->members)[i];
+    if (member.c_device && member.c_device->device_index != here) {
+      (*batch->statuses)[i] = status::FailedPrecondition(fmt::format(
+          "C's CUDA IPC memory is on device {}, not on device {} that runs the GEMM",
+          devices_[member.c_device->device_index]->ordinal, device.ordinal));
+    } else if (member.c_device) {
+      b_sides_.Forget(member.c_device.get());
+    } else if (member.keep_c) {
+      (*batch->statuses)[i] =
+          AllocateResident(here, member.shape.CBytes(), &(*batch->kept_c)[i]);
+    }
   }
   char* d_a = a_here ? static_cast<char*>(job.a_resident->data) : slot.device_buffer;
   char* d_b = b_here ? static_cast<char*>(job.b_resident->data) : slot.device_buffer + a_space;
@@ -900,15 +1166,24 @@ absl::Status CudaBackend::RunOnSlot(int slot_index, const GemmJob& job, GemmRepo
       variants[std::max_element(item_flops.begin(), item_flops.end()) - item_flops.begin()];
 
   CUDA_TRY(slot, kEvent, cudaEventRecord(slot.start, slot.stream));
-  for (auto [resident, here_already, dst, host, bytes, pinned] :
+  // A batch's A and C_in are its members' rows.
+  enum class Source { kJob, kMembersA, kMembersCIn };
+  const bool stacked = batch != nullptr;
+  for (auto [resident, here_already, dst, host, bytes, pinned, source] :
        {std::tuple{job.a_resident.get(), a_here, d_a, static_cast<const void*>(job.a), a_bytes,
-                   job.pinned.a},
+                   job.pinned.a, stacked ? Source::kMembersA : Source::kJob},
         std::tuple{job.b_resident.get(), b_here, d_b, static_cast<const void*>(job.b), b_bytes,
-                   job.pinned.b},
+                   job.pinned.b, Source::kJob},
         std::tuple{job.c_in_resident.get(), c_in_here, d_c_in, job.c_in, c_in_bytes,
-                   job.pinned.c_in}}) {
+                   job.pinned.c_in, stacked ? Source::kMembersCIn : Source::kJob}}) {
     if (here_already || bytes == 0) continue;
-    if (resident != nullptr) {
+    if (source != Source::kJob) {
+      if (absl::Status s = CopyRowsIn(slot, *batch->members, source == Source::kMembersCIn,
+                                      shape.m, dst);
+          !s.ok()) {
+        return s;
+      }
+    } else if (resident != nullptr) {
       CUDA_TRY(slot, kCopyToDevice,
                cudaMemcpyPeerAsync(dst, device.ordinal, resident->data,
                                    devices_[resident->device_index]->ordinal, bytes, slot.stream));
@@ -1038,7 +1313,20 @@ absl::Status CudaBackend::RunOnSlot(int slot_index, const GemmJob& job, GemmRepo
     CUDA_TRY(slot, kEvent, cudaEventRecord(slot.verify_done, slot.stream));
   }
   double d2h_ms = 0;
-  if (c_on_device) {
+  if (batch != nullptr) {
+    // The check before any member's C leaves: a C that fails it reaches no sink.
+    if (repetitions > 0) {
+      CUDA_TRY(slot, kEvent, cudaEventSynchronize(slot.verify_done));
+      if (absl::Status s = CheckOnHost(slot, checks, d_verify, verify_floats * repetitions,
+                                       check_beside, report);
+          !s.ok()) {
+        return s;
+      }
+    }
+    if (report->verify_failure.empty()) {
+      if (absl::Status s = CopyRowsOut(slot, *batch, d_c, &d2h_ms); !s.ok()) return s;
+    }
+  } else if (c_on_device) {
     CUDA_TRY(slot, kEvent, WaitForKernel(slot, double(shape.Flops())));
   } else {
     absl::Status s =
@@ -1049,7 +1337,7 @@ absl::Status CudaBackend::RunOnSlot(int slot_index, const GemmJob& job, GemmRepo
                          &d2h_ms);
     if (!s.ok()) return s;
   }
-  if (repetitions > 0) {
+  if (repetitions > 0 && batch == nullptr) {
     CUDA_TRY(slot, kEvent, cudaEventSynchronize(slot.verify_done));
     if (absl::Status s = CheckOnHost(slot, checks, d_verify, verify_floats * repetitions,
                                  check_beside, report);

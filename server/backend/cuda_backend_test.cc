@@ -4,6 +4,7 @@
 
 #include <cuda_runtime.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include <gtest/gtest.h>
 
@@ -521,6 +522,159 @@ TEST_F(CudaBackendTest, RunBatchGivesEveryMemberItsOwnC) {
         EXPECT_EQ(reports[i].verified_repetitions, 1);
         EXPECT_GT(reports[i].kernel_ms, 0);
         EXPECT_TRUE(members[i]->Correct(reports[i])) << i;
+      }
+    }
+  }
+}
+
+// Page-aligned host memory the backend has pinned, as it pins a shared-memory region (whole
+// pages, as a region's mapping is); unpinned and unmapped when it goes.
+class PinnedBuffer {
+ public:
+  PinnedBuffer(Backend* backend, size_t bytes) : bytes_(WholePages(bytes)) {
+    void* base =
+        mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    EXPECT_NE(base, MAP_FAILED);
+    if (base == MAP_FAILED) return;
+    data_ = static_cast<char*>(base);
+    const absl::Status s = backend->PinHostMemory(data_, int64_t(bytes_), &unpin_);
+    EXPECT_TRUE(s.ok()) << s;
+  }
+  ~PinnedBuffer() {
+    if (unpin_) unpin_();
+    if (data_ != nullptr) munmap(data_, bytes_);
+  }
+  PinnedBuffer(const PinnedBuffer&) = delete;
+  PinnedBuffer& operator=(const PinnedBuffer&) = delete;
+  char* data() const { return data_; }
+
+ private:
+  static size_t WholePages(size_t bytes) {
+    const size_t page = size_t(sysconf(_SC_PAGESIZE));
+    return (bytes + page - 1) / page * page;
+  }
+
+  const size_t bytes_;
+  char* data_ = nullptr;
+  std::function<void()> unpin_;
+};
+
+// Where a batch member's A (or C_in) is, for the CUDA RunBatch's copies.
+enum class Source {
+  kHost,      // pageable host memory: staged through the slot's pinned pieces
+  kPinned,    // memory the backend pinned (a region): one DMA
+  kResident,  // a resident buffer on the device: device to device
+};
+
+// RunBatch's own copies on the GPU: every way a member's rows come in (host, pinned or
+// resident A and C_in) and go out (host, pinned, kept or device C, C_in in place), members of
+// different m next to each other (staged neighbours share pieces), all three layouts of A,
+// with and without alpha/beta, checked. Against a backend with the default 8 MiB pieces, and
+// one with pieces of 96 bytes: staged runs straddle pieces, a transposed A's rows go a few to
+// a piece, and those of its 64-row member (128 bytes) through the driver's staging. Each C
+// starts poisoned and must match the fp32 reference within the service's tolerance.
+TEST_F(CudaBackendTest, RunBatchCopiesEveryMembersRowsStraightToAndFromItsOwnMemory) {
+  std::string error;
+  std::unique_ptr<Backend> small_pieces =
+      MakeCudaBackend({.streams_per_device = 1,
+                       .preallocate_bytes_per_stream = 1 << 20,
+                       .device_memory_fraction = 0.1,
+                       .staging_piece_bytes = 96,
+                       .staging_buffers = 2},
+                      &error);
+  ASSERT_NE(small_pieces, nullptr) << error;
+  struct Plan {
+    int64_t m;
+    Source a;
+    CSink sink;
+    bool pinned_c;   // a kHost sink in pinned memory
+    Source c_in;     // with beta ≠ 0
+    bool in_place;   // C_in is C's own host memory (kHost, beta ≠ 0)
+  };
+  const std::vector<Plan> plans = {
+      {1, Source::kHost, CSink::kHost, false, Source::kHost, false},
+      {16, Source::kResident, CSink::kKeepC, false, Source::kResident, false},
+      {7, Source::kPinned, CSink::kDevice, false, Source::kPinned, false},
+      {64, Source::kHost, CSink::kHost, false, Source::kHost, true},
+      {5, Source::kHost, CSink::kHost, true, Source::kResident, false},
+      {3, Source::kHost, CSink::kHost, true, Source::kHost, false},
+      {2, Source::kPinned, CSink::kKeepC, false, Source::kHost, false}};
+  int64_t rows = 0;
+  for (const Plan& plan : plans) rows += plan.m;
+  std::mt19937_64 rng(67);
+  const GemmForm forms[] = {{},
+                            {.transpose_b = true},
+                            {.transpose_a = true, .transpose_b = true, .bf16 = true},
+                            {.transpose_a = true, .c_fp32 = true}};
+  for (Backend* backend : {backend_, small_pieces.get()}) {
+    const int slot = backend == backend_ ? 3 : 0;
+    for (const GemmForm& form : forms) {
+      for (auto [alpha, beta] : {std::pair{1.0f, 0.0f}, std::pair{-0.75f, 1.25f}}) {
+        SCOPED_TRACE(::testing::Message()
+                     << (backend == backend_ ? "8 MiB pieces" : "96-byte pieces")
+                     << " ta=" << form.transpose_a << " tb=" << form.transpose_b
+                     << " bf16=" << form.bf16 << " c_fp32=" << form.c_fp32 << " beta=" << beta);
+        SharedB b(backend, 1024, 776, form, rng);
+        std::vector<std::unique_ptr<RowsGemm>> members;
+        std::vector<std::unique_ptr<PinnedBuffer>> pinned;
+        std::vector<std::shared_ptr<ResidentBuffer>> resident;
+        std::vector<std::pair<char*, const PinnedBuffer*>> pinned_c(plans.size());
+        std::vector<const GemmJob*> jobs;
+        // Moves `bytes` at *host to a new pinned buffer or resident buffer.
+        auto move = [&](Source to, const void** host, bool* is_pinned,
+                        std::shared_ptr<ResidentBuffer>* on_device, int64_t bytes) {
+          if (to == Source::kPinned) {
+            pinned.push_back(std::make_unique<PinnedBuffer>(backend, size_t(bytes)));
+            std::memcpy(pinned.back()->data(), *host, size_t(bytes));
+            *host = pinned.back()->data();
+            *is_pinned = true;
+          } else if (to == Source::kResident) {
+            ASSERT_TRUE(backend->AllocateResident(0, bytes, on_device).ok());
+            ASSERT_TRUE(backend->WriteResident(**on_device, 0, *host, bytes).ok());
+            *host = nullptr;
+          }
+        };
+        for (size_t i = 0; i < plans.size(); ++i) {
+          const Plan& plan = plans[i];
+          members.push_back(std::make_unique<RowsGemm>(backend, b, plan.m, rng, alpha, beta,
+                                                       plan.sink, plan.in_place && beta != 0));
+          GemmJob& job = members.back()->job;
+          job.verify_repetitions = 1;
+          const void* a = job.a;
+          move(plan.a, &a, &job.pinned.a, &job.a_resident, job.shape.ABytes());
+          job.a = static_cast<const uint16_t*>(a);
+          if (beta != 0 && !plan.in_place) {
+            move(plan.c_in, &job.c_in, &job.pinned.c_in, &job.c_in_resident,
+                 job.shape.CInBytes());
+          }
+          if (plan.pinned_c) {
+            pinned.push_back(std::make_unique<PinnedBuffer>(backend, job.shape.CBytes()));
+            std::memset(pinned.back()->data(), 0xFF, job.shape.CBytes());  // NaN
+            pinned_c[i] = {static_cast<char*>(job.c), pinned.back().get()};
+            job.c = pinned.back()->data();
+            job.pinned.c = true;
+          }
+          jobs.push_back(&job);
+        }
+        std::vector<GemmReport> reports(jobs.size());
+        const std::vector<absl::Status> statuses = backend->RunBatch(slot, jobs, &reports);
+        ASSERT_EQ(statuses.size(), jobs.size());
+        for (size_t i = 0; i < jobs.size(); ++i) {
+          SCOPED_TRACE(::testing::Message() << "member " << i << " (m=" << plans[i].m << ")");
+          ASSERT_TRUE(statuses[i].ok()) << statuses[i];
+          EXPECT_EQ(reports[i].batch_size, int(plans.size()));
+          EXPECT_EQ(reports[i].batch_rows, rows);
+          EXPECT_EQ(reports[i].verify_failure, "");
+          EXPECT_EQ(reports[i].verified_repetitions, 1);
+          EXPECT_GT(reports[i].kernel_ms, 0);
+          EXPECT_GE(reports[i].host_to_device_ms, 0);
+          EXPECT_GE(reports[i].device_to_host_ms, 0);
+          EXPECT_EQ(reports[i].c_resident != nullptr, plans[i].sink == CSink::kKeepC);
+          if (auto [own_c, region] = pinned_c[i]; region != nullptr) {  // what landed there
+            std::memcpy(own_c, region->data(), jobs[i]->shape.CBytes());
+          }
+          EXPECT_TRUE(members[i]->Correct(reports[i]));
+        }
       }
     }
   }

@@ -15,8 +15,10 @@
 #include <tuple>
 #include <vector>
 
+#include "server/backend/cuda_fault_kernel.h"
 #include "server/backend/cuda_test_util.h"
 #include "server/backend/fault_injector.h"
+#include "server/testing/shared_b_gemms.h"
 
 namespace hgemm {
 namespace {
@@ -231,6 +233,115 @@ TEST_F(CudaFaultTest, FaultsUnderConcurrencyNeverReturnAWrongC) {
   EXPECT_GT(failed.load(), 0);
   EXPECT_GT(ok.load(), 40);
   EXPECT_TRUE(backend_->Healthy());
+}
+
+// The CUDA backend's own RunBatch: members of 7, 2 (its C kept) and 9 rows against one
+// resident B, checked. Their rows leave the device only after the stacked C has passed.
+class CudaBatchFaultTest : public CudaFaultTest {
+ protected:
+  void MakeMembers(uint64_t seed, CSink middle_sink = CSink::kKeepC) {
+    std::mt19937_64 rng(seed);
+    b_ = std::make_unique<SharedB>(backend_.get(), kN, kK, GemmForm{}, rng);
+    members_.clear();
+    jobs_.clear();
+    for (auto [m, sink] : {std::pair{7, CSink::kHost}, std::pair{2, middle_sink},
+                           std::pair{9, CSink::kHost}}) {
+      members_.push_back(std::make_unique<RowsGemm>(backend_.get(), *b_, m, rng, 1.0f, 0.0f,
+                                                    sink));
+      members_.back()->job.verify_repetitions = 2;
+      jobs_.push_back(&members_.back()->job);
+    }
+    reports_.assign(jobs_.size(), GemmReport());
+  }
+  std::vector<absl::Status> RunBatch(int slot) {
+    return backend_->RunBatch(slot, jobs_, &reports_);
+  }
+
+  std::unique_ptr<SharedB> b_;
+  std::vector<std::unique_ptr<RowsGemm>> members_;
+  std::vector<const GemmJob*> jobs_;
+  std::vector<GemmReport> reports_;
+};
+
+// A stacked C damaged before its check (row 8: the kept member's) reaches no member's sink:
+// every status OK with the check's failure in each report, no kept C handed out, the host
+// sinks still poisoned. The next batch passes and is right.
+TEST_F(CudaBatchFaultTest, CheckFailureWritesNoSink) {
+  for (bool corrupted : {true, false}) {
+    SCOPED_TRACE(corrupted ? "corrupted" : "clean");
+    MakeMembers(corrupted ? 11 : 12);
+    if (corrupted) {
+      FaultInjector::Global().ArmCorruptOutput([](cudaStream_t stream, void* c, int64_t) {
+        for (int64_t col = 0; col < 8; ++col) {
+          ASSERT_EQ(LaunchXorWord(stream, static_cast<uint16_t*>(c) + 8 * kN + 5 * col, 2,
+                                  0x4000u),
+                    cudaSuccess);
+        }
+      });
+    }
+    const std::vector<absl::Status> statuses = RunBatch(1);
+    for (size_t i = 0; i < jobs_.size(); ++i) {
+      SCOPED_TRACE(i);
+      ASSERT_TRUE(statuses[i].ok()) << statuses[i];
+      EXPECT_EQ(reports_[i].batch_size, 3);
+      if (corrupted) {
+        EXPECT_NE(reports_[i].verify_failure, "");
+        EXPECT_EQ(reports_[i].verified_repetitions, 0);
+        EXPECT_EQ(reports_[i].c_resident, nullptr);
+        EXPECT_TRUE(members_[i]->Untouched());
+      } else {
+        EXPECT_EQ(reports_[i].verify_failure, "");
+        EXPECT_EQ(reports_[i].verified_repetitions, 2);
+        EXPECT_TRUE(members_[i]->Correct(reports_[i]));
+      }
+    }
+  }
+  EXPECT_TRUE(backend_->Healthy());
+}
+
+// A member whose kept C cannot be allocated fails alone (RESOURCE_EXHAUSTED), the others are
+// delivered right.
+TEST_F(CudaBatchFaultTest, MemberWhoseKeptCCannotBeAllocatedFailsAlone) {
+  MakeMembers(13);
+  FaultInjector::Global().Arm(FaultSite::kDeviceAlloc, cudaErrorMemoryAllocation);
+  const std::vector<absl::Status> statuses = RunBatch(0);
+  EXPECT_EQ(FaultInjector::Global().injected(FaultSite::kDeviceAlloc), 1);
+  ASSERT_EQ(statuses.size(), 3u);
+  EXPECT_EQ(statuses[1].code(), absl::StatusCode::kResourceExhausted) << statuses[1];
+  EXPECT_EQ(reports_[1].c_resident, nullptr);
+  for (size_t i : {size_t{0}, size_t{2}}) {
+    ASSERT_TRUE(statuses[i].ok()) << i << ": " << statuses[i];
+    EXPECT_TRUE(members_[i]->Correct(reports_[i])) << i;
+  }
+}
+
+// A CUDA call of the batch that fails (copying the members' rows in, or C's out) fails every
+// member with INTERNAL naming it and hands out no kept C; the device stays healthy and the
+// next batch and GEMMs on that slot are right.
+TEST_F(CudaBatchFaultTest, AFailedCallFailsEveryMemberAndTheSlotRunsOnRight) {
+  for (FaultSite site : {FaultSite::kCopyToDevice, FaultSite::kCopyToHost}) {
+    SCOPED_TRACE(FaultSiteName(site));
+    // The stacked A's one piece (the members' rows share it), or the kept C's copy (after
+    // the check's own copy; the host members' rows go last).
+    MakeMembers(14, CSink::kKeepC);
+    FaultInjector::Global().Arm(site, cudaErrorInvalidValue,
+                                site == FaultSite::kCopyToHost ? 1 : 0);
+    const std::vector<absl::Status> statuses = RunBatch(1);
+    EXPECT_EQ(FaultInjector::Global().injected(site), 1);
+    FaultInjector::Global().Reset();
+    for (size_t i = 0; i < statuses.size(); ++i) {
+      EXPECT_EQ(statuses[i].code(), absl::StatusCode::kInternal) << i << ": " << statuses[i];
+      EXPECT_NE(statuses[i].message().find("cudaMemcpy"), std::string::npos) << statuses[i];
+      EXPECT_EQ(reports_[i].c_resident, nullptr) << i;
+    }
+    MakeMembers(15, CSink::kDevice);
+    const std::vector<absl::Status> next = RunBatch(1);
+    for (size_t i = 0; i < next.size(); ++i) {
+      ASSERT_TRUE(next[i].ok()) << i << ": " << next[i];
+      EXPECT_TRUE(members_[i]->Correct(reports_[i])) << i;
+    }
+  }
+  ExpectNextGemmsRight(1, 400);
 }
 
 }  // namespace

@@ -15,8 +15,8 @@ std::string CudaSlot::Init(int staging_buffers, int64_t staging_piece_bytes,
     error = CheckCuda(cudaStreamCreateWithFlags(&check_stream, cudaStreamNonBlocking), ordinal,
                       "cudaStreamCreate");
   }
-  for (cudaEvent_t* e :
-       {&start, &h2d_done, &kernel_done, &d2h_done, &verify_prepared, &verify_done}) {
+  for (cudaEvent_t* e : {&start, &h2d_done, &kernel_done, &d2h_done, &verify_prepared,
+                         &verify_done, &rows_out_start}) {
     if (error.empty()) {
       error = CheckCuda(cudaEventCreateWithFlags(e, cudaEventBlockingSync), ordinal,
                         "cudaEventCreate");
@@ -42,7 +42,8 @@ CudaSlot::~CudaSlot() {
   launch_context.reset();  // before the stream it is bound to
   cudaFree(device_buffer);
   device->memory->Unreserve(device_capacity);
-  for (cudaEvent_t e : {start, h2d_done, kernel_done, d2h_done, verify_prepared, verify_done}) {
+  for (cudaEvent_t e :
+       {start, h2d_done, kernel_done, d2h_done, verify_prepared, verify_done, rows_out_start}) {
     if (e != nullptr) cudaEventDestroy(e);
   }
   if (stream != nullptr) cudaStreamDestroy(stream);

@@ -48,6 +48,9 @@ struct CudaSlot {
   // read no C (on check_stream, or before the GEMM on `stream` where C_in is read: it may be
   // C's memory), after those that read C.
   cudaEvent_t verify_prepared = nullptr, verify_done = nullptr;
+  // Recorded before a batch's rows of C leave for the members' sinks (after the batch's
+  // check, which may come between its kernel and its copies): where its D2H time starts.
+  cudaEvent_t rows_out_start = nullptr;
 };
 
 }  // namespace hgemm
