@@ -669,7 +669,10 @@ int Main(int argc, char** argv) {
               ring_resident ? "a submission ring, A, B and C resident (C written in place)"
               : through_ring ? "a submission ring, A, B and C in shared memory"
               : shm    ? "unary Gemm, A, B and C in shared memory"
-              : parts  ? fmt::format("{} parallel parts", parallel_parts).c_str()
+              : parts  ? fmt::format("{} parallel parts{}", parallel_parts,
+                                     call.bulk && client.OffersBulk(request.a_handle())
+                                         ? " over the bulk channel"
+                                         : "").c_str()
               : stream ? "GemmStream"
                        : "unary Gemm",
               kernel.c_str(), accumulation.c_str(),

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The main job, end to end: install what is missing, build, start hgemm_server on 127.0.0.1
 # (CUDA backend when a usable GPU is present, CPU otherwise), push demo GEMMs through
-# hgemm_client (unary and streamed, checked against a local fp32 reference), stop the server.
+# hgemm_client (unary and streamed, checked against a local fp32 reference; the 2048³ one in
+# parallel parts over the bulk channel on the next port), stop the server.
 #   tools/demo.sh [--port=50051] [--keep]   (--keep leaves the server running in the foreground)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -19,13 +20,14 @@ tools/bootstrap.sh
 bazel build -c opt //server:hgemm_server //client:hgemm_client
 server=bazel-bin/server/hgemm_server client=bazel-bin/client/hgemm_client
 address=127.0.0.1:$port
+bulk=127.0.0.1:$((port + 1))
 
 if ((keep)); then
   echo "demo: serving on $address until Ctrl-C"
-  exec "$server" --listen="$address"
+  exec "$server" --listen="$address" --bulk_listen="$bulk"
 fi
 
-"$server" --listen="$address" --log_level=debug &
+"$server" --listen="$address" --bulk_listen="$bulk" --log_level=debug &
 server_pid=$!
 trap 'kill -TERM $server_pid 2>/dev/null; wait $server_pid 2>/dev/null || true' EXIT
 for _ in $(seq 100); do

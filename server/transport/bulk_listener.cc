@@ -294,6 +294,9 @@ void BulkListener::ServeGet(bulk::Connection& lane, const BulkTicket& ticket) {
   }
   pool.Give(std::move(piece));
   if (metrics_ != nullptr) metrics_->AddTransportBytes(DataPath::kBulk, /*sent=*/true, at);
+  spdlog::debug("bulk GET {} bytes [{}, {}) of {} for '{}': {}", ticket.length, ticket.offset,
+                ticket.offset + ticket.length, ticket.handle, ticket.owner,
+                at == ticket.length ? "sent" : fmt::format("cut after {}", at));
 }
 
 void BulkListener::ServePut(bulk::Connection& lane, const BulkTicket& ticket) {
@@ -304,6 +307,9 @@ void BulkListener::ServePut(bulk::Connection& lane, const BulkTicket& ticket) {
   if (metrics_ != nullptr && s.ok()) {
     metrics_->AddTransportBytes(DataPath::kBulk, /*sent=*/false, ticket.length);
   }
+  spdlog::debug("bulk PUT {} bytes [{}, {}) of {} for '{}': {}", ticket.length, ticket.offset,
+                ticket.offset + ticket.length, ticket.handle, ticket.owner,
+                s.ok() ? "landed" : status::Message(s));
   if (!SendStatus(lane, s, s.ok() ? uint64_t(missing) : 0) || s.ok()) return;
   // A client told to stop mid-part is still sending: closing on its unread bytes would reset
   // the connection and lose the frame. Read what it sends (at most the lane's bytes) first.
