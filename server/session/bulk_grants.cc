@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdint>
 #include <stdexcept>
 
 #include "server/core/status.h"
@@ -37,7 +38,9 @@ absl::Status BulkGrants::Grant(const std::string& owner, const std::string& hand
         "lanes", fmt::format("must be 1 to {} (limits.max_bulk_lanes)", options_.max_lanes));
   }
   if (length < 1) return status::InvalidArgument("length", "must be at least 1");
-  if (offset < 0) return status::InvalidArgument("offset", "must be below 2^63");
+  if (offset < 0 || length > INT64_MAX - offset) {
+    return status::InvalidArgument("offset", "offset + length must be below 2^63");
+  }
   lanes = int(std::min<int64_t>(lanes, length));
   std::lock_guard<std::mutex> lock(mu_);
   ExpireLocked(now);

@@ -107,6 +107,11 @@ TEST(BulkGrants, BadRequestsNameTheirField) {
   const absl::Status negative =
       grants.Grant("a", "m", BulkDirection::kPut, -1, 10, 1, now, &lanes);
   EXPECT_EQ(status::DetailsOf(negative).field, "offset");
+  // Found by transport_fuzz: a range whose end overflows int64.
+  const absl::Status wraps = grants.Grant("a", "m", BulkDirection::kPut, INT64_MAX - 5, 10, 2,
+                                          now, &lanes);
+  EXPECT_EQ(wraps.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(status::DetailsOf(wraps).field, "offset");
 }
 
 }  // namespace
