@@ -161,6 +161,9 @@ std::unique_ptr<HgemmServer> HgemmServer::Start(ServerOptions options,
   server->store_ = std::make_unique<MatrixStore>(server->backend_.get(), opts.service.resident);
   server->scheduler_ = std::make_unique<Scheduler>(server->backend_.get(), opts.service.scheduler);
   server->uploads_ = std::make_unique<UploadQueue>(server->backend_.get(), opts.upload_threads);
+  server->core_ = std::make_unique<GemmCore>(server->scheduler_.get(), server->backend_.get(),
+                                             server->store_.get(), server->uploads_.get(),
+                                             CoreOptions(opts.service));
   if (!opts.metrics_listen.empty()) {
     const std::vector<DeviceDescription> devices = server->backend_->Devices();
     server->metrics_ = std::make_shared<ServiceMetrics>(
@@ -179,10 +182,10 @@ std::unique_ptr<HgemmServer> HgemmServer::Start(ServerOptions options,
                                     !s->backend_->DeviceHealthy(int(i)), verify[i].verified,
                                     verify[i].failures, verify[i].reruns, verify[i].suspect});
           }
-          for (const RegionStore::OwnerUsage& u : s->service_->regions().UsageByOwner()) {
+          for (const RegionStore::OwnerUsage& u : s->core_->RegionUsageByOwner()) {
             load.region_owners.push_back({u.owner, u.regions, u.bytes});
           }
-          load.staged_regions = s->service_->regions().StagedRegions();
+          load.staged_regions = s->core_->StagedRegions();
           load.rings_attached = s->service_->rings().Attached();
           Scheduler::BatchStats batches = s->scheduler_->GetBatchStats();
           load.batch_members = std::move(batches.by_members);
@@ -191,9 +194,7 @@ std::unique_ptr<HgemmServer> HgemmServer::Start(ServerOptions options,
         });
   }
   server->service_ = std::make_unique<GemmServiceImpl>(
-      server->scheduler_.get(), server->backend_.get(), server->store_.get(),
-      server->uploads_.get(), opts.service, server->metrics_.get(),
-      server->authenticator_.get());
+      server->core_.get(), opts.service, server->metrics_.get(), server->authenticator_.get());
   if (!opts.bulk.address.empty()) {
     server->bulk_grants_ = std::make_unique<BulkGrants>(opts.bulk_grants);
     BulkListenerOptions bulk = opts.bulk;
@@ -204,7 +205,7 @@ std::unique_ptr<HgemmServer> HgemmServer::Start(ServerOptions options,
                   opts.tls.client_certificates == ClientCertificates::kRequire};
     }
     server->bulk_listener_ =
-        BulkListener::Start(bulk, &server->service_->core(), server->bulk_grants_.get(),
+        BulkListener::Start(bulk, server->core_.get(), server->bulk_grants_.get(),
                             server->metrics_.get(), &error);
     if (!server->bulk_listener_) {
       spdlog::critical("cannot listen on {} (--bulk_listen): {}", opts.bulk.address, error);

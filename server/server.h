@@ -33,6 +33,7 @@
 #include "server/resident/matrix_store.h"
 #include "server/scheduler/scheduler.h"
 #include "server/scheduler/upload_queue.h"
+#include "server/session/gemm_core.h"
 
 namespace hgemm {
 
@@ -120,13 +121,15 @@ class HgemmServer {
   std::unique_ptr<MatrixStore> store_;  // after backend_: its buffers go back to the backend
   std::unique_ptr<Scheduler> scheduler_;
   std::unique_ptr<UploadQueue> uploads_;
+  // Over the four above; the service is handed it and must not outlive it (service_ is after).
+  std::unique_ptr<GemmCore> core_;
   std::shared_ptr<ServiceMetrics> metrics_;  // null without metrics_listen; samples the above
   UnixPeers unix_peers_;  // filled by unix_listeners_, read by authenticator_
   std::unique_ptr<Authenticator> authenticator_;
   std::unique_ptr<ServerTls> tls_;  // null: plaintext
   std::unique_ptr<BulkGrants> bulk_grants_;  // null without a bulk channel
   std::unique_ptr<GemmServiceImpl> service_;
-  std::unique_ptr<BulkListener> bulk_listener_;  // after service_, whose core it serves
+  std::unique_ptr<BulkListener> bulk_listener_;  // after core_, which its lanes use
   std::unique_ptr<HealthService> health_;
   std::unique_ptr<HealthService> probe_health_;  // the health-only port's; null without one
   std::unique_ptr<ReflectionService> reflection_;

@@ -26,6 +26,7 @@
 #include "server/backend/cpu_backend.h"
 #include "server/fuzz/fuzz_util.h"
 #include "server/session/ring_executor.h"
+#include "server/testing/core_regions.h"
 #include "server/testing/memfd.h"
 
 namespace hgemm::fuzz {
@@ -36,14 +37,14 @@ constexpr int64_t kDataBytes = 64 << 10;
 
 // A memfd of this process, mapped here and registered for "fuzz".
 struct Mapped {
-  Mapped(RegionStore& regions, int64_t bytes) : file(bytes), bytes(bytes) {
+  Mapped(GemmCore& core, int64_t bytes) : file(bytes), bytes(bytes) {
     if (file.fd() < 0) Fail("memfd", "cannot make one");
     void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, file.fd(), 0);
     if (p == MAP_FAILED) Fail("mmap", "cannot map the memfd");
     base = static_cast<uint8_t*>(p);
     RegionInfo info;
     if (absl::Status s =
-            regions.Register("fuzz", ThisProcess(), file.path(), bytes, "fuzz", &info);
+            RegisterMemfdNow(core, "fuzz", ThisProcess(), file.path(), bytes, "fuzz", &info);
         !s.ok()) {
       Fail("Register", std::string(s.message()));
     }
@@ -68,8 +69,8 @@ struct Services {
                         .kernels = backend->Kernels()},
               .regions = {.allow_shared_memory = true}}),
         rings({.spin_us = 0, .max_in_flight = 4, .max_rings_per_owner = 4}),
-        data(core.regions(), kDataBytes),
-        ring(core.regions(), int64_t(RingBytes(kEntries, kEntries))) {}
+        data(core, kDataBytes),
+        ring(core, int64_t(RingBytes(kEntries, kEntries))) {}
   std::unique_ptr<Backend> backend;
   MatrixStore store;
   Scheduler scheduler;
@@ -248,7 +249,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const auto give_up = std::chrono::steady_clock::now() + kCallDeadline;
   for (int polls = 0;; ++polls) {
     int64_t leases = -1;
-    for (const RegionInfo& r : s.core.regions().List("fuzz")) {
+    RegionList listed;
+    if (absl::Status listing = s.core.ListRegions("fuzz", /*over_unix_socket=*/true, &listed);
+        !listing.ok()) {
+      Fail("ListRegions", std::string(listing.message()));
+    }
+    for (const RegionInfo& r : listed.regions) {
       if (r.handle == s.ring.handle) leases = r.leases;
     }
     if (leases == 0) break;

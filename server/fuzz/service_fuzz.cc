@@ -38,6 +38,7 @@
 
 #include "server/fuzz/fuzz_requests.h"
 #include "server/fuzz/session_harness.h"
+#include "server/testing/core_regions.h"
 #include "server/testing/memfd.h"
 
 namespace hgemm {
@@ -434,7 +435,7 @@ void Upload(FuzzedDataProvider& in, const std::string& client, std::vector<std::
 // it has), unregisters one (its own, another's, a stale one, while a GEMM may hold it), lists
 // them, or shrinks its file (refused by the seal of every registered one).
 void RegionCall(FuzzedDataProvider& in, const std::string& client, Regions& regions) {
-  RegionStore& store = Services().core.regions();
+  GemmCore& core = Services().core;
   switch (in.ConsumeIntegralInRange<int>(0, 4)) {
     case 0:
     case 1: {
@@ -462,7 +463,7 @@ void RegionCall(FuzzedDataProvider& in, const std::string& client, Regions& regi
       // Mostly this process (its own memfds); sometimes a process it is not.
       RegisteringProcess caller = ThisProcess();
       if (in.ConsumeIntegralInRange<int>(0, 15) == 0) caller.pid = getppid();
-      const absl::Status s = store.Register(client, caller, path, asked, label, &info);
+      const absl::Status s = RegisterMemfdNow(core, client, caller, path, asked, label, &info);
       fuzz::CheckMessage(s);
       if (s.ok()) {
         if (!sealed) fuzz::Fail("a region whose file can shrink was registered", path);
@@ -478,13 +479,15 @@ void RegionCall(FuzzedDataProvider& in, const std::string& client, Regions& regi
     case 2: {
       ClientRegion* named = nullptr;
       int64_t freed = 0;
-      fuzz::CheckMessage(store.Unregister(client, RegionHandle(in, regions, &named), &freed));
+      fuzz::CheckMessage(core.UnregisterRegion(client, /*over_unix_socket=*/true,
+                                               RegionHandle(in, regions, &named), &freed));
       break;
     }
-    case 3:
-      store.List(client);
-      store.OwnerBytes(client);
+    case 3: {
+      RegionList listed;
+      fuzz::CheckMessage(core.ListRegions(client, /*over_unix_socket=*/true, &listed));
       break;
+    }
     default: {
       if (regions.empty()) break;
       ClientRegion& r = *regions[in.ConsumeIntegralInRange<size_t>(0, regions.size() - 1)];
@@ -542,20 +545,26 @@ void ReleaseAll(const std::string& client) {
 // Unregisters every region of `client` (a lease is given back just after its GEMM's answer, so
 // a refusal is retried); then it must hold no region bytes.
 void UnregisterAll(const std::string& client) {
-  RegionStore& regions = Services().core.regions();
+  GemmCore& core = Services().core;
+  // Every call here comes over the Unix socket, as a same-host client's would.
+  auto list = [&] {
+    RegionList listed;
+    fuzz::CheckMessage(core.ListRegions(client, /*over_unix_socket=*/true, &listed));
+    return listed;
+  };
   const auto give_up = std::chrono::steady_clock::now() + fuzz::kCallDeadline;
-  for (std::vector<RegionInfo> left = regions.List(client); !left.empty();
-       left = regions.List(client)) {
-    for (const RegionInfo& r : left) {
+  for (RegionList left = list(); !left.regions.empty(); left = list()) {
+    for (const RegionInfo& r : left.regions) {
       int64_t freed = 0;
-      regions.Unregister(client, r.handle, &freed).IgnoreError();  // retried until none is left
+      // Retried until none is left.
+      core.UnregisterRegion(client, /*over_unix_socket=*/true, r.handle, &freed).IgnoreError();
     }
     if (std::chrono::steady_clock::now() > give_up) {
       fuzz::Fail("a region stays leased after every GEMM was answered", client);
     }
     std::this_thread::sleep_for(std::chrono::microseconds(100));
   }
-  if (regions.OwnerBytes(client) != 0) fuzz::Fail("region bytes left after unregistering", client);
+  if (list().owner_bytes != 0) fuzz::Fail("region bytes left after unregistering", client);
 }
 
 }  // namespace

@@ -3,6 +3,9 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <string_view>
 #include <utility>
 
 #include "server/core/status.h"
@@ -63,7 +66,7 @@ GemmCore::GemmCore(Scheduler* scheduler, Backend* backend, MatrixStore* store,
       regions_(options_.regions, backend) {}
 
 absl::Status GemmCore::Admit(const std::string& owner, GemmOrder order,
-                             AdmittedGemm* admitted) const {
+                             AdmittedGemm* admitted) {
   using Kind = OperandSource::Kind;
   AdmittedGemm gemm;
   gemm.owner_ = owner;
@@ -105,7 +108,7 @@ absl::Status GemmCore::Admit(const std::string& owner, GemmOrder order,
 }
 
 absl::Status GemmCore::AcquireRegions(const std::string& owner, const GemmOrder& order,
-                                      AdmittedGemm* gemm) const {
+                                      AdmittedGemm* gemm) {
   using Kind = OperandSource::Kind;
   const bool c_region = order.c.kind == ResultSink::Kind::kRegion;
   if (order.a.kind != Kind::kRegion && order.b.kind != Kind::kRegion &&
@@ -192,7 +195,7 @@ absl::Status GemmCore::AcquireRegions(const std::string& owner, const GemmOrder&
 }
 
 absl::Status GemmCore::AllocateArriving(int device_index, int64_t bytes,
-                                        std::shared_ptr<ResidentBuffer>* buffer) const {
+                                        std::shared_ptr<ResidentBuffer>* buffer) {
   // Through the store: with LRU eviction on, resident matrices make room for it as for an upload.
   absl::Status s = store_->AllocateBuffer(device_index, bytes, buffer);
   if (s.code() == absl::StatusCode::kResourceExhausted) {
@@ -202,7 +205,7 @@ absl::Status GemmCore::AllocateArriving(int device_index, int64_t bytes,
   return s;
 }
 
-absl::Status GemmCore::Run(AdmittedGemm admitted, GemmFinished done) const {
+absl::Status GemmCore::Run(AdmittedGemm admitted, GemmFinished done) {
   admitted.ReleasePending();  // its operands are all in
   const GemmShape shape = admitted.job_.shape;
   // Shared: the scheduler's callback must be copyable, and the quota is given back if the
@@ -241,9 +244,9 @@ absl::Status GemmCore::Run(AdmittedGemm admitted, GemmFinished done) const {
       });
 }
 
-int GemmCore::DeviceId(const ResidentMatrix& matrix) const {
-  return backend_->Devices()[matrix.buffer->device_index].id;
-}
+std::string GemmCore::BackendName() const { return backend_->Name(); }
+
+std::vector<DeviceDescription> GemmCore::Devices() const { return backend_->Devices(); }
 
 absl::Status GemmCore::FindDevice(int device_id, const std::string& field,
                                   int* device_index) const {
@@ -256,5 +259,212 @@ absl::Status GemmCore::FindDevice(int device_id, const std::string& field,
   *device_index = int(it - devices.begin());
   return absl::OkStatus();
 }
+
+Scheduler::Stats GemmCore::SchedulerStats() const { return scheduler_->GetStats(); }
+
+int GemmCore::DeviceId(const ResidentMatrix& matrix) const {
+  return backend_->Devices()[matrix.buffer->device_index].id;
+}
+
+absl::Status GemmCore::CheckMatrixHeader(const MatrixSpec& header, const std::string& field,
+                                         int* device_index, ElementType* dtype) const {
+  GemmShape shape;  // validate rows x cols as the m x k of a GEMM
+  if (header.rows == 0) return status::InvalidArgument(field + ".rows", "must be at least 1");
+  if (header.cols == 0) return status::InvalidArgument(field + ".cols", "must be at least 1");
+  if (absl::Status s = ValidateShape(header.rows, 1, header.cols, options_.rules, &shape);
+      !s.ok()) {
+    return s;
+  }
+  if (header.label.size() > kMaxRequestIdBytes) {
+    return status::InvalidArgument(field + ".label", "at most 128 bytes");
+  }
+  *device_index = -1;
+  if (header.device_id) {
+    if (absl::Status s = FindDevice(*header.device_id, field + ".device_id", device_index);
+        !s.ok()) {
+      return s;
+    }
+  }
+  *dtype = header.dtype.value.value_or(ElementType::kFp16);
+  if (!header.dtype.known || *dtype == ElementType::kFp32) {
+    return status::InvalidArgument(
+        field + ".dtype",
+        fmt::format("enum value {} is not a type of a resident operand (DATA_TYPE_FP16 or "
+                    "DATA_TYPE_BF16)",
+                    header.dtype.number));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status GemmCore::ReserveMatrix(const std::string& owner, int64_t bytes,
+                                     QuotaReservation* quota) {
+  return store_->Reserve(owner, bytes, quota);
+}
+
+absl::Status GemmCore::AllocateMatrixBuffer(int device_index, int64_t bytes,
+                                            std::shared_ptr<ResidentBuffer>* buffer) {
+  return store_->AllocateBuffer(device_index, bytes, buffer);
+}
+
+ResidentMatrix GemmCore::AddMatrix(QuotaReservation quota, const MatrixSpec& header,
+                                   ElementType dtype, std::shared_ptr<ResidentBuffer> buffer) {
+  return store_->Add(std::move(quota), header.rows, header.cols, dtype, std::move(buffer),
+                     std::chrono::seconds(header.ttl_seconds), header.label);
+}
+
+void GemmCore::CreateUpload(const std::string& owner, const MatrixSpec& header, bool transient,
+                            UploadCreated done) {
+  int device_index = -1;
+  ElementType dtype = ElementType::kFp16;
+  if (absl::Status s = CheckMatrixHeader(header, "header", &device_index, &dtype); !s.ok()) {
+    return done(s, {});
+  }
+  const int64_t bytes = MatrixBytes(header.rows, header.cols, dtype);
+  auto quota = std::make_shared<QuotaReservation>();
+  if (absl::Status s = store_->Reserve(owner, bytes, quota.get()); !s.ok()) return done(s, {});
+  // The allocation is a device call (cudaMalloc): on an upload thread, never in a reaction.
+  uploads_->Post([this, header, transient, device_index, dtype, bytes, quota,
+                  done = std::move(done)] {
+    std::shared_ptr<ResidentBuffer> buffer;
+    absl::Status s;
+    try {
+      s = store_->AllocateBuffer(device_index, bytes, &buffer);
+    } catch (...) {
+      s = status::FromCurrentException("CreateUpload");
+    }
+    if (!s.ok()) return done(s, {});
+    done(s, store_->AddUpload(std::move(*quota), header.rows, header.cols, dtype,
+                              std::move(buffer), std::chrono::seconds(header.ttl_seconds),
+                              header.label, transient));
+  });
+}
+
+absl::Status GemmCore::BeginPart(const std::string& owner, const std::string& handle,
+                                 int64_t offset, int64_t length, const std::string& field,
+                                 std::shared_ptr<ResidentBuffer>* buffer) {
+  return store_->BeginPart(owner, handle, offset, length, field, buffer);
+}
+
+absl::Status GemmCore::EndPart(const std::string& owner, const std::string& handle,
+                               int64_t offset, int64_t length, bool landed,
+                               int64_t* missing_bytes) {
+  return store_->EndPart(owner, handle, offset, length, landed, missing_bytes);
+}
+
+absl::Status GemmCore::LookupMatrix(const std::string& owner, const std::string& handle,
+                                    const std::string& field, ResidentMatrix* matrix) {
+  return store_->Lookup(owner, handle, field, matrix);
+}
+
+absl::Status GemmCore::ReadMatrix(const ResidentBuffer& buffer, int64_t offset, int64_t bytes,
+                                  void* host) {
+  // The whole matrix in one copy where the backend has one for it.
+  return bytes == buffer.bytes ? backend_->ReadResident(buffer, host)
+                               : backend_->ReadResidentRange(buffer, offset, bytes, host);
+}
+
+absl::Status GemmCore::ReleaseMatrix(const std::string& owner, const std::string& handle,
+                                     bool admin, int64_t* freed_bytes) {
+  return store_->Release(owner, handle, freed_bytes, admin);
+}
+
+MatrixList GemmCore::ListMatrices(const std::string& owner, bool admin) {
+  MatrixList list;
+  list.matrices = admin ? store_->ListAll() : store_->List(owner);
+  list.client_bytes = store_->ClientBytes(owner);
+  list.quota_bytes = store_->options().quota_bytes_per_client;
+  return list;
+}
+
+absl::Status GemmCore::CheckRegionsAllowed(bool over_unix_socket) const {
+  return regions_.CheckAllowed(over_unix_socket);
+}
+
+void GemmCore::RegisterRegion(const std::string& owner, bool over_unix_socket,
+                              const RegionSpec& spec, std::optional<RegisteringProcess> process,
+                              RegionRegistered done) {
+  absl::Status s = regions_.CheckAllowed(over_unix_socket);
+  if (s.ok() && spec.byte_size > uint64_t(INT64_MAX)) {
+    s = status::InvalidArgument("byte_size", "larger than 2^63 - 1");
+  }
+  if (s.ok() && spec.cuda_ipc && !spec.path.empty()) {
+    s = status::InvalidArgument("path", "give either path or cuda_ipc, not both");
+  }
+  // Only the caller's own file descriptors may be registered: the kernel must say who it is.
+  if (s.ok() && !spec.cuda_ipc && !process) {
+    s = status::PermissionDenied(
+        "this connection has no kernel credentials (SO_PEERCRED): register over a unix: "
+        "listener of the server's own");
+  }
+  if (!s.ok()) return done(s, {});
+  // Mapping and pinning a large region takes a while: not on an RPC thread.
+  uploads_->Post([this, owner, spec, process = std::move(process), done = std::move(done)] {
+    RegionInfo info;
+    absl::Status s;
+    try {
+      s = spec.cuda_ipc
+              ? regions_.RegisterCudaIpc(owner, spec.cuda_ipc->handle, spec.cuda_ipc->device,
+                                         int64_t(spec.byte_size), spec.label, &info)
+              : regions_.Register(owner, *process, spec.path, int64_t(spec.byte_size),
+                                  spec.label, &info);
+    } catch (...) {
+      s = status::FromCurrentException("RegisterRegion");
+    }
+    done(s, info);
+  });
+}
+
+absl::Status GemmCore::UnregisterRegion(const std::string& owner, bool over_unix_socket,
+                                        const std::string& handle, int64_t* freed_bytes) {
+  if (absl::Status s = regions_.CheckAllowed(over_unix_socket); !s.ok()) return s;
+  return regions_.Unregister(owner, handle, freed_bytes);
+}
+
+absl::Status GemmCore::ListRegions(const std::string& owner, bool over_unix_socket,
+                                   RegionList* list) {
+  if (absl::Status s = regions_.CheckAllowed(over_unix_socket); !s.ok()) return s;
+  list->regions = regions_.List(owner);
+  list->owner_bytes = regions_.OwnerBytes(owner);
+  list->quota_bytes = regions_.options().max_bytes_per_owner;
+  list->quota_regions = regions_.options().max_regions_per_owner;
+  return absl::OkStatus();
+}
+
+absl::Status GemmCore::LeaseRegion(const std::string& owner, bool over_unix_socket,
+                                   const std::string& handle, uint64_t offset, int64_t bytes,
+                                   const std::string& field, RegionLease* lease) {
+  if (absl::Status s = regions_.CheckAllowed(over_unix_socket); !s.ok()) return s;
+  return regions_.Acquire(owner, handle, offset, bytes, field, lease);
+}
+
+absl::Status GemmCore::ReadRegion(const std::string& owner, bool over_unix_socket,
+                                  const std::string& handle, uint64_t offset, int64_t bytes,
+                                  const std::string& field, WireBytes* data) {
+  auto lease = std::make_shared<RegionLease>();
+  if (absl::Status s =
+          LeaseRegion(owner, over_unix_socket, handle, offset, bytes, field, lease.get());
+      !s.ok()) {
+    return s;
+  }
+  if (const std::shared_ptr<ResidentBuffer>& view = lease->device_view()) {
+    // CUDA IPC memory: read off its device.
+    std::string copy(size_t(bytes), '\0');
+    if (absl::Status s = backend_->ReadResidentRange(*view, 0, bytes, copy.data()); !s.ok()) {
+      return status::WithContext(field, s);
+    }
+    *data = WireBytes(std::move(copy));
+  } else {
+    // In place: the bytes travel with the lease, which holds the region until they are used.
+    const std::string_view leased(reinterpret_cast<const char*>(lease->data()), size_t(bytes));
+    *data = WireBytes({leased}, std::move(lease));
+  }
+  return absl::OkStatus();
+}
+
+std::vector<RegionStore::OwnerUsage> GemmCore::RegionUsageByOwner() {
+  return regions_.UsageByOwner();
+}
+
+int64_t GemmCore::StagedRegions() { return regions_.StagedRegions(); }
 
 }  // namespace hgemm

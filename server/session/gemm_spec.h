@@ -3,8 +3,9 @@
 // vocabulary), and the same GEMM once validated (GemmOrder: a job, where each operand comes
 // from, where C goes). The transport builds a GemmSpec from a wire message at its edge
 // (server/transport/convert.h), the submission ring builds one from its entry; ValidateGemm
-// (validation.h) checks it once and makes the GemmOrder that GemmCore admits and runs. No
-// protobuf, no gRPC.
+// (validation.h) checks it once and makes the GemmOrder that GemmCore admits and runs. Beside
+// them, the other requests the core takes as sent: a resident matrix's header (MatrixSpec) and
+// a region to register (RegionSpec). No protobuf, no gRPC.
 // Thread safety: plain values.
 #ifndef HGEMM_SERVER_SESSION_GEMM_SPEC_H_
 #define HGEMM_SERVER_SESSION_GEMM_SPEC_H_
@@ -130,6 +131,33 @@ struct GemmSpec {
   std::string Field(std::string_view name) const {
     return field_prefix + std::string(name);
   }
+};
+
+// A resident matrix's header as its client described it (UploadMatrix, CreateUpload),
+// unchecked: rows·cols values of `dtype`, row-major.
+struct MatrixSpec {
+  uint32_t rows = 0, cols = 0;
+  WireEnum<ElementType> dtype;       // unset: fp16
+  std::optional<int32_t> device_id;  // the device it lives on; unset: the store picks
+  uint32_t ttl_seconds = 0;          // 0: the store's default
+  std::string label;
+  // Where its bytes come from: kArriving (chunks after the header) or kRegion (a region of the
+  // owner, read at once; UploadMatrix over a Unix socket).
+  OperandSource source = OperandSource::Arriving();
+};
+
+// A region as its client asked to register it (RegisterRegion), unchecked: `byte_size` bytes
+// of the file at `path` (a memfd of the caller's, "/proc/<pid>/fd/<fd>"), or of the device
+// memory that `cuda_ipc` names.
+struct RegionSpec {
+  struct CudaIpc {
+    std::string handle;  // a cudaIpcMemHandle_t's bytes
+    std::string device;  // the device it lives on: its UUID or PCI bus id
+  };
+  std::string path;
+  std::optional<CudaIpc> cuda_ipc;  // set: a CUDA IPC region (then `path` must be empty)
+  uint64_t byte_size = 0;
+  std::string label;
 };
 
 // One GEMM as a transport hands it over to GemmCore: validated.

@@ -6,41 +6,10 @@
 #include <utility>
 
 #include "server/core/status.h"
-#include "server/session/upload_session.h"
 
 namespace hgemm {
 
-void CreateUpload(const GemmCore& core, const std::string& owner, const MatrixSpec& header,
-                  bool transient, UploadCreated done) {
-  int device_index = -1;
-  ElementType dtype = ElementType::kFp16;
-  if (absl::Status s = CheckMatrixHeader(core, header, "header", &device_index, &dtype);
-      !s.ok()) {
-    return done(s, {});
-  }
-  const int64_t bytes = MatrixBytes(header.rows, header.cols, dtype);
-  auto quota = std::make_shared<QuotaReservation>();
-  if (absl::Status s = core.store().Reserve(owner, bytes, quota.get()); !s.ok()) {
-    return done(s, {});
-  }
-  // The allocation is a device call (cudaMalloc): on an upload thread, never in a reaction.
-  core.uploads().Post([&core, header, transient, device_index, dtype, bytes, quota,
-                       done = std::move(done)] {
-    std::shared_ptr<ResidentBuffer> buffer;
-    absl::Status s;
-    try {
-      s = core.store().AllocateBuffer(device_index, bytes, &buffer);
-    } catch (...) {
-      s = status::FromCurrentException("CreateUpload");
-    }
-    if (!s.ok()) return done(s, {});
-    done(s, core.store().AddUpload(std::move(*quota), header.rows, header.cols, dtype,
-                                   std::move(buffer), std::chrono::seconds(header.ttl_seconds),
-                                   header.label, transient));
-  });
-}
-
-PartSession::PartSession(const GemmCore& core, PartTransport* transport, std::string owner,
+PartSession::PartSession(GemmCoreInterface& core, PartTransport* transport, std::string owner,
                          std::chrono::seconds idle_timeout)
     : core_(core), transport_(transport), owner_(std::move(owner)), idle_timeout_(idle_timeout) {}
 
@@ -106,8 +75,8 @@ absl::Status PartSession::ConsumeHeader(const PartMessage& message) {
     return status::InvalidArgument("header", "offset and length must be below 2^63");
   }
   std::shared_ptr<ResidentBuffer> buffer;
-  if (absl::Status s = core_.store().BeginPart(owner_, header->handle, int64_t(header->offset),
-                                               int64_t(header->length), "header", &buffer);
+  if (absl::Status s = core_.BeginPart(owner_, header->handle, int64_t(header->offset),
+                                       int64_t(header->length), "header", &buffer);
       !s.ok()) {
     return s;
   }
@@ -160,8 +129,8 @@ void PartSession::MaybeFinishLocked() {
   int64_t missing = 0;
   if (claimed_) {
     // Only now that no write of it is in flight may a failed part's range be sent again.
-    absl::Status ended = core_.store().EndPart(owner_, header_.handle, offset_, length_,
-                                               s.ok(), &missing);
+    absl::Status ended =
+        core_.EndPart(owner_, header_.handle, offset_, length_, s.ok(), &missing);
     if (s.ok()) s = ended;
     buffer_.reset();
   }

@@ -17,7 +17,6 @@
 
 #include <chrono>
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -26,7 +25,6 @@
 #include "server/core/wire_bytes.h"
 #include "server/session/gemm_core.h"
 #include "server/session/read_state.h"
-#include "server/session/upload_session.h"
 
 namespace hgemm {
 
@@ -45,18 +43,6 @@ struct PartMessage {
   std::variant<std::monostate, PartSpec, WireBytes> content;
 };
 
-// Answers a CreateUpload, once: OK with the incomplete matrix now in the store, or why not.
-using UploadCreated = std::function<void(const absl::Status&, const ResidentMatrix&)>;
-
-// CreateUpload of `owner` (already identified): checks the header (INVALID_ARGUMENT naming
-// header.*), takes the matrix's bytes of the owner's quota (RESOURCE_EXHAUSTED), allocates its
-// buffer on an upload thread (RESOURCE_EXHAUSTED: the device budget) and registers it with every
-// byte missing (MatrixStore::AddUpload), `transient` or not. `done` runs inside this call when
-// the request is refused before the allocation, else on an upload thread.
-// REQUIRES: `core` outlives the allocation.
-void CreateUpload(const GemmCore& core, const std::string& owner, const MatrixSpec& header,
-                  bool transient, UploadCreated done);
-
 // The call under a PartSession. StartRead is answered later by OnRead or OnReadsDone, never
 // from inside the call; at most one read is started at a time.
 class PartTransport {
@@ -73,7 +59,7 @@ class PartSession {
   // A part of `owner` (already identified); a message that doesn't come for `idle_timeout`
   // ends it (ExpireIdle). It starts no read: the transport starts the first one.
   // REQUIRES: `core` and `transport` outlive the session.
-  PartSession(const GemmCore& core, PartTransport* transport, std::string owner,
+  PartSession(GemmCoreInterface& core, PartTransport* transport, std::string owner,
               std::chrono::seconds idle_timeout);
   // REQUIRES: the call is done (Finish was called, nothing it started is outstanding).
   ~PartSession();
@@ -96,7 +82,7 @@ class PartSession {
   void FailLocked(const absl::Status& s);
   void MaybeFinishLocked();
 
-  const GemmCore& core_;
+  GemmCoreInterface& core_;
   PartTransport* const transport_;
   const std::string owner_;
   const std::chrono::seconds idle_timeout_;

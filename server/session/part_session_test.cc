@@ -20,7 +20,7 @@ void AddFailure(const std::string& what) { ADD_FAILURE() << what; }
 // One UploadPart call: a session over a transport that records its finish.
 class TestPart final : public FakeReadCall<PartTransport, PartSession, PartMessage> {
  public:
-  TestPart(const GemmCore& core, std::string owner, std::chrono::seconds idle)
+  TestPart(GemmCoreInterface& core, std::string owner, std::chrono::seconds idle)
       : FakeReadCall(&AddFailure, std::chrono::seconds(20)) {
     Open(core, this, std::move(owner), idle);
   }
@@ -68,14 +68,14 @@ class PartSessionTest : public ::testing::Test {
     std::condition_variable done;
     bool answered = false;
     absl::Status status;
-    CreateUpload(core_, owner, {.rows = rows, .cols = cols}, transient,
-                 [&](const absl::Status& s, const ResidentMatrix& m) {
-                   std::lock_guard<std::mutex> lock(mu);
-                   status = s;
-                   *matrix = m;
-                   answered = true;
-                   done.notify_all();
-                 });
+    core_.CreateUpload(owner, {.rows = rows, .cols = cols}, transient,
+                       [&](const absl::Status& s, const ResidentMatrix& m) {
+                         std::lock_guard<std::mutex> lock(mu);
+                         status = s;
+                         *matrix = m;
+                         answered = true;
+                         done.notify_all();
+                       });
     std::unique_lock<std::mutex> lock(mu);
     EXPECT_TRUE(done.wait_for(lock, std::chrono::seconds(20), [&] { return answered; }));
     return status;
@@ -208,8 +208,8 @@ TEST_F(PartSessionTest, BadHeadersAreRefused) {
   ASSERT_TRUE(no_header->WaitFinished());
   EXPECT_EQ(no_header->status().code(), absl::StatusCode::kInvalidArgument);
   absl::Status created;
-  CreateUpload(core_, "alice", {.rows = 0, .cols = 3}, /*transient=*/false,
-               [&](const absl::Status& s, const ResidentMatrix&) { created = s; });
+  core_.CreateUpload("alice", {.rows = 0, .cols = 3}, /*transient=*/false,
+                     [&](const absl::Status& s, const ResidentMatrix&) { created = s; });
   EXPECT_EQ(created.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(created.message().find("header.rows"), std::string::npos) << created;
 }

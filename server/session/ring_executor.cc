@@ -139,12 +139,12 @@ void RingRegistry::ThreadEnded() {
   if (--threads_ == 0) threads_ended_.notify_all();
 }
 
-absl::Status RingExecutor::Attach(const GemmCore* core, RingRegistry* registry, std::string owner,
-                                  bool over_unix_socket, const RingSpec& spec,
+absl::Status RingExecutor::Attach(GemmCoreInterface* core, RingRegistry* registry,
+                                  std::string owner, bool over_unix_socket, const RingSpec& spec,
                                   RingEntryObserver on_entry, RingDetached on_detached,
                                   std::shared_ptr<RingExecutor>* ring) {
-  RegionStore& regions = core->regions();
-  if (absl::Status s = regions.CheckAllowed(over_unix_socket); !s.ok()) return s;
+  // First: a call that may not use shared memory learns that before anything of its spec.
+  if (absl::Status s = core->CheckRegionsAllowed(over_unix_socket); !s.ok()) return s;
   if (!PowerOfTwoUpTo(spec.sq_entries, kRingMaxEntries)) {
     return status::InvalidArgument(
         "sq_entries", fmt::format("{} is not a power of two from 1 to {}", spec.sq_entries,
@@ -171,9 +171,9 @@ absl::Status RingExecutor::Attach(const GemmCore* core, RingRegistry* registry, 
                                    fmt::format("more than {} slots", max_slots));
   }
   RegionLease lease;
-  if (absl::Status s = regions.Acquire(owner, spec.ring_region, 0,
-                                       int64_t(RingBytes(spec.sq_entries, spec.cq_entries)),
-                                       "ring_region", &lease);
+  if (absl::Status s = core->LeaseRegion(owner, over_unix_socket, spec.ring_region, 0,
+                                         int64_t(RingBytes(spec.sq_entries, spec.cq_entries)),
+                                         "ring_region", &lease);
       !s.ok()) {
     return s;
   }
@@ -212,7 +212,7 @@ absl::Status RingExecutor::Attach(const GemmCore* core, RingRegistry* registry, 
   return absl::OkStatus();
 }
 
-RingExecutor::RingExecutor(const GemmCore* core, RingRegistry* registry, std::string owner,
+RingExecutor::RingExecutor(GemmCoreInterface* core, RingRegistry* registry, std::string owner,
                            bool over_unix_socket, const RingSpec& spec, RegionLease ring,
                            RingEntryObserver on_entry, RingDetached on_detached)
     : core_(core),

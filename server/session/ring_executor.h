@@ -102,14 +102,14 @@ using RingDetached = std::function<void(const absl::Status&)>;
 class RingExecutor : public std::enable_shared_from_this<RingExecutor> {
  public:
   // Attaches `spec`'s ring for `owner` and starts its thread. Errors: those of
-  // RegionStore::CheckAllowed (shared memory off, not the Unix socket) and of Acquire for the
-  // ring region (NOT_FOUND: not the owner's; OUT_OF_RANGE: smaller than RingBytes);
-  // INVALID_ARGUMENT (entry counts not powers of two in [1, kRingMaxEntries], a CUDA IPC
-  // region, a bad magic or version in the ring's header, an empty slot handle);
+  // GemmCoreInterface::CheckRegionsAllowed (shared memory off, not the Unix socket) and of
+  // LeaseRegion for the ring region (NOT_FOUND: not the owner's; OUT_OF_RANGE: smaller than
+  // RingBytes); INVALID_ARGUMENT (entry counts not powers of two in [1, kRingMaxEntries], a
+  // CUDA IPC region, a bad magic or version in the ring's header, an empty slot handle);
   // RESOURCE_EXHAUSTED (the owner's ring count). `core` and `registry` must outlive the ring's
   // thread and its GEMMs (the registry waits for the thread; the core, as for any GEMM, for
   // the scheduler's drain). `on_entry` may be null.
-  static absl::Status Attach(const GemmCore* core, RingRegistry* registry, std::string owner,
+  static absl::Status Attach(GemmCoreInterface* core, RingRegistry* registry, std::string owner,
                              bool over_unix_socket, const RingSpec& spec,
                              RingEntryObserver on_entry, RingDetached on_detached,
                              std::shared_ptr<RingExecutor>* ring);
@@ -130,7 +130,7 @@ class RingExecutor : public std::enable_shared_from_this<RingExecutor> {
 
   uint32_t max_in_flight() const { return max_in_flight_; }
 
-  RingExecutor(const GemmCore* core, RingRegistry* registry, std::string owner,
+  RingExecutor(GemmCoreInterface* core, RingRegistry* registry, std::string owner,
                bool over_unix_socket, const RingSpec& spec, RegionLease ring,
                RingEntryObserver on_entry, RingDetached on_detached);  // use Attach
   ~RingExecutor();
@@ -160,7 +160,7 @@ class RingExecutor : public std::enable_shared_from_this<RingExecutor> {
   // Lets go of the ring's region when nothing can write into it any more. REQUIRES: mu_ held.
   void ReleaseRingIfDoneLocked();
 
-  const GemmCore* const core_;
+  GemmCoreInterface* const core_;
   RingRegistry* const registry_;
   const std::string owner_;
   const bool over_unix_socket_;

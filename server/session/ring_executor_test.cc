@@ -16,6 +16,7 @@
 #include "proto/numerics/error_stats.h"
 #include "proto/numerics/fp16.h"
 #include "server/backend/cpu_backend.h"
+#include "server/testing/core_regions.h"
 #include "server/testing/gated_backend.h"
 #include "server/testing/memfd.h"
 
@@ -28,14 +29,15 @@ constexpr auto kPatience = std::chrono::seconds(20);
 // A memfd of this process, registered as a region of `owner` and mapped here.
 class MappedRegion {
  public:
-  MappedRegion(RegionStore& regions, const std::string& owner, int64_t bytes)
+  MappedRegion(GemmCore& core, const std::string& owner, int64_t bytes)
       : file_(bytes), bytes_(bytes) {
     EXPECT_GE(file_.fd(), 0);
     void* base = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, file_.fd(), 0);
     EXPECT_NE(base, MAP_FAILED);
     base_ = static_cast<uint8_t*>(base);
     RegionInfo info;
-    EXPECT_TRUE(regions.Register(owner, ThisProcess(), file_.path(), bytes, "test", &info).ok());
+    EXPECT_TRUE(
+        RegisterMemfdNow(core, owner, ThisProcess(), file_.path(), bytes, "test", &info).ok());
     handle_ = info.handle;
   }
   ~MappedRegion() { munmap(base_, bytes_); }
@@ -54,8 +56,8 @@ class MappedRegion {
 // each publish, and polls for completions).
 class TestRing {
  public:
-  TestRing(RegionStore& regions, const std::string& owner, uint32_t sq, uint32_t cq)
-      : region_(regions, owner, int64_t(RingBytes(sq, cq))), sq_entries_(sq), cq_entries_(cq) {
+  TestRing(GemmCore& core, const std::string& owner, uint32_t sq, uint32_t cq)
+      : region_(core, owner, int64_t(RingBytes(sq, cq))), sq_entries_(sq), cq_entries_(cq) {
     header()->magic = kRingMagic;
     header()->version = kRingVersion;
   }
@@ -168,6 +170,11 @@ class RingExecutorTest : public ::testing::Test {
     return executor;
   }
 
+  // Unregisters alice's region `handle`, as over her Unix socket.
+  absl::Status Unregister(const std::string& handle, int64_t* freed) {
+    return core_.UnregisterRegion("alice", /*over_unix_socket=*/true, handle, freed);
+  }
+
   std::unique_ptr<Backend> backend_;
   MatrixStore store_{backend_.get(), {}};
   Scheduler scheduler_;
@@ -180,8 +187,8 @@ class RingExecutorTest : public ::testing::Test {
 };
 
 TEST_F(RingExecutorTest, GemmThroughTheRingMatchesTheReference) {
-  MappedRegion data(core_.regions(), "alice", kDataBytes);
-  TestRing ring(core_.regions(), "alice", 8, 8);
+  MappedRegion data(core_, "alice", kDataBytes);
+  TestRing ring(core_, "alice", 8, 8);
   DetachReport detached;
   auto executor = Attach(ring, ring.Spec({data.handle()}), &detached);
   ASSERT_NE(executor, nullptr);
@@ -200,9 +207,9 @@ TEST_F(RingExecutorTest, GemmThroughTheRingMatchesTheReference) {
 }
 
 TEST_F(RingExecutorTest, BadEntriesCompleteWithTheirErrorAndTheRingGoesOn) {
-  MappedRegion data(core_.regions(), "alice", kDataBytes);
-  MappedRegion foreign(core_.regions(), "mallory", kDataBytes);
-  TestRing ring(core_.regions(), "alice", 16, 16);
+  MappedRegion data(core_, "alice", kDataBytes);
+  MappedRegion foreign(core_, "mallory", kDataBytes);
+  TestRing ring(core_, "alice", 16, 16);
   DetachReport detached;
   auto executor = Attach(ring, ring.Spec({data.handle(), foreign.handle()}), &detached);
   ASSERT_NE(executor, nullptr);
@@ -273,7 +280,7 @@ TEST_F(RingExecutorTest, BadEntriesCompleteWithTheirErrorAndTheRingGoesOn) {
 }
 
 TEST_F(RingExecutorTest, AttachRefusesBadSizesForeignRingsAndTooManyRings) {
-  TestRing ring(core_.regions(), "alice", 8, 8);
+  TestRing ring(core_, "alice", 8, 8);
   DetachReport detached;
   std::shared_ptr<RingExecutor> executor;
   auto attach = [&](RingSpec spec, const std::string& owner = "alice", bool unix_socket = true) {
@@ -308,8 +315,8 @@ TEST_F(RingExecutorTest, AttachRefusesBadSizesForeignRingsAndTooManyRings) {
 }
 
 TEST_F(RingExecutorTest, ATailTooFarAheadDetachesTheRingAndOthersKeepWorking) {
-  MappedRegion data(core_.regions(), "alice", kDataBytes);
-  TestRing bad(core_.regions(), "alice", 8, 8), good(core_.regions(), "alice", 8, 8);
+  MappedRegion data(core_, "alice", kDataBytes);
+  TestRing bad(core_, "alice", 8, 8), good(core_, "alice", 8, 8);
   DetachReport bad_detached, good_detached;
   auto bad_ring = Attach(bad, bad.Spec({data.handle()}), &bad_detached);
   auto good_ring = Attach(good, good.Spec({data.handle()}), &good_detached);
@@ -331,8 +338,8 @@ TEST_F(RingExecutorTest, ATailTooFarAheadDetachesTheRingAndOthersKeepWorking) {
 }
 
 TEST_F(RingExecutorTest, ACqHeadPastTheTailDetachesTheRing) {
-  MappedRegion data(core_.regions(), "alice", kDataBytes);
-  TestRing ring(core_.regions(), "alice", 8, 8);
+  MappedRegion data(core_, "alice", kDataBytes);
+  TestRing ring(core_, "alice", 8, 8);
   DetachReport detached;
   auto executor = Attach(ring, ring.Spec({data.handle()}), &detached);
   ring.header()->cq_head.store(12345);
@@ -348,8 +355,8 @@ TEST_F(RingExecutorTest, ACqHeadPastTheTailDetachesTheRing) {
 // it: the server never crashes nor hangs; it either completes garbage entries with errors or
 // detaches the ring, and another ring keeps working meanwhile.
 TEST_F(RingExecutorTest, GarbageOverTheWholeRingNeverHurtsTheServer) {
-  MappedRegion data(core_.regions(), "alice", kDataBytes);
-  TestRing hostile(core_.regions(), "alice", 4, 4), good(core_.regions(), "alice", 8, 8);
+  MappedRegion data(core_, "alice", kDataBytes);
+  TestRing hostile(core_, "alice", 4, 4), good(core_, "alice", 8, 8);
   DetachReport hostile_detached, good_detached;
   auto hostile_ring = Attach(hostile, hostile.Spec({data.handle()}, {"m-nothing"}),
                              &hostile_detached);
@@ -385,25 +392,24 @@ TEST_F(RingExecutorTest, GarbageOverTheWholeRingNeverHurtsTheServer) {
 }
 
 TEST_F(RingExecutorTest, StoppingReleasesTheRingRegionAndTheSlots) {
-  MappedRegion data(core_.regions(), "alice", kDataBytes);
-  TestRing ring(core_.regions(), "alice", 8, 8);
+  MappedRegion data(core_, "alice", kDataBytes);
+  TestRing ring(core_, "alice", 8, 8);
   DetachReport detached;
   auto executor = Attach(ring, ring.Spec({data.handle()}), &detached);
   int64_t freed = 0;
-  EXPECT_EQ(core_.regions().Unregister("alice", ring.handle(), &freed).code(),
-            absl::StatusCode::kFailedPrecondition)
+  EXPECT_EQ(Unregister(ring.handle(), &freed).code(), absl::StatusCode::kFailedPrecondition)
       << "the attached ring holds its region";
   executor->Stop();
   executor.reset();
   // The ring thread lets go of the region as it ends.
   const auto give_up = std::chrono::steady_clock::now() + kPatience;
   absl::Status s;
-  while (!(s = core_.regions().Unregister("alice", ring.handle(), &freed)).ok() &&
+  while (!(s = Unregister(ring.handle(), &freed)).ok() &&
          std::chrono::steady_clock::now() < give_up) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
   EXPECT_TRUE(s.ok()) << s;
-  EXPECT_TRUE(core_.regions().Unregister("alice", data.handle(), &freed).ok())
+  EXPECT_TRUE(Unregister(data.handle(), &freed).ok())
       << "a bound slot holds nothing";
   EXPECT_EQ(registry_.Attached(), 0);
   EXPECT_FALSE(detached.Seen());
@@ -419,8 +425,8 @@ class RingExecutorFullQueueTest : public RingExecutorTest {
 };
 
 TEST_F(RingExecutorFullQueueTest, AFullQueueCompletesTheEntryUnavailable) {
-  MappedRegion data(core_.regions(), "alice", kDataBytes);
-  TestRing ring(core_.regions(), "alice", 8, 8);
+  MappedRegion data(core_, "alice", kDataBytes);
+  TestRing ring(core_, "alice", 8, 8);
   DetachReport detached;
   auto executor = Attach(ring, ring.Spec({data.handle()}), &detached);
   Fill(data);

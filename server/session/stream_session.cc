@@ -37,7 +37,7 @@ struct StreamSession::Gemm {
   GemmResult result;
 };
 
-StreamSession::StreamSession(const GemmCore& core, const StreamOptions& options,
+StreamSession::StreamSession(GemmCoreInterface& core, const StreamOptions& options,
                              StreamTransport* transport, std::string owner,
                              Clock::time_point deadline, std::string traceparent)
     : core_(core),

@@ -70,7 +70,7 @@ class StreamSession {
   // A session of `owner` (already identified) whose GEMMs get the call's `deadline` and
   // `traceparent` ("" if none). It starts no read: the transport starts the first one.
   // REQUIRES: `core`, `options` and `transport` outlive the session.
-  StreamSession(const GemmCore& core, const StreamOptions& options, StreamTransport* transport,
+  StreamSession(GemmCoreInterface& core, const StreamOptions& options, StreamTransport* transport,
                 std::string owner, Clock::time_point deadline, std::string traceparent);
   // Waits for whoever called Finish to let go of the session. REQUIRES: the call is done
   // (Finish was called and nothing it started is outstanding).
@@ -114,7 +114,7 @@ class StreamSession {
   void NextWriteLocked();
   void MaybeFinishLocked();
 
-  const GemmCore& core_;
+  GemmCoreInterface& core_;
   const StreamOptions& options_;
   StreamTransport* const transport_;
   const std::string owner_;

@@ -48,7 +48,7 @@ void AddFailure(const std::string& what) { ADD_FAILURE() << what; }
 class TestStream final
     : public FakeReadCall<StreamTransport, StreamSession, StreamMessage> {
  public:
-  TestStream(const GemmCore& core, const StreamOptions& options, std::string owner)
+  TestStream(GemmCoreInterface& core, const StreamOptions& options, std::string owner)
       : FakeReadCall(&AddFailure, std::chrono::seconds(60)) {
     Open(core, options, this, std::move(owner), Clock::time_point::max(), "");
     acker_ = std::thread([this] { AckWrites(); });

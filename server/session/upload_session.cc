@@ -5,40 +5,10 @@
 #include <utility>
 
 #include "server/core/status.h"
-#include "server/session/validation.h"
 
 namespace hgemm {
-absl::Status CheckMatrixHeader(const GemmCore& core, const MatrixSpec& header,
-                               const std::string& field, int* device_index, ElementType* dtype) {
-  GemmShape shape;  // validate rows x cols as the m x k of a GEMM
-  if (header.rows == 0) return status::InvalidArgument(field + ".rows", "must be at least 1");
-  if (header.cols == 0) return status::InvalidArgument(field + ".cols", "must be at least 1");
-  if (absl::Status s = ValidateShape(header.rows, 1, header.cols, core.rules(), &shape);
-      !s.ok()) {
-    return s;
-  }
-  if (header.label.size() > kMaxRequestIdBytes) {
-    return status::InvalidArgument(field + ".label", "at most 128 bytes");
-  }
-  *device_index = -1;
-  if (header.device_id) {
-    if (absl::Status s = core.FindDevice(*header.device_id, field + ".device_id", device_index);
-        !s.ok()) {
-      return s;
-    }
-  }
-  *dtype = header.dtype.value.value_or(ElementType::kFp16);
-  if (!header.dtype.known || *dtype == ElementType::kFp32) {
-    return status::InvalidArgument(
-        field + ".dtype",
-        fmt::format("enum value {} is not a type of a resident operand (DATA_TYPE_FP16 or "
-                    "DATA_TYPE_BF16)",
-                    header.dtype.number));
-  }
-  return absl::OkStatus();
-}
 
-UploadSession::UploadSession(const GemmCore& core, UploadTransport* transport, std::string owner,
+UploadSession::UploadSession(GemmCoreInterface& core, UploadTransport* transport, std::string owner,
                              std::chrono::seconds idle_timeout, bool over_unix_socket)
     : core_(core),
       transport_(transport),
@@ -109,7 +79,7 @@ void UploadSession::OnCallDone(bool cancelled) {
   if (!registered_.empty() && cancelled) {
     int64_t freed = 0;
     // A handle of its own that it just registered: nothing to report if it is gone already.
-    (void)core_.store().Release(owner_, registered_, &freed);
+    (void)core_.ReleaseMatrix(owner_, registered_, /*admin=*/false, &freed);
   }
 }
 
@@ -120,38 +90,24 @@ absl::Status UploadSession::ConsumeHeader(const UploadMessage& message) {
   }
   header_ = *header;
   int device_index = -1;
-  if (absl::Status s = CheckMatrixHeader(core_, header_, "header", &device_index, &dtype_);
+  if (absl::Status s = core_.CheckMatrixHeader(header_, "header", &device_index, &dtype_);
       !s.ok()) {
     return s;
   }
   bytes_ = MatrixBytes(header_.rows, header_.cols, dtype_);
   // The quota first: nothing is allocated or copied for a matrix its owner may not keep.
   QuotaReservation quota;
-  if (absl::Status s = core_.store().Reserve(owner_, bytes_, &quota); !s.ok()) return s;
+  if (absl::Status s = core_.ReserveMatrix(owner_, bytes_, &quota); !s.ok()) return s;
   // From a region: its bytes go to the upload threads with the lease, which holds the region
   // until they are copied (no copy here, on the RPC thread).
   WireBytes region_data;
   const bool from_region = header_.source.kind == OperandSource::Kind::kRegion;
   if (from_region) {
-    RegionStore& regions = core_.regions();
-    if (absl::Status s = regions.CheckAllowed(over_unix_socket_); !s.ok()) return s;
-    auto lease = std::make_shared<RegionLease>();
-    if (absl::Status s = regions.Acquire(owner_, header_.source.handle, header_.source.offset,
-                                         bytes_, "header.region", lease.get());
+    if (absl::Status s = core_.ReadRegion(owner_, over_unix_socket_, header_.source.handle,
+                                          header_.source.offset, bytes_, "header.region",
+                                          &region_data);
         !s.ok()) {
       return s;
-    }
-    if (const std::shared_ptr<ResidentBuffer>& view = lease->device_view()) {
-      // CUDA IPC memory: read off its device.
-      std::string bytes(size_t(bytes_), '\0');
-      if (absl::Status s = core_.backend().ReadResidentRange(*view, 0, bytes_, bytes.data());
-          !s.ok()) {
-        return status::WithContext("header.region", s);
-      }
-      region_data = WireBytes(std::move(bytes));
-    } else {
-      const std::string_view leased(reinterpret_cast<const char*>(lease->data()), size_t(bytes_));
-      region_data = WireBytes({leased}, std::move(lease));
     }
   }
   header_seen_ = true;
@@ -161,7 +117,7 @@ absl::Status UploadSession::ConsumeHeader(const UploadMessage& message) {
   arriving = arriving_ = ArrivingBuffer::Start(
       &core_.uploads(), bytes_,
       [this, device_index](std::shared_ptr<ResidentBuffer>* buffer) {
-        return core_.store().AllocateBuffer(device_index, bytes_, buffer);
+        return core_.AllocateMatrixBuffer(device_index, bytes_, buffer);
       },
       [this](const absl::Status& s, std::shared_ptr<ResidentBuffer> buffer, double) {
         Settled(s, std::move(buffer));
@@ -231,9 +187,7 @@ void UploadSession::MaybeFinishLocked() {
   if (s.ok() && transport_->IsCancelled()) s = status::Cancelled();
   ResidentMatrix matrix;
   if (s.ok()) {
-    matrix = core_.store().Add(std::move(quota_), header_.rows, header_.cols, dtype_,
-                               std::move(buffer_), std::chrono::seconds(header_.ttl_seconds),
-                               header_.label);
+    matrix = core_.AddMatrix(std::move(quota_), header_, dtype_, std::move(buffer_));
     registered_ = matrix.handle;
   } else {  // given back before the client hears of it, so that it can retry at once
     quota_ = QuotaReservation();

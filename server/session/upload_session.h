@@ -30,29 +30,11 @@
 
 namespace hgemm {
 
-// A resident matrix's header as its client described it (UploadMatrix, CreateUpload),
-// unchecked: rows·cols values of `dtype`, row-major.
-struct MatrixSpec {
-  uint32_t rows = 0, cols = 0;
-  WireEnum<ElementType> dtype;       // unset: fp16
-  std::optional<int32_t> device_id;  // the device it lives on; unset: the store picks
-  uint32_t ttl_seconds = 0;          // 0: the store's default
-  std::string label;
-  // Where its bytes come from: kArriving (chunks after the header) or kRegion (a region of the
-  // owner, read at once; UploadMatrix over a Unix socket).
-  OperandSource source = OperandSource::Arriving();
-};
-
 // One UploadMatrix message as read: the header, or a chunk of the matrix's bytes (the wire's,
 // moved here, never copied); monostate for a message that holds neither.
 struct UploadMessage {
   std::variant<std::monostate, MatrixSpec, WireBytes> content;
 };
-
-// Checks a matrix's header (UploadMatrix, CreateUpload; messages name `field`.rows, ...): its
-// shape, label, device (*device_index: a Devices() index, or -1 when unset) and dtype.
-absl::Status CheckMatrixHeader(const GemmCore& core, const MatrixSpec& header,
-                               const std::string& field, int* device_index, ElementType* dtype);
 
 // The call under an UploadSession. StartRead is answered later by OnRead or OnReadsDone,
 // never from inside the call; at most one read is started at a time.
@@ -73,7 +55,7 @@ class UploadSession {
   // ends it (ExpireIdle). It starts no read: the transport starts the first one.
   // `over_unix_socket`: the call came over a Unix socket, where a header may name a region.
   // REQUIRES: `core` and `transport` outlive the session.
-  UploadSession(const GemmCore& core, UploadTransport* transport, std::string owner,
+  UploadSession(GemmCoreInterface& core, UploadTransport* transport, std::string owner,
                 std::chrono::seconds idle_timeout, bool over_unix_socket = false);
   // REQUIRES: the call is done (Finish was called, nothing it started is outstanding).
   ~UploadSession();
@@ -103,7 +85,7 @@ class UploadSession {
   void Fail(const absl::Status& s);
   void MaybeFinishLocked();
 
-  const GemmCore& core_;
+  GemmCoreInterface& core_;
   UploadTransport* const transport_;
   const std::string owner_;
   const std::chrono::seconds idle_timeout_;

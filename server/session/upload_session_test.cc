@@ -19,7 +19,7 @@ void AddFailure(const std::string& what) { ADD_FAILURE() << what; }
 // One UploadMatrix call: a session over a transport that records its finish.
 class TestUpload final : public FakeReadCall<UploadTransport, UploadSession, UploadMessage> {
  public:
-  TestUpload(const GemmCore& core, std::string owner, std::chrono::seconds idle)
+  TestUpload(GemmCoreInterface& core, std::string owner, std::chrono::seconds idle)
       : FakeReadCall(&AddFailure, std::chrono::seconds(20)) {
     Open(core, this, std::move(owner), idle);
   }

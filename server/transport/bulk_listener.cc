@@ -77,7 +77,7 @@ absl::Status ShortReceive(const char* what, std::chrono::milliseconds idle_timeo
 // ends the part (Finish) from its own threads; the lane's thread does the reads it asked for.
 class PutLane final : public PartTransport {
  public:
-  PutLane(const GemmCore& core, const BulkTicket& ticket, std::chrono::milliseconds idle)
+  PutLane(GemmCoreInterface& core, const BulkTicket& ticket, std::chrono::milliseconds idle)
       : session_(core, this, ticket.owner,
                  std::chrono::duration_cast<std::chrono::seconds>(idle)) {}
 
@@ -156,7 +156,7 @@ class PutLane final : public PartTransport {
 }  // namespace
 
 std::unique_ptr<BulkListener> BulkListener::Start(BulkListenerOptions options,
-                                                  const GemmCore* core, BulkGrants* grants,
+                                                  GemmCoreInterface* core, BulkGrants* grants,
                                                   ServiceMetrics* metrics,
                                                   std::string* error) {
   int port = 0;
@@ -166,7 +166,7 @@ std::unique_ptr<BulkListener> BulkListener::Start(BulkListenerOptions options,
       new BulkListener(std::move(options), core, grants, metrics, fd, port));
 }
 
-BulkListener::BulkListener(BulkListenerOptions options, const GemmCore* core,
+BulkListener::BulkListener(BulkListenerOptions options, GemmCoreInterface* core,
                            BulkGrants* grants, ServiceMetrics* metrics, int fd, int port)
     : options_(std::move(options)),
       core_(core),
@@ -271,7 +271,7 @@ void BulkListener::ServeLane(bulk::Connection& lane) {
 
 void BulkListener::ServeGet(bulk::Connection& lane, const BulkTicket& ticket) {
   ResidentMatrix m;
-  absl::Status s = core_->store().Lookup(ticket.owner, ticket.handle, "handle", &m);
+  absl::Status s = core_->LookupMatrix(ticket.owner, ticket.handle, "handle", &m);
   if (s.ok() && ticket.offset + ticket.length > m.buffer->bytes) {
     s = status::OutOfRange("offset", fmt::format("bytes [{}, {} + {}) of a {}-byte matrix",
                                                  ticket.offset, ticket.offset, ticket.length,
@@ -283,7 +283,7 @@ void BulkListener::ServeGet(bulk::Connection& lane, const BulkTicket& ticket) {
   int64_t at = 0;
   while (at < ticket.length) {
     const int64_t size = std::min(options_.chunk_bytes, ticket.length - at);
-    s = core_->backend().ReadResidentRange(*m.buffer, ticket.offset + at, size, piece.data());
+    s = core_->ReadMatrix(*m.buffer, ticket.offset + at, size, piece.data());
     if (!s.ok()) {
       // No frame can follow bytes: the client sees the lane end short.
       spdlog::error("bulk channel: reading matrix {}: {}", ticket.handle, status::Message(s));

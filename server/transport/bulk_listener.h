@@ -54,9 +54,9 @@ class BulkListener {
   // Listens on options.address; nullptr and the reason in *error if it can't be bound.
   // Counts the bytes each lane moved in `metrics` (null: none kept) as DataPath::kBulk.
   // REQUIRES: `core`, `grants` and `metrics` outlive the listener.
-  static std::unique_ptr<BulkListener> Start(BulkListenerOptions options, const GemmCore* core,
-                                             BulkGrants* grants, ServiceMetrics* metrics,
-                                             std::string* error);
+  static std::unique_ptr<BulkListener> Start(BulkListenerOptions options,
+                                             GemmCoreInterface* core, BulkGrants* grants,
+                                             ServiceMetrics* metrics, std::string* error);
   // Stops accepting, cuts the lanes in progress (a PUT lane's part then counts nothing) and
   // waits for their threads.
   ~BulkListener();
@@ -66,7 +66,7 @@ class BulkListener {
   int port() const { return port_; }
 
  private:
-  BulkListener(BulkListenerOptions options, const GemmCore* core, BulkGrants* grants,
+  BulkListener(BulkListenerOptions options, GemmCoreInterface* core, BulkGrants* grants,
                ServiceMetrics* metrics, int fd, int port);
   void AcceptLoop();
   // Serves one connection, then closes it.
@@ -77,7 +77,7 @@ class BulkListener {
   void ServePut(bulk::Connection& lane, const BulkTicket& ticket);
 
   const BulkListenerOptions options_;
-  const GemmCore* const core_;
+  GemmCoreInterface* const core_;
   BulkGrants* const grants_;
   ServiceMetrics* const metrics_;
   const int listen_fd_;

@@ -141,7 +141,7 @@ void CallGate::Close() {
   passes_returned_.wait(lock, [this] { return passes_ == 0; });
 }
 
-void Describe(const GemmCore& core, const ResidentMatrix& matrix, v1::MatrixInfo* info) {
+void Describe(const GemmCoreInterface& core, const ResidentMatrix& matrix, v1::MatrixInfo* info) {
   ToProto(matrix, core.DeviceId(matrix), core.replica(), info);
 }
 

@@ -1,5 +1,5 @@
 // What the reactors of GemmServiceImpl work with, instead of reaching into the service: the
-// GemmCore their calls go to, the CallLog that answers for each call, and the TrackedCalls
+// core their calls go to, the CallLog that answers for each call, and the TrackedCalls
 // registry (drain at shutdown, the idle timeout of streaming calls).
 // Thread safety: CallLog and TrackedCalls are thread-safe.
 #ifndef HGEMM_SERVER_TRANSPORT_CALL_SERVICES_H_
@@ -141,7 +141,7 @@ class CallGate {
 
 // Everything a reactor needs. The pointees outlive every call.
 struct CallServices {
-  const GemmCore* core = nullptr;
+  GemmCoreInterface* core = nullptr;
   const CallLog* log = nullptr;
   TrackedCalls* calls = nullptr;
   const StreamOptions* stream = nullptr;
@@ -149,7 +149,7 @@ struct CallServices {
 };
 
 // Describes a resident matrix of `core` for the wire.
-void Describe(const GemmCore& core, const ResidentMatrix& matrix, v1::MatrixInfo* info);
+void Describe(const GemmCoreInterface& core, const ResidentMatrix& matrix, v1::MatrixInfo* info);
 
 }  // namespace hgemm
 

@@ -177,6 +177,16 @@ MatrixSpec ToSpec(const v1::MatrixHeader& header) {
   return spec;
 }
 
+RegionSpec ToSpec(const v1::RegisterRegionRequest& request) {
+  RegionSpec spec{.path = request.path(),
+                  .byte_size = request.byte_size(),
+                  .label = request.label()};
+  if (request.has_cuda_ipc()) {
+    spec.cuda_ipc = RegionSpec::CudaIpc{request.cuda_ipc().handle(), request.cuda_ipc().device()};
+  }
+  return spec;
+}
+
 UploadMessage ToUploadMessage(v1::UploadMatrixRequest& message) {
   switch (message.message_case()) {
     case v1::UploadMatrixRequest::kHeader:

@@ -52,6 +52,9 @@ StreamMessage ToStreamMessage(v1::GemmStreamRequest& message);
 // A resident matrix's header (UploadMatrix, CreateUpload).
 MatrixSpec ToSpec(const v1::MatrixHeader& header);
 
+// A region to register, as its request describes it.
+RegionSpec ToSpec(const v1::RegisterRegionRequest& request);
+
 // An UploadMatrix message as its session reads it. A chunk's bytes are moved out of `message`.
 UploadMessage ToUploadMessage(v1::UploadMatrixRequest& message);
 

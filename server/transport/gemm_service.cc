@@ -5,10 +5,11 @@
 
 #include <algorithm>
 #include <memory>
+#include <optional>
+#include <string>
 #include <utility>
 
 #include "server/core/status.h"
-#include "server/session/part_session.h"
 #include "server/transport/convert.h"
 #include "server/transport/matrix_reactors.h"
 #include "server/transport/ring_reactor.h"
@@ -17,16 +18,18 @@
 
 namespace hgemm {
 
-GemmServiceImpl::GemmServiceImpl(Scheduler* scheduler, Backend* backend, MatrixStore* store,
-                                 UploadQueue* uploads, ServiceOptions options,
+GemmCoreOptions CoreOptions(const ServiceOptions& options) {
+  return {.rules = options.rules,
+          .max_client_pending_bytes = options.max_client_pending_bytes,
+          .result_buffer_pool_bytes = options.result_buffer_pool_bytes,
+          .replica = options.resident.replica,
+          .regions = options.regions};
+}
+
+GemmServiceImpl::GemmServiceImpl(GemmCoreInterface* core, ServiceOptions options,
                                  ServiceMetrics* metrics, const Authenticator* authenticator)
     : options_(std::move(options)),
-      core_(scheduler, backend, store, uploads,
-            {.rules = options_.rules,
-             .max_client_pending_bytes = options_.max_client_pending_bytes,
-             .result_buffer_pool_bytes = options_.result_buffer_pool_bytes,
-             .replica = options_.resident.replica,
-             .regions = options_.regions}),
+      core_(core),
       log_(metrics),
       authenticator_(authenticator != nullptr ? authenticator : &no_authentication_),
       stream_options_{.stream_chunk_bytes = options_.stream_chunk_bytes,
@@ -140,7 +143,7 @@ absl::Status GemmServiceImpl::AdmitGemm(grpc::CallbackServerContext* context,
   const bool a_shared = request.has_a_region(), b_shared = request.has_b_region();
   const bool c_shared = request.has_c_region();
   AdmittedGemm admitted;
-  if (absl::Status s = core_.Admit(owner, std::move(order), &admitted); !s.ok()) return s;
+  if (absl::Status s = core_->Admit(owner, std::move(order), &admitted); !s.ok()) return s;
   GemmJob& job = admitted.job();
   const GemmShape shape = job.shape;
   response->set_m(shape.m);
@@ -153,14 +156,14 @@ absl::Status GemmServiceImpl::AdmitGemm(grpc::CallbackServerContext* context,
   job.deadline = SteadyDeadline(*context);
   job.is_cancelled = [context] { return context->IsCancelled(); };
   job.traceparent = CallTraceparent(*context);
-  return core_.Run(std::move(admitted), [this, context, owner, reactor, response, shape, a_shared,
-                                         b_shared, c_shared](const absl::Status& status,
-                                                             GemmResult result) {
+  return core_->Run(std::move(admitted), [this, context, owner, reactor, response, shape,
+                                          a_shared, b_shared, c_shared](const absl::Status& status,
+                                                                        GemmResult result) {
     absl::Status answer = status;
     try {
       if (status.ok()) {
         ToProto(shape, result, response->mutable_timing(), response->mutable_execution());
-        if (result.kept_c.buffer) Describe(core_, result.kept_c, response->mutable_c_matrix());
+        if (result.kept_c.buffer) Describe(*core_, result.kept_c, response->mutable_c_matrix());
       }
     } catch (...) {
       answer = status::FromCurrentException("Gemm result");
@@ -226,8 +229,9 @@ grpc::ServerUnaryReactor* GemmServiceImpl::GetServerInfo(grpc::CallbackServerCon
                                                          v1::ServerInfo* response) {
   return Unary(Rpc::kGetServerInfo, context, [&](const Principal&) {
     response->set_version(kVersion);
-    response->set_backend(core_.backend().Name());
-    for (const DeviceDescription& d : core_.backend().Devices()) {
+    const std::string backend = core_->BackendName();
+    response->set_backend(backend);
+    for (const DeviceDescription& d : core_->Devices()) {
       ToProto(d, response->add_devices());
     }
     v1::Limits* limits = response->mutable_limits();
@@ -243,7 +247,7 @@ grpc::ServerUnaryReactor* GemmServiceImpl::GetServerInfo(grpc::CallbackServerCon
     limits->set_resident_lru_eviction(options_.resident.lru_eviction);
     limits->set_max_parts_per_upload(options_.resident.max_parts_per_upload);
     limits->set_upload_idle_timeout_seconds(options_.resident.upload_idle_timeout.count());
-    const Scheduler::Stats stats = core_.scheduler().GetStats();
+    const Scheduler::Stats stats = core_->SchedulerStats();
     v1::Load* load = response->mutable_load();
     load->set_queued(stats.queued);
     load->set_running(stats.running);
@@ -255,7 +259,7 @@ grpc::ServerUnaryReactor* GemmServiceImpl::GetServerInfo(grpc::CallbackServerCon
     features->set_shared_memory(options_.regions.allow_shared_memory);
     features->set_unix_socket(options_.unix_socket);
     features->set_cuda_ipc(options_.regions.allow_shared_memory &&
-                           options_.regions.allow_cuda_ipc && core_.backend().Name() == "cuda");
+                           options_.regions.allow_cuda_ipc && backend == "cuda");
     features->set_submission_ring(options_.regions.allow_shared_memory);
     features->set_parallel_parts(true);
     features->set_tls(options_.tls);
@@ -296,7 +300,7 @@ grpc::ServerUnaryReactor* GemmServiceImpl::OpenBulk(grpc::CallbackServerContext*
     if (direction == BulkDirection::kGet) {
       // A PUT's range is checked when its lanes claim their parts (MatrixStore::BeginPart).
       ResidentMatrix m;
-      if (absl::Status s = core_.store().Lookup(caller.name, request->handle(), "handle", &m);
+      if (absl::Status s = core_->LookupMatrix(caller.name, request->handle(), "handle", &m);
           !s.ok()) {
         return s;
       }
@@ -344,7 +348,7 @@ grpc::ServerUnaryReactor* GemmServiceImpl::ReleaseMatrix(grpc::CallbackServerCon
                                                          v1::ReleaseMatrixResponse* response) {
   return Unary(Rpc::kReleaseMatrix, context, [&](const Principal& caller) {
     int64_t freed = 0;
-    absl::Status s = core_.store().Release(caller.name, request->handle(), &freed, caller.admin);
+    absl::Status s = core_->ReleaseMatrix(caller.name, request->handle(), caller.admin, &freed);
     response->set_freed_bytes(freed);
     return s;
   });
@@ -354,15 +358,15 @@ grpc::ServerUnaryReactor* GemmServiceImpl::ListMatrices(grpc::CallbackServerCont
                                                         const v1::ListMatricesRequest*,
                                                         v1::ListMatricesResponse* response) {
   return Unary(Rpc::kListMatrices, context, [&](const Principal& caller) {
-    MatrixStore& store = core_.store();
     // An administrator sees every principal's matrices, each with its owner.
-    for (const ResidentMatrix& m : caller.admin ? store.ListAll() : store.List(caller.name)) {
+    const MatrixList list = core_->ListMatrices(caller.name, caller.admin);
+    for (const ResidentMatrix& m : list.matrices) {
       v1::MatrixInfo* info = response->add_matrices();
-      Describe(core_, m, info);
+      Describe(*core_, m, info);
       if (caller.admin) info->set_owner(m.owner);
     }
-    response->set_client_bytes(store.ClientBytes(caller.name));
-    response->set_quota_bytes(options_.resident.quota_bytes_per_client);
+    response->set_client_bytes(list.client_bytes);
+    response->set_quota_bytes(list.quota_bytes);
     return absl::OkStatus();
   });
 }
@@ -388,10 +392,10 @@ grpc::ServerUnaryReactor* GemmServiceImpl::CreateUpload(grpc::CallbackServerCont
     return reactor;
   }
   // Answered once the matrix is allocated (on an upload thread), or at once when refused.
-  hgemm::CreateUpload(core_, caller.name, ToSpec(request->header()), request->transient(),
+  core_->CreateUpload(caller.name, ToSpec(request->header()), request->transient(),
                       [this, context, reactor, response, owner = caller.name](
                           const absl::Status& s, const ResidentMatrix& matrix) {
-                        if (s.ok()) Describe(core_, matrix, response);
+                        if (s.ok()) Describe(*core_, matrix, response);
                         log_.Answered(Rpc::kCreateUpload, s, context, owner);
                         reactor->Finish(ToGrpcStatus(s));
                       });
@@ -422,7 +426,7 @@ grpc::ServerUnaryReactor* GemmServiceImpl::BindRingSlots(grpc::CallbackServerCon
                                                          const v1::BindRingSlotsRequest* request,
                                                          v1::RingSlots* response) {
   return Unary(Rpc::kBindRingSlots, context, [&](const Principal& caller) {
-    if (absl::Status s = core_.regions().CheckAllowed(OverUnixSocket(*context)); !s.ok()) return s;
+    if (absl::Status s = core_->CheckRegionsAllowed(OverUnixSocket(*context)); !s.ok()) return s;
     std::shared_ptr<RingExecutor> ring;
     if (absl::Status s = call_services_.rings->Find(caller.name, request->ring_region(), &ring);
         !s.ok()) {
@@ -443,50 +447,26 @@ grpc::ServerUnaryReactor* GemmServiceImpl::RegisterRegion(grpc::CallbackServerCo
                                                           v1::RegionInfo* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   Principal caller;
-  absl::Status s = Identify(Rpc::kRegisterRegion, context, &caller);
-  const bool identified = s.ok();  // else Identify logged the refusal
-  if (s.ok()) s = core_.regions().CheckAllowed(OverUnixSocket(*context));
-  if (s.ok() && request->byte_size() > uint64_t(INT64_MAX)) {
-    s = status::InvalidArgument("byte_size", "larger than 2^63 - 1");
-  }
-  if (s.ok() && request->has_cuda_ipc() && !request->path().empty()) {
-    s = status::InvalidArgument("path", "give either path or cuda_ipc, not both");
-  }
-  // The process the kernel says is calling: only its own file descriptors may be registered.
-  RegisteringProcess process;
-  if (const std::optional<PeerCredentials> peer = authenticator_->UnixPeer(*context)) {
-    process.pid = peer->pid;
-    if (peer->process) process.alive = [handle = peer->process] { return handle->Alive(); };
-  } else if (s.ok() && !request->has_cuda_ipc()) {
-    s = status::PermissionDenied(
-        "this connection has no kernel credentials (SO_PEERCRED): register over a unix: "
-        "listener of the server's own");
-  }
-  if (!s.ok()) {
-    if (identified) log_.Answered(Rpc::kRegisterRegion, s, context, caller.name);
-    reactor->Finish(ToGrpcStatus(s));
+  if (absl::Status s = Identify(Rpc::kRegisterRegion, context, &caller); !s.ok()) {
+    reactor->Finish(ToGrpcStatus(s));  // Identify logged the refusal
     return reactor;
   }
-  // Mapping and pinning a large region takes a while: not on a gRPC thread.
-  core_.uploads().Post([this, context, request, response, reactor, caller = std::move(caller),
-                        process = std::move(process)] {
-    RegionStore& regions = core_.regions();
-    RegionInfo info;
-    absl::Status s;
-    try {
-      s = request->has_cuda_ipc()
-              ? regions.RegisterCudaIpc(caller.name, request->cuda_ipc().handle(),
-                                        request->cuda_ipc().device(),
-                                        int64_t(request->byte_size()), request->label(), &info)
-              : regions.Register(caller.name, process, request->path(),
-                                 int64_t(request->byte_size()), request->label(), &info);
-    } catch (...) {
-      s = status::FromCurrentException("RegisterRegion");
-    }
-    if (s.ok()) ToProto(info, response);
-    log_.Answered(Rpc::kRegisterRegion, s, context, caller.name);
-    reactor->Finish(ToGrpcStatus(s));
-  });
+  // The process the kernel says is calling: only its own file descriptors may be registered.
+  std::optional<RegisteringProcess> process;
+  if (const std::optional<PeerCredentials> peer = authenticator_->UnixPeer(*context)) {
+    process.emplace();
+    process->pid = peer->pid;
+    if (peer->process) process->alive = [handle = peer->process] { return handle->Alive(); };
+  }
+  // Answered once the region is mapped (on an upload thread), or at once when refused.
+  core_->RegisterRegion(caller.name, OverUnixSocket(*context), ToSpec(*request),
+                        std::move(process),
+                        [this, context, reactor, response, owner = caller.name](
+                            const absl::Status& s, const RegionInfo& info) {
+                          if (s.ok()) ToProto(info, response);
+                          log_.Answered(Rpc::kRegisterRegion, s, context, owner);
+                          reactor->Finish(ToGrpcStatus(s));
+                        });
   return reactor;
 }
 
@@ -494,10 +474,9 @@ grpc::ServerUnaryReactor* GemmServiceImpl::UnregisterRegion(
     grpc::CallbackServerContext* context, const v1::UnregisterRegionRequest* request,
     v1::UnregisterRegionResponse* response) {
   return Unary(Rpc::kUnregisterRegion, context, [&](const Principal& caller) {
-    RegionStore& regions = core_.regions();
-    if (absl::Status s = regions.CheckAllowed(OverUnixSocket(*context)); !s.ok()) return s;
     int64_t freed = 0;
-    absl::Status s = regions.Unregister(caller.name, request->region(), &freed);
+    absl::Status s = core_->UnregisterRegion(caller.name, OverUnixSocket(*context),
+                                             request->region(), &freed);
     response->set_freed_bytes(freed);
     return s;
   });
@@ -507,12 +486,15 @@ grpc::ServerUnaryReactor* GemmServiceImpl::ListRegions(grpc::CallbackServerConte
                                                        const v1::ListRegionsRequest*,
                                                        v1::ListRegionsResponse* response) {
   return Unary(Rpc::kListRegions, context, [&](const Principal& caller) {
-    RegionStore& regions = core_.regions();
-    if (absl::Status s = regions.CheckAllowed(OverUnixSocket(*context)); !s.ok()) return s;
-    for (const RegionInfo& region : regions.List(caller.name)) ToProto(region, response->add_regions());
-    response->set_client_bytes(regions.OwnerBytes(caller.name));
-    response->set_quota_bytes(regions.options().max_bytes_per_owner);
-    response->set_quota_regions(regions.options().max_regions_per_owner);
+    RegionList list;
+    if (absl::Status s = core_->ListRegions(caller.name, OverUnixSocket(*context), &list);
+        !s.ok()) {
+      return s;
+    }
+    for (const RegionInfo& region : list.regions) ToProto(region, response->add_regions());
+    response->set_client_bytes(list.owner_bytes);
+    response->set_quota_bytes(list.quota_bytes);
+    response->set_quota_regions(list.quota_regions);
     return absl::OkStatus();
   });
 }

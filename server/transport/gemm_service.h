@@ -1,4 +1,6 @@
-// GemmServiceImpl: the gRPC transport of hgemm.v1.GemmService (callback API) over a GemmCore.
+// GemmServiceImpl: the gRPC transport of hgemm.v1.GemmService (callback API) over a core
+// (GemmCoreInterface) that the server builds and owns; the service keeps no state of the
+// core's, and a test may hand it a fake core.
 //
 // Handlers only translate, in the shape of TF Serving's PredictionServiceImpl: identify the
 // caller, validate the message into a GemmOrder, hand it to the core with a completion
@@ -18,11 +20,10 @@
 
 #include "proto/hgemm.grpc.pb.h"
 #include "server/auth/authenticator.h"
-#include "server/backend/backend.h"
 #include "server/metrics/metrics.h"
 #include "server/resident/matrix_store.h"
+#include "server/resident/region_store.h"
 #include "server/scheduler/scheduler.h"
-#include "server/scheduler/upload_queue.h"
 #include "server/session/bulk_grants.h"
 #include "server/session/gemm_core.h"
 #include "server/session/ring_executor.h"
@@ -34,17 +35,19 @@ namespace hgemm {
 inline constexpr char kVersion[] = "0.1.0";
 
 struct ServiceOptions {
+  // The rules that requests are validated against; the core is given the same.
   RequestRules rules;
   // Size of the ResultChunks a stream sends back.
   int64_t stream_chunk_bytes = int64_t{1} << 20;
-  // Operand bytes one stream, and all streams of one client, may hold for GEMMs whose chunks
-  // are still arriving; a GEMM that would pass either is refused (RESOURCE_EXHAUSTED).
+  // Operand bytes one stream, and all streams of one client (the core's limit), may hold for
+  // GEMMs whose chunks are still arriving; a GEMM that would pass either is refused
+  // (RESOURCE_EXHAUSTED).
   int64_t max_stream_pending_bytes = int64_t{4} << 30;
   int64_t max_client_pending_bytes = int64_t{8} << 30;
   // A streamed GEMM or an upload whose next chunk doesn't come for this long is refused with
   // DEADLINE_EXCEEDED and its buffers freed.
   std::chrono::seconds idle_timeout{60};
-  // Idle host buffers kept for the next streamed C or download (see HostBufferPool).
+  // Idle host buffers the core keeps for the next streamed C or download (HostBufferPool).
   int64_t result_buffer_pool_bytes = int64_t{1} << 30;
   // Reported in GetServerInfo.limits.
   int64_t max_message_bytes = 0;
@@ -59,15 +62,17 @@ struct ServiceOptions {
   bool unix_socket = false;  // a unix: listener
 };
 
+// The options of the core a service over `options` expects (server.cc builds it from them).
+GemmCoreOptions CoreOptions(const ServiceOptions& options);
+
 class GemmServiceImpl final : public v1::GemmService::CallbackService {
  public:
-  // `scheduler`, `backend`, `store`, `uploads`, `metrics` (null: none kept) and
-  // `authenticator` (null: authentication off) must outlive the service. Every call is
-  // identified first: an unauthenticated one gets UNAUTHENTICATED; resident matrices and
-  // quotas belong to the caller it names.
-  GemmServiceImpl(Scheduler* scheduler, Backend* backend, MatrixStore* store,
-                  UploadQueue* uploads, ServiceOptions options, ServiceMetrics* metrics = nullptr,
-                  const Authenticator* authenticator = nullptr);
+  // Serves the calls through `core` (built from the same options: CoreOptions). `core`,
+  // `metrics` (null: none kept) and `authenticator` (null: authentication off) are not owned
+  // and must outlive the service. Every call is identified first: an unauthenticated one gets
+  // UNAUTHENTICATED; resident matrices, regions and quotas belong to the caller it names.
+  GemmServiceImpl(GemmCoreInterface* core, ServiceOptions options,
+                  ServiceMetrics* metrics = nullptr, const Authenticator* authenticator = nullptr);
   ~GemmServiceImpl() override;  // REQUIRES: no call in progress (the server has shut down)
 
   // Shutdown has begun (call before grpc::Server::Shutdown, which lets calls in until then):
@@ -77,12 +82,8 @@ class GemmServiceImpl final : public v1::GemmService::CallbackService {
   // Returns once the calls let in before have handed their GEMMs on (Scheduler::Stats counts
   // them as admitted). Idempotent.
   void Drain();
-  // The shared-memory regions (for the metrics' per-owner gauges).
-  RegionStore& regions() const { return core_.regions(); }
   // The submission rings attached (for the metrics).
   RingRegistry& rings() { return rings_; }
-  // The core the bulk channel's connections serve (server/transport/bulk_listener.h).
-  const GemmCore& core() const { return core_; }
   // OpenBulk grants lanes from `grants`, for the bulk listener on `port` of `host` (empty: the
   // host a call reached). Without it OpenBulk is refused. REQUIRES: called before serving;
   // `grants` outlives the service.
@@ -153,7 +154,7 @@ class GemmServiceImpl final : public v1::GemmService::CallbackService {
                          grpc::ServerUnaryReactor* reactor);
 
   const ServiceOptions options_;
-  const GemmCore core_;
+  GemmCoreInterface* const core_;
   BulkGrants* bulk_grants_ = nullptr;  // null: no bulk channel
   int bulk_port_ = 0;
   std::string bulk_host_;
@@ -163,9 +164,9 @@ class GemmServiceImpl final : public v1::GemmService::CallbackService {
   const StreamOptions stream_options_;
   mutable CallGate gate_;  // closed by Drain()
   TrackedCalls calls_{options_.idle_timeout};
-  // After core_: destroyed first, it waits for the ring threads, which use the core.
+  // Destroyed with the service, before the core: it waits for the ring threads, which use it.
   RingRegistry rings_{options_.rings};
-  const CallServices call_services_{.core = &core_,
+  const CallServices call_services_{.core = core_,
                                     .log = &log_,
                                     .calls = &calls_,
                                     .stream = &stream_options_,

@@ -184,9 +184,9 @@ class DownloadMatrixReactor final : public grpc::ServerWriteReactor<v1::ResultCh
         owner_(std::move(owner)),
         chunk_bytes_(services.stream->stream_chunk_bytes),
         buffers_(services.core->host_buffers()) {
-    const GemmCore& core = *services.core;
+    GemmCoreInterface& core = *services.core;
     ResidentMatrix m;
-    absl::Status s = core.store().Lookup(owner_, request.handle(), "handle", &m);
+    absl::Status s = core.LookupMatrix(owner_, request.handle(), "handle", &m);
     const uint64_t bytes = s.ok() ? uint64_t(m.buffer->bytes) : 0;
     if (s.ok() && (request.offset() > bytes || request.length() > bytes - request.offset())) {
       s = status::OutOfRange("offset", fmt::format("bytes [{}, {} + {}) of a {}-byte matrix",
@@ -195,7 +195,7 @@ class DownloadMatrixReactor final : public grpc::ServerWriteReactor<v1::ResultCh
     }
     if (s.ok() && request.release_after()) {
       int64_t freed = 0;  // the buffer lives on in `m` until the read is done
-      s = core.store().Release(owner_, request.handle(), &freed);
+      s = core.ReleaseMatrix(owner_, request.handle(), /*admin=*/false, &freed);
     }
     if (!s.ok()) {
       Answer(s);
@@ -210,10 +210,7 @@ class DownloadMatrixReactor final : public grpc::ServerWriteReactor<v1::ResultCh
         for (int64_t at = first_; at < end_ && read.ok(); at += chunk_bytes_) {
           const int64_t size = std::min(chunk_bytes_, end_ - at);
           pieces_.push_back(buffers_.Take(size));
-          read = size == buffer->bytes
-                     ? core.backend().ReadResident(*buffer, pieces_.back().data())
-                     : core.backend().ReadResidentRange(*buffer, at, size,
-                                                        pieces_.back().data());
+          read = core.ReadMatrix(*buffer, at, size, pieces_.back().data());
         }
       } catch (...) {
         read = status::FromCurrentException("DownloadMatrix");

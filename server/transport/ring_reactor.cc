@@ -40,9 +40,10 @@ class AttachRingReactor final : public grpc::ServerWriteReactor<v1::RingEvent>,
       attached->add_kernels(kernel.name);
     }
     // What a completion's device id and Execution.backend stand for (proto/ring_execution.h).
-    const Backend& backend = services_.core->backend();
-    attached->set_backend(backend.Name());
-    for (const DeviceDescription& d : backend.Devices()) ToProto(d, attached->add_devices());
+    attached->set_backend(services_.core->BackendName());
+    for (const DeviceDescription& d : services_.core->Devices()) {
+      ToProto(d, attached->add_devices());
+    }
     writing_ = true;
     StartWrite(&event_);
   }
