@@ -141,6 +141,8 @@ struct hgemm_gemm_options_t {
   bool transpose_b = false;
   int dtype = HGEMM_DTYPE_DEFAULT;
   int c_dtype = HGEMM_DTYPE_DEFAULT;
+  bool verify = false;
+  uint32_t verify_repetitions = 0;
   std::optional<float> alpha;
   float beta = 0;
   const void* c_in = nullptr;  // the caller's, read by each call
@@ -382,7 +384,15 @@ void CopyInto(char (&dst)[N], const std::string& s) {
   dst[n] = '\0';
 }
 
+// The check of the GEMM whose info was filled last on this thread (hgemm_gemm_verify).
+struct LastVerify {
+  double ms = 0;
+  uint32_t repetitions = 0;
+};
+thread_local LastVerify last_verify;
+
 void FillInfo(const hgemm::v1::GemmResponse& response, bool streamed, hgemm_gemm_info_t* info) {
+  last_verify = {response.timing().verify_ms(), response.execution().verified_repetitions()};
   const hgemm::v1::Timing& t = response.timing();
   const hgemm::v1::Execution& e = response.execution();
   info->queue_wait_ms = t.queue_wait_ms();
@@ -485,6 +495,8 @@ void BuildRequest(const hgemm_gemm_options_t& options, uint32_t m, uint32_t n, u
   request->mutable_options()->set_accumulation(
       static_cast<hgemm::v1::Accumulation>(options.accumulation));
   request->mutable_options()->set_request_id(options.request_id);
+  request->mutable_options()->set_verify(options.verify);
+  request->mutable_options()->set_verify_repetitions(options.verify_repetitions);
   if (!options.a_region.region().empty()) {
     *request->mutable_a_region() = options.a_region;
   } else if (options.a_handle.empty() && detached != nullptr) {
@@ -560,6 +572,11 @@ extern "C" {
 
 int hgemm_abi_version(void) { return HGEMM_ABI_VERSION; }
 int hgemm_abi_revision(void) { return HGEMM_ABI_REVISION; }
+
+void hgemm_gemm_verify(double* verify_ms, uint32_t* repetitions) {
+  if (verify_ms != nullptr) *verify_ms = last_verify.ms;
+  if (repetitions != nullptr) *repetitions = last_verify.repetitions;
+}
 
 const char* hgemm_status_name(int code) {
   constexpr int kCount = sizeof(kStatusNames) / sizeof(kStatusNames[0]);
@@ -703,6 +720,11 @@ void hgemm_gemm_options_set_request_id(hgemm_gemm_options_t* options, const char
   options->request_id = request_id;
 }
 void hgemm_gemm_options_set_mode(hgemm_gemm_options_t* options, int mode) { options->mode = mode; }
+void hgemm_gemm_options_set_verify(hgemm_gemm_options_t* options, unsigned char on,
+                                   uint32_t repetitions) {
+  options->verify = on != 0;
+  options->verify_repetitions = repetitions;
+}
 void hgemm_gemm_options_set_a_handle(hgemm_gemm_options_t* options, const char* handle) {
   options->a_handle = handle;
 }

@@ -50,7 +50,7 @@ extern "C" {
 #endif
 
 #define HGEMM_ABI_VERSION 1
-#define HGEMM_ABI_REVISION 10
+#define HGEMM_ABI_REVISION 11
 
 /* gRPC status codes (grpc::StatusCode), as *code reports them. */
 enum {
@@ -177,6 +177,14 @@ HGEMM_EXPORT int64_t hgemm_error_retry_delay_ms(void);
  * reads it with protobuf; *bytes its length (0 and a non-NULL pointer when there is none). */
 HGEMM_EXPORT const void* hgemm_error_status(size_t* bytes);
 
+/* [revision 11] The server's Freivalds check of a GEMM (GemmOptions.verify;
+ * docs/verification.md): of the GEMM whose hgemm_gemm_info_t was filled last on the calling
+ * thread (by hgemm_gemm*(), hgemm_result_gemm_info() in a done callback, hgemm_batch_result()),
+ * read right there: *verify_ms (may be NULL) what the check added to the GEMM's time,
+ * *repetitions (may be NULL) the random vectors its C passed (0: not checked). A C that failed
+ * the check twice is never reported: the GEMM fails with HGEMM_DATA_LOSS. */
+HGEMM_EXPORT void hgemm_gemm_verify(double* verify_ms, uint32_t* repetitions);
+
 /* Client options: how hgemm_client_create() connects, and defaults of its calls. */
 
 /* Defaults: plaintext, no token, no timeout, 1 MiB chunks, unary up to 3 MiB of A + B or C. */
@@ -288,6 +296,10 @@ HGEMM_EXPORT void hgemm_gemm_options_set_transpose_b(hgemm_gemm_options_t* optio
                                                      unsigned char on);
 HGEMM_EXPORT void hgemm_gemm_options_set_dtype(hgemm_gemm_options_t* options, int dtype);
 HGEMM_EXPORT void hgemm_gemm_options_set_c_dtype(hgemm_gemm_options_t* options, int c_dtype);
+/* [revision 11] The server checks C by Freivalds' method before answering (GemmOptions.verify,
+ * verify_repetitions: 0 the server's default); see hgemm_gemm_verify(). Default: off. */
+HGEMM_EXPORT void hgemm_gemm_options_set_verify(hgemm_gemm_options_t* options, unsigned char on,
+                                                uint32_t repetitions);
 
 /* [revision 3] Scales, a C input and batches (proto GemmRequest's alpha, beta, c_in,
  * c_in_handle, batch): C = alpha·op(A)·op(B) + beta·C_in in fp32, rounded once (BLAS

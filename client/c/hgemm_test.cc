@@ -542,6 +542,43 @@ TEST_F(HgemmC, TransposesBf16AndFp32CMatchTheReference) {
   }
 }
 
+TEST_F(HgemmC, AVerifiedGemmSaysHowItWasChecked) {
+  uint64_t seed = 300;
+  for (int mode : {HGEMM_MODE_UNARY, HGEMM_MODE_STREAM}) {
+    for (uint32_t repetitions : {0u, 3u}) {
+      FormGemm gemm(29, 17, 40, {}, ++seed);
+      hgemm_gemm_options_t* options = hgemm_gemm_options_create();
+      gemm.SetOptions(options);
+      hgemm_gemm_options_set_mode(options, mode);
+      hgemm_gemm_options_set_verify(options, 1, repetitions);
+      Error e;
+      hgemm_gemm_info_t info;
+      hgemm_gemm(client_, options, gemm.m, gemm.n, gemm.k, gemm.a.data(), 2 * gemm.a.size(),
+                 gemm.b.data(), 2 * gemm.b.size(), gemm.c.data(), 2 * gemm.c.size(), &info,
+                 &e.code, &e.message);
+      hgemm_gemm_options_destroy(options);
+      ASSERT_EQ(e.code, HGEMM_OK) << e.text();
+      EXPECT_LT(gemm.Error(), gemm.Tolerance());
+      double verify_ms = -1;
+      uint32_t checked = 0;
+      hgemm_gemm_verify(&verify_ms, &checked);
+      EXPECT_EQ(checked, repetitions == 0 ? 1u : repetitions) << "mode " << mode;  // default 1
+      EXPECT_GE(verify_ms, 0);
+    }
+  }
+  // An unchecked GEMM says so.
+  FormGemm gemm(8, 8, 8, {}, ++seed);
+  Error e;
+  hgemm_gemm_info_t info;
+  hgemm_gemm(client_, nullptr, gemm.m, gemm.n, gemm.k, gemm.a.data(), 2 * gemm.a.size(),
+             gemm.b.data(), 2 * gemm.b.size(), gemm.c.data(), 2 * gemm.c.size(), &info, &e.code,
+             &e.message);
+  ASSERT_EQ(e.code, HGEMM_OK) << e.text();
+  uint32_t checked = 9;
+  hgemm_gemm_verify(nullptr, &checked);
+  EXPECT_EQ(checked, 0u);
+}
+
 TEST_F(HgemmC, TypesOutsideTheEnumAndShortFp32CAreRefusedBeforeSending) {
   const std::vector<uint16_t> a(6), b(6);
   std::vector<uint16_t> c(8, kPoison);
