@@ -388,11 +388,15 @@ void CopyInto(char (&dst)[N], const std::string& s) {
 struct LastVerify {
   double ms = 0;
   uint32_t repetitions = 0;
+  int suspect_device_id = -1;
 };
 thread_local LastVerify last_verify;
 
 void FillInfo(const hgemm::v1::GemmResponse& response, bool streamed, hgemm_gemm_info_t* info) {
-  last_verify = {response.timing().verify_ms(), response.execution().verified_repetitions()};
+  last_verify = {response.timing().verify_ms(), response.execution().verified_repetitions(),
+                 response.execution().has_suspect_device_id()
+                     ? response.execution().suspect_device_id()
+                     : -1};
   const hgemm::v1::Timing& t = response.timing();
   const hgemm::v1::Execution& e = response.execution();
   info->queue_wait_ms = t.queue_wait_ms();
@@ -573,9 +577,10 @@ extern "C" {
 int hgemm_abi_version(void) { return HGEMM_ABI_VERSION; }
 int hgemm_abi_revision(void) { return HGEMM_ABI_REVISION; }
 
-void hgemm_gemm_verify(double* verify_ms, uint32_t* repetitions) {
+void hgemm_gemm_verify(double* verify_ms, uint32_t* repetitions, int* suspect_device_id) {
   if (verify_ms != nullptr) *verify_ms = last_verify.ms;
   if (repetitions != nullptr) *repetitions = last_verify.repetitions;
+  if (suspect_device_id != nullptr) *suspect_device_id = last_verify.suspect_device_id;
 }
 
 const char* hgemm_status_name(int code) {

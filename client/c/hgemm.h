@@ -180,10 +180,12 @@ HGEMM_EXPORT const void* hgemm_error_status(size_t* bytes);
 /* [revision 11] The server's Freivalds check of a GEMM (GemmOptions.verify;
  * docs/verification.md): of the GEMM whose hgemm_gemm_info_t was filled last on the calling
  * thread (by hgemm_gemm*(), hgemm_result_gemm_info() in a done callback, hgemm_batch_result()),
- * read right there: *verify_ms (may be NULL) what the check added to the GEMM's time,
- * *repetitions (may be NULL) the random vectors its C passed (0: not checked). A C that failed
+ * read right there: *verify_ms what the check added to the GEMM's time, *repetitions the
+ * random vectors its C passed (0: not checked), *suspect_device_id the device whose first run
+ * failed the check when the answer is a rerun's (-1: none). Each may be NULL. A C that failed
  * the check twice is never reported: the GEMM fails with HGEMM_DATA_LOSS. */
-HGEMM_EXPORT void hgemm_gemm_verify(double* verify_ms, uint32_t* repetitions);
+HGEMM_EXPORT void hgemm_gemm_verify(double* verify_ms, uint32_t* repetitions,
+                                    int* suspect_device_id);
 
 /* Client options: how hgemm_client_create() connects, and defaults of its calls. */
 

@@ -561,9 +561,11 @@ TEST_F(HgemmC, AVerifiedGemmSaysHowItWasChecked) {
       EXPECT_LT(gemm.Error(), gemm.Tolerance());
       double verify_ms = -1;
       uint32_t checked = 0;
-      hgemm_gemm_verify(&verify_ms, &checked);
+      int suspect = 7;
+      hgemm_gemm_verify(&verify_ms, &checked, &suspect);
       EXPECT_EQ(checked, repetitions == 0 ? 1u : repetitions) << "mode " << mode;  // default 1
       EXPECT_GE(verify_ms, 0);
+      EXPECT_EQ(suspect, -1);
     }
   }
   // An unchecked GEMM says so.
@@ -575,7 +577,7 @@ TEST_F(HgemmC, AVerifiedGemmSaysHowItWasChecked) {
              &e.message);
   ASSERT_EQ(e.code, HGEMM_OK) << e.text();
   uint32_t checked = 9;
-  hgemm_gemm_verify(nullptr, &checked);
+  hgemm_gemm_verify(nullptr, &checked, nullptr);
   EXPECT_EQ(checked, 0u);
 }
 

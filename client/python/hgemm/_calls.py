@@ -276,7 +276,7 @@ class Calls:
                     yield from self._server_limit(spec, mode, timeout)
                 plan = self.native.prepare(
                     spec, refs, out, _native._mode(self._native_path(spec, mode)),
-                    use_ring=not options.get("details", False),
+                    use_ring=not options.get("details", False) and not spec.options.verify,
                     timeout=self.config.call_timeout(timeout))
         return PreparedGemm(self.client, a, b, options, plan, spec, out)
 
@@ -324,7 +324,9 @@ class Calls:
                     refs[name] = pb.RegionRef(region=arena.handle, offset=at)
                 if plan.c_bytes:
                     refs["c"] = pb.RegionRef(region=arena.handle, offset=plan.offsets["c"])
-            if spec.keep_c and arena is None and not details and self._native_regions():
+            # The ring carries no Freivalds check: a verified GEMM takes a unary call.
+            ring = arena is None and not details and not spec.options.verify
+            if spec.keep_c and ring and self._native_regions():
                 # A and B both shared buffers: the kept C through the ring when it can.
                 kept = yield from self._on_native(self.native.gemm_keep_c_in_regions,
                                                   (spec, refs), timeout, idempotent=False,
@@ -339,7 +341,7 @@ class Calls:
                 # timings alone, not the execution (kernel, backend, device) nor the request id.
                 c, info = yield from self._on_native(self.native.gemm_in_regions,
                                                      (spec, refs, None if "c" in refs else out,
-                                                      arena is None and not details),
+                                                      ring),
                                                      timeout, idempotent=True, nbytes=0,
                                                      start=self.native.gemm_in_regions_start,
                                                      start_retries=True)
@@ -624,9 +626,8 @@ class Calls:
 
     def _on_native_core(self, spec: Spec) -> bool:
         """Whether a GEMM goes through the native core: whenever one is loaded (a kept C too:
-        hgemm_gemm_keep_c on the sync client, hgemm_gemm_keep_c_async awaited on asyncio), but
-        a verified one (verify=True), which the C ABI cannot ask for: it goes through grpcio."""
-        return self.native is not None and not spec.options.verify
+        hgemm_gemm_keep_c on the sync client, hgemm_gemm_keep_c_async awaited on asyncio)."""
+        return self.native is not None
 
     def _many(self, specs: List[Spec], timeout, details, as_torch, started):
         groups, outcomes = by_replica(dict(enumerate(specs)))

@@ -44,8 +44,9 @@ ABI_VERSION = 1  # HGEMM_ABI_VERSION of the client/c/hgemm.h this module binds
 # The HGEMM_ABI_REVISION whose functions it calls (2: batches, transposes, types; 3: typed
 # uploads, downloads, listings, keep_c, alpha/beta/C_in/batch; 4: parallel_min_bytes; 5: shared
 # memory regions; 6: submission rings; 7: the *_start calls, awaited by the aio client; 8: rings
-# keep C, bind slots after the open, drain; 9: borrowed stream operands; 10: error details).
-ABI_REVISION = 10
+# keep C, bind slots after the open, drain; 9: borrowed stream operands; 10: error details;
+# 11: the server's Freivalds check).
+ABI_REVISION = 11
 MODE_AUTO, MODE_UNARY, MODE_STREAM = 0, 1, 2
 # HGEMM_DTYPE_* (proto DataType's values) of a Spec's dtype names.
 _DTYPES = {"fp16": pb.DATA_TYPE_FP16, "bf16": pb.DATA_TYPE_BF16, "fp32": pb.DATA_TYPE_FP32}
@@ -70,7 +71,19 @@ class GemmInfo(ctypes.Structure):
                 ("kernel", ctypes.c_char * 128), ("accumulation", ctypes.c_int),
                 ("backend", ctypes.c_char * 16), ("device_id", ctypes.c_int),
                 ("device_name", ctypes.c_char * 128), ("stream_id", ctypes.c_int),
-                ("request_id", ctypes.c_char * 128), ("streamed", ctypes.c_ubyte)]
+                ("request_id", ctypes.c_char * 128), ("streamed", ctypes.c_ubyte),
+                # Not the C struct's: filled from hgemm_gemm_verify() right after it (_read_check).
+                ("verify_ms", ctypes.c_double), ("verified_repetitions", ctypes.c_uint32),
+                ("suspect_device_id", ctypes.c_int)]
+
+
+def _read_check(lib, info: GemmInfo) -> GemmInfo:
+    """`info` with the check of the GEMM it was just filled for (on this thread)."""
+    ms, repetitions, suspect = ctypes.c_double(), ctypes.c_uint32(), ctypes.c_int()
+    lib.hgemm_gemm_verify(ctypes.byref(ms), ctypes.byref(repetitions), ctypes.byref(suspect))
+    info.verify_ms, info.verified_repetitions = ms.value, repetitions.value
+    info.suspect_device_id = suspect.value
+    return info
 
 
 class MatrixInfo(ctypes.Structure):
@@ -340,6 +353,10 @@ def _declare(lib):
         "hgemm_gemm_options_set_transpose_b": (None, (p, ctypes.c_ubyte)),
         "hgemm_gemm_options_set_dtype": (None, (p, ctypes.c_int)),
         "hgemm_gemm_options_set_c_dtype": (None, (p, ctypes.c_int)),
+        "hgemm_gemm_options_set_verify": (None, (p, ctypes.c_ubyte, ctypes.c_uint32)),
+        "hgemm_gemm_verify": (None, (ctypes.POINTER(ctypes.c_double),
+                                     ctypes.POINTER(ctypes.c_uint32),
+                                     ctypes.POINTER(ctypes.c_int))),
         "hgemm_call_options_create": (p, ()),
         "hgemm_call_options_destroy": (None, (p,)),
         "hgemm_call_options_set_timeout_ms": (None, (p, i64)),
@@ -587,6 +604,8 @@ class NativeClient:
             lib.hgemm_gemm_options_set_accumulation(options, o.accumulation)
         if o.request_id:
             lib.hgemm_gemm_options_set_request_id(options, o.request_id.encode())
+        if o.verify:
+            lib.hgemm_gemm_options_set_verify(options, 1, o.verify_repetitions)
         if spec.a.handle:
             lib.hgemm_gemm_options_set_a_handle(options, spec.a.handle.encode())
         if spec.b.handle:
@@ -624,7 +643,7 @@ class NativeClient:
             self._checked(self._lib.hgemm_gemm, self._client, options, spec.m, spec.n, spec.k,
                           *_operand(spec.a), *_operand(spec.b), buffer.ctypes.data,
                           buffer.nbytes, ctypes.byref(info))
-            return (out if out is not None else spec.c_array(buffer)), info
+            return (out if out is not None else spec.c_array(buffer)), _read_check(self._lib, info)
         finally:
             self._lib.hgemm_gemm_options_destroy(options)
 
@@ -646,6 +665,7 @@ class NativeClient:
         try:
             info = GemmInfo()
             self._checked(self._lib.hgemm_gemm, self._client, options, *args, ctypes.byref(info))
+            _read_check(self._lib, info)
         finally:
             self._lib.hgemm_gemm_options_destroy(options)
         return _regions_c(spec, out, buffer), info
@@ -801,6 +821,7 @@ class NativeClient:
         try:
             self._checked(self._lib.hgemm_gemm_grouped, self._client, options, problems,
                           len(specs), ctypes.byref(info))
+            _read_check(self._lib, info)
         finally:
             self._lib.hgemm_gemm_options_destroy(options)
         return [spec.c_array(buffer) for spec, buffer in zip(specs, buffers)], info
@@ -925,6 +946,7 @@ class NativeClient:
             handle = self._checked(self._lib.hgemm_gemm_keep_c, self._client, options, spec.m,
                                    spec.n, spec.k, *_operand(spec.a), *_operand(spec.b),
                                    spec.c_ttl, ctypes.byref(info), ctypes.byref(c_info))
+            _read_check(self._lib, info)
         finally:
             self._lib.hgemm_gemm_options_destroy(options)
         return self._matrix_info(handle, c_info, "", spec.c_dtype), info
@@ -1163,7 +1185,7 @@ class PreparedNative:
         if self._c is not None:
             native._checked(native._lib.hgemm_gemm, native._client, self._options, *self._args,
                             *self._c, ctypes.byref(info))
-            return self._out, info
+            return self._out, _read_check(native._lib, info)
         buffer = np.empty(self._spec.c_bytes, dtype=np.uint8)
         native._checked(native._lib.hgemm_gemm, native._client, self._options, *self._args,
                         buffer.ctypes.data, buffer.nbytes, ctypes.byref(info))
@@ -1496,6 +1518,7 @@ class NativeBatch:
         info = GemmInfo()
         answered, err = self._native._status(self._lib.hgemm_batch_result, self._batch,
                                              self._index[i], ctypes.byref(info))
+        _read_check(self._lib, info)
         if not answered:
             return None
         if err is not None:
@@ -1561,6 +1584,7 @@ class NativeStream:
         answered, err = self._native._status(self._lib.hgemm_stream_next, self._stream,
                                              ctypes.byref(gemm_id), ctypes.byref(info),
                                              ctypes.byref(c_handle), ctypes.byref(c_info))
+        _read_check(self._lib, info)
         if not answered:
             self.end = err
             return None
@@ -1586,6 +1610,7 @@ class NativeStream:
                 return None
             info, c_info = GemmInfo(), MatrixInfo()
             self._lib.hgemm_result_gemm_info(result, ctypes.byref(info))
+            _read_check(self._lib, info)
             self._lib.hgemm_result_matrix_info(result, ctypes.byref(c_info))
             return self._answer(self._lib.hgemm_result_gemm_id(result), err, info,
                                 self._lib.hgemm_result_take_string(result), c_info)
@@ -1644,10 +1669,14 @@ def _gemm_done(info: GemmInfo, c_matrix: Optional[pb.MatrixInfo] = None) -> pb.G
         timing=pb.Timing(queue_wait_ms=info.queue_wait_ms,
                          host_to_device_ms=info.host_to_device_ms, kernel_ms=info.kernel_ms,
                          device_to_host_ms=info.device_to_host_ms,
-                         server_total_ms=info.server_total_ms, tflops=info.tflops),
+                         server_total_ms=info.server_total_ms, tflops=info.tflops,
+                         verify_ms=info.verify_ms),
         execution=pb.Execution(kernel=info.kernel.decode(), accumulation=info.accumulation,
                                backend=info.backend.decode(), device_id=info.device_id,
-                               device_name=info.device_name.decode(), stream_id=info.stream_id),
+                               device_name=info.device_name.decode(), stream_id=info.stream_id,
+                               verified_repetitions=info.verified_repetitions,
+                               suspect_device_id=(info.suspect_device_id
+                                                  if info.suspect_device_id >= 0 else None)),
         request_id=info.request_id.decode(), c_matrix=c_matrix)
 
 
@@ -1655,7 +1684,7 @@ def _gemm_info_of(lib, result) -> GemmInfo:
     """The GemmInfo of an hgemm_result_t."""
     info = GemmInfo()
     lib.hgemm_result_gemm_info(result, ctypes.byref(info))
-    return info
+    return _read_check(lib, info)
 
 
 def _regions_c(spec, out: Optional[np.ndarray], buffer: Optional[np.ndarray]):

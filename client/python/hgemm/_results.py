@@ -171,11 +171,12 @@ def native_result(spec: Spec, c, info, details: bool, as_torch, started: float, 
     if not details:
         return c
     timing = Timing(info.queue_wait_ms, info.host_to_device_ms, info.kernel_ms,
-                    info.device_to_host_ms, info.server_total_ms, info.tflops)
+                    info.device_to_host_ms, info.server_total_ms, info.tflops, info.verify_ms)
     execution = Execution(info.kernel.decode(), _ACCUMULATION_NAMES.get(info.accumulation,
                                                                         str(info.accumulation)),
                           info.backend.decode(), info.device_id, info.device_name.decode(),
-                          info.stream_id)
+                          info.stream_id, info.verified_repetitions,
+                          info.suspect_device_id if info.suspect_device_id >= 0 else None)
     return GemmResult(c, timing, execution, info.request_id.decode(),
                       (time.monotonic() - started) * 1e3)
 
