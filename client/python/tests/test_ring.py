@@ -199,6 +199,26 @@ def test_details_and_c_inputs_go_as_gemm_calls(shm_server, rng, monkeypatch):
 
 
 
+def test_a_verified_gemm_of_shared_buffers_is_checked_and_never_takes_the_ring(shm_server, rng,
+                                                                              monkeypatch):
+    # The ring's entries carry no Freivalds check: a verified GEMM taking it would come back
+    # unchecked.
+    with unix_client(shm_server) as c:
+        outcomes = ring_gemms(c, monkeypatch)
+        a, b = buffers(c, rng, 24, 16, 40)
+        for keep_c in (False, True):
+            out = None if keep_c else poisoned(c, 24, 16)
+            r = c.gemm(a, b, out=out, verify=True, verify_repetitions=2, keep_c=keep_c)
+            if keep_c:
+                assert rel_error(r.download(), a, b) < FP32_TOLERANCE
+                r.release()
+            else:
+                assert rel_error(out, a, b) < FP32_TOLERANCE
+        detailed = c.gemm(a, b, verify=True, verify_repetitions=2, details=True)
+        assert detailed.execution.verified_repetitions == 2
+        assert outcomes in (None, [])
+
+
 def test_aio_client_gemms_of_shared_buffers_go_through_the_ring(shm_server, rng, monkeypatch):
     async def main():
         async with hgemm.aio.Client(shm_server.unix, client_id=f"ring-{uuid.uuid4().hex[:8]}",
