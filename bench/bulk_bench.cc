@@ -23,6 +23,7 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "bench/load_options.h"
@@ -67,6 +68,14 @@ grpc::Status Together(int n, const std::function<grpc::Status(int)>& work) {
   return grpc::Status::OK;
 }
 
+// Bytes [begin, end) of `size` that connection `route` of `lanes` moves: even shares, as
+// GemmClient::Run's parts split them (elements stay whole).
+std::pair<uint64_t, uint64_t> Share(uint64_t size, int lanes, int route) {
+  const uint64_t share = (size / lanes + 1) & ~uint64_t{1};
+  const uint64_t begin = std::min(size, share * route);
+  return {begin, route == lanes - 1 ? size : std::min(size, begin + share)};
+}
+
 void Check(const grpc::Status& s, const char* what) {
   if (!s.ok()) throw std::runtime_error(fmt::format("{}: {}", what, s.error_message()));
 }
@@ -103,9 +112,7 @@ Exchange Move(const GemmClient& client, const std::string& path, int lanes, cons
     // Each connection sends its share of each operand, as GemmClient::Run's parts do.
     Check(Together(lanes, [&](int route) {
             for (const Upload& u : uploads) {
-              const uint64_t size = u.bytes->size(), share = (size / lanes + 1) & ~uint64_t{1};
-              const uint64_t begin = std::min(size, share * route);
-              const uint64_t end = route == lanes - 1 ? size : std::min(size, begin + share);
+              const auto [begin, end] = Share(u.bytes->size(), lanes, route);
               if (begin == end) continue;
               if (grpc::Status s = client.UploadPart(u.handle, begin, u.bytes->data() + begin,
                                                      end - begin, route, options);
@@ -122,9 +129,7 @@ Exchange Move(const GemmClient& client, const std::string& path, int lanes, cons
     Check(client.BulkGet(c_handle, 0, c->size(), c->data(), lanes, options), "BulkGet");
   } else {
     Check(Together(lanes, [&](int route) {
-            const uint64_t size = c->size(), share = (size / lanes + 1) & ~uint64_t{1};
-            const uint64_t begin = std::min(size, share * route);
-            const uint64_t end = route == lanes - 1 ? size : std::min(size, begin + share);
+            const auto [begin, end] = Share(c->size(), lanes, route);
             if (begin == end) return grpc::Status::OK;
             return client.DownloadRange(c_handle, begin, end - begin, c->data() + begin, route,
                                         options);

@@ -538,6 +538,8 @@ struct GemmClient::Routes {
   std::map<std::string, std::vector<Route>> parts;  // guarded by mu
   // Whether each replica ("": the target) offers the bulk channel, once it answered.
   std::map<std::string, bool> bulk_offered;  // guarded by mu
+  // The bulk lanes' TLS context (its CAs and certificate files read once), made at first use.
+  std::shared_ptr<SSL_CTX> bulk_tls;  // guarded by mu
 };
 
 bool StreamedGemmMessages::Next(v1::GemmStreamRequest* message) {
@@ -1291,9 +1293,14 @@ grpc::Status GemmClient::OpenBulk(const std::string& handle, v1::BulkDirection d
   endpoint->port = grant->port();
   const ConnectOptions& connect = routes_->connect;
   if (connect.UsesTls()) {
-    std::string error;
-    endpoint->tls = NewBulkTlsContext({connect.tls_ca, connect.tls_cert, connect.tls_key}, &error);
-    if (!endpoint->tls) return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, error);
+    std::lock_guard<std::mutex> lock(routes_->mu);
+    if (!routes_->bulk_tls) {
+      std::string error;
+      routes_->bulk_tls =
+          NewBulkTlsContext({connect.tls_ca, connect.tls_cert, connect.tls_key}, &error);
+      if (!routes_->bulk_tls) return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, error);
+    }
+    endpoint->tls = routes_->bulk_tls;
     endpoint->server_name = connect.tls_server_name;
   }
   if (endpoint->host.empty()) {

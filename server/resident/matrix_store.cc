@@ -35,6 +35,13 @@ class MatrixStore::StoreLock {
   std::unique_lock<std::mutex> lock_;
 };
 
+absl::Status CheckByteRange(const ResidentMatrix& matrix, uint64_t offset, uint64_t length) {
+  const uint64_t bytes = uint64_t(matrix.buffer->bytes);
+  if (offset <= bytes && length <= bytes - offset) return absl::OkStatus();
+  return status::OutOfRange("offset", fmt::format("bytes [{}, {} + {}) of a {}-byte matrix",
+                                                  offset, offset, length, bytes));
+}
+
 std::string MatrixStore::NewHandle() const {
   static std::mutex mu;
   static std::random_device entropy;

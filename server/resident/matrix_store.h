@@ -64,6 +64,10 @@ struct ResidentMatrix {
   bool transient = false;       // released by the first GEMM that uses it
 };
 
+// Whether bytes [offset, offset + length) lie inside `matrix`: OK, or OUT_OF_RANGE naming the
+// field "offset" (a read of a range: DownloadMatrix, a bulk GET). Length 0 is the empty range.
+absl::Status CheckByteRange(const ResidentMatrix& matrix, uint64_t offset, uint64_t length);
+
 class MatrixStore;
 
 // Bytes of a client's quota taken for a matrix that does not exist yet (an upload in progress,

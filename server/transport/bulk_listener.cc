@@ -272,11 +272,7 @@ void BulkListener::ServeLane(bulk::Connection& lane) {
 void BulkListener::ServeGet(bulk::Connection& lane, const BulkTicket& ticket) {
   ResidentMatrix m;
   absl::Status s = core_->LookupMatrix(ticket.owner, ticket.handle, "handle", &m);
-  if (s.ok() && ticket.offset + ticket.length > m.buffer->bytes) {
-    s = status::OutOfRange("offset", fmt::format("bytes [{}, {} + {}) of a {}-byte matrix",
-                                                 ticket.offset, ticket.offset, ticket.length,
-                                                 m.buffer->bytes));
-  }
+  if (s.ok()) s = CheckByteRange(m, uint64_t(ticket.offset), uint64_t(ticket.length));
   if (!SendStatus(lane, s) || !s.ok()) return;
   HostBufferPool& pool = core_->host_buffers();
   std::string piece = pool.Take(std::min(options_.chunk_bytes, ticket.length));

@@ -304,12 +304,8 @@ grpc::ServerUnaryReactor* GemmServiceImpl::OpenBulk(grpc::CallbackServerContext*
           !s.ok()) {
         return s;
       }
-      const uint64_t bytes = uint64_t(m.buffer->bytes);
-      if (request->offset() > bytes || request->length() > bytes - request->offset()) {
-        return status::OutOfRange("offset",
-                                  fmt::format("bytes [{}, {} + {}) of a {}-byte matrix",
-                                              request->offset(), request->offset(),
-                                              request->length(), bytes));
+      if (absl::Status s = CheckByteRange(m, request->offset(), request->length()); !s.ok()) {
+        return s;
       }
     }
     std::vector<BulkLane> lanes;

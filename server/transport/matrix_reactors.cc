@@ -188,11 +188,7 @@ class DownloadMatrixReactor final : public grpc::ServerWriteReactor<v1::ResultCh
     ResidentMatrix m;
     absl::Status s = core.LookupMatrix(owner_, request.handle(), "handle", &m);
     const uint64_t bytes = s.ok() ? uint64_t(m.buffer->bytes) : 0;
-    if (s.ok() && (request.offset() > bytes || request.length() > bytes - request.offset())) {
-      s = status::OutOfRange("offset", fmt::format("bytes [{}, {} + {}) of a {}-byte matrix",
-                                                   request.offset(), request.offset(),
-                                                   request.length(), bytes));
-    }
+    if (s.ok()) s = CheckByteRange(m, request.offset(), request.length());
     if (s.ok() && request.release_after()) {
       int64_t freed = 0;  // the buffer lives on in `m` until the read is done
       s = core.ReleaseMatrix(owner_, request.handle(), /*admin=*/false, &freed);
