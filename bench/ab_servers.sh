@@ -5,7 +5,7 @@
 # point per server; writes every point to OUT/ab.csv.
 #   bench/ab_servers.sh OLD_SERVER NEW_SERVER OUT_DIR [ROUNDS]
 # Both servers' libraries must be on LD_LIBRARY_PATH (one gpu-bundle.sh bundle holding both,
-# its env.sh sourced) and hgemm_load on PATH. Points (issue 26's keep-speed check): 2048³ unary
+# its env.sh sourced) and hgemm_load on PATH. Points (does a change keep speed?): 2048³ unary
 # c=16, 128×8192×8192 with B resident c=4, 8192³ all resident c=1; AB_POINTS (hgemm_load flag
 # sets separated by ';') replaces them, e.g. for a quick try on the CPU backend.
 set -euo pipefail
@@ -45,7 +45,8 @@ for round in $(seq "$rounds"); do
       rps=$(awk -F, 'NR == 2 {print $12}' "$csv")
       p50=$(awk -F, 'NR == 2 {print $13}' "$csv")
       row+=" $rps | $p50 |"
-      awk -F, -v side="$side" -v round="$round" 'NR == 2 {print side "," round "," $0}' "$csv" >>"$out/ab.csv"
+      awk -F, -v side="$side" -v round="$round" 'NR == 2 {print side "," round "," $0}' "$csv" \
+        >>"$out/ab.csv"
     done
     rows+=("$row")
     kill -TERM "${pids[-1]}"

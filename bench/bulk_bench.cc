@@ -10,8 +10,8 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <CLI/CLI.hpp>
 
 #include <algorithm>
 #include <chrono>
@@ -103,44 +103,49 @@ Exchange Move(const GemmClient& client, const std::string& path, int lanes, cons
     u.handle = info.handle();
   }
   if (path == "bulk") {
-    Check(Together(2, [&](int i) {
-            const Upload& u = uploads[i];
-            return client.BulkPut(u.handle, 0, u.bytes->data(), u.bytes->size(), lanes, options);
-          }),
+    Check(Together(2,
+                   [&](int i) {
+                     const Upload& u = uploads[i];
+                     return client.BulkPut(u.handle, 0, u.bytes->data(), u.bytes->size(), lanes,
+                                           options);
+                   }),
           "BulkPut");
   } else {
     // Each connection sends its share of each operand, as GemmClient::Run's parts do.
-    Check(Together(lanes, [&](int route) {
-            for (const Upload& u : uploads) {
-              const auto [begin, end] = Share(u.bytes->size(), lanes, route);
-              if (begin == end) continue;
-              if (grpc::Status s = client.UploadPart(u.handle, begin, u.bytes->data() + begin,
-                                                     end - begin, route, options);
-                  !s.ok()) {
-                return s;
-              }
-            }
-            return grpc::Status::OK;
-          }),
-          "UploadPart");
+    Check(
+        Together(lanes,
+                 [&](int route) {
+                   for (const Upload& u : uploads) {
+                     const auto [begin, end] = Share(u.bytes->size(), lanes, route);
+                     if (begin == end) continue;
+                     if (grpc::Status s = client.UploadPart(
+                             u.handle, begin, u.bytes->data() + begin, end - begin, route, options);
+                         !s.ok()) {
+                       return s;
+                     }
+                   }
+                   return grpc::Status::OK;
+                 }),
+        "UploadPart");
   }
   const auto uploaded = std::chrono::steady_clock::now();
   if (path == "bulk") {
     Check(client.BulkGet(c_handle, 0, c->size(), c->data(), lanes, options), "BulkGet");
   } else {
-    Check(Together(lanes, [&](int route) {
-            const auto [begin, end] = Share(c->size(), lanes, route);
-            if (begin == end) return grpc::Status::OK;
-            return client.DownloadRange(c_handle, begin, end - begin, c->data() + begin, route,
-                                        options);
-          }),
+    Check(Together(lanes,
+                   [&](int route) {
+                     const auto [begin, end] = Share(c->size(), lanes, route);
+                     if (begin == end) return grpc::Status::OK;
+                     return client.DownloadRange(c_handle, begin, end - begin, c->data() + begin,
+                                                 route, options);
+                   }),
           "DownloadRange");
   }
   const auto done = std::chrono::steady_clock::now();
   for (const Upload& u : uploads) Check(client.ReleaseMatrix(u.handle, options), "Release");
   return {std::chrono::duration<double, std::milli>(uploaded - start).count(),
-          std::chrono::duration<double, std::milli>(done - uploaded).count(),
-          CpuMs() - cpu_start, ProcessCpuMs(server_pid) - server_cpu_start};
+          std::chrono::duration<double, std::milli>(done - uploaded).count(), CpuMs() - cpu_start,
+          ProcessCpuMs(server_pid) - server_cpu_start};
 }
 
 double Median(std::vector<double> v) {
@@ -158,11 +163,11 @@ int Main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--shape", shape, "MxNxK: A and B go up, C comes back (fp16)")
       ->capture_default_str();
-  app.add_option("--lanes", lanes_list, "sweep of connections per transfer")
-      ->capture_default_str();
+  app.add_option("--lanes", lanes_list, "sweep of connections per transfer")->capture_default_str();
   app.add_option("--paths", paths, "grpc, bulk, or both")->capture_default_str();
   app.add_option("--repeat", repeat, "exchanges per point (the median is reported)")
-      ->capture_default_str()->check(CLI::PositiveNumber);
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   app.add_option("--tls_ca", connect.tls_ca,
                  "PEM CAs of a TLS server (gRPC and, with it, the bulk lanes are TLS)");
   app.add_option("--server_pid", server_pid,
@@ -183,8 +188,8 @@ int Main(int argc, char** argv) {
   v1::MatrixInfo c_info;
   Check(client.UploadMatrix(d.m, d.n, c, &c_info, 0, "bulk_bench C", options), "UploadMatrix");
   const double bytes = double(d.ABytes() + d.BBytes() + d.CBytes());
-  std::printf("%-16s %-5s %5s %10s %10s %10s %8s %12s %12s\n", "shape", "path", "lanes",
-              "up_ms", "down_ms", "total_ms", "GB/s", "client_cpu", "server_cpu");
+  std::printf("%-16s %-5s %5s %10s %10s %10s %8s %12s %12s\n", "shape", "path", "lanes", "up_ms",
+              "down_ms", "total_ms", "GB/s", "client_cpu", "server_cpu");
   for (int n : lanes) {
     for (size_t at = 0; at < paths.size();) {
       const size_t comma = std::min(paths.find(',', at), paths.size());
@@ -192,8 +197,7 @@ int Main(int argc, char** argv) {
       at = comma + 1;
       std::vector<double> up, down, total, cpu, server_cpu;
       for (int r = 0; r < repeat; ++r) {
-        const Exchange e =
-            Move(client, path, n, d, a, b, c_info.handle(), &c, options, server_pid);
+        const Exchange e = Move(client, path, n, d, a, b, c_info.handle(), &c, options, server_pid);
         up.push_back(e.up_ms);
         down.push_back(e.down_ms);
         total.push_back(e.up_ms + e.down_ms);

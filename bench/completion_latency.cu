@@ -66,7 +66,8 @@ int main(int argc, char** argv) {
   cudaEvent_t start, stop, blocking;
   HGEMM_CHECK_CUDA(cudaEventCreate(&start));
   HGEMM_CHECK_CUDA(cudaEventCreate(&stop));
-  HGEMM_CHECK_CUDA(cudaEventCreateWithFlags(&blocking, cudaEventBlockingSync | cudaEventDisableTiming));
+  HGEMM_CHECK_CUDA(
+      cudaEventCreateWithFlags(&blocking, cudaEventBlockingSync | cudaEventDisableTiming));
   cudaDeviceProp prop;
   HGEMM_CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
   std::printf("device: %s; kernel %d us; %d runs per row\n\n", prop.name, kernel_us, runs);

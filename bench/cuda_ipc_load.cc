@@ -1,5 +1,5 @@
 // cuda_ipc_load: GEMMs whose A, B and C live in this process's GPU memory, shared with a
-// same-host hgemm_server by CUDA IPC (issue 31), for bench/dataplane.sh's same-host table; and
+// same-host hgemm_server by CUDA IPC, for bench/dataplane.sh's same-host table; and
 // the pinned cudaMemcpy bandwidth the other paths are held against.
 //   cuda_ipc_load --server=unix:/run/hgemm/hgemm.sock --shape=2048x2048x2048 --concurrency=1
 //   cuda_ipc_load --server=unix:/run/hgemm/hgemm.sock --shape=8192x8192x8192 --transport=ring
@@ -12,8 +12,8 @@
 //   pinned_memcpy SHAPE H2D_GBPS D2H_GBPS H2D_AB_MS D2H_C_MS
 #include <cuda_runtime.h>
 
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <CLI/CLI.hpp>
 
 #include <algorithm>
 #include <atomic>
@@ -38,7 +38,8 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 void Check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) throw std::runtime_error(fmt::format("{}: {}", what, cudaGetErrorString(e)));
+  if (e != cudaSuccess)
+    throw std::runtime_error(fmt::format("{}: {}", what, cudaGetErrorString(e)));
 }
 
 std::string PciBusId(int device) {
@@ -97,8 +98,8 @@ struct WorkerResult {
 // `run_s` from the end of this worker's setup (its random operands, registration and ring take
 // seconds at 8192³; counted in, they made req/s a fraction of 1 / latency).
 // `gap_bytes` between A, B and C in the one allocation: at 8192³ they sit 128 MiB apart without
-// it, and the kernel on this memory timed 1.53-1.64 ms against 1.43 on the server's own (H200,
-// session 16; H100 1.57 / 1.45): a gap tells whether the power-of-two offsets are why.
+// it, and the kernel on this memory timed 1.53-1.64 ms against 1.43 on the server's own (H200;
+// H100 1.57 / 1.45): a gap tells whether the power-of-two offsets are why.
 void RunWorker(int index, const hgemm::GemmDims& dims, hgemm::v1::GemmService::Stub* stub,
                const hgemm::GemmClient* ring_over, int device, double run_s, size_t gap_bytes,
                bool verify, WorkerResult* result) {
@@ -124,7 +125,8 @@ void RunWorker(int index, const hgemm::GemmDims& dims, hgemm::v1::GemmService::S
   hgemm::v1::RegisterRegionRequest registration;
   registration.set_byte_size(bytes);
   registration.set_label("cuda_ipc_load");
-  registration.mutable_cuda_ipc()->set_handle(reinterpret_cast<const char*>(&handle), sizeof(handle));
+  registration.mutable_cuda_ipc()->set_handle(reinterpret_cast<const char*>(&handle),
+                                              sizeof(handle));
   registration.mutable_cuda_ipc()->set_device(PciBusId(device));
   hgemm::v1::RegionInfo info;
   {
@@ -212,7 +214,8 @@ int main(int argc, char** argv) {
   CLI::App app{"cuda_ipc_load: GEMMs on this process's GPU memory, shared by CUDA IPC"};
   app.add_option("--server", server, "the server's Unix socket (unix:PATH)")->capture_default_str();
   app.add_option("--shape", shape, "MxNxK (fp16)")->capture_default_str();
-  app.add_option("--concurrency", concurrency, "workers, each with its own A, B, C")->capture_default_str();
+  app.add_option("--concurrency", concurrency, "workers, each with its own A, B, C")
+      ->capture_default_str();
   app.add_option("--device", device, "CUDA device of the memory")->capture_default_str();
   app.add_option("--seconds", seconds, "measured time")->capture_default_str();
   app.add_option("--warmup_s", warmup_s, "GEMMs before measuring")->capture_default_str();
@@ -277,8 +280,10 @@ int main(int argc, char** argv) {
                 transport == "ring" ? "cuda_ipc_ring" : "cuda_ipc", shape.c_str(), concurrency,
                 double(latency.size()) / seconds, Percentile(latency, 0.5),
                 Percentile(latency, 0.99), Percentile(kernel, 0.5), errors);
-    if (check_error >= 0) std::fprintf(stderr, "cuda_ipc_load: first C's error %.2e\n", check_error);
-    if (errors > 0) std::fprintf(stderr, "cuda_ipc_load: %d errors, first: %s\n", errors, first_error.c_str());
+    if (check_error >= 0)
+      std::fprintf(stderr, "cuda_ipc_load: first C's error %.2e\n", check_error);
+    if (errors > 0)
+      std::fprintf(stderr, "cuda_ipc_load: %d errors, first: %s\n", errors, first_error.c_str());
     // A wrong C is a failure of the run, not a slow one.
     return errors > 0 || check_error > 1e-2 ? 1 : 0;
   } catch (const std::exception& e) {

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The data plane in one run (issues 27 and 31): how fast one GEMM's bytes move through each
+# The data plane in one run: how fast one GEMM's bytes move through each
 # path, next to the raw-TCP ceiling of the same bytes. One server listens on TCP and on a Unix
 # socket with shared memory allowed; per security mode (plaintext, tls) hgemm_load runs every
 # point over gRPC (one call per GEMM), over parallel parts (--parallel_parts), and (plaintext
@@ -7,7 +7,7 @@
 # same shapes over 1, 2, 4 and 8 plain sockets first.
 #   bench/dataplane.sh [--quick] [--same_host] [--bin DIR] [--certs DIR] [--backend cuda|cpu]
 #   --quick    small shapes on the CPU backend (a check of the script, not a measurement)
-#   --same_host  instead: issue 31's same-host table, one run, plaintext: per point gRPC (one
+#   --same_host  instead: the same-host table, one run, plaintext: per point gRPC (one
 #              Gemm call over TCP), shm staging (a server with --pin_shared_memory=false), shm
 #              DMA (regions pinned, the default), the same regions through a submission ring
 #              (--transport=ring) and CUDA IPC (bench/cuda_ipc_load: A, B, C in the client's GPU
@@ -19,9 +19,10 @@
 #              Without a GPU (--quick) the CUDA IPC and memcpy figures are n/a.
 #   --bin DIR  where the binaries are (default: tools/gpu_e2e.sh's bundle, else bazel-bin)
 #   --certs DIR  made by tools/make_test_certs.sh (default: made now with openssl)
-# Env: POINTS ("SHAPE:CONCURRENCY ..."), PARTS (the --parallel_parts sweep), MAX_POINT_S (20), MODES ("plaintext
-# tls"). Writes $OUT (default ./out)/dataplane.csv, dataplane_tcp.txt and dataplane.md, the
-# table: per point req/s, p50 and wire GB/s of each path, and the best raw-TCP GB/s.
+# Env: POINTS ("SHAPE:CONCURRENCY ..."), PARTS (the --parallel_parts sweep), MAX_POINT_S (20),
+# MODES ("plaintext tls"). Writes $OUT (default ./out)/dataplane.csv, dataplane_tcp.txt and
+# dataplane.md, the table: per point req/s, p50 and wire GB/s of each path, and the best raw-TCP
+# GB/s.
 set -euo pipefail
 quick=0 same_host=0 bin="" certs="" backend=""
 cd "$(dirname "$0")/.."
@@ -84,13 +85,14 @@ stop_server() {
   pids=()
 }
 
-# Issue 31's same-host table: the paths of one GEMM's bytes on this host, in one run.
+# The same-host table: the paths of one GEMM's bytes on this host, in one run.
 if ((same_host)); then
   ipc_bin=$(find_bin cuda_ipc_load 2>/dev/null || true)
   has_gpu=0
   [[ $backend == cuda && -n $ipc_bin ]] && has_gpu=1
   table=$out/same_host.csv
-  echo "path,shape,concurrency,requests_per_s,p50_ms,p99_ms,kernel_ms,errors,h2d_gb_per_s,d2h_gb_per_s,ideal_ms" >"$table"
+  echo "path,shape,concurrency,requests_per_s,p50_ms,p99_ms,kernel_ms,errors,h2d_gb_per_s\
+,d2h_gb_per_s,ideal_ms" >"$table"
   # Pinned cudaMemcpy of each shape's bytes: A + B up, C down.
   declare -A memcpy_line
   for point in $points; do
@@ -271,12 +273,14 @@ for line in open(sys.argv[2]):
         tcp[f[0]] = max(tcp.get(f[0], 0.0), float(f[4]))
 print(f"device: {rows[0]['device']} ({rows[0]['backend']}); wire GB/s = a GEMM's A + B + C bytes "
       "over its p50\n")
-print("| shape | conc | security | path | req/s | p50 ms | p99 ms | wire GB/s | raw TCP best GB/s |")
+print("| shape | conc | security | path | req/s | p50 ms | p99 ms | wire GB/s "
+      "| raw TCP best GB/s |")
 print("|---|---|---|---|---|---|---|---|---|")
 for r in rows:
     path = "shm" if r["target"] == "shm" else r["mode"]
     print(f"| {r['shape']} | {r['concurrency']} | {r['security']} | {path} | "
-          f"{float(r['requests_per_s']):.1f} | {float(r['p50_ms']):.2f} | {float(r['p99_ms']):.2f} | "
+          f"{float(r['requests_per_s']):.1f} | {float(r['p50_ms']):.2f} | "
+          f"{float(r['p99_ms']):.2f} | "
           f"{float(r['gemm_gb_per_s'] or 0):.2f} | {tcp.get(r['shape'], 0.0):.2f} |")
 errors = sum(int(r["errors"]) for r in rows)
 print(f"\nerrors over all points: {errors}")

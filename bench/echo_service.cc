@@ -146,10 +146,12 @@ class EchoStreamReactor : public grpc::ServerBidiReactor<EchoStreamRequest, Echo
     if (request_.has_header()) {
       const EchoHeader& h = request_.header();
       if (receiving_) return Fail("header: the previous call's data is incomplete");
-      if (h.reply_bytes() > uint64_t(max_reply_bytes_)) return Fail("header.reply_bytes: too large");
-      current_ = Reply{.call_id = h.call_id(),
-                       .bytes = int64_t(h.reply_bytes()),
-                       .chunk_bytes = h.reply_chunk_bytes() ? int64_t(h.reply_chunk_bytes()) : 1 << 20};
+      if (h.reply_bytes() > uint64_t(max_reply_bytes_))
+        return Fail("header.reply_bytes: too large");
+      current_ =
+          Reply{.call_id = h.call_id(),
+                .bytes = int64_t(h.reply_bytes()),
+                .chunk_bytes = h.reply_chunk_bytes() ? int64_t(h.reply_chunk_bytes()) : 1 << 20};
       expected_ = int64_t(h.request_bytes());
       received_ = 0;
       receiving_ = true;
@@ -218,17 +220,17 @@ class EchoStreamReactor : public grpc::ServerBidiReactor<EchoStreamRequest, Echo
   EchoStreamRequest request_;  // the one outstanding read
 
   std::mutex mu_;
-  EchoStreamReply reply_;        // the one outstanding write; guarded by mu_
-  std::deque<Reply> replies_;    // guarded by mu_
-  Reply current_;                // guarded by mu_
-  int64_t expected_ = 0;         // guarded by mu_
-  int64_t received_ = 0;         // guarded by mu_
-  bool receiving_ = false;       // guarded by mu_
-  bool writing_ = false;         // guarded by mu_
-  bool reads_done_ = false;      // guarded by mu_
-  bool finished_ = false;        // guarded by mu_
-  int delayed_ = 0;              // replies still in delayer_; guarded by mu_
-  grpc::Status status_;          // guarded by mu_
+  EchoStreamReply reply_;      // the one outstanding write; guarded by mu_
+  std::deque<Reply> replies_;  // guarded by mu_
+  Reply current_;              // guarded by mu_
+  int64_t expected_ = 0;       // guarded by mu_
+  int64_t received_ = 0;       // guarded by mu_
+  bool receiving_ = false;     // guarded by mu_
+  bool writing_ = false;       // guarded by mu_
+  bool reads_done_ = false;    // guarded by mu_
+  bool finished_ = false;      // guarded by mu_
+  int delayed_ = 0;            // replies still in delayer_; guarded by mu_
+  grpc::Status status_;        // guarded by mu_
 };
 
 }  // namespace
@@ -276,7 +278,8 @@ std::unique_ptr<EchoServer> EchoServer::Start(const EchoServerOptions& options) 
   std::unique_ptr<EchoServer> server(new EchoServer());
   server->service_ = std::make_unique<Service>(options.max_reply_bytes, options.reply_delay);
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(options.listen_address, grpc::InsecureServerCredentials(), &server->port_);
+  builder.AddListeningPort(options.listen_address, grpc::InsecureServerCredentials(),
+                           &server->port_);
   builder.RegisterService(server->service_.get());
   const int max_message = static_cast<int>(std::min<int64_t>(options.max_message_bytes, INT32_MAX));
   builder.SetMaxReceiveMessageSize(max_message);

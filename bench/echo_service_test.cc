@@ -93,7 +93,8 @@ TEST(EchoDelay, ShutdownEndsCallsWhoseRepliesArePending) {
   header.mutable_header()->set_call_id(1);
   ASSERT_TRUE(stream->Write(header));  // a complete call (no data): its reply is now delayed
   std::this_thread::sleep_for(std::chrono::milliseconds(200));  // let both calls arrive
-  server->Shutdown();  // must not wait the 10 minutes out (the test would time out): pending replies go at once
+  server->Shutdown();  // must not wait the 10 minutes out (the test would time out): pending
+                       // replies go at once
   EXPECT_TRUE(unary.get().ok());
   EchoStreamReply stream_reply;
   while (stream->Read(&stream_reply)) {

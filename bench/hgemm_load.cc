@@ -155,16 +155,15 @@ std::string LoadGenerator::PrepareRequests(Target kind, const GemmClient& client
   return "";
 }
 
-std::string LoadGenerator::Upload(const GemmClient& client, const Shape& shape,
-                                  const char* which, uint32_t rows, uint32_t cols,
-                                  const std::string& data, CallOptions* call,
-                                  std::vector<std::string>* uploaded, std::string* handle,
-                                  int* code) const {
+std::string LoadGenerator::Upload(const GemmClient& client, const Shape& shape, const char* which,
+                                  uint32_t rows, uint32_t cols, const std::string& data,
+                                  CallOptions* call, std::vector<std::string>* uploaded,
+                                  std::string* handle, int* code) const {
   v1::MatrixInfo info;
-  const grpc::Status status = client.UploadMatrix(
-      rows, cols, data, &info, /*ttl_seconds=*/0,
-      fmt::format("hgemm_load {} of {}", which, shape.Name()), *call,
-      options_.form.bf16 ? v1::DATA_TYPE_BF16 : v1::DATA_TYPE_UNSPECIFIED);
+  const grpc::Status status =
+      client.UploadMatrix(rows, cols, data, &info, /*ttl_seconds=*/0,
+                          fmt::format("hgemm_load {} of {}", which, shape.Name()), *call,
+                          options_.form.bf16 ? v1::DATA_TYPE_BF16 : v1::DATA_TYPE_UNSPECIFIED);
   if (!status.ok()) {
     *code = int(status.error_code());
     return fmt::format("UploadMatrix {} of {}: {} (code {})", which, shape.Name(),
@@ -218,9 +217,8 @@ std::string LoadGenerator::PrepareSharedRequests(
       const Shape& shape = p->shape;
       const bool tb = options_.form.transpose_b;  // B as stored
       call.replica.clear();
-      if (std::string e = Upload(client, shape, "B", tb ? shape.n : shape.k,
-                                 tb ? shape.k : shape.n, p->gemm.b(), &call, uploaded,
-                                 r->mutable_b_handle(), code);
+      if (std::string e = Upload(client, shape, "B", tb ? shape.n : shape.k, tb ? shape.k : shape.n,
+                                 p->gemm.b(), &call, uploaded, r->mutable_b_handle(), code);
           !e.empty()) {
         return e;
       }
@@ -237,8 +235,8 @@ std::string LoadGenerator::PrepareSharedRequests(
   }
   call.replica.clear();
   v1::RegionInfo info;
-  const grpc::Status status = client.RegisterRegion(
-      shared->region->path(), shared->region->bytes(), "hgemm_load A and B", &info, call);
+  const grpc::Status status = client.RegisterRegion(shared->region->path(), shared->region->bytes(),
+                                                    "hgemm_load A and B", &info, call);
   if (!status.ok()) {
     *code = int(status.error_code());
     return fmt::format("RegisterRegion: {} (code {})", status.error_message(), *code);
@@ -260,8 +258,7 @@ void LoadGenerator::ReleaseShared(const GemmClient& client, SharedOperands* shar
   shared->handle.clear();
 }
 
-VerifyResult LoadGenerator::Verify(const std::string& target, int per_shape,
-                                   Transport transport) {
+VerifyResult LoadGenerator::Verify(const std::string& target, int per_shape, Transport transport) {
   VerifyResult result;
   const auto deadline = std::chrono::system_clock::now() +
                         std::chrono::milliseconds(int64_t(options_.call_timeout_s * 1000)) *
@@ -272,11 +269,10 @@ VerifyResult LoadGenerator::Verify(const std::string& target, int per_shape,
   std::vector<std::string> uploaded;
   int code = 0;
   SharedOperands shared;
-  if (std::string e = transport != Transport::kGrpc
-                          ? PrepareSharedRequests(client, &requests, &owned, &shared, &uploaded,
-                                                  &code)
-                          : PrepareRequests(Target::kService, client, &requests, &owned,
-                                            &uploaded, &code);
+  if (std::string e =
+          transport != Transport::kGrpc
+              ? PrepareSharedRequests(client, &requests, &owned, &shared, &uploaded, &code)
+              : PrepareRequests(Target::kService, client, &requests, &owned, &uploaded, &code);
       !e.empty()) {
     ReleaseShared(client, &shared);
     ReleaseUploads(client, uploaded);
@@ -330,8 +326,8 @@ VerifyResult LoadGenerator::Verify(const std::string& target, int per_shape,
       std::vector<uint16_t> a_rows(rows * shape.k);
       for (int64_t i = 0; i < rows; ++i) {
         for (int64_t q = 0; q < shape.k; ++q) {
-          a_rows[i * shape.k + q] = form.transpose_a ? a[q * shape.m + row0 + i]
-                                                     : a[(row0 + i) * shape.k + q];
+          a_rows[i * shape.k + q] =
+              form.transpose_a ? a[q * shape.m + row0 + i] : a[(row0 + i) * shape.k + q];
         }
       }
       GemmForm rows_form = form;
@@ -348,19 +344,18 @@ VerifyResult LoadGenerator::Verify(const std::string& target, int per_shape,
       if (!ok) ++result.failed;
       result.max_error = std::max(result.max_error, error);
       result.lines.push_back(fmt::format(
-          "{} rows {}..{}{}: kernel {} ({}) on {} [{}], relative error {:.2e} (tolerance {:.0e}): {}",
+          "{} rows {}..{}{}: kernel {} ({}) on {} [{}], relative error {:.2e} (tolerance {:.0e}): "
+          "{}",
           shape.Name(), row0, row0 + rows - 1,
           transport != Transport::kGrpc
               ? fmt::format(" ({}{})",
-                            options_.resident == Resident::kB
-                                ? "A, C in shared memory, B resident"
-                                : "A, B, C in shared memory",
+                            options_.resident == Resident::kB ? "A, C in shared memory, B resident"
+                                                              : "A, B, C in shared memory",
                             transport == Transport::kRing ? ", through a ring" : "")
           : options_.resident == Resident::kNone ? ""
-          : options_.resident == Resident::kB  ? " (B resident)"
-                                               : " (A, B resident; kept C downloaded)",
-          e.kernel(),
-          e.accumulation() == v1::ACCUMULATION_FP16 ? "fp16" : "fp32",
+          : options_.resident == Resident::kB    ? " (B resident)"
+                                                 : " (A, B resident; kept C downloaded)",
+          e.kernel(), e.accumulation() == v1::ACCUMULATION_FP16 ? "fp16" : "fp32",
           e.device_name().empty() ? "-" : e.device_name(), e.backend().empty() ? "-" : e.backend(),
           error, tolerance, ok ? "OK" : "FAILED"));
     }
@@ -410,7 +405,8 @@ PointResult LoadGenerator::RunPoint(Target kind, const std::string& target, int 
     result.upload_s = Seconds(Clock::now() - upload_start);
     std::set<std::string> replicas;
     for (const std::string& handle : uploaded) {
-      if (std::string replica = GemmClient::ReplicaOf(handle); !replica.empty()) replicas.insert(replica);
+      if (std::string replica = GemmClient::ReplicaOf(handle); !replica.empty())
+        replicas.insert(replica);
     }
     result.upload_replicas.assign(replicas.begin(), replicas.end());
     if (!e.empty()) {
@@ -427,7 +423,8 @@ PointResult LoadGenerator::RunPoint(Target kind, const std::string& target, int 
       std::chrono::system_clock::now() +
       std::chrono::milliseconds(int64_t((o.max_point_s + o.call_timeout_s) * 1000));
   const Clock::time_point start = Clock::now();
-  const Clock::time_point hard_end = start + std::chrono::milliseconds(int64_t(o.max_point_s * 1000));
+  const Clock::time_point hard_end =
+      start + std::chrono::milliseconds(int64_t(o.max_point_s * 1000));
   Recorder recorder;
   std::atomic<bool> stop{false};
   std::atomic<int> warm_workers{0};
@@ -504,7 +501,8 @@ PointResult LoadGenerator::RunPoint(Target kind, const std::string& target, int 
     double mean = 0;
     for (size_t i = windows.size() - k; i < windows.size(); ++i) mean += get(windows[i]) / k;
     for (size_t i = windows.size() - k; i < windows.size(); ++i) {
-      if (windows[i].ok == 0 || std::abs(get(windows[i]) - mean) > o.stable_tolerance * mean) return false;
+      if (windows[i].ok == 0 || std::abs(get(windows[i]) - mean) > o.stable_tolerance * mean)
+        return false;
     }
     return mean > 0;
   };

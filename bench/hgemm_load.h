@@ -109,8 +109,8 @@ class LoadGenerator {
   // Uploads one operand of `shape` (`which`: "A" or "B", rows×cols as stored) with `call`,
   // whose replica it then sets, so that the shape's other operand goes where this one lives.
   // Returns "" and the handle in *handle (also added to *uploaded), or what failed (and *code).
-  std::string Upload(const GemmClient& client, const Shape& shape, const char* which,
-                     uint32_t rows, uint32_t cols, const std::string& data, CallOptions* call,
+  std::string Upload(const GemmClient& client, const Shape& shape, const char* which, uint32_t rows,
+                     uint32_t cols, const std::string& data, CallOptions* call,
                      std::vector<std::string>* uploaded, std::string* handle, int* code) const;
   // A and B of every shape in one region (Transport::kShm), registered while a point runs.
   struct SharedOperands {
@@ -130,7 +130,7 @@ class LoadGenerator {
   // A client over MakeChannel(target).
   static GemmClient MakeClient(const std::string& target, ConnectOptions connect = {});
 
-  LoadOptions options_;  // client_id filled in
+  LoadOptions options_;                             // client_id filled in
   std::vector<std::unique_ptr<Payload>> payloads_;  // one per shape
 };
 

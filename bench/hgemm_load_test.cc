@@ -18,8 +18,8 @@
 #include "client/gemm_client.h"
 #include "proto/numerics/error_stats.h"
 #include "server/backend/cpu_backend.h"
-#include "server/testing/child_process.h"
 #include "server/server.h"
+#include "server/testing/child_process.h"
 
 namespace hgemm::bench {
 namespace {
@@ -345,7 +345,8 @@ TEST_F(HgemmLoadTest, ResidentOperandsUnaryAndStream) {
       WriteCsvHeader(csv);
       WriteCsvRows(csv, p, &e, "test device", "cpu");
       EXPECT_NE(csv.str().find(",resident,"), std::string::npos);
-      const std::string row = std::string(",service,") + ModeName(mode) + "," + ResidentName(resident) + ",2,";
+      const std::string row =
+          std::string(",service,") + ModeName(mode) + "," + ResidentName(resident) + ",2,";
       EXPECT_NE(csv.str().find(row), std::string::npos) << csv.str();
 
       // Uploaded operands and kept Cs were all released.
@@ -680,8 +681,7 @@ TEST_F(HgemmLoadShmTest, ResidentBThroughSharedMemoryAndTheRing) {
         EXPECT_EQ(p.stats[0].server.batch_size, 0) << "a ring's completion says no batch size";
         batch = d.GemmsPerLaunch();
         // The table's batch column and the CSV's server_batch_size say the metrics' figure.
-        EXPECT_NE(csv.str().find(fmt::format(",{:.4g}\n", batch)), std::string::npos)
-            << csv.str();
+        EXPECT_NE(csv.str().find(fmt::format(",{:.4g}\n", batch)), std::string::npos) << csv.str();
       } else {
         batch = p.stats[0].server.batch_size;
       }

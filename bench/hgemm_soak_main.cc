@@ -7,9 +7,9 @@
 // Prints requests by kind × status code, lost, wrong, and the server's VmRSS before the run, at
 // its end and after --idle_s idle seconds, with the server's load then (nothing may stay
 // admitted). Exits 1 if anything was lost or wrong, or the server died; 2 on a usage error.
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
 #include <grpcpp/grpcpp.h>
+#include <CLI/CLI.hpp>
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -88,9 +88,9 @@ grpc::Status ServerInfo(const std::string& target, hgemm::v1::ServerInfo* info, 
 
 std::string Load(const hgemm::v1::ServerInfo& info) {
   const auto& l = info.load();
-  return fmt::format("queued {}, running {}, admitted_bytes {}, admitted_total {}, completed_total {}",
-                     l.queued(), l.running(), l.admitted_bytes(), l.admitted_total(),
-                     l.completed_total());
+  return fmt::format(
+      "queued {}, running {}, admitted_bytes {}, admitted_total {}, completed_total {}", l.queued(),
+      l.running(), l.admitted_bytes(), l.admitted_total(), l.completed_total());
 }
 
 std::string Memory(const ProcessMemory& m) {
@@ -118,7 +118,8 @@ ResidentCheck CheckResident(const std::string& target, const hgemm::bench::SoakO
   ResidentCheck check;
   for (int i = 0; i < o.clients; ++i) {
     hgemm::v1::ListMatricesResponse list;
-    if (!call(i, &hgemm::v1::GemmService::Stub::ListMatrices, hgemm::v1::ListMatricesRequest(), &list)) {
+    if (!call(i, &hgemm::v1::GemmService::Stub::ListMatrices, hgemm::v1::ListMatricesRequest(),
+              &list)) {
       check.ok = false;
       continue;
     }
@@ -133,7 +134,8 @@ ResidentCheck CheckResident(const std::string& target, const hgemm::bench::SoakO
     check.matrices += list.matrices_size();
     check.bytes += listed;
     bool mismatch = int64_t(list.client_bytes()) != listed;
-    if (!call(i, &hgemm::v1::GemmService::Stub::ListMatrices, hgemm::v1::ListMatricesRequest(), &list)) {
+    if (!call(i, &hgemm::v1::GemmService::Stub::ListMatrices, hgemm::v1::ListMatricesRequest(),
+              &list)) {
       check.ok = false;
     } else if (list.matrices_size() != 0 || list.client_bytes() != 0) {
       mismatch = true;
@@ -160,30 +162,38 @@ int main(int argc, char** argv) {
   app.add_option("--server_args", server_args, "extra flags for --server_binary, space-separated");
   app.add_option("--server_log", server_log, "where the started server's output goes")
       ->capture_default_str();
-  app.add_option("--clients", o.clients, "concurrent clients")->check(CLI::Range(1, 4096))
+  app.add_option("--clients", o.clients, "concurrent clients")
+      ->check(CLI::Range(1, 4096))
       ->capture_default_str();
   app.add_option("--requests", o.requests, "requests in all (calls and streamed GEMMs)")
-      ->check(CLI::Range(int64_t{1}, int64_t{1} << 40))->capture_default_str();
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 40))
+      ->capture_default_str();
   app.add_option("--max_dim", o.max_dim, "m, n, k are drawn from [1, max_dim]")
-      ->check(CLI::Range(1, 4096))->capture_default_str();
+      ->check(CLI::Range(1, 4096))
+      ->capture_default_str();
   app.add_option("--max_seconds", o.max_seconds,
                  "stop after this many seconds even if --requests are not reached (0: no limit)")
       ->capture_default_str();
   app.add_option("--weight_large", o.weight_large,
                  "weight of large unary GEMMs (log-uniform shapes up to --large_max_dim cubed; the "
                  "other scenarios weigh 100 together); 0: none")
-      ->check(CLI::Range(0, 1000))->capture_default_str();
+      ->check(CLI::Range(0, 1000))
+      ->capture_default_str();
   app.add_option("--large_max_dim", o.large_max_dim, "largest m, n, k of the large GEMMs")
-      ->check(CLI::Range(1, 16384))->capture_default_str();
+      ->check(CLI::Range(1, 16384))
+      ->capture_default_str();
   app.add_option("--full_check_max_mnk", o.full_check_max_mnk,
                  "Cs of more multiply-adds are checked with Freivalds' test (2 random vectors)")
       ->capture_default_str();
   app.add_option("--stream_gemms", o.stream_gemms, "GEMMs per stream: drawn from [2, this]")
-      ->check(CLI::Range(2, 64))->capture_default_str();
+      ->check(CLI::Range(2, 64))
+      ->capture_default_str();
   app.add_option("--short_deadline_max_ms", o.short_deadline_max_ms,
-                 "short deadlines are uniform in [0.05, this] ms")->capture_default_str();
+                 "short deadlines are uniform in [0.05, this] ms")
+      ->capture_default_str();
   app.add_option("--cancel_after_max_ms", o.cancel_after_max_ms,
-                 "cancellations come after a uniform [0, this] ms")->capture_default_str();
+                 "cancellations come after a uniform [0, this] ms")
+      ->capture_default_str();
   app.add_option("--call_timeout_s", o.call_timeout_s,
                  "deadline of every other call; a call that hits it counts as lost")
       ->capture_default_str();
@@ -193,9 +203,11 @@ int main(int argc, char** argv) {
   app.add_option("--idle_s", idle_s, "idle seconds after the run before the last RSS reading")
       ->capture_default_str();
   app.add_option("--startup_timeout_s", startup_timeout_s,
-                 "how long the server may take to answer GetServerInfo")->capture_default_str();
+                 "how long the server may take to answer GetServerInfo")
+      ->capture_default_str();
   app.add_option("--shutdown_timeout_s", shutdown_timeout_s,
-                 "how long a started server may take to exit after SIGTERM")->capture_default_str();
+                 "how long a started server may take to exit after SIGTERM")
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
 
   if (server_binary.empty() == o.target.empty()) {
@@ -221,15 +233,16 @@ int main(int argc, char** argv) {
     return 1;
   }
   const auto& l = info.limits();
-  std::printf("server %s, backend %s; limits: %llu queued GEMMs, %llu queued bytes, resident TTL %u s\n",
-              info.version().c_str(), info.backend().c_str(),
-              (unsigned long long)l.max_queued_requests(), (unsigned long long)l.max_queued_bytes(),
-              l.resident_default_ttl_seconds());
+  std::printf(
+      "server %s, backend %s; limits: %llu queued GEMMs, %llu queued bytes, resident TTL %u s\n",
+      info.version().c_str(), info.backend().c_str(), (unsigned long long)l.max_queued_requests(),
+      (unsigned long long)l.max_queued_bytes(), l.resident_default_ttl_seconds());
   const ProcessMemory before = server_pid > 0 ? ReadProcessMemory(server_pid) : ProcessMemory{};
-  std::printf("soak: %d clients, %lld requests, shapes up to %ux%ux%u, short deadlines <= %.1f ms, "
-              "cancel after <= %.1f ms\n",
-              o.clients, (long long)o.requests, o.max_dim, o.max_dim, o.max_dim,
-              o.short_deadline_max_ms, o.cancel_after_max_ms);
+  std::printf(
+      "soak: %d clients, %lld requests, shapes up to %ux%ux%u, short deadlines <= %.1f ms, "
+      "cancel after <= %.1f ms\n",
+      o.clients, (long long)o.requests, o.max_dim, o.max_dim, o.max_dim, o.short_deadline_max_ms,
+      o.cancel_after_max_ms);
   std::fflush(stdout);
 
   const hgemm::bench::SoakResult result = hgemm::bench::RunSoak(o);
@@ -258,12 +271,14 @@ int main(int argc, char** argv) {
       server_ok = false;
     }
     const ResidentCheck resident = CheckResident(o.target, o);
-    std::printf("resident matrices left by the soak's clients: %lld (%lld bytes; from uploads the "
-                "client cancelled), released now; clients whose quota accounting is off: %lld\n",
-                (long long)resident.matrices, (long long)resident.bytes,
-                (long long)resident.mismatched_clients);
+    std::printf(
+        "resident matrices left by the soak's clients: %lld (%lld bytes; from uploads the "
+        "client cancelled), released now; clients whose quota accounting is off: %lld\n",
+        (long long)resident.matrices, (long long)resident.bytes,
+        (long long)resident.mismatched_clients);
     if (!resident.ok || resident.mismatched_clients != 0) {
-      std::printf("LEAK: resident accounting does not add up (or ListMatrices/ReleaseMatrix failed)\n");
+      std::printf(
+          "LEAK: resident accounting does not add up (or ListMatrices/ReleaseMatrix failed)\n");
       server_ok = false;
     }
   } else if (server_ok) {
@@ -280,14 +295,16 @@ int main(int argc, char** argv) {
     kill(started, SIGTERM);
     int status = 0;
     bool exited = false;
-    while (std::chrono::steady_clock::now() - stop < std::chrono::duration<double>(shutdown_timeout_s)) {
+    while (std::chrono::steady_clock::now() - stop <
+           std::chrono::duration<double>(shutdown_timeout_s)) {
       if (waitpid(started, &status, WNOHANG) == started) {
         exited = true;
         break;
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
-    const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - stop).count();
+    const double took =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - stop).count();
     if (!exited) {
       std::printf("SERVER DID NOT EXIT within %.0f s of SIGTERM; killed\n", shutdown_timeout_s);
       kill(started, SIGKILL);

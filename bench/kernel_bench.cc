@@ -12,7 +12,8 @@
 // skinny M (split-K; the device's copy bandwidth, their bound, measured first). Every row also
 // reports TB/s: the operands' minimal bytes (A and B read once, C written once) over the time.
 //
-//   kernel_bench [--csv out.csv] [--variants a,b] [--shapes 4096x4096x4096,...] [--acc fp16|fp32|both]
+//   kernel_bench [--csv out.csv] [--variants a,b] [--shapes 4096x4096x4096,...] [--acc
+//   fp16|fp32|both]
 //                [--layouts NN,NT,TN,TT] [--types fp16,bf16,fp16_fp32,bf16_fp32]
 //                [--modes plain,scaled,ld,batched,grouped,skinny] [--batched 64x512x512x512,...]
 //                [--grouped 256x512x128,...] [--skinny 16x8192x8192,...] [--ld_pad 64]
@@ -128,7 +129,11 @@ class Bench {
  public:
   // Launches and events go to `stream`, the LaunchContext's stream; the caller owns it.
   Bench(cudaStream_t stream, int warmup, int repeats, bool check, float alpha, float beta)
-      : warmup_(warmup), repeats_(repeats), check_(check), alpha_(alpha), beta_(beta),
+      : warmup_(warmup),
+        repeats_(repeats),
+        check_(check),
+        alpha_(alpha),
+        beta_(beta),
         stream_(stream) {
     HGEMM_CHECK_CUDA(cudaEventCreate(&start_));
     HGEMM_CHECK_CUDA(cudaEventCreate(&stop_));
@@ -149,10 +154,10 @@ class Bench {
     Free();
     case_ = c;
     size_t set_bytes = 0;
-    for (const Part& p : c.parts)
-      set_bytes += (ElemsA(p) + ElemsB(p)) * 2 + ElemsC(p) * 4;
+    for (const Part& p : c.parts) set_bytes += (ElemsA(p) + ElemsB(p)) * 2 + ElemsC(p) * 4;
     const size_t want = 4 * size_t(prop_.l2CacheSize);
-    const int sets = int(std::min<size_t>(8, std::max<size_t>(1, (want + set_bytes - 1) / set_bytes)));
+    const int sets =
+        int(std::min<size_t>(8, std::max<size_t>(1, (want + set_bytes - 1) / set_bytes)));
     for (int i = 0; i < sets; ++i) {
       Buffers buf;
       for (const Part& p : c.parts) {
@@ -186,8 +191,8 @@ class Bench {
           for (auto [ptr, count] : {std::pair{set.a[j], ElemsA(case_.parts[j])},
                                     std::pair{set.b[j], ElemsB(case_.parts[j])}}) {
             if (f.ab == DataType::kBf16)
-              HGEMM_CHECK_CUDA(FillUniform(static_cast<__nv_bfloat16*>(ptr), count, seed++, -1.f,
-                                           1.f, stream_));
+              HGEMM_CHECK_CUDA(
+                  FillUniform(static_cast<__nv_bfloat16*>(ptr), count, seed++, -1.f, 1.f, stream_));
             else
               HGEMM_CHECK_CUDA(
                   FillUniform(static_cast<__half*>(ptr), count, seed++, -1.f, 1.f, stream_));
@@ -201,9 +206,9 @@ class Bench {
         const GemmProblem p = Problem(0, j, Accumulation::kFp32);
         for (int t = 0; t < part.batch; ++t) {
           const GemmProblem item = BatchItem(p, t);
-          HGEMM_CHECK_CUDA(testing::ReferenceGemmEx(item.a, item.b, ref_ + offset, part.m,
-                                                    part.n, part.k, f.ta, f.tb, item.lda,
-                                                    item.ldb, f.ab == DataType::kBf16, stream_));
+          HGEMM_CHECK_CUDA(testing::ReferenceGemmEx(item.a, item.b, ref_ + offset, part.m, part.n,
+                                                    part.k, f.ta, f.tb, item.lda, item.ldb,
+                                                    f.ab == DataType::kBf16, stream_));
           offset += size_t(part.m) * part.n;
         }
       }
@@ -286,8 +291,8 @@ class Bench {
           if (std::string e = Launch(v, p, ctx); !e.empty()) return e;
           const GemmProblem c = Problem(i, 0, acc);
           const int64_t count = int64_t(c.batch) * c.m * c.n;
-          if (cudaError_t e = ScaleEpilogue(t_[0], c_in_[0], c.c, count, alpha_, beta_, c.c_type,
-                                            stream_);
+          if (cudaError_t e =
+                  ScaleEpilogue(t_[0], c_in_[0], c.c, count, alpha_, beta_, c.c_type, stream_);
               e != cudaSuccess)
             return CudaErrorText("ScaleEpilogue", e);
           return "";
@@ -324,8 +329,8 @@ class Bench {
         const GemmProblem p = Problem(0, j, acc);
         const size_t row = size_t(p.n) * c_bytes, pitch = size_t(p.ldc ? p.ldc : p.n) * c_bytes;
         const size_t rows = size_t(p.batch) * p.m;  // packed items: rows ldc apart throughout
-        HGEMM_CHECK_CUDA(cudaMemcpy2D(out.data() + offset, row, p.c, pitch, row, rows,
-                                      cudaMemcpyDeviceToHost));
+        HGEMM_CHECK_CUDA(
+            cudaMemcpy2D(out.data() + offset, row, p.c, pitch, row, rows, cudaMemcpyDeviceToHost));
         offset += rows * row;
       }
       const int64_t count = int64_t(OutputElems());
@@ -336,16 +341,16 @@ class Bench {
           : form_.c == DataType::kBf16
               ? CompareBf16ToReference(reinterpret_cast<const uint16_t*>(out.data()),
                                        host_ref_.data(), count)
-              : CompareToReference(reinterpret_cast<const uint16_t*>(out.data()),
-                                   host_ref_.data(), count);
+              : CompareToReference(reinterpret_cast<const uint16_t*>(out.data()), host_ref_.data(),
+                                   count);
       r.rel_err = st.rel_frobenius;
       const double bar = testing::ToleranceFor(form_.c, acc);
       if (st.nan_count > 0) {
         r.note = "WRONG " + st.ToString();
         return r;
       }
-      if (!(st.rel_frobenius <= bar)) r.note = "WRONG (over the error bar, timed anyway) " +
-                                               st.ToString();
+      if (!(st.rel_frobenius <= bar))
+        r.note = "WRONG (over the error bar, timed anyway) " + st.ToString();
     }
     for (int i = 0; i < warmup_; ++i) launch(i);
     std::vector<float> ms(repeats_);
@@ -413,8 +418,8 @@ class Bench {
         Bf16ToFloat(bits.data(), values.data(), count);
         src = bits.data();
       }
-      HGEMM_CHECK_CUDA(cudaMemcpy(c_in_[j], src, count * DataTypeBytes(form_.c),
-                                  cudaMemcpyHostToDevice));
+      HGEMM_CHECK_CUDA(
+          cudaMemcpy(c_in_[j], src, count * DataTypeBytes(form_.c), cudaMemcpyHostToDevice));
       host_c_in_.insert(host_c_in_.end(), values.begin(), values.end());
     }
   }
@@ -439,13 +444,13 @@ class Bench {
   bool form_valid_ = false;
   std::vector<void*> owned_;  // every device allocation of the case
   std::vector<Buffers> sets_;
-  std::vector<void*> c_in_;   // per part (scaled)
-  std::vector<float*> t_;     // per part (scaled): the fp32 T of our path
+  std::vector<void*> c_in_;  // per part (scaled)
+  std::vector<float*> t_;    // per part (scaled): the fp32 T of our path
   float* ref_ = nullptr;
   std::vector<float> host_ref_, host_c_in_;
 };
 
-// The device's copy bandwidth, the bound of mode skinny (issue 29: >= 85 % of it): the median
+// The device's copy bandwidth, the bound of mode skinny (its target: >= 85 % of it): the median
 // of `repeats` cudaMemcpyAsync's of 512 MiB device to device, counted as read + write, in TB/s.
 // 512 MiB: ten times an H200's L2, so the copy streams from memory as a skinny B does.
 double DeviceCopyTbps(cudaStream_t stream, int repeats) {
@@ -521,7 +526,9 @@ int Main(int argc, char** argv) {
   std::string csv_path, variants_arg, acc_arg = "both";
   std::string shapes_arg =
       "2048x2048x2048,4096x4096x4096,8192x8192x8192,4096x8192x2048,8192x2048x8192,"
-      "16384x1024x4096,8192x64x4096,1000x1000x1000,4097x4096x4095,4096x4096x4096";  // 4096^3 twice: run-to-run spread
+      "16384x1024x4096,8192x64x4096,1000x1000x1000,4097x4096x4095,4096x4096x4096";  // 4096^3 twice:
+                                                                                    // run-to-run
+                                                                                    // spread
   std::string layouts_arg = "NN", types_arg = "fp16", modes_arg = "plain";
   std::string batched_arg = "64x512x512x512,16x1024x1024x1024,8x2048x2048x2048,256x128x128x128";
   std::string grouped_arg;
@@ -535,20 +542,24 @@ int Main(int argc, char** argv) {
                  "comma-separated variant names (default: every kernel and cublas)");
   app.add_option("--shapes", shapes_arg, "comma-separated MxNxK (modes plain, scaled, ld)");
   app.add_option("--acc", acc_arg, "fp16, fp32 or both");
-  app.add_option("--layouts", layouts_arg, "comma-separated NN, NT, TN, TT (A then B; T = transposed)");
+  app.add_option("--layouts", layouts_arg,
+                 "comma-separated NN, NT, TN, TT (A then B; T = transposed)");
   app.add_option("--types", types_arg,
                  "comma-separated fp16, bf16 (C of the input type), fp16_fp32, bf16_fp32 (fp32 C)");
   app.add_option("--modes", modes_arg,
                  "comma-separated plain, scaled (alpha/beta with C_in), ld (padded row strides), "
                  "batched (--batched), grouped (--grouped), skinny (--skinny)");
-  app.add_option("--batched", batched_arg, "comma-separated BxMxNxK strided batches (mode batched)");
-  app.add_option("--grouped", grouped_arg,
-                 "comma-separated MxNxK of one group (mode grouped; default: 64 shapes from 64 to 2048)");
+  app.add_option("--batched", batched_arg,
+                 "comma-separated BxMxNxK strided batches (mode batched)");
+  app.add_option(
+      "--grouped", grouped_arg,
+      "comma-separated MxNxK of one group (mode grouped; default: 64 shapes from 64 to 2048)");
   app.add_option("--skinny", skinny_arg,
                  "comma-separated MxNxK of mode skinny (default: M = 1, 8, 16, 32, 64, 128 by "
                  "8192x8192); rows: the splitk variants, their kernels, auto and cublas unless "
                  "--variants");
-  app.add_option("--ld_pad", ld_pad, "elements added to every stored row in mode ld (a multiple of 8)")
+  app.add_option("--ld_pad", ld_pad,
+                 "elements added to every stored row in mode ld (a multiple of 8)")
       ->check(CLI::Range(1, 1 << 20));
   app.add_option("--alpha", alpha, "alpha of mode scaled");
   app.add_option("--beta", beta, "beta of mode scaled (C_in is read when it is not 0)");
@@ -584,8 +595,7 @@ int Main(int argc, char** argv) {
     for (const VariantInfo& v : Variants()) {
       if (v.kind != VariantKind::kSplitK) continue;
       const VariantInfo* inner = FindVariant(v.inner);
-      if (std::find(skinny_variants.begin(), skinny_variants.end(), inner) ==
-          skinny_variants.end())
+      if (std::find(skinny_variants.begin(), skinny_variants.end(), inner) == skinny_variants.end())
         skinny_variants.push_back(inner);
     }
     for (const VariantInfo& v : Variants())
@@ -614,7 +624,7 @@ int Main(int argc, char** argv) {
     }
     const Mode mode = Mode(found - std::begin(kModeNames));
     std::vector<Part> parts;
-    if (!parse_parts(mode == Mode::kBatched ? batched_arg
+    if (!parse_parts(mode == Mode::kBatched   ? batched_arg
                      : mode == Mode::kGrouped ? grouped_arg
                      : mode == Mode::kSkinny  ? skinny_arg
                                               : shapes_arg,
@@ -649,8 +659,10 @@ int Main(int argc, char** argv) {
       }
       f.ta = l[0] == 'T';
       f.tb = l[1] == 'T';
-      if (t == "fp16" || t == "fp16_fp32") f.ab = DataType::kFp16;
-      else if (t == "bf16" || t == "bf16_fp32") f.ab = DataType::kBf16;
+      if (t == "fp16" || t == "fp16_fp32")
+        f.ab = DataType::kFp16;
+      else if (t == "bf16" || t == "bf16_fp32")
+        f.ab = DataType::kBf16;
       else {
         std::fprintf(stderr, "bad type %s (fp16, bf16, fp16_fp32 or bf16_fp32)\n", t.c_str());
         return 2;
@@ -672,8 +684,10 @@ int Main(int argc, char** argv) {
   if (std::any_of(cases.begin(), cases.end(),
                   [](const Case& c) { return c.mode == Mode::kSkinny; })) {
     copy_tbps = DeviceCopyTbps(stream, repeats);
-    std::printf("device copy: %.2f TB/s (cudaMemcpyAsync device to device, 512 MiB, "
-                "read + write)\n", copy_tbps);
+    std::printf(
+        "device copy: %.2f TB/s (cudaMemcpyAsync device to device, 512 MiB, "
+        "read + write)\n",
+        copy_tbps);
   }
   FILE* csv = csv_path.empty() ? nullptr : std::fopen(csv_path.c_str(), "w");
   if (!csv_path.empty() && csv == nullptr) {
@@ -721,32 +735,35 @@ int Main(int argc, char** argv) {
               const double err_ratio = cublas_err > 0 ? r.rel_err / cublas_err : 0;
               if (r.note.rfind("WRONG", 0) == 0) ++wrong;
               if (r.ok && v->kind != VariantKind::kCublas && r.tflops > best.tflops) best = r;
-              std::printf("%-34s %-8s %s %s %-9s %-26s %9.4f ms %7.1f TFLOP/s %5.2f TB/s %5.3fx cublas err %.2e (%.2fx cublas's) %s\n",
-                          v->name.c_str(), ScalePathName(path), AccumulationName(acc),
-                          LayoutName(form.ta, form.tb), types.c_str(), label.c_str(), r.median_ms,
-                          r.tflops, r.tbps, ratio, r.rel_err, err_ratio, r.note.c_str());
+              std::printf(
+                  "%-34s %-8s %s %s %-9s %-26s %9.4f ms %7.1f TFLOP/s %5.2f TB/s %5.3fx cublas err "
+                  "%.2e (%.2fx cublas's) %s\n",
+                  v->name.c_str(), ScalePathName(path), AccumulationName(acc),
+                  LayoutName(form.ta, form.tb), types.c_str(), label.c_str(), r.median_ms, r.tflops,
+                  r.tbps, ratio, r.rel_err, err_ratio, r.note.c_str());
               std::fflush(stdout);
               if (csv)
-                std::fprintf(csv, "%s,%s,%s,%s,%s,%d,%d,%d,%.5f,%.2f,%.4f,%.3e,%.3e,%s,%s,%d,%s,%.3f,%.3f,%s\n",
-                             prop.name, v->name.c_str(), AccumulationName(acc),
-                             LayoutName(form.ta, form.tb), types.c_str(), shape.m, shape.n, shape.k,
-                             r.median_ms, r.tflops, ratio, cublas_err, r.rel_err,
-                             r.note.empty() ? "ok" : r.note.c_str(), ModeName(c.mode), shape.batch,
-                             c.label.c_str(), err_ratio, r.tbps, ScalePathName(path));
+                std::fprintf(
+                    csv,
+                    "%s,%s,%s,%s,%s,%d,%d,%d,%.5f,%.2f,%.4f,%.3e,%.3e,%s,%s,%d,%s,%.3f,%.3f,%s\n",
+                    prop.name, v->name.c_str(), AccumulationName(acc), LayoutName(form.ta, form.tb),
+                    types.c_str(), shape.m, shape.n, shape.k, r.median_ms, r.tflops, ratio,
+                    cublas_err, r.rel_err, r.note.empty() ? "ok" : r.note.c_str(), ModeName(c.mode),
+                    shape.batch, c.label.c_str(), err_ratio, r.tbps, ScalePathName(path));
               if (csv) std::fflush(csv);  // rows survive a run cut short by a device-call limit
             }
           char line[384];
-          std::snprintf(line, sizeof line,
-                        "%-26s %s %s %-9s cublas %6.1f  best %-32s %6.1f TFLOP/s %5.2f TB/s %5.3fx  err %.2e vs cublas %.2e",
-                        label.c_str(), AccumulationName(acc), LayoutName(form.ta, form.tb),
-                        types.c_str(), cublas_tflops,
-                        (best.variant + (best.path == ScalePath::kNone
-                                             ? ""
-                                             : std::string("/") + ScalePathName(best.path)))
-                            .c_str(),
-                        best.tflops, best.tbps,
-                        cublas_tflops > 0 ? best.tflops / cublas_tflops : 0.0, best.rel_err,
-                        cublas_err);
+          std::snprintf(
+              line, sizeof line,
+              "%-26s %s %s %-9s cublas %6.1f  best %-32s %6.1f TFLOP/s %5.2f TB/s %5.3fx  err %.2e "
+              "vs cublas %.2e",
+              label.c_str(), AccumulationName(acc), LayoutName(form.ta, form.tb), types.c_str(),
+              cublas_tflops,
+              (best.variant +
+               (best.path == ScalePath::kNone ? "" : std::string("/") + ScalePathName(best.path)))
+                  .c_str(),
+              best.tflops, best.tbps, cublas_tflops > 0 ? best.tflops / cublas_tflops : 0.0,
+              best.rel_err, cublas_err);
           std::string best_line = line;
           if (c.mode == Mode::kSkinny && copy_tbps > 0) {
             std::snprintf(line, sizeof line, "  %.0f %% of copy", 100 * best.tbps / copy_tbps);
@@ -758,7 +775,8 @@ int Main(int argc, char** argv) {
     }
   }
   if (csv) std::fclose(csv);
-  std::printf("\nfastest own kernel per case, layout and types (TFLOP/s, ratio to cuBLAS in this run):\n");
+  std::printf(
+      "\nfastest own kernel per case, layout and types (TFLOP/s, ratio to cuBLAS in this run):\n");
   for (const std::string& line : best_lines) std::printf("%s\n", line.c_str());
   std::printf("%d wrong results\n", wrong);
   return wrong == 0 ? 0 : 1;

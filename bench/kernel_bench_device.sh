@@ -8,7 +8,7 @@
 # CORRECTNESS_FILTER (gtest filter of the sweep), MEMCHECK_FILTER and RACECHECK_FILTER narrow the
 # sections, e.g. to one family: CORRECTNESS_FILTER='*wgmma*' MEMCHECK_FILTER='Small/*wgmma*';
 # BATCHED_FILTER the strided-batch and group sweep (batched_gemm_test, where bundled). Where
-# split_k_test is bundled it runs too (skinny M, issue 29); `--modes skinny` among BENCH_ARGS
+# split_k_test is bundled it runs too (skinny M, M <= 256); `--modes skinny` among BENCH_ARGS
 # adds the split-K benchmark.
 set -uo pipefail
 out=${1:?out dir}; shift
@@ -28,19 +28,22 @@ if [ -x "$gpu"/bin/batched_gemm_test ]; then
   t0=$SECONDS
   "$gpu"/bin/batched_gemm_test --gtest_brief=1 --gtest_filter="${BATCHED_FILTER:-*}" \
     > "$out/batched.log" 2>&1
-  echo "batched_gemm_test rc=$? ($((SECONDS - t0)) s): $(grep -cE '^\[  FAILED  \] Batches' "$out/batched.log") failed"
+  echo "batched_gemm_test rc=$? ($((SECONDS - t0)) s):" \
+    "$(grep -cE '^\[  FAILED  \] Batches' "$out/batched.log") failed"
 fi
 if [ -x "$gpu"/bin/split_k_test ]; then
   t0=$SECONDS
   "$gpu"/bin/split_k_test --gtest_brief=1 > "$out/split_k.log" 2>&1
-  echo "split_k_test rc=$? ($((SECONDS - t0)) s): $(grep -cE '^\[  FAILED  \] (SplitK|Reduce)' "$out/split_k.log") failed"
+  echo "split_k_test rc=$? ($((SECONDS - t0)) s):" \
+    "$(grep -cE '^\[  FAILED  \] (SplitK|Reduce)' "$out/split_k.log") failed"
 fi
 python3 - "$out/correctness.log" <<'PY'
 import re, sys
 worst = {}
 fails = []
 for line in open(sys.argv[1]):
-    m = re.match(r"\[ result \] (\S+)\s+(fp16|fp32)\s+(\d+)x\s*(\d+)x\s*(\d+) rel_frob=(\S+) max_abs=(\S+) nan=(\d+)", line)
+    m = re.match(r"\[ result \] (\S+)\s+(fp16|fp32)\s+(\d+)x\s*(\d+)x\s*(\d+) "
+                 r"rel_frob=(\S+) max_abs=(\S+) nan=(\d+)", line)
     if m:
         key = (m.group(1), m.group(2)); err = float(m.group(6))
         n, w = worst.get(key, (0, 0.0)); worst[key] = (n + 1, max(w, err))
@@ -54,21 +57,29 @@ PY
 
 echo "== sanitizers (timeout ${san_timeout}s each)"
 small=${MEMCHECK_FILTER:-'Small/*:-*cublas*:*auto*'}
-odd=${RACECHECK_FILTER:-'Small/*_33x72x24:Small/*_7x5x3:Small/*_255x264x104:Small/*_129x136x40:-*cublas*:*auto*'}
+odd_shapes='Small/*_33x72x24:Small/*_7x5x3:Small/*_255x264x104:Small/*_129x136x40'
+odd=${RACECHECK_FILTER:-"$odd_shapes:-*cublas*:*auto*"}
 t0=$SECONDS
 timeout "$san_timeout" compute-sanitizer --tool memcheck --error-exitcode 9 \
-  "$gpu"/bin/gemm_correctness_test --gtest_brief=1 --gtest_filter="$small" > "$out/memcheck.log" 2>&1
-echo "memcheck rc=$? ($((SECONDS - t0)) s): $(grep -E 'ERROR SUMMARY' "$out/memcheck.log" | tail -1)"
+  "$gpu"/bin/gemm_correctness_test --gtest_brief=1 --gtest_filter="$small" \
+  > "$out/memcheck.log" 2>&1
+echo "memcheck rc=$? ($((SECONDS - t0)) s):" \
+  "$(grep -E 'ERROR SUMMARY' "$out/memcheck.log" | tail -1)"
 t0=$SECONDS
-timeout "$san_timeout" compute-sanitizer --tool racecheck --racecheck-report all --error-exitcode 9 \
-  "$gpu"/bin/gemm_correctness_test --gtest_brief=1 --gtest_filter="$odd" > "$out/racecheck.log" 2>&1
-echo "racecheck rc=$? ($((SECONDS - t0)) s): $(grep -E 'RACECHECK SUMMARY|ERROR SUMMARY' "$out/racecheck.log" | tail -1)"
+timeout "$san_timeout" compute-sanitizer --tool racecheck --racecheck-report all \
+  --error-exitcode 9 \
+  "$gpu"/bin/gemm_correctness_test --gtest_brief=1 --gtest_filter="$odd" \
+  > "$out/racecheck.log" 2>&1
+echo "racecheck rc=$? ($((SECONDS - t0)) s):" \
+  "$(grep -E 'RACECHECK SUMMARY|ERROR SUMMARY' "$out/racecheck.log" | tail -1)"
 if [ -x "$gpu"/bin/batched_gemm_test ]; then
   t0=$SECONDS  # one-launch batches and groups: out-of-item reads and writes
   timeout "$san_timeout" compute-sanitizer --tool memcheck --error-exitcode 9 \
-    "$gpu"/bin/batched_gemm_test --gtest_brief=1 --gtest_filter='*wgmma_64x128_s8_g8_*_fp16_fp32acc' \
+    "$gpu"/bin/batched_gemm_test --gtest_brief=1 \
+    --gtest_filter='*wgmma_64x128_s8_g8_*_fp16_fp32acc' \
     > "$out/memcheck_batched.log" 2>&1
-  echo "memcheck batched rc=$? ($((SECONDS - t0)) s): $(grep -E 'ERROR SUMMARY' "$out/memcheck_batched.log" | tail -1)"
+  echo "memcheck batched rc=$? ($((SECONDS - t0)) s):" \
+    "$(grep -E 'ERROR SUMMARY' "$out/memcheck_batched.log" | tail -1)"
 fi
 
 if [ -x "$gpu"/bin/split_k_test ]; then
@@ -77,12 +88,14 @@ if [ -x "$gpu"/bin/split_k_test ]; then
     "$gpu"/bin/split_k_test --gtest_brief=1 \
     --gtest_filter='*splitk*_64x128_*_7x264x72:*splitk*_64x128_*_65x264x1000:*_ld:Reduce/*' \
     > "$out/memcheck_split_k.log" 2>&1
-  echo "memcheck split_k rc=$? ($((SECONDS - t0)) s): $(grep -E 'ERROR SUMMARY' "$out/memcheck_split_k.log" | tail -1)"
+  echo "memcheck split_k rc=$? ($((SECONDS - t0)) s):" \
+    "$(grep -E 'ERROR SUMMARY' "$out/memcheck_split_k.log" | tail -1)"
 fi
 
 echo "== benchmark"
 t0=$SECONDS
 "$gpu"/bin/kernel_bench --csv "$out/kernel_bench.csv" "$@" > "$out/bench.log" 2>&1
 echo "kernel_bench rc=$? ($((SECONDS - t0)) s)"
-python3 "$(dirname "$0")/kernel_bench_plot.py" "$out/kernel_bench.csv" "$out/kernel_bench.png" || echo "plot failed"
+python3 "$(dirname "$0")/kernel_bench_plot.py" "$out/kernel_bench.csv" "$out/kernel_bench.png" ||
+  echo "plot failed"
 sed -n "/^fastest own kernel/,\$p" "$out/bench.log"

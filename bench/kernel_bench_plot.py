@@ -42,7 +42,8 @@ def main(src, dst):
         variants = [v for v in table if v != "cublas"]
         width = 0.8 / max(1, len(variants))
         for i, v in enumerate(variants):
-            xs = [j + (i - len(variants) / 2) * width for j, s in enumerate(shapes) if s in table[v]]
+            xs = [j + (i - len(variants) / 2) * width for j, s in enumerate(shapes)
+                  if s in table[v]]
             ys = [table[v][s] for s in shapes if s in table[v]]
             ax.bar(xs, ys, width, label=v)
         for j, s in enumerate(shapes):

@@ -45,7 +45,8 @@ void Caller::CheckKept(const Payload& p, const v1::GemmRequest& r, const v1::Mat
   if (c.handle().empty() || c.rows() != p.shape.m || c.cols() != p.shape.n) {
     return SetError(kWrongReplySize,
                     fmt::format("kept C '{}' of {}x{}, expected {}x{}", c.handle(), c.rows(),
-                                c.cols(), p.shape.m, p.shape.n), s);
+                                c.cols(), p.shape.m, p.shape.n),
+                    s);
   }
   if (!previous_c_.empty()) Release(&previous_c_);  // only if Tidy was skipped
   previous_c_.swap(kept_c_);
@@ -122,8 +123,8 @@ class OwnCRegion {
       return;
     }
     v1::RegionInfo info;
-    setup_status_ = client_.RegisterRegion(region_->path(), region_->bytes(), "hgemm_load C",
-                                           &info, options_);
+    setup_status_ =
+        client_.RegisterRegion(region_->path(), region_->bytes(), "hgemm_load C", &info, options_);
     handle_ = info.region();
   }
   ~OwnCRegion() {
@@ -162,9 +163,10 @@ class ShmUnaryCaller final : public Caller {
     SetStatus(client_.Gemm(request_, &response_, options_), s);
     if (s->code != 0) return;
     if (!response_.c().empty()) {
-      return SetError(kWrongReplySize,
-                      fmt::format("{} bytes of C inline, though C's region was named",
-                                  response_.c().size()), s);
+      return SetError(
+          kWrongReplySize,
+          fmt::format("{} bytes of C inline, though C's region was named", response_.c().size()),
+          s);
     }
     CopyTiming(response_.timing(), s);
     execution_ = response_.execution();
@@ -214,8 +216,7 @@ class RingCaller final : public Caller {
       if (!ring_) return SetStatus(attached, s);
       operands_ = operands;
     }
-    if (operands != operands_ ||
-        (b_handle.empty() && request.b_region().region() != operands_)) {
+    if (operands != operands_ || (b_handle.empty() && request.b_region().region() != operands_)) {
       return SetError(int(grpc::StatusCode::INTERNAL),
                       "A (and B, unless resident) must be in the ring's region", s);
     }
@@ -296,7 +297,8 @@ template <typename Request, typename Reply>
 class StreamCaller : public Caller {
  protected:
   using Stream = grpc::ClientReaderWriter<Request, Reply>;
-  using Open = std::function<std::unique_ptr<Stream>(grpc::ClientContext*, const std::string& route)>;
+  using Open =
+      std::function<std::unique_ptr<Stream>(grpc::ClientContext*, const std::string& route)>;
 
   StreamCaller(std::chrono::system_clock::time_point deadline, std::string client_id, Open open)
       : deadline_(deadline), client_id_(std::move(client_id)), open_(std::move(open)) {}
@@ -330,7 +332,8 @@ class StreamCaller : public Caller {
   }
   void Broken(Sample* s) {
     Drain();
-    SetStatus(status_.ok() ? grpc::Status(grpc::StatusCode::UNKNOWN, "stream ended early") : status_, s);
+    SetStatus(
+        status_.ok() ? grpc::Status(grpc::StatusCode::UNKNOWN, "stream ended early") : status_, s);
   }
   // An answer that does not fit the call: the stream can't be trusted any more; cancel it and
   // let the next call open a new one.
@@ -363,10 +366,11 @@ class ServiceStreamCaller final
  public:
   ServiceStreamCaller(const GemmClient& client, std::chrono::system_clock::time_point deadline,
                       int64_t chunk_bytes, const std::string& client_id, double timeout_s)
-      : StreamCaller(deadline, client_id,
-                     [client](grpc::ClientContext* context, const std::string& route) {
-                       return v1::GemmService::NewStub(client.ChannelTo(route))->GemmStream(context);
-                     }),
+      : StreamCaller(
+            deadline, client_id,
+            [client](grpc::ClientContext* context, const std::string& route) {
+              return v1::GemmService::NewStub(client.ChannelTo(route))->GemmStream(context);
+            }),
         chunk_bytes_(chunk_bytes) {
     EnableRelease(client, client_id, timeout_s);
   }
@@ -383,8 +387,9 @@ class ServiceStreamCaller final
     size_t received = 0;
     while (stream->Read(&response_)) {
       if (response_.gemm_id() != id) {
-        return ProtocolError(int(grpc::StatusCode::INTERNAL),
-                             fmt::format("answer for gemm_id {}, expected {}", response_.gemm_id(), id), s);
+        return ProtocolError(
+            int(grpc::StatusCode::INTERNAL),
+            fmt::format("answer for gemm_id {}, expected {}", response_.gemm_id(), id), s);
       }
       if (response_.has_chunk()) {
         const std::string& data = response_.chunk().data();
@@ -436,11 +441,11 @@ class EchoStreamCaller final : public StreamCaller<EchoStreamRequest, EchoStream
     header->set_reply_bytes(reply_bytes);
     header->set_reply_chunk_bytes(reply_chunk_bytes_);
     bool ok = stream->Write(message);
-    ok = ok && WriteOperands(request, chunk_bytes_,
-                             [&](v1::Operand, size_t, const char* data, size_t n) {
-                               message.set_data(data, n);
-                               return stream->Write(message);
-                             });
+    ok = ok &&
+         WriteOperands(request, chunk_bytes_, [&](v1::Operand, size_t, const char* data, size_t n) {
+           message.set_data(data, n);
+           return stream->Write(message);
+         });
     if (!ok) return Broken(s);
     reply_.resize(reply_bytes);
     size_t received = 0;

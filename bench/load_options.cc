@@ -20,9 +20,9 @@ std::string ParseShapes(const std::string& text, std::vector<Shape>* shapes) {
     }
     if (colon != std::string::npos) {
       const std::string weight = item.substr(colon + 1);
-      const bool digits = !weight.empty() && weight.size() <= 9 &&
-                          std::all_of(weight.begin(), weight.end(),
-                                      [](char c) { return c >= '0' && c <= '9'; });
+      const bool digits =
+          !weight.empty() && weight.size() <= 9 &&
+          std::all_of(weight.begin(), weight.end(), [](char c) { return c >= '0' && c <= '9'; });
       s.weight = digits ? std::stoi(weight) : 0;  // at most 9 digits: stoi cannot throw
       if (s.weight < 1) return fmt::format("shape '{}': weight must be a whole number ≥ 1", item);
     }
@@ -62,32 +62,40 @@ const char* ModeName(Mode mode) { return mode == Mode::kUnary ? "unary" : "strea
 const char* TargetName(Target target) { return target == Target::kService ? "service" : "echo"; }
 
 const char* TransportName(Transport transport) {
-  return transport == Transport::kShm    ? "shm"
-         : transport == Transport::kRing ? "ring"
-                                         : "grpc";
+  return transport == Transport::kShm ? "shm" : transport == Transport::kRing ? "ring" : "grpc";
 }
 
 const char* ResidentName(Resident resident) {
   switch (resident) {
-    case Resident::kB: return "b";
-    case Resident::kAll: return "all";
-    default: return "none";
+    case Resident::kB:
+      return "b";
+    case Resident::kAll:
+      return "all";
+    default:
+      return "none";
   }
 }
 
 bool ParseResident(const std::string& text, Resident* resident) {
-  if (text == "none") *resident = Resident::kNone;
-  else if (text == "b") *resident = Resident::kB;
-  else if (text == "all") *resident = Resident::kAll;
-  else return false;
+  if (text == "none")
+    *resident = Resident::kNone;
+  else if (text == "b")
+    *resident = Resident::kB;
+  else if (text == "all")
+    *resident = Resident::kAll;
+  else
+    return false;
   return true;
 }
 
 int64_t SentBytes(const Shape& shape, Resident resident) {
   switch (resident) {
-    case Resident::kB: return shape.ABytes();
-    case Resident::kAll: return 0;
-    default: return shape.RequestBytes();
+    case Resident::kB:
+      return shape.ABytes();
+    case Resident::kAll:
+      return 0;
+    default:
+      return shape.RequestBytes();
   }
 }
 

@@ -46,7 +46,7 @@ enum class Resident { kNone, kB, kAll };
 const char* ModeName(Mode mode);
 const char* TargetName(Target target);
 const char* TransportName(Transport transport);  // "grpc", "shm", "ring"
-const char* ResidentName(Resident resident);  // "none", "b", "all"
+const char* ResidentName(Resident resident);     // "none", "b", "all"
 // Parses "none", "b" or "all". Returns false for anything else.
 bool ParseResident(const std::string& text, Resident* resident);
 

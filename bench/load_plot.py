@@ -29,8 +29,8 @@ def load(paths):
             for r in csv.DictReader(f):
                 for key in ("concurrency", "requests", "errors", "windows", "stable"):
                     r[key] = int(r[key] or 0)
-                for key in ("rate_per_s", "requests_per_s", "mean_ms", "p50_ms", "p90_ms", "p99_ms", "gflops",
-                            "payload_gb_per_s", "server_queue_ms", "server_kernel_ms",
+                for key in ("rate_per_s", "requests_per_s", "mean_ms", "p50_ms", "p90_ms", "p99_ms",
+                            "gflops", "payload_gb_per_s", "server_queue_ms", "server_kernel_ms",
                             "server_h2d_ms", "server_d2h_ms", "server_total_ms", "ratio_to_echo"):
                     r[key] = float(r[key]) if r.get(key) not in (None, "") else None
                 rows.append(r)
@@ -72,7 +72,8 @@ def plot(rows, png):
             xs = [x_of(r) for r in pts]
             axes[0].plot(xs, [r["payload_gb_per_s"] for r in pts], style, color=c,
                          label=f"{label} ({target})")
-            axes[2].plot(xs, [r["p99_ms"] for r in pts], style, color=c, label=f"{label} ({target})")
+            axes[2].plot(xs, [r["p99_ms"] for r in pts], style, color=c,
+                         label=f"{label} ({target})")
         pts = [r for r in by_target.get("service", []) if r["ratio_to_echo"] is not None]
         if pts:
             axes[1].plot([x_of(r) for r in pts], [r["ratio_to_echo"] for r in pts], "-o", color=c,
@@ -99,7 +100,8 @@ def plot(rows, png):
         ax.legend(fontsize=7)
     device = rows[0]["device"] if rows else "?"
     backend = rows[0]["backend"] if rows else "?"
-    fig.suptitle(f"hgemm-serve under load: {device} ({backend} backend), server and client on 127.0.0.1")
+    fig.suptitle(f"hgemm-serve under load: {device} ({backend} backend), "
+                 "server and client on 127.0.0.1")
     fig.tight_layout()
     fig.savefig(png, dpi=110)
 
@@ -107,10 +109,11 @@ def plot(rows, png):
 def summary(rows, path):
     s = series(rows)
     device = rows[0]["device"] if rows else "?"
-    lines = [f"Device: {device} ({rows[0]['backend'] if rows else '?'} backend); client, server and "
-             "echo on 127.0.0.1.", "",
-             "| shape | mode | best GB/s (conc) | echo GB/s there | ratio | p50/p99 ms, lowest load | "
-             "p50/p99 ms, highest load | queue / kernel ms, lowest load | server share of latency at best | errors |",
+    lines = [f"Device: {device} ({rows[0]['backend'] if rows else '?'} backend); "
+             "client, server and echo on 127.0.0.1.", "",
+             "| shape | mode | best GB/s (conc) | echo GB/s there | ratio | "
+             "p50/p99 ms, lowest load | p50/p99 ms, highest load | "
+             "queue / kernel ms, lowest load | server share of latency at best | errors |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for (shape, mode), by_target in sorted(s.items()):
         svc = [r for r in by_target.get("service", []) if r["requests"] > 0]
@@ -127,13 +130,15 @@ def summary(rows, path):
         lines.append(
             f"| {shape} | {mode} | {best['payload_gb_per_s']:.3f} ({x_of(best):g}) | {echo_cols} | "
             f"{lo['p50_ms']:.3f} / {lo['p99_ms']:.3f} | {hi['p50_ms']:.3f} / {hi['p99_ms']:.3f} | "
-            f"{lo['server_queue_ms'] or 0:.3f} / {lo['server_kernel_ms'] or 0:.3f} | {share:.0%} | {errors} |")
+            f"{lo['server_queue_ms'] or 0:.3f} / {lo['server_kernel_ms'] or 0:.3f} | "
+            f"{share:.0%} | {errors} |")
     with open(path, "w") as f:
         f.write("\n".join(lines) + "\n")
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("files", nargs="+", help="CSV file(s), then the PNG to write")
     p.add_argument("--summary", help="also write a Markdown summary table here")
     a = p.parse_args()

@@ -62,8 +62,8 @@ std::string FormatTableHeader() {
       "{:<7} {:<6} {:<4} {:>4} {:>6} {:<16} {:>7} {:>5} {:>9} {:>9} {:>9} {:>9} {:>9} {:>8} {:>9} "
       "{:>7} | {:>8} {:>7} {:>9} {:>7} {:>9} {:>9} {:>5} | {:>3} {:<6}\n",
       "target", "mode", "res", "conc", "rate", "shape", "reqs", "err", "req/s", "p50_ms", "p90_ms",
-      "p99_ms", "GFLOP/s", "GB/s", "gemm_GB/s", "vs_echo", "queue_ms", "h2d_ms", "kernel_ms", "d2h_ms",
-      "server_ms", "verify_ms", "batch", "win", "stable");
+      "p99_ms", "GFLOP/s", "GB/s", "gemm_GB/s", "vs_echo", "queue_ms", "h2d_ms", "kernel_ms",
+      "d2h_ms", "server_ms", "verify_ms", "batch", "win", "stable");
 }
 
 std::string FormatTableRows(const PointResult& p, const PointResult* echo) {
@@ -71,32 +71,34 @@ std::string FormatTableRows(const PointResult& p, const PointResult* echo) {
   const std::string rate = p.rate_per_s > 0 ? fmt::format("{:.0f}", p.rate_per_s) : "-";
   for (const PointStats& s : p.stats) {
     const PointStats* e = p.target == Target::kService ? Match(echo, s.shape) : nullptr;
-    const std::string ratio =
-        e && e->payload_gb_per_s > 0 ? fmt::format("{:.2f}", s.payload_gb_per_s / e->payload_gb_per_s) : "-";
+    const std::string ratio = e && e->payload_gb_per_s > 0
+                                  ? fmt::format("{:.2f}", s.payload_gb_per_s / e->payload_gb_per_s)
+                                  : "-";
     std::string server;
     if (p.target == Target::kService && s.server.count > 0) {
       server = fmt::format("{:>8.3f} {:>7.3f} {:>9.3f} {:>7.3f} {:>9.3f} {:>9.3f} {:>5.1f}",
-                           s.server.queue_ms, s.server.h2d_ms, s.server.kernel_ms,
-                           s.server.d2h_ms, s.server.total_ms, s.server.verify_ms,
-                           BatchSize(p, s));
+                           s.server.queue_ms, s.server.h2d_ms, s.server.kernel_ms, s.server.d2h_ms,
+                           s.server.total_ms, s.server.verify_ms, BatchSize(p, s));
     } else {
       server = fmt::format("{:>8} {:>7} {:>9} {:>7} {:>9} {:>9} {:>5}", "-", "-", "-", "-", "-",
                            "-", "-");
     }
     const std::string gflops = p.target == Target::kService ? fmt::format("{:.1f}", s.gflops) : "-";
     out += fmt::format(
-        "{:<7} {:<6} {:<4} {:>4} {:>6} {:<16} {:>7} {:>5} {:>9.1f} {:>9.3f} {:>9.3f} {:>9.3f} {:>9} "
+        "{:<7} {:<6} {:<4} {:>4} {:>6} {:<16} {:>7} {:>5} {:>9.1f} {:>9.3f} {:>9.3f} {:>9.3f} "
+        "{:>9} "
         "{:>8.3f} {:>9.3f} {:>7} | {} | {:>3} {:<6}\n",
-        TargetLabel(p), ModeLabel(p), ResidentName(p.resident), p.concurrency, rate, s.shape, s.requests, s.errors,
-        s.requests_per_s, s.p50_ms, s.p90_ms, s.p99_ms, gflops, s.payload_gb_per_s, GemmGbPerS(s),
-        ratio, server,
-        p.windows, p.stable ? "yes" : "no");
+        TargetLabel(p), ModeLabel(p), ResidentName(p.resident), p.concurrency, rate, s.shape,
+        s.requests, s.errors, s.requests_per_s, s.p50_ms, s.p90_ms, s.p99_ms, gflops,
+        s.payload_gb_per_s, GemmGbPerS(s), ratio, server, p.windows, p.stable ? "yes" : "no");
   }
   if (p.target == Target::kService && p.resident != Resident::kNone && p.upload_s > 0) {
     std::string where;
-    for (const std::string& replica : p.upload_replicas) where += (where.empty() ? "" : ", ") + replica;
-    out += fmt::format("  resident operands uploaded in {:.3f} s before the warm-up (not measured){}\n",
-                       p.upload_s, where.empty() ? "" : ", to replicas " + where);
+    for (const std::string& replica : p.upload_replicas)
+      where += (where.empty() ? "" : ", ") + replica;
+    out += fmt::format(
+        "  resident operands uploaded in {:.3f} s before the warm-up (not measured){}\n",
+        p.upload_s, where.empty() ? "" : ", to replicas " + where);
   }
   if (!p.stable && !p.window_requests_per_s.empty()) {
     std::string windows;
@@ -131,14 +133,16 @@ void WriteCsvRows(std::ostream& out, const PointResult& p, const PointResult* ec
     const PointStats* e = p.target == Target::kService ? Match(echo, s.shape) : nullptr;
     const bool server = p.target == Target::kService;
     out << fmt::format(
-        "{},{},{},{},{},{},{},{},{},{},{:.4f},{:.6g},{:.6g},{:.6g},{:.6g},{:.6g},{:.6g},{:.6g},{:.6g},"
+        "{},{},{},{},{},{},{},{},{},{},{:.4f},{:.6g},{:.6g},{:.6g},{:.6g},{:.6g},{:.6g},{:.6g},{:."
+        "6g},"
         "{:.6g},{},{},{},{},{},{},{},{},{},{},{},{}",
         quote(device), backend, TargetLabel(p), ModeLabel(p), ResidentName(p.resident),
-        p.concurrency, p.rate_per_s,
-        s.shape, s.requests, s.errors, s.seconds, s.requests_per_s, s.p50_ms, s.p90_ms, s.p99_ms,
-        s.mean_ms, s.min_ms, s.max_ms, s.gflops, s.payload_gb_per_s,
+        p.concurrency, p.rate_per_s, s.shape, s.requests, s.errors, s.seconds, s.requests_per_s,
+        s.p50_ms, s.p90_ms, s.p99_ms, s.mean_ms, s.min_ms, s.max_ms, s.gflops, s.payload_gb_per_s,
         e ? fmt::format("{:.6g}", e->payload_gb_per_s) : "",
-        e && e->payload_gb_per_s > 0 ? fmt::format("{:.4f}", s.payload_gb_per_s / e->payload_gb_per_s) : "",
+        e && e->payload_gb_per_s > 0
+            ? fmt::format("{:.4f}", s.payload_gb_per_s / e->payload_gb_per_s)
+            : "",
         server ? fmt::format("{:.6g}", s.server.queue_ms) : "",
         server ? fmt::format("{:.6g}", s.server.h2d_ms) : "",
         server ? fmt::format("{:.6g}", s.server.kernel_ms) : "",
@@ -159,8 +163,7 @@ void WriteCsvRows(std::ostream& out, const PointResult& p, const PointResult* ec
     } else {
       out << ",,,,,,,,,,";
     }
-    out << (server ? fmt::format(",{:.6g},{:.4g}\n", s.server.verify_ms, BatchSize(p, s))
-                   : ",,\n");
+    out << (server ? fmt::format(",{:.6g},{:.4g}\n", s.server.verify_ms, BatchSize(p, s)) : ",,\n");
   }
 }
 

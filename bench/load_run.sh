@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
-# Load benchmark of hgemm-serve (issue 6): hgemm_server and echo_server on 127.0.0.1, then
+# Load benchmark of hgemm-serve: hgemm_server and echo_server on 127.0.0.1, then
 # hgemm_load sweeps concurrency for 256³ (unary), 2048³ (stream and unary) and 8192³ (stream),
 # every point also against the gRPC byte-echo baseline. Writes under $OUT (default ./out):
-#   load.csv  load.png  load_summary.md  load_<shape>.log  load_server.log  load_echo.log  load_device.txt
+#   load.csv  load.png  load_summary.md  load_<shape>.log  load_server.log  load_echo.log
+#   load_device.txt
 #
 # usage (from the repository root):
 #   bench/load_run.sh            the full run (GPU machine, CUDA backend; about 3-4 minutes)
 #   bench/load_run.sh --quick    small shapes on the CPU backend, about 1 minute (any machine)
-#   bench/load_run.sh --resident       also the resident-operand sweep (issue 8), after the above
+#   bench/load_run.sh --resident       also the resident-operand sweep, after the above
 #   bench/load_run.sh --resident-only  only the resident-operand sweep (about 4 minutes on a GPU;
 #                                      with --quick: small shapes on the CPU backend, ~1 minute)
 #     writes load_resident.csv, load_resident_summary.md (p50 vs server kernel time per point)
@@ -100,14 +101,15 @@ else
   rm -f "$csv"
   window=(--warmup_s=0.5 --window_s=1 --min_window_requests=20 --max_windows=5 --max_point_s=5)
   run 256_unary 100 --shapes=256x256x256 --mode=unary --concurrency=1,2,4,8,16,32,64 "${window[@]}"
-  run 2048_stream 100 --shapes=2048x2048x2048 --mode=stream --concurrency=1,2,4,8,16,32,64 "${window[@]}"
+  run 2048_stream 100 --shapes=2048x2048x2048 --mode=stream --concurrency=1,2,4,8,16,32,64 \
+      "${window[@]}"
   run 2048_unary 60 --shapes=2048x2048x2048 --mode=unary --concurrency=1,4,16,64 "${window[@]}"
   # 384 MiB per call: fewer points, longer windows with fewer calls each.
   run 8192_stream 100 --shapes=8192x8192x8192 --mode=stream --concurrency=1,2,4,8 --verify=1 \
       --warmup_s=1 --window_s=1.5 --min_window_requests=4 --max_windows=4 --max_point_s=8
 fi
 
-# Resident operands (issue 8). Own CSV: load_plot.py draws one line per (shape, mode, target)
+# Resident operands. Own CSV: load_plot.py draws one line per (shape, mode, target)
 # and would mix the resident modes; load_resident_summary.md has the table instead.
 if [[ $resident == 1 ]]; then
   plain_csv=$csv
@@ -115,11 +117,16 @@ if [[ $resident == 1 ]]; then
   rm -f "$csv"
   if [[ $quick == 1 ]]; then
     window=(--warmup_s=0.2 --window_s=0.3 --min_window_requests=5 --max_windows=3 --max_point_s=3)
-    run res_b_none 60 --shapes=128x512x512 --mode=stream --resident=none --concurrency=1,2 "${window[@]}"
-    run res_b_stream 60 --shapes=128x512x512 --mode=stream --resident=b --concurrency=1,2 "${window[@]}"
-    run res_b_unary 60 --shapes=128x512x512 --mode=unary --resident=b --concurrency=1,2 "${window[@]}"
-    run res_all_unary 60 --shapes=256x256x256 --mode=unary --resident=all --concurrency=1,2,4 "${window[@]}"
-    run res_all_stream 60 --shapes=256x256x256 --mode=stream --resident=all --concurrency=1,2,4 "${window[@]}"
+    run res_b_none 60 --shapes=128x512x512 --mode=stream --resident=none --concurrency=1,2 \
+        "${window[@]}"
+    run res_b_stream 60 --shapes=128x512x512 --mode=stream --resident=b --concurrency=1,2 \
+        "${window[@]}"
+    run res_b_unary 60 --shapes=128x512x512 --mode=unary --resident=b --concurrency=1,2 \
+        "${window[@]}"
+    run res_all_unary 60 --shapes=256x256x256 --mode=unary --resident=all --concurrency=1,2,4 \
+        "${window[@]}"
+    run res_all_stream 60 --shapes=256x256x256 --mode=stream --resident=all --concurrency=1,2,4 \
+        "${window[@]}"
   else
     window=(--warmup_s=0.5 --window_s=1 --min_window_requests=10 --max_windows=4 --max_point_s=5)
     # (1) B resident, A sent: 2 MiB up and 2 MiB down per call instead of 130 MiB up.
@@ -132,19 +139,20 @@ if [[ $resident == 1 ]]; then
     # (2) A, B and C resident: client-visible latency vs the server's kernel time.
     run res_4096_none 60 --shapes=4096x4096x4096 --mode=stream --resident=none --concurrency=1,2 \
         --verify=1 "${window[@]}"
-    run res_4096_all_unary 60 --shapes=4096x4096x4096 --mode=unary --resident=all --concurrency=1,2,4 \
-        --verify=1 "${window[@]}"
-    run res_4096_all_stream 60 --shapes=4096x4096x4096 --mode=stream --resident=all --concurrency=1,2,4 \
-        --verify=1 "${window[@]}"
-    run res_8192_all_unary 90 --shapes=8192x8192x8192 --mode=unary --resident=all --concurrency=1,2,4 \
-        --verify=1 "${window[@]}"
-    run res_8192_all_stream 90 --shapes=8192x8192x8192 --mode=stream --resident=all --concurrency=1,2,4 \
-        --verify=1 "${window[@]}"
+    run res_4096_all_unary 60 --shapes=4096x4096x4096 --mode=unary --resident=all \
+        --concurrency=1,2,4 --verify=1 "${window[@]}"
+    run res_4096_all_stream 60 --shapes=4096x4096x4096 --mode=stream --resident=all \
+        --concurrency=1,2,4 --verify=1 "${window[@]}"
+    run res_8192_all_unary 90 --shapes=8192x8192x8192 --mode=unary --resident=all \
+        --concurrency=1,2,4 --verify=1 "${window[@]}"
+    run res_8192_all_stream 90 --shapes=8192x8192x8192 --mode=stream --resident=all \
+        --concurrency=1,2,4 --verify=1 "${window[@]}"
   fi
   if command -v python3 >/dev/null; then
-    timeout 60 python3 - "$csv" > "$out/load_resident_summary.md" <<'PY' || { echo "load_run.sh: resident summary failed"; failed=1; }
+    if ! timeout 60 python3 - "$csv" > "$out/load_resident_summary.md" <<'PY'; then
 import csv, sys
-rows = [r for r in csv.DictReader(open(sys.argv[1])) if r["target"] == "service" and r["shape"] != "mix"]
+rows = [r for r in csv.DictReader(open(sys.argv[1]))
+        if r["target"] == "service" and r["shape"] != "mix"]
 with open(sys.argv[1]) as f:
     device = next(csv.DictReader(f), {}).get("device", "?")
 print(f"Resident operands, {device} (p50 = client-visible median latency; kernel and server "
@@ -157,13 +165,19 @@ for r in rows:
     ratio = f"{p50 / kernel:.2f}" if kernel > 0 else "-"
     print(f"| {r['shape']} | {r['mode']} | {r['resident']} | {r['concurrency']} | "
           f"{float(r['requests_per_s']):.1f} | {p50:.3f} | {float(r['p99_ms']):.3f} | "
-          f"{float(r['payload_gb_per_s']):.3f} | {kernel:.3f} | {float(r['server_total_ms'] or 0):.3f} | "
+          f"{float(r['payload_gb_per_s']):.3f} | {kernel:.3f} | "
+          f"{float(r['server_total_ms'] or 0):.3f} | "
           f"{ratio} | {p50 - kernel:.3f} | {r['errors']} |")
-echo = [r for r in csv.DictReader(open(sys.argv[1])) if r["target"] == "echo" and r["resident"] == "all"]
+echo = [r for r in csv.DictReader(open(sys.argv[1]))
+        if r["target"] == "echo" and r["resident"] == "all"]
 if echo:
     print("\nRPC floor (empty echo, same concurrency): " + ", ".join(
-        f"{r['shape']} {r['mode']} c{r['concurrency']} p50 {float(r['p50_ms']):.3f} ms" for r in echo))
+        f"{r['shape']} {r['mode']} c{r['concurrency']} p50 {float(r['p50_ms']):.3f} ms"
+        for r in echo))
 PY
+      echo "load_run.sh: resident summary failed"
+      failed=1
+    fi
     cat "$out/load_resident_summary.md"
   fi
   csv=$plain_csv

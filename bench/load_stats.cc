@@ -21,7 +21,8 @@ PointStats Summarize(const std::vector<Sample>& samples, int shape, double secon
     }
     latencies.push_back(s.latency_ms);
     sum += s.latency_ms;
-    bytes += double(SentBytes(shapes[s.shape], resident) + ReceivedBytes(shapes[s.shape], resident));
+    bytes +=
+        double(SentBytes(shapes[s.shape], resident) + ReceivedBytes(shapes[s.shape], resident));
     if (kind != Target::kService) continue;
     flops += shapes[s.shape].Flops();
     ServerBreakdown& b = st.server;

@@ -22,7 +22,7 @@ struct Sample {
   double end_s = 0;       // since the point started
   double latency_ms = 0;  // send (or scheduled send) → reply complete
   int shape = 0;
-  int code = 0;           // 0: OK; a gRPC status code; kWrongReplySize
+  int code = 0;  // 0: OK; a gRPC status code; kWrongReplySize
   double queue_ms = 0, h2d_ms = 0, kernel_ms = 0, d2h_ms = 0, total_ms = 0;
   double verify_ms = 0;  // the server's Freivalds check (GemmOptions.verify)
   // GEMMs of the launch that ran it (Execution.batch_size: batched with others against the
@@ -50,7 +50,7 @@ struct PointStats {
   // seconds / 1e9; 0 when everything is resident.
   double payload_gb_per_s = 0;
   double p50_ms = 0, p90_ms = 0, p99_ms = 0, mean_ms = 0, min_ms = 0, max_ms = 0;
-  ServerBreakdown server;     // all zeros for the echo target
+  ServerBreakdown server;  // all zeros for the echo target
 };
 
 struct PointResult {
@@ -61,10 +61,10 @@ struct PointResult {
   Resident resident = Resident::kNone;
   int concurrency = 0;
   double rate_per_s = 0;
-  std::string shapes;   // the mix: "256x256x256", or "64x64x64:3,128x96x160"
-  int windows = 0;      // measurement windows run
-  bool stable = false;  // the last stable_windows windows agreed; stats are over them
-  double elapsed_s = 0; // warm-up + windows
+  std::string shapes;    // the mix: "256x256x256", or "64x64x64:3,128x96x160"
+  int windows = 0;       // measurement windows run
+  bool stable = false;   // the last stable_windows windows agreed; stats are over them
+  double elapsed_s = 0;  // warm-up + windows
   int64_t warmup_requests = 0;
   int64_t calls = 0;  // every call of the point (warm-up, windows, the last ones), any outcome
   std::vector<double> window_requests_per_s;  // each window's successful calls/s, in order

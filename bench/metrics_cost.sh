@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# What the server's metrics cost (issue 15): one hgemm_load point (default 256³ unary, 64
+# What the server's metrics cost: one hgemm_load point (default 256³ unary, 64
 # workers, closed loop) against an hgemm_server without --metrics_listen, then against a fresh
 # one with it; same flags otherwise and the same process layout (server and hgemm_load as
 # separate processes on 127.0.0.1). The run with metrics also reads /metrics around its point
@@ -64,7 +64,8 @@ http_get() {  # port path: the body of GET path from 127.0.0.1:port (bash's /dev
   printf 'GET %s HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n' "$2" >&3
   response=$(cat <&3)
   exec 3<&-
-  [[ $response == "HTTP/1."?" 200 "* ]] || { echo "metrics_cost.sh: GET $2: ${response%%$'\r'*}" >&2; return 1; }
+  [[ $response == "HTTP/1."?" 200 "* ]] ||
+    { echo "metrics_cost.sh: GET $2: ${response%%$'\r'*}" >&2; return 1; }
   printf '%s\n' "${response#*$'\r\n\r\n'}"
 }
 
@@ -85,7 +86,8 @@ measure() {
   wait_port "$port" 120 "${pids[0]}" "$out/metrics_cost_server_$name.log"
   echo "== $name: $shape $mode c=$concurrency, server ${2} --metrics_listen"
   # shellcheck disable=SC2086
-  timeout -s TERM -k 10 120 "$load_bin" --server="127.0.0.1:$port" --shapes="$shape" --mode="$mode" \
+  timeout -s TERM -k 10 120 "$load_bin" --server="127.0.0.1:$port" --shapes="$shape" \
+      --mode="$mode" \
       --concurrency="$concurrency" --verify=1 --csv="$out/metrics_cost_$name.csv" "${window[@]}" \
       "${load_flags[@]}" ${LOAD_ARGS:-} > "$out/metrics_cost_$name.log" 2>&1 &
   current=$!
@@ -113,7 +115,7 @@ for ((i = 1; i <= runs; i++)); do
 done
 
 if command -v python3 >/dev/null; then
-  timeout 60 python3 - "$out" "${names[@]}" > "$out/metrics_cost_summary.md" <<'PY' || { echo "metrics_cost.sh: summary failed"; failed=1; }
+  if ! timeout 60 python3 - "$out" "${names[@]}" > "$out/metrics_cost_summary.md" <<'PY'; then
 import csv, os, re, sys
 out, names = sys.argv[1], sys.argv[2:]
 rows = {}
@@ -123,17 +125,21 @@ for n in names:
     rows[n] = r[0] if r else None
 first = next((r for r in rows.values() if r), {})
 print(f"# Cost of --metrics_listen: {first.get('shape', '?')} {first.get('mode', '?')}, "
-      f"concurrency {first.get('concurrency', '?')}, {first.get('device', '?')} ({first.get('backend', '?')})\n")
-print("| run | metrics | req/s | p50 ms | p99 ms | server ms (client's view) | errors | calls | /metrics count | agree |")
+      f"concurrency {first.get('concurrency', '?')}, {first.get('device', '?')} "
+      f"({first.get('backend', '?')})\n")
+print("| run | metrics | req/s | p50 ms | p99 ms | server ms (client's view) | errors | calls | "
+      "/metrics count | agree |")
 print("|---|---|---:|---:|---:|---:|---:|---:|---:|---|")
 for n, r in rows.items():
     if not r:
         print(f"| {n} | | no result | | | | | | | |")
         continue
     on = n.startswith("on")
-    print(f"| {n} | {'on' if on else 'off'} | {float(r['requests_per_s']):.1f} | {float(r['p50_ms']):.3f} | "
-          f"{float(r['p99_ms']):.3f} | {float(r['server_total_ms'] or 0):.3f} | {r['errors']} | {r['calls']} | "
-          f"{r['metrics_requests'] or '-'} | {('yes' if r['metrics_agree'] == '1' else 'NO') if on else '-'} |")
+    agree = ('yes' if r['metrics_agree'] == '1' else 'NO') if on else '-'
+    print(f"| {n} | {'on' if on else 'off'} | {float(r['requests_per_s']):.1f} | "
+          f"{float(r['p50_ms']):.3f} | {float(r['p99_ms']):.3f} | "
+          f"{float(r['server_total_ms'] or 0):.3f} | {r['errors']} | {r['calls']} | "
+          f"{r['metrics_requests'] or '-'} | {agree} |")
 def mean(prefix):
     v = [float(r["requests_per_s"]) for n, r in rows.items() if r and n.startswith(prefix)]
     return sum(v) / len(v) if v else 0
@@ -148,11 +154,14 @@ print(f"\n## The server's view of the point ({last_on}, hgemm_load --metrics_url
 print("```\n" + "\n".join(server_lines) + "\n```")
 r = rows.get(last_on)
 if r:
-    print(f"\nhgemm_load's own numbers for the same point: {float(r['requests_per_s']):.1f} req/s over the "
+    print(f"\nhgemm_load's own numbers for the same point: "
+          f"{float(r['requests_per_s']):.1f} req/s over the "
           f"measured windows, {r['calls']} calls in all (warm-up included); server timing from the "
-          f"replies: queue {float(r['server_queue_ms'] or 0):.3f} ms, kernel {float(r['server_kernel_ms'] or 0):.3f} ms, "
+          f"replies: queue {float(r['server_queue_ms'] or 0):.3f} ms, "
+          f"kernel {float(r['server_kernel_ms'] or 0):.3f} ms, "
           f"server total {float(r['server_total_ms'] or 0):.3f} ms.")
-keep = re.compile(r"^(hgemm_requests_total|hgemm_gemm_stage_seconds_(sum|count)|hgemm_(received|sent)_bytes_total|"
+keep = re.compile(r"^(hgemm_requests_total|hgemm_gemm_stage_seconds_(sum|count)|"
+                  r"hgemm_(received|sent)_bytes_total|"
                   r"hgemm_queued_gemms|hgemm_running_gemms|hgemm_kernel_tflops|hgemm_build_info)\b")
 path = os.path.join(out, "metrics_after_point.txt")
 if os.path.exists(path):
@@ -161,6 +170,9 @@ if os.path.exists(path):
     print("\n## /metrics after the point (main series; all of it in metrics_after_point.txt)\n")
     print("```\n" + "\n".join(series) + "\n```")
 PY
+    echo "metrics_cost.sh: summary failed"
+    failed=1
+  fi
   cat "$out/metrics_cost_summary.md"
 fi
 echo "metrics_cost.sh: results in $out (failed=$failed)"

@@ -1,5 +1,5 @@
 // poll_probe: does a client thread that never sleeps lower the fixed cost of an all-resident
-// GEMM? (issue 17's fixed costs; docs/kernels_notes.md, "The RPC floor with the kernel's idle
+// GEMM? (The fixed costs; docs/kernels_notes.md, "The RPC floor with the kernel's idle
 // time".) Uploads A and B once, then makes --calls unary Gemm calls one at a time with both
 // operands resident and C kept, each waited for in one of two ways:
 //   block  the blocking stub: the client thread sleeps in the kernel until the reply comes
@@ -24,8 +24,8 @@
 #include "bench/stats.h"
 #include "client/gemm_client.h"
 #include "client/gemm_dims.h"
-#include "proto/numerics/cpu_gemm.h"
 #include "proto/hgemm.grpc.pb.h"
+#include "proto/numerics/cpu_gemm.h"
 
 namespace {
 
@@ -71,10 +71,11 @@ void Report(const char* mode, std::vector<Sample> samples) {
   const double kernel = hgemm::bench::Median(column(&Sample::kernel_ms));
   const double server = hgemm::bench::Median(column(&Sample::server_ms));
   const double p50 = hgemm::bench::Median(client);
-  std::printf("%-6s %5zu  p50 %.3f ms  p90 %.3f ms  kernel %.3f ms  server %.3f ms  "
-              "p50/kernel %.3f  p50 - server %.3f ms\n",
-              mode, samples.size(), p50, hgemm::bench::Percentile(client, 90), kernel, server,
-              p50 / kernel, p50 - server);
+  std::printf(
+      "%-6s %5zu  p50 %.3f ms  p90 %.3f ms  kernel %.3f ms  server %.3f ms  "
+      "p50/kernel %.3f  p50 - server %.3f ms\n",
+      mode, samples.size(), p50, hgemm::bench::Percentile(client, 90), kernel, server, p50 / kernel,
+      p50 - server);
 }
 
 }  // namespace
@@ -86,7 +87,8 @@ int main(int argc, char** argv) {
   CLI::App app{"poll_probe: all-resident Gemm latency with a sleeping vs a polling client thread"};
   app.add_option("--server", server, "HOST:PORT of hgemm_server")->capture_default_str();
   app.add_option("--shape", shape_text, "MxNxK")->capture_default_str();
-  app.add_option("--calls", calls, "calls per mode")->check(CLI::Range(2, 100000))
+  app.add_option("--calls", calls, "calls per mode")
+      ->check(CLI::Range(2, 100000))
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   hgemm::GemmDims shape;
@@ -102,10 +104,11 @@ int main(int argc, char** argv) {
   options.client_id = client_id;
   std::mt19937_64 rng(17);
   hgemm::v1::MatrixInfo a, b;
-  for (auto [info, rows, cols] : {std::tuple{&a, shape.m, shape.k}, std::tuple{&b, shape.k, shape.n}}) {
+  for (auto [info, rows, cols] :
+       {std::tuple{&a, shape.m, shape.k}, std::tuple{&b, shape.k, shape.n}}) {
     const std::string data = hgemm::HalfBytes(hgemm::RandomHalfMatrix(int64_t(rows) * cols, rng));
-    grpc::Status s = client.UploadMatrix(rows, cols, data, info, /*ttl_seconds=*/600, "poll_probe",
-                                         options);
+    grpc::Status s =
+        client.UploadMatrix(rows, cols, data, info, /*ttl_seconds=*/600, "poll_probe", options);
     if (!s.ok()) {
       std::fprintf(stderr, "poll_probe: upload: %s\n", s.error_message().c_str());
       return 1;

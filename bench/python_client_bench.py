@@ -62,7 +62,8 @@ import numpy as np
 try:
     import hgemm
 except ImportError:  # run from a clone without installing
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "client", "python"))
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                    "..", "client", "python"))
     import hgemm
 
 DEFAULT_AIO_POINTS = ["gemm:256x256x256:1,16", "grouped:256x256x256:16", "info:1x1x1:16"]
@@ -346,7 +347,8 @@ def print_comparison(rows) -> None:
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog=__doc__)
     p.add_argument("--server", default="127.0.0.1:50051")
     p.add_argument("--points", nargs="*", default=DEFAULT_POINTS,
                    help="MxNxK:unary|stream|shm:none|b:C1,C2,... (default: the issue-16 points)")

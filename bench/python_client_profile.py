@@ -289,7 +289,8 @@ def start_fake():
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog=__doc__)
     p.add_argument("--server", help="hgemm_server to run the client against (e.g. the CPU backend)")
     p.add_argument("--fake_server", action="store_true",
                    help="run the client against a stand-in server in a child process")
@@ -300,7 +301,8 @@ def main():
     p.add_argument("--reps", type=int, default=20, help="GEMMs per offline/stage measurement")
     p.add_argument("--warmup_s", type=float, default=5.0, help="warm-up of each closed loop")
     p.add_argument("--duration_s", type=float, default=10.0, help="measured part of each loop")
-    p.add_argument("--cprofile", action="store_true", help="print cProfile's top functions (offline)")
+    p.add_argument("--cprofile", action="store_true",
+                   help="print cProfile's top functions (offline)")
     args = p.parse_args()
     if args.serve_fake:
         return serve_fake()
@@ -355,7 +357,8 @@ def profile(args, concurrencies):
             b = client.upload(b_array) if resident == "b" else b_array
             client.gemm(a, b, mode="unary")
             prep, enc, transport, dec, server, cpu, faults = unary_stages(
-                a, b, max(3, args.reps // 4), lambda request: client._stub.Gemm(request, timeout=600))
+                a, b, max(3, args.reps // 4),
+                lambda request: client._stub.Gemm(request, timeout=600))
             print(f"  call: prepare {prep:.3f}  encode {enc:.3f}  rpc - server {transport:.2f}  "
                   f"decode {dec:.3f} ms  (server_total {server:.2f} ms; CPU {cpu:.2f} ms, "
                   f"{faults:.0f} faults per GEMM)")

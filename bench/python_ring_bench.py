@@ -1,6 +1,6 @@
 #!/usr/bin/python3
 """Python GEMMs of shared buffers through the submission ring vs as unary Gemm calls naming the
-regions (issue 31), one client, closed loop, concurrency 1: c.gemm(A, B, out=C) with A, B and
+regions, one client, closed loop, concurrency 1: c.gemm(A, B, out=C) with A, B and
 C all from c.shared_buffer, on the native core (the ring is the native core's); ring=False is
 the unary path. Prints req/s, p50 and p99 of each, the windows interleaved so that a noisy
 neighbour hits both alike.

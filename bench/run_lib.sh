@@ -74,7 +74,8 @@ wait_port() {  # port seconds pid log: until something accepts connections there
       tail -20 "$4" >&2
       return 1
     fi
-    ((SECONDS < deadline)) || { echo "${0##*/}: nothing listening on port $1 after $2 s" >&2; return 1; }
+    ((SECONDS < deadline)) ||
+      { echo "${0##*/}: nothing listening on port $1 after $2 s" >&2; return 1; }
     sleep 0.2
   done
 }

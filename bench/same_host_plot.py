@@ -1,4 +1,4 @@
-"""Issue 31's picture of bench/dataplane.sh --same_host: p50 latency against GEMM size at
+"""The picture of bench/dataplane.sh --same_host: p50 latency against GEMM size at
 concurrency 1, one line per path (gRPC, shm staging, shm DMA, ring, CUDA IPC, all-resident),
 with the ideal H2D(A+B) + kernel + D2H(C) at the pinned cudaMemcpy rate beside them.
 

@@ -1,10 +1,11 @@
 #!/usr/bin/python3
-"""Server CPU per byte of the parallel-parts data plane (issue 27, "fewer copies"): against a
+"""Server CPU per byte of the parallel-parts data plane (is each copy gone?): against a
 running hgemm_server (its pid given, to read its CPU time from /proc), uploads one matrix by
 UploadPart in 1 MiB chunks and downloads it whole with DownloadMatrix, `--rounds` times, and
 prints the server's CPU milliseconds per MiB of each direction (user + system, from
-/proc/PID/stat, mean over the rounds), with the client's wall time (median). The client sends pre-serialized requests and
-takes raw responses, so that its own protobuf work stays off the numbers it prints.
+/proc/PID/stat, mean over the rounds), with the client's wall time (median). The client sends
+pre-serialized requests and takes raw responses, so that its own protobuf work stays off the
+numbers it prints.
   bench/server_copies.py --server 127.0.0.1:50391 --pid PID [--mib 64] [--rounds 8]
 """
 import argparse
@@ -40,7 +41,8 @@ def main() -> None:
     create = channel.unary_unary(SERVICE + "CreateUpload",
                                  request_serializer=pb.UploadCreateRequest.SerializeToString,
                                  response_deserializer=pb.MatrixInfo.FromString)
-    part = channel.stream_unary(SERVICE + "UploadPart", response_deserializer=pb.PartResponse.FromString)
+    part = channel.stream_unary(SERVICE + "UploadPart",
+                                response_deserializer=pb.PartResponse.FromString)
     download = channel.unary_stream(SERVICE + "DownloadMatrix",
                                     request_serializer=pb.DownloadMatrixRequest.SerializeToString)
     release = channel.unary_unary(SERVICE + "ReleaseMatrix",
@@ -51,7 +53,8 @@ def main() -> None:
     chunk = pb.PartRequest(chunk=data).SerializeToString()
     up_cpu, up_wall, down_cpu, down_wall = [], [], [], []
     for _ in range(args.rounds):
-        info = create(pb.UploadCreateRequest(header=pb.MatrixHeader(rows=args.mib * 512, cols=1024)))
+        info = create(pb.UploadCreateRequest(
+            header=pb.MatrixHeader(rows=args.mib * 512, cols=1024)))
         assert info.bytes == nbytes, info
         header = pb.PartRequest(header=pb.PartHeader(handle=info.handle, offset=0, length=nbytes))
         messages = [header.SerializeToString()] + [chunk] * (nbytes // CHUNK)
@@ -66,8 +69,10 @@ def main() -> None:
         assert got > nbytes, got  # the data plus each chunk's few bytes of framing
         release(pb.ReleaseMatrixRequest(handle=info.handle))
     # /proc counts CPU time in ticks (10 ms): the mean over every round resolves finer.
-    for name, cpu, wall in (("UploadPart", up_cpu, up_wall), ("DownloadMatrix", down_cpu, down_wall)):
-        print(f"{name}: {args.mib} MiB x {args.rounds}: server CPU {1e3 * sum(cpu) / len(cpu) / args.mib:.3f} "
+    for name, cpu, wall in (("UploadPart", up_cpu, up_wall),
+                            ("DownloadMatrix", down_cpu, down_wall)):
+        print(f"{name}: {args.mib} MiB x {args.rounds}: "
+              f"server CPU {1e3 * sum(cpu) / len(cpu) / args.mib:.3f} "
               f"ms/MiB (mean), client wall {1e3 * statistics.median(wall):.1f} ms (median; "
               f"{args.mib / 1024 / statistics.median(wall):.2f} GB/s)")
 

@@ -15,11 +15,11 @@
 namespace hgemm::bench {
 
 struct ServerMetricsDelta {
-  std::string rpc;            // "Gemm" or "GemmStream", or "ring" (submission ring entries)
-  int64_t client_calls = 0;   // the calls the load generator made (every outcome)
+  std::string rpc;           // "Gemm" or "GemmStream", or "ring" (submission ring entries)
+  int64_t client_calls = 0;  // the calls the load generator made (every outcome)
   // hgemm_requests_total{rpc} (for "ring": hgemm_ring_entries_total), every code
   int64_t requests = 0;
-  int64_t ok_requests = 0;    // ... code="OK"
+  int64_t ok_requests = 0;  // ... code="OK"
   // GEMMs the server timed (hgemm_gemm_stage_seconds_count of server_total, every backend and
   // kernel), and the mean of each stage over them: Δsum / Δcount, in milliseconds.
   int64_t gemms = 0;

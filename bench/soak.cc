@@ -7,10 +7,10 @@
 #include <atomic>
 #include <cmath>
 #include <condition_variable>
-#include <optional>
 #include <fstream>
 #include <limits>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <set>
 #include <sstream>
@@ -20,10 +20,11 @@
 
 #include "bench/hgemm_load.h"
 #include "bench/stats.h"
+#include "client/error_details.h"
 #include "client/gemm_client.h"
+#include "proto/hgemm.grpc.pb.h"
 #include "proto/numerics/cpu_gemm.h"
 #include "proto/numerics/fp16.h"
-#include "proto/hgemm.grpc.pb.h"
 
 namespace hgemm::bench {
 namespace {
@@ -103,10 +104,10 @@ class Tally {
   std::atomic<int64_t> counted_{0};
   mutable std::mutex mu_;
   std::map<std::pair<std::string, int>, int64_t> by_kind_status_;  // guarded by mu_
-  int64_t lost_ = 0, wrong_ = 0, verified_ = 0, unanswered_ = 0;    // guarded by mu_
-  double max_error_ = 0;                                            // guarded by mu_
-  std::map<std::string, std::vector<double>> action_ms_;            // guarded by mu_
-  std::vector<std::string> problems_;                               // guarded by mu_
+  int64_t lost_ = 0, wrong_ = 0, verified_ = 0, unanswered_ = 0;   // guarded by mu_
+  double max_error_ = 0;                                           // guarded by mu_
+  std::map<std::string, std::vector<double>> action_ms_;           // guarded by mu_
+  std::vector<std::string> problems_;                              // guarded by mu_
 };
 
 // Cancels a call after `delay` unless Stop() comes first; Stop() returns at once either way.
@@ -134,7 +135,9 @@ class Canceller {
   std::thread thread_;    // last: starts once the members above exist
 };
 
-std::string ShapeName(uint32_t m, uint32_t n, uint32_t k) { return fmt::format("{}x{}x{}", m, n, k); }
+std::string ShapeName(uint32_t m, uint32_t n, uint32_t k) {
+  return fmt::format("{}x{}x{}", m, n, k);
+}
 
 // One client: a thread, a channel, an x-client-id, and its random stream.
 class SoakClient {
@@ -168,14 +171,26 @@ class SoakClient {
   // Runs the action of weight index `picked`; returns its name (the latency table's row).
   const char* RunAction(int picked) {
     switch (picked) {
-      case 0: Unary(); return "unary";
-      case 1: Stream(kNormal); return "stream";
-      case 2: Resident(); return "resident";
+      case 0:
+        Unary();
+        return "unary";
+      case 1:
+        Stream(kNormal);
+        return "stream";
+      case 2:
+        Resident();
+        return "resident";
       case 3:
         switch (std::uniform_int_distribution<int>(0, 2)(rng_)) {
-          case 0: CancelUnary(); return "cancel_unary";
-          case 1: Stream(kCancel); return "cancel_stream";
-          default: CancelUpload(); return "cancel_upload";
+          case 0:
+            CancelUnary();
+            return "cancel_unary";
+          case 1:
+            Stream(kCancel);
+            return "cancel_stream";
+          default:
+            CancelUpload();
+            return "cancel_upload";
         }
       case 4:
         if (Coin()) {
@@ -184,7 +199,9 @@ class SoakClient {
         }
         Stream(kDeadline);
         return "deadline_stream";
-      default: Large(); return "large";
+      default:
+        Large();
+        return "large";
     }
   }
 
@@ -221,8 +238,8 @@ class SoakClient {
              uint32_t n, uint32_t k, const std::string& c) {
     const std::string name = fmt::format("{} {} ({})", what, ShapeName(m, n, k), client_id_);
     if (c.size() != 2 * size_t(m) * n) {
-      return tally_->Wrong(fmt::format("{}: C has {} bytes, expected {}", name, c.size(),
-                                       2 * size_t(m) * n));
+      return tally_->Wrong(
+          fmt::format("{}: C has {} bytes, expected {}", name, c.size(), 2 * size_t(m) * n));
     }
     // Freivalds' test needs rows to average over (m · vectors sums); C of few rows is cheap
     // to check in full anyway.
@@ -231,8 +248,8 @@ class SoakClient {
           reinterpret_cast<const uint16_t*>(a.data()), reinterpret_cast<const uint16_t*>(b.data()),
           reinterpret_cast<const uint16_t*>(c.data()), m, n, k, 2, rng_());
       if (!(error <= o_.tolerance)) {
-        return tally_->Wrong(fmt::format("{}: Freivalds relative error {:.3e} > {:.0e}", name,
-                                         error, o_.tolerance));
+        return tally_->Wrong(
+            fmt::format("{}: Freivalds relative error {:.3e} > {:.0e}", name, error, o_.tolerance));
       }
       return tally_->Verified(error);
     }
@@ -248,8 +265,8 @@ class SoakClient {
       error = std::any_of(h, h + ref.size(), [](uint16_t x) { return (x & 0x7FFF) != 0; }) ? 1 : 0;
     }
     if (!(error <= o_.tolerance)) {
-      return tally_->Wrong(fmt::format("{}: relative Frobenius error {:.3e} > {:.0e}", name, error,
-                                       o_.tolerance));
+      return tally_->Wrong(
+          fmt::format("{}: relative Frobenius error {:.3e} > {:.0e}", name, error, o_.tolerance));
     }
     tally_->Verified(error);
   }
@@ -330,7 +347,8 @@ class SoakClient {
     header->set_ttl_seconds(600);
     header->set_label("soak cancelled upload");
     bool ok = writer->Write(message);
-    for (size_t offset = 0, i = 0; ok && offset < data.size(); offset += o_.upload_chunk_bytes, ++i) {
+    for (size_t offset = 0, i = 0; ok && offset < data.size();
+         offset += o_.upload_chunk_bytes, ++i) {
       std::this_thread::sleep_for(pauses[i]);
       message.set_chunk(data.substr(offset, o_.upload_chunk_bytes));
       ok = writer->Write(message);
@@ -367,7 +385,8 @@ class SoakClient {
       h->set_n(r.n());
       h->set_k(r.k());
       *h->mutable_options() = r.options();
-      for (auto [operand, bytes] : {std::pair{v1::OPERAND_A, &r.a()}, std::pair{v1::OPERAND_B, &r.b()}}) {
+      for (auto [operand, bytes] :
+           {std::pair{v1::OPERAND_A, &r.a()}, std::pair{v1::OPERAND_B, &r.b()}}) {
         for (size_t offset = 0; offset < bytes->size(); offset += o_.chunk_bytes) {
           v1::MatrixChunk* c = queues[i].emplace_back().mutable_chunk();
           c->set_gemm_id(i);
@@ -392,7 +411,9 @@ class SoakClient {
   // GemmClient::GemmStream does; cancelled after a random delay (kCancel) or under a short
   // deadline (kDeadline). Every GEMM answered OK is checked.
   void Stream(StreamMode mode) {
-    const char* kind = mode == kNormal ? "stream" : mode == kCancel ? "cancel_stream" : "deadline_stream";
+    const char* kind = mode == kNormal   ? "stream"
+                       : mode == kCancel ? "cancel_stream"
+                                         : "deadline_stream";
     const int count = std::uniform_int_distribution<int>(2, std::max(2, o_.stream_gemms))(rng_);
     std::vector<v1::GemmRequest> gemms;
     for (int i = 0; i < count; ++i) gemms.push_back(RandomGemm());
@@ -436,10 +457,11 @@ class SoakClient {
       Received& g = got[id];
       if (message.has_chunk()) {
         const v1::ResultChunk& chunk = message.chunk();
-        if (g.done || chunk.offset() > g.c.size() || chunk.data().size() > g.c.size() - chunk.offset()) {
+        if (g.done || chunk.offset() > g.c.size() ||
+            chunk.data().size() > g.c.size() - chunk.offset()) {
           tally_->Wrong(fmt::format("{} ({}): gemm {}: chunk [{}, +{}) of a {}-byte C{}", kind,
-                                    client_id_, id, chunk.offset(), chunk.data().size(),
-                                    g.c.size(), g.done ? " after its done" : ""));
+                                    client_id_, id, chunk.offset(), chunk.data().size(), g.c.size(),
+                                    g.done ? " after its done" : ""));
           continue;
         }
         std::copy(chunk.data().begin(), chunk.data().end(), g.c.begin() + chunk.offset());
@@ -563,13 +585,8 @@ class SoakClient {
 }  // namespace
 
 std::string StatusCodeName(int code) {
-  static const char* const kNames[] = {
-      "OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED", "NOT_FOUND",
-      "ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION",
-      "ABORTED", "OUT_OF_RANGE", "UNIMPLEMENTED", "INTERNAL", "UNAVAILABLE", "DATA_LOSS",
-      "UNAUTHENTICATED"};
-  if (code >= 0 && code < int(std::size(kNames))) return kNames[code];
-  return fmt::format("code {}", code);
+  return code >= 0 && code <= int(grpc::StatusCode::UNAUTHENTICATED) ? hgemm::StatusCodeName(code)
+                                                                     : fmt::format("code {}", code);
 }
 
 SoakResult RunSoak(const SoakOptions& options) {
@@ -622,9 +639,10 @@ std::string FormatSoakResult(const SoakResult& r, const SoakOptions& o) {
       r.requests, r.seconds, r.requests / std::max(r.seconds, 1e-9), o.clients, o.max_dim,
       o.max_dim, o.max_dim, r.lost, r.wrong, r.verified, r.max_error, o.tolerance, r.unanswered);
   if (o.weight_large > 0) {
-    out += fmt::format("large GEMMs up to {0}x{0}x{0} (weight {1}); Cs over {2} multiply-adds "
-                       "checked with Freivalds' test (2 random vectors)\n",
-                       o.large_max_dim, o.weight_large, o.full_check_max_mnk);
+    out += fmt::format(
+        "large GEMMs up to {0}x{0}x{0} (weight {1}); Cs over {2} multiply-adds "
+        "checked with Freivalds' test (2 random vectors)\n",
+        o.large_max_dim, o.weight_large, o.full_check_max_mnk);
   }
   out += fmt::format("{:<22} {:>9} {:>10} {:>10} {:>10}\n", "action (client ms)", "count", "p50",
                      "p99", "max");
@@ -638,8 +656,8 @@ std::string FormatSoakResult(const SoakResult& r, const SoakOptions& o) {
   return out;
 }
 
-double FreivaldsError(const uint16_t* a, const uint16_t* b, const uint16_t* c, int64_t m,
-                      int64_t n, int64_t k, int vectors, uint64_t seed) {
+double FreivaldsError(const uint16_t* a, const uint16_t* b, const uint16_t* c, int64_t m, int64_t n,
+                      int64_t k, int vectors, uint64_t seed) {
   std::mt19937_64 rng(seed);
   std::uniform_real_distribution<double> uniform(-1, 1);
   std::vector<double> x(n), bx(k);

@@ -12,8 +12,8 @@
 #include <set>
 #include <thread>
 
-#include "proto/numerics/cpu_gemm.h"
 #include "proto/hgemm.grpc.pb.h"
+#include "proto/numerics/cpu_gemm.h"
 
 #include "server/backend/cpu_backend.h"
 #include "server/server.h"
@@ -158,8 +158,8 @@ TEST_F(SoakTest, LargeGemmsAreCheckedWithFreivalds) {
 // while the client got CANCELLED and never learned the handle: it held quota until its TTL,
 // forever with the server's default TTL 0.
 TEST_F(SoakTest, CancelledUploadLeavesNoMatrix) {
-  auto stub = v1::GemmService::NewStub(grpc::CreateChannel(options_.target,
-                                                           grpc::InsecureChannelCredentials()));
+  auto stub = v1::GemmService::NewStub(
+      grpc::CreateChannel(options_.target, grpc::InsecureChannelCredentials()));
   grpc::ClientContext context;
   context.AddMetadata("x-client-id", "cancelled-upload");
   v1::MatrixInfo info;

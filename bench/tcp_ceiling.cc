@@ -9,8 +9,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <CLI/CLI.hpp>
 
 #include <algorithm>
 #include <chrono>
@@ -59,9 +59,11 @@ int main(int argc, char** argv) {
   std::string shape = "2048x2048x2048", sockets_list = "1,2,4,8";
   int repeat = 5;
   CLI::App app{"tcp_ceiling: a GEMM's bytes over N plain TCP connections on 127.0.0.1"};
-  app.add_option("--shape", shape, "MxNxK: A and B go up, C comes back (fp16)")->capture_default_str();
+  app.add_option("--shape", shape, "MxNxK: A and B go up, C comes back (fp16)")
+      ->capture_default_str();
   app.add_option("--sockets", sockets_list, "sweep of connections")->capture_default_str();
-  app.add_option("--repeat", repeat, "exchanges per point (the median is reported)")->capture_default_str();
+  app.add_option("--repeat", repeat, "exchanges per point (the median is reported)")
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   hgemm::GemmDims dims;
   if (std::string e = hgemm::ParseGemmDims(shape, &dims); !e.empty()) {
@@ -87,11 +89,13 @@ int main(int argc, char** argv) {
     socklen_t length = sizeof(address);
     Check(::bind(listener, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0, "bind");
     Check(::listen(listener, n) == 0, "listen");
-    Check(::getsockname(listener, reinterpret_cast<sockaddr*>(&address), &length) == 0, "getsockname");
+    Check(::getsockname(listener, reinterpret_cast<sockaddr*>(&address), &length) == 0,
+          "getsockname");
     std::vector<int> clients(n), servers(n);
     for (int i = 0; i < n; ++i) {
       clients[i] = ::socket(AF_INET, SOCK_STREAM, 0);
-      Check(::connect(clients[i], reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0, "connect");
+      Check(::connect(clients[i], reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0,
+            "connect");
       servers[i] = ::accept(listener, nullptr, nullptr);
       Check(servers[i] >= 0, "accept");
       const int one = 1;
@@ -119,7 +123,9 @@ int main(int argc, char** argv) {
         down_at += down_share;
       }
       for (std::thread& t : threads) t.join();
-      ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
+      ms.push_back(
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+              .count());
     }
     std::sort(ms.begin(), ms.end());
     const double p50 = ms[ms.size() / 2];

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# The cost of TLS (issue 14): hgemm_server on 127.0.0.1 once per security mode, hgemm_load at
+# The cost of TLS: hgemm_server on 127.0.0.1 once per security mode, hgemm_load at
 # the same points against each, then one table (req/s and latency per mode, and TLS vs
 # plaintext). Modes:
-#   plaintext   no TLS, no authentication (as before issue 14)
+#   plaintext   no TLS, no authentication (the baseline)
 #   tls         TLS (test certificates: EC P-256), no authentication
 #   tls+token   TLS and a bearer token checked against --auth_tokens_file on every call
 # Writes under $OUT (default ./out): tls_cost.csv (hgemm_load's CSV plus a security column),
@@ -13,7 +13,8 @@
 #   bench/tls_cost.sh --quick     small shapes on the CPU backend (any machine, about a minute)
 # options: --bin DIR (hgemm_server and hgemm_load; default .gpu-serve/bin, else bazel-bin),
 #          --certs DIR (made by tools/make_test_certs.sh; default: made now with openssl),
-#          --points "SHAPE:MODE:CONCURRENCY ..." (MODE unary or stream), --modes "plaintext tls ...",
+#          --points "SHAPE:MODE:CONCURRENCY ..." (MODE unary or stream),
+#          --modes "plaintext tls ...",
 #          --port N (default 50171), --backend auto|cuda|cpu (default cuda, cpu with --quick)
 # env: SERVER_ARGS (extra hgemm_server flags), LOAD_ARGS (extra hgemm_load flags)
 set -euo pipefail
@@ -65,7 +66,8 @@ echo "bench $(printf %s "$token" | sha256sum | cut -d' ' -f1)" >"$work/tokens"
 csv=$out/tls_cost.csv
 rm -f "$csv"
 for mode in $modes; do
-  server_flags=(--listen="127.0.0.1:$port" --backend="$backend" --log_level=warn --drain_deadline_s=2)
+  server_flags=(--listen="127.0.0.1:$port" --backend="$backend" --log_level=warn
+    --drain_deadline_s=2)
   load_flags=(--server="127.0.0.1:$port" --verify=1 --wait_for_server_s=120)
   case $mode in
     plaintext) ;;

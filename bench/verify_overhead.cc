@@ -5,13 +5,12 @@
 //
 //   bazel build -c opt //bench:verify_overhead
 //   bazel-bin/bench/verify_overhead --sizes 4096,8192 --csv verify_overhead.csv
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
+#include <CLI/CLI.hpp>
 
 #include <algorithm>
 #include <fstream>
-#include <future>
 #include <random>
 #include <string>
 #include <vector>
@@ -19,6 +18,7 @@
 #include "proto/numerics/cpu_gemm.h"
 #include "server/backend/backend_factory.h"
 #include "server/scheduler/scheduler.h"
+#include "server/testing/run_job.h"
 
 namespace {
 
@@ -41,16 +41,7 @@ double Median(std::vector<double> v) {
 bool Measure(hgemm::Scheduler& scheduler, const GemmJob& job, int warmup, int repeat, Row* row) {
   std::vector<double> kernel, verify, server;
   for (int i = 0; i < warmup + repeat; ++i) {
-    std::promise<std::pair<absl::Status, GemmReport>> answered;
-    auto future = answered.get_future();
-    if (absl::Status s = scheduler.Enqueue(job, [&](const absl::Status& s, const GemmReport& r) {
-          answered.set_value({s, r});
-        });
-        !s.ok()) {
-      spdlog::error("not admitted: {}", s.ToString());
-      return false;
-    }
-    const auto [status, report] = future.get();
+    const auto [status, report] = hgemm::RunJob(scheduler, job);
     if (!status.ok()) {
       spdlog::error("GEMM failed: {}", status.ToString());
       return false;
@@ -82,13 +73,13 @@ int main(int argc, char** argv) {
   app.add_option("--warmup", warmup, "runs not measured, per point")->capture_default_str();
   app.add_option("--repeat", repeat, "measured runs per point")->capture_default_str();
   app.add_option("--repetitions", repetitions, "repetitions of the check (fresh vectors)")
-      ->check(CLI::Range(1, 8))->capture_default_str();
+      ->check(CLI::Range(1, 8))
+      ->capture_default_str();
   app.add_option("--csv", csv_path, "also write the rows to this CSV file");
   CLI11_PARSE(app, argc, argv);
 
   std::string error;
-  std::unique_ptr<hgemm::Backend> backend =
-      hgemm::CreateBackend({.kind = backend_kind}, &error);
+  std::unique_ptr<hgemm::Backend> backend = hgemm::CreateBackend({.kind = backend_kind}, &error);
   if (!backend) {
     spdlog::critical("no backend: {}", error);
     return 1;
@@ -128,9 +119,10 @@ int main(int argc, char** argv) {
     }
   }
 
-  std::printf("verify overhead on %s (%s backend), fp16 NN, %d repetition(s) of the check, "
-              "medians of %d runs\n",
-              device.c_str(), backend->Name().c_str(), repetitions, repeat);
+  std::printf(
+      "verify overhead on %s (%s backend), fp16 NN, %d repetition(s) of the check, "
+      "medians of %d runs\n",
+      device.c_str(), backend->Name().c_str(), repetitions, repeat);
   std::printf("%6s %10s %6s %10s %10s %10s %12s %12s\n", "size", "b_resident", "verify",
               "kernel_ms", "verify_ms", "server_ms", "verify/kern", "server_cost");
   std::string csv =
@@ -149,8 +141,8 @@ int main(int argc, char** argv) {
                 r.b_resident ? "yes" : "no", r.verify ? "on" : "off", r.kernel_ms, r.verify_ms,
                 r.server_ms, 100 * ratio, 100 * overhead);
     csv += fmt::format("\"{}\",{},{},{},{},{},{:.4f},{:.4f},{:.4f},{:.4f},{:.4f}\n", device,
-                       backend->Name(), r.size, r.b_resident ? 1 : 0, r.verify ? 1 : 0,
-                       repetitions, r.kernel_ms, r.verify_ms, r.server_ms, ratio, overhead);
+                       backend->Name(), r.size, r.b_resident ? 1 : 0, r.verify ? 1 : 0, repetitions,
+                       r.kernel_ms, r.verify_ms, r.server_ms, ratio, overhead);
   }
   std::printf("\n%s", csv.c_str());
   if (!csv_path.empty()) std::ofstream(csv_path) << csv;

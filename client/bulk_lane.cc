@@ -45,8 +45,8 @@ grpc::Status Connect(const BulkEndpoint& endpoint, std::chrono::milliseconds io_
   }
   freeaddrinfo(found);
   if (fd < 0) {
-    return Unavailable(fmt::format("connecting to {}:{}: {}", endpoint.host, endpoint.port,
-                                   std::strerror(error)));
+    return Unavailable(
+        fmt::format("connecting to {}:{}: {}", endpoint.host, endpoint.port, std::strerror(error)));
   }
   timeval tv{io_timeout.count() / 1000, suseconds_t(io_timeout.count() % 1000 * 1000)};
   setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
@@ -57,9 +57,8 @@ grpc::Status Connect(const BulkEndpoint& endpoint, std::chrono::milliseconds io_
 
 grpc::Status FromFrame(const bulk::Frame& frame) {
   if (frame.code == 0) return grpc::Status::OK;
-  const auto code = frame.code <= grpc::StatusCode::UNAUTHENTICATED
-                        ? grpc::StatusCode(frame.code)
-                        : grpc::StatusCode::UNKNOWN;
+  const auto code = frame.code <= grpc::StatusCode::UNAUTHENTICATED ? grpc::StatusCode(frame.code)
+                                                                    : grpc::StatusCode::UNKNOWN;
   return grpc::Status(code, frame.message);
 }
 
@@ -77,8 +76,7 @@ grpc::Status OpenLane(const BulkEndpoint& endpoint, const v1::BulkLane& lane,
     if (s = Connect(endpoint, io_timeout, c); !s.ok()) return s;
     if (endpoint.tls) {
       const std::string error = c->HandshakeAsClient(
-          endpoint.tls.get(),
-          endpoint.server_name.empty() ? endpoint.host : endpoint.server_name);
+          endpoint.tls.get(), endpoint.server_name.empty() ? endpoint.host : endpoint.server_name);
       if (!error.empty()) {
         // A refused certificate will not change: only a closed connection is tried again.
         s = Unavailable(error);
@@ -89,8 +87,8 @@ grpc::Status OpenLane(const BulkEndpoint& endpoint, const v1::BulkLane& lane,
     const std::string hello = bulk::Hello(lane.capability());
     bulk::Frame frame;
     if (!c->SendAll(hello.data(), hello.size()) || !c->ReceiveFrame(&frame)) {
-      s = Unavailable(fmt::format("the server closed the lane before it answered its hello ({})",
-                                  ErrnoText()));
+      s = Unavailable(
+          fmt::format("the server closed the lane before it answered its hello ({})", ErrnoText()));
       continue;
     }
     if (s = FromFrame(frame); s.error_code() != grpc::StatusCode::UNAVAILABLE) return s;
@@ -113,8 +111,8 @@ std::shared_ptr<SSL_CTX> NewBulkTlsContext(const BulkTls& tls, std::string* erro
                          ? SSL_CTX_set_default_verify_paths(c) == 1
                          : SSL_CTX_load_verify_locations(c, tls.ca_path.c_str(), nullptr) == 1;
   if (!roots) {
-    *error = "bulk channel: cannot load the CAs " + (tls.ca_path.empty() ? "of the system"
-                                                                        : tls.ca_path);
+    *error = "bulk channel: cannot load the CAs " +
+             (tls.ca_path.empty() ? "of the system" : tls.ca_path);
     ERR_clear_error();
     return nullptr;
   }
@@ -146,9 +144,8 @@ std::string BulkHostOf(const std::string& target) {
   return std::string(t.substr(0, t.rfind(':')));
 }
 
-grpc::Status PutOverLane(const BulkEndpoint& endpoint, const v1::BulkLane& lane,
-                         const char* data, std::chrono::milliseconds io_timeout,
-                         uint64_t* missing_bytes) {
+grpc::Status PutOverLane(const BulkEndpoint& endpoint, const v1::BulkLane& lane, const char* data,
+                         std::chrono::milliseconds io_timeout, uint64_t* missing_bytes) {
   bulk::Connection c;
   if (grpc::Status s = OpenLane(endpoint, lane, io_timeout, &c); !s.ok()) return s;
   const bool sent = c.SendAll(data, lane.length());
@@ -158,8 +155,7 @@ grpc::Status PutOverLane(const BulkEndpoint& endpoint, const v1::BulkLane& lane,
   bulk::Frame frame;
   if (!c.ReceiveFrame(&frame)) {
     if (!sent) errno = send_error;
-    return Unavailable(
-        fmt::format("the lane ended before the server answered ({})", ErrnoText()));
+    return Unavailable(fmt::format("the lane ended before the server answered ({})", ErrnoText()));
   }
   if (missing_bytes != nullptr) *missing_bytes = frame.value;
   return FromFrame(frame);

@@ -46,9 +46,8 @@ std::string BulkHostOf(const std::string& target);
 // send and receive waiting at most `io_timeout`. OK once the server has them all in the
 // matrix; *missing_bytes: the upload's bytes still missing then. The server's refusal as its
 // status; UNAVAILABLE when the connection (or its TLS handshake) fails or ends early.
-grpc::Status PutOverLane(const BulkEndpoint& endpoint, const v1::BulkLane& lane,
-                         const char* data, std::chrono::milliseconds io_timeout,
-                         uint64_t* missing_bytes);
+grpc::Status PutOverLane(const BulkEndpoint& endpoint, const v1::BulkLane& lane, const char* data,
+                         std::chrono::milliseconds io_timeout, uint64_t* missing_bytes);
 
 // Receives `lane.length()` bytes into `into` (room for them) as PutOverLane sends.
 grpc::Status GetOverLane(const BulkEndpoint& endpoint, const v1::BulkLane& lane, char* into,

@@ -26,7 +26,7 @@ std::optional<uint64_t> CheckedAdd(std::optional<uint64_t> a, std::optional<uint
 
 // How the CLI will send one GEMM.
 struct Plan {
-  bool unary = false;     // one unary Gemm message (A and B inline, unless resident)
+  bool unary = false;       // one unary Gemm message (A and B inline, unless resident)
   bool resident_a = false;  // A is uploaded once (UploadMatrix) and sent by handle
   bool resident_b = false;  // B likewise
   bool keep_c = false;      // C stays on the server (keep_c_resident)

@@ -1,4 +1,4 @@
-// hgemm_client's checks (issue 12, items 7 and 8): the pure functions of client/cli, and the
+// hgemm_client's checks: the pure functions of client/cli, and the
 // hgemm_client binary itself run as a child process against a real HgemmServer (CPU backend)
 // on 127.0.0.1, with its address space capped so that a client that allocates what the shape
 // asks for before checking it dies instead of passing.
@@ -207,9 +207,9 @@ TEST(Cli, CheckGroupLimitsSumsOverTheGroup) {
   const std::vector<GemmDims> group = {{.m = 20, .n = 10, .k = 30}, {.m = 10, .n = 10, .k = 30}};
   EXPECT_EQ(CheckGroupLimits(group, false, false, limits), "");
   const std::vector<GemmDims> over = {{.m = 20, .n = 10, .k = 30}, {.m = 20, .n = 10, .k = 30}};
-  EXPECT_NE(CheckGroupLimits(over, false, false, limits)
-                .find("A matrices have 1200 elements together"),
-            std::string::npos);
+  EXPECT_NE(
+      CheckGroupLimits(over, false, false, limits).find("A matrices have 1200 elements together"),
+      std::string::npos);
   EXPECT_NE(CheckGroupLimits({group[0], group[0], group[1], group[1]}, false, false, limits)
                 .find("a group of 4 problems; the server takes at most 3"),
             std::string::npos);
@@ -394,12 +394,13 @@ TEST_F(HgemmClientBinaryTest, SmallGemmPassesItsCheck) {
 }
 
 // A C over the unary limit (4 MiB) would go by GemmStream; through the ring it is written in
-// place. Session 12's H100 run timed GemmStream while the table said "ring" (170 ms, not 1.6).
+// place: the table must not say "ring" for a GemmStream's time (170 ms against 1.6 on an H100).
 // A ring completion names its kernel and device as a Gemm response does (it used to print
 // " (fp32) @  stream 0").
 TEST_F(HgemmClientBinaryTest, AllResidentRingRunsGoByTheRingWhateverCsSize) {
-  std::vector<std::string> args = {"--server=unix:" + socket_, "--shape=1024x2048x16",
-                                   "--resident=all", "--transport=ring", "--repeat=2", "--check"};
+  std::vector<std::string> args = {
+      "--server=unix:" + socket_, "--shape=1024x2048x16", "--resident=all",
+      "--transport=ring",         "--repeat=2",           "--check"};
   ClientRun r = RunClient(args, kClientAddressSpace);
   EXPECT_EQ(r.exit_code, 0) << Describe(r);
   EXPECT_TRUE(Contains(r.out, "via a submission ring")) << Describe(r);
@@ -453,9 +454,9 @@ TEST_F(HgemmClientBinaryTest, GroupsTheServerWouldRefuseAreRefusedBeforeSending)
   EXPECT_EQ(AdmittedGemms(), 0u);  // nothing was sent
 }
 
-// Issue 12, item 7. Before: 4294967296 wrapped through sscanf into an m·k of 2^32 elements
-// (OOM-killed at 24 GB), 99999999999x1x1 aborted with std::bad_alloc, 40000x40000x1 allocated
-// C's 3 GB for the stream before the server refused.
+// Shapes are range-checked before anything is allocated: unchecked, 4294967296 wraps through
+// sscanf into an m·k of 2^32 elements (OOM-killed at 24 GB), 99999999999x1x1 aborts with
+// std::bad_alloc, and 40000x40000x1 allocates C's 3 GB for the stream before the server refuses.
 TEST_F(HgemmClientBinaryTest, OutOfRangeShapesAreRefusedBeforeAllocating) {
   struct Case {
     const char* shape;
@@ -485,7 +486,7 @@ TEST_F(HgemmClientBinaryTest, NoServerIsAnErrorBeforeAllocating) {
   EXPECT_TRUE(Contains(r.err, "cannot read the server's limits")) << Describe(r);
 }
 
-// Issue 12, item 8: --list and --release.
+// --list and --release: a client sees and frees only its own matrices.
 TEST_F(HgemmClientBinaryTest, ListShowsOnlyThisClientsMatricesAndReleaseFreesThem) {
   const std::string a = Upload(64, 32, "cli-test", 0, "A");
   const std::string b = Upload(32, 16, "cli-test", 600, "B");

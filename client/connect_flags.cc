@@ -14,7 +14,8 @@ void ConnectFlags::Add(CLI::App* app) {
   app->add_option("--tls_ca", parsed_.tls_ca,
                   "TLS, checking the server's certificate against this PEM CA bundle")
       ->envname("HGEMM_TLS_CA");
-  app->add_option("--tls_cert", parsed_.tls_cert, "PEM client certificate (mutual TLS; with --tls_key)")
+  app->add_option("--tls_cert", parsed_.tls_cert,
+                  "PEM client certificate (mutual TLS; with --tls_key)")
       ->envname("HGEMM_TLS_CERT");
   app->add_option("--tls_key", parsed_.tls_key, "PEM private key of --tls_cert")
       ->envname("HGEMM_TLS_KEY");
@@ -34,10 +35,11 @@ std::string ConnectFlags::Apply(ConnectOptions* options) const {
   *options = parsed_;
   options->private_subchannels = private_subchannels;
   // Checked here so that a bad path is a clear message, not an exception from Connect.
-  if (parsed_.tls_cert.empty() != parsed_.tls_key.empty()) return "--tls_cert and --tls_key go together";
-  for (auto [flag, path] : {std::pair{"--tls_ca", &parsed_.tls_ca},
-                            std::pair{"--tls_cert", &parsed_.tls_cert},
-                            std::pair{"--tls_key", &parsed_.tls_key}}) {
+  if (parsed_.tls_cert.empty() != parsed_.tls_key.empty())
+    return "--tls_cert and --tls_key go together";
+  for (auto [flag, path] :
+       {std::pair{"--tls_ca", &parsed_.tls_ca}, std::pair{"--tls_cert", &parsed_.tls_cert},
+        std::pair{"--tls_key", &parsed_.tls_key}}) {
     if (!path->empty() && !std::ifstream(*path)) {
       return std::string(flag) + " " + *path + ": cannot read: " + std::strerror(errno);
     }
@@ -51,7 +53,8 @@ std::string ConnectFlags::Apply(ConnectOptions* options) const {
   std::ifstream in(token_file_);
   std::ostringstream text;
   if (in) text << in.rdbuf();
-  if (!in || in.bad()) return "--token_file " + token_file_ + ": cannot read: " + std::strerror(errno);
+  if (!in || in.bad())
+    return "--token_file " + token_file_ + ": cannot read: " + std::strerror(errno);
   std::string token = std::move(text).str();
   const size_t begin = token.find_first_not_of(" \t\r\n");
   const size_t end = token.find_last_not_of(" \t\r\n");

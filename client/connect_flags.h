@@ -21,8 +21,8 @@ class ConnectFlags {
   void Add(CLI::App* app);
 
   // After parsing: fills *options' TLS settings and token (--token, else the contents of
-  // --token_file, else $HGEMM_TOKEN, as the Python client). "" on success, else the problem (an unreadable file, a
-  // certificate without its key).
+  // --token_file, else $HGEMM_TOKEN, as the Python client). "" on success, else the problem (an
+  // unreadable file, a certificate without its key).
   std::string Apply(ConnectOptions* options) const;
 
  private:

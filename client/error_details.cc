@@ -1,5 +1,7 @@
 #include "client/error_details.h"
 
+#include <iterator>
+
 #include "google/rpc/error_details.pb.h"
 #include "google/rpc/status.pb.h"
 
@@ -37,6 +39,27 @@ grpc::Status StatusOf(const v1::GemmDone& done) {
   const auto code = static_cast<grpc::StatusCode>(done.status_code());
   if (!done.has_status()) return grpc::Status(code, done.status_message());
   return grpc::Status(code, done.status_message(), done.status().SerializeAsString());
+}
+
+const char* StatusCodeName(int code) {
+  static constexpr const char* kNames[] = {"OK",
+                                           "CANCELLED",
+                                           "UNKNOWN",
+                                           "INVALID_ARGUMENT",
+                                           "DEADLINE_EXCEEDED",
+                                           "NOT_FOUND",
+                                           "ALREADY_EXISTS",
+                                           "PERMISSION_DENIED",
+                                           "RESOURCE_EXHAUSTED",
+                                           "FAILED_PRECONDITION",
+                                           "ABORTED",
+                                           "OUT_OF_RANGE",
+                                           "UNIMPLEMENTED",
+                                           "INTERNAL",
+                                           "UNAVAILABLE",
+                                           "DATA_LOSS",
+                                           "UNAUTHENTICATED"};
+  return code >= 0 && code < int(std::size(kNames)) ? kNames[code] : "UNKNOWN";
 }
 
 }  // namespace hgemm

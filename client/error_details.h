@@ -24,7 +24,7 @@ struct FieldViolation {
 };
 
 struct QuotaViolation {
-  std::string subject;      // the limit, e.g. "max_queued_bytes" (a server flag's name)
+  std::string subject;  // the limit, e.g. "max_queued_bytes" (a server flag's name)
   std::string description;
 };
 
@@ -45,6 +45,11 @@ ErrorDetails ErrorDetailsOf(const grpc::Status& status);
 // The status a stream's GemmDone reports: its code and message, and its google.rpc.Status
 // (GemmDone.status) as the error details, as a unary call's status would carry them.
 grpc::Status StatusOf(const v1::GemmDone& done);
+
+// The name of a gRPC status code's value ("DEADLINE_EXCEEDED"), as grpc::StatusCode spells
+// it; "UNKNOWN" for a value it does not define (an int: such a value is no grpc::StatusCode).
+// Static storage.
+const char* StatusCodeName(int code);
 
 }  // namespace hgemm
 

@@ -75,8 +75,8 @@ std::shared_ptr<grpc::Channel> Connect(const std::string& target,
 
 // The outcome of one GEMM sent on a stream.
 struct StreamedGemm {
-  grpc::Status status;         // from the GEMM's `done` message
-  v1::GemmResponse response;   // c, timing, execution, request_id (when status is OK)
+  grpc::Status status;        // from the GEMM's `done` message
+  v1::GemmResponse response;  // c, timing, execution, request_id (when status is OK)
   // Whether its `done` arrived (or the client refused it, never sending it): a GEMM a broken
   // stream left unanswered may be sent again.
   bool answered = false;
@@ -96,7 +96,8 @@ struct CallOptions {
   std::string traceparent;
   // Run(): a GEMM whose operand and result bytes travelling add up to at least
   // parallel_min_bytes goes as parallel_parts parts over as many connections (see "Parallel
-  // parts" above); parallel_parts ≤ 1 turns it off. A server without CreateUpload gets the
+  // parts" above), shared among the client's GEMMs in flight (PartsFor); parallel_parts ≤ 1
+  // turns it off. A server without CreateUpload gets the
   // GEMM the old way. Defaults measured on loopback (docs/data_plane.md).
   int parallel_parts = 4;
   int64_t parallel_min_bytes = int64_t{16} << 20;
@@ -159,7 +160,7 @@ struct StreamAnswer {
 }  // namespace hgemm
 
 namespace grpc {
-// How gRPC reads a StreamAnswer (gemm_client.cc). Always OK: bytes that do not parse become the
+// How gRPC reads a StreamAnswer (gemm_stream.cc). Always OK: bytes that do not parse become the
 // answer's problem, which the reader turns into a broken stream (a failed Read would leave the
 // GEMMs in flight unanswered).
 template <>
@@ -245,7 +246,8 @@ class GemmClient {
   // (*c)[i] holds problem i's C (m×n of c_dtype) and *response (if not null) the timing and
   // execution (its c moved out). INVALID_ARGUMENT before any call for an empty group or an
   // operand of the wrong size (naming "problems[i].a"); the server checks the rest.
-  grpc::Status GemmGrouped(const v1::GemmRequest& form, const std::vector<GroupedOperands>& problems,
+  grpc::Status GemmGrouped(const v1::GemmRequest& form,
+                           const std::vector<GroupedOperands>& problems,
                            std::vector<std::string>* c, v1::GemmResponse* response = nullptr,
                            const CallOptions& options = {}) const;
 
@@ -295,7 +297,8 @@ class GemmClient {
   grpc::Status Run(const v1::GemmRequest& request, v1::GemmResponse* response,
                    const CallOptions& options = {}) const;
 
-  grpc::Status ListKernels(v1::ListKernelsResponse* response, const CallOptions& options = {}) const;
+  grpc::Status ListKernels(v1::ListKernelsResponse* response,
+                           const CallOptions& options = {}) const;
   grpc::Status GetServerInfo(v1::ServerInfo* response, const CallOptions& options = {}) const;
 
   // Resident matrices. `data` holds rows·cols values of `dtype` (UNSPECIFIED: fp16; fp16 or
@@ -354,6 +357,10 @@ class GemmClient {
   // bytes that will travel beside the request (GemmInPlace's operands), not in it.
   static bool ShouldSendParts(const v1::GemmRequest& request, const CallOptions& options,
                               const OperandBytes& detached = {});
+  // The parts (and bulk lanes) each GEMM gets when `gemms_in_flight` Run()s of this client are
+  // in progress: parallel_parts shared among them, so that splitting never adds connections to
+  // a loaded client, whose GEMMs already fill the link; below 2, Run() sends the GEMM whole.
+  static int PartsFor(int parallel_parts, int gemms_in_flight);
 
   // Shared memory (same host, over a "unix:" target; see client/shared_region.h): maps `bytes`
   // of the sealed memfd at `path` on the server as a region of this client (info->region() is

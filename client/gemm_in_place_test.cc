@@ -14,45 +14,23 @@
 
 #include "client/gemm_client.h"
 #include "proto/numerics/cpu_gemm.h"
-#include "server/backend/cpu_backend.h"
-#include "server/server.h"
+#include "server/testing/cpu_server_test.h"
 
 namespace hgemm {
 namespace {
 
-constexpr uint16_t kPoison = 0x7e00;  // fp16 NaN
-
-class GemmInPlaceTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    ServerOptions options;
-    options.listen_address = "127.0.0.1:0";
-    server_ = HgemmServer::Start(options, MakeCpuBackend({.workers = 2}));
-    ASSERT_NE(server_, nullptr);
-    client_ = std::make_unique<GemmClient>(Connect("127.0.0.1:" + std::to_string(server_->port())));
-  }
-
-  std::unique_ptr<HgemmServer> server_;
-  std::unique_ptr<GemmClient> client_;
-};
-
-v1::GemmRequest Shape(uint32_t m, uint32_t n, uint32_t k) {
-  v1::GemmRequest request;
-  request.set_m(m);
-  request.set_n(n);
-  request.set_k(k);
-  return request;
-}
+using GemmInPlaceTest = CpuServerTest;
 
 TEST_F(GemmInPlaceTest, OperandsFromTheCallersMemoryAndCIntoItsBuffer) {
   std::mt19937_64 rng(7);
   for (const auto& [m, n, k] : {std::tuple{1u, 1u, 1u}, {37u, 53u, 71u}, {128u, 96u, 300u}}) {
     const std::vector<uint16_t> a = RandomHalfMatrix(int64_t(m) * k, rng);
     const std::vector<uint16_t> b = RandomHalfMatrix(int64_t(k) * n, rng);
-    std::vector<uint16_t> c(size_t(m) * n + 4, kPoison);  // 4 guard elements past C
+    std::vector<uint16_t> c(size_t(m) * n + 4, kFp16Poison);  // 4 guard elements past C
     v1::GemmResponse response;
     const grpc::Status s = client_->GemmInPlace(
-        Shape(m, n, k), {.a = a.data(), .a_bytes = 2 * a.size(), .b = b.data(), .b_bytes = 2 * b.size()},
+        RequestOfShape(m, n, k),
+        {.a = a.data(), .a_bytes = 2 * a.size(), .b = b.data(), .b_bytes = 2 * b.size()},
         {reinterpret_cast<char*>(c.data()), 2 * size_t(m) * n}, &response);
     ASSERT_TRUE(s.ok()) << s.error_message();
     EXPECT_TRUE(response.c().empty());
@@ -61,7 +39,7 @@ TEST_F(GemmInPlaceTest, OperandsFromTheCallersMemoryAndCIntoItsBuffer) {
     const ErrorStats e = CompareToReference(c.data(), reference.data(), int64_t(m) * n, {});
     EXPECT_EQ(e.nan_count, 0u) << m << "x" << n << "x" << k;
     EXPECT_LT(e.rel_frobenius, ServiceTolerance(false, {})) << m << "x" << n << "x" << k;
-    for (size_t i = size_t(m) * n; i < c.size(); ++i) EXPECT_EQ(c[i], kPoison);
+    for (size_t i = size_t(m) * n; i < c.size(); ++i) EXPECT_EQ(c[i], kFp16Poison);
   }
 }
 
@@ -71,13 +49,13 @@ TEST_F(GemmInPlaceTest, AResidentBAndAnInPlaceA) {
   const std::vector<uint16_t> a = RandomHalfMatrix(m * k, rng), b = RandomHalfMatrix(k * n, rng);
   v1::MatrixInfo info;
   ASSERT_TRUE(client_->UploadMatrix(k, n, HalfBytes(b), &info).ok());
-  v1::GemmRequest request = Shape(m, n, k);
+  v1::GemmRequest request = RequestOfShape(m, n, k);
   request.set_b_handle(info.handle());
-  std::vector<uint16_t> c(m * n, kPoison);
+  std::vector<uint16_t> c(m * n, kFp16Poison);
   v1::GemmResponse response;
-  const grpc::Status s = client_->GemmInPlace(request, {.a = a.data(), .a_bytes = 2 * a.size()},
-                                              {reinterpret_cast<char*>(c.data()), 2 * c.size()},
-                                              &response);
+  const grpc::Status s =
+      client_->GemmInPlace(request, {.a = a.data(), .a_bytes = 2 * a.size()},
+                           {reinterpret_cast<char*>(c.data()), 2 * c.size()}, &response);
   ASSERT_TRUE(s.ok()) << s.error_message();
   const std::vector<float> reference = ReferenceGemm(a.data(), b.data(), m, n, k);
   EXPECT_LT(CompareToReference(c.data(), reference.data(), m * n, {}).rel_frobenius,
@@ -88,32 +66,36 @@ TEST_F(GemmInPlaceTest, ABufferTooSmallForCIsAnErrorAndNothingIsWrittenPastIt) {
   std::mt19937_64 rng(9);
   const uint32_t m = 16, n = 16, k = 16;
   const std::vector<uint16_t> a = RandomHalfMatrix(m * k, rng), b = RandomHalfMatrix(k * n, rng);
-  std::vector<uint16_t> c(m * n, kPoison);
+  std::vector<uint16_t> c(m * n, kFp16Poison);
   const size_t capacity = 2 * (c.size() - 1);  // one element short
   v1::GemmResponse response;
   const grpc::Status s = client_->GemmInPlace(
-      Shape(m, n, k), {.a = a.data(), .a_bytes = 2 * a.size(), .b = b.data(), .b_bytes = 2 * b.size()},
+      RequestOfShape(m, n, k),
+      {.a = a.data(), .a_bytes = 2 * a.size(), .b = b.data(), .b_bytes = 2 * b.size()},
       {reinterpret_cast<char*>(c.data()), capacity}, &response);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::INTERNAL) << s.error_message();
   EXPECT_NE(s.error_message().find("the buffer holds"), std::string::npos) << s.error_message();
-  for (uint16_t x : c) EXPECT_EQ(x, kPoison);
+  for (uint16_t x : c) EXPECT_EQ(x, kFp16Poison);
   // The server answered it and keeps serving; a right-sized call succeeds.
-  EXPECT_TRUE(client_->GemmInPlace(Shape(m, n, k),
-                                   {.a = a.data(), .a_bytes = 2 * a.size(), .b = b.data(),
-                                    .b_bytes = 2 * b.size()},
-                                   {reinterpret_cast<char*>(c.data()), 2 * c.size()}, &response)
-                  .ok());
+  EXPECT_TRUE(
+      client_
+          ->GemmInPlace(
+              RequestOfShape(m, n, k),
+              {.a = a.data(), .a_bytes = 2 * a.size(), .b = b.data(), .b_bytes = 2 * b.size()},
+              {reinterpret_cast<char*>(c.data()), 2 * c.size()}, &response)
+          .ok());
 }
 
 TEST_F(GemmInPlaceTest, TheServersRefusalsComeBackAsForGemm) {
   const std::vector<uint16_t> a(10, 0x3c00);
-  std::vector<uint16_t> c(4, kPoison);
+  std::vector<uint16_t> c(4, kFp16Poison);
   v1::GemmResponse response;
   // A of 10 elements for a 2x3 A: the server names the operand.
-  const grpc::Status s = client_->GemmInPlace(Shape(2, 2, 3), {.a = a.data(), .a_bytes = 20, .b = a.data(), .b_bytes = 12},
-                                              {reinterpret_cast<char*>(c.data()), 8}, &response);
+  const grpc::Status s = client_->GemmInPlace(
+      RequestOfShape(2, 2, 3), {.a = a.data(), .a_bytes = 20, .b = a.data(), .b_bytes = 12},
+      {reinterpret_cast<char*>(c.data()), 8}, &response);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
-  for (uint16_t x : c) EXPECT_EQ(x, kPoison);
+  for (uint16_t x : c) EXPECT_EQ(x, kFp16Poison);
 }
 
 // GemmAsync's outcome, waited for.
@@ -138,18 +120,18 @@ TEST_F(GemmInPlaceTest, GemmAsyncUnaryAndStreamedWriteCIntoTheCallersBuffer) {
   const std::vector<uint16_t> a = RandomHalfMatrix(m * k, rng), b = RandomHalfMatrix(k * n, rng);
   const std::vector<float> reference = ReferenceGemm(a.data(), b.data(), m, n, k);
   for (bool streamed : {false, true}) {
-    std::vector<uint16_t> c(m * n + 4, kPoison);  // 4 guard elements past C
-    const AsyncOutcome done = RunAsync(
-        *client_, Shape(m, n, k),
-        {.a = a.data(), .a_bytes = 2 * a.size(), .b = b.data(), .b_bytes = 2 * b.size()}, streamed,
-        {reinterpret_cast<char*>(c.data()), 2 * size_t(m) * n});
+    std::vector<uint16_t> c(m * n + 4, kFp16Poison);  // 4 guard elements past C
+    const AsyncOutcome done =
+        RunAsync(*client_, RequestOfShape(m, n, k),
+                 {.a = a.data(), .a_bytes = 2 * a.size(), .b = b.data(), .b_bytes = 2 * b.size()},
+                 streamed, {reinterpret_cast<char*>(c.data()), 2 * size_t(m) * n});
     ASSERT_TRUE(done.status.ok()) << streamed << ": " << done.status.error_message();
     EXPECT_TRUE(done.response.c().empty()) << streamed;
     EXPECT_GT(done.response.timing().server_total_ms(), 0) << streamed;
     const ErrorStats e = CompareToReference(c.data(), reference.data(), int64_t(m) * n, {});
     EXPECT_EQ(e.nan_count, 0u) << streamed;
     EXPECT_LT(e.rel_frobenius, ServiceTolerance(false, {})) << streamed;
-    for (size_t i = size_t(m) * n; i < c.size(); ++i) EXPECT_EQ(c[i], kPoison) << streamed;
+    for (size_t i = size_t(m) * n; i < c.size(); ++i) EXPECT_EQ(c[i], kFp16Poison) << streamed;
   }
 }
 
@@ -157,22 +139,22 @@ TEST_F(GemmInPlaceTest, GemmAsyncIntoATooSmallBufferIsAnErrorAndNothingIsWritten
   std::mt19937_64 rng(11);
   const uint32_t m = 16, n = 16, k = 16;
   const std::vector<uint16_t> a = RandomHalfMatrix(m * k, rng), b = RandomHalfMatrix(k * n, rng);
-  std::vector<uint16_t> c(m * n, kPoison);
-  const AsyncOutcome done = RunAsync(
-      *client_, Shape(m, n, k),
-      {.a = a.data(), .a_bytes = 2 * a.size(), .b = b.data(), .b_bytes = 2 * b.size()}, false,
-      {reinterpret_cast<char*>(c.data()), 2 * (c.size() - 1)});
+  std::vector<uint16_t> c(m * n, kFp16Poison);
+  const AsyncOutcome done =
+      RunAsync(*client_, RequestOfShape(m, n, k),
+               {.a = a.data(), .a_bytes = 2 * a.size(), .b = b.data(), .b_bytes = 2 * b.size()},
+               false, {reinterpret_cast<char*>(c.data()), 2 * (c.size() - 1)});
   EXPECT_EQ(done.status.error_code(), grpc::StatusCode::INTERNAL) << done.status.error_message();
   EXPECT_NE(done.status.error_message().find("the buffer holds"), std::string::npos)
       << done.status.error_message();
-  for (uint16_t x : c) EXPECT_EQ(x, kPoison);
+  for (uint16_t x : c) EXPECT_EQ(x, kFp16Poison);
 }
 
 TEST_F(GemmInPlaceTest, GemmAsyncKeepingCOnTheServerExpectsNoCBack) {
   std::mt19937_64 rng(12);
   const uint32_t m = 24, n = 40, k = 56;
   const std::vector<uint16_t> a = RandomHalfMatrix(m * k, rng), b = RandomHalfMatrix(k * n, rng);
-  v1::GemmRequest request = Shape(m, n, k);
+  v1::GemmRequest request = RequestOfShape(m, n, k);
   request.set_keep_c_resident(true);
   const AsyncOutcome done = RunAsync(
       *client_, request,

@@ -8,10 +8,10 @@
 //   hgemm_client --release=HANDLE1,HANDLE2 --client_id=me
 //   hgemm_client --server=ipv4:10.0.0.1:50051,10.0.0.2:50051 --resident=all --check  # replicas
 //   hgemm_client --server=unix:/run/hgemm/hgemm.sock --transport=shm --shape=2048x2048x2048 --check
-//   hgemm_client --server=unix:/run/hgemm/hgemm.sock --transport=ring --shape=256x256x256 --repeat=20
-//   hgemm_client --shape=512x384x256 --dtype=bf16 --c_dtype=fp32 --alpha=0.5 --beta=-1 --check
-//   hgemm_client --shape=512x512x512 --batch=64 --check   # strided-batched, operands packed
-//   hgemm_client --group=512x256x128,64x2048x1024,1x4096x4096 --check   # grouped: one call
+//   hgemm_client --server=unix:/run/hgemm/hgemm.sock --transport=ring --shape=256x256x256
+//   --repeat=20 hgemm_client --shape=512x384x256 --dtype=bf16 --c_dtype=fp32 --alpha=0.5 --beta=-1
+//   --check hgemm_client --shape=512x512x512 --batch=64 --check   # strided-batched, operands
+//   packed hgemm_client --group=512x256x128,64x2048x1024,1x4096x4096 --check   # grouped: one call
 // Random fp16 (or --dtype=bf16) inputs in [-1, 1) unless --a/--b give float16 .npy files;
 // --transpose_a / --transpose_b send A stored k×m / B stored n×k (the files as stored too),
 // --c_dtype=fp32 asks for an fp32 C, --alpha / --beta scale it (C = alpha·op(A)·op(B) +
@@ -21,8 +21,8 @@
 // including a failed --check. Over several replicas, calls naming a handle go to the replica that
 // holds it and the rest are balanced (see client/gemm_client.h); --resident uploads B, then A onto
 // the replica that holds B, so that the GEMMs and their kept C stay there.
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <CLI/CLI.hpp>
 
 #include <chrono>
 #include <cmath>
@@ -40,9 +40,9 @@
 #include "client/npy.h"
 #include "client/ring_client.h"
 #include "client/shared_region.h"
-#include "proto/ring_execution.h"
 #include "proto/numerics/cpu_gemm.h"
 #include "proto/numerics/error_stats.h"
+#include "proto/ring_execution.h"
 
 namespace {
 
@@ -89,15 +89,17 @@ void PrintServerInfo(const hgemm::GemmClient& client) {
     }
   }
   const auto& l = info.limits();
-  std::printf("  limits: %llu elements/matrix, %llu queued GEMMs, %llu queued bytes, %llu bytes/message\n",
-              (unsigned long long)l.max_elements_per_matrix(), (unsigned long long)l.max_queued_requests(),
-              (unsigned long long)l.max_queued_bytes(), (unsigned long long)l.max_message_bytes());
-  std::printf("  resident: %llu bytes quota per client, TTL %s, LRU eviction %s\n",
-              (unsigned long long)l.resident_quota_bytes(),
-              l.resident_default_ttl_seconds() == 0
-                  ? "none (kept until released)"
-                  : fmt::format("{} s after the last use", l.resident_default_ttl_seconds()).c_str(),
-              l.resident_lru_eviction() ? "on" : "off");
+  std::printf(
+      "  limits: %llu elements/matrix, %llu queued GEMMs, %llu queued bytes, %llu bytes/message\n",
+      (unsigned long long)l.max_elements_per_matrix(), (unsigned long long)l.max_queued_requests(),
+      (unsigned long long)l.max_queued_bytes(), (unsigned long long)l.max_message_bytes());
+  std::printf(
+      "  resident: %llu bytes quota per client, TTL %s, LRU eviction %s\n",
+      (unsigned long long)l.resident_quota_bytes(),
+      l.resident_default_ttl_seconds() == 0
+          ? "none (kept until released)"
+          : fmt::format("{} s after the last use", l.resident_default_ttl_seconds()).c_str(),
+      l.resident_lru_eviction() ? "on" : "off");
   if (client.ListKernels(&kernels).ok()) {
     std::printf("kernels:\n");
     for (const auto& k : kernels.kernels()) {
@@ -142,8 +144,7 @@ struct GroupRun {
   double tolerance = 0;  // 0: the service's tolerance for the form
 };
 
-int RunGroup(const hgemm::GemmClient& client, const hgemm::CallOptions& call,
-             const GroupRun& run) {
+int RunGroup(const hgemm::GemmClient& client, const hgemm::CallOptions& call, const GroupRun& run) {
   const GemmRequest& shared = run.shared;
   const int64_t c_element_bytes = run.form.c_fp32 ? 4 : 2;
   std::mt19937_64 rng(run.seed);
@@ -168,8 +169,13 @@ int RunGroup(const hgemm::GemmClient& client, const hgemm::CallOptions& call,
   std::vector<hgemm::GroupedOperands> problems;
   for (size_t i = 0; i < run.group.size(); ++i) {
     const hgemm::GemmDims& d = run.group[i];
-    problems.push_back({.m = d.m, .n = d.n, .k = d.k, .a = a[i], .b = b[i],
-                        .c_in = shared.beta() != 0 ? std::string_view(c_in[i]) : std::string_view()});
+    problems.push_back(
+        {.m = d.m,
+         .n = d.n,
+         .k = d.k,
+         .a = a[i],
+         .b = b[i],
+         .c_in = shared.beta() != 0 ? std::string_view(c_in[i]) : std::string_view()});
   }
   std::printf("grouped GEMM of %zu problems (%.3g GFLOP) %s%s in one unary Gemm, kernel %s\n",
               run.group.size(), flops / 1e9, shared.transpose_a() ? "T" : "N",
@@ -214,15 +220,17 @@ int RunGroup(const hgemm::GemmClient& client, const hgemm::CallOptions& call,
         hgemm::CompareToReference(c[i].data(), reference.data(), reference.size(), run.form);
     const double error = stats.nan_count > 0 ? INFINITY : stats.rel_frobenius;
     if (!(error <= tolerance)) {
-      std::printf("check: problem %zu (%s): relative Frobenius error %.3e (tolerance %.0e): FAILED\n",
-                  i, d.Name().c_str(), error, tolerance);
+      std::printf(
+          "check: problem %zu (%s): relative Frobenius error %.3e (tolerance %.0e): FAILED\n", i,
+          d.Name().c_str(), error, tolerance);
       return 1;
     }
     worst = std::max(worst, error);
   }
-  std::printf("check: %zu problems, worst relative Frobenius error vs fp32 reference %.3e "
-              "(tolerance %.0e): OK\n",
-              run.group.size(), worst, tolerance);
+  std::printf(
+      "check: %zu problems, worst relative Frobenius error vs fp32 reference %.3e "
+      "(tolerance %.0e): OK\n",
+      run.group.size(), worst, tolerance);
   return 0;
 }
 
@@ -230,7 +238,7 @@ int Main(int argc, char** argv);
 
 }  // namespace
 
-// Nothing may escape main (issue 12, item 7): what a library throws becomes an error message.
+// Nothing may escape main: what a library throws becomes an error message.
 int main(int argc, char** argv) {
   try {
     return Main(argc, argv);
@@ -245,7 +253,8 @@ namespace {
 
 int Main(int argc, char** argv) {
   std::string server = "127.0.0.1:50051", shape, a_path, b_path, out_path, kernel = "auto";
-  std::string accumulation = "fp32", mode = "auto", resident = "none", client_id, request_id, traceparent;
+  std::string accumulation = "fp32", mode = "auto", resident = "none", client_id, request_id,
+              traceparent;
   int repeat = 1;
   const hgemm::CallOptions defaults;
   int parallel_parts = defaults.parallel_parts;
@@ -263,7 +272,8 @@ int Main(int argc, char** argv) {
   app.add_option("--server", server,
                  "server address (HOST:PORT or a gRPC target; several replicas: "
                  "ipv4:HOST:P1,HOST:P2,... or a DNS name resolving to all of them)")
-      ->envname("HGEMM_SERVER")->capture_default_str();
+      ->envname("HGEMM_SERVER")
+      ->capture_default_str();
   app.add_option("--shape", shape, "MxNxK of random inputs, e.g. 512x256x1024 (each in [1, 2^32))");
   app.add_option("--a", a_path, "A as an m x k float16 .npy file");
   app.add_option("--b", b_path, "B as a k x n float16 .npy file");
@@ -271,7 +281,8 @@ int Main(int argc, char** argv) {
   app.add_flag("--transpose_a", transpose_a, "A is stored k x m (C = A^T B)");
   app.add_flag("--transpose_b", transpose_b, "B is stored n x k (C = A B^T, nn.Linear's weight)");
   app.add_option("--dtype", dtype, "element type of A and B: fp16 or bf16")
-      ->check(CLI::IsMember({"fp16", "bf16"}))->capture_default_str();
+      ->check(CLI::IsMember({"fp16", "bf16"}))
+      ->capture_default_str();
   app.add_option("--c_dtype", c_dtype, "element type of C: that of A and B (default) or fp32")
       ->check(CLI::IsMember({"fp16", "bf16", "fp32"}));
   CLI::Option* alpha_flag =
@@ -287,22 +298,27 @@ int Main(int argc, char** argv) {
                  "operands of --dtype, one form, --alpha/--beta shared), C back per problem");
   app.add_option("--kernel", kernel, "kernel variant (see --info) or auto")->capture_default_str();
   app.add_option("--accumulation", accumulation, "fp16 or fp32")
-      ->check(CLI::IsMember({"fp16", "fp32"}))->capture_default_str();
+      ->check(CLI::IsMember({"fp16", "fp32"}))
+      ->capture_default_str();
   app.add_option("--mode", mode,
                  "unary, stream, parts (parallel parts), or auto (parts from --parallel_min_bytes, "
                  "else stream when over 3 MiB)")
-      ->check(CLI::IsMember({"auto", "unary", "stream", "parts"}))->capture_default_str();
+      ->check(CLI::IsMember({"auto", "unary", "stream", "parts"}))
+      ->capture_default_str();
   app.add_option("--parallel_parts", parallel_parts,
                  "connections (and parts) a large GEMM's A, B and C travel over at once; 1: off")
-      ->check(CLI::Range(1, 64))->capture_default_str();
+      ->check(CLI::Range(1, 64))
+      ->capture_default_str();
   app.add_option("--parallel_min_bytes", parallel_min_bytes,
                  "A + B + C bytes from which --mode=auto sends parallel parts")
-      ->check(CLI::Range(int64_t{0}, INT64_MAX))->capture_default_str();
+      ->check(CLI::Range(int64_t{0}, INT64_MAX))
+      ->capture_default_str();
   app.add_option("--repeat", repeat, "send the GEMM this many times")->check(CLI::Range(1, 100000));
   app.add_option("--resident", resident,
                  "none; b: upload B once, send only A per call; all: upload A and B once and keep "
                  "C on the server (fetched once at the end for --check/--out)")
-      ->check(CLI::IsMember({"none", "b", "all"}))->capture_default_str();
+      ->check(CLI::IsMember({"none", "b", "all"}))
+      ->capture_default_str();
   app.add_option("--client_id", client_id,
                  "x-client-id for resident matrices when the server has no authentication "
                  "(default: peer address)");
@@ -319,7 +335,8 @@ int Main(int argc, char** argv) {
                  "region (same host: a unix: --server started with --allow_shared_memory), "
                  "named by unary Gemm calls; ring: the same region, named by the entries of a "
                  "submission ring (AttachRing: no gRPC call per GEMM)")
-      ->check(CLI::IsMember({"grpc", "shm", "ring"}))->capture_default_str();
+      ->check(CLI::IsMember({"grpc", "shm", "ring"}))
+      ->capture_default_str();
   app.add_flag("--check", check, "compare C with a local fp32-accumulate reference");
   app.add_flag("--verify", verify,
                "ask the server to check C by Freivalds' method before answering "
@@ -327,8 +344,9 @@ int Main(int argc, char** argv) {
   app.add_option("--verify_repetitions", verify_repetitions,
                  "repetitions of that check (0: the server's default)")
       ->check(CLI::Range(0, 8));
-  app.add_option("--tolerance", tolerance,
-                 "largest relative Frobenius error --check accepts (default 1e-3 for fp32, 2e-2 for fp16)");
+  app.add_option(
+      "--tolerance", tolerance,
+      "largest relative Frobenius error --check accepts (default 1e-3 for fp32, 2e-2 for fp16)");
   app.add_flag("--info", info, "print the server's backend, devices, limits and kernels");
   app.add_flag("--list", list,
                "list this client's resident matrices (handle, shape, bytes, age, idle, time left "
@@ -371,21 +389,26 @@ int Main(int argc, char** argv) {
     }
     if (dtype != "fp16") return Fail("--a/--b are float16 .npy files: not with --dtype=bf16");
     // As stored: A is k x m with --transpose_a, B n x k with --transpose_b.
-    const uint64_t m = transpose_a ? a_npy.cols : a_npy.rows, ka = transpose_a ? a_npy.rows : a_npy.cols;
-    const uint64_t n = transpose_b ? b_npy.rows : b_npy.cols, kb = transpose_b ? b_npy.cols : b_npy.rows;
+    const uint64_t m = transpose_a ? a_npy.cols : a_npy.rows,
+                   ka = transpose_a ? a_npy.rows : a_npy.cols;
+    const uint64_t n = transpose_b ? b_npy.rows : b_npy.cols,
+                   kb = transpose_b ? b_npy.cols : b_npy.rows;
     if (ka != kb) {
       return Fail(fmt::format("A is {}x{} and B is {}x{} (as stored{}{}): inner dimensions differ",
                               a_npy.rows, a_npy.cols, b_npy.rows, b_npy.cols,
-                              transpose_a ? ", A transposed" : "", transpose_b ? ", B transposed" : ""));
+                              transpose_a ? ", A transposed" : "",
+                              transpose_b ? ", B transposed" : ""));
     }
     dims = {.m = uint32_t(m), .n = uint32_t(n), .k = uint32_t(ka)};
   }
 
   if (c_dtype.empty()) c_dtype = dtype;
   if (c_dtype != dtype && c_dtype != "fp32") {
-    return Fail(fmt::format("--c_dtype={} with --dtype={}: C is the inputs' type or fp32", c_dtype, dtype));
+    return Fail(
+        fmt::format("--c_dtype={} with --dtype={}: C is the inputs' type or fp32", c_dtype, dtype));
   }
-  if (!out_path.empty() && c_dtype != "fp16") return Fail("--out writes a float16 .npy: C must be fp16");
+  if (!out_path.empty() && c_dtype != "fp16")
+    return Fail("--out writes a float16 .npy: C must be fp16");
   const hgemm::GemmForm form{.transpose_a = transpose_a,
                              .transpose_b = transpose_b,
                              .bf16 = dtype == "bf16",
@@ -398,30 +421,34 @@ int Main(int argc, char** argv) {
   const bool ring_resident = through_ring && resident == "all";
   const bool shm = transport == "shm" || (through_ring && !ring_resident);  // A, B, C in a region
   if (batch > 1 && (!a_path.empty() || shm || resident != "none" || !out_path.empty())) {
-    return Fail("--batch takes random inline operands: not with --a/--b, --transport=shm, "
-                "--resident or --out");
+    return Fail(
+        "--batch takes random inline operands: not with --a/--b, --transport=shm, "
+        "--resident or --out");
   }
   if (transport == "shm" && resident != "none") {
     return Fail("--transport=shm and --resident exclude each other");
   }
   if (through_ring && resident == "b") return Fail("--transport=ring takes --resident=none or all");
   if (through_ring && mode == "stream") return Fail("--transport=ring is not --mode=stream");
-  if (shm && mode == "stream") return Fail("--transport=shm sends unary Gemm calls, not --mode=stream");
+  if (shm && mode == "stream")
+    return Fail("--transport=shm sends unary Gemm calls, not --mode=stream");
   hgemm::CallOptions call;
   call.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
   call.client_id = client_id;
   call.traceparent = traceparent;
   call.parallel_parts = parallel_parts;
   call.parallel_min_bytes = mode == "parts" ? 0 : parallel_min_bytes;
-  if (mode == "parts" && parallel_parts < 2) return Fail("--mode=parts needs --parallel_parts of 2 or more");
+  if (mode == "parts" && parallel_parts < 2)
+    return Fail("--mode=parts needs --parallel_parts of 2 or more");
 
   std::vector<hgemm::GemmDims> group;
   if (!group_text.empty()) {
     if (std::string e = hgemm::cli::ParseGroup(group_text, &group); !e.empty()) return Fail(e);
     if (!shape.empty() || !a_path.empty() || batch > 1 || resident != "none" || shm ||
         !out_path.empty() || (mode != "auto" && mode != "unary")) {
-      return Fail("--group sends random inline operands in one unary Gemm: not with --shape, "
-                  "--a/--b, --batch, --resident, --transport=shm, --out or --mode=stream/parts");
+      return Fail(
+          "--group sends random inline operands in one unary Gemm: not with --shape, "
+          "--a/--b, --batch, --resident, --transport=shm, --out or --mode=stream/parts");
     }
   }
 
@@ -443,15 +470,20 @@ int Main(int argc, char** argv) {
   if (!group.empty()) {
     hgemm::v1::ServerInfo server_info;
     if (grpc::Status s = client.GetServerInfo(&server_info, call); !s.ok()) {
-      return Fail(fmt::format("cannot read the server's limits (GetServerInfo): {} (gRPC status {})",
-                              s.error_message(), static_cast<int>(s.error_code())));
+      return Fail(
+          fmt::format("cannot read the server's limits (GetServerInfo): {} (gRPC status {})",
+                      s.error_message(), static_cast<int>(s.error_code())));
     }
     if (std::string e =
             hgemm::cli::CheckGroupLimits(group, form.c_fp32, beta != 0, server_info.limits());
         !e.empty()) {
       return Fail("refused before sending: " + e);
     }
-    GroupRun run{.group = group, .form = form, .seed = seed, .repeat = repeat, .check = check,
+    GroupRun run{.group = group,
+                 .form = form,
+                 .seed = seed,
+                 .repeat = repeat,
+                 .check = check,
                  .tolerance = tolerance};
     run.shared.set_transpose_a(transpose_a);
     run.shared.set_transpose_b(transpose_b);
@@ -473,8 +505,9 @@ int Main(int argc, char** argv) {
   {
     hgemm::v1::ServerInfo server_info;
     if (grpc::Status s = client.GetServerInfo(&server_info, call); !s.ok()) {
-      return Fail(fmt::format("cannot read the server's limits (GetServerInfo): {} (gRPC status {})",
-                              s.error_message(), static_cast<int>(s.error_code())));
+      return Fail(
+          fmt::format("cannot read the server's limits (GetServerInfo): {} (gRPC status {})",
+                      s.error_message(), static_cast<int>(s.error_code())));
     }
     // As GemmClient::ShouldStream will decide once the resident operands are handles.
     const auto a_bytes = hgemm::cli::MatrixBytes(dims.m, dims.k);
@@ -482,8 +515,8 @@ int Main(int argc, char** argv) {
     // Through shared memory, neither travels in a message.
     // C_in travels inline whatever the transport.
     const auto c_bytes = hgemm::cli::MatrixBytes(dims.m, dims.n);  // fp32: twice
-    const auto c_in_bytes =
-        beta == 0 ? std::optional<uint64_t>(0) : hgemm::cli::CheckedAdd(c_bytes, form.c_fp32 ? c_bytes : 0);
+    const auto c_in_bytes = beta == 0 ? std::optional<uint64_t>(0)
+                                      : hgemm::cli::CheckedAdd(c_bytes, form.c_fp32 ? c_bytes : 0);
     const uint64_t sent =
         hgemm::cli::CheckedAdd(shm ? 0
                                    : hgemm::cli::CheckedAdd(resident == "all" ? 0 : a_bytes,
@@ -497,8 +530,8 @@ int Main(int argc, char** argv) {
                                      form.c_fp32 ? hgemm::cli::MatrixBytes(dims.m, dims.n) : 0)
                   .value_or(UINT64_MAX);
     const uint64_t unary_limit = uint64_t(call.unary_limit_bytes);
-    const bool unary = mode == "unary" ||
-                       (mode == "auto" && sent <= unary_limit && received <= unary_limit);
+    const bool unary =
+        mode == "unary" || (mode == "auto" && sent <= unary_limit && received <= unary_limit);
     const hgemm::cli::Plan plan{.unary = unary && !shm,  // shm: no operand in a message
                                 .resident_a = resident == "all",
                                 .resident_b = resident != "none",
@@ -547,8 +580,8 @@ int Main(int argc, char** argv) {
     }
   }
   request.mutable_options()->set_kernel(kernel);
-  request.mutable_options()->set_accumulation(accumulation == "fp16" ? hgemm::v1::ACCUMULATION_FP16
-                                                                     : hgemm::v1::ACCUMULATION_FP32);
+  request.mutable_options()->set_accumulation(
+      accumulation == "fp16" ? hgemm::v1::ACCUMULATION_FP16 : hgemm::v1::ACCUMULATION_FP32);
   request.mutable_options()->set_verify(verify);
   request.mutable_options()->set_verify_repetitions(uint32_t(verify_repetitions));
 
@@ -563,25 +596,27 @@ int Main(int argc, char** argv) {
       if (is_a && resident != "all") continue;
       hgemm::v1::MatrixInfo info;
       // As stored: A k x m when transposed, B n x k.
-      grpc::Status s =
-          is_a ? client.UploadMatrix(transpose_a ? request.k() : request.m(),
-                                     transpose_a ? request.m() : request.k(), a_bytes, &info, 0,
-                                     "A", upload, request.dtype())
-               : client.UploadMatrix(transpose_b ? request.n() : request.k(),
-                                     transpose_b ? request.k() : request.n(), b_bytes, &info, 0,
-                                     "B", upload, request.dtype());
+      grpc::Status s = is_a ? client.UploadMatrix(transpose_a ? request.k() : request.m(),
+                                                  transpose_a ? request.m() : request.k(), a_bytes,
+                                                  &info, 0, "A", upload, request.dtype())
+                            : client.UploadMatrix(transpose_b ? request.n() : request.k(),
+                                                  transpose_b ? request.k() : request.n(), b_bytes,
+                                                  &info, 0, "B", upload, request.dtype());
       if (!s.ok()) return Fail(s);
       upload.replica = info.replica();
       uploaded.push_back(info.handle());
-      if (is_a) request.set_a_handle(info.handle());
-      else request.set_b_handle(info.handle());
+      if (is_a)
+        request.set_a_handle(info.handle());
+      else
+        request.set_b_handle(info.handle());
     }
     request.set_keep_c_resident(resident == "all" && !ring_resident);
-    std::printf("uploaded %s once%s in %.1f ms; each call sends %.1f MiB\n",
-                resident == "all" ? "A and B" : "B",
-                upload.replica.empty() ? "" : (" to replica " + upload.replica).c_str(),
-                std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count(),
-                request.a().size() / 1048576.0);
+    std::printf(
+        "uploaded %s once%s in %.1f ms; each call sends %.1f MiB\n",
+        resident == "all" ? "A and B" : "B",
+        upload.replica.empty() ? "" : (" to replica " + upload.replica).c_str(),
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count(),
+        request.a().size() / 1048576.0);
   }
   // Shared memory: A, B and C in one region, registered for this run.
   std::unique_ptr<hgemm::SharedRegion> region;
@@ -591,14 +626,14 @@ int Main(int argc, char** argv) {
   if (shm) {
     const auto start = std::chrono::steady_clock::now();
     std::string error;
-    region = hgemm::SharedRegion::Create(
-        c_offset + int64_t(c_element_bytes) * dims.m * dims.n, &error);
+    region =
+        hgemm::SharedRegion::Create(c_offset + int64_t(c_element_bytes) * dims.m * dims.n, &error);
     if (!region) return Fail(error);
     std::memcpy(region->data(), a_bytes.data(), a_bytes.size());
     std::memcpy(region->data() + b_offset, b_bytes.data(), b_bytes.size());
     hgemm::v1::RegionInfo info;
-    if (grpc::Status s = client.RegisterRegion(region->path(), region->bytes(), "hgemm_client",
-                                               &info, call);
+    if (grpc::Status s =
+            client.RegisterRegion(region->path(), region->bytes(), "hgemm_client", &info, call);
         !s.ok()) {
       return Fail(s);
     }
@@ -612,7 +647,8 @@ int Main(int argc, char** argv) {
     name(request.mutable_c_region(), c_offset);
     std::printf("registered a shared region of %.1f MiB (A, B, C) in %.1f ms\n",
                 region->bytes() / 1048576.0,
-                std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
+                std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+                    .count());
   }
   std::unique_ptr<hgemm::RingClient> ring;
   hgemm::RingSubmission ring_entry;
@@ -624,9 +660,9 @@ int Main(int argc, char** argv) {
       std::memcpy(&poison[i], &nan_bits, c_element_bytes);
     }
     hgemm::v1::MatrixInfo info;
-    if (grpc::Status s = client.UploadMatrix(request.m(), request.n(), poison, &info, 0, "C", call,
-                                             form.c_fp32 ? hgemm::v1::DATA_TYPE_FP32
-                                                         : request.dtype());
+    if (grpc::Status s =
+            client.UploadMatrix(request.m(), request.n(), poison, &info, 0, "C", call,
+                                form.c_fp32 ? hgemm::v1::DATA_TYPE_FP32 : request.dtype());
         !s.ok()) {
       return Fail(s);
     }
@@ -647,15 +683,16 @@ int Main(int argc, char** argv) {
                            &ring_entry);
     if (!s.ok()) return Fail(s);
     std::printf("attached a submission ring in %.1f ms\n",
-                std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
+                std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+                    .count());
   }
   // Through the ring, every run goes by the ring (a large C, which would otherwise stream,
   // is written in place).
   const bool parts = !shm && !through_ring && (mode == "parts" || mode == "auto") &&
                      hgemm::GemmClient::ShouldSendParts(request, call);
-  const bool stream = !shm && !through_ring && !parts &&
-                      (mode == "stream" ||
-                       (mode == "auto" && hgemm::GemmClient::ShouldStream(request, call)));
+  const bool stream =
+      !shm && !through_ring && !parts &&
+      (mode == "stream" || (mode == "auto" && hgemm::GemmClient::ShouldStream(request, call)));
   hgemm::cli::WireBytes wire = hgemm::cli::RequestWireBytes(request, c_element_bytes);
   if (shm || ring_resident) wire.down = 0;  // C lands in a region or a resident matrix
   const double wire_bytes = double(wire.up + wire.down);
@@ -663,20 +700,22 @@ int Main(int argc, char** argv) {
     std::printf("C = %g op(A) op(B) + %g C_in\n", alpha, beta);
   }
   if (batch > 1) std::printf("a batch of %u GEMMs, operands packed\n", batch);
-  std::printf("GEMM %ux%ux%u (m x n x k) %s%s %s->%s via %s, kernel %s, accumulation %s, %.1f MiB up, %.1f MiB down\n",
-              request.m(), request.n(), request.k(), transpose_a ? "T" : "N", transpose_b ? "T" : "N",
-              dtype.c_str(), c_dtype.c_str(),
-              ring_resident ? "a submission ring, A, B and C resident (C written in place)"
-              : through_ring ? "a submission ring, A, B and C in shared memory"
-              : shm    ? "unary Gemm, A, B and C in shared memory"
-              : parts  ? fmt::format("{} parallel parts{}", parallel_parts,
-                                     call.bulk && client.OffersBulk(request.a_handle())
-                                         ? " over the bulk channel"
-                                         : "").c_str()
-              : stream ? "GemmStream"
-                       : "unary Gemm",
-              kernel.c_str(), accumulation.c_str(),
-              wire.up / 1048576.0, wire.down / 1048576.0);
+  std::printf(
+      "GEMM %ux%ux%u (m x n x k) %s%s %s->%s via %s, kernel %s, accumulation %s, %.1f MiB up, %.1f "
+      "MiB down\n",
+      request.m(), request.n(), request.k(), transpose_a ? "T" : "N", transpose_b ? "T" : "N",
+      dtype.c_str(), c_dtype.c_str(),
+      ring_resident  ? "a submission ring, A, B and C resident (C written in place)"
+      : through_ring ? "a submission ring, A, B and C in shared memory"
+      : shm          ? "unary Gemm, A, B and C in shared memory"
+      : parts
+          ? fmt::format(
+                "{} parallel parts{}", parallel_parts,
+                call.bulk && client.OffersBulk(request.a_handle()) ? " over the bulk channel" : "")
+                .c_str()
+      : stream ? "GemmStream"
+               : "unary Gemm",
+      kernel.c_str(), accumulation.c_str(), wire.up / 1048576.0, wire.down / 1048576.0);
   std::printf("%5s %10s %9s %10s %9s %9s %10s %10s %8s %8s  %s\n", "run", "queue_ms", "h2d_ms",
               "kernel_ms", "d2h_ms", "verify_ms", "server_ms", "client_ms", "TFLOP/s", "wire_GB/s",
               "kernel@device");
@@ -724,23 +763,25 @@ int Main(int argc, char** argv) {
     }
     const auto& t = response.timing();
     const auto& e = response.execution();
-    std::printf("%5d %10.3f %9.3f %10.3f %9.3f %9.3f %10.3f %10.3f %8.2f %8.2f  %s (%s) @ %s "
-                "stream %d%s\n",
-                run, t.queue_wait_ms(), t.host_to_device_ms(), t.kernel_ms(), t.device_to_host_ms(),
-                t.verify_ms(), t.server_total_ms(), client_ms, t.tflops(),
-                wire_bytes / client_ms / 1e6, e.kernel().c_str(),
-                AccumulationName(e.accumulation()), e.device_name().c_str(), e.stream_id(),
-                VerifiedNote(e).c_str());
+    std::printf(
+        "%5d %10.3f %9.3f %10.3f %9.3f %9.3f %10.3f %10.3f %8.2f %8.2f  %s (%s) @ %s "
+        "stream %d%s\n",
+        run, t.queue_wait_ms(), t.host_to_device_ms(), t.kernel_ms(), t.device_to_host_ms(),
+        t.verify_ms(), t.server_total_ms(), client_ms, t.tflops(), wire_bytes / client_ms / 1e6,
+        e.kernel().c_str(), AccumulationName(e.accumulation()), e.device_name().c_str(),
+        e.stream_id(), VerifiedNote(e).c_str());
   }
 
   if (response.has_c_matrix() && (check || !out_path.empty())) {
     const auto start = std::chrono::steady_clock::now();
-    if (grpc::Status s = client.DownloadMatrix(response.c_matrix().handle(), response.mutable_c(), call);
+    if (grpc::Status s =
+            client.DownloadMatrix(response.c_matrix().handle(), response.mutable_c(), call);
         !s.ok()) {
       return Fail(s);
     }
     std::printf("downloaded the kept C in %.1f ms\n",
-                std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
+                std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+                    .count());
   }
   ring.reset();  // detached before its region goes
   if (ring_resident && (check || !out_path.empty())) {
@@ -783,8 +824,8 @@ int Main(int argc, char** argv) {
           response.execution().accumulation() == hgemm::v1::ACCUMULATION_FP16, form);
     }
     const bool ok = error <= tolerance;
-    std::printf("check: relative Frobenius error vs fp32 reference %.3e (tolerance %.0e): %s\n", error,
-                tolerance, ok ? "OK" : "FAILED");
+    std::printf("check: relative Frobenius error vs fp32 reference %.3e (tolerance %.0e): %s\n",
+                error, tolerance, ok ? "OK" : "FAILED");
     if (!ok) return 1;
   }
   if (!out_path.empty()) {

@@ -25,10 +25,12 @@ std::string FamilyOf(const std::string& sample, const std::map<std::string, std:
   if (types.count(sample)) return sample;
   for (const char* s : {"_bucket", "_sum", "_count"}) {
     const std::string sfx = s;
-    if (sample.size() > sfx.size() && sample.compare(sample.size() - sfx.size(), sfx.size(), sfx) == 0) {
+    if (sample.size() > sfx.size() &&
+        sample.compare(sample.size() - sfx.size(), sfx.size(), sfx) == 0) {
       std::string base = sample.substr(0, sample.size() - sfx.size());
       auto it = types.find(base);
-      if (it != types.end() && (it->second == "histogram" || (it->second == "summary" && sfx != "_bucket"))) {
+      if (it != types.end() &&
+          (it->second == "histogram" || (it->second == "summary" && sfx != "_bucket"))) {
         *suffix = sfx;
         return base;
       }
@@ -189,9 +191,12 @@ Scrape ParseExposition(const std::string& text) {
               break;
             }
             const char e = line[i + 1];
-            if (e == 'n') value += '\n';
-            else if (e == '\\' || e == '"') value += e;
-            else ok = false;
+            if (e == 'n')
+              value += '\n';
+            else if (e == '\\' || e == '"')
+              value += e;
+            else
+              ok = false;
             i += 2;
           } else {
             value += line[i++];
@@ -201,10 +206,12 @@ Scrape ParseExposition(const std::string& text) {
           ok = false;
           break;
         }
-        ++i;  // the closing quote
+        ++i;                                                   // the closing quote
         if (!labels.emplace(label, value).second) ok = false;  // a label given twice
-        if (i < line.size() && line[i] == ',') ++i;
-        else if (i < line.size() && line[i] != '}') ok = false;
+        if (i < line.size() && line[i] == ',')
+          ++i;
+        else if (i < line.size() && line[i] != '}')
+          ok = false;
       }
       if (i >= line.size() || line[i] != '}') ok = false;
       ++i;

@@ -27,22 +27,23 @@ TEST(ExpositionParser, AcceptsWellFormedText) {
 
 TEST(ExpositionParser, RejectsMalformedText) {
   for (const char* bad : {
-           "a 1\n",                                                    // no TYPE
-           "# TYPE a counter\na{x=\"1} 1\n",                           // unterminated value
-           "# TYPE a counter\na{x=1} 1\n",                             // unquoted value
-           "# TYPE a counter\na{x=\"1\",x=\"2\"} 1\n",                 // label twice
-           "# TYPE a counter\na 1\na 2\n",                             // duplicate series
-           "# TYPE a counter\na one\n",                                // bad value
-           "# TYPE a counter\na -1\n",                                 // negative counter
-           "# TYPE a counter\na 1",                                    // no final newline
-           "# TYPE a counter\n\na 1\n",                                // empty line
-           "# TYPE a wibble\na 1\n",                                   // unknown type
-           "# note\n# TYPE a counter\na 1\n",                          // stray comment
-           "# TYPE h histogram\nh_bucket{le=\"1\"} 2\nh_bucket{le=\"+Inf\"} 1\nh_count 1\nh_sum 1\n",
-           "# TYPE h histogram\nh_bucket{le=\"1\"} 1\nh_count 1\nh_sum 1\n",  // no +Inf
+           "a 1\n",                                     // no TYPE
+           "# TYPE a counter\na{x=\"1} 1\n",            // unterminated value
+           "# TYPE a counter\na{x=1} 1\n",              // unquoted value
+           "# TYPE a counter\na{x=\"1\",x=\"2\"} 1\n",  // label twice
+           "# TYPE a counter\na 1\na 2\n",              // duplicate series
+           "# TYPE a counter\na one\n",                 // bad value
+           "# TYPE a counter\na -1\n",                  // negative counter
+           "# TYPE a counter\na 1",                     // no final newline
+           "# TYPE a counter\n\na 1\n",                 // empty line
+           "# TYPE a wibble\na 1\n",                    // unknown type
+           "# note\n# TYPE a counter\na 1\n",           // stray comment
+           "# TYPE h histogram\nh_bucket{le=\"1\"} 2\nh_bucket{le=\"+Inf\"} 1\nh_count 1\nh_sum "
+           "1\n",
+           "# TYPE h histogram\nh_bucket{le=\"1\"} 1\nh_count 1\nh_sum 1\n",     // no +Inf
            "# TYPE h histogram\nh_bucket{le=\"+Inf\"} 2\nh_count 3\nh_sum 1\n",  // count differs
-           "# TYPE a counter\n# TYPE b counter\na 1\n",                // a outside its block
-           "# TYPE 1a counter\n1a 1\n",                                // bad name
+           "# TYPE a counter\n# TYPE b counter\na 1\n",  // a outside its block
+           "# TYPE 1a counter\n1a 1\n",                  // bad name
        }) {
     EXPECT_FALSE(ParseExposition(bad).errors.empty()) << bad;
   }
@@ -63,8 +64,8 @@ TEST(HttpUrl, ParsesHostPortAndPath) {
   EXPECT_EQ(host, "::1");
   EXPECT_EQ(port, 8080);
   EXPECT_EQ(path, "/metrics?x=1");
-  for (const char* bad : {"https://h:1/metrics", "127.0.0.1:9090/metrics", "http://", "http://h:99999/",
-                          "http://h:x/", "http://[::1/"}) {
+  for (const char* bad : {"https://h:1/metrics", "127.0.0.1:9090/metrics", "http://",
+                          "http://h:99999/", "http://h:x/", "http://[::1/"}) {
     EXPECT_NE(ParseHttpUrl(bad, &host, &port, &path), "") << bad;
   }
 }
@@ -79,8 +80,8 @@ TEST(HttpGet, SaysWhyWhenNothingListens) {
   getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
   close(fd);
   std::string body, error;
-  EXPECT_EQ(HttpGet("127.0.0.1", ntohs(addr.sin_port), "/metrics", &body,
-                    std::chrono::seconds(5), &error),
+  EXPECT_EQ(HttpGet("127.0.0.1", ntohs(addr.sin_port), "/metrics", &body, std::chrono::seconds(5),
+                    &error),
             -1);
   EXPECT_NE(error.find("refused"), std::string::npos) << error;
 }

@@ -21,7 +21,8 @@ std::string ReadHeader(const std::string& path, std::ifstream& in, HalfMatrix* m
   uint32_t header_len = 0;
   unsigned char len_bytes[4] = {0, 0, 0, 0};
   const int len_size = preamble[6] == 1 ? 2 : 4;  // version 1.0: uint16, later: uint32
-  if (!in.read(reinterpret_cast<char*>(len_bytes), len_size)) return fmt::format("{}: truncated", path);
+  if (!in.read(reinterpret_cast<char*>(len_bytes), len_size))
+    return fmt::format("{}: truncated", path);
   for (int i = len_size - 1; i >= 0; --i) header_len = header_len << 8 | len_bytes[i];
   std::string header(header_len, '\0');
   if (!in.read(header.data(), header_len)) return fmt::format("{}: truncated header", path);
@@ -38,7 +39,8 @@ std::string ReadHeader(const std::string& path, std::ifstream& in, HalfMatrix* m
   }
   const std::string rows = match[1], cols = match[2];
   if (rows.size() > 18 || cols.size() > 18) {  // std::stoll would throw
-    return fmt::format("{}: shape ({}, {}) is too large", path, rows.substr(0, 24), cols.substr(0, 24));
+    return fmt::format("{}: shape ({}, {}) is too large", path, rows.substr(0, 24),
+                       cols.substr(0, 24));
   }
   matrix->rows = std::stoll(rows);
   matrix->cols = std::stoll(cols);
@@ -77,8 +79,8 @@ std::string ReadNpy(const std::string& path, HalfMatrix* matrix) {
 }
 
 std::string WriteNpy(const std::string& path, const HalfMatrix& matrix) {
-  std::string header = fmt::format("{{'descr': '<f2', 'fortran_order': False, 'shape': ({}, {}), }}",
-                                   matrix.rows, matrix.cols);
+  std::string header = fmt::format(
+      "{{'descr': '<f2', 'fortran_order': False, 'shape': ({}, {}), }}", matrix.rows, matrix.cols);
   // Magic, version, length and header together are a multiple of 64 bytes, ending in '\n'.
   const size_t unpadded = 10 + header.size() + 1;
   header.append((64 - unpadded % 64) % 64, ' ');

@@ -33,7 +33,8 @@ TEST(Npy, HeaderIsWhatNumpyWrites) {
   const size_t header_end = bytes.size() - 8;
   EXPECT_EQ(header_end % 64, 0u);  // data starts 64-byte aligned, as numpy writes it
   EXPECT_EQ(bytes.substr(1, 5), "NUMPY");
-  EXPECT_NE(bytes.find("{'descr': '<f2', 'fortran_order': False, 'shape': (2, 2), }"), std::string::npos);
+  EXPECT_NE(bytes.find("{'descr': '<f2', 'fortran_order': False, 'shape': (2, 2), }"),
+            std::string::npos);
   EXPECT_EQ(bytes[header_end - 1], '\n');
 }
 
@@ -52,8 +53,8 @@ TEST(Npy, RejectsOtherDtypes) {
   EXPECT_NE(ReadNpy(path, &m).find("float16"), std::string::npos);
 }
 
-// Issue 12, item 7: a header is only a claim. Before, ReadNpy resized its buffer to what the
-// header said (2·rows·cols, wrapping for these) and threw std::length_error / bad_alloc.
+// A header is only a claim: sizing the buffer by what it says (2·rows·cols, wrapping for these)
+// would throw std::length_error / bad_alloc, so the file's size is checked first.
 TEST(Npy, HeaderLargerThanTheFileIsRefusedBeforeAllocating) {
   for (int64_t dim : {int64_t{99999999999}, int64_t{200000}}) {
     SCOPED_TRACE(dim);
@@ -62,7 +63,8 @@ TEST(Npy, HeaderLargerThanTheFileIsRefusedBeforeAllocating) {
     HalfMatrix m;
     const std::string error = ReadNpy(path, &m);
     EXPECT_TRUE(error.find("too large") != std::string::npos ||
-                error.find("holds fewer than") != std::string::npos) << error;
+                error.find("holds fewer than") != std::string::npos)
+        << error;
     EXPECT_LE(m.data.capacity(), 64u);
     HalfMatrix shape;
     ASSERT_EQ(ReadNpyShape(path, &shape), "");

@@ -1,4 +1,4 @@
-// Resident matrices over several replicas (issue 18): three hgemm_server processes on 127.0.0.1,
+// Resident matrices over several replicas: three hgemm_server processes on 127.0.0.1,
 // each with --advertise_address, behind one multi-address target. Through the client library:
 //   * handles name their replica, GetServerInfo says which replica answered, and balanced calls
 //     reach all three;
@@ -129,7 +129,8 @@ TEST_F(ReplicasTest, ConcurrentResidentCyclesAreCorrect) {
       call.client_id = "cycler-" + std::to_string(t);
       for (int cycle = 0; cycle < kCycles; ++cycle) {
         SCOPED_TRACE("thread " + std::to_string(t) + " cycle " + std::to_string(cycle));
-        const uint32_t m = 8 + rng() % 40, k = 8 + rng() % 40, n = 8 + rng() % 40, p = 8 + rng() % 40;
+        const uint32_t m = 8 + rng() % 40, k = 8 + rng() % 40, n = 8 + rng() % 40,
+                       p = 8 + rng() % 40;
         const std::string a = HalfBytes(RandomHalfMatrix(int64_t(m) * k, rng));
         const std::string b = HalfBytes(RandomHalfMatrix(int64_t(k) * n, rng));
         const std::string b2 = HalfBytes(RandomHalfMatrix(int64_t(n) * p, rng));
@@ -201,7 +202,8 @@ TEST_F(ReplicasTest, ConcurrentResidentCyclesAreCorrect) {
 
 TEST_F(ReplicasTest, HandlesOfTwoReplicasInOneGemmAreRefusedBeforeSending) {
   std::mt19937_64 rng(2);
-  const std::string a = HalfBytes(RandomHalfMatrix(8 * 8, rng)), b = HalfBytes(RandomHalfMatrix(8 * 8, rng));
+  const std::string a = HalfBytes(RandomHalfMatrix(8 * 8, rng)),
+                    b = HalfBytes(RandomHalfMatrix(8 * 8, rng));
   const std::string a_handle = Upload(addresses_[0], 8, 8, a);
   const std::string b_handle = Upload(addresses_[1], 8, 8, b);
   const std::string b_with_a = Upload(addresses_[0], 8, 8, b);
@@ -239,7 +241,8 @@ TEST_F(ReplicasTest, HandlesOfTwoReplicasInOneGemmAreRefusedBeforeSending) {
 
 TEST_F(ReplicasTest, AGoneReplicaFailsOnlyTheCallsNamingItsHandles) {
   std::mt19937_64 rng(3);
-  const std::string a = HalfBytes(RandomHalfMatrix(16 * 16, rng)), b = HalfBytes(RandomHalfMatrix(16 * 16, rng));
+  const std::string a = HalfBytes(RandomHalfMatrix(16 * 16, rng)),
+                    b = HalfBytes(RandomHalfMatrix(16 * 16, rng));
   std::vector<std::string> handles;
   for (const std::string& replica : addresses_) handles.push_back(Upload(replica, 16, 16, a));
   auto gemm_with = [&](const std::string& handle, v1::GemmResponse* response) {

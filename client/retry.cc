@@ -27,10 +27,9 @@ std::chrono::microseconds RetryPolicy::Delay(int retry, std::mt19937_64& rng) co
 bool UnavailableNotRun(const grpc::Status& status) {
   if (status.error_code() != grpc::StatusCode::UNAVAILABLE) return false;
   if (ErrorDetailsOf(status).retry_delay) return true;
-  return std::any_of(std::begin(kNotRunMarkers), std::end(kNotRunMarkers),
-                     [&](std::string_view m) {
-                       return status.error_message().find(m) != std::string::npos;
-                     });
+  return std::any_of(std::begin(kNotRunMarkers), std::end(kNotRunMarkers), [&](std::string_view m) {
+    return status.error_message().find(m) != std::string::npos;
+  });
 }
 
 bool ShouldRetry(const grpc::Status& status, bool idempotent) {
@@ -49,9 +48,9 @@ grpc::Status WithRetries(
   for (int tried = 0;; ++tried) {
     std::chrono::milliseconds remaining{0};
     if (has_deadline) {
-      remaining = std::max(std::chrono::milliseconds(1),
-                           std::chrono::duration_cast<std::chrono::milliseconds>(
-                               deadline - Clock::now()));
+      remaining =
+          std::max(std::chrono::milliseconds(1),
+                   std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()));
     }
     grpc::Status status = attempt(remaining);
     if (status.ok() || tried + 1 >= policy.attempts || !ShouldRetry(status, idempotent)) {

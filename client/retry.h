@@ -43,8 +43,9 @@ bool ShouldRetry(const grpc::Status& status, bool idempotent);
 grpc::Status WithRetries(
     const RetryPolicy& policy, std::chrono::milliseconds timeout, bool idempotent,
     const std::function<grpc::Status(std::chrono::milliseconds remaining)>& attempt,
-    const std::function<void(std::chrono::microseconds)>& sleep =
-        [](std::chrono::microseconds d) { std::this_thread::sleep_for(d); });
+    const std::function<void(std::chrono::microseconds)>& sleep = [](std::chrono::microseconds d) {
+      std::this_thread::sleep_for(d);
+    });
 
 }  // namespace hgemm
 

@@ -33,8 +33,7 @@ int Tries(const RetryPolicy& policy, std::chrono::milliseconds timeout, bool ide
 
 TEST(Retry, QueueFullIsRetriedUntilItSucceeds) {
   grpc::Status last;
-  EXPECT_EQ(Tries({}, std::chrono::milliseconds(0), false, {kQueueFull, kQueueFull, {}}, &last),
-            3);
+  EXPECT_EQ(Tries({}, std::chrono::milliseconds(0), false, {kQueueFull, kQueueFull, {}}, &last), 3);
   EXPECT_TRUE(last.ok());
 }
 
@@ -44,8 +43,8 @@ TEST(Retry, OtherUnavailableIsRetriedOnlyWhenIdempotent) {
   EXPECT_EQ(last.error_code(), grpc::StatusCode::UNAVAILABLE);
   EXPECT_EQ(Tries({}, std::chrono::milliseconds(0), true, {kReset, {}}, &last), 2);
   EXPECT_TRUE(last.ok());
-  EXPECT_TRUE(UnavailableNotRun(grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                                             "failed to connect to all addresses")));
+  EXPECT_TRUE(UnavailableNotRun(
+      grpc::Status(grpc::StatusCode::UNAVAILABLE, "failed to connect to all addresses")));
   EXPECT_FALSE(UnavailableNotRun(kReset));
 }
 

@@ -8,6 +8,8 @@
 #include <cstring>
 #include <utility>
 
+#include "client/error_details.h"
+
 namespace hgemm {
 namespace {
 
@@ -23,17 +25,6 @@ grpc::Status ToStatus(const RingCompletion& completion) {
                                                                 : int(grpc::StatusCode::UNKNOWN);
   const size_t length = strnlen(completion.message, sizeof(completion.message));
   return grpc::Status(grpc::StatusCode(code), std::string(completion.message, length));
-}
-
-const char* CodeName(grpc::StatusCode code) {
-  static constexpr const char* kNames[] = {
-      "OK",           "CANCELLED",          "UNKNOWN",           "INVALID_ARGUMENT",
-      "DEADLINE_EXCEEDED", "NOT_FOUND",     "ALREADY_EXISTS",    "PERMISSION_DENIED",
-      "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION", "ABORTED",    "OUT_OF_RANGE",
-      "UNIMPLEMENTED", "INTERNAL",          "UNAVAILABLE",       "DATA_LOSS",
-      "UNAUTHENTICATED"};
-  const int i = int(code);
-  return i >= 0 && i < int(std::size(kNames)) ? kNames[i] : "UNKNOWN";
 }
 
 // A completion the client answers itself (the entry never reached the server).
@@ -114,9 +105,10 @@ std::unique_ptr<RingClient> RingClient::Attach(const GemmClient& client,
     const grpc::Status end = self->attach_call_->Finish();
     // UNAVAILABLE whatever ended it: the GEMM itself was not at fault, and the gRPC path (or
     // a new ring) may serve it.
-    const std::string why = end.ok() ? "the server ended the ring"
-                                     : fmt::format("AttachRing ended with {}: {}",
-                                                   CodeName(end.error_code()), end.error_message());
+    const std::string why =
+        end.ok() ? "the server ended the ring"
+                 : fmt::format("AttachRing ended with {}: {}",
+                               StatusCodeName(int(end.error_code())), end.error_message());
     {
       std::lock_guard<std::mutex> lock(self->mu_);
       self->detached_ =
@@ -202,8 +194,9 @@ grpc::Status RingClient::Bind(const std::vector<std::string>& regions,
       slots.first_matrix_slot() != matrices_.size()) {
     return grpc::Status(grpc::StatusCode::INTERNAL,
                         fmt::format("BindRingSlots answered slots {} and {}; the client has {} "
-                                    "and {} bound", slots.first_region_slot(),
-                                    slots.first_matrix_slot(), regions_.size(), matrices_.size()));
+                                    "and {} bound",
+                                    slots.first_region_slot(), slots.first_matrix_slot(),
+                                    regions_.size(), matrices_.size()));
   }
   regions_.insert(regions_.end(), request.regions().begin(), request.regions().end());
   matrices_.insert(matrices_.end(), request.matrices().begin(), request.matrices().end());
@@ -276,18 +269,18 @@ grpc::Status RingClient::ToSubmission(const v1::GemmRequest& request, const std:
   if (timeout.count() > 0) {
     entry->flags |= kRingHasDeadline;
     const auto deadline = std::chrono::steady_clock::now() + timeout;
-    entry->deadline_ns = uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                      deadline.time_since_epoch()).count());
+    entry->deadline_ns = uint64_t(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(deadline.time_since_epoch()).count());
   }
   std::lock_guard<std::mutex> lock(slots_mu_);
-  grpc::Status s = operand("a", request.has_a_region(), request.a_region(), request.a_handle(),
-                           &entry->a);
+  grpc::Status s =
+      operand("a", request.has_a_region(), request.a_region(), request.a_handle(), &entry->a);
   if (s.ok()) {
     s = operand("b", request.has_b_region(), request.b_region(), request.b_handle(), &entry->b);
   }
   if (s.ok()) {
-    s = operand("c_in", request.has_c_in_region(), request.c_in_region(),
-                request.c_in_handle(), &entry->c_in);
+    s = operand("c_in", request.has_c_in_region(), request.c_in_region(), request.c_in_handle(),
+                &entry->c_in);
   }
   if (s.ok() && !request.keep_c_resident()) {
     s = operand("c", request.has_c_region(), request.c_region(), c_matrix, &entry->c);
@@ -301,7 +294,8 @@ uint64_t RingClient::Submit(const RingSubmission& gemm) {
   const uint32_t mask = options_.sq_entries - 1;
   while (sq_tail_ - header()->sq_head.load(std::memory_order_acquire) >= options_.sq_entries) {
     if (detached_flag_.load()) return ticket;  // never sent: Wait answers with the reason
-    if ((gemm.flags & kRingHasDeadline) != 0 && DeadlineOf(gemm) <= std::chrono::steady_clock::now()) {
+    if ((gemm.flags & kRingHasDeadline) != 0 &&
+        DeadlineOf(gemm) <= std::chrono::steady_clock::now()) {
       std::lock_guard<std::mutex> done_lock(mu_);
       done_[ticket] = LocalCompletion(ticket, grpc::StatusCode::DEADLINE_EXCEEDED,
                                       "the deadline passed while the ring's submission queue "
@@ -423,8 +417,8 @@ void RingClient::AwaitCompletions(std::chrono::steady_clock::time_point deadline
       continue;
     }
     // Until the predicted completion's window, else the deadline; a completion wakes it.
-    const auto wake = now < expected - kPollMargin ? std::min(expected - kPollMargin, deadline)
-                                                   : deadline;
+    const auto wake =
+        now < expected - kPollMargin ? std::min(expected - kPollMargin, deadline) : deadline;
     const int64_t left_ns =
         std::chrono::duration_cast<std::chrono::nanoseconds>(wake - now).count();
     h->client_sleeping.store(1);

@@ -137,7 +137,7 @@ class RingClient {
   const RingClientOptions options_;
   RingSubmission* const sq_;
   const RingCompletion* const cq_;
-  std::string region_;  // the ring's region handle
+  std::string region_;           // the ring's region handle
   mutable std::mutex slots_mu_;  // held by Bind across its call: slot numbers are the server's
   std::vector<std::string> regions_, matrices_;  // guarded by slots_mu_: the slots
   v1::RingAttached attached_;
@@ -147,13 +147,13 @@ class RingClient {
   std::thread watcher_;  // waits for the end of the AttachRing call
 
   std::mutex submit_mu_;
-  uint32_t sq_tail_ = 0;  // guarded by submit_mu_
+  uint32_t sq_tail_ = 0;      // guarded by submit_mu_
   uint64_t next_ticket_ = 1;  // guarded by submit_mu_
 
   mutable std::mutex mu_;
   std::condition_variable changed_;
   std::map<uint64_t, RingCompletion> done_;  // guarded by mu_; reaped, not yet waited for
-  std::set<uint64_t> abandoned_;  // guarded by mu_; past their deadline, not reaped yet
+  std::set<uint64_t> abandoned_;             // guarded by mu_; past their deadline, not reaped yet
   bool reaping_ = false;                     // guarded by mu_: a thread reaps for all
   uint32_t cq_head_ = 0;                     // the reaper's
   std::chrono::nanoseconds last_wait_{0};    // the reaper's: the last wait that saw a completion

@@ -22,7 +22,8 @@ std::string BytesOf(grpc::ByteBuffer& buffer) {
   std::vector<grpc::Slice> slices;
   EXPECT_TRUE(buffer.Dump(&slices).ok());
   std::string bytes;
-  for (const grpc::Slice& s : slices) bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  for (const grpc::Slice& s : slices)
+    bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
   return bytes;
 }
 
@@ -138,25 +139,28 @@ TEST_F(StreamAnswerTest, AGemmIdOrOffsetAfterTheDataItPlacesIsAProblem) {
   v1::GemmStreamResponse id_only;
   id_only.set_gemm_id(7);
   Read(Chunk(0, 0, "ab") + id_only.SerializeAsString());
-  EXPECT_NE(answer_.problem.find("not in the form protobuf writes"), std::string::npos) << answer_.problem;
+  EXPECT_NE(answer_.problem.find("not in the form protobuf writes"), std::string::npos)
+      << answer_.problem;
 
   v1::ResultChunk data_then_offset;
   data_then_offset.set_data("ab");
   std::string inner = data_then_offset.SerializeAsString() + std::string("\x08\x04", 2);
   v1::GemmStreamResponse id;
   id.set_gemm_id(7);
-  Read(id.SerializeAsString() + std::string(1, '\x12') + std::string(1, char(inner.size())) + inner);
-  EXPECT_NE(answer_.problem.find("not in the form protobuf writes"), std::string::npos) << answer_.problem;
+  Read(id.SerializeAsString() + std::string(1, '\x12') + std::string(1, char(inner.size())) +
+       inner);
+  EXPECT_NE(answer_.problem.find("not in the form protobuf writes"), std::string::npos)
+      << answer_.problem;
 }
 
 TEST_F(StreamAnswerTest, ASecondChunkDoneOrDataIsAProblem) {
   v1::GemmStreamResponse done;
   done.mutable_done()->set_status_code(0);
   done.mutable_done()->set_request_id("r");
-  for (const std::string& bytes : {Chunk(7, 0, "ab") + Chunk(7, 2, "cd"),
-                                   done.SerializeAsString() + Chunk(7, 0, "ab"),
-                                   Chunk(7, 0, "ab") + done.SerializeAsString(),
-                                   done.SerializeAsString() + done.SerializeAsString()}) {
+  for (const std::string& bytes :
+       {Chunk(7, 0, "ab") + Chunk(7, 2, "cd"), done.SerializeAsString() + Chunk(7, 0, "ab"),
+        Chunk(7, 0, "ab") + done.SerializeAsString(),
+        done.SerializeAsString() + done.SerializeAsString()}) {
     Read(bytes);
     EXPECT_NE(answer_.problem.find("not in the form protobuf writes"), std::string::npos)
         << answer_.problem;

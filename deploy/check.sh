@@ -55,7 +55,8 @@ echo "ok    npm ci ($cache)"
 echo "== render and validate"
 work=$(mktemp -d "${TMPDIR:-/tmp}/hgemm-deploy-check.XXXXXX")
 status=0
-out=$(NODE_PATH="$cache/node_modules" node "$deploy/check/check.js" --repo "$repo" --work "$work/main" 2>&1) || status=$?
+out=$(NODE_PATH="$cache/node_modules" node "$deploy/check/check.js" --repo "$repo" \
+  --work "$work/main" 2>&1) || status=$?
 echo "$out"
 if [[ $out =~ validate:\ ([0-9]+)\ passed,\ ([0-9]+)\ failed ]]; then
   ((passed += BASH_REMATCH[1], failed += BASH_REMATCH[2])) || true
@@ -100,51 +101,105 @@ if [[ ${1:-} != --no-self-test ]]; then
   samehost=deploy/k8s/components/same-host
   sts=deploy/k8s/components/statefulset
   alerts=deploy/k8s/components/alerts/prometheusrule.yaml
-  # FILE|SED-EXPRESSION|EXPECTED-MESSAGE[|combinations]: the last only for breakages that the
+  # selftest_case FILE SED-EXPRESSION EXPECTED-MESSAGE [combinations]: one breakage, kept as
+  # FILE|SED-EXPRESSION|EXPECTED-MESSAGE[|combinations]; combinations only for breakages that the
   # renderings of combinations of components find (they are skipped otherwise, for time).
-  selftest=(
-    "$base/deployment.yaml|s/terminationGracePeriodSeconds: 30/terminationGracePeriodSecond: 30/|terminationGracePeriodSecond\"' does not exist in type 'IPodSpec'"
-    "$base/deployment.yaml|s/terminationGracePeriodSeconds: 30/terminationGracePeriodSeconds: 20/|terminationGracePeriodSeconds 20 < preStop 5 s + drain deadline 20 s"
-    "$base/deployment.yaml|s/nvidia.com\/gpu: 1/nvidia.com\/gpu: one/|must match format \"quantity\""
-    "$base/deployment.yaml|0,/port: 50051/s//port: 50052/|startupProbe.grpc.port 50052 is not the server's port 50051"
-    "$base/deployment.yaml|s/readOnlyRootFilesystem: true/readOnlyRootFilesystem: false/|readOnlyRootFilesystem must be true"
-    "$base/deployment.yaml|s/prometheus.io\/port: \"9464\"/prometheus.io\/port: \"9465\"/|prometheus.io/port 9465 is not the metrics containerPort 9464"
-    "$base/server.env|s/^HGEMM_METRICS_LISTEN=0.0.0.0:9464/HGEMM_METRICS_LISTEN=0.0.0.0:9999/|HGEMM_METRICS_LISTEN 0.0.0.0:9999 is not on the metrics containerPort 9464"
-    "$base/server.env|s/^HGEMM_DRAIN_DEADLINE_S=/HGEMM_DRAIN_DEADLINE=/|HGEMM_DRAIN_DEADLINE is not a server flag"
-    "$base/service-headless.yaml|s/component: server/component: sever/|selector matches no Deployment's or StatefulSet's pods"
-    "deploy/k8s/components/multi-gpu/deployment-patch.yaml|s/memory: 32Gi/memroy: 32Gi/|resources.limits[\"memroy\"] is not a resource"
-    "deploy/k8s/components/multi-gpu/deployment-patch.yaml|s/^  template:/  templates:/|templates\"' does not exist in type 'IDeploymentSpec'"
-    "deploy/docker/Dockerfile|s/^USER 10001:10001/USER 10002:10002/|runAsUser 10001 is not the image's USER 10002"
-    ".dockerignore|\$a tools|.dockerignore leaves out tools/bootstrap.sh"
-    "$base/server.env|/^HGEMM_RESIDENT_TTL_S=/d|HGEMM_RESIDENT_TTL_S is 0: resident matrices would never expire"
-    "$base/server.env|s/^HGEMM_RESIDENT_TTL_S=3600/HGEMM_RESIDENT_TTL_S=-1/|HGEMM_RESIDENT_TTL_S=\"-1\" should be an integer in [0, 4294967295]"
-    "deploy/docker/Dockerfile|s/HGEMM_RESIDENT_TTL_S=3600/HGEMM_RESIDENT_TTL_S=0/|must set ENV HGEMM_RESIDENT_TTL_S > 0"
-    "deploy/k8s/components/servicemonitor/servicemonitor.yaml|s/- port: metrics/- port: metric/|ServiceMonitor/hgemm: endpoint port metric is not a port of Service hgemm-metrics"
-    "deploy/k8s/components/servicemonitor/servicemonitor.yaml|s/scrapeTimeout: 10s/scrapeTimout: 10s/|'\"scrapeTimout\"' does not exist in type"
-    "deploy/k8s/components/servicemonitor/service-metrics.yaml|s/targetPort: metrics/targetPort: grpc/|endpoint port metrics does not reach the server's metrics containerPort"
-    "$sts/statefulset-patch.yaml|s/(POD_NAME).hgemm-headless/(POD_NAME).hgemm/|is not \$(POD_NAME).hgemm-headless.\$(POD_NAMESPACE).svc.cluster.local:50051"
-    "$sts/template/statefulset.yaml|s/podManagementPolicy: OrderedReady/podManagementPolicy: Parallel/|podManagementPolicy must be OrderedReady"
-    "$sts/template/statefulset.yaml|s/serviceName: hgemm-headless/serviceName: hgemm/|serviceName hgemm is not a rendered headless Service"
-    "$tls/deployment-patch.yaml|/startupProbe/,/port:/s/port: 50052/port: 50051/|startupProbe.grpc.port 50051 is not the server's health-only port 50052"
-    "$tls/server.env|/^HGEMM_HEALTH_LISTEN=/d|HGEMM_TLS_CERT without HGEMM_HEALTH_LISTEN"
-    "$tls/deployment-patch.yaml|s#mountPath: /etc/hgemm/auth#mountPath: /etc/hgemm/tokens#|HGEMM_AUTH_TOKENS_FILE /etc/hgemm/auth/tokens is under no volumeMount"
-    "$samehost/deployment-patch.yaml|/shareProcessNamespace: true/d|needs shareProcessNamespace: true"
-    "$samehost/deployment-patch.yaml|s/medium: Memory/medium: \"\"/|emptyDir hgemm-socket should be medium: Memory"
-    "$samehost/deployment-patch.yaml|s#mountPath: /run/hgemm#mountPath: /run/other#|unix socket /run/hgemm/hgemm.sock is in no writable emptyDir volumeMount"
-    "$samehost/server.env|s/^HGEMM_REGION_TTL_S=600/HGEMM_REGION_TTL_S=0/|HGEMM_REGION_TTL_S is 0"
-    "$samehost/server.env|s/^HGEMM_MAX_CONNECTION_AGE_GRACE_S=0/HGEMM_MAX_CONNECTION_AGE_GRACE_S=30/|with shared memory on: every AttachRing call"
-    "$samehost/kustomization.yaml|s/kind: Deployment.StatefulSet/kind: Deployment/|renders differently with components/statefulset listed first and last|1"
-    "$base/deployment.yaml|/nodeAffinity:/,/values: \[\"0\"\]/d|no required node affinity (or nodeSelector) for Hopper GPUs"
-    "$base/deployment.yaml|s/values: \[\"9\"\]/values: [\"8\", \"9\"]/|nvidia.com/gpu.compute.major In [8, 9] admits GPUs other than Hopper"
-    "$base/server.env|/^HGEMM_MAX_CONNECTION_AGE_S=/d|HGEMM_MAX_CONNECTION_AGE_S is 0: clients keep their first connections"
-    "$base/server.env|\$a HGEMM_ALLOW_CUDA_IPC=true|HGEMM_ALLOW_CUDA_IPC: no client can use CUDA IPC from another container or pod"
-    "deploy/k8s/overlays/autoscaled/kustomization.yaml|s#- ../../components/hpa#- ../../components/statefulset\n  - ../../components/hpa#|combines components/hpa with components/statefulset"
-    "deploy/k8s/overlays/secure/kustomization.yaml|\$a images: [{name: hgemm-serve, newTag: \"0.2.0\"}]|sets images: the image and its tag are named once"
-    "$alerts|s/(hgemm_device_failed) == 1/(hgemm_device_fail) == 1/|hgemm_device_fail is not a metric the server exports|1"
-    "$alerts|s/code=\"UNAVAILABLE\"/code=\"UNAVAILIBLE\"/|code \"UNAVAILIBLE\" is not a value the server reports|1"
-    "deploy/k8s/components/network-policy/networkpolicy.yaml|s/port: metrics/port: metric/|ingress port metric is no container port of the server|1"
-    "server/main.cc|s/\"HGEMM_RING_SPIN_US\"/\"HGEMM_RING_SPINS_US\"/|HGEMM_RING_SPINS_US (server/main.cc) is missing from SERVER_ENV"
-  )
+  selftest=()
+  selftest_case() { local IFS='|'; selftest+=("$*"); }
+  selftest_case "$base/deployment.yaml" \
+    "s/terminationGracePeriodSeconds: 30/terminationGracePeriodSecond: 30/" \
+    "terminationGracePeriodSecond\"' does not exist in type 'IPodSpec'"
+  selftest_case "$base/deployment.yaml" \
+    "s/terminationGracePeriodSeconds: 30/terminationGracePeriodSeconds: 20/" \
+    "terminationGracePeriodSeconds 20 < preStop 5 s + drain deadline 20 s"
+  selftest_case "$base/deployment.yaml" "s/nvidia.com\/gpu: 1/nvidia.com\/gpu: one/" \
+    "must match format \"quantity\""
+  selftest_case "$base/deployment.yaml" "0,/port: 50051/s//port: 50052/" \
+    "startupProbe.grpc.port 50052 is not the server's port 50051"
+  selftest_case "$base/deployment.yaml" \
+    "s/readOnlyRootFilesystem: true/readOnlyRootFilesystem: false/" \
+    "readOnlyRootFilesystem must be true"
+  selftest_case "$base/deployment.yaml" \
+    "s/prometheus.io\/port: \"9464\"/prometheus.io\/port: \"9465\"/" \
+    "prometheus.io/port 9465 is not the metrics containerPort 9464"
+  selftest_case "$base/server.env" \
+    "s/^HGEMM_METRICS_LISTEN=0.0.0.0:9464/HGEMM_METRICS_LISTEN=0.0.0.0:9999/" \
+    "HGEMM_METRICS_LISTEN 0.0.0.0:9999 is not on the metrics containerPort 9464"
+  selftest_case "$base/server.env" "s/^HGEMM_DRAIN_DEADLINE_S=/HGEMM_DRAIN_DEADLINE=/" \
+    "HGEMM_DRAIN_DEADLINE is not a server flag"
+  selftest_case "$base/service-headless.yaml" "s/component: server/component: sever/" \
+    "selector matches no Deployment's or StatefulSet's pods"
+  selftest_case "deploy/k8s/components/multi-gpu/deployment-patch.yaml" \
+    "s/memory: 32Gi/memroy: 32Gi/" "resources.limits[\"memroy\"] is not a resource"
+  selftest_case "deploy/k8s/components/multi-gpu/deployment-patch.yaml" \
+    "s/^  template:/  templates:/" "templates\"' does not exist in type 'IDeploymentSpec'"
+  selftest_case "deploy/docker/Dockerfile" "s/^USER 10001:10001/USER 10002:10002/" \
+    "runAsUser 10001 is not the image's USER 10002"
+  selftest_case ".dockerignore" "\$a tools" ".dockerignore leaves out tools/bootstrap.sh"
+  selftest_case "$base/server.env" "/^HGEMM_RESIDENT_TTL_S=/d" \
+    "HGEMM_RESIDENT_TTL_S is 0: resident matrices would never expire"
+  selftest_case "$base/server.env" "s/^HGEMM_RESIDENT_TTL_S=3600/HGEMM_RESIDENT_TTL_S=-1/" \
+    "HGEMM_RESIDENT_TTL_S=\"-1\" should be an integer in [0, 4294967295]"
+  selftest_case "deploy/docker/Dockerfile" "s/HGEMM_RESIDENT_TTL_S=3600/HGEMM_RESIDENT_TTL_S=0/" \
+    "must set ENV HGEMM_RESIDENT_TTL_S > 0"
+  selftest_case "deploy/k8s/components/servicemonitor/servicemonitor.yaml" \
+    "s/- port: metrics/- port: metric/" \
+    "ServiceMonitor/hgemm: endpoint port metric is not a port of Service hgemm-metrics"
+  selftest_case "deploy/k8s/components/servicemonitor/servicemonitor.yaml" \
+    "s/scrapeTimeout: 10s/scrapeTimout: 10s/" "'\"scrapeTimout\"' does not exist in type"
+  selftest_case "deploy/k8s/components/servicemonitor/service-metrics.yaml" \
+    "s/targetPort: metrics/targetPort: grpc/" \
+    "endpoint port metrics does not reach the server's metrics containerPort"
+  selftest_case "$sts/statefulset-patch.yaml" "s/(POD_NAME).hgemm-headless/(POD_NAME).hgemm/" \
+    "is not \$(POD_NAME).hgemm-headless.\$(POD_NAMESPACE).svc.cluster.local:50051"
+  selftest_case "$sts/template/statefulset.yaml" \
+    "s/podManagementPolicy: OrderedReady/podManagementPolicy: Parallel/" \
+    "podManagementPolicy must be OrderedReady"
+  selftest_case "$sts/template/statefulset.yaml" \
+    "s/serviceName: hgemm-headless/serviceName: hgemm/" \
+    "serviceName hgemm is not a rendered headless Service"
+  selftest_case "$tls/deployment-patch.yaml" "/startupProbe/,/port:/s/port: 50052/port: 50051/" \
+    "startupProbe.grpc.port 50051 is not the server's health-only port 50052"
+  selftest_case "$tls/server.env" "/^HGEMM_HEALTH_LISTEN=/d" \
+    "HGEMM_TLS_CERT without HGEMM_HEALTH_LISTEN"
+  selftest_case "$tls/deployment-patch.yaml" \
+    "s#mountPath: /etc/hgemm/auth#mountPath: /etc/hgemm/tokens#" \
+    "HGEMM_AUTH_TOKENS_FILE /etc/hgemm/auth/tokens is under no volumeMount"
+  selftest_case "$samehost/deployment-patch.yaml" "/shareProcessNamespace: true/d" \
+    "needs shareProcessNamespace: true"
+  selftest_case "$samehost/deployment-patch.yaml" "s/medium: Memory/medium: \"\"/" \
+    "emptyDir hgemm-socket should be medium: Memory"
+  selftest_case "$samehost/deployment-patch.yaml" "s#mountPath: /run/hgemm#mountPath: /run/other#" \
+    "unix socket /run/hgemm/hgemm.sock is in no writable emptyDir volumeMount"
+  selftest_case "$samehost/server.env" "s/^HGEMM_REGION_TTL_S=600/HGEMM_REGION_TTL_S=0/" \
+    "HGEMM_REGION_TTL_S is 0"
+  selftest_case "$samehost/server.env" \
+    "s/^HGEMM_MAX_CONNECTION_AGE_GRACE_S=0/HGEMM_MAX_CONNECTION_AGE_GRACE_S=30/" \
+    "with shared memory on: every AttachRing call"
+  selftest_case "$samehost/kustomization.yaml" "s/kind: Deployment.StatefulSet/kind: Deployment/" \
+    "renders differently with components/statefulset listed first and last" "1"
+  selftest_case "$base/deployment.yaml" "/nodeAffinity:/,/values: \[\"0\"\]/d" \
+    "no required node affinity (or nodeSelector) for Hopper GPUs"
+  selftest_case "$base/deployment.yaml" "s/values: \[\"9\"\]/values: [\"8\", \"9\"]/" \
+    "nvidia.com/gpu.compute.major In [8, 9] admits GPUs other than Hopper"
+  selftest_case "$base/server.env" "/^HGEMM_MAX_CONNECTION_AGE_S=/d" \
+    "HGEMM_MAX_CONNECTION_AGE_S is 0: clients keep their first connections"
+  selftest_case "$base/server.env" "\$a HGEMM_ALLOW_CUDA_IPC=true" \
+    "HGEMM_ALLOW_CUDA_IPC: no client can use CUDA IPC from another container or pod"
+  selftest_case "deploy/k8s/overlays/autoscaled/kustomization.yaml" \
+    "s#- ../../components/hpa#- ../../components/statefulset\n  - ../../components/hpa#" \
+    "combines components/hpa with components/statefulset"
+  selftest_case "deploy/k8s/overlays/secure/kustomization.yaml" \
+    "\$a images: [{name: hgemm-serve, newTag: \"0.2.0\"}]" \
+    "sets images: the image and its tag are named once"
+  selftest_case "$alerts" "s/(hgemm_device_failed) == 1/(hgemm_device_fail) == 1/" \
+    "hgemm_device_fail is not a metric the server exports" "1"
+  selftest_case "$alerts" "s/code=\"UNAVAILABLE\"/code=\"UNAVAILIBLE\"/" \
+    "code \"UNAVAILIBLE\" is not a value the server reports" "1"
+  selftest_case "deploy/k8s/components/network-policy/networkpolicy.yaml" \
+    "s/port: metrics/port: metric/" "ingress port metric is no container port of the server" "1"
+  selftest_case "server/main.cc" "s/\"HGEMM_RING_SPIN_US\"/\"HGEMM_RING_SPINS_US\"/" \
+    "HGEMM_RING_SPINS_US (server/main.cc) is missing from SERVER_ENV"
   for i in "${!selftest[@]}"; do
     IFS='|' read -r file expr expect combinations <<<"${selftest[i]}"
     while (($(jobs -rp | wc -l) >= $(nproc))); do wait -n; done

@@ -24,9 +24,9 @@ constexpr int kTimedRuns = 3;
 
 // Shapes in one bucket share a choice: each extent rounded up to a power of two (n and k at
 // least 16; m from 1, because under 16 rows the fastest kernel changes: skinny_m16 at m = 1,
-// the 64x128 wgmma kernel on NT at m = 16, session 19), plus whether the 16-byte path applies,
-// the accumulation and the form (layout bit | type-pair bit << 4 | scaling << 8, scaling 1 for
-// alpha only, 2 with beta; 0 for NN fp16 unscaled, whose buckets ChooseAuto fills).
+// the 64x128 wgmma kernel on NT at m = 16, measured on an H100), plus whether the 16-byte path
+// applies, the accumulation and the form (layout bit | type-pair bit << 4 | scaling << 8,
+// scaling 1 for alpha only, 2 with beta; 0 for NN fp16 unscaled, whose buckets ChooseAuto fills).
 struct BucketKey {
   int m, n, k;
   bool vec16;
@@ -44,8 +44,7 @@ int RoundUpPow2(int x, int floor) {
 }
 
 BucketKey KeyFor(int m, int n, int k, Accumulation acc) {
-  return {RoundUpPow2(m, 1), RoundUpPow2(n, 16), RoundUpPow2(k, 16), n % 8 == 0 && k % 8 == 0,
-          acc};
+  return {RoundUpPow2(m, 1), RoundUpPow2(n, 16), RoundUpPow2(k, 16), n % 8 == 0 && k % 8 == 0, acc};
 }
 
 std::mutex& CacheMutex() {
@@ -70,8 +69,7 @@ bool ReadsInPlace(const VariantInfo& v) {
 std::vector<const VariantInfo*> Candidates(int m, int n, int k, Accumulation acc) {
   std::vector<const VariantInfo*> out;
   for (const VariantInfo& v : Variants())
-    if (ReadsInPlace(v) && v.Supports(acc) && v.can_implement(m, n, k))
-      out.push_back(&v);
+    if (ReadsInPlace(v) && v.Supports(acc) && v.can_implement(m, n, k)) out.push_back(&v);
   if (!out.empty()) return out;
   for (const VariantInfo& v : Variants())
     if ((v.kind == VariantKind::kPadded || v.is_fallback) && v.Supports(acc) &&
@@ -124,16 +122,15 @@ const VariantInfo* Tune(const GemmProblem& form, LaunchContext& ctx,
   p.c_in = p.beta != 0.0f ? p.c : nullptr;  // a scaled form reads C_in in place
   cudaStream_t stream = ctx.stream();
   // Random data: zeros run faster than real inputs and would skew the choice.
-  const bool filled =
-      form.ab_type == DataType::kBf16
-          ? FillUniform(reinterpret_cast<__nv_bfloat16*>(base), size_t(m) * k, 1, -1.f, 1.f,
-                        stream) == cudaSuccess &&
-                FillUniform(reinterpret_cast<__nv_bfloat16*>(base + a_bytes), size_t(k) * n, 2,
-                            -1.f, 1.f, stream) == cudaSuccess
-          : FillUniform(reinterpret_cast<__half*>(base), size_t(m) * k, 1, -1.f, 1.f, stream) ==
-                    cudaSuccess &&
-                FillUniform(reinterpret_cast<__half*>(base + a_bytes), size_t(k) * n, 2, -1.f,
-                            1.f, stream) == cudaSuccess;
+  const bool filled = form.ab_type == DataType::kBf16
+                          ? FillUniform(reinterpret_cast<__nv_bfloat16*>(base), size_t(m) * k, 1,
+                                        -1.f, 1.f, stream) == cudaSuccess &&
+                                FillUniform(reinterpret_cast<__nv_bfloat16*>(base + a_bytes),
+                                            size_t(k) * n, 2, -1.f, 1.f, stream) == cudaSuccess
+                          : FillUniform(reinterpret_cast<__half*>(base), size_t(m) * k, 1, -1.f,
+                                        1.f, stream) == cudaSuccess &&
+                                FillUniform(reinterpret_cast<__half*>(base + a_bytes),
+                                            size_t(k) * n, 2, -1.f, 1.f, stream) == cudaSuccess;
   if (!filled) return nullptr;
 
   cudaEvent_t start, stop;
@@ -173,9 +170,7 @@ const VariantInfo* Tune(const GemmProblem& form, LaunchContext& ctx,
 const VariantInfo& DefaultVariant(int m, int n, int k, Accumulation acc) {
   // Unaligned shapes: the fallback, which needs no scratch memory.
   if (n % 8 != 0 || k % 8 != 0) return FallbackVariant();
-  auto tiles = [&](int bm, int bn) {
-    return (long long)((m + bm - 1) / bm) * ((n + bn - 1) / bn);
-  };
+  auto tiles = [&](int bm, int bn) { return (long long)((m + bm - 1) / bm) * ((n + bn - 1) / bn); };
   // The H200 runs (docs/kernels_notes.md). The wgmma family, where it is listed (sm_90): one
   // consumer warpgroup for M <= 128, 128x256 tiles from about a wave of them on, else 128x128.
   const char* wgmma = m <= 128                 ? "wgmma_64x128_s8_g8"
@@ -251,8 +246,7 @@ const VariantInfo* ChooseAutoFor(const GemmProblem& p, LaunchContext& ctx) {
   }
   const std::vector<const VariantInfo*> candidates = AutoCandidates(p);
   if (candidates.empty()) return nullptr;
-  const VariantInfo* best =
-      candidates.size() == 1 ? candidates.front() : Tune(p, ctx, candidates);
+  const VariantInfo* best = candidates.size() == 1 ? candidates.front() : Tune(p, ctx, candidates);
   if (best == nullptr) return AutoVariantFor(p);  // not cached: retry next time
   std::lock_guard<std::mutex> lock(CacheMutex());
   auto [it, inserted] = Cache().emplace(key, best);

@@ -1,4 +1,4 @@
-// Strided batches and groups (issue 29) on the GPU: every variant × layout × type pair it takes,
+// Strided batches and groups on the GPU: every variant × layout × type pair it takes,
 // odd batch counts and odd shapes, against a float64 reference computed on the host from the
 // very inputs the kernel read. C is poisoned with NaN first, and the gaps between a batch's
 // items (strides past the packed ones) must still hold the poison afterwards: a one-launch
@@ -184,8 +184,8 @@ class BatchedGemm : public ::testing::TestWithParam<Form> {
     EXPECT_LE(stats.rel_frobenius, bar) << stats.ToString();
     std::printf("[ batch ] %-26s %s %-9s %s %dx%dx%dx%d stride_c %lld a=%g b=%g%s rel_frob=%.3e\n",
                 variant_->name.c_str(), LayoutName(f.ta, f.tb), TypesName(f.ab, f.c).c_str(),
-                AccumulationName(f.acc), p.batch, p.m, p.n, p.k, (long long)st.c, p.alpha,
-                p.beta, p.c_in == p.c ? " in place" : "", stats.rel_frobenius);
+                AccumulationName(f.acc), p.batch, p.m, p.n, p.k, (long long)st.c, p.alpha, p.beta,
+                p.c_in == p.c ? " in place" : "", stats.rel_frobenius);
   }
 
   int cc_ = 0;
@@ -221,7 +221,7 @@ TEST_P(BatchedGemm, StridedBatchMatchesFloat64) {
 // A group of different shapes through LaunchGrouped (cublas: cublasGemmGroupedBatchedEx;
 // the kernels: a loop of launches), each problem against its float64 reference.
 TEST_P(BatchedGemm, GroupMatchesFloat64) {
-  const Shape kGroup[] = {{1, 72, 136, 40, 0},  {1, 33, 264, 104, 0}, {1, 129, 72, 24, 0},
+  const Shape kGroup[] = {{1, 72, 136, 40, 0},   {1, 33, 264, 104, 0}, {1, 129, 72, 24, 0},
                           {1, 264, 520, 136, 0}, {1, 8, 8, 8, 0},      {1, 200, 64, 512, 0}};
   std::vector<GemmProblem> problems;
   for (const Shape& s : kGroup) {

@@ -1,5 +1,6 @@
-// Device-side fills for fp16 (and bf16, fp32) buffers: seeded uniform random values (tests, benchmarks, tuning
-// scratch), a constant bit pattern (poisoning outputs before a check), and a zero-padding copy.
+// Device-side fills for fp16 (and bf16, fp32) buffers: seeded uniform random values (tests,
+// benchmarks, tuning scratch), a constant bit pattern (poisoning outputs before a check), and a
+// zero-padding copy.
 //
 // Thread safety: stateless; each call enqueues one kernel on `stream` and returns its launch error.
 #ifndef HGEMM_KERNELS_FILL_H_
@@ -10,8 +11,8 @@
 #include <cstddef>
 #include <cstdint>
 
-struct __half;          // cuda_fp16.h; host callers need only cuda_runtime.h
-struct __nv_bfloat16;   // cuda_bf16.h
+struct __half;         // cuda_fp16.h; host callers need only cuda_runtime.h
+struct __nv_bfloat16;  // cuda_bf16.h
 
 namespace hgemm::kernels {
 

@@ -12,11 +12,11 @@
 
 #include <gtest/gtest.h>
 
-#include "proto/numerics/error_stats.h"
-#include "proto/numerics/fp16.h"
 #include "kernels/assert_cuda.h"
 #include "kernels/registry.h"
 #include "kernels/testing.h"
+#include "proto/numerics/error_stats.h"
+#include "proto/numerics/fp16.h"
 
 namespace hgemm::kernels {
 namespace {
@@ -33,16 +33,22 @@ struct Case {
 
 // The issue's shapes, plus aligned neighbours so that the 16-byte kernels see every edge too.
 const Shape kSmallShapes[] = {
-    {1, 1, 1},     {7, 5, 3},      {33, 65, 17},   {255, 257, 100}, {1, 8, 8},
-    {7, 8, 16},    {33, 72, 24},   {255, 264, 104}, {129, 136, 40}, {300, 256, 8},
-    {64, 64, 64},  {130, 520, 72},
+    {1, 1, 1},    {7, 5, 3},       {33, 65, 17},   {255, 257, 100}, {1, 8, 8},    {7, 8, 16},
+    {33, 72, 24}, {255, 264, 104}, {129, 136, 40}, {300, 256, 8},   {64, 64, 64}, {130, 520, 72},
 };
 const Shape kLargeShapes[] = {
-    {1000, 1000, 1000}, {4097, 4096, 4095}, {4097, 4096, 4096}, {8192, 64, 4096},
-    {2048, 2048, 2048}, {520, 1032, 2056},  {8, 4096, 1024},
+    {1000, 1000, 1000},
+    {4097, 4096, 4095},
+    {4097, 4096, 4096},
+    {8192, 64, 4096},
+    {2048, 2048, 2048},
+    {520, 1032, 2056},
+    {8, 4096, 1024},
     // skinny_m16's split-K edges: a partial last panel and slab (K not a multiple of 64),
     // N past 8192, and K deep enough for many slabs over few panels.
-    {13, 1000, 4104},   {16, 8200, 2056},   {3, 264, 32776},
+    {13, 1000, 4104},
+    {16, 8200, 2056},
+    {3, 264, 32776},
 };
 
 std::vector<Case> Cases(const Shape* begin, const Shape* end) {
@@ -113,17 +119,16 @@ TEST_P(GemmCorrectness, MatchesFp32Reference) {
 
   std::vector<uint16_t> host_out(size_t(m) * n);  // fp16 bits
   std::vector<float> host_ref(size_t(m) * n);
-  ASSERT_CUDA(cudaMemcpy(host_out.data(), out, host_out.size() * sizeof(uint16_t),
-                         cudaMemcpyDeviceToHost));
-  ASSERT_CUDA(cudaMemcpy(host_ref.data(), ref, host_ref.size() * sizeof(float),
-                         cudaMemcpyDeviceToHost));
+  ASSERT_CUDA(
+      cudaMemcpy(host_out.data(), out, host_out.size() * sizeof(uint16_t), cudaMemcpyDeviceToHost));
+  ASSERT_CUDA(
+      cudaMemcpy(host_ref.data(), ref, host_ref.size() * sizeof(float), cudaMemcpyDeviceToHost));
   const ErrorStats s =
       CompareToReference(host_out.data(), host_ref.data(), int64_t(host_out.size()));
   const double bar = kKernelTolerance.For(c.acc == Accumulation::kFp16);
-  const std::string where =
-      s.first_bad == SIZE_MAX
-          ? std::string("-")
-          : std::to_string(s.first_bad / n) + "," + std::to_string(s.first_bad % n);
+  const std::string where = s.first_bad == SIZE_MAX ? std::string("-")
+                                                    : std::to_string(s.first_bad / n) + "," +
+                                                          std::to_string(s.first_bad % n);
   EXPECT_EQ(s.nan_count, 0u) << s.ToString() << " first bad (row,col)=" << where;
   EXPECT_LE(s.rel_frobenius, bar) << s.ToString() << " worst (row,col)=" << where;
   std::printf("[ result ] %-34s %s %5dx%5dx%5d %s\n", v->name.c_str(), AccumulationName(c.acc), m,
@@ -136,7 +141,7 @@ INSTANTIATE_TEST_SUITE_P(Small, GemmCorrectness, ::testing::ValuesIn(kSmall), Ca
 INSTANTIATE_TEST_SUITE_P(Large, GemmCorrectness, ::testing::ValuesIn(kLarge), CaseName);
 
 // fp16 accumulation at long K: every variant that offers it, on the same inputs as cuBLAS's
-// fp16 compute mode, must stay within twice cuBLAS's error (issue 17), and within the fp16 bar.
+// fp16 compute mode, must stay within twice cuBLAS's error, and within the fp16 bar.
 const Shape kLongKShapes[] = {
     {64, 64, 8192}, {64, 64, 32768}, {64, 64, 131072}, {3, 3, 70000}, {1, 1, 65536},
 };
@@ -181,8 +186,7 @@ TEST_P(LongKFp16, WithinTwiceCublasError) {
     std::vector<uint16_t> host_out(size_t(m) * n);
     ASSERT_CUDA(cudaMemcpy(host_out.data(), out, host_out.size() * sizeof(uint16_t),
                            cudaMemcpyDeviceToHost));
-    *stats =
-        CompareToReference(host_out.data(), host_ref.data(), int64_t(host_out.size()));
+    *stats = CompareToReference(host_out.data(), host_ref.data(), int64_t(host_out.size()));
   };
   ErrorStats ours, theirs;
   ASSERT_NO_FATAL_FAILURE(run(*v, &ours));
@@ -198,7 +202,7 @@ TEST_P(LongKFp16, WithinTwiceCublasError) {
 const std::vector<Case> kLongK = LongKCases();
 INSTANTIATE_TEST_SUITE_P(LongK, LongKFp16, ::testing::ValuesIn(kLongK), CaseName);
 
-// Layouts × element types (issue 29): every variant that takes more than NN fp16 packed, on odd
+// Layouts × element types: every variant that takes more than NN fp16 packed, on odd
 // shapes, each layout (NN, NT, TN, TT) and type pair (fp16 with either accumulation, fp16→fp32,
 // bf16, bf16→fp32), plus row strides past the packed ones. Inputs fresh and random in the
 // stored layout, C poisoned with NaN, an fp32 reference of op(A)·op(B) on the same inputs; the
@@ -214,9 +218,9 @@ struct LayoutCase {
 };
 
 const Shape kLayoutShapes[] = {
-    {1, 8, 8},      {7, 5, 3},       {8, 8, 8},        {33, 72, 24},     {64, 136, 40},
-    {136, 72, 24},  {255, 257, 100}, {264, 136, 104},  {129, 264, 104},  {1000, 1000, 1000},
-    {2056, 1032, 520},  {13, 1000, 4104},
+    {1, 8, 8},       {7, 5, 3},          {8, 8, 8},         {33, 72, 24},
+    {64, 136, 40},   {136, 72, 24},      {255, 257, 100},   {264, 136, 104},
+    {129, 264, 104}, {1000, 1000, 1000}, {2056, 1032, 520}, {13, 1000, 4104},
 };
 const Shape kStridedShapes[] = {{136, 264, 104}, {1000, 1000, 1000}};
 
@@ -328,23 +332,22 @@ TEST_P(LayoutCorrectness, MatchesFp32ReferenceAndCublas) {
                              size_t(n) * c_bytes, m, cudaMemcpyDeviceToHost));
     const int64_t count = int64_t(m) * n;
     if (c.c == DataType::kFp32)
-      *stats = CompareToReference(reinterpret_cast<const float*>(host.data()), host_ref.data(),
-                                  count);
+      *stats =
+          CompareToReference(reinterpret_cast<const float*>(host.data()), host_ref.data(), count);
     else if (c.c == DataType::kBf16)
       *stats = CompareBf16ToReference(reinterpret_cast<const uint16_t*>(host.data()),
                                       host_ref.data(), count);
     else
-      *stats = CompareToReference(reinterpret_cast<const uint16_t*>(host.data()),
-                                  host_ref.data(), count);
+      *stats = CompareToReference(reinterpret_cast<const uint16_t*>(host.data()), host_ref.data(),
+                                  count);
   };
   ErrorStats ours, theirs;
   ASSERT_NO_FATAL_FAILURE(run(*v, &ours));
   ASSERT_NO_FATAL_FAILURE(run(*cublas, &theirs));
   const double bar = testing::ToleranceFor(c.c, c.acc);
-  const std::string where =
-      ours.first_bad == SIZE_MAX
-          ? std::string("-")
-          : std::to_string(ours.first_bad / n) + "," + std::to_string(ours.first_bad % n);
+  const std::string where = ours.first_bad == SIZE_MAX ? std::string("-")
+                                                       : std::to_string(ours.first_bad / n) + "," +
+                                                             std::to_string(ours.first_bad % n);
   EXPECT_EQ(ours.nan_count, 0u) << ours.ToString() << " first bad (row,col)=" << where;
   EXPECT_LE(ours.rel_frobenius, bar) << ours.ToString() << " worst (row,col)=" << where;
   if (int64_t(m) * n >= 4096) {
@@ -361,7 +364,7 @@ const std::vector<LayoutCase> kLayoutCases = LayoutCases();
 INSTANTIATE_TEST_SUITE_P(Layouts, LayoutCorrectness, ::testing::ValuesIn(kLayoutCases),
                          LayoutCaseName);
 
-// α/β (issue 29): every variant that applies them itself (VariantInfo::fused_scale: the wgmma
+// α/β: every variant that applies them itself (VariantInfo::fused_scale: the wgmma
 // family in its epilogue, splitk in its reduce, cublas, auto), every layout and type pair it
 // takes, odd shapes: C = α·op(A)·op(B) + β·C_in with C_in fresh and random of C's type (its own
 // buffer, or C itself: in place), checked against α·ref + β·C_in from the fp32 reference and
@@ -381,9 +384,9 @@ struct ScaledCase {
 };
 
 std::vector<ScaledCase> ScaledCases() {
-  const std::pair<float, float> kGrid[] = {{1.f, 1.f},    {1.f, 0.25f}, {-0.5f, 0.f},
-                                           {-0.5f, 1.f},  {-0.5f, 0.25f}, {2.f, 0.f},
-                                           {2.f, 1.f},    {2.f, 0.25f}};
+  const std::pair<float, float> kGrid[] = {{1.f, 1.f},   {1.f, 0.25f},   {-0.5f, 0.f},
+                                           {-0.5f, 1.f}, {-0.5f, 0.25f}, {2.f, 0.f},
+                                           {2.f, 1.f},   {2.f, 0.25f}};
   const Shape kGridShapes[] = {{255, 264, 104}, {1000, 1000, 1000}};
   const Shape kFormShapes[] = {{7, 8, 16}, {129, 264, 104}, {264, 520, 136}};
   const Shape kInPlace = {136, 264, 104};
@@ -473,8 +476,10 @@ TEST_P(ScaledCorrectness, MatchesReferenceAndCublas) {
     uint16_t bits = 0;
     if (c_bytes == 2) std::memcpy(&bits, e, 2);
     float in = 0;
-    if (c.c == DataType::kFp32) std::memcpy(&in, e, 4);
-    else in = c.c == DataType::kBf16 ? Bf16ToFloat(bits) : HalfToFloat(bits);
+    if (c.c == DataType::kFp32)
+      std::memcpy(&in, e, 4);
+    else
+      in = c.c == DataType::kBf16 ? Bf16ToFloat(bits) : HalfToFloat(bits);
     expected[i] = float(double(c.alpha) * expected[i] + (c.beta != 0 ? double(c.beta) * in : 0.0));
   }
 
@@ -507,23 +512,22 @@ TEST_P(ScaledCorrectness, MatchesReferenceAndCublas) {
                              size_t(n) * c_bytes, m, cudaMemcpyDeviceToHost));
     const int64_t count = int64_t(m) * n;
     if (c.c == DataType::kFp32)
-      *stats = CompareToReference(reinterpret_cast<const float*>(host.data()), expected.data(),
-                                  count);
+      *stats =
+          CompareToReference(reinterpret_cast<const float*>(host.data()), expected.data(), count);
     else if (c.c == DataType::kBf16)
       *stats = CompareBf16ToReference(reinterpret_cast<const uint16_t*>(host.data()),
                                       expected.data(), count);
     else
-      *stats = CompareToReference(reinterpret_cast<const uint16_t*>(host.data()),
-                                  expected.data(), count);
+      *stats = CompareToReference(reinterpret_cast<const uint16_t*>(host.data()), expected.data(),
+                                  count);
   };
   ErrorStats ours, theirs;
   ASSERT_NO_FATAL_FAILURE(run(*v, &ours));
   ASSERT_NO_FATAL_FAILURE(run(*cublas, &theirs));
   const double bar = testing::ToleranceFor(c.c, c.acc);
-  const std::string where =
-      ours.first_bad == SIZE_MAX
-          ? std::string("-")
-          : std::to_string(ours.first_bad / n) + "," + std::to_string(ours.first_bad % n);
+  const std::string where = ours.first_bad == SIZE_MAX ? std::string("-")
+                                                       : std::to_string(ours.first_bad / n) + "," +
+                                                             std::to_string(ours.first_bad % n);
   EXPECT_EQ(ours.nan_count, 0u) << ours.ToString() << " first bad (row,col)=" << where;
   EXPECT_LE(ours.rel_frobenius, bar) << ours.ToString() << " worst (row,col)=" << where;
   if (int64_t(m) * n >= 4096) {
@@ -555,8 +559,8 @@ std::vector<LayoutCase> PersistentCases() {
         if (v.SupportsLayout(layout & 2, layout & 1) && v.SupportsTypes(t.ab, t.c) &&
             v.Supports(t.acc))
           for (const Shape& s : kPersistentShapes)
-            cases.push_back({v.name, bool(layout & 2), bool(layout & 1), t.ab, t.c, t.acc, s,
-                             false});
+            cases.push_back(
+                {v.name, bool(layout & 2), bool(layout & 1), t.ab, t.c, t.acc, s, false});
   }
   return cases;
 }

@@ -54,8 +54,9 @@ struct MmaStage {
   static constexpr int kThreads = kWarps * kWarpSize;
   static constexpr int WM = BM / WARPS_M;
   static constexpr int WN = BN / WARPS_N;
-  static_assert(WM % 16 == 0 && WN % 16 == 0,
-                "a warp tile holds whole 16-row MMA tiles and pairs of 8-column tiles (ldmatrix.x4)");
+  static_assert(
+      WM % 16 == 0 && WN % 16 == 0,
+      "a warp tile holds whole 16-row MMA tiles and pairs of 8-column tiles (ldmatrix.x4)");
   static constexpr int MI = WM / 16;
   static constexpr int NI = WN / 8;
   static constexpr int kChunksRowA = BK / 8;
@@ -143,24 +144,22 @@ __device__ __forceinline__ half2 AccPair(const MmaAcc<half>& c, int h) {
 template <typename Cfg>
 __device__ __forceinline__ void MmaLoadFrags(uint32_t (&a_frag)[Cfg::MI][4],
                                              uint32_t (&b_frag)[Cfg::NI][2], uint32_t sa,
-                                             uint32_t sb, int kk, int a_row, int a_chunk,
-                                             int b_row, int b_chunk) {
+                                             uint32_t sb, int kk, int a_row, int a_chunk, int b_row,
+                                             int b_chunk) {
 #pragma unroll
   for (int i = 0; i < Cfg::MI; ++i)
     LdMatrixX4(a_frag[i],
                sa + SwizzledChunk<Cfg::kChunksRowA>(a_row + i * 16, kk * 2 + a_chunk) * 16);
 #pragma unroll
   for (int j = 0; j < Cfg::NI / 2; ++j)
-    LdMatrixX4Trans(b_frag[2 * j][0], b_frag[2 * j][1], b_frag[2 * j + 1][0],
-                    b_frag[2 * j + 1][1],
+    LdMatrixX4Trans(b_frag[2 * j][0], b_frag[2 * j][1], b_frag[2 * j + 1][0], b_frag[2 * j + 1][1],
                     sb + SwizzledChunk<Cfg::kChunksRowB>(kk * 16 + b_row, b_chunk + 2 * j) * 16);
 }
 
 template <typename Cfg>
-__device__ __forceinline__ void MmaLoadStage(const half* __restrict__ A,
-                                             const half* __restrict__ B, half* sA, half* sB,
-                                             int m0, int n0, int k0, int M, int N, int K,
-                                             int tid) {
+__device__ __forceinline__ void MmaLoadStage(const half* __restrict__ A, const half* __restrict__ B,
+                                             half* sA, half* sB, int m0, int n0, int k0, int M,
+                                             int N, int K, int tid) {
 #pragma unroll
   for (int i = 0; i < Cfg::kLoadsA; ++i) {
     const int c = tid + i * Cfg::kThreads;
@@ -190,8 +189,8 @@ template <int BM, int BN, int BK, int WARPS_M, int WARPS_N, int K_STAGE, bool BL
 __global__ void __launch_bounds__(WARPS_M* WARPS_N* kWarpSize, MIN_BLOCKS)
     hgemm_mma_stage_kernel(const half* __restrict__ A, const half* __restrict__ B,
                            half* __restrict__ C, int M, int N, int K) {
-  using Cfg = MmaStage<BM, BN, BK, WARPS_M, WARPS_N, K_STAGE, BLOCK_SWIZZLE, AccT, MIN_BLOCKS,
-                       FRAG_DB>;
+  using Cfg =
+      MmaStage<BM, BN, BK, WARPS_M, WARPS_N, K_STAGE, BLOCK_SWIZZLE, AccT, MIN_BLOCKS, FRAG_DB>;
   constexpr int MI = Cfg::MI;
   constexpr int NI = Cfg::NI;
 
@@ -222,8 +221,8 @@ __global__ void __launch_bounds__(WARPS_M* WARPS_N* kWarpSize, MIN_BLOCKS)
 #pragma unroll
   for (int s = 0; s < K_STAGE - 1; ++s) {
     if (s < num_k_tiles)
-      MmaLoadStage<Cfg>(A, B, s_a + s * Cfg::kStageA, s_b + s * Cfg::kStageB, m0, n0, s * BK, M,
-                        N, K, tid);
+      MmaLoadStage<Cfg>(A, B, s_a + s * Cfg::kStageA, s_b + s * Cfg::kStageB, m0, n0, s * BK, M, N,
+                        K, tid);
     CpAsyncCommit();  // possibly empty, so that wait_group counts stay aligned with tiles
   }
 
@@ -242,8 +241,8 @@ __global__ void __launch_bounds__(WARPS_M* WARPS_N* kWarpSize, MIN_BLOCKS)
       const int next = kt + K_STAGE - 1;
       if (next < num_k_tiles) {
         const int s = next % K_STAGE;
-        MmaLoadStage<Cfg>(A, B, s_a + s * Cfg::kStageA, s_b + s * Cfg::kStageB, m0, n0,
-                          next * BK, M, N, K, tid);
+        MmaLoadStage<Cfg>(A, B, s_a + s * Cfg::kStageA, s_b + s * Cfg::kStageB, m0, n0, next * BK,
+                          M, N, K, tid);
       }
       CpAsyncCommit();
 
@@ -287,8 +286,8 @@ __global__ void __launch_bounds__(WARPS_M* WARPS_N* kWarpSize, MIN_BLOCKS)
         }
         // Step kk+1 of this tile, or step 0 of the next (past the last tile this reads a stage
         // nothing uses any more; the fragments are dropped).
-        MmaLoadFrags<Cfg>(a_frag[(kk + 1) % 2], b_frag[(kk + 1) % 2], sa, sb, (kk + 1) % KK,
-                          a_row, a_chunk, b_row, b_chunk);
+        MmaLoadFrags<Cfg>(a_frag[(kk + 1) % 2], b_frag[(kk + 1) % 2], sa, sb, (kk + 1) % KK, a_row,
+                          a_chunk, b_row, b_chunk);
         if (kk == 0) {
           const int next = kt + K_STAGE - 1;
           if (next < num_k_tiles)
@@ -333,15 +332,15 @@ template <int BM, int BN, int BK, int WARPS_M, int WARPS_N, int K_STAGE, bool BL
           typename AccT, int MIN_BLOCKS, bool FRAG_DB>
 cudaError_t LaunchMmaStage(const half* A, const half* B, half* C, int M, int N, int K,
                            int swizzle_stride, cudaStream_t stream) {
-  using Cfg = MmaStage<BM, BN, BK, WARPS_M, WARPS_N, K_STAGE, BLOCK_SWIZZLE, AccT, MIN_BLOCKS,
-                       FRAG_DB>;
+  using Cfg =
+      MmaStage<BM, BN, BK, WARPS_M, WARPS_N, K_STAGE, BLOCK_SWIZZLE, AccT, MIN_BLOCKS, FRAG_DB>;
   constexpr auto* kernel = &hgemm_mma_stage_kernel<BM, BN, BK, WARPS_M, WARPS_N, K_STAGE,
                                                    BLOCK_SWIZZLE, AccT, MIN_BLOCKS, FRAG_DB>;
   int device = 0;
   HGEMM_RETURN_IF_CUDA_ERROR(cudaGetDevice(&device));
   HGEMM_RETURN_IF_CUDA_ERROR(OptInDynamicSmem<kernel>(device, Cfg::kSmemBytes));
-  return LaunchTiled<kernel>(BM, BN, Cfg::kThreads, Cfg::kSmemBytes, BLOCK_SWIZZLE,
-                             swizzle_stride, A, B, C, M, N, K, stream);
+  return LaunchTiled<kernel>(BM, BN, Cfg::kThreads, Cfg::kSmemBytes, BLOCK_SWIZZLE, swizzle_stride,
+                             A, B, C, M, N, K, stream);
 }
 
 }  // namespace hgemm::kernels::detail

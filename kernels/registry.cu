@@ -85,37 +85,69 @@ std::vector<VariantInfo> BuildVariants() {
   std::vector<VariantInfo> wmma = internal::WmmaVariants();
   all.insert(all.end(), wmma.begin(), wmma.end());
   // Fallbacks after the fast kernels, keeping each family's order.
-  std::stable_partition(all.begin(), all.end(), [](const VariantInfo& v) { return !v.is_fallback; });
+  std::stable_partition(all.begin(), all.end(),
+                        [](const VariantInfo& v) { return !v.is_fallback; });
   // Padded wrappers, for shapes only the fallback could take otherwise; the wgmma one only where
   // that family is listed (sm_90 devices).
   for (const char* inner : {"wgmma_128x256_s4_g8", "mma_128x128_bk32_s4_swz"}) {
-    auto it = std::find_if(all.begin(), all.end(),
-                           [&](const VariantInfo& v) { return v.name == inner; });
+    auto it =
+        std::find_if(all.begin(), all.end(), [&](const VariantInfo& v) { return v.name == inner; });
     if (it != all.end()) all.push_back(PaddedVariant(*it));
   }
   // Split-K wrappers for skinny M over the two wgmma tiles with the fewest rows (auto measures
   // them against the kernels; docs/kernels_notes.md predicts s = 2 at M <= 64).
   for (const char* inner : {"wgmma_64x128_s8_g8", "wgmma_128x128_s6_g8"}) {
-    auto it = std::find_if(all.begin(), all.end(),
-                           [&](const VariantInfo& v) { return v.name == inner; });
+    auto it =
+        std::find_if(all.begin(), all.end(), [&](const VariantInfo& v) { return v.name == inner; });
     if (it == all.end()) continue;
     const VariantInfo base = *it;  // push_back may move *it
     for (int s : {2, 4, 8}) all.push_back(internal::SplitKVariant(base, s));
   }
   VariantInfo cublas{"cublas",
-                            "cublasGemmEx with the problem's ops and types (fp32 compute for fp32 "
-                            "acc, fp16 for fp16 acc); a batch: cublasGemmStridedBatchedEx; a "
-                            "group: cublasGemmGroupedBatchedEx",
-                            true, true, 0, 50, &AnyShape, "any m, n, k >= 1",
-                            VariantKind::kCublas, false, 0, 0, 0, 0, "", nullptr, kAllLayouts,
-                            kAllTypes, /*strided=*/true, nullptr, /*batched=*/true};
+                     "cublasGemmEx with the problem's ops and types (fp32 compute for fp32 "
+                     "acc, fp16 for fp16 acc); a batch: cublasGemmStridedBatchedEx; a "
+                     "group: cublasGemmGroupedBatchedEx",
+                     true,
+                     true,
+                     0,
+                     50,
+                     &AnyShape,
+                     "any m, n, k >= 1",
+                     VariantKind::kCublas,
+                     false,
+                     0,
+                     0,
+                     0,
+                     0,
+                     "",
+                     nullptr,
+                     kAllLayouts,
+                     kAllTypes,
+                     /*strided=*/true,
+                     nullptr,
+                     /*batched=*/true};
   cublas.fused_scale = true;  // cublasGemmEx's own alpha and beta
   all.push_back(cublas);
   VariantInfo automatic{"auto",
-                            "tuned per shape bucket (and layout, types) among the project's kernels",
-                            true, true, 0, 90, &AnyShape, "any m, n, k >= 1", VariantKind::kAuto,
-                            false, 0, 0, 0, 0, "", nullptr, kAllLayouts, kAllTypes,
-                            /*strided=*/true, nullptr};
+                        "tuned per shape bucket (and layout, types) among the project's kernels",
+                        true,
+                        true,
+                        0,
+                        90,
+                        &AnyShape,
+                        "any m, n, k >= 1",
+                        VariantKind::kAuto,
+                        false,
+                        0,
+                        0,
+                        0,
+                        0,
+                        "",
+                        nullptr,
+                        kAllLayouts,
+                        kAllTypes,
+                        /*strided=*/true,
+                        nullptr};
   automatic.fused_scale = true;  // a scaled problem is tuned among the fused variants
   all.push_back(automatic);
   return all;
@@ -127,9 +159,12 @@ std::string CublasError(const char* what, cublasStatus_t s) {
 
 cudaDataType_t CublasType(DataType t) {
   switch (t) {
-    case DataType::kFp16: return CUDA_R_16F;
-    case DataType::kBf16: return CUDA_R_16BF;
-    case DataType::kFp32: return CUDA_R_32F;
+    case DataType::kFp16:
+      return CUDA_R_16F;
+    case DataType::kBf16:
+      return CUDA_R_16BF;
+    case DataType::kFp32:
+      return CUDA_R_32F;
   }
   return CUDA_R_16F;
 }
@@ -148,9 +183,8 @@ std::string CublasGemm(const GemmProblem& p, const void* alpha, const void* beta
   const int ldb = StoredB(p).ld, lda = StoredA(p).ld, ldc = StoredC(p).ld;
   const cudaDataType_t ab = CublasType(p.ab_type), c = CublasType(p.c_type);
   if (p.batch == 1) {
-    if (cublasStatus_t s = cublasGemmEx(handle, op_b, op_a, p.n, p.m, p.k, alpha, p.b, ab, ldb,
-                                        p.a, ab, lda, beta, p.c, c, ldc, compute,
-                                        CUBLAS_GEMM_DEFAULT);
+    if (cublasStatus_t s = cublasGemmEx(handle, op_b, op_a, p.n, p.m, p.k, alpha, p.b, ab, ldb, p.a,
+                                        ab, lda, beta, p.c, c, ldc, compute, CUBLAS_GEMM_DEFAULT);
         s != CUBLAS_STATUS_SUCCESS)
       return CublasError("cublasGemmEx", s);
     return "";
@@ -172,8 +206,8 @@ std::string CopyCInToC(const GemmProblem& p, LaunchContext& ctx) {
   const size_t pitch = size_t(StoredC(p).ld) * bytes;
   for (int i = 0; i < p.batch; ++i) {
     const GemmProblem item = BatchItem(p, i);
-    if (cudaError_t e = cudaMemcpy2DAsync(item.c, pitch, item.c_in, pitch, size_t(p.n) * bytes,
-                                          p.m, cudaMemcpyDeviceToDevice, ctx.stream());
+    if (cudaError_t e = cudaMemcpy2DAsync(item.c, pitch, item.c_in, pitch, size_t(p.n) * bytes, p.m,
+                                          cudaMemcpyDeviceToDevice, ctx.stream());
         e != cudaSuccess)
       return CudaErrorText("copying c_in into c", e);
   }
@@ -225,7 +259,8 @@ std::string LaunchCublasGrouped(const std::vector<GemmProblem>& problems, Launch
     ldc[i] = StoredC(p).ld;
     alpha[i] = p.alpha;
     beta[i] = p.beta;
-    if (std::string e = CopyCInToC(p, ctx); !e.empty()) return "problem " + std::to_string(i) + ": " + e;
+    if (std::string e = CopyCInToC(p, ctx); !e.empty())
+      return "problem " + std::to_string(i) + ": " + e;
     pointers[i] = p.b;
     pointers[count + i] = p.a;
     pointers[2 * count + i] = p.c;
@@ -237,9 +272,9 @@ std::string LaunchCublasGrouped(const std::vector<GemmProblem>& problems, Launch
       ctx.Scratch(LaunchContext::kGroupScratch, pointers.size() * sizeof(void*), &error));
   if (device_pointers == nullptr) return error;
   // From pageable memory: returns once the host vector has been staged.
-  if (cudaError_t e = cudaMemcpyAsync(device_pointers, pointers.data(),
-                                      pointers.size() * sizeof(void*), cudaMemcpyHostToDevice,
-                                      ctx.stream());
+  if (cudaError_t e =
+          cudaMemcpyAsync(device_pointers, pointers.data(), pointers.size() * sizeof(void*),
+                          cudaMemcpyHostToDevice, ctx.stream());
       e != cudaSuccess)
     return CudaErrorText("copying the group's pointers", e);
   const cudaDataType_t ab = CublasType(first.ab_type), c = CublasType(first.c_type);
@@ -259,7 +294,8 @@ std::string LaunchCublasGrouped(const std::vector<GemmProblem>& problems, Launch
 // (m, n8, k8), and copies C back. Zero columns of A and rows of B add nothing.
 std::string LaunchPadded(const VariantInfo& v, const GemmProblem& p, LaunchContext& ctx) {
   const VariantInfo* inner = FindVariant(v.inner);
-  if (inner == nullptr || inner->kind != VariantKind::kKernel) return "bad inner variant " + v.inner;
+  if (inner == nullptr || inner->kind != VariantKind::kKernel)
+    return "bad inner variant " + v.inner;
   const int k8 = (p.k + 7) / 8 * 8, n8 = (p.n + 7) / 8 * 8;
   const Stored sa = StoredA(p), sb = StoredB(p), sc = StoredC(p);
   // In place: the inner kernel reads the stored matrix as it is (16-byte rows and pointer, a
@@ -328,9 +364,9 @@ std::string LaunchPadded(const VariantInfo& v, const GemmProblem& p, LaunchConte
 std::string CheckBatch(const VariantInfo& v, const GemmProblem& p) {
   if (p.batch < 1) return "batch must be >= 1, got " + std::to_string(p.batch);
   const BatchStrides s = StridesOf(p);
-  for (auto [name, stride, extent] :
-       {std::tuple{"stride_a", s.a, Extent(StoredA(p))}, std::tuple{"stride_b", s.b, Extent(StoredB(p))},
-        std::tuple{"stride_c", s.c, Extent(StoredC(p))}}) {
+  for (auto [name, stride, extent] : {std::tuple{"stride_a", s.a, Extent(StoredA(p))},
+                                      std::tuple{"stride_b", s.b, Extent(StoredB(p))},
+                                      std::tuple{"stride_c", s.c, Extent(StoredC(p))}}) {
     if (stride < extent)
       return std::string(name) + " " + std::to_string(stride) + " is below one item's extent " +
              std::to_string(extent) + " (stored rows × ld; items may not overlap)";
@@ -439,9 +475,12 @@ void* LaunchContext::Scratch(int slot, size_t bytes, std::string* error) {
 
 const char* DataTypeName(DataType t) {
   switch (t) {
-    case DataType::kFp16: return "fp16";
-    case DataType::kBf16: return "bf16";
-    case DataType::kFp32: return "fp32";
+    case DataType::kFp16:
+      return "fp16";
+    case DataType::kBf16:
+      return "bf16";
+    case DataType::kFp32:
+      return "fp32";
   }
   return "?";
 }
@@ -487,18 +526,18 @@ std::string TypesList(unsigned bits) {
 std::string CheckProblem(const VariantInfo& v, const GemmProblem& p) {
   if (p.batch != 1) return CheckBatch(v, p);
   if (p.m < 1 || p.n < 1 || p.k < 1)
-    return "m, n and k must be >= 1, got " + std::to_string(p.m) + "x" + std::to_string(p.n) +
-           "x" + std::to_string(p.k);
+    return "m, n and k must be >= 1, got " + std::to_string(p.m) + "x" + std::to_string(p.n) + "x" +
+           std::to_string(p.k);
   if (p.a == nullptr || p.b == nullptr || p.c == nullptr) return "a, b and c must be non-null";
   if (TypesBit(p.ab_type, p.c_type) == 0)
-    return std::string("unsupported element types: a and b ") + DataTypeName(p.ab_type) +
-           ", c " + DataTypeName(p.c_type) + " (a and b are fp16 or bf16; c is their type or fp32)";
+    return std::string("unsupported element types: a and b ") + DataTypeName(p.ab_type) + ", c " +
+           DataTypeName(p.c_type) + " (a and b are fp16 or bf16; c is their type or fp32)";
   if (p.accumulation == Accumulation::kFp16 &&
       (p.ab_type != DataType::kFp16 || p.c_type != DataType::kFp16))
     return std::string("fp16 accumulation takes fp16 a, b and c only (got ") +
            TypesName(p.ab_type, p.c_type) + "): use fp32 accumulation";
-  for (auto [name, stored] : {std::pair{"lda", StoredA(p)}, std::pair{"ldb", StoredB(p)},
-                              std::pair{"ldc", StoredC(p)}})
+  for (auto [name, stored] :
+       {std::pair{"lda", StoredA(p)}, std::pair{"ldb", StoredB(p)}, std::pair{"ldc", StoredC(p)}})
     if (stored.ld < stored.cols)
       return std::string(name) + " " + std::to_string(stored.ld) +
              " is below the stored row length " + std::to_string(stored.cols);
@@ -516,21 +555,20 @@ std::string CheckProblem(const VariantInfo& v, const GemmProblem& p) {
   }
   if (!v.SupportsLayout(p.transpose_a, p.transpose_b))
     return "variant " + v.name + " does not take layout " +
-           LayoutName(p.transpose_a, p.transpose_b) + " (transpose_a=" +
-           (p.transpose_a ? "true" : "false") + ", transpose_b=" +
-           (p.transpose_b ? "true" : "false") + "); it takes " + LayoutList(v.layouts) +
-           "; cublas takes every layout";
+           LayoutName(p.transpose_a, p.transpose_b) +
+           " (transpose_a=" + (p.transpose_a ? "true" : "false") +
+           ", transpose_b=" + (p.transpose_b ? "true" : "false") + "); it takes " +
+           LayoutList(v.layouts) + "; cublas takes every layout";
   if (!v.SupportsTypes(p.ab_type, p.c_type))
-    return "variant " + v.name + " does not take element types " +
-           TypesName(p.ab_type, p.c_type) + "; it takes " + TypesList(v.types) +
-           "; cublas takes every type";
+    return "variant " + v.name + " does not take element types " + TypesName(p.ab_type, p.c_type) +
+           "; it takes " + TypesList(v.types) + "; cublas takes every type";
   if (!v.strided && (StoredA(p).ld != StoredA(p).cols || StoredB(p).ld != StoredB(p).cols ||
                      StoredC(p).ld != StoredC(p).cols))
     return "variant " + v.name + " takes densely packed operands only (lda, ldb, ldc = 0)";
   if (!v.can_implement(p.m, p.n, p.k))
-    return "variant " + v.name + " cannot take " + std::to_string(p.m) + "x" +
-           std::to_string(p.n) + "x" + std::to_string(p.k) + " (requires " + v.constraints +
-           "; " + FallbackVariant().name + " takes any shape)";
+    return "variant " + v.name + " cannot take " + std::to_string(p.m) + "x" + std::to_string(p.n) +
+           "x" + std::to_string(p.k) + " (requires " + v.constraints + "; " +
+           FallbackVariant().name + " takes any shape)";
   if (v.check_layout != nullptr)
     if (std::string why = v.check_layout(p); !why.empty()) return "variant " + v.name + ": " + why;
   if ((v.kind == VariantKind::kSplitK || (v.kind == VariantKind::kKernel && !v.is_fallback)) &&
@@ -590,18 +628,18 @@ std::string LaunchGrouped(const VariantInfo& v, const std::vector<GemmProblem>& 
                           LaunchContext& ctx) {
   if (problems.empty()) return "the group is empty";
   for (size_t i = 0; i < problems.size(); ++i) {
-    if (problems[i].batch != 1) return "problem " + std::to_string(i) + ": batch must be 1 in a group";
+    if (problems[i].batch != 1)
+      return "problem " + std::to_string(i) + ": batch must be 1 in a group";
     if (std::string why = CheckProblem(v, problems[i]); !why.empty())
       return "problem " + std::to_string(i) + ": " + why;
   }
   if (v.kind == VariantKind::kCublas) return LaunchCublasGrouped(problems, ctx);
   const GemmProblem& first = problems.front();
-  const bool one_form =
-      std::all_of(problems.begin(), problems.end(), [&](const GemmProblem& p) {
-        return p.transpose_a == first.transpose_a && p.transpose_b == first.transpose_b &&
-               p.ab_type == first.ab_type && p.c_type == first.c_type &&
-               p.alpha == first.alpha && p.beta == first.beta;
-      });
+  const bool one_form = std::all_of(problems.begin(), problems.end(), [&](const GemmProblem& p) {
+    return p.transpose_a == first.transpose_a && p.transpose_b == first.transpose_b &&
+           p.ab_type == first.ab_type && p.c_type == first.c_type && p.alpha == first.alpha &&
+           p.beta == first.beta;
+  });
   if (v.launch_grouped != nullptr && one_form) return v.launch_grouped(problems, ctx);
   for (size_t i = 0; i < problems.size(); ++i)
     if (std::string e = Launch(v, problems[i], ctx); !e.empty())

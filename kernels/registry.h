@@ -101,10 +101,10 @@ inline unsigned LayoutBit(bool transpose_a, bool transpose_b) {
 const char* LayoutName(bool transpose_a, bool transpose_b);  // "NN", "NT", "TN", "TT"
 
 // (A/B type, C type) pairs as bits of VariantInfo::types; 0 for a pair no variant takes.
-inline constexpr unsigned kTypesFp16 = 1;      // fp16 in, fp16 out (the default)
-inline constexpr unsigned kTypesFp16F32 = 2;   // fp16 in, fp32 out
-inline constexpr unsigned kTypesBf16 = 4;      // bf16 in, bf16 out
-inline constexpr unsigned kTypesBf16F32 = 8;   // bf16 in, fp32 out
+inline constexpr unsigned kTypesFp16 = 1;     // fp16 in, fp16 out (the default)
+inline constexpr unsigned kTypesFp16F32 = 2;  // fp16 in, fp32 out
+inline constexpr unsigned kTypesBf16 = 4;     // bf16 in, bf16 out
+inline constexpr unsigned kTypesBf16F32 = 8;  // bf16 in, fp32 out
 inline constexpr unsigned kAllTypes = 15;
 unsigned TypesBit(DataType ab, DataType c);
 // "fp16", "fp16→fp32", "bf16", "bf16→fp32" (input type, then C's where it differs).
@@ -136,12 +136,12 @@ struct VariantInfo {
   bool (*can_implement)(int m, int n, int k);
   std::string constraints;  // what can_implement and Launch require, for error messages
   VariantKind kind;
-  bool is_fallback;         // takes any shape; slower
-  int swizzle_stride;       // block swizzle band in columns; 0 = no swizzle
-  int block_m, block_n;     // block tile (0 for cublas/auto)
-  int stages;               // cp.async pipeline depth (0 for cublas/auto)
-  std::string inner;        // kPadded / kSplitK: the kernel it runs (on the padded copies, on
-                            // the slices of K)
+  bool is_fallback;      // takes any shape; slower
+  int swizzle_stride;    // block swizzle band in columns; 0 = no swizzle
+  int block_m, block_n;  // block tile (0 for cublas/auto)
+  int stages;            // cp.async pipeline depth (0 for cublas/auto)
+  std::string inner;     // kPadded / kSplitK: the kernel it runs (on the padded copies, on
+                         // the slices of K)
   // Enqueues the kernel on `stream`; nullptr for cublas/auto. REQUIRES: can_implement and the
   // accumulation checked; returns the CUDA launch error.
   cudaError_t (*launch)(const GemmProblem& problem, int swizzle_stride, cudaStream_t stream);

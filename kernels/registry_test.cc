@@ -135,11 +135,15 @@ TEST(Registry, CheckProblemExplainsRejections) {
   EXPECT_EQ(CheckProblem(*FindVariant("cublas"), p), "");
 }
 
-// Issue 29: layouts, element types and strides are declared per variant and refused by name.
+// Layouts, element types and strides are declared per variant and refused by name.
 GemmProblem AlignedProblem(int m, int n, int k) {
   return GemmProblem{reinterpret_cast<const void*>(uintptr_t{1} << 20),
                      reinterpret_cast<const void*>(uintptr_t{2} << 20),
-                     reinterpret_cast<void*>(uintptr_t{3} << 20), m, n, k, Accumulation::kFp32};
+                     reinterpret_cast<void*>(uintptr_t{3} << 20),
+                     m,
+                     n,
+                     k,
+                     Accumulation::kFp32};
 }
 
 TEST(Registry, LayoutNamesAndBits) {
@@ -196,7 +200,7 @@ TEST(Registry, OlderFamiliesRefuseOtherLayoutsAndTypesByName) {
 
 // skinny_m16 takes M <= 16, NN and NT, fp16 or bf16 in, C of that type or fp32, packed, fp32
 // accumulation, through its LaunchContext (the split's partials), and is among auto's
-// candidates there (measured on a GPU in session 19); the rest it refuses by name.
+// candidates there (on an H100 the fastest at M = 1); the rest it refuses by name.
 TEST(Registry, SkinnyTakesSmallMNnAndNtAndRefusesTheRest) {
   const VariantInfo* v = FindVariant("skinny_m16");
   ASSERT_NE(v, nullptr);
@@ -250,7 +254,8 @@ TEST(Registry, WgmmaTakesEveryLayoutBf16AndFp32C) {
         p.transpose_b = tb;
         p.ab_type = t;
         p.c_type = DataType::kFp32;
-        EXPECT_EQ(CheckProblem(*w, p), "") << LayoutName(ta, tb) << " " << DataTypeName(t) << "→fp32";
+        EXPECT_EQ(CheckProblem(*w, p), "")
+            << LayoutName(ta, tb) << " " << DataTypeName(t) << "→fp32";
         p.c_type = t;
         EXPECT_EQ(CheckProblem(*w, p), "") << LayoutName(ta, tb) << " " << DataTypeName(t);
         p.ldb = (tb ? 104 : 264) + 8;
@@ -337,7 +342,7 @@ TEST(Registry, AutoPicksAKernelThatTakesTheLayout) {
   EXPECT_EQ(CheckProblem(*FindVariant("auto"), p), "");
 }
 
-// Issue 29: strided batches. Strides default to packed items; items may not overlap; items 0
+// Strided batches. Strides default to packed items; items may not overlap; items 0
 // and 1 are checked as single GEMMs (item 1 is the least aligned).
 TEST(Registry, BatchStridesAndItems) {
   GemmProblem p = AlignedProblem(64, 48, 32);
@@ -377,7 +382,8 @@ TEST(Registry, RefusesBadBatchesByName) {
   // Item 1 of an odd stride is not 16-byte aligned: the 16-byte kernels refuse it by item.
   p.stride_b = 64 * 64 + 1;
   for (const VariantInfo& v : Variants()) {
-    if (v.kind != VariantKind::kKernel || v.is_fallback || !CheckProblem(v, BatchItem(p, 0)).empty())
+    if (v.kind != VariantKind::kKernel || v.is_fallback ||
+        !CheckProblem(v, BatchItem(p, 0)).empty())
       continue;
     EXPECT_NE(CheckProblem(v, p).find("batch item 1: "), std::string::npos) << v.name;
     EXPECT_NE(CheckProblem(v, p).find("aligned"), std::string::npos) << v.name;
@@ -416,8 +422,8 @@ TEST(Registry, WgmmaTakesBatchesAndGroupsInOneLaunch) {
     if (v.kind == VariantKind::kKernel || v.kind == VariantKind::kPadded) {
       const bool wgmma = v.name.rfind("wgmma_", 0) == 0;
       // Ping-pong and cluster kernels run a group as a loop of launches.
-      const bool loops_groups = v.name.rfind("wgmma_pp_", 0) == 0 ||
-                                v.name.find("_cluster2") != std::string::npos;
+      const bool loops_groups =
+          v.name.rfind("wgmma_pp_", 0) == 0 || v.name.find("_cluster2") != std::string::npos;
       EXPECT_EQ(v.batched, wgmma) << v.name;
       EXPECT_EQ(v.launch_grouped != nullptr, wgmma && !loops_groups) << v.name;
     }
@@ -445,7 +451,7 @@ TEST(Registry, WgmmaTakesBatchesAndGroupsInOneLaunch) {
   EXPECT_NE(CheckProblem(*w, p).find("reaches 2^31"), std::string::npos) << CheckProblem(*w, p);
 }
 
-// Issue 29, beyond parity: the cluster-pair kernel is the cooperative 128x256 kernel's shape
+// The cluster-pair kernel is the cooperative 128x256 kernel's shape
 // rules and forms, but C of the input type only (its fp32-C kernels are not compiled: a
 // problem asking for one is refused before any launch), a group as a loop of launches, and
 // experimental.
@@ -475,7 +481,7 @@ TEST(Registry, ClusterPairTakesTheCooperativeTilesShapesWithCOfTheInputType) {
   EXPECT_EQ(CheckProblem(*same_tile, p), "");
 }
 
-// Issue 29, 8192³ at or above cuBLAS: the stream-K kernel takes the cooperative 128x256
+// The stream-K kernel (for 8192³ at or above cuBLAS) takes the cooperative 128x256
 // kernel's shapes and forms but C of the input type only, launches through its LaunchContext
 // (the tail's scratch), runs a group as the plain kernel's one launch, and is experimental.
 TEST(Registry, StreamKTakesTheCooperativeTilesShapesThroughItsContext) {
@@ -505,7 +511,7 @@ TEST(Registry, StreamKTakesTheCooperativeTilesShapesThroughItsContext) {
   EXPECT_NE(CheckProblem(*sk, p), "");
 }
 
-// Issue 29, beyond parity: the ping-pong kernel is registered with the cooperative 128x128
+// The ping-pong kernel is registered with the cooperative 128x128
 // kernel's forms and shape rules (the same output tile and tensor maps), groups as a loop, and
 // marked experimental until a GPU has measured it.
 TEST(Registry, PingpongTakesTheCooperativeTilesFormsAndIsExperimental) {
@@ -544,7 +550,8 @@ TEST(Registry, PingpongTakesTheCooperativeTilesFormsAndIsExperimental) {
   // The same refusals as the cooperative kernel of the same tile, word for word but the name.
   auto verdict = [](const VariantInfo& v, const GemmProblem& p) {
     std::string why = CheckProblem(v, p);
-    for (size_t at; (at = why.find(v.name)) != std::string::npos;) why.replace(at, v.name.size(), "V");
+    for (size_t at; (at = why.find(v.name)) != std::string::npos;)
+      why.replace(at, v.name.size(), "V");
     return why;
   };
   std::vector<GemmProblem> problems;
@@ -576,8 +583,8 @@ TEST(Registry, PingpongTakesTheCooperativeTilesFormsAndIsExperimental) {
   int refused = 0;
   for (const GemmProblem& q : problems) {
     EXPECT_EQ(verdict(*pp, q), verdict(*same_tile, q))
-        << LayoutName(q.transpose_a, q.transpose_b) << " " << TypesName(q.ab_type, q.c_type)
-        << " " << q.m << "x" << q.n << "x" << q.k << " batch " << q.batch;
+        << LayoutName(q.transpose_a, q.transpose_b) << " " << TypesName(q.ab_type, q.c_type) << " "
+        << q.m << "x" << q.n << "x" << q.k << " batch " << q.batch;
     refused += !CheckProblem(*pp, q).empty();
   }
   EXPECT_GT(refused, 0);
@@ -644,7 +651,7 @@ TEST(Registry, AutoCandidatesOfAMisalignedPackedProblemTakeIt) {
   }
 }
 
-// Issue 29, skinny M: splitk<s>_<inner> for s in {2, 4, 8} over the 64x128 and 128x128 wgmma
+// Skinny M: splitk<s>_<inner> for s in {2, 4, 8} over the 64x128 and 128x128 wgmma
 // kernels, taking what the inner kernel takes (it reads the operands in place) at m <= 256.
 TEST(Registry, SplitKVariantsWrapAWgmmaKernel) {
   if (FindVariant("wgmma_64x128_s8_g8") == nullptr) GTEST_SKIP() << "no wgmma family here";
@@ -738,7 +745,7 @@ TEST(Registry, FusedScaleVariantsAndTheirRefusals) {
   EXPECT_NE(CheckProblem(*pad, p).find("alpha and beta"), std::string::npos);
   p.alpha = 1.0f;
   EXPECT_EQ(CheckProblem(mma, p), "");  // alpha 1, beta 0: the plain GEMM
-  p.beta = 0.5f;  // and no c_in
+  p.beta = 0.5f;                        // and no c_in
   EXPECT_NE(CheckProblem(*FindVariant("cublas"), p).find("beta != 0 needs c_in"),
             std::string::npos);
   const VariantInfo* wgmma = FindVariant("wgmma_128x256_s4_g8");
@@ -747,7 +754,7 @@ TEST(Registry, FusedScaleVariantsAndTheirRefusals) {
   EXPECT_NE(CheckProblem(*wgmma, p).find("16-byte aligned c_in"), std::string::npos)
       << CheckProblem(*wgmma, p);
   EXPECT_EQ(CheckProblem(*FindVariant("splitk2_wgmma_64x128_s8_g8"), p), "");  // the reduce
-  p.c_in = p.c;  // in place
+  p.c_in = p.c;                                                                // in place
   EXPECT_EQ(CheckProblem(*wgmma, p), "");
   p.beta = 0.0f;
   p.alpha = -0.5f;
@@ -785,8 +792,8 @@ TEST(Registry, ScaledBatchItemsAndSplitKSlices) {
 // Slices are whole 64-deep K tiles but the last, which takes the rest; short K gets fewer.
 TEST(Registry, SliceKCutsWholeTilesAndLeavesTheRestToTheLast) {
   for (int s : {1, 2, 3, 4, 8})
-    for (int k : {8, 16, 56, 64, 72, 100, 128, 136, 200, 504, 1000, 4104, 8192, 8200, 65536,
-                  2147483640}) {
+    for (int k :
+         {8, 16, 56, 64, 72, 100, 128, 136, 200, 504, 1000, 4104, 8192, 8200, 65536, 2147483640}) {
       const KSlices slices = SliceK(k, s);
       ASSERT_GE(slices.count, 1) << k << " " << s;
       EXPECT_LE(slices.count, s) << k << " " << s;
@@ -803,9 +810,9 @@ TEST(Registry, SliceKCutsWholeTilesAndLeavesTheRestToTheLast) {
   EXPECT_EQ(SliceK(8192, 2).count, 2);
   EXPECT_EQ(SliceK(8192, 2).depth, 4096);
   EXPECT_EQ(SliceK(8192, 8).depth, 1024);
-  EXPECT_EQ(SliceK(200, 8).count, 4);   // 64 + 64 + 64 + 8: fewer slices than s when K is short
-  EXPECT_EQ(SliceK(100, 2).count, 2);   // 64 + 36
-  EXPECT_EQ(SliceK(56, 8).count, 1);    // K under one tile: one slice
+  EXPECT_EQ(SliceK(200, 8).count, 4);  // 64 + 64 + 64 + 8: fewer slices than s when K is short
+  EXPECT_EQ(SliceK(100, 2).count, 2);  // 64 + 36
+  EXPECT_EQ(SliceK(56, 8).count, 1);   // K under one tile: one slice
   EXPECT_EQ(SliceK(4104, 4).depth, 1088);
 }
 
@@ -836,16 +843,21 @@ TEST(Registry, SplitKSlicesSumToTheWholeProduct) {
         for (size_t i = 0; i < size_t(b_rows) * ldb; ++i) b[i] = uint16_t(i * 5 % 11);
         // op(A)·op(B) over columns/rows [0, k) of operands stored at `pa`, `pb` with row strides
         // lda, ldb: element (i, j).
-        auto product = [&](const uint16_t* pa, const uint16_t* pb, int ld_a, int ld_b, int k,
-                           int i, int j) {
+        auto product = [&](const uint16_t* pa, const uint16_t* pb, int ld_a, int ld_b, int k, int i,
+                           int j) {
           double sum = 0;
           for (int l = 0; l < k; ++l)
             sum += double(ta ? pa[size_t(l) * ld_a + i] : pa[size_t(i) * ld_a + l]) *
                    double(tb ? pb[size_t(j) * ld_b + l] : pb[size_t(l) * ld_b + j]);
           return sum;
         };
-        GemmProblem p{a.get(), b.get(), reinterpret_cast<void*>(uintptr_t{3} << 20), c.m, c.n,
-                      c.k, Accumulation::kFp16};
+        GemmProblem p{a.get(),
+                      b.get(),
+                      reinterpret_cast<void*>(uintptr_t{3} << 20),
+                      c.m,
+                      c.n,
+                      c.k,
+                      Accumulation::kFp16};
         p.transpose_a = ta;
         p.transpose_b = tb;
         if (c.pad > 0) {
@@ -854,10 +866,9 @@ TEST(Registry, SplitKSlicesSumToTheWholeProduct) {
         }
         std::vector<float> partials(size_t(8) * c.m * c.n);
         for (int s : {2, 4, 8}) {
-          const std::string where = std::string(LayoutName(ta, tb)) + " " +
-                                    std::to_string(c.m) + "x" + std::to_string(c.n) + "x" +
-                                    std::to_string(c.k) + " pad " + std::to_string(c.pad) +
-                                    " s=" + std::to_string(s);
+          const std::string where = std::string(LayoutName(ta, tb)) + " " + std::to_string(c.m) +
+                                    "x" + std::to_string(c.n) + "x" + std::to_string(c.k) +
+                                    " pad " + std::to_string(c.pad) + " s=" + std::to_string(s);
           const std::vector<GemmProblem> parts = SplitKProblems(p, s, partials.data());
           ASSERT_EQ(int(parts.size()), SliceK(c.k, s).count) << where;
           int k_total = 0;
@@ -880,8 +891,8 @@ TEST(Registry, SplitKSlicesSumToTheWholeProduct) {
             for (int j = 0; j < c.n; ++j) {
               double sum = 0;
               for (const GemmProblem& q : parts)
-                sum += product(static_cast<const uint16_t*>(q.a),
-                               static_cast<const uint16_t*>(q.b), q.lda, q.ldb, q.k, i, j);
+                sum += product(static_cast<const uint16_t*>(q.a), static_cast<const uint16_t*>(q.b),
+                               q.lda, q.ldb, q.k, i, j);
               ASSERT_EQ(sum, product(a.get(), b.get(), lda, ldb, c.k, i, j))
                   << where << " at " << i << "," << j;
             }

@@ -15,11 +15,17 @@ __device__ float ToFloat(float x) { return x; }
 template <typename T>
 __device__ T FromFloat(float x);
 template <>
-__device__ __half FromFloat<__half>(float x) { return __float2half_rn(x); }
+__device__ __half FromFloat<__half>(float x) {
+  return __float2half_rn(x);
+}
 template <>
-__device__ __nv_bfloat16 FromFloat<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+__device__ __nv_bfloat16 FromFloat<__nv_bfloat16>(float x) {
+  return __float2bfloat16_rn(x);
+}
 template <>
-__device__ float FromFloat<float>(float x) { return x; }
+__device__ float FromFloat<float>(float x) {
+  return x;
+}
 
 // Grid-stride: any count (up to the 2^40 elements of a matrix) with a bounded grid. t and c
 // are not __restrict__: an fp32 C is scaled in place.
@@ -40,9 +46,8 @@ __global__ void ScaleEpilogueKernel(const float* t, const CType* __restrict__ c_
 // one thread).
 template <typename CType>
 __global__ void SplitKReduceKernel(const float* __restrict__ partials, int slices,
-                                   int64_t slice_stride, int m, int n,
-                                   const CType* c_in, CType* c, int ldc,
-                                   float alpha, float beta) {
+                                   int64_t slice_stride, int m, int n, const CType* c_in, CType* c,
+                                   int ldc, float alpha, float beta) {
   for (int row = blockIdx.y; row < m; row += gridDim.y) {
     for (int col = blockIdx.x * blockDim.x + threadIdx.x; col < n; col += gridDim.x * blockDim.x) {
       float sum = 0.0f;
@@ -76,11 +81,11 @@ cudaError_t LaunchReduce(const float* partials, int slices, int64_t slice_stride
                          const void* c_in, void* c, int ldc, float alpha, float beta,
                          cudaStream_t stream) {
   const int column_blocks = int(std::min<int64_t>((n + kThreads - 1) / kThreads, kMaxBlocks));
-  const int row_blocks = int(std::min<int64_t>(
-      std::min<int64_t>(m, kMaxRowBlocks), std::max<int64_t>(1, kMaxBlocks / column_blocks)));
+  const int row_blocks = int(std::min<int64_t>(std::min<int64_t>(m, kMaxRowBlocks),
+                                               std::max<int64_t>(1, kMaxBlocks / column_blocks)));
   SplitKReduceKernel<CType><<<dim3(column_blocks, row_blocks), kThreads, 0, stream>>>(
-      partials, slices, slice_stride, m, n, static_cast<const CType*>(c_in),
-      static_cast<CType*>(c), ldc, alpha, beta);
+      partials, slices, slice_stride, m, n, static_cast<const CType*>(c_in), static_cast<CType*>(c),
+      ldc, alpha, beta);
   return cudaGetLastError();
 }
 
@@ -97,8 +102,8 @@ cudaError_t SplitKReduce(const float* partials, int slices, int64_t slice_stride
       return LaunchReduce<__half>(partials, slices, slice_stride, m, n, c_in, c, ldc, alpha, beta,
                                   stream);
     case DataType::kBf16:
-      return LaunchReduce<__nv_bfloat16>(partials, slices, slice_stride, m, n, c_in, c, ldc,
-                                         alpha, beta, stream);
+      return LaunchReduce<__nv_bfloat16>(partials, slices, slice_stride, m, n, c_in, c, ldc, alpha,
+                                         beta, stream);
     case DataType::kFp32:
       return LaunchReduce<float>(partials, slices, slice_stride, m, n, c_in, c, ldc, alpha, beta,
                                  stream);

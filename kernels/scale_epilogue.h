@@ -1,7 +1,7 @@
 // The alpha/beta epilogue of a GEMM as its own elementwise kernel: C = alpha·T + beta·C_in,
 // where T = op(A)·op(B) is an fp32 result a GEMM kernel wrote first; and the split-K reduce,
-// the same epilogue over T = the sum of s fp32 partial products (splitk variants). fp32 math, one rounding
-// to C's type, so the service's C equals BLAS's C = alpha·op(A)·op(B) + beta·C up to that
+// the same epilogue over T = the sum of s fp32 partial products (splitk variants). fp32 math, one
+// rounding to C's type, so the service's C equals BLAS's C = alpha·op(A)·op(B) + beta·C up to that
 // rounding. ScaleEpilogue is the CUDA backend's path for variants that do not apply alpha/beta
 // themselves (VariantInfo::fused_scale: the wgmma epilogue reads C_in tile by tile instead;
 // docs/kernels_notes.md, "α/β fused").

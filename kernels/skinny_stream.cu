@@ -1,8 +1,8 @@
-// skinny_m16: C = op(A)·B for M <= 16 (issue 29's skinny shapes), a kernel built around B's bytes
+// skinny_m16: C = op(A)·B for M <= 16 (the skinniest shapes), a kernel built around B's bytes
 // rather than around a 64-row wgmma tile. At M <= 16 a GEMM is a stream of B (K·N elements) past
 // a few rows of A; the wgmma kernels' 64-row tiles are >= 75 % padding there, and one block per
-// 128 columns leaves half the SMs idle (docs/kernels_notes.md, "Session 16": 64–70 % of the
-// device copy at M <= 16). Here:
+// 128 columns leaves half the SMs idle (docs/kernels_notes.md, "skinny M at 64–83 % of a
+// copy": 64–70 % of the device copy at M <= 16). Here:
 //   * each block takes one panel of BN = 128 columns and one slab of K, so that the grid fills
 //     one wave of two blocks per SM (split-K across the slabs);
 //   * B's tiles (BK = 64 rows of the panel, 16 KiB) and A's (16 x 64) stream through a 6-stage
@@ -13,8 +13,8 @@
 //     scratch, and the last block of a panel to arrive (a counter per panel) adds them up and
 //     writes C (in A's type, or fp32). One slab writes C directly.
 // Layouts NN and NT (A as stored, m x k), fp16 or bf16 in, fp32 accumulation, packed operands;
-// alpha/beta are the backend's separate epilogue (not fused). Written without a GPU (session 17;
-// predicted 3.5–3.7 TB/s of B at 8192 x 8192 on the H200); on an H100 (session 19) right, and
+// alpha/beta are the backend's separate epilogue (not fused). Predicted 3.5–3.7 TB/s of B at
+// 8192 x 8192 on the H200; measured on an H100: right, and
 // at the memory's bound with cuBLAS and the 64x128 wgmma kernel (2.3–2.55 TB/s of a 2.96 TB/s
 // copy): ahead of that kernel at M = 1 (+7–13 %), behind it on NT at M = 8–16, so auto decides.
 //
@@ -42,16 +42,16 @@ using detail::CpAsync16ZeroFill;
 using detail::CpAsyncCommit;
 using detail::CpAsyncWait;
 using detail::DivCeil;
+using detail::kWarpSize;
 using detail::LdMatrixX4;
 using detail::LdMatrixX4Trans;
 using detail::MmaAcc;
 using detail::SmemAddr;
 using detail::SwizzledChunk;
-using detail::kWarpSize;
 
-constexpr int kMaxM = 16;       // one mma.sync row tile
-constexpr int kBN = 128;        // columns per block: 4 warps of 32
-constexpr int kBK = 64;         // K rows per stage
+constexpr int kMaxM = 16;  // one mma.sync row tile
+constexpr int kBN = 128;   // columns per block: 4 warps of 32
+constexpr int kBK = 64;    // K rows per stage
 constexpr int kStages = 6;
 constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * kWarpSize;
@@ -101,8 +101,8 @@ struct SplitScratch {
 // REQUIRES: m <= 16, n % 8 == 0, k % 8 == 0, 16-byte aligned operands, slab_k % 64 == 0.
 template <typename T, typename CT, bool TRANS_B>
 __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
-    SkinnyKernel(const T* __restrict__ A, const T* __restrict__ B, CT* __restrict__ C, int m,
-                 int n, int k, int slab_k, SplitScratch split) {
+    SkinnyKernel(const T* __restrict__ A, const T* __restrict__ B, CT* __restrict__ C, int m, int n,
+                 int k, int slab_k, SplitScratch split) {
   extern __shared__ __align__(128) unsigned char smem[];
   const int tid = threadIdx.x, lane = tid % kWarpSize, warp = tid / kWarpSize;
   const int n0 = blockIdx.x * kBN;
@@ -173,14 +173,13 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
       uint32_t a[4];  // rows lane % 16 at k chunk 2·ks + lane / 16
       LdMatrixX4(a, a_base + SwizzledChunk<kBK / 8>(lane % 16, 2 * ks + lane / 16) * 16);
 #pragma unroll
-      for (int pair = 0; pair < 2; ++pair) {  // column tiles 2·pair and 2·pair + 1
+      for (int pair = 0; pair < 2; ++pair) {    // column tiles 2·pair and 2·pair + 1
         const int col = warp * 32 + pair * 16;  // the pair's first column in the panel
         uint32_t b[4];  // b[0..1]: column tile 2·pair, b[2..3]: 2·pair + 1
         if constexpr (!TRANS_B) {
           // Matrices (k 0-7, n 0-7), (k 8-15, n 0-7), (k 0-7, n 8-15), (k 8-15, n 8-15).
           const int row = 16 * ks + lane % 16, chunk = col / 8 + lane / 16;
-          LdMatrixX4Trans(b[0], b[1], b[2], b[3],
-                          b_base + SwizzledChunk<kBN / 8>(row, chunk) * 16);
+          LdMatrixX4Trans(b[0], b[1], b[2], b[3], b_base + SwizzledChunk<kBN / 8>(row, chunk) * 16);
         } else {
           // Matrices (n 0-7, k 0-7), (n 0-7, k 8-15), (n 8-15, k 0-7), (n 8-15, k 8-15).
           const int row = col + (lane / 16) * 8 + lane % 8, chunk = 2 * ks + (lane / 8) % 2;
@@ -212,10 +211,12 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
   for (int tile = 0; tile < 4; ++tile) {
     const int nn = column(tile);
     if (nn >= n) continue;
-    if (g < m) *reinterpret_cast<float2*>(mine + int64_t(g) * n + nn) =
-        make_float2(acc[tile].v[0], acc[tile].v[1]);
-    if (g + 8 < m) *reinterpret_cast<float2*>(mine + int64_t(g + 8) * n + nn) =
-        make_float2(acc[tile].v[2], acc[tile].v[3]);
+    if (g < m)
+      *reinterpret_cast<float2*>(mine + int64_t(g) * n + nn) =
+          make_float2(acc[tile].v[0], acc[tile].v[1]);
+    if (g + 8 < m)
+      *reinterpret_cast<float2*>(mine + int64_t(g + 8) * n + nn) =
+          make_float2(acc[tile].v[2], acc[tile].v[3]);
   }
   // The last block of this panel to arrive sums the slabs (the threadfence makes this block's
   // partial visible before its arrival counts).
@@ -235,8 +236,8 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
   for (int row = tid / (kBN / 2); row < m; row += kThreads / (kBN / 2)) {
     float x = 0.0f, y = 0.0f;
     for (int s = 0; s < slab_count; ++s) {
-      const float2 p = __ldcg(reinterpret_cast<const float2*>(
-          split.partials + (int64_t(s) * m + row) * n + nn));
+      const float2 p =
+          __ldcg(reinterpret_cast<const float2*>(split.partials + (int64_t(s) * m + row) * n + nn));
       x += p.x;
       y += p.y;
     }
@@ -286,8 +287,8 @@ std::string Run(const GemmProblem& p, LaunchContext& ctx) {
   if (cudaError_t e = detail::OptInDynamicSmem<kernel>(device, kSmemBytes); e != cudaSuccess)
     return CudaErrorText("cudaFuncSetAttribute", e);
   kernel<<<dim3(panels, slabs.count), kThreads, kSmemBytes, ctx.stream()>>>(
-      static_cast<const T*>(p.a), static_cast<const T*>(p.b), static_cast<CT*>(p.c), p.m, p.n,
-      p.k, slabs.depth, split);
+      static_cast<const T*>(p.a), static_cast<const T*>(p.b), static_cast<CT*>(p.c), p.m, p.n, p.k,
+      slabs.depth, split);
   if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return CudaErrorText("skinny_m16", e);
   return "";
 }

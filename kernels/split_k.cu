@@ -1,4 +1,4 @@
-// splitk<s>_<inner>: C = op(A)·op(B) for skinny M by splitting K (issue 29). K is cut into at
+// splitk<s>_<inner>: C = op(A)·op(B) for skinny M by splitting K. K is cut into at
 // most s slices, run as the problems of ONE grouped launch of the inner wgmma kernel (slice i:
 // op(A)'s columns and op(B)'s rows [i·Ks, (i+1)·Ks), read in place through the tensor maps at
 // an offset with the full row stride; C_i an fp32 partial in the LaunchContext's
@@ -35,9 +35,12 @@ bool SplitKShape(int m, int n, int k) {
 
 bool (*ShapeFor(int s))(int, int, int) {
   switch (s) {
-    case 2: return &SplitKShape<2>;
-    case 4: return &SplitKShape<4>;
-    case 8: return &SplitKShape<8>;
+    case 2:
+      return &SplitKShape<2>;
+    case 4:
+      return &SplitKShape<4>;
+    case 8:
+      return &SplitKShape<8>;
   }
   return nullptr;
 }
@@ -61,7 +64,7 @@ VariantInfo SplitKVariant(const VariantInfo& inner, int s) {
   v.launch_grouped = nullptr;  // a group: one split launch per problem
   v.split_k = s;
   v.fused_scale = true;  // SplitKReduce applies alpha and beta
-  // Written without a GPU (session 9): out of auto until tools/gpu_e2e.sh skinny has checked and
+  // Not yet measured on a GPU: out of auto until tools/gpu_e2e.sh skinny has checked and
   // measured it on one (docs/kernels.md, "Experimental variants").
   v.experimental = true;
   v.description += "; experimental (not in auto until measured on a GPU)";
@@ -70,13 +73,14 @@ VariantInfo SplitKVariant(const VariantInfo& inner, int s) {
 
 std::string LaunchSplitK(const VariantInfo& v, const GemmProblem& p, LaunchContext& ctx) {
   const VariantInfo* inner = FindVariant(v.inner);
-  if (inner == nullptr || inner->kind != VariantKind::kKernel) return "bad inner variant " + v.inner;
+  if (inner == nullptr || inner->kind != VariantKind::kKernel)
+    return "bad inner variant " + v.inner;
   const KSlices slices = SliceK(p.k, v.split_k);
   const int64_t slice_elements = int64_t(p.m) * p.n;
   std::string error;
-  auto* partials = static_cast<float*>(ctx.Scratch(
-      LaunchContext::kSplitKScratch, size_t(slices.count) * slice_elements * sizeof(float),
-      &error));
+  auto* partials = static_cast<float*>(
+      ctx.Scratch(LaunchContext::kSplitKScratch,
+                  size_t(slices.count) * slice_elements * sizeof(float), &error));
   if (partials == nullptr) return error;
   const std::vector<GemmProblem> parts = SplitKProblems(p, v.split_k, partials);
   if (std::string e = LaunchGrouped(*inner, parts, ctx); !e.empty()) return inner->name + ": " + e;
@@ -122,7 +126,7 @@ std::vector<GemmProblem> SplitKProblems(const GemmProblem& p, int s, float* part
     q.ldc = 0;
     q.c_type = DataType::kFp32;
     q.accumulation = Accumulation::kFp32;  // fp32 partials (the wgmma family's accumulators)
-    q.alpha = 1.0f;  // the reduce scales the sum
+    q.alpha = 1.0f;                        // the reduce scales the sum
     q.beta = 0.0f;
     q.c_in = nullptr;
     parts.push_back(q);

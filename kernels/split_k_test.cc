@@ -1,4 +1,4 @@
-// Split-K for skinny M (issue 29) on the GPU: every splitk variant × layout × type pair on
+// Split-K for skinny M on the GPU: every splitk variant × layout × type pair on
 // shapes at the slicing's edges (M = 1, 7, 16, 64, 65; K not a multiple of s·8; K under s·64,
 // so fewer slices than s; long K), fresh random inputs, C poisoned with NaN (row padding
 // included, which must stay poisoned), against the fp32 reference of the same inputs and within
@@ -246,10 +246,9 @@ TEST_P(SplitKCorrectness, MatchesFp32ReferenceAndCublas) {
   ASSERT_NO_FATAL_FAILURE(run(*v, &ours));
   ASSERT_NO_FATAL_FAILURE(run(*cublas, &theirs));
   const double bar = c.c == DataType::kBf16 ? kKernelToleranceBf16 : kKernelTolerance.fp32_acc;
-  const std::string where =
-      ours.first_bad == SIZE_MAX
-          ? std::string("-")
-          : std::to_string(ours.first_bad / n) + "," + std::to_string(ours.first_bad % n);
+  const std::string where = ours.first_bad == SIZE_MAX ? std::string("-")
+                                                       : std::to_string(ours.first_bad / n) + "," +
+                                                             std::to_string(ours.first_bad % n);
   EXPECT_EQ(ours.nan_count, 0u) << ours.ToString() << " first bad (row,col)=" << where;
   EXPECT_LE(ours.rel_frobenius, bar) << ours.ToString() << " worst (row,col)=" << where;
   if (int64_t(m) * n >= 4096) {
@@ -257,10 +256,11 @@ TEST_P(SplitKCorrectness, MatchesFp32ReferenceAndCublas) {
         << ours.ToString() << " vs cublas " << theirs.ToString();
   }
   const KSlices slices = SliceK(k, v->split_k);
-  std::printf("[ splitk ] %-28s %s %-9s %5dx%5dx%5d%s a=%g b=%g%s slices=%d×%d rel_frob=%.3e cublas=%.3e\n",
-              v->name.c_str(), LayoutName(c.ta, c.tb), TypesName(c.ab, c.c).c_str(), m, n, k,
-              c.strided ? " ld+8" : "", c.alpha, c.beta, c.in_place ? " in place" : "",
-              slices.count, slices.depth, ours.rel_frobenius, theirs.rel_frobenius);
+  std::printf(
+      "[ splitk ] %-28s %s %-9s %5dx%5dx%5d%s a=%g b=%g%s slices=%d×%d rel_frob=%.3e cublas=%.3e\n",
+      v->name.c_str(), LayoutName(c.ta, c.tb), TypesName(c.ab, c.c).c_str(), m, n, k,
+      c.strided ? " ld+8" : "", c.alpha, c.beta, c.in_place ? " in place" : "", slices.count,
+      slices.depth, ours.rel_frobenius, theirs.rel_frobenius);
 }
 
 const std::vector<SplitCase> kCases = Cases();
@@ -292,15 +292,15 @@ TEST_F(SplitKAuto, PicksAVariantThatTakesSkinnyShapesAndIsRight) {
       ASSERT_FALSE(HasFailure());
       ASSERT_CUDA(Fill(a, size_t(m) * k, t));
       ASSERT_CUDA(Fill(b, size_t(k) * n, t));
-      ASSERT_CUDA(testing::ReferenceGemmEx(a, b, ref, m, n, k, false, nt_bf16, 0, 0, nt_bf16,
-                                           stream_));
+      ASSERT_CUDA(
+          testing::ReferenceGemmEx(a, b, ref, m, n, k, false, nt_bf16, 0, 0, nt_bf16, stream_));
       ASSERT_CUDA(Poison(out, size_t(m) * n, t));
       GemmProblem p{a, b, out, m, n, k, Accumulation::kFp32};
       p.transpose_b = nt_bf16;
       p.ab_type = p.c_type = t;
       LaunchContext ctx(stream_);
-      const VariantInfo* chosen = nt_bf16 ? ChooseAutoFor(p, ctx)
-                                          : &ChooseAuto(m, n, k, Accumulation::kFp32, ctx);
+      const VariantInfo* chosen =
+          nt_bf16 ? ChooseAutoFor(p, ctx) : &ChooseAuto(m, n, k, Accumulation::kFp32, ctx);
       ASSERT_NE(chosen, nullptr);
       EXPECT_EQ(CheckProblem(*chosen, p), "") << chosen->name;
       ASSERT_EQ(Launch(automatic, p, ctx), "");

@@ -23,8 +23,8 @@ TEST(StreamK, UnitsCoverEveryKTileOnceAndTheSumsMeetInOrder) {
   for (int sms : {1, 2, 7, 132}) {
     for (long long tiles : {1ll, 2ll, 5ll, 68ll, 131ll, 132ll, 133ll, 512ll, 2048ll, 2080ll}) {
       for (int k_tiles : {1, 2, 3, 7, 64, 128, 129}) {
-        SCOPED_TRACE(testing::Message() << tiles << " tiles of " << k_tiles << " K tiles, "
-                                        << sms << " SMs");
+        SCOPED_TRACE(testing::Message()
+                     << tiles << " tiles of " << k_tiles << " K tiles, " << sms << " SMs");
         const StreamKPlan plan = PlanStreamK(tiles, k_tiles, sms);
         const StreamKSplit& s = plan.split;
         ASSERT_GE(plan.grid, 1);

@@ -50,9 +50,9 @@ cudaError_t ReferenceGemmEx(const void* a, const void* b, float* ref, int m, int
   if (lda == 0) lda = transpose_a ? m : k;
   if (ldb == 0) ldb = transpose_b ? k : n;
   if (bf16)
-    ReferenceGemmKernel<<<grid, block, 0, stream>>>(
-        static_cast<const __nv_bfloat16*>(a), static_cast<const __nv_bfloat16*>(b), ref, m, n, k,
-        transpose_a, transpose_b, lda, ldb);
+    ReferenceGemmKernel<<<grid, block, 0, stream>>>(static_cast<const __nv_bfloat16*>(a),
+                                                    static_cast<const __nv_bfloat16*>(b), ref, m, n,
+                                                    k, transpose_a, transpose_b, lda, ldb);
   else
     ReferenceGemmKernel<<<grid, block, 0, stream>>>(static_cast<const __half*>(a),
                                                     static_cast<const __half*>(b), ref, m, n, k,

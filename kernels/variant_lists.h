@@ -33,7 +33,7 @@ std::string LaunchSplitK(const VariantInfo& v, const GemmProblem& p, LaunchConte
 
 // The longest K the mma.sync and WMMA families accumulate in fp16 registers: up to it their
 // error is cuBLAS's fp16-compute error (2.35e-3 for both at 4096^3, docs/kernels_notes.md run 4);
-// beyond it fp16 rounding of the running sums grows past twice that (issue 17: 8e-2 at K = 65536).
+// beyond it fp16 rounding of the running sums grows past twice that (8e-2 at K = 65536).
 // Longer fp16-accumulation requests run the same tiles with fp32 accumulators (docs/kernels.md,
 // "What fp16 accumulation means"); variants instantiated for fp16 only do not take such K.
 constexpr int kFp16AccMaxK = 4096;

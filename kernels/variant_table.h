@@ -1,8 +1,7 @@
 // The list of variants in docs/kernels.md, generated from the registry (Variants()): one
-// Markdown row per variant with its accumulations, layouts, element types, block tile, stages, shared memory, minimum
-// SM, constraints and description. `bazel run //kernels:variant_table` prints it;
-// variant_table_test fails when the docs' copy differs.
-// Thread safety: as Variants().
+// Markdown row per variant with its accumulations, layouts, element types, block tile, stages,
+// shared memory, minimum SM, constraints and description. `bazel run //kernels:variant_table`
+// prints it; variant_table_test fails when the docs' copy differs. Thread safety: as Variants().
 #ifndef HGEMM_KERNELS_VARIANT_TABLE_H_
 #define HGEMM_KERNELS_VARIANT_TABLE_H_
 

@@ -1,5 +1,5 @@
-// The fp16 instantiations of the TMA + wgmma family (C of the input type): every kept configuration × layout
-// (kernels/wgmma_launch.cuh).
+// The fp16 instantiations of the TMA + wgmma family (C of the input type): every kept configuration
+// × layout (kernels/wgmma_launch.cuh).
 #include "kernels/wgmma_launch.cuh"
 
 namespace hgemm::kernels::internal {

@@ -4,8 +4,8 @@
 // wgmma_instances_f32out.cu), so that the registry's
 // wgmma_variants.cu compiles none of the kernels; HGEMM_WGMMA_INSTANCES names them all.
 //
-// Thread safety: LaunchWgmmaGemm, TensorMap and ProblemTensorMaps may be called from any thread; LaunchWgmmaGrouped
-// from the thread that owns its LaunchContext.
+// Thread safety: LaunchWgmmaGemm, TensorMap and ProblemTensorMaps may be called from any thread;
+// LaunchWgmmaGrouped from the thread that owns its LaunchContext.
 #ifndef HGEMM_KERNELS_WGMMA_LAUNCH_CUH_
 #define HGEMM_KERNELS_WGMMA_LAUNCH_CUH_
 
@@ -18,8 +18,8 @@
 #include <atomic>
 #include <cstdint>
 #include <string>
-#include <vector>
 #include <type_traits>
+#include <vector>
 
 #include "kernels/cuda_check.h"
 #include "kernels/launch.cuh"
@@ -57,13 +57,13 @@ bool ProblemTensorMaps(const GemmProblem& p, int batch, CUtensorMap* a, CUtensor
   const BatchStrides strides = StridesOf(p);
   // C_in shares C's shape, row stride, item stride and boxes.
   auto c_map = [&](const void* ptr, CUtensorMap* out) {
-    return TensorMap(ptr, p.m, p.n, p.ldc ? p.ldc : p.n, batch, strides.c, 64,
-                     kFp32Out ? 32 : 64, kFp32Out ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32 : kType, out);
+    return TensorMap(ptr, p.m, p.n, p.ldc ? p.ldc : p.n, batch, strides.c, 64, kFp32Out ? 32 : 64,
+                     kFp32Out ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32 : kType, out);
   };
-  if (!TensorMap(p.a, a_rows, a_cols, p.lda ? p.lda : a_cols, batch, strides.a,
-                 TRANS_A ? 64 : BM, 64, kType, a) ||
-      !TensorMap(p.b, b_rows, b_cols, p.ldb ? p.ldb : b_cols, batch, strides.b,
-                 TRANS_B ? BN : 64, 64, kType, b) ||
+  if (!TensorMap(p.a, a_rows, a_cols, p.lda ? p.lda : a_cols, batch, strides.a, TRANS_A ? 64 : BM,
+                 64, kType, a) ||
+      !TensorMap(p.b, b_rows, b_cols, p.ldb ? p.ldb : b_cols, batch, strides.b, TRANS_B ? BN : 64,
+                 64, kType, b) ||
       !c_map(p.c, c))
     return false;
   if (p.beta == 0.0f) {
@@ -150,7 +150,8 @@ std::string LaunchWgmmaStreamK(const GemmProblem& p, LaunchContext& ctx) {
   constexpr auto* kernel = &detail::WgmmaGemmKernel<BN, CONSUMERS, K_STAGE, GROUP_M, TRANS_A,
                                                     TRANS_B, T, TC, /*CLUSTER_M=*/1, true>;
   int device = 0;
-  if (cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return CudaErrorText("cudaGetDevice", e);
+  if (cudaError_t e = cudaGetDevice(&device); e != cudaSuccess)
+    return CudaErrorText("cudaGetDevice", e);
   if (cudaError_t e = detail::OptInDynamicSmem<kernel>(device, Cfg::kSmemBytes); e != cudaSuccess)
     return CudaErrorText("shared memory opt-in", e);
   CUtensorMap map_a, map_b, map_c, map_c_in;
@@ -166,8 +167,7 @@ std::string LaunchWgmmaStreamK(const GemmProblem& p, LaunchContext& ctx) {
   detail::StreamKTail tail;
   tail.split = plan.split;
   if (plan.split.tail_tiles > 0) {
-    const size_t partial_bytes =
-        size_t(plan.split.tail_blocks) * 2 * Cfg::BM * BN * sizeof(float);
+    const size_t partial_bytes = size_t(plan.split.tail_blocks) * 2 * Cfg::BM * BN * sizeof(float);
     const size_t counter_bytes = size_t(plan.split.tail_tiles) * CONSUMERS * sizeof(int);
     std::string error;
     auto* scratch = static_cast<char*>(
@@ -182,7 +182,8 @@ std::string LaunchWgmmaStreamK(const GemmProblem& p, LaunchContext& ctx) {
   kernel<<<plan.grid, Cfg::kThreads, Cfg::kSmemBytes, ctx.stream()>>>(
       map_a, map_b, map_c, map_c_in, p.m, p.n, p.k, int(plan.whole_tiles), nullptr, 0, p.alpha,
       p.beta, tail);
-  if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return CudaErrorText("stream-K launch", e);
+  if (cudaError_t e = cudaGetLastError(); e != cudaSuccess)
+    return CudaErrorText("stream-K launch", e);
   return "";
 }
 
@@ -199,7 +200,8 @@ std::string LaunchWgmmaGrouped(const std::vector<GemmProblem>& problems, LaunchC
   constexpr auto* kernel =
       &detail::WgmmaGemmKernel<BN, CONSUMERS, K_STAGE, GROUP_M, TRANS_A, TRANS_B, T, TC>;
   int device = 0;
-  if (cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return CudaErrorText("cudaGetDevice", e);
+  if (cudaError_t e = cudaGetDevice(&device); e != cudaSuccess)
+    return CudaErrorText("cudaGetDevice", e);
   if (cudaError_t e = detail::OptInDynamicSmem<kernel>(device, Cfg::kSmemBytes); e != cudaSuccess)
     return CudaErrorText("shared memory opt-in", e);
   std::vector<detail::GroupProblem> host(problems.size());
@@ -224,8 +226,8 @@ std::string LaunchWgmmaGrouped(const std::vector<GemmProblem>& problems, LaunchC
       static_cast<detail::GroupProblem*>(ctx.Scratch(LaunchContext::kGroupScratch, bytes, &error));
   if (device_group == nullptr) return error;
   // From pageable memory: returns once `host` has been staged; ordered before the kernel.
-  if (cudaError_t e = cudaMemcpyAsync(device_group, host.data(), bytes, cudaMemcpyHostToDevice,
-                                      ctx.stream());
+  if (cudaError_t e =
+          cudaMemcpyAsync(device_group, host.data(), bytes, cudaMemcpyHostToDevice, ctx.stream());
       e != cudaSuccess)
     return CudaErrorText("copying the group's tensor maps", e);
   int sms = 0;
@@ -248,20 +250,20 @@ std::string LaunchWgmmaGrouped(const std::vector<GemmProblem>& problems, LaunchC
   X(BN, CONSUMERS, K_STAGE, GROUP_M, false, true, T, TC)               \
   X(BN, CONSUMERS, K_STAGE, GROUP_M, true, false, T, TC)               \
   X(BN, CONSUMERS, K_STAGE, GROUP_M, true, true, T, TC)
-#define HGEMM_WGMMA_INSTANCES(X, T, TC)         \
+#define HGEMM_WGMMA_INSTANCES(X, T, TC)       \
   HGEMM_WGMMA_LAYOUTS(X, 256, 2, 4, 8, T, TC) \
   HGEMM_WGMMA_LAYOUTS(X, 128, 2, 6, 8, T, TC) \
   HGEMM_WGMMA_LAYOUTS(X, 128, 1, 8, 8, T, TC)
 
-#define HGEMM_WGMMA_EXTERN(BN, C, S, G, TA, TB, T, TC)                                       \
+#define HGEMM_WGMMA_EXTERN(BN, C, S, G, TA, TB, T, TC)                                        \
   extern template cudaError_t LaunchWgmmaGemm<BN, C, S, G, TA, TB, T, TC>(const GemmProblem&, \
                                                                           cudaStream_t);      \
   extern template std::string LaunchWgmmaGrouped<BN, C, S, G, TA, TB, T, TC>(                 \
       const std::vector<GemmProblem>&, LaunchContext&);
-#define HGEMM_WGMMA_INSTANTIATE(BN, C, S, G, TA, TB, T, TC)                                     \
-  template cudaError_t LaunchWgmmaGemm<BN, C, S, G, TA, TB, T, TC>(const GemmProblem&,           \
-                                                                   cudaStream_t);                \
-  template std::string LaunchWgmmaGrouped<BN, C, S, G, TA, TB, T, TC>(                            \
+#define HGEMM_WGMMA_INSTANTIATE(BN, C, S, G, TA, TB, T, TC)                            \
+  template cudaError_t LaunchWgmmaGemm<BN, C, S, G, TA, TB, T, TC>(const GemmProblem&, \
+                                                                   cudaStream_t);      \
+  template std::string LaunchWgmmaGrouped<BN, C, S, G, TA, TB, T, TC>(                 \
       const std::vector<GemmProblem>&, LaunchContext&);
 
 HGEMM_WGMMA_INSTANCES(HGEMM_WGMMA_EXTERN, __half, __half)
@@ -276,10 +278,10 @@ HGEMM_WGMMA_INSTANCES(HGEMM_WGMMA_EXTERN, __nv_bfloat16, float)
   X(256, 2, 4, 4, false, true, T, T, 2)     \
   X(256, 2, 4, 4, true, false, T, T, 2)     \
   X(256, 2, 4, 4, true, true, T, T, 2)
-#define HGEMM_WGMMA_CLUSTER_EXTERN(BN, C, S, G, TA, TB, T, TC, CM) \
+#define HGEMM_WGMMA_CLUSTER_EXTERN(BN, C, S, G, TA, TB, T, TC, CM)                                \
   extern template cudaError_t LaunchWgmmaGemm<BN, C, S, G, TA, TB, T, TC, CM>(const GemmProblem&, \
                                                                               cudaStream_t);
-#define HGEMM_WGMMA_CLUSTER_INSTANTIATE(BN, C, S, G, TA, TB, T, TC, CM) \
+#define HGEMM_WGMMA_CLUSTER_INSTANTIATE(BN, C, S, G, TA, TB, T, TC, CM)                    \
   template cudaError_t LaunchWgmmaGemm<BN, C, S, G, TA, TB, T, TC, CM>(const GemmProblem&, \
                                                                        cudaStream_t);
 HGEMM_WGMMA_CLUSTER_INSTANCES(HGEMM_WGMMA_CLUSTER_EXTERN, __half)
@@ -287,8 +289,7 @@ HGEMM_WGMMA_CLUSTER_INSTANCES(HGEMM_WGMMA_CLUSTER_EXTERN, __nv_bfloat16)
 
 // The stream-K configuration (wgmma_streamk_instances.cu), experimental: the 128×256 tile, C of
 // the input type only.
-#define HGEMM_WGMMA_STREAMK_INSTANCES(X, T)   \
-  HGEMM_WGMMA_LAYOUTS(X, 256, 2, 4, 8, T, T)
+#define HGEMM_WGMMA_STREAMK_INSTANCES(X, T) HGEMM_WGMMA_LAYOUTS(X, 256, 2, 4, 8, T, T)
 #define HGEMM_WGMMA_STREAMK_EXTERN(BN, C, S, G, TA, TB, T, TC)                                   \
   extern template std::string LaunchWgmmaStreamK<BN, C, S, G, TA, TB, T, TC>(const GemmProblem&, \
                                                                              LaunchContext&);

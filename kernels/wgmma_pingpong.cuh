@@ -160,8 +160,8 @@ __global__ void __launch_bounds__(384, 1)
           if constexpr (TRANS_A) {
 #pragma unroll
             for (int j = 0; j < Cfg::kSlabs; ++j)
-              TmaLoad3d(stage_a(s) + j * Cfg::kAChunkBytes, &map_a, tm * BM + 64 * j, kt * BK,
-                        item, full(s));
+              TmaLoad3d(stage_a(s) + j * Cfg::kAChunkBytes, &map_a, tm * BM + 64 * j, kt * BK, item,
+                        full(s));
           } else {
             TmaLoad3d(stage_a(s), &map_a, kt * BK, tm * BM, item, full(s));
           }
@@ -170,8 +170,8 @@ __global__ void __launch_bounds__(384, 1)
           } else {
 #pragma unroll
             for (int j = 0; j < BN / 64; ++j)
-              TmaLoad3d(stage_b(s) + j * Cfg::kBChunkBytes, &map_b, tn * BN + 64 * j, kt * BK,
-                        item, full(s));
+              TmaLoad3d(stage_b(s) + j * Cfg::kBChunkBytes, &map_b, tn * BN + 64 * j, kt * BK, item,
+                        full(s));
           }
         }
       }

@@ -40,8 +40,8 @@ cudaError_t LaunchWgmmaPingpong(const GemmProblem& p, cudaStream_t stream) {
   // No fused alpha/beta here (VariantInfo::fused_scale is false, so a scaled problem never
   // arrives): C_in's map is made and unused.
   CUtensorMap map_a, map_b, map_c, map_c_in;
-  if (!ProblemTensorMaps<Cfg::BM, BN, TRANS_A, TRANS_B, T, TC>(p, p.batch, &map_a, &map_b,
-                                                               &map_c, &map_c_in))
+  if (!ProblemTensorMaps<Cfg::BM, BN, TRANS_A, TRANS_B, T, TC>(p, p.batch, &map_a, &map_b, &map_c,
+                                                               &map_c_in))
     return cudaErrorInvalidValue;
   int sms = 0;
   HGEMM_RETURN_IF_CUDA_ERROR(detail::SmCount(device, &sms));
@@ -49,7 +49,7 @@ cudaError_t LaunchWgmmaPingpong(const GemmProblem& p, cudaStream_t stream) {
       (long long)((p.m + Cfg::BM - 1) / Cfg::BM) * ((p.n + BN - 1) / BN) * p.batch;
   const int grid = int(std::min<long long>(tiles, sms));
   kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(map_a, map_b, map_c, p.m, p.n, p.k,
-                                                            int(tiles));
+                                                           int(tiles));
   return cudaGetLastError();
 }
 
@@ -63,10 +63,10 @@ cudaError_t LaunchWgmmaPingpong(const GemmProblem& p, cudaStream_t stream) {
   X(BN, K_STAGE, GROUP_M, true, true, T, TC)
 #define HGEMM_WGMMA_PP_INSTANCES(X, T, TC) HGEMM_WGMMA_PP_LAYOUTS(X, 128, 6, 8, T, TC)
 
-#define HGEMM_WGMMA_PP_EXTERN(BN, S, G, TA, TB, T, TC) \
+#define HGEMM_WGMMA_PP_EXTERN(BN, S, G, TA, TB, T, TC)                                         \
   extern template cudaError_t LaunchWgmmaPingpong<BN, S, G, TA, TB, T, TC>(const GemmProblem&, \
                                                                            cudaStream_t);
-#define HGEMM_WGMMA_PP_INSTANTIATE(BN, S, G, TA, TB, T, TC) \
+#define HGEMM_WGMMA_PP_INSTANTIATE(BN, S, G, TA, TB, T, TC)                             \
   template cudaError_t LaunchWgmmaPingpong<BN, S, G, TA, TB, T, TC>(const GemmProblem&, \
                                                                     cudaStream_t);
 

@@ -1,6 +1,7 @@
 // The Hopper HGEMM family: TMA + wgmma, warp-specialized, persistent. C[M,N] = op(A)·op(B) on
-// row-major storage, fp16 or bf16 in and the same type or fp32 out, fp32 accumulators, any of the four
-// layouts (NN, NT, TN, TT; op(A) is A or Aᵀ as cuBLAS's transa). sm_90a only (wgmma, setmaxnreg).
+// row-major storage, fp16 or bf16 in and the same type or fp32 out, fp32 accumulators, any of the
+// four layouts (NN, NT, TN, TT; op(A) is A or Aᵀ as cuBLAS's transa). sm_90a only (wgmma,
+// setmaxnreg).
 //
 //   * A producer warpgroup (one elected thread) streams K tiles with cp.async.bulk.tensor (TMA,
 //     128-byte swizzle) into a K_STAGE-deep shared-memory ring. Each stage has a "full"
@@ -59,8 +60,8 @@
 //     a cluster take tile rows 2i and 2i + 1 of the same tile column, so they need the same B
 //     tile: each loads half of it and TMA multicasts that half into both blocks' stages, which
 //     halves B's traffic from L2 (at 8192³ the 128×256 tiles pull ~12.9 GB through L2 in
-//     ~1.45 ms, ~8.9 TB/s: docs/kernels_notes.md, "Session 13"). A stage is then written by
-//     both producers, so its "empty" barrier counts the consumers of both blocks (each
+//     ~1.45 ms, ~8.9 TB/s: docs/kernels_notes.md, "operand traffic from L2"). A stage is then
+//     written by both producers, so its "empty" barrier counts the consumers of both blocks (each
 //     consumer arrives on its own block's and its peer's), and a block leaves only after a
 //     cluster barrier, when no peer can still arrive on its barriers. The tile order runs over
 //     pairs of tile rows; past an odd M's last tile row a block computes a tile of zeros
@@ -172,8 +173,8 @@ __device__ __forceinline__ void TmaLoad3dMulticast(uint32_t dst, const CUtensorM
 // Arrives on the barrier at shared-memory offset `bar` of cluster rank `cta` (this block's own
 // rank included). The default .release.cta, as CUTLASS's ClusterBarrier::arrive: a consumer's
 // reads of a stage are over once wgmma.wait_group returns, so nothing needs a wider fence, and
-// ptxas makes .release.cluster a GPU-scope fence before every arrive (session 15: the cluster
-// pair at 0.40-0.46x cuBLAS, two such arrives per K tile).
+// ptxas makes .release.cluster a GPU-scope fence before every arrive (measured: the cluster
+// pair at 0.40-0.46x cuBLAS with two such arrives per K tile).
 __device__ __forceinline__ void MbarArriveCluster(uint32_t bar, uint32_t cta) {
   asm volatile(
       "{\n.reg .b32 remote;\nmapa.shared::cluster.u32 remote, %0, %1;\n"
@@ -299,8 +300,8 @@ __device__ __forceinline__ float2 UnpackPair<__nv_bfloat16>(uint32_t v) {
 // 64-column blocks, SBO = 1024 between 8-row (K) groups (CUTLASS's canonical MN-major SW128
 // layout ((T,8,m),(8,k)):((1,T,LBO),(8T,SBO))).
 __device__ __forceinline__ uint64_t GmmaDesc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
-  return uint64_t((addr & 0x3FFFF) >> 4) | (uint64_t(lbo >> 4) << 16) |
-         (uint64_t(sbo >> 4) << 32) | (uint64_t(1) << 62);
+  return uint64_t((addr & 0x3FFFF) >> 4) | (uint64_t(lbo >> 4) << 16) | (uint64_t(sbo >> 4) << 32) |
+         (uint64_t(1) << 62);
 }
 
 __device__ __forceinline__ void WgmmaFence() {
@@ -434,7 +435,8 @@ __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
   const uint32_t bars = c_stage + Cfg::kCStageBytes;
   auto full = [&](int s) { return bars + 8 * s; };
   auto empty = [&](int s) { return bars + 8 * (K_STAGE + s); };
-  // Consumer c's C_in barrier of staging buffer b (0 or 1): the leader's expect_tx, the load's bytes.
+  // Consumer c's C_in barrier of staging buffer b (0 or 1): the leader's expect_tx, the load's
+  // bytes.
   auto c_in_full = [&](int c, int b) { return bars + 8 * (2 * K_STAGE + 2 * c + b); };
   auto stage_a = [&](int s) { return ring + s * Cfg::kStageBytes; };
   auto stage_b = [&](int s) { return ring + s * Cfg::kStageBytes + Cfg::kStageABytes; };
@@ -496,8 +498,7 @@ __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
       cursor = p;
     }
     w.item = 0;
-    GroupedOrder<GROUP_M>(t - g.first_tile, (g.m + BM - 1) / BM, (g.n + BN - 1) / BN, w.tm,
-                          w.tn);
+    GroupedOrder<GROUP_M>(t - g.first_tile, (g.m + BM - 1) / BM, (g.n + BN - 1) / BN, w.tm, w.tn);
     w.k_tiles = (g.k + BK - 1) / BK;
   };
   // With STREAM_K, after the block's whole tiles: its share of the tail, f(w, kb, ke, st) for K
@@ -622,7 +623,8 @@ __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
                                           : GmmaDesc(a0 + kk * 32, 16, 1024);
           const uint64_t desc_b = TRANS_B ? GmmaDesc(b0 + kk * 32, 16, 1024)
                                           : GmmaDesc(b0 + kk * 2048, Cfg::kBChunkBytes, 1024);
-          Wgmma<BN, kBf16, TRANS_A ? 1 : 0, TRANS_B ? 0 : 1>(acc, desc_a, desc_b, kt > kb || kk > 0);
+          Wgmma<BN, kBf16, TRANS_A ? 1 : 0, TRANS_B ? 0 : 1>(acc, desc_a, desc_b,
+                                                             kt > kb || kk > 0);
         }
         WgmmaCommit();
         // The previous K tile's group has completed: release its stage.
@@ -657,8 +659,8 @@ __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
           NamedBarrier(1 + c, 128);  // every thread's sums are out before the count
           bool completes = false;
           if (leader) {
-            completes = atomicAdd(tail.counters + st * CONSUMERS + c, 1) ==
-                        sharing.last - sharing.first;
+            completes =
+                atomicAdd(tail.counters + st * CONSUMERS + c, 1) == sharing.last - sharing.first;
           }
           if (!NamedBarrierAny(1 + c, 128, completes)) return;  // another block stores it
           __threadfence();
@@ -735,8 +737,7 @@ __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
             }
           }
         } else {
-          const uint32_t row_base =
-              c_stage + c * 2 * Cfg::kCChunkBytes + r * 128 + 4 * (lane % 4);
+          const uint32_t row_base = c_stage + c * 2 * Cfg::kCChunkBytes + r * 128 + 4 * (lane % 4);
 #pragma unroll
           for (int j = 0; j < BN / 64; ++j) {
             const uint32_t buf = c_stage + (c * 2 + j % 2) * Cfg::kCChunkBytes;

@@ -2,14 +2,14 @@
 // their host side: the dispatch of a problem's layout and element type to the instantiation
 // (kernels/wgmma_launch.cuh; compiled in wgmma_instances_*.cu) and the tensor maps
 // (cuTensorMapEncodeTiled through cudaGetDriverEntryPointByVersion, so nothing links libcuda)
-// cached per (pointer, shape, strides, batch, box, type). Names read wgmma_<BM>x<BN>_s<K_STAGE>_g<GROUP_M>;
-// each variant takes the four layouts (NN, NT, TN, TT), fp16 or bf16 (C of the input type or
-// fp32), and a strided batch or a group of shapes in one launch. wgmma_pp_<BM>x<BN>_... are the
-// ping-pong kernels (wgmma_pingpong.cuh; BM×BN is each consumer's tile): the same forms and
-// batches, a group as one launch per problem, experimental (not in auto) until measured.
-// A _cluster2 suffix: clusters of two blocks along M sharing B (wgmma_stage.cuh, CLUSTER_M),
-// C of the input type only, a group as one launch per problem, experimental. A _sk suffix: a
-// stream-K tail (STREAM_K), C of the input type only, experimental.
+// cached per (pointer, shape, strides, batch, box, type). Names read
+// wgmma_<BM>x<BN>_s<K_STAGE>_g<GROUP_M>; each variant takes the four layouts (NN, NT, TN, TT), fp16
+// or bf16 (C of the input type or fp32), and a strided batch or a group of shapes in one launch.
+// wgmma_pp_<BM>x<BN>_... are the ping-pong kernels (wgmma_pingpong.cuh; BM×BN is each consumer's
+// tile): the same forms and batches, a group as one launch per problem, experimental (not in auto)
+// until measured. A _cluster2 suffix: clusters of two blocks along M sharing B (wgmma_stage.cuh,
+// CLUSTER_M), C of the input type only, a group as one launch per problem, experimental. A _sk
+// suffix: a stream-K tail (STREAM_K), C of the input type only, experimental.
 #include <cuda.h>
 #include <cudaTypedefs.h>
 
@@ -74,8 +74,8 @@ bool TensorMap(const void* ptr, int rows, int cols, int ld, int batch, int64_t i
   const cuuint32_t box[3] = {cuuint32_t(box_cols), cuuint32_t(box_rows), 1};
   const cuuint32_t elem_strides[3] = {1, 1, 1};
   CUtensorMap map;
-  if (encode(&map, type, 3, const_cast<void*>(ptr), dims, strides, box,
-             elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+  if (encode(&map, type, 3, const_cast<void*>(ptr), dims, strides, box, elem_strides,
+             CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
              CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
     return false;
   if (cache.size() >= kMaxCachedMaps) cache.clear();
@@ -149,9 +149,10 @@ struct Wgmma {
   static std::string CheckLayout(const GemmProblem& p) {
     if (p.transpose_a && p.m % 8 != 0)
       return "transpose_a needs m % 8 == 0 (A is stored k×m; TMA row strides are 16-byte "
-             "multiples), got m = " + std::to_string(p.m);
-    for (auto [name, ld] : {std::pair{"lda", p.lda}, std::pair{"ldb", p.ldb},
-                            std::pair{"ldc", p.ldc}})
+             "multiples), got m = " +
+             std::to_string(p.m);
+    for (auto [name, ld] :
+         {std::pair{"lda", p.lda}, std::pair{"ldb", p.ldb}, std::pair{"ldc", p.ldc}})
       if (ld % 8 != 0)
         return std::string(name) + " must be a multiple of 8 (16-byte TMA row strides), got " +
                std::to_string(ld);
@@ -159,9 +160,9 @@ struct Wgmma {
       // The item is the tensor maps' outermost dimension: its stride obeys TMA's stride rules.
       const BatchStrides s = StridesOf(p);
       const int64_t c_bytes = int64_t(DataTypeBytes(p.c_type));
-      for (auto [name, stride, bytes] : {std::tuple{"stride_a", s.a, int64_t(2)},
-                                         std::tuple{"stride_b", s.b, int64_t(2)},
-                                         std::tuple{"stride_c", s.c, c_bytes}}) {
+      for (auto [name, stride, bytes] :
+           {std::tuple{"stride_a", s.a, int64_t(2)}, std::tuple{"stride_b", s.b, int64_t(2)},
+            std::tuple{"stride_c", s.c, c_bytes}}) {
         if (stride % 8 != 0)
           return std::string(name) + " must be a multiple of 8 (16-byte TMA strides), got " +
                  std::to_string(stride);
@@ -205,8 +206,8 @@ struct Wgmma {
                   /*split_k=*/0,
                   /*fused_scale=*/true};
     if constexpr (CLUSTER_M > 1) {
-      v.types = TypesBit(DataType::kFp16, DataType::kFp16) |
-                TypesBit(DataType::kBf16, DataType::kBf16);
+      v.types =
+          TypesBit(DataType::kFp16, DataType::kFp16) | TypesBit(DataType::kBf16, DataType::kBf16);
       v.experimental = true;
     } else {
       v.launch_grouped = &LaunchGrouped;
@@ -241,7 +242,8 @@ struct WgmmaSk {
     VariantInfo v = Plain::Info(name, description);
     v.launch = nullptr;
     v.launch_with_context = &Launch;
-    v.types = TypesBit(DataType::kFp16, DataType::kFp16) | TypesBit(DataType::kBf16, DataType::kBf16);
+    v.types =
+        TypesBit(DataType::kFp16, DataType::kFp16) | TypesBit(DataType::kBf16, DataType::kBf16);
     v.experimental = true;
     return v;
   }
@@ -261,10 +263,12 @@ struct WgmmaPp {
   template <typename T, typename TC>
   static cudaError_t Run(const GemmProblem& p, cudaStream_t stream) {
     if (p.transpose_a)
-      return p.transpose_b ? LaunchWgmmaPingpong<BN, K_STAGE, GROUP_M, true, true, T, TC>(p, stream)
-                           : LaunchWgmmaPingpong<BN, K_STAGE, GROUP_M, true, false, T, TC>(p, stream);
-    return p.transpose_b ? LaunchWgmmaPingpong<BN, K_STAGE, GROUP_M, false, true, T, TC>(p, stream)
-                         : LaunchWgmmaPingpong<BN, K_STAGE, GROUP_M, false, false, T, TC>(p, stream);
+      return p.transpose_b
+                 ? LaunchWgmmaPingpong<BN, K_STAGE, GROUP_M, true, true, T, TC>(p, stream)
+                 : LaunchWgmmaPingpong<BN, K_STAGE, GROUP_M, true, false, T, TC>(p, stream);
+    return p.transpose_b
+               ? LaunchWgmmaPingpong<BN, K_STAGE, GROUP_M, false, true, T, TC>(p, stream)
+               : LaunchWgmmaPingpong<BN, K_STAGE, GROUP_M, false, false, T, TC>(p, stream);
   }
   static cudaError_t Launch(const GemmProblem& p, int /*swizzle_stride*/, cudaStream_t stream) {
     const bool fp32_c = p.c_type == DataType::kFp32;
@@ -289,18 +293,18 @@ struct WgmmaPp {
 // Kept after H200 runs 4-6 (docs/kernels_notes.md): 128x256 for large outputs, 128x128 where
 // 128x256 tiles leave SMs idle, 64x128 for M <= 128.
 //                     BN  consumers stages group_m
-using W128x256S4    = Wgmma<256, 2, 4, 8>;
-using W128x128S6    = Wgmma<128, 2, 6, 8>;
-using W64x128S8     = Wgmma<128, 1, 8, 8>;
-// Clusters of two blocks along M sharing B by multicast (docs/kernels_notes.md, "Session 13");
-// group_m counts pairs of tile rows. Not yet measured.
+using W128x256S4 = Wgmma<256, 2, 4, 8>;
+using W128x128S6 = Wgmma<128, 2, 6, 8>;
+using W64x128S8 = Wgmma<128, 1, 8, 8>;
+// Clusters of two blocks along M sharing B by multicast (docs/kernels_notes.md, "operand
+// traffic from L2"); group_m counts pairs of tile rows. Not yet measured.
 //                     BN  consumers stages group_m cluster_m
-using W128x256S4C2  = Wgmma<256, 2, 4, 4, 2>;
-// The 128x256 tile with a stream-K tail (docs/kernels_notes.md, "Session 14"); not yet measured.
-using W128x256S4Sk  = WgmmaSk<256, 2, 4, 8>;
+using W128x256S4C2 = Wgmma<256, 2, 4, 4, 2>;
+// The 128x256 tile with a stream-K tail (docs/kernels_notes.md, "stream-K tail"); not yet measured.
+using W128x256S4Sk = WgmmaSk<256, 2, 4, 8>;
 // Ping-pong, predicted in docs/kernels_notes.md ("Ping-pong consumers"); not yet measured.
 //                     BN  stages group_m
-using Pp128x128S6   = WgmmaPp<128, 6, 8>;
+using Pp128x128S6 = WgmmaPp<128, 6, 8>;
 
 // sm_90a machine code runs on compute capability 9.0 only. True if a device of that capability
 // is visible, or if no device is (so that the registry's contracts stay testable without one).
@@ -325,12 +329,32 @@ bool ListOnThisMachine() {
 std::vector<VariantInfo> WgmmaVariants() {
   if (!ListOnThisMachine()) return {};
   return {
-      W128x256S4::Info("wgmma_128x256_s4_g8", "TMA + wgmma m64n256k16, 2 consumer warpgroups, 4 stages, persistent, TMA-store epilogue"),
-      W128x128S6::Info("wgmma_128x128_s6_g8", "TMA + wgmma m64n128k16, 2 consumer warpgroups, 6 stages, persistent, TMA-store epilogue"),
-      W64x128S8::Info("wgmma_64x128_s8_g8", "TMA + wgmma m64n128k16, 1 consumer warpgroup, 8 stages, persistent, TMA-store epilogue (small M)"),
-      W128x256S4C2::Info("wgmma_128x256_s4_g4_cluster2", "TMA + wgmma m64n256k16, 2 consumer warpgroups, 4 stages, persistent, TMA-store epilogue, clusters of 2 blocks along M each loading half of the shared B tile by TMA multicast; experimental (not in auto until measured on a GPU), C of the input type only, a group as one launch per problem"),
-      W128x256S4Sk::Info("wgmma_128x256_s4_g8_sk", "TMA + wgmma m64n256k16, 2 consumer warpgroups, 4 stages, persistent, TMA-store epilogue; the tiles of a last, partial wave cut along K over all the blocks (stream-K), their fp32 sums meeting in global memory; experimental (not in auto until measured on a GPU), C of the input type only"),
-      Pp128x128S6::Info("wgmma_pp_128x128_s6_g8", "TMA + wgmma m64n128k16, ping-pong: 2 consumer warpgroups with a 128x128 tile each, taking turns on the tensor cores, 6 stages, persistent, TMA-store epilogue; experimental (not in auto until measured on a GPU), a group as one launch per problem"),
+      W128x256S4::Info("wgmma_128x256_s4_g8",
+                       "TMA + wgmma m64n256k16, 2 consumer warpgroups, 4 stages, persistent, "
+                       "TMA-store epilogue"),
+      W128x128S6::Info("wgmma_128x128_s6_g8",
+                       "TMA + wgmma m64n128k16, 2 consumer warpgroups, 6 stages, persistent, "
+                       "TMA-store epilogue"),
+      W64x128S8::Info("wgmma_64x128_s8_g8",
+                      "TMA + wgmma m64n128k16, 1 consumer warpgroup, 8 stages, persistent, "
+                      "TMA-store epilogue (small M)"),
+      W128x256S4C2::Info(
+          "wgmma_128x256_s4_g4_cluster2",
+          "TMA + wgmma m64n256k16, 2 consumer warpgroups, 4 stages, persistent, TMA-store "
+          "epilogue, clusters of 2 blocks along M each loading half of the shared B tile by TMA "
+          "multicast; experimental (not in auto until measured on a GPU), C of the input type "
+          "only, a group as one launch per problem"),
+      W128x256S4Sk::Info(
+          "wgmma_128x256_s4_g8_sk",
+          "TMA + wgmma m64n256k16, 2 consumer warpgroups, 4 stages, persistent, TMA-store "
+          "epilogue; the tiles of a last, partial wave cut along K over all the blocks (stream-K), "
+          "their fp32 sums meeting in global memory; experimental (not in auto until measured on a "
+          "GPU), C of the input type only"),
+      Pp128x128S6::Info(
+          "wgmma_pp_128x128_s6_g8",
+          "TMA + wgmma m64n128k16, ping-pong: 2 consumer warpgroups with a 128x128 tile each, "
+          "taking turns on the tensor cores, 6 stages, persistent, TMA-store epilogue; "
+          "experimental (not in auto until measured on a GPU), a group as one launch per problem"),
   };
 }
 

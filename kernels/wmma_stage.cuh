@@ -5,8 +5,9 @@
 //   warp tile      WARP_TILE_M x WARP_TILE_N fragments  what one warp accumulates
 //   block tile     WMMA_TILE_M x WMMA_TILE_N warps      BM = WMMA_M*WMMA_TILE_M*WARP_TILE_M rows,
 //                                                       BN = WMMA_N*WMMA_TILE_N*WARP_TILE_N cols
-//   K tile         BK (a multiple of WMMA_K)            one pipeline stage of A (BM x BK), B (BK x BN)
-//   pipeline       K_STAGE stages of cp.async           K_STAGE-1 tiles in flight while one computes
+//   K tile         BK (a multiple of WMMA_K)            one pipeline stage of A (BM x BK), B (BK x
+//   BN) pipeline       K_STAGE stages of cp.async           K_STAGE-1 tiles in flight while one
+//   computes
 //
 // Edges: every global load is predicated (zero-filled cp.async, or guarded scalar loads when
 // VEC16 is off), so tiles past M, N or K add zeros; the epilogue stores through a per-warp shared
@@ -83,11 +84,12 @@ struct WmmaStage {
   static_assert(WMMA_M * WMMA_N == 8 * kWarpSize, "epilogue: each lane stores 8 elements");
 };
 
-// Fills one pipeline stage with the A tile (rows m0.., cols k0..) and B tile (rows k0.., cols n0..).
+// Fills one pipeline stage with the A tile (rows m0.., cols k0..) and B tile (rows k0.., cols
+// n0..).
 template <typename Cfg, bool VEC16>
 __device__ __forceinline__ void LoadStage(const half* __restrict__ A, const half* __restrict__ B,
-                                          half* sA, half* sB, int m0, int n0, int k0, int M,
-                                          int N, int K, int tid) {
+                                          half* sA, half* sB, int m0, int n0, int k0, int M, int N,
+                                          int K, int tid) {
   constexpr int kChunksPerRowA = Cfg::kChunksA / Cfg::BM;  // BK / 8
   constexpr int kChunksPerRowB = Cfg::BN / 8;
 #pragma unroll
@@ -176,8 +178,8 @@ __global__ void __launch_bounds__(WMMA_TILE_M* WMMA_TILE_N* kWarpSize)
 #pragma unroll
   for (int s = 0; s < K_STAGE - 1; ++s) {
     if (s < num_k_tiles)
-      LoadStage<Cfg, VEC16>(A, B, s_a + s * Cfg::kStageA, s_b + s * Cfg::kStageB, m0, n0, s * BK,
-                            M, N, K, tid);
+      LoadStage<Cfg, VEC16>(A, B, s_a + s * Cfg::kStageA, s_b + s * Cfg::kStageB, m0, n0, s * BK, M,
+                            N, K, tid);
     CpAsyncCommit();
   }
 
@@ -190,8 +192,8 @@ __global__ void __launch_bounds__(WMMA_TILE_M* WMMA_TILE_N* kWarpSize)
     const int next = kt + K_STAGE - 1;
     if (next < num_k_tiles) {
       const int s = next % K_STAGE;
-      LoadStage<Cfg, VEC16>(A, B, s_a + s * Cfg::kStageA, s_b + s * Cfg::kStageB, m0, n0,
-                            next * BK, M, N, K, tid);
+      LoadStage<Cfg, VEC16>(A, B, s_a + s * Cfg::kStageA, s_b + s * Cfg::kStageB, m0, n0, next * BK,
+                            M, N, K, tid);
     }
     CpAsyncCommit();
 
@@ -223,7 +225,7 @@ __global__ void __launch_bounds__(WMMA_TILE_M* WMMA_TILE_N* kWarpSize)
   CpAsyncWait<0>();
   __syncthreads();
   AccT* stage = reinterpret_cast<AccT*>(smem) + warp_id * (WMMA_M * WMMA_N);
-  const int r = lane / 2;        // each lane writes 8 consecutive elements of one row
+  const int r = lane / 2;  // each lane writes 8 consecutive elements of one row
   const int c8 = (lane % 2) * 8;
 #pragma unroll
   for (int i = 0; i < WARP_TILE_M; ++i) {
@@ -260,10 +262,9 @@ cudaError_t LaunchWmmaStage(const half* A, const half* B, half* C, int M, int N,
                             int swizzle_stride, cudaStream_t stream) {
   using Cfg = WmmaStage<16, 16, 16, WMMA_TILE_M, WMMA_TILE_N, WARP_TILE_M, WARP_TILE_N, BK, A_PAD,
                         B_PAD, K_STAGE, BLOCK_SWIZZLE, DYNAMIC_SMEM, VEC16, AccT>;
-  constexpr auto* kernel = &hgemm_wmma_stage_kernel<16, 16, 16, WMMA_TILE_M, WMMA_TILE_N,
-                                                    WARP_TILE_M, WARP_TILE_N, BK, A_PAD, B_PAD,
-                                                    K_STAGE, BLOCK_SWIZZLE, DYNAMIC_SMEM, VEC16,
-                                                    AccT>;
+  constexpr auto* kernel =
+      &hgemm_wmma_stage_kernel<16, 16, 16, WMMA_TILE_M, WMMA_TILE_N, WARP_TILE_M, WARP_TILE_N, BK,
+                               A_PAD, B_PAD, K_STAGE, BLOCK_SWIZZLE, DYNAMIC_SMEM, VEC16, AccT>;
   constexpr size_t dynamic_bytes = DYNAMIC_SMEM ? Cfg::kSmemBytes : 0;
   if constexpr (DYNAMIC_SMEM) {
     int device = 0;

@@ -54,8 +54,7 @@ std::string Hello(std::string_view capability) {
 }
 
 std::string EncodeFrame(const Frame& frame) {
-  const std::string_view message =
-      std::string_view(frame.message).substr(0, kMaxFrameMessageBytes);
+  const std::string_view message = std::string_view(frame.message).substr(0, kMaxFrameMessageBytes);
   std::string out(kFrameHeaderBytes, '\0');
   PutLittleEndian(frame.code, 4, out.data());
   PutLittleEndian(message.size(), 4, out.data() + 4);
@@ -108,7 +107,8 @@ std::string Connection::HandshakeAsClient(SSL_CTX* context, const std::string& s
   if (SSL_connect(ssl_) != 1) {
     const long verify = SSL_get_verify_result(ssl_);
     std::string error = TlsError("TLS handshake");
-    if (verify != X509_V_OK) error += std::string(" (") + X509_verify_cert_error_string(verify) + ")";
+    if (verify != X509_V_OK)
+      error += std::string(" (") + X509_verify_cert_error_string(verify) + ")";
     return error;
   }
   return "";

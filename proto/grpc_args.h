@@ -7,9 +7,9 @@
 #ifndef HGEMM_PROTO_GRPC_ARGS_H_
 #define HGEMM_PROTO_GRPC_ARGS_H_
 
-#include <CLI/CLI.hpp>
 #include <grpcpp/server_builder.h>
 #include <grpcpp/support/channel_arguments.h>
+#include <CLI/CLI.hpp>
 
 #include <string>
 #include <string_view>

@@ -95,7 +95,7 @@ inline constexpr uint32_t kRingAccumulationFp32 = 2;
 struct RingSubmission {
   uint64_t user_data;  // echoed in its completion
   uint32_t m, n, k;
-  uint32_t flags;  // RingSubmissionFlags
+  uint32_t flags;           // RingSubmissionFlags
   uint32_t dtype, c_dtype;  // kRingDataType*
   uint32_t accumulation;    // kRingAccumulation*
   uint32_t kernel;          // 0: auto; i: RingAttached.kernels[i - 1]

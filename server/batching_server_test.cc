@@ -40,8 +40,8 @@ class BatchingServerTest : public ::testing::Test {
     b_ = RandomHalfMatrix(kK * kN, rng_);
     v1::MatrixInfo info;
     const grpc::Status s = client_->UploadMatrix(
-        kK, kN, std::string_view(reinterpret_cast<const char*>(b_.data()), b_.size() * 2), &info,
-        0, "B", Options());
+        kK, kN, std::string_view(reinterpret_cast<const char*>(b_.data()), b_.size() * 2), &info, 0,
+        "B", Options());
     ASSERT_TRUE(s.ok()) << s.error_message();
     b_handle_ = info.handle();
   }
@@ -70,9 +70,9 @@ class BatchingServerTest : public ::testing::Test {
     const auto* a = reinterpret_cast<const uint16_t*>(request.a().data());
     const std::vector<float> reference = ReferenceGemm(a, b_.data(), request.m(), kN, kK);
     if (response.c().size() != size_t(request.m()) * kN * 2) return false;
-    const ErrorStats error = CompareToReference(
-        reinterpret_cast<const uint16_t*>(response.c().data()), reference.data(),
-        int64_t{request.m()} * kN);
+    const ErrorStats error =
+        CompareToReference(reinterpret_cast<const uint16_t*>(response.c().data()), reference.data(),
+                           int64_t{request.m()} * kN);
     EXPECT_EQ(error.nan_count, 0u) << error.ToString();
     EXPECT_LE(error.rel_frobenius, kServiceTolerance.fp32_acc) << error.ToString();
     return error.nan_count == 0 && error.rel_frobenius <= kServiceTolerance.fp32_acc;

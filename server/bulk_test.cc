@@ -64,8 +64,8 @@ class BulkTest : public ::testing::Test {
   // An upload of `client_id` (rows × cols fp16) waiting for its bytes.
   std::string NewUpload(const std::string& client_id, uint32_t rows, uint32_t cols) {
     v1::MatrixInfo info;
-    grpc::Status s = client_->CreateUpload(rows, cols, v1::DATA_TYPE_FP16, false, &info,
-                                           As(client_id));
+    grpc::Status s =
+        client_->CreateUpload(rows, cols, v1::DATA_TYPE_FP16, false, &info, As(client_id));
     EXPECT_TRUE(s.ok()) << s.error_message();
     return info.handle();
   }
@@ -143,8 +143,7 @@ TEST_F(BulkTest, RunSendsPartsOverTheBulkChannel) {
   const double results = 2.0 * (301 * 257 + 1 * 3 + 64 * 1);
   EXPECT_EQ(Metric("hgemm_transport_bytes_total{direction=\"received\",transport=\"bulk\"}"),
             operands);
-  EXPECT_EQ(Metric("hgemm_transport_bytes_total{direction=\"sent\",transport=\"bulk\"}"),
-            results);
+  EXPECT_EQ(Metric("hgemm_transport_bytes_total{direction=\"sent\",transport=\"bulk\"}"), results);
   EXPECT_EQ(Metric("hgemm_received_bytes_total{rpc=\"UploadPart\"}"), 0);
   EXPECT_EQ(Metric("hgemm_sent_bytes_total{rpc=\"DownloadMatrix\"}"), 0);
   v1::ListMatricesResponse list;
@@ -285,7 +284,7 @@ TEST_F(BulkTest, ConnectionsPastTheLimitAreClosed) {
   Start();
   std::vector<bulk::Connection> idle;
   for (int i = 0; i < 4; ++i) idle.push_back(Dial());  // max_connections, saying nothing
-  std::this_thread::sleep_for(100ms);  // all four accepted
+  std::this_thread::sleep_for(100ms);                  // all four accepted
   bulk::Connection extra = Dial();
   bulk::Frame frame;
   ASSERT_TRUE(extra.ReceiveFrame(&frame));  // refused at once, before any hello

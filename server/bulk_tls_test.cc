@@ -127,8 +127,8 @@ TEST_F(BulkTlsTest, ALaneThatDoesNotTrustTheServerIsRefusedByTheClient) {
   std::string bytes;
   const v1::BulkLane lane = GetLane(client, &bytes);
   std::string into(64, '\0');
-  grpc::Status s = GetOverLane(Endpoint({.ca_path = Path("other-ca.pem")}), lane, into.data(),
-                               2000ms);
+  grpc::Status s =
+      GetOverLane(Endpoint({.ca_path = Path("other-ca.pem")}), lane, into.data(), 2000ms);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE);
   EXPECT_NE(s.error_message().find("certificate"), std::string::npos) << s.error_message();
   // The capability was never presented: it still works, over a lane that trusts the server.

@@ -46,7 +46,8 @@ class ConnectionAgeTest : public ::testing::Test {
   // True once the channel's connection is no longer READY (it got a GOAWAY or was closed),
   // false if it stayed READY for `wait`.
   bool ConnectionEndsWithin(seconds wait) {
-    return channel_->WaitForStateChange(GRPC_CHANNEL_READY, std::chrono::system_clock::now() + wait);
+    return channel_->WaitForStateChange(GRPC_CHANNEL_READY,
+                                        std::chrono::system_clock::now() + wait);
   }
 
   std::unique_ptr<HgemmServer> server_;

@@ -1,4 +1,4 @@
-// CUDA IPC regions end to end (issue 31): this process is the client holding device memory
+// CUDA IPC regions end to end: this process is the client holding device memory
 // (cudaMalloc, cudaIpcGetMemHandle) and hgemm_server --backend=cuda runs as a child process (a
 // handle cannot be opened by the process that made it), reached over its Unix socket. GEMMs read
 // A, B and C_in from the client's device memory and write C into it in place; bad handles,
@@ -147,8 +147,8 @@ TEST_F(CudaIpcTest, BadHandlesDevicesAndSizesAreRefusedAndTheServerKeepsServing)
   SharedMemory memory;
   Share(1 << 20, &memory);
   v1::RegionInfo info;
-  grpc::Status s = RegisterIpc(memory.handle, "GPU-00000000-0000-0000-0000-000000000000", 1 << 20,
-                               &info);
+  grpc::Status s =
+      RegisterIpc(memory.handle, "GPU-00000000-0000-0000-0000-000000000000", 1 << 20, &info);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << s.error_message();
   EXPECT_NE(s.error_message().find("GPU-00000000"), std::string::npos) << s.error_message();
   s = RegisterIpc(std::string(64, '\x5a'), Uuid(0), 1 << 20, &info);
@@ -217,9 +217,9 @@ TEST_F(CudaIpcTest, MisalignedOffsetsNeverReachTheDevice) {
     grpc::Status s = Gemm(ipc, &response);
     ASSERT_TRUE(s.ok()) << s.error_message();
     const std::string c = FromDevice(memory.data, c_at, c_bytes);
-    std::vector<float> reference = ReferenceGemm(reinterpret_cast<const uint16_t*>(r.a().data()),
-                                                 reinterpret_cast<const uint16_t*>(r.b().data()),
-                                                 m, n, k);
+    std::vector<float> reference =
+        ReferenceGemm(reinterpret_cast<const uint16_t*>(r.a().data()),
+                      reinterpret_cast<const uint16_t*>(r.b().data()), m, n, k);
     for (size_t i = 0; i < reference.size(); ++i) {
       const float in = c_dtype == v1::DATA_TYPE_FP32
                            ? c_in_fp32[i]

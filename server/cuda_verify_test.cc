@@ -8,7 +8,6 @@
 
 #include <cmath>
 #include <cstring>
-#include <future>
 #include <random>
 #include <vector>
 
@@ -16,14 +15,10 @@
 #include "server/backend/cuda_fault_kernel.h"
 #include "server/backend/fault_injector.h"
 #include "server/scheduler/scheduler.h"
+#include "server/testing/run_job.h"
 
 namespace hgemm {
 namespace {
-
-struct Answer {
-  absl::Status status;
-  GemmReport report;
-};
 
 class CudaVerify : public ::testing::Test {
  protected:
@@ -40,14 +35,7 @@ class CudaVerify : public ::testing::Test {
     FaultInjector::Global().Reset();
   }
 
-  Answer Run(const GemmJob& job) {
-    std::promise<Answer> answered;
-    auto future = answered.get_future();
-    const absl::Status admitted = scheduler_->Enqueue(
-        job, [&](const absl::Status& s, const GemmReport& r) { answered.set_value({s, r}); });
-    if (!admitted.ok()) return {admitted, {}};
-    return future.get();
-  }
+  JobAnswer Run(const GemmJob& job) { return RunJob(*scheduler_, job); }
 
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<Scheduler> scheduler_;
@@ -60,10 +48,13 @@ struct Gemm {
       : form(form) {
     a = RandomHalfMatrix(m * k, rng, form.bf16);
     b = RandomHalfMatrix(k * n, rng, form.bf16);
-    job.shape = {.m = m, .n = n, .k = k,
+    job.shape = {.m = m,
+                 .n = n,
+                 .k = k,
                  .ab_type = form.bf16 ? ElementType::kBf16 : ElementType::kFp16,
                  .c_type = form.c_fp32 ? ElementType::kFp32
-                           : form.bf16 ? ElementType::kBf16 : ElementType::kFp16,
+                           : form.bf16 ? ElementType::kBf16
+                                       : ElementType::kFp16,
                  .c_input = beta != 0};
     c.assign(job.shape.CBytes(), char(0xFF));
     if (beta != 0) {
@@ -112,10 +103,10 @@ TEST_F(CudaVerify, CorrectGemmsOfEveryFormPass) {
       for (bool bf16 : {false, true}) {
         for (bool c_fp32 : {false, true}) {
           for (auto [alpha, beta] : {std::pair{1.0f, 0.0f}, std::pair{0.5f, -1.5f}}) {
-            const GemmForm form{.transpose_a = ta, .transpose_b = tb, .bf16 = bf16,
-                                .c_fp32 = c_fp32};
+            const GemmForm form{
+                .transpose_a = ta, .transpose_b = tb, .bf16 = bf16, .c_fp32 = c_fp32};
             Gemm g(200, 136, 264, form, alpha, beta, rng);
-            const Answer answer = Run(g.job);
+            const JobAnswer answer = Run(g.job);
             ASSERT_TRUE(answer.status.ok()) << answer.status;
             EXPECT_EQ(answer.report.verified_repetitions, 2) << answer.report.verify_failure;
             EXPECT_FALSE(answer.report.suspect_device_id.has_value());
@@ -132,7 +123,7 @@ TEST_F(CudaVerify, LongKAndFp16AccumulationPass) {
   for (Accumulation acc : {Accumulation::kFp32, Accumulation::kFp16}) {
     Gemm g(128, 128, 65536, {}, 1, 0, rng);
     g.job.accumulation = acc;
-    const Answer answer = Run(g.job);
+    const JobAnswer answer = Run(g.job);
     ASSERT_TRUE(answer.status.ok()) << answer.status;
     EXPECT_EQ(answer.report.verified_repetitions, 2) << answer.report.verify_failure;
     EXPECT_LT(g.Error(), ServiceTolerance(acc == Accumulation::kFp16, {}));
@@ -158,8 +149,7 @@ void CorruptNext(const Gemm& g, int runs) {
   const int64_t offset = index * int64_t(sizeof(uint16_t));
   FaultInjector::Global().ArmCorruptOutput(
       [=](cudaStream_t stream, void* c, int64_t) {
-        ASSERT_EQ(LaunchXorWord(stream, static_cast<char*>(c) + offset, 2, 0x4000u),
-                  cudaSuccess);
+        ASSERT_EQ(LaunchXorWord(stream, static_cast<char*>(c) + offset, 2, 0x4000u), cudaSuccess);
       },
       runs);
 }
@@ -168,7 +158,7 @@ TEST_F(CudaVerify, ACorruptedRunIsRerunAndAnsweredRight) {
   std::mt19937_64 rng(23);
   Gemm g(256, 256, 512, {}, 1, 0, rng);
   CorruptNext(g, 1);
-  const Answer answer = Run(g.job);
+  const JobAnswer answer = Run(g.job);
   ASSERT_TRUE(answer.status.ok()) << answer.status;
   EXPECT_EQ(answer.report.suspect_device_id, backend_->Devices()[0].id);
   EXPECT_LT(g.Error(), ServiceTolerance(false, {}));
@@ -179,7 +169,7 @@ TEST_F(CudaVerify, BothRunsCorruptedIsDataLoss) {
   std::mt19937_64 rng(24);
   Gemm g(256, 256, 512, {}, 1, 0, rng);
   CorruptNext(g, 2);
-  const Answer answer = Run(g.job);
+  const JobAnswer answer = Run(g.job);
   EXPECT_EQ(answer.status.code(), absl::StatusCode::kDataLoss) << answer.status;
 }
 
@@ -196,7 +186,7 @@ TEST_F(CudaVerify, ResidentBKeepsItsCheckVectorUntilRewritten) {
       g.b = RandomHalfMatrix(int64_t(g.b.size()), rng);
       ASSERT_TRUE(backend_->WriteResident(*b, 0, g.b.data(), g.job.shape.BBytes()).ok());
     }
-    const Answer answer = Run(g.job);
+    const JobAnswer answer = Run(g.job);
     ASSERT_TRUE(answer.status.ok()) << answer.status;
     EXPECT_EQ(answer.report.verified_repetitions, 2) << run << ": " << answer.report.verify_failure;
     EXPECT_LT(g.Error(), ServiceTolerance(false, {}));

@@ -95,8 +95,8 @@ class ErrorDetailsTest : public ::testing::Test {
     return results.at(0).status;
   }
   grpc::Status Upload(uint32_t rows, uint32_t cols, v1::MatrixInfo* info) {
-    return client_->UploadMatrix(rows, cols, HalfBytes(RandomHalfMatrix(rows * cols, rng_)),
-                                 info, 0, "", {.timeout = 30s});
+    return client_->UploadMatrix(rows, cols, HalfBytes(RandomHalfMatrix(rows * cols, rng_)), info,
+                                 0, "", {.timeout = 30s});
   }
 
   std::mt19937_64 rng_{48};
@@ -158,12 +158,12 @@ TEST_F(ErrorDetailsTest, ResourceExhaustedNamesTheLimit) {
   options.service.rules.max_elements_per_matrix = 2048;
   Start(options);
   v1::MatrixInfo matrix;
-  const grpc::Status quota = Upload(32, 32, &matrix);  // 2048 bytes
+  const grpc::Status quota = Upload(32, 32, &matrix);                      // 2048 bytes
   const grpc::Status queue_bytes = Gemm(RandomRequest(32, 32, 32, rng_));  // 6144 bytes
   const grpc::Status elements = Gemm(RandomRequest(64, 64, 8, rng_));      // C: 4096 elements
-  for (const auto& [status, limit] : {std::pair{quota, "resident_quota_bytes"},
-                                      std::pair{queue_bytes, "max_queued_bytes"},
-                                      std::pair{elements, "max_elements_per_matrix"}}) {
+  for (const auto& [status, limit] :
+       {std::pair{quota, "resident_quota_bytes"}, std::pair{queue_bytes, "max_queued_bytes"},
+        std::pair{elements, "max_elements_per_matrix"}}) {
     ASSERT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << status.error_message();
     const ErrorDetails d = DetailsOf(status);
     EXPECT_EQ(d.reason, "OVER_LIMIT");

@@ -1,4 +1,4 @@
-// Layouts and types end to end (issue 29): a real HgemmServer on 127.0.0.1 (CPU backend) and
+// Layouts and types end to end: a real HgemmServer on 127.0.0.1 (CPU backend) and
 // the real client library; every layout × dtype × C type on odd shapes against a float64
 // reference, unary and streamed, with alpha/beta and a C input (inline, streamed, a kept C by
 // handle), strided-batched, resident operands of a dtype, and the refusals naming their fields.
@@ -100,8 +100,8 @@ TEST_F(GemmFormsTest, StreamedEveryLayoutAndTypeMatchesFloat64) {
   std::vector<Form> forms;
   for (const Form& f : AllForms()) {
     auto [m, n, k] = kOddShapes[requests.size() % kOddShapes.size()];
-    requests.push_back(
-        FormRequest(m + 40, n + 30, k + 20, f.transpose_a, f.transpose_b, f.dtype, f.c_dtype, rng_));
+    requests.push_back(FormRequest(m + 40, n + 30, k + 20, f.transpose_a, f.transpose_b, f.dtype,
+                                   f.c_dtype, rng_));
     forms.push_back(f);
   }
   std::vector<const v1::GemmRequest*> pointers;
@@ -110,7 +110,8 @@ TEST_F(GemmFormsTest, StreamedEveryLayoutAndTypeMatchesFloat64) {
   // One stream: the server's C buffers come from its pool, reused across these GEMMs.
   ASSERT_TRUE(client_->GemmStream(pointers, &results).ok());
   for (size_t i = 0; i < requests.size(); ++i) {
-    ASSERT_TRUE(results[i].status.ok()) << Name(forms[i]) << ": " << results[i].status.error_message();
+    ASSERT_TRUE(results[i].status.ok())
+        << Name(forms[i]) << ": " << results[i].status.error_message();
     EXPECT_LT(RelativeErrorOfC(requests[i], results[i].response.c()), Tolerance(forms[i]))
         << Name(forms[i]);
   }
@@ -119,7 +120,8 @@ TEST_F(GemmFormsTest, StreamedEveryLayoutAndTypeMatchesFloat64) {
 TEST_F(GemmFormsTest, ResidentOperandsCarryTheirDtype) {
   const uint32_t m = 19, n = 23, k = 29;
   // B of nn.Linear's layout (n×k) in bf16, resident; A inline, transposed (k×m).
-  v1::GemmRequest r = FormRequest(m, n, k, true, true, v1::DATA_TYPE_BF16, v1::DATA_TYPE_FP32, rng_);
+  v1::GemmRequest r =
+      FormRequest(m, n, k, true, true, v1::DATA_TYPE_BF16, v1::DATA_TYPE_FP32, rng_);
   v1::MatrixInfo b_info;
   ASSERT_TRUE(client_->UploadMatrix(n, k, r.b(), &b_info, 0, "W", {}, v1::DATA_TYPE_BF16).ok());
   EXPECT_EQ(b_info.dtype(), v1::DATA_TYPE_BF16);
@@ -147,8 +149,8 @@ TEST_F(GemmFormsTest, ResidentOperandsCarryTheirDtype) {
   fp16.clear_c_dtype();
   fp16.set_keep_c_resident(false);
   ExpectRefused(fp16, "b_handle", "mixing dtypes");
-  v1::GemmRequest chained = FormRequest(m, 5, n, false, false, v1::DATA_TYPE_BF16,
-                                        v1::DATA_TYPE_UNSPECIFIED, rng_);
+  v1::GemmRequest chained =
+      FormRequest(m, 5, n, false, false, v1::DATA_TYPE_BF16, v1::DATA_TYPE_UNSPECIFIED, rng_);
   chained.set_a_handle(response.c_matrix().handle());
   ExpectRefused(chained, "a_handle", "mixing dtypes");
 
@@ -161,8 +163,8 @@ TEST_F(GemmFormsTest, ResidentOperandsCarryTheirDtype) {
 }
 
 TEST_F(GemmFormsTest, RefusalsNameTheirField) {
-  v1::GemmRequest good = FormRequest(6, 5, 4, false, true, v1::DATA_TYPE_BF16,
-                                     v1::DATA_TYPE_UNSPECIFIED, rng_);
+  v1::GemmRequest good =
+      FormRequest(6, 5, 4, false, true, v1::DATA_TYPE_BF16, v1::DATA_TYPE_UNSPECIFIED, rng_);
   v1::GemmRequest r = good;
   r.set_dtype(v1::DATA_TYPE_FP32);
   ExpectRefused(r, "dtype", "DATA_TYPE_BF16");
@@ -196,8 +198,8 @@ TEST_F(GemmFormsTest, RefusalsNameTheirField) {
 
   // An upload of a type no operand has.
   v1::MatrixInfo info;
-  grpc::Status s = client_->UploadMatrix(2, 2, std::string(16, '\0'), &info, 0, "", {},
-                                         v1::DATA_TYPE_FP32);
+  grpc::Status s =
+      client_->UploadMatrix(2, 2, std::string(16, '\0'), &info, 0, "", {}, v1::DATA_TYPE_FP32);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_EQ(s.error_message().rfind("header.dtype:", 0), 0u) << s.error_message();
 }
@@ -218,15 +220,15 @@ TEST_F(GemmFormsTest, ListKernelsSaysLayoutsAndTypes) {
   }
 }
 
-// alpha/beta with a C input (issue 29): C = alpha·op(A)·op(B) + beta·C_in.
+// alpha/beta with a C input: C = alpha·op(A)·op(B) + beta·C_in.
 struct Scale {
   std::optional<float> alpha;  // unset: the wire's default (1)
   float beta;
 };
 
 std::string Name(const Form& f, const Scale& scale) {
-  return Name(f) + " alpha " + (scale.alpha ? std::to_string(*scale.alpha) : "unset") +
-         " beta " + std::to_string(scale.beta);
+  return Name(f) + " alpha " + (scale.alpha ? std::to_string(*scale.alpha) : "unset") + " beta " +
+         std::to_string(scale.beta);
 }
 
 const std::vector<Scale> kScales = {{2.5f, 0}, {0.5f, -1.5f}, {std::nullopt, 1}, {0, 2}};
@@ -243,9 +245,9 @@ TEST_F(GemmFormsTest, UnaryScaledEveryLayoutAndTypeMatchesFloat64) {
   for (const Form& f : AllForms()) {
     for (const Scale& scale : kScales) {
       for (auto [m, n, k] : {kOddShapes[1], kOddShapes[3]}) {
-        v1::GemmRequest r = Scaled(
-            FormRequest(m, n, k, f.transpose_a, f.transpose_b, f.dtype, f.c_dtype, rng_), scale,
-            rng_);
+        v1::GemmRequest r =
+            Scaled(FormRequest(m, n, k, f.transpose_a, f.transpose_b, f.dtype, f.c_dtype, rng_),
+                   scale, rng_);
         v1::GemmResponse response;
         grpc::Status s = client_->Gemm(r, &response);
         ASSERT_TRUE(s.ok()) << Name(f, scale) << ": " << s.error_message();
@@ -261,9 +263,9 @@ TEST_F(GemmFormsTest, StreamedScaledMatchesFloat64) {
   std::vector<std::string> names;
   for (const Form& f : AllForms()) {
     const Scale& scale = kScales[requests.size() % kScales.size()];
-    requests.push_back(Scaled(
-        FormRequest(45, 37, 29, f.transpose_a, f.transpose_b, f.dtype, f.c_dtype, rng_), scale,
-        rng_));
+    requests.push_back(
+        Scaled(FormRequest(45, 37, 29, f.transpose_a, f.transpose_b, f.dtype, f.c_dtype, rng_),
+               scale, rng_));
     names.push_back(Name(f, scale));
   }
   std::vector<const v1::GemmRequest*> pointers;
@@ -272,7 +274,8 @@ TEST_F(GemmFormsTest, StreamedScaledMatchesFloat64) {
   ASSERT_TRUE(client_->GemmStream(pointers, &results).ok());  // C_in in several chunks
   for (size_t i = 0; i < requests.size(); ++i) {
     ASSERT_TRUE(results[i].status.ok()) << names[i] << ": " << results[i].status.error_message();
-    EXPECT_LT(RelativeErrorOfC(requests[i], results[i].response.c()), kServiceTolerance.fp32_acc * 4)
+    EXPECT_LT(RelativeErrorOfC(requests[i], results[i].response.c()),
+              kServiceTolerance.fp32_acc * 4)
         << names[i];
   }
 }
@@ -282,7 +285,8 @@ TEST_F(GemmFormsTest, BetaZeroNeverReadsCIn) {
     v1::GemmRequest r = FormRequest(13, 11, 9, false, true, v1::DATA_TYPE_FP16, c_dtype, rng_);
     r.set_alpha(-3);
     // All ones bits: NaN in fp16 and in fp32.
-    r.set_c_in(std::string(size_t(r.m()) * r.n() * (c_dtype == v1::DATA_TYPE_FP32 ? 4 : 2), '\xff'));
+    r.set_c_in(
+        std::string(size_t(r.m()) * r.n() * (c_dtype == v1::DATA_TYPE_FP32 ? 4 : 2), '\xff'));
     v1::GemmResponse response;
     ASSERT_TRUE(client_->Gemm(r, &response).ok());
     EXPECT_LT(RelativeErrorOfC(r, response.c()), kServiceTolerance.fp32_acc);  // NaN: infinity
@@ -296,14 +300,16 @@ TEST_F(GemmFormsTest, BetaZeroNeverReadsCIn) {
 
 TEST_F(GemmFormsTest, KeptFp32CIsTheNextGemmsCIn) {
   const uint32_t m = 21, n = 17, k = 33;
-  v1::GemmRequest first = FormRequest(m, n, k, true, false, v1::DATA_TYPE_BF16, v1::DATA_TYPE_FP32, rng_);
+  v1::GemmRequest first =
+      FormRequest(m, n, k, true, false, v1::DATA_TYPE_BF16, v1::DATA_TYPE_FP32, rng_);
   first.set_keep_c_resident(true);
   v1::GemmResponse kept;
   ASSERT_TRUE(client_->Gemm(first, &kept).ok());
   ASSERT_EQ(kept.c_matrix().dtype(), v1::DATA_TYPE_FP32);
 
   // Accumulate into it: C2 = A2·B2 - 0.5·C1, C1 by handle (unary and streamed).
-  v1::GemmRequest second = FormRequest(m, n, 7, false, false, v1::DATA_TYPE_BF16, v1::DATA_TYPE_FP32, rng_);
+  v1::GemmRequest second =
+      FormRequest(m, n, 7, false, false, v1::DATA_TYPE_BF16, v1::DATA_TYPE_FP32, rng_);
   second.set_beta(-0.5f);
   second.set_c_in_handle(kept.c_matrix().handle());
   v1::GemmRequest expected = second;  // the same with C1's bytes inline, for the reference
@@ -331,8 +337,8 @@ TEST_F(GemmFormsTest, KeptFp32CIsTheNextGemmsCIn) {
 }
 
 TEST_F(GemmFormsTest, ScaleRefusalsNameTheirField) {
-  v1::GemmRequest good = FormRequest(6, 5, 4, true, false, v1::DATA_TYPE_FP16,
-                                     v1::DATA_TYPE_UNSPECIFIED, rng_);
+  v1::GemmRequest good =
+      FormRequest(6, 5, 4, true, false, v1::DATA_TYPE_FP16, v1::DATA_TYPE_UNSPECIFIED, rng_);
   good.set_beta(2);
   SetRandomCIn(&good, rng_);
   v1::GemmRequest r = good;
@@ -375,9 +381,9 @@ TEST_F(GemmFormsTest, BatchedEveryFormAndScaleMatchesFloat64) {
   for (const Form& f : AllForms()) {
     const Scale& scale = kScales[requests.size() % kScales.size()];
     const uint32_t batch = 2 + requests.size() % 4;
-    requests.push_back(Scaled(FormRequest(13, 7, 11, f.transpose_a, f.transpose_b, f.dtype,
-                                          f.c_dtype, rng_, batch),
-                              scale, rng_));
+    requests.push_back(Scaled(
+        FormRequest(13, 7, 11, f.transpose_a, f.transpose_b, f.dtype, f.c_dtype, rng_, batch),
+        scale, rng_));
     names.push_back(Name(f, scale) + " batch " + std::to_string(batch));
     v1::GemmResponse response;
     grpc::Status s = client_->Gemm(requests.back(), &response);
@@ -390,7 +396,8 @@ TEST_F(GemmFormsTest, BatchedEveryFormAndScaleMatchesFloat64) {
   ASSERT_TRUE(client_->GemmStream(pointers, &results).ok());
   for (size_t i = 0; i < requests.size(); ++i) {
     ASSERT_TRUE(results[i].status.ok()) << names[i] << ": " << results[i].status.error_message();
-    EXPECT_LT(RelativeErrorOfC(requests[i], results[i].response.c()), kServiceTolerance.fp32_acc * 4)
+    EXPECT_LT(RelativeErrorOfC(requests[i], results[i].response.c()),
+              kServiceTolerance.fp32_acc * 4)
         << names[i];
   }
 }

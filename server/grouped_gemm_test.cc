@@ -1,4 +1,4 @@
-// Grouped GEMM end to end (issue 29): a real HgemmServer on 127.0.0.1 (CPU backend) and the real
+// Grouped GEMM end to end: a real HgemmServer on 127.0.0.1 (CPU backend) and the real
 // client library; groups of odd shapes in every layout × dtype × C type, with alpha/beta and
 // C_in, against a float64 reference; every refusal names its field, and the server keeps
 // serving after them.
@@ -149,9 +149,9 @@ TEST_F(GroupedGemmTest, RefusalsNameTheirFieldAndTheServerKeepsServing) {
   // Too many problems, a problem past the limit per matrix (2^28 elements by default), the
   // group's sum past it: refused before any byte is looked at.
   Problems many(kMaxGroupProblems + 1, {1, 1, 1});
-  ExpectRefused(GroupRequest(many, false, false, v1::DATA_TYPE_FP16, v1::DATA_TYPE_UNSPECIFIED,
-                             rng_),
-                grpc::StatusCode::RESOURCE_EXHAUSTED, "group has 9 problems; this server takes at most 8");
+  ExpectRefused(
+      GroupRequest(many, false, false, v1::DATA_TYPE_FP16, v1::DATA_TYPE_UNSPECIFIED, rng_),
+      grpc::StatusCode::RESOURCE_EXHAUSTED, "group has 9 problems; this server takes at most 8");
   r = v1::GemmRequest();
   for (auto [m, n, k] : {std::tuple{1u << 14, 1u, 1u << 14}, std::tuple{1u, 1u, 1u}}) {
     v1::GroupedProblem* p = r.add_group();
@@ -173,15 +173,17 @@ TEST_F(GroupedGemmTest, RefusalsNameTheirFieldAndTheServerKeepsServing) {
 // GemmClient::GemmGrouped packs the problems' operands and splits C back per problem; it
 // refuses an empty group and an operand of the wrong size before any call.
 TEST_F(GroupedGemmTest, ClientPacksOperandsAndSplitsC) {
-  v1::GemmRequest r = GroupRequest(kOddProblems, true, false, v1::DATA_TYPE_BF16,
-                                   v1::DATA_TYPE_FP32, rng_);
+  v1::GemmRequest r =
+      GroupRequest(kOddProblems, true, false, v1::DATA_TYPE_BF16, v1::DATA_TYPE_FP32, rng_);
   r.set_alpha(-2);
   r.set_beta(0.5f);
   SetRandomCIn(&r, rng_);
   std::vector<GroupedOperands> problems;
   size_t a_offset = 0, b_offset = 0, c_offset = 0;
   for (auto [m, n, k] : kOddProblems) {
-    problems.push_back({.m = m, .n = n, .k = k,
+    problems.push_back({.m = m,
+                        .n = n,
+                        .k = k,
                         .a = std::string_view(r.a()).substr(a_offset, 2 * m * k),
                         .b = std::string_view(r.b()).substr(b_offset, 2 * k * n),
                         .c_in = std::string_view(r.c_in()).substr(c_offset, 4 * m * n)});

@@ -1,9 +1,9 @@
 // hgemm_server: serves hgemm.v1.GemmService. Every flag can also be set through the
 // environment variable named in its help (e.g. HGEMM_LISTEN), for containers.
-#include <CLI/CLI.hpp>
 #include <malloc.h>
 #include <signal.h>
 #include <spdlog/spdlog.h>
+#include <CLI/CLI.hpp>
 
 #include <algorithm>
 #include <chrono>
@@ -15,8 +15,8 @@
 
 #include "proto/grpc_args.h"
 #include "server/backend/backend_factory.h"
-#include "server/transport/grpc_logging.h"
 #include "server/server.h"
+#include "server/transport/grpc_logging.h"
 
 namespace {
 
@@ -55,11 +55,14 @@ int main(int argc, char** argv) {
                  "HOST:PORT or unix:/PATH to serve on; may be given several times, or as a "
                  "comma-separated list (a Unix socket beside TCP: shared memory is accepted only "
                  "over a unix: one)")
-      ->envname("HGEMM_LISTEN")->delimiter(',')->capture_default_str();
+      ->envname("HGEMM_LISTEN")
+      ->delimiter(',')
+      ->capture_default_str();
   app.add_option("--allowed_uids", server_options.auth.allowed_uids,
                  "uids that may call over the unix: sockets (the kernel's SO_PEERCRED; others "
                  "get PERMISSION_DENIED), comma-separated; empty: any")
-      ->envname("HGEMM_ALLOWED_UIDS")->delimiter(',');
+      ->envname("HGEMM_ALLOWED_UIDS")
+      ->delimiter(',');
   std::string unix_socket_mode;
   app.add_option("--unix_socket_mode", unix_socket_mode,
                  "octal file mode given to each unix: socket once bound, e.g. 0660 (empty: "
@@ -93,10 +96,14 @@ int main(int argc, char** argv) {
       ->envname("HGEMM_BULK_LISTEN");
   app.add_option("--max_bulk_lanes", server_options.bulk_grants.max_lanes,
                  "bulk lanes one client may hold granted and not yet connected")
-      ->envname("HGEMM_MAX_BULK_LANES")->check(CLI::Range(1, 1024))->capture_default_str();
+      ->envname("HGEMM_MAX_BULK_LANES")
+      ->check(CLI::Range(1, 1024))
+      ->capture_default_str();
   app.add_option("--max_bulk_connections", server_options.bulk.max_connections,
                  "bulk connections served at once (more are closed)")
-      ->envname("HGEMM_MAX_BULK_CONNECTIONS")->check(CLI::Range(1, 4096))->capture_default_str();
+      ->envname("HGEMM_MAX_BULK_CONNECTIONS")
+      ->check(CLI::Range(1, 4096))
+      ->capture_default_str();
   app.add_option("--health_listen", server_options.health_listen,
                  "HOST:PORT of a plaintext port serving only grpc.health.v1, for probes that speak "
                  "no TLS (empty: none)")
@@ -113,7 +120,8 @@ int main(int argc, char** argv) {
   app.add_option("--tls_client_auth", tls_client_auth,
                  "with --tls_client_ca: request (verify a client certificate if one is sent) or "
                  "require (no connection without one)")
-      ->envname("HGEMM_TLS_CLIENT_AUTH")->check(CLI::IsMember({"request", "require"}))
+      ->envname("HGEMM_TLS_CLIENT_AUTH")
+      ->check(CLI::IsMember({"request", "require"}))
       ->capture_default_str();
   app.add_option("--auth_tokens_file", server_options.auth.tokens_file,
                  "lines PRINCIPAL SHA256_HEX_OF_TOKEN [admin]: every GemmService call needs "
@@ -126,19 +134,28 @@ int main(int argc, char** argv) {
   app.add_flag("--auth_protect_reflection", server_options.auth.protect_reflection,
                "server reflection needs authentication too (TLS only; health stays open)")
       ->envname("HGEMM_AUTH_PROTECT_REFLECTION");
-  app.add_option("--backend", backend_options.kind, "auto (CUDA if a GPU is usable, else CPU), cuda or cpu")
-      ->envname("HGEMM_BACKEND")->check(CLI::IsMember({"auto", "cuda", "cpu"}))->capture_default_str();
+  app.add_option("--backend", backend_options.kind,
+                 "auto (CUDA if a GPU is usable, else CPU), cuda or cpu")
+      ->envname("HGEMM_BACKEND")
+      ->check(CLI::IsMember({"auto", "cuda", "cpu"}))
+      ->capture_default_str();
   app.add_option("--devices", devices, "CUDA devices to use, e.g. 0,1 (default: all visible)")
       ->envname("HGEMM_DEVICES");
   app.add_option("--streams_per_device", backend_options.cuda.streams_per_device,
                  "CUDA streams (concurrent GEMMs) per device")
-      ->envname("HGEMM_STREAMS_PER_DEVICE")->check(CLI::Range(1, 64))->capture_default_str();
-  app.add_option("--preallocate_bytes_per_stream", backend_options.cuda.preallocate_bytes_per_stream,
+      ->envname("HGEMM_STREAMS_PER_DEVICE")
+      ->check(CLI::Range(1, 64))
+      ->capture_default_str();
+  app.add_option("--preallocate_bytes_per_stream",
+                 backend_options.cuda.preallocate_bytes_per_stream,
                  "device buffer bytes each stream allocates at start (grown on demand)")
-      ->envname("HGEMM_PREALLOCATE_BYTES_PER_STREAM")->capture_default_str();
+      ->envname("HGEMM_PREALLOCATE_BYTES_PER_STREAM")
+      ->capture_default_str();
   app.add_option("--device_memory_fraction", backend_options.cuda.device_memory_fraction,
                  "share of each device's free memory the streams' buffers may use")
-      ->envname("HGEMM_DEVICE_MEMORY_FRACTION")->check(CLI::Range(0.05, 0.98))->capture_default_str();
+      ->envname("HGEMM_DEVICE_MEMORY_FRACTION")
+      ->check(CLI::Range(0.05, 0.98))
+      ->capture_default_str();
   app.add_flag("--fused_scale,!--no_fused_scale", backend_options.cuda.fused_scale,
                "alpha/beta inside the kernels that can (--no_fused_scale: a separate epilogue "
                "pass over an fp32 intermediate)")
@@ -147,91 +164,122 @@ int main(int argc, char** argv) {
   app.add_option("--spin_us", spin_us,
                  "how long an idle worker polls for the next GEMM, and a kept-C GEMM polls for its "
                  "kernel's end, before sleeping (lower latency for CPU; 0 = always sleep)")
-      ->envname("HGEMM_SPIN_US")->check(CLI::Range(int64_t{0}, int64_t{100000}))->capture_default_str();
+      ->envname("HGEMM_SPIN_US")
+      ->check(CLI::Range(int64_t{0}, int64_t{100000}))
+      ->capture_default_str();
   app.add_option("--upload_threads", server_options.upload_threads,
                  "threads copying streamed chunks to the device as they arrive")
-      ->envname("HGEMM_UPLOAD_THREADS")->check(CLI::Range(1, 64))->capture_default_str();
-  app.add_option("--cpu_workers", backend_options.cpu.workers, "concurrent GEMMs on the CPU backend")
-      ->envname("HGEMM_CPU_WORKERS")->check(CLI::Range(1, 256))->capture_default_str();
+      ->envname("HGEMM_UPLOAD_THREADS")
+      ->check(CLI::Range(1, 64))
+      ->capture_default_str();
+  app.add_option("--cpu_workers", backend_options.cpu.workers,
+                 "concurrent GEMMs on the CPU backend")
+      ->envname("HGEMM_CPU_WORKERS")
+      ->check(CLI::Range(1, 256))
+      ->capture_default_str();
   app.add_option("--max_elements_per_matrix", server_options.service.rules.max_elements_per_matrix,
                  "largest A, B or C accepted, in elements (at most 2^40)")
       ->envname("HGEMM_MAX_ELEMENTS_PER_MATRIX")
-      ->check(CLI::Range(int64_t{1}, hgemm::kMaxElementsPerMatrix))->capture_default_str();
+      ->check(CLI::Range(int64_t{1}, hgemm::kMaxElementsPerMatrix))
+      ->capture_default_str();
   app.add_option("--max_queued_requests", server_options.service.scheduler.max_queued_requests,
                  "GEMMs waiting for a stream; more get UNAVAILABLE")
-      ->envname("HGEMM_MAX_QUEUED_REQUESTS")->capture_default_str();
+      ->envname("HGEMM_MAX_QUEUED_REQUESTS")
+      ->capture_default_str();
   // Unset: a quarter of --max_queued_requests, whatever that is set to.
   int64_t max_queued_per_client = -1;
   app.add_option("--max_queued_per_client", max_queued_per_client,
                  "of those, GEMMs of one client; more of its get UNAVAILABLE while other clients' "
                  "are still admitted (default: a quarter of --max_queued_requests; 0: no limit)")
-      ->envname("HGEMM_MAX_QUEUED_PER_CLIENT")->check(CLI::NonNegativeNumber);
+      ->envname("HGEMM_MAX_QUEUED_PER_CLIENT")
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--max_queued_bytes", server_options.service.scheduler.max_queued_bytes,
                  "operand+result bytes of admitted GEMMs; more get UNAVAILABLE")
-      ->envname("HGEMM_MAX_QUEUED_BYTES")->capture_default_str();
+      ->envname("HGEMM_MAX_QUEUED_BYTES")
+      ->capture_default_str();
   app.add_option("--max_message_bytes", server_options.max_message_bytes,
                  "largest gRPC message accepted (unary Gemm)")
-      ->envname("HGEMM_MAX_MESSAGE_BYTES")->check(CLI::Range(int64_t{4} << 20, int64_t{INT32_MAX}))
+      ->envname("HGEMM_MAX_MESSAGE_BYTES")
+      ->check(CLI::Range(int64_t{4} << 20, int64_t{INT32_MAX}))
       ->capture_default_str();
   int64_t max_connection_age_s = 0, max_connection_age_grace_s = 0;
   app.add_option("--max_connection_age_s", max_connection_age_s,
                  "a client connection this old (±10 %) is sent a GOAWAY, so that its client "
                  "reconnects and re-resolves the server's name and reaches replicas added since "
                  "(a round_robin channel over a headless Service); 0: never")
-      ->envname("HGEMM_MAX_CONNECTION_AGE_S")->check(CLI::Range(0, 86400))->capture_default_str();
+      ->envname("HGEMM_MAX_CONNECTION_AGE_S")
+      ->check(CLI::Range(0, 86400))
+      ->capture_default_str();
   app.add_option("--max_connection_age_grace_s", max_connection_age_grace_s,
                  "then, how long the calls still open on it may go on before it is closed (they "
                  "end UNAVAILABLE); 0: until they end. Keep 0 where submission rings are used: "
                  "an AttachRing call stays open as long as its ring is attached")
-      ->envname("HGEMM_MAX_CONNECTION_AGE_GRACE_S")->check(CLI::Range(0, 86400))
+      ->envname("HGEMM_MAX_CONNECTION_AGE_GRACE_S")
+      ->check(CLI::Range(0, 86400))
       ->capture_default_str();
   app.add_option("--max_stream_pending_bytes", server_options.service.max_stream_pending_bytes,
                  "operand bytes one GemmStream may hold for GEMMs whose chunks are still coming")
-      ->envname("HGEMM_MAX_STREAM_PENDING_BYTES")->check(CLI::PositiveNumber)->capture_default_str();
+      ->envname("HGEMM_MAX_STREAM_PENDING_BYTES")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   app.add_option("--max_client_pending_bytes", server_options.service.max_client_pending_bytes,
                  "the same, summed over all streams of one client")
-      ->envname("HGEMM_MAX_CLIENT_PENDING_BYTES")->check(CLI::PositiveNumber)->capture_default_str();
+      ->envname("HGEMM_MAX_CLIENT_PENDING_BYTES")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   app.add_option("--stream_idle_timeout_s", stream_idle_timeout_s,
                  "a streamed GEMM or upload whose next chunk takes longer is refused and freed")
-      ->envname("HGEMM_STREAM_IDLE_TIMEOUT_S")->check(CLI::Range(1, 86400))->capture_default_str();
+      ->envname("HGEMM_STREAM_IDLE_TIMEOUT_S")
+      ->check(CLI::Range(1, 86400))
+      ->capture_default_str();
   app.add_option("--resident_quota_bytes", server_options.service.resident.quota_bytes_per_client,
                  "resident-matrix bytes one client may hold")
-      ->envname("HGEMM_RESIDENT_QUOTA_BYTES")->capture_default_str();
+      ->envname("HGEMM_RESIDENT_QUOTA_BYTES")
+      ->capture_default_str();
   app.add_option("--resident_ttl_s", resident_ttl_s,
                  "default time to live of resident matrices after their last use (0: none)")
-      ->envname("HGEMM_RESIDENT_TTL_S")->check(CLI::NonNegativeNumber)->capture_default_str();
+      ->envname("HGEMM_RESIDENT_TTL_S")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   app.add_flag("--resident_copy_to_idle_device",
                server_options.service.scheduler.copy_resident_to_idle_device,
                "run a GEMM whose resident operands live on a saturated GPU on an idle one, copying "
                "the operands over")
-      ->envname("HGEMM_RESIDENT_COPY_TO_IDLE_DEVICE")->capture_default_str();
+      ->envname("HGEMM_RESIDENT_COPY_TO_IDLE_DEVICE")
+      ->capture_default_str();
   app.add_flag("--verify", server_options.service.scheduler.verify_all,
                "check every GEMM's C by Freivalds' method before answering "
                "(docs/verification.md), not only those that ask (GemmOptions.verify)")
       ->envname("HGEMM_VERIFY");
   app.add_option("--verify_repetitions", server_options.service.scheduler.verify_repetitions,
                  "repetitions of the check (fresh random vectors) for a GEMM that names none")
-      ->envname("HGEMM_VERIFY_REPETITIONS")->check(CLI::Range(1, 8))->capture_default_str();
+      ->envname("HGEMM_VERIFY_REPETITIONS")
+      ->check(CLI::Range(1, 8))
+      ->capture_default_str();
   app.add_option("--verify_failures_to_retire",
                  server_options.service.scheduler.verify_failures_to_retire,
                  "failed Freivalds checks after which a device is taken out of service, as after "
                  "a sticky fault (0: never)")
-      ->envname("HGEMM_VERIFY_FAILURES_TO_RETIRE")->check(CLI::NonNegativeNumber)
+      ->envname("HGEMM_VERIFY_FAILURES_TO_RETIRE")
+      ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   app.add_option("--batching", server_options.service.scheduler.batching,
                  "run queued GEMMs of one client that share a resident B (same b_handle, form and "
                  "options) as one GEMM with their rows stacked (docs/operations.md, Batching); "
                  "off: every GEMM runs alone")
-      ->envname("HGEMM_BATCHING")->capture_default_str();
+      ->envname("HGEMM_BATCHING")
+      ->capture_default_str();
   int64_t batch_window_us = 0;
   app.add_option("--batch_window_us", batch_window_us,
                  "how long past a batchable GEMM's arrival its worker waits for more GEMMs to "
                  "share its launch (0: it takes what is queued and waits for nothing)")
-      ->envname("HGEMM_BATCH_WINDOW_US")->check(CLI::Range(int64_t{0}, int64_t{1000000}))
+      ->envname("HGEMM_BATCH_WINDOW_US")
+      ->check(CLI::Range(int64_t{0}, int64_t{1000000}))
       ->capture_default_str();
   app.add_option("--max_batch_rows", server_options.service.scheduler.max_batch_rows,
                  "rows (the GEMMs' m summed) of one batched launch at most")
-      ->envname("HGEMM_MAX_BATCH_ROWS")->check(CLI::Range(int64_t{1}, int64_t{1} << 20))
+      ->envname("HGEMM_MAX_BATCH_ROWS")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20))
       ->capture_default_str();
   app.add_flag("--resident_lru_eviction", server_options.service.resident.lru_eviction,
                "when device memory is full, evict least recently used resident matrices")
@@ -243,23 +291,31 @@ int main(int argc, char** argv) {
   app.add_option("--pin_shared_memory", server_options.service.regions.pin_for_dma,
                  "pin each region's pages for the GPUs (cudaHostRegister) so that operands and C "
                  "travel by DMA; false: through staging buffers (locks no memory)")
-      ->envname("HGEMM_PIN_SHARED_MEMORY")->capture_default_str();
+      ->envname("HGEMM_PIN_SHARED_MEMORY")
+      ->capture_default_str();
   int64_t region_ttl_s = 3600;
   app.add_option("--region_ttl_s", region_ttl_s,
                  "a region no GEMM used for this long is released (the regions of a client that "
                  "went away); 0: kept until unregistered")
-      ->envname("HGEMM_REGION_TTL_S")->check(CLI::NonNegativeNumber)->capture_default_str();
+      ->envname("HGEMM_REGION_TTL_S")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   app.add_option("--max_regions_per_client", server_options.service.regions.max_regions_per_owner,
                  "shared-memory regions one client may have registered")
-      ->envname("HGEMM_MAX_REGIONS_PER_CLIENT")->check(CLI::Range(1, 1 << 20))->capture_default_str();
-  app.add_option("--max_region_bytes_per_client", server_options.service.regions.max_bytes_per_owner,
+      ->envname("HGEMM_MAX_REGIONS_PER_CLIENT")
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
+  app.add_option("--max_region_bytes_per_client",
+                 server_options.service.regions.max_bytes_per_owner,
                  "bytes of the shared-memory regions one client may have registered")
-      ->envname("HGEMM_MAX_REGION_BYTES_PER_CLIENT")->check(CLI::PositiveNumber)
+      ->envname("HGEMM_MAX_REGION_BYTES_PER_CLIENT")
+      ->check(CLI::PositiveNumber)
       ->capture_default_str();
   app.add_option("--max_region_bytes_total", server_options.service.regions.max_host_bytes,
                  "bytes of the shared-memory regions of all clients together: the server pins "
                  "them, so keep it below the memory the server may lock (its container's limit)")
-      ->envname("HGEMM_MAX_REGION_BYTES_TOTAL")->check(CLI::PositiveNumber)
+      ->envname("HGEMM_MAX_REGION_BYTES_TOTAL")
+      ->check(CLI::PositiveNumber)
       ->capture_default_str();
   app.add_flag("--allow_cuda_ipc", server_options.service.regions.allow_cuda_ipc,
                "accept CUDA IPC regions (RegisterRegion.cuda_ipc) from the unix: listeners' "
@@ -269,30 +325,42 @@ int main(int argc, char** argv) {
   app.add_option("--ring_spin_us", server_options.service.rings.spin_us,
                  "how long a submission ring's thread polls for the client's next entry before it "
                  "sleeps on the ring's futex (lower latency for one CPU core per busy ring)")
-      ->envname("HGEMM_RING_SPIN_US")->check(CLI::Range(int64_t{0}, int64_t{100000}))
+      ->envname("HGEMM_RING_SPIN_US")
+      ->check(CLI::Range(int64_t{0}, int64_t{100000}))
       ->capture_default_str();
   app.add_option("--ring_max_in_flight", server_options.service.rings.max_in_flight,
                  "GEMMs of one submission ring admitted and not yet completed, at most")
-      ->envname("HGEMM_RING_MAX_IN_FLIGHT")->check(CLI::Range(1, 4096))->capture_default_str();
+      ->envname("HGEMM_RING_MAX_IN_FLIGHT")
+      ->check(CLI::Range(1, 4096))
+      ->capture_default_str();
   app.add_option("--max_rings_per_client", server_options.service.rings.max_rings_per_owner,
                  "submission rings (AttachRing) one client may have attached at once")
-      ->envname("HGEMM_MAX_RINGS_PER_CLIENT")->check(CLI::Range(1, 1024))->capture_default_str();
+      ->envname("HGEMM_MAX_RINGS_PER_CLIENT")
+      ->check(CLI::Range(1, 1024))
+      ->capture_default_str();
   app.add_option("--drain_deadline_s", drain_deadline_s,
                  "on SIGTERM/SIGINT, seconds in-flight calls get before they are cancelled")
-      ->envname("HGEMM_DRAIN_DEADLINE_S")->check(CLI::Range(0, 3600))->capture_default_str();
+      ->envname("HGEMM_DRAIN_DEADLINE_S")
+      ->check(CLI::Range(0, 3600))
+      ->capture_default_str();
   app.add_option("--log_level", log_level, "trace, debug (one line per GEMM), info, warn, error")
-      ->envname("HGEMM_LOG_LEVEL")->check(CLI::IsMember({"trace", "debug", "info", "warn", "error"}))
+      ->envname("HGEMM_LOG_LEVEL")
+      ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error"}))
       ->capture_default_str();
   app.add_option("--log_format", log_format,
                  "text, or json: one JSON object per line (time, level, message, and the fields of "
                  "a call: rpc, code, reason, request_id, peer, principal, traceparent)")
-      ->envname("HGEMM_LOG_FORMAT")->check(CLI::IsMember({"text", "json"}))->capture_default_str();
+      ->envname("HGEMM_LOG_FORMAT")
+      ->check(CLI::IsMember({"text", "json"}))
+      ->capture_default_str();
   hgemm::AddGrpcArgFlag(&app, &server_options.grpc_args);
   CLI11_PARSE(app, argc, argv);
   KeepReadBuffersMapped();
   if (!listen.empty()) server_options.listen_address = listen.front();
-  if (listen.size() > 1) server_options.more_listen_addresses.assign(listen.begin() + 1, listen.end());
-  if (!unix_socket_mode.empty()) server_options.unix_socket_mode = std::stoi(unix_socket_mode, nullptr, 8);
+  if (listen.size() > 1)
+    server_options.more_listen_addresses.assign(listen.begin() + 1, listen.end());
+  if (!unix_socket_mode.empty())
+    server_options.unix_socket_mode = std::stoi(unix_socket_mode, nullptr, 8);
 
   hgemm::logging::Format format = hgemm::logging::Format::kText;
   hgemm::logging::ParseFormat(log_format, &format);
@@ -351,11 +419,12 @@ int main(int argc, char** argv) {
     spdlog::info("also listening on {}", address);
   }
   if (!server_options.service.resident.replica.empty()) {
-    spdlog::info("replica {}: resident-matrix handles name it", server_options.service.resident.replica);
+    spdlog::info("replica {}: resident-matrix handles name it",
+                 server_options.service.resident.replica);
   }
   spdlog::info("security: {}, {}",
-               server_options.tls.cert_path.empty()         ? "plaintext"
-               : server_options.tls.client_ca_path.empty()  ? "TLS"
+               server_options.tls.cert_path.empty()        ? "plaintext"
+               : server_options.tls.client_ca_path.empty() ? "TLS"
                : tls_client_auth == "require" ? "mutual TLS (client certificates required)"
                                               : "mutual TLS (client certificates requested)",
                server_options.auth.tokens_file.empty() && !server_options.auth.principal_from_cert
@@ -378,12 +447,13 @@ int main(int argc, char** argv) {
                    d.compute_capability, d.memory_bytes >> 20, d.slots);
     }
   }
-  spdlog::info("limits: {} elements per matrix, {} queued GEMMs ({} per client), {} queued bytes, "
-               "{} bytes per message",
-               server_options.service.rules.max_elements_per_matrix,
-               server_options.service.scheduler.max_queued_requests,
-               server_options.service.scheduler.max_queued_per_owner,
-               server_options.service.scheduler.max_queued_bytes, server_options.max_message_bytes);
+  spdlog::info(
+      "limits: {} elements per matrix, {} queued GEMMs ({} per client), {} queued bytes, "
+      "{} bytes per message",
+      server_options.service.rules.max_elements_per_matrix,
+      server_options.service.scheduler.max_queued_requests,
+      server_options.service.scheduler.max_queued_per_owner,
+      server_options.service.scheduler.max_queued_bytes, server_options.max_message_bytes);
   if (server_options.service.scheduler.batching) {
     spdlog::info("batching: GEMMs sharing a resident B, up to {} rows per launch, {} us window",
                  server_options.service.scheduler.max_batch_rows, batch_window_us);
@@ -414,7 +484,8 @@ int main(int argc, char** argv) {
   // its end. Past this margin the exit is forced, so an orchestrator's grace period sized
   // from --drain_deadline_s holds whatever the calls in flight are doing.
   static constexpr int kExitMarginSeconds = 10;
-  std::thread([deadline = server_options.drain_deadline + std::chrono::seconds(kExitMarginSeconds)] {
+  std::thread([deadline =
+                   server_options.drain_deadline + std::chrono::seconds(kExitMarginSeconds)] {
     std::this_thread::sleep_for(deadline);
     spdlog::error("shutdown took longer than the drain deadline + {} s; exiting now",
                   kExitMarginSeconds);
@@ -426,7 +497,8 @@ int main(int argc, char** argv) {
   // runtime's) exit-time cleanup was seen to linger up to ~8 s after GPU traffic, which would
   // push the exit past the Kubernetes grace period the drain deadline is sized for.
   const int failed = b.FailedDevices();
-  if (failed > 0) spdlog::critical("{} device(s) failed; exit status {}", failed, kExitDeviceFailed);
+  if (failed > 0)
+    spdlog::critical("{} device(s) failed; exit status {}", failed, kExitDeviceFailed);
   spdlog::shutdown();
   std::_Exit(failed > 0 ? kExitDeviceFailed : 0);
 }

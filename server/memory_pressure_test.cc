@@ -1,4 +1,4 @@
-// Memory pressure (issue 30), on the CPU backend's budget for resident memory: a real
+// Memory pressure, on the CPU backend's budget for resident memory: a real
 // HgemmServer on 127.0.0.1 whose backend holds at most kBudget bytes of resident matrices,
 // arriving operands and kept C's, and clients that together want several times that at once
 // (resident uploads held to the end, GEMMs keeping C, streamed GEMMs whose operands arrive into

@@ -6,9 +6,9 @@
 #include "server/metrics/metrics.h"
 
 #include <arpa/inet.h>
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
-#include <fmt/format.h>
 #include <spdlog/sinks/ringbuffer_sink.h>
 #include <spdlog/spdlog.h>
 #include <sys/socket.h>
@@ -16,9 +16,9 @@
 
 #include <algorithm>
 #include <atomic>
-#include <filesystem>
 #include <cmath>
 #include <cstdlib>
+#include <filesystem>
 #include <map>
 #include <random>
 #include <regex>
@@ -31,10 +31,10 @@
 #include "client/metrics_scrape.h"
 #include "proto/numerics/cpu_gemm.h"
 #include "server/backend/cpu_backend.h"
+#include "server/server.h"
 #include "server/testing/memfd.h"
 #include "server/testing/test_requests.h"
 #include "server/transport/metrics_http.h"
-#include "server/server.h"
 
 namespace hgemm {
 namespace {
@@ -45,7 +45,8 @@ std::string Join(const std::vector<std::string>& lines) {
   return out;
 }
 
-// ---- HTTP (client/metrics_scrape.h) ----------------------------------------------------------------------------------
+// ---- HTTP (client/metrics_scrape.h)
+// ----------------------------------------------------------------------------------
 
 // GET `path` from 127.0.0.1:`port`.
 int HttpGet(int port, const std::string& path, std::string* body) {
@@ -111,10 +112,12 @@ TEST_F(MetricsTest, CountsExactlyTheCallsMade) {
   // A resident matrix: one upload, still held.
   const std::vector<uint16_t> data = RandomHalfMatrix(12 * 10, rng_);
   v1::MatrixInfo info;
-  ASSERT_TRUE(client_->UploadMatrix(12, 10, std::string(reinterpret_cast<const char*>(data.data()),
-                                                         2 * data.size()),
-                                    &info)
-                  .ok());
+  ASSERT_TRUE(
+      client_
+          ->UploadMatrix(12, 10,
+                         std::string(reinterpret_cast<const char*>(data.data()), 2 * data.size()),
+                         &info)
+          .ok());
 
   Scrape s = ScrapeMetrics();
   const std::map<std::string, double> expected = {
@@ -131,10 +134,14 @@ TEST_F(MetricsTest, CountsExactlyTheCallsMade) {
             (std::map<std::string, double>{{R"(hgemm_stream_calls_total{code="OK"})", 1}}));
   // Four GEMMs ran (two unary, two streamed), each observed once per stage.
   EXPECT_EQ(s.types["hgemm_gemm_stage_seconds"], "histogram");
-  for (const char* stage : {"queue_wait", "host_to_device", "kernel", "device_to_host", "server_total"}) {
-    EXPECT_EQ(s.Get(std::string(R"(hgemm_gemm_stage_seconds_count{backend="cpu",kernel="openblas_sgemm",stage=")") +
-                    stage + "\"}"),
-              4)
+  for (const char* stage :
+       {"queue_wait", "host_to_device", "kernel", "device_to_host", "server_total"}) {
+    EXPECT_EQ(
+        s.Get(
+            std::string(
+                R"(hgemm_gemm_stage_seconds_count{backend="cpu",kernel="openblas_sgemm",stage=")") +
+            stage + "\"}"),
+        4)
         << stage;
     std::vector<double> bounds;
     for (const auto& [series, value] : s.Series("hgemm_gemm_stage_seconds_bucket")) {
@@ -151,8 +158,10 @@ TEST_F(MetricsTest, CountsExactlyTheCallsMade) {
     EXPECT_EQ(bounds[bounds.size() - 2], 60) << "the last finite bucket is 60 s";
     EXPECT_EQ(bounds.back(), INFINITY);
   }
-  EXPECT_GT(s.Get(R"(hgemm_gemm_stage_seconds_sum{backend="cpu",kernel="openblas_sgemm",stage="server_total"})"),
-            0);
+  EXPECT_GT(
+      s.Get(
+          R"(hgemm_gemm_stage_seconds_sum{backend="cpu",kernel="openblas_sgemm",stage="server_total"})"),
+      0);
   EXPECT_EQ(s.Get(R"(hgemm_received_bytes_total{rpc="Gemm"})"), double(gemm_received));
   EXPECT_EQ(s.Get(R"(hgemm_sent_bytes_total{rpc="Gemm"})"), double(gemm_sent));
   EXPECT_EQ(s.Get(R"(hgemm_received_bytes_total{rpc="UploadMatrix"})"), 2.0 * data.size());
@@ -161,7 +170,8 @@ TEST_F(MetricsTest, CountsExactlyTheCallsMade) {
   EXPECT_EQ(s.Get(R"(hgemm_received_bytes_total{rpc="GemmStream"})"),
             double(s1.a().size() + s1.b().size() + s2.a().size() + s2.b().size()));
   EXPECT_EQ(s.Get(R"(hgemm_sent_bytes_total{rpc="GemmStream"})"), 2.0 * (16 * 8 + 5 * 6));
-  EXPECT_EQ(s.Get(std::string(R"(hgemm_build_info{backend="cpu",version=")") + kVersion + "\"}"), 1);
+  EXPECT_EQ(s.Get(std::string(R"(hgemm_build_info{backend="cpu",version=")") + kVersion + "\"}"),
+            1);
   EXPECT_EQ(s.Get("hgemm_queued_gemms"), 0);
   EXPECT_EQ(s.Get("hgemm_running_gemms"), 0);
   EXPECT_EQ(s.Get("hgemm_admitted_bytes"), 0);
@@ -256,7 +266,8 @@ TEST_F(MetricsTest, RefusedCallsAreLoggedAtInfo) {
   v1::GemmResponse response;
   CallOptions traced;
   traced.traceparent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
-  EXPECT_EQ(client_->Gemm(zero, &response, traced).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(client_->Gemm(zero, &response, traced).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
   v1::GemmRequest good = RandomRequest(4, 4, 4, rng_);
   ASSERT_TRUE(client_->Gemm(good, &response).ok());
   spdlog::default_logger()->sinks().pop_back();
@@ -269,10 +280,12 @@ TEST_F(MetricsTest, RefusedCallsAreLoggedAtInfo) {
     }
   }
   ASSERT_EQ(refusals.size(), 1u) << Join(lines);
-  EXPECT_NE(refusals[0].find("Gemm INVALID_ARGUMENT reason=\"n:"), std::string::npos) << refusals[0];
+  EXPECT_NE(refusals[0].find("Gemm INVALID_ARGUMENT reason=\"n:"), std::string::npos)
+      << refusals[0];
   EXPECT_NE(refusals[0].find(" request_id=req-7 "), std::string::npos) << refusals[0];
   EXPECT_NE(refusals[0].find(" peer=ipv4:127.0.0.1:"), std::string::npos) << refusals[0];
-  EXPECT_NE(refusals[0].find(" traceparent=" + traced.traceparent), std::string::npos) << refusals[0];
+  EXPECT_NE(refusals[0].find(" traceparent=" + traced.traceparent), std::string::npos)
+      << refusals[0];
 }
 
 // Matrix bytes by transport (tcp, unix, shm) and the shared-memory regions per owner, with a
@@ -315,8 +328,9 @@ TEST(MetricsShm, BytesByTransportAndRegionsPerOwner) {
   std::vector<std::unique_ptr<TestMemfd>> others;
   for (int i = 0; i < 17; ++i) {
     others.push_back(std::make_unique<TestMemfd>(4096 * (i + 2)));
-    ASSERT_TRUE(unix_client.RegisterRegion(others.back()->path(), 4096 * (i + 2), "", &info,
-                                           {.client_id = fmt::format("c{:02}", i)})
+    ASSERT_TRUE(unix_client
+                    .RegisterRegion(others.back()->path(), 4096 * (i + 2), "", &info,
+                                    {.client_id = fmt::format("c{:02}", i)})
                     .ok());
   }
 
@@ -344,8 +358,8 @@ TEST(MetricsShm, BytesByTransportAndRegionsPerOwner) {
             4096 * 18);
   EXPECT_EQ(scrape.Get(R"(hgemm_shared_regions{principal="other"})"), 2);
   EXPECT_EQ(scrape.Get(R"(hgemm_shared_region_bytes{principal="other"})"), 4096 + 8192);
-  EXPECT_FALSE(scrape.Has(
-      fmt::format(R"(hgemm_shared_regions{{principal="uid:{}/id:alice"}})", getuid())));
+  EXPECT_FALSE(
+      scrape.Has(fmt::format(R"(hgemm_shared_regions{{principal="uid:{}/id:alice"}})", getuid())));
 
   // Unregistered (info is c16's region): the owner's series goes.
   ASSERT_TRUE(unix_client.UnregisterRegion(info.region(), {.client_id = "c16"}).ok());

@@ -75,7 +75,8 @@ TEST_F(PartsTest, RunSendsOddShapesAsPartsAndLeavesNothingBehind) {
     response.set_c(RandomBytes(2 * m * n));  // poison: every byte must be the server's
     grpc::Status s = client_->Run(r, &response, As("alice"));
     ASSERT_TRUE(s.ok()) << s.error_message();
-    EXPECT_LT(RelativeErrorOfC(r, response.c()), kServiceTolerance.fp32_acc) << m << "x" << n << "x" << k;
+    EXPECT_LT(RelativeErrorOfC(r, response.c()), kServiceTolerance.fp32_acc)
+        << m << "x" << n << "x" << k;
     EXPECT_FALSE(response.has_c_matrix());
     EXPECT_EQ(response.execution().backend(), "cpu");
     // A and B were released by the GEMM, C after its download.
@@ -83,14 +84,30 @@ TEST_F(PartsTest, RunSendsOddShapesAsPartsAndLeavesNothingBehind) {
   }
 }
 
+// A client's GEMMs in flight share its parts: a loaded client sends its GEMMs whole.
+TEST(PartsFor, ShareTheConnectionsAmongTheGemmsInFlight) {
+  EXPECT_EQ(GemmClient::PartsFor(8, 1), 8);
+  EXPECT_EQ(GemmClient::PartsFor(8, 2), 4);
+  EXPECT_EQ(GemmClient::PartsFor(8, 3), 2);
+  EXPECT_EQ(GemmClient::PartsFor(4, 16), 0);
+  EXPECT_EQ(GemmClient::PartsFor(4, 0), 4);
+  std::mt19937_64 rng(1);
+  const v1::GemmRequest r = RandomRequest(301, 257, 199, rng);
+  CallOptions loaded;
+  loaded.parallel_min_bytes = 0;
+  loaded.parallel_parts = GemmClient::PartsFor(4, 4);
+  EXPECT_FALSE(GemmClient::ShouldSendParts(r, loaded));
+}
+
 TEST_F(PartsTest, TransposedBf16WithFp32CAsParts) {
-  v1::GemmRequest r = FormRequest(77, 45, 130, true, true, v1::DATA_TYPE_BF16, v1::DATA_TYPE_FP32, rng_);
+  v1::GemmRequest r =
+      FormRequest(77, 45, 130, true, true, v1::DATA_TYPE_BF16, v1::DATA_TYPE_FP32, rng_);
   v1::GemmResponse response;
   grpc::Status s = client_->Run(r, &response, As("alice"));
   ASSERT_TRUE(s.ok()) << s.error_message();
   EXPECT_LT(RelativeErrorOfC(r, response.c()),
-            ServiceTolerance(false, {.transpose_a = true, .transpose_b = true,
-                                     .bf16 = true, .c_fp32 = true}));
+            ServiceTolerance(
+                false, {.transpose_a = true, .transpose_b = true, .bf16 = true, .c_fp32 = true}));
 }
 
 // Parts carry A and B only: a GEMM with alpha/beta and C_in, or a batch, goes the old way and
@@ -101,7 +118,7 @@ TEST_F(PartsTest, ScaledAndBatchedGemmsKeepTheirSemanticsThroughRun) {
   scaled.set_beta(-2.0f);
   SetRandomCIn(&scaled, rng_);
   const v1::GemmRequest batched = FormRequest(40, 24, 33, false, false, v1::DATA_TYPE_FP16,
-                                             v1::DATA_TYPE_UNSPECIFIED, rng_, /*batch=*/3);
+                                              v1::DATA_TYPE_UNSPECIFIED, rng_, /*batch=*/3);
   for (const v1::GemmRequest* r : {&std::as_const(scaled), &batched}) {
     EXPECT_FALSE(GemmClient::ShouldSendParts(*r, As("alice")));
     v1::GemmResponse response;
@@ -119,9 +136,11 @@ TEST_F(PartsTest, PartsOutOfOrderOverSeveralConnectionsAndRangedDownloads) {
   const std::string bytes = RandomBytes(4000);
   uint64_t missing = 0;
   // Last part first, each on its own connection.
-  for (auto [offset, length, route] : {std::tuple{3000u, 1000u, 2}, {0u, 1200u, 0}, {1200u, 1800u, 1}}) {
-    ASSERT_TRUE(client_->UploadPart(upload.handle(), offset, bytes.data() + offset, length, route,
-                                    alice, &missing)
+  for (auto [offset, length, route] :
+       {std::tuple{3000u, 1000u, 2}, {0u, 1200u, 0}, {1200u, 1800u, 1}}) {
+    ASSERT_TRUE(client_
+                    ->UploadPart(upload.handle(), offset, bytes.data() + offset, length, route,
+                                 alice, &missing)
                     .ok());
   }
   EXPECT_EQ(missing, 0u);
@@ -167,9 +186,11 @@ TEST_F(PartsTest, RefusalsHaveTheirStatusAndTheServerKeepsServing) {
   EXPECT_EQ(client_->UploadPart(upload.handle(), 150, bytes.data(), 51, 0, alice).error_code(),
             grpc::StatusCode::INVALID_ARGUMENT);
   // Another principal's upload: as if it did not exist.
-  grpc::Status foreign = client_->UploadPart(upload.handle(), 100, bytes.data(), 100, 0, As("mallory"));
+  grpc::Status foreign =
+      client_->UploadPart(upload.handle(), 100, bytes.data(), 100, 0, As("mallory"));
   EXPECT_EQ(foreign.error_code(), grpc::StatusCode::NOT_FOUND);
-  EXPECT_NE(foreign.error_message().find("does not exist"), std::string::npos) << foreign.error_message();
+  EXPECT_NE(foreign.error_message().find("does not exist"), std::string::npos)
+      << foreign.error_message();
   // A GEMM naming the incomplete upload says how much is missing.
   v1::GemmRequest gemm = RandomRequest(10, 10, 10, rng_);
   gemm.set_a_handle(upload.handle());
@@ -239,7 +260,8 @@ TEST_F(PartsTest, AClientThatDiesMidPartLeavesItsRangeFreeAndAnAbandonedUploadIs
   v1::GemmResponse response;
   grpc::Status gone = client_->Gemm(gemm, &response, alice);
   EXPECT_EQ(gone.error_code(), grpc::StatusCode::NOT_FOUND);
-  EXPECT_NE(gone.error_message().find("got no part in time"), std::string::npos) << gone.error_message();
+  EXPECT_NE(gone.error_message().find("got no part in time"), std::string::npos)
+      << gone.error_message();
   ExpectStillServing();
 }
 

@@ -47,8 +47,8 @@ class PeerCredentialsTest : public ::testing::Test {
   // A tokens file where this process's uid is an administrator (to see owners) and alice is not.
   std::string TokensFile() {
     const std::string path = dir_ + "/tokens";
-    ReplaceFile(path, TokenLine(me_, "unused-token", /*admin=*/true) +
-                          TokenLine("alice", "alice-token"));
+    ReplaceFile(path,
+                TokenLine(me_, "unused-token", /*admin=*/true) + TokenLine("alice", "alice-token"));
     return path;
   }
 

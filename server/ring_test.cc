@@ -158,8 +158,8 @@ TEST_F(RingTest, AllResidentGemmWritesCInPlace) {
   auto upload = [&](uint32_t rows, uint32_t cols, const std::vector<uint16_t>& values) {
     v1::MatrixInfo info;
     grpc::Status s = client_->UploadMatrix(
-        rows, cols, {reinterpret_cast<const char*>(values.data()), values.size() * 2}, &info, 0,
-        "", call_);
+        rows, cols, {reinterpret_cast<const char*>(values.data()), values.size() * 2}, &info, 0, "",
+        call_);
     EXPECT_TRUE(s.ok()) << s.error_message();
     return info.handle();
   };
@@ -179,8 +179,9 @@ TEST_F(RingTest, AllResidentGemmWritesCInPlace) {
     ASSERT_TRUE(client_->DownloadMatrix(c_handle, &c, call_).ok());
     ASSERT_EQ(c.size(), size_t(2 * m * n));
     std::vector<float> reference = ReferenceGemm(a.data(), b.data(), m, n, k);
-    EXPECT_LT(RelativeFrobeniusError(reinterpret_cast<const uint16_t*>(c.data()),
-                                     reference.data(), m * n), 1e-3);
+    EXPECT_LT(RelativeFrobeniusError(reinterpret_cast<const uint16_t*>(c.data()), reference.data(),
+                                     m * n),
+              1e-3);
   }
   // C's matrix may not be an operand too, and must have C's shape.
   grpc::Status s = ring->Gemm(Entry(m, n, k, {kRingOperandMatrix, 0, 0}, {kRingOperandMatrix, 1, 0},
@@ -212,15 +213,15 @@ TEST_F(RingTest, ManyThreadsShareOneRing) {
       const uint64_t c_at = c_base + t * c_bytes;
       for (int i = 0; i < kPerThread; ++i) {
         std::fill_n(Half(*data, c_at), m * n, kHalfNan);
-        grpc::Status s = ring->Gemm(Entry(m, n, k, {kRingOperandRegion, 0, a_at},
-                                          {kRingOperandRegion, 0, b_at},
-                                          {kRingOperandRegion, 0, c_at}));
+        grpc::Status s =
+            ring->Gemm(Entry(m, n, k, {kRingOperandRegion, 0, a_at}, {kRingOperandRegion, 0, b_at},
+                             {kRingOperandRegion, 0, c_at}));
         if (!s.ok()) {
           ++failures[t];
           continue;
         }
-        worst[t] = std::max(worst[t], RelativeFrobeniusError(Half(*data, c_at), reference.data(),
-                                                             m * n));
+        worst[t] =
+            std::max(worst[t], RelativeFrobeniusError(Half(*data, c_at), reference.data(), m * n));
       }
     });
   }
@@ -465,11 +466,12 @@ TEST_F(RingTest, KeptCThroughTheRingChainsIntoTheNextGemm) {
   ASSERT_TRUE(client_->DownloadMatrix(kept, &c, call_).ok());
   ASSERT_EQ(c.size(), size_t(2 * m * n));
   std::vector<float> reference = ReferenceGemm(Half(*data, a_at), Half(*data, b_at), m, n, k);
-  EXPECT_LT(RelativeFrobeniusError(reinterpret_cast<const uint16_t*>(c.data()), reference.data(),
-                                   m * n), 1e-3);
-  EXPECT_TRUE(std::all_of(Half(*data, c_at), Half(*data, c_at) + m * n,
-                          [](uint16_t v) { return v == kHalfNan; }))
-      << "a kept C is written nowhere in the regions";
+  EXPECT_LT(
+      RelativeFrobeniusError(reinterpret_cast<const uint16_t*>(c.data()), reference.data(), m * n),
+      1e-3);
+  EXPECT_TRUE(std::all_of(Half(*data, c_at), Half(*data, c_at) + m * n, [](uint16_t v) {
+    return v == kHalfNan;
+  })) << "a kept C is written nowhere in the regions";
 
   // The kept C is bound after the attach and is A of C2 = C · B2 (into the region).
   EXPECT_FALSE(ring->HasMatrix(kept));
@@ -488,7 +490,8 @@ TEST_F(RingTest, KeptCThroughTheRingChainsIntoTheNextGemm) {
   ASSERT_TRUE(s.ok()) << s.error_message();
   s = ring->Gemm(entry);
   ASSERT_TRUE(s.ok()) << s.error_message();
-  reference = ReferenceGemm(reinterpret_cast<const uint16_t*>(c.data()), Half(*data, b2_at), m, n, n);
+  reference =
+      ReferenceGemm(reinterpret_cast<const uint16_t*>(c.data()), Half(*data, b2_at), m, n, n);
   EXPECT_LT(RelativeFrobeniusError(Half(*data, c_at), reference.data(), m * n), 1e-3);
 
   // keep_c with a C named too is refused, by the client and by the server.
@@ -515,10 +518,11 @@ TEST_F(RingTest, SlotsBoundAfterTheAttachAreUsable) {
   std::vector<uint16_t> b(k * n);
   FillRandom(b.data(), k * n);
   v1::MatrixInfo matrix;
-  ASSERT_TRUE(client_->UploadMatrix(k, n, {reinterpret_cast<const char*>(b.data()), 2 * k * n},
-                                    &matrix, 0, "", call_).ok());
-  const RingSubmission gemm = Entry(m, n, k, {kRingOperandRegion, 0, 0},
-                                    {kRingOperandMatrix, 0, 0},
+  ASSERT_TRUE(client_
+                  ->UploadMatrix(k, n, {reinterpret_cast<const char*>(b.data()), 2 * k * n},
+                                 &matrix, 0, "", call_)
+                  .ok());
+  const RingSubmission gemm = Entry(m, n, k, {kRingOperandRegion, 0, 0}, {kRingOperandMatrix, 0, 0},
                                     {kRingOperandRegion, 0, 2 * m * k});
   grpc::Status s = ring->Gemm(gemm);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << "nothing is bound yet";
@@ -575,9 +579,9 @@ TEST_F(RingTest, DeadlinesAnswerOnTimeAndLateCompletionsAreDropped) {
                                      .count());
   grpc::Status s = ring->Gemm(expired);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << s.error_message();
-  EXPECT_TRUE(std::all_of(Half(*data, c_at), Half(*data, c_at) + small * small,
-                          [](uint16_t v) { return v == kHalfNan; }))
-      << "an expired entry does not run";
+  EXPECT_TRUE(std::all_of(Half(*data, c_at), Half(*data, c_at) + small * small, [](uint16_t v) {
+    return v == kHalfNan;
+  })) << "an expired entry does not run";
 
   // 768^3 on the CPU backend takes far longer than the 1 ms the caller waits.
   std::fill_n(Half(*data, c_at), uint64_t{big} * big, kHalfNan);

@@ -71,8 +71,8 @@ class SecurityTest : public ::testing::Test {
 
   v1::MatrixInfo Upload(const GemmClient& client, const CallOptions& call = {}) {
     v1::MatrixInfo info;
-    grpc::Status s = client.UploadMatrix(16, 16, HalfBytes(RandomHalfMatrix(256, rng_)), &info, 0, "",
-                                         call);
+    grpc::Status s =
+        client.UploadMatrix(16, 16, HalfBytes(RandomHalfMatrix(256, rng_)), &info, 0, "", call);
     EXPECT_TRUE(s.ok()) << s.error_message();
     return info;
   }
@@ -133,8 +133,7 @@ TEST_F(SecurityTest, MissingWrongAndRevokedTokensAreUnauthenticated) {
             "the token is not accepted");  // the token is not echoed
 
   // Health needs no token.
-  auto health = grpc::health::v1::Health::NewStub(
-      Connect(target_, {.tls_ca = Path("ca.pem")}));
+  auto health = grpc::health::v1::Health::NewStub(Connect(target_, {.tls_ca = Path("ca.pem")}));
   grpc::ClientContext context;
   grpc::health::v1::HealthCheckResponse serving;
   EXPECT_TRUE(health->Check(&context, {}, &serving).ok());
@@ -194,13 +193,15 @@ TEST_F(SecurityTest, APrincipalCannotReachAnothersMatrices) {
 
 TEST_F(SecurityTest, AdminListsAndReleasesEveryonesMatrices) {
   Start(Options());
-  const GemmClient alice = Client("alice-token"), bob = Client("bob-token"), ops = Client("ops-token");
+  const GemmClient alice = Client("alice-token"), bob = Client("bob-token"),
+                   ops = Client("ops-token");
   const v1::MatrixInfo a = Upload(alice), b = Upload(bob);
   v1::ListMatricesResponse list;
   ASSERT_TRUE(ops.ListMatrices(&list).ok());
   std::map<std::string, std::string> owners;
   for (const v1::MatrixInfo& m : list.matrices()) owners[m.handle()] = m.owner();
-  EXPECT_EQ(owners, (std::map<std::string, std::string>{{a.handle(), "alice"}, {b.handle(), "bob"}}));
+  EXPECT_EQ(owners,
+            (std::map<std::string, std::string>{{a.handle(), "alice"}, {b.handle(), "bob"}}));
   uint64_t freed = 0;
   ASSERT_TRUE(ops.ReleaseMatrix(a.handle(), {}, &freed).ok());
   EXPECT_EQ(freed, a.bytes());

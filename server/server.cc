@@ -27,11 +27,12 @@ class ReflectionGuard final : public grpc::AuthMetadataProcessor {
   // Token hashing only: no need for gRPC's separate thread.
   bool IsBlocking() const override { return false; }
 
-  grpc::Status Process(const InputMetadata& metadata, grpc::AuthContext* context,
-                       OutputMetadata*, OutputMetadata*) override {
+  grpc::Status Process(const InputMetadata& metadata, grpc::AuthContext* context, OutputMetadata*,
+                       OutputMetadata*) override {
     auto path = metadata.find(":path");
     if (path == metadata.end() ||
-        std::string_view(path->second.data(), path->second.size()).rfind("/grpc.reflection.", 0) != 0) {
+        std::string_view(path->second.data(), path->second.size()).rfind("/grpc.reflection.", 0) !=
+            0) {
       return grpc::Status::OK;
     }
     Principal caller;
@@ -53,7 +54,8 @@ bool IsLoopback(const std::string& address) {
 
 // "" if the security options fit together, else why not (naming the flags).
 std::string CheckSecurity(const ServerOptions& o) {
-  if (o.tls.cert_path.empty() != o.tls.key_path.empty()) return "--tls_cert and --tls_key go together";
+  if (o.tls.cert_path.empty() != o.tls.key_path.empty())
+    return "--tls_cert and --tls_key go together";
   if (!o.tls.client_ca_path.empty() && o.tls.cert_path.empty()) {
     return "--tls_client_ca needs --tls_cert and --tls_key";
   }
@@ -153,9 +155,10 @@ std::unique_ptr<HgemmServer> HgemmServer::Start(ServerOptions options,
   } else {
     for (const std::string& address : ListenAddresses(opts)) {
       if (IsLoopback(address)) continue;
-      spdlog::warn("serving PLAINTEXT on {}: anyone on the network can read the matrices{} (set "
-                   "--tls_cert and --tls_key)",
-                   address, server->authenticator_->enabled() ? " and the tokens" : "");
+      spdlog::warn(
+          "serving PLAINTEXT on {}: anyone on the network can read the matrices{} (set "
+          "--tls_cert and --tls_key)",
+          address, server->authenticator_->enabled() ? " and the tokens" : "");
     }
   }
   server->store_ = std::make_unique<MatrixStore>(server->backend_.get(), opts.service.resident);
@@ -167,8 +170,7 @@ std::unique_ptr<HgemmServer> HgemmServer::Start(ServerOptions options,
   if (!opts.metrics_listen.empty()) {
     const std::vector<DeviceDescription> devices = server->backend_->Devices();
     server->metrics_ = std::make_shared<ServiceMetrics>(
-        kVersion, server->backend_->Name(), devices,
-        [s = server.get(), devices] {
+        kVersion, server->backend_->Name(), devices, [s = server.get(), devices] {
           LoadSample load;
           const Scheduler::Stats stats = s->scheduler_->GetStats();
           load.queued = stats.queued;
@@ -178,9 +180,10 @@ std::unique_ptr<HgemmServer> HgemmServer::Start(ServerOptions options,
           const std::vector<MatrixStore::DeviceUsage> usage = s->store_->UsageByDevice();
           const std::vector<Scheduler::VerifyStats> verify = s->scheduler_->GetVerifyStats();
           for (size_t i = 0; i < usage.size() && i < devices.size(); ++i) {
-            load.devices.push_back({std::to_string(devices[i].id), usage[i].bytes, usage[i].matrices,
-                                    !s->backend_->DeviceHealthy(int(i)), verify[i].verified,
-                                    verify[i].failures, verify[i].reruns, verify[i].suspect});
+            load.devices.push_back({std::to_string(devices[i].id), usage[i].bytes,
+                                    usage[i].matrices, !s->backend_->DeviceHealthy(int(i)),
+                                    verify[i].verified, verify[i].failures, verify[i].reruns,
+                                    verify[i].suspect});
           }
           for (const RegionStore::OwnerUsage& u : s->core_->RegionUsageByOwner()) {
             load.region_owners.push_back({u.owner, u.regions, u.bytes});
@@ -204,9 +207,8 @@ std::unique_ptr<HgemmServer> HgemmServer::Start(ServerOptions options,
                   server->tls_->client_ca_path(),
                   opts.tls.client_certificates == ClientCertificates::kRequire};
     }
-    server->bulk_listener_ =
-        BulkListener::Start(bulk, server->core_.get(), server->bulk_grants_.get(),
-                            server->metrics_.get(), &error);
+    server->bulk_listener_ = BulkListener::Start(
+        bulk, server->core_.get(), server->bulk_grants_.get(), server->metrics_.get(), &error);
     if (!server->bulk_listener_) {
       spdlog::critical("cannot listen on {} (--bulk_listen): {}", opts.bulk.address, error);
       server->scheduler_->Shutdown();
@@ -251,7 +253,8 @@ std::unique_ptr<HgemmServer> HgemmServer::Start(ServerOptions options,
   };
   listen(opts.listen_address, &server->port_);
   std::vector<int> more_ports(opts.more_listen_addresses.size(), 0);
-  for (size_t i = 0; i < more_ports.size(); ++i) listen(opts.more_listen_addresses[i], &more_ports[i]);
+  for (size_t i = 0; i < more_ports.size(); ++i)
+    listen(opts.more_listen_addresses[i], &more_ports[i]);
   builder.RegisterService(server->service_.get());
   builder.RegisterService(server->health_.get());
   builder.RegisterService(server->reflection_.get());
@@ -338,8 +341,8 @@ void HgemmServer::Shutdown() {
     if (scheduler_) scheduler_->Shutdown();
     return;
   }
-  health_->Shutdown();  // NOT_SERVING for good; Watch calls end
-  service_->Drain();    // idle streams end now, busy ones once their work is answered
+  health_->Shutdown();      // NOT_SERVING for good; Watch calls end
+  service_->Drain();        // idle streams end now, busy ones once their work is answered
   unix_listeners_.clear();  // no new connections on the Unix sockets
   bulk_listener_.reset();   // nor bulk lanes; those in progress are cut
   spdlog::info("draining: in-flight calls have {} ms", options_.drain_deadline.count());

@@ -22,18 +22,18 @@
 #include "server/auth/authenticator.h"
 #include "server/auth/server_tls.h"
 #include "server/backend/backend.h"
-#include "server/session/bulk_grants.h"
-#include "server/transport/bulk_listener.h"
-#include "server/transport/gemm_service.h"
-#include "server/transport/health_service.h"
-#include "server/transport/reflection_service.h"
 #include "server/metrics/metrics.h"
-#include "server/transport/metrics_http.h"
-#include "server/transport/unix_listener.h"
 #include "server/resident/matrix_store.h"
 #include "server/scheduler/scheduler.h"
 #include "server/scheduler/upload_queue.h"
+#include "server/session/bulk_grants.h"
 #include "server/session/gemm_core.h"
+#include "server/transport/bulk_listener.h"
+#include "server/transport/gemm_service.h"
+#include "server/transport/health_service.h"
+#include "server/transport/metrics_http.h"
+#include "server/transport/reflection_service.h"
+#include "server/transport/unix_listener.h"
 
 namespace hgemm {
 
@@ -87,7 +87,8 @@ class HgemmServer {
   // Starts serving on options.listen_address (and metrics_listen, health_listen). Returns
   // nullptr (and logs why, naming the flag or file) if an address can't be bound, a
   // certificate, key or tokens file is unreadable or malformed, or the options contradict.
-  static std::unique_ptr<HgemmServer> Start(ServerOptions options, std::unique_ptr<Backend> backend);
+  static std::unique_ptr<HgemmServer> Start(ServerOptions options,
+                                            std::unique_ptr<Backend> backend);
   ~HgemmServer();  // Shutdown()
 
   int port() const { return port_; }
@@ -124,16 +125,16 @@ class HgemmServer {
   // Over the four above; the service is handed it and must not outlive it (service_ is after).
   std::unique_ptr<GemmCore> core_;
   std::shared_ptr<ServiceMetrics> metrics_;  // null without metrics_listen; samples the above
-  UnixPeers unix_peers_;  // filled by unix_listeners_, read by authenticator_
+  UnixPeers unix_peers_;                     // filled by unix_listeners_, read by authenticator_
   std::unique_ptr<Authenticator> authenticator_;
-  std::unique_ptr<ServerTls> tls_;  // null: plaintext
+  std::unique_ptr<ServerTls> tls_;           // null: plaintext
   std::unique_ptr<BulkGrants> bulk_grants_;  // null without a bulk channel
   std::unique_ptr<GemmServiceImpl> service_;
   std::unique_ptr<BulkListener> bulk_listener_;  // after core_, which its lanes use
   std::unique_ptr<HealthService> health_;
   std::unique_ptr<HealthService> probe_health_;  // the health-only port's; null without one
   std::unique_ptr<ReflectionService> reflection_;
-  std::unique_ptr<grpc::Server> server_;  // after the services, which must outlive it
+  std::unique_ptr<grpc::Server> server_;        // after the services, which must outlive it
   std::unique_ptr<grpc::Server> probe_server_;  // the health-only port; null without one
   // The plaintext unix: addresses, accepted by the server itself (after server_, which they
   // hand connections to).

@@ -46,13 +46,13 @@
 
 #include "client/gemm_client.h"
 #include "client/metrics_scrape.h"
-#include "server/testing/child_process.h"
-#include "server/auth/test_certs.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "grpc/reflection/v1alpha/reflection.grpc.pb.h"
 #include "proto/numerics/cpu_gemm.h"
 #include "proto/numerics/error_stats.h"
 #include "proto/numerics/fp16.h"
+#include "server/auth/test_certs.h"
+#include "server/testing/child_process.h"
 
 namespace hgemm {
 namespace {
@@ -63,7 +63,6 @@ namespace pb = google::protobuf;
 
 constexpr int kDrainDeadlineSeconds = 20;
 using subprocess::FreePort;
-
 
 std::string ServerBinary() {
   return std::string(std::getenv("TEST_SRCDIR")) + "/hgemm_serve/server/hgemm_server";
@@ -80,10 +79,12 @@ class ServerProcessTest : public ::testing::Test {
     const std::string binary = subprocess::RunfilePath("server/hgemm_server");
     target_ = "127.0.0.1:" + std::to_string(FreePort());
     metrics_port_ = FreePort();
-    std::vector<std::string> args = {
-        binary, "--backend=cpu", "--listen=" + target_,
-        "--drain_deadline_s=" + std::to_string(kDrainDeadlineSeconds),
-        "--metrics_listen=127.0.0.1:" + std::to_string(metrics_port_), "--log_level=debug"};
+    std::vector<std::string> args = {binary,
+                                     "--backend=cpu",
+                                     "--listen=" + target_,
+                                     "--drain_deadline_s=" + std::to_string(kDrainDeadlineSeconds),
+                                     "--metrics_listen=127.0.0.1:" + std::to_string(metrics_port_),
+                                     "--log_level=debug"};
     args.insert(args.end(), extra.begin(), extra.end());
     std::vector<char*> argv;
     for (std::string& a : args) argv.push_back(a.data());
@@ -238,10 +239,12 @@ void ReflectionOnlyClientMultiplies(const std::shared_ptr<grpc::Channel>& channe
   std::vector<grpc::Slice> slices;
   ASSERT_TRUE(response_bytes.Dump(&slices).ok());
   std::string reply_bytes;
-  for (const auto& s : slices) reply_bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  for (const auto& s : slices)
+    reply_bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
   std::unique_ptr<pb::Message> reply(factory.GetPrototype(gemm->output_type())->New());
   ASSERT_TRUE(reply->ParseFromString(reply_bytes));
-  const std::string c = reply->GetReflection()->GetString(*reply, gemm->output_type()->FindFieldByName("c"));
+  const std::string c =
+      reply->GetReflection()->GetString(*reply, gemm->output_type()->FindFieldByName("c"));
   ASSERT_EQ(c.size(), 8u);
   const auto* half = reinterpret_cast<const uint16_t*>(c.data());
   EXPECT_EQ(HalfToFloat(half[0]), 7);
@@ -250,7 +253,9 @@ void ReflectionOnlyClientMultiplies(const std::shared_ptr<grpc::Channel>& channe
   EXPECT_EQ(HalfToFloat(half[3]), 22);
 }
 
-TEST_F(ServerProcessTest, ReflectionOnlyClientMultiplies) { ReflectionOnlyClientMultiplies(channel_); }
+TEST_F(ServerProcessTest, ReflectionOnlyClientMultiplies) {
+  ReflectionOnlyClientMultiplies(channel_);
+}
 
 // The same over TLS, with the token that --auth_protect_reflection asks reflection for.
 class TlsServerProcessTest : public ServerProcessTest {
@@ -287,8 +292,8 @@ TEST_F(TlsServerProcessTest, ReflectionNeedsTheToken) {
 
 // The server's output and exit status when started with `flags`; it must stop by itself.
 int RunToExit(const std::string& flags, std::string* output) {
-  const std::string command = "timeout 60 " + ServerBinary() +
-                              " --backend=cpu --listen=127.0.0.1:0 " + flags + " 2>&1";
+  const std::string command =
+      "timeout 60 " + ServerBinary() + " --backend=cpu --listen=127.0.0.1:0 " + flags + " 2>&1";
   FILE* pipe = popen(command.c_str(), "r");
   char buffer[4096];
   for (size_t n; (n = fread(buffer, 1, sizeof buffer, pipe)) > 0;) output->append(buffer, n);
@@ -300,7 +305,8 @@ TEST(ServerProcess, MalformedCertificateKeyOrTokensFileStopsTheStart) {
   const std::string certs = testing::MakeTestCerts();
   const std::string garbage = certs + "/garbage.pem";
   testing::ReplaceFile(garbage, "not a PEM file\n");
-  const std::string good_tls = "--tls_cert=" + certs + "/server.pem --tls_key=" + certs + "/server.key";
+  const std::string good_tls =
+      "--tls_cert=" + certs + "/server.pem --tls_key=" + certs + "/server.key";
   struct Case {
     std::string flags, message;
   };
@@ -322,7 +328,7 @@ TEST(ServerProcess, MalformedCertificateKeyOrTokensFileStopsTheStart) {
   }
 }
 
-// Issue 12, item 4: reflection listed grpc.health.v1.Health but could not describe it.
+// Reflection describes every service it lists, grpc.health.v1.Health included.
 TEST_F(ServerProcessTest, ReflectionDescribesEveryListedService) {
   reflection::ServerReflectionRequest list;
   list.set_list_services("*");
@@ -345,7 +351,7 @@ TEST_F(ServerProcessTest, ReflectionDescribesEveryListedService) {
   }
 }
 
-// Issue 26: grpcurl's bare `describe` lists the services and then resolves every one of them
+// grpcurl's bare `describe` lists the services and then resolves every one of them
 // on the same reflection stream. Each answer must hold the symbol's file first, with every
 // file it imports, whatever the stream already carried.
 TEST_F(ServerProcessTest, ReflectionResolvesEveryListedServiceOnOneStream) {
@@ -359,7 +365,8 @@ TEST_F(ServerProcessTest, ReflectionResolvesEveryListedServiceOnOneStream) {
   ASSERT_TRUE(stream->Read(&listed));
   ASSERT_GE(listed.list_services_response().service_size(), 3);
   std::vector<std::string> names;
-  for (const auto& service : listed.list_services_response().service()) names.push_back(service.name());
+  for (const auto& service : listed.list_services_response().service())
+    names.push_back(service.name());
   std::sort(names.begin(), names.end());  // grpcurl's order
   for (const std::string& name : names) {
     reflection::ServerReflectionRequest symbol;
@@ -367,7 +374,8 @@ TEST_F(ServerProcessTest, ReflectionResolvesEveryListedServiceOnOneStream) {
     ASSERT_TRUE(stream->Write(symbol));
     reflection::ServerReflectionResponse files;
     ASSERT_TRUE(stream->Read(&files));
-    ASSERT_FALSE(files.has_error_response()) << name << ": " << files.error_response().error_message();
+    ASSERT_FALSE(files.has_error_response())
+        << name << ": " << files.error_response().error_message();
     // grpcurl takes the first file as the one that holds the symbol, and needs its imports.
     std::map<std::string, pb::FileDescriptorProto> received;
     std::string first;
@@ -481,9 +489,10 @@ TEST_F(ServerProcessTest, SigtermDrainsInFlightGemmsAndExitsZero) {
     std::vector<float> reference = ReferenceGemm(
         reinterpret_cast<const uint16_t*>(requests[i].a().data()),
         reinterpret_cast<const uint16_t*>(requests[i].b().data()), kSize, kSize, kSize);
-    EXPECT_LT(RelativeFrobeniusError(reinterpret_cast<const uint16_t*>(results[i].response.c().data()),
-                                     reference.data(), reference.size()),
-              kServiceTolerance.fp32_acc);
+    EXPECT_LT(
+        RelativeFrobeniusError(reinterpret_cast<const uint16_t*>(results[i].response.c().data()),
+                               reference.data(), reference.size()),
+        kServiceTolerance.fp32_acc);
   }
   for (const grpc::Status& s : unary) EXPECT_TRUE(s.ok()) << s.error_message();
 }
@@ -550,7 +559,8 @@ TEST_F(JsonLogProcessTest, EveryLineIsJsonAndCallsCarryTheirFields) {
     EXPECT_EQ(r["code"], "INVALID_ARGUMENT");
     EXPECT_NE(r["reason"].get<std::string>().find("warp_drive"), std::string::npos) << r;
     EXPECT_EQ(r["peer"].get<std::string>().rfind("ipv4:127.0.0.1:", 0), 0u) << r;
-    EXPECT_EQ(r["principal"], "ipv4:127.0.0.1") << "without authentication the caller is its address";
+    EXPECT_EQ(r["principal"], "ipv4:127.0.0.1")
+        << "without authentication the caller is its address";
   }
   EXPECT_EQ(refused[0]["request_id"], "refused-1");
   EXPECT_EQ(refused[0]["traceparent"], trace);
@@ -597,11 +607,10 @@ TEST_F(ShmProcessTest, ClientMultipliesThroughSharedMemory) {
   ASSERT_EQ(stat((dir_ + "/hgemm.sock").c_str(), &socket_file), 0);
   EXPECT_EQ(socket_file.st_mode & 0777, 0600u);
   const std::string unix_target = "--server=unix:" + dir_ + "/hgemm.sock";
-  EXPECT_EQ(RunClient({unix_target, "--transport=shm", "--shape=67x33x129", "--check",
-                       "--repeat=2"}),
-            0);
+  EXPECT_EQ(
+      RunClient({unix_target, "--transport=shm", "--shape=67x33x129", "--check", "--repeat=2"}), 0);
   EXPECT_EQ(RunClient({unix_target, "--shape=67x33x129", "--check"}), 0);  // gRPC, same socket
-  EXPECT_NE(RunClient({"--transport=shm", "--shape=8x8x8"}), 0);          // over TCP: refused
+  EXPECT_NE(RunClient({"--transport=shm", "--shape=8x8x8"}), 0);           // over TCP: refused
 }
 
 }  // namespace

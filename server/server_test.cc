@@ -81,11 +81,13 @@ TEST_F(ServerTest, UnaryTwoByTwo) {
 }
 
 TEST_F(ServerTest, UnaryOddShapesMatchReference) {
-  for (auto [m, n, k] : {std::tuple{1u, 1u, 1u}, {7u, 5u, 3u}, {33u, 65u, 17u}, {255u, 257u, 100u}}) {
+  for (auto [m, n, k] :
+       {std::tuple{1u, 1u, 1u}, {7u, 5u, 3u}, {33u, 65u, 17u}, {255u, 257u, 100u}}) {
     v1::GemmRequest r = RandomRequest(m, n, k, rng_);
     v1::GemmResponse response;
     ASSERT_TRUE(client_->Gemm(r, &response).ok());
-    EXPECT_LT(ErrorAgainstReference(r, response.c()), kServiceTolerance.fp32_acc) << m << "x" << n << "x" << k;
+    EXPECT_LT(ErrorAgainstReference(r, response.c()), kServiceTolerance.fp32_acc)
+        << m << "x" << n << "x" << k;
   }
 }
 
@@ -132,13 +134,13 @@ class ThrowingBackend final : public ForwardingBackend {
   }
 };
 
-// Issue 12: an exception in a worker (GEMM or copy) becomes its call's status; the worker used
-// to die with it (std::terminate).
+// An exception in a worker (GEMM or copy) becomes its call's status; the worker must not die
+// with it (std::terminate).
 TEST_F(ServerTest, ExceptionsInWorkersBecomeStatuses) {
   ServerOptions options;
   options.listen_address = "127.0.0.1:0";
-  server_ = HgemmServer::Start(
-      options, std::make_unique<ThrowingBackend>(MakeCpuBackend({.workers = 1})));
+  server_ = HgemmServer::Start(options,
+                               std::make_unique<ThrowingBackend>(MakeCpuBackend({.workers = 1})));
   ASSERT_NE(server_, nullptr);
   client_ = std::make_unique<GemmClient>(Connect("127.0.0.1:" + std::to_string(server_->port())));
   for (int round = 0; round < 3; ++round) {  // the one worker survives each time
@@ -162,8 +164,8 @@ TEST_F(ServerTest, StreamSendsCWhileItIsStillArriving) {
   ServerOptions options;
   options.listen_address = "127.0.0.1:0";
   options.service.stream_chunk_bytes = 100'000;  // not a divisor of the pieces
-  server_ = HgemmServer::Start(
-      options, std::make_unique<PiecewiseBackend>(MakeCpuBackend({.workers = 2})));
+  server_ = HgemmServer::Start(options,
+                               std::make_unique<PiecewiseBackend>(MakeCpuBackend({.workers = 2})));
   ASSERT_NE(server_, nullptr);
   client_ = std::make_unique<GemmClient>(Connect("127.0.0.1:" + std::to_string(server_->port())));
   std::vector<v1::GemmRequest> requests;
@@ -172,13 +174,16 @@ TEST_F(ServerTest, StreamSendsCWhileItIsStillArriving) {
   ASSERT_TRUE(client_->GemmStream({&requests[0], &requests[1], &requests[2]}, &results).ok());
   for (size_t i = 0; i < requests.size(); ++i) {
     ASSERT_TRUE(results[i].status.ok()) << results[i].status.error_message();
-    EXPECT_LT(ErrorAgainstReference(requests[i], results[i].response.c()), kServiceTolerance.fp32_acc) << i;
+    EXPECT_LT(ErrorAgainstReference(requests[i], results[i].response.c()),
+              kServiceTolerance.fp32_acc)
+        << i;
   }
 }
 
 TEST_F(ServerTest, ManyGemmsOnOneStream) {
   std::vector<v1::GemmRequest> requests;
-  for (uint32_t i = 0; i < 12; ++i) requests.push_back(RandomRequest(30 + 37 * i, 200 - 11 * i, 1 + 53 * i, rng_));
+  for (uint32_t i = 0; i < 12; ++i)
+    requests.push_back(RandomRequest(30 + 37 * i, 200 - 11 * i, 1 + 53 * i, rng_));
   std::vector<const v1::GemmRequest*> pointers;
   for (auto& r : requests) pointers.push_back(&r);
   std::vector<StreamedGemm> results;
@@ -187,7 +192,9 @@ TEST_F(ServerTest, ManyGemmsOnOneStream) {
   ASSERT_TRUE(client_->GemmStream(pointers, &results, options).ok());
   for (size_t i = 0; i < requests.size(); ++i) {
     ASSERT_TRUE(results[i].status.ok()) << i << ": " << results[i].status.error_message();
-    EXPECT_LT(ErrorAgainstReference(requests[i], results[i].response.c()), kServiceTolerance.fp32_acc) << i;
+    EXPECT_LT(ErrorAgainstReference(requests[i], results[i].response.c()),
+              kServiceTolerance.fp32_acc)
+        << i;
   }
 }
 
@@ -220,7 +227,7 @@ TEST_F(ServerTest, BadUnaryRequestsGetInvalidArgument) {
   ExpectStillServing();
 }
 
-// Issue 12, items 1, 3 and 10 through the server.
+// Overflowing shapes and empty handles, through the server.
 TEST_F(ServerTest, UnaryOverflowingShapesAndEmptyHandlesAreRefused) {
   v1::GemmResponse response;
   v1::GemmRequest wraps;  // the 2·m·k-wraps case of item 1 is in validation_test
@@ -242,7 +249,7 @@ TEST_F(ServerTest, UnaryOverflowingShapesAndEmptyHandlesAreRefused) {
   ExpectStillServing();
 }
 
-// Issue 12, item 6: FP16 asked of a backend without it is refused, and ListKernels says so.
+// FP16 asked of a backend without it is refused, and ListKernels says so.
 TEST_F(ServerTest, Fp16OnTheCpuBackendIsRefusedAndNotListed) {
   v1::GemmRequest r = RandomRequest(8, 8, 8, rng_);
   r.mutable_options()->set_accumulation(v1::ACCUMULATION_FP16);
@@ -316,10 +323,9 @@ v1::GemmStreamRequest Chunk(uint64_t id, v1::Operand operand, uint64_t offset, s
 
 TEST_F(ServerTest, StreamChunkOutOfOrderEndsStreamWithInvalidArgument) {
   auto stub = v1::GemmService::NewStub(Connect("127.0.0.1:" + std::to_string(server_->port())));
-  grpc::Status s = RawStream(*client_, *stub,
-                             {Header(1, 4, 4, 4), Chunk(1, v1::OPERAND_A, 0, 16),
-                              Chunk(1, v1::OPERAND_A, 24, 8)},
-                             true);
+  grpc::Status s = RawStream(
+      *client_, *stub,
+      {Header(1, 4, 4, 4), Chunk(1, v1::OPERAND_A, 0, 16), Chunk(1, v1::OPERAND_A, 24, 8)}, true);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_NE(s.error_message().find("chunk.offset"), std::string::npos) << s.error_message();
   ExpectStillServing();
@@ -328,11 +334,11 @@ TEST_F(ServerTest, StreamChunkOutOfOrderEndsStreamWithInvalidArgument) {
 TEST_F(ServerTest, StreamClosedMidMatrixAnswersFinishedGemmsThenFails) {
   auto stub = v1::GemmService::NewStub(Connect("127.0.0.1:" + std::to_string(server_->port())));
   std::vector<v1::GemmStreamResponse> answers;
-  grpc::Status s = RawStream(*client_, *stub,
-                             {Header(1, 2, 2, 2), Chunk(1, v1::OPERAND_A, 0, 8),
-                              Chunk(1, v1::OPERAND_B, 0, 8), Header(2, 4, 4, 4),
-                              Chunk(2, v1::OPERAND_A, 0, 10)},
-                             true, &answers);
+  grpc::Status s =
+      RawStream(*client_, *stub,
+                {Header(1, 2, 2, 2), Chunk(1, v1::OPERAND_A, 0, 8), Chunk(1, v1::OPERAND_B, 0, 8),
+                 Header(2, 4, 4, 4), Chunk(2, v1::OPERAND_A, 0, 10)},
+                true, &answers);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_NE(s.error_message().find("gemm_id 2 was incomplete"), std::string::npos)
       << s.error_message();
@@ -343,9 +349,9 @@ TEST_F(ServerTest, StreamClosedMidMatrixAnswersFinishedGemmsThenFails) {
   ExpectStillServing();
 }
 
-// Issue 12, items 2 and 5: bad header values (m = 0, an unknown kernel, 2³²−1 cubed, FP16 on a
-// backend without it) are answered per GEMM and the stream goes on; the wrapped sizes of
-// 2³²−1 used to leave the stream unanswered and shutdown wedged.
+// Bad header values (m = 0, an unknown kernel, 2³²−1 cubed, FP16 on a backend without it) are
+// answered per GEMM and the stream goes on; the wrapped sizes of 2³²−1 must not leave the
+// stream unanswered and shutdown wedged.
 TEST_F(ServerTest, StreamBadHeadersAreAnsweredPerGemmAndTheStreamGoesOn) {
   auto stub = v1::GemmService::NewStub(Connect("127.0.0.1:" + std::to_string(server_->port())));
   v1::GemmStreamRequest unknown_kernel = Header(3, 4, 4, 4);
@@ -353,14 +359,14 @@ TEST_F(ServerTest, StreamBadHeadersAreAnsweredPerGemmAndTheStreamGoesOn) {
   v1::GemmStreamRequest fp16 = Header(6, 2, 2, 2);
   fp16.mutable_header()->mutable_options()->set_accumulation(v1::ACCUMULATION_FP16);
   std::vector<v1::GemmStreamResponse> answers;
-  grpc::Status s = RawStream(
-      *client_, *stub,
-      {Header(1, 2, 2, 2), Chunk(1, v1::OPERAND_A, 0, 8), unknown_kernel,
-       Chunk(3, v1::OPERAND_A, 0, 32), Header(4, 0, 4, 4),
-       Header(5, 4294967295u, 4294967295u, 4294967295u), Chunk(5, v1::OPERAND_A, 0, 64), fp16,
-       Chunk(1, v1::OPERAND_B, 0, 8), Header(7, 2, 2, 2), Chunk(7, v1::OPERAND_A, 0, 8),
-       Chunk(7, v1::OPERAND_B, 0, 8)},
-      true, &answers);
+  grpc::Status s =
+      RawStream(*client_, *stub,
+                {Header(1, 2, 2, 2), Chunk(1, v1::OPERAND_A, 0, 8), unknown_kernel,
+                 Chunk(3, v1::OPERAND_A, 0, 32), Header(4, 0, 4, 4),
+                 Header(5, 4294967295u, 4294967295u, 4294967295u), Chunk(5, v1::OPERAND_A, 0, 64),
+                 fp16, Chunk(1, v1::OPERAND_B, 0, 8), Header(7, 2, 2, 2),
+                 Chunk(7, v1::OPERAND_A, 0, 8), Chunk(7, v1::OPERAND_B, 0, 8)},
+                true, &answers);
   EXPECT_TRUE(s.ok()) << s.error_message();
   std::map<uint64_t, v1::GemmDone> done = DonesById(answers);
   ASSERT_EQ(done.size(), 6u);
@@ -388,17 +394,18 @@ TEST_F(ServerTest, StreamGemmRefusedAtHeaderIsAnsweredAndTheStreamGoesOn) {
   v1::GemmStreamRequest by_handle = Header(2, 4, 4, 4);
   by_handle.mutable_header()->set_a_handle("m-00000000000000000000000000000000");
   std::vector<v1::GemmStreamResponse> answers;
-  grpc::Status s = RawStream(
-      *client_, *stub,
-      {Header(1, 512, 512, 512), Chunk(1, v1::OPERAND_A, 0, 256 << 10),  // 1.5 MiB in all
-       Chunk(1, v1::OPERAND_A, 256 << 10, 256 << 10), Chunk(1, v1::OPERAND_B, 0, 512 << 10),
-       by_handle, Chunk(2, v1::OPERAND_B, 0, 32), Header(3, 2, 2, 2), Chunk(3, v1::OPERAND_A, 0, 8),
-       Chunk(3, v1::OPERAND_B, 0, 8)},
-      true, &answers);
+  grpc::Status s =
+      RawStream(*client_, *stub,
+                {Header(1, 512, 512, 512), Chunk(1, v1::OPERAND_A, 0, 256 << 10),  // 1.5 MiB in all
+                 Chunk(1, v1::OPERAND_A, 256 << 10, 256 << 10),
+                 Chunk(1, v1::OPERAND_B, 0, 512 << 10), by_handle, Chunk(2, v1::OPERAND_B, 0, 32),
+                 Header(3, 2, 2, 2), Chunk(3, v1::OPERAND_A, 0, 8), Chunk(3, v1::OPERAND_B, 0, 8)},
+                true, &answers);
   EXPECT_TRUE(s.ok()) << s.error_message();
   std::map<uint64_t, v1::GemmDone> done = DonesById(answers);
   ASSERT_EQ(done.size(), 3u);
-  EXPECT_EQ(done[1].status_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << done[1].status_message();
+  EXPECT_EQ(done[1].status_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
+      << done[1].status_message();
   EXPECT_EQ(done[2].status_code(), grpc::StatusCode::NOT_FOUND) << done[2].status_message();
   EXPECT_EQ(done[3].status_code(), grpc::StatusCode::OK) << done[3].status_message();
   ExpectStillServing();
@@ -418,7 +425,7 @@ void SmallGemmRoundTrip(GemmStreamWriter& stream, uint64_t id) {
   EXPECT_EQ(response.done().status_code(), 0) << response.done().status_message();
 }
 
-// Issue 12, item 12: GEMMs whose chunks stop coming are refused after the idle timeout (their
+// GEMMs whose chunks stop coming are refused after the idle timeout (their
 // buffers freed) and the stream goes on; an upload that stops is ended; one client's streams
 // together can't pin more than its pending budget.
 TEST_F(ServerTest, IdleStreamedGemmsAndUploadsTimeOut) {
@@ -502,8 +509,8 @@ TEST_F(ServerTest, PendingBytesAreBoundedPerClient) {
   EXPECT_TRUE(second->Finish().ok());
 }
 
-// Issue 12, item 15: at shutdown an idle stream ends at once with UNAVAILABLE (it used to hold
-// the drain until its deadline, then get CANCELLED), and a busy one once its GEMM is answered.
+// At shutdown an idle stream ends at once with UNAVAILABLE (rather than hold the drain until
+// its deadline, then get CANCELLED), and a busy one once its GEMM is answered.
 TEST_F(ServerTest, ShutdownEndsIdleStreamsWithUnavailable) {
   ServerOptions options;
   options.drain_deadline = std::chrono::seconds(60);
@@ -662,8 +669,7 @@ TEST(ServerFairness, OneClientCannotTakeMoreThanItsShareOfTheQueue) {
 
   Call over{.request = RandomRequest(9, 7, 5, rng)};
   gemm("alice", &over);
-  EXPECT_EQ(over.status.error_code(), grpc::StatusCode::UNAVAILABLE)
-      << over.status.error_message();
+  EXPECT_EQ(over.status.error_code(), grpc::StatusCode::UNAVAILABLE) << over.status.error_message();
   EXPECT_NE(over.status.error_message().find("--max_queued_per_client"), std::string::npos)
       << over.status.error_message();
 
@@ -731,7 +737,8 @@ TEST_F(ServerTest, ConcurrentClientsAllGetCorrectAnswers) {
       for (int i = 0; i < 5; ++i) {
         v1::GemmRequest r = RandomRequest(64 + t, 96, 128 + i, rng);
         v1::GemmResponse response;
-        if (!client_->Gemm(r, &response).ok() || ErrorAgainstReference(r, response.c()) > kServiceTolerance.fp32_acc) {
+        if (!client_->Gemm(r, &response).ok() ||
+            ErrorAgainstReference(r, response.c()) > kServiceTolerance.fp32_acc) {
           failures++;
         }
       }
@@ -833,7 +840,8 @@ TEST_F(ServerTest, ResidentMixedWithBytesConcurrentlyAndOnStreams) {
       v1::GemmRequest plain = r;
       plain.set_b(b);
       for (int i = 0; i < 4; ++i) {
-        if (!client_->Gemm(r, &response).ok() || ErrorAgainstReference(plain, response.c()) > kServiceTolerance.fp32_acc) {
+        if (!client_->Gemm(r, &response).ok() ||
+            ErrorAgainstReference(plain, response.c()) > kServiceTolerance.fp32_acc) {
           failures++;
         }
       }
@@ -880,11 +888,13 @@ TEST_F(ServerTest, ResidentErrors) {
   v1::MatrixInfo info;
   ASSERT_TRUE(client_->UploadMatrix(16, 16, HalfBytes(RandomHalfMatrix(256, rng)), &info).ok());
   // Over the quota (512 B used of 4 KiB; 8 KiB more).
-  EXPECT_EQ(client_->UploadMatrix(64, 64, HalfBytes(RandomHalfMatrix(4096, rng)), &info).error_code(),
-            grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_EQ(
+      client_->UploadMatrix(64, 64, HalfBytes(RandomHalfMatrix(4096, rng)), &info).error_code(),
+      grpc::StatusCode::RESOURCE_EXHAUSTED);
   // Short upload.
-  EXPECT_EQ(client_->UploadMatrix(16, 16, HalfBytes(RandomHalfMatrix(100, rng)), &info).error_code(),
-            grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(
+      client_->UploadMatrix(16, 16, HalfBytes(RandomHalfMatrix(100, rng)), &info).error_code(),
+      grpc::StatusCode::INVALID_ARGUMENT);
   ASSERT_TRUE(client_->UploadMatrix(16, 16, HalfBytes(RandomHalfMatrix(256, rng)), &info).ok());
   // Wrong shape for its place.
   v1::GemmRequest r = RandomRequest(16, 8, 16, rng_);
@@ -938,8 +948,8 @@ TEST_F(ServerTest, UploadMatrixTakesLoneChunksAsSlicesAndOthersThroughProtobuf) 
   v1::UploadMatrixRequest middle = chunk(1000, 3000);
   middle.GetReflection()->MutableUnknownFields(&middle)->AddVarint(99, 1);
   v1::MatrixInfo info;
-  ASSERT_TRUE(upload({header, chunk(0, 1000), middle, chunk(4000, bytes.size() - 4000)}, &info)
-                  .ok());
+  ASSERT_TRUE(
+      upload({header, chunk(0, 1000), middle, chunk(4000, bytes.size() - 4000)}, &info).ok());
   EXPECT_EQ(info.rows(), 64u);
   EXPECT_EQ(info.bytes(), bytes.size());
   std::string downloaded;

@@ -1,4 +1,4 @@
-// Shared-memory regions on the CUDA backend (issue 31: DMA straight from and to the client's
+// Shared-memory regions on the CUDA backend (DMA straight from and to the client's
 // pages): over a real Unix socket with real memfds, the server pins each region
 // (cudaHostRegister) and copies A, B, C_in and C between it and the device without staging.
 // Skips when no usable GPU is present.

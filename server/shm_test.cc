@@ -186,9 +186,9 @@ TEST_F(ShmTest, BoundsAndOverflowingOffsets) {
   SetRegion(shm.mutable_c_region(), exact.region(), 16);  // C's last byte is the region's last
   grpc::Status s = Gemm(shm, &response);
   ASSERT_TRUE(s.ok()) << s.error_message();
-  EXPECT_LT(ErrorAgainstReference(Half(r.a()), Half(r.b()), Half(Read(file, 16, c_bytes)), kM, kN,
-                                  kK),
-            kServiceTolerance.fp32_acc);
+  EXPECT_LT(
+      ErrorAgainstReference(Half(r.a()), Half(r.b()), Half(Read(file, 16, c_bytes)), kM, kN, kK),
+      kServiceTolerance.fp32_acc);
   SetRegion(shm.mutable_c_region(), short_by_one.region(), 16);  // one byte past the end
   s = Gemm(shm, &response);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::OUT_OF_RANGE) << s.error_message();

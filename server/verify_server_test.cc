@@ -31,13 +31,12 @@ class VerifyServerTest : public ::testing::Test {
     options.metrics_listen = "127.0.0.1:0";
     options.service.scheduler.verify_all = verify_all;
     options.service.scheduler.verify_failures_to_retire = 0;
-    auto backend = MakeCpuBackend({.workers = 2,
-                                   .after_gemm = [this](int, const GemmJob& job, void* c) {
-                                     if (corrupt_.fetch_sub(1) > 0) {
-                                       CorruptC(CFault::kLargeError, job.shape.c_type,
-                                                job.shape.n, c, 0, 0);
-                                     }
-                                   }});
+    auto backend =
+        MakeCpuBackend({.workers = 2, .after_gemm = [this](int, const GemmJob& job, void* c) {
+                          if (corrupt_.fetch_sub(1) > 0) {
+                            CorruptC(CFault::kLargeError, job.shape.c_type, job.shape.n, c, 0, 0);
+                          }
+                        }});
     server_ = HgemmServer::Start(options, std::move(backend));
     ASSERT_NE(server_, nullptr);
     client_ = std::make_unique<GemmClient>(Connect("127.0.0.1:" + std::to_string(server_->port())));

@@ -20,6 +20,7 @@ packages=(
   libgtest-dev libgmock-dev                # tests
   yamllint                                 # deploy/check.sh
   clang libclang-rt-14-dev                 # tools/fuzz.sh (libFuzzer, ASan, UBSan)
+  clang-format                             # tools/format_check.sh
   python3-grpcio python3-numpy python3-protobuf   # client/python (the hgemm package)
   python3-pip python3-setuptools python3-wheel python3-venv  # pip install ./client/python
   patchelf                                 # client/python/bundle_libs.py (the portable wheel)

@@ -62,7 +62,8 @@ check() {  # $1: name; $2: a regular expression the output must match; the rest:
 gemm='{"m": 2, "n": 2, "k": 2, "a": "ADwAQABCAEQ=", "b": "ADwAQABCAEQ="}'
 services=$(curl_tls --list-services "$url" 2>&1 | sort | tr '\n' ' ') || true
 check "reflection over TLS lists the services" \
-  "grpc.health.v1.Health grpc.reflection.v1alpha.ServerReflection hgemm.v1.GemmService" echo "$services"
+  "grpc.health.v1.Health grpc.reflection.v1alpha.ServerReflection hgemm.v1.GemmService" \
+  echo "$services"
 check "2x2 GEMM over TLS with a bearer token" '"c": "AEcASYBLgE0="' \
   curl_tls -H "authorization: Bearer $token" -d "$gemm" "$url/hgemm.v1.GemmService/Gemm"
 check "no token: UNAUTHENTICATED" '"code": "unauthenticated"' \

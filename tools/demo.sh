@@ -45,7 +45,8 @@ if [[ $info == *"backend cuda"* ]]; then
   "$client" --server="$address" --shape=255x257x100 --accumulation=fp16 --check
 else  # the CPU backend has no FP16 accumulation: it says so instead of running FP32
   { set +x; } 2>/dev/null
-  if refusal=$("$client" --server="$address" --shape=255x257x100 --accumulation=fp16 --check 2>&1); then
+  if refusal=$("$client" --server="$address" --shape=255x257x100 --accumulation=fp16 --check \
+    2>&1); then
     echo "demo: the CPU backend ran an FP16-accumulation GEMM it does not have" >&2
     exit 1
   fi

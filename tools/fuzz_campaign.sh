@@ -34,7 +34,8 @@ cd "$(dirname "$0")/.."
 seconds=$1
 shift
 schedule=("$@")
-((${#schedule[@]})) || schedule=(transport=11 ring=3 service=2 upload=1 validation=1 stream_assembler=1)
+((${#schedule[@]})) ||
+  schedule=(transport=11 ring=3 service=2 upload=1 validation=1 stream_assembler=1)
 bundle=${FUZZ_BUNDLE:-.gpu-fuzz}
 source "$bundle/env.sh"
 out=${OUT:-/tmp/hgemm-fuzz-campaign}

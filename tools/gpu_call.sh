@@ -8,12 +8,12 @@
 #   tools/gpu_call.sh BUDGET_S FUZZ NAME=LIMIT_S...
 #     BUDGET_S  seconds the whole call may take (sections that no longer fit are skipped)
 #     FUZZ      a tools/fuzz_campaign.sh schedule ("transport=11 ring=3 ...", niced) or -
-#     NAME      a gpu_e2e.sh section, or: batched, layouts, kb_table, kb_small, resident_ring, python_shm,
-#               skinny_check, skinny_server, scaled_quick, python_quick, python_stream,
+#     NAME      a gpu_e2e.sh section, or: batched, layouts, kb_table, kb_small, resident_ring,
+#               python_shm, skinny_check, skinny_server, scaled_quick, python_quick, python_stream,
 #               samehost_quick, samehost_8192
-# Why: session 11's first call ran 7 sections in 150 s of a 600 s limit (several stopped at
-# their first failure); the next calls never got a machine. Short steps with their own limits
-# make each call count.
+# Why: one long call can spend its whole limit on a few sections (7 sections took 150 s of a
+# 600 s limit, several stopping at their first failure), and the next call may get no machine.
+# Short steps with their own limits make each call count.
 set -u
 cd "$(dirname "$0")/.." || exit 1
 budget=$1 fuzz=$2
@@ -28,15 +28,15 @@ source .gpu-serve/env.sh
   tee $results/gpu.txt
 elapsed() { echo $((SECONDS - start)); }
 
-# Every batched and grouped case (session 11's failures: cuBLAS fp32-C groups, ping-pong α/β).
+# Every batched and grouped case (cuBLAS fp32-C groups and ping-pong α/β among them).
 batched() {
   batched_gemm_test --gtest_brief=1 >"$OUT/batched_gemm_test.log" 2>&1
   echo "batched_gemm_test rc=$?"
   grep -E "^\[  (PASSED|FAILED) " "$OUT/batched_gemm_test.log" | head -20
 }
-# Issue 29's layout table: 4096³ and 8192³, every layout, fp16 and bf16, fp32 accumulation; the
-# plain 128x256 kernel against its stream-K and cluster-pair variants (the ping-pong measured
-# 0.75-0.93x in session 12).
+# The layout table: 4096³ and 8192³, every layout, fp16 and bf16, fp32 accumulation; the
+# plain 128x256 kernel against its stream-K and cluster-pair variants (the ping-pong, at
+# 0.75-0.93x, is left out).
 layouts() {
   kernel_bench --modes plain --acc fp32 --layouts NN,NT,TN,TT --types fp16,bf16 \
     --shapes 4096x4096x4096,8192x8192x8192 \
@@ -48,7 +48,8 @@ layouts() {
 # kb_plain SHAPES: the table's plain rows (every layout and type pair, the three wgmma tiles:
 # 64x128 is the fastest at M = 128).
 kb_plain() {
-  kernel_bench --modes plain --acc fp32 --layouts NN,NT,TN,TT --types fp16,bf16,fp16_fp32,bf16_fp32 \
+  kernel_bench --modes plain --acc fp32 --layouts NN,NT,TN,TT \
+    --types fp16,bf16,fp16_fp32,bf16_fp32 \
     --shapes "$1" --variants cublas,wgmma_128x256_s4_g8,wgmma_128x128_s6_g8,wgmma_64x128_s8_g8 \
     --csv "$OUT/plain.csv" >"$OUT/plain.log" 2>&1
   echo "kernel_bench plain rc=$?"
@@ -58,7 +59,7 @@ kb_small() {
   kb_plain 2048x2048x2048,128x8192x8192
   sed -n "/^fastest own kernel/,\$p" "$OUT/plain.log"
 }
-# Issue 29's feature table (docs/kernels.md, "cuBLAS entry points and ours") on one card: every
+# The feature table (docs/kernels.md, "cuBLAS entry points and ours") on one card: every
 # row's shapes against the matching cuBLAS call, one CSV per mode (skinny M with the experimental
 # splitk variants in auto's choice).
 kb_table() {
@@ -80,10 +81,10 @@ kb_table() {
     sed -n "/^fastest own kernel/,\$p" "$OUT/$mode.log"
   done
 }
-# skinny_m16's checks: its correctness cases (the split-K edge shapes added in session 19) plain
+# skinny_m16's checks: its correctness cases (the split-K edge shapes among them) plain
 # and under compute-sanitizer memcheck, the multi-slab ones under racecheck (~20 s a case: give
 # it 300 s), then ncu on M = 16 x 8192 x 8192 NT and NN against the 64x128 wgmma kernel (blocks
-# per SM, DRAM throughput, shared-memory bank conflicts: NT ran 6-10 % under NN in session 19).
+# per SM, DRAM throughput, shared-memory bank conflicts: NT has run 6-10 % under NN).
 skinny_check() {
   local filter='*skinny_m16*'
   gemm_correctness_test --gtest_filter="$filter" --gtest_brief=1 >"$OUT/correctness.log" 2>&1
@@ -140,24 +141,24 @@ scaled_quick() {
   echo "kernel_bench scaled rc=$?"
   sed -n "/^fastest own kernel/,\$p" "$OUT/scaled.log"
 }
-# Issue 28's table (gpu_e2e.sh's python section: the issue's points, no aio),
+# The Python client's table (gpu_e2e.sh's python section: its default points, no aio),
 # the stream point at 1, 4 and 8 workers (req/s must rise with workers as hgemm_load's does).
 python_quick() {
   PYTHON_BENCH_ARGS="--points 2048x2048x2048:unary:none:16 128x8192x8192:unary:b:1,4
     128x8192x8192:stream:b:1,4,8 --aio_points
     --duration_s ${PY_DURATION_S:-4}" tools/gpu_e2e.sh python
 }
-# Issue 28's stream points alone (and unary c=1), for a short call.
+# The Python client's stream points alone (and unary c=1), for a short call.
 python_stream() {
   PYTHON_BENCH_ARGS="--points 128x8192x8192:unary:b:1 128x8192x8192:stream:b:1,4,8 --aio_points
     --duration_s 3" tools/gpu_e2e.sh python
 }
-# Issue 31's same-host table at 8192³ alone (every path, gRPC among them), for a short call.
+# The same-host table at 8192³ alone (every path, gRPC among them), for a short call.
 samehost_8192() {
   POINTS="8192x8192x8192:1" MAX_POINT_S=8 \
     bench/dataplane.sh --same_host --bin "$PWD/.gpu-serve/bin" --certs .gpu-serve/certs
 }
-# Issue 31's same-host table at 2048³ (c=1 and 16) and 8192³ (c=1).
+# The same-host table at 2048³ (c=1 and 16) and 8192³ (c=1).
 samehost_quick() {
   POINTS="2048x2048x2048:1 2048x2048x2048:16 8192x8192x8192:1" MAX_POINT_S=8 \
     bench/dataplane.sh --same_host --bin "$PWD/.gpu-serve/bin" --certs .gpu-serve/certs
@@ -176,7 +177,7 @@ start_samehost_server() {
   echo "FAILED: the server did not start"
   return 1
 }
-# Issue 31's all-resident 8192³ (gRPC unary vs the ring, 21 runs each; hgemm_client's run 1
+# Same host, all-resident 8192³ (gRPC unary vs the ring, 21 runs each; hgemm_client's run 1
 # warms up; the ring's C checked at 1024x2048x512) and CUDA IPC 8192³ c=1 (unary Gemm calls,
 # then a ring), one server.
 resident_ring() {
@@ -198,7 +199,7 @@ resident_ring() {
   done
   kill -TERM $server_pid; wait $server_pid
 }
-# Issue 31's Python point: shared buffers (native core) against hgemm_load --transport=shm,
+# Same host, the Python point: shared buffers (native core) against hgemm_load --transport=shm,
 # with a PreparedGemm per worker first, then c.gemm per GEMM.
 python_shm() {
   start_samehost_server || return 1

@@ -14,26 +14,26 @@
 #   copy      --resident_copy_to_idle_device on one GPU posing as two devices (--devices=0,0)
 #   floor     all-resident 8192³ at concurrency 1 (hgemm_load unary and stream, hgemm_client)
 #             next to the RPC floor with the same idle time: echo_server --reply_delay_us set to
-#             the kernel time, so the echo pays the same idle wake-ups (issue 17's fixed costs)
+#             the kernel time, so the echo pays the same idle wake-ups (the fixed costs)
 #   load      bench/load_run.sh (the load generator's sweep), when its binaries are bundled
 #   load-resident  bench/load_run.sh --resident-only (all-resident latency vs the RPC floor)
 #   metrics   bench/metrics_cost.sh: 256³ unary c=64 req/s without and with --metrics_listen, and
-#             /metrics after the point next to hgemm_load's numbers (issue 15)
+#             /metrics after the point next to hgemm_load's numbers
 #   python    the Python client (client/python) vs hgemm_load: bench/python_client_bench.py
 #             (2048³ unary c=16, 128x8192x8192 with B resident; needs python3 with grpcio, numpy;
 #             PYTHON_BENCH_ARGS: more flags, e.g. other --points)
-#   skinny    issue 29's skinny M: kernels/split_k_test (every splitk variant, layout and type on
+#   skinny    skinny M (M <= 256): kernels/split_k_test (every splitk variant, layout and type on
 #             edge shapes, SplitKReduce's alpha/beta), gemm_correctness_test's skinny_m16 cases,
 #             then kernel_bench --modes skinny (M = 1..128
 #             by 8192x8192, NN and NT, fp16 and bf16: the splitk variants, their kernels, auto and
 #             cuBLAS, TFLOP/s and TB/s; CSV in $OUT), then hgemm_client --check through the server
 #             with a splitk kernel named and with auto (in section blas's server)
-#   scaled    issue 29's fused α/β: gemm_correctness_test Scaled/* (every fused variant, layout,
+#   scaled    fused α/β: gemm_correctness_test Scaled/* (every fused variant, layout,
 #             type pair, α × β, in place, β = 0 with NaN C_in), batched_gemm_test's and
 #             split_k_test's scaled cases, then kernel_bench --modes scaled (rows fused and
 #             separate against cublasGemmEx with α, β and C_in; CSV in $OUT) at 2048³, 4096³,
 #             8192³, 128 and 16 × 8192 × 8192
-#   pingpong  issue 29's ping-pong kernel (wgmma_pp_*, experimental: out of auto until this has
+#   pingpong  the ping-pong kernel (wgmma_pp_*, experimental: out of auto until this has
 #             run): gemm_correctness_test on every wgmma_pp_ case (NN both accumulations, every
 #             layout × type pair on odd shapes and 2-8 tiles per block, long K, row strides; C
 #             poisoned; within 2× cuBLAS's error) and batched_gemm_test's, then kernel_bench
@@ -41,24 +41,33 @@
 #             bf16, fp16→fp32, bf16→fp32: cuBLAS, the cooperative 128x256 and 128x128 kernels
 #             and the ping-pong ones, TFLOP/s and ratios; CSV in $OUT. docs/kernels_notes.md
 #             ("Ping-pong consumers") holds the prediction to compare with
-#   cluster   issue 29's cluster-pair kernel (wgmma_128x256_s4_g4_cluster2, experimental): the
+#   cluster   the cluster-pair kernel (wgmma_128x256_s4_g4_cluster2, experimental): the
 #             same steps as pingpong for it, kernel_bench at 4096³, 8192³ (twice) and
 #             8320x8192x8192 (an odd count of tile rows) against cuBLAS and the 128x256 kernel
-#             (docs/kernels_notes.md, "Session 13")
-#   streamk   issue 29's stream-K kernel (wgmma_128x256_s4_g8_sk, experimental): the same steps
+#             (docs/kernels_notes.md, "operand traffic from L2")
+#   streamk   the stream-K kernel (wgmma_128x256_s4_g8_sk, experimental): the same steps
 #             for it, kernel_bench at 4096³, 8192³ (twice) and 8320x8192x8192 against cuBLAS and
-#             the 128x256 kernel (docs/kernels_notes.md, "Session 14")
-#   blas      issue 29 through the server: bf16 with transpose_b, fp32 C, alpha/beta with C_in,
-#             a strided batch, grouped GEMMs, each --check'ed by hgemm_client against the CPU
+#             the 128x256 kernel (docs/kernels_notes.md, "stream-K tail")
+#   blas      the BLAS forms through the server: bf16 with transpose_b, fp32 C, alpha/beta with
+#             C_in, a strided batch, grouped GEMMs, each --check'ed by hgemm_client against the CPU
 #             reference
 #   dataplane bench/dataplane.sh: one GEMM's bytes over gRPC, parallel parts and shared memory
 #             (then --same_host: gRPC vs shm staging vs shm DMA vs CUDA IPC next to pinned
-#             cudaMemcpy, issue 31's table)
-#             (plaintext and TLS) next to bench/tcp_ceiling's raw-TCP ceiling (issues 27, 31)
+#             cudaMemcpy: the same-host table)
+#             (plaintext and TLS) next to bench/tcp_ceiling's raw-TCP ceiling
 #   bulk      the bulk channel against gRPC parts: one 8192³ GEMM's bytes by bench/bulk_bench
 #             (1, 4, 8 lanes; gRPC parts and bulk, client and server CPU) next to
 #             bench/tcp_ceiling's raw TCP in the same run, then hgemm_load 8192³ parts 8 (GEMMs
 #             included) against a server without and with --bulk_listen
+#   verify    Freivalds' check (docs/verification.md): its kernels against the host
+#             (cuda_verify_kernels_test), verified GEMMs of every form and damaged ones through
+#             the scheduler (cuda_verify_test), its cost at 4096³ and 8192³ with B sent and
+#             resident (bench/verify_overhead), and its detections of 10⁵ damaged C against
+#             what the bound promises, 1 and 3 repetitions (bench/verify_detection)
+#   batch     operand-aware batching (docs/operations.md): hgemm_load with one resident B per
+#             worker's shape, M = 16 × 8192 × 8192 (1 and 64 workers) and M = 1 (1 and 256)
+#             over shared memory and the ring, M = 16 over gRPC unary and stream, against a
+#             server with --batching=on and one with --batching=off; the batch histograms
 #   knobs     bench/grpc_knobs.sh: gRPC's transport knobs (--grpc_arg on the server and
 #             hgemm_load) each alone and together at 2048³ c=1 parts 4, 8192³ c=1 parts 8 and
 #             2048³ c=16 unary and parts 4, next to the raw-TCP ceiling
@@ -72,7 +81,9 @@
 #   soak      bench/hgemm_soak against hgemm_server --backend=cuda: 64 clients, the soak's mix
 #             plus large unary GEMMs up to 8192³ (--weight_large=1, Freivalds-checked), until
 #             SOAK_REQUESTS (1000000) or SOAK_SECONDS (300); SOAK_IDLE_S (20) idle; SOAK_ARGS
-#             more flags; GPU memory (nvidia-smi) before the server, after its start, after
+#             more flags, SOAK_SERVER_ARGS the server's (e.g. "--verify
+#             --verify_failures_to_retire=0": every GEMM checked, the checks counted from
+#             /metrics); GPU memory (nvidia-smi) before the server, after its start, after
 #             the soak and its idle time, and after the server
 #   pressure  device memory pressure: server/memory_pressure_test against hgemm_server
 #             --backend=cuda, LRU eviction off then on: 3 clients upload PRESSURE_UPLOADS (100)
@@ -82,20 +93,24 @@
 #             before, at the peak and after
 #
 # Here:   tools/gpu_e2e.sh --bundle     (builds -c opt, gathers the binaries into .gpu-serve/ and
-#                                        packs them into .gpu-pack/serve.tar.xz, small enough to carry)
+#                                        packs them into .gpu-pack/serve.tar.xz, small enough
+#                                        to carry)
 # There:  tar xJf .gpu-pack/serve.tar.xz && tools/gpu_e2e.sh   (logs under $OUT or ./out)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 if [[ ${1:-} == --bundle ]]; then
-  bazel build -c opt //server:hgemm_server //client:hgemm_client //server/backend:cuda_backend_test \
+  bazel build -c opt //server:hgemm_server //client:hgemm_client \
+    //server/backend:cuda_backend_test \
     //bench:hgemm_load //bench:echo_server //bench:completion_latency //bench:hgemm_soak \
     //server/backend:cuda_fault_test //server/backend:cuda_sticky_fault_test \
     //server:device_failure_test //server:hgemm_server_fault_injection \
     //server:memory_pressure_test //client/c:libhgemm_client.so //bench:tcp_ceiling \
-    //bench:bulk_bench \
+    //bench:bulk_bench //server:cuda_verify_test //server/backend:cuda_verify_kernels_test \
+    //bench:verify_overhead //bench:verify_detection \
     //bench:kernel_bench //kernels:batched_gemm_test //kernels:split_k_test \
-    //kernels:gemm_correctness_test //server:shm_dma_test //server:cuda_ipc_test //bench:cuda_ipc_load
+    //kernels:gemm_correctness_test //server:shm_dma_test //server:cuda_ipc_test \
+    //bench:cuda_ipc_load
   ../shared/tools/gpu-bundle.sh --out .gpu-serve bazel-bin/server/hgemm_server \
     bazel-bin/client/hgemm_client bazel-bin/server/backend/cuda_backend_test \
     bazel-bin/bench/hgemm_load bazel-bin/bench/echo_server bazel-bin/bench/completion_latency \
@@ -103,6 +118,8 @@ if [[ ${1:-} == --bundle ]]; then
     bazel-bin/server/backend/cuda_sticky_fault_test bazel-bin/server/device_failure_test \
     bazel-bin/server/hgemm_server_fault_injection bazel-bin/server/memory_pressure_test \
     bazel-bin/client/c/libhgemm_client.so bazel-bin/bench/tcp_ceiling bazel-bin/bench/bulk_bench \
+    bazel-bin/server/cuda_verify_test bazel-bin/server/backend/cuda_verify_kernels_test \
+    bazel-bin/bench/verify_overhead bazel-bin/bench/verify_detection \
     bazel-bin/bench/kernel_bench bazel-bin/kernels/batched_gemm_test \
     bazel-bin/kernels/split_k_test bazel-bin/kernels/gemm_correctness_test \
     bazel-bin/server/shm_dma_test bazel-bin/server/cuda_ipc_test bazel-bin/bench/cuda_ipc_load
@@ -140,25 +157,28 @@ if want latency; then
 fi
 
 if want skinny; then
-  echo "== skinny M: split-K (issue 29)"
+  echo "== skinny M: split-K"
   # The splitk wrappers are experimental (out of auto): opted in here so auto's rows and the
   # auto test show what it would pick with them.
-  HGEMM_AUTO_EXPERIMENTAL=1 timeout 300 split_k_test --gtest_brief=1 >"$out/split_k_test.log" 2>&1 &&
+  HGEMM_AUTO_EXPERIMENTAL=1 timeout 300 split_k_test --gtest_brief=1 \
+    >"$out/split_k_test.log" 2>&1 &&
     echo "split_k_test rc=0" || echo "split_k_test rc=$?"
-  grep -E "^\[  (PASSED|FAILED)  \]|^\[ auto   \]|tests ran" "$out/split_k_test.log" | head -30 || true
-  # skinny_m16 (in auto since session 19): every case of it, every layout and type.
+  grep -E "^\[  (PASSED|FAILED)  \]|^\[ auto   \]|tests ran" "$out/split_k_test.log" |
+    head -30 || true
+  # skinny_m16 (among auto's candidates): every case of it, every layout and type.
   timeout 300 gemm_correctness_test --gtest_filter='*skinny_m16*' --gtest_brief=1 \
     >"$out/skinny_correctness.log" 2>&1 && echo "gemm_correctness_test skinny_m16 rc=0" ||
     echo "gemm_correctness_test skinny_m16 rc=$?"
   grep -E "^\[  (PASSED|FAILED)  \]|tests ran" "$out/skinny_correctness.log" | head -20 || true
-  HGEMM_AUTO_EXPERIMENTAL=1 timeout 400 kernel_bench --modes skinny --layouts NN,NT --types fp16,bf16 --acc fp32 \
+  HGEMM_AUTO_EXPERIMENTAL=1 timeout 400 kernel_bench --modes skinny --layouts NN,NT \
+    --types fp16,bf16 --acc fp32 \
     --csv "$out/kernel_bench_skinny.csv" >"$out/kernel_bench_skinny.log" 2>&1 &&
     echo "kernel_bench skinny rc=0" || echo "kernel_bench skinny rc=$?"
   sed -n "/^fastest own kernel/,\$p" "$out/kernel_bench_skinny.log"
 fi
 
 if want scaled; then
-  echo "== fused alpha/beta (issue 29)"
+  echo "== fused alpha/beta"
   timeout 400 gemm_correctness_test --gtest_filter='Scaled/*' --gtest_brief=1 \
     >"$out/scaled_correctness.log" 2>&1 && echo "gemm_correctness_test Scaled rc=0" ||
     echo "gemm_correctness_test Scaled rc=$?"
@@ -169,21 +189,23 @@ if want scaled; then
     >"$out/scaled_split_k.log" 2>&1 && echo "split_k_test scaled rc=0" ||
     echo "split_k_test scaled rc=$?"
   grep -hE "^\[  (PASSED|FAILED)  \]|tests ran" "$out"/scaled_*.log | head -30 || true
+  scaled_variants=wgmma_128x256_s4_g8,wgmma_128x128_s6_g8,wgmma_64x128_s8_g8
+  scaled_variants+=,splitk2_wgmma_64x128_s8_g8,auto,cublas
   timeout 500 kernel_bench --modes scaled --acc fp32 --layouts NN,NT --types fp16,bf16,fp16_fp32 \
     --shapes 2048x2048x2048,4096x4096x4096,8192x8192x8192,128x8192x8192,16x8192x8192 \
-    --variants wgmma_128x256_s4_g8,wgmma_128x128_s6_g8,wgmma_64x128_s8_g8,splitk2_wgmma_64x128_s8_g8,auto,cublas \
+    --variants "$scaled_variants" \
     --csv "$out/kernel_bench_scaled.csv" >"$out/kernel_bench_scaled.log" 2>&1 &&
     echo "kernel_bench scaled rc=0" || echo "kernel_bench scaled rc=$?"
   sed -n "/^fastest own kernel/,\$p" "$out/kernel_bench_scaled.log"
 fi
 
 # experimental_kernel NAME PATTERN VARIANTS SHAPES TYPES: an experimental kernel's first run
-# (issue 29, beyond parity): gemm_correctness_test's and batched_gemm_test's cases of the
+# (beyond cuBLAS parity): gemm_correctness_test's and batched_gemm_test's cases of the
 # variants whose names match PATTERN, then kernel_bench (plain, fp32 accumulation) of VARIANTS at
 # SHAPES, every layout, the kernel_bench --types TYPES; CSV in $OUT.
 experimental_kernel() {
   local name=$1 pattern=$2 variants=$3 shapes=$4 types=$5 rc=0
-  echo "== $name (issue 29, beyond parity; experimental: out of auto until this has run)"
+  echo "== $name (experimental: out of auto until this has run)"
   timeout 500 gemm_correctness_test --gtest_filter="$pattern" --gtest_brief=1 \
     >"$out/${name}_correctness.log" 2>&1 || rc=$?
   echo "gemm_correctness_test ($pattern) rc=$rc"
@@ -229,9 +251,11 @@ if want faults; then
   for t in cuda_fault_test cuda_sticky_fault_test device_failure_test; do
     echo "-- $t"
     timeout 300 "$t" 2>&1 | tee "$out/$t.log" |
-      grep -E "^\[ +(OK|FAILED|SKIPPED|PASSED) |Failure|NOT_SERVING|other slots|tests ran" | head -60 || true
+      grep -E "^\[ +(OK|FAILED|SKIPPED|PASSED) |Failure|NOT_SERVING|other slots|tests ran" |
+      head -60 || true
   done
-  echo "-- hgemm_server_fault_injection under the soak's mix: a sticky fault after GEMM kernel launch 3001"
+  echo "-- hgemm_server_fault_injection under the soak's mix:" \
+    "a sticky fault after GEMM kernel launch 3001"
   fport=50181
   HGEMM_FAULT_STICKY_AFTER=3000 hgemm_server_fault_injection --listen=127.0.0.1:$fport \
     --backend=cuda --streams_per_device=4 --drain_deadline_s=5 >"$out/fault_server.log" 2>&1 &
@@ -257,14 +281,18 @@ if want soak; then
   echo "== soak against the CUDA backend (bench/hgemm_soak)"
   sport=50191
   echo "GPU memory used before the server: $(gpu_memory)" | tee "$out/soak_memory.txt"
+  # shellcheck disable=SC2086
   hgemm_server --listen=127.0.0.1:$sport --backend=cuda --streams_per_device=4 \
-    --resident_ttl_s=3600 >"$out/soak_server.log" 2>&1 &
+    --resident_ttl_s=3600 --metrics_listen=127.0.0.1:$((sport + 1)) ${SOAK_SERVER_ARGS:-} \
+    >"$out/soak_server.log" 2>&1 &
   soak_pid=$!
   if wait_for_server $sport; then
     echo "GPU memory used after the server's start: $(gpu_memory)" | tee -a "$out/soak_memory.txt"
     # The server's VmRSS and the GPU's memory every 10 s: flat after the first minute?
     (while kill -0 $soak_pid 2>/dev/null; do
-      echo "$(date +%T) VmRSS $(awk '/VmRSS/ {print int($2 / 1024)}' /proc/$soak_pid/status 2>/dev/null) MiB, GPU $(gpu_memory)"
+      echo "$(date +%T) VmRSS" \
+        "$(awk '/VmRSS/ {print int($2 / 1024)}' /proc/$soak_pid/status 2>/dev/null) MiB," \
+        "GPU $(gpu_memory)"
       sleep 10
     done) >"$out/soak_samples.txt" 2>/dev/null &
     sampler_pid=$!
@@ -274,7 +302,10 @@ if want soak; then
       --max_seconds="${SOAK_SECONDS:-300}" --idle_s="${SOAK_IDLE_S:-20}" --weight_large=1 \
       ${SOAK_ARGS:-} 2>&1 | tee "$out/soak.log" ||
       echo "FAILED: hgemm_soak (exit status above)"
-    echo "GPU memory used after the soak and its idle time: $(gpu_memory)" | tee -a "$out/soak_memory.txt"
+    echo "GPU memory used after the soak and its idle time: $(gpu_memory)" |
+      tee -a "$out/soak_memory.txt"
+    curl -s "http://127.0.0.1:$((sport + 1))/metrics" |
+      grep -E "^hgemm_(verified_gemms|verify_failures|verify_reruns)_total" || true
     kill -TERM $soak_pid; wait $soak_pid && rc=0 || rc=$?
     echo "soak server exit status $rc"
     kill $sampler_pid 2>/dev/null; wait $sampler_pid 2>/dev/null || true
@@ -304,11 +335,13 @@ if want pressure; then
       sampler_pid=$!
       HGEMM_PRESSURE_TARGET=127.0.0.1:$pport HGEMM_PRESSURE_ROWS=262144 \
         HGEMM_PRESSURE_UPLOADS="${PRESSURE_UPLOADS:-100}" timeout 540 memory_pressure_test 2>&1 |
-        tee "$out/pressure_lru_$lru.log" | grep -E "^LRU|^\[ +(OK|FAILED|SKIPPED) |Failure|Expected|Which|differs|unrelated" |
+        tee "$out/pressure_lru_$lru.log" |
+        grep -E "^LRU|^\[ +(OK|FAILED|SKIPPED) |Failure|Expected|Which|differs|unrelated" |
         head -30 || true
       kill -TERM $pressure_pid; wait $pressure_pid || true
       kill $sampler_pid 2>/dev/null; wait $sampler_pid 2>/dev/null || true
-      echo "GPU memory at the peak: $(sort -n "$out/pressure_gpu_memory_lru_$lru.txt" | tail -1); after the server: $(gpu_memory)"
+      echo "GPU memory at the peak: $(sort -n "$out/pressure_gpu_memory_lru_$lru.txt" | tail -1);" \
+        "after the server: $(gpu_memory)"
     else
       echo "FAILED: the pressure server did not start"; cat "$out/pressure_server_lru_$lru.log"
     fi
@@ -336,10 +369,12 @@ client() { timeout 120 hgemm_client --server=127.0.0.1:$port "$@"; }
 medians() {
   python3 - "$1" <<'PY'
 import sys, statistics
-rows = [l.split() for l in open(sys.argv[1]) if l.split() and l.split()[0].isdigit() and len(l.split()) > 8]
+rows = [l.split() for l in open(sys.argv[1])
+        if l.split() and l.split()[0].isdigit() and len(l.split()) > 8]
 rows = rows[1:] if len(rows) > 2 else rows  # the first run pays for tuning and warm-up
 col = lambda i: statistics.median(float(r[i]) for r in rows)
-print(f"n={len(rows)} median client {col(6):.3f} ms, server {col(5):.3f} ms, kernel {col(3):.3f} ms, "
+print(f"n={len(rows)} median client {col(6):.3f} ms, server {col(5):.3f} ms, "
+      f"kernel {col(3):.3f} ms, "
       f"h2d {col(2):.3f} ms, d2h {col(4):.3f} ms, queue {col(1):.3f} ms")
 PY
 }
@@ -360,9 +395,11 @@ client --shape=8192x8192x8192 --mode=stream --check --repeat=2 || echo "FAILED: 
 fi
 
 if want blas; then
-  echo "== issue 29 through the server (bf16, transposes, fp32 C, alpha/beta, batch)"
-  client --shape=4096x4096x4096 --dtype=bf16 --transpose_b --check --repeat=2 || echo "FAILED: bf16 NT"
-  client --shape=1000x999x1001 --transpose_a --c_dtype=fp32 --check --repeat=2 || echo "FAILED: TN fp32 C"
+  echo "== BLAS forms through the server (bf16, transposes, fp32 C, alpha/beta, batch)"
+  client --shape=4096x4096x4096 --dtype=bf16 --transpose_b --check --repeat=2 ||
+    echo "FAILED: bf16 NT"
+  client --shape=1000x999x1001 --transpose_a --c_dtype=fp32 --check --repeat=2 ||
+    echo "FAILED: TN fp32 C"
   client --shape=2048x2048x2048 --alpha=0.5 --beta=2 --check --repeat=2 || echo "FAILED: alpha/beta"
   client --shape=1024x1024x1024 --dtype=bf16 --alpha=1.5 --beta=-1 --mode=stream --check ||
     echo "FAILED: streamed bf16 alpha/beta"
@@ -384,7 +421,8 @@ fi
 if want resident; then
   echo "== resident operands"
   for mode in none b; do
-    client --shape=128x8192x8192 --resident=$mode --repeat=11 --check >"$out/resident_b_$mode.log" ||
+    client --shape=128x8192x8192 --resident=$mode --repeat=11 --check \
+      >"$out/resident_b_$mode.log" ||
       echo "FAILED: resident $mode"
     grep -E "uploaded|check" "$out/resident_b_$mode.log" || true
     echo "128x8192x8192 resident=$mode: $(medians "$out/resident_b_$mode.log")"
@@ -407,9 +445,11 @@ if want floor; then
       --mode="$mode" --concurrency=1 --max_point_s=6 "$@"
   }
   load_point stream >"$out/floor_kernel.log" 2>&1 || echo "FAILED: floor kernel point"
-  kernel_us=$(awk '$1 == "service" {k = $(NF - 5)} END {printf "%d", k * 1000}' "$out/floor_kernel.log")
+  kernel_us=$(awk '$1 == "service" {k = $(NF - 5)} END {printf "%d", k * 1000}' \
+    "$out/floor_kernel.log")
   echo "kernel: ${kernel_us} us"
-  echo_server --listen=127.0.0.1:$((port + 3)) --reply_delay_us="$kernel_us" >"$out/floor_echo.log" 2>&1 &
+  echo_server --listen=127.0.0.1:$((port + 3)) --reply_delay_us="$kernel_us" \
+    >"$out/floor_echo.log" 2>&1 &
   echo_pid=$!
   sleep 1
   for mode in stream unary; do
@@ -447,13 +487,17 @@ wall = end - start
 n = len(rows)
 print(f"streams={streams}: {n} GEMMs in {wall:.2f} s = {n/wall:.1f} GEMM/s, "
       f"{n*2*2048**3/wall/1e12:.2f} TFLOP/s end to end; mean server ms: "
-      f"queue {statistics.mean(r[0] for r in rows):.2f} h2d {statistics.mean(r[1] for r in rows):.2f} "
-      f"kernel {statistics.mean(r[2] for r in rows):.3f} d2h {statistics.mean(r[3] for r in rows):.2f} "
-      f"total {statistics.mean(r[4] for r in rows):.2f}; client ms {statistics.mean(r[5] for r in rows):.1f}")
+      f"queue {statistics.mean(r[0] for r in rows):.2f} "
+      f"h2d {statistics.mean(r[1] for r in rows):.2f} "
+      f"kernel {statistics.mean(r[2] for r in rows):.3f} "
+      f"d2h {statistics.mean(r[3] for r in rows):.2f} "
+      f"total {statistics.mean(r[4] for r in rows):.2f}; "
+      f"client ms {statistics.mean(r[5] for r in rows):.1f}")
 PY
   # The same with little transport: B resident, A sent (2 MiB each way), so that the server's
   # copies and kernels, not gRPC, bound the rate.
-  timeout 60 hgemm_load --server=127.0.0.1:$port --shapes=128x8192x8192 --resident=b --concurrency=16 \
+  timeout 60 hgemm_load --server=127.0.0.1:$port --shapes=128x8192x8192 --resident=b \
+    --concurrency=16 \
     --verify=1 --max_point_s=6 2>&1 | grep -E "^target|^service" | sed "s/^/streams=$streams: /"
 done
 fi
@@ -461,9 +505,11 @@ stop_server
 grep -c "status=OK" "$out"/server_s*.log || true
 
 if want copy; then
-  echo "== resident operands copied to an idle device (--devices=0,0: two schedulers' devices on one GPU)"
+  echo "== resident operands copied to an idle device" \
+    "(--devices=0,0: two schedulers' devices on one GPU)"
   for flag in "" --resident_copy_to_idle_device; do
-    hgemm_server --listen=127.0.0.1:$((port + 2)) --backend=cuda --devices=0,0 --streams_per_device=1 \
+    hgemm_server --listen=127.0.0.1:$((port + 2)) --backend=cuda --devices=0,0 \
+      --streams_per_device=1 \
       --device_memory_fraction=0.4 $flag >"$out/server_copy.log" 2>&1 &
     copy_pid=$!
     timeout 60 hgemm_load --server=127.0.0.1:$((port + 2)) --shapes=2048x2048x2048 --resident=all \
@@ -479,11 +525,13 @@ if want load; then
 fi
 if want load-resident; then
   echo "== load generator: resident operands"
-  timeout 400 bench/load_run.sh --resident-only --bin "$PWD/.gpu-serve/bin" || echo "FAILED: load_run.sh"
+  timeout 400 bench/load_run.sh --resident-only --bin "$PWD/.gpu-serve/bin" ||
+    echo "FAILED: load_run.sh"
 fi
 if want metrics; then
   echo "== cost of the metrics (bench/metrics_cost.sh)"
-  OUT="$out" timeout 200 bench/metrics_cost.sh --bin "$PWD/.gpu-serve/bin" || echo "FAILED: metrics_cost.sh"
+  OUT="$out" timeout 200 bench/metrics_cost.sh --bin "$PWD/.gpu-serve/bin" ||
+    echo "FAILED: metrics_cost.sh"
 fi
 if want python; then
   echo "== Python client vs hgemm_load (bench/python_client_bench.py)"
@@ -513,7 +561,8 @@ if want dataplane; then
 fi
 if want bulk; then
   echo "== the bulk channel (bench/bulk_bench, hgemm_load)"
-  hgemm_server --listen=127.0.0.1:50071 --bulk_listen=127.0.0.1:50072 > "$out/bulk_server.log" 2>&1 &
+  hgemm_server --listen=127.0.0.1:50071 --bulk_listen=127.0.0.1:50072 \
+    > "$out/bulk_server.log" 2>&1 &
   bulk_pid=$!
   hgemm_server --listen=127.0.0.1:50073 > "$out/grpc_server.log" 2>&1 &
   grpc_pid=$!
@@ -539,4 +588,40 @@ if want tls; then
   echo "== the cost of TLS (bench/tls_cost.sh)"
   OUT=$out timeout 540 bench/tls_cost.sh --bin "$PWD/.gpu-serve/bin" --certs .gpu-serve/certs ||
     echo "FAILED: tls_cost.sh"
+fi
+if want verify; then
+  echo "== Freivalds' check (docs/verification.md)"
+  for t in cuda_verify_kernels_test cuda_verify_test; do
+    timeout 300 "$t" --gtest_brief=1 >"$out/$t.log" 2>&1 && echo "$t rc=0" || echo "$t rc=$?"
+    grep -E "^\[  (PASSED|FAILED)  \]|tests ran" "$out/$t.log" | head -20 || true
+  done
+  timeout 200 verify_overhead --sizes 4096,8192 --repeat 20 --csv "$out/verify_overhead.csv" |
+    tee "$out/verify_overhead.txt" | sed -n 1,11p
+  for repetitions in 1 3; do
+    timeout 300 verify_detection --trials $((repetitions == 1 ? 100000 : 30000)) \
+      --repetitions $repetitions --csv "$out/verify_detection_$repetitions.csv" || echo "FAILED"
+  done
+fi
+if want batch; then
+  echo "== operand-aware batching: --batching=on against off"
+  sock=/tmp/hgemm-batch.sock
+  for batching in on off; do
+    rm -f $sock
+    hgemm_server --listen=127.0.0.1:50091 --listen=unix:$sock --allow_shared_memory \
+      --batching=$batching --max_queued_requests=4096 --max_queued_per_client=0 \
+      --max_regions_per_client=1024 --max_rings_per_client=512 \
+      --metrics_listen=127.0.0.1:9491 >"$out/batch_server_$batching.log" 2>&1 &
+    batch_pid=$!
+    wait_for_server 50091 || { echo "FAILED: the server did not start"; continue; }
+    load=(hgemm_load --server=127.0.0.1:50091 --shm_server=unix:$sock --resident=b
+          --max_point_s=6 --metrics_url=http://127.0.0.1:9491/metrics
+          --csv="$out/batching.csv" --csv_append)
+    echo "-- batching $batching"
+    timeout 120 "${load[@]}" --transport=shm,ring --shapes=16x8192x8192 --concurrency=1,64
+    timeout 120 "${load[@]}" --transport=shm,ring --shapes=1x8192x8192 --concurrency=1,256
+    timeout 100 "${load[@]}" --transport=grpc --shapes=16x8192x8192 --concurrency=1,64
+    timeout 100 "${load[@]}" --transport=grpc --mode=stream --shapes=16x8192x8192 --concurrency=64
+    curl -s http://127.0.0.1:9491/metrics | grep -E "^hgemm_batch_(members|rows)_(sum|count)"
+    kill -TERM $batch_pid; wait $batch_pid || true
+  done
 fi

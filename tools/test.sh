@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Every test: install what is missing, then `bazel test //...` (GoogleTest; tests that need a GPU
 # skip without one), the tests tagged "asan" again under ASan + UBSan and those tagged "tsan" under
-# TSan (.bazelrc configs asan, tsan), deploy/check.sh (lint and schema checks of the container and
-# Kubernetes manifests), tools/curl_check.sh (the README's grpcurl walk-through over TLS with buf
-# curl), the Python client's tests, and the fuzz targets for $HGEMM_FUZZ_SECONDS (default 30) each
-# (tools/fuzz.sh). Ends with a summary line "N passed, N failed, N skipped" counted over all
+# TSan (.bazelrc configs asan, tsan), tools/format_check.sh (C++ and CUDA as clang-format writes
+# them), deploy/check.sh (lint and schema checks of the container and Kubernetes manifests),
+# tools/curl_check.sh (the README's grpcurl walk-through over TLS with buf curl), the Python
+# client's tests, and the fuzz targets for $HGEMM_FUZZ_SECONDS (default 30) each (tools/fuzz.sh). Ends with a summary line "N passed, N failed, N skipped" counted over all
 # GoogleTest cases (sanitizer runs included), deploy and curl checks, Python tests and fuzz targets,
 # and a line "time: STAGE N s, ..." (the wall time of each stage, to keep CI's length in view).
 set -uo pipefail
@@ -54,6 +54,8 @@ run_step() {
   passed=$((passed + p)) failed=$((failed + f)) skipped=$((skipped + s))
   timed "$name"
 }
+# C++ and CUDA as clang-format writes them (.clang-format).
+run_step format tools/format_check.sh
 run_step deploy bash deploy/check.sh
 # The README's grpcurl walk-through over TLS and tokens, run with buf curl.
 run_step curl tools/curl_check.sh

@@ -5,7 +5,8 @@
 # over Debian's packages (/usr/bin/python3 -m venv --system-site-packages; the python3 on PATH
 # may be a pyenv one without them), checks that the installed package loads it, and runs pytest
 # twice: HGEMM_TRANSPORT=native (the C ABI, client/c) and HGEMM_TRANSPORT=grpcio (the
-# pure-Python fallback); the suite also checks the committed gRPC stubs against the proto, and
+# pure-Python fallback); the suite also checks the committed gRPC stubs against the proto and
+# the native core's ctypes declarations against client/c/hgemm.h (gen_*.py --check), and
 # (native run) builds the portable wheel and runs its native core in a bare venv. Each
 # run ends with its line "python-native: ..." / "python-grpcio: ...", and the script with their
 # sum, "python: N passed, N failed, N skipped" (pytest's errors count as failed), which
@@ -30,7 +31,8 @@ trap 'rm -rf "$work"' EXIT
     "$work/venv/bin/python" -m pip install -q --no-build-isolation --no-index ./client/python ||
   { echo "test_python: installing client/python failed" >&2; summary 0 1 0; exit 1; }
 # A native run that silently fell back to grpcio would pass unseen.
-(cd "$work" && HGEMM_TRANSPORT=native "$work/venv/bin/python" -c "import hgemm; print(hgemm.info())") ||
+(cd "$work" &&
+  HGEMM_TRANSPORT=native "$work/venv/bin/python" -c "import hgemm; print(hgemm.info())") ||
   { echo "test_python: the installed hgemm does not load its library" >&2; summary 0 1 0; exit 1; }
 
 status=0 total_passed=0 total_failed=0 total_skipped=0

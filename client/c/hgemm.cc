@@ -1,32 +1,31 @@
-// The C ABI of client/c/hgemm.h over GemmClient (client/gemm_client.h): each function turns its
-// arguments into a request and CallOptions, makes the call, and turns the grpc::Status into
-// *code and *errptr. No exception leaves an extern "C" function.
+// The C ABI of client/c/hgemm.h over the C++ client (client/gemm_client.h and the types beside
+// it: GemmInto, GemmStreamSession, AsyncGemms, CompletionThreads, RetriedCall): each function
+// checks its arguments, turns them into a request and CallOptions, forwards, and turns the
+// grpc::Status into *code and *errptr. No exception leaves an extern "C" function.
 #include "client/c/hgemm.h"
 
 #include <fmt/format.h>
 #include <google/protobuf/util/json_util.h>
 
 #include <algorithm>
-#include <condition_variable>
 #include <cstdlib>
 #include <cstring>
-#include <deque>
 #include <exception>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <new>
 #include <optional>
 #include <string>
-#include <system_error>
-#include <thread>
-#include <unordered_map>
-#include <unordered_set>
 #include <utility>
 #include <vector>
 
+#include "client/async_gemms.h"
+#include "client/completion_threads.h"
 #include "client/error_details.h"
 #include "client/gemm_client.h"
+#include "client/gemm_into.h"
+#include "client/gemm_stream_session.h"
+#include "client/retried_call.h"
 #include "client/retry.h"
 #include "client/ring_client.h"
 #include "client/shared_region.h"
@@ -51,82 +50,12 @@ struct hgemm_client_options_t {
   hgemm::RetryPolicy retry;
 };
 
-// The asynchronous GEMMs of a client not yet over: hgemm_client_destroy() waits for them.
-class AsyncCount {
- public:
-  // Counts one call in while the returned token lives (the call's completion owns it).
-  std::shared_ptr<void> Enter() {
-    std::lock_guard<std::mutex> lock(mu_);
-    ++running_;
-    return std::shared_ptr<void>(nullptr, [this](void*) {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (--running_ == 0) idle_.notify_all();
-    });
-  }
-  void WaitIdle() {
-    std::unique_lock<std::mutex> lock(mu_);
-    idle_.wait(lock, [&] { return running_ == 0; });
-  }
-
- private:
-  std::mutex mu_;
-  std::condition_variable idle_;
-  int64_t running_ = 0;
-};
-
-// A call of a *_start function (revision 7): `run` fills the result on a completion thread,
-// then `done` gets it, exactly once.
-struct StartedCall {
-  std::function<void(hgemm_result_t*)> run;
-  std::function<void()> interrupt;  // ends it while it runs (stream next: cancels the stream)
-  hgemm_done_fn done = nullptr;
-  void* user_data = nullptr;
-
-  // Before it starts: it will not run (done gets CANCELLED). Running: interrupt, if any.
-  void Cancel() {
-    std::lock_guard<std::mutex> lock(mu);
-    cancelled = true;
-    // Under the lock: the call cannot finish (and its stream be freed) meanwhile.
-    if (started && !finished && interrupt) interrupt();
-  }
-
-  std::mutex mu;  // guards what follows
-  bool cancelled = false;
-  bool started = false;
-  bool finished = false;
-};
-
-// The client's completion threads: at most HGEMM_COMPLETION_THREADS, made as calls need them,
-// each taking queued calls in order. Thread-safe.
-class CompletionThreads {
- public:
-  ~CompletionThreads() { Stop(); }
-  // Queues the call. Throws (nothing queued) when no thread can be made for it.
-  void Add(std::shared_ptr<StartedCall> call);
-  // Calls not started: done(CANCELLED); running ones are interrupted and waited for; the
-  // threads joined. REQUIRES: no Add() meanwhile or after but from a done.
-  void Stop();
-
- private:
-  void Work();
-  // One call: run unless cancelled or stopping, then done.
-  static void Finish(StartedCall& call, bool stopping);
-
-  std::mutex mu_;  // guards what follows
-  std::condition_variable wake_;
-  std::deque<std::shared_ptr<StartedCall>> queue_;
-  std::unordered_set<StartedCall*> running_;
-  std::vector<std::thread> threads_;
-  int idle_ = 0;  // threads waiting for a call
-  bool stopping_ = false;
-};
-
 struct hgemm_client_t {
   hgemm::GemmClient client;
   hgemm::CallOptions defaults;  // timeout, chunk size, unary limit, client id, traceparent
   hgemm::RetryPolicy retry;     // of the blocking calls
-  AsyncCount async;
-  CompletionThreads completions;  // of the *_start calls
+  hgemm::AsyncGemms async;      // hgemm_client_destroy() waits for them
+  hgemm::CompletionThreads completions{HGEMM_COMPLETION_THREADS};  // of the *_start calls
 };
 
 struct hgemm_gemm_options_t {
@@ -182,7 +111,7 @@ struct hgemm_region_list_t {
 
 struct hgemm_call_t {
   std::shared_ptr<grpc::ClientContext> context;  // an async GEMM's, shared with the call
-  std::shared_ptr<StartedCall> started;          // or a *_start call's
+  std::shared_ptr<hgemm::QueuedCall> started;    // or a *_start call's
 };
 
 // What a *_start call comes to (hgemm_result_*); what done does not take is freed with it.
@@ -221,100 +150,11 @@ struct hgemm_batch_t {
   std::vector<Gemm> gemms;
 };
 
-// A persistent GemmStream: a writer thread sends queued GEMMs in order (their A and B copied into
-// the queued request, or borrowed from the caller); hgemm_stream_next reads.
 struct hgemm_stream_t {
-  struct Queued {
-    uint64_t gemm_id;
-    hgemm::v1::GemmRequest request;
-    hgemm::OperandBytes borrowed;  // hgemm_stream_submit_borrowed's A and B (else none)
-  };
-  int64_t chunk_bytes = 0;
-  std::unique_ptr<const hgemm::GemmClient> client;  // a copy: the stream keeps the channels
-  grpc::ClientContext context;
-  std::unique_ptr<hgemm::GemmAnswerStream> stream;
-  std::thread writer;
-
-  // The writer reads a GEMM's operands (borrowed ones are the caller's memory) only under
-  // borrow_mu and only while the GEMM is unanswered; the reader marks the GEMM it answers
-  // (Answered) under borrow_mu before the caller learns of it and may free them. The server
-  // answers a refused GEMM at once and drops the chunks still to come, so the writer may still
-  // be sending it. Lock order: borrow_mu, then mu.
-  std::mutex borrow_mu;
-  uint64_t writing_id = 0;        // guarded by borrow_mu: the GEMM the writer sends or sent last
-  bool writing_answered = false;  // guarded by borrow_mu: its answer was read
-
-  std::mutex mu;  // guards what follows
-  std::condition_variable wake;  // the writer's: a GEMM queued, or closing
-  std::deque<Queued> queue;
-  bool closing = false;  // no more submits; the writer half-closes once the queue is written
-  std::unordered_map<uint64_t, hgemm::CBuffer> in_flight;  // submitted, not yet answered
-
-  // The reader's (one at a time).
-  hgemm::StreamAnswer answer;  // its c_of: the in-flight GEMM's buffer
-  bool over = false;
-  grpc::Status end;  // once over
-  grpc::Status protocol_error;
-
-  void Write() {
-    while (true) {
-      std::unique_lock<std::mutex> lock(mu);
-      wake.wait(lock, [&] { return closing || !queue.empty(); });
-      if (queue.empty()) break;  // closing, everything written
-      lock.unlock();
-      std::unique_lock<std::mutex> borrow(borrow_mu);
-      lock.lock();
-      if (queue.empty()) continue;  // answered meanwhile (a server that broke the protocol)
-      Queued next = std::move(queue.front());
-      queue.pop_front();
-      writing_id = next.gemm_id;
-      writing_answered = false;
-      lock.unlock();
-      hgemm::StreamedGemmMessages messages(next.request, next.gemm_id, chunk_bytes,
-                                           next.borrowed);
-      grpc::ByteBuffer message;
-      // Once answered, the rest of it would be dropped by the server anyway.
-      while (!writing_answered && messages.Next(&message)) {
-        borrow.unlock();  // the message holds its own copy of the chunk
-        if (!stream->Write(message)) return;  // the call is over: the reader learns why
-        borrow.lock();
-      }
-    }
-    stream->WritesDone();
-  }
-
-  // The reader's, before it hands GEMM `gemm_id`'s answer to the caller: the writer reads its
-  // operands no more, and `gemm_id` may be submitted again.
-  void Answered(uint64_t gemm_id) {
-    std::lock_guard<std::mutex> borrow(borrow_mu);
-    if (writing_id == gemm_id) writing_answered = true;
-    std::lock_guard<std::mutex> lock(mu);
-    in_flight.erase(gemm_id);
-    // Answered before it was sent: only a server that broke the protocol does that.
-    std::erase_if(queue, [&](const Queued& q) { return q.gemm_id == gemm_id; });
-  }
-
-  // Ends the writer (the call is over, or being torn down) and takes the call's status.
-  grpc::Status Finish() {
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      closing = true;
-      queue.clear();
-    }
-    wake.notify_all();
-    writer.join();
-    return stream->Finish();
-  }
+  std::unique_ptr<hgemm::GemmStreamSession> session;
 };
 
 namespace {
-
-// grpc::StatusCode's names, by value.
-constexpr const char* kStatusNames[] = {
-    "OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED", "NOT_FOUND",
-    "ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION", "ABORTED",
-    "OUT_OF_RANGE", "UNIMPLEMENTED", "INTERNAL", "UNAVAILABLE", "DATA_LOSS", "UNAUTHENTICATED",
-};
 
 char* CopyString(const std::string& s) {
   char* out = static_cast<char*>(std::malloc(s.size() + 1));
@@ -393,10 +233,9 @@ struct LastVerify {
 thread_local LastVerify last_verify;
 
 void FillInfo(const hgemm::v1::GemmResponse& response, bool streamed, hgemm_gemm_info_t* info) {
-  last_verify = {response.timing().verify_ms(), response.execution().verified_repetitions(),
-                 response.execution().has_suspect_device_id()
-                     ? response.execution().suspect_device_id()
-                     : -1};
+  last_verify = {
+      response.timing().verify_ms(), response.execution().verified_repetitions(),
+      response.execution().has_suspect_device_id() ? response.execution().suspect_device_id() : -1};
   const hgemm::v1::Timing& t = response.timing();
   const hgemm::v1::Execution& e = response.execution();
   info->queue_wait_ms = t.queue_wait_ms();
@@ -461,13 +300,13 @@ grpc::Status CheckSizes(const hgemm_gemm_options_t& options, uint32_t m, uint32_
   const unsigned __int128 c_want = batch * c_size * m * n;
   if (a_by_handle ? a != nullptr || a_bytes != 0 : a_bytes != a_want || (a == nullptr && a_bytes)) {
     return bad(a_by_handle ? "a: pass NULL and 0 bytes for an A given by handle or region"
-                           : fmt::format("a_bytes is {}; an {}x{} {} A is {} bytes", a_bytes, m,
-                                         k, type, static_cast<uint64_t>(a_want)));
+                           : fmt::format("a_bytes is {}; an {}x{} {} A is {} bytes", a_bytes, m, k,
+                                         type, static_cast<uint64_t>(a_want)));
   }
   if (b_by_handle ? b != nullptr || b_bytes != 0 : b_bytes != b_want || (b == nullptr && b_bytes)) {
     return bad(b_by_handle ? "b: pass NULL and 0 bytes for a B given by handle or region"
-                           : fmt::format("b_bytes is {}; a {}x{} {} B is {} bytes", b_bytes, k,
-                                         n, type, static_cast<uint64_t>(b_want)));
+                           : fmt::format("b_bytes is {}; a {}x{} {} B is {} bytes", b_bytes, k, n,
+                                         type, static_cast<uint64_t>(b_want)));
   }
   if (options.c_in != nullptr || options.c_in_bytes != 0) {
     if (!options.c_in_handle.empty()) {
@@ -544,16 +383,17 @@ hgemm_matrix_info_t MatrixInfoOf(const hgemm::v1::MatrixInfo& matrix) {
                              matrix.ttl_seconds()};
 }
 
-// A call's retries (client/retry.h) of attempt(CallOptions of the try).
+// A call's retries by the client's policy (hgemm::RetriedCall): attempt(CallOptions of the try).
 template <typename Attempt>
-grpc::Status Retried(const hgemm_client_t* client, const hgemm::CallOptions& call,
-                     bool idempotent, Attempt attempt) {
-  return hgemm::WithRetries(client->retry, call.timeout, idempotent,
-                            [&](std::chrono::milliseconds remaining) {
-                              hgemm::CallOptions try_call = call;
-                              try_call.timeout = remaining;
-                              return attempt(try_call);
-                            });
+grpc::Status Retried(const hgemm_client_t* client, const hgemm::CallOptions& call, bool idempotent,
+                     Attempt&& attempt) {
+  return hgemm::RetriedCall(client->retry, call, idempotent, attempt);
+}
+
+hgemm::GemmInto::Mode ModeOf(const hgemm_gemm_options_t& options) {
+  return options.mode == HGEMM_MODE_AUTO     ? hgemm::GemmInto::Mode::kAuto
+         : options.mode == HGEMM_MODE_STREAM ? hgemm::GemmInto::Mode::kStream
+                                             : hgemm::GemmInto::Mode::kUnary;
 }
 
 // `message` as the header's JSON (hgemm_server_info_json), malloc()ed; INTERNAL if protobuf
@@ -583,10 +423,7 @@ void hgemm_gemm_verify(double* verify_ms, uint32_t* repetitions, int* suspect_de
   if (suspect_device_id != nullptr) *suspect_device_id = last_verify.suspect_device_id;
 }
 
-const char* hgemm_status_name(int code) {
-  constexpr int kCount = sizeof(kStatusNames) / sizeof(kStatusNames[0]);
-  return code >= 0 && code < kCount ? kStatusNames[code] : "UNKNOWN";
-}
+const char* hgemm_status_name(int code) { return hgemm::StatusCodeName(code); }
 
 void hgemm_free(void* ptr) { std::free(ptr); }
 
@@ -805,10 +642,9 @@ void hgemm_call_options_set_replica(hgemm_call_options_t* options, const char* r
 }
 
 // Calls.
-void hgemm_gemm(hgemm_client_t* client, const hgemm_gemm_options_t* options, uint32_t m,
-                uint32_t n, uint32_t k, const void* a, size_t a_bytes, const void* b,
-                size_t b_bytes, void* c, size_t c_capacity, hgemm_gemm_info_t* info, int* code,
-                char** errptr) {
+void hgemm_gemm(hgemm_client_t* client, const hgemm_gemm_options_t* options, uint32_t m, uint32_t n,
+                uint32_t k, const void* a, size_t a_bytes, const void* b, size_t b_bytes, void* c,
+                size_t c_capacity, hgemm_gemm_info_t* info, int* code, char** errptr) {
   try {
     const hgemm_gemm_options_t defaults;
     if (options == nullptr) options = &defaults;
@@ -821,59 +657,17 @@ void hgemm_gemm(hgemm_client_t* client, const hgemm_gemm_options_t* options, uin
     hgemm::OperandBytes detached;
     BuildRequest(*options, m, n, k, a, a_bytes, b, b_bytes, &request, &detached);
     const hgemm::CallOptions call = CallOptionsOf(client, options->timeout_ms, "");
-    // Regions are named by unary Gemm calls only.
-    const bool regions = request.has_a_region() || request.has_b_region() ||
-                         request.has_c_in_region() || request.has_c_region();
-    // Auto: parallel parts for the largest GEMMs (GemmClient::Run, C copied once out of the
-    // ranged downloads), else a stream above the unary limit.
-    const bool parts = !regions && options->mode == HGEMM_MODE_AUTO &&
-                       hgemm::GemmClient::ShouldSendParts(request, call, detached);
-    const bool streamed = !regions && (options->mode == HGEMM_MODE_STREAM ||
-                                       (options->mode == HGEMM_MODE_AUTO && !parts &&
-                                        hgemm::GemmClient::ShouldStream(request, call, detached)));
-    // A unary call whose C comes back: A and B leave from the caller's memory and C lands in
-    // `c`, no copy through the request or the response (GemmInPlace). Streams and parts take
-    // A and B in the request.
-    const bool in_place = !parts && !streamed && !request.has_c_region();
-    if (!in_place && detached.a != nullptr) request.set_a(detached.a, detached.a_bytes);
-    if (!in_place && detached.b != nullptr) request.set_b(detached.b, detached.b_bytes);
+    const hgemm::GemmInto gemm(client->client, std::move(request), detached,
+                               {static_cast<char*>(c), c_capacity}, ModeOf(*options), call);
     hgemm::v1::GemmResponse response;
-    // One try: C's chunks straight into the caller's buffer, or one copy out of the response.
-    auto attempt = [&](std::chrono::milliseconds remaining) {
-      hgemm::CallOptions try_call = call;
-      try_call.timeout = remaining;
-      if (streamed) {
-        std::vector<hgemm::StreamedGemm> results;
-        const std::vector<hgemm::CBuffer> c_into = {{static_cast<char*>(c), c_capacity}};
-        grpc::Status status = client->client.GemmStream({&request}, &results, try_call, &c_into);
-        if (status.ok()) status = results[0].status;
-        if (status.ok()) response = std::move(results[0].response);
-        return status;
-      }
-      if (in_place) {
-        return client->client.GemmInPlace(request, detached,
-                                          {static_cast<char*>(c), c_capacity}, &response, try_call);
-      }
-      grpc::Status status = parts ? client->client.Run(request, &response, try_call)
-                                  : client->client.Gemm(request, &response, try_call);
-      if (!status.ok() || request.has_c_region()) return status;  // C is in the region
-      const size_t c_bytes = hgemm::GemmClient::ResultBytes(request);
-      if (response.c().size() != c_bytes) {
-        return grpc::Status(grpc::StatusCode::INTERNAL,
-                            fmt::format("the server sent {} bytes of C; {}x{} is {}",
-                                        response.c().size(), m, n, c_bytes));
-      }
-      std::memcpy(c, response.c().data(), c_bytes);
-      return status;
-    };
-    // A GEMM is idempotent unless C_in is read from the region its C overwrites: any other
-    // UNAVAILABLE may be tried again.
-    const bool idempotent = !(request.has_c_region() && request.has_c_in_region());
-    if (SaveStatus(hgemm::WithRetries(client->retry, call.timeout, idempotent, attempt),
+    if (SaveStatus(Retried(client, call, gemm.idempotent(),
+                           [&](const hgemm::CallOptions& try_call) {
+                             return gemm.Try(try_call, &response);
+                           }),
                    code, errptr)) {
       return;
     }
-    if (info != nullptr) FillInfo(response, streamed, info);
+    if (info != nullptr) FillInfo(response, gemm.streamed(), info);
   } catch (...) {
     SaveException(code, errptr);
   }
@@ -888,8 +682,8 @@ void hgemm_gemm_grouped(hgemm_client_t* client, const hgemm_gemm_options_t* opti
     const hgemm_gemm_options_t& o = *options;
     if (!o.a_handle.empty() || !o.b_handle.empty() || !o.c_in_handle.empty() ||
         !o.a_region.region().empty() || !o.b_region.region().empty() ||
-        !o.c_in_region.region().empty() || !o.c_region.region().empty() ||
-        o.c_in != nullptr || o.batch > 1 || o.mode == HGEMM_MODE_STREAM) {
+        !o.c_in_region.region().empty() || !o.c_region.region().empty() || o.c_in != nullptr ||
+        o.batch > 1 || o.mode == HGEMM_MODE_STREAM) {
       Fail(grpc::StatusCode::INVALID_ARGUMENT,
            "options: a grouped GEMM takes no handles, regions, C_in (pass each problem's), "
            "batch or stream mode",
@@ -906,11 +700,14 @@ void hgemm_gemm_grouped(hgemm_client_t* client, const hgemm_gemm_options_t* opti
       const grpc::Status checked = CheckSizes(problem_options, p.m, p.n, p.k, p.a, p.a_bytes, p.b,
                                               p.b_bytes, p.c == nullptr ? 0 : p.c_capacity);
       if (!checked.ok()) {
-        Fail(checked.error_code(), fmt::format("problems[{}].{}", i, checked.error_message()),
-             code, errptr);
+        Fail(checked.error_code(), fmt::format("problems[{}].{}", i, checked.error_message()), code,
+             errptr);
         return;
       }
-      operands[i] = {p.m, p.n, p.k, {static_cast<const char*>(p.a), p.a_bytes},
+      operands[i] = {p.m,
+                     p.n,
+                     p.k,
+                     {static_cast<const char*>(p.a), p.a_bytes},
                      {static_cast<const char*>(p.b), p.b_bytes},
                      {static_cast<const char*>(p.c_in), p.c_in == nullptr ? 0 : p.c_in_bytes}};
     }
@@ -920,8 +717,7 @@ void hgemm_gemm_grouped(hgemm_client_t* client, const hgemm_gemm_options_t* opti
     hgemm::v1::GemmResponse response;
     if (SaveStatus(Retried(client, CallOptionsOf(client, o.timeout_ms, ""), /*idempotent=*/true,
                            [&](const hgemm::CallOptions& call) {
-                             return client->client.GemmGrouped(form, operands, &c, &response,
-                                                               call);
+                             return client->client.GemmGrouped(form, operands, &c, &response, call);
                            }),
                    code, errptr)) {
       return;
@@ -937,22 +733,20 @@ void hgemm_gemm_grouped(hgemm_client_t* client, const hgemm_gemm_options_t* opti
 // Asynchronous GEMMs.
 namespace {
 
-// What an asynchronous GEMM comes to, told to its caller on a gRPC thread: hgemm_gemm_done_fn's
-// or, for a kept C, hgemm_keep_c_done_fn's arguments.
-using AsyncDone = std::function<void(const grpc::Status&, const hgemm::v1::GemmResponse&, bool)>;
-
 // hgemm_gemm_async() and hgemm_gemm_keep_c_async(): keep_c keeps C on the server for
-// c_ttl_seconds (c NULL and 0).
+// c_ttl_seconds (c NULL and 0). `tell` turns the outcome, on a gRPC thread, into
+// hgemm_gemm_done_fn's or, for a kept C, hgemm_keep_c_done_fn's arguments.
 hgemm_call_t* StartGemm(hgemm_client_t* client, const hgemm_gemm_options_t* options, uint32_t m,
                         uint32_t n, uint32_t k, const void* a, size_t a_bytes, const void* b,
                         size_t b_bytes, void* c, size_t c_capacity, bool keep_c,
-                        uint32_t c_ttl_seconds, AsyncDone tell, int* code, char** errptr) {
+                        uint32_t c_ttl_seconds, hgemm::AsyncGemms::Done tell, int* code,
+                        char** errptr) {
   try {
     const hgemm_gemm_options_t defaults;
     if (options == nullptr) options = &defaults;
-    if (SaveStatus(CheckSizes(*options, m, n, k, a, a_bytes, b, b_bytes,
-                              keep_c ? SIZE_MAX : c_capacity),
-                   code, errptr)) {
+    if (SaveStatus(
+            CheckSizes(*options, m, n, k, a, a_bytes, b, b_bytes, keep_c ? SIZE_MAX : c_capacity),
+            code, errptr)) {
       return nullptr;
     }
     hgemm::v1::GemmRequest request;
@@ -961,23 +755,11 @@ hgemm_call_t* StartGemm(hgemm_client_t* client, const hgemm_gemm_options_t* opti
     request.set_keep_c_resident(keep_c);
     request.set_c_ttl_seconds(c_ttl_seconds);
     const hgemm::CallOptions call = CallOptionsOf(client, options->timeout_ms, "");
-    const bool streamed = options->mode == HGEMM_MODE_STREAM ||
-                          (options->mode == HGEMM_MODE_AUTO &&
-                           hgemm::GemmClient::ShouldStream(request, call, detached));
     auto handle = std::make_unique<hgemm_call_t>();
     handle->context = std::make_shared<grpc::ClientContext>();
-    auto finish = [keep_c, streamed, tell = std::move(tell),
-                   running = client->async.Enter()](grpc::Status status,
-                                                    hgemm::v1::GemmResponse response) {
-      if (status.ok() && keep_c && !response.has_c_matrix()) {
-        status = grpc::Status(grpc::StatusCode::INTERNAL,
-                              "the server kept no C (keep_c_resident ignored?)");
-      }
-      tell(status, response, streamed);
-    };
-    client->client.GemmAsync(std::move(request), detached, streamed,
-                             {static_cast<char*>(c), c_capacity}, call, handle->context,
-                             std::move(finish));
+    client->async.Start(client->client, std::move(request), detached,
+                        {static_cast<char*>(c), c_capacity}, ModeOf(*options), call,
+                        handle->context, std::move(tell));
     *code = HGEMM_OK;
     return handle.release();
   } catch (...) {
@@ -991,10 +773,9 @@ hgemm_call_t* StartGemm(hgemm_client_t* client, const hgemm_gemm_options_t* opti
 hgemm_call_t* hgemm_gemm_async(hgemm_client_t* client, const hgemm_gemm_options_t* options,
                                uint32_t m, uint32_t n, uint32_t k, const void* a, size_t a_bytes,
                                const void* b, size_t b_bytes, void* c, size_t c_capacity,
-                               hgemm_gemm_done_fn done, void* user_data, int* code,
-                               char** errptr) {
-  auto tell = [done, user_data](const grpc::Status& status,
-                                const hgemm::v1::GemmResponse& response, bool streamed) {
+                               hgemm_gemm_done_fn done, void* user_data, int* code, char** errptr) {
+  auto tell = [done, user_data](const grpc::Status& status, const hgemm::v1::GemmResponse& response,
+                                bool streamed) {
     if (!status.ok()) {
       KeepDetails(status);
       done(user_data, status.error_code(), status.error_message().c_str(), nullptr);
@@ -1013,8 +794,8 @@ hgemm_call_t* hgemm_gemm_keep_c_async(hgemm_client_t* client, const hgemm_gemm_o
                                       size_t a_bytes, const void* b, size_t b_bytes,
                                       uint32_t c_ttl_seconds, hgemm_keep_c_done_fn done,
                                       void* user_data, int* code, char** errptr) {
-  auto tell = [done, user_data](const grpc::Status& status,
-                                const hgemm::v1::GemmResponse& response, bool streamed) {
+  auto tell = [done, user_data](const grpc::Status& status, const hgemm::v1::GemmResponse& response,
+                                bool streamed) {
     if (!status.ok()) {
       KeepDetails(status);
       done(user_data, status.error_code(), status.error_message().c_str(), nullptr, nullptr,
@@ -1044,16 +825,16 @@ size_t hgemm_batch_size(const hgemm_batch_t* batch) { return batch->gemms.size()
 namespace {
 
 // hgemm_batch_add's, with C kept on the server for c_ttl_seconds when keep_c.
-size_t AddToBatch(hgemm_batch_t* batch, const hgemm_gemm_options_t* options, uint32_t m,
-                  uint32_t n, uint32_t k, const void* a, size_t a_bytes, const void* b,
-                  size_t b_bytes, void* c, size_t c_capacity, bool keep_c,
-                  uint32_t c_ttl_seconds, int* code, char** errptr) {
+size_t AddToBatch(hgemm_batch_t* batch, const hgemm_gemm_options_t* options, uint32_t m, uint32_t n,
+                  uint32_t k, const void* a, size_t a_bytes, const void* b, size_t b_bytes, void* c,
+                  size_t c_capacity, bool keep_c, uint32_t c_ttl_seconds, int* code,
+                  char** errptr) {
   try {
     const hgemm_gemm_options_t defaults;
     if (options == nullptr) options = &defaults;
-    if (SaveStatus(CheckSizes(*options, m, n, k, a, a_bytes, b, b_bytes,
-                              keep_c ? SIZE_MAX : c_capacity),
-                   code, errptr)) {
+    if (SaveStatus(
+            CheckSizes(*options, m, n, k, a, a_bytes, b, b_bytes, keep_c ? SIZE_MAX : c_capacity),
+            code, errptr)) {
       return SIZE_MAX;
     }
     hgemm_batch_t::Gemm gemm;
@@ -1074,14 +855,13 @@ size_t AddToBatch(hgemm_batch_t* batch, const hgemm_gemm_options_t* options, uin
 size_t hgemm_batch_add(hgemm_batch_t* batch, const hgemm_gemm_options_t* options, uint32_t m,
                        uint32_t n, uint32_t k, const void* a, size_t a_bytes, const void* b,
                        size_t b_bytes, void* c, size_t c_capacity, int* code, char** errptr) {
-  return AddToBatch(batch, options, m, n, k, a, a_bytes, b, b_bytes, c, c_capacity, false, 0,
-                    code, errptr);
+  return AddToBatch(batch, options, m, n, k, a, a_bytes, b, b_bytes, c, c_capacity, false, 0, code,
+                    errptr);
 }
 
-size_t hgemm_batch_add_keep_c(hgemm_batch_t* batch, const hgemm_gemm_options_t* options,
-                              uint32_t m, uint32_t n, uint32_t k, const void* a, size_t a_bytes,
-                              const void* b, size_t b_bytes, uint32_t c_ttl_seconds, int* code,
-                              char** errptr) {
+size_t hgemm_batch_add_keep_c(hgemm_batch_t* batch, const hgemm_gemm_options_t* options, uint32_t m,
+                              uint32_t n, uint32_t k, const void* a, size_t a_bytes, const void* b,
+                              size_t b_bytes, uint32_t c_ttl_seconds, int* code, char** errptr) {
   return AddToBatch(batch, options, m, n, k, a, a_bytes, b, b_bytes, nullptr, 0, true,
                     c_ttl_seconds, code, errptr);
 }
@@ -1110,8 +890,8 @@ void hgemm_gemm_many(hgemm_client_t* client, hgemm_batch_t* batch,
     std::vector<hgemm::StreamedGemm> results;
     grpc::Status status;
     if (!requests.empty()) {
-      status = client->client.GemmStream(requests, &results, CallOptionsOf(client, options),
-                                         &c_into);
+      status =
+          client->client.GemmStream(requests, &results, CallOptionsOf(client, options), &c_into);
     }
     for (size_t j = 0; j < sent.size(); ++j) {
       hgemm_batch_t::Gemm& gemm = batch->gemms[sent[j]];
@@ -1145,8 +925,8 @@ char* hgemm_upload(hgemm_client_t* client, const hgemm_call_options_t* options, 
                             ttl_seconds, label, info, code, errptr);
 }
 
-char* hgemm_upload_typed(hgemm_client_t* client, const hgemm_call_options_t* options,
-                         uint32_t rows, uint32_t cols, int dtype, int device_id, const void* data,
+char* hgemm_upload_typed(hgemm_client_t* client, const hgemm_call_options_t* options, uint32_t rows,
+                         uint32_t cols, int dtype, int device_id, const void* data,
                          size_t data_bytes, uint32_t ttl_seconds, const char* label,
                          hgemm_matrix_info_t* info, int* code, char** errptr) {
   try {
@@ -1193,31 +973,22 @@ char* hgemm_gemm_keep_c(hgemm_client_t* client, const hgemm_gemm_options_t* opti
   try {
     const hgemm_gemm_options_t defaults;
     if (options == nullptr) options = &defaults;
-    if (SaveStatus(CheckSizes(*options, m, n, k, a, a_bytes, b, b_bytes, SIZE_MAX), code,
-                   errptr)) {
+    if (SaveStatus(CheckSizes(*options, m, n, k, a, a_bytes, b, b_bytes, SIZE_MAX), code, errptr)) {
       return nullptr;
     }
     hgemm::v1::GemmRequest request;
-    BuildRequest(*options, m, n, k, a, a_bytes, b, b_bytes, &request);
+    hgemm::OperandBytes detached;
+    BuildRequest(*options, m, n, k, a, a_bytes, b, b_bytes, &request, &detached);
     request.set_keep_c_resident(true);
     request.set_c_ttl_seconds(c_ttl_seconds);
     const hgemm::CallOptions call = CallOptionsOf(client, options->timeout_ms, "");
-    const bool streamed = options->mode == HGEMM_MODE_STREAM ||
-                          (options->mode == HGEMM_MODE_AUTO &&
-                           hgemm::GemmClient::ShouldStream(request, call));
+    const hgemm::GemmInto gemm(client->client, std::move(request), detached, {}, ModeOf(*options),
+                               call);
     hgemm::v1::GemmResponse response;
     // Not idempotent: a second run would keep a second C.
     if (SaveStatus(Retried(client, call, false,
                            [&](const hgemm::CallOptions& try_call) {
-                             if (!streamed) {
-                               return client->client.Gemm(request, &response, try_call);
-                             }
-                             std::vector<hgemm::StreamedGemm> results;
-                             grpc::Status status =
-                                 client->client.GemmStream({&request}, &results, try_call);
-                             if (status.ok()) status = results[0].status;
-                             if (status.ok()) response = std::move(results[0].response);
-                             return status;
+                             return gemm.Try(try_call, &response);
                            }),
                    code, errptr)) {
       return nullptr;
@@ -1227,7 +998,7 @@ char* hgemm_gemm_keep_c(hgemm_client_t* client, const hgemm_gemm_options_t* opti
            errptr);
       return nullptr;
     }
-    if (info != nullptr) FillInfo(response, streamed, info);
+    if (info != nullptr) FillInfo(response, gemm.streamed(), info);
     if (c_info != nullptr) *c_info = MatrixInfoOf(response.c_matrix());
     return CopyString(response.c_matrix().handle());
   } catch (...) {
@@ -1293,8 +1064,7 @@ uint64_t hgemm_matrix_list_client_bytes(const hgemm_matrix_list_t* list) {
 uint64_t hgemm_matrix_list_quota_bytes(const hgemm_matrix_list_t* list) {
   return list->proto.quota_bytes();
 }
-void hgemm_matrix_list_info(const hgemm_matrix_list_t* list, size_t i,
-                            hgemm_matrix_info_t* info) {
+void hgemm_matrix_list_info(const hgemm_matrix_list_t* list, size_t i, hgemm_matrix_info_t* info) {
   *info = MatrixInfoOf(list->proto.matrices(i));
 }
 const char* hgemm_matrix_list_handle(const hgemm_matrix_list_t* list, size_t i) {
@@ -1321,20 +1091,10 @@ hgemm_stream_t* hgemm_stream_open(hgemm_client_t* client, const hgemm_call_optio
                                   int* code, char** errptr) {
   try {
     hgemm::CallOptions call = CallOptionsOf(client, options);
-    call.timeout = std::chrono::milliseconds(options == nullptr ? 0
-                                             : std::max<int64_t>(options->timeout_ms, 0));
+    call.timeout = std::chrono::milliseconds(
+        options == nullptr ? 0 : std::max<int64_t>(options->timeout_ms, 0));
     auto stream = std::make_unique<hgemm_stream_t>();
-    stream->chunk_bytes = call.chunk_bytes;
-    stream->client = std::make_unique<const hgemm::GemmClient>(client->client);
-    stream->answer.c_of = [s = stream.get()](uint64_t gemm_id, hgemm::CBuffer* c) {
-      std::lock_guard<std::mutex> lock(s->mu);
-      auto it = s->in_flight.find(gemm_id);
-      if (it == s->in_flight.end()) return false;
-      *c = it->second;
-      return true;
-    };
-    stream->stream = stream->client->OpenStream(call.replica, call, &stream->context);
-    stream->writer = std::thread(&hgemm_stream_t::Write, stream.get());
+    stream->session = std::make_unique<hgemm::GemmStreamSession>(client->client, call);
     *code = HGEMM_OK;
     return stream.release();
   } catch (...) {
@@ -1346,11 +1106,10 @@ hgemm_stream_t* hgemm_stream_open(hgemm_client_t* client, const hgemm_call_optio
 namespace {
 
 // hgemm_stream_submit (borrow: hgemm_stream_submit_borrowed, A and B not copied).
-void SubmitToStream(hgemm_stream_t* stream, uint64_t gemm_id,
-                    const hgemm_gemm_options_t* options, uint32_t m, uint32_t n, uint32_t k,
-                    const void* a, size_t a_bytes, const void* b, size_t b_bytes, void* c,
-                    size_t c_capacity, unsigned char keep_c, uint32_t c_ttl_seconds, bool borrow,
-                    int* code, char** errptr) {
+void SubmitToStream(hgemm_stream_t* stream, uint64_t gemm_id, const hgemm_gemm_options_t* options,
+                    uint32_t m, uint32_t n, uint32_t k, const void* a, size_t a_bytes,
+                    const void* b, size_t b_bytes, void* c, size_t c_capacity, unsigned char keep_c,
+                    uint32_t c_ttl_seconds, bool borrow, int* code, char** errptr) {
   try {
     const hgemm_gemm_options_t defaults;
     if (options == nullptr) options = &defaults;
@@ -1359,33 +1118,19 @@ void SubmitToStream(hgemm_stream_t* stream, uint64_t gemm_id,
            code, errptr);
       return;
     }
-    if (SaveStatus(CheckSizes(*options, m, n, k, a, a_bytes, b, b_bytes,
-                              keep_c ? SIZE_MAX : c_capacity),
-                   code, errptr)) {
+    if (SaveStatus(
+            CheckSizes(*options, m, n, k, a, a_bytes, b, b_bytes, keep_c ? SIZE_MAX : c_capacity),
+            code, errptr)) {
       return;
     }
-    hgemm_stream_t::Queued queued{gemm_id, {}, {}};
-    BuildRequest(*options, m, n, k, a, a_bytes, b, b_bytes, &queued.request,
-                 borrow ? &queued.borrowed : nullptr);
-    queued.request.set_keep_c_resident(keep_c != 0);
-    queued.request.set_c_ttl_seconds(c_ttl_seconds);
-    {
-      std::lock_guard<std::mutex> lock(stream->mu);
-      if (stream->closing) {
-        Fail(grpc::StatusCode::FAILED_PRECONDITION, "the stream is closed", code, errptr);
-        return;
-      }
-      if (!stream->in_flight.try_emplace(gemm_id, hgemm::CBuffer{static_cast<char*>(c),
-                                                                 keep_c ? 0 : c_capacity})
-               .second) {
-        Fail(grpc::StatusCode::INVALID_ARGUMENT,
-             fmt::format("gemm_id {} is in use on this stream", gemm_id), code, errptr);
-        return;
-      }
-      stream->queue.push_back(std::move(queued));
-    }
-    stream->wake.notify_all();
-    *code = HGEMM_OK;
+    hgemm::v1::GemmRequest request;
+    hgemm::OperandBytes borrowed;
+    BuildRequest(*options, m, n, k, a, a_bytes, b, b_bytes, &request, borrow ? &borrowed : nullptr);
+    request.set_keep_c_resident(keep_c != 0);
+    request.set_c_ttl_seconds(c_ttl_seconds);
+    SaveStatus(stream->session->Submit(gemm_id, std::move(request), borrowed,
+                                       {static_cast<char*>(c), keep_c ? 0 : c_capacity}),
+               code, errptr);
   } catch (...) {
     SaveException(code, errptr);
   }
@@ -1396,8 +1141,8 @@ void SubmitToStream(hgemm_stream_t* stream, uint64_t gemm_id,
 void hgemm_stream_submit(hgemm_stream_t* stream, uint64_t gemm_id,
                          const hgemm_gemm_options_t* options, uint32_t m, uint32_t n, uint32_t k,
                          const void* a, size_t a_bytes, const void* b, size_t b_bytes, void* c,
-                         size_t c_capacity, unsigned char keep_c, uint32_t c_ttl_seconds,
-                         int* code, char** errptr) {
+                         size_t c_capacity, unsigned char keep_c, uint32_t c_ttl_seconds, int* code,
+                         char** errptr) {
   SubmitToStream(stream, gemm_id, options, m, n, k, a, a_bytes, b, b_bytes, c, c_capacity, keep_c,
                  c_ttl_seconds, /*borrow=*/false, code, errptr);
 }
@@ -1405,9 +1150,8 @@ void hgemm_stream_submit(hgemm_stream_t* stream, uint64_t gemm_id,
 void hgemm_stream_submit_borrowed(hgemm_stream_t* stream, uint64_t gemm_id,
                                   const hgemm_gemm_options_t* options, uint32_t m, uint32_t n,
                                   uint32_t k, const void* a, size_t a_bytes, const void* b,
-                                  size_t b_bytes, void* c, size_t c_capacity,
-                                  unsigned char keep_c, uint32_t c_ttl_seconds, int* code,
-                                  char** errptr) {
+                                  size_t b_bytes, void* c, size_t c_capacity, unsigned char keep_c,
+                                  uint32_t c_ttl_seconds, int* code, char** errptr) {
   SubmitToStream(stream, gemm_id, options, m, n, k, a, a_bytes, b, b_bytes, c, c_capacity, keep_c,
                  c_ttl_seconds, /*borrow=*/true, code, errptr);
 }
@@ -1416,69 +1160,36 @@ int hgemm_stream_next(hgemm_stream_t* stream, uint64_t* gemm_id, hgemm_gemm_info
                       char** c_handle, hgemm_matrix_info_t* c_info, int* code, char** errptr) {
   try {
     if (c_handle != nullptr) *c_handle = nullptr;
-    hgemm::StreamAnswer& answer = stream->answer;
-    while (!stream->over && stream->stream->Read(&answer)) {
-      if (!stream->protocol_error.ok()) continue;  // draining a cancelled call
-      auto broken = [&](const std::string& what) {
-        stream->protocol_error = grpc::Status(grpc::StatusCode::INTERNAL, what);
-        stream->context.TryCancel();
-      };
-      if (!answer.problem.empty()) {
-        broken(answer.problem);
-      } else if (answer.has_done) {  // of a GEMM in flight (c_of found it)
-        stream->Answered(answer.gemm_id);
-        *gemm_id = answer.gemm_id;
-        const hgemm::v1::GemmDone& done = answer.done;
-        if (SaveStatus(hgemm::StatusOf(done), code, errptr)) {
-          return 1;
-        }
-        if (info != nullptr) {
-          hgemm::v1::GemmResponse response;
-          *response.mutable_timing() = done.timing();
-          *response.mutable_execution() = done.execution();
-          response.set_request_id(done.request_id());
-          FillInfo(response, true, info);
-        }
-        if (done.has_c_matrix()) {
-          if (c_info != nullptr) *c_info = MatrixInfoOf(done.c_matrix());
-          if (c_handle != nullptr) *c_handle = CopyString(done.c_matrix().handle());
-        }
-        return 1;
-      }
+    hgemm::v1::GemmDone done;
+    grpc::Status end;
+    if (!stream->session->Next(gemm_id, &done, &end)) {
+      SaveStatus(end, code, errptr);
+      return 0;
     }
-    if (!stream->over) {
-      stream->over = true;
-      const grpc::Status finished = stream->Finish();
-      stream->end = finished.ok() ? stream->protocol_error : finished;
+    if (SaveStatus(hgemm::StatusOf(done), code, errptr)) return 1;
+    if (info != nullptr) {
+      hgemm::v1::GemmResponse response;
+      *response.mutable_timing() = done.timing();
+      *response.mutable_execution() = done.execution();
+      response.set_request_id(done.request_id());
+      FillInfo(response, true, info);
     }
-    SaveStatus(stream->end, code, errptr);
+    if (done.has_c_matrix()) {
+      if (c_info != nullptr) *c_info = MatrixInfoOf(done.c_matrix());
+      if (c_handle != nullptr) *c_handle = CopyString(done.c_matrix().handle());
+    }
+    return 1;
   } catch (...) {
     SaveException(code, errptr);
   }
   return 0;
 }
 
-void hgemm_stream_close(hgemm_stream_t* stream) {
-  {
-    std::lock_guard<std::mutex> lock(stream->mu);
-    stream->closing = true;
-  }
-  stream->wake.notify_all();
-}
+void hgemm_stream_close(hgemm_stream_t* stream) { stream->session->Close(); }
 
-void hgemm_stream_cancel(hgemm_stream_t* stream) { stream->context.TryCancel(); }
+void hgemm_stream_cancel(hgemm_stream_t* stream) { stream->session->Cancel(); }
 
-void hgemm_stream_destroy(hgemm_stream_t* stream) {
-  if (stream == nullptr) return;
-  if (!stream->over) {
-    stream->context.TryCancel();
-    hgemm::StreamAnswer discarded;  // no c_of: nothing is written into the GEMMs' buffers
-    while (stream->stream->Read(&discarded)) {
-    }
-    stream->Finish();
-  }
-  delete stream;
-}
+void hgemm_stream_destroy(hgemm_stream_t* stream) { delete stream; }
 
 uint64_t hgemm_release(hgemm_client_t* client, const hgemm_call_options_t* options,
                        const char* handle, int* code, char** errptr) {
@@ -1680,9 +1391,8 @@ void hgemm_ring_drain(hgemm_ring_t* ring, int* code, char** errptr) {
 const char* hgemm_ring_region(const hgemm_ring_t* ring) { return ring->ring->region().c_str(); }
 void hgemm_ring_close(hgemm_ring_t* ring) { delete ring; }
 
-hgemm_region_list_t* hgemm_list_regions(hgemm_client_t* client,
-                                        const hgemm_call_options_t* options, int* code,
-                                        char** errptr) {
+hgemm_region_list_t* hgemm_list_regions(hgemm_client_t* client, const hgemm_call_options_t* options,
+                                        int* code, char** errptr) {
   try {
     auto list = std::make_unique<hgemm_region_list_t>();
     if (SaveStatus(Retried(client, CallOptionsOf(client, options), /*idempotent=*/true,
@@ -1727,9 +1437,8 @@ void hgemm_region_list_info(const hgemm_region_list_t* list, size_t i, hgemm_reg
   info->device_id = r.device_id();
 }
 
-hgemm_server_info_t* hgemm_server_info(hgemm_client_t* client,
-                                       const hgemm_call_options_t* options, int* code,
-                                       char** errptr) {
+hgemm_server_info_t* hgemm_server_info(hgemm_client_t* client, const hgemm_call_options_t* options,
+                                       int* code, char** errptr) {
   try {
     auto info = std::make_unique<hgemm_server_info_t>();
     if (SaveStatus(Retried(client, CallOptionsOf(client, options), true,
@@ -1796,12 +1505,12 @@ char* JsonOfCall(hgemm_client_t* client, const hgemm_call_options_t* options, in
 
 }  // namespace
 
-char* hgemm_server_info_json(hgemm_client_t* client, const hgemm_call_options_t* options,
-                             int* code, char** errptr) {
-  return JsonOfCall<hgemm::v1::ServerInfo>(
-      client, options, code, errptr, [client](auto* info, const hgemm::CallOptions& call) {
-        return client->client.GetServerInfo(info, call);
-      });
+char* hgemm_server_info_json(hgemm_client_t* client, const hgemm_call_options_t* options, int* code,
+                             char** errptr) {
+  return JsonOfCall<hgemm::v1::ServerInfo>(client, options, code, errptr,
+                                           [client](auto* info, const hgemm::CallOptions& call) {
+                                             return client->client.GetServerInfo(info, call);
+                                           });
 }
 
 char* hgemm_list_kernels_json(hgemm_client_t* client, const hgemm_call_options_t* options,
@@ -1813,93 +1522,30 @@ char* hgemm_list_kernels_json(hgemm_client_t* client, const hgemm_call_options_t
 }
 
 // Calls that do not block (revision 7).
-void CompletionThreads::Add(std::shared_ptr<StartedCall> call) {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    // Stopping (a done starting another call): Stop() is joining threads_, and the thread of
-    // that done reports this call.
-    if (!stopping_ && idle_ == 0 && threads_.size() < HGEMM_COMPLETION_THREADS) {
-      try {
-        threads_.emplace_back(&CompletionThreads::Work, this);
-      } catch (const std::system_error&) {
-        if (threads_.empty()) throw;  // no thread would ever run it
-      }
-    }
-    queue_.push_back(std::move(call));
-  }
-  wake_.notify_one();
-}
-
-void CompletionThreads::Stop() {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (stopping_) return;
-    stopping_ = true;
-    for (StartedCall* call : running_) call->Cancel();
-  }
-  wake_.notify_all();
-  for (std::thread& thread : threads_) thread.join();
-}
-
-void CompletionThreads::Work() {
-  std::unique_lock<std::mutex> lock(mu_);
-  while (true) {
-    ++idle_;
-    wake_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
-    --idle_;
-    if (queue_.empty()) return;  // stopping, every call reported
-    std::shared_ptr<StartedCall> call = std::move(queue_.front());
-    queue_.pop_front();
-    const bool stopping = stopping_;
-    running_.insert(call.get());
-    lock.unlock();
-    Finish(*call, stopping);
-    lock.lock();
-    running_.erase(call.get());
-  }
-}
-
-void CompletionThreads::Finish(StartedCall& call, bool stopping) {
-  hgemm_result_t result;
-  bool run;
-  {
-    std::lock_guard<std::mutex> lock(call.mu);
-    run = !call.cancelled && !stopping;
-    call.started = run;
-  }
-  if (run) {
-    try {
-      call.run(&result);
-    } catch (...) {
-      SaveException(&result.code, &result.error);
-    }
-  } else {
-    Fail(grpc::StatusCode::CANCELLED,
-         stopping ? "the client was destroyed before the call started"
-                  : "the call was cancelled before it started",
-         &result.code, &result.error);
-  }
-  {
-    std::lock_guard<std::mutex> lock(call.mu);
-    call.finished = true;
-  }
-  call.done(call.user_data, &result);
-}
-
 namespace {
 
-// Queues make_run() (the call's `run`) on the client's completion threads and returns its
-// handle; NULL (done never runs) with *code / *errptr when it cannot be queued.
+// Queues make_run() (the call's work, filling its result) on the client's completion threads
+// and returns its handle; NULL (done never runs) with *code / *errptr when it cannot be queued.
 template <typename MakeRun>
 hgemm_call_t* StartCall(hgemm_client_t* client, hgemm_done_fn done, void* user_data, int* code,
                         char** errptr, MakeRun make_run,
                         std::function<void()> interrupt = nullptr) {
   try {
-    auto call = std::make_shared<StartedCall>();
-    call->run = make_run();
-    call->interrupt = std::move(interrupt);
-    call->done = done;
-    call->user_data = user_data;
+    // Freed with the call's functions, once done has returned.
+    auto result = std::make_shared<hgemm_result_t>();
+    auto run = [result, work = make_run()] {
+      try {
+        work(result.get());
+      } catch (...) {
+        SaveException(&result->code, &result->error);
+      }
+    };
+    auto report = [result, done, user_data](const grpc::Status& skipped) {
+      if (!skipped.ok()) SaveStatus(skipped, &result->code, &result->error);
+      done(user_data, result.get());
+    };
+    auto call = std::make_shared<hgemm::QueuedCall>(std::move(run), std::move(report),
+                                                    std::move(interrupt));
     auto handle = std::make_unique<hgemm_call_t>();
     handle->started = call;
     client->completions.Add(std::move(call));
@@ -1962,8 +1608,7 @@ hgemm_call_t* hgemm_gemm_start(hgemm_client_t* client, const hgemm_gemm_options_
   });
 }
 
-hgemm_call_t* hgemm_gemm_grouped_start(hgemm_client_t* client,
-                                       const hgemm_gemm_options_t* options,
+hgemm_call_t* hgemm_gemm_grouped_start(hgemm_client_t* client, const hgemm_gemm_options_t* options,
                                        const hgemm_group_problem_t* problems, size_t count,
                                        hgemm_done_fn done, void* user_data, int* code,
                                        char** errptr) {
@@ -1992,21 +1637,21 @@ hgemm_call_t* hgemm_gemm_many_start(hgemm_client_t* client, hgemm_batch_t* batch
 hgemm_call_t* hgemm_upload_start(hgemm_client_t* client, const hgemm_call_options_t* options,
                                  uint32_t rows, uint32_t cols, int dtype, int device_id,
                                  const void* data, size_t data_bytes, uint32_t ttl_seconds,
-                                 const char* label, hgemm_done_fn done, void* user_data,
-                                 int* code, char** errptr) {
+                                 const char* label, hgemm_done_fn done, void* user_data, int* code,
+                                 char** errptr) {
   return StartCall(client, done, user_data, code, errptr, [&] {
     return [=, options = CopyOf(options), label = std::string(label)](hgemm_result_t* r) {
-      r->string = hgemm_upload_typed(client, PointerTo(options), rows, cols, dtype, device_id,
-                                     data, data_bytes, ttl_seconds, label.c_str(),
-                                     &r->matrix_info, &r->code, &r->error);
+      r->string = hgemm_upload_typed(client, PointerTo(options), rows, cols, dtype, device_id, data,
+                                     data_bytes, ttl_seconds, label.c_str(), &r->matrix_info,
+                                     &r->code, &r->error);
     };
   });
 }
 
 hgemm_call_t* hgemm_download_start(hgemm_client_t* client, const hgemm_call_options_t* options,
-                                   const char* handle, uint64_t offset, uint64_t length,
-                                   void* into, size_t capacity, hgemm_done_fn done,
-                                   void* user_data, int* code, char** errptr) {
+                                   const char* handle, uint64_t offset, uint64_t length, void* into,
+                                   size_t capacity, hgemm_done_fn done, void* user_data, int* code,
+                                   char** errptr) {
   return StartCall(client, done, user_data, code, errptr, [&] {
     return [=, options = CopyOf(options), handle = std::string(handle)](hgemm_result_t* r) {
       r->value = hgemm_download(client, PointerTo(options), handle.c_str(), offset, length, into,
@@ -2025,9 +1670,9 @@ hgemm_call_t* hgemm_release_start(hgemm_client_t* client, const hgemm_call_optio
   });
 }
 
-hgemm_call_t* hgemm_list_matrices_start(hgemm_client_t* client,
-                                        const hgemm_call_options_t* options, hgemm_done_fn done,
-                                        void* user_data, int* code, char** errptr) {
+hgemm_call_t* hgemm_list_matrices_start(hgemm_client_t* client, const hgemm_call_options_t* options,
+                                        hgemm_done_fn done, void* user_data, int* code,
+                                        char** errptr) {
   return StartCall(client, done, user_data, code, errptr, [&] {
     return [=, options = CopyOf(options)](hgemm_result_t* r) {
       r->matrix_list = hgemm_list_matrices(client, PointerTo(options), &r->code, &r->error);
@@ -2035,9 +1680,9 @@ hgemm_call_t* hgemm_list_matrices_start(hgemm_client_t* client,
   });
 }
 
-hgemm_call_t* hgemm_list_regions_start(hgemm_client_t* client,
-                                       const hgemm_call_options_t* options, hgemm_done_fn done,
-                                       void* user_data, int* code, char** errptr) {
+hgemm_call_t* hgemm_list_regions_start(hgemm_client_t* client, const hgemm_call_options_t* options,
+                                       hgemm_done_fn done, void* user_data, int* code,
+                                       char** errptr) {
   return StartCall(client, done, user_data, code, errptr, [&] {
     return [=, options = CopyOf(options)](hgemm_result_t* r) {
       r->region_list = hgemm_list_regions(client, PointerTo(options), &r->code, &r->error);
@@ -2046,9 +1691,8 @@ hgemm_call_t* hgemm_list_regions_start(hgemm_client_t* client,
 }
 
 hgemm_call_t* hgemm_server_info_json_start(hgemm_client_t* client,
-                                           const hgemm_call_options_t* options,
-                                           hgemm_done_fn done, void* user_data, int* code,
-                                           char** errptr) {
+                                           const hgemm_call_options_t* options, hgemm_done_fn done,
+                                           void* user_data, int* code, char** errptr) {
   return StartCall(client, done, user_data, code, errptr, [&] {
     return [=, options = CopyOf(options)](hgemm_result_t* r) {
       r->string = hgemm_server_info_json(client, PointerTo(options), &r->code, &r->error);
@@ -2057,9 +1701,8 @@ hgemm_call_t* hgemm_server_info_json_start(hgemm_client_t* client,
 }
 
 hgemm_call_t* hgemm_list_kernels_json_start(hgemm_client_t* client,
-                                            const hgemm_call_options_t* options,
-                                            hgemm_done_fn done, void* user_data, int* code,
-                                            char** errptr) {
+                                            const hgemm_call_options_t* options, hgemm_done_fn done,
+                                            void* user_data, int* code, char** errptr) {
   return StartCall(client, done, user_data, code, errptr, [&] {
     return [=, options = CopyOf(options)](hgemm_result_t* r) {
       r->string = hgemm_list_kernels_json(client, PointerTo(options), &r->code, &r->error);
@@ -2067,10 +1710,9 @@ hgemm_call_t* hgemm_list_kernels_json_start(hgemm_client_t* client,
   });
 }
 
-hgemm_call_t* hgemm_region_create_start(hgemm_client_t* client,
-                                        const hgemm_call_options_t* options, size_t bytes,
-                                        const char* label, hgemm_done_fn done, void* user_data,
-                                        int* code, char** errptr) {
+hgemm_call_t* hgemm_region_create_start(hgemm_client_t* client, const hgemm_call_options_t* options,
+                                        size_t bytes, const char* label, hgemm_done_fn done,
+                                        void* user_data, int* code, char** errptr) {
   return StartCall(client, done, user_data, code, errptr, [&] {
     return [=, options = CopyOf(options), label = std::string(label)](hgemm_result_t* r) {
       r->region = hgemm_region_create(client, PointerTo(options), bytes, label.c_str(), &r->code,
@@ -2080,9 +1722,9 @@ hgemm_call_t* hgemm_region_create_start(hgemm_client_t* client,
 }
 
 hgemm_call_t* hgemm_unregister_region_start(hgemm_client_t* client,
-                                            const hgemm_call_options_t* options,
-                                            const char* handle, hgemm_done_fn done,
-                                            void* user_data, int* code, char** errptr) {
+                                            const hgemm_call_options_t* options, const char* handle,
+                                            hgemm_done_fn done, void* user_data, int* code,
+                                            char** errptr) {
   return StartCall(client, done, user_data, code, errptr, [&] {
     return [=, options = CopyOf(options), handle = std::string(handle)](hgemm_result_t* r) {
       hgemm_unregister_region(client, PointerTo(options), handle.c_str(), &r->code, &r->error);

@@ -32,6 +32,9 @@
  * by a binding at load time. Additions (functions, enum values) keep the version and raise
  * HGEMM_ABI_REVISION instead; each is marked "[revision N]" below. A binding that needs revision N
  * checks hgemm_abi_revision() >= N (a library without hgemm_abi_revision is revision 1).
+ *
+ * Python's ctypes declarations are generated from this file (client/python/gen_native_decls.py,
+ * which reads the declaration forms used here and stops at any other): regenerate after a change.
  */
 #ifndef HGEMM_CLIENT_C_HGEMM_H_
 #define HGEMM_CLIENT_C_HGEMM_H_
@@ -94,8 +97,8 @@ enum {
    * 16 MiB of A + B + C, else unary up to the client's unary_limit_bytes, else a GemmStream;
    * the other calls: no parts. */
   HGEMM_MODE_AUTO = 0,
-  HGEMM_MODE_UNARY = 1,  /* one Gemm call */
-  HGEMM_MODE_STREAM = 2  /* a one-GEMM GemmStream, operands in chunks */
+  HGEMM_MODE_UNARY = 1, /* one Gemm call */
+  HGEMM_MODE_STREAM = 2 /* a one-GEMM GemmStream, operands in chunks */
 };
 
 typedef struct hgemm_client_options_t hgemm_client_options_t;
@@ -103,8 +106,8 @@ typedef struct hgemm_client_t hgemm_client_t;
 typedef struct hgemm_gemm_options_t hgemm_gemm_options_t;
 typedef struct hgemm_call_options_t hgemm_call_options_t;
 typedef struct hgemm_server_info_t hgemm_server_info_t;
-typedef struct hgemm_batch_t hgemm_batch_t; /* [revision 2] */
-typedef struct hgemm_call_t hgemm_call_t;   /* [revision 2] */
+typedef struct hgemm_batch_t hgemm_batch_t;             /* [revision 2] */
+typedef struct hgemm_call_t hgemm_call_t;               /* [revision 2] */
 typedef struct hgemm_matrix_list_t hgemm_matrix_list_t; /* [revision 3] */
 typedef struct hgemm_stream_t hgemm_stream_t;           /* [revision 3] */
 typedef struct hgemm_region_t hgemm_region_t;           /* [revision 5] */
@@ -121,10 +124,10 @@ typedef struct hgemm_gemm_info_t {
   double device_to_host_ms;
   double server_total_ms;
   double tflops;
-  char kernel[128];     /* the variant that ran (never "auto") */
-  int accumulation;     /* HGEMM_ACCUMULATION_* */
-  char backend[16];     /* "cuda" or "cpu" */
-  int device_id;        /* -1 on the CPU backend */
+  char kernel[128]; /* the variant that ran (never "auto") */
+  int accumulation; /* HGEMM_ACCUMULATION_* */
+  char backend[16]; /* "cuda" or "cpu" */
+  int device_id;    /* -1 on the CPU backend */
   char device_name[128];
   int stream_id;
   char request_id[128];
@@ -247,8 +250,8 @@ HGEMM_EXPORT void hgemm_client_options_set_retry_policy(hgemm_client_options_t* 
  * (UNAVAILABLE), not this one. Fails with INVALID_ARGUMENT when a TLS file cannot be read or
  * only one of cert and key is set; returns NULL then. Free with hgemm_client_destroy(). */
 HGEMM_EXPORT hgemm_client_t* hgemm_client_create(const char* target,
-                                                 const hgemm_client_options_t* options,
-                                                 int* code, char** errptr);
+                                                 const hgemm_client_options_t* options, int* code,
+                                                 char** errptr);
 /* Waits until every hgemm_gemm_async() of the client is over (its done has returned), then
  * frees the client and closes its channels. [revision 7] Calls of the *_start functions not
  * started yet get done(HGEMM_CANCELLED); running ones are waited for (a stream next's stream is
@@ -351,14 +354,14 @@ typedef struct hgemm_group_problem_t {
  * as one Gemm call whatever its mode; the other GEMM calls refuse them (INVALID_ARGUMENT). The
  * server checks the rest: NOT_FOUND for a region that is not this client's, OUT_OF_RANGE for
  * bytes past its end, INVALID_ARGUMENT for an odd offset. */
-HGEMM_EXPORT void hgemm_gemm_options_set_a_region(hgemm_gemm_options_t* options,
-                                                  const char* region, uint64_t offset);
-HGEMM_EXPORT void hgemm_gemm_options_set_b_region(hgemm_gemm_options_t* options,
-                                                  const char* region, uint64_t offset);
+HGEMM_EXPORT void hgemm_gemm_options_set_a_region(hgemm_gemm_options_t* options, const char* region,
+                                                  uint64_t offset);
+HGEMM_EXPORT void hgemm_gemm_options_set_b_region(hgemm_gemm_options_t* options, const char* region,
+                                                  uint64_t offset);
 HGEMM_EXPORT void hgemm_gemm_options_set_c_in_region(hgemm_gemm_options_t* options,
                                                      const char* region, uint64_t offset);
-HGEMM_EXPORT void hgemm_gemm_options_set_c_region(hgemm_gemm_options_t* options,
-                                                  const char* region, uint64_t offset);
+HGEMM_EXPORT void hgemm_gemm_options_set_c_region(hgemm_gemm_options_t* options, const char* region,
+                                                  uint64_t offset);
 
 /* Options of the other calls (upload, release, server info). */
 
@@ -438,8 +441,7 @@ HGEMM_EXPORT void hgemm_gemm_many(hgemm_client_t* client, hgemm_batch_t* batch,
  * be NULL) gets its timing and execution when it succeeded.
  * REQUIRES: i < hgemm_batch_size(batch). */
 HGEMM_EXPORT unsigned char hgemm_batch_result(const hgemm_batch_t* batch, size_t i,
-                                              hgemm_gemm_info_t* info, int* code,
-                                              char** errptr);
+                                              hgemm_gemm_info_t* info, int* code, char** errptr);
 
 /* [revision 5] A grouped GEMM (proto GemmRequest.group) in one unary Gemm call: `count`
  * problems of their own sizes (problems[i]) and one form for all, the options' (transposes,
@@ -485,13 +487,10 @@ HGEMM_EXPORT hgemm_call_t* hgemm_gemm_async(hgemm_client_t* client,
 typedef void (*hgemm_keep_c_done_fn)(void* user_data, int code, const char* message,
                                      const hgemm_gemm_info_t* info, const char* c_handle,
                                      const hgemm_matrix_info_t* c_info);
-HGEMM_EXPORT hgemm_call_t* hgemm_gemm_keep_c_async(hgemm_client_t* client,
-                                                   const hgemm_gemm_options_t* options,
-                                                   uint32_t m, uint32_t n, uint32_t k,
-                                                   const void* a, size_t a_bytes, const void* b,
-                                                   size_t b_bytes, uint32_t c_ttl_seconds,
-                                                   hgemm_keep_c_done_fn done, void* user_data,
-                                                   int* code, char** errptr);
+HGEMM_EXPORT hgemm_call_t* hgemm_gemm_keep_c_async(
+    hgemm_client_t* client, const hgemm_gemm_options_t* options, uint32_t m, uint32_t n, uint32_t k,
+    const void* a, size_t a_bytes, const void* b, size_t b_bytes, uint32_t c_ttl_seconds,
+    hgemm_keep_c_done_fn done, void* user_data, int* code, char** errptr);
 /* Cancels the call: if it is not over yet, done runs soon with HGEMM_CANCELLED (C may have been
  * partly written). Any thread, any time before hgemm_call_destroy(); a no-op once it is over.
  * [revision 7] For a *_start call: see "Exactly once" below (a call not started yet is
@@ -654,9 +653,8 @@ HGEMM_EXPORT uint64_t hgemm_release(hgemm_client_t* client, const hgemm_call_opt
  * --allow_shared_memory, RESOURCE_EXHAUSTED over the client's quota). Not retried. Free with
  * hgemm_region_destroy(). */
 HGEMM_EXPORT hgemm_region_t* hgemm_region_create(hgemm_client_t* client,
-                                                 const hgemm_call_options_t* options,
-                                                 size_t bytes, const char* label, int* code,
-                                                 char** errptr);
+                                                 const hgemm_call_options_t* options, size_t bytes,
+                                                 const char* label, int* code, char** errptr);
 /* The region's server handle ("r-..."; lives as long as the region), its memory (writable,
  * 4096-byte aligned) and size. */
 HGEMM_EXPORT const char* hgemm_region_handle(const hgemm_region_t* region);
@@ -670,8 +668,8 @@ HGEMM_EXPORT void hgemm_region_destroy(hgemm_region_t* region);
  * Errors: the server's (NOT_FOUND if it is not this client's, FAILED_PRECONDITION while GEMMs
  * use it). options may be NULL. */
 HGEMM_EXPORT void hgemm_unregister_region(hgemm_client_t* client,
-                                          const hgemm_call_options_t* options,
-                                          const char* handle, int* code, char** errptr);
+                                          const hgemm_call_options_t* options, const char* handle,
+                                          int* code, char** errptr);
 
 /* [revision 6] A submission ring (docs/data_plane.md, "Submission ring"; client/ring_client.h):
  * after the ring is opened, a GEMM whose A, B (and C_in) are in regions or resident matrices and
@@ -760,8 +758,8 @@ typedef struct hgemm_region_info_t {
 /* ListRegions: this client's regions on the server the call reaches (options may be NULL).
  * Returns NULL on failure. Free with hgemm_region_list_destroy(). Read-only: any thread. */
 HGEMM_EXPORT hgemm_region_list_t* hgemm_list_regions(hgemm_client_t* client,
-                                                     const hgemm_call_options_t* options,
-                                                     int* code, char** errptr);
+                                                     const hgemm_call_options_t* options, int* code,
+                                                     char** errptr);
 HGEMM_EXPORT void hgemm_region_list_destroy(hgemm_region_list_t* list);
 HGEMM_EXPORT size_t hgemm_region_list_size(const hgemm_region_list_t* list);
 /* The client's region bytes, and its quotas (bytes, regions). */
@@ -775,8 +773,8 @@ HGEMM_EXPORT void hgemm_region_list_info(const hgemm_region_list_t* list, size_t
 /* GetServerInfo of the replica the call reaches (options may be NULL). Returns NULL on failure.
  * Free with hgemm_server_info_destroy(). */
 HGEMM_EXPORT hgemm_server_info_t* hgemm_server_info(hgemm_client_t* client,
-                                                    const hgemm_call_options_t* options,
-                                                    int* code, char** errptr);
+                                                    const hgemm_call_options_t* options, int* code,
+                                                    char** errptr);
 HGEMM_EXPORT void hgemm_server_info_destroy(hgemm_server_info_t* info);
 /* Its fields. Strings live as long as `info`. */
 HGEMM_EXPORT const char* hgemm_server_info_version(const hgemm_server_info_t* info);
@@ -857,8 +855,7 @@ HGEMM_EXPORT hgemm_region_t* hgemm_result_take_region(hgemm_result_t* result);
 /* The info the blocking form fills: a GEMM's timing and execution (gemm, grouped, ring, stream
  * next), a matrix's description (upload, stream next's kept C). Zeroes when there is none. */
 HGEMM_EXPORT void hgemm_result_gemm_info(const hgemm_result_t* result, hgemm_gemm_info_t* info);
-HGEMM_EXPORT void hgemm_result_matrix_info(const hgemm_result_t* result,
-                                           hgemm_matrix_info_t* info);
+HGEMM_EXPORT void hgemm_result_matrix_info(const hgemm_result_t* result, hgemm_matrix_info_t* info);
 
 /* hgemm_gemm() (regions, parallel parts and its retries included); C in c when done gets
  * HGEMM_OK; info: hgemm_result_gemm_info(). The checks made before sending are made when the
@@ -867,8 +864,8 @@ HGEMM_EXPORT hgemm_call_t* hgemm_gemm_start(hgemm_client_t* client,
                                             const hgemm_gemm_options_t* options, uint32_t m,
                                             uint32_t n, uint32_t k, const void* a, size_t a_bytes,
                                             const void* b, size_t b_bytes, void* c,
-                                            size_t c_capacity, hgemm_done_fn done,
-                                            void* user_data, int* code, char** errptr);
+                                            size_t c_capacity, hgemm_done_fn done, void* user_data,
+                                            int* code, char** errptr);
 /* hgemm_gemm_grouped(); problems (the array too) stay the caller's until done has run. */
 HGEMM_EXPORT hgemm_call_t* hgemm_gemm_grouped_start(hgemm_client_t* client,
                                                     const hgemm_gemm_options_t* options,
@@ -884,13 +881,10 @@ HGEMM_EXPORT hgemm_call_t* hgemm_gemm_many_start(hgemm_client_t* client, hgemm_b
                                                  char** errptr);
 /* hgemm_upload_typed() (label copied): hgemm_result_take_string() is the handle,
  * hgemm_result_matrix_info() the matrix. */
-HGEMM_EXPORT hgemm_call_t* hgemm_upload_start(hgemm_client_t* client,
-                                              const hgemm_call_options_t* options, uint32_t rows,
-                                              uint32_t cols, int dtype, int device_id,
-                                              const void* data, size_t data_bytes,
-                                              uint32_t ttl_seconds, const char* label,
-                                              hgemm_done_fn done, void* user_data, int* code,
-                                              char** errptr);
+HGEMM_EXPORT hgemm_call_t* hgemm_upload_start(
+    hgemm_client_t* client, const hgemm_call_options_t* options, uint32_t rows, uint32_t cols,
+    int dtype, int device_id, const void* data, size_t data_bytes, uint32_t ttl_seconds,
+    const char* label, hgemm_done_fn done, void* user_data, int* code, char** errptr);
 /* hgemm_download(): hgemm_result_value() is the bytes written into `into`. */
 HGEMM_EXPORT hgemm_call_t* hgemm_download_start(hgemm_client_t* client,
                                                 const hgemm_call_options_t* options,
@@ -907,12 +901,12 @@ HGEMM_EXPORT hgemm_call_t* hgemm_release_start(hgemm_client_t* client,
  * hgemm_result_take_region_list(). */
 HGEMM_EXPORT hgemm_call_t* hgemm_list_matrices_start(hgemm_client_t* client,
                                                      const hgemm_call_options_t* options,
-                                                     hgemm_done_fn done, void* user_data,
-                                                     int* code, char** errptr);
+                                                     hgemm_done_fn done, void* user_data, int* code,
+                                                     char** errptr);
 HGEMM_EXPORT hgemm_call_t* hgemm_list_regions_start(hgemm_client_t* client,
                                                     const hgemm_call_options_t* options,
-                                                    hgemm_done_fn done, void* user_data,
-                                                    int* code, char** errptr);
+                                                    hgemm_done_fn done, void* user_data, int* code,
+                                                    char** errptr);
 /* hgemm_server_info_json() / hgemm_list_kernels_json(): hgemm_result_take_string(). */
 HGEMM_EXPORT hgemm_call_t* hgemm_server_info_json_start(hgemm_client_t* client,
                                                         const hgemm_call_options_t* options,
@@ -926,14 +920,13 @@ HGEMM_EXPORT hgemm_call_t* hgemm_list_kernels_json_start(hgemm_client_t* client,
 HGEMM_EXPORT hgemm_call_t* hgemm_region_create_start(hgemm_client_t* client,
                                                      const hgemm_call_options_t* options,
                                                      size_t bytes, const char* label,
-                                                     hgemm_done_fn done, void* user_data,
-                                                     int* code, char** errptr);
+                                                     hgemm_done_fn done, void* user_data, int* code,
+                                                     char** errptr);
 /* hgemm_unregister_region(). */
 HGEMM_EXPORT hgemm_call_t* hgemm_unregister_region_start(hgemm_client_t* client,
                                                          const hgemm_call_options_t* options,
                                                          const char* handle, hgemm_done_fn done,
-                                                         void* user_data, int* code,
-                                                         char** errptr);
+                                                         void* user_data, int* code, char** errptr);
 /* hgemm_ring_gemm() on the completion threads of the client the ring was opened with:
  * hgemm_result_gemm_info(). REQUIRES: the ring is not closed until done has run. */
 HGEMM_EXPORT hgemm_call_t* hgemm_ring_gemm_start(hgemm_ring_t* ring,
@@ -947,9 +940,9 @@ HGEMM_EXPORT hgemm_call_t* hgemm_ring_gemm_start(hgemm_ring_t* ring,
  * holds a completion thread until an answer comes: start it while GEMMs are outstanding or the
  * stream is closed or cancelled. Cancelling it cancels the stream. REQUIRES: no other next of
  * the stream is running or started and not done; the stream is destroyed only after done. */
-HGEMM_EXPORT hgemm_call_t* hgemm_stream_next_start(hgemm_client_t* client,
-                                                   hgemm_stream_t* stream, hgemm_done_fn done,
-                                                   void* user_data, int* code, char** errptr);
+HGEMM_EXPORT hgemm_call_t* hgemm_stream_next_start(hgemm_client_t* client, hgemm_stream_t* stream,
+                                                   hgemm_done_fn done, void* user_data, int* code,
+                                                   char** errptr);
 
 #ifdef __cplusplus
 } /* extern "C" */

@@ -60,8 +60,14 @@ struct FormGemm {
     hgemm_gemm_options_set_transpose_a(options, form.transpose_a);
     hgemm_gemm_options_set_transpose_b(options, form.transpose_b);
     hgemm_gemm_options_set_dtype(options, form.bf16 ? HGEMM_DTYPE_BF16 : HGEMM_DTYPE_FP16);
-    hgemm_gemm_options_set_c_dtype(options,
-                                   form.c_fp32 ? HGEMM_DTYPE_FP32 : HGEMM_DTYPE_DEFAULT);
+    hgemm_gemm_options_set_c_dtype(options, form.c_fp32 ? HGEMM_DTYPE_FP32 : HGEMM_DTYPE_DEFAULT);
+  }
+
+  // hgemm_gemm of this GEMM's operands into its C.
+  void Run(hgemm_client_t* client, const hgemm_gemm_options_t* options, hgemm_gemm_info_t* info,
+           int* code, char** errptr) {
+    hgemm_gemm(client, options, m, n, k, a.data(), 2 * a.size(), b.data(), 2 * b.size(), c.data(),
+               2 * c.size(), info, code, errptr);
   }
 
   // C's relative Frobenius error against the reference; +Inf if any element was left unwritten.
@@ -82,8 +88,10 @@ struct FormGemm {
 std::vector<hgemm::GemmForm> AllForms() {
   std::vector<hgemm::GemmForm> forms;
   for (int bits = 0; bits < 16; ++bits) {
-    forms.push_back({.transpose_a = (bits & 1) != 0, .transpose_b = (bits & 2) != 0,
-                     .bf16 = (bits & 4) != 0, .c_fp32 = (bits & 8) != 0});
+    forms.push_back({.transpose_a = (bits & 1) != 0,
+                     .transpose_b = (bits & 2) != 0,
+                     .bf16 = (bits & 4) != 0,
+                     .c_fp32 = (bits & 8) != 0});
   }
   return forms;
 }
@@ -103,8 +111,8 @@ class HgemmC : public ::testing::Test {
     char dir[] = "/tmp/hgemm_c_XXXXXX";
     socket_dir_ = new std::string(mkdtemp(dir) == nullptr ? "/tmp" : dir);
     unix_target_ = new std::string("unix:" + *socket_dir_ + "/hgemm.sock");
-    server_ = new ServerProcess({"--backend=cpu", "--cpu_workers=2", "--listen=" + *unix_target_,
-                                 "--allow_shared_memory"});
+    server_ = new ServerProcess(
+        {"--backend=cpu", "--cpu_workers=2", "--listen=" + *unix_target_, "--allow_shared_memory"});
   }
   static void TearDownTestSuite() {
     delete server_;
@@ -132,8 +140,8 @@ class HgemmC : public ::testing::Test {
     hgemm_gemm_options_t* options = hgemm_gemm_options_create();
     hgemm_gemm_options_set_mode(options, mode);
     Error e;
-    hgemm_gemm(client_, options, m, n, k, a.data(), 2 * a.size(), b.data(), 2 * b.size(),
-               c.data(), 2 * c.size(), info, &e.code, &e.message);
+    hgemm_gemm(client_, options, m, n, k, a.data(), 2 * a.size(), b.data(), 2 * b.size(), c.data(),
+               2 * c.size(), info, &e.code, &e.message);
     hgemm_gemm_options_destroy(options);
     EXPECT_EQ(e.code, HGEMM_OK) << e.text();
     if (e.code != HGEMM_OK) return INFINITY;
@@ -179,8 +187,8 @@ class HgemmCRegions : public HgemmC {
     hgemm_client_options_t* options = hgemm_client_options_create();
     hgemm_client_options_set_client_id(options, client_id);
     Error e;
-    hgemm_client_t* client = hgemm_client_create(unix_target_->c_str(), options, &e.code,
-                                                 &e.message);
+    hgemm_client_t* client =
+        hgemm_client_create(unix_target_->c_str(), options, &e.code, &e.message);
     hgemm_client_options_destroy(options);
     EXPECT_NE(client, nullptr) << e.text();
     return client;
@@ -188,8 +196,8 @@ class HgemmCRegions : public HgemmC {
   // A registered region of `bytes`; fails the test on an error.
   static hgemm_region_t* Region(hgemm_client_t* client, size_t bytes, const char* label) {
     Error e;
-    hgemm_region_t* region = hgemm_region_create(client, nullptr, bytes, label, &e.code,
-                                                 &e.message);
+    hgemm_region_t* region =
+        hgemm_region_create(client, nullptr, bytes, label, &e.code, &e.message);
     EXPECT_NE(region, nullptr) << e.text();
     return region;
   }
@@ -218,8 +226,10 @@ TEST(HgemmCAbi, ClientWithAMissingTlsFileIsInvalidArgument) {
 
 TEST(HgemmCAbi, BadRetryPoliciesAreInvalidArgument) {
   for (auto [attempts, initial_ms, max_ms, multiplier] :
-       {std::tuple<int, int64_t, int64_t, double>{0, 50, 2000, 2.0}, {3, -1, 2000, 2.0},
-        {3, 500, 100, 2.0}, {3, 50, 2000, 0.5}}) {
+       {std::tuple<int, int64_t, int64_t, double>{0, 50, 2000, 2.0},
+        {3, -1, 2000, 2.0},
+        {3, 500, 100, 2.0},
+        {3, 50, 2000, 0.5}}) {
     hgemm_client_options_t* options = hgemm_client_options_create();
     hgemm_client_options_set_retry_policy(options, attempts, initial_ms, max_ms, multiplier);
     Error e;
@@ -263,8 +273,7 @@ TEST(HgemmCAbi, UnreachableServerIsUnavailable) {
 
 TEST_F(HgemmC, UnaryAndStreamedGemmsMatchTheReference) {
   hgemm_gemm_info_t info;
-  EXPECT_LT(RandomGemm(67, 45, 129, HGEMM_MODE_UNARY, 1, &info),
-            hgemm::kServiceTolerance.fp32_acc);
+  EXPECT_LT(RandomGemm(67, 45, 129, HGEMM_MODE_UNARY, 1, &info), hgemm::kServiceTolerance.fp32_acc);
   EXPECT_EQ(info.streamed, 0);
   EXPECT_STREQ(info.backend, "cpu");
   EXPECT_EQ(info.device_id, -1);
@@ -432,8 +441,8 @@ TEST_F(HgemmC, ResidentMatricesByHandleAndUnknownHandles) {
 
   // Released: the handle is unknown now, to GEMMs and to release.
   std::vector<uint16_t> c(m * n, kPoison);
-  hgemm_gemm(client_, options, m, n, k, a.data(), 2 * a.size(), nullptr, 0, c.data(),
-             2 * c.size(), nullptr, &e.code, &e.message);
+  hgemm_gemm(client_, options, m, n, k, a.data(), 2 * a.size(), nullptr, 0, c.data(), 2 * c.size(),
+             nullptr, &e.code, &e.message);
   EXPECT_EQ(e.code, HGEMM_NOT_FOUND) << e.text();
   EXPECT_EQ(hgemm_release(client_, nullptr, handle, &e.code, &e.message), 0u);
   EXPECT_EQ(e.code, HGEMM_NOT_FOUND) << e.text();
@@ -444,9 +453,9 @@ TEST_F(HgemmC, ResidentMatricesByHandleAndUnknownHandles) {
 TEST_F(HgemmC, UploadOfTheWrongSizeIsInvalidArgument) {
   const std::vector<uint16_t> data(6);
   Error e;
-  EXPECT_EQ(hgemm_upload(client_, nullptr, 2, 4, data.data(), 12, 0, "", nullptr, &e.code,
-                         &e.message),
-            nullptr);
+  EXPECT_EQ(
+      hgemm_upload(client_, nullptr, 2, 4, data.data(), 12, 0, "", nullptr, &e.code, &e.message),
+      nullptr);
   EXPECT_EQ(e.code, HGEMM_INVALID_ARGUMENT);
   EXPECT_NE(e.text().find("a 2x4 fp16 matrix is 16 bytes"), std::string::npos) << e.text();
 }
@@ -531,9 +540,7 @@ TEST_F(HgemmC, TransposesBf16AndFp32CMatchTheReference) {
       hgemm_gemm_options_set_mode(options, mode);
       Error e;
       hgemm_gemm_info_t info;
-      hgemm_gemm(client_, options, gemm.m, gemm.n, gemm.k, gemm.a.data(), 2 * gemm.a.size(),
-                 gemm.b.data(), 2 * gemm.b.size(), gemm.c.data(), 2 * gemm.c.size(), &info,
-                 &e.code, &e.message);
+      gemm.Run(client_, options, &info, &e.code, &e.message);
       hgemm_gemm_options_destroy(options);
       ASSERT_EQ(e.code, HGEMM_OK) << gemm.Name() << ": " << e.text();
       EXPECT_EQ(info.streamed, mode == HGEMM_MODE_STREAM ? 1 : 0);
@@ -553,9 +560,7 @@ TEST_F(HgemmC, AVerifiedGemmSaysHowItWasChecked) {
       hgemm_gemm_options_set_verify(options, 1, repetitions);
       Error e;
       hgemm_gemm_info_t info;
-      hgemm_gemm(client_, options, gemm.m, gemm.n, gemm.k, gemm.a.data(), 2 * gemm.a.size(),
-                 gemm.b.data(), 2 * gemm.b.size(), gemm.c.data(), 2 * gemm.c.size(), &info,
-                 &e.code, &e.message);
+      gemm.Run(client_, options, &info, &e.code, &e.message);
       hgemm_gemm_options_destroy(options);
       ASSERT_EQ(e.code, HGEMM_OK) << e.text();
       EXPECT_LT(gemm.Error(), gemm.Tolerance());
@@ -617,9 +622,7 @@ TEST_F(HgemmC, BadTypeCombinationIsTheServersInvalidArgument) {
   hgemm_gemm_options_set_dtype(options, HGEMM_DTYPE_BF16);
   hgemm_gemm_options_set_c_dtype(options, HGEMM_DTYPE_FP16);  // neither bf16 nor fp32
   Error e;
-  hgemm_gemm(client_, options, gemm.m, gemm.n, gemm.k, gemm.a.data(), 2 * gemm.a.size(),
-             gemm.b.data(), 2 * gemm.b.size(), gemm.c.data(), 2 * gemm.c.size(), nullptr,
-             &e.code, &e.message);
+  gemm.Run(client_, options, nullptr, &e.code, &e.message);
   hgemm_gemm_options_destroy(options);
   EXPECT_EQ(e.code, HGEMM_INVALID_ARGUMENT);
   EXPECT_NE(e.text().find("c_dtype"), std::string::npos) << e.text();
@@ -632,10 +635,10 @@ size_t AddToBatch(hgemm_batch_t* batch, FormGemm& gemm, const char* b_handle = "
   hgemm_gemm_options_set_b_handle(options, b_handle);
   const bool by_handle = *b_handle != '\0';
   Error e;
-  const size_t i = hgemm_batch_add(batch, options, gemm.m, gemm.n, gemm.k, gemm.a.data(),
-                                   2 * gemm.a.size(), by_handle ? nullptr : gemm.b.data(),
-                                   by_handle ? 0 : 2 * gemm.b.size(), gemm.c.data(),
-                                   2 * gemm.c.size(), &e.code, &e.message);
+  const size_t i =
+      hgemm_batch_add(batch, options, gemm.m, gemm.n, gemm.k, gemm.a.data(), 2 * gemm.a.size(),
+                      by_handle ? nullptr : gemm.b.data(), by_handle ? 0 : 2 * gemm.b.size(),
+                      gemm.c.data(), 2 * gemm.c.size(), &e.code, &e.message);
   hgemm_gemm_options_destroy(options);
   EXPECT_EQ(e.code, HGEMM_OK) << e.text();
   return i;
@@ -776,8 +779,7 @@ class Completions {
     Completions* completions;
     size_t i;
   };
-  static void Done(void* user_data, int code, const char* message,
-                   const hgemm_gemm_info_t* info) {
+  static void Done(void* user_data, int code, const char* message, const hgemm_gemm_info_t* info) {
     auto* context = static_cast<Context*>(user_data);
     Completions& self = *context->completions;
     std::lock_guard<std::mutex> lock(self.mu_);
@@ -810,10 +812,10 @@ hgemm_call_t* StartAsync(hgemm_client_t* client, FormGemm& gemm, int mode,
   hgemm_gemm_options_t* options = hgemm_gemm_options_create();
   gemm.SetOptions(options);
   hgemm_gemm_options_set_mode(options, mode);
-  hgemm_call_t* call = hgemm_gemm_async(
-      client, options, gemm.m, gemm.n, gemm.k, gemm.a.data(), 2 * gemm.a.size(), gemm.b.data(),
-      2 * gemm.b.size(), gemm.c.data(), 2 * gemm.c.size(), &Completions::Done, context, code,
-      message);
+  hgemm_call_t* call =
+      hgemm_gemm_async(client, options, gemm.m, gemm.n, gemm.k, gemm.a.data(), 2 * gemm.a.size(),
+                       gemm.b.data(), 2 * gemm.b.size(), gemm.c.data(), 2 * gemm.c.size(),
+                       &Completions::Done, context, code, message);
   hgemm_gemm_options_destroy(options);
   return call;
 }
@@ -858,8 +860,7 @@ TEST_F(HgemmC, AsyncGemmOfWrongSizesIsRefusedAndNeverCompletes) {
   Error e;
   // C's buffer holds an fp16 C, not the fp32 one asked for.
   EXPECT_EQ(hgemm_gemm_async(client_, options, 4, 4, 4, gemm.a.data(), 32, gemm.b.data(), 32,
-                             gemm.c.data(), 32, &Completions::Done, &context, &e.code,
-                             &e.message),
+                             gemm.c.data(), 32, &Completions::Done, &context, &e.code, &e.message),
             nullptr);
   hgemm_gemm_options_destroy(options);
   EXPECT_EQ(e.code, HGEMM_INVALID_ARGUMENT);
@@ -867,8 +868,8 @@ TEST_F(HgemmC, AsyncGemmOfWrongSizesIsRefusedAndNeverCompletes) {
   // A later GEMM's completion comes alone: the refused one never called done.
   FormGemm other(4, 4, 4, {}, 32);
   Completions::Context other_context{&completions, 0};
-  hgemm_call_t* call = StartAsync(client_, other, HGEMM_MODE_UNARY, &other_context, &e.code,
-                                  &e.message);
+  hgemm_call_t* call =
+      StartAsync(client_, other, HGEMM_MODE_UNARY, &other_context, &e.code, &e.message);
   ASSERT_NE(call, nullptr) << e.text();
   EXPECT_EQ(completions.Wait(1)[0].calls, 1);
   hgemm_call_destroy(call);
@@ -884,17 +885,16 @@ TEST_F(HgemmC, AsyncGemmFailuresComeThroughDone) {
   hgemm_gemm_options_set_a_handle(options, "m-0@10.0.0.1:1");
   hgemm_gemm_options_set_b_handle(options, "m-1@10.0.0.2:1");
   Error e;
-  hgemm_call_t* call = hgemm_gemm_async(client_, options, 4, 4, 4, nullptr, 0, nullptr, 0,
-                                        gemm.c.data(), 2 * gemm.c.size(), &Completions::Done,
-                                        &first, &e.code, &e.message);
+  hgemm_call_t* call =
+      hgemm_gemm_async(client_, options, 4, 4, 4, nullptr, 0, nullptr, 0, gemm.c.data(),
+                       2 * gemm.c.size(), &Completions::Done, &first, &e.code, &e.message);
   ASSERT_NE(call, nullptr) << e.text();
   hgemm_call_destroy(call);
   // An unknown handle: the server's NOT_FOUND, later.
   hgemm_gemm_options_set_a_handle(options, "");
   hgemm_gemm_options_set_b_handle(options, "no-such-handle");
-  call = hgemm_gemm_async(client_, options, 4, 4, 4, gemm.a.data(), 32, nullptr, 0,
-                          gemm.c.data(), 2 * gemm.c.size(), &Completions::Done, &second, &e.code,
-                          &e.message);
+  call = hgemm_gemm_async(client_, options, 4, 4, 4, gemm.a.data(), 32, nullptr, 0, gemm.c.data(),
+                          2 * gemm.c.size(), &Completions::Done, &second, &e.code, &e.message);
   hgemm_gemm_options_destroy(options);
   ASSERT_NE(call, nullptr) << e.text();
   const std::vector<Completions::Outcome>& outcomes = completions.Wait(2);
@@ -931,8 +931,8 @@ class SilentListener {
 TEST(HgemmCAbi, CancelEndsAnAsyncGemmWithCancelled) {
   SilentListener silent;
   Error e;
-  hgemm_client_t* client = hgemm_client_create(silent.address().c_str(), nullptr, &e.code,
-                                               &e.message);
+  hgemm_client_t* client =
+      hgemm_client_create(silent.address().c_str(), nullptr, &e.code, &e.message);
   ASSERT_NE(client, nullptr) << e.text();
   std::vector<FormGemm> gemms;
   gemms.emplace_back(8, 8, 8, hgemm::GemmForm{}, 41);
@@ -960,7 +960,8 @@ TEST(HgemmCAbi, CancelEndsAnAsyncGemmWithCancelled) {
 
 TEST_F(HgemmC, ClientDestroyWaitsForItsAsyncGemms) {
   Error e;
-  hgemm_client_t* client = hgemm_client_create(server_->address().c_str(), nullptr, &e.code, &e.message);
+  hgemm_client_t* client =
+      hgemm_client_create(server_->address().c_str(), nullptr, &e.code, &e.message);
   ASSERT_NE(client, nullptr) << e.text();
   std::vector<FormGemm> gemms;
   for (size_t i = 0; i < 12; ++i) gemms.emplace_back(64, 48, 96, AllForms()[i], 700 + i);
@@ -1023,9 +1024,8 @@ TEST_F(HgemmC, UploadListAndDownloadIntoCallerBuffers) {
   const std::vector<uint16_t> data = hgemm::RandomHalfMatrix(rows * cols, rng, /*bf16=*/true);
   Error e;
   hgemm_matrix_info_t uploaded;
-  char* handle = hgemm_upload_typed(client_, nullptr, rows, cols, HGEMM_DTYPE_BF16, -1,
-                                    data.data(), 2 * data.size(), 0, "typed", &uploaded, &e.code,
-                                    &e.message);
+  char* handle = hgemm_upload_typed(client_, nullptr, rows, cols, HGEMM_DTYPE_BF16, -1, data.data(),
+                                    2 * data.size(), 0, "typed", &uploaded, &e.code, &e.message);
   ASSERT_NE(handle, nullptr) << e.text();
   EXPECT_EQ(uploaded.bytes, 2 * data.size());
 
@@ -1064,8 +1064,8 @@ TEST_F(HgemmC, UploadListAndDownloadIntoCallerBuffers) {
       << e.text();
   EXPECT_EQ(rest, std::vector<uint16_t>(data.begin() + 100 * cols, data.end()));
   std::vector<uint16_t> slice(3 * cols, kPoison);
-  EXPECT_EQ(hgemm_download(client_, nullptr, handle, 2 * 5 * cols, 2 * slice.size(),
-                           slice.data(), 2 * slice.size(), &e.code, &e.message),
+  EXPECT_EQ(hgemm_download(client_, nullptr, handle, 2 * 5 * cols, 2 * slice.size(), slice.data(),
+                           2 * slice.size(), &e.code, &e.message),
             2 * slice.size())
       << e.text();
   EXPECT_EQ(slice, std::vector<uint16_t>(data.begin() + 5 * cols, data.begin() + 8 * cols));
@@ -1079,8 +1079,7 @@ TEST_F(HgemmC, UploadListAndDownloadIntoCallerBuffers) {
   EXPECT_NE(e.text().find("holds 419998 bytes"), std::string::npos) << e.text();
   EXPECT_EQ(small, std::vector<uint16_t>(data.size(), kPoison));
   // A length past the capacity: refused before sending.
-  EXPECT_EQ(hgemm_download(client_, nullptr, handle, 0, 100, small.data(), 98, &e.code,
-                           &e.message),
+  EXPECT_EQ(hgemm_download(client_, nullptr, handle, 0, 100, small.data(), 98, &e.code, &e.message),
             0u);
   EXPECT_EQ(e.code, HGEMM_INVALID_ARGUMENT);
   EXPECT_NE(e.text().find("nothing was sent"), std::string::npos) << e.text();
@@ -1091,14 +1090,14 @@ TEST_F(HgemmC, UploadListAndDownloadIntoCallerBuffers) {
   EXPECT_EQ(e.code, HGEMM_OUT_OF_RANGE) << e.text();
 
   EXPECT_EQ(hgemm_release(client_, nullptr, handle, &e.code, &e.message), 2 * data.size());
-  EXPECT_EQ(hgemm_download(client_, nullptr, handle, 0, 0, small.data(), 2 * small.size(),
-                           &e.code, &e.message),
+  EXPECT_EQ(hgemm_download(client_, nullptr, handle, 0, 0, small.data(), 2 * small.size(), &e.code,
+                           &e.message),
             0u);
   EXPECT_EQ(e.code, HGEMM_NOT_FOUND) << e.text();
   hgemm_free(handle);
 
-  EXPECT_EQ(hgemm_upload_typed(client_, nullptr, 1, 1, HGEMM_DTYPE_FP32, -1, data.data(), 4, 0,
-                               "", nullptr, &e.code, &e.message),
+  EXPECT_EQ(hgemm_upload_typed(client_, nullptr, 1, 1, HGEMM_DTYPE_FP32, -1, data.data(), 4, 0, "",
+                               nullptr, &e.code, &e.message),
             nullptr);
   EXPECT_EQ(e.code, HGEMM_INVALID_ARGUMENT);
   EXPECT_NE(e.text().find("dtype 3"), std::string::npos) << e.text();
@@ -1118,17 +1117,16 @@ TEST_F(HgemmC, KeptCIsDownloadedAndFeedsAScaledGemm) {
     Error e;
     hgemm_gemm_info_t info;
     hgemm_matrix_info_t c_info;
-    char* handle = hgemm_gemm_keep_c(client_, options, m, n, k, a.data(), 2 * a.size(),
-                                     b.data(), 2 * b.size(), 60, &info, &c_info, &e.code,
-                                     &e.message);
+    char* handle = hgemm_gemm_keep_c(client_, options, m, n, k, a.data(), 2 * a.size(), b.data(),
+                                     2 * b.size(), 60, &info, &c_info, &e.code, &e.message);
     ASSERT_NE(handle, nullptr) << e.text();
     EXPECT_EQ(info.streamed, mode == HGEMM_MODE_STREAM ? 1 : 0);
     EXPECT_EQ(c_info.rows, m);
     EXPECT_EQ(c_info.cols, n);
     std::vector<uint16_t> c(m * n, kPoison);
-    ASSERT_EQ(hgemm_download(client_, nullptr, handle, 0, 0, c.data(), 2 * c.size(), &e.code,
-                             &e.message),
-              2 * c.size())
+    ASSERT_EQ(
+        hgemm_download(client_, nullptr, handle, 0, 0, c.data(), 2 * c.size(), &e.code, &e.message),
+        2 * c.size())
         << e.text();
     EXPECT_LT(hgemm::RelativeFrobeniusError(c.data(), reference.data(), c.size()),
               hgemm::kServiceTolerance.fp32_acc);
@@ -1141,8 +1139,8 @@ TEST_F(HgemmC, KeptCIsDownloadedAndFeedsAScaledGemm) {
     hgemm_gemm_options_set_beta(scaled, -1.25f);
     hgemm_gemm_options_set_c_in_handle(scaled, handle);
     std::vector<uint16_t> c2(m * n, kPoison);
-    hgemm_gemm(client_, scaled, m, n, k, a.data(), 2 * a.size(), b.data(), 2 * b.size(),
-               c2.data(), 2 * c2.size(), nullptr, &e.code, &e.message);
+    hgemm_gemm(client_, scaled, m, n, k, a.data(), 2 * a.size(), b.data(), 2 * b.size(), c2.data(),
+               2 * c2.size(), nullptr, &e.code, &e.message);
     ASSERT_EQ(e.code, HGEMM_OK) << e.text();
     hgemm_gemm_options_destroy(scaled);
     const std::vector<float> scaled_reference = hgemm::ReferenceGemm(
@@ -1164,9 +1162,9 @@ TEST_F(HgemmC, ScaledBatchedGemmsMatchTheReference) {
   const std::vector<uint16_t> c_in = hgemm::RandomHalfMatrix(batch * m * n, rng);
   std::vector<float> reference;
   for (uint32_t i = 0; i < batch; ++i) {
-    const std::vector<float> one = hgemm::ReferenceGemm(
-        a.data() + i * m * k, b.data() + i * k * n, m, n, k, {},
-        {.alpha = 2.0f, .beta = 0.5f, .c_in = c_in.data() + i * m * n});
+    const std::vector<float> one =
+        hgemm::ReferenceGemm(a.data() + i * m * k, b.data() + i * k * n, m, n, k, {},
+                             {.alpha = 2.0f, .beta = 0.5f, .c_in = c_in.data() + i * m * n});
     reference.insert(reference.end(), one.begin(), one.end());
   }
   hgemm_gemm_options_t* options = hgemm_gemm_options_create();
@@ -1179,8 +1177,8 @@ TEST_F(HgemmC, ScaledBatchedGemmsMatchTheReference) {
     hgemm_gemm_options_set_mode(options, mode);
     std::vector<uint16_t> c(batch * m * n, kPoison);
     Error e;
-    hgemm_gemm(client_, options, m, n, k, a.data(), 2 * a.size(), b.data(), 2 * b.size(),
-               c.data(), 2 * c.size(), nullptr, &e.code, &e.message);
+    hgemm_gemm(client_, options, m, n, k, a.data(), 2 * a.size(), b.data(), 2 * b.size(), c.data(),
+               2 * c.size(), nullptr, &e.code, &e.message);
     ASSERT_EQ(e.code, HGEMM_OK) << e.text();
     EXPECT_LT(hgemm::RelativeFrobeniusError(c.data(), reference.data(), c.size()),
               hgemm::kServiceTolerance.fp32_acc)
@@ -1190,8 +1188,8 @@ TEST_F(HgemmC, ScaledBatchedGemmsMatchTheReference) {
   hgemm_batch_t* many = hgemm_batch_create();
   std::vector<uint16_t> c(batch * m * n, kPoison);
   Error e;
-  ASSERT_EQ(hgemm_batch_add(many, options, m, n, k, a.data(), 2 * a.size(), b.data(),
-                            2 * b.size(), c.data(), 2 * c.size(), &e.code, &e.message),
+  ASSERT_EQ(hgemm_batch_add(many, options, m, n, k, a.data(), 2 * a.size(), b.data(), 2 * b.size(),
+                            c.data(), 2 * c.size(), &e.code, &e.message),
             0u)
       << e.text();
   hgemm_gemm_many(client_, many, nullptr, nullptr, 0, &e.code, &e.message);
@@ -1213,16 +1211,15 @@ TEST_F(HgemmC, BadCInsAndBatchSizesAreRefusedBeforeSending) {
   hgemm_gemm_options_set_c_in(options, c_in.data(), 2 * m * n);  // one C_in, for a batch of 2
   hgemm_gemm_options_set_batch(options, 2);
   Error e;
-  hgemm_gemm(client_, options, m, n, k, a.data(), 2 * a.size(), b.data(), 2 * b.size(),
-             c.data(), 2 * c.size(), nullptr, &e.code, &e.message);
+  hgemm_gemm(client_, options, m, n, k, a.data(), 2 * a.size(), b.data(), 2 * b.size(), c.data(),
+             2 * c.size(), nullptr, &e.code, &e.message);
   EXPECT_EQ(e.code, HGEMM_INVALID_ARGUMENT);
-  EXPECT_NE(e.text().find("c_in_bytes is 32; a C_in of 2 4x4 fp16 is 64 bytes"),
-            std::string::npos)
+  EXPECT_NE(e.text().find("c_in_bytes is 32; a C_in of 2 4x4 fp16 is 64 bytes"), std::string::npos)
       << e.text();
   hgemm_gemm_options_set_c_in(options, c_in.data(), 2 * c_in.size());
   hgemm_gemm_options_set_c_in_handle(options, "h");
-  hgemm_gemm(client_, options, m, n, k, a.data(), 2 * a.size(), b.data(), 2 * b.size(),
-             c.data(), 2 * c.size(), nullptr, &e.code, &e.message);
+  hgemm_gemm(client_, options, m, n, k, a.data(), 2 * a.size(), b.data(), 2 * b.size(), c.data(),
+             2 * c.size(), nullptr, &e.code, &e.message);
   EXPECT_EQ(e.code, HGEMM_INVALID_ARGUMENT);
   EXPECT_NE(e.text().find("both as bytes and by handle"), std::string::npos) << e.text();
   hgemm_gemm_options_set_c_in_handle(options, "");
@@ -1325,21 +1322,20 @@ TEST_F(HgemmC, StreamKeepsCFailsAGemmAloneAndRefusesBadSubmits) {
   ASSERT_NE(stream, nullptr) << e.text();
   std::vector<uint16_t> c(m * n, kPoison), unused(m * n, kPoison);
   // Refused before sending: a short C buffer, C given with keep_c, an id in use.
-  hgemm_stream_submit(stream, 0, nullptr, m, n, k, a.data(), 2 * a.size(), b.data(),
-                      2 * b.size(), unused.data(), 2 * unused.size() - 2, 0, 0, &e.code,
-                      &e.message);
+  hgemm_stream_submit(stream, 0, nullptr, m, n, k, a.data(), 2 * a.size(), b.data(), 2 * b.size(),
+                      unused.data(), 2 * unused.size() - 2, 0, 0, &e.code, &e.message);
   EXPECT_EQ(e.code, HGEMM_INVALID_ARGUMENT);
   EXPECT_NE(e.text().find("c_capacity"), std::string::npos) << e.text();
-  hgemm_stream_submit(stream, 0, nullptr, m, n, k, a.data(), 2 * a.size(), b.data(),
-                      2 * b.size(), unused.data(), 2 * unused.size(), 1, 0, &e.code, &e.message);
+  hgemm_stream_submit(stream, 0, nullptr, m, n, k, a.data(), 2 * a.size(), b.data(), 2 * b.size(),
+                      unused.data(), 2 * unused.size(), 1, 0, &e.code, &e.message);
   EXPECT_EQ(e.code, HGEMM_INVALID_ARGUMENT);
   EXPECT_NE(e.text().find("keep_c"), std::string::npos) << e.text();
 
-  hgemm_stream_submit(stream, 7, nullptr, m, n, k, a.data(), 2 * a.size(), b.data(),
-                      2 * b.size(), nullptr, 0, 1, 60, &e.code, &e.message);
+  hgemm_stream_submit(stream, 7, nullptr, m, n, k, a.data(), 2 * a.size(), b.data(), 2 * b.size(),
+                      nullptr, 0, 1, 60, &e.code, &e.message);
   ASSERT_EQ(e.code, HGEMM_OK) << e.text();
-  hgemm_stream_submit(stream, 7, nullptr, m, n, k, a.data(), 2 * a.size(), b.data(),
-                      2 * b.size(), c.data(), 2 * c.size(), 0, 0, &e.code, &e.message);
+  hgemm_stream_submit(stream, 7, nullptr, m, n, k, a.data(), 2 * a.size(), b.data(), 2 * b.size(),
+                      c.data(), 2 * c.size(), 0, 0, &e.code, &e.message);
   EXPECT_EQ(e.code, HGEMM_INVALID_ARGUMENT);
   EXPECT_NE(e.text().find("gemm_id 7 is in use"), std::string::npos) << e.text();
   // B by an unknown handle: that GEMM fails alone.
@@ -1349,8 +1345,8 @@ TEST_F(HgemmC, StreamKeepsCFailsAGemmAloneAndRefusesBadSubmits) {
                       unused.data(), 2 * unused.size(), 0, 0, &e.code, &e.message);
   ASSERT_EQ(e.code, HGEMM_OK) << e.text();
   hgemm_gemm_options_destroy(unknown);
-  hgemm_stream_submit(stream, 9, nullptr, m, n, k, a.data(), 2 * a.size(), b.data(),
-                      2 * b.size(), c.data(), 2 * c.size(), 0, 0, &e.code, &e.message);
+  hgemm_stream_submit(stream, 9, nullptr, m, n, k, a.data(), 2 * a.size(), b.data(), 2 * b.size(),
+                      c.data(), 2 * c.size(), 0, 0, &e.code, &e.message);
   ASSERT_EQ(e.code, HGEMM_OK) << e.text();
   const std::map<uint64_t, StreamAnswer> answers = ReadAnswers(stream, 3);
   EXPECT_EQ(answers.at(8).code, HGEMM_NOT_FOUND) << answers.at(8).message;
@@ -1393,9 +1389,9 @@ TEST_F(HgemmC, StreamStopsReadingABorrowedGemmOnceAnswered) {
   hgemm_gemm_options_t* unknown = hgemm_gemm_options_create();
   hgemm_gemm_options_set_b_handle(unknown, "no-such-matrix");
   for (uint64_t round = 0; round < 3; ++round) {
-    hgemm_stream_submit_borrowed(stream, round, unknown, m, n, k, big_a->data(),
-                                 2 * big_a->size(), nullptr, 0, unused.data(),
-                                 2 * unused.size(), 0, 0, &e.code, &e.message);
+    hgemm_stream_submit_borrowed(stream, round, unknown, m, n, k, big_a->data(), 2 * big_a->size(),
+                                 nullptr, 0, unused.data(), 2 * unused.size(), 0, 0, &e.code,
+                                 &e.message);
     ASSERT_EQ(e.code, HGEMM_OK) << e.text();
     const std::map<uint64_t, StreamAnswer> refused = ReadAnswers(stream, 1);
     ASSERT_EQ(refused.count(round), 1u);
@@ -1497,8 +1493,8 @@ TEST_F(HgemmC, GemmManyKeepsTheCsAskedFor) {
                                    2 * b.size(), 60, &e.code, &e.message),
             0u)
       << e.text();
-  ASSERT_EQ(hgemm_batch_add(batch, nullptr, m, n, k, a.data(), 2 * a.size(), b.data(),
-                            2 * b.size(), c.data(), 2 * c.size(), &e.code, &e.message),
+  ASSERT_EQ(hgemm_batch_add(batch, nullptr, m, n, k, a.data(), 2 * a.size(), b.data(), 2 * b.size(),
+                            c.data(), 2 * c.size(), &e.code, &e.message),
             1u)
       << e.text();
   EXPECT_EQ(hgemm_batch_c_handle(batch, 0, nullptr), nullptr);  // not run yet
@@ -1513,8 +1509,8 @@ TEST_F(HgemmC, GemmManyKeepsTheCsAskedFor) {
   EXPECT_EQ(c_info.rows, m);
   EXPECT_EQ(c_info.cols, n);
   std::vector<uint16_t> downloaded(m * n, kPoison);
-  EXPECT_EQ(hgemm_download(client_, nullptr, kept, 0, 0, downloaded.data(),
-                           2 * downloaded.size(), &e.code, &e.message),
+  EXPECT_EQ(hgemm_download(client_, nullptr, kept, 0, 0, downloaded.data(), 2 * downloaded.size(),
+                           &e.code, &e.message),
             2 * downloaded.size())
       << e.text();
   EXPECT_LT(hgemm::RelativeFrobeniusError(downloaded.data(), reference.data(), c.size()),
@@ -1543,8 +1539,8 @@ TEST(HgemmCAbi, StreamOutlivesItsClient) {
   ASSERT_NE(stream, nullptr) << e.text();
   hgemm_client_destroy(client);
   std::vector<uint16_t> c(m * n, kPoison);
-  hgemm_stream_submit(stream, 0, nullptr, m, n, k, a.data(), 2 * a.size(), b.data(),
-                      2 * b.size(), c.data(), 2 * c.size(), 0, 0, &e.code, &e.message);
+  hgemm_stream_submit(stream, 0, nullptr, m, n, k, a.data(), 2 * a.size(), b.data(), 2 * b.size(),
+                      c.data(), 2 * c.size(), 0, 0, &e.code, &e.message);
   ASSERT_EQ(e.code, HGEMM_OK) << e.text();
   EXPECT_EQ(ReadAnswers(stream, 1).at(0).code, HGEMM_OK);
   EXPECT_LT(hgemm::RelativeFrobeniusError(c.data(), reference.data(), c.size()),
@@ -1655,8 +1651,8 @@ TEST_F(HgemmCRegions, ForeignRegionsOffsetsPastTheEndAndMisuseAreClearErrors) {
   auto gemm_with_a_in = [&](const char* region, uint64_t offset, Error* e) {
     hgemm_gemm_options_t* options = hgemm_gemm_options_create();
     hgemm_gemm_options_set_a_region(options, region, offset);
-    hgemm_gemm(local_, options, m, n, k, nullptr, 0, b.data(), 2 * b.size(), c.data(),
-               2 * c.size(), nullptr, &e->code, &e->message);
+    hgemm_gemm(local_, options, m, n, k, nullptr, 0, b.data(), 2 * b.size(), c.data(), 2 * c.size(),
+               nullptr, &e->code, &e->message);
     hgemm_gemm_options_destroy(options);
   };
   {  // another client's region is not found (its handle names nothing of this client)
@@ -1673,21 +1669,21 @@ TEST_F(HgemmCRegions, ForeignRegionsOffsetsPastTheEndAndMisuseAreClearErrors) {
     Error e;
     hgemm_gemm_options_t* options = hgemm_gemm_options_create();
     hgemm_gemm_options_set_c_region(options, hgemm_region_handle(mine), 0);
-    hgemm_gemm(local_, options, m, n, k, b.data(), 2 * b.size(), b.data(), 2 * b.size(),
-               c.data(), 2 * c.size(), nullptr, &e.code, &e.message);
+    hgemm_gemm(local_, options, m, n, k, b.data(), 2 * b.size(), b.data(), 2 * b.size(), c.data(),
+               2 * c.size(), nullptr, &e.code, &e.message);
     EXPECT_EQ(e.code, HGEMM_INVALID_ARGUMENT) << e.text();
     EXPECT_NE(e.text().find("c_region"), std::string::npos) << e.text();
     // A in a region and passed as bytes too.
     hgemm_gemm_options_set_c_region(options, "", 0);
     hgemm_gemm_options_set_a_region(options, hgemm_region_handle(mine), 0);
-    hgemm_gemm(local_, options, m, n, k, b.data(), 2 * b.size(), b.data(), 2 * b.size(),
-               c.data(), 2 * c.size(), nullptr, &e.code, &e.message);
+    hgemm_gemm(local_, options, m, n, k, b.data(), 2 * b.size(), b.data(), 2 * b.size(), c.data(),
+               2 * c.size(), nullptr, &e.code, &e.message);
     EXPECT_EQ(e.code, HGEMM_INVALID_ARGUMENT) << e.text();
     EXPECT_NE(e.text().find("region"), std::string::npos) << e.text();
     // The other GEMM calls take no regions.
     hgemm_batch_t* batch = hgemm_batch_create();
-    EXPECT_EQ(hgemm_batch_add(batch, options, m, n, k, nullptr, 0, b.data(), 2 * b.size(),
-                              c.data(), 2 * c.size(), &e.code, &e.message),
+    EXPECT_EQ(hgemm_batch_add(batch, options, m, n, k, nullptr, 0, b.data(), 2 * b.size(), c.data(),
+                              2 * c.size(), &e.code, &e.message),
               SIZE_MAX);
     EXPECT_EQ(e.code, HGEMM_INVALID_ARGUMENT) << e.text();
     EXPECT_NE(e.text().find("only hgemm_gemm()"), std::string::npos) << e.text();
@@ -1703,8 +1699,8 @@ TEST_F(HgemmCRegions, ForeignRegionsOffsetsPastTheEndAndMisuseAreClearErrors) {
     Error e;
     hgemm_gemm_options_t* options = hgemm_gemm_options_create();
     hgemm_gemm_options_set_c_region(options, hgemm_region_handle(small_c), 0);
-    hgemm_gemm(local_, options, m, n, k, b.data(), 2 * b.size(), b.data(), 2 * b.size(), nullptr,
-               0, nullptr, &e.code, &e.message);
+    hgemm_gemm(local_, options, m, n, k, b.data(), 2 * b.size(), b.data(), 2 * b.size(), nullptr, 0,
+               nullptr, &e.code, &e.message);
     hgemm_gemm_options_destroy(options);
     EXPECT_EQ(e.code, HGEMM_OUT_OF_RANGE) << e.text();
     EXPECT_EQ(std::vector<uint16_t>(small, small + m * n - 1),
@@ -2022,14 +2018,15 @@ TEST(HgemmCRingServerKilled, EveryGemmIsCorrectOrUnavailable) {
   const std::vector<uint16_t> a = hgemm::RandomHalfMatrix(m * k, rng);
   const std::vector<uint16_t> b = hgemm::RandomHalfMatrix(k * n, rng);
   const std::vector<float> reference = hgemm::ReferenceGemm(a.data(), b.data(), m, n, k);
-  hgemm_region_t* region = hgemm_region_create(client, nullptr, 2 * (m * k + k * n + kThreads * m * n),
-                                               "kill", &e.code, &e.message);
+  hgemm_region_t* region = hgemm_region_create(
+      client, nullptr, 2 * (m * k + k * n + kThreads * m * n), "kill", &e.code, &e.message);
   ASSERT_NE(region, nullptr) << e.text();
   uint16_t* data = static_cast<uint16_t*>(hgemm_region_data(region));
   std::copy(a.begin(), a.end(), data);
   std::copy(b.begin(), b.end(), data + m * k);
   const char* regions[] = {hgemm_region_handle(region)};
-  hgemm_ring_t* ring = hgemm_ring_open(client, nullptr, regions, 1, nullptr, 0, 0, &e.code, &e.message);
+  hgemm_ring_t* ring =
+      hgemm_ring_open(client, nullptr, regions, 1, nullptr, 0, 0, &e.code, &e.message);
   ASSERT_NE(ring, nullptr) << e.text();
   std::atomic<int> completed{0};
   std::vector<int> wrong(kThreads, 0), other(kThreads, 0);
@@ -2056,7 +2053,8 @@ TEST(HgemmCRingServerKilled, EveryGemmIsCorrectOrUnavailable) {
           continue;
         }
         last[t] = error.text();
-        if (error.code == HGEMM_UNAVAILABLE && last[t].find("the ring was detached") == std::string::npos) {
+        if (error.code == HGEMM_UNAVAILABLE &&
+            last[t].find("the ring was detached") == std::string::npos) {
           continue;  // the server's queue was full
         }
         if (error.code != HGEMM_UNAVAILABLE) ++other[t];
@@ -2283,8 +2281,7 @@ TEST_F(HgemmC, AsyncKeepCGivesTheKeptCsHandle) {
     EXPECT_LT(hgemm::RelativeFrobeniusError(c.data(), reference.data(), m * n),
               hgemm::kServiceTolerance.fp32_acc)
         << "mode " << mode;
-    EXPECT_EQ(hgemm_release(client_, nullptr, kept.handle.c_str(), &e.code, &e.message),
-              2u * m * n)
+    EXPECT_EQ(hgemm_release(client_, nullptr, kept.handle.c_str(), &e.code, &e.message), 2u * m * n)
         << e.text();
   }
   // A failure comes through done with no handle; wrong sizes are refused and done never runs.
@@ -2292,17 +2289,17 @@ TEST_F(HgemmC, AsyncKeepCGivesTheKeptCsHandle) {
   hgemm_gemm_options_t* options = hgemm_gemm_options_create();
   hgemm_gemm_options_set_b_handle(options, "no-such-matrix");
   Error e;
-  hgemm_call_t* call = hgemm_gemm_keep_c_async(client_, options, m, n, k, a.data(), 2 * a.size(),
-                                               nullptr, 0, 60, &KeptC::Done, &failed, &e.code,
-                                               &e.message);
+  hgemm_call_t* call =
+      hgemm_gemm_keep_c_async(client_, options, m, n, k, a.data(), 2 * a.size(), nullptr, 0, 60,
+                              &KeptC::Done, &failed, &e.code, &e.message);
   ASSERT_NE(call, nullptr) << e.text();
   failed.Wait();
   hgemm_call_destroy(call);
   EXPECT_NE(failed.code, HGEMM_OK);
   EXPECT_TRUE(failed.handle_null);
   KeptC never;
-  EXPECT_EQ(hgemm_gemm_keep_c_async(client_, nullptr, m, n, k, a.data(), 10, b.data(),
-                                    2 * b.size(), 60, &KeptC::Done, &never, &e.code, &e.message),
+  EXPECT_EQ(hgemm_gemm_keep_c_async(client_, nullptr, m, n, k, a.data(), 10, b.data(), 2 * b.size(),
+                                    60, &KeptC::Done, &never, &e.code, &e.message),
             nullptr);
   EXPECT_EQ(e.code, HGEMM_INVALID_ARGUMENT);
   EXPECT_EQ(never.calls, 0);
@@ -2397,18 +2394,17 @@ TEST_F(HgemmC, StartedCallsFromManyThreadsEachCompleteOnceOffTheCallersThread) {
         if (i % 4 == 0) {
           hgemm_gemm_options_t* options = hgemm_gemm_options_create();
           g.SetOptions(options);
-          calls[i] = hgemm_gemm_start(client_, options, g.m, g.n, g.k, g.a.data(),
-                                      2 * g.a.size(), g.b.data(), 2 * g.b.size(), g.c.data(),
-                                      2 * g.c.size(), &Started::Done, started.Of(i), &e.code,
-                                      &e.message);
+          calls[i] = hgemm_gemm_start(client_, options, g.m, g.n, g.k, g.a.data(), 2 * g.a.size(),
+                                      g.b.data(), 2 * g.b.size(), g.c.data(), 2 * g.c.size(),
+                                      &Started::Done, started.Of(i), &e.code, &e.message);
           hgemm_gemm_options_destroy(options);
         } else if (i % 4 == 1) {
           calls[i] = hgemm_upload_start(client_, nullptr, g.m, g.k, HGEMM_DTYPE_FP16, -1,
                                         g.a.data(), 2 * size_t{g.m} * g.k, 0, "started",
                                         &Started::Done, started.Of(i), &e.code, &e.message);
         } else if (i % 4 == 2) {
-          calls[i] = hgemm_list_kernels_json_start(client_, nullptr, &Started::Done,
-                                                   started.Of(i), &e.code, &e.message);
+          calls[i] = hgemm_list_kernels_json_start(client_, nullptr, &Started::Done, started.Of(i),
+                                                   &e.code, &e.message);
         } else {
           calls[i] = hgemm_release_start(client_, nullptr, "m-no-such", &Started::Done,
                                          started.Of(i), &e.code, &e.message);
@@ -2447,8 +2443,7 @@ TEST_F(HgemmC, StartedCallsFromManyThreadsEachCompleteOnceOffTheCallersThread) {
   // The uploads are there: released (blocking), each its bytes.
   for (const std::string& handle : uploaded) {
     Error e;
-    EXPECT_GT(hgemm_release(client_, nullptr, handle.c_str(), &e.code, &e.message), 0u)
-        << e.text();
+    EXPECT_GT(hgemm_release(client_, nullptr, handle.c_str(), &e.code, &e.message), 0u) << e.text();
   }
 }
 
@@ -2474,19 +2469,18 @@ TEST_F(HgemmC, StartedCallFailuresAndResultsComeThroughDone) {
   hgemm_stream_t* stream = hgemm_stream_open(client_, nullptr, &e.code, &e.message);
   ASSERT_NE(stream, nullptr) << e.text();
   FormGemm streamed(15, 9, 21, {}, 78);
-  hgemm_stream_submit(stream, 4242, nullptr, streamed.m, streamed.n, streamed.k,
-                      streamed.a.data(), 2 * streamed.a.size(), streamed.b.data(),
-                      2 * streamed.b.size(), streamed.c.data(), 2 * streamed.c.size(), 0, 0,
-                      &e.code, &e.message);
+  hgemm_stream_submit(stream, 4242, nullptr, streamed.m, streamed.n, streamed.k, streamed.a.data(),
+                      2 * streamed.a.size(), streamed.b.data(), 2 * streamed.b.size(),
+                      streamed.c.data(), 2 * streamed.c.size(), 0, 0, &e.code, &e.message);
   ASSERT_EQ(e.code, HGEMM_OK) << e.text();
-  calls.push_back(hgemm_stream_next_start(client_, stream, &Started::Done, started.Of(4),
-                                          &e.code, &e.message));
+  calls.push_back(
+      hgemm_stream_next_start(client_, stream, &Started::Done, started.Of(4), &e.code, &e.message));
   for (hgemm_call_t* call : calls) ASSERT_NE(call, nullptr);
   started.Wait(5);
   // Closed and every GEMM answered: the next next is the stream's clean end.
   hgemm_stream_close(stream);
-  calls.push_back(hgemm_stream_next_start(client_, stream, &Started::Done, started.Of(5),
-                                          &e.code, &e.message));
+  calls.push_back(
+      hgemm_stream_next_start(client_, stream, &Started::Done, started.Of(5), &e.code, &e.message));
   const std::vector<Started::Outcome>& o = started.Wait(6);
   EXPECT_EQ(o[0].code, HGEMM_INVALID_ARGUMENT) << o[0].message;
   EXPECT_NE(o[0].message.find("c_capacity"), std::string::npos) << o[0].message;
@@ -2528,10 +2522,10 @@ TEST_F(HgemmC, StartedBatchGroupAndListingMatchTheReference) {
   hgemm_call_t* many = hgemm_gemm_many_start(client_, batch, nullptr, chosen, 3, &Started::Done,
                                              started.Of(0), &e.code, &e.message);
   hgemm_call_t* grouped =
-      hgemm_gemm_grouped_start(client_, nullptr, problems.data(), problems.size(),
-                               &Started::Done, started.Of(1), &e.code, &e.message);
-  hgemm_call_t* listed = hgemm_list_matrices_start(client_, nullptr, &Started::Done,
-                                                   started.Of(2), &e.code, &e.message);
+      hgemm_gemm_grouped_start(client_, nullptr, problems.data(), problems.size(), &Started::Done,
+                               started.Of(1), &e.code, &e.message);
+  hgemm_call_t* listed = hgemm_list_matrices_start(client_, nullptr, &Started::Done, started.Of(2),
+                                                   &e.code, &e.message);
   ASSERT_TRUE(many != nullptr && grouped != nullptr && listed != nullptr) << e.text();
   const std::vector<Started::Outcome>& o = started.Wait(3);
   for (const Started::Outcome& outcome : o) {
@@ -2583,8 +2577,8 @@ TEST_F(HgemmCRing, StartedRingGemmsRegionsAndListingsMatchTheReference) {
   for (size_t slot = 0; slot < kSlots; ++slot) {
     std::fill(C(slot), C(slot) + m * n, kPoison);
     hgemm_gemm_options_t* options = Options(slot);
-    calls.push_back(hgemm_ring_gemm_start(ring, options, m, n, k, &Started::Done,
-                                          started.Of(slot), &e.code, &e.message));
+    calls.push_back(hgemm_ring_gemm_start(ring, options, m, n, k, &Started::Done, started.Of(slot),
+                                          &e.code, &e.message));
     hgemm_gemm_options_destroy(options);  // copied by the call
     ASSERT_NE(calls.back(), nullptr) << e.text();
   }
@@ -2601,15 +2595,15 @@ TEST_F(HgemmCRing, StartedRingGemmsRegionsAndListingsMatchTheReference) {
   hgemm_ring_close(ring);
 
   TakenList made;
-  hgemm_call_destroy(hgemm_region_create_start(local_, nullptr, 4096, "started",
-                                               &TakenList::Done, &made, &e.code, &e.message));
+  hgemm_call_destroy(hgemm_region_create_start(local_, nullptr, 4096, "started", &TakenList::Done,
+                                               &made, &e.code, &e.message));
   made.Wait();
   ASSERT_EQ(made.code, HGEMM_OK);
   ASSERT_NE(made.region, nullptr);
   EXPECT_EQ(hgemm_region_bytes(made.region), 4096u);
   TakenList listed;
-  hgemm_call_destroy(hgemm_list_regions_start(local_, nullptr, &TakenList::Done, &listed,
-                                              &e.code, &e.message));
+  hgemm_call_destroy(
+      hgemm_list_regions_start(local_, nullptr, &TakenList::Done, &listed, &e.code, &e.message));
   listed.Wait();
   ASSERT_EQ(listed.code, HGEMM_OK);
   ASSERT_NE(listed.list, nullptr);
@@ -2623,9 +2617,8 @@ TEST_F(HgemmCRing, StartedRingGemmsRegionsAndListingsMatchTheReference) {
   hgemm_region_list_destroy(listed.list);
   Started unregistered(1);
   hgemm_call_destroy(hgemm_unregister_region_start(local_, nullptr,
-                                                   hgemm_region_handle(made.region),
-                                                   &Started::Done, unregistered.Of(0), &e.code,
-                                                   &e.message));
+                                                   hgemm_region_handle(made.region), &Started::Done,
+                                                   unregistered.Of(0), &e.code, &e.message));
   EXPECT_EQ(unregistered.Wait(1)[0].code, HGEMM_OK) << unregistered.Wait(1)[0].message;
   hgemm_region_destroy(made.region);
 }
@@ -2640,8 +2633,8 @@ std::vector<hgemm_stream_t*> HoldCompletionThreads(hgemm_client_t* client, Start
     Error e;
     streams.push_back(hgemm_stream_open(client, nullptr, &e.code, &e.message));
     EXPECT_NE(streams.back(), nullptr) << e.text();
-    calls->push_back(hgemm_stream_next_start(client, streams.back(), &Started::Done,
-                                             started.Of(i), &e.code, &e.message));
+    calls->push_back(hgemm_stream_next_start(client, streams.back(), &Started::Done, started.Of(i),
+                                             &e.code, &e.message));
     EXPECT_NE(calls->back(), nullptr) << e.text();
   }
   return streams;
@@ -2652,14 +2645,13 @@ TEST_F(HgemmC, CancelledStartedCallsEndCancelledExactlyOnce) {
   constexpr size_t kHolders = HGEMM_COMPLETION_THREADS, kQueued = 16;
   Started started(kHolders + kQueued);
   std::vector<hgemm_call_t*> calls;
-  std::vector<hgemm_stream_t*> streams =
-      HoldCompletionThreads(client_, started, kHolders, &calls);
+  std::vector<hgemm_stream_t*> streams = HoldCompletionThreads(client_, started, kHolders, &calls);
   std::vector<uint16_t> data(64 * 64, 0x3c00);
   for (size_t i = kHolders; i < kHolders + kQueued; ++i) {
     Error e;
-    calls.push_back(hgemm_upload_start(client_, nullptr, 64, 64, HGEMM_DTYPE_FP16, -1,
-                                       data.data(), 2 * data.size(), 0, "never",
-                                       &Started::Done, started.Of(i), &e.code, &e.message));
+    calls.push_back(hgemm_upload_start(client_, nullptr, 64, 64, HGEMM_DTYPE_FP16, -1, data.data(),
+                                       2 * data.size(), 0, "never", &Started::Done, started.Of(i),
+                                       &e.code, &e.message));
     ASSERT_NE(calls.back(), nullptr) << e.text();
   }
   // Not started: cancelled, their done runs once a thread is free. Then the running nexts:

@@ -44,9 +44,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   auto kept = std::make_unique<unsigned char[]>(1);  // 0 bytes usable; ASan sees past-the-end
   StreamAnswer answer;
   answer.c_of = [&](uint64_t gemm_id, CBuffer* into) {
-    if (gemm_id == 0) *into = CBuffer{reinterpret_cast<char*>(c.get()), kCBytes};
-    else if (gemm_id == 5) *into = CBuffer{reinterpret_cast<char*>(kept.get()), 0};
-    else return false;
+    if (gemm_id == 0)
+      *into = CBuffer{reinterpret_cast<char*>(c.get()), kCBytes};
+    else if (gemm_id == 5)
+      *into = CBuffer{reinterpret_cast<char*>(kept.get()), 0};
+    else
+      return false;
     return true;
   };
   if (!grpc::SerializationTraits<StreamAnswer>::Deserialize(&buffer, &answer).ok()) {

@@ -112,7 +112,7 @@ const SERVER_ENV = {
 const SERVER_DEFAULT_MAX_QUEUED_BYTES = 16 * 2 ** 30;
 const SERVER_DEFAULT_DRAIN_DEADLINE_S = 20;
 // The server keeps resident matrices forever by default (--resident_ttl_s 0); a deployment must
-// not: a client killed mid-run would pin device memory until the pod restarts (issue 12, item 8).
+// not: a client killed mid-run would pin device memory until the pod restarts.
 const SERVER_DEFAULT_RESIDENT_TTL_S = 0;
 const SERVER_DEFAULT_PORT = 50051;
 // Idle shared-memory regions are released after this long (--region_ttl_s; 0 would keep those

@@ -39,8 +39,7 @@ std::vector<float> CInToFloat(const void* c_in, int64_t count, const GemmForm& f
 // C (m×n, fp32) = alpha·op(A)·op(B) + beta·C_in, accumulated in fp32 (OpenBLAS sgemm's
 // transposes and scales on fp32 copies of A, B and C_in as stored).
 std::vector<float> ReferenceGemm(const uint16_t* a, const uint16_t* b, int64_t m, int64_t n,
-                                 int64_t k, const GemmForm& form = {},
-                                 const GemmScale& scale = {});
+                                 int64_t k, const GemmForm& form = {}, const GemmScale& scale = {});
 
 // C (m×n, of form's C type) = alpha·op(A)·op(B) + beta·C_in, accumulated in fp32 and rounded
 // once to C's type. c may be scale.c_in (in place). REQUIRES: c holds m·n elements of that type.

@@ -26,7 +26,8 @@ TEST(CpuGemm, MatchesNaiveLoopOnOddShape) {
   for (int i = 0; i < m; ++i)
     for (int j = 0; j < n; ++j) {
       double sum = 0;
-      for (int p = 0; p < k; ++p) sum += double(HalfToFloat(a[i * k + p])) * HalfToFloat(b[p * n + j]);
+      for (int p = 0; p < k; ++p)
+        sum += double(HalfToFloat(a[i * k + p])) * HalfToFloat(b[p * n + j]);
       naive[i * n + j] = static_cast<float>(sum);
     }
   std::vector<uint16_t> c(m * n, 0xFFFF);

@@ -11,8 +11,8 @@ namespace hgemm {
 
 std::string ErrorStats::ToString() const {
   char buf[160];
-  std::snprintf(buf, sizeof buf, "rel_frob=%.3e max_abs=%.3e nan=%zu first_bad=%zu",
-                rel_frobenius, max_abs, nan_count, first_bad);
+  std::snprintf(buf, sizeof buf, "rel_frob=%.3e max_abs=%.3e nan=%zu first_bad=%zu", rel_frobenius,
+                max_abs, nan_count, first_bad);
   return buf;
 }
 

@@ -15,9 +15,9 @@
 namespace hgemm {
 
 struct ErrorStats {
-  double rel_frobenius = 0;     // ‖c − reference‖_F / ‖reference‖_F over the finite elements
-  double max_abs = 0;           // max |c − reference| over the finite elements
-  size_t nan_count = 0;         // NaN or Inf elements of c (unwritten outputs poisoned with NaN)
+  double rel_frobenius = 0;  // ‖c − reference‖_F / ‖reference‖_F over the finite elements
+  double max_abs = 0;        // max |c − reference| over the finite elements
+  size_t nan_count = 0;      // NaN or Inf elements of c (unwritten outputs poisoned with NaN)
   size_t first_bad = SIZE_MAX;  // index of the first NaN/Inf, else of the largest error
 
   // "rel_frob=... max_abs=... nan=... first_bad=..." for messages.

@@ -34,7 +34,8 @@ TEST_F(ServerTlsTest, ProblemsNameTheFile) {
   EXPECT_EQ(CheckKeyPair(Pem("client-expired.pem"), Pem("client-expired.key"), "cert.pem", "k")
                 .rfind("cert.pem: the certificate expired (", 0),
             0u);
-  EXPECT_EQ(CheckCaBundle("", "ca.pem"), "ca.pem: no PEM certificate (-----BEGIN CERTIFICATE-----) in it");
+  EXPECT_EQ(CheckCaBundle("", "ca.pem"),
+            "ca.pem: no PEM certificate (-----BEGIN CERTIFICATE-----) in it");
 }
 
 TEST_F(ServerTlsTest, StartRefusesBadFiles) {

@@ -55,9 +55,10 @@ std::string ParseTokenFile(std::string_view text, std::vector<TokenEntry>* entri
     TokenEntry entry;
     entry.principal = words[0];
     if (!ParseHex(words[1], &entry.sha256)) {
-      return fmt::format("line {}: the hash of {}'s token is not 64 hex digits (SHA-256; the "
-                         "file holds hashes, never tokens)",
-                         line_number, words[0]);
+      return fmt::format(
+          "line {}: the hash of {}'s token is not 64 hex digits (SHA-256; the "
+          "file holds hashes, never tokens)",
+          line_number, words[0]);
     }
     if (words.size() == 3) {
       if (words[2] != "admin") {

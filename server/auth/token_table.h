@@ -49,8 +49,8 @@ class TokenTable {
  public:
   // Reads `path` now, then every `period`. nullptr with *error ("PATH: line N: ...", or why it
   // can't be read) if the file is not a good tokens file now.
-  static std::unique_ptr<TokenTable> Open(const std::string& path,
-                                          std::chrono::milliseconds period, std::string* error);
+  static std::unique_ptr<TokenTable> Open(const std::string& path, std::chrono::milliseconds period,
+                                          std::string* error);
 
   // A table of `entries`, never re-read (tests).
   explicit TokenTable(std::vector<TokenEntry> entries);
@@ -67,7 +67,7 @@ class TokenTable {
 
   mutable std::mutex mu_;
   std::shared_ptr<const std::vector<TokenEntry>> entries_;  // guarded by mu_; replaced whole
-  bool read_once_ = false;  // guarded by mu_; later reads are reloads
+  bool read_once_ = false;            // guarded by mu_; later reads are reloads
   std::unique_ptr<FileWatch> watch_;  // last: it calls into the above until destroyed
 };
 

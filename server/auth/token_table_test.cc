@@ -15,8 +15,8 @@ using testing::TokenLine;
 
 TEST(TokenTable, ParsesPrincipalsHashesAdminsAndComments) {
   std::vector<TokenEntry> entries;
-  const std::string text = "# team tokens\n\n" + TokenLine("alice", "a-token") +
-                           "  " + TokenLine("ops", "o-token", true) + TokenLine("alice", "a-2");
+  const std::string text = "# team tokens\n\n" + TokenLine("alice", "a-token") + "  " +
+                           TokenLine("ops", "o-token", true) + TokenLine("alice", "a-2");
   ASSERT_EQ(ParseTokenFile(text, &entries), "");
   ASSERT_EQ(entries.size(), 3u);
   TokenTable table(entries);
@@ -36,10 +36,12 @@ TEST(TokenTable, MalformedLinesAreNamed) {
   EXPECT_NE(ParseTokenFile("# x\nalice not-hex\n", &entries).find("line 2: the hash of alice"),
             std::string::npos);
   // A token pasted instead of its hash is refused as not 64 hex digits.
-  EXPECT_NE(ParseTokenFile("alice s3cret-token\n", &entries).find("never tokens"), std::string::npos);
-  EXPECT_NE(ParseTokenFile(TokenLine("ops", "t") + "x " + std::string(64, 'a') + " root\n", &entries)
-                .find("line 2: third field root"),
+  EXPECT_NE(ParseTokenFile("alice s3cret-token\n", &entries).find("never tokens"),
             std::string::npos);
+  EXPECT_NE(
+      ParseTokenFile(TokenLine("ops", "t") + "x " + std::string(64, 'a') + " root\n", &entries)
+          .find("line 2: third field root"),
+      std::string::npos);
   const std::string line = TokenLine("alice", "same");
   EXPECT_EQ(ParseTokenFile(line + TokenLine("bob", "same"), &entries),
             "line 2: the same token hash as line 1");

@@ -150,8 +150,8 @@ class Backend {
   // the shared allocation). Thread-safe.
   virtual absl::Status OpenIpcMemory(const std::string& ipc_handle, const std::string& device,
                                      int64_t bytes, std::shared_ptr<ResidentBuffer>* buffer) {
-    return absl::FailedPreconditionError(
-        "CUDA IPC needs the CUDA backend (this server runs the " + Name() + " backend)");
+    return absl::FailedPreconditionError("CUDA IPC needs the CUDA backend (this server runs the " +
+                                         Name() + " backend)");
   }
 
   // False once device `device_index` (a Devices() index) has failed for good (a sticky CUDA

@@ -63,10 +63,12 @@ class CpuBackend final : public Backend {
     }
     if (resident_bytes_.fetch_add(bytes) + bytes > options_.resident_budget_bytes) {
       resident_bytes_ -= bytes;
-      return status::OverLimit("device_memory", fmt::format(
-          "{} more bytes of resident memory would pass the CPU backend's budget of {} bytes "
-          "({} in use)",
-          bytes, options_.resident_budget_bytes, resident_bytes_.load()));
+      return status::OverLimit(
+          "device_memory",
+          fmt::format(
+              "{} more bytes of resident memory would pass the CPU backend's budget of {} bytes "
+              "({} in use)",
+              bytes, options_.resident_budget_bytes, resident_bytes_.load()));
     }
     // The budget is host memory the machine may not have: a failed allocation is a refusal.
     char* data = TakeReusable(bytes);
@@ -76,11 +78,10 @@ class CpuBackend final : public Backend {
       return status::OverLimit("host_memory",
                                fmt::format("out of host memory for {} bytes", bytes));
     }
-    *buffer = std::make_shared<ResidentBuffer>(device_index, bytes, data,
-                                               [this, bytes](void* p) {
-                                                 KeepForReuse(static_cast<char*>(p), bytes);
-                                                 resident_bytes_ -= bytes;
-                                               });
+    *buffer = std::make_shared<ResidentBuffer>(device_index, bytes, data, [this, bytes](void* p) {
+      KeepForReuse(static_cast<char*>(p), bytes);
+      resident_bytes_ -= bytes;
+    });
     return absl::OkStatus();
   }
 
@@ -122,8 +123,8 @@ class CpuBackend final : public Backend {
     }
     const auto* a = job.a_resident ? static_cast<const uint16_t*>(job.a_resident->data) : job.a;
     const auto* b = job.b_resident ? static_cast<const uint16_t*>(job.b_resident->data) : job.b;
-    const auto* c_in = static_cast<const char*>(job.c_in_resident ? job.c_in_resident->data
-                                                                   : job.c_in);
+    const auto* c_in =
+        static_cast<const char*>(job.c_in_resident ? job.c_in_resident->data : job.c_in);
     // A batch or a group: its matrices one after the other in each buffer.
     struct Problem {
       ProblemDims dims;
@@ -178,8 +179,8 @@ class CpuBackend final : public Backend {
         const verify::Form form = verify::FormOf(job, problems[i].dims);
         verify::HostCr(form, problems[i].c, seeds[rep][i], &sums[rep][i]);
         if (std::string failed = verify::CheckRows(form, sums[rep][i]); !failed.empty()) {
-          report->verify_failure = fmt::format("problem {}, repetition {} of {}: {}", i, rep + 1,
-                                               repetitions, failed);
+          report->verify_failure =
+              fmt::format("problem {}, repetition {} of {}: {}", i, rep + 1, repetitions, failed);
           break;
         }
       }
@@ -236,14 +237,16 @@ class CpuBackend final : public Backend {
   std::shared_ptr<const verify::HostBSide> BSide(const GemmJob& job, const verify::Form& form,
                                                  bool one_problem, const uint16_t* b, int rep) {
     const bool cached = job.b_resident && one_problem;
-    const verify::ResidentBCache<verify::HostBSide>::Key key{
-        .k = form.k, .n = form.n, .type = form.ab_type, .transposed = form.transpose_b,
-        .repetition = rep};
+    const verify::ResidentBCache<verify::HostBSide>::Key key{.k = form.k,
+                                                             .n = form.n,
+                                                             .type = form.ab_type,
+                                                             .transposed = form.transpose_b,
+                                                             .repetition = rep};
     if (cached) {
       if (auto side = b_sides_.Find(job.b_resident, key)) return side;
     }
-    auto side = std::make_shared<const verify::HostBSide>(
-        verify::HostB(form, b, verify::FreshSeed()));
+    auto side =
+        std::make_shared<const verify::HostBSide>(verify::HostB(form, b, verify::FreshSeed()));
     if (cached) b_sides_.Put(job.b_resident, key, side);
     return side;
   }

@@ -7,9 +7,9 @@
 #include <cstring>
 #include <memory>
 #include <random>
-#include <tuple>
 #include <string>
 #include <string_view>
+#include <tuple>
 #include <vector>
 
 #include "proto/numerics/error_stats.h"
@@ -20,8 +20,8 @@
 namespace hgemm {
 namespace {
 
-// Issue 12, item 11: a wrapped (negative) size used to be fetch_add-ed into the budget, which
-// then stayed low for everyone.
+// A wrapped (negative) size must not be fetch_add-ed into the budget, which would then stay low
+// for everyone.
 TEST(CpuBackend, NonPositiveOrUnavailableSizesLeaveTheBudgetIntact) {
   std::unique_ptr<Backend> backend = MakeCpuBackend({.resident_budget_bytes = 1 << 20});
   std::shared_ptr<ResidentBuffer> buffer;
@@ -45,13 +45,14 @@ TEST(CpuBackend, EveryLayoutAndTypeOverwritesPoisonedC) {
         for (v1::DataType c_type : {ab, v1::DATA_TYPE_FP32}) {
           v1::GemmRequest r = FormRequest(m, n, k, ta, tb, ab, c_type, rng);
           GemmJob job;
-          job.shape = {.m = m,
-                       .n = n,
-                       .k = k,
-                       .ab_type = ab == v1::DATA_TYPE_BF16 ? ElementType::kBf16 : ElementType::kFp16,
-                       .c_type = c_type == v1::DATA_TYPE_FP32 ? ElementType::kFp32
-                                 : ab == v1::DATA_TYPE_BF16   ? ElementType::kBf16
-                                                              : ElementType::kFp16};
+          job.shape = {
+              .m = m,
+              .n = n,
+              .k = k,
+              .ab_type = ab == v1::DATA_TYPE_BF16 ? ElementType::kBf16 : ElementType::kFp16,
+              .c_type = c_type == v1::DATA_TYPE_FP32 ? ElementType::kFp32
+                        : ab == v1::DATA_TYPE_BF16   ? ElementType::kBf16
+                                                     : ElementType::kFp16};
           job.transpose_a = ta;
           job.transpose_b = tb;
           job.a = reinterpret_cast<const uint16_t*>(r.a().data());
@@ -150,8 +151,8 @@ TEST(CpuBackend, GroupedProblemsOverwritePoisonedCAndMatchFloat64) {
           << v1::DataType_Name(ab) << " -> " << v1::DataType_Name(c_type);
     }
   }
-  v1::GemmRequest r = GroupRequest({{13, 9, 21}}, false, false, v1::DATA_TYPE_FP16,
-                                   v1::DATA_TYPE_FP16, rng);
+  v1::GemmRequest r =
+      GroupRequest({{13, 9, 21}}, false, false, v1::DATA_TYPE_FP16, v1::DATA_TYPE_FP16, rng);
   std::string grouped_c(2 * 13 * 9, '\xFF'), plain_c(2 * 13 * 9, '\xFF');
   for (bool grouped : {true, false}) {
     GemmJob job;
@@ -190,8 +191,8 @@ TEST(CpuBackend, PiecesLandOneAfterTheOther) {
 
 TEST(CpuBackend, ReleasedMemoryIsReusedUpToItsLimitAndOutsideTheBudget) {
   constexpr int64_t kMiB = int64_t{1} << 20;
-  auto backend = MakeCpuBackend({.resident_budget_bytes = 4 * kMiB,
-                                 .resident_reuse_bytes = 3 * kMiB});
+  auto backend =
+      MakeCpuBackend({.resident_budget_bytes = 4 * kMiB, .resident_reuse_bytes = 3 * kMiB});
   std::shared_ptr<ResidentBuffer> a, b, c;
   ASSERT_TRUE(backend->AllocateResident(0, 2 * kMiB, &a).ok());
   ASSERT_TRUE(backend->AllocateResident(0, 2 * kMiB, &b).ok());
@@ -228,10 +229,10 @@ TEST(CpuBackend, RunBatchGivesEveryMemberItsOwnC) {
       SharedB b(backend.get(), 40, 72, form, rng);
       std::vector<std::unique_ptr<RowsGemm>> members;
       members.push_back(std::make_unique<RowsGemm>(backend.get(), b, 1, rng, alpha, beta));
-      members.push_back(std::make_unique<RowsGemm>(backend.get(), b, 5, rng, alpha, beta,
-                                                   CSink::kKeepC));
-      members.push_back(std::make_unique<RowsGemm>(backend.get(), b, 16, rng, alpha, beta,
-                                                   CSink::kDevice));
+      members.push_back(
+          std::make_unique<RowsGemm>(backend.get(), b, 5, rng, alpha, beta, CSink::kKeepC));
+      members.push_back(
+          std::make_unique<RowsGemm>(backend.get(), b, 16, rng, alpha, beta, CSink::kDevice));
       members.push_back(std::make_unique<RowsGemm>(backend.get(), b, 3, rng, alpha, beta,
                                                    CSink::kHost, /*in_place=*/beta != 0));
       std::vector<const GemmJob*> jobs;
@@ -240,9 +241,9 @@ TEST(CpuBackend, RunBatchGivesEveryMemberItsOwnC) {
       const std::vector<absl::Status> statuses = backend->RunBatch(0, jobs, &reports);
       ASSERT_EQ(statuses.size(), jobs.size());
       for (size_t i = 0; i < jobs.size(); ++i) {
-        SCOPED_TRACE(::testing::Message() << "member " << i << " ta=" << form.transpose_a
-                                          << " tb=" << form.transpose_b << " bf16=" << form.bf16
-                                          << " beta=" << beta);
+        SCOPED_TRACE(::testing::Message()
+                     << "member " << i << " ta=" << form.transpose_a << " tb=" << form.transpose_b
+                     << " bf16=" << form.bf16 << " beta=" << beta);
         ASSERT_TRUE(statuses[i].ok()) << statuses[i];
         EXPECT_EQ(reports[i].batch_size, 4);
         EXPECT_EQ(reports[i].batch_rows, 25);
@@ -259,8 +260,8 @@ TEST(CpuBackend, RunBatchWhoseCheckFailsWritesNoSink) {
   std::atomic<int> corrupt{1};
   auto backend = MakeCpuBackend({.workers = 1, .after_gemm = [&](int, const GemmJob& job, void* c) {
                                    if (corrupt.fetch_sub(1) > 0) {
-                                     CorruptC(CFault::kLargeError, job.shape.c_type, job.shape.n,
-                                              c, job.shape.m - 1, 0);
+                                     CorruptC(CFault::kLargeError, job.shape.c_type, job.shape.n, c,
+                                              job.shape.m - 1, 0);
                                    }
                                  }});
   std::mt19937_64 rng(53);

@@ -31,13 +31,13 @@
 // release builds make the plain call.
 #ifdef HGEMM_FAULT_INJECTION
 #include "server/backend/fault_injector.h"
-#define HGEMM_CUDA(site, expr)                                                       \
-  [&]() -> cudaError_t {                                                             \
+#define HGEMM_CUDA(site, expr)                                                                   \
+  [&]() -> cudaError_t {                                                                         \
     if (cudaError_t injected_ = ::hgemm::FaultInjector::Global().Take(::hgemm::FaultSite::site); \
-        injected_ != cudaSuccess) {                                                  \
-      return injected_;                                                              \
-    }                                                                                \
-    return (expr);                                                                   \
+        injected_ != cudaSuccess) {                                                              \
+      return injected_;                                                                          \
+    }                                                                                            \
+    return (expr);                                                                               \
   }()
 #else
 #define HGEMM_CUDA(site, expr) (expr)
@@ -48,7 +48,9 @@ namespace {
 
 namespace k = ::hgemm::kernels;
 
-double Milliseconds(Clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); }
+double Milliseconds(Clock::duration d) {
+  return std::chrono::duration<double, std::milli>(d).count();
+}
 
 // The compute capability (major*10+minor) a device needs for every variant of the registry.
 int RequiredSm() {
@@ -198,8 +200,9 @@ class CudaBackend final : public Backend {
     int64_t smallest = INT64_MAX;
     for (const auto& d : devices_) {
       // One slot may grow to the budget less what the other slots hold at least.
-      smallest = std::min(smallest, d->memory->budget_bytes() - (options_.streams_per_device - 1) *
-                                                          options_.preallocate_bytes_per_stream);
+      smallest =
+          std::min(smallest, d->memory->budget_bytes() - (options_.streams_per_device - 1) *
+                                                             options_.preallocate_bytes_per_stream);
     }
     // Room for aligning B, C, T and C_in.
     return smallest - 4 * int64_t(k::kDeviceAlignment);
@@ -279,9 +282,8 @@ class CudaBackend final : public Backend {
   // (verify::CheckRows), and report's verify fields filled: verify_ms is the time the check
   // added after the GEMM, and before it unless `prepared_beside` (its first passes ran beside
   // the GEMM, whose kernel_ms then holds what they cost it). REQUIRES: the check's kernels done.
-  absl::Status CheckOnHost(Slot& slot, const std::vector<CheckItem>& checks,
-                           const float* d_verify, size_t floats, bool prepared_beside,
-                           GemmReport* report);
+  absl::Status CheckOnHost(Slot& slot, const std::vector<CheckItem>& checks, const float* d_verify,
+                           size_t floats, bool prepared_beside, GemmReport* report);
   // Waits for slot.kernel_done of a kernel of `flops` (see CudaBackendOptions::completion_spin).
   cudaError_t WaitForKernel(const Slot& slot, double flops) const;
   absl::Status CopyResident(Device& device, void* dst, const void* src, int64_t bytes,
@@ -323,11 +325,11 @@ class CudaBackend final : public Backend {
 };
 
 // `expr` (a CUDA call of class `site`, FaultSite) or return its failure (Fail).
-#define CUDA_TRY(slot, site, expr)                              \
-  do {                                                          \
+#define CUDA_TRY(slot, site, expr)                                    \
+  do {                                                                \
     if (cudaError_t e_ = HGEMM_CUDA(site, expr); e_ != cudaSuccess) { \
-      return Fail(slot, e_, #expr);                             \
-    }                                                           \
+      return Fail(slot, e_, #expr);                                   \
+    }                                                                 \
   } while (0)
 
 void CudaBackend::EnablePeerAccess() {
@@ -335,8 +337,7 @@ void CudaBackend::EnablePeerAccess() {
     for (const auto& to : devices_) {
       int can = 0;
       if (from->ordinal == to->ordinal ||
-          cudaDeviceCanAccessPeer(&can, from->ordinal, to->ordinal) != cudaSuccess ||
-          !can) {
+          cudaDeviceCanAccessPeer(&can, from->ordinal, to->ordinal) != cudaSuccess || !can) {
         continue;
       }
       cudaSetDevice(from->ordinal);
@@ -370,26 +371,28 @@ absl::Status CudaBackend::Fail(Slot& slot, cudaError_t e, const std::string& wha
 
 void CudaBackend::MarkFailed(Device& device, const std::string& why) {
   if (device.healthy.exchange(false)) {
-    spdlog::critical("device {} FAILED: {}; its GEMMs and resident matrices are refused with "
-                     "UNAVAILABLE until the server restarts",
-                     device.ordinal, why);
+    spdlog::critical(
+        "device {} FAILED: {}; its GEMMs and resident matrices are refused with "
+        "UNAVAILABLE until the server restarts",
+        device.ordinal, why);
   }
 }
 
 absl::Status CudaBackend::Refused(const Device& device) {
-  return status::DeviceFailed(
-      fmt::format("device {} has failed (a sticky CUDA error); the server must restart",
-                  device.ordinal));
+  return status::DeviceFailed(fmt::format(
+      "device {} has failed (a sticky CUDA error); the server must restart", device.ordinal));
 }
 
 absl::Status CudaBackend::EnsureCapacity(Slot& slot, size_t bytes) {
   if (bytes <= slot.device_capacity) return absl::OkStatus();
   Device& device = *slot.device;
   if (!device.memory->Reserve(bytes - slot.device_capacity)) {
-    return status::OverLimit("device_memory", fmt::format(
-        "the GEMM needs {} bytes on device {}; {} of its {}-byte budget are in use by streams "
-        "and resident matrices",
-        bytes, device.ordinal, device.memory->used_bytes(), device.memory->budget_bytes()));
+    return status::OverLimit(
+        "device_memory",
+        fmt::format(
+            "the GEMM needs {} bytes on device {}; {} of its {}-byte budget are in use by streams "
+            "and resident matrices",
+            bytes, device.ordinal, device.memory->used_bytes(), device.memory->budget_bytes()));
   }
   // From here the slot's claim on the budget is `bytes`, whatever it holds.
   cudaError_t e = HGEMM_CUDA(kStream, cudaStreamSynchronize(slot.stream));
@@ -459,8 +462,8 @@ absl::Status CudaBackend::PinHostMemory(void* data, int64_t bytes, std::function
   // Registration needs a current context; that of any device serves all (portable).
   if (cudaError_t e = cudaSetDevice(devices_.front()->ordinal); e != cudaSuccess) {
     cudaGetLastError();
-    return status::BackendFailure(fmt::format("cudaSetDevice({}): {}", devices_.front()->ordinal,
-                                              cudaGetErrorString(e)));
+    return status::BackendFailure(
+        fmt::format("cudaSetDevice({}): {}", devices_.front()->ordinal, cudaGetErrorString(e)));
   }
   if (cudaError_t e = cudaHostRegister(data, size_t(bytes), cudaHostRegisterPortable);
       e != cudaSuccess) {
@@ -537,9 +540,9 @@ absl::Status CudaBackend::OpenIpcMemory(const std::string& ipc_handle, const std
                                         int64_t bytes, std::shared_ptr<ResidentBuffer>* buffer) {
   cudaIpcMemHandle_t handle{};
   if (ipc_handle.size() != sizeof(handle)) {
-    return status::InvalidArgument("cuda_ipc.handle",
-                                   fmt::format("{} bytes; a cudaIpcMemHandle_t has {}",
-                                               ipc_handle.size(), sizeof(handle)));
+    return status::InvalidArgument(
+        "cuda_ipc.handle",
+        fmt::format("{} bytes; a cudaIpcMemHandle_t has {}", ipc_handle.size(), sizeof(handle)));
   }
   std::memcpy(&handle, ipc_handle.data(), sizeof(handle));
   const int index = FindDeviceByName(device);
@@ -562,8 +565,8 @@ absl::Status CudaBackend::OpenIpcMemory(const std::string& ipc_handle, const std
   if (!d.healthy) return Refused(d);
   if (cudaError_t e = cudaSetDevice(d.ordinal); e != cudaSuccess) {
     cudaGetLastError();
-    return status::BackendFailure(fmt::format("cudaSetDevice({}): {}", d.ordinal,
-                                              cudaGetErrorString(e)));
+    return status::BackendFailure(
+        fmt::format("cudaSetDevice({}): {}", d.ordinal, cudaGetErrorString(e)));
   }
   void* data = nullptr;
   if (cudaError_t e = cudaIpcOpenMemHandle(&data, handle, cudaIpcMemLazyEnablePeerAccess);
@@ -592,9 +595,9 @@ absl::Status CudaBackend::OpenIpcMemory(const std::string& ipc_handle, const std
   }
   if (attributes.device != ordinal) {
     close(data);
-    return status::FailedPrecondition(fmt::format(
-        "the CUDA IPC handle's memory is on device {}, not on {} (device {}) as named",
-        attributes.device, status::Quote(device), ordinal));
+    return status::FailedPrecondition(
+        fmt::format("the CUDA IPC handle's memory is on device {}, not on {} (device {}) as named",
+                    attributes.device, status::Quote(device), ordinal));
   }
   size_t size = 0;
   if (absl::Status s = AllocationSize(data, &size); !s.ok()) {
@@ -616,11 +619,10 @@ absl::Status CudaBackend::CopyResident(Device& device, void* dst, const void* sr
                                        cudaMemcpyKind kind) {
   if (!device.healthy) return Refused(device);
   cudaSetDevice(device.ordinal);
-  cudaError_t e = kind == cudaMemcpyHostToDevice
-                      ? HGEMM_CUDA(kCopyToDevice, cudaMemcpyAsync(dst, src, bytes, kind,
-                                                                   cudaStreamPerThread))
-                      : HGEMM_CUDA(kCopyToHost, cudaMemcpyAsync(dst, src, bytes, kind,
-                                                                 cudaStreamPerThread));
+  cudaError_t e =
+      kind == cudaMemcpyHostToDevice
+          ? HGEMM_CUDA(kCopyToDevice, cudaMemcpyAsync(dst, src, bytes, kind, cudaStreamPerThread))
+          : HGEMM_CUDA(kCopyToHost, cudaMemcpyAsync(dst, src, bytes, kind, cudaStreamPerThread));
   // Synchronized even after a failed call: nothing of this copy may be in flight on return.
   if (cudaError_t synced = cudaStreamSynchronize(cudaStreamPerThread); e == cudaSuccess) {
     e = synced;
@@ -630,9 +632,9 @@ absl::Status CudaBackend::CopyResident(Device& device, void* dst, const void* sr
   if (e == cudaSuccess && !device.healthy) return Refused(device);
   if (e == cudaSuccess) return absl::OkStatus();
   cudaGetLastError();
-  std::string message = fmt::format(
-      "device {}: {} of a resident matrix: {}", device.ordinal,
-      kind == cudaMemcpyHostToDevice ? "upload" : "download", cudaGetErrorString(e));
+  std::string message =
+      fmt::format("device {}: {} of a resident matrix: {}", device.ordinal,
+                  kind == cudaMemcpyHostToDevice ? "upload" : "download", cudaGetErrorString(e));
   if (IsStickyError(e)) {
     MarkFailed(device, message);
     return status::DeviceFailed(message + " (the device has failed; the server must restart)");
@@ -674,8 +676,8 @@ absl::Status CudaBackend::CopyToDevice(Slot& slot, char* dst,
       }
     }
     CUDA_TRY(slot, kCopyToDevice,
-             cudaMemcpyAsync(dst + offset, slot.staging.piece(r), filled,
-                             cudaMemcpyHostToDevice, slot.stream));
+             cudaMemcpyAsync(dst + offset, slot.staging.piece(r), filled, cudaMemcpyHostToDevice,
+                             slot.stream));
     CUDA_TRY(slot, kEvent, cudaEventRecord(slot.staging.free_event(r), slot.stream));
     offset += filled;
   }
@@ -684,8 +686,8 @@ absl::Status CudaBackend::CopyToDevice(Slot& slot, char* dst,
 // Host → pinned piece → device for rows that are `dst_pitch` apart on the device (a member's
 // share of a transposed stacked A): as CopyToDevice, whole rows per piece, each piece one 2-D
 // copy. A row longer than a piece goes through the driver's own staging of pageable memory.
-absl::Status CudaBackend::CopyRowsToDevice(Slot& slot, char* dst, size_t dst_pitch,
-                                           const char* src, size_t width, size_t rows) {
+absl::Status CudaBackend::CopyRowsToDevice(Slot& slot, char* dst, size_t dst_pitch, const char* src,
+                                           size_t width, size_t rows) {
   const size_t per_piece = size_t(options_.staging_piece_bytes) / width;
   if (per_piece == 0) {
     CUDA_TRY(slot, kCopyToDevice,
@@ -707,8 +709,7 @@ absl::Status CudaBackend::CopyRowsToDevice(Slot& slot, char* dst, size_t dst_pit
 }
 
 absl::Status CudaBackend::CopyToHost(Slot& slot, char* dst, const char* src, size_t bytes,
-                                     const std::function<void(int64_t)>& progress,
-                                     double* d2h_ms) {
+                                     const std::function<void(int64_t)>& progress, double* d2h_ms) {
   return CopySpansToHost(slot, {HostSpan{dst, src, bytes}}, progress, slot.kernel_done, d2h_ms);
 }
 
@@ -793,16 +794,16 @@ absl::Status CudaBackend::CopyRowsIn(Slot& slot, const std::vector<const GemmJob
       char* to = dst + row * element;
       const size_t width = m * element, pitch = size_t(stacked_rows) * element;
       if (resident != nullptr && from != here) {  // RunBatch sends these the default's way
-        return status::BackendFailure(fmt::format(
-            "device {} stream {}: a transposed A resident on device {} in a batch", here,
-            slot.stream_id, from));
+        return status::BackendFailure(
+            fmt::format("device {} stream {}: a transposed A resident on device {} in a batch",
+                        here, slot.stream_id, from));
       }
       if (resident != nullptr || pinned) {
         CUDA_TRY(slot, kCopyToDevice,
-                 cudaMemcpy2DAsync(to, pitch, src, width, width, cols,
-                                   resident != nullptr ? cudaMemcpyDeviceToDevice
-                                                       : cudaMemcpyHostToDevice,
-                                   slot.stream));
+                 cudaMemcpy2DAsync(
+                     to, pitch, src, width, width, cols,
+                     resident != nullptr ? cudaMemcpyDeviceToDevice : cudaMemcpyHostToDevice,
+                     slot.stream));
       } else if (absl::Status s = CopyRowsToDevice(slot, to, pitch, src, width, cols); !s.ok()) {
         return s;
       }
@@ -815,14 +816,13 @@ absl::Status CudaBackend::CopyRowsIn(Slot& slot, const std::vector<const GemmJob
       } else if (absl::Status s = flush(); !s.ok()) {
         return s;
       } else if (resident != nullptr && from != here) {
-        CUDA_TRY(slot, kCopyToDevice,
-                 cudaMemcpyPeerAsync(to, here, src, from, bytes, slot.stream));
+        CUDA_TRY(slot, kCopyToDevice, cudaMemcpyPeerAsync(to, here, src, from, bytes, slot.stream));
       } else {
-        CUDA_TRY(slot, kCopyToDevice,
-                 cudaMemcpyAsync(to, src, bytes,
-                                 resident != nullptr ? cudaMemcpyDeviceToDevice
-                                                     : cudaMemcpyHostToDevice,
-                                 slot.stream));
+        CUDA_TRY(
+            slot, kCopyToDevice,
+            cudaMemcpyAsync(to, src, bytes,
+                            resident != nullptr ? cudaMemcpyDeviceToDevice : cudaMemcpyHostToDevice,
+                            slot.stream));
       }
     }
     row += m;
@@ -881,8 +881,10 @@ absl::Status CudaBackend::CheckOnHost(Slot& slot, const std::vector<CheckItem>& 
   for (const CheckItem& item : checks) {
     const verify::Form& f = item.form;
     const float* base = host.data() + (item.floats - d_verify);
-    auto row = [&](int i) { return std::vector<float>(base + f.n + 2 * f.k + i * f.m,
-                                                      base + f.n + 2 * f.k + (i + 1) * f.m); };
+    auto row = [&](int i) {
+      return std::vector<float>(base + f.n + 2 * f.k + i * f.m,
+                                base + f.n + 2 * f.k + (i + 1) * f.m);
+    };
     verify::RowSums sums{.cr = row(4), .a_sq = row(1), .c_sq = row(5)};
     const std::vector<float> ax = row(0), c_in_r = row(2);
     if (f.beta != 0) sums.c_in_sq = row(3);
@@ -892,9 +894,9 @@ absl::Status CudaBackend::CheckOnHost(Slot& slot, const std::vector<CheckItem>& 
     }
     for (int64_t l = 0; l < f.k; ++l) sums.b_sq += base[f.n + f.k + l];
     if (std::string failed = verify::CheckRows(f, sums); !failed.empty()) {
-      report->verify_failure = fmt::format("problem {}, repetition {} of {}: {}", item.problem,
-                                           item.repetition + 1, checks.back().repetition + 1,
-                                           failed);
+      report->verify_failure =
+          fmt::format("problem {}, repetition {} of {}: {}", item.problem, item.repetition + 1,
+                      checks.back().repetition + 1, failed);
       break;
     }
     repetitions = item.repetition + 1;
@@ -931,7 +933,8 @@ absl::Status CudaBackend::Run(int slot_index, const GemmJob& job, GemmReport* re
   Device& device = *slots_[slot_index]->device;
   for (const ResidentBuffer* r :
        {job.a_resident.get(), job.b_resident.get(), job.c_in_resident.get(), job.c_device.get()}) {
-    if (r != nullptr && !devices_[r->device_index]->healthy) return Refused(*devices_[r->device_index]);
+    if (r != nullptr && !devices_[r->device_index]->healthy)
+      return Refused(*devices_[r->device_index]);
   }
   if (!device.healthy) return Refused(device);
   absl::Status s = RunOnSlot(slot_index, job, report);
@@ -1003,9 +1006,9 @@ absl::Status CudaBackend::RunOnSlot(int slot_index, const GemmJob& job, GemmRepo
   const size_t b_space = b_here ? 0 : k::AlignUp(b_bytes);
   // C straight into a client's device memory (CUDA IPC): only on its own device.
   if (job.c_device && job.c_device->device_index != here) {
-    return status::FailedPrecondition(fmt::format(
-        "C's CUDA IPC memory is on device {}, not on device {} that runs the GEMM",
-        devices_[job.c_device->device_index]->ordinal, device.ordinal));
+    return status::FailedPrecondition(
+        fmt::format("C's CUDA IPC memory is on device {}, not on device {} that runs the GEMM",
+                    devices_[job.c_device->device_index]->ordinal, device.ordinal));
   }
   const bool c_on_device = job.keep_c || job.c_device;
   const size_t c_space = c_on_device ? 0 : k::AlignUp(c_bytes);
@@ -1016,8 +1019,7 @@ absl::Status CudaBackend::RunOnSlot(int slot_index, const GemmJob& job, GemmRepo
   const bool scaled = job.Scaled();
   const size_t c_elements = size_t(c_bytes) / size_t(ElementBytes(shape.c_type));
   const size_t t_bytes = c_elements * sizeof(float);
-  const size_t t_space =
-      scaled && shape.c_type != ElementType::kFp32 ? k::AlignUp(t_bytes) : 0;
+  const size_t t_space = scaled && shape.c_type != ElementType::kFp32 ? k::AlignUp(t_bytes) : 0;
   const size_t c_in_bytes = shape.CInBytes();
   const bool c_in_here = job.c_in_resident && job.c_in_resident->device_index == here;
   const size_t c_in_space = c_in_bytes == 0 || c_in_here ? 0 : k::AlignUp(c_in_bytes);
@@ -1028,8 +1030,8 @@ absl::Status CudaBackend::RunOnSlot(int slot_index, const GemmJob& job, GemmRepo
   for (const ProblemDims& p : problems) verify_floats += CheckItem::Floats(p);
   const size_t verify_space =
       repetitions > 0 ? k::AlignUp(size_t(repetitions) * verify_floats * sizeof(float)) : 0;
-  if (absl::Status s = EnsureCapacity(
-          slot, a_space + b_space + c_space + t_space + c_in_space + verify_space);
+  if (absl::Status s =
+          EnsureCapacity(slot, a_space + b_space + c_space + t_space + c_in_space + verify_space);
       !s.ok()) {
     return s;
   }
@@ -1042,14 +1044,13 @@ absl::Status CudaBackend::RunOnSlot(int slot_index, const GemmJob& job, GemmRepo
   for (size_t i = 0; batch != nullptr && i < batch->members->size(); ++i) {
     const GemmJob& member = *(*batch->members)[i];
     if (member.c_device && member.c_device->device_index != here) {
-      (*batch->statuses)[i] = status::FailedPrecondition(fmt::format(
-          "C's CUDA IPC memory is on device {}, not on device {} that runs the GEMM",
-          devices_[member.c_device->device_index]->ordinal, device.ordinal));
+      (*batch->statuses)[i] = status::FailedPrecondition(
+          fmt::format("C's CUDA IPC memory is on device {}, not on device {} that runs the GEMM",
+                      devices_[member.c_device->device_index]->ordinal, device.ordinal));
     } else if (member.c_device) {
       b_sides_.Forget(member.c_device.get());
     } else if (member.keep_c) {
-      (*batch->statuses)[i] =
-          AllocateResident(here, member.shape.CBytes(), &(*batch->kept_c)[i]);
+      (*batch->statuses)[i] = AllocateResident(here, member.shape.CBytes(), &(*batch->kept_c)[i]);
     }
   }
   char* d_a = a_here ? static_cast<char*>(job.a_resident->data) : slot.device_buffer;
@@ -1178,8 +1179,8 @@ absl::Status CudaBackend::RunOnSlot(int slot_index, const GemmJob& job, GemmRepo
                    job.pinned.c_in, stacked ? Source::kMembersCIn : Source::kJob}}) {
     if (here_already || bytes == 0) continue;
     if (source != Source::kJob) {
-      if (absl::Status s = CopyRowsIn(slot, *batch->members, source == Source::kMembersCIn,
-                                      shape.m, dst);
+      if (absl::Status s =
+              CopyRowsIn(slot, *batch->members, source == Source::kMembersCIn, shape.m, dst);
           !s.ok()) {
         return s;
       }
@@ -1199,7 +1200,7 @@ absl::Status CudaBackend::RunOnSlot(int slot_index, const GemmJob& job, GemmRepo
   // The check's side that reads A, B and C_in runs beside the GEMM (slot.check_stream), or
   // before it where it reads C_in, which may be C's memory.
   const bool check_beside = job.beta == 0;
-  cudaStream_t check_stream = check_beside ? slot.check_stream : check_stream;
+  cudaStream_t check_stream = check_beside ? slot.check_stream : slot.stream;
   std::vector<CheckItem> checks;
   std::vector<std::shared_ptr<const DeviceBSide>> b_sides;  // held until the check is done
   if (repetitions > 0) {
@@ -1208,6 +1209,15 @@ absl::Status CudaBackend::RunOnSlot(int slot_index, const GemmJob& job, GemmRepo
     const bool cache_b = b_here && problems.size() == 1 && !job.stay_on_device;
     float* floats = d_verify;
     if (check_beside) CUDA_TRY(slot, kEvent, cudaStreamWaitEvent(check_stream, slot.h2d_done, 0));
+    // First every vector r, then the passes over B, A and C_in: the C pass on the GEMM's stream
+    // reads the r's and waits for them alone (r_ready), not for the passes. Per check: the B
+    // side kept with B, or one drawn here to keep (cache_b), or neither.
+    struct BSideOf {
+      verify::ResidentBCache<DeviceBSide>::Key key;
+      std::shared_ptr<const DeviceBSide> kept;
+      std::shared_ptr<DeviceBSide> drawn;
+    };
+    std::vector<BSideOf> sides;
     for (int rep = 0; rep < repetitions; ++rep) {
       size_t a_offset = 0, b_offset = 0, c_offset = 0;  // bytes
       for (size_t i = 0; i < problems.size(); ++i) {
@@ -1232,40 +1242,50 @@ absl::Status CudaBackend::RunOnSlot(int slot_index, const GemmJob& job, GemmRepo
         if (cache_b) kept = b_sides_.Find(job.b_resident, key);
         const uint64_t seed = kept ? kept->seed : verify::FreshSeed();
         CUDA_TRY(slot, kLaunch, LaunchGaussianVector(seed, f.n, item.r(), check_stream));
-        if (kept) {
-          CUDA_TRY(slot, kEvent, cudaStreamWaitEvent(check_stream, kept->ready, 0));
-        } else if (cache_b) {
-          auto side = std::make_shared<DeviceBSide>();
-          side->seed = seed;
-          CUDA_TRY(slot, kDeviceAlloc, cudaMalloc(&side->x, 2 * size_t(f.k) * sizeof(float)));
-          CUDA_TRY(slot, kEvent, cudaEventCreateWithFlags(&side->ready, cudaEventDisableTiming));
-          CUDA_TRY(slot, kLaunch,
-                   LaunchVerifyMatVec(item.b, f.ab_type, f.k, f.n, f.transpose_b, item.r(),
-                                      side->x, side->x + f.k, check_stream));
-          CUDA_TRY(slot, kEvent, cudaEventRecord(side->ready, check_stream));
-          b_sides_.Put(job.b_resident, key, side);
-          kept = side;
-        } else {
-          CUDA_TRY(slot, kLaunch,
-                   LaunchVerifyMatVec(item.b, f.ab_type, f.k, f.n, f.transpose_b, item.r(),
-                                      item.own_x(), item.b_sq(), check_stream));
-        }
-        if (kept) {  // its squares come back with the rest
-          item.x = kept->x;
-          CUDA_TRY(slot, kCopyToDevice,
-                   cudaMemcpyAsync(item.b_sq(), kept->x + f.k, size_t(f.k) * sizeof(float),
-                                   cudaMemcpyDeviceToDevice, check_stream));
-          b_sides.push_back(kept);
-        }
-        CUDA_TRY(slot, kLaunch,
-                 LaunchVerifyMatVec(item.a, f.ab_type, f.m, f.k, f.transpose_a, item.x,
-                                    item.row(0), item.row(1), check_stream));
-        if (f.beta != 0) {
-          CUDA_TRY(slot, kLaunch,
-                   LaunchVerifyMatVec(item.c_in, f.c_type, f.m, f.n, false, item.r(), item.row(2),
-                                      item.row(3), check_stream));
+        BSideOf side{.key = key, .kept = kept};
+        if (!kept && cache_b) {
+          side.drawn = std::make_shared<DeviceBSide>();
+          side.drawn->seed = seed;
         }
         checks.push_back(item);
+        sides.push_back(std::move(side));
+      }
+    }
+    CUDA_TRY(slot, kEvent, cudaEventRecord(slot.r_ready, check_stream));
+    for (size_t c = 0; c < checks.size(); ++c) {
+      CheckItem& item = checks[c];
+      const verify::Form& f = item.form;
+      std::shared_ptr<const DeviceBSide> kept = sides[c].kept;
+      if (kept) {
+        CUDA_TRY(slot, kEvent, cudaStreamWaitEvent(check_stream, kept->ready, 0));
+      } else if (const std::shared_ptr<DeviceBSide>& side = sides[c].drawn) {
+        CUDA_TRY(slot, kDeviceAlloc, cudaMalloc(&side->x, 2 * size_t(f.k) * sizeof(float)));
+        CUDA_TRY(slot, kEvent, cudaEventCreateWithFlags(&side->ready, cudaEventDisableTiming));
+        CUDA_TRY(slot, kLaunch,
+                 LaunchVerifyMatVec(item.b, f.ab_type, f.k, f.n, f.transpose_b, item.r(), side->x,
+                                    side->x + f.k, check_stream));
+        CUDA_TRY(slot, kEvent, cudaEventRecord(side->ready, check_stream));
+        b_sides_.Put(job.b_resident, sides[c].key, side);
+        kept = side;
+      } else {
+        CUDA_TRY(slot, kLaunch,
+                 LaunchVerifyMatVec(item.b, f.ab_type, f.k, f.n, f.transpose_b, item.r(),
+                                    item.own_x(), item.b_sq(), check_stream));
+      }
+      if (kept) {  // its squares come back with the rest
+        item.x = kept->x;
+        CUDA_TRY(slot, kCopyToDevice,
+                 cudaMemcpyAsync(item.b_sq(), kept->x + f.k, size_t(f.k) * sizeof(float),
+                                 cudaMemcpyDeviceToDevice, check_stream));
+        b_sides.push_back(kept);
+      }
+      CUDA_TRY(slot, kLaunch,
+               LaunchVerifyMatVec(item.a, f.ab_type, f.m, f.k, f.transpose_a, item.x, item.row(0),
+                                  item.row(1), check_stream));
+      if (f.beta != 0) {
+        CUDA_TRY(slot, kLaunch,
+                 LaunchVerifyMatVec(item.c_in, f.c_type, f.m, f.n, false, item.r(), item.row(2),
+                                    item.row(3), check_stream));
       }
     }
     CUDA_TRY(slot, kEvent, cudaEventRecord(slot.verify_prepared, check_stream));
@@ -1279,10 +1299,10 @@ absl::Status CudaBackend::RunOnSlot(int slot_index, const GemmJob& job, GemmRepo
   for (size_t i = 0; i < (one_grouped_launch ? 1 : items.size()); ++i) {
     const k::VariantInfo& launched = one_grouped_launch ? *variant : *variants[i];
     const cudaError_t injected = HGEMM_CUDA(kLaunch, cudaSuccess);  // cudaSuccess in release
-    if (std::string error =
-            injected != cudaSuccess ? std::string("launch refused")
-            : one_grouped_launch    ? k::LaunchGrouped(launched, items, *slot.launch_context)
-                                    : k::Launch(launched, items[i], *slot.launch_context);
+    if (std::string error = injected != cudaSuccess ? std::string("launch refused")
+                            : one_grouped_launch
+                                ? k::LaunchGrouped(launched, items, *slot.launch_context)
+                                : k::Launch(launched, items[i], *slot.launch_context);
         !error.empty()) {
       cudaError_t e = injected != cudaSuccess ? injected : cudaPeekAtLastError();
       return Fail(slot, e == cudaSuccess ? cudaErrorUnknown : e,
@@ -1301,12 +1321,14 @@ absl::Status CudaBackend::RunOnSlot(int slot_index, const GemmJob& job, GemmRepo
   }
 #endif
   CUDA_TRY(slot, kEvent, cudaEventRecord(slot.kernel_done, slot.stream));
-  // The check's C side, where the GEMM left C, before C leaves the device; then the side that
-  // ran beside the GEMM is waited for.
+  // The check's C side, where the GEMM left C, before C leaves the device (once its r's are
+  // drawn: a short GEMM can end before the side stream has run); then the side that ran beside
+  // the GEMM is waited for.
+  if (!checks.empty()) CUDA_TRY(slot, kEvent, cudaStreamWaitEvent(slot.stream, slot.r_ready, 0));
   for (const CheckItem& item : checks) {
     CUDA_TRY(slot, kLaunch,
-             LaunchVerifyMatVec(item.c, item.form.c_type, item.form.m, item.form.n, false,
-                                item.r(), item.row(4), item.row(5), slot.stream));
+             LaunchVerifyMatVec(item.c, item.form.c_type, item.form.m, item.form.n, false, item.r(),
+                                item.row(4), item.row(5), slot.stream));
   }
   if (repetitions > 0) {
     CUDA_TRY(slot, kEvent, cudaStreamWaitEvent(slot.stream, slot.verify_prepared, 0));
@@ -1329,18 +1351,16 @@ absl::Status CudaBackend::RunOnSlot(int slot_index, const GemmJob& job, GemmRepo
   } else if (c_on_device) {
     CUDA_TRY(slot, kEvent, WaitForKernel(slot, double(shape.Flops())));
   } else {
-    absl::Status s =
-        job.pinned.c
-            ? CopyToPinnedHost(slot, reinterpret_cast<char*>(job.c), d_c, c_bytes, job.c_progress,
-                               &d2h_ms)
-            : CopyToHost(slot, reinterpret_cast<char*>(job.c), d_c, c_bytes, job.c_progress,
-                         &d2h_ms);
+    absl::Status s = job.pinned.c ? CopyToPinnedHost(slot, reinterpret_cast<char*>(job.c), d_c,
+                                                     c_bytes, job.c_progress, &d2h_ms)
+                                  : CopyToHost(slot, reinterpret_cast<char*>(job.c), d_c, c_bytes,
+                                               job.c_progress, &d2h_ms);
     if (!s.ok()) return s;
   }
   if (repetitions > 0 && batch == nullptr) {
     CUDA_TRY(slot, kEvent, cudaEventSynchronize(slot.verify_done));
-    if (absl::Status s = CheckOnHost(slot, checks, d_verify, verify_floats * repetitions,
-                                 check_beside, report);
+    if (absl::Status s =
+            CheckOnHost(slot, checks, d_verify, verify_floats * repetitions, check_beside, report);
         !s.ok()) {
       return s;
     }

@@ -1,5 +1,6 @@
 // The CUDA backend on a real GPU: every kernel, both accumulations, odd shapes, concurrent
-// slots, buffer growth, alpha/beta with C_in, batched and grouped. Skips when no usable GPU is present.
+// slots, buffer growth, alpha/beta with C_in, batched and grouped. Skips when no usable GPU is
+// present.
 #include "server/backend/cuda_backend.h"
 
 #include <cuda_runtime.h>
@@ -97,8 +98,8 @@ TEST_F(CudaBackendTest, EveryKernelBothAccumulationsOddShapes) {
         if (refused) {  // only aligned-shape kernels may refuse, and never an aligned shape,
                         // except those made for skinny M alone: the split-K wrappers
                         // (M <= 256) and skinny_m16 (M <= 16)
-          const bool skinny_only = (kernel.rfind("splitk", 0) == 0 && m > 256) ||
-                                   (kernel == "skinny_m16" && m > 16);
+          const bool skinny_only =
+              (kernel.rfind("splitk", 0) == 0 && m > 256) || (kernel == "skinny_m16" && m > 16);
           EXPECT_TRUE(kernel != "auto" && kernel != "cublas" && (n % 8 != 0 || skinny_only))
               << kernel << " " << m << "x" << n << "x" << k;
           continue;
@@ -251,11 +252,13 @@ void ExpectScaledSweepMatchesFloat64(Backend& backend) {
       const bool ta = layout >= 2, tb = layout % 2 == 1;
       for (v1::DataType ab : {v1::DATA_TYPE_FP16, v1::DATA_TYPE_BF16}) {
         for (v1::DataType c_type : {ab, v1::DATA_TYPE_FP32}) {
-          const ElementType ab_type = ab == v1::DATA_TYPE_BF16 ? ElementType::kBf16 : ElementType::kFp16;
+          const ElementType ab_type =
+              ab == v1::DATA_TYPE_BF16 ? ElementType::kBf16 : ElementType::kFp16;
           const ElementType c_elem = c_type == v1::DATA_TYPE_FP32 ? ElementType::kFp32 : ab_type;
           if ((kernel.scaled_types & TypesBit(ab_type, c_elem)) == 0) continue;
           for (auto [m, n, k, alpha, beta, resident] :
-               {std::tuple{33, 65, 17, 0.5f, -1.5f, false}, std::tuple{255, 256, 104, 2.0f, 0.0f, false},
+               {std::tuple{33, 65, 17, 0.5f, -1.5f, false},
+                std::tuple{255, 256, 104, 2.0f, 0.0f, false},
                 std::tuple{128, 200, 64, 0.0f, 2.0f, true}}) {
             v1::GemmRequest r = FormRequest(m, n, k, ta, tb, ab, c_type, rng);
             r.set_alpha(alpha);
@@ -266,8 +269,8 @@ void ExpectScaledSweepMatchesFloat64(Backend& backend) {
               r.set_c_in(std::string(MatrixBytes(m, n, c_elem), '\xFF'));  // NaN, never read
             }
             GemmJob job;
-            job.shape = {.m = m, .n = n, .k = k, .ab_type = ab_type, .c_type = c_elem,
-                         .c_input = beta != 0};
+            job.shape = {
+                .m = m, .n = n, .k = k, .ab_type = ab_type, .c_type = c_elem, .c_input = beta != 0};
             job.kernel = kernel.name;
             job.transpose_a = ta;
             job.transpose_b = tb;
@@ -278,8 +281,9 @@ void ExpectScaledSweepMatchesFloat64(Backend& backend) {
             job.c_in = r.c_in().data();
             if (resident) {
               ASSERT_TRUE(backend.AllocateResident(0, r.c_in().size(), &job.c_in_resident).ok());
-              ASSERT_TRUE(backend.WriteResident(*job.c_in_resident, 0, r.c_in().data(),
-                                                  r.c_in().size()).ok());
+              ASSERT_TRUE(
+                  backend.WriteResident(*job.c_in_resident, 0, r.c_in().data(), r.c_in().size())
+                      .ok());
               job.c_in = nullptr;
             }
             std::string c(job.shape.CBytes(), '\xFF');
@@ -322,9 +326,9 @@ TEST_F(CudaBackendTest, ScaledFusedEveryKernelLayoutAndTypeMatchesFloat64) {
       MakeCudaBackend({.devices = {0}, .streams_per_device = 2, .fused_scale = true}, &error);
   ASSERT_NE(fused, nullptr) << error;
   const std::vector<KernelDescription> kernels = fused->Kernels();
-  EXPECT_TRUE(std::any_of(kernels.begin(), kernels.end(),
-                          [](const KernelDescription& k) { return k.fused_scale; }))
-      << "no kernel fuses alpha/beta";
+  EXPECT_TRUE(std::any_of(kernels.begin(), kernels.end(), [](const KernelDescription& k) {
+    return k.fused_scale;
+  })) << "no kernel fuses alpha/beta";
   ExpectScaledSweepMatchesFloat64(*fused);
 }
 
@@ -338,8 +342,8 @@ TEST_F(CudaBackendTest, PinnedHostMemoryGoesByDmaWithoutStaging) {
   const int64_t a_bytes = m * k * 2, b_bytes = k * n * 2, c_bytes = m * n * 2;
   const int64_t bytes = a_bytes + b_bytes + c_bytes;
   // A mapping as a region's: page-aligned, MAP_SHARED.
-  void* base = mmap(nullptr, size_t(bytes), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS,
-                    -1, 0);
+  void* base =
+      mmap(nullptr, size_t(bytes), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
   ASSERT_NE(base, MAP_FAILED);
   char* mem = static_cast<char*>(base);
   std::function<void()> unpin;
@@ -404,9 +408,12 @@ TEST_F(CudaBackendTest, BatchedGemmsMatchFloat64) {
       r.set_beta(beta);
       if (beta != 0) SetRandomCIn(&r, rng);
       GemmJob job;
-      job.shape = {.m = m, .n = n, .k = k,
+      job.shape = {.m = m,
+                   .n = n,
+                   .k = k,
                    .c_type = c_type == v1::DATA_TYPE_FP32 ? ElementType::kFp32 : ElementType::kFp16,
-                   .c_input = beta != 0, .batch = batch};
+                   .c_input = beta != 0,
+                   .batch = batch};
       job.transpose_b = true;
       job.a = reinterpret_cast<const uint16_t*>(r.a().data());
       job.b = reinterpret_cast<const uint16_t*>(r.b().data());
@@ -469,7 +476,7 @@ TEST_F(CudaBackendTest, PiecesLandOneAfterTheOther) {
   ASSERT_TRUE(backend_->WriteResident(*buffer, 0, poison.data(), buffer->bytes).ok());
   std::mt19937_64 rng(5);
   std::string bytes(300000, '\0');
-  for (char& c : bytes) c = char(rng() | 1);  // never all zeros
+  for (char& c : bytes) c = char(rng() | 1);                           // never all zeros
   for (size_t slice : {size_t{300000}, size_t{8192}, size_t{1000}}) {  // one piece, and many
     std::vector<std::string_view> pieces;
     for (size_t at = 0; at < bytes.size(); at += slice) {
@@ -478,8 +485,8 @@ TEST_F(CudaBackendTest, PiecesLandOneAfterTheOther) {
     const int64_t offset = 4096 + int64_t(slice);
     ASSERT_TRUE(backend_->WriteResidentPieces(*buffer, offset, pieces).ok());
     std::string stored(bytes.size(), '\0');
-    ASSERT_TRUE(backend_->ReadResidentRange(*buffer, offset, int64_t(bytes.size()), stored.data())
-                    .ok());
+    ASSERT_TRUE(
+        backend_->ReadResidentRange(*buffer, offset, int64_t(bytes.size()), stored.data()).ok());
     EXPECT_EQ(stored, bytes) << slice;
     std::string before(4096, '\0');
     ASSERT_TRUE(backend_->ReadResidentRange(*buffer, 0, 4096, before.data()).ok());
@@ -493,14 +500,12 @@ TEST_F(CudaBackendTest, PiecesLandOneAfterTheOther) {
 // run alone).
 TEST_F(CudaBackendTest, RunBatchGivesEveryMemberItsOwnC) {
   std::mt19937_64 rng(61);
-  const GemmForm forms[] = {{},
-                            {.transpose_b = true},
-                            {.transpose_a = true, .bf16 = true, .c_fp32 = true}};
+  const GemmForm forms[] = {
+      {}, {.transpose_b = true}, {.transpose_a = true, .bf16 = true, .c_fp32 = true}};
   for (const GemmForm& form : forms) {
     for (auto [alpha, beta] : {std::pair{1.0f, 0.0f}, std::pair{0.5f, -2.0f}}) {
-      SCOPED_TRACE(::testing::Message() << "ta=" << form.transpose_a << " tb="
-                                        << form.transpose_b << " bf16=" << form.bf16
-                                        << " beta=" << beta);
+      SCOPED_TRACE(::testing::Message() << "ta=" << form.transpose_a << " tb=" << form.transpose_b
+                                        << " bf16=" << form.bf16 << " beta=" << beta);
       SharedB b(backend_, 2048, 2048, form, rng);
       std::vector<std::unique_ptr<RowsGemm>> members;
       const std::vector<std::pair<int64_t, CSink>> rows = {
@@ -532,8 +537,7 @@ TEST_F(CudaBackendTest, RunBatchGivesEveryMemberItsOwnC) {
 class PinnedBuffer {
  public:
   PinnedBuffer(Backend* backend, size_t bytes) : bytes_(WholePages(bytes)) {
-    void* base =
-        mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    void* base = mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     EXPECT_NE(base, MAP_FAILED);
     if (base == MAP_FAILED) return;
     data_ = static_cast<char*>(base);
@@ -575,21 +579,20 @@ enum class Source {
 // starts poisoned and must match the fp32 reference within the service's tolerance.
 TEST_F(CudaBackendTest, RunBatchCopiesEveryMembersRowsStraightToAndFromItsOwnMemory) {
   std::string error;
-  std::unique_ptr<Backend> small_pieces =
-      MakeCudaBackend({.streams_per_device = 1,
-                       .preallocate_bytes_per_stream = 1 << 20,
-                       .device_memory_fraction = 0.1,
-                       .staging_piece_bytes = 96,
-                       .staging_buffers = 2},
-                      &error);
+  std::unique_ptr<Backend> small_pieces = MakeCudaBackend({.streams_per_device = 1,
+                                                           .preallocate_bytes_per_stream = 1 << 20,
+                                                           .device_memory_fraction = 0.1,
+                                                           .staging_piece_bytes = 96,
+                                                           .staging_buffers = 2},
+                                                          &error);
   ASSERT_NE(small_pieces, nullptr) << error;
   struct Plan {
     int64_t m;
     Source a;
     CSink sink;
-    bool pinned_c;   // a kHost sink in pinned memory
-    Source c_in;     // with beta ≠ 0
-    bool in_place;   // C_in is C's own host memory (kHost, beta ≠ 0)
+    bool pinned_c;  // a kHost sink in pinned memory
+    Source c_in;    // with beta ≠ 0
+    bool in_place;  // C_in is C's own host memory (kHost, beta ≠ 0)
   };
   const std::vector<Plan> plans = {
       {1, Source::kHost, CSink::kHost, false, Source::kHost, false},
@@ -644,8 +647,7 @@ TEST_F(CudaBackendTest, RunBatchCopiesEveryMembersRowsStraightToAndFromItsOwnMem
           move(plan.a, &a, &job.pinned.a, &job.a_resident, job.shape.ABytes());
           job.a = static_cast<const uint16_t*>(a);
           if (beta != 0 && !plan.in_place) {
-            move(plan.c_in, &job.c_in, &job.pinned.c_in, &job.c_in_resident,
-                 job.shape.CInBytes());
+            move(plan.c_in, &job.c_in, &job.pinned.c_in, &job.c_in_resident, job.shape.CInBytes());
           }
           if (plan.pinned_c) {
             pinned.push_back(std::make_unique<PinnedBuffer>(backend, job.shape.CBytes()));

@@ -20,8 +20,8 @@ void CudaAllocator::Free(void* data) {
   cudaFree(data);
 }
 
-std::string CudaDevice::Open(int ordinal, int device_index, double memory_fraction,
-                             int required_sm, std::unique_ptr<CudaDevice>* out) {
+std::string CudaDevice::Open(int ordinal, int device_index, double memory_fraction, int required_sm,
+                             std::unique_ptr<CudaDevice>* out) {
   auto device = std::make_unique<CudaDevice>(ordinal);
   if (cudaError_t e = cudaGetDeviceProperties(&device->props, ordinal); e != cudaSuccess) {
     return fmt::format("cudaGetDeviceProperties({}): {}", ordinal, cudaGetErrorString(e));

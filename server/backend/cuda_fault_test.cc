@@ -244,10 +244,9 @@ class CudaBatchFaultTest : public CudaFaultTest {
     b_ = std::make_unique<SharedB>(backend_.get(), kN, kK, GemmForm{}, rng);
     members_.clear();
     jobs_.clear();
-    for (auto [m, sink] : {std::pair{7, CSink::kHost}, std::pair{2, middle_sink},
-                           std::pair{9, CSink::kHost}}) {
-      members_.push_back(std::make_unique<RowsGemm>(backend_.get(), *b_, m, rng, 1.0f, 0.0f,
-                                                    sink));
+    for (auto [m, sink] :
+         {std::pair{7, CSink::kHost}, std::pair{2, middle_sink}, std::pair{9, CSink::kHost}}) {
+      members_.push_back(std::make_unique<RowsGemm>(backend_.get(), *b_, m, rng, 1.0f, 0.0f, sink));
       members_.back()->job.verify_repetitions = 2;
       jobs_.push_back(&members_.back()->job);
     }
@@ -273,8 +272,7 @@ TEST_F(CudaBatchFaultTest, CheckFailureWritesNoSink) {
     if (corrupted) {
       FaultInjector::Global().ArmCorruptOutput([](cudaStream_t stream, void* c, int64_t) {
         for (int64_t col = 0; col < 8; ++col) {
-          ASSERT_EQ(LaunchXorWord(stream, static_cast<uint16_t*>(c) + 8 * kN + 5 * col, 2,
-                                  0x4000u),
+          ASSERT_EQ(LaunchXorWord(stream, static_cast<uint16_t*>(c) + 8 * kN + 5 * col, 2, 0x4000u),
                     cudaSuccess);
         }
       });

@@ -15,17 +15,17 @@ std::string CudaSlot::Init(int staging_buffers, int64_t staging_piece_bytes,
     error = CheckCuda(cudaStreamCreateWithFlags(&check_stream, cudaStreamNonBlocking), ordinal,
                       "cudaStreamCreate");
   }
-  for (cudaEvent_t* e : {&start, &h2d_done, &kernel_done, &d2h_done, &verify_prepared,
-                         &verify_done, &rows_out_start}) {
+  for (cudaEvent_t* e : {&start, &h2d_done, &kernel_done, &d2h_done, &verify_prepared, &verify_done,
+                         &r_ready, &rows_out_start}) {
     if (error.empty()) {
-      error = CheckCuda(cudaEventCreateWithFlags(e, cudaEventBlockingSync), ordinal,
-                        "cudaEventCreate");
+      error =
+          CheckCuda(cudaEventCreateWithFlags(e, cudaEventBlockingSync), ordinal, "cudaEventCreate");
     }
   }
   if (error.empty()) error = staging.Init(staging_buffers, staging_piece_bytes, stream, ordinal);
   if (error.empty() && !device->memory->Reserve(preallocate_bytes)) {
-    error = fmt::format("device {}: --preallocate_bytes_per_stream passes the memory budget",
-                        ordinal);
+    error =
+        fmt::format("device {}: --preallocate_bytes_per_stream passes the memory budget", ordinal);
   }
   if (error.empty()) {
     error = CheckCuda(cudaMalloc(&device_buffer, preallocate_bytes), ordinal, "cudaMalloc");
@@ -42,8 +42,8 @@ CudaSlot::~CudaSlot() {
   launch_context.reset();  // before the stream it is bound to
   cudaFree(device_buffer);
   device->memory->Unreserve(device_capacity);
-  for (cudaEvent_t e :
-       {start, h2d_done, kernel_done, d2h_done, verify_prepared, verify_done, rows_out_start}) {
+  for (cudaEvent_t e : {start, h2d_done, kernel_done, d2h_done, verify_prepared, verify_done,
+                        r_ready, rows_out_start}) {
     if (e != nullptr) cudaEventDestroy(e);
   }
   if (stream != nullptr) cudaStreamDestroy(stream);

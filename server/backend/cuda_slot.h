@@ -40,14 +40,16 @@ struct CudaSlot {
   // path. Waits for `h2d_done`; `stream` waits for its `verify_prepared` before the C side ends.
   cudaStream_t check_stream = nullptr;
   std::unique_ptr<kernels::LaunchContext> launch_context;  // bound to `stream`
-  char* device_buffer = nullptr;  // A | B | C, each 256-byte aligned
-  size_t device_capacity = 0;     // bytes of device_buffer, claimed in the device's budget
+  char* device_buffer = nullptr;                           // A | B | C, each 256-byte aligned
+  size_t device_capacity = 0;  // bytes of device_buffer, claimed in the device's budget
   PinnedStagingRing staging;
   cudaEvent_t start = nullptr, h2d_done = nullptr, kernel_done = nullptr, d2h_done = nullptr;
   // Around the passes of a Freivalds check (GemmJob::verify_repetitions): after those that
   // read no C (on check_stream, or before the GEMM on `stream` where C_in is read: it may be
   // C's memory), after those that read C.
   cudaEvent_t verify_prepared = nullptr, verify_done = nullptr;
+  // On check_stream once the check's vectors r are drawn: the C pass on `stream` reads them.
+  cudaEvent_t r_ready = nullptr;
   // Recorded before a batch's rows of C leave for the members' sinks (after the batch's
   // check, which may come between its kernel and its copies): where its D2H time starts.
   cudaEvent_t rows_out_start = nullptr;

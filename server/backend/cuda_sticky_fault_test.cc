@@ -22,9 +22,8 @@ namespace {
 
 TEST(CudaStickyFault, TheDeviceIsFailedAndNothingAfterTheFaultIsReturned) {
   std::string error;
-  std::unique_ptr<Backend> backend =
-      MakeFaultInjectingCudaBackend({.streams_per_device = 4, .device_memory_fraction = 0.3},
-                                    &error);
+  std::unique_ptr<Backend> backend = MakeFaultInjectingCudaBackend(
+      {.streams_per_device = 4, .device_memory_fraction = 0.3}, &error);
   if (backend == nullptr) GTEST_SKIP() << "no usable GPU: " << error;
 
   // Before: right answers on every slot, and a resident matrix and a kept C on the device.
@@ -58,9 +57,8 @@ TEST(CudaStickyFault, TheDeviceIsFailedAndNothingAfterTheFaultIsReturned) {
     });
   }
   std::this_thread::sleep_for(std::chrono::milliseconds(200));  // the others are busy
-  FaultInjector::Global().ArmAfterLaunch([](cudaStream_t stream) {
-    ASSERT_EQ(LaunchIllegalAddressWrite(stream), cudaSuccess);
-  });
+  FaultInjector::Global().ArmAfterLaunch(
+      [](cudaStream_t stream) { ASSERT_EQ(LaunchIllegalAddressWrite(stream), cudaSuccess); });
   RandomGemm victim(1000, 1000, 1000, 99);
   faulted = true;
   absl::Status s = victim.Run(*backend, 0);

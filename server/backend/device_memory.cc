@@ -33,10 +33,12 @@ absl::Status DeviceMemory::AllocateResident(int64_t bytes,
   void* data = TakeCached(size);
   if (data == nullptr) {
     if (!Reserve(size)) {
-      return status::OverLimit("device_memory", fmt::format(
-          "{} more bytes would pass device {}'s memory budget ({} of {} in use by streams and "
-          "resident matrices)",
-          size, ordinal_, used_bytes(), budget_bytes_));
+      return status::OverLimit(
+          "device_memory",
+          fmt::format(
+              "{} more bytes would pass device {}'s memory budget ({} of {} in use by streams and "
+              "resident matrices)",
+              size, ordinal_, used_bytes(), budget_bytes_));
     }
     std::string error;
     data = allocator_->Allocate(size, &error);

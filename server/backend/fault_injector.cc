@@ -9,12 +9,18 @@ namespace hgemm {
 
 const char* FaultSiteName(FaultSite site) {
   switch (site) {
-    case FaultSite::kDeviceAlloc: return "device_alloc";
-    case FaultSite::kCopyToDevice: return "copy_to_device";
-    case FaultSite::kCopyToHost: return "copy_to_host";
-    case FaultSite::kLaunch: return "launch";
-    case FaultSite::kEvent: return "event";
-    case FaultSite::kStream: return "stream";
+    case FaultSite::kDeviceAlloc:
+      return "device_alloc";
+    case FaultSite::kCopyToDevice:
+      return "copy_to_device";
+    case FaultSite::kCopyToHost:
+      return "copy_to_host";
+    case FaultSite::kLaunch:
+      return "launch";
+    case FaultSite::kEvent:
+      return "event";
+    case FaultSite::kStream:
+      return "stream";
   }
   return "unknown";
 }
@@ -40,8 +46,8 @@ void FaultInjector::ArmAfterLaunch(std::function<void(cudaStream_t)> launch, int
   armed_ = true;
 }
 
-void FaultInjector::ArmCorruptOutput(
-    std::function<void(cudaStream_t, void*, int64_t)> corrupt, int count) {
+void FaultInjector::ArmCorruptOutput(std::function<void(cudaStream_t, void*, int64_t)> corrupt,
+                                     int count) {
   std::lock_guard<std::mutex> lock(mu_);
   corrupt_output_ = std::move(corrupt);
   corrupt_output_count_ = count;

@@ -88,9 +88,9 @@ class FaultInjector {
   };
   std::atomic<bool> armed_{false};  // anything armed: the fast path skips the mutex
   mutable std::mutex mu_;
-  std::array<Armed, kNumFaultSites> sites_;            // guarded by mu_
-  std::function<void(cudaStream_t)> after_launch_;    // guarded by mu_
-  int after_launch_skip_ = 0;                         // guarded by mu_
+  std::array<Armed, kNumFaultSites> sites_;                           // guarded by mu_
+  std::function<void(cudaStream_t)> after_launch_;                    // guarded by mu_
+  int after_launch_skip_ = 0;                                         // guarded by mu_
   std::function<void(cudaStream_t, void*, int64_t)> corrupt_output_;  // guarded by mu_
   int corrupt_output_count_ = 0;                                      // guarded by mu_
 };

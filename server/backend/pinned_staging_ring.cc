@@ -19,7 +19,8 @@ std::string PinnedStagingRing::Init(int count, int64_t piece_bytes, cudaStream_t
     }
     pieces_.push_back(static_cast<char*>(pinned));
     free_events_.push_back(free_event);
-    if (error.empty()) error = CheckCuda(cudaEventRecord(free_event, stream), ordinal, "cudaEventRecord");
+    if (error.empty())
+      error = CheckCuda(cudaEventRecord(free_event, stream), ordinal, "cudaEventRecord");
   }
   return error;
 }

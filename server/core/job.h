@@ -74,9 +74,9 @@ struct GemmReport {
   // The launch's rate: a batch's kernel time covers every member's rows.
   double Tflops(const GemmShape& shape) const {
     if (kernel_ms <= 0) return 0;
-    const double flops =
-        batch_size > 1 ? 2.0 * double(batch_rows) * double(shape.n) * double(shape.k)
-                       : double(shape.Flops());
+    const double flops = batch_size > 1
+                             ? 2.0 * double(batch_rows) * double(shape.n) * double(shape.k)
+                             : double(shape.Flops());
     return flops / (kernel_ms * 1e9);
   }
 };

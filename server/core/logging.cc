@@ -5,9 +5,9 @@
 #include <spdlog/sinks/sink.h>
 
 #include <algorithm>
-#include <cstdio>
 #include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <nlohmann/json.hpp>
 #include <string>
 
@@ -25,7 +25,8 @@ constexpr char kEncodedMembers[] = "hgemm.json_members";
 std::string EncodeMembers(std::string_view message, std::initializer_list<Field> fields) {
   nlohmann::ordered_json members;
   members["message"] = std::string(message);
-  for (const Field& f : fields) members[std::string(f.key)] = std::string(f.value.substr(0, kMaxFieldBytes));
+  for (const Field& f : fields)
+    members[std::string(f.key)] = std::string(f.value.substr(0, kMaxFieldBytes));
   const std::string object =
       members.dump(-1, ' ', /*ensure_ascii=*/false, nlohmann::json::error_handler_t::replace);
   return object.substr(1, object.size() - 2);
@@ -34,8 +35,8 @@ std::string EncodeMembers(std::string_view message, std::initializer_list<Field>
 std::string Timestamp(std::chrono::system_clock::time_point time) {
   const auto seconds = std::chrono::floor<std::chrono::seconds>(time);
   const auto micros = std::chrono::duration_cast<std::chrono::microseconds>(time - seconds).count();
-  return fmt::format("{:%Y-%m-%dT%H:%M:%S}.{:06d}Z", fmt::gmtime(std::chrono::system_clock::to_time_t(seconds)),
-                     micros);
+  return fmt::format("{:%Y-%m-%dT%H:%M:%S}.{:06d}Z",
+                     fmt::gmtime(std::chrono::system_clock::to_time_t(seconds)), micros);
 }
 
 class JsonFormatter final : public spdlog::formatter {
@@ -60,8 +61,8 @@ class JsonFormatter final : public spdlog::formatter {
 
 bool PlainToken(std::string_view value) {
   return !value.empty() && std::all_of(value.begin(), value.end(), [](unsigned char c) {
-           return c > 0x20 && c < 0x7f && c != '"' && c != '=' && c != '\\';
-         });
+    return c > 0x20 && c < 0x7f && c != '"' && c != '=' && c != '\\';
+  });
 }
 
 void AppendTextValue(std::string_view value, std::string* out) {
@@ -123,7 +124,8 @@ void Log(spdlog::level::level_enum level, std::string_view message,
         if (sink->should_log(level)) sink->log(msg);
       }
       if (level >= logger->flush_level()) logger->flush();
-    } catch (const std::exception& e) {  // as spdlog's own logger does: a log line never fails a call
+    } catch (
+        const std::exception& e) {  // as spdlog's own logger does: a log line never fails a call
       std::fprintf(stderr, "logging: %s\n", e.what());
     }
     return;

@@ -16,7 +16,8 @@ namespace {
 // Captures the default logger's lines in `format` for the life of the object.
 class CapturedLog {
  public:
-  explicit CapturedLog(Format format) : sink_(std::make_shared<spdlog::sinks::ringbuffer_sink_mt>(16)) {
+  explicit CapturedLog(Format format)
+      : sink_(std::make_shared<spdlog::sinks::ringbuffer_sink_mt>(16)) {
     Install(format);
     if (format == Format::kJson) sink_->set_formatter(MakeJsonFormatter());
     spdlog::default_logger()->sinks().push_back(sink_);
@@ -134,16 +135,16 @@ TEST(Traceparent, AcceptsTheW3cForm) {
 TEST(Traceparent, RejectsEverythingElse) {
   for (const std::string& bad : std::vector<std::string>{
            std::string(""),
-           std::string("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-0"),     // 54 chars
-           std::string("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-011"),   // 56 chars
-           std::string("01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"),    // version
+           std::string("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-0"),    // 54 chars
+           std::string("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-011"),  // 56 chars
+           std::string("01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"),   // version
            std::string("ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"),
-           std::string("00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01"),    // upper case
-           std::string("00-00000000000000000000000000000000-00f067aa0ba902b7-01"),    // zero trace
-           std::string("00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01"),    // zero parent
-           std::string("00_4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"),    // separator
-           std::string("00-4bf92f3577b34da6a3ce929d0e0e473g-00f067aa0ba902b7-01"),    // not hex
-           std::string("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-0\n"),   // newline
+           std::string("00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01"),   // upper case
+           std::string("00-00000000000000000000000000000000-00f067aa0ba902b7-01"),   // zero trace
+           std::string("00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01"),   // zero parent
+           std::string("00_4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"),   // separator
+           std::string("00-4bf92f3577b34da6a3ce929d0e0e473g-00f067aa0ba902b7-01"),   // not hex
+           std::string("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-0\n"),  // newline
            std::string("00-4bf92f3577b34da6a3ce929d0e0e4736\n[info] forged-line-01"),
        }) {
     EXPECT_EQ(ValidTraceparent(bad), "") << bad;

@@ -44,8 +44,7 @@ constexpr uint64_t MatrixElements(uint32_t rows, uint32_t cols) { return uint64_
 
 // Bytes of a rows×cols matrix of `type`. REQUIRES: MatrixElements(rows, cols) ≤
 // kMaxElementsPerMatrix (so that 4 bytes per element stay far inside int64).
-constexpr int64_t MatrixBytes(uint32_t rows, uint32_t cols,
-                              ElementType type = ElementType::kFp16) {
+constexpr int64_t MatrixBytes(uint32_t rows, uint32_t cols, ElementType type = ElementType::kFp16) {
   return ElementBytes(type) * int64_t(MatrixElements(rows, cols));
 }
 

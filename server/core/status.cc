@@ -122,10 +122,10 @@ absl::Status ShuttingDown() {
 }
 
 absl::Status DeadlineExpired(double waited_ms) {
-  return Make(absl::StatusCode::kDeadlineExceeded,
-              fmt::format("deadline passed after {:.1f} ms in the queue; the GEMM was not run",
-                          waited_ms),
-              "DEADLINE_PASSED");
+  return Make(
+      absl::StatusCode::kDeadlineExceeded,
+      fmt::format("deadline passed after {:.1f} ms in the queue; the GEMM was not run", waited_ms),
+      "DEADLINE_PASSED");
 }
 
 absl::Status Cancelled() {
@@ -141,8 +141,7 @@ absl::Status BackendFailure(const std::string& what) {
 }
 
 absl::Status DeviceFailed(const std::string& what) {
-  return Make(absl::StatusCode::kUnavailable, what + "; retry on another server",
-              "DEVICE_FAILED");
+  return Make(absl::StatusCode::kUnavailable, what + "; retry on another server", "DEVICE_FAILED");
 }
 
 absl::Status VerifyFailed(const std::string& what) {

@@ -34,11 +34,15 @@ inline std::string OperandBytes(FuzzedDataProvider& in, uint32_t rows, uint32_t 
 // "", fuzz bytes, an over-long name, or mostly a handle an earlier call of the input got.
 inline std::string Handle(FuzzedDataProvider& in, const std::vector<std::string>& handles) {
   switch (in.ConsumeIntegralInRange<int>(0, 5)) {
-    case 0: return "";
-    case 1: return in.ConsumeRandomLengthString(64);
-    case 2: return std::string(in.ConsumeIntegralInRange<size_t>(1, 100000), 'h');
+    case 0:
+      return "";
+    case 1:
+      return in.ConsumeRandomLengthString(64);
+    case 2:
+      return std::string(in.ConsumeIntegralInRange<size_t>(1, 100000), 'h');
     default:
-      return handles.empty() ? "" : handles[in.ConsumeIntegralInRange<size_t>(0, handles.size() - 1)];
+      return handles.empty() ? ""
+                             : handles[in.ConsumeIntegralInRange<size_t>(0, handles.size() - 1)];
   }
 }
 
@@ -56,10 +60,14 @@ inline void UnaryRequest(FuzzedDataProvider& in, const std::vector<std::string>&
   r->set_m(Dim(in));
   r->set_n(Dim(in));
   r->set_k(Dim(in));
-  if (in.ConsumeIntegralInRange<int>(0, 2) == 0) r->set_a_handle(Handle(in, handles));
-  else r->set_a(OperandBytes(in, r->m(), r->k()));
-  if (in.ConsumeIntegralInRange<int>(0, 2) == 0) r->set_b_handle(Handle(in, handles));
-  else r->set_b(OperandBytes(in, r->k(), r->n()));
+  if (in.ConsumeIntegralInRange<int>(0, 2) == 0)
+    r->set_a_handle(Handle(in, handles));
+  else
+    r->set_a(OperandBytes(in, r->m(), r->k()));
+  if (in.ConsumeIntegralInRange<int>(0, 2) == 0)
+    r->set_b_handle(Handle(in, handles));
+  else
+    r->set_b(OperandBytes(in, r->k(), r->n()));
   Options(in, r->mutable_options());
   r->set_keep_c_resident(in.ConsumeIntegralInRange<int>(0, 3) == 0);
 }
@@ -93,7 +101,7 @@ inline void StreamChunk(FuzzedDataProvider& in, uint64_t id, NextOffsets& next_o
   const int operand = in.ConsumeIntegralInRange<int>(1, int(last_operand));
   c->set_operand(v1::Operand(operand));
   c->set_offset(in.ConsumeIntegralInRange<int>(0, 7) == 0 ? in.ConsumeIntegral<uint64_t>()
-                                                         : next_offsets[operand]);
+                                                          : next_offsets[operand]);
   const size_t size = in.ConsumeIntegralInRange<size_t>(1, 2 * kMaxElementsPerMatrix + 1);
   c->set_data(std::string(size, '\0'));
   next_offsets[operand] += size;
@@ -103,7 +111,8 @@ inline void StreamChunk(FuzzedDataProvider& in, uint64_t id, NextOffsets& next_o
 // chunk (the whole matrix, when small, or a fuzzed length).
 inline void UploadMessage(FuzzedDataProvider& in, bool first, uint32_t rows, uint32_t cols,
                           v1::UploadMatrixRequest* m) {
-  if (first ? in.ConsumeIntegralInRange<int>(0, 7) != 0 : in.ConsumeIntegralInRange<int>(0, 7) == 0) {
+  if (first ? in.ConsumeIntegralInRange<int>(0, 7) != 0
+            : in.ConsumeIntegralInRange<int>(0, 7) == 0) {
     m->mutable_header()->set_rows(rows);
     m->mutable_header()->set_cols(cols);
     if (in.ConsumeBool()) m->mutable_header()->set_device_id(in.ConsumeIntegralInRange<int>(-2, 1));

@@ -34,16 +34,19 @@ inline constexpr auto kCallDeadline = std::chrono::seconds(5);
 
 // 0, 1, small, powers of two, and the values whose products wrap 32 or 64 bits.
 inline uint32_t Dim(FuzzedDataProvider& in) {
-  static constexpr uint32_t kBoundary[] = {0u,          1u,          2u,          3u,
-                                           7u,          64u,         255u,        256u,
-                                           1024u,       46341u,      65536u,      1u << 20,
-                                           1u << 31,    4294967295u, 3037000499u, 3037000500u,
-                                           3037000501u, 2147483647u, 4294967294u, 65535u};
+  static constexpr uint32_t kBoundary[] = {
+      0u,          1u,          2u,          3u,          7u,          64u,      255u,
+      256u,        1024u,       46341u,      65536u,      1u << 20,    1u << 31, 4294967295u,
+      3037000499u, 3037000500u, 3037000501u, 2147483647u, 4294967294u, 65535u};
   switch (in.ConsumeIntegralInRange<int>(0, 3)) {
-    case 0: return in.ConsumeIntegralInRange<uint32_t>(1, 16);
-    case 1: return in.ConsumeIntegralInRange<uint32_t>(1, 300);
-    case 2: return kBoundary[in.ConsumeIntegralInRange<size_t>(0, std::size(kBoundary) - 1)];
-    default: return in.ConsumeIntegral<uint32_t>();
+    case 0:
+      return in.ConsumeIntegralInRange<uint32_t>(1, 16);
+    case 1:
+      return in.ConsumeIntegralInRange<uint32_t>(1, 300);
+    case 2:
+      return kBoundary[in.ConsumeIntegralInRange<size_t>(0, std::size(kBoundary) - 1)];
+    default:
+      return in.ConsumeIntegral<uint32_t>();
   }
 }
 

@@ -88,13 +88,22 @@ Services& Get() {
 
 RingOperand Operand(FuzzedDataProvider& in) {
   RingOperand o{};
-  o.kind = in.ConsumeBool() ? in.ConsumeIntegralInRange<uint32_t>(0, 3) : in.ConsumeIntegral<uint32_t>();
-  o.slot = in.ConsumeBool() ? in.ConsumeIntegralInRange<uint32_t>(0, 2) : in.ConsumeIntegral<uint32_t>();
+  o.kind =
+      in.ConsumeBool() ? in.ConsumeIntegralInRange<uint32_t>(0, 3) : in.ConsumeIntegral<uint32_t>();
+  o.slot =
+      in.ConsumeBool() ? in.ConsumeIntegralInRange<uint32_t>(0, 2) : in.ConsumeIntegral<uint32_t>();
   switch (in.ConsumeIntegralInRange<int>(0, 4)) {
-    case 0: o.offset = 16 * in.ConsumeIntegralInRange<uint64_t>(0, kDataBytes / 16); break;
-    case 1: o.offset = 2 * in.ConsumeIntegralInRange<uint64_t>(0, kDataBytes / 2); break;
-    case 2: o.offset = UINT64_MAX - in.ConsumeIntegralInRange<uint64_t>(0, 4096); break;
-    default: o.offset = in.ConsumeIntegral<uint64_t>();
+    case 0:
+      o.offset = 16 * in.ConsumeIntegralInRange<uint64_t>(0, kDataBytes / 16);
+      break;
+    case 1:
+      o.offset = 2 * in.ConsumeIntegralInRange<uint64_t>(0, kDataBytes / 2);
+      break;
+    case 2:
+      o.offset = UINT64_MAX - in.ConsumeIntegralInRange<uint64_t>(0, 4096);
+      break;
+    default:
+      o.offset = in.ConsumeIntegral<uint64_t>();
   }
   return o;
 }
@@ -153,7 +162,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (published - head > kEntries) head = published - kEntries;
     for (; head != published; ++head) {
       const RingCompletion& c = cq[head % kEntries];
-      if (c.code < 0 || c.code > 16) Fail("a completion code outside 0..16", std::to_string(c.code));
+      if (c.code < 0 || c.code > 16)
+        Fail("a completion code outside 0..16", std::to_string(c.code));
       if (std::memchr(c.message, 0, sizeof(c.message)) == nullptr) {
         Fail("a completion message without its NUL", "");
       }
@@ -184,8 +194,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
           e.m = Dim(in);
           e.n = Dim(in);
           e.k = Dim(in);
-          e.flags &= kRingTransposeA | kRingTransposeB | kRingHasAlpha | kRingKeepC |
-                     kRingHasDeadline;
+          e.flags &=
+              kRingTransposeA | kRingTransposeB | kRingHasAlpha | kRingKeepC | kRingHasDeadline;
           // A deadline from 1 ms ago to 1 ms ahead, from the entry's bytes.
           e.deadline_ns = uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(
                                        std::chrono::steady_clock::now().time_since_epoch())
@@ -204,9 +214,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         sq[tail % kEntries] = e;
         if (e.user_data % 8 == 0) {  // more slots, bound while the ring runs (or refused)
           uint32_t first_region = 0, first_matrix = 0;
-          const absl::Status bound = executor->Bind(
-              {e.user_data % 16 == 0 ? s.data.handle : ""}, {"m-unbound"}, &first_region,
-              &first_matrix);
+          const absl::Status bound = executor->Bind({e.user_data % 16 == 0 ? s.data.handle : ""},
+                                                    {"m-unbound"}, &first_region, &first_matrix);
           if (bound.ok() == (e.user_data % 16 != 0)) Fail("Bind", std::string(bound.message()));
         }
         break;
@@ -217,8 +226,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         break;
       case 3: {  // scribble a header word
         scribbled = true;
-        std::atomic<uint32_t>* words[] = {&h->sq_head, &h->sq_tail, &h->cq_head, &h->cq_tail,
-                                          &h->server_sleeping, &h->client_sleeping};
+        std::atomic<uint32_t>* words[] = {&h->sq_head, &h->sq_tail,         &h->cq_head,
+                                          &h->cq_tail, &h->server_sleeping, &h->client_sleeping};
         words[in.ConsumeIntegralInRange<size_t>(0, 5)]->store(in.ConsumeIntegral<uint32_t>());
         RingWakeSleeper(&h->server_sleeping);
         break;

@@ -44,8 +44,8 @@
 namespace hgemm {
 namespace {
 
-using fuzz::Services;
 using fuzz::Handle;
+using fuzz::Services;
 using fuzz::StreamChunk;
 using fuzz::StreamHeader;
 using fuzz::UnaryRequest;
@@ -85,8 +85,10 @@ using Regions = std::vector<std::unique_ptr<ClientRegion>>;
 std::string RegionHandle(FuzzedDataProvider& in, const Regions& regions, ClientRegion** named) {
   *named = nullptr;
   switch (in.ConsumeIntegralInRange<int>(0, 7)) {
-    case 0: return "";
-    case 1: return in.ConsumeRandomLengthString(40);
+    case 0:
+      return "";
+    case 1:
+      return in.ConsumeRandomLengthString(40);
     default:
       if (regions.empty()) return "r-00000000000000000000000000000000";
       *named = regions[in.ConsumeIntegralInRange<size_t>(0, regions.size() - 1)].get();
@@ -100,12 +102,18 @@ uint64_t RegionOffset(FuzzedDataProvider& in, const ClientRegion* region, uint64
   const uint64_t size = region == nullptr ? uint64_t(kRegionFileBytes) : uint64_t(region->bytes);
   const uint64_t room = size > bytes ? size - bytes : 0;
   switch (in.ConsumeIntegralInRange<int>(0, 7)) {
-    case 0: return room;      // ends at the region's end
-    case 1: return room + 2;  // one element past it
-    case 2: return 2 * in.ConsumeIntegralInRange<uint64_t>(0, room / 2) + 1;
-    case 3: return UINT64_MAX - 2 * in.ConsumeIntegralInRange<uint64_t>(0, 8) - 1;
-    case 4: return in.ConsumeIntegral<uint64_t>();
-    case 5: return 2 * in.ConsumeIntegralInRange<uint64_t>(0, room / 2);  // element-aligned
+    case 0:
+      return room;  // ends at the region's end
+    case 1:
+      return room + 2;  // one element past it
+    case 2:
+      return 2 * in.ConsumeIntegralInRange<uint64_t>(0, room / 2) + 1;
+    case 3:
+      return UINT64_MAX - 2 * in.ConsumeIntegralInRange<uint64_t>(0, 8) - 1;
+    case 4:
+      return in.ConsumeIntegral<uint64_t>();
+    case 5:
+      return 2 * in.ConsumeIntegralInRange<uint64_t>(0, room / 2);  // element-aligned
     default:
       return kRegionAlignment * in.ConsumeIntegralInRange<uint64_t>(0, room / kRegionAlignment);
   }
@@ -118,7 +126,8 @@ struct Placed {
 };
 
 // Points `ref` at `bytes` of a region of the input (or not one); what it names.
-Placed InRegion(FuzzedDataProvider& in, const Regions& regions, uint64_t bytes, v1::RegionRef* ref) {
+Placed InRegion(FuzzedDataProvider& in, const Regions& regions, uint64_t bytes,
+                v1::RegionRef* ref) {
   Placed p;
   ref->set_region(RegionHandle(in, regions, &p.region));
   p.offset = RegionOffset(in, p.region, bytes);
@@ -143,8 +152,8 @@ bool Within(const Placed& p) {
 void CheckZeros(const uint8_t* c, size_t bytes, const char* where) {
   for (size_t i = 0; i < bytes; ++i) {
     if (c[i] != 0x00 && c[i] != 0x80) {
-      fuzz::Fail("a C of zero operands is not zero", (std::string(where) + " at byte " +
-                                                      std::to_string(i)).c_str());
+      fuzz::Fail("a C of zero operands is not zero",
+                 (std::string(where) + " at byte " + std::to_string(i)).c_str());
     }
   }
 }
@@ -156,20 +165,30 @@ Clock::time_point Deadline(FuzzedDataProvider& in) {
 }
 
 v1::DataType Type(FuzzedDataProvider& in) {
-  return v1::DataType(in.ConsumeIntegralInRange<int>(0, 7) == 0 ? in.ConsumeIntegralInRange<int>(3, 5)
-                                                                 : in.ConsumeIntegralInRange<int>(0, 2));
+  return v1::DataType(in.ConsumeIntegralInRange<int>(0, 7) == 0
+                          ? in.ConsumeIntegralInRange<int>(3, 5)
+                          : in.ConsumeIntegralInRange<int>(0, 2));
 }
 
 // α: unset or a finite value mostly, sometimes NaN or ∞ (refused); β: mostly 0, else the like.
 float Scale(FuzzedDataProvider& in, bool beta) {
   static constexpr float kScales[] = {1.0f, 2.0f, -0.5f, 0.0f, 1e-3f, 65504.0f, 3e38f, -1.0f};
   switch (in.ConsumeIntegralInRange<int>(0, 15)) {
-    case 0: return std::numeric_limits<float>::quiet_NaN();
-    case 1: return std::numeric_limits<float>::infinity();
-    case 2: case 3: case 4: case 5: case 6: case 7: case 8:
+    case 0:
+      return std::numeric_limits<float>::quiet_NaN();
+    case 1:
+      return std::numeric_limits<float>::infinity();
+    case 2:
+    case 3:
+    case 4:
+    case 5:
+    case 6:
+    case 7:
+    case 8:
       if (beta) return 0.0f;
       [[fallthrough]];
-    default: return kScales[in.ConsumeIntegralInRange<size_t>(0, std::size(kScales) - 1)];
+    default:
+      return kScales[in.ConsumeIntegralInRange<size_t>(0, std::size(kScales) - 1)];
   }
 }
 
@@ -222,8 +241,12 @@ Placement BlasRequest(FuzzedDataProvider& in, const std::vector<std::string>& ha
                       const Regions& regions, v1::GemmRequest* r) {
   Form(in, r);
   switch (in.ConsumeIntegralInRange<int>(0, 7)) {
-    case 0: r->set_batch(in.ConsumeIntegralInRange<uint32_t>(0, 4)); break;
-    case 1: r->set_batch(fuzz::Dim(in)); break;
+    case 0:
+      r->set_batch(in.ConsumeIntegralInRange<uint32_t>(0, 4));
+      break;
+    case 1:
+      r->set_batch(fuzz::Dim(in));
+      break;
     case 2: {
       r->set_m(in.ConsumeBool() ? 0 : r->m());
       r->set_n(in.ConsumeBool() ? 0 : r->n());
@@ -238,7 +261,8 @@ Placement BlasRequest(FuzzedDataProvider& in, const std::vector<std::string>& ha
       }
       break;
     }
-    default: break;
+    default:
+      break;
   }
   const ExactBytes exact = Exact(*r);
   if (r->a_handle().empty()) r->set_a(fuzz::ExactOrShort(in, exact.a, '\0', kMaxInlineBytes));
@@ -248,18 +272,28 @@ Placement BlasRequest(FuzzedDataProvider& in, const std::vector<std::string>& ha
   Placement placement;
   Placed c_in;
   switch (in.ConsumeIntegralInRange<int>(0, 5)) {
-    case 0: case 1: r->set_c_in(fuzz::ExactOrShort(in, exact.c, c_in_fill, kMaxInlineBytes)); break;
-    case 2: r->set_c_in_handle(Handle(in, handles)); break;
+    case 0:
+    case 1:
+      r->set_c_in(fuzz::ExactOrShort(in, exact.c, c_in_fill, kMaxInlineBytes));
+      break;
+    case 2:
+      r->set_c_in_handle(Handle(in, handles));
+      break;
     case 3:
       c_in = InRegion(in, regions, uint64_t(std::min<unsigned __int128>(exact.c, UINT64_MAX)),
                       r->mutable_c_in_region());
       break;
-    default: break;
+    default:
+      break;
   }
-  const auto clamp = [](unsigned __int128 v) { return uint64_t(std::min<unsigned __int128>(v, UINT64_MAX)); };
+  const auto clamp = [](unsigned __int128 v) {
+    return uint64_t(std::min<unsigned __int128>(v, UINT64_MAX));
+  };
   Placed a, b;
-  if (in.ConsumeIntegralInRange<int>(0, 3) == 0) a = InRegion(in, regions, clamp(exact.a), r->mutable_a_region());
-  if (in.ConsumeIntegralInRange<int>(0, 3) == 0) b = InRegion(in, regions, clamp(exact.b), r->mutable_b_region());
+  if (in.ConsumeIntegralInRange<int>(0, 3) == 0)
+    a = InRegion(in, regions, clamp(exact.a), r->mutable_a_region());
+  if (in.ConsumeIntegralInRange<int>(0, 3) == 0)
+    b = InRegion(in, regions, clamp(exact.b), r->mutable_b_region());
   if (in.ConsumeIntegralInRange<int>(0, 3) == 0) {
     placement.c = InRegion(in, regions, clamp(exact.c), r->mutable_c_region());
   }
@@ -291,11 +325,13 @@ void Unary(FuzzedDataProvider& in, const std::string& client, std::vector<std::s
   ResidentMatrix kept;
   absl::Status s = fuzz::RunGemm(client, r, deadline, cancelled, over_unix_socket, &c, &kept);
   fuzz::CheckMessage(s);
-  if (s.ok() && !c.empty()) CheckZeros(reinterpret_cast<const uint8_t*>(c.data()), c.size(), "host C");
+  if (s.ok() && !c.empty())
+    CheckZeros(reinterpret_cast<const uint8_t*>(c.data()), c.size(), "host C");
   // No region the GEMM used may sit off the alignment (C_in is not read when beta is 0).
-  for (const auto& [field, ref] :
-       {std::pair{"a_region", &r.a_region()}, {"b_region", &r.b_region()},
-        {"c_in_region", &r.c_in_region()}, {"c_region", &r.c_region()}}) {
+  for (const auto& [field, ref] : {std::pair{"a_region", &r.a_region()},
+                                   {"b_region", &r.b_region()},
+                                   {"c_in_region", &r.c_in_region()},
+                                   {"c_region", &r.c_region()}}) {
     const bool used = ref != &r.c_in_region() || r.beta() != 0;
     if (s.ok() && used && !ref->region().empty() && ref->offset() % kRegionAlignment != 0) {
       fuzz::Fail("a GEMM ran with a region offset off the alignment",
@@ -367,7 +403,8 @@ void BlasHeader(FuzzedDataProvider& in, const std::vector<std::string>& handles,
                 v1::GemmHeader* h) {
   Form(in, h);
   if (in.ConsumeIntegralInRange<int>(0, 3) == 0) h->set_c_in_handle(Handle(in, handles));
-  if (in.ConsumeIntegralInRange<int>(0, 3) == 0) h->set_batch(in.ConsumeIntegralInRange<uint32_t>(0, 4));
+  if (in.ConsumeIntegralInRange<int>(0, 3) == 0)
+    h->set_batch(in.ConsumeIntegralInRange<uint32_t>(0, 4));
 }
 
 void Stream(FuzzedDataProvider& in, const std::string& client, std::vector<std::string>& handles) {
@@ -447,11 +484,20 @@ void RegionCall(FuzzedDataProvider& in, const std::string& client, Regions& regi
       region->owner = client;
       int64_t asked = region->bytes;
       switch (in.ConsumeIntegralInRange<int>(0, 7)) {
-        case 0: asked = region->bytes + 1; break;
-        case 1: asked = in.ConsumeIntegralInRange<int64_t>(-1, 0); break;
-        case 2: asked = in.ConsumeIntegral<int64_t>(); break;
-        case 3: asked = in.ConsumeIntegralInRange<int64_t>(1, region->bytes); break;
-        default: break;
+        case 0:
+          asked = region->bytes + 1;
+          break;
+        case 1:
+          asked = in.ConsumeIntegralInRange<int64_t>(-1, 0);
+          break;
+        case 2:
+          asked = in.ConsumeIntegral<int64_t>();
+          break;
+        case 3:
+          asked = in.ConsumeIntegralInRange<int64_t>(1, region->bytes);
+          break;
+        default:
+          break;
       }
       const std::string path = in.ConsumeIntegralInRange<int>(0, 15) == 0
                                    ? in.ConsumeRandomLengthString(40)
@@ -491,7 +537,8 @@ void RegionCall(FuzzedDataProvider& in, const std::string& client, Regions& regi
     default: {
       if (regions.empty()) break;
       ClientRegion& r = *regions[in.ConsumeIntegralInRange<size_t>(0, regions.size() - 1)];
-      if (r.sealed && ftruncate(r.file.fd(), in.ConsumeIntegralInRange<int64_t>(0, r.bytes - 1)) == 0) {
+      if (r.sealed &&
+          ftruncate(r.file.fd(), in.ConsumeIntegralInRange<int64_t>(0, r.bytes - 1)) == 0) {
         fuzz::Fail("a sealed region's file shrank", r.handle);
       }
     }
@@ -583,12 +630,23 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   for (int call = 0; call < 8 && in.remaining_bytes() > 0; ++call) {
     const std::string client = in.ConsumeBool() ? "fuzz-a" : "fuzz-b";
     switch (in.ConsumeIntegralInRange<int>(0, 5)) {
-      case 0: Unary(in, client, handles, regions); break;
-      case 1: Stream(in, client, handles); break;
-      case 2: Upload(in, client, handles, regions); break;
-      case 3: RegionCall(in, client, regions); break;
-      case 4: SharedB(in, client, handles); break;
-      default: Others(in, client, handles);
+      case 0:
+        Unary(in, client, handles, regions);
+        break;
+      case 1:
+        Stream(in, client, handles);
+        break;
+      case 2:
+        Upload(in, client, handles, regions);
+        break;
+      case 3:
+        RegionCall(in, client, regions);
+        break;
+      case 4:
+        SharedB(in, client, handles);
+        break;
+      default:
+        Others(in, client, handles);
     }
   }
   ReleaseAll("fuzz-a");

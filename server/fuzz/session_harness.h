@@ -8,9 +8,9 @@
 //
 // Like gRPC, the fake transports answer each Start* later, never from inside it: the fuzzing
 // thread delivers a message only while a read is outstanding (FakeReadCall) and completes each
-// write while it waits. Besides "no crash", they check the StreamTransport / UploadTransport contract (one
-// read and one write at a time, nothing after Finish, Finish once), that every call ends
-// within kCallDeadline, that C arrives in order and whole, and that no status shows a wrapped
+// write while it waits. Besides "no crash", they check the StreamTransport / UploadTransport
+// contract (one read and one write at a time, nothing after Finish, Finish once), that every call
+// ends within kCallDeadline, that C arrives in order and whole, and that no status shows a wrapped
 // number.
 // Thread safety: Services() is built on first use and never destroyed (the fuzzer ends the
 // process). A FuzzStream / FuzzUpload is driven by one thread; the session calls it back from
@@ -144,8 +144,7 @@ inline void ContractBroken(const std::string& what) { Fail(what.c_str(), ""); }
 // One GemmStream call: a StreamSession over this transport. The caller sends messages (wire
 // messages converted as the reactor converts them), then closes its side or cancels;
 // Outcome() pumps the call to its end, completing each write on the fuzzing thread.
-class FuzzStream final
-    : public FakeReadCall<StreamTransport, StreamSession, hgemm::StreamMessage> {
+class FuzzStream final : public FakeReadCall<StreamTransport, StreamSession, hgemm::StreamMessage> {
  public:
   struct Done {
     uint64_t gemm_id;
@@ -225,8 +224,8 @@ class FuzzStream final
   bool IsCancelled() const override { return cancelled_; }
 
   std::atomic<bool> cancelled_{false};
-  bool writing_ = false;  // guarded by mu_
-  absl::Status status_;   // guarded by mu_
+  bool writing_ = false;                 // guarded by mu_
+  absl::Status status_;                  // guarded by mu_
   std::map<uint64_t, int64_t> c_bytes_;  // guarded by mu_; C received so far, per gemm_id
   std::vector<Done> answers_;            // guarded by mu_
 };
@@ -234,8 +233,7 @@ class FuzzStream final
 // One UploadMatrix call: an UploadSession over this transport, driven as FuzzStream is. (The
 // session's message type is named in full: fuzz::UploadMessage of fuzz_requests.h draws a
 // wire message.)
-class FuzzUpload final
-    : public FakeReadCall<UploadTransport, UploadSession, hgemm::UploadMessage> {
+class FuzzUpload final : public FakeReadCall<UploadTransport, UploadSession, hgemm::UploadMessage> {
  public:
   // `over_unix_socket`: the call came over one (a header may name a region).
   explicit FuzzUpload(const std::string& owner, bool over_unix_socket = false)

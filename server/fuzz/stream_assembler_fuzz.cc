@@ -35,8 +35,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     return r;
   }();
   FuzzedDataProvider in(data, size);
-  const int64_t max_pending = in.ConsumeBool() ? int64_t{8} << 30
-                                               : in.ConsumeIntegralInRange<int64_t>(0, int64_t{16} << 30);
+  const int64_t max_pending = in.ConsumeBool()
+                                  ? int64_t{8} << 30
+                                  : in.ConsumeIntegralInRange<int64_t>(0, int64_t{16} << 30);
   StreamAssembler assembler(*rules, max_pending);
   std::map<uint64_t, Model> pending;  // headers with chunks still to come
   std::vector<uint64_t> answered;     // complete; not yet released
@@ -45,18 +46,25 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const uint64_t id = in.ConsumeBool() ? in.ConsumeIntegralInRange<uint64_t>(0, 3)
                                          : in.ConsumeIntegral<uint64_t>();
     switch (in.ConsumeIntegralInRange<int>(0, 9)) {
-      case 0: case 1: case 2: {
+      case 0:
+      case 1:
+      case 2: {
         v1::GemmHeader* h = message.mutable_header();
         h->set_gemm_id(id);
         h->set_m(fuzz::Dim(in));
         h->set_n(fuzz::Dim(in));
         h->set_k(fuzz::Dim(in));
-        if (in.ConsumeIntegralInRange<int>(0, 3) == 0) h->set_a_handle(in.ConsumeRandomLengthString(40));
-        if (in.ConsumeIntegralInRange<int>(0, 3) == 0) h->set_b_handle(in.ConsumeRandomLengthString(40));
+        if (in.ConsumeIntegralInRange<int>(0, 3) == 0)
+          h->set_a_handle(in.ConsumeRandomLengthString(40));
+        if (in.ConsumeIntegralInRange<int>(0, 3) == 0)
+          h->set_b_handle(in.ConsumeRandomLengthString(40));
         h->set_keep_c_resident(in.ConsumeBool());
         break;
       }
-      case 3: case 4: case 5: case 6: {
+      case 3:
+      case 4:
+      case 5:
+      case 6: {
         v1::MatrixChunk* c = message.mutable_chunk();
         c->set_gemm_id(id);
         c->set_operand(v1::Operand(in.ConsumeIntegralInRange<int>(0, 3)));
@@ -94,7 +102,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (fuzz::ShowsNegativeNumber(status::Message(s))) {
       fuzz::Fail("a message shows a wrapped negative number", status::Message(s));
     }
-    if (!s.ok()) break;  // the stream ends
+    if (!s.ok()) break;                                 // the stream ends
     if (event.header && !event.header->refused.ok()) {  // answered at once
       if (status::Message(event.header->refused).size() > 1024) fuzz::Fail("message too long", "");
       answered.push_back(event.header->gemm_id);

@@ -21,8 +21,8 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <cstring>
 #include <cstdio>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <thread>
@@ -143,8 +143,10 @@ void Parts(FuzzedDataProvider& in, const std::string& client, std::vector<std::s
     v1::PartRequest m;
     v1::PartHeader* h = m.mutable_header();
     h->set_handle(Handle(in, handles));
-    const bool in_range = bytes > 0 && bytes <= (1u << 16) && in.ConsumeIntegralInRange<int>(0, 3) != 0;
-    h->set_offset(in_range ? in.ConsumeIntegralInRange<uint64_t>(0, bytes - 1) : in.ConsumeIntegral<uint64_t>());
+    const bool in_range =
+        bytes > 0 && bytes <= (1u << 16) && in.ConsumeIntegralInRange<int>(0, 3) != 0;
+    h->set_offset(in_range ? in.ConsumeIntegralInRange<uint64_t>(0, bytes - 1)
+                           : in.ConsumeIntegral<uint64_t>());
     h->set_length(in_range ? in.ConsumeIntegralInRange<uint64_t>(1, bytes - h->offset())
                            : in.ConsumeIntegral<uint64_t>());
     const bool header_first = in.ConsumeIntegralInRange<int>(0, 7) != 0;
@@ -154,8 +156,9 @@ void Parts(FuzzedDataProvider& in, const std::string& client, std::vector<std::s
       continue;
     }
     // The announced bytes in one or two chunks, or a fuzzed amount.
-    uint64_t left = h->length() <= (1u << 16) && in.ConsumeBool() ? h->length()
-                                                                 : in.ConsumeIntegralInRange<uint64_t>(0, 4096);
+    uint64_t left = h->length() <= (1u << 16) && in.ConsumeBool()
+                        ? h->length()
+                        : in.ConsumeIntegralInRange<uint64_t>(0, 4096);
     while (left > 0) {
       const uint64_t size = in.ConsumeBool() ? left : std::max<uint64_t>(1, left / 2);
       m.set_chunk(std::string(size, '\0'));
@@ -187,10 +190,12 @@ void Others(FuzzedDataProvider& in, const std::string& client, std::vector<std::
       v1::DownloadMatrixRequest r;
       r.set_handle(Handle(in, handles));
       if (in.ConsumeBool()) {
-        r.set_offset(in.ConsumeIntegralInRange<int>(0, 3) == 0 ? in.ConsumeIntegral<uint64_t>()
-                                                              : in.ConsumeIntegralInRange<uint64_t>(0, 4096));
-        r.set_length(in.ConsumeIntegralInRange<int>(0, 3) == 0 ? in.ConsumeIntegral<uint64_t>()
-                                                              : in.ConsumeIntegralInRange<uint64_t>(0, 4096));
+        r.set_offset(in.ConsumeIntegralInRange<int>(0, 3) == 0
+                         ? in.ConsumeIntegral<uint64_t>()
+                         : in.ConsumeIntegralInRange<uint64_t>(0, 4096));
+        r.set_length(in.ConsumeIntegralInRange<int>(0, 3) == 0
+                         ? in.ConsumeIntegral<uint64_t>()
+                         : in.ConsumeIntegralInRange<uint64_t>(0, 4096));
         r.set_release_after(in.ConsumeBool());
       }
       auto reader = fuzz::Stub().DownloadMatrix(&context, r);
@@ -271,8 +276,10 @@ void Bulk(FuzzedDataProvider& in, const std::string& client, std::vector<std::st
   r.set_handle(Handle(in, handles));
   r.set_direction(v1::BulkDirection(in.ConsumeIntegralInRange<int>(0, 3)));
   const bool small = in.ConsumeIntegralInRange<int>(0, 3) != 0;
-  r.set_offset(small ? in.ConsumeIntegralInRange<uint64_t>(0, 4096) : in.ConsumeIntegral<uint64_t>());
-  r.set_length(small ? in.ConsumeIntegralInRange<uint64_t>(0, 1 << 16) : in.ConsumeIntegral<uint64_t>());
+  r.set_offset(small ? in.ConsumeIntegralInRange<uint64_t>(0, 4096)
+                     : in.ConsumeIntegral<uint64_t>());
+  r.set_length(small ? in.ConsumeIntegralInRange<uint64_t>(0, 1 << 16)
+                     : in.ConsumeIntegral<uint64_t>());
   r.set_lanes(in.ConsumeIntegralInRange<uint32_t>(0, 5));
   v1::BulkGrant grant;
   {
@@ -318,12 +325,23 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     used[a ? 0 : 1] = true;
     const std::string client = a ? "fuzz-a" : "fuzz-b";
     switch (in.ConsumeIntegralInRange<int>(0, 5)) {
-      case 0: Unary(in, client, handles); break;
-      case 1: Stream(in, client, handles); break;
-      case 2: Upload(in, client, handles); break;
-      case 3: Parts(in, client, handles); break;
-      case 4: Bulk(in, client, handles); break;
-      default: Others(in, client, handles);
+      case 0:
+        Unary(in, client, handles);
+        break;
+      case 1:
+        Stream(in, client, handles);
+        break;
+      case 2:
+        Upload(in, client, handles);
+        break;
+      case 3:
+        Parts(in, client, handles);
+        break;
+      case 4:
+        Bulk(in, client, handles);
+        break;
+      default:
+        Others(in, client, handles);
     }
   }
   // Only a client the input used can hold its matrices: one ListMatrices call fewer when the

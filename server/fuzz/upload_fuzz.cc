@@ -61,12 +61,11 @@ void Upload(FuzzedDataProvider& in) {
         continue;
       default: {
         // Mostly what is left of the matrix, in one or a few pieces; sometimes any size.
-        const size_t left =
-            exact > sent.size() ? size_t(std::min<unsigned __int128>(exact - sent.size(), 1 << 16))
+        const size_t left = exact > sent.size()
+                                ? size_t(std::min<unsigned __int128>(exact - sent.size(), 1 << 16))
                                 : 0;
-        size_t size = in.ConsumeBool() && left > 0
-                          ? in.ConsumeIntegralInRange<size_t>(1, left)
-                          : in.ConsumeIntegralInRange<size_t>(0, 4096);
+        size_t size = in.ConsumeBool() && left > 0 ? in.ConsumeIntegralInRange<size_t>(1, left)
+                                                   : in.ConsumeIntegralInRange<size_t>(0, 4096);
         const char fill = char(in.ConsumeIntegral<uint8_t>() | 1);  // never all zeros
         std::string chunk(size, fill);
         for (size_t j = 0; j < chunk.size(); j += 97) chunk[j] = char(j);

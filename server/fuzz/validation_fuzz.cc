@@ -102,8 +102,8 @@ void CheckAccepted(const RequestRules& rules, uint32_t m, uint32_t n, uint32_t k
   const unsigned types = TypesBit(job.shape.ab_type, job.shape.c_type);
   bool taken = false;
   for (const KernelDescription& k : rules.kernels) {
-    taken |= (job.kernel == "auto" || job.kernel == k.name) && (k.layouts & layout) &&
-             (k.types & types);
+    taken |=
+        (job.kernel == "auto" || job.kernel == k.name) && (k.layouts & layout) && (k.types & types);
   }
   if (!taken) fuzz::Fail("accepted a layout or types no kernel takes", shape);
 }
@@ -112,7 +112,8 @@ void CheckMessage(const absl::Status& s) {
   if (fuzz::ShowsNegativeNumber(status::Message(s))) {
     fuzz::Fail("a message shows a wrapped negative number", status::Message(s));
   }
-  if (status::Message(s).size() > 2048) fuzz::Fail("message longer than 2 KiB", status::Message(s).substr(0, 200));
+  if (status::Message(s).size() > 2048)
+    fuzz::Fail("message longer than 2 KiB", status::Message(s).substr(0, 200));
 }
 
 void CheckGroupAccepted(const v1::GemmRequest& r, const RequestRules& rules, const GemmJob& job) {
@@ -154,12 +155,12 @@ void Request(const v1::GemmRequest& r, const RequestRules& rules) {
   }
   CheckAccepted(rules, r.m(), r.n(), r.k(), job);
   if (!r.has_a_handle() && fuzz::Bytes(r.m(), r.k()) != r.a().size()) {
-    fuzz::Fail("accepted a of the wrong size", fmt::format("{}x{}x{}: {} bytes", r.m(), r.n(),
-                                                           r.k(), r.a().size()));
+    fuzz::Fail("accepted a of the wrong size",
+               fmt::format("{}x{}x{}: {} bytes", r.m(), r.n(), r.k(), r.a().size()));
   }
   if (!r.has_b_handle() && fuzz::Bytes(r.k(), r.n()) != r.b().size()) {
-    fuzz::Fail("accepted b of the wrong size", fmt::format("{}x{}x{}: {} bytes", r.m(), r.n(),
-                                                           r.k(), r.b().size()));
+    fuzz::Fail("accepted b of the wrong size",
+               fmt::format("{}x{}x{}: {} bytes", r.m(), r.n(), r.k(), r.b().size()));
   }
 }
 
@@ -199,8 +200,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       p->set_k(fuzz::Dim(in));
       // Exact where small; a few bytes otherwise (ten problems' wrapped sizes would not fit
       // the fuzzer's memory).
-      for (auto [rows, cols, bytes] : {std::tuple{p->m(), p->k(), r.mutable_a()},
-                                       std::tuple{p->k(), p->n(), r.mutable_b()}}) {
+      for (auto [rows, cols, bytes] :
+           {std::tuple{p->m(), p->k(), r.mutable_a()}, std::tuple{p->k(), p->n(), r.mutable_b()}}) {
         const unsigned __int128 exact = fuzz::Bytes(rows, cols);
         bytes->append(in.ConsumeBool() && exact <= (1u << 16)
                           ? size_t(exact)
@@ -222,14 +223,24 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static std::string* spare_b = SpareOperand();
   bool lent_a = false, lent_b = false;
   switch (in.ConsumeIntegralInRange<int>(0, 3)) {
-    case 0: r.set_a_handle(""); break;
-    case 1: r.set_a_handle(in.ConsumeRandomLengthString(64)); break;
-    default: lent_a = Operand(in, r.m(), r.k(), r.mutable_a(), spare_a);
+    case 0:
+      r.set_a_handle("");
+      break;
+    case 1:
+      r.set_a_handle(in.ConsumeRandomLengthString(64));
+      break;
+    default:
+      lent_a = Operand(in, r.m(), r.k(), r.mutable_a(), spare_a);
   }
   switch (in.ConsumeIntegralInRange<int>(0, 3)) {
-    case 0: r.set_b_handle(""); break;
-    case 1: r.set_b_handle(in.ConsumeRandomLengthString(64)); break;
-    default: lent_b = Operand(in, r.k(), r.n(), r.mutable_b(), spare_b);
+    case 0:
+      r.set_b_handle("");
+      break;
+    case 1:
+      r.set_b_handle(in.ConsumeRandomLengthString(64));
+      break;
+    default:
+      lent_b = Operand(in, r.k(), r.n(), r.mutable_b(), spare_b);
   }
   static const char* kKernels[] = {"", "auto", "openblas_sgemm", "both", "nope"};
   r.mutable_options()->set_kernel(kKernels[in.ConsumeIntegralInRange<int>(0, 4)]);

@@ -11,10 +11,10 @@ namespace hgemm {
 namespace {
 
 constexpr std::array<const char*, kNumRpcs> kRpcNames = {
-    "Gemm",          "GemmStream",    "ListKernels",  "GetServerInfo",
-    "UploadMatrix",  "ReleaseMatrix", "ListMatrices", "DownloadMatrix",
-    "RegisterRegion", "UnregisterRegion", "ListRegions", "CreateUpload",
-    "UploadPart",    "AttachRing",    "BindRingSlots", "OpenBulk",
+    "Gemm",           "GemmStream",       "ListKernels",   "GetServerInfo",
+    "UploadMatrix",   "ReleaseMatrix",    "ListMatrices",  "DownloadMatrix",
+    "RegisterRegion", "UnregisterRegion", "ListRegions",   "CreateUpload",
+    "UploadPart",     "AttachRing",       "BindRingSlots", "OpenBulk",
 };
 
 constexpr std::array<const char*, 5> kStageNames = {
@@ -89,11 +89,12 @@ ServiceMetrics::ServiceMetrics(const std::string& version, const std::string& ba
                    .Help("GEMMs running now")
                    .Register(registry_)
                    .Add({})),
-      admitted_bytes_(prometheus::BuildGauge()
-                          .Name("hgemm_admitted_bytes")
-                          .Help("Operand and result bytes of the admitted GEMMs (queued or running)")
-                          .Register(registry_)
-                          .Add({})),
+      admitted_bytes_(
+          prometheus::BuildGauge()
+              .Name("hgemm_admitted_bytes")
+              .Help("Operand and result bytes of the admitted GEMMs (queued or running)")
+              .Register(registry_)
+              .Add({})),
       upload_queue_writes_(prometheus::BuildGauge()
                                .Name("hgemm_upload_queue_writes")
                                .Help("Chunk copies to the device waiting for an upload thread")
@@ -127,13 +128,15 @@ ServiceMetrics::ServiceMetrics(const std::string& version, const std::string& ba
   }
   auto& transport = prometheus::BuildCounter()
                         .Name("hgemm_transport_bytes_total")
-                        .Help("Matrix bytes by how they travelled: gRPC over tcp or unix, shm "
-                              "(shared-memory regions), or bulk (the bulk channel)")
+                        .Help(
+                            "Matrix bytes by how they travelled: gRPC over tcp or unix, shm "
+                            "(shared-memory regions), or bulk (the bulk channel)")
                         .Register(registry_);
   constexpr std::array<const char*, kNumDataPaths> kPathNames = {"tcp", "unix", "shm", "bulk"};
   for (DataPath path : {DataPath::kTcp, DataPath::kUnix, DataPath::kShm, DataPath::kBulk}) {
     const char* name = kPathNames[int(path)];
-    transport_bytes_[int(path)][0] = &transport.Add({{"transport", name}, {"direction", "received"}});
+    transport_bytes_[int(path)][0] =
+        &transport.Add({{"transport", name}, {"direction", "received"}});
     transport_bytes_[int(path)][1] = &transport.Add({{"transport", name}, {"direction", "sent"}});
   }
   prometheus::BuildGauge()
@@ -152,7 +155,8 @@ ServiceMetrics::ServiceMetrics(const std::string& version, const std::string& ba
                             .Register(registry_);
   for (const DeviceDescription& d : devices) {
     const std::string id = std::to_string(d.id);
-    device_info.Add({{"device", id}, {"name", d.name}, {"compute_capability", d.compute_capability}})
+    device_info
+        .Add({{"device", id}, {"name", d.name}, {"compute_capability", d.compute_capability}})
         .Set(1);
     device_memory.Add({{"device", id}}).Set(double(d.memory_bytes));
     device_failed_.Add({{"device", id}}).Set(0);  // present before any failure, for alerts
@@ -164,7 +168,8 @@ void ServiceMetrics::CountCall(Rpc rpc, absl::StatusCode code) {
   std::atomic<prometheus::Counter*>& slot = request_counters_[int(rpc)][c];
   prometheus::Counter* counter = slot.load(std::memory_order_acquire);
   if (counter == nullptr) {  // Family::Add returns the same counter to racing callers
-    counter = &requests_.Add({{"rpc", RpcName(rpc)}, {"code", status::CodeName(absl::StatusCode(c))}});
+    counter =
+        &requests_.Add({{"rpc", RpcName(rpc)}, {"code", status::CodeName(absl::StatusCode(c))}});
     slot.store(counter, std::memory_order_release);
   }
   counter->Increment();
@@ -285,8 +290,8 @@ std::vector<prometheus::MetricFamily> ServiceMetrics::VerifyFamilies(
   };
   std::vector<prometheus::MetricFamily> families;
   for (const Counted& counted : kCounted) {
-    prometheus::MetricFamily family{counted.name, counted.help, prometheus::MetricType::Counter,
-                                    {}};
+    prometheus::MetricFamily family{
+        counted.name, counted.help, prometheus::MetricType::Counter, {}};
     for (const LoadSample::Device& d : devices) {
       prometheus::ClientMetric metric;
       metric.label = {{"device", d.id}};
@@ -326,7 +331,7 @@ prometheus::MetricFamily HistogramOf(const char* name, const char* help,
 std::vector<prometheus::MetricFamily> ServiceMetrics::BatchFamilies(const LoadSample& load) {
   // Powers of two: a batch has at least two members; rows run up to --max_batch_rows.
   static const std::vector<double> kMembers = {2, 4, 8, 16, 32, 64, 128, 256, 512};
-  static const std::vector<double> kRows = {8,   16,   32,   64,    128,   256,  512,
+  static const std::vector<double> kRows = {8,    16,   32,   64,   128,   256,  512,
                                             1024, 2048, 4096, 8192, 16384, 65536};
   return {HistogramOf("hgemm_batch_members",
                       "GEMMs per batched launch (GEMMs sharing a resident B run as one GEMM)",

@@ -1,6 +1,6 @@
 // ServiceMetrics: the Prometheus metrics of hgemm-serve, served as text at /metrics by the
-// MetricsHttpServer of HgemmServer (ServerOptions::metrics_listen). The transport calls it at the one
-// place each call (and each GEMM of a stream) is answered; load gauges are sampled at scrape
+// MetricsHttpServer of HgemmServer (ServerOptions::metrics_listen). The transport calls it at the
+// one place each call (and each GEMM of a stream) is answered; load gauges are sampled at scrape
 // time through a LoadSampler, so the scheduler and the resident store know nothing of it.
 //
 // Metrics (label values are bounded: method and status names, the backend, kernel and device
@@ -208,12 +208,14 @@ class ServiceMetrics final : public prometheus::Collectable {
   prometheus::Gauge& upload_queue_writes_;
   prometheus::Gauge& staged_regions_;
   prometheus::Gauge& rings_attached_;
-  std::array<prometheus::Counter*, kNumRpcs> received_bytes_{};  // null: the method moves no matrices
+  std::array<prometheus::Counter*, kNumRpcs>
+      received_bytes_{};  // null: the method moves no matrices
   std::array<prometheus::Counter*, kNumRpcs> sent_bytes_{};
   // [path][0: received, 1: sent]
   std::array<std::array<prometheus::Counter*, 2>, kNumDataPaths> transport_bytes_{};
   // Created on first use: only the (rpc, code) pairs seen appear in the text.
-  std::array<std::array<std::atomic<prometheus::Counter*>, kNumCodes>, kNumRpcs> request_counters_{};
+  std::array<std::array<std::atomic<prometheus::Counter*>, kNumCodes>, kNumRpcs>
+      request_counters_{};
   std::array<std::atomic<prometheus::Counter*>, kNumCodes> stream_call_counters_{};
   std::array<std::atomic<prometheus::Counter*>, kNumCodes> ring_entry_counters_{};
 

@@ -38,8 +38,8 @@ class MatrixStore::StoreLock {
 absl::Status CheckByteRange(const ResidentMatrix& matrix, uint64_t offset, uint64_t length) {
   const uint64_t bytes = uint64_t(matrix.buffer->bytes);
   if (offset <= bytes && length <= bytes - offset) return absl::OkStatus();
-  return status::OutOfRange("offset", fmt::format("bytes [{}, {} + {}) of a {}-byte matrix",
-                                                  offset, offset, length, bytes));
+  return status::OutOfRange("offset", fmt::format("bytes [{}, {} + {}) of a {}-byte matrix", offset,
+                                                  offset, length, bytes));
 }
 
 std::string MatrixStore::NewHandle() const {
@@ -74,9 +74,10 @@ absl::Status MatrixStore::Reserve(const std::string& owner, int64_t bytes,
   auto it = client_bytes_.find(owner);
   const int64_t held = it == client_bytes_.end() ? 0 : it->second;
   if (bytes > options_.quota_bytes_per_client - held) {
-    return status::OverLimit("resident_quota_bytes", fmt::format(
-        "client {} holds {} resident bytes; {} more would pass its quota of {}",
-        status::Quote(owner), held, bytes, options_.quota_bytes_per_client));
+    return status::OverLimit(
+        "resident_quota_bytes",
+        fmt::format("client {} holds {} resident bytes; {} more would pass its quota of {}",
+                    status::Quote(owner), held, bytes, options_.quota_bytes_per_client));
   }
   client_bytes_[owner] = held + bytes;
   *reservation = QuotaReservation();
@@ -141,8 +142,7 @@ ResidentMatrix MatrixStore::NewEntry(const std::string& owner, uint32_t rows, ui
   m.label = label;
   m.created = m.last_used = Clock::now();
   m.transient = transient;
-  m.ttl = transient ? options_.upload_idle_timeout
-          : ttl.count() > 0 ? ttl : options_.default_ttl;
+  m.ttl = transient ? options_.upload_idle_timeout : ttl.count() > 0 ? ttl : options_.default_ttl;
   return m;
 }
 
@@ -159,10 +159,11 @@ ResidentMatrix MatrixStore::Register(QuotaReservation reservation, const Residen
 }
 
 ResidentMatrix MatrixStore::Add(QuotaReservation reservation, uint32_t rows, uint32_t cols,
-                                ElementType dtype, std::shared_ptr<ResidentBuffer> buffer, std::chrono::seconds ttl,
-                                const std::string& label, bool transient) {
-  const ResidentMatrix m = NewEntry(reservation.owner(), rows, cols, dtype, std::move(buffer), ttl,
-                                    label, transient);
+                                ElementType dtype, std::shared_ptr<ResidentBuffer> buffer,
+                                std::chrono::seconds ttl, const std::string& label,
+                                bool transient) {
+  const ResidentMatrix m =
+      NewEntry(reservation.owner(), rows, cols, dtype, std::move(buffer), ttl, label, transient);
   return Register(std::move(reservation), m, nullptr);
 }
 
@@ -170,8 +171,8 @@ ResidentMatrix MatrixStore::AddUpload(QuotaReservation reservation, uint32_t row
                                       ElementType dtype, std::shared_ptr<ResidentBuffer> buffer,
                                       std::chrono::seconds ttl, const std::string& label,
                                       bool transient) {
-  ResidentMatrix m = NewEntry(reservation.owner(), rows, cols, dtype, std::move(buffer), ttl,
-                              label, transient);
+  ResidentMatrix m =
+      NewEntry(reservation.owner(), rows, cols, dtype, std::move(buffer), ttl, label, transient);
   const Parts parts{.ttl_when_complete = m.ttl};
   m.missing_bytes = m.buffer->bytes;
   m.ttl = options_.upload_idle_timeout;  // until complete

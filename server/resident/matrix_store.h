@@ -117,8 +117,8 @@ class MatrixStore {
   // returns the new entry. `ttl` 0 means the default. REQUIRES: reservation.bytes() ==
   // buffer->bytes.
   // `transient`: the matrix expires after upload_idle_timeout unused instead of `ttl`.
-  ResidentMatrix Add(QuotaReservation reservation, uint32_t rows, uint32_t cols,
-                     ElementType dtype, std::shared_ptr<ResidentBuffer> buffer, std::chrono::seconds ttl,
+  ResidentMatrix Add(QuotaReservation reservation, uint32_t rows, uint32_t cols, ElementType dtype,
+                     std::shared_ptr<ResidentBuffer> buffer, std::chrono::seconds ttl,
                      const std::string& label, bool transient = false);
 
   // As Add, for an upload by parts: every byte of `buffer` is missing until parts fill it.
@@ -178,20 +178,21 @@ class MatrixStore {
                           std::shared_ptr<ResidentBuffer> buffer, std::chrono::seconds ttl,
                           const std::string& label, bool transient) const;
   // Registers `m` under the reservation, with the books of an upload by parts if `parts`.
-  ResidentMatrix Register(QuotaReservation reservation, const ResidentMatrix& m, const Parts* parts);
+  ResidentMatrix Register(QuotaReservation reservation, const ResidentMatrix& m,
+                          const Parts* parts);
 
   Backend* const backend_;
   const MatrixStoreOptions options_;
   std::mutex mu_;
-  std::map<std::string, ResidentMatrix> matrices_;   // guarded by mu_
+  std::map<std::string, ResidentMatrix> matrices_;  // guarded by mu_
   // The books of uploads by parts still incomplete, by handle.
   struct Parts {
     std::map<int64_t, int64_t> claimed;  // offset → end of each part claimed or landed
     std::chrono::seconds ttl_when_complete{0};
   };
-  std::map<std::string, Parts> parts_;               // guarded by mu_
+  std::map<std::string, Parts> parts_;  // guarded by mu_
   // Resident and reserved bytes by owner; owners holding none have no entry.
-  std::map<std::string, int64_t> client_bytes_;      // guarded by mu_
+  std::map<std::string, int64_t> client_bytes_;  // guarded by mu_
   struct Gone {
     std::string owner;
     const char* why;
@@ -200,8 +201,8 @@ class MatrixStore {
   absl::Status FindLocked(const std::string& owner, const std::string& handle,
                           const std::string& field, bool any_owner,
                           std::map<std::string, ResidentMatrix>::iterator* found);
-  std::map<std::string, Gone> gone_;                 // guarded by mu_; handle →
-  std::deque<std::string> gone_order_;               // guarded by mu_; bounds gone_
+  std::map<std::string, Gone> gone_;    // guarded by mu_; handle →
+  std::deque<std::string> gone_order_;  // guarded by mu_; bounds gone_
   // Buffers of forgotten matrices, freed once mu_ is released (StoreLock).
   std::vector<std::shared_ptr<ResidentBuffer>> dropped_;  // guarded by mu_
 };

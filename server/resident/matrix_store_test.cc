@@ -24,7 +24,8 @@ class MatrixStoreTest : public ::testing::Test {
     absl::Status s = store.Allocate(owner, -1, rows, cols, &buffer, &quota);
     EXPECT_TRUE(s.ok()) << s.message();
     if (!s.ok()) return {};
-    return store.Add(std::move(quota), rows, cols, ElementType::kFp16, std::move(buffer), ttl, "test");
+    return store.Add(std::move(quota), rows, cols, ElementType::kFp16, std::move(buffer), ttl,
+                     "test");
   }
 };
 
@@ -54,7 +55,8 @@ TEST_F(MatrixStoreTest, HandlesNameTheReplica) {
   ResidentMatrix found;
   ASSERT_TRUE(store.Lookup("alice", m.handle, "a_handle", &found).ok());
 
-  const std::string elsewhere = m.handle.substr(0, 34) + "@hgemm-2.hgemm.ns.svc.cluster.local:50051";
+  const std::string elsewhere =
+      m.handle.substr(0, 34) + "@hgemm-2.hgemm.ns.svc.cluster.local:50051";
   absl::Status s = store.Lookup("alice", elsewhere, "a_handle", &found);
   EXPECT_EQ(s.code(), absl::StatusCode::kNotFound);
   EXPECT_NE(s.message().find("lives on replica 'hgemm-2.hgemm.ns.svc.cluster.local:50051'"),
@@ -65,8 +67,7 @@ TEST_F(MatrixStoreTest, HandlesNameTheReplica) {
   EXPECT_EQ(Put(single, "alice").handle.find('@'), std::string::npos);
   s = single.Lookup("alice", m.handle, "a_handle", &found);
   EXPECT_EQ(s.code(), absl::StatusCode::kNotFound);
-  EXPECT_NE(s.message().find("which advertises no address"), std::string::npos)
-      << s.message();
+  EXPECT_NE(s.message().find("which advertises no address"), std::string::npos) << s.message();
 }
 
 // No existence oracle: another owner's handle, live or released, reads like one never issued.
@@ -88,8 +89,7 @@ TEST_F(MatrixStoreTest, ForeignHandleIsNotFoundLikeAnUnknownOne) {
   int64_t freed = 0;
   absl::Status release = store.Release("mallory", m.handle, &freed);
   EXPECT_EQ(release.code(), absl::StatusCode::kNotFound);
-  EXPECT_EQ(with_handle_of(release, m.handle),
-            store.Release("mallory", unknown, &freed).message());
+  EXPECT_EQ(with_handle_of(release, m.handle), store.Release("mallory", unknown, &freed).message());
   EXPECT_TRUE(store.Lookup("alice", m.handle, "b_handle", &found).ok());  // still there
   ASSERT_TRUE(store.Release("alice", m.handle, &freed).ok());
   foreign = store.Lookup("mallory", m.handle, "b_handle", &found);
@@ -120,7 +120,7 @@ TEST_F(MatrixStoreTest, QuotaPerClient) {
   EXPECT_TRUE(store.Allocate("bob", -1, 256, 128, &buffer, &quota).ok());  // others unaffected
 }
 
-// Issue 12, item 9: the quota is taken when an upload starts, not when its matrix is added, so
+// The quota is taken when an upload starts, not when its matrix is added, so
 // two uploads in progress can't both pass it; an upload that fails gives its bytes back.
 TEST_F(MatrixStoreTest, QuotaIsReservedAtAdmission) {
   MatrixStore store(backend_.get(), {.quota_bytes_per_client = 65536 + 1000});
@@ -138,7 +138,8 @@ TEST_F(MatrixStoreTest, QuotaIsReservedAtAdmission) {
   { QuotaReservation abandoned = std::move(first_quota); }  // the upload broke off
   EXPECT_EQ(store.ClientBytes("alice"), 0);
   ASSERT_TRUE(store.Allocate("alice", -1, 256, 128, &second, &second_quota).ok());
-  ResidentMatrix m = store.Add(std::move(second_quota), 256, 128, ElementType::kFp16, second, 0s, "kept");
+  ResidentMatrix m =
+      store.Add(std::move(second_quota), 256, 128, ElementType::kFp16, second, 0s, "kept");
   EXPECT_EQ(store.ClientBytes("alice"), 65536);
   int64_t freed = 0;
   ASSERT_TRUE(store.Release("alice", m.handle, &freed).ok());

@@ -2,8 +2,8 @@
 
 #include <fcntl.h>
 #include <fmt/format.h>
-#include <sys/mman.h>
 #include <linux/magic.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/statfs.h>
 #include <unistd.h>
@@ -49,7 +49,8 @@ bool IsProcFdPath(const std::string& path) {
   constexpr char kProc[] = "/proc/", kFd[] = "/fd/";
   if (path.rfind(kProc, 0) != 0) return false;
   size_t end = 0;
-  if (!digits(sizeof(kProc) - 1, &end) || path.compare(end, sizeof(kFd) - 1, kFd) != 0) return false;
+  if (!digits(sizeof(kProc) - 1, &end) || path.compare(end, sizeof(kFd) - 1, kFd) != 0)
+    return false;
   return digits(end + sizeof(kFd) - 1, &end) && end == path.size();
 }
 
@@ -61,10 +62,10 @@ std::string NewRegionHandle() {
 }
 
 absl::Status UnknownRegion(const std::string& handle) {
-  return status::NotFound(fmt::format(
-      "region {} does not exist (never registered, unregistered, or expired after "
-      "--region_ttl_s without use)",
-      status::Quote(handle)));
+  return status::NotFound(
+      fmt::format("region {} does not exist (never registered, unregistered, or expired after "
+                  "--region_ttl_s without use)",
+                  status::Quote(handle)));
 }
 
 // The pid of a path IsProcFdPath accepted.
@@ -143,11 +144,12 @@ std::string RegionStore::Account(const std::string& owner) {
 }
 
 absl::Status RegionStore::Register(const std::string& owner, const RegisteringProcess& caller,
-                                   const std::string& path, int64_t bytes,
-                                   const std::string& label, RegionInfo* info) {
+                                   const std::string& path, int64_t bytes, const std::string& label,
+                                   RegionInfo* info) {
   if (!IsProcFdPath(path)) {
     return status::InvalidArgument(
-        "path", fmt::format("{}: expected /proc/<pid>/fd/<fd> of a sealed memfd", status::Quote(path)));
+        "path",
+        fmt::format("{}: expected /proc/<pid>/fd/<fd> of a sealed memfd", status::Quote(path)));
   }
   if (absl::Status s = CheckSizeAndLabel(bytes, label); !s.ok()) return s;
   // Nothing is opened unless the path is the caller's own: otherwise the server would read or
@@ -208,9 +210,9 @@ absl::Status RegionStore::Register(const std::string& owner, const RegisteringPr
         status::Quote(path)));
   }
   if ((seals & (F_SEAL_WRITE | F_SEAL_FUTURE_WRITE)) != 0) {
-    return status::FailedPrecondition(fmt::format(
-        "path {}: the file is sealed against writing; C could not be written there",
-        status::Quote(path)));
+    return status::FailedPrecondition(
+        fmt::format("path {}: the file is sealed against writing; C could not be written there",
+                    status::Quote(path)));
   }
   // After the seal: the size can only grow from here.
   if (fstat(fd.get(), &st) != 0 || st.st_size < bytes) {
@@ -223,10 +225,10 @@ absl::Status RegionStore::Register(const std::string& owner, const RegisteringPr
   const int64_t page = sysconf(_SC_PAGESIZE);
   const int64_t allocated = int64_t(st.st_blocks) * 512;
   if (allocated < (int64_t(st.st_size) + page - 1) / page * page) {
-    return status::FailedPrecondition(fmt::format(
-        "path {}: only {} of its {} bytes are allocated (a sparse file): write them or "
-        "fallocate(fd, 0, 0, size) before registering",
-        status::Quote(path), allocated, int64_t(st.st_size)));
+    return status::FailedPrecondition(
+        fmt::format("path {}: only {} of its {} bytes are allocated (a sparse file): write them or "
+                    "fallocate(fd, 0, 0, size) before registering",
+                    status::Quote(path), allocated, int64_t(st.st_size)));
   }
   std::unique_ptr<Reservation> reservation;
   if (absl::Status s = Reserve(owner, bytes, /*host_memory=*/true, &reservation); !s.ok()) {
@@ -241,7 +243,8 @@ absl::Status RegionStore::Register(const std::string& owner, const RegisteringPr
       return status::OverLimit("host_memory",
                                fmt::format("mapping {} bytes: {}", bytes, strerror(e)));
     }
-    return status::FailedPrecondition(fmt::format("path {}: cannot map it: {}", status::Quote(path), strerror(e)));
+    return status::FailedPrecondition(
+        fmt::format("path {}: cannot map it: {}", status::Quote(path), strerror(e)));
   }
   std::function<void()> unpin;
   absl::Status pinned = backend_ != nullptr && options_.pin_for_dma
@@ -355,16 +358,20 @@ absl::Status RegionStore::CheckQuotaLocked(const std::string& account, int64_t b
                                          regions));
   }
   if (bytes > options_.max_bytes_per_owner - held) {
-    return status::OverLimit("max_region_bytes_per_client", fmt::format(
-        "{} more bytes would put this client's regions over {} (--max_region_bytes_per_client; "
-        "{} registered)",
-        bytes, options_.max_bytes_per_owner, held));
+    return status::OverLimit(
+        "max_region_bytes_per_client",
+        fmt::format(
+            "{} more bytes would put this client's regions over {} (--max_region_bytes_per_client; "
+            "{} registered)",
+            bytes, options_.max_bytes_per_owner, held));
   }
   if (host_memory && bytes > options_.max_host_bytes - host_bytes) {
-    return status::OverLimit("max_region_bytes_total", fmt::format(
-        "{} more bytes would put the regions of all clients over {} (--max_region_bytes_total; "
-        "{} registered)",
-        bytes, options_.max_host_bytes, host_bytes));
+    return status::OverLimit(
+        "max_region_bytes_total",
+        fmt::format(
+            "{} more bytes would put the regions of all clients over {} (--max_region_bytes_total; "
+            "{} registered)",
+            bytes, options_.max_host_bytes, host_bytes));
   }
   return absl::OkStatus();
 }
@@ -378,9 +385,9 @@ absl::Status RegionStore::Unregister(const std::string& owner, const std::string
   auto it = regions_.find(handle);
   if (it == regions_.end() || it->second.info.owner != owner) return UnknownRegion(handle);
   if (it->second.info.leases > 0) {
-    return status::FailedPrecondition(fmt::format(
-        "region {} is in use by {} GEMM(s); unregister it once they are answered",
-        status::Quote(handle), it->second.info.leases));
+    return status::FailedPrecondition(
+        fmt::format("region {} is in use by {} GEMM(s); unregister it once they are answered",
+                    status::Quote(handle), it->second.info.leases));
   }
   *freed = it->second.info.bytes;
   released.push_back(std::move(it->second.mapping));
@@ -423,9 +430,9 @@ absl::Status RegionStore::Acquire(const std::string& owner, const std::string& h
   taken.pinned_ = entry.info.dma;
   if (entry.device_memory) {
     // A view of the leased bytes that holds the region open.
-    taken.device_view_ = std::make_shared<ResidentBuffer>(
-        entry.info.device_index, bytes, entry.base + offset,
-        [open = entry.device_memory](void*) {});
+    taken.device_view_ =
+        std::make_shared<ResidentBuffer>(entry.info.device_index, bytes, entry.base + offset,
+                                         [open = entry.device_memory](void*) {});
     taken.data_ = nullptr;  // device memory: no host pointer
   }
   ++entry.info.leases;

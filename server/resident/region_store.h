@@ -176,8 +176,8 @@ class RegionStore {
   // FAILED_PRECONDITION (without allow_cuda_ipc).
   // REQUIRES: CheckAllowed passed for the call.
   absl::Status RegisterCudaIpc(const std::string& owner, const std::string& ipc_handle,
-                               const std::string& device, int64_t bytes,
-                               const std::string& label, RegionInfo* info);
+                               const std::string& device, int64_t bytes, const std::string& label,
+                               RegionInfo* info);
 
   // Unmaps `owner`'s region `handle`: NOT_FOUND (none of this owner's), FAILED_PRECONDITION
   // (GEMMs hold it: unregister once they are answered).
@@ -231,8 +231,7 @@ class RegionStore {
   void Unlease(const std::string& handle);
   // RESOURCE_EXHAUSTED if `bytes` more in one more region would pass the quota of `account`,
   // or (`host_memory`) max_host_bytes. REQUIRES: mu_ held.
-  absl::Status CheckQuotaLocked(const std::string& account, int64_t bytes,
-                                bool host_memory) const;
+  absl::Status CheckQuotaLocked(const std::string& account, int64_t bytes, bool host_memory) const;
   // Drops regions idle past the ttl, their mappings into `released`. REQUIRES: mu_ held.
   void ExpireLocked(Clock::time_point now, Released* released);
 

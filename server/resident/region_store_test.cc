@@ -82,13 +82,17 @@ TEST(RegionStore, OffsetsThatOverflow64Bits) {
   RegionLease lease;
   const uint64_t max = std::numeric_limits<uint64_t>::max();
   for (uint64_t offset : {max - 1, max - 4095, uint64_t{1} << 63, max - 2}) {
-    EXPECT_EQ(store.Acquire("alice", info.handle, offset & ~(kRegionAlignment - 1), 4096,
-                            "a_region", &lease).code(),
+    EXPECT_EQ(store
+                  .Acquire("alice", info.handle, offset & ~(kRegionAlignment - 1), 4096, "a_region",
+                           &lease)
+                  .code(),
               absl::StatusCode::kOutOfRange)
         << offset;
   }
-  EXPECT_EQ(store.Acquire("alice", info.handle, 16, std::numeric_limits<int64_t>::max(), "a_region",
-                          &lease).code(),
+  EXPECT_EQ(store
+                .Acquire("alice", info.handle, 16, std::numeric_limits<int64_t>::max(), "a_region",
+                         &lease)
+                .code(),
             absl::StatusCode::kOutOfRange);
   EXPECT_TRUE(lease.empty());
 }
@@ -190,8 +194,8 @@ TEST(RegionStore, TruncatingASealedMemfdFailsAndTheMappingStays) {
 }
 
 TEST(RegionStore, Quotas) {
-  RegionStore store({.allow_shared_memory = true, .max_regions_per_owner = 2,
-                     .max_bytes_per_owner = 8192});
+  RegionStore store(
+      {.allow_shared_memory = true, .max_regions_per_owner = 2, .max_bytes_per_owner = 8192});
   Memfd a(4096), b(4096), c(4096);
   RegionInfo info;
   ASSERT_TRUE(store.Register("alice", ThisProcess(), a.path(), 4096, "", &info).ok());
@@ -351,11 +355,11 @@ TEST(RegionStore, AnotherProcesssMemfdIsRefused) {
   ASSERT_GE(victim.fd(), 0);
   RegionStore store(Allowed());
   RegionInfo info;
-  const absl::Status real = store.Register("mallory", ThisProcess(), victim.path(),
-                                           4096, "", &info);
+  const absl::Status real =
+      store.Register("mallory", ThisProcess(), victim.path(), 4096, "", &info);
   EXPECT_EQ(real.code(), absl::StatusCode::kPermissionDenied) << real;
-  const absl::Status none = store.Register("mallory", ThisProcess(), victim.path(97),
-                                           4096, "", &info);
+  const absl::Status none =
+      store.Register("mallory", ThisProcess(), victim.path(97), 4096, "", &info);
   EXPECT_EQ(none.code(), real.code()) << none;
   EXPECT_TRUE(store.List("mallory").empty());
   // The victim itself may register it.
@@ -475,9 +479,8 @@ TEST(RegionStore, ConcurrentRegistrationsReserveTheirQuota) {
   Memfd a(4096), b(4096);
   RegionInfo first, second;
   absl::Status first_status;
-  std::thread registering([&] {
-    first_status = store.Register("alice", ThisProcess(), a.path(), 4096, "", &first);
-  });
+  std::thread registering(
+      [&] { first_status = store.Register("alice", ThisProcess(), a.path(), 4096, "", &first); });
   backend.AwaitFirst();
   absl::Status s = store.Register("alice", ThisProcess(), b.path(), 4096, "", &second);
   backend.Release();

@@ -105,11 +105,10 @@ class BatchingTest : public ::testing::Test {
     corrupt_ = corrupted ? 1 : 0;
     Start({.verify_failures_to_retire = 0},
           {.after_gemm = [this](int, const GemmJob& job, void* c) {
-             if (job.b_resident && corrupt_.fetch_sub(1) > 0) {
-               CorruptC(CFault::kLargeError, job.shape.c_type, job.shape.n, c, job.shape.m - 1,
-                        1);
-             }
-           }});
+            if (job.b_resident && corrupt_.fetch_sub(1) > 0) {
+              CorruptC(CFault::kLargeError, job.shape.c_type, job.shape.n, c, job.shape.m - 1, 1);
+            }
+          }});
     HoldTheSlot();
     std::vector<std::unique_ptr<RowsGemm>> members;
     for (int i = 0; i < 4; ++i) {
@@ -228,8 +227,7 @@ TEST_F(BatchingTest, CancelledExpiredAndFailingMembersLeaveTheOthersAlone) {
   EXPECT_TRUE(cancelled->Untouched());
   EXPECT_EQ(answers_.status(2).code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_TRUE(expired->Untouched());
-  EXPECT_EQ(answers_.status(3).code(), absl::StatusCode::kResourceExhausted)
-      << answers_.status(3);
+  EXPECT_EQ(answers_.status(3).code(), absl::StatusCode::kResourceExhausted) << answers_.status(3);
   EXPECT_EQ(answers_.report(3).batch_size, 1);
   EXPECT_EQ(answers_.report(3).c_resident, nullptr);
   ExpectSettled();
@@ -345,9 +343,7 @@ TEST_F(BatchingTest, MaxBatchRowsBoundsABatch) {
 
 // Checked members share a launch only with members checked alike, and the launch's C is
 // checked once.
-TEST_F(BatchingTest, CheckedMembersAreCheckedTogether) {
-  ChecksMembers(/*corrupted=*/false);
-}
+TEST_F(BatchingTest, CheckedMembersAreCheckedTogether) { ChecksMembers(/*corrupted=*/false); }
 
 // When the launch's check fails, every member is rerun alone, and answered right.
 TEST_F(BatchingTest, AFailedCheckRerunsTheMembersAlone) { ChecksMembers(/*corrupted=*/true); }

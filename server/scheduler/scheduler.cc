@@ -67,9 +67,21 @@ int Scheduler::LeastLoadedDeviceLocked() const {
   return PickLeastLoaded(loads);
 }
 
+namespace {
+
+// What a queued GEMM counts against --max_queued_bytes: its bytes less its operands resident on
+// a device, which the resident store counts once (many GEMMs queued on one resident B would
+// otherwise fill the budget with copies of B that nobody stages).
+int64_t AdmittedBytes(const GemmJob& job) {
+  return job.shape.Bytes() - (job.a_resident ? job.shape.ABytes() : 0) -
+         (job.b_resident ? job.shape.BBytes() : 0) - (job.c_in_resident ? job.shape.CInBytes() : 0);
+}
+
+}  // namespace
+
 absl::Status Scheduler::Enqueue(GemmJob job, GemmDone done) {
   if (absl::Status s = CheckSize(job.shape); !s.ok()) return s;
-  const int64_t bytes = job.shape.Bytes();
+  const int64_t bytes = AdmittedBytes(job);
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (stopping_) return status::ShuttingDown();
@@ -79,10 +91,10 @@ absl::Status Scheduler::Enqueue(GemmJob job, GemmDone done) {
     const auto owner = queued_by_owner_.find(job.owner);
     const int64_t owner_queued = owner != queued_by_owner_.end() ? owner->second : 0;
     if (options_.max_queued_per_owner > 0 && owner_queued >= options_.max_queued_per_owner) {
-      return status::QueueFull(fmt::format(
-          "queue full for this client: {} of its GEMMs waiting, its whole share "
-          "(--max_queued_per_client)",
-          owner_queued));
+      return status::QueueFull(
+          fmt::format("queue full for this client: {} of its GEMMs waiting, its whole share "
+                      "(--max_queued_per_client)",
+                      owner_queued));
     }
     if (admitted_bytes_ + bytes > options_.max_queued_bytes) {
       return status::QueueFull(fmt::format("queue full: {} of {} bytes admitted", admitted_bytes_,
@@ -245,9 +257,9 @@ void Scheduler::SpinForWork(const DeviceQueue& device) const {
 }
 
 absl::Status Scheduler::DeviceFailed(int device_index) const {
-  return status::DeviceFailed(fmt::format(
-      "device {} has failed (a sticky CUDA error); the server must restart",
-      backend_->Devices()[device_index].id));
+  return status::DeviceFailed(
+      fmt::format("device {} has failed (a sticky CUDA error); the server must restart",
+                  backend_->Devices()[device_index].id));
 }
 
 absl::Status Scheduler::Refusal(int slot, const Entry& entry, Clock::time_point started,
@@ -264,7 +276,8 @@ absl::Status Scheduler::Refusal(int slot, const Entry& entry, Clock::time_point 
 absl::Status Scheduler::RunEntry(int slot, const Entry& entry, GemmReport* out) {
   const auto started = Clock::now();
   GemmReport report;
-  report.queue_wait_ms = std::chrono::duration<double, std::milli>(started - entry.admitted).count();
+  report.queue_wait_ms =
+      std::chrono::duration<double, std::milli>(started - entry.admitted).count();
   absl::Status result = Refusal(slot, entry, started, report.queue_wait_ms);
   if (result.ok()) result = RunVerified(slot, entry.job, &report);
   *out = std::move(report);
@@ -332,10 +345,10 @@ void Scheduler::RunBatch(int slot, std::vector<Entry>* batch) {
     const std::string failure =
         fmt::format("device {} stream {}: a batch of {} GEMMs: {}", reports.front().device_id,
                     reports.front().stream_id, members.size(), check_failure);
-    logging::Log(spdlog::level::err,
-                 "batched gemm C failed its Freivalds check; rerunning its members alone: " +
-                     failure,
-                 {{"request_id", jobs.front().request_id}});
+    logging::Log(
+        spdlog::level::err,
+        "batched gemm C failed its Freivalds check; rerunning its members alone: " + failure,
+        {{"request_id", jobs.front().request_id}});
     CountVerifyFailure(device, failure);
   }
   // The members the launch answered first, then the others, each rerun alone.
@@ -360,23 +373,23 @@ void Scheduler::Finish(int slot, Entry& entry, const absl::Status& result, GemmR
   const GemmJob& job = entry.job;
   report.server_total_ms = MillisecondsSince(entry.admitted);
   if (spdlog::should_log(spdlog::level::debug)) {  // the message costs a format per GEMM
-    logging::Log(spdlog::level::debug,
-                 fmt::format("gemm {} kernel={} slot={} batch={} status={} queue={:.3f}ms "
-                             "kernel={:.3f}ms total={:.3f}ms",
-                             job.shape.Grouped()
-                                 ? fmt::format("group of {}", job.shape.group.size())
-                                 : fmt::format("{}x{}x{}", job.shape.m, job.shape.n, job.shape.k),
-                             report.kernel, slot, report.batch_size,
-                             status::CodeName(result.code()), report.queue_wait_ms,
-                             report.kernel_ms, report.server_total_ms),
-                 {{"request_id", job.request_id}, {"traceparent", job.traceparent}});
+    logging::Log(
+        spdlog::level::debug,
+        fmt::format("gemm {} kernel={} slot={} batch={} status={} queue={:.3f}ms "
+                    "kernel={:.3f}ms total={:.3f}ms",
+                    job.shape.Grouped()
+                        ? fmt::format("group of {}", job.shape.group.size())
+                        : fmt::format("{}x{}x{}", job.shape.m, job.shape.n, job.shape.k),
+                    report.kernel, slot, report.batch_size, status::CodeName(result.code()),
+                    report.queue_wait_ms, report.kernel_ms, report.server_total_ms),
+        {{"request_id", job.request_id}, {"traceparent", job.traceparent}});
   }
   {
     // Before `done`: whoever sees the answer sees the load without this job.
     std::lock_guard<std::mutex> lock(mu_);
     devices_[backend_->SlotDevice(slot)].running--;
     completed_total_++;
-    admitted_bytes_ -= job.shape.Bytes();
+    admitted_bytes_ -= AdmittedBytes(job);
   }
   try {
     entry.done(result, report);
@@ -400,8 +413,8 @@ namespace {
 // matrix is C's), else null: the first run overwrites it, and a rerun needs it.
 const char* CInInsideC(const GemmJob& job) {
   if (!job.shape.c_input || job.keep_c) return nullptr;
-  const auto* c_in = static_cast<const char*>(job.c_in_resident ? job.c_in_resident->data
-                                                                 : job.c_in);
+  const auto* c_in =
+      static_cast<const char*>(job.c_in_resident ? job.c_in_resident->data : job.c_in);
   const auto* c = static_cast<const char*>(job.c_device ? job.c_device->data : job.c);
   const int64_t bytes = job.shape.CBytes();
   if (c_in == nullptr || c == nullptr) return nullptr;
@@ -544,10 +557,9 @@ void Scheduler::CountVerifyFailure(int device, const std::string& failure) {
   }
   const int limit = options_.verify_failures_to_retire;
   if (limit > 0 && failures >= limit && backend_->DeviceHealthy(device)) {
-    backend_->TakeOutOfService(
-        device, fmt::format("{} of its GEMMs failed their Freivalds check "
-                            "(--verify_failures_to_retire={}); the last: {}",
-                            failures, limit, failure));
+    backend_->TakeOutOfService(device, fmt::format("{} of its GEMMs failed their Freivalds check "
+                                                   "(--verify_failures_to_retire={}); the last: {}",
+                                                   failures, limit, failure));
   }
 }
 

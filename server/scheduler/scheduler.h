@@ -4,9 +4,9 @@
 // resident operands live; optionally an idle device when that one is saturated) or else to the
 // one with the fewest outstanding (queued + running) jobs per slot. One worker thread per
 // backend slot pulls from its device's queue and runs jobs to completion, so the jobs of
-// different slots (CUDA streams) overlap. Admission is bounded by queued jobs and by bytes of admitted jobs.
-// A device that has failed (Backend::DeviceHealthy false: a sticky CUDA error) takes no new
-// jobs: jobs go to a healthy device, jobs pinned to the failed one are refused with
+// different slots (CUDA streams) overlap. Admission is bounded by queued jobs and by bytes of
+// admitted jobs. A device that has failed (Backend::DeviceHealthy false: a sticky CUDA error) takes
+// no new jobs: jobs go to a healthy device, jobs pinned to the failed one are refused with
 // UNAVAILABLE, and the jobs still queued on it are answered UNAVAILABLE without running.
 //
 // Verified GEMMs (GemmJob::verify, or every GEMM with SchedulerOptions::verify_all): the
@@ -163,7 +163,7 @@ class Scheduler {
     int64_t running = 0;
     int slots = 0;
     std::condition_variable work_available;  // wakes one of this device's workers
-    int gathering = 0;  // workers waiting out a batch window here
+    int gathering = 0;                       // workers waiting out a batch window here
     std::condition_variable member_arrived;  // wakes them all at each new entry
   };
 
@@ -213,15 +213,15 @@ class Scheduler {
   const SchedulerOptions options_;
 
   mutable std::mutex mu_;
-  std::vector<DeviceQueue> devices_;  // guarded by mu_
-  int64_t queued_ = 0;                // guarded by mu_
-  std::map<std::string, int64_t> queued_by_owner_;  // guarded by mu_; owners with > 0
-  int64_t admitted_bytes_ = 0;        // guarded by mu_
-  int64_t admitted_total_ = 0;        // guarded by mu_
-  int64_t completed_total_ = 0;       // guarded by mu_
-  bool stopping_ = false;             // guarded by mu_
-  std::vector<VerifyStats> verify_stats_;  // guarded by mu_; per device
-  BatchStats batch_stats_;                 // guarded by mu_
+  std::vector<DeviceQueue> devices_;                  // guarded by mu_
+  int64_t queued_ = 0;                                // guarded by mu_
+  std::map<std::string, int64_t> queued_by_owner_;    // guarded by mu_; owners with > 0
+  int64_t admitted_bytes_ = 0;                        // guarded by mu_
+  int64_t admitted_total_ = 0;                        // guarded by mu_
+  int64_t completed_total_ = 0;                       // guarded by mu_
+  bool stopping_ = false;                             // guarded by mu_
+  std::vector<VerifyStats> verify_stats_;             // guarded by mu_; per device
+  BatchStats batch_stats_;                            // guarded by mu_
   std::vector<std::unique_ptr<std::mutex>> slot_mu_;  // held while the backend runs on a slot
   std::vector<std::thread> workers_;
 };

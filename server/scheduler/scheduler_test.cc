@@ -31,7 +31,9 @@ class GatedBackend final : public Backend {
   absl::Status AllocateResident(int, int64_t, std::shared_ptr<ResidentBuffer>*) override {
     return absl::Status(absl::StatusCode::kUnimplemented, "");
   }
-  absl::Status WriteResident(ResidentBuffer&, int64_t, const void*, int64_t) override { return absl::OkStatus(); }
+  absl::Status WriteResident(ResidentBuffer&, int64_t, const void*, int64_t) override {
+    return absl::OkStatus();
+  }
   absl::Status ReadResident(const ResidentBuffer&, void*) override { return absl::OkStatus(); }
 
   bool DeviceHealthy(int device_index) const override { return !failed_[device_index]; }
@@ -196,6 +198,27 @@ TEST(Scheduler, ByteBudget) {
   EXPECT_EQ(scheduler.Enqueue(Job(), results.Callback()).code(), absl::StatusCode::kUnavailable);
   backend.Open();
   results.WaitFor(2);
+}
+
+// Many GEMMs on one resident B: B's bytes are on the device once, not queued with each GEMM.
+TEST(Scheduler, ResidentOperandsDoNotCountAgainstTheByteBudget) {
+  GatedBackend backend(1, 1);
+  const int64_t one_job = Job().shape.Bytes();  // A, B and C of 8×8: a third each
+  // Unbatched: the gated backend has no memory behind its resident B to stack rows against.
+  Scheduler scheduler(&backend, {.max_queued_bytes = 2 * one_job, .batching = false});
+  auto b = std::make_shared<ResidentBuffer>(0, Job().shape.BBytes(), nullptr, [](void*) {});
+  Results results;
+  for (int i = 0; i < 3; ++i) {
+    GemmJob job = Job();
+    job.b_resident = b;
+    ASSERT_TRUE(scheduler.Enqueue(job, results.Callback()).ok()) << i;
+  }
+  GemmJob sent = Job();  // B sent too: past the budget now
+  EXPECT_EQ(scheduler.Enqueue(sent, results.Callback()).code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(scheduler.GetStats().admitted_bytes, 2 * one_job);
+  backend.Open();
+  results.WaitFor(3);
+  EXPECT_EQ(scheduler.GetStats().admitted_bytes, 0);
 }
 
 TEST(Scheduler, LargerThanBackendTakesIsResourceExhausted) {

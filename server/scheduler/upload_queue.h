@@ -53,7 +53,7 @@ class UploadQueue {
   std::mutex mu_;
   std::condition_variable work_available_;
   std::deque<std::function<void()>> tasks_;  // guarded by mu_
-  bool stopping_ = false;   // guarded by mu_
+  bool stopping_ = false;                    // guarded by mu_
   std::vector<std::thread> workers_;
 };
 
@@ -70,7 +70,7 @@ class WriteTally {
     bytes_left_ -= bytes;
     return bytes_left_ == 0;
   }
-  bool complete() const { return bytes_left_ == 0; }   // every expected byte counted
+  bool complete() const { return bytes_left_ == 0; }    // every expected byte counted
   const absl::Status& error() const { return error_; }  // the first failure, else OK
   double copy_ms() const { return copy_ms_; }           // summed over the writes
 

@@ -51,7 +51,8 @@ TEST(UploadQueueTest, DestructionFinishesQueuedWrites) {
   {
     UploadQueue queue(backend.get(), 1);
     for (int i = 0; i < 100; ++i) {
-      queue.Write(buffer, i, std::string("x"), [&](const absl::Status& s, double) { done += s.ok(); });
+      queue.Write(buffer, i, std::string("x"),
+                  [&](const absl::Status& s, double) { done += s.ok(); });
     }
   }
   EXPECT_EQ(done, 100);

@@ -7,7 +7,6 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstring>
-#include <future>
 #include <mutex>
 #include <random>
 #include <vector>
@@ -17,6 +16,7 @@
 #include "server/scheduler/scheduler.h"
 #include "server/testing/c_faults.h"
 #include "server/testing/forwarding_backend.h"
+#include "server/testing/run_job.h"
 
 namespace hgemm {
 namespace {
@@ -27,11 +27,10 @@ namespace {
 class FaultyDevices final : public ForwardingBackend {
  public:
   explicit FaultyDevices(int devices)
-      : ForwardingBackend(MakeCpuBackend(
-            {.workers = devices,
-             .after_gemm = [this](int slot, const GemmJob& job, void* c) {
-               Inject(slot, job, c);
-             }})),
+      : ForwardingBackend(
+            MakeCpuBackend({.workers = devices,
+                            .after_gemm = [this](int slot, const GemmJob& job,
+                                                 void* c) { Inject(slot, job, c); }})),
         devices_(devices) {}
 
   std::vector<DeviceDescription> Devices() const override {
@@ -71,9 +70,9 @@ class FaultyDevices final : public ForwardingBackend {
   std::atomic<bool> out_of_service_[4] = {};
   std::atomic<int> injected_{0};
   std::mutex mu_;
-  unsigned faulty_ = 0;  // guarded by mu_
+  unsigned faulty_ = 0;                 // guarded by mu_
   CFault fault_ = CFault::kLargeError;  // guarded by mu_
-  int budget_ = -1;  // guarded by mu_
+  int budget_ = -1;                     // guarded by mu_
 };
 
 // A GEMM with fresh random operands, its C buffer poisoned, and its fp32 reference.
@@ -87,10 +86,13 @@ struct TestGemm {
            float alpha = 1, float beta = 0) {
     a = RandomHalfMatrix(m * k, rng, form.bf16);
     b = RandomHalfMatrix(k * n, rng, form.bf16);
-    job.shape = {.m = m, .n = n, .k = k,
+    job.shape = {.m = m,
+                 .n = n,
+                 .k = k,
                  .ab_type = form.bf16 ? ElementType::kBf16 : ElementType::kFp16,
                  .c_type = form.c_fp32 ? ElementType::kFp32
-                           : form.bf16 ? ElementType::kBf16 : ElementType::kFp16,
+                           : form.bf16 ? ElementType::kBf16
+                                       : ElementType::kFp16,
                  .c_input = beta != 0};
     const int64_t c_bytes = job.shape.CBytes();
     if (beta != 0) {  // C_in: random values of C's type (fp32: random halves as fp32 pairs)
@@ -127,25 +129,6 @@ struct TestGemm {
   GemmForm form;
 };
 
-struct Answer {
-  absl::Status status;
-  GemmReport report;
-};
-
-Answer RunJob(Scheduler& scheduler, GemmJob job) {
-  std::promise<Answer> answered;
-  auto future = answered.get_future();
-  const absl::Status admitted =
-      scheduler.Enqueue(std::move(job), [&](const absl::Status& s, const GemmReport& r) {
-        // A fresh Status, not a copy: a copy shares s's reference-counted message, whose count
-        // lives in Debian's uninstrumented absl, and TSan then sees the worker's final release
-        // race this thread's earlier read of the message.
-        answered.set_value({absl::Status(s.code(), s.message()), r});
-      });
-  if (!admitted.ok()) return {admitted, {}};
-  return future.get();
-}
-
 TEST(Verify, CorrectGemmsOfEveryFormPass) {
   FaultyDevices backend(2);
   Scheduler scheduler(&backend, {});
@@ -155,10 +138,10 @@ TEST(Verify, CorrectGemmsOfEveryFormPass) {
       for (bool bf16 : {false, true}) {
         for (bool c_fp32 : {false, true}) {
           for (auto [alpha, beta] : {std::pair{1.0f, 0.0f}, std::pair{0.5f, -1.25f}}) {
-            const GemmForm form{.transpose_a = ta, .transpose_b = tb, .bf16 = bf16,
-                                .c_fp32 = c_fp32};
+            const GemmForm form{
+                .transpose_a = ta, .transpose_b = tb, .bf16 = bf16, .c_fp32 = c_fp32};
             TestGemm g(33, 47, 300, rng, form, alpha, beta);
-            const Answer answer = RunJob(scheduler, g.job);
+            const JobAnswer answer = RunJob(scheduler, g.job);
             ASSERT_TRUE(answer.status.ok()) << answer.status;
             EXPECT_EQ(answer.report.verified_repetitions, 2);
             EXPECT_EQ(answer.report.verify_failure, "");
@@ -176,15 +159,13 @@ TEST(Verify, CorrectGemmsOfEveryFormPass) {
 
 TEST(Verify, TheServerDefaultChecksEveryGemm) {
   FaultyDevices backend(1);
-  Scheduler scheduler(&backend,
-                      {.verify_all = true,
-                       .verify_repetitions = 3,
-                       .verify_failures_to_retire = 0});
+  Scheduler scheduler(
+      &backend, {.verify_all = true, .verify_repetitions = 3, .verify_failures_to_retire = 0});
   std::mt19937_64 rng(12);
   TestGemm g(16, 16, 64, rng);
   g.job.verify = false;
   g.job.verify_repetitions = 0;
-  const Answer answer = RunJob(scheduler, g.job);
+  const JobAnswer answer = RunJob(scheduler, g.job);
   ASSERT_TRUE(answer.status.ok()) << answer.status;
   EXPECT_EQ(answer.report.verified_repetitions, 3);
 }
@@ -195,7 +176,7 @@ TEST(Verify, AJobThatDoesNotAskIsNotChecked) {
   std::mt19937_64 rng(18);
   TestGemm g(16, 16, 64, rng);
   g.job.verify = false;  // a repetition count alone asks for nothing
-  const Answer answer = RunJob(scheduler, g.job);
+  const JobAnswer answer = RunJob(scheduler, g.job);
   ASSERT_TRUE(answer.status.ok()) << answer.status;
   EXPECT_EQ(answer.report.verified_repetitions, 0);
   EXPECT_EQ(answer.report.verify_ms, 0);
@@ -209,7 +190,7 @@ TEST(Verify, ACorruptedRunIsRerunOnAnotherDeviceAndAnsweredRight) {
     backend.Corrupt(/*device 0*/ 1, fault);
     TestGemm g(24, 40, 128, rng);
     g.job.device_index = 0;
-    const Answer answer = RunJob(scheduler, g.job);
+    const JobAnswer answer = RunJob(scheduler, g.job);
     ASSERT_TRUE(answer.status.ok()) << CFaultName(fault) << ": " << answer.status;
     EXPECT_EQ(answer.report.device_id, 1);
     EXPECT_EQ(answer.report.suspect_device_id, 0);
@@ -226,13 +207,15 @@ TEST(Verify, ACorruptedRunIsRerunOnAnotherDeviceAndAnsweredRight) {
 TEST(Verify, OneDeviceRerunsOnItsOtherSlot) {
   // The CPU backend as it is: one device, two slots.
   std::atomic<int> corrupted{0};
-  auto backend = MakeCpuBackend({.workers = 2, .after_gemm = [&](int, const GemmJob& job, void* c) {
-    if (corrupted++ == 0) CorruptC(CFault::kLargeError, job.shape.c_type, job.shape.n, c, 1, 2);
-  }});
+  auto backend =
+      MakeCpuBackend({.workers = 2, .after_gemm = [&](int, const GemmJob& job, void* c) {
+                        if (corrupted++ == 0)
+                          CorruptC(CFault::kLargeError, job.shape.c_type, job.shape.n, c, 1, 2);
+                      }});
   Scheduler scheduler(backend.get(), {});
   std::mt19937_64 rng(14);
   TestGemm g(8, 8, 32, rng);
-  const Answer answer = RunJob(scheduler, g.job);
+  const JobAnswer answer = RunJob(scheduler, g.job);
   ASSERT_TRUE(answer.status.ok()) << answer.status;
   EXPECT_EQ(answer.report.suspect_device_id, -1);  // the CPU's id
   EXPECT_LT(g.Error(), ServiceTolerance(false, g.form));
@@ -245,7 +228,7 @@ TEST(Verify, BothRunsCorruptedIsDataLoss) {
   backend.Corrupt(/*both devices*/ 3, CFault::kRowZeroed);
   std::mt19937_64 rng(15);
   TestGemm g(24, 40, 128, rng);
-  const Answer answer = RunJob(scheduler, g.job);
+  const JobAnswer answer = RunJob(scheduler, g.job);
   EXPECT_EQ(answer.status.code(), absl::StatusCode::kDataLoss) << answer.status;
   EXPECT_NE(answer.status.message().find("Freivalds"), std::string::npos) << answer.status;
   EXPECT_EQ(backend.injected(), 2);
@@ -262,7 +245,7 @@ TEST(Verify, InPlaceGemmIsRerunFromItsOriginalCIn) {
   g.job.c = g.c.data();
   g.job.c_in = g.c.data();
   g.job.device_index = 0;
-  const Answer answer = RunJob(scheduler, g.job);
+  const JobAnswer answer = RunJob(scheduler, g.job);
   ASSERT_TRUE(answer.status.ok()) << answer.status;
   EXPECT_EQ(answer.report.suspect_device_id, 0);
   EXPECT_LT(g.Error(), ServiceTolerance(false, g.form));
@@ -277,7 +260,7 @@ TEST(Verify, ADeviceThatKeepsFailingIsTakenOutOfService) {
   while (backend.DeviceHealthy(0) && answered < 200) {
     TestGemm g(16, 64, 64, rng);
     g.job.device_index = 0;
-    const Answer answer = RunJob(scheduler, g.job);
+    const JobAnswer answer = RunJob(scheduler, g.job);
     ++answered;
     if (!answer.status.ok()) {
       // Placed on device 0 after it left service: refused, never a wrong C.
@@ -291,7 +274,7 @@ TEST(Verify, ADeviceThatKeepsFailingIsTakenOutOfService) {
   EXPECT_EQ(scheduler.GetVerifyStats()[0].failures, 2);
   // Work goes to the healthy device now.
   TestGemm g(16, 16, 16, rng);
-  const Answer answer = RunJob(scheduler, g.job);
+  const JobAnswer answer = RunJob(scheduler, g.job);
   ASSERT_TRUE(answer.status.ok()) << answer.status;
   EXPECT_EQ(answer.report.device_id, 1);
 }

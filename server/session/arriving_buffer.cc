@@ -78,7 +78,8 @@ void ArrivingBuffer::Copied(const absl::Status& s, int64_t bytes, double copy_ms
 
 void ArrivingBuffer::MaybeSettle(std::unique_lock<std::mutex>& lock) {
   const bool failed_for_good = dropped_ || (!tally_.error().ok() && !buffer_);
-  if (!settled_ || allocating_ || writes_in_flight_ > 0 || (!tally_.complete() && !failed_for_good)) {
+  if (!settled_ || allocating_ || writes_in_flight_ > 0 ||
+      (!tally_.complete() && !failed_for_good)) {
     return lock.unlock();
   }
   Settled settled = std::exchange(settled_, nullptr);

@@ -62,15 +62,15 @@ class ArrivingBuffer : public std::enable_shared_from_this<ArrivingBuffer> {
 
   UploadQueue* const uploads_;
   std::mutex mu_;
-  bool allocating_ = true;                                // guarded by mu_
-  std::shared_ptr<ResidentBuffer> buffer_;                // guarded by mu_
-  std::vector<std::pair<int64_t, WireBytes>> early_;    // guarded by mu_; before buffer_
-  int64_t writes_in_flight_ = 0;                          // guarded by mu_
+  bool allocating_ = true;                            // guarded by mu_
+  std::shared_ptr<ResidentBuffer> buffer_;            // guarded by mu_
+  std::vector<std::pair<int64_t, WireBytes>> early_;  // guarded by mu_; before buffer_
+  int64_t writes_in_flight_ = 0;                      // guarded by mu_
   // Bytes landed (or counted after a failure), the first failure (a copy, the allocation,
   // Drop's reason) and the copy time.
-  WriteTally tally_;                                      // guarded by mu_
-  bool dropped_ = false;                                  // guarded by mu_
-  Settled settled_;                                       // guarded by mu_; empty once called
+  WriteTally tally_;      // guarded by mu_
+  bool dropped_ = false;  // guarded by mu_
+  Settled settled_;       // guarded by mu_; empty once called
 };
 
 }  // namespace hgemm

@@ -86,7 +86,9 @@ TEST_F(ArrivingBufferTest, AFailedAllocationSettlesOnceAndLaterPiecesAreDropped)
   Outcome outcome;
   auto arriving = ArrivingBuffer::Start(
       &uploads_, 100,
-      [](std::shared_ptr<ResidentBuffer>*) { return status::OverLimit("device_memory", "no memory (test)"); },
+      [](std::shared_ptr<ResidentBuffer>*) {
+        return status::OverLimit("device_memory", "no memory (test)");
+      },
       outcome.Callback());
   ASSERT_TRUE(outcome.Wait());
   EXPECT_EQ(outcome.status.code(), absl::StatusCode::kResourceExhausted);
@@ -98,9 +100,8 @@ TEST_F(ArrivingBufferTest, AFailedAllocationSettlesOnceAndLaterPiecesAreDropped)
 
 TEST_F(ArrivingBufferTest, DropSettlesWithItsReasonAndNoBuffer) {
   Outcome outcome;
-  auto arriving =
-      ArrivingBuffer::Start(&uploads_, 100, AllocateAfter(std::async([] {}).share(), 100),
-                            outcome.Callback());
+  auto arriving = ArrivingBuffer::Start(
+      &uploads_, 100, AllocateAfter(std::async([] {}).share(), 100), outcome.Callback());
   arriving->Add(0, RandomBytes(50, rng_));
   arriving->Drop(status::Idle("idle (test)"));
   ASSERT_TRUE(outcome.Wait());
@@ -113,8 +114,7 @@ TEST_F(ArrivingBufferTest, DropSettlesWithItsReasonAndNoBuffer) {
 TEST_F(ArrivingBufferTest, DropDuringTheAllocationSettlesWhenItReturns) {
   std::promise<void> go;
   Outcome outcome;
-  auto arriving = ArrivingBuffer::Start(&uploads_, 100,
-                                        AllocateAfter(go.get_future().share(), 100),
+  auto arriving = ArrivingBuffer::Start(&uploads_, 100, AllocateAfter(go.get_future().share(), 100),
                                         outcome.Callback());
   arriving->Drop(status::Cancelled());
   {

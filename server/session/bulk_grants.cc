@@ -30,9 +30,8 @@ std::string NewCapability() {
 }  // namespace
 
 absl::Status BulkGrants::Grant(const std::string& owner, const std::string& handle,
-                               BulkDirection direction, int64_t offset, int64_t length,
-                               int lanes, Clock::time_point now,
-                               std::vector<BulkLane>* granted) {
+                               BulkDirection direction, int64_t offset, int64_t length, int lanes,
+                               Clock::time_point now, std::vector<BulkLane>* granted) {
   if (lanes < 1 || lanes > options_.max_lanes) {
     return status::InvalidArgument(
         "lanes", fmt::format("must be 1 to {} (limits.max_bulk_lanes)", options_.max_lanes));

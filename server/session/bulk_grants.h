@@ -61,9 +61,9 @@ class BulkGrants {
   // `owner`. INVALID_ARGUMENT (lanes outside 1..max_lanes, length < 1, a negative offset or
   // offset + length past 2^63 - 1), RESOURCE_EXHAUSTED ("max_bulk_lanes": the owner would hold
   // more than max_lanes). The caller has checked the range against the matrix where it can.
-  absl::Status Grant(const std::string& owner, const std::string& handle,
-                     BulkDirection direction, int64_t offset, int64_t length, int lanes,
-                     Clock::time_point now, std::vector<BulkLane>* granted);
+  absl::Status Grant(const std::string& owner, const std::string& handle, BulkDirection direction,
+                     int64_t offset, int64_t length, int lanes, Clock::time_point now,
+                     std::vector<BulkLane>* granted);
 
   // The ticket of `capability`, which is then void. PERMISSION_DENIED for a capability that
   // was never granted, was used, or expired (one message for all three: a guesser learns
@@ -82,7 +82,7 @@ class BulkGrants {
 
   const BulkGrantsOptions options_;
   std::mutex mu_;
-  std::map<std::string, Entry> entries_;      // guarded by mu_; by capability
+  std::map<std::string, Entry> entries_;       // guarded by mu_; by capability
   std::map<std::string, int> lanes_by_owner_;  // guarded by mu_; owners with > 0
 };
 

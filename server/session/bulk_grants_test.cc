@@ -41,8 +41,7 @@ TEST(BulkGrants, LanesCoverTheRangeInOrderWithDistinctCapabilities) {
 TEST(BulkGrants, FewerBytesThanLanesGiveOneLanePerByte) {
   BulkGrants grants({});
   std::vector<BulkLane> lanes;
-  ASSERT_TRUE(
-      grants.Grant("a", "m", BulkDirection::kGet, 0, 3, 8, Clock::now(), &lanes).ok());
+  ASSERT_TRUE(grants.Grant("a", "m", BulkDirection::kGet, 0, 3, 8, Clock::now(), &lanes).ok());
   ASSERT_EQ(lanes.size(), 3u);
   for (int i = 0; i < 3; ++i) EXPECT_EQ(lanes[i].length, 1);
 }
@@ -88,8 +87,9 @@ TEST(BulkGrants, AnOwnerHoldsAtMostMaxLanesUnclaimed) {
   BulkTicket ticket;
   ASSERT_TRUE(grants.Claim(lanes[0].capability, now, &ticket).ok());
   EXPECT_TRUE(grants.Grant("a", "m", BulkDirection::kPut, 0, 100, 2, now, &more).ok());
-  EXPECT_TRUE(grants.Grant("a", "m", BulkDirection::kPut, 0, 100, 4,
-                           now + grants.options().lifetime, &more).ok());
+  EXPECT_TRUE(
+      grants.Grant("a", "m", BulkDirection::kPut, 0, 100, 4, now + grants.options().lifetime, &more)
+          .ok());
 }
 
 TEST(BulkGrants, BadRequestsNameTheirField) {
@@ -97,19 +97,18 @@ TEST(BulkGrants, BadRequestsNameTheirField) {
   std::vector<BulkLane> lanes;
   const Clock::time_point now = Clock::now();
   for (int bad_lanes : {0, -1, 9}) {
-    const absl::Status s = grants.Grant("a", "m", BulkDirection::kPut, 0, 10, bad_lanes, now,
-                                        &lanes);
+    const absl::Status s =
+        grants.Grant("a", "m", BulkDirection::kPut, 0, 10, bad_lanes, now, &lanes);
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
     EXPECT_EQ(status::DetailsOf(s).field, "lanes");
   }
   const absl::Status empty = grants.Grant("a", "m", BulkDirection::kPut, 0, 0, 1, now, &lanes);
   EXPECT_EQ(status::DetailsOf(empty).field, "length");
-  const absl::Status negative =
-      grants.Grant("a", "m", BulkDirection::kPut, -1, 10, 1, now, &lanes);
+  const absl::Status negative = grants.Grant("a", "m", BulkDirection::kPut, -1, 10, 1, now, &lanes);
   EXPECT_EQ(status::DetailsOf(negative).field, "offset");
   // Found by transport_fuzz: a range whose end overflows int64.
-  const absl::Status wraps = grants.Grant("a", "m", BulkDirection::kPut, INT64_MAX - 5, 10, 2,
-                                          now, &lanes);
+  const absl::Status wraps =
+      grants.Grant("a", "m", BulkDirection::kPut, INT64_MAX - 5, 10, 2, now, &lanes);
   EXPECT_EQ(wraps.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(status::DetailsOf(wraps).field, "offset");
 }

@@ -17,10 +17,12 @@ absl::Status ClientPendingBudget::Charge(const std::string& owner, int64_t bytes
   auto it = pending_bytes_.find(owner);
   const int64_t held = it == pending_bytes_.end() ? 0 : it->second;
   if (bytes > max_bytes_per_client_ - held) {
-    return status::OverLimit("max_client_pending_bytes", fmt::format(
-        "its operands ({} bytes) would put this client's incomplete streamed GEMMs over {} "
-        "bytes (--max_client_pending_bytes; {} pending now)",
-        bytes, max_bytes_per_client_, held));
+    return status::OverLimit(
+        "max_client_pending_bytes",
+        fmt::format(
+            "its operands ({} bytes) would put this client's incomplete streamed GEMMs over {} "
+            "bytes (--max_client_pending_bytes; {} pending now)",
+            bytes, max_bytes_per_client_, held));
   }
   pending_bytes_[owner] = held + bytes;
   return absl::OkStatus();
@@ -53,8 +55,8 @@ void AdmittedGemm::ReleasePending() {
   }
 }
 
-GemmCore::GemmCore(Scheduler* scheduler, Backend* backend, MatrixStore* store,
-                   UploadQueue* uploads, GemmCoreOptions options)
+GemmCore::GemmCore(Scheduler* scheduler, Backend* backend, MatrixStore* store, UploadQueue* uploads,
+                   GemmCoreOptions options)
     : scheduler_(scheduler),
       backend_(backend),
       store_(store),
@@ -65,8 +67,7 @@ GemmCore::GemmCore(Scheduler* scheduler, Backend* backend, MatrixStore* store,
       host_buffers_(options_.result_buffer_pool_bytes),
       regions_(options_.regions, backend) {}
 
-absl::Status GemmCore::Admit(const std::string& owner, GemmOrder order,
-                             AdmittedGemm* admitted) {
+absl::Status GemmCore::Admit(const std::string& owner, GemmOrder order, AdmittedGemm* admitted) {
   using Kind = OperandSource::Kind;
   AdmittedGemm gemm;
   gemm.owner_ = owner;
@@ -118,7 +119,7 @@ absl::Status GemmCore::AcquireRegions(const std::string& owner, const GemmOrder&
   if (absl::Status s = regions_.CheckAllowed(order.over_unix_socket); !s.ok()) return s;
   GemmJob& job = gemm->job_;
   const int resident_device = job.device_index;  // of resident operands, or -1
-  std::string ipc_field;                          // the first CUDA IPC region's field
+  std::string ipc_field;                         // the first CUDA IPC region's field
   // Leases `bytes` at `offset` of `region` for `field`: a region of host memory gives
   // `*host` (and whether it is pinned); a CUDA IPC region gives `*on_device`, and places the
   // GEMM on its device, refusing operands on another one.
@@ -333,9 +334,8 @@ void GemmCore::CreateUpload(const std::string& owner, const MatrixSpec& header, 
       s = status::FromCurrentException("CreateUpload");
     }
     if (!s.ok()) return done(s, {});
-    done(s, store_->AddUpload(std::move(*quota), header.rows, header.cols, dtype,
-                              std::move(buffer), std::chrono::seconds(header.ttl_seconds),
-                              header.label, transient));
+    done(s, store_->AddUpload(std::move(*quota), header.rows, header.cols, dtype, std::move(buffer),
+                              std::chrono::seconds(header.ttl_seconds), header.label, transient));
   });
 }
 
@@ -345,9 +345,8 @@ absl::Status GemmCore::BeginPart(const std::string& owner, const std::string& ha
   return store_->BeginPart(owner, handle, offset, length, field, buffer);
 }
 
-absl::Status GemmCore::EndPart(const std::string& owner, const std::string& handle,
-                               int64_t offset, int64_t length, bool landed,
-                               int64_t* missing_bytes) {
+absl::Status GemmCore::EndPart(const std::string& owner, const std::string& handle, int64_t offset,
+                               int64_t length, bool landed, int64_t* missing_bytes) {
   return store_->EndPart(owner, handle, offset, length, landed, missing_bytes);
 }
 
@@ -405,8 +404,8 @@ void GemmCore::RegisterRegion(const std::string& owner, bool over_unix_socket,
       s = spec.cuda_ipc
               ? regions_.RegisterCudaIpc(owner, spec.cuda_ipc->handle, spec.cuda_ipc->device,
                                          int64_t(spec.byte_size), spec.label, &info)
-              : regions_.Register(owner, *process, spec.path, int64_t(spec.byte_size),
-                                  spec.label, &info);
+              : regions_.Register(owner, *process, spec.path, int64_t(spec.byte_size), spec.label,
+                                  &info);
     } catch (...) {
       s = status::FromCurrentException("RegisterRegion");
     }

@@ -49,8 +49,8 @@ namespace hgemm {
 
 // What a GEMM came to, once it ran.
 struct GemmResult {
-  GemmReport report;    // its c_resident is moved into kept_c
-  std::string backend;  // Backend::Name()
+  GemmReport report;      // its c_resident is moved into kept_c
+  std::string backend;    // Backend::Name()
   ResidentMatrix kept_c;  // for ResultSink::kKeepResident: the matrix now in the store
 };
 
@@ -102,9 +102,9 @@ class AdmittedGemm {
   QuotaReservation c_quota_;
   uint32_t c_ttl_seconds_ = 0;
   bool c_transient_ = false;
-  std::vector<std::string> transient_operands_;  // handles released once it has run
+  std::vector<std::string> transient_operands_;    // handles released once it has run
   ClientPendingBudget* pending_budget_ = nullptr;  // set while arriving bytes are charged
-  std::vector<RegionLease> regions_;  // held until the GEMM is answered
+  std::vector<RegionLease> regions_;               // held until the GEMM is answered
 };
 
 struct GemmCoreOptions {
@@ -135,9 +135,9 @@ struct MatrixList {
 // An owner's regions, as ListRegions answers.
 struct RegionList {
   std::vector<RegionInfo> regions;
-  int64_t owner_bytes = 0;    // of the owner's account, against its quota
-  int64_t quota_bytes = 0;    // per account
-  int quota_regions = 0;      // per account
+  int64_t owner_bytes = 0;  // of the owner's account, against its quota
+  int64_t quota_bytes = 0;  // per account
+  int quota_regions = 0;    // per account
 };
 
 // What a transport (and the sessions under it) may ask of the core. Owners are principals the
@@ -164,8 +164,7 @@ class GemmCoreInterface {
   // the wrong shape); for regions (OperandSource/ResultSink::kRegion) those of
   // CheckRegionsAllowed and LeaseRegion: a lease on each region is held until the GEMM is
   // answered. Nothing stays held on an error. REQUIRES: order.job.shape is validated.
-  virtual absl::Status Admit(const std::string& owner, GemmOrder order,
-                             AdmittedGemm* admitted) = 0;
+  virtual absl::Status Admit(const std::string& owner, GemmOrder order, AdmittedGemm* admitted) = 0;
 
   // On an upload thread: where `bytes` of an arriving operand go, on the device an admitted
   // GEMM was placed on (its job().device_index), evicting least recently used resident
@@ -229,9 +228,8 @@ class GemmCoreInterface {
   virtual absl::Status BeginPart(const std::string& owner, const std::string& handle,
                                  int64_t offset, int64_t length, const std::string& field,
                                  std::shared_ptr<ResidentBuffer>* buffer) = 0;
-  virtual absl::Status EndPart(const std::string& owner, const std::string& handle,
-                               int64_t offset, int64_t length, bool landed,
-                               int64_t* missing_bytes) = 0;
+  virtual absl::Status EndPart(const std::string& owner, const std::string& handle, int64_t offset,
+                               int64_t length, bool landed, int64_t* missing_bytes) = 0;
   // `owner`'s matrix `handle`, marked used: NOT_FOUND (unknown, released, expired, evicted, of
   // another replica or another owner) naming `field`.
   virtual absl::Status LookupMatrix(const std::string& owner, const std::string& handle,
@@ -301,8 +299,7 @@ class GemmCore final : public GemmCoreInterface {
            GemmCoreOptions options);
 
   const RequestRules& rules() const override { return options_.rules; }
-  absl::Status Admit(const std::string& owner, GemmOrder order,
-                     AdmittedGemm* admitted) override;
+  absl::Status Admit(const std::string& owner, GemmOrder order, AdmittedGemm* admitted) override;
   absl::Status AllocateArriving(int device_index, int64_t bytes,
                                 std::shared_ptr<ResidentBuffer>* buffer) override;
   absl::Status Run(AdmittedGemm admitted, GemmFinished done) override;
@@ -340,8 +337,7 @@ class GemmCore final : public GemmCoreInterface {
 
   absl::Status CheckRegionsAllowed(bool over_unix_socket) const override;
   void RegisterRegion(const std::string& owner, bool over_unix_socket, const RegionSpec& spec,
-                      std::optional<RegisteringProcess> process,
-                      RegionRegistered done) override;
+                      std::optional<RegisteringProcess> process, RegionRegistered done) override;
   absl::Status UnregisterRegion(const std::string& owner, bool over_unix_socket,
                                 const std::string& handle, int64_t* freed_bytes) override;
   absl::Status ListRegions(const std::string& owner, bool over_unix_socket,
@@ -366,8 +362,7 @@ class GemmCore final : public GemmCoreInterface {
   // of host memory (job.pinned saying which the backend pinned); CUDA IPC regions become its
   // resident operands and c_device, and keep the job on their device (FAILED_PRECONDITION for
   // operands on another one).
-  absl::Status AcquireRegions(const std::string& owner, const GemmOrder& order,
-                              AdmittedGemm* gemm);
+  absl::Status AcquireRegions(const std::string& owner, const GemmOrder& order, AdmittedGemm* gemm);
 
   Scheduler* const scheduler_;
   Backend* const backend_;

@@ -134,8 +134,9 @@ TEST_F(GemmCoreTest, RunsAHostGemmToTheFloat64Reference) {
   std::vector<uint16_t> c(kM * kN, kHalfNan);
   AdmittedGemm admitted;
   ASSERT_TRUE(core_
-                  .Admit("alice", Order(kM, kN, kK, OperandSource::Inline(Bytes(a)),
-                                        OperandSource::Inline(Bytes(b))),
+                  .Admit("alice",
+                         Order(kM, kN, kK, OperandSource::Inline(Bytes(a)),
+                               OperandSource::Inline(Bytes(b))),
                          &admitted)
                   .ok());
   admitted.job().c = c.data();
@@ -326,8 +327,8 @@ TEST_F(GemmCoreTest, RegionsAreRegisteredListedLeasedAndUnregistered) {
         absl::StatusCode::kFailedPrecondition)
         << "a lease holds it";
     EXPECT_EQ(core_
-                  .LeaseRegion("bob", /*over_unix_socket=*/true, info.handle, 0, kBytes,
-                               "a_region", &lease)
+                  .LeaseRegion("bob", /*over_unix_socket=*/true, info.handle, 0, kBytes, "a_region",
+                               &lease)
                   .code(),
               absl::StatusCode::kNotFound);
   }

@@ -41,8 +41,7 @@ struct OperandSource {
 
   // `bytes` viewed in place, not copied.
   static OperandSource Inline(std::string_view bytes) {
-    return {Kind::kInline, reinterpret_cast<const uint16_t*>(bytes.data()),
-            int64_t(bytes.size())};
+    return {Kind::kInline, reinterpret_cast<const uint16_t*>(bytes.data()), int64_t(bytes.size())};
   }
   static OperandSource Resident(std::string handle) {
     return {Kind::kResident, nullptr, 0, std::move(handle)};
@@ -101,15 +100,15 @@ struct GemmSpec {
   std::string field_prefix;
   uint32_t m = 0, n = 0, k = 0;
   struct Options {
-    std::string kernel;  // "" or "auto": the server picks
+    std::string kernel;                   // "" or "auto": the server picks
     WireEnum<Accumulation> accumulation;  // unset: FP32
     std::string request_id;
     bool verify = false;              // check C before answering (server/verify)
     uint32_t verify_repetitions = 0;  // 0: the server's default
   };
   Options options;
-  bool transpose_a = false;  // A is stored k×m
-  bool transpose_b = false;  // B is stored n×k
+  bool transpose_a = false;       // A is stored k×m
+  bool transpose_b = false;       // B is stored n×k
   WireEnum<ElementType> dtype;    // of A and B; unset: fp16
   WireEnum<ElementType> c_dtype;  // of C (and C_in); unset: dtype's
   std::optional<float> alpha;     // unset: 1
@@ -128,9 +127,7 @@ struct GemmSpec {
   bool c_transient = false;    // a kept C is a transient matrix
 
   // Field `name` as a refusal names it: field_prefix + name ("header.options.kernel").
-  std::string Field(std::string_view name) const {
-    return field_prefix + std::string(name);
-  }
+  std::string Field(std::string_view name) const { return field_prefix + std::string(name); }
 };
 
 // A resident matrix's header as its client described it (UploadMatrix, CreateUpload),

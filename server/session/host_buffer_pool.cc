@@ -25,7 +25,7 @@ void HostBufferPool::Give(std::string buffer) {
   if (capacity < kSmallestKept) return;
   std::lock_guard<std::mutex> lock(mu_);
   if (idle_bytes_ + int64_t(capacity) > max_bytes_) return;  // freed on return
-  buffer.resize(capacity);  // so that Take only ever shrinks it
+  buffer.resize(capacity);                                   // so that Take only ever shrinks it
   idle_bytes_ += capacity;
   idle_.emplace(capacity, std::move(buffer));
 }

@@ -58,8 +58,8 @@ void PartSession::ExpireIdle(Clock::time_point cutoff) {
   std::lock_guard<std::mutex> lock(mu_);
   if (!reads_.IdleSince(cutoff)) return;
   // The read outstanding completes after Finish, and is ignored.
-  FailLocked(status::Idle(fmt::format("UploadPart: no message for {} s; the part was dropped",
-                                      idle_timeout_.count())));
+  FailLocked(status::Idle(
+      fmt::format("UploadPart: no message for {} s; the part was dropped", idle_timeout_.count())));
   MaybeFinishLocked();
 }
 
@@ -129,8 +129,7 @@ void PartSession::MaybeFinishLocked() {
   int64_t missing = 0;
   if (claimed_) {
     // Only now that no write of it is in flight may a failed part's range be sent again.
-    absl::Status ended =
-        core_.EndPart(owner_, header_.handle, offset_, length_, s.ok(), &missing);
+    absl::Status ended = core_.EndPart(owner_, header_.handle, offset_, length_, s.ok(), &missing);
     if (s.ok()) s = ended;
     buffer_.reset();
   }

@@ -1,10 +1,10 @@
 // PartSession: one UploadPart call (see "Parallel parts" in proto/hgemm.proto) without its
-// transport, which converts each message it reads into a PartMessage. The header claims a byte range of an upload in the MatrixStore (BeginPart:
-// owner, bounds, overlap, the parts limit); each chunk is written into the matrix's buffer on
-// the upload queue as it arrives; once the client is done, exactly the announced bytes came
-// and every write has landed, the range counts (EndPart) and the call ends with the bytes the
-// upload still misses. A part that fails in any way gives its range back, after its writes
-// have landed, so that it can be sent again.
+// transport, which converts each message it reads into a PartMessage. The header claims a byte
+// range of an upload in the MatrixStore (BeginPart: owner, bounds, overlap, the parts limit); each
+// chunk is written into the matrix's buffer on the upload queue as it arrives; once the client is
+// done, exactly the announced bytes came and every write has landed, the range counts (EndPart) and
+// the call ends with the bytes the upload still misses. A part that fails in any way gives its
+// range back, after its writes have landed, so that it can be sent again.
 //
 // The transport (PartTransport) does the reads and the finish that the session asks for. The
 // session knows no gRPC (tested without it: part_session_test.cc).
@@ -92,12 +92,12 @@ class PartSession {
   int64_t received_ = 0;
 
   std::mutex mu_;
-  bool claimed_ = false;                        // guarded by mu_; BeginPart succeeded
-  std::shared_ptr<ResidentBuffer> buffer_;      // guarded by mu_; while claimed
-  int64_t writes_in_flight_ = 0;                // guarded by mu_
-  absl::Status error_;                          // guarded by mu_; a broken rule, a failed write
-  ReadState reads_;                             // guarded by mu_
-  bool finished_ = false;                       // guarded by mu_
+  bool claimed_ = false;                    // guarded by mu_; BeginPart succeeded
+  std::shared_ptr<ResidentBuffer> buffer_;  // guarded by mu_; while claimed
+  int64_t writes_in_flight_ = 0;            // guarded by mu_
+  absl::Status error_;                      // guarded by mu_; a broken rule, a failed write
+  ReadState reads_;                         // guarded by mu_
+  bool finished_ = false;                   // guarded by mu_
 };
 
 }  // namespace hgemm

@@ -170,7 +170,7 @@ TEST_F(PartSessionTest, APartOfWrongSizeIsRefusedAndItsRangeCanBeSentAgain) {
   auto larger = std::make_unique<TestPart>(core_, "alice", std::chrono::seconds(60));
   ASSERT_TRUE(larger->Deliver(Header(upload.handle, 0, 10)));
   ASSERT_TRUE(larger->Deliver(Chunk(RandomBytes(8))));
-  ASSERT_TRUE(larger->Deliver(Chunk(RandomBytes(8))));  // 16 of 10 bytes: refused
+  ASSERT_TRUE(larger->Deliver(Chunk(RandomBytes(8))));   // 16 of 10 bytes: refused
   EXPECT_FALSE(larger->Deliver(Chunk(RandomBytes(1))));  // and no further read
   ASSERT_TRUE(larger->WaitFinished());
   EXPECT_EQ(larger->status().code(), absl::StatusCode::kInvalidArgument);
@@ -227,7 +227,8 @@ TEST_F(PartSessionTest, AnotherClientsUploadIsNotFound) {
 TEST_F(PartSessionTest, MorePartsThanTheLimitAreRefused) {
   ResidentMatrix upload;
   ASSERT_TRUE(Create(1, 10, &upload).ok());
-  for (int i = 0; i < 4; ++i) ASSERT_TRUE(Send(upload.handle, 2 * i, RandomBytes(2))->status().ok());
+  for (int i = 0; i < 4; ++i)
+    ASSERT_TRUE(Send(upload.handle, 2 * i, RandomBytes(2))->status().ok());
   auto fifth = Send(upload.handle, 8, RandomBytes(2));
   EXPECT_EQ(fifth->status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_NE(fifth->status().message().find("its 4 parts"), std::string::npos) << fifth->status();
@@ -248,8 +249,7 @@ TEST_F(PartSessionTest, AnAbandonedUploadIsReclaimed) {
   absl::Status gone = store_.Lookup("alice", upload.handle, "a_handle", &m);
   EXPECT_EQ(gone.code(), absl::StatusCode::kNotFound);
   EXPECT_NE(gone.message().find("got no part in time"), std::string::npos) << gone;
-  EXPECT_EQ(Send(upload.handle, 100, RandomBytes(2))->status().code(),
-            absl::StatusCode::kNotFound);
+  EXPECT_EQ(Send(upload.handle, 100, RandomBytes(2))->status().code(), absl::StatusCode::kNotFound);
 }
 
 TEST_F(PartSessionTest, AnIdlePartIsDroppedAndGivesItsRangeBack) {

@@ -10,9 +10,8 @@
 
 namespace hgemm {
 
-absl::Status ResidentResolver::Resolve(const std::string& owner,
-                                       const ResidentOperands& operands, GemmJob* job,
-                                       QuotaReservation* c_quota,
+absl::Status ResidentResolver::Resolve(const std::string& owner, const ResidentOperands& operands,
+                                       GemmJob* job, QuotaReservation* c_quota,
                                        std::vector<std::string>* transient_handles) const {
   const GemmShape& shape = job->shape;
   struct Operand {
@@ -22,18 +21,21 @@ absl::Status ResidentResolver::Resolve(const std::string& owner,
     const char* layout;  // what the stored shape follows from
     std::shared_ptr<ResidentBuffer>* slot;
   };
-  const Operand a = job->transpose_a ? Operand{operands.a_handle, "a_handle", shape.k, shape.m,
-                                               "k x m, transpose_a", &job->a_resident}
-                                     : Operand{operands.a_handle, "a_handle", shape.m, shape.k,
-                                               "m x k", &job->a_resident};
-  const Operand b = job->transpose_b ? Operand{operands.b_handle, "b_handle", shape.n, shape.k,
-                                               "n x k, transpose_b", &job->b_resident}
-                                     : Operand{operands.b_handle, "b_handle", shape.k, shape.n,
-                                               "k x n", &job->b_resident};
+  const Operand a =
+      job->transpose_a
+          ? Operand{operands.a_handle, "a_handle",           shape.k,
+                    shape.m,           "k x m, transpose_a", &job->a_resident}
+          : Operand{operands.a_handle, "a_handle", shape.m, shape.k, "m x k", &job->a_resident};
+  const Operand b =
+      job->transpose_b
+          ? Operand{operands.b_handle, "b_handle",           shape.n,
+                    shape.k,           "n x k, transpose_b", &job->b_resident}
+          : Operand{operands.b_handle, "b_handle", shape.k, shape.n, "k x n", &job->b_resident};
   const Operand c_in{operands.c_in_handle, "c_in_handle", shape.m, shape.n, "m x n",
                      &job->c_in_resident};
   const Operand c{operands.c_handle, "c_handle", shape.m, shape.n, "m x n", &job->c_device};
-  for (const std::string* operand : {&operands.a_handle, &operands.b_handle, &operands.c_in_handle}) {
+  for (const std::string* operand :
+       {&operands.a_handle, &operands.b_handle, &operands.c_in_handle}) {
     if (!c.handle.empty() && *operand == c.handle) {
       return status::InvalidArgument(
           c.field, fmt::format("matrix {} is also an operand of this GEMM; C is written in place",
@@ -86,9 +88,8 @@ absl::Status ResidentResolver::Resolve(const std::string& owner,
     }
     // Operands on different devices: run where the larger of A and B lives (C_in decides
     // only alone).
-    if (job->device_index < 0 ||
-        (o.slot == &job->b_resident && job->a_resident &&
-         m.buffer->bytes > job->a_resident->bytes)) {
+    if (job->device_index < 0 || (o.slot == &job->b_resident && job->a_resident &&
+                                  m.buffer->bytes > job->a_resident->bytes)) {
       job->device_index = m.buffer->device_index;
     }
     *o.slot = m.buffer;

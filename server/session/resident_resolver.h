@@ -46,8 +46,9 @@ class ResidentResolver {
   // bytes of `owner`'s quota in *c_quota and sets job->keep_c. Errors: NOT_FOUND (a handle; the
   // message names its field), INVALID_ARGUMENT (a matrix of the wrong shape or dtype; C's
   // matrix also an operand), FAILED_PRECONDITION (C's matrix on another device than A's or
-  // B's), RESOURCE_EXHAUSTED (keep_c_resident: over the quota). On an error nothing stays reserved. *transient_handles (when given) gets
-  // the handles of transient matrices among the operands. REQUIRES: job->shape is validated.
+  // B's), RESOURCE_EXHAUSTED (keep_c_resident: over the quota). On an error nothing stays reserved.
+  // *transient_handles (when given) gets the handles of transient matrices among the operands.
+  // REQUIRES: job->shape is validated.
   absl::Status Resolve(const std::string& owner, const ResidentOperands& operands, GemmJob* job,
                        QuotaReservation* c_quota,
                        std::vector<std::string>* transient_handles = nullptr) const;

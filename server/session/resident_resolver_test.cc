@@ -38,7 +38,9 @@ class ResidentResolverTest : public ::testing::Test {
     std::shared_ptr<ResidentBuffer> buffer;
     QuotaReservation quota;
     EXPECT_TRUE(store_.Allocate(owner, device, rows, cols, &buffer, &quota).ok());
-    return store_.Add(std::move(quota), rows, cols, ElementType::kFp16, std::move(buffer), std::chrono::seconds(0), "")
+    return store_
+        .Add(std::move(quota), rows, cols, ElementType::kFp16, std::move(buffer),
+             std::chrono::seconds(0), "")
         .handle;
   }
   static GemmJob Job(int64_t m, int64_t n, int64_t k) {

@@ -123,8 +123,10 @@ absl::Status RingRegistry::Find(const std::string& owner, const std::string& rin
   auto it = by_region_.find({owner, ring_region});
   if (it != by_region_.end()) *ring = it->second.lock();
   if (it == by_region_.end() || *ring == nullptr) {
-    return status::NotFound(fmt::format("ring_region: no ring of this client is attached over "
-                                        "region {}", status::Quote(ring_region)));
+    return status::NotFound(
+        fmt::format("ring_region: no ring of this client is attached over "
+                    "region {}",
+                    status::Quote(ring_region)));
   }
   return absl::OkStatus();
 }
@@ -147,13 +149,13 @@ absl::Status RingExecutor::Attach(GemmCoreInterface* core, RingRegistry* registr
   if (absl::Status s = core->CheckRegionsAllowed(over_unix_socket); !s.ok()) return s;
   if (!PowerOfTwoUpTo(spec.sq_entries, kRingMaxEntries)) {
     return status::InvalidArgument(
-        "sq_entries", fmt::format("{} is not a power of two from 1 to {}", spec.sq_entries,
-                                  kRingMaxEntries));
+        "sq_entries",
+        fmt::format("{} is not a power of two from 1 to {}", spec.sq_entries, kRingMaxEntries));
   }
   if (!PowerOfTwoUpTo(spec.cq_entries, kRingMaxEntries)) {
     return status::InvalidArgument(
-        "cq_entries", fmt::format("{} is not a power of two from 1 to {}", spec.cq_entries,
-                                  kRingMaxEntries));
+        "cq_entries",
+        fmt::format("{} is not a power of two from 1 to {}", spec.cq_entries, kRingMaxEntries));
   }
   for (size_t i = 0; i < spec.regions.size(); ++i) {
     if (spec.regions[i].empty()) {
@@ -190,9 +192,9 @@ absl::Status RingExecutor::Attach(GemmCoreInterface* core, RingRegistry* registr
                                    magic, version, kRingMagic, kRingVersion));
   }
   if (absl::Status s = registry->Add(owner); !s.ok()) return s;
-  auto executor = std::make_shared<RingExecutor>(core, registry, std::move(owner),
-                                                 over_unix_socket, spec, std::move(lease),
-                                                 std::move(on_entry), std::move(on_detached));
+  auto executor =
+      std::make_shared<RingExecutor>(core, registry, std::move(owner), over_unix_socket, spec,
+                                     std::move(lease), std::move(on_entry), std::move(on_detached));
   registry->Index(executor->owner_, executor->ring_region_, executor);
   registry->ThreadStarted();
   try {
@@ -247,8 +249,8 @@ void RingExecutor::Unregister() {
 }
 
 absl::Status RingExecutor::Bind(const std::vector<std::string>& regions,
-                                const std::vector<std::string>& matrices,
-                                uint32_t* first_region, uint32_t* first_matrix) {
+                                const std::vector<std::string>& matrices, uint32_t* first_region,
+                                uint32_t* first_matrix) {
   for (size_t i = 0; i < regions.size(); ++i) {
     if (regions[i].empty()) {
       return status::InvalidArgument(fmt::format("regions[{}]", i), "empty region handle");
@@ -263,9 +265,11 @@ absl::Status RingExecutor::Bind(const std::vector<std::string>& regions,
   std::lock_guard<std::mutex> lock(slots_mu_);
   if (regions.size() > max_slots - regions_.size() ||
       matrices.size() > max_slots - matrices_.size()) {
-    return status::OverLimit("ring_slots", fmt::format(
-        "the ring would bind {} region and {} matrix slots, more than {} of either",
-        regions_.size() + regions.size(), matrices_.size() + matrices.size(), max_slots));
+    return status::OverLimit(
+        "ring_slots",
+        fmt::format("the ring would bind {} region and {} matrix slots, more than {} of either",
+                    regions_.size() + regions.size(), matrices_.size() + matrices.size(),
+                    max_slots));
   }
   *first_region = uint32_t(regions_.size());
   *first_matrix = uint32_t(matrices_.size());
@@ -310,7 +314,8 @@ absl::Status RingExecutor::HasRoom(bool* room) {
   if (unreaped > cq_entries_) {
     return status::InvalidArgument(
         "cq_head", fmt::format("{} is {} completions behind the server's tail {}, more than "
-                               "the ring's {}", cq_head, unreaped, cq_tail_, cq_entries_));
+                               "the ring's {}",
+                               cq_head, unreaped, cq_tail_, cq_entries_));
   }
   *room = in_flight_ < max_in_flight_ && unreaped + in_flight_ < cq_entries_;
   if (*room) ++in_flight_;  // the entry about to be taken
@@ -328,7 +333,8 @@ void RingExecutor::Run() {
     if (pending > sq_entries_) {
       Detach(status::InvalidArgument(
           "sq_tail", fmt::format("{} is {} entries ahead of the server's head {}, more than "
-                                 "the ring's {}", tail, pending, sq_head_, sq_entries_)));
+                                 "the ring's {}",
+                                 tail, pending, sq_head_, sq_entries_)));
       return;
     }
     bool room = false;
@@ -401,9 +407,8 @@ absl::Status RingExecutor::Submit(const RingSubmission& entry) {
   }
   const std::vector<KernelDescription>& kernels = core_->rules().kernels;
   if (entry.kernel > kernels.size()) {
-    return status::InvalidArgument(
-        "kernel",
-        fmt::format("index {}; RingAttached.kernels has {}", entry.kernel, kernels.size()));
+    return status::InvalidArgument("kernel", fmt::format("index {}; RingAttached.kernels has {}",
+                                                         entry.kernel, kernels.size()));
   }
   if (entry.kernel > 0) spec.options.kernel = kernels[entry.kernel - 1].name;
   if ((entry.flags & kRingHasAlpha) != 0) spec.alpha = entry.alpha;
@@ -499,8 +504,10 @@ void RingExecutor::Complete(uint64_t user_data, absl::Status status, const GemmR
   if (status.ok() && kept_c != nullptr && kept_c->size() > kRingMaxHandleBytes) {
     // Never with the store's handles ("m-" and 32 hex digits); a C that could not be named
     // would stay in the store until its TTL.
-    status = absl::InternalError(fmt::format("the kept C's handle has {} bytes, more than a ring "
-                                          "completion holds", kept_c->size()));
+    status =
+        absl::InternalError(fmt::format("the kept C's handle has {} bytes, more than a ring "
+                                        "completion holds",
+                                        kept_c->size()));
   }
   RingCompletion completion{};
   completion.user_data = user_data;
@@ -518,10 +525,10 @@ void RingExecutor::Complete(uint64_t user_data, absl::Status status, const GemmR
     completion.device_id = int16_t(report->device_id);
     completion.stream_id = uint16_t(report->stream_id);
   }
-  const std::string_view message = status.ok() && kept_c != nullptr
-                                       ? std::string_view(*kept_c)
-                                       : std::string_view(status.message().data(),
-                                                          status.message().size());
+  const std::string_view message =
+      status.ok() && kept_c != nullptr
+          ? std::string_view(*kept_c)
+          : std::string_view(status.message().data(), status.message().size());
   const size_t length = std::min(message.size(), kRingMaxHandleBytes);
   if (length > 0) std::memcpy(completion.message, message.data(), length);  // OK: null
   {

@@ -24,11 +24,11 @@
 #include <cstdint>
 #include <functional>
 #include <map>
-#include <utility>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "proto/ring_layout.h"
@@ -90,7 +90,7 @@ class RingRegistry {
   std::map<std::string, int> rings_;  // guarded by mu_; owners with rings
   // guarded by mu_: attached rings by {owner, ring region}
   std::map<std::pair<std::string, std::string>, std::weak_ptr<RingExecutor>> by_region_;
-  int threads_ = 0;                   // guarded by mu_
+  int threads_ = 0;  // guarded by mu_
   std::condition_variable threads_ended_;
 };
 
@@ -178,15 +178,15 @@ class RingExecutor : public std::enable_shared_from_this<RingExecutor> {
 
   uint32_t sq_head_ = 0;  // the ring thread's
   std::mutex mu_;
-  uint32_t cq_tail_ = 0;    // guarded by mu_
-  uint32_t in_flight_ = 0;  // guarded by mu_
+  uint32_t cq_tail_ = 0;      // guarded by mu_
+  uint32_t in_flight_ = 0;    // guarded by mu_
   bool thread_done_ = false;  // guarded by mu_
   std::atomic<bool> stopping_{false};
   std::atomic<bool> registered_{true};
   std::atomic<std::thread::id> thread_id_{};  // the ring thread, once it runs
 
-  std::mutex detach_mu_;        // held while on_detached_ runs
-  RingDetached on_detached_;    // guarded by detach_mu_
+  std::mutex detach_mu_;      // held while on_detached_ runs
+  RingDetached on_detached_;  // guarded by detach_mu_
 };
 
 }  // namespace hgemm

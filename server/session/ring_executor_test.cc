@@ -135,8 +135,9 @@ class RingExecutorTest : public ::testing::Test {
   static constexpr uint64_t kA = 0, kB = 2 * kM * kK, kC = kB + 2 * kK * kN;
   static constexpr int64_t kDataBytes = int64_t(kC + 2 * kM * kN);
 
-  explicit RingExecutorTest(std::unique_ptr<Backend> backend = MakeCpuBackend({.workers = 2}),
-                            SchedulerOptions scheduler = {.idle_spin = std::chrono::microseconds(0)})
+  explicit RingExecutorTest(
+      std::unique_ptr<Backend> backend = MakeCpuBackend({.workers = 2}),
+      SchedulerOptions scheduler = {.idle_spin = std::chrono::microseconds(0)})
       : backend_(std::move(backend)), scheduler_(backend_.get(), scheduler) {}
 
   // Fresh random A and B (never zeros), C poisoned.
@@ -225,12 +226,13 @@ TEST_F(RingExecutorTest, BadEntriesCompleteWithTheirErrorAndTheRingGoesOn) {
     change(e);
     return e;
   };
-  cases.push_back({"m = 0", with([](RingSubmission& e) { e.m = 0; }),
-                   absl::StatusCode::kInvalidArgument, "m"});
+  cases.push_back(
+      {"m = 0", with([](RingSubmission& e) { e.m = 0; }), absl::StatusCode::kInvalidArgument, "m"});
   cases.push_back({"unbound region slot", with([](RingSubmission& e) { e.b.slot = 7; }),
                    absl::StatusCode::kInvalidArgument, "b.slot"});
-  cases.push_back({"unbound matrix slot",
-                   with([](RingSubmission& e) { e.a = {kRingOperandMatrix, 0, 0}; }),
+  cases.push_back({"unbound matrix slot", with([](RingSubmission& e) {
+                     e.a = {kRingOperandMatrix, 0, 0};
+                   }),
                    absl::StatusCode::kInvalidArgument, "a.slot"});
   cases.push_back({"unknown kind", with([](RingSubmission& e) { e.a.kind = 9; }),
                    absl::StatusCode::kInvalidArgument, "a.kind"});
@@ -244,8 +246,7 @@ TEST_F(RingExecutorTest, BadEntriesCompleteWithTheirErrorAndTheRingGoesOn) {
                    absl::StatusCode::kInvalidArgument, "flags"});
   cases.push_back({"another owner's region", with([](RingSubmission& e) { e.a.slot = 1; }),
                    absl::StatusCode::kNotFound, "a_region"});
-  cases.push_back({"C past the end",
-                   with([](RingSubmission& e) { e.c.offset = kC + 16; }),
+  cases.push_back({"C past the end", with([](RingSubmission& e) { e.c.offset = kC + 16; }),
                    absl::StatusCode::kOutOfRange, "c_region"});
   cases.push_back({"offset that overflows",
                    with([](RingSubmission& e) { e.a.offset = UINT64_MAX - 15; }),
@@ -266,8 +267,7 @@ TEST_F(RingExecutorTest, BadEntriesCompleteWithTheirErrorAndTheRingGoesOn) {
     ASSERT_TRUE(done.has_value());
     EXPECT_EQ(done->user_data, 100 + i);
     EXPECT_EQ(absl::StatusCode(done->code), cases[i].code) << done->message;
-    EXPECT_NE(std::string(done->message).find(cases[i].field), std::string::npos)
-        << done->message;
+    EXPECT_NE(std::string(done->message).find(cases[i].field), std::string::npos) << done->message;
     EXPECT_EQ(data.half(kC)[0], kHalfNan) << "C was written";
     // The ring keeps working after each.
     ring.Submit(Good(1000 + i));
@@ -358,8 +358,8 @@ TEST_F(RingExecutorTest, GarbageOverTheWholeRingNeverHurtsTheServer) {
   MappedRegion data(core_, "alice", kDataBytes);
   TestRing hostile(core_, "alice", 4, 4), good(core_, "alice", 8, 8);
   DetachReport hostile_detached, good_detached;
-  auto hostile_ring = Attach(hostile, hostile.Spec({data.handle()}, {"m-nothing"}),
-                             &hostile_detached);
+  auto hostile_ring =
+      Attach(hostile, hostile.Spec({data.handle()}, {"m-nothing"}), &hostile_detached);
   auto good_ring = Attach(good, good.Spec({data.handle()}), &good_detached);
   std::mt19937_64 noise(7);
   uint8_t* bytes = reinterpret_cast<uint8_t*>(hostile.header());
@@ -409,8 +409,7 @@ TEST_F(RingExecutorTest, StoppingReleasesTheRingRegionAndTheSlots) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
   EXPECT_TRUE(s.ok()) << s;
-  EXPECT_TRUE(Unregister(data.handle(), &freed).ok())
-      << "a bound slot holds nothing";
+  EXPECT_TRUE(Unregister(data.handle(), &freed).ok()) << "a bound slot holds nothing";
   EXPECT_EQ(registry_.Attached(), 0);
   EXPECT_FALSE(detached.Seen());
 }

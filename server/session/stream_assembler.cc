@@ -24,8 +24,8 @@ absl::Status StreamAssembler::ConsumeHeader(const StreamMessage::Header& header,
                                             StreamEvent* event) {
   const uint64_t id = header.gemm_id;
   if (in_use_.count(id)) {
-    return status::InvalidArgument(
-        "header.gemm_id", fmt::format("{} is already in flight on this stream", id));
+    return status::InvalidArgument("header.gemm_id",
+                                   fmt::format("{} is already in flight on this stream", id));
   }
   dropped_.erase(id);  // a new GEMM takes the id: chunks from here on are its own
   in_use_.insert(id);
@@ -38,12 +38,14 @@ absl::Status StreamAssembler::ConsumeHeader(const StreamMessage::Header& header,
   }
   const int64_t chunked_bytes = gemm->ChunkedBytes();
   if (pending_bytes_ + chunked_bytes > max_pending_bytes_) {
-    RefuseHeader(std::move(gemm),
-                 status::OverLimit("max_stream_pending_bytes", fmt::format(
-                     "gemm_id {}: its operands ({} bytes) would put this stream's incomplete "
-                     "GEMMs over {} bytes (--max_stream_pending_bytes)",
-                     id, chunked_bytes, max_pending_bytes_)),
-                 event);
+    RefuseHeader(
+        std::move(gemm),
+        status::OverLimit(
+            "max_stream_pending_bytes",
+            fmt::format("gemm_id {}: its operands ({} bytes) would put this stream's incomplete "
+                        "GEMMs over {} bytes (--max_stream_pending_bytes)",
+                        id, chunked_bytes, max_pending_bytes_)),
+        event);
     return absl::OkStatus();
   }
   if (chunked_bytes > 0) {
@@ -86,7 +88,8 @@ absl::Status StreamAssembler::ConsumeChunk(StreamMessage::Chunk& chunk, StreamEv
   if (it == pending_.end() && dropped_.count(id)) return absl::OkStatus();  // refused: dropped
   if (it == pending_.end()) {
     return status::InvalidArgument(
-        "chunk.gemm_id", fmt::format("{} has no header on this stream (or is already complete)", id));
+        "chunk.gemm_id",
+        fmt::format("{} has no header on this stream (or is already complete)", id));
   }
   Pending& p = it->second;
   int64_t* received;
@@ -143,8 +146,9 @@ absl::Status StreamAssembler::ConsumeChunk(StreamMessage::Chunk& chunk, StreamEv
   }
   if (*received + size > total) {
     return status::InvalidArgument(
-        "chunk.data", fmt::format("gemm_id {}: {} chunk ends at byte {}, past the operand's {} bytes",
-                                  id, name, *received + size, total));
+        "chunk.data",
+        fmt::format("gemm_id {}: {} chunk ends at byte {}, past the operand's {} bytes", id, name,
+                    *received + size, total));
   }
   auto out = std::make_unique<OperandChunk>();
   out->gemm_id = id;

@@ -58,9 +58,7 @@ struct AnnouncedGemm {
   // without beta).
   int64_t ChunkedABytes() const { return Chunked(order.a) ? order.job.shape.ABytes() : 0; }
   int64_t ChunkedBBytes() const { return Chunked(order.b) ? order.job.shape.BBytes() : 0; }
-  int64_t ChunkedCInBytes() const {
-    return Chunked(order.c_in) ? order.job.shape.CInBytes() : 0;
-  }
+  int64_t ChunkedCInBytes() const { return Chunked(order.c_in) ? order.job.shape.CInBytes() : 0; }
   int64_t ChunkedBytes() const { return ChunkedABytes() + ChunkedBBytes() + ChunkedCInBytes(); }
 
  private:
@@ -129,8 +127,8 @@ class StreamAssembler {
   const int64_t max_pending_bytes_;
   int64_t pending_bytes_ = 0;
   std::map<uint64_t, Pending> pending_;
-  std::set<uint64_t> in_use_;  // pending or handed out and not yet released
-  std::set<uint64_t> dropped_;  // refused: their chunks are dropped until the id is reused
+  std::set<uint64_t> in_use_;           // pending or handed out and not yet released
+  std::set<uint64_t> dropped_;          // refused: their chunks are dropped until the id is reused
   std::deque<uint64_t> dropped_order_;  // dropped_, oldest first
 };
 

@@ -110,8 +110,7 @@ TEST_F(StreamAssemblerTest, ChunkWithoutHeaderIsRejected) {
 TEST_F(StreamAssemblerTest, EmptyChunkAndMissingOperandAreRejected) {
   ASSERT_TRUE(Header(1, 1, 1, 1).ok());
   EXPECT_EQ(Chunk(1, ChunkOperand::kA, 0, "").code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(Chunk(1, ChunkOperand::kUnknown, 0, "ab").code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Chunk(1, ChunkOperand::kUnknown, 0, "ab").code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST_F(StreamAssemblerTest, MessageOfNeitherKindIsRejected) {
@@ -131,8 +130,8 @@ TEST_F(StreamAssemblerTest, DuplicateIdInFlightIsRejectedUntilReleased) {
   EXPECT_TRUE(Header(1, 1, 1, 1).ok());
 }
 
-// Issue 12, item 5: a bad header value is that GEMM's problem, answered for it alone; it used
-// to end the stream. Its chunks are dropped until the id is used again.
+// A bad header value is that GEMM's problem, answered for it alone; it does not end the
+// stream. Its chunks are dropped until the id is used again.
 TEST_F(StreamAssemblerTest, BadHeaderIsRefusedForThatGemmAlone) {
   ASSERT_TRUE(Header(1, 2, 2, 2).ok());
   ASSERT_TRUE(Header(5, 0, 1, 1).ok());
@@ -237,8 +236,8 @@ TEST_F(StreamAssemblerTest, GemmIsCompleteWithItsLastCInByte) {
     assembler_.Release(4);
     delivered_.clear();
     HeaderOf(header).spec.beta = c_in_handle[0] ? 1 : 0;
-    HeaderOf(header).spec.c_in = c_in_handle[0] ? OperandSource::Resident(c_in_handle)
-                                                : OperandSource::Arriving();
+    HeaderOf(header).spec.c_in =
+        c_in_handle[0] ? OperandSource::Resident(c_in_handle) : OperandSource::Arriving();
     ASSERT_TRUE(Consume(header).ok());
     EXPECT_EQ(event_.header->ChunkedBytes(), 20);
     ASSERT_TRUE(Chunk(4, ChunkOperand::kA, 0, "abcdefgh").ok());

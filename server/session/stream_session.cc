@@ -146,8 +146,9 @@ void StreamSession::ExpireIdle(Clock::time_point cutoff) {
     }
   }
   for (const std::shared_ptr<Gemm>& gemm : expired) {
-    gemm->refused = status::Idle(fmt::format("gemm_id {}: no chunk for {} s; its operands were dropped",
-                                             gemm->streamed.gemm_id, options_.idle_timeout.count()));
+    gemm->refused =
+        status::Idle(fmt::format("gemm_id {}: no chunk for {} s; its operands were dropped",
+                                 gemm->streamed.gemm_id, options_.idle_timeout.count()));
     Submit(gemm);  // first: the answer keeps the call open while the drop settles
     DropArriving(*gemm, gemm->refused);
   }
@@ -221,8 +222,9 @@ void StreamSession::Settled(const std::shared_ptr<Gemm>& gemm, int operand, cons
       refuse = true;
     } else {
       GemmJob& job = gemm->admitted.job();
-      (operand == 0 ? job.a_resident : operand == 1 ? job.b_resident : job.c_in_resident) =
-          std::move(buffer);
+      (operand == 0   ? job.a_resident
+       : operand == 1 ? job.b_resident
+                      : job.c_in_resident) = std::move(buffer);
       run = gemm->unsettled == 0;
     }
   }
@@ -293,10 +295,10 @@ void StreamSession::Submit(std::shared_ptr<Gemm> gemm) {
       QueueLocked(gemm);
       NextWriteLocked();
     };
-    s = core_.Run(std::move(gemm->admitted), [this, gemm](const absl::Status& status,
-                                                          GemmResult result) {
-      Complete(gemm, status, std::move(result));
-    });
+    s = core_.Run(std::move(gemm->admitted),
+                  [this, gemm](const absl::Status& status, GemmResult result) {
+                    Complete(gemm, status, std::move(result));
+                  });
   } catch (...) {  // before the scheduler took it: answered here
     s = status::FromCurrentException("GemmStream");
   }
@@ -353,8 +355,7 @@ void StreamSession::NextWriteLocked() {
 }
 
 void StreamSession::MaybeFinishLocked() {
-  if (finished_ || reading_ || in_flight_ > 0 || arriving_ > 0 || writing_ ||
-      !outgoing_.empty()) {
+  if (finished_ || reading_ || in_flight_ > 0 || arriving_ > 0 || writing_ || !outgoing_.empty()) {
     return;
   }
   // Draining, a stream with nothing half-received ends now (a read may be outstanding: Finish

@@ -126,11 +126,11 @@ class StreamSession {
   absl::Status error_;                                   // guarded by mu_; the call's final status
   bool reads_done_ = false;                              // guarded by mu_
   std::map<uint64_t, std::shared_ptr<Gemm>> receiving_;  // guarded by mu_; chunks still to come
-  int64_t arriving_ = 0;  // guarded by mu_; ArrivingBuffers not settled yet
-  int64_t in_flight_ = 0;                                // guarded by mu_; submitted, not completed
-  std::deque<std::shared_ptr<Gemm>> outgoing_;           // guarded by mu_
-  bool writing_ = false;                                 // guarded by mu_
-  bool broken_ = false;                                  // guarded by mu_; a write failed
+  int64_t arriving_ = 0;                        // guarded by mu_; ArrivingBuffers not settled yet
+  int64_t in_flight_ = 0;                       // guarded by mu_; submitted, not completed
+  std::deque<std::shared_ptr<Gemm>> outgoing_;  // guarded by mu_
+  bool writing_ = false;                        // guarded by mu_
+  bool broken_ = false;                         // guarded by mu_; a write failed
   bool reading_ = false;   // guarded by mu_; a message is being acted on outside mu_
   bool draining_ = false;  // guarded by mu_; see Drain()
   bool finished_ = false;  // guarded by mu_

@@ -34,10 +34,10 @@ struct Output {
   enum Kind { kChunk, kDone, kFinish } kind;
   uint64_t gemm_id = 0;
   int64_t offset = 0;
-  std::string data;        // kChunk
-  absl::Status status;     // kDone, kFinish
-  GemmReport report;       // kDone
-  ResidentMatrix kept_c;   // kDone
+  std::string data;       // kChunk
+  absl::Status status;    // kDone, kFinish
+  GemmReport report;      // kDone
+  ResidentMatrix kept_c;  // kDone
 };
 
 void AddFailure(const std::string& what) { ADD_FAILURE() << what; }
@@ -45,8 +45,7 @@ void AddFailure(const std::string& what) { ADD_FAILURE() << what; }
 // One stream: a session over a transport that records what it is asked to write and, like
 // gRPC, completes each write later on another thread. The test plays the client: it delivers
 // messages while a read is outstanding.
-class TestStream final
-    : public FakeReadCall<StreamTransport, StreamSession, StreamMessage> {
+class TestStream final : public FakeReadCall<StreamTransport, StreamSession, StreamMessage> {
  public:
   TestStream(GemmCoreInterface& core, const StreamOptions& options, std::string owner)
       : FakeReadCall(&AddFailure, std::chrono::seconds(60)) {
@@ -71,7 +70,8 @@ class TestStream final
         if (o.kind == Output::kDone && o.gemm_id == gemm_id) return done = o, true;
       }
       return false;
-    })) << "no answer for gemm_id " << gemm_id;
+    })) << "no answer for gemm_id "
+        << gemm_id;
     if (c != nullptr) {
       std::lock_guard<std::mutex> lock(mu_);
       c->clear();
@@ -96,12 +96,16 @@ class TestStream final
 
  private:
   void StartWriteChunk(uint64_t gemm_id, int64_t offset, std::string_view data) override {
-    Record({.kind = Output::kChunk, .gemm_id = gemm_id, .offset = offset, .data = std::string(data)});
+    Record(
+        {.kind = Output::kChunk, .gemm_id = gemm_id, .offset = offset, .data = std::string(data)});
   }
   void StartWriteDone(const AnnouncedGemm& gemm, const absl::Status& status,
                       const GemmResult& result) override {
-    Record({.kind = Output::kDone, .gemm_id = gemm.gemm_id, .status = status,
-            .report = result.report, .kept_c = result.kept_c});
+    Record({.kind = Output::kDone,
+            .gemm_id = gemm.gemm_id,
+            .status = status,
+            .report = result.report,
+            .kept_c = result.kept_c});
   }
   void Finish(const absl::Status& status) override {
     std::lock_guard<std::mutex> lock(mu_);
@@ -167,7 +171,8 @@ class StreamSessionTest : public ::testing::Test {
     std::vector<float> reference;
   };
   Operands Random(int64_t m, int64_t n, int64_t k) {
-    const std::vector<uint16_t> a = RandomHalfMatrix(m * k, rng_), b = RandomHalfMatrix(k * n, rng_);
+    const std::vector<uint16_t> a = RandomHalfMatrix(m * k, rng_),
+                                b = RandomHalfMatrix(k * n, rng_);
     return {.a = std::string(reinterpret_cast<const char*>(a.data()), 2 * a.size()),
             .b = std::string(reinterpret_cast<const char*>(b.data()), 2 * b.size()),
             .reference = ReferenceGemm(a.data(), b.data(), m, n, k)};
@@ -206,7 +211,8 @@ TEST_F(StreamSessionTest, AnswersEachGemmWithItsCInChunksThenFinishesOk) {
   stream->CloseReads();
   EXPECT_TRUE(stream->WaitFinish().ok());
   int chunks_of_1 = 0;
-  for (const Output& o : stream->outputs()) chunks_of_1 += o.kind == Output::kChunk && o.gemm_id == 1;
+  for (const Output& o : stream->outputs())
+    chunks_of_1 += o.kind == Output::kChunk && o.gemm_id == 1;
   EXPECT_EQ(chunks_of_1, 4);
 }
 
@@ -239,7 +245,8 @@ TEST_F(StreamSessionTest, AnIdleGemmIsAnsweredAndItsLateChunksAreDropped) {
   stream->CloseReads();
   EXPECT_TRUE(stream->WaitFinish().ok());
   int answers_of_1 = 0;
-  for (const Output& o : stream->outputs()) answers_of_1 += o.kind == Output::kDone && o.gemm_id == 1;
+  for (const Output& o : stream->outputs())
+    answers_of_1 += o.kind == Output::kDone && o.gemm_id == 1;
   EXPECT_EQ(answers_of_1, 1);
 }
 
@@ -297,9 +304,9 @@ TEST_F(StreamSessionTest, DrainRefusesNewGemmsAndWaitsForAHalfReceivedOne) {
   ASSERT_TRUE(stream->Deliver(StreamChunk(1, ChunkOperand::kB, 0, ops.b)));
   std::string c;
   EXPECT_TRUE(stream->WaitDone(1, &c).status.ok());
-  EXPECT_LT(RelativeFrobeniusError(reinterpret_cast<const uint16_t*>(c.data()),
-                                   ops.reference.data(), 16),
-            1e-2);
+  EXPECT_LT(
+      RelativeFrobeniusError(reinterpret_cast<const uint16_t*>(c.data()), ops.reference.data(), 16),
+      1e-2);
   EXPECT_EQ(stream->WaitFinish().code(), absl::StatusCode::kUnavailable);
 }
 
@@ -307,7 +314,7 @@ TEST_F(StreamSessionTest, ABrokenOrderRuleStopsTheReadsAndFailsTheCallAfterTheAn
   auto stream = Open();
   RunGemm(*stream, 1, 4, 4, 4);
   ASSERT_TRUE(stream->Deliver(StreamChunk(9, ChunkOperand::kA, 0, "xx")));  // no header for 9
-  EXPECT_FALSE(stream->Deliver(StreamHeader(10, 4, 4, 4)));               // no read was started
+  EXPECT_FALSE(stream->Deliver(StreamHeader(10, 4, 4, 4)));                 // no read was started
   const absl::Status s = stream->WaitFinish();
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(s.message().find("chunk.gemm_id"), std::string::npos) << s;

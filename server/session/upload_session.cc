@@ -56,7 +56,8 @@ void UploadSession::OnReadsDone() {
     s = status::InvalidArgument("header", "no header was sent");
   } else if (received_ != bytes_) {
     s = status::InvalidArgument(
-        "chunk", fmt::format("the stream ended after {} of the matrix's {} bytes", received_, bytes_));
+        "chunk",
+        fmt::format("the stream ended after {} of the matrix's {} bytes", received_, bytes_));
   }
   if (!s.ok()) return Fail(s);
   std::lock_guard<std::mutex> lock(mu_);
@@ -103,9 +104,9 @@ absl::Status UploadSession::ConsumeHeader(const UploadMessage& message) {
   WireBytes region_data;
   const bool from_region = header_.source.kind == OperandSource::Kind::kRegion;
   if (from_region) {
-    if (absl::Status s = core_.ReadRegion(owner_, over_unix_socket_, header_.source.handle,
-                                          header_.source.offset, bytes_, "header.region",
-                                          &region_data);
+    if (absl::Status s =
+            core_.ReadRegion(owner_, over_unix_socket_, header_.source.handle,
+                             header_.source.offset, bytes_, "header.region", &region_data);
         !s.ok()) {
       return s;
     }

@@ -94,7 +94,7 @@ class UploadSession {
   MatrixSpec header_;
   bool header_seen_ = false;
   bool from_region_ = false;  // the header named a region: the whole matrix came from it
-  int64_t bytes_ = 0;  // the matrix's, from the header on
+  int64_t bytes_ = 0;         // the matrix's, from the header on
   ElementType dtype_ = ElementType::kFp16;  // the matrix's, from the header on
   int64_t received_ = 0;
 

@@ -20,8 +20,8 @@ absl::Status CheckElements(const char* matrix, uint32_t rows, uint32_t cols,
   if (elements > uint64_t(MaxElementsPerMatrix(rules))) {
     return status::OverLimit(
         "max_elements_per_matrix",
-        fmt::format("{} has {}x{} = {} elements; this server takes at most {}", matrix, rows,
-                    cols, elements, MaxElementsPerMatrix(rules)));
+        fmt::format("{} has {}x{} = {} elements; this server takes at most {}", matrix, rows, cols,
+                    elements, MaxElementsPerMatrix(rules)));
   }
   return absl::OkStatus();
 }
@@ -123,9 +123,7 @@ std::string BitNames(unsigned bits, const char* const names[4]) {
 
 }  // namespace
 
-std::string LayoutNames(unsigned layouts) {
-  return BitNames(layouts, kLayoutNames);
-}
+std::string LayoutNames(unsigned layouts) { return BitNames(layouts, kLayoutNames); }
 
 std::string TypesNames(unsigned types) {
   static const char* const kNames[4] = {"fp16", "fp16->fp32", "bf16", "bf16->fp32"};
@@ -141,9 +139,9 @@ absl::Status ValidateShape(uint32_t m, uint32_t n, uint32_t k, const RequestRule
   if (m == 0) return status::InvalidArgument("m", "must be at least 1");
   if (n == 0) return status::InvalidArgument("n", "must be at least 1");
   if (k == 0) return status::InvalidArgument("k", "must be at least 1");
-  for (absl::Status s : {CheckElements("A (m x k)", m, k, rules),
-                         CheckElements("B (k x n)", k, n, rules),
-                         CheckElements("C (m x n)", m, n, rules)}) {
+  for (absl::Status s :
+       {CheckElements("A (m x k)", m, k, rules), CheckElements("B (k x n)", k, n, rules),
+        CheckElements("C (m x n)", m, n, rules)}) {
     if (!s.ok()) return s;
   }
   shape->m = m;  // only now are its sizes safe to compute
@@ -159,9 +157,9 @@ namespace {
 absl::Status ValidateOptions(const GemmSpec& spec, const RequestRules& rules, GemmJob* job) {
   const GemmSpec::Options& options = spec.options;
   if (options.request_id.size() > kMaxRequestIdBytes) {
-    return status::InvalidArgument(spec.Field("options.request_id"),
-                                   fmt::format("{} bytes; at most {}", options.request_id.size(),
-                                               kMaxRequestIdBytes));
+    return status::InvalidArgument(
+        spec.Field("options.request_id"),
+        fmt::format("{} bytes; at most {}", options.request_id.size(), kMaxRequestIdBytes));
   }
   job->request_id = options.request_id;
   if (options.verify_repetitions > uint32_t(verify::kMaxRepetitions)) {
@@ -228,10 +226,9 @@ absl::Status ValidateForm(const GemmSpec& spec, const RequestRules& rules, GemmJ
   }
   if (job->accumulation == Accumulation::kFp16 &&
       (ab != ElementType::kFp16 || c != ElementType::kFp16)) {
-    return status::InvalidArgument(
-        spec.Field("options.accumulation"),
-        fmt::format("FP16 accumulation takes fp16 in and out, not {}",
-                    TypesNames(TypesBit(ab, c))));
+    return status::InvalidArgument(spec.Field("options.accumulation"),
+                                   fmt::format("FP16 accumulation takes fp16 in and out, not {}",
+                                               TypesNames(TypesBit(ab, c))));
   }
   const unsigned layout = LayoutBit(spec.transpose_a, spec.transpose_b);
   const unsigned types = TypesBit(ab, c);
@@ -255,14 +252,14 @@ absl::Status ValidateForm(const GemmSpec& spec, const RequestRules& rules, GemmJ
                            [&](const KernelDescription& k) { return k.name == job->kernel; });
     // ValidateOptions found it.
     if ((it->layouts & layout) == 0) {
-      return status::InvalidArgument(
-          layout_field, fmt::format("kernel '{}' takes layouts {}, not {}", it->name,
-                                    LayoutNames(it->layouts), LayoutNames(layout)));
+      return status::InvalidArgument(layout_field,
+                                     fmt::format("kernel '{}' takes layouts {}, not {}", it->name,
+                                                 LayoutNames(it->layouts), LayoutNames(layout)));
     }
     if ((it->types & types) == 0) {
-      return status::InvalidArgument(
-          types_field, fmt::format("kernel '{}' takes types {}, not {}", it->name,
-                                   TypesNames(it->types), TypesNames(types)));
+      return status::InvalidArgument(types_field,
+                                     fmt::format("kernel '{}' takes types {}, not {}", it->name,
+                                                 TypesNames(it->types), TypesNames(types)));
     }
   }
   job->transpose_a = spec.transpose_a;
@@ -286,9 +283,9 @@ absl::Status ValidateScale(const GemmSpec& spec, const RequestRules& rules, Gemm
     return status::InvalidArgument(spec.Field("beta"), ScaleText(beta) + " is not a finite number");
   }
   if (beta != 0 && spec.c_in.kind == OperandSource::Kind::kNone) {
-    return status::InvalidArgument(
-        spec.Field("beta"), ScaleText(beta) + " needs a C input (c_in, c_in_handle or "
-                                              "c_in_region), and none was given");
+    return status::InvalidArgument(spec.Field("beta"), ScaleText(beta) +
+                                                           " needs a C input (c_in, c_in_handle or "
+                                                           "c_in_region), and none was given");
   }
   job->alpha = alpha;
   job->beta = beta;
@@ -306,11 +303,11 @@ absl::Status ValidateScale(const GemmSpec& spec, const RequestRules& rules, Gemm
     if (!AutoSupports(rules, job->accumulation, LayoutBit(job->transpose_a, job->transpose_b),
                       types, /*scaled=*/true)) {
       return status::InvalidArgument(
-          scale_field, fmt::format("no kernel of this server takes alpha/beta for {} in layout {} "
-                                   "(it takes them for {})",
-                                   TypesNames(types),
-                                   LayoutNames(LayoutBit(job->transpose_a, job->transpose_b)),
-                                   TypesNames(AutoScaledTypes(rules))));
+          scale_field,
+          fmt::format("no kernel of this server takes alpha/beta for {} in layout {} "
+                      "(it takes them for {})",
+                      TypesNames(types), LayoutNames(LayoutBit(job->transpose_a, job->transpose_b)),
+                      TypesNames(AutoScaledTypes(rules))));
     }
     return absl::OkStatus();
   }
@@ -344,14 +341,17 @@ absl::Status ValidateBatch(const GemmSpec& spec, const std::string& single_matri
   }
   // Each operand's buffer is one matrix of batch·rows rows, for the size limits.
   const int64_t limit = MaxElementsPerMatrix(rules);
-  for (auto [name, elements] : {std::pair{"A", shape.m * shape.k},
-                                std::pair{"B", shape.k * shape.n},
-                                std::pair{"C", shape.m * shape.n}}) {
+  for (auto [name, elements] :
+       {std::pair{"A", shape.m * shape.k}, std::pair{"B", shape.k * shape.n},
+        std::pair{"C", shape.m * shape.n}}) {
     if (elements > limit / int64_t(batch)) {
-      return status::OverLimit("max_elements_per_matrix", fmt::format(
-          "{}: {} matrices {} of {} elements each are {} elements; this server takes at most "
-          "{} per operand",
-          spec.Field("batch"), batch, name, elements, uint64_t(batch) * uint64_t(elements), limit));
+      return status::OverLimit(
+          "max_elements_per_matrix",
+          fmt::format(
+              "{}: {} matrices {} of {} elements each are {} elements; this server takes at most "
+              "{} per operand",
+              spec.Field("batch"), batch, name, elements, uint64_t(batch) * uint64_t(elements),
+              limit));
     }
   }
   return absl::OkStatus();
@@ -366,14 +366,13 @@ absl::Status ValidateBatch(const GemmSpec& spec, const std::string& single_matri
 absl::Status ValidateGroup(const GemmSpec& spec, const RequestRules& rules, GemmJob* job) {
   const int64_t count = int64_t(spec.group.size());
   if (count > rules.max_group_problems) {
-    return status::OverLimit(
-        "max_group_problems",
-        fmt::format("group has {} problems; this server takes at most {}", count,
-                    rules.max_group_problems));
+    return status::OverLimit("max_group_problems",
+                             fmt::format("group has {} problems; this server takes at most {}",
+                                         count, rules.max_group_problems));
   }
-  for (auto [field, value, most] : {std::tuple{"m", spec.m, 0u}, std::tuple{"n", spec.n, 0u},
-                                    std::tuple{"k", spec.k, 0u},
-                                    std::tuple{"batch", spec.batch, 1u}}) {
+  for (auto [field, value, most] :
+       {std::tuple{"m", spec.m, 0u}, std::tuple{"n", spec.n, 0u}, std::tuple{"k", spec.k, 0u},
+        std::tuple{"batch", spec.batch, 1u}}) {
     if (value > most) {
       return status::InvalidArgument(
           spec.Field(field),
@@ -383,16 +382,15 @@ absl::Status ValidateGroup(const GemmSpec& spec, const RequestRules& rules, Gemm
     }
   }
   using Kind = OperandSource::Kind;
-  const std::string single_source_field =
-      spec.a.kind == Kind::kResident                ? "a_handle"
-      : spec.b.kind == Kind::kResident              ? "b_handle"
-      : spec.c_in.kind == Kind::kResident           ? "c_in_handle"
-      : spec.a.kind == Kind::kRegion                ? "a_region"
-      : spec.b.kind == Kind::kRegion                ? "b_region"
-      : spec.c_in.kind == Kind::kRegion             ? "c_in_region"
-      : spec.c.kind == ResultSink::Kind::kRegion    ? "c_region"
-      : spec.keep_c_resident                        ? "keep_c_resident"
-                                                    : "";
+  const std::string single_source_field = spec.a.kind == Kind::kResident             ? "a_handle"
+                                          : spec.b.kind == Kind::kResident           ? "b_handle"
+                                          : spec.c_in.kind == Kind::kResident        ? "c_in_handle"
+                                          : spec.a.kind == Kind::kRegion             ? "a_region"
+                                          : spec.b.kind == Kind::kRegion             ? "b_region"
+                                          : spec.c_in.kind == Kind::kRegion          ? "c_in_region"
+                                          : spec.c.kind == ResultSink::Kind::kRegion ? "c_region"
+                                          : spec.keep_c_resident ? "keep_c_resident"
+                                                                 : "";
   if (!single_source_field.empty()) {
     return status::InvalidArgument(
         spec.Field(single_source_field),
@@ -427,13 +425,15 @@ absl::Status ValidateGroup(const GemmSpec& spec, const RequestRules& rules, Gemm
     a_elements += one.m * one.k;
     b_elements += one.k * one.n;
     c_elements += one.m * one.n;
-    for (auto [name, elements] : {std::pair{"A", a_elements}, std::pair{"B", b_elements},
-                                  std::pair{"C", c_elements}}) {
+    for (auto [name, elements] :
+         {std::pair{"A", a_elements}, std::pair{"B", b_elements}, std::pair{"C", c_elements}}) {
       if (elements > limit) {
-        return status::OverLimit("max_elements_per_matrix", fmt::format(
-            "group: the {} matrices of problems 0..{} have {} elements together; this server "
-            "takes at most {} per operand",
-            name, i, elements, limit));
+        return status::OverLimit(
+            "max_elements_per_matrix",
+            fmt::format(
+                "group: the {} matrices of problems 0..{} have {} elements together; this server "
+                "takes at most {} per operand",
+                name, i, elements, limit));
       }
     }
     group.push_back({one.m, one.n, one.k});
@@ -488,8 +488,7 @@ absl::Status ValidateInlineBytes(const GemmSpec& spec, const GemmJob& job) {
                     "a_region)",
                     spec.a.bytes, job.transpose_a ? shape.k : shape.m,
                     job.transpose_a ? shape.m : shape.k, ElementTypeName(shape.ab_type),
-                    job.transpose_a ? "k x m, transpose_a" : "m x k",
-                    total(shape.AMatrixBytes())));
+                    job.transpose_a ? "k x m, transpose_a" : "m x k", total(shape.AMatrixBytes())));
   }
   if (int64_t want = shape.BBytes(); spec.b.kind == Kind::kInline && spec.b.bytes != want) {
     return status::InvalidArgument(
@@ -498,8 +497,7 @@ absl::Status ValidateInlineBytes(const GemmSpec& spec, const GemmJob& job) {
                     "b_region)",
                     spec.b.bytes, job.transpose_b ? shape.n : shape.k,
                     job.transpose_b ? shape.k : shape.n, ElementTypeName(shape.ab_type),
-                    job.transpose_b ? "n x k, transpose_b" : "k x n",
-                    total(shape.BMatrixBytes())));
+                    job.transpose_b ? "n x k, transpose_b" : "k x n", total(shape.BMatrixBytes())));
   }
   return absl::OkStatus();
 }
@@ -517,12 +515,12 @@ absl::Status ValidateJob(const GemmSpec& spec, const RequestRules& rules, GemmJo
   if (s = ValidateShape(spec.m, spec.n, spec.k, rules, &job->shape); !s.ok()) return s;
   if (s = ValidateHandles(spec); !s.ok()) return s;
   using Kind = OperandSource::Kind;
-  const std::string single_matrix_field =
-      spec.a.kind == Kind::kResident                              ? "a_handle"
-      : spec.b.kind == Kind::kResident                            ? "b_handle"
-      : spec.c_in.kind == Kind::kResident && job->shape.c_input   ? "c_in_handle"
-      : spec.keep_c_resident                                      ? "keep_c_resident"
-                                                                  : "";
+  const std::string single_matrix_field = spec.a.kind == Kind::kResident   ? "a_handle"
+                                          : spec.b.kind == Kind::kResident ? "b_handle"
+                                          : spec.c_in.kind == Kind::kResident && job->shape.c_input
+                                              ? "c_in_handle"
+                                          : spec.keep_c_resident ? "keep_c_resident"
+                                                                 : "";
   if (s = ValidateBatch(spec, single_matrix_field, rules, job); !s.ok()) return s;
   return ValidateInlineBytes(spec, *job);
 }

@@ -73,8 +73,8 @@ TEST(Validation, AcceptsWellFormedRequest) {
 }
 
 TEST(Validation, ZeroDimensionNamesTheField) {
-  for (auto [m, n, k, field] : {std::tuple{0u, 1u, 1u, "m:"}, std::tuple{1u, 0u, 1u, "n:"},
-                                std::tuple{1u, 1u, 0u, "k:"}}) {
+  for (auto [m, n, k, field] :
+       {std::tuple{0u, 1u, 1u, "m:"}, std::tuple{1u, 0u, 1u, "n:"}, std::tuple{1u, 1u, 0u, "k:"}}) {
     GemmJob job;
     absl::Status s = Validate(Request(m, n, k), Rules(), &job);
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
@@ -141,8 +141,8 @@ TEST(Validation, LongRequestIdIsInvalidArgument) {
   EXPECT_EQ(Validate(r, Rules(), &job).code(), absl::StatusCode::kInvalidArgument);
 }
 
-// Issue 12, items 1 and 3: 2·m·k used to wrap in int64, so this passed validation and the
-// worker threw; and 2³²−1 cubed was reported as "exactly -17179869182" bytes.
+// 2·m·k must not wrap in int64 (this would pass validation and the worker throw), and 2³²−1
+// cubed must not be reported as "exactly -17179869182" bytes.
 TEST(Validation, HugeDimensionsAreResourceExhaustedWithExactCounts) {
   for (uint32_t d : {3037000500u, 4294967295u}) {
     GemmJob job;
@@ -156,8 +156,7 @@ TEST(Validation, HugeDimensionsAreResourceExhaustedWithExactCounts) {
     absl::Status s = Validate(r, rules, &job);
     EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << d;
     const std::string elements = std::to_string(uint64_t{d} * d);
-    EXPECT_NE(s.message().find("= " + elements + " elements"), std::string::npos)
-        << s.message();
+    EXPECT_NE(s.message().find("= " + elements + " elements"), std::string::npos) << s.message();
     EXPECT_NE(s.message().find(std::to_string(kMaxElementsPerMatrix)), std::string::npos)
         << s.message();
     EXPECT_EQ(s.message().find('-'), std::string::npos) << s.message();

@@ -45,8 +45,7 @@ inline std::string CFaultName(CFault fault) {
 }
 
 // Applies `fault` to element (row, col) of C (m×n of `type`, row-major), or to its whole row.
-inline void CorruptC(CFault fault, ElementType type, int64_t n, void* c, int64_t row,
-                     int64_t col) {
+inline void CorruptC(CFault fault, ElementType type, int64_t n, void* c, int64_t row, int64_t col) {
   char* element = static_cast<char*>(c) + (row * n + col) * ElementBytes(type);
   const bool fp32 = type == ElementType::kFp32;
   const int bits = fp32 ? 32 : 16;

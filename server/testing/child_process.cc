@@ -34,7 +34,9 @@ std::string RunfilePath(const std::string& path) {
 namespace {
 
 // waitpid's status as Wait() reports it.
-int ExitCode(int status) { return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status); }
+int ExitCode(int status) {
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
 
 }  // namespace
 

@@ -22,8 +22,7 @@ namespace hgemm {
 // the region in `*info` on OK.
 inline absl::Status RegisterRegionNow(GemmCoreInterface& core, const std::string& owner,
                                       const RegionSpec& spec,
-                                      std::optional<RegisteringProcess> process,
-                                      RegionInfo* info) {
+                                      std::optional<RegisteringProcess> process, RegionInfo* info) {
   // The status crosses threads as plain values: a copy of an absl::Status shares its message
   // through a refcount in Debian's uninstrumented absl, which TSan would take for a race.
   struct Answer {

@@ -140,7 +140,7 @@ class FakeReadCall : public Transport {
   }
 
   const std::chrono::milliseconds patience_;
-  bool read_started_ = true;  // guarded by mu_; the reactor starts the first read itself
+  bool read_started_ = true;        // guarded by mu_; the reactor starts the first read itself
   std::optional<Session> session_;  // last: it calls back into the members above
 };
 

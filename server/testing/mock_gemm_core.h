@@ -56,12 +56,12 @@ class MockGemmCore : public GemmCoreInterface {
                UploadCreated done),
               (override));
   MOCK_METHOD(absl::Status, BeginPart,
-              (const std::string& owner, const std::string& handle, int64_t offset,
-               int64_t length, const std::string& field, std::shared_ptr<ResidentBuffer>* buffer),
+              (const std::string& owner, const std::string& handle, int64_t offset, int64_t length,
+               const std::string& field, std::shared_ptr<ResidentBuffer>* buffer),
               (override));
   MOCK_METHOD(absl::Status, EndPart,
-              (const std::string& owner, const std::string& handle, int64_t offset,
-               int64_t length, bool landed, int64_t* missing_bytes),
+              (const std::string& owner, const std::string& handle, int64_t offset, int64_t length,
+               bool landed, int64_t* missing_bytes),
               (override));
   MOCK_METHOD(absl::Status, LookupMatrix,
               (const std::string& owner, const std::string& handle, const std::string& field,

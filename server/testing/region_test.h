@@ -67,8 +67,7 @@ class RegionTest : public ::testing::Test {
     return stub_->UnregisterRegion(&context, request, &response);
   }
   grpc::Status Gemm(const v1::GemmRequest& request, v1::GemmResponse* response,
-                    const std::string& client_id = kClient,
-                    v1::GemmService::Stub* stub = nullptr) {
+                    const std::string& client_id = kClient, v1::GemmService::Stub* stub = nullptr) {
     grpc::ClientContext context;
     context.AddMetadata("x-client-id", client_id);
     return (stub ? stub : stub_.get())->Gemm(&context, request, response);

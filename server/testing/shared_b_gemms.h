@@ -53,10 +53,13 @@ class RowsGemm {
            float beta = 0, CSink sink = CSink::kHost, bool in_place = false)
       : backend_(backend), m_(m), n_(b.n), form_(b.form), sink_(sink) {
     a_ = RandomHalfMatrix(m * b.k, rng, form_.bf16);
-    job.shape = {.m = m, .n = b.n, .k = b.k,
+    job.shape = {.m = m,
+                 .n = b.n,
+                 .k = b.k,
                  .ab_type = form_.bf16 ? ElementType::kBf16 : ElementType::kFp16,
                  .c_type = form_.c_fp32 ? ElementType::kFp32
-                           : form_.bf16 ? ElementType::kBf16 : ElementType::kFp16,
+                           : form_.bf16 ? ElementType::kBf16
+                                        : ElementType::kFp16,
                  .c_input = beta != 0};
     job.transpose_a = form_.transpose_a;
     job.transpose_b = form_.transpose_b;
@@ -78,9 +81,9 @@ class RowsGemm {
         std::memcpy(c_in_.data(), halves.data(), c_bytes);
       }
     }
-    reference_ = ReferenceGemm(a_.data(), b.values.data(), m, n_, b.k, form_,
-                               {.alpha = alpha, .beta = beta,
-                                .c_in = c_in_.empty() ? nullptr : c_in_.data()});
+    reference_ = ReferenceGemm(
+        a_.data(), b.values.data(), m, n_, b.k, form_,
+        {.alpha = alpha, .beta = beta, .c_in = c_in_.empty() ? nullptr : c_in_.data()});
     c_.assign(c_bytes, '\xFF');  // NaN in every type: an element left unwritten shows
     switch (sink) {
       case CSink::kHost:

@@ -16,14 +16,14 @@ namespace hgemm {
 // is set).
 inline StreamMessage StreamHeader(uint64_t id, uint32_t m, uint32_t n, uint32_t k,
                                   const std::string& a_handle = "") {
-  GemmSpec spec{.field_prefix = "header.",
-                .m = m,
-                .n = n,
-                .k = k,
-                .a = a_handle.empty() ? OperandSource::Arriving()
-                                      : OperandSource::Resident(a_handle),
-                .b = OperandSource::Arriving(),
-                .c_in = OperandSource::Arriving()};
+  GemmSpec spec{
+      .field_prefix = "header.",
+      .m = m,
+      .n = n,
+      .k = k,
+      .a = a_handle.empty() ? OperandSource::Arriving() : OperandSource::Resident(a_handle),
+      .b = OperandSource::Arriving(),
+      .c_in = OperandSource::Arriving()};
   return {StreamMessage::Header{id, std::move(spec)}};
 }
 

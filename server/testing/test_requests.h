@@ -14,9 +14,9 @@
 #include <utility>
 #include <vector>
 
+#include "proto/hgemm.pb.h"
 #include "proto/numerics/cpu_gemm.h"
 #include "proto/numerics/fp16.h"
-#include "proto/hgemm.pb.h"
 
 namespace hgemm {
 
@@ -77,7 +77,8 @@ inline v1::GemmRequest GroupRequest(
 }
 
 // The problems of a request in the order of its matrices: its group, or batch × (m, n, k).
-inline std::vector<std::tuple<int64_t, int64_t, int64_t>> RequestProblems(const v1::GemmRequest& r) {
+inline std::vector<std::tuple<int64_t, int64_t, int64_t>> RequestProblems(
+    const v1::GemmRequest& r) {
   std::vector<std::tuple<int64_t, int64_t, int64_t>> problems;
   for (const v1::GroupedProblem& p : r.group()) problems.emplace_back(p.m(), p.n(), p.k());
   if (r.group_size() == 0) problems.assign(std::max<uint32_t>(r.batch(), 1), {r.m(), r.n(), r.k()});

@@ -26,8 +26,7 @@ void SetTimeout(int fd, int option, std::chrono::milliseconds timeout) {
 }
 
 bool SendStatus(bulk::Connection& lane, const absl::Status& s, uint64_t value = 0) {
-  const std::string frame =
-      bulk::EncodeFrame({uint32_t(s.code()), status::Message(s), value});
+  const std::string frame = bulk::EncodeFrame({uint32_t(s.code()), status::Message(s), value});
   return lane.SendAll(frame.data(), frame.size());
 }
 
@@ -54,11 +53,9 @@ TlsContext NewServerContext(const BulkListenerOptions::Tls& tls, std::string* er
       return TlsContext(nullptr, &SSL_CTX_free);
     }
     SSL_CTX_set_client_CA_list(c, SSL_load_client_CA_file(tls.client_ca_path.c_str()));
-    SSL_CTX_set_verify(c,
-                       SSL_VERIFY_PEER | (tls.require_client_certificate
-                                              ? SSL_VERIFY_FAIL_IF_NO_PEER_CERT
-                                              : 0),
-                       nullptr);
+    SSL_CTX_set_verify(
+        c, SSL_VERIFY_PEER | (tls.require_client_certificate ? SSL_VERIFY_FAIL_IF_NO_PEER_CERT : 0),
+        nullptr);
   }
   return context;
 }
@@ -66,9 +63,10 @@ TlsContext NewServerContext(const BulkListenerOptions::Tls& tls, std::string* er
 // Why a receive stopped short of what it asked for.
 absl::Status ShortReceive(const char* what, std::chrono::milliseconds idle_timeout) {
   if (errno == EAGAIN || errno == EWOULDBLOCK) {
-    return status::Idle(fmt::format("bulk channel: no bytes of the {} for {} ms; the lane was "
-                                    "dropped",
-                                    what, idle_timeout.count()));
+    return status::Idle(
+        fmt::format("bulk channel: no bytes of the {} for {} ms; the lane was "
+                    "dropped",
+                    what, idle_timeout.count()));
   }
   return status::InvalidArgument(what, "the connection ended before all of it came");
 }
@@ -78,8 +76,8 @@ absl::Status ShortReceive(const char* what, std::chrono::milliseconds idle_timeo
 class PutLane final : public PartTransport {
  public:
   PutLane(GemmCoreInterface& core, const BulkTicket& ticket, std::chrono::milliseconds idle)
-      : session_(core, this, ticket.owner,
-                 std::chrono::duration_cast<std::chrono::seconds>(idle)) {}
+      : session_(core, this, ticket.owner, std::chrono::duration_cast<std::chrono::seconds>(idle)) {
+  }
 
   void StartRead() override {
     std::lock_guard<std::mutex> lock(mu_);
@@ -120,8 +118,8 @@ class PutLane final : public PartTransport {
         continue;
       }
       const int64_t size = std::min(chunk_bytes, ticket.length - received);
-      auto buffer = std::shared_ptr<std::string>(
-          new std::string(pool.Take(size)), [&pool](std::string* b) {
+      auto buffer =
+          std::shared_ptr<std::string>(new std::string(pool.Take(size)), [&pool](std::string* b) {
             pool.Give(std::move(*b));
             delete b;
           });
@@ -146,19 +144,18 @@ class PutLane final : public PartTransport {
  private:
   std::mutex mu_;
   std::condition_variable changed_;
-  bool read_wanted_ = false;  // guarded by mu_
-  bool finished_ = false;     // guarded by mu_
-  absl::Status status_;       // guarded by mu_
+  bool read_wanted_ = false;   // guarded by mu_
+  bool finished_ = false;      // guarded by mu_
+  absl::Status status_;        // guarded by mu_
   int64_t missing_bytes_ = 0;  // guarded by mu_
-  PartSession session_;       // last: it calls back into the members above
+  PartSession session_;        // last: it calls back into the members above
 };
 
 }  // namespace
 
 std::unique_ptr<BulkListener> BulkListener::Start(BulkListenerOptions options,
                                                   GemmCoreInterface* core, BulkGrants* grants,
-                                                  ServiceMetrics* metrics,
-                                                  std::string* error) {
+                                                  ServiceMetrics* metrics, std::string* error) {
   int port = 0;
   const int fd = ListenTcp(options.address, 128, &port, error);
   if (fd < 0) return nullptr;
@@ -166,8 +163,8 @@ std::unique_ptr<BulkListener> BulkListener::Start(BulkListenerOptions options,
       new BulkListener(std::move(options), core, grants, metrics, fd, port));
 }
 
-BulkListener::BulkListener(BulkListenerOptions options, GemmCoreInterface* core,
-                           BulkGrants* grants, ServiceMetrics* metrics, int fd, int port)
+BulkListener::BulkListener(BulkListenerOptions options, GemmCoreInterface* core, BulkGrants* grants,
+                           ServiceMetrics* metrics, int fd, int port)
     : options_(std::move(options)),
       core_(core),
       grants_(grants),
@@ -193,8 +190,7 @@ void BulkListener::AcceptLoop() {
     if (fd < 0) continue;
     std::lock_guard<std::mutex> lock(mu_);
     if (int(lanes_.size()) >= options_.max_connections) {
-      spdlog::warn("bulk channel: {} connections open (the most); one more refused",
-                   lanes_.size());
+      spdlog::warn("bulk channel: {} connections open (the most); one more refused", lanes_.size());
       // Best effort, without waiting: the frame, then the hello if it came (closing on unread
       // bytes would reset the connection and lose the frame).
       // Plaintext only: a TLS client then sees its handshake fail and connects again.

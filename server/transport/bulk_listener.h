@@ -54,9 +54,9 @@ class BulkListener {
   // Listens on options.address; nullptr and the reason in *error if it can't be bound.
   // Counts the bytes each lane moved in `metrics` (null: none kept) as DataPath::kBulk.
   // REQUIRES: `core`, `grants` and `metrics` outlive the listener.
-  static std::unique_ptr<BulkListener> Start(BulkListenerOptions options,
-                                             GemmCoreInterface* core, BulkGrants* grants,
-                                             ServiceMetrics* metrics, std::string* error);
+  static std::unique_ptr<BulkListener> Start(BulkListenerOptions options, GemmCoreInterface* core,
+                                             BulkGrants* grants, ServiceMetrics* metrics,
+                                             std::string* error);
   // Stops accepting, cuts the lanes in progress (a PUT lane's part then counts nothing) and
   // waits for their threads.
   ~BulkListener();
@@ -85,7 +85,7 @@ class BulkListener {
   std::atomic<bool> stopping_{false};
   std::mutex mu_;
   std::condition_variable lane_ended_;
-  std::set<int> lanes_;  // guarded by mu_; the connections being served
+  std::set<int> lanes_;   // guarded by mu_; the connections being served
   std::thread acceptor_;  // last: starts once the rest is set
 };
 

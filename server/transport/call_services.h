@@ -90,10 +90,10 @@ class TrackedCalls {
   void ExpireIdleCalls();  // the janitor thread
 
   const std::chrono::seconds idle_timeout_;
-  std::mutex mu_;                  // before any call's own mutex
-  std::set<TrackedCall*> calls_;   // guarded by mu_
-  bool draining_ = false;          // guarded by mu_
-  bool stopping_ = false;          // guarded by mu_; ends the janitor
+  std::mutex mu_;                 // before any call's own mutex
+  std::set<TrackedCall*> calls_;  // guarded by mu_
+  bool draining_ = false;         // guarded by mu_
+  bool stopping_ = false;         // guarded by mu_; ends the janitor
   std::condition_variable janitor_wake_;
   std::thread janitor_;  // last: it starts once everything above is constructed
 };
@@ -135,7 +135,7 @@ class CallGate {
  private:
   std::mutex mu_;
   std::condition_variable passes_returned_;
-  int passes_ = 0;      // guarded by mu_
+  int passes_ = 0;       // guarded by mu_
   bool closed_ = false;  // guarded by mu_
 };
 

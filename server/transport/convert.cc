@@ -178,9 +178,8 @@ MatrixSpec ToSpec(const v1::MatrixHeader& header) {
 }
 
 RegionSpec ToSpec(const v1::RegisterRegionRequest& request) {
-  RegionSpec spec{.path = request.path(),
-                  .byte_size = request.byte_size(),
-                  .label = request.label()};
+  RegionSpec spec{
+      .path = request.path(), .byte_size = request.byte_size(), .label = request.label()};
   if (request.has_cuda_ipc()) {
     spec.cuda_ipc = RegionSpec::CudaIpc{request.cuda_ipc().handle(), request.cuda_ipc().device()};
   }

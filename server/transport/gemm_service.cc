@@ -156,35 +156,36 @@ absl::Status GemmServiceImpl::AdmitGemm(grpc::CallbackServerContext* context,
   job.deadline = SteadyDeadline(*context);
   job.is_cancelled = [context] { return context->IsCancelled(); };
   job.traceparent = CallTraceparent(*context);
-  return core_->Run(std::move(admitted), [this, context, owner, reactor, response, shape,
-                                          a_shared, b_shared, c_shared](const absl::Status& status,
-                                                                        GemmResult result) {
-    absl::Status answer = status;
-    try {
-      if (status.ok()) {
-        ToProto(shape, result, response->mutable_timing(), response->mutable_execution());
-        if (result.kept_c.buffer) Describe(*core_, result.kept_c, response->mutable_c_matrix());
-      }
-    } catch (...) {
-      answer = status::FromCurrentException("Gemm result");
-    }
-    if (answer.ok()) {
-      log_.Ran(shape, result);
-      log_.Sent(Rpc::kGemm, int64_t(response->c().size()), *context);
-      log_.SharedMemory((a_shared ? shape.ABytes() : 0) + (b_shared ? shape.BBytes() : 0),
-                        c_shared ? shape.CBytes() : 0);
-    }
-    log_.Answered(Rpc::kGemm, answer, context, owner, response->request_id());
-    reactor->Finish(ToGrpcStatus(answer));
-  });
+  return core_->Run(
+      std::move(admitted), [this, context, owner, reactor, response, shape, a_shared, b_shared,
+                            c_shared](const absl::Status& status, GemmResult result) {
+        absl::Status answer = status;
+        try {
+          if (status.ok()) {
+            ToProto(shape, result, response->mutable_timing(), response->mutable_execution());
+            if (result.kept_c.buffer) Describe(*core_, result.kept_c, response->mutable_c_matrix());
+          }
+        } catch (...) {
+          answer = status::FromCurrentException("Gemm result");
+        }
+        if (answer.ok()) {
+          log_.Ran(shape, result);
+          log_.Sent(Rpc::kGemm, int64_t(response->c().size()), *context);
+          log_.SharedMemory((a_shared ? shape.ABytes() : 0) + (b_shared ? shape.BBytes() : 0),
+                            c_shared ? shape.CBytes() : 0);
+        }
+        log_.Answered(Rpc::kGemm, answer, context, owner, response->request_id());
+        reactor->Finish(ToGrpcStatus(answer));
+      });
 }
 
-grpc::ServerBidiReactor<v1::GemmStreamRequest, v1::GemmStreamResponse>*
-GemmServiceImpl::GemmStream(grpc::CallbackServerContext* context) {
+grpc::ServerBidiReactor<v1::GemmStreamRequest, v1::GemmStreamResponse>* GemmServiceImpl::GemmStream(
+    grpc::CallbackServerContext* context) {
   Principal caller;
   CallGate::Pass pass;
   if (absl::Status s = Identify(Rpc::kGemmStream, context, &caller, &pass); !s.ok()) {
-    return new RefusedCall<grpc::ServerBidiReactor<v1::GemmStreamRequest, v1::GemmStreamResponse>>(s);
+    return new RefusedCall<grpc::ServerBidiReactor<v1::GemmStreamRequest, v1::GemmStreamResponse>>(
+        s);
   }
   return NewGemmStreamReactor(call_services_, context, std::move(caller.name));
 }
@@ -206,9 +207,9 @@ grpc::ServerUnaryReactor* GemmServiceImpl::ListKernels(grpc::CallbackServerConte
       info->set_grouped(k.grouped);
       info->set_fused_scale(k.fused_scale);
     }
-    auto_kernel->set_grouped(
-        std::any_of(options_.rules.kernels.begin(), options_.rules.kernels.end(),
-                    [](const KernelDescription& k) { return k.grouped; }));
+    auto_kernel->set_grouped(std::any_of(options_.rules.kernels.begin(),
+                                         options_.rules.kernels.end(),
+                                         [](const KernelDescription& k) { return k.grouped; }));
     auto_kernel->set_fused_scale(
         std::any_of(options_.rules.kernels.begin(), options_.rules.kernels.end(),
                     [](const KernelDescription& k) { return k.fused_scale; }));
@@ -290,9 +291,14 @@ grpc::ServerUnaryReactor* GemmServiceImpl::OpenBulk(grpc::CallbackServerContext*
     }
     BulkDirection direction;
     switch (request->direction()) {
-      case v1::BULK_PUT: direction = BulkDirection::kPut; break;
-      case v1::BULK_GET: direction = BulkDirection::kGet; break;
-      default: return status::InvalidArgument("direction", "must be BULK_PUT or BULK_GET");
+      case v1::BULK_PUT:
+        direction = BulkDirection::kPut;
+        break;
+      case v1::BULK_GET:
+        direction = BulkDirection::kGet;
+        break;
+      default:
+        return status::InvalidArgument("direction", "must be BULK_PUT or BULK_GET");
     }
     if (request->offset() > uint64_t(INT64_MAX) || request->length() > uint64_t(INT64_MAX)) {
       return status::InvalidArgument("offset", "offset and length must be below 2^63");
@@ -309,10 +315,10 @@ grpc::ServerUnaryReactor* GemmServiceImpl::OpenBulk(grpc::CallbackServerContext*
       }
     }
     std::vector<BulkLane> lanes;
-    if (absl::Status s = bulk_grants_->Grant(
-            caller.name, request->handle(), direction, int64_t(request->offset()),
-            int64_t(request->length()), int(std::min<uint32_t>(request->lanes(), INT32_MAX)),
-            Clock::now(), &lanes);
+    if (absl::Status s = bulk_grants_->Grant(caller.name, request->handle(), direction,
+                                             int64_t(request->offset()), int64_t(request->length()),
+                                             int(std::min<uint32_t>(request->lanes(), INT32_MAX)),
+                                             Clock::now(), &lanes);
         !s.ok()) {
       return s;
     }
@@ -455,8 +461,7 @@ grpc::ServerUnaryReactor* GemmServiceImpl::RegisterRegion(grpc::CallbackServerCo
     if (peer->process) process->alive = [handle = peer->process] { return handle->Alive(); };
   }
   // Answered once the region is mapped (on an upload thread), or at once when refused.
-  core_->RegisterRegion(caller.name, OverUnixSocket(*context), ToSpec(*request),
-                        std::move(process),
+  core_->RegisterRegion(caller.name, OverUnixSocket(*context), ToSpec(*request), std::move(process),
                         [this, context, reactor, response, owner = caller.name](
                             const absl::Status& s, const RegionInfo& info) {
                           if (s.ok()) ToProto(info, response);
@@ -471,8 +476,8 @@ grpc::ServerUnaryReactor* GemmServiceImpl::UnregisterRegion(
     v1::UnregisterRegionResponse* response) {
   return Unary(Rpc::kUnregisterRegion, context, [&](const Principal& caller) {
     int64_t freed = 0;
-    absl::Status s = core_->UnregisterRegion(caller.name, OverUnixSocket(*context),
-                                             request->region(), &freed);
+    absl::Status s =
+        core_->UnregisterRegion(caller.name, OverUnixSocket(*context), request->region(), &freed);
     response->set_freed_bytes(freed);
     return s;
   });

@@ -120,8 +120,8 @@ class GemmServiceImpl final : public v1::GemmService::CallbackService {
   grpc::ServerUnaryReactor* CreateUpload(grpc::CallbackServerContext* context,
                                          const v1::UploadCreateRequest* request,
                                          v1::MatrixInfo* response) override;
-  grpc::ServerWriteReactor<v1::RingEvent>* AttachRing(grpc::CallbackServerContext* context,
-                                                     const v1::AttachRingRequest* request) override;
+  grpc::ServerWriteReactor<v1::RingEvent>* AttachRing(
+      grpc::CallbackServerContext* context, const v1::AttachRingRequest* request) override;
   grpc::ServerUnaryReactor* BindRingSlots(grpc::CallbackServerContext* context,
                                           const v1::BindRingSlotsRequest* request,
                                           v1::RingSlots* response) override;
@@ -166,11 +166,8 @@ class GemmServiceImpl final : public v1::GemmService::CallbackService {
   TrackedCalls calls_{options_.idle_timeout};
   // Destroyed with the service, before the core: it waits for the ring threads, which use it.
   RingRegistry rings_{options_.rings};
-  const CallServices call_services_{.core = core_,
-                                    .log = &log_,
-                                    .calls = &calls_,
-                                    .stream = &stream_options_,
-                                    .rings = &rings_};
+  const CallServices call_services_{
+      .core = core_, .log = &log_, .calls = &calls_, .stream = &stream_options_, .rings = &rings_};
 };
 
 }  // namespace hgemm

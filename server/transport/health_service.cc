@@ -115,7 +115,8 @@ grpc::ServerUnaryReactor* HealthService::Check(grpc::CallbackServerContext* cont
     s = StatusLocked(request->service());
   }
   if (s == HealthCheckResponse::SERVICE_UNKNOWN) {
-    reactor->Finish(ToGrpcStatus(status::NotFound("unknown service " + status::Quote(request->service()))));
+    reactor->Finish(
+        ToGrpcStatus(status::NotFound("unknown service " + status::Quote(request->service()))));
   } else {
     response->set_status(s);
     reactor->Finish(grpc::Status::OK);

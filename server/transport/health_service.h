@@ -48,9 +48,9 @@ class HealthService final : public grpc::health::v1::Health::CallbackService {
   ServingStatus StatusLocked(const std::string& service) const;
 
   std::mutex mu_;
-  std::map<std::string, ServingStatus> statuses_;  // guarded by mu_
+  std::map<std::string, ServingStatus> statuses_;       // guarded by mu_
   std::map<HealthWatchReactor*, std::string> watches_;  // guarded by mu_; → its service
-  bool shut_down_ = false;                         // guarded by mu_
+  bool shut_down_ = false;                              // guarded by mu_
 };
 
 }  // namespace hgemm

@@ -80,11 +80,11 @@ TEST(LoneChunkOf, LeavesEverythingElseToProtobuf) {
   const std::string one = chunk.SerializeAsString();
   const std::vector<std::string> others = {
       header.SerializeAsString(),
-      "",                                   // no field set
-      one + one,                            // the chunk twice (protobuf keeps the last)
-      one + std::string("\x18\x01", 2),     // an unknown field after it
-      std::string("\x18\x01", 2) + one,     // one before it
-      one.substr(0, one.size() - 1),        // cut short
+      "",                                // no field set
+      one + one,                         // the chunk twice (protobuf keeps the last)
+      one + std::string("\x18\x01", 2),  // an unknown field after it
+      std::string("\x18\x01", 2) + one,  // one before it
+      one.substr(0, one.size() - 1),     // cut short
       std::string("\x12\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\x01", 12),  // an over-long varint
   };
   for (const std::string& wire : others) {

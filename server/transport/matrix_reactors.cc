@@ -23,8 +23,7 @@ static_assert(v1::PartRequest::kChunkFieldNumber == kLoneChunkField);
 
 // `message` serialized into `response`; INTERNAL naming `rpc` if it does not serialize.
 template <typename Message>
-absl::Status SerializeAnswer(const Message& message, const char* rpc,
-                             grpc::ByteBuffer* response) {
+absl::Status SerializeAnswer(const Message& message, const char* rpc, grpc::ByteBuffer* response) {
   bool own_buffer = false;
   if (!grpc::SerializationTraits<Message>::Serialize(message, response, &own_buffer).ok()) {
     return absl::InternalError(fmt::format("{}: the response did not serialize", rpc));
@@ -252,9 +251,9 @@ class DownloadMatrixReactor final : public grpc::ServerWriteReactor<v1::ResultCh
   const int64_t chunk_bytes_;
   HostBufferPool& buffers_;
   std::vector<std::string> pieces_;  // from the pool: the chunks' data, read off the device
-  int64_t total_ = 0;            // the matrix's bytes
-  int64_t first_ = 0, end_ = 0;  // the bytes asked for
-  int64_t offset_ = 0;           // the next chunk's
+  int64_t total_ = 0;                // the matrix's bytes
+  int64_t first_ = 0, end_ = 0;      // the bytes asked for
+  int64_t offset_ = 0;               // the next chunk's
   v1::ResultChunk chunk_;
 };
 

@@ -19,7 +19,7 @@ namespace hgemm {
 namespace {
 
 constexpr size_t kMaxRequestBytes = 8192;
-constexpr int kPollMs = 100;       // how often the thread looks at stopping_
+constexpr int kPollMs = 100;  // how often the thread looks at stopping_
 constexpr int kIoTimeoutSeconds = 2;
 
 std::string Reply(const char* status, const char* content_type, const std::string& body,
@@ -39,8 +39,7 @@ std::unique_ptr<MetricsHttpServer> MetricsHttpServer::Start(
   int port = 0;
   const int fd = ListenTcp(address, 64, &port, error);
   if (fd < 0) return nullptr;
-  return std::unique_ptr<MetricsHttpServer>(
-      new MetricsHttpServer(fd, port, std::move(source)));
+  return std::unique_ptr<MetricsHttpServer>(new MetricsHttpServer(fd, port, std::move(source)));
 }
 
 MetricsHttpServer::MetricsHttpServer(int fd, int port,
@@ -83,7 +82,8 @@ void MetricsHttpServer::Answer(int connection) {
     response = Reply("500 Internal Server Error", "text/plain", "metrics failed\n", false);
   }
   for (size_t sent = 0; sent < response.size();) {
-    const ssize_t n = send(connection, response.data() + sent, response.size() - sent, MSG_NOSIGNAL);
+    const ssize_t n =
+        send(connection, response.data() + sent, response.size() - sent, MSG_NOSIGNAL);
     if (n <= 0) break;
     sent += n;
   }

@@ -30,7 +30,8 @@ int CountEstablished(const char* table, int port) {
 }  // namespace
 
 int OpenTcpConnections(int port) {
-  return CountEstablished("/proc/self/net/tcp", port) + CountEstablished("/proc/self/net/tcp6", port);
+  return CountEstablished("/proc/self/net/tcp", port) +
+         CountEstablished("/proc/self/net/tcp6", port);
 }
 
 }  // namespace hgemm

@@ -95,14 +95,14 @@ rf::ServerReflectionResponse ReflectionService::Answer(
       if (field != nullptr) {
         AddFileAndImports(field->file(), &added, response.mutable_file_descriptor_response());
       } else {
-        NotFound("extension " + std::to_string(e.extension_number()) + " of " +
-                     e.containing_type(),
+        NotFound("extension " + std::to_string(e.extension_number()) + " of " + e.containing_type(),
                  &response);
       }
       break;
     }
     case rf::ServerReflectionRequest::kAllExtensionNumbersOfType: {
-      const pb::Descriptor* type = pool->FindMessageTypeByName(request.all_extension_numbers_of_type());
+      const pb::Descriptor* type =
+          pool->FindMessageTypeByName(request.all_extension_numbers_of_type());
       if (type == nullptr) {
         NotFound("type " + request.all_extension_numbers_of_type(), &response);
         break;

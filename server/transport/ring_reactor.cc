@@ -12,8 +12,7 @@
 namespace hgemm {
 namespace {
 
-class AttachRingReactor final : public grpc::ServerWriteReactor<v1::RingEvent>,
-                                public TrackedCall {
+class AttachRingReactor final : public grpc::ServerWriteReactor<v1::RingEvent>, public TrackedCall {
  public:
   AttachRingReactor(const CallServices& services, grpc::CallbackServerContext* context,
                     std::string owner, const v1::AttachRingRequest& request)
@@ -114,10 +113,9 @@ class AttachRingReactor final : public grpc::ServerWriteReactor<v1::RingEvent>,
 
 }  // namespace
 
-grpc::ServerWriteReactor<v1::RingEvent>* NewAttachRingReactor(const CallServices& services,
-                                                              grpc::CallbackServerContext* context,
-                                                              std::string owner,
-                                                              const v1::AttachRingRequest& request) {
+grpc::ServerWriteReactor<v1::RingEvent>* NewAttachRingReactor(
+    const CallServices& services, grpc::CallbackServerContext* context, std::string owner,
+    const v1::AttachRingRequest& request) {
   return new AttachRingReactor(services, context, std::move(owner), request);
 }
 

@@ -26,8 +26,7 @@ int ListenTcp(const std::string& address, int backlog, int* port, std::string* e
   hints.ai_socktype = SOCK_STREAM;
   hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
   addrinfo* found = nullptr;
-  if (int rc = getaddrinfo(host.empty() ? nullptr : host.c_str(), service.c_str(), &hints,
-                           &found);
+  if (int rc = getaddrinfo(host.empty() ? nullptr : host.c_str(), service.c_str(), &hints, &found);
       rc != 0) {
     *error = gai_strerror(rc);
     return -1;

@@ -198,8 +198,7 @@ void HostExpected(const Form& form, const uint16_t* a, const void* c_in, const H
     const std::vector<float> r = RandomVector(b.seed, form.n);
     c_in_r.resize(form.m);
     sums->c_in_sq.resize(form.m);
-    MatVec(c_in, form.c_type, form.m, form.n, false, r.data(), c_in_r.data(),
-           sums->c_in_sq.data());
+    MatVec(c_in, form.c_type, form.m, form.n, false, r.data(), c_in_r.data(), sums->c_in_sq.data());
   } else {
     sums->c_in_sq.clear();
   }

@@ -83,10 +83,9 @@ HostGemm MakeGemm(const Form& form, std::mt19937_64& rng, bool positive = false)
     }
   }
   g.c.assign(c_bytes, char(0x7F));  // poison: the GEMM writes every element
-  CpuGemm(g.a.data(), g.b.data(), g.c.data(), form.m, form.n, form.k, NumericsForm(form),
-          {.alpha = form.alpha,
-           .beta = form.beta,
-           .c_in = g.c_in.empty() ? nullptr : g.c_in.data()});
+  CpuGemm(
+      g.a.data(), g.b.data(), g.c.data(), form.m, form.n, form.k, NumericsForm(form),
+      {.alpha = form.alpha, .beta = form.beta, .c_in = g.c_in.empty() ? nullptr : g.c_in.data()});
   return g;
 }
 
@@ -123,8 +122,15 @@ std::vector<Form> EveryForm(int64_t m, int64_t n, int64_t k) {
                            std::pair{ElementType::kBf16, ElementType::kBf16},
                            std::pair{ElementType::kBf16, ElementType::kFp32}}) {
         for (auto [alpha, beta] : {std::pair{1.0f, 0.0f}, std::pair{-0.75f, 1.5f}}) {
-          forms.push_back({.m = m, .n = n, .k = k, .transpose_a = ta, .transpose_b = tb,
-                           .ab_type = ab, .c_type = c, .alpha = alpha, .beta = beta});
+          forms.push_back({.m = m,
+                           .n = n,
+                           .k = k,
+                           .transpose_a = ta,
+                           .transpose_b = tb,
+                           .ab_type = ab,
+                           .c_type = c,
+                           .alpha = alpha,
+                           .beta = beta});
         }
       }
     }
@@ -210,8 +216,8 @@ double MeasureDetection(const Form& form, CFault fault, int trials, std::mt19937
   for (int trial = 0; trial < trials; ++trial) detected += g.Check(FreshSeed()).empty() ? 0 : 1;
   const double rate = double(detected) / trials;
   std::printf("%-18s %-40s error %-9.3g bound %-9.3g promised %.3f detected %.3f\n",
-              CFaultName(fault).c_str(), Describe(form).c_str(), std::sqrt(error_sq), t,
-              promised, rate);
+              CFaultName(fault).c_str(), Describe(form).c_str(), std::sqrt(error_sq), t, promised,
+              rate);
   // Binomial slack: 4 standard deviations of the measured rate.
   const double slack = 4 * std::sqrt(promised * (1 - promised) / trials) + 1.0 / trials;
   EXPECT_GE(rate, promised - slack) << CFaultName(fault) << " " << Describe(form) << ": detected "
@@ -223,8 +229,13 @@ TEST(Freivalds, DetectsFaultsAtThePromisedRates) {
   std::mt19937_64 rng(5);
   constexpr int kTrials = 400;
   const Form fp16{.m = 48, .n = 64, .k = 256};
-  const Form bf16_fp32{.m = 48, .n = 64, .k = 256, .ab_type = ElementType::kBf16,
-                       .c_type = ElementType::kFp32, .alpha = 0.5f, .beta = -2};
+  const Form bf16_fp32{.m = 48,
+                       .n = 64,
+                       .k = 256,
+                       .ab_type = ElementType::kBf16,
+                       .c_type = ElementType::kFp32,
+                       .alpha = 0.5f,
+                       .beta = -2};
   for (const Form& form : {fp16, bf16_fp32}) {
     for (CFault fault : kAllCFaults) {
       const double rate = MeasureDetection(form, fault, kTrials, rng);

@@ -21,7 +21,8 @@ def _cuda_configure_impl(ctx):
             "package(default_visibility = [\"//visibility:public\"])",
             "",
         ] + [
-            "cc_library(name = \"%s\", target_compatible_with = [\"@platforms//:incompatible\"])" % t
+            ("cc_library(name = \"%s\", " +
+             "target_compatible_with = [\"@platforms//:incompatible\"])") % t
             for t in ["headers", "cudart", "cublas"]
         ]) + "\n")
     ctx.file("defs.bzl", "CUDA_FOUND = %s\nCUDA_PATH = %r\n" % (found, root))

@@ -32,7 +32,8 @@ class ConversionWarning(UserWarning):
 
 def is_torch_tensor(x) -> bool:
     # No torch import unless the caller already has a tensor.
-    return type(x).__module__.split(".")[0] == "torch" and hasattr(x, "dtype") and hasattr(x, "detach")
+    return (type(x).__module__.split(".")[0] == "torch" and hasattr(x, "dtype")
+            and hasattr(x, "detach"))
 
 
 def _torch_to_numpy(t, name: str) -> np.ndarray:

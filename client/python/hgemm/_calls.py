@@ -539,8 +539,8 @@ class Calls:
                      timeout: Optional[float] = None) -> Output:
         """Strided-batched GEMM in one call: C[i] = alpha·A[i]·B[i] + beta·c[i] for A
         (batch×m×k) and B (batch×k×n), e.g. 3-D float16 arrays or lists of matrices; c
-        (batch×m×n of C's type) only with beta ≠ 0. Returns C as a batch×m×n array (a GemmResult
-        with details=True). Options as gemm's (GemmRequest.batch)."""
+        (batch×m×n of C's type) only with beta ≠ 0. Returns C as a batch×m×n array (a
+        GemmResult with details=True). Options as gemm's (GemmRequest.batch)."""
         started = time.monotonic()
         spec = batched_spec(a, b, accumulation=accumulation, kernel=kernel, request_id=request_id,
                             c_dtype=c_dtype, alpha=alpha, beta=beta, c=c)
@@ -600,8 +600,9 @@ class Calls:
         ones upload); results come back in the order of `pairs`.
 
         pairs: (A, B) or (A, B, {options}) items, options being any of accumulation, kernel,
-        keep_c, c_ttl, request_id, c_dtype for that GEMM (operands as gemm takes them). A failing GEMM does not stop the others. Over
-        several replicas, one stream per replica the GEMMs' matrices live on. With
+        keep_c, c_ttl, request_id, c_dtype for that GEMM (operands as gemm takes them). A
+        failing GEMM does not stop the others. Over several replicas, one stream per replica
+        the GEMMs' matrices live on. With
         return_exceptions=False the first failing GEMM's Error is raised once all are done (its
         .index is its position, its .results the whole list); with True, failed GEMMs are
         hgemm.Error objects in the returned list. timeout is for the whole batch.
@@ -750,7 +751,8 @@ class Calls:
 
         def attempt(t):
             buf = DownloadBuffer(matrix.rows, matrix.cols, bar, matrix.dtype)
-            yield from self._rpc(stub.DownloadMatrix, pb.DownloadMatrixRequest(handle=matrix.handle),
+            yield from self._rpc(stub.DownloadMatrix,
+                                 pb.DownloadMatrixRequest(handle=matrix.handle),
                                  t, on_response=buf.add)
             return buf.array()
         try:

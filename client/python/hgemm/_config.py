@@ -22,7 +22,8 @@ class ClientConfig:
     """The options both clients take (documented on hgemm.Client)."""
 
     def __init__(self, target, *, tls=False, tls_ca=None, tls_cert=None, tls_key=None,
-                 tls_server_name=None, token=None, token_file=None, client_id=None, traceparent=None, timeout=None,
+                 tls_server_name=None, token=None, token_file=None, client_id=None,
+                 traceparent=None, timeout=None,
                  mode="auto", unary_limit_bytes=32 << 20, chunk_bytes=1 << 20, retries=5,
                  progress=None, channel_options=(), shared_memory=None,
                  shared_memory_min_bytes=1 << 20, ring=None):
@@ -88,7 +89,8 @@ class ClientConfig:
         """True when the mode choice needs the server's message limit, not yet known."""
         big = self._largest_message(spec)
         return ((mode or self.mode) == "auto" and self.max_message_bytes is None
-                and _ALWAYS_UNARY_BYTES < big and big - _MESSAGE_OVERHEAD_BYTES <= self.unary_limit_bytes)
+                and _ALWAYS_UNARY_BYTES < big
+                and big - _MESSAGE_OVERHEAD_BYTES <= self.unary_limit_bytes)
 
     def streams(self, spec: Spec, mode: Optional[str]) -> bool:
         """True when this GEMM goes on a GemmStream. Mode "auto": when its operands or C pass

@@ -17,8 +17,9 @@ def read_token(token: Optional[str], token_file: Optional[str]) -> Optional[str]
 
 
 def tls_credentials(tls, tls_ca, tls_cert, tls_key):
-    """grpc.ChannelCredentials, or None for plaintext (grpc not imported then). TLS is on with tls=True (system roots) or any
-    of the certificate paths; tls_cert/tls_key (PEM) are the client's certificate for mTLS."""
+    """grpc.ChannelCredentials, or None for plaintext (grpc not imported then). TLS is on with
+    tls=True (system roots) or any of the certificate paths; tls_cert/tls_key (PEM) are the
+    client's certificate for mTLS."""
     if not (tls or tls_ca or tls_cert or tls_key):
         return None
     if bool(tls_cert) != bool(tls_key):

@@ -35,21 +35,27 @@ from typing import Any, Dict, Optional, Sequence
 import numpy as np
 from google.protobuf import json_format
 
-from . import _errors, _shm
+from . import _errors, _native_decls as _decls, _shm
 from ._proto import hgemm_pb2 as pb
 from ._resident import handle_replica
 
 LIBRARY_NAME = "libhgemm_client.so"
-ABI_VERSION = 1  # HGEMM_ABI_VERSION of the client/c/hgemm.h this module binds
-# The HGEMM_ABI_REVISION whose functions it calls (2: batches, transposes, types; 3: typed
-# uploads, downloads, listings, keep_c, alpha/beta/C_in/batch; 4: parallel_min_bytes; 5: shared
-# memory regions; 6: submission rings; 7: the *_start calls, awaited by the aio client; 8: rings
-# keep C, bind slots after the open, drain; 9: borrowed stream operands; 10: error details;
-# 11: the server's Freivalds check).
-ABI_REVISION = 11
-MODE_AUTO, MODE_UNARY, MODE_STREAM = 0, 1, 2
-# HGEMM_DTYPE_* (proto DataType's values) of a Spec's dtype names.
-_DTYPES = {"fp16": pb.DATA_TYPE_FP16, "bf16": pb.DATA_TYPE_BF16, "fp32": pb.DATA_TYPE_FP32}
+# The declarations (functions, structs, callbacks, constants) are generated from
+# client/c/hgemm.h into _native_decls.py (client/python/gen_native_decls.py), so they cannot
+# drift from the header.
+ABI_VERSION = _decls.HGEMM_ABI_VERSION  # of the client/c/hgemm.h this module binds
+# The HGEMM_ABI_REVISION of that header: _native_decls declares every function of it, so the
+# library must have them all (2: batches, transposes, types; 3: typed uploads, downloads,
+# listings, keep_c, alpha/beta/C_in/batch; 4: parallel_min_bytes; 5: shared memory regions;
+# 6: submission rings; 7: the *_start calls, awaited by the aio client; 8: rings keep C, bind
+# slots after the open, drain; 9: borrowed stream operands; 10: error details; 11: the server's
+# Freivalds check).
+ABI_REVISION = _decls.HGEMM_ABI_REVISION
+MODE_AUTO, MODE_UNARY, MODE_STREAM = (_decls.HGEMM_MODE_AUTO, _decls.HGEMM_MODE_UNARY,
+                                      _decls.HGEMM_MODE_STREAM)
+# HGEMM_DTYPE_* of a Spec's dtype names.
+_DTYPES = {"fp16": _decls.HGEMM_DTYPE_FP16, "bf16": _decls.HGEMM_DTYPE_BF16,
+           "fp32": _decls.HGEMM_DTYPE_FP32}
 _BATCH_ADD_FAILED = ctypes.c_size_t(-1).value  # SIZE_MAX
 _GEMM_ID = re.compile(r"^gemm_id (\d+): ")
 
@@ -63,18 +69,20 @@ _lock = threading.Lock()
 _library = None  # the loaded ctypes.CDLL, or the OSError that loading it raised
 
 
-class GemmInfo(ctypes.Structure):
-    """hgemm_gemm_info_t."""
-    _fields_ = [("queue_wait_ms", ctypes.c_double), ("host_to_device_ms", ctypes.c_double),
-                ("kernel_ms", ctypes.c_double), ("device_to_host_ms", ctypes.c_double),
-                ("server_total_ms", ctypes.c_double), ("tflops", ctypes.c_double),
-                ("kernel", ctypes.c_char * 128), ("accumulation", ctypes.c_int),
-                ("backend", ctypes.c_char * 16), ("device_id", ctypes.c_int),
-                ("device_name", ctypes.c_char * 128), ("stream_id", ctypes.c_int),
-                ("request_id", ctypes.c_char * 128), ("streamed", ctypes.c_ubyte),
-                # Not the C struct's: filled from hgemm_gemm_verify() right after it (_read_check).
-                ("verify_ms", ctypes.c_double), ("verified_repetitions", ctypes.c_uint32),
+class GemmInfo(_decls.hgemm_gemm_info_t):
+    """hgemm_gemm_info_t, and after it what hgemm_gemm_verify() reports of the same GEMM (not
+    the C struct's: _read_check fills them right after the call)."""
+    _fields_ = [("verify_ms", ctypes.c_double), ("verified_repetitions", ctypes.c_uint32),
                 ("suspect_device_id", ctypes.c_int)]
+
+
+def _gemm_info_copy(info) -> GemmInfo:
+    """A GemmInfo of the library's hgemm_gemm_info_t at `info`, given to a done callback (valid
+    during it only): the C struct's bytes, not past them, and the check hgemm_gemm_verify()
+    reports of it (the library filled it on this thread just before calling done)."""
+    copy = GemmInfo()
+    ctypes.memmove(ctypes.byref(copy), info, ctypes.sizeof(_decls.hgemm_gemm_info_t))
+    return _read_check(_library, copy)
 
 
 def _read_check(lib, info: GemmInfo) -> GemmInfo:
@@ -86,39 +94,12 @@ def _read_check(lib, info: GemmInfo) -> GemmInfo:
     return info
 
 
-class MatrixInfo(ctypes.Structure):
-    """hgemm_matrix_info_t."""
-    _fields_ = [("rows", ctypes.c_uint32), ("cols", ctypes.c_uint32), ("bytes", ctypes.c_uint64),
-                ("device_id", ctypes.c_int), ("ttl_seconds", ctypes.c_double)]
-
-
-class RegionInfo(ctypes.Structure):
-    """hgemm_region_info_t."""
-    _fields_ = [("region", ctypes.c_char * 64), ("byte_size", ctypes.c_uint64),
-                ("label", ctypes.c_char * 136), ("age_seconds", ctypes.c_double),
-                ("idle_seconds", ctypes.c_double), ("ttl_seconds", ctypes.c_double),
-                ("in_use", ctypes.c_uint32), ("dma", ctypes.c_ubyte), ("cuda_ipc", ctypes.c_ubyte),
-                ("device_id", ctypes.c_uint32)]
-
-
-class GroupProblem(ctypes.Structure):
-    """hgemm_group_problem_t."""
-    _fields_ = [("m", ctypes.c_uint32), ("n", ctypes.c_uint32), ("k", ctypes.c_uint32),
-                ("a", ctypes.c_void_p), ("a_bytes", ctypes.c_size_t),
-                ("b", ctypes.c_void_p), ("b_bytes", ctypes.c_size_t),
-                ("c_in", ctypes.c_void_p), ("c_in_bytes", ctypes.c_size_t),
-                ("c", ctypes.c_void_p), ("c_capacity", ctypes.c_size_t)]
-
-
-# hgemm_gemm_done_fn: (user_data, code, message, info).
-_DONE_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int, ctypes.c_char_p,
-                            ctypes.POINTER(GemmInfo))
-# hgemm_keep_c_done_fn: (user_data, code, message, info, c_handle, c_info).
-_KEEP_C_DONE_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int, ctypes.c_char_p,
-                                   ctypes.POINTER(GemmInfo), ctypes.c_char_p,
-                                   ctypes.POINTER(MatrixInfo))
-# hgemm_done_fn (revision 7): (user_data, hgemm_result_t*).
-_RESULT_DONE_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p)
+MatrixInfo = _decls.hgemm_matrix_info_t
+RegionInfo = _decls.hgemm_region_info_t
+GroupProblem = _decls.hgemm_group_problem_t
+_DONE_FN = _decls.hgemm_gemm_done_fn
+_KEEP_C_DONE_FN = _decls.hgemm_keep_c_done_fn
+_RESULT_DONE_FN = _decls.hgemm_done_fn  # revision 7
 
 
 class _InFlight:
@@ -154,7 +135,7 @@ def _on_gemm_done(user_data, code, message, info):
     if code != 0:
         on_done(None, NativeRpcError.reported(code, message or b""))
     else:
-        on_done(GemmInfo.from_buffer_copy(info.contents), None)
+        on_done(_gemm_info_copy(info), None)
 
 
 @_KEEP_C_DONE_FN
@@ -165,7 +146,7 @@ def _on_keep_c_done(user_data, code, message, info, c_handle, c_info):
     if code != 0:
         on_done(None, NativeRpcError.reported(code, message or b""))
     else:
-        on_done((GemmInfo.from_buffer_copy(info.contents), c_handle.decode(),
+        on_done((_gemm_info_copy(info), c_handle.decode(),
                  MatrixInfo.from_buffer_copy(c_info.contents)), None)
 
 
@@ -299,182 +280,21 @@ def _checked_library(lib):
     """lib with its functions declared, or an OSError saying why this hgemm cannot use it."""
     if not hasattr(lib, "hgemm_abi_version"):
         return OSError(f"{library_path()} is not libhgemm_client (no hgemm_abi_version)")
-    lib.hgemm_abi_version.restype, lib.hgemm_abi_version.argtypes = ctypes.c_int, ()
+    lib.hgemm_abi_version.restype, lib.hgemm_abi_version.argtypes = (
+        _decls.FUNCTIONS["hgemm_abi_version"])
     version = lib.hgemm_abi_version()
     if version != ABI_VERSION:
         return OSError(f"{library_path()} has ABI version {version}; this hgemm binds version "
                        f"{ABI_VERSION}")
     revision = 1  # a library older than hgemm_abi_revision
     if hasattr(lib, "hgemm_abi_revision"):
-        lib.hgemm_abi_revision.restype, lib.hgemm_abi_revision.argtypes = ctypes.c_int, ()
+        lib.hgemm_abi_revision.restype, lib.hgemm_abi_revision.argtypes = (
+            _decls.FUNCTIONS["hgemm_abi_revision"])
         revision = lib.hgemm_abi_revision()
     if revision < ABI_REVISION:
         return OSError(f"{library_path()} has ABI revision {revision}; this hgemm needs "
                        f"{ABI_REVISION} or later (rebuild //client/c:libhgemm_client.so)")
-    return _declare(lib)
-
-
-def _declare(lib):
-    p, cstr, i64, u32, size = (ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int64, ctypes.c_uint32,
-                               ctypes.c_size_t)
-    err = (ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_void_p))
-    done = (_RESULT_DONE_FN, p)
-    signatures = {
-        "hgemm_abi_version": (ctypes.c_int, ()),
-        "hgemm_abi_revision": (ctypes.c_int, ()),
-        "hgemm_free": (None, (p,)),
-        "hgemm_error_status": (p, (ctypes.POINTER(size),)),
-        "hgemm_client_options_create": (p, ()),
-        "hgemm_client_options_destroy": (None, (p,)),
-        "hgemm_client_options_set_tls": (None, (p, ctypes.c_ubyte)),
-        "hgemm_client_options_set_tls_ca": (None, (p, cstr)),
-        "hgemm_client_options_set_tls_cert": (None, (p, cstr)),
-        "hgemm_client_options_set_tls_key": (None, (p, cstr)),
-        "hgemm_client_options_set_tls_server_name": (None, (p, cstr)),
-        "hgemm_client_options_set_token": (None, (p, cstr)),
-        "hgemm_client_options_set_client_id": (None, (p, cstr)),
-        "hgemm_client_options_set_traceparent": (None, (p, cstr)),
-        "hgemm_client_options_set_chunk_bytes": (None, (p, i64)),
-        "hgemm_client_options_set_retry_policy": (None, (p, ctypes.c_int, i64, i64,
-                                                         ctypes.c_double)),
-        "hgemm_client_create": (p, (cstr, p) + err),
-        "hgemm_client_destroy": (None, (p,)),
-        "hgemm_client_parallel_min_bytes": (i64, (p,)),
-        "hgemm_gemm_options_create": (p, ()),
-        "hgemm_gemm_options_destroy": (None, (p,)),
-        "hgemm_gemm_options_set_kernel": (None, (p, cstr)),
-        "hgemm_gemm_options_set_accumulation": (None, (p, ctypes.c_int)),
-        "hgemm_gemm_options_set_request_id": (None, (p, cstr)),
-        "hgemm_gemm_options_set_mode": (None, (p, ctypes.c_int)),
-        "hgemm_gemm_options_set_a_handle": (None, (p, cstr)),
-        "hgemm_gemm_options_set_b_handle": (None, (p, cstr)),
-        "hgemm_gemm_options_set_timeout_ms": (None, (p, i64)),
-        "hgemm_gemm_options_set_transpose_a": (None, (p, ctypes.c_ubyte)),
-        "hgemm_gemm_options_set_transpose_b": (None, (p, ctypes.c_ubyte)),
-        "hgemm_gemm_options_set_dtype": (None, (p, ctypes.c_int)),
-        "hgemm_gemm_options_set_c_dtype": (None, (p, ctypes.c_int)),
-        "hgemm_gemm_options_set_verify": (None, (p, ctypes.c_ubyte, ctypes.c_uint32)),
-        "hgemm_gemm_verify": (None, (ctypes.POINTER(ctypes.c_double),
-                                     ctypes.POINTER(ctypes.c_uint32),
-                                     ctypes.POINTER(ctypes.c_int))),
-        "hgemm_call_options_create": (p, ()),
-        "hgemm_call_options_destroy": (None, (p,)),
-        "hgemm_call_options_set_timeout_ms": (None, (p, i64)),
-        "hgemm_call_options_set_replica": (None, (p, cstr)),
-        "hgemm_gemm": (None, (p, p, u32, u32, u32, p, size, p, size, p, size,
-                              ctypes.POINTER(GemmInfo)) + err),
-        "hgemm_upload": (p, (p, p, u32, u32, p, size, u32, cstr, ctypes.POINTER(MatrixInfo))
-                         + err),
-        "hgemm_release": (ctypes.c_uint64, (p, p, cstr) + err),
-        "hgemm_gemm_async": (p, (p, p, u32, u32, u32, p, size, p, size, p, size, _DONE_FN, p)
-                             + err),
-        "hgemm_call_cancel": (None, (p,)),
-        "hgemm_call_destroy": (None, (p,)),
-        "hgemm_batch_create": (p, ()),
-        "hgemm_batch_destroy": (None, (p,)),
-        "hgemm_batch_add": (size, (p, p, u32, u32, u32, p, size, p, size, p, size) + err),
-        "hgemm_gemm_many": (None, (p, p, p, ctypes.POINTER(size), size) + err),
-        "hgemm_batch_result": (ctypes.c_ubyte, (p, size, ctypes.POINTER(GemmInfo)) + err),
-        "hgemm_batch_add_keep_c": (size, (p, p, u32, u32, u32, p, size, p, size, u32) + err),
-        "hgemm_batch_c_handle": (p, (p, size, ctypes.POINTER(MatrixInfo))),
-        "hgemm_gemm_options_set_alpha": (None, (p, ctypes.c_float)),
-        "hgemm_gemm_options_set_beta": (None, (p, ctypes.c_float)),
-        "hgemm_gemm_options_set_c_in": (None, (p, p, size)),
-        "hgemm_gemm_options_set_c_in_handle": (None, (p, cstr)),
-        "hgemm_gemm_options_set_batch": (None, (p, u32)),
-        "hgemm_upload_typed": (p, (p, p, u32, u32, ctypes.c_int, ctypes.c_int, p, size, u32, cstr,
-                                   ctypes.POINTER(MatrixInfo)) + err),
-        "hgemm_gemm_keep_c": (p, (p, p, u32, u32, u32, p, size, p, size, u32,
-                                  ctypes.POINTER(GemmInfo), ctypes.POINTER(MatrixInfo)) + err),
-        "hgemm_download": (ctypes.c_uint64, (p, p, cstr, ctypes.c_uint64, ctypes.c_uint64, p,
-                                             size) + err),
-        "hgemm_list_matrices": (p, (p, p) + err),
-        "hgemm_matrix_list_destroy": (None, (p,)),
-        "hgemm_matrix_list_size": (size, (p,)),
-        "hgemm_matrix_list_client_bytes": (ctypes.c_uint64, (p,)),
-        "hgemm_matrix_list_quota_bytes": (ctypes.c_uint64, (p,)),
-        "hgemm_matrix_list_info": (None, (p, size, ctypes.POINTER(MatrixInfo))),
-        "hgemm_matrix_list_handle": (cstr, (p, size)),
-        "hgemm_matrix_list_label": (cstr, (p, size)),
-        "hgemm_matrix_list_replica": (cstr, (p, size)),
-        "hgemm_matrix_list_dtype": (ctypes.c_int, (p, size)),
-        "hgemm_matrix_list_age_seconds": (ctypes.c_double, (p, size)),
-        "hgemm_matrix_list_idle_seconds": (ctypes.c_double, (p, size)),
-        "hgemm_stream_open": (p, (p, p) + err),
-        "hgemm_stream_submit": (None, (p, ctypes.c_uint64, p, u32, u32, u32, p, size, p, size, p,
-                                       size, ctypes.c_ubyte, u32) + err),
-        "hgemm_stream_submit_borrowed": (None, (p, ctypes.c_uint64, p, u32, u32, u32, p, size, p,
-                                                size, p, size, ctypes.c_ubyte, u32) + err),
-        "hgemm_stream_next": (ctypes.c_int, (p, ctypes.POINTER(ctypes.c_uint64),
-                                             ctypes.POINTER(GemmInfo),
-                                             ctypes.POINTER(ctypes.c_void_p),
-                                             ctypes.POINTER(MatrixInfo)) + err),
-        "hgemm_stream_close": (None, (p,)),
-        "hgemm_stream_cancel": (None, (p,)),
-        "hgemm_stream_destroy": (None, (p,)),
-        "hgemm_gemm_options_set_a_region": (None, (p, cstr, ctypes.c_uint64)),
-        "hgemm_gemm_options_set_b_region": (None, (p, cstr, ctypes.c_uint64)),
-        "hgemm_gemm_options_set_c_in_region": (None, (p, cstr, ctypes.c_uint64)),
-        "hgemm_gemm_options_set_c_region": (None, (p, cstr, ctypes.c_uint64)),
-        "hgemm_region_create": (p, (p, p, size, cstr) + err),
-        "hgemm_region_handle": (cstr, (p,)),
-        "hgemm_region_data": (p, (p,)),
-        "hgemm_region_bytes": (size, (p,)),
-        "hgemm_region_destroy": (None, (p,)),
-        "hgemm_unregister_region": (None, (p, p, cstr) + err),
-        "hgemm_list_regions": (p, (p, p) + err),
-        "hgemm_ring_open": (p, (p, p, ctypes.POINTER(cstr), size, ctypes.POINTER(cstr), size,
-                                u32) + err),
-        "hgemm_ring_gemm": (None, (p, p, u32, u32, u32, ctypes.POINTER(GemmInfo)) + err),
-        "hgemm_ring_gemm_keep_c": (p, (p, p, u32, u32, u32, ctypes.POINTER(GemmInfo)) + err),
-        "hgemm_ring_bind": (None, (p, ctypes.POINTER(cstr), size, ctypes.POINTER(cstr), size)
-                            + err),
-        "hgemm_ring_drain": (None, (p,) + err),
-        "hgemm_ring_region": (cstr, (p,)),
-        "hgemm_ring_close": (None, (p,)),
-        "hgemm_region_list_destroy": (None, (p,)),
-        "hgemm_region_list_size": (size, (p,)),
-        "hgemm_region_list_client_bytes": (ctypes.c_uint64, (p,)),
-        "hgemm_region_list_quota_bytes": (ctypes.c_uint64, (p,)),
-        "hgemm_region_list_quota_regions": (ctypes.c_uint32, (p,)),
-        "hgemm_region_list_info": (None, (p, size, ctypes.POINTER(RegionInfo))),
-        "hgemm_server_info_json": (p, (p, p) + err),
-        "hgemm_gemm_keep_c_async": (p, (p, p, u32, u32, u32, p, size, p, size, u32,
-                                        _KEEP_C_DONE_FN, p) + err),
-        "hgemm_gemm_grouped": (None, (p, p, ctypes.POINTER(GroupProblem), size,
-                                      ctypes.POINTER(GemmInfo)) + err),
-        "hgemm_list_kernels_json": (p, (p, p) + err),
-        "hgemm_result_code": (ctypes.c_int, (p, ctypes.POINTER(cstr))),
-        "hgemm_result_value": (ctypes.c_uint64, (p,)),
-        "hgemm_result_gemm_id": (ctypes.c_uint64, (p,)),
-        "hgemm_result_take_string": (p, (p,)),
-        "hgemm_result_take_matrix_list": (p, (p,)),
-        "hgemm_result_take_region_list": (p, (p,)),
-        "hgemm_result_take_region": (p, (p,)),
-        "hgemm_result_gemm_info": (None, (p, ctypes.POINTER(GemmInfo))),
-        "hgemm_result_matrix_info": (None, (p, ctypes.POINTER(MatrixInfo))),
-        "hgemm_gemm_start": (p, (p, p, u32, u32, u32, p, size, p, size, p, size) + done + err),
-        "hgemm_gemm_grouped_start": (p, (p, p, ctypes.POINTER(GroupProblem), size) + done
-                                     + err),
-        "hgemm_gemm_many_start": (p, (p, p, p, ctypes.POINTER(size), size) + done + err),
-        "hgemm_upload_start": (p, (p, p, u32, u32, ctypes.c_int, ctypes.c_int, p, size, u32,
-                                   cstr) + done + err),
-        "hgemm_download_start": (p, (p, p, cstr, ctypes.c_uint64, ctypes.c_uint64, p, size)
-                                 + done + err),
-        "hgemm_release_start": (p, (p, p, cstr) + done + err),
-        "hgemm_list_matrices_start": (p, (p, p) + done + err),
-        "hgemm_list_regions_start": (p, (p, p) + done + err),
-        "hgemm_server_info_json_start": (p, (p, p) + done + err),
-        "hgemm_list_kernels_json_start": (p, (p, p) + done + err),
-        "hgemm_region_create_start": (p, (p, p, size, cstr) + done + err),
-        "hgemm_unregister_region_start": (p, (p, p, cstr) + done + err),
-        "hgemm_ring_gemm_start": (p, (p, p, u32, u32, u32) + done + err),
-        "hgemm_stream_next_start": (p, (p, p) + done + err),
-    }
-    for name, (restype, argtypes) in signatures.items():
-        fn = getattr(lib, name)
-        fn.restype, fn.argtypes = restype, argtypes
-    return lib
+    return _decls.declare(lib)
 
 
 class NativeRpcError(_errors.CallFailed):
@@ -1236,11 +1056,13 @@ class _Rings:
     GEMM naming a region the ring lacks binds it to the open ring (hgemm_ring_bind, up to
     MAX_BOUND); past that, or if the bind fails, it opens another binding both (or the GEMM's
     alone); the old one is closed once its last GEMM is over. A ring that ends (UNAVAILABLE) is
-    retired: the next GEMM opens a new one, or goes as a Gemm call if that is refused. A server that refuses rings for good (none over TCP,
-    shared memory not allowed, a server without AttachRing) is not asked again. Thread-safe."""
+    retired: the next GEMM opens a new one, or goes as a Gemm call if that is refused. A server
+    that refuses rings for good (none over TCP, shared memory not allowed, a server without
+    AttachRing) is not asked again. Thread-safe."""
 
     MAX_BOUND = 64
-    _REFUSED_FOR_GOOD = (_errors.StatusCode.PERMISSION_DENIED, _errors.StatusCode.FAILED_PRECONDITION,
+    _REFUSED_FOR_GOOD = (_errors.StatusCode.PERMISSION_DENIED,
+                         _errors.StatusCode.FAILED_PRECONDITION,
                          _errors.StatusCode.UNIMPLEMENTED)
 
     def __init__(self, native: NativeClient):
@@ -1411,10 +1233,11 @@ class _ChainedCall:
 
 class NativeBatch:
     """gemm_many's GEMMs in an hgemm_batch_t (C ABI revision 2), each with a C buffer of its
-    own (or kept on the server: keep_c, revision 3): run() sends some of them on a GemmStream per replica (blocking, the GIL released),
-    outcome() reads what came of each, as a StreamCollector does. Thread safety: one thread at a
-    time (a gemm_many call owns it), but close() may come while run() goes on in the native
-    client's pool (an asyncio gemm_many cancelled): the batch is freed once run() is over."""
+    own (or kept on the server: keep_c, revision 3): run() sends some of them on a GemmStream
+    per replica (blocking, the GIL released), outcome() reads what came of each, as a
+    StreamCollector does. Thread safety: one thread at a time (a gemm_many call owns it), but
+    close() may come while run() goes on in the native client's pool (an asyncio gemm_many
+    cancelled): the batch is freed once run() is over."""
 
     def __init__(self, native: NativeClient, specs: dict):
         self._native, self._lib = native, native._lib

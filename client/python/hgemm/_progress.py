@@ -21,7 +21,8 @@ class _Bar:
 
 
 def bar(setting, total_bytes: int, desc: str):
-    """A bar (with update(n) and close()) or None. setting: None (auto: over 256 MiB), True, False."""
+    """A bar (with update(n) and close()) or None. setting: None (auto: over 256 MiB), True,
+    False."""
     if setting is False or (setting is None and total_bytes < PROGRESS_THRESHOLD_BYTES):
         return None
     try:

@@ -11,7 +11,8 @@ from ._proto import hgemm_pb2 as pb
 
 
 class MatrixList(list):
-    """matrices(): the calling client's ResidentMatrix objects, plus client_bytes and quota_bytes."""
+    """matrices(): the calling client's ResidentMatrix objects, plus client_bytes and
+    quota_bytes."""
     client_bytes: int = 0
     quota_bytes: int = 0
 

@@ -92,7 +92,8 @@ class Kernel:
 
 
 def _type_pairs(pairs) -> Tuple[Tuple[str, str], ...]:
-    return tuple((DTYPE_NAMES.get(t.dtype, str(t.dtype)), DTYPE_NAMES.get(t.c_dtype, str(t.c_dtype)))
+    return tuple((DTYPE_NAMES.get(t.dtype, str(t.dtype)),
+                  DTYPE_NAMES.get(t.c_dtype, str(t.c_dtype)))
                  for t in pairs)
 
 

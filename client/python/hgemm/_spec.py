@@ -124,7 +124,9 @@ class Spec:
 
     @property
     def c_bytes(self) -> int:
-        return 0 if self.keep_c else (4 if self.c_dtype == "fp32" else 2) * self.m * self.n * self.batch
+        if self.keep_c:
+            return 0
+        return (4 if self.c_dtype == "fp32" else 2) * self.m * self.n * self.batch
 
     def c_array(self, buffer: np.ndarray) -> np.ndarray:
         """C (m×n of c_dtype; batch×m×n for a batch) over `buffer`, c_bytes uint8s (see
@@ -268,7 +270,8 @@ def normalize_pairs(pairs, defaults: dict) -> List[Spec]:
     specs = []
     for i, item in enumerate(pairs):
         if not isinstance(item, (tuple, list)) or len(item) not in (2, 3):
-            raise ValueError(f"pair {i}: expected (A, B) or (A, B, options); got {type(item).__name__}")
+            raise ValueError(f"pair {i}: expected (A, B) or (A, B, options); "
+                             f"got {type(item).__name__}")
         options = dict(defaults)
         if len(item) == 3:
             unknown = set(item[2]) - set(defaults)

@@ -43,7 +43,8 @@ class DownloadBuffer:
 
     def add(self, chunk: _wire.DownloadChunk) -> None:
         if chunk.offset != self.received:
-            raise _errors.Internal(f"download chunk at offset {chunk.offset}, expected {self.received}")
+            raise _errors.Internal(
+                f"download chunk at offset {chunk.offset}, expected {self.received}")
         if self.buf is None:
             self.buf = np.empty(chunk.total_bytes or self.nbytes, dtype=np.uint8)
         end = chunk.offset + len(chunk.data)

@@ -85,7 +85,8 @@ def _read_varint(buf, pos: int) -> Tuple[int, int]:
         shift += 7
 
 
-def fields(buf, start: int = 0, end: Optional[int] = None) -> Iterator[Tuple[int, object, int, int]]:
+def fields(buf, start: int = 0,
+           end: Optional[int] = None) -> Iterator[Tuple[int, object, int, int]]:
     """The top-level fields of a message: (number, value, first byte, end byte); value is an int
     for varints and a (start, end) byte range for length-delimited fields."""
     end = len(buf) if end is None else end
@@ -239,7 +240,8 @@ class Stub:
         self.UploadMatrix = channel.stream_unary(_SERVICE + "UploadMatrix", request_serializer=None,
                                                  response_deserializer=pb.MatrixInfo.FromString)
         self.DownloadMatrix = channel.unary_stream(
-            _SERVICE + "DownloadMatrix", request_serializer=pb.DownloadMatrixRequest.SerializeToString,
+            _SERVICE + "DownloadMatrix",
+            request_serializer=pb.DownloadMatrixRequest.SerializeToString,
             response_deserializer=DownloadChunk)
         self.ListKernels = generated_stub.ListKernels
         self.GetServerInfo = generated_stub.GetServerInfo

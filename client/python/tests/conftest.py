@@ -46,7 +46,8 @@ class Server:
         deadline = time.monotonic() + 120
         while self.address is None:
             if self.process.poll() is not None:
-                pytest.fail(f"hgemm_server exited with {self.process.returncode}:\n{self.log_text()}")
+                pytest.fail(f"hgemm_server exited with {self.process.returncode}:\n"
+                            f"{self.log_text()}")
             if time.monotonic() > deadline:
                 self.stop()
                 pytest.fail(f"hgemm_server did not report its port:\n{self.log_text()}")

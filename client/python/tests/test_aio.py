@@ -30,7 +30,30 @@ def test_aio_gemm_unary_stream_and_concurrent(server, rng):
             for cc in cs:
                 assert rel_error(cc, a, b) < FP32_TOLERANCE
             big_a, big_b = fp16(rng, 600, 700), fp16(rng, 700, 800)
-            assert rel_error(await c.gemm(big_a, big_b, mode="stream"), big_a, big_b) < FP32_TOLERANCE
+            big_c = await c.gemm(big_a, big_b, mode="stream")
+            assert rel_error(big_c, big_a, big_b) < FP32_TOLERANCE
+    run(main())
+
+
+def test_aio_verified_gemm_shows_its_check(server, rng):
+    # The native core's aio GEMMs come back through a done callback (hgemm_gemm_async,
+    # hgemm_gemm_keep_c_async): their check is read there.
+    a, b = fp16(rng, 96, 130), fp16(rng, 130, 70)
+
+    async def main():
+        async with hgemm.aio.Client(server.address, timeout=120) as c:
+            for mode in ("unary", "stream"):
+                r = await c.gemm(a, b, verify=True, verify_repetitions=2, details=True, mode=mode)
+                assert rel_error(r.c, a, b) < FP32_TOLERANCE
+                assert r.execution.verified_repetitions == 2
+                assert r.execution.suspect_device_id is None
+                plain = await c.gemm(a, b, details=True, mode=mode)
+                assert plain.execution.verified_repetitions == 0
+                assert plain.execution.suspect_device_id is None
+            kept = await c.gemm(a, b, verify=True, verify_repetitions=2, keep_c=True,
+                                details=True)
+            assert kept.execution.verified_repetitions == 2
+            await kept.c.release()
     run(main())
 
 

@@ -159,7 +159,8 @@ def test_named_kernel_without_fp16_refuses_fp16(client, rng):
     for k in fp32_only:
         with pytest.raises(hgemm.InvalidArgument, match="accumulation"):
             client.gemm(a, b, kernel=k.name, accumulation="fp16")
-        assert rel_error(client.gemm(a, b, kernel=k.name, accumulation="fp32"), a, b) < FP32_TOLERANCE
+        c = client.gemm(a, b, kernel=k.name, accumulation="fp32")
+        assert rel_error(c, a, b) < FP32_TOLERANCE
 
 
 @pytest.mark.parametrize("mode", ["unary", "stream"])
@@ -224,8 +225,8 @@ def test_gemm_many_in_order(client, rng):
 def test_gemm_many_with_handles_keep_c_and_details(client, rng):
     a, b = fp16(rng, 20, 30), fp16(rng, 30, 40)
     with client.upload(b) as hb:
-        results = client.gemm_many([(a, hb), (a, b, {"keep_c": True}), (a, hb, {"request_id": "x"})],
-                                   details=True)
+        results = client.gemm_many(
+            [(a, hb), (a, b, {"keep_c": True}), (a, hb, {"request_id": "x"})], details=True)
         assert rel_error(results[0].c, a, b) < FP32_TOLERANCE
         kept = results[1].c
         assert isinstance(kept, hgemm.ResidentMatrix)

@@ -1,4 +1,4 @@
-"""Layouts and types (issue 29) against a real hgemm_server (CPU backend): transposed views go
+"""Layouts and types against a real hgemm_server (CPU backend): transposed views go
 as stored with transpose_a / transpose_b, fp32 C, unary and streamed, each against float64."""
 import numpy as np
 import pytest

@@ -1,4 +1,4 @@
-"""Grouped GEMM (gemm_grouped) and bf16 with a transposed B (issue 29) against a real
+"""Grouped GEMM (gemm_grouped) and bf16 with a transposed B against a real
 hgemm_server (CPU backend), each against float64; run on both cores by tools/test_python.sh
 (gemm_grouped goes through grpcio on either: the C ABI has no groups)."""
 import asyncio

@@ -1,4 +1,4 @@
-"""Resident matrices over three replicas (issue 18): real hgemm_server processes, each with
+"""Resident matrices over three replicas: real hgemm_server processes, each with
 --advertise_address, behind one multi-address target. Calls naming a matrix go to the replica
 that holds it, the rest are balanced; mixed replicas in one GEMM are refused before sending; a
 killed replica fails only the calls naming its matrices."""

@@ -1,4 +1,4 @@
-"""alpha/beta with a C input (issue 29) against a real hgemm_server (CPU backend):
+"""alpha/beta with a C input against a real hgemm_server (CPU backend):
 C = alpha·op(A)·op(B) + beta·C_in, unary and streamed, fp16 and fp32 C, C_in inline or a kept
 C by handle, and gemm_batched (strided-batched), each against float64; beta 0 never reads
 C_in."""

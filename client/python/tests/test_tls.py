@@ -68,7 +68,8 @@ def test_client_certificate_names_the_principal(tls_server, certs):
                            tls_key=str(certs / "client-alice.key"))
     by_token = hgemm.Client(tls_server.address, tls_ca=str(certs / "ca.pem"), token="alice-token")
     bob = hgemm.Client(tls_server.address, tls_ca=str(certs / "ca.pem"),
-                       tls_cert=str(certs / "client-bob.pem"), tls_key=str(certs / "client-bob.key"))
+                       tls_cert=str(certs / "client-bob.pem"),
+                       tls_key=str(certs / "client-bob.key"))
     with by_cert, by_token, bob:
         m = by_cert.upload(np.ones((8, 8), dtype=np.float16), label="alice's")
         assert m.handle in [x.handle for x in by_token.matrices()]

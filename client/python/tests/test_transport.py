@@ -46,7 +46,8 @@ class FlakyGemm:
             c_matrix=pb.MatrixInfo(handle="m-1", rows=self.m, cols=self.n)).SerializeToString())
 
 
-QUEUE_FULL = FakeRpcError(grpc.StatusCode.UNAVAILABLE, "queue is full (256 GEMMs); retry with backoff")
+QUEUE_FULL = FakeRpcError(grpc.StatusCode.UNAVAILABLE,
+                          "queue is full (256 GEMMs); retry with backoff")
 RESET = FakeRpcError(grpc.StatusCode.UNAVAILABLE, "Connection reset by peer")
 
 

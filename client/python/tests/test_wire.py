@@ -35,7 +35,8 @@ def random_uint(r: random.Random, bits: int) -> int:
 
 
 def random_fp16(r: random.Random, rows: int, cols: int) -> np.ndarray:
-    return np.random.default_rng(r.randrange(2**32)).standard_normal((rows, cols)).astype(np.float16)
+    rng = np.random.default_rng(r.randrange(2**32))
+    return rng.standard_normal((rows, cols)).astype(np.float16)
 
 
 def random_timing(r: random.Random) -> pb.Timing:
@@ -88,8 +89,8 @@ def test_gemm_request_parses_as_the_generated_message(seed):
     options = dict(accumulation=r.choice([None, "fp16", "fp32"]), kernel=random_text(r),
                    keep_c=r.random() < 0.5, c_ttl=random_uint(r, 32), request_id=random_text(r))
     spec = _spec.Spec(a, b, **options)
-    expected = pb.GemmRequest(m=m, n=n, k=k, options=spec.options, keep_c_resident=options["keep_c"],
-                              c_ttl_seconds=options["c_ttl"])
+    expected = pb.GemmRequest(m=m, n=n, k=k, options=spec.options,
+                              keep_c_resident=options["keep_c"], c_ttl_seconds=options["c_ttl"])
     for operand, field in ((a, "a"), (b, "b")):
         if isinstance(operand, _resident.ResidentMatrix):
             setattr(expected, field + "_handle", operand.handle)
