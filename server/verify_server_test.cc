@@ -24,7 +24,7 @@ namespace {
 
 class VerifyServerTest : public ::testing::Test {
  protected:
-  // A server whose CPU backend corrupts the C of the next `corrupt_` runs (a large error).
+  // A server whose CPU backend corrupts the C of the next `corrupt_` runs (a row zeroed).
   void Start(bool verify_all = false) {
     ServerOptions options;
     options.listen_address = "127.0.0.1:0";
@@ -34,7 +34,7 @@ class VerifyServerTest : public ::testing::Test {
     auto backend =
         MakeCpuBackend({.workers = 2, .after_gemm = [this](int, const GemmJob& job, void* c) {
                           if (corrupt_.fetch_sub(1) > 0) {
-                            CorruptC(CFault::kLargeError, job.shape.c_type, job.shape.n, c, 0, 0);
+                            CorruptC(CFault::kRowZeroed, job.shape.c_type, job.shape.n, c, 0, 0);
                           }
                         }});
     server_ = HgemmServer::Start(options, std::move(backend));

@@ -106,7 +106,7 @@ class BatchingTest : public ::testing::Test {
     Start({.verify_failures_to_retire = 0},
           {.after_gemm = [this](int, const GemmJob& job, void* c) {
             if (job.b_resident && corrupt_.fetch_sub(1) > 0) {
-              CorruptC(CFault::kLargeError, job.shape.c_type, job.shape.n, c, job.shape.m - 1, 1);
+              CorruptC(CFault::kRowZeroed, job.shape.c_type, job.shape.n, c, job.shape.m - 1, 0);
             }
           }});
     HoldTheSlot();

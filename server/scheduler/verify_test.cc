@@ -70,9 +70,9 @@ class FaultyDevices final : public ForwardingBackend {
   std::atomic<bool> out_of_service_[4] = {};
   std::atomic<int> injected_{0};
   std::mutex mu_;
-  unsigned faulty_ = 0;                 // guarded by mu_
-  CFault fault_ = CFault::kLargeError;  // guarded by mu_
-  int budget_ = -1;                     // guarded by mu_
+  unsigned faulty_ = 0;                // guarded by mu_
+  CFault fault_ = CFault::kRowZeroed;  // guarded by mu_
+  int budget_ = -1;                    // guarded by mu_
 };
 
 // A GEMM with fresh random operands, its C buffer poisoned, and its fp32 reference.
@@ -190,6 +190,7 @@ TEST(Verify, ACorruptedRunIsRerunOnAnotherDeviceAndAnsweredRight) {
     backend.Corrupt(/*device 0*/ 1, fault);
     TestGemm g(24, 40, 128, rng);
     g.job.device_index = 0;
+    g.job.verify_repetitions = 4;  // one element's fault: caught for certain (c_faults.h)
     const JobAnswer answer = RunJob(scheduler, g.job);
     ASSERT_TRUE(answer.status.ok()) << CFaultName(fault) << ": " << answer.status;
     EXPECT_EQ(answer.report.device_id, 1);
@@ -210,7 +211,7 @@ TEST(Verify, OneDeviceRerunsOnItsOtherSlot) {
   auto backend =
       MakeCpuBackend({.workers = 2, .after_gemm = [&](int, const GemmJob& job, void* c) {
                         if (corrupted++ == 0)
-                          CorruptC(CFault::kLargeError, job.shape.c_type, job.shape.n, c, 1, 2);
+                          CorruptC(CFault::kRowZeroed, job.shape.c_type, job.shape.n, c, 1, 0);
                       }});
   Scheduler scheduler(backend.get(), {});
   std::mt19937_64 rng(14);
@@ -238,7 +239,7 @@ TEST(Verify, InPlaceGemmIsRerunFromItsOriginalCIn) {
   // C_in is C's own memory: the failed first run overwrote it; the rerun starts from a copy.
   FaultyDevices backend(2);
   Scheduler scheduler(&backend, {.verify_failures_to_retire = 0});
-  backend.Corrupt(/*device 0*/ 1, CFault::kLargeError, /*budget=*/1);
+  backend.Corrupt(/*device 0*/ 1, CFault::kRowZeroed, /*budget=*/1);
   std::mt19937_64 rng(16);
   TestGemm g(20, 30, 64, rng, {}, 1.0f, 0.75f);
   g.c = g.c_in;
@@ -254,7 +255,7 @@ TEST(Verify, InPlaceGemmIsRerunFromItsOriginalCIn) {
 TEST(Verify, ADeviceThatKeepsFailingIsTakenOutOfService) {
   FaultyDevices backend(2);
   Scheduler scheduler(&backend, {.verify_failures_to_retire = 2});
-  backend.Corrupt(/*device 0*/ 1, CFault::kLargeError);
+  backend.Corrupt(/*device 0*/ 1, CFault::kRowZeroed);
   std::mt19937_64 rng(17);
   int answered = 0;
   while (backend.DeviceHealthy(0) && answered < 200) {

@@ -1,6 +1,10 @@
 // Corruptions of a computed C as a faulty device makes them: the tests' fault injector for
 // Freivalds' check (server/verify), applied on the host through CpuBackendOptions::after_gemm.
 // Test-only.
+// A check of one repetition misses a fault confined to one element about 0.3 % of the time, however
+// large: the element also raises its row's norm, and with it the tolerance (docs/verification.md,
+// "Detection probability"). A test that needs the check to fail uses kRowZeroed, or several
+// repetitions.
 // Thread safety: pure functions on the caller's memory.
 #ifndef HGEMM_SERVER_TESTING_C_FAULTS_H_
 #define HGEMM_SERVER_TESTING_C_FAULTS_H_
