@@ -22,6 +22,7 @@
 #include "client/async_gemms.h"
 #include "client/completion_threads.h"
 #include "client/error_details.h"
+#include "client/gemm_args.h"
 #include "client/gemm_client.h"
 #include "client/gemm_into.h"
 #include "client/gemm_stream_session.h"
@@ -59,27 +60,9 @@ struct hgemm_client_t {
 };
 
 struct hgemm_gemm_options_t {
-  std::string kernel = "auto";
-  int accumulation = HGEMM_ACCUMULATION_DEFAULT;
-  std::string request_id;
-  std::string a_handle;
-  std::string b_handle;
+  hgemm::GemmArgs args;
   int mode = HGEMM_MODE_AUTO;
   int64_t timeout_ms = -1;  // < 0: the client's
-  bool transpose_a = false;
-  bool transpose_b = false;
-  int dtype = HGEMM_DTYPE_DEFAULT;
-  int c_dtype = HGEMM_DTYPE_DEFAULT;
-  bool verify = false;
-  uint32_t verify_repetitions = 0;
-  std::optional<float> alpha;
-  float beta = 0;
-  const void* c_in = nullptr;  // the caller's, read by each call
-  size_t c_in_bytes = 0;
-  std::string c_in_handle;
-  uint32_t batch = 0;
-  // {region, offset} of the parts in shared memory (an empty region: none).
-  hgemm::v1::RegionRef a_region, b_region, c_in_region, c_region;
 };
 
 struct hgemm_call_options_t {
@@ -252,130 +235,6 @@ void FillInfo(const hgemm::v1::GemmResponse& response, bool streamed, hgemm_gemm
   info->stream_id = e.stream_id();
   CopyInto(info->request_id, response.request_id());
   info->streamed = streamed ? 1 : 0;
-}
-
-// The checks made before anything is sent: the types, and operand and C sizes against m, n, k.
-grpc::Status CheckSizes(const hgemm_gemm_options_t& options, uint32_t m, uint32_t n, uint32_t k,
-                        const void* a, size_t a_bytes, const void* b, size_t b_bytes,
-                        size_t c_capacity, bool takes_regions = false) {
-  auto bad = [](const std::string& message) {
-    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, message);
-  };
-  const bool a_in_region = !options.a_region.region().empty();
-  const bool b_in_region = !options.b_region.region().empty();
-  const bool c_in_in_region = !options.c_in_region.region().empty();
-  const bool c_in_region = !options.c_region.region().empty();
-  if (!takes_regions && (a_in_region || b_in_region || c_in_in_region || c_in_region)) {
-    return bad("regions: only hgemm_gemm() takes operands or C in shared memory");
-  }
-  if ((a_in_region && !options.a_handle.empty()) || (b_in_region && !options.b_handle.empty())) {
-    return bad(a_in_region && !options.a_handle.empty()
-                   ? "a: given both by handle and in a region; pass one"
-                   : "b: given both by handle and in a region; pass one");
-  }
-  if (c_in_in_region && (options.c_in != nullptr || !options.c_in_handle.empty())) {
-    return bad("c_in: given in a region and as bytes or by handle; pass one");
-  }
-  if (c_in_region && c_capacity != 0) {
-    return bad("c: pass NULL and 0 bytes for a C written into a region (c_region)");
-  }
-  if (options.dtype < HGEMM_DTYPE_DEFAULT || options.dtype > HGEMM_DTYPE_BF16) {
-    return bad(fmt::format("dtype {} is not HGEMM_DTYPE_DEFAULT, _FP16 or _BF16 (A and B)",
-                           options.dtype));
-  }
-  if (options.c_dtype < HGEMM_DTYPE_DEFAULT || options.c_dtype > HGEMM_DTYPE_FP32) {
-    return bad(fmt::format("c_dtype {} is not one of HGEMM_DTYPE_*", options.c_dtype));
-  }
-  // An operand by handle or in a region is not passed.
-  const bool a_by_handle = !options.a_handle.empty() || a_in_region;
-  const bool b_by_handle = !options.b_handle.empty() || b_in_region;
-  const char* type = options.dtype == HGEMM_DTYPE_BF16 ? "bf16" : "fp16";
-  const char* c_type = options.c_dtype == HGEMM_DTYPE_FP32 ? "fp32" : type;
-  const unsigned c_size = options.c_dtype == HGEMM_DTYPE_FP32 ? 4 : 2;
-  // uint32 dimensions: batch·2·m·k < 2^98 only fits unsigned __int128; 2^64 bytes are never
-  // passed.
-  const unsigned __int128 batch = std::max<uint32_t>(options.batch, 1);
-  const unsigned __int128 a_want = batch * 2 * m * k;
-  const unsigned __int128 b_want = batch * 2 * k * n;
-  const unsigned __int128 c_want = batch * c_size * m * n;
-  if (a_by_handle ? a != nullptr || a_bytes != 0 : a_bytes != a_want || (a == nullptr && a_bytes)) {
-    return bad(a_by_handle ? "a: pass NULL and 0 bytes for an A given by handle or region"
-                           : fmt::format("a_bytes is {}; an {}x{} {} A is {} bytes", a_bytes, m, k,
-                                         type, static_cast<uint64_t>(a_want)));
-  }
-  if (b_by_handle ? b != nullptr || b_bytes != 0 : b_bytes != b_want || (b == nullptr && b_bytes)) {
-    return bad(b_by_handle ? "b: pass NULL and 0 bytes for a B given by handle or region"
-                           : fmt::format("b_bytes is {}; a {}x{} {} B is {} bytes", b_bytes, k, n,
-                                         type, static_cast<uint64_t>(b_want)));
-  }
-  if (options.c_in != nullptr || options.c_in_bytes != 0) {
-    if (!options.c_in_handle.empty()) {
-      return bad("c_in: given both as bytes and by handle (c_in_handle); pass one");
-    }
-    if (options.c_in == nullptr || options.c_in_bytes != c_want) {
-      return bad(fmt::format("c_in_bytes is {}; a C_in of {} {}x{} {} is {} bytes",
-                             options.c_in_bytes, static_cast<uint64_t>(batch), m, n, c_type,
-                             static_cast<uint64_t>(c_want)));
-    }
-  }
-  if (!c_in_region && c_capacity < c_want) {
-    return bad(fmt::format("c_capacity is {} bytes; an {}x{} {} C needs {} (nothing was sent)",
-                           c_capacity, m, n, c_type, static_cast<uint64_t>(c_want)));
-  }
-  return grpc::Status::OK;
-}
-
-// The GemmRequest of hgemm_gemm()'s arguments (sizes checked). A and B sent as bytes are copied
-// into it, or with `detached` only named there (GemmClient::GemmInPlace sends them from the
-// caller's memory).
-void BuildRequest(const hgemm_gemm_options_t& options, uint32_t m, uint32_t n, uint32_t k,
-                  const void* a, size_t a_bytes, const void* b, size_t b_bytes,
-                  hgemm::v1::GemmRequest* request, hgemm::OperandBytes* detached = nullptr) {
-  request->set_m(m);
-  request->set_n(n);
-  request->set_k(k);
-  request->mutable_options()->set_kernel(options.kernel);
-  request->mutable_options()->set_accumulation(
-      static_cast<hgemm::v1::Accumulation>(options.accumulation));
-  request->mutable_options()->set_request_id(options.request_id);
-  request->mutable_options()->set_verify(options.verify);
-  request->mutable_options()->set_verify_repetitions(options.verify_repetitions);
-  if (!options.a_region.region().empty()) {
-    *request->mutable_a_region() = options.a_region;
-  } else if (options.a_handle.empty() && detached != nullptr) {
-    *detached = {.a = a != nullptr ? a : "", .a_bytes = a_bytes};
-  } else if (options.a_handle.empty()) {
-    request->set_a(a, a_bytes);
-  } else {
-    request->set_a_handle(options.a_handle);
-  }
-  if (!options.b_region.region().empty()) {
-    *request->mutable_b_region() = options.b_region;
-  } else if (options.b_handle.empty() && detached != nullptr) {
-    detached->b = b != nullptr ? b : "";
-    detached->b_bytes = b_bytes;
-  } else if (options.b_handle.empty()) {
-    request->set_b(b, b_bytes);
-  } else {
-    request->set_b_handle(options.b_handle);
-  }
-  if (!options.c_region.region().empty()) *request->mutable_c_region() = options.c_region;
-  // HGEMM_DTYPE_* are proto DataType's values.
-  request->set_transpose_a(options.transpose_a);
-  request->set_transpose_b(options.transpose_b);
-  request->set_dtype(static_cast<hgemm::v1::DataType>(options.dtype));
-  request->set_c_dtype(static_cast<hgemm::v1::DataType>(options.c_dtype));
-  if (options.alpha) request->set_alpha(*options.alpha);
-  request->set_beta(options.beta);
-  // A C input with beta 0 is never read: not sent.
-  if (options.beta != 0 && options.c_in != nullptr) {
-    request->set_c_in(options.c_in, options.c_in_bytes);
-  } else if (options.beta != 0 && !options.c_in_handle.empty()) {
-    request->set_c_in_handle(options.c_in_handle);
-  } else if (options.beta != 0 && !options.c_in_region.region().empty()) {
-    *request->mutable_c_in_region() = options.c_in_region;
-  }
-  request->set_batch(options.batch);
 }
 
 hgemm_matrix_info_t MatrixInfoOf(const hgemm::v1::MatrixInfo& matrix) {
@@ -553,55 +412,55 @@ hgemm_gemm_options_t* hgemm_gemm_options_create(void) {
 }
 void hgemm_gemm_options_destroy(hgemm_gemm_options_t* options) { delete options; }
 void hgemm_gemm_options_set_kernel(hgemm_gemm_options_t* options, const char* kernel) {
-  options->kernel = kernel;
+  options->args.kernel = kernel;
 }
 void hgemm_gemm_options_set_accumulation(hgemm_gemm_options_t* options, int accumulation) {
-  options->accumulation = accumulation;
+  options->args.accumulation = static_cast<hgemm::v1::Accumulation>(accumulation);
 }
 void hgemm_gemm_options_set_request_id(hgemm_gemm_options_t* options, const char* request_id) {
-  options->request_id = request_id;
+  options->args.request_id = request_id;
 }
 void hgemm_gemm_options_set_mode(hgemm_gemm_options_t* options, int mode) { options->mode = mode; }
 void hgemm_gemm_options_set_verify(hgemm_gemm_options_t* options, unsigned char on,
                                    uint32_t repetitions) {
-  options->verify = on != 0;
-  options->verify_repetitions = repetitions;
+  options->args.verify = on != 0;
+  options->args.verify_repetitions = repetitions;
 }
 void hgemm_gemm_options_set_a_handle(hgemm_gemm_options_t* options, const char* handle) {
-  options->a_handle = handle;
+  options->args.a_handle = handle;
 }
 void hgemm_gemm_options_set_b_handle(hgemm_gemm_options_t* options, const char* handle) {
-  options->b_handle = handle;
+  options->args.b_handle = handle;
 }
 void hgemm_gemm_options_set_timeout_ms(hgemm_gemm_options_t* options, int64_t timeout_ms) {
   options->timeout_ms = timeout_ms;
 }
 void hgemm_gemm_options_set_transpose_a(hgemm_gemm_options_t* options, unsigned char on) {
-  options->transpose_a = on != 0;
+  options->args.transpose_a = on != 0;
 }
 void hgemm_gemm_options_set_transpose_b(hgemm_gemm_options_t* options, unsigned char on) {
-  options->transpose_b = on != 0;
+  options->args.transpose_b = on != 0;
 }
 void hgemm_gemm_options_set_dtype(hgemm_gemm_options_t* options, int dtype) {
-  options->dtype = dtype;
+  options->args.dtype = static_cast<hgemm::v1::DataType>(dtype);  // HGEMM_DTYPE_* are its values
 }
 void hgemm_gemm_options_set_c_dtype(hgemm_gemm_options_t* options, int c_dtype) {
-  options->c_dtype = c_dtype;
+  options->args.c_dtype = static_cast<hgemm::v1::DataType>(c_dtype);
 }
 
 void hgemm_gemm_options_set_alpha(hgemm_gemm_options_t* options, float alpha) {
-  options->alpha = alpha;
+  options->args.alpha = alpha;
 }
 void hgemm_gemm_options_set_beta(hgemm_gemm_options_t* options, float beta) {
-  options->beta = beta;
+  options->args.beta = beta;
 }
 void hgemm_gemm_options_set_c_in(hgemm_gemm_options_t* options, const void* c_in,
                                  size_t c_in_bytes) {
-  options->c_in = c_in;
-  options->c_in_bytes = c_in_bytes;
+  options->args.c_in = c_in;
+  options->args.c_in_bytes = c_in_bytes;
 }
 void hgemm_gemm_options_set_c_in_handle(hgemm_gemm_options_t* options, const char* handle) {
-  options->c_in_handle = handle;
+  options->args.c_in_handle = handle;
 }
 namespace {
 void SetRegion(hgemm::v1::RegionRef* ref, const char* region, uint64_t offset) {
@@ -611,22 +470,22 @@ void SetRegion(hgemm::v1::RegionRef* ref, const char* region, uint64_t offset) {
 }  // namespace
 void hgemm_gemm_options_set_a_region(hgemm_gemm_options_t* options, const char* region,
                                      uint64_t offset) {
-  SetRegion(&options->a_region, region, offset);
+  SetRegion(&options->args.a_region, region, offset);
 }
 void hgemm_gemm_options_set_b_region(hgemm_gemm_options_t* options, const char* region,
                                      uint64_t offset) {
-  SetRegion(&options->b_region, region, offset);
+  SetRegion(&options->args.b_region, region, offset);
 }
 void hgemm_gemm_options_set_c_in_region(hgemm_gemm_options_t* options, const char* region,
                                         uint64_t offset) {
-  SetRegion(&options->c_in_region, region, offset);
+  SetRegion(&options->args.c_in_region, region, offset);
 }
 void hgemm_gemm_options_set_c_region(hgemm_gemm_options_t* options, const char* region,
                                      uint64_t offset) {
-  SetRegion(&options->c_region, region, offset);
+  SetRegion(&options->args.c_region, region, offset);
 }
 void hgemm_gemm_options_set_batch(hgemm_gemm_options_t* options, uint32_t batch) {
-  options->batch = batch;
+  options->args.batch = batch;
 }
 
 // Call options.
@@ -648,14 +507,14 @@ void hgemm_gemm(hgemm_client_t* client, const hgemm_gemm_options_t* options, uin
   try {
     const hgemm_gemm_options_t defaults;
     if (options == nullptr) options = &defaults;
-    if (SaveStatus(CheckSizes(*options, m, n, k, a, a_bytes, b, b_bytes, c_capacity,
-                              /*takes_regions=*/true),
+    if (SaveStatus(options->args.Check(m, n, k, {a, a_bytes, b, b_bytes}, c_capacity,
+                                       hgemm::GemmArgs::Regions::kTaken),
                    code, errptr)) {
       return;
     }
     hgemm::v1::GemmRequest request;
     hgemm::OperandBytes detached;
-    BuildRequest(*options, m, n, k, a, a_bytes, b, b_bytes, &request, &detached);
+    options->args.Request(m, n, k, {a, a_bytes, b, b_bytes}, &request, &detached);
     const hgemm::CallOptions call = CallOptionsOf(client, options->timeout_ms, "");
     const hgemm::GemmInto gemm(client->client, std::move(request), detached,
                                {static_cast<char*>(c), c_capacity}, ModeOf(*options), call);
@@ -679,26 +538,20 @@ void hgemm_gemm_grouped(hgemm_client_t* client, const hgemm_gemm_options_t* opti
   try {
     const hgemm_gemm_options_t defaults;
     if (options == nullptr) options = &defaults;
-    const hgemm_gemm_options_t& o = *options;
-    if (!o.a_handle.empty() || !o.b_handle.empty() || !o.c_in_handle.empty() ||
-        !o.a_region.region().empty() || !o.b_region.region().empty() ||
-        !o.c_in_region.region().empty() || !o.c_region.region().empty() || o.c_in != nullptr ||
-        o.batch > 1 || o.mode == HGEMM_MODE_STREAM) {
-      Fail(grpc::StatusCode::INVALID_ARGUMENT,
-           "options: a grouped GEMM takes no handles, regions, C_in (pass each problem's), "
-           "batch or stream mode",
-           code, errptr);
+    if (SaveStatus(options->mode == HGEMM_MODE_STREAM ? hgemm::GemmArgs::kNotAGroupForm
+                                                      : options->args.CheckGroupForm(),
+                   code, errptr)) {
       return;
     }
-    // The form: types, layout, scales and options (no operands; CheckSizes checks the types).
-    hgemm_gemm_options_t problem_options = o;
+    // The form: types, layout, scales and options (no operands; Check checks the types).
+    hgemm::GemmArgs problem_args = options->args;
     std::vector<hgemm::GroupedOperands> operands(count);
     for (size_t i = 0; i < count; ++i) {
       const hgemm_group_problem_t& p = problems[i];
-      problem_options.c_in = p.c_in;
-      problem_options.c_in_bytes = p.c_in_bytes;
-      const grpc::Status checked = CheckSizes(problem_options, p.m, p.n, p.k, p.a, p.a_bytes, p.b,
-                                              p.b_bytes, p.c == nullptr ? 0 : p.c_capacity);
+      problem_args.c_in = p.c_in;
+      problem_args.c_in_bytes = p.c_in_bytes;
+      const grpc::Status checked = problem_args.Check(
+          p.m, p.n, p.k, {p.a, p.a_bytes, p.b, p.b_bytes}, p.c == nullptr ? 0 : p.c_capacity);
       if (!checked.ok()) {
         Fail(checked.error_code(), fmt::format("problems[{}].{}", i, checked.error_message()), code,
              errptr);
@@ -712,17 +565,18 @@ void hgemm_gemm_grouped(hgemm_client_t* client, const hgemm_gemm_options_t* opti
                      {static_cast<const char*>(p.c_in), p.c_in == nullptr ? 0 : p.c_in_bytes}};
     }
     hgemm::v1::GemmRequest form;
-    BuildRequest(o, 0, 0, 0, nullptr, 0, nullptr, 0, &form);
+    options->args.Request(0, 0, 0, {}, &form);
     std::vector<std::string> c;
     hgemm::v1::GemmResponse response;
-    if (SaveStatus(Retried(client, CallOptionsOf(client, o.timeout_ms, ""), /*idempotent=*/true,
-                           [&](const hgemm::CallOptions& call) {
-                             return client->client.GemmGrouped(form, operands, &c, &response, call);
-                           }),
-                   code, errptr)) {
+    if (SaveStatus(
+            Retried(client, CallOptionsOf(client, options->timeout_ms, ""), /*idempotent=*/true,
+                    [&](const hgemm::CallOptions& call) {
+                      return client->client.GemmGrouped(form, operands, &c, &response, call);
+                    }),
+            code, errptr)) {
       return;
     }
-    // GemmGrouped checked each C's size against its problem, and CheckSizes each capacity.
+    // GemmGrouped checked each C's size against its problem, and Check each capacity.
     for (size_t i = 0; i < count; ++i) std::memcpy(problems[i].c, c[i].data(), c[i].size());
     if (info != nullptr) FillInfo(response, false, info);
   } catch (...) {
@@ -744,14 +598,14 @@ hgemm_call_t* StartGemm(hgemm_client_t* client, const hgemm_gemm_options_t* opti
   try {
     const hgemm_gemm_options_t defaults;
     if (options == nullptr) options = &defaults;
-    if (SaveStatus(
-            CheckSizes(*options, m, n, k, a, a_bytes, b, b_bytes, keep_c ? SIZE_MAX : c_capacity),
-            code, errptr)) {
+    if (SaveStatus(options->args.Check(m, n, k, {a, a_bytes, b, b_bytes},
+                                       keep_c ? hgemm::GemmArgs::kCKept : c_capacity),
+                   code, errptr)) {
       return nullptr;
     }
     hgemm::v1::GemmRequest request;
     hgemm::OperandBytes detached;  // sent from the caller's memory (GemmAsync)
-    BuildRequest(*options, m, n, k, a, a_bytes, b, b_bytes, &request, &detached);
+    options->args.Request(m, n, k, {a, a_bytes, b, b_bytes}, &request, &detached);
     request.set_keep_c_resident(keep_c);
     request.set_c_ttl_seconds(c_ttl_seconds);
     const hgemm::CallOptions call = CallOptionsOf(client, options->timeout_ms, "");
@@ -832,14 +686,14 @@ size_t AddToBatch(hgemm_batch_t* batch, const hgemm_gemm_options_t* options, uin
   try {
     const hgemm_gemm_options_t defaults;
     if (options == nullptr) options = &defaults;
-    if (SaveStatus(
-            CheckSizes(*options, m, n, k, a, a_bytes, b, b_bytes, keep_c ? SIZE_MAX : c_capacity),
-            code, errptr)) {
+    if (SaveStatus(options->args.Check(m, n, k, {a, a_bytes, b, b_bytes},
+                                       keep_c ? hgemm::GemmArgs::kCKept : c_capacity),
+                   code, errptr)) {
       return SIZE_MAX;
     }
     hgemm_batch_t::Gemm gemm;
     gemm.c = {static_cast<char*>(c), c_capacity};
-    BuildRequest(*options, m, n, k, a, a_bytes, b, b_bytes, &gemm.request);
+    options->args.Request(m, n, k, {a, a_bytes, b, b_bytes}, &gemm.request);
     gemm.request.set_keep_c_resident(keep_c);
     gemm.request.set_c_ttl_seconds(c_ttl_seconds);
     batch->gemms.push_back(std::move(gemm));
@@ -973,12 +827,13 @@ char* hgemm_gemm_keep_c(hgemm_client_t* client, const hgemm_gemm_options_t* opti
   try {
     const hgemm_gemm_options_t defaults;
     if (options == nullptr) options = &defaults;
-    if (SaveStatus(CheckSizes(*options, m, n, k, a, a_bytes, b, b_bytes, SIZE_MAX), code, errptr)) {
+    if (SaveStatus(options->args.Check(m, n, k, {a, a_bytes, b, b_bytes}, hgemm::GemmArgs::kCKept),
+                   code, errptr)) {
       return nullptr;
     }
     hgemm::v1::GemmRequest request;
     hgemm::OperandBytes detached;
-    BuildRequest(*options, m, n, k, a, a_bytes, b, b_bytes, &request, &detached);
+    options->args.Request(m, n, k, {a, a_bytes, b, b_bytes}, &request, &detached);
     request.set_keep_c_resident(true);
     request.set_c_ttl_seconds(c_ttl_seconds);
     const hgemm::CallOptions call = CallOptionsOf(client, options->timeout_ms, "");
@@ -1118,14 +973,15 @@ void SubmitToStream(hgemm_stream_t* stream, uint64_t gemm_id, const hgemm_gemm_o
            code, errptr);
       return;
     }
-    if (SaveStatus(
-            CheckSizes(*options, m, n, k, a, a_bytes, b, b_bytes, keep_c ? SIZE_MAX : c_capacity),
-            code, errptr)) {
+    if (SaveStatus(options->args.Check(m, n, k, {a, a_bytes, b, b_bytes},
+                                       keep_c ? hgemm::GemmArgs::kCKept : c_capacity),
+                   code, errptr)) {
       return;
     }
     hgemm::v1::GemmRequest request;
     hgemm::OperandBytes borrowed;
-    BuildRequest(*options, m, n, k, a, a_bytes, b, b_bytes, &request, borrow ? &borrowed : nullptr);
+    options->args.Request(m, n, k, {a, a_bytes, b, b_bytes}, &request,
+                          borrow ? &borrowed : nullptr);
     request.set_keep_c_resident(keep_c != 0);
     request.set_c_ttl_seconds(c_ttl_seconds);
     SaveStatus(stream->session->Submit(gemm_id, std::move(request), borrowed,
@@ -1298,35 +1154,9 @@ void RingGemm(hgemm_ring_t* ring, const hgemm_gemm_options_t* options, uint32_t 
               char** errptr) {
   const hgemm_gemm_options_t defaults;
   if (options == nullptr) options = &defaults;
-  if (keep_c != options->c_region.region().empty()) {
-    Fail(grpc::StatusCode::INVALID_ARGUMENT,
-         keep_c ? "c: a kept C goes to no region (hgemm_gemm_options_set_c_region)"
-                : "c: a ring GEMM writes C into a region (hgemm_gemm_options_set_c_region)",
-         code, errptr);
-    return;
-  }
-  if (options->c_in != nullptr || options->c_in_bytes != 0) {
-    Fail(grpc::StatusCode::INVALID_ARGUMENT,
-         "c_in: a ring entry carries no bytes: name C_in by region or handle", code, errptr);
-    return;
-  }
-  const bool a_named = !options->a_region.region().empty() || !options->a_handle.empty();
-  const bool b_named = !options->b_region.region().empty() || !options->b_handle.empty();
-  if (!a_named || !b_named) {
-    Fail(grpc::StatusCode::INVALID_ARGUMENT,
-         std::string(a_named ? "b" : "a") +
-             ": a ring entry carries no bytes: name it by region or handle",
-         code, errptr);
-    return;
-  }
-  // A kept C needs no room here (as hgemm_gemm_keep_c's check); one in a region none either.
-  if (SaveStatus(CheckSizes(*options, m, n, k, nullptr, 0, nullptr, 0, keep_c ? SIZE_MAX : 0,
-                            /*takes_regions=*/true),
-                 code, errptr)) {
-    return;
-  }
+  if (SaveStatus(options->args.CheckRingEntry(m, n, k, keep_c), code, errptr)) return;
   hgemm::v1::GemmRequest request;
-  BuildRequest(*options, m, n, k, nullptr, 0, nullptr, 0, &request);
+  options->args.Request(m, n, k, {}, &request);
   request.set_keep_c_resident(keep_c);
   const hgemm::CallOptions call = CallOptionsOf(ring->client, options->timeout_ms, "");
   hgemm::RingSubmission entry;
