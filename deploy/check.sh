@@ -44,7 +44,7 @@ echo "== yamllint"
 mapfile -t yamls < <(cd "$repo" && find deploy -name '*.yaml' -o -name '*.yml' | sort)
 (cd "$repo" && yamllint --strict -c deploy/.yamllint.yaml "${yamls[@]}")
 echo "ok    yamllint: ${#yamls[@]} files"
-passed=1 failed=0
+passed=1 failed=0 status=0
 
 echo "== npm packages"
 # shellcheck source=tools/npm_cache.sh
@@ -52,9 +52,21 @@ source "$repo/tools/npm_cache.sh"
 npm_ci_cached "$deploy" "$cache"
 echo "ok    npm ci ($cache)"
 
+echo "== format"
+# check.js in Prettier's format at 100 columns (package.json "prettier"): the lines a reader
+# can take in without scrolling, as clang-format keeps the C++.
+if "$cache/node_modules/.bin/prettier" --config "$deploy/package.json" --check \
+  "$deploy/check/check.js"; then
+  echo "ok    prettier --check check/check.js"
+  ((passed += 1))
+else
+  echo "FAIL  check/check.js is not in Prettier's format (prettier --write it)"
+  ((failed += 1))
+  status=1
+fi
+
 echo "== render and validate"
 work=$(mktemp -d "${TMPDIR:-/tmp}/hgemm-deploy-check.XXXXXX")
-status=0
 out=$(NODE_PATH="$cache/node_modules" node "$deploy/check/check.js" --repo "$repo" \
   --work "$work/main" 2>&1) || status=$?
 echo "$out"
