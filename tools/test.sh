@@ -65,11 +65,16 @@ run_step python tools/test_python.sh
 run_step fuzz tools/fuzz.sh "${HGEMM_FUZZ_SECONDS:-30}"
 
 for log in $(find -L "${logdirs[@]}" -name test.log 2>/dev/null); do
-  read -r p f s < <(awk '
-    /^\[  PASSED  \] [0-9]+ test/ {p += $4}
+  read -r p f s summary < <(awk '
+    /^\[  PASSED  \] [0-9]+ test/ {p += $4; summary = 1}
     /^\[  FAILED  \] [0-9]+ test/ {f += $4}
     /^\[  SKIPPED \] [0-9]+ test/ {s += $4}
-    END {print p+0, f+0, s+0}' "$log")
+    END {print p+0, f+0, s+0, summary+0}' "$log")
+  # No GoogleTest summary: not a GoogleTest, or one that died before it (a sanitizer's abort);
+  # Bazel's test.xml beside the log says which way the target went.
+  if ((!summary)); then
+    if grep -q '<error message=\|<failure' "${log%.log}.xml" 2>/dev/null; then f=1; else p=1; fi
+  fi
   passed=$((passed + p)) failed=$((failed + f)) skipped=$((skipped + s))
 done
 (IFS=,; echo "time: ${times[*]}" | sed 's/,/, /g')
