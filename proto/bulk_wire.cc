@@ -47,6 +47,20 @@ void SetErrnoFrom(SSL* ssl, int result) {
   ERR_clear_error();
 }
 
+// Where OpenSSL decrypts (no kernel TLS), each SSL_read returns one record of at most 16 KiB
+// and reads its header and its body by a syscall each. Read-ahead into a buffer of many records
+// reads them with one. Where the kernel could carry TLS (its tls module is loaded), read-ahead
+// stays off: bytes read ahead when the handshake ends keep OpenSSL from handing the receive side
+// to the kernel.
+constexpr size_t kTlsReadBufferBytes = size_t{256} << 10;
+
+void ReadAheadUnlessKernelTls(SSL* ssl) {
+  static const bool kernel_tls = access("/sys/module/tls", F_OK) == 0;
+  if (kernel_tls) return;
+  SSL_set_default_read_buffer_len(ssl, kTlsReadBufferBytes);
+  SSL_set_read_ahead(ssl, 1);
+}
+
 }  // namespace
 
 std::string Hello(std::string_view capability) {
@@ -85,6 +99,7 @@ bool Connection::kernel_tls_receive() const {
 std::string Connection::HandshakeAsServer(SSL_CTX* context) {
   ssl_ = SSL_new(context);
   if (ssl_ == nullptr || SSL_set_fd(ssl_, fd_) != 1) return TlsError("SSL_new");
+  ReadAheadUnlessKernelTls(ssl_);
   if (SSL_accept(ssl_) != 1) return TlsError("TLS handshake");
   return "";
 }
@@ -92,6 +107,7 @@ std::string Connection::HandshakeAsServer(SSL_CTX* context) {
 std::string Connection::HandshakeAsClient(SSL_CTX* context, const std::string& server_name) {
   ssl_ = SSL_new(context);
   if (ssl_ == nullptr || SSL_set_fd(ssl_, fd_) != 1) return TlsError("SSL_new");
+  ReadAheadUnlessKernelTls(ssl_);
   in6_addr ip;
   const bool is_ip = inet_pton(AF_INET, server_name.c_str(), &ip) == 1 ||
                      inet_pton(AF_INET6, server_name.c_str(), &ip) == 1;
