@@ -158,10 +158,9 @@ TEST_F(MetricsTest, CountsExactlyTheCallsMade) {
     EXPECT_EQ(bounds[bounds.size() - 2], 60) << "the last finite bucket is 60 s";
     EXPECT_EQ(bounds.back(), INFINITY);
   }
-  EXPECT_GT(
-      s.Get(
-          R"(hgemm_gemm_stage_seconds_sum{backend="cpu",kernel="openblas_sgemm",stage="server_total"})"),
-      0);
+  EXPECT_GT(s.Get(R"(hgemm_gemm_stage_seconds_sum{backend="cpu",kernel="openblas_sgemm",)"
+                  R"(stage="server_total"})"),
+            0);
   EXPECT_EQ(s.Get(R"(hgemm_received_bytes_total{rpc="Gemm"})"), double(gemm_received));
   EXPECT_EQ(s.Get(R"(hgemm_sent_bytes_total{rpc="Gemm"})"), double(gemm_sent));
   EXPECT_EQ(s.Get(R"(hgemm_received_bytes_total{rpc="UploadMatrix"})"), 2.0 * data.size());

@@ -4,8 +4,10 @@
 # TSan (.bazelrc configs asan, tsan), tools/format_check.sh (C++ and CUDA as clang-format writes
 # them), deploy/check.sh (lint and schema checks of the container and Kubernetes manifests),
 # tools/curl_check.sh (the README's grpcurl walk-through over TLS with buf curl), the Python
-# client's tests, and the fuzz targets for $HGEMM_FUZZ_SECONDS (default 30) each (tools/fuzz.sh). Ends with a summary line "N passed, N failed, N skipped" counted over all
-# GoogleTest cases (sanitizer runs included), deploy and curl checks, Python tests and fuzz targets,
+# client's tests, and the fuzz targets for $HGEMM_FUZZ_SECONDS (default 30) each
+# (tools/fuzz.sh). Ends with a summary line "N passed, N failed, N skipped" counted over all
+# GoogleTest cases (sanitizer runs included; a test that died before GoogleTest's summary counts
+# as one failure), deploy and curl checks, Python tests and fuzz targets,
 # and a line "time: STAGE N s, ..." (the wall time of each stage, to keep CI's length in view).
 set -uo pipefail
 cd "$(dirname "$0")/.."
