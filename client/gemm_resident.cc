@@ -3,16 +3,48 @@
 // register, unregister and list regions.
 #include <fmt/format.h>
 
+#include <google/protobuf/io/coded_stream.h>
+#include <google/protobuf/wire_format_lite.h>
 #include <grpcpp/impl/rpc_method.h>
+#include <grpcpp/support/proto_buffer_reader.h>
+#include <grpcpp/support/sync_stream.h>
 
+#include <climits>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <utility>
 
 #include "client/gemm_client.h"
 #include "client/gemm_client_internal.h"
+
+namespace hgemm {
+
+// The chunks of one DownloadMatrix read straight into the caller's buffer (DownloadOn): a
+// chunk's data lands at into.data + written when it is the range's next bytes and fits; else
+// `problem` (with `code`) says why, nothing more is written, and the reader ends the call.
+struct DownloadSink {
+  CBuffer into;
+  uint64_t offset = 0;  // the range's first byte in the matrix
+  uint64_t length = 0;  // bytes asked for (0: to the matrix's end)
+  uint64_t written = 0;
+  grpc::StatusCode code = grpc::StatusCode::OK;
+  std::string problem;
+};
+
+}  // namespace hgemm
+
+namespace grpc {
+// How gRPC reads a DownloadMatrix chunk into a DownloadSink. Always OK: bytes that do not parse
+// become its problem.
+template <>
+class SerializationTraits<hgemm::DownloadSink, void> {
+ public:
+  static Status Deserialize(ByteBuffer* buffer, hgemm::DownloadSink* download);
+};
+}  // namespace grpc
 
 namespace hgemm {
 
@@ -30,6 +62,59 @@ const grpc::internal::RpcMethod& UploadMatrixMethod() {
   static const grpc::internal::RpcMethod method(name.c_str(),
                                                 grpc::internal::RpcMethod::CLIENT_STREAMING);
   return method;
+}
+
+// GemmService.DownloadMatrix as the generated stub names it, for calls read as DownloadSink.
+const grpc::internal::RpcMethod& DownloadMatrixMethod() {
+  static const std::string name =
+      std::string("/") + v1::GemmService::service_full_name() + "/DownloadMatrix";
+  static const grpc::internal::RpcMethod method(name.c_str(),
+                                                grpc::internal::RpcMethod::SERVER_STREAMING);
+  return method;
+}
+
+// DownloadSink's reading of one ResultChunk from `input`. False if the bytes do not parse; a
+// chunk that cannot be written sets download->problem and is skipped. The offset comes before
+// the data (field order); one after it is a problem.
+bool ReadDownloadChunk(google::protobuf::io::CodedInputStream* input, DownloadSink* download) {
+  using google::protobuf::internal::WireFormatLite;
+  auto refuse = [download](grpc::StatusCode code, std::string problem) {
+    download->code = code;
+    download->problem = std::move(problem);
+  };
+  uint64_t offset = 0;
+  bool data_seen = false;
+  while (const uint32_t tag = input->ReadTag()) {
+    if (tag == WireFormatLite::MakeTag(v1::ResultChunk::kOffsetFieldNumber,
+                                       WireFormatLite::WIRETYPE_VARINT)) {
+      if (!input->ReadVarint64(&offset)) return false;
+      if (data_seen) refuse(grpc::StatusCode::INTERNAL, "download chunk: offset after its data");
+    } else if (tag == WireFormatLite::MakeTag(v1::ResultChunk::kDataFieldNumber,
+                                              WireFormatLite::WIRETYPE_LENGTH_DELIMITED)) {
+      uint32_t bytes = 0;
+      if (!input->ReadVarint32(&bytes) || bytes > INT_MAX) return false;
+      const uint64_t coming = download->written + bytes;
+      if (data_seen || offset != download->offset + download->written ||
+          (download->length != 0 && coming > download->length)) {
+        refuse(grpc::StatusCode::INTERNAL, "download chunk outside the range asked for");
+      } else if (coming > download->into.capacity) {
+        refuse(grpc::StatusCode::INVALID_ARGUMENT,
+               fmt::format("the download buffer holds {} bytes; the matrix has more from byte {} "
+                           "({} at least)",
+                           download->into.capacity, download->offset, coming));
+      } else {
+        if (!input->ReadRaw(download->into.data + download->written, int(bytes))) return false;
+        download->written = coming;
+        data_seen = true;
+        continue;
+      }
+      data_seen = true;
+      if (!input->Skip(int(bytes))) return false;
+    } else if (!WireFormatLite::SkipField(input, tag)) {
+      return false;
+    }
+  }
+  return true;
 }
 
 }  // namespace
@@ -144,37 +229,39 @@ grpc::Status GemmClient::DownloadOn(const Route& route, const std::string& handl
   request.set_handle(handle);
   request.set_offset(offset);
   request.set_length(length);
-  auto stream = route.stub->DownloadMatrix(&context, request);
-  v1::ResultChunk chunk;
-  uint64_t written = 0;
-  grpc::Status broken;
-  auto stop = [&](grpc::Status why) {
-    if (broken.ok()) broken = std::move(why);
-    context.TryCancel();
-  };
-  while (stream->Read(&chunk)) {
-    if (!broken.ok()) continue;
-    // The first chunk of a whole-matrix download says how much will come.
-    const uint64_t coming = written == 0 && length == 0 && chunk.total_bytes() > offset
-                                ? chunk.total_bytes() - offset
-                                : written + chunk.data().size();
-    if (chunk.offset() != offset + written ||
-        (length != 0 && chunk.data().size() > length - written)) {
-      stop(grpc::Status(grpc::StatusCode::INTERNAL, "download chunk outside the range asked for"));
-    } else if (coming > into.capacity) {
-      stop(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                        fmt::format("the download buffer holds {} bytes; the matrix has more "
-                                    "from byte {} ({} at least)",
-                                    into.capacity, offset, coming)));
-    } else {
-      std::memcpy(into.data + written, chunk.data().data(), chunk.data().size());
-      written += chunk.data().size();
-    }
+  // Each chunk's bytes go from gRPC's buffers into `into` once, not through a ResultChunk.
+  std::unique_ptr<grpc::ClientReader<DownloadSink>> stream(
+      grpc::internal::ClientReaderFactory<DownloadSink>::Create(
+          route.channel.get(), DownloadMatrixMethod(), &context, request));
+  DownloadSink download{.into = into, .offset = offset, .length = length};
+  while (stream->Read(&download)) {
+    if (!download.problem.empty()) context.TryCancel();  // the reads then end
   }
   grpc::Status status = stream->Finish();
-  if (received != nullptr) *received = written;
-  if (!broken.ok()) return broken;
+  if (received != nullptr) *received = download.written;
+  if (!download.problem.empty()) return grpc::Status(download.code, download.problem);
   return ExplainUnreachable(status, route.replica, route.channel.get());
 }
 
 }  // namespace hgemm
+
+namespace grpc {
+
+Status SerializationTraits<hgemm::DownloadSink, void>::Deserialize(ByteBuffer* buffer,
+                                                                   hgemm::DownloadSink* download) {
+  if (download->problem.empty()) {
+    ProtoBufferReader reader(buffer);
+    google::protobuf::io::CodedInputStream input(&reader);
+    input.SetTotalBytesLimit(INT_MAX);
+    if (!hgemm::ReadDownloadChunk(&input, download) || !input.ConsumedEntireMessage()) {
+      if (download->problem.empty()) {
+        download->code = StatusCode::INTERNAL;
+        download->problem = "a DownloadMatrix chunk did not parse";
+      }
+    }
+  }
+  buffer->Clear();
+  return Status::OK;
+}
+
+}  // namespace grpc
