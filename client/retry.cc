@@ -1,5 +1,7 @@
 #include "client/retry.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cmath>
 #include <string_view>
@@ -15,6 +17,18 @@ constexpr std::string_view kNotRunMarkers[] = {"retry with backoff", "server is 
                                                "failed to connect"};
 
 }  // namespace
+
+grpc::Status RetryPolicy::Check() const {
+  if (attempts >= 1 && initial_backoff.count() >= 0 && max_backoff >= initial_backoff &&
+      backoff_multiplier >= 1) {
+    return grpc::Status::OK;
+  }
+  return grpc::Status(
+      grpc::StatusCode::INVALID_ARGUMENT,
+      fmt::format("retry policy: attempts {} must be at least 1, 0 <= initial_backoff_ms {} "
+                  "<= max_backoff_ms {}, and backoff_multiplier {} at least 1",
+                  attempts, initial_backoff.count(), max_backoff.count(), backoff_multiplier));
+}
 
 std::chrono::microseconds RetryPolicy::Delay(int retry, std::mt19937_64& rng) const {
   const double us = std::min(double(std::chrono::microseconds(max_backoff).count()),

@@ -30,6 +30,10 @@ struct RetryPolicy {
   // The backoff before retry number `retry` (0 for the first): min(max_backoff, initial_backoff
   // · multiplier^retry), times a jitter drawn uniformly from [0.5, 1).
   std::chrono::microseconds Delay(int retry, std::mt19937_64& rng) const;
+
+  // INVALID_ARGUMENT naming the values unless attempts >= 1, 0 <= initial_backoff <=
+  // max_backoff and backoff_multiplier >= 1; OK otherwise.
+  grpc::Status Check() const;
 };
 
 // An UNAVAILABLE that certainly did not run the request: safe to repeat whatever the call.

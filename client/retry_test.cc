@@ -2,6 +2,9 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <cmath>
+#include <string>
 #include <vector>
 
 #include "google/rpc/error_details.pb.h"
@@ -29,6 +32,20 @@ int Tries(const RetryPolicy& policy, std::chrono::milliseconds timeout, bool ide
         if (sleeps != nullptr) sleeps->push_back(d);
       });
   return tries;
+}
+
+TEST(Retry, APolicyChecksItsValues) {
+  EXPECT_TRUE(RetryPolicy().Check().ok());
+  for (int broken = 0; broken < 4; ++broken) {
+    RetryPolicy policy;
+    if (broken == 0) policy.attempts = 0;
+    if (broken == 1) policy.initial_backoff = std::chrono::milliseconds(-1);
+    if (broken == 2) policy.max_backoff = std::chrono::milliseconds(10);  // below initial 50
+    if (broken == 3) policy.backoff_multiplier = std::nan("");
+    const grpc::Status s = policy.Check();
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << broken;
+    EXPECT_NE(s.error_message().find("retry policy"), std::string::npos) << s.error_message();
+  }
 }
 
 TEST(Retry, QueueFullIsRetriedUntilItSucceeds) {

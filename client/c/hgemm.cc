@@ -371,17 +371,7 @@ hgemm_client_t* hgemm_client_create(const char* target, const hgemm_client_optio
     Fail(grpc::StatusCode::INVALID_ARGUMENT, "chunk_bytes must be at least 1", code, errptr);
     return nullptr;
   }
-  const hgemm::RetryPolicy& retry = options->retry;
-  if (retry.attempts < 1 || retry.initial_backoff.count() < 0 ||
-      retry.max_backoff < retry.initial_backoff || !(retry.backoff_multiplier >= 1)) {
-    Fail(grpc::StatusCode::INVALID_ARGUMENT,
-         fmt::format("retry policy: attempts {} must be at least 1, 0 <= initial_backoff_ms {} "
-                     "<= max_backoff_ms {}, and backoff_multiplier {} at least 1",
-                     retry.attempts, retry.initial_backoff.count(), retry.max_backoff.count(),
-                     retry.backoff_multiplier),
-         code, errptr);
-    return nullptr;
-  }
+  if (SaveStatus(options->retry.Check(), code, errptr)) return nullptr;
   try {
     auto* client = new hgemm_client_t{hgemm::GemmClient(target, options->connect), options->call,
                                       options->retry};
