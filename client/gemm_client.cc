@@ -146,10 +146,8 @@ namespace {
 
 // GemmService.Gemm as the generated stub names it, for calls with GemmInPlace's messages.
 const grpc::internal::RpcMethod& GemmMethod() {
-  static const std::string name = std::string("/") + v1::GemmService::service_full_name() + "/Gemm";
-  static const grpc::internal::RpcMethod method(name.c_str(),
-                                                grpc::internal::RpcMethod::NORMAL_RPC);
-  return method;
+  static const client_internal::ServiceMethod method("Gemm", grpc::internal::RpcMethod::NORMAL_RPC);
+  return method.get();
 }
 
 // Bytes of C a Gemm answer carries, which GemmInPlace's response expects: none when C stays on

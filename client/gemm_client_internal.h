@@ -60,6 +60,24 @@ void ApplyDeadline(const CallOptions& options, grpc::ClientContext* context);
 // A call to `replica` that could not reach it: say what that means for the matrices there.
 // Returns `status` itself for the target (replica ""), for any other failure, and for a replica
 // that answered.
+// A GemmService method as the generated stub names it ("/hgemm.v1.GemmService/<name>"), for
+// calls made with the client's own message types (ByteBuffers written raw, answers read
+// straight into the caller's memory). Keep one per method in a function-local static: the
+// RpcMethod points into its name.
+class ServiceMethod {
+ public:
+  ServiceMethod(const char* name, grpc::internal::RpcMethod::RpcType type)
+      : name_(std::string("/") + v1::GemmService::service_full_name() + "/" + name),
+        method_(name_.c_str(), type) {}
+  ServiceMethod(const ServiceMethod&) = delete;
+  ServiceMethod& operator=(const ServiceMethod&) = delete;
+  const grpc::internal::RpcMethod& get() const { return method_; }
+
+ private:
+  const std::string name_;
+  const grpc::internal::RpcMethod method_;
+};
+
 grpc::Status ExplainUnreachable(grpc::Status status, const std::string& replica,
                                 grpc::Channel* channel);
 

@@ -32,11 +32,9 @@ namespace {
 // GemmService.UploadPart as the generated stub names it, for calls that write their chunks as
 // ByteBuffers (WriteUpload).
 const grpc::internal::RpcMethod& UploadPartMethod() {
-  static const std::string name =
-      std::string("/") + v1::GemmService::service_full_name() + "/UploadPart";
-  static const grpc::internal::RpcMethod method(name.c_str(),
-                                                grpc::internal::RpcMethod::CLIENT_STREAMING);
-  return method;
+  static const client_internal::ServiceMethod method("UploadPart",
+                                                     grpc::internal::RpcMethod::CLIENT_STREAMING);
+  return method.get();
 }
 
 // Runs work(0) .. work(n - 1) on n threads at once; the first failure, else OK.

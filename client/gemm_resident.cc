@@ -57,20 +57,16 @@ namespace {
 // GemmService.UploadMatrix as the generated stub names it, for calls that write their chunks as
 // ByteBuffers (WriteUpload).
 const grpc::internal::RpcMethod& UploadMatrixMethod() {
-  static const std::string name =
-      std::string("/") + v1::GemmService::service_full_name() + "/UploadMatrix";
-  static const grpc::internal::RpcMethod method(name.c_str(),
-                                                grpc::internal::RpcMethod::CLIENT_STREAMING);
-  return method;
+  static const client_internal::ServiceMethod method("UploadMatrix",
+                                                     grpc::internal::RpcMethod::CLIENT_STREAMING);
+  return method.get();
 }
 
 // GemmService.DownloadMatrix as the generated stub names it, for calls read as DownloadSink.
 const grpc::internal::RpcMethod& DownloadMatrixMethod() {
-  static const std::string name =
-      std::string("/") + v1::GemmService::service_full_name() + "/DownloadMatrix";
-  static const grpc::internal::RpcMethod method(name.c_str(),
-                                                grpc::internal::RpcMethod::SERVER_STREAMING);
-  return method;
+  static const client_internal::ServiceMethod method("DownloadMatrix",
+                                                     grpc::internal::RpcMethod::SERVER_STREAMING);
+  return method.get();
 }
 
 // DownloadSink's reading of one ResultChunk from `input`. False if the bytes do not parse; a

@@ -152,11 +152,9 @@ void WriteRequests(const std::vector<const v1::GemmRequest*>& requests, int64_t 
 
 // GemmService.GemmStream as the generated stub names it, for streams of StreamAnswers.
 const grpc::internal::RpcMethod& GemmStreamMethod() {
-  static const std::string name =
-      std::string("/") + v1::GemmService::service_full_name() + "/GemmStream";
-  static const grpc::internal::RpcMethod method(name.c_str(),
-                                                grpc::internal::RpcMethod::BIDI_STREAMING);
-  return method;
+  static const client_internal::ServiceMethod method("GemmStream",
+                                                     grpc::internal::RpcMethod::BIDI_STREAMING);
+  return method.get();
 }
 
 // results before a GemmStream's answers: one per request, unanswered, with room for C unless it
