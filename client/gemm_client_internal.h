@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -120,6 +121,17 @@ grpc::Status WriteUpload(grpc::Channel* channel, const grpc::internal::RpcMethod
 void StartStreamedGemm(v1::GemmRequest request, CBuffer c_into, int64_t chunk_bytes,
                        std::shared_ptr<grpc::ClientContext> context, std::string replica,
                        grpc::Channel* channel, GemmClient::GemmDone done);
+
+// How ReadResultChunk ended.
+enum class ChunkRead { kRead, kUnparsable, kOutOfOrder };
+
+// Reads one ResultChunk's fields from `input` to its end (or to the limit pushed for it),
+// straight into the caller's memory: the data goes where place(offset, bytes) points, or is
+// skipped when it returns null (place records why). The offset (0 until its field comes) must
+// come before the data and there is one data field at most, as protobuf writes them: otherwise
+// kOutOfOrder. kUnparsable when the bytes do not parse.
+ChunkRead ReadResultChunk(google::protobuf::io::CodedInputStream* input,
+                          const std::function<char*(uint64_t offset, uint32_t bytes)>& place);
 
 }  // namespace client_internal
 }  // namespace hgemm

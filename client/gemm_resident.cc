@@ -4,7 +4,6 @@
 #include <fmt/format.h>
 
 #include <google/protobuf/io/coded_stream.h>
-#include <google/protobuf/wire_format_lite.h>
 #include <grpcpp/impl/rpc_method.h>
 #include <grpcpp/support/proto_buffer_reader.h>
 #include <grpcpp/support/sync_stream.h>
@@ -70,47 +69,37 @@ const grpc::internal::RpcMethod& DownloadMatrixMethod() {
 }
 
 // DownloadSink's reading of one ResultChunk from `input`. False if the bytes do not parse; a
-// chunk that cannot be written sets download->problem and is skipped. The offset comes before
-// the data (field order); one after it is a problem.
+// chunk that cannot be written sets download->problem and is skipped.
 bool ReadDownloadChunk(google::protobuf::io::CodedInputStream* input, DownloadSink* download) {
-  using google::protobuf::internal::WireFormatLite;
   auto refuse = [download](grpc::StatusCode code, std::string problem) {
     download->code = code;
     download->problem = std::move(problem);
   };
-  uint64_t offset = 0;
-  bool data_seen = false;
-  while (const uint32_t tag = input->ReadTag()) {
-    if (tag == WireFormatLite::MakeTag(v1::ResultChunk::kOffsetFieldNumber,
-                                       WireFormatLite::WIRETYPE_VARINT)) {
-      if (!input->ReadVarint64(&offset)) return false;
-      if (data_seen) refuse(grpc::StatusCode::INTERNAL, "download chunk: offset after its data");
-    } else if (tag == WireFormatLite::MakeTag(v1::ResultChunk::kDataFieldNumber,
-                                              WireFormatLite::WIRETYPE_LENGTH_DELIMITED)) {
-      uint32_t bytes = 0;
-      if (!input->ReadVarint32(&bytes) || bytes > INT_MAX) return false;
-      const uint64_t coming = download->written + bytes;
-      if (data_seen || offset != download->offset + download->written ||
-          (download->length != 0 && coming > download->length)) {
-        refuse(grpc::StatusCode::INTERNAL, "download chunk outside the range asked for");
-      } else if (coming > download->into.capacity) {
-        refuse(grpc::StatusCode::INVALID_ARGUMENT,
-               fmt::format("the download buffer holds {} bytes; the matrix has more from byte {} "
-                           "({} at least)",
-                           download->into.capacity, download->offset, coming));
-      } else {
-        if (!input->ReadRaw(download->into.data + download->written, int(bytes))) return false;
-        download->written = coming;
-        data_seen = true;
-        continue;
-      }
-      data_seen = true;
-      if (!input->Skip(int(bytes))) return false;
-    } else if (!WireFormatLite::SkipField(input, tag)) {
-      return false;
-    }
+  uint64_t placed = 0;  // counted once the read has landed
+  const client_internal::ChunkRead read =
+      client_internal::ReadResultChunk(input, [&](uint64_t offset, uint32_t bytes) -> char* {
+        const uint64_t coming = download->written + bytes;
+        if (offset != download->offset + download->written ||
+            (download->length != 0 && coming > download->length)) {
+          refuse(grpc::StatusCode::INTERNAL, "download chunk outside the range asked for");
+          return nullptr;
+        }
+        if (coming > download->into.capacity) {
+          refuse(grpc::StatusCode::INVALID_ARGUMENT,
+                 fmt::format("the download buffer holds {} bytes; the matrix has more from byte "
+                             "{} ({} at least)",
+                             download->into.capacity, download->offset, coming));
+          return nullptr;
+        }
+        placed = bytes;
+        return download->into.data + download->written;
+      });
+  if (read == client_internal::ChunkRead::kOutOfOrder) {
+    refuse(grpc::StatusCode::INTERNAL,
+           "a DownloadMatrix chunk is not in the form protobuf writes (offset, then data)");
   }
-  return true;
+  if (read == client_internal::ChunkRead::kRead) download->written += placed;
+  return read != client_internal::ChunkRead::kUnparsable;
 }
 
 }  // namespace

@@ -62,33 +62,22 @@ bool ReadStreamAnswer(google::protobuf::io::CodedInputStream* input, StreamAnswe
       uint32_t length = 0;
       if (!input->ReadVarint32(&length) || length > INT_MAX) return false;
       const auto limit = input->PushLimit(int(length));
-      uint64_t offset = 0;
-      bool data_seen = false;
-      while (const uint32_t chunk_tag = input->ReadTag()) {
-        if (chunk_tag == WireFormatLite::MakeTag(v1::ResultChunk::kOffsetFieldNumber, kVarint)) {
-          if (data_seen) return out_of_order();
-          if (!input->ReadVarint64(&offset)) return false;
-        } else if (chunk_tag ==
-                   WireFormatLite::MakeTag(v1::ResultChunk::kDataFieldNumber, kBytes)) {
-          if (data_seen) return out_of_order();
-          uint32_t bytes = 0;
-          if (!input->ReadVarint32(&bytes) || bytes > INT_MAX) return false;
-          data_seen = true;
-          CBuffer c;
-          if (!answer->c_of || !answer->c_of(answer->gemm_id, &c)) {
-            not_in_flight();
-          } else if (offset > c.capacity || bytes > c.capacity - offset) {
-            answer->problem = fmt::format("gemm_id {}: result chunk past the end of C's {} bytes",
-                                          answer->gemm_id, c.capacity);
-          } else {
-            if (!input->ReadRaw(c.data + offset, int(bytes))) return false;
-            continue;
-          }
-          if (!input->Skip(int(bytes))) return false;
-        } else if (!WireFormatLite::SkipField(input, chunk_tag)) {
-          return false;
-        }
-      }
+      const client_internal::ChunkRead read =
+          client_internal::ReadResultChunk(input, [&](uint64_t offset, uint32_t bytes) -> char* {
+            CBuffer c;
+            if (!answer->c_of || !answer->c_of(answer->gemm_id, &c)) {
+              not_in_flight();
+              return nullptr;
+            }
+            if (offset > c.capacity || bytes > c.capacity - offset) {
+              answer->problem = fmt::format("gemm_id {}: result chunk past the end of C's {} bytes",
+                                            answer->gemm_id, c.capacity);
+              return nullptr;
+            }
+            return c.data + offset;
+          });
+      if (read == client_internal::ChunkRead::kOutOfOrder) return out_of_order();
+      if (read == client_internal::ChunkRead::kUnparsable) return false;
       // At the chunk's end, not at the input's: a chunk cut short does not parse.
       if (!input->ConsumedEntireMessage() || input->BytesUntilLimit() != 0) return false;
       input->PopLimit(limit);
@@ -104,6 +93,37 @@ bool ReadStreamAnswer(google::protobuf::io::CodedInputStream* input, StreamAnswe
 }
 
 }  // namespace
+
+namespace client_internal {
+
+ChunkRead ReadResultChunk(google::protobuf::io::CodedInputStream* input,
+                          const std::function<char*(uint64_t offset, uint32_t bytes)>& place) {
+  using google::protobuf::internal::WireFormatLite;
+  uint64_t offset = 0;
+  bool data_seen = false;
+  while (const uint32_t tag = input->ReadTag()) {
+    if (tag == WireFormatLite::MakeTag(v1::ResultChunk::kOffsetFieldNumber,
+                                       WireFormatLite::WIRETYPE_VARINT)) {
+      if (data_seen) return ChunkRead::kOutOfOrder;
+      if (!input->ReadVarint64(&offset)) return ChunkRead::kUnparsable;
+    } else if (tag == WireFormatLite::MakeTag(v1::ResultChunk::kDataFieldNumber,
+                                              WireFormatLite::WIRETYPE_LENGTH_DELIMITED)) {
+      if (data_seen) return ChunkRead::kOutOfOrder;
+      uint32_t bytes = 0;
+      if (!input->ReadVarint32(&bytes) || bytes > INT_MAX) return ChunkRead::kUnparsable;
+      data_seen = true;
+      char* to = place(offset, bytes);
+      if (to != nullptr ? !input->ReadRaw(to, int(bytes)) : !input->Skip(int(bytes))) {
+        return ChunkRead::kUnparsable;
+      }
+    } else if (!WireFormatLite::SkipField(input, tag)) {
+      return ChunkRead::kUnparsable;
+    }
+  }
+  return ChunkRead::kRead;
+}
+
+}  // namespace client_internal
 }  // namespace hgemm
 
 namespace grpc {
