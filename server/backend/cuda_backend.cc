@@ -11,6 +11,7 @@
 #include <climits>
 #include <cstring>
 #include <functional>
+#include <mutex>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -24,6 +25,7 @@
 #include "server/backend/cuda_errors.h"
 #include "server/backend/cuda_slot.h"
 #include "server/backend/cuda_verify.h"
+#include "server/backend/pinned_staging_ring.h"
 #include "server/core/status.h"
 #include "server/verify/freivalds.h"
 
@@ -146,6 +148,7 @@ class CudaBackend final : public Backend {
       }
       // Kept before its slots are made: a slot that fails to start is torn down with the rest.
       devices_.push_back(std::move(device));
+      idle_stagers_.emplace_back();
       for (int s = 0; s < options_.streams_per_device; ++s) {
         auto slot = std::make_unique<Slot>(devices_.back().get(), s);
         if (std::string error = slot->Init(options_.staging_buffers, options_.staging_piece_bytes,
@@ -286,8 +289,35 @@ class CudaBackend final : public Backend {
                            size_t floats, bool prepared_beside, GemmReport* report);
   // Waits for slot.kernel_done of a kernel of `flops` (see CudaBackendOptions::completion_spin).
   cudaError_t WaitForKernel(const Slot& slot, double flops) const;
-  absl::Status CopyResident(Device& device, void* dst, const void* src, int64_t bytes,
-                            cudaMemcpyKind kind);
+  // A stream and a pinned staging ring through which one thread at a time copies between
+  // pageable host memory and resident matrices. The driver's own staging of pageable memory
+  // copies in small synchronous steps, at a fraction of the link's speed.
+  struct ResidentStager {
+    ResidentStager() = default;
+    ResidentStager(const ResidentStager&) = delete;
+    ResidentStager& operator=(const ResidentStager&) = delete;
+    ~ResidentStager();
+    cudaStream_t stream = nullptr;
+    PinnedStagingRing staging;  // after `stream`: freed once the stream has finished
+  };
+  // A copy through a stager: returns the first failed CUDA call's error (and the call in
+  // *call) or cudaSuccess; its copies may still be in flight either way.
+  using StagedCopy = std::function<cudaError_t(ResidentStager&, const char** call)>;
+  // Runs `copy` (an "upload" or "download" of a resident matrix on device `device_index`) on a
+  // stager of that device, lent from an idle list (made when none is idle), and waits for it.
+  absl::Status CopyResident(int device_index, const char* direction, const StagedCopy& copy);
+  // The sources' bytes, back to back from `dst` on `stream`, through `ring`'s pinned pieces of
+  // `piece_bytes` (several sources to a piece): copying piece i+1 on the host overlaps the DMA
+  // of piece i; a piece is reused once the event recorded after its copy has fired. Returns the
+  // first failed call's error (and the call in *call) or cudaSuccess.
+  static cudaError_t StageToDevice(PinnedStagingRing& ring, cudaStream_t stream, size_t piece_bytes,
+                                   char* dst, const std::vector<HostSource>& sources,
+                                   const char** call);
+  // `bytes` from `src` on the device to `dst` in host memory through `ring`'s pieces: all of
+  // them in flight, the host copying out the oldest while later ones are on the wire. Returns
+  // as StageToDevice, with every copy done on success. REQUIRES: every piece free.
+  static cudaError_t StageToHost(PinnedStagingRing& ring, cudaStream_t stream, size_t piece_bytes,
+                                 char* dst, const char* src, size_t bytes, const char** call);
   absl::Status CopyToDevice(Slot& slot, char* dst, const char* src, size_t bytes);
   // The sources' bytes, back to back from `dst`, staged as one (several to a piece).
   absl::Status CopyToDevice(Slot& slot, char* dst, const std::vector<HostSource>& sources);
@@ -322,6 +352,8 @@ class CudaBackend final : public Backend {
   std::vector<std::unique_ptr<Slot>> slots_;
   std::vector<int> slot_device_index_;
   verify::ResidentBCache<DeviceBSide> b_sides_;
+  std::mutex idle_stagers_mu_;
+  std::vector<std::vector<std::unique_ptr<ResidentStager>>> idle_stagers_;  // by device index
 };
 
 // `expr` (a CUDA call of class `site`, FaultSite) or return its failure (Fail).
@@ -427,34 +459,35 @@ absl::Status CudaBackend::AllocateResident(int device_index, int64_t bytes,
 
 absl::Status CudaBackend::WriteResident(ResidentBuffer& buffer, int64_t offset, const void* host,
                                         int64_t bytes) {
-  b_sides_.Forget(&buffer);
-  return CopyResident(*devices_[buffer.device_index], static_cast<char*>(buffer.data) + offset,
-                      host, bytes, cudaMemcpyHostToDevice);
+  return WriteResidentPieces(buffer, offset,
+                             {std::string_view(static_cast<const char*>(host), size_t(bytes))});
 }
 
 absl::Status CudaBackend::WriteResidentPieces(ResidentBuffer& buffer, int64_t offset,
                                               const std::vector<std::string_view>& pieces) {
-  if (pieces.size() == 1) {
-    return WriteResident(buffer, offset, pieces[0].data(), int64_t(pieces[0].size()));
-  }
-  // One device copy per chunk, not one per slice (each is a call and a wait). The upload
-  // thread's buffer is reused: no allocation, no page faults once it has grown to a chunk.
-  thread_local std::string gathered;
-  gathered.clear();
-  for (std::string_view piece : pieces) gathered.append(piece);
-  return WriteResident(buffer, offset, gathered.data(), int64_t(gathered.size()));
+  b_sides_.Forget(&buffer);
+  std::vector<HostSource> sources;
+  for (std::string_view piece : pieces) sources.push_back({piece.data(), piece.size()});
+  char* dst = static_cast<char*>(buffer.data) + offset;
+  return CopyResident(
+      buffer.device_index, "upload", [&](ResidentStager& stager, const char** call) {
+        return StageToDevice(stager.staging, stager.stream, size_t(options_.staging_piece_bytes),
+                             dst, sources, call);
+      });
 }
 
 absl::Status CudaBackend::ReadResident(const ResidentBuffer& buffer, void* host) {
-  return CopyResident(*devices_[buffer.device_index], host, buffer.data, buffer.bytes,
-                      cudaMemcpyDeviceToHost);
+  return ReadResidentRange(buffer, 0, buffer.bytes, host);
 }
 
 absl::Status CudaBackend::ReadResidentRange(const ResidentBuffer& buffer, int64_t offset,
                                             int64_t bytes, void* host) {
-  return CopyResident(*devices_[buffer.device_index], host,
-                      static_cast<const char*>(buffer.data) + offset, bytes,
-                      cudaMemcpyDeviceToHost);
+  const char* src = static_cast<const char*>(buffer.data) + offset;
+  return CopyResident(
+      buffer.device_index, "download", [&](ResidentStager& stager, const char** call) {
+        return StageToHost(stager.staging, stager.stream, size_t(options_.staging_piece_bytes),
+                           static_cast<char*>(host), src, size_t(bytes), call);
+      });
 }
 
 // Portable: the pages count as pinned for every device's context, so any slot may DMA them.
@@ -615,26 +648,59 @@ absl::Status CudaBackend::OpenIpcMemory(const std::string& ipc_handle, const std
 
 // Runs on the calling thread's own default stream (cudaStreamPerThread), so that copies from
 // several threads, and the slots' streams, do not wait for each other.
-absl::Status CudaBackend::CopyResident(Device& device, void* dst, const void* src, int64_t bytes,
-                                       cudaMemcpyKind kind) {
+CudaBackend::ResidentStager::~ResidentStager() {
+  if (stream != nullptr) {
+    cudaStreamSynchronize(stream);
+    cudaStreamDestroy(stream);
+  }
+}
+
+absl::Status CudaBackend::CopyResident(int device_index, const char* direction,
+                                       const StagedCopy& copy) {
+  Device& device = *devices_[device_index];
   if (!device.healthy) return Refused(device);
   cudaSetDevice(device.ordinal);
-  cudaError_t e =
-      kind == cudaMemcpyHostToDevice
-          ? HGEMM_CUDA(kCopyToDevice, cudaMemcpyAsync(dst, src, bytes, kind, cudaStreamPerThread))
-          : HGEMM_CUDA(kCopyToHost, cudaMemcpyAsync(dst, src, bytes, kind, cudaStreamPerThread));
+  std::unique_ptr<ResidentStager> stager;
+  {
+    std::lock_guard<std::mutex> lock(idle_stagers_mu_);
+    auto& idle = idle_stagers_[size_t(device_index)];
+    if (!idle.empty()) {
+      stager = std::move(idle.back());
+      idle.pop_back();
+    }
+  }
+  if (stager == nullptr) {
+    stager = std::make_unique<ResidentStager>();
+    std::string error = CheckCuda(cudaStreamCreateWithFlags(&stager->stream, cudaStreamNonBlocking),
+                                  device.ordinal, "cudaStreamCreate");
+    if (error.empty()) {
+      error = stager->staging.Init(options_.staging_buffers, options_.staging_piece_bytes,
+                                   stager->stream, device.ordinal);
+    }
+    if (!error.empty()) {
+      cudaGetLastError();
+      return status::BackendFailure(
+          fmt::format("{} of a resident matrix: a staging stream: {}", direction, error));
+    }
+  }
+  const char* call = "";
+  cudaError_t e = copy(*stager, &call);
   // Synchronized even after a failed call: nothing of this copy may be in flight on return.
-  if (cudaError_t synced = cudaStreamSynchronize(cudaStreamPerThread); e == cudaSuccess) {
+  if (cudaError_t synced = cudaStreamSynchronize(stager->stream); e == cudaSuccess) {
     e = synced;
+    call = "cudaStreamSynchronize";
+  }
+  {
+    std::lock_guard<std::mutex> lock(idle_stagers_mu_);
+    idle_stagers_[size_t(device_index)].push_back(std::move(stager));
   }
   // A download that completed after the device failed (another thread's fault) is not
   // trusted either.
   if (e == cudaSuccess && !device.healthy) return Refused(device);
   if (e == cudaSuccess) return absl::OkStatus();
   cudaGetLastError();
-  std::string message =
-      fmt::format("device {}: {} of a resident matrix: {}", device.ordinal,
-                  kind == cudaMemcpyHostToDevice ? "upload" : "download", cudaGetErrorString(e));
+  std::string message = fmt::format("device {}: {} of a resident matrix: {}: {}", device.ordinal,
+                                    direction, call, cudaGetErrorString(e));
   if (IsStickyError(e)) {
     MarkFailed(device, message);
     return status::DeviceFailed(message + " (the device has failed; the server must restart)");
@@ -643,17 +709,9 @@ absl::Status CudaBackend::CopyResident(Device& device, void* dst, const void* sr
   return status::BackendFailure(message);
 }
 
-// Host → pinned piece → device, piece by piece: copying piece i+1 on the host overlaps the
-// DMA of piece i. A piece is reused once the event recorded after its last copy has fired.
-absl::Status CudaBackend::CopyToDevice(Slot& slot, char* dst, const char* src, size_t bytes) {
-  return CopyToDevice(slot, dst, {HostSource{src, bytes}});
-}
-
-// As above, the sources filling the pieces one after the other: a piece may hold the tail of
-// one source and the head of the next, so that small sources cost a DMA per piece, not each.
-absl::Status CudaBackend::CopyToDevice(Slot& slot, char* dst,
-                                       const std::vector<HostSource>& sources) {
-  const size_t piece = options_.staging_piece_bytes;
+cudaError_t CudaBackend::StageToDevice(PinnedStagingRing& ring, cudaStream_t stream,
+                                       size_t piece_bytes, char* dst,
+                                       const std::vector<HostSource>& sources, const char** call) {
   size_t source = 0, taken = 0;  // the next bytes to stage: sources[source] from `taken`
   size_t offset = 0;             // where the next piece lands, from dst
   while (true) {
@@ -661,13 +719,17 @@ absl::Status CudaBackend::CopyToDevice(Slot& slot, char* dst,
       ++source;
       taken = 0;
     }
-    if (source == sources.size()) return absl::OkStatus();
-    const size_t r = slot.staging.next++ % slot.staging.size();
-    CUDA_TRY(slot, kEvent, cudaEventSynchronize(slot.staging.free_event(r)));
+    if (source == sources.size()) return cudaSuccess;
+    const size_t r = ring.next++ % ring.size();
+    if (cudaError_t e = HGEMM_CUDA(kEvent, cudaEventSynchronize(ring.free_event(r)));
+        e != cudaSuccess) {
+      *call = "cudaEventSynchronize (a staging piece)";
+      return e;
+    }
     size_t filled = 0;
-    while (filled < piece && source < sources.size()) {
-      const size_t n = std::min(piece - filled, sources[source].bytes - taken);
-      std::memcpy(slot.staging.piece(r) + filled, sources[source].host + taken, n);
+    while (filled < piece_bytes && source < sources.size()) {
+      const size_t n = std::min(piece_bytes - filled, sources[source].bytes - taken);
+      std::memcpy(ring.piece(r) + filled, sources[source].host + taken, n);
       filled += n;
       taken += n;
       if (taken == sources[source].bytes) {
@@ -675,12 +737,67 @@ absl::Status CudaBackend::CopyToDevice(Slot& slot, char* dst,
         taken = 0;
       }
     }
-    CUDA_TRY(slot, kCopyToDevice,
-             cudaMemcpyAsync(dst + offset, slot.staging.piece(r), filled, cudaMemcpyHostToDevice,
-                             slot.stream));
-    CUDA_TRY(slot, kEvent, cudaEventRecord(slot.staging.free_event(r), slot.stream));
+    if (cudaError_t e = HGEMM_CUDA(
+            kCopyToDevice,
+            cudaMemcpyAsync(dst + offset, ring.piece(r), filled, cudaMemcpyHostToDevice, stream));
+        e != cudaSuccess) {
+      *call = "cudaMemcpyAsync (host to device)";
+      return e;
+    }
+    if (cudaError_t e = HGEMM_CUDA(kEvent, cudaEventRecord(ring.free_event(r), stream));
+        e != cudaSuccess) {
+      *call = "cudaEventRecord (a staging piece)";
+      return e;
+    }
     offset += filled;
   }
+}
+
+cudaError_t CudaBackend::StageToHost(PinnedStagingRing& ring, cudaStream_t stream,
+                                     size_t piece_bytes, char* dst, const char* src, size_t bytes,
+                                     const char** call) {
+  const size_t pieces = (bytes + piece_bytes - 1) / piece_bytes;
+  size_t issued = 0;
+  for (size_t landed = 0; landed < pieces; ++landed) {
+    for (; issued < pieces && issued < landed + ring.size(); ++issued) {
+      const size_t at = issued * piece_bytes, r = issued % ring.size();
+      if (cudaError_t e = HGEMM_CUDA(kCopyToHost, cudaMemcpyAsync(ring.piece(r), src + at,
+                                                                  std::min(piece_bytes, bytes - at),
+                                                                  cudaMemcpyDeviceToHost, stream));
+          e != cudaSuccess) {
+        *call = "cudaMemcpyAsync (device to host)";
+        return e;
+      }
+      if (cudaError_t e = HGEMM_CUDA(kEvent, cudaEventRecord(ring.free_event(r), stream));
+          e != cudaSuccess) {
+        *call = "cudaEventRecord (a staging piece)";
+        return e;
+      }
+    }
+    const size_t at = landed * piece_bytes, r = landed % ring.size();
+    if (cudaError_t e = HGEMM_CUDA(kEvent, cudaEventSynchronize(ring.free_event(r)));
+        e != cudaSuccess) {
+      *call = "cudaEventSynchronize (a staging piece)";
+      return e;
+    }
+    std::memcpy(dst + at, ring.piece(r), std::min(piece_bytes, bytes - at));
+  }
+  return cudaSuccess;
+}
+
+absl::Status CudaBackend::CopyToDevice(Slot& slot, char* dst, const char* src, size_t bytes) {
+  return CopyToDevice(slot, dst, {HostSource{src, bytes}});
+}
+
+absl::Status CudaBackend::CopyToDevice(Slot& slot, char* dst,
+                                       const std::vector<HostSource>& sources) {
+  const char* call = "";
+  if (cudaError_t e = StageToDevice(slot.staging, slot.stream, size_t(options_.staging_piece_bytes),
+                                    dst, sources, &call);
+      e != cudaSuccess) {
+    return Fail(slot, e, call);
+  }
+  return absl::OkStatus();
 }
 
 // Host → pinned piece → device for rows that are `dst_pitch` apart on the device (a member's

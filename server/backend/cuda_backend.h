@@ -6,11 +6,13 @@
 // piece by piece (host copies overlap the DMA), and timing events (CudaSlot, cuda_slot.h, with
 // its PinnedStagingRing). Resident matrices and kept results come from a per-device cache of
 // freed buffers, within the device's memory budget (DeviceMemory, device_memory.h; the device
-// itself: CudaDevice, cuda_device.h). Slots of one device run concurrently, so one request's
-// copies overlap another's kernel. A scheduler's batch (Backend::RunBatch) runs as one GEMM on
-// a slot whose members' rows are copied straight between their own memory (host, pinned or
-// device) and the slot's buffers, with no gather or scatter pass through host memory. A device
-// is used if it has the compute capability every registry variant needs (VariantInfo::min_sm).
+// itself: CudaDevice, cuda_device.h); their uploads and downloads are staged through pinned
+// rings too, each lent with a stream of its own to one copy at a time (as many as copy at once).
+// Slots of one device run concurrently, so one request's copies overlap another's kernel. A
+// scheduler's batch (Backend::RunBatch) runs as one GEMM on a slot whose members' rows are
+// copied straight between their own memory (host, pinned or device) and the slot's buffers,
+// with no gather or scatter pass through host memory. A device is used if it has the compute
+// capability every registry variant needs (VariantInfo::min_sm).
 // Thread safety: see Backend.
 #ifndef HGEMM_SERVER_BACKEND_CUDA_BACKEND_H_
 #define HGEMM_SERVER_BACKEND_CUDA_BACKEND_H_
