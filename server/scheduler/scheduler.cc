@@ -33,16 +33,31 @@ Scheduler::Scheduler(Backend* backend, const SchedulerOptions& options)
 
 Scheduler::~Scheduler() { Shutdown(); }
 
-absl::Status Scheduler::CheckSize(const GemmShape& shape) const {
-  const int64_t bytes = shape.Bytes();
-  if (bytes > options_.max_queued_bytes || bytes > backend_->MaxJobBytes()) {
-    // The smaller of the two is the one passed.
-    const bool queue_limit = options_.max_queued_bytes <= backend_->MaxJobBytes();
+namespace {
+
+// What a GEMM counts against --max_queued_bytes: its bytes less its resident operands.
+int64_t AdmittedBytes(const GemmShape& shape, ResidentOperandFlags resident) {
+  return shape.Bytes() - (resident.a ? shape.ABytes() : 0) - (resident.b ? shape.BBytes() : 0) -
+         (resident.c_in ? shape.CInBytes() : 0);
+}
+
+}  // namespace
+
+absl::Status Scheduler::CheckSize(const GemmShape& shape, ResidentOperandFlags resident) const {
+  const int64_t bytes = shape.Bytes(), admitted = AdmittedBytes(shape, resident);
+  if (admitted > options_.max_queued_bytes) {
     return status::OverLimit(
-        queue_limit ? "max_queued_bytes" : "device_memory",
+        "max_queued_bytes",
+        fmt::format("the GEMM brings {} bytes of operands and result; this server queues at most "
+                    "{} (--max_queued_bytes)",
+                    admitted, options_.max_queued_bytes));
+  }
+  if (bytes > backend_->MaxJobBytes()) {
+    return status::OverLimit(
+        "device_memory",
         fmt::format("the GEMM needs {} bytes of operands and result; this server takes at most "
                     "{} per GEMM",
-                    bytes, std::min(options_.max_queued_bytes, backend_->MaxJobBytes())));
+                    bytes, backend_->MaxJobBytes()));
   }
   return absl::OkStatus();
 }
@@ -67,21 +82,10 @@ int Scheduler::LeastLoadedDeviceLocked() const {
   return PickLeastLoaded(loads);
 }
 
-namespace {
-
-// What a queued GEMM counts against --max_queued_bytes: its bytes less its operands resident on
-// a device, which the resident store counts once (many GEMMs queued on one resident B would
-// otherwise fill the budget with copies of B that nobody stages).
-int64_t AdmittedBytes(const GemmJob& job) {
-  return job.shape.Bytes() - (job.a_resident ? job.shape.ABytes() : 0) -
-         (job.b_resident ? job.shape.BBytes() : 0) - (job.c_in_resident ? job.shape.CInBytes() : 0);
-}
-
-}  // namespace
-
 absl::Status Scheduler::Enqueue(GemmJob job, GemmDone done) {
-  if (absl::Status s = CheckSize(job.shape); !s.ok()) return s;
-  const int64_t bytes = AdmittedBytes(job);
+  const ResidentOperandFlags resident = ResidentOperandFlags::Of(job);
+  if (absl::Status s = CheckSize(job.shape, resident); !s.ok()) return s;
+  const int64_t bytes = AdmittedBytes(job.shape, resident);
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (stopping_) return status::ShuttingDown();
@@ -226,7 +230,7 @@ void Scheduler::GatherLocked(DeviceQueue& device, std::unique_lock<std::mutex>& 
       grown.m += it->job.shape.m;
       // batch->front() is read anew: the vector moves as it grows.
       if (!SameBatch(batch->front().job, it->job) || grown.m > options_.max_batch_rows ||
-          !CheckSize(grown).ok()) {
+          !CheckSize(grown, ResidentOperandFlags::Of(batch->front().job)).ok()) {
         ++it;
         continue;
       }
@@ -389,7 +393,7 @@ void Scheduler::Finish(int slot, Entry& entry, const absl::Status& result, GemmR
     std::lock_guard<std::mutex> lock(mu_);
     devices_[backend_->SlotDevice(slot)].running--;
     completed_total_++;
-    admitted_bytes_ -= AdmittedBytes(job);
+    admitted_bytes_ -= AdmittedBytes(job.shape, ResidentOperandFlags::Of(job));
   }
   try {
     entry.done(result, report);

@@ -57,6 +57,20 @@
 
 namespace hgemm {
 
+// Which operands of a GEMM are resident on a device: queued GEMMs share them, so they count
+// once, in the resident store, not against --max_queued_bytes per GEMM.
+struct ResidentOperandFlags {
+  bool a = false;
+  bool b = false;
+  bool c_in = false;
+
+  static ResidentOperandFlags Of(const GemmJob& job) {
+    return {.a = job.a_resident != nullptr,
+            .b = job.b_resident != nullptr,
+            .c_in = job.c_in_resident != nullptr};
+  }
+};
+
 struct SchedulerOptions {
   // Jobs admitted but not yet running, over all devices; more → UNAVAILABLE.
   int64_t max_queued_requests = 256;
@@ -113,8 +127,10 @@ class Scheduler {
   absl::Status Enqueue(GemmJob job, GemmDone done);
 
   // RESOURCE_EXHAUSTED if a GEMM of `shape` is larger than one job may be (Enqueue says the
-  // same); lets a stream refuse a GEMM before its operands arrive.
-  absl::Status CheckSize(const GemmShape& shape) const;
+  // same): all its bytes past the device's limit, or those it brings (less its `resident`
+  // operands, which the resident store counts) past --max_queued_bytes. Lets a GEMM be refused
+  // before its operands arrive or its C is made.
+  absl::Status CheckSize(const GemmShape& shape, ResidentOperandFlags resident) const;
 
   // The device (Backend::Devices() index) a job that is not pinned would go to now: a healthy
   // one while there is one.

@@ -221,6 +221,26 @@ TEST(Scheduler, ResidentOperandsDoNotCountAgainstTheByteBudget) {
   EXPECT_EQ(scheduler.GetStats().admitted_bytes, 0);
 }
 
+// The size limit reads the queue budget as admission does: a GEMM larger than
+// --max_queued_bytes only by its resident B is admitted; by what it brings, refused.
+TEST(Scheduler, TheQueueSizeLimitLeavesResidentOperandsOut) {
+  GatedBackend backend(1, 1);
+  const GemmShape shape = Job().shape;
+  Scheduler scheduler(&backend, {.max_queued_bytes = shape.Bytes() - 1, .batching = false});
+  const absl::Status sent = scheduler.CheckSize(shape, {});
+  EXPECT_EQ(sent.code(), absl::StatusCode::kResourceExhausted) << sent;
+  EXPECT_NE(sent.message().find("--max_queued_bytes"), std::string::npos) << sent;
+  EXPECT_TRUE(scheduler.CheckSize(shape, {.b = true}).ok());
+  GemmJob job = Job();
+  job.b_resident = std::make_shared<ResidentBuffer>(0, shape.BBytes(), nullptr, [](void*) {});
+  Results results;
+  ASSERT_TRUE(scheduler.Enqueue(job, results.Callback()).ok());
+  EXPECT_EQ(scheduler.Enqueue(Job(), results.Callback()).code(),
+            absl::StatusCode::kResourceExhausted);
+  backend.Open();
+  results.WaitFor(1);
+}
+
 TEST(Scheduler, LargerThanBackendTakesIsResourceExhausted) {
   GatedBackend backend(1, 1);
   Scheduler scheduler(&backend, {});

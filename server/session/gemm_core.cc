@@ -75,7 +75,13 @@ absl::Status GemmCore::Admit(const std::string& owner, GemmOrder order, Admitted
   GemmJob& job = gemm.job_;
   job.owner = RegionStore::Account(owner);
   // Before C's buffer is made: the size limits say whether it may be.
-  if (absl::Status s = scheduler_->CheckSize(job.shape); !s.ok()) return s;
+  if (absl::Status s =
+          scheduler_->CheckSize(job.shape, {.a = order.a.kind == Kind::kResident,
+                                            .b = order.b.kind == Kind::kResident,
+                                            .c_in = order.c_in.kind == Kind::kResident});
+      !s.ok()) {
+    return s;
+  }
   const bool keep_c = order.c.kind == ResultSink::Kind::kKeepResident;
   // Without beta, C_in is never read: whatever the order names for it is left alone.
   if (!job.shape.c_input) order.c_in = OperandSource::None();
