@@ -148,6 +148,7 @@ class CudaBackend final : public Backend {
       }
       // Kept before its slots are made: a slot that fails to start is torn down with the rest.
       devices_.push_back(std::move(device));
+      stagers_made_.push_back(0);
       idle_stagers_.emplace_back();
       for (int s = 0; s < options_.streams_per_device; ++s) {
         auto slot = std::make_unique<Slot>(devices_.back().get(), s);
@@ -290,8 +291,9 @@ class CudaBackend final : public Backend {
   // Waits for slot.kernel_done of a kernel of `flops` (see CudaBackendOptions::completion_spin).
   cudaError_t WaitForKernel(const Slot& slot, double flops) const;
   // A stream and a pinned staging ring through which one thread at a time copies between
-  // pageable host memory and resident matrices. The driver's own staging of pageable memory
-  // copies in small synchronous steps, at a fraction of the link's speed.
+  // pageable host memory and resident matrices: the driver's own staging of pageable memory
+  // moved 8192³'s operands over the bulk channel at 5 GB/s where this moved them at 9
+  // (docs/data_plane.md, "Staging resident copies").
   struct ResidentStager {
     ResidentStager() = default;
     ResidentStager(const ResidentStager&) = delete;
@@ -300,12 +302,25 @@ class CudaBackend final : public Backend {
     cudaStream_t stream = nullptr;
     PinnedStagingRing staging;  // after `stream`: freed once the stream has finished
   };
-  // A copy through a stager: returns the first failed CUDA call's error (and the call in
-  // *call) or cudaSuccess; its copies may still be in flight either way.
-  using StagedCopy = std::function<cudaError_t(ResidentStager&, const char** call)>;
-  // Runs `copy` (an "upload" or "download" of a resident matrix on device `device_index`) on a
-  // stager of that device, lent from an idle list (made when none is idle), and waits for it.
-  absl::Status CopyResident(int device_index, const char* direction, const StagedCopy& copy);
+  // Copies of fewer bytes go straight to the driver: staging gains them nothing, and they would
+  // hold stagers that large copies need.
+  static constexpr int64_t kMinStagedBytes = int64_t{1} << 20;
+  // Stagers a device lends at most (each pins kStagerPieces × kStagerPieceBytes of host
+  // memory); a copy that finds none idle goes straight to the driver rather than wait.
+  static constexpr int kStagersPerDevice = 8;
+  static constexpr int kStagerPieces = 2;
+  static constexpr int64_t kStagerPieceBytes = int64_t{4} << 20;  // a bulk chunk
+  // A copy of a resident matrix's bytes on `stream`: through `ring`'s pinned pieces, or (ring
+  // null) by the driver from pageable memory. Returns the first failed CUDA call's error (and
+  // the call in *call) or cudaSuccess; its copies may still be in flight either way.
+  using ResidentCopy =
+      std::function<cudaError_t(cudaStream_t stream, PinnedStagingRing* ring, const char** call)>;
+  // Runs `copy` (an "upload" or "download" of `bytes` of a resident matrix on device
+  // `device_index`) and waits for it: on a stager of that device, lent from its idle list (made
+  // while it has fewer than kStagersPerDevice), or on the calling thread's default stream
+  // (cudaStreamPerThread: copies of several threads do not wait for each other).
+  absl::Status CopyResident(int device_index, const char* direction, int64_t bytes,
+                            const ResidentCopy& copy);
   // The sources' bytes, back to back from `dst` on `stream`, through `ring`'s pinned pieces of
   // `piece_bytes` (several sources to a piece): copying piece i+1 on the host overlaps the DMA
   // of piece i; a piece is reused once the event recorded after its copy has fired. Returns the
@@ -352,8 +367,10 @@ class CudaBackend final : public Backend {
   std::vector<std::unique_ptr<Slot>> slots_;
   std::vector<int> slot_device_index_;
   verify::ResidentBCache<DeviceBSide> b_sides_;
-  std::mutex idle_stagers_mu_;
-  std::vector<std::vector<std::unique_ptr<ResidentStager>>> idle_stagers_;  // by device index
+  std::mutex stagers_mu_;
+  // By device index: the stagers made, and those of them idle.
+  std::vector<int> stagers_made_;
+  std::vector<std::vector<std::unique_ptr<ResidentStager>>> idle_stagers_;
 };
 
 // `expr` (a CUDA call of class `site`, FaultSite) or return its failure (Fail).
@@ -467,12 +484,30 @@ absl::Status CudaBackend::WriteResidentPieces(ResidentBuffer& buffer, int64_t of
                                               const std::vector<std::string_view>& pieces) {
   b_sides_.Forget(&buffer);
   std::vector<HostSource> sources;
-  for (std::string_view piece : pieces) sources.push_back({piece.data(), piece.size()});
+  int64_t bytes = 0;
+  for (std::string_view piece : pieces) {
+    sources.push_back({piece.data(), piece.size()});
+    bytes += int64_t(piece.size());
+  }
   char* dst = static_cast<char*>(buffer.data) + offset;
   return CopyResident(
-      buffer.device_index, "upload", [&](ResidentStager& stager, const char** call) {
-        return StageToDevice(stager.staging, stager.stream, size_t(options_.staging_piece_bytes),
-                             dst, sources, call);
+      buffer.device_index, "upload", bytes,
+      [&](cudaStream_t stream, PinnedStagingRing* ring, const char** call) {
+        if (ring != nullptr) {
+          return StageToDevice(*ring, stream, size_t(kStagerPieceBytes), dst, sources, call);
+        }
+        *call = "cudaMemcpyAsync (host to device)";
+        size_t at = 0;
+        for (const HostSource& source : sources) {
+          if (cudaError_t e =
+                  HGEMM_CUDA(kCopyToDevice, cudaMemcpyAsync(dst + at, source.host, source.bytes,
+                                                            cudaMemcpyHostToDevice, stream));
+              e != cudaSuccess) {
+            return e;
+          }
+          at += source.bytes;
+        }
+        return cudaSuccess;
       });
 }
 
@@ -483,10 +518,17 @@ absl::Status CudaBackend::ReadResident(const ResidentBuffer& buffer, void* host)
 absl::Status CudaBackend::ReadResidentRange(const ResidentBuffer& buffer, int64_t offset,
                                             int64_t bytes, void* host) {
   const char* src = static_cast<const char*>(buffer.data) + offset;
+  char* dst = static_cast<char*>(host);
   return CopyResident(
-      buffer.device_index, "download", [&](ResidentStager& stager, const char** call) {
-        return StageToHost(stager.staging, stager.stream, size_t(options_.staging_piece_bytes),
-                           static_cast<char*>(host), src, size_t(bytes), call);
+      buffer.device_index, "download", bytes,
+      [&](cudaStream_t stream, PinnedStagingRing* ring, const char** call) {
+        if (ring != nullptr) {
+          return StageToHost(*ring, stream, size_t(kStagerPieceBytes), dst, src, size_t(bytes),
+                             call);
+        }
+        *call = "cudaMemcpyAsync (device to host)";
+        return HGEMM_CUDA(kCopyToHost,
+                          cudaMemcpyAsync(dst, src, size_t(bytes), cudaMemcpyDeviceToHost, stream));
       });
 }
 
@@ -646,8 +688,6 @@ absl::Status CudaBackend::OpenIpcMemory(const std::string& ipc_handle, const std
   return absl::OkStatus();
 }
 
-// Runs on the calling thread's own default stream (cudaStreamPerThread), so that copies from
-// several threads, and the slots' streams, do not wait for each other.
 CudaBackend::ResidentStager::~ResidentStager() {
   if (stream != nullptr) {
     cudaStreamSynchronize(stream);
@@ -655,43 +695,52 @@ CudaBackend::ResidentStager::~ResidentStager() {
   }
 }
 
-absl::Status CudaBackend::CopyResident(int device_index, const char* direction,
-                                       const StagedCopy& copy) {
+absl::Status CudaBackend::CopyResident(int device_index, const char* direction, int64_t bytes,
+                                       const ResidentCopy& copy) {
   Device& device = *devices_[device_index];
   if (!device.healthy) return Refused(device);
   cudaSetDevice(device.ordinal);
   std::unique_ptr<ResidentStager> stager;
-  {
-    std::lock_guard<std::mutex> lock(idle_stagers_mu_);
+  bool make_stager = false;
+  if (bytes >= kMinStagedBytes) {
+    std::lock_guard<std::mutex> lock(stagers_mu_);
     auto& idle = idle_stagers_[size_t(device_index)];
     if (!idle.empty()) {
       stager = std::move(idle.back());
       idle.pop_back();
+    } else if (stagers_made_[size_t(device_index)] < kStagersPerDevice) {
+      ++stagers_made_[size_t(device_index)];
+      make_stager = true;
     }
   }
-  if (stager == nullptr) {
+  if (make_stager) {
     stager = std::make_unique<ResidentStager>();
     std::string error = CheckCuda(cudaStreamCreateWithFlags(&stager->stream, cudaStreamNonBlocking),
                                   device.ordinal, "cudaStreamCreate");
     if (error.empty()) {
-      error = stager->staging.Init(options_.staging_buffers, options_.staging_piece_bytes,
-                                   stager->stream, device.ordinal);
+      error =
+          stager->staging.Init(kStagerPieces, kStagerPieceBytes, stager->stream, device.ordinal);
     }
     if (!error.empty()) {
+      // This copy goes straight to the driver; a later one may make the stager.
+      spdlog::warn("device {}: a staging stream for resident copies: {}", device.ordinal, error);
       cudaGetLastError();
-      return status::BackendFailure(
-          fmt::format("{} of a resident matrix: a staging stream: {}", direction, error));
+      stager.reset();
+      std::lock_guard<std::mutex> lock(stagers_mu_);
+      --stagers_made_[size_t(device_index)];
     }
   }
+  const cudaStream_t stream = stager != nullptr ? stager->stream : cudaStreamPerThread;
   const char* call = "";
-  cudaError_t e = copy(*stager, &call);
+  cudaError_t e = copy(stream, stager != nullptr ? &stager->staging : nullptr, &call);
   // Synchronized even after a failed call: nothing of this copy may be in flight on return.
-  if (cudaError_t synced = cudaStreamSynchronize(stager->stream); e == cudaSuccess) {
+  if (cudaError_t synced = cudaStreamSynchronize(stream);
+      e == cudaSuccess && synced != cudaSuccess) {
     e = synced;
     call = "cudaStreamSynchronize";
   }
-  {
-    std::lock_guard<std::mutex> lock(idle_stagers_mu_);
+  if (stager != nullptr) {
+    std::lock_guard<std::mutex> lock(stagers_mu_);
     idle_stagers_[size_t(device_index)].push_back(std::move(stager));
   }
   // A download that completed after the device failed (another thread's fault) is not

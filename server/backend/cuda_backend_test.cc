@@ -468,30 +468,65 @@ TEST_F(CudaBackendTest, GroupedGemmsMatchFloat64) {
   }
 }
 
-TEST_F(CudaBackendTest, PiecesLandOneAfterTheOther) {
-  // A chunk as gRPC's slices: gathered on the upload thread, copied to the device at once.
-  std::shared_ptr<ResidentBuffer> buffer;
-  ASSERT_TRUE(backend_->AllocateResident(0, 1 << 20, &buffer).ok());
-  const std::string poison(1 << 20, '\x7f');
-  ASSERT_TRUE(backend_->WriteResident(*buffer, 0, poison.data(), buffer->bytes).ok());
-  std::mt19937_64 rng(5);
-  std::string bytes(300000, '\0');
-  for (char& c : bytes) c = char(rng() | 1);                           // never all zeros
-  for (size_t slice : {size_t{300000}, size_t{8192}, size_t{1000}}) {  // one piece, and many
-    std::vector<std::string_view> pieces;
-    for (size_t at = 0; at < bytes.size(); at += slice) {
-      pieces.push_back(std::string_view(bytes).substr(at, slice));
-    }
-    const int64_t offset = 4096 + int64_t(slice);
-    ASSERT_TRUE(backend_->WriteResidentPieces(*buffer, offset, pieces).ok());
-    std::string stored(bytes.size(), '\0');
-    ASSERT_TRUE(
-        backend_->ReadResidentRange(*buffer, offset, int64_t(bytes.size()), stored.data()).ok());
-    EXPECT_EQ(stored, bytes) << slice;
-    std::string before(4096, '\0');
-    ASSERT_TRUE(backend_->ReadResidentRange(*buffer, 0, 4096, before.data()).ok());
-    EXPECT_EQ(before, poison.substr(0, 4096));
+// `bytes` random bytes written into `buffer` at `offset` as slices of `slice` bytes, then read
+// back from there: what was written, with the 4096 bytes before it still `poison`.
+void ExpectPiecesLandOneAfterTheOther(Backend& backend, ResidentBuffer& buffer,
+                                      const std::string& poison, size_t bytes, size_t slice,
+                                      int64_t offset, uint64_t seed) {
+  SCOPED_TRACE(testing::Message() << bytes << " bytes in slices of " << slice);
+  std::mt19937_64 rng(seed);
+  std::string data(bytes, '\0');
+  for (char& c : data) c = char(rng() | 1);  // never all zeros
+  std::vector<std::string_view> pieces;
+  for (size_t at = 0; at < data.size(); at += slice) {
+    pieces.push_back(std::string_view(data).substr(at, slice));
   }
+  ASSERT_TRUE(backend.WriteResidentPieces(buffer, offset, pieces).ok());
+  std::string stored(data.size(), '\0');
+  ASSERT_TRUE(backend.ReadResidentRange(buffer, offset, int64_t(data.size()), stored.data()).ok());
+  EXPECT_TRUE(stored == data);
+  std::string before(4096, '\0');
+  ASSERT_TRUE(backend.ReadResidentRange(buffer, offset - 4096, 4096, before.data()).ok());
+  EXPECT_EQ(before, poison.substr(0, 4096));
+}
+
+TEST_F(CudaBackendTest, PiecesLandOneAfterTheOther) {
+  // Chunks as gRPC's slices. Under 1 MiB the driver copies them; from 1 MiB they go through a
+  // pinned stager's 4 MiB pieces (9 MiB: both pieces, one twice; slices across their edges).
+  const int64_t capacity = int64_t{12} << 20;
+  std::shared_ptr<ResidentBuffer> buffer;
+  ASSERT_TRUE(backend_->AllocateResident(0, capacity, &buffer).ok());
+  const std::string poison(size_t(capacity), '\x7f');
+  uint64_t seed = 5;
+  for (size_t bytes : {size_t{300000}, size_t{9 << 20} + 12345}) {
+    for (size_t slice : {bytes, size_t{1} << 20, size_t{8192} + 3}) {  // one piece, and many
+      ASSERT_TRUE(backend_->WriteResident(*buffer, 0, poison.data(), buffer->bytes).ok());
+      ExpectPiecesLandOneAfterTheOther(*backend_, *buffer, poison, bytes, slice,
+                                       4096 + int64_t(slice % 4096), seed++);
+    }
+  }
+}
+
+// More large copies at once than a device lends stagers: those that find none idle go to the
+// driver, and every copy lands whole, in its own range.
+TEST_F(CudaBackendTest, ConcurrentLargeCopiesAllLand) {
+  constexpr int kThreads = 12;
+  constexpr int64_t kBytes = int64_t{3} << 20;
+  std::shared_ptr<ResidentBuffer> buffer;
+  ASSERT_TRUE(backend_->AllocateResident(0, kThreads * (kBytes + 4096), &buffer).ok());
+  const std::string poison(size_t(buffer->bytes), '\x7f');
+  ASSERT_TRUE(backend_->WriteResident(*buffer, 0, poison.data(), buffer->bytes).ok());
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int round = 0; round < 3; ++round) {
+        ExpectPiecesLandOneAfterTheOther(*backend_, *buffer, poison, size_t(kBytes),
+                                         size_t{1} << 20, 4096 + t * (kBytes + 4096),
+                                         uint64_t(100 * t + round));
+      }
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
 }
 
 // Backend::RunBatch on the GPU (the scheduler's batches): members of different m against one
