@@ -72,9 +72,11 @@ TEST_F(PartsTest, RunSendsOddShapesAsPartsAndLeavesNothingBehind) {
     v1::GemmRequest r = RandomRequest(m, n, k, rng_);
     ASSERT_TRUE(GemmClient::ShouldSendParts(r, As("alice")));
     v1::GemmResponse response;
-    response.set_c(RandomBytes(2 * m * n));  // poison: every byte must be the server's
+    // Poison, C's size or longer: Run writes C into this buffer, every byte the server's.
+    response.set_c(RandomBytes(2 * m * n + (m % 2) * 1000));
     grpc::Status s = client_->Run(r, &response, As("alice"));
     ASSERT_TRUE(s.ok()) << s.error_message();
+    ASSERT_EQ(response.c().size(), 2 * m * n);
     EXPECT_LT(RelativeErrorOfC(r, response.c()), kServiceTolerance.fp32_acc)
         << m << "x" << n << "x" << k;
     EXPECT_FALSE(response.has_c_matrix());
