@@ -133,6 +133,16 @@ TEST(DownloadFromALyingServer, ChunksOutsideTheRangeAskedForAreRefused) {
   }
 }
 
+TEST(DownloadFromALyingServer, ARangeAnsweredShortIsAnError) {
+  std::string buffer;
+  uint64_t received = 0;
+  const grpc::Status s = DownloadFromLiar({{100, std::string(16, 'a')}}, &buffer, &received);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INTERNAL) << s.error_message();
+  EXPECT_NE(s.error_message().find("sent 16 of the 32 bytes asked for"), std::string::npos)
+      << s.error_message();
+  EXPECT_EQ(received, 16u);
+}
+
 TEST(DownloadFromALyingServer, ChunksInTheRangeLandAtTheBuffersStart) {
   std::string buffer;
   uint64_t received = 0;

@@ -225,6 +225,11 @@ grpc::Status GemmClient::DownloadOn(const Route& route, const std::string& handl
   grpc::Status status = stream->Finish();
   if (received != nullptr) *received = download.written;
   if (!download.problem.empty()) return grpc::Status(download.code, download.problem);
+  if (status.ok() && length != 0 && download.written != length) {
+    return grpc::Status(
+        grpc::StatusCode::INTERNAL,
+        fmt::format("the server sent {} of the {} bytes asked for", download.written, length));
+  }
   return ExplainUnreachable(status, route.replica, route.channel.get());
 }
 
