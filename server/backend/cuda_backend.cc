@@ -496,18 +496,19 @@ absl::Status CudaBackend::WriteResidentPieces(ResidentBuffer& buffer, int64_t of
         if (ring != nullptr) {
           return StageToDevice(*ring, stream, size_t(kStagerPieceBytes), dst, sources, call);
         }
-        *call = "cudaMemcpyAsync (host to device)";
-        size_t at = 0;
-        for (const HostSource& source : sources) {
-          if (cudaError_t e =
-                  HGEMM_CUDA(kCopyToDevice, cudaMemcpyAsync(dst + at, source.host, source.bytes,
-                                                            cudaMemcpyHostToDevice, stream));
-              e != cudaSuccess) {
-            return e;
-          }
-          at += source.bytes;
+        // One device copy for the chunk, not one per slice: each pageable copy is a call and a
+        // wait. The thread's buffer is reused: no allocation once it has grown to a chunk.
+        if (bytes == 0) return cudaSuccess;
+        thread_local std::string gathered;
+        const char* host = sources.front().host;
+        if (sources.size() > 1) {
+          gathered.clear();
+          for (const HostSource& source : sources) gathered.append(source.host, source.bytes);
+          host = gathered.data();
         }
-        return cudaSuccess;
+        *call = "cudaMemcpyAsync (host to device)";
+        return HGEMM_CUDA(kCopyToDevice, cudaMemcpyAsync(dst, host, size_t(bytes),
+                                                         cudaMemcpyHostToDevice, stream));
       });
 }
 
