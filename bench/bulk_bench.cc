@@ -7,6 +7,9 @@
 // The server needs --bulk_listen for the bulk rows. Prints one row per path and lane count:
 // the median exchange, its GB/s (A + B + C bytes over the exchange's wall time), and the
 // client's CPU per exchange (and the server's, given its pid on this host).
+// --gemm adds, per path and lane count, where one whole remote GEMM's time goes: GemmClient::Run
+// timed as a caller sees it, and the steps Run takes timed one by one (transient uploads, their
+// bytes, the GEMM keeping C, C's bytes, C's release).
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -148,6 +151,103 @@ Exchange Move(const GemmClient& client, const std::string& path, int lanes, cons
           ProcessCpuMs(server_pid) - server_cpu_start};
 }
 
+double MsSince(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+      .count();
+}
+
+// One remote GEMM by the steps GemmClient::Run takes with parallel parts, each timed: A and B
+// created as transient uploads, their bytes sent, the GEMM run keeping C as a transient matrix,
+// C's bytes fetched, C released.
+struct Steps {
+  double create_ms = 0, put_ms = 0, gemm_ms = 0, get_ms = 0, release_ms = 0, server_ms = 0;
+  double total() const { return create_ms + put_ms + gemm_ms + get_ms + release_ms; }
+};
+
+Steps RunSteps(const GemmClient& client, const std::string& path, int lanes, const GemmDims& d,
+               const std::string& a, const std::string& b, std::string* c,
+               const CallOptions& options) {
+  Steps steps;
+  auto start = std::chrono::steady_clock::now();
+  std::vector<std::string> handles;
+  for (auto [rows, cols] : {std::pair{d.m, d.k}, std::pair{d.k, d.n}}) {
+    v1::MatrixInfo info;
+    Check(client.CreateUpload(rows, cols, v1::DATA_TYPE_FP16, true, &info, options),
+          "CreateUpload");
+    handles.push_back(info.handle());
+  }
+  steps.create_ms = MsSince(start);
+  start = std::chrono::steady_clock::now();
+  const std::string* bytes[2] = {&a, &b};
+  Check(Together(2,
+                 [&](int i) {
+                   if (path == "bulk") {
+                     return client.BulkPut(handles[i], 0, bytes[i]->data(), bytes[i]->size(), lanes,
+                                           options);
+                   }
+                   return Together(lanes, [&](int route) {
+                     const auto [begin, end] = Share(bytes[i]->size(), lanes, route);
+                     if (begin == end) return grpc::Status::OK;
+                     return client.UploadPart(handles[i], begin, bytes[i]->data() + begin,
+                                              end - begin, route, options);
+                   });
+                 }),
+        "upload");
+  steps.put_ms = MsSince(start);
+  start = std::chrono::steady_clock::now();
+  v1::GemmRequest gemm;
+  gemm.set_m(d.m);
+  gemm.set_n(d.n);
+  gemm.set_k(d.k);
+  gemm.set_a_handle(handles[0]);
+  gemm.set_b_handle(handles[1]);
+  gemm.set_keep_c_resident(true);
+  gemm.set_c_transient(true);
+  v1::GemmResponse ran;
+  Check(client.Gemm(gemm, &ran, options), "Gemm");
+  steps.gemm_ms = MsSince(start);
+  steps.server_ms = ran.timing().server_total_ms();
+  const std::string c_handle = ran.c_matrix().handle();
+  start = std::chrono::steady_clock::now();
+  if (path == "bulk") {
+    Check(client.BulkGet(c_handle, 0, c->size(), c->data(), lanes, options), "BulkGet");
+  } else {
+    Check(Together(lanes,
+                   [&](int route) {
+                     const auto [begin, end] = Share(c->size(), lanes, route);
+                     if (begin == end) return grpc::Status::OK;
+                     return client.DownloadRange(c_handle, begin, end - begin, c->data() + begin,
+                                                 route, options);
+                   }),
+          "DownloadRange");
+  }
+  steps.get_ms = MsSince(start);
+  start = std::chrono::steady_clock::now();
+  Check(client.ReleaseMatrix(c_handle, options), "Release");
+  steps.release_ms = MsSince(start);
+  return steps;
+}
+
+// GemmClient::Run's wall time for one GEMM with parallel parts over `lanes` connections (bulk
+// or gRPC), C landing in the buffer of the response before.
+double RunMs(const GemmClient& client, const std::string& path, int lanes, const GemmDims& d,
+             const std::string& a, const std::string& b, v1::GemmResponse* response) {
+  v1::GemmRequest request;
+  request.set_m(d.m);
+  request.set_n(d.n);
+  request.set_k(d.k);
+  request.set_a(a);
+  request.set_b(b);
+  CallOptions options;
+  options.client_id = "bulk_bench";
+  options.parallel_parts = lanes;
+  options.parallel_min_bytes = 0;
+  options.bulk = path == "bulk";
+  const auto start = std::chrono::steady_clock::now();
+  Check(client.Run(request, response, options), "Run");
+  return MsSince(start);
+}
+
 double Median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
@@ -172,6 +272,9 @@ int Main(int argc, char** argv) {
                  "PEM CAs of a TLS server (gRPC and, with it, the bulk lanes are TLS)");
   app.add_option("--server_pid", server_pid,
                  "the server's process on this host: its CPU per exchange is reported too");
+  bool gemm = false;
+  app.add_flag("--gemm", gemm,
+               "also a whole GEMM per path and lane count: Run's time and its steps' times");
   CLI11_PARSE(app, argc, argv);
   GemmDims d;
   std::vector<int> lanes;
@@ -212,6 +315,33 @@ int Main(int argc, char** argv) {
     }
   }
   Check(client.ReleaseMatrix(c_info.handle(), options), "Release");
+  if (!gemm) return 0;
+  std::printf("\n%-16s %-5s %5s %9s %9s %9s %9s %9s %9s %9s %9s\n", "shape", "path", "lanes",
+              "run_ms", "steps_ms", "create", "put", "gemm", "server", "get", "release");
+  v1::GemmResponse response;
+  for (int n : lanes) {
+    for (size_t at = 0; at < paths.size();) {
+      const size_t comma = std::min(paths.find(',', at), paths.size());
+      const std::string path = paths.substr(at, comma - at);
+      at = comma + 1;
+      std::vector<double> run, total, create, put, gemm_ms, server_ms, get, release;
+      for (int r = 0; r < repeat; ++r) {
+        run.push_back(RunMs(client, path, n, d, a, b, &response));
+        const Steps s = RunSteps(client, path, n, d, a, b, &c, options);
+        total.push_back(s.total());
+        create.push_back(s.create_ms);
+        put.push_back(s.put_ms);
+        gemm_ms.push_back(s.gemm_ms);
+        server_ms.push_back(s.server_ms);
+        get.push_back(s.get_ms);
+        release.push_back(s.release_ms);
+      }
+      std::printf("%-16s %-5s %5d %9.1f %9.1f %9.1f %9.1f %9.1f %9.1f %9.1f %9.1f\n", shape.c_str(),
+                  path.c_str(), n, Median(run), Median(total), Median(create), Median(put),
+                  Median(gemm_ms), Median(server_ms), Median(get), Median(release));
+      std::fflush(stdout);
+    }
+  }
   return 0;
 }
 

@@ -20,7 +20,8 @@
 #   --bin DIR  where the binaries are (default: tools/gpu_e2e.sh's bundle, else bazel-bin)
 #   --certs DIR  made by tools/make_test_certs.sh (default: made now with openssl)
 # Env: POINTS ("SHAPE:CONCURRENCY ..."), PARTS (the --parallel_parts sweep), MAX_POINT_S (20),
-# MODES ("plaintext tls"). Writes $OUT (default ./out)/dataplane.csv, dataplane_tcp.txt and
+# MODES ("plaintext tls"), CHANNELS ("grpc bulk": the parts sweep BULK_PARTS (4,8) again against
+# a server with --bulk_listen, whose parts move their bytes over its lanes). Writes $OUT (default ./out)/dataplane.csv, dataplane_tcp.txt and
 # dataplane.md, the table: per point req/s, p50 and wire GB/s of each path, and the best raw-TCP
 # GB/s.
 set -euo pipefail
@@ -51,6 +52,8 @@ else
   window_flags=(--max_point_s="${MAX_POINT_S:-20}")
 fi
 modes=${MODES:-"plaintext tls"}
+channels=${CHANNELS:-"grpc bulk"}
+bulk_parts=${BULK_PARTS:-$( ((quick)) && echo 2 || echo 4,8)}
 
 pick_bundle_or_bin_dirs "$bin"
 server_bin=$(find_bin hgemm_server)
@@ -233,34 +236,41 @@ done
 csv=$out/dataplane.csv
 rm -f "$csv"
 for mode in $modes; do
-  server_flags=()
-  load_flags=(--server="127.0.0.1:$port" --verify=1 --wait_for_server_s=120)
-  # Parallel parts over gRPC (1: one Gemm call), then shared memory (parts do not apply).
-  sweeps=("--transport=grpc --parallel_parts=$parts")
-  if [[ $mode == tls ]]; then
-    server_flags+=(--tls_cert="$certs/server.pem" --tls_key="$certs/server.key")
-    load_flags+=(--tls_ca="$certs/ca.pem")
-  else
-    server_flags+=(--listen="unix:$socket" --allow_shared_memory)
-    load_flags+=(--shm_server="unix:$socket")
-    sweeps+=("--transport=shm")
-  fi
-  echo "== $mode"
-  start_server "$out/dataplane_server_$mode.log" "${server_flags[@]}"
-  for point in $points; do
-    IFS=: read -r shape concurrency <<<"$point"
-    for sweep in "${sweeps[@]}"; do
-      rows=$work/rows.csv
-      rm -f "$rows"
-      # shellcheck disable=SC2086
-      timeout 540 "$load_bin" "${load_flags[@]}" --shapes="$shape" --mode=unary \
-        --concurrency="$concurrency" "${window_flags[@]}" --csv="$rows" $sweep 2>&1 |
-        tee -a "$out/dataplane_load_$mode.log"
-      [[ -f $csv ]] || { printf 'security,'; head -1 "$rows"; } >"$csv"
-      tail -n +2 "$rows" | sed "s/^/$mode,/" >>"$csv"
+  for channel in $channels; do
+    server_flags=()
+    load_flags=(--server="127.0.0.1:$port" --verify=1 --wait_for_server_s=120)
+    # Parallel parts over gRPC (1: one Gemm call), then shared memory (parts do not apply).
+    sweeps=("--transport=grpc --parallel_parts=$parts")
+    if [[ $mode == tls ]]; then
+      server_flags+=(--tls_cert="$certs/server.pem" --tls_key="$certs/server.key")
+      load_flags+=(--tls_ca="$certs/ca.pem")
+    elif [[ $channel == grpc ]]; then
+      server_flags+=(--listen="unix:$socket" --allow_shared_memory)
+      load_flags+=(--shm_server="unix:$socket")
+      sweeps+=("--transport=shm")
+    fi
+    if [[ $channel == bulk ]]; then
+      # Parallel parts move their bytes over the bulk lanes when the server offers them.
+      server_flags+=(--bulk_listen="127.0.0.1:$((port + 1))")
+      sweeps=("--transport=grpc --parallel_parts=$bulk_parts")
+    fi
+    echo "== $mode, bytes over $channel"
+    start_server "$out/dataplane_server_${mode}_$channel.log" "${server_flags[@]}"
+    for point in $points; do
+      IFS=: read -r shape concurrency <<<"$point"
+      for sweep in "${sweeps[@]}"; do
+        rows=$work/rows.csv
+        rm -f "$rows"
+        # shellcheck disable=SC2086
+        timeout 540 "$load_bin" "${load_flags[@]}" --shapes="$shape" --mode=unary \
+          --concurrency="$concurrency" "${window_flags[@]}" --csv="$rows" $sweep 2>&1 |
+          tee -a "$out/dataplane_load_$mode.log"
+        [[ -f $csv ]] || { printf 'security,channel,'; head -1 "$rows"; } >"$csv"
+        tail -n +2 "$rows" | sed "s/^/$mode,$channel,/" >>"$csv"
+      done
     done
+    stop_server
   done
-  stop_server
 done
 
 python3 - "$csv" "$out/dataplane_tcp.txt" <<'PY' | tee "$out/dataplane.md"
@@ -278,6 +288,8 @@ print("| shape | conc | security | path | req/s | p50 ms | p99 ms | wire GB/s "
 print("|---|---|---|---|---|---|---|---|---|")
 for r in rows:
     path = "shm" if r["target"] == "shm" else r["mode"]
+    if r["channel"] == "bulk":
+        path = f"bulk {path}"
     print(f"| {r['shape']} | {r['concurrency']} | {r['security']} | {path} | "
           f"{float(r['requests_per_s']):.1f} | {float(r['p50_ms']):.2f} | "
           f"{float(r['p99_ms']):.2f} | "

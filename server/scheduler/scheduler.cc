@@ -10,6 +10,7 @@
 
 #include "server/core/logging.h"
 #include "server/core/status.h"
+#include "server/core/thread_name.h"
 
 namespace hgemm {
 
@@ -171,6 +172,7 @@ Scheduler::BatchStats Scheduler::GetBatchStats() const {
 }
 
 void Scheduler::WorkerLoop(int slot) {
+  NameThisThread(fmt::format("hgemm-slot{}", slot));
   DeviceQueue& device = devices_[backend_->SlotDevice(slot)];
   while (true) {
     std::vector<Entry> batch;  // the entry taken first, then those that joined it

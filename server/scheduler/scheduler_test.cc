@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <filesystem>
+#include <fstream>
 #include <future>
 #include <mutex>
 #include <set>
@@ -118,6 +120,26 @@ TEST(Scheduler, RunsJobsAndReportsQueueWait) {
     EXPECT_EQ(report.kernel, "gated");
     EXPECT_GE(report.server_total_ms, report.queue_wait_ms);
   }
+}
+
+// The kernel shows each slot's worker by name (top -H, /proc/PID/task/TID/comm).
+TEST(Scheduler, WorkersAreNamedBySlot) {
+  GatedBackend backend(1, 2);
+  Scheduler scheduler(&backend, {});
+  Results results;
+  for (int i = 0; i < 2; ++i) ASSERT_TRUE(scheduler.Enqueue(Job(), results.Callback()).ok());
+  backend.WaitRunning(2);  // both workers run a job: each has named itself
+  std::multiset<std::string> names;
+  for (const auto& task : std::filesystem::directory_iterator("/proc/self/task")) {
+    std::ifstream comm(task.path() / "comm");
+    std::string name;
+    std::getline(comm, name);
+    names.insert(name);
+  }
+  backend.Open();
+  results.WaitFor(2);
+  EXPECT_EQ(names.count("hgemm-slot0"), 1u);
+  EXPECT_EQ(names.count("hgemm-slot1"), 1u);
 }
 
 TEST(Scheduler, FullQueueIsUnavailableAndRecovers) {

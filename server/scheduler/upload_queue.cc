@@ -2,11 +2,17 @@
 
 #include "server/core/job.h"
 #include "server/core/status.h"
+#include "server/core/thread_name.h"
 
 namespace hgemm {
 
 UploadQueue::UploadQueue(Backend* backend, int threads) : backend_(backend) {
-  for (int i = 0; i < threads; ++i) workers_.emplace_back([this] { WorkerLoop(); });
+  for (int i = 0; i < threads; ++i) {
+    workers_.emplace_back([this] {
+      NameThisThread("hgemm-upload");
+      WorkerLoop();
+    });
+  }
 }
 
 UploadQueue::~UploadQueue() {

@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "server/core/status.h"
+#include "server/core/thread_name.h"
 #include "server/session/validation.h"
 
 namespace hgemm {
@@ -199,6 +200,7 @@ absl::Status RingExecutor::Attach(GemmCoreInterface* core, RingRegistry* registr
   registry->ThreadStarted();
   try {
     std::thread([executor]() mutable {
+      NameThisThread("hgemm-ring");
       RingRegistry* registry = executor->registry_;
       executor->Run();
       executor->ThreadDone();

@@ -12,6 +12,7 @@
 
 #include "proto/bulk_wire.h"
 #include "server/core/status.h"
+#include "server/core/thread_name.h"
 #include "server/session/part_session.h"
 #include "server/transport/tcp_listen.h"
 
@@ -214,6 +215,7 @@ void BulkListener::AcceptLoop() {
 }
 
 void BulkListener::Serve(int fd) {
+  NameThisThread("hgemm-bulk");
   bulk::Connection lane(fd);  // released below: `fd` is closed once lanes_ forgot it
   try {
     SetTimeout(fd, SO_RCVTIMEO, options_.hello_timeout);
