@@ -342,8 +342,12 @@ class GemmClient {
   // The bulk channel (see CallOptions::bulk): bytes [offset, offset + length) of the upload
   // `handle` (CreateUpload) sent from `bytes` over `lanes` connections at once, each a part
   // (*missing_bytes, if not null: what the upload still misses after them); or of a matrix
-  // received into `into` (room for `length` bytes). FAILED_PRECONDITION from a server without
-  // a bulk channel, UNIMPLEMENTED from one older than it; else as UploadPart and DownloadRange.
+  // received into `into` (room for `length` bytes). A server with no lane to spare
+  // (RESOURCE_EXHAUSTED from OpenBulk) or turning a lane's connection away (UNAVAILABLE: its
+  // bulk connections are all busy) gets those bytes over gRPC instead, by UploadPart and
+  // DownloadRange on as many part connections: many GEMMs at once stay correct, only slower.
+  // FAILED_PRECONDITION from a server without a bulk channel, UNIMPLEMENTED from one older
+  // than it; else as UploadPart and DownloadRange.
   grpc::Status BulkPut(const std::string& handle, uint64_t offset, const char* bytes,
                        uint64_t length, int lanes, const CallOptions& options = {},
                        uint64_t* missing_bytes = nullptr) const;

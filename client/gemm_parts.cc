@@ -57,6 +57,14 @@ std::pair<uint64_t, uint64_t> PartRange(uint64_t bytes, int parts, int i) {
   return {begin, i == parts - 1 ? bytes : std::min(bytes, begin + size)};
 }
 
+// Whether a bulk transfer was turned away for want of room, not for what it asked: no lane to
+// spare (RESOURCE_EXHAUSTED from OpenBulk) or no bulk connection (UNAVAILABLE from the lane's
+// listener). The same bytes can still go over gRPC.
+bool BulkFull(const grpc::Status& s) {
+  return s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED ||
+         s.error_code() == grpc::StatusCode::UNAVAILABLE;
+}
+
 // How long a lane's send or receive may wait: the call's timeout, else a minute.
 std::chrono::milliseconds LaneTimeout(const CallOptions& options) {
   return options.timeout.count() > 0 ? options.timeout : std::chrono::milliseconds(60000);
@@ -339,17 +347,31 @@ grpc::Status GemmClient::BulkPut(const std::string& handle, uint64_t offset, con
                                  uint64_t* missing_bytes) const {
   v1::BulkGrant grant;
   BulkEndpoint endpoint;
-  if (grpc::Status s =
-          OpenBulk(handle, v1::BULK_PUT, offset, length, lanes, options, &grant, &endpoint);
-      !s.ok()) {
-    return s;
+  std::vector<uint64_t> missing(std::max(lanes, 1), UINT64_MAX);
+  grpc::Status sent;
+  const grpc::Status opened =
+      OpenBulk(handle, v1::BULK_PUT, offset, length, lanes, options, &grant, &endpoint);
+  if (BulkFull(opened)) {
+    sent = OnThreads(lanes, [&](int route) {
+      const auto [begin, end] = PartRange(length, lanes, route);
+      if (begin == end) return grpc::Status::OK;
+      return UploadPart(handle, offset + begin, bytes + begin, end - begin, route, options,
+                        &missing[route]);
+    });
+  } else if (!opened.ok()) {
+    return opened;
+  } else {
+    missing.assign(grant.lanes_size(), UINT64_MAX);
+    sent = OnThreads(grant.lanes_size(), [&](int i) {
+      const v1::BulkLane& lane = grant.lanes(i);
+      const char* from = bytes + (lane.offset() - offset);
+      grpc::Status s = PutOverLane(endpoint, lane, from, LaneTimeout(options), &missing[i]);
+      // A lane turned away before it claimed its range: that range, over gRPC.
+      if (BulkFull(s))
+        s = UploadPart(handle, lane.offset(), from, lane.length(), i, options, &missing[i]);
+      return s;
+    });
   }
-  std::vector<uint64_t> missing(grant.lanes_size(), UINT64_MAX);
-  grpc::Status sent = OnThreads(grant.lanes_size(), [&](int i) {
-    const v1::BulkLane& lane = grant.lanes(i);
-    return PutOverLane(endpoint, lane, bytes + (lane.offset() - offset), LaneTimeout(options),
-                       &missing[i]);
-  });
   // The lane that landed last saw the fewest bytes missing.
   if (missing_bytes != nullptr) *missing_bytes = *std::min_element(missing.begin(), missing.end());
   return sent;
@@ -359,14 +381,22 @@ grpc::Status GemmClient::BulkGet(const std::string& handle, uint64_t offset, uin
                                  char* into, int lanes, const CallOptions& options) const {
   v1::BulkGrant grant;
   BulkEndpoint endpoint;
-  if (grpc::Status s =
-          OpenBulk(handle, v1::BULK_GET, offset, length, lanes, options, &grant, &endpoint);
-      !s.ok()) {
-    return s;
+  const grpc::Status opened =
+      OpenBulk(handle, v1::BULK_GET, offset, length, lanes, options, &grant, &endpoint);
+  if (BulkFull(opened)) {
+    return OnThreads(lanes, [&](int route) {
+      const auto [begin, end] = PartRange(length, lanes, route);
+      if (begin == end) return grpc::Status::OK;
+      return DownloadRange(handle, offset + begin, end - begin, into + begin, route, options);
+    });
   }
+  if (!opened.ok()) return opened;
   return OnThreads(grant.lanes_size(), [&](int i) {
     const v1::BulkLane& lane = grant.lanes(i);
-    return GetOverLane(endpoint, lane, into + (lane.offset() - offset), LaneTimeout(options));
+    char* to = into + (lane.offset() - offset);
+    grpc::Status s = GetOverLane(endpoint, lane, to, LaneTimeout(options));
+    if (BulkFull(s)) s = DownloadRange(handle, lane.offset(), lane.length(), to, i, options);
+    return s;
   });
 }
 

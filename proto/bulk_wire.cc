@@ -1,6 +1,8 @@
 #include "proto/bulk_wire.h"
 
 #include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <openssl/err.h>
 #include <openssl/x509v3.h>
 #include <sys/socket.h>
@@ -75,6 +77,11 @@ std::string EncodeFrame(const Frame& frame) {
   PutLittleEndian(frame.value, 8, out.data() + 8);
   out.append(message);
   return out;
+}
+
+Connection::Connection(int fd) : fd_(fd) {
+  const int one = 1;
+  (void)setsockopt(fd_, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);  // fails on a non-TCP fd
 }
 
 Connection& Connection::operator=(Connection&& other) noexcept {

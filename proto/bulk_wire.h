@@ -40,7 +40,10 @@ std::string EncodeFrame(const Frame& frame);
 class Connection {
  public:
   Connection() = default;
-  explicit Connection(int fd) : fd_(fd) {}
+  // Takes `fd`, a connected socket, and turns Nagle's algorithm off on it: a lane writes whole
+  // buffers, and the small writes of a TLS handshake (and of its session tickets after it)
+  // would otherwise wait for the peer's delayed ACK, 40 ms each.
+  explicit Connection(int fd);
   Connection(Connection&& other) noexcept { *this = std::move(other); }
   Connection& operator=(Connection&& other) noexcept;
   Connection(const Connection&) = delete;

@@ -319,11 +319,49 @@ TEST_F(BulkTest, OpenBulkRefusesWhatItCannotGrant) {
             grpc::StatusCode::OUT_OF_RANGE);
   EXPECT_EQ(Open("alice", handle, v1::BULK_GET, ~uint64_t{0}, 1, 1, &grant).error_code(),
             grpc::StatusCode::INVALID_ARGUMENT);
-  // Granted lanes not yet connected count against the caller's limit (8).
+  // Granted lanes not yet connected count against the caller's limit (8): past it a grant
+  // has the lanes left, then none.
   ASSERT_TRUE(Open("alice", handle, v1::BULK_GET, 0, 128, 6, &grant).ok());
+  ASSERT_TRUE(Open("alice", handle, v1::BULK_GET, 0, 128, 3, &grant).ok());
+  EXPECT_EQ(grant.lanes_size(), 2);
   grpc::Status over = Open("alice", handle, v1::BULK_GET, 0, 128, 3, &grant);
   EXPECT_EQ(over.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << over.error_message();
   EXPECT_TRUE(Open("bob", "m-nothing", v1::BULK_PUT, 0, 128, 3, &grant).ok());
+}
+
+// More GEMMs at once than the server has lanes (8 per client) and bulk connections (4) for:
+// the lanes refused at OpenBulk and the connections turned away carry their bytes over gRPC
+// instead, and every GEMM is right.
+TEST_F(BulkTest, GemmsPastTheLanesAndConnectionsGoOverGrpc) {
+  Start();
+  constexpr int kThreads = 8, kGemmsEach = 4;
+  std::vector<v1::GemmRequest> requests;
+  for (int i = 0; i < kThreads; ++i) requests.push_back(RandomRequest(96, 80, 112, rng_));
+  std::vector<std::string> failures(kThreads);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      const GemmClient own(address());  // as separate processes: lanes are counted per client id
+      for (int i = 0; i < kGemmsEach; ++i) {
+        v1::GemmResponse response;
+        response.set_c(std::string(2 * 96 * 80, '\x7f'));  // poison
+        grpc::Status s = own.Run(requests[t], &response, As("alice"));
+        if (!s.ok()) {
+          failures[t] = s.error_message();
+          return;
+        }
+        if (RelativeErrorOfC(requests[t], response.c()) >= kServiceTolerance.fp32_acc) {
+          failures[t] = "C is wrong";
+          return;
+        }
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (const std::string& failure : failures) EXPECT_EQ(failure, "");
+  EXPECT_GT(Metric("hgemm_transport_bytes_total{direction=\"received\",transport=\"bulk\"}"), 0);
+  EXPECT_GT(Metric("hgemm_received_bytes_total{rpc=\"UploadPart\"}"), 0);
+  ExpectStillServing();
 }
 
 TEST_F(BulkTest, WithoutABulkChannelRunUsesGrpcParts) {

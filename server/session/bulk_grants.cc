@@ -44,15 +44,15 @@ absl::Status BulkGrants::Grant(const std::string& owner, const std::string& hand
   std::lock_guard<std::mutex> lock(mu_);
   ExpireLocked(now);
   int& held = lanes_by_owner_[owner];
-  if (held + lanes > options_.max_lanes) {
-    const int before = held;
-    if (held == 0) lanes_by_owner_.erase(owner);
+  if (held >= options_.max_lanes) {
     return status::OverLimit(
         "max_bulk_lanes",
         fmt::format("{} bulk lanes granted and not yet connected, {} more asked for; the limit "
                     "is {}",
-                    before, lanes, options_.max_lanes));
+                    held, lanes, options_.max_lanes));
   }
+  // Fewer lanes than asked for rather than none: the range is the same, in fewer pieces.
+  lanes = std::min(lanes, options_.max_lanes - held);
   granted->clear();
   for (int i = 0; i < lanes; ++i) {
     // Equal shares, the remainder spread over the first lanes.

@@ -57,10 +57,11 @@ class BulkGrants {
   BulkGrants& operator=(const BulkGrants&) = delete;
 
   // Splits bytes [offset, offset + length) of `handle` into `lanes` lanes of nearly equal
-  // size (none empty: fewer lanes when there are fewer bytes) with a capability each, for
-  // `owner`. INVALID_ARGUMENT (lanes outside 1..max_lanes, length < 1, a negative offset or
-  // offset + length past 2^63 - 1), RESOURCE_EXHAUSTED ("max_bulk_lanes": the owner would hold
-  // more than max_lanes). The caller has checked the range against the matrix where it can.
+  // size (none empty: fewer lanes when there are fewer bytes, or when the owner already holds
+  // lanes and `lanes` more would pass max_lanes) with a capability each, for `owner`.
+  // INVALID_ARGUMENT (lanes outside 1..max_lanes, length < 1, a negative offset or offset +
+  // length past 2^63 - 1), RESOURCE_EXHAUSTED ("max_bulk_lanes": the owner holds max_lanes).
+  // The caller has checked the range against the matrix where it can.
   absl::Status Grant(const std::string& owner, const std::string& handle, BulkDirection direction,
                      int64_t offset, int64_t length, int lanes, Clock::time_point now,
                      std::vector<BulkLane>* granted);

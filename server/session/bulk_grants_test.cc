@@ -79,6 +79,12 @@ TEST(BulkGrants, AnOwnerHoldsAtMostMaxLanesUnclaimed) {
   std::vector<BulkLane> lanes, more;
   const Clock::time_point now = Clock::now();
   ASSERT_TRUE(grants.Grant("a", "m", BulkDirection::kPut, 0, 100, 3, now, &lanes).ok());
+  // Two asked for, one left: the whole range in one lane.
+  std::vector<BulkLane> last;
+  ASSERT_TRUE(grants.Grant("a", "m", BulkDirection::kPut, 0, 100, 2, now, &last).ok());
+  ASSERT_EQ(last.size(), 1u);
+  EXPECT_EQ(last[0].offset, 0);
+  EXPECT_EQ(last[0].length, 100);
   const absl::Status over = grants.Grant("a", "m", BulkDirection::kPut, 0, 100, 2, now, &more);
   EXPECT_EQ(over.code(), absl::StatusCode::kResourceExhausted) << over;
   EXPECT_EQ(status::DetailsOf(over).limit, "max_bulk_lanes");
@@ -86,7 +92,9 @@ TEST(BulkGrants, AnOwnerHoldsAtMostMaxLanesUnclaimed) {
   EXPECT_TRUE(grants.Grant("b", "m", BulkDirection::kPut, 0, 100, 4, now, &more).ok());
   BulkTicket ticket;
   ASSERT_TRUE(grants.Claim(lanes[0].capability, now, &ticket).ok());
+  ASSERT_TRUE(grants.Claim(lanes[1].capability, now, &ticket).ok());
   EXPECT_TRUE(grants.Grant("a", "m", BulkDirection::kPut, 0, 100, 2, now, &more).ok());
+  EXPECT_EQ(more.size(), 2u);
   EXPECT_TRUE(
       grants.Grant("a", "m", BulkDirection::kPut, 0, 100, 4, now + grants.options().lifetime, &more)
           .ok());
