@@ -57,8 +57,9 @@
 #             (plaintext and TLS) next to bench/tcp_ceiling's raw-TCP ceiling
 #   bulk      the bulk channel against gRPC parts: one 8192³ GEMM's bytes by bench/bulk_bench
 #             (1, 4, 8 lanes; gRPC parts and bulk, client and server CPU) next to
-#             bench/tcp_ceiling's raw TCP in the same run, then hgemm_load 8192³ parts 8 (GEMMs
-#             included) against a server without and with --bulk_listen
+#             bench/tcp_ceiling's raw TCP in the same run, bulk_bench --gemm (Run against its
+#             steps) at 8192³ and 2048³, then hgemm_load 8192³ parts 8 and 2048³ c=1 and 16,
+#             parts 4 and 8 (GEMMs included) against a server without and with --bulk_listen
 #   verify    Freivalds' check (docs/verification.md): its kernels against the host
 #             (cuda_verify_kernels_test), verified GEMMs of every form and damaged ones through
 #             the scheduler (cuda_verify_test), its cost at 4096³ and 8192³ with B sent and
@@ -573,9 +574,17 @@ if want bulk; then
     timeout 240 bulk_bench --server=127.0.0.1:50071 --server_pid=$bulk_pid \
       --shape=8192x8192x8192 --lanes=1,4,8 --repeat=5 | tee -a "$out/bulk_bench.txt"
   done
+  # Where one GEMM's time goes: Run against its steps, at both sizes the targets name.
+  for shape in 8192x8192x8192 2048x2048x2048; do
+    timeout 120 bulk_bench --server=127.0.0.1:50071 --shape=$shape --lanes=4,8 --repeat=5 \
+      --gemm | tee -a "$out/bulk_bench.txt"
+  done
   for server in 127.0.0.1:50073 127.0.0.1:50071; do
     timeout 120 hgemm_load --server=$server --shapes=8192x8192x8192 --concurrency=1 \
       --parallel_parts=8 --max_point_s=20 | tee -a "$out/bulk_load.txt"
+    # Many GEMMs at once: lanes run out and the client falls back to gRPC, no errors.
+    timeout 120 hgemm_load --server=$server --shapes=2048x2048x2048 --concurrency=1,16 \
+      --parallel_parts=4,8 --max_point_s=6 | tee -a "$out/bulk_load.txt"
   done
   kill $bulk_pid $grpc_pid; wait $bulk_pid $grpc_pid 2>/dev/null || true
 fi
