@@ -83,6 +83,73 @@ void Check(const grpc::Status& s, const char* what) {
   if (!s.ok()) throw std::runtime_error(fmt::format("{}: {}", what, s.error_message()));
 }
 
+double MsSince(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+      .count();
+}
+
+// A and B of `d` as new uploads (transient: released by the first GEMM that reads them, as
+// GemmClient::Run makes them), filled from `a` and `b` by `path` over `lanes`: bulk, or gRPC
+// parts with each connection sending its share of each operand, as Run's parts do. Returns
+// the two handles; *create_ms (if not null): the time the two CreateUploads took.
+std::vector<std::string> Send(const GemmClient& client, const std::string& path, int lanes,
+                              const GemmDims& d, const std::string& a, const std::string& b,
+                              bool transient, const CallOptions& options,
+                              double* create_ms = nullptr) {
+  const auto start = std::chrono::steady_clock::now();
+  std::vector<std::string> handles;
+  for (auto [rows, cols] : {std::pair{d.m, d.k}, std::pair{d.k, d.n}}) {
+    v1::MatrixInfo info;
+    Check(client.CreateUpload(rows, cols, v1::DATA_TYPE_FP16, transient, &info, options),
+          "CreateUpload");
+    handles.push_back(info.handle());
+  }
+  if (create_ms != nullptr) *create_ms = MsSince(start);
+  const std::string* bytes[2] = {&a, &b};
+  if (path == "bulk") {
+    Check(Together(2,
+                   [&](int i) {
+                     return client.BulkPut(handles[i], 0, bytes[i]->data(), bytes[i]->size(), lanes,
+                                           options);
+                   }),
+          "BulkPut");
+    return handles;
+  }
+  Check(Together(lanes,
+                 [&](int route) {
+                   for (int i = 0; i < 2; ++i) {
+                     const auto [begin, end] = Share(bytes[i]->size(), lanes, route);
+                     if (begin == end) continue;
+                     if (grpc::Status s =
+                             client.UploadPart(handles[i], begin, bytes[i]->data() + begin,
+                                               end - begin, route, options);
+                         !s.ok()) {
+                       return s;
+                     }
+                   }
+                   return grpc::Status::OK;
+                 }),
+        "UploadPart");
+  return handles;
+}
+
+// The bytes of `c_handle` into *c (its size) by `path` over `lanes`.
+void Fetch(const GemmClient& client, const std::string& path, int lanes,
+           const std::string& c_handle, std::string* c, const CallOptions& options) {
+  if (path == "bulk") {
+    Check(client.BulkGet(c_handle, 0, c->size(), c->data(), lanes, options), "BulkGet");
+    return;
+  }
+  Check(Together(lanes,
+                 [&](int route) {
+                   const auto [begin, end] = Share(c->size(), lanes, route);
+                   if (begin == end) return grpc::Status::OK;
+                   return client.DownloadRange(c_handle, begin, end - begin, c->data() + begin,
+                                               route, options);
+                 }),
+        "DownloadRange");
+}
+
 struct Exchange {
   double up_ms = 0, down_ms = 0, cpu_ms = 0, server_cpu_ms = 0;
 };
@@ -93,67 +160,14 @@ Exchange Move(const GemmClient& client, const std::string& path, int lanes, cons
               std::string* c, const CallOptions& options, int server_pid) {
   const double cpu_start = CpuMs(), server_cpu_start = ProcessCpuMs(server_pid);
   const auto start = std::chrono::steady_clock::now();
-  struct Upload {
-    const std::string* bytes;
-    uint32_t rows, cols;
-    std::string handle;
-  };
-  std::vector<Upload> uploads = {{&a, d.m, d.k, ""}, {&b, d.k, d.n, ""}};
-  for (Upload& u : uploads) {
-    v1::MatrixInfo info;
-    Check(client.CreateUpload(u.rows, u.cols, v1::DATA_TYPE_FP16, false, &info, options),
-          "CreateUpload");
-    u.handle = info.handle();
-  }
-  if (path == "bulk") {
-    Check(Together(2,
-                   [&](int i) {
-                     const Upload& u = uploads[i];
-                     return client.BulkPut(u.handle, 0, u.bytes->data(), u.bytes->size(), lanes,
-                                           options);
-                   }),
-          "BulkPut");
-  } else {
-    // Each connection sends its share of each operand, as GemmClient::Run's parts do.
-    Check(
-        Together(lanes,
-                 [&](int route) {
-                   for (const Upload& u : uploads) {
-                     const auto [begin, end] = Share(u.bytes->size(), lanes, route);
-                     if (begin == end) continue;
-                     if (grpc::Status s = client.UploadPart(
-                             u.handle, begin, u.bytes->data() + begin, end - begin, route, options);
-                         !s.ok()) {
-                       return s;
-                     }
-                   }
-                   return grpc::Status::OK;
-                 }),
-        "UploadPart");
-  }
+  const std::vector<std::string> handles = Send(client, path, lanes, d, a, b, false, options);
   const auto uploaded = std::chrono::steady_clock::now();
-  if (path == "bulk") {
-    Check(client.BulkGet(c_handle, 0, c->size(), c->data(), lanes, options), "BulkGet");
-  } else {
-    Check(Together(lanes,
-                   [&](int route) {
-                     const auto [begin, end] = Share(c->size(), lanes, route);
-                     if (begin == end) return grpc::Status::OK;
-                     return client.DownloadRange(c_handle, begin, end - begin, c->data() + begin,
-                                                 route, options);
-                   }),
-          "DownloadRange");
-  }
+  Fetch(client, path, lanes, c_handle, c, options);
   const auto done = std::chrono::steady_clock::now();
-  for (const Upload& u : uploads) Check(client.ReleaseMatrix(u.handle, options), "Release");
+  for (const std::string& handle : handles) Check(client.ReleaseMatrix(handle, options), "Release");
   return {std::chrono::duration<double, std::milli>(uploaded - start).count(),
           std::chrono::duration<double, std::milli>(done - uploaded).count(), CpuMs() - cpu_start,
           ProcessCpuMs(server_pid) - server_cpu_start};
-}
-
-double MsSince(std::chrono::steady_clock::time_point start) {
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
-      .count();
 }
 
 // One remote GEMM by the steps GemmClient::Run takes with parallel parts, each timed: A and B
@@ -169,31 +183,9 @@ Steps RunSteps(const GemmClient& client, const std::string& path, int lanes, con
                const CallOptions& options) {
   Steps steps;
   auto start = std::chrono::steady_clock::now();
-  std::vector<std::string> handles;
-  for (auto [rows, cols] : {std::pair{d.m, d.k}, std::pair{d.k, d.n}}) {
-    v1::MatrixInfo info;
-    Check(client.CreateUpload(rows, cols, v1::DATA_TYPE_FP16, true, &info, options),
-          "CreateUpload");
-    handles.push_back(info.handle());
-  }
-  steps.create_ms = MsSince(start);
-  start = std::chrono::steady_clock::now();
-  const std::string* bytes[2] = {&a, &b};
-  Check(Together(2,
-                 [&](int i) {
-                   if (path == "bulk") {
-                     return client.BulkPut(handles[i], 0, bytes[i]->data(), bytes[i]->size(), lanes,
-                                           options);
-                   }
-                   return Together(lanes, [&](int route) {
-                     const auto [begin, end] = Share(bytes[i]->size(), lanes, route);
-                     if (begin == end) return grpc::Status::OK;
-                     return client.UploadPart(handles[i], begin, bytes[i]->data() + begin,
-                                              end - begin, route, options);
-                   });
-                 }),
-        "upload");
-  steps.put_ms = MsSince(start);
+  const std::vector<std::string> handles =
+      Send(client, path, lanes, d, a, b, true, options, &steps.create_ms);
+  steps.put_ms = MsSince(start) - steps.create_ms;
   start = std::chrono::steady_clock::now();
   v1::GemmRequest gemm;
   gemm.set_m(d.m);
@@ -209,18 +201,7 @@ Steps RunSteps(const GemmClient& client, const std::string& path, int lanes, con
   steps.server_ms = ran.timing().server_total_ms();
   const std::string c_handle = ran.c_matrix().handle();
   start = std::chrono::steady_clock::now();
-  if (path == "bulk") {
-    Check(client.BulkGet(c_handle, 0, c->size(), c->data(), lanes, options), "BulkGet");
-  } else {
-    Check(Together(lanes,
-                   [&](int route) {
-                     const auto [begin, end] = Share(c->size(), lanes, route);
-                     if (begin == end) return grpc::Status::OK;
-                     return client.DownloadRange(c_handle, begin, end - begin, c->data() + begin,
-                                                 route, options);
-                   }),
-          "DownloadRange");
-  }
+  Fetch(client, path, lanes, c_handle, c, options);
   steps.get_ms = MsSince(start);
   start = std::chrono::steady_clock::now();
   Check(client.ReleaseMatrix(c_handle, options), "Release");
