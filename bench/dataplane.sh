@@ -279,7 +279,7 @@ rows = [r for r in csv.DictReader(open(sys.argv[1])) if r["target"] in ("service
 tcp = {}
 for line in open(sys.argv[2]):
     f = line.split()
-    if len(f) == 5 and f[1].isdigit():
+    if len(f) >= 5 and f[1].isdigit():
         tcp[f[0]] = max(tcp.get(f[0], 0.0), float(f[4]))
 print(f"device: {rows[0]['device']} ({rows[0]['backend']}); wire GB/s = a GEMM's A + B + C bytes "
       "over its p50\n")

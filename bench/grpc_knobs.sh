@@ -151,7 +151,7 @@ rows = list(csv.DictReader(open(sys.argv[1])))
 tcp = {}
 for line in open(sys.argv[2]):
     f = line.split()
-    if len(f) == 5 and f[1].isdigit():
+    if len(f) >= 5 and f[1].isdigit():
         tcp[f[0]] = max(tcp.get(f[0], 0.0), float(f[4]))
 print("".join(f"{line}  \n" for line in open(sys.argv[3]).read().splitlines()))
 print("wire GB/s = a GEMM's A + B + C bytes over its p50; CPU ms per GEMM: the client's over its "

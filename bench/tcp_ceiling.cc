@@ -1,11 +1,14 @@
 // tcp_ceiling: the raw-TCP ceiling of a GEMM's bytes over N sockets, next to which
 // hgemm_load / hgemm_client's wire GB/s are read. In one process on 127.0.0.1: each of N
 // connections sends its share of A + B (2·(m·k + k·n) bytes) and gets its share of C (2·m·n)
-// back; one exchange is timed from the first byte sent to the last byte received.
+// back; one exchange is timed from the first byte sent to the last byte received. cpu_ms: the
+// CPU time (user + system, both ends, since both are this process) of the median exchange, to
+// hold a transport's client + server CPU per GEMM against.
 //   tcp_ceiling --shape=2048x2048x2048 --sockets=1,2,4,8 --repeat=5
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -25,6 +28,13 @@
 #include "client/gemm_dims.h"
 
 namespace {
+
+double CpuMs() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return (u.ru_utime.tv_sec + u.ru_stime.tv_sec) * 1e3 +
+         (u.ru_utime.tv_usec + u.ru_stime.tv_usec) / 1e3;
+}
 
 void Check(bool ok, const char* what) {
   if (!ok) throw std::runtime_error(fmt::format("{}: {}", what, std::strerror(errno)));
@@ -79,7 +89,8 @@ int main(int argc, char** argv) {
   }
   std::vector<char> send_buffer(std::max(up, down), 'x');
   std::vector<char> received_up(up), received_down(down);  // the server's A + B, the client's C
-  std::printf("%-16s %7s %10s %10s %10s\n", "shape", "sockets", "MiB", "p50_ms", "GB/s");
+  std::printf("%-16s %7s %10s %10s %10s %10s\n", "shape", "sockets", "MiB", "p50_ms", "GB/s",
+              "cpu_ms");
   for (int n : counts) {
     const int listener = ::socket(AF_INET, SOCK_STREAM, 0);
     Check(listener >= 0, "socket");
@@ -102,8 +113,9 @@ int main(int argc, char** argv) {
       ::setsockopt(clients[i], IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
       ::setsockopt(servers[i], IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
     }
-    std::vector<double> ms;
+    std::vector<std::pair<double, double>> exchanges;  // (ms, CPU ms)
     for (int r = 0; r < repeat; ++r) {
+      const double cpu_start = CpuMs();
       const auto start = std::chrono::steady_clock::now();
       std::vector<std::thread> threads;
       uint64_t up_at = 0, down_at = 0;
@@ -123,14 +135,15 @@ int main(int argc, char** argv) {
         down_at += down_share;
       }
       for (std::thread& t : threads) t.join();
-      ms.push_back(
-          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
-              .count());
+      exchanges.push_back(
+          {std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+               .count(),
+           CpuMs() - cpu_start});
     }
-    std::sort(ms.begin(), ms.end());
-    const double p50 = ms[ms.size() / 2];
-    std::printf("%-16s %7d %10.1f %10.3f %10.2f\n", shape.c_str(), n, (up + down) / 1048576.0, p50,
-                (up + down) / p50 / 1e6);
+    std::sort(exchanges.begin(), exchanges.end());
+    const auto [p50, cpu_ms] = exchanges[exchanges.size() / 2];
+    std::printf("%-16s %7d %10.1f %10.3f %10.2f %10.1f\n", shape.c_str(), n,
+                (up + down) / 1048576.0, p50, (up + down) / p50 / 1e6, cpu_ms);
     for (int i = 0; i < n; ++i) {
       ::close(clients[i]);
       ::close(servers[i]);
