@@ -13,7 +13,6 @@
 #include <functional>
 #include <mutex>
 #include <thread>
-#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -135,25 +134,55 @@ grpc::Status GemmClient::RunParts(const v1::GemmRequest& request, v1::GemmRespon
     for (const Upload& u : uploads) (void)ReleaseMatrix(u.handle, options);
   };
   const uint32_t m = request.m(), n = request.n(), k = request.k();
-  for (auto [inline_bytes, rows, cols, handle] :
-       {std::tuple{request.a_source_case() == v1::GemmRequest::kA ? &request.a() : nullptr,
-                   request.transpose_a() ? k : m, request.transpose_a() ? m : k,
-                   gemm.mutable_a_handle()},
-        std::tuple{request.b_source_case() == v1::GemmRequest::kB ? &request.b() : nullptr,
-                   request.transpose_b() ? n : k, request.transpose_b() ? k : n,
-                   gemm.mutable_b_handle()}}) {
-    if (inline_bytes == nullptr) continue;
-    v1::MatrixInfo info;
-    CallOptions near = options;
-    // The second upload goes where the first lives (replicas).
-    if (!uploads.empty()) near.replica = ReplicaOf(uploads[0].handle);
-    if (grpc::Status s = CreateUpload(rows, cols, request.dtype(), true, &info, near); !s.ok()) {
+  struct Wanted {
+    const std::string* bytes;
+    uint32_t rows, cols;
+    std::string* handle;
+  };
+  std::vector<Wanted> wanted;
+  for (Wanted w : {Wanted{request.a_source_case() == v1::GemmRequest::kA ? &request.a() : nullptr,
+                          request.transpose_a() ? k : m, request.transpose_a() ? m : k,
+                          gemm.mutable_a_handle()},
+                   Wanted{request.b_source_case() == v1::GemmRequest::kB ? &request.b() : nullptr,
+                          request.transpose_b() ? n : k, request.transpose_b() ? k : n,
+                          gemm.mutable_b_handle()}}) {
+    if (w.bytes != nullptr) wanted.push_back(w);
+  }
+  // The uploads go where the GEMM's resident operand lives, if it has one (replicas).
+  CallOptions near = options;
+  if (grpc::Status s = ReplicaOf(request, &near.replica); !s.ok()) return s;
+  // Both uploads at once: one round trip instead of two.
+  std::vector<v1::MatrixInfo> infos(wanted.size());
+  std::vector<grpc::Status> created(wanted.size());
+  (void)OnThreads(int(wanted.size()), [&](int i) {
+    const Wanted& w = wanted[i];
+    return created[i] = CreateUpload(w.rows, w.cols, request.dtype(), true, &infos[i], near);
+  });
+  for (size_t i = 0; i < wanted.size(); ++i) {
+    if (created[i].ok()) uploads.push_back({wanted[i].bytes, infos[i].handle()});
+  }
+  for (const grpc::Status& s : created) {
+    if (!s.ok()) {
       release_uploads();
       return s;
     }
-    *handle = info.handle();
-    uploads.push_back({inline_bytes, info.handle()});
   }
+  // Behind a target balanced over replicas the two may land apart: the second is made again
+  // where the first lives.
+  if (uploads.size() == 2 && ReplicaOf(uploads[0].handle) != ReplicaOf(uploads[1].handle)) {
+    (void)ReleaseMatrix(uploads[1].handle, options);
+    uploads.pop_back();
+    near.replica = ReplicaOf(uploads[0].handle);
+    v1::MatrixInfo info;
+    if (grpc::Status s =
+            CreateUpload(wanted[1].rows, wanted[1].cols, request.dtype(), true, &info, near);
+        !s.ok()) {
+      release_uploads();
+      return s;
+    }
+    uploads.push_back({wanted[1].bytes, info.handle()});
+  }
+  for (size_t i = 0; i < wanted.size(); ++i) *wanted[i].handle = uploads[i].handle;
   const bool bulk = options.bulk && OffersBulk(uploads[0].handle);
   // Every connection sends an equal share of A's and B's bytes, one after the other.
   uint64_t total = 0;

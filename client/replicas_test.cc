@@ -200,6 +200,50 @@ TEST_F(ReplicasTest, ConcurrentResidentCyclesAreCorrect) {
   }
 }
 
+// Run with parallel parts over the balanced target: A's and B's uploads are made at once and
+// may land on two replicas; the GEMM must still run where both live, every C right. A resident
+// B pins the upload of A to B's replica.
+TEST_F(ReplicasTest, ParallelPartsLandBothUploadsOnOneReplica) {
+  const std::set<std::string> all(addresses_.begin(), addresses_.end());
+  for (int i = 0; i < 1000 && Answering(*client_, kReplicas) != all; ++i) {
+  }
+  ASSERT_EQ(Answering(*client_, kReplicas), all);  // balanced calls take turns from here
+  std::mt19937_64 rng(7);
+  CallOptions call;
+  call.parallel_parts = 2;
+  call.parallel_min_bytes = 0;
+  for (int i = 0; i < 12; ++i) {
+    const std::vector<uint16_t> a = RandomHalfMatrix(24 * 40, rng),
+                                b = RandomHalfMatrix(40 * 16, rng);
+    v1::GemmRequest request;
+    request.set_m(24);
+    request.set_n(16);
+    request.set_k(40);
+    request.set_a(HalfBytes(a));
+    request.set_b(HalfBytes(b));
+    v1::GemmResponse response;
+    grpc::Status s = client_->Run(request, &response, call);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    EXPECT_LT(ErrorOf(response.c(), request.a(), request.b(), 24, 16, 40), kFp32Tolerance);
+  }
+  for (const std::string& replica : addresses_) {
+    const std::vector<uint16_t> a = RandomHalfMatrix(24 * 40, rng),
+                                b = RandomHalfMatrix(40 * 16, rng);
+    const std::string b_handle = Upload(replica, 40, 16, HalfBytes(b));
+    v1::GemmRequest request;
+    request.set_m(24);
+    request.set_n(16);
+    request.set_k(40);
+    request.set_a(HalfBytes(a));
+    request.set_b_handle(b_handle);
+    v1::GemmResponse response;
+    grpc::Status s = client_->Run(request, &response, call);
+    ASSERT_TRUE(s.ok()) << replica << ": " << s.error_message();
+    EXPECT_LT(ErrorOf(response.c(), request.a(), HalfBytes(b), 24, 16, 40), kFp32Tolerance);
+    EXPECT_TRUE(client_->ReleaseMatrix(b_handle).ok());
+  }
+}
+
 TEST_F(ReplicasTest, HandlesOfTwoReplicasInOneGemmAreRefusedBeforeSending) {
   std::mt19937_64 rng(2);
   const std::string a = HalfBytes(RandomHalfMatrix(8 * 8, rng)),
