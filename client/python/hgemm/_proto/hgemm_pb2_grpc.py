@@ -236,7 +236,8 @@ class GemmServiceServicer(object):
         """Bulk channel (see "Bulk channel" above): lanes with their capabilities for a byte range of a
         matrix of the caller. FAILED_PRECONDITION from a server without --bulk_listen;
         INVALID_ARGUMENT (lanes, an empty range), OUT_OF_RANGE (past the end), NOT_FOUND (a GET's
-        handle), RESOURCE_EXHAUSTED (max_bulk_lanes outstanding for the caller).
+        handle), RESOURCE_EXHAUSTED (the caller holds max_bulk_lanes lanes not yet connected; with
+        fewer left than asked for, the grant has fewer lanes).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
