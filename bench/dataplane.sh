@@ -21,9 +21,9 @@
 #   --certs DIR  made by tools/make_test_certs.sh (default: made now with openssl)
 # Env: POINTS ("SHAPE:CONCURRENCY ..."), PARTS (the --parallel_parts sweep), MAX_POINT_S (20),
 # MODES ("plaintext tls"), CHANNELS ("grpc bulk": the parts sweep BULK_PARTS (4,8) again against
-# a server with --bulk_listen, whose parts move their bytes over its lanes). Writes $OUT (default ./out)/dataplane.csv, dataplane_tcp.txt and
-# dataplane.md, the table: per point req/s, p50 and wire GB/s of each path, and the best raw-TCP
-# GB/s.
+# a server with --bulk_listen, whose parts move their bytes over its lanes). Writes $OUT (default
+# ./out)/dataplane.csv, dataplane_tcp.txt and dataplane.md, the table: per point req/s, p50 and
+# wire GB/s of each path, and the best raw-TCP GB/s.
 set -euo pipefail
 quick=0 same_host=0 bin="" certs="" backend=""
 cd "$(dirname "$0")/.."
