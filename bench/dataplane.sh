@@ -34,7 +34,7 @@ while (($#)); do
   ((taken)) && { shift "$taken"; continue; }
   case $1 in
     --same_host) same_host=1; shift ;;
-    -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,26p' "$0"; exit 0 ;;
     *) echo "dataplane.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
