@@ -178,6 +178,60 @@ TEST_F(BulkTest, PutThenGetRoundTripsEveryByte) {
   EXPECT_EQ(by_grpc, bytes);
 }
 
+// The local port of a connected socket: which connection it is (a file descriptor number may
+// be reused by the next socket).
+int LocalPort(int fd) {
+  sockaddr_in address{};
+  socklen_t length = sizeof address;
+  EXPECT_EQ(getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length), 0);
+  return ntohs(address.sin_port);
+}
+
+// A connection whose lane ended whole carries the next lane (the same socket, no new
+// connection); one the server closed between lanes (its hello timeout, 300 ms here) is dropped
+// from the pool and the lane goes on a new one; a lane refused on a kept connection is not
+// kept.
+TEST_F(BulkTest, KeptConnectionsCarryTheNextLanes) {
+  Start();
+  const std::string handle = NewUpload("alice", 32, 32);
+  const std::string bytes = RandomBytes(2 * 32 * 32);
+  BulkEndpoint kept = endpoint();
+  kept.pool = std::make_shared<BulkLanePool>();
+  v1::BulkGrant grant;
+  ASSERT_TRUE(Open("alice", handle, v1::BULK_PUT, 0, 1024, 1, &grant).ok());
+  ASSERT_TRUE(PutOverLane(kept, grant.lanes(0), bytes.data(), 2000ms, nullptr).ok());
+  bulk::Connection first;
+  ASSERT_TRUE(kept.pool->Take(kept, &first));
+  const int port = LocalPort(first.fd());
+  kept.pool->Give(kept, std::move(first));
+  ASSERT_TRUE(Open("alice", handle, v1::BULK_PUT, 1024, 1024, 1, &grant).ok());
+  uint64_t missing = 1;
+  ASSERT_TRUE(PutOverLane(kept, grant.lanes(0), bytes.data() + 1024, 2000ms, &missing).ok());
+  EXPECT_EQ(missing, 0u);
+  bulk::Connection second;
+  ASSERT_TRUE(kept.pool->Take(kept, &second));
+  EXPECT_EQ(LocalPort(second.fd()), port);  // the same connection carried both lanes
+  kept.pool->Give(kept, std::move(second));
+  std::string back(bytes.size(), '\0');
+  ASSERT_TRUE(Open("alice", handle, v1::BULK_GET, 0, bytes.size(), 1, &grant).ok());
+  ASSERT_TRUE(GetOverLane(kept, grant.lanes(0), back.data(), 2000ms).ok());
+  EXPECT_EQ(back, bytes);
+  // Idle past the server's hello timeout: it closed the connection, the pool drops it, and
+  // the next lane connects anew.
+  std::this_thread::sleep_for(600ms);
+  bulk::Connection stale;
+  EXPECT_FALSE(kept.pool->Take(kept, &stale));
+  ASSERT_TRUE(Open("alice", handle, v1::BULK_GET, 0, bytes.size(), 1, &grant).ok());
+  back.assign(bytes.size(), '\0');
+  ASSERT_TRUE(GetOverLane(kept, grant.lanes(0), back.data(), 2000ms).ok());
+  EXPECT_EQ(back, bytes);
+  // A used capability on a kept connection: refused, and the connection is not kept.
+  const grpc::Status reused = GetOverLane(kept, grant.lanes(0), back.data(), 2000ms);
+  EXPECT_EQ(reused.error_code(), grpc::StatusCode::PERMISSION_DENIED) << reused.error_message();
+  EXPECT_FALSE(kept.pool->Take(kept, &stale));
+  ExpectStillServing();
+}
+
 TEST_F(BulkTest, ACapabilityServesOnceAndOnlyItsOwnersMatrix) {
   Start();
   const std::string handle = NewUpload("alice", 16, 16);

@@ -69,12 +69,15 @@ class BulkListener {
   BulkListener(BulkListenerOptions options, GemmCoreInterface* core, BulkGrants* grants,
                ServiceMetrics* metrics, int fd, int port);
   void AcceptLoop();
-  // Serves one connection, then closes it.
+  // Serves one connection, lane after lane, then closes it.
   void Serve(int fd);
-  // The hello, the claim of its capability, then the lane's transfer.
-  void ServeLane(bulk::Connection& lane);
-  void ServeGet(bulk::Connection& lane, const BulkTicket& ticket);
-  void ServePut(bulk::Connection& lane, const BulkTicket& ticket);
+  // The hello, the claim of its capability, then the lane's transfer; whether it ended whole,
+  // so that the connection may carry another lane. `first`: the connection's first lane (after
+  // it, an end of stream or silence before a hello closes the connection without a word).
+  bool ServeLane(bulk::Connection& lane, bool first);
+  // A GET or PUT lane's transfer; whether it ended whole.
+  bool ServeGet(bulk::Connection& lane, const BulkTicket& ticket);
+  bool ServePut(bulk::Connection& lane, const BulkTicket& ticket);
 
   const BulkListenerOptions options_;
   GemmCoreInterface* const core_;
