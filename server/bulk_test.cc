@@ -232,6 +232,42 @@ TEST_F(BulkTest, KeptConnectionsCarryTheNextLanes) {
   ExpectStillServing();
 }
 
+// Connections kept idle fill the server's bulk connections (4 here): a new connection is
+// not turned away, an idle one is closed to make room, and a client that kept it connects
+// again for its next lane.
+TEST_F(BulkTest, IdleKeptConnectionsMakeRoomForNewOnes) {
+  Start();
+  const std::string handle = NewUpload("alice", 64, 64);
+  const std::string bytes = RandomBytes(2 * 64 * 64);
+  // Four clients' pools, one lane each: four connections, each kept by its own pool.
+  std::vector<BulkEndpoint> clients(4, endpoint());
+  v1::BulkGrant grant;
+  for (int i = 0; i < 4; ++i) {
+    clients[i].pool = std::make_shared<BulkLanePool>();
+    const uint64_t share = bytes.size() / 4;
+    ASSERT_TRUE(Open("alice", handle, v1::BULK_PUT, i * share, share, 1, &grant).ok());
+    ASSERT_TRUE(
+        PutOverLane(clients[i], grant.lanes(0), bytes.data() + i * share, 2000ms, nullptr).ok());
+  }
+  ASSERT_TRUE(Open("alice", handle, v1::BULK_GET, 0, 256, 1, &grant).ok());
+  bulk::Connection fresh = Dial();
+  const std::string hello = bulk::Hello(grant.lanes(0).capability());
+  ASSERT_TRUE(fresh.SendAll(hello.data(), hello.size()));
+  bulk::Frame frame;
+  ASSERT_TRUE(fresh.ReceiveFrame(&frame));
+  EXPECT_EQ(frame.code, 0u) << frame.message;
+  std::string got(256, '\0');
+  ASSERT_EQ(fresh.ReceiveAll(got.data(), got.size()), got.size());
+  EXPECT_EQ(got, bytes.substr(0, 256));
+  for (BulkEndpoint& client : clients) {  // one of them lost its connection: it connects again
+    std::string back(bytes.size(), '\0');
+    ASSERT_TRUE(Open("alice", handle, v1::BULK_GET, 0, bytes.size(), 1, &grant).ok());
+    const grpc::Status s = GetOverLane(client, grant.lanes(0), back.data(), 2000ms);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    EXPECT_EQ(back, bytes);
+  }
+}
+
 TEST_F(BulkTest, ACapabilityServesOnceAndOnlyItsOwnersMatrix) {
   Start();
   const std::string handle = NewUpload("alice", 16, 16);

@@ -190,7 +190,14 @@ void BulkListener::AcceptLoop() {
     const int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
     if (fd < 0) continue;
     std::lock_guard<std::mutex> lock(mu_);
-    if (int(lanes_.size()) >= options_.max_connections) {
+    // A connection kept idle between lanes makes room for a new one: its thread stops before
+    // it claims anything (Resume), so its client just connects again.
+    if (int(lanes_.size()) >= options_.max_connections && !idle_.empty()) {
+      const int kept = *idle_.begin();
+      idle_.erase(idle_.begin());
+      evicted_.insert(kept);
+      shutdown(kept, SHUT_RDWR);
+    } else if (int(lanes_.size()) >= options_.max_connections) {
       spdlog::warn("bulk channel: {} connections open (the most); one more refused", lanes_.size());
       // Best effort, without waiting: the frame, then the hello if it came (closing on unread
       // bytes would reset the connection and lose the frame).
@@ -212,6 +219,12 @@ void BulkListener::AcceptLoop() {
     // Detached: the destructor waits for lanes_ to empty, which is the thread's last act.
     std::thread([this, fd] { Serve(fd); }).detach();
   }
+}
+
+bool BulkListener::Resume(int fd) {
+  std::lock_guard<std::mutex> lock(mu_);
+  idle_.erase(fd);
+  return evicted_.erase(fd) == 0;
 }
 
 void BulkListener::Serve(int fd) {
@@ -246,9 +259,14 @@ void BulkListener::Serve(int fd) {
 
 bool BulkListener::ServeLane(bulk::Connection& lane, bool first) {
   char hello[bulk::kHelloBytes];
+  if (!first) {
+    std::lock_guard<std::mutex> lock(mu_);
+    idle_.insert(lane.fd());
+  }
   const size_t got = lane.ReceiveAll(hello, sizeof hello);
-  // A kept connection that ends, or says nothing for hello_timeout, between lanes is done.
-  if (!first && got == 0) return false;
+  // A kept connection that ends, says nothing for hello_timeout, or was evicted for a new
+  // one between lanes is done, its hello (if one came) unclaimed.
+  if (!first && (!Resume(lane.fd()) || got == 0)) return false;
   BulkTicket ticket;
   absl::Status s;
   if (got != sizeof hello) {
