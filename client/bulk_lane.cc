@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <netdb.h>
 #include <openssl/err.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <unistd.h>
@@ -22,6 +23,12 @@ grpc::Status Unavailable(const std::string& what) {
 }
 
 std::string ErrnoText() { return errno == 0 ? "end of stream" : std::strerror(errno); }
+
+void SetIoTimeout(int fd, std::chrono::milliseconds io_timeout) {
+  timeval tv{io_timeout.count() / 1000, suseconds_t(io_timeout.count() % 1000 * 1000)};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+}
 
 // A TCP connection to `endpoint`, with `io_timeout` on each send and receive.
 grpc::Status Connect(const BulkEndpoint& endpoint, std::chrono::milliseconds io_timeout,
@@ -48,9 +55,7 @@ grpc::Status Connect(const BulkEndpoint& endpoint, std::chrono::milliseconds io_
     return Unavailable(
         fmt::format("connecting to {}:{}: {}", endpoint.host, endpoint.port, std::strerror(error)));
   }
-  timeval tv{io_timeout.count() / 1000, suseconds_t(io_timeout.count() % 1000 * 1000)};
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+  SetIoTimeout(fd, io_timeout);
   *connection = bulk::Connection(fd);
   return grpc::Status::OK;
 }
@@ -68,6 +73,15 @@ grpc::Status FromFrame(const bulk::Frame& frame) {
 // that is tried again, with backoff, while the grant is young.
 grpc::Status OpenLane(const BulkEndpoint& endpoint, const v1::BulkLane& lane,
                       std::chrono::milliseconds io_timeout, bulk::Connection* c) {
+  const std::string hello = bulk::Hello(lane.capability());
+  // A kept connection first. The server reads nothing of a connection it closes between
+  // lanes, so a hello that gets no answer there was never claimed: the next connection
+  // presents it again.
+  while (endpoint.pool != nullptr && endpoint.pool->Take(endpoint, c)) {
+    SetIoTimeout(c->fd(), io_timeout);
+    bulk::Frame frame;
+    if (c->SendAll(hello.data(), hello.size()) && c->ReceiveFrame(&frame)) return FromFrame(frame);
+  }
   constexpr int kAttempts = 8;
   auto backoff = std::chrono::milliseconds(10);
   grpc::Status s;
@@ -84,7 +98,6 @@ grpc::Status OpenLane(const BulkEndpoint& endpoint, const v1::BulkLane& lane,
         continue;
       }
     }
-    const std::string hello = bulk::Hello(lane.capability());
     bulk::Frame frame;
     if (!c->SendAll(hello.data(), hello.size()) || !c->ReceiveFrame(&frame)) {
       s = Unavailable(
@@ -158,7 +171,9 @@ grpc::Status PutOverLane(const BulkEndpoint& endpoint, const v1::BulkLane& lane,
     return Unavailable(fmt::format("the lane ended before the server answered ({})", ErrnoText()));
   }
   if (missing_bytes != nullptr) *missing_bytes = frame.value;
-  return FromFrame(frame);
+  const grpc::Status s = FromFrame(frame);
+  if (s.ok() && sent && endpoint.pool != nullptr) endpoint.pool->Give(endpoint, std::move(c));
+  return s;
 }
 
 grpc::Status GetOverLane(const BulkEndpoint& endpoint, const v1::BulkLane& lane, char* into,
@@ -170,7 +185,35 @@ grpc::Status GetOverLane(const BulkEndpoint& endpoint, const v1::BulkLane& lane,
     return Unavailable(fmt::format("the lane ended after {} of its {} bytes ({})", got,
                                    lane.length(), ErrnoText()));
   }
+  if (endpoint.pool != nullptr) endpoint.pool->Give(endpoint, std::move(c));
   return grpc::Status::OK;
+}
+
+std::string BulkLanePool::Key(const BulkEndpoint& endpoint) {
+  return fmt::format("{}|{}|{}|{}", endpoint.host, endpoint.port,
+                     static_cast<const void*>(endpoint.tls.get()), endpoint.server_name);
+}
+
+bool BulkLanePool::Take(const BulkEndpoint& endpoint, bulk::Connection* connection) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = idle_.find(Key(endpoint));
+  while (it != idle_.end() && !it->second.empty()) {
+    bulk::Connection kept = std::move(it->second.back());
+    it->second.pop_back();
+    // Between lanes the server sends nothing: a readable socket is one it closed.
+    pollfd p{kept.fd(), POLLIN | POLLRDHUP, 0};
+    if (poll(&p, 1, 0) == 0) {
+      *connection = std::move(kept);
+      return true;
+    }
+  }
+  return false;
+}
+
+void BulkLanePool::Give(const BulkEndpoint& endpoint, bulk::Connection connection) {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<bulk::Connection>& idle = idle_[Key(endpoint)];
+  if (idle.size() < capacity_) idle.push_back(std::move(connection));
 }
 
 }  // namespace hgemm

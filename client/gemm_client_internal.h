@@ -24,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "client/bulk_lane.h"
 #include "client/gemm_client.h"
 
 namespace hgemm {
@@ -48,6 +49,8 @@ struct GemmClient::Routes {
   std::map<std::string, bool> bulk_offered;  // guarded by mu
   // The bulk lanes' TLS context (its CAs and certificate files read once), made at first use.
   std::shared_ptr<SSL_CTX> bulk_tls;  // guarded by mu
+  // The bulk lanes' connections kept between transfers (thread-safe itself).
+  const std::shared_ptr<BulkLanePool> bulk_lanes = std::make_shared<BulkLanePool>();
   // Run()s in progress on every copy of the client: PartsFor's load.
   std::atomic<int> gemms_in_flight{0};
 };

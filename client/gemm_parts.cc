@@ -337,6 +337,7 @@ grpc::Status GemmClient::OpenBulk(const std::string& handle, v1::BulkDirection d
                        ? BulkHostOf(route.replica.empty() ? routes_->target_address : route.replica)
                        : grant->host();
   endpoint->port = grant->port();
+  endpoint->pool = routes_->bulk_lanes;
   const ConnectOptions& connect = routes_->connect;
   if (connect.UsesTls()) {
     std::lock_guard<std::mutex> lock(routes_->mu);

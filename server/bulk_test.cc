@@ -178,6 +178,96 @@ TEST_F(BulkTest, PutThenGetRoundTripsEveryByte) {
   EXPECT_EQ(by_grpc, bytes);
 }
 
+// The local port of a connected socket: which connection it is (a file descriptor number may
+// be reused by the next socket).
+int LocalPort(int fd) {
+  sockaddr_in address{};
+  socklen_t length = sizeof address;
+  EXPECT_EQ(getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length), 0);
+  return ntohs(address.sin_port);
+}
+
+// A connection whose lane ended whole carries the next lane (the same socket, no new
+// connection); one the server closed between lanes (its hello timeout, 300 ms here) is dropped
+// from the pool and the lane goes on a new one; a lane refused on a kept connection is not
+// kept.
+TEST_F(BulkTest, KeptConnectionsCarryTheNextLanes) {
+  Start();
+  const std::string handle = NewUpload("alice", 32, 32);
+  const std::string bytes = RandomBytes(2 * 32 * 32);
+  BulkEndpoint kept = endpoint();
+  kept.pool = std::make_shared<BulkLanePool>();
+  v1::BulkGrant grant;
+  ASSERT_TRUE(Open("alice", handle, v1::BULK_PUT, 0, 1024, 1, &grant).ok());
+  ASSERT_TRUE(PutOverLane(kept, grant.lanes(0), bytes.data(), 2000ms, nullptr).ok());
+  bulk::Connection first;
+  ASSERT_TRUE(kept.pool->Take(kept, &first));
+  const int port = LocalPort(first.fd());
+  kept.pool->Give(kept, std::move(first));
+  ASSERT_TRUE(Open("alice", handle, v1::BULK_PUT, 1024, 1024, 1, &grant).ok());
+  uint64_t missing = 1;
+  ASSERT_TRUE(PutOverLane(kept, grant.lanes(0), bytes.data() + 1024, 2000ms, &missing).ok());
+  EXPECT_EQ(missing, 0u);
+  bulk::Connection second;
+  ASSERT_TRUE(kept.pool->Take(kept, &second));
+  EXPECT_EQ(LocalPort(second.fd()), port);  // the same connection carried both lanes
+  kept.pool->Give(kept, std::move(second));
+  std::string back(bytes.size(), '\0');
+  ASSERT_TRUE(Open("alice", handle, v1::BULK_GET, 0, bytes.size(), 1, &grant).ok());
+  ASSERT_TRUE(GetOverLane(kept, grant.lanes(0), back.data(), 2000ms).ok());
+  EXPECT_EQ(back, bytes);
+  // Idle past the server's hello timeout: it closed the connection, the pool drops it, and
+  // the next lane connects anew.
+  std::this_thread::sleep_for(600ms);
+  bulk::Connection stale;
+  EXPECT_FALSE(kept.pool->Take(kept, &stale));
+  ASSERT_TRUE(Open("alice", handle, v1::BULK_GET, 0, bytes.size(), 1, &grant).ok());
+  back.assign(bytes.size(), '\0');
+  ASSERT_TRUE(GetOverLane(kept, grant.lanes(0), back.data(), 2000ms).ok());
+  EXPECT_EQ(back, bytes);
+  // A used capability on a kept connection: refused, and the connection is not kept.
+  const grpc::Status reused = GetOverLane(kept, grant.lanes(0), back.data(), 2000ms);
+  EXPECT_EQ(reused.error_code(), grpc::StatusCode::PERMISSION_DENIED) << reused.error_message();
+  EXPECT_FALSE(kept.pool->Take(kept, &stale));
+  ExpectStillServing();
+}
+
+// Connections kept idle fill the server's bulk connections (4 here): a new connection is
+// not turned away, an idle one is closed to make room, and a client that kept it connects
+// again for its next lane.
+TEST_F(BulkTest, IdleKeptConnectionsMakeRoomForNewOnes) {
+  Start();
+  const std::string handle = NewUpload("alice", 64, 64);
+  const std::string bytes = RandomBytes(2 * 64 * 64);
+  // Four clients' pools, one lane each: four connections, each kept by its own pool.
+  std::vector<BulkEndpoint> clients(4, endpoint());
+  v1::BulkGrant grant;
+  for (int i = 0; i < 4; ++i) {
+    clients[i].pool = std::make_shared<BulkLanePool>();
+    const uint64_t share = bytes.size() / 4;
+    ASSERT_TRUE(Open("alice", handle, v1::BULK_PUT, i * share, share, 1, &grant).ok());
+    ASSERT_TRUE(
+        PutOverLane(clients[i], grant.lanes(0), bytes.data() + i * share, 2000ms, nullptr).ok());
+  }
+  ASSERT_TRUE(Open("alice", handle, v1::BULK_GET, 0, 256, 1, &grant).ok());
+  bulk::Connection fresh = Dial();
+  const std::string hello = bulk::Hello(grant.lanes(0).capability());
+  ASSERT_TRUE(fresh.SendAll(hello.data(), hello.size()));
+  bulk::Frame frame;
+  ASSERT_TRUE(fresh.ReceiveFrame(&frame));
+  EXPECT_EQ(frame.code, 0u) << frame.message;
+  std::string got(256, '\0');
+  ASSERT_EQ(fresh.ReceiveAll(got.data(), got.size()), got.size());
+  EXPECT_EQ(got, bytes.substr(0, 256));
+  for (BulkEndpoint& client : clients) {  // one of them lost its connection: it connects again
+    std::string back(bytes.size(), '\0');
+    ASSERT_TRUE(Open("alice", handle, v1::BULK_GET, 0, bytes.size(), 1, &grant).ok());
+    const grpc::Status s = GetOverLane(client, grant.lanes(0), back.data(), 2000ms);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    EXPECT_EQ(back, bytes);
+  }
+}
+
 TEST_F(BulkTest, ACapabilityServesOnceAndOnlyItsOwnersMatrix) {
   Start();
   const std::string handle = NewUpload("alice", 16, 16);

@@ -190,7 +190,14 @@ void BulkListener::AcceptLoop() {
     const int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
     if (fd < 0) continue;
     std::lock_guard<std::mutex> lock(mu_);
-    if (int(lanes_.size()) >= options_.max_connections) {
+    // A connection kept idle between lanes makes room for a new one: its thread stops before
+    // it claims anything (Resume), so its client just connects again.
+    if (int(lanes_.size()) >= options_.max_connections && !idle_.empty()) {
+      const int kept = *idle_.begin();
+      idle_.erase(idle_.begin());
+      evicted_.insert(kept);
+      shutdown(kept, SHUT_RDWR);
+    } else if (int(lanes_.size()) >= options_.max_connections) {
       spdlog::warn("bulk channel: {} connections open (the most); one more refused", lanes_.size());
       // Best effort, without waiting: the frame, then the hello if it came (closing on unread
       // bytes would reset the connection and lose the frame).
@@ -214,6 +221,12 @@ void BulkListener::AcceptLoop() {
   }
 }
 
+bool BulkListener::Resume(int fd) {
+  std::lock_guard<std::mutex> lock(mu_);
+  idle_.erase(fd);
+  return evicted_.erase(fd) == 0;
+}
+
 void BulkListener::Serve(int fd) {
   NameThisThread("hgemm-bulk");
   bulk::Connection lane(fd);  // released below: `fd` is closed once lanes_ forgot it
@@ -228,7 +241,11 @@ void BulkListener::Serve(int fd) {
     if (!error.empty()) {
       spdlog::info("bulk channel: TLS refused: {}", error);
     } else {
-      ServeLane(lane);
+      // One lane after another while each ends whole: a client keeps its connections (and
+      // their TLS sessions) for its next transfers.
+      for (bool first = true; !stopping_ && ServeLane(lane, first); first = false) {
+        SetTimeout(fd, SO_RCVTIMEO, options_.hello_timeout);
+      }
     }
   } catch (...) {
     status::LogCurrentException("bulk channel");
@@ -240,9 +257,16 @@ void BulkListener::Serve(int fd) {
   lane_ended_.notify_all();
 }
 
-void BulkListener::ServeLane(bulk::Connection& lane) {
+bool BulkListener::ServeLane(bulk::Connection& lane, bool first) {
   char hello[bulk::kHelloBytes];
+  if (!first) {
+    std::lock_guard<std::mutex> lock(mu_);
+    idle_.insert(lane.fd());
+  }
   const size_t got = lane.ReceiveAll(hello, sizeof hello);
+  // A kept connection that ends, says nothing for hello_timeout, or was evicted for a new
+  // one between lanes is done, its hello (if one came) unclaimed.
+  if (!first && (!Resume(lane.fd()) || got == 0)) return false;
   BulkTicket ticket;
   absl::Status s;
   if (got != sizeof hello) {
@@ -257,21 +281,17 @@ void BulkListener::ServeLane(bulk::Connection& lane) {
   if (!s.ok()) {
     spdlog::info("bulk channel: connection refused: {}", status::Message(s));
     SendStatus(lane, s);
-    return;
+    return false;
   }
   SetTimeout(lane.fd(), SO_RCVTIMEO, options_.idle_timeout);
-  if (ticket.direction == BulkDirection::kGet) {
-    ServeGet(lane, ticket);
-  } else {
-    ServePut(lane, ticket);
-  }
+  return ticket.direction == BulkDirection::kGet ? ServeGet(lane, ticket) : ServePut(lane, ticket);
 }
 
-void BulkListener::ServeGet(bulk::Connection& lane, const BulkTicket& ticket) {
+bool BulkListener::ServeGet(bulk::Connection& lane, const BulkTicket& ticket) {
   ResidentMatrix m;
   absl::Status s = core_->LookupMatrix(ticket.owner, ticket.handle, "handle", &m);
   if (s.ok()) s = CheckByteRange(m, uint64_t(ticket.offset), uint64_t(ticket.length));
-  if (!SendStatus(lane, s) || !s.ok()) return;
+  if (!SendStatus(lane, s) || !s.ok()) return false;
   HostBufferPool& pool = core_->host_buffers();
   std::string piece = pool.Take(std::min(options_.chunk_bytes, ticket.length));
   int64_t at = 0;
@@ -291,9 +311,10 @@ void BulkListener::ServeGet(bulk::Connection& lane, const BulkTicket& ticket) {
   spdlog::debug("bulk GET {} bytes [{}, {}) of {} for '{}': {}", ticket.length, ticket.offset,
                 ticket.offset + ticket.length, ticket.handle, ticket.owner,
                 at == ticket.length ? "sent" : fmt::format("cut after {}", at));
+  return at == ticket.length;
 }
 
-void BulkListener::ServePut(bulk::Connection& lane, const BulkTicket& ticket) {
+bool BulkListener::ServePut(bulk::Connection& lane, const BulkTicket& ticket) {
   PutLane part(*core_, ticket, options_.idle_timeout);
   int64_t missing = 0;
   const absl::Status s =
@@ -304,7 +325,8 @@ void BulkListener::ServePut(bulk::Connection& lane, const BulkTicket& ticket) {
   spdlog::debug("bulk PUT {} bytes [{}, {}) of {} for '{}': {}", ticket.length, ticket.offset,
                 ticket.offset + ticket.length, ticket.handle, ticket.owner,
                 s.ok() ? "landed" : status::Message(s));
-  if (!SendStatus(lane, s, s.ok() ? uint64_t(missing) : 0) || s.ok()) return;
+  if (!SendStatus(lane, s, s.ok() ? uint64_t(missing) : 0)) return false;
+  if (s.ok()) return true;
   // A client told to stop mid-part is still sending: closing on its unread bytes would reset
   // the connection and lose the frame. Read what it sends (at most the lane's bytes) first.
   lane.ShutdownSend();
@@ -315,6 +337,7 @@ void BulkListener::ServePut(bulk::Connection& lane, const BulkTicket& ticket) {
     left -= int64_t(got);
     if (got < want) break;
   }
+  return false;
 }
 
 }  // namespace hgemm

@@ -69,12 +69,18 @@ class BulkListener {
   BulkListener(BulkListenerOptions options, GemmCoreInterface* core, BulkGrants* grants,
                ServiceMetrics* metrics, int fd, int port);
   void AcceptLoop();
-  // Serves one connection, then closes it.
+  // Serves one connection, lane after lane, then closes it.
   void Serve(int fd);
-  // The hello, the claim of its capability, then the lane's transfer.
-  void ServeLane(bulk::Connection& lane);
-  void ServeGet(bulk::Connection& lane, const BulkTicket& ticket);
-  void ServePut(bulk::Connection& lane, const BulkTicket& ticket);
+  // The hello, the claim of its capability, then the lane's transfer; whether it ended whole,
+  // so that the connection may carry another lane. `first`: the connection's first lane (after
+  // it, an end of stream or silence before a hello closes the connection without a word).
+  bool ServeLane(bulk::Connection& lane, bool first);
+  // The end of a kept connection's wait for its next hello: false if it was evicted meanwhile
+  // (AcceptLoop shut it down to make room), and then nothing it received may be claimed.
+  bool Resume(int fd);
+  // A GET or PUT lane's transfer; whether it ended whole.
+  bool ServeGet(bulk::Connection& lane, const BulkTicket& ticket);
+  bool ServePut(bulk::Connection& lane, const BulkTicket& ticket);
 
   const BulkListenerOptions options_;
   GemmCoreInterface* const core_;
@@ -85,8 +91,10 @@ class BulkListener {
   std::atomic<bool> stopping_{false};
   std::mutex mu_;
   std::condition_variable lane_ended_;
-  std::set<int> lanes_;   // guarded by mu_; the connections being served
-  std::thread acceptor_;  // last: starts once the rest is set
+  std::set<int> lanes_;    // guarded by mu_; the connections being served
+  std::set<int> idle_;     // guarded by mu_; of those, kept ones waiting for their next hello
+  std::set<int> evicted_;  // guarded by mu_; idle ones shut down to make room, not yet resumed
+  std::thread acceptor_;   // last: starts once the rest is set
 };
 
 }  // namespace hgemm
