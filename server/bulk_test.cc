@@ -112,6 +112,15 @@ class BulkTest : public ::testing::Test {
     return bulk::Connection(fd);
   }
 
+  // A raw connection that has presented `lane`'s capability; *frame: the server's answer.
+  bulk::Connection Present(const v1::BulkLane& lane, bulk::Frame* frame) {
+    bulk::Connection c = Dial();
+    const std::string hello = bulk::Hello(lane.capability());
+    EXPECT_TRUE(c.SendAll(hello.data(), hello.size()));
+    EXPECT_TRUE(c.ReceiveFrame(frame));
+    return c;
+  }
+
   void ExpectStillServing() {
     v1::GemmRequest r = RandomRequest(40, 24, 56, rng_);
     v1::GemmResponse response;
@@ -250,11 +259,8 @@ TEST_F(BulkTest, IdleKeptConnectionsMakeRoomForNewOnes) {
         PutOverLane(clients[i], grant.lanes(0), bytes.data() + i * share, 2000ms, nullptr).ok());
   }
   ASSERT_TRUE(Open("alice", handle, v1::BULK_GET, 0, 256, 1, &grant).ok());
-  bulk::Connection fresh = Dial();
-  const std::string hello = bulk::Hello(grant.lanes(0).capability());
-  ASSERT_TRUE(fresh.SendAll(hello.data(), hello.size()));
   bulk::Frame frame;
-  ASSERT_TRUE(fresh.ReceiveFrame(&frame));
+  bulk::Connection fresh = Present(grant.lanes(0), &frame);
   EXPECT_EQ(frame.code, 0u) << frame.message;
   std::string got(256, '\0');
   ASSERT_EQ(fresh.ReceiveAll(got.data(), got.size()), got.size());
@@ -340,11 +346,8 @@ TEST_F(BulkTest, ACutLaneCountsNothingAndItsRangeCanBeSentAgain) {
   const std::string bytes = RandomBytes(8192);
   v1::BulkGrant grant;
   ASSERT_TRUE(Open("alice", handle, v1::BULK_PUT, 0, 8192, 1, &grant).ok());
-  bulk::Connection cut = Dial();
-  const std::string hello = bulk::Hello(grant.lanes(0).capability());
-  ASSERT_TRUE(cut.SendAll(hello.data(), hello.size()));
   bulk::Frame frame;
-  ASSERT_TRUE(cut.ReceiveFrame(&frame));
+  bulk::Connection cut = Present(grant.lanes(0), &frame);
   ASSERT_EQ(frame.code, 0u) << frame.message;
   ASSERT_TRUE(cut.SendAll(bytes.data(), 5000));
   cut.ShutdownSend();  // the client is done after 5000 of 8192 bytes
@@ -353,10 +356,7 @@ TEST_F(BulkTest, ACutLaneCountsNothingAndItsRangeCanBeSentAgain) {
   EXPECT_EQ(Missing("alice", handle), 8192u);
   // A stalled lane: the idle timeout ends it, and nothing of it counts either.
   ASSERT_TRUE(Open("alice", handle, v1::BULK_PUT, 0, 8192, 1, &grant).ok());
-  bulk::Connection stalled = Dial();
-  const std::string hello2 = bulk::Hello(grant.lanes(0).capability());
-  ASSERT_TRUE(stalled.SendAll(hello2.data(), hello2.size()));
-  ASSERT_TRUE(stalled.ReceiveFrame(&frame));
+  bulk::Connection stalled = Present(grant.lanes(0), &frame);
   ASSERT_TRUE(stalled.SendAll(bytes.data(), 100));
   ASSERT_TRUE(stalled.ReceiveFrame(&frame));
   EXPECT_EQ(frame.code, uint32_t(grpc::StatusCode::DEADLINE_EXCEEDED)) << frame.message;
@@ -472,11 +472,8 @@ TEST_F(BulkTest, ShutdownCutsALaneInProgress) {
   const std::string handle = NewUpload("alice", 64, 64);
   v1::BulkGrant grant;
   ASSERT_TRUE(Open("alice", handle, v1::BULK_PUT, 0, 8192, 1, &grant).ok());
-  bulk::Connection c = Dial();
-  const std::string hello = bulk::Hello(grant.lanes(0).capability());
-  ASSERT_TRUE(c.SendAll(hello.data(), hello.size()));
   bulk::Frame frame;
-  ASSERT_TRUE(c.ReceiveFrame(&frame));
+  bulk::Connection c = Present(grant.lanes(0), &frame);
   ASSERT_TRUE(c.SendAll("0123456789", 10));
   server_->Shutdown();  // returns: the lane does not hold it
   char byte;
