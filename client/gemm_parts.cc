@@ -148,9 +148,12 @@ grpc::Status GemmClient::RunParts(const v1::GemmRequest& request, v1::GemmRespon
                           gemm.mutable_b_handle()}}) {
     if (w.bytes != nullptr) wanted.push_back(w);
   }
-  // The uploads go where the GEMM's resident operand lives, if it has one (replicas).
+  // The uploads go where the GEMM's resident operand lives, if it has one (replicas), else
+  // where the caller's options send them.
   CallOptions near = options;
-  if (grpc::Status s = ReplicaOf(request, &near.replica); !s.ok()) return s;
+  std::string home;
+  if (grpc::Status s = ReplicaOf(request, &home); !s.ok()) return s;
+  if (!home.empty()) near.replica = home;
   // Both uploads at once: one round trip instead of two.
   std::vector<v1::MatrixInfo> infos(wanted.size());
   std::vector<grpc::Status> created(wanted.size());

@@ -212,36 +212,49 @@ TEST_F(ReplicasTest, ParallelPartsLandBothUploadsOnOneReplica) {
   CallOptions call;
   call.parallel_parts = 2;
   call.parallel_min_bytes = 0;
-  for (int i = 0; i < 12; ++i) {
-    const std::vector<uint16_t> a = RandomHalfMatrix(24 * 40, rng),
-                                b = RandomHalfMatrix(40 * 16, rng);
+  // A fresh 24×16×40 GEMM, A and B sent (B's bytes also in `b`).
+  std::string b;
+  auto gemm = [&] {
+    b = HalfBytes(RandomHalfMatrix(40 * 16, rng));
     v1::GemmRequest request;
     request.set_m(24);
     request.set_n(16);
     request.set_k(40);
-    request.set_a(HalfBytes(a));
-    request.set_b(HalfBytes(b));
+    request.set_a(HalfBytes(RandomHalfMatrix(24 * 40, rng)));
+    request.set_b(b);
+    return request;
+  };
+  for (int i = 0; i < 12; ++i) {
+    const v1::GemmRequest request = gemm();
     v1::GemmResponse response;
     grpc::Status s = client_->Run(request, &response, call);
     ASSERT_TRUE(s.ok()) << s.error_message();
-    EXPECT_LT(ErrorOf(response.c(), request.a(), request.b(), 24, 16, 40), kFp32Tolerance);
+    EXPECT_LT(ErrorOf(response.c(), request.a(), b, 24, 16, 40), kFp32Tolerance);
   }
   for (const std::string& replica : addresses_) {
-    const std::vector<uint16_t> a = RandomHalfMatrix(24 * 40, rng),
-                                b = RandomHalfMatrix(40 * 16, rng);
-    const std::string b_handle = Upload(replica, 40, 16, HalfBytes(b));
-    v1::GemmRequest request;
-    request.set_m(24);
-    request.set_n(16);
-    request.set_k(40);
-    request.set_a(HalfBytes(a));
-    request.set_b_handle(b_handle);
+    v1::GemmRequest request = gemm();
+    const std::string b_handle = Upload(replica, 40, 16, b);
+    request.set_b_handle(b_handle);  // B resident there instead of sent
     v1::GemmResponse response;
     grpc::Status s = client_->Run(request, &response, call);
     ASSERT_TRUE(s.ok()) << replica << ": " << s.error_message();
-    EXPECT_LT(ErrorOf(response.c(), request.a(), HalfBytes(b), 24, 16, 40), kFp32Tolerance);
+    EXPECT_LT(ErrorOf(response.c(), request.a(), b, 24, 16, 40), kFp32Tolerance);
     EXPECT_TRUE(client_->ReleaseMatrix(b_handle).ok());
   }
+  // With no resident operand the uploads go where CallOptions::replica says: a replica that
+  // is gone fails the GEMM instead of it running elsewhere.
+  servers_[2]->process().Kill(SIGKILL);
+  // Balanced calls learn that it is gone and go to the two left (a run of answered calls).
+  int answered_in_a_row = 0;
+  for (int i = 0; i < 1000 && answered_in_a_row < 6; ++i) {
+    v1::ServerInfo info;
+    answered_in_a_row = client_->GetServerInfo(&info).ok() ? answered_in_a_row + 1 : 0;
+  }
+  ASSERT_EQ(answered_in_a_row, 6);
+  CallOptions there = call;
+  there.replica = addresses_[2];
+  v1::GemmResponse response;
+  EXPECT_EQ(client_->Run(gemm(), &response, there).error_code(), grpc::StatusCode::UNAVAILABLE);
 }
 
 TEST_F(ReplicasTest, HandlesOfTwoReplicasInOneGemmAreRefusedBeforeSending) {
