@@ -64,6 +64,33 @@ bool BulkFull(const grpc::Status& s) {
          s.error_code() == grpc::StatusCode::UNAVAILABLE;
 }
 
+// Bytes [offset, offset + length) of upload `handle` from `bytes` over `parts` part connections
+// at once, an equal share each (*missing: the fewest bytes the upload still missed after one).
+grpc::Status UploadInParts(const GemmClient& client, const std::string& handle, uint64_t offset,
+                           const char* bytes, uint64_t length, int parts,
+                           const CallOptions& options, uint64_t* missing) {
+  std::vector<uint64_t> left(parts, UINT64_MAX);
+  grpc::Status s = OnThreads(parts, [&](int route) {
+    const auto [begin, end] = PartRange(length, parts, route);
+    if (begin == end) return grpc::Status::OK;
+    return client.UploadPart(handle, offset + begin, bytes + begin, end - begin, route, options,
+                             &left[route]);
+  });
+  *missing = *std::min_element(left.begin(), left.end());
+  return s;
+}
+
+// Bytes [offset, offset + length) of matrix `handle` into `into` over `parts` part connections
+// at once, an equal share each.
+grpc::Status DownloadInParts(const GemmClient& client, const std::string& handle, uint64_t offset,
+                             uint64_t length, char* into, int parts, const CallOptions& options) {
+  return OnThreads(parts, [&](int route) {
+    const auto [begin, end] = PartRange(length, parts, route);
+    if (begin == end) return grpc::Status::OK;
+    return client.DownloadRange(handle, offset + begin, end - begin, into + begin, route, options);
+  });
+}
+
 // How long a lane's send or receive may wait: the call's timeout, else a minute.
 std::chrono::milliseconds LaneTimeout(const CallOptions& options) {
   return options.timeout.count() > 0 ? options.timeout : std::chrono::milliseconds(60000);
@@ -231,13 +258,9 @@ grpc::Status GemmClient::RunParts(const v1::GemmRequest& request, v1::GemmRespon
   std::string* c = response->mutable_c();
   *c = std::move(c_buffer);
   c->resize(c_bytes);
-  grpc::Status received = bulk ? BulkGet(c_handle, 0, c_bytes, c->data(), parts, options)
-                               : OnThreads(parts, [&](int route) {
-                                   auto [begin, end] = PartRange(c_bytes, parts, route);
-                                   if (begin == end) return grpc::Status::OK;
-                                   return DownloadRange(c_handle, begin, end - begin,
-                                                        c->data() + begin, route, options);
-                                 });
+  grpc::Status received =
+      bulk ? BulkGet(c_handle, 0, c_bytes, c->data(), parts, options)
+           : DownloadInParts(*this, c_handle, 0, c_bytes, c->data(), parts, options);
   grpc::Status released = ReleaseMatrix(c_handle, options);
   if (!received.ok()) {
     c->clear();
@@ -380,33 +403,31 @@ grpc::Status GemmClient::BulkPut(const std::string& handle, uint64_t offset, con
                                  uint64_t* missing_bytes) const {
   v1::BulkGrant grant;
   BulkEndpoint endpoint;
-  std::vector<uint64_t> missing(std::max(lanes, 1), UINT64_MAX);
-  grpc::Status sent;
+  uint64_t missing = UINT64_MAX;
   const grpc::Status opened =
       OpenBulk(handle, v1::BULK_PUT, offset, length, lanes, options, &grant, &endpoint);
+  grpc::Status sent;
   if (BulkFull(opened)) {
-    sent = OnThreads(lanes, [&](int route) {
-      const auto [begin, end] = PartRange(length, lanes, route);
-      if (begin == end) return grpc::Status::OK;
-      return UploadPart(handle, offset + begin, bytes + begin, end - begin, route, options,
-                        &missing[route]);
-    });
+    sent =
+        UploadInParts(*this, handle, offset, bytes, length, std::max(lanes, 1), options, &missing);
   } else if (!opened.ok()) {
     return opened;
   } else {
-    missing.assign(grant.lanes_size(), UINT64_MAX);
+    std::vector<uint64_t> left(grant.lanes_size(), UINT64_MAX);
     sent = OnThreads(grant.lanes_size(), [&](int i) {
       const v1::BulkLane& lane = grant.lanes(i);
       const char* from = bytes + (lane.offset() - offset);
-      grpc::Status s = PutOverLane(endpoint, lane, from, LaneTimeout(options), &missing[i]);
-      // A lane turned away before it claimed its range: that range, over gRPC.
+      grpc::Status s = PutOverLane(endpoint, lane, from, LaneTimeout(options), &left[i]);
+      // A lane turned away, or cut (its part then counts nothing, and its range may be sent
+      // again): that range, over gRPC.
       if (BulkFull(s))
-        s = UploadPart(handle, lane.offset(), from, lane.length(), i, options, &missing[i]);
+        s = UploadPart(handle, lane.offset(), from, lane.length(), i, options, &left[i]);
       return s;
     });
+    // The lane that landed last saw the fewest bytes missing.
+    missing = *std::min_element(left.begin(), left.end());
   }
-  // The lane that landed last saw the fewest bytes missing.
-  if (missing_bytes != nullptr) *missing_bytes = *std::min_element(missing.begin(), missing.end());
+  if (missing_bytes != nullptr) *missing_bytes = missing;
   return sent;
 }
 
@@ -417,11 +438,7 @@ grpc::Status GemmClient::BulkGet(const std::string& handle, uint64_t offset, uin
   const grpc::Status opened =
       OpenBulk(handle, v1::BULK_GET, offset, length, lanes, options, &grant, &endpoint);
   if (BulkFull(opened)) {
-    return OnThreads(lanes, [&](int route) {
-      const auto [begin, end] = PartRange(length, lanes, route);
-      if (begin == end) return grpc::Status::OK;
-      return DownloadRange(handle, offset + begin, end - begin, into + begin, route, options);
-    });
+    return DownloadInParts(*this, handle, offset, length, into, std::max(lanes, 1), options);
   }
   if (!opened.ok()) return opened;
   return OnThreads(grant.lanes_size(), [&](int i) {

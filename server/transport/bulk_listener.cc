@@ -190,9 +190,9 @@ void BulkListener::AcceptLoop() {
     const int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
     if (fd < 0) continue;
     std::lock_guard<std::mutex> lock(mu_);
-    // A connection kept idle between lanes makes room for a new one: its thread stops before
-    // it claims anything (Resume), so its client just connects again.
     if (int(lanes_.size()) >= options_.max_connections && !idle_.empty()) {
+      // A connection kept idle between lanes makes room: its thread stops before it claims
+      // anything (Resume), so its client just connects again.
       const int kept = *idle_.begin();
       idle_.erase(idle_.begin());
       evicted_.insert(kept);
